@@ -1,0 +1,154 @@
+# kvmill — flat, loud Makefile. Variables first, one rule per artifact.
+#   make            library + binaries into bin/
+#   make test       build and run every Check suite (tests/check_*.c)
+#   make SAN=1 test the same suites under AddressSanitizer + UBSan (CPU only)
+#   make bench      benchmarks (bench/run.sh), not part of the tests
+#   make fuzz       libFuzzer targets (clang) for every wire decoder
+#   make CUDA=0     CPU-only build even when nvcc is present
+#   make deps       install the Debian packages (scripts/install-deps.sh)
+
+SHELL      := /bin/bash
+CC         ?= cc
+PKGS       := libzmq msgpack lmdb openblas lapacke liblbfgs inih libsodium libpcre2-8
+KVMILL_SHARED ?= ../shared
+
+# ---- CUDA: on when nvcc is found (PATH or /usr/local/cuda) unless CUDA=0 ----
+NVCC       ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(NVCC),)
+CUDA       ?= 0
+else
+CUDA       ?= 1
+endif
+
+# ---- sanitizer build goes to its own tree so both can coexist ----
+ifeq ($(SAN),1)
+BUILD      := build-san
+BINDIR     := build-san/bin
+CUDA       := 0
+SANFLAGS   := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT        := -O1 -g
+else
+BUILD      := build
+BINDIR     := bin
+SANFLAGS   :=
+OPT        := -O2 -g
+endif
+
+WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+CFLAGS_PKG := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LIBS_PKG   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CPPFLAGS   := -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
+CFLAGS     := -std=c11 $(OPT) -pthread -ffp-contract=fast -fno-math-errno $(WARN) $(SANFLAGS) $(CFLAGS_PKG)
+LDFLAGS    := -pthread $(SANFLAGS)
+LDLIBS     := $(LIBS_PKG) -lm
+
+ifeq ($(CUDA),1)
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+CPPFLAGS   += -DKVM_WITH_CUDA=1
+NVFLAGS    := -O2 -I. -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Werror
+LDLIBS     += -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CU_SRC     := $(wildcard kernels/cuda/*.cu)
+else
+CU_SRC     :=
+endif
+
+# ---- sources ----
+LIB_SRC    := $(wildcard common/*.c kernels/*.c kernels/cpu/*.c model/*.c compress/*.c compress/*/*.c \
+                         proto/*.c store/*.c orchestrator/*.c)
+LIB_SRC    := $(filter-out orchestrator/main.c,$(LIB_SRC))
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB        := $(BUILD)/libkvmill.a
+STAGE_SRC  := $(wildcard stages/*.c)
+STAGE_BIN  := $(STAGE_SRC:stages/%.c=$(BINDIR)/kvmill-%)
+KVMILL     := $(BINDIR)/kvmill
+TEST_SRC   := $(wildcard tests/check_*.c)
+TEST_BIN   := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_UTIL  := $(wildcard tests/util/*.c)
+BENCH_SRC  := $(wildcard bench/*.c)
+BENCH_BIN  := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+FUZZ_SRC   := $(wildcard proto/fuzz/fuzz_*.c)
+FUZZ_BIN   := $(FUZZ_SRC:proto/fuzz/%.c=build-fuzz/%)
+DEPFILES   := $(LIB_OBJ:.o=.d) $(TEST_BIN:=.d) $(BENCH_BIN:=.d)
+
+.PHONY: all test bench fuzz fuzz-replay deps clean run lint model
+all: $(KVMILL) $(STAGE_BIN)
+
+# static library of every non-stage, non-main object
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# the kvmill CLI
+$(KVMILL): orchestrator/main.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
+
+# one binary per stage process
+$(BINDIR)/kvmill-%: stages/%.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
+
+# one binary per Check suite
+$(BUILD)/tests/%: tests/%.c $(TEST_UTIL) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(shell pkg-config --cflags check) -MMD -MP -MF $@.d $< $(TEST_UTIL) $(LIB) -o $@ \
+	    $(LDFLAGS) $(shell pkg-config --libs check) $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 -MMD -MP -MF $@.d $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
+
+# make test: every suite runs even if one fails; the last line sums them up
+test: all $(TEST_BIN)
+	@fail=0; for t in $(TEST_BIN); do \
+	    echo "== $$t"; \
+	    KVMILL_BIN=$(abspath $(BINDIR)) KVMILL_SHARED=$(KVMILL_SHARED) CK_DEFAULT_TIMEOUT=$${CK_DEFAULT_TIMEOUT:-120} \
+	        ./$$t || fail=1; \
+	done; \
+	if [ -n "$(FUZZ_SRC)" ]; then $(MAKE) --no-print-directory fuzz-replay || fail=1; fi; \
+	exit $$fail
+
+bench: all $(BENCH_BIN)
+	KVMILL_BIN=$(abspath $(BINDIR)) KVMILL_BUILD=$(abspath $(BUILD)) KVMILL_SHARED=$(KVMILL_SHARED) bash bench/run.sh
+
+# ---- fuzzers (clang, libFuzzer + ASan), one per wire decoder ----
+FUZZ_CC    := clang
+FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(CFLAGS_PKG)
+FUZZ_LIBSRC:= common/kvm_error.c $(wildcard proto/*.c)
+build-fuzz/%: proto/fuzz/%.c $(FUZZ_LIBSRC)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_LIBSRC) -o $@ $(LIBS_PKG) -lm
+FUZZ_RUNS  ?= 20000
+fuzz: $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus/$$n; \
+	    echo "== $$n"; $$f -runs=$(FUZZ_RUNS) build-fuzz/corpus/$$n proto/fuzz/corpus/$$n || exit 1; done
+# replays the saved corpus (seeds + every input that ever crashed a decoder)
+fuzz-replay: $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$$(basename $$f); \
+	    echo "== replay $$n"; $$f -runs=0 proto/fuzz/corpus/$$n >/dev/null 2>build-fuzz/$$n.replay.log \
+	      || { cat build-fuzz/$$n.replay.log; exit 1; }; done
+
+deps:
+	bash scripts/install-deps.sh
+
+model:
+	bash scripts/get-model.sh
+
+run: deps all
+	$(KVMILL) generate --model $(KVMILL_SHARED)/models/stories260K.bin --prompt "Once upon a time" -n 128 --temperature 0
+
+lint:
+	clang-format --dry-run --Werror $(LIB_SRC) orchestrator/main.c $(STAGE_SRC) $(TEST_SRC)
+
+clean:
+	rm -rf build build-san build-fuzz bin
+
+-include $(DEPFILES)

@@ -1,0 +1,40 @@
+/* kvm_error.c: status strings and the per-thread detail message. */
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+
+static _Thread_local char kvm__errbuf[1024];
+
+const char *kvm_strerror(int status)
+{
+    switch (status) {
+    case KVM_OK: return "success";
+    case KVM_EINVAL: return "invalid argument";
+    case KVM_EIO: return "input/output error";
+    case KVM_ENOMEM: return "out of memory";
+    case KVM_EFORMAT: return "bad file format";
+    case KVM_EPROTO: return "protocol violation";
+    case KVM_ECORRUPT: return "data corrupted";
+    case KVM_ENOTFOUND: return "not found";
+    case KVM_EDEVICE: return "device error";
+    case KVM_ERANGE: return "value out of range";
+    case KVM_EFULL: return "capacity exhausted";
+    case KVM_EMISMATCH: return "mismatched model, tokenizer or config";
+    case KVM_ENOTSUP: return "not supported";
+    case KVM_ESTATE: return "invalid state";
+    default: return "unknown error";
+    }
+}
+
+int kvm_err(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kvm__errbuf, sizeof kvm__errbuf, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *kvm_errmsg(void) { return kvm__errbuf; }
+
+void kvm_err_clear(void) { kvm__errbuf[0] = '\0'; }

@@ -1,0 +1,253 @@
+/* kvm_forward.c: Llama forward (RMSNorm, RoPE, GQA attention, SwiGLU) in token batches.
+ * Every projection of a batch is one GEMM on the backend; attention runs per query head
+ * over that head's ragged cache, causal by position. Hook points cost a NULL test each
+ * when nothing is registered. */
+#include "model/kvm_forward.h"
+#include "common/kvm_error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvm_forward {
+    const kvm_model *m;
+    const kvm_kernels *k;
+    int64_t max_batch;                      /* tokens per chunk */
+    kvm_hooks hooks[KVM_FORWARD_MAX_HOOKS]; /* registered hook sets */
+    int n_hooks;
+    int want_q_pre;
+    /* scratch, [max_batch][width] token-major */
+    float *x, *xb, *q, *q_pre, *kk, *vv, *att, *hb, *hb2, *cos_t, *sin_t;
+    int32_t *qpos;
+    float *probs;         /* [max_batch][probs_cap] */
+    int64_t probs_cap;    /* entries per row the probs buffer holds */
+};
+
+int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch, kvm_forward **out)
+{
+    *out = NULL;
+    kvm_forward *f = calloc(1, sizeof *f);
+    if (!f) return kvm_err(KVM_ENOMEM, "forward: out of memory");
+    const kvm_model_config *c = &m->cfg;
+    f->m = m;
+    f->k = k ? k : kvm_kernels_cpu();
+    f->max_batch = max_batch > 0 ? max_batch : c->seq_len;
+    size_t B = (size_t)f->max_batch, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    f->x = malloc(B * c->dim * sizeof(float));
+    f->xb = malloc(B * (size_t)(c->dim > (int)qd ? c->dim : (int)qd) * sizeof(float));
+    f->q = malloc(B * qd * sizeof(float));
+    f->q_pre = malloc(B * qd * sizeof(float));
+    f->kk = malloc(B * kvd * sizeof(float));
+    f->vv = malloc(B * kvd * sizeof(float));
+    f->att = malloc(B * qd * sizeof(float));
+    f->hb = malloc(B * c->hidden_dim * sizeof(float));
+    f->hb2 = malloc(B * c->hidden_dim * sizeof(float));
+    f->cos_t = malloc(B * (size_t)(c->head_dim / 2) * sizeof(float));
+    f->sin_t = malloc(B * (size_t)(c->head_dim / 2) * sizeof(float));
+    f->qpos = malloc(B * sizeof(int32_t));
+    if (!f->x || !f->xb || !f->q || !f->q_pre || !f->kk || !f->vv || !f->att || !f->hb || !f->hb2 || !f->cos_t ||
+        !f->sin_t || !f->qpos) {
+        kvm_forward_free(&f);
+        return kvm_err(KVM_ENOMEM, "forward: out of memory for a batch of %zu tokens", B);
+    }
+    *out = f;
+    return 0;
+}
+
+void kvm_forward_free(kvm_forward **pf)
+{
+    if (!pf || !*pf) return;
+    kvm_forward *f = *pf;
+    free(f->x); free(f->xb); free(f->q); free(f->q_pre); free(f->kk); free(f->vv); free(f->att);
+    free(f->hb); free(f->hb2); free(f->cos_t); free(f->sin_t); free(f->qpos); free(f->probs);
+    free(f);
+    *pf = NULL;
+}
+
+int kvm_forward_add_hooks(kvm_forward *f, const kvm_hooks *h)
+{
+    if (f->n_hooks == KVM_FORWARD_MAX_HOOKS)
+        return kvm_err(KVM_EFULL, "forward: at most %d hook sets", KVM_FORWARD_MAX_HOOKS);
+    f->hooks[f->n_hooks++] = *h;
+    f->want_q_pre |= h->want_q_pre;
+    return 0;
+}
+
+void kvm_forward_clear_hooks(kvm_forward *f)
+{
+    f->n_hooks = 0;
+    f->want_q_pre = 0;
+}
+
+int kvm_forward_cache_new(const kvm_model *m, int64_t cap, kvm_kvcache **out)
+{
+    return kvm_kvcache_new(m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, cap, out);
+}
+
+/* Grows the probabilities scratch to hold [max_batch][n_e]. */
+static int ensure_probs(kvm_forward *f, int64_t n_e)
+{
+    if (n_e <= f->probs_cap) return 0;
+    int64_t cap = n_e < 2 * f->probs_cap ? 2 * f->probs_cap : n_e;
+    float *p = realloc(f->probs, (size_t)f->max_batch * (size_t)cap * sizeof *p);
+    if (!p) return kvm_err(KVM_ENOMEM, "forward: out of memory for attention of %lld entries", (long long)cap);
+    f->probs = p;
+    f->probs_cap = cap;
+    return 0;
+}
+
+/* Appends this chunk's keys/values to every KV head of the layer. */
+static int append_kv(kvm_kvcache *cache, int layer, const float *kk, const float *vv, const int32_t *pos, int64_t n)
+{
+    const int d = cache->head_dim, nkv = cache->n_kv_heads;
+    for (int g = 0; g < nkv; g++) {
+        kvm_kv_head *h = kvm_kvcache_head(cache, layer, g);
+        int rc = kvm_kvcache_reserve(h, d, h->n + n);
+        if (rc) return rc;
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(h->k + (h->n + i) * d, kk + (i * nkv + g) * d, (size_t)d * sizeof(float));
+            memcpy(h->v + (h->n + i) * d, vv + (i * nkv + g) * d, (size_t)d * sizeof(float));
+            h->pos[h->n + i] = pos[i];
+            h->bias[h->n + i] = 0.0f;
+        }
+        h->n += n;
+    }
+    return 0;
+}
+
+/* Attention of every query head over site->cache, calling post_attn hooks per head. */
+static int attend(kvm_forward *f, kvm_attn_site *site)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    const int d = c->head_dim, kv_mul = c->n_heads / c->n_kv_heads;
+    const int64_t n = site->n_q, ld = (int64_t)c->n_heads * d;
+    for (int h = 0; h < c->n_heads; h++) {
+        const kvm_kv_head *kh = kvm_kvcache_head(site->cache, site->layer, h / kv_mul);
+        int rc = ensure_probs(f, kh->n);
+        if (rc) return rc;
+        kvm_attn_head a = {.q = f->q + (int64_t)h * d, .ldq = ld, .qpos = f->qpos, .n_q = n, .k = kh->k,
+                           .v = kh->v, .pos = kh->pos, .bias = kh->bias, .n_e = kh->n, .head_dim = d,
+                           .scale = 1.0f / sqrtf((float)d), .out = f->att + (int64_t)h * d, .ldo = ld,
+                           .probs = f->probs};
+        if ((rc = f->k->attention(&a))) return rc;
+        if (!f->n_hooks) continue;
+        site->head = h;
+        site->kv_head = h / kv_mul;
+        site->probs = f->probs;
+        site->n_e = kh->n;
+        site->out = a.out;
+        site->ld_out = ld;
+        for (int i = 0; i < f->n_hooks; i++)
+            if (f->hooks[i].post_attn && (rc = f->hooks[i].post_attn(f->hooks[i].user, site))) return rc;
+    }
+    return 0;
+}
+
+/* One layer's attention block: norm, QKV, RoPE, cache append, hooks, attention, output. */
+static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n, kvm_phase phase)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    const kvm_layer_weights *w = &f->m->layers[l];
+    const kvm_kernels *k = f->k;
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    k->rmsnorm(f->xb, f->x, w->rms_att, n, c->dim, c->norm_eps);
+    int rc;
+    if ((rc = k->sgemm(0, 1, n, qd, c->dim, 1.0f, f->xb, c->dim, w->wq, c->dim, 0.0f, f->q, qd)) ||
+        (rc = k->sgemm(0, 1, n, kvd, c->dim, 1.0f, f->xb, c->dim, w->wk, c->dim, 0.0f, f->kk, kvd)) ||
+        (rc = k->sgemm(0, 1, n, kvd, c->dim, 1.0f, f->xb, c->dim, w->wv, c->dim, 0.0f, f->vv, kvd)))
+        return rc;
+    if (f->want_q_pre) memcpy(f->q_pre, f->q, (size_t)(n * qd) * sizeof(float));
+    k->rope(f->q, n, qd, c->n_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
+    k->rope(f->kk, n, kvd, c->n_kv_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
+    if ((rc = append_kv(cache, l, f->kk, f->vv, f->qpos, n))) return rc;
+    kvm_attn_site site = {.layer = l, .phase = phase, .n_q = n, .qpos = f->qpos, .q = f->q,
+                          .q_pre = f->want_q_pre ? f->q_pre : NULL, .k_new = f->kk, .v_new = f->vv,
+                          .cache = cache, .head = -1, .kv_head = -1};
+    for (int i = 0; i < f->n_hooks; i++)
+        if (f->hooks[i].cache_update && (rc = f->hooks[i].cache_update(f->hooks[i].user, &site))) return rc;
+    for (int i = 0; i < f->n_hooks; i++)
+        if (f->hooks[i].pre_attn && (rc = f->hooks[i].pre_attn(f->hooks[i].user, &site))) return rc;
+    if (site.cache->n_layers != cache->n_layers || site.cache->n_kv_heads != cache->n_kv_heads ||
+        site.cache->head_dim != cache->head_dim)
+        return kvm_err(KVM_EINVAL, "forward: layer %d: a pre_attn hook substituted a cache of another shape", l);
+    if ((rc = attend(f, &site))) return rc;
+    if ((rc = k->sgemm(0, 1, n, c->dim, qd, 1.0f, f->att, qd, w->wo, qd, 0.0f, f->xb, c->dim))) return rc;
+    k->add(f->x, f->xb, n * c->dim);
+    return 0;
+}
+
+static int ffn_block(kvm_forward *f, int l, int64_t n)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    const kvm_layer_weights *w = &f->m->layers[l];
+    const kvm_kernels *k = f->k;
+    const int64_t H = c->hidden_dim;
+    int rc;
+    k->rmsnorm(f->xb, f->x, w->rms_ffn, n, c->dim, c->norm_eps);
+    if ((rc = k->sgemm(0, 1, n, H, c->dim, 1.0f, f->xb, c->dim, w->w1, c->dim, 0.0f, f->hb, H)) ||
+        (rc = k->sgemm(0, 1, n, H, c->dim, 1.0f, f->xb, c->dim, w->w3, c->dim, 0.0f, f->hb2, H)))
+        return rc;
+    k->swiglu(f->hb, f->hb2, n * H);
+    if ((rc = k->sgemm(0, 1, n, c->dim, H, 1.0f, f->hb, H, w->w2, H, 0.0f, f->xb, c->dim))) return rc;
+    k->add(f->x, f->xb, n * c->dim);
+    return 0;
+}
+
+/* One chunk of at most max_batch tokens. logits: rows for this chunk per mode. */
+static int run_chunk(kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int64_t n, float *logits,
+                     kvm_logits_mode mode, kvm_phase phase)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(f->x + i * c->dim, f->m->tok_emb + (int64_t)tok[i] * c->dim, (size_t)c->dim * sizeof(float));
+        f->qpos[i] = cache->next_pos + (int32_t)i;
+    }
+    kvm_rope_table(f->qpos, n, c->head_dim, c->rope_theta, f->cos_t, f->sin_t);
+    int rc;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((rc = attention_block(f, cache, l, n, phase)) || (rc = ffn_block(f, l, n))) return rc;
+    cache->next_pos += (int32_t)n;
+    if (mode == KVM_LOGITS_NONE || !logits) return 0;
+    int64_t first = mode == KVM_LOGITS_LAST ? n - 1 : 0, rows = n - first;
+    f->k->rmsnorm(f->xb, f->x + first * c->dim, f->m->rms_final, rows, c->dim, c->norm_eps);
+    return f->k->sgemm(0, 1, rows, c->vocab_size, c->dim, 1.0f, f->xb, c->dim, f->m->wcls, c->dim, 0.0f, logits,
+                       c->vocab_size);
+}
+
+static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_t n, float *logits,
+               kvm_logits_mode mode, kvm_phase phase)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    if (n <= 0) return kvm_err(KVM_EINVAL, "forward: %lld tokens", (long long)n);
+    if (cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads || cache->head_dim != c->head_dim)
+        return kvm_err(KVM_EINVAL, "forward: cache shape %dx%dx%d is not the model's %dx%dx%d", cache->n_layers,
+                       cache->n_kv_heads, cache->head_dim, c->n_layers, c->n_kv_heads, c->head_dim);
+    if ((int64_t)cache->next_pos + n > INT32_MAX)
+        return kvm_err(KVM_ERANGE, "forward: position %lld exceeds int32", (long long)cache->next_pos + n);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return kvm_err(KVM_EINVAL, "forward: token %lld has id %d outside [0, %d)", (long long)i, tokens[i],
+                           c->vocab_size);
+    for (int64_t i0 = 0; i0 < n; i0 += f->max_batch) {
+        int64_t nb = n - i0 < f->max_batch ? n - i0 : f->max_batch;
+        int last = i0 + nb == n;
+        float *lg = NULL;
+        kvm_logits_mode md = KVM_LOGITS_NONE;
+        if (mode == KVM_LOGITS_ALL) { lg = logits ? logits + i0 * c->vocab_size : NULL; md = mode; }
+        else if (mode == KVM_LOGITS_LAST && last) { lg = logits; md = mode; }
+        int rc = run_chunk(f, cache, tokens + i0, nb, lg, md, phase);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int kvm_forward_prefill(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_t n, float *logits,
+                        kvm_logits_mode mode)
+{
+    return run(f, cache, tokens, n, logits, mode, KVM_PHASE_PREFILL);
+}
+
+int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float *logits)
+{
+    return run(f, cache, &token, 1, logits, logits ? KVM_LOGITS_LAST : KVM_LOGITS_NONE, KVM_PHASE_DECODE);
+}

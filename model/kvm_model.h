@@ -1,0 +1,87 @@
+/* kvm_model.h: a Llama-architecture model in memory: its configuration and float32
+ * weights, loaded from a llama2.c checkpoint (mmap, zero copy). Other formats (GGUF,
+ * Hugging Face) fill the same struct, owning dequantised buffers instead of a mapping. */
+#ifndef KVM_MODEL_H
+#define KVM_MODEL_H
+
+#include "kernels/kvm_kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvm_model_config {
+    int dim;                   /* residual width */
+    int hidden_dim;            /* SwiGLU FFN width */
+    int n_layers;              /* transformer blocks */
+    int n_heads;               /* query heads */
+    int n_kv_heads;            /* KV heads (GQA: n_heads / n_kv_heads query heads share one) */
+    int head_dim;              /* dim / n_heads */
+    int vocab_size;            /* tokens */
+    int seq_len;               /* the model's context window, tokens */
+    float rope_theta;          /* RoPE base (10000 for llama2.c) */
+    float norm_eps;            /* RMSNorm epsilon (1e-5 for llama2.c) */
+    kvm_rope_style rope_style; /* how RoPE pairs entries */
+    int shared_classifier;     /* 1 when the classifier is the token embedding (tied) */
+    int32_t bos_id;            /* beginning-of-sequence token */
+    int32_t eos_id;            /* end-of-sequence token */
+} kvm_model_config;
+
+/* One transformer block's weights, row-major [out][in] float32 (kernels/LAYOUT.md). */
+typedef struct kvm_layer_weights {
+    const float *rms_att; /* [dim] */
+    const float *wq;      /* [n_heads*head_dim][dim] */
+    const float *wk;      /* [n_kv_heads*head_dim][dim] */
+    const float *wv;      /* [n_kv_heads*head_dim][dim] */
+    const float *wo;      /* [dim][n_heads*head_dim] */
+    const float *rms_ffn; /* [dim] */
+    const float *w1;      /* [hidden_dim][dim] gate */
+    const float *w2;      /* [dim][hidden_dim] down */
+    const float *w3;      /* [hidden_dim][dim] up */
+} kvm_layer_weights;
+
+typedef struct kvm_model {
+    kvm_model_config cfg;      /* shapes and conventions */
+    const float *tok_emb;      /* [vocab_size][dim] */
+    const float *rms_final;    /* [dim] */
+    const float *wcls;         /* [vocab_size][dim]; == tok_emb when shared_classifier */
+    kvm_layer_weights *layers; /* [n_layers], owned */
+    char *path;                /* the file it came from, owned */
+    char format[16];           /* "llama2c", "gguf", ... */
+    void *map;                 /* read-only mapping of the file, or NULL */
+    size_t map_bytes;          /* bytes mapped */
+    void *owned;               /* weights this struct owns (dequantised), or NULL */
+} kvm_model;
+
+/* Opens a model file, detecting the format from its contents (llama2.c checkpoint today).
+ * Weights stay in a read-only shared mapping of the file. On success *out owns everything;
+ * release with kvm_model_close. Errors (message names the file and the field):
+ * KVM_ENOTFOUND missing file, KVM_EIO unreadable or a directory, KVM_EFORMAT bad header
+ * (zero/negative dimensions, heads not dividing dim, kv heads not dividing heads, odd
+ * head_dim, file size different from what the header implies, truncated), KVM_ENOMEM. */
+int kvm_model_open(const char *path, kvm_model **out);
+
+/* Releases a model (unmaps, frees). Accepts NULL and *m == NULL; sets *m = NULL. */
+void kvm_model_close(kvm_model **m);
+
+/* Number of float parameters (the classifier counted once when shared). */
+int64_t kvm_model_n_params(const kvm_model *m);
+
+/* Bytes of a full float32 KV cache of n_tokens: 2 * n_layers * n_kv_heads * n_tokens * head_dim * 4. */
+int64_t kvm_model_kv_bytes(const kvm_model_config *c, int64_t n_tokens);
+
+/* Internal (model/): parse and validate a llama2.c checkpoint mapped at map[0, bytes). */
+int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes);
+
+/* Options of a random-weight llama2.c checkpoint (kvmill make-model). */
+typedef struct kvm_make_model_opts {
+    int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; /* shapes */
+    int separate_classifier; /* 1: write a separate wcls (negative vocab in the header) */
+    uint64_t seed;           /* PRNG seed: same seed, same bytes */
+} kvm_make_model_opts;
+
+/* Writes a llama2.c checkpoint with random weights: matrices uniform in ±1/sqrt(in), RMSNorm
+ * weights 1, RoPE legacy tables filled as llama2.c's export does. Shapes are validated like
+ * the loader's. Returns 0, KVM_EINVAL (bad shape, message names it), KVM_EIO (write failed). */
+int kvm_make_model_write(const char *path, const kvm_make_model_opts *o);
+
+#endif

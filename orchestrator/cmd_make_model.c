@@ -1,0 +1,44 @@
+/* cmd_make_model.c: `kvmill make-model`: random-weight llama2.c checkpoints of any shape. */
+#include "orchestrator/kvm_cli.h"
+#include "model/kvm_model.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+
+int kvm_cmd_make_model(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"dim", 1, "residual width", NULL}, {"layers", 1, "transformer blocks", NULL},
+        {"heads", 1, "query heads", NULL}, {"kv-heads", 1, "KV heads (default: heads)", NULL},
+        {"hidden", 1, "FFN width", NULL}, {"vocab", 1, "vocabulary size", NULL},
+        {"seq-len", 1, "context window", NULL}, {"seed", 1, "PRNG seed (default 1)", NULL},
+        {"separate-classifier", 0, "write a separate output classifier (untied)", NULL},
+        {"out", 1, "output file", NULL}, {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse("make-model", "Writes a random-weight llama2.c checkpoint.", argc, argv, opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    const char *req[] = {"dim", "layers", "heads", "hidden", "vocab", "seq-len", "out"};
+    for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
+        if (!kvm_cli_get(opts, req[i])) {
+            fprintf(stderr, "kvmill make-model: --%s is required\n", req[i]);
+            return 2;
+        }
+    int64_t v[8];
+    const char *names[] = {"dim", "hidden", "layers", "heads", "kv-heads", "vocab", "seq-len", "seed"};
+    for (int i = 0; i < 8; i++) {
+        const char *s = kvm_cli_get(opts, names[i]);
+        if (!s) s = i == 4 ? kvm_cli_get(opts, "heads") : "1";
+        if (kvm_cli_int("make-model", names[i], s, i == 7 ? 0 : 1, i == 7 ? INT64_MAX : (1 << 22), &v[i])) return 2;
+    }
+    kvm_make_model_opts o = {.dim = (int)v[0], .hidden_dim = (int)v[1], .n_layers = (int)v[2], .n_heads = (int)v[3],
+                             .n_kv_heads = (int)v[4], .vocab_size = (int)v[5], .seq_len = (int)v[6],
+                             .seed = (uint64_t)v[7], .separate_classifier = kvm_cli_get(opts, "separate-classifier") != NULL};
+    const char *out = kvm_cli_get(opts, "out");
+    int rc = kvm_make_model_write(out, &o);
+    if (rc) {
+        fprintf(stderr, "kvmill make-model: %s\n", kvm_errmsg());
+        return rc == KVM_EINVAL ? 2 : 1;
+    }
+    fprintf(stderr, "kvmill make-model: wrote %s\n", out);
+    return 0;
+}

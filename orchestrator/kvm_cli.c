@@ -1,0 +1,118 @@
+/* kvm_cli.c: the option parser shared by every kvmill subcommand. */
+#include "orchestrator/kvm_cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvm_cli_opt *find_opt(kvm_cli_opt *opts, const char *name)
+{
+    for (kvm_cli_opt *o = opts; o->name; o++)
+        if (strcmp(o->name, name) == 0) return o;
+    return NULL;
+}
+
+static void print_usage(const char *cmd, const char *summary, const kvm_cli_opt *opts)
+{
+    printf("usage: kvmill %s [options]\n%s\n\noptions:\n", cmd, summary);
+    for (const kvm_cli_opt *o = opts; o->name; o++)
+        printf("  %s%s%-*s %s\n", strlen(o->name) == 1 ? "-" : "--", o->name, (int)(22 - strlen(o->name)),
+               o->has_arg ? " VALUE" : "", o->help);
+    printf("  --help                  show this help\n");
+}
+
+int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, kvm_cli_opt *opts,
+                  char **pos, int max_pos, int *n_pos, int *help_shown)
+{
+    *n_pos = 0;
+    *help_shown = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            print_usage(cmd, summary, opts);
+            *help_shown = 1;
+            return 2;
+        }
+        if (a[0] == '-' && a[1] != '\0' && !(a[1] >= '0' && a[1] <= '9')) {
+            const char *name = a + (a[1] == '-' ? 2 : 1);
+            char buf[64];
+            const char *eq = strchr(name, '=');
+            const char *inline_val = NULL;
+            if (eq && (size_t)(eq - name) < sizeof buf) {
+                memcpy(buf, name, (size_t)(eq - name));
+                buf[eq - name] = '\0';
+                inline_val = eq + 1;
+                name = buf;
+            }
+            kvm_cli_opt *o = find_opt(opts, name);
+            if (!o || (a[1] != '-' && strlen(name) != 1)) {
+                fprintf(stderr, "kvmill %s: unknown option '%s' (see kvmill %s --help)\n", cmd, a, cmd);
+                return 2;
+            }
+            if (o->has_arg) {
+                if (inline_val) o->value = inline_val;
+                else if (i + 1 < argc) o->value = argv[++i];
+                else {
+                    fprintf(stderr, "kvmill %s: option '%s' needs a value\n", cmd, a);
+                    return 2;
+                }
+            } else {
+                if (inline_val) {
+                    fprintf(stderr, "kvmill %s: option '--%s' takes no value\n", cmd, name);
+                    return 2;
+                }
+                o->value = "1";
+            }
+            continue;
+        }
+        if (*n_pos >= max_pos) {
+            fprintf(stderr, "kvmill %s: unexpected argument '%s'\n", cmd, a);
+            return 2;
+        }
+        pos[(*n_pos)++] = argv[i];
+    }
+    return 0;
+}
+
+const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name)
+{
+    for (const kvm_cli_opt *o = opts; o->name; o++)
+        if (strcmp(o->name, name) == 0) return o->value;
+    return NULL;
+}
+
+int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0') {
+        fprintf(stderr, "kvmill %s: --%s: '%s' is not an integer\n", cmd, name, s);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "kvmill %s: --%s: %lld is outside [%lld, %lld]\n", cmd, name, v, (long long)lo,
+                (long long)hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end != '\0' || !isfinite(v)) {
+        fprintf(stderr, "kvmill %s: --%s: '%s' is not a number\n", cmd, name, s);
+        return -1;
+    }
+    if (v < lo || v > hi) {
+        fprintf(stderr, "kvmill %s: --%s: %g is outside [%g, %g]\n", cmd, name, v, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}

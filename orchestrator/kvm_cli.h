@@ -1,0 +1,38 @@
+/* kvm_cli.h: the `kvmill` subcommands and the small option parser they share.
+ * Each command is `int kvm_cmd_NAME(int argc, char **argv)` with argv[0] = the command
+ * name; it returns the process exit status (0 ok, 1 failure, 2 usage/config error). */
+#ifndef KVM_CLI_H
+#define KVM_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+int kvm_cmd_generate(int argc, char **argv);
+int kvm_cmd_info(int argc, char **argv);
+int kvm_cmd_make_model(int argc, char **argv);
+
+/* One long option of a command: `--name VALUE` (has_arg = 1) or `--name` (has_arg = 0). */
+typedef struct kvm_cli_opt {
+    const char *name;  /* without the leading "--", e.g. "model" */
+    int has_arg;       /* 1 when the option takes a value */
+    const char *help;  /* one line for --help */
+    const char *value; /* parsed: the value, or "1" for a present flag, NULL if absent */
+} kvm_cli_opt;
+
+/* Parses argv[1..argc) against opts (terminated by an entry with name == NULL). Short
+ * aliases: "-n" maps to an option named "n" if the table has one. Returns 0, or 2 after
+ * printing usage to stdout when --help/-h is given (*help_shown = 1), or 2 after printing
+ * an error naming the bad argument to stderr. Positional arguments are collected into
+ * pos[0..*n_pos) (at most max_pos; more is an error). */
+int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, kvm_cli_opt *opts,
+                  char **pos, int max_pos, int *n_pos, int *help_shown);
+
+/* The parsed value of option `name`, or NULL when absent. */
+const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name);
+
+/* Parses an integer / float option value in [lo, hi]; on failure prints
+ * "kvmill CMD: --NAME: ..." to stderr and returns -1. */
+int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, int64_t hi, int64_t *out);
+int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
+
+#endif

@@ -1,0 +1,42 @@
+/* main.c: the `kvmill` command line: dispatches to one subcommand per verb. */
+#include "orchestrator/kvm_cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct kvm_command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} kvm_command;
+
+/* One line per subcommand; keep alphabetical. */
+static const kvm_command kvm_commands[] = {
+    {"generate", kvm_cmd_generate, "generate text from a prompt with a model (run.c compatible)"},
+    {"info", kvm_cmd_info, "print a model's shapes and parameter count"},
+    {"make-model", kvm_cmd_make_model, "write a random-weight llama2.c checkpoint of any shape"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvmill COMMAND [options]   (kvmill COMMAND --help for its options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof kvm_commands / sizeof kvm_commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", kvm_commands[i].name, kvm_commands[i].summary);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof kvm_commands / sizeof kvm_commands[0]; i++)
+        if (strcmp(argv[1], kvm_commands[i].name) == 0) return kvm_commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvmill: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

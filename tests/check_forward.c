@@ -1,0 +1,271 @@
+/* check_forward.c: the CPU forward against llama2.c's run.c golden dumps (logits, K/V
+ * caches), batched prefill vs token-by-token decode vs chunked prefill, ragged caches,
+ * and hooks. */
+#include "model/kvm_forward.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvm_model *model;
+static int32_t ids[256];
+static float *gold_logits, *gold_k, *gold_v;
+
+static void load_golden(void)
+{
+    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 256; i++) ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
+    fclose(f);
+    size_t n;
+    gold_logits = (float *)kvm_test_read_file(kvm_test_shared_path("golden/seq256.logits.f32"), &n);
+    ck_assert_uint_eq(n, 256 * 512 * 4);
+    gold_k = (float *)kvm_test_read_file(kvm_test_shared_path("golden/seq256.kcache.f32"), &n);
+    ck_assert_uint_eq(n, 5 * 256 * 32 * 4);
+    gold_v = (float *)kvm_test_read_file(kvm_test_shared_path("golden/seq256.vcache.f32"), &n);
+    ck_assert_uint_eq(n, 5 * 256 * 32 * 4);
+}
+
+static void free_golden(void)
+{
+    kvm_model_close(&model);
+    free(gold_logits);
+    free(gold_k);
+    free(gold_v);
+}
+
+static float max_abs_diff(const float *a, const float *b, int64_t n)
+{
+    float m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
+    return m;
+}
+
+/* max |Δ| between the cache and golden [layer][t][kv_dim] for keys (which=0) or values. */
+static float cache_diff(const kvm_kvcache *c, const float *gold, int which)
+{
+    float m = 0;
+    for (int l = 0; l < 5; l++)
+        for (int g = 0; g < 4; g++) {
+            const kvm_kv_head *h = kvm_kvcache_head(c, l, g);
+            ck_assert_int_eq(h->n, 256);
+            for (int t = 0; t < 256; t++) {
+                ck_assert_int_eq(h->pos[t], t);
+                const float *ours = (which == 0 ? h->k : h->v) + t * 8;
+                m = fmaxf(m, max_abs_diff(ours, gold + ((size_t)l * 256 + t) * 32 + g * 8, 8));
+            }
+        }
+    return m;
+}
+
+static void check_prefill(int64_t max_batch)
+{
+    kvm_forward *f;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, max_batch, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 256, &c), 0);
+    float *logits = malloc(256 * 512 * sizeof *logits);
+    ck_assert_int_eq(kvm_forward_prefill(f, c, ids, 256, logits, KVM_LOGITS_ALL), 0);
+    float dl = max_abs_diff(logits, gold_logits, 256 * 512), dk = cache_diff(c, gold_k, 0), dv = cache_diff(c, gold_v, 1);
+    printf("prefill (batch %lld): max|dlogit| %.3g max|dk| %.3g max|dv| %.3g\n", (long long)max_batch, dl, dk, dv);
+    ck_assert_float_le(dl, 2e-4f);
+    ck_assert_float_le(dk, 2e-4f);
+    ck_assert_float_le(dv, 1e-4f);
+    ck_assert_int_eq(c->next_pos, 256);
+    free(logits);
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f);
+}
+
+START_TEST(test_prefill_golden) { check_prefill(0); }
+END_TEST
+
+START_TEST(test_prefill_chunked_golden) { check_prefill(100); }
+END_TEST
+
+START_TEST(test_decode_golden)
+{
+    kvm_forward *f;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 1, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 8, &c), 0); /* grows on demand */
+    float logits[512], worst = 0;
+    for (int t = 0; t < 256; t++) {
+        ck_assert_int_eq(kvm_forward_decode(f, c, ids[t], logits), 0);
+        worst = fmaxf(worst, max_abs_diff(logits, gold_logits + (size_t)t * 512, 512));
+    }
+    printf("decode: max|dlogit| %.3g\n", worst);
+    ck_assert_float_le(worst, 2e-4f);
+    ck_assert_float_le(cache_diff(c, gold_k, 0), 2e-4f);
+    ck_assert_float_le(cache_diff(c, gold_v, 1), 1e-4f);
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f);
+}
+END_TEST
+
+START_TEST(test_bad_inputs)
+{
+    kvm_forward *f;
+    kvm_kvcache *c, *wrong;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 4, &c), 0);
+    int32_t bad[2] = {1, 512};
+    ck_assert_int_eq(kvm_forward_prefill(f, c, bad, 2, NULL, KVM_LOGITS_NONE), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "token 1 has id 512"), "message: %s", kvm_errmsg());
+    ck_assert_int_eq(kvm_forward_prefill(f, c, bad, 0, NULL, KVM_LOGITS_NONE), KVM_EINVAL);
+    ck_assert_int_eq(kvm_kvcache_new(5, 2, 8, 4, &wrong), 0);
+    ck_assert_int_eq(kvm_forward_decode(f, wrong, 1, NULL), KVM_EINVAL);
+    ck_assert_int_eq(c->next_pos, 0);
+    kvm_kvcache_free(&wrong);
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f);
+}
+END_TEST
+
+/* Each head keeps a different subset: a ragged cache must decode exactly like the full
+ * cache with the dropped entries masked out (bias -1e30). */
+START_TEST(test_ragged_equals_masked)
+{
+    kvm_forward *f;
+    kvm_kvcache *full, *ragged;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 64, &full), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, full, ids, 64, NULL, KVM_LOGITS_NONE), 0);
+    ck_assert_int_eq(kvm_kvcache_clone(full, &ragged), 0);
+    int64_t keep[64];
+    for (int l = 0; l < 5; l++)
+        for (int g = 0; g < 4; g++) {
+            kvm_kv_head *hf = kvm_kvcache_head(full, l, g), *hr = kvm_kvcache_head(ragged, l, g);
+            int64_t nk = 0;
+            int stride = 2 + (l * 4 + g) % 5; /* a different subset per head */
+            for (int t = 0; t < 64; t++) {
+                if (t % stride == 0 || t < 2) keep[nk++] = t;
+                else hf->bias[t] = -1e30f;
+            }
+            ck_assert_int_eq(kvm_kvcache_keep(hr, 8, keep, nk), 0);
+            ck_assert_int_eq(hr->n, nk);
+        }
+    float lf[512], lr[512];
+    for (int step = 0; step < 4; step++) {
+        ck_assert_int_eq(kvm_forward_decode(f, full, ids[64 + step], lf), 0);
+        ck_assert_int_eq(kvm_forward_decode(f, ragged, ids[64 + step], lr), 0);
+        float d = max_abs_diff(lf, lr, 512);
+        ck_assert_msg(d < 1e-4f, "step %d: ragged vs masked differ by %g", step, d);
+        /* and the masking matters: logits differ from the full-cache golden row */
+        ck_assert_float_gt(max_abs_diff(lr, gold_logits + (size_t)(64 + step) * 512, 512), 1e-2f);
+    }
+    ck_assert_int_eq(ragged->next_pos, 68);
+    ck_assert_int_eq(kvm_kvcache_head(ragged, 0, 0)->pos[kvm_kvcache_head(ragged, 0, 0)->n - 1], 67);
+    kvm_kvcache_free(&full);
+    kvm_kvcache_free(&ragged);
+    kvm_forward_free(&f);
+}
+END_TEST
+
+/* A pre_attn hook that points the kernel at another cache, and a post_attn hook that
+ * checks probabilities sum to one over visible entries and counts calls. */
+typedef struct hook_state {
+    int pre_calls, post_calls, update_calls;
+    kvm_kvcache *other;
+    double max_rowsum_err;
+} hook_state;
+
+static int on_update(void *u, kvm_attn_site *s)
+{
+    ((hook_state *)u)->update_calls++;
+    return s->k_new && s->v_new ? 0 : KVM_EINVAL;
+}
+
+static int on_pre(void *u, kvm_attn_site *s)
+{
+    hook_state *st = u;
+    st->pre_calls++;
+    if (st->other) s->cache = st->other;
+    return 0;
+}
+
+static int on_post(void *u, const kvm_attn_site *s)
+{
+    hook_state *st = u;
+    st->post_calls++;
+    for (int64_t i = 0; i < s->n_q; i++) {
+        double sum = 0;
+        for (int64_t e = 0; e < s->n_e; e++) sum += s->probs[i * s->n_e + e];
+        st->max_rowsum_err = fmax(st->max_rowsum_err, fabs(sum - 1.0));
+    }
+    return 0;
+}
+
+static int on_fail(void *u, kvm_attn_site *s) { return s->layer == 2 ? kvm_err(KVM_ESTATE, "hook says no") : 0; }
+
+START_TEST(test_hooks)
+{
+    kvm_forward *f;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 64, &c), 0);
+    hook_state st = {0};
+    kvm_hooks h = {.user = &st, .cache_update = on_update, .pre_attn = on_pre, .post_attn = on_post};
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &h), 0);
+    float *logits = malloc(32 * 512 * sizeof *logits);
+    ck_assert_int_eq(kvm_forward_prefill(f, c, ids, 32, logits, KVM_LOGITS_ALL), 0);
+    ck_assert_int_eq(st.update_calls, 5);
+    ck_assert_int_eq(st.pre_calls, 5);
+    ck_assert_int_eq(st.post_calls, 5 * 8);
+    ck_assert_double_lt(st.max_rowsum_err, 1e-5);
+    /* hooks observe without changing results */
+    ck_assert_float_le(max_abs_diff(logits, gold_logits, 32 * 512), 2e-4f);
+
+    /* substitute an empty-but-for-BOS cache: output must change, and the real cache still grows */
+    kvm_kvcache *other;
+    kvm_forward *f0;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f0), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 4, &other), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f0, other, ids, 1, NULL, KVM_LOGITS_NONE), 0);
+    st.other = other;
+    float l1[512];
+    ck_assert_int_eq(kvm_forward_decode(f, c, ids[32], l1), 0);
+    ck_assert_float_gt(max_abs_diff(l1, gold_logits + 32 * 512, 512), 1e-2f);
+    ck_assert_int_eq(kvm_kvcache_head(c, 0, 0)->n, 33);
+
+    kvm_hooks bad = {.user = NULL, .pre_attn = on_fail};
+    kvm_forward_clear_hooks(f);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &bad), 0);
+    ck_assert_int_eq(kvm_forward_decode(f, c, ids[33], l1), KVM_ESTATE);
+    free(logits);
+    kvm_kvcache_free(&other);
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f0);
+    kvm_forward_free(&f);
+}
+END_TEST
+
+static Suite *forward_suite(void)
+{
+    Suite *s = suite_create("forward");
+    struct { const char *name; const TTest *fn; } cases[] = {
+        {"prefill_golden", test_prefill_golden}, {"prefill_chunked_golden", test_prefill_chunked_golden},
+        {"decode_golden", test_decode_golden}, {"bad_inputs", test_bad_inputs},
+        {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, load_golden, free_golden);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(forward_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

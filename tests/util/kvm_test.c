@@ -1,0 +1,92 @@
+/* kvm_test.c: helpers shared by the Check suites. */
+#include "tests/util/kvm_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *kvm_test_shared(void)
+{
+    const char *s = getenv("KVMILL_SHARED");
+    return (s && *s) ? s : "../shared";
+}
+
+const char *kvm_test_shared_path(const char *rel)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/%s", kvm_test_shared(), rel);
+    return buf;
+}
+
+const char *kvm_test_bin(void)
+{
+    const char *s = getenv("KVMILL_BIN");
+    return (s && *s) ? s : "bin";
+}
+
+char *kvm_test_tmpdir(void)
+{
+    const char *t = getenv("TMPDIR");
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s/kvmtest.XXXXXX", (t && *t) ? t : "/tmp");
+    if (!mkdtemp(buf)) return NULL;
+    return strdup(buf);
+}
+
+void kvm_test_rmtree(const char *path)
+{
+    if (!path || !*path) return;
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) fprintf(stderr, "kvm_test_rmtree: could not remove %s\n", path);
+}
+
+char *kvm_test_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap + 1);
+    size_t r;
+    while (buf && (r = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += r;
+        if (len == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (!buf) return NULL;
+    buf[len] = '\0';
+    if (n) *n = len;
+    return buf;
+}
+
+int kvm_test_write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(data, 1, n, f);
+    return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+int kvm_test_run(const char *cmd, char **out, char **err)
+{
+    char *dir = kvm_test_tmpdir();
+    if (!dir) return -1;
+    char o[4200], e[4200], full[16384];
+    snprintf(o, sizeof o, "%s/out", dir);
+    snprintf(e, sizeof e, "%s/err", dir);
+    snprintf(full, sizeof full, "( %s ) >'%s' 2>'%s' </dev/null", cmd, o, e);
+    int st = system(full);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    if (out) *out = kvm_test_read_file(o, NULL);
+    if (err) *err = kvm_test_read_file(e, NULL);
+    kvm_test_rmtree(dir);
+    free(dir);
+    return rc;
+}
