@@ -15,6 +15,7 @@ static const kvm_command kvm_commands[] = {
     {"generate", kvm_cmd_generate, "generate text from a prompt with a model (run.c compatible)"},
     {"info", kvm_cmd_info, "print a model's shapes and parameter count"},
     {"make-model", kvm_cmd_make_model, "write a random-weight llama2.c checkpoint of any shape"},
+    {"store", kvm_cmd_store, "inspect, verify and clean the LMDB cache store"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,374 @@
+/* kvm_store.c: the store handle: opening the LMDB environment and its named databases,
+ * the write-transaction wrapper that grows the map on MDB_MAP_FULL and adopts a map grown
+ * by another process (MDB_MAP_RESIZED), LMDB error mapping, bookkeeping values and stats. */
+#include "store/kvm_store_internal.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/kvm_error.h"
+
+#define KVM_STORE__DEFAULT_MAP (64ll << 20)
+#define KVM_STORE__DEFAULT_MAX (1ll << 40)
+#define KVM_STORE__MAP_ALIGN (64ll << 10)
+#define KVM_STORE__MAX_READERS 510
+
+static const char *const kvm_store__db_names[KVM_STORE__DB_COUNT] = {
+    "meta", "models", "docs", "strategies", "caches", "atime", "lru", "files",
+};
+
+int kvm_store__mdb(kvm_store *s, int rc, const char *what)
+{
+    const char *path = s ? s->path : "?";
+    if (s) s->mdb_rc = rc;
+    int st;
+    switch (rc) {
+    case MDB_NOTFOUND:
+    case ENOENT: st = KVM_ENOTFOUND; break;
+    case MDB_MAP_FULL:
+    case MDB_TXN_FULL:
+    case MDB_DBS_FULL:
+    case MDB_READERS_FULL: st = KVM_EFULL; break;
+    case MDB_CORRUPTED:
+    case MDB_PAGE_NOTFOUND:
+    case MDB_PANIC: st = KVM_ECORRUPT; break;
+    case MDB_INVALID:
+    case MDB_VERSION_MISMATCH:
+    case MDB_INCOMPATIBLE: st = KVM_EFORMAT; break;
+    case MDB_BAD_VALSIZE:
+    case EINVAL: st = KVM_EINVAL; break;
+    case ENOMEM: st = KVM_ENOMEM; break;
+    default: st = KVM_EIO; break;
+    }
+    return kvm_err(st, "store %s: %s: %s", path, what, mdb_strerror(rc));
+}
+
+int kvm_store__lock(kvm_store *s)
+{
+    if (!s) return kvm_err(KVM_EINVAL, "store: NULL handle");
+    if (getpid() != s->pid)
+        return kvm_err(KVM_ESTATE, "store %s: handle opened by process %ld used in process %ld (after fork); "
+                                   "open the store again in this process",
+                       s->path, (long)s->pid, (long)getpid());
+    pthread_mutex_lock(&s->mu);
+    return 0;
+}
+
+void kvm_store__unlock(kvm_store *s) { pthread_mutex_unlock(&s->mu); }
+
+/* Doubles this process's map, up to map_max_bytes. No transaction may be active. */
+static int store_grow(kvm_store *s)
+{
+    MDB_envinfo info;
+    int rc = mdb_env_info(s->env, &info);
+    if (rc) return kvm_store__mdb(s, rc, "env info");
+    int64_t cur = (int64_t)info.me_mapsize;
+    if (cur >= s->map_max_bytes)
+        return kvm_err(KVM_EFULL,
+                       "store %s: map full at %lld bytes (map_max_bytes %lld); this write was not stored, "
+                       "everything committed before is intact",
+                       s->path, (long long)cur, (long long)s->map_max_bytes);
+    int dead = 0;
+    mdb_reader_check(s->env, &dead); /* stale readers pin pages that could be reused */
+    int64_t next = cur > s->map_max_bytes / 2 ? s->map_max_bytes : 2 * cur;
+    rc = mdb_env_set_mapsize(s->env, (size_t)next);
+    if (rc) return kvm_store__mdb(s, rc, "grow map");
+    return 0;
+}
+
+int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
+{
+    if (s->read_only) return kvm_err(KVM_ESTATE, "store %s: opened read-only, cannot write", s->path);
+    for (int resized = 0;;) {
+        MDB_txn *txn = NULL;
+        s->mdb_rc = 0;
+        int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+        if (rc == MDB_MAP_RESIZED && resized++ < 16) {
+            rc = mdb_env_set_mapsize(s->env, 0); /* adopt the size another process set */
+            if (rc) return kvm_store__mdb(s, rc, "adopt grown map");
+            continue;
+        }
+        if (rc) return kvm_store__mdb(s, rc, "begin write transaction");
+        int st = fn(s, txn, arg);
+        if (st == 0) {
+            rc = mdb_txn_commit(txn);
+            if (rc == 0) return 0;
+            st = kvm_store__mdb(s, rc, "commit");
+        } else {
+            mdb_txn_abort(txn);
+        }
+        if (s->mdb_rc != MDB_MAP_FULL) return st;
+        st = store_grow(s);
+        if (st) return st;
+    }
+}
+
+int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
+{
+    for (int resized = 0;;) {
+        int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, txn);
+        if (rc == MDB_MAP_RESIZED && resized++ < 16) {
+            rc = mdb_env_set_mapsize(s->env, 0);
+            if (rc) return kvm_store__mdb(s, rc, "adopt grown map");
+            continue;
+        }
+        if (rc) {
+            *txn = NULL;
+            return kvm_store__mdb(s, rc, "begin read transaction");
+        }
+        return 0;
+    }
+}
+
+int kvm_store__meta_get(kvm_store *s, MDB_txn *txn, const char *name, int64_t *v)
+{
+    MDB_val k = {strlen(name), (void *)name}, d;
+    int rc = mdb_get(txn, s->dbi[KVM_STORE__DB_META], &k, &d);
+    *v = 0;
+    if (rc == MDB_NOTFOUND) return 0;
+    if (rc) return kvm_store__mdb(s, rc, name);
+    if (d.mv_size != 8) return kvm_err(KVM_ECORRUPT, "store %s: meta %s: %zu bytes, expected 8", s->path, name, d.mv_size);
+    *v = (int64_t)kvm_store__get_u64(d.mv_data);
+    return 0;
+}
+
+int kvm_store__meta_set(kvm_store *s, MDB_txn *txn, const char *name, int64_t v)
+{
+    uint8_t b[8];
+    kvm_store__put_u64(b, (uint64_t)v);
+    MDB_val k = {strlen(name), (void *)name}, d = {8, b};
+    int rc = mdb_put(txn, s->dbi[KVM_STORE__DB_META], &k, &d, 0);
+    return rc ? kvm_store__mdb(s, rc, name) : 0;
+}
+
+typedef struct store_init_arg {
+    int64_t cap_bytes; /* opts.cap_bytes */
+} store_init_arg;
+
+static int store_check_version(kvm_store *s, int64_t version)
+{
+    if (version != (int64_t)KVM_STORE_FORMAT_VERSION)
+        return kvm_err(KVM_EMISMATCH, "store %s: store format version %lld, this build reads version %u", s->path,
+                       (long long)version, KVM_STORE_FORMAT_VERSION);
+    return 0;
+}
+
+/* Creates (if needed) and opens every db, records the format version and the cap. */
+static int store_init_fn(kvm_store *s, MDB_txn *txn, void *arg)
+{
+    const store_init_arg *a = arg;
+    for (int i = 0; i < KVM_STORE__DB_COUNT; i++) {
+        int rc = mdb_dbi_open(txn, kvm_store__db_names[i], MDB_CREATE, &s->dbi[i]);
+        if (rc) return kvm_store__mdb(s, rc, kvm_store__db_names[i]);
+    }
+    int64_t version;
+    int st = kvm_store__meta_get(s, txn, "format_version", &version);
+    if (st) return st;
+    if (version == 0) { /* new store, unless the environment already holds another program's data */
+        MDB_dbi main_dbi;
+        MDB_stat ms;
+        int rc = mdb_dbi_open(txn, NULL, 0, &main_dbi);
+        if (rc == 0) rc = mdb_stat(txn, main_dbi, &ms);
+        if (rc) return kvm_store__mdb(s, rc, "main database");
+        if (ms.ms_entries > KVM_STORE__DB_COUNT)
+            return kvm_err(KVM_EFORMAT, "store %s: an LMDB environment of another program, not a kvmill store", s->path);
+        st = kvm_store__meta_set(s, txn, "format_version", KVM_STORE_FORMAT_VERSION);
+    } else {
+        st = store_check_version(s, version);
+    }
+    if (st) return st;
+    if (a->cap_bytes > 0) st = kvm_store__meta_set(s, txn, "cap_bytes", a->cap_bytes);
+    else if (a->cap_bytes == KVM_STORE_CAP_NONE) st = kvm_store__meta_set(s, txn, "cap_bytes", 0);
+    return st;
+}
+
+/* Opens the dbs of an existing store without writing. */
+static int store_init_readonly(kvm_store *s)
+{
+    MDB_txn *txn;
+    int st = kvm_store__read_begin(s, &txn);
+    if (st) return st;
+    for (int i = 0; i < KVM_STORE__DB_COUNT && st == 0; i++) {
+        int rc = mdb_dbi_open(txn, kvm_store__db_names[i], 0, &s->dbi[i]);
+        if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE)
+            st = kvm_err(KVM_EFORMAT, "store %s: an LMDB environment but not a kvmill store (no '%s' database)",
+                         s->path, kvm_store__db_names[i]);
+        else if (rc) st = kvm_store__mdb(s, rc, kvm_store__db_names[i]);
+    }
+    int64_t version = 0;
+    if (st == 0) st = kvm_store__meta_get(s, txn, "format_version", &version);
+    if (st == 0) st = store_check_version(s, version);
+    if (st == 0) {
+        int rc = mdb_txn_commit(txn); /* makes the dbi handles usable by later txns */
+        txn = NULL;
+        if (rc) st = kvm_store__mdb(s, rc, "open databases");
+    }
+    if (txn) mdb_txn_abort(txn);
+    return st;
+}
+
+static int store_check_opts(const kvm_store_opts *o)
+{
+    if (o->map_size_bytes < 0 || o->map_max_bytes < 0)
+        return kvm_err(KVM_EINVAL, "store: map_size_bytes %lld and map_max_bytes %lld must be >= 0",
+                       (long long)o->map_size_bytes, (long long)o->map_max_bytes);
+    if (o->cap_bytes < KVM_STORE_CAP_NONE)
+        return kvm_err(KVM_EINVAL, "store: cap_bytes %lld must be > 0, 0 or KVM_STORE_CAP_NONE", (long long)o->cap_bytes);
+    return 0;
+}
+
+/* Checks what is at path; creates the directory for a writable open. */
+static int store_prepare_dir(const char *path, int read_only)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno != ENOENT) return kvm_err(KVM_EIO, "store %s: %s", path, strerror(errno));
+        if (read_only) return kvm_err(KVM_ENOTFOUND, "store %s: no such directory", path);
+        if (mkdir(path, 0775) != 0 && errno != EEXIST)
+            return kvm_err(KVM_EIO, "store %s: cannot create directory: %s", path, strerror(errno));
+        return 0;
+    }
+    if (!S_ISDIR(st.st_mode)) return kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment directory", path);
+    if (read_only) {
+        char data[4200];
+        snprintf(data, sizeof data, "%s/data.mdb", path);
+        if (stat(data, &st) != 0)
+            return kvm_err(KVM_ENOTFOUND, "store %s: directory holds no store (no data.mdb)", path);
+    }
+    return 0;
+}
+
+int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out)
+{
+    kvm_store_opts o = {0};
+    if (opts) o = *opts;
+    if (!out) return kvm_err(KVM_EINVAL, "store: NULL output handle");
+    *out = NULL;
+    if (!path || !*path) return kvm_err(KVM_EINVAL, "store: empty path");
+    int st = store_check_opts(&o);
+    if (st) return st;
+    int64_t map = o.map_size_bytes ? o.map_size_bytes : KVM_STORE__DEFAULT_MAP;
+    map = (map + KVM_STORE__MAP_ALIGN - 1) / KVM_STORE__MAP_ALIGN * KVM_STORE__MAP_ALIGN;
+    int64_t max = o.map_max_bytes ? o.map_max_bytes : KVM_STORE__DEFAULT_MAX;
+    if (max < map) max = map;
+    st = store_prepare_dir(path, o.read_only);
+    if (st) return st;
+
+    if (sodium_init() < 0) return kvm_err(KVM_EIO, "store %s: libsodium failed to initialize", path);
+    kvm_store *s = calloc(1, sizeof *s);
+    if (!s) return kvm_err(KVM_ENOMEM, "store %s: out of memory", path);
+    s->path = strdup(path);
+    s->pid = getpid();
+    s->read_only = o.read_only != 0;
+    s->map_max_bytes = max;
+    int64_t gran = o.atime_granularity_ms ? o.atime_granularity_ms : 1000;
+    s->atime_granularity_ns = gran < 0 ? -1 : gran * 1000000;
+    pthread_mutex_init(&s->mu, NULL);
+    if (!s->path) {
+        st = kvm_err(KVM_ENOMEM, "store %s: out of memory", path);
+        goto fail;
+    }
+    int rc = mdb_env_create(&s->env);
+    if (rc) {
+        s->env = NULL;
+        st = kvm_store__mdb(s, rc, "create environment");
+        goto fail;
+    }
+    mdb_env_set_maxdbs(s->env, KVM_STORE__DB_COUNT + 4);
+    mdb_env_set_maxreaders(s->env, KVM_STORE__MAX_READERS);
+    char data[4200];
+    struct stat dst;
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    int fresh = stat(data, &dst) != 0;
+    if (!s->read_only && fresh) mdb_env_set_mapsize(s->env, (size_t)map); /* else adopt the stored size */
+    unsigned flags = MDB_NOTLS | (s->read_only ? MDB_RDONLY : 0) | (o.no_sync ? MDB_NOSYNC : 0);
+    rc = mdb_env_open(s->env, path, flags, 0664);
+    if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == ENOTDIR) {
+        st = kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment (%s)", path, mdb_strerror(rc));
+        goto fail;
+    }
+    if (rc) {
+        st = kvm_store__mdb(s, rc, "open environment");
+        goto fail;
+    }
+    int dead = 0;
+    mdb_reader_check(s->env, &dead); /* free slots of readers that died */
+    MDB_envinfo info;
+    if (!s->read_only && !fresh && mdb_env_info(s->env, &info) == 0 && (int64_t)info.me_mapsize < map)
+        mdb_env_set_mapsize(s->env, (size_t)map); /* no txn is active yet */
+    if (s->read_only) {
+        st = store_init_readonly(s);
+    } else {
+        store_init_arg a = {o.cap_bytes};
+        st = kvm_store__write(s, store_init_fn, &a);
+    }
+    if (st) goto fail;
+    *out = s;
+    return 0;
+fail:
+    kvm_store_close(&s);
+    return st;
+}
+
+void kvm_store_close(kvm_store **sp)
+{
+    if (!sp || !*sp) return;
+    kvm_store *s = *sp;
+    *sp = NULL;
+    /* In a forked child the environment belongs to the parent: leave LMDB alone. */
+    if (s->env && s->pid == getpid()) mdb_env_close(s->env);
+    pthread_mutex_destroy(&s->mu);
+    free(s->path);
+    free(s);
+}
+
+const char *kvm_store_path(const kvm_store *s) { return s ? s->path : ""; }
+
+static int store_entries(kvm_store *s, MDB_txn *txn, int db, int64_t *n)
+{
+    MDB_stat ms;
+    int rc = mdb_stat(txn, s->dbi[db], &ms);
+    if (rc) return kvm_store__mdb(s, rc, kvm_store__db_names[db]);
+    *n = (int64_t)ms.ms_entries;
+    return 0;
+}
+
+int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out)
+{
+    int st = kvm_store__lock(s);
+    if (st) return st;
+    memset(out, 0, sizeof *out);
+    MDB_txn *txn = NULL;
+    int64_t version = 0;
+    st = kvm_store__read_begin(s, &txn);
+    if (st == 0) st = kvm_store__meta_get(s, txn, "format_version", &version);
+    if (st == 0) st = kvm_store__meta_get(s, txn, "cache_bytes", &out->cache_bytes);
+    if (st == 0) st = kvm_store__meta_get(s, txn, "cap_bytes", &out->cap_bytes);
+    if (st == 0) st = kvm_store__meta_get(s, txn, "n_evicted", &out->n_evicted);
+    if (st == 0) st = store_entries(s, txn, KVM_STORE__DB_ATIME, &out->n_caches);
+    if (st == 0) st = store_entries(s, txn, KVM_STORE__DB_STRATEGIES, &out->n_strategies);
+    if (st == 0) st = store_entries(s, txn, KVM_STORE__DB_MODELS, &out->n_models);
+    if (st == 0) st = store_entries(s, txn, KVM_STORE__DB_DOCS, &out->n_docs);
+    if (txn) mdb_txn_abort(txn);
+    out->format_version = (uint32_t)version;
+    MDB_envinfo info;
+    MDB_stat es;
+    if (st == 0 && mdb_env_info(s->env, &info) == 0 && mdb_env_stat(s->env, &es) == 0) {
+        out->map_size_bytes = (int64_t)info.me_mapsize;
+        out->map_used_bytes = ((int64_t)info.me_last_pgno + 1) * (int64_t)es.ms_psize;
+    }
+    out->map_max_bytes = s->map_max_bytes;
+    kvm_store__unlock(s);
+    return st;
+}
+
+void kvm_store__set_txn_hook(kvm_store *s, void (*hook)(void *arg), void *arg)
+{
+    s->txn_hook = hook;
+    s->txn_hook_arg = arg;
+}

@@ -1,0 +1,277 @@
+/* kvm_store.h: the LMDB store of compressed KV caches, strategies, model and document
+ * metadata. One environment directory, shared by every process of a pipeline (LMDB's own
+ * locking); each process opens it once. Caches are stored as the proto `cache` wire frames,
+ * so serving a cache is sending stored bytes. Every value carries a checksum verified on read.
+ *
+ * Thread-safety (all functions taking a kvm_store *): a handle may be used from several
+ * threads; calls are serialized by a mutex inside the handle. Open a store at most once per
+ * process (an LMDB rule) and never use a handle in a child after fork(): every call made
+ * from another process than the opener returns KVM_ESTATE; the child opens its own.
+ * Every function taking a kvm_store * also returns KVM_EINVAL for a NULL handle. Failures
+ * leave a detail message in kvm_errmsg() (store path, cache key prefix, layer, what). */
+#ifndef KVM_STORE_H
+#define KVM_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/kvm_frame.h"
+
+/* Store format version written into the `meta` db and into every record header. A reader
+ * refuses (KVM_EMISMATCH) records and stores of another version. */
+#define KVM_STORE_FORMAT_VERSION 1u
+/* Bytes of every id: BLAKE2b-256. */
+#define KVM_STORE_ID_BYTES 32
+/* Characters of an id printed as lowercase hex, without the terminating NUL. */
+#define KVM_STORE_ID_HEX 64
+/* Upper bound on manifest.n_layers (layer indices are stored as u32). */
+#define KVM_STORE_MAX_LAYERS 65536
+/* Upper bound on frames per layer value. */
+#define KVM_STORE_MAX_FRAMES 1048576
+/* Longest strategy name in bytes (no NUL inside; LMDB keys are at most 511 bytes). */
+#define KVM_STORE_MAX_NAME 255
+/* opts.cap_bytes value that records "no cap" in the store. */
+#define KVM_STORE_CAP_NONE (-1)
+
+/* A 32-byte binary id: model id (BLAKE2b-256 of the checkpoint file bytes), document hash
+ * (BLAKE2b-256 of the int32 little-endian token ids), config id (BLAKE2b-256 of the
+ * canonical encoding of the compression settings), tokenizer id (caller-defined hash). */
+typedef struct kvm_store_id {
+    uint8_t b[KVM_STORE_ID_BYTES]; /* digest bytes, in digest order */
+} kvm_store_id;
+
+/* The key of one cache: which model, which document, which compression settings. */
+typedef struct kvm_store_cache_key {
+    kvm_store_id model_id;  /* BLAKE2b-256 of the model checkpoint bytes */
+    kvm_store_id doc_hash;  /* BLAKE2b-256 of the document's token ids (int32 LE) */
+    kvm_store_id config_id; /* BLAKE2b-256 of the canonical compression settings */
+} kvm_store_cache_key;
+
+/* The manifest of one stored cache. It is written last, in the same transaction as the
+ * layers, and carries its own checksum. Fields marked "set by put" are ignored on input. */
+typedef struct kvm_store_manifest {
+    uint32_t format_version;   /* store format that wrote it; set by put */
+    int32_t n_layers;          /* layers of the cache, [1, KVM_STORE_MAX_LAYERS] */
+    int64_t n_tokens;          /* tokens of the document the cache was built from, >= 0 */
+    int64_t n_entries;         /* KV entries kept, summed over layers and KV heads, >= 0 */
+    int64_t stored_bytes;      /* bytes of all layer frames (payload only); set by put */
+    int64_t full_bytes;        /* bytes of the uncompressed f32 cache:
+                                  2 * n_layers * n_kv_heads * n_tokens * head_dim * 4; >= 0 */
+    int64_t created_unix_ms;   /* wall clock when put committed it, ms since 1970; set by put */
+    char dtype[16];            /* stored tensor dtype name ("f32", "f16", "bf16"), NUL-terminated */
+    kvm_store_id model_id;     /* must equal the key's model id */
+    kvm_store_id doc_hash;     /* must equal the key's document hash */
+    kvm_store_id config_id;    /* must equal the key's config id (= hash of `config`) */
+    kvm_store_id tokenizer_id; /* tokenizer the token ids came from */
+    kvm_frame config;          /* canonical settings bytes, opaque to the store; borrowed */
+} kvm_store_manifest;
+
+/* One layer's value: the frames of a proto `cache` message for that layer, opaque bytes. */
+typedef struct kvm_store_layer {
+    const kvm_frame *frames; /* [n_frames]; borrowed */
+    uint32_t n_frames;       /* frames in this layer, [0, KVM_STORE_MAX_FRAMES] */
+} kvm_store_layer;
+
+/* A cache read back by kvm_store_get_cache: one heap block holding copies of everything.
+ * All pointers inside (manifest.config, layers, layers[i].frames, frame data) point into
+ * the block and stay valid until kvm_store_cache_free. Not tied to any transaction. */
+typedef struct kvm_store_cache {
+    kvm_store_manifest manifest; /* verified manifest; manifest.config points into the block */
+    kvm_store_layer *layers;     /* [manifest.n_layers], verified layer values */
+} kvm_store_cache;
+
+/* Model metadata (`models` db, by model id). */
+typedef struct kvm_store_model_meta {
+    char name[64];      /* display name, NUL-terminated */
+    char source[256];   /* where the checkpoint came from (path or URL), NUL-terminated */
+    int32_t dim;        /* model width */
+    int32_t hidden_dim; /* FFN width */
+    int32_t n_layers;   /* transformer layers */
+    int32_t n_heads;    /* query heads */
+    int32_t n_kv_heads; /* KV heads (GQA) */
+    int32_t head_dim;   /* dim / n_heads */
+    int32_t vocab_size; /* tokens in the vocabulary */
+    int32_t seq_len;    /* maximum context, tokens */
+} kvm_store_model_meta;
+
+/* Document metadata (`docs` db, by doc hash). */
+typedef struct kvm_store_doc_meta {
+    int64_t n_tokens;  /* tokens in the document */
+    char source[256];  /* corpus file or name the document came from, NUL-terminated */
+} kvm_store_doc_meta;
+
+typedef struct kvm_store kvm_store;
+
+/* Options of kvm_store_open. Zero-initialize, then set what you need. */
+typedef struct kvm_store_opts {
+    int64_t map_size_bytes;     /* initial LMDB map size; 0 = 64 MiB; rounded up to 64 KiB */
+    int64_t map_max_bytes;      /* the map doubles on MDB_MAP_FULL up to this; 0 = 1 TiB */
+    int64_t cap_bytes;          /* cap on stored cache bytes: > 0 sets and records it in the
+                                   store, KVM_STORE_CAP_NONE records "no cap", 0 keeps the
+                                   store's recorded cap (none when never set) */
+    int64_t atime_granularity_ms; /* a read re-records a cache's access time only when the
+                                     recorded one is older than this; 0 = 1000; < 0 = always */
+    int read_only;              /* 1: MDB_RDONLY; nothing is created or written */
+    int no_sync;                /* 1: MDB_NOSYNC: commits survive a process crash, not an OS
+                                   crash (tests, scratch stores) */
+} kvm_store_opts;
+
+/* Usage numbers of a store (kvm_store_stats). */
+typedef struct kvm_store_stats {
+    uint32_t format_version; /* the store's recorded format version */
+    int64_t n_caches;        /* caches with a manifest */
+    int64_t n_strategies;    /* strategies */
+    int64_t n_models;        /* model metadata records */
+    int64_t n_docs;          /* document metadata records */
+    int64_t cache_bytes;     /* bytes of cache values (layers + manifests, with headers) */
+    int64_t cap_bytes;       /* the recorded cap on cache_bytes; 0 = no cap */
+    int64_t n_evicted;       /* caches evicted by the cap since the store was created */
+    int64_t map_size_bytes;  /* current LMDB map size */
+    int64_t map_used_bytes;  /* map bytes in use (last page + 1) * page size */
+    int64_t map_max_bytes;   /* this handle's growth limit */
+} kvm_store_stats;
+
+/* ---- ids (store/kvm_store_ids.c); no store needed, thread-safe ---- */
+
+/* BLAKE2b-256 of data[0, n). data may be NULL when n == 0. */
+void kvm_store_hash_bytes(const void *data, size_t n, kvm_store_id *out);
+/* Document hash: BLAKE2b-256 of tokens[0, n_tokens) as int32 little-endian (whatever the
+ * host byte order). Errors: KVM_EINVAL (n_tokens < 0, or NULL tokens with n_tokens > 0). */
+int kvm_store_doc_hash(const int32_t *tokens, int64_t n_tokens, kvm_store_id *out);
+/* BLAKE2b-256 of a whole file's bytes, streamed (no size limit).
+ * Errors: KVM_EIO (open/read failed; message names the path), KVM_ENOMEM. */
+int kvm_store_hash_file(const char *path, kvm_store_id *out);
+/* Lowercase hex of an id into out[KVM_STORE_ID_HEX + 1] (NUL-terminated). Returns out. */
+char *kvm_store_id_hex(const kvm_store_id *id, char *out);
+/* Parses exactly 64 hex digits (either case). Errors: KVM_EINVAL (names the bad text). */
+int kvm_store_id_parse(const char *hex, kvm_store_id *out);
+/* 1 when `prefix` (hex, either case, 0..64 digits) is a prefix of the id's hex, else 0. */
+int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
+
+/* ---- open / close (store/kvm_store.c) ---- */
+
+/* Opens (read-write: creating the directory, one level, and the databases if missing) the
+ * LMDB environment directory `path`. opts may be NULL (defaults). Clears stale reader
+ * slots of dead processes (mdb_reader_check). *out is set on success, NULL on failure.
+ * Errors: KVM_EINVAL (bad opts), KVM_ENOTFOUND (read_only and no store at path; nothing is
+ * created), KVM_EFORMAT (path is not an LMDB environment directory, or not a kvmill store),
+ * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
+ * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
+int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
+/* Closes the environment and frees the handle; accepts NULL and *s == NULL; sets *s = NULL.
+ * Must not race with other calls on the same handle. Called from a forked child it only
+ * frees this process's memory (the parent's environment is left alone). */
+void kvm_store_close(kvm_store **s);
+/* The directory the store was opened on; valid until kvm_store_close. */
+const char *kvm_store_path(const kvm_store *s);
+/* Fills *out. Errors: KVM_ESTATE (used after fork), KVM_EIO / KVM_ECORRUPT (LMDB). */
+int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out);
+
+/* ---- caches (store/kvm_store_cache.c) ---- */
+
+/* Stores a whole cache in ONE write transaction: layers[0, m->n_layers) under keys
+ * (model, doc, config, layer) and then the manifest; replaces an existing cache of the
+ * same key (all its old layers go). Before writing, evicts least recently served caches
+ * while the store's cap would be exceeded. Frames are copied; the caller keeps ownership.
+ * The key is taken from m->model_id, m->doc_hash, m->config_id; when m->config.size > 0,
+ * m->config_id must equal BLAKE2b-256 of m->config. Grows the map on MDB_MAP_FULL.
+ * Errors: KVM_EINVAL (bad manifest fields, layer count, frames, config id mismatch),
+ * KVM_EFULL (map at map_max_bytes, or the cache alone exceeds the cap; nothing written),
+ * KVM_ESTATE (read-only handle, or used after fork), KVM_EIO, KVM_ECORRUPT, KVM_ENOMEM. */
+int kvm_store_put_cache(kvm_store *s, const kvm_store_manifest *m, const kvm_store_layer *layers);
+
+/* Reads a whole cache in one read transaction, verifying every checksum, and returns a
+ * copy (*out, free with kvm_store_cache_free). Refuses a cache that is not what the caller
+ * expects: manifest ids other than the key's, another tokenizer (when tokenizer_id is not
+ * NULL; NULL skips that check, for inspection tools), another store format version.
+ * Records the access time for LRU eviction (at most once per atime_granularity_ms; not on
+ * read-only handles; best effort: a failure to record does not fail the get).
+ * Errors: KVM_ENOTFOUND (no manifest for key), KVM_ECORRUPT (a checksum or record check
+ * failed, or a layer is missing; nothing is returned), KVM_EMISMATCH (manifest for another
+ * model/tokenizer/config/format), KVM_ESTATE, KVM_EIO, KVM_ENOMEM. *out is NULL on error. */
+int kvm_store_get_cache(kvm_store *s, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
+                        kvm_store_cache **out);
+/* Frees a cache from kvm_store_get_cache; accepts NULL and *c == NULL; sets *c = NULL. */
+void kvm_store_cache_free(kvm_store_cache **c);
+
+/* *found = 1 when a verified, compatible manifest exists for key (layers are not read:
+ * the orchestrator's "already in the store?" check), else 0. tokenizer_id may be NULL.
+ * Errors: KVM_ECORRUPT (manifest corrupt), KVM_EMISMATCH (see get), KVM_ESTATE, KVM_EIO. */
+int kvm_store_has_cache(kvm_store *s, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
+                        int *found);
+
+/* Removes a cache (manifest, layers, access time) in one write transaction.
+ * Errors: KVM_ENOTFOUND (nothing stored under key), KVM_ESTATE (read-only, fork), KVM_EIO. */
+int kvm_store_rm_cache(kvm_store *s, const kvm_store_cache_key *key);
+
+/* Visitor of kvm_store_list_caches. m is the manifest (config bytes included) when status
+ * is 0, or NULL when the manifest failed its checks (status KVM_ECORRUPT / KVM_EMISMATCH,
+ * kvm_errmsg() says why). Both pointers are valid only during the call, which runs inside
+ * the store's lock and read txn: it must not call functions on the same handle. Return 0 to
+ * go on, anything else stops the listing and is returned by kvm_store_list_caches. */
+typedef int (*kvm_store_cache_visit_fn)(const kvm_store_cache_key *key, const kvm_store_manifest *m,
+                                        int status, void *arg);
+/* Calls fn for every cache manifest (key order), in one read transaction; model_id may be
+ * NULL (all models). Errors: fn's nonzero return, KVM_ESTATE, KVM_EIO. */
+int kvm_store_list_caches(kvm_store *s, const kvm_store_id *model_id, kvm_store_cache_visit_fn fn, void *arg);
+
+/* Resolves "MODEL:DOC:CONFIG", each part 1..64 hex digits (a unique prefix of the id), to
+ * the one cache it names. Errors: KVM_EINVAL (syntax; or the prefixes match several caches:
+ * the message says "ambiguous" and how many), KVM_ENOTFOUND (no cache matches). */
+int kvm_store_find_cache(kvm_store *s, const char *text, kvm_store_cache_key *out);
+
+/* ---- strategies, models, documents (store/kvm_store_meta.c) ---- */
+
+/* Stores a strategy (opaque bytes, copied) under (model_id, name), replacing an old one.
+ * Strategies are never evicted. name: 1..KVM_STORE_MAX_NAME bytes, no NUL.
+ * Errors: KVM_EINVAL, KVM_EFULL (map max), KVM_ESTATE, KVM_EIO. */
+int kvm_store_put_strategy(kvm_store *s, const kvm_store_id *model_id, const char *name, const void *data,
+                           size_t size);
+/* Reads a strategy, checksum verified, into a malloc'ed copy (*data, caller frees; non-NULL
+ * even when *size == 0). Errors: KVM_ENOTFOUND, KVM_ECORRUPT, KVM_EINVAL, KVM_ESTATE,
+ * KVM_ENOMEM, KVM_EIO. */
+int kvm_store_get_strategy(kvm_store *s, const kvm_store_id *model_id, const char *name, uint8_t **data,
+                           size_t *size);
+/* Visitor of kvm_store_list_strategies; name is NUL-terminated and valid during the call,
+ * which must not call functions on the same handle (it runs inside its lock).
+ * size is the strategy's byte count. Return nonzero to stop (and have it returned). */
+typedef int (*kvm_store_strategy_visit_fn)(const kvm_store_id *model_id, const char *name, size_t size,
+                                           void *arg);
+/* Lists strategies (all, or of model_id when not NULL) in key order, one read txn.
+ * Errors: fn's return, KVM_ESTATE, KVM_EIO. */
+int kvm_store_list_strategies(kvm_store *s, const kvm_store_id *model_id, kvm_store_strategy_visit_fn fn,
+                              void *arg);
+/* Removes a strategy. Errors: KVM_ENOTFOUND, KVM_EINVAL, KVM_ESTATE, KVM_EIO. */
+int kvm_store_rm_strategy(kvm_store *s, const kvm_store_id *model_id, const char *name);
+
+/* Model metadata put (replaces) / get (copied into *out). Strings must be NUL-terminated
+ * within their arrays. Errors: KVM_EINVAL, KVM_ENOTFOUND (get), KVM_ECORRUPT (get),
+ * KVM_EFULL, KVM_ESTATE, KVM_EIO. */
+int kvm_store_put_model(kvm_store *s, const kvm_store_id *model_id, const kvm_store_model_meta *meta);
+int kvm_store_get_model(kvm_store *s, const kvm_store_id *model_id, kvm_store_model_meta *out);
+/* Document metadata put / get, as for models. */
+int kvm_store_put_doc(kvm_store *s, const kvm_store_id *doc_hash, const kvm_store_doc_meta *meta);
+int kvm_store_get_doc(kvm_store *s, const kvm_store_id *doc_hash, kvm_store_doc_meta *out);
+
+/* Model id of a checkpoint file: BLAKE2b-256 of its bytes, remembered in the store per
+ * (absolute path, size, mtime, inode), so an unchanged file is hashed once per store.
+ * A read-only handle hashes without remembering. Errors: KVM_EIO (stat/read), KVM_ENOMEM,
+ * KVM_ESTATE, KVM_EFULL. */
+int kvm_store_model_id(kvm_store *s, const char *path, kvm_store_id *out);
+
+/* ---- verify (store/kvm_store_verify.c) ---- */
+
+/* Called once per problem found by kvm_store_verify with a one-line explanation (what,
+ * which key, which layer), valid during the call. */
+typedef void (*kvm_store_report_fn)(const char *problem, void *arg);
+/* Checks the whole store in one read transaction: every record's checksum and header in
+ * every db; every manifest: fields valid, ids equal to its key, layers [0, n_layers) all
+ * present and valid, stored_bytes equal to the layers' frame bytes; no orphan layers (no
+ * manifest, or index >= n_layers); access-time bookkeeping consistent; recorded cache
+ * bytes equal to the sum of cache values. Reports each problem through report (may be
+ * NULL) and counts them in *n_problems; *n_records counts records checked.
+ * Returns 0 when the check ran (whatever it found); errors: KVM_ESTATE, KVM_EIO. */
+int kvm_store_verify(kvm_store *s, kvm_store_report_fn report, void *arg, int64_t *n_records,
+                     int64_t *n_problems);
+
+#endif

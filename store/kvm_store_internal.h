@@ -1,0 +1,166 @@
+/* kvm_store_internal.h: what the store/ files share and the tests may poke at: the handle's
+ * body, key layouts, the checksummed record format, and the transaction helpers that grow
+ * the map and survive other processes growing it. Not part of the public API. */
+#ifndef KVM_STORE_INTERNAL_H
+#define KVM_STORE_INTERNAL_H
+
+#include <lmdb.h>
+#include <pthread.h>
+#include <sys/types.h>
+
+#include "store/kvm_store.h"
+
+/* Named databases. The names are the on-disk db names. */
+enum kvm_store__db {
+    KVM_STORE__DB_META,       /* "meta": bookkeeping (format version, cap, cache bytes, ...) */
+    KVM_STORE__DB_MODELS,     /* "models": model id -> model meta record */
+    KVM_STORE__DB_DOCS,       /* "docs": doc hash -> doc meta record */
+    KVM_STORE__DB_STRATEGIES, /* "strategies": model id + name -> strategy record */
+    KVM_STORE__DB_CACHES,     /* "caches": model + doc + config + layer(u32 BE) -> record */
+    KVM_STORE__DB_ATIME,      /* "atime": model + doc + config -> u64 LE last served, ns */
+    KVM_STORE__DB_LRU,        /* "lru": u64 BE atime ns + model + doc + config -> "" */
+    KVM_STORE__DB_FILES,      /* "files": BLAKE2b(abs path) -> model-id memo record */
+    KVM_STORE__DB_COUNT
+};
+
+/* Key sizes. A cache key is the 96-byte prefix plus a 4-byte big-endian layer index, so a
+ * cache's keys are adjacent and its manifest (index KVM_STORE__MANIFEST) sorts last. */
+#define KVM_STORE__PREFIX_BYTES (3 * KVM_STORE_ID_BYTES)
+#define KVM_STORE__CACHE_KEY_BYTES (KVM_STORE__PREFIX_BYTES + 4)
+#define KVM_STORE__LRU_KEY_BYTES (8 + KVM_STORE__PREFIX_BYTES)
+#define KVM_STORE__MANIFEST 0xFFFFFFFFu
+
+/* Record format (every value of models, docs, strategies, caches, files), little-endian:
+ *   [0,4)   magic "KVMS"
+ *   [4,6)   u16 store format version
+ *   [6,8)   u16 kind (enum kvm_store__kind)
+ *   [8,12)  u32 n_parts
+ *   [12,16) u32 reserved, 0
+ *   [16, 16 + 8 n_parts)  u64 part lengths
+ *   then the parts' bytes back to back
+ *   last 32 bytes: BLAKE2b-256(key bytes || all record bytes before the checksum)
+ * Hashing the key too means a value moved under another key is caught. */
+#define KVM_STORE__REC_MAGIC "KVMS"
+#define KVM_STORE__REC_HEADER 16
+#define KVM_STORE__REC_SUM 32
+
+enum kvm_store__kind {
+    KVM_STORE__KIND_LAYER = 1,    /* parts = the layer's frames */
+    KVM_STORE__KIND_MANIFEST = 2, /* part 0 = fixed manifest fields, part 1 = config bytes */
+    KVM_STORE__KIND_STRATEGY = 3, /* part 0 = strategy bytes */
+    KVM_STORE__KIND_MODEL = 4,    /* part 0 = fixed model meta fields */
+    KVM_STORE__KIND_DOC = 5,      /* part 0 = fixed doc meta fields */
+    KVM_STORE__KIND_FILE = 6,     /* part 0 = size, mtime, inode, model id; part 1 = path */
+};
+
+/* Manifest part 0, v1 layout (LE): i32 n_layers, u32 0, i64 n_tokens, n_entries,
+ * stored_bytes, full_bytes, created_unix_ms, char dtype[16], ids model, doc, config,
+ * tokenizer (32 bytes each). */
+#define KVM_STORE__MANIFEST_FIXED 192
+
+struct kvm_store {
+    MDB_env *env;                     /* the LMDB environment, owned */
+    MDB_dbi dbi[KVM_STORE__DB_COUNT]; /* named db handles */
+    char *path;                       /* directory, owned */
+    int read_only;                    /* opened MDB_RDONLY */
+    int64_t map_max_bytes;            /* growth limit */
+    int64_t atime_granularity_ns;     /* see kvm_store_opts.atime_granularity_ms; < 0 always */
+    pid_t pid;                        /* process that opened the env */
+    pthread_mutex_t mu;               /* serializes every call on the handle */
+    int mdb_rc;                       /* raw LMDB code of the last failure in a write txn */
+    void (*txn_hook)(void *arg);      /* tests: called inside put's txn before the manifest */
+    void *txn_hook_arg;               /* argument of txn_hook */
+};
+
+/* A write step run by kvm_store__write inside a fresh write txn; returns a kvm status.
+ * LMDB failures go through kvm_store__mdb(s, ...), which remembers the raw code so that
+ * MDB_MAP_FULL is retried after growing the map. */
+typedef int (*kvm_store__write_fn)(kvm_store *s, MDB_txn *txn, void *arg);
+
+/* Locks the handle and checks it may be used by this process (KVM_ESTATE after fork). On
+ * success the caller must kvm_store__unlock. */
+int kvm_store__lock(kvm_store *s);
+void kvm_store__unlock(kvm_store *s);
+/* Runs fn in a write transaction and commits; on MDB_MAP_FULL (in fn or at commit) aborts,
+ * doubles the map (up to map_max_bytes) and runs fn again. Handle must be locked. */
+int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg);
+/* Begins a read txn, adopting a map grown by another process (MDB_MAP_RESIZED). */
+int kvm_store__read_begin(kvm_store *s, MDB_txn **txn);
+/* Maps an LMDB code to a kvm status with a message "store PATH: WHAT: mdb error"; records
+ * the raw code in s->mdb_rc. */
+int kvm_store__mdb(kvm_store *s, int rc, const char *what);
+
+/* Key encoders. */
+void kvm_store__cache_key(const kvm_store_cache_key *k, uint32_t layer, uint8_t out[KVM_STORE__CACHE_KEY_BYTES]);
+void kvm_store__prefix(const kvm_store_cache_key *k, uint8_t out[KVM_STORE__PREFIX_BYTES]);
+void kvm_store__prefix_decode(const uint8_t *p, kvm_store_cache_key *k);
+uint32_t kvm_store__key_layer(const uint8_t *key);
+
+/* Little-endian / big-endian helpers on unaligned bytes. */
+void kvm_store__put_u16(uint8_t *p, uint16_t v);
+void kvm_store__put_u32(uint8_t *p, uint32_t v);
+void kvm_store__put_u64(uint8_t *p, uint64_t v);
+uint16_t kvm_store__get_u16(const uint8_t *p);
+uint32_t kvm_store__get_u32(const uint8_t *p);
+uint64_t kvm_store__get_u64(const uint8_t *p);
+void kvm_store__put_be64(uint8_t *p, uint64_t v);
+
+/* Record codec (store/kvm_store_record.c). */
+/* Bytes of a record holding parts[0, n_parts). */
+size_t kvm_store__rec_size(const kvm_frame *parts, uint32_t n_parts);
+/* Writes the record into dst[0, kvm_store__rec_size) (e.g. MDB_RESERVE'd map memory). */
+void kvm_store__rec_write(uint8_t *dst, const MDB_val *key, uint16_t kind, const kvm_frame *parts,
+                          uint32_t n_parts);
+/* Puts a record under key in dbi (MDB_RESERVE, no intermediate copy). Returns an LMDB code. */
+int kvm_store__rec_put(MDB_txn *txn, MDB_dbi dbi, const MDB_val *key, uint16_t kind, const kvm_frame *parts,
+                       uint32_t n_parts);
+/* Checks a record read under key: magic, version, kind, lengths, checksum. On success sets
+ * *n_parts. Errors: KVM_ECORRUPT (message starts with `what`), KVM_EMISMATCH (another
+ * format version). */
+int kvm_store__rec_check(const MDB_val *key, const MDB_val *val, uint16_t kind, uint32_t *n_parts,
+                         const char *what);
+/* Views of the parts of a checked record (valid as long as val's memory). */
+void kvm_store__rec_parts(const MDB_val *val, kvm_frame *parts, uint32_t n_parts);
+
+/* Manifest fixed-part codec. Decode validates ranges (KVM_ECORRUPT naming `what`). */
+void kvm_store__manifest_encode(const kvm_store_manifest *m, uint8_t out[KVM_STORE__MANIFEST_FIXED]);
+int kvm_store__manifest_decode(const kvm_frame *fixed, const kvm_frame *config, kvm_store_manifest *m,
+                               const char *what);
+/* Checks and decodes a manifest record read under key (views valid as long as val's memory).
+ * Errors: KVM_ECORRUPT, KVM_EMISMATCH (format version). */
+int kvm_store__manifest_parse(const MDB_val *key, const MDB_val *val, kvm_store_manifest *m, const char *what);
+/* Reads and checks the manifest of key in txn (views valid until txn ends). Errors:
+ * KVM_ENOTFOUND, KVM_ECORRUPT, KVM_EMISMATCH (format version), KVM_EIO. */
+int kvm_store__manifest_read(kvm_store *s, MDB_txn *txn, const kvm_store_cache_key *k, kvm_store_manifest *m);
+/* Human name of a cache key for messages: 12-hex-digit prefixes "m:d:c" into out[48]. */
+const char *kvm_store__key_name(const kvm_store_cache_key *k, char out[48]);
+
+/* Meta values (u64 LE under a text key); missing -> 0. */
+int kvm_store__meta_get(kvm_store *s, MDB_txn *txn, const char *name, int64_t *v);
+int kvm_store__meta_set(kvm_store *s, MDB_txn *txn, const char *name, int64_t v);
+
+/* Deletes every key of a cache (layers, manifest, access time) in txn; *freed_bytes = the
+ * bytes of values removed (updates the recorded cache bytes itself). *n_keys = keys removed. */
+int kvm_store__cache_delete(kvm_store *s, MDB_txn *txn, const kvm_store_cache_key *k, int64_t *freed_bytes,
+                            int64_t *n_keys);
+
+/* LRU bookkeeping (store/kvm_store_evict.c). */
+/* Sets a cache's access time to now_ns (atime + lru dbs). */
+int kvm_store__atime_set(kvm_store *s, MDB_txn *txn, const kvm_store_cache_key *k, uint64_t now_ns);
+/* Removes a cache's access time records (missing is fine). */
+int kvm_store__atime_del(kvm_store *s, MDB_txn *txn, const kvm_store_cache_key *k);
+/* Reads a cache's access time (0 when none). */
+int kvm_store__atime_get(kvm_store *s, MDB_txn *txn, const kvm_store_cache_key *k, uint64_t *ns);
+/* Evicts least recently served caches (never `keep`) until cache bytes + need <= cap.
+ * Errors: KVM_EFULL (need alone exceeds the cap). */
+int kvm_store__evict_for(kvm_store *s, MDB_txn *txn, const kvm_store_cache_key *keep, int64_t need);
+/* Records the access time of a cache just served, when older than the granularity. */
+void kvm_store__touch(kvm_store *s, const kvm_store_cache_key *k, uint64_t recorded_ns);
+/* Wall clock, ns since 1970. */
+uint64_t kvm_store__now_ns(void);
+
+/* Tests: calls hook(arg) inside every put_cache write txn after the layers are written and
+ * before the manifest; NULL removes it. */
+void kvm_store__set_txn_hook(kvm_store *s, void (*hook)(void *arg), void *arg);
+
+#endif

@@ -1,0 +1,1213 @@
+/* check_store.c: the LMDB store (store/) and `kvmill store` (orchestrator/cmd_store.c):
+ * round trips, concurrent writer and reader processes, a writer killed mid-transaction,
+ * corruption detection, map growth, the cap's LRU eviction, compatibility refusal, CLI. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
+#include "store/kvm_store.h"
+#include "store/kvm_store_internal.h"
+#include "tests/util/kvm_test.h"
+
+/* ---- deterministic test caches ---- */
+
+#define TC_MAXL 8
+
+/* A cache whose every byte follows from (model, writer, index). */
+typedef struct tcache {
+    kvm_store_manifest m;            /* manifest to put */
+    kvm_store_layer layers[TC_MAXL]; /* layer frame lists */
+    kvm_frame frames[TC_MAXL][3];    /* header, payload, empty (odd layers) */
+    uint8_t hdr[TC_MAXL][32];        /* per-layer header frame */
+    uint8_t *payload[TC_MAXL];       /* per-layer payload, malloc'ed */
+    char config[64];                 /* canonical config bytes */
+} tcache;
+
+static void tc_make(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_layers, size_t payload, int vary)
+{
+    memset(t, 0, sizeof *t);
+    char s[64];
+    snprintf(s, sizeof s, "model-%u", model);
+    kvm_store_hash_bytes(s, strlen(s), &t->m.model_id);
+    int32_t toks[3] = {(int32_t)w, (int32_t)i, 12345};
+    ck_assert_int_eq(kvm_store_doc_hash(toks, 3, &t->m.doc_hash), 0);
+    snprintf(t->config, sizeof t->config, "pattern=snapkv;budget=0.25");
+    t->m.config = (kvm_frame){(const uint8_t *)t->config, strlen(t->config)};
+    kvm_store_hash_bytes(t->config, strlen(t->config), &t->m.config_id);
+    kvm_store_hash_bytes("tok-1", 5, &t->m.tokenizer_id);
+    t->m.n_layers = n_layers;
+    t->m.n_tokens = 100 + i;
+    t->m.n_entries = 40 + i;
+    t->m.full_bytes = 2ll * n_layers * 2 * t->m.n_tokens * 16 * 4;
+    snprintf(t->m.dtype, sizeof t->m.dtype, "f16");
+    for (int l = 0; l < n_layers; l++) {
+        snprintf((char *)t->hdr[l], sizeof t->hdr[l], "m=%u w=%u i=%u l=%d", model, w, i, l);
+        size_t n = payload + (vary ? (i * 37u + (uint32_t)l * 101u) % 997u : 0);
+        t->payload[l] = malloc(n);
+        uint64_t x = 0x9E3779B97F4A7C15ull ^ ((uint64_t)model << 48 | (uint64_t)w << 32 | (uint64_t)i << 8 | (uint64_t)l);
+        for (size_t j = 0; j < n; j++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            t->payload[l][j] = (uint8_t)(x >> 24);
+        }
+        t->frames[l][0] = (kvm_frame){t->hdr[l], sizeof t->hdr[l]};
+        t->frames[l][1] = (kvm_frame){t->payload[l], n};
+        t->frames[l][2] = (kvm_frame){NULL, 0};
+        t->layers[l] = (kvm_store_layer){t->frames[l], l % 2 ? 3u : 2u};
+    }
+}
+
+static void tc_free(tcache *t)
+{
+    for (int l = 0; l < TC_MAXL; l++) free(t->payload[l]);
+    memset(t, 0, sizeof *t);
+}
+
+static kvm_store_cache_key tc_key(const tcache *t)
+{
+    return (kvm_store_cache_key){t->m.model_id, t->m.doc_hash, t->m.config_id};
+}
+
+/* 0 when c holds exactly t, else a line number to say where they differ. */
+static int tc_diff(const tcache *t, const kvm_store_cache *c)
+{
+    const kvm_store_manifest *a = &t->m, *b = &c->manifest;
+    if (a->n_layers != b->n_layers || a->n_tokens != b->n_tokens || a->n_entries != b->n_entries ||
+        a->full_bytes != b->full_bytes || strcmp(a->dtype, b->dtype) != 0)
+        return __LINE__;
+    if (memcmp(&a->model_id, &b->model_id, 32) || memcmp(&a->doc_hash, &b->doc_hash, 32) ||
+        memcmp(&a->config_id, &b->config_id, 32) || memcmp(&a->tokenizer_id, &b->tokenizer_id, 32))
+        return __LINE__;
+    if (a->config.size != b->config.size || memcmp(a->config.data, b->config.data, a->config.size)) return __LINE__;
+    if (b->format_version != KVM_STORE_FORMAT_VERSION) return __LINE__;
+    int64_t bytes = 0;
+    for (int l = 0; l < a->n_layers; l++) {
+        if (t->layers[l].n_frames != c->layers[l].n_frames) return __LINE__;
+        for (uint32_t f = 0; f < t->layers[l].n_frames; f++) {
+            const kvm_frame *x = &t->layers[l].frames[f], *y = &c->layers[l].frames[f];
+            if (x->size != y->size || (x->size && memcmp(x->data, y->data, x->size))) return __LINE__;
+            bytes += (int64_t)x->size;
+        }
+    }
+    return bytes == b->stored_bytes ? 0 : __LINE__;
+}
+
+/* ---- helpers ---- */
+
+static char *g_dir;   /* this test's temporary directory */
+static char g_path[4200]; /* the store directory inside it */
+
+static void setup(void)
+{
+    g_dir = kvm_test_tmpdir();
+    ck_assert_ptr_nonnull(g_dir);
+    snprintf(g_path, sizeof g_path, "%s/store", g_dir);
+}
+
+static void teardown(void)
+{
+    kvm_test_rmtree(g_dir);
+    free(g_dir);
+    g_dir = NULL;
+}
+
+static kvm_store *open_store(const char *path, int64_t map, int64_t max, int64_t cap, int64_t gran_ms)
+{
+    kvm_store_opts o = {.map_size_bytes = map, .map_max_bytes = max, .cap_bytes = cap,
+                        .atime_granularity_ms = gran_ms, .no_sync = 1};
+    kvm_store *s = NULL;
+    int st = kvm_store_open(path, &o, &s);
+    ck_assert_msg(st == 0, "open %s: %d %s", path, st, kvm_errmsg());
+    return s;
+}
+
+static void put_ok(kvm_store *s, const tcache *t)
+{
+    int st = kvm_store_put_cache(s, &t->m, t->layers);
+    ck_assert_msg(st == 0, "put: %d %s", st, kvm_errmsg());
+}
+
+/* Gets t's cache and compares; returns the status (0 also means equal). */
+static int get_cmp(kvm_store *s, const tcache *t)
+{
+    kvm_store_cache_key k = tc_key(t);
+    kvm_store_cache *c = NULL;
+    int st = kvm_store_get_cache(s, &k, &t->m.tokenizer_id, &c);
+    if (st == 0) {
+        int d = tc_diff(t, c);
+        ck_assert_msg(d == 0, "cache content differs (check at line %d)", d);
+    } else {
+        ck_assert_ptr_null(c);
+    }
+    kvm_store_cache_free(&c);
+    return st;
+}
+
+static int has(kvm_store *s, const tcache *t)
+{
+    kvm_store_cache_key k = tc_key(t);
+    int found = -1;
+    int st = kvm_store_has_cache(s, &k, &t->m.tokenizer_id, &found);
+    ck_assert_msg(st == 0, "has: %d %s", st, kvm_errmsg());
+    return found;
+}
+
+static int64_t verify_problems(kvm_store *s)
+{
+    int64_t n_rec = 0, n_bad = -1;
+    ck_assert_int_eq(kvm_store_verify(s, NULL, NULL, &n_rec, &n_bad), 0);
+    return n_bad;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs kvm_cmd_store("store", args...) in a forked child; captures stdout and stderr. */
+static int run_cli(char **out, char **err, ...)
+{
+    char *argv[16];
+    int argc = 0;
+    argv[argc++] = "store";
+    va_list ap;
+    va_start(ap, err);
+    for (char *a; (a = va_arg(ap, char *)) != NULL && argc < 15;) argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char o[4300], e[4300];
+    snprintf(o, sizeof o, "%s/cli.out", g_dir);
+    snprintf(e, sizeof e, "%s/cli.err", g_dir);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fo = open(o, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(e, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0) _exit(99);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        int rc = kvm_cmd_store(argc, argv);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(rc);
+    }
+    int wst;
+    waitpid(pid, &wst, 0);
+    char *ob = kvm_test_read_file(o, NULL), *eb = kvm_test_read_file(e, NULL);
+    if (out) *out = ob;
+    else free(ob);
+    if (err) *err = eb;
+    else free(eb);
+    return WIFEXITED(wst) ? WEXITSTATUS(wst) : 128 + WTERMSIG(wst);
+}
+
+/* First occurrence of needle[0, m) in hay[0, n), or NULL (memmem is a GNU extension). */
+static const char *find_bytes(const char *hay, size_t n, const void *needle, size_t m)
+{
+    for (size_t i = 0; m <= n && i <= n - m; i++)
+        if (hay[i] == *(const char *)needle && memcmp(hay + i, needle, m) == 0) return hay + i;
+    return NULL;
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; s && *s; s++) n += *s == '\n';
+    return n;
+}
+
+/* Raw LMDB access to the store's `caches` db, bypassing the store (to damage it). */
+static void raw_open(MDB_env **env, MDB_txn **txn, MDB_dbi *dbi, const char *db)
+{
+    ck_assert_int_eq(mdb_env_create(env), 0);
+    mdb_env_set_maxdbs(*env, 16);
+    ck_assert_int_eq(mdb_env_open(*env, g_path, 0, 0664), 0);
+    ck_assert_int_eq(mdb_txn_begin(*env, NULL, 0, txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(*txn, db, 0, dbi), 0);
+}
+
+static void raw_close(MDB_env *env, MDB_txn *txn)
+{
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* Rewrites the value of one cache key through `edit`. */
+static void raw_edit(const tcache *t, uint32_t layer, void (*edit)(uint8_t *v, size_t n, const MDB_val *key))
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    raw_open(&env, &txn, &dbi, "caches");
+    uint8_t kb[KVM_STORE__CACHE_KEY_BYTES];
+    kvm_store_cache_key k = tc_key(t);
+    kvm_store__cache_key(&k, layer, kb);
+    MDB_val key = {sizeof kb, kb}, val;
+    ck_assert_int_eq(mdb_get(txn, dbi, &key, &val), 0);
+    uint8_t *copy = malloc(val.mv_size);
+    memcpy(copy, val.mv_data, val.mv_size);
+    edit(copy, val.mv_size, &key);
+    MDB_val nv = {val.mv_size, copy};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &nv, 0), 0);
+    free(copy);
+    raw_close(env, txn);
+}
+
+static void edit_flip_middle(uint8_t *v, size_t n, const MDB_val *key)
+{
+    (void)key;
+    v[n / 2] ^= 0x01;
+}
+
+/* Sets the record's format version to 2 and re-seals the checksum: a valid future record. */
+static void edit_version2(uint8_t *v, size_t n, const MDB_val *key)
+{
+    kvm_store__put_u16(v + 4, 2);
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, KVM_STORE__REC_SUM);
+    crypto_generichash_update(&h, key->mv_data, key->mv_size);
+    crypto_generichash_update(&h, v, n - KVM_STORE__REC_SUM);
+    crypto_generichash_final(&h, v + n - KVM_STORE__REC_SUM, KVM_STORE__REC_SUM);
+}
+
+static void raw_del(const tcache *t, uint32_t layer)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    raw_open(&env, &txn, &dbi, "caches");
+    uint8_t kb[KVM_STORE__CACHE_KEY_BYTES];
+    kvm_store_cache_key k = tc_key(t);
+    kvm_store__cache_key(&k, layer, kb);
+    MDB_val key = {sizeof kb, kb};
+    ck_assert_int_eq(mdb_del(txn, dbi, &key, NULL), 0);
+    raw_close(env, txn);
+}
+
+/* ---- ids ---- */
+
+START_TEST(test_ids)
+{
+    kvm_store_id id, id2;
+    char hex[KVM_STORE_ID_HEX + 1];
+    kvm_store_hash_bytes("abc", 3, &id); /* RFC 7693-style BLAKE2b-256 test vector */
+    ck_assert_str_eq(kvm_store_id_hex(&id, hex), "bddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319");
+    ck_assert_int_eq(kvm_store_id_parse(hex, &id2), 0);
+    ck_assert_mem_eq(id.b, id2.b, 32);
+    ck_assert_int_eq(kvm_store_id_parse("BDDD813C634239723171EF3FEE98579B94964E3BB1CB3E427262C8C068D52319", &id2), 0);
+    ck_assert_mem_eq(id.b, id2.b, 32);
+    ck_assert_int_eq(kvm_store_id_parse("bddd", &id2), KVM_EINVAL);
+    ck_assert_int_eq(kvm_store_id_parse("gddd813c634239723171ef3fee98579b94964e3bb1cb3e427262c8c068d52319", &id2), KVM_EINVAL);
+    ck_assert_int_eq(kvm_store_id_has_prefix(&id, "bDd"), 1);
+    ck_assert_int_eq(kvm_store_id_has_prefix(&id, ""), 1);
+    ck_assert_int_eq(kvm_store_id_has_prefix(&id, "bde"), 0);
+
+    /* doc hash = hash of the int32 tokens, little-endian */
+    int32_t toks[3] = {1, -2, 0x01020304};
+    uint8_t le[12] = {1, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 4, 3, 2, 1};
+    kvm_store_hash_bytes(le, sizeof le, &id);
+    ck_assert_int_eq(kvm_store_doc_hash(toks, 3, &id2), 0);
+    ck_assert_mem_eq(id.b, id2.b, 32);
+    ck_assert_int_eq(kvm_store_doc_hash(NULL, -1, &id2), KVM_EINVAL);
+
+    /* model id: hash of the file bytes, remembered per (path, size, mtime, inode) */
+    char mpath[4300];
+    snprintf(mpath, sizeof mpath, "%s/model.bin", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(mpath, "weights-A", 9), 0);
+    kvm_store_id want_a, want_b;
+    kvm_store_hash_bytes("weights-A", 9, &want_a);
+    kvm_store_hash_bytes("weights-B", 9, &want_b);
+    ck_assert_int_eq(kvm_store_hash_file(mpath, &id), 0);
+    ck_assert_mem_eq(id.b, want_a.b, 32);
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    ck_assert_int_eq(kvm_store_model_id(s, mpath, &id), 0);
+    ck_assert_mem_eq(id.b, want_a.b, 32);
+    struct stat st0;
+    ck_assert_int_eq(stat(mpath, &st0), 0);
+    /* same size and mtime, other bytes: the memo answers without re-hashing */
+    int fd = open(mpath, O_WRONLY);
+    ck_assert_int_eq(pwrite(fd, "weights-B", 9, 0), 9);
+    struct timespec times[2] = {st0.st_atim, st0.st_mtim};
+    ck_assert_int_eq(futimens(fd, times), 0);
+    close(fd);
+    ck_assert_int_eq(kvm_store_model_id(s, mpath, &id), 0);
+    ck_assert_mem_eq(id.b, want_a.b, 32);
+    /* a new mtime: hashed again */
+    times[1].tv_sec += 5;
+    ck_assert_int_eq(utimensat(AT_FDCWD, mpath, times, 0), 0);
+    ck_assert_int_eq(kvm_store_model_id(s, mpath, &id), 0);
+    ck_assert_mem_eq(id.b, want_b.b, 32);
+    ck_assert_int_eq(kvm_store_model_id(s, "/nonexistent/model.bin", &id), KVM_EIO);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+    ck_assert_ptr_null(s);
+    kvm_store_close(&s); /* NULL is fine */
+}
+END_TEST
+
+/* ---- put / get ---- */
+
+START_TEST(test_put_get)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache a, b, a2;
+    tc_make(&a, 1, 0, 1, 3, 500, 1);
+    tc_make(&b, 1, 0, 2, 5, 5000, 1);
+    put_ok(s, &a);
+    put_ok(s, &b);
+    ck_assert_int_eq(get_cmp(s, &a), 0);
+    ck_assert_int_eq(get_cmp(s, &b), 0);
+    ck_assert_int_eq(has(s, &a), 1);
+
+    kvm_store_cache_key k = tc_key(&a);
+    kvm_store_cache *c = NULL;
+    ck_assert_int_eq(kvm_store_get_cache(s, &k, NULL, &c), 0);
+    ck_assert_int_eq(c->manifest.format_version, KVM_STORE_FORMAT_VERSION);
+    ck_assert_int_gt(c->manifest.created_unix_ms, 1600000000000ll);
+    ck_assert_int_eq(c->layers[1].n_frames, 3);
+    ck_assert_uint_eq(c->layers[1].frames[2].size, 0);
+    kvm_store_cache_free(&c);
+    ck_assert_ptr_null(c);
+
+    /* unknown key */
+    tcache u;
+    tc_make(&u, 1, 9, 9, 1, 10, 0);
+    ck_assert_int_eq(get_cmp(s, &u), KVM_ENOTFOUND);
+    ck_assert_int_eq(has(s, &u), 0);
+
+    /* replace a with a 2-layer version: old layer 2 must go */
+    tc_make(&a2, 1, 0, 1, 2, 300, 0);
+    put_ok(s, &a2);
+    ck_assert_int_eq(get_cmp(s, &a2), 0);
+    ck_assert_int_eq(verify_problems(s), 0);
+
+    /* bad puts */
+    kvm_store_manifest m = a.m;
+    m.n_layers = 0;
+    ck_assert_int_eq(kvm_store_put_cache(s, &m, a.layers), KVM_EINVAL);
+    m = a.m;
+    m.config_id.b[0] ^= 1;
+    ck_assert_int_eq(kvm_store_put_cache(s, &m, a.layers), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "config_id"));
+
+    /* find by prefixes */
+    char h1[65], h2[65], h3[65], text[256];
+    kvm_store_id_hex(&b.m.model_id, h1);
+    kvm_store_id_hex(&b.m.doc_hash, h2);
+    kvm_store_id_hex(&b.m.config_id, h3);
+    snprintf(text, sizeof text, "%.6s:%.6s:%.3s", h1, h2, h3);
+    kvm_store_cache_key f;
+    ck_assert_int_eq(kvm_store_find_cache(s, text, &f), 0);
+    ck_assert_mem_eq(f.doc_hash.b, b.m.doc_hash.b, 32);
+    ck_assert_int_eq(kvm_store_find_cache(s, "abc", &f), KVM_EINVAL);
+
+    /* remove */
+    k = tc_key(&b);
+    ck_assert_int_eq(kvm_store_rm_cache(s, &k), 0);
+    ck_assert_int_eq(get_cmp(s, &b), KVM_ENOTFOUND);
+    ck_assert_int_eq(kvm_store_rm_cache(s, &k), KVM_ENOTFOUND);
+    kvm_store_stats t;
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    ck_assert_int_eq(t.n_caches, 1);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+
+    /* persists; read-only handle refuses writes */
+    kvm_store_opts ro = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_path, &ro, &s), 0);
+    ck_assert_int_eq(get_cmp(s, &a2), 0);
+    ck_assert_int_eq(kvm_store_put_cache(s, &a.m, a.layers), KVM_ESTATE);
+    kvm_store_close(&s);
+    tc_free(&a);
+    tc_free(&a2);
+    tc_free(&b);
+    tc_free(&u);
+}
+END_TEST
+
+/* ---- strategies, models, docs ---- */
+
+typedef struct strat_list {
+    int n;             /* strategies seen */
+    char names[8][32]; /* their names */
+} strat_list;
+
+static int strat_visit(const kvm_store_id *model_id, const char *name, size_t size, void *arg)
+{
+    (void)model_id;
+    (void)size;
+    strat_list *l = arg;
+    if (l->n < 8) snprintf(l->names[l->n], sizeof l->names[0], "%s", name);
+    l->n++;
+    return 0;
+}
+
+START_TEST(test_strategies_meta)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_id m1, m2;
+    kvm_store_hash_bytes("m1", 2, &m1);
+    kvm_store_hash_bytes("m2", 2, &m2);
+    ck_assert_int_eq(kvm_store_put_strategy(s, &m1, "plan-a", "\x01\x02\x03", 3), 0);
+    ck_assert_int_eq(kvm_store_put_strategy(s, &m1, "plan-b", "", 0), 0);
+    ck_assert_int_eq(kvm_store_put_strategy(s, &m2, "plan-a", "zz", 2), 0);
+    ck_assert_int_eq(kvm_store_put_strategy(s, &m1, "plan-a", "\x04\x05\x06\x07", 4), 0); /* replace */
+    uint8_t *d = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kvm_store_get_strategy(s, &m1, "plan-a", &d, &n), 0);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_mem_eq(d, "\x04\x05\x06\x07", 4);
+    free(d);
+    ck_assert_int_eq(kvm_store_get_strategy(s, &m1, "plan-b", &d, &n), 0);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_ptr_nonnull(d);
+    free(d);
+    ck_assert_int_eq(kvm_store_get_strategy(s, &m1, "nope", &d, &n), KVM_ENOTFOUND);
+    ck_assert_ptr_null(d);
+    ck_assert_int_eq(kvm_store_put_strategy(s, &m1, "", "x", 1), KVM_EINVAL);
+    strat_list l = {0};
+    ck_assert_int_eq(kvm_store_list_strategies(s, &m1, strat_visit, &l), 0);
+    ck_assert_int_eq(l.n, 2);
+    ck_assert_str_eq(l.names[0], "plan-a");
+    ck_assert_str_eq(l.names[1], "plan-b");
+    memset(&l, 0, sizeof l);
+    ck_assert_int_eq(kvm_store_list_strategies(s, NULL, strat_visit, &l), 0);
+    ck_assert_int_eq(l.n, 3);
+    ck_assert_int_eq(kvm_store_rm_strategy(s, &m2, "plan-a"), 0);
+    ck_assert_int_eq(kvm_store_rm_strategy(s, &m2, "plan-a"), KVM_ENOTFOUND);
+
+    kvm_store_model_meta mm = {.name = "stories260K", .source = "/models/stories260K.bin", .dim = 64,
+                               .hidden_dim = 172, .n_layers = 5, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8,
+                               .vocab_size = 512, .seq_len = 512},
+                         mo;
+    ck_assert_int_eq(kvm_store_put_model(s, &m1, &mm), 0);
+    ck_assert_int_eq(kvm_store_get_model(s, &m1, &mo), 0);
+    ck_assert_str_eq(mo.name, "stories260K");
+    ck_assert_str_eq(mo.source, mm.source);
+    ck_assert_int_eq(mo.n_kv_heads, 4);
+    ck_assert_int_eq(mo.seq_len, 512);
+    ck_assert_int_eq(kvm_store_get_model(s, &m2, &mo), KVM_ENOTFOUND);
+    kvm_store_doc_meta dm = {.n_tokens = 777, .source = "tinystories/val.txt#12"}, dout;
+    ck_assert_int_eq(kvm_store_put_doc(s, &m2, &dm), 0);
+    ck_assert_int_eq(kvm_store_get_doc(s, &m2, &dout), 0);
+    ck_assert_int_eq(dout.n_tokens, 777);
+    ck_assert_str_eq(dout.source, dm.source);
+    kvm_store_stats t;
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    ck_assert_int_eq(t.n_strategies, 2);
+    ck_assert_int_eq(t.n_models, 1);
+    ck_assert_int_eq(t.n_docs, 1);
+    ck_assert_int_eq(t.n_caches, 0);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* ---- two writers and two readers in parallel ---- */
+
+#define CONC_PER_WRITER 150
+#define CONC_TOTAL (2 * CONC_PER_WRITER)
+
+static int writer_main(uint32_t w)
+{
+    kvm_store_opts o = {.map_size_bytes = 256 << 10, .no_sync = 1}; /* small map: growth under contention */
+    kvm_store *s = NULL;
+    if (kvm_store_open(g_path, &o, &s)) return 10;
+    int rc = 0;
+    for (uint32_t i = 0; i < CONC_PER_WRITER && rc == 0; i++) {
+        tcache t;
+        tc_make(&t, 1, w, i, 4, 200, 1);
+        if (kvm_store_put_cache(s, &t.m, t.layers)) {
+            fprintf(stderr, "writer %u put %u: %s\n", w, i, kvm_errmsg());
+            rc = 11;
+        }
+        tc_free(&t);
+    }
+    kvm_store_close(&s);
+    return rc;
+}
+
+typedef struct key_list {
+    kvm_store_cache_key keys[CONC_TOTAL + 8]; /* caches listed */
+    int n;                                    /* how many */
+    int bad;                                  /* manifests that failed */
+} key_list;
+
+static int collect(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    key_list *l = arg;
+    if (!m || status) l->bad++;
+    else if (l->n < CONC_TOTAL + 8) l->keys[l->n++] = *k;
+    return 0;
+}
+
+static int reader_main(void)
+{
+    kvm_store_id docs[2][CONC_PER_WRITER];
+    for (uint32_t w = 0; w < 2; w++)
+        for (uint32_t i = 0; i < CONC_PER_WRITER; i++) {
+            int32_t toks[3] = {(int32_t)w, (int32_t)i, 12345};
+            kvm_store_doc_hash(toks, 3, &docs[w][i]);
+        }
+    kvm_store *s = NULL;
+    if (kvm_store_open(g_path, &(kvm_store_opts){.no_sync = 1}, &s)) return 20;
+    key_list *l = malloc(sizeof *l);
+    int rc = 0;
+    double deadline = now_s() + 100;
+    for (int done = 0; !done && rc == 0;) {
+        memset(l, 0, sizeof *l);
+        if (kvm_store_list_caches(s, NULL, collect, l) || l->bad) rc = 21;
+        for (int j = 0; j < l->n && rc == 0; j++) {
+            int w = -1, i = -1;
+            for (int a = 0; a < 2 && w < 0; a++)
+                for (int b = 0; b < CONC_PER_WRITER; b++)
+                    if (memcmp(docs[a][b].b, l->keys[j].doc_hash.b, 32) == 0) w = a, i = b;
+            if (w < 0) {
+                rc = 22;
+                break;
+            }
+            tcache t;
+            tc_make(&t, 1, (uint32_t)w, (uint32_t)i, 4, 200, 1);
+            kvm_store_cache *c = NULL;
+            int st = kvm_store_get_cache(s, &l->keys[j], &t.m.tokenizer_id, &c);
+            if (st || tc_diff(&t, c)) {
+                fprintf(stderr, "reader: cache w=%d i=%d: status %d %s\n", w, i, st, kvm_errmsg());
+                rc = 23;
+            }
+            kvm_store_cache_free(&c);
+            tc_free(&t);
+        }
+        if (l->n == CONC_TOTAL) done = 1;
+        else if (now_s() > deadline) rc = 24;
+    }
+    free(l);
+    kvm_store_close(&s);
+    return rc;
+}
+
+START_TEST(test_concurrent)
+{
+    kvm_store *s = open_store(g_path, 64 << 10, 0, 0, 0);
+    kvm_store_close(&s);
+    pid_t pids[4];
+    for (int p = 0; p < 4; p++) {
+        fflush(stdout);
+        fflush(stderr);
+        pids[p] = fork();
+        ck_assert_int_ge(pids[p], 0);
+        if (pids[p] == 0) _exit(p < 2 ? writer_main((uint32_t)p) : reader_main());
+    }
+    for (int p = 0; p < 4; p++) {
+        int wst;
+        ck_assert_int_eq(waitpid(pids[p], &wst, 0), pids[p]);
+        ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "%s %d exited with %d", p < 2 ? "writer" : "reader", p,
+                      WIFEXITED(wst) ? WEXITSTATUS(wst) : -WTERMSIG(wst));
+    }
+    s = open_store(g_path, 0, 0, 0, 0);
+    for (uint32_t w = 0; w < 2; w++)
+        for (uint32_t i = 0; i < CONC_PER_WRITER; i++) {
+            tcache t;
+            tc_make(&t, 1, w, i, 4, 200, 1);
+            ck_assert_msg(get_cmp(s, &t) == 0, "cache w=%u i=%u lost: %s", w, i, kvm_errmsg());
+            tc_free(&t);
+        }
+    kvm_store_stats st;
+    ck_assert_int_eq(kvm_store_stats_get(s, &st), 0);
+    ck_assert_int_eq(st.n_caches, CONC_TOTAL);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* ---- a writer killed mid-transaction, a reader killed holding a read txn ---- */
+
+static int g_pipe_w = -1; /* write end the blocked child signals on */
+
+static void block_forever(void *arg)
+{
+    (void)arg;
+    if (write(g_pipe_w, "x", 1) != 1) _exit(30);
+    for (;;) pause();
+}
+
+static int block_in_list(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    (void)k, (void)m, (void)status;
+    block_forever(arg);
+    return 0;
+}
+
+/* Forks a child that runs fn and blocks inside a transaction; kills it with SIGKILL. */
+static void kill_mid_txn(int writer)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        g_pipe_w = fds[1];
+        kvm_store *s = NULL;
+        if (kvm_store_open(g_path, &(kvm_store_opts){.no_sync = 1}, &s)) _exit(31);
+        if (writer) {
+            tcache t;
+            tc_make(&t, 2, 7, 999, 3, 1 << 20, 0); /* big: many pages written before the kill */
+            kvm_store__set_txn_hook(s, block_forever, NULL);
+            kvm_store_put_cache(s, &t.m, t.layers);
+        } else {
+            kvm_store_list_caches(s, NULL, block_in_list, NULL);
+        }
+        _exit(32);
+    }
+    close(fds[1]);
+    char c;
+    ck_assert_int_eq(read(fds[0], &c, 1), 1);
+    close(fds[0]);
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    int wst;
+    ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
+    ck_assert(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+}
+
+START_TEST(test_sigkill)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache t[20];
+    for (uint32_t i = 0; i < 20; i++) {
+        tc_make(&t[i], 2, 0, i, 3, 3000, 1);
+        put_ok(s, &t[i]);
+    }
+    kvm_store_close(&s);
+    kill_mid_txn(0); /* a reader dies holding a read txn (stale reader slot) */
+    kill_mid_txn(1); /* a writer dies holding the write lock, mid-put */
+    s = open_store(g_path, 0, 0, 0, 0);
+    for (uint32_t i = 0; i < 20; i++) ck_assert_int_eq(get_cmp(s, &t[i]), 0);
+    tcache lost;
+    tc_make(&lost, 2, 7, 999, 3, 16, 0);
+    ck_assert_int_eq(has(s, &lost), 0); /* the killed put left nothing */
+    tcache more;
+    tc_make(&more, 2, 1, 1, 2, 100, 0);
+    put_ok(s, &more); /* the write lock is usable again */
+    ck_assert_int_eq(get_cmp(s, &more), 0);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+    for (int i = 0; i < 20; i++) tc_free(&t[i]);
+    tc_free(&lost);
+    tc_free(&more);
+}
+END_TEST
+
+/* ---- corruption ---- */
+
+START_TEST(test_corrupt)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache a, b, c;
+    tc_make(&a, 3, 0, 1, 3, 8192, 0); /* 8 KiB payloads live in overflow pages, written once */
+    tc_make(&b, 3, 0, 2, 3, 500, 0);
+    tc_make(&c, 3, 0, 3, 3, 500, 0);
+    put_ok(s, &a);
+    put_ok(s, &b);
+    put_ok(s, &c);
+    kvm_store_close(&s);
+    ck_assert_int_eq(run_cli(NULL, NULL, "verify", "--store", g_path, NULL), 0);
+
+    /* flip one byte of a's layer 1 payload directly in data.mdb */
+    char data[4300];
+    snprintf(data, sizeof data, "%s/data.mdb", g_path);
+    size_t n;
+    char *file = kvm_test_read_file(data, &n);
+    ck_assert_ptr_nonnull(file);
+    const char *hit = find_bytes(file, n, a.payload[1], 64);
+    ck_assert_ptr_nonnull(hit);
+    ck_assert_ptr_null(find_bytes(hit + 1, n - (size_t)(hit + 1 - file), a.payload[1], 64)); /* exactly one copy */
+    long off = (long)(hit - file) + 100;
+    free(file);
+    int fd = open(data, O_RDWR);
+    uint8_t byte;
+    ck_assert_int_eq(pread(fd, &byte, 1, off), 1);
+    byte ^= 0x20;
+    ck_assert_int_eq(pwrite(fd, &byte, 1, off), 1);
+    close(fd);
+
+    s = open_store(g_path, 0, 0, 0, 0);
+    ck_assert_int_eq(get_cmp(s, &a), KVM_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "layer 1"));
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "checksum"));
+    ck_assert_int_eq(get_cmp(s, &b), 0);
+    kvm_store_close(&s);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(run_cli(&out, &err, "verify", "--store", g_path, NULL), 1);
+    ck_assert_msg(strstr(err, "layer 1: checksum mismatch") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+
+    /* a flipped manifest byte (raw LMDB write); a missing layer */
+    raw_edit(&b, KVM_STORE__MANIFEST, edit_flip_middle);
+    raw_del(&c, 2);
+    s = open_store(g_path, 0, 0, 0, 0);
+    ck_assert_int_eq(get_cmp(s, &b), KVM_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "manifest"));
+    ck_assert_int_eq(get_cmp(s, &c), KVM_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "layer 2: missing"));
+    ck_assert_int_eq(verify_problems(s), 5); /* a layer, b manifest, c layer, atime count, cache bytes */
+    kvm_store_close(&s);
+    ck_assert_int_eq(run_cli(&out, &err, "verify", "--store", g_path, NULL), 1);
+    ck_assert_msg(strstr(err, "1 of 3 layers missing") != NULL, "stderr: %s", err);
+    ck_assert_msg(strstr(err, "manifest: checksum mismatch") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(run_cli(&out, &err, "ls", "--store", g_path, NULL), 1); /* b's manifest is unreadable */
+    ck_assert_int_eq(count_lines(out), 3); /* header, a, c */
+    free(out);
+    free(err);
+
+    /* a manifest gone: its layers are orphans */
+    raw_del(&a, KVM_STORE__MANIFEST);
+    ck_assert_int_eq(run_cli(&out, &err, "verify", "--store", g_path, NULL), 1);
+    ck_assert_msg(strstr(err, "orphan layer value(s) without a manifest") != NULL, "stderr: %s", err);
+    free(out);
+    free(err);
+    tc_free(&a);
+    tc_free(&b);
+    tc_free(&c);
+}
+END_TEST
+
+/* ---- map growth ---- */
+
+START_TEST(test_map_growth)
+{
+    kvm_store *s = open_store(g_path, 64 << 10, 256ll << 20, 0, 0);
+    kvm_store_stats t0, t1;
+    ck_assert_int_eq(kvm_store_stats_get(s, &t0), 0);
+    for (uint32_t i = 0; i < 200; i++) {
+        tcache t;
+        tc_make(&t, 4, 0, i, 3, 4000, 1);
+        put_ok(s, &t);
+        tc_free(&t);
+    }
+    ck_assert_int_eq(kvm_store_stats_get(s, &t1), 0);
+    ck_assert_int_gt(t1.map_size_bytes, t0.map_size_bytes);
+    ck_assert_int_eq(t1.n_caches, 200);
+    kvm_store_close(&s);
+
+    /* another process grows the map; this one adopts it (MDB_MAP_RESIZED) */
+    s = open_store(g_path, 64 << 10, 256ll << 20, 0, 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        kvm_store *cs = NULL;
+        if (kvm_store_open(g_path, &(kvm_store_opts){.map_size_bytes = 64 << 10, .no_sync = 1}, &cs)) _exit(40);
+        int rc = 0;
+        for (uint32_t i = 200; i < 400 && rc == 0; i++) {
+            tcache t;
+            tc_make(&t, 4, 0, i, 3, 8000, 1);
+            rc = kvm_store_put_cache(cs, &t.m, t.layers) ? 41 : 0;
+            tc_free(&t);
+        }
+        kvm_store_close(&cs);
+        _exit(rc);
+    }
+    int wst;
+    waitpid(pid, &wst, 0);
+    ck_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    for (uint32_t i = 0; i < 400; i += 7) {
+        tcache t;
+        tc_make(&t, 4, 0, i, 3, i < 200 ? 4000 : 8000, 1);
+        ck_assert_msg(get_cmp(s, &t) == 0, "cache %u: %s", i, kvm_errmsg());
+        tc_free(&t);
+    }
+    tcache extra;
+    tc_make(&extra, 4, 1, 0, 2, 100, 0);
+    put_ok(s, &extra);
+    tc_free(&extra);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+
+    /* a map that may not grow enough: KVM_EFULL, nothing lost */
+    char small[4300];
+    snprintf(small, sizeof small, "%s/small", g_dir);
+    s = open_store(small, 64 << 10, 512 << 10, 0, 0);
+    uint32_t stored = 0;
+    int st = 0;
+    for (uint32_t i = 0; i < 1000; i++) {
+        tcache t;
+        tc_make(&t, 5, 0, i, 2, 6000, 0);
+        st = kvm_store_put_cache(s, &t.m, t.layers);
+        tc_free(&t);
+        if (st) break;
+        stored++;
+    }
+    ck_assert_int_eq(st, KVM_EFULL);
+    ck_assert_msg(strstr(kvm_errmsg(), "map full") != NULL, "%s", kvm_errmsg());
+    ck_assert_uint_gt(stored, 10);
+    for (uint32_t i = 0; i < stored; i++) {
+        tcache t;
+        tc_make(&t, 5, 0, i, 2, 6000, 0);
+        ck_assert_int_eq(get_cmp(s, &t), 0);
+        tc_free(&t);
+    }
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* ---- cap and LRU eviction ---- */
+
+START_TEST(test_evict)
+{
+    tcache c[6];
+    for (uint32_t i = 0; i < 6; i++) tc_make(&c[i], 6, 0, i, 2, 2000, 0);
+    kvm_store *s = open_store(g_path, 0, 0, 0, -1);
+    put_ok(s, &c[0]);
+    kvm_store_stats t;
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    int64_t one = t.cache_bytes;
+    ck_assert_int_gt(one, 4000);
+    kvm_store_close(&s);
+
+    s = open_store(g_path, 0, 0, 3 * one + one / 2, -1); /* room for three */
+    ck_assert_int_eq(kvm_store_put_strategy(s, &c[0].m.model_id, "plan", "keep me", 7), 0);
+    put_ok(s, &c[1]);
+    put_ok(s, &c[2]);
+    ck_assert_int_eq(get_cmp(s, &c[0]), 0); /* served: now the most recent */
+    put_ok(s, &c[3]);                       /* evicts c1, the least recently served */
+    ck_assert_int_eq(has(s, &c[1]), 0);
+    ck_assert_int_eq(has(s, &c[0]), 1);
+    ck_assert_int_eq(has(s, &c[2]), 1);
+    ck_assert_int_eq(has(s, &c[3]), 1);
+    ck_assert_int_eq(get_cmp(s, &c[2]), 0);
+    put_ok(s, &c[4]); /* evicts c0 (served before c2 and put before c3) */
+    ck_assert_int_eq(has(s, &c[0]), 0);
+    ck_assert_int_eq(has(s, &c[2]), 1);
+    ck_assert_int_eq(has(s, &c[3]), 1);
+    ck_assert_int_eq(has(s, &c[4]), 1);
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    ck_assert_int_eq(t.n_caches, 3);
+    ck_assert_int_eq(t.n_evicted, 2);
+    ck_assert_int_le(t.cache_bytes, t.cap_bytes);
+    ck_assert_int_eq(t.cap_bytes, 3 * one + one / 2);
+    uint8_t *d;
+    size_t n;
+    ck_assert_int_eq(kvm_store_get_strategy(s, &c[0].m.model_id, "plan", &d, &n), 0); /* never evicted */
+    free(d);
+    /* a cache larger than the cap: refused, nothing evicted */
+    tcache big;
+    tc_make(&big, 6, 1, 0, 2, (size_t)(4 * one), 0);
+    ck_assert_int_eq(kvm_store_put_cache(s, &big.m, big.layers), KVM_EFULL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "exceeds the cap"));
+    tc_free(&big);
+    ck_assert_int_eq(has(s, &c[2]), 1);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+
+    /* the cap is recorded in the store; stats shows it */
+    char *out = NULL;
+    ck_assert_int_eq(run_cli(&out, NULL, "stats", "--store", g_path, NULL), 0);
+    ck_assert_msg(strstr(out, "caches          3") && strstr(out, "evicted         2") && strstr(out, "% used"),
+                  "stats: %s", out);
+    free(out);
+    for (int i = 0; i < 6; i++) tc_free(&c[i]);
+}
+END_TEST
+
+/* ---- compatibility refusal ---- */
+
+START_TEST(test_mismatch)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache a, b;
+    tc_make(&a, 7, 0, 1, 2, 100, 0);
+    tc_make(&b, 7, 0, 2, 2, 100, 0);
+    put_ok(s, &a);
+    put_ok(s, &b);
+    kvm_store_id other;
+    kvm_store_hash_bytes("tok-2", 5, &other);
+    kvm_store_cache_key k = tc_key(&a);
+    kvm_store_cache *c = NULL;
+    ck_assert_int_eq(kvm_store_get_cache(s, &k, &other, &c), KVM_EMISMATCH);
+    ck_assert_ptr_null(c);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "tokenizer"));
+    int found = -1;
+    ck_assert_int_eq(kvm_store_has_cache(s, &k, &other, &found), KVM_EMISMATCH);
+    ck_assert_int_eq(found, 0);
+    kvm_store_close(&s);
+
+    /* a manifest of another store format version (valid checksum): refused, not misread */
+    raw_edit(&b, KVM_STORE__MANIFEST, edit_version2);
+    s = open_store(g_path, 0, 0, 0, 0);
+    ck_assert_int_eq(get_cmp(s, &b), KVM_EMISMATCH);
+    ck_assert_msg(strstr(kvm_errmsg(), "format version 2") != NULL, "%s", kvm_errmsg());
+    ck_assert_int_eq(get_cmp(s, &a), 0);
+    kvm_store_close(&s);
+
+    /* a whole store of another format version */
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    raw_open(&env, &txn, &dbi, "meta");
+    uint8_t v[8];
+    kvm_store__put_u64(v, 2);
+    MDB_val key = {14, "format_version"}, val = {8, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    raw_close(env, txn);
+    ck_assert_int_eq(kvm_store_open(g_path, NULL, &s), KVM_EMISMATCH);
+    ck_assert_ptr_null(s);
+    ck_assert_int_eq(kvm_store_open(g_path, &(kvm_store_opts){.read_only = 1}, &s), KVM_EMISMATCH);
+    tc_free(&a);
+    tc_free(&b);
+}
+END_TEST
+
+/* ---- CLI ---- */
+
+START_TEST(test_cli_missing_path)
+{
+    char missing[4300];
+    snprintf(missing, sizeof missing, "%s/nope", g_dir);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(run_cli(&out, &err, "ls", "--store", missing, "--csv", NULL), 0);
+    ck_assert_str_eq(out, "model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype\n");
+    free(out);
+    free(err);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", missing, NULL), 0);
+    ck_assert_int_eq(count_lines(out), 1);
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "stats", "--store", missing, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "caches          0"));
+    free(out);
+    struct stat st;
+    ck_assert_int_ne(stat(missing, &st), 0); /* not created */
+    ck_assert_int_eq(run_cli(NULL, &err, "verify", "--store", missing, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "cannot open store"));
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, NULL, "rm", "--store", missing, "a:b:c", NULL), 2);
+    ck_assert_int_ne(stat(missing, &st), 0);
+
+    /* a file, and a directory of garbage: not LMDB environments */
+    char file[4300];
+    snprintf(file, sizeof file, "%s/file", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(file, "hello", 5), 0);
+    ck_assert_int_eq(run_cli(NULL, &err, "verify", "--store", file, NULL), 2);
+    ck_assert_msg(strstr(err, "not an LMDB environment") != NULL, "%s", err);
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, NULL, "ls", "--store", file, NULL), 2);
+    mkdir(g_path, 0775);
+    char data[4300];
+    snprintf(data, sizeof data, "%s/data.mdb", g_path);
+    char junk[8192];
+    memset(junk, 'j', sizeof junk);
+    ck_assert_int_eq(kvm_test_write_file(data, junk, sizeof junk), 0);
+    ck_assert_int_eq(run_cli(NULL, &err, "verify", "--store", g_path, NULL), 2);
+    ck_assert_msg(strstr(err, "not an LMDB environment") != NULL, "%s", err);
+    free(err);
+
+    /* an LMDB environment of another program: refused, left untouched */
+    kvm_test_rmtree(g_path);
+    mkdir(g_path, 0775);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_path, 0, 0664), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    for (int i = 0; i < 20; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "key%02d", i);
+        MDB_val key = {strlen(k), k}, val = {1, "v"};
+        ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    }
+    raw_close(env, txn);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_path, NULL, &s), KVM_EFORMAT);
+    ck_assert_int_eq(run_cli(NULL, &err, "verify", "--store", g_path, NULL), 2);
+    ck_assert_msg(strstr(err, "not a kvmill store") != NULL, "%s", err);
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, NULL, "ls", "--store", g_path, NULL), 2);
+}
+END_TEST
+
+START_TEST(test_cli_commands)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache t[3];
+    tc_make(&t[0], 8, 0, 0, 2, 1000, 0);
+    /* two caches of model 9 whose doc hashes share their first hex digit: "X:D:C" is ambiguous */
+    char h[65], h2[65];
+    uint32_t i2 = 2;
+    tc_make(&t[1], 9, 0, 1, 3, 500, 0);
+    kvm_store_id_hex(&t[1].m.doc_hash, h);
+    for (;; i2++) {
+        tc_make(&t[2], 9, 0, i2, 3, 500, 0);
+        if (kvm_store_id_hex(&t[2].m.doc_hash, h2)[0] == h[0]) break;
+        tc_free(&t[2]);
+    }
+    for (int i = 0; i < 3; i++) put_ok(s, &t[i]);
+    kvm_store_close(&s);
+
+    char *out = NULL, *err = NULL, want[512], key[256], m[65], d[65], c[65];
+    ck_assert_int_eq(run_cli(&out, &err, "ls", "--store", g_path, "--csv", NULL), 0);
+    ck_assert_int_eq(count_lines(out), 4);
+    ck_assert_ptr_eq(strstr(out, "model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype\n"), out);
+    kvm_store_id_hex(&t[0].m.model_id, m);
+    kvm_store_id_hex(&t[0].m.doc_hash, d);
+    kvm_store_id_hex(&t[0].m.config_id, c);
+    int64_t bytes = 2 * (32 + 1000);
+    snprintf(want, sizeof want, "%s,%s,%s,100,40,%lld,%.3f,f16\n", m, d, c, (long long)bytes,
+             (double)t[0].m.full_bytes / (double)bytes);
+    ck_assert_msg(strstr(out, want) != NULL, "want row %s in:\n%s", want, out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--model", m, NULL), 0);
+    ck_assert_int_eq(count_lines(out), 2); /* header + model 8's cache */
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, NULL), 0);
+    ck_assert_int_eq(count_lines(out), 4);
+    free(out);
+
+    /* show with unique prefixes */
+    snprintf(key, sizeof key, "%.8s:%.8s:%.8s", m, d, c);
+    ck_assert_int_eq(run_cli(&out, &err, "show", "--store", g_path, key, NULL), 0);
+    ck_assert_msg(strstr(out, d) && strstr(out, "layers        2") && strstr(out, "tokens        100"), "%s", out);
+    free(out);
+    free(err);
+    /* ambiguous, malformed, unknown */
+    kvm_store_id_hex(&t[1].m.model_id, m);
+    kvm_store_id_hex(&t[1].m.config_id, c);
+    snprintf(key, sizeof key, "%.6s:%c:%.6s", m, h[0], c);
+    ck_assert_int_eq(run_cli(NULL, &err, "show", "--store", g_path, key, NULL), 2);
+    ck_assert_msg(strstr(err, "ambiguous") && strstr(err, "2 caches"), "%s", err);
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, &err, "show", "--store", g_path, "xyz", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "MODELID:DOCHASH:CONFIGID"));
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, &err, "show", "--store", g_path, "zz:aa:bb", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "not hexadecimal"));
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, NULL, "show", "--store", g_path, "a:b:c:d", NULL), 2);
+    ck_assert_int_eq(run_cli(NULL, NULL, "show", "--store", g_path, NULL), 2);
+    snprintf(key, sizeof key, "%.6s:%c:%.6s", m, h[0] == '0' ? '1' : '0', c);
+    ck_assert_int_eq(run_cli(NULL, &err, "show", "--store", g_path, key, NULL), 1);
+    ck_assert_ptr_nonnull(strstr(err, "no cache"));
+    free(err);
+
+    /* rm, then stats and verify */
+    snprintf(key, sizeof key, "%.6s:%.5s:%.6s", m, h2, c);
+    ck_assert_int_eq(run_cli(&out, NULL, "rm", "--store", g_path, key, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, h2));
+    free(out);
+    ck_assert_int_eq(run_cli(NULL, NULL, "rm", "--store", g_path, key, NULL), 1);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--csv", NULL), 0);
+    ck_assert_int_eq(count_lines(out), 3);
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "stats", "--store", g_path, NULL), 0);
+    ck_assert_msg(strstr(out, "caches          2") && strstr(out, "cap_bytes       none"), "%s", out);
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "verify", "--store", g_path, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, " 0 problem"));
+    free(out);
+
+    /* usage errors and help */
+    ck_assert_int_eq(run_cli(NULL, NULL, NULL), 2);
+    ck_assert_int_eq(run_cli(&out, NULL, "--help", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "verify"));
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--help", NULL), 0);
+    ck_assert_ptr_nonnull(strstr(out, "--csv"));
+    free(out);
+    ck_assert_int_eq(run_cli(NULL, &err, "frobnicate", "--store", g_path, NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown subcommand"));
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, &err, "ls", NULL), 2);
+    ck_assert_ptr_nonnull(strstr(err, "--store"));
+    free(err);
+    ck_assert_int_eq(run_cli(NULL, NULL, "ls", "--store", g_path, "--bogus", NULL), 2);
+    ck_assert_int_eq(run_cli(NULL, NULL, "ls", "--store", g_path, "--model", "zz", NULL), 2);
+    ck_assert_int_eq(run_cli(NULL, NULL, "stats", "--store", g_path, "extra", NULL), 2);
+    for (int i = 0; i < 3; i++) tc_free(&t[i]);
+}
+END_TEST
+
+/* The real binary, when it is built: `kvmill store` is wired into main.c. */
+START_TEST(test_cli_binary)
+{
+    char bin[4300], cmd[9000];
+    snprintf(bin, sizeof bin, "%s/kvmill", kvm_test_bin());
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "check_store: SKIP test_cli_binary: %s not built\n", bin);
+        return;
+    }
+    char *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' --help", bin);
+    int rc = kvm_test_run(cmd, &out, NULL);
+    if (rc != 0 || !out || !strstr(out, "  store ")) {
+        fprintf(stderr, "check_store: SKIP test_cli_binary: %s predates `kvmill store` (rebuild it)\n", bin);
+        free(out);
+        return;
+    }
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' store ls --csv --store '%s/none'", bin, g_dir);
+    rc = kvm_test_run(cmd, &out, NULL);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_str_eq(out, "model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' store verify --store '%s/none'", bin, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_test(tc, fn);
+    return tc;
+}
+
+int main(void)
+{
+    if (sodium_init() < 0) return 1;
+    Suite *su = suite_create("store");
+    suite_add_tcase(su, tcase("ids", test_ids, 30));
+    suite_add_tcase(su, tcase("put_get", test_put_get, 30));
+    suite_add_tcase(su, tcase("strategies_meta", test_strategies_meta, 30));
+    suite_add_tcase(su, tcase("concurrent", test_concurrent, 240));
+    suite_add_tcase(su, tcase("sigkill", test_sigkill, 60));
+    suite_add_tcase(su, tcase("corrupt", test_corrupt, 60));
+    suite_add_tcase(su, tcase("map_growth", test_map_growth, 120));
+    suite_add_tcase(su, tcase("evict", test_evict, 60));
+    suite_add_tcase(su, tcase("mismatch", test_mismatch, 30));
+    suite_add_tcase(su, tcase("cli_missing_path", test_cli_missing_path, 60));
+    suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
+    suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
+    SRunner *sr = srunner_create(su);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
