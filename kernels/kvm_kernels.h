@@ -37,9 +37,14 @@ typedef struct kvm_attn_head {
     float scale;          /* score scale, 1/sqrt(d) */
     float *out;           /* [n_q][head_dim], row stride ldo floats: softmax(qK^T)V */
     int64_t ldo;          /* floats between consecutive output rows */
-    float *probs;         /* scratch [n_q][n_e] (row stride n_e); on return holds the
-                             attention probabilities, 0 at masked entries */
+    float *probs;         /* scratch [n_q][n_e] (row stride n_e); on return, when want_probs,
+                             holds the attention probabilities, 0 at masked entries */
+    int want_probs;       /* 1: every probs row must be complete; 0: scratch only (faster) */
 } kvm_attn_head;
+
+/* A weight matrix W [out][in] prepared by a backend for Y = X · Wᵀ (packed panels on CPU,
+ * device memory on CUDA). Opaque; made by weight_new, released by weight_free. */
+typedef struct kvm_weight kvm_weight;
 
 /* The backend table. Every function is thread-compatible (no shared mutable state) unless
  * noted. Errors: functions returning int give 0 or a negative kvm_status. */
@@ -59,6 +64,14 @@ typedef struct kvm_kernels {
      * W[out][in] is sgemm(0, 1, n_tok, out, in, 1, X, in, W, in, 0, Y, out). */
     int (*sgemm)(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc);
+
+    /* Prepares W [out][in] row-major host float32 (copied; the source may be unmapped after).
+     * Returns NULL with kvm_errmsg set (KVM_ENOMEM) on failure. */
+    kvm_weight *(*weight_new)(const float *w, int64_t out, int64_t in);
+    void (*weight_free)(kvm_weight *w); /* accepts NULL */
+
+    /* Y[m][out] = X[m][in] · Wᵀ, X row stride ldx, Y row stride ldy. Returns 0. */
+    int (*matmul)(const float *x, int64_t m, int64_t ldx, const kvm_weight *w, float *y, int64_t ldy);
 
     /* out[r][:] = w ⊙ x[r][:] / sqrt(mean(x[r]^2) + eps), rows [0, n_rows), dim floats each. */
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n_rows, int64_t dim, float eps);
@@ -94,7 +107,7 @@ int kvm_kernels_select(const char *device, const kvm_kernels **out);
  * float32 recipe: freq_i = 1 / theta^(2i/head_dim), angle = pos * freq_i. */
 void kvm_rope_table(const int32_t *pos, int64_t n, int head_dim, float theta, float *cos_t, float *sin_t);
 
-/* Sets the number of threads the CPU backend's BLAS uses (≥ 1). */
+/* Sets the number of threads the CPU backend uses for its kernels and BLAS (≥ 1). */
 void kvm_kernels_cpu_set_threads(int n);
 
 #endif

@@ -12,10 +12,12 @@
 struct kvm_forward {
     const kvm_model *m;
     const kvm_kernels *k;
+    const kvm_prepared *w;                  /* weights prepared for k, owned by the model */
     int64_t max_batch;                      /* tokens per chunk */
     kvm_hooks hooks[KVM_FORWARD_MAX_HOOKS]; /* registered hook sets */
     int n_hooks;
     int want_q_pre;
+    int want_probs;                         /* a post_attn hook reads probabilities */
     /* scratch, [max_batch][width] token-major */
     float *x, *xb, *q, *q_pre, *kk, *vv, *att, *hb, *hb2, *cos_t, *sin_t;
     int32_t *qpos;
@@ -31,6 +33,11 @@ int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch,
     const kvm_model_config *c = &m->cfg;
     f->m = m;
     f->k = k ? k : kvm_kernels_cpu();
+    int rc = kvm_model_prepare(m, f->k, &f->w);
+    if (rc) {
+        free(f);
+        return rc;
+    }
     f->max_batch = max_batch > 0 ? max_batch : c->seq_len;
     size_t B = (size_t)f->max_batch, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     f->x = malloc(B * c->dim * sizeof(float));
@@ -70,6 +77,7 @@ int kvm_forward_add_hooks(kvm_forward *f, const kvm_hooks *h)
         return kvm_err(KVM_EFULL, "forward: at most %d hook sets", KVM_FORWARD_MAX_HOOKS);
     f->hooks[f->n_hooks++] = *h;
     f->want_q_pre |= h->want_q_pre;
+    f->want_probs |= h->post_attn != NULL;
     return 0;
 }
 
@@ -77,6 +85,7 @@ void kvm_forward_clear_hooks(kvm_forward *f)
 {
     f->n_hooks = 0;
     f->want_q_pre = 0;
+    f->want_probs = 0;
 }
 
 int kvm_forward_cache_new(const kvm_model *m, int64_t cap, kvm_kvcache **out)
@@ -128,7 +137,7 @@ static int attend(kvm_forward *f, kvm_attn_site *site)
         kvm_attn_head a = {.q = f->q + (int64_t)h * d, .ldq = ld, .qpos = f->qpos, .n_q = n, .k = kh->k,
                            .v = kh->v, .pos = kh->pos, .bias = kh->bias, .n_e = kh->n, .head_dim = d,
                            .scale = 1.0f / sqrtf((float)d), .out = f->att + (int64_t)h * d, .ldo = ld,
-                           .probs = f->probs};
+                           .probs = f->probs, .want_probs = f->want_probs};
         if ((rc = f->k->attention(&a))) return rc;
         if (!f->n_hooks) continue;
         site->head = h;
@@ -152,9 +161,9 @@ static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n,
     const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     k->rmsnorm(f->xb, f->x, w->rms_att, n, c->dim, c->norm_eps);
     int rc;
-    if ((rc = k->sgemm(0, 1, n, qd, c->dim, 1.0f, f->xb, c->dim, w->wq, c->dim, 0.0f, f->q, qd)) ||
-        (rc = k->sgemm(0, 1, n, kvd, c->dim, 1.0f, f->xb, c->dim, w->wk, c->dim, 0.0f, f->kk, kvd)) ||
-        (rc = k->sgemm(0, 1, n, kvd, c->dim, 1.0f, f->xb, c->dim, w->wv, c->dim, 0.0f, f->vv, kvd)))
+    const kvm_prepared_layer *pw = &f->w->layers[l];
+    if ((rc = k->matmul(f->xb, n, c->dim, pw->wq, f->q, qd)) || (rc = k->matmul(f->xb, n, c->dim, pw->wk, f->kk, kvd)) ||
+        (rc = k->matmul(f->xb, n, c->dim, pw->wv, f->vv, kvd)))
         return rc;
     if (f->want_q_pre) memcpy(f->q_pre, f->q, (size_t)(n * qd) * sizeof(float));
     k->rope(f->q, n, qd, c->n_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
@@ -171,7 +180,7 @@ static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n,
         site.cache->head_dim != cache->head_dim)
         return kvm_err(KVM_EINVAL, "forward: layer %d: a pre_attn hook substituted a cache of another shape", l);
     if ((rc = attend(f, &site))) return rc;
-    if ((rc = k->sgemm(0, 1, n, c->dim, qd, 1.0f, f->att, qd, w->wo, qd, 0.0f, f->xb, c->dim))) return rc;
+    if ((rc = k->matmul(f->att, n, qd, pw->wo, f->xb, c->dim))) return rc;
     k->add(f->x, f->xb, n * c->dim);
     return 0;
 }
@@ -184,11 +193,11 @@ static int ffn_block(kvm_forward *f, int l, int64_t n)
     const int64_t H = c->hidden_dim;
     int rc;
     k->rmsnorm(f->xb, f->x, w->rms_ffn, n, c->dim, c->norm_eps);
-    if ((rc = k->sgemm(0, 1, n, H, c->dim, 1.0f, f->xb, c->dim, w->w1, c->dim, 0.0f, f->hb, H)) ||
-        (rc = k->sgemm(0, 1, n, H, c->dim, 1.0f, f->xb, c->dim, w->w3, c->dim, 0.0f, f->hb2, H)))
+    const kvm_prepared_layer *pw = &f->w->layers[l];
+    if ((rc = k->matmul(f->xb, n, c->dim, pw->w1, f->hb, H)) || (rc = k->matmul(f->xb, n, c->dim, pw->w3, f->hb2, H)))
         return rc;
     k->swiglu(f->hb, f->hb2, n * H);
-    if ((rc = k->sgemm(0, 1, n, c->dim, H, 1.0f, f->hb, H, w->w2, H, 0.0f, f->xb, c->dim))) return rc;
+    if ((rc = k->matmul(f->hb, n, H, pw->w2, f->xb, c->dim))) return rc;
     k->add(f->x, f->xb, n * c->dim);
     return 0;
 }
@@ -210,8 +219,7 @@ static int run_chunk(kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int
     if (mode == KVM_LOGITS_NONE || !logits) return 0;
     int64_t first = mode == KVM_LOGITS_LAST ? n - 1 : 0, rows = n - first;
     f->k->rmsnorm(f->xb, f->x + first * c->dim, f->m->rms_final, rows, c->dim, c->norm_eps);
-    return f->k->sgemm(0, 1, rows, c->vocab_size, c->dim, 1.0f, f->xb, c->dim, f->m->wcls, c->dim, 0.0f, logits,
-                       c->vocab_size);
+    return f->k->matmul(f->xb, rows, c->dim, f->w->wcls, logits, c->vocab_size);
 }
 
 static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_t n, float *logits,

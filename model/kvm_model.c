@@ -46,10 +46,79 @@ fail:
     return rc;
 }
 
+static void prepared_free(kvm_prepared **pp, int n_layers)
+{
+    kvm_prepared *p = *pp;
+    if (!p) return;
+    for (int l = 0; p->layers && l < n_layers; l++) {
+        kvm_prepared_layer *L = &p->layers[l];
+        kvm_weight *ws[] = {L->wq, L->wk, L->wv, L->wo, L->w1, L->w2, L->w3};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) p->k->weight_free(ws[i]);
+    }
+    p->k->weight_free(p->wcls);
+    free(p->layers);
+    free(p);
+    *pp = NULL;
+}
+
+/* Once a matrix is prepared (copied) the forward never reads its mapped pages again: let
+ * the kernel drop them (file-backed and clean, so a later read just faults them back in).
+ * Done per matrix so peak memory stays near one copy of the weights, not two. */
+static kvm_weight *prepare_one(const kvm_model *m, const kvm_kernels *k, const float *w, int64_t out, int64_t in)
+{
+    kvm_weight *kw = k->weight_new(w, out, in);
+    if (kw && m->map) {
+        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w, b = (uintptr_t)(w + out * in);
+        uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
+        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+    return kw;
+}
+
+int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepared **out)
+{
+    kvm_model *m = (kvm_model *)cm; /* the cache is logically const */
+    if (m->prepared) {
+        if (m->prepared->k != k)
+            return kvm_err(KVM_ESTATE, "%s: weights already prepared for backend %s, not %s", m->path,
+                           m->prepared->k->name, k->name);
+        *out = m->prepared;
+        return 0;
+    }
+    const kvm_model_config *c = &m->cfg;
+    kvm_prepared *p = calloc(1, sizeof *p);
+    if (!p || !(p->layers = calloc((size_t)c->n_layers, sizeof *p->layers))) {
+        free(p);
+        return kvm_err(KVM_ENOMEM, "%s: out of memory preparing weights", m->path);
+    }
+    p->k = k;
+    int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int ok = 1;
+    for (int l = 0; ok && l < c->n_layers; l++) {
+        const kvm_layer_weights *w = &m->layers[l];
+        kvm_prepared_layer *L = &p->layers[l];
+        ok = (L->wq = prepare_one(m, k, w->wq, qd, c->dim)) && (L->wk = prepare_one(m, k, w->wk, kvd, c->dim)) &&
+             (L->wv = prepare_one(m, k, w->wv, kvd, c->dim)) && (L->wo = prepare_one(m, k, w->wo, c->dim, qd)) &&
+             (L->w1 = prepare_one(m, k, w->w1, c->hidden_dim, c->dim)) &&
+             (L->w2 = prepare_one(m, k, w->w2, c->dim, c->hidden_dim)) &&
+             (L->w3 = prepare_one(m, k, w->w3, c->hidden_dim, c->dim));
+    }
+    if (ok) ok = (p->wcls = (m->cfg.shared_classifier ? k->weight_new(m->wcls, c->vocab_size, c->dim)
+                                                       : prepare_one(m, k, m->wcls, c->vocab_size, c->dim))) != NULL;
+    if (!ok) {
+        prepared_free(&p, c->n_layers);
+        return KVM_ENOMEM;
+    }
+    m->prepared = p;
+    *out = p;
+    return 0;
+}
+
 void kvm_model_close(kvm_model **pm)
 {
     if (!pm || !*pm) return;
     kvm_model *m = *pm;
+    prepared_free(&m->prepared, m->cfg.n_layers);
     if (m->map) munmap(m->map, m->map_bytes);
     free(m->owned);
     free(m->layers);

@@ -39,6 +39,18 @@ typedef struct kvm_layer_weights {
     const float *w3;      /* [hidden_dim][dim] up */
 } kvm_layer_weights;
 
+/* A layer's matrices prepared by a backend (kernels/kvm_kernels.h kvm_weight). */
+typedef struct kvm_prepared_layer {
+    kvm_weight *wq, *wk, *wv, *wo, *w1, *w2, *w3;
+} kvm_prepared_layer;
+
+/* All of a model's matrices prepared for one backend. */
+typedef struct kvm_prepared {
+    const kvm_kernels *k;       /* the backend they belong to */
+    kvm_prepared_layer *layers; /* [n_layers] */
+    kvm_weight *wcls;           /* classifier [vocab][dim] */
+} kvm_prepared;
+
 typedef struct kvm_model {
     kvm_model_config cfg;      /* shapes and conventions */
     const float *tok_emb;      /* [vocab_size][dim] */
@@ -50,6 +62,7 @@ typedef struct kvm_model {
     void *map;                 /* read-only mapping of the file, or NULL */
     size_t map_bytes;          /* bytes mapped */
     void *owned;               /* weights this struct owns (dequantised), or NULL */
+    kvm_prepared *prepared;    /* matrices prepared for a backend (lazily, by kvm_model_prepare) */
 } kvm_model;
 
 /* Opens a model file, detecting the format from its contents (llama2.c checkpoint today).
@@ -62,6 +75,13 @@ int kvm_model_open(const char *path, kvm_model **out);
 
 /* Releases a model (unmaps, frees). Accepts NULL and *m == NULL; sets *m = NULL. */
 void kvm_model_close(kvm_model **m);
+
+/* The model's matrices prepared for backend k (packed panels on CPU), made on first use
+ * and kept until kvm_model_close, so every forward over the model shares one copy. *out is
+ * valid until then. Not thread-safe against concurrent first calls: prepare before
+ * sharing a model between threads. Errors: KVM_ENOMEM, KVM_ESTATE (already prepared for
+ * another backend). */
+int kvm_model_prepare(const kvm_model *m, const kvm_kernels *k, const kvm_prepared **out);
 
 /* Number of float parameters (the classifier counted once when shared). */
 int64_t kvm_model_n_params(const kvm_model *m);

@@ -3,6 +3,8 @@
  * so one binary runs everywhere and uses what the processor has. */
 #include "kernels/cpu/kvm_cpu.h"
 #include "kernels/cpu/kvm_cpu_math.h"
+#include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/cpu/kvm_cpu_pool.h"
 #include "common/kvm_error.h"
 
 #include <cblas.h>
@@ -39,6 +41,67 @@ int kvm__cpu_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, fl
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c,
                 (blasint)ldc);
+    return 0;
+}
+
+struct kvm_weight {
+    kvm_cpu_packed packed;
+};
+
+static kvm_weight *cpu_weight_new(const float *w, int64_t out, int64_t in)
+{
+    kvm_weight *kw = calloc(1, sizeof *kw);
+    if (!kw) {
+        kvm_err(KVM_ENOMEM, "weight %lld x %lld: out of memory", (long long)out, (long long)in);
+        return NULL;
+    }
+    if (kvm__cpu_pack(&kw->packed, w, out, in, in, 1)) {
+        free(kw);
+        return NULL;
+    }
+    return kw;
+}
+
+static void cpu_weight_free(kvm_weight *w)
+{
+    if (!w) return;
+    kvm__cpu_packed_free(&w->packed);
+    free(w);
+}
+
+typedef struct matmul_job {
+    const float *x;
+    int64_t m, ldx, ldy, cols_per_task;
+    const kvm_cpu_packed *w;
+    float *y;
+} matmul_job;
+
+static void matmul_task(void *ctx, int64_t t, int worker)
+{
+    const matmul_job *j = ctx;
+    int64_t c0 = t * j->cols_per_task, c1 = c0 + j->cols_per_task;
+    if (c1 > j->w->out) c1 = j->w->out;
+    kvm__cpu_gemm_packed(j->x, j->m, j->ldx, j->w, j->y, j->ldy, 1.0f, c0, c1, j->w->in);
+}
+
+/* Splits output columns over the pool when the product is big enough to amortise a wake-up:
+ * many flops (prefill), or a weight large enough that one row is bound by memory bandwidth
+ * (decode), where two cores stream twice as fast. */
+static int cpu_matmul(const float *x, int64_t m, int64_t ldx, const kvm_weight *w, float *y, int64_t ldy)
+{
+    const kvm_cpu_packed *p = &w->packed;
+    int threads = kvm__cpu_threads();
+    double flops = 2.0 * (double)m * (double)p->out * (double)p->in;
+    double weight_bytes = 4.0 * (double)p->out * (double)p->in;
+    if (threads == 1 || (flops < 4e6 && weight_bytes < 1e6)) {
+        kvm__cpu_gemm_packed(x, m, ldx, p, y, ldy, 1.0f, 0, p->out, p->in);
+        return 0;
+    }
+    int64_t panels = (p->out + KVM_GEMM_NR - 1) / KVM_GEMM_NR, tasks = 4 * (int64_t)threads;
+    if (tasks > panels) tasks = panels;
+    int64_t per = (panels + tasks - 1) / tasks;
+    matmul_job j = {.x = x, .m = m, .ldx = ldx, .ldy = ldy, .cols_per_task = per * KVM_GEMM_NR, .w = p, .y = y};
+    kvm__cpu_parallel_for((panels + per - 1) / per, matmul_task, &j);
     return 0;
 }
 
@@ -96,6 +159,9 @@ static const kvm_kernels kvm__cpu_table = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .sgemm = kvm__cpu_sgemm,
+    .weight_new = cpu_weight_new,
+    .weight_free = cpu_weight_free,
+    .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .swiglu = cpu_swiglu,
@@ -105,4 +171,8 @@ static const kvm_kernels kvm__cpu_table = {
 
 const kvm_kernels *kvm_kernels_cpu(void) { return &kvm__cpu_table; }
 
-void kvm_kernels_cpu_set_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
+void kvm_kernels_cpu_set_threads(int n)
+{
+    openblas_set_num_threads(n < 1 ? 1 : n);
+    kvm__cpu_set_pool_threads(n);
+}

@@ -1,0 +1,156 @@
+/* bench_forward.c: prefill and decode throughput of the CPU forward, against kvmill's own
+ * token-by-token path on the same input and against plain cblas_sgemm of the prefill's
+ * GEMM shapes. Prints one `key=value` line per measurement (medians of --reps runs). */
+#include "model/kvm_forward.h"
+#include "common/kvm_error.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Reads up to n ids (one per line) from path, else fills a deterministic pseudo-text. */
+static void load_tokens(const char *path, int32_t *ids, int64_t n, int vocab)
+{
+    int64_t i = 0;
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (f) {
+        int v;
+        while (i < n && fscanf(f, "%d", &v) == 1) ids[i++] = v % vocab;
+        fclose(f);
+    }
+    for (uint64_t s = 12345; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = i == 0 ? 1 : (int32_t)((s >> 33) % (uint64_t)vocab);
+    }
+}
+
+/* FLOPs of a causal prefill of n tokens (projections, attention, last-token classifier). */
+static double prefill_flops(const kvm_model_config *c, double n)
+{
+    double qd = (double)c->n_heads * c->head_dim, kvd = (double)c->n_kv_heads * c->head_dim;
+    double proj = 2.0 * n * c->dim * (2 * qd + 2 * kvd) + 2.0 * n * 3.0 * c->dim * c->hidden_dim;
+    double attn = 2.0 * 2.0 * c->n_heads * c->head_dim * n * (n + 1) / 2.0;
+    return c->n_layers * (proj + attn) + 2.0 * c->dim * c->vocab_size;
+}
+
+/* Plain sgemm over the prefill's projection shapes: GFLOP/s. */
+static double sgemm_gflops(const kvm_model_config *c, int64_t n, int reps)
+{
+    int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t shapes[][2] = {{qd, c->dim}, {kvd, c->dim}, {kvd, c->dim}, {c->dim, qd},
+                           {c->hidden_dim, c->dim}, {c->hidden_dim, c->dim}, {c->dim, c->hidden_dim}};
+    int64_t big = c->hidden_dim > c->dim ? c->hidden_dim : c->dim;
+    float *x = calloc((size_t)(n * big), sizeof *x), *w = calloc((size_t)(big * big), sizeof *w),
+          *y = calloc((size_t)(n * big), sizeof *y);
+    for (int64_t i = 0; i < n * big; i++) x[i] = (float)(i % 7) * 0.1f;
+    for (int64_t i = 0; i < big * big; i++) w[i] = (float)(i % 5) * 0.01f;
+    double t[16], flops = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        flops = 0;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)shapes[s][0], (blasint)shapes[s][1],
+                        1.0f, x, (blasint)shapes[s][1], w, (blasint)shapes[s][1], 0.0f, y, (blasint)shapes[s][0]);
+            flops += 2.0 * (double)n * (double)shapes[s][0] * (double)shapes[s][1];
+        }
+        t[r] = now_s() - t0;
+    }
+    free(x); free(w); free(y);
+    return flops / median(t, reps) / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *ids_path = NULL;
+    int64_t n = 512, tbt_n = 0, gen = 128;
+    int reps = 5, threads = 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model")) model_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--ids")) ids_path = argv[i + 1];
+        else if (!strcmp(argv[i], "--tokens")) n = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--tbt-tokens")) tbt_n = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--gen")) gen = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+    }
+    if (!model_path || n <= gen || reps < 1 || reps > 16) {
+        fprintf(stderr, "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] [--threads T]\n");
+        return 2;
+    }
+    if (tbt_n <= 0 || tbt_n > n) tbt_n = n;
+    kvm_kernels_cpu_set_threads(threads);
+    kvm_model *m;
+    if (kvm_model_open(model_path, &m)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
+    const kvm_model_config *c = &m->cfg;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    load_tokens(ids_path, ids, n, c->vocab_size);
+    float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    kvm_forward *f, *f1;
+    kvm_forward_new(m, NULL, n, &f);
+    kvm_forward_new(m, NULL, 1, &f1);
+    double tp[16], tt[16], td[16];
+    for (int r = 0; r < reps; r++) {
+        kvm_kvcache *cache;
+        kvm_forward_cache_new(m, n + gen, &cache);
+        double t0 = now_s();
+        if (kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
+        tp[r] = now_s() - t0;
+        kvm_kvcache_free(&cache);
+        /* token by token over the same input (first tbt_n tokens) */
+        kvm_forward_cache_new(m, n, &cache);
+        t0 = now_s();
+        for (int64_t i = 0; i < tbt_n; i++) kvm_forward_decode(f1, cache, ids[i], logits);
+        tt[r] = now_s() - t0;
+        kvm_kvcache_free(&cache);
+        /* decode: prefill n - gen tokens, then gen greedy steps */
+        kvm_forward_cache_new(m, n, &cache);
+        kvm_forward_prefill(f, cache, ids, n - gen, logits, KVM_LOGITS_LAST);
+        t0 = now_s();
+        for (int64_t i = 0; i < gen; i++) {
+            int32_t best = 0;
+            for (int v = 1; v < c->vocab_size; v++) best = logits[v] > logits[best] ? v : best;
+            kvm_forward_decode(f1, cache, best, logits);
+        }
+        td[r] = now_s() - t0;
+        kvm_kvcache_free(&cache);
+    }
+    double p = median(tp, reps), t = median(tt, reps), d = median(td, reps);
+    double model_gf = prefill_flops(c, (double)n) / p / 1e9, blas_gf = sgemm_gflops(c, n, reps);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("model=%s dim=%d layers=%d threads=%d N=%lld reps=%d\n", model_path, c->dim, c->n_layers, threads,
+           (long long)n, reps);
+    printf("  prefill_tok_s=%.0f (%.1f ms for %lld tokens)\n", (double)n / p, p * 1e3, (long long)n);
+    printf("  token_by_token_tok_s=%.0f (first %lld tokens of the same input)\n", (double)tbt_n / t, (long long)tbt_n);
+    printf("  prefill_vs_token_by_token=%.1fx\n", ((double)n / p) / ((double)tbt_n / t));
+    printf("  decode_tok_s=%.0f (%lld greedy steps after %lld context tokens)\n", (double)gen / d, (long long)gen,
+           (long long)(n - gen));
+    printf("  prefill_gflops=%.1f sgemm_same_shapes_gflops=%.1f ratio=%.2f\n", model_gf, blas_gf, model_gf / blas_gf);
+    printf("  peak_rss_mib=%.0f\n", (double)ru.ru_maxrss / 1024.0);
+    free(ids); free(logits);
+    kvm_forward_free(&f); kvm_forward_free(&f1);
+    kvm_model_close(&m);
+    return 0;
+}

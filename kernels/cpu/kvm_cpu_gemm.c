@@ -1,0 +1,126 @@
+/* kvm_cpu_gemm.c: packed-panel GEMM with an 8 x 16 register tile, written with GCC vector
+ * extensions and compiled for AVX-512, AVX2 and baseline x86-64 (target_clones). OpenBLAS
+ * stays the reference sgemm; this kernel exists because the model's shapes are known at
+ * load time, so weights can be packed once and small-K products (head size 8) stay fast. */
+#include "kernels/cpu/kvm_cpu_gemm.h"
+#include "common/kvm_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVM_CLONES
+#endif
+
+typedef float v16 __attribute__((vector_size(64)));
+
+enum { KVM_GEMM_MC = 128 }; /* rows of X per cache block */
+
+int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+{
+    const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR, need = panels * in * NR;
+    if (need > dst->cap) {
+        free(dst->p);
+        size_t bytes = ((size_t)(need > 0 ? need : 1) * sizeof(float) + 63) & ~(size_t)63;
+        dst->p = aligned_alloc(64, bytes);
+        dst->cap = dst->p ? need : 0;
+        if (!dst->p) return kvm_err(KVM_ENOMEM, "gemm: out of memory packing %lld x %lld", (long long)out, (long long)in);
+    }
+    dst->out = out;
+    dst->in = in;
+    for (int64_t p = 0; p < panels; p++) {
+        float *pp = dst->p + p * in * NR;
+        int64_t o0 = p * NR, nr = out - o0 < NR ? out - o0 : NR;
+        for (int64_t i = 0; i < in; i++) {
+            float *row = pp + i * NR;
+            for (int64_t j = 0; j < nr; j++) row[j] = src[(o0 + j) * s_out + i * s_in];
+            for (int64_t j = nr; j < NR; j++) row[j] = 0.0f;
+        }
+    }
+    return 0;
+}
+
+void kvm__cpu_packed_free(kvm_cpu_packed *dst)
+{
+    free(dst->p);
+    *dst = (kvm_cpu_packed){0};
+}
+
+/* One MR x NR tile: rows [0, mr) of x (rows past mr repeat row 0 and are not stored),
+ * columns [0, nr) stored. */
+KVM_CLONES
+static void tile(int64_t K, const float *x, int64_t ldx, int mr, const float *panel, float *y, int64_t ldy, int nr,
+                 float alpha)
+{
+    const float *xr[KVM_GEMM_MR];
+    for (int r = 0; r < KVM_GEMM_MR; r++) xr[r] = x + (r < mr ? r : 0) * ldx;
+    v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0}, acc4 = {0}, acc5 = {0}, acc6 = {0}, acc7 = {0};
+    for (int64_t k = 0; k < K; k++) {
+        v16 b;
+        memcpy(&b, panel + k * KVM_GEMM_NR, sizeof b);
+        acc0 += xr[0][k] * b;
+        acc1 += xr[1][k] * b;
+        acc2 += xr[2][k] * b;
+        acc3 += xr[3][k] * b;
+        acc4 += xr[4][k] * b;
+        acc5 += xr[5][k] * b;
+        acc6 += xr[6][k] * b;
+        acc7 += xr[7][k] * b;
+    }
+    v16 acc[KVM_GEMM_MR] = {acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7};
+    for (int r = 0; r < mr; r++) {
+        v16 a = acc[r] * alpha;
+        if (nr == KVM_GEMM_NR) memcpy(y + r * ldy, &a, sizeof a);
+        else
+            for (int j = 0; j < nr; j++) y[r * ldy + j] = a[j];
+    }
+}
+
+/* A single row (decode): four partial sums over k hide the FMA latency that one
+ * accumulator would expose, instead of computing eight copies of the row. */
+KVM_CLONES
+static void tile1(int64_t K, const float *x, const float *panel, float *y, int nr, float alpha)
+{
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) {
+        v16 b0, b1, b2, b3;
+        memcpy(&b0, panel + (k + 0) * KVM_GEMM_NR, sizeof b0);
+        memcpy(&b1, panel + (k + 1) * KVM_GEMM_NR, sizeof b1);
+        memcpy(&b2, panel + (k + 2) * KVM_GEMM_NR, sizeof b2);
+        memcpy(&b3, panel + (k + 3) * KVM_GEMM_NR, sizeof b3);
+        a0 += x[k] * b0;
+        a1 += x[k + 1] * b1;
+        a2 += x[k + 2] * b2;
+        a3 += x[k + 3] * b3;
+    }
+    for (; k < K; k++) {
+        v16 b;
+        memcpy(&b, panel + k * KVM_GEMM_NR, sizeof b);
+        a0 += x[k] * b;
+    }
+    v16 acc = ((a0 + a1) + (a2 + a3)) * alpha;
+    if (nr == KVM_GEMM_NR) memcpy(y, &acc, sizeof acc);
+    else
+        for (int j = 0; j < nr; j++) y[j] = acc[j];
+}
+
+void kvm__cpu_gemm_packed(const float *x, int64_t m, int64_t ldx, const kvm_cpu_packed *w, float *y, int64_t ldy,
+                          float alpha, int64_t col0, int64_t col1, int64_t k_len)
+{
+    const int64_t NR = KVM_GEMM_NR, K = k_len;
+    for (int64_t r0 = 0; r0 < m; r0 += KVM_GEMM_MC) {
+        int64_t r1 = r0 + KVM_GEMM_MC < m ? r0 + KVM_GEMM_MC : m;
+        for (int64_t c = col0; c < col1; c += NR) {
+            const float *panel = w->p + (c / NR) * w->in * NR;
+            int nr = (int)(col1 - c < NR ? col1 - c : NR);
+            for (int64_t r = r0; r < r1; r += KVM_GEMM_MR) {
+                int mr = (int)(r1 - r < KVM_GEMM_MR ? r1 - r : KVM_GEMM_MR);
+                if (mr == 1) tile1(K, x + r * ldx, panel, y + r * ldy + c, nr, alpha);
+                else tile(K, x + r * ldx, ldx, mr, panel, y + r * ldy + c, ldy, nr, alpha);
+            }
+        }
+    }
+}

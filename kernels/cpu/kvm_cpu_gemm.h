@@ -1,0 +1,36 @@
+/* kvm_cpu_gemm.h: the CPU backend's own GEMM on pre-packed right-hand sides. Weights are
+ * packed once at load into panels of KVM_GEMM_NR output columns laid out [panel][in][NR],
+ * so the inner kernel streams one contiguous panel and keeps an MR x NR tile of Y in
+ * registers. The same kernel serves attention (K and V packed per head). Internal. */
+#ifndef KVM_CPU_GEMM_H
+#define KVM_CPU_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVM_GEMM_NR 16 /* output columns per panel: one 512-bit vector */
+#define KVM_GEMM_MR 8  /* rows of X per register tile */
+
+/* A packed right-hand side: the product Y = X · Wᵀ for W [out][in]. */
+typedef struct kvm_cpu_packed {
+    int64_t out;    /* columns of Y */
+    int64_t in;     /* the shared dimension */
+    int64_t cap;    /* floats allocated in p */
+    float *p;       /* [ceil(out/NR)][in][NR], zero padded, 64-byte aligned, owned */
+} kvm_cpu_packed;
+
+/* Packs a matrix given as element (o, i) = src[o * s_out + i * s_in] for o < out, i < in:
+ * W [out][in] row-major is (s_out = in, s_in = 1); V [in][out] is (s_out = 1, s_in = out).
+ * Reuses dst->p when large enough. Returns 0 or KVM_ENOMEM. */
+int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in);
+
+/* Frees dst->p (dst itself is the caller's). */
+void kvm__cpu_packed_free(kvm_cpu_packed *dst);
+
+/* Y[r][c] = alpha * Σ_i X[r][i] · W[c][i] for r < m, c in [col0, col1) (col0 a multiple
+ * of NR), i < k_len (≤ in: a prefix of the shared dimension, for causal attention). X [m][in] has row stride ldx, Y row stride ldy. Columns of Y
+ * outside [col0, col1) are untouched (so threads can split columns). */
+void kvm__cpu_gemm_packed(const float *x, int64_t m, int64_t ldx, const kvm_cpu_packed *w, float *y, int64_t ldy,
+                          float alpha, int64_t col0, int64_t col1, int64_t k_len);
+
+#endif

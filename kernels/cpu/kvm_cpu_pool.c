@@ -1,0 +1,107 @@
+/* kvm_cpu_pool.c: fork-join pool: a job is (fn, ctx, n_tasks); tasks are claimed with an
+ * atomic counter so uneven tasks balance; a generation number wakes the workers. */
+#include "kernels/cpu/kvm_cpu_pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
+
+enum { KVM_POOL_MAX = 64 };
+
+static struct {
+    pthread_mutex_t mu;      /* guards everything below but the counters */
+    pthread_cond_t wake;     /* a new generation started */
+    pthread_cond_t done;     /* a worker finished its share */
+    pthread_mutex_t job_mu;  /* one job at a time */
+    pthread_once_t once;
+    int n_threads;           /* threads used per job, caller included */
+    int n_started;           /* worker threads created */
+    uint64_t generation;     /* bumped per job */
+    int active;              /* workers still in the current job */
+    kvm_cpu_task_fn fn;
+    void *ctx;
+    int64_t n_tasks;
+    atomic_llong next;       /* next task to claim */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+          PTHREAD_ONCE_INIT, 0, 0, 0, 0, NULL, NULL, 0, 0};
+
+static _Thread_local int in_task;
+
+static void init_threads(void)
+{
+    if (pool.n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        pool.n_threads = n < 1 ? 1 : n > KVM_POOL_MAX ? KVM_POOL_MAX : (int)n;
+    }
+}
+
+int kvm__cpu_threads(void)
+{
+    pthread_once(&pool.once, init_threads);
+    return pool.n_threads;
+}
+
+void kvm__cpu_set_pool_threads(int n)
+{
+    pthread_once(&pool.once, init_threads);
+    pthread_mutex_lock(&pool.job_mu);
+    pool.n_threads = n < 1 ? 1 : n > KVM_POOL_MAX ? KVM_POOL_MAX : n;
+    pthread_mutex_unlock(&pool.job_mu);
+}
+
+static void run_tasks(int worker)
+{
+    int64_t t;
+    in_task = 1;
+    while ((t = atomic_fetch_add(&pool.next, 1)) < pool.n_tasks) pool.fn(pool.ctx, t, worker);
+    in_task = 0;
+}
+
+static void *worker_main(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&pool.mu);
+    for (;;) {
+        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.mu);
+        seen = pool.generation;
+        if (id >= pool.n_threads) continue; /* not needed for this job */
+        pthread_mutex_unlock(&pool.mu);
+        run_tasks(id);
+        pthread_mutex_lock(&pool.mu);
+        if (--pool.active == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+void kvm__cpu_parallel_for(int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx)
+{
+    int n = kvm__cpu_threads();
+    if (in_task || n == 1 || n_tasks <= 1) {
+        for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&pool.job_mu);
+    n = pool.n_threads;
+    pthread_mutex_lock(&pool.mu);
+    while (pool.n_started < n - 1) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, worker_main, (void *)(intptr_t)(pool.n_started + 1)) != 0) break;
+        pthread_detach(th);
+        pool.n_started++;
+    }
+    int helpers = pool.n_started < n - 1 ? pool.n_started : n - 1;
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n_tasks = n_tasks;
+    atomic_store(&pool.next, 0);
+    pool.active = helpers;
+    pool.generation++;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+    run_tasks(0);
+    pthread_mutex_lock(&pool.mu);
+    while (pool.active > 0) pthread_cond_wait(&pool.done, &pool.mu);
+    pthread_mutex_unlock(&pool.mu);
+    pthread_mutex_unlock(&pool.job_mu);
+}

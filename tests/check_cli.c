@@ -1,0 +1,173 @@
+/* check_cli.c: the kvmill binary as a user runs it: generate reproduces run.c's greedy
+ * golden texts byte for byte, --tokens, a model with no tokenizer, info, make-model, and
+ * clear errors with the right exit codes for bad arguments and files. */
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#pragma GCC diagnostic ignored "-Wformat-truncation" /* paths are short; a cut one fails loudly */
+
+static char cmd[16384];
+
+static int kvmill(char **out, char **err, const char *fmt, const char *a, const char *b)
+{
+    char args[8192];
+    snprintf(args, sizeof args, fmt, a, b);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s", kvm_test_bin(), args);
+    return kvm_test_run(cmd, out, err);
+}
+
+/* The prompt of gen_NN.cmd: the text between -i " and the closing quote. */
+static char *golden_prompt(int i)
+{
+    char rel[64];
+    snprintf(rel, sizeof rel, "golden/gen/gen_%02d.cmd", i);
+    char *c = kvm_test_read_file(kvm_test_shared_path(rel), NULL);
+    ck_assert_ptr_nonnull(c);
+    char *s = strstr(c, "-i \"");
+    ck_assert_ptr_nonnull(s);
+    s += 4;
+    *strchr(s, '"') = '\0';
+    char *p = strdup(s);
+    free(c);
+    return p;
+}
+
+START_TEST(test_generate_golden)
+{
+    for (int i = 0; i < 4; i++) {
+        char *prompt = golden_prompt(i), *out, *err, rel[64];
+        int rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 200 --prompt '%s'",
+                        kvm_test_shared_path("models/stories260K.bin"), prompt);
+        ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+        snprintf(rel, sizeof rel, "golden/gen/gen_%02d.txt", i);
+        char *gold = kvm_test_read_file(kvm_test_shared_path(rel), NULL);
+        ck_assert_str_eq(out, gold);
+        free(gold); free(out); free(err); free(prompt);
+    }
+}
+END_TEST
+
+START_TEST(test_generate_tokens_and_no_tokenizer)
+{
+    char *tmp = kvm_test_tmpdir(), path[4096], model[4096], *out, *err;
+    /* the first 10 golden ids of gen_01 as a --tokens file: same continuation as the prompt */
+    char *ids = kvm_test_read_file(kvm_test_shared_path("golden/gen/gen_01.ids.txt"), NULL);
+    char *p = ids;
+    for (int i = 0; i < 10; i++) p = strchr(p, '\n') + 1;
+    snprintf(path, sizeof path, "%s/ids.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, ids, (size_t)(p - ids)), 0);
+    int rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 200 --tokens '%s'",
+                    kvm_test_shared_path("models/stories260K.bin"), path);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    char *gold = kvm_test_read_file(kvm_test_shared_path("golden/gen/gen_01.txt"), NULL);
+    ck_assert_str_eq(out, gold);
+    free(gold); free(out); free(err);
+    /* a model copy without a tokenizer beside it prints ids, one per line */
+    snprintf(model, sizeof model, "%s/m.bin", tmp);
+    size_t n;
+    char *bytes = kvm_test_read_file(kvm_test_shared_path("models/stories260K.bin"), &n);
+    ck_assert_int_eq(kvm_test_write_file(model, bytes, n), 0);
+    free(bytes);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 200 --tokens '%s'", model, path);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_str_eq(out, strchr(ids, '\n') + 1); /* ids 2..201 of the golden file */
+    free(out); free(err);
+    /* ...and asking for text without a tokenizer is an error that says so */
+    rc = kvmill(&out, &err, "generate --model '%s' --prompt '%s'", model, "Once");
+    ck_assert_int_ne(rc, 0);
+    ck_assert_ptr_nonnull(strstr(err, "tokenizer"));
+    free(out); free(err);
+    /* a bad id names file and line */
+    ck_assert_int_eq(kvm_test_write_file(path, "1\n403\n9999\n", 11), 0);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 20 --tokens '%s'",
+                kvm_test_shared_path("models/stories260K.bin"), path);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(err, "ids.txt:3"), "stderr: %s", err);
+    free(out); free(err); free(ids);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
+START_TEST(test_help_and_usage_errors)
+{
+    const char *cmds[] = {"generate", "info", "make-model"};
+    char *out, *err;
+    for (size_t i = 0; i < 3; i++) {
+        ck_assert_int_eq(kvmill(&out, &err, "%s --help%s", cmds[i], ""), 0);
+        ck_assert_ptr_nonnull(strstr(out, "usage: kvmill"));
+        free(out); free(err);
+        ck_assert_int_eq(kvmill(&out, &err, "%s --bogus%s", cmds[i], ""), 2);
+        ck_assert_ptr_nonnull(strstr(err, "--bogus"));
+        free(out); free(err);
+    }
+    ck_assert_int_eq(kvmill(&out, &err, "frobnicate%s%s", "", ""), 2);
+    ck_assert_ptr_nonnull(strstr(err, "unknown command"));
+    free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "generate --model '%s' -n abc%s", kvm_test_shared_path("models/stories260K.bin"), ""), 2);
+    ck_assert_ptr_nonnull(strstr(err, "-n"));
+    free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "generate --model '%s' --temperature -1%s", kvm_test_shared_path("models/stories260K.bin"), ""), 2);
+    free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "generate --model /nonexistent/m.bin --prompt x%s%s", "", ""), 1);
+    ck_assert_ptr_nonnull(strstr(err, "/nonexistent/m.bin"));
+    free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "generate --model '%s' --device cuda:x --prompt '%s'", kvm_test_shared_path("models/stories260K.bin"), "a"), 2);
+    ck_assert_ptr_nonnull(strstr(err, "cuda:x"));
+    free(out); free(err);
+}
+END_TEST
+
+START_TEST(test_info_and_make_model)
+{
+    char *out, *err, *tmp = kvm_test_tmpdir(), path[4096];
+    ck_assert_int_eq(kvmill(&out, &err, "info --model '%s'%s", kvm_test_shared_path("models/stories260K.bin"), ""), 0);
+    ck_assert_ptr_nonnull(strstr(out, "n_kv_heads:  4"));
+    ck_assert_ptr_nonnull(strstr(out, "parameters:  260032"));
+    free(out); free(err);
+    snprintf(path, sizeof path, "%s/r.bin", tmp);
+    ck_assert_int_eq(kvmill(&out, &err, "make-model --dim 128 --layers 2 --heads 4 --kv-heads 2 --hidden 256 "
+                                        "--vocab 1000 --seq-len 256 --seed 3 --out '%s'%s", path, ""), 0);
+    free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "info --model '%s'%s", path, ""), 0);
+    ck_assert_ptr_nonnull(strstr(out, "head_dim:    32"));
+    ck_assert_ptr_nonnull(strstr(out, "vocab_size:  1000"));
+    free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "make-model --dim 128 --layers 2 --heads 3 --hidden 256 --vocab 10 "
+                                        "--seq-len 8 --out '%s'%s", path, ""), 2);
+    ck_assert_ptr_nonnull(strstr(err, "--heads 3 does not divide --dim 128"));
+    free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "info --model '%s'%s", tmp, ""), 1);
+    ck_assert_ptr_nonnull(strstr(err, "directory"));
+    free(out); free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
+static Suite *cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    struct { const char *name; const TTest *fn; } cases[] = {
+        {"generate_golden", test_generate_golden}, {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
+        {"help_and_usage_errors", test_help_and_usage_errors}, {"info_and_make_model", test_info_and_make_model}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(cli_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

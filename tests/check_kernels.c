@@ -1,0 +1,240 @@
+/* check_kernels.c: the CPU backend against float64 references: packed GEMM (every tail
+ * shape, k prefixes, one-row decode), attention over ragged caches (distilled entries with
+ * no position, logit biases, causal masks; decode and blocked prefill paths), RoPE in both
+ * pairings, and the thread pool. */
+#include "kernels/kvm_kernels.h"
+#include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/cpu/kvm_cpu_pool.h"
+#include "common/kvm_error.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *rand_buf(int64_t n)
+{
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    for (int64_t i = 0; i < n; i++) p[i] = frand();
+    return p;
+}
+
+START_TEST(test_matmul_shapes)
+{
+    const kvm_kernels *k = kvm_kernels_cpu();
+    const int64_t ms[] = {1, 2, 7, 8, 9, 130}, outs[] = {1, 15, 16, 17, 40}, ins[] = {1, 8, 33};
+    for (size_t a = 0; a < 6; a++)
+        for (size_t b = 0; b < 5; b++)
+            for (size_t c = 0; c < 3; c++) {
+                int64_t m = ms[a], out = outs[b], in = ins[c], ldx = in + 3, ldy = out + 5;
+                float *x = rand_buf(m * ldx), *w = rand_buf(out * in), *y = rand_buf(m * ldy), *y0 = malloc((size_t)(m * ldy) * sizeof *y0);
+                memcpy(y0, y, (size_t)(m * ldy) * sizeof *y0);
+                kvm_weight *kw = k->weight_new(w, out, in);
+                ck_assert_ptr_nonnull(kw);
+                ck_assert_int_eq(k->matmul(x, m, ldx, kw, y, ldy), 0);
+                for (int64_t r = 0; r < m; r++)
+                    for (int64_t o = 0; o < ldy; o++) {
+                        if (o >= out) { /* padding columns of Y are untouched */
+                            ck_assert_float_eq(y[r * ldy + o], y0[r * ldy + o]);
+                            continue;
+                        }
+                        double ref = 0;
+                        for (int64_t i = 0; i < in; i++) ref += (double)x[r * ldx + i] * w[o * in + i];
+                        ck_assert_msg(fabs(ref - y[r * ldy + o]) < 1e-5 * (1 + fabs(ref)), "m=%lld out=%lld in=%lld r=%lld o=%lld: %g vs %g",
+                                      (long long)m, (long long)out, (long long)in, (long long)r, (long long)o, ref, y[r * ldy + o]);
+                    }
+                k->weight_free(kw);
+                free(x); free(w); free(y); free(y0);
+            }
+}
+END_TEST
+
+START_TEST(test_gemm_k_prefix_and_transposed_pack)
+{
+    /* V [n][d] packed as W [d][n]; product over the first k_len entries only, scaled */
+    const int64_t n = 37, d = 8, m = 5;
+    float *v = rand_buf(n * d), *p = rand_buf(m * n), y[5 * 8];
+    kvm_cpu_packed pk = {0};
+    ck_assert_int_eq(kvm__cpu_pack(&pk, v, d, n, 1, d), 0);
+    for (int64_t k_len = 0; k_len <= n; k_len += 9) {
+        kvm__cpu_gemm_packed(p, m, n, &pk, y, d, 0.5f, 0, d, k_len);
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < d; c++) {
+                double ref = 0;
+                for (int64_t e = 0; e < k_len; e++) ref += (double)p[r * n + e] * v[e * d + c];
+                ck_assert_double_eq_tol(0.5 * ref, y[r * d + c], 1e-5);
+            }
+    }
+    kvm__cpu_packed_free(&pk);
+    free(v); free(p);
+}
+END_TEST
+
+/* float64 attention reference for one query over entries visible by position */
+static void ref_attention(const float *q, int32_t qp, const float *k, const float *v, const int32_t *pos,
+                          const float *bias, int64_t n_e, int d, float scale, double *out, double *probs)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < n_e; e++) {
+        probs[e] = -INFINITY;
+        if (pos[e] != KVM_POS_NONE && pos[e] > qp) continue;
+        double s = 0;
+        for (int c = 0; c < d; c++) s += (double)q[c] * k[e * d + c];
+        probs[e] = s * scale + (bias ? bias[e] : 0);
+        mx = fmax(mx, probs[e]);
+    }
+    for (int64_t e = 0; e < n_e; e++) sum += (probs[e] = probs[e] == -INFINITY ? 0 : exp(probs[e] - mx));
+    for (int c = 0; c < d; c++) out[c] = 0;
+    for (int64_t e = 0; e < n_e; e++) {
+        probs[e] = sum > 0 ? probs[e] / sum : 0;
+        for (int c = 0; c < d; c++) out[c] += probs[e] * v[e * d + c];
+    }
+}
+
+/* A ragged head: n_none distilled entries (no position, biased), then sparse positions. */
+static void check_attention(int64_t n_q, int d, int with_bias)
+{
+    const int64_t n_none = 5, n_pos = 150, n_e = n_none + n_pos;
+    float *k = rand_buf(n_e * d), *v = rand_buf(n_e * d), *bias = calloc((size_t)n_e, sizeof *bias);
+    int32_t *pos = malloc((size_t)n_e * sizeof *pos), *qpos = malloc((size_t)n_q * sizeof *qpos);
+    for (int64_t e = 0; e < n_e; e++) {
+        pos[e] = e < n_none ? KVM_POS_NONE : (int32_t)(3 * (e - n_none) + (e % 2)); /* gaps: evicted tokens */
+        if (with_bias && e < n_none) bias[e] = 0.7f * (float)e - 1.0f;
+    }
+    int64_t ldq = d + 4, ldo = d + 2;
+    float *q = rand_buf(n_q * ldq), *out = calloc((size_t)(n_q * ldo), sizeof *out), *probs = malloc((size_t)(n_q * n_e) * sizeof *probs);
+    for (int64_t i = 0; i < n_q; i++) qpos[i] = pos[n_none + 40 + i]; /* growing prefixes; each query sees itself */
+    for (int i = 0; i < n_q * ldq; i++) q[i] *= 3.0f;
+    kvm_attn_head a = {.q = q, .ldq = ldq, .qpos = qpos, .n_q = n_q, .k = k, .v = v, .pos = pos, .bias = bias,
+                       .n_e = n_e, .head_dim = d, .scale = 1.0f / sqrtf((float)d), .out = out, .ldo = ldo,
+                       .probs = probs, .want_probs = 1};
+    ck_assert_int_eq(kvm_kernels_cpu()->attention(&a), 0);
+    double *ro = malloc((size_t)d * sizeof *ro), *rp = malloc((size_t)n_e * sizeof *rp);
+    for (int64_t i = 0; i < n_q; i++) {
+        ref_attention(q + i * ldq, qpos[i], k, v, pos, with_bias ? bias : NULL, n_e, d, a.scale, ro, rp);
+        for (int c = 0; c < d; c++)
+            ck_assert_msg(fabs(ro[c] - out[i * ldo + c]) < 2e-5, "n_q=%lld d=%d row %lld col %d: %g vs %g", (long long)n_q, d,
+                          (long long)i, c, ro[c], out[i * ldo + c]);
+        for (int64_t e = 0; e < n_e; e++) ck_assert_double_eq_tol(rp[e], probs[i * n_e + e], 2e-6);
+    }
+    free(k); free(v); free(bias); free(pos); free(qpos); free(q); free(out); free(probs); free(ro); free(rp);
+}
+
+START_TEST(test_attention_decode_path) { check_attention(1, 8, 1); check_attention(2, 64, 0); check_attention(1, 12, 1); }
+END_TEST
+
+START_TEST(test_attention_blocked_path) { check_attention(100, 8, 1); check_attention(70, 64, 0); check_attention(3, 20, 1); }
+END_TEST
+
+START_TEST(test_attention_nothing_visible)
+{
+    float q[8] = {1}, k[16] = {1}, v[16] = {1}, out[8], probs[2];
+    int32_t pos[2] = {10, 11}, qpos[1] = {3};
+    memset(out, 0x7f, sizeof out);
+    kvm_attn_head a = {.q = q, .ldq = 8, .qpos = qpos, .n_q = 1, .k = k, .v = v, .pos = pos, .n_e = 2,
+                       .head_dim = 8, .scale = 1, .out = out, .ldo = 8, .probs = probs, .want_probs = 1};
+    ck_assert_int_eq(kvm_kernels_cpu()->attention(&a), 0);
+    for (int c = 0; c < 8; c++) ck_assert_float_eq(out[c], 0.0f); /* defined, never NaN */
+    ck_assert_float_eq(probs[0] + probs[1], 0.0f);
+    a.n_e = -1;
+    ck_assert_int_eq(kvm_kernels_cpu()->attention(&a), KVM_EINVAL);
+}
+END_TEST
+
+START_TEST(test_rope_pairings)
+{
+    const int d = 8, n = 3;
+    int32_t pos[3] = {0, 5, 300};
+    float cs[3 * 4], sn[3 * 4], x[3 * 16], y[3 * 16];
+    kvm_rope_table(pos, n, d, 10000.0f, cs, sn);
+    for (int style = 0; style < 2; style++) {
+        for (int i = 0; i < 3 * 16; i++) x[i] = y[i] = frand();
+        kvm_kernels_cpu()->rope(y, n, 16, 2, d, cs, sn, (kvm_rope_style)style);
+        for (int r = 0; r < n; r++)
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < d / 2; i++) {
+                    int i0 = style == 0 ? 2 * i : i, i1 = style == 0 ? 2 * i + 1 : i + d / 2;
+                    double ang = pos[r] / pow(10000.0, 2.0 * i / d), a = x[r * 16 + h * d + i0], b = x[r * 16 + h * d + i1];
+                    ck_assert_double_eq_tol(y[r * 16 + h * d + i0], a * cos(ang) - b * sin(ang), 2e-4);
+                    ck_assert_double_eq_tol(y[r * 16 + h * d + i1], a * sin(ang) + b * cos(ang), 2e-4);
+                }
+    }
+}
+END_TEST
+
+static atomic_int hits[1000];
+static void count_task(void *ctx, int64_t t, int worker)
+{
+    (void)ctx;
+    ck_assert_int_lt(worker, kvm__cpu_threads());
+    atomic_fetch_add(&hits[t], 1);
+}
+
+START_TEST(test_pool_runs_every_task_once)
+{
+    for (int threads = 1; threads <= 3; threads++) {
+        kvm_kernels_cpu_set_threads(threads);
+        for (int i = 0; i < 1000; i++) atomic_store(&hits[i], 0);
+        kvm__cpu_parallel_for(1000, count_task, NULL);
+        for (int i = 0; i < 1000; i++) ck_assert_int_eq(atomic_load(&hits[i]), 1);
+    }
+    /* the same product on 1 and 2 threads gives the same bits (columns are split, not sums) */
+    float *x = rand_buf(64 * 256), *w = rand_buf(512 * 256), *y1 = malloc(64 * 512 * 4), *y2 = malloc(64 * 512 * 4);
+    kvm_weight *kw = kvm_kernels_cpu()->weight_new(w, 512, 256);
+    kvm_kernels_cpu_set_threads(1);
+    kvm_kernels_cpu()->matmul(x, 64, 256, kw, y1, 512);
+    kvm_kernels_cpu_set_threads(2);
+    kvm_kernels_cpu()->matmul(x, 64, 256, kw, y2, 512);
+    ck_assert_int_eq(memcmp(y1, y2, 64 * 512 * 4), 0);
+    kvm_kernels_cpu()->weight_free(kw);
+    free(x); free(w); free(y1); free(y2);
+}
+END_TEST
+
+START_TEST(test_select_device)
+{
+    const kvm_kernels *k;
+    ck_assert_int_eq(kvm_kernels_select("cpu", &k), 0);
+    ck_assert_str_eq(k->name, "cpu");
+    ck_assert_int_eq(kvm_kernels_select("gpu", &k), KVM_EINVAL);
+    ck_assert_int_eq(kvm_kernels_select("cuda:", &k), KVM_EINVAL);
+    int rc = kvm_kernels_select("cuda:0", &k); /* no GPU here: a clear device error */
+    ck_assert_msg(rc == KVM_EDEVICE, "cuda:0 gave %d: %s", rc, kvm_errmsg());
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "cuda:0"));
+}
+END_TEST
+
+static Suite *kernels_suite(void)
+{
+    Suite *s = suite_create("kernels");
+    struct { const char *name; const TTest *fn; } cases[] = {
+        {"matmul_shapes", test_matmul_shapes}, {"gemm_k_prefix_and_transposed_pack", test_gemm_k_prefix_and_transposed_pack},
+        {"attention_decode_path", test_attention_decode_path}, {"attention_blocked_path", test_attention_blocked_path},
+        {"attention_nothing_visible", test_attention_nothing_visible}, {"rope_pairings", test_rope_pairings},
+        {"pool_runs_every_task_once", test_pool_runs_every_task_once}, {"select_device", test_select_device}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(kernels_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

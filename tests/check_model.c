@@ -1,0 +1,217 @@
+/* check_model.c: the llama2.c checkpoint loader (every malformed-file class gives its
+ * documented error naming the file and field) and the random-weight checkpoint writer. */
+#include "model/kvm_forward.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static char *tmp;
+static char *orig;
+static size_t orig_n;
+
+static void setup(void)
+{
+    tmp = kvm_test_tmpdir();
+    orig = kvm_test_read_file(kvm_test_shared_path("models/stories260K.bin"), &orig_n);
+    ck_assert_ptr_nonnull(orig);
+    ck_assert_uint_eq(orig_n, 1056540);
+}
+
+static void teardown(void)
+{
+    kvm_test_rmtree(tmp);
+    free(tmp);
+    free(orig);
+}
+
+/* Writes `n` bytes of `data` to tmp/name and tries to open it; checks status and message. */
+static void expect_error(const char *name, const void *data, size_t n, int status, const char *needle)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    ck_assert_int_eq(kvm_test_write_file(path, data, n), 0);
+    kvm_model *m = (kvm_model *)0x1;
+    int rc = kvm_model_open(path, &m);
+    ck_assert_msg(rc == status, "%s: status %d (%s), want %d", name, rc, kvm_errmsg(), status);
+    ck_assert_ptr_null(m);
+    ck_assert_msg(strstr(kvm_errmsg(), needle), "%s: message '%s' lacks '%s'", name, kvm_errmsg(), needle);
+    ck_assert_msg(strstr(kvm_errmsg(), path), "%s: message '%s' does not name the file", name, kvm_errmsg());
+}
+
+START_TEST(test_loads_stories260k)
+{
+    kvm_model *m;
+    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &m), 0);
+    ck_assert_int_eq(m->cfg.dim, 64);
+    ck_assert_int_eq(m->cfg.hidden_dim, 172);
+    ck_assert_int_eq(m->cfg.n_layers, 5);
+    ck_assert_int_eq(m->cfg.n_heads, 8);
+    ck_assert_int_eq(m->cfg.n_kv_heads, 4);
+    ck_assert_int_eq(m->cfg.head_dim, 8);
+    ck_assert_int_eq(m->cfg.vocab_size, 512);
+    ck_assert_int_eq(m->cfg.seq_len, 512);
+    ck_assert_int_eq(m->cfg.shared_classifier, 1);
+    ck_assert_ptr_eq(m->wcls, m->tok_emb);
+    ck_assert_int_eq(kvm_model_n_params(m), 260032); /* 264,128 floats minus the 4,096 RoPE-table floats */
+    /* spot-check offsets against shared/models/README.md: wq of layer 0 starts at byte 132,380 */
+    float w;
+    memcpy(&w, orig + 132380, 4);
+    ck_assert_float_eq(m->layers[0].wq[0], w);
+    memcpy(&w, orig + 1039900, 4);
+    ck_assert_float_eq(m->rms_final[0], w);
+    kvm_model_close(&m);
+    ck_assert_ptr_null(m);
+    kvm_model_close(&m); /* NULL-safe */
+}
+END_TEST
+
+START_TEST(test_missing_and_directory)
+{
+    kvm_model *m;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/nope.bin", tmp);
+    ck_assert_int_eq(kvm_model_open(path, &m), KVM_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), path));
+    ck_assert_int_eq(kvm_model_open(tmp, &m), KVM_EIO);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "directory"));
+}
+END_TEST
+
+START_TEST(test_empty_and_truncated)
+{
+    expect_error("empty.bin", "", 0, KVM_EFORMAT, "empty");
+    expect_error("short.bin", orig, 10, KVM_EFORMAT, "truncated");
+    expect_error("half.bin", orig, orig_n / 2, KVM_EFORMAT, "truncated");
+    expect_error("minus4.bin", orig, orig_n - 4, KVM_EFORMAT, "truncated");
+    char *longer = malloc(orig_n + 8);
+    memcpy(longer, orig, orig_n);
+    memset(longer + orig_n, 0, 8);
+    expect_error("long.bin", longer, orig_n + 8, KVM_EFORMAT, "trailing");
+    free(longer);
+}
+END_TEST
+
+/* Overwrites header field idx with v and expects an error mentioning `needle`. */
+static void bad_field(int idx, int32_t v, const char *needle)
+{
+    char *buf = malloc(orig_n), name[64];
+    memcpy(buf, orig, orig_n);
+    memcpy(buf + 4 * idx, &v, 4);
+    snprintf(name, sizeof name, "field%d_%d.bin", idx, v);
+    expect_error(name, buf, orig_n, KVM_EFORMAT, needle);
+    free(buf);
+}
+
+START_TEST(test_bad_header_fields)
+{
+    const char *names[] = {"'dim'", "'hidden_dim'", "'n_layers'", "'n_heads'", "'n_kv_heads'", "'vocab_size'", "'seq_len'"};
+    for (int i = 0; i < 7; i++) {
+        if (i != 5) bad_field(i, -3, names[i]); /* a negative vocab means a separate classifier */
+        bad_field(i, 0, names[i]);
+    }
+    bad_field(0, 1 << 30, "exceeds the limit");
+    bad_field(3, 7, "does not divide dim");
+    bad_field(4, 3, "does not divide n_heads");
+    bad_field(3, 64, "odd");                  /* head size 1 */
+    bad_field(5, -512, "separate classifier"); /* wcls missing: size check says what was expected */
+    bad_field(6, 1024, "implies");            /* RoPE tables sized by seq_len no longer fit */
+}
+END_TEST
+
+START_TEST(test_make_model_roundtrip)
+{
+    char p1[4096], p2[4096], p3[4096];
+    snprintf(p1, sizeof p1, "%s/a.bin", tmp);
+    snprintf(p2, sizeof p2, "%s/b.bin", tmp);
+    snprintf(p3, sizeof p3, "%s/c.bin", tmp);
+    kvm_make_model_opts o = {.dim = 96, .hidden_dim = 200, .n_layers = 3, .n_heads = 6, .n_kv_heads = 2,
+                             .vocab_size = 300, .seq_len = 64, .seed = 7, .separate_classifier = 1};
+    ck_assert_int_eq(kvm_make_model_write(p1, &o), 0);
+    ck_assert_int_eq(kvm_make_model_write(p2, &o), 0);
+    o.seed = 8;
+    ck_assert_int_eq(kvm_make_model_write(p3, &o), 0);
+    size_t n1, n2, n3;
+    char *a = kvm_test_read_file(p1, &n1), *b = kvm_test_read_file(p2, &n2), *c = kvm_test_read_file(p3, &n3);
+    ck_assert_uint_eq(n1, n2);
+    ck_assert_int_eq(memcmp(a, b, n1), 0);     /* same seed, same bytes */
+    ck_assert_int_ne(memcmp(a, c, n1), 0);     /* another seed, other weights */
+    free(a); free(b); free(c);
+    kvm_model *m;
+    ck_assert_int_eq(kvm_model_open(p1, &m), 0);
+    ck_assert_int_eq(m->cfg.shared_classifier, 0);
+    ck_assert_int_eq(m->cfg.vocab_size, 300);
+    ck_assert_int_eq(m->cfg.head_dim, 16);
+    ck_assert_ptr_ne(m->wcls, m->tok_emb);
+    ck_assert_int_eq((int64_t)n1, 28 + 4 * (kvm_model_n_params(m) + 64 * 16));
+    /* the random model runs and its logits are finite and not constant */
+    kvm_forward *f;
+    kvm_kvcache *cache;
+    ck_assert_int_eq(kvm_forward_new(m, NULL, 0, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(m, 16, &cache), 0);
+    int32_t toks[16];
+    for (int i = 0; i < 16; i++) toks[i] = (i * 37) % 300;
+    float logits[300];
+    ck_assert_int_eq(kvm_forward_prefill(f, cache, toks, 16, logits, KVM_LOGITS_LAST), 0);
+    float lo = logits[0], hi = logits[0];
+    for (int i = 0; i < 300; i++) {
+        ck_assert(isfinite(logits[i]));
+        lo = fminf(lo, logits[i]);
+        hi = fmaxf(hi, logits[i]);
+    }
+    ck_assert_float_gt(hi - lo, 1e-3f);
+    kvm_kvcache_free(&cache);
+    kvm_forward_free(&f);
+    kvm_model_close(&m);
+}
+END_TEST
+
+START_TEST(test_make_model_bad_shapes)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/x.bin", tmp);
+    kvm_make_model_opts o = {.dim = 64, .hidden_dim = 100, .n_layers = 2, .n_heads = 8, .n_kv_heads = 3,
+                             .vocab_size = 32, .seq_len = 16, .seed = 1};
+    ck_assert_int_eq(kvm_make_model_write(p, &o), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "--kv-heads"));
+    o.n_kv_heads = 4;
+    o.n_layers = 0;
+    ck_assert_int_eq(kvm_make_model_write(p, &o), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "--layers"));
+    struct stat st;
+    ck_assert_int_ne(stat(p, &st), 0); /* nothing written */
+    snprintf(p, sizeof p, "%s/no/such/dir/x.bin", tmp);
+    o.n_layers = 2;
+    ck_assert_int_eq(kvm_make_model_write(p, &o), KVM_EIO);
+}
+END_TEST
+
+static Suite *model_suite(void)
+{
+    Suite *s = suite_create("model");
+    struct { const char *name; const TTest *fn; } cases[] = {
+        {"loads_stories260k", test_loads_stories260k}, {"missing_and_directory", test_missing_and_directory},
+        {"empty_and_truncated", test_empty_and_truncated}, {"bad_header_fields", test_bad_header_fields},
+        {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(model_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
