@@ -113,12 +113,15 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 
 # make test: every suite runs even if one fails; the last line sums them up
 test: all $(TEST_BIN)
-	@fail=0; for t in $(TEST_BIN); do \
-	    echo "== $$t"; \
+	@fail=0; pass=0; bad=0; mkdir -p $(BUILD)/test-logs; for t in $(TEST_BIN); do \
+	    echo "== $$t"; log=$(BUILD)/test-logs/$$(basename $$t).log; \
 	    KVMILL_BIN=$(abspath $(BINDIR)) KVMILL_SHARED=$(KVMILL_SHARED) CK_DEFAULT_TIMEOUT=$${CK_DEFAULT_TIMEOUT:-120} \
-	        ./$$t || fail=1; \
+	        ./$$t 2>&1 | tee $$log; [ $${PIPESTATUS[0]} -eq 0 ] || fail=1; \
+	    n=$$(sed -n 's/.*Checks: \([0-9]*\), Failures: \([0-9]*\), Errors: \([0-9]*\).*/\1 \2 \3/p' $$log | tail -1); \
+	    if [ -n "$$n" ]; then set -- $$n; pass=$$((pass + $$1 - $$2 - $$3)); bad=$$((bad + $$2 + $$3)); else bad=$$((bad + 1)); fi; \
 	done; \
 	if [ -n "$(FUZZ_SRC)" ]; then $(MAKE) --no-print-directory fuzz-replay || fail=1; fi; \
+	echo "tests: $$pass passed, $$bad failed"; \
 	exit $$fail
 
 bench: all $(BENCH_BIN)
