@@ -54,7 +54,7 @@ endif
 
 # ---- sources ----
 LIB_SRC    := $(wildcard common/*.c kernels/*.c kernels/cpu/*.c model/*.c compress/*.c compress/*/*.c \
-                         proto/*.c store/*.c orchestrator/*.c)
+                         proto/*.c store/*.c pipeline/*.c orchestrator/*.c)
 LIB_SRC    := $(filter-out orchestrator/main.c,$(LIB_SRC))
 LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 LIB        := $(BUILD)/libkvmill.a

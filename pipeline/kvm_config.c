@@ -1,0 +1,310 @@
+/* kvm_config.c: INI parsing (libinih) against the settings table, ${VAR:-default}
+ * expansion, per-type validation and the canonical encoding hashed into config ids. */
+#include "pipeline/kvm_config.h"
+#include "common/kvm_error.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct kvm_config {
+    char *path;        /* file name for messages */
+    int n;             /* settings in the table */
+    char **value;      /* [n] resolved value, or NULL = default */
+    char *first_error; /* first handler error, reported with inih's line number */
+};
+
+static int n_settings(void)
+{
+    int n = 0;
+    while (kvm_cfg_settings[n].section) n++;
+    return n;
+}
+
+static int find(const char *section, const char *key)
+{
+    for (int i = 0; kvm_cfg_settings[i].section; i++)
+        if (!strcmp(kvm_cfg_settings[i].section, section) && !strcmp(kvm_cfg_settings[i].key, key)) return i;
+    return -1;
+}
+
+static int known_section(const char *section)
+{
+    for (int i = 0; kvm_cfg_settings[i].section; i++)
+        if (!strcmp(kvm_cfg_settings[i].section, section)) return 1;
+    return 0;
+}
+
+/* Expands ${VAR} and ${VAR:-default}; returns malloc'ed text or NULL with *why set. */
+static char *expand(const char *v, const char **why)
+{
+    size_t cap = strlen(v) + 1, len = 0;
+    char *out = malloc(cap);
+    static _Thread_local char msg[256];
+    for (const char *p = v; out && *p;) {
+        const char *add = p;
+        size_t n = 1;
+        char name[128], *val = NULL;
+        if (p[0] == '$' && p[1] == '{') {
+            const char *end = strchr(p, '}');
+            if (!end) { snprintf(msg, sizeof msg, "unterminated ${ in '%s'", v); *why = msg; free(out); return NULL; }
+            const char *body = p + 2, *dflt = strstr(body, ":-");
+            if (dflt && dflt > end) dflt = NULL;
+            size_t nl = (size_t)((dflt ? dflt : end) - body);
+            if (nl == 0 || nl >= sizeof name) { snprintf(msg, sizeof msg, "bad variable reference in '%s'", v); *why = msg; free(out); return NULL; }
+            memcpy(name, body, nl);
+            name[nl] = '\0';
+            val = getenv(name);
+            if (val && *val) { add = val; n = strlen(val); }
+            else if (dflt) { add = dflt + 2; n = (size_t)(end - (dflt + 2)); }
+            else { snprintf(msg, sizeof msg, "environment variable %s is not set and has no default", name); *why = msg; free(out); return NULL; }
+            p = end + 1;
+        } else
+            p++;
+        if (len + n + 1 > cap) {
+            char *o = realloc(out, cap = 2 * (len + n + 1));
+            if (!o) { free(out); return NULL; }
+            out = o;
+        }
+        memcpy(out + len, add, n);
+        len += n;
+    }
+    if (out) out[len] = '\0';
+    else *why = "out of memory";
+    return out;
+}
+
+/* Checks `v` against setting s; on success may rewrite *v (absolute path). */
+static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
+{
+    char *end;
+    switch (s->type) {
+    case KVM_CFG_INT: {
+        errno = 0;
+        long long x = strtoll(*v, &end, 10);
+        if (errno || end == *v || *end) return snprintf(why, why_n, "'%s' is not an integer", *v), -1;
+        if (x < s->lo || x > s->hi) return snprintf(why, why_n, "%lld is outside [%.0f, %.0f]", x, s->lo, s->hi), -1;
+        return 0;
+    }
+    case KVM_CFG_FLOAT: {
+        errno = 0;
+        double x = strtod(*v, &end);
+        if (errno || end == *v || *end || !isfinite(x)) return snprintf(why, why_n, "'%s' is not a number", *v), -1;
+        if (x < s->lo || x > s->hi) return snprintf(why, why_n, "%g is outside [%g, %g]", x, s->lo, s->hi), -1;
+        return 0;
+    }
+    case KVM_CFG_BOOL: {
+        const char *ok[] = {"true", "false", "yes", "no", "on", "off", "1", "0"};
+        for (size_t i = 0; i < 8; i++)
+            if (!strcasecmp(*v, ok[i])) return 0;
+        return snprintf(why, why_n, "'%s' is not a boolean (true/false)", *v), -1;
+    }
+    case KVM_CFG_ENUM: {
+        size_t n = strlen(*v);
+        for (const char *c = s->choices; *c;) {
+            const char *bar = strchr(c, '|');
+            size_t cl = bar ? (size_t)(bar - c) : strlen(c);
+            if (cl == n && !strncmp(c, *v, n)) return 0;
+            c += cl + (bar ? 1 : 0);
+        }
+        return snprintf(why, why_n, "'%s' is not one of %s", *v, s->choices), -1;
+    }
+    case KVM_CFG_PATH:
+        if (**v && **v != '/') {
+            char cwd[4096];
+            if (!getcwd(cwd, sizeof cwd)) return snprintf(why, why_n, "cannot resolve relative path '%s'", *v), -1;
+            size_t n = strlen(cwd) + strlen(*v) + 2;
+            char *abs = malloc(n);
+            if (!abs) return snprintf(why, why_n, "out of memory"), -1;
+            snprintf(abs, n, "%s/%s", cwd, (*v)[0] == '.' && (*v)[1] == '/' ? *v + 2 : *v);
+            free(*v);
+            *v = abs;
+        }
+        return 0;
+    case KVM_CFG_STR:
+        return 0;
+    }
+    return 0;
+}
+
+static int set_value(kvm_config *c, const char *section, const char *key, const char *raw, char *why, size_t why_n)
+{
+    int i = find(section, key);
+    if (i < 0) {
+        if (!known_section(section)) snprintf(why, why_n, "[%s] %s: unknown section '%s'", section, key, section);
+        else snprintf(why, why_n, "[%s] %s: unknown key", section, key);
+        return -1;
+    }
+    const char *ew = NULL;
+    char *v = expand(raw, &ew);
+    if (!v) return snprintf(why, why_n, "[%s] %s: %s", section, key, ew), -1;
+    char w[256];
+    if (validate(&kvm_cfg_settings[i], &v, w, sizeof w)) {
+        snprintf(why, why_n, "[%s] %s: %s", section, key, w);
+        free(v);
+        return -1;
+    }
+    free(c->value[i]);
+    c->value[i] = v;
+    return 0;
+}
+
+static int on_pair(void *user, const char *section, const char *name, const char *value)
+{
+    kvm_config *c = user;
+    char why[512];
+    if (set_value(c, section, name, value, why, sizeof why) == 0) return 1;
+    if (!c->first_error) c->first_error = strdup(why);
+    return 0;
+}
+
+static int finish(kvm_config *c, int rc)
+{
+    if (rc == -2) return kvm_err(KVM_ENOMEM, "%s: out of memory", c->path);
+    if (rc > 0)
+        return kvm_err(KVM_EINVAL, "%s:%d: %s", c->path, rc, c->first_error ? c->first_error : "syntax error (expected key = value or [section])");
+    for (int i = 0; kvm_cfg_settings[i].section; i++)
+        if (!kvm_cfg_settings[i].def && !c->value[i])
+            return kvm_err(KVM_EINVAL, "%s: [%s] %s: required key is missing", c->path, kvm_cfg_settings[i].section,
+                           kvm_cfg_settings[i].key);
+    return 0;
+}
+
+static kvm_config *config_new(const char *name)
+{
+    kvm_config *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->n = n_settings();
+    c->path = strdup(name);
+    c->value = calloc((size_t)c->n, sizeof *c->value);
+    if (!c->path || !c->value) kvm_config_free(&c);
+    return c;
+}
+
+int kvm_config_load(const char *path, kvm_config **out)
+{
+    *out = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return kvm_err(KVM_EIO, "%s: not a regular file", path);
+    kvm_config *c = config_new(path);
+    if (!c) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+    int rc = ini_parse(path, on_pair, c);
+    if (rc == -1) rc = kvm_err(KVM_EIO, "%s: cannot open", path);
+    else rc = finish(c, rc);
+    if (rc) kvm_config_free(&c);
+    *out = c;
+    return rc;
+}
+
+int kvm_config_parse(const char *text, const char *name, kvm_config **out)
+{
+    *out = NULL;
+    kvm_config *c = config_new(name);
+    if (!c) return kvm_err(KVM_ENOMEM, "%s: out of memory", name);
+    int rc = finish(c, ini_parse_string(text, on_pair, c));
+    if (rc) kvm_config_free(&c);
+    *out = c;
+    return rc;
+}
+
+void kvm_config_free(kvm_config **pc)
+{
+    if (!pc || !*pc) return;
+    kvm_config *c = *pc;
+    for (int i = 0; c->value && i < c->n; i++) free(c->value[i]);
+    free(c->value);
+    free(c->path);
+    free(c->first_error);
+    free(c);
+    *pc = NULL;
+}
+
+static int must_find(const char *section, const char *key, kvm_cfg_type type)
+{
+    int i = find(section, key);
+    if (i < 0 || kvm_cfg_settings[i].type != type) {
+        fprintf(stderr, "kvm_config: no %s setting [%s] %s (programming error)\n", type == KVM_CFG_INT ? "int" : "typed",
+                section, key);
+        abort();
+    }
+    return i;
+}
+
+static const char *raw(const kvm_config *c, int i) { return c->value[i] ? c->value[i] : kvm_cfg_settings[i].def; }
+
+const char *kvm_config_str(const kvm_config *c, const char *section, const char *key)
+{
+    int i = find(section, key);
+    if (i < 0) must_find(section, key, KVM_CFG_STR);
+    return raw(c, i);
+}
+
+int64_t kvm_config_int(const kvm_config *c, const char *section, const char *key)
+{
+    return strtoll(raw(c, must_find(section, key, KVM_CFG_INT)), NULL, 10);
+}
+
+double kvm_config_float(const kvm_config *c, const char *section, const char *key)
+{
+    return strtod(raw(c, must_find(section, key, KVM_CFG_FLOAT)), NULL);
+}
+
+int kvm_config_bool(const kvm_config *c, const char *section, const char *key)
+{
+    const char *v = raw(c, must_find(section, key, KVM_CFG_BOOL));
+    return !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on") || !strcmp(v, "1");
+}
+
+int kvm_config_is_set(const kvm_config *c, const char *section, const char *key)
+{
+    int i = find(section, key);
+    return i >= 0 && c->value[i] != NULL;
+}
+
+int kvm_config_set(kvm_config *c, const char *section, const char *key, const char *value)
+{
+    char why[512];
+    if (set_value(c, section, key, value, why, sizeof why)) return kvm_err(KVM_EINVAL, "%s", why);
+    return 0;
+}
+
+int kvm_config_canonical(const kvm_config *c, const char *section, char **out, size_t *len)
+{
+    size_t cap = 256, n = 0;
+    char *buf = malloc(cap);
+    for (int i = 0; buf && kvm_cfg_settings[i].section; i++) {
+        const kvm_cfg_setting *s = &kvm_cfg_settings[i];
+        if (section && strcmp(section, s->section)) continue;
+        size_t need = strlen(s->section) + strlen(s->key) + strlen(raw(c, i)) + 4;
+        if (n + need > cap) {
+            char *b = realloc(buf, cap = 2 * (n + need));
+            if (!b) { free(buf); buf = NULL; break; }
+            buf = b;
+        }
+        n += (size_t)snprintf(buf + n, cap - n, "%s.%s=%s\n", s->section, s->key, raw(c, i));
+    }
+    if (!buf) return kvm_err(KVM_ENOMEM, "config: out of memory");
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+void kvm_config_dump(const kvm_config *c, FILE *f)
+{
+    const char *sec = "";
+    for (int i = 0; kvm_cfg_settings[i].section; i++) {
+        const kvm_cfg_setting *s = &kvm_cfg_settings[i];
+        if (strcmp(sec, s->section)) fprintf(f, "%s[%s]\n", i ? "\n" : "", sec = s->section);
+        fprintf(f, "; %s%s%s%s\n%s = %s\n", s->help, *s->unit ? " (" : "", s->unit, *s->unit ? ")" : "", s->key,
+                c ? raw(c, i) : (s->def ? s->def : "<required>"));
+    }
+}
+
+const char *kvm_config_path(const kvm_config *c) { return c->path; }

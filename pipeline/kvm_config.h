@@ -1,0 +1,74 @@
+/* kvm_config.h: pipeline configuration. One table of settings (section, key, type, default,
+ * bounds, unit, help — pipeline/kvm_config_table.c) drives INI parsing (libinih),
+ * validation, `--dump-config` and the comments of the configs/ files, as Redis's config table
+ * does. Values may use ${VAR} and ${VAR:-default}; relative paths resolve against the
+ * working directory. A loaded config is validated once, then read-only (thread-safe to read). */
+#ifndef KVM_CONFIG_H
+#define KVM_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum kvm_cfg_type {
+    KVM_CFG_STR,   /* free text */
+    KVM_CFG_PATH,  /* a file or folder; made absolute against the working directory */
+    KVM_CFG_INT,   /* integer within [lo, hi] */
+    KVM_CFG_FLOAT, /* finite number within [lo, hi] */
+    KVM_CFG_BOOL,  /* true/false, yes/no, on/off, 1/0 */
+    KVM_CFG_ENUM,  /* one of the '|'-separated choices */
+} kvm_cfg_type;
+
+/* One documented setting. */
+typedef struct kvm_cfg_setting {
+    const char *section; /* INI section, e.g. "compress" */
+    const char *key;     /* key within it, e.g. "ratio" */
+    kvm_cfg_type type;
+    const char *def;     /* default value as text; NULL = required */
+    double lo, hi;       /* bounds for INT/FLOAT */
+    const char *choices; /* ENUM: "a|b|c" */
+    const char *unit;    /* "tokens", "ms", "bytes", ... or "" */
+    const char *help;    /* one line */
+} kvm_cfg_setting;
+
+/* The table (terminated by an entry with section == NULL). */
+extern const kvm_cfg_setting kvm_cfg_settings[];
+
+typedef struct kvm_config kvm_config;
+
+/* Parses and validates an INI file. Every error names file, line and key: unknown section
+ * or key, bad value (type, bounds, choice), unset ${VAR} without default, missing required
+ * key, unreadable file. Returns 0 and *out, KVM_ENOTFOUND/KVM_EIO (file), KVM_EINVAL
+ * (content; message in kvm_errmsg()), KVM_ENOMEM. Free with kvm_config_free. */
+int kvm_config_load(const char *path, kvm_config **out);
+
+/* Same from a string; `name` stands for the file name in messages. */
+int kvm_config_parse(const char *text, const char *name, kvm_config **out);
+
+/* Frees. Accepts NULL and *c == NULL; sets *c = NULL. */
+void kvm_config_free(kvm_config **c);
+
+/* Typed getters: the value set in the file, else the default. (section, key) must be in the
+ * table with that type (a programming error aborts otherwise). Strings valid while c lives. */
+const char *kvm_config_str(const kvm_config *c, const char *section, const char *key);
+int64_t kvm_config_int(const kvm_config *c, const char *section, const char *key);
+double kvm_config_float(const kvm_config *c, const char *section, const char *key);
+int kvm_config_bool(const kvm_config *c, const char *section, const char *key);
+
+/* 1 when the file set the key explicitly. */
+int kvm_config_is_set(const kvm_config *c, const char *section, const char *key);
+
+/* Overrides a value after loading (e.g. a --store flag), validated like the file's.
+ * Returns 0 or KVM_EINVAL (message names the key). */
+int kvm_config_set(kvm_config *c, const char *section, const char *key, const char *value);
+
+/* Writes every setting of `section` (NULL = all) as "section.key=value\n" in table order:
+ * the canonical encoding the config id is hashed from (resolved values, defaults included). */
+int kvm_config_canonical(const kvm_config *c, const char *section, char **out, size_t *len);
+
+/* Prints the resolved configuration as INI with each key's help and unit (--dump-config). */
+void kvm_config_dump(const kvm_config *c, FILE *f);
+
+/* The file the config was loaded from ("<string>" for kvm_config_parse). */
+const char *kvm_config_path(const kvm_config *c);
+
+#endif

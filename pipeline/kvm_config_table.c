@@ -1,0 +1,70 @@
+/* kvm_config_table.c: every pipeline setting, its type, default, bounds and help. This table
+ * is the single source of truth: parsing, validation, --dump-config and the comments in
+ * the configs/ files follow it. */
+#include "pipeline/kvm_config.h"
+
+#define I KVM_CFG_INT
+#define F KVM_CFG_FLOAT
+#define B KVM_CFG_BOOL
+#define E KVM_CFG_ENUM
+#define S KVM_CFG_STR
+#define P KVM_CFG_PATH
+
+const kvm_cfg_setting kvm_cfg_settings[] = {
+    {"model", "path", P, NULL, 0, 0, NULL, "", "model file (llama2.c checkpoint or .gguf)"},
+    {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
+    {"model", "context", I, "384", 1, 1 << 20, NULL, "tokens", "documents are truncated to this many tokens (BOS included)"},
+
+    {"store", "path", P, "./kvmill.lmdb", 0, 0, NULL, "", "LMDB environment directory"},
+    {"store", "map_size_mb", I, "64", 1, 1 << 30, NULL, "MiB", "initial LMDB map size"},
+    {"store", "map_max_mb", I, "1048576", 1, 1 << 30, NULL, "MiB", "the map grows up to this size, then writes fail"},
+    {"store", "cap_mb", I, "0", 0, 1 << 30, NULL, "MiB", "cap on stored cache bytes, least recently served evicted first; 0 = none"},
+    {"store", "dtype", E, "f32", 0, 0, "f32|f16|bf16", "", "element type of stored keys and values"},
+
+    {"compress", "method", E, "sculpt", 0, 0, "sculpt|selectfit|joint-fixed|full|streaming|h2o|tova|snapkv|pyramidkv|polykv",
+     "", "compression method applied to every document"},
+    {"compress", "ratio", F, "0.3", 0, 1, NULL, "", "kept fraction: k = ratio*(N-retain) for sculpt methods, b = ratio*N for eviction"},
+    {"compress", "budget", I, "0", 0, 1 << 20, NULL, "entries", "entries per KV head instead of ratio (0 = use ratio)"},
+    {"compress", "retain", I, "32", 0, 1 << 20, NULL, "tokens", "retain zone: the last tokens kept unchanged (sculpt methods)"},
+    {"compress", "alloc", E, "uniform", 0, 0, "uniform|layer|head|gain", "", "budget allocation across layers/heads (sculpt)"},
+    {"compress", "bias", B, "false", 0, 0, NULL, "", "learn a logit bias per distilled entry (sculpt)"},
+    {"compress", "synthetic_queries", I, "2048", 0, 1 << 20, NULL, "queries", "synthetic future queries per KV head (sculpt)"},
+    {"compress", "future", I, "64", 1, 1 << 20, NULL, "tokens", "synthetic queries are spread over positions N..N+future"},
+    {"compress", "lambda", F, "0.1", 0, 1e6, NULL, "", "weight of the log-sum-exp matching term (sculpt)"},
+    {"compress", "ridge", F, "0.001", 0, 1e6, NULL, "", "ridge alpha relative to the mean diagonal (sculpt)"},
+    {"compress", "rounds", I, "4", 1, 1000, NULL, "", "alternating rounds keys/values (sculpt)"},
+    {"compress", "iterations", I, "30", 1, 100000, NULL, "", "L-BFGS iterations per round (sculpt)"},
+    {"compress", "seed", I, "1", 0, 1LL << 53, NULL, "", "seed of the synthetic queries"},
+    {"compress", "strategy", S, "default", 0, 0, NULL, "", "name of the stored PolyKV strategy (method = polykv)"},
+
+    {"eval", "enabled", B, "false", 0, 0, NULL, "", "measure KL on a held-out continuation after compressing"},
+    {"eval", "continuation", I, "64", 1, 1 << 20, NULL, "tokens", "continuation length for the KL evaluation"},
+
+    {"stages", "prefill_workers", I, "1", 0, 256, NULL, "processes", "kvmill-prefill workers started by the orchestrator"},
+    {"stages", "compress_workers", I, "1", 0, 256, NULL, "processes", "kvmill-compress workers started by the orchestrator"},
+    {"stages", "prefill_devices", S, "cpu", 0, 0, NULL, "", "comma-separated devices, one per prefill worker (cycled)"},
+    {"stages", "compress_devices", S, "cpu", 0, 0, NULL, "", "comma-separated devices, one per compress worker (cycled)"},
+    {"stages", "threads", I, "1", 1, 256, NULL, "threads", "compute threads per stage process"},
+    {"stages", "bin_dir", P, "", 0, 0, NULL, "", "folder of the kvmill-* binaries; empty = beside kvmill"},
+
+    {"run", "run_dir", P, "", 0, 0, NULL, "", "folder for ipc:// endpoints and logs; empty = a fresh temporary one"},
+    {"run", "bind", S, "", 0, 0, NULL, "", "tcp://HOST:PORT base endpoint (ports PORT..PORT+3); empty = ipc:// in run_dir"},
+    {"run", "heartbeat_ms", I, "1000", 10, 3600000, NULL, "ms", "stage heartbeat interval"},
+    {"run", "liveness", I, "5", 1, 1000, NULL, "beats", "a stage missing this many heartbeats is declared dead"},
+    {"run", "grace_s", I, "30", 0, 86400, NULL, "s", "on SIGTERM a stage finishes its job within this time, else hands it back"},
+    {"run", "max_retries", I, "3", 0, 100, NULL, "", "a job is requeued at most this many times, then recorded as failed"},
+    {"run", "job_timeout_s", I, "600", 1, 86400 * 7, NULL, "s", "a job not acknowledged in this time is requeued"},
+
+    {"serve", "workers", I, "1", 1, 256, NULL, "processes", "decode workers started by kvmill serve"},
+    {"serve", "max_prompt_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "longer prompts get an error answer"},
+    {"serve", "max_new_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "larger requests get an error answer"},
+    {"serve", "max_message_bytes", I, "1048576", 1024, 1LL << 34, NULL, "bytes", "larger messages are rejected"},
+    {"serve", "compute_missing", B, "false", 0, 0, NULL, "", "compress a document on demand when its cache is missing"},
+
+    {"security", "server_secret_key", P, "", 0, 0, NULL, "", "CurveZMQ server secret key file (kvmill keygen); required for non-local binds"},
+    {"security", "server_public_key", P, "", 0, 0, NULL, "", "CurveZMQ server public key file, given to clients and workers"},
+    {"security", "client_secret_key", P, "", 0, 0, NULL, "", "CurveZMQ key pair of this client or worker (secret part)"},
+    {"security", "client_public_key", P, "", 0, 0, NULL, "", "CurveZMQ key pair of this client or worker (public part)"},
+    {"security", "authorized_keys", P, "", 0, 0, NULL, "", "folder of client public key files the server accepts"},
+    {NULL, NULL, 0, NULL, 0, 0, NULL, NULL, NULL},
+};

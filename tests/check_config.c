@@ -1,0 +1,123 @@
+/* check_config.c: the table-driven INI configuration: defaults, ${VAR:-default}, paths,
+ * and an error naming file, line and key for every kind of bad input. */
+#include "pipeline/kvm_config.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void expect_bad(const char *text, const char *needle)
+{
+    kvm_config *c = (kvm_config *)0x1;
+    int rc = kvm_config_parse(text, "t.ini", &c);
+    ck_assert_msg(rc == KVM_EINVAL, "'%s' gave %d", text, rc);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(kvm_errmsg(), needle), "'%s': message '%s' lacks '%s'", text, kvm_errmsg(), needle);
+}
+
+START_TEST(test_defaults_and_values)
+{
+    kvm_config *c;
+    setenv("KVMTEST_MODEL", "/m/stories.bin", 1);
+    unsetenv("KVMTEST_UNSET");
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = ${KVMTEST_MODEL}\ncontext = 128\n"
+                                      "[compress]\nratio = 0.5 ; inline comment\nmethod = snapkv\nbias = yes\n"
+                                      "[store]\npath = ${KVMTEST_UNSET:-rel/store.lmdb}\n",
+                                      "t.ini", &c), 0);
+    ck_assert_str_eq(kvm_config_str(c, "model", "path"), "/m/stories.bin");
+    ck_assert_int_eq(kvm_config_int(c, "model", "context"), 128);
+    ck_assert_double_eq(kvm_config_float(c, "compress", "ratio"), 0.5);
+    ck_assert_str_eq(kvm_config_str(c, "compress", "method"), "snapkv");
+    ck_assert_int_eq(kvm_config_bool(c, "compress", "bias"), 1);
+    ck_assert_int_eq(kvm_config_int(c, "compress", "retain"), 32); /* default */
+    ck_assert_int_eq(kvm_config_is_set(c, "compress", "retain"), 0);
+    char cwd[4096], want[4200];
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    snprintf(want, sizeof want, "%s/rel/store.lmdb", cwd);
+    ck_assert_str_eq(kvm_config_str(c, "store", "path"), want); /* relative to the working directory */
+    ck_assert_int_eq(kvm_config_set(c, "compress", "ratio", "0.25"), 0);
+    ck_assert_double_eq(kvm_config_float(c, "compress", "ratio"), 0.25);
+    ck_assert_int_eq(kvm_config_set(c, "compress", "ratio", "2"), KVM_EINVAL);
+    kvm_config_free(&c);
+    ck_assert_ptr_null(c);
+}
+END_TEST
+
+START_TEST(test_errors_name_line_and_key)
+{
+    expect_bad("[model]\npath = /m\n[compress]\nratoi = 0.3\n", "t.ini:4: [compress] ratoi: unknown key");
+    expect_bad("[model]\npath = /m\n[compres]\nratio = 0.3\n", "unknown section 'compres'");
+    expect_bad("[model]\npath = /m\ncontext = big\n", "t.ini:3: [model] context: 'big' is not an integer");
+    expect_bad("[model]\npath = /m\ncontext = 0\n", "0 is outside [1,");
+    expect_bad("[model]\npath = /m\n[compress]\nratio = 1.5\n", "1.5 is outside [0, 1]");
+    expect_bad("[model]\npath = /m\n[compress]\nmethod = magic\n", "'magic' is not one of sculpt|");
+    expect_bad("[model]\npath = /m\n[compress]\nbias = maybe\n", "not a boolean");
+    expect_bad("[model]\npath = ${KVMTEST_NOPE_NOT_SET}\n", "KVMTEST_NOPE_NOT_SET is not set");
+    expect_bad("[model]\ncontext = 5\n", "[model] path: required key is missing");
+    expect_bad("[model]\npath = /m\nthis line has no equals\n", "t.ini:3");
+}
+END_TEST
+
+START_TEST(test_file_errors)
+{
+    kvm_config *c;
+    ck_assert_int_eq(kvm_config_load("/nonexistent/x.ini", &c), KVM_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "/nonexistent/x.ini"));
+    ck_assert_int_eq(kvm_config_load("/tmp", &c), KVM_EIO);
+    char *dir = kvm_test_tmpdir(), path[4200];
+    snprintf(path, sizeof path, "%s/c.ini", dir);
+    const char *text = "[model]\npath = /m\n\n[run]\nheartbeat_ms = 5\n";
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    ck_assert_int_eq(kvm_config_load(path, &c), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "c.ini:5: [run] heartbeat_ms: 5 is outside [10,"));
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_canonical_encoding)
+{
+    kvm_config *a, *b, *d;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath=/m\n[compress]\nratio=0.3\n", "a", &a), 0);
+    ck_assert_int_eq(kvm_config_parse("[model]\npath=/m\n", "b", &b), 0); /* same values via defaults */
+    ck_assert_int_eq(kvm_config_parse("[model]\npath=/m\n[compress]\nratio=0.5\n", "d", &d), 0);
+    char *ea, *eb, *ed;
+    size_t na, nb, nd;
+    ck_assert_int_eq(kvm_config_canonical(a, "compress", &ea, &na), 0);
+    ck_assert_int_eq(kvm_config_canonical(b, "compress", &eb, &nb), 0);
+    ck_assert_int_eq(kvm_config_canonical(d, "compress", &ed, &nd), 0);
+    ck_assert_uint_eq(na, nb);
+    ck_assert_int_eq(memcmp(ea, eb, na), 0);
+    ck_assert(na != nd || memcmp(ea, ed, na) != 0);
+    ck_assert_ptr_nonnull(strstr(ed, "compress.ratio=0.5\n"));
+    ck_assert_ptr_null(strstr(ea, "model.")); /* only the asked section */
+    free(ea); free(eb); free(ed);
+    kvm_config_free(&a); kvm_config_free(&b); kvm_config_free(&d);
+}
+END_TEST
+
+static Suite *config_suite(void)
+{
+    Suite *s = suite_create("config");
+    struct { const char *name; const TTest *fn; } cases[] = {
+        {"defaults_and_values", test_defaults_and_values}, {"errors_name_line_and_key", test_errors_name_line_and_key},
+        {"file_errors", test_file_errors}, {"canonical_encoding", test_canonical_encoding}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(config_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
