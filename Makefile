@@ -9,7 +9,7 @@
 
 SHELL      := /bin/bash
 CC         ?= cc
-PKGS       := libzmq msgpack lmdb openblas lapacke liblbfgs inih libsodium libpcre2-8
+PKGS       := libzmq msgpack lmdb openblas lapacke liblbfgs inih libsodium libpcre2-8 jansson
 KVMILL_SHARED ?= ../shared
 
 # ---- CUDA: on when nvcc is found (PATH or /usr/local/cuda) unless CUDA=0 ----
@@ -34,7 +34,7 @@ SANFLAGS   :=
 OPT        := -O2 -g
 endif
 
-WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter
+WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Wno-format-truncation
 CFLAGS_PKG := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LIBS_PKG   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CPPFLAGS   := -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE

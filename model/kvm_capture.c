@@ -72,6 +72,8 @@ const kvm_hooks *kvm_capture_hooks(kvm_capture *cap) { return &cap->hooks; }
 
 const kvm_capture_layer *kvm_capture_layer_get(const kvm_capture *cap, int l) { return &cap->layers[l]; }
 
+kvm_capture_layer *kvm_capture_layer_mut(kvm_capture *cap, int l) { return &cap->layers[l]; }
+
 int64_t kvm_capture_n_tokens(const kvm_capture *cap) { return cap->n; }
 
 /* Copies token-major rows [n_q][n_heads*d] into head-major [n_heads][N][d] at their positions. */

@@ -42,6 +42,10 @@ const kvm_hooks *kvm_capture_hooks(kvm_capture *cap);
 /* Layer l's tensors (l in [0, n_layers)); valid while cap lives. */
 const kvm_capture_layer *kvm_capture_layer_get(const kvm_capture *cap, int l);
 
+/* Writable layer l, for building a capture from tensors received over the wire (the
+ * compress stage); same buffers and shapes as kvm_capture_layer_get. */
+kvm_capture_layer *kvm_capture_layer_mut(kvm_capture *cap, int l);
+
 /* Positions captured (N). */
 int64_t kvm_capture_n_tokens(const kvm_capture *cap);
 

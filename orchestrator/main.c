@@ -1,5 +1,7 @@
 /* main.c: the `kvmill` command line: dispatches to one subcommand per verb. */
 #include "orchestrator/kvm_cli.h"
+#include "orchestrator/kvm_cli_eval.h"
+#include "compress/sculpt/kvm_sculpt_cli.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -12,9 +14,13 @@ typedef struct kvm_command {
 
 /* One line per subcommand; keep alphabetical. */
 static const kvm_command kvm_commands[] = {
+    {"calibrate", kvm_cmd_calibrate, "PolyKV calibration: signals and the best per-layer eviction strategy"},
+    {"eval", kvm_cmd_eval, "evaluate KV compression methods against full KV (KL, top-1, perplexity)"},
     {"generate", kvm_cmd_generate, "generate text from a prompt with a model (run.c compatible)"},
     {"info", kvm_cmd_info, "print a model's shapes and parameter count"},
+    {"run", kvm_cmd_run, "compress a corpus through the pipeline stages into the store"},
     {"make-model", kvm_cmd_make_model, "write a random-weight llama2.c checkpoint of any shape"},
+    {"sculpt", kvm_cmd_sculpt, "KVSculpt: compress a document's KV cache by distillation into a cache file"},
     {"store", kvm_cmd_store, "inspect, verify and clean the LMDB cache store"},
 };
 

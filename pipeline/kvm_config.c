@@ -282,13 +282,19 @@ int kvm_config_canonical(const kvm_config *c, const char *section, char **out, s
     for (int i = 0; buf && kvm_cfg_settings[i].section; i++) {
         const kvm_cfg_setting *s = &kvm_cfg_settings[i];
         if (section && strcmp(section, s->section)) continue;
-        size_t need = strlen(s->section) + strlen(s->key) + strlen(raw(c, i)) + 4;
+        /* numbers and booleans in one spelling, so "0.30" and ".3" give one config id */
+        char norm[64];
+        const char *v = raw(c, i);
+        if (s->type == KVM_CFG_INT) snprintf(norm, sizeof norm, "%lld", strtoll(v, NULL, 10)), v = norm;
+        else if (s->type == KVM_CFG_FLOAT) snprintf(norm, sizeof norm, "%.9g", strtod(v, NULL)), v = norm;
+        else if (s->type == KVM_CFG_BOOL) v = kvm_config_bool(c, s->section, s->key) ? "true" : "false";
+        size_t need = strlen(s->section) + strlen(s->key) + strlen(v) + 4;
         if (n + need > cap) {
             char *b = realloc(buf, cap = 2 * (n + need));
             if (!b) { free(buf); buf = NULL; break; }
             buf = b;
         }
-        n += (size_t)snprintf(buf + n, cap - n, "%s.%s=%s\n", s->section, s->key, raw(c, i));
+        n += (size_t)snprintf(buf + n, cap - n, "%s.%s=%s\n", s->section, s->key, v);
     }
     if (!buf) return kvm_err(KVM_ENOMEM, "config: out of memory");
     *out = buf;

@@ -1,0 +1,112 @@
+/* cmd_run.c: `kvmill run`: compresses a corpus through the stage processes and stores the
+ * caches; prints a summary whose last stdout line is machine-readable. */
+#include "orchestrator/kvm_cli.h"
+#include "orchestrator/kvm_cli_model.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_orch.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void self_path(char *buf, size_t n)
+{
+    ssize_t r = readlink("/proc/self/exe", buf, n - 1);
+    buf[r > 0 ? r : 0] = '\0';
+}
+
+static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
+{
+    double ratio = s->bytes_compressed > 0 ? (double)s->bytes_full / (double)s->bytes_compressed : 0;
+    printf("documents: %lld compressed, %lld skipped (already stored), %lld failed, %lld truncated to %lld tokens\n",
+           (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
+           (long long)kvm_config_int(cfg, "model", "context"));
+    printf("bytes: %lld full f32 KV -> %lld stored (%.2fx smaller), method %s\n", (long long)s->bytes_full,
+           (long long)s->bytes_compressed, ratio, kvm_config_str(cfg, "compress", "method"));
+    printf("time: %.2f s wall; compute per stage: prefill %.2f s, compress %.2f s; %.0f tokens/s\n", s->seconds,
+           s->stage_ms[0] / 1000.0, s->stage_ms[1] / 1000.0, s->seconds > 0 ? (double)s->tokens / s->seconds : 0);
+    if (s->interrupted) printf("interrupted: queued documents were not processed\n");
+    printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld seconds=%.3f\n",
+           (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
+           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds);
+}
+
+int kvm_cmd_run(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"config", 1, "pipeline configuration (INI), e.g. configs/default.ini", NULL},
+        {"corpus", 1, "a folder of *.txt documents or a .jsonl file (id + text or tokens per line)", NULL},
+        {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
+        {"dump-config", 0, "print the resolved configuration and exit", NULL},
+        {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse("run", "Compresses every document of a corpus and stores the caches.", argc, argv, opts, NULL, 0,
+                      &n_pos, &help))
+        return help ? 0 : 2;
+    const char *cpath = kvm_cli_get(opts, "config"), *corpus_path = kvm_cli_get(opts, "corpus");
+    if (!cpath) return fprintf(stderr, "kvmill run: --config is required\n"), 2;
+    kvm_config *cfg;
+    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill run: %s\n", kvm_errmsg()), 2;
+    const char *store = kvm_cli_get(opts, "store");
+    if (store && kvm_config_set(cfg, "store", "path", store)) {
+        fprintf(stderr, "kvmill run: --store: %s\n", kvm_errmsg());
+        kvm_config_free(&cfg);
+        return 2;
+    }
+    if (kvm_cli_get(opts, "dump-config")) {
+        kvm_config_dump(cfg, stdout);
+        kvm_config_free(&cfg);
+        return 0;
+    }
+    if (!corpus_path) {
+        kvm_config_free(&cfg);
+        return fprintf(stderr, "kvmill run: --corpus is required\n"), 2;
+    }
+    kvm_model *m = NULL;
+    kvm_tokenizer *tok = NULL;
+    kvm_corpus *corpus = NULL;
+    int status = 1;
+    const char *tp = kvm_config_str(cfg, "model", "tokenizer");
+    if (kvm_cli_open_model("run", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 0, &m, &tok)) goto done;
+    if (kvm_corpus_read(corpus_path, &corpus)) {
+        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
+    int64_t ctx = kvm_config_int(cfg, "model", "context");
+    if (ctx > m->cfg.seq_len) {
+        fprintf(stderr, "kvmill run: %s: [model] context = %lld exceeds the model's window of %d tokens\n",
+                kvm_config_path(cfg), (long long)ctx, m->cfg.seq_len);
+        status = 2;
+        goto done;
+    }
+    for (int64_t i = 0; i < corpus->n; i++) {
+        if (corpus->docs[i].text && !tok) {
+            fprintf(stderr, "kvmill run: document %s is text but no tokenizer was found for the model\n", corpus->docs[i].name);
+            goto done;
+        }
+        if (kvm_doc_prepare(&corpus->docs[i], tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
+            fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+            status = 2;
+            goto done;
+        }
+    }
+    kvm_model_close(&m); /* the stages load it; the orchestrator only needed the tokenizer */
+    char self[4096];
+    self_path(self, sizeof self);
+    kvm_orch_summary sum;
+    status = kvm_orch_run(cfg, corpus, self, &sum);
+    if (status == 0 || status == 130) {
+        print_summary(cfg, &sum);
+        if (status == 0) status = sum.failed > 0 ? 1 : 0;
+    }
+done:
+    kvm_corpus_free(&corpus);
+    kvm_tokenizer_close(&tok);
+    kvm_model_close(&m);
+    kvm_config_free(&cfg);
+    return status;
+}

@@ -1,0 +1,121 @@
+/* kvm_cachecodec.c: ragged cache <-> proto cache messages <-> packed store values. */
+#include "pipeline/kvm_cachecodec.h"
+#include "proto/kvm_half.h"
+#include "common/kvm_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_tokens, kvm_proto_dtype dtype,
+                                kvm_msg **out)
+{
+    *out = NULL;
+    const int d = c->head_dim, nkv = c->n_kv_heads;
+    int64_t total = 0;
+    int32_t *head_entries = malloc((size_t)nkv * sizeof *head_entries);
+    if (!head_entries) return kvm_err(KVM_ENOMEM, "cache codec: out of memory");
+    for (int g = 0; g < nkv; g++) total += head_entries[g] = (int32_t)kvm_kvcache_head(c, layer, g)->n;
+    size_t esz = kvm_proto_dtype_size(dtype), rows = (size_t)(total > 0 ? total : 1);
+    uint8_t *keys = malloc(rows * (size_t)d * esz), *vals = malloc(rows * (size_t)d * esz);
+    int32_t *pos = malloc(rows * sizeof *pos);
+    float *bias = malloc(rows * sizeof *bias);
+    int rc = (keys && vals && pos && bias) ? 0 : kvm_err(KVM_ENOMEM, "cache codec: out of memory");
+    int64_t row = 0;
+    for (int g = 0; !rc && g < nkv; g++) {
+        const kvm_kv_head *h = kvm_kvcache_head(c, layer, g);
+        size_t n = (size_t)h->n * (size_t)d;
+        if ((rc = kvm_half_convert(keys + (size_t)row * d * esz, dtype, h->k, KVM_PROTO_F32, n)) ||
+            (rc = kvm_half_convert(vals + (size_t)row * d * esz, dtype, h->v, KVM_PROTO_F32, n)))
+            break;
+        for (int64_t e = 0; e < h->n; e++) {
+            pos[row + e] = h->pos[e] == KVM_POS_NONE ? -1 : h->pos[e];
+            bias[row + e] = h->bias[e];
+        }
+        row += h->n;
+    }
+    if (!rc) {
+        kvm_proto_cache m = {.layer = layer, .n_layers = c->n_layers, .n_kv_heads = nkv, .head_dim = d,
+                             .n_tokens = n_tokens, .n_entries = total, .dtype = dtype, .head_entries = head_entries,
+                             .keys = keys, .values = vals, .positions = pos, .logit_bias = bias};
+        rc = kvm_proto_cache_encode(&m, out);
+    }
+    free(head_entries); free(keys); free(vals); free(pos); free(bias);
+    return rc;
+}
+
+int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c)
+{
+    kvm_proto_cache m;
+    int rc = kvm_proto_cache_decode(msg, &m);
+    if (rc) return rc;
+    if (m.layer != layer || m.n_layers != c->n_layers || m.n_kv_heads != c->n_kv_heads || m.head_dim != c->head_dim)
+        return kvm_err(KVM_EMISMATCH, "cache layer %d: message is layer %lld of %lld, %lld KV heads x %lld, cache is %d x %d x %d",
+                       layer, (long long)m.layer, (long long)m.n_layers, (long long)m.n_kv_heads, (long long)m.head_dim,
+                       c->n_layers, c->n_kv_heads, c->head_dim);
+    const int d = c->head_dim;
+    size_t esz = kvm_proto_dtype_size(m.dtype);
+    int64_t row = 0;
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        kvm_kv_head *h = kvm_kvcache_head(c, layer, g);
+        int64_t n = m.head_entries[g];
+        if ((rc = kvm_kvcache_reserve(h, d, n > 0 ? n : 1))) return rc;
+        size_t cnt = (size_t)n * (size_t)d;
+        if ((rc = kvm_half_convert(h->k, KVM_PROTO_F32, (const uint8_t *)m.keys + (size_t)row * d * esz, m.dtype, cnt)) ||
+            (rc = kvm_half_convert(h->v, KVM_PROTO_F32, (const uint8_t *)m.values + (size_t)row * d * esz, m.dtype, cnt)))
+            return rc;
+        for (int64_t e = 0; e < n; e++) {
+            h->pos[e] = m.positions[row + e] < 0 ? KVM_POS_NONE : m.positions[row + e];
+            h->bias[e] = m.logit_bias[row + e];
+        }
+        h->n = n;
+        row += n;
+    }
+    if (m.n_tokens > c->next_pos) c->next_pos = (int32_t)m.n_tokens;
+    return 0;
+}
+
+int kvm_cachecodec_pack(const kvm_kvcache *c, int64_t n_tokens, kvm_proto_dtype dtype, uint8_t ***blobs,
+                        size_t **sizes)
+{
+    uint8_t **b = calloc((size_t)c->n_layers, sizeof *b);
+    size_t *s = calloc((size_t)c->n_layers, sizeof *s);
+    int rc = (b && s) ? 0 : kvm_err(KVM_ENOMEM, "cache codec: out of memory");
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        kvm_msg *m = NULL;
+        rc = kvm_cachecodec_encode_layer(c, l, n_tokens, dtype, &m);
+        if (!rc) rc = kvm_msg_pack(m, &b[l], &s[l]);
+        kvm_msg_free(&m);
+    }
+    if (rc) {
+        for (int l = 0; b && l < c->n_layers; l++) free(b[l]);
+        free(b);
+        free(s);
+        return rc;
+    }
+    *blobs = b;
+    *sizes = s;
+    return 0;
+}
+
+int kvm_cachecodec_unpack(const uint8_t *const *blobs, const size_t *sizes, int n_layers, int n_kv_heads, int head_dim,
+                          kvm_kvcache **out)
+{
+    *out = NULL;
+    kvm_kvcache *c;
+    int rc = kvm_kvcache_new(n_layers, n_kv_heads, head_dim, 0, &c);
+    if (rc) return rc;
+    for (int l = 0; !rc && l < n_layers; l++) {
+        kvm_msg *m = NULL;
+        rc = kvm_msg_unpack(blobs[l], sizes[l], 0, &m);
+        if (!rc) rc = kvm_cachecodec_decode_layer(m, l, c);
+        kvm_msg_free(&m);
+        if (rc && rc != KVM_EMISMATCH && rc != KVM_ENOMEM)
+            rc = kvm_err(KVM_ECORRUPT, "stored cache layer %d does not decode: %s", l, kvm_errmsg());
+    }
+    if (rc) {
+        kvm_kvcache_free(&c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}

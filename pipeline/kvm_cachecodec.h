@@ -1,0 +1,34 @@
+/* kvm_cachecodec.h: a ragged KV cache (model/kvm_kvcache.h) as proto `cache` messages, one
+ * per layer, and as the per-layer store values (packed messages), so the compress stage,
+ * the store and the decode workers all use the wire encoding (PROTOCOL.md). */
+#ifndef KVM_CACHECODEC_H
+#define KVM_CACHECODEC_H
+
+#include "model/kvm_kvcache.h"
+#include "proto/kvm_proto.h"
+
+/* Encodes layer `layer` of c as a `cache` message with keys/values in dtype (f32, f16 or
+ * bf16; 16-bit types round to nearest even). n_tokens is the document length (positions
+ * must lie in [0, n_tokens) or be KVM_POS_NONE). Returns 0 and *out (caller frees),
+ * KVM_EINVAL (bad dtype, positions out of range), KVM_ENOMEM. */
+int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_tokens, kvm_proto_dtype dtype,
+                                kvm_msg **out);
+
+/* Decodes one `cache` message into layer `layer` of c (replacing that layer's entries),
+ * converting keys/values to float32. The message's layer, n_layers, n_kv_heads and head_dim
+ * must equal c's shape and `layer`. Errors: KVM_EPROTO / KVM_ERANGE (malformed message),
+ * KVM_EMISMATCH (shape differs from c), KVM_ENOMEM. */
+int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c);
+
+/* Packs every layer into store values: *blobs[l] malloc'ed (caller frees each and the array),
+ * *sizes[l] bytes. Returns 0 or an error as above. */
+int kvm_cachecodec_pack(const kvm_kvcache *c, int64_t n_tokens, kvm_proto_dtype dtype, uint8_t ***blobs,
+                        size_t **sizes);
+
+/* Builds a cache from packed store values (one per layer), shaped n_layers x n_kv_heads x
+ * head_dim; next_pos = n_tokens of the messages. Returns 0 and *out, KVM_ECORRUPT when a
+ * value does not unpack or decode (the detail names the layer), KVM_EMISMATCH, KVM_ENOMEM. */
+int kvm_cachecodec_unpack(const uint8_t *const *blobs, const size_t *sizes, int n_layers, int n_kv_heads, int head_dim,
+                          kvm_kvcache **out);
+
+#endif

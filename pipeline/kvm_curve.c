@@ -1,0 +1,152 @@
+/* kvm_curve.c: CurveZMQ key files, client/server socket setup and a ZAP handler that
+ * accepts only listed client keys. */
+#include "pipeline/kvm_curve.h"
+#include "common/kvm_error.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+int kvm_curve_keygen(const char *prefix)
+{
+    if (!zmq_has("curve")) return kvm_err(KVM_ENOTSUP, "this libzmq has no CURVE support");
+    char pub[41], sec[41], path[4096];
+    if (zmq_curve_keypair(pub, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_keypair: %s", zmq_strerror(errno));
+    const char *keys[2] = {pub, sec}, *ext[2] = {"public", "secret"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s.%s", prefix, ext[i]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, i ? 0600 : 0644);
+        if (fd < 0) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+        char line[42];
+        snprintf(line, sizeof line, "%s\n", keys[i]);
+        ssize_t w = write(fd, line, 41);
+        close(fd);
+        if (w != 41) return kvm_err(KVM_EIO, "%s: write failed", path);
+    }
+    return 0;
+}
+
+int kvm_curve_read_key(const char *path, char key[41])
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "key file %s: %s", path, strerror(errno));
+    char buf[128] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';
+    uint8_t raw[32];
+    if (n != 40 || !zmq_z85_decode(raw, buf)) return kvm_err(KVM_EFORMAT, "key file %s: not a 40-character Z85 CurveZMQ key", path);
+    memcpy(key, buf, 41);
+    return 0;
+}
+
+int kvm_curve_is_local(const char *ep)
+{
+    return !strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9) || !strncmp(ep, "tcp://127.", 10) ||
+           !strncmp(ep, "tcp://localhost:", 16) || !strncmp(ep, "tcp://[::1]:", 12);
+}
+
+int kvm_curve_client(void *sock, const char *server_key_file, const char *public_file, const char *secret_file)
+{
+    if (!server_key_file && !public_file && !secret_file) return 0;
+    if (!server_key_file || !public_file || !secret_file)
+        return kvm_err(KVM_EINVAL, "CurveZMQ client needs the server public key and this side's public and secret keys");
+    char srv[41], pub[41], sec[41];
+    int rc;
+    if ((rc = kvm_curve_read_key(server_key_file, srv)) || (rc = kvm_curve_read_key(public_file, pub)) ||
+        (rc = kvm_curve_read_key(secret_file, sec)))
+        return rc;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, srv, 40) || zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, 40) ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 40))
+        return kvm_err(KVM_EIO, "CurveZMQ client setup: %s", zmq_strerror(errno));
+    return 0;
+}
+
+/* ---- ZAP handler (RFC 27): one per process ---- */
+
+static pthread_mutex_t zap_mu = PTHREAD_MUTEX_INITIALIZER;
+static int zap_started;
+static char zap_dir[4096];
+
+/* 1 when a *.public file in zap_dir holds the Z85 form of this 32-byte key. */
+static int key_authorized(const uint8_t *key32)
+{
+    char z85[41];
+    if (!zmq_z85_encode(z85, key32, 32)) return 0;
+    DIR *d = opendir(zap_dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int ok = 0;
+    while (!ok && (e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        if (l < 8 || strcmp(e->d_name + l - 7, ".public")) continue;
+        char path[8192], k[41];
+        snprintf(path, sizeof path, "%s/%s", zap_dir, e->d_name);
+        ok = kvm_curve_read_key(path, k) == 0 && !strcmp(k, z85);
+    }
+    closedir(d);
+    return ok;
+}
+
+static void *zap_thread(void *sock)
+{
+    for (;;) {
+        zmq_msg_t part[8];
+        int n = 0, more = 1;
+        while (more && n < 8) {
+            zmq_msg_init(&part[n]);
+            if (zmq_msg_recv(&part[n], sock, 0) < 0) {
+                for (int i = 0; i <= n; i++) zmq_msg_close(&part[i]);
+                zmq_close(sock);
+                return NULL; /* context terminated */
+            }
+            more = zmq_msg_more(&part[n]);
+            n++;
+        }
+        /* version, request id, domain, address, identity, mechanism, credentials... */
+        int ok = n >= 7 && zmq_msg_size(&part[5]) == 5 && !memcmp(zmq_msg_data(&part[5]), "CURVE", 5) &&
+                 zmq_msg_size(&part[6]) == 32 && key_authorized(zmq_msg_data(&part[6]));
+        const char *code = ok ? "200" : "400", *text = ok ? "OK" : "unknown client key";
+        zmq_send(sock, "1.0", 3, ZMQ_SNDMORE);
+        zmq_send(sock, n > 1 ? zmq_msg_data(&part[1]) : "", n > 1 ? zmq_msg_size(&part[1]) : 0, ZMQ_SNDMORE);
+        zmq_send(sock, code, 3, ZMQ_SNDMORE);
+        zmq_send(sock, text, strlen(text), ZMQ_SNDMORE);
+        zmq_send(sock, "", 0, ZMQ_SNDMORE);
+        zmq_send(sock, "", 0, 0);
+        for (int i = 0; i < n; i++) zmq_msg_close(&part[i]);
+    }
+}
+
+int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char *authorized_dir)
+{
+    char sec[41];
+    int rc = kvm_curve_read_key(secret_file, sec);
+    if (rc) return rc;
+    struct stat st;
+    if (!authorized_dir || stat(authorized_dir, &st) || !S_ISDIR(st.st_mode))
+        return kvm_err(KVM_ENOTFOUND, "authorized_keys folder %s does not exist", authorized_dir ? authorized_dir : "(unset)");
+    pthread_mutex_lock(&zap_mu);
+    if (!zap_started) {
+        snprintf(zap_dir, sizeof zap_dir, "%s", authorized_dir);
+        void *zap = zmq_socket(zctx, ZMQ_REP);
+        pthread_t th;
+        if (!zap || zmq_bind(zap, "inproc://zeromq.zap.01") || pthread_create(&th, NULL, zap_thread, zap)) {
+            pthread_mutex_unlock(&zap_mu);
+            return kvm_err(KVM_EIO, "cannot start the ZAP handler: %s", zmq_strerror(errno));
+        }
+        pthread_detach(th);
+        zap_started = 1;
+    }
+    pthread_mutex_unlock(&zap_mu);
+    int one = 1;
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) || zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 40))
+        return kvm_err(KVM_EIO, "CurveZMQ server setup: %s", zmq_strerror(errno));
+    return 0;
+}

@@ -1,0 +1,31 @@
+/* kvm_curve.h: CurveZMQ (ZeroMQ's built-in encryption and authentication) for sockets that
+ * leave the machine. Keys are Z85 text files of 40 characters (kvmill keygen); the server
+ * accepts only clients whose public key is a file in its authorized_keys folder, checked by
+ * a ZAP handler (RFC 27) running in the process. Local endpoints (ipc://, tcp://127.x) may
+ * run without keys. */
+#ifndef KVM_CURVE_H
+#define KVM_CURVE_H
+
+/* Writes a new key pair: PREFIX.public and PREFIX.secret (mode 0600). Returns 0, KVM_EIO
+ * (file), KVM_ENOTSUP (libzmq without CURVE). */
+int kvm_curve_keygen(const char *prefix);
+
+/* Reads a 40-character Z85 key from a file into key[41]. Errors: KVM_ENOTFOUND, KVM_EIO,
+ * KVM_EFORMAT (not a Z85 key; names the file). */
+int kvm_curve_read_key(const char *path, char key[41]);
+
+/* 1 when binding `endpoint` keeps traffic on this machine (ipc://, inproc://, tcp://127.*,
+ * tcp://localhost, tcp://[::1]), else 0. */
+int kvm_curve_is_local(const char *endpoint);
+
+/* Makes `sock` a CURVE client of the server whose public key is in server_key_file, with
+ * this side's key pair. All three NULL: plain socket (returns 0). Errors as read_key,
+ * KVM_EINVAL (only some given). */
+int kvm_curve_client(void *sock, const char *server_key_file, const char *public_file, const char *secret_file);
+
+/* Makes `sock` a CURVE server with the secret key in secret_file; clients are authorised
+ * against the *.public files in authorized_dir by the process's ZAP handler (started on
+ * first use in zmq context zctx; stops with the context). Errors as read_key, KVM_EIO. */
+int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char *authorized_dir);
+
+#endif

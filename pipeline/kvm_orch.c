@@ -1,0 +1,717 @@
+/* kvm_orch.c: the orchestrator: sockets, stage processes, the job table and the broker
+ * loop. One thread; every wait is a zmq_poll with a short timeout so heartbeats, timeouts
+ * and signals are handled within ~100 ms. */
+#include "pipeline/kvm_orch.h"
+#include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_stage.h"
+#include "proto/kvm_proto.h"
+#include "store/kvm_store.h"
+#include "common/kvm_error.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+extern char **environ;
+
+enum { ST_PREFILL = 0, ST_COMPRESS = 1, N_STAGES = 2, MAX_WORKERS = 256 };
+static const char *const stage_names[N_STAGES] = {"prefill", "compress"};
+
+typedef enum job_state { J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS, J_DONE, J_FAILED, J_SKIPPED } job_state;
+
+typedef struct job {
+    kvm_doc *doc;
+    job_state state;
+    uint64_t id;          /* id of the current attempt (unique in the run) */
+    int attempt;
+    int worker;           /* index in workers[] while in prefill/compress, else -1 */
+    double since_ms;      /* entered the current state */
+    kvm_msg **kv;         /* [n_layers] buffered kv messages of the current attempt */
+    int n_kv;
+    char reason[512];     /* why it failed */
+} job;
+
+typedef struct worker {
+    char id[256];
+    int stage;            /* ST_* or -1 until known */
+    double last_seen;
+    int idle;             /* has sent a credit and holds no job */
+    int job;              /* index in jobs[] or -1 */
+    int alive;
+    int slot;             /* spawned slot, or -1 for an external worker */
+} worker;
+
+typedef struct slot {
+    int stage;
+    char device[64];
+    pid_t pid;
+    int respawns;
+    char id[256];
+} slot;
+
+typedef struct orch {
+    const kvm_config *cfg;
+    kvm_corpus *corpus;
+    job *jobs;
+    int64_t n_jobs, n_open;
+    uint64_t next_id;
+    worker workers[MAX_WORKERS];
+    int n_workers;
+    slot slots[MAX_WORKERS];
+    int n_slots;
+    void *zctx, *ctl, *data;
+    char base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
+    int own_run_dir;     /* created by this run: removed at the end unless something failed */
+    int n_layers;
+    double hb_ms, dead_ms, job_timeout_ms;
+    int max_retries;
+    kvm_orch_summary *sum;
+    double t0, last_progress;
+    int tty;
+} orch;
+
+static volatile sig_atomic_t interrupts;
+static void on_sigint(int s) { (void)s; interrupts++; }
+
+/* ---- processes ---- */
+
+static int spawn_slot(orch *o, int s)
+{
+    slot *sl = &o->slots[s];
+    char exe[2048], hb[32], grace[32], threads[32], logp[2048];
+    snprintf(exe, sizeof exe, "%s/kvmill-%s", o->bin_dir, stage_names[sl->stage]);
+    snprintf(sl->id, sizeof sl->id, "%s-%d-r%d", stage_names[sl->stage], s, sl->respawns);
+    snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(o->cfg, "run", "heartbeat_ms"));
+    snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(o->cfg, "run", "grace_s"));
+    snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(o->cfg, "stages", "threads"));
+    snprintf(logp, sizeof logp, "%s/%s.log", o->run_dir, sl->id);
+    char *argv[] = {exe, "--connect", o->base, "--device", sl->device, "--store", o->store_path, "--threads", threads,
+                    "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id, NULL};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    sigset_t def;
+    sigemptyset(&def);
+    sigaddset(&def, SIGINT);
+    posix_spawnattr_setsigdefault(&at, &def);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches us only */
+    int rc = posix_spawn(&sl->pid, exe, &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (rc) {
+        sl->pid = 0;
+        return kvm_err(KVM_EIO, "cannot start %s: %s", exe, strerror(rc));
+    }
+    return 0;
+}
+
+static int find_slot_by_pid(orch *o, pid_t pid)
+{
+    for (int s = 0; s < o->n_slots; s++)
+        if (o->slots[s].pid == pid) return s;
+    return -1;
+}
+
+static void stop_children(orch *o, int sig)
+{
+    for (int s = 0; s < o->n_slots; s++)
+        if (o->slots[s].pid > 0) kill(o->slots[s].pid, sig);
+}
+
+/* Waits up to ms for every child to exit; SIGKILLs the rest. */
+static void reap_all(orch *o, double ms)
+{
+    double end = kvm_now_ms() + ms;
+    for (;;) {
+        int left = 0;
+        for (int s = 0; s < o->n_slots; s++) {
+            if (o->slots[s].pid <= 0) continue;
+            if (waitpid(o->slots[s].pid, NULL, WNOHANG) == o->slots[s].pid) o->slots[s].pid = 0;
+            else left++;
+        }
+        if (!left) return;
+        if (kvm_now_ms() > end) {
+            stop_children(o, SIGKILL);
+            for (int s = 0; s < o->n_slots; s++)
+                if (o->slots[s].pid > 0) waitpid(o->slots[s].pid, NULL, 0), o->slots[s].pid = 0;
+            return;
+        }
+        usleep(20000);
+    }
+}
+
+/* ---- jobs ---- */
+
+static void job_drop_kv(job *j)
+{
+    for (int i = 0; i < j->n_kv; i++) kvm_msg_free(&j->kv[i]);
+    j->n_kv = 0;
+}
+
+static void job_set(orch *o, job *j, job_state s)
+{
+    if ((j->state == J_DONE || j->state == J_FAILED) != (s == J_DONE || s == J_FAILED)) o->n_open--;
+    j->state = s;
+    j->since_ms = kvm_now_ms();
+}
+
+/* Puts a job back in the queue (a new attempt), or fails it after max_retries. */
+static void requeue(orch *o, job *j, const char *why)
+{
+    if (j->worker >= 0) {
+        o->workers[j->worker].job = -1;
+        j->worker = -1;
+    }
+    job_drop_kv(j);
+    j->attempt++;
+    if (j->attempt > o->max_retries) {
+        snprintf(j->reason, sizeof j->reason, "%s (after %d attempts)", why, j->attempt);
+        job_set(o, j, J_FAILED);
+        fprintf(stderr, "kvmill run: %s failed: %s\n", j->doc->name, j->reason);
+        return;
+    }
+    fprintf(stderr, "kvmill run: requeueing %s (attempt %d): %s\n", j->doc->name, j->attempt + 1, why);
+    j->id = o->next_id++;
+    job_set(o, j, J_QUEUED);
+}
+
+static job *job_by_id(orch *o, uint64_t id)
+{
+    for (int64_t i = 0; i < o->n_jobs; i++)
+        if (o->jobs[i].id == id && o->jobs[i].state != J_SKIPPED) return &o->jobs[i];
+    return NULL;
+}
+
+/* ---- workers ---- */
+
+static int worker_get(orch *o, const kvm_frame *idf, int stage)
+{
+    char id[256];
+    size_t n = idf->size < sizeof id - 1 ? idf->size : sizeof id - 1;
+    memcpy(id, idf->data, n);
+    id[n] = '\0';
+    for (int w = 0; w < o->n_workers; w++)
+        if (!strcmp(o->workers[w].id, id)) {
+            if (o->workers[w].stage < 0) o->workers[w].stage = stage;
+            return w;
+        }
+    if (o->n_workers == MAX_WORKERS) return -1;
+    worker *w = &o->workers[o->n_workers];
+    *w = (worker){.stage = stage, .job = -1, .alive = 1, .slot = -1, .last_seen = kvm_now_ms()};
+    snprintf(w->id, sizeof w->id, "%s", id);
+    for (int s = 0; s < o->n_slots; s++)
+        if (!strcmp(o->slots[s].id, id)) w->slot = s;
+    if (stage >= 0 && w->slot < 0) fprintf(stderr, "kvmill run: external %s worker %s joined\n", stage_names[stage], id);
+    return o->n_workers++;
+}
+
+static int stage_of(kvm_proto_str s)
+{
+    for (int i = 0; i < N_STAGES; i++)
+        if (kvm_proto_str_eq(s, stage_names[i])) return i;
+    return -1;
+}
+
+static void worker_dead(orch *o, int w, const char *why)
+{
+    worker *wk = &o->workers[w];
+    if (!wk->alive) return;
+    wk->alive = 0;
+    wk->idle = 0;
+    fprintf(stderr, "kvmill run: worker %s %s\n", wk->id, why);
+    if (wk->job >= 0) {
+        job *j = &o->jobs[wk->job];
+        char msg[400];
+        snprintf(msg, sizeof msg, "worker %s %s", wk->id, why);
+        requeue(o, j, msg);
+    }
+    wk->job = -1;
+    if (wk->slot >= 0 && !interrupts) {
+        slot *sl = &o->slots[wk->slot];
+        if (sl->pid > 0) {
+            kill(sl->pid, SIGKILL);
+            waitpid(sl->pid, NULL, 0);
+            sl->pid = 0;
+        }
+        if (sl->respawns < 2 * o->max_retries + 2) {
+            sl->respawns++;
+            if (spawn_slot(o, wk->slot)) fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        }
+        wk->slot = -1;
+    }
+}
+
+/* ---- messages ---- */
+
+static int send_to(void *sock, const char *id, kvm_msg **m)
+{
+    kvm_msg *env = NULL;
+    int rc = kvm_msg_new(&env);
+    if (!rc) rc = kvm_msg_add_copy(env, id, strlen(id));
+    if (!rc) rc = kvm_msg_join(env, m);
+    if (!rc) rc = kvm_msg_send(sock, &env, 0);
+    kvm_msg_free(&env);
+    kvm_msg_free(m);
+    return rc;
+}
+
+static int job_message(orch *o, job *j, kvm_msg **out)
+{
+    uint8_t *mp = NULL;
+    size_t n = 0;
+    int rc = kvm_jobcfg_pack(o->cfg, &mp, &n);
+    if (rc) return rc;
+    kvm_proto_job pj = {.job_id = j->id, .attempt = j->attempt, .doc_id = kvm_proto_str_c(j->doc->name),
+                        .doc_name = kvm_proto_str_c(j->doc->name), .n_ctx = kvm_config_int(o->cfg, "model", "context"),
+                        .n_tokens = j->doc->n_tokens, .tokens = j->doc->tokens, .settings = mp, .settings_bytes = n};
+    rc = kvm_proto_job_encode(&pj, out);
+    free(mp);
+    return rc;
+}
+
+static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
+{
+    kvm_proto_type t;
+    if (kvm_proto_peek(m, &t)) {
+        fprintf(stderr, "kvmill run: dropped a malformed control message: %s\n", kvm_errmsg());
+        return;
+    }
+    if (t == KVM_PROTO_READY || t == KVM_PROTO_HEARTBEAT || t == KVM_PROTO_ACK) {
+        kvm_proto_ctl c;
+        int rc = t == KVM_PROTO_READY ? kvm_proto_ready_decode(m, &c)
+                 : t == KVM_PROTO_HEARTBEAT ? kvm_proto_heartbeat_decode(m, &c) : kvm_proto_ack_decode(m, &c);
+        if (rc) { fprintf(stderr, "kvmill run: dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg()); return; }
+        int w = worker_get(o, idf, stage_of(c.stage));
+        if (w < 0) return;
+        o->workers[w].last_seen = kvm_now_ms();
+        o->workers[w].alive = 1;
+        if (t == KVM_PROTO_ACK) {
+            job *j = job_by_id(o, c.job_id);
+            if (j && j->state == J_COMPRESS) {
+                if (j->worker >= 0) o->workers[j->worker].job = -1;
+                j->worker = -1;
+                job_set(o, j, J_DONE);
+                o->sum->compressed++;
+                o->sum->tokens += j->doc->n_tokens;
+            }
+        }
+        return;
+    }
+    if (t == KVM_PROTO_RESULT || t == KVM_PROTO_ERROR) {
+        kvm_proto_result r;
+        if ((t == KVM_PROTO_RESULT ? kvm_proto_result_decode(m, &r) : kvm_proto_error_decode(m, &r))) {
+            fprintf(stderr, "kvmill run: dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg());
+            return;
+        }
+        int st = stage_of(r.stage);
+        if (t == KVM_PROTO_RESULT && st >= 0) o->sum->stage_ms[st] += r.compute_ms;
+        job *j = job_by_id(o, r.job_id);
+        if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
+            char why[600];
+            snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len, r.message.ptr);
+            if (r.retryable) requeue(o, j, why);
+            else {
+                if (j->worker >= 0) o->workers[j->worker].job = -1;
+                j->worker = -1;
+                snprintf(j->reason, sizeof j->reason, "%s", why);
+                job_set(o, j, J_FAILED);
+                fprintf(stderr, "kvmill run: %s failed: %s\n", j->doc->name, why);
+            }
+        }
+        return;
+    }
+    fprintf(stderr, "kvmill run: dropped an unexpected %s on the control socket\n", kvm_proto_type_name(t));
+}
+
+static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
+{
+    kvm_proto_type t;
+    if (kvm_proto_peek(m, &t)) {
+        fprintf(stderr, "kvmill run: dropped a malformed data message: %s\n", kvm_errmsg());
+        return;
+    }
+    if (t == KVM_PROTO_READY) {
+        kvm_proto_ready c;
+        if (kvm_proto_ready_decode(m, &c)) return;
+        int w = worker_get(o, idf, stage_of(c.stage));
+        if (w < 0) return;
+        worker *wk = &o->workers[w];
+        wk->last_seen = kvm_now_ms();
+        wk->alive = 1;
+        if (wk->job < 0) wk->idle = 1;
+        return;
+    }
+    if (t != KVM_PROTO_KV) {
+        fprintf(stderr, "kvmill run: dropped an unexpected %s on the data socket\n", kvm_proto_type_name(t));
+        return;
+    }
+    kvm_proto_kv kv;
+    if (kvm_proto_kv_decode(m, &kv)) {
+        fprintf(stderr, "kvmill run: dropped a bad kv message: %s\n", kvm_errmsg());
+        return;
+    }
+    job *j = job_by_id(o, kv.job_id);
+    if (!j || j->state != J_PREFILL || kv.layer != j->n_kv || kv.n_layers > 4096) return; /* stale attempt */
+    if (!j->kv && !(j->kv = calloc((size_t)kv.n_layers, sizeof *j->kv))) return;
+    j->kv[j->n_kv++] = NULL;
+    kvm_msg *copy = NULL;
+    if (kvm_msg_new(&copy) == 0) {
+        for (size_t f = 0; f < kvm_msg_nframes(m); f++) {
+            kvm_frame fr = kvm_msg_frame(m, f);
+            if (kvm_msg_add_copy(copy, fr.data, fr.size)) break;
+        }
+    }
+    j->kv[j->n_kv - 1] = copy;
+    if (j->n_kv == kv.n_layers) {
+        if (j->worker >= 0) o->workers[j->worker].job = -1;
+        j->worker = -1;
+        job_set(o, j, J_KV_READY);
+    }
+}
+
+static void receive(orch *o, void *sock, int is_ctl)
+{
+    for (int k = 0; k < 1000; k++) {
+        kvm_msg *m = NULL, *env = NULL;
+        if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
+        if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
+            kvm_frame idf = kvm_msg_frame(env, 0);
+            if (is_ctl) on_ctl(o, m, &idf);
+            else on_data(o, m, &idf);
+        }
+        kvm_msg_free(&env);
+        kvm_msg_free(&m);
+    }
+}
+
+/* ---- scheduling ---- */
+
+static int idle_worker(orch *o, int stage)
+{
+    for (int w = 0; w < o->n_workers; w++)
+        if (o->workers[w].alive && o->workers[w].idle && o->workers[w].job < 0 && o->workers[w].stage == stage) return w;
+    return -1;
+}
+
+static void dispatch(orch *o)
+{
+    if (interrupts) return; /* draining: no new work */
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        job *j = &o->jobs[i];
+        if (j->state == J_QUEUED) {
+            int w = idle_worker(o, ST_PREFILL);
+            if (w < 0) continue;
+            kvm_msg *m = NULL;
+            if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
+                requeue(o, j, kvm_errmsg());
+                continue;
+            }
+            o->workers[w].idle = 0;
+            o->workers[w].job = (int)i;
+            j->worker = w;
+            job_set(o, j, J_PREFILL);
+        } else if (j->state == J_KV_READY) {
+            int w = idle_worker(o, ST_COMPRESS);
+            if (w < 0) continue;
+            kvm_msg *m = NULL;
+            int rc = job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m);
+            for (int l = 0; !rc && l < j->n_kv; l++) rc = send_to(o->data, o->workers[w].id, &j->kv[l]);
+            job_drop_kv(j);
+            if (rc) { requeue(o, j, "could not send the job to a compress worker"); continue; }
+            o->workers[w].idle = 0;
+            o->workers[w].job = (int)i;
+            j->worker = w;
+            job_set(o, j, J_COMPRESS);
+        }
+    }
+}
+
+static void check_health(orch *o)
+{
+    double now = kvm_now_ms();
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        int s = find_slot_by_pid(o, pid);
+        if (s < 0) continue;
+        o->slots[s].pid = 0;
+        for (int w = 0; w < o->n_workers; w++)
+            if (o->workers[w].slot == s && o->workers[w].alive) {
+                char why[128];
+                snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
+                         WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                worker_dead(o, w, why);
+            }
+    }
+    for (int w = 0; w < o->n_workers; w++)
+        if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        job *j = &o->jobs[i];
+        if ((j->state == J_PREFILL || j->state == J_COMPRESS) && now - j->since_ms > o->job_timeout_ms)
+            requeue(o, j, "timed out");
+    }
+}
+
+/* ---- progress ---- */
+
+static void progress(orch *o, int final)
+{
+    double now = kvm_now_ms();
+    if (!final && now - o->last_progress < (o->tty ? 200 : 5000)) return;
+    o->last_progress = now;
+    int64_t failed = 0, total = o->n_jobs - o->sum->skipped;
+    for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
+    int64_t done = o->sum->compressed + failed;
+    double el = (now - o->t0) / 1000.0, tps = el > 0 ? (double)o->sum->tokens / el : 0;
+    double eta = done > 0 ? el / (double)done * (double)(total - done) : 0;
+    if (o->tty) {
+        int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
+        fprintf(stderr, "\r[%.*s%*s] %lld/%lld docs  %.0f tok/s  ETA %.0fs ", fill, "##############################",
+                width - fill, "", (long long)done, (long long)total, tps, eta);
+        if (final) fputc('\n', stderr);
+    } else
+        fprintf(stderr, "kvmill run: %lld/%lld documents, %.0f tokens/s, %.1f s elapsed, ETA %.0f s\n", (long long)done,
+                (long long)total, tps, el, eta);
+}
+
+/* ---- setup ---- */
+
+static int bind_sockets(orch *o)
+{
+    const char *bind = kvm_config_str(o->cfg, "run", "bind");
+    if (*bind) snprintf(o->base, sizeof o->base, "%s", bind);
+    else snprintf(o->base, sizeof o->base, "ipc://%s", o->run_dir);
+    char ctl_ep[1100], data_ep[1100];
+    int rc = kvm_stage_endpoints(o->base, ctl_ep, data_ep, sizeof ctl_ep);
+    if (rc) return rc;
+    o->zctx = zmq_ctx_new();
+    o->ctl = zmq_socket(o->zctx, ZMQ_ROUTER);
+    o->data = zmq_socket(o->zctx, ZMQ_ROUTER);
+    int linger = 0, mandatory = 1;
+    void *socks[2] = {o->ctl, o->data};
+    const char *eps[2] = {ctl_ep, data_ep};
+    for (int i = 0; i < 2; i++) {
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+        if (!kvm_curve_is_local(eps[i])) {
+            const char *sec = kvm_config_str(o->cfg, "security", "server_secret_key");
+            const char *auth = kvm_config_str(o->cfg, "security", "authorized_keys");
+            if (!*sec || !*auth)
+                return kvm_err(KVM_EINVAL, "[run] bind %s is not local: set [security] server_secret_key and "
+                                           "authorized_keys (make keys with kvmill keygen)", o->base);
+            if ((rc = kvm_curve_server(o->zctx, socks[i], sec, auth))) return rc;
+        }
+        if (zmq_bind(socks[i], eps[i])) return kvm_err(KVM_EIO, "bind %s: %s", eps[i], zmq_strerror(errno));
+    }
+    return 0;
+}
+
+static int start_stages(orch *o)
+{
+    const char *keys[N_STAGES][2] = {{"prefill_workers", "prefill_devices"}, {"compress_workers", "compress_devices"}};
+    for (int st = 0; st < N_STAGES; st++) {
+        char exe[2048];
+        snprintf(exe, sizeof exe, "%s/kvmill-%s", o->bin_dir, stage_names[st]);
+        int64_t n = kvm_config_int(o->cfg, "stages", keys[st][0]);
+        if (n > 0 && access(exe, X_OK) != 0)
+            return kvm_err(KVM_EINVAL, "stage binary %s is missing or not executable (build with make, or set [stages] bin_dir)", exe);
+        const char *devs = kvm_config_str(o->cfg, "stages", keys[st][1]);
+        for (int64_t i = 0; i < n; i++) {
+            if (o->n_slots == MAX_WORKERS) return kvm_err(KVM_EINVAL, "too many workers (at most %d)", MAX_WORKERS);
+            slot *sl = &o->slots[o->n_slots];
+            *sl = (slot){.stage = st};
+            /* the i-th comma-separated device, cycling */
+            int count = 1;
+            for (const char *p = devs; *p; p++) count += *p == ',';
+            const char *p = devs;
+            for (int64_t k = i % count; k > 0; k--) p = strchr(p, ',') + 1;
+            size_t len = strcspn(p, ",");
+            snprintf(sl->device, sizeof sl->device, "%.*s", (int)len, p);
+            int rc = spawn_slot(o, o->n_slots++);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
+{
+    orch *o = arg;
+    if (status) return 0;
+    for (int64_t i = 0; i < o->n_jobs; i++)
+        if (o->jobs[i].state == J_DONE && !memcmp(&key->doc_hash, &o->jobs[i].doc->hash, sizeof key->doc_hash)) {
+            o->sum->bytes_full += m->full_bytes;
+            o->sum->bytes_compressed += m->stored_bytes;
+            break;
+        }
+    return 0;
+}
+
+static int mark_skipped(orch *o, kvm_store *store, const kvm_store_id *model_id, const kvm_store_id *config_id)
+{
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        kvm_store_cache_key key = {.model_id = *model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = *config_id};
+        int found = 0;
+        int rc = kvm_store_has_cache(store, &key, NULL, &found);
+        if (rc) return rc;
+        if (found) {
+            o->jobs[i].state = J_SKIPPED;
+            o->sum->skipped++;
+            o->n_open--;
+        }
+    }
+    return 0;
+}
+
+/* ---- the run ---- */
+
+/* Removes the run directory's files (sockets, logs) and the directory itself. */
+static void remove_run_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[2048];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+static int prepare(orch *o, kvm_store **store)
+{
+    const char *rd = kvm_config_str(o->cfg, "run", "run_dir");
+    if (*rd) {
+        snprintf(o->run_dir, sizeof o->run_dir, "%s", rd);
+        if (mkdir(rd, 0700) && errno != EEXIST) return kvm_err(KVM_EIO, "[run] run_dir %s: %s", rd, strerror(errno));
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(o->run_dir, sizeof o->run_dir, "%s/kvmill-run.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(o->run_dir)) return kvm_err(KVM_EIO, "cannot create a run directory: %s", strerror(errno));
+        o->own_run_dir = 1;
+    }
+    snprintf(o->store_path, sizeof o->store_path, "%s", kvm_config_str(o->cfg, "store", "path"));
+    kvm_store_opts so = {.map_size_bytes = kvm_config_int(o->cfg, "store", "map_size_mb") << 20,
+                         .map_max_bytes = kvm_config_int(o->cfg, "store", "map_max_mb") << 20,
+                         .cap_bytes = kvm_config_int(o->cfg, "store", "cap_mb") << 20};
+    int rc = kvm_store_open(o->store_path, &so, store);
+    if (rc) return rc;
+    kvm_store_id model_id, config_id;
+    if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id)) ||
+        (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)) || (rc = mark_skipped(o, *store, &model_id, &config_id)))
+        return rc;
+    if ((rc = bind_sockets(o))) return rc;
+    return o->n_open > 0 ? start_stages(o) : 0;
+}
+
+static void loop(orch *o)
+{
+    int seen_interrupts = 0;
+    while (o->n_open > 0) {
+        if (interrupts != seen_interrupts) {
+            seen_interrupts = interrupts;
+            if (interrupts == 1) {
+                fprintf(stderr, "\nkvmill run: interrupted: finishing the jobs in flight (Ctrl-C again to stop now)\n");
+                o->sum->interrupted = 1;
+            }
+            if (interrupts >= 2) return;
+        }
+        if (interrupts) { /* draining: queued work is abandoned */
+            int busy = 0;
+            for (int64_t i = 0; i < o->n_jobs; i++) busy += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS || o->jobs[i].state == J_KV_READY;
+            if (!busy) return;
+        }
+        zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
+        zmq_poll(items, 2, 100);
+        if (items[0].revents & ZMQ_POLLIN) receive(o, o->ctl, 1);
+        if (items[1].revents & ZMQ_POLLIN) receive(o, o->data, 0);
+        check_health(o);
+        dispatch(o);
+        progress(o, 0);
+    }
+}
+
+int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum)
+{
+    static orch o;
+    memset(&o, 0, sizeof o);
+    memset(sum, 0, sizeof *sum);
+    o.cfg = cfg;
+    o.corpus = corpus;
+    o.sum = sum;
+    o.t0 = kvm_now_ms();
+    o.tty = isatty(2);
+    o.next_id = 1;
+    o.hb_ms = (double)kvm_config_int(cfg, "run", "heartbeat_ms");
+    o.dead_ms = o.hb_ms * (double)kvm_config_int(cfg, "run", "liveness");
+    o.job_timeout_ms = 1000.0 * (double)kvm_config_int(cfg, "run", "job_timeout_s");
+    o.max_retries = (int)kvm_config_int(cfg, "run", "max_retries");
+    const char *bd = kvm_config_str(cfg, "stages", "bin_dir");
+    if (*bd) snprintf(o.bin_dir, sizeof o.bin_dir, "%s", bd);
+    else {
+        char tmp[2048];
+        snprintf(tmp, sizeof tmp, "%s", self_path);
+        char *slash = strrchr(tmp, '/');
+        snprintf(o.bin_dir, sizeof o.bin_dir, "%s", slash ? (*slash = '\0', tmp) : ".");
+    }
+    o.n_jobs = corpus->n;
+    o.n_open = corpus->n;
+    o.jobs = calloc((size_t)(corpus->n > 0 ? corpus->n : 1), sizeof *o.jobs);
+    if (!o.jobs) return fprintf(stderr, "kvmill run: out of memory\n"), 1;
+    for (int64_t i = 0; i < corpus->n; i++) {
+        o.jobs[i] = (job){.doc = &corpus->docs[i], .state = J_QUEUED, .id = o.next_id++, .worker = -1, .since_ms = o.t0};
+        sum->truncated += corpus->docs[i].truncated;
+    }
+    struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    interrupts = 0;
+    kvm_store *store = NULL;
+    int rc = prepare(&o, &store), status = 0;
+    if (rc) {
+        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        status = rc == KVM_EINVAL ? 2 : 1;
+    } else {
+        fprintf(stderr, "kvmill run: %lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
+                (long long)sum->skipped, o.run_dir);
+        loop(&o);
+        progress(&o, 1);
+    }
+    int hard = interrupts >= 2;
+    stop_children(&o, hard ? SIGKILL : SIGTERM);
+    reap_all(&o, hard ? 100 : 1000.0 * (double)kvm_config_int(cfg, "run", "grace_s") + 2000);
+    for (int64_t i = 0; i < o.n_jobs; i++) {
+        if (o.jobs[i].state == J_FAILED) sum->failed++;
+        job_drop_kv(&o.jobs[i]);
+        free(o.jobs[i].kv);
+    }
+    if (store && !rc) kvm_store_list_caches(store, NULL, sum_bytes, &o);
+    kvm_store_close(&store);
+    sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
+    free(o.jobs);
+    if (o.ctl) zmq_close(o.ctl);
+    if (o.data) zmq_close(o.data);
+    if (o.zctx) zmq_ctx_term(o.zctx);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (o.own_run_dir && status == 0 && sum->failed == 0 && !hard) remove_run_dir(o.run_dir);
+    else if (o.run_dir[0]) fprintf(stderr, "kvmill run: stage logs are in %s\n", o.run_dir);
+    if (hard) return 130;
+    return status;
+}

@@ -1,0 +1,31 @@
+/* kvm_orch.h: the orchestrator of `kvmill run`: binds the control and data endpoints,
+ * starts and supervises the stage processes the config names, feeds documents through
+ * prefill -> compress as a load-balancing broker (workers ask for work with a `ready`
+ * credit), tracks every job (queued, in prefill, waiting, in compress, done, failed),
+ * requeues the jobs of a worker that died, went silent or failed retryably (bounded
+ * retries), and stops every stage at the end or on Ctrl-C. */
+#ifndef KVM_ORCH_H
+#define KVM_ORCH_H
+
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_corpus.h"
+
+#include <stdint.h>
+
+typedef struct kvm_orch_summary {
+    int64_t compressed, skipped, failed, truncated; /* documents */
+    int64_t bytes_full, bytes_compressed;           /* of the documents compressed in this run */
+    double seconds;                                 /* wall time of the run */
+    double stage_ms[4];                             /* compute time per stage: prefill, compress */
+    int64_t tokens;                                 /* tokens of the documents compressed */
+    int interrupted;                                /* 1: stopped by Ctrl-C */
+} kvm_orch_summary;
+
+/* Runs the pipeline over a prepared corpus (kvm_doc_prepare done). The store must hold the
+ * model's id memo; documents whose cache is stored are skipped. Writes progress to stderr
+ * and returns 0 when the run completed (failures are counted in the summary), 2 for a
+ * configuration problem (missing stage binary, bad endpoint, missing CurveZMQ keys for a
+ * non-local bind: message printed), 130 after a second Ctrl-C. */
+int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum);
+
+#endif

@@ -1,0 +1,372 @@
+/* kvm_stage.c: the stage process runtime: sockets, credits, heartbeats, a worker thread per
+ * job, SIGTERM with a grace period. */
+#include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_curve.h"
+#include "common/kvm_error.h"
+#include "kernels/kvm_kernels.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+double kvm_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size)
+{
+    if (!strncmp(base, "ipc://", 6)) {
+        snprintf(ctl, size, "%s/ctl", base);
+        snprintf(data, size, "%s/data", base);
+        return 0;
+    }
+    if (!strncmp(base, "tcp://", 6)) {
+        const char *colon = strrchr(base, ':');
+        char *end;
+        long port = colon ? strtol(colon + 1, &end, 10) : 0;
+        if (!colon || colon < base + 6 || *end || port < 1 || port > 65534)
+            return kvm_err(KVM_EINVAL, "endpoint %s: expected tcp://HOST:PORT with PORT in [1, 65534]", base);
+        snprintf(ctl, size, "%.*s:%ld", (int)(colon - base), base, port);
+        snprintf(data, size, "%.*s:%ld", (int)(colon - base), base, port + 1);
+        return 0;
+    }
+    return kvm_err(KVM_EINVAL, "endpoint %s: expected ipc://DIR or tcp://HOST:PORT", base);
+}
+
+static volatile sig_atomic_t stop_requested;
+static int wake_pipe[2] = {-1, -1};
+
+static void on_term(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+    if (wake_pipe[1] >= 0) {
+        char c = 't';
+        ssize_t w = write(wake_pipe[1], &c, 1);
+        (void)w;
+    }
+}
+
+/* The job handed to the worker thread and its outcome. */
+typedef struct job_slot {
+    const kvm_stage_ops *ops;
+    void *state;
+    kvm_msg *in[KVM_STAGE_MAX_IN];
+    int n_in;
+    kvm_stage_out out;
+    int rc, retryable;
+    char err[1024];
+    double t_start, t_recv;
+    pthread_t thread;
+    int running;       /* a worker thread exists for this job */
+    atomic_int done;   /* set by the worker thread when work() returned */
+} job_slot;
+
+static void *job_thread(void *arg)
+{
+    job_slot *j = arg;
+    j->retryable = 1;
+    j->rc = j->ops->work(j->state, j->in, j->n_in, &j->out, &j->retryable);
+    if (j->rc) snprintf(j->err, sizeof j->err, "%s", kvm_errmsg());
+    atomic_store(&j->done, 1);
+    char c = 'j';
+    ssize_t w = write(wake_pipe[1], &c, 1);
+    (void)w;
+    return NULL;
+}
+
+typedef struct stage_rt {
+    const kvm_stage_ops *ops;
+    void *state;
+    kvm_stage_args a;
+    char worker_id[256];
+    void *zctx, *ctl, *data;
+    double last_beat, last_credit;
+    job_slot job;
+} stage_rt;
+
+static void log_line(const stage_rt *rt, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_line(const stage_rt *rt, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[%s %s] ", rt->ops->stage, rt->worker_id);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
+{
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id), .stage = kvm_proto_str_c(rt->ops->stage),
+                       .pid = getpid(), .device = kvm_proto_str_c(rt->a.device), .job_id = job_id};
+    kvm_msg *m = NULL;
+    int rc = type == KVM_PROTO_READY ? kvm_proto_ready_encode(&c, &m)
+             : type == KVM_PROTO_ACK ? kvm_proto_ack_encode(&c, &m)
+                                     : kvm_proto_heartbeat_encode(&c, &m);
+    if (!rc) kvm_msg_send(sock, &m, ZMQ_DONTWAIT);
+    kvm_msg_free(&m);
+}
+
+static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
+                        double total_ms)
+{
+    kvm_proto_result r = {.job_id = job_id, .status = status, .stage = kvm_proto_str_c(rt->ops->stage),
+                          .worker_id = kvm_proto_str_c(rt->worker_id), .compute_ms = compute_ms, .total_ms = total_ms,
+                          .message = kvm_proto_str_c(msg), .retryable = retryable != 0};
+    kvm_msg *m = NULL;
+    int rc = status == 0 ? kvm_proto_result_encode(&r, &m) : kvm_proto_error_encode(&r, &m);
+    if (!rc) kvm_msg_send(rt->ctl, &m, 0);
+    kvm_msg_free(&m);
+}
+
+static void drop_inputs(job_slot *j)
+{
+    for (int i = 0; i < j->n_in; i++) kvm_msg_free(&j->in[i]);
+    j->n_in = 0;
+}
+
+/* The worker finished: send its outputs, the result, and ask for more work. */
+static void finish_job(stage_rt *rt)
+{
+    job_slot *j = &rt->job;
+    pthread_join(j->thread, NULL);
+    j->running = 0;
+    uint64_t id = rt->ops->job_id(rt->state, j->in, j->n_in);
+    double now = kvm_now_ms(), compute = now - j->t_start;
+    size_t bytes = 0;
+    for (int i = 0; i < j->out.n_data; i++) {
+        for (size_t f = 0; f < kvm_msg_nframes(j->out.data[i]); f++) bytes += kvm_msg_frame(j->out.data[i], f).size;
+        if (!j->rc) kvm_msg_send(rt->data, &j->out.data[i], 0);
+        kvm_msg_free(&j->out.data[i]);
+    }
+    for (int i = 0; i < j->out.n_ctl; i++) {
+        if (!j->rc) kvm_msg_send(rt->ctl, &j->out.ctl[i], 0);
+        kvm_msg_free(&j->out.ctl[i]);
+    }
+    j->out.n_data = j->out.n_ctl = 0;
+    send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv);
+    if (j->rc) log_line(rt, "job %llu failed (%s): %s", (unsigned long long)id, j->retryable ? "retryable" : "final", j->err);
+    else log_line(rt, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id, rt->ops->stage, compute, bytes);
+    drop_inputs(j);
+    rt->last_credit = 0; /* ask for work now */
+}
+
+/* One message from the data socket: part of a job, or garbage to drop. */
+static void on_data(stage_rt *rt)
+{
+    kvm_msg *m = NULL;
+    int rc = kvm_msg_recv(rt->data, &m, ZMQ_DONTWAIT);
+    if (rc) return;
+    job_slot *j = &rt->job;
+    kvm_proto_type type;
+    if (j->running || stop_requested) {
+        log_line(rt, "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
+        kvm_msg_free(&m);
+        return;
+    }
+    if ((rc = kvm_proto_peek(m, &type)) != 0) {
+        log_line(rt, "dropped a malformed message: %s", kvm_errmsg());
+        kvm_msg_free(&m);
+        return;
+    }
+    if (j->n_in == KVM_STAGE_MAX_IN) drop_inputs(j);
+    if (j->n_in == 0) j->t_recv = kvm_now_ms();
+    j->in[j->n_in++] = m;
+    int done = rt->ops->complete(rt->state, j->in, j->n_in);
+    if (done < 0) {
+        log_line(rt, "dropped %d message(s): %s", j->n_in, kvm_errmsg());
+        uint64_t id = j->n_in ? rt->ops->job_id(rt->state, j->in, j->n_in) : 0;
+        if (id) send_result(rt, id, done, kvm_errmsg(), 0, 0, 0);
+        drop_inputs(j);
+        return;
+    }
+    if (!done) return;
+    j->ops = rt->ops;
+    j->state = rt->state;
+    j->t_start = kvm_now_ms();
+    j->running = 1;
+    atomic_store(&j->done, 0);
+    if (pthread_create(&j->thread, NULL, job_thread, j) != 0) {
+        j->running = 0;
+        send_result(rt, rt->ops->job_id(rt->state, j->in, j->n_in), KVM_ENOMEM, "cannot start a thread", 1, 0, 0);
+        drop_inputs(j);
+    }
+}
+
+/* Control messages from the orchestrator are not expected today: log and drop. */
+static void on_ctl(stage_rt *rt)
+{
+    kvm_msg *m = NULL;
+    if (kvm_msg_recv(rt->ctl, &m, ZMQ_DONTWAIT) == 0) {
+        kvm_proto_type type;
+        if (kvm_proto_peek(m, &type)) log_line(rt, "dropped a malformed control message: %s", kvm_errmsg());
+        kvm_msg_free(&m);
+    }
+}
+
+static int connect_sockets(stage_rt *rt)
+{
+    char ctl_ep[1024], data_ep[1024];
+    int rc = kvm_stage_endpoints(rt->a.connect, ctl_ep, data_ep, sizeof ctl_ep);
+    if (rc) return rc;
+    rt->zctx = zmq_ctx_new();
+    rt->ctl = zmq_socket(rt->zctx, ZMQ_DEALER);
+    rt->data = zmq_socket(rt->zctx, ZMQ_DEALER);
+    if (!rt->ctl || !rt->data) return kvm_err(KVM_EIO, "zmq_socket: %s", zmq_strerror(errno));
+    int linger = 1000;
+    void *socks[2] = {rt->ctl, rt->data};
+    for (int i = 0; i < 2; i++) {
+        zmq_setsockopt(socks[i], ZMQ_ROUTING_ID, rt->worker_id, strlen(rt->worker_id));
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        if ((rc = kvm_curve_client(socks[i], rt->a.server_key, rt->a.client_public, rt->a.client_secret))) return rc;
+    }
+    if (zmq_connect(rt->ctl, ctl_ep) || zmq_connect(rt->data, data_ep))
+        return kvm_err(KVM_EIO, "connect %s: %s", rt->a.connect, zmq_strerror(errno));
+    return 0;
+}
+
+static void serve(stage_rt *rt)
+{
+    send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0);
+    double stop_at = -1;
+    for (;;) {
+        double now = kvm_now_ms();
+        if (rt->job.running && atomic_load(&rt->job.done)) finish_job(rt);
+        if (now - rt->last_beat >= rt->a.heartbeat_ms) {
+            send_ctl(rt, rt->ctl, KVM_PROTO_HEARTBEAT, 0);
+            rt->last_beat = now;
+        }
+        if (!rt->job.running && rt->job.n_in == 0 && !stop_requested && now - rt->last_credit >= rt->a.heartbeat_ms) {
+            send_ctl(rt, rt->data, KVM_PROTO_READY, 0); /* a credit on the data socket: "give me one job" */
+            rt->last_credit = now;
+        }
+        if (stop_requested) {
+            if (!rt->job.running) return;
+            if (stop_at < 0) {
+                stop_at = now + 1000.0 * rt->a.grace_s;
+                log_line(rt, "SIGTERM: finishing the current job (grace %d s)", rt->a.grace_s);
+            }
+            if (now >= stop_at) {
+                uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
+                send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0);
+                log_line(rt, "grace period over: handed job %llu back", (unsigned long long)id);
+                _exit(0); /* the worker thread still runs: leave without joining it */
+            }
+        }
+        zmq_pollitem_t items[3] = {{rt->ctl, 0, ZMQ_POLLIN, 0}, {rt->data, 0, ZMQ_POLLIN, 0},
+                                   {NULL, wake_pipe[0], ZMQ_POLLIN, 0}};
+        long wait = rt->a.heartbeat_ms / 4 > 0 ? rt->a.heartbeat_ms / 4 : 1;
+        if (zmq_poll(items, 3, wait) < 0 && errno != EINTR) return;
+        if (items[2].revents & ZMQ_POLLIN) {
+            char buf[64];
+            ssize_t r = read(wake_pipe[0], buf, sizeof buf);
+            (void)r;
+        }
+        if (items[0].revents & ZMQ_POLLIN) on_ctl(rt);
+        if (items[1].revents & ZMQ_POLLIN) on_data(rt);
+    }
+}
+
+static void usage(const char *stage)
+{
+    printf("usage: kvmill-%s --connect ENDPOINT [options]\n"
+           "A kvmill pipeline stage: connects to the orchestrator (kvmill run/serve) and processes jobs.\n\n"
+           "options:\n"
+           "  --connect BASE        orchestrator endpoint base: ipc://RUNDIR or tcp://HOST:PORT\n"
+           "  --device DEV          cpu or cuda:N (default cpu)\n"
+           "  --store PATH          LMDB store directory\n"
+           "  --model PATH          model file (overrides the path the jobs carry)\n"
+           "  --config FILE         configuration (decode workers)\n"
+           "  --threads N           compute threads (default 1)\n"
+           "  --heartbeat-ms N      heartbeat interval (default 1000)\n"
+           "  --grace-s N           on SIGTERM, finish the current job within N s (default 30)\n"
+           "  --id NAME             worker id (default STAGE-HOST-PID)\n"
+           "  --server-key FILE     CurveZMQ: the orchestrator's public key (required off-host)\n"
+           "  --client-public FILE  CurveZMQ: this worker's public key\n"
+           "  --client-secret FILE  CurveZMQ: this worker's secret key\n",
+           stage);
+}
+
+static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *a)
+{
+    *a = (kvm_stage_args){.device = "cpu", .threads = 1, .heartbeat_ms = 1000, .grace_s = 30};
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) return usage(stage), 3;
+        if (i + 1 >= argc) return fprintf(stderr, "kvmill-%s: %s needs a value (or unknown option)\n", stage, k), 2;
+        const char *v = argv[++i];
+        char *end;
+        long n = strtol(v, &end, 10);
+        int is_num = *v && !*end;
+        if (!strcmp(k, "--connect")) a->connect = v;
+        else if (!strcmp(k, "--device")) a->device = v;
+        else if (!strcmp(k, "--store")) a->store = v;
+        else if (!strcmp(k, "--model")) a->model = v;
+        else if (!strcmp(k, "--config")) a->config = v;
+        else if (!strcmp(k, "--id")) a->worker_id = v;
+        else if (!strcmp(k, "--server-key")) a->server_key = v;
+        else if (!strcmp(k, "--client-public")) a->client_public = v;
+        else if (!strcmp(k, "--client-secret")) a->client_secret = v;
+        else if (!strcmp(k, "--threads") && is_num && n >= 1 && n <= 256) a->threads = (int)n;
+        else if (!strcmp(k, "--heartbeat-ms") && is_num && n >= 10 && n <= 3600000) a->heartbeat_ms = (int)n;
+        else if (!strcmp(k, "--grace-s") && is_num && n >= 0 && n <= 86400) a->grace_s = (int)n;
+        else return fprintf(stderr, "kvmill-%s: bad option or value: %s %s (see --help)\n", stage, k, v), 2;
+    }
+    if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;
+    return 0;
+}
+
+int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
+{
+    stage_rt rt = {.ops = ops, .state = state};
+    int rc = parse_args(argc, argv, ops->stage, &rt.a);
+    if (rc) return rc == 3 ? 0 : rc;
+    if (rt.a.worker_id) snprintf(rt.worker_id, sizeof rt.worker_id, "%s", rt.a.worker_id);
+    else {
+        char host[128] = "host";
+        gethostname(host, sizeof host);
+        host[sizeof host - 1] = '\0';
+        snprintf(rt.worker_id, sizeof rt.worker_id, "%s-%s-%d", ops->stage, host, (int)getpid());
+    }
+    kvm_kernels_cpu_set_threads(rt.a.threads);
+    if (pipe(wake_pipe) != 0) return fprintf(stderr, "kvmill-%s: pipe: %s\n", ops->stage, strerror(errno)), 1;
+    fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK);
+    fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK);
+    struct sigaction sa = {.sa_handler = on_term};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if ((rc = ops->setup(state, &rt.a)) != 0) {
+        log_line(&rt, "setup failed: %s", kvm_errmsg());
+        return 1;
+    }
+    if ((rc = connect_sockets(&rt)) != 0) {
+        log_line(&rt, "%s", kvm_errmsg());
+        rc = 1;
+    } else {
+        log_line(&rt, "connected to %s (device %s, %d threads)", rt.a.connect, rt.a.device, rt.a.threads);
+        serve(&rt);
+        log_line(&rt, "stopped");
+    }
+    if (rt.job.running) pthread_join(rt.job.thread, NULL);
+    drop_inputs(&rt.job);
+    if (rt.ctl) zmq_close(rt.ctl);
+    if (rt.data) zmq_close(rt.data);
+    if (rt.zctx) zmq_ctx_term(rt.zctx);
+    if (ops->teardown) ops->teardown(state);
+    return rc;
+}

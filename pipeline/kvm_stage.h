@@ -1,0 +1,74 @@
+/* kvm_stage.h: the runtime every stage process shares (zguide's load-balancing worker):
+ * two DEALER sockets connected to the orchestrator with one routing id — `data` (work in,
+ * results out, and a `ready` credit whenever the stage is idle) and `ctl` (ready, heartbeat,
+ * ack, result, error). The job runs on a worker thread so heartbeats keep flowing during
+ * long computations; SIGTERM stops taking work, lets the current job finish within the
+ * grace period or hands it back (a retryable error), and exits 0. A malformed or unexpected
+ * message is logged with the reason and dropped; the stage keeps serving. */
+#ifndef KVM_STAGE_H
+#define KVM_STAGE_H
+
+#include "proto/kvm_proto.h"
+
+#include <stdint.h>
+
+enum { KVM_STAGE_MAX_IN = 1100, KVM_STAGE_MAX_OUT = 1100 };
+
+/* Command-line settings common to every stage (parsed by kvm_stage_main). */
+typedef struct kvm_stage_args {
+    const char *connect;   /* --connect BASE: the orchestrator's endpoint base (see kvm_stage_endpoints) */
+    const char *device;    /* --device cpu|cuda:N */
+    const char *store;     /* --store PATH (NULL if not given) */
+    const char *model;     /* --model PATH: overrides the model path a job's settings carry */
+    const char *config;    /* --config FILE (decode workers) */
+    int threads;           /* --threads N */
+    int heartbeat_ms;      /* --heartbeat-ms */
+    int grace_s;           /* --grace-s */
+    const char *worker_id; /* --id, default STAGE-HOST-PID */
+    const char *server_key;/* --server-key FILE: CurveZMQ server public key (tcp:// to other hosts) */
+    const char *client_secret; /* --client-secret FILE: this worker's CurveZMQ secret key */
+    const char *client_public; /* --client-public FILE */
+} kvm_stage_args;
+
+/* Messages a job produces; the runtime sends them in order after the job returns. */
+typedef struct kvm_stage_out {
+    kvm_msg *data[KVM_STAGE_MAX_OUT]; /* to the data socket */
+    int n_data;
+    kvm_msg *ctl[8];                  /* to the control socket (e.g. ack) */
+    int n_ctl;
+} kvm_stage_out;
+
+/* What a stage implements. */
+typedef struct kvm_stage_ops {
+    const char *stage; /* "prefill", "compress", ... */
+    /* Once after argument parsing, before connecting: load the model, open the store.
+     * Non-zero aborts the process (exit 1) with kvm_errmsg() logged. */
+    int (*setup)(void *state, const kvm_stage_args *a);
+    /* Given the messages received so far for the current job (in[0] is the first), returns
+     * 1 when they form a whole job, 0 to wait for more, or a negative status when they are
+     * malformed (they are then dropped and reported). Runs on the main thread. */
+    int (*complete)(void *state, kvm_msg *const *in, int n_in);
+    /* The job's id, read from in[0] (for results and hand-backs). */
+    uint64_t (*job_id)(void *state, kvm_msg *const *in, int n_in);
+    /* Does the work on the worker thread. Takes ownership of nothing; fills out. Returns 0 or
+     * a status with kvm_errmsg() set; *retryable says whether a requeue may succeed. */
+    int (*work)(void *state, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable);
+    /* Frees what setup made (at exit). May be NULL. */
+    void (*teardown)(void *state);
+} kvm_stage_ops;
+
+/* Runs a stage process: parses argv (--connect, --device, --store, --threads, --model,
+ * --config, --heartbeat-ms, --grace-s, --id, --help), calls setup, connects, serves jobs
+ * until SIGTERM/SIGINT. Returns the process exit status (0 after a clean stop, 1 on setup
+ * or socket failure, 2 on bad arguments). */
+int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state);
+
+/* Endpoints derived from a base: ipc://DIR -> ipc://DIR/ctl, ipc://DIR/data; tcp://H:P ->
+ * tcp://H:P (ctl), tcp://H:P+1 (data). Writes into ctl/data (size bytes each). Returns 0 or
+ * KVM_EINVAL for another scheme or a bad port. */
+int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size);
+
+/* Milliseconds on the monotonic clock. */
+double kvm_now_ms(void);
+
+#endif

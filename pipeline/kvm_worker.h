@@ -1,0 +1,34 @@
+/* kvm_worker.h: what the prefill and compress stages (and the decode workers' on-demand
+ * compression) share: the model a job names, verified by model id, and the compression
+ * dispatch from a config to the compress/ methods. */
+#ifndef KVM_WORKER_H
+#define KVM_WORKER_H
+
+#include "compress/kvm_compress.h"
+#include "model/kvm_tokenizer.h"
+#include "pipeline/kvm_config.h"
+#include "store/kvm_store.h"
+
+/* A model loaded once per process and reused while jobs name the same file. */
+typedef struct kvm_worker_model {
+    char path[4096];         /* model file */
+    kvm_model *model;        /* loaded model, or NULL */
+    kvm_tokenizer *tok;      /* its tokenizer (may be NULL when none is found) */
+    kvm_store_id model_id;   /* BLAKE2b-256 of the file */
+    kvm_store_id tok_id;     /* BLAKE2b-256 of the tokenizer file (zero when none) */
+    const char *override;    /* --model flag: used instead of the job's path */
+} kvm_worker_model;
+
+/* Makes wm hold the model that config c names (or wm->override), loading it on first use
+ * or when the path changes. The model id comes from the store's memo when a store is given
+ * (so big models are hashed once), else from hashing the file. Returns 0, or the error. */
+int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store);
+
+/* Frees the model and tokenizer. */
+void kvm_worker_model_free(kvm_worker_model *wm);
+
+/* Compresses with the method c names ([compress] method and options). *out is a new cache
+ * (next_pos = N). Errors: KVM_ENOTSUP (method not available in this build), method errors. */
+int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_kvcache **out);
+
+#endif

@@ -1,0 +1,159 @@
+/* compress.c: the kvmill-compress stage: receives a job and its per-layer `kv` messages,
+ * compresses the cache with the configured method (eviction patterns and/or KVSculpt per
+ * layer), writes all layers and the manifest to the store in one transaction, then acks. */
+#include "pipeline/kvm_cachecodec.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_worker.h"
+#include "common/kvm_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct compress_state {
+    kvm_worker_model wm;
+    kvm_store *store;
+    char worker_id[256];
+} compress_state;
+
+static int setup(void *stp, const kvm_stage_args *a)
+{
+    compress_state *st = stp;
+    st->wm.override = a->model;
+    snprintf(st->worker_id, sizeof st->worker_id, "%s", a->worker_id ? a->worker_id : "compress");
+    if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH");
+    kvm_store_opts so = {0};
+    return kvm_store_open(a->store, &so, &st->store);
+}
+
+static int complete(void *st, kvm_msg *const *in, int n_in)
+{
+    kvm_proto_type t;
+    int rc = kvm_proto_peek(in[n_in - 1], &t);
+    if (rc) return rc;
+    if (n_in == 1) return t == KVM_PROTO_JOB ? 0 : kvm_err(KVM_EPROTO, "expected a job message first, got %s", kvm_proto_type_name(t));
+    if (t != KVM_PROTO_KV) return kvm_err(KVM_EPROTO, "expected kv message %d of the job, got %s", n_in - 1, kvm_proto_type_name(t));
+    kvm_proto_kv kv;
+    if ((rc = kvm_proto_kv_decode(in[n_in - 1], &kv))) return rc;
+    if (kv.layer != n_in - 2) return kvm_err(KVM_EPROTO, "kv message for layer %lld arrived as layer %d", (long long)kv.layer, n_in - 2);
+    return kv.layer == kv.n_layers - 1;
+}
+
+static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
+{
+    kvm_proto_job j;
+    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
+}
+
+/* Rebuilds the full cache and the capture from the kv messages in[1..]. */
+static int load_layers(const kvm_model *m, kvm_msg *const *in, int n_layers, int64_t n, kvm_kvcache **full, kvm_capture **cap)
+{
+    const kvm_model_config *c = &m->cfg;
+    if (n_layers != c->n_layers) return kvm_err(KVM_EMISMATCH, "job has %d layers, the model %d", n_layers, c->n_layers);
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    int rc;
+    if ((rc = kvm_capture_new(c, n, &co, cap)) || (rc = kvm_forward_cache_new(m, n, full))) return rc;
+    (*full)->next_pos = (int32_t)n;
+    const size_t d = (size_t)c->head_dim, N = (size_t)n;
+    for (int l = 0; l < n_layers; l++) {
+        kvm_proto_kv kv;
+        if ((rc = kvm_proto_kv_decode(in[1 + l], &kv))) return rc;
+        if (kv.n_tokens != n || kv.n_heads != c->n_heads || kv.n_kv_heads != c->n_kv_heads || kv.head_dim != c->head_dim ||
+            !kv.q_pre || !kv.q_post || kv.n_queries != n)
+            return kvm_err(KVM_EMISMATCH, "kv layer %d: shapes or queries do not match the model and job", l);
+        kvm_capture_layer *L = kvm_capture_layer_mut(*cap, l);
+        memcpy(L->k, kv.keys, (size_t)c->n_kv_heads * N * d * sizeof(float));
+        memcpy(L->v, kv.values, (size_t)c->n_kv_heads * N * d * sizeof(float));
+        memcpy(L->q_pre, kv.q_pre, (size_t)c->n_heads * N * d * sizeof(float));
+        memcpy(L->q, kv.q_post, (size_t)c->n_heads * N * d * sizeof(float));
+        memcpy(L->entropy, kv.entropy, (size_t)c->n_heads * N * sizeof(float));
+        memcpy(L->mass, kv.attn_mass, (size_t)c->n_heads * N * sizeof(float));
+        for (int g = 0; g < c->n_kv_heads; g++) {
+            kvm_kv_head *h = kvm_kvcache_head(*full, l, g);
+            memcpy(h->k, kv.keys + (size_t)g * N * d, N * d * sizeof(float));
+            memcpy(h->v, kv.values + (size_t)g * N * d, N * d * sizeof(float));
+            for (int64_t t = 0; t < n; t++) h->pos[t] = (int32_t)t, h->bias[t] = 0.0f;
+            h->n = n;
+        }
+    }
+    return 0;
+}
+
+/* Encodes every layer and writes cache + manifest in one transaction. */
+static int store_cache(compress_state *st, const kvm_config *cfg, const kvm_proto_job *j, const kvm_kvcache *cc)
+{
+    kvm_proto_dtype dtype;
+    const char *dn = kvm_config_str(cfg, "store", "dtype");
+    int rc = kvm_proto_dtype_parse(dn, strlen(dn), &dtype);
+    int L = cc->n_layers;
+    kvm_msg **msgs = calloc((size_t)L, sizeof *msgs);
+    kvm_store_layer *layers = calloc((size_t)L, sizeof *layers);
+    kvm_frame *frames = calloc((size_t)L * 16, sizeof *frames);
+    char *canon = NULL;
+    size_t canon_n = 0;
+    kvm_store_manifest man = {.n_layers = L, .n_tokens = j->n_tokens, .n_entries = kvm_kvcache_entries(cc),
+                              .full_bytes = kvm_model_kv_bytes(&st->wm.model->cfg, j->n_tokens),
+                              .model_id = st->wm.model_id, .tokenizer_id = st->wm.tok_id};
+    if (!rc && (!msgs || !layers || !frames)) rc = kvm_err(KVM_ENOMEM, "compress: out of memory");
+    for (int l = 0; !rc && l < L; l++) {
+        if ((rc = kvm_cachecodec_encode_layer(cc, l, j->n_tokens, dtype, &msgs[l]))) break;
+        size_t nf = kvm_msg_nframes(msgs[l]);
+        for (size_t f = 0; f < nf; f++) frames[(size_t)l * 16 + f] = kvm_msg_frame(msgs[l], f);
+        layers[l] = (kvm_store_layer){.frames = &frames[(size_t)l * 16], .n_frames = (uint32_t)nf};
+    }
+    if (!rc) rc = kvm_jobcfg_config_id(cfg, &man.config_id, &canon, &canon_n);
+    if (!rc) {
+        snprintf(man.dtype, sizeof man.dtype, "%s", dn);
+        kvm_store_doc_hash(j->tokens, j->n_tokens, &man.doc_hash);
+        man.config = (kvm_frame){.data = (const uint8_t *)canon, .size = canon_n};
+        rc = kvm_store_put_cache(st->store, &man, layers);
+    }
+    for (int l = 0; msgs && l < L; l++) kvm_msg_free(&msgs[l]);
+    free(msgs); free(layers); free(frames); free(canon);
+    return rc;
+}
+
+static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
+{
+    compress_state *st = stp;
+    kvm_proto_job j;
+    kvm_config *cfg = NULL;
+    kvm_kvcache *full = NULL, *cc = NULL;
+    kvm_capture *cap = NULL;
+    int rc = kvm_proto_job_decode(in[0], &j);
+    if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
+    if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
+    if (rc) { *retryable = 0; goto done; }
+    if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
+    if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
+    kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
+                             .n_future = kvm_config_int(cfg, "compress", "future")};
+    if ((rc = kvm_worker_compress(cfg, &ci, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+    if ((rc = store_cache(st, cfg, &j, cc))) goto done;
+    kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
+                         .pid = getpid(), .job_id = j.job_id};
+    if ((rc = kvm_proto_ack_encode(&ack, &out->ctl[out->n_ctl]))) goto done;
+    out->n_ctl++;
+done:
+    kvm_capture_free(&cap);
+    kvm_kvcache_free(&full);
+    kvm_kvcache_free(&cc);
+    kvm_config_free(&cfg);
+    return rc;
+}
+
+static void teardown(void *stp)
+{
+    compress_state *st = stp;
+    kvm_worker_model_free(&st->wm);
+    kvm_store_close(&st->store);
+}
+
+int main(int argc, char **argv)
+{
+    static compress_state st;
+    kvm_stage_ops ops = {.stage = "compress", .setup = setup, .complete = complete, .job_id = job_id, .work = work,
+                         .teardown = teardown};
+    return kvm_stage_main(argc, argv, &ops, &st);
+}

@@ -1,0 +1,96 @@
+/* prefill.c: the kvmill-prefill stage: runs the model over a job's document in one batched
+ * prefill and emits, per layer, a `kv` message with the post-RoPE keys and values, the pre-
+ * and post-RoPE queries and the attention statistics that compression needs. */
+#include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_worker.h"
+#include "model/kvm_capture.h"
+#include "common/kvm_error.h"
+
+#include <stdlib.h>
+
+typedef struct prefill_state {
+    kvm_worker_model wm;
+} prefill_state;
+
+static int setup(void *st, const kvm_stage_args *a)
+{
+    ((prefill_state *)st)->wm.override = a->model;
+    return 0;
+}
+
+static int complete(void *st, kvm_msg *const *in, int n_in)
+{
+    kvm_proto_type t;
+    int rc = kvm_proto_peek(in[0], &t);
+    if (rc) return rc;
+    if (t != KVM_PROTO_JOB) return kvm_err(KVM_EPROTO, "expected a job message, got %s", kvm_proto_type_name(t));
+    return n_in == 1;
+}
+
+static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
+{
+    kvm_proto_job j;
+    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
+}
+
+static int emit_layers(const kvm_model *m, const kvm_capture *cap, uint64_t id, int64_t n, kvm_stage_out *out)
+{
+    const kvm_model_config *c = &m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvm_capture_layer *L = kvm_capture_layer_get(cap, l);
+        kvm_proto_kv kv = {.job_id = id, .layer = l, .n_layers = c->n_layers, .n_tokens = n, .n_heads = c->n_heads,
+                           .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .q_start = 0, .n_queries = n,
+                           .keys = L->k, .values = L->v, .q_pre = L->q_pre, .q_post = L->q, .entropy = L->entropy,
+                           .attn_mass = L->mass};
+        int rc = kvm_proto_kv_encode(&kv, &out->data[out->n_data]);
+        if (rc) return rc;
+        out->n_data++;
+    }
+    return 0;
+}
+
+static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
+{
+    prefill_state *st = stp;
+    kvm_proto_job j;
+    kvm_config *cfg = NULL;
+    kvm_forward *f = NULL;
+    kvm_kvcache *cache = NULL;
+    kvm_capture *cap = NULL;
+    int rc = kvm_proto_job_decode(in[0], &j);
+    if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
+    if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
+    if (rc) { *retryable = 0; goto done; }
+    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+    const kvm_model *m = st->wm.model;
+    for (int64_t i = 0; i < j.n_tokens; i++)
+        if (j.tokens[i] >= m->cfg.vocab_size) {
+            rc = kvm_err(KVM_EINVAL, "job %llu: token %lld = %d is outside the model's vocabulary", (unsigned long long)j.job_id,
+                         (long long)i, j.tokens[i]);
+            *retryable = 0;
+            goto done;
+        }
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    if ((rc = kvm_capture_new(&m->cfg, j.n_tokens, &co, &cap)) || (rc = kvm_forward_new(m, NULL, j.n_tokens, &f)) ||
+        (rc = kvm_forward_add_hooks(f, kvm_capture_hooks(cap))) || (rc = kvm_forward_cache_new(m, j.n_tokens, &cache)) ||
+        (rc = kvm_forward_prefill(f, cache, j.tokens, j.n_tokens, NULL, KVM_LOGITS_NONE)))
+        goto done;
+    rc = emit_layers(m, cap, j.job_id, j.n_tokens, out);
+done:
+    kvm_capture_free(&cap);
+    kvm_kvcache_free(&cache);
+    kvm_forward_free(&f);
+    kvm_config_free(&cfg);
+    return rc;
+}
+
+static void teardown(void *st) { kvm_worker_model_free(&((prefill_state *)st)->wm); }
+
+int main(int argc, char **argv)
+{
+    static prefill_state st;
+    kvm_stage_ops ops = {.stage = "prefill", .setup = setup, .complete = complete, .job_id = job_id, .work = work,
+                         .teardown = teardown};
+    return kvm_stage_main(argc, argv, &ops, &st);
+}
