@@ -161,7 +161,7 @@ model:
 run:
 	bash scripts/install-deps.sh
 	$(MAKE) --no-print-directory all
-	$(KVMILL) generate --model $(KVMILL_SHARED)/models/stories260K.bin --prompt "Once upon a time" -n 256 --temperature 0
+	KVMILL_SHARED=$(KVMILL_SHARED) $(KVMILL) run --config configs/default.ini --corpus $(KVMILL_SHARED)/data/long
 
 lint:
 	clang-format --dry-run --Werror $(LIB_SRC) orchestrator/main.c $(STAGE_SRC) $(TEST_SRC)

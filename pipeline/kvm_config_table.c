@@ -60,6 +60,10 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"serve", "max_new_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "larger requests get an error answer"},
     {"serve", "max_message_bytes", I, "1048576", 1024, 1LL << 34, NULL, "bytes", "larger messages are rejected"},
     {"serve", "compute_missing", B, "false", 0, 0, NULL, "", "compress a document on demand when its cache is missing"},
+    {"serve", "bind", S, "tcp://127.0.0.1:5555", 0, 0, NULL, "", "front end clients connect to (kvmill serve --bind overrides); non-local needs [security] keys"},
+    {"serve", "backend", S, "", 0, 0, NULL, "", "tcp://HOST:PORT base decode workers connect to (ports PORT, PORT+1); empty = ipc:// in [run] run_dir"},
+    {"serve", "request_timeout_s", I, "60", 1, 86400, NULL, "s", "a request not answered in this time gets an error answer"},
+    {"serve", "max_queue", I, "256", 1, 1 << 20, NULL, "requests", "requests waiting for a free decode worker; more get a 'busy' error answer"},
 
     {"security", "server_secret_key", P, "", 0, 0, NULL, "", "CurveZMQ server secret key file (kvmill keygen); required for non-local binds"},
     {"security", "server_public_key", P, "", 0, 0, NULL, "", "CurveZMQ server public key file, given to clients and workers"},

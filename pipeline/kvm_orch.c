@@ -71,6 +71,7 @@ typedef struct orch {
     int n_slots;
     void *zctx, *ctl, *data;
     char base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
+    int64_t compress_results; /* results received from compress workers */
     int own_run_dir;     /* created by this run: removed at the end unless something failed */
     int n_layers;
     double hb_ms, dead_ms, job_timeout_ms;
@@ -318,6 +319,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         }
         int st = stage_of(r.stage);
         if (t == KVM_PROTO_RESULT && st >= 0) o->sum->stage_ms[st] += r.compute_ms;
+        if (t == KVM_PROTO_RESULT && st == ST_COMPRESS) o->compress_results++;
         job *j = job_by_id(o, r.job_id);
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
             char why[600];
@@ -691,6 +693,11 @@ int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_pat
         fprintf(stderr, "kvmill run: %lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
                 (long long)sum->skipped, o.run_dir);
         loop(&o);
+        /* results trail acks by a message: collect them for the per-stage times */
+        for (double end = kvm_now_ms() + 1000; kvm_now_ms() < end && interrupts < 2 && o.compress_results < sum->compressed;) {
+            zmq_pollitem_t items[1] = {{o.ctl, 0, ZMQ_POLLIN, 0}};
+            if (zmq_poll(items, 1, 50) > 0) receive(&o, o.ctl, 1);
+        }
         progress(&o, 1);
     }
     int hard = interrupts >= 2;

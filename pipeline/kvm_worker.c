@@ -1,6 +1,7 @@
 /* kvm_worker.c: model loading for stage processes and the method dispatch. */
 #include "pipeline/kvm_worker.h"
 #include "orchestrator/kvm_cli_model.h"
+#include "compress/sculpt/kvm_sculpt.h"
 #include "common/kvm_error.h"
 
 #include <string.h>
@@ -30,9 +31,36 @@ void kvm_worker_model_free(kvm_worker_model *wm)
     wm->path[0] = '\0';
 }
 
+/* [compress] settings -> KVSculpt options (issue 5's defaults where the config is silent). */
+static int sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt_opts *o)
+{
+    *o = kvm_sculpt_opts_default();
+    o->mode = mode;
+    o->retain_tokens = kvm_config_int(c, "compress", "retain");
+    o->ratio = kvm_config_float(c, "compress", "ratio");
+    int64_t budget = kvm_config_int(c, "compress", "budget");
+    if (budget > 0) o->k_entries = budget > o->retain_tokens ? budget - o->retain_tokens : 0;
+    o->n_synth = kvm_config_int(c, "compress", "synthetic_queries");
+    o->future_tokens = kvm_config_int(c, "compress", "future");
+    o->lambda = kvm_config_float(c, "compress", "lambda");
+    o->ridge_alpha = kvm_config_float(c, "compress", "ridge");
+    o->rounds = (int)kvm_config_int(c, "compress", "rounds");
+    o->lbfgs_iters = (int)kvm_config_int(c, "compress", "iterations");
+    o->bias = kvm_config_bool(c, "compress", "bias");
+    o->seed = (uint64_t)kvm_config_int(c, "compress", "seed");
+    o->threads = (int)kvm_config_int(c, "stages", "threads");
+    return kvm_sculpt_alloc_parse(kvm_config_str(c, "compress", "alloc"), &o->alloc);
+}
+
 int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_kvcache **out)
 {
     const char *method = kvm_config_str(c, "compress", "method");
     if (!strcmp(method, "full")) return kvm_kvcache_clone(in->full, out);
+    kvm_sculpt_mode mode;
+    if (kvm_sculpt_mode_parse(method, &mode) == 0) {
+        kvm_sculpt_opts o;
+        int rc = sculpt_opts(c, mode, &o);
+        return rc ? rc : kvm_sculpt_compress(in, &o, out, NULL);
+    }
     return kvm_err(KVM_ENOTSUP, "compression method '%s' is not available in this build", method);
 }

@@ -9,6 +9,8 @@
 #include "common/kvm_error.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
@@ -19,8 +21,35 @@
 
 enum { KVM_ATTN_QBLOCK = 64, KVM_ATTN_LANES = 16 };
 
-/* Per-thread packed K and V of the head being processed (grown, never shrunk). */
-static _Thread_local kvm_cpu_packed packed_k, packed_v;
+/* Per-thread packed K and V of the head being processed (grown, never shrunk), freed by a
+ * thread-specific destructor when the thread exits (stage job threads come and go). */
+typedef struct attn_scratch {
+    kvm_cpu_packed k, v;
+} attn_scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+    attn_scratch *s = p;
+    kvm__cpu_packed_free(&s->k);
+    kvm__cpu_packed_free(&s->v);
+    free(s);
+}
+
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static attn_scratch *scratch_get(void)
+{
+    pthread_once(&scratch_once, scratch_init);
+    attn_scratch *s = pthread_getspecific(scratch_key);
+    if (!s && (s = calloc(1, sizeof *s)) && pthread_setspecific(scratch_key, s)) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
 
 /* Number of entries among pos[0, n) with pos <= p (pos sorted, KVM_POS_NONE = -1 first). */
 static int64_t visible_count(const int32_t *pos, int64_t n, int32_t p)
@@ -167,11 +196,13 @@ int kvm__cpu_attention(const kvm_attn_head *a)
         return 0;
     }
     int rc;
+    attn_scratch *sc = scratch_get();
+    if (!sc) return kvm_err(KVM_ENOMEM, "attention: out of memory");
     /* K as W [n_e][d] (QKᵀ), V as W [d][n_e] read from V [n_e][d] (PV) */
-    if ((rc = kvm__cpu_pack(&packed_k, a->k, a->n_e, a->head_dim, a->head_dim, 1)) ||
-        (rc = kvm__cpu_pack(&packed_v, a->v, a->head_dim, a->n_e, 1, a->head_dim)))
+    if ((rc = kvm__cpu_pack(&sc->k, a->k, a->n_e, a->head_dim, a->head_dim, 1)) ||
+        (rc = kvm__cpu_pack(&sc->v, a->v, a->head_dim, a->n_e, 1, a->head_dim)))
         return rc;
-    attn_job j = {.a = a, .k = &packed_k, .v = &packed_v, .bias = bias};
+    attn_job j = {.a = a, .k = &sc->k, .v = &sc->v, .bias = bias};
     int64_t blocks = (a->n_q + KVM_ATTN_QBLOCK - 1) / KVM_ATTN_QBLOCK;
     /* one block (decode) is cheaper than waking a thread */
     kvm__cpu_parallel_for(blocks, attn_block, &j);

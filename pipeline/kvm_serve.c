@@ -1,0 +1,710 @@
+/* kvm_serve.c: the serving broker: front end (clients), back end (decode workers), the
+ * worker processes, the request queue. One thread; every wait is a zmq_poll of at most
+ * 100 ms so heartbeats, timeouts, child exits and signals are handled promptly. */
+#include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_stage.h"
+#include "proto/kvm_mpack_internal.h"
+#include "common/kvm_error.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+extern char **environ;
+
+enum { MAX_WORKERS = 256 };
+
+/* ---- helpers shared with the decode workers ---- */
+
+int kvm_serve_error_answer(uint64_t request_id, int status, const char *message, kvm_msg **out)
+{
+    if (status >= 0) return kvm_err(KVM_EINVAL, "error answer with status %d", status);
+    size_t n = message ? strlen(message) : 0;
+    if (n > KVM_PROTO_MAX_MESSAGE_BYTES) n = KVM_PROTO_MAX_MESSAGE_BYTES;
+    if (status < -KVM_PROTO_MAX_STATUS) status = KVM_EINVAL;
+    kvm_proto_answer a = {.request_id = request_id, .status = status, .message = {message, n}};
+    return kvm_proto_answer_encode(&a, out);
+}
+
+int kvm_serve_request_id(const kvm_msg *msg, uint64_t *id)
+{
+    if (kvm_msg_nframes(msg) < 1) return 0;
+    kvm_frame f = kvm_msg_frame(msg, 0);
+    kvm_mpr r = {f.data, f.data + f.size};
+    uint32_t n;
+    if (!f.data || kvm_mpr__map(&r, &n)) return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const char *k;
+        uint32_t kl;
+        if (kvm_mpr__str(&r, &k, &kl)) return 0;
+        if (kl == 10 && !memcmp(k, "request_id", 10)) {
+            int neg;
+            int64_t v;
+            uint64_t u;
+            if (kvm_mpr__int(&r, &neg, &v, &u) || neg) return 0;
+            *id = u;
+            return 1;
+        }
+        if (kvm_mpr__skip(&r)) return 0;
+    }
+    return 0;
+}
+
+int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
+                   const char *what)
+{
+    const char *sec = kvm_config_str(cfg, "security", "server_secret_key");
+    const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
+    int local = kvm_curve_is_local(endpoint), rc;
+    if (!local && (!*sec || !*auth))
+        return kvm_err(KVM_EINVAL, "%s %s is not local: set [security] server_secret_key and authorized_keys "
+                                   "(make keys with kvmill keygen), or bind ipc:// or tcp://127.0.0.1",
+                       what, endpoint);
+    if (!local || (curve_if_keyed && *sec)) {
+        if (!*auth) return kvm_err(KVM_EINVAL, "[security] server_secret_key is set but authorized_keys is not");
+        if ((rc = kvm_curve_server(zctx, sock, sec, auth))) return rc;
+    }
+    if (zmq_bind(sock, endpoint)) return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
+    return 0;
+}
+
+/* ---- broker state ---- */
+
+typedef struct srv_slot {
+    pid_t pid;          /* running process, 0 when none */
+    int respawns;       /* times restarted */
+    char id[256];       /* worker id of the current process */
+    double started_ms;  /* when the current process was spawned */
+    double respawn_at;  /* when to start it again (0: not waiting) */
+} srv_slot;
+
+typedef struct srv_worker {
+    char id[256];       /* routing id (= --id) */
+    int alive;          /* heard from within the liveness window */
+    int idle;           /* sent a credit and holds no request */
+    int busy;           /* holds a request (answer not received yet) */
+    int slot;           /* spawned slot, or -1 for an external worker */
+    double last_seen;   /* last message, ms */
+    kvm_msg *env;       /* envelope of the client waiting for the busy request; NULL when
+                           the client already got an error answer (timeout) */
+    uint64_t request_id;/* of the busy request */
+    double t_sent;      /* when it was handed to the worker */
+} srv_worker;
+
+typedef struct srv_request {
+    kvm_msg *env;       /* client envelope (routing id, and the empty delimiter of a REQ) */
+    kvm_msg *msg;       /* the ask */
+    uint64_t request_id;/* its request id */
+    double t_recv;      /* arrival, ms */
+} srv_request;
+
+typedef struct srv {
+    const kvm_config *cfg;
+    const kvm_serve_opts *o;
+    void *zctx, *front, *ctl, *data;
+    char front_ep[1024], base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
+    int own_run_dir, backend_curve, announced;
+    srv_slot slots[MAX_WORKERS];
+    int n_slots;
+    srv_worker workers[MAX_WORKERS];
+    int n_workers;
+    srv_request *queue;
+    int64_t n_queue, cap_queue, max_queue;
+    double hb_ms, dead_ms, timeout_ms;
+    int64_t max_msg_bytes;
+    uint64_t served, failed;
+} srv;
+
+static volatile sig_atomic_t interrupts;
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupts++;
+}
+
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvmill serve: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* ---- replies to clients ---- */
+
+/* Sends *answer to the client behind *env (takes both). */
+static void reply(srv *s, kvm_msg **env, kvm_msg **answer)
+{
+    int rc = kvm_msg_join(*env, answer);
+    if (!rc) rc = kvm_msg_send(s->front, env, ZMQ_DONTWAIT);
+    if (rc) logf_("could not send an answer: client gone (%s)", zmq_strerror(errno));
+    kvm_msg_free(env);
+    kvm_msg_free(answer);
+}
+
+static void reply_error(srv *s, kvm_msg **env, uint64_t request_id, int status, const char *why)
+{
+    kvm_msg *a = NULL;
+    s->failed++;
+    if (kvm_serve_error_answer(request_id, status, why, &a)) {
+        kvm_msg_free(env);
+        return;
+    }
+    reply(s, env, &a);
+}
+
+/* ---- processes ---- */
+
+static int spawn_slot(srv *s, int i)
+{
+    srv_slot *sl = &s->slots[i];
+    char exe[2048], hb[32], grace[32], threads[32];
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);
+    snprintf(sl->id, sizeof sl->id, "decode-%d-r%d-%d", i, sl->respawns, (int)getpid());
+    snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(s->cfg, "run", "heartbeat_ms"));
+    snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(s->cfg, "run", "grace_s"));
+    snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(s->cfg, "stages", "threads"));
+    char *argv[24] = {exe, "--connect", s->base, "--config", (char *)s->o->config_path, "--store", s->store_path,
+                      "--threads", threads, "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id};
+    int n = 15;
+    if (s->backend_curve) {
+        argv[n++] = "--server-key";
+        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "server_public_key");
+        argv[n++] = "--client-public";
+        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "client_public_key");
+        argv[n++] = "--client-secret";
+        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "client_secret_key");
+    }
+    argv[n] = NULL;
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    sigset_t def;
+    sigemptyset(&def);
+    sigaddset(&def, SIGINT);
+    sigaddset(&def, SIGTERM);
+    posix_spawnattr_setsigdefault(&at, &def);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches the broker only */
+    int rc = posix_spawn(&sl->pid, exe, NULL, &at, argv, environ);
+    posix_spawnattr_destroy(&at);
+    sl->respawn_at = 0;
+    sl->started_ms = kvm_now_ms();
+    if (rc) {
+        sl->pid = 0;
+        return kvm_err(KVM_EIO, "cannot start %s: %s", exe, strerror(rc));
+    }
+    return 0;
+}
+
+static void stop_children(srv *s, int sig)
+{
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].pid > 0) kill(s->slots[i].pid, sig);
+}
+
+/* ---- workers ---- */
+
+static int worker_find(srv *s, const kvm_frame *idf, int create)
+{
+    char id[256];
+    size_t n = idf->size < sizeof id - 1 ? idf->size : sizeof id - 1;
+    memcpy(id, idf->data, n);
+    id[n] = '\0';
+    for (int w = 0; w < s->n_workers; w++)
+        if (!strcmp(s->workers[w].id, id)) return w;
+    if (!create) return -1;
+    int w = -1;
+    for (int k = 0; k < s->n_workers && w < 0; k++) /* reuse the entry of a dead worker */
+        if (!s->workers[k].alive && !s->workers[k].busy) w = k;
+    if (w < 0) {
+        if (s->n_workers == MAX_WORKERS) return -1;
+        w = s->n_workers++;
+    }
+    srv_worker *wk = &s->workers[w];
+    *wk = (srv_worker){.alive = 1, .slot = -1, .last_seen = kvm_now_ms()};
+    snprintf(wk->id, sizeof wk->id, "%s", id);
+    for (int i = 0; i < s->n_slots; i++)
+        if (!strcmp(s->slots[i].id, id)) wk->slot = i;
+    logf_("%s decode worker %s joined", wk->slot >= 0 ? "started" : "external", id);
+    return w;
+}
+
+/* The worker is gone: its client gets an error; a spawned one is restarted. */
+static void worker_dead(srv *s, int w, const char *why)
+{
+    srv_worker *wk = &s->workers[w];
+    if (!wk->alive && !wk->busy) return;
+    logf_("decode worker %s %s", wk->id, why);
+    if (wk->busy && wk->env) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "decode worker %s %s while answering; try again", wk->id, why);
+        reply_error(s, &wk->env, wk->request_id, KVM_EIO, msg);
+    }
+    kvm_msg_free(&wk->env);
+    wk->alive = wk->idle = wk->busy = 0;
+    if (wk->slot >= 0 && !interrupts) {
+        srv_slot *sl = &s->slots[wk->slot];
+        if (sl->pid > 0) {
+            kill(sl->pid, SIGKILL);
+            waitpid(sl->pid, NULL, 0);
+            sl->pid = 0;
+        }
+        /* a process that dies right after starting is restarted after a pause, not in a loop */
+        double now = kvm_now_ms();
+        sl->respawn_at = now - sl->started_ms < 5000 ? now + 2000 : now;
+        sl->respawns++;
+    }
+    wk->slot = -1;
+}
+
+/* ---- the queue ---- */
+
+static int queue_push(srv *s, srv_request r)
+{
+    if (s->n_queue >= s->max_queue) return KVM_EFULL;
+    if (s->n_queue == s->cap_queue) {
+        int64_t cap = s->cap_queue ? 2 * s->cap_queue : 16;
+        srv_request *q = realloc(s->queue, (size_t)cap * sizeof *q);
+        if (!q) return KVM_ENOMEM;
+        s->queue = q;
+        s->cap_queue = cap;
+    }
+    s->queue[s->n_queue++] = r;
+    return 0;
+}
+
+static void queue_remove(srv *s, int64_t i)
+{
+    memmove(&s->queue[i], &s->queue[i + 1], (size_t)(s->n_queue - i - 1) * sizeof *s->queue);
+    s->n_queue--;
+}
+
+/* ---- front end ---- */
+
+static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
+{
+    size_t bytes = 0;
+    for (size_t f = 0; f < kvm_msg_nframes(*m); f++) bytes += kvm_msg_frame(*m, f).size;
+    uint64_t rid = 0;
+    int has_id = kvm_serve_request_id(*m, &rid);
+    char why[1024];
+    int status = 0;
+    kvm_proto_type t;
+    kvm_proto_ask ask;
+    if ((int64_t)bytes > s->max_msg_bytes) {
+        status = KVM_ERANGE;
+        snprintf(why, sizeof why, "request of %zu bytes exceeds [serve] max_message_bytes = %lld", bytes,
+                 (long long)s->max_msg_bytes);
+    } else if (kvm_proto_peek(*m, &t)) {
+        status = KVM_EPROTO;
+        snprintf(why, sizeof why, "malformed request: %s", kvm_errmsg());
+    } else if (t != KVM_PROTO_ASK) {
+        status = KVM_ENOTSUP;
+        snprintf(why, sizeof why, "unexpected %s message: this server answers ask", kvm_proto_type_name(t));
+    } else if (kvm_proto_ask_decode(*m, &ask)) {
+        status = KVM_EPROTO;
+        snprintf(why, sizeof why, "malformed ask: %s", kvm_errmsg());
+    } else
+        rid = ask.request_id;
+    if (status) {
+        if (has_id) {
+            logf_("request %llu refused: %s", (unsigned long long)rid, why);
+            reply_error(s, env, rid, status, why);
+        } else
+            logf_("dropped a message from a client: %s", why);
+        kvm_msg_free(env);
+        kvm_msg_free(m);
+        return;
+    }
+    srv_request r = {.env = *env, .msg = *m, .request_id = rid, .t_recv = kvm_now_ms()};
+    if (queue_push(s, r)) {
+        snprintf(why, sizeof why, "server busy: %lld requests are waiting ([serve] max_queue); try again later",
+                 (long long)s->n_queue);
+        reply_error(s, env, rid, KVM_EFULL, why);
+        kvm_msg_free(m);
+        return;
+    }
+    *env = *m = NULL;
+}
+
+static void receive_front(srv *s)
+{
+    for (int k = 0; k < 1000; k++) {
+        kvm_msg *m = NULL, *env = NULL;
+        if (kvm_msg_recv(s->front, &m, ZMQ_DONTWAIT)) {
+            if (errno != EAGAIN && errno != EINTR) logf_("dropped a message from a client: %s", kvm_errmsg());
+            return;
+        }
+        size_t nf = kvm_msg_nframes(m);
+        /* a REQ client puts an empty delimiter after its routing id: keep it in the envelope */
+        size_t ne = nf >= 3 && kvm_msg_frame(m, 1).size == 0 ? 2 : 1;
+        if (nf <= ne || kvm_msg_split(m, ne, &env)) {
+            logf_("dropped an empty message from a client");
+            kvm_msg_free(&m);
+            continue;
+        }
+        if (interrupts) {
+            uint64_t rid = 0;
+            kvm_serve_request_id(m, &rid);
+            reply_error(s, &env, rid, KVM_ESTATE, "server is stopping");
+            kvm_msg_free(&m);
+            continue;
+        }
+        on_request(s, &env, &m);
+    }
+}
+
+/* ---- back end ---- */
+
+static void on_worker_data(srv *s, int w, kvm_msg **m)
+{
+    srv_worker *wk = &s->workers[w];
+    kvm_proto_type t;
+    if (kvm_proto_peek(*m, &t)) {
+        logf_("dropped a malformed message from worker %s: %s", wk->id, kvm_errmsg());
+        return;
+    }
+    if (t == KVM_PROTO_READY) {
+        if (!wk->busy) wk->idle = 1;
+        return;
+    }
+    if (t != KVM_PROTO_ANSWER) {
+        logf_("dropped an unexpected %s from worker %s", kvm_proto_type_name(t), wk->id);
+        return;
+    }
+    kvm_proto_answer a;
+    int ok = kvm_proto_answer_decode(*m, &a) == 0;
+    if (!wk->busy || (ok && a.request_id != wk->request_id)) {
+        logf_("dropped an answer from worker %s that no client waits for", wk->id);
+        return;
+    }
+    wk->busy = 0;
+    double ms = kvm_now_ms() - wk->t_sent;
+    if (!wk->env) {
+        logf_("request %llu: answer from %s arrived after the client's timeout (%.0f ms); dropped",
+              (unsigned long long)wk->request_id, wk->id, ms);
+        return;
+    }
+    if (!ok) {
+        char why[600];
+        snprintf(why, sizeof why, "decode worker %s sent a malformed answer: %s", wk->id, kvm_errmsg());
+        logf_("request %llu: %s", (unsigned long long)wk->request_id, why);
+        reply_error(s, &wk->env, wk->request_id, KVM_EPROTO, why);
+        return;
+    }
+    if (a.status == 0) s->served++;
+    else s->failed++;
+    logf_("request %llu answered by %s: %s, %lld tokens, %.1f ms%s%.*s", (unsigned long long)a.request_id, wk->id,
+          a.status ? kvm_strerror(a.status) : "ok", (long long)a.n_tokens, ms, a.status ? ": " : "",
+          a.status ? (int)a.message.len : 0, a.message.ptr ? a.message.ptr : "");
+    reply(s, &wk->env, m);
+}
+
+static void on_worker_ctl(srv *s, int w, kvm_msg *m)
+{
+    srv_worker *wk = &s->workers[w];
+    kvm_proto_type t;
+    if (kvm_proto_peek(m, &t)) {
+        logf_("dropped a malformed control message from %s: %s", wk->id, kvm_errmsg());
+        return;
+    }
+    if (t != KVM_PROTO_ERROR) return; /* ready, heartbeat, result: liveness only */
+    kvm_proto_error e;
+    if (kvm_proto_error_decode(m, &e)) {
+        logf_("dropped a bad error message from %s: %s", wk->id, kvm_errmsg());
+        return;
+    }
+    if (!wk->busy) return;
+    wk->busy = 0;
+    if (!wk->env) return;
+    char why[1024];
+    snprintf(why, sizeof why, "decode worker %s failed: %.*s", wk->id, (int)(e.message.len < 900 ? e.message.len : 900),
+             e.message.ptr ? e.message.ptr : "");
+    logf_("request %llu: %s", (unsigned long long)wk->request_id, why);
+    reply_error(s, &wk->env, wk->request_id, e.status < 0 ? e.status : KVM_EIO, why);
+}
+
+static void receive_back(srv *s, void *sock, int is_ctl)
+{
+    for (int k = 0; k < 1000; k++) {
+        kvm_msg *m = NULL, *env = NULL;
+        if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
+        if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
+            kvm_frame idf = kvm_msg_frame(env, 0);
+            int w = worker_find(s, &idf, 1);
+            if (w >= 0) {
+                srv_worker *wk = &s->workers[w];
+                wk->last_seen = kvm_now_ms();
+                wk->alive = 1;
+                if (is_ctl) on_worker_ctl(s, w, m);
+                else on_worker_data(s, w, &m);
+            }
+        }
+        kvm_msg_free(&env);
+        kvm_msg_free(&m);
+    }
+}
+
+/* ---- scheduling and health ---- */
+
+static void dispatch(srv *s)
+{
+    while (s->n_queue > 0) {
+        int w = -1;
+        for (int k = 0; k < s->n_workers && w < 0; k++)
+            if (s->workers[k].alive && s->workers[k].idle && !s->workers[k].busy) w = k;
+        if (w < 0) return;
+        srv_worker *wk = &s->workers[w];
+        srv_request r = s->queue[0];
+        queue_remove(s, 0);
+        kvm_msg *env = NULL;
+        int rc = kvm_msg_new(&env);
+        if (!rc) rc = kvm_msg_add_copy(env, wk->id, strlen(wk->id));
+        if (!rc) rc = kvm_msg_join(env, &r.msg);
+        if (!rc) rc = kvm_msg_send(s->data, &env, ZMQ_DONTWAIT);
+        kvm_msg_free(&env);
+        kvm_msg_free(&r.msg);
+        wk->idle = 0;
+        if (rc) {
+            worker_dead(s, w, "could not be reached");
+            reply_error(s, &r.env, r.request_id, KVM_EIO, "the decode worker could not be reached; try again");
+            continue;
+        }
+        wk->busy = 1;
+        wk->env = r.env;
+        wk->request_id = r.request_id;
+        wk->t_sent = kvm_now_ms();
+    }
+}
+
+static void check_health(srv *s)
+{
+    double now = kvm_now_ms();
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        for (int i = 0; i < s->n_slots; i++) {
+            if (s->slots[i].pid != pid) continue;
+            s->slots[i].pid = 0;
+            char why[128];
+            snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
+                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            int found = 0;
+            for (int w = 0; w < s->n_workers; w++)
+                if (s->workers[w].slot == i) worker_dead(s, w, why), found = 1;
+            if (!found && !interrupts) { /* died before it ever said ready */
+                logf_("decode worker %s %s before connecting", s->slots[i].id, why);
+                s->slots[i].respawn_at = now + 2000;
+                s->slots[i].respawns++;
+            }
+        }
+    }
+    for (int w = 0; w < s->n_workers; w++)
+        if ((s->workers[w].alive || s->workers[w].busy) && now - s->workers[w].last_seen > s->dead_ms)
+            worker_dead(s, w, "went silent");
+    for (int i = 0; i < s->n_slots && !interrupts; i++)
+        if (s->slots[i].pid == 0 && s->slots[i].respawn_at > 0 && now >= s->slots[i].respawn_at &&
+            spawn_slot(s, i))
+            logf_("%s", kvm_errmsg());
+    /* requests past their deadline, queued or in flight */
+    for (int64_t i = 0; i < s->n_queue;) {
+        if (now - s->queue[i].t_recv > s->timeout_ms) {
+            srv_request r = s->queue[i];
+            queue_remove(s, i);
+            logf_("request %llu timed out waiting for a free decode worker", (unsigned long long)r.request_id);
+            reply_error(s, &r.env, r.request_id, KVM_EIO, "timed out waiting for a free decode worker ([serve] request_timeout_s)");
+            kvm_msg_free(&r.msg);
+        } else
+            i++;
+    }
+    for (int w = 0; w < s->n_workers; w++) {
+        srv_worker *wk = &s->workers[w];
+        if (wk->busy && wk->env && now - wk->t_sent > s->timeout_ms) {
+            logf_("request %llu timed out on worker %s", (unsigned long long)wk->request_id, wk->id);
+            reply_error(s, &wk->env, wk->request_id, KVM_EIO, "the decode worker did not answer in time ([serve] request_timeout_s)");
+        }
+    }
+    if (!s->announced) {
+        int up = 0;
+        for (int w = 0; w < s->n_workers; w++) up += s->workers[w].alive && s->workers[w].slot >= 0;
+        if (up >= s->n_slots) {
+            s->announced = 1;
+            logf_("ready: front end %s, %d decode worker(s), back end %s", s->front_ep, up, s->base);
+        }
+    }
+}
+
+/* ---- setup ---- */
+
+static void remove_run_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[2048];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+static int prepare(srv *s)
+{
+    const kvm_config *cfg = s->cfg;
+    const char *rd = kvm_config_str(cfg, "run", "run_dir");
+    if (*rd) {
+        snprintf(s->run_dir, sizeof s->run_dir, "%s", rd);
+        if (mkdir(rd, 0700) && errno != EEXIST) return kvm_err(KVM_EIO, "[run] run_dir %s: %s", rd, strerror(errno));
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(s->run_dir, sizeof s->run_dir, "%s/kvmill-serve.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(s->run_dir)) return kvm_err(KVM_EIO, "cannot create a run directory: %s", strerror(errno));
+        s->own_run_dir = 1;
+    }
+    const char *be = kvm_config_str(cfg, "serve", "backend");
+    if (*be) snprintf(s->base, sizeof s->base, "%s", be);
+    else snprintf(s->base, sizeof s->base, "ipc://%s", s->run_dir);
+    char ctl_ep[1100], data_ep[1100];
+    int rc = kvm_stage_endpoints(s->base, ctl_ep, data_ep, sizeof ctl_ep);
+    if (rc) return kvm_err(KVM_EINVAL, "[serve] backend: %s", kvm_errmsg());
+    s->backend_curve = !kvm_curve_is_local(ctl_ep) || !kvm_curve_is_local(data_ep);
+    if (s->backend_curve && s->n_slots > 0) {
+        const char *need[3] = {"server_public_key", "client_public_key", "client_secret_key"};
+        for (int i = 0; i < 3; i++)
+            if (!*kvm_config_str(cfg, "security", need[i]))
+                return kvm_err(KVM_EINVAL, "[serve] backend %s is not local: the decode workers started here need "
+                                           "[security] %s (and the other key files; kvmill keygen)", s->base, need[i]);
+    }
+    char exe[2048];
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);
+    if (s->n_slots > 0 && access(exe, X_OK) != 0)
+        return kvm_err(KVM_EINVAL, "decode worker binary %s is missing or not executable (build with make, or set [stages] bin_dir)", exe);
+    s->zctx = zmq_ctx_new();
+    s->front = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->ctl = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
+    if (!s->zctx || !s->front || !s->ctl || !s->data) return kvm_err(KVM_EIO, "zmq_socket: %s", zmq_strerror(errno));
+    int linger = 0, mandatory = 1;
+    int64_t maxmsg = s->max_msg_bytes;
+    void *socks[3] = {s->front, s->ctl, s->data};
+    for (int i = 0; i < 3; i++) {
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    }
+    if (zmq_setsockopt(s->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg))
+        return kvm_err(KVM_EIO, "ZMQ_MAXMSGSIZE: %s", zmq_strerror(errno));
+    if ((rc = kvm_serve_bind(s->zctx, s->front, s->front_ep, cfg, 1, "--bind")) ||
+        (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 0, "[serve] backend")) ||
+        (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 0, "[serve] backend")))
+        return rc;
+    for (int i = 0; i < s->n_slots; i++)
+        if ((rc = spawn_slot(s, i))) return rc;
+    return 0;
+}
+
+/* Lets the workers finish what they hold (relaying their answers), then stops them. */
+static void shutdown_workers(srv *s, int hard)
+{
+    stop_children(s, hard ? SIGKILL : SIGTERM);
+    double end = kvm_now_ms() + (hard ? 200 : 1000.0 * (double)kvm_config_int(s->cfg, "run", "grace_s") + 2000);
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < s->n_slots; i++) {
+            if (s->slots[i].pid <= 0) continue;
+            if (waitpid(s->slots[i].pid, NULL, WNOHANG) == s->slots[i].pid) s->slots[i].pid = 0;
+            else left++;
+        }
+        if (!left || interrupts >= 2) break;
+        if (kvm_now_ms() > end) {
+            stop_children(s, SIGKILL);
+            break;
+        }
+        zmq_pollitem_t items[2] = {{s->ctl, 0, ZMQ_POLLIN, 0}, {s->data, 0, ZMQ_POLLIN, 0}};
+        zmq_poll(items, 2, 50);
+        if (items[0].revents & ZMQ_POLLIN) receive_back(s, s->ctl, 1);
+        if (items[1].revents & ZMQ_POLLIN) receive_back(s, s->data, 0);
+    }
+    stop_children(s, SIGKILL);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].pid > 0) waitpid(s->slots[i].pid, NULL, 0), s->slots[i].pid = 0;
+    /* whoever still waits gets told */
+    for (int w = 0; w < s->n_workers; w++)
+        if (s->workers[w].busy && s->workers[w].env)
+            reply_error(s, &s->workers[w].env, s->workers[w].request_id, KVM_ESTATE, "server stopped before answering");
+    while (s->n_queue > 0) {
+        srv_request r = s->queue[0];
+        queue_remove(s, 0);
+        reply_error(s, &r.env, r.request_id, KVM_ESTATE, "server stopped before answering");
+        kvm_msg_free(&r.msg);
+    }
+}
+
+int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
+{
+    static srv s;
+    memset(&s, 0, sizeof s);
+    s.cfg = cfg;
+    s.o = o;
+    snprintf(s.front_ep, sizeof s.front_ep, "%s", o->bind ? o->bind : kvm_config_str(cfg, "serve", "bind"));
+    snprintf(s.store_path, sizeof s.store_path, "%s", o->store_path ? o->store_path : kvm_config_str(cfg, "store", "path"));
+    const char *bd = o->bin_dir ? o->bin_dir : kvm_config_str(cfg, "stages", "bin_dir");
+    snprintf(s.bin_dir, sizeof s.bin_dir, "%s", *bd ? bd : ".");
+    int64_t nw = o->workers >= 0 ? o->workers : kvm_config_int(cfg, "serve", "workers");
+    s.n_slots = (int)(nw < MAX_WORKERS ? nw : MAX_WORKERS);
+    s.hb_ms = (double)kvm_config_int(cfg, "run", "heartbeat_ms");
+    s.dead_ms = s.hb_ms * (double)kvm_config_int(cfg, "run", "liveness");
+    s.timeout_ms = 1000.0 * (double)kvm_config_int(cfg, "serve", "request_timeout_s");
+    s.max_queue = kvm_config_int(cfg, "serve", "max_queue");
+    s.max_msg_bytes = kvm_config_int(cfg, "serve", "max_message_bytes");
+    s.announced = s.n_slots == 0;
+    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    signal(SIGPIPE, SIG_IGN);
+    interrupts = 0;
+    int rc = prepare(&s), status = 0;
+    if (rc) {
+        logf_("%s", kvm_errmsg());
+        status = rc == KVM_EINVAL ? 2 : 1;
+    } else {
+        if (s.n_slots == 0) logf_("ready: front end %s, no decode workers started; back end %s", s.front_ep, s.base);
+        while (!interrupts) {
+            zmq_pollitem_t items[3] = {{s.front, 0, ZMQ_POLLIN, 0}, {s.ctl, 0, ZMQ_POLLIN, 0}, {s.data, 0, ZMQ_POLLIN, 0}};
+            zmq_poll(items, 3, 100);
+            if (items[1].revents & ZMQ_POLLIN) receive_back(&s, s.ctl, 1);
+            if (items[2].revents & ZMQ_POLLIN) receive_back(&s, s.data, 0);
+            if (items[0].revents & ZMQ_POLLIN) receive_front(&s);
+            check_health(&s);
+            dispatch(&s);
+        }
+        logf_("stopping (%s): %llu answered, %llu errors", interrupts >= 2 ? "now" : "letting workers finish",
+              (unsigned long long)s.served, (unsigned long long)s.failed);
+    }
+    shutdown_workers(&s, interrupts >= 2 || rc);
+    for (int w = 0; w < s.n_workers; w++) kvm_msg_free(&s.workers[w].env);
+    free(s.queue);
+    if (s.front) zmq_close(s.front);
+    if (s.ctl) zmq_close(s.ctl);
+    if (s.data) zmq_close(s.data);
+    if (s.zctx) zmq_ctx_term(s.zctx);
+    if (s.own_run_dir) remove_run_dir(s.run_dir);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (!rc) logf_("stopped");
+    return interrupts >= 2 ? 130 : status;
+}

@@ -1,0 +1,62 @@
+/* kvm_serve.h: `kvmill serve`: a load-balancing broker (zguide's lbbroker) between clients
+ * and decode workers. Clients (DEALER or REQ) send `ask` messages to a ROUTER front end;
+ * decode workers (kvmill-decode, the stage runtime of kvm_stage.h) connect two DEALERs to
+ * the back end, ask for work with a `ready` credit on the data socket and report heartbeats
+ * and errors on the control socket. The broker gives each idle worker one request at a
+ * time, keeps the client's envelope itself and forwards the worker's `answer` to that
+ * client, so a worker that dies, fails or times out still gets its client an error answer.
+ * It starts N worker processes, respawns them when they die or go silent, and stops them
+ * cleanly on SIGTERM / Ctrl-C. Also: the socket-binding rule every server socket shares
+ * (local by default, CurveZMQ otherwise) and the helpers the workers use for answers. */
+#ifndef KVM_SERVE_H
+#define KVM_SERVE_H
+
+#include "pipeline/kvm_config.h"
+#include "proto/kvm_proto.h"
+
+#include <stdint.h>
+
+/* What `kvmill serve` passes in; NULL / negative fields take the config's values. */
+typedef struct kvm_serve_opts {
+    const char *config_path; /* config file, handed to every worker as --config (required) */
+    const char *store_path;  /* LMDB store the workers read ([store] path when NULL) */
+    const char *bind;        /* front end endpoint ([serve] bind when NULL) */
+    int workers;             /* decode workers to start ([serve] workers when < 0) */
+    const char *bin_dir;     /* folder of kvmill-decode ([stages] bin_dir, else this) */
+} kvm_serve_opts;
+
+/* Runs the broker until SIGTERM/SIGINT: binds the front end and the back end, starts the
+ * workers, relays requests and answers, enforces [serve] max_message_bytes (ZMQ_MAXMSGSIZE
+ * on the front end: a larger frame drops the sending connection; a larger multipart
+ * request gets an error answer), max_queue and request_timeout_s. Logs to stderr, one line
+ * per request; prints "kvmill serve: ready ..." once every started worker has reported
+ * ready. Installs its own SIGINT/SIGTERM handlers for the duration. Not reentrant (one
+ * broker per process). Returns the exit status: 0 after a clean stop, 1 when a socket or
+ * process could not be set up, 2 for a configuration problem (missing kvmill-decode,
+ * bad endpoint, non-local endpoint without [security] keys: the message says which),
+ * 130 after a second Ctrl-C. */
+int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);
+
+/* Binds a server socket to `endpoint` with kvmill's rule: a non-local endpoint (see
+ * kvm_curve_is_local) requires CurveZMQ, i.e. [security] server_secret_key and
+ * authorized_keys in cfg; with `curve_if_keyed` a local endpoint uses CurveZMQ too when
+ * server_secret_key is set. Under CurveZMQ only clients whose public key is a *.public
+ * file in authorized_keys get through (ZAP handler of kvm_curve_server, started in zctx).
+ * `what` names the setting in messages ("[serve] bind"). Call before any connection.
+ * Errors: KVM_EINVAL (non-local without keys: the message names [security] and kvmill
+ * keygen), kvm_curve_server's errors (KVM_ENOTFOUND, KVM_EFORMAT, KVM_EIO), KVM_EIO (bind
+ * failed: names the endpoint and ZeroMQ's reason). */
+int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
+                   const char *what);
+
+/* Builds an error `answer` for request_id: status (a kvm_status < 0) and message (a C
+ * string, cut to KVM_PROTO_MAX_MESSAGE_BYTES). *out is new (caller frees or sends).
+ * Errors: KVM_EINVAL (status >= 0), KVM_ENOMEM. */
+int kvm_serve_error_answer(uint64_t request_id, int status, const char *message, kvm_msg **out);
+
+/* Reads only the "request_id" uint field of frame 0 of a message that may be otherwise
+ * malformed (so its sender can get an error answer). Reads nothing beyond frame 0 and
+ * allocates nothing. Returns 1 and *id when found, else 0. */
+int kvm_serve_request_id(const kvm_msg *msg, uint64_t *id);
+
+#endif

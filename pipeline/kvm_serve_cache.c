@@ -1,0 +1,97 @@
+/* kvm_serve_cache.c: store and load a document's compressed cache (wire encoding). */
+#include "pipeline/kvm_serve_cache.h"
+#include "pipeline/kvm_cachecodec.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "model/kvm_forward.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
+                          int64_t n_tokens, const kvm_kvcache *cc)
+{
+    enum { MAX_FRAMES_PER_LAYER = 16 };
+    kvm_proto_dtype dtype;
+    const char *dn = kvm_config_str(cfg, "store", "dtype");
+    int rc = kvm_proto_dtype_parse(dn, strlen(dn), &dtype);
+    int L = cc->n_layers;
+    kvm_msg **msgs = calloc((size_t)L, sizeof *msgs);
+    kvm_store_layer *layers = calloc((size_t)L, sizeof *layers);
+    kvm_frame *frames = calloc((size_t)L * MAX_FRAMES_PER_LAYER, sizeof *frames);
+    char *canon = NULL;
+    size_t canon_n = 0;
+    kvm_store_manifest man = {.n_layers = L, .n_tokens = n_tokens, .n_entries = kvm_kvcache_entries(cc),
+                              .full_bytes = kvm_model_kv_bytes(&wm->model->cfg, n_tokens),
+                              .model_id = wm->model_id, .tokenizer_id = wm->tok_id};
+    if (!rc && (!msgs || !layers || !frames)) rc = kvm_err(KVM_ENOMEM, "storing a cache: out of memory");
+    for (int l = 0; !rc && l < L; l++) {
+        if ((rc = kvm_cachecodec_encode_layer(cc, l, n_tokens, dtype, &msgs[l]))) break;
+        size_t nf = kvm_msg_nframes(msgs[l]);
+        if (nf > MAX_FRAMES_PER_LAYER) {
+            rc = kvm_err(KVM_EINVAL, "cache layer %d encodes to %zu frames (at most %d)", l, nf, MAX_FRAMES_PER_LAYER);
+            break;
+        }
+        for (size_t f = 0; f < nf; f++) frames[(size_t)l * MAX_FRAMES_PER_LAYER + f] = kvm_msg_frame(msgs[l], f);
+        layers[l] = (kvm_store_layer){.frames = &frames[(size_t)l * MAX_FRAMES_PER_LAYER], .n_frames = (uint32_t)nf};
+    }
+    if (!rc) rc = kvm_jobcfg_config_id(cfg, &man.config_id, &canon, &canon_n);
+    if (!rc) rc = kvm_store_doc_hash(tokens, n_tokens, &man.doc_hash);
+    if (!rc) {
+        snprintf(man.dtype, sizeof man.dtype, "%s", dn);
+        man.config = (kvm_frame){.data = (const uint8_t *)canon, .size = canon_n};
+        rc = kvm_store_put_cache(store, &man, layers);
+    }
+    for (int l = 0; msgs && l < L; l++) kvm_msg_free(&msgs[l]);
+    free(msgs);
+    free(layers);
+    free(frames);
+    free(canon);
+    return rc;
+}
+
+int kvm_serve_cache_load(kvm_store *store, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
+                         const kvm_model *m, int64_t extra_per_head, kvm_kvcache **out, int64_t *n_tokens)
+{
+    *out = NULL;
+    kvm_store_cache *sc = NULL;
+    kvm_kvcache *c = NULL;
+    kvm_msg *msg = NULL;
+    int rc = kvm_store_get_cache(store, key, tokenizer_id, &sc);
+    if (rc) return rc;
+    const kvm_store_manifest *man = &sc->manifest;
+    if (man->n_layers != m->cfg.n_layers)
+        rc = kvm_err(KVM_EMISMATCH, "stored cache has %d layers, the model %d", (int)man->n_layers, m->cfg.n_layers);
+    else if (man->n_tokens < 1 || man->n_tokens > m->cfg.seq_len)
+        rc = kvm_err(KVM_ECORRUPT, "stored cache is for %lld tokens, outside the model's window [1, %d]",
+                     (long long)man->n_tokens, m->cfg.seq_len);
+    if (!rc) rc = kvm_forward_cache_new(m, extra_per_head > 0 ? extra_per_head : 1, &c);
+    for (int l = 0; !rc && l < man->n_layers; l++) {
+        /* the stored frames, copied: the decoder needs them aligned for their element type */
+        if ((rc = kvm_msg_new(&msg))) break;
+        for (uint32_t f = 0; !rc && f < sc->layers[l].n_frames; f++)
+            rc = kvm_msg_add_copy(msg, sc->layers[l].frames[f].data, sc->layers[l].frames[f].size);
+        if (!rc && (rc = kvm_cachecodec_decode_layer(msg, l, c)) && rc != KVM_EMISMATCH && rc != KVM_ENOMEM) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", kvm_errmsg());
+            rc = kvm_err(KVM_ECORRUPT, "stored cache layer %d does not decode: %s", l, why);
+        }
+        kvm_msg_free(&msg);
+    }
+    /* room for the continuation: entries are appended per head as tokens are decoded */
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        for (int g = 0; !rc && g < c->n_kv_heads; g++) {
+            kvm_kv_head *h = kvm_kvcache_head(c, l, g);
+            rc = kvm_kvcache_reserve(h, c->head_dim, h->n + (extra_per_head > 0 ? extra_per_head : 0));
+        }
+    if (!rc) {
+        c->next_pos = (int32_t)man->n_tokens;
+        if (n_tokens) *n_tokens = man->n_tokens;
+        *out = c;
+        c = NULL;
+    }
+    kvm_kvcache_free(&c);
+    kvm_store_cache_free(&sc);
+    return rc;
+}

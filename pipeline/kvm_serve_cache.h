@@ -1,0 +1,37 @@
+/* kvm_serve_cache.h: a document's compressed cache to and from the store, in the wire
+ * encoding (one proto `cache` message per layer, then the manifest, in one transaction).
+ * The compress stage writes with it, the decode workers read with it (and write when they
+ * compress a missing document on demand), so both sides agree on keys and manifests. */
+#ifndef KVM_SERVE_CACHE_H
+#define KVM_SERVE_CACHE_H
+
+#include "model/kvm_kvcache.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_worker.h"
+#include "store/kvm_store.h"
+
+#include <stdint.h>
+
+/* Encodes every layer of cc (keys/values in [store] dtype of cfg) and stores cache +
+ * manifest in one transaction under (wm->model_id, doc hash of tokens[0, n_tokens), config
+ * id of cfg). tokens are the document's ids as prepared (BOS first, truncated): n_tokens is
+ * the document length N, and every kept entry's position must lie in [0, N). The manifest
+ * records wm->tok_id and the full f32 size of the model's cache for N tokens. Everything is
+ * borrowed; frames are copied by the store. Thread-safety: the store serialises calls.
+ * Errors: KVM_EINVAL (bad dtype, positions out of range), KVM_ENOMEM, and the store's
+ * errors (KVM_EFULL, KVM_EIO, KVM_ESTATE, ...), all with kvm_errmsg() detail. */
+int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
+                          int64_t n_tokens, const kvm_kvcache *cc);
+
+/* Loads the cache stored under `key` (checked against tokenizer_id when not NULL) into a
+ * new ragged cache shaped for model m, with next_pos = the document length N (the manifest's
+ * n_tokens), so appended tokens get positions N, N+1, ... extra_per_head reserves room for
+ * that many more entries in every (layer, KV head), so a decode of that many tokens does
+ * not reallocate. On success *out is owned by the caller (kvm_kvcache_free) and *n_tokens
+ * (may be NULL) is N. Errors: KVM_ENOTFOUND (no cache under key), KVM_EMISMATCH (stored for
+ * another model shape, tokenizer or config), KVM_ECORRUPT (a checksum or layer fails to
+ * decode: the detail names the layer), KVM_ENOMEM, the store's KVM_ESTATE/KVM_EIO. */
+int kvm_serve_cache_load(kvm_store *store, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
+                         const kvm_model *m, int64_t extra_per_head, kvm_kvcache **out, int64_t *n_tokens);
+
+#endif

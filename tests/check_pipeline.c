@@ -1,0 +1,352 @@
+/* check_pipeline.c: `kvmill run` with real stage processes over ipc:// in a temporary run
+ * directory: every document stored once, a second run skips all, a compress worker killed
+ * with SIGKILL mid-job loses nothing, garbage sent to each stage is logged and dropped while
+ * the stage keeps working, and bad configurations or a missing stage binary fail clearly. */
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_stage.h"
+#include "proto/kvm_proto.h"
+#include "store/kvm_store.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+static char *tmp, cfg_path[4200], docs[4200], store[4200], run_dir[4200];
+
+/* 5 documents; context 128; KVSculpt small enough for sanitizer builds. */
+static void setup(void)
+{
+    tmp = kvm_test_tmpdir();
+    snprintf(docs, sizeof docs, "%s/docs", tmp);
+    snprintf(store, sizeof store, "%s/store.lmdb", tmp);
+    snprintf(run_dir, sizeof run_dir, "%s/run", tmp);
+    snprintf(cfg_path, sizeof cfg_path, "%s/t.ini", tmp);
+    ck_assert_int_eq(mkdir(docs, 0700), 0);
+    for (int i = 0; i < 5; i++) {
+        char src[64], dst[4300];
+        snprintf(src, sizeof src, "data/long/doc_%03d.txt", i);
+        snprintf(dst, sizeof dst, "%s/doc_%03d.txt", docs, i);
+        size_t n;
+        char *t = kvm_test_read_file(kvm_test_shared_path(src), &n);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(kvm_test_write_file(dst, t, n), 0);
+        free(t);
+    }
+}
+
+static void teardown(void)
+{
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+
+static void write_config(const char *extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nsynthetic_queries = 64\n"
+             "iterations = %s\nrounds = 2\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n"
+             "[stages]\nbin_dir = %s\n%s",
+             kvm_test_shared_path("models/stories260K.bin"), getenv("KVM_SLOW_COMPRESS") ? "40" : "3", store, run_dir,
+             kvm_test_bin(), extra ? extra : "");
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+}
+
+static int run_kvmill(char **out, char **err)
+{
+    char cmd[12000];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, docs);
+    return kvm_test_run(cmd, out, err);
+}
+
+static int count_caches(void)
+{
+    char cmd[8000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    int lines = 0;
+    for (char *p = out; p && *p; p++) lines += *p == '\n';
+    free(out);
+    return lines - 1; /* header */
+}
+
+START_TEST(test_run_then_skip)
+{
+    write_config(NULL);
+    char *out, *err;
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0 truncated=5 "), "stdout: %s", out);
+    ck_assert_int_eq(count_caches(), 5);
+    free(out); free(err);
+    rc = run_kvmill(&out, &err);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(strstr(out, "summary: compressed=0 skipped=5 failed=0"), "stdout: %s", out);
+    ck_assert_int_eq(count_caches(), 5);
+    /* the last stdout line is the machine-readable one */
+    char *last = strrchr(out, '\n');
+    *last = '\0';
+    ck_assert_ptr_nonnull(strstr(strrchr(out, '\n') + 1, "summary: "));
+    free(out); free(err);
+}
+END_TEST
+
+START_TEST(test_compress_worker_killed)
+{
+    setenv("KVM_SLOW_COMPRESS", "1", 1); /* longer solves: the worker is almost always mid-job */
+    write_config(NULL);
+    unsetenv("KVM_SLOW_COMPRESS");
+    char out_path[4300], err_path[4300];
+    snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
+    snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen(out_path, "w", stdout);
+        freopen(err_path, "w", stderr);
+        char exe[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        execl(exe, exe, "run", "--config", cfg_path, "--corpus", docs, (char *)NULL);
+        _exit(127);
+    }
+    /* wait until the compress worker has finished one job, then kill it */
+    char logp[4400], cmd[4600];
+    snprintf(logp, sizeof logp, "%s/compress-1-r0.log", run_dir);
+    int killed = 0;
+    for (int i = 0; i < 600 && !killed; i++) {
+        usleep(50000);
+        char *log = kvm_test_read_file(logp, NULL);
+        if (log && strstr(log, " stage compress ")) {
+            /* [-] keeps the pattern from matching this shell's own command line */
+            snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '[-]-id compress-1-r0'");
+            killed = system(cmd) == 0;
+        }
+        free(log);
+    }
+    ck_assert_msg(killed, "never saw the compress worker finish a job");
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, err);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(strstr(err, "signal 9"), "stderr: %s", err);
+    ck_assert_int_eq(count_caches(), 5); /* none lost, none stored twice */
+    free(out); free(err);
+}
+END_TEST
+
+START_TEST(test_bad_config_and_missing_binary)
+{
+    char *out, *err;
+    write_config("[compress]\nratoi = 0.3\n");
+    ck_assert_int_eq(run_kvmill(&out, &err), 2);
+    ck_assert_msg(strstr(err, "t.ini:") && strstr(err, "ratoi: unknown key"), "stderr: %s", err);
+    free(out); free(err);
+    /* a bin_dir without stage binaries */
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), store, docs);
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    ck_assert_int_eq(run_kvmill(&out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill-prefill is missing"), "stderr: %s", err);
+    free(out); free(err);
+    /* a corpus that is neither a folder nor .jsonl */
+    write_config(NULL);
+    char cmd[12000];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, cfg_path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_ptr_nonnull(strstr(err, "expected a folder of *.txt or a .jsonl file"));
+    free(out); free(err);
+}
+END_TEST
+
+/* A fake orchestrator: binds ctl/data, starts one stage, sends garbage and then real work. */
+typedef struct fake {
+    void *zctx, *ctl, *data;
+    char base[4300], id[256];
+    pid_t pid;
+} fake;
+
+static void fake_start(fake *f, const char *stage)
+{
+    snprintf(f->base, sizeof f->base, "ipc://%s", tmp);
+    char ctl[4400], data[4400];
+    ck_assert_int_eq(kvm_stage_endpoints(f->base, ctl, data, sizeof ctl), 0);
+    f->zctx = zmq_ctx_new();
+    f->ctl = zmq_socket(f->zctx, ZMQ_ROUTER);
+    f->data = zmq_socket(f->zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->ctl, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(f->data, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(f->ctl, ctl), 0);
+    ck_assert_int_eq(zmq_bind(f->data, data), 0);
+    snprintf(f->id, sizeof f->id, "%s-test", stage);
+    char exe[4200], logp[4400];
+    snprintf(exe, sizeof exe, "%s/kvmill-%s", kvm_test_bin(), stage);
+    snprintf(logp, sizeof logp, "%s/%s.log", tmp, stage);
+    if ((f->pid = fork()) == 0) {
+        freopen(logp, "w", stderr);
+        execl(exe, exe, "--connect", f->base, "--store", store, "--id", f->id, "--heartbeat-ms", "100", (char *)NULL);
+        _exit(127);
+    }
+}
+
+/* Receives one message from sock within ms; returns it without the routing frame, or NULL. */
+static kvm_msg *fake_recv(void *sock, int ms)
+{
+    zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, ms) <= 0) return NULL;
+    kvm_msg *m = NULL, *env = NULL;
+    ck_assert_int_eq(kvm_msg_recv(sock, &m, 0), 0);
+    ck_assert_int_eq(kvm_msg_split(m, 1, &env), 0);
+    kvm_msg_free(&env);
+    return m;
+}
+
+/* Waits for a message of type t on sock (others are skipped). */
+static kvm_msg *fake_expect(void *sock, kvm_proto_type t, int ms)
+{
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end;) {
+        kvm_msg *m = fake_recv(sock, 100);
+        kvm_proto_type got;
+        if (m && kvm_proto_peek(m, &got) == 0 && got == t) return m;
+        kvm_msg_free(&m);
+    }
+    return NULL;
+}
+
+static void fake_send(fake *f, const void *frames[], const size_t sizes[], int n)
+{
+    zmq_send(f->data, f->id, strlen(f->id), ZMQ_SNDMORE);
+    for (int i = 0; i < n; i++) zmq_send(f->data, frames[i], sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0);
+}
+
+static void fake_send_msg(fake *f, kvm_msg *m)
+{
+    const void *fr[16];
+    size_t sz[16];
+    int n = (int)kvm_msg_nframes(m);
+    for (int i = 0; i < n; i++) fr[i] = kvm_msg_frame(m, (size_t)i).data, sz[i] = kvm_msg_frame(m, (size_t)i).size;
+    fake_send(f, fr, sz, n);
+}
+
+static void fake_stop(fake *f)
+{
+    kill(f->pid, SIGTERM);
+    int st;
+    waitpid(f->pid, &st, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "stage exit status %d", st);
+    zmq_close(f->ctl);
+    zmq_close(f->data);
+    zmq_ctx_term(f->zctx);
+}
+
+static void send_garbage(fake *f)
+{
+    const void *g1[1] = {"\xc1" " not msgpack"};
+    size_t s1[1] = {13};
+    fake_send(f, g1, s1, 1);
+    const char map[] = "\x82\xa1v\x01\xa4type\xa5" "bogus"; /* {"v":1,"type":"bogus"} */
+    const void *g2[2] = {map, "xx"};
+    size_t s2[2] = {sizeof map - 1, 2};
+    fake_send(f, g2, s2, 2);
+}
+
+static kvm_msg *job_msg(uint64_t id)
+{
+    write_config(NULL);
+    kvm_config *c;
+    ck_assert_int_eq(kvm_config_load(cfg_path, &c), 0);
+    uint8_t *mp;
+    size_t n;
+    ck_assert_int_eq(kvm_jobcfg_pack(c, &mp, &n), 0);
+    int32_t toks[40];
+    for (int i = 0; i < 40; i++) toks[i] = i == 0 ? 1 : 259 + (i * 7) % 200;
+    kvm_proto_job j = {.job_id = id, .doc_id = kvm_proto_str_c("doc"), .n_ctx = 128, .n_tokens = 40, .tokens = toks,
+                       .settings = mp, .settings_bytes = n};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_job_encode(&j, &m), 0);
+    free(mp);
+    kvm_config_free(&c);
+    return m;
+}
+
+START_TEST(test_garbage_to_each_stage)
+{
+    fake p = {0}, c = {0};
+    fake_start(&p, "prefill");
+    kvm_msg *m = fake_expect(p.data, KVM_PROTO_READY, 10000); /* the stage's credit */
+    ck_assert_ptr_nonnull(m);
+    kvm_msg_free(&m);
+    send_garbage(&p);
+    kvm_msg *job = job_msg(7);
+    fake_send_msg(&p, job);
+    kvm_msg *kv[5];
+    for (int l = 0; l < 5; l++) ck_assert_ptr_nonnull(kv[l] = fake_expect(p.data, KVM_PROTO_KV, 20000));
+    kvm_msg *res = fake_expect(p.ctl, KVM_PROTO_RESULT, 5000);
+    ck_assert_ptr_nonnull(res);
+    kvm_msg_free(&res);
+    fake_stop(&p);
+    char lp[4400];
+    snprintf(lp, sizeof lp, "%s/prefill.log", tmp);
+    char *log = kvm_test_read_file(lp, NULL);
+    ck_assert_msg(log && strstr(log, "dropped a malformed message") && strstr(log, "bogus"), "log: %s", log);
+    free(log);
+
+    fake_start(&c, "compress");
+    ck_assert_ptr_nonnull(m = fake_expect(c.data, KVM_PROTO_READY, 10000));
+    kvm_msg_free(&m);
+    send_garbage(&c);
+    fake_send_msg(&c, kv[0]); /* a kv before its job: unexpected */
+    fake_send_msg(&c, job);
+    for (int l = 0; l < 5; l++) fake_send_msg(&c, kv[l]);
+    kvm_msg *ack = fake_expect(c.ctl, KVM_PROTO_ACK, 30000);
+    ck_assert_ptr_nonnull(ack);
+    kvm_proto_ack a;
+    ck_assert_int_eq(kvm_proto_ack_decode(ack, &a), 0);
+    ck_assert_int_eq(a.job_id, 7);
+    kvm_msg_free(&ack);
+    fake_stop(&c);
+    snprintf(lp, sizeof lp, "%s/compress.log", tmp);
+    log = kvm_test_read_file(lp, NULL);
+    ck_assert_msg(log && strstr(log, "dropped") && strstr(log, "expected a job message first"), "log: %s", log);
+    free(log);
+    ck_assert_int_eq(count_caches(), 1);
+    for (int l = 0; l < 5; l++) kvm_msg_free(&kv[l]);
+    kvm_msg_free(&job);
+}
+END_TEST
+
+static Suite *pipeline_suite(void)
+{
+    Suite *s = suite_create("pipeline");
+    struct { const char *name; const TTest *fn; } cases[] = {
+        {"run_then_skip", test_run_then_skip}, {"compress_worker_killed", test_compress_worker_killed},
+        {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
+        {"garbage_to_each_stage", test_garbage_to_each_stage}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 240);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(pipeline_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
