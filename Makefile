@@ -131,7 +131,7 @@ bench: all $(BENCH_BIN)
 FUZZ_CC    := clang
 FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(CFLAGS_PKG)
 FUZZ_LIBSRC:= common/kvm_error.c $(wildcard proto/*.c)
-build-fuzz/%: proto/fuzz/%.c $(FUZZ_LIBSRC)
+build-fuzz/%: proto/fuzz/%.c proto/fuzz/fuzz_common.h $(wildcard proto/*.h) $(FUZZ_LIBSRC)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_LIBSRC) -o $@ $(LIBS_PKG) -lm
 FUZZ_RUNS  ?= 20000

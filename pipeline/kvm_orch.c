@@ -410,10 +410,9 @@ static int idle_worker(orch *o, int stage)
 
 static void dispatch(orch *o)
 {
-    if (interrupts) return; /* draining: no new work */
     for (int64_t i = 0; i < o->n_jobs; i++) {
         job *j = &o->jobs[i];
-        if (j->state == J_QUEUED) {
+        if (j->state == J_QUEUED && !interrupts) { /* draining: no new documents, in-flight ones finish */
             int w = idle_worker(o, ST_PREFILL);
             if (w < 0) continue;
             kvm_msg *m = NULL;

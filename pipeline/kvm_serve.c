@@ -2,16 +2,16 @@
  * worker processes, the request queue. One thread; every wait is a zmq_poll of at most
  * 100 ms so heartbeats, timeouts, child exits and signals are handled promptly. */
 #include "pipeline/kvm_serve.h"
+#include "common/kvm_error.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_stage.h"
 #include "proto/kvm_mpack_internal.h"
-#include "common/kvm_error.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <spawn.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +22,7 @@
 
 extern char **environ;
 
-enum { MAX_WORKERS = 256 };
+enum { MAX_WORKERS = 256, MAX_EARLY_EXITS = 3 };
 
 /* ---- helpers shared with the decode workers ---- */
 
@@ -67,45 +67,48 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
     const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
     int local = kvm_curve_is_local(endpoint), rc;
     if (!local && (!*sec || !*auth))
-        return kvm_err(KVM_EINVAL, "%s %s is not local: set [security] server_secret_key and authorized_keys "
-                                   "(make keys with kvmill keygen), or bind ipc:// or tcp://127.0.0.1",
+        return kvm_err(KVM_EINVAL,
+                       "%s %s is not local: set [security] server_secret_key and authorized_keys "
+                       "(make keys with kvmill keygen), or bind ipc:// or tcp://127.0.0.1",
                        what, endpoint);
     if (!local || (curve_if_keyed && *sec)) {
         if (!*auth) return kvm_err(KVM_EINVAL, "[security] server_secret_key is set but authorized_keys is not");
         if ((rc = kvm_curve_server(zctx, sock, sec, auth))) return rc;
     }
-    if (zmq_bind(sock, endpoint)) return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
+    if (zmq_bind(sock, endpoint))
+        return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
     return 0;
 }
 
 /* ---- broker state ---- */
 
 typedef struct srv_slot {
-    pid_t pid;          /* running process, 0 when none */
-    int respawns;       /* times restarted */
-    char id[256];       /* worker id of the current process */
-    double started_ms;  /* when the current process was spawned */
-    double respawn_at;  /* when to start it again (0: not waiting) */
+    pid_t pid;         /* running process, 0 when none */
+    int respawns;      /* times restarted */
+    char id[256];      /* worker id of the current process */
+    double started_ms; /* when the current process was spawned */
+    double respawn_at; /* when to start it again (0: not waiting) */
+    int early_exits;   /* consecutive exits before the process ever connected */
 } srv_slot;
 
 typedef struct srv_worker {
-    char id[256];       /* routing id (= --id) */
-    int alive;          /* heard from within the liveness window */
-    int idle;           /* sent a credit and holds no request */
-    int busy;           /* holds a request (answer not received yet) */
-    int slot;           /* spawned slot, or -1 for an external worker */
-    double last_seen;   /* last message, ms */
-    kvm_msg *env;       /* envelope of the client waiting for the busy request; NULL when
-                           the client already got an error answer (timeout) */
-    uint64_t request_id;/* of the busy request */
-    double t_sent;      /* when it was handed to the worker */
+    char id[256];        /* routing id (= --id) */
+    int alive;           /* heard from within the liveness window */
+    int idle;            /* sent a credit and holds no request */
+    int busy;            /* holds a request (answer not received yet) */
+    int slot;            /* spawned slot, or -1 for an external worker */
+    double last_seen;    /* last message, ms */
+    kvm_msg *env;        /* envelope of the client waiting for the busy request; NULL when
+                            the client already got an error answer (timeout) */
+    uint64_t request_id; /* of the busy request */
+    double t_sent;       /* when it was handed to the worker */
 } srv_worker;
 
 typedef struct srv_request {
-    kvm_msg *env;       /* client envelope (routing id, and the empty delimiter of a REQ) */
-    kvm_msg *msg;       /* the ask */
-    uint64_t request_id;/* its request id */
-    double t_recv;      /* arrival, ms */
+    kvm_msg *env;        /* client envelope (routing id, and the empty delimiter of a REQ) */
+    kvm_msg *msg;        /* the ask */
+    uint64_t request_id; /* its request id */
+    double t_recv;       /* arrival, ms */
 } srv_request;
 
 typedef struct srv {
@@ -114,6 +117,7 @@ typedef struct srv {
     void *zctx, *front, *ctl, *data;
     char front_ep[1024], base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int own_run_dir, backend_curve, announced;
+    int fatal; /* a worker slot keeps failing before it connects: stop serving */
     srv_slot slots[MAX_WORKERS];
     int n_slots;
     srv_worker workers[MAX_WORKERS];
@@ -132,8 +136,8 @@ static void on_signal(int sig)
     interrupts++;
 }
 
-static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void logf_(const char *fmt, ...)
+static void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void log_line(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -150,7 +154,7 @@ static void reply(srv *s, kvm_msg **env, kvm_msg **answer)
 {
     int rc = kvm_msg_join(*env, answer);
     if (!rc) rc = kvm_msg_send(s->front, env, ZMQ_DONTWAIT);
-    if (rc) logf_("could not send an answer: client gone (%s)", zmq_strerror(errno));
+    if (rc) log_line("could not send an answer: client gone (%s)", zmq_strerror(errno));
     kvm_msg_free(env);
     kvm_msg_free(answer);
 }
@@ -177,8 +181,9 @@ static int spawn_slot(srv *s, int i)
     snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(s->cfg, "run", "heartbeat_ms"));
     snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(s->cfg, "run", "grace_s"));
     snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(s->cfg, "stages", "threads"));
-    char *argv[24] = {exe, "--connect", s->base, "--config", (char *)s->o->config_path, "--store", s->store_path,
-                      "--threads", threads, "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id};
+    char *argv[24] = {exe,       "--connect",   s->base,     "--config", (char *)s->o->config_path,
+                      "--store", s->store_path, "--threads", threads,    "--heartbeat-ms",
+                      hb,        "--grace-s",   grace,       "--id",     sl->id};
     int n = 15;
     if (s->backend_curve) {
         argv[n++] = "--server-key";
@@ -236,8 +241,8 @@ static int worker_find(srv *s, const kvm_frame *idf, int create)
     *wk = (srv_worker){.alive = 1, .slot = -1, .last_seen = kvm_now_ms()};
     snprintf(wk->id, sizeof wk->id, "%s", id);
     for (int i = 0; i < s->n_slots; i++)
-        if (!strcmp(s->slots[i].id, id)) wk->slot = i;
-    logf_("%s decode worker %s joined", wk->slot >= 0 ? "started" : "external", id);
+        if (!strcmp(s->slots[i].id, id)) wk->slot = i, s->slots[i].early_exits = 0;
+    log_line("%s decode worker %s joined", wk->slot >= 0 ? "started" : "external", id);
     return w;
 }
 
@@ -246,7 +251,7 @@ static void worker_dead(srv *s, int w, const char *why)
 {
     srv_worker *wk = &s->workers[w];
     if (!wk->alive && !wk->busy) return;
-    logf_("decode worker %s %s", wk->id, why);
+    log_line("decode worker %s %s", wk->id, why);
     if (wk->busy && wk->env) {
         char msg[512];
         snprintf(msg, sizeof msg, "decode worker %s %s while answering; try again", wk->id, why);
@@ -296,7 +301,8 @@ static void queue_remove(srv *s, int64_t i)
 static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
 {
     size_t bytes = 0;
-    for (size_t f = 0; f < kvm_msg_nframes(*m); f++) bytes += kvm_msg_frame(*m, f).size;
+    for (size_t f = 0; f < kvm_msg_nframes(*m); f++)
+        bytes += kvm_msg_frame(*m, f).size;
     uint64_t rid = 0;
     int has_id = kvm_serve_request_id(*m, &rid);
     char why[1024];
@@ -320,10 +326,10 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
         rid = ask.request_id;
     if (status) {
         if (has_id) {
-            logf_("request %llu refused: %s", (unsigned long long)rid, why);
+            log_line("request %llu refused: %s", (unsigned long long)rid, why);
             reply_error(s, env, rid, status, why);
         } else
-            logf_("dropped a message from a client: %s", why);
+            log_line("dropped a message from a client: %s", why);
         kvm_msg_free(env);
         kvm_msg_free(m);
         return;
@@ -344,14 +350,14 @@ static void receive_front(srv *s)
     for (int k = 0; k < 1000; k++) {
         kvm_msg *m = NULL, *env = NULL;
         if (kvm_msg_recv(s->front, &m, ZMQ_DONTWAIT)) {
-            if (errno != EAGAIN && errno != EINTR) logf_("dropped a message from a client: %s", kvm_errmsg());
+            if (errno != EAGAIN && errno != EINTR) log_line("dropped a message from a client: %s", kvm_errmsg());
             return;
         }
         size_t nf = kvm_msg_nframes(m);
         /* a REQ client puts an empty delimiter after its routing id: keep it in the envelope */
         size_t ne = nf >= 3 && kvm_msg_frame(m, 1).size == 0 ? 2 : 1;
         if (nf <= ne || kvm_msg_split(m, ne, &env)) {
-            logf_("dropped an empty message from a client");
+            log_line("dropped an empty message from a client");
             kvm_msg_free(&m);
             continue;
         }
@@ -373,7 +379,7 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
     srv_worker *wk = &s->workers[w];
     kvm_proto_type t;
     if (kvm_proto_peek(*m, &t)) {
-        logf_("dropped a malformed message from worker %s: %s", wk->id, kvm_errmsg());
+        log_line("dropped a malformed message from worker %s: %s", wk->id, kvm_errmsg());
         return;
     }
     if (t == KVM_PROTO_READY) {
@@ -381,34 +387,36 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
         return;
     }
     if (t != KVM_PROTO_ANSWER) {
-        logf_("dropped an unexpected %s from worker %s", kvm_proto_type_name(t), wk->id);
+        log_line("dropped an unexpected %s from worker %s", kvm_proto_type_name(t), wk->id);
         return;
     }
     kvm_proto_answer a;
     int ok = kvm_proto_answer_decode(*m, &a) == 0;
     if (!wk->busy || (ok && a.request_id != wk->request_id)) {
-        logf_("dropped an answer from worker %s that no client waits for", wk->id);
+        log_line("dropped an answer from worker %s that no client waits for", wk->id);
         return;
     }
     wk->busy = 0;
     double ms = kvm_now_ms() - wk->t_sent;
     if (!wk->env) {
-        logf_("request %llu: answer from %s arrived after the client's timeout (%.0f ms); dropped",
-              (unsigned long long)wk->request_id, wk->id, ms);
+        log_line("request %llu: answer from %s arrived after the client's timeout (%.0f ms); dropped",
+                 (unsigned long long)wk->request_id, wk->id, ms);
         return;
     }
     if (!ok) {
         char why[600];
         snprintf(why, sizeof why, "decode worker %s sent a malformed answer: %s", wk->id, kvm_errmsg());
-        logf_("request %llu: %s", (unsigned long long)wk->request_id, why);
+        log_line("request %llu: %s", (unsigned long long)wk->request_id, why);
         reply_error(s, &wk->env, wk->request_id, KVM_EPROTO, why);
         return;
     }
-    if (a.status == 0) s->served++;
-    else s->failed++;
-    logf_("request %llu answered by %s: %s, %lld tokens, %.1f ms%s%.*s", (unsigned long long)a.request_id, wk->id,
-          a.status ? kvm_strerror(a.status) : "ok", (long long)a.n_tokens, ms, a.status ? ": " : "",
-          a.status ? (int)a.message.len : 0, a.message.ptr ? a.message.ptr : "");
+    if (a.status == 0)
+        s->served++;
+    else
+        s->failed++;
+    log_line("request %llu answered by %s: %s, %lld tokens, %.1f ms%s%.*s", (unsigned long long)a.request_id, wk->id,
+             a.status ? kvm_strerror(a.status) : "ok", (long long)a.n_tokens, ms, a.status ? ": " : "",
+             a.status ? (int)a.message.len : 0, a.message.ptr ? a.message.ptr : "");
     reply(s, &wk->env, m);
 }
 
@@ -417,13 +425,13 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
     srv_worker *wk = &s->workers[w];
     kvm_proto_type t;
     if (kvm_proto_peek(m, &t)) {
-        logf_("dropped a malformed control message from %s: %s", wk->id, kvm_errmsg());
+        log_line("dropped a malformed control message from %s: %s", wk->id, kvm_errmsg());
         return;
     }
     if (t != KVM_PROTO_ERROR) return; /* ready, heartbeat, result: liveness only */
     kvm_proto_error e;
     if (kvm_proto_error_decode(m, &e)) {
-        logf_("dropped a bad error message from %s: %s", wk->id, kvm_errmsg());
+        log_line("dropped a bad error message from %s: %s", wk->id, kvm_errmsg());
         return;
     }
     if (!wk->busy) return;
@@ -432,7 +440,7 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
     char why[1024];
     snprintf(why, sizeof why, "decode worker %s failed: %.*s", wk->id, (int)(e.message.len < 900 ? e.message.len : 900),
              e.message.ptr ? e.message.ptr : "");
-    logf_("request %llu: %s", (unsigned long long)wk->request_id, why);
+    log_line("request %llu: %s", (unsigned long long)wk->request_id, why);
     reply_error(s, &wk->env, wk->request_id, e.status < 0 ? e.status : KVM_EIO, why);
 }
 
@@ -448,8 +456,10 @@ static void receive_back(srv *s, void *sock, int is_ctl)
                 srv_worker *wk = &s->workers[w];
                 wk->last_seen = kvm_now_ms();
                 wk->alive = 1;
-                if (is_ctl) on_worker_ctl(s, w, m);
-                else on_worker_data(s, w, &m);
+                if (is_ctl)
+                    on_worker_ctl(s, w, m);
+                else
+                    on_worker_data(s, w, &m);
             }
         }
         kvm_msg_free(&env);
@@ -505,9 +515,10 @@ static void check_health(srv *s)
             for (int w = 0; w < s->n_workers; w++)
                 if (s->workers[w].slot == i) worker_dead(s, w, why), found = 1;
             if (!found && !interrupts) { /* died before it ever said ready */
-                logf_("decode worker %s %s before connecting", s->slots[i].id, why);
-                s->slots[i].respawn_at = now + 2000;
+                log_line("decode worker %s %s before connecting", s->slots[i].id, why);
+                s->slots[i].respawn_at = now + 1000;
                 s->slots[i].respawns++;
+                if (++s->slots[i].early_exits >= MAX_EARLY_EXITS) s->fatal = 1;
             }
         }
     }
@@ -515,16 +526,16 @@ static void check_health(srv *s)
         if ((s->workers[w].alive || s->workers[w].busy) && now - s->workers[w].last_seen > s->dead_ms)
             worker_dead(s, w, "went silent");
     for (int i = 0; i < s->n_slots && !interrupts; i++)
-        if (s->slots[i].pid == 0 && s->slots[i].respawn_at > 0 && now >= s->slots[i].respawn_at &&
-            spawn_slot(s, i))
-            logf_("%s", kvm_errmsg());
+        if (s->slots[i].pid == 0 && s->slots[i].respawn_at > 0 && now >= s->slots[i].respawn_at && spawn_slot(s, i))
+            log_line("%s", kvm_errmsg());
     /* requests past their deadline, queued or in flight */
     for (int64_t i = 0; i < s->n_queue;) {
         if (now - s->queue[i].t_recv > s->timeout_ms) {
             srv_request r = s->queue[i];
             queue_remove(s, i);
-            logf_("request %llu timed out waiting for a free decode worker", (unsigned long long)r.request_id);
-            reply_error(s, &r.env, r.request_id, KVM_EIO, "timed out waiting for a free decode worker ([serve] request_timeout_s)");
+            log_line("request %llu timed out waiting for a free decode worker", (unsigned long long)r.request_id);
+            reply_error(s, &r.env, r.request_id, KVM_EIO,
+                        "timed out waiting for a free decode worker ([serve] request_timeout_s)");
             kvm_msg_free(&r.msg);
         } else
             i++;
@@ -532,16 +543,18 @@ static void check_health(srv *s)
     for (int w = 0; w < s->n_workers; w++) {
         srv_worker *wk = &s->workers[w];
         if (wk->busy && wk->env && now - wk->t_sent > s->timeout_ms) {
-            logf_("request %llu timed out on worker %s", (unsigned long long)wk->request_id, wk->id);
-            reply_error(s, &wk->env, wk->request_id, KVM_EIO, "the decode worker did not answer in time ([serve] request_timeout_s)");
+            log_line("request %llu timed out on worker %s", (unsigned long long)wk->request_id, wk->id);
+            reply_error(s, &wk->env, wk->request_id, KVM_EIO,
+                        "the decode worker did not answer in time ([serve] request_timeout_s)");
         }
     }
     if (!s->announced) {
         int up = 0;
-        for (int w = 0; w < s->n_workers; w++) up += s->workers[w].alive && s->workers[w].slot >= 0;
+        for (int w = 0; w < s->n_workers; w++)
+            up += s->workers[w].alive && s->workers[w].slot >= 0;
         if (up >= s->n_slots) {
             s->announced = 1;
-            logf_("ready: front end %s, %d decode worker(s), back end %s", s->front_ep, up, s->base);
+            log_line("ready: front end %s, %d decode worker(s), back end %s", s->front_ep, up, s->base);
         }
     }
 }
@@ -576,23 +589,32 @@ static int prepare(srv *s)
         s->own_run_dir = 1;
     }
     const char *be = kvm_config_str(cfg, "serve", "backend");
-    if (*be) snprintf(s->base, sizeof s->base, "%s", be);
-    else snprintf(s->base, sizeof s->base, "ipc://%s", s->run_dir);
+    if (*be)
+        snprintf(s->base, sizeof s->base, "%s", be);
+    else
+        snprintf(s->base, sizeof s->base, "ipc://%s", s->run_dir);
     char ctl_ep[1100], data_ep[1100];
     int rc = kvm_stage_endpoints(s->base, ctl_ep, data_ep, sizeof ctl_ep);
     if (rc) return kvm_err(KVM_EINVAL, "[serve] backend: %s", kvm_errmsg());
-    s->backend_curve = !kvm_curve_is_local(ctl_ep) || !kvm_curve_is_local(data_ep);
+    /* the back end follows the front end's rule: keyed server => every worker authenticates */
+    s->backend_curve = !kvm_curve_is_local(ctl_ep) || !kvm_curve_is_local(data_ep) ||
+                       *kvm_config_str(cfg, "security", "server_secret_key");
     if (s->backend_curve && s->n_slots > 0) {
         const char *need[3] = {"server_public_key", "client_public_key", "client_secret_key"};
         for (int i = 0; i < 3; i++)
             if (!*kvm_config_str(cfg, "security", need[i]))
-                return kvm_err(KVM_EINVAL, "[serve] backend %s is not local: the decode workers started here need "
-                                           "[security] %s (and the other key files; kvmill keygen)", s->base, need[i]);
+                return kvm_err(KVM_EINVAL,
+                               "[serve] backend %s uses CurveZMQ (a server key is set, or it is not local): the "
+                               "decode workers started here need [security] %s (a key pair from kvmill keygen "
+                               "whose .public is in authorized_keys, and the server's public key)",
+                               s->base, need[i]);
     }
     char exe[2048];
     snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);
     if (s->n_slots > 0 && access(exe, X_OK) != 0)
-        return kvm_err(KVM_EINVAL, "decode worker binary %s is missing or not executable (build with make, or set [stages] bin_dir)", exe);
+        return kvm_err(
+            KVM_EINVAL,
+            "decode worker binary %s is missing or not executable (build with make, or set [stages] bin_dir)", exe);
     s->zctx = zmq_ctx_new();
     s->front = zmq_socket(s->zctx, ZMQ_ROUTER);
     s->ctl = zmq_socket(s->zctx, ZMQ_ROUTER);
@@ -608,8 +630,8 @@ static int prepare(srv *s)
     if (zmq_setsockopt(s->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg))
         return kvm_err(KVM_EIO, "ZMQ_MAXMSGSIZE: %s", zmq_strerror(errno));
     if ((rc = kvm_serve_bind(s->zctx, s->front, s->front_ep, cfg, 1, "--bind")) ||
-        (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 0, "[serve] backend")) ||
-        (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 0, "[serve] backend")))
+        (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 1, "[serve] backend")) ||
+        (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 1, "[serve] backend")))
         return rc;
     for (int i = 0; i < s->n_slots; i++)
         if ((rc = spawn_slot(s, i))) return rc;
@@ -625,8 +647,10 @@ static void shutdown_workers(srv *s, int hard)
         int left = 0;
         for (int i = 0; i < s->n_slots; i++) {
             if (s->slots[i].pid <= 0) continue;
-            if (waitpid(s->slots[i].pid, NULL, WNOHANG) == s->slots[i].pid) s->slots[i].pid = 0;
-            else left++;
+            if (waitpid(s->slots[i].pid, NULL, WNOHANG) == s->slots[i].pid)
+                s->slots[i].pid = 0;
+            else
+                left++;
         }
         if (!left || interrupts >= 2) break;
         if (kvm_now_ms() > end) {
@@ -660,7 +684,8 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     s.cfg = cfg;
     s.o = o;
     snprintf(s.front_ep, sizeof s.front_ep, "%s", o->bind ? o->bind : kvm_config_str(cfg, "serve", "bind"));
-    snprintf(s.store_path, sizeof s.store_path, "%s", o->store_path ? o->store_path : kvm_config_str(cfg, "store", "path"));
+    snprintf(s.store_path, sizeof s.store_path, "%s",
+             o->store_path ? o->store_path : kvm_config_str(cfg, "store", "path"));
     const char *bd = o->bin_dir ? o->bin_dir : kvm_config_str(cfg, "stages", "bin_dir");
     snprintf(s.bin_dir, sizeof s.bin_dir, "%s", *bd ? bd : ".");
     int64_t nw = o->workers >= 0 ? o->workers : kvm_config_int(cfg, "serve", "workers");
@@ -679,12 +704,13 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     interrupts = 0;
     int rc = prepare(&s), status = 0;
     if (rc) {
-        logf_("%s", kvm_errmsg());
+        log_line("%s", kvm_errmsg());
         status = rc == KVM_EINVAL ? 2 : 1;
     } else {
-        if (s.n_slots == 0) logf_("ready: front end %s, no decode workers started; back end %s", s.front_ep, s.base);
-        while (!interrupts) {
-            zmq_pollitem_t items[3] = {{s.front, 0, ZMQ_POLLIN, 0}, {s.ctl, 0, ZMQ_POLLIN, 0}, {s.data, 0, ZMQ_POLLIN, 0}};
+        if (s.n_slots == 0) log_line("ready: front end %s, no decode workers started; back end %s", s.front_ep, s.base);
+        while (!interrupts && !s.fatal) {
+            zmq_pollitem_t items[3] = {
+                {s.front, 0, ZMQ_POLLIN, 0}, {s.ctl, 0, ZMQ_POLLIN, 0}, {s.data, 0, ZMQ_POLLIN, 0}};
             zmq_poll(items, 3, 100);
             if (items[1].revents & ZMQ_POLLIN) receive_back(&s, s.ctl, 1);
             if (items[2].revents & ZMQ_POLLIN) receive_back(&s, s.data, 0);
@@ -692,11 +718,17 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
             check_health(&s);
             dispatch(&s);
         }
-        logf_("stopping (%s): %llu answered, %llu errors", interrupts >= 2 ? "now" : "letting workers finish",
-              (unsigned long long)s.served, (unsigned long long)s.failed);
+        if (s.fatal) {
+            log_line("decode workers exit %d times in a row before connecting (see their messages above): stopping",
+                     MAX_EARLY_EXITS);
+            status = 1;
+        } else
+            log_line("stopping (%s): %llu answered, %llu errors", interrupts >= 2 ? "now" : "letting workers finish",
+                     (unsigned long long)s.served, (unsigned long long)s.failed);
     }
     shutdown_workers(&s, interrupts >= 2 || rc);
-    for (int w = 0; w < s.n_workers; w++) kvm_msg_free(&s.workers[w].env);
+    for (int w = 0; w < s.n_workers; w++)
+        kvm_msg_free(&s.workers[w].env);
     free(s.queue);
     if (s.front) zmq_close(s.front);
     if (s.ctl) zmq_close(s.ctl);
@@ -705,6 +737,6 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     if (s.own_run_dir) remove_run_dir(s.run_dir);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (!rc) logf_("stopped");
+    if (!rc && !s.fatal) log_line("stopped");
     return interrupts >= 2 ? 130 : status;
 }

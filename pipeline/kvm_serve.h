@@ -32,7 +32,8 @@ typedef struct kvm_serve_opts {
  * per request; prints "kvmill serve: ready ..." once every started worker has reported
  * ready. Installs its own SIGINT/SIGTERM handlers for the duration. Not reentrant (one
  * broker per process). Returns the exit status: 0 after a clean stop, 1 when a socket or
- * process could not be set up, 2 for a configuration problem (missing kvmill-decode,
+ * process could not be set up or a worker exited 3 times in a row before connecting (its
+ * setup failed: bad model, store or config), 2 for a configuration problem (missing kvmill-decode,
  * bad endpoint, non-local endpoint without [security] keys: the message says which),
  * 130 after a second Ctrl-C. */
 int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);

@@ -1,9 +1,9 @@
 /* kvm_serve_cache.c: store and load a document's compressed cache (wire encoding). */
 #include "pipeline/kvm_serve_cache.h"
+#include "common/kvm_error.h"
+#include "model/kvm_forward.h"
 #include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_jobcfg.h"
-#include "model/kvm_forward.h"
-#include "common/kvm_error.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +22,12 @@ int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_wor
     kvm_frame *frames = calloc((size_t)L * MAX_FRAMES_PER_LAYER, sizeof *frames);
     char *canon = NULL;
     size_t canon_n = 0;
-    kvm_store_manifest man = {.n_layers = L, .n_tokens = n_tokens, .n_entries = kvm_kvcache_entries(cc),
+    kvm_store_manifest man = {.n_layers = L,
+                              .n_tokens = n_tokens,
+                              .n_entries = kvm_kvcache_entries(cc),
                               .full_bytes = kvm_model_kv_bytes(&wm->model->cfg, n_tokens),
-                              .model_id = wm->model_id, .tokenizer_id = wm->tok_id};
+                              .model_id = wm->model_id,
+                              .tokenizer_id = wm->tok_id};
     if (!rc && (!msgs || !layers || !frames)) rc = kvm_err(KVM_ENOMEM, "storing a cache: out of memory");
     for (int l = 0; !rc && l < L; l++) {
         if ((rc = kvm_cachecodec_encode_layer(cc, l, n_tokens, dtype, &msgs[l]))) break;
@@ -33,7 +36,8 @@ int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_wor
             rc = kvm_err(KVM_EINVAL, "cache layer %d encodes to %zu frames (at most %d)", l, nf, MAX_FRAMES_PER_LAYER);
             break;
         }
-        for (size_t f = 0; f < nf; f++) frames[(size_t)l * MAX_FRAMES_PER_LAYER + f] = kvm_msg_frame(msgs[l], f);
+        for (size_t f = 0; f < nf; f++)
+            frames[(size_t)l * MAX_FRAMES_PER_LAYER + f] = kvm_msg_frame(msgs[l], f);
         layers[l] = (kvm_store_layer){.frames = &frames[(size_t)l * MAX_FRAMES_PER_LAYER], .n_frames = (uint32_t)nf};
     }
     if (!rc) rc = kvm_jobcfg_config_id(cfg, &man.config_id, &canon, &canon_n);
@@ -43,7 +47,8 @@ int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_wor
         man.config = (kvm_frame){.data = (const uint8_t *)canon, .size = canon_n};
         rc = kvm_store_put_cache(store, &man, layers);
     }
-    for (int l = 0; msgs && l < L; l++) kvm_msg_free(&msgs[l]);
+    for (int l = 0; msgs && l < L; l++)
+        kvm_msg_free(&msgs[l]);
     free(msgs);
     free(layers);
     free(frames);

@@ -60,6 +60,9 @@ int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_k
     if (kvm_sculpt_mode_parse(method, &mode) == 0) {
         kvm_sculpt_opts o;
         int rc = sculpt_opts(c, mode, &o);
+        /* a document no longer than the retain zone has nothing to distil: keep it whole */
+        if (o.retain_tokens > in->n_tokens) o.retain_tokens = in->n_tokens;
+        if (o.k_entries > in->n_tokens - o.retain_tokens) o.k_entries = in->n_tokens - o.retain_tokens;
         return rc ? rc : kvm_sculpt_compress(in, &o, out, NULL);
     }
     return kvm_err(KVM_ENOTSUP, "compression method '%s' is not available in this build", method);

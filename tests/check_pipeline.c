@@ -325,13 +325,137 @@ START_TEST(test_garbage_to_each_stage)
 }
 END_TEST
 
+/* Spawns `kvmill run` in the background with stdout/stderr to files in tmp. */
+static pid_t run_background(const char *corpus)
+{
+    char out_path[4300], err_path[4300];
+    snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
+    snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen(out_path, "w", stdout);
+        freopen(err_path, "w", stderr);
+        char exe[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        execl(exe, exe, "run", "--config", cfg_path, "--corpus", corpus, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static char *tmp_file(const char *name)
+{
+    char p[4300];
+    snprintf(p, sizeof p, "%s/%s", tmp, name);
+    return kvm_test_read_file(p, NULL);
+}
+
+START_TEST(test_external_worker_joins)
+{
+    write_config("compress_workers = 0\n"); /* appended to [stages]: nobody compresses... */
+    pid_t run = run_background(docs);
+    usleep(300000);
+    char base[4400], exe[4200];
+    snprintf(base, sizeof base, "ipc://%s", run_dir);
+    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+    pid_t w = fork(); /* ...until a worker started by hand joins the running pipeline */
+    if (w == 0) {
+        char lp[4400];
+        snprintf(lp, sizeof lp, "%s/external.log", tmp);
+        freopen(lp, "w", stderr);
+        execl(exe, exe, "--connect", base, "--store", store, "--heartbeat-ms", "100", "--id", "by-hand", (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(run, &st, 0), run);
+    char *out = tmp_file("out.txt"), *err = tmp_file("err.txt");
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, err);
+    ck_assert_msg(strstr(out, "summary: compressed=5 "), "stdout: %s", out);
+    ck_assert_msg(strstr(err, "external compress worker by-hand joined"), "stderr: %s", err);
+    kill(w, SIGTERM);
+    ck_assert_int_eq(waitpid(w, &st, 0), w);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker exit %d", st);
+    free(out); free(err);
+}
+END_TEST
+
+START_TEST(test_ctrl_c)
+{
+    setenv("KVM_SLOW_COMPRESS", "1", 1);
+    write_config(NULL);
+    unsetenv("KVM_SLOW_COMPRESS");
+    /* first Ctrl-C: drain (the job in flight completes, queued ones are abandoned), exit 0 */
+    pid_t run = run_background(docs);
+    char lp[4400];
+    snprintf(lp, sizeof lp, "%s/compress-1-r0.log", run_dir);
+    for (int i = 0; i < 400; i++) {
+        usleep(50000);
+        char *log = kvm_test_read_file(lp, NULL);
+        int started = log && strstr(log, "connected");
+        free(log);
+        if (started) break;
+    }
+    usleep(300000);
+    kill(run, SIGINT);
+    int st;
+    ck_assert_int_eq(waitpid(run, &st, 0), run);
+    char *out = tmp_file("out.txt"), *err = tmp_file("err.txt");
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, err);
+    ck_assert_msg(strstr(err, "interrupted: finishing the jobs in flight"), "stderr: %s", err);
+    ck_assert_msg(strstr(out, "interrupted:") && strstr(out, "failed=0"), "stdout: %s", out);
+    /* how many documents were already past prefill when the signal came depends on timing;
+     * what must hold is that the run stopped cleanly with nothing failed or half-stored */
+    free(out); free(err);
+    /* second Ctrl-C: stop at once, exit 130 (a fresh store, so there is work to interrupt) */
+    kvm_test_rmtree(store);
+    run = run_background(docs);
+    usleep(300000);
+    kill(run, SIGINT);
+    usleep(100000);
+    kill(run, SIGINT);
+    ck_assert_int_eq(waitpid(run, &st, 0), run);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d", st);
+    /* nothing half-written: every stored cache verifies */
+    char cmd[8000];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store verify --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+}
+END_TEST
+
+START_TEST(test_jsonl_corpus)
+{
+    write_config(NULL);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/c.jsonl", tmp);
+    const char *good = "{\"id\": \"a\", \"text\": \"Once upon a time there was a cat.\"}\n"
+                       "\n{\"id\": \"b\", \"tokens\": [1, 403, 300, 290, 301]}\n";
+    ck_assert_int_eq(kvm_test_write_file(path, good, strlen(good)), 0);
+    char cmd[12000], *out, *err;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, path);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "summary: compressed=2 skipped=0 failed=0 truncated=0 "), "stdout: %s", out);
+    free(out); free(err);
+    const char *bad[] = {"{\"id\": \"a\"}\n", "{\"id\": 5, \"text\": \"x\"}\n", "not json\n",
+                         "{\"id\": \"a\", \"tokens\": [1, -2]}\n", "{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}\n"};
+    const char *why[] = {"exactly one of", "\"id\" must be", "invalid JSON", "is not a token id", "duplicate id"};
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(kvm_test_write_file(path, bad[i], strlen(bad[i])), 0);
+        ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+        ck_assert_msg(strstr(err, why[i]) && strstr(err, "c.jsonl:"), "case %d stderr: %s", i, err);
+        free(out); free(err);
+    }
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"run_then_skip", test_run_then_skip}, {"compress_worker_killed", test_compress_worker_killed},
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
-        {"garbage_to_each_stage", test_garbage_to_each_stage}};
+        {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
+        {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -1,0 +1,212 @@
+/* kvm_eval_doc.c: one document's full-KV reference (context cache, capture, reference
+ * logits) and the teacher-forced continuation over a compressed cache, scored against it. */
+#include "common/kvm_error.h"
+#include "compress/eval/kvm_eval.h"
+#include "model/kvm_sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvm_eval_doc {
+    const kvm_model *m;
+    kvm_forward *f;
+    int32_t *tokens;       /* [N+T] */
+    int64_t n_ctx, n_cont; /* N, T */
+    kvm_kvcache *full;     /* context cache */
+    kvm_capture *cap;      /* context capture */
+    float *ref;            /* [T][vocab] reference logits */
+    float *work;           /* [T][vocab] logits of the compressed run */
+    double ppl_full;
+    kvm_compress_input in;
+};
+
+double kvm_eval_kl(const float *lp, const float *lq, int vocab)
+{
+    double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0, kl = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (lp[i] > mp) mp = lp[i];
+        if (lq[i] > mq) mq = lq[i];
+    }
+    for (int i = 0; i < vocab; i++) {
+        zp += exp((double)lp[i] - mp);
+        zq += exp((double)lq[i] - mq);
+    }
+    const double lzp = mp + log(zp), lzq = mq + log(zq);
+    for (int i = 0; i < vocab; i++) {
+        double a = (double)lp[i] - lzp, b = (double)lq[i] - lzq;
+        kl += exp(a) * (a - b);
+    }
+    return kl > 0 ? kl : 0.0; /* rounding can give -1e-17 for equal distributions */
+}
+
+/* −log softmax(l)[target]. */
+static double nll(const float *l, int vocab, int32_t target)
+{
+    double mx = -INFINITY, z = 0;
+    for (int i = 0; i < vocab; i++)
+        if (l[i] > mx) mx = l[i];
+    for (int i = 0; i < vocab; i++)
+        z += exp((double)l[i] - mx);
+    return mx + log(z) - (double)l[target];
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double kvm_eval_quantile(double *x, int64_t n, double q)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    double p = q * (double)(n - 1);
+    int64_t i = (int64_t)floor(p);
+    if (i >= n - 1) return x[n - 1];
+    return x[i] + (p - (double)i) * (x[i + 1] - x[i]);
+}
+
+/* Teacher-forces tokens N..N+T-2 one at a time over cache c; logits rows 1..T-1 go to out
+ * (row 0, the context prefill's own prediction, is copied from the reference). */
+static int continue_run(kvm_eval_doc *d, kvm_kvcache *c, float *out)
+{
+    const int V = d->m->cfg.vocab_size;
+    memcpy(out, d->ref, (size_t)V * sizeof *out);
+    for (int64_t i = 1; i < d->n_cont; i++) {
+        int rc = kvm_forward_decode(d->f, c, d->tokens[d->n_ctx + i - 1], out + i * V);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *tokens, int64_t n_tokens, int64_t n_ctx,
+                     int64_t n_cont, kvm_eval_doc **out)
+{
+    *out = NULL;
+    const kvm_model_config *c = &m->cfg;
+    if (n_ctx < 1 || n_cont < 1 || n_tokens < n_ctx + n_cont)
+        return kvm_err(KVM_EINVAL, "eval: a document of %lld tokens cannot give context %lld + continuation %lld",
+                       (long long)n_tokens, (long long)n_ctx, (long long)n_cont);
+    if (n_ctx + n_cont > c->seq_len)
+        return kvm_err(KVM_EINVAL, "eval: context %lld + continuation %lld exceeds the model's window of %d tokens",
+                       (long long)n_ctx, (long long)n_cont, c->seq_len);
+    kvm_eval_doc *d = calloc(1, sizeof *d);
+    if (!d) return kvm_err(KVM_ENOMEM, "eval: out of memory");
+    d->m = m;
+    d->n_ctx = n_ctx;
+    d->n_cont = n_cont;
+    const size_t TV = (size_t)n_cont * (size_t)c->vocab_size;
+    d->tokens = malloc((size_t)(n_ctx + n_cont) * sizeof *d->tokens);
+    d->ref = malloc(TV * sizeof *d->ref);
+    d->work = malloc(TV * sizeof *d->work);
+    kvm_kvcache *tmp = NULL;
+    int rc = d->tokens && d->ref && d->work ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) {
+        memcpy(d->tokens, tokens, (size_t)(n_ctx + n_cont) * sizeof *d->tokens);
+        rc = kvm_forward_new(m, k, n_ctx, &d->f);
+    }
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    if (!rc) rc = kvm_capture_new(c, n_ctx, &co, &d->cap);
+    if (!rc) rc = kvm_forward_cache_new(m, n_ctx + n_cont, &d->full);
+    if (!rc) rc = kvm_forward_add_hooks(d->f, kvm_capture_hooks(d->cap));
+    if (!rc) rc = kvm_forward_prefill(d->f, d->full, d->tokens, n_ctx, d->ref, KVM_LOGITS_LAST);
+    if (d->f) kvm_forward_clear_hooks(d->f);
+    if (!rc) rc = kvm_kvcache_clone(d->full, &tmp);
+    if (!rc) rc = continue_run(d, tmp, d->ref);
+    kvm_kvcache_free(&tmp);
+    if (rc) {
+        kvm_eval_doc_free(&d);
+        return rc;
+    }
+    double s = 0;
+    for (int64_t i = 0; i < n_cont; i++)
+        s += nll(d->ref + i * c->vocab_size, c->vocab_size, d->tokens[n_ctx + i]);
+    d->ppl_full = exp(s / (double)n_cont);
+    d->in = (kvm_compress_input){.model = m, .full = d->full, .cap = d->cap, .n_tokens = n_ctx, .n_future = n_cont};
+    *out = d;
+    return 0;
+}
+
+void kvm_eval_doc_free(kvm_eval_doc **pd)
+{
+    if (!pd || !*pd) return;
+    kvm_eval_doc *d = *pd;
+    kvm_forward_free(&d->f);
+    kvm_capture_free(&d->cap);
+    kvm_kvcache_free(&d->full);
+    free(d->tokens);
+    free(d->ref);
+    free(d->work);
+    free(d);
+    *pd = NULL;
+}
+
+const kvm_compress_input *kvm_eval_doc_input(const kvm_eval_doc *d) { return &d->in; }
+
+double kvm_eval_doc_ppl_full(const kvm_eval_doc *d) { return d->ppl_full; }
+
+int kvm_eval_continue(kvm_eval_doc *d, const kvm_kvcache *compressed, kvm_decode_policy *pol, const kvm_hooks *extra,
+                      kvm_eval_result *r)
+{
+    const kvm_model_config *c = &d->m->cfg;
+    const int V = c->vocab_size;
+    const int64_t T = d->n_cont;
+    if (compressed->n_layers != c->n_layers || compressed->n_kv_heads != c->n_kv_heads ||
+        compressed->head_dim != c->head_dim || compressed->next_pos != d->n_ctx)
+        return kvm_err(KVM_EINVAL, "eval: the compressed cache is not a %d-token context cache of this model",
+                       (int)d->n_ctx);
+    int64_t entries = kvm_kvcache_entries(compressed);
+    kvm_kvcache *c2 = NULL;
+    double *kl = malloc((size_t)T * sizeof *kl);
+    int rc = kl ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) rc = kvm_kvcache_clone(compressed, &c2);
+    if (!rc && pol) rc = kvm_forward_add_hooks(d->f, &pol->hooks);
+    if (!rc && extra) rc = kvm_forward_add_hooks(d->f, extra);
+    if (!rc) rc = continue_run(d, c2, d->work);
+    kvm_forward_clear_hooks(d->f);
+    if (!rc) {
+        double s = 0, agree = 0, sk = 0;
+        for (int64_t i = 0; i < T; i++) {
+            const float *p = d->ref + i * V, *q = d->work + i * V;
+            kl[i] = kvm_eval_kl(p, q, V);
+            sk += kl[i];
+            agree += kvm_argmax(p, V) == kvm_argmax(q, V);
+            s += nll(q, V, d->tokens[d->n_ctx + i]);
+        }
+        r->kl_mean = sk / (double)T;
+        r->top1 = agree / (double)T;
+        r->ppl_full = d->ppl_full;
+        r->ppl_compressed = exp(s / (double)T);
+        r->kl_median = kvm_eval_quantile(kl, T, 0.5);
+        r->kl_p99 = kvm_eval_quantile(kl, T, 0.99);
+        r->budget_tokens = (double)entries / ((double)c->n_layers * c->n_kv_heads);
+        r->ratio = r->budget_tokens / (double)d->n_ctx;
+    }
+    kvm_kvcache_free(&c2);
+    free(kl);
+    return rc;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int kvm_eval_run(kvm_eval_doc *d, const kvm_method *m, const void *opts, int phases_both, kvm_eval_result *r)
+{
+    kvm_kvcache *cc = NULL;
+    kvm_decode_policy *pol = NULL;
+    memset(r, 0, sizeof *r);
+    double t0 = now_s();
+    int rc = m->compress(&d->in, opts, &cc);
+    double dt = now_s() - t0;
+    if (!rc && phases_both && m->decode_new) rc = m->decode_new(&d->in, opts, cc, &pol);
+    if (!rc) rc = kvm_eval_continue(d, cc, pol, NULL, r);
+    r->seconds = dt;
+    kvm_decode_policy_free(&pol);
+    kvm_kvcache_free(&cc);
+    return rc;
+}

@@ -1,0 +1,261 @@
+/* kvm_evict_decode.c: the decode phase of the eviction patterns: forward hooks that keep
+ * each (layer, KV head) within its budget as tokens are appended, with per-position scores
+ * (accumulated attention) where the pattern needs them. */
+#include "common/kvm_error.h"
+#include "compress/evict/kvm_evict.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pos_scores {
+    float *s;    /* [cap] score by absolute position */
+    int64_t cap; /* positions allocated */
+} pos_scores;
+
+typedef struct evict_decode {
+    kvm_model_config cfg;
+    kvm_pattern *pattern; /* [L][H] */
+    int64_t *budget;      /* [L][H] */
+    kvm_evict_params prm;
+    pos_scores *sc; /* [L][H] */
+    float *tmp;     /* scratch, tmp_cap floats */
+    int64_t tmp_cap;
+} evict_decode;
+
+static void dec_free(void *p)
+{
+    evict_decode *d = p;
+    if (!d) return;
+    for (int i = 0; d->sc && i < d->cfg.n_layers * d->cfg.n_kv_heads; i++)
+        free(d->sc[i].s);
+    free(d->sc);
+    free(d->pattern);
+    free(d->budget);
+    free(d->tmp);
+    free(d);
+}
+
+/* Grows a position-score array to hold position pos. */
+static int ensure_pos(pos_scores *ps, int64_t pos)
+{
+    if (pos < ps->cap) return 0;
+    int64_t cap = pos + 1 > 2 * ps->cap ? pos + 1 : 2 * ps->cap;
+    float *s = realloc(ps->s, (size_t)cap * sizeof *s);
+    if (!s) return kvm_err(KVM_ENOMEM, "evict decode: out of memory for %lld positions", (long long)cap);
+    memset(s + ps->cap, 0, (size_t)(cap - ps->cap) * sizeof *s);
+    ps->s = s;
+    ps->cap = cap;
+    return 0;
+}
+
+static int ensure_tmp(evict_decode *d, int64_t n)
+{
+    if (n <= d->tmp_cap) return 0;
+    float *t = realloc(d->tmp, (size_t)n * sizeof *t);
+    if (!t) return kvm_err(KVM_ENOMEM, "evict decode: out of memory");
+    d->tmp = t;
+    d->tmp_cap = n;
+    return 0;
+}
+
+/* TOVA: the newest query's attention over the head's entries, averaged over the group. */
+static void tova_scores(const evict_decode *d, const kvm_attn_site *s, int g, const kvm_kv_head *h, float *row,
+                        float *out)
+{
+    const int dh = d->cfg.head_dim, grp = d->cfg.n_heads / d->cfg.n_kv_heads;
+    const int32_t qp = s->qpos[s->n_q - 1];
+    const float scale = 1.0f / sqrtf((float)dh);
+    memset(out, 0, (size_t)h->n * sizeof *out);
+    for (int j = 0; j < grp; j++) {
+        const float *q = s->q + ((s->n_q - 1) * (int64_t)d->cfg.n_heads + g * grp + j) * dh;
+        float mx = -INFINITY;
+        for (int64_t e = 0; e < h->n; e++) {
+            int vis = h->pos[e] == KVM_POS_NONE || h->pos[e] <= qp;
+            float sc = 0;
+            for (int i = 0; i < dh; i++)
+                sc += q[i] * h->k[e * dh + i];
+            row[e] = vis ? sc * scale + h->bias[e] : -INFINITY;
+            if (row[e] > mx) mx = row[e];
+        }
+        double sum = 0;
+        for (int64_t e = 0; e < h->n; e++)
+            sum += (row[e] = row[e] == -INFINITY ? 0.0f : expf(row[e] - mx));
+        for (int64_t e = 0; e < h->n; e++)
+            out[e] += (float)(row[e] / sum) / (float)grp;
+    }
+}
+
+/* Index of the entry to evict from head h (n > b), or -1 when it holds no positioned entry. */
+static int64_t victim(evict_decode *d, const kvm_attn_site *s, int l, int g, kvm_kv_head *h, int64_t b, int *rc)
+{
+    kvm_pattern p = d->pattern[l * d->cfg.n_kv_heads + g];
+    int64_t first = 0;
+    while (first < h->n && h->pos[first] == KVM_POS_NONE)
+        first++;
+    const int64_t npos = h->n - first;
+    if (npos <= 0) return -1;
+    if (p == KVM_PATTERN_STREAMING) {
+        int64_t v = first + d->prm.sinks;
+        return v < h->n ? v : first;
+    }
+    int64_t prot; /* protected most recent positioned entries */
+    if (p == KVM_PATTERN_H2O)
+        prot = (int64_t)floor((double)b * d->prm.recent_frac);
+    else if (p == KVM_PATTERN_TOVA)
+        prot = 0;
+    else
+        prot = d->prm.window < b ? d->prm.window : b;
+    if (prot >= npos) return first;
+    const int64_t m = npos - prot;                      /* candidates first..first+m-1 */
+    if ((*rc = ensure_tmp(d, 3 * h->n + 2))) return -1; /* [raw | score | all] scratch, reused per step */
+    float *score = d->tmp + h->n + 1;
+    if (p == KVM_PATTERN_TOVA) {
+        float *all = d->tmp + 2 * h->n + 2;
+        tova_scores(d, s, g, h, d->tmp, all);
+        for (int64_t i = 0; i < m; i++)
+            score[i] = all[first + i];
+    } else {
+        pos_scores *ps = &d->sc[l * d->cfg.n_kv_heads + g];
+        for (int64_t i = 0; i < m; i++) {
+            int32_t pp = h->pos[first + i];
+            score[i] = pp < ps->cap ? ps->s[pp] : 0.0f;
+        }
+        if (p == KVM_PATTERN_SNAPKV || p == KVM_PATTERN_PYRAMIDKV) { /* max pooling over neighbours */
+            float *raw = d->tmp;
+            memcpy(raw, score, (size_t)m * sizeof *raw);
+            int64_t half = d->prm.pool / 2;
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t t = i - half; t <= i + half; t++)
+                    if (t >= 0 && t < m && raw[t] > score[i]) score[i] = raw[t];
+        }
+    }
+    int64_t best = 0; /* lowest score; ties evict the later entry (earlier positions are kept) */
+    for (int64_t i = 1; i < m; i++)
+        if (score[i] <= score[best]) best = i;
+    return first + best;
+}
+
+static int on_update(void *user, kvm_attn_site *s)
+{
+    evict_decode *d = user;
+    const int H = d->cfg.n_kv_heads, l = s->layer;
+    int rc = 0;
+    for (int g = 0; g < H && !rc; g++) {
+        kvm_pattern p = d->pattern[l * H + g];
+        int64_t b = d->budget[l * H + g];
+        if (p == KVM_PATTERN_NONE) continue;
+        kvm_kv_head *h = kvm_kvcache_head(s->cache, l, g);
+        while (h->n > b && !rc) {
+            int64_t v = victim(d, s, l, g, h, b, &rc);
+            if (rc || v < 0) break;
+            /* drop entry v: shift the tail down (keep order) */
+            const int dh = s->cache->head_dim;
+            int64_t tail = h->n - v - 1;
+            memmove(h->k + v * dh, h->k + (v + 1) * dh, (size_t)(tail * dh) * sizeof(float));
+            memmove(h->v + v * dh, h->v + (v + 1) * dh, (size_t)(tail * dh) * sizeof(float));
+            memmove(h->pos + v, h->pos + v + 1, (size_t)tail * sizeof *h->pos);
+            memmove(h->bias + v, h->bias + v + 1, (size_t)tail * sizeof *h->bias);
+            h->n--;
+        }
+    }
+    return rc;
+}
+
+static int on_post(void *user, const kvm_attn_site *s)
+{
+    evict_decode *d = user;
+    const int H = d->cfg.n_kv_heads;
+    kvm_pattern p = d->pattern[s->layer * H + s->kv_head];
+    if (p != KVM_PATTERN_H2O && p != KVM_PATTERN_SNAPKV && p != KVM_PATTERN_PYRAMIDKV) return 0;
+    const kvm_kv_head *h = kvm_kvcache_head(s->cache, s->layer, s->kv_head);
+    pos_scores *ps = &d->sc[s->layer * H + s->kv_head];
+    const int grp = d->cfg.n_heads / H;
+    /* SnapKV votes decay by (1 − 1/window) per query (once per group, at its first head) so
+     * they approximate the last `window` queries' votes. */
+    const int decay = p != KVM_PATTERN_H2O && s->head % grp == 0 && d->prm.window > 1;
+    for (int64_t i = 0; i < s->n_q; i++) {
+        const float *row = s->probs + i * s->n_e;
+        if (decay)
+            for (int64_t e = 0; e < h->n && e < s->n_e; e++)
+                if (h->pos[e] >= 0 && h->pos[e] < ps->cap) ps->s[h->pos[e]] *= 1.0f - 1.0f / (float)d->prm.window;
+        for (int64_t e = 0; e < s->n_e; e++) {
+            int32_t pp = h->pos[e];
+            if (pp < 0) continue;
+            int rc = ensure_pos(ps, pp);
+            if (rc) return rc;
+            ps->s[pp] += row[e];
+        }
+    }
+    return 0;
+}
+
+/* Seeds scores from the prefill capture: H2O the accumulated mass, SnapKV the window votes. */
+static int seed(evict_decode *d, const kvm_compress_input *in)
+{
+    const kvm_model_config *c = &d->cfg;
+    const int64_t n = in->n_tokens, grp = c->n_heads / c->n_kv_heads;
+    int64_t w = d->prm.window < n ? d->prm.window : n;
+    if (w < 1) w = 1;
+    float *obs = malloc((size_t)(grp * w * n) * sizeof *obs), *mass = malloc((size_t)(grp * n) * sizeof *mass);
+    int rc = obs && mass ? 0 : kvm_err(KVM_ENOMEM, "evict decode: out of memory");
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        for (int g = 0; !rc && g < c->n_kv_heads; g++) {
+            kvm_pattern p = d->pattern[l * c->n_kv_heads + g];
+            if (p != KVM_PATTERN_H2O && p != KVM_PATTERN_SNAPKV && p != KVM_PATTERN_PYRAMIDKV) continue;
+            kvm_evict_attn a;
+            pos_scores *ps = &d->sc[l * c->n_kv_heads + g];
+            if ((rc = kvm_evict_attn_from_capture(c, in->cap, l, g, w, obs, mass, &a)) || (rc = ensure_pos(ps, n - 1)))
+                break;
+            for (int j = 0; j < grp; j++)
+                for (int64_t t = 0; t < n; t++) {
+                    if (p == KVM_PATTERN_H2O)
+                        ps->s[t] += mass[j * n + t];
+                    else
+                        for (int64_t r = 0; r < w; r++)
+                            ps->s[t] += obs[(j * w + r) * n + t];
+                }
+        }
+    free(obs);
+    free(mass);
+    return rc;
+}
+
+int kvm_evict_decode_new(const kvm_model_config *c, const kvm_evict_plan *plan, const kvm_compress_input *in,
+                         kvm_decode_policy **out)
+{
+    *out = NULL;
+    if (plan->n_layers != c->n_layers || plan->n_kv_heads != c->n_kv_heads)
+        return kvm_err(KVM_EINVAL, "evict decode: plan shape %dx%d is not the model's %dx%d", plan->n_layers,
+                       plan->n_kv_heads, c->n_layers, c->n_kv_heads);
+    const size_t nh = (size_t)c->n_layers * (size_t)c->n_kv_heads;
+    for (size_t i = 0; i < nh; i++)
+        if (plan->budget[i] < 1)
+            return kvm_err(KVM_EINVAL, "evict decode: budget %lld < 1", (long long)plan->budget[i]);
+    evict_decode *d = calloc(1, sizeof *d);
+    kvm_decode_policy *pol = calloc(1, sizeof *pol);
+    int rc = 0;
+    if (d) {
+        d->cfg = *c;
+        d->prm = plan->params;
+        d->pattern = malloc(nh * sizeof *d->pattern);
+        d->budget = malloc(nh * sizeof *d->budget);
+        d->sc = calloc(nh, sizeof *d->sc);
+    }
+    if (!d || !pol || !d->pattern || !d->budget || !d->sc) rc = kvm_err(KVM_ENOMEM, "evict decode: out of memory");
+    if (!rc) {
+        memcpy(d->pattern, plan->pattern, nh * sizeof *d->pattern);
+        memcpy(d->budget, plan->budget, nh * sizeof *d->budget);
+        if (in && in->cap) rc = seed(d, in);
+    }
+    if (rc) {
+        dec_free(d);
+        free(pol);
+        return rc;
+    }
+    pol->state = d;
+    pol->state_free = dec_free;
+    pol->hooks = (kvm_hooks){.user = d, .cache_update = on_update, .post_attn = on_post};
+    *out = pol;
+    return 0;
+}

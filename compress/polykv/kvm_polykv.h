@@ -1,0 +1,209 @@
+/* kvm_polykv.h: PolyKV (Fei & Kalnis, "PolyKV: Heterogeneous Retention and Allocation for
+ * KV Cache Compression", arXiv 2606.15157): per-layer heterogeneous eviction strategies.
+ * Calibration measures, per layer, phase and pattern, how well each eviction pattern
+ * preserves the layer (cosine similarity of its attention output vs full KV; perplexity
+ * sensitivity when only that layer is compressed) and how sensitive the layer is to budget
+ * (attention entropy; worst-case perplexity change over patterns). A strategy turns these
+ * into a pattern and a budget per layer and phase under a global budget L×B with floor
+ * b_min. The strategy has a canonical, versioned byte encoding (for the store and the wire)
+ * and a table print. */
+#ifndef KVM_POLYKV_H
+#define KVM_POLYKV_H
+
+#include "compress/eval/kvm_eval.h"
+#include "compress/evict/kvm_evict.h"
+
+#include <stdio.h>
+
+/* How the per-layer pattern is chosen. */
+typedef enum kvm_polykv_select {
+    KVM_POLYKV_SELECT_COSINE = 0, /* highest mean cosine similarity */
+    KVM_POLYKV_SELECT_PPL = 1,    /* lowest perplexity sensitivity */
+    KVM_POLYKV_SELECT_SINGLE = 2, /* one pattern everywhere (a baseline candidate) */
+    KVM_POLYKV_SELECT_SEARCH = 3, /* refined by search on the calibration KL (kvm_polykv_refine) */
+    KVM_POLYKV_SELECT_COUNT = 4,
+} kvm_polykv_select;
+
+/* How the global budget is split over layers. */
+typedef enum kvm_polykv_alloc {
+    KVM_POLYKV_ALLOC_UNIFORM = 0, /* B per layer */
+    KVM_POLYKV_ALLOC_ENTROPY = 1, /* ∝ the layer's mean attention entropy */
+    KVM_POLYKV_ALLOC_PPL = 2,     /* ∝ the layer's worst-case perplexity degradation */
+    KVM_POLYKV_ALLOC_PYRAMID = 3, /* PyramidKV's linear schedule (1.5·B → 0.5·B) */
+    KVM_POLYKV_ALLOC_SEARCH = 4,  /* refined by search on the calibration KL (kvm_polykv_refine) */
+    KVM_POLYKV_ALLOC_COUNT = 5,
+} kvm_polykv_alloc;
+
+enum { KVM_POLYKV_PHASES = 2 }; /* index 0 = prefill, 1 = decode (kvm_phase) */
+
+/* One layer of a strategy. */
+typedef struct kvm_strategy_layer {
+    kvm_pattern pattern[KVM_POLYKV_PHASES]; /* pattern in prefill and in decode */
+    int64_t budget;                         /* entries per KV head of this layer (both phases) */
+} kvm_strategy_layer;
+
+/* A strategy: plain value; layers owned (free with kvm_strategy_free). */
+typedef struct kvm_strategy {
+    int n_layers;               /* L */
+    int64_t budget_avg;         /* B: the layers' budgets sum to exactly L·B */
+    int64_t b_min;              /* floor of every layer's budget */
+    kvm_polykv_select select;   /* how the patterns were chosen (informational) */
+    kvm_polykv_alloc alloc;     /* how the budgets were split (informational) */
+    double alloc_power;         /* signal exponent used by the allocation (informational, 1 = linear) */
+    int head_split;             /* 0: every KV head of a layer gets the layer budget; 1: each layer's
+                                   total is split over its KV heads ∝ their attention entropy on
+                                   the document being compressed; 2: the global total L·H·B is split
+                                   over all (layer, KV head) ∝ entropy (kvm_polykv_head_split) */
+    kvm_strategy_layer *layers; /* [n_layers] */
+} kvm_strategy;
+
+/* Calibration signals over n_docs documents (means over documents and continuation steps).
+ * Arrays indexed [phase][layer][pattern] = (φ·L + l)·P + r with P = KVM_PATTERN_COUNT. */
+typedef struct kvm_polykv_signals {
+    int n_layers;         /* L */
+    int n_docs;           /* documents averaged */
+    int64_t budget;       /* calibration budget B (PyramidKV: its layer's pyramid budget) */
+    double *cosine;       /* [2][L][P] mean cosine(layer l's attention output under r, under full KV) */
+    double *ppl_delta;    /* [2][L][P] mean ppl(only layer l uses r) − ppl(full KV) */
+    double *kl;           /* [2][L][P] mean KL(full ‖ only layer l uses r), nats (diagnostic) */
+    double *entropy;      /* [L] mean attention entropy of layer l over heads and context queries, nats */
+    double *worst_ppl;    /* [2][L] max over patterns of ppl_delta */
+} kvm_polykv_signals;
+
+/* Names: "cosine"/"ppl"/"single"/"search", "uniform"/"entropy"/"ppl"/"pyramid"/"search".
+ * Never NULL ("?" when out of range). */
+const char *kvm_polykv_select_name(kvm_polykv_select s);
+const char *kvm_polykv_alloc_name(kvm_polykv_alloc a);
+/* Parse the user-facing modes (`--select cosine|ppl`, `--alloc entropy|ppl|uniform`);
+ * KVM_EINVAL with a message listing the valid names otherwise. */
+int kvm_polykv_select_parse(const char *s, kvm_polykv_select *out);
+int kvm_polykv_alloc_parse(const char *s, kvm_polykv_alloc *out);
+
+/* Allocates zeroed signals for L layers. Returns 0, KVM_EINVAL, KVM_ENOMEM. */
+int kvm_polykv_signals_new(int n_layers, kvm_polykv_signals **out);
+void kvm_polykv_signals_free(kvm_polykv_signals **s); /* accepts NULL; sets *s = NULL */
+
+/* Measures every signal at budget B on the prepared documents (kvm_eval_doc_new), adding
+ * each document's values into s and dividing at the end (s->n_docs = n_docs). For each
+ * (phase, layer, pattern): only layer l is compressed with pattern r (prefill phase: its
+ * context cache cut to b; decode phase: cut and kept within b by r's decode policy while
+ * the continuation is appended), every other layer keeps full KV; the continuation is run
+ * and layer l's attention output at each step is compared to the full-KV run (cosine of the
+ * concatenated head outputs, averaged over steps), together with the continuation
+ * perplexity and KL. Returns 0, KVM_EINVAL (B < 1, no documents), KVM_ENOMEM, forward
+ * errors. */
+int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_polykv_signals *s);
+
+/* Writes every signal as CSV: header
+ * "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl". Returns 0 or KVM_EIO. */
+int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
+
+/* Builds a strategy from signals: per (layer, phase) the pattern with the best preference
+ * score (select COSINE: highest cosine; PPL: lowest ppl_delta; ties to the earlier pattern;
+ * PyramidKV is not a per-layer choice since its selection is SnapKV's and its budgets are
+ * the strategy's; SINGLE: `single` everywhere), and budgets by alloc with weights
+ * signal^power: ENTROPY the layer entropy, PPL the prefill worst_ppl (clamped to ≥ 1e-6),
+ * UNIFORM equal, PYRAMID the PyramidKV schedule; each ≥ b_min, summing to exactly L·B
+ * (kvm_evict_apportion). Deterministic. *out owned by the caller. Returns 0, KVM_EINVAL
+ * (B < 1, b_min < 1, b_min·L > L·B, bad mode), KVM_ENOMEM. */
+int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel, kvm_pattern single,
+                              kvm_polykv_alloc alloc, double power, int64_t B, int64_t b_min, kvm_strategy **out);
+
+/* Allocates a strategy of L layers (zeroed layers). Returns 0, KVM_EINVAL, KVM_ENOMEM. */
+int kvm_strategy_new(int n_layers, kvm_strategy **out);
+void kvm_strategy_free(kvm_strategy **s); /* accepts NULL; sets *s = NULL */
+/* Deep copy. Returns 0, KVM_EINVAL (bad layer count), KVM_ENOMEM. */
+int kvm_strategy_clone(const kvm_strategy *s, kvm_strategy **out);
+
+/* Per-layer budgets of s rescaled proportionally to average B (sum exactly L·B, each ≥ 1,
+ * kvm_evict_apportion); B == s->budget_avg gives s's budgets. out[n_layers]. Returns 0,
+ * KVM_EINVAL (B < 1), KVM_ENOMEM. */
+int kvm_strategy_rescale(const kvm_strategy *s, int64_t B, int64_t *out);
+
+/* An eviction plan for phase φ (0 prefill, 1 decode) of s at average budget B for a model
+ * with n_kv_heads KV heads per layer (every KV head of a layer gets the layer's pattern and
+ * budget). Free with kvm_evict_plan_free. Returns 0, KVM_EINVAL, KVM_ENOMEM. */
+int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_heads, kvm_evict_plan **out);
+
+/* Document-adaptive budgets (our extension of PolyKV's entropy allocation to KV heads and
+ * to the document at hand): mode 1 splits each layer's total budget (Σ over its KV heads of
+ * plan->budget) over its KV heads, mode 2 splits the plan's grand total over every
+ * (layer, KV head), in proportion to each head's mean attention entropy on this document
+ * (the capture's entropy [n_heads][N], averaged over the GQA group's query heads and all N
+ * queries), each ≥ 1 entry (kvm_evict_apportion): diffuse heads get more entries, peaked
+ * heads fewer, at the same memory. Returns 0, KVM_EINVAL (bad mode, capture without
+ * statistics), KVM_ENOMEM. */
+int kvm_polykv_head_split(const kvm_model_config *c, const kvm_capture *cap, int mode, kvm_evict_plan *plan);
+
+/* Canonical encoding, version 1, little-endian (deterministic: equal strategies give equal
+ * bytes):
+ *   0  "KVST"  magic (4 bytes)          4  u16 version = 1      6  u16 L (≥ 1)
+ *   8  u32 B (≥ 1)                      12 u32 b_min (≤ B)      16 u8 select  17 u8 alloc
+ *   18 u8 head_split (0..2)  19 u8 reserved = 0                 20 u32 round(alloc_power·1000)
+ *   24 + 8·l: u8 prefill pattern, u8 decode pattern, u16 reserved = 0, u32 budget
+ * Total 24 + 8·L bytes. *buf malloc'ed, owned by the caller. Returns 0, KVM_EINVAL (a
+ * field out of range), KVM_ENOMEM. */
+int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len);
+
+/* Decodes and validates everything (magic, version, size, ranges, patterns, reserved bytes,
+ * each budget ≥ max(1, b_min), budgets summing to L·B); bad input is KVM_EFORMAT with a
+ * message naming the field and offset, never a crash. *out owned by the caller. Also
+ * KVM_ENOMEM. */
+int kvm_strategy_decode(const uint8_t *buf, size_t len, kvm_strategy **out);
+
+/* Reads / writes a strategy file (its canonical encoding). Errors: KVM_ENOTFOUND, KVM_EIO,
+ * KVM_EFORMAT (message names the file), KVM_ENOMEM. */
+int kvm_strategy_read(const char *path, kvm_strategy **out);
+int kvm_strategy_write(const kvm_strategy *s, const char *path);
+
+/* Prints the strategy as a table: one row per layer with both phases' patterns and the budget. */
+void kvm_strategy_print(const kvm_strategy *s, FILE *f);
+
+/* Mean KL(full ‖ compressed) of strategy s (prefill phase, at its own average budget) over
+ * the documents; per_doc[n_docs] (may be NULL) receives each document's mean KL. Returns 0
+ * or the run's status. */
+int kvm_polykv_score(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy *s, double *per_doc, double *kl_mean);
+
+/* The builder: scores every candidate on the calibration documents and returns the best
+ * (lowest mean KL; ties keep the earlier candidate) in *out (caller owns). Candidates:
+ * every heterogeneous strategy (select cosine|ppl × alloc uniform|entropy|ppl) and every
+ * single pattern under every allocation mode (uniform, entropy, ppl; PyramidKV under its
+ * own schedule), each with head_split 0 (equal KV heads) and 1 (entropy within layers), and
+ * with uniform allocation also head_split 2 (entropy over all heads). sel_only / alloc_only
+ * (≥ 0) restrict the candidates to one mode; −1 for all. The lowest mean KL wins, except
+ * that a heterogeneous winner must beat the best single-pattern candidate with a paired t
+ * statistic ≥ 2 over the documents (else that single pattern is kept: calibration on a few
+ * short documents is noisy and a mix that only ties does not generalise). refine_rounds > 0 then refines the
+ * best with kvm_polykv_refine (kept only if better on the calibration documents; it tends to
+ * overfit a few documents, so it is off by default in the CLI). Prints one line per
+ * candidate to `table` (may be NULL). Returns 0, KVM_EINVAL (bad budget, b_min, or no
+ * candidate left), KVM_ENOMEM, run errors. */
+int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polykv_signals *sig, int64_t B,
+                          int64_t b_min, int sel_only, int alloc_only, int refine_rounds, FILE *table,
+                          kvm_strategy **out);
+
+/* Refines strategy s by coordinate descent on the mean calibration KL (kvm_polykv_score):
+ * each round tries moving delta entries of budget between every ordered pair of layers
+ * (keeping each ≥ s->b_min and the sum L·B) and every pattern (not PyramidKV) at every
+ * layer (both phases), and applies the single best move if it lowers the KL; delta starts
+ * at max(1, B/4) and halves when no move helps, down to max(1, B/16); at most max_rounds
+ * rounds. Deterministic (ties keep the earlier move). *out (caller owns) is marked select =
+ * alloc = SEARCH; *kl_out its score. Prints one line per applied move to log (may be NULL).
+ * Returns 0, KVM_ENOMEM, run errors. */
+int kvm_polykv_refine(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy *s, int max_rounds, FILE *log,
+                      kvm_strategy **out, double *kl_out);
+
+/* The "polykv:FILE" method's pieces (rows of compress/eval/kvm_methods.c): options are the
+ * strategy read from FILE plus the requested budget; the strategy's per-layer budgets are
+ * rescaled to the requested average B (b = r·N for --ratio). */
+int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const kvm_model_config *c, void **opts);
+void kvm_polykv_method_opts_free(void *opts);
+int kvm_polykv_method_compress(const kvm_compress_input *in, const void *opts, kvm_kvcache **out);
+int kvm_polykv_method_decode_new(const kvm_compress_input *in, const void *opts, const kvm_kvcache *compressed,
+                                 kvm_decode_policy **out);
+
+/* The same method over a strategy in memory (borrowed; must outlive the opts): what the
+ * builder uses to evaluate candidates. */
+int kvm_polykv_method_opts_from(const kvm_strategy *s, const kvm_budget *budget, void **opts);
+
+#endif

@@ -1,0 +1,169 @@
+/* kvm_polykv_calibrate.c: PolyKV calibration signals. For each document, layer, phase and
+ * pattern, only that layer is compressed; a probe on the forward's post_attn hook records
+ * the layer's attention output at every continuation step, compared by cosine similarity
+ * with the full-KV run, alongside the continuation perplexity and KL. */
+#include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct probe {
+    int n_layers, n_heads, head_dim;
+    int64_t n_ctx, steps; /* continuation steps recorded: decode calls at positions N.. */
+    int layer;            /* layer recorded, or -1 for all */
+    float *out;           /* [L or 1][steps][n_heads*head_dim] */
+} probe;
+
+static int probe_post(void *user, const kvm_attn_site *s)
+{
+    probe *p = user;
+    if (p->layer >= 0 && s->layer != p->layer) return 0;
+    const int64_t row = (int64_t)p->n_heads * p->head_dim;
+    for (int64_t i = 0; i < s->n_q; i++) {
+        int64_t st = s->qpos[i] - p->n_ctx;
+        if (st < 0 || st >= p->steps) continue;
+        int64_t li = p->layer >= 0 ? 0 : s->layer;
+        memcpy(p->out + (li * p->steps + st) * row + (int64_t)s->head * p->head_dim, s->out + i * s->ld_out,
+               (size_t)p->head_dim * sizeof(float));
+    }
+    return 0;
+}
+
+static double cosine(const float *a, const float *b, int64_t n)
+{
+    if (memcmp(a, b, (size_t)n * sizeof *a) == 0) return 1.0; /* exact, not 1 ± rounding */
+    double ab = 0, aa = 0, bb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+        bb += (double)b[i] * b[i];
+    }
+    if (aa == 0 && bb == 0) return 1.0;
+    if (aa == 0 || bb == 0) return 0.0;
+    return ab / sqrt(aa * bb);
+}
+
+/* One (phase, layer, pattern) run on one document; adds its signals into s. */
+static int one_run(kvm_eval_doc *d, int ph, int l, kvm_pattern r, int64_t b, const probe *ref, probe *pr,
+                   kvm_polykv_signals *s)
+{
+    const kvm_compress_input *in = kvm_eval_doc_input(d);
+    const kvm_model_config *c = &in->model->cfg;
+    kvm_evict_plan *plan = NULL;
+    kvm_kvcache *cc = NULL;
+    kvm_decode_policy *pol = NULL;
+    kvm_eval_result res;
+    int rc = kvm_evict_plan_new(c->n_layers, c->n_kv_heads, KVM_PATTERN_NONE, 1, &plan);
+    for (int g = 0; !rc && g < c->n_kv_heads; g++) {
+        plan->pattern[l * c->n_kv_heads + g] = r;
+        plan->budget[l * c->n_kv_heads + g] = b;
+    }
+    if (!rc) rc = kvm_evict_prefill(in, plan, &cc);
+    if (!rc && ph == KVM_PHASE_DECODE) rc = kvm_evict_decode_new(c, plan, in, &pol);
+    pr->layer = l;
+    kvm_hooks h = {.user = pr, .post_attn = probe_post};
+    if (!rc) rc = kvm_eval_continue(d, cc, pol, &h, &res);
+    if (!rc) {
+        const int64_t row = (int64_t)c->n_heads * c->head_dim;
+        double cs = 0;
+        for (int64_t st = 0; st < pr->steps; st++)
+            cs += cosine(ref->out + ((int64_t)l * ref->steps + st) * row, pr->out + st * row, row);
+        size_t i = ((size_t)ph * c->n_layers + l) * KVM_PATTERN_COUNT + r;
+        s->cosine[i] += pr->steps ? cs / (double)pr->steps : 1.0;
+        s->ppl_delta[i] += res.ppl_compressed - res.ppl_full;
+        s->kl[i] += res.kl_mean;
+    }
+    kvm_decode_policy_free(&pol);
+    kvm_kvcache_free(&cc);
+    kvm_evict_plan_free(&plan);
+    return rc;
+}
+
+static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, kvm_polykv_signals *s)
+{
+    const kvm_compress_input *in = kvm_eval_doc_input(d);
+    const kvm_model_config *c = &in->model->cfg;
+    const int L = c->n_layers;
+    const int64_t N = in->n_tokens, steps = in->n_future - 1 > 0 ? in->n_future - 1 : 0;
+    const int64_t row = (int64_t)c->n_heads * c->head_dim;
+    probe ref = {L, c->n_heads, c->head_dim, N, steps, -1, NULL}, pr = ref;
+    ref.out = calloc((size_t)(L * steps * row + 1), sizeof(float));
+    pr.out = calloc((size_t)(steps * row + 1), sizeof(float));
+    int rc = ref.out && pr.out ? 0 : kvm_err(KVM_ENOMEM, "calibrate: out of memory");
+    kvm_hooks h = {.user = &ref, .post_attn = probe_post};
+    kvm_eval_result res;
+    if (!rc) rc = kvm_eval_continue(d, in->full, NULL, &h, &res);
+    for (int l = 0; !rc && l < L; l++) {
+        const float *ent = kvm_capture_layer_get(in->cap, l)->entropy;
+        double e = 0;
+        for (int64_t i = 0; i < (int64_t)c->n_heads * N; i++)
+            e += ent[i];
+        s->entropy[l] += e / ((double)c->n_heads * N);
+    }
+    for (int ph = 0; !rc && ph < KVM_POLYKV_PHASES; ph++)
+        for (int l = 0; !rc && l < L; l++)
+            for (int r = 0; !rc && r < KVM_PATTERN_COUNT; r++)
+                rc = one_run(d, ph, l, (kvm_pattern)r, r == KVM_PATTERN_PYRAMIDKV ? pyr[l] : B, &ref, &pr, s);
+    free(ref.out);
+    free(pr.out);
+    return rc;
+}
+
+int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_polykv_signals *s)
+{
+    if (B < 1 || n_docs < 1) return kvm_err(KVM_EINVAL, "calibrate: budget %lld, %d documents", (long long)B, n_docs);
+    const int L = s->n_layers, P = KVM_PATTERN_COUNT;
+    if (kvm_eval_doc_input(docs[0])->model->cfg.n_layers != L)
+        return kvm_err(KVM_EINVAL, "calibrate: signals for %d layers, model has %d", L,
+                       kvm_eval_doc_input(docs[0])->model->cfg.n_layers);
+    int64_t *pyr = malloc((size_t)L * sizeof *pyr);
+    if (!pyr) return kvm_err(KVM_ENOMEM, "calibrate: out of memory");
+    int rc = kvm_evict_pyramid_budgets(B, L, pyr);
+    for (int i = 0; !rc && i < n_docs; i++)
+        rc = calibrate_doc(docs[i], B, pyr, s);
+    free(pyr);
+    if (rc) return rc;
+    const size_t n3 = (size_t)KVM_POLYKV_PHASES * L * P;
+    for (size_t i = 0; i < n3; i++) {
+        s->cosine[i] /= n_docs;
+        s->ppl_delta[i] /= n_docs;
+        s->kl[i] /= n_docs;
+    }
+    for (int l = 0; l < L; l++)
+        s->entropy[l] /= n_docs;
+    for (int ph = 0; ph < KVM_POLYKV_PHASES; ph++)
+        for (int l = 0; l < L; l++) {
+            double w = -INFINITY;
+            for (int r = 0; r < P; r++) {
+                double v = s->ppl_delta[((size_t)ph * L + l) * P + r];
+                if (v > w) w = v;
+            }
+            s->worst_ppl[ph * L + l] = w;
+        }
+    s->n_docs = n_docs;
+    s->budget = B;
+    return 0;
+}
+
+int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
+{
+    const int L = s->n_layers, P = KVM_PATTERN_COUNT;
+    int64_t *pyr = malloc((size_t)L * sizeof *pyr);
+    if (!pyr || kvm_evict_pyramid_budgets(s->budget > 0 ? s->budget : 1, L, pyr)) {
+        free(pyr);
+        return kvm_err(KVM_ENOMEM, "signals: out of memory");
+    }
+    fprintf(f, "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl\n");
+    for (int ph = 0; ph < KVM_POLYKV_PHASES; ph++)
+        for (int l = 0; l < L; l++)
+            for (int r = 0; r < P; r++) {
+                size_t i = ((size_t)ph * L + l) * P + r;
+                fprintf(f, "%s,%d,%s,%lld,%.9g,%.9g,%.9g,%.9g,%.9g\n", ph ? "decode" : "prefill", l,
+                        kvm_pattern_name((kvm_pattern)r), (long long)(r == KVM_PATTERN_PYRAMIDKV ? pyr[l] : s->budget),
+                        s->cosine[i], s->ppl_delta[i], s->kl[i], s->entropy[l], s->worst_ppl[ph * L + l]);
+            }
+    free(pyr);
+    return ferror(f) ? kvm_err(KVM_EIO, "signals: write failed") : 0;
+}

@@ -1,0 +1,202 @@
+/* kvm_polykv_codec.c: the strategy value: allocation, canonical encoding (version 1) with a
+ * strict decoder, files, and the table print. */
+#include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { HDR_BYTES = 24, LAYER_BYTES = 8, VERSION = 1, MAX_LAYERS = 65535 };
+
+int kvm_strategy_new(int n_layers, kvm_strategy **out)
+{
+    *out = NULL;
+    if (n_layers < 1 || n_layers > MAX_LAYERS) return kvm_err(KVM_EINVAL, "strategy: %d layers", n_layers);
+    kvm_strategy *s = calloc(1, sizeof *s);
+    if (s) s->layers = calloc((size_t)n_layers, sizeof *s->layers);
+    if (!s || !s->layers) {
+        free(s);
+        return kvm_err(KVM_ENOMEM, "strategy: out of memory");
+    }
+    s->n_layers = n_layers;
+    s->alloc_power = 1.0;
+    *out = s;
+    return 0;
+}
+
+int kvm_strategy_clone(const kvm_strategy *s, kvm_strategy **out)
+{
+    int rc = kvm_strategy_new(s->n_layers, out);
+    if (rc) return rc;
+    kvm_strategy_layer *layers = (*out)->layers;
+    **out = *s;
+    (*out)->layers = layers;
+    memcpy(layers, s->layers, (size_t)s->n_layers * sizeof *layers);
+    return 0;
+}
+
+void kvm_strategy_free(kvm_strategy **ps)
+{
+    if (!ps || !*ps) return;
+    free((*ps)->layers);
+    free(*ps);
+    *ps = NULL;
+}
+
+static void put16(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get16(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8; }
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    if (s->n_layers < 1 || s->n_layers > MAX_LAYERS || s->budget_avg < 1 || s->budget_avg > UINT32_MAX ||
+        s->b_min < 0 || s->b_min > s->budget_avg || (unsigned)s->select >= KVM_POLYKV_SELECT_COUNT ||
+        (unsigned)s->alloc >= KVM_POLYKV_ALLOC_COUNT || (unsigned)s->head_split > 2 ||
+        !(s->alloc_power >= 0 && s->alloc_power < 4e6))
+        return kvm_err(KVM_EINVAL, "strategy encode: header field out of range");
+    size_t n = HDR_BYTES + (size_t)LAYER_BYTES * (size_t)s->n_layers;
+    uint8_t *b = calloc(n, 1);
+    if (!b) return kvm_err(KVM_ENOMEM, "strategy encode: out of memory");
+    memcpy(b, "KVST", 4);
+    put16(b + 4, VERSION);
+    put16(b + 6, (uint32_t)s->n_layers);
+    put32(b + 8, (uint32_t)s->budget_avg);
+    put32(b + 12, (uint32_t)s->b_min);
+    b[16] = (uint8_t)s->select;
+    b[17] = (uint8_t)s->alloc;
+    b[18] = (uint8_t)s->head_split;
+    put32(b + 20, (uint32_t)llround(s->alloc_power * 1000.0));
+    for (int l = 0; l < s->n_layers; l++) {
+        const kvm_strategy_layer *L = &s->layers[l];
+        uint8_t *p = b + HDR_BYTES + (size_t)LAYER_BYTES * l;
+        if ((unsigned)L->pattern[0] >= KVM_PATTERN_COUNT || (unsigned)L->pattern[1] >= KVM_PATTERN_COUNT ||
+            L->budget < 1 || L->budget > UINT32_MAX) {
+            free(b);
+            return kvm_err(KVM_EINVAL, "strategy encode: layer %d pattern or budget out of range", l);
+        }
+        p[0] = (uint8_t)L->pattern[0];
+        p[1] = (uint8_t)L->pattern[1];
+        put32(p + 4, (uint32_t)L->budget);
+    }
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+int kvm_strategy_decode(const uint8_t *b, size_t n, kvm_strategy **out)
+{
+    *out = NULL;
+    if (n < HDR_BYTES)
+        return kvm_err(KVM_EFORMAT, "strategy: %zu bytes, shorter than the %d-byte header", n, HDR_BYTES);
+    if (memcmp(b, "KVST", 4) != 0) return kvm_err(KVM_EFORMAT, "strategy: bad magic at offset 0 (not \"KVST\")");
+    if (get16(b + 4) != VERSION)
+        return kvm_err(KVM_EFORMAT, "strategy: version %u at offset 4, expected %d", get16(b + 4), VERSION);
+    uint32_t L = get16(b + 6), B = get32(b + 8), bmin = get32(b + 12);
+    if (L < 1) return kvm_err(KVM_EFORMAT, "strategy: 0 layers at offset 6");
+    if (n != HDR_BYTES + (size_t)LAYER_BYTES * L)
+        return kvm_err(KVM_EFORMAT, "strategy: %zu bytes, expected %zu for %u layers", n,
+                       HDR_BYTES + (size_t)LAYER_BYTES * L, L);
+    if (B < 1) return kvm_err(KVM_EFORMAT, "strategy: average budget 0 at offset 8");
+    if (bmin > B) return kvm_err(KVM_EFORMAT, "strategy: b_min %u at offset 12 exceeds the average budget %u", bmin, B);
+    if (b[16] >= KVM_POLYKV_SELECT_COUNT) return kvm_err(KVM_EFORMAT, "strategy: select mode %u at offset 16", b[16]);
+    if (b[17] >= KVM_POLYKV_ALLOC_COUNT) return kvm_err(KVM_EFORMAT, "strategy: alloc mode %u at offset 17", b[17]);
+    if (b[18] > 2) return kvm_err(KVM_EFORMAT, "strategy: head_split %u at offset 18 is not 0, 1 or 2", b[18]);
+    if (b[19] != 0) return kvm_err(KVM_EFORMAT, "strategy: reserved byte at offset 19 is not zero");
+    kvm_strategy *s;
+    int rc = kvm_strategy_new((int)L, &s);
+    if (rc) return rc == KVM_ENOMEM ? rc : kvm_err(KVM_EFORMAT, "strategy: %u layers", L);
+    s->budget_avg = B;
+    s->b_min = bmin;
+    s->select = (kvm_polykv_select)b[16];
+    s->alloc = (kvm_polykv_alloc)b[17];
+    s->head_split = b[18];
+    s->alloc_power = get32(b + 20) / 1000.0;
+    uint64_t sum = 0;
+    for (uint32_t l = 0; l < L; l++) {
+        const uint8_t *p = b + HDR_BYTES + (size_t)LAYER_BYTES * l;
+        size_t off = HDR_BYTES + (size_t)LAYER_BYTES * l;
+        uint32_t bud = get32(p + 4);
+        if (p[0] >= KVM_PATTERN_COUNT || p[1] >= KVM_PATTERN_COUNT)
+            rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: unknown pattern %u/%u at offset %zu", l, p[0], p[1], off);
+        else if (get16(p + 2) != 0)
+            rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: reserved bytes at offset %zu are not zero", l, off + 2);
+        else if (bud < 1 || bud < bmin)
+            rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: budget %u at offset %zu is below the floor %u", l, bud,
+                         off + 4, bmin > 1 ? bmin : 1);
+        if (rc) break;
+        s->layers[l] = (kvm_strategy_layer){.pattern = {(kvm_pattern)p[0], (kvm_pattern)p[1]}, .budget = bud};
+        sum += bud;
+    }
+    if (!rc && sum != (uint64_t)L * B)
+        rc = kvm_err(KVM_EFORMAT, "strategy: layer budgets sum to %llu, not L×B = %llu", (unsigned long long)sum,
+                     (unsigned long long)L * B);
+    if (rc) {
+        kvm_strategy_free(&s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int kvm_strategy_read(const char *path, kvm_strategy **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
+    uint8_t buf[HDR_BYTES + LAYER_BYTES * 4096 + 1];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err) return kvm_err(KVM_EIO, "%s: read error", path);
+    int rc = kvm_strategy_decode(buf, n, out);
+    if (rc == KVM_EFORMAT) return kvm_err(rc, "%s: %s", path, kvm_errmsg());
+    return rc;
+}
+
+int kvm_strategy_write(const kvm_strategy *s, const char *path)
+{
+    uint8_t *b;
+    size_t n;
+    int rc = kvm_strategy_encode(s, &b, &n);
+    if (rc) return rc;
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        rc = kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    else {
+        if (fwrite(b, 1, n, f) != n) rc = kvm_err(KVM_EIO, "%s: write failed", path);
+        if (fclose(f) && !rc) rc = kvm_err(KVM_EIO, "%s: close failed", path);
+    }
+    free(b);
+    return rc;
+}
+
+void kvm_strategy_print(const kvm_strategy *s, FILE *f)
+{
+    fprintf(f,
+            "strategy: %d layers, average budget %lld (total %lld), b_min %lld, select %s, alloc %s^%.3g, heads %s\n",
+            s->n_layers, (long long)s->budget_avg, (long long)s->budget_avg * s->n_layers, (long long)s->b_min,
+            kvm_polykv_select_name(s->select), kvm_polykv_alloc_name(s->alloc), s->alloc_power,
+            s->head_split == 2 ? "entropy over all heads"
+            : s->head_split    ? "entropy within layers"
+                               : "equal");
+    fprintf(f, "%5s  %-10s  %-10s  %6s\n", "layer", "prefill", "decode", "budget");
+    for (int l = 0; l < s->n_layers; l++)
+        fprintf(f, "%5d  %-10s  %-10s  %6lld\n", l, kvm_pattern_name(s->layers[l].pattern[0]),
+                kvm_pattern_name(s->layers[l].pattern[1]), (long long)s->layers[l].budget);
+}

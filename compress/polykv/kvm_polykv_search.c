@@ -1,0 +1,173 @@
+/* kvm_polykv_search.c: the strategy builder's candidate search: every heterogeneous
+ * strategy (selection mode × allocation mode) and every single pattern under every
+ * allocation mode, scored by mean KL(full ‖ compressed) on the calibration documents; the
+ * best is kept (a heterogeneous mix only when it beats the best single pattern beyond
+ * noise), so the result is never worse there than any single-pattern candidate. */
+#include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvm_polykv_score(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy *s, double *per_doc, double *kl_mean)
+{
+    void *opts = NULL;
+    kvm_budget b = {.tokens = s->budget_avg};
+    int rc = kvm_polykv_method_opts_from(s, &b, &opts);
+    double sum = 0;
+    const kvm_method m = {.name = "polykv", .compress = kvm_polykv_method_compress};
+    for (int i = 0; !rc && i < n_docs; i++) {
+        kvm_eval_result r;
+        rc = kvm_eval_run(docs[i], &m, opts, 0, &r);
+        sum += r.kl_mean;
+        if (per_doc) per_doc[i] = r.kl_mean;
+    }
+    kvm_polykv_method_opts_free(opts);
+    if (!rc) *kl_mean = sum / n_docs;
+    return rc;
+}
+
+/* Paired t statistic of a[i] − b[i] (how much larger a is than b); +inf when every
+ * difference is equal and positive, 0 when n < 2 or all differences are 0. */
+static double paired_t(const double *a, const double *b, int n)
+{
+    if (n < 2) return 0.0;
+    double m = 0, v = 0;
+    for (int i = 0; i < n; i++)
+        m += a[i] - b[i];
+    m /= n;
+    for (int i = 0; i < n; i++)
+        v += (a[i] - b[i] - m) * (a[i] - b[i] - m);
+    double se = sqrt(v / (n - 1) / n);
+    if (se == 0) return m > 0 ? INFINITY : 0.0;
+    return m / se;
+}
+
+/* Describes a candidate in buf: "cosine/entropy", "snapkv/uniform", ... */
+static void describe(const kvm_strategy *s, char *buf, size_t n)
+{
+    if (s->select == KVM_POLYKV_SELECT_SINGLE)
+        snprintf(buf, n, "%s/%s", kvm_pattern_name(s->layers[0].pattern[0]), kvm_polykv_alloc_name(s->alloc));
+    else
+        snprintf(buf, n, "%s/%s", kvm_polykv_select_name(s->select), kvm_polykv_alloc_name(s->alloc));
+    if (s->alloc_power != 1.0) snprintf(buf + strlen(buf), n - strlen(buf), "^%g", s->alloc_power);
+    if (s->head_split) snprintf(buf + strlen(buf), n - strlen(buf), "%s", s->head_split == 2 ? "+global" : "+heads");
+}
+
+static void print_budgets(const kvm_strategy *s, FILE *f)
+{
+    for (int l = 0; l < s->n_layers; l++)
+        fprintf(f, "%s%s:%lld", l ? " " : "", kvm_pattern_name(s->layers[l].pattern[0]),
+                (long long)s->layers[l].budget);
+}
+
+int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polykv_signals *sig, int64_t B,
+                          int64_t b_min, int sel_only, int alloc_only, int refine_rounds, FILE *table,
+                          kvm_strategy **out)
+{
+    *out = NULL;
+    static const double powers[] = {1.0};
+    kvm_strategy *best = NULL, *bs = NULL; /* best overall, best single pattern */
+    double best_kl = INFINITY, bs_kl = INFINITY;
+    double *kd = calloc((size_t)n_docs * 3, sizeof *kd), *best_d = kd + n_docs, *bs_d = kd + 2 * n_docs;
+    int rc = kd ? 0 : kvm_err(KVM_ENOMEM, "polykv: out of memory");
+    if (table) fprintf(table, "%-28s %12s  %s\n", "candidate", "kl_mean", "layers (prefill pattern:budget)");
+    for (int sel = 0; !rc && sel < KVM_POLYKV_SELECT_SEARCH; sel++) {
+        if (sel_only >= 0 && sel != sel_only) continue;
+        int n_single = sel == KVM_POLYKV_SELECT_SINGLE ? KVM_PATTERN_COUNT : 1;
+        for (int pat = 0; !rc && pat < n_single; pat++)
+            for (int al = 0; !rc && al < KVM_POLYKV_ALLOC_SEARCH; al++) {
+                if (alloc_only >= 0 && al != alloc_only) continue;
+                /* PyramidKV is SnapKV's selection under the pyramid schedule: only that pairing. */
+                int pyr = sel == KVM_POLYKV_SELECT_SINGLE && pat == KVM_PATTERN_PYRAMIDKV;
+                if (pyr != (al == KVM_POLYKV_ALLOC_PYRAMID)) continue;
+                int np = al == KVM_POLYKV_ALLOC_ENTROPY || al == KVM_POLYKV_ALLOC_PPL
+                             ? (int)(sizeof powers / sizeof powers[0])
+                             : 1;
+                for (int pw = 0; !rc && pw < np; pw++)
+                    for (int hs = 0; !rc && hs <= 2; hs++) {
+                        if (hs == 2 && al != KVM_POLYKV_ALLOC_UNIFORM)
+                            continue; /* global split ignores the layer split */
+                        kvm_strategy *s = NULL;
+                        double kl = 0;
+                        rc = kvm_polykv_strategy_build(sig, (kvm_polykv_select)sel, (kvm_pattern)pat,
+                                                       (kvm_polykv_alloc)al, powers[pw], B, b_min, &s);
+                        if (!rc) {
+                            s->head_split = hs;
+                            rc = kvm_polykv_score(docs, n_docs, s, kd, &kl);
+                        }
+                        if (!rc && table) {
+                            char name[64];
+                            describe(s, name, sizeof name);
+                            fprintf(table, "%-28s %12.6f  ", name, kl);
+                            print_budgets(s, table);
+                            fprintf(table, "\n");
+                        }
+                        if (!rc && sel == KVM_POLYKV_SELECT_SINGLE && kl < bs_kl) {
+                            kvm_strategy_free(&bs);
+                            bs_kl = kl;
+                            memcpy(bs_d, kd, (size_t)n_docs * sizeof *kd);
+                            rc = kvm_strategy_clone(s, &bs);
+                        }
+                        if (!rc && kl < best_kl) { /* strict: ties keep the earlier candidate */
+                            kvm_strategy_free(&best);
+                            best = s;
+                            best_kl = kl;
+                            memcpy(best_d, kd, (size_t)n_docs * sizeof *kd);
+                            s = NULL;
+                        }
+                        kvm_strategy_free(&s);
+                    }
+            }
+    }
+    if (!rc && !best) rc = kvm_err(KVM_EINVAL, "polykv: no candidate matches the selection/allocation filter");
+    if (!rc && bs && best->select != KVM_POLYKV_SELECT_SINGLE) {
+        /* A heterogeneous mix must beat the best single pattern beyond calibration noise:
+         * paired t statistic of the per-document KL differences ≥ 2. */
+        double t = paired_t(bs_d, best_d, n_docs);
+        if (table)
+            fprintf(table, "best heterogeneous vs best single pattern: paired t = %.2f over %d documents (%s)\n", t,
+                    n_docs, t >= 2.0 ? "significant: keep the mix" : "not significant: keep the single pattern");
+        if (!(t >= 2.0)) {
+            kvm_strategy_free(&best);
+            best = bs;
+            best_kl = bs_kl;
+            bs = NULL;
+        }
+    }
+    kvm_strategy_free(&bs);
+    free(kd);
+    if (rc) {
+        kvm_strategy_free(&best);
+        return rc;
+    }
+    if (!rc && best && refine_rounds > 0) { /* optional: refine the best on the calibration KL */
+        kvm_strategy *r = NULL;
+        double kl;
+        rc = kvm_polykv_refine(docs, n_docs, best, refine_rounds, table, &r, &kl);
+        if (!rc && table) {
+            fprintf(table, "%-28s %12.6f  ", "search/search", kl);
+            print_budgets(r, table);
+            fprintf(table, "\n");
+        }
+        if (!rc && kl < best_kl) {
+            kvm_strategy_free(&best);
+            best = r;
+            best_kl = kl;
+            r = NULL;
+        }
+        kvm_strategy_free(&r);
+        if (rc) {
+            kvm_strategy_free(&best);
+            return rc;
+        }
+    }
+    if (table) {
+        char name[64];
+        describe(best, name, sizeof name);
+        fprintf(table, "best: %s, mean KL %.6f on %d calibration documents\n", name, best_kl, n_docs);
+    }
+    *out = best;
+    return 0;
+}

@@ -1,0 +1,155 @@
+/* cmd_calibrate.c: `kvmill calibrate`: PolyKV calibration on a few documents: measures the
+ * signals, builds and scores the candidate strategies, writes the best one's canonical
+ * encoding (compress/polykv/kvm_polykv.h). */
+#include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
+#include "orchestrator/kvm_cli.h"
+#include "orchestrator/kvm_cli_eval.h"
+#include "orchestrator/kvm_cli_model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CMD "calibrate"
+
+typedef struct calib_args {
+    int64_t B, b_min, N, T;
+    int sel, alloc;  /* −1: every candidate */
+    int64_t refine;  /* refinement rounds (0 = none) */
+    int64_t windows; /* context+continuation windows per document */
+    const char *out, *dump;
+} calib_args;
+
+static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
+                     const calib_args *a)
+{
+    const int nd = ds->n * (int)a->windows;
+    kvm_eval_doc **docs = calloc((size_t)nd, sizeof *docs);
+    kvm_polykv_signals *sig = NULL;
+    kvm_strategy *best = NULL;
+    int rc = docs ? 0 : 1;
+    for (int i = 0; !rc && i < nd; i++)
+        rc = cmd_eval_docs_load(CMD, m, k, tok, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
+                                (int)a->windows, &docs[i]);
+    if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate(docs, nd, a->B, sig))) {
+        fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+        rc = 1;
+    }
+    if (!rc && a->dump) {
+        FILE *f = fopen(a->dump, "w");
+        if (!f || kvm_polykv_signals_csv(sig, f) || fclose(f)) {
+            fprintf(stderr, "kvmill " CMD ": --dump-signals %s: %s\n", a->dump, f ? "write failed" : strerror(errno));
+            rc = 1;
+        }
+    }
+    if (!rc) {
+        printf("layer entropy (nats):");
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            printf(" %.4f", sig->entropy[l]);
+        printf("\ncandidates on %d calibration documents (%d windows) at B = %lld, b_min = %lld:\n", ds->n, nd,
+               (long long)a->B, (long long)a->b_min);
+        if (kvm_polykv_build_best(docs, nd, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine, stdout, &best)) {
+            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+            rc = 1;
+        }
+    }
+    if (!rc) {
+        kvm_strategy_print(best, stdout);
+        if (kvm_strategy_write(best, a->out)) {
+            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+            rc = 1;
+        } else
+            printf("wrote %s\n", a->out);
+    }
+    kvm_strategy_free(&best);
+    kvm_polykv_signals_free(&sig);
+    for (int i = 0; docs && i < nd; i++)
+        kvm_eval_doc_free(&docs[i]);
+    free(docs);
+    return rc;
+}
+
+int kvm_cmd_calibrate(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"model", 1, "model file (llama2.c checkpoint)", NULL},
+        {"tokenizer", 1, "tokenizer (default: beside the model)", NULL},
+        {"docs", 1, "calibration documents: a folder of *.txt, a file, or a comma-separated list", NULL},
+        {"budget", 1, "average budget B per layer (entries per KV head); layers sum to L*B", NULL},
+        {"context", 1, "context tokens N, BOS included (default 384)", NULL},
+        {"continuation", 1, "continuation tokens T (default 64)", NULL},
+        {"select", 1, "only heterogeneous strategies with this pattern choice: cosine|ppl (default: all candidates)",
+         NULL},
+        {"alloc", 1, "only this budget allocation: entropy|ppl|uniform (default: all candidates)", NULL},
+        {"bmin", 1, "floor of every layer's budget (default max(1, B/4))", NULL},
+        {"refine", 1, "then refine the best by coordinate descent on calibration KL, at most N rounds (default 0)",
+         NULL},
+        {"windows", 1, "context+continuation windows per document, evenly spaced (default 1: the first N+T tokens)",
+         NULL},
+        {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
+        {"out", 1, "write the strategy's canonical encoding to this file", NULL},
+        {"device", 1, "cpu or cuda:N (default cpu)", NULL},
+        {"threads", 1, "BLAS threads", NULL},
+        {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse(CMD, "PolyKV calibration: signals per layer/phase/pattern, then the best per-layer strategy.",
+                      argc, argv, opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    calib_args a = {.sel = -1,
+                    .alloc = -1,
+                    .windows = 1,
+                    .out = kvm_cli_get(opts, "out"),
+                    .dump = kvm_cli_get(opts, "dump-signals")};
+    const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
+    if (!model_path || !docs_s || !kvm_cli_get(opts, "budget") || !a.out) {
+        fprintf(stderr, "kvmill " CMD ": --model, --docs, --budget and --out are required\n");
+        return 2;
+    }
+    if (kvm_cli_int(CMD, "budget", kvm_cli_get(opts, "budget"), 1, INT32_MAX, &a.B)) return 2;
+    a.b_min = a.B / 4 > 1 ? a.B / 4 : 1;
+    if ((s = kvm_cli_get(opts, "bmin")) && kvm_cli_int(CMD, "bmin", s, 1, INT32_MAX, &a.b_min)) return 2;
+    if ((s = kvm_cli_get(opts, "refine")) && kvm_cli_int(CMD, "refine", s, 0, 1000, &a.refine)) return 2;
+    if ((s = kvm_cli_get(opts, "windows")) && kvm_cli_int(CMD, "windows", s, 1, 64, &a.windows)) return 2;
+    if (a.b_min > a.B) {
+        fprintf(stderr, "kvmill " CMD ": --bmin %lld × L layers exceeds the total budget B × L = %lld × L\n",
+                (long long)a.b_min, (long long)a.B);
+        return 2;
+    }
+    if ((s = kvm_cli_get(opts, "select"))) {
+        kvm_polykv_select v;
+        if (kvm_polykv_select_parse(s, &v)) {
+            fprintf(stderr, "kvmill " CMD ": --select: %s\n", kvm_errmsg());
+            return 2;
+        }
+        a.sel = (int)v;
+    }
+    if ((s = kvm_cli_get(opts, "alloc"))) {
+        kvm_polykv_alloc v;
+        if (kvm_polykv_alloc_parse(s, &v)) {
+            fprintf(stderr, "kvmill " CMD ": --alloc: %s\n", kvm_errmsg());
+            return 2;
+        }
+        a.alloc = (int)v;
+    }
+    if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
+    const kvm_kernels *k;
+    if (kvm_cli_setup_device(CMD, kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &k)) return 2;
+    cmd_eval_docset docs;
+    int rc = cmd_eval_docs_list(CMD, docs_s, &docs);
+    if (rc) return rc;
+    kvm_model *m = NULL;
+    kvm_tokenizer *tok = NULL;
+    if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
+    if (!rc && a.N + a.T > m->cfg.seq_len) {
+        fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
+                (long long)a.N, (long long)a.T, m->cfg.seq_len);
+        rc = 2;
+    }
+    if (!rc) rc = calibrate(m, k, tok, &docs, &a);
+    cmd_eval_docs_free(&docs);
+    kvm_tokenizer_close(&tok);
+    kvm_model_close(&m);
+    return rc;
+}

@@ -1,0 +1,167 @@
+/* cmd_eval_docs.c: document lists and loading shared by `kvmill eval` and `kvmill calibrate`. */
+#include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
+#include "orchestrator/kvm_cli_eval.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int add_doc(cmd_eval_docset *d, const char *path)
+{
+    char **p = realloc(d->paths, (size_t)(d->n + 1) * sizeof *p);
+    if (!p) return 1;
+    d->paths = p;
+    char **nm = realloc(d->names, (size_t)(d->n + 1) * sizeof *nm);
+    if (!nm) return 1;
+    d->names = nm;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t bl = strlen(base);
+    if (bl > 4 && strcmp(base + bl - 4, ".txt") == 0) bl -= 4;
+    d->paths[d->n] = strdup(path);
+    d->names[d->n] = strndup(base, bl);
+    if (!d->paths[d->n] || !d->names[d->n]) {
+        free(d->paths[d->n]);
+        free(d->names[d->n]);
+        return 1;
+    }
+    d->n++;
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Adds the *.txt files of a folder, sorted. */
+static int add_dir(const char *cmd, cmd_eval_docset *d, const char *dir)
+{
+    DIR *dp = opendir(dir);
+    if (!dp) {
+        fprintf(stderr, "kvmill %s: --docs %s: %s\n", cmd, dir, strerror(errno));
+        return 2;
+    }
+    char **names = NULL;
+    int n = 0, rc = 0;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".txt") != 0) continue;
+        char **nn = realloc(names, (size_t)(n + 1) * sizeof *nn);
+        if (!nn || !(nn[n] = strdup(e->d_name))) {
+            names = nn ? nn : names;
+            rc = 1;
+            break;
+        }
+        names = nn;
+        n++;
+    }
+    closedir(dp);
+    if (!rc) qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; !rc && i < n; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        rc = add_doc(d, path);
+    }
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    if (rc == 1) fprintf(stderr, "kvmill %s: out of memory\n", cmd);
+    return rc;
+}
+
+int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
+{
+    memset(out, 0, sizeof *out);
+    char *s = strdup(spec), *save = NULL;
+    if (!s) return 1;
+    int rc = 0;
+    for (char *t = strtok_r(s, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+        struct stat st;
+        if (stat(t, &st) != 0) {
+            fprintf(stderr, "kvmill %s: --docs %s: %s\n", cmd, t, strerror(errno));
+            rc = 2;
+        } else if (S_ISDIR(st.st_mode))
+            rc = add_dir(cmd, out, t);
+        else if ((rc = add_doc(out, t)))
+            fprintf(stderr, "kvmill %s: out of memory\n", cmd);
+    }
+    free(s);
+    if (!rc && out->n == 0) {
+        fprintf(stderr, "kvmill %s: --docs %s: no documents (*.txt)\n", cmd, spec);
+        rc = 2;
+    }
+    if (rc) cmd_eval_docs_free(out);
+    return rc;
+}
+
+void cmd_eval_docs_free(cmd_eval_docset *d)
+{
+    for (int i = 0; i < d->n; i++) {
+        free(d->paths[i]);
+        free(d->names[i]);
+    }
+    free(d->paths);
+    free(d->names);
+    memset(d, 0, sizeof *d);
+}
+
+int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
+                       const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, strerror(errno));
+        return 1;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *text = malloc(cap);
+    while (text) {
+        n += fread(text + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *t = realloc(text, cap *= 2);
+        if (!t) {
+            free(text);
+            text = NULL;
+        } else
+            text = t;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!text || err) {
+        fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, err ? "read error" : "out of memory");
+        free(text);
+        return 1;
+    }
+    int32_t *ids = NULL;
+    int64_t n_ids = 0;
+    int rc = kvm_tokenizer_encode(tok, text, n, 1, 0, &ids, &n_ids);
+    free(text);
+    if (!rc && n_ids < n_ctx + n_cont)
+        rc = kvm_err(KVM_EINVAL, "%s: %lld tokens, fewer than context %lld + continuation %lld", path, (long long)n_ids,
+                     (long long)n_ctx, (long long)n_cont);
+    int64_t off = 0;
+    if (!rc && n_windows > 1) { /* evenly spaced windows; a window after the start begins with BOS */
+        off = (int64_t)window * (n_ids - (n_ctx + n_cont)) / (n_windows - 1);
+        if (off > 0) ids[off] = m->cfg.bos_id;
+    }
+    if (!rc) rc = kvm_eval_doc_new(m, k, ids + off, n_ctx + n_cont, n_ctx, n_cont, out);
+    free(ids);
+    if (rc) {
+        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_eval_lengths(const char *cmd, const char *ctx, const char *cont, int64_t *n_ctx, int64_t *n_cont)
+{
+    *n_ctx = 384;
+    *n_cont = 64;
+    if (ctx && kvm_cli_int(cmd, "context", ctx, 1, 1 << 20, n_ctx)) return 2;
+    if (cont && kvm_cli_int(cmd, "continuation", cont, 2, 1 << 20, n_cont)) return 2;
+    return 0;
+}

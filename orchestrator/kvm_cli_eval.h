@@ -1,0 +1,38 @@
+/* kvm_cli_eval.h: the `kvmill eval` and `kvmill calibrate` commands and the document and
+ * budget handling they share (orchestrator/cmd_eval_docs.c). */
+#ifndef KVM_CLI_EVAL_H
+#define KVM_CLI_EVAL_H
+
+#include "compress/eval/kvm_eval.h"
+#include "model/kvm_tokenizer.h"
+
+int kvm_cmd_eval(int argc, char **argv);
+int kvm_cmd_calibrate(int argc, char **argv);
+
+/* A list of documents: paths and display names (file name without ".txt"). */
+typedef struct cmd_eval_docset {
+    int n;        /* documents */
+    char **paths; /* [n] malloc'ed */
+    char **names; /* [n] malloc'ed */
+} cmd_eval_docset;
+
+/* Expands --docs: a folder (its *.txt files, sorted by name), a file, or a comma-separated
+ * list of either. Prints "kvmill CMD: ..." and returns 2 on a bad value (missing path, no
+ * documents), 1 when out of memory; 0 on success. */
+int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);
+void cmd_eval_docs_free(cmd_eval_docset *d);
+
+/* Reads a document, encodes it with BOS (tok), takes N + T tokens and prepares them
+ * (kvm_eval_doc_new). n_windows = 1: the first N + T tokens (longer documents are
+ * truncated). n_windows > 1: window `window` of n_windows evenly spaced N + T token windows
+ * over the document (window 0 at the start, the last at the end), each after the first
+ * beginning with BOS in place of its first token. Prints "kvmill CMD: ..." and returns 1 on
+ * failure (unreadable, shorter than N + T tokens). */
+int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
+                       const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out);
+
+/* Parses --context / --continuation (defaults 384 / 64) against the model's window later;
+ * here only the syntax and ranges [1, 1<<20]. Returns 0 or 2 after printing. */
+int cmd_eval_lengths(const char *cmd, const char *ctx, const char *cont, int64_t *n_ctx, int64_t *n_cont);
+
+#endif

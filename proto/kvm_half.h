@@ -1,0 +1,28 @@
+/* kvm_half.h: conversions between f32 and the 16-bit float formats kept in caches and on
+ * the wire (IEEE binary16 "f16", bfloat16 "bf16"). f32 -> 16 bit rounds to nearest, ties to
+ * even; 16 bit -> f32 is exact. Pure functions, thread-safe. */
+#ifndef KVM_HALF_H
+#define KVM_HALF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/kvm_dtype.h"
+
+/* f32 -> f16 bits, round to nearest even. |x| >= 65520 gives +-inf; values below the
+ * smallest subnormal (2^-24) round to (signed) zero or 2^-24; NaN stays a quiet NaN with its
+ * sign and top payload bits; -0 stays -0. */
+uint16_t kvm_half_f32_to_f16(float x);
+/* f16 bits -> f32, exact (subnormals, inf and NaN payloads preserved). */
+float kvm_half_f16_to_f32(uint16_t h);
+/* f32 -> bf16 bits, round to nearest even (overflow gives +-inf); NaN stays a quiet NaN. */
+uint16_t kvm_half_f32_to_bf16(float x);
+/* bf16 bits -> f32, exact. */
+float kvm_half_bf16_to_f32(uint16_t h);
+
+/* Converts n elements of src (dtype src_dtype) into dst (dtype dst_dtype); both in
+ * {f32, f16, bf16}. Same dtype copies. dst and src must not overlap; either may be NULL when
+ * n == 0. Errors: KVM_EINVAL (i32 or unknown dtype, NULL with n > 0). */
+int kvm_half_convert(void *dst, kvm_proto_dtype dst_dtype, const void *src, kvm_proto_dtype src_dtype, size_t n);
+
+#endif

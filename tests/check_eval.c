@@ -1,0 +1,246 @@
+/* check_eval.c: the evaluation harness: KL and quantiles, the method table, exactness when
+ * the budget covers everything (KL exactly 0 for every method and both phases), and the
+ * `kvmill eval` command's CSV and errors. */
+#include "common/kvm_error.h"
+#include "compress/eval/kvm_eval.h"
+#include "compress/polykv/kvm_polykv.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+START_TEST(test_kl_quantile)
+{
+    float a[4] = {1, 2, 3, 4}, b[4] = {4, 3, 2, 1};
+    ck_assert(kvm_eval_kl(a, a, 4) == 0.0);
+    double kl = kvm_eval_kl(a, b, 4);
+    /* closed form: Σ p (log p − log q) */
+    double zp = exp(1) + exp(2) + exp(3) + exp(4), want = 0;
+    for (int i = 0; i < 4; i++)
+        want += exp(a[i]) / zp * ((a[i] - log(zp)) - (b[i] - log(zp)));
+    ck_assert_double_eq_tol(kl, want, 1e-12);
+    double x[5] = {5, 1, 4, 2, 3};
+    ck_assert_double_eq_tol(kvm_eval_quantile(x, 5, 0.5), 3.0, 1e-12);
+    ck_assert_double_eq_tol(kvm_eval_quantile(x, 5, 0.99), 4.96, 1e-12);
+    ck_assert_double_eq_tol(kvm_eval_quantile(x, 5, 0.0), 1.0, 1e-12);
+}
+END_TEST
+
+START_TEST(test_method_table)
+{
+    const char *names[] = {"full", "streaming", "h2o", "tova", "snapkv", "pyramidkv", "polykv"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        ck_assert_ptr_nonnull(kvm_method_find(names[i]));
+    ck_assert_ptr_null(kvm_method_find("bogus"));
+    char name[64];
+    const kvm_method *m;
+    const char *arg;
+    ck_assert_int_eq(kvm_eval_method_parse("polykv:/x/s.bin", name, sizeof name, &m, &arg), 0);
+    ck_assert_str_eq(name, "polykv");
+    ck_assert_str_eq(arg, "/x/s.bin");
+    ck_assert_int_eq(kvm_eval_method_parse("h2o", name, sizeof name, &m, &arg), 0);
+    ck_assert_ptr_null(arg);
+    ck_assert_int_eq(kvm_eval_method_parse("bogus", name, sizeof name, &m, &arg), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "streaming|h2o"));
+    ck_assert_int_eq(kvm_eval_method_parse("polykv", name, sizeof name, &m, &arg), KVM_EINVAL);
+    ck_assert_int_eq(kvm_eval_method_parse("h2o:3", name, sizeof name, &m, &arg), KVM_EINVAL);
+    kvm_budget zero = {0};
+    void *o;
+    ck_assert_int_eq(kvm_method_find("h2o")->opts_new(NULL, &zero, NULL, &o), KVM_EINVAL);
+    kvm_budget r = {.ratio = 0.25};
+    ck_assert_int_eq(kvm_budget_resolve(&r, 384), 96);
+}
+END_TEST
+
+static kvm_model *model;
+static int32_t ids[256];
+
+static void load_model(void)
+{
+    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 256; i++)
+        ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
+    fclose(f);
+}
+
+static void free_model(void) { kvm_model_close(&model); }
+
+enum { N = 64, T = 16 };
+
+/* Every method (polykv through a strategy file) at a budget covering everything: exact. */
+START_TEST(test_full_budget_exact)
+{
+    kvm_eval_doc *d;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, &d), 0);
+    char *dir = kvm_test_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/s.bin", dir);
+    kvm_strategy *s;
+    ck_assert_int_eq(kvm_strategy_new(5, &s), 0);
+    s->budget_avg = 10;
+    s->b_min = 1;
+    s->select = KVM_POLYKV_SELECT_COSINE;
+    for (int l = 0; l < 5; l++)
+        s->layers[l] = (kvm_strategy_layer){{(kvm_pattern)l, (kvm_pattern)(4 - l)}, 6 + 2 * l};
+    ck_assert_int_eq(kvm_strategy_write(s, path), 0);
+    kvm_strategy_free(&s);
+    int n_methods;
+    const kvm_method *tab = kvm_method_table(&n_methods);
+    for (int both = 0; both < 2; both++)
+        for (int i = 0; i < n_methods; i++) {
+            /* prefill only: b = N keeps the context; both phases: b ≥ N + T (PyramidKV's last
+             * layer gets 0.5·B, so twice that) */
+            kvm_budget b = {.tokens = both || strcmp(tab[i].name, "pyramidkv") == 0 ? 2 * (N + T) : N};
+            if (strcmp(tab[i].name, "polykv") == 0) b.tokens = 4 * (N + T); /* smallest layer: 0.6·B */
+            void *o;
+            kvm_eval_result r;
+            ck_assert_int_eq(tab[i].opts_new(path, &b, &model->cfg, &o), 0);
+            ck_assert_int_eq(kvm_eval_run(d, &tab[i], o, both, &r), 0);
+            ck_assert_msg(r.kl_mean == 0.0 && r.kl_p99 == 0.0, "%s (phases %d): KL %g", tab[i].name, both, r.kl_mean);
+            ck_assert_double_eq(r.top1, 1.0);
+            ck_assert_double_eq(r.ppl_compressed, r.ppl_full);
+            ck_assert_double_eq(r.budget_tokens, N);
+            ck_assert_double_eq(r.ratio, 1.0);
+            tab[i].opts_free(o);
+        }
+    kvm_test_rmtree(dir);
+    free(dir);
+    kvm_eval_doc_free(&d);
+    ck_assert_ptr_null(d);
+}
+END_TEST
+
+START_TEST(test_small_budget)
+{
+    kvm_eval_doc *d;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, &d), 0);
+    const kvm_method *m = kvm_method_find("snapkv");
+    kvm_budget b = {.ratio = 0.25};
+    void *o;
+    kvm_eval_result r;
+    ck_assert_int_eq(m->opts_new(NULL, &b, &model->cfg, &o), 0);
+    ck_assert_int_eq(kvm_eval_run(d, m, o, 0, &r), 0);
+    ck_assert_double_eq(r.budget_tokens, 16);
+    ck_assert_double_eq(r.ratio, 0.25);
+    ck_assert(r.kl_mean > 0 && r.kl_p99 >= r.kl_median && r.top1 <= 1 && r.top1 >= 0);
+    ck_assert(r.ppl_full > 1 && r.ppl_compressed > 1);
+    m->opts_free(o);
+    kvm_eval_doc_free(&d);
+    /* documents that are too short, or windows beyond the model's */
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 70, N, T, &d), KVM_EINVAL);
+    ck_assert_ptr_null(d);
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, 500, 100, &d), KVM_EINVAL);
+}
+END_TEST
+
+/* ---- the command ---- */
+static char *cmdbuf(const char *fmt, const char *a, const char *b)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf, fmt, kvm_test_bin(), kvm_test_shared(), a ? a : "", b ? b : "");
+    return buf;
+}
+
+#define EVAL "%s/kvmill eval --model %s/models/stories260K.bin --context 64 --continuation 8 "
+
+static void expect_usage_error(const char *args, const char *msg)
+{
+    char *out = NULL, *err = NULL;
+    char full[4096];
+    snprintf(full, sizeof full, EVAL "--docs %s/data/long/doc_000.txt %s", kvm_test_bin(), kvm_test_shared(),
+             kvm_test_shared(), args);
+    int st = kvm_test_run(full, &out, &err);
+    ck_assert_msg(st == 2, "%s: exit %d, stderr %s", args, st, err);
+    ck_assert_msg(strstr(err, msg), "%s: stderr '%s' lacks '%s'", args, err, msg);
+    free(out);
+    free(err);
+}
+
+START_TEST(test_cli_errors)
+{
+    expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
+    expect_usage_error("--method h2o --budget 8 --ratio 0.5", "exactly one of --budget and --ratio");
+    expect_usage_error("--method h2o", "exactly one of --budget and --ratio");
+    expect_usage_error("--method bogus --budget 8", "unknown method 'bogus'");
+    expect_usage_error("--method polykv --budget 8", "needs ':ARG'");
+    expect_usage_error("--method polykv:/nonexistent/s.bin --budget 8", "/nonexistent/s.bin");
+    expect_usage_error("--method h2o --ratio 1.5", "--ratio: 1.5 is outside");
+    expect_usage_error("--method h2o --budget 8 --phases decode", "--phases: 'decode'");
+    expect_usage_error("--method h2o --budget 8 --context 500 --continuation 100", "exceeds the model's window");
+    expect_usage_error("--method h2o --budget 8 --bogus", "unknown option '--bogus'");
+    /* runtime failure: a document shorter than the context */
+    char *dir = kvm_test_tmpdir(), path[512], *out = NULL, *err = NULL;
+    snprintf(path, sizeof path, "%s/short.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(path, "Once upon a time.", 17), 0);
+    int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 8", path, NULL), &out, &err);
+    ck_assert_msg(st == 1, "exit %d, stderr %s", st, err);
+    ck_assert_ptr_nonnull(strstr(err, "fewer than context 64"));
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_cli_csv)
+{
+    char *dir = kvm_test_tmpdir(), csv[512], docs[1024], *out = NULL, *err = NULL;
+    snprintf(csv, sizeof csv, "%s/r.csv", dir);
+    snprintf(docs, sizeof docs, "%s/data/long/doc_000.txt,%s/data/long/doc_001.txt --csv %s", kvm_test_shared(),
+             kvm_test_shared(), csv);
+    int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method full,h2o --budget 16 --phases both", docs, NULL), &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    ck_assert_ptr_nonnull(strstr(out, "== mean over 2 documents"));
+    size_t n;
+    char *text = kvm_test_read_file(csv, &n);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_int_eq(strncmp(text, KVM_EVAL_CSV_HEADER "\n", strlen(KVM_EVAL_CSV_HEADER) + 1), 0);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++)
+        lines += text[i] == '\n';
+    ck_assert_int_eq(lines, 1 + 2 * 2);
+    ck_assert_ptr_nonnull(strstr(text, "\ndoc_000,full,64.0000,1.000000,0,0,0,1.000000,"));
+    ck_assert_ptr_nonnull(strstr(text, "\ndoc_001,h2o,16.0000,0.250000,"));
+    free(text);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *eval_suite(void)
+{
+    Suite *s = suite_create("eval");
+    struct {
+        const char *name;
+        const TTest *fn;
+        int model;
+    } cases[] = {{"kl_quantile", test_kl_quantile, 0},
+                 {"method_table", test_method_table, 0},
+                 {"full_budget_exact", test_full_budget_exact, 1},
+                 {"small_budget", test_small_budget, 1},
+                 {"cli_errors", test_cli_errors, 0},
+                 {"cli_csv", test_cli_csv, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(eval_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

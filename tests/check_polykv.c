@@ -1,0 +1,333 @@
+/* check_polykv.c: PolyKV: calibration signals on a layer where one pattern is exact and
+ * another is not, strategy construction (budgets sum to L×B, floor b_min, determinism,
+ * pattern choice), the canonical encoding and its strict decoder, document-adaptive head
+ * budgets, and the `kvmill calibrate` command. */
+#include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvm_model *model;
+static int32_t ids[256];
+
+static void load_model(void)
+{
+    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 256; i++)
+        ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
+    fclose(f);
+}
+
+static void free_model(void) { kvm_model_close(&model); }
+
+#define SIG(a, ph, l, r) ((a)[((size_t)(ph)*5 + (l)) * KVM_PATTERN_COUNT + (r)])
+
+/* Context 32, B = 24: PyramidKV's first layer gets 1.5·24 = 36 ≥ 32 entries, so it keeps the
+ * whole layer (exact: cosine 1, perplexity sensitivity 0); SnapKV at 24 < 32 is not. */
+START_TEST(test_signals_exact_pattern)
+{
+    kvm_eval_doc *d[2];
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, 32, 8, &d[0]), 0);
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids + 100, 156, 32, 8, &d[1]), 0);
+    kvm_polykv_signals *s;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &s), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate(d, 2, 24, s), 0);
+    ck_assert_int_eq(s->n_docs, 2);
+    ck_assert(SIG(s->cosine, 0, 0, KVM_PATTERN_PYRAMIDKV) == 1.0);
+    ck_assert(SIG(s->ppl_delta, 0, 0, KVM_PATTERN_PYRAMIDKV) == 0.0);
+    ck_assert(SIG(s->kl, 0, 0, KVM_PATTERN_PYRAMIDKV) == 0.0);
+    ck_assert_msg(SIG(s->cosine, 0, 0, KVM_PATTERN_SNAPKV) < 1.0 - 1e-6, "snapkv cosine %.9f",
+                  SIG(s->cosine, 0, 0, KVM_PATTERN_SNAPKV));
+    ck_assert(SIG(s->kl, 0, 0, KVM_PATTERN_SNAPKV) > 0.0);
+    ck_assert(SIG(s->ppl_delta, 0, 0, KVM_PATTERN_SNAPKV) != 0.0);
+    for (int l = 0; l < 5; l++) {
+        ck_assert(s->entropy[l] > 0 && s->entropy[l] < log(32.0));
+        double w = -INFINITY;
+        for (int r = 0; r < KVM_PATTERN_COUNT; r++)
+            w = fmax(w, SIG(s->ppl_delta, 0, l, r));
+        ck_assert(s->worst_ppl[l] == w);
+    }
+    char *dir = kvm_test_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/sig.csv", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_int_eq(kvm_polykv_signals_csv(s, f), 0);
+    fclose(f);
+    size_t n;
+    char *text = kvm_test_read_file(path, &n);
+    ck_assert_int_eq(strncmp(text, "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl\n", 65), 0);
+    ck_assert_ptr_nonnull(strstr(text, "\nprefill,0,pyramidkv,36,1,0,0,"));
+    free(text);
+    kvm_test_rmtree(dir);
+    free(dir);
+    kvm_polykv_signals_free(&s);
+    kvm_eval_doc_free(&d[0]);
+    kvm_eval_doc_free(&d[1]);
+}
+END_TEST
+
+/* Hand-made signals for 5 layers. */
+static kvm_polykv_signals *fake_signals(void)
+{
+    kvm_polykv_signals *s;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &s), 0);
+    for (int ph = 0; ph < 2; ph++)
+        for (int l = 0; l < 5; l++)
+            for (int r = 0; r < KVM_PATTERN_COUNT; r++) {
+                SIG(s->cosine, ph, l, r) = r == (l + ph) % 4 ? 0.99 : 0.9;
+                SIG(s->cosine, ph, l, KVM_PATTERN_PYRAMIDKV) = 1.0; /* never chosen per layer */
+                SIG(s->ppl_delta, ph, l, r) = r == 3 - (l % 4) ? 0.01 : 0.5;
+            }
+    double ent[5] = {1, 2, 3, 4, 10};
+    for (int l = 0; l < 5; l++) {
+        s->entropy[l] = ent[l];
+        s->worst_ppl[l] = s->worst_ppl[5 + l] = 0.1 * (l + 1);
+    }
+    s->budget = 20;
+    return s;
+}
+
+START_TEST(test_strategy_build)
+{
+    kvm_polykv_signals *s = fake_signals();
+    for (int sel = 0; sel < 3; sel++)
+        for (int al = 0; al < 4; al++)
+            for (int64_t bmin = 1; bmin <= 20; bmin += 7) {
+                kvm_strategy *st, *st2;
+                ck_assert_int_eq(kvm_polykv_strategy_build(s, sel, KVM_PATTERN_H2O, al, 1.0, 20, bmin, &st), 0);
+                int64_t sum = 0;
+                for (int l = 0; l < 5; l++) {
+                    sum += st->layers[l].budget;
+                    ck_assert_int_ge(st->layers[l].budget, bmin);
+                }
+                ck_assert_int_eq(sum, 5 * 20);
+                ck_assert_int_eq(kvm_polykv_strategy_build(s, sel, KVM_PATTERN_H2O, al, 1.0, 20, bmin, &st2), 0);
+                uint8_t *b1, *b2;
+                size_t n1, n2;
+                ck_assert_int_eq(kvm_strategy_encode(st, &b1, &n1), 0);
+                ck_assert_int_eq(kvm_strategy_encode(st2, &b2, &n2), 0);
+                ck_assert_uint_eq(n1, n2);
+                ck_assert_mem_eq(b1, b2, n1); /* deterministic */
+                free(b1);
+                free(b2);
+                for (int l = 0; l < 5; l++) {
+                    for (int ph = 0; ph < 2; ph++) {
+                        kvm_pattern p = st->layers[l].pattern[ph];
+                        if (sel == 0) ck_assert_int_eq(p, (l + ph) % 4);
+                        if (sel == 1) ck_assert_int_eq(p, 3 - (l % 4));
+                        if (sel == 2) ck_assert_int_eq(p, KVM_PATTERN_H2O);
+                    }
+                    if (al == 0) ck_assert_int_eq(st->layers[l].budget, 20);
+                }
+                if (al == 1 && bmin == 1) { /* ∝ entropy 1:2:3:4:10 of 100 */
+                    int64_t want[5] = {5, 10, 15, 20, 50};
+                    for (int l = 0; l < 5; l++)
+                        ck_assert_int_eq(st->layers[l].budget, want[l]);
+                }
+                if (al == 3) ck_assert_int_eq(st->layers[0].budget, bmin <= 10 ? 30 : st->layers[0].budget);
+                kvm_strategy_free(&st);
+                kvm_strategy_free(&st2);
+            }
+    kvm_strategy *st;
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, 0, 0, 1, 1.0, 0, 1, &st), KVM_EINVAL);   /* budget 0 */
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, 0, 0, 1, 1.0, 20, 21, &st), KVM_EINVAL); /* b_min·L > L·B */
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "exceeds the total budget"));
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, 2, (kvm_pattern)7, 1, 1.0, 20, 1, &st), KVM_EINVAL); /* pattern */
+    kvm_polykv_select sel;
+    kvm_polykv_alloc al;
+    ck_assert_int_eq(kvm_polykv_select_parse("bogus", &sel), KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_alloc_parse("bogus", &al), KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_alloc_parse("entropy", &al), 0);
+    ck_assert_int_eq(al, KVM_POLYKV_ALLOC_ENTROPY);
+    /* rescaling keeps proportions and sums to L·B' */
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, 0, 0, 1, 1.0, 20, 1, &st), 0);
+    int64_t out[5], sum = 0;
+    ck_assert_int_eq(kvm_strategy_rescale(st, 20, out), 0);
+    for (int l = 0; l < 5; l++)
+        ck_assert_int_eq(out[l], st->layers[l].budget);
+    ck_assert_int_eq(kvm_strategy_rescale(st, 40, out), 0);
+    for (int l = 0; l < 5; l++) {
+        sum += out[l];
+        ck_assert_int_eq(out[l], 2 * st->layers[l].budget);
+    }
+    ck_assert_int_eq(sum, 200);
+    ck_assert_int_eq(kvm_strategy_rescale(st, 3, out), 0);
+    sum = 0;
+    for (int l = 0; l < 5; l++) {
+        sum += out[l];
+        ck_assert_int_ge(out[l], 1);
+    }
+    ck_assert_int_eq(sum, 15);
+    kvm_strategy_free(&st);
+    kvm_polykv_signals_free(&s);
+}
+END_TEST
+
+START_TEST(test_codec)
+{
+    kvm_polykv_signals *s = fake_signals();
+    kvm_strategy *st, *back;
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, 0, 0, 1, 1.0, 20, 4, &st), 0);
+    st->head_split = 2;
+    uint8_t *b, *b2;
+    size_t n, n2;
+    ck_assert_int_eq(kvm_strategy_encode(st, &b, &n), 0);
+    ck_assert_uint_eq(n, 24 + 8 * 5);
+    ck_assert_mem_eq(b, "KVST\x01\x00\x05\x00\x14\x00\x00\x00\x04\x00\x00\x00", 16);
+    ck_assert_int_eq(kvm_strategy_decode(b, n, &back), 0);
+    ck_assert_int_eq(kvm_strategy_encode(back, &b2, &n2), 0);
+    ck_assert_mem_eq(b, b2, n); /* canonical */
+    ck_assert_int_eq(back->head_split, 2);
+    free(b2);
+    kvm_strategy_free(&back);
+    for (size_t cut = 0; cut < n; cut++) { /* every truncation is rejected, never a crash */
+        ck_assert_int_eq(kvm_strategy_decode(b, cut, &back), KVM_EFORMAT);
+        ck_assert_ptr_null(back);
+    }
+    struct {
+        size_t off;
+        uint8_t val;
+        const char *msg;
+    } bad[] = {{0, 'X', "magic"},     {4, 2, "version"},     {16, 9, "select"},   {17, 9, "alloc"},
+               {18, 3, "head_split"}, {19, 1, "reserved"},   {24, 7, "pattern"},  {26, 1, "reserved"},
+               {28, 0, "budget"},     {28 + 8, 0xff, "sum"}, {12, 0xff, "b_min"}, {6, 0, "layers"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint8_t *c = malloc(n);
+        memcpy(c, b, n);
+        c[bad[i].off] = bad[i].val;
+        ck_assert_int_eq(kvm_strategy_decode(c, n, &back), KVM_EFORMAT);
+        ck_assert_msg(strstr(kvm_errmsg(), bad[i].msg), "offset %zu: '%s' lacks '%s'", bad[i].off, kvm_errmsg(),
+                      bad[i].msg);
+        free(c);
+    }
+    uint8_t *longer = calloc(n + 1, 1);
+    memcpy(longer, b, n);
+    ck_assert_int_eq(kvm_strategy_decode(longer, n + 1, &back), KVM_EFORMAT);
+    free(longer);
+    /* file round trip and the table print */
+    char *dir = kvm_test_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/s.bin", dir);
+    ck_assert_int_eq(kvm_strategy_write(st, path), 0);
+    ck_assert_int_eq(kvm_strategy_read(path, &back), 0);
+    ck_assert_int_eq(back->layers[4].budget, st->layers[4].budget);
+    char *txt = NULL;
+    size_t tn = 0;
+    FILE *mf = open_memstream(&txt, &tn);
+    kvm_strategy_print(back, mf);
+    fclose(mf);
+    ck_assert_ptr_nonnull(strstr(txt, "layer  prefill     decode      budget"));
+    free(txt);
+    kvm_strategy_free(&back);
+    snprintf(path, sizeof path, "%s/missing.bin", dir);
+    ck_assert_int_eq(kvm_strategy_read(path, &back), KVM_ENOTFOUND);
+    kvm_test_rmtree(dir);
+    free(dir);
+    free(b);
+    kvm_strategy_free(&st);
+    kvm_polykv_signals_free(&s);
+}
+END_TEST
+
+START_TEST(test_head_split)
+{
+    kvm_eval_doc *d;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, 48, 8, &d), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(d);
+    for (int mode = 1; mode <= 2; mode++) {
+        kvm_evict_plan *p;
+        ck_assert_int_eq(kvm_evict_plan_new(5, 4, KVM_PATTERN_SNAPKV, 16, &p), 0);
+        p->budget[0] = 40; /* layer 0 holds 40 + 3·16 */
+        ck_assert_int_eq(kvm_polykv_head_split(&model->cfg, in->cap, mode, p), 0);
+        int64_t tot = 0, l0 = 0;
+        int differ = 0;
+        for (int i = 0; i < 20; i++) {
+            ck_assert_int_ge(p->budget[i], 1);
+            tot += p->budget[i];
+            if (i < 4) l0 += p->budget[i];
+            differ |= p->budget[i] != p->budget[0];
+        }
+        ck_assert_int_eq(tot, 20 * 16 + 24);
+        if (mode == 1) ck_assert_int_eq(l0, 40 + 3 * 16);
+        ck_assert(differ);
+        ck_assert_int_eq(kvm_polykv_head_split(&model->cfg, in->cap, 3, p), KVM_EINVAL);
+        kvm_evict_plan_free(&p);
+    }
+    kvm_eval_doc_free(&d);
+}
+END_TEST
+
+#define CAL "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/data/long/doc_000.txt "
+
+static void expect_calib(const char *args, int status, const char *msg)
+{
+    char full[4096], *out = NULL, *err = NULL;
+    snprintf(full, sizeof full, CAL "%s", kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), args);
+    int st = kvm_test_run(full, &out, &err);
+    ck_assert_msg(st == status, "%s: exit %d, stderr %s", args, st, err);
+    if (msg) ck_assert_msg(strstr(err, msg), "%s: stderr '%s' lacks '%s'", args, err, msg);
+    free(out);
+    free(err);
+}
+
+START_TEST(test_cli)
+{
+    expect_calib("--budget 0 --out /tmp/x", 2, "--budget: 0 is outside");
+    expect_calib("--budget 8 --bmin 9 --out /tmp/x", 2, "--bmin 9");
+    expect_calib("--budget 8 --select bogus --out /tmp/x", 2, "unknown selection mode 'bogus'");
+    expect_calib("--budget 8 --alloc bogus --out /tmp/x", 2, "unknown allocation mode 'bogus'");
+    expect_calib("--budget 8", 2, "--out are required");
+    char *dir = kvm_test_tmpdir(), args[1024], path[512];
+    snprintf(path, sizeof path, "%s/s.bin", dir);
+    snprintf(args, sizeof args,
+             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s --dump-signals %s/sig.csv", path, dir);
+    expect_calib(args, 0, NULL);
+    kvm_strategy *st;
+    ck_assert_int_eq(kvm_strategy_read(path, &st), 0);
+    int64_t sum = 0;
+    for (int l = 0; l < st->n_layers; l++) {
+        sum += st->layers[l].budget;
+        ck_assert_int_ge(st->layers[l].budget, 3);
+    }
+    ck_assert_int_eq(sum, 5 * 12);
+    kvm_strategy_free(&st);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *polykv_suite(void)
+{
+    Suite *s = suite_create("polykv");
+    struct {
+        const char *name;
+        const TTest *fn;
+        int model;
+    } cases[] = {{"signals_exact_pattern", test_signals_exact_pattern, 1},
+                 {"strategy_build", test_strategy_build, 0},
+                 {"codec", test_codec, 0},
+                 {"head_split", test_head_split, 1},
+                 {"cli", test_cli, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(polykv_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
