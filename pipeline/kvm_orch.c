@@ -5,6 +5,7 @@
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_worker.h"
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
@@ -72,6 +73,7 @@ typedef struct orch {
     void *zctx, *ctl, *data;
     char base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int64_t compress_results; /* results received from compress workers */
+    kvm_store_id model_id, config_id; /* the caches this run writes */
     int own_run_dir;     /* created by this run: removed at the end unless something failed */
     int n_layers;
     double hb_ms, dead_ms, job_timeout_ms;
@@ -551,7 +553,9 @@ static int start_stages(orch *o)
 static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
 {
     orch *o = arg;
-    if (status) return 0;
+    if (status || memcmp(&key->model_id, &o->model_id, sizeof o->model_id) ||
+        memcmp(&key->config_id, &o->config_id, sizeof o->config_id))
+        return 0;
     for (int64_t i = 0; i < o->n_jobs; i++)
         if (o->jobs[i].state == J_DONE && !memcmp(&key->doc_hash, &o->jobs[i].doc->hash, sizeof key->doc_hash)) {
             o->sum->bytes_full += m->full_bytes;
@@ -616,6 +620,20 @@ static int prepare(orch *o, kvm_store **store)
     if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id)) ||
         (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)) || (rc = mark_skipped(o, *store, &model_id, &config_id)))
         return rc;
+    o->model_id = model_id;
+    o->config_id = config_id;
+    if (!strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        rc = kvm_worker_strategy(o->cfg, *store, &model_id, &buf, &len);
+        free(buf);
+        if (rc == KVM_ENOTFOUND) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", kvm_errmsg()); /* kvm_err writes the same buffer */
+            return kvm_err(KVM_EINVAL, "%s", msg);
+        }
+        if (rc) return rc;
+    }
     if ((rc = bind_sockets(o))) return rc;
     return o->n_open > 0 ? start_stages(o) : 0;
 }
@@ -716,8 +734,8 @@ int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_pat
     if (o.zctx) zmq_ctx_term(o.zctx);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (o.own_run_dir && status == 0 && sum->failed == 0 && !hard) remove_run_dir(o.run_dir);
-    else if (o.run_dir[0]) fprintf(stderr, "kvmill run: stage logs are in %s\n", o.run_dir);
+    if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) remove_run_dir(o.run_dir);
+    else if (o.run_dir[0] && o.n_slots > 0) fprintf(stderr, "kvmill run: stage logs are in %s\n", o.run_dir);
     if (hard) return 130;
     return status;
 }

@@ -2,8 +2,10 @@
 #include "pipeline/kvm_worker.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "compress/sculpt/kvm_sculpt.h"
+#include "compress/polykv/kvm_polykv.h"
 #include "common/kvm_error.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store)
@@ -52,7 +54,50 @@ static int sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt_opt
     return kvm_sculpt_alloc_parse(kvm_config_str(c, "compress", "alloc"), &o->alloc);
 }
 
-int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_kvcache **out)
+int kvm_worker_strategy(const kvm_config *c, kvm_store *store, const kvm_store_id *model_id, uint8_t **buf,
+                        size_t *len)
+{
+    const char *name = kvm_config_str(c, "compress", "strategy");
+    int rc = store ? kvm_store_get_strategy(store, model_id, name, buf, len) : KVM_ENOTFOUND;
+    if (rc == KVM_ENOTFOUND) {
+        char hex[65];
+        return kvm_err(KVM_ENOTFOUND, "no PolyKV strategy '%s' is stored for model %s: run kvmill calibrate --config %s "
+                                      "--docs DIR first", name, kvm_store_id_hex(model_id, hex), kvm_config_path(c));
+    }
+    return rc;
+}
+
+/* A single eviction pattern or PolyKV through the method table (compress/eval/kvm_methods.c). */
+static int evict(const kvm_config *c, const char *method, const kvm_compress_input *in, kvm_store *store,
+                 const kvm_store_id *model_id, kvm_kvcache **out)
+{
+    kvm_budget b = {.tokens = kvm_config_int(c, "compress", "budget")};
+    if (b.tokens <= 0) b.ratio = kvm_config_float(c, "compress", "ratio");
+    void *opts = NULL;
+    const kvm_method *m;
+    kvm_strategy *s = NULL; /* borrowed by the polykv options: freed after them */
+    int rc;
+    if (!strcmp(method, "polykv")) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        rc = kvm_worker_strategy(c, store, model_id, &buf, &len);
+        if (!rc) rc = kvm_strategy_decode(buf, len, &s);
+        if (!rc) rc = kvm_polykv_method_opts_from(s, &b, &opts);
+        free(buf);
+        m = kvm_method_find("polykv");
+    } else {
+        m = kvm_method_find(method);
+        rc = m ? m->opts_new(NULL, &b, &in->model->cfg, &opts)
+               : kvm_err(KVM_ENOTSUP, "compression method '%s' is not available in this build", method);
+    }
+    if (!rc) rc = m->compress(in, opts, out);
+    if (m) m->opts_free(opts);
+    kvm_strategy_free(&s);
+    return rc;
+}
+
+int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
+                        const kvm_store_id *model_id, kvm_kvcache **out)
 {
     const char *method = kvm_config_str(c, "compress", "method");
     if (!strcmp(method, "full")) return kvm_kvcache_clone(in->full, out);
@@ -65,5 +110,5 @@ int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_k
         if (o.k_entries > in->n_tokens - o.retain_tokens) o.k_entries = in->n_tokens - o.retain_tokens;
         return rc ? rc : kvm_sculpt_compress(in, &o, out, NULL);
     }
-    return kvm_err(KVM_ENOTSUP, "compression method '%s' is not available in this build", method);
+    return evict(c, method, in, store, model_id, out);
 }

@@ -27,8 +27,17 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
 /* Frees the model and tokenizer. */
 void kvm_worker_model_free(kvm_worker_model *wm);
 
-/* Compresses with the method c names ([compress] method and options). *out is a new cache
- * (next_pos = N). Errors: KVM_ENOTSUP (method not available in this build), method errors. */
-int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_kvcache **out);
+/* Compresses with the method c names ([compress] method and options): KVSculpt and its
+ * baselines with the [compress] sculpt settings, a single eviction pattern at [compress]
+ * budget (or ratio), or PolyKV with the strategy stored under (model_id, [compress]
+ * strategy). *out is a new cache (next_pos = N). Errors: KVM_ENOTFOUND (no stored strategy:
+ * the message says to calibrate first), KVM_ENOTSUP (unknown method), method errors. */
+int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
+                        const kvm_store_id *model_id, kvm_kvcache **out);
+
+/* Loads the PolyKV strategy the config names for model_id: malloc'ed encoding in *buf.
+ * Errors: KVM_ENOTFOUND with "run kvmill calibrate --config ... first", store errors. */
+int kvm_worker_strategy(const kvm_config *c, kvm_store *store, const kvm_store_id *model_id, uint8_t **buf,
+                        size_t *len);
 
 #endif

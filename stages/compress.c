@@ -1,8 +1,8 @@
 /* compress.c: the kvmill-compress stage: receives a job and its per-layer `kv` messages,
  * compresses the cache with the configured method (eviction patterns and/or KVSculpt per
  * layer), writes all layers and the manifest to the store in one transaction, then acks. */
-#include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
@@ -80,40 +80,6 @@ static int load_layers(const kvm_model *m, kvm_msg *const *in, int n_layers, int
     return 0;
 }
 
-/* Encodes every layer and writes cache + manifest in one transaction. */
-static int store_cache(compress_state *st, const kvm_config *cfg, const kvm_proto_job *j, const kvm_kvcache *cc)
-{
-    kvm_proto_dtype dtype;
-    const char *dn = kvm_config_str(cfg, "store", "dtype");
-    int rc = kvm_proto_dtype_parse(dn, strlen(dn), &dtype);
-    int L = cc->n_layers;
-    kvm_msg **msgs = calloc((size_t)L, sizeof *msgs);
-    kvm_store_layer *layers = calloc((size_t)L, sizeof *layers);
-    kvm_frame *frames = calloc((size_t)L * 16, sizeof *frames);
-    char *canon = NULL;
-    size_t canon_n = 0;
-    kvm_store_manifest man = {.n_layers = L, .n_tokens = j->n_tokens, .n_entries = kvm_kvcache_entries(cc),
-                              .full_bytes = kvm_model_kv_bytes(&st->wm.model->cfg, j->n_tokens),
-                              .model_id = st->wm.model_id, .tokenizer_id = st->wm.tok_id};
-    if (!rc && (!msgs || !layers || !frames)) rc = kvm_err(KVM_ENOMEM, "compress: out of memory");
-    for (int l = 0; !rc && l < L; l++) {
-        if ((rc = kvm_cachecodec_encode_layer(cc, l, j->n_tokens, dtype, &msgs[l]))) break;
-        size_t nf = kvm_msg_nframes(msgs[l]);
-        for (size_t f = 0; f < nf; f++) frames[(size_t)l * 16 + f] = kvm_msg_frame(msgs[l], f);
-        layers[l] = (kvm_store_layer){.frames = &frames[(size_t)l * 16], .n_frames = (uint32_t)nf};
-    }
-    if (!rc) rc = kvm_jobcfg_config_id(cfg, &man.config_id, &canon, &canon_n);
-    if (!rc) {
-        snprintf(man.dtype, sizeof man.dtype, "%s", dn);
-        kvm_store_doc_hash(j->tokens, j->n_tokens, &man.doc_hash);
-        man.config = (kvm_frame){.data = (const uint8_t *)canon, .size = canon_n};
-        rc = kvm_store_put_cache(st->store, &man, layers);
-    }
-    for (int l = 0; msgs && l < L; l++) kvm_msg_free(&msgs[l]);
-    free(msgs); free(layers); free(frames); free(canon);
-    return rc;
-}
-
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
 {
     compress_state *st = stp;
@@ -129,8 +95,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
     kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
                              .n_future = kvm_config_int(cfg, "compress", "future")};
-    if ((rc = kvm_worker_compress(cfg, &ci, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
-    if ((rc = store_cache(st, cfg, &j, cc))) goto done;
+    if ((rc = kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+    if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
                          .pid = getpid(), .job_id = j.job_id};
     if ((rc = kvm_proto_ack_encode(&ack, &out->ctl[out->n_ctl]))) goto done;
