@@ -28,6 +28,13 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
            (long long)s->bytes_compressed, ratio, kvm_config_str(cfg, "compress", "method"));
     printf("time: %.2f s wall; compute per stage: prefill %.2f s, compress %.2f s; %.0f tokens/s\n", s->seconds,
            s->stage_ms[0] / 1000.0, s->stage_ms[1] / 1000.0, s->seconds > 0 ? (double)s->tokens / s->seconds : 0);
+    double compute = s->stage_ms[0] + s->stage_ms[1];
+    printf("transport: %.3f s of ZeroMQ/MessagePack encode, decode, copy and send (%.1f%% of stage compute)\n",
+           s->transport_ms / 1000.0, compute > 0 ? 100.0 * s->transport_ms / compute : 0);
+    if (kvm_config_bool(cfg, "eval", "enabled"))
+        printf("evaluation: mean KL(full || compressed) %.5f nats over %lld documents (continuation of %lld tokens)\n",
+               s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
+               (long long)kvm_config_int(cfg, "eval", "continuation"));
     if (s->interrupted) printf("interrupted: queued documents were not processed\n");
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld seconds=%.3f\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,

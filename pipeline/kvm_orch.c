@@ -280,6 +280,11 @@ static int job_message(orch *o, job *j, kvm_msg **out)
     kvm_proto_job pj = {.job_id = j->id, .attempt = j->attempt, .doc_id = kvm_proto_str_c(j->doc->name),
                         .doc_name = kvm_proto_str_c(j->doc->name), .n_ctx = kvm_config_int(o->cfg, "model", "context"),
                         .n_tokens = j->doc->n_tokens, .tokens = j->doc->tokens, .settings = mp, .settings_bytes = n};
+    if (kvm_config_bool(o->cfg, "eval", "enabled")) { /* the held-out continuation, as far as the document goes */
+        int64_t t = kvm_config_int(o->cfg, "eval", "continuation"), avail = j->doc->n_original - j->doc->n_tokens;
+        pj.n_continuation = t < avail ? t : avail;
+        pj.continuation = pj.n_continuation > 0 ? j->doc->tokens + j->doc->n_tokens : NULL;
+    }
     rc = kvm_proto_job_encode(&pj, out);
     free(mp);
     return rc;
@@ -322,6 +327,11 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         int st = stage_of(r.stage);
         if (t == KVM_PROTO_RESULT && st >= 0) o->sum->stage_ms[st] += r.compute_ms;
         if (t == KVM_PROTO_RESULT && st == ST_COMPRESS) o->compress_results++;
+        if (t == KVM_PROTO_RESULT) o->sum->transport_ms += r.transport_ms;
+        if (t == KVM_PROTO_RESULT && r.evaluated) {
+            o->sum->evaluated++;
+            o->sum->kl_sum += r.kl_mean;
+        }
         job *j = job_by_id(o, r.job_id);
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
             char why[600];
@@ -657,10 +667,12 @@ static void loop(orch *o)
         }
         zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
         zmq_poll(items, 2, 100);
+        double t0 = kvm_now_ms();
         if (items[0].revents & ZMQ_POLLIN) receive(o, o->ctl, 1);
         if (items[1].revents & ZMQ_POLLIN) receive(o, o->data, 0);
         check_health(o);
         dispatch(o);
+        o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
         progress(o, 0);
     }
 }

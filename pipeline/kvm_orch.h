@@ -19,6 +19,9 @@ typedef struct kvm_orch_summary {
     double stage_ms[4];                             /* compute time per stage: prefill, compress */
     int64_t tokens;                                 /* tokens of the documents compressed */
     int interrupted;                                /* 1: stopped by Ctrl-C */
+    int64_t evaluated;                              /* documents with a KL measurement ([eval]) */
+    double kl_sum;                                  /* sum of their mean KL, nats */
+    double transport_ms;                            /* message encode/decode/copy/send, stages + orchestrator */
 } kvm_orch_summary;
 
 /* Runs the pipeline over a prepared corpus (kvm_doc_prepare done). The store must hold the

@@ -121,11 +121,16 @@ static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
 }
 
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
-                        double total_ms)
+                        double total_ms, const kvm_stage_out *out)
 {
     kvm_proto_result r = {.job_id = job_id, .status = status, .stage = kvm_proto_str_c(rt->ops->stage),
                           .worker_id = kvm_proto_str_c(rt->worker_id), .compute_ms = compute_ms, .total_ms = total_ms,
                           .message = kvm_proto_str_c(msg), .retryable = retryable != 0};
+    if (out && status == 0) {
+        r.evaluated = out->evaluated != 0;
+        r.kl_mean = out->evaluated && out->kl_mean >= 0 && out->kl_mean <= 1e6 ? out->kl_mean : 0;
+        r.transport_ms = out->transport_ms;
+    }
     kvm_msg *m = NULL;
     int rc = status == 0 ? kvm_proto_result_encode(&r, &m) : kvm_proto_error_encode(&r, &m);
     if (!rc) kvm_msg_send(rt->ctl, &m, 0);
@@ -147,17 +152,20 @@ static void finish_job(stage_rt *rt)
     uint64_t id = rt->ops->job_id(rt->state, j->in, j->n_in);
     double now = kvm_now_ms(), compute = now - j->t_start;
     size_t bytes = 0;
+    double t_send = kvm_now_ms();
     for (int i = 0; i < j->out.n_data; i++) {
         for (size_t f = 0; f < kvm_msg_nframes(j->out.data[i]); f++) bytes += kvm_msg_frame(j->out.data[i], f).size;
         if (!j->rc) kvm_msg_send(rt->data, &j->out.data[i], 0);
         kvm_msg_free(&j->out.data[i]);
     }
+    j->out.transport_ms += kvm_now_ms() - t_send;
     for (int i = 0; i < j->out.n_ctl; i++) {
         if (!j->rc) kvm_msg_send(rt->ctl, &j->out.ctl[i], 0);
         kvm_msg_free(&j->out.ctl[i]);
     }
     j->out.n_data = j->out.n_ctl = 0;
-    send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv);
+    send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv, &j->out);
+    j->out = (kvm_stage_out){0};
     if (j->rc) log_line(rt, "job %llu failed (%s): %s", (unsigned long long)id, j->retryable ? "retryable" : "final", j->err);
     else log_line(rt, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id, rt->ops->stage, compute, bytes);
     drop_inputs(j);
@@ -189,7 +197,7 @@ static void on_data(stage_rt *rt)
     if (done < 0) {
         log_line(rt, "dropped %d message(s): %s", j->n_in, kvm_errmsg());
         uint64_t id = j->n_in ? rt->ops->job_id(rt->state, j->in, j->n_in) : 0;
-        if (id) send_result(rt, id, done, kvm_errmsg(), 0, 0, 0);
+        if (id) send_result(rt, id, done, kvm_errmsg(), 0, 0, 0, NULL);
         drop_inputs(j);
         return;
     }
@@ -201,7 +209,7 @@ static void on_data(stage_rt *rt)
     atomic_store(&j->done, 0);
     if (pthread_create(&j->thread, NULL, job_thread, j) != 0) {
         j->running = 0;
-        send_result(rt, rt->ops->job_id(rt->state, j->in, j->n_in), KVM_ENOMEM, "cannot start a thread", 1, 0, 0);
+        send_result(rt, rt->ops->job_id(rt->state, j->in, j->n_in), KVM_ENOMEM, "cannot start a thread", 1, 0, 0, NULL);
         drop_inputs(j);
     }
 }
@@ -261,7 +269,7 @@ static void serve(stage_rt *rt)
             }
             if (now >= stop_at) {
                 uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
-                send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0);
+                send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0, NULL);
                 log_line(rt, "grace period over: handed job %llu back", (unsigned long long)id);
                 _exit(0); /* the worker thread still runs: leave without joining it */
             }

@@ -36,6 +36,10 @@ typedef struct kvm_stage_out {
     int n_data;
     kvm_msg *ctl[8];                  /* to the control socket (e.g. ack) */
     int n_ctl;
+    int evaluated;                    /* 1: kl_mean holds a measurement for the result */
+    double kl_mean;                   /* mean KL over the job's continuation, nats */
+    double transport_ms;              /* encoding/decoding messages inside work(); the runtime
+                                         adds its own send time */
 } kvm_stage_out;
 
 /* What a stage implements. */

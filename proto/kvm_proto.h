@@ -118,6 +118,10 @@ typedef struct kvm_proto_job {
                                 <= MAX_SETTINGS entries, as raw MessagePack bytes of the map;
                                 NULL when absent (then not written) */
     size_t settings_bytes;   /* bytes at settings */
+    int64_t n_continuation;  /* "n_continuation" uint, optional: held-out tokens after the
+                                context for evaluation; [0, MAX_TOKENS], 0 when absent */
+    const int32_t *continuation; /* tensor "continuation": i32 [n_continuation], ids >= 0;
+                                    optional: NULL when absent */
 } kvm_proto_job;
 /* job codec (contract at the top). Checks beyond the field comments: n_tokens <= n_ctx, every
  * token id >= 0, settings is a map of scalars. 1 tensor frame. */
@@ -237,6 +241,11 @@ typedef struct kvm_proto_result {
     kvm_proto_str message;   /* "message" str: detail (kvm_errmsg for errors); 0..MAX_MESSAGE_BYTES */
     bool retryable;          /* "retryable" bool: error only: requeueing may succeed (false for
                                 a malformed document); ignored in results */
+    bool evaluated;          /* "evaluated" bool, optional: kl_mean holds a measurement */
+    double kl_mean;          /* "kl_mean" float, optional: mean KL(full ‖ compressed) over the
+                                job's continuation, nats; [0, 1e6] */
+    double transport_ms;     /* "transport_ms" float, optional: encoding, decoding and copying
+                                messages inside the stage; [0, MAX_MS] */
 } kvm_proto_result;
 typedef kvm_proto_result kvm_proto_error;
 /* result / error codecs: same struct; result requires status 0, error status < 0. No tensors. */

@@ -13,9 +13,11 @@ static const kvm_proto__field kvm_job__fields[] = {
     KVM_F_I64(T, n_ctx, 1, 1, KVM_PROTO_MAX_TOKENS),
     KVM_F_I64(T, n_tokens, 1, 1, KVM_PROTO_MAX_TOKENS),
     KVM_F_SETTINGS(T, settings, settings_bytes),
+    KVM_F_I64(T, n_continuation, 0, 0, KVM_PROTO_MAX_TOKENS),
 };
 static const kvm_proto__tensor kvm_job__tensors[] = {
     KVM_T(T, tokens, KVM_PROTO__BIT(KVM_PROTO_I32), -1, 1, "n_tokens", 1, offsetof(T, n_tokens)),
+    KVM_T(T, continuation, KVM_PROTO__BIT(KVM_PROTO_I32), -1, 0, "n_continuation", 1, offsetof(T, n_continuation)),
 };
 
 static int kvm_job__check_fields(const void *v)
@@ -30,7 +32,10 @@ static int kvm_job__check_fields(const void *v)
 static int kvm_job__check_tensors(const void *v)
 {
     const T *j = v;
-    return kvm_proto__check_i32(KVM_PROTO_JOB, "tokens", j->tokens, j->n_tokens, 0, INT32_MAX);
+    int rc = kvm_proto__check_i32(KVM_PROTO_JOB, "tokens", j->tokens, j->n_tokens, 0, INT32_MAX);
+    if (!rc && j->continuation)
+        rc = kvm_proto__check_i32(KVM_PROTO_JOB, "continuation", j->continuation, j->n_continuation, 0, INT32_MAX);
+    return rc;
 }
 
 static const kvm_proto__spec kvm_job__spec = {

@@ -5,6 +5,7 @@
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
+#include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
 
 #include <stdlib.h>
@@ -80,6 +81,28 @@ static int load_layers(const kvm_model *m, kvm_msg *const *in, int n_layers, int
     return 0;
 }
 
+/* KL(full ‖ compressed) over the job's continuation ([eval] enabled): the full-KV reference
+ * is recomputed here from the tokens, the compressed cache is the one just stored. A failed
+ * evaluation is logged, never fails the job (the cache is already committed). */
+static void evaluate(const kvm_model *m, const kvm_proto_job *j, const kvm_kvcache *cc, kvm_stage_out *out)
+{
+    int64_t n = j->n_tokens + j->n_continuation;
+    int32_t *all = malloc((size_t)n * sizeof *all);
+    kvm_eval_doc *d = NULL;
+    kvm_eval_result r;
+    if (!all) return;
+    memcpy(all, j->tokens, (size_t)j->n_tokens * sizeof *all);
+    memcpy(all + j->n_tokens, j->continuation, (size_t)j->n_continuation * sizeof *all);
+    if (kvm_eval_doc_new(m, NULL, all, n, j->n_tokens, j->n_continuation, &d) == 0 &&
+        kvm_eval_continue(d, cc, NULL, NULL, &r) == 0) {
+        out->evaluated = 1;
+        out->kl_mean = r.kl_mean;
+    } else
+        fprintf(stderr, "[compress] evaluation of job %llu failed: %s\n", (unsigned long long)j->job_id, kvm_errmsg());
+    kvm_eval_doc_free(&d);
+    free(all);
+}
+
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
 {
     compress_state *st = stp;
@@ -92,11 +115,15 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
     if (rc) { *retryable = 0; goto done; }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
+    double t0 = kvm_now_ms();
     if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
+    out->transport_ms += kvm_now_ms() - t0;
     kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
                              .n_future = kvm_config_int(cfg, "compress", "future")};
     if ((rc = kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
     if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
+    if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0)
+        evaluate(st->wm.model, &j, cc, out);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
                          .pid = getpid(), .job_id = j.job_id};
     if ((rc = kvm_proto_ack_encode(&ack, &out->ctl[out->n_ctl]))) goto done;

@@ -76,7 +76,9 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         (rc = kvm_forward_add_hooks(f, kvm_capture_hooks(cap))) || (rc = kvm_forward_cache_new(m, j.n_tokens, &cache)) ||
         (rc = kvm_forward_prefill(f, cache, j.tokens, j.n_tokens, NULL, KVM_LOGITS_NONE)))
         goto done;
+    double t0 = kvm_now_ms();
     rc = emit_layers(m, cap, j.job_id, j.n_tokens, out);
+    out->transport_ms += kvm_now_ms() - t0;
 done:
     kvm_capture_free(&cap);
     kvm_kvcache_free(&cache);

@@ -11,6 +11,7 @@
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -448,6 +449,43 @@ START_TEST(test_jsonl_corpus)
 }
 END_TEST
 
+/* [eval] enabled: the summary's mean KL equals the evaluation harness's on the same documents. */
+START_TEST(test_eval_matches_harness)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = snapkv\nbudget = 32\n[eval]\nenabled = true\n"
+             "continuation = 32\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    char *out, *err;
+    ck_assert_int_eq(run_kvmill(&out, &err), 0);
+    char *line = strstr(out, "evaluation: mean KL(full || compressed) ");
+    ck_assert_msg(line, "stdout: %s", out);
+    double kl_pipe = strtod(line + strlen("evaluation: mean KL(full || compressed) "), NULL);
+    ck_assert_ptr_nonnull(strstr(line, "over 5 documents"));
+    free(out); free(err);
+    char cmd[12000], csv[4400];
+    snprintf(csv, sizeof csv, "%s/eval.csv", tmp);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method snapkv --budget 32 --context 128 "
+             "--continuation 32 --csv '%s'", kvm_test_bin(), kvm_test_shared_path("models/stories260K.bin"), docs, csv);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char *rows = kvm_test_read_file(csv, NULL);
+    ck_assert_ptr_nonnull(rows);
+    double sum = 0;
+    int n = 0;
+    for (char *r = strchr(rows, '\n'); r && r[1]; r = strchr(r + 1, '\n')) {
+        const char *f = r + 1; /* doc,method,budget_tokens,ratio,kl_mean,... */
+        for (int c = 0; c < 4; c++) f = strchr(f, ',') + 1;
+        sum += strtod(f, NULL);
+        n++;
+    }
+    ck_assert_int_eq(n, 5);
+    ck_assert_msg(fabs(kl_pipe - sum / n) < 1e-4 && kl_pipe > 0, "pipeline %g vs harness %g", kl_pipe, sum / n);
+    free(rows); free(out); free(err);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -455,7 +493,7 @@ static Suite *pipeline_suite(void)
         {"run_then_skip", test_run_then_skip}, {"compress_worker_killed", test_compress_worker_killed},
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
-        {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}};
+        {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
