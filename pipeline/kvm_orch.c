@@ -91,15 +91,16 @@ static void on_sigint(int s) { (void)s; interrupts++; }
 static int spawn_slot(orch *o, int s)
 {
     slot *sl = &o->slots[s];
-    char exe[2048], hb[32], grace[32], threads[32], logp[2048];
+    char exe[2048], hb[32], grace[32], threads[32], logp[2048], ppid[32];
     snprintf(exe, sizeof exe, "%s/kvmill-%s", o->bin_dir, stage_names[sl->stage]);
     snprintf(sl->id, sizeof sl->id, "%s-%d-r%d", stage_names[sl->stage], s, sl->respawns);
     snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(o->cfg, "run", "heartbeat_ms"));
     snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(o->cfg, "run", "grace_s"));
     snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(o->cfg, "stages", "threads"));
     snprintf(logp, sizeof logp, "%s/%s.log", o->run_dir, sl->id);
+    snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
     char *argv[] = {exe, "--connect", o->base, "--device", sl->device, "--store", o->store_path, "--threads", threads,
-                    "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id, NULL};
+                    "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id, "--parent-pid", ppid, NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);

@@ -253,6 +253,10 @@ static void serve(stage_rt *rt)
     for (;;) {
         double now = kvm_now_ms();
         if (rt->job.running && atomic_load(&rt->job.done)) finish_job(rt);
+        if (rt->a.parent_pid > 0 && getppid() != (pid_t)rt->a.parent_pid && !stop_requested) {
+            log_line(rt, "the orchestrator (pid %ld) is gone: stopping", rt->a.parent_pid);
+            stop_requested = 1;
+        }
         if (now - rt->last_beat >= rt->a.heartbeat_ms) {
             send_ctl(rt, rt->ctl, KVM_PROTO_HEARTBEAT, 0);
             rt->last_beat = now;
@@ -271,6 +275,9 @@ static void serve(stage_rt *rt)
                 uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
                 send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0, NULL);
                 log_line(rt, "grace period over: handed job %llu back", (unsigned long long)id);
+                zmq_close(rt->ctl); /* linger: the hand-back still goes out */
+                zmq_close(rt->data);
+                zmq_ctx_term(rt->zctx);
                 _exit(0); /* the worker thread still runs: leave without joining it */
             }
         }
@@ -302,6 +309,7 @@ static void usage(const char *stage)
            "  --heartbeat-ms N      heartbeat interval (default 1000)\n"
            "  --grace-s N           on SIGTERM, finish the current job within N s (default 30)\n"
            "  --id NAME             worker id (default STAGE-HOST-PID)\n"
+           "  --parent-pid PID      stop when process PID (the orchestrator that started us) is gone\n"
            "  --server-key FILE     CurveZMQ: the orchestrator's public key (required off-host)\n"
            "  --client-public FILE  CurveZMQ: this worker's public key\n"
            "  --client-secret FILE  CurveZMQ: this worker's secret key\n",
@@ -331,6 +339,7 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         else if (!strcmp(k, "--threads") && is_num && n >= 1 && n <= 256) a->threads = (int)n;
         else if (!strcmp(k, "--heartbeat-ms") && is_num && n >= 10 && n <= 3600000) a->heartbeat_ms = (int)n;
         else if (!strcmp(k, "--grace-s") && is_num && n >= 0 && n <= 86400) a->grace_s = (int)n;
+        else if (!strcmp(k, "--parent-pid") && is_num && n >= 1) a->parent_pid = n;
         else return fprintf(stderr, "kvmill-%s: bad option or value: %s %s (see --help)\n", stage, k, v), 2;
     }
     if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;

@@ -28,6 +28,8 @@ typedef struct kvm_stage_args {
     const char *server_key;/* --server-key FILE: CurveZMQ server public key (tcp:// to other hosts) */
     const char *client_secret; /* --client-secret FILE: this worker's CurveZMQ secret key */
     const char *client_public; /* --client-public FILE */
+    long parent_pid;       /* --parent-pid PID: stop when that process is gone (set by the
+                              orchestrator for the stages it starts; 0 = never) */
 } kvm_stage_args;
 
 /* Messages a job produces; the runtime sends them in order after the job returns. */

@@ -176,7 +176,10 @@ typedef struct fake {
     pid_t pid;
 } fake;
 
-static void fake_start(fake *f, const char *stage)
+static void fake_start_grace(fake *f, const char *stage, const char *grace);
+static void fake_start(fake *f, const char *stage) { fake_start_grace(f, stage, "30"); }
+
+static void fake_start_grace(fake *f, const char *stage, const char *grace)
 {
     snprintf(f->base, sizeof f->base, "ipc://%s", tmp);
     char ctl[4400], data[4400];
@@ -195,7 +198,8 @@ static void fake_start(fake *f, const char *stage)
     snprintf(logp, sizeof logp, "%s/%s.log", tmp, stage);
     if ((f->pid = fork()) == 0) {
         freopen(logp, "w", stderr);
-        execl(exe, exe, "--connect", f->base, "--store", store, "--id", f->id, "--heartbeat-ms", "100", (char *)NULL);
+        execl(exe, exe, "--connect", f->base, "--store", store, "--id", f->id, "--heartbeat-ms", "100", "--grace-s", grace,
+              (char *)NULL);
         _exit(127);
     }
 }
@@ -263,7 +267,7 @@ static void send_garbage(fake *f)
 
 static kvm_msg *job_msg(uint64_t id)
 {
-    write_config(NULL);
+    if (access(cfg_path, R_OK) != 0) write_config(NULL);
     kvm_config *c;
     ck_assert_int_eq(kvm_config_load(cfg_path, &c), 0);
     uint8_t *mp;
@@ -486,6 +490,60 @@ START_TEST(test_eval_matches_harness)
 }
 END_TEST
 
+/* SIGTERM mid-job: with a grace period the job completes (ack) and the stage exits 0; with
+ * none it hands the job back as a retryable error and exits 0. */
+START_TEST(test_sigterm_grace_and_hand_back)
+{
+    setenv("KVM_SLOW_COMPRESS", "1", 1);
+    write_config(NULL);
+    unsetenv("KVM_SLOW_COMPRESS");
+    fake p = {0};
+    fake_start(&p, "prefill");
+    kvm_msg *m = fake_expect(p.data, KVM_PROTO_READY, 10000);
+    ck_assert_ptr_nonnull(m);
+    kvm_msg_free(&m);
+    kvm_msg *job = job_msg(9), *kv[5];
+    fake_send_msg(&p, job);
+    for (int l = 0; l < 5; l++) ck_assert_ptr_nonnull(kv[l] = fake_expect(p.data, KVM_PROTO_KV, 20000));
+    fake_stop(&p);
+    const char *graces[2] = {"30", "0"};
+    for (int g = 0; g < 2; g++) {
+        fake c = {0};
+        fake_start_grace(&c, "compress", graces[g]);
+        ck_assert_ptr_nonnull(m = fake_expect(c.data, KVM_PROTO_READY, 10000));
+        kvm_msg_free(&m);
+        fake_send_msg(&c, job);
+        for (int l = 0; l < 5; l++) fake_send_msg(&c, kv[l]);
+        usleep(100000); /* the solve takes far longer than this */
+        kill(c.pid, SIGTERM);
+        if (g == 0) {
+            kvm_msg *ack = fake_expect(c.ctl, KVM_PROTO_ACK, 60000);
+            ck_assert_msg(ack != NULL, "no ack after SIGTERM with a grace period");
+            kvm_msg_free(&ack);
+        } else {
+            kvm_msg *e = fake_expect(c.ctl, KVM_PROTO_ERROR, 10000);
+            ck_assert_ptr_nonnull(e);
+            kvm_proto_error er;
+            ck_assert_int_eq(kvm_proto_error_decode(e, &er), 0);
+            ck_assert_int_eq(er.job_id, 9);
+            ck_assert(er.retryable);
+            char msg[512];
+            snprintf(msg, sizeof msg, "%.*s", (int)er.message.len, er.message.ptr);
+            ck_assert_msg(strstr(msg, "handed back"), "message: %s", msg);
+            kvm_msg_free(&e);
+        }
+        int st;
+        ck_assert_int_eq(waitpid(c.pid, &st, 0), c.pid);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "grace %s: exit status %d", graces[g], st);
+        zmq_close(c.ctl);
+        zmq_close(c.data);
+        zmq_ctx_term(c.zctx);
+    }
+    for (int l = 0; l < 5; l++) kvm_msg_free(&kv[l]);
+    kvm_msg_free(&job);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -493,7 +551,8 @@ static Suite *pipeline_suite(void)
         {"run_then_skip", test_run_then_skip}, {"compress_worker_killed", test_compress_worker_killed},
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
-        {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness}};
+        {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},
+        {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
