@@ -7,10 +7,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+int kvm_cmd_ask(int argc, char **argv);
 int kvm_cmd_generate(int argc, char **argv);
 int kvm_cmd_info(int argc, char **argv);
+int kvm_cmd_keygen(int argc, char **argv);
 int kvm_cmd_make_model(int argc, char **argv);
 int kvm_cmd_run(int argc, char **argv);
+int kvm_cmd_serve(int argc, char **argv);
 int kvm_cmd_store(int argc, char **argv);
 
 /* One long option of a command: `--name VALUE` (has_arg = 1) or `--name` (has_arg = 0). */

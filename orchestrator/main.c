@@ -14,13 +14,16 @@ typedef struct kvm_command {
 
 /* One line per subcommand; keep alphabetical. */
 static const kvm_command kvm_commands[] = {
+    {"ask", kvm_cmd_ask, "ask kvmill serve to continue a document after a prompt"},
     {"calibrate", kvm_cmd_calibrate, "PolyKV calibration: signals and the best per-layer eviction strategy"},
     {"eval", kvm_cmd_eval, "evaluate KV compression methods against full KV (KL, top-1, perplexity)"},
     {"generate", kvm_cmd_generate, "generate text from a prompt with a model (run.c compatible)"},
     {"info", kvm_cmd_info, "print a model's shapes and parameter count"},
+    {"keygen", kvm_cmd_keygen, "make a CurveZMQ key pair for a server, client or worker"},
     {"run", kvm_cmd_run, "compress a corpus through the pipeline stages into the store"},
     {"make-model", kvm_cmd_make_model, "write a random-weight llama2.c checkpoint of any shape"},
     {"sculpt", kvm_cmd_sculpt, "KVSculpt: compress a document's KV cache by distillation into a cache file"},
+    {"serve", kvm_cmd_serve, "serve stored caches to clients through decode workers"},
     {"store", kvm_cmd_store, "inspect, verify and clean the LMDB cache store"},
 };
 

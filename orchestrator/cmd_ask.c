@@ -1,0 +1,224 @@
+/* cmd_ask.c: `kvmill ask`: a client of `kvmill serve`: sends a document's text and a prompt,
+ * waits for the answer (30 s by default), prints the generated text to stdout and the
+ * timings to stderr. Needs no config: the server tokenises and hashes the document. A
+ * server that rejects this client's CurveZMQ key is reported at once (socket monitor). */
+#include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
+#include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_stage.h"
+#include "proto/kvm_proto.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+/* Reads a whole text file of at most KVM_PROTO_MAX_TEXT_BYTES. Prints errors; returns 0/2. */
+static int read_doc(const char *path, char **text, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    int rc = buf ? 0 : 2;
+    while (!rc) {
+        if (n == cap) {
+            if (cap > KVM_PROTO_MAX_TEXT_BYTES) break;
+            char *b = realloc(buf, cap *= 2);
+            if (!b) {
+                rc = 2;
+                break;
+            }
+            buf = b;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        if (r == 0) break;
+        n += r;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (rc || err)
+        fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, rc ? "out of memory" : "read error"), rc = 2;
+    else if (n > KVM_PROTO_MAX_TEXT_BYTES)
+        fprintf(stderr, "kvmill ask: --doc %s: larger than %u bytes\n", path, (unsigned)KVM_PROTO_MAX_TEXT_BYTES),
+            rc = 2;
+    else if (n == 0)
+        fprintf(stderr, "kvmill ask: --doc %s is empty\n", path), rc = 2;
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *text = buf;
+    *len = n;
+    return 0;
+}
+
+/* A handshake event from the monitor socket: 1 when it means the server refused us. */
+static int handshake_failed(void *mon, char *why, size_t n)
+{
+    zmq_msg_t ev, ep;
+    zmq_msg_init(&ev);
+    zmq_msg_init(&ep);
+    int failed = 0;
+    if (zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_size(&ev) >= 6) {
+        uint16_t event;
+        uint32_t value;
+        memcpy(&event, zmq_msg_data(&ev), 2);
+        memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+        if (zmq_msg_more(&ev)) zmq_msg_recv(&ep, mon, 0);
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+            snprintf(why, n,
+                     "the server rejected this client's key (ZAP status %u): ask its operator to add your "
+                     ".public file to [security] authorized_keys",
+                     (unsigned)value);
+            failed = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+            snprintf(why, n,
+                     "the security handshake with the server failed: a wrong --server-key, or the server "
+                     "needs CurveZMQ keys (--server-key, --client-public, --client-secret)");
+            failed = 1;
+        }
+    }
+    zmq_msg_close(&ev);
+    zmq_msg_close(&ep);
+    return failed;
+}
+
+int kvm_cmd_ask(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"connect", 1, "endpoint of kvmill serve, e.g. tcp://127.0.0.1:5555 or ipc:///run/kvmill/front", NULL},
+        {"doc", 1, "the document, a text file (the server tokenises and truncates it as kvmill run did)", NULL},
+        {"prompt", 1, "text appended after the document", NULL},
+        {"n", 1, "new tokens to generate (default 64)", NULL},
+        {"temperature", 1, "sampling temperature, 0 = greedy (default 0)", NULL},
+        {"timeout", 1, "seconds to wait for the answer (default 30)", NULL},
+        {"server-key", 1, "CurveZMQ: the server's .public key file", NULL},
+        {"client-public", 1, "CurveZMQ: this client's .public key file", NULL},
+        {"client-secret", 1, "CurveZMQ: this client's .secret key file", NULL},
+        {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse("ask", "Asks kvmill serve to continue a document after a prompt; prints the answer.", argc, argv,
+                      opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    const char *ep = kvm_cli_get(opts, "connect"), *doc = kvm_cli_get(opts, "doc"),
+               *prompt = kvm_cli_get(opts, "prompt"), *s;
+    if (!ep || !doc || !prompt) return fprintf(stderr, "kvmill ask: --connect, --doc and --prompt are required\n"), 2;
+    if (!*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
+    if (strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES) return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
+    int64_t n_new = 64;
+    double temperature = 0, timeout_s = 30;
+    if ((s = kvm_cli_get(opts, "n")) && kvm_cli_int("ask", "n", s, 0, KVM_PROTO_MAX_TOKENS, &n_new)) return 2;
+    if ((s = kvm_cli_get(opts, "temperature")) && kvm_cli_float("ask", "temperature", s, 0, 100, &temperature))
+        return 2;
+    if ((s = kvm_cli_get(opts, "timeout")) && kvm_cli_float("ask", "timeout", s, 0.01, 86400, &timeout_s)) return 2;
+    const char *sk = kvm_cli_get(opts, "server-key"), *cp = kvm_cli_get(opts, "client-public"),
+               *cs = kvm_cli_get(opts, "client-secret");
+    if ((sk || cp || cs) && !(sk && cp && cs))
+        return fprintf(stderr, "kvmill ask: CurveZMQ needs all of --server-key, --client-public and --client-secret\n"),
+               2;
+    char *text = NULL;
+    size_t text_len = 0;
+    int status = read_doc(doc, &text, &text_len);
+    if (status) return status;
+
+    void *zctx = zmq_ctx_new(), *sock = zctx ? zmq_socket(zctx, ZMQ_DEALER) : NULL, *mon = NULL;
+    kvm_msg *m = NULL;
+    status = 1;
+    if (!sock) {
+        fprintf(stderr, "kvmill ask: zmq: %s\n", zmq_strerror(errno));
+        goto done;
+    }
+    int linger = 0, sndtimeo = (int)(timeout_s * 1000);
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
+    if (kvm_curve_client(sock, sk, cp, cs)) {
+        fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-ask-monitor-%d", (int)getpid());
+    if (zmq_socket_monitor(sock, mon_ep,
+                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+        mon = zmq_socket(zctx, ZMQ_PAIR);
+        if (mon && zmq_connect(mon, mon_ep)) zmq_close(mon), mon = NULL;
+    }
+    if (zmq_connect(sock, ep)) {
+        fprintf(stderr, "kvmill ask: --connect %s: %s\n", ep, zmq_strerror(errno));
+        status = 2;
+        goto done;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t rid = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
+    kvm_proto_ask ask = {.request_id = rid,
+                         .doc_text = {text, text_len},
+                         .prompt = kvm_proto_str_c(prompt),
+                         .max_new_tokens = n_new,
+                         .temperature = temperature};
+    if (kvm_proto_ask_encode(&ask, &m)) {
+        fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
+    double t0 = kvm_now_ms(), deadline = t0 + timeout_s * 1000;
+    if (kvm_msg_send(sock, &m, 0)) {
+        fprintf(stderr, "kvmill ask: could not send to %s: %s\n", ep, zmq_strerror(errno));
+        goto done;
+    }
+    for (;;) {
+        double left = deadline - kvm_now_ms();
+        if (left <= 0) {
+            fprintf(stderr,
+                    "kvmill ask: no answer from %s within %.0f s (is kvmill serve running there? a request "
+                    "larger than its [serve] max_message_bytes is cut off without an answer)\n",
+                    ep, timeout_s);
+            goto done;
+        }
+        zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, mon ? 2 : 1, (long)(left < 100 ? left + 1 : 100)) < 0 && errno != EINTR) break;
+        char why[512];
+        if (mon && (items[1].revents & ZMQ_POLLIN) && handshake_failed(mon, why, sizeof why)) {
+            fprintf(stderr, "kvmill ask: %s: %s\n", ep, why);
+            goto done;
+        }
+        if (!(items[0].revents & ZMQ_POLLIN)) continue;
+        if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) continue;
+        kvm_proto_answer a;
+        if (kvm_proto_answer_decode(m, &a)) {
+            fprintf(stderr, "kvmill ask: the server sent a malformed answer: %s\n", kvm_errmsg());
+            goto done;
+        }
+        if (a.request_id != rid) { /* a stale answer: keep waiting for ours */
+            kvm_msg_free(&m);
+            continue;
+        }
+        if (a.status != 0) {
+            fprintf(stderr, "kvmill ask: error from the server (%s): %.*s\n", kvm_strerror(a.status),
+                    (int)a.message.len, a.message.ptr ? a.message.ptr : "");
+            goto done;
+        }
+        fwrite(a.text.ptr ? a.text.ptr : "", 1, a.text.len, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        fprintf(stderr,
+                "kvmill ask: %lld tokens; load %.1f ms, prefill %.1f ms, decode %.1f ms, server total %.1f ms, "
+                "round trip %.1f ms\n",
+                (long long)a.n_tokens, a.load_ms, a.prefill_ms, a.decode_ms, a.total_ms, kvm_now_ms() - t0);
+        status = 0;
+        break;
+    }
+done:
+    kvm_msg_free(&m);
+    if (mon) zmq_close(mon);
+    if (sock && mon) zmq_socket_monitor(sock, NULL, 0);
+    if (sock) zmq_close(sock);
+    if (zctx) zmq_ctx_term(zctx);
+    free(text);
+    return status;
+}

@@ -1,0 +1,31 @@
+/* cmd_keygen.c: `kvmill keygen`: a CurveZMQ key pair for a server, client or worker. */
+#include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
+#include "pipeline/kvm_curve.h"
+
+#include <stdio.h>
+#include <unistd.h>
+
+int kvm_cmd_keygen(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {{"out", 1, "writes PREFIX.public and PREFIX.secret (mode 0600)", NULL},
+                          {"force", 0, "overwrite existing key files", NULL},
+                          {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse(
+            "keygen",
+            "Makes a CurveZMQ key pair. Give the .public file to the other side (a server's to its clients "
+            "and workers; a client's into the server's [security] authorized_keys folder); keep .secret private.",
+            argc, argv, opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    const char *prefix = kvm_cli_get(opts, "out");
+    if (!prefix || !*prefix) return fprintf(stderr, "kvmill keygen: --out PREFIX is required\n"), 2;
+    char pub[4096], sec[4096];
+    snprintf(pub, sizeof pub, "%s.public", prefix);
+    snprintf(sec, sizeof sec, "%s.secret", prefix);
+    if (!kvm_cli_get(opts, "force") && (access(pub, F_OK) == 0 || access(sec, F_OK) == 0))
+        return fprintf(stderr, "kvmill keygen: %s or %s exists; use --force to replace it\n", pub, sec), 1;
+    if (kvm_curve_keygen(prefix)) return fprintf(stderr, "kvmill keygen: %s\n", kvm_errmsg()), 1;
+    printf("%s\n%s\n", pub, sec);
+    return 0;
+}

@@ -1,0 +1,60 @@
+/* cmd_serve.c: `kvmill serve`: the serving broker and its decode workers (pipeline/kvm_serve.h). */
+#include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_serve.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+int kvm_cmd_serve(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"config", 1, "configuration the caches were made with (model, context, compression), e.g. configs/default.ini",
+         NULL},
+        {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
+        {"bind", 1,
+         "front end endpoint for clients (overrides [serve] bind; default tcp://127.0.0.1:5555); "
+         "a non-local address needs [security] keys",
+         NULL},
+        {"workers", 1, "decode worker processes to start (overrides [serve] workers; 0 = only external workers)", NULL},
+        {"dump-config", 0, "print the resolved configuration and exit", NULL},
+        {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse("serve", "Serves stored caches: answers `kvmill ask` requests with decode workers.", argc, argv,
+                      opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    const char *cpath = kvm_cli_get(opts, "config"), *store = kvm_cli_get(opts, "store"), *s;
+    if (!cpath) return fprintf(stderr, "kvmill serve: --config is required\n"), 2;
+    kvm_serve_opts o = {.config_path = cpath, .workers = -1};
+    int64_t v;
+    if ((s = kvm_cli_get(opts, "workers"))) {
+        if (kvm_cli_int("serve", "workers", s, 0, 256, &v)) return 2;
+        o.workers = (int)v;
+    }
+    kvm_config *cfg;
+    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), 2;
+    int status = 2;
+    if (store && kvm_config_set(cfg, "store", "path", store)) {
+        fprintf(stderr, "kvmill serve: --store: %s\n", kvm_errmsg());
+        goto done;
+    }
+    if (kvm_cli_get(opts, "dump-config")) {
+        kvm_config_dump(cfg, stdout);
+        status = 0;
+        goto done;
+    }
+    o.store_path = kvm_config_str(cfg, "store", "path");
+    o.bind = kvm_cli_get(opts, "bind");
+    char self[4096], dir[4096];
+    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[r > 0 ? r : 0] = '\0';
+    char *slash = strrchr(self, '/');
+    snprintf(dir, sizeof dir, "%s", slash ? (*slash = '\0', self) : ".");
+    o.bin_dir = *kvm_config_str(cfg, "stages", "bin_dir") ? NULL : dir;
+    status = kvm_serve_run(cfg, &o);
+done:
+    kvm_config_free(&cfg);
+    return status;
+}

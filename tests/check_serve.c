@@ -1,0 +1,659 @@
+/* check_serve.c: cache serving end to end: a store populated in-process, `kvmill serve`
+ * (broker + kvmill-decode workers) over ipc:// in a temporary run directory, `kvmill ask`
+ * as the client. Answers must equal an in-process decode over the same stored cache;
+ * limits, missing caches and garbage get error answers; CurveZMQ keys admit only
+ * authorized clients; a non-local bind without keys is refused. */
+#include "common/kvm_error.h"
+#include "model/kvm_forward.h"
+#include "model/kvm_sampler.h"
+#include "pipeline/kvm_cachecodec.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_serve_cache.h"
+#include "pipeline/kvm_worker.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+/* Per-test state: a temporary folder with the config, the store, the run directory. */
+static char *g_dir;
+static char g_cfg[4096], g_front[4200], g_log[4200], g_doc[4096];
+static pid_t g_serve;
+
+static const char *kvmill(void)
+{
+    static char b[4096];
+    snprintf(b, sizeof b, "%s/kvmill", kvm_test_bin());
+    return b;
+}
+
+/* Writes the test config: the tiny model at context 128, method full, fast heartbeats,
+ * plus `extra` INI lines (sections allowed; later keys of a section are appended). */
+static void write_config(const char *serve_extra, const char *extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n"
+             "[compress]\nmethod = full\n"
+             "[store]\npath = %s/store\nmap_size_mb = 8\n"
+             "[stages]\nbin_dir = %s\n"
+             "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 30\ngrace_s = 5\n"
+             "[serve]\nmax_prompt_tokens = 8\nmax_new_tokens = 400\nrequest_timeout_s = 15\n%s\n%s\n",
+             kvm_test_shared_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir,
+             serve_extra ? serve_extra : "", extra ? extra : "");
+    snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+}
+
+static void setup(void)
+{
+    g_dir = kvm_test_tmpdir();
+    ck_assert_ptr_nonnull(g_dir);
+    snprintf(g_front, sizeof g_front, "ipc://%s/front", g_dir);
+    snprintf(g_log, sizeof g_log, "%s/serve.log", g_dir);
+    snprintf(g_doc, sizeof g_doc, "%s", kvm_test_shared_path("data/long/doc_000.txt"));
+    g_serve = 0;
+}
+
+static void teardown(void)
+{
+    if (g_serve > 0) {
+        kill(g_serve, SIGTERM);
+        waitpid(g_serve, NULL, 0);
+    }
+    kvm_test_rmtree(g_dir);
+    free(g_dir);
+}
+
+/* The model, tokenizer, ids and store a test needs in-process. */
+typedef struct env {
+    kvm_config *cfg;
+    kvm_store *store;
+    kvm_worker_model wm;
+    kvm_doc doc;
+} env;
+
+static void env_open(env *e, const char *doc_path)
+{
+    memset(e, 0, sizeof *e);
+    ck_assert_msg(kvm_config_load(g_cfg, &e->cfg) == 0, "%s", kvm_errmsg());
+    kvm_store_opts so = {.no_sync = 1};
+    ck_assert_msg(kvm_store_open(kvm_config_str(e->cfg, "store", "path"), &so, &e->store) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_worker_model_get(&e->wm, e->cfg, e->store) == 0, "%s", kvm_errmsg());
+    ck_assert_ptr_nonnull(e->wm.tok);
+    size_t n = 0;
+    e->doc.name = "doc";
+    e->doc.text = kvm_test_read_file(doc_path, &n);
+    ck_assert_ptr_nonnull(e->doc.text);
+    e->doc.text_len = n;
+    const kvm_model_config *c = &e->wm.model->cfg;
+    ck_assert_msg(
+        kvm_doc_prepare(&e->doc, e->wm.tok, c->vocab_size, c->bos_id, kvm_config_int(e->cfg, "model", "context")) == 0,
+        "%s", kvm_errmsg());
+}
+
+static void env_close(env *e)
+{
+    free(e->doc.text);
+    free(e->doc.tokens);
+    kvm_worker_model_free(&e->wm);
+    kvm_store_close(&e->store);
+    kvm_config_free(&e->cfg);
+}
+
+/* Stores the document's cache as `kvmill run` would with method full. */
+static void populate(const char *doc_path)
+{
+    env e;
+    env_open(&e, doc_path);
+    const kvm_model *m = e.wm.model;
+    int64_t N = e.doc.n_tokens;
+    kvm_forward *f = NULL;
+    kvm_kvcache *full = NULL, *cc = NULL;
+    ck_assert_int_eq(kvm_forward_new(m, NULL, N, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(m, N, &full), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, full, e.doc.tokens, N, NULL, KVM_LOGITS_NONE), 0);
+    kvm_compress_input ci = {.model = m, .full = full, .n_tokens = N, .n_future = 16};
+    ck_assert_msg(kvm_worker_compress(e.cfg, &ci, e.store, &e.wm.model_id, &cc) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_serve_cache_store(e.store, e.cfg, &e.wm, e.doc.tokens, N, cc) == 0, "%s", kvm_errmsg());
+    kvm_kvcache_free(&cc);
+    kvm_kvcache_free(&full);
+    kvm_forward_free(&f);
+    env_close(&e);
+}
+
+/* In-process greedy decode over the stored cache, written independently of the worker:
+ * store frames -> cache messages -> ragged cache, prompt prefill, argmax loop (stops at BOS). */
+static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
+{
+    env e;
+    env_open(&e, doc_path);
+    const kvm_model *m = e.wm.model;
+    kvm_store_id config_id;
+    ck_assert_int_eq(kvm_jobcfg_config_id(e.cfg, &config_id, NULL, NULL), 0);
+    kvm_store_cache_key key = {.model_id = e.wm.model_id, .doc_hash = e.doc.hash, .config_id = config_id};
+    kvm_store_cache *sc = NULL;
+    ck_assert_msg(kvm_store_get_cache(e.store, &key, &e.wm.tok_id, &sc) == 0, "%s", kvm_errmsg());
+    kvm_kvcache *cache = NULL;
+    ck_assert_int_eq(kvm_forward_cache_new(m, 8, &cache), 0);
+    for (int l = 0; l < sc->manifest.n_layers; l++) {
+        kvm_msg *msg = NULL;
+        ck_assert_int_eq(kvm_msg_new(&msg), 0);
+        for (uint32_t f = 0; f < sc->layers[l].n_frames; f++)
+            ck_assert_int_eq(kvm_msg_add_copy(msg, sc->layers[l].frames[f].data, sc->layers[l].frames[f].size), 0);
+        ck_assert_msg(kvm_cachecodec_decode_layer(msg, l, cache) == 0, "%s", kvm_errmsg());
+        kvm_msg_free(&msg);
+    }
+    cache->next_pos = (int32_t)e.doc.n_tokens;
+    kvm_store_cache_free(&sc);
+    int32_t *p = NULL, *gen = malloc((size_t)(n_new + 1) * sizeof *gen);
+    int64_t np = 0, ng = 0;
+    ck_assert_int_eq(kvm_tokenizer_encode(e.wm.tok, prompt, strlen(prompt), 0, 0, &p, &np), 0);
+    float *logits = malloc((size_t)m->cfg.vocab_size * sizeof *logits);
+    kvm_forward *f = NULL;
+    ck_assert_int_eq(kvm_forward_new(m, NULL, np, &f), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, cache, p, np, logits, KVM_LOGITS_LAST), 0);
+    while (ng < n_new) {
+        int32_t next = kvm_argmax(logits, m->cfg.vocab_size);
+        if (next == m->cfg.bos_id) break;
+        gen[ng++] = next;
+        if (ng == n_new) break;
+        ck_assert_int_eq(kvm_forward_decode(f, cache, next, logits), 0);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(kvm_tokenizer_decode(e.wm.tok, gen, ng, &text, &len), 0);
+    kvm_forward_free(&f);
+    kvm_kvcache_free(&cache);
+    free(logits);
+    free(p);
+    free(gen);
+    env_close(&e);
+    return text;
+}
+
+/* Starts `kvmill serve` (stderr into g_log) and waits up to 10 s for its "ready" line.
+ * Returns the exit status instead when it exits first (then g_serve is 0). */
+static int start_serve(const char *bind)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failing test must not leave a server behind */
+        int fd = open(g_log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(kvmill(), kvmill(), "serve", "--config", g_cfg, "--bind", bind ? bind : g_front, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 200; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        char *log = kvm_test_read_file(g_log, NULL);
+        int ready = log && strstr(log, "kvmill serve: ready");
+        free(log);
+        if (ready) {
+            g_serve = pid;
+            return -1;
+        }
+        usleep(50000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("kvmill serve did not report ready within 10 s");
+    return -2;
+}
+
+/* Stops the server with SIGTERM; returns its exit status. */
+static int stop_serve(void)
+{
+    int st = 0;
+    kill(g_serve, SIGTERM);
+    ck_assert_int_eq(waitpid(g_serve, &st, 0), g_serve);
+    g_serve = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Runs kvmill ask against g_front; extra options appended verbatim. */
+static int ask(const char *doc, const char *prompt, int64_t n, const char *extra, char **out, char **err)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt '%s' -n %lld --timeout 10 %s", kvmill(),
+             g_front, doc, prompt, (long long)n, extra ? extra : "");
+    return kvm_test_run(cmd, out, err);
+}
+
+static void assert_contains(const char *hay, const char *needle)
+{
+    ck_assert_msg(hay && strstr(hay, needle), "expected \"%s\" in:\n%s", needle, hay ? hay : "(null)");
+}
+
+/* ---- tests ---- */
+
+START_TEST(test_answer_equals_inprocess)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    char *want = reference(g_doc, "Then the", 24);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    for (int round = 0; round < 2; round++) { /* the second answer comes from a warm worker */
+        char *out = NULL, *err = NULL;
+        int rc = ask(g_doc, "Then the", 24, NULL, &out, &err);
+        ck_assert_msg(rc == 0, "ask exited %d: %s", rc, err);
+        size_t n = strlen(out);
+        ck_assert_msg(n > 0 && out[n - 1] == '\n', "answer not newline-terminated: '%s'", out);
+        out[n - 1] = '\0';
+        ck_assert_str_eq(out, want);
+        assert_contains(err, "prefill");
+        free(out);
+        free(err);
+    }
+    ck_assert_msg(strlen(want) > 0, "the reference generated nothing");
+    free(want);
+    ck_assert_int_eq(stop_serve(), 0);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "answered by");
+    assert_contains(log, "kvmill serve: stopped");
+    free(log);
+}
+END_TEST
+
+/* `kvmill run` stores the cache through the pipeline stages; serve must find it (same
+ * tokenisation, truncation, hash and config id) and answer as the in-process decode does. */
+START_TEST(test_run_then_serve)
+{
+    write_config(NULL, NULL);
+    char corpus[4200], cmd[9000], *out = NULL, *err = NULL;
+    snprintf(corpus, sizeof corpus, "%s/corpus", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s' '%s/'", corpus, g_doc, corpus);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "'%s' run --config '%s' --corpus '%s'", kvmill(), g_cfg, corpus);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "kvmill run exited %d: %s", rc, err);
+    assert_contains(out, "summary: compressed=1 ");
+    free(out);
+    free(err);
+    char *want = reference(g_doc, "Then the", 16);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    rc = ask(g_doc, "Then the", 16, NULL, &out, &err);
+    ck_assert_msg(rc == 0, "ask exited %d: %s", rc, err);
+    out[strlen(out) - 1] = '\0';
+    ck_assert_str_eq(out, want);
+    free(want);
+    free(out);
+    free(err);
+}
+END_TEST
+
+START_TEST(test_missing_cache)
+{
+    write_config(NULL, NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(ask(g_doc, "Then", 8, NULL, &out, &err), 1);
+    assert_contains(err, "no compressed cache for this document");
+    assert_contains(err, "compute_missing");
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+}
+END_TEST
+
+START_TEST(test_compute_missing)
+{
+    write_config("compute_missing = true", NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *out = NULL, *err = NULL;
+    int rc = ask(g_doc, "Then the", 16, NULL, &out, &err);
+    ck_assert_msg(rc == 0, "ask exited %d: %s", rc, err);
+    ck_assert_int_eq(stop_serve(), 0);
+    /* the worker stored what it computed: the reference decodes the same from the store */
+    char *want = reference(g_doc, "Then the", 16);
+    out[strlen(out) - 1] = '\0';
+    ck_assert_str_eq(out, want);
+    free(want);
+    free(out);
+    free(err);
+}
+END_TEST
+
+START_TEST(test_prompt_too_long)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *err = NULL;
+    ck_assert_int_eq(ask(g_doc, "one two three four five six seven eight nine ten eleven", 4, NULL, NULL, &err), 1);
+    assert_contains(err, "max_prompt_tokens");
+    free(err);
+}
+END_TEST
+
+START_TEST(test_too_many_new_tokens)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *err = NULL;
+    ck_assert_int_eq(ask(g_doc, "Then", 401, NULL, NULL, &err), 1);
+    assert_contains(err, "[serve] max_new_tokens");
+    free(err);
+}
+END_TEST
+
+START_TEST(test_window_overflow)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *err = NULL, *out = NULL;
+    /* 128 context + 2 prompt + 390 new > 512: an error, not a truncation */
+    ck_assert_int_eq(ask(g_doc, "Then", 390, NULL, &out, &err), 1);
+    assert_contains(err, "exceeds the model's window of 512 tokens");
+    ck_assert_str_eq(out, "");
+    free(err);
+    free(out);
+    /* right at the window it is answered */
+    ck_assert_int_eq(ask(g_doc, "Then", 382, NULL, NULL, &err), 0);
+    free(err);
+}
+END_TEST
+
+/* Sends raw frames to the front end and waits up to 5 s for one reply message. */
+static kvm_msg *raw_request(const void *const *frames, const size_t *sizes, int n)
+{
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_connect(s, g_front), 0);
+    for (int i = 0; i < n; i++)
+        ck_assert_int_ge(zmq_send(s, frames[i], sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0), 0);
+    kvm_msg *m = NULL;
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 5000) == 1) ck_assert_int_eq(kvm_msg_recv(s, &m, 0), 0);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    return m;
+}
+
+START_TEST(test_garbage)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    /* not MessagePack at all: logged and dropped (no request id to answer) */
+    const char junk[] = "\xc1\xff garbage";
+    const void *f1[1] = {junk};
+    size_t s1[1] = {sizeof junk};
+    kvm_msg *m = raw_request(f1, s1, 1);
+    ck_assert_ptr_null(m);
+    /* an ask with a readable request id but missing fields: answered with an error */
+    kvm_proto_ask a = {
+        .request_id = 77, .doc_text = kvm_proto_str_c("x"), .prompt = kvm_proto_str_c("y"), .max_new_tokens = 1};
+    kvm_msg *good = NULL;
+    ck_assert_int_eq(kvm_proto_ask_encode(&a, &good), 0);
+    kvm_frame h = kvm_msg_frame(good, 0);
+    /* keep the map header and the first key/value pairs only: a truncated map */
+    const void *f2[1] = {h.data};
+    size_t s2[1] = {h.size - 3};
+    m = raw_request(f2, s2, 1);
+    kvm_msg_free(&good);
+    ck_assert_ptr_nonnull(m);
+    kvm_proto_answer ans;
+    ck_assert_int_eq(kvm_proto_answer_decode(m, &ans), 0);
+    ck_assert_int_eq((int)ans.request_id, 77);
+    ck_assert_int_lt(ans.status, 0);
+    kvm_msg_free(&m);
+    /* the server keeps answering */
+    char *err = NULL;
+    int rc = ask(g_doc, "Then", 4, NULL, NULL, &err);
+    ck_assert_msg(rc == 0, "ask after garbage exited %d: %s", rc, err);
+    free(err);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "dropped a message from a client");
+    assert_contains(log, "request 77 refused");
+    free(log);
+}
+END_TEST
+
+START_TEST(test_message_too_large)
+{
+    write_config("max_message_bytes = 2048", NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *err = NULL;
+    /* the document is over 2 KiB: ZeroMQ cuts the connection (nothing allocated), no answer */
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt Then -n 4 --timeout 1.5", kvmill(), g_front,
+             g_doc);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 1);
+    assert_contains(err, "no answer");
+    free(err);
+    /* a small document still gets answered (its cache is missing: an error answer, exit 1 with a reason) */
+    char small[4200];
+    snprintf(small, sizeof small, "%s/small.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(small, "Once upon a time", 16), 0);
+    ck_assert_int_eq(ask(small, "Then", 4, NULL, NULL, &err), 1);
+    assert_contains(err, "no compressed cache");
+    free(err);
+}
+END_TEST
+
+START_TEST(test_nonlocal_without_keys)
+{
+    write_config(NULL, NULL);
+    int rc = start_serve("tcp://0.0.0.0:47123");
+    ck_assert_int_eq(rc, 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "is not local");
+    assert_contains(log, "[security]");
+    free(log);
+}
+END_TEST
+
+START_TEST(test_worker_setup_failure)
+{
+    write_config(NULL, "[model]\ncontext = 1000"); /* beyond the model's 512: every worker's setup fails */
+    ck_assert_int_eq(start_serve(NULL), 1);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "exceeds the model's window");
+    assert_contains(log, "before connecting");
+    free(log);
+}
+END_TEST
+
+static void keygen(const char *name)
+{
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s' keygen --out '%s/%s'", kvmill(), g_dir, name);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "keygen: %s", err);
+    free(out);
+    free(err);
+}
+
+/* Starts kvmill-decode by hand with key pair NAME against the back end; 1 when the broker
+ * reports it joined within ms. The worker is stopped either way. */
+static int external_worker(const char *name, int ms)
+{
+    char exe[4200], base[4200], sk[4200], cp[4200], cs[4200], id[64];
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", kvm_test_bin());
+    snprintf(base, sizeof base, "ipc://%s/run", g_dir);
+    snprintf(sk, sizeof sk, "%s/server.public", g_dir);
+    snprintf(cp, sizeof cp, "%s/%s.public", g_dir, name);
+    snprintf(cs, sizeof cs, "%s/%s.secret", g_dir, name);
+    snprintf(id, sizeof id, "external-%s", name);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(exe, exe, "--connect", base, "--config", g_cfg, "--heartbeat-ms", "100", "--id", id, "--server-key", sk,
+              "--client-public", cp, "--client-secret", cs, (char *)NULL);
+        _exit(127);
+    }
+    char want[128];
+    snprintf(want, sizeof want, "external decode worker %s joined", id);
+    int joined = 0;
+    for (int t = 0; t < ms && !joined; t += 100) {
+        usleep(100000);
+        char *log = kvm_test_read_file(g_log, NULL);
+        joined = log && strstr(log, want);
+        free(log);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return joined;
+}
+
+START_TEST(test_curve_keys)
+{
+    keygen("server");
+    keygen("client");
+    keygen("stranger");
+    keygen("worker");
+    char auth[4200], cmd[9000];
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    /* keygen refuses to overwrite */
+    snprintf(cmd, sizeof cmd, "'%s' keygen --out '%s/client'", kvmill(), g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 1);
+    char sec[9000];
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s\n",
+             g_dir, g_dir, g_dir, g_dir, auth);
+    write_config(NULL, sec);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char keys[9000], *out = NULL, *err = NULL;
+    snprintf(keys, sizeof keys,
+             "--server-key '%s/server.public' --client-public '%s/client.public' --client-secret '%s/client.secret'",
+             g_dir, g_dir, g_dir);
+    int rc = ask(g_doc, "Then", 8, keys, &out, &err);
+    ck_assert_msg(rc == 0, "authorized client: exit %d: %s", rc, err);
+    ck_assert_int_gt((int)strlen(out), 1);
+    free(out);
+    free(err);
+    snprintf(
+        keys, sizeof keys,
+        "--server-key '%s/server.public' --client-public '%s/stranger.public' --client-secret '%s/stranger.secret'",
+        g_dir, g_dir, g_dir);
+    rc = ask(g_doc, "Then", 8, keys, &out, &err);
+    ck_assert_int_eq(rc, 1);
+    assert_contains(err, "rejected");
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+    /* no keys at all: the handshake fails, no answer */
+    rc = ask(g_doc, "Then", 8, "--timeout 2", &out, &err);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+    /* workers authenticate too: a decode worker with an unknown key never joins, a listed one does */
+    ck_assert_int_eq(external_worker("stranger", 1500), 0);
+    ck_assert_int_eq(external_worker("worker", 8000), 1);
+}
+END_TEST
+
+/* pid of the serve process's only child (its decode worker), from /proc. */
+static pid_t worker_pid(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)g_serve, (int)g_serve);
+    char *s = kvm_test_read_file(path, NULL);
+    pid_t p = s ? (pid_t)atoi(s) : 0;
+    free(s);
+    return p;
+}
+
+START_TEST(test_worker_respawn)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    pid_t w = worker_pid();
+    ck_assert_int_gt(w, 0);
+    ck_assert_int_eq(kill(w, SIGKILL), 0);
+    /* the broker notices, starts a new worker, and answers again */
+    char *err = NULL;
+    int rc = 1;
+    for (int i = 0; i < 40 && rc; i++) {
+        free(err);
+        err = NULL;
+        usleep(100000);
+        if (worker_pid() > 0 && worker_pid() != w) rc = ask(g_doc, "Then", 4, NULL, NULL, &err);
+    }
+    ck_assert_msg(rc == 0, "no answer after the worker was killed: %s", err ? err : "");
+    free(err);
+    ck_assert_int_eq(stop_serve(), 0);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "exited (signal 9)");
+    free(log);
+}
+END_TEST
+
+START_TEST(test_usage)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect ipc:///nonexistent", kvmill());
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect ipc:///x --doc /nonexistent --prompt hi", kvmill());
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
+    snprintf(cmd, sizeof cmd, "'%s' serve --bind ipc:///x", kvmill());
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
+    snprintf(cmd, sizeof cmd, "'%s' keygen", kvmill());
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *fn)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, fn);
+    return tc;
+}
+
+int main(void)
+{
+    Suite *su = suite_create("serve");
+    suite_add_tcase(su, tcase("answer_equals_inprocess", test_answer_equals_inprocess));
+    suite_add_tcase(su, tcase("run_then_serve", test_run_then_serve));
+    suite_add_tcase(su, tcase("missing_cache", test_missing_cache));
+    suite_add_tcase(su, tcase("compute_missing", test_compute_missing));
+    suite_add_tcase(su, tcase("prompt_too_long", test_prompt_too_long));
+    suite_add_tcase(su, tcase("too_many_new_tokens", test_too_many_new_tokens));
+    suite_add_tcase(su, tcase("window_overflow", test_window_overflow));
+    suite_add_tcase(su, tcase("garbage", test_garbage));
+    suite_add_tcase(su, tcase("message_too_large", test_message_too_large));
+    suite_add_tcase(su, tcase("nonlocal_without_keys", test_nonlocal_without_keys));
+    suite_add_tcase(su, tcase("worker_setup_failure", test_worker_setup_failure));
+    suite_add_tcase(su, tcase("curve_keys", test_curve_keys));
+    suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
+    suite_add_tcase(su, tcase("usage", test_usage));
+    SRunner *sr = srunner_create(su);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
