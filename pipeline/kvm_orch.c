@@ -2,7 +2,7 @@
  * loop. One thread; every wait is a zmq_poll with a short timeout so heartbeats, timeouts
  * and signals are handled within ~100 ms. */
 #include "pipeline/kvm_orch.h"
-#include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
@@ -520,15 +520,7 @@ static int bind_sockets(orch *o)
     for (int i = 0; i < 2; i++) {
         zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
-        if (!kvm_curve_is_local(eps[i])) {
-            const char *sec = kvm_config_str(o->cfg, "security", "server_secret_key");
-            const char *auth = kvm_config_str(o->cfg, "security", "authorized_keys");
-            if (!*sec || !*auth)
-                return kvm_err(KVM_EINVAL, "[run] bind %s is not local: set [security] server_secret_key and "
-                                           "authorized_keys (make keys with kvmill keygen)", o->base);
-            if ((rc = kvm_curve_server(o->zctx, socks[i], sec, auth))) return rc;
-        }
-        if (zmq_bind(socks[i], eps[i])) return kvm_err(KVM_EIO, "bind %s: %s", eps[i], zmq_strerror(errno));
+        if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, "[run] bind"))) return rc;
     }
     return 0;
 }

@@ -159,6 +159,11 @@ START_TEST(test_bad_config_and_missing_binary)
     ck_assert_int_eq(run_kvmill(&out, &err), 2);
     ck_assert_msg(strstr(err, "kvmill-prefill is missing"), "stderr: %s", err);
     free(out); free(err);
+    /* a non-local bind without CurveZMQ keys is refused before anything starts */
+    write_config("[run]\nbind = tcp://0.0.0.0:5599\n");
+    ck_assert_int_eq(run_kvmill(&out, &err), 2);
+    ck_assert_msg(strstr(err, "is not local") && strstr(err, "[security]"), "stderr: %s", err);
+    free(out); free(err);
     /* a corpus that is neither a folder nor .jsonl */
     write_config(NULL);
     char cmd[12000];
