@@ -6,8 +6,6 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
-#include "pipeline/kvm_config.h"
-#include "store/kvm_store.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -22,31 +20,7 @@ typedef struct calib_args {
     int64_t refine;  /* refinement rounds (0 = none) */
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump;
-    const char *store, *name, *model; /* --config mode: store the strategy under (model id, name) */
 } calib_args;
-
-/* --config mode: the strategy goes into the store under the model id, where `kvmill run`
- * with [compress] method = polykv finds it. */
-static int store_strategy(const kvm_strategy *best, const calib_args *a)
-{
-    kvm_store *st = NULL;
-    kvm_store_opts so = {0};
-    kvm_store_id mid;
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    int rc = kvm_store_open(a->store, &so, &st);
-    if (!rc) rc = kvm_store_model_id(st, a->model, &mid);
-    if (!rc) rc = kvm_strategy_encode(best, &buf, &len);
-    if (!rc) rc = kvm_store_put_strategy(st, &mid, a->name, buf, len);
-    if (rc) fprintf(stderr, "kvmill " CMD ": storing the strategy: %s\n", kvm_errmsg());
-    else {
-        char hex[65];
-        printf("stored strategy '%s' for model %s in %s\n", a->name, kvm_store_id_hex(&mid, hex), a->store);
-    }
-    free(buf);
-    kvm_store_close(&st);
-    return rc ? 1 : 0;
-}
 
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
                      const calib_args *a)
@@ -81,16 +55,13 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
             rc = 1;
         }
     }
-    if (!rc) kvm_strategy_print(best, stdout);
-    if (!rc && a->store) rc = store_strategy(best, a);
-    if (!rc && a->out) {
-        {
-            if (kvm_strategy_write(best, a->out)) {
+    if (!rc) {
+        kvm_strategy_print(best, stdout);
+        if (kvm_strategy_write(best, a->out)) {
             fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
             rc = 1;
         } else
             printf("wrote %s\n", a->out);
-        }
     }
     kvm_strategy_free(&best);
     kvm_polykv_signals_free(&sig);
@@ -102,8 +73,10 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
 
 int kvm_cmd_calibrate(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) /* --config: calibration through the pipeline stages */
+        if (!strcmp(argv[i], "--config") || !strncmp(argv[i], "--config=", 9)) return kvm_cmd_calibrate_pipeline(argc, argv);
     kvm_cli_opt opts[] = {
-        {"config", 1, "pipeline configuration: model, [compress] budget and strategy name, store (stores the strategy)", NULL},
+        {"config", 1, "run through the stage processes with this pipeline configuration (see below)", NULL},
         {"model", 1, "model file (llama2.c checkpoint)", NULL},
         {"tokenizer", 1, "tokenizer (default: beside the model)", NULL},
         {"docs", 1, "calibration documents: a folder of *.txt, a file, or a comma-separated list", NULL},
@@ -133,43 +106,11 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .out = kvm_cli_get(opts, "out"),
                     .dump = kvm_cli_get(opts, "dump-signals")};
     const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
-    const char *ctx_s = kvm_cli_get(opts, "context"), *cont_s = kvm_cli_get(opts, "continuation");
-    const char *tok_s = kvm_cli_get(opts, "tokenizer");
-    kvm_config *cfg = NULL;
-    char ctx_buf[32], cont_buf[32], budget_buf[32];
-    const char *budget_s = kvm_cli_get(opts, "budget");
-    if (kvm_cli_get(opts, "config")) {
-        if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg)) {
-            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
-            return 2;
-        }
-        model_path = kvm_config_str(cfg, "model", "path");
-        if (*kvm_config_str(cfg, "model", "tokenizer")) tok_s = kvm_config_str(cfg, "model", "tokenizer");
-        snprintf(ctx_buf, sizeof ctx_buf, "%lld", (long long)kvm_config_int(cfg, "model", "context"));
-        snprintf(cont_buf, sizeof cont_buf, "%lld", (long long)kvm_config_int(cfg, "eval", "continuation"));
-        if (!ctx_s) ctx_s = ctx_buf;
-        if (!cont_s) cont_s = cont_buf;
-        if (!budget_s && kvm_config_int(cfg, "compress", "budget") > 0) {
-            snprintf(budget_buf, sizeof budget_buf, "%lld", (long long)kvm_config_int(cfg, "compress", "budget"));
-            budget_s = budget_buf;
-        }
-        a.store = kvm_config_str(cfg, "store", "path");
-        a.name = kvm_config_str(cfg, "compress", "strategy");
-        a.model = model_path;
-        if (!budget_s) {
-            fprintf(stderr, "kvmill " CMD ": %s: set [compress] budget (the average entries per KV head) or pass --budget\n",
-                    kvm_config_path(cfg));
-            kvm_config_free(&cfg);
-            return 2;
-        }
-    }
-    if (!model_path || !docs_s || !budget_s || (!a.out && !cfg)) {
-        fprintf(stderr, "kvmill " CMD ": --docs and either --config or --model, --budget and --out are required\n");
-        kvm_config_free(&cfg);
+    if (!model_path || !docs_s || !kvm_cli_get(opts, "budget") || !a.out) {
+        fprintf(stderr, "kvmill " CMD ": --model, --docs, --budget and --out are required\n");
         return 2;
     }
-    int rc0 = kvm_cli_int(CMD, "budget", budget_s, 1, INT32_MAX, &a.B);
-    if (rc0) { kvm_config_free(&cfg); return 2; }
+    if (kvm_cli_int(CMD, "budget", kvm_cli_get(opts, "budget"), 1, INT32_MAX, &a.B)) return 2;
     a.b_min = a.B / 4 > 1 ? a.B / 4 : 1;
     if ((s = kvm_cli_get(opts, "bmin")) && kvm_cli_int(CMD, "bmin", s, 1, INT32_MAX, &a.b_min)) return 2;
     if ((s = kvm_cli_get(opts, "refine")) && kvm_cli_int(CMD, "refine", s, 0, 1000, &a.refine)) return 2;
@@ -195,7 +136,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
         }
         a.alloc = (int)v;
     }
-    if (cmd_eval_lengths(CMD, ctx_s, cont_s, &a.N, &a.T)) { kvm_config_free(&cfg); return 2; }
+    if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &k)) return 2;
     cmd_eval_docset docs;
@@ -203,7 +144,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
     if (rc) return rc;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
-    if (kvm_cli_open_model(CMD, model_path, tok_s, 1, &m, &tok)) rc = 1;
+    if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
     if (!rc && a.N + a.T > m->cfg.seq_len) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
                 (long long)a.N, (long long)a.T, m->cfg.seq_len);
@@ -213,6 +154,5 @@ int kvm_cmd_calibrate(int argc, char **argv)
     cmd_eval_docs_free(&docs);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);
-    kvm_config_free(&cfg);
     return rc;
 }

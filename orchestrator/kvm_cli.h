@@ -13,6 +13,7 @@ int kvm_cmd_info(int argc, char **argv);
 int kvm_cmd_keygen(int argc, char **argv);
 int kvm_cmd_make_model(int argc, char **argv);
 int kvm_cmd_run(int argc, char **argv);
+int kvm_cmd_calibrate_pipeline(int argc, char **argv);
 int kvm_cmd_serve(int argc, char **argv);
 int kvm_cmd_store(int argc, char **argv);
 

@@ -44,6 +44,8 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"stages", "compress_workers", I, "1", 0, 256, NULL, "processes", "kvmill-compress workers started by the orchestrator"},
     {"stages", "prefill_devices", S, "cpu", 0, 0, NULL, "", "comma-separated devices, one per prefill worker (cycled)"},
     {"stages", "compress_devices", S, "cpu", 0, 0, NULL, "", "comma-separated devices, one per compress worker (cycled)"},
+    {"stages", "signals_workers", I, "1", 0, 256, NULL, "processes", "kvmill-signals workers for kvmill calibrate (on prefill_devices)"},
+    {"stages", "strategy_workers", I, "1", 0, 256, NULL, "processes", "kvmill-strategy workers for kvmill calibrate (on compress_devices)"},
     {"stages", "threads", I, "1", 1, 256, NULL, "threads", "compute threads per stage process"},
     {"stages", "bin_dir", P, "", 0, 0, NULL, "", "folder of the kvmill-* binaries; empty = beside kvmill"},
 

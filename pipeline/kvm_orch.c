@@ -25,8 +25,12 @@
 
 extern char **environ;
 
-enum { ST_PREFILL = 0, ST_COMPRESS = 1, N_STAGES = 2, MAX_WORKERS = 256 };
-static const char *const stage_names[N_STAGES] = {"prefill", "compress"};
+enum { ST_PREFILL = 0, ST_COMPRESS = 1, ST_SIGNALS = 2, ST_STRATEGY = 3, N_STAGES = 4, MAX_WORKERS = 256 };
+static const char *const stage_names[N_STAGES] = {"prefill", "compress", "signals", "strategy"};
+
+/* What the run does: compress a corpus (prefill -> compress), or calibrate PolyKV
+ * (signals per document, then one strategy build over all of them). */
+enum { MODE_RUN = 0, MODE_CALIBRATE = 1 };
 
 typedef enum job_state { J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS, J_DONE, J_FAILED, J_SKIPPED } job_state;
 
@@ -74,6 +78,9 @@ typedef struct orch {
     char base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int64_t compress_results; /* results received from compress workers */
     kvm_store_id model_id, config_id; /* the caches this run writes */
+    int mode;                 /* MODE_RUN or MODE_CALIBRATE */
+    uint64_t reduce_id;       /* calibrate: id of the strategy build request */
+    int reduce_worker;        /* calibrate: strategy worker holding it, or -1 */
     int own_run_dir;     /* created by this run: removed at the end unless something failed */
     int n_layers;
     double hb_ms, dead_ms, job_timeout_ms;
@@ -236,11 +243,16 @@ static void worker_dead(orch *o, int w, const char *why)
     wk->alive = 0;
     wk->idle = 0;
     fprintf(stderr, "kvmill run: worker %s %s\n", wk->id, why);
-    if (wk->job >= 0) {
+    if (wk->job >= 0 && w != o->reduce_worker) {
         job *j = &o->jobs[wk->job];
         char msg[400];
         snprintf(msg, sizeof msg, "worker %s %s", wk->id, why);
         requeue(o, j, msg);
+    }
+    if (w == o->reduce_worker) { /* the strategy build goes back to waiting for a worker */
+        for (int64_t i = 0; i < o->n_jobs; i++)
+            if (o->jobs[i].state == J_COMPRESS) o->jobs[i].worker = -1, job_set(o, &o->jobs[i], J_KV_READY);
+        o->reduce_worker = -1;
     }
     wk->job = -1;
     if (wk->slot >= 0 && !interrupts) {
@@ -281,7 +293,7 @@ static int job_message(orch *o, job *j, kvm_msg **out)
     kvm_proto_job pj = {.job_id = j->id, .attempt = j->attempt, .doc_id = kvm_proto_str_c(j->doc->name),
                         .doc_name = kvm_proto_str_c(j->doc->name), .n_ctx = kvm_config_int(o->cfg, "model", "context"),
                         .n_tokens = j->doc->n_tokens, .tokens = j->doc->tokens, .settings = mp, .settings_bytes = n};
-    if (kvm_config_bool(o->cfg, "eval", "enabled")) { /* the held-out continuation, as far as the document goes */
+    if (o->mode == MODE_CALIBRATE || kvm_config_bool(o->cfg, "eval", "enabled")) { /* held-out continuation */
         int64_t t = kvm_config_int(o->cfg, "eval", "continuation"), avail = j->doc->n_original - j->doc->n_tokens;
         pj.n_continuation = t < avail ? t : avail;
         pj.continuation = pj.n_continuation > 0 ? j->doc->tokens + j->doc->n_tokens : NULL;
@@ -307,6 +319,18 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (w < 0) return;
         o->workers[w].last_seen = kvm_now_ms();
         o->workers[w].alive = 1;
+        if (t == KVM_PROTO_ACK && o->mode == MODE_CALIBRATE && c.job_id == o->reduce_id && o->reduce_worker == w) {
+            for (int64_t i = 0; i < o->n_jobs; i++)
+                if (o->jobs[i].state == J_COMPRESS) {
+                    o->jobs[i].worker = -1;
+                    job_set(o, &o->jobs[i], J_DONE);
+                    o->sum->compressed++;
+                    o->sum->tokens += o->jobs[i].doc->n_tokens;
+                }
+            o->workers[w].job = -1;
+            o->reduce_worker = -1;
+            return;
+        }
         if (t == KVM_PROTO_ACK) {
             job *j = job_by_id(o, c.job_id);
             if (j && j->state == J_COMPRESS) {
@@ -369,7 +393,29 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (wk->job < 0) wk->idle = 1;
         return;
     }
-    if (t != KVM_PROTO_KV) {
+    if (t == KVM_PROTO_STATS && o->mode == MODE_CALIBRATE) {
+        kvm_proto_stats sm;
+        if (kvm_proto_stats_decode(m, &sm)) {
+            fprintf(stderr, "kvmill calibrate: dropped a bad stats message: %s\n", kvm_errmsg());
+            return;
+        }
+        job *j = job_by_id(o, sm.job_id);
+        if (!j || j->state != J_PREFILL) return; /* stale attempt */
+        kvm_msg *copy = NULL;
+        if (!j->kv && !(j->kv = calloc(1, sizeof *j->kv))) return;
+        if (kvm_msg_new(&copy)) return;
+        for (size_t f = 0; f < kvm_msg_nframes(m); f++) {
+            kvm_frame fr = kvm_msg_frame(m, f);
+            if (kvm_msg_add_copy(copy, fr.data, fr.size)) break;
+        }
+        j->kv[0] = copy;
+        j->n_kv = 1;
+        if (j->worker >= 0) o->workers[j->worker].job = -1;
+        j->worker = -1;
+        job_set(o, j, J_KV_READY);
+        return;
+    }
+    if (t != KVM_PROTO_KV || o->mode != MODE_RUN) {
         fprintf(stderr, "kvmill run: dropped an unexpected %s on the data socket\n", kvm_proto_type_name(t));
         return;
     }
@@ -421,12 +467,66 @@ static int idle_worker(orch *o, int stage)
     return -1;
 }
 
+/* Sends a copy of every frame of m to worker id on the data socket. */
+static int send_copy(orch *o, const char *id, const kvm_msg *m)
+{
+    kvm_msg *c = NULL;
+    int rc = kvm_msg_new(&c);
+    for (size_t f = 0; !rc && f < kvm_msg_nframes(m); f++) {
+        kvm_frame fr = kvm_msg_frame(m, f);
+        rc = kvm_msg_add_copy(c, fr.data, fr.size);
+    }
+    if (!rc) return send_to(o->data, id, &c);
+    kvm_msg_free(&c);
+    return rc;
+}
+
+/* calibrate: once every document has its signals (or failed), one strategy worker gets the
+ * build request "calibrate:N" and the N (job, stats) pairs. */
+static void dispatch_reduce(orch *o)
+{
+    int64_t ready = 0;
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        job_state s = o->jobs[i].state;
+        if (s == J_KV_READY) ready++;
+        else if (s != J_FAILED && s != J_SKIPPED) return; /* signals still running */
+    }
+    int w = ready > 0 && o->reduce_worker < 0 ? idle_worker(o, ST_STRATEGY) : -1;
+    if (w < 0) return;
+    job req = {.doc = NULL, .id = o->reduce_id = o->next_id++};
+    kvm_doc fake = {.name = "calibrate", .tokens = (int32_t[]){1}, .n_tokens = 1, .n_original = 1};
+    char name[64];
+    snprintf(name, sizeof name, "calibrate:%lld", (long long)ready);
+    fake.name = name;
+    req.doc = &fake;
+    kvm_msg *m = NULL;
+    int mode = o->mode;
+    o->mode = MODE_RUN; /* the request itself carries no continuation */
+    int rc = job_message(o, &req, &m) || send_to(o->data, o->workers[w].id, &m);
+    o->mode = mode;
+    for (int64_t i = 0; !rc && i < o->n_jobs; i++) {
+        job *j = &o->jobs[i];
+        if (j->state != J_KV_READY) continue;
+        kvm_msg *jm = NULL;
+        rc = job_message(o, j, &jm) || send_to(o->data, o->workers[w].id, &jm) || send_copy(o, o->workers[w].id, j->kv[0]);
+        if (!rc) j->worker = w, job_set(o, j, J_COMPRESS);
+    }
+    if (rc) {
+        fprintf(stderr, "kvmill calibrate: could not send the strategy build: %s\n", kvm_errmsg());
+        return;
+    }
+    o->workers[w].idle = 0;
+    o->workers[w].job = 0;
+    o->reduce_worker = w;
+}
+
 static void dispatch(orch *o)
 {
+    if (o->mode == MODE_CALIBRATE) dispatch_reduce(o);
     for (int64_t i = 0; i < o->n_jobs; i++) {
         job *j = &o->jobs[i];
         if (j->state == J_QUEUED && !interrupts) { /* draining: no new documents, in-flight ones finish */
-            int w = idle_worker(o, ST_PREFILL);
+            int w = idle_worker(o, o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL);
             if (w < 0) continue;
             kvm_msg *m = NULL;
             if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
@@ -437,7 +537,7 @@ static void dispatch(orch *o)
             o->workers[w].job = (int)i;
             j->worker = w;
             job_set(o, j, J_PREFILL);
-        } else if (j->state == J_KV_READY) {
+        } else if (j->state == J_KV_READY && o->mode == MODE_RUN) {
             int w = idle_worker(o, ST_COMPRESS);
             if (w < 0) continue;
             kvm_msg *m = NULL;
@@ -497,7 +597,8 @@ static void progress(orch *o, int final)
                 width - fill, "", (long long)done, (long long)total, tps, eta);
         if (final) fputc('\n', stderr);
     } else
-        fprintf(stderr, "kvmill run: %lld/%lld documents, %.0f tokens/s, %.1f s elapsed, ETA %.0f s\n", (long long)done,
+        fprintf(stderr, "kvmill %s: %lld/%lld documents, %.0f tokens/s, %.1f s elapsed, ETA %.0f s\n",
+                o->mode == MODE_CALIBRATE ? "calibrate" : "run", (long long)done,
                 (long long)total, tps, el, eta);
 }
 
@@ -527,8 +628,10 @@ static int bind_sockets(orch *o)
 
 static int start_stages(orch *o)
 {
-    const char *keys[N_STAGES][2] = {{"prefill_workers", "prefill_devices"}, {"compress_workers", "compress_devices"}};
+    const char *keys[N_STAGES][2] = {{"prefill_workers", "prefill_devices"}, {"compress_workers", "compress_devices"},
+                                     {"signals_workers", "prefill_devices"}, {"strategy_workers", "compress_devices"}};
     for (int st = 0; st < N_STAGES; st++) {
+        if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
         char exe[2048];
         snprintf(exe, sizeof exe, "%s/kvmill-%s", o->bin_dir, stage_names[st]);
         int64_t n = kvm_config_int(o->cfg, "stages", keys[st][0]);
@@ -621,11 +724,12 @@ static int prepare(orch *o, kvm_store **store)
     if (rc) return rc;
     kvm_store_id model_id, config_id;
     if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id)) ||
-        (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)) || (rc = mark_skipped(o, *store, &model_id, &config_id)))
+        (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)) ||
+        (o->mode == MODE_RUN && (rc = mark_skipped(o, *store, &model_id, &config_id))))
         return rc;
     o->model_id = model_id;
     o->config_id = config_id;
-    if (!strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
+    if (o->mode == MODE_RUN && !strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
         uint8_t *buf = NULL;
         size_t len = 0;
         rc = kvm_worker_strategy(o->cfg, *store, &model_id, &buf, &len);
@@ -670,10 +774,24 @@ static void loop(orch *o)
     }
 }
 
+static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum, int mode);
+
 int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum)
+{
+    return orch_main(cfg, corpus, self_path, sum, MODE_RUN);
+}
+
+int kvm_orch_calibrate(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum)
+{
+    return orch_main(cfg, corpus, self_path, sum, MODE_CALIBRATE);
+}
+
+static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum, int mode)
 {
     static orch o;
     memset(&o, 0, sizeof o);
+    o.mode = mode;
+    o.reduce_worker = -1;
     memset(sum, 0, sizeof *sum);
     o.cfg = cfg;
     o.corpus = corpus;

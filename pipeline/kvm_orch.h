@@ -16,7 +16,7 @@ typedef struct kvm_orch_summary {
     int64_t compressed, skipped, failed, truncated; /* documents */
     int64_t bytes_full, bytes_compressed;           /* of the documents compressed in this run */
     double seconds;                                 /* wall time of the run */
-    double stage_ms[4];                             /* compute time per stage: prefill, compress */
+    double stage_ms[4];                             /* compute time per stage: prefill, compress, signals, strategy */
     int64_t tokens;                                 /* tokens of the documents compressed */
     int interrupted;                                /* 1: stopped by Ctrl-C */
     int64_t evaluated;                              /* documents with a KL measurement ([eval]) */
@@ -30,5 +30,12 @@ typedef struct kvm_orch_summary {
  * configuration problem (missing stage binary, bad endpoint, missing CurveZMQ keys for a
  * non-local bind: message printed), 130 after a second Ctrl-C. */
 int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum);
+
+/* PolyKV calibration through the stages: every document (prepared with the context, its
+ * continuation after it) goes to a kvmill-signals worker; when all have their signals, one
+ * kvmill-strategy worker builds the best strategy over them and stores it under (model id,
+ * [compress] strategy). Same return values as kvm_orch_run; sum->compressed counts the
+ * calibration documents used. */
+int kvm_orch_calibrate(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum);
 
 #endif

@@ -549,6 +549,36 @@ START_TEST(test_sigterm_grace_and_hand_back)
 }
 END_TEST
 
+/* calibrate through the stages (signals, strategy), then run with the stored strategy */
+START_TEST(test_calibrate_then_polykv)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[eval]\ncontinuation = 32\n"
+             "[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    char *out, *err, cmd[12000], strat[4400];
+    ck_assert_int_eq(run_kvmill(&out, &err), 2); /* no strategy yet */
+    ck_assert_msg(strstr(err, "run kvmill calibrate --config"), "stderr: %s", err);
+    free(out); free(err);
+    snprintf(strat, sizeof strat, "%s/strategy.bin", tmp);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s'", kvm_test_bin(), cfg_path, docs, strat);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "calibrate exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "calibration: 5 documents, 0 failed") && strstr(out, "stored strategy 'default'"), "stdout: %s", out);
+    free(out); free(err);
+    size_t n;
+    char *bytes = kvm_test_read_file(strat, &n);
+    ck_assert_ptr_nonnull(bytes);
+    ck_assert_uint_gt(n, 0);
+    free(bytes);
+    ck_assert_int_eq(run_kvmill(&out, &err), 0);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    free(out); free(err);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -557,7 +587,7 @@ static Suite *pipeline_suite(void)
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},
-        {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}};
+        {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}, {"calibrate_then_polykv", test_calibrate_then_polykv}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -1,0 +1,116 @@
+/* cmd_calibrate_pipeline.c: `kvmill calibrate --config FILE --docs DIR [--out FILE]`: PolyKV
+ * calibration run through the stage processes (kvmill-signals per document, then
+ * kvmill-strategy over all of them); the strategy is stored under the model id, where
+ * `kvmill run` with [compress] method = polykv finds it, and optionally written to a file. */
+#include "orchestrator/kvm_cli.h"
+#include "orchestrator/kvm_cli_model.h"
+#include "compress/polykv/kvm_polykv.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_orch.h"
+#include "store/kvm_store.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* Reads the stored strategy back, prints it and writes it to `out` (may be NULL). */
+static int report(const kvm_config *cfg, const char *out)
+{
+    kvm_store *st = NULL;
+    kvm_store_opts so = {.read_only = 1};
+    kvm_store_id mid;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    kvm_strategy *s = NULL;
+    int rc = kvm_store_open(kvm_config_str(cfg, "store", "path"), &so, &st);
+    if (!rc) rc = kvm_store_model_id(st, kvm_config_str(cfg, "model", "path"), &mid);
+    if (!rc) rc = kvm_store_get_strategy(st, &mid, kvm_config_str(cfg, "compress", "strategy"), &buf, &len);
+    if (!rc) rc = kvm_strategy_decode(buf, len, &s);
+    if (!rc) {
+        char hex[65];
+        kvm_strategy_print(s, stdout);
+        printf("stored strategy '%s' for model %s in %s\n", kvm_config_str(cfg, "compress", "strategy"),
+               kvm_store_id_hex(&mid, hex), kvm_config_str(cfg, "store", "path"));
+    }
+    if (!rc && out) {
+        rc = kvm_strategy_write(s, out);
+        if (!rc) printf("wrote %s\n", out);
+    }
+    if (rc) fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+    kvm_strategy_free(&s);
+    free(buf);
+    kvm_store_close(&st);
+    return rc ? 1 : 0;
+}
+
+int kvm_cmd_calibrate_pipeline(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"config", 1, "pipeline configuration: model, context, [eval] continuation, [compress] budget and strategy, store", NULL},
+        {"docs", 1, "calibration documents: a folder of *.txt or a .jsonl file", NULL},
+        {"out", 1, "also write the strategy's canonical encoding to this file", NULL},
+        {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
+        {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse("calibrate", "PolyKV calibration through the stage processes; stores the strategy.", argc, argv,
+                      opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    const char *docs = kvm_cli_get(opts, "docs");
+    if (!docs) return fprintf(stderr, "kvmill calibrate: --docs is required\n"), 2;
+    kvm_config *cfg;
+    if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg)) return fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg()), 2;
+    int status = 2;
+    kvm_model *m = NULL;
+    kvm_tokenizer *tok = NULL;
+    kvm_corpus *corpus = NULL;
+    const char *store = kvm_cli_get(opts, "store"), *tp = kvm_config_str(cfg, "model", "tokenizer");
+    int64_t ctx = kvm_config_int(cfg, "model", "context"), cont = kvm_config_int(cfg, "eval", "continuation");
+    if (store && kvm_config_set(cfg, "store", "path", store)) {
+        fprintf(stderr, "kvmill calibrate: --store: %s\n", kvm_errmsg());
+        goto done;
+    }
+    if (kvm_config_int(cfg, "compress", "budget") <= 0) {
+        fprintf(stderr, "kvmill calibrate: %s: set [compress] budget, the average entries per KV head to calibrate for\n",
+                kvm_config_path(cfg));
+        goto done;
+    }
+    if (kvm_cli_open_model("calibrate", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok)) {
+        status = 1;
+        goto done;
+    }
+    if (ctx + cont > m->cfg.seq_len) {
+        fprintf(stderr, "kvmill calibrate: context %lld + continuation %lld exceeds the model's window of %d tokens\n",
+                (long long)ctx, (long long)cont, m->cfg.seq_len);
+        goto done;
+    }
+    if (kvm_corpus_read(docs, &corpus)) {
+        fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+        goto done;
+    }
+    for (int64_t i = 0; i < corpus->n; i++)
+        if (kvm_doc_prepare(&corpus->docs[i], tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
+            fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+            goto done;
+        }
+    kvm_model_close(&m);
+    char self[4096];
+    ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[r > 0 ? r : 0] = '\0';
+    kvm_orch_summary sum;
+    status = kvm_orch_calibrate(cfg, corpus, self, &sum);
+    if (status == 0) {
+        printf("calibration: %lld documents, %lld failed, %.2f s (signals %.2f s, strategy %.2f s of compute)\n",
+               (long long)sum.compressed, (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
+               sum.stage_ms[3] / 1000.0);
+        status = sum.compressed > 0 ? report(cfg, kvm_cli_get(opts, "out")) : 1;
+        if (sum.compressed == 0) fprintf(stderr, "kvmill calibrate: no calibration document succeeded\n");
+    }
+done:
+    kvm_corpus_free(&corpus);
+    kvm_tokenizer_close(&tok);
+    kvm_model_close(&m);
+    kvm_config_free(&cfg);
+    return status;
+}

@@ -1,0 +1,85 @@
+/* signals.c: the kvmill-signals stage (PolyKV calibration): for one calibration document
+ * (context + held-out continuation) measures, per layer, phase and eviction pattern at the
+ * calibration budget, the cosine similarity of the layer's attention output and the
+ * perplexity change against full KV, and the layer's attention entropy; sends them as a
+ * `stats` message. The signals need forward passes with each pattern applied, so this stage
+ * runs its own (compress/polykv/kvm_polykv.h) rather than reusing a prefill's KV. */
+#include "pipeline/kvm_calib.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_worker.h"
+#include "compress/eval/kvm_eval.h"
+#include "common/kvm_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct signals_state {
+    kvm_worker_model wm;
+} signals_state;
+
+static int setup(void *st, const kvm_stage_args *a)
+{
+    ((signals_state *)st)->wm.override = a->model;
+    return 0;
+}
+
+static int complete(void *st, kvm_msg *const *in, int n_in)
+{
+    kvm_proto_type t;
+    int rc = kvm_proto_peek(in[0], &t);
+    if (rc) return rc;
+    if (t != KVM_PROTO_JOB) return kvm_err(KVM_EPROTO, "expected a job message, got %s", kvm_proto_type_name(t));
+    return n_in == 1;
+}
+
+static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
+{
+    kvm_proto_job j;
+    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
+}
+
+static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
+{
+    signals_state *st = stp;
+    kvm_proto_job j;
+    kvm_config *cfg = NULL;
+    kvm_eval_doc *doc = NULL;
+    kvm_polykv_signals *sig = NULL;
+    int32_t *all = NULL;
+    int rc = kvm_proto_job_decode(in[0], &j);
+    if (!rc && (!j.settings || !j.continuation))
+        rc = kvm_err(KVM_EPROTO, "calibration job %llu needs settings and a continuation", (unsigned long long)j.job_id);
+    if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
+    int64_t B = cfg ? kvm_config_int(cfg, "compress", "budget") : 0;
+    if (!rc && B <= 0) rc = kvm_err(KVM_EINVAL, "calibration needs [compress] budget > 0");
+    if (rc) { *retryable = 0; goto done; }
+    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+    int64_t n = j.n_tokens + j.n_continuation;
+    if (!(all = malloc((size_t)n * sizeof *all))) { rc = kvm_err(KVM_ENOMEM, "signals: out of memory"); goto done; }
+    memcpy(all, j.tokens, (size_t)j.n_tokens * sizeof *all);
+    memcpy(all + j.n_tokens, j.continuation, (size_t)j.n_continuation * sizeof *all);
+    if ((rc = kvm_eval_doc_new(st->wm.model, NULL, all, n, j.n_tokens, j.n_continuation, &doc)) ||
+        (rc = kvm_polykv_signals_new(st->wm.model->cfg.n_layers, &sig)) || (rc = kvm_polykv_calibrate(&doc, 1, B, sig)))
+        goto done;
+    double t0 = kvm_now_ms();
+    if ((rc = kvm_calib_encode(sig, j.job_id, j.n_tokens, &out->data[out->n_data]))) goto done;
+    out->n_data++;
+    out->transport_ms += kvm_now_ms() - t0;
+done:
+    kvm_polykv_signals_free(&sig);
+    kvm_eval_doc_free(&doc);
+    free(all);
+    kvm_config_free(&cfg);
+    return rc;
+}
+
+static void teardown(void *st) { kvm_worker_model_free(&((signals_state *)st)->wm); }
+
+int main(int argc, char **argv)
+{
+    static signals_state st;
+    kvm_stage_ops ops = {.stage = "signals", .setup = setup, .complete = complete, .job_id = job_id, .work = work,
+                         .teardown = teardown};
+    return kvm_stage_main(argc, argv, &ops, &st);
+}
