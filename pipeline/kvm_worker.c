@@ -112,3 +112,37 @@ int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_s
     }
     return evict(c, method, in, store, model_id, out);
 }
+
+int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,
+                          const kvm_kvcache *compressed, kvm_decode_policy **out)
+{
+    *out = NULL;
+    const char *method = kvm_config_str(c, "compress", "method");
+    kvm_sculpt_mode mode;
+    if (!strcmp(method, "full") || kvm_sculpt_mode_parse(method, &mode) == 0) return 0;
+    const int L = m->cfg.n_layers, H = m->cfg.n_kv_heads;
+    kvm_pattern single = KVM_PATTERN_NONE;
+    kvm_strategy *s = NULL;
+    int rc = 0;
+    if (!strcmp(method, "polykv")) {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        rc = kvm_worker_strategy(c, store, model_id, &buf, &len);
+        if (!rc) rc = kvm_strategy_decode(buf, len, &s);
+        if (!rc && s->n_layers != L) rc = kvm_err(KVM_EMISMATCH, "strategy has %d layers, the model %d", s->n_layers, L);
+        free(buf);
+    } else
+        rc = kvm_pattern_parse(method, &single);
+    kvm_evict_plan *plan = NULL;
+    if (!rc) rc = kvm_evict_plan_new(L, H, single == KVM_PATTERN_NONE ? KVM_PATTERN_SNAPKV : single, 1, &plan);
+    for (int l = 0; !rc && l < L; l++)
+        for (int g = 0; g < H; g++) {
+            int64_t n = kvm_kvcache_head(compressed, l, g)->n;
+            plan->pattern[l * H + g] = s ? s->layers[l].pattern[1] : single;
+            plan->budget[l * H + g] = n > 0 ? n : 1;
+        }
+    if (!rc) rc = kvm_evict_decode_new(&m->cfg, plan, NULL, out);
+    kvm_evict_plan_free(&plan);
+    kvm_strategy_free(&s);
+    return rc;
+}

@@ -8,6 +8,7 @@
 #include "model/kvm_tokenizer.h"
 #include "pipeline/kvm_config.h"
 #include "store/kvm_store.h"
+#include "compress/polykv/kvm_polykv.h"
 
 /* A model loaded once per process and reused while jobs name the same file. */
 typedef struct kvm_worker_model {
@@ -34,6 +35,15 @@ void kvm_worker_model_free(kvm_worker_model *wm);
  * the message says to calibrate first), KVM_ENOTSUP (unknown method), method errors. */
 int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
                         const kvm_store_id *model_id, kvm_kvcache **out);
+
+/* A decode-phase policy for the method a config names: each KV head of `compressed` (a
+ * stored cache a decode worker extends) is kept within the entries it was stored with, by
+ * the method's eviction pattern (PolyKV: the strategy's decode-phase pattern of each layer)
+ * as the prompt and the answer are appended. Sculpt methods and `full` have none (*out =
+ * NULL, returns 0). Errors: KVM_ENOTFOUND (no stored strategy), KVM_ENOTSUP, KVM_ENOMEM.
+ * Free with kvm_decode_policy_free. */
+int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,
+                          const kvm_kvcache *compressed, kvm_decode_policy **out);
 
 /* Loads the PolyKV strategy the config names for model_id: malloc'ed encoding in *buf.
  * Errors: KVM_ENOTFOUND with "run kvmill calibrate --config ... first", store errors. */

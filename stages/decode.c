@@ -131,6 +131,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     kvm_forward *f = NULL;
     kvm_sampler *smp = NULL;
     float *logits = NULL;
+    kvm_decode_policy *pol = NULL;
     int rc = 0;
     double t0 = kvm_now_ms();
     if (T > st->max_new) {
@@ -205,7 +206,11 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         goto done;
     }
     uint64_t seed = ask->request_id ^ (uint64_t)time(NULL);
+    /* the method's decode-phase policy keeps each KV head within its budget as the prompt
+     * and the answer are appended (eviction patterns, PolyKV); sculpt methods have none */
+    if ((rc = kvm_worker_policy_new(st->cfg, m, st->store, &st->wm.model_id, cache, &pol))) goto done;
     if ((rc = kvm_forward_new(m, NULL, n_prompt, &f)) ||
+        (pol && (rc = kvm_forward_add_hooks(f, &pol->hooks))) ||
         (rc = kvm_sampler_new(mc->vocab_size, (float)ask->temperature, 0.0f, seed, &smp)) ||
         (rc = kvm_forward_prefill(f, cache, prompt, n_prompt, logits, KVM_LOGITS_LAST)))
         goto done;
@@ -225,6 +230,7 @@ done:
     free(logits);
     kvm_sampler_free(&smp);
     kvm_forward_free(&f);
+    kvm_decode_policy_free(&pol);
     kvm_kvcache_free(&cache);
     free(prompt);
     free(d.text);

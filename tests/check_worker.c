@@ -1,0 +1,136 @@
+/* check_worker.c: the stages' shared compression dispatch: every configured method produces
+ * a cache of the model's shape at its budget, and the decode-phase policy a decode worker
+ * applies keeps every KV head within the entries it was stored with while tokens are added. */
+#include "pipeline/kvm_worker.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvm_model *model;
+static int32_t ids[256];
+static kvm_capture *cap;
+static kvm_kvcache *full;
+
+static void setup(void)
+{
+    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
+    for (int i = 0; i < 256; i++) ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
+    fclose(f);
+    kvm_forward *fw;
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    ck_assert_int_eq(kvm_capture_new(&model->cfg, 128, &co, &cap), 0);
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &fw), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(fw, kvm_capture_hooks(cap)), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 128, &full), 0);
+    ck_assert_int_eq(kvm_forward_prefill(fw, full, ids, 128, NULL, KVM_LOGITS_NONE), 0);
+    kvm_forward_free(&fw);
+}
+
+static void teardown(void)
+{
+    kvm_kvcache_free(&full);
+    kvm_capture_free(&cap);
+    kvm_model_close(&model);
+}
+
+static kvm_config *config(const char *method)
+{
+    char text[1024];
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = %s\nbudget = 24\n"
+             "synthetic_queries = 32\niterations = 2\nrounds = 1\nretain = 8\n",
+             kvm_test_shared_path("models/stories260K.bin"), method);
+    kvm_config *c;
+    ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+    return c;
+}
+
+START_TEST(test_every_method)
+{
+    const char *methods[] = {"full", "streaming", "h2o", "tova", "snapkv", "pyramidkv", "sculpt", "selectfit", "joint-fixed"};
+    kvm_compress_input in = {.model = model, .full = full, .cap = cap, .n_tokens = 128, .n_future = 16};
+    for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+        kvm_config *c = config(methods[i]);
+        kvm_kvcache *out = NULL;
+        int rc = kvm_worker_compress(c, &in, NULL, NULL, &out);
+        ck_assert_msg(rc == 0, "%s: %s", methods[i], kvm_errmsg());
+        ck_assert_int_eq(out->next_pos, 128);
+        int64_t total = kvm_kvcache_entries(out), heads = 5 * 4;
+        if (!strcmp(methods[i], "full")) ck_assert_int_eq(total, 128 * heads);
+        else if (!strcmp(methods[i], "pyramidkv")) ck_assert_int_eq(total, 24 * heads); /* budgets move between layers */
+        else
+            for (int l = 0; l < 5; l++)
+                for (int g = 0; g < 4; g++)
+                    ck_assert_msg(kvm_kvcache_head(out, l, g)->n == 24, "%s: head (%d,%d) holds %lld", methods[i], l, g,
+                                  (long long)kvm_kvcache_head(out, l, g)->n);
+        kvm_kvcache_free(&out);
+        kvm_config_free(&c);
+    }
+    kvm_config *c = config("polykv"); /* no store: the error says to calibrate */
+    kvm_kvcache *out = NULL;
+    kvm_store_id zero = {{0}};
+    ck_assert_int_eq(kvm_worker_compress(c, &in, NULL, &zero, &out), KVM_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "kvmill calibrate"));
+    kvm_config_free(&c);
+}
+END_TEST
+
+START_TEST(test_decode_policy_keeps_budget)
+{
+    kvm_compress_input in = {.model = model, .full = full, .cap = cap, .n_tokens = 128};
+    const char *methods[] = {"snapkv", "h2o", "streaming", "sculpt"};
+    for (size_t i = 0; i < 4; i++) {
+        kvm_config *c = config(methods[i]);
+        kvm_kvcache *cc = NULL;
+        kvm_decode_policy *pol = NULL;
+        ck_assert_int_eq(kvm_worker_compress(c, &in, NULL, NULL, &cc), 0);
+        ck_assert_int_eq(kvm_worker_policy_new(c, model, NULL, NULL, cc, &pol), 0);
+        int sculpt = !strcmp(methods[i], "sculpt");
+        ck_assert_msg((pol == NULL) == sculpt, "%s: policy %p", methods[i], (void *)pol);
+        kvm_forward *f;
+        ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+        if (pol) ck_assert_int_eq(kvm_forward_add_hooks(f, &pol->hooks), 0);
+        float logits[512];
+        ck_assert_int_eq(kvm_forward_prefill(f, cc, ids + 128, 8, logits, KVM_LOGITS_LAST), 0);
+        for (int t = 0; t < 20; t++) ck_assert_int_eq(kvm_forward_decode(f, cc, ids[136 + t], logits), 0);
+        ck_assert_int_eq(cc->next_pos, 156);
+        for (int l = 0; l < 5; l++)
+            for (int g = 0; g < 4; g++) {
+                int64_t n = kvm_kvcache_head(cc, l, g)->n;
+                if (sculpt) ck_assert_int_eq(n, 24 + 28); /* no policy: the cache grows */
+                else ck_assert_msg(n <= 24, "%s: head (%d,%d) grew to %lld", methods[i], l, g, (long long)n);
+            }
+        kvm_forward_free(&f);
+        kvm_decode_policy_free(&pol);
+        kvm_kvcache_free(&cc);
+        kvm_config_free(&c);
+    }
+}
+END_TEST
+
+static Suite *worker_suite(void)
+{
+    Suite *s = suite_create("worker");
+    TCase *tc = tcase_create("every_method");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_every_method);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("decode_policy_keeps_budget");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_decode_policy_keeps_budget);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(worker_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
