@@ -81,6 +81,13 @@ static double sgemm_gflops(const kvm_model_config *c, int64_t n, int reps)
     return flops / median(t, reps) / 1e9;
 }
 
+static int noop_hook(void *user, kvm_attn_site *site)
+{
+    (void)site;
+    ++*(int64_t *)user;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *ids_path = NULL;
@@ -136,7 +143,23 @@ int main(int argc, char **argv)
         td[r] = now_s() - t0;
         kvm_kvcache_free(&cache);
     }
-    double p = median(tp, reps), t = median(tt, reps), d = median(td, reps);
+    /* the same prefill with a registered hook set (no-op cache_update/pre_attn callbacks) */
+    int64_t calls = 0;
+    kvm_forward *fh;
+    kvm_forward_new(m, NULL, n, &fh);
+    kvm_hooks hk = {.user = &calls, .cache_update = noop_hook, .pre_attn = noop_hook};
+    kvm_forward_add_hooks(fh, &hk);
+    double th[16];
+    for (int r = 0; r < reps; r++) {
+        kvm_kvcache *cache;
+        kvm_forward_cache_new(m, n, &cache);
+        double t0 = now_s();
+        kvm_forward_prefill(fh, cache, ids, n, logits, KVM_LOGITS_LAST);
+        th[r] = now_s() - t0;
+        kvm_kvcache_free(&cache);
+    }
+    kvm_forward_free(&fh);
+    double p = median(tp, reps), t = median(tt, reps), d = median(td, reps), h = median(th, reps);
     double model_gf = prefill_flops(c, (double)n) / p / 1e9, blas_gf = sgemm_gflops(c, n, reps);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -148,6 +171,7 @@ int main(int argc, char **argv)
     printf("  decode_tok_s=%.0f (%lld greedy steps after %lld context tokens)\n", (double)gen / d, (long long)gen,
            (long long)(n - gen));
     printf("  prefill_gflops=%.1f sgemm_same_shapes_gflops=%.1f ratio=%.2f\n", model_gf, blas_gf, model_gf / blas_gf);
+    printf("  hooks_registered_overhead=%+.1f%% (%lld no-op callbacks)\n", 100.0 * (h - p) / p, (long long)calls);
     printf("  peak_rss_mib=%.0f\n", (double)ru.ru_maxrss / 1024.0);
     free(ids); free(logits);
     kvm_forward_free(&f); kvm_forward_free(&f1);
