@@ -4,6 +4,7 @@
 #include "pipeline/kvm_orch.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
 #include "proto/kvm_proto.h"
@@ -689,38 +690,17 @@ static int mark_skipped(orch *o, kvm_store *store, const kvm_store_id *model_id,
 
 /* ---- the run ---- */
 
-/* Removes the run directory's files (sockets, logs) and the directory itself. */
-static void remove_run_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[2048];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (d) closedir(d);
-    rmdir(dir);
-}
 
 static int prepare(orch *o, kvm_store **store)
 {
-    const char *rd = kvm_config_str(o->cfg, "run", "run_dir");
-    if (*rd) {
-        snprintf(o->run_dir, sizeof o->run_dir, "%s", rd);
-        if (mkdir(rd, 0700) && errno != EEXIST) return kvm_err(KVM_EIO, "[run] run_dir %s: %s", rd, strerror(errno));
-    } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(o->run_dir, sizeof o->run_dir, "%s/kvmill-run.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(o->run_dir)) return kvm_err(KVM_EIO, "cannot create a run directory: %s", strerror(errno));
-        o->own_run_dir = 1;
-    }
+    int rc = kvm_rundir_make(kvm_config_str(o->cfg, "run", "run_dir"), "run", o->run_dir, sizeof o->run_dir,
+                             &o->own_run_dir);
+    if (rc) return rc;
     snprintf(o->store_path, sizeof o->store_path, "%s", kvm_config_str(o->cfg, "store", "path"));
     kvm_store_opts so = {.map_size_bytes = kvm_config_int(o->cfg, "store", "map_size_mb") << 20,
                          .map_max_bytes = kvm_config_int(o->cfg, "store", "map_max_mb") << 20,
                          .cap_bytes = kvm_config_int(o->cfg, "store", "cap_mb") << 20};
-    int rc = kvm_store_open(o->store_path, &so, store);
+    rc = kvm_store_open(o->store_path, &so, store);
     if (rc) return rc;
     kvm_store_id model_id, config_id;
     if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id)) ||
@@ -857,7 +837,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (o.zctx) zmq_ctx_term(o.zctx);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) remove_run_dir(o.run_dir);
+    if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) kvm_rundir_remove(o.run_dir);
     else if (o.run_dir[0] && o.n_slots > 0) fprintf(stderr, "kvmill run: stage logs are in %s\n", o.run_dir);
     if (hard) return 130;
     return status;

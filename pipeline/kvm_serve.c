@@ -4,6 +4,7 @@
 #include "pipeline/kvm_serve.h"
 #include "common/kvm_error.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
 #include "proto/kvm_mpack_internal.h"
 
@@ -561,33 +562,13 @@ static void check_health(srv *s)
 
 /* ---- setup ---- */
 
-static void remove_run_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[2048];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (d) closedir(d);
-    rmdir(dir);
-}
 
 static int prepare(srv *s)
 {
     const kvm_config *cfg = s->cfg;
-    const char *rd = kvm_config_str(cfg, "run", "run_dir");
-    if (*rd) {
-        snprintf(s->run_dir, sizeof s->run_dir, "%s", rd);
-        if (mkdir(rd, 0700) && errno != EEXIST) return kvm_err(KVM_EIO, "[run] run_dir %s: %s", rd, strerror(errno));
-    } else {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(s->run_dir, sizeof s->run_dir, "%s/kvmill-serve.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(s->run_dir)) return kvm_err(KVM_EIO, "cannot create a run directory: %s", strerror(errno));
-        s->own_run_dir = 1;
-    }
+    int rc0 = kvm_rundir_make(kvm_config_str(cfg, "run", "run_dir"), "serve", s->run_dir, sizeof s->run_dir,
+                              &s->own_run_dir);
+    if (rc0) return rc0;
     const char *be = kvm_config_str(cfg, "serve", "backend");
     if (*be)
         snprintf(s->base, sizeof s->base, "%s", be);
@@ -734,7 +715,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     if (s.ctl) zmq_close(s.ctl);
     if (s.data) zmq_close(s.data);
     if (s.zctx) zmq_ctx_term(s.zctx);
-    if (s.own_run_dir) remove_run_dir(s.run_dir);
+    if (s.own_run_dir) kvm_rundir_remove(s.run_dir);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (!rc && !s.fatal) log_line("stopped");

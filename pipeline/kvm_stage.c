@@ -45,6 +45,23 @@ int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size)
     return kvm_err(KVM_EINVAL, "endpoint %s: expected ipc://DIR or tcp://HOST:PORT", base);
 }
 
+int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in)
+{
+    (void)state;
+    kvm_proto_type t;
+    int rc = kvm_proto_peek(in[0], &t);
+    if (rc) return rc;
+    if (t != KVM_PROTO_JOB) return kvm_err(KVM_EPROTO, "expected a job message, got %s", kvm_proto_type_name(t));
+    return n_in == 1;
+}
+
+uint64_t kvm_stage_job_id(void *state, kvm_msg *const *in, int n_in)
+{
+    (void)state;
+    kvm_proto_job j;
+    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
+}
+
 static volatile sig_atomic_t stop_requested;
 static int wake_pipe[2] = {-1, -1};
 

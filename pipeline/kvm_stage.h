@@ -63,6 +63,11 @@ typedef struct kvm_stage_ops {
     void (*teardown)(void *state);
 } kvm_stage_ops;
 
+/* Ready-made kvm_stage_ops pieces for stages whose work starts with a `job` message:
+ * complete() for a job that is that one message, and job_id() reading in[0]'s job_id. */
+int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in);
+uint64_t kvm_stage_job_id(void *state, kvm_msg *const *in, int n_in);
+
 /* Runs a stage process: parses argv (--connect, --device, --store, --threads, --model,
  * --config, --heartbeat-ms, --grace-s, --id, --help), calls setup, connects, serves jobs
  * until SIGTERM/SIGINT. Returns the process exit status (0 after a clean stop, 1 on setup

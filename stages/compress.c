@@ -41,12 +41,6 @@ static int complete(void *st, kvm_msg *const *in, int n_in)
     return kv.layer == kv.n_layers - 1;
 }
 
-static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
-{
-    kvm_proto_job j;
-    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
-}
-
 /* Rebuilds the full cache and the capture from the kv messages in[1..]. */
 static int load_layers(const kvm_model *m, kvm_msg *const *in, int n_layers, int64_t n, kvm_kvcache **full, kvm_capture **cap)
 {
@@ -146,7 +140,7 @@ static void teardown(void *stp)
 int main(int argc, char **argv)
 {
     static compress_state st;
-    kvm_stage_ops ops = {.stage = "compress", .setup = setup, .complete = complete, .job_id = job_id, .work = work,
+    kvm_stage_ops ops = {.stage = "compress", .setup = setup, .complete = complete, .job_id = kvm_stage_job_id, .work = work,
                          .teardown = teardown};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -19,21 +19,6 @@ static int setup(void *st, const kvm_stage_args *a)
     return 0;
 }
 
-static int complete(void *st, kvm_msg *const *in, int n_in)
-{
-    kvm_proto_type t;
-    int rc = kvm_proto_peek(in[0], &t);
-    if (rc) return rc;
-    if (t != KVM_PROTO_JOB) return kvm_err(KVM_EPROTO, "expected a job message, got %s", kvm_proto_type_name(t));
-    return n_in == 1;
-}
-
-static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
-{
-    kvm_proto_job j;
-    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
-}
-
 static int emit_layers(const kvm_model *m, const kvm_capture *cap, uint64_t id, int64_t n, kvm_stage_out *out)
 {
     const kvm_model_config *c = &m->cfg;
@@ -92,7 +77,7 @@ static void teardown(void *st) { kvm_worker_model_free(&((prefill_state *)st)->w
 int main(int argc, char **argv)
 {
     static prefill_state st;
-    kvm_stage_ops ops = {.stage = "prefill", .setup = setup, .complete = complete, .job_id = job_id, .work = work,
+    kvm_stage_ops ops = {.stage = "prefill", .setup = setup, .complete = kvm_stage_one_job, .job_id = kvm_stage_job_id, .work = work,
                          .teardown = teardown};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

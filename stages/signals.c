@@ -24,21 +24,6 @@ static int setup(void *st, const kvm_stage_args *a)
     return 0;
 }
 
-static int complete(void *st, kvm_msg *const *in, int n_in)
-{
-    kvm_proto_type t;
-    int rc = kvm_proto_peek(in[0], &t);
-    if (rc) return rc;
-    if (t != KVM_PROTO_JOB) return kvm_err(KVM_EPROTO, "expected a job message, got %s", kvm_proto_type_name(t));
-    return n_in == 1;
-}
-
-static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
-{
-    kvm_proto_job j;
-    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
-}
-
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
 {
     signals_state *st = stp;
@@ -79,7 +64,7 @@ static void teardown(void *st) { kvm_worker_model_free(&((signals_state *)st)->w
 int main(int argc, char **argv)
 {
     static signals_state st;
-    kvm_stage_ops ops = {.stage = "signals", .setup = setup, .complete = complete, .job_id = job_id, .work = work,
+    kvm_stage_ops ops = {.stage = "signals", .setup = setup, .complete = kvm_stage_one_job, .job_id = kvm_stage_job_id, .work = work,
                          .teardown = teardown};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

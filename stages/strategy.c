@@ -58,12 +58,6 @@ static int complete(void *st, kvm_msg *const *in, int n_in)
     return n_in == 1 + 2 * n;
 }
 
-static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
-{
-    kvm_proto_job j;
-    return n_in > 0 && kvm_proto_job_decode(in[0], &j) == 0 ? j.job_id : 0;
-}
-
 static int load_doc(const kvm_model *m, kvm_msg *msg, kvm_eval_doc **doc)
 {
     kvm_proto_job j;
@@ -132,7 +126,7 @@ static void teardown(void *stp)
 int main(int argc, char **argv)
 {
     static strategy_state st;
-    kvm_stage_ops ops = {.stage = "strategy", .setup = setup, .complete = complete, .job_id = job_id, .work = work,
+    kvm_stage_ops ops = {.stage = "strategy", .setup = setup, .complete = complete, .job_id = kvm_stage_job_id, .work = work,
                          .teardown = teardown};
     return kvm_stage_main(argc, argv, &ops, &st);
 }
