@@ -96,6 +96,7 @@ START_TEST(test_jobcfg_roundtrip)
     ck_assert_int_eq(kvm_config_set(back, "compress", "ratio", "0.26"), 0);
     ck_assert_int_eq(kvm_jobcfg_config_id(back, &b, NULL, NULL), 0);
     ck_assert_int_ne(memcmp(&a, &b, sizeof a), 0); /* another setting, another id */
+    kvm_config_free(&back);
     /* settings that are not a map of strings, or name unknown keys, are refused */
     const uint8_t not_map[] = {0x92, 0x01, 0x02};
     ck_assert_int_eq(kvm_jobcfg_unpack(not_map, sizeof not_map, &back), KVM_EPROTO);
