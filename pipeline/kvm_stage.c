@@ -376,6 +376,11 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         snprintf(rt.worker_id, sizeof rt.worker_id, "%s-%s-%d", ops->stage, host, (int)getpid());
     }
     kvm_kernels_cpu_set_threads(rt.a.threads);
+    const kvm_kernels *kern;
+    if (kvm_kernels_select(rt.a.device, &kern)) { /* an unusable --device is refused up front */
+        log_line(&rt, "--device %s: %s", rt.a.device, kvm_errmsg());
+        return 2;
+    }
     if (pipe(wake_pipe) != 0) return fprintf(stderr, "kvmill-%s: pipe: %s\n", ops->stage, strerror(errno)), 1;
     fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK);
     fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK);

@@ -66,7 +66,7 @@ static int64_t visible_count(const int32_t *pos, int64_t n, int32_t p)
 /* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width). The
  * reductions use explicit lanes so they vectorise without -ffast-math. */
 KVM_CLONES
-static void softmax_row(float *row, const float *bias, int64_t vis, int64_t width)
+static float softmax_row(float *row, const float *bias, int64_t vis, int64_t width, int normalize)
 {
     if (bias)
         for (int64_t e = 0; e < vis; e++) row[e] += bias[e];
@@ -85,8 +85,10 @@ static void softmax_row(float *row, const float *bias, int64_t vis, int64_t widt
     for (int l = 0; l < KVM_ATTN_LANES; l++) s += sum[l];
     for (; e < vis; e++) s += row[e];
     float inv = vis > 0 ? 1.0f / s : 0.0f;
-    for (e = 0; e < vis; e++) row[e] *= inv;
+    if (normalize)
+        for (e = 0; e < vis; e++) row[e] *= inv;
     if (width > vis) memset(row + vis, 0, (size_t)(width - vis) * sizeof *row);
+    return inv;
 }
 
 typedef struct attn_job {
@@ -111,11 +113,17 @@ static void attn_block(void *ctx, int64_t blk, int worker)
         return;
     }
     kvm__cpu_gemm_packed(a->q + i0 * a->ldq, nb, a->ldq, j->k, p, a->n_e, a->scale, 0, e_end, a->head_dim);
-    /* rows need zeros up to e_end for the PV product; past it only when the caller reads them */
+    /* rows need zeros up to e_end for the PV product; past it only when the caller reads them.
+     * Unless the caller reads the probabilities, rows stay unnormalised and the 1/sum goes
+     * onto the head_dim outputs instead of the e_end weights. */
     const int64_t width = a->want_probs ? a->n_e : e_end;
+    float inv[KVM_ATTN_QBLOCK];
     for (int64_t i = 0; i < nb; i++)
-        softmax_row(p + i * a->n_e, j->bias, visible_count(a->pos, e_end, a->qpos[i0 + i]), width);
+        inv[i] = softmax_row(p + i * a->n_e, j->bias, visible_count(a->pos, e_end, a->qpos[i0 + i]), width, a->want_probs);
     kvm__cpu_gemm_packed(p, nb, a->n_e, j->v, o, a->ldo, 1.0f, 0, a->head_dim, e_end);
+    if (!a->want_probs)
+        for (int64_t i = 0; i < nb; i++)
+            for (int c = 0; c < a->head_dim; c++) o[i * a->ldo + c] *= inv[i];
 }
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -174,7 +182,7 @@ static void attn_direct(const kvm_attn_head *a, const float *bias)
             }
             memcpy(p + e0, s, (size_t)nb * sizeof *s);
         }
-        softmax_row(p, bias, vis, a->want_probs ? a->n_e : vis);
+        softmax_row(p, bias, vis, a->want_probs ? a->n_e : vis, 1);
         pv_direct(p, a->v, vis, d, o);
     }
 }
