@@ -10,6 +10,7 @@
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_kernels.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -62,6 +63,7 @@ typedef struct slot {
     char device[64];
     pid_t pid;
     int respawns;
+    int gave_up;          /* exited too often: not restarted any more */
     char id[256];
 } slot;
 
@@ -237,6 +239,49 @@ static int stage_of(kvm_proto_str s)
     return -1;
 }
 
+/* A process the orchestrator started is gone (or silent): restart it, a bounded number of
+ * times; past that the slot is given up and the log says where to look. */
+static void slot_died(orch *o, int s)
+{
+    slot *sl = &o->slots[s];
+    if (sl->pid > 0) {
+        kill(sl->pid, SIGKILL);
+        waitpid(sl->pid, NULL, 0);
+        sl->pid = 0;
+    }
+    if (interrupts || sl->gave_up) return;
+    if (sl->respawns >= 2 * o->max_retries + 2) {
+        sl->gave_up = 1;
+        fprintf(stderr, "kvmill run: %s exited %d times; not restarting it (log: %s/%s.log)\n", stage_names[sl->stage],
+                sl->respawns + 1, o->run_dir, sl->id);
+        return;
+    }
+    sl->respawns++;
+    if (spawn_slot(o, s)) fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+}
+
+/* Fails every open job when a stage it needs has no worker left: every started one gave
+ * up and none joined from outside (a stage with no configured workers waits for external
+ * ones). */
+static void check_stages_alive(orch *o)
+{
+    for (int st = 0; st < N_STAGES; st++) {
+        int configured = 0, gave_up = 0, alive = 0;
+        for (int s = 0; s < o->n_slots; s++)
+            if (o->slots[s].stage == st) configured++, gave_up += o->slots[s].gave_up;
+        for (int w = 0; w < o->n_workers; w++) alive += o->workers[w].alive && o->workers[w].stage == st;
+        if (configured == 0 || gave_up < configured || alive) continue;
+        for (int64_t i = 0; i < o->n_jobs; i++) {
+            job *j = &o->jobs[i];
+            if (j->state == J_DONE || j->state == J_FAILED || j->state == J_SKIPPED) continue;
+            snprintf(j->reason, sizeof j->reason, "no kvmill-%s worker is left (see the logs in %s)", stage_names[st], o->run_dir);
+            job_drop_kv(j);
+            job_set(o, j, J_FAILED);
+        }
+        fprintf(stderr, "kvmill run: no kvmill-%s worker is left: the remaining documents failed\n", stage_names[st]);
+    }
+}
+
 static void worker_dead(orch *o, int w, const char *why)
 {
     worker *wk = &o->workers[w];
@@ -256,17 +301,8 @@ static void worker_dead(orch *o, int w, const char *why)
         o->reduce_worker = -1;
     }
     wk->job = -1;
-    if (wk->slot >= 0 && !interrupts) {
-        slot *sl = &o->slots[wk->slot];
-        if (sl->pid > 0) {
-            kill(sl->pid, SIGKILL);
-            waitpid(sl->pid, NULL, 0);
-            sl->pid = 0;
-        }
-        if (sl->respawns < 2 * o->max_retries + 2) {
-            sl->respawns++;
-            if (spawn_slot(o, wk->slot)) fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
-        }
+    if (wk->slot >= 0) {
+        slot_died(o, wk->slot);
         wk->slot = -1;
     }
 }
@@ -563,14 +599,22 @@ static void check_health(orch *o)
         int s = find_slot_by_pid(o, pid);
         if (s < 0) continue;
         o->slots[s].pid = 0;
+        int registered = 0;
         for (int w = 0; w < o->n_workers; w++)
             if (o->workers[w].slot == s && o->workers[w].alive) {
                 char why[128];
                 snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
                          WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
                 worker_dead(o, w, why);
+                registered = 1;
             }
+        if (!registered) { /* died before it ever reported */
+            fprintf(stderr, "kvmill run: %s exited with %s %d before joining\n", o->slots[s].id,
+                    WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            slot_died(o, s);
+        }
     }
+    check_stages_alive(o);
     for (int w = 0; w < o->n_workers; w++)
         if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");
     for (int64_t i = 0; i < o->n_jobs; i++) {
@@ -627,10 +671,34 @@ static int bind_sockets(orch *o)
     return 0;
 }
 
+/* Every device named in a comma-separated list must be usable: refuse the run up front
+ * rather than watch every worker die. */
+static int check_devices(const char *key, const char *devs)
+{
+    for (const char *p = devs; *p;) {
+        char dev[64];
+        size_t len = strcspn(p, ",");
+        snprintf(dev, sizeof dev, "%.*s", (int)len, p);
+        const kvm_kernels *kern;
+        if (kvm_kernels_select(dev, &kern)) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", kvm_errmsg()); /* kvm_err reuses that buffer */
+            return kvm_err(KVM_EINVAL, "[stages] %s: %s", key, why);
+        }
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
 static int start_stages(orch *o)
 {
     const char *keys[N_STAGES][2] = {{"prefill_workers", "prefill_devices"}, {"compress_workers", "compress_devices"},
                                      {"signals_workers", "prefill_devices"}, {"strategy_workers", "compress_devices"}};
+    for (int st = 0; st < N_STAGES; st++) {
+        if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
+        int rc = kvm_config_int(o->cfg, "stages", keys[st][0]) > 0 ? check_devices(keys[st][1], kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
+        if (rc) return rc;
+    }
     for (int st = 0; st < N_STAGES; st++) {
         if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
         char exe[2048];

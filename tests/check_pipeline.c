@@ -164,6 +164,11 @@ START_TEST(test_bad_config_and_missing_binary)
     ck_assert_int_eq(run_kvmill(&out, &err), 2);
     ck_assert_msg(strstr(err, "is not local") && strstr(err, "[security]"), "stderr: %s", err);
     free(out); free(err);
+    /* a device this machine cannot use is refused before any stage starts */
+    write_config("compress_devices = cpu,cuda:7\ncompress_workers = 2\n");
+    ck_assert_int_eq(run_kvmill(&out, &err), 2);
+    ck_assert_msg(strstr(err, "[stages] compress_devices: cuda:7"), "stderr: %s", err);
+    free(out); free(err);
     /* a corpus that is neither a folder nor .jsonl */
     write_config(NULL);
     char cmd[12000];
@@ -579,6 +584,33 @@ START_TEST(test_calibrate_then_polykv)
 }
 END_TEST
 
+/* A stage binary that always dies: restarted a bounded number of times, then the documents
+ * fail with the reason and the run ends (exit 1) instead of waiting forever. */
+START_TEST(test_dying_stage_gives_up)
+{
+    char bin[4300], link[4400], target[4400], cmd[12000];
+    snprintf(bin, sizeof bin, "%s/bin", tmp);
+    ck_assert_int_eq(mkdir(bin, 0700), 0);
+    snprintf(link, sizeof link, "%s/kvmill-prefill", bin);
+    snprintf(target, sizeof target, "%s/kvmill-prefill", kvm_test_bin());
+    ck_assert_int_eq(symlink(target, link), 0);
+    snprintf(link, sizeof link, "%s/kvmill-compress", bin);
+    ck_assert_int_eq(kvm_test_write_file(link, "#!/bin/sh\nexit 3\n", 17), 0);
+    ck_assert_int_eq(chmod(link, 0755), 0);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = full\n[store]\npath = %s\n"
+             "[run]\nheartbeat_ms = 100\nmax_retries = 0\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, bin);
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, docs);
+    char *out, *err;
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    ck_assert_msg(strstr(err, "not restarting it") && strstr(err, "no kvmill-compress worker is left"), "stderr: %s", err);
+    ck_assert_msg(strstr(out, "summary: compressed=0 skipped=0 failed=5"), "stdout: %s", out);
+    free(out); free(err);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -587,7 +619,8 @@ static Suite *pipeline_suite(void)
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},
-        {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}, {"calibrate_then_polykv", test_calibrate_then_polykv}};
+        {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}, {"calibrate_then_polykv", test_calibrate_then_polykv},
+        {"dying_stage_gives_up", test_dying_stage_gives_up}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
