@@ -83,7 +83,7 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    int64_t ctx = kvm_config_int(cfg, "model", "context");
+    int64_t ctx = kvm_config_int(cfg, "model", "context"), bad = 0;
     if (ctx > m->cfg.seq_len) {
         fprintf(stderr, "kvmill run: %s: [model] context = %lld exceeds the model's window of %d tokens\n",
                 kvm_config_path(cfg), (long long)ctx, m->cfg.seq_len);
@@ -96,16 +96,29 @@ int kvm_cmd_run(int argc, char **argv)
             goto done;
         }
         if (kvm_doc_prepare(&corpus->docs[i], tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
-            fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
-            status = 2;
-            goto done;
+            /* one bad document (empty, token ids outside the vocabulary) fails alone */
+            fprintf(stderr, "kvmill run: %s: not processed\n", kvm_errmsg());
+            corpus->docs[i].n_tokens = 0;
+            bad++;
         }
     }
+    int64_t kept = 0;
+    for (int64_t i = 0; i < corpus->n; i++) {
+        if (corpus->docs[i].n_tokens > 0) {
+            kvm_doc tmp = corpus->docs[kept];
+            corpus->docs[kept++] = corpus->docs[i];
+            corpus->docs[i] = tmp;
+        }
+    }
+    int64_t n_all = corpus->n;
+    corpus->n = kept; /* the failed ones stay allocated past n until the corpus is freed */
     kvm_model_close(&m); /* the stages load it; the orchestrator only needed the tokenizer */
     char self[4096];
     self_path(self, sizeof self);
     kvm_orch_summary sum;
     status = kvm_orch_run(cfg, corpus, self, &sum);
+    corpus->n = n_all;
+    sum.failed += bad;
     if (status == 0 || status == 130) {
         print_summary(cfg, &sum);
         if (status == 0) status = sum.failed > 0 ? 1 : 0;

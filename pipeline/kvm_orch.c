@@ -747,6 +747,8 @@ static int mark_skipped(orch *o, kvm_store *store, const kvm_store_id *model_id,
         int found = 0;
         int rc = kvm_store_has_cache(store, &key, NULL, &found);
         if (rc) return rc;
+        for (int64_t k = 0; k < i && !found; k++) /* the same tokens twice: one cache */
+            found = !memcmp(&o->jobs[k].doc->hash, &o->jobs[i].doc->hash, sizeof o->jobs[i].doc->hash);
         if (found) {
             o->jobs[i].state = J_SKIPPED;
             o->sum->skipped++;
