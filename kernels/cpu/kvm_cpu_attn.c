@@ -19,7 +19,7 @@
 #define KVM_CLONES
 #endif
 
-enum { KVM_ATTN_QBLOCK = 64, KVM_ATTN_LANES = 16 };
+enum { KVM_ATTN_QBLOCK = 64 };
 
 /* Per-thread packed K and V of the head being processed (grown, never shrunk), freed by a
  * thread-specific destructor when the thread exits (stage job threads come and go). */
@@ -63,30 +63,44 @@ static int64_t visible_count(const int32_t *pos, int64_t n, int32_t p)
     return lo;
 }
 
-/* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width). The
- * reductions use explicit lanes so they vectorise without -ffast-math. */
+/* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width). Explicit
+ * 16-lane vectors: GCC does not vectorise the max/sum reductions without -ffast-math.
+ * Returns 1/sum; the row is scaled by it only when `normalize` (else the caller scales the
+ * attention output instead, which is head_dim values rather than vis). */
 KVM_CLONES
 static float softmax_row(float *row, const float *bias, int64_t vis, int64_t width, int normalize)
 {
-    if (bias)
-        for (int64_t e = 0; e < vis; e++) row[e] += bias[e];
-    float mx[KVM_ATTN_LANES], sum[KVM_ATTN_LANES];
-    for (int l = 0; l < KVM_ATTN_LANES; l++) mx[l] = -INFINITY, sum[l] = 0.0f;
-    int64_t e = 0;
-    for (; e + KVM_ATTN_LANES <= vis; e += KVM_ATTN_LANES)
-        for (int l = 0; l < KVM_ATTN_LANES; l++) mx[l] = row[e + l] > mx[l] ? row[e + l] : mx[l];
+    typedef kvm__v16 v16;
+    const int64_t nv = vis / 16 * 16;
+    v16 vm = (v16){0} - INFINITY, x, b;
+    for (int64_t e = 0; e < nv; e += 16) {
+        memcpy(&x, row + e, sizeof x);
+        if (bias) {
+            memcpy(&b, bias + e, sizeof b);
+            x += b;
+            memcpy(row + e, &x, sizeof x);
+        }
+        vm = kvm__vselect(x > vm, x, vm);
+    }
     float m = -INFINITY;
-    for (int l = 0; l < KVM_ATTN_LANES; l++) m = mx[l] > m ? mx[l] : m;
-    for (; e < vis; e++) m = row[e] > m ? row[e] : m;
-    for (e = 0; e < vis; e++) row[e] = kvm__expf(row[e] - m);
-    for (e = 0; e + KVM_ATTN_LANES <= vis; e += KVM_ATTN_LANES)
-        for (int l = 0; l < KVM_ATTN_LANES; l++) sum[l] += row[e + l];
+    for (int l = 0; l < 16; l++) m = vm[l] > m ? vm[l] : m;
+    for (int64_t e = nv; e < vis; e++) {
+        if (bias) row[e] += bias[e];
+        m = row[e] > m ? row[e] : m;
+    }
+    v16 vs = {0};
+    for (int64_t e = 0; e < nv; e += 16) {
+        memcpy(&x, row + e, sizeof x);
+        x = kvm__expf16(x - m);
+        vs += x;
+        memcpy(row + e, &x, sizeof x);
+    }
     float s = 0.0f;
-    for (int l = 0; l < KVM_ATTN_LANES; l++) s += sum[l];
-    for (; e < vis; e++) s += row[e];
+    for (int l = 0; l < 16; l++) s += vs[l];
+    for (int64_t e = nv; e < vis; e++) s += row[e] = kvm__expf(row[e] - m);
     float inv = vis > 0 ? 1.0f / s : 0.0f;
     if (normalize)
-        for (e = 0; e < vis; e++) row[e] *= inv;
+        for (int64_t e = 0; e < vis; e++) row[e] *= inv;
     if (width > vis) memset(row + vis, 0, (size_t)(width - vis) * sizeof *row);
     return inv;
 }
