@@ -1,5 +1,6 @@
 /* kvm_model.c: opening and closing model files; format detection and shared helpers. */
 #include "model/kvm_model.h"
+#include "model/kvm_gguf.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
@@ -37,7 +38,8 @@ int kvm_model_open(const char *path, kvm_model **out)
     if (!(m->path = strdup(path))) goto fail;
     rc = map_file(path, &m->map, &m->map_bytes);
     if (rc) goto fail;
-    rc = kvm__llama2c_load(m, m->map, m->map_bytes);
+    if (m->map_bytes >= 4 && memcmp(m->map, "GGUF", 4) == 0) rc = kvm__gguf_load(m, m->map, m->map_bytes);
+    else rc = kvm__llama2c_load(m, m->map, m->map_bytes);
     if (rc) goto fail;
     *out = m;
     return 0;

@@ -65,8 +65,10 @@ typedef struct kvm_model {
     kvm_prepared *prepared;    /* matrices prepared for a backend (lazily, by kvm_model_prepare) */
 } kvm_model;
 
-/* Opens a model file, detecting the format from its contents (llama2.c checkpoint today).
- * Weights stay in a read-only shared mapping of the file. On success *out owns everything;
+/* Opens a model file, detecting the format from its contents: a GGUF file (magic "GGUF";
+ * llama architecture, weights dequantised to float32 into m->owned and the file unmapped;
+ * model/kvm_gguf.h lists its errors, KVM_ENOTSUP among them) or else a llama2.c checkpoint,
+ * whose weights stay in a read-only shared mapping of the file. On success *out owns everything;
  * release with kvm_model_close. Errors (message names the file and the field):
  * KVM_ENOTFOUND missing file, KVM_EIO unreadable or a directory, KVM_EFORMAT bad header
  * (zero/negative dimensions, heads not dividing dim, kv heads not dividing heads, odd

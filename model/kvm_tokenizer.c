@@ -3,6 +3,8 @@
  * heap of cached adjacent-pair scores and a piece hash table instead of rebuilding strings and
  * bsearching the whole vocabulary on every pass. */
 #include "model/kvm_tokenizer.h"
+#include "model/kvm_gguf.h"
+#include "model/kvm_tokenizer_bpe.h"
 
 #include "common/kvm_error.h"
 
@@ -11,12 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 /* Which vocabulary format the handle holds; decides how encode and piece behave. */
 enum kvm_tokenizer_kind {
     KVM_TOKENIZER_LLAMA2C = 1, /* llama2.c tokenizer.bin: SentencePiece BPE + byte fallback */
+    KVM_TOKENIZER_GGUF_BPE = 2, /* GGUF tokenizer.ggml.model "gpt2" (byte-level BPE) or "llama"
+                                   (SentencePiece BPE), as llama.cpp encodes them (kvm_tokenizer_bpe.c) */
 };
 
 /* Ids and limits fixed by the llama2.c format and run.c. */
@@ -51,6 +56,9 @@ struct kvm_tokenizer {
     int32_t max_piece_len;        /* longest piece actually present, bytes */
     unsigned char bytes[256];     /* bytes[b] == b: storage for decoded raw-byte pieces */
     struct kvm_tokenizer_llama2c llama2c; /* valid when kind == KVM_TOKENIZER_LLAMA2C */
+    struct kvm_bpe *bpe;          /* the vocabulary when kind == KVM_TOKENIZER_GGUF_BPE */
+    int add_bos;                  /* 1 when prompts start with BOS by default */
+    char *chat_template;          /* GGUF tokenizer.chat_template (NUL-terminated), or NULL */
 };
 
 /* ---- file reading ---- */
@@ -277,6 +285,7 @@ int kvm_tokenizer_open_llama2c(const char *path, int vocab_size, kvm_tokenizer *
     t->vocab_size = vocab_size;
     t->bos_id = KVM_L2C_BOS;
     t->eos_id = KVM_L2C_EOS;
+    t->add_bos = 1;
     t->llama2c.max_token_length = max_len;
     for (int i = 0; i < 256; i++) t->bytes[i] = (unsigned char)i;
     t->piece_bytes = malloc((size_t)blob);
@@ -324,6 +333,8 @@ void kvm_tokenizer_close(kvm_tokenizer **t)
     free(p->score);
     free(p->raw_byte);
     free(p->lookup);
+    kvm__bpe_free(&p->bpe);
+    free(p->chat_template);
     free(p);
     *t = NULL;
 }
@@ -456,6 +467,21 @@ int kvm_tokenizer_encode(const kvm_tokenizer *t, const char *text, size_t len, i
     if (len > KVM_TOK_MAX_TEXT_BYTES)
         return kvm_err(KVM_ERANGE, "kvm_tokenizer_encode: %zu bytes of text, limit %zu", len,
                        KVM_TOK_MAX_TEXT_BYTES);
+    if (t->kind == KVM_TOKENIZER_GGUF_BPE) {
+        /* every byte yields at most four ids (kvm__bpe_encode), plus BOS and EOS */
+        if (!(out = malloc((4 * len + 2) * sizeof *out))) {
+            rc = kvm_err(KVM_ENOMEM, "kvm_tokenizer_encode: cannot allocate ids for %zu bytes", len);
+            goto fail;
+        }
+        int64_t m = 0;
+        if (add_bos) out[n++] = t->bos_id;
+        if ((rc = kvm__bpe_encode(t->bpe, text, len, out + n, &m)) != KVM_OK) goto fail;
+        n += m;
+        if (add_eos) out[n++] = t->eos_id;
+        *ids = out;
+        *n_ids = n;
+        return KVM_OK;
+    }
     if (len > 0 && t->llama2c.space_id < 0)
         return kvm_err(KVM_EFORMAT,
                        "kvm_tokenizer_encode: vocabulary has no \" \" piece for the dummy prefix");
@@ -503,6 +529,7 @@ const char *kvm_tokenizer_piece(const kvm_tokenizer *t, int32_t prev, int32_t id
 {
     if (len) *len = 0;
     if (!t || id < 0 || id >= t->vocab_size) return NULL;
+    if (t->kind == KVM_TOKENIZER_GGUF_BPE) return kvm__bpe_piece(t->bpe, id, len);
     const char *p = t->piece_bytes + t->piece_off[id];
     size_t n = (size_t)t->piece_len[id];
     int raw = t->raw_byte[id];
@@ -545,14 +572,17 @@ int kvm_tokenizer_decode(const kvm_tokenizer *t, const int32_t *ids, int64_t n, 
         if (ids[i] < 0 || ids[i] >= t->vocab_size)
             return kvm_err(KVM_ERANGE, "kvm_tokenizer_decode: ids[%lld] = %d outside [0, %d)",
                            (long long)i, ids[i], t->vocab_size);
-        total += (size_t)t->piece_len[ids[i]]; /* an upper bound on the decoded bytes */
+        size_t pn = 0;
+        if (t->kind == KVM_TOKENIZER_GGUF_BPE) kvm__bpe_piece(t->bpe, ids[i], &pn);
+        else pn = (size_t)t->piece_len[ids[i]];
+        total += pn; /* an upper bound on the decoded bytes */
     }
     char *buf = malloc(total + 1);
     if (!buf)
         return kvm_err(KVM_ENOMEM, "kvm_tokenizer_decode: cannot allocate %zu bytes", total + 1);
     size_t at = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (ids[i] == t->bos_id || ids[i] == t->eos_id) continue;
+        if (t->kind == KVM_TOKENIZER_LLAMA2C && (ids[i] == t->bos_id || ids[i] == t->eos_id)) continue;
         size_t pn;
         const char *p = kvm_tokenizer_piece(t, i > 0 ? ids[i - 1] : -1, ids[i], &pn);
         memcpy(buf + at, p, pn);
@@ -569,3 +599,99 @@ int kvm_tokenizer_vocab_size(const kvm_tokenizer *t) { return t ? t->vocab_size 
 int32_t kvm_tokenizer_bos(const kvm_tokenizer *t) { return t ? t->bos_id : -1; }
 
 int32_t kvm_tokenizer_eos(const kvm_tokenizer *t) { return t ? t->eos_id : -1; }
+
+/* ---- GGUF ---- */
+
+int kvm_tokenizer_add_bos(const kvm_tokenizer *t) { return t ? t->add_bos : 0; }
+
+const char *kvm_tokenizer_chat_template(const kvm_tokenizer *t) { return t ? t->chat_template : NULL; }
+
+int32_t kvm_tokenizer_find(const kvm_tokenizer *t, const char *text)
+{
+    if (!t || !text) return -1;
+    if (t->kind == KVM_TOKENIZER_GGUF_BPE) return kvm__bpe_find(t->bpe, text, strlen(text));
+    return lookup1(t, text, strlen(text));
+}
+
+/* Fills t (kind GGUF_BPE) from a parsed GGUF file; spm: a "llama" (SentencePiece) vocabulary. */
+static int open_gguf_bpe(kvm_tokenizer *t, const kvm_gguf *g, int spm)
+{
+    int rc = kvm__bpe_new(g, &t->bpe);
+    if (rc) return rc;
+    t->kind = KVM_TOKENIZER_GGUF_BPE;
+    t->vocab_size = kvm__bpe_vocab_size(t->bpe);
+    int64_t bos = -1, eos = -1;
+    int add_bos = spm; /* llama.cpp's defaults without the key: SentencePiece yes, BPE no */
+    kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos);
+    kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos);
+    if (bos < -1 || bos >= t->vocab_size || eos < -1 || eos >= t->vocab_size)
+        return kvm_err(KVM_EFORMAT, "%s: bos_token_id %lld / eos_token_id %lld outside the vocabulary [0, %d)",
+                       kvm_gguf_name(g), (long long)bos, (long long)eos, t->vocab_size);
+    if ((rc = kvm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos)) && rc != KVM_ENOTFOUND) return rc;
+    t->bos_id = (int32_t)bos;
+    t->eos_id = (int32_t)eos;
+    t->add_bos = add_bos && bos >= 0;
+    return KVM_OK;
+}
+
+int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out)
+{
+    if (!out) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_gguf: out is NULL");
+    *out = NULL;
+    if (!path) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_gguf: path is NULL");
+    int rc;
+    void *map = MAP_FAILED;
+    size_t bytes = 0;
+    kvm_gguf *g = NULL;
+    kvm_tokenizer *t = NULL;
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        rc = kvm_err(KVM_EIO, "%s: not a non-empty regular file", path);
+        goto fail;
+    }
+    bytes = (size_t)st.st_size;
+    map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        rc = kvm_err(KVM_EIO, "%s: mmap: %s", path, strerror(errno));
+        goto fail;
+    }
+    if ((rc = kvm_gguf_parse(path, map, bytes, &g)) != KVM_OK) goto fail;
+    kvm_gguf_str model = {0}, tmpl = {0};
+    if ((rc = kvm_gguf_get_str(g, "tokenizer.ggml.model", &model)) != KVM_OK) {
+        if (rc == KVM_ENOTFOUND) rc = kvm_err(KVM_EFORMAT, "%s: no tokenizer (tokenizer.ggml.model is missing)", path);
+        goto fail;
+    }
+    if (!(t = calloc(1, sizeof *t))) {
+        rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+        goto fail;
+    }
+    if ((model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0) || (model.len == 5 && memcmp(model.ptr, "llama", 5) == 0)) {
+        rc = open_gguf_bpe(t, g, model.len == 5);
+    } else {
+        rc = kvm_err(KVM_ENOTSUP, "%s: tokenizer.ggml.model '%.*s' is not supported (gpt2 and llama are)", path,
+                     (int)(model.len > 64 ? 64 : model.len), model.ptr);
+    }
+    if (rc) goto fail;
+    if (kvm_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == KVM_OK) {
+        if (!(t->chat_template = malloc(tmpl.len + 1))) {
+            rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        memcpy(t->chat_template, tmpl.ptr, tmpl.len);
+        t->chat_template[tmpl.len] = '\0';
+    }
+    kvm_gguf_free(&g);
+    munmap(map, bytes);
+    close(fd);
+    *out = t;
+    return KVM_OK;
+fail:
+    kvm_tokenizer_close(&t);
+    kvm_gguf_free(&g);
+    if (map != MAP_FAILED) munmap(map, bytes);
+    close(fd);
+    return rc;
+}

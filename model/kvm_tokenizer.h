@@ -1,7 +1,9 @@
-/* kvm_tokenizer.h: text <-> token ids for the models kvmill serves. Today one format, the
- * llama2.c tokenizer.bin (SentencePiece BPE with byte fallback, e.g. shared/models/tok512.bin),
- * encoded and decoded exactly as llama2.c run.c does, so ids and text match the golden runs.
- * The handle is opaque so other vocabularies (GGUF byte-level BPE) can sit behind it later. */
+/* kvm_tokenizer.h: text <-> token ids for the models kvmill serves: the llama2.c
+ * tokenizer.bin (SentencePiece BPE with byte fallback, e.g. shared/models/tok512.bin),
+ * encoded and decoded exactly as llama2.c run.c does, so ids and text match the golden runs;
+ * and the tokenizer embedded in a GGUF file (byte-level BPE, tokenizer.ggml.model = "gpt2", or
+ * SentencePiece BPE, "llama"), encoded and decoded as llama.cpp does
+ * (tests/check_gguf_tokenizer.c compares the ids). */
 #ifndef KVM_TOKENIZER_H
 #define KVM_TOKENIZER_H
 
@@ -74,6 +76,40 @@ int kvm_tokenizer_piece_printable(const char *piece, size_t len);
  * message gives its index), KVM_ENOMEM. */
 int kvm_tokenizer_decode(const kvm_tokenizer *t, const int32_t *ids, int64_t n, char **text,
                          size_t *len);
+
+/* Reads the tokenizer embedded in a GGUF file (model/kvm_gguf.h validates the file), with
+ * tokenizer.ggml.{tokens, token_type, bos/eos_token_id, add_bos_token} and
+ * tokenizer.chat_template, and by tokenizer.ggml.model:
+ *   "gpt2"  byte-level BPE: merges, and the pre-tokenizer named by tokenizer.ggml.pre, run as
+ *           PCRE2 regexes with Unicode properties (supported: smollm, starcoder, gpt-2,
+ *           llama-bpe, qwen2 and the names llama.cpp treats as the same); add_bos default 0;
+ *   "llama" SentencePiece BPE: scores, add_space_prefix (default 1), <0xXX> byte tokens,
+ *           unknown_token_id; add_bos default 1.
+ * Encoding follows llama.cpp's llama_tokenize(add_special, parse_special = true): special
+ * tokens (CONTROL, USER_DEFINED and UNKNOWN types; longest first) are recognised anywhere in
+ * the text; the fragments between them are encoded as the model kind says (a "llama"
+ * fragment at the start or after a special token gets the leading space). kvm_tokenizer_piece
+ * gives llama.cpp's token_to_piece(special = false): CONTROL, UNKNOWN and UNUSED tokens (e.g.
+ * <|im_end|>) yield no bytes; decode is the concatenation of the pieces (so a "llama" text
+ * decodes with the added leading space).
+ * On success *out is a new handle (kvm_tokenizer_close). Errors: KVM_EINVAL (NULL
+ * arguments), KVM_ENOTFOUND / KVM_EIO (the file), KVM_EFORMAT (a malformed file, or no
+ * tokenizer.ggml.model, or inconsistent tokenizer arrays; the message names the key),
+ * KVM_ENOTSUP (another tokenizer model or an unknown pre-tokenizer), KVM_ENOMEM. Handles are
+ * read-only after open: any number of threads may encode/decode with one. */
+int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out);
+
+/* 1 when prompts should start with BOS (llama2.c: always; GGUF: tokenizer.ggml.add_bos_token,
+ * default 0 for BPE), 0 otherwise or when t is NULL. Pass it as encode's add_bos. */
+int kvm_tokenizer_add_bos(const kvm_tokenizer *t);
+
+/* Id of the token whose text (as stored in the vocabulary, special tokens included) is the
+ * NUL-terminated `text`, or -1 (also for NULL arguments). */
+int32_t kvm_tokenizer_find(const kvm_tokenizer *t, const char *text);
+
+/* The GGUF tokenizer.chat_template (a Jinja source) owned by t, valid until close; NULL for
+ * llama2.c tokenizers and files without one. */
+const char *kvm_tokenizer_chat_template(const kvm_tokenizer *t);
 
 /* Number of token ids, [0, vocab_size). 0 when t is NULL. */
 int kvm_tokenizer_vocab_size(const kvm_tokenizer *t);

@@ -1,6 +1,7 @@
 /* cmd_generate.c: `kvmill generate`: run.c-compatible text generation. The prompt goes
  * through one batched prefill, then one decode step per new token; -n counts positions as
- * run.c's -n does (BOS and prompt tokens included), and output stops at BOS. */
+ * run.c's -n does (BOS and prompt tokens included), and output stops at BOS (and, for GGUF
+ * models, at EOS). --chat wraps the prompt in the model's ChatML chat template. */
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "model/kvm_forward.h"
@@ -62,8 +63,9 @@ static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *
     return 0;
 }
 
-/* Prints token `next` following `prev`: its piece (run.c safe_printf) or its id. */
-static void emit(const kvm_tokenizer *tok, int32_t prev, int32_t next)
+/* Prints token `next` following `prev`: its piece (run.c safe_printf; raw = 1 prints every
+ * byte, as byte-level BPE pieces may be parts of one UTF-8 character) or its id. */
+static void emit(const kvm_tokenizer *tok, int32_t prev, int32_t next, int raw)
 {
     if (!tok) {
         printf("%d\n", next);
@@ -71,12 +73,45 @@ static void emit(const kvm_tokenizer *tok, int32_t prev, int32_t next)
     }
     size_t len;
     const char *piece = kvm_tokenizer_piece(tok, prev, next, &len);
-    if (kvm_tokenizer_piece_printable(piece, len)) fwrite(piece, 1, len, stdout);
+    if (raw ? len > 0 : kvm_tokenizer_piece_printable(piece, len)) fwrite(piece, 1, len, stdout);
     fflush(stdout);
+}
+
+/* ChatML as SmolLM2's (and most ChatML models') tokenizer.chat_template renders one user
+ * turn with add_generation_prompt: an optional system turn (the given one, else the
+ * template's built-in default), the user turn, then "<|im_start|>assistant\n". */
+static int chat_prompt(const kvm_tokenizer *tok, const char *system, const char *user, char **out)
+{
+    const char *tmpl = kvm_tokenizer_chat_template(tok);
+    static const char start[] = "<|im_start|>", end[] = "<|im_end|>", sys_tag[] = "<|im_start|>system\n";
+    *out = NULL;
+    if (!tmpl || !strstr(tmpl, start) || kvm_tokenizer_find(tok, start) < 0 || kvm_tokenizer_find(tok, end) < 0)
+        return kvm_err(KVM_ENOTSUP, "the model has no ChatML chat template (tokenizer.chat_template with %s)", start);
+    const char *def = NULL;
+    size_t def_len = 0;
+    const char *d = strstr(tmpl, sys_tag);
+    if (!system && d) {
+        def = d + strlen(sys_tag);
+        const char *e = strstr(def, end);
+        def_len = e ? (size_t)(e - def) : 0;
+        if (!e || memchr(def, '{', def_len) || memchr(def, '\'', def_len)) def = NULL; /* not a literal */
+    }
+    size_t n = strlen(user) + (system ? strlen(system) : def_len) + 128;
+    char *s = malloc(n);
+    if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
+    int k = 0;
+    if (system) k = snprintf(s, n, "%ssystem\n%s%s\n", start, system, end);
+    else if (def) k = snprintf(s, n, "%ssystem\n%.*s%s\n", start, (int)def_len, def, end);
+    snprintf(s + k, n - (size_t)k, "%suser\n%s%s\n%sassistant\n", start, user, end, start);
+    *out = s;
+    return 0;
 }
 
 typedef struct gen_args {
     int64_t steps;
+    int stop_at_eos;   /* 1 (GGUF models): EOS ends the output too, and pieces print raw */
+    int echo_first;    /* 1: print p[0] as well (no BOS in front of the prompt) */
+    int quiet_prompt;  /* 1: print only the generated tokens (--chat) */
     double temperature, topp;
     uint64_t seed;
 } gen_args;
@@ -95,13 +130,15 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
     if (!rc) rc = kvm_sampler_new(m->cfg.vocab_size, (float)a->temperature, (float)a->topp, a->seed, &smp);
     double t0 = now_s();
     if (!rc) rc = kvm_forward_prefill(f, cache, p, n_pre, logits, KVM_LOGITS_LAST);
-    for (int64_t i = 1; !rc && i < (np < steps + 1 ? np : steps + 1); i++) emit(tok, p[i - 1], p[i]);
+    if (!rc && !a->quiet_prompt && a->echo_first && np > 0) emit(tok, -1, p[0], a->stop_at_eos);
+    for (int64_t i = 1; !rc && !a->quiet_prompt && i < (np < steps + 1 ? np : steps + 1); i++)
+        emit(tok, p[i - 1], p[i], a->stop_at_eos);
     if (!rc && steps >= np) {
         int32_t token = p[np - 1];
         for (int64_t pos = np;; pos++) {
             int32_t next = kvm_sampler_sample(smp, logits);
-            if (next == m->cfg.bos_id) break;
-            emit(tok, token, next);
+            if (next == m->cfg.bos_id || (a->stop_at_eos && next == m->cfg.eos_id)) break;
+            emit(tok, token, next, a->stop_at_eos);
             produced++;
             if (pos >= steps) break;
             if ((rc = kvm_forward_decode(f, cache, next, logits))) break;
@@ -122,9 +159,11 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
 int kvm_cmd_generate(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
-        {"model", 1, "model file (llama2.c checkpoint)", NULL},
-        {"tokenizer", 1, "tokenizer (default: tok512.bin or tokenizer.bin beside the model)", NULL},
+        {"model", 1, "model file (llama2.c checkpoint or GGUF)", NULL},
+        {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else tok512.bin or tokenizer.bin beside the model)", NULL},
         {"prompt", 1, "prompt text", NULL},
+        {"chat", 0, "wrap --prompt in the model's chat template (ChatML: system, user, assistant turns)", NULL},
+        {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},
         {"tokens", 1, "file of prompt token ids, one per line (replaces --prompt)", NULL},
         {"n", 1, "positions to run, BOS and prompt included, as run.c's -n (default 256; 0 = seq_len)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 1.0)", NULL},
@@ -141,6 +180,9 @@ int kvm_cmd_generate(int argc, char **argv)
                *tokens = kvm_cli_get(opts, "tokens");
     if (!model_path) { fprintf(stderr, "kvmill generate: --model is required\n"); return 2; }
     if (prompt && tokens) { fprintf(stderr, "kvmill generate: give --prompt or --tokens, not both\n"); return 2; }
+    int chat = kvm_cli_get(opts, "chat") != NULL;
+    if (chat && tokens) { fprintf(stderr, "kvmill generate: --chat needs --prompt, not --tokens\n"); return 2; }
+    if (kvm_cli_get(opts, "system") && !chat) { fprintf(stderr, "kvmill generate: --system needs --chat\n"); return 2; }
     gen_args a = {.steps = 256, .temperature = 1.0, .topp = 0.9, .seed = (uint64_t)time(NULL)};
     int64_t v;
     const char *s;
@@ -157,11 +199,26 @@ int kvm_cmd_generate(int argc, char **argv)
     int32_t *p = NULL;
     int64_t np = 0;
     int rc = 0;
+    char *chat_text = NULL;
+    a.stop_at_eos = strcmp(m->format, "gguf") == 0;
     if (tokens) rc = read_token_file(tokens, m->cfg.vocab_size, &p, &np);
-    else if (kvm_tokenizer_encode(tok, prompt ? prompt : "", prompt ? strlen(prompt) : 0, 1, 0, &p, &np)) {
-        fprintf(stderr, "kvmill generate: %s\n", kvm_errmsg());
+    else if (chat && chat_prompt(tok, kvm_cli_get(opts, "system"), prompt ? prompt : "", &chat_text)) {
+        fprintf(stderr, "kvmill generate: --chat: %s\n", kvm_errmsg());
         rc = 1;
+    } else {
+        const char *text = chat_text ? chat_text : prompt ? prompt : "";
+        int add_bos = kvm_tokenizer_add_bos(tok);
+        a.echo_first = !add_bos;
+        a.quiet_prompt = chat;
+        if (kvm_tokenizer_encode(tok, text, strlen(text), add_bos, 0, &p, &np)) {
+            fprintf(stderr, "kvmill generate: %s\n", kvm_errmsg());
+            rc = 1;
+        } else if (np == 0) {
+            fprintf(stderr, "kvmill generate: the prompt is empty and the model adds no BOS; give --prompt\n");
+            rc = 2;
+        }
     }
+    free(chat_text);
     if (!rc) rc = generate(m, k, tok, p, np, &a) ? 1 : 0;
     free(p);
     kvm_tokenizer_close(&tok);

@@ -8,13 +8,10 @@
 #include "model/kvm_model.h"
 #include "model/kvm_tokenizer.h"
 
-/* Finds the tokenizer for a model: `explicit_path` when given, else tok512.bin then
- * tokenizer.bin in the model file's folder (or inside the model path when it is a folder).
- * Writes the path into buf and returns 0, or KVM_ENOTFOUND when none exists. */
-int kvm_cli_find_tokenizer(const char *model_path, const char *explicit_path, char *buf, size_t buf_size);
-
 /* Opens the model, and the tokenizer when `tok` is not NULL (required = 1 makes a missing
- * tokenizer an error; otherwise *tok may come back NULL). Prints "kvmill CMD: <detail>" to
+ * tokenizer an error; otherwise *tok may come back NULL). A GGUF model uses its embedded
+ * tokenizer unless tok_path is given; a tok_path that is a GGUF file is read as one; the
+ * tokenizer's vocabulary size must equal the model's (KVM_EMISMATCH). Prints "kvmill CMD: <detail>" to
  * stderr on failure and returns the kvm_status. */
 int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_path, int required,
                        kvm_model **model, kvm_tokenizer **tok);

@@ -1,6 +1,6 @@
 /* kvm_worker.c: model loading for stage processes and the method dispatch. */
 #include "pipeline/kvm_worker.h"
-#include "orchestrator/kvm_cli_model.h"
+#include "model/kvm_tokenizer_find.h"
 #include "compress/sculpt/kvm_sculpt.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "common/kvm_error.h"
@@ -20,9 +20,8 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
     const char *tp = kvm_config_str(c, "model", "tokenizer");
     char tpath[4096];
     memset(&wm->tok_id, 0, sizeof wm->tok_id);
-    if (kvm_cli_find_tokenizer(path, *tp ? tp : NULL, tpath, sizeof tpath) == 0 &&
-        kvm_tokenizer_open_llama2c(tpath, wm->model->cfg.vocab_size, &wm->tok) == 0)
-        kvm_store_hash_file(tpath, &wm->tok_id);
+    if (kvm_tokenizer_open_for_model(wm->model, path, *tp ? tp : NULL, &wm->tok, tpath, sizeof tpath) == 0)
+        kvm_store_hash_file(tpath, &wm->tok_id); /* a GGUF's id is its file's: tokenizer and weights travel together */
     return 0;
 }
 

@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(build-essential pkg-config clang libclang-rt-14-dev
       libzmq3-dev libmsgpack-dev liblmdb-dev check libsubunit-dev
       libopenblas-dev liblapacke-dev liblbfgs-dev libinih-dev libsodium-dev libpcre2-dev libjansson-dev
-      python3 unzip)
+      python3 python3-pip unzip)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

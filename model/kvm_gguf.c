@@ -1,0 +1,727 @@
+/* kvm_gguf.c: GGUF v2/v3 parsing with every count, length and offset checked against the
+ * mapping before it is used, and ggml's block dequantisers (ggml-quants.c dequantize_row_*,
+ * same layout and arithmetic, so values match ggml bit for bit up to FMA contraction). */
+#include "model/kvm_gguf.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KVM_GGUF_MAX_DEPTH 8                  /* array nesting limit */
+#define KVM_GGUF_MAX_ELEMS ((int64_t)1 << 48) /* elements per tensor limit */
+#define KVM_GGUF_DEFAULT_ALIGN 32
+
+struct kvm_gguf {
+    char *name;               /* file name for messages, owned */
+    const uint8_t *map;       /* borrowed mapping */
+    size_t bytes;             /* its size */
+    uint32_t version;         /* 2 or 3 */
+    int64_t n_kv;             /* metadata entries */
+    kvm_gguf_kv *kv;          /* [n_kv] */
+    int64_t n_tensors;        /* tensor infos */
+    kvm_gguf_tensor *tensors; /* [n_tensors] */
+    uint64_t alignment;       /* general.alignment or 32 */
+    uint64_t data_off;        /* start of the data section, bytes from the file start */
+};
+
+/* A cursor over the mapping; every read checks the bytes left first. */
+typedef struct rd {
+    const uint8_t *p;
+    size_t size, off;
+    const char *name;
+} rd;
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+static size_t left(const rd *r) { return r->size - r->off; }
+
+static int need(rd *r, uint64_t n, const char *what)
+{
+    if (n > left(r))
+        return kvm_err(KVM_EFORMAT, "%s: truncated: %s needs %llu bytes at offset %zu, %zu left", r->name, what,
+                       (unsigned long long)n, r->off, left(r));
+    return 0;
+}
+
+static int rd_u32(rd *r, uint32_t *v, const char *what)
+{
+    int rc = need(r, 4, what);
+    if (rc) return rc;
+    *v = le32(r->p + r->off);
+    r->off += 4;
+    return 0;
+}
+
+static int rd_u64(rd *r, uint64_t *v, const char *what)
+{
+    int rc = need(r, 8, what);
+    if (rc) return rc;
+    *v = le64(r->p + r->off);
+    r->off += 8;
+    return 0;
+}
+
+static int rd_str(rd *r, kvm_gguf_str *s, const char *what)
+{
+    uint64_t len;
+    int rc = rd_u64(r, &len, what);
+    if (rc) return rc;
+    if (len > left(r))
+        return kvm_err(KVM_EFORMAT, "%s: %s: string length %llu beyond the file (offset %zu, %zu bytes left)", r->name,
+                       what, (unsigned long long)len, r->off - 8, left(r));
+    s->ptr = (const char *)(r->p + r->off);
+    s->len = len;
+    r->off += len;
+    return 0;
+}
+
+static int64_t scalar_bytes(uint32_t t)
+{
+    switch (t) {
+    case KVM_GGUF_U8:
+    case KVM_GGUF_I8:
+    case KVM_GGUF_BOOL:
+        return 1;
+    case KVM_GGUF_U16:
+    case KVM_GGUF_I16:
+        return 2;
+    case KVM_GGUF_U32:
+    case KVM_GGUF_I32:
+    case KVM_GGUF_F32:
+        return 4;
+    case KVM_GGUF_U64:
+    case KVM_GGUF_I64:
+    case KVM_GGUF_F64:
+        return 8;
+    default:
+        return 0;
+    }
+}
+
+/* Skips (validating) one value of type t; `what` names the key for messages. */
+static int skip_value(rd *r, uint32_t t, int depth, const char *what)
+{
+    int64_t sb = scalar_bytes(t);
+    if (sb) return need(r, (uint64_t)sb, what) ? KVM_EFORMAT : (r->off += (size_t)sb, 0);
+    if (t == KVM_GGUF_STRING) {
+        kvm_gguf_str s;
+        return rd_str(r, &s, what);
+    }
+    if (t != KVM_GGUF_ARRAY)
+        return kvm_err(KVM_EFORMAT, "%s: %s: unknown value type %u at offset %zu", r->name, what, t, r->off);
+    if (depth >= KVM_GGUF_MAX_DEPTH)
+        return kvm_err(KVM_EFORMAT, "%s: %s: arrays nested deeper than %d", r->name, what, KVM_GGUF_MAX_DEPTH);
+    uint32_t et;
+    uint64_t n;
+    int rc;
+    if ((rc = rd_u32(r, &et, what)) || (rc = rd_u64(r, &n, what))) return rc;
+    int64_t eb = scalar_bytes(et);
+    uint64_t min_elem = eb ? (uint64_t)eb : et == KVM_GGUF_STRING ? 8 : et == KVM_GGUF_ARRAY ? 12 : 0;
+    if (!min_elem)
+        return kvm_err(KVM_EFORMAT, "%s: %s: unknown array element type %u at offset %zu", r->name, what, et,
+                       r->off - 12);
+    if (n > left(r) / min_elem)
+        return kvm_err(KVM_EFORMAT, "%s: %s: array count %llu beyond the file (offset %zu, %zu bytes left)", r->name,
+                       what, (unsigned long long)n, r->off - 8, left(r));
+    if (eb) {
+        r->off += (size_t)(n * (uint64_t)eb);
+        return 0;
+    }
+    for (uint64_t i = 0; i < n; i++)
+        if ((rc = skip_value(r, et, depth + 1, what))) return rc;
+    return 0;
+}
+
+static void decode_scalar(kvm_gguf_kv *kv)
+{
+    const uint8_t *p = kv->data;
+    switch (kv->type) {
+    case KVM_GGUF_U8:
+    case KVM_GGUF_BOOL:
+        kv->v.u = p[0];
+        break;
+    case KVM_GGUF_I8:
+        kv->v.i = (int8_t)p[0];
+        break;
+    case KVM_GGUF_U16:
+        kv->v.u = le16(p);
+        break;
+    case KVM_GGUF_I16:
+        kv->v.i = (int16_t)le16(p);
+        break;
+    case KVM_GGUF_U32:
+        kv->v.u = le32(p);
+        break;
+    case KVM_GGUF_I32:
+        kv->v.i = (int32_t)le32(p);
+        break;
+    case KVM_GGUF_U64:
+        kv->v.u = le64(p);
+        break;
+    case KVM_GGUF_I64:
+        kv->v.i = (int64_t)le64(p);
+        break;
+    case KVM_GGUF_F32: {
+        uint32_t u = le32(p);
+        float f;
+        memcpy(&f, &u, 4);
+        kv->v.f = f;
+        break;
+    }
+    case KVM_GGUF_F64: {
+        uint64_t u = le64(p);
+        memcpy(&kv->v.f, &u, 8);
+        break;
+    }
+    case KVM_GGUF_STRING:
+        kv->v.s.len = le64(p);
+        kv->v.s.ptr = (const char *)p + 8;
+        break;
+    default:
+        break;
+    }
+}
+
+static int parse_kvs(kvm_gguf *g, rd *r)
+{
+    char what[160];
+    for (int64_t i = 0; i < g->n_kv; i++) {
+        kvm_gguf_kv *kv = &g->kv[i];
+        snprintf(what, sizeof what, "metadata entry %lld key", (long long)i);
+        int rc = rd_str(r, &kv->key, what);
+        if (rc) return rc;
+        snprintf(what, sizeof what, "metadata '%.*s'", (int)(kv->key.len > 100 ? 100 : kv->key.len), kv->key.ptr);
+        uint32_t t;
+        if ((rc = rd_u32(r, &t, what))) return rc;
+        if (t > KVM_GGUF_F64)
+            return kvm_err(KVM_EFORMAT, "%s: %s: unknown value type %u at offset %zu", g->name, what, t, r->off - 4);
+        kv->type = (kvm_gguf_vtype)t;
+        kv->data = r->p + r->off;
+        if (t == KVM_GGUF_ARRAY) {
+            if ((rc = need(r, 12, what))) return rc;
+            kv->etype = (kvm_gguf_vtype)le32(kv->data);
+            kv->n = le64(kv->data + 4);
+            kv->data += 12;
+            if ((rc = skip_value(r, t, 0, what))) return rc;
+        } else {
+            if ((rc = skip_value(r, t, 0, what))) return rc;
+            decode_scalar(kv);
+        }
+    }
+    return 0;
+}
+
+static const char *const type_names[] = {"F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
+                                         "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+                                         "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+                                         "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
+
+const char *kvm_ggml_type_name(int type)
+{
+    if (type < 0 || type >= (int)(sizeof type_names / sizeof type_names[0])) return "?";
+    return type_names[type];
+}
+
+int64_t kvm_ggml_block_elems(int type)
+{
+    switch (type) {
+    case KVM_GGML_F32:
+    case KVM_GGML_F16:
+    case KVM_GGML_BF16:
+        return 1;
+    case KVM_GGML_Q4_0:
+    case KVM_GGML_Q4_1:
+    case KVM_GGML_Q5_0:
+    case KVM_GGML_Q5_1:
+    case KVM_GGML_Q8_0:
+        return 32;
+    case KVM_GGML_Q4_K:
+    case KVM_GGML_Q6_K:
+        return 256;
+    default:
+        return 0;
+    }
+}
+
+int64_t kvm_ggml_block_bytes(int type)
+{
+    switch (type) {
+    case KVM_GGML_F32:
+        return 4;
+    case KVM_GGML_F16:
+    case KVM_GGML_BF16:
+        return 2;
+    case KVM_GGML_Q4_0:
+        return 18;
+    case KVM_GGML_Q4_1:
+        return 20;
+    case KVM_GGML_Q5_0:
+        return 22;
+    case KVM_GGML_Q5_1:
+        return 24;
+    case KVM_GGML_Q8_0:
+        return 34;
+    case KVM_GGML_Q4_K:
+        return 144;
+    case KVM_GGML_Q6_K:
+        return 210;
+    default:
+        return 0;
+    }
+}
+
+static int parse_tensor_info(kvm_gguf *g, rd *r, int64_t i)
+{
+    kvm_gguf_tensor *t = &g->tensors[i];
+    char what[200];
+    snprintf(what, sizeof what, "tensor info %lld name", (long long)i);
+    int rc = rd_str(r, &t->name, what);
+    if (rc) return rc;
+    snprintf(what, sizeof what, "tensor '%.*s'", (int)(t->name.len > 120 ? 120 : t->name.len), t->name.ptr);
+    uint32_t nd, type;
+    if ((rc = rd_u32(r, &nd, what))) return rc;
+    if (nd < 1 || nd > 4) return kvm_err(KVM_EFORMAT, "%s: %s: n_dims = %u, must be 1..4", g->name, what, nd);
+    t->n_dims = (int)nd;
+    int64_t elems = 1;
+    for (int d = 0; d < 4; d++)
+        t->ne[d] = 1;
+    for (uint32_t d = 0; d < nd; d++) {
+        uint64_t ne;
+        if ((rc = rd_u64(r, &ne, what))) return rc;
+        if (ne < 1 || ne > (uint64_t)KVM_GGUF_MAX_ELEMS || (uint64_t)elems > (uint64_t)KVM_GGUF_MAX_ELEMS / ne)
+            return kvm_err(KVM_EFORMAT, "%s: %s: dimension %u = %llu (zero, or the tensor exceeds 2^48 elements)",
+                           g->name, what, d, (unsigned long long)ne);
+        t->ne[d] = (int64_t)ne;
+        elems *= (int64_t)ne;
+    }
+    if ((rc = rd_u32(r, &type, what)) || (rc = rd_u64(r, &t->offset, what))) return rc;
+    t->type = (kvm_ggml_type)type;
+    int64_t be = kvm_ggml_block_elems((int)type), bb = kvm_ggml_block_bytes((int)type);
+    if (!be)
+        return kvm_err(KVM_ENOTSUP,
+                       "%s: %s: tensor type %u (%s) is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
+                       "Q5_1, Q8_0, Q4_K, Q6_K are)",
+                       g->name, what, type, kvm_ggml_type_name((int)type));
+    if (t->ne[0] % be)
+        return kvm_err(KVM_EFORMAT, "%s: %s: row of %lld elements is not a multiple of the %s block (%lld)", g->name,
+                       what, (long long)t->ne[0], kvm_ggml_type_name((int)type), (long long)be);
+    t->bytes = (uint64_t)(elems / be) * (uint64_t)bb;
+    return 0;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    const kvm_gguf_tensor *x = *(const kvm_gguf_tensor *const *)a, *y = *(const kvm_gguf_tensor *const *)b;
+    uint64_t n = x->name.len < y->name.len ? x->name.len : y->name.len;
+    int c = memcmp(x->name.ptr, y->name.ptr, n);
+    return c ? c : (x->name.len > y->name.len) - (x->name.len < y->name.len);
+}
+
+static int cmp_offset(const void *a, const void *b)
+{
+    const kvm_gguf_tensor *x = *(const kvm_gguf_tensor *const *)a, *y = *(const kvm_gguf_tensor *const *)b;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* Places the tensors: aligned, inside the file, unique names, no overlaps. */
+static int check_tensors(kvm_gguf *g)
+{
+    int rc = 0;
+    uint64_t room = g->bytes - g->data_off;
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        kvm_gguf_tensor *t = &g->tensors[i];
+        int nl = (int)(t->name.len > 120 ? 120 : t->name.len);
+        if (t->offset % g->alignment)
+            return kvm_err(KVM_EFORMAT, "%s: tensor '%.*s': data offset %llu is not a multiple of the alignment %llu",
+                           g->name, nl, t->name.ptr, (unsigned long long)t->offset, (unsigned long long)g->alignment);
+        if (t->offset > room || t->bytes > room - t->offset)
+            return kvm_err(KVM_EFORMAT,
+                           "%s: tensor '%.*s': data [%llu, +%llu) lies outside the file (data section "
+                           "holds %llu bytes)",
+                           g->name, nl, t->name.ptr, (unsigned long long)t->offset, (unsigned long long)t->bytes,
+                           (unsigned long long)room);
+        t->data = g->map + g->data_off + t->offset;
+    }
+    if (g->n_tensors < 2) return 0;
+    const kvm_gguf_tensor **s = malloc((size_t)g->n_tensors * sizeof *s);
+    if (!s) return kvm_err(KVM_ENOMEM, "%s: out of memory", g->name);
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        s[i] = &g->tensors[i];
+    qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_name);
+    for (int64_t i = 1; !rc && i < g->n_tensors; i++)
+        if (cmp_name(&s[i - 1], &s[i]) == 0)
+            rc = kvm_err(KVM_EFORMAT, "%s: tensor '%.*s' appears twice", g->name,
+                         (int)(s[i]->name.len > 120 ? 120 : s[i]->name.len), s[i]->name.ptr);
+    qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_offset);
+    for (int64_t i = 1; !rc && i < g->n_tensors; i++)
+        if (s[i - 1]->offset + s[i - 1]->bytes > s[i]->offset)
+            rc = kvm_err(KVM_EFORMAT, "%s: tensors '%.*s' [%llu, +%llu) and '%.*s' [%llu, +%llu) overlap", g->name,
+                         (int)(s[i - 1]->name.len > 120 ? 120 : s[i - 1]->name.len), s[i - 1]->name.ptr,
+                         (unsigned long long)s[i - 1]->offset, (unsigned long long)s[i - 1]->bytes,
+                         (int)(s[i]->name.len > 120 ? 120 : s[i]->name.len), s[i]->name.ptr,
+                         (unsigned long long)s[i]->offset, (unsigned long long)s[i]->bytes);
+    free(s);
+    return rc;
+}
+
+int kvm_gguf_parse(const char *name, const uint8_t *map, size_t bytes, kvm_gguf **out)
+{
+    *out = NULL;
+    kvm_gguf *g = calloc(1, sizeof *g);
+    if (!g || !(g->name = strdup(name ? name : "gguf"))) {
+        free(g);
+        return kvm_err(KVM_ENOMEM, "%s: out of memory", name);
+    }
+    g->map = map;
+    g->bytes = bytes;
+    g->alignment = KVM_GGUF_DEFAULT_ALIGN;
+    rd r = {map, bytes, 0, g->name};
+    int rc;
+    uint32_t magic;
+    uint64_t n_t, n_kv;
+    if ((rc = rd_u32(&r, &magic, "the magic"))) goto fail;
+    if (memcmp(map, "GGUF", 4) != 0) {
+        rc = kvm_err(KVM_EFORMAT, "%s: bad magic %02x %02x %02x %02x, expected \"GGUF\"", g->name, map[0], map[1],
+                     map[2], map[3]);
+        goto fail;
+    }
+    if ((rc = rd_u32(&r, &g->version, "the version"))) goto fail;
+    if (g->version == 0x02000000u || g->version == 0x03000000u) {
+        rc = kvm_err(KVM_ENOTSUP, "%s: a big-endian GGUF file (version %u byte-swapped) is not supported", g->name,
+                     g->version >> 24);
+        goto fail;
+    }
+    if (g->version != 2 && g->version != 3) {
+        rc = kvm_err(KVM_ENOTSUP, "%s: GGUF version %u is not supported (2 and 3 are)", g->name, g->version);
+        goto fail;
+    }
+    if ((rc = rd_u64(&r, &n_t, "the tensor count")) || (rc = rd_u64(&r, &n_kv, "the metadata count"))) goto fail;
+    /* every metadata entry takes at least 13 bytes (key length, type, a 1-byte value), every
+     * tensor info at least 32 (name length, n_dims, one dim, type, offset) */
+    if (n_kv > left(&r) / 13) {
+        rc = kvm_err(KVM_EFORMAT, "%s: metadata count %llu beyond the file (%zu bytes left hold at most %zu)", g->name,
+                     (unsigned long long)n_kv, left(&r), left(&r) / 13);
+        goto fail;
+    }
+    if (n_t > left(&r) / 32) {
+        rc = kvm_err(KVM_EFORMAT, "%s: tensor count %llu beyond the file (%zu bytes left hold at most %zu)", g->name,
+                     (unsigned long long)n_t, left(&r), left(&r) / 32);
+        goto fail;
+    }
+    g->n_kv = (int64_t)n_kv;
+    g->n_tensors = (int64_t)n_t;
+    g->kv = calloc(n_kv ? n_kv : 1, sizeof *g->kv);
+    g->tensors = calloc(n_t ? n_t : 1, sizeof *g->tensors);
+    if (!g->kv || !g->tensors) {
+        rc = kvm_err(KVM_ENOMEM, "%s: out of memory for %llu entries", g->name, (unsigned long long)(n_kv + n_t));
+        goto fail;
+    }
+    if ((rc = parse_kvs(g, &r))) goto fail;
+    const kvm_gguf_kv *al = kvm_gguf_find(g, "general.alignment");
+    if (al) {
+        if (al->type != KVM_GGUF_U32 || al->v.u == 0 || (al->v.u & (al->v.u - 1))) {
+            rc = kvm_err(KVM_EFORMAT, "%s: general.alignment must be a u32 power of two (type %d, value %llu)", g->name,
+                         al->type, (unsigned long long)al->v.u);
+            goto fail;
+        }
+        g->alignment = al->v.u;
+    }
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if ((rc = parse_tensor_info(g, &r, i))) goto fail;
+    g->data_off = (r.off + g->alignment - 1) / g->alignment * g->alignment;
+    if (g->data_off > bytes) {
+        if (g->n_tensors > 0) {
+            rc = kvm_err(KVM_EFORMAT, "%s: truncated: the data section would start at %llu, past the end (%zu)",
+                         g->name, (unsigned long long)g->data_off, bytes);
+            goto fail;
+        }
+        g->data_off = bytes;
+    }
+    if ((rc = check_tensors(g))) goto fail;
+    *out = g;
+    return 0;
+fail:
+    kvm_gguf_free(&g);
+    return rc;
+}
+
+void kvm_gguf_free(kvm_gguf **pg)
+{
+    if (!pg || !*pg) return;
+    kvm_gguf *g = *pg;
+    free(g->kv);
+    free(g->tensors);
+    free(g->name);
+    free(g);
+    *pg = NULL;
+}
+
+uint32_t kvm_gguf_version(const kvm_gguf *g) { return g->version; }
+int64_t kvm_gguf_n_kv(const kvm_gguf *g) { return g->n_kv; }
+const kvm_gguf_kv *kvm_gguf_kv_at(const kvm_gguf *g, int64_t i) { return i >= 0 && i < g->n_kv ? &g->kv[i] : NULL; }
+int64_t kvm_gguf_n_tensors(const kvm_gguf *g) { return g->n_tensors; }
+const kvm_gguf_tensor *kvm_gguf_tensor_at(const kvm_gguf *g, int64_t i)
+{
+    return i >= 0 && i < g->n_tensors ? &g->tensors[i] : NULL;
+}
+const char *kvm_gguf_name(const kvm_gguf *g) { return g->name; }
+
+static int str_eq(kvm_gguf_str s, const char *z)
+{
+    size_t n = strlen(z);
+    return s.len == n && memcmp(s.ptr, z, n) == 0;
+}
+
+const kvm_gguf_kv *kvm_gguf_find(const kvm_gguf *g, const char *key)
+{
+    for (int64_t i = 0; i < g->n_kv; i++)
+        if (str_eq(g->kv[i].key, key)) return &g->kv[i];
+    return NULL;
+}
+
+const kvm_gguf_tensor *kvm_gguf_find_tensor(const kvm_gguf *g, const char *name)
+{
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (str_eq(g->tensors[i].name, name)) return &g->tensors[i];
+    return NULL;
+}
+
+int kvm_gguf_get_i64(const kvm_gguf *g, const char *key, int64_t *v)
+{
+    const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
+    if (!kv) return KVM_ENOTFOUND;
+    switch (kv->type) {
+    case KVM_GGUF_U8:
+    case KVM_GGUF_U16:
+    case KVM_GGUF_U32:
+    case KVM_GGUF_U64:
+        if (kv->v.u > INT64_MAX) break;
+        *v = (int64_t)kv->v.u;
+        return 0;
+    case KVM_GGUF_I8:
+    case KVM_GGUF_I16:
+    case KVM_GGUF_I32:
+    case KVM_GGUF_I64:
+        *v = kv->v.i;
+        return 0;
+    default:
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected an integer", g->name, key, kv->type);
+    }
+    return kvm_err(KVM_EFORMAT, "%s: metadata '%s' = %llu is out of range", g->name, key, (unsigned long long)kv->v.u);
+}
+
+int kvm_gguf_get_f64(const kvm_gguf *g, const char *key, double *v)
+{
+    const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
+    if (!kv) return KVM_ENOTFOUND;
+    if (kv->type != KVM_GGUF_F32 && kv->type != KVM_GGUF_F64)
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected a float", g->name, key, kv->type);
+    *v = kv->v.f;
+    return 0;
+}
+
+int kvm_gguf_get_bool(const kvm_gguf *g, const char *key, int *v)
+{
+    const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
+    if (!kv) return KVM_ENOTFOUND;
+    if (kv->type != KVM_GGUF_BOOL)
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected a bool", g->name, key, kv->type);
+    *v = kv->v.u != 0;
+    return 0;
+}
+
+int kvm_gguf_get_str(const kvm_gguf *g, const char *key, kvm_gguf_str *v)
+{
+    const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
+    if (!kv) return KVM_ENOTFOUND;
+    if (kv->type != KVM_GGUF_STRING)
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected a string", g->name, key, kv->type);
+    *v = kv->v.s;
+    return 0;
+}
+
+int kvm_gguf_get_arr(const kvm_gguf *g, const char *key, kvm_gguf_vtype etype, uint64_t *n, const uint8_t **data)
+{
+    const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
+    if (!kv) return KVM_ENOTFOUND;
+    if (kv->type != KVM_GGUF_ARRAY || kv->etype != etype)
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' is not an array of type %d (type %d, elements %d)", g->name, key,
+                       etype, kv->type, kv->etype);
+    *n = kv->n;
+    *data = kv->data;
+    return 0;
+}
+
+/* ---- dequantisation (ggml-quants.c) ---- */
+
+float kvm_fp16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0x1f)
+        u = sign | 0x7f800000u | man << 13; /* inf, NaN */
+    else if (exp)
+        u = sign | (exp + 112) << 23 | man << 13;
+    else if (!man)
+        u = sign;
+    else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while (!(man & 0x400));
+        u = sign | (uint32_t)(112 - e) << 23 | (man & 0x3ff) << 13;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float kvm_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+static void deq_q4_k(const uint8_t *b, float *y)
+{
+    const float d = kvm_fp16_to_f32(le16(b)), min = kvm_fp16_to_f32(le16(b + 2));
+    const uint8_t *scales = b + 4, *q = b + 16;
+    int is = 0;
+    for (int j = 0; j < 256; j += 64) {
+        uint8_t sc, m;
+        get_scale_min_k4(is + 0, scales, &sc, &m);
+        const float d1 = d * sc, m1 = min * m;
+        get_scale_min_k4(is + 1, scales, &sc, &m);
+        const float d2 = d * sc, m2 = min * m;
+        for (int l = 0; l < 32; ++l)
+            *y++ = d1 * (q[l] & 0xF) - m1;
+        for (int l = 0; l < 32; ++l)
+            *y++ = d2 * (q[l] >> 4) - m2;
+        q += 32;
+        is += 2;
+    }
+}
+
+static void deq_q6_k(const uint8_t *b, float *y)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = kvm_fp16_to_f32(le16(b + 208));
+    for (int n = 0; n < 256; n += 128) {
+        for (int l = 0; l < 32; ++l) {
+            int is = l / 16;
+            const int8_t q1 = (int8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int8_t q2 = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int8_t q3 = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int8_t q4 = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l + 0] = d * sc[is + 0] * q1;
+            y[l + 32] = d * sc[is + 2] * q2;
+            y[l + 64] = d * sc[is + 4] * q3;
+            y[l + 96] = d * sc[is + 6] * q4;
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+    }
+}
+
+int kvm_ggml_dequantize(int type, const void *src, float *dst, int64_t n)
+{
+    int64_t be = kvm_ggml_block_elems(type), bb = kvm_ggml_block_bytes(type);
+    if (!be)
+        return kvm_err(KVM_ENOTSUP, "dequantize: tensor type %d (%s) not supported", type, kvm_ggml_type_name(type));
+    if (n % be)
+        return kvm_err(KVM_EINVAL, "dequantize: %lld elements is not a multiple of the block %lld", (long long)n,
+                       (long long)be);
+    const uint8_t *s = src;
+    for (int64_t i = 0; i < n / be; i++, s += bb, dst += be) {
+        switch (type) {
+        case KVM_GGML_F32: {
+            uint32_t u = le32(s);
+            memcpy(dst, &u, 4);
+            break;
+        }
+        case KVM_GGML_F16:
+            dst[0] = kvm_fp16_to_f32(le16(s));
+            break;
+        case KVM_GGML_BF16:
+            dst[0] = kvm_bf16_to_f32(le16(s));
+            break;
+        case KVM_GGML_Q8_0: {
+            const float d = kvm_fp16_to_f32(le16(s));
+            for (int j = 0; j < 32; j++)
+                dst[j] = (int8_t)s[2 + j] * d;
+            break;
+        }
+        case KVM_GGML_Q4_0: {
+            const float d = kvm_fp16_to_f32(le16(s));
+            for (int j = 0; j < 16; j++) {
+                dst[j] = ((s[2 + j] & 0x0F) - 8) * d;
+                dst[j + 16] = ((s[2 + j] >> 4) - 8) * d;
+            }
+            break;
+        }
+        case KVM_GGML_Q4_1: {
+            const float d = kvm_fp16_to_f32(le16(s)), m = kvm_fp16_to_f32(le16(s + 2));
+            for (int j = 0; j < 16; j++) {
+                dst[j] = (s[4 + j] & 0x0F) * d + m;
+                dst[j + 16] = (s[4 + j] >> 4) * d + m;
+            }
+            break;
+        }
+        case KVM_GGML_Q5_0:
+        case KVM_GGML_Q5_1: {
+            const int has_m = type == KVM_GGML_Q5_1;
+            const float d = kvm_fp16_to_f32(le16(s)), m = has_m ? kvm_fp16_to_f32(le16(s + 2)) : 0.0f;
+            const uint32_t qh = le32(s + (has_m ? 4 : 2));
+            const uint8_t *qs = s + (has_m ? 8 : 6);
+            for (int j = 0; j < 16; j++) {
+                const uint8_t xh0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10), xh1 = (uint8_t)((qh >> (j + 12)) & 0x10);
+                if (has_m) {
+                    dst[j] = ((qs[j] & 0x0F) | xh0) * d + m;
+                    dst[j + 16] = ((qs[j] >> 4) | xh1) * d + m;
+                } else {
+                    dst[j] = (((qs[j] & 0x0F) | xh0) - 16) * d;
+                    dst[j + 16] = (((qs[j] >> 4) | xh1) - 16) * d;
+                }
+            }
+            break;
+        }
+        case KVM_GGML_Q4_K:
+            deq_q4_k(s, dst);
+            break;
+        case KVM_GGML_Q6_K:
+            deq_q6_k(s, dst);
+            break;
+        default:
+            break;
+        }
+    }
+    return 0;
+}

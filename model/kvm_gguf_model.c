@@ -1,0 +1,231 @@
+/* kvm_gguf_model.c: a Llama-architecture GGUF file as a kvm_model: hyperparameters from the
+ * llama.* metadata, every tensor's shape checked against them, weights dequantised once into
+ * one float32 buffer (m->owned) and the file unmapped, so the model looks exactly like a
+ * llama2.c one to kernels and forward. RoPE: llama.cpp's converter permutes the Q/K rows of
+ * Hugging Face checkpoints so that ggml's "normal" rotation (adjacent pairs) applies, i.e.
+ * KVM_ROPE_INTERLEAVED; tests/check_gguf.c checks the logits against llama.cpp's. */
+#include "common/kvm_error.h"
+#include "model/kvm_gguf.h"
+#include "model/kvm_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define KVM_GGUF_MAX_DIM (1 << 16)
+#define KVM_GGUF_MAX_LAYERS 1024
+#define KVM_GGUF_MAX_VOCAB (1 << 22)
+#define KVM_GGUF_MAX_SEQ (1 << 22)
+
+/* A required positive integer hyperparameter (or its default when def > 0 and absent). */
+static int hparam(const kvm_gguf *g, const char *key, int64_t def, int64_t max, int *out)
+{
+    int64_t v = def;
+    int rc = kvm_gguf_get_i64(g, key, &v);
+    if (rc == KVM_ENOTFOUND && def <= 0)
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' is missing (needed for the llama architecture)",
+                       kvm_gguf_name(g), key);
+    if (rc && rc != KVM_ENOTFOUND) return rc;
+    if (v <= 0 || v > max)
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' = %lld is outside [1, %lld]", kvm_gguf_name(g), key,
+                       (long long)v, (long long)max);
+    *out = (int)v;
+    return 0;
+}
+
+/* Finds tensor `name`, checks its shape is [ne0] (ne1 == 0) or [ne0, ne1], and dequantises it
+ * into *dst, advancing *dst. */
+static int load_tensor(const kvm_gguf *g, const char *name, int64_t ne0, int64_t ne1, float **dst, const float **out)
+{
+    const kvm_gguf_tensor *t = kvm_gguf_find_tensor(g, name);
+    if (!t) return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing", kvm_gguf_name(g), name);
+    int want_dims = ne1 ? 2 : 1;
+    if (t->ne[0] != ne0 || t->ne[1] != (ne1 ? ne1 : 1) || t->ne[2] != 1 || t->ne[3] != 1 || t->n_dims > want_dims)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], the architecture needs [%lld, %lld] "
+                       "(ne0 = row length)",
+                       kvm_gguf_name(g), name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                       (long long)t->ne[3], (long long)ne0, (long long)(ne1 ? ne1 : 1));
+    int64_t n = ne0 * (ne1 ? ne1 : 1);
+    int rc = kvm_ggml_dequantize(t->type, t->data, *dst, n);
+    if (rc) return kvm_err(rc, "%s: tensor '%s': %s", kvm_gguf_name(g), name, kvm_errmsg());
+    *out = *dst;
+    *dst += n;
+    return 0;
+}
+
+static int str_is(kvm_gguf_str s, const char *z) { return s.len == strlen(z) && memcmp(s.ptr, z, s.len) == 0; }
+
+/* Rejects what the forward cannot reproduce: partial rotary, RoPE scaling, llama3 frequency
+ * factors, Q/K head sizes other than dim / n_heads... */
+static int check_unsupported(const kvm_gguf *g, int head_dim)
+{
+    const char *f = kvm_gguf_name(g);
+    int64_t v;
+    kvm_gguf_str s;
+    if (kvm_gguf_get_i64(g, "llama.rope.dimension_count", &v) == 0 && v != head_dim)
+        return kvm_err(KVM_ENOTSUP,
+                       "%s: llama.rope.dimension_count = %lld: partial rotary (head size %d) is not "
+                       "supported",
+                       f, (long long)v, head_dim);
+    if (kvm_gguf_get_str(g, "llama.rope.scaling.type", &s) == 0 && !str_is(s, "none")) {
+        double factor = 1.0;
+        kvm_gguf_get_f64(g, "llama.rope.scaling.factor", &factor);
+        if (!(str_is(s, "linear") && factor == 1.0))
+            return kvm_err(KVM_ENOTSUP, "%s: llama.rope.scaling.type '%.*s' (factor %g) is not supported", f,
+                           (int)s.len, s.ptr, factor);
+    }
+    if (kvm_gguf_find_tensor(g, "rope_freqs.weight"))
+        return kvm_err(KVM_ENOTSUP, "%s: tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported",
+                       f);
+    if (kvm_gguf_get_i64(g, "llama.expert_count", &v) == 0 && v > 0)
+        return kvm_err(KVM_ENOTSUP, "%s: llama.expert_count = %lld: mixture of experts is not supported", f,
+                       (long long)v);
+    return 0;
+}
+
+int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
+{
+    kvm_gguf *g = NULL;
+    float *buf = NULL;
+    int rc = kvm_gguf_parse(m->path, map, bytes, &g);
+    if (rc) return rc;
+    const char *f = m->path;
+    kvm_gguf_str arch = {0};
+    if ((rc = kvm_gguf_get_str(g, "general.architecture", &arch)) != 0) {
+        if (rc == KVM_ENOTFOUND) rc = kvm_err(KVM_EFORMAT, "%s: metadata 'general.architecture' is missing", f);
+        goto fail;
+    }
+    if (!str_is(arch, "llama")) {
+        rc = kvm_err(KVM_ENOTSUP, "%s: general.architecture '%.*s' is not supported (llama is)", f,
+                     (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+        goto fail;
+    }
+    int dim, hidden, n_layers, n_heads, n_kv, seq;
+    if ((rc = hparam(g, "llama.embedding_length", 0, KVM_GGUF_MAX_DIM, &dim)) ||
+        (rc = hparam(g, "llama.feed_forward_length", 0, KVM_GGUF_MAX_DIM * 8, &hidden)) ||
+        (rc = hparam(g, "llama.block_count", 0, KVM_GGUF_MAX_LAYERS, &n_layers)) ||
+        (rc = hparam(g, "llama.attention.head_count", 0, KVM_GGUF_MAX_DIM, &n_heads)) ||
+        (rc = hparam(g, "llama.attention.head_count_kv", n_heads, KVM_GGUF_MAX_DIM, &n_kv)) ||
+        (rc = hparam(g, "llama.context_length", 0, KVM_GGUF_MAX_SEQ, &seq)))
+        goto fail;
+    if (dim % n_heads || n_heads % n_kv) {
+        rc = kvm_err(KVM_EFORMAT,
+                     "%s: llama.attention.head_count = %d must divide embedding_length = %d and be a "
+                     "multiple of head_count_kv = %d",
+                     f, n_heads, dim, n_kv);
+        goto fail;
+    }
+    int head_dim = dim / n_heads, kl = head_dim, vl = head_dim;
+    if ((rc = hparam(g, "llama.attention.key_length", head_dim, KVM_GGUF_MAX_DIM, &kl)) ||
+        (rc = hparam(g, "llama.attention.value_length", head_dim, KVM_GGUF_MAX_DIM, &vl)))
+        goto fail;
+    if (kl != head_dim || vl != head_dim) {
+        rc = kvm_err(KVM_ENOTSUP, "%s: key_length %d / value_length %d differ from embedding_length / head_count = %d",
+                     f, kl, vl, head_dim);
+        goto fail;
+    }
+    if (head_dim % 2) {
+        rc = kvm_err(KVM_EFORMAT, "%s: head size %d is odd; RoPE needs pairs", f, head_dim);
+        goto fail;
+    }
+    if ((rc = check_unsupported(g, head_dim))) goto fail;
+    double theta = 10000.0, eps = 1e-5;
+    if (((rc = kvm_gguf_get_f64(g, "llama.rope.freq_base", &theta)) && rc != KVM_ENOTFOUND) ||
+        ((rc = kvm_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps)) && rc != KVM_ENOTFOUND))
+        goto fail;
+    if (!(theta > 0) || !(eps > 0) || !isfinite(theta) || !isfinite(eps)) {
+        rc = kvm_err(KVM_EFORMAT, "%s: llama.rope.freq_base = %g and layer_norm_rms_epsilon = %g must be positive", f,
+                     theta, eps);
+        goto fail;
+    }
+    const kvm_gguf_tensor *emb = kvm_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) {
+        rc = kvm_err(KVM_EFORMAT, "%s: tensor 'token_embd.weight' is missing", f);
+        goto fail;
+    }
+    if (emb->ne[1] < 1 || emb->ne[1] > KVM_GGUF_MAX_VOCAB) {
+        rc =
+            kvm_err(KVM_EFORMAT, "%s: tensor 'token_embd.weight': vocabulary of %lld tokens", f, (long long)emb->ne[1]);
+        goto fail;
+    }
+    int vocab = (int)emb->ne[1];
+    uint64_t n_tok;
+    const uint8_t *tok_data;
+    if (kvm_gguf_get_arr(g, "tokenizer.ggml.tokens", KVM_GGUF_STRING, &n_tok, &tok_data) == 0 &&
+        n_tok != (uint64_t)vocab) {
+        rc = kvm_err(KVM_EFORMAT, "%s: tokenizer.ggml.tokens has %llu tokens, token_embd.weight %d rows", f,
+                     (unsigned long long)n_tok, vocab);
+        goto fail;
+    }
+    int64_t bos = 1, eos = 2;
+    kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos);
+    kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos);
+    if (bos < 0 || bos >= vocab || eos < 0 || eos >= vocab) {
+        rc = kvm_err(KVM_EFORMAT, "%s: bos_token_id %lld / eos_token_id %lld outside the vocabulary [0, %d)", f,
+                     (long long)bos, (long long)eos, vocab);
+        goto fail;
+    }
+    int shared = kvm_gguf_find_tensor(g, "output.weight") == NULL;
+    int64_t D = dim, H = hidden, V = vocab, KV = (int64_t)n_kv * head_dim, L = n_layers;
+    int64_t floats = V * D * (shared ? 1 : 2) + D + L * (2 * D + 2 * D * D + 2 * KV * D + 3 * H * D);
+    m->cfg = (kvm_model_config){.dim = dim,
+                                .hidden_dim = hidden,
+                                .n_layers = n_layers,
+                                .n_heads = n_heads,
+                                .n_kv_heads = n_kv,
+                                .head_dim = head_dim,
+                                .vocab_size = vocab,
+                                .seq_len = seq,
+                                .rope_theta = (float)theta,
+                                .norm_eps = (float)eps,
+                                .rope_style = KVM_ROPE_INTERLEAVED,
+                                .shared_classifier = shared,
+                                .bos_id = (int32_t)bos,
+                                .eos_id = (int32_t)eos};
+    snprintf(m->format, sizeof m->format, "gguf");
+    m->layers = calloc((size_t)n_layers, sizeof *m->layers);
+    buf = malloc((size_t)floats * sizeof *buf);
+    if (!m->layers || !buf) {
+        rc = kvm_err(KVM_ENOMEM, "%s: cannot allocate %lld float32 weights", f, (long long)floats);
+        goto fail;
+    }
+    float *at = buf;
+    if ((rc = load_tensor(g, "token_embd.weight", D, V, &at, &m->tok_emb)) ||
+        (rc = load_tensor(g, "output_norm.weight", D, 0, &at, &m->rms_final)))
+        goto fail;
+    if (shared)
+        m->wcls = m->tok_emb;
+    else if ((rc = load_tensor(g, "output.weight", D, V, &at, &m->wcls)))
+        goto fail;
+    for (int l = 0; l < n_layers; l++) {
+        kvm_layer_weights *w = &m->layers[l];
+        char n[9][64];
+        const char *parts[9] = {"attn_norm", "attn_q",   "attn_k",   "attn_v", "attn_output",
+                                "ffn_norm",  "ffn_gate", "ffn_down", "ffn_up"};
+        for (int i = 0; i < 9; i++)
+            snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", l, parts[i]);
+        if ((rc = load_tensor(g, n[0], D, 0, &at, &w->rms_att)) || (rc = load_tensor(g, n[1], D, D, &at, &w->wq)) ||
+            (rc = load_tensor(g, n[2], D, KV, &at, &w->wk)) || (rc = load_tensor(g, n[3], D, KV, &at, &w->wv)) ||
+            (rc = load_tensor(g, n[4], D, D, &at, &w->wo)) || (rc = load_tensor(g, n[5], D, 0, &at, &w->rms_ffn)) ||
+            (rc = load_tensor(g, n[6], D, H, &at, &w->w1)) || (rc = load_tensor(g, n[7], H, D, &at, &w->w2)) ||
+            (rc = load_tensor(g, n[8], D, H, &at, &w->w3)))
+            goto fail;
+    }
+    m->owned = buf;
+    kvm_gguf_free(&g);
+    /* every weight is now in m->owned: the file's pages are no longer needed */
+    munmap(m->map, m->map_bytes);
+    m->map = NULL;
+    m->map_bytes = 0;
+    return 0;
+fail:
+    free(buf);
+    free(m->layers);
+    m->layers = NULL;
+    m->tok_emb = m->rms_final = m->wcls = NULL;
+    kvm_gguf_free(&g);
+    return rc;
+}

@@ -1,0 +1,57 @@
+/* kvm_tokenizer_bpe.h (internal to model/): the vocabulary embedded in a GGUF file, encoded
+ * as llama.cpp does. Special tokens are split out first (longest first); then for
+ * tokenizer.ggml.model = "gpt2" (byte-level BPE, llm_tokenizer_bpe) each remaining fragment is
+ * pre-tokenized by the regexes named by tokenizer.ggml.pre (PCRE2, Unicode properties), its
+ * bytes mapped to GPT-2's printable code points and merged by rank; for "llama"
+ * (SentencePiece BPE, llm_tokenizer_spm) ' ' becomes U+2581 (with a leading one at the start
+ * and after special tokens when add_space_prefix), characters merge by token score and
+ * characters outside the vocabulary fall back to <0xXX> byte tokens. kvm_tokenizer.h is the
+ * public face. */
+#ifndef KVM_TOKENIZER_BPE_H
+#define KVM_TOKENIZER_BPE_H
+
+#include "model/kvm_gguf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Token types of tokenizer.ggml.token_type (llama.cpp's llama_token_type). */
+enum {
+    KVM_TOKEN_NORMAL = 1,
+    KVM_TOKEN_UNKNOWN = 2,
+    KVM_TOKEN_CONTROL = 3,
+    KVM_TOKEN_USER_DEFINED = 4,
+    KVM_TOKEN_UNUSED = 5,
+    KVM_TOKEN_BYTE = 6,
+};
+
+typedef struct kvm_bpe kvm_bpe;
+
+/* Builds the vocabulary from g's tokenizer.ggml.{model, tokens, token_type, and merges + pre
+ * (gpt2) or scores + add_space_prefix (llama), unknown_token_id}. Copies everything it keeps
+ * (g may be freed after). Errors: KVM_EFORMAT (missing or mistyped arrays, counts that
+ * disagree, a merge without a space, a token type outside 1..6),
+ * KVM_ENOTSUP (a pre-tokenizer kvmill does not know, naming it), KVM_ENOMEM. */
+int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out);
+
+/* Frees b. Accepts NULL and *b == NULL; sets *b = NULL. */
+void kvm__bpe_free(kvm_bpe **b);
+
+/* Encodes len bytes of text (special tokens recognised) into out, which must have room for
+ * 4 * len ids; *n receives the count. Thread-safe (b is read-only). Errors: KVM_ENOMEM,
+ * KVM_EINVAL (PCRE2 refused the text). */
+int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out, int64_t *n);
+
+/* The bytes token id stands for, as llama.cpp's token_to_piece(special = false): byte-level
+ * code points mapped back to bytes (gpt2), U+2581 as ' ' and <0xXX> as its byte (llama);
+ * CONTROL, UNKNOWN and UNUSED tokens give no bytes; USER_DEFINED their text.
+ * Valid until kvm__bpe_free. NULL when id is outside the vocabulary. */
+const char *kvm__bpe_piece(const kvm_bpe *b, int32_t id, size_t *len);
+
+/* Id of the token whose raw text is text[0, len), or -1. */
+int32_t kvm__bpe_find(const kvm_bpe *b, const char *text, size_t len);
+
+/* Number of tokens. */
+int32_t kvm__bpe_vocab_size(const kvm_bpe *b);
+
+#endif
