@@ -2,6 +2,7 @@
 #include "common/kvm_error.h"
 
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char kvm__errbuf[1024];
 
@@ -28,10 +29,14 @@ const char *kvm_strerror(int status)
 
 int kvm_err(int status, const char *fmt, ...)
 {
+    /* Formats into a scratch buffer first: callers often wrap the previous detail,
+     * kvm_err(rc, "%s: %s", path, kvm_errmsg()), whose argument is kvm__errbuf itself. */
+    char tmp[sizeof kvm__errbuf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(kvm__errbuf, sizeof kvm__errbuf, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(kvm__errbuf, tmp, sizeof tmp);
     return status;
 }
 

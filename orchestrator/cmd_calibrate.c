@@ -76,7 +76,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
     for (int i = 1; i < argc; i++) /* --config: calibration through the pipeline stages */
         if (!strcmp(argv[i], "--config") || !strncmp(argv[i], "--config=", 9)) return kvm_cmd_calibrate_pipeline(argc, argv);
     kvm_cli_opt opts[] = {
-        {"config", 1, "run through the stage processes with this pipeline configuration (see below)", NULL},
+        {"config", 1, "run through the stage processes with this pipeline configuration; then only --docs, --out and "
+                      "--store apply (the rest comes from the config)", NULL},
         {"model", 1, "model file (llama2.c checkpoint)", NULL},
         {"tokenizer", 1, "tokenizer (default: beside the model)", NULL},
         {"docs", 1, "calibration documents: a folder of *.txt, a file, or a comma-separated list", NULL},

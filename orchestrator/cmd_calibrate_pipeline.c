@@ -89,11 +89,19 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
         goto done;
     }
-    for (int64_t i = 0; i < corpus->n; i++)
-        if (kvm_doc_prepare(&corpus->docs[i], tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
+    for (int64_t i = 0; i < corpus->n; i++) {
+        kvm_doc *d = &corpus->docs[i];
+        if (kvm_doc_prepare(d, tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
             fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
             goto done;
         }
+        if (d->n_original <= d->n_tokens) { /* signals are measured on the tokens after the context */
+            fprintf(stderr, "kvmill calibrate: document %s has %lld tokens: calibration needs more than the context "
+                            "of %lld ([model] context) to score a continuation ([eval] continuation = %lld)\n",
+                    d->name, (long long)d->n_original, (long long)ctx, (long long)cont);
+            goto done;
+        }
+    }
     kvm_model_close(&m);
     char self[4096];
     ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -59,7 +59,7 @@ static int add_dir(const char *cmd, cmd_eval_docset *d, const char *dir)
         n++;
     }
     closedir(dp);
-    if (!rc) qsort(names, (size_t)n, sizeof *names, cmp_str);
+    if (!rc && n > 0) qsort(names, (size_t)n, sizeof *names, cmp_str);
     for (int i = 0; !rc && i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);

@@ -35,7 +35,9 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
         printf("evaluation: mean KL(full || compressed) %.5f nats over %lld documents (continuation of %lld tokens)\n",
                s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
                (long long)kvm_config_int(cfg, "eval", "continuation"));
-    if (s->interrupted) printf("interrupted: queued documents were not processed\n");
+    if (s->interrupted)
+        printf("interrupted: %lld documents were not processed (run again to finish: stored ones are skipped)\n",
+               (long long)s->pending);
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld seconds=%.3f\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
            (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds);
@@ -84,6 +86,13 @@ int kvm_cmd_run(int argc, char **argv)
         goto done;
     }
     int64_t ctx = kvm_config_int(cfg, "model", "context"), bad = 0;
+    if (kvm_config_int(cfg, "compress", "budget") == 0 && kvm_config_float(cfg, "compress", "ratio") <= 0 &&
+        strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
+        fprintf(stderr, "kvmill run: %s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
+                kvm_config_path(cfg));
+        status = 2;
+        goto done;
+    }
     if (ctx > m->cfg.seq_len) {
         fprintf(stderr, "kvmill run: %s: [model] context = %lld exceeds the model's window of %d tokens\n",
                 kvm_config_path(cfg), (long long)ctx, m->cfg.seq_len);

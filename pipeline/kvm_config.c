@@ -163,6 +163,26 @@ static int on_pair(void *user, const char *section, const char *name, const char
     return 0;
 }
 
+/* What libinih reports badly: lines longer than its 200-byte buffer (it splits them and
+ * blames a later line) and section headers without ']' (it keeps going with the previous
+ * section). Checked first so the message names the real line. */
+static int prescan(const char *name, const char *text)
+{
+    int line = 1;
+    for (const char *p = text; *p; line++) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *q = p;
+        while (q < p + len && (*q == ' ' || *q == '\t')) q++;
+        if (len >= 199) return kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198", name, line, len);
+        if (q < p + len && *q == '[' && !memchr(q, ']', (size_t)(p + len - q)))
+            return kvm_err(KVM_EINVAL, "%s:%d: section header without ']'", name, line);
+        if (!end) break;
+        p = end + 1;
+    }
+    return 0;
+}
+
 static int finish(kvm_config *c, int rc)
 {
     if (rc == -2) return kvm_err(KVM_ENOMEM, "%s: out of memory", c->path);
@@ -193,11 +213,23 @@ int kvm_config_load(const char *path, kvm_config **out)
     if (stat(path, &st) != 0)
         return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return kvm_err(KVM_EIO, "%s: not a regular file", path);
-    kvm_config *c = config_new(path);
-    if (!c) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
-    int rc = ini_parse(path, on_pair, c);
-    if (rc == -1) rc = kvm_err(KVM_EIO, "%s: cannot open", path);
-    else rc = finish(c, rc);
+    if (st.st_size > (1 << 20)) return kvm_err(KVM_EINVAL, "%s: %lld bytes is too large for a configuration file", path, (long long)st.st_size);
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    char *text = malloc((size_t)st.st_size + 1);
+    size_t n = text ? fread(text, 1, (size_t)st.st_size, f) : 0;
+    fclose(f);
+    if (!text) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+    text[n] = '\0';
+    if (memchr(text, '\0', n)) {
+        free(text);
+        return kvm_err(KVM_EINVAL, "%s: contains NUL bytes: not a text configuration file", path);
+    }
+    int rc = prescan(path, text);
+    kvm_config *c = rc ? NULL : config_new(path);
+    if (!rc && !c) rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+    if (!rc) rc = finish(c, ini_parse_string(text, on_pair, c));
+    free(text);
     if (rc) kvm_config_free(&c);
     *out = c;
     return rc;
@@ -206,9 +238,11 @@ int kvm_config_load(const char *path, kvm_config **out)
 int kvm_config_parse(const char *text, const char *name, kvm_config **out)
 {
     *out = NULL;
+    int rc = prescan(name, text);
+    if (rc) return rc;
     kvm_config *c = config_new(name);
     if (!c) return kvm_err(KVM_ENOMEM, "%s: out of memory", name);
-    int rc = finish(c, ini_parse_string(text, on_pair, c));
+    rc = finish(c, ini_parse_string(text, on_pair, c));
     if (rc) kvm_config_free(&c);
     *out = c;
     return rc;

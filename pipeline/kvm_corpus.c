@@ -66,7 +66,7 @@ static int read_dir(const char *path, kvm_corpus *c)
         n++;
     }
     closedir(dir);
-    qsort(names, n, sizeof *names, cmp_names);
+    if (n > 0) qsort(names, n, sizeof *names, cmp_names);
     int64_t dcap = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         char full[4096];

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +95,19 @@ typedef struct orch {
 } orch;
 
 static volatile sig_atomic_t interrupts;
+static const char *orch_cmd = "run"; /* "run" or "calibrate", for messages */
+
+/* A line on stderr prefixed with the command: "kvmill run: ..." */
+static void orch_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void orch_log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (*fmt == '\n') fputc(*fmt++, stderr);
+    fprintf(stderr, "kvmill %s: ", orch_cmd);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+}
 static void on_sigint(int s) { (void)s; interrupts++; }
 
 /* ---- processes ---- */
@@ -194,10 +208,10 @@ static void requeue(orch *o, job *j, const char *why)
     if (j->attempt > o->max_retries) {
         snprintf(j->reason, sizeof j->reason, "%s (after %d attempts)", why, j->attempt);
         job_set(o, j, J_FAILED);
-        fprintf(stderr, "kvmill run: %s failed: %s\n", j->doc->name, j->reason);
+        orch_log("%s failed: %s\n", j->doc->name, j->reason);
         return;
     }
-    fprintf(stderr, "kvmill run: requeueing %s (attempt %d): %s\n", j->doc->name, j->attempt + 1, why);
+    orch_log("requeueing %s (attempt %d): %s\n", j->doc->name, j->attempt + 1, why);
     j->id = o->next_id++;
     job_set(o, j, J_QUEUED);
 }
@@ -228,7 +242,7 @@ static int worker_get(orch *o, const kvm_frame *idf, int stage)
     snprintf(w->id, sizeof w->id, "%s", id);
     for (int s = 0; s < o->n_slots; s++)
         if (!strcmp(o->slots[s].id, id)) w->slot = s;
-    if (stage >= 0 && w->slot < 0) fprintf(stderr, "kvmill run: external %s worker %s joined\n", stage_names[stage], id);
+    if (stage >= 0 && w->slot < 0) orch_log("external %s worker %s joined\n", stage_names[stage], id);
     return o->n_workers++;
 }
 
@@ -252,12 +266,12 @@ static void slot_died(orch *o, int s)
     if (interrupts || sl->gave_up) return;
     if (sl->respawns >= 2 * o->max_retries + 2) {
         sl->gave_up = 1;
-        fprintf(stderr, "kvmill run: %s exited %d times; not restarting it (log: %s/%s.log)\n", stage_names[sl->stage],
+        orch_log("%s exited %d times; not restarting it (log: %s/%s.log)\n", stage_names[sl->stage],
                 sl->respawns + 1, o->run_dir, sl->id);
         return;
     }
     sl->respawns++;
-    if (spawn_slot(o, s)) fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+    if (spawn_slot(o, s)) orch_log("%s\n", kvm_errmsg());
 }
 
 /* Fails every open job when a stage it needs has no worker left: every started one gave
@@ -278,7 +292,7 @@ static void check_stages_alive(orch *o)
             job_drop_kv(j);
             job_set(o, j, J_FAILED);
         }
-        fprintf(stderr, "kvmill run: no kvmill-%s worker is left: the remaining documents failed\n", stage_names[st]);
+        orch_log("no kvmill-%s worker is left: the remaining documents failed\n", stage_names[st]);
     }
 }
 
@@ -288,7 +302,7 @@ static void worker_dead(orch *o, int w, const char *why)
     if (!wk->alive) return;
     wk->alive = 0;
     wk->idle = 0;
-    fprintf(stderr, "kvmill run: worker %s %s\n", wk->id, why);
+    orch_log("worker %s %s\n", wk->id, why);
     if (wk->job >= 0 && w != o->reduce_worker) {
         job *j = &o->jobs[wk->job];
         char msg[400];
@@ -344,14 +358,14 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
 {
     kvm_proto_type t;
     if (kvm_proto_peek(m, &t)) {
-        fprintf(stderr, "kvmill run: dropped a malformed control message: %s\n", kvm_errmsg());
+        orch_log("dropped a malformed control message: %s\n", kvm_errmsg());
         return;
     }
     if (t == KVM_PROTO_READY || t == KVM_PROTO_HEARTBEAT || t == KVM_PROTO_ACK) {
         kvm_proto_ctl c;
         int rc = t == KVM_PROTO_READY ? kvm_proto_ready_decode(m, &c)
                  : t == KVM_PROTO_HEARTBEAT ? kvm_proto_heartbeat_decode(m, &c) : kvm_proto_ack_decode(m, &c);
-        if (rc) { fprintf(stderr, "kvmill run: dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg()); return; }
+        if (rc) { orch_log("dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg()); return; }
         int w = worker_get(o, idf, stage_of(c.stage));
         if (w < 0) return;
         o->workers[w].last_seen = kvm_now_ms();
@@ -383,7 +397,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
     if (t == KVM_PROTO_RESULT || t == KVM_PROTO_ERROR) {
         kvm_proto_result r;
         if ((t == KVM_PROTO_RESULT ? kvm_proto_result_decode(m, &r) : kvm_proto_error_decode(m, &r))) {
-            fprintf(stderr, "kvmill run: dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg());
+            orch_log("dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg());
             return;
         }
         int st = stage_of(r.stage);
@@ -404,19 +418,19 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 j->worker = -1;
                 snprintf(j->reason, sizeof j->reason, "%s", why);
                 job_set(o, j, J_FAILED);
-                fprintf(stderr, "kvmill run: %s failed: %s\n", j->doc->name, why);
+                orch_log("%s failed: %s\n", j->doc->name, why);
             }
         }
         return;
     }
-    fprintf(stderr, "kvmill run: dropped an unexpected %s on the control socket\n", kvm_proto_type_name(t));
+    orch_log("dropped an unexpected %s on the control socket\n", kvm_proto_type_name(t));
 }
 
 static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
 {
     kvm_proto_type t;
     if (kvm_proto_peek(m, &t)) {
-        fprintf(stderr, "kvmill run: dropped a malformed data message: %s\n", kvm_errmsg());
+        orch_log("dropped a malformed data message: %s\n", kvm_errmsg());
         return;
     }
     if (t == KVM_PROTO_READY) {
@@ -453,12 +467,12 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         return;
     }
     if (t != KVM_PROTO_KV || o->mode != MODE_RUN) {
-        fprintf(stderr, "kvmill run: dropped an unexpected %s on the data socket\n", kvm_proto_type_name(t));
+        orch_log("dropped an unexpected %s on the data socket\n", kvm_proto_type_name(t));
         return;
     }
     kvm_proto_kv kv;
     if (kvm_proto_kv_decode(m, &kv)) {
-        fprintf(stderr, "kvmill run: dropped a bad kv message: %s\n", kvm_errmsg());
+        orch_log("dropped a bad kv message: %s\n", kvm_errmsg());
         return;
     }
     job *j = job_by_id(o, kv.job_id);
@@ -609,7 +623,7 @@ static void check_health(orch *o)
                 registered = 1;
             }
         if (!registered) { /* died before it ever reported */
-            fprintf(stderr, "kvmill run: %s exited with %s %d before joining\n", o->slots[s].id,
+            orch_log("%s exited with %s %d before joining\n", o->slots[s].id,
                     WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
             slot_died(o, s);
         }
@@ -675,6 +689,7 @@ static int bind_sockets(orch *o)
  * rather than watch every worker die. */
 static int check_devices(const char *key, const char *devs)
 {
+    if (!*devs) return kvm_err(KVM_EINVAL, "[stages] %s is empty: name at least one device (cpu, cuda:N)", key);
     for (const char *p = devs; *p;) {
         char dev[64];
         size_t len = strcspn(p, ",");
@@ -696,8 +711,13 @@ static int start_stages(orch *o)
                                      {"signals_workers", "prefill_devices"}, {"strategy_workers", "compress_devices"}};
     for (int st = 0; st < N_STAGES; st++) {
         if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
-        int rc = kvm_config_int(o->cfg, "stages", keys[st][0]) > 0 ? check_devices(keys[st][1], kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
+        int64_t n = kvm_config_int(o->cfg, "stages", keys[st][0]);
+        int rc = n > 0 ? check_devices(keys[st][1], kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
         if (rc) return rc;
+        if (n == 0)
+            fprintf(stderr, "kvmill %s: [stages] %s = 0: waiting for kvmill-%s workers started by hand "
+                            "(kvmill-%s --connect %s ...)\n", o->mode == MODE_CALIBRATE ? "calibrate" : "run", keys[st][0],
+                    stage_names[st], stage_names[st], o->base);
     }
     for (int st = 0; st < N_STAGES; st++) {
         if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
@@ -747,6 +767,17 @@ static int mark_skipped(orch *o, kvm_store *store, const kvm_store_id *model_id,
         int found = 0;
         int rc = kvm_store_has_cache(store, &key, NULL, &found);
         if (rc) return rc;
+        if (found) { /* a stored cache that fails its checksums is compressed again (the put replaces it) */
+            kvm_store_cache *c = NULL;
+            rc = kvm_store_get_cache(store, &key, NULL, &c);
+            kvm_store_cache_free(&c);
+            if (rc == KVM_ECORRUPT) {
+                orch_log("the stored cache of %s is corrupt (%s): compressing it again\n",
+                        o->jobs[i].doc->name, kvm_errmsg());
+                found = 0;
+            } else if (rc && rc != KVM_EMISMATCH)
+                return rc;
+        }
         for (int64_t k = 0; k < i && !found; k++) /* the same tokens twice: one cache */
             found = !memcmp(&o->jobs[k].doc->hash, &o->jobs[i].doc->hash, sizeof o->jobs[i].doc->hash);
         if (found) {
@@ -802,7 +833,7 @@ static void loop(orch *o)
         if (interrupts != seen_interrupts) {
             seen_interrupts = interrupts;
             if (interrupts == 1) {
-                fprintf(stderr, "\nkvmill run: interrupted: finishing the jobs in flight (Ctrl-C again to stop now)\n");
+                orch_log("\ninterrupted: finishing the jobs in flight (Ctrl-C again to stop now)\n");
                 o->sum->interrupted = 1;
             }
             if (interrupts >= 2) return;
@@ -842,6 +873,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     memset(&o, 0, sizeof o);
     o.mode = mode;
     o.reduce_worker = -1;
+    orch_cmd = mode == MODE_CALIBRATE ? "calibrate" : "run";
     memset(sum, 0, sizeof *sum);
     o.cfg = cfg;
     o.corpus = corpus;
@@ -864,7 +896,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     o.n_jobs = corpus->n;
     o.n_open = corpus->n;
     o.jobs = calloc((size_t)(corpus->n > 0 ? corpus->n : 1), sizeof *o.jobs);
-    if (!o.jobs) return fprintf(stderr, "kvmill run: out of memory\n"), 1;
+    if (!o.jobs) {
+        orch_log("out of memory\n");
+        return 1;
+    }
     for (int64_t i = 0; i < corpus->n; i++) {
         o.jobs[i] = (job){.doc = &corpus->docs[i], .state = J_QUEUED, .id = o.next_id++, .worker = -1, .since_ms = o.t0};
         sum->truncated += corpus->docs[i].truncated;
@@ -877,10 +912,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_store *store = NULL;
     int rc = prepare(&o, &store), status = 0;
     if (rc) {
-        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        orch_log("%s\n", kvm_errmsg());
         status = rc == KVM_EINVAL ? 2 : 1;
     } else {
-        fprintf(stderr, "kvmill run: %lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
+        orch_log("%lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
                 (long long)sum->skipped, o.run_dir);
         loop(&o);
         /* results trail acks by a message: collect them for the per-stage times */
@@ -895,6 +930,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     reap_all(&o, hard ? 100 : 1000.0 * (double)kvm_config_int(cfg, "run", "grace_s") + 2000);
     for (int64_t i = 0; i < o.n_jobs; i++) {
         if (o.jobs[i].state == J_FAILED) sum->failed++;
+        if (o.jobs[i].state != J_FAILED && o.jobs[i].state != J_DONE && o.jobs[i].state != J_SKIPPED) sum->pending++;
         job_drop_kv(&o.jobs[i]);
         free(o.jobs[i].kv);
     }
@@ -908,7 +944,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) kvm_rundir_remove(o.run_dir);
-    else if (o.run_dir[0] && o.n_slots > 0) fprintf(stderr, "kvmill run: stage logs are in %s\n", o.run_dir);
-    if (hard) return 130;
+    else if (o.run_dir[0] && o.n_slots > 0) orch_log("stage logs are in %s\n", o.run_dir);
+    if (hard || (status == 0 && sum->interrupted)) return 130; /* stopped by Ctrl-C: not a complete run */
     return status;
 }

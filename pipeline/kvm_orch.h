@@ -19,6 +19,7 @@ typedef struct kvm_orch_summary {
     double stage_ms[4];                             /* compute time per stage: prefill, compress, signals, strategy */
     int64_t tokens;                                 /* tokens of the documents compressed */
     int interrupted;                                /* 1: stopped by Ctrl-C */
+    int64_t pending;                                /* documents not processed because of it */
     int64_t evaluated;                              /* documents with a KL measurement ([eval]) */
     double kl_sum;                                  /* sum of their mean KL, nats */
     double transport_ms;                            /* message encode/decode/copy/send, stages + orchestrator */

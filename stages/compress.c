@@ -97,6 +97,26 @@ static void evaluate(const kvm_model *m, const kvm_proto_job *j, const kvm_kvcac
     free(all);
 }
 
+/* What the store knows about the model and the document, for `kvmill store` listings. A
+ * failure here is logged: the cache itself is already committed. */
+static void record_meta(compress_state *st, const kvm_proto_job *j)
+{
+    const kvm_model *m = st->wm.model;
+    const kvm_model_config *c = &m->cfg;
+    kvm_store_model_meta mm = {.dim = c->dim, .hidden_dim = c->hidden_dim, .n_layers = c->n_layers,
+                               .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                               .vocab_size = c->vocab_size, .seq_len = c->seq_len};
+    const char *slash = strrchr(st->wm.path, '/');
+    snprintf(mm.name, sizeof mm.name, "%s", slash ? slash + 1 : st->wm.path);
+    snprintf(mm.source, sizeof mm.source, "%s", st->wm.path);
+    kvm_store_doc_meta dm = {.n_tokens = j->n_tokens};
+    snprintf(dm.source, sizeof dm.source, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
+    kvm_store_id doc;
+    if (kvm_store_put_model(st->store, &st->wm.model_id, &mm) || kvm_store_doc_hash(j->tokens, j->n_tokens, &doc) ||
+        kvm_store_put_doc(st->store, &doc, &dm))
+        fprintf(stderr, "[compress] could not record model/document metadata: %s\n", kvm_errmsg());
+}
+
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
 {
     compress_state *st = stp;
@@ -116,6 +136,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
                              .n_future = kvm_config_int(cfg, "compress", "future")};
     if ((rc = kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
     if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
+    record_meta(st, &j);
     if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0)
         evaluate(st->wm.model, &j, cc, out);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),

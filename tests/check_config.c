@@ -58,6 +58,10 @@ START_TEST(test_errors_name_line_and_key)
     expect_bad("[model]\npath = ${KVMTEST_NOPE_NOT_SET}\n", "KVMTEST_NOPE_NOT_SET is not set");
     expect_bad("[model]\ncontext = 5\n", "[model] path: required key is missing");
     expect_bad("[model]\npath = /m\nthis line has no equals\n", "t.ini:3");
+    expect_bad("[model\npath = /m\n", "t.ini:1: section header without ']'");
+    char long_line[400];
+    snprintf(long_line, sizeof long_line, "[model]\npath = /m\n[run]\nrun_dir = /tmp/%0250d\n", 0);
+    expect_bad(long_line, "t.ini:4: line of 265 characters");
 }
 END_TEST
 

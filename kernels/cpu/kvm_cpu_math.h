@@ -24,8 +24,8 @@ static inline float kvm__expf(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } scale; /* 2^n; a union (not memcpy) keeps the loop vectorisable */
-    scale.i = ((int32_t)n + 127) << 23;
+    union { uint32_t i; float f; } scale; /* 2^n; a union (not memcpy) keeps the loop vectorisable */
+    scale.i = (uint32_t)((int32_t)n + 127) << 23; /* unsigned: a NaN input gives NaN, not undefined behaviour */
     return x_in < -69.0f ? 0.0f : p * scale.f;
 }
 

@@ -1,0 +1,135 @@
+/* cmd_sculpt.c: `kvmill sculpt`: prefill a document's first N tokens with KV capture, compress
+ * the cache with KVSculpt (or Select+Fit / joint-fixed) and write it to a KVMSCULP file
+ * (compress/sculpt/kvm_sculpt_file.h). Every solver setting comes from the sculpt option table. */
+#include "compress/sculpt/kvm_sculpt_cli.h"
+#include "compress/sculpt/kvm_sculpt_file.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "orchestrator/kvm_cli.h"
+#include "orchestrator/kvm_cli_model.h"
+#include "model/kvm_capture.h"
+#include "common/kvm_error.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_OPTS = 64 };
+
+static char *read_text(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *s = malloc(cap + 1);
+    size_t got;
+    while (s && (got = fread(s + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *t = realloc(s, 2 * cap + 1);
+            if (!t) { free(s); s = NULL; break; }
+            s = t;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (s) s[n] = 0;
+    *len = n;
+    return s;
+}
+
+/* Prefill + capture + compress + write. Prints a one-line summary to stdout. */
+static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, int64_t n, const kvm_sculpt_opts *o,
+               const char *out_path)
+{
+    kvm_forward *f = NULL;
+    kvm_kvcache *full = NULL, *c = NULL;
+    kvm_capture *cap = NULL;
+    kvm_capture_opts co = {.want_queries = 1};
+    int rc = kvm_capture_new(&m->cfg, n, &co, &cap);
+    if (!rc) rc = kvm_forward_new(m, kk, 0, &f);
+    if (!rc) rc = kvm_forward_add_hooks(f, kvm_capture_hooks(cap));
+    if (!rc) rc = kvm_forward_cache_new(m, n, &full);
+    if (!rc) rc = kvm_forward_prefill(f, full, ids, n, NULL, KVM_LOGITS_NONE);
+    kvm_sculpt_stats st;
+    kvm_compress_input in = {.model = m, .full = full, .cap = cap, .n_tokens = n, .n_future = 0};
+    if (!rc) rc = kvm_sculpt_compress(&in, o, &c, &st);
+    if (!rc) rc = kvm_sculpt_cache_write(out_path, c);
+    if (!rc)
+        printf("sculpt: N=%lld entries=%lld (full %lld) bytes=%lld (full %lld) seconds=%.2f query_s=%.2f "
+               "lbfgs_s=%.2f ridge_s=%.2f pilot_s=%.2f out=%s\n",
+               (long long)n, (long long)st.base.entries, (long long)kvm_kvcache_entries(full),
+               (long long)kvm_kvcache_bytes(c), (long long)kvm_kvcache_bytes(full), st.base.seconds, st.query_s,
+               st.lbfgs_s, st.ridge_s, st.pilot_s, out_path);
+    if (rc) fprintf(stderr, "kvmill sculpt: %s\n", kvm_errmsg());
+    kvm_kvcache_free(&c);
+    kvm_kvcache_free(&full);
+    kvm_forward_free(&f);
+    kvm_capture_free(&cap);
+    return rc ? 1 : 0;
+}
+
+int kvm_cmd_sculpt(int argc, char **argv)
+{
+    kvm_cli_opt opts[MAX_OPTS] = {
+        {"model", 1, "model file (llama2.c checkpoint)", NULL},
+        {"tokenizer", 1, "tokenizer (default: tok512.bin or tokenizer.bin beside the model)", NULL},
+        {"doc", 1, "document text file (encoded with BOS)", NULL},
+        {"context", 1, "context tokens N: the document's first N tokens (default: all, at most seq_len)", NULL},
+        {"out", 1, "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h)", NULL},
+        {"device", 1, "cpu or cuda:N for the prefill (default cpu; the solver runs on CPU)", NULL},
+    };
+    int n_fixed = 6, n_set;
+    const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
+    for (int i = 0; i < n_set && n_fixed + i < MAX_OPTS - 1; i++)
+        opts[n_fixed + i] = (kvm_cli_opt){set[i].name, strcmp(set[i].name, "bias") != 0, set[i].help, NULL};
+    int n_pos, help;
+    if (kvm_cli_parse("sculpt", "Compresses a document's KV cache by KVSculpt distillation and writes it to --out.",
+                      argc, argv, opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    const char *model_path = kvm_cli_get(opts, "model"), *doc = kvm_cli_get(opts, "doc"),
+               *out = kvm_cli_get(opts, "out"), *s;
+    if (!model_path || !doc || !out) {
+        fprintf(stderr, "kvmill sculpt: --model, --doc and --out are required\n");
+        return 2;
+    }
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    for (int i = 0; i < n_set; i++)
+        if ((s = kvm_cli_get(opts, set[i].name)) && kvm_sculpt_opts_set(&o, set[i].name, s)) {
+            fprintf(stderr, "kvmill %s\n", kvm_errmsg());
+            return 2;
+        }
+    int64_t ctx = 0;
+    if ((s = kvm_cli_get(opts, "context")) && kvm_cli_int("sculpt", "context", s, 1, INT32_MAX, &ctx)) return 2;
+    const kvm_kernels *kk;
+    if (kvm_cli_setup_device("sculpt", kvm_cli_get(opts, "device"), NULL, &kk)) return 2;
+    kvm_model *m;
+    kvm_tokenizer *tok;
+    if (kvm_cli_open_model("sculpt", model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) return 1;
+    size_t len;
+    char *text = read_text(doc, &len);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    int rc = 0;
+    if (!text) {
+        fprintf(stderr, "kvmill sculpt: --doc %s: %s\n", doc, strerror(errno));
+        rc = 1;
+    } else if (kvm_tokenizer_encode(tok, text, len, 1, 0, &ids, &n)) {
+        fprintf(stderr, "kvmill sculpt: %s\n", kvm_errmsg());
+        rc = 1;
+    } else {
+        int64_t N = ctx > 0 ? ctx : n;
+        if (N > m->cfg.seq_len) N = m->cfg.seq_len;
+        if (N > n) {
+            fprintf(stderr, "kvmill sculpt: --context %lld but %s has %lld tokens\n", (long long)N, doc, (long long)n);
+            rc = 1;
+        } else {
+            rc = run(m, kk, ids, N, &o, out);
+        }
+    }
+    free(text);
+    free(ids);
+    kvm_tokenizer_close(&tok);
+    kvm_model_close(&m);
+    return rc;
+}

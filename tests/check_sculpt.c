@@ -1,0 +1,561 @@
+/* check_sculpt.c: the KVSculpt solver (compress/sculpt/): analytic gradient vs finite
+ * differences, ridge normal equations, exactness at k = N−m (KL ~ 0), the LSE term at matched
+ * masses, degenerate problems, decoding a compressed cache with true positions, the cache file,
+ * allocation rules, thread determinism and that the solver never ends worse than its start. */
+#include "compress/sculpt/kvm_sculpt_file.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "compress/sculpt/kvm_sculpt_problem.h"
+#include "compress/eval/kvm_eval.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------- hand-made problems ---------------- */
+
+static uint64_t rng = 12345;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+typedef struct toy {
+    kvm_sculpt_problem p;
+    float *kz, *vz; /* [nc + m][d]: zone then retain */
+} toy;
+
+/* d = 8, nc zone tokens, m retain tokens, nq queries (n_vis cycles 0..m), keys scaled by ks. */
+static void toy_new(toy *t, int64_t nc, int64_t m, int64_t nq, float ks, int equal_keys)
+{
+    const int d = 8;
+    memset(t, 0, sizeof *t);
+    t->kz = malloc((size_t)((nc + m) * d) * sizeof *t->kz);
+    t->vz = malloc((size_t)((nc + m) * d) * sizeof *t->vz);
+    for (int64_t i = 0; i < (nc + m) * d; i++) {
+        t->kz[i] = equal_keys && i < nc * d ? ks * 0.5f : ks * frand();
+        t->vz[i] = frand();
+    }
+    kvm_sculpt_problem *p = &t->p;
+    p->d = d;
+    p->scale = 1.0f / sqrtf((float)d);
+    p->nc = nc;
+    p->m = m;
+    p->kz = t->kz;
+    p->vz = t->vz;
+    p->kr = t->kz + nc * d;
+    p->vr = t->vz + nc * d;
+    p->nq = nq;
+    p->nq_real = nq / 2;
+    p->q = malloc((size_t)(nq * d) * sizeof *p->q);
+    p->n_vis = malloc((size_t)nq * sizeof *p->n_vis);
+    for (int64_t i = 0; i < nq * d; i++) p->q[i] = 2.0f * frand();
+    for (int64_t i = 0; i < nq; i++) p->n_vis[i] = m > 0 ? i % (m + 1) : 0;
+    ck_assert_int_eq(kvm_sculpt_problem_prepare(p), 0);
+}
+
+static void toy_free(toy *t)
+{
+    kvm_sculpt_problem_free(&t->p);
+    free(t->kz);
+    free(t->vz);
+}
+
+START_TEST(test_gradient_fd)
+{
+    toy t;
+    toy_new(&t, 20, 4, 40, 1.0f, 0);
+    t.p.lse_mass_weight = _i; /* loop test: the paper's LSE term, then ours (mass-weighted) */
+    const int d = 8, k = 5;
+    float kc[5 * 8], vc[5 * 8], beta[5], gk[5 * 8], gb[5];
+    for (int i = 0; i < k * d; i++) {
+        kc[i] = frand();
+        vc[i] = frand();
+    }
+    for (int j = 0; j < k; j++) beta[j] = 0.3f * frand();
+    kvm_sculpt_loss(&t.p, kc, vc, beta, k, 0.1, gk, gb, NULL, NULL);
+    double num = 0, den = 0;
+    const float h = 1e-2f;
+    for (int i = 0; i < k * d + k; i++) {
+        float *x = i < k * d ? &kc[i] : &beta[i - k * d];
+        float x0 = *x;
+        *x = x0 + h;
+        double lp = kvm_sculpt_loss(&t.p, kc, vc, beta, k, 0.1, NULL, NULL, NULL, NULL);
+        *x = x0 - h;
+        double lm = kvm_sculpt_loss(&t.p, kc, vc, beta, k, 0.1, NULL, NULL, NULL, NULL);
+        *x = x0;
+        double fd = (lp - lm) / (2.0 * h), an = i < k * d ? gk[i] : gb[i - k * d];
+        num += (fd - an) * (fd - an);
+        den += fd * fd;
+    }
+    double rel = sqrt(num / den);
+    printf("gradient vs central differences (float32, h = 1e-2, mass-weighted LSE %d): relative error %.3g, |g| %.3g\n",
+           t.p.lse_mass_weight, rel, sqrt(den));
+    ck_assert_double_gt(den, 1e-8);
+    ck_assert_double_lt(rel, 5e-3);
+    toy_free(&t);
+}
+END_TEST
+
+START_TEST(test_ridge_normal_equations)
+{
+    toy t;
+    toy_new(&t, 30, 6, 60, 1.0f, 0);
+    const int d = 8, k = 7;
+    float kc[7 * 8], vc[7 * 8], v0[7 * 8], beta[7];
+    for (int i = 0; i < k * d; i++) {
+        kc[i] = frand();
+        v0[i] = vc[i] = frand();
+    }
+    for (int j = 0; j < k; j++) beta[j] = 0.2f * frand();
+    const double arel = 1e-2;
+    ck_assert_int_eq(kvm_sculpt_ridge(&t.p, kc, beta, k, arel, 0.0, vc), 0);
+    /* rebuild P and T independently (float64) and check (PᵀP + αI)V = PᵀT + αV0 */
+    const kvm_sculpt_problem *p = &t.p;
+    double A[7][7] = {{0}}, B[7][8] = {{0}};
+    for (int64_t i = 0; i < p->nq; i++) {
+        double s[7], z = 0, mx = -1e300;
+        for (int j = 0; j < k; j++) {
+            s[j] = beta[j];
+            for (int u = 0; u < d; u++) s[j] += (double)p->q[i * d + u] * kc[j * d + u] * p->scale;
+            mx = fmax(mx, s[j]);
+        }
+        double lr = p->n_vis[i] > 0 ? p->lse_ret[i] : -INFINITY;
+        mx = fmax(mx, lr);
+        for (int j = 0; j < k; j++) z += exp(s[j] - mx);
+        double er = p->n_vis[i] > 0 ? exp(lr - mx) : 0;
+        z += er;
+        double P[7], T[8];
+        for (int j = 0; j < k; j++) P[j] = exp(s[j] - mx) / z;
+        for (int u = 0; u < d; u++) T[u] = p->o_full[i * d + u] - er / z * p->o_ret[i * d + u];
+        for (int a = 0; a < k; a++) {
+            for (int b = 0; b < k; b++) A[a][b] += P[a] * P[b];
+            for (int u = 0; u < d; u++) B[a][u] += P[a] * T[u];
+        }
+    }
+    double tr = 0;
+    for (int a = 0; a < k; a++) tr += A[a][a];
+    double alpha = arel * tr / k, worst = 0, scale = 0;
+    for (int a = 0; a < k; a++)
+        for (int u = 0; u < d; u++) {
+            double lhs = alpha * vc[a * d + u], rhs = B[a][u] + alpha * v0[a * d + u];
+            for (int b = 0; b < k; b++) lhs += A[a][b] * vc[b * d + u];
+            worst = fmax(worst, fabs(lhs - rhs));
+            scale = fmax(scale, fabs(rhs));
+        }
+    printf("ridge normal equations: max residual %.3g (rhs scale %.3g)\n", worst, scale);
+    ck_assert_double_lt(worst, 1e-5 * (scale + 1e-3));
+    /* the value-norm guard bounds every row */
+    ck_assert_int_eq(kvm_sculpt_ridge(&t.p, kc, beta, k, 1e-6, 0.5, vc), 0);
+    for (int a = 0; a < k; a++) {
+        double n2 = 0;
+        for (int u = 0; u < d; u++) n2 += (double)vc[a * d + u] * vc[a * d + u];
+        ck_assert_double_le(sqrt(n2), 0.5 * p->vnorm_max * (1 + 1e-5));
+    }
+    toy_free(&t);
+}
+END_TEST
+
+START_TEST(test_lse_zero_when_masses_match)
+{
+    toy t;
+    toy_new(&t, 16, 4, 32, 1.0f, 0);
+    double mse, lse;
+    /* the original zone as distilled entries: masses match exactly, outputs too */
+    double L = kvm_sculpt_loss(&t.p, t.kz, t.vz, NULL, 16, 0.1, NULL, NULL, &mse, &lse);
+    printf("originals: loss %.3g mse %.3g lse term %.3g\n", L, mse, lse);
+    ck_assert_double_lt(lse, 1e-10);
+    ck_assert_double_lt(mse, 1e-10);
+    /* with λ = 0 and matched masses the LSE part is 0; perturbing a bias makes it positive */
+    float beta[16] = {0};
+    beta[3] = 1.0f;
+    kvm_sculpt_loss(&t.p, t.kz, t.vz, beta, 16, 0.1, NULL, NULL, NULL, &lse);
+    ck_assert_double_gt(lse, 1e-6);
+    toy_free(&t);
+}
+END_TEST
+
+START_TEST(test_degenerate_toy)
+{
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    o.rounds = 2;
+    o.lbfgs_iters = 5;
+    toy t;
+    /* all-equal zone keys: the normal matrix is rank one; ridge keeps it definite */
+    toy_new(&t, 12, 3, 24, 1.0f, 1);
+    float kc[4 * 8], vc[4 * 8], beta[4];
+    kvm_sculpt_head_stats st;
+    ck_assert_int_eq(kvm_sculpt_solve_head(&t.p, &o, 4, 2, 5, kc, vc, beta, &st), 0);
+    ck_assert(isfinite(st.loss) && st.loss <= st.loss0 + 1e-12);
+    for (int i = 0; i < 32; i++) ck_assert(isfinite(kc[i]) && isfinite(vc[i]));
+    /* k larger than the zone: a clear error */
+    ck_assert_int_eq(kvm_sculpt_solve_head(&t.p, &o, 13, 2, 5, kc, vc, beta, &st), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "compress zone has 12"), "message: %s", kvm_errmsg());
+    /* k = 0: defined, finite loss (the retain zone alone) */
+    ck_assert_int_eq(kvm_sculpt_solve_head(&t.p, &o, 0, 2, 5, kc, vc, beta, &st), 0);
+    ck_assert(isfinite(st.loss));
+    toy_free(&t);
+    /* empty zone */
+    toy_new(&t, 0, 4, 16, 1.0f, 0);
+    ck_assert_int_eq(kvm_sculpt_solve_head(&t.p, &o, 0, 2, 5, kc, vc, beta, &st), 0);
+    ck_assert(isfinite(st.loss));
+    toy_free(&t);
+}
+END_TEST
+
+START_TEST(test_allocate)
+{
+    int64_t caps[6] = {10, 10, 10, 10, 10, 10}, k[6];
+    double mse[6] = {1, 100, 0.01, 4, 0, 9}, half[6] = {2, 300, 0.02, 8, 0, 30};
+    kvm_sculpt_alloc rules[4] = {KVM_SCULPT_ALLOC_UNIFORM, KVM_SCULPT_ALLOC_LAYER, KVM_SCULPT_ALLOC_HEAD,
+                                 KVM_SCULPT_ALLOC_GAIN};
+    for (int r = 0; r < 4; r++) {
+        ck_assert_int_eq(kvm_sculpt_allocate(rules[r], 3, 2, mse, half, 4, caps, 24, 0.5, k), 0);
+        int64_t s = 0;
+        for (int i = 0; i < 6; i++) {
+            ck_assert(k[i] >= 1 && k[i] <= 10);
+            s += k[i];
+        }
+        ck_assert_int_eq(s, 24);
+    }
+    /* head MSE^0.5: the 100× head gets the cap, the zero-MSE head the floor */
+    kvm_sculpt_allocate(KVM_SCULPT_ALLOC_HEAD, 3, 2, mse, half, 4, caps, 24, 0.5, k);
+    ck_assert_int_eq(k[1], 10);
+    ck_assert_int_eq(k[4], 1);
+    /* a budget above the caps is clamped */
+    kvm_sculpt_allocate(KVM_SCULPT_ALLOC_GAIN, 3, 2, mse, half, 4, caps, 1000, 0.5, k);
+    for (int i = 0; i < 6; i++) ck_assert_int_eq(k[i], 10);
+}
+END_TEST
+
+/* ---------------- on stories260K ---------------- */
+
+static kvm_model *model;
+static int32_t ids[256];
+
+static void model_setup(void)
+{
+    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 256; i++) ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
+    fclose(f);
+}
+
+static void model_teardown(void) { kvm_model_close(&model); }
+
+static kvm_sculpt_opts quick_opts(void)
+{
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    o.retain_tokens = 16;
+    o.n_synth = 128;
+    o.rounds = 2;
+    o.lbfgs_iters = 10;
+    o.future_tokens = 32;
+    return o;
+}
+
+START_TEST(test_exact_at_full_k)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    kvm_sculpt_opts o = quick_opts();
+    o.k_entries = 96 - 16;
+    kvm_sculpt_mode modes[3] = {KVM_SCULPT_FULL, KVM_SCULPT_SELECTFIT, KVM_SCULPT_JOINT_FIXED};
+    for (int i = 0; i < 3; i++) {
+        o.mode = modes[i];
+        kvm_kvcache *c;
+        ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, NULL), 0);
+        kvm_eval_result r;
+        ck_assert_int_eq(kvm_eval_continue(doc, c, NULL, NULL, &r), 0);
+        printf("k = N - m, mode %d: KL %.3g top1 %.3f\n", i, r.kl_mean, r.top1);
+        ck_assert_double_lt(r.kl_mean, 1e-6);
+        ck_assert_double_eq(r.top1, 1.0);
+        kvm_kvcache_free(&c);
+    }
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+START_TEST(test_lse_zero_real_problem)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    kvm_sculpt_problem p;
+    ck_assert_int_eq(kvm_sculpt_problem_build(&model->cfg, kvm_eval_doc_input(doc)->cap, 2, 1, 16, 64, 32, 7, &p), 0);
+    ck_assert_int_eq(p.nq, 2 * 16 + 64);
+    double mse, lse;
+    kvm_sculpt_loss(&p, p.kz, p.vz, NULL, p.nc, 0.1, NULL, NULL, &mse, &lse);
+    ck_assert_double_lt(lse, 1e-9);
+    ck_assert_double_lt(mse / p.out_ms, 1e-9);
+    kvm_sculpt_problem_free(&p);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+static int caches_equal(const kvm_kvcache *a, const kvm_kvcache *b)
+{
+    if (a->n_layers != b->n_layers || a->n_kv_heads != b->n_kv_heads || a->head_dim != b->head_dim ||
+        a->next_pos != b->next_pos)
+        return 0;
+    for (int i = 0; i < a->n_layers * a->n_kv_heads; i++) {
+        const kvm_kv_head *x = &a->heads[i], *y = &b->heads[i];
+        size_t nd = (size_t)(x->n * a->head_dim) * sizeof(float);
+        if (x->n != y->n || memcmp(x->k, y->k, nd) || memcmp(x->v, y->v, nd) ||
+            memcmp(x->pos, y->pos, (size_t)x->n * 4) || memcmp(x->bias, y->bias, (size_t)x->n * 4))
+            return 0;
+    }
+    return 1;
+}
+
+START_TEST(test_compress_decode_positions_and_file)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    kvm_sculpt_opts o = quick_opts();
+    o.ratio = 0.25;
+    o.bias = 1;
+    kvm_kvcache *c;
+    kvm_sculpt_stats st;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, &st), 0);
+    ck_assert_int_eq(c->next_pos, 96);
+    ck_assert_int_eq(st.base.entries, 5 * 4 * (20 + 16));
+    for (int i = 0; i < 20; i++) {
+        const kvm_kv_head *h = &c->heads[i];
+        ck_assert_int_eq(h->n, 20 + 16);
+        for (int64_t e = 0; e < h->n; e++) {
+            ck_assert_int_eq(h->pos[e], e < 20 ? KVM_POS_NONE : (int32_t)(80 + e - 20));
+            for (int u = 0; u < 8; u++) ck_assert(isfinite(h->k[e * 8 + u]) && isfinite(h->v[e * 8 + u]));
+        }
+    }
+    kvm_eval_result r;
+    ck_assert_int_eq(kvm_eval_continue(doc, c, NULL, NULL, &r), 0);
+    printf("sculpt r = 0.25 with bias: KL %.4g top1 %.3f (%.2f s)\n", r.kl_mean, r.top1, st.base.seconds);
+    ck_assert(isfinite(r.kl_mean) && r.kl_mean < 1.0);
+    /* decode on a copy: later tokens keep their true positions */
+    kvm_kvcache *d;
+    kvm_forward *f;
+    ck_assert_int_eq(kvm_kvcache_clone(c, &d), 0);
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    float logits[512];
+    ck_assert_int_eq(kvm_forward_prefill(f, d, ids + 96, 3, logits, KVM_LOGITS_LAST), 0);
+    ck_assert_int_eq(kvm_forward_decode(f, d, ids[99], logits), 0);
+    for (int u = 0; u < 512; u++) ck_assert(isfinite(logits[u]));
+    const kvm_kv_head *h = kvm_kvcache_head(d, 4, 3);
+    ck_assert_int_eq(h->n, 36 + 4);
+    for (int j = 0; j < 4; j++) ck_assert_int_eq(h->pos[36 + j], 96 + j);
+    ck_assert_int_eq(d->next_pos, 100);
+    kvm_forward_free(&f);
+    kvm_kvcache_free(&d);
+    /* file round trip and validation */
+    char *dir = kvm_test_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/c.kvs", dir);
+    ck_assert_int_eq(kvm_sculpt_cache_write(path, c), 0);
+    ck_assert_int_eq(kvm_sculpt_cache_read(path, &d), 0);
+    ck_assert(caches_equal(c, d));
+    kvm_kvcache_free(&d);
+    size_t n;
+    uint8_t *bytes = (uint8_t *)kvm_test_read_file(path, &n);
+    bytes[n / 2] ^= 1;
+    kvm_test_write_file(path, bytes, n);
+    ck_assert_int_eq(kvm_sculpt_cache_read(path, &d), KVM_ECORRUPT);
+    bytes[n / 2] ^= 1;
+    kvm_test_write_file(path, bytes, n - 5);
+    ck_assert_int_eq(kvm_sculpt_cache_read(path, &d), KVM_EFORMAT);
+    bytes[8] = 9;
+    kvm_test_write_file(path, bytes, n);
+    ck_assert_int_eq(kvm_sculpt_cache_read(path, &d), KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "version"), "message: %s", kvm_errmsg());
+    ck_assert_ptr_null(d);
+    snprintf(path, sizeof path, "%s/missing.kvs", dir);
+    ck_assert_int_eq(kvm_sculpt_cache_read(path, &d), KVM_ENOTFOUND);
+    free(bytes);
+    kvm_test_rmtree(dir);
+    free(dir);
+    kvm_kvcache_free(&c);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+START_TEST(test_degenerate_real)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 64, 48, 16, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    kvm_sculpt_opts o = quick_opts();
+    kvm_kvcache *c;
+    o.k_entries = 33; /* zone is 48 − 16 = 32 */
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, NULL), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "exceed"), "message: %s", kvm_errmsg());
+    ck_assert_ptr_null(c);
+    o.k_entries = 0;
+    o.ratio = 1.5;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, NULL), KVM_EINVAL);
+    o.ratio = 0.5;
+    o.retain_tokens = 49;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, NULL), KVM_EINVAL);
+    /* empty zone: the retain zone alone, equal to the full cache */
+    o.retain_tokens = 48;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, NULL), 0);
+    ck_assert(caches_equal(c, in->full));
+    kvm_kvcache_free(&c);
+    /* no retain zone and no synthetic queries: nothing to train on */
+    o.retain_tokens = 0;
+    o.n_synth = 0;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, NULL), KVM_EINVAL);
+    /* no retain zone, synthetic queries only: defined */
+    o.n_synth = 64;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, NULL), 0);
+    kvm_eval_result r;
+    ck_assert_int_eq(kvm_eval_continue(doc, c, NULL, NULL, &r), 0);
+    ck_assert(isfinite(r.kl_mean));
+    kvm_kvcache_free(&c);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+START_TEST(test_threads_deterministic_and_alloc)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 112, 96, 16, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    kvm_sculpt_opts o = quick_opts();
+    o.ratio = 0.2;
+    o.alloc = KVM_SCULPT_ALLOC_GAIN;
+    kvm_kvcache *a, *b;
+    kvm_sculpt_stats st;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &a, &st), 0);
+    o.threads = 2;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &b, NULL), 0);
+    ck_assert(caches_equal(a, b));
+    ck_assert_int_eq(st.base.entries, 20 * (16 + 16)); /* total budget kept: 20 heads × (k 16 + m 16) */
+    ck_assert(st.mse_max >= st.mse_min && st.mse_min >= 0);
+    printf("pilot MSE spread over heads %.3g .. %.3g\n", st.mse_min, st.mse_max);
+    kvm_kvcache_free(&a);
+    kvm_kvcache_free(&b);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+START_TEST(test_solver_improves_on_selectfit)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    kvm_sculpt_problem p;
+    ck_assert_int_eq(kvm_sculpt_problem_build(&model->cfg, kvm_eval_doc_input(doc)->cap, 1, 2, 16, 128, 32, 3, &p), 0);
+    kvm_sculpt_opts o = quick_opts();
+    float kc[16 * 8], vc[16 * 8], beta[16];
+    kvm_sculpt_head_stats st;
+    ck_assert_int_eq(kvm_sculpt_solve_head(&p, &o, 16, 2, 15, kc, vc, beta, &st), 0);
+    printf("one head, k = 16: Select+Fit loss %.4g -> KVSculpt %.4g (%d evaluations)\n", st.loss0, st.loss,
+           st.lbfgs_calls);
+    ck_assert_double_lt(st.loss, 0.9 * st.loss0);
+    kvm_sculpt_problem_free(&p);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+START_TEST(test_cli)
+{
+    char *dir = kvm_test_tmpdir(), cmd[2048], path[512];
+    snprintf(path, sizeof path, "%s/doc.kvs", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --ratio 0.5 --queries 32 --rounds 1 "
+             "--iters 3 --bias --threads 2 --out %s",
+             kvm_test_bin(), kvm_test_shared_path("models/stories260K.bin"), "/dev/null", path);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1); /* an empty document has too few tokens */
+    ck_assert_msg(strstr(err, "tokens"), "stderr: %s", err);
+    free(out);
+    free(err);
+    char doc[512];
+    snprintf(doc, sizeof doc, "%s", kvm_test_shared_path("data/long/doc_005.txt"));
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --ratio 0.5 --queries 32 --rounds 1 "
+             "--iters 3 --bias --threads 2 --out %s",
+             kvm_test_bin(), kvm_test_shared_path("models/stories260K.bin"), doc, path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(out, "entries=720 (full 1280)"), "stdout: %s", out); /* 20 heads × (28 + 8) */
+    free(out);
+    free(err);
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_sculpt_cache_read(path, &c), 0);
+    ck_assert_int_eq(c->next_pos, 64);
+    ck_assert_int_eq(kvm_kvcache_head(c, 0, 0)->n, 36);
+    kvm_kvcache_free(&c);
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model %s --doc %s --ratio 0 --out %s", kvm_test_bin(),
+             kvm_test_shared_path("models/stories260K.bin"), doc, path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--ratio 0"), "stderr: %s", err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(test_opts_table)
+{
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "retain=16,lambda=0.5,alloc=gain,bias,method=joint-fixed,queries=64"), 0);
+    ck_assert_int_eq(o.retain_tokens, 16);
+    ck_assert_double_eq(o.lambda, 0.5);
+    ck_assert_int_eq(o.alloc, KVM_SCULPT_ALLOC_GAIN);
+    ck_assert_int_eq(o.bias, 1);
+    ck_assert_int_eq(o.mode, KVM_SCULPT_JOINT_FIXED);
+    ck_assert_int_eq(o.n_synth, 64);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "ratio=1.5"), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "--ratio 1.5"), "message: %s", kvm_errmsg());
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "rounds=2.5"), KVM_EINVAL);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "nosuch=1"), KVM_ENOTFOUND);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "alloc=best"), KVM_EINVAL);
+    kvm_budget b = {.tokens = 48};
+    ck_assert_int_eq(kvm_sculpt_opts_set_budget(&o, &b), 0);
+    ck_assert_int_eq(o.k_entries, 32);
+    b.tokens = 16;
+    ck_assert_int_eq(kvm_sculpt_opts_set_budget(&o, &b), KVM_EINVAL);
+    b = (kvm_budget){.ratio = 0.25};
+    ck_assert_int_eq(kvm_sculpt_opts_set_budget(&o, &b), 0);
+    ck_assert_int_eq(o.k_entries, 0);
+    ck_assert_double_eq(o.ratio, 0.25);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("sculpt");
+    TCase *tc = tcase_create("math");
+    tcase_add_loop_test(tc, test_gradient_fd, 0, 2);
+    tcase_add_test(tc, test_ridge_normal_equations);
+    tcase_add_test(tc, test_lse_zero_when_masses_match);
+    tcase_add_test(tc, test_degenerate_toy);
+    tcase_add_test(tc, test_allocate);
+    tcase_add_test(tc, test_opts_table);
+    suite_add_tcase(s, tc);
+    TCase *tm = tcase_create("model");
+    tcase_add_checked_fixture(tm, model_setup, model_teardown);
+    tcase_set_timeout(tm, 120);
+    tcase_add_test(tm, test_exact_at_full_k);
+    tcase_add_test(tm, test_lse_zero_real_problem);
+    tcase_add_test(tm, test_compress_decode_positions_and_file);
+    tcase_add_test(tm, test_degenerate_real);
+    tcase_add_test(tm, test_threads_deterministic_and_alloc);
+    tcase_add_test(tm, test_solver_improves_on_selectfit);
+    tcase_add_test(tm, test_cli);
+    suite_add_tcase(s, tm);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
