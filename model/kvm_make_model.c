@@ -55,6 +55,12 @@ static int check_shapes(const kvm_make_model_opts *o)
     if (o->n_heads % o->n_kv_heads)
         return kvm_err(KVM_EINVAL, "--kv-heads %d does not divide --heads %d", o->n_kv_heads, o->n_heads);
     if ((o->dim / o->n_heads) % 2) return kvm_err(KVM_EINVAL, "head size dim/heads = %d must be even", o->dim / o->n_heads);
+    double D = o->dim, H = o->hidden_dim, L = o->n_layers, kv = (double)o->n_kv_heads * (o->dim / o->n_heads);
+    double floats = D * o->vocab_size * (o->separate_classifier ? 2 : 1) + L * (2 * D * D + 2 * kv * D + 3 * H * D + 2 * D) +
+                    D + (double)o->seq_len * (o->dim / o->n_heads);
+    if (4 * floats > 64.0 * (1ull << 30))
+        return kvm_err(KVM_EINVAL, "these shapes make a %.0f GiB checkpoint; make-model writes at most 64 GiB",
+                       4 * floats / (1ull << 30));
     return 0;
 }
 
@@ -62,8 +68,12 @@ int kvm_make_model_write(const char *path, const kvm_make_model_opts *o)
 {
     int rc = check_shapes(o);
     if (rc) return rc;
-    FILE *f = fopen(path, "wb");
-    if (!f) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    /* written under a temporary name and renamed at the end: a crash or a full disk never
+     * leaves a truncated checkpoint under the requested name */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.partial", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return kvm_err(KVM_EIO, "%s: %s", tmp, strerror(errno));
     int64_t D = o->dim, H = o->hidden_dim, L = o->n_layers, hd = o->dim / o->n_heads;
     int64_t kv = (int64_t)o->n_kv_heads * hd;
     int32_t hdr[7] = {o->dim, o->hidden_dim, o->n_layers, o->n_heads, o->n_kv_heads,
@@ -83,9 +93,11 @@ int kvm_make_model_write(const char *path, const kvm_make_model_opts *o)
               write_rope_tables(f, o->seq_len, (int)hd) ||
               (o->separate_classifier && write_floats(f, &rng, (int64_t)o->vocab_size * D, a_in, 0));
     if (fclose(f) != 0) bad = 1;
+    if (!bad && rename(tmp, path) != 0) bad = 1;
     if (bad) {
-        remove(path);
-        return kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(errno));
+        int e = errno;
+        remove(tmp);
+        return kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(e));
     }
     return 0;
 }

@@ -47,6 +47,18 @@ int kvm_curve_read_key(const char *path, char key[41])
     return 0;
 }
 
+int kvm_curve_check_pair(const char *secret_file, const char *public_file)
+{
+    char sec[41], pub[41], derived[41];
+    int rc;
+    if ((rc = kvm_curve_read_key(secret_file, sec)) || (rc = kvm_curve_read_key(public_file, pub))) return rc;
+    if (zmq_curve_public(derived, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_public: %s", zmq_strerror(errno));
+    if (strcmp(derived, pub))
+        return kvm_err(KVM_EMISMATCH, "[security] server_public_key %s is not the public half of server_secret_key %s",
+                       public_file, secret_file);
+    return 0;
+}
+
 int kvm_curve_is_local(const char *ep)
 {
     return !strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9) || !strncmp(ep, "tcp://127.", 10) ||

@@ -14,6 +14,11 @@ int kvm_curve_keygen(const char *prefix);
  * KVM_EFORMAT (not a Z85 key; names the file). */
 int kvm_curve_read_key(const char *path, char key[41]);
 
+/* Checks that public_file holds the public key of the secret key in secret_file (a swapped or
+ * stale pair would make every client fail its handshake silently). Returns 0, KVM_EMISMATCH
+ * (naming both files), or read_key's errors. */
+int kvm_curve_check_pair(const char *secret_file, const char *public_file);
+
 /* 1 when binding `endpoint` keeps traffic on this machine (ipc://, inproc://, tcp://127.*,
  * tcp://localhost, tcp://[::1]), else 0. */
 int kvm_curve_is_local(const char *endpoint);

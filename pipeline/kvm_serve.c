@@ -74,6 +74,8 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
                        what, endpoint);
     if (!local || (curve_if_keyed && *sec)) {
         if (!*auth) return kvm_err(KVM_EINVAL, "[security] server_secret_key is set but authorized_keys is not");
+        const char *pub = kvm_config_str(cfg, "security", "server_public_key");
+        if (*pub && (rc = kvm_curve_check_pair(sec, pub))) return rc; /* clients get pub: it must match */
         if ((rc = kvm_curve_server(zctx, sock, sec, auth))) return rc;
     }
     if (zmq_bind(sock, endpoint))
