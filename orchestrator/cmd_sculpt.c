@@ -1,7 +1,7 @@
 /* cmd_sculpt.c: `kvmill sculpt`: prefill a document's first N tokens with KV capture, compress
  * the cache with KVSculpt (or Select+Fit / joint-fixed) and write it to a KVMSCULP file
  * (compress/sculpt/kvm_sculpt_file.h). Every solver setting comes from the sculpt option table. */
-#include "compress/sculpt/kvm_sculpt_cli.h"
+#include "orchestrator/kvm_cli.h"
 #include "compress/sculpt/kvm_sculpt_file.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"

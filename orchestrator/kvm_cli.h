@@ -13,6 +13,9 @@ int kvm_cmd_info(int argc, char **argv);
 int kvm_cmd_keygen(int argc, char **argv);
 int kvm_cmd_make_model(int argc, char **argv);
 int kvm_cmd_run(int argc, char **argv);
+/* `kvmill sculpt --model M --doc FILE [--context N] --ratio r ... --out CACHE`: KVSculpt (or a
+ * baseline) on one document, the cache written to a file (compress/sculpt/kvm_sculpt_file.h). */
+int kvm_cmd_sculpt(int argc, char **argv);
 int kvm_cmd_calibrate_pipeline(int argc, char **argv);
 int kvm_cmd_serve(int argc, char **argv);
 int kvm_cmd_store(int argc, char **argv);

@@ -1,7 +1,6 @@
 /* main.c: the `kvmill` command line: dispatches to one subcommand per verb. */
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
-#include "compress/sculpt/kvm_sculpt_cli.h"
 
 #include <stdio.h>
 #include <string.h>

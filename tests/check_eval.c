@@ -96,13 +96,21 @@ START_TEST(test_full_budget_exact)
              * layer gets 0.5·B, so twice that) */
             kvm_budget b = {.tokens = both || strcmp(tab[i].name, "pyramidkv") == 0 ? 2 * (N + T) : N};
             if (strcmp(tab[i].name, "polykv") == 0) b.tokens = 4 * (N + T); /* smallest layer: 0.6·B */
+            /* distillation methods: b = N distils the whole zone into N−m entries (no decode policy) */
+            int distils = !strcmp(tab[i].name, "sculpt") || !strcmp(tab[i].name, "selectfit") ||
+                          !strcmp(tab[i].name, "joint-fixed");
+            if (distils) b.tokens = N;
             void *o;
             kvm_eval_result r;
-            ck_assert_int_eq(tab[i].opts_new(path, &b, &model->cfg, &o), 0);
+            ck_assert_int_eq(tab[i].opts_new(tab[i].arg == 2 ? path : distils ? "queries=64:iters=3:rounds=1" : NULL, &b,
+                                             &model->cfg, &o), 0);
             ck_assert_int_eq(kvm_eval_run(d, &tab[i], o, both, &r), 0);
-            ck_assert_msg(r.kl_mean == 0.0 && r.kl_p99 == 0.0, "%s (phases %d): KL %g", tab[i].name, both, r.kl_mean);
+            if (distils) /* k = N − m with the original keys: KL ~0 (issue 5), not bit-exact */
+                ck_assert_msg(r.kl_mean < 1e-6, "%s (phases %d): KL %g", tab[i].name, both, r.kl_mean);
+            else
+                ck_assert_msg(r.kl_mean == 0.0 && r.kl_p99 == 0.0, "%s (phases %d): KL %g", tab[i].name, both, r.kl_mean);
             ck_assert_double_eq(r.top1, 1.0);
-            ck_assert_double_eq(r.ppl_compressed, r.ppl_full);
+            ck_assert_double_le(fabs(r.ppl_compressed - r.ppl_full), distils ? 1e-5 : 0.0);
             ck_assert_double_eq(r.budget_tokens, N);
             ck_assert_double_eq(r.ratio, 1.0);
             tab[i].opts_free(o);

@@ -5,6 +5,8 @@
 #include "compress/eval/kvm_eval.h"
 #include "compress/evict/kvm_evict.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -94,6 +96,45 @@ EVICT_OPTS(tova_opts, KVM_PATTERN_TOVA)
 EVICT_OPTS(snapkv_opts, KVM_PATTERN_SNAPKV)
 EVICT_OPTS(pyramidkv_opts, KVM_PATTERN_PYRAMIDKV)
 
+/* KVSculpt and its baselines (compress/sculpt/): ARG is "name=value:name=value..." with the
+ * sculpt option names ("sculpt:retain=32:alloc=gain:bias:lambda=0"); --ratio r means k = r·(N−m),
+ * --budget b means b entries per KV head including the retain zone. */
+static int sculpt_opts_mode(kvm_sculpt_mode mode, const char *arg, const kvm_budget *b, void **opts)
+{
+    kvm_sculpt_opts *o = malloc(sizeof *o);
+    if (!o) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+    *o = kvm_sculpt_opts_default();
+    o->mode = mode;
+    /* in --method lists ',' separates methods, so sculpt options are joined with ':' here */
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", arg ? arg : "");
+    for (char *p = buf; *p; p++)
+        if (*p == ':') *p = ',';
+    int rc = kvm_sculpt_opts_parse(o, buf);
+    if (!rc) rc = kvm_sculpt_opts_set_budget(o, b);
+    if (rc) {
+        free(o);
+        return rc;
+    }
+    *opts = o;
+    return 0;
+}
+
+#define SCULPT_OPTS(fn, mode)                                                                                          \
+    static int fn(const char *arg, const kvm_budget *b, const kvm_model_config *c, void **o)                           \
+    {                                                                                                                  \
+        (void)c;                                                                                                       \
+        return sculpt_opts_mode(mode, arg, b, o);                                                                      \
+    }
+SCULPT_OPTS(sculpt_opts, KVM_SCULPT_FULL)
+SCULPT_OPTS(selectfit_opts, KVM_SCULPT_SELECTFIT)
+SCULPT_OPTS(joint_fixed_opts, KVM_SCULPT_JOINT_FIXED)
+
+static int sculpt_run(const kvm_compress_input *in, const void *opts, kvm_kvcache **out)
+{
+    return kvm_sculpt_compress(in, opts, out, NULL);
+}
+
 /* The table. One row per method: name, ARG (0 none, 1 optional, 2 required), help,
  * opts_new, opts_free, compress, decode_new (NULL: no decode-phase policy). */
 static const kvm_method methods[] = {
@@ -109,6 +150,11 @@ static const kvm_method methods[] = {
      evict_compress, evict_decode_new},
     {"polykv", 2, "PolyKV strategy file (kvmill calibrate --out), budgets rescaled to B", kvm_polykv_method_opts_new,
      kvm_polykv_method_opts_free, kvm_polykv_method_compress, kvm_polykv_method_decode_new},
+    {"sculpt", 1, "KVSculpt: distilled free keys (L-BFGS) + ridge values; ARG sculpt options", sculpt_opts, free,
+     sculpt_run, NULL},
+    {"selectfit", 1, "Select+Fit: top attention-mass tokens, ridge-refit values", selectfit_opts, free, sculpt_run, NULL},
+    {"joint-fixed", 1, "ablation: Select+Fit keys fixed, biases and values fitted", joint_fixed_opts, free, sculpt_run,
+     NULL},
 };
 
 const kvm_method *kvm_method_table(int *n)

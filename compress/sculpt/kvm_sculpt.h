@@ -1,0 +1,100 @@
+/* kvm_sculpt.h: KVSculpt (arXiv 2603.27819) — KV cache compression as distillation — and its
+ * baselines Select+Fit and joint-fixed, as compression methods over compress/kvm_compress.h.
+ * Per (layer, KV head): the retain zone (last m tokens) is kept, the compress zone (first N−m
+ * tokens) is replaced by k free (key, value[, logit bias]) entries fitted so that attention over
+ * [distilled + retain] reproduces attention over the full cache for a set of training queries. */
+#ifndef KVM_SCULPT_H
+#define KVM_SCULPT_H
+
+#include "compress/kvm_compress.h"
+
+#include <stdint.h>
+
+/* Which method kvm_sculpt_compress runs (all share query construction, selection and ridge). */
+typedef enum kvm_sculpt_mode {
+    KVM_SCULPT_FULL = 0,        /* KVSculpt: free keys by L-BFGS alternating with ridge values (§3) */
+    KVM_SCULPT_SELECTFIT = 1,   /* Select+Fit: top-k attention-mass tokens, their keys, ridge values */
+    KVM_SCULPT_JOINT_FIXED = 2, /* ablation: Select+Fit keys kept fixed (no free movement); their
+                                   logit biases β (L-BFGS) and values (ridge) fitted jointly on the
+                                   KVSculpt objective, alternating as KVSculpt does */
+} kvm_sculpt_mode;
+
+/* How the total budget is spread over (layer, KV head) problems. */
+typedef enum kvm_sculpt_alloc {
+    KVM_SCULPT_ALLOC_UNIFORM = 0, /* k = round(r·(N−m)) for every head */
+    KVM_SCULPT_ALLOC_LAYER = 1,   /* paper §4: pilot MSE^p per layer, split evenly over its heads */
+    KVM_SCULPT_ALLOC_HEAD = 2,    /* paper §4: pilot MSE^p per (layer, head) */
+    KVM_SCULPT_ALLOC_GAIN = 3,    /* ours: pilot at k and k/2, power-law error model per head,
+                                     greedy marginal-gain water-filling with caps */
+} kvm_sculpt_alloc;
+
+/* Options; start from kvm_sculpt_opts_default(). Read-only during a call. */
+typedef struct kvm_sculpt_opts {
+    kvm_sculpt_mode mode;     /* method */
+    int64_t retain_tokens;    /* m: retain zone, the last m context tokens (default 32) */
+    double ratio;             /* r = k/(N−m) in (0, 1] (default 0.3); ignored when k_entries > 0 */
+    int64_t k_entries;        /* absolute k per head when > 0 (must be ≤ N−m) */
+    int64_t n_synth;          /* S synthetic future queries per (layer, KV head) (default 2048) */
+    int64_t future_tokens;    /* F: synthetic positions N + ⌊i·F/S⌋; ≤ 0: in->n_future, else 64 */
+    double lambda;            /* λ, weight of the LSE-matching term (default 0.1) */
+    int lse_mass_weight;      /* 1: weight each query's LSE error by the compress zone's share of
+                                 its full attention (ours); 0: plain mean as in the paper (default 0) */
+    double ridge_alpha;       /* ridge α relative to the mean diagonal of the normal matrix (1e-3) */
+    double vnorm_cap;         /* value-norm guard: ‖v‖ ≤ vnorm_cap · max zone ‖v‖; 0 disables (1.0) */
+    double knorm_cap;         /* key-norm guard: keys projected to ‖k‖ ≤ knorm_cap · max zone ‖k‖
+                                 after each L-BFGS round; 0 disables (default 0) */
+    int rounds;               /* R alternating rounds (default 4) */
+    int lbfgs_iters;          /* L-BFGS iterations per round (default 30) */
+    int lbfgs_history;        /* L-BFGS memory (default 20) */
+    int bias;                 /* 1: each distilled entry gets a logit bias β, optimised with the
+                                 keys (Attention Matching, arXiv 2602.16284) */
+    kvm_sculpt_alloc alloc;   /* budget allocation (default uniform) */
+    double alloc_power;       /* p of the MSE^p rule (default 0.5) */
+    int pilot_rounds;         /* alternating rounds of the allocation pilot (default 1) */
+    int pilot_iters;          /* L-BFGS iterations per pilot round (default 10) */
+    uint64_t seed;            /* seed of the synthetic queries (default 1) */
+    int threads;              /* worker threads over (layer, KV head) problems (default 1) */
+} kvm_sculpt_opts;
+
+/* Where the time went (seconds summed over worker threads, so they may exceed wall time). */
+typedef struct kvm_sculpt_stats {
+    kvm_compress_stats base;  /* wall seconds of the whole call, entries kept */
+    double query_s;           /* building training queries and full-cache references */
+    double lbfgs_s;           /* key (and β) optimisation */
+    double ridge_s;           /* closed-form value fits */
+    double pilot_s;           /* wall seconds of the allocation pilot (included in base.seconds) */
+    double mse_min, mse_max;  /* spread of the per-(layer, head) pilot MSE (0 without a pilot) */
+    double layer_mse_min, layer_mse_max; /* spread of the per-layer mean pilot MSE */
+} kvm_sculpt_stats;
+
+/* The defaults listed in kvm_sculpt_opts (those of issue 5). */
+kvm_sculpt_opts kvm_sculpt_opts_default(void);
+
+/* Parses "sculpt" | "selectfit" | "joint-fixed" and "uniform" | "layer" | "head" | "gain".
+ * Return 0 or KVM_EINVAL (message names the word). */
+int kvm_sculpt_mode_parse(const char *s, kvm_sculpt_mode *out);
+int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out);
+
+/* Compresses in->full with method o->mode (KVSculpt arXiv 2603.27819 §3; Select+Fit and the
+ * joint-fixed ablation; β per Attention Matching arXiv 2602.16284). Needs in->cap captured with
+ * want_queries = 1 over the same N = in->n_tokens context tokens. Per (layer, KV head) the result
+ * holds k distilled entries (pos = KVM_POS_NONE, bias β or 0) followed by the retain zone
+ * (positions N−m .. N−1, copied from in->full); next_pos = N, so later tokens keep their true
+ * positions. N−m = 0 (empty compress zone) gives k = 0: the retain zone alone.
+ * Runs o->threads worker threads (pthreads) over the independent problems; while they run
+ * OpenBLAS is set to one thread and restored after (a process-wide setting: do not overlap two
+ * calls with other BLAS users that rely on its thread count). Deterministic for a given seed
+ * whatever the thread count. *out is owned by the caller (kvm_kvcache_free); stats may be NULL.
+ * Errors: KVM_EINVAL (options out of range, k > N−m, m > N, capture without queries or of
+ * another length; the message says which), KVM_ENOMEM, KVM_ERANGE (a fit produced a non-finite
+ * value or a normal matrix that is not positive definite). On error *out = NULL. */
+int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out,
+                        kvm_sculpt_stats *stats);
+
+/* The three methods with the signature of the eviction methods' table: kvm_sculpt_compress
+ * with o->mode forced to KVSculpt / Select+Fit / joint-fixed (o may be NULL for defaults). */
+int kvm_sculpt_compress_sculpt(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);
+int kvm_sculpt_compress_selectfit(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);
+int kvm_sculpt_compress_joint_fixed(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);
+
+#endif

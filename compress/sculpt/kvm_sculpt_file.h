@@ -1,0 +1,31 @@
+/* kvm_sculpt_file.h: a small versioned binary file for one compressed ragged KV cache (what
+ * `kvmill sculpt --out` writes), until the pipeline stores caches in the proto/store encoding.
+ *
+ * Format "KVMSCULP" version 1, every field little-endian:
+ *   char[8] magic "KVMSCULP" | u32 version (1) | u32 head_dim | u32 n_layers | u32 n_kv_heads
+ *   u32 next_pos | u32 reserved (0)
+ *   u64 n[n_layers·n_kv_heads]                        entries per (layer, KV head), layer-major
+ *   per head, in the same order:
+ *     f32 k[n][head_dim] | f32 v[n][head_dim] | u8 kind[n] (0 = token, 1 = distilled)
+ *     u32 pos[n] (token position; 0 for distilled) | f32 bias[n] (logit bias, nats)
+ *   u64 FNV-1a-64 of every preceding byte
+ * Distilled entries come first, then tokens in increasing position, all < next_pos. */
+#ifndef KVM_SCULPT_FILE_H
+#define KVM_SCULPT_FILE_H
+
+#include "model/kvm_kvcache.h"
+
+#define KVM_SCULPT_FILE_VERSION 1u
+
+/* Writes cache c to path (created or truncated). Returns 0, KVM_EINVAL (c breaks the entry
+ * order, a position is negative other than KVM_POS_NONE), KVM_EIO (message names the path). */
+int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c);
+
+/* Reads and validates a file written by kvm_sculpt_cache_write: magic, version, shapes (each in
+ * [1, 65536]), exact file size, entry kinds, order and positions, finite floats, checksum. On
+ * success *out is a new cache owned by the caller (kvm_kvcache_free). Errors: KVM_ENOTFOUND,
+ * KVM_EIO, KVM_EFORMAT (magic, version, shape, size), KVM_ECORRUPT (checksum, order, non-finite
+ * float), KVM_ENOMEM; the message names the file and the field. On error *out = NULL. */
+int kvm_sculpt_cache_read(const char *path, kvm_kvcache **out);
+
+#endif

@@ -1,0 +1,105 @@
+/* kvm_sculpt_problem.h: one KVSculpt problem — a single (layer, KV head) — and the pieces that
+ * solve it: training queries with full-cache references, the loss and its analytic gradient,
+ * the ridge value fit, selection, and the per-head solver. Flat float32 arrays, one problem per
+ * struct, so a batched GPU solver can stack them. Used by kvm_sculpt_compress and the tests. */
+#ifndef KVM_SCULPT_PROBLEM_H
+#define KVM_SCULPT_PROBLEM_H
+
+#include "compress/sculpt/kvm_sculpt.h"
+
+#include <stdint.h>
+
+/* A problem: zone/retain tensors are borrowed (valid while the source capture lives), the
+ * query and reference arrays are owned (kvm_sculpt_problem_free). */
+typedef struct kvm_sculpt_problem {
+    int d;               /* head_dim */
+    float scale;         /* score scale 1/sqrt(d) */
+    int64_t nc;          /* compress-zone tokens (N−m) */
+    const float *kz;     /* [nc][d] post-RoPE zone keys (borrowed) */
+    const float *vz;     /* [nc][d] zone values (borrowed) */
+    int64_t m;           /* retain-zone tokens */
+    const float *kr;     /* [m][d] retain keys (borrowed) */
+    const float *vr;     /* [m][d] retain values (borrowed) */
+    int64_t nq;          /* training queries */
+    int64_t nq_real;     /* the first nq_real are real retain-zone queries */
+    float *q;            /* [nq][d] post-RoPE training queries (owned) */
+    int64_t *n_vis;      /* [nq] retain entries visible to query i (causal prefix) (owned) */
+    float *o_full;       /* [nq][d] attention output over the full cache (owned) */
+    float *o_ret;        /* [nq][d] attention output over the visible retain entries (owned) */
+    float *lse_zone;     /* [nq] log Σ_zone exp(score) (nats) (owned) */
+    float *lse_ret;      /* [nq] log Σ_visible retain exp(score), −1e30 when none (owned) */
+    float *mass;         /* [nc] full-softmax mass each zone token gets from the real queries
+                            (from all queries when there are none) (owned) */
+    double out_ms;       /* mean over queries of ‖o_full‖², the MSE normaliser */
+    float vnorm_max;     /* max ‖v‖ over the zone (value-norm guard reference) */
+    float knorm_max;     /* max ‖k‖ over the zone (key-norm guard reference) */
+    int lse_mass_weight; /* 1: each query's LSE error is weighted by the zone's share of its full
+                            attention, σ(LSE_zone − LSE_ret) (ours; 0 = the paper's plain mean) */
+} kvm_sculpt_problem;
+
+/* Builds problem (layer, kv_head) of a capture (kvm_capture.h, want_queries = 1) of N tokens:
+ * zone [0, N−m), retain [N−m, N). Training queries, in this order: (a) the post-RoPE queries of
+ * the retain zone for every query head of the GQA group (head-major, then position); (b) n_synth
+ * synthetic queries: pre-RoPE query vectors of a uniformly random context position and a random
+ * head of the group, re-RoPE'd at position N + ⌊i·F/S⌋ (F = future_tokens), drawn from a PRNG
+ * seeded by (seed, layer, kv_head). Then computes the full-cache references. Returns 0,
+ * KVM_EINVAL (m > N, no queries in the capture, no training query at all), KVM_ENOMEM. */
+int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, int layer, int kv_head,
+                             int64_t m, int64_t n_synth, int64_t future_tokens, uint64_t seed,
+                             kvm_sculpt_problem *p);
+
+/* Computes o_full, o_ret, lse_zone, lse_ret, mass, out_ms, vnorm_max, knorm_max from q, n_vis and the
+ * zone/retain tensors (float64 accumulation). Called by _build; exposed for hand-made problems
+ * (tests). Returns 0 or KVM_ENOMEM. */
+int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p);
+
+/* Frees the owned arrays and zeroes *p. Accepts a zeroed or half-built problem. */
+void kvm_sculpt_problem_free(kvm_sculpt_problem *p);
+
+/* Loss of k distilled entries kc/vc [k][d] with biases beta [k] (NULL = 0), KVSculpt §3:
+ *   L = (1/nq) Σ_i ‖Ô_i − O_i‖² / out_ms + λ (1/nq) Σ_i (LSE_c,i − LSE_zone,i)²
+ * where Ô_i is attention over [distilled + visible retain] and LSE_c,i = log Σ_j exp(s q_i·kc_j + β_j).
+ * When grad_k ([k][d]) / grad_b ([k]) are not NULL they receive ∂L/∂kc and ∂L/∂β (analytic).
+ * *mse (may be NULL) gets the unnormalised mean ‖Ô−O‖², *lse_part the λ term. Thread-safe
+ * on distinct outputs. Returns L, or NAN on allocation failure. k may be 0. */
+double kvm_sculpt_loss(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta,
+                       int64_t k, double lambda, float *grad_k, float *grad_b, double *mse, double *lse_part);
+
+/* Ridge value fit given keys/biases: with P[i][j] the probability query i puts on distilled
+ * entry j (softmax over distilled + visible retain) and T_i = O_i − p_ret,i · O_ret,i, solves
+ *   (PᵀP + αI) V = PᵀT + α V0,   α = alpha_rel · trace(PᵀP)/k
+ * by Cholesky (LAPACKE_dposv, float64). V0 = vc on entry (shrink target); vc gets V. Then, when
+ * vnorm_cap > 0, rescales every row to ‖v‖ ≤ vnorm_cap · p->vnorm_max (the value-norm guard).
+ * Returns 0, KVM_ENOMEM, KVM_ERANGE (not positive definite / non-finite; vc unchanged). */
+int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double alpha_rel,
+                     double vnorm_cap, float *vc);
+
+/* Select+Fit's selection: the k zone indices with the highest p->mass (ties: lower index),
+ * sorted increasing, into idx[k]. Returns 0, KVM_EINVAL (k not in [0, nc]), KVM_ENOMEM. */
+int kvm_sculpt_select(const kvm_sculpt_problem *p, int64_t k, int64_t *idx);
+
+/* Per-problem timing and outcome. */
+typedef struct kvm_sculpt_head_stats {
+    double lbfgs_s, ridge_s;  /* seconds spent */
+    double loss0, loss;       /* loss after the Select+Fit initialisation and at the end */
+    double mse;               /* final unnormalised attention-output MSE */
+    int lbfgs_calls;          /* loss evaluations */
+} kvm_sculpt_head_stats;
+
+/* Solves one problem with method o->mode, rounds/iterations given explicitly (the pilot uses
+ * fewer). Outputs kc, vc [k][d] and beta [k] (caller-allocated; beta all 0 unless o->bias).
+ * Select+Fit init, then (KVSculpt) R rounds of L-BFGS (liblbfgs, More–Thuente line search, which
+ * enforces the strong Wolfe conditions) on keys [and β] followed by a ridge fit of the values;
+ * the best point seen is kept. Returns 0, KVM_EINVAL (k > nc), KVM_ENOMEM, KVM_ERANGE. */
+int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, int rounds, int iters,
+                          float *kc, float *vc, float *beta, kvm_sculpt_head_stats *st);
+
+/* Budget allocation (paper §4 and ours). mse[n] per problem at budget kpilot (and mse_half at
+ * ⌈kpilot/2⌉, GAIN only), caps[n] = zone sizes, total = entries to hand out over the n problems
+ * (n_layers × n_kv_heads, layer-major). Writes k[n], each in [min(1, cap), cap], Σ k = min(total,
+ * Σ caps). LAYER pools the MSE per layer (mean over its heads). Returns 0 or KVM_EINVAL. */
+int kvm_sculpt_allocate(kvm_sculpt_alloc how, int n_layers, int n_kv_heads, const double *mse,
+                        const double *mse_half, int64_t kpilot, const int64_t *caps, int64_t total, double power,
+                        int64_t *k);
+
+#endif

@@ -1,0 +1,331 @@
+/* sculpt_compress.c: kvm_sculpt_compress — runs every (layer, KV head) problem of a context in
+ * parallel worker threads (optionally after an allocation pilot) and assembles the ragged
+ * compressed cache: distilled entries first (KVM_POS_NONE, logit bias β), then the retain zone
+ * with its true positions. KVSculpt, arXiv 2603.27819. */
+#include "compress/sculpt/kvm_sculpt_problem.h"
+#include "common/kvm_error.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+kvm_sculpt_opts kvm_sculpt_opts_default(void)
+{
+    kvm_sculpt_opts o = {
+        .mode = KVM_SCULPT_FULL, .retain_tokens = 32, .ratio = 0.3, .k_entries = 0, .n_synth = 2048,
+        .future_tokens = 0, .lambda = 0.1, .ridge_alpha = 1e-3, .vnorm_cap = 1.0, .rounds = 4,
+        .lbfgs_iters = 30, .lbfgs_history = 20, .bias = 0, .alloc = KVM_SCULPT_ALLOC_UNIFORM,
+        .alloc_power = 0.5, .pilot_rounds = 1, .pilot_iters = 10, .seed = 1, .threads = 1,
+    };
+    return o;
+}
+
+int kvm_sculpt_mode_parse(const char *s, kvm_sculpt_mode *out)
+{
+    if (s && !strcmp(s, "sculpt")) *out = KVM_SCULPT_FULL;
+    else if (s && !strcmp(s, "selectfit")) *out = KVM_SCULPT_SELECTFIT;
+    else if (s && !strcmp(s, "joint-fixed")) *out = KVM_SCULPT_JOINT_FIXED;
+    else return kvm_err(KVM_EINVAL, "sculpt: method '%s' is not sculpt, selectfit or joint-fixed", s ? s : "");
+    return 0;
+}
+
+int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out)
+{
+    if (s && !strcmp(s, "uniform")) *out = KVM_SCULPT_ALLOC_UNIFORM;
+    else if (s && !strcmp(s, "layer")) *out = KVM_SCULPT_ALLOC_LAYER;
+    else if (s && !strcmp(s, "head")) *out = KVM_SCULPT_ALLOC_HEAD;
+    else if (s && !strcmp(s, "gain")) *out = KVM_SCULPT_ALLOC_GAIN;
+    else return kvm_err(KVM_EINVAL, "sculpt: allocation '%s' is not uniform, layer, head or gain", s ? s : "");
+    return 0;
+}
+
+/* One (layer, KV head) job of a pass. */
+typedef struct job {
+    int64_t k, k2;          /* budget; k2 > 0: also solve at k2 (gain pilot), keeping only its MSE */
+    float *kc, *vc, *beta;  /* results [k][d], [k][d], [k] (full pass only) */
+    double mse, mse2;       /* final MSE at k and k2 */
+    double query_s, lbfgs_s, ridge_s;
+    int rc;
+    char msg[256];
+} job;
+
+typedef struct pass {
+    const kvm_compress_input *in;
+    const kvm_sculpt_opts *o;
+    int rounds, iters, keep;  /* keep = 1: store kc/vc/beta */
+    int64_t m, n_synth, future;
+    job *jobs;
+    int n_jobs, next;
+    pthread_mutex_t lock;
+} pass;
+
+static int run_job(pass *ps, int i)
+{
+    const kvm_model_config *c = &ps->in->model->cfg;
+    job *jb = &ps->jobs[i];
+    int layer = i / c->n_kv_heads, kvh = i % c->n_kv_heads, d = c->head_dim;
+    kvm_sculpt_problem p;
+    double t0 = now_s();
+    int rc = kvm_sculpt_problem_build(c, ps->in->cap, layer, kvh, ps->m, ps->n_synth, ps->future, ps->o->seed, &p);
+    jb->query_s += now_s() - t0;
+    if (rc) return rc;
+    p.lse_mass_weight = ps->o->lse_mass_weight;
+    int64_t kmax = jb->k > jb->k2 ? jb->k : jb->k2, kk = kmax > 0 ? kmax : 1;
+    float *kc = malloc((size_t)(kk * d) * sizeof *kc), *vc = malloc((size_t)(kk * d) * sizeof *vc);
+    float *beta = malloc((size_t)kk * sizeof *beta);
+    kvm_sculpt_head_stats st;
+    if (!kc || !vc || !beta) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory (layer %d, head %d)", layer, kvh);
+        goto done;
+    }
+    if (jb->k2 > 0) {
+        if ((rc = kvm_sculpt_solve_head(&p, ps->o, jb->k2, ps->rounds, ps->iters, kc, vc, beta, &st))) goto done;
+        jb->mse2 = st.mse;
+        jb->lbfgs_s += st.lbfgs_s;
+        jb->ridge_s += st.ridge_s;
+    }
+    if ((rc = kvm_sculpt_solve_head(&p, ps->o, jb->k, ps->rounds, ps->iters, kc, vc, beta, &st))) goto done;
+    jb->mse = st.mse;
+    jb->lbfgs_s += st.lbfgs_s;
+    jb->ridge_s += st.ridge_s;
+    if (ps->keep) {
+        jb->kc = kc;
+        jb->vc = vc;
+        jb->beta = beta;
+        kc = vc = beta = NULL;
+    }
+done:
+    free(kc);
+    free(vc);
+    free(beta);
+    kvm_sculpt_problem_free(&p);
+    if (rc) {
+        char why[200];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        return kvm_err(rc, "layer %d, KV head %d: %s", layer, kvh, why);
+    }
+    return 0;
+}
+
+static void *worker(void *arg)
+{
+    pass *ps = arg;
+    for (;;) {
+        pthread_mutex_lock(&ps->lock);
+        int i = ps->next++;
+        pthread_mutex_unlock(&ps->lock);
+        if (i >= ps->n_jobs) break;
+        job *jb = &ps->jobs[i];
+        jb->rc = run_job(ps, i);
+        if (jb->rc) snprintf(jb->msg, sizeof jb->msg, "%s", kvm_errmsg());
+    }
+    return NULL;
+}
+
+/* Runs every job of ps on o->threads threads (the caller's thread included). Returns the first
+ * failing job's status with its message. */
+static int run_pass(pass *ps, int threads)
+{
+    ps->next = 0;
+    if (pthread_mutex_init(&ps->lock, NULL)) return kvm_err(KVM_ENOMEM, "sculpt: mutex");
+    pthread_t tid[256];
+    int started = 0;
+    for (int t = 1; t < threads && t < 256; t++)
+        if (pthread_create(&tid[started], NULL, worker, ps) == 0) started++;
+    worker(ps);
+    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    pthread_mutex_destroy(&ps->lock);
+    for (int i = 0; i < ps->n_jobs; i++)
+        if (ps->jobs[i].rc) return kvm_err(ps->jobs[i].rc, "%s", ps->jobs[i].msg);
+    return 0;
+}
+
+static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o)
+{
+    if (!in || !in->model || !in->full || !in->cap) return kvm_err(KVM_EINVAL, "sculpt: missing model, cache or capture");
+    const kvm_model_config *c = &in->model->cfg;
+    int64_t N = in->n_tokens;
+    if (kvm_capture_n_tokens(in->cap) != N)
+        return kvm_err(KVM_EINVAL, "sculpt: capture holds %lld tokens, input says N = %lld",
+                       (long long)kvm_capture_n_tokens(in->cap), (long long)N);
+    if (in->full->n_layers != c->n_layers || in->full->n_kv_heads != c->n_kv_heads || in->full->head_dim != c->head_dim)
+        return kvm_err(KVM_EINVAL, "sculpt: full cache shape is not the model's");
+    if (o->retain_tokens < 0 || o->retain_tokens > N)
+        return kvm_err(KVM_EINVAL, "sculpt: retain %lld not in [0, N = %lld]", (long long)o->retain_tokens, (long long)N);
+    if (o->k_entries <= 0 && !(o->ratio > 0 && o->ratio <= 1))
+        return kvm_err(KVM_EINVAL, "sculpt: ratio %g not in (0, 1]", o->ratio);
+    if (o->k_entries > N - o->retain_tokens)
+        return kvm_err(KVM_EINVAL, "sculpt: k = %lld distilled entries exceed the compress zone of %lld tokens",
+                       (long long)o->k_entries, (long long)(N - o->retain_tokens));
+    if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
+        o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 || o->threads < 1 || o->threads > 256 ||
+        !(o->alloc_power >= 0) || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
+        (int)o->mode < 0 || o->mode > 2 || c->head_dim > 512)
+        return kvm_err(KVM_EINVAL, "sculpt: option out of range (synthetic %lld, lambda %g, alpha %g, vnorm cap %g, "
+                                   "rounds %d, iters %d, history %d, threads %d, power %g)",
+                       (long long)o->n_synth, o->lambda, o->ridge_alpha, o->vnorm_cap, o->rounds, o->lbfgs_iters,
+                       o->lbfgs_history, o->threads, o->alloc_power);
+    return 0;
+}
+
+/* Builds the output cache from the jobs' entries and the retain zone of in->full. */
+static int assemble(const kvm_compress_input *in, int64_t m, const job *jobs, kvm_kvcache **out)
+{
+    const kvm_model_config *c = &in->model->cfg;
+    const int d = c->head_dim;
+    int64_t kmax = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) kmax = jobs[i].k > kmax ? jobs[i].k : kmax;
+    int rc = kvm_kvcache_new(c->n_layers, c->n_kv_heads, d, kmax + m, out);
+    if (rc) return rc;
+    (*out)->next_pos = (int32_t)in->n_tokens;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int g = 0; g < c->n_kv_heads; g++) {
+            const job *jb = &jobs[l * c->n_kv_heads + g];
+            kvm_kv_head *h = kvm_kvcache_head(*out, l, g);
+            const kvm_kv_head *f = kvm_kvcache_head(in->full, l, g);
+            for (int64_t j = 0; j < jb->k; j++)
+                if ((rc = kvm_kvcache_append(h, d, jb->kc + j * d, jb->vc + j * d, KVM_POS_NONE, jb->beta[j]))) goto fail;
+            int64_t kept = 0;
+            for (int64_t e = 0; e < f->n; e++)
+                if (f->pos[e] != KVM_POS_NONE && f->pos[e] >= in->n_tokens - m && f->pos[e] < in->n_tokens) {
+                    if ((rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]))) goto fail;
+                    kept++;
+                }
+            if (kept != m) {
+                rc = kvm_err(KVM_EINVAL, "sculpt: full cache layer %d head %d holds %lld of the %lld retain positions",
+                             l, g, (long long)kept, (long long)m);
+                goto fail;
+            }
+        }
+    return 0;
+fail:
+    kvm_kvcache_free(out);
+    return rc;
+}
+
+int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out,
+                        kvm_sculpt_stats *stats)
+{
+    *out = NULL;
+    double t_start = now_s();
+    int rc = check_opts(in, o);
+    if (rc) return rc;
+    const kvm_model_config *c = &in->model->cfg;
+    const int n = c->n_layers * c->n_kv_heads;
+    const int64_t N = in->n_tokens, m = o->retain_tokens, nc = N - m;
+    int64_t ku = o->k_entries > 0 ? o->k_entries : (int64_t)llround(o->ratio * (double)nc);
+    if (nc > 0 && ku < 1) ku = 1;
+    if (ku > nc) ku = nc;
+    kvm_sculpt_stats st = {0};
+    job *jobs = calloc((size_t)n, sizeof *jobs);
+    int64_t *caps = malloc((size_t)n * sizeof *caps), *kk = malloc((size_t)n * sizeof *kk);
+    double *mse = malloc((size_t)n * sizeof *mse), *mse2 = malloc((size_t)n * sizeof *mse2);
+    if (!jobs || !caps || !kk || !mse || !mse2) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+        goto done;
+    }
+    pass ps = {.in = in, .o = o, .m = m, .n_synth = o->n_synth, .jobs = jobs, .n_jobs = n,
+               .future = o->future_tokens > 0 ? o->future_tokens : in->n_future > 0 ? in->n_future : 64};
+    int blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    for (int i = 0; i < n; i++) {
+        caps[i] = nc;
+        kk[i] = ku;
+    }
+    if (o->alloc != KVM_SCULPT_ALLOC_UNIFORM && nc > 0) {
+        double tp = now_s();
+        for (int i = 0; i < n; i++) {
+            jobs[i].k = ku;
+            jobs[i].k2 = o->alloc == KVM_SCULPT_ALLOC_GAIN && ku > 1 ? (ku + 1) / 2 : 0;
+        }
+        ps.rounds = o->pilot_rounds;
+        ps.iters = o->pilot_iters;
+        ps.keep = 0;
+        rc = run_pass(&ps, o->threads);
+        st.pilot_s = now_s() - tp;
+        if (rc) goto restore;
+        st.mse_min = INFINITY;
+        st.layer_mse_min = INFINITY;
+        for (int i = 0; i < n; i++) {
+            mse[i] = jobs[i].mse;
+            mse2[i] = jobs[i].k2 > 0 ? jobs[i].mse2 : jobs[i].mse;
+            st.mse_min = fmin(st.mse_min, mse[i]);
+            st.mse_max = fmax(st.mse_max, mse[i]);
+            st.query_s += jobs[i].query_s;
+            st.lbfgs_s += jobs[i].lbfgs_s;
+            st.ridge_s += jobs[i].ridge_s;
+        }
+        for (int l = 0; l < c->n_layers; l++) {
+            double lm = 0;
+            for (int g = 0; g < c->n_kv_heads; g++) lm += mse[l * c->n_kv_heads + g] / c->n_kv_heads;
+            st.layer_mse_min = fmin(st.layer_mse_min, lm);
+            st.layer_mse_max = fmax(st.layer_mse_max, lm);
+        }
+        if ((rc = kvm_sculpt_allocate(o->alloc, c->n_layers, c->n_kv_heads, mse, mse2, ku, caps, ku * n,
+                                      o->alloc_power, kk)))
+            goto restore;
+        memset(jobs, 0, (size_t)n * sizeof *jobs);
+    }
+    for (int i = 0; i < n; i++) jobs[i].k = kk[i];
+    ps.rounds = o->rounds;
+    ps.iters = o->lbfgs_iters;
+    ps.keep = 1;
+    rc = run_pass(&ps, o->threads);
+    for (int i = 0; i < n; i++) {
+        st.query_s += jobs[i].query_s;
+        st.lbfgs_s += jobs[i].lbfgs_s;
+        st.ridge_s += jobs[i].ridge_s;
+    }
+    if (!rc) rc = assemble(in, m, jobs, out);
+restore:
+    openblas_set_num_threads(blas_threads);
+done:
+    if (jobs)
+        for (int i = 0; i < n; i++) {
+            free(jobs[i].kc);
+            free(jobs[i].vc);
+            free(jobs[i].beta);
+        }
+    free(jobs);
+    free(caps);
+    free(kk);
+    free(mse);
+    free(mse2);
+    st.base.seconds = now_s() - t_start;
+    st.base.entries = *out ? kvm_kvcache_entries(*out) : 0;
+    if (stats) *stats = st;
+    return rc;
+}
+
+static int compress_as(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out, kvm_sculpt_mode mode)
+{
+    kvm_sculpt_opts x = o ? *o : kvm_sculpt_opts_default();
+    x.mode = mode;
+    return kvm_sculpt_compress(in, &x, out, NULL);
+}
+
+int kvm_sculpt_compress_sculpt(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out)
+{
+    return compress_as(in, o, out, KVM_SCULPT_FULL);
+}
+
+int kvm_sculpt_compress_selectfit(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out)
+{
+    return compress_as(in, o, out, KVM_SCULPT_SELECTFIT);
+}
+
+int kvm_sculpt_compress_joint_fixed(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out)
+{
+    return compress_as(in, o, out, KVM_SCULPT_JOINT_FIXED);
+}
