@@ -5,6 +5,7 @@
 #include "pipeline/kvm_serve.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -19,6 +20,8 @@ int kvm_cmd_serve(int argc, char **argv)
          "a non-local address needs [security] keys",
          NULL},
         {"workers", 1, "decode worker processes to start (overrides [serve] workers; 0 = only external workers)", NULL},
+        {"compute-missing", 0, "compress a document on demand when its cache is missing (sets [serve] compute_missing)",
+         NULL},
         {"dump-config", 0, "print the resolved configuration and exit", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
@@ -34,6 +37,7 @@ int kvm_cmd_serve(int argc, char **argv)
         o.workers = (int)v;
     }
     kvm_config *cfg;
+    char resolved[4096] = "";
     if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), 2;
     int status = 2;
     if (store && kvm_config_set(cfg, "store", "path", store)) {
@@ -45,6 +49,25 @@ int kvm_cmd_serve(int argc, char **argv)
         status = 0;
         goto done;
     }
+    if (kvm_cli_get(opts, "compute-missing") && kvm_config_set(cfg, "serve", "compute_missing", "true")) {
+        fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg());
+        goto done;
+    }
+    /* the decode workers read the resolved configuration, command-line overrides included */
+    const char *tmpd = getenv("TMPDIR");
+    snprintf(resolved, sizeof resolved, "%s/kvmill-serve-config.XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
+    int fd = mkstemp(resolved);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        fprintf(stderr, "kvmill serve: cannot write the resolved configuration %s\n", resolved);
+        if (fd >= 0) close(fd);
+        resolved[0] = '\0';
+        status = 1;
+        goto done;
+    }
+    kvm_config_dump(cfg, f);
+    fclose(f);
+    o.config_path = resolved;
     o.store_path = kvm_config_str(cfg, "store", "path");
     o.bind = kvm_cli_get(opts, "bind");
     char self[4096], dir[4096];
@@ -55,6 +78,7 @@ int kvm_cmd_serve(int argc, char **argv)
     o.bin_dir = *kvm_config_str(cfg, "stages", "bin_dir") ? NULL : dir;
     status = kvm_serve_run(cfg, &o);
 done:
+    if (resolved[0]) unlink(resolved);
     kvm_config_free(&cfg);
     return status;
 }
