@@ -631,27 +631,31 @@ typedef struct bpe_scratch {
     int64_t cap_word, cap_syms, cap_heap, heap_n;
 } bpe_scratch;
 
-static void heap_push(bpe_scratch *s, bigram g)
+/* Binary heap over s->heap ordered by `before` (BPE: lowest merge rank first; SentencePiece:
+ * highest score first; both then leftmost). */
+typedef int (*bigram_order)(const bigram *a, const bigram *c);
+
+static void heap_push(bpe_scratch *s, bigram g, bigram_order before)
 {
     int64_t i = s->heap_n++;
     while (i > 0) {
         int64_t p = (i - 1) / 2;
-        if (!bigram_before(&g, &s->heap[p])) break;
+        if (!before(&g, &s->heap[p])) break;
         s->heap[i] = s->heap[p];
         i = p;
     }
     s->heap[i] = g;
 }
 
-static bigram heap_pop(bpe_scratch *s)
+static bigram heap_pop(bpe_scratch *s, bigram_order before)
 {
     bigram top = s->heap[0], last = s->heap[--s->heap_n];
     int64_t i = 0, n = s->heap_n;
     for (;;) {
         int64_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && bigram_before(&s->heap[c + 1], &s->heap[c])) c++;
-        if (!bigram_before(&s->heap[c], &last)) break;
+        if (c + 1 < n && before(&s->heap[c + 1], &s->heap[c])) c++;
+        if (!before(&s->heap[c], &last)) break;
         s->heap[i] = s->heap[c];
         i = c;
     }
@@ -665,7 +669,7 @@ static void add_bigram(const kvm_bpe *b, bpe_scratch *s, int32_t left, int32_t r
     const sym *l = &s->syms[left], *r = &s->syms[right];
     int32_t rank = merge_rank(b, s->word + l->off, (size_t)l->n, s->word + r->off, (size_t)r->n);
     if (rank < 0) return;
-    heap_push(s, (bigram){rank, left, right, l->n, r->n});
+    heap_push(s, (bigram){rank, left, right, l->n, r->n}, bigram_before);
 }
 
 /* SentencePiece candidates live in the same heap array, ordered by llm_bigram_spm::comparator:
@@ -683,34 +687,6 @@ static int spm_before(const bigram *a, const bigram *c)
     return x > y || (x == y && a->left < c->left);
 }
 
-static void spm_push(bpe_scratch *s, bigram g)
-{
-    int64_t i = s->heap_n++;
-    while (i > 0) {
-        int64_t p = (i - 1) / 2;
-        if (!spm_before(&g, &s->heap[p])) break;
-        s->heap[i] = s->heap[p];
-        i = p;
-    }
-    s->heap[i] = g;
-}
-
-static bigram spm_pop(bpe_scratch *s)
-{
-    bigram top = s->heap[0], last = s->heap[--s->heap_n];
-    int64_t i = 0, n = s->heap_n;
-    for (;;) {
-        int64_t c = 2 * i + 1;
-        if (c >= n) break;
-        if (c + 1 < n && spm_before(&s->heap[c + 1], &s->heap[c])) c++;
-        if (!spm_before(&s->heap[c], &last)) break;
-        s->heap[i] = s->heap[c];
-        i = c;
-    }
-    if (n > 0) s->heap[i] = last;
-    return top;
-}
-
 /* try_add_bigram: the pair is a candidate when its concatenation is a token; `ln` holds the
  * concatenation's length (llama.cpp's bigram.size) for the staleness test. */
 static void spm_add_bigram(const kvm_bpe *b, bpe_scratch *s, int32_t left, int32_t right)
@@ -721,7 +697,7 @@ static void spm_add_bigram(const kvm_bpe *b, bpe_scratch *s, int32_t left, int32
     if (id < 0) return;
     bigram g = {0, left, right, l->n + r->n, 0};
     memcpy(&g.rank, &b->score[id], sizeof g.rank);
-    spm_push(s, g);
+    heap_push(s, g, spm_before);
 }
 
 static int grow(void **p, int64_t *cap, int64_t need, size_t elem)
@@ -759,7 +735,7 @@ static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl,
     for (int32_t i = 1; i < ns; i++)
         add_bigram(b, s, i - 1, i);
     while (s->heap_n > 0) {
-        bigram g = heap_pop(s);
+        bigram g = heap_pop(s, bigram_before);
         sym *l = &s->syms[g.left], *r = &s->syms[g.right];
         if (l->n == 0 || r->n == 0 || l->n != g.ln || r->n != g.rn || l->next != g.right) continue; /* outdated */
         l->n += r->n;
@@ -822,7 +798,7 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
     for (int32_t i = 1; i < ns; i++)
         spm_add_bigram(b, s, i - 1, i);
     while (s->heap_n > 0) {
-        bigram g = spm_pop(s);
+        bigram g = heap_pop(s, spm_before);
         sym *l = &s->syms[g.left], *r = &s->syms[g.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != g.ln || l->next != g.right) continue; /* outdated */
         l->n += r->n;
