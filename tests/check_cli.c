@@ -163,11 +163,4 @@ static Suite *cli_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(cli_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return kvm_test_run_suite(cli_suite()); }

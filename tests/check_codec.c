@@ -4,6 +4,7 @@
 #include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
 
 #include <check.h>
 #include <math.h>
@@ -124,11 +125,4 @@ static Suite *codec_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(codec_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return kvm_test_run_suite(codec_suite()); }

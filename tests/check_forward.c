@@ -18,10 +18,7 @@ static float *gold_logits, *gold_k, *gold_v;
 static void load_golden(void)
 {
     ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
-    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < 256; i++) ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
-    fclose(f);
+    kvm_test_golden_ids(ids);
     size_t n;
     gold_logits = (float *)kvm_test_read_file(kvm_test_shared_path("golden/seq256.logits.f32"), &n);
     ck_assert_uint_eq(n, 256 * 512 * 4);
@@ -261,11 +258,4 @@ static Suite *forward_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(forward_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return kvm_test_run_suite(forward_suite()); }

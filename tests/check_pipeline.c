@@ -635,11 +635,4 @@ static Suite *pipeline_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(pipeline_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return kvm_test_run_suite(pipeline_suite()); }

@@ -240,10 +240,7 @@ static int32_t ids[256];
 static void model_setup(void)
 {
     ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
-    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < 256; i++) ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
-    fclose(f);
+    kvm_test_golden_ids(ids);
 }
 
 static void model_teardown(void) { kvm_model_close(&model); }
@@ -551,11 +548,4 @@ static Suite *suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return kvm_test_run_suite(suite()); }

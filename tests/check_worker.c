@@ -18,9 +18,7 @@ static kvm_kvcache *full;
 static void setup(void)
 {
     ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
-    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
-    for (int i = 0; i < 256; i++) ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
-    fclose(f);
+    kvm_test_golden_ids(ids);
     kvm_forward *fw;
     kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
     ck_assert_int_eq(kvm_capture_new(&model->cfg, 128, &co, &cap), 0);
@@ -126,11 +124,4 @@ static Suite *worker_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(worker_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return kvm_test_run_suite(worker_suite()); }

@@ -1,6 +1,7 @@
 /* kvm_test.c: helpers shared by the Check suites. */
 #include "tests/util/kvm_test.h"
 
+#include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,4 +90,21 @@ int kvm_test_run(const char *cmd, char **out, char **err)
     kvm_test_rmtree(dir);
     free(dir);
     return rc;
+}
+
+void kvm_test_golden_ids(int32_t ids[256])
+{
+    FILE *f = fopen(kvm_test_shared_path("golden/seq256.ids.txt"), "r");
+    ck_assert_msg(f != NULL, "cannot open %s", kvm_test_shared_path("golden/seq256.ids.txt"));
+    for (int i = 0; i < 256; i++) ck_assert_int_eq(fscanf(f, "%d", &ids[i]), 1);
+    fclose(f);
+}
+
+int kvm_test_run_suite(void *suite)
+{
+    SRunner *sr = srunner_create((Suite *)suite);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
 }

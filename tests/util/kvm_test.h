@@ -4,6 +4,7 @@
 #define KVM_TEST_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* $KVMILL_SHARED or "../shared"; never NULL. */
 const char *kvm_test_shared(void);
@@ -23,5 +24,13 @@ int kvm_test_run(const char *cmd, char **out, char **err);
 char *kvm_test_read_file(const char *path, size_t *n);
 /* Writes bytes to a file; returns 0 on success. */
 int kvm_test_write_file(const char *path, const void *data, size_t n);
+
+/* The golden 256-token sequence (../shared/golden/seq256.ids.txt) into ids[256]; fails the
+ * calling Check test when the file is missing or short. */
+void kvm_test_golden_ids(int32_t ids[256]);
+
+/* Runs a suite (CK_NORMAL output) and returns the process exit status: 0 when every test
+ * passed, 1 otherwise. */
+int kvm_test_run_suite(void *suite);
 
 #endif
