@@ -7,6 +7,8 @@
 #include "kernels/cpu/kvm_cpu_pool.h"
 #include "common/kvm_error.h"
 
+#include "tests/util/kvm_test.h"
+
 #include <check.h>
 #include <math.h>
 #include <stdatomic.h>
