@@ -3,6 +3,7 @@
  * encoding (compress/polykv/kvm_polykv.h). */
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
@@ -20,6 +21,8 @@ typedef struct calib_args {
     int64_t refine;  /* refinement rounds (0 = none) */
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump;
+    int sculpt;            /* 1: KVSculpt is in the design space */
+    kvm_sculpt_opts so;    /* its options */
 } calib_args;
 
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
@@ -33,7 +36,8 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     for (int i = 0; !rc && i < nd; i++)
         rc = cmd_eval_docs_load(CMD, m, k, tok, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
                                 (int)a->windows, &docs[i]);
-    if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate(docs, nd, a->B, sig))) {
+    if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate(docs, nd, a->B, sig) ||
+                (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)))) {
         fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
         rc = 1;
     }
@@ -48,6 +52,11 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         printf("layer entropy (nats):");
         for (int l = 0; l < m->cfg.n_layers; l++)
             printf(" %.4f", sig->entropy[l]);
+        if (sig->has_sculpt) {
+            printf("\nsculpt cosine per layer:");
+            for (int l = 0; l < m->cfg.n_layers; l++) printf(" %.4f", sig->sculpt_cosine[l]);
+        }
+        kvm_polykv_score_sculpt_opts(a->sculpt ? &a->so : NULL);
         printf("\ncandidates on %d calibration documents (%d windows) at B = %lld, b_min = %lld:\n", ds->n, nd,
                (long long)a->B, (long long)a->b_min);
         if (kvm_polykv_build_best(docs, nd, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine, stdout, &best)) {
@@ -93,6 +102,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"windows", 1, "context+continuation windows per document, evenly spaced (default 1: the first N+T tokens)",
          NULL},
         {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
+        {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
+                      "layer may be routed to it)", NULL},
+        {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... (see kvmill sculpt --help; e.g. "
+                           "threads=2,alloc=head)", NULL},
         {"out", 1, "write the strategy's canonical encoding to this file", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
         {"threads", 1, "BLAS threads", NULL},
@@ -105,7 +118,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .alloc = -1,
                     .windows = 1,
                     .out = kvm_cli_get(opts, "out"),
-                    .dump = kvm_cli_get(opts, "dump-signals")};
+                    .dump = kvm_cli_get(opts, "dump-signals"),
+                    .sculpt = kvm_cli_get(opts, "sculpt") != NULL,
+                    .so = kvm_sculpt_opts_default()};
     const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
     if (!model_path || !docs_s || !kvm_cli_get(opts, "budget") || !a.out) {
         fprintf(stderr, "kvmill " CMD ": --model, --docs, --budget and --out are required\n");
@@ -136,6 +151,16 @@ int kvm_cmd_calibrate(int argc, char **argv)
             return 2;
         }
         a.alloc = (int)v;
+    }
+    if ((s = kvm_cli_get(opts, "sculpt-opts"))) {
+        if (!a.sculpt) {
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt\n");
+            return 2;
+        }
+        if (kvm_sculpt_opts_parse(&a.so, s)) {
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts: %s\n", kvm_errmsg());
+            return 2;
+        }
     }
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
     const kvm_kernels *k;

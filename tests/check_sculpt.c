@@ -439,6 +439,74 @@ START_TEST(test_threads_deterministic_and_alloc)
 }
 END_TEST
 
+/* Per-layer budgets: a uniform budget over every layer reproduces kvm_sculpt_compress exactly;
+ * layers with budget ≤ 0 are left as they were, a budget ≥ N restores the full layer, a small
+ * budget shrinks the retain zone to ⌊b/2⌋. */
+START_TEST(test_compress_layers)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 112, 96, 16, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    const int L = model->cfg.n_layers, H = model->cfg.n_kv_heads, d = model->cfg.head_dim;
+    kvm_sculpt_opts o = quick_opts();
+    o.k_entries = 20;
+    kvm_kvcache *ref, *dst;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &ref, NULL), 0);
+    int64_t budget[16];
+    for (int l = 0; l < L; l++) budget[l] = 20 + 16;
+    ck_assert_int_eq(kvm_kvcache_clone(in->full, &dst), 0);
+    ck_assert_int_eq(kvm_sculpt_compress_layers(in, &o, budget, dst, NULL), 0);
+    ck_assert(caches_equal(ref, dst));
+    kvm_kvcache_free(&dst);
+
+    /* layer 0 untouched (full), layer 1 whole context, layer 2 budget 6 → m 3 + k 3, rest 36 */
+    budget[0] = 0;
+    budget[1] = 96;
+    budget[2] = 6;
+    ck_assert_int_eq(kvm_kvcache_clone(in->full, &dst), 0);
+    kvm_sculpt_stats st;
+    ck_assert_int_eq(kvm_sculpt_compress_layers(in, &o, budget, dst, &st), 0);
+    for (int g = 0; g < H; g++) {
+        const kvm_kv_head *f0 = kvm_kvcache_head(in->full, 0, g), *h0 = kvm_kvcache_head(dst, 0, g);
+        ck_assert_int_eq(h0->n, 96);
+        ck_assert_int_eq(memcmp(h0->k, f0->k, (size_t)(96 * d) * sizeof(float)), 0);
+        ck_assert_int_eq(kvm_kvcache_head(dst, 1, g)->n, 96);
+        const kvm_kv_head *h2 = kvm_kvcache_head(dst, 2, g);
+        ck_assert_int_eq(h2->n, 6);
+        for (int e = 0; e < 3; e++) ck_assert_int_eq(h2->pos[e], KVM_POS_NONE);
+        for (int e = 3; e < 6; e++) ck_assert_int_eq(h2->pos[e], 96 - 6 + e);
+        for (int l = 3; l < L; l++) {
+            const kvm_kv_head *x = kvm_kvcache_head(dst, l, g), *y = kvm_kvcache_head(ref, l, g);
+            ck_assert_int_eq(x->n, 36);
+            ck_assert_int_eq(memcmp(x->k, y->k, (size_t)(36 * d) * sizeof(float)), 0);
+        }
+    }
+    ck_assert_int_eq(st.base.entries, (int64_t)H * (96 + 96 + 6 + (L - 3) * 36));
+    kvm_kvcache_free(&dst);
+
+    /* pilot allocation over the distilled layers only keeps their total */
+    o.alloc = KVM_SCULPT_ALLOC_HEAD;
+    budget[0] = 0;
+    budget[1] = 40;
+    budget[2] = 20;
+    ck_assert_int_eq(kvm_kvcache_clone(in->full, &dst), 0);
+    ck_assert_int_eq(kvm_sculpt_compress_layers(in, &o, budget, dst, NULL), 0);
+    int64_t tot = 0;
+    for (int l = 1; l < L; l++)
+        for (int g = 0; g < H; g++) tot += kvm_kvcache_head(dst, l, g)->n;
+    ck_assert_int_eq(tot, (int64_t)H * (40 + 20 + (L - 3) * 36));
+    ck_assert_int_eq(kvm_kvcache_head(dst, 0, 0)->n, 96);
+    kvm_kvcache_free(&dst);
+
+    /* a destination of another shape is refused */
+    ck_assert_int_eq(kvm_kvcache_new(L, H, d + 1, 1, &dst), 0);
+    ck_assert_int_eq(kvm_sculpt_compress_layers(in, &o, budget, dst, NULL), KVM_EINVAL);
+    kvm_kvcache_free(&dst);
+    kvm_kvcache_free(&ref);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 START_TEST(test_solver_improves_on_selectfit)
 {
     kvm_eval_doc *doc;
@@ -542,6 +610,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_compress_decode_positions_and_file);
     tcase_add_test(tm, test_degenerate_real);
     tcase_add_test(tm, test_threads_deterministic_and_alloc);
+    tcase_add_test(tm, test_compress_layers);
     tcase_add_test(tm, test_solver_improves_on_selectfit);
     tcase_add_test(tm, test_cli);
     suite_add_tcase(s, tm);

@@ -33,7 +33,13 @@ typedef enum kvm_pattern {
      * decreasing linearly from 1.5·B (first layer) to 0.5·B (last), sum L·B
      * (kvm_evict_pyramid_budgets). */
     KVM_PATTERN_PYRAMIDKV = 4,
-    KVM_PATTERN_COUNT = 5,
+    KVM_PATTERN_COUNT = 5, /* the eviction patterns above */
+    /* Not an eviction pattern: in a PolyKV strategy, a layer whose compress zone is distilled
+     * by KVSculpt (compress/sculpt/, kvm_sculpt_compress_layers) at the layer's budget; in
+     * the decode phase such a layer appends new tokens unchanged. The eviction functions
+     * reject it. */
+    KVM_PATTERN_SCULPT = 5,
+    KVM_PATTERN_STRATEGY_COUNT = 6, /* patterns a strategy layer may use */
     KVM_PATTERN_NONE = 255, /* in a plan: leave the head as it is */
 } kvm_pattern;
 
@@ -48,11 +54,11 @@ typedef struct kvm_evict_params {
 /* The defaults above. */
 kvm_evict_params kvm_evict_params_default(void);
 
-/* "streaming", "h2o", "tova", "snapkv", "pyramidkv" (or "none"/"?"). Never NULL. */
+/* "streaming", "h2o", "tova", "snapkv", "pyramidkv", "sculpt" (or "none"/"?"). Never NULL. */
 const char *kvm_pattern_name(kvm_pattern p);
 
-/* Parses a pattern name (exact, lower case). Returns 0, or KVM_EINVAL with a message
- * listing the valid names. */
+/* Parses an eviction pattern name (exact, lower case; not "sculpt"). Returns 0, or KVM_EINVAL
+ * with a message listing the valid names. */
 int kvm_pattern_parse(const char *s, kvm_pattern *out);
 
 /* Attention statistics of one KV head over a context of n tokens at positions [0, n), as

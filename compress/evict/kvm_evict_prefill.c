@@ -13,7 +13,7 @@ int kvm_evict_plan_new(int n_layers, int n_kv_heads, kvm_pattern p, int64_t b, k
     if (n_layers < 1 || n_kv_heads < 1) return kvm_err(KVM_EINVAL, "evict: plan shape %dx%d", n_layers, n_kv_heads);
     if (b < 1) return kvm_err(KVM_EINVAL, "evict: budget %lld < 1", (long long)b);
     if ((unsigned)p >= KVM_PATTERN_COUNT && p != KVM_PATTERN_NONE)
-        return kvm_err(KVM_EINVAL, "evict: pattern %d", (int)p);
+        return kvm_err(KVM_EINVAL, "evict: pattern %d (%s) is not an eviction pattern", (int)p, kvm_pattern_name(p));
     kvm_evict_plan *pl = calloc(1, sizeof *pl);
     size_t nh = (size_t)n_layers * (size_t)n_kv_heads;
     int64_t *lb = malloc((size_t)n_layers * sizeof *lb);

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const pattern_names[KVM_PATTERN_COUNT] = {"streaming", "h2o", "tova", "snapkv", "pyramidkv"};
+static const char *const pattern_names[KVM_PATTERN_STRATEGY_COUNT] = {"streaming", "h2o", "tova", "snapkv", "pyramidkv",
+                                                                      "sculpt"};
 
 kvm_evict_params kvm_evict_params_default(void)
 {
@@ -18,7 +19,7 @@ kvm_evict_params kvm_evict_params_default(void)
 const char *kvm_pattern_name(kvm_pattern p)
 {
     if (p == KVM_PATTERN_NONE) return "none";
-    return (unsigned)p < KVM_PATTERN_COUNT ? pattern_names[p] : "?";
+    return (unsigned)p < KVM_PATTERN_STRATEGY_COUNT ? pattern_names[p] : "?";
 }
 
 int kvm_pattern_parse(const char *s, kvm_pattern *out)
@@ -105,6 +106,8 @@ int kvm_evict_select(kvm_pattern p, const kvm_evict_params *prm, const kvm_evict
     if (b < 1) return kvm_err(KVM_EINVAL, "evict: budget %lld < 1", (long long)b);
     if (n < 0 || a->n_group < 1)
         return kvm_err(KVM_EINVAL, "evict: bad attention input (n %lld, group %d)", (long long)n, a->n_group);
+    if (p == KVM_PATTERN_SCULPT)
+        return kvm_err(KVM_EINVAL, "evict: sculpt is not an eviction pattern (it runs inside a PolyKV strategy)");
     if ((unsigned)p >= KVM_PATTERN_COUNT) return kvm_err(KVM_EINVAL, "evict: unknown pattern %d", (int)p);
     if (b >= n) {
         for (int64_t i = 0; i < n; i++)

@@ -6,12 +6,17 @@
  * (attention entropy; worst-case perplexity change over patterns). A strategy turns these
  * into a pattern and a budget per layer and phase under a global budget L×B with floor
  * b_min. The strategy has a canonical, versioned byte encoding (for the store and the wire)
- * and a table print. */
+ * and a table print.
+ * Beyond the paper: KVSculpt distillation ("sculpt", KVM_PATTERN_SCULPT) is one more choice in
+ * the per-layer design space: calibration measures its signals like the eviction patterns'
+ * (kvm_polykv_calibrate_sculpt), the builder may route any layer to it, and the strategy's
+ * budget for such a layer is its entries per KV head (retain zone included). */
 #ifndef KVM_POLYKV_H
 #define KVM_POLYKV_H
 
 #include "compress/eval/kvm_eval.h"
 #include "compress/evict/kvm_evict.h"
+#include "compress/sculpt/kvm_sculpt.h"
 
 #include <stdio.h>
 
@@ -68,6 +73,10 @@ typedef struct kvm_polykv_signals {
     double *kl;           /* [2][L][P] mean KL(full ‖ only layer l uses r), nats (diagnostic) */
     double *entropy;      /* [L] mean attention entropy of layer l over heads and context queries, nats */
     double *worst_ppl;    /* [2][L] max over patterns of ppl_delta */
+    int has_sculpt;       /* 1 when the sculpt signals below were measured */
+    double *sculpt_cosine; /* [L] the same signals with layer l distilled by KVSculpt at B (prefill */
+    double *sculpt_ppl;    /* [L] phase; in decode a sculpt layer appends unchanged, so the decode */
+    double *sculpt_kl;     /* [L] phase's values are the same run) */
 } kvm_polykv_signals;
 
 /* Names: "cosine"/"ppl"/"single"/"search", "uniform"/"entropy"/"ppl"/"pyramid"/"search".
@@ -94,14 +103,26 @@ void kvm_polykv_signals_free(kvm_polykv_signals **s); /* accepts NULL; sets *s =
  * errors. */
 int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_polykv_signals *s);
 
+/* The sculpt signals (our extension of PolyKV's design space): per document, every layer is
+ * distilled by KVSculpt at budget B (kvm_sculpt_compress_layers with options o: retain zone
+ * min(o->retain_tokens, B/2), the rest distilled), then for each layer l only that layer's
+ * distilled heads replace the full cache's and the continuation is run, measuring cosine,
+ * perplexity delta and KL as kvm_polykv_calibrate does for eviction patterns. Averages over
+ * the documents into s->sculpt_* and sets s->has_sculpt. Returns 0, KVM_EINVAL (B < 1, no
+ * documents, layer count), KVM_ENOMEM, sculpt or forward errors. */
+int kvm_polykv_calibrate_sculpt(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
+                                kvm_polykv_signals *s);
+
 /* Writes every signal as CSV: header
- * "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl". Returns 0 or KVM_EIO. */
+ * "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl" (sculpt rows too when
+ * measured; worst_ppl is over the eviction patterns). Returns 0 or KVM_EIO. */
 int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
 
 /* Builds a strategy from signals: per (layer, phase) the pattern with the best preference
  * score (select COSINE: highest cosine; PPL: lowest ppl_delta; ties to the earlier pattern;
  * PyramidKV is not a per-layer choice since its selection is SnapKV's and its budgets are
- * the strategy's; SINGLE: `single` everywhere), and budgets by alloc with weights
+ * the strategy's; sculpt is a choice when s->has_sculpt, decided on the prefill signals, and
+ * a sculpt layer is sculpt in both phases; SINGLE: `single` everywhere, sculpt included), and budgets by alloc with weights
  * signal^power: ENTROPY the layer entropy, PPL the prefill worst_ppl (clamped to ≥ 1e-6),
  * UNIFORM equal, PYRAMID the PyramidKV schedule; each ≥ b_min, summing to exactly L·B
  * (kvm_evict_apportion). Deterministic. *out owned by the caller. Returns 0, KVM_EINVAL
@@ -122,7 +143,8 @@ int kvm_strategy_rescale(const kvm_strategy *s, int64_t B, int64_t *out);
 
 /* An eviction plan for phase φ (0 prefill, 1 decode) of s at average budget B for a model
  * with n_kv_heads KV heads per layer (every KV head of a layer gets the layer's pattern and
- * budget). Free with kvm_evict_plan_free. Returns 0, KVM_EINVAL, KVM_ENOMEM. */
+ * budget; sculpt layers get KVM_PATTERN_NONE with their budget, for the caller to distil).
+ * Free with kvm_evict_plan_free. Returns 0, KVM_EINVAL, KVM_ENOMEM. */
 int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_heads, kvm_evict_plan **out);
 
 /* Document-adaptive budgets (our extension of PolyKV's entropy allocation to KV heads and
@@ -140,7 +162,8 @@ int kvm_polykv_head_split(const kvm_model_config *c, const kvm_capture *cap, int
  *   0  "KVST"  magic (4 bytes)          4  u16 version = 1      6  u16 L (≥ 1)
  *   8  u32 B (≥ 1)                      12 u32 b_min (≤ B)      16 u8 select  17 u8 alloc
  *   18 u8 head_split (0..2)  19 u8 reserved = 0                 20 u32 round(alloc_power·1000)
- *   24 + 8·l: u8 prefill pattern, u8 decode pattern, u16 reserved = 0, u32 budget
+ *   24 + 8·l: u8 prefill pattern, u8 decode pattern (kvm_pattern: eviction 0-4, or sculpt = 5 in
+ *             both), u16 reserved = 0, u32 budget
  * Total 24 + 8·L bytes. *buf malloc'ed, owned by the caller. Returns 0, KVM_EINVAL (a
  * field out of range), KVM_ENOMEM. */
 int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len);
@@ -164,11 +187,15 @@ void kvm_strategy_print(const kvm_strategy *s, FILE *f);
  * or the run's status. */
 int kvm_polykv_score(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy *s, double *per_doc, double *kl_mean);
 
+/* The KVSculpt options that kvm_polykv_score (and so the builder and refine) use for sculpt
+ * layers, process-wide; NULL restores the defaults. Not thread-safe: set it before building. */
+void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o);
+
 /* The builder: scores every candidate on the calibration documents and returns the best
  * (lowest mean KL; ties keep the earlier candidate) in *out (caller owns). Candidates:
  * every heterogeneous strategy (select cosine|ppl × alloc uniform|entropy|ppl) and every
  * single pattern under every allocation mode (uniform, entropy, ppl; PyramidKV under its
- * own schedule), each with head_split 0 (equal KV heads) and 1 (entropy within layers), and
+ * own schedule; sculpt too when sig->has_sculpt), each with head_split 0 (equal KV heads) and 1 (entropy within layers), and
  * with uniform allocation also head_split 2 (entropy over all heads). sel_only / alloc_only
  * (≥ 0) restrict the candidates to one mode; −1 for all. The lowest mean KL wins, except
  * that a heterogeneous winner must beat the best single-pattern candidate with a paired t
@@ -193,9 +220,14 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
 int kvm_polykv_refine(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy *s, int max_rounds, FILE *log,
                       kvm_strategy **out, double *kl_out);
 
-/* The "polykv:FILE" method's pieces (rows of compress/eval/kvm_methods.c): options are the
- * strategy read from FILE plus the requested budget; the strategy's per-layer budgets are
- * rescaled to the requested average B (b = r·N for --ratio). */
+/* The "polykv:FILE[:SCULPT-OPTIONS]" method's pieces (rows of compress/eval/kvm_methods.c):
+ * options are the strategy read from FILE plus the requested budget; the strategy's per-layer
+ * budgets are rescaled to the requested average B (b = r·N for --ratio). Sculpt layers are
+ * distilled by kvm_sculpt_compress_layers with the KVSculpt defaults changed by the optional
+ * "name=value:name=value" list after the file (kvm_sculpt_opts_set names, e.g.
+ * "polykv:s.bin:threads=2:alloc=head" — with alloc ≠ uniform the sculpt layers' budgets are
+ * redistributed by the pilot MSE^p rule); the option list starts at the first ':' followed by
+ * a setting name and '='. */
 int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const kvm_model_config *c, void **opts);
 void kvm_polykv_method_opts_free(void *opts);
 int kvm_polykv_method_compress(const kvm_compress_input *in, const void *opts, kvm_kvcache **out);
@@ -205,5 +237,16 @@ int kvm_polykv_method_decode_new(const kvm_compress_input *in, const void *opts,
 /* The same method over a strategy in memory (borrowed; must outlive the opts): what the
  * builder uses to evaluate candidates. */
 int kvm_polykv_method_opts_from(const kvm_strategy *s, const kvm_budget *budget, void **opts);
+
+/* The KVSculpt options the method's sculpt layers use (copied). */
+void kvm_polykv_method_set_sculpt(void *opts, const kvm_sculpt_opts *o);
+
+/* Between _begin and _end, distilled sculpt layers made by the method (with uniform sculpt
+ * allocation) are remembered per (compress input, layer, budget) and reused, since such a
+ * layer does not depend on the other layers: the builder scores dozens of strategies on the
+ * same documents. The inputs must stay alive and unchanged until _end, which frees the
+ * memo. Process-wide, not thread-safe; kvm_polykv_build_best brackets itself. */
+void kvm_polykv_memo_begin(void);
+void kvm_polykv_memo_end(void);
 
 #endif

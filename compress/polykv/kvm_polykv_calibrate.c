@@ -147,6 +147,91 @@ int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_p
     return 0;
 }
 
+/* Replaces layer l of dst by layer l of src (every KV head, all entries). */
+static int copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l)
+{
+    const int d = src->head_dim;
+    int rc = 0;
+    for (int g = 0; !rc && g < src->n_kv_heads; g++) {
+        const kvm_kv_head *a = kvm_kvcache_head(src, l, g);
+        kvm_kv_head *b = kvm_kvcache_head(dst, l, g);
+        rc = kvm_kvcache_keep(b, d, NULL, 0);
+        for (int64_t e = 0; !rc && e < a->n; e++)
+            rc = kvm_kvcache_append(b, d, a->k + e * d, a->v + e * d, a->pos[e], a->bias[e]);
+    }
+    return rc;
+}
+
+/* One document's sculpt signals: every layer distilled once at B, then one continuation per
+ * layer with only that layer distilled. */
+static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_polykv_signals *s)
+{
+    const kvm_compress_input *in = kvm_eval_doc_input(d);
+    const kvm_model_config *c = &in->model->cfg;
+    const int L = c->n_layers;
+    const int64_t N = in->n_tokens, steps = in->n_future - 1 > 0 ? in->n_future - 1 : 0;
+    const int64_t row = (int64_t)c->n_heads * c->head_dim;
+    probe ref = {L, c->n_heads, c->head_dim, N, steps, -1, NULL}, pr = ref;
+    ref.out = calloc((size_t)(L * steps * row + 1), sizeof(float));
+    pr.out = calloc((size_t)(steps * row + 1), sizeof(float));
+    int64_t *bud = malloc((size_t)L * sizeof *bud);
+    kvm_kvcache *sc = NULL, *mix = NULL;
+    int rc = ref.out && pr.out && bud ? 0 : kvm_err(KVM_ENOMEM, "calibrate: out of memory");
+    kvm_hooks h = {.user = &ref, .post_attn = probe_post};
+    kvm_eval_result res;
+    if (!rc) rc = kvm_eval_continue(d, in->full, NULL, &h, &res);
+    for (int l = 0; !rc && l < L; l++) bud[l] = B;
+    if (!rc) rc = kvm_kvcache_clone(in->full, &sc);
+    if (!rc) rc = kvm_sculpt_compress_layers(in, o, bud, sc, NULL);
+    for (int l = 0; !rc && l < L; l++) {
+        rc = kvm_kvcache_clone(in->full, &mix);
+        if (!rc) rc = copy_layer(mix, sc, l);
+        pr.layer = l;
+        kvm_hooks hp = {.user = &pr, .post_attn = probe_post};
+        if (!rc) rc = kvm_eval_continue(d, mix, NULL, &hp, &res);
+        if (!rc) {
+            double cs = 0;
+            for (int64_t st = 0; st < steps; st++)
+                cs += cosine(ref.out + ((int64_t)l * steps + st) * row, pr.out + st * row, row);
+            s->sculpt_cosine[l] += steps ? cs / (double)steps : 1.0;
+            s->sculpt_ppl[l] += res.ppl_compressed - res.ppl_full;
+            s->sculpt_kl[l] += res.kl_mean;
+        }
+        kvm_kvcache_free(&mix);
+    }
+    kvm_kvcache_free(&sc);
+    free(bud);
+    free(ref.out);
+    free(pr.out);
+    return rc;
+}
+
+int kvm_polykv_calibrate_sculpt(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
+                                kvm_polykv_signals *s)
+{
+    if (B < 1 || n_docs < 1)
+        return kvm_err(KVM_EINVAL, "calibrate sculpt: budget %lld, %d documents", (long long)B, n_docs);
+    const int L = s->n_layers;
+    if (kvm_eval_doc_input(docs[0])->model->cfg.n_layers != L)
+        return kvm_err(KVM_EINVAL, "calibrate sculpt: signals for %d layers, model has %d", L,
+                       kvm_eval_doc_input(docs[0])->model->cfg.n_layers);
+    memset(s->sculpt_cosine, 0, (size_t)L * sizeof(double));
+    memset(s->sculpt_ppl, 0, (size_t)L * sizeof(double));
+    memset(s->sculpt_kl, 0, (size_t)L * sizeof(double));
+    s->has_sculpt = 0;
+    for (int i = 0; i < n_docs; i++) {
+        int rc = sculpt_doc(docs[i], B, o, s);
+        if (rc) return rc;
+    }
+    for (int l = 0; l < L; l++) {
+        s->sculpt_cosine[l] /= n_docs;
+        s->sculpt_ppl[l] /= n_docs;
+        s->sculpt_kl[l] /= n_docs;
+    }
+    s->has_sculpt = 1;
+    return 0;
+}
+
 int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
 {
     const int L = s->n_layers, P = KVM_PATTERN_COUNT;
@@ -164,6 +249,11 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
                         kvm_pattern_name((kvm_pattern)r), (long long)(r == KVM_PATTERN_PYRAMIDKV ? pyr[l] : s->budget),
                         s->cosine[i], s->ppl_delta[i], s->kl[i], s->entropy[l], s->worst_ppl[ph * L + l]);
             }
+    for (int ph = 0; s->has_sculpt && ph < KVM_POLYKV_PHASES; ph++)
+        for (int l = 0; l < L; l++)
+            fprintf(f, "%s,%d,sculpt,%lld,%.9g,%.9g,%.9g,%.9g,%.9g\n", ph ? "decode" : "prefill", l,
+                    (long long)s->budget, s->sculpt_cosine[l], s->sculpt_ppl[l], s->sculpt_kl[l], s->entropy[l],
+                    s->worst_ppl[ph * L + l]);
     free(pyr);
     return ferror(f) ? kvm_err(KVM_EIO, "signals: write failed") : 0;
 }

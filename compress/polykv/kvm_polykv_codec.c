@@ -61,6 +61,13 @@ static uint32_t get32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* A layer's (prefill, decode) patterns: two eviction patterns, or sculpt in both phases. */
+static int pattern_pair_ok(unsigned p0, unsigned p1)
+{
+    if (p0 == KVM_PATTERN_SCULPT || p1 == KVM_PATTERN_SCULPT) return p0 == p1;
+    return p0 < KVM_PATTERN_COUNT && p1 < KVM_PATTERN_COUNT;
+}
+
 int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len)
 {
     *buf = NULL;
@@ -85,8 +92,7 @@ int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len)
     for (int l = 0; l < s->n_layers; l++) {
         const kvm_strategy_layer *L = &s->layers[l];
         uint8_t *p = b + HDR_BYTES + (size_t)LAYER_BYTES * l;
-        if ((unsigned)L->pattern[0] >= KVM_PATTERN_COUNT || (unsigned)L->pattern[1] >= KVM_PATTERN_COUNT ||
-            L->budget < 1 || L->budget > UINT32_MAX) {
+        if (!pattern_pair_ok(L->pattern[0], L->pattern[1]) || L->budget < 1 || L->budget > UINT32_MAX) {
             free(b);
             return kvm_err(KVM_EINVAL, "strategy encode: layer %d pattern or budget out of range", l);
         }
@@ -132,8 +138,10 @@ int kvm_strategy_decode(const uint8_t *b, size_t n, kvm_strategy **out)
         const uint8_t *p = b + HDR_BYTES + (size_t)LAYER_BYTES * l;
         size_t off = HDR_BYTES + (size_t)LAYER_BYTES * l;
         uint32_t bud = get32(p + 4);
-        if (p[0] >= KVM_PATTERN_COUNT || p[1] >= KVM_PATTERN_COUNT)
-            rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: unknown pattern %u/%u at offset %zu", l, p[0], p[1], off);
+        if (!pattern_pair_ok(p[0], p[1]))
+            rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: unknown pattern pair %u/%u at offset %zu (eviction patterns "
+                                      "0-%d, or sculpt %d in both phases)",
+                         l, p[0], p[1], off, KVM_PATTERN_COUNT - 1, KVM_PATTERN_SCULPT);
         else if (get16(p + 2) != 0)
             rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: reserved bytes at offset %zu are not zero", l, off + 2);
         else if (bud < 1 || bud < bmin)

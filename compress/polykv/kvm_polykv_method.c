@@ -1,7 +1,9 @@
 /* kvm_polykv_method.c: the "polykv:FILE" row of the method table: a strategy applied as
- * eviction plans (prefill, and decode with --phases both) at the requested average budget. */
+ * eviction plans (prefill, and decode with --phases both) at the requested average budget,
+ * its sculpt layers distilled by KVSculpt at their budgets. */
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@ typedef struct polykv_opts {
     kvm_strategy *owned;   /* read from FILE, or NULL when borrowed */
     const kvm_strategy *s; /* the strategy */
     kvm_budget budget;     /* requested average budget */
+    kvm_sculpt_opts sculpt; /* for the sculpt layers */
 } polykv_opts;
 
 int kvm_polykv_method_opts_from(const kvm_strategy *s, const kvm_budget *budget, void **opts)
@@ -21,15 +24,62 @@ int kvm_polykv_method_opts_from(const kvm_strategy *s, const kvm_budget *budget,
     if (!o) return kvm_err(KVM_ENOMEM, "polykv: out of memory");
     o->s = s;
     o->budget = *budget;
+    o->sculpt = kvm_sculpt_opts_default();
     *opts = o;
     return 0;
+}
+
+void kvm_polykv_method_set_sculpt(void *opts, const kvm_sculpt_opts *so)
+{
+    ((polykv_opts *)opts)->sculpt = *so;
+}
+
+/* Splits "FILE[:name=value:...]" at the first ':' followed by a sculpt setting name and '='
+ * (file names may hold ':'). *opts_at is NULL when there is no option list. */
+static void split_arg(const char *arg, size_t *file_len, const char **opts_at)
+{
+    int n;
+    const kvm_sculpt_setting *set = kvm_sculpt_settings(&n);
+    for (const char *c = strchr(arg, ':'); c; c = strchr(c + 1, ':'))
+        for (int i = 0; i < n; i++) {
+            size_t k = strlen(set[i].name);
+            if (!strncmp(c + 1, set[i].name, k) && (c[1 + k] == '=' || c[1 + k] == ':' || !c[1 + k])) {
+                *file_len = (size_t)(c - arg);
+                *opts_at = c + 1;
+                return;
+            }
+        }
+    *file_len = strlen(arg);
+    *opts_at = NULL;
 }
 
 int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const kvm_model_config *c, void **opts)
 {
     *opts = NULL;
+    size_t flen;
+    const char *sopts;
+    split_arg(arg, &flen, &sopts);
+    char *file = strndup(arg, flen);
+    kvm_sculpt_opts so = kvm_sculpt_opts_default();
+    char *list = sopts ? strdup(sopts) : NULL;
+    if (!file || (sopts && !list)) {
+        free(file);
+        free(list);
+        return kvm_err(KVM_ENOMEM, "polykv: out of memory");
+    }
+    for (char *p = list; p && *p; p++) /* the method syntax joins options with ':' */
+        if (*p == ':') *p = ',';
+    int rc = kvm_sculpt_opts_parse(&so, list);
+    free(list);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        free(file);
+        return kvm_err(rc == KVM_ENOTFOUND ? KVM_EINVAL : rc, "polykv: sculpt options of '%s': %s", arg, why);
+    }
     kvm_strategy *s;
-    int rc = kvm_strategy_read(arg, &s);
+    rc = kvm_strategy_read(file, &s);
+    free(file);
     if (rc) return rc;
     if (s->n_layers != c->n_layers) {
         int n = s->n_layers;
@@ -41,6 +91,7 @@ int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const 
         return rc;
     }
     ((polykv_opts *)*opts)->owned = s;
+    ((polykv_opts *)*opts)->sculpt = so;
     return 0;
 }
 
@@ -64,11 +115,147 @@ static int plan_of(const kvm_compress_input *in, const polykv_opts *o, int phase
     return rc;
 }
 
+/* The builder scores many strategies on the same documents, and with uniform allocation a
+ * distilled layer depends only on (document, layer, budget, options): a memo of distilled
+ * layers, on while kvm_polykv_memo_begin .. _end bracket a search (single-threaded). */
+typedef struct memo_entry {
+    const kvm_compress_input *in;
+    int layer;
+    int64_t b;
+    kvm_kvcache *c; /* the whole cache the layer was distilled in; only layer `layer` is read */
+} memo_entry;
+
+static struct {
+    int on;
+    kvm_sculpt_opts o;
+    memo_entry *e;
+    int n, cap;
+} memo;
+
+static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
+{
+    kvm_sculpt_opts x = *a, y = *b;
+    x.threads = y.threads = 1; /* results do not depend on the thread count */
+    return !memcmp(&x, &y, sizeof x);
+}
+
+static memo_entry *memo_find(const kvm_compress_input *in, int l, int64_t b)
+{
+    for (int i = 0; i < memo.n; i++)
+        if (memo.e[i].in == in && memo.e[i].layer == l && memo.e[i].b == b) return &memo.e[i];
+    return NULL;
+}
+
+void kvm_polykv_memo_begin(void)
+{
+    kvm_polykv_memo_end();
+    memo.on = 1;
+}
+
+void kvm_polykv_memo_end(void)
+{
+    kvm_kvcache *last = NULL; /* entries of one distillation share its cache */
+    for (int i = 0; i < memo.n; i++)
+        if (memo.e[i].c != last) {
+            last = memo.e[i].c;
+            kvm_kvcache_free(&memo.e[i].c);
+        }
+    free(memo.e);
+    memset(&memo, 0, sizeof memo);
+}
+
+/* Replaces layer l of dst by layer l of src. */
+static int copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l)
+{
+    const int d = src->head_dim;
+    int rc = 0;
+    for (int g = 0; !rc && g < src->n_kv_heads; g++) {
+        const kvm_kv_head *a = kvm_kvcache_head(src, l, g);
+        kvm_kv_head *h = kvm_kvcache_head(dst, l, g);
+        rc = kvm_kvcache_keep(h, d, NULL, 0);
+        for (int64_t e = 0; !rc && e < a->n; e++)
+            rc = kvm_kvcache_append(h, d, a->k + e * d, a->v + e * d, a->pos[e], a->bias[e]);
+    }
+    return rc;
+}
+
+/* Remembers the layers of `done` distilled at b[l] > 0 (takes ownership of done). */
+static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, kvm_kvcache *done)
+{
+    int need = 0;
+    for (int l = 0; l < L; l++) need += b[l] > 0;
+    if (memo.n + need > memo.cap) {
+        int cap = (memo.n + need) * 2;
+        memo_entry *e = realloc(memo.e, (size_t)cap * sizeof *e);
+        if (!e) {
+            kvm_kvcache_free(&done);
+            return kvm_err(KVM_ENOMEM, "polykv: out of memory");
+        }
+        memo.e = e;
+        memo.cap = cap;
+    }
+    for (int l = 0; l < L; l++)
+        if (b[l] > 0) memo.e[memo.n++] = (memo_entry){in, l, b[l], done};
+    return 0;
+}
+
+/* Distils layers b[l] > 0 into out, through the memo when it is on and applies. */
+static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64_t *b, int L, kvm_kvcache *out)
+{
+    int use = memo.on && so->alloc == KVM_SCULPT_ALLOC_UNIFORM;
+    if (use && memo.n && !opts_equal(&memo.o, so)) kvm_polykv_memo_begin(); /* other options: forget */
+    if (use) memo.o = *so;
+    int rc = 0, left = 0;
+    for (int l = 0; use && !rc && l < L; l++) {
+        const memo_entry *e = b[l] > 0 ? memo_find(in, l, b[l]) : NULL;
+        if (e) {
+            rc = copy_layer(out, e->c, l);
+            b[l] = 0;
+        }
+        left += b[l] > 0;
+    }
+    if (rc || (use && !left)) return rc;
+    if (!use) return kvm_sculpt_compress_layers(in, so, b, out, NULL);
+    kvm_kvcache *done = NULL;
+    rc = kvm_kvcache_clone(out, &done);
+    if (!rc) rc = kvm_sculpt_compress_layers(in, so, b, done, NULL);
+    for (int l = 0; !rc && l < L; l++)
+        if (b[l] > 0) rc = copy_layer(out, done, l);
+    if (rc) {
+        kvm_kvcache_free(&done);
+        return rc;
+    }
+    return memo_add(in, b, L, done);
+}
+
+/* Distils the strategy's sculpt layers of *out (left full by the plan) at the plan's mean
+ * budget over each layer's KV heads (head splits move budget between heads; KVSculpt takes
+ * one budget per layer). */
+static int distil_layers(const kvm_compress_input *in, const polykv_opts *o, const kvm_evict_plan *plan,
+                         kvm_kvcache *out)
+{
+    const int L = o->s->n_layers, H = plan->n_kv_heads;
+    int64_t *b = calloc((size_t)L, sizeof *b);
+    if (!b) return kvm_err(KVM_ENOMEM, "polykv: out of memory");
+    int any = 0;
+    for (int l = 0; l < L; l++) {
+        if (o->s->layers[l].pattern[0] != KVM_PATTERN_SCULPT) continue;
+        int64_t sum = 0;
+        for (int g = 0; g < H; g++) sum += plan->budget[l * H + g];
+        b[l] = (sum + H / 2) / H > 0 ? (sum + H / 2) / H : 1;
+        any = 1;
+    }
+    int rc = any ? distil(in, &o->sculpt, b, L, out) : 0;
+    free(b);
+    return rc;
+}
+
 int kvm_polykv_method_compress(const kvm_compress_input *in, const void *opts, kvm_kvcache **out)
 {
     kvm_evict_plan *plan = NULL;
     int rc = plan_of(in, opts, 0, &plan);
     if (!rc) rc = kvm_evict_prefill(in, plan, out);
+    if (!rc && (rc = distil_layers(in, opts, plan, *out))) kvm_kvcache_free(out);
     kvm_evict_plan_free(&plan);
     return rc;
 }

@@ -10,11 +10,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+static kvm_sculpt_opts score_sculpt;
+static int score_sculpt_set;
+
+void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o)
+{
+    score_sculpt_set = o != NULL;
+    if (o) score_sculpt = *o;
+}
+
 int kvm_polykv_score(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy *s, double *per_doc, double *kl_mean)
 {
     void *opts = NULL;
     kvm_budget b = {.tokens = s->budget_avg};
     int rc = kvm_polykv_method_opts_from(s, &b, &opts);
+    if (!rc && score_sculpt_set) kvm_polykv_method_set_sculpt(opts, &score_sculpt);
     double sum = 0;
     const kvm_method m = {.name = "polykv", .compress = kvm_polykv_method_compress};
     for (int i = 0; !rc && i < n_docs; i++) {
@@ -72,10 +82,11 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     double best_kl = INFINITY, bs_kl = INFINITY;
     double *kd = calloc((size_t)n_docs * 3, sizeof *kd), *best_d = kd + n_docs, *bs_d = kd + 2 * n_docs;
     int rc = kd ? 0 : kvm_err(KVM_ENOMEM, "polykv: out of memory");
+    kvm_polykv_memo_begin();
     if (table) fprintf(table, "%-28s %12s  %s\n", "candidate", "kl_mean", "layers (prefill pattern:budget)");
     for (int sel = 0; !rc && sel < KVM_POLYKV_SELECT_SEARCH; sel++) {
         if (sel_only >= 0 && sel != sel_only) continue;
-        int n_single = sel == KVM_POLYKV_SELECT_SINGLE ? KVM_PATTERN_COUNT : 1;
+        int n_single = sel != KVM_POLYKV_SELECT_SINGLE ? 1 : sig->has_sculpt ? KVM_PATTERN_STRATEGY_COUNT : KVM_PATTERN_COUNT;
         for (int pat = 0; !rc && pat < n_single; pat++)
             for (int al = 0; !rc && al < KVM_POLYKV_ALLOC_SEARCH; al++) {
                 if (alloc_only >= 0 && al != alloc_only) continue;
@@ -139,6 +150,7 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     kvm_strategy_free(&bs);
     free(kd);
     if (rc) {
+        kvm_polykv_memo_end();
         kvm_strategy_free(&best);
         return rc;
     }
@@ -159,10 +171,12 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
         }
         kvm_strategy_free(&r);
         if (rc) {
+            kvm_polykv_memo_end();
             kvm_strategy_free(&best);
             return rc;
         }
     }
+    kvm_polykv_memo_end();
     if (table) {
         char name[64];
         describe(best, name, sizeof name);

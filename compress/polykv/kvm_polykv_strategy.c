@@ -53,8 +53,12 @@ int kvm_polykv_signals_new(int n_layers, kvm_polykv_signals **out)
         s->kl = calloc(n3, sizeof(double));
         s->entropy = calloc((size_t)n_layers, sizeof(double));
         s->worst_ppl = calloc((size_t)KVM_POLYKV_PHASES * n_layers, sizeof(double));
+        s->sculpt_cosine = calloc((size_t)n_layers, sizeof(double));
+        s->sculpt_ppl = calloc((size_t)n_layers, sizeof(double));
+        s->sculpt_kl = calloc((size_t)n_layers, sizeof(double));
     }
-    if (!s || !s->cosine || !s->ppl_delta || !s->kl || !s->entropy || !s->worst_ppl) {
+    if (!s || !s->cosine || !s->ppl_delta || !s->kl || !s->entropy || !s->worst_ppl || !s->sculpt_cosine ||
+        !s->sculpt_ppl || !s->sculpt_kl) {
         kvm_polykv_signals_free(&s);
         return kvm_err(KVM_ENOMEM, "signals: out of memory");
     }
@@ -71,12 +75,15 @@ void kvm_polykv_signals_free(kvm_polykv_signals **ps)
     free(s->kl);
     free(s->entropy);
     free(s->worst_ppl);
+    free(s->sculpt_cosine);
+    free(s->sculpt_ppl);
+    free(s->sculpt_kl);
     free(s);
     *ps = NULL;
 }
 
-/* Index of the best pattern for (phase, layer) by select mode; PyramidKV is skipped. */
-static kvm_pattern best_pattern(const kvm_polykv_signals *s, kvm_polykv_select sel, int ph, int l)
+/* Index of the best eviction pattern for (phase, layer) by select mode; PyramidKV is skipped. */
+static kvm_pattern best_eviction(const kvm_polykv_signals *s, kvm_polykv_select sel, int ph, int l)
 {
     const int P = KVM_PATTERN_COUNT;
     int best = -1;
@@ -93,6 +100,17 @@ static kvm_pattern best_pattern(const kvm_polykv_signals *s, kvm_polykv_select s
     return (kvm_pattern)best;
 }
 
+/* Patterns of layer l in both phases: sculpt (both phases) when measured and strictly better
+ * than the best eviction pattern on the prefill signals, else the best eviction per phase. */
+static void best_patterns(const kvm_polykv_signals *s, kvm_polykv_select sel, int l, kvm_pattern *out)
+{
+    for (int ph = 0; ph < KVM_POLYKV_PHASES; ph++) out[ph] = best_eviction(s, sel, ph, l);
+    if (!s->has_sculpt) return;
+    size_t j = (size_t)l * KVM_PATTERN_COUNT + out[0];
+    if (sel == KVM_POLYKV_SELECT_COSINE ? s->sculpt_cosine[l] > s->cosine[j] : s->sculpt_ppl[l] < s->ppl_delta[j])
+        out[0] = out[1] = KVM_PATTERN_SCULPT;
+}
+
 int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel, kvm_pattern single,
                               kvm_polykv_alloc alloc, double power, int64_t B, int64_t b_min, kvm_strategy **out)
 {
@@ -105,7 +123,7 @@ int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel
                        (long long)b_min, L, (long long)B, L);
     if ((unsigned)sel >= KVM_POLYKV_SELECT_COUNT || (unsigned)alloc >= KVM_POLYKV_ALLOC_COUNT ||
         sel == KVM_POLYKV_SELECT_SEARCH || alloc == KVM_POLYKV_ALLOC_SEARCH ||
-        (sel == KVM_POLYKV_SELECT_SINGLE && (unsigned)single >= KVM_PATTERN_COUNT) || !(power > 0))
+        (sel == KVM_POLYKV_SELECT_SINGLE && (unsigned)single >= KVM_PATTERN_STRATEGY_COUNT) || !(power > 0))
         return kvm_err(KVM_EINVAL, "strategy: bad selection/allocation mode");
     kvm_strategy *st;
     int rc = kvm_strategy_new(L, &st);
@@ -114,8 +132,10 @@ int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel
     int64_t *bud = malloc((size_t)L * sizeof *bud);
     if (!w || !bud) rc = kvm_err(KVM_ENOMEM, "strategy: out of memory");
     for (int l = 0; !rc && l < L; l++) {
-        for (int ph = 0; ph < KVM_POLYKV_PHASES; ph++)
-            st->layers[l].pattern[ph] = sel == KVM_POLYKV_SELECT_SINGLE ? single : best_pattern(s, sel, ph, l);
+        if (sel == KVM_POLYKV_SELECT_SINGLE)
+            st->layers[l].pattern[0] = st->layers[l].pattern[1] = single;
+        else
+            best_patterns(s, sel, l, st->layers[l].pattern);
         double v = 1.0;
         if (alloc == KVM_POLYKV_ALLOC_ENTROPY)
             v = s->entropy[l];
@@ -167,7 +187,8 @@ int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_head
     if (!rc) rc = kvm_strategy_rescale(s, B, bud);
     for (int l = 0; !rc && l < s->n_layers; l++)
         for (int g = 0; g < n_kv_heads; g++) {
-            p->pattern[l * n_kv_heads + g] = s->layers[l].pattern[phase];
+            p->pattern[l * n_kv_heads + g] =
+                s->layers[l].pattern[phase] == KVM_PATTERN_SCULPT ? KVM_PATTERN_NONE : s->layers[l].pattern[phase];
             p->budget[l * n_kv_heads + g] = bud[l];
         }
     free(bud);

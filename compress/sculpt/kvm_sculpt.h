@@ -91,6 +91,21 @@ int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out);
 int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out,
                         kvm_sculpt_stats *stats);
 
+/* KVSculpt with a budget per layer (what a PolyKV strategy with "sculpt" layers needs):
+ * budget[L] entries per KV head of layer l, retain zone included. budget[l] ≤ 0 leaves dst's
+ * layer l as it is; budget[l] ≥ N sets its heads to in->full's (the whole context); otherwise
+ * the layer keeps a retain zone of m_l = min(o->retain_tokens, ⌊b/2⌋) tokens and distils its
+ * compress zone into k_l = b − m_l entries, replacing dst's heads of that layer (distilled entries
+ * first, then the retain zone with its positions). o->ratio and o->k_entries are ignored; with
+ * o->alloc ≠ uniform the pilot (at the mean k of the distilled heads) redistributes their total
+ * over the distilled (layer, KV head) problems only. Problems, seeds and results per (layer,
+ * head) are those of kvm_sculpt_compress with the same m and k, so a uniform budget over every
+ * layer reproduces it exactly. dst (borrowed, shaped like the model, next_pos untouched) is
+ * modified in place; on error its distilled layers may be partly rewritten. Errors as
+ * kvm_sculpt_compress. */
+int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_opts *o, const int64_t *budget,
+                               kvm_kvcache *dst, kvm_sculpt_stats *stats);
+
 /* The three methods with the signature of the eviction methods' table: kvm_sculpt_compress
  * with o->mode forced to KVSculpt / Select+Fit / joint-fixed (o may be NULL for defaults). */
 int kvm_sculpt_compress_sculpt(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);

@@ -52,6 +52,8 @@ int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out)
 
 /* One (layer, KV head) job of a pass. */
 typedef struct job {
+    int active;             /* 0: this head is not distilled in this call */
+    int64_t m;              /* its retain zone */
     int64_t k, k2;          /* budget; k2 > 0: also solve at k2 (gain pilot), keeping only its MSE */
     float *kc, *vc, *beta;  /* results [k][d], [k][d], [k] (full pass only) */
     double mse, mse2;       /* final MSE at k and k2 */
@@ -64,7 +66,7 @@ typedef struct pass {
     const kvm_compress_input *in;
     const kvm_sculpt_opts *o;
     int rounds, iters, keep;  /* keep = 1: store kc/vc/beta */
-    int64_t m, n_synth, future;
+    int64_t n_synth, future;
     job *jobs;
     int n_jobs, next;
     pthread_mutex_t lock;
@@ -77,7 +79,7 @@ static int run_job(pass *ps, int i)
     int layer = i / c->n_kv_heads, kvh = i % c->n_kv_heads, d = c->head_dim;
     kvm_sculpt_problem p;
     double t0 = now_s();
-    int rc = kvm_sculpt_problem_build(c, ps->in->cap, layer, kvh, ps->m, ps->n_synth, ps->future, ps->o->seed, &p);
+    int rc = kvm_sculpt_problem_build(c, ps->in->cap, layer, kvh, jb->m, ps->n_synth, ps->future, ps->o->seed, &p);
     jb->query_s += now_s() - t0;
     if (rc) return rc;
     p.lse_mass_weight = ps->o->lse_mass_weight;
@@ -127,6 +129,7 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&ps->lock);
         if (i >= ps->n_jobs) break;
         job *jb = &ps->jobs[i];
+        if (!jb->active) continue;
         jb->rc = run_job(ps, i);
         if (jb->rc) snprintf(jb->msg, sizeof jb->msg, "%s", kvm_errmsg());
     }
@@ -151,7 +154,8 @@ static int run_pass(pass *ps, int threads)
     return 0;
 }
 
-static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o)
+/* The options' checks; the budget (ratio, k_entries) only when check_budget. */
+static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, int check_budget)
 {
     if (!in || !in->model || !in->full || !in->cap) return kvm_err(KVM_EINVAL, "sculpt: missing model, cache or capture");
     const kvm_model_config *c = &in->model->cfg;
@@ -163,9 +167,9 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o)
         return kvm_err(KVM_EINVAL, "sculpt: full cache shape is not the model's");
     if (o->retain_tokens < 0 || o->retain_tokens > N)
         return kvm_err(KVM_EINVAL, "sculpt: retain %lld not in [0, N = %lld]", (long long)o->retain_tokens, (long long)N);
-    if (o->k_entries <= 0 && !(o->ratio > 0 && o->ratio <= 1))
+    if (check_budget && o->k_entries <= 0 && !(o->ratio > 0 && o->ratio <= 1))
         return kvm_err(KVM_EINVAL, "sculpt: ratio %g not in (0, 1]", o->ratio);
-    if (o->k_entries > N - o->retain_tokens)
+    if (check_budget && o->k_entries > N - o->retain_tokens)
         return kvm_err(KVM_EINVAL, "sculpt: k = %lld distilled entries exceed the compress zone of %lld tokens",
                        (long long)o->k_entries, (long long)(N - o->retain_tokens));
     if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
@@ -179,39 +183,144 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o)
     return 0;
 }
 
-/* Builds the output cache from the jobs' entries and the retain zone of in->full. */
-static int assemble(const kvm_compress_input *in, int64_t m, const job *jobs, kvm_kvcache **out)
+/* Replaces the heads of dst whose job is active by the job's distilled entries followed by the
+ * job's retain zone (the last m positions of in->full). */
+static int assemble(const kvm_compress_input *in, const job *jobs, kvm_kvcache *dst)
 {
     const kvm_model_config *c = &in->model->cfg;
     const int d = c->head_dim;
-    int64_t kmax = 0;
-    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) kmax = jobs[i].k > kmax ? jobs[i].k : kmax;
-    int rc = kvm_kvcache_new(c->n_layers, c->n_kv_heads, d, kmax + m, out);
-    if (rc) return rc;
-    (*out)->next_pos = (int32_t)in->n_tokens;
     for (int l = 0; l < c->n_layers; l++)
         for (int g = 0; g < c->n_kv_heads; g++) {
             const job *jb = &jobs[l * c->n_kv_heads + g];
-            kvm_kv_head *h = kvm_kvcache_head(*out, l, g);
+            if (!jb->active) continue;
+            kvm_kv_head *h = kvm_kvcache_head(dst, l, g);
             const kvm_kv_head *f = kvm_kvcache_head(in->full, l, g);
-            for (int64_t j = 0; j < jb->k; j++)
-                if ((rc = kvm_kvcache_append(h, d, jb->kc + j * d, jb->vc + j * d, KVM_POS_NONE, jb->beta[j]))) goto fail;
+            int rc = kvm_kvcache_keep(h, d, NULL, 0);
+            if (!rc) rc = kvm_kvcache_reserve(h, d, jb->k + jb->m);
+            for (int64_t j = 0; !rc && j < jb->k; j++)
+                rc = kvm_kvcache_append(h, d, jb->kc + j * d, jb->vc + j * d, KVM_POS_NONE, jb->beta[j]);
             int64_t kept = 0;
-            for (int64_t e = 0; e < f->n; e++)
-                if (f->pos[e] != KVM_POS_NONE && f->pos[e] >= in->n_tokens - m && f->pos[e] < in->n_tokens) {
-                    if ((rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]))) goto fail;
+            for (int64_t e = 0; !rc && e < f->n; e++)
+                if (f->pos[e] != KVM_POS_NONE && f->pos[e] >= in->n_tokens - jb->m && f->pos[e] < in->n_tokens) {
+                    rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]);
                     kept++;
                 }
-            if (kept != m) {
-                rc = kvm_err(KVM_EINVAL, "sculpt: full cache layer %d head %d holds %lld of the %lld retain positions",
-                             l, g, (long long)kept, (long long)m);
-                goto fail;
-            }
+            if (rc) return rc;
+            if (kept != jb->m)
+                return kvm_err(KVM_EINVAL, "sculpt: full cache layer %d head %d holds %lld of the %lld retain positions",
+                               l, g, (long long)kept, (long long)jb->m);
         }
     return 0;
-fail:
-    kvm_kvcache_free(out);
+}
+
+/* The allocation pilot over the active jobs (compacted), at their mean budget: rewrites each
+ * active job's k so that the total is kept. Fills the MSE spread of st. */
+static int pilot(pass *ps, const kvm_model_config *c, kvm_sculpt_stats *st)
+{
+    const kvm_sculpt_opts *o = ps->o;
+    const int n = ps->n_jobs, H = c->n_kv_heads;
+    job *jobs = ps->jobs;
+    int64_t total = 0, n_act = 0;
+    for (int i = 0; i < n; i++)
+        if (jobs[i].active) {
+            total += jobs[i].k;
+            n_act++;
+        }
+    if (!n_act) return 0;
+    int64_t kp = (total + n_act / 2) / n_act, *caps = malloc((size_t)n * sizeof *caps), *kk = malloc((size_t)n * sizeof *kk);
+    double *mse = malloc((size_t)n * sizeof *mse), *mse2 = malloc((size_t)n * sizeof *mse2);
+    int *idx = malloc((size_t)n * sizeof *idx), rc = 0, nl = 0;
+    if (!caps || !kk || !mse || !mse2 || !idx) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+        goto done;
+    }
+    for (int l = 0; l < c->n_layers; l++) /* active layers, compacted: jobs are active per layer */
+        if (jobs[l * H].active) idx[nl++] = l;
+    for (int a = 0; a < nl * H; a++) {
+        job *jb = &jobs[idx[a / H] * H + a % H];
+        caps[a] = ps->in->n_tokens - jb->m;
+        jb->k = kp < caps[a] ? kp : caps[a];
+        jb->k2 = o->alloc == KVM_SCULPT_ALLOC_GAIN && jb->k > 1 ? (jb->k + 1) / 2 : 0;
+    }
+    double tp = now_s();
+    ps->rounds = o->pilot_rounds;
+    ps->iters = o->pilot_iters;
+    ps->keep = 0;
+    rc = run_pass(ps, o->threads);
+    st->pilot_s = now_s() - tp;
+    if (rc) goto done;
+    st->mse_min = st->layer_mse_min = INFINITY;
+    for (int a = 0; a < nl * H; a++) {
+        job *jb = &jobs[idx[a / H] * H + a % H];
+        mse[a] = jb->mse;
+        mse2[a] = jb->k2 > 0 ? jb->mse2 : jb->mse;
+        st->mse_min = fmin(st->mse_min, mse[a]);
+        st->mse_max = fmax(st->mse_max, mse[a]);
+        st->query_s += jb->query_s;
+        st->lbfgs_s += jb->lbfgs_s;
+        st->ridge_s += jb->ridge_s;
+    }
+    for (int a = 0; a < nl; a++) {
+        double lm = 0;
+        for (int g = 0; g < H; g++) lm += mse[a * H + g] / H;
+        st->layer_mse_min = fmin(st->layer_mse_min, lm);
+        st->layer_mse_max = fmax(st->layer_mse_max, lm);
+    }
+    if ((rc = kvm_sculpt_allocate(o->alloc, nl, H, mse, mse2, kp, caps, total, o->alloc_power, kk))) goto done;
+    for (int a = 0; a < nl * H; a++) {
+        job *jb = &jobs[idx[a / H] * H + a % H];
+        int64_t m = jb->m;
+        memset(jb, 0, sizeof *jb);
+        jb->active = 1;
+        jb->m = m;
+        jb->k = kk[a];
+    }
+done:
+    free(caps);
+    free(kk);
+    free(mse);
+    free(mse2);
+    free(idx);
     return rc;
+}
+
+/* Solves the active jobs (m, k set; pilot first when o->alloc is not uniform) and writes them
+ * into dst. Sets OpenBLAS to one thread while the workers run. */
+static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job *jobs, kvm_kvcache *dst,
+                    kvm_sculpt_stats *st)
+{
+    const kvm_model_config *c = &in->model->cfg;
+    const int n = c->n_layers * c->n_kv_heads;
+    pass ps = {.in = in, .o = o, .n_synth = o->n_synth, .jobs = jobs, .n_jobs = n,
+               .future = o->future_tokens > 0 ? o->future_tokens : in->n_future > 0 ? in->n_future : 64};
+    int blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    int rc = o->alloc != KVM_SCULPT_ALLOC_UNIFORM ? pilot(&ps, c, st) : 0;
+    if (!rc) {
+        ps.rounds = o->rounds;
+        ps.iters = o->lbfgs_iters;
+        ps.keep = 1;
+        rc = run_pass(&ps, o->threads);
+        for (int i = 0; i < n; i++) {
+            st->query_s += jobs[i].query_s;
+            st->lbfgs_s += jobs[i].lbfgs_s;
+            st->ridge_s += jobs[i].ridge_s;
+        }
+    }
+    openblas_set_num_threads(blas_threads);
+    if (!rc) rc = assemble(in, jobs, dst);
+    return rc;
+}
+
+static void jobs_free(job *jobs, int n)
+{
+    if (jobs)
+        for (int i = 0; i < n; i++) {
+            free(jobs[i].kc);
+            free(jobs[i].vc);
+            free(jobs[i].beta);
+        }
+    free(jobs);
 }
 
 int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out,
@@ -219,7 +328,7 @@ int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, 
 {
     *out = NULL;
     double t_start = now_s();
-    int rc = check_opts(in, o);
+    int rc = check_opts(in, o, 1);
     if (rc) return rc;
     const kvm_model_config *c = &in->model->cfg;
     const int n = c->n_layers * c->n_kv_heads;
@@ -229,81 +338,63 @@ int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, 
     if (ku > nc) ku = nc;
     kvm_sculpt_stats st = {0};
     job *jobs = calloc((size_t)n, sizeof *jobs);
-    int64_t *caps = malloc((size_t)n * sizeof *caps), *kk = malloc((size_t)n * sizeof *kk);
-    double *mse = malloc((size_t)n * sizeof *mse), *mse2 = malloc((size_t)n * sizeof *mse2);
-    if (!jobs || !caps || !kk || !mse || !mse2) {
-        rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory");
-        goto done;
-    }
-    pass ps = {.in = in, .o = o, .m = m, .n_synth = o->n_synth, .jobs = jobs, .n_jobs = n,
-               .future = o->future_tokens > 0 ? o->future_tokens : in->n_future > 0 ? in->n_future : 64};
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    if (!jobs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
     for (int i = 0; i < n; i++) {
-        caps[i] = nc;
-        kk[i] = ku;
+        jobs[i].active = 1;
+        jobs[i].m = m;
+        jobs[i].k = ku;
     }
-    if (o->alloc != KVM_SCULPT_ALLOC_UNIFORM && nc > 0) {
-        double tp = now_s();
-        for (int i = 0; i < n; i++) {
-            jobs[i].k = ku;
-            jobs[i].k2 = o->alloc == KVM_SCULPT_ALLOC_GAIN && ku > 1 ? (ku + 1) / 2 : 0;
-        }
-        ps.rounds = o->pilot_rounds;
-        ps.iters = o->pilot_iters;
-        ps.keep = 0;
-        rc = run_pass(&ps, o->threads);
-        st.pilot_s = now_s() - tp;
-        if (rc) goto restore;
-        st.mse_min = INFINITY;
-        st.layer_mse_min = INFINITY;
-        for (int i = 0; i < n; i++) {
-            mse[i] = jobs[i].mse;
-            mse2[i] = jobs[i].k2 > 0 ? jobs[i].mse2 : jobs[i].mse;
-            st.mse_min = fmin(st.mse_min, mse[i]);
-            st.mse_max = fmax(st.mse_max, mse[i]);
-            st.query_s += jobs[i].query_s;
-            st.lbfgs_s += jobs[i].lbfgs_s;
-            st.ridge_s += jobs[i].ridge_s;
-        }
-        for (int l = 0; l < c->n_layers; l++) {
-            double lm = 0;
-            for (int g = 0; g < c->n_kv_heads; g++) lm += mse[l * c->n_kv_heads + g] / c->n_kv_heads;
-            st.layer_mse_min = fmin(st.layer_mse_min, lm);
-            st.layer_mse_max = fmax(st.layer_mse_max, lm);
-        }
-        if ((rc = kvm_sculpt_allocate(o->alloc, c->n_layers, c->n_kv_heads, mse, mse2, ku, caps, ku * n,
-                                      o->alloc_power, kk)))
-            goto restore;
-        memset(jobs, 0, (size_t)n * sizeof *jobs);
+    kvm_sculpt_opts x = *o;
+    if (nc <= 0) x.alloc = KVM_SCULPT_ALLOC_UNIFORM; /* nothing to allocate */
+    rc = kvm_kvcache_new(c->n_layers, c->n_kv_heads, c->head_dim, ku + m, out);
+    if (!rc) {
+        (*out)->next_pos = (int32_t)N;
+        rc = run_jobs(in, &x, jobs, *out, &st);
+        if (rc) kvm_kvcache_free(out);
     }
-    for (int i = 0; i < n; i++) jobs[i].k = kk[i];
-    ps.rounds = o->rounds;
-    ps.iters = o->lbfgs_iters;
-    ps.keep = 1;
-    rc = run_pass(&ps, o->threads);
-    for (int i = 0; i < n; i++) {
-        st.query_s += jobs[i].query_s;
-        st.lbfgs_s += jobs[i].lbfgs_s;
-        st.ridge_s += jobs[i].ridge_s;
-    }
-    if (!rc) rc = assemble(in, m, jobs, out);
-restore:
-    openblas_set_num_threads(blas_threads);
-done:
-    if (jobs)
-        for (int i = 0; i < n; i++) {
-            free(jobs[i].kc);
-            free(jobs[i].vc);
-            free(jobs[i].beta);
-        }
-    free(jobs);
-    free(caps);
-    free(kk);
-    free(mse);
-    free(mse2);
+    jobs_free(jobs, n);
     st.base.seconds = now_s() - t_start;
     st.base.entries = *out ? kvm_kvcache_entries(*out) : 0;
+    if (stats) *stats = st;
+    return rc;
+}
+
+int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_opts *o, const int64_t *budget,
+                               kvm_kvcache *dst, kvm_sculpt_stats *stats)
+{
+    double t_start = now_s();
+    int rc = check_opts(in, o, 0);
+    if (rc) return rc;
+    const kvm_model_config *c = &in->model->cfg;
+    const int H = c->n_kv_heads, n = c->n_layers * H, d = c->head_dim;
+    const int64_t N = in->n_tokens;
+    if (dst->n_layers != c->n_layers || dst->n_kv_heads != H || dst->head_dim != d)
+        return kvm_err(KVM_EINVAL, "sculpt: destination cache shape is not the model's");
+    kvm_sculpt_stats st = {0};
+    job *jobs = calloc((size_t)n, sizeof *jobs);
+    if (!jobs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        int64_t b = budget[l];
+        if (b <= 0) continue;
+        for (int g = 0; !rc && g < H && b >= N; g++) { /* a budget of the whole context keeps it */
+            const kvm_kv_head *f = kvm_kvcache_head(in->full, l, g);
+            kvm_kv_head *h = kvm_kvcache_head(dst, l, g);
+            rc = kvm_kvcache_keep(h, d, NULL, 0);
+            for (int64_t e = 0; !rc && e < f->n; e++)
+                rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]);
+        }
+        if (b >= N) continue;
+        int64_t m = o->retain_tokens < b / 2 ? o->retain_tokens : b / 2;
+        for (int g = 0; g < H; g++) {
+            jobs[l * H + g].active = 1;
+            jobs[l * H + g].m = m;
+            jobs[l * H + g].k = b - m;
+        }
+    }
+    if (!rc) rc = run_jobs(in, o, jobs, dst, &st);
+    jobs_free(jobs, n);
+    st.base.seconds = now_s() - t_start;
+    st.base.entries = kvm_kvcache_entries(dst);
     if (stats) *stats = st;
     return rc;
 }

@@ -1,0 +1,322 @@
+/* check_polykv_sculpt.c: KVSculpt inside PolyKV's per-layer design space: "sculpt" is not an
+ * eviction pattern; strategies that route layers to it encode, decode and plan correctly; the
+ * polykv method distils exactly those layers (an all-sculpt uniform strategy equals
+ * kvm_sculpt_compress, a mixed one shares its sculpt layers); the builder's memo changes no
+ * score; calibration signals for sculpt (exact when the budget covers the context); the
+ * method ARG's sculpt options and `kvmill calibrate --sculpt`. */
+#include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static kvm_model *model;
+static int32_t ids[256];
+
+static void load_model(void)
+{
+    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    kvm_test_golden_ids(ids);
+}
+
+static void free_model(void) { kvm_model_close(&model); }
+
+/* Small, fast KVSculpt settings (the results only need to be deterministic). */
+static kvm_sculpt_opts quick(void)
+{
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    o.n_synth = 64;
+    o.rounds = 1;
+    o.lbfgs_iters = 5;
+    o.future_tokens = 16;
+    return o;
+}
+
+static int heads_equal(const kvm_kvcache *a, const kvm_kvcache *b, int l)
+{
+    for (int g = 0; g < a->n_kv_heads; g++) {
+        const kvm_kv_head *x = kvm_kvcache_head(a, l, g), *y = kvm_kvcache_head(b, l, g);
+        size_t nd = (size_t)(x->n * a->head_dim) * sizeof(float);
+        if (x->n != y->n || memcmp(x->k, y->k, nd) || memcmp(x->v, y->v, nd) ||
+            memcmp(x->pos, y->pos, (size_t)x->n * 4) || memcmp(x->bias, y->bias, (size_t)x->n * 4))
+            return 0;
+    }
+    return 1;
+}
+
+static kvm_strategy *strategy_of(const kvm_pattern *p, int64_t B)
+{
+    kvm_strategy *s;
+    ck_assert_int_eq(kvm_strategy_new(5, &s), 0);
+    s->budget_avg = B;
+    s->b_min = 1;
+    s->alloc_power = 1.0;
+    for (int l = 0; l < 5; l++) {
+        s->layers[l].pattern[0] = s->layers[l].pattern[1] = p[l];
+        s->layers[l].budget = B;
+    }
+    return s;
+}
+
+START_TEST(test_not_an_eviction_pattern)
+{
+    ck_assert_str_eq(kvm_pattern_name(KVM_PATTERN_SCULPT), "sculpt");
+    kvm_pattern p;
+    ck_assert_int_eq(kvm_pattern_parse("sculpt", &p), KVM_EINVAL);
+    kvm_evict_plan *plan = NULL;
+    ck_assert_int_eq(kvm_evict_plan_new(5, 4, KVM_PATTERN_SCULPT, 8, &plan), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "not an eviction pattern"));
+    float obs[4] = {0.25f, 0.25f, 0.25f, 0.25f};
+    kvm_evict_attn a = {.n = 4, .n_group = 1, .n_obs = 1, .obs = obs};
+    int64_t keep[4], nk;
+    ck_assert_int_eq(kvm_evict_select(KVM_PATTERN_SCULPT, NULL, &a, 2, keep, &nk), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "sculpt is not an eviction pattern"));
+}
+END_TEST
+
+/* Strategy encoding and building with sculpt layers. */
+START_TEST(test_strategy_with_sculpt)
+{
+    kvm_pattern pat[5] = {KVM_PATTERN_SCULPT, KVM_PATTERN_H2O, KVM_PATTERN_SCULPT, KVM_PATTERN_TOVA, KVM_PATTERN_SNAPKV};
+    kvm_strategy *s = strategy_of(pat, 16), *back;
+    uint8_t *b;
+    size_t n;
+    ck_assert_int_eq(kvm_strategy_encode(s, &b, &n), 0);
+    ck_assert_uint_eq(b[24], KVM_PATTERN_SCULPT);
+    ck_assert_uint_eq(b[25], KVM_PATTERN_SCULPT);
+    ck_assert_int_eq(kvm_strategy_decode(b, n, &back), 0);
+    ck_assert_int_eq(back->layers[2].pattern[1], KVM_PATTERN_SCULPT);
+    kvm_strategy_free(&back);
+    b[25] = KVM_PATTERN_H2O; /* sculpt in prefill only: refused */
+    ck_assert_int_eq(kvm_strategy_decode(b, n, &back), KVM_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "pattern pair 5/1 at offset 24"));
+    b[24] = 6; /* beyond sculpt */
+    ck_assert_int_eq(kvm_strategy_decode(b, n, &back), KVM_EFORMAT);
+    free(b);
+    s->layers[1].pattern[1] = KVM_PATTERN_SCULPT;
+    ck_assert_int_eq(kvm_strategy_encode(s, &b, &n), KVM_EINVAL);
+    s->layers[1].pattern[1] = KVM_PATTERN_H2O;
+
+    /* plans: sculpt layers are left to the caller (NONE) with their budget, in both phases */
+    for (int ph = 0; ph < 2; ph++) {
+        kvm_evict_plan *p;
+        ck_assert_int_eq(kvm_strategy_plan(s, ph, 16, 4, &p), 0);
+        ck_assert_int_eq(p->pattern[0], KVM_PATTERN_NONE);
+        ck_assert_int_eq(p->pattern[2 * 4 + 3], KVM_PATTERN_NONE);
+        ck_assert_int_eq(p->budget[2 * 4 + 3], 16);
+        ck_assert_int_eq(p->pattern[1 * 4], KVM_PATTERN_H2O);
+        kvm_evict_plan_free(&p);
+    }
+    kvm_strategy_free(&s);
+
+    /* the builder routes a layer to sculpt when its prefill signal beats every eviction pattern */
+    kvm_polykv_signals *sig;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &sig), 0);
+    for (int i = 0; i < 2 * 5 * KVM_PATTERN_COUNT; i++) {
+        sig->cosine[i] = (i % KVM_PATTERN_COUNT) == KVM_PATTERN_TOVA ? 0.95 : 0.9;
+        sig->ppl_delta[i] = (i % KVM_PATTERN_COUNT) == KVM_PATTERN_TOVA ? 0.1 : 0.5;
+    }
+    for (int l = 0; l < 5; l++) {
+        sig->entropy[l] = 1.0;
+        sig->sculpt_cosine[l] = l == 3 ? 0.99 : 0.94;
+        sig->sculpt_ppl[l] = l == 3 ? 0.01 : 0.2;
+    }
+    ck_assert_int_eq(kvm_polykv_strategy_build(sig, KVM_POLYKV_SELECT_COSINE, 0, KVM_POLYKV_ALLOC_UNIFORM, 1, 16, 4, &s),
+                     0);
+    for (int l = 0; l < 5; l++) ck_assert_int_eq(s->layers[l].pattern[0], KVM_PATTERN_TOVA); /* not measured */
+    kvm_strategy_free(&s);
+    sig->has_sculpt = 1;
+    for (int sel = 0; sel < 2; sel++) {
+        ck_assert_int_eq(kvm_polykv_strategy_build(sig, sel, 0, KVM_POLYKV_ALLOC_UNIFORM, 1, 16, 4, &s), 0);
+        for (int l = 0; l < 5; l++)
+            for (int ph = 0; ph < 2; ph++)
+                ck_assert_int_eq(s->layers[l].pattern[ph], l == 3 ? KVM_PATTERN_SCULPT : KVM_PATTERN_TOVA);
+        kvm_strategy_free(&s);
+    }
+    ck_assert_int_eq(kvm_polykv_strategy_build(sig, KVM_POLYKV_SELECT_SINGLE, KVM_PATTERN_SCULPT,
+                                               KVM_POLYKV_ALLOC_ENTROPY, 1, 16, 4, &s), 0);
+    for (int l = 0; l < 5; l++) ck_assert_int_eq(s->layers[l].pattern[1], KVM_PATTERN_SCULPT);
+    kvm_strategy_free(&s);
+    kvm_polykv_signals_free(&sig);
+}
+END_TEST
+
+/* The method distils the sculpt layers: all-sculpt at a uniform budget is kvm_sculpt_compress
+ * (retain min(m, B/2)); in a mixed strategy the sculpt layers are the same and the eviction
+ * layers are cut to their budget; scores through the memo equal scores without it. */
+START_TEST(test_method_distils_sculpt_layers)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 96, 80, 16, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    kvm_sculpt_opts so = quick();
+    kvm_sculpt_opts ref_o = so;
+    ref_o.retain_tokens = 10; /* min(32, 20/2) */
+    ref_o.k_entries = 10;
+    kvm_kvcache *ref, *all, *mix;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &ref_o, &ref, NULL), 0);
+
+    kvm_pattern p_all[5] = {KVM_PATTERN_SCULPT, KVM_PATTERN_SCULPT, KVM_PATTERN_SCULPT, KVM_PATTERN_SCULPT,
+                            KVM_PATTERN_SCULPT};
+    kvm_pattern p_mix[5] = {KVM_PATTERN_SCULPT, KVM_PATTERN_H2O, KVM_PATTERN_SCULPT, KVM_PATTERN_SNAPKV,
+                            KVM_PATTERN_STREAMING};
+    kvm_strategy *s_all = strategy_of(p_all, 20), *s_mix = strategy_of(p_mix, 20);
+    kvm_budget bud = {.tokens = 20};
+    void *o_all, *o_mix;
+    ck_assert_int_eq(kvm_polykv_method_opts_from(s_all, &bud, &o_all), 0);
+    ck_assert_int_eq(kvm_polykv_method_opts_from(s_mix, &bud, &o_mix), 0);
+    kvm_polykv_method_set_sculpt(o_all, &so);
+    kvm_polykv_method_set_sculpt(o_mix, &so);
+    ck_assert_int_eq(kvm_polykv_method_compress(in, o_all, &all), 0);
+    ck_assert_int_eq(kvm_polykv_method_compress(in, o_mix, &mix), 0);
+    for (int l = 0; l < 5; l++) ck_assert(heads_equal(all, ref, l));
+    ck_assert(heads_equal(mix, ref, 0) && heads_equal(mix, ref, 2));
+    for (int l = 0; l < 5; l++)
+        for (int g = 0; g < 4; g++) {
+            const kvm_kv_head *h = kvm_kvcache_head(mix, l, g);
+            ck_assert_int_eq(h->n, 20);
+            int distilled = 0;
+            for (int64_t e = 0; e < h->n; e++) distilled += h->pos[e] == KVM_POS_NONE;
+            ck_assert_int_eq(distilled, p_mix[l] == KVM_PATTERN_SCULPT ? 10 : 0);
+        }
+    kvm_eval_result r;
+    ck_assert_int_eq(kvm_eval_continue(doc, mix, NULL, NULL, &r), 0);
+    ck_assert(isfinite(r.kl_mean) && r.kl_mean > 0);
+
+    kvm_polykv_score_sculpt_opts(&so);
+    double kl0, kl1, kl2;
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, s_mix, NULL, &kl0), 0);
+    kvm_polykv_memo_begin();
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, s_mix, NULL, &kl1), 0); /* fills the memo */
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, s_mix, NULL, &kl2), 0); /* served from it */
+    kvm_polykv_memo_end();
+    kvm_polykv_score_sculpt_opts(NULL);
+    ck_assert(kl0 == kl1 && kl1 == kl2);
+    ck_assert(kl0 == r.kl_mean);
+
+    kvm_polykv_method_opts_free(o_all);
+    kvm_polykv_method_opts_free(o_mix);
+    kvm_strategy_free(&s_all);
+    kvm_strategy_free(&s_mix);
+    kvm_kvcache_free(&ref);
+    kvm_kvcache_free(&all);
+    kvm_kvcache_free(&mix);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+/* Sculpt signals: a budget covering the context keeps every layer whole (cosine exactly 1, KL
+ * 0); a small one does not. */
+START_TEST(test_calibrate_sculpt)
+{
+    kvm_eval_doc *d;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 64, 32, 8, &d), 0);
+    kvm_polykv_signals *s;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &s), 0);
+    kvm_sculpt_opts so = quick();
+    ck_assert_int_eq(kvm_polykv_calibrate_sculpt(&d, 1, 32, &so, s), 0);
+    ck_assert_int_eq(s->has_sculpt, 1);
+    for (int l = 0; l < 5; l++) ck_assert(s->sculpt_cosine[l] == 1.0 && s->sculpt_kl[l] == 0.0 && s->sculpt_ppl[l] == 0.0);
+    ck_assert_int_eq(kvm_polykv_calibrate_sculpt(&d, 1, 8, &so, s), 0);
+    double kl = 0;
+    for (int l = 0; l < 5; l++) {
+        ck_assert(s->sculpt_cosine[l] < 1.0 && s->sculpt_cosine[l] > 0.5);
+        ck_assert(s->sculpt_kl[l] >= 0);
+        kl += s->sculpt_kl[l];
+    }
+    ck_assert(kl > 0);
+    s->budget = 8;
+    char *dir = kvm_test_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/sig.csv", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_int_eq(kvm_polykv_signals_csv(s, f), 0);
+    fclose(f);
+    char *text = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "\nprefill,4,sculpt,8,"));
+    ck_assert_ptr_nonnull(strstr(text, "\ndecode,0,sculpt,8,"));
+    free(text);
+    kvm_test_rmtree(dir);
+    free(dir);
+    ck_assert_int_eq(kvm_polykv_calibrate_sculpt(&d, 1, 0, &so, s), KVM_EINVAL);
+    kvm_polykv_signals_free(&s);
+    kvm_eval_doc_free(&d);
+}
+END_TEST
+
+/* "polykv:FILE[:sculpt options]" and `kvmill calibrate --sculpt`. */
+START_TEST(test_arg_and_cli)
+{
+    char *dir = kvm_test_tmpdir(), path[512], spec[1024];
+    snprintf(path, sizeof path, "%s/s.bin", dir);
+    kvm_pattern pat[5] = {KVM_PATTERN_SCULPT, KVM_PATTERN_H2O, KVM_PATTERN_H2O, KVM_PATTERN_H2O, KVM_PATTERN_H2O};
+    kvm_strategy *s = strategy_of(pat, 16);
+    ck_assert_int_eq(kvm_strategy_write(s, path), 0);
+    kvm_strategy_free(&s);
+    const kvm_method *m = kvm_method_find("polykv");
+    kvm_model_config c = {.n_layers = 5};
+    kvm_budget b = {.tokens = 16};
+    void *o = NULL;
+    snprintf(spec, sizeof spec, "%s:threads=2:queries=64:bias", path);
+    ck_assert_int_eq(m->opts_new(spec, &b, &c, &o), 0);
+    m->opts_free(o);
+    snprintf(spec, sizeof spec, "%s:threads=0", path);
+    ck_assert_int_eq(m->opts_new(spec, &b, &c, &o), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "threads"));
+    snprintf(spec, sizeof spec, "%s:nonsense=1", path); /* not a setting: part of the file name */
+    ck_assert_int_eq(m->opts_new(spec, &b, &c, &o), KVM_ENOTFOUND);
+
+    char cmd[4096], *out = NULL, *err = NULL;
+    const char *base = "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/data/long/doc_000.txt "
+                       "--budget 12 --context 40 --continuation 8 --out %s %s";
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), path, "--sculpt-opts threads=2");
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_ptr_nonnull(strstr(err, "--sculpt-opts needs --sculpt"));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), path,
+             "--sculpt --sculpt-opts lambda=-1");
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_ptr_nonnull(strstr(err, "lambda"));
+    free(out);
+    free(err);
+    char extra[1024];
+    snprintf(extra, sizeof extra, "--sculpt --sculpt-opts queries=64,rounds=1,iters=5,threads=2 --dump-signals %s/sig.csv",
+             dir);
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), path, extra);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s", err);
+    ck_assert_ptr_nonnull(strstr(out, "sculpt cosine per layer:"));
+    ck_assert_ptr_nonnull(strstr(out, "\nsculpt/uniform "));
+    free(out);
+    free(err);
+    snprintf(path, sizeof path, "%s/sig.csv", dir);
+    char *text = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "\nprefill,0,sculpt,12,"));
+    free(text);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("polykv_sculpt");
+    TCase *tc = tcase_create("pure");
+    tcase_add_test(tc, test_not_an_eviction_pattern);
+    tcase_add_test(tc, test_strategy_with_sculpt);
+    suite_add_tcase(s, tc);
+    TCase *tm = tcase_create("model");
+    tcase_add_checked_fixture(tm, load_model, free_model);
+    tcase_set_timeout(tm, 120);
+    tcase_add_test(tm, test_method_distils_sculpt_layers);
+    tcase_add_test(tm, test_calibrate_sculpt);
+    tcase_add_test(tm, test_arg_and_cli);
+    suite_add_tcase(s, tm);
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(suite()); }
