@@ -77,7 +77,7 @@ int kvm_forward_add_hooks(kvm_forward *f, const kvm_hooks *h)
         return kvm_err(KVM_EFULL, "forward: at most %d hook sets", KVM_FORWARD_MAX_HOOKS);
     f->hooks[f->n_hooks++] = *h;
     f->want_q_pre |= h->want_q_pre;
-    f->want_probs |= h->post_attn != NULL;
+    f->want_probs |= h->post_attn != NULL && !h->no_probs;
     return 0;
 }
 

@@ -41,6 +41,9 @@ typedef struct kvm_attn_site {
 typedef struct kvm_hooks {
     void *user;      /* passed to every callback */
     int want_q_pre;  /* 1 to receive pre-RoPE queries (costs one copy of q per layer) */
+    int no_probs;    /* 1: post_attn reads only the outputs, never site->probs, so the kernel
+                        need not write probabilities (faster, and the same arithmetic as a
+                        forward without hooks) */
     /* After the call's K/V were appended to the layer's cache; may evict entries. */
     int (*cache_update)(void *user, kvm_attn_site *site);
     /* Before the attention kernel; may rewrite the cache or set site->cache to another. */

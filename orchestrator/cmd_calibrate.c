@@ -22,6 +22,7 @@ typedef struct calib_args {
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump;
     int sculpt;            /* 1: KVSculpt is in the design space */
+    int decode;            /* 1: measure decode-phase signals too */
     kvm_sculpt_opts so;    /* its options */
 } calib_args;
 
@@ -36,7 +37,7 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     for (int i = 0; !rc && i < nd; i++)
         rc = cmd_eval_docs_load(CMD, m, k, tok, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
                                 (int)a->windows, &docs[i]);
-    if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate(docs, nd, a->B, sig) ||
+    if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig) ||
                 (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)))) {
         fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
         rc = 1;
@@ -102,6 +103,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"windows", 1, "context+continuation windows per document, evenly spaced (default 1: the first N+T tokens)",
          NULL},
         {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
+        {"phases", 1, "signals measured in: both (prefill and decode, default) or prefill (decode patterns = prefill "
+                      "patterns; decode-phase runs go token by token, so this is much faster on large models)", NULL},
         {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
                       "layer may be routed to it)", NULL},
         {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... (see kvmill sculpt --help; e.g. "
@@ -120,6 +123,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .out = kvm_cli_get(opts, "out"),
                     .dump = kvm_cli_get(opts, "dump-signals"),
                     .sculpt = kvm_cli_get(opts, "sculpt") != NULL,
+                    .decode = 1,
                     .so = kvm_sculpt_opts_default()};
     const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
     if (!model_path || !docs_s || !kvm_cli_get(opts, "budget") || !a.out) {
@@ -151,6 +155,13 @@ int kvm_cmd_calibrate(int argc, char **argv)
             return 2;
         }
         a.alloc = (int)v;
+    }
+    if ((s = kvm_cli_get(opts, "phases"))) {
+        if (strcmp(s, "both") && strcmp(s, "prefill")) {
+            fprintf(stderr, "kvmill " CMD ": --phases '%s' is not both or prefill\n", s);
+            return 2;
+        }
+        a.decode = !strcmp(s, "both");
     }
     if ((s = kvm_cli_get(opts, "sculpt-opts"))) {
         if (!a.sculpt) {

@@ -50,6 +50,17 @@ START_TEST(test_signals_exact_pattern)
             w = fmax(w, SIG(s->ppl_delta, 0, l, r));
         ck_assert(s->worst_ppl[l] == w);
     }
+    /* prefill only: the same prefill signals, copied to the decode phase */
+    kvm_polykv_signals *p;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &p), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 2, 24, 0, p), 0);
+    ck_assert_int_eq(p->prefill_only, 1);
+    const size_t n2 = 5 * KVM_PATTERN_COUNT;
+    ck_assert_mem_eq(p->cosine, s->cosine, n2 * sizeof(double));
+    ck_assert_mem_eq(p->ppl_delta, s->ppl_delta, n2 * sizeof(double));
+    ck_assert_mem_eq(p->cosine + n2, s->cosine, n2 * sizeof(double));
+    ck_assert(memcmp(s->cosine + n2, s->cosine, n2 * sizeof(double)) != 0); /* measured decode differs */
+    kvm_polykv_signals_free(&p);
     char *dir = kvm_test_tmpdir(), path[512];
     snprintf(path, sizeof path, "%s/sig.csv", dir);
     FILE *f = fopen(path, "w");
@@ -278,6 +289,7 @@ START_TEST(test_cli)
     expect_calib("--budget 8 --select bogus --out /tmp/x", 2, "unknown selection mode 'bogus'");
     expect_calib("--budget 8 --alloc bogus --out /tmp/x", 2, "unknown allocation mode 'bogus'");
     expect_calib("--budget 8", 2, "--out are required");
+    expect_calib("--budget 8 --phases decode --out /tmp/x", 2, "--phases 'decode' is not both or prefill");
     char *dir = kvm_test_tmpdir(), args[1024], path[512];
     snprintf(path, sizeof path, "%s/s.bin", dir);
     snprintf(args, sizeof args,

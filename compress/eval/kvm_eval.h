@@ -1,8 +1,11 @@
 /* kvm_eval.h: the evaluation harness shared by every compression method. A document is
  * split into a context (tokens [0, N), BOS first) and a continuation (tokens [N, N+T)).
  * The full-KV reference is computed once per document: the context prefill (with the
- * capture every method reads), then the continuation teacher-forced one token at a time.
- * A method's compressed cache is then run the same way and compared step by step:
+ * capture every method reads), then the continuation teacher-forced (tokens N..N+T-2 in one
+ * batched call over the cache: causal among themselves, every cache entry visible). A
+ * method's compressed cache is then run the same way and compared step by step (a run with a
+ * decode-phase policy, which changes the cache between tokens, goes one token at a time and
+ * is compared with a reference made token by token too, so both paths are exact at full KV):
  * KL(full ‖ compressed) of the T next-token distributions for tokens N..N+T-1 (the first
  * comes from the context prefill itself, before compression, so it is identical in both),
  * top-1 agreement and the continuation perplexity. */

@@ -16,9 +16,12 @@ struct kvm_eval_doc {
     int64_t n_ctx, n_cont; /* N, T */
     kvm_kvcache *full;     /* context cache */
     kvm_capture *cap;      /* context capture */
-    float *ref;            /* [T][vocab] reference logits */
+    float *ref;            /* [T][vocab] reference logits, continuation in one batched call */
+    float *ref_dec;        /* [T][vocab] the same token by token (for runs with a decode policy), or
+                              NULL until first needed */
     float *work;           /* [T][vocab] logits of the compressed run */
-    double ppl_full;
+    double ppl_full;       /* of ref */
+    double ppl_dec;        /* of ref_dec */
     kvm_compress_input in;
 };
 
@@ -67,16 +70,45 @@ double kvm_eval_quantile(double *x, int64_t n, double q)
     return x[i] + (p - (double)i) * (x[i + 1] - x[i]);
 }
 
-/* Teacher-forces tokens N..N+T-2 one at a time over cache c; logits rows 1..T-1 go to out
- * (row 0, the context prefill's own prediction, is copied from the reference). */
-static int continue_run(kvm_eval_doc *d, kvm_kvcache *c, float *out)
+/* Teacher-forces tokens N..N+T-2 over cache c; logits rows 1..T-1 go to out (row 0, the
+ * context prefill's own prediction, is copied from the reference). batched = 1: one prefill
+ * call over the T−1 tokens (causal among themselves, every cache entry visible), as fast as a
+ * prefill; 0: one decode call per token, which a decode-phase policy needs (it changes the
+ * cache between tokens). The two differ only by float rounding, so each run is compared with
+ * a reference made the same way. */
+static int continue_run(kvm_eval_doc *d, kvm_kvcache *c, float *out, int batched)
 {
     const int V = d->m->cfg.vocab_size;
     memcpy(out, d->ref, (size_t)V * sizeof *out);
+    if (batched)
+        return d->n_cont > 1 ? kvm_forward_prefill(d->f, c, d->tokens + d->n_ctx, d->n_cont - 1, out + V, KVM_LOGITS_ALL)
+                             : 0;
     for (int64_t i = 1; i < d->n_cont; i++) {
         int rc = kvm_forward_decode(d->f, c, d->tokens[d->n_ctx + i - 1], out + i * V);
         if (rc) return rc;
     }
+    return 0;
+}
+
+/* The token-by-token reference, made on first use (no hooks may be registered). */
+static int ref_decode(kvm_eval_doc *d)
+{
+    if (d->ref_dec) return 0;
+    const size_t TV = (size_t)d->n_cont * (size_t)d->m->cfg.vocab_size;
+    kvm_kvcache *tmp = NULL;
+    float *r = malloc(TV * sizeof *r);
+    int rc = r ? kvm_kvcache_clone(d->full, &tmp) : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) rc = continue_run(d, tmp, r, 0);
+    kvm_kvcache_free(&tmp);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    d->ref_dec = r;
+    double s = 0;
+    for (int64_t i = 0; i < d->n_cont; i++)
+        s += nll(r + i * d->m->cfg.vocab_size, d->m->cfg.vocab_size, d->tokens[d->n_ctx + i]);
+    d->ppl_dec = exp(s / (double)d->n_cont);
     return 0;
 }
 
@@ -113,7 +145,7 @@ int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *to
     if (!rc) rc = kvm_forward_prefill(d->f, d->full, d->tokens, n_ctx, d->ref, KVM_LOGITS_LAST);
     if (d->f) kvm_forward_clear_hooks(d->f);
     if (!rc) rc = kvm_kvcache_clone(d->full, &tmp);
-    if (!rc) rc = continue_run(d, tmp, d->ref);
+    if (!rc) rc = continue_run(d, tmp, d->ref, 1);
     kvm_kvcache_free(&tmp);
     if (rc) {
         kvm_eval_doc_free(&d);
@@ -136,6 +168,7 @@ void kvm_eval_doc_free(kvm_eval_doc **pd)
     kvm_capture_free(&d->cap);
     kvm_kvcache_free(&d->full);
     free(d->tokens);
+    free(d->ref_dec);
     free(d->ref);
     free(d->work);
     free(d);
@@ -160,15 +193,17 @@ int kvm_eval_continue(kvm_eval_doc *d, const kvm_kvcache *compressed, kvm_decode
     kvm_kvcache *c2 = NULL;
     double *kl = malloc((size_t)T * sizeof *kl);
     int rc = kl ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc && pol) rc = ref_decode(d);
+    const float *ref = pol ? d->ref_dec : d->ref;
     if (!rc) rc = kvm_kvcache_clone(compressed, &c2);
     if (!rc && pol) rc = kvm_forward_add_hooks(d->f, &pol->hooks);
     if (!rc && extra) rc = kvm_forward_add_hooks(d->f, extra);
-    if (!rc) rc = continue_run(d, c2, d->work);
+    if (!rc) rc = continue_run(d, c2, d->work, pol == NULL);
     kvm_forward_clear_hooks(d->f);
     if (!rc) {
         double s = 0, agree = 0, sk = 0;
         for (int64_t i = 0; i < T; i++) {
-            const float *p = d->ref + i * V, *q = d->work + i * V;
+            const float *p = ref + i * V, *q = d->work + i * V;
             kl[i] = kvm_eval_kl(p, q, V);
             sk += kl[i];
             agree += kvm_argmax(p, V) == kvm_argmax(q, V);
@@ -176,7 +211,7 @@ int kvm_eval_continue(kvm_eval_doc *d, const kvm_kvcache *compressed, kvm_decode
         }
         r->kl_mean = sk / (double)T;
         r->top1 = agree / (double)T;
-        r->ppl_full = d->ppl_full;
+        r->ppl_full = pol ? d->ppl_dec : d->ppl_full;
         r->ppl_compressed = exp(s / (double)T);
         r->kl_median = kvm_eval_quantile(kl, T, 0.5);
         r->kl_p99 = kvm_eval_quantile(kl, T, 0.99);

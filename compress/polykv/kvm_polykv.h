@@ -73,6 +73,7 @@ typedef struct kvm_polykv_signals {
     double *kl;           /* [2][L][P] mean KL(full ‖ only layer l uses r), nats (diagnostic) */
     double *entropy;      /* [L] mean attention entropy of layer l over heads and context queries, nats */
     double *worst_ppl;    /* [2][L] max over patterns of ppl_delta */
+    int prefill_only;     /* 1: decode-phase signals were not measured; they hold the prefill ones */
     int has_sculpt;       /* 1 when the sculpt signals below were measured */
     double *sculpt_cosine; /* [L] the same signals with layer l distilled by KVSculpt at B (prefill */
     double *sculpt_ppl;    /* [L] phase; in decode a sculpt layer appends unchanged, so the decode */
@@ -102,6 +103,12 @@ void kvm_polykv_signals_free(kvm_polykv_signals **s); /* accepts NULL; sets *s =
  * perplexity and KL. Returns 0, KVM_EINVAL (B < 1, no documents), KVM_ENOMEM, forward
  * errors. */
 int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_polykv_signals *s);
+
+/* The same with decode = 0: only the prefill phase is measured (its values are copied to the
+ * decode phase, so strategies use each layer's prefill pattern in decode too, and
+ * s->prefill_only = 1). Decode-phase runs go one token at a time while prefill-phase runs
+ * are one batched call, so on large models this is many times faster. */
+int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B, int decode, kvm_polykv_signals *s);
 
 /* The sculpt signals (our extension of PolyKV's design space): per document, every layer is
  * distilled by KVSculpt at budget B (kvm_sculpt_compress_layers with options o: retain zone

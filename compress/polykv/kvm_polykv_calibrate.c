@@ -63,7 +63,7 @@ static int one_run(kvm_eval_doc *d, int ph, int l, kvm_pattern r, int64_t b, con
     if (!rc) rc = kvm_evict_prefill(in, plan, &cc);
     if (!rc && ph == KVM_PHASE_DECODE) rc = kvm_evict_decode_new(c, plan, in, &pol);
     pr->layer = l;
-    kvm_hooks h = {.user = pr, .post_attn = probe_post};
+    kvm_hooks h = {.user = pr, .post_attn = probe_post, .no_probs = 1};
     if (!rc) rc = kvm_eval_continue(d, cc, pol, &h, &res);
     if (!rc) {
         const int64_t row = (int64_t)c->n_heads * c->head_dim;
@@ -81,7 +81,7 @@ static int one_run(kvm_eval_doc *d, int ph, int l, kvm_pattern r, int64_t b, con
     return rc;
 }
 
-static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, kvm_polykv_signals *s)
+static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, int phases, kvm_polykv_signals *s)
 {
     const kvm_compress_input *in = kvm_eval_doc_input(d);
     const kvm_model_config *c = &in->model->cfg;
@@ -92,7 +92,7 @@ static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, kvm_pol
     ref.out = calloc((size_t)(L * steps * row + 1), sizeof(float));
     pr.out = calloc((size_t)(steps * row + 1), sizeof(float));
     int rc = ref.out && pr.out ? 0 : kvm_err(KVM_ENOMEM, "calibrate: out of memory");
-    kvm_hooks h = {.user = &ref, .post_attn = probe_post};
+    kvm_hooks h = {.user = &ref, .post_attn = probe_post, .no_probs = 1};
     kvm_eval_result res;
     if (!rc) rc = kvm_eval_continue(d, in->full, NULL, &h, &res);
     for (int l = 0; !rc && l < L; l++) {
@@ -102,7 +102,7 @@ static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, kvm_pol
             e += ent[i];
         s->entropy[l] += e / ((double)c->n_heads * N);
     }
-    for (int ph = 0; !rc && ph < KVM_POLYKV_PHASES; ph++)
+    for (int ph = 0; !rc && ph < phases; ph++)
         for (int l = 0; !rc && l < L; l++)
             for (int r = 0; !rc && r < KVM_PATTERN_COUNT; r++)
                 rc = one_run(d, ph, l, (kvm_pattern)r, r == KVM_PATTERN_PYRAMIDKV ? pyr[l] : B, &ref, &pr, s);
@@ -113,6 +113,11 @@ static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, kvm_pol
 
 int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_polykv_signals *s)
 {
+    return kvm_polykv_calibrate_phases(docs, n_docs, B, 1, s);
+}
+
+int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B, int decode, kvm_polykv_signals *s)
+{
     if (B < 1 || n_docs < 1) return kvm_err(KVM_EINVAL, "calibrate: budget %lld, %d documents", (long long)B, n_docs);
     const int L = s->n_layers, P = KVM_PATTERN_COUNT;
     if (kvm_eval_doc_input(docs[0])->model->cfg.n_layers != L)
@@ -122,15 +127,21 @@ int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_p
     if (!pyr) return kvm_err(KVM_ENOMEM, "calibrate: out of memory");
     int rc = kvm_evict_pyramid_budgets(B, L, pyr);
     for (int i = 0; !rc && i < n_docs; i++)
-        rc = calibrate_doc(docs[i], B, pyr, s);
+        rc = calibrate_doc(docs[i], B, pyr, decode ? KVM_POLYKV_PHASES : 1, s);
     free(pyr);
     if (rc) return rc;
-    const size_t n3 = (size_t)KVM_POLYKV_PHASES * L * P;
+    const size_t n3 = (size_t)KVM_POLYKV_PHASES * L * P, n2 = (size_t)L * P;
     for (size_t i = 0; i < n3; i++) {
         s->cosine[i] /= n_docs;
         s->ppl_delta[i] /= n_docs;
         s->kl[i] /= n_docs;
     }
+    if (!decode) {
+        memcpy(s->cosine + n2, s->cosine, n2 * sizeof *s->cosine);
+        memcpy(s->ppl_delta + n2, s->ppl_delta, n2 * sizeof *s->ppl_delta);
+        memcpy(s->kl + n2, s->kl, n2 * sizeof *s->kl);
+    }
+    s->prefill_only = !decode;
     for (int l = 0; l < L; l++)
         s->entropy[l] /= n_docs;
     for (int ph = 0; ph < KVM_POLYKV_PHASES; ph++)
@@ -177,7 +188,7 @@ static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_
     int64_t *bud = malloc((size_t)L * sizeof *bud);
     kvm_kvcache *sc = NULL, *mix = NULL;
     int rc = ref.out && pr.out && bud ? 0 : kvm_err(KVM_ENOMEM, "calibrate: out of memory");
-    kvm_hooks h = {.user = &ref, .post_attn = probe_post};
+    kvm_hooks h = {.user = &ref, .post_attn = probe_post, .no_probs = 1};
     kvm_eval_result res;
     if (!rc) rc = kvm_eval_continue(d, in->full, NULL, &h, &res);
     for (int l = 0; !rc && l < L; l++) bud[l] = B;
@@ -187,7 +198,7 @@ static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_
         rc = kvm_kvcache_clone(in->full, &mix);
         if (!rc) rc = copy_layer(mix, sc, l);
         pr.layer = l;
-        kvm_hooks hp = {.user = &pr, .post_attn = probe_post};
+        kvm_hooks hp = {.user = &pr, .post_attn = probe_post, .no_probs = 1};
         if (!rc) rc = kvm_eval_continue(d, mix, NULL, &hp, &res);
         if (!rc) {
             double cs = 0;
@@ -241,7 +252,7 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
         return kvm_err(KVM_ENOMEM, "signals: out of memory");
     }
     fprintf(f, "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl\n");
-    for (int ph = 0; ph < KVM_POLYKV_PHASES; ph++)
+    for (int ph = 0; ph < (s->prefill_only ? 1 : KVM_POLYKV_PHASES); ph++)
         for (int l = 0; l < L; l++)
             for (int r = 0; r < P; r++) {
                 size_t i = ((size_t)ph * L + l) * P + r;
@@ -249,7 +260,7 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
                         kvm_pattern_name((kvm_pattern)r), (long long)(r == KVM_PATTERN_PYRAMIDKV ? pyr[l] : s->budget),
                         s->cosine[i], s->ppl_delta[i], s->kl[i], s->entropy[l], s->worst_ppl[ph * L + l]);
             }
-    for (int ph = 0; s->has_sculpt && ph < KVM_POLYKV_PHASES; ph++)
+    for (int ph = 0; s->has_sculpt && ph < (s->prefill_only ? 1 : KVM_POLYKV_PHASES); ph++)
         for (int l = 0; l < L; l++)
             fprintf(f, "%s,%d,sculpt,%lld,%.9g,%.9g,%.9g,%.9g,%.9g\n", ph ? "decode" : "prefill", l,
                     (long long)s->budget, s->sculpt_cosine[l], s->sculpt_ppl[l], s->sculpt_kl[l], s->entropy[l],
