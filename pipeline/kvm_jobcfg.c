@@ -9,6 +9,7 @@
 static int carried(const kvm_cfg_setting *s)
 {
     return !strcmp(s->section, "model") || !strcmp(s->section, "compress") || !strcmp(s->section, "eval") ||
+           !strcmp(s->section, "calibrate") ||
            (!strcmp(s->section, "store") && !strcmp(s->key, "dtype"));
 }
 

@@ -32,8 +32,7 @@ void kvm_worker_model_free(kvm_worker_model *wm)
     wm->path[0] = '\0';
 }
 
-/* [compress] settings -> KVSculpt options (issue 5's defaults where the config is silent). */
-static int sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt_opts *o)
+int kvm_worker_sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt_opts *o)
 {
     *o = kvm_sculpt_opts_default();
     o->mode = mode;
@@ -82,6 +81,8 @@ static int evict(const kvm_config *c, const char *method, const kvm_compress_inp
         rc = kvm_worker_strategy(c, store, model_id, &buf, &len);
         if (!rc) rc = kvm_strategy_decode(buf, len, &s);
         if (!rc) rc = kvm_polykv_method_opts_from(s, &b, &opts);
+        kvm_sculpt_opts so;
+        if (!rc && !(rc = kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &so))) kvm_polykv_method_set_sculpt(opts, &so);
         free(buf);
         m = kvm_method_find("polykv");
     } else {
@@ -103,7 +104,7 @@ int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_s
     kvm_sculpt_mode mode;
     if (kvm_sculpt_mode_parse(method, &mode) == 0) {
         kvm_sculpt_opts o;
-        int rc = sculpt_opts(c, mode, &o);
+        int rc = kvm_worker_sculpt_opts(c, mode, &o);
         /* a document no longer than the retain zone has nothing to distil: keep it whole */
         if (o.retain_tokens > in->n_tokens) o.retain_tokens = in->n_tokens;
         if (o.k_entries > in->n_tokens - o.retain_tokens) o.k_entries = in->n_tokens - o.retain_tokens;
@@ -137,7 +138,9 @@ int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *st
     for (int l = 0; !rc && l < L; l++)
         for (int g = 0; g < H; g++) {
             int64_t n = kvm_kvcache_head(compressed, l, g)->n;
-            plan->pattern[l * H + g] = s ? s->layers[l].pattern[1] : single;
+            /* a distilled (sculpt) layer appends unchanged in decode */
+            kvm_pattern p = s ? s->layers[l].pattern[1] : single;
+            plan->pattern[l * H + g] = p == KVM_PATTERN_SCULPT ? KVM_PATTERN_NONE : p;
             plan->budget[l * H + g] = n > 0 ? n : 1;
         }
     if (!rc) rc = kvm_evict_decode_new(&m->cfg, plan, NULL, out);

@@ -9,6 +9,7 @@
 #include "pipeline/kvm_config.h"
 #include "store/kvm_store.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt.h"
 
 /* A model loaded once per process and reused while jobs name the same file. */
 typedef struct kvm_worker_model {
@@ -44,6 +45,10 @@ int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_s
  * Free with kvm_decode_policy_free. */
 int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,
                           const kvm_kvcache *compressed, kvm_decode_policy **out);
+
+/* [compress] settings -> KVSculpt options for method `mode` (issue 5's defaults where the
+ * config is silent; threads from [stages] threads). Returns 0 or KVM_EINVAL (bad alloc). */
+int kvm_worker_sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt_opts *o);
 
 /* Loads the PolyKV strategy the config names for model_id: malloc'ed encoding in *buf.
  * Errors: KVM_ENOTFOUND with "run kvmill calibrate --config ... first", store errors. */

@@ -98,7 +98,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (rc) { *retryable = 0; goto done; }
     kvm_calib_finish(sig);
     for (int i = 0; !rc && i < n; i++) rc = load_doc(st->wm.model, in[1 + 2 * i], &docs[i]);
+    kvm_sculpt_opts so;
+    if (!rc && sig->has_sculpt && !(rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so))) kvm_polykv_score_sculpt_opts(&so);
     if (!rc) rc = kvm_polykv_build_best(docs, n, sig, B, B / 4 > 1 ? B / 4 : 1, -1, -1, 0, stderr, &best);
+    kvm_polykv_score_sculpt_opts(NULL);
     if (!rc) rc = kvm_strategy_encode(best, &buf, &len);
     if (!rc) rc = kvm_store_put_strategy(st->store, &st->wm.model_id, kvm_config_str(cfg, "compress", "strategy"), buf, len);
     if (rc) goto done;

@@ -2,6 +2,7 @@
  * directory: every document stored once, a second run skips all, a compress worker killed
  * with SIGKILL mid-job loses nothing, garbage sent to each stage is logged and dropped while
  * the stage keeps working, and bad configurations or a missing stage binary fail clearly. */
+#include "compress/polykv/kvm_polykv.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
@@ -588,6 +589,37 @@ START_TEST(test_calibrate_then_polykv)
 }
 END_TEST
 
+/* The same with KVSculpt in the design space and prefill-phase signals only: the stats carry
+ * a sixth pattern, the strategy stage scores sculpt candidates, and the run compresses with
+ * whatever strategy won (sculpt layers distilled with the [compress] sculpt settings). */
+START_TEST(test_calibrate_sculpt_then_polykv)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\nsynthetic_queries = 64\n"
+             "rounds = 1\niterations = 5\n[calibrate]\nsculpt = true\nphases = prefill\n[eval]\ncontinuation = 32\n"
+             "enabled = true\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    char *out, *err, cmd[12000], strat[4400];
+    snprintf(strat, sizeof strat, "%s/strategy.bin", tmp);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s'", kvm_test_bin(), cfg_path, docs, strat);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "calibrate exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "calibration: 5 documents, 0 failed"), "stdout: %s", out);
+    free(out); free(err);
+    kvm_strategy *s;
+    ck_assert_int_eq(kvm_strategy_read(strat, &s), 0);
+    int n_sculpt = 0;
+    for (int l = 0; l < s->n_layers; l++) n_sculpt += s->layers[l].pattern[0] == KVM_PATTERN_SCULPT;
+    printf("calibrated strategy: %d of %d layers sculpt\n", n_sculpt, s->n_layers);
+    kvm_strategy_free(&s);
+    ck_assert_int_eq(run_kvmill(&out, &err), 0);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    free(out); free(err);
+}
+END_TEST
+
 /* A stage binary that always dies: restarted a bounded number of times, then the documents
  * fail with the reason and the run ends (exit 1) instead of waiting forever. */
 START_TEST(test_dying_stage_gives_up)
@@ -624,6 +656,7 @@ static Suite *pipeline_suite(void)
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},
         {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}, {"calibrate_then_polykv", test_calibrate_then_polykv},
+        {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
         {"dying_stage_gives_up", test_dying_stage_gives_up}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
