@@ -228,25 +228,33 @@ static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64
     return memo_add(in, b, L, done);
 }
 
-/* Distils the strategy's sculpt layers of *out (left full by the plan) at the plan's mean
- * budget over each layer's KV heads (head splits move budget between heads; KVSculpt takes
- * one budget per layer). */
+/* Distils the strategy's sculpt layers of *out (left full by the plan). KVSculpt takes one
+ * budget per layer while head splits move budget between heads (and, split globally, between
+ * layers): each sculpt layer gets its heads' mean, apportioned so that the sculpt layers
+ * together never exceed the entries the plan gave them (kvm_evict_apportion). */
 static int distil_layers(const kvm_compress_input *in, const polykv_opts *o, const kvm_evict_plan *plan,
                          kvm_kvcache *out)
 {
     const int L = o->s->n_layers, H = plan->n_kv_heads;
-    int64_t *b = calloc((size_t)L, sizeof *b);
-    if (!b) return kvm_err(KVM_ENOMEM, "polykv: out of memory");
-    int any = 0;
-    for (int l = 0; l < L; l++) {
+    int64_t *b = calloc((size_t)L, sizeof *b), *part = calloc((size_t)L, sizeof *part), total = 0;
+    double *w = calloc((size_t)L, sizeof *w);
+    int n = 0, *idx = calloc((size_t)L, sizeof *idx), rc = 0;
+    if (!b || !part || !w || !idx) rc = kvm_err(KVM_ENOMEM, "polykv: out of memory");
+    for (int l = 0; !rc && l < L; l++) {
         if (o->s->layers[l].pattern[0] != KVM_PATTERN_SCULPT) continue;
         int64_t sum = 0;
         for (int g = 0; g < H; g++) sum += plan->budget[l * H + g];
-        b[l] = (sum + H / 2) / H > 0 ? (sum + H / 2) / H : 1;
-        any = 1;
+        w[n] = (double)sum;
+        idx[n++] = l;
+        total += sum;
     }
-    int rc = any ? distil(in, &o->sculpt, b, L, out) : 0;
+    if (!rc && n) rc = kvm_evict_apportion(w, n, total / H > n ? total / H : n, 1, part);
+    for (int i = 0; !rc && i < n; i++) b[idx[i]] = part[i];
+    if (!rc && n) rc = distil(in, &o->sculpt, b, L, out);
     free(b);
+    free(part);
+    free(w);
+    free(idx);
     return rc;
 }
 
