@@ -184,6 +184,18 @@ START_TEST(test_method_distils_sculpt_layers)
             for (int64_t e = 0; e < h->n; e++) distilled += h->pos[e] == KVM_POS_NONE;
             ck_assert_int_eq(distilled, p_mix[l] == KVM_PATTERN_SCULPT ? 10 : 0);
         }
+    /* head budgets split over every (layer, head) by entropy: the sculpt layers' mean budgets
+     * never exceed the total memory */
+    s_all->head_split = 2;
+    kvm_kvcache *split;
+    ck_assert_int_eq(kvm_polykv_method_compress(in, o_all, &split), 0);
+    ck_assert_int_le(kvm_kvcache_entries(split), 5 * 4 * 20);
+    ck_assert_int_gt(kvm_kvcache_entries(split), 5 * 4 * 20 - 4);
+    int differs = 0;
+    for (int l = 0; l < 5; l++) differs |= kvm_kvcache_head(split, l, 0)->n != 20;
+    ck_assert(differs); /* the split moved budget between layers */
+    kvm_kvcache_free(&split);
+    s_all->head_split = 0;
     kvm_eval_result r;
     ck_assert_int_eq(kvm_eval_continue(doc, mix, NULL, NULL, &r), 0);
     ck_assert(isfinite(r.kl_mean) && r.kl_mean > 0);
