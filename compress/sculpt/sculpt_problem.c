@@ -4,6 +4,7 @@
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,31 @@ static double lse_softmax(double *sc, int64_t n)
     return l;
 }
 
+/* float rows [n][d] -> new double copy (NULL on n == 0 is fine: never read). */
+static double *to_double(const float *x, int64_t n, int d)
+{
+    double *y = malloc((size_t)(n > 0 ? n * d : 1) * sizeof *y);
+    if (y)
+        for (int64_t i = 0; i < n * d; i++) y[i] = x[i];
+    return y;
+}
+
+enum { QB = 64 }; /* queries per block: scores and outputs of a block are two float64 GEMMs each */
+
+/* Scores of nb queries qd[nb][d] against keys kd[n][d] into S[nb][n] (scaled), or nothing when n == 0. */
+static void block_scores(const double *qd, int nb, const double *kd, int64_t n, int d, double scale, double *S)
+{
+    if (n > 0)
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, (int)n, d, scale, qd, d, kd, d, 0.0, S, (int)n);
+}
+
+/* O[nb][d] = P[nb][n] · V[n][d], zeros when n == 0. */
+static void block_out(const double *P, int nb, const double *vd, int64_t n, int d, double *O)
+{
+    if (n > 0) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, (int)n, 1.0, P, (int)n, vd, d, 0.0, O, d);
+    else memset(O, 0, (size_t)nb * d * sizeof *O);
+}
+
 int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p)
 {
     const int d = p->d;
@@ -56,48 +82,51 @@ int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p)
     p->lse_zone = malloc((size_t)nq * sizeof *p->lse_zone);
     p->lse_ret = malloc((size_t)nq * sizeof *p->lse_ret);
     p->mass = calloc((size_t)(nc > 0 ? nc : 1), sizeof *p->mass);
-    double *sc = malloc((size_t)(nc + m + 1) * sizeof *sc);
+    double *kzd = to_double(p->kz, nc, d), *vzd = to_double(p->vz, nc, d), *krd = to_double(p->kr, m, d);
+    double *vrd = to_double(p->vr, m, d), *qd = malloc((size_t)QB * d * sizeof *qd);
+    double *S = malloc((size_t)QB * (nc > 0 ? nc : 1) * sizeof *S), *R = malloc((size_t)QB * (m > 0 ? m : 1) * sizeof *R);
+    double *OZ = malloc((size_t)QB * d * sizeof *OZ), *OR = malloc((size_t)QB * d * sizeof *OR);
     double *mass = calloc((size_t)(nc > 0 ? nc : 1), sizeof *mass);
-    if (!p->o_full || !p->o_ret || !p->lse_zone || !p->lse_ret || !p->mass || !sc || !mass) {
-        free(sc);
-        free(mass);
-        return kvm_err(KVM_ENOMEM, "sculpt: out of memory for %lld training queries", (long long)nq);
+    int rc = 0;
+    if (!p->o_full || !p->o_ret || !p->lse_zone || !p->lse_ret || !p->mass || !kzd || !vzd || !krd || !vrd || !qd ||
+        !S || !R || !OZ || !OR || !mass) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory for %lld training queries", (long long)nq);
+        goto done;
     }
     int64_t mass_q1 = p->nq_real > 0 ? p->nq_real : nq;
     double ms = 0;
-    for (int64_t i = 0; i < nq; i++) {
-        const float *q = p->q + i * d;
-        int64_t nv = p->n_vis[i];
-        double *sz = sc, *sr = sc + nc;
-        for (int64_t j = 0; j < nc; j++) {
-            double s = 0;
-            for (int t = 0; t < d; t++) s += (double)q[t] * p->kz[j * d + t];
-            sz[j] = s * p->scale;
+    for (int64_t i0 = 0; i0 < nq; i0 += QB) {
+        int nb = nq - i0 < QB ? (int)(nq - i0) : QB;
+        for (int64_t x = 0; x < (int64_t)nb * d; x++) qd[x] = p->q[i0 * d + x];
+        block_scores(qd, nb, kzd, nc, d, p->scale, S);
+        block_scores(qd, nb, krd, m, d, p->scale, R);
+        double lz[QB], lr[QB];
+        for (int b = 0; b < nb; b++) { /* retain entries beyond the causal prefix get weight 0 */
+            int64_t nv = p->n_vis[i0 + b];
+            lz[b] = lse_softmax(S + (int64_t)b * nc, nc);
+            lr[b] = lse_softmax(R + (int64_t)b * m, nv);
+            for (int64_t j = nv; j < m; j++) R[(int64_t)b * m + j] = 0;
         }
-        for (int64_t j = 0; j < nv; j++) {
-            double s = 0;
-            for (int t = 0; t < d; t++) s += (double)q[t] * p->kr[j * d + t];
-            sr[j] = s * p->scale;
+        block_out(S, nb, vzd, nc, d, OZ);
+        block_out(R, nb, vrd, m, d, OR);
+        for (int b = 0; b < nb; b++) {
+            int64_t i = i0 + b, nv = p->n_vis[i];
+            double mx = lz[b] > lr[b] ? lz[b] : lr[b];
+            double az = nc > 0 ? exp(lz[b] - mx) : 0, ar = nv > 0 ? exp(lr[b] - mx) : 0;
+            double zt = az + ar, pz = zt > 0 ? az / zt : 0, pr = zt > 0 ? ar / zt : 0; /* nothing visible: output 0 */
+            double on = 0;
+            for (int t = 0; t < d; t++) {
+                double o = pz * OZ[b * d + t] + pr * OR[b * d + t];
+                p->o_full[i * d + t] = (float)o;
+                p->o_ret[i * d + t] = (float)OR[b * d + t];
+                on += o * o;
+            }
+            ms += on;
+            p->lse_zone[i] = nc > 0 ? (float)lz[b] : NO_LSE;
+            p->lse_ret[i] = nv > 0 ? (float)lr[b] : NO_LSE;
+            if (i < mass_q1)
+                for (int64_t j = 0; j < nc; j++) mass[j] += pz * S[(int64_t)b * nc + j];
         }
-        double lz = lse_softmax(sz, nc), lr = lse_softmax(sr, nv);
-        double mx = lz > lr ? lz : lr;
-        double az = nc > 0 ? exp(lz - mx) : 0, ar = nv > 0 ? exp(lr - mx) : 0;
-        double zt = az + ar, pz = zt > 0 ? az / zt : 0, pr = zt > 0 ? ar / zt : 0; /* nothing visible: output 0 */
-        double on = 0;
-        for (int t = 0; t < d; t++) {
-            double oz = 0, orr = 0;
-            for (int64_t j = 0; j < nc; j++) oz += sz[j] * p->vz[j * d + t];
-            for (int64_t j = 0; j < nv; j++) orr += sr[j] * p->vr[j * d + t];
-            double o = pz * oz + pr * orr;
-            p->o_full[i * d + t] = (float)o;
-            p->o_ret[i * d + t] = (float)orr;
-            on += o * o;
-        }
-        ms += on;
-        p->lse_zone[i] = nc > 0 ? (float)lz : NO_LSE;
-        p->lse_ret[i] = nv > 0 ? (float)lr : NO_LSE;
-        if (i < mass_q1)
-            for (int64_t j = 0; j < nc; j++) mass[j] += pz * sz[j];
     }
     for (int64_t j = 0; j < nc; j++) p->mass[j] = (float)mass[j];
     p->out_ms = nq > 0 ? ms / (double)nq : 0;
@@ -114,9 +143,18 @@ int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p)
     }
     p->vnorm_max = vmax;
     p->knorm_max = kmax;
-    free(sc);
+done:
+    free(kzd);
+    free(vzd);
+    free(krd);
+    free(vrd);
+    free(qd);
+    free(S);
+    free(R);
+    free(OZ);
+    free(OR);
     free(mass);
-    return 0;
+    return rc;
 }
 
 int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, int layer, int kv_head,
