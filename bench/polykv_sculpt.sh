@@ -5,7 +5,9 @@
 #   best single eviction pattern   (streaming, h2o, tova, snapkv, pyramidkv: the best mean)
 #   PolyKV, eviction patterns only (kvmill calibrate on doc_000-004)
 #   sculpt everywhere              (KVSculpt with retain min(32, B/2), k = B - retain)
-#   PolyKV with sculpt in the menu (kvmill calibrate --sculpt on the same documents)
+#   PolyKV with sculpt in the menu (kvmill calibrate --sculpt on the same documents), with the
+#     strategy's budgets, and with the sculpt layers' budgets re-split by the KVSculpt pilot
+#     (alloc=layer: the paper's MSE^0.5 rule per layer; alloc=gain: ours)
 #   bench/polykv_sculpt.sh              # from the repository root, after make
 # Environment: KVMILL (bin/kvmill), KVMILL_SHARED (../shared), OUT (build/bench/polykv_sculpt),
 # WINDOWS (calibration windows per document, 1), BUDGETS ("32 64 128"), THREADS (sculpt
@@ -33,7 +35,7 @@ for B in $BUDGETS; do
         --budget "$B" --windows "$WINDOWS" --sculpt --sculpt-opts "threads=$THREADS" --out "$OUT/sculpt_B$B.bin" \
         --dump-signals "$OUT/signals_B$B.csv" >"$OUT/calibrate_sculpt_B$B.log"
     nice "$KVMILL" eval "${COMMON[@]}" --docs "$EVAL" --budget "$B" \
-        --method "streaming,h2o,tova,snapkv,pyramidkv,polykv:$OUT/evict_B$B.bin,sculpt:retain=$R:threads=$THREADS,polykv:$OUT/sculpt_B$B.bin:threads=$THREADS" \
+        --method "streaming,h2o,tova,snapkv,pyramidkv,polykv:$OUT/evict_B$B.bin,sculpt:retain=$R:threads=$THREADS,polykv:$OUT/sculpt_B$B.bin:threads=$THREADS,polykv:$OUT/sculpt_B$B.bin:threads=$THREADS:alloc=layer,polykv:$OUT/sculpt_B$B.bin:threads=$THREADS:alloc=gain" \
         --csv "$OUT/eval_B$B.csv" >"$OUT/eval_B$B.log"
 done
 
@@ -42,7 +44,7 @@ done
 printf '%-5s %-28s %7s %11s %11s %6s %8s %8s\n' B row budget kl_mean kl_p99 top1 s/doc strategy
 for B in $BUDGETS; do
     awk -F, -v B="$B" -v out="$OUT" 'NR > 1 {
-        m = $2; if (m ~ /^polykv:/) m = (m ~ /sculpt_B/) ? "polykv+sculpt" : "polykv(evict)"; else sub(/:.*/, "", m);
+        m = $2; if (m ~ /^polykv:/) m = (m ~ /alloc=layer/) ? "polykv+sculpt, pilot layer" : (m ~ /alloc=gain/) ? "polykv+sculpt, pilot gain" : (m ~ /sculpt_B/) ? "polykv+sculpt" : "polykv(evict)"; else sub(/:.*/, "", m);
         n[m]++; bt[m] += $3; kl[m] += $5; p99[m] += $7; t1[m] += $8; sec[m] += $11;
         if (!(m in seen)) { seen[m] = 1; order[++k] = m } }
     END {
