@@ -1,6 +1,7 @@
 /* check_worker.c: the stages' shared compression dispatch: every configured method produces
  * a cache of the model's shape at its budget, and the decode-phase policy a decode worker
  * applies keeps every KV head within the entries it was stored with while tokens are added. */
+#include "pipeline/kvm_calib.h"
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
@@ -110,9 +111,59 @@ START_TEST(test_decode_policy_keeps_budget)
 }
 END_TEST
 
+/* Signals on the wire: with and without the sculpt pattern, averaged over documents; documents
+ * that disagree on the pattern list are refused. */
+START_TEST(test_calib_wire)
+{
+    kvm_polykv_signals *a, *acc;
+    ck_assert_int_eq(kvm_polykv_signals_new(3, &a), 0);
+    for (int i = 0; i < 2 * 3 * KVM_PATTERN_COUNT; i++) {
+        a->cosine[i] = 0.5 + 0.01 * i;
+        a->ppl_delta[i] = 0.25 * i;
+    }
+    for (int l = 0; l < 3; l++) {
+        a->entropy[l] = 1 + l;
+        a->sculpt_cosine[l] = 0.75 + 0.125 * l;
+        a->sculpt_ppl[l] = -0.5 * l;
+    }
+    a->budget = 8;
+    kvm_msg *plain, *with;
+    ck_assert_int_eq(kvm_calib_encode(a, 1, 16, &plain), 0);
+    a->has_sculpt = 1;
+    ck_assert_int_eq(kvm_calib_encode(a, 2, 16, &with), 0);
+    ck_assert_int_eq(kvm_polykv_signals_new(3, &acc), 0);
+    ck_assert_int_eq(kvm_calib_accumulate(acc, with), 0);
+    ck_assert_int_eq(kvm_calib_accumulate(acc, with), 0);
+    ck_assert_int_eq(kvm_calib_accumulate(acc, plain), KVM_EMISMATCH);
+    kvm_calib_finish(acc);
+    ck_assert_int_eq(acc->has_sculpt, 1);
+    ck_assert_int_eq(acc->n_docs, 2);
+    for (int l = 0; l < 3; l++) {
+        ck_assert_double_eq_tol(acc->sculpt_cosine[l], 0.75 + 0.125 * l, 1e-6);
+        ck_assert_double_eq_tol(acc->sculpt_ppl[l], -0.5 * l, 1e-6);
+    }
+    for (int i = 0; i < 2 * 3 * KVM_PATTERN_COUNT; i++) ck_assert_double_eq_tol(acc->cosine[i], 0.5 + 0.01 * i, 1e-6);
+    kvm_polykv_signals_free(&acc);
+    ck_assert_int_eq(kvm_polykv_signals_new(3, &acc), 0);
+    ck_assert_int_eq(kvm_calib_accumulate(acc, plain), 0);
+    ck_assert_int_eq(acc->has_sculpt, 0);
+    ck_assert_int_eq(kvm_calib_accumulate(acc, with), KVM_EMISMATCH);
+    kvm_polykv_signals_free(&acc);
+    ck_assert_int_eq(kvm_polykv_signals_new(4, &acc), 0); /* another layer count */
+    ck_assert_int_eq(kvm_calib_accumulate(acc, with), KVM_EMISMATCH);
+    kvm_polykv_signals_free(&acc);
+    kvm_msg_free(&plain);
+    kvm_msg_free(&with);
+    kvm_polykv_signals_free(&a);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
+    TCase *tw = tcase_create("calib_wire");
+    tcase_add_test(tw, test_calib_wire);
+    suite_add_tcase(s, tw);
     TCase *tc = tcase_create("every_method");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_every_method);
