@@ -98,6 +98,23 @@ int kvm_kvcache_keep(kvm_kv_head *h, int head_dim, const int64_t *keep, int64_t 
     return 0;
 }
 
+int kvm_kvcache_copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l)
+{
+    const int d = src->head_dim;
+    for (int g = 0; g < src->n_kv_heads; g++) {
+        const kvm_kv_head *a = kvm_kvcache_head(src, l, g);
+        kvm_kv_head *b = kvm_kvcache_head(dst, l, g);
+        int rc = kvm_kvcache_reserve(b, d, a->n);
+        if (rc) return rc;
+        memcpy(b->k, a->k, (size_t)(a->n * d) * sizeof *a->k);
+        memcpy(b->v, a->v, (size_t)(a->n * d) * sizeof *a->v);
+        memcpy(b->pos, a->pos, (size_t)a->n * sizeof *a->pos);
+        memcpy(b->bias, a->bias, (size_t)a->n * sizeof *a->bias);
+        b->n = a->n;
+    }
+    return 0;
+}
+
 int kvm_kvcache_clone(const kvm_kvcache *src, kvm_kvcache **out)
 {
     *out = NULL;

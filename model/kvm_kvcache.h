@@ -50,6 +50,10 @@ int kvm_kvcache_append(kvm_kv_head *h, int head_dim, const float *k, const float
  * list; h unchanged). */
 int kvm_kvcache_keep(kvm_kv_head *h, int head_dim, const int64_t *keep, int64_t n_keep);
 
+/* Replaces every KV head of layer l of dst by a copy of src's (same shape: caller's invariant).
+ * Returns 0 or KVM_ENOMEM (dst's layer may then be partly copied). */
+int kvm_kvcache_copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l);
+
 /* Deep copy. Returns 0 or KVM_ENOMEM. */
 int kvm_kvcache_clone(const kvm_kvcache *src, kvm_kvcache **out);
 

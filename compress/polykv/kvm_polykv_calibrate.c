@@ -45,6 +45,50 @@ static double cosine(const float *a, const float *b, int64_t n)
     return ab / sqrt(aa * bb);
 }
 
+/* The two probes of a document: ref records every layer of the full-KV continuation (run here),
+ * pr one layer of a compressed run. Free both with probes_free, also on error. */
+static int probes_new(kvm_eval_doc *d, probe *ref, probe *pr)
+{
+    const kvm_compress_input *in = kvm_eval_doc_input(d);
+    const kvm_model_config *c = &in->model->cfg;
+    const int64_t steps = in->n_future - 1 > 0 ? in->n_future - 1 : 0, row = (int64_t)c->n_heads * c->head_dim;
+    *ref = (probe){c->n_layers, c->n_heads, c->head_dim, in->n_tokens, steps, -1, NULL};
+    *pr = *ref;
+    ref->out = calloc((size_t)(c->n_layers * steps * row + 1), sizeof(float));
+    pr->out = calloc((size_t)(steps * row + 1), sizeof(float));
+    if (!ref->out || !pr->out) return kvm_err(KVM_ENOMEM, "calibrate: out of memory");
+    kvm_hooks h = {.user = ref, .post_attn = probe_post, .no_probs = 1};
+    kvm_eval_result res;
+    return kvm_eval_continue(d, in->full, NULL, &h, &res);
+}
+
+static void probes_free(probe *ref, probe *pr)
+{
+    free(ref->out);
+    free(pr->out);
+}
+
+/* Runs the continuation over cache cc (with decode policy pol, may be NULL) recording layer l,
+ * and adds the layer's mean cosine against ref, the perplexity change and the KL to *cos,
+ * *ppl, *kl. */
+static int probe_run(kvm_eval_doc *d, const kvm_kvcache *cc, kvm_decode_policy *pol, int l, const probe *ref,
+                     probe *pr, double *cos, double *ppl, double *kl)
+{
+    pr->layer = l;
+    kvm_hooks h = {.user = pr, .post_attn = probe_post, .no_probs = 1};
+    kvm_eval_result res;
+    int rc = kvm_eval_continue(d, cc, pol, &h, &res);
+    if (rc) return rc;
+    const int64_t row = (int64_t)pr->n_heads * pr->head_dim;
+    double cs = 0;
+    for (int64_t st = 0; st < pr->steps; st++)
+        cs += cosine(ref->out + ((int64_t)l * ref->steps + st) * row, pr->out + st * row, row);
+    *cos += pr->steps ? cs / (double)pr->steps : 1.0;
+    *ppl += res.ppl_compressed - res.ppl_full;
+    *kl += res.kl_mean;
+    return 0;
+}
+
 /* One (phase, layer, pattern) run on one document; adds its signals into s. */
 static int one_run(kvm_eval_doc *d, int ph, int l, kvm_pattern r, int64_t b, const probe *ref, probe *pr,
                    kvm_polykv_signals *s)
@@ -54,7 +98,6 @@ static int one_run(kvm_eval_doc *d, int ph, int l, kvm_pattern r, int64_t b, con
     kvm_evict_plan *plan = NULL;
     kvm_kvcache *cc = NULL;
     kvm_decode_policy *pol = NULL;
-    kvm_eval_result res;
     int rc = kvm_evict_plan_new(c->n_layers, c->n_kv_heads, KVM_PATTERN_NONE, 1, &plan);
     for (int g = 0; !rc && g < c->n_kv_heads; g++) {
         plan->pattern[l * c->n_kv_heads + g] = r;
@@ -62,19 +105,8 @@ static int one_run(kvm_eval_doc *d, int ph, int l, kvm_pattern r, int64_t b, con
     }
     if (!rc) rc = kvm_evict_prefill(in, plan, &cc);
     if (!rc && ph == KVM_PHASE_DECODE) rc = kvm_evict_decode_new(c, plan, in, &pol);
-    pr->layer = l;
-    kvm_hooks h = {.user = pr, .post_attn = probe_post, .no_probs = 1};
-    if (!rc) rc = kvm_eval_continue(d, cc, pol, &h, &res);
-    if (!rc) {
-        const int64_t row = (int64_t)c->n_heads * c->head_dim;
-        double cs = 0;
-        for (int64_t st = 0; st < pr->steps; st++)
-            cs += cosine(ref->out + ((int64_t)l * ref->steps + st) * row, pr->out + st * row, row);
-        size_t i = ((size_t)ph * c->n_layers + l) * KVM_PATTERN_COUNT + r;
-        s->cosine[i] += pr->steps ? cs / (double)pr->steps : 1.0;
-        s->ppl_delta[i] += res.ppl_compressed - res.ppl_full;
-        s->kl[i] += res.kl_mean;
-    }
+    size_t i = ((size_t)ph * c->n_layers + l) * KVM_PATTERN_COUNT + r;
+    if (!rc) rc = probe_run(d, cc, pol, l, ref, pr, &s->cosine[i], &s->ppl_delta[i], &s->kl[i]);
     kvm_decode_policy_free(&pol);
     kvm_kvcache_free(&cc);
     kvm_evict_plan_free(&plan);
@@ -86,15 +118,9 @@ static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, int pha
     const kvm_compress_input *in = kvm_eval_doc_input(d);
     const kvm_model_config *c = &in->model->cfg;
     const int L = c->n_layers;
-    const int64_t N = in->n_tokens, steps = in->n_future - 1 > 0 ? in->n_future - 1 : 0;
-    const int64_t row = (int64_t)c->n_heads * c->head_dim;
-    probe ref = {L, c->n_heads, c->head_dim, N, steps, -1, NULL}, pr = ref;
-    ref.out = calloc((size_t)(L * steps * row + 1), sizeof(float));
-    pr.out = calloc((size_t)(steps * row + 1), sizeof(float));
-    int rc = ref.out && pr.out ? 0 : kvm_err(KVM_ENOMEM, "calibrate: out of memory");
-    kvm_hooks h = {.user = &ref, .post_attn = probe_post, .no_probs = 1};
-    kvm_eval_result res;
-    if (!rc) rc = kvm_eval_continue(d, in->full, NULL, &h, &res);
+    const int64_t N = in->n_tokens;
+    probe ref, pr;
+    int rc = probes_new(d, &ref, &pr);
     for (int l = 0; !rc && l < L; l++) {
         const float *ent = kvm_capture_layer_get(in->cap, l)->entropy;
         double e = 0;
@@ -106,8 +132,7 @@ static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, int pha
         for (int l = 0; !rc && l < L; l++)
             for (int r = 0; !rc && r < KVM_PATTERN_COUNT; r++)
                 rc = one_run(d, ph, l, (kvm_pattern)r, r == KVM_PATTERN_PYRAMIDKV ? pyr[l] : B, &ref, &pr, s);
-    free(ref.out);
-    free(pr.out);
+    probes_free(&ref, &pr);
     return rc;
 }
 
@@ -158,21 +183,6 @@ int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B
     return 0;
 }
 
-/* Replaces layer l of dst by layer l of src (every KV head, all entries). */
-static int copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l)
-{
-    const int d = src->head_dim;
-    int rc = 0;
-    for (int g = 0; !rc && g < src->n_kv_heads; g++) {
-        const kvm_kv_head *a = kvm_kvcache_head(src, l, g);
-        kvm_kv_head *b = kvm_kvcache_head(dst, l, g);
-        rc = kvm_kvcache_keep(b, d, NULL, 0);
-        for (int64_t e = 0; !rc && e < a->n; e++)
-            rc = kvm_kvcache_append(b, d, a->k + e * d, a->v + e * d, a->pos[e], a->bias[e]);
-    }
-    return rc;
-}
-
 /* One document's sculpt signals: every layer distilled once at B, then one continuation per
  * layer with only that layer distilled. */
 static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_polykv_signals *s)
@@ -180,40 +190,23 @@ static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_
     const kvm_compress_input *in = kvm_eval_doc_input(d);
     const kvm_model_config *c = &in->model->cfg;
     const int L = c->n_layers;
-    const int64_t N = in->n_tokens, steps = in->n_future - 1 > 0 ? in->n_future - 1 : 0;
-    const int64_t row = (int64_t)c->n_heads * c->head_dim;
-    probe ref = {L, c->n_heads, c->head_dim, N, steps, -1, NULL}, pr = ref;
-    ref.out = calloc((size_t)(L * steps * row + 1), sizeof(float));
-    pr.out = calloc((size_t)(steps * row + 1), sizeof(float));
+    probe ref, pr;
     int64_t *bud = malloc((size_t)L * sizeof *bud);
     kvm_kvcache *sc = NULL, *mix = NULL;
-    int rc = ref.out && pr.out && bud ? 0 : kvm_err(KVM_ENOMEM, "calibrate: out of memory");
-    kvm_hooks h = {.user = &ref, .post_attn = probe_post, .no_probs = 1};
-    kvm_eval_result res;
-    if (!rc) rc = kvm_eval_continue(d, in->full, NULL, &h, &res);
+    int rc = probes_new(d, &ref, &pr);
+    if (!rc && !bud) rc = kvm_err(KVM_ENOMEM, "calibrate: out of memory");
     for (int l = 0; !rc && l < L; l++) bud[l] = B;
     if (!rc) rc = kvm_kvcache_clone(in->full, &sc);
     if (!rc) rc = kvm_sculpt_compress_layers(in, o, bud, sc, NULL);
     for (int l = 0; !rc && l < L; l++) {
         rc = kvm_kvcache_clone(in->full, &mix);
-        if (!rc) rc = copy_layer(mix, sc, l);
-        pr.layer = l;
-        kvm_hooks hp = {.user = &pr, .post_attn = probe_post, .no_probs = 1};
-        if (!rc) rc = kvm_eval_continue(d, mix, NULL, &hp, &res);
-        if (!rc) {
-            double cs = 0;
-            for (int64_t st = 0; st < steps; st++)
-                cs += cosine(ref.out + ((int64_t)l * steps + st) * row, pr.out + st * row, row);
-            s->sculpt_cosine[l] += steps ? cs / (double)steps : 1.0;
-            s->sculpt_ppl[l] += res.ppl_compressed - res.ppl_full;
-            s->sculpt_kl[l] += res.kl_mean;
-        }
+        if (!rc) rc = kvm_kvcache_copy_layer(mix, sc, l);
+        if (!rc) rc = probe_run(d, mix, NULL, l, &ref, &pr, &s->sculpt_cosine[l], &s->sculpt_ppl[l], &s->sculpt_kl[l]);
         kvm_kvcache_free(&mix);
     }
     kvm_kvcache_free(&sc);
     free(bud);
-    free(ref.out);
-    free(pr.out);
+    probes_free(&ref, &pr);
     return rc;
 }
 

@@ -164,21 +164,6 @@ void kvm_polykv_memo_end(void)
     memset(&memo, 0, sizeof memo);
 }
 
-/* Replaces layer l of dst by layer l of src. */
-static int copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l)
-{
-    const int d = src->head_dim;
-    int rc = 0;
-    for (int g = 0; !rc && g < src->n_kv_heads; g++) {
-        const kvm_kv_head *a = kvm_kvcache_head(src, l, g);
-        kvm_kv_head *h = kvm_kvcache_head(dst, l, g);
-        rc = kvm_kvcache_keep(h, d, NULL, 0);
-        for (int64_t e = 0; !rc && e < a->n; e++)
-            rc = kvm_kvcache_append(h, d, a->k + e * d, a->v + e * d, a->pos[e], a->bias[e]);
-    }
-    return rc;
-}
-
 /* Remembers the layers of `done` distilled at b[l] > 0 (takes ownership of done). */
 static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, kvm_kvcache *done)
 {
@@ -209,7 +194,7 @@ static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64
     for (int l = 0; use && !rc && l < L; l++) {
         const memo_entry *e = b[l] > 0 ? memo_find(in, l, b[l]) : NULL;
         if (e) {
-            rc = copy_layer(out, e->c, l);
+            rc = kvm_kvcache_copy_layer(out, e->c, l);
             b[l] = 0;
         }
         left += b[l] > 0;
@@ -220,7 +205,7 @@ static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64
     rc = kvm_kvcache_clone(out, &done);
     if (!rc) rc = kvm_sculpt_compress_layers(in, so, b, done, NULL);
     for (int l = 0; !rc && l < L; l++)
-        if (b[l] > 0) rc = copy_layer(out, done, l);
+        if (b[l] > 0) rc = kvm_kvcache_copy_layer(out, done, l);
     if (rc) {
         kvm_kvcache_free(&done);
         return rc;

@@ -376,14 +376,10 @@ int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_op
     for (int l = 0; !rc && l < c->n_layers; l++) {
         int64_t b = budget[l];
         if (b <= 0) continue;
-        for (int g = 0; !rc && g < H && b >= N; g++) { /* a budget of the whole context keeps it */
-            const kvm_kv_head *f = kvm_kvcache_head(in->full, l, g);
-            kvm_kv_head *h = kvm_kvcache_head(dst, l, g);
-            rc = kvm_kvcache_keep(h, d, NULL, 0);
-            for (int64_t e = 0; !rc && e < f->n; e++)
-                rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]);
+        if (b >= N) { /* a budget of the whole context keeps it */
+            rc = kvm_kvcache_copy_layer(dst, in->full, l);
+            continue;
         }
-        if (b >= N) continue;
         int64_t m = o->retain_tokens < b / 2 ? o->retain_tokens : b / 2;
         for (int g = 0; g < H; g++) {
             jobs[l * H + g].active = 1;
