@@ -132,11 +132,17 @@ static struct {
     int n, cap;
 } memo;
 
+/* Options that change a distilled layer (every field but threads: results do not depend on
+ * the thread count). Field by field: struct padding is not comparable. */
 static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
 {
-    kvm_sculpt_opts x = *a, y = *b;
-    x.threads = y.threads = 1; /* results do not depend on the thread count */
-    return !memcmp(&x, &y, sizeof x);
+    return a->mode == b->mode && a->retain_tokens == b->retain_tokens && a->ratio == b->ratio &&
+           a->k_entries == b->k_entries && a->n_synth == b->n_synth && a->future_tokens == b->future_tokens &&
+           a->lambda == b->lambda && a->lse_mass_weight == b->lse_mass_weight && a->ridge_alpha == b->ridge_alpha &&
+           a->vnorm_cap == b->vnorm_cap && a->knorm_cap == b->knorm_cap && a->rounds == b->rounds &&
+           a->lbfgs_iters == b->lbfgs_iters && a->lbfgs_history == b->lbfgs_history && a->bias == b->bias &&
+           a->alloc == b->alloc && a->alloc_power == b->alloc_power && a->pilot_rounds == b->pilot_rounds &&
+           a->pilot_iters == b->pilot_iters && a->seed == b->seed;
 }
 
 static memo_entry *memo_find(const kvm_compress_input *in, int l, int64_t b)

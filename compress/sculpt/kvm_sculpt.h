@@ -28,7 +28,9 @@ typedef enum kvm_sculpt_alloc {
                                      greedy marginal-gain water-filling with caps */
 } kvm_sculpt_alloc;
 
-/* Options; start from kvm_sculpt_opts_default(). Read-only during a call. */
+/* Options; start from kvm_sculpt_opts_default(). Read-only during a call. (A new field that
+ * changes results must also join opts_equal in compress/polykv/kvm_polykv_method.c, which
+ * decides when remembered distilled layers can be reused.) */
 typedef struct kvm_sculpt_opts {
     kvm_sculpt_mode mode;     /* method */
     int64_t retain_tokens;    /* m: retain zone, the last m context tokens (default 32) */
