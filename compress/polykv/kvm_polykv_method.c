@@ -122,7 +122,8 @@ typedef struct memo_entry {
     const kvm_compress_input *in;
     int layer;
     int64_t b;
-    kvm_kvcache *c; /* the whole cache the layer was distilled in; only layer `layer` is read */
+    kvm_kvcache *c; /* the cache the layer was distilled into (only distilled layers are filled;
+                       entries of one distillation share it) */
 } memo_entry;
 
 static struct {
@@ -207,8 +208,9 @@ static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64
     }
     if (rc || (use && !left)) return rc;
     if (!use) return kvm_sculpt_compress_layers(in, so, b, out, NULL);
+    /* an empty cache: only the distilled layers get filled, so the memo holds just those */
     kvm_kvcache *done = NULL;
-    rc = kvm_kvcache_clone(out, &done);
+    rc = kvm_kvcache_new(out->n_layers, out->n_kv_heads, out->head_dim, 1, &done);
     if (!rc) rc = kvm_sculpt_compress_layers(in, so, b, done, NULL);
     for (int l = 0; !rc && l < L; l++)
         if (b[l] > 0) rc = kvm_kvcache_copy_layer(out, done, l);

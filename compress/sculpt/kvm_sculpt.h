@@ -93,7 +93,8 @@ int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out);
 int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out,
                         kvm_sculpt_stats *stats);
 
-/* KVSculpt with a budget per layer (what a PolyKV strategy with "sculpt" layers needs):
+/* KVSculpt (arXiv 2603.27819 §3) with a budget per layer (what a PolyKV strategy with "sculpt"
+ * layers needs):
  * budget[L] entries per KV head of layer l, retain zone included. budget[l] ≤ 0 leaves dst's
  * layer l as it is; budget[l] ≥ N sets its heads to in->full's (the whole context); otherwise
  * the layer keeps a retain zone of m_l = min(o->retain_tokens, ⌊b/2⌋) tokens and distils its
