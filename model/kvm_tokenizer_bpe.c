@@ -713,6 +713,27 @@ static int grow(void **p, int64_t *cap, int64_t need, size_t elem)
     return 0;
 }
 
+/* Appends the ids of the merged symbols (the list from symbol 0 via next) to out. A symbol that
+ * is not a token falls back byte by byte: byte-level BPE looks each (mapped) byte up and drops
+ * absent ones; SentencePiece uses its <0xNN> byte tokens, else <unk>. */
+static void emit_symbols(const kvm_bpe *b, const bpe_scratch *s, int32_t ns, int spm, int32_t *out, int64_t *n)
+{
+    for (int32_t i = 0; i >= 0 && i < ns; i = s->syms[i].next) {
+        const sym *y = &s->syms[i];
+        if (y->n == 0) continue;
+        int32_t id = kvm__bpe_find(b, s->word + y->off, (size_t)y->n);
+        if (id >= 0) {
+            out[(*n)++] = id;
+            continue;
+        }
+        for (int32_t k = 0; k < y->n; k++) {
+            int32_t bid = spm ? b->byte_tok[(uint8_t)s->word[y->off + k]] : kvm__bpe_find(b, s->word + y->off + k, 1);
+            if (spm && bid < 0) bid = b->unk_id;
+            if (bid >= 0) out[(*n)++] = bid;
+        }
+    }
+}
+
 /* BPE of one pre-tokenized word (raw bytes): map bytes, split into code points, merge by rank,
  * then look each symbol up (bytes of unknown symbols one by one, dropped if absent). */
 static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl, int32_t *out, int64_t *n)
@@ -745,19 +766,7 @@ static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl,
         add_bigram(b, s, l->prev, g.left);
         add_bigram(b, s, g.left, l->next);
     }
-    for (int32_t i = 0; i >= 0 && i < ns; i = s->syms[i].next) {
-        const sym *y = &s->syms[i];
-        if (y->n == 0) continue;
-        int32_t id = kvm__bpe_find(b, s->word + y->off, (size_t)y->n);
-        if (id >= 0) {
-            out[(*n)++] = id;
-            continue;
-        }
-        for (int32_t k = 0; k < y->n; k++) {
-            int32_t bid = kvm__bpe_find(b, s->word + y->off + k, 1);
-            if (bid >= 0) out[(*n)++] = bid;
-        }
-    }
+    emit_symbols(b, s, ns, 0, out, n);
     return 0;
 }
 
@@ -808,20 +817,7 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
         spm_add_bigram(b, s, l->prev, g.left);
         spm_add_bigram(b, s, g.left, l->next);
     }
-    for (int32_t i = 0; i >= 0 && i < ns; i = s->syms[i].next) {
-        const sym *y = &s->syms[i];
-        if (y->n == 0) continue;
-        int32_t id = kvm__bpe_find(b, s->word + y->off, (size_t)y->n);
-        if (id >= 0) {
-            out[(*n)++] = id;
-            continue;
-        }
-        for (int32_t k = 0; k < y->n; k++) {
-            int32_t bid = b->byte_tok[(uint8_t)s->word[y->off + k]];
-            if (bid < 0) bid = b->unk_id;
-            if (bid >= 0) out[(*n)++] = bid;
-        }
-    }
+    emit_symbols(b, s, ns, 1, out, n);
     return 0;
 }
 
