@@ -98,7 +98,7 @@ START_TEST(test_full_budget_exact)
             if (distils) b.tokens = N;
             void *o;
             kvm_eval_result r;
-            ck_assert_int_eq(tab[i].opts_new(tab[i].arg == 2 ? path : distils ? "queries=64:iters=3:rounds=1" : NULL, &b,
+            ck_assert_int_eq(tab[i].opts_new(tab[i].arg == 2 ? path : distils ? "queries=64:iterations=3:rounds=1" : NULL, &b,
                                              &model->cfg, &o), 0);
             ck_assert_int_eq(kvm_eval_run(d, &tab[i], o, both, &r), 0);
             if (distils) /* k = N − m with the original keys: KL ~0 (issue 5), not bit-exact */

@@ -55,7 +55,7 @@ static void write_config(const char *extra)
 {
     char text[8192];
     snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nsynthetic_queries = 64\n"
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = 64\n"
              "iterations = %s\nrounds = 2\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n"
              "[stages]\nbin_dir = %s\n%s",
              kvm_test_data_path("models/stories260K.bin"), getenv("KVM_SLOW_COMPRESS") ? "40" : "3", store, run_dir,
@@ -598,7 +598,7 @@ START_TEST(test_calibrate_sculpt_then_polykv)
 {
     char text[8192];
     snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\nsynthetic_queries = 64\n"
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\nqueries = 64\n"
              "rounds = 1\niterations = 5\n[calibrate]\nsculpt = true\nphases = prefill\n[eval]\ncontinuation = 32\n"
              "enabled = true\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
              kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());

@@ -297,7 +297,7 @@ START_TEST(test_arg_and_cli)
     free(out);
     free(err);
     char extra[1024];
-    snprintf(extra, sizeof extra, "--sculpt --sculpt-opts queries=64,rounds=1,iters=5,threads=2 --dump-signals %s/sig.csv",
+    snprintf(extra, sizeof extra, "--sculpt --sculpt-opts queries=64,rounds=1,iterations=5,threads=2 --dump-signals %s/sig.csv",
              dir);
     snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_data(), kvm_test_data(), path, extra);
     ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s", err);

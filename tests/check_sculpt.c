@@ -531,7 +531,7 @@ START_TEST(test_cli)
     snprintf(path, sizeof path, "%s/doc.kvs", dir);
     snprintf(cmd, sizeof cmd,
              "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --ratio 0.5 --queries 32 --rounds 1 "
-             "--iters 3 --bias --threads 2 --out %s",
+             "--iterations 3 --bias --threads 2 --out %s",
              kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), "/dev/null", path);
     char *out = NULL, *err = NULL;
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1); /* an empty document has too few tokens */
@@ -542,7 +542,7 @@ START_TEST(test_cli)
     snprintf(doc, sizeof doc, "%s", kvm_test_data_path("corpus/doc_005.txt"));
     snprintf(cmd, sizeof cmd,
              "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --ratio 0.5 --queries 32 --rounds 1 "
-             "--iters 3 --bias --threads 2 --out %s",
+             "--iterations 3 --bias --threads 2 --out %s",
              kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), doc, path);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
     ck_assert_msg(strstr(out, "entries=720 (full 1280)"), "stdout: %s", out); /* 20 heads × (28 + 8) */

@@ -41,7 +41,7 @@ static kvm_config *config(const char *method)
 {
     char text[1024];
     snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = %s\nbudget = 24\n"
-             "synthetic_queries = 32\niterations = 2\nrounds = 1\nretain = 8\n",
+             "queries = 32\niterations = 2\nrounds = 1\nretain = 8\n",
              kvm_test_data_path("models/stories260K.bin"), method);
     kvm_config *c;
     ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
