@@ -143,8 +143,8 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
                 break;
             }
             char full[2048];
+            if (sculpt_family(e->m) && arg) warn_deprecated(mv[a], arg);
             if (sculpt_family(e->m) && *flags) {
-                if (arg) warn_deprecated(mv[a], arg);
                 if (!strcmp(e->m->name, "polykv")) { /* FILE, then the flags, then its own options */
                     const char *own = NULL;
                     for (const char *q = strchr(arg, ':'); q && !own; q = strchr(q + 1, ':'))
@@ -154,8 +154,7 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
                 } else
                     snprintf(full, sizeof full, "%s%s%s", flags, arg ? ":" : "", arg ? arg : "");
                 arg = full;
-            } else if (sculpt_family(e->m) && arg)
-                warn_deprecated(mv[a], arg);
+            }
             int s = e->m->opts_new(arg, &e->budget, c, &e->opts);
             if (s) {
                 fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", mv[a], kvm_errmsg());
@@ -286,6 +285,10 @@ int kvm_cmd_eval(int argc, char **argv)
     size_t at = 0;
     for (int i = 0; i < n_set; i++) { /* table order; --threads too */
         const char *v = eval_flag(&set[i]) || !strcmp(set[i].name, "threads") ? kvm_cli_get(opts, set[i].flag) : NULL;
+        if (!rc && v && strpbrk(v, ":,=")) {
+            fprintf(stderr, "kvmill " CMD ": --%s: '%s' may not contain ':', ',' or '='\n", set[i].flag, v);
+            rc = 2;
+        }
         if (v && at < sizeof flags)
             at += (size_t)snprintf(flags + at, sizeof flags - at, "%s%s=%s", at ? ":" : "", set[i].name, v);
     }

@@ -189,6 +189,21 @@ START_TEST(test_old_sculpt_flags)
     ck_assert_msg(na == nb && memcmp(ca, cb, na) == 0, "old and new flags gave different caches (%zu vs %zu bytes)", na, nb);
     free(ca);
     free(cb);
+    /* an old name inside an eval method string: one warning too; a value that would split the
+     * option string is refused */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 40 "
+             "--method sculpt:iters=1:queries=16:rounds=1", kvm_test_bin(), model, doc);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(count(err, "option 'iters' is deprecated: use 'iterations'") == 1, "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --budget 40 --method sculpt --retain 8,bias",
+             kvm_test_bin(), model, doc);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--retain: '8,bias'"), "stderr: %s", err);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
