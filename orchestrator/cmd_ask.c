@@ -93,6 +93,7 @@ int kvm_cmd_ask(int argc, char **argv)
         {"connect", 1, "endpoint of kvmill serve, e.g. tcp://127.0.0.1:5555 or ipc:///run/kvmill/front", NULL},
         {"doc", 1, "the document, a text file (the server tokenises and truncates it as kvmill run did)", NULL},
         {"prompt", 1, "text appended after the document", NULL},
+        {"prompt-file", 1, "read the prompt from this file instead of --prompt (its bytes as they are)", NULL},
         {"n", 1, "new tokens to generate (default 64)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 0)", NULL},
         {"timeout", 1, "seconds to wait for the answer (default 30)", NULL},
@@ -105,10 +106,12 @@ int kvm_cmd_ask(int argc, char **argv)
                       opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;
     const char *ep = kvm_cli_get(opts, "connect"), *doc = kvm_cli_get(opts, "doc"),
-               *prompt = kvm_cli_get(opts, "prompt"), *s;
-    if (!ep || !doc || !prompt) return fprintf(stderr, "kvmill ask: --connect, --doc and --prompt are required\n"), 2;
-    if (!*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
-    if (strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES) return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
+               *prompt = kvm_cli_get(opts, "prompt"), *pfile = kvm_cli_get(opts, "prompt-file"), *s;
+    if (!ep || !doc || !(prompt || pfile))
+        return fprintf(stderr, "kvmill ask: --connect, --doc and --prompt (or --prompt-file) are required\n"), 2;
+    if (prompt && pfile) return fprintf(stderr, "kvmill ask: give --prompt or --prompt-file, not both\n"), 2;
+    if (prompt && !*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
+    if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES) return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
     int64_t n_new = 64;
     double temperature = 0, timeout_s = 30;
     if ((s = kvm_cli_get(opts, "n")) && kvm_cli_int("ask", "n", s, 0, KVM_PROTO_MAX_TOKENS, &n_new)) return 2;
@@ -120,10 +123,28 @@ int kvm_cmd_ask(int argc, char **argv)
     if ((sk || cp || cs) && !(sk && cp && cs))
         return fprintf(stderr, "kvmill ask: CurveZMQ needs all of --server-key, --client-public and --client-secret\n"),
                2;
-    char *text = NULL;
-    size_t text_len = 0;
-    int status = read_doc(doc, &text, &text_len);
-    if (status) return status;
+    char *text = NULL, *ptext = NULL;
+    size_t text_len = 0, plen = 0;
+    int status = 0;
+    if (pfile) { /* the file's bytes; the limits and checks of --prompt */
+        FILE *f = fopen(pfile, "rb");
+        const char *why = f ? NULL : strerror(errno);
+        ptext = f ? malloc((size_t)KVM_PROTO_MAX_TEXT_BYTES + 2) : NULL;
+        if (ptext) plen = fread(ptext, 1, (size_t)KVM_PROTO_MAX_TEXT_BYTES + 1, f);
+        if (!why) why = !ptext ? "out of memory" : ferror(f) ? "read error (a folder?)" : plen == 0 ? "is empty"
+                      : plen > KVM_PROTO_MAX_TEXT_BYTES ? "is longer than 8 MiB"
+                      : memchr(ptext, 0, plen) ? "contains a NUL byte" : NULL;
+        if (f) fclose(f);
+        if (why) {
+            fprintf(stderr, "kvmill ask: --prompt-file %s: %s\n", pfile, why);
+            free(ptext);
+            return 2;
+        }
+        ptext[plen] = '\0';
+        prompt = ptext;
+    }
+    status = read_doc(doc, &text, &text_len);
+    if (status) return free(ptext), status;
 
     void *zctx = zmq_ctx_new(), *sock = zctx ? zmq_socket(zctx, ZMQ_DEALER) : NULL, *mon = NULL;
     kvm_msg *m = NULL;
@@ -220,5 +241,6 @@ done:
     if (sock) zmq_close(sock);
     if (zctx) zmq_ctx_term(zctx);
     free(text);
+    free(ptext);
     return status;
 }

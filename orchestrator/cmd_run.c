@@ -52,8 +52,15 @@ int kvm_cmd_run(int argc, char **argv)
         {"dump-config", 0, "print the resolved configuration and exit", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
-    if (kvm_cli_parse("run", "Compresses every document of a corpus and stores the caches.", argc, argv, opts, NULL, 0,
-                      &n_pos, &help))
+    char summary[1024];
+    const char *methods = "";
+    for (int i = 0; kvm_cfg_settings[i].section; i++)
+        if (!strcmp(kvm_cfg_settings[i].section, "compress") && !strcmp(kvm_cfg_settings[i].key, "method"))
+            methods = kvm_cfg_settings[i].choices;
+    snprintf(summary, sizeof summary,
+             "Compresses every document of a corpus and stores the caches.\n[model] path: a llama2.c checkpoint or GGUF "
+             "file; [compress] method: %s;\nevery setting, its unit and default: --dump-config.", methods);
+    if (kvm_cli_parse("run", summary, argc, argv, opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;
     const char *cpath = kvm_cli_get(opts, "config"), *corpus_path = kvm_cli_get(opts, "corpus");
     if (!cpath) return fprintf(stderr, "kvmill run: --config is required\n"), 2;

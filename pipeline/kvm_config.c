@@ -158,6 +158,12 @@ static int on_pair(void *user, const char *section, const char *name, const char
 {
     kvm_config *c = user;
     char why[512];
+    for (const kvm_cfg_alias *a = kvm_cfg_aliases; a->section; a++)
+        if (!strcmp(a->section, section) && !strcmp(a->old, name)) {
+            fprintf(stderr, "kvmill: %s: [%s] %s is deprecated: use %s\n", c->path, section, name, a->key);
+            name = a->key;
+            break;
+        }
     if (set_value(c, section, name, value, why, sizeof why) == 0) return 1;
     if (!c->first_error) c->first_error = strdup(why);
     return 0;

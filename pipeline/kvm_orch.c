@@ -915,8 +915,11 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         orch_log("%s\n", kvm_errmsg());
         status = rc == KVM_EINVAL ? 2 : 1;
     } else {
-        orch_log("%lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
-                (long long)sum->skipped, o.run_dir);
+        if (mode == MODE_CALIBRATE) /* calibration measures every document: none is skipped as stored */
+            orch_log("%lld calibration documents, each measured, run directory %s\n", (long long)o.n_jobs, o.run_dir);
+        else
+            orch_log("%lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
+                     (long long)sum->skipped, o.run_dir);
         loop(&o);
         /* results trail acks by a message: collect them for the per-stage times */
         for (double end = kvm_now_ms() + 1000; kvm_now_ms() < end && interrupts < 2 && o.compress_results < sum->compressed;) {

@@ -52,7 +52,7 @@ static void write_config(const char *serve_extra, const char *extra)
              "[stages]\nbin_dir = %s\n"
              "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 30\ngrace_s = 5\n"
              "[serve]\nmax_prompt_tokens = 8\nmax_new_tokens = 400\nrequest_timeout_s = 15\n%s\n%s\n",
-             kvm_test_shared_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir,
+             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir,
              serve_extra ? serve_extra : "", extra ? extra : "");
     snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
@@ -64,7 +64,7 @@ static void setup(void)
     ck_assert_ptr_nonnull(g_dir);
     snprintf(g_front, sizeof g_front, "ipc://%s/front", g_dir);
     snprintf(g_log, sizeof g_log, "%s/serve.log", g_dir);
-    snprintf(g_doc, sizeof g_doc, "%s", kvm_test_shared_path("data/long/doc_000.txt"));
+    snprintf(g_doc, sizeof g_doc, "%s", kvm_test_data_path("corpus/doc_000.txt"));
     g_serve = 0;
 }
 
