@@ -913,7 +913,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     int rc = prepare(&o, &store), status = 0;
     if (rc) {
         orch_log("%s\n", kvm_errmsg());
-        status = rc == KVM_EINVAL ? 2 : 1;
+        status = rc == KVM_EINVAL || rc == KVM_EFORMAT ? 2 : 1; /* EFORMAT: the store is not one (truncated, foreign) */
     } else {
         orch_log("%lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
                 (long long)sum->skipped, o.run_dir);

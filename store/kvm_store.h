@@ -154,7 +154,9 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * LMDB environment directory `path`. opts may be NULL (defaults). Clears stale reader
  * slots of dead processes (mdb_reader_check). *out is set on success, NULL on failure.
  * Errors: KVM_EINVAL (bad opts), KVM_ENOTFOUND (read_only and no store at path; nothing is
- * created), KVM_EFORMAT (path is not an LMDB environment directory, or not a kvmill store),
+ * created), KVM_EFORMAT (path is not an LMDB environment directory, or not a kvmill store,
+ * or its data.mdb is shorter than its meta pages say: checked with pread before mapping,
+ * the message names the file, its size and the size expected),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);

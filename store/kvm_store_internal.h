@@ -90,6 +90,12 @@ int kvm_store__read_begin(kvm_store *s, MDB_txn **txn);
  * the raw code in s->mdb_rc. */
 int kvm_store__mdb(kvm_store *s, int rc, const char *what);
 
+/* Checks DIR/data.mdb (when it exists) against its meta pages, read with pread: a file
+ * shorter than the pages its newest meta says are in use would be mapped and kill the
+ * process with SIGBUS on the first read past its end. Errors: KVM_EFORMAT (truncated: the
+ * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
+int kvm_store__check_file(const char *dir);
+
 /* Key encoders. */
 void kvm_store__cache_key(const kvm_store_cache_key *k, uint32_t layer, uint8_t out[KVM_STORE__CACHE_KEY_BYTES]);
 void kvm_store__prefix(const kvm_store_cache_key *k, uint8_t out[KVM_STORE__PREFIX_BYTES]);
