@@ -4,6 +4,7 @@
 #include "orchestrator/kvm_cli_model.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
 #include "common/kvm_error.h"
 
@@ -90,6 +91,11 @@ int kvm_cmd_run(int argc, char **argv)
         strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
         fprintf(stderr, "kvmill run: %s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
                 kvm_config_path(cfg));
+        status = 2;
+        goto done;
+    }
+    if (kvm_jobcfg_check(cfg)) {
+        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
         status = 2;
         goto done;
     }

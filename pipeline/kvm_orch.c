@@ -82,6 +82,7 @@ typedef struct orch {
     char base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int64_t compress_results; /* results received from compress workers */
     kvm_store_id model_id, config_id; /* the caches this run writes */
+    kvm_store_id tok_id;      /* tokenizer the stages record in their manifests */
     int mode;                 /* MODE_RUN or MODE_CALIBRATE */
     uint64_t reduce_id;       /* calibrate: id of the strategy build request */
     int reduce_worker;        /* calibrate: strategy worker holding it, or -1 */
@@ -765,11 +766,14 @@ static int mark_skipped(orch *o, kvm_store *store, const kvm_store_id *model_id,
     for (int64_t i = 0; i < o->n_jobs; i++) {
         kvm_store_cache_key key = {.model_id = *model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = *config_id};
         int found = 0;
-        int rc = kvm_store_has_cache(store, &key, NULL, &found);
-        if (rc) return rc;
+        int rc = kvm_store_has_cache(store, &key, &o->tok_id, &found);
+        if (rc == KVM_EMISMATCH) /* made from another tokenizer's ids: compressed again (the put replaces it) */
+            orch_log("the stored cache of %s is refused (%s): compressing it again\n", o->jobs[i].doc->name, kvm_errmsg());
+        else if (rc)
+            return rc;
         if (found) { /* a stored cache that fails its checksums is compressed again (the put replaces it) */
             kvm_store_cache *c = NULL;
-            rc = kvm_store_get_cache(store, &key, NULL, &c);
+            rc = kvm_store_get_cache(store, &key, &o->tok_id, &c);
             kvm_store_cache_free(&c);
             if (rc == KVM_ECORRUPT) {
                 orch_log("the stored cache of %s is corrupt (%s): compressing it again\n",
@@ -804,12 +808,7 @@ static int prepare(orch *o, kvm_store **store)
     rc = kvm_store_open(o->store_path, &so, store);
     if (rc) return rc;
     kvm_store_id model_id, config_id;
-    if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id)) ||
-        (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)) ||
-        (o->mode == MODE_RUN && (rc = mark_skipped(o, *store, &model_id, &config_id))))
-        return rc;
-    o->model_id = model_id;
-    o->config_id = config_id;
+    if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id))) return rc;
     if (o->mode == MODE_RUN && !strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
         uint8_t *buf = NULL;
         size_t len = 0;
@@ -822,6 +821,13 @@ static int prepare(orch *o, kvm_store **store)
         }
         if (rc) return rc;
     }
+    if (o->mode == MODE_RUN &&
+        ((rc = kvm_jobcfg_config_id_in(o->cfg, *store, &model_id, &config_id, NULL, NULL)) ||
+         (rc = kvm_worker_tokenizer_id(o->cfg, &model_id, &o->tok_id)) ||
+         (rc = mark_skipped(o, *store, &model_id, &config_id))))
+        return rc;
+    o->model_id = model_id;
+    o->config_id = config_id;
     if ((rc = bind_sockets(o))) return rc;
     return o->n_open > 0 ? start_stages(o) : 0;
 }

@@ -143,7 +143,7 @@ static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
     env_open(&e, doc_path);
     const kvm_model *m = e.wm.model;
     kvm_store_id config_id;
-    ck_assert_int_eq(kvm_jobcfg_config_id(e.cfg, &config_id, NULL, NULL), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id(e.cfg, NULL, &config_id, NULL, NULL), 0);
     kvm_store_cache_key key = {.model_id = e.wm.model_id, .doc_hash = e.doc.hash, .config_id = config_id};
     kvm_store_cache *sc = NULL;
     ck_assert_msg(kvm_store_get_cache(e.store, &key, &e.wm.tok_id, &sc) == 0, "%s", kvm_errmsg());
