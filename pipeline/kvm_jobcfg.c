@@ -153,3 +153,65 @@ int kvm_jobcfg_config_id_in(const kvm_config *c, kvm_store *s, const kvm_store_i
     free(buf);
     return kvm_jobcfg_config_id(c, &h, id, canonical, canonical_len);
 }
+
+/* The value of line "name=..." in text[0, n) (pointer and length), or NULL. */
+static const char *line_value(const char *text, size_t n, const char *name, size_t *len)
+{
+    size_t nl = strlen(name);
+    for (const char *p = text, *e = text + n; p < e;) {
+        const char *eol = memchr(p, '\n', (size_t)(e - p));
+        if (!eol) eol = e;
+        if ((size_t)(eol - p) > nl && !memcmp(p, name, nl) && p[nl] == '=') {
+            *len = (size_t)(eol - p) - nl - 1;
+            return p + nl + 1;
+        }
+        p = eol + 1;
+    }
+    return NULL;
+}
+
+/* 1 when a and b hold the same lines once the kvmill.algorithm and strategy.hash lines are
+ * left out. */
+static int same_settings(const char *a, size_t an, const char *b, size_t bn)
+{
+    const char *pa = a, *ea = a + an, *pb = b, *eb = b + bn;
+    for (;;) {
+        const char *la = NULL, *lb = NULL, *ta = NULL, *tb = NULL;
+        while (pa < ea) { /* next kept line of a */
+            ta = memchr(pa, '\n', (size_t)(ea - pa));
+            if (!ta) ta = ea;
+            if (strncmp(pa, "kvmill.algorithm=", 17) && strncmp(pa, "strategy.hash=", 14)) { la = pa; break; }
+            pa = ta + 1;
+        }
+        while (pb < eb) {
+            tb = memchr(pb, '\n', (size_t)(eb - pb));
+            if (!tb) tb = eb;
+            if (strncmp(pb, "kvmill.algorithm=", 17) && strncmp(pb, "strategy.hash=", 14)) { lb = pb; break; }
+            pb = tb + 1;
+        }
+        if (!la || !lb) return !la && !lb;
+        if (ta - la != tb - lb || memcmp(la, lb, (size_t)(ta - la))) return 0;
+        pa = ta + 1;
+        pb = tb + 1;
+    }
+}
+
+kvm_jobcfg_state kvm_jobcfg_compare(const char *cache, size_t cache_len, const char *cur, size_t cur_len)
+{
+    if (cache_len == cur_len && !memcmp(cache, cur, cur_len)) return KVM_JOBCFG_OK;
+    if (!same_settings(cache, cache_len, cur, cur_len)) return KVM_JOBCFG_OTHER;
+    size_t al = 0, bl = 0;
+    const char *a = line_value(cache, cache_len, "kvmill.algorithm", &al), *b = line_value(cur, cur_len, "kvmill.algorithm", &bl);
+    if (!a || !b || al != bl || memcmp(a, b, al)) return KVM_JOBCFG_STALE_ALGORITHM;
+    return KVM_JOBCFG_STALE_STRATEGY;
+}
+
+const char *kvm_jobcfg_state_name(kvm_jobcfg_state st)
+{
+    switch (st) {
+    case KVM_JOBCFG_OK: return "ok";
+    case KVM_JOBCFG_STALE_STRATEGY: return "stale-strategy";
+    case KVM_JOBCFG_STALE_ALGORITHM: return "stale-algorithm";
+    default: return "other-config";
+    }
+}

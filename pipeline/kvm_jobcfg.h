@@ -53,4 +53,22 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
 int kvm_jobcfg_config_id_in(const kvm_config *c, kvm_store *s, const kvm_store_id *model_id, kvm_store_id *id,
                             char **canonical, size_t *canonical_len);
 
+/* How a stored cache's config stands against the caches config c would make now. */
+typedef enum kvm_jobcfg_state {
+    KVM_JOBCFG_OK = 0,              /* same config id: the cache is what a run would make */
+    KVM_JOBCFG_STALE_STRATEGY = 1,  /* same settings, made with another PolyKV strategy */
+    KVM_JOBCFG_STALE_ALGORITHM = 2, /* same settings, made by another algorithm version */
+    KVM_JOBCFG_OTHER = 3,           /* other settings, or another model */
+} kvm_jobcfg_state;
+
+/* Compares a manifest's config bytes (cache[0, cache_len): the canonical text written by
+ * kvm_jobcfg_config_id, possibly by an older build without a kvmill.algorithm line, which
+ * counts as version 0) with the current canonical text cur[0, cur_len). Line order is the
+ * canonical one, so the texts are compared line by line with kvmill.algorithm and
+ * strategy.hash set aside. Pure function, no errors. */
+kvm_jobcfg_state kvm_jobcfg_compare(const char *cache, size_t cache_len, const char *cur, size_t cur_len);
+
+/* "ok", "stale-strategy", "stale-algorithm", "other-config". */
+const char *kvm_jobcfg_state_name(kvm_jobcfg_state st);
+
 #endif

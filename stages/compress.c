@@ -4,6 +4,7 @@
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
@@ -14,18 +15,25 @@
 
 typedef struct compress_state {
     kvm_worker_model wm;
-    kvm_store *store;
+    kvm_store *store;       /* opened in setup (--config) or with the first job's settings */
+    const char *store_path; /* --store */
     char worker_id[256];
 } compress_state;
 
+/* The store opens with [store] settings: of --config when given, else of the first job. */
 static int setup(void *stp, const kvm_stage_args *a)
 {
     compress_state *st = stp;
     st->wm.override = a->model;
     snprintf(st->worker_id, sizeof st->worker_id, "%s", a->worker_id ? a->worker_id : "compress");
     if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH");
-    kvm_store_opts so = {0};
-    return kvm_store_open(a->store, &so, &st->store);
+    st->store_path = a->store;
+    if (!a->config) return 0;
+    kvm_config *cfg = NULL;
+    int rc = kvm_config_load(a->config, &cfg);
+    if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
+    kvm_config_free(&cfg);
+    return rc;
 }
 
 static int complete(void *st, kvm_msg *const *in, int n_in)
@@ -127,6 +135,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
+    if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
     double t0 = kvm_now_ms();

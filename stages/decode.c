@@ -14,6 +14,7 @@
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 
 #include <stdlib.h>
@@ -40,10 +41,8 @@ static int setup(void *stp, const kvm_stage_args *a)
     int rc = kvm_config_load(a->config, &st->cfg);
     if (!rc && a->store) rc = kvm_config_set(st->cfg, "store", "path", a->store);
     if (rc) return rc;
-    kvm_store_opts so = {.map_size_bytes = kvm_config_int(st->cfg, "store", "map_size_mb") << 20,
-                         .map_max_bytes = kvm_config_int(st->cfg, "store", "map_max_mb") << 20};
     st->wm.override = a->model;
-    if ((rc = kvm_store_open(kvm_config_str(st->cfg, "store", "path"), &so, &st->store)) ||
+    if ((rc = kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
     st->tok = st->wm.tok;

@@ -78,3 +78,27 @@ int kvm_store__check_file(const char *dir)
                        path, (long long)size, (long long)want, (unsigned long long)(m->last_pg + 1), m->psize);
     return 0;
 }
+
+int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
+{
+    struct stat st;
+    if (!dst || !*dst) return kvm_err(KVM_EINVAL, "store compact: empty destination");
+    if (stat(dst, &st) == 0) return kvm_err(KVM_EINVAL, "store compact: %s already exists: name a new directory", dst);
+    if (mkdir(dst, 0775) != 0) return kvm_err(KVM_EIO, "store compact: cannot create %s: %s", dst, strerror(errno));
+    int rc = kvm_store__lock(s);
+    if (rc) {
+        rmdir(dst);
+        return rc;
+    }
+    int mrc = mdb_env_copy2(s->env, dst, MDB_CP_COMPACT);
+    kvm_store__unlock(s);
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data.mdb", dst);
+    if (mrc) {
+        unlink(data);
+        rmdir(dst);
+        return kvm_err(KVM_EIO, "store %s: compacted copy into %s failed: %s", s->path, dst, mdb_strerror(mrc));
+    }
+    if (copy_bytes) *copy_bytes = stat(data, &st) == 0 ? (int64_t)st.st_size : 0;
+    return 0;
+}
