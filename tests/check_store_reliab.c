@@ -161,6 +161,221 @@ START_TEST(test_truncated_run)
 }
 END_TEST
 
+
+/* ---- item 13: store commands on a missing store, --config ---- */
+
+START_TEST(test_store_cli_missing_and_config)
+{
+    char missing[4300], *out = NULL, *err = NULL;
+    snprintf(missing, sizeof missing, "%s/nope", g_dir);
+    const char *subs[] = {"ls", "verify", "show a:b:c", "rm a:b:c", "compact"};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        int rc = kvmill(&out, &err, "store %s --store '%s'", subs[i], missing);
+        ck_assert_msg(rc == 2, "store %s on a missing store: exit %d\n%s", subs[i], rc, err);
+        ck_assert_msg(strstr(err, "cannot open store") && strstr(err, missing), "store %s: %s", subs[i], err);
+        free(out);
+        free(err);
+    }
+    struct stat st;
+    ck_assert_int_ne(stat(missing, &st), 0); /* nothing created */
+    ck_assert_int_eq(kvmill(&out, &err, "store ls"), 2);
+    ck_assert_msg(strstr(err, "--store PATH or --config FILE is required"), "%s", err);
+    free(out);
+    free(err);
+    /* --config finds the store through [store] path */
+    put_caches(g_store, 2, 100);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s/model.bin\n[store]\npath = %s\n", g_dir, g_store);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    char model[4300];
+    snprintf(model, sizeof model, "%s/model.bin", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(model, "not a model", 11), 0);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --config '%s'", g_cfg), 0);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --csv --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype,state\n"), "%s", out);
+    int rows = 0;
+    for (char *p = strstr(out, ",other-config\n"); p; p = strstr(p + 1, ",other-config\n")) rows++;
+    ck_assert_msg(rows == 2, "%s", out); /* another model's caches */
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store stats --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "caches          2"), "%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- item 13: config files ---- */
+
+START_TEST(test_config_duplicate_and_empty)
+{
+    kvm_config *c = NULL;
+    int rc = kvm_config_parse("[model]\npath = /m\n[compress]\nratio = 0.3\nmethod = h2o\n[store]\ndtype = f16\n"
+                              "[compress]\nratio = 0.5\n",
+                              "t.ini", &c);
+    ck_assert_int_eq(rc, KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini:9: [compress] ratio is set again (first set on line 4)"), "%s", kvm_errmsg());
+    /* an indented line right after a key continues its value; after a section header it is a key */
+    rc = kvm_config_parse("[model]\npath = /m\n[compress]\n  ratio = 0.3\nratio = 0.5\n", "t.ini", &c);
+    ck_assert_int_eq(rc, KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini:5: [compress] ratio is set again (first set on line 4)"), "%s", kvm_errmsg());
+    /* the same key in two sections is two keys */
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m\n[run]\nbind =\n[serve]\nbind = tcp://127.0.0.1:1\n", "t.ini", &c), 0);
+    kvm_config_free(&c);
+    rc = kvm_config_parse("[model]\npath =\n", "t.ini", &c);
+    ck_assert_int_eq(rc, KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini: [model] path: required key is empty"), "%s", kvm_errmsg());
+    /* and through the command line: exit 2, naming the key */
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, "[model]\npath =\n", 15), 0);
+    ck_assert_int_eq(mkdir(g_docs, 0700), 0);
+    char *out = NULL, *err = NULL;
+    rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+    ck_assert_msg(rc == 2 && strstr(err, "[model] path: required key is empty"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    const char *dup = "[model]\npath = /m\ncontext = 64\ncontext = 128\n";
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, dup, strlen(dup)), 0);
+    rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+    ck_assert_msg(rc == 2 && strstr(err, "t.ini:4: [model] context is set again (first set on line 3)"), "exit %d: %s",
+                  rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+static kvm_config *parse_ok(const char *text)
+{
+    kvm_config *c = NULL;
+    int rc = kvm_config_parse(text, "t.ini", &c);
+    ck_assert_msg(rc == 0, "%s", kvm_errmsg());
+    return c;
+}
+
+START_TEST(test_budget_retain_vs_context)
+{
+    kvm_config *c = parse_ok("[model]\npath = /m\ncontext = 128\n[compress]\nmethod = h2o\nbudget = 128\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "[compress] budget = 128 is not below [model] context = 128"), "%s", kvm_errmsg());
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 128\n[compress]\nmethod = sculpt\nretain = 200\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "[compress] retain = 200 is not below [model] context = 128"), "%s", kvm_errmsg());
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 128\n[compress]\nmethod = sculpt\nretain = 32\nbudget = 64\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 16\n[compress]\nmethod = h2o\n"); /* retain is a sculpt setting */
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 16\n[compress]\nmethod = full\nbudget = 100\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    if (skip_without_shared("budget_retain_vs_context (run)")) return;
+    ck_assert_int_eq(mkdir(g_docs, 0700), 0);
+    char doc[4400], text[8192], *out = NULL, *err = NULL;
+    snprintf(doc, sizeof doc, "%s/a.txt", g_docs);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time", 16), 0);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nretain = 64\n[store]\npath = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), g_store);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    int rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+    ck_assert_msg(rc == 2 && strstr(err, "[compress] retain = 64 is not below [model] context = 64"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- item 3: what the config id covers ---- */
+
+/* A value for setting s other than its default. */
+static const char *other_value(const kvm_cfg_setting *s, char *buf, size_t n)
+{
+    switch (s->type) {
+    case KVM_CFG_INT: {
+        long long d = strtoll(s->def, NULL, 10);
+        snprintf(buf, n, "%lld", d + 1 <= (long long)s->hi ? d + 1 : d - 1);
+        return buf;
+    }
+    case KVM_CFG_FLOAT: {
+        double d = strtod(s->def, NULL);
+        snprintf(buf, n, "%.9g", d * 0.5 + (d == 0 ? 0.25 * s->hi : 0));
+        return buf;
+    }
+    case KVM_CFG_BOOL: return strcmp(s->def, "true") ? "true" : "false";
+    case KVM_CFG_ENUM: {
+        const char *c = s->choices;
+        size_t l = strcspn(c, "|");
+        if (l == strlen(s->def) && !strncmp(c, s->def, l)) c += l + 1, l = strcspn(c, "|");
+        snprintf(buf, n, "%.*s", (int)l, c);
+        return buf;
+    }
+    default: snprintf(buf, n, "%s-other", s->def); return buf;
+    }
+}
+
+START_TEST(test_config_id_covers)
+{
+    kvm_config *base = parse_ok("[model]\npath = /m\n");
+    kvm_store_id a, b, h1, h2;
+    char *canon = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kvm_jobcfg_config_id(base, NULL, &a, &canon, &n), 0);
+    char want[64];
+    snprintf(want, sizeof want, "kvmill.algorithm=%d\n", KVM_JOBCFG_ALGORITHM_VERSION);
+    ck_assert_msg(!strncmp(canon, want, strlen(want)), "%s", canon);
+    int n_compress = 0;
+    for (int i = 0; kvm_cfg_settings[i].section; i++) {
+        const kvm_cfg_setting *s = &kvm_cfg_settings[i];
+        int counts = !strcmp(s->section, "compress") || (!strcmp(s->section, "model") && !strcmp(s->key, "context")) ||
+                     (!strcmp(s->section, "store") && !strcmp(s->key, "dtype"));
+        if (!counts) continue;
+        kvm_config *c = parse_ok("[model]\npath = /m\n");
+        char buf[128];
+        ck_assert_int_eq(kvm_config_set(c, s->section, s->key, other_value(s, buf, sizeof buf)), 0);
+        ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &b, NULL, NULL), 0);
+        ck_assert_msg(memcmp(&a, &b, sizeof a), "[%s] %s = %s leaves the config id unchanged", s->section, s->key, buf);
+        kvm_config_free(&c);
+        n_compress += !strcmp(s->section, "compress");
+    }
+    ck_assert_int_ge(n_compress, 14);
+    /* the strategy's bytes, not its name */
+    kvm_store_hash_bytes("strategy one", 12, &h1);
+    kvm_store_hash_bytes("strategy two", 12, &h2);
+    char *c1 = NULL, *c2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    ck_assert_int_eq(kvm_jobcfg_config_id(base, &h1, &a, &c1, &n1), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id(base, &h2, &b, &c2, &n2), 0);
+    ck_assert_int_ne(memcmp(&a, &b, sizeof a), 0);
+    ck_assert_ptr_nonnull(strstr(c1, "strategy.hash="));
+    ck_assert_int_eq(kvm_jobcfg_compare(c1, n1, c1, n1), KVM_JOBCFG_OK);
+    ck_assert_int_eq(kvm_jobcfg_compare(c1, n1, c2, n2), KVM_JOBCFG_STALE_STRATEGY);
+    ck_assert_int_eq(kvm_jobcfg_compare(canon, n, c2, n2), KVM_JOBCFG_STALE_STRATEGY);
+    /* an older algorithm version (or a build before the line existed): stale-algorithm */
+    const char *nl = strchr(c2, '\n');
+    ck_assert_int_eq(kvm_jobcfg_compare(nl + 1, n2 - (size_t)(nl + 1 - c2), c2, n2), KVM_JOBCFG_STALE_ALGORITHM);
+    char *old = malloc(n2 + 8);
+    int k = snprintf(old, n2 + 8, "kvmill.algorithm=0\n%s", nl + 1);
+    ck_assert_int_eq(kvm_jobcfg_compare(old, (size_t)k, c2, n2), KVM_JOBCFG_STALE_ALGORITHM);
+    /* other settings */
+    kvm_config *c = parse_ok("[model]\npath = /m\n[compress]\nratio = 0.5\n");
+    char *c3 = NULL;
+    size_t n3 = 0;
+    ck_assert_int_eq(kvm_jobcfg_config_id(c, &h1, &b, &c3, &n3), 0);
+    ck_assert_int_eq(kvm_jobcfg_compare(c1, n1, c3, n3), KVM_JOBCFG_OTHER);
+    ck_assert_str_eq(kvm_jobcfg_state_name(KVM_JOBCFG_STALE_STRATEGY), "stale-strategy");
+    ck_assert_str_eq(kvm_jobcfg_state_name(KVM_JOBCFG_OTHER), "other-config");
+    free(old);
+    free(c1);
+    free(c2);
+    free(c3);
+    free(canon);
+    kvm_config_free(&c);
+    kvm_config_free(&base);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -176,6 +391,10 @@ int main(void)
     Suite *su = suite_create("store_reliab");
     suite_add_tcase(su, tcase("truncated_data_file", test_truncated_data_file, 120));
     suite_add_tcase(su, tcase("truncated_run", test_truncated_run, 120));
+    suite_add_tcase(su, tcase("store_cli_missing_and_config", test_store_cli_missing_and_config, 60));
+    suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
+    suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
+    suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
