@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "store/kvm_store.h"
@@ -376,6 +377,308 @@ START_TEST(test_config_id_covers)
 }
 END_TEST
 
+
+/* ---- item 13: compaction ---- */
+
+START_TEST(test_compact)
+{
+    put_caches(g_store, 30, 20000);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), 0);
+    for (int i = 0; i < 25; i++) {
+        kvm_store_cache_key k;
+        kvm_store_hash_bytes("model", 5, &k.model_id);
+        int32_t toks[2] = {i, 7};
+        ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &k.doc_hash), 0);
+        const char *cfg = "compress.method=test\n";
+        kvm_store_hash_bytes(cfg, strlen(cfg), &k.config_id);
+        ck_assert_int_eq(kvm_store_rm_cache(s, &k), 0);
+    }
+    kvm_store_close(&s);
+    char data[4400], copy[4300], cdata[4400], *out = NULL, *err = NULL;
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    snprintf(copy, sizeof copy, "%s.compact", g_store);
+    snprintf(cdata, sizeof cdata, "%s/data.mdb", copy);
+    int rc = kvmill(&out, &err, "store compact --store '%s'", g_store);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, copy) && strstr(out, "mv '"), "%s", out);
+    free(out);
+    free(err);
+    struct stat a, b;
+    ck_assert_int_eq(stat(data, &a), 0);
+    ck_assert_int_eq(stat(cdata, &b), 0);
+    ck_assert_msg(b.st_size * 2 < a.st_size, "copy %lld bytes, store %lld", (long long)b.st_size, (long long)a.st_size);
+    /* the copy is a whole store: it verifies and holds the 5 caches left */
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --store '%s'", copy), 0);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --csv --store '%s'", copy), 0);
+    int lines = 0;
+    for (char *p = out; *p; p++) lines += *p == '\n';
+    ck_assert_int_eq(lines, 6);
+    free(out);
+    free(err);
+    /* an existing destination is refused, the store is left as it was */
+    rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, copy);
+    ck_assert_msg(rc == 2 && strstr(err, "already exists"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    struct stat a2;
+    ck_assert_int_eq(stat(data, &a2), 0);
+    ck_assert_int_eq((long long)a2.st_size, (long long)a.st_size);
+}
+END_TEST
+
+/* ---- item 10: claims ---- */
+
+START_TEST(test_claim_lease)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_cache_key k;
+    memset(&k, 7, sizeof k);
+    int taken = -1;
+    kvm_store_claim h;
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 1);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 0);
+    ck_assert_str_eq(h.owner, "run:a");
+    ck_assert_str_eq(h.host, "hostA");
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", 300, &taken, &h), 0); /* its own: renewed */
+    ck_assert_int_eq(taken, 1);
+    /* renewed while the job lives: b cannot take it past the first lease's end */
+    for (int i = 0; i < 6; i++) {
+        usleep(100000);
+        int64_t n = 0;
+        ck_assert_int_eq(kvm_store_claim_renew(s, "run:a", 300, &n), 0);
+        ck_assert_int_eq(n, 1);
+    }
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 0);
+    /* a run that died stops renewing: its lease lapses and another run takes over */
+    usleep(400000);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 1);
+    kvm_store_claim got;
+    ck_assert_int_eq(kvm_store_claim_get(s, &k, &got), 0);
+    ck_assert_str_eq(got.owner, "run:b");
+    int64_t n = 0;
+    ck_assert_int_eq(kvm_store_claim_release(s, "run:b", &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(kvm_store_claim_get(s, &k, &got), KVM_ENOTFOUND);
+    int64_t recs = 0, bad = -1;
+    ck_assert_int_eq(kvm_store_verify(s, NULL, NULL, &recs, &bad), 0);
+    ck_assert_int_eq(bad, 0);
+    kvm_store_close(&s);
+    /* a read-only handle cannot claim */
+    o.read_only = 1;
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:c", "", 300, &taken, &h), KVM_ESTATE);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* ---- pipeline runs (need ../shared) ---- */
+
+static void copy_docs(int n)
+{
+    ck_assert_int_eq(mkdir(g_docs, 0700), 0);
+    for (int i = 0; i < n; i++) {
+        char src[64], dst[4400];
+        snprintf(src, sizeof src, "data/long/doc_%03d.txt", i);
+        snprintf(dst, sizeof dst, "%s/doc_%03d.txt", g_docs, i);
+        size_t len;
+        char *t = kvm_test_read_file(kvm_test_shared_path(src), &len);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(kvm_test_write_file(dst, t, len), 0);
+        free(t);
+    }
+}
+
+/* A pipeline config over g_store with extra lines appended (no key of the base repeated). */
+static void write_run_config(const char *compress, const char *extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\n%s\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\n"
+             "liveness = 20\nmax_retries = 0\n[stages]\nbin_dir = %s\n%s",
+             kvm_test_shared_path("models/stories260K.bin"), compress, g_store, kvm_test_bin(), extra ? extra : "");
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+}
+
+static int run_corpus(char **out, char **err)
+{
+    return kvmill(out, err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+}
+
+/* n: the summary's `name=` value, or -1. */
+static long long summary_field(const char *out, const char *name)
+{
+    const char *p = out ? strstr(out, "summary: ") : NULL;
+    char key[64];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *q = p ? strstr(p, key) : NULL;
+    return q ? strtoll(q + strlen(key), NULL, 10) : -1;
+}
+
+static int count_state(const char *state)
+{
+    char *out = NULL;
+    ck_assert_int_eq(kvmill(&out, NULL, "store ls --csv --config '%s'", g_cfg), 0);
+    char want[64];
+    snprintf(want, sizeof want, ",%s\n", state);
+    int n = 0;
+    for (char *p = strstr(out, want); p; p = strstr(p + 1, want)) n++;
+    free(out);
+    return n;
+}
+
+/* A uniform PolyKV strategy for stories260K (5 layers) with pattern p everywhere. */
+static void put_strategy(kvm_pattern p)
+{
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), 0);
+    kvm_store_id mid;
+    ck_assert_int_eq(kvm_store_model_id(s, kvm_test_shared_path("models/stories260K.bin"), &mid), 0);
+    kvm_strategy *st = NULL;
+    ck_assert_int_eq(kvm_strategy_new(5, &st), 0);
+    st->budget_avg = 32;
+    st->b_min = 8;
+    for (int l = 0; l < 5; l++) st->layers[l] = (kvm_strategy_layer){.pattern = {p, p}, .budget = 32};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ck_assert_msg(kvm_strategy_encode(st, &buf, &len) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_put_strategy(s, &mid, "default", buf, len), 0);
+    free(buf);
+    kvm_strategy_free(&st);
+    kvm_store_close(&s);
+}
+
+START_TEST(test_recalibration_invalidates)
+{
+    if (skip_without_shared("recalibration_invalidates")) return;
+    copy_docs(5);
+    write_run_config("method = polykv\nbudget = 32", NULL);
+    put_strategy(KVM_PATTERN_SNAPKV);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 5, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("ok"), 5);
+    /* recalibrated: another strategy under the same name */
+    put_strategy(KVM_PATTERN_H2O);
+    ck_assert_int_eq(count_state("stale-strategy"), 5);
+    ck_assert_int_eq(count_state("ok"), 0);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 5 && summary_field(out, "skipped") == 0,
+                  "a rerun after recalibration must compress again: exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("ok"), 5);
+    ck_assert_int_eq(count_state("stale-strategy"), 5);
+    /* the manifest records the strategy's hash */
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --csv --config '%s'", g_cfg), 0);
+    char *ok = strstr(out, ",ok\n");
+    ck_assert_ptr_nonnull(ok);
+    char *line = ok;
+    while (line > out && line[-1] != '\n') line--;
+    char key[200];
+    snprintf(key, sizeof key, "%.12s:%.12s:%.12s", line, line + 65, line + 130);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store show --config '%s' %s", g_cfg, key), 0);
+    ck_assert_msg(strstr(out, "strategy_hash "), "%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store rm --stale --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "5 stale cache(s) removed"), "%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("stale-strategy"), 0);
+    ck_assert_int_eq(count_state("ok"), 5);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --config '%s'", g_cfg), 0);
+    free(out);
+    free(err);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "skipped") == 5, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* [store] map_max_mb reaches the compress workers (they open the store with the job's
+ * settings): 5 full caches of 640 KiB do not fit in a 2 MiB map. */
+START_TEST(test_store_opts_in_worker)
+{
+    if (skip_without_shared("store_opts_in_worker")) return;
+    copy_docs(5);
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 512\n[compress]\nmethod = full\n[store]\npath = %s\nmap_size_mb = 1\n"
+             "map_max_mb = 2\n[run]\nmax_retries = 0\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), g_store, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 1 && summary_field(out, "failed") >= 1, "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(strstr(err, "map_max_bytes 2097152"), "%s", err);
+    free(out);
+    free(err);
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_stats t;
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    ck_assert_msg(t.map_size_bytes <= (2 << 20), "map grew to %lld bytes", (long long)t.map_size_bytes);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* Two `kvmill run` at once on one store: each document is compressed once. */
+START_TEST(test_two_runs_share)
+{
+    if (skip_without_shared("two_runs_share")) return;
+    copy_docs(5);
+    write_run_config("method = sculpt\nsynthetic_queries = 64\niterations = 40\nrounds = 2", NULL);
+    pid_t pid[2];
+    char outp[2][4300], errp[2][4300];
+    for (int r = 0; r < 2; r++) {
+        snprintf(outp[r], sizeof outp[r], "%s/run%d.out", g_dir, r);
+        snprintf(errp[r], sizeof errp[r], "%s/run%d.err", g_dir, r);
+        if ((pid[r] = fork()) == 0) {
+            freopen(outp[r], "w", stdout);
+            freopen(errp[r], "w", stderr);
+            char exe[4200];
+            snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+            execl(exe, exe, "run", "--config", g_cfg, "--corpus", g_docs, (char *)NULL);
+            _exit(127);
+        }
+    }
+    long long compressed = 0, claimed = 0;
+    for (int r = 0; r < 2; r++) {
+        int st;
+        ck_assert_int_eq(waitpid(pid[r], &st, 0), pid[r]);
+        char *out = kvm_test_read_file(outp[r], NULL), *err = kvm_test_read_file(errp[r], NULL);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "run %d: status %d\n%s", r, st, err);
+        long long c = summary_field(out, "compressed"), k = summary_field(out, "claimed");
+        long long sk = summary_field(out, "skipped"), f = summary_field(out, "failed");
+        ck_assert_msg(c >= 0 && k >= 0 && f == 0 && c + k + sk == 5, "run %d:\n%s\n%s", r, out, err);
+        compressed += c;
+        claimed += k;
+        free(out);
+        free(err);
+    }
+    ck_assert_msg(compressed == 5, "%lld compressions for 5 documents (%lld claimed)", compressed, claimed);
+    ck_assert_int_eq(count_state("ok"), 5);
+    char *out = NULL;
+    ck_assert_int_eq(kvmill(&out, NULL, "store verify --config '%s'", g_cfg), 0);
+    free(out);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -395,6 +698,11 @@ int main(void)
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
+    suite_add_tcase(su, tcase("compact", test_compact, 60));
+    suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
+    suite_add_tcase(su, tcase("recalibration_invalidates", test_recalibration_invalidates, 240));
+    suite_add_tcase(su, tcase("store_opts_in_worker", test_store_opts_in_worker, 240));
+    suite_add_tcase(su, tcase("two_runs_share", test_two_runs_share, 300));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
