@@ -609,6 +609,57 @@ START_TEST(test_recalibration_invalidates)
 }
 END_TEST
 
+
+typedef struct retag_ctx {
+    kvm_store_cache_key keys[16]; /* caches found */
+    int n;
+} retag_ctx;
+
+static int collect_keys(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    retag_ctx *c = arg;
+    if (c->n < 16) c->keys[c->n++] = *k;
+    return 0;
+}
+
+/* A stored cache made from another tokenizer's ids is not "already stored". */
+START_TEST(test_other_tokenizer_recompressed)
+{
+    if (skip_without_shared("other_tokenizer_recompressed")) return;
+    copy_docs(3);
+    write_run_config("method = h2o\nbudget = 32", NULL);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    /* the same caches, recorded as made with another tokenizer */
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), 0);
+    retag_ctx c = {.n = 0};
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_keys, &c), 0);
+    ck_assert_int_eq(c.n, 3);
+    for (int i = 0; i < c.n; i++) {
+        kvm_store_cache *cc = NULL;
+        ck_assert_int_eq(kvm_store_get_cache(s, &c.keys[i], NULL, &cc), 0);
+        kvm_store_hash_bytes("another tokenizer", 17, &cc->manifest.tokenizer_id);
+        ck_assert_int_eq(kvm_store_put_cache(s, &cc->manifest, cc->layers), 0);
+        kvm_store_cache_free(&cc);
+    }
+    kvm_store_close(&s);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 3 && summary_field(out, "skipped") == 0,
+                  "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(strstr(err, "built with tokenizer"), "%s", err);
+    free(out);
+    free(err);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "skipped") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* [store] map_max_mb reaches the compress workers (they open the store with the job's
  * settings): 5 full caches of 640 KiB do not fit in a 2 MiB map. */
 START_TEST(test_store_opts_in_worker)
@@ -701,6 +752,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
     suite_add_tcase(su, tcase("recalibration_invalidates", test_recalibration_invalidates, 240));
+    suite_add_tcase(su, tcase("other_tokenizer_recompressed", test_other_tokenizer_recompressed, 240));
     suite_add_tcase(su, tcase("store_opts_in_worker", test_store_opts_in_worker, 240));
     suite_add_tcase(su, tcase("two_runs_share", test_two_runs_share, 300));
     SRunner *sr = srunner_create(su);
