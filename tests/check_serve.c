@@ -466,7 +466,12 @@ END_TEST
 
 START_TEST(test_worker_setup_failure)
 {
-    write_config(NULL, "[model]\ncontext = 1000"); /* beyond the model's 512: every worker's setup fails */
+    write_config(NULL, NULL);
+    char *text = kvm_test_read_file(g_cfg, NULL), *ctx = text ? strstr(text, "context = 128\n") : NULL;
+    ck_assert_ptr_nonnull(ctx); /* set once: a key set twice is a config error */
+    memcpy(ctx, "context = 999", 13); /* beyond the model's 512: every worker's setup fails */
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    free(text);
     ck_assert_int_eq(start_serve(NULL), 1);
     char *log = kvm_test_read_file(g_log, NULL);
     assert_contains(log, "exceeds the model's window");
