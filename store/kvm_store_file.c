@@ -45,8 +45,11 @@ static void meta_read(int fd, off_t at, int64_t file_bytes, meta_page *m)
     m->ok = m->psize >= MIN_PAGE && m->psize <= MAX_PAGE && (m->psize & (m->psize - 1)) == 0;
 }
 
-int kvm_store__check_file(const char *dir)
+/* One look at the file; *young = 1 when it failed for lack of its two meta pages (a store
+ * another process is creating right now looks like that for a moment). */
+static int check_once(const char *dir, int *young)
 {
+    *young = 0;
     char path[4200];
     snprintf(path, sizeof path, "%s/data.mdb", dir);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -62,8 +65,9 @@ int kvm_store__check_file(const char *dir)
     meta_read(fd, 0, size, &m0);
     if (m0.ok) meta_read(fd, (off_t)m0.psize, size, &m1);
     close(fd);
+    *young = !m0.ok || !m1.ok;
     if (!m0.ok) {
-        if (size >= 2 * MIN_PAGE) return 0; /* not LMDB's magic: mdb_env_open says "not an LMDB environment" */
+        if (size >= 2 * MIN_PAGE) return *young = 0; /* not LMDB's magic: mdb_env_open says "not an LMDB environment" */
         return kvm_err(KVM_EFORMAT,
                        "store %s: truncated: %lld bytes, expected at least 2 meta pages (%d bytes at a %d-byte page size)",
                        path, (long long)size, 2 * 4096, 4096);
@@ -101,4 +105,14 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
     }
     if (copy_bytes) *copy_bytes = stat(data, &st) == 0 ? (int64_t)st.st_size : 0;
     return 0;
+}
+
+int kvm_store__check_file(const char *dir)
+{
+    int young = 0, st = check_once(dir, &young);
+    for (int i = 0; st && young && i < 12; i++) { /* give a store being created 0.25 s to get its meta pages */
+        usleep(20000);
+        st = check_once(dir, &young);
+    }
+    return st;
 }
