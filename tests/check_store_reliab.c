@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -556,6 +557,47 @@ static void put_strategy(kvm_pattern p)
     kvm_store_close(&s);
 }
 
+
+/* Starts `kvmill serve --config g_cfg` on ipc://g_dir/front; returns its pid once ready. */
+static pid_t serve_start(char *front, size_t n)
+{
+    char log[4300];
+    snprintf(front, n, "ipc://%s/front", g_dir);
+    snprintf(log, sizeof log, "%s/serve.log", g_dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failing test must not leave a server behind */
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char exe[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        execl(exe, exe, "serve", "--config", g_cfg, "--bind", front, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 400; i++) {
+        char *text = kvm_test_read_file(log, NULL);
+        int ready = text && strstr(text, "kvmill serve: ready");
+        free(text);
+        if (ready) return pid;
+        ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "kvmill serve exited early");
+        usleep(50000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("kvmill serve did not report ready within 20 s");
+    return -1;
+}
+
+static int serve_ask(const char *front, const char *doc, char **err)
+{
+    char *out = NULL;
+    int rc = kvmill(&out, err, "ask --connect '%s' --doc '%s' --prompt 'Then the' -n 4 --timeout 20", front, doc);
+    free(out);
+    return rc;
+}
+
 START_TEST(test_recalibration_invalidates)
 {
     if (skip_without_shared("recalibration_invalidates")) return;
@@ -568,10 +610,22 @@ START_TEST(test_recalibration_invalidates)
     free(out);
     free(err);
     ck_assert_int_eq(count_state("ok"), 5);
+    char front[4300], doc[4400];
+    snprintf(doc, sizeof doc, "%s/doc_000.txt", g_docs);
+    pid_t srv = serve_start(front, sizeof front);
+    rc = serve_ask(front, doc, &err);
+    ck_assert_msg(rc == 0, "ask before recalibration: exit %d: %s", rc, err);
+    free(err);
     /* recalibrated: another strategy under the same name */
     put_strategy(KVM_PATTERN_H2O);
     ck_assert_int_eq(count_state("stale-strategy"), 5);
     ck_assert_int_eq(count_state("ok"), 0);
+    /* the running server no longer answers from a cache made with the old strategy */
+    rc = serve_ask(front, doc, &err);
+    ck_assert_msg(rc == 1 && strstr(err, "no compressed cache"), "ask after recalibration: exit %d: %s", rc, err);
+    free(err);
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
     rc = run_corpus(&out, &err);
     ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 5 && summary_field(out, "skipped") == 0,
                   "a rerun after recalibration must compress again: exit %d\n%s\n%s", rc, out, err);
