@@ -110,8 +110,8 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
 int kvm_store__check_file(const char *dir)
 {
     int young = 0, st = check_once(dir, &young);
-    for (int i = 0; st && young && i < 12; i++) { /* give a store being created 0.25 s to get its meta pages */
-        usleep(20000);
+    for (int i = 0; st && young && i < 20; i++) { /* give a store being created 1 s to get its meta pages */
+        usleep(50000);
         st = check_once(dir, &young);
     }
     return st;

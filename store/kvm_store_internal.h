@@ -96,7 +96,9 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what);
 
 /* Checks DIR/data.mdb (when it exists) against its meta pages, read with pread: a file
  * shorter than the pages its newest meta says are in use would be mapped and kill the
- * process with SIGBUS on the first read past its end. Errors: KVM_EFORMAT (truncated: the
+ * process with SIGBUS on the first read past its end. A file without its two meta pages
+ * gets up to 1 s to grow them (another process may be creating the store right now; LMDB
+ * writes them as it creates the file). Errors: KVM_EFORMAT (truncated: the
  * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);
 
