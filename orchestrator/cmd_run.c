@@ -4,6 +4,7 @@
 #include "orchestrator/kvm_cli_model.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
 #include "common/kvm_error.h"
 
@@ -38,9 +39,13 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
     if (s->interrupted)
         printf("interrupted: %lld documents were not processed (run again to finish: stored ones are skipped)\n",
                (long long)s->pending);
-    printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld seconds=%.3f\n",
+    if (s->claimed)
+        printf("claimed: %lld documents were being compressed by another run on this store and were left to it\n",
+               (long long)s->claimed);
+    printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld "
+           "seconds=%.3f claimed=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
-           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds);
+           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->claimed);
 }
 
 int kvm_cmd_run(int argc, char **argv)
@@ -97,6 +102,11 @@ int kvm_cmd_run(int argc, char **argv)
         strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
         fprintf(stderr, "kvmill run: %s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
                 kvm_config_path(cfg));
+        status = 2;
+        goto done;
+    }
+    if (kvm_jobcfg_check(cfg)) {
+        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
         status = 2;
         goto done;
     }

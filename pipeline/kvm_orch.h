@@ -23,6 +23,7 @@ typedef struct kvm_orch_summary {
     int64_t evaluated;                              /* documents with a KL measurement ([eval]) */
     double kl_sum;                                  /* sum of their mean KL, nats */
     double transport_ms;                            /* message encode/decode/copy/send, stages + orchestrator */
+    int64_t claimed;                                /* documents left to another live run compressing them */
 } kvm_orch_summary;
 
 /* Runs the pipeline over a prepared corpus (kvm_doc_prepare done). The store must hold the

@@ -6,6 +6,7 @@
 #include "compress/polykv/kvm_polykv.h"
 #include "common/kvm_error.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,28 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
     if (kvm_tokenizer_open_for_model(wm->model, path, *tp ? tp : NULL, &wm->tok, tpath, sizeof tpath) == 0)
         kvm_store_hash_file(tpath, &wm->tok_id); /* a GGUF's id is its file's: tokenizer and weights travel together */
     return 0;
+}
+
+static int file_is_gguf(const char *path)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(magic, 1, 4, f) : 0;
+    if (f) fclose(f);
+    return n == 4 && !memcmp(magic, "GGUF", 4);
+}
+
+int kvm_worker_tokenizer_id(const kvm_config *c, const kvm_store_id *model_id, kvm_store_id *out)
+{
+    const char *path = kvm_config_str(c, "model", "path"), *tp = kvm_config_str(c, "model", "tokenizer");
+    char tpath[4096];
+    memset(out, 0, sizeof *out);
+    if (!*tp && file_is_gguf(path)) {
+        *out = *model_id;
+        return 0;
+    }
+    if (kvm_tokenizer_find_for_model(path, *tp ? tp : NULL, tpath, sizeof tpath)) return 0;
+    return kvm_store_hash_file(tpath, out);
 }
 
 void kvm_worker_model_free(kvm_worker_model *wm)

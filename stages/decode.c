@@ -14,6 +14,7 @@
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 
 #include <stdlib.h>
@@ -40,10 +41,8 @@ static int setup(void *stp, const kvm_stage_args *a)
     int rc = kvm_config_load(a->config, &st->cfg);
     if (!rc && a->store) rc = kvm_config_set(st->cfg, "store", "path", a->store);
     if (rc) return rc;
-    kvm_store_opts so = {.map_size_bytes = kvm_config_int(st->cfg, "store", "map_size_mb") << 20,
-                         .map_max_bytes = kvm_config_int(st->cfg, "store", "map_max_mb") << 20};
     st->wm.override = a->model;
-    if ((rc = kvm_store_open(kvm_config_str(st->cfg, "store", "path"), &so, &st->store)) ||
+    if ((rc = kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
     st->tok = st->wm.tok;
@@ -59,7 +58,9 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->max_prompt = kvm_config_int(st->cfg, "serve", "max_prompt_tokens");
     st->max_new = kvm_config_int(st->cfg, "serve", "max_new_tokens");
     st->compute_missing = kvm_config_bool(st->cfg, "serve", "compute_missing");
-    return kvm_jobcfg_config_id(st->cfg, &st->config_id, NULL, NULL);
+    rc = kvm_jobcfg_check(st->cfg);
+    if (!rc) rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL);
+    return rc == KVM_ENOTFOUND ? 0 : rc; /* polykv before calibration: each ask looks again */
 }
 
 /* An ask is one message; whatever it holds, work() answers it (an error answer when malformed). */
@@ -177,6 +178,8 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                      (long long)T, (long long)(d.n_tokens + n_prompt + T), mc->seq_len);
         goto done;
     }
+    /* again per ask: a recalibrated strategy changes the id, and old caches must not answer */
+    if ((rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL))) goto done;
     kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = d.hash, .config_id = st->config_id};
     int64_t n_stored = 0;
     rc = kvm_serve_cache_load(st->store, &key, &st->wm.tok_id, m, n_prompt + T, &cache, &n_stored);
