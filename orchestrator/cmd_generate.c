@@ -137,7 +137,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
         int32_t token = p[np - 1];
         for (int64_t pos = np;; pos++) {
             int32_t next = kvm_sampler_sample(smp, logits);
-            if (next == m->cfg.bos_id || (a->stop_at_eos && next == m->cfg.eos_id)) break;
+            if (next == m->cfg.bos_id || (a->stop_at_eos && kvm_model_is_eos(&m->cfg, next))) break;
             emit(tok, token, next, a->stop_at_eos);
             produced++;
             if (pos >= steps) break;
