@@ -10,10 +10,11 @@
 
 #include <pcre2.h>
 #include <stdio.h>
+#include <utf8proc.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { KVM_BPE_MAX_REGEX = 4 };
+enum { KVM_BPE_MAX_REGEX = KVM_BPE_MAX_SPLITS };
 
 /* A pre-tokenizer: the regexes llama.cpp applies, in order, for a tokenizer.ggml.pre name. */
 struct pre_def {
@@ -68,6 +69,11 @@ struct kvm_bpe {
     pcre2_code *re[KVM_BPE_MAX_REGEX]; /* the pre-tokenizer, NULL-terminated */
     char byte_cp[256][3];              /* UTF-8 (NUL-terminated) of GPT-2's code point for each byte */
     int16_t cp_byte[324];              /* byte of code point cp < 324, -1 when none maps there */
+    int hf;                            /* 1: a tokenizer.json vocabulary (hf_encode) */
+    int chars;                         /* hf: symbols are UTF-8 characters, not mapped bytes */
+    int ignore_merges;                 /* hf: a word that is a token is emitted whole */
+    int metaspace;                     /* hf: kvm_bpe_hf.metaspace */
+    kvm_bpe_norm norm[KVM_BPE_MAX_NORM]; /* hf: normalizer steps, kind 0 after the last */
 };
 
 /* ---- hashing ---- */
@@ -268,6 +274,26 @@ static int build_specials(kvm_bpe *b)
     return 0;
 }
 
+/* Compiles the pre-tokenizer regexes re[0, n) into b->re (PCRE2, UTF with Unicode properties). */
+static int compile_regexes(kvm_bpe *b, const char *name, const char *const *re, int n)
+{
+    if (n > KVM_BPE_MAX_REGEX)
+        return kvm_err(KVM_ENOTSUP, "%s: %d pre-tokenizer splits (at most %d)", name, n, KVM_BPE_MAX_REGEX);
+    for (int i = 0; i < n; i++) {
+        int err;
+        PCRE2_SIZE at;
+        b->re[i] = pcre2_compile((PCRE2_SPTR)re[i], PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
+        if (!b->re[i]) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            return kvm_err(KVM_EINVAL, "%s: PCRE2 rejects the pre-tokenizer regex '%.80s' at %zu: %s", name, re[i],
+                           (size_t)at, (const char *)msg);
+        }
+    }
+    return 0;
+}
+
 static int compile_pre(kvm_bpe *b, const kvm_gguf *g)
 {
     kvm_gguf_str pre = {"default", 7};
@@ -289,19 +315,87 @@ static int compile_pre(kvm_bpe *b, const kvm_gguf *g)
                        "%s: tokenizer.ggml.pre '%.*s' is not supported (known: smollm, starcoder, gpt-2, "
                        "llama-bpe, qwen2 and their aliases)",
                        kvm_gguf_name(g), (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
-    for (int i = 0; i < KVM_BPE_MAX_REGEX && d->regex[i]; i++) {
-        int err;
-        PCRE2_SIZE at;
-        b->re[i] = pcre2_compile((PCRE2_SPTR)d->regex[i], PCRE2_ZERO_TERMINATED,
-                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
-        if (!b->re[i]) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(err, msg, sizeof msg);
-            return kvm_err(KVM_EINVAL, "tokenizer: PCRE2 rejects the pre-tokenizer regex at %zu: %s", (size_t)at,
-                           (const char *)msg);
+    int n = 0;
+    while (n < KVM_BPE_MAX_REGEX && d->regex[n])
+        n++;
+    return compile_regexes(b, kvm_gguf_name(g), d->regex, n);
+}
+
+/* Builds the lookup structures of a filled vocabulary (texts, types, merges with their split,
+ * scores): the token hash, the merge hash, the decoded pieces and the special-token list. */
+static int finish(kvm_bpe *b, const char *f)
+{
+    int rc = 0;
+    /* token hash: later ids overwrite earlier ones, as llama.cpp's token_to_id[text] = id */
+    b->tok_mask = slots_for(b->n_vocab) - 1;
+    b->tok_hash = malloc((b->tok_mask + 1) * sizeof *b->tok_hash);
+    if (!b->tok_hash) goto nomem;
+    memset(b->tok_hash, 0xff, (b->tok_mask + 1) * sizeof *b->tok_hash);
+    for (int32_t id = 0; id < b->n_vocab; id++) {
+        const char *s = b->text + b->text_off[id];
+        uint64_t slot = fnv(KVM_FNV0, s, (size_t)b->text_len[id]) & b->tok_mask;
+        for (;; slot = (slot + 1) & b->tok_mask) {
+            int32_t o = b->tok_hash[slot];
+            if (o < 0 || (b->text_len[o] == b->text_len[id] &&
+                          memcmp(b->text + b->text_off[o], s, (size_t)b->text_len[id]) == 0))
+                break;
         }
+        b->tok_hash[slot] = id;
     }
+    /* merges "left right" (split at merge_first_len); the first rank wins */
+    b->merge_mask = slots_for(b->n_merges) - 1;
+    b->merge_hash = malloc((b->merge_mask + 1) * sizeof *b->merge_hash);
+    if (!b->merge_hash) goto nomem;
+    memset(b->merge_hash, 0xff, (b->merge_mask + 1) * sizeof *b->merge_hash);
+    for (int32_t r = 0; r < b->n_merges; r++) {
+        const char *m = b->merge_text + b->merge_off[r];
+        int32_t fl = b->merge_first_len[r];
+        const char *sp = m + fl;
+        if (merge_rank(b, m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) >= 0) continue;
+        uint64_t slot = merge_key(m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) & b->merge_mask;
+        while (b->merge_hash[slot] >= 0)
+            slot = (slot + 1) & b->merge_mask;
+        b->merge_hash[slot] = r;
+    }
+    /* decoded pieces: at most as many bytes as the raw text */
+    int64_t total = 0;
+    for (int32_t i = 0; i < b->n_vocab; i++)
+        total += b->text_len[i] + 1;
+    b->piece = malloc((size_t)total);
+    b->piece_off = malloc((size_t)b->n_vocab * sizeof *b->piece_off);
+    b->piece_len = malloc((size_t)b->n_vocab * sizeof *b->piece_len);
+    if (!b->piece || !b->piece_off || !b->piece_len) goto nomem;
+    int64_t at = 0;
+    for (int32_t i = 0; i < b->n_vocab; i++) {
+        const char *s = b->text + b->text_off[i];
+        size_t l;
+        /* token_to_piece(special = false): CONTROL, UNKNOWN and UNUSED tokens print nothing */
+        int ty = b->type[i];
+        unsigned hex;
+        if (ty == KVM_TOKEN_CONTROL || ty == KVM_TOKEN_UNKNOWN || ty == KVM_TOKEN_UNUSED)
+            l = 0;
+        else if (ty == KVM_TOKEN_USER_DEFINED)
+            memcpy(b->piece + at, s, l = (size_t)b->text_len[i]);
+        else if (b->spm && ty == KVM_TOKEN_BYTE) {
+            l = 0;
+            if (b->text_len[i] == 6 && sscanf(s, "<0x%2x>", &hex) == 1) {
+                b->piece[at] = (char)hex;
+                l = 1;
+                if (b->byte_tok[hex] < 0) b->byte_tok[hex] = i;
+            }
+        } else if (b->spm)
+            l = unescape_spaces(s, (size_t)b->text_len[i], b->piece + at);
+        else
+            l = decode_token_text(b, s, (size_t)b->text_len[i], b->piece + at);
+        b->piece[at + (int64_t)l] = 0;
+        b->piece_off[i] = at;
+        b->piece_len[i] = (int32_t)l;
+        at += (int64_t)l + 1;
+    }
+    if ((rc = build_specials(b))) return rc;
     return 0;
+nomem:
+    return kvm_err(KVM_ENOMEM, "%s: out of memory building the BPE vocabulary", f);
 }
 
 int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
@@ -378,27 +472,7 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
             b->type[i] = (uint8_t)t;
         }
     }
-    /* token hash: later ids overwrite earlier ones, as llama.cpp's token_to_id[text] = id */
-    b->tok_mask = slots_for(b->n_vocab) - 1;
-    b->tok_hash = malloc((b->tok_mask + 1) * sizeof *b->tok_hash);
-    if (!b->tok_hash) goto nomem;
-    memset(b->tok_hash, 0xff, (b->tok_mask + 1) * sizeof *b->tok_hash);
-    for (int32_t id = 0; id < b->n_vocab; id++) {
-        const char *s = b->text + b->text_off[id];
-        uint64_t slot = fnv(KVM_FNV0, s, (size_t)b->text_len[id]) & b->tok_mask;
-        for (;; slot = (slot + 1) & b->tok_mask) {
-            int32_t o = b->tok_hash[slot];
-            if (o < 0 || (b->text_len[o] == b->text_len[id] &&
-                          memcmp(b->text + b->text_off[o], s, (size_t)b->text_len[id]) == 0))
-                break;
-        }
-        b->tok_hash[slot] = id;
-    }
-    /* merges "left right", split at the first space after the first byte; first rank wins */
-    b->merge_mask = slots_for(b->n_merges) - 1;
-    b->merge_hash = malloc((b->merge_mask + 1) * sizeof *b->merge_hash);
-    if (!b->merge_hash) goto nomem;
-    memset(b->merge_hash, 0xff, (b->merge_mask + 1) * sizeof *b->merge_hash);
+    /* merges "left right", split at the first space after the first byte */
     for (int32_t r = 0; r < b->n_merges; r++) {
         const char *m = b->merge_text + b->merge_off[r];
         const char *sp = b->merge_len[r] > 1 ? memchr(m + 1, ' ', (size_t)b->merge_len[r] - 1) : NULL;
@@ -407,50 +481,9 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
                          b->merge_len[r] > 64 ? 64 : b->merge_len[r], m);
             goto fail;
         }
-        int32_t fl = (int32_t)(sp - m);
-        b->merge_first_len[r] = fl;
-        if (merge_rank(b, m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) >= 0) continue;
-        uint64_t slot = merge_key(m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) & b->merge_mask;
-        while (b->merge_hash[slot] >= 0)
-            slot = (slot + 1) & b->merge_mask;
-        b->merge_hash[slot] = r;
+        b->merge_first_len[r] = (int32_t)(sp - m);
     }
-    /* decoded pieces: at most as many bytes as the raw text */
-    int64_t total = 0;
-    for (int32_t i = 0; i < b->n_vocab; i++)
-        total += b->text_len[i] + 1;
-    b->piece = malloc((size_t)total);
-    b->piece_off = malloc((size_t)b->n_vocab * sizeof *b->piece_off);
-    b->piece_len = malloc((size_t)b->n_vocab * sizeof *b->piece_len);
-    if (!b->piece || !b->piece_off || !b->piece_len) goto nomem;
-    int64_t at = 0;
-    for (int32_t i = 0; i < b->n_vocab; i++) {
-        const char *s = b->text + b->text_off[i];
-        size_t l;
-        /* token_to_piece(special = false): CONTROL, UNKNOWN and UNUSED tokens print nothing */
-        int ty = b->type[i];
-        unsigned hex;
-        if (ty == KVM_TOKEN_CONTROL || ty == KVM_TOKEN_UNKNOWN || ty == KVM_TOKEN_UNUSED)
-            l = 0;
-        else if (ty == KVM_TOKEN_USER_DEFINED)
-            memcpy(b->piece + at, s, l = (size_t)b->text_len[i]);
-        else if (b->spm && ty == KVM_TOKEN_BYTE) {
-            l = 0;
-            if (b->text_len[i] == 6 && sscanf(s, "<0x%2x>", &hex) == 1) {
-                b->piece[at] = (char)hex;
-                l = 1;
-                if (b->byte_tok[hex] < 0) b->byte_tok[hex] = i;
-            }
-        } else if (b->spm)
-            l = unescape_spaces(s, (size_t)b->text_len[i], b->piece + at);
-        else
-            l = decode_token_text(b, s, (size_t)b->text_len[i], b->piece + at);
-        b->piece[at + (int64_t)l] = 0;
-        b->piece_off[i] = at;
-        b->piece_len[i] = (int32_t)l;
-        at += (int64_t)l + 1;
-    }
-    if ((rc = build_specials(b)) || (!b->spm && (rc = compile_pre(b, g)))) goto fail;
+    if ((rc = finish(b, f)) || (!b->spm && (rc = compile_pre(b, g)))) goto fail;
     *out = b;
     return 0;
 nomem:
@@ -481,6 +514,10 @@ void kvm__bpe_free(kvm_bpe **pb)
     free(b->score);
     for (int i = 0; i < KVM_BPE_MAX_REGEX; i++)
         pcre2_code_free(b->re[i]);
+    for (int i = 0; i < KVM_BPE_MAX_NORM; i++) {
+        free(b->norm[i].a);
+        free(b->norm[i].b);
+    }
     free(b);
     *pb = NULL;
 }
@@ -734,9 +771,14 @@ static void emit_symbols(const kvm_bpe *b, const bpe_scratch *s, int32_t ns, int
     }
 }
 
-/* BPE of one pre-tokenized word (raw bytes): map bytes, split into code points, merge by rank,
- * then look each symbol up (bytes of unknown symbols one by one, dropped if absent). */
-static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl, int32_t *out, int64_t *n)
+static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4}; /* unicode_len_utf8 */
+
+/* BPE of one pre-tokenized word (raw bytes): map bytes (or, with chars, take UTF-8 characters
+ * as they are), merge by rank, then look each symbol up (bytes of unknown symbols one by one:
+ * dropped if absent, or with chars as <0xXX> byte tokens, else the unknown token). With
+ * b->ignore_merges a word that is itself a token is emitted whole. */
+static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl, int chars, int32_t *out,
+                    int64_t *n)
 {
     int rc;
     if ((rc = grow((void **)&s->word, &s->cap_word, 2 * wl + 1, 1)) ||
@@ -744,13 +786,29 @@ static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl,
         (rc = grow((void **)&s->heap, &s->cap_heap, 3 * wl + 1, sizeof *s->heap)))
         return rc;
     int32_t ml = 0, ns = 0;
-    for (int64_t i = 0; i < wl; i++) {
-        const char *cp = b->byte_cp[(unsigned char)w[i]];
-        size_t l = strlen(cp);
-        s->syms[ns] = (sym){ml, (int32_t)l, ns - 1, i + 1 < wl ? ns + 1 : -1};
-        memcpy(s->word + ml, cp, l);
-        ml += (int32_t)l;
-        ns++;
+    if (chars) {
+        memcpy(s->word, w, (size_t)wl);
+        ml = (int32_t)wl;
+        for (int32_t off = 0; off < ml; ns++) {
+            int32_t l = utf8_len[(uint8_t)s->word[off] >> 4];
+            if (l > ml - off) l = ml - off;
+            s->syms[ns] = (sym){off, l, ns - 1, off + l < ml ? ns + 1 : -1};
+            off += l;
+        }
+    } else {
+        for (int64_t i = 0; i < wl; i++) {
+            const char *cp = b->byte_cp[(unsigned char)w[i]];
+            size_t l = strlen(cp);
+            s->syms[ns] = (sym){ml, (int32_t)l, ns - 1, i + 1 < wl ? ns + 1 : -1};
+            memcpy(s->word + ml, cp, l);
+            ml += (int32_t)l;
+            ns++;
+        }
+    }
+    int32_t whole = b->ignore_merges ? kvm__bpe_find(b, s->word, (size_t)ml) : -1;
+    if (whole >= 0) {
+        out[(*n)++] = whole;
+        return 0;
     }
     s->heap_n = 0;
     for (int32_t i = 1; i < ns; i++)
@@ -766,7 +824,7 @@ static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl,
         add_bigram(b, s, l->prev, g.left);
         add_bigram(b, s, g.left, l->next);
     }
-    emit_symbols(b, s, ns, 0, out, n);
+    emit_symbols(b, s, ns, chars, out, n);
     return 0;
 }
 
@@ -796,7 +854,6 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
             s->word[ml++] = w[i];
         }
     }
-    static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4}; /* unicode_len_utf8 */
     for (int32_t off = 0; off < ml; ns++) {
         int32_t l = utf8_len[(uint8_t)s->word[off] >> 4];
         if (l > ml - off) l = ml - off;
@@ -850,7 +907,7 @@ int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out
         if (a.v[i].token >= 0)
             out[(*n)++] = a.v[i].token;
         else
-            rc = bpe_word(b, &s, text + a.v[i].off, a.v[i].len, out, n);
+            rc = bpe_word(b, &s, text + a.v[i].off, a.v[i].len, 0, out, n);
     }
     free(a.v);
     free(c.v);
@@ -858,5 +915,181 @@ int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out
     free(s.syms);
     free(s.heap);
     pcre2_match_data_free(md);
+    return rc;
+}
+
+/* ---- tokenizer.json vocabularies ---- */
+
+int kvm__bpe_new_hf(const char *name, kvm_bpe_hf *h, kvm_bpe **out)
+{
+    *out = NULL;
+    kvm_bpe *b = calloc(1, sizeof *b);
+    int rc = 0;
+    if (b) {
+        byte_map_init(b);
+        for (int i = 0; i < 256; i++)
+            b->byte_tok[i] = -1;
+        b->hf = 1;
+        b->spm = b->chars = !h->byte_level; /* pieces: U+2581 as ' ', <0xXX> as its byte */
+        b->ignore_merges = h->ignore_merges;
+        b->metaspace = h->metaspace;
+        b->unk_id = h->unk_id;
+        b->n_vocab = h->n_vocab;
+        b->text = h->text, b->text_off = h->text_off, b->text_len = h->text_len, b->type = h->type;
+        b->n_merges = h->n_merges;
+        b->merge_text = h->merge_text, b->merge_off = h->merge_off, b->merge_first_len = h->merge_first_len;
+        b->merge_len = h->merge_len;
+        memcpy(b->norm, h->norm, sizeof b->norm);
+    } else {
+        free(h->text), free(h->text_off), free(h->text_len), free(h->type);
+        free(h->merge_text), free(h->merge_off), free(h->merge_first_len), free(h->merge_len);
+        for (int i = 0; i < KVM_BPE_MAX_NORM; i++)
+            free(h->norm[i].a), free(h->norm[i].b);
+        rc = kvm_err(KVM_ENOMEM, "%s: out of memory", name);
+    }
+    int n_split = 0;
+    while (n_split < KVM_BPE_MAX_SPLITS && h->split[n_split])
+        n_split++;
+    if (!rc) rc = finish(b, name);
+    if (!rc) rc = compile_regexes(b, name, (const char *const *)h->split, n_split);
+    for (int i = 0; i < n_split; i++)
+        free(h->split[i]);
+    memset(h, 0, sizeof *h);
+    if (rc) {
+        kvm__bpe_free(&b);
+        return rc;
+    }
+    *out = b;
+    return 0;
+}
+
+/* A growable byte buffer. */
+typedef struct bytes {
+    char *v;
+    size_t n, cap;
+} bytes;
+
+static int bytes_put(bytes *o, const char *p, size_t n)
+{
+    if (o->n + n + 1 > o->cap) {
+        size_t cap = o->cap ? o->cap : 64;
+        while (cap < o->n + n + 1)
+            cap *= 2;
+        char *v = realloc(o->v, cap);
+        if (!v) return kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
+        o->v = v;
+        o->cap = cap;
+    }
+    memcpy(o->v + o->n, p, n);
+    o->n += n;
+    return 0;
+}
+
+/* One normalizer step from src[0, n) into dst (emptied first). */
+static int norm_step(const kvm_bpe_norm *st, const char *src, size_t n, bytes *dst)
+{
+    dst->n = 0;
+    int rc = 0;
+    if (st->kind == KVM_BPE_NORM_NFC || st->kind == KVM_BPE_NORM_NFKC) {
+        utf8proc_uint8_t *o = NULL;
+        int opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE | (st->kind == KVM_BPE_NORM_NFKC ? UTF8PROC_COMPAT : 0);
+        utf8proc_ssize_t l = utf8proc_map((const utf8proc_uint8_t *)src, (utf8proc_ssize_t)n, &o, opt);
+        rc = l >= 0 ? bytes_put(dst, (const char *)o, (size_t)l) : bytes_put(dst, src, n); /* invalid UTF-8: kept */
+        free(o);
+        return rc;
+    }
+    if (st->kind == KVM_BPE_NORM_PREPEND) {
+        if (n && (rc = bytes_put(dst, st->a, strlen(st->a)))) return rc;
+        return bytes_put(dst, src, n);
+    }
+    size_t al = strlen(st->a), bl = strlen(st->b), i = 0; /* REPLACE */
+    while (!rc && i < n) {
+        if (al && i + al <= n && memcmp(src + i, st->a, al) == 0) {
+            rc = bytes_put(dst, st->b, bl);
+            i += al;
+        } else {
+            rc = bytes_put(dst, src + i++, 1);
+        }
+    }
+    return rc;
+}
+
+/* The normalizer steps, then the Metaspace rewrite, of one fragment (first: it starts the
+ * text) into *out. */
+static int hf_normalize(const kvm_bpe *b, const char *w, size_t wl, int first, bytes *out, bytes *tmp)
+{
+    out->n = 0;
+    int rc = bytes_put(out, w, wl);
+    for (int i = 0; !rc && i < KVM_BPE_MAX_NORM && b->norm[i].kind; i++) {
+        if ((rc = norm_step(&b->norm[i], out->v, out->n, tmp))) break;
+        bytes t = *out;
+        *out = *tmp;
+        *tmp = t;
+    }
+    if (rc || !b->metaspace) return rc;
+    kvm_bpe_norm ms = {KVM_BPE_NORM_REPLACE, " ", "\xe2\x96\x81"};
+    if ((rc = norm_step(&ms, out->v, out->n, tmp))) return rc;
+    out->n = 0;
+    int pre = (b->metaspace == 3 || (b->metaspace == 2 && first)) && !(tmp->n >= 3 && memcmp(tmp->v, "\xe2\x96\x81", 3) == 0);
+    if (pre && (rc = bytes_put(out, "\xe2\x96\x81", 3))) return rc;
+    return bytes_put(out, tmp->v, tmp->n);
+}
+
+/* A growable id array. */
+static int ids_reserve(int32_t **v, int64_t *cap, int64_t need)
+{
+    return grow((void **)v, cap, need, sizeof **v);
+}
+
+/* tokenizers' pipeline: added tokens split out first; each other fragment normalised,
+ * pre-tokenized by the split regexes, and each piece merged by rank. */
+static int hf_encode(const kvm_bpe *b, const char *text, size_t len, int32_t **out, int64_t *n, int64_t *cap)
+{
+    frag_list a = {0}, c = {0}, d = {0};
+    bpe_scratch s = {0};
+    bytes nb = {0}, tmp = {0};
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    int rc = md ? partition_specials(b, text, len, &a) : kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
+    for (int64_t i = 0; !rc && i < a.n; i++) {
+        if (a.v[i].token >= 0) {
+            if (!(rc = ids_reserve(out, cap, *n + 1))) (*out)[(*n)++] = a.v[i].token;
+            continue;
+        }
+        if ((rc = hf_normalize(b, text + a.v[i].off, (size_t)a.v[i].len, a.v[i].off == 0, &nb, &tmp))) break;
+        c.n = 0;
+        if (nb.n && (rc = frag_push(&c, (frag){0, (int64_t)nb.n, -1}))) break;
+        for (int k = 0; !rc && k < KVM_BPE_MAX_REGEX && b->re[k]; k++) {
+            if ((rc = regex_split(b->re[k], nb.v, &c, &d, md))) break;
+            frag_list t = c;
+            c = d;
+            d = t;
+        }
+        if (!rc) rc = ids_reserve(out, cap, *n + (int64_t)nb.n); /* at most one id per byte */
+        for (int64_t k = 0; !rc && k < c.n; k++)
+            rc = bpe_word(b, &s, nb.v + c.v[k].off, c.v[k].len, b->chars, *out, n);
+    }
+    free(a.v), free(c.v), free(d.v), free(nb.v), free(tmp.v);
+    free(s.word), free(s.syms), free(s.heap);
+    pcre2_match_data_free(md);
+    return rc;
+}
+
+int kvm__bpe_encode_new(const kvm_bpe *b, const char *text, size_t len, int32_t **out, int64_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    int64_t cap = 0;
+    int rc;
+    if (b->hf) {
+        rc = hf_encode(b, text, len, out, n, &cap);
+    } else {
+        rc = ids_reserve(out, &cap, 4 * (int64_t)len + 1);
+        if (!rc) rc = kvm__bpe_encode(b, text, len, *out, n);
+    }
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
     return rc;
 }
