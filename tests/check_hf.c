@@ -182,6 +182,16 @@ START_TEST(test_smol_info)
     ck_assert_ptr_nonnull(strstr(out, "parameters:  134515008"));
     free(out);
     free(err);
+    /* --model DIR: the folder's own tokenizer.json and chat template */
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill generate --model %s --chat --prompt 'What is the capital of France?' -n 64 --temperature 0",
+             kvm_test_bin(), hf_dir());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    printf("kvmill generate --model DIR --chat: %s", out);
+    ck_assert_msg(strstr(out, "Paris") != NULL, "no Paris in '%s'", out);
+    ck_assert_msg(strstr(out, "<|im") == NULL, "control token text in '%s'", out);
+    free(out);
+    free(err);
 }
 END_TEST
 

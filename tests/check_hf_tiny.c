@@ -8,6 +8,7 @@
 #include "model/kvm_forward.h"
 #include "model/kvm_hf.h"
 #include "model/kvm_model.h"
+#include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 #include "tests/util/kvm_test_st.h"
 
@@ -348,6 +349,43 @@ START_TEST(test_window)
 }
 END_TEST
 
+/* The model id of a folder: BLAKE2b-256 of config.json then the shards in index order; it
+ * changes with any weight byte. */
+START_TEST(test_model_id)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder("llama_bf16_sharded", &s, &r, &c, &tied);
+    tset_write(&s, dir, 3);
+    kvm_store_id a, b, want;
+    ck_assert_msg(kvm_store_hash_file(dir, &a) == 0, "%s", kvm_errmsg());
+    size_t total = 0, n;
+    char *all = NULL, p[4096];
+    const char *parts[] = {"config.json", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                           "model-00003-of-00003.safetensors"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, parts[i]);
+        char *bytes = kvm_test_read_file(p, &n);
+        ck_assert_ptr_nonnull(bytes);
+        all = realloc(all, total + n);
+        memcpy(all + total, bytes, n);
+        total += n;
+        free(bytes);
+    }
+    kvm_store_hash_bytes(all, total, &want);
+    ck_assert_int_eq(memcmp(a.b, want.b, sizeof a.b), 0);
+    s.data[tset_find(&s, "model.layers.1.mlp.up_proj.weight")][3] += 1.0f; /* in the last shard */
+    tset_write(&s, dir, 3);
+    ck_assert_int_eq(kvm_store_hash_file(dir, &b), 0);
+    ck_assert_int_ne(memcmp(a.b, b.b, sizeof a.b), 0);
+    free(all);
+    free(r.logits);
+    tset_free(&s);
+}
+END_TEST
+
 /* ---- malformed folders ---- */
 
 /* Writes the llama_f32 folder with config text `cfg` (NULL: the fixture's) and tensors s. */
@@ -501,6 +539,7 @@ static Suite *tiny_suite(void)
         const TTest *fn;
     } more[] = {{"vs_llama2c", test_vs_llama2c},
                 {"window", test_window},
+                {"model_id", test_model_id},
                 {"bad_config", test_bad_config},
                 {"bad_tensors", test_bad_tensors}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
