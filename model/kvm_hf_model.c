@@ -165,19 +165,17 @@ int kvm__hf_load(kvm_model *m, const char *dir)
     L.used = calloc((size_t)kvm_st_n_tensors(st) + 1, 1);
     if (!m->layers || !L.used) goto nomem;
     if ((rc = take_all(&L, m, o_bias)) || (rc = check_leftovers(&L, tied))) goto fail;
-    if (!(buf = malloc((size_t)L.n_floats * sizeof *buf))) goto nomem;
+    if (!(buf = kvm__model_alloc_weights(m, L.n_floats))) goto nomem; /* m->owned, unmapped by kvm_model_close */
     L.at = buf;
     if ((rc = take_all(&L, m, o_bias))) goto fail;
     snprintf(m->format, sizeof m->format, "hf");
     note_dtype(m, st);
-    m->owned = buf;
     free(L.used);
     kvm_st_close(&st);
     return 0;
 nomem:
     rc = kvm_err(KVM_ENOMEM, "%s: out of memory for the weights (%lld floats)", dir, (long long)L.n_floats);
 fail:
-    free(buf);
     free(L.used);
     free(m->layers);
     m->layers = NULL;

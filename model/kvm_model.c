@@ -60,6 +60,19 @@ fail:
     return rc;
 }
 
+float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats)
+{
+    size_t bytes = (size_t)(n_floats > 0 ? n_floats : 1) * sizeof(float);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        kvm_err(KVM_ENOMEM, "%s: cannot map %lld float32 weights: %s", m->path, (long long)n_floats, strerror(errno));
+        return NULL;
+    }
+    m->owned = p;
+    m->owned_bytes = bytes;
+    return p;
+}
+
 static void prepared_free(kvm_prepared **pp, int n_layers)
 {
     kvm_prepared *p = *pp;
@@ -81,7 +94,7 @@ static void prepared_free(kvm_prepared **pp, int n_layers)
 static kvm_weight *prepare_one(const kvm_model *m, const kvm_kernels *k, const float *w, int64_t out, int64_t in)
 {
     kvm_weight *kw = k->weight_new(w, out, in);
-    if (kw && m->map) {
+    if (kw && (m->map || m->owned_bytes)) {
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w, b = (uintptr_t)(w + out * in);
         uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
         if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
@@ -134,7 +147,8 @@ void kvm_model_close(kvm_model **pm)
     kvm_model *m = *pm;
     prepared_free(&m->prepared, m->cfg.n_layers);
     if (m->map) munmap(m->map, m->map_bytes);
-    free(m->owned);
+    if (m->owned_bytes) munmap(m->owned, m->owned_bytes);
+    else free(m->owned);
     free(m->layers);
     free(m->path);
     free(m);

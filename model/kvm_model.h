@@ -90,6 +90,8 @@ typedef struct kvm_model {
     void *map;                 /* read-only mapping of the file, or NULL */
     size_t map_bytes;          /* bytes mapped */
     void *owned;               /* weights this struct owns (dequantised), or NULL */
+    size_t owned_bytes;        /* > 0: owned is an anonymous mapping of this size (kvm__model_alloc_weights),
+                                  whose matrices kvm_model_prepare releases once prepared */
     kvm_prepared *prepared;    /* matrices prepared for a backend (lazily, by kvm_model_prepare) */
 } kvm_model;
 
@@ -110,7 +112,9 @@ void kvm_model_close(kvm_model **m);
 
 /* The model's matrices prepared for backend k (packed panels on CPU), made on first use
  * and kept until kvm_model_close, so every forward over the model shares one copy. *out is
- * valid until then. Not thread-safe against concurrent first calls: prepare before
+ * valid until then. The float32 source of each prepared matrix (m->layers[l].wq ... w3, and
+ * wcls when not shared) is released as it is prepared: read those only before preparing
+ * (a mapped file refaults its bytes; owned weights read as zeros after). Not thread-safe against concurrent first calls: prepare before
  * sharing a model between threads. Errors: KVM_ENOMEM, KVM_ESTATE (already prepared for
  * another backend). */
 int kvm_model_prepare(const kvm_model *m, const kvm_kernels *k, const kvm_prepared **out);
@@ -127,6 +131,12 @@ int64_t kvm_model_n_params(const kvm_model *m);
 
 /* Bytes of a full float32 KV cache of n_tokens: 2 * n_layers * n_kv_heads * n_tokens * head_dim * 4. */
 int64_t kvm_model_kv_bytes(const kvm_model_config *c, int64_t n_tokens);
+
+/* Internal (model/): n_floats of zeroed float32 weight memory owned by m (an anonymous
+ * mapping, so that kvm_model_prepare can give each matrix's pages back to the system once a
+ * backend holds its own copy: loading then preparing peaks near one copy of the weights, not
+ * two). Returns the memory or NULL (KVM_ENOMEM set). */
+float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats);
 
 /* Internal (model/): parse and validate a llama2.c checkpoint mapped at map[0, bytes). */
 int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes);
