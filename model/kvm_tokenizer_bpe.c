@@ -881,6 +881,7 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
 int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out, int64_t *n)
 {
     *n = 0;
+    if (b->hf) return kvm_err(KVM_EINVAL, "tokenizer encode: a tokenizer.json vocabulary encodes with kvm__bpe_encode_new");
     frag_list a = {0}, c = {0};
     bpe_scratch s = {0};
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);

@@ -82,8 +82,9 @@ int kvm__bpe_encode_new(const kvm_bpe *b, const char *text, size_t len, int32_t 
 void kvm__bpe_free(kvm_bpe **b);
 
 /* Encodes len bytes of text (special tokens recognised) into out, which must have room for
- * 4 * len ids; *n receives the count. Thread-safe (b is read-only). Errors: KVM_ENOMEM,
- * KVM_EINVAL (PCRE2 refused the text). */
+ * 4 * len ids; *n receives the count. GGUF vocabularies only (a tokenizer.json one needs
+ * kvm__bpe_encode_new). Thread-safe (b is read-only). Errors: KVM_ENOMEM, KVM_EINVAL (PCRE2
+ * refused the text, or a tokenizer.json vocabulary). */
 int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out, int64_t *n);
 
 /* The bytes token id stands for, as llama.cpp's token_to_piece(special = false): byte-level

@@ -3,6 +3,7 @@
  * model or inside its folder. Shared by the command
  * line and the pipeline's stage processes so both tokenise alike. */
 #include "model/kvm_tokenizer_find.h"
+#include "model/kvm_hf.h"
 #include "common/kvm_error.h"
 
 #include <libgen.h>
@@ -40,8 +41,9 @@ int kvm_tokenizer_find_for_model(const char *model_path, const char *explicit_pa
         snprintf(tmp, sizeof tmp, "%s", model_path);
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
+    /* a Hugging Face folder's own tokenizer.json; llama2.c tokenizers beside other models */
     const char *names[] = {"tokenizer.json", "tok512.bin", "tokenizer.bin"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    for (size_t i = kvm_hf_is_folder(model_path) ? 0 : 1; i < sizeof names / sizeof names[0]; i++) {
         snprintf(buf, buf_size, "%s/%s", dir, names[i]);
         if (is_file(buf)) return 0;
     }

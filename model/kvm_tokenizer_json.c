@@ -120,13 +120,15 @@ static int pack_tokens(tj *t, int byte_fallback)
 
 /* ---- merges ---- */
 
+/* The id model.vocab gives s[0, n), or -1 (also when out of memory). */
 static int32_t vocab_id(const json_t *vocab, const char *s, size_t n)
 {
-    char buf[512];
-    if (n >= sizeof buf) return -1;
+    char small[512], *buf = n < sizeof small ? small : malloc(n + 1);
+    if (!buf) return -1;
     memcpy(buf, s, n);
     buf[n] = 0;
     const json_t *v = json_object_get(vocab, buf);
+    if (buf != small) free(buf);
     return json_is_integer(v) ? (int32_t)json_integer_value(v) : -1;
 }
 
