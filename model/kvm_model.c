@@ -112,6 +112,8 @@ int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepa
         *out = m->prepared;
         return 0;
     }
+    if (m->weights_released)
+        return kvm_err(KVM_ESTATE, "%s: an earlier preparation failed after releasing weights; reopen the model", m->path);
     const kvm_model_config *c = &m->cfg;
     kvm_prepared *p = calloc(1, sizeof *p);
     if (!p || !(p->layers = calloc((size_t)c->n_layers, sizeof *p->layers))) {
@@ -134,6 +136,7 @@ int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepa
                                                        : prepare_one(m, k, m->wcls, c->vocab_size, c->dim))) != NULL;
     if (!ok) {
         prepared_free(&p, c->n_layers);
+        m->weights_released = m->owned_bytes > 0; /* some owned matrices are gone: no second try */
         return KVM_ENOMEM;
     }
     m->prepared = p;

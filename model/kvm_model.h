@@ -93,6 +93,7 @@ typedef struct kvm_model {
     size_t owned_bytes;        /* > 0: owned is an anonymous mapping of this size (kvm__model_alloc_weights),
                                   whose matrices kvm_model_prepare releases once prepared */
     kvm_prepared *prepared;    /* matrices prepared for a backend (lazily, by kvm_model_prepare) */
+    int weights_released;      /* 1 after a failed prepare gave owned matrices back (prepare then refuses) */
 } kvm_model;
 
 /* Opens a model file or folder. A folder holding config.json is a Hugging Face checkpoint
@@ -116,7 +117,7 @@ void kvm_model_close(kvm_model **m);
  * wcls when not shared) is released as it is prepared: read those only before preparing
  * (a mapped file refaults its bytes; owned weights read as zeros after). Not thread-safe against concurrent first calls: prepare before
  * sharing a model between threads. Errors: KVM_ENOMEM, KVM_ESTATE (already prepared for
- * another backend). */
+ * another backend, or an earlier call failed after releasing owned matrices). */
 int kvm_model_prepare(const kvm_model *m, const kvm_kernels *k, const kvm_prepared **out);
 
 /* 1 when token id ends a generation (one of c->eos_ids). */
