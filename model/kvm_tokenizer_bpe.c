@@ -4,17 +4,13 @@
  * standing in for llama.cpp's hand-written regex splitters: the same patterns, matched per
  * fragment, unmatched text kept as its own fragment) and SentencePiece BPE ("llama":
  * llm_tokenizer_spm_session: ' ' escaped as U+2581, merges by score, byte fallback). */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include "model/kvm_tokenizer_bpe.h"
+#include "model/kvm_tokenizer_bpe_int.h"
 #include "common/kvm_error.h"
 
-#include <pcre2.h>
 #include <stdio.h>
-#include <utf8proc.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { KVM_BPE_MAX_REGEX = KVM_BPE_MAX_SPLITS };
 
 /* A pre-tokenizer: the regexes llama.cpp applies, in order, for a tokenizer.ggml.pre name. */
 struct pre_def {
@@ -40,41 +36,6 @@ static const struct pre_def pre_defs[] = {
       NULL}},
 };
 
-struct kvm_bpe {
-    int spm;                           /* 1: tokenizer.ggml.model "llama" (SentencePiece), 0: "gpt2" */
-    float *score;                      /* [n_vocab] SentencePiece merge scores (spm only) */
-    int add_space_prefix;              /* spm: a raw fragment after BOS/special/start gets a leading ' ' */
-    int32_t byte_tok[256];             /* spm: id of the "<0xXX>" token of each byte, -1 if none */
-    int32_t unk_id;                    /* tokenizer.ggml.unknown_token_id, or -1 */
-    int32_t n_vocab;                   /* tokens */
-    char *text;                        /* raw token texts back to back (byte-level code points) */
-    int64_t *text_off;                 /* [n_vocab] */
-    int32_t *text_len;                 /* [n_vocab] bytes */
-    uint8_t *type;                     /* [n_vocab] KVM_TOKEN_* */
-    char *piece;                       /* decoded bytes of every token back to back, NUL after each */
-    int64_t *piece_off;                /* [n_vocab] */
-    int32_t *piece_len;                /* [n_vocab] */
-    int32_t *tok_hash;                 /* open addressing: raw text -> id (the highest id wins, as
-                                          llama.cpp's token_to_id map assignment does), -1 empty */
-    uint64_t tok_mask;                 /* slots - 1 */
-    int32_t n_merges;                  /* merges (rank = index) */
-    char *merge_text;                  /* merge strings back to back */
-    int64_t *merge_off;                /* [n_merges] */
-    int32_t *merge_first_len;          /* [n_merges] bytes of the left part (the right follows a space) */
-    int32_t *merge_len;                /* [n_merges] whole string bytes */
-    int32_t *merge_hash;               /* (left, right) -> rank, first occurrence wins, -1 empty */
-    uint64_t merge_mask;               /* slots - 1 */
-    int32_t *special;                  /* CONTROL/USER_DEFINED/UNKNOWN ids, longest text first */
-    int32_t n_special;                 /* entries of special */
-    pcre2_code *re[KVM_BPE_MAX_REGEX]; /* the pre-tokenizer, NULL-terminated */
-    char byte_cp[256][3];              /* UTF-8 (NUL-terminated) of GPT-2's code point for each byte */
-    int16_t cp_byte[324];              /* byte of code point cp < 324, -1 when none maps there */
-    int hf;                            /* 1: a tokenizer.json vocabulary (hf_encode) */
-    int chars;                         /* hf: symbols are UTF-8 characters, not mapped bytes */
-    int ignore_merges;                 /* hf: a word that is a token is emitted whole */
-    int metaspace;                     /* hf: kvm_bpe_hf.metaspace */
-    kvm_bpe_norm norm[KVM_BPE_MAX_NORM]; /* hf: normalizer steps, kind 0 after the last */
-};
 
 /* ---- hashing ---- */
 
@@ -136,7 +97,7 @@ static void put_utf8(char *o, unsigned cp)
     }
 }
 
-static void byte_map_init(kvm_bpe *b)
+void kvm__bpe_byte_map_init(kvm_bpe *b)
 {
     unsigned next = 256;
     for (int i = 0; i < 324; i++)
@@ -275,7 +236,7 @@ static int build_specials(kvm_bpe *b)
 }
 
 /* Compiles the pre-tokenizer regexes re[0, n) into b->re (PCRE2, UTF with Unicode properties). */
-static int compile_regexes(kvm_bpe *b, const char *name, const char *const *re, int n)
+int kvm__bpe_compile(kvm_bpe *b, const char *name, const char *const *re, int n)
 {
     if (n > KVM_BPE_MAX_REGEX)
         return kvm_err(KVM_ENOTSUP, "%s: %d pre-tokenizer splits (at most %d)", name, n, KVM_BPE_MAX_REGEX);
@@ -318,12 +279,12 @@ static int compile_pre(kvm_bpe *b, const kvm_gguf *g)
     int n = 0;
     while (n < KVM_BPE_MAX_REGEX && d->regex[n])
         n++;
-    return compile_regexes(b, kvm_gguf_name(g), d->regex, n);
+    return kvm__bpe_compile(b, kvm_gguf_name(g), d->regex, n);
 }
 
 /* Builds the lookup structures of a filled vocabulary (texts, types, merges with their split,
  * scores): the token hash, the merge hash, the decoded pieces and the special-token list. */
-static int finish(kvm_bpe *b, const char *f)
+int kvm__bpe_finish(kvm_bpe *b, const char *f)
 {
     int rc = 0;
     /* token hash: later ids overwrite earlier ones, as llama.cpp's token_to_id[text] = id */
@@ -404,7 +365,7 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
     const char *f = kvm_gguf_name(g);
     kvm_bpe *b = calloc(1, sizeof *b);
     if (!b) return kvm_err(KVM_ENOMEM, "%s: out of memory", f);
-    byte_map_init(b);
+    kvm__bpe_byte_map_init(b);
     for (int i = 0; i < 256; i++)
         b->byte_tok[i] = -1;
     uint64_t n_tok, n_types, n_merges = 0, n_scores;
@@ -483,7 +444,7 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
         }
         b->merge_first_len[r] = (int32_t)(sp - m);
     }
-    if ((rc = finish(b, f)) || (!b->spm && (rc = compile_pre(b, g)))) goto fail;
+    if ((rc = kvm__bpe_finish(b, f)) || (!b->spm && (rc = compile_pre(b, g)))) goto fail;
     *out = b;
     return 0;
 nomem:
@@ -534,19 +495,8 @@ const char *kvm__bpe_piece(const kvm_bpe *b, int32_t id, size_t *len)
 
 /* ---- encoding ---- */
 
-/* A fragment of the input: raw text [off, off + len) or a special token. */
-typedef struct frag {
-    int64_t off, len; /* bytes of the input text (raw fragments) */
-    int32_t token;    /* special token id, or -1 for raw text */
-} frag;
 
-/* A growable list of fragments. */
-typedef struct frag_list {
-    frag *v;
-    int64_t n, cap;
-} frag_list;
-
-static int frag_push(frag_list *l, frag f)
+int kvm__bpe_frag_push(frag_list *l, frag f)
 {
     if (l->n == l->cap) {
         int64_t cap = l->cap ? 2 * l->cap : 16;
@@ -573,10 +523,10 @@ static const char *find_bytes(const char *hay, size_t hl, const char *needle, si
 
 /* Splits raw fragments at every occurrence of each special token, longest tokens first
  * (tokenizer_st_partition with parse_special = true; no lstrip/rstrip attributes in GGUF). */
-static int partition_specials(const kvm_bpe *b, const char *text, size_t len, frag_list *out)
+int kvm__bpe_partition(const kvm_bpe *b, const char *text, size_t len, frag_list *out)
 {
     frag_list cur = {0}, next = {0};
-    int rc = len ? frag_push(&cur, (frag){0, (int64_t)len, -1}) : 0;
+    int rc = len ? kvm__bpe_frag_push(&cur, (frag){0, (int64_t)len, -1}) : 0;
     for (int32_t s = 0; !rc && s < b->n_special; s++) {
         int32_t id = b->special[s];
         const char *st = b->text + b->text_off[id];
@@ -585,7 +535,7 @@ static int partition_specials(const kvm_bpe *b, const char *text, size_t len, fr
         for (int64_t i = 0; !rc && i < cur.n; i++) {
             frag f = cur.v[i];
             if (f.token >= 0 || (size_t)f.len < sl) {
-                rc = frag_push(&next, f);
+                rc = kvm__bpe_frag_push(&next, f);
                 continue;
             }
             int64_t pos = f.off, end = f.off + f.len;
@@ -593,11 +543,11 @@ static int partition_specials(const kvm_bpe *b, const char *text, size_t len, fr
                 const char *m = find_bytes(text + pos, (size_t)(end - pos), st, sl);
                 if (!m) break;
                 int64_t at = m - text;
-                if (at > pos && (rc = frag_push(&next, (frag){pos, at - pos, -1}))) break;
-                if ((rc = frag_push(&next, (frag){at, (int64_t)sl, id}))) break;
+                if (at > pos && (rc = kvm__bpe_frag_push(&next, (frag){pos, at - pos, -1}))) break;
+                if ((rc = kvm__bpe_frag_push(&next, (frag){at, (int64_t)sl, id}))) break;
                 pos = at + (int64_t)sl;
             }
-            if (!rc && pos < end) rc = frag_push(&next, (frag){pos, end - pos, -1});
+            if (!rc && pos < end) rc = kvm__bpe_frag_push(&next, (frag){pos, end - pos, -1});
         }
         frag_list t = cur;
         cur = next;
@@ -614,7 +564,7 @@ static int partition_specials(const kvm_bpe *b, const char *text, size_t len, fr
 
 /* Applies regex re to every raw fragment of in, writing the pieces (matches and the text
  * between them) to out; the match sees only its fragment, as llama.cpp's splitter does. */
-static int regex_split(const pcre2_code *re, const char *text, const frag_list *in, frag_list *out,
+int kvm__bpe_regex_split(const pcre2_code *re, const char *text, const frag_list *in, frag_list *out,
                        pcre2_match_data *md)
 {
     int rc = 0;
@@ -622,7 +572,7 @@ static int regex_split(const pcre2_code *re, const char *text, const frag_list *
     for (int64_t i = 0; !rc && i < in->n; i++) {
         frag f = in->v[i];
         if (f.token >= 0) {
-            rc = frag_push(out, f);
+            rc = kvm__bpe_frag_push(out, f);
             continue;
         }
         PCRE2_SPTR subj = (PCRE2_SPTR)(text + f.off);
@@ -632,28 +582,18 @@ static int regex_split(const pcre2_code *re, const char *text, const frag_list *
             if (m == PCRE2_ERROR_NOMATCH) break;
             if (m < 0) return kvm_err(KVM_EINVAL, "tokenizer encode: PCRE2 match error %d", m);
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            if (ov[0] > last) rc = frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(ov[0] - last), -1});
-            if (!rc && ov[1] > ov[0]) rc = frag_push(out, (frag){f.off + (int64_t)ov[0], (int64_t)(ov[1] - ov[0]), -1});
+            if (ov[0] > last) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(ov[0] - last), -1});
+            if (!rc && ov[1] > ov[0]) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)ov[0], (int64_t)(ov[1] - ov[0]), -1});
             last = ov[1];
             pos = ov[1] > ov[0] ? ov[1] : ov[1] + 1; /* an empty match must not loop */
             while (pos < n && (subj[pos] & 0xC0) == 0x80)
                 pos++;
         }
-        if (!rc && last < n) rc = frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(n - last), -1});
+        if (!rc && last < n) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(n - last), -1});
     }
     return rc;
 }
 
-/* One symbol of a word during merging: a span of the mapped word. */
-typedef struct sym {
-    int32_t off, n;     /* bytes of the mapped word; n == 0 once merged away */
-    int32_t prev, next; /* neighbours, -1 at the ends */
-} sym;
-
-/* A candidate merge of symbols left and left's next, valid while both keep their lengths. */
-typedef struct bigram {
-    int32_t rank, left, right, ln, rn;
-} bigram;
 
 /* llm_bigram_bpe::comparator: lowest rank first, then leftmost. */
 static int bigram_before(const bigram *a, const bigram *c)
@@ -661,12 +601,6 @@ static int bigram_before(const bigram *a, const bigram *c)
     return a->rank < c->rank || (a->rank == c->rank && a->left < c->left);
 }
 
-typedef struct bpe_scratch {
-    char *word; /* the mapped word */
-    sym *syms;
-    bigram *heap;
-    int64_t cap_word, cap_syms, cap_heap, heap_n;
-} bpe_scratch;
 
 /* Binary heap over s->heap ordered by `before` (BPE: lowest merge rank first; SentencePiece:
  * highest score first; both then leftmost). */
@@ -737,7 +671,7 @@ static void spm_add_bigram(const kvm_bpe *b, bpe_scratch *s, int32_t left, int32
     heap_push(s, g, spm_before);
 }
 
-static int grow(void **p, int64_t *cap, int64_t need, size_t elem)
+int kvm__bpe_grow(void **p, int64_t *cap, int64_t need, size_t elem)
 {
     if (need <= *cap) return 0;
     int64_t c = *cap ? *cap : 64;
@@ -777,13 +711,13 @@ static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3
  * as they are), merge by rank, then look each symbol up (bytes of unknown symbols one by one:
  * dropped if absent, or with chars as <0xXX> byte tokens, else the unknown token). With
  * b->ignore_merges a word that is itself a token is emitted whole. */
-static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl, int chars, int32_t *out,
+int kvm__bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl, int chars, int32_t *out,
                     int64_t *n)
 {
     int rc;
-    if ((rc = grow((void **)&s->word, &s->cap_word, 2 * wl + 1, 1)) ||
-        (rc = grow((void **)&s->syms, &s->cap_syms, wl, sizeof *s->syms)) ||
-        (rc = grow((void **)&s->heap, &s->cap_heap, 3 * wl + 1, sizeof *s->heap)))
+    if ((rc = kvm__bpe_grow((void **)&s->word, &s->cap_word, 2 * wl + 1, 1)) ||
+        (rc = kvm__bpe_grow((void **)&s->syms, &s->cap_syms, wl, sizeof *s->syms)) ||
+        (rc = kvm__bpe_grow((void **)&s->heap, &s->cap_heap, 3 * wl + 1, sizeof *s->heap)))
         return rc;
     int32_t ml = 0, ns = 0;
     if (chars) {
@@ -837,9 +771,9 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
 {
     int rc;
     int64_t cap = 3 * (wl + 1);
-    if ((rc = grow((void **)&s->word, &s->cap_word, cap, 1)) ||
-        (rc = grow((void **)&s->syms, &s->cap_syms, cap, sizeof *s->syms)) ||
-        (rc = grow((void **)&s->heap, &s->cap_heap, 3 * cap + 1, sizeof *s->heap)))
+    if ((rc = kvm__bpe_grow((void **)&s->word, &s->cap_word, cap, 1)) ||
+        (rc = kvm__bpe_grow((void **)&s->syms, &s->cap_syms, cap, sizeof *s->syms)) ||
+        (rc = kvm__bpe_grow((void **)&s->heap, &s->cap_heap, 3 * cap + 1, sizeof *s->heap)))
         return rc;
     int32_t ml = 0, ns = 0;
     if (prefix) {
@@ -885,9 +819,9 @@ int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out
     frag_list a = {0}, c = {0};
     bpe_scratch s = {0};
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    int rc = md ? partition_specials(b, text, len, &a) : kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
+    int rc = md ? kvm__bpe_partition(b, text, len, &a) : kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
     for (int i = 0; !rc && i < KVM_BPE_MAX_REGEX && b->re[i]; i++) {
-        if ((rc = regex_split(b->re[i], text, &a, &c, md))) break;
+        if ((rc = kvm__bpe_regex_split(b->re[i], text, &a, &c, md))) break;
         frag_list t = a;
         a = c;
         c = t;
@@ -908,7 +842,7 @@ int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out
         if (a.v[i].token >= 0)
             out[(*n)++] = a.v[i].token;
         else
-            rc = bpe_word(b, &s, text + a.v[i].off, a.v[i].len, 0, out, n);
+            rc = kvm__bpe_word(b, &s, text + a.v[i].off, a.v[i].len, 0, out, n);
     }
     free(a.v);
     free(c.v);
@@ -916,181 +850,5 @@ int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out
     free(s.syms);
     free(s.heap);
     pcre2_match_data_free(md);
-    return rc;
-}
-
-/* ---- tokenizer.json vocabularies ---- */
-
-int kvm__bpe_new_hf(const char *name, kvm_bpe_hf *h, kvm_bpe **out)
-{
-    *out = NULL;
-    kvm_bpe *b = calloc(1, sizeof *b);
-    int rc = 0;
-    if (b) {
-        byte_map_init(b);
-        for (int i = 0; i < 256; i++)
-            b->byte_tok[i] = -1;
-        b->hf = 1;
-        b->spm = b->chars = !h->byte_level; /* pieces: U+2581 as ' ', <0xXX> as its byte */
-        b->ignore_merges = h->ignore_merges;
-        b->metaspace = h->metaspace;
-        b->unk_id = h->unk_id;
-        b->n_vocab = h->n_vocab;
-        b->text = h->text, b->text_off = h->text_off, b->text_len = h->text_len, b->type = h->type;
-        b->n_merges = h->n_merges;
-        b->merge_text = h->merge_text, b->merge_off = h->merge_off, b->merge_first_len = h->merge_first_len;
-        b->merge_len = h->merge_len;
-        memcpy(b->norm, h->norm, sizeof b->norm);
-    } else {
-        free(h->text), free(h->text_off), free(h->text_len), free(h->type);
-        free(h->merge_text), free(h->merge_off), free(h->merge_first_len), free(h->merge_len);
-        for (int i = 0; i < KVM_BPE_MAX_NORM; i++)
-            free(h->norm[i].a), free(h->norm[i].b);
-        rc = kvm_err(KVM_ENOMEM, "%s: out of memory", name);
-    }
-    int n_split = 0;
-    while (n_split < KVM_BPE_MAX_SPLITS && h->split[n_split])
-        n_split++;
-    if (!rc) rc = finish(b, name);
-    if (!rc) rc = compile_regexes(b, name, (const char *const *)h->split, n_split);
-    for (int i = 0; i < n_split; i++)
-        free(h->split[i]);
-    memset(h, 0, sizeof *h);
-    if (rc) {
-        kvm__bpe_free(&b);
-        return rc;
-    }
-    *out = b;
-    return 0;
-}
-
-/* A growable byte buffer. */
-typedef struct bytes {
-    char *v;
-    size_t n, cap;
-} bytes;
-
-static int bytes_put(bytes *o, const char *p, size_t n)
-{
-    if (o->n + n + 1 > o->cap) {
-        size_t cap = o->cap ? o->cap : 64;
-        while (cap < o->n + n + 1)
-            cap *= 2;
-        char *v = realloc(o->v, cap);
-        if (!v) return kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
-        o->v = v;
-        o->cap = cap;
-    }
-    memcpy(o->v + o->n, p, n);
-    o->n += n;
-    return 0;
-}
-
-/* One normalizer step from src[0, n) into dst (emptied first). */
-static int norm_step(const kvm_bpe_norm *st, const char *src, size_t n, bytes *dst)
-{
-    dst->n = 0;
-    int rc = 0;
-    if (st->kind == KVM_BPE_NORM_NFC || st->kind == KVM_BPE_NORM_NFKC) {
-        utf8proc_uint8_t *o = NULL;
-        int opt = UTF8PROC_STABLE | UTF8PROC_COMPOSE | (st->kind == KVM_BPE_NORM_NFKC ? UTF8PROC_COMPAT : 0);
-        utf8proc_ssize_t l = utf8proc_map((const utf8proc_uint8_t *)src, (utf8proc_ssize_t)n, &o, opt);
-        rc = l >= 0 ? bytes_put(dst, (const char *)o, (size_t)l) : bytes_put(dst, src, n); /* invalid UTF-8: kept */
-        free(o);
-        return rc;
-    }
-    if (st->kind == KVM_BPE_NORM_PREPEND) {
-        if (n && (rc = bytes_put(dst, st->a, strlen(st->a)))) return rc;
-        return bytes_put(dst, src, n);
-    }
-    size_t al = strlen(st->a), bl = strlen(st->b), i = 0; /* REPLACE */
-    while (!rc && i < n) {
-        if (al && i + al <= n && memcmp(src + i, st->a, al) == 0) {
-            rc = bytes_put(dst, st->b, bl);
-            i += al;
-        } else {
-            rc = bytes_put(dst, src + i++, 1);
-        }
-    }
-    return rc;
-}
-
-/* The normalizer steps, then the Metaspace rewrite, of one fragment (first: it starts the
- * text) into *out. */
-static int hf_normalize(const kvm_bpe *b, const char *w, size_t wl, int first, bytes *out, bytes *tmp)
-{
-    out->n = 0;
-    int rc = bytes_put(out, w, wl);
-    for (int i = 0; !rc && i < KVM_BPE_MAX_NORM && b->norm[i].kind; i++) {
-        if ((rc = norm_step(&b->norm[i], out->v, out->n, tmp))) break;
-        bytes t = *out;
-        *out = *tmp;
-        *tmp = t;
-    }
-    if (rc || !b->metaspace) return rc;
-    kvm_bpe_norm ms = {KVM_BPE_NORM_REPLACE, " ", "\xe2\x96\x81"};
-    if ((rc = norm_step(&ms, out->v, out->n, tmp))) return rc;
-    out->n = 0;
-    int pre = (b->metaspace == 3 || (b->metaspace == 2 && first)) && !(tmp->n >= 3 && memcmp(tmp->v, "\xe2\x96\x81", 3) == 0);
-    if (pre && (rc = bytes_put(out, "\xe2\x96\x81", 3))) return rc;
-    return bytes_put(out, tmp->v, tmp->n);
-}
-
-/* A growable id array. */
-static int ids_reserve(int32_t **v, int64_t *cap, int64_t need)
-{
-    return grow((void **)v, cap, need, sizeof **v);
-}
-
-/* tokenizers' pipeline: added tokens split out first; each other fragment normalised,
- * pre-tokenized by the split regexes, and each piece merged by rank. */
-static int hf_encode(const kvm_bpe *b, const char *text, size_t len, int32_t **out, int64_t *n, int64_t *cap)
-{
-    frag_list a = {0}, c = {0}, d = {0};
-    bpe_scratch s = {0};
-    bytes nb = {0}, tmp = {0};
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    int rc = md ? partition_specials(b, text, len, &a) : kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
-    for (int64_t i = 0; !rc && i < a.n; i++) {
-        if (a.v[i].token >= 0) {
-            if (!(rc = ids_reserve(out, cap, *n + 1))) (*out)[(*n)++] = a.v[i].token;
-            continue;
-        }
-        if ((rc = hf_normalize(b, text + a.v[i].off, (size_t)a.v[i].len, a.v[i].off == 0, &nb, &tmp))) break;
-        c.n = 0;
-        if (nb.n && (rc = frag_push(&c, (frag){0, (int64_t)nb.n, -1}))) break;
-        for (int k = 0; !rc && k < KVM_BPE_MAX_REGEX && b->re[k]; k++) {
-            if ((rc = regex_split(b->re[k], nb.v, &c, &d, md))) break;
-            frag_list t = c;
-            c = d;
-            d = t;
-        }
-        if (!rc) rc = ids_reserve(out, cap, *n + (int64_t)nb.n); /* at most one id per byte */
-        for (int64_t k = 0; !rc && k < c.n; k++)
-            rc = bpe_word(b, &s, nb.v + c.v[k].off, c.v[k].len, b->chars, *out, n);
-    }
-    free(a.v), free(c.v), free(d.v), free(nb.v), free(tmp.v);
-    free(s.word), free(s.syms), free(s.heap);
-    pcre2_match_data_free(md);
-    return rc;
-}
-
-int kvm__bpe_encode_new(const kvm_bpe *b, const char *text, size_t len, int32_t **out, int64_t *n)
-{
-    *out = NULL;
-    *n = 0;
-    int64_t cap = 0;
-    int rc;
-    if (b->hf) {
-        rc = hf_encode(b, text, len, out, n, &cap);
-    } else {
-        rc = ids_reserve(out, &cap, 4 * (int64_t)len + 1);
-        if (!rc) rc = kvm__bpe_encode(b, text, len, *out, n);
-    }
-    if (rc) {
-        free(*out);
-        *out = NULL;
-        *n = 0;
-    }
     return rc;
 }
