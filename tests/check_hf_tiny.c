@@ -386,6 +386,56 @@ START_TEST(test_model_id)
 }
 END_TEST
 
+static char *config_with(const char *key, const char *value);
+
+/* `kvmill generate --model DIR --chat` on a folder whose tokenizer_config.json has a Llama-3
+ * template (the llama3_style tokenizer.json has its header tokens): the Llama-3 turn format is
+ * used; without those tokens --chat is refused, naming the two supported families. */
+START_TEST(test_llama3_chat)
+{
+    char dir[4096], p[4096], cfgp[4096];
+    snprintf(dir, sizeof dir, "%s/chat", g_tmp);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    char *cfg = config_with("vocab_size", "800");
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(cfgp, cfg, strlen(cfg)), 0);
+    free(cfg);
+    kvm_model_config c;
+    char arch[32];
+    int tied, o_bias;
+    ck_assert_int_eq(kvm__hf_config(cfgp, &c, arch, sizeof arch, &tied, &o_bias), 0);
+    tset s = {0};
+    tset_for_config(&s, &c, tied, o_bias, "F32");
+    tset_write(&s, dir, 1);
+    tset_free(&s);
+    size_t n;
+    char *tok = kvm_test_read_file("tests/data/hf/tokenizers/llama3_style/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(tok);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, tok, n), 0);
+    free(tok);
+    static const char tc[] = "{\"chat_template\": \"{{ bos_token }}{% for m in messages %}<|start_header_id|>"
+                             "{{ m['role'] }}<|end_header_id|>\\n\\n{{ m['content'] }}<|eot_id|>{% endfor %}\"}";
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, tc, strlen(tc)), 0);
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill generate --model %s --chat --prompt hello -n 48 --temperature 0", kvm_test_bin(),
+             dir);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* a template of neither family */
+    static const char tc2[] = "{\"chat_template\": \"{% for m in messages %}[{{ m['role'] }}]{% endfor %}\"}";
+    ck_assert_int_eq(kvm_test_write_file(p, tc2, strlen(tc2)), 0);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_msg(strstr(err, "neither ChatML") && strstr(err, "Llama-3"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ---- malformed folders ---- */
 
 /* Writes the llama_f32 folder with config text `cfg` (NULL: the fixture's) and tensors s. */
@@ -540,6 +590,7 @@ static Suite *tiny_suite(void)
     } more[] = {{"vs_llama2c", test_vs_llama2c},
                 {"window", test_window},
                 {"model_id", test_model_id},
+                {"llama3_chat", test_llama3_chat},
                 {"bad_config", test_bad_config},
                 {"bad_tensors", test_bad_tensors}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
