@@ -179,7 +179,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
 int kvm_cmd_generate(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
-        {"model", 1, "model: llama2.c checkpoint, GGUF file, or Hugging Face folder", NULL},
+        {"model", 1, "model file (llama2.c checkpoint or GGUF)", NULL},
         {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else tok512.bin or tokenizer.bin beside the model)", NULL},
         {"prompt", 1, "prompt text", NULL},
         {"chat", 0, "wrap --prompt in the model's chat template (ChatML: system, user, assistant turns)", NULL},
