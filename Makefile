@@ -9,7 +9,7 @@
 
 SHELL      := /bin/bash
 CC         ?= cc
-PKGS       := libzmq msgpack lmdb openblas lapacke liblbfgs inih libsodium libpcre2-8 jansson
+PKGS       := libzmq msgpack lmdb openblas lapacke liblbfgs inih libsodium libpcre2-8 jansson libutf8proc
 KVMILL_SHARED ?= ../shared
 
 # ---- CUDA: on when nvcc is found (PATH or /usr/local/cuda) unless CUDA=0 ----

@@ -152,7 +152,15 @@ static int attend(kvm_forward *f, kvm_attn_site *site)
     return 0;
 }
 
-/* One layer's attention block: norm, QKV, RoPE, cache append, hooks, attention, output. */
+/* y[i][:] += b for each of n rows of width w (a projection's bias). */
+static void add_bias(const kvm_kernels *k, float *y, const float *b, int64_t n, int64_t w)
+{
+    for (int64_t i = 0; i < n; i++)
+        k->add(y + i * w, b, w);
+}
+
+/* One layer's attention block: norm, QKV (+ biases, QK-norm), RoPE, cache append, hooks,
+ * attention, output. */
 static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n, kvm_phase phase)
 {
     const kvm_model_config *c = &f->m->cfg;
@@ -165,6 +173,11 @@ static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n,
     if ((rc = k->matmul(f->xb, n, c->dim, pw->wq, f->q, qd)) || (rc = k->matmul(f->xb, n, c->dim, pw->wk, f->kk, kvd)) ||
         (rc = k->matmul(f->xb, n, c->dim, pw->wv, f->vv, kvd)))
         return rc;
+    if (w->bq) add_bias(k, f->q, w->bq, n, qd);
+    if (w->bk) add_bias(k, f->kk, w->bk, n, kvd);
+    if (w->bv) add_bias(k, f->vv, w->bv, n, kvd);
+    if (w->q_norm) k->rmsnorm(f->q, f->q, w->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
+    if (w->k_norm) k->rmsnorm(f->kk, f->kk, w->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
     if (f->want_q_pre) memcpy(f->q_pre, f->q, (size_t)(n * qd) * sizeof(float));
     k->rope(f->q, n, qd, c->n_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
     k->rope(f->kk, n, kvd, c->n_kv_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
@@ -181,6 +194,7 @@ static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n,
         return kvm_err(KVM_EINVAL, "forward: layer %d: a pre_attn hook substituted a cache of another shape", l);
     if ((rc = attend(f, &site))) return rc;
     if ((rc = k->matmul(f->att, n, qd, pw->wo, f->xb, c->dim))) return rc;
+    if (w->bo) add_bias(k, f->xb, w->bo, n, c->dim);
     k->add(f->x, f->xb, n * c->dim);
     return 0;
 }
@@ -211,7 +225,7 @@ static int run_chunk(kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int
         memcpy(f->x + i * c->dim, f->m->tok_emb + (int64_t)tok[i] * c->dim, (size_t)c->dim * sizeof(float));
         f->qpos[i] = cache->next_pos + (int32_t)i;
     }
-    kvm_rope_table(f->qpos, n, c->head_dim, c->rope_theta, f->cos_t, f->sin_t);
+    kvm_model_rope_table(c, f->qpos, n, f->cos_t, f->sin_t);
     int rc;
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = attention_block(f, cache, l, n, phase)) || (rc = ffn_block(f, l, n))) return rc;
@@ -232,6 +246,11 @@ static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_
                        cache->n_kv_heads, cache->head_dim, c->n_layers, c->n_kv_heads, c->head_dim);
     if ((int64_t)cache->next_pos + n > INT32_MAX)
         return kvm_err(KVM_ERANGE, "forward: position %lld exceeds int32", (long long)cache->next_pos + n);
+    if (c->sliding_window > 0 && (int64_t)cache->next_pos + n > c->sliding_window)
+        return kvm_err(KVM_ENOTSUP,
+                       "forward: positions up to %lld exceed the model's sliding_window of %d tokens "
+                       "(windowed attention is not implemented)",
+                       (long long)cache->next_pos + n, c->sliding_window);
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return kvm_err(KVM_EINVAL, "forward: token %lld has id %d outside [0, %d)", (long long)i, tokens[i],

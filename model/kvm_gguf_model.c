@@ -1,6 +1,7 @@
 /* kvm_gguf_model.c: a Llama-architecture GGUF file as a kvm_model: hyperparameters from the
  * llama.* metadata, every tensor's shape checked against them, weights dequantised once into
- * one float32 buffer (m->owned) and the file unmapped, so the model looks exactly like a
+ * one float32 buffer (m->owned, given back matrix by matrix as a backend prepares them) and
+ * the file unmapped, so the model looks exactly like a
  * llama2.c one to kernels and forward. RoPE: llama.cpp's converter permutes the Q/K rows of
  * Hugging Face checkpoints so that ggml's "normal" rotation (adjacent pairs) applies, i.e.
  * KVM_ROPE_INTERLEAVED; tests/check_gguf.c checks the logits against llama.cpp's. */
@@ -187,7 +188,7 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
                                 .eos_id = (int32_t)eos};
     snprintf(m->format, sizeof m->format, "gguf");
     m->layers = calloc((size_t)n_layers, sizeof *m->layers);
-    buf = malloc((size_t)floats * sizeof *buf);
+    buf = kvm__model_alloc_weights(m, floats); /* m->owned: released by kvm_model_close */
     if (!m->layers || !buf) {
         rc = kvm_err(KVM_ENOMEM, "%s: cannot allocate %lld float32 weights", f, (long long)floats);
         goto fail;
@@ -214,7 +215,6 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
             (rc = load_tensor(g, n[8], D, H, &at, &w->w3)))
             goto fail;
     }
-    m->owned = buf;
     kvm_gguf_free(&g);
     /* every weight is now in m->owned: the file's pages are no longer needed */
     munmap(m->map, m->map_bytes);
@@ -222,7 +222,6 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
     m->map_bytes = 0;
     return 0;
 fail:
-    free(buf);
     free(m->layers);
     m->layers = NULL;
     m->tok_emb = m->rms_final = m->wcls = NULL;

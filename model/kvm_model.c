@@ -1,10 +1,13 @@
 /* kvm_model.c: opening and closing model files; format detection and shared helpers. */
 #include "model/kvm_model.h"
 #include "model/kvm_gguf.h"
+#include "model/kvm_hf.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -36,16 +39,38 @@ int kvm_model_open(const char *path, kvm_model **out)
     if (!m) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
     int rc = KVM_ENOMEM;
     if (!(m->path = strdup(path))) goto fail;
-    rc = map_file(path, &m->map, &m->map_bytes);
+    if (kvm_hf_is_folder(path)) {
+        rc = kvm__hf_load(m, path);
+    } else {
+        rc = map_file(path, &m->map, &m->map_bytes);
+        if (rc) goto fail;
+        if (m->map_bytes >= 4 && memcmp(m->map, "GGUF", 4) == 0) rc = kvm__gguf_load(m, m->map, m->map_bytes);
+        else rc = kvm__llama2c_load(m, m->map, m->map_bytes);
+        if (!m->arch[0]) snprintf(m->arch, sizeof m->arch, "llama");
+    }
     if (rc) goto fail;
-    if (m->map_bytes >= 4 && memcmp(m->map, "GGUF", 4) == 0) rc = kvm__gguf_load(m, m->map, m->map_bytes);
-    else rc = kvm__llama2c_load(m, m->map, m->map_bytes);
-    if (rc) goto fail;
+    if (m->cfg.n_eos == 0) {
+        m->cfg.n_eos = 1;
+        m->cfg.eos_ids[0] = m->cfg.eos_id;
+    }
     *out = m;
     return 0;
 fail:
     kvm_model_close(&m);
     return rc;
+}
+
+float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats)
+{
+    size_t bytes = (size_t)(n_floats > 0 ? n_floats : 1) * sizeof(float);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        kvm_err(KVM_ENOMEM, "%s: cannot map %lld float32 weights: %s", m->path, (long long)n_floats, strerror(errno));
+        return NULL;
+    }
+    m->owned = p;
+    m->owned_bytes = bytes;
+    return p;
 }
 
 static void prepared_free(kvm_prepared **pp, int n_layers)
@@ -69,7 +94,7 @@ static void prepared_free(kvm_prepared **pp, int n_layers)
 static kvm_weight *prepare_one(const kvm_model *m, const kvm_kernels *k, const float *w, int64_t out, int64_t in)
 {
     kvm_weight *kw = k->weight_new(w, out, in);
-    if (kw && m->map) {
+    if (kw && (m->map || m->owned_bytes)) {
         uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w, b = (uintptr_t)(w + out * in);
         uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
         if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
@@ -87,6 +112,8 @@ int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepa
         *out = m->prepared;
         return 0;
     }
+    if (m->weights_released)
+        return kvm_err(KVM_ESTATE, "%s: an earlier preparation failed after releasing weights; reopen the model", m->path);
     const kvm_model_config *c = &m->cfg;
     kvm_prepared *p = calloc(1, sizeof *p);
     if (!p || !(p->layers = calloc((size_t)c->n_layers, sizeof *p->layers))) {
@@ -109,6 +136,7 @@ int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepa
                                                        : prepare_one(m, k, m->wcls, c->vocab_size, c->dim))) != NULL;
     if (!ok) {
         prepared_free(&p, c->n_layers);
+        m->weights_released = m->owned_bytes > 0; /* some owned matrices are gone: no second try */
         return KVM_ENOMEM;
     }
     m->prepared = p;
@@ -122,11 +150,50 @@ void kvm_model_close(kvm_model **pm)
     kvm_model *m = *pm;
     prepared_free(&m->prepared, m->cfg.n_layers);
     if (m->map) munmap(m->map, m->map_bytes);
-    free(m->owned);
+    if (m->owned_bytes) munmap(m->owned, m->owned_bytes);
+    else free(m->owned);
     free(m->layers);
     free(m->path);
     free(m);
     *pm = NULL;
+}
+
+int kvm_model_is_eos(const kvm_model_config *c, int32_t id)
+{
+    if (c->n_eos == 0) return id == c->eos_id;
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id) return 1;
+    return 0;
+}
+
+/* One RoPE frequency after llama3 scaling (transformers' _compute_llama3_parameters, in
+ * float32 as torch computes it). */
+static float llama3_freq(const kvm_rope_scaling *s, float f)
+{
+    const float pi = 3.14159265358979323846f;
+    float low_wl = (float)s->original_max / s->low_freq_factor, high_wl = (float)s->original_max / s->high_freq_factor;
+    float wl = 2 * pi / f;
+    float scaled = wl > low_wl ? f / s->factor : f;
+    if (wl < high_wl || wl > low_wl) return scaled;
+    float smooth = ((float)s->original_max / wl - s->low_freq_factor) / (s->high_freq_factor - s->low_freq_factor);
+    return (1 - smooth) * scaled / s->factor + smooth * scaled;
+}
+
+void kvm_model_rope_table(const kvm_model_config *c, const int32_t *pos, int64_t n, float *cos_t, float *sin_t)
+{
+    if (c->rope_scaling.type == 0) {
+        kvm_rope_table(pos, n, c->head_dim, c->rope_theta, cos_t, sin_t);
+        return;
+    }
+    const int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float freq = llama3_freq(&c->rope_scaling, 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim));
+        for (int64_t r = 0; r < n; r++) {
+            float angle = (float)pos[r] * freq;
+            cos_t[r * half + i] = cosf(angle);
+            sin_t[r * half + i] = sinf(angle);
+        }
+    }
 }
 
 int64_t kvm_model_n_params(const kvm_model *m)
@@ -135,6 +202,8 @@ int64_t kvm_model_n_params(const kvm_model *m)
     int64_t kv_dim = (int64_t)c->n_kv_heads * c->head_dim, q_dim = (int64_t)c->n_heads * c->head_dim;
     int64_t per_layer = 2 * (int64_t)c->dim + q_dim * c->dim * 2 + kv_dim * c->dim * 2 +
                         3 * (int64_t)c->hidden_dim * c->dim;
+    if (c->attn_bias) per_layer += q_dim + 2 * kv_dim + (m->layers && m->layers[0].bo ? c->dim : 0);
+    if (c->qk_norm) per_layer += 2 * (int64_t)c->head_dim;
     int64_t n = (int64_t)c->vocab_size * c->dim + per_layer * c->n_layers + c->dim;
     if (!c->shared_classifier) n += (int64_t)c->vocab_size * c->dim;
     return n;

@@ -9,6 +9,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define KVM_MODEL_MAX_EOS 8
+
+/* RoPE frequency scaling (Hugging Face rope_scaling). type 0: none; 1: "llama3"
+ * (transformers' _compute_llama3_parameters: wavelengths above original_max / low_freq_factor
+ * divided by factor, below original_max / high_freq_factor kept, smoothly blended between). */
+typedef struct kvm_rope_scaling {
+    int type;               /* 0 none, 1 llama3 */
+    float factor;           /* "factor" */
+    float low_freq_factor;  /* "low_freq_factor" */
+    float high_freq_factor; /* "high_freq_factor" */
+    int original_max;       /* "original_max_position_embeddings", tokens */
+} kvm_rope_scaling;
+
 typedef struct kvm_model_config {
     int dim;                   /* residual width */
     int hidden_dim;            /* SwiGLU FFN width */
@@ -23,7 +36,14 @@ typedef struct kvm_model_config {
     kvm_rope_style rope_style; /* how RoPE pairs entries */
     int shared_classifier;     /* 1 when the classifier is the token embedding (tied) */
     int32_t bos_id;            /* beginning-of-sequence token */
-    int32_t eos_id;            /* end-of-sequence token */
+    int32_t eos_id;            /* end-of-sequence token (the first of eos_ids) */
+    int n_eos;                 /* entries of eos_ids, >= 1 (Hugging Face configs may list several) */
+    int32_t eos_ids[KVM_MODEL_MAX_EOS]; /* every token that ends a generation */
+    int sliding_window;        /* Mistral's attention window, tokens; 0 = none. The forward refuses
+                                  positions at or past it (windowed attention is not implemented) */
+    kvm_rope_scaling rope_scaling; /* frequency scaling of RoPE (Llama-3.1's "llama3" type) */
+    int qk_norm;               /* 1: per-head RMSNorm on q and k before RoPE (Qwen3) */
+    int attn_bias;             /* 1: q/k/v (and o when present) projections have biases (Qwen2) */
 } kvm_model_config;
 
 /* One transformer block's weights, row-major [out][in] float32 (kernels/LAYOUT.md). */
@@ -37,6 +57,12 @@ typedef struct kvm_layer_weights {
     const float *w1;      /* [hidden_dim][dim] gate */
     const float *w2;      /* [dim][hidden_dim] down */
     const float *w3;      /* [hidden_dim][dim] up */
+    const float *bq;      /* [n_heads*head_dim] q bias, or NULL (cfg.attn_bias) */
+    const float *bk;      /* [n_kv_heads*head_dim] k bias, or NULL */
+    const float *bv;      /* [n_kv_heads*head_dim] v bias, or NULL */
+    const float *bo;      /* [dim] output bias, or NULL */
+    const float *q_norm;  /* [head_dim] per-head RMSNorm weight on q, or NULL (cfg.qk_norm) */
+    const float *k_norm;  /* [head_dim] per-head RMSNorm weight on k, or NULL */
 } kvm_layer_weights;
 
 /* A layer's matrices prepared by a backend (kernels/kvm_kernels.h kvm_weight). */
@@ -58,14 +84,21 @@ typedef struct kvm_model {
     const float *wcls;         /* [vocab_size][dim]; == tok_emb when shared_classifier */
     kvm_layer_weights *layers; /* [n_layers], owned */
     char *path;                /* the file it came from, owned */
-    char format[16];           /* "llama2c", "gguf", ... */
+    char format[16];           /* "llama2c", "gguf", "hf" */
+    char arch[32];             /* "llama" or a Hugging Face architecture ("Qwen2ForCausalLM") */
+    char dtype[16];            /* the file's weight dtype ("f32", "Q4_1", "BF16", "mixed") */
     void *map;                 /* read-only mapping of the file, or NULL */
     size_t map_bytes;          /* bytes mapped */
     void *owned;               /* weights this struct owns (dequantised), or NULL */
+    size_t owned_bytes;        /* > 0: owned is an anonymous mapping of this size (kvm__model_alloc_weights),
+                                  whose matrices kvm_model_prepare releases once prepared */
     kvm_prepared *prepared;    /* matrices prepared for a backend (lazily, by kvm_model_prepare) */
+    int weights_released;      /* 1 after a failed prepare gave owned matrices back (prepare then refuses) */
 } kvm_model;
 
-/* Opens a model file, detecting the format from its contents: a GGUF file (magic "GGUF";
+/* Opens a model file or folder. A folder holding config.json is a Hugging Face checkpoint
+ * (model/kvm_hf.h: config.json and safetensors, weights converted to float32 into m->owned).
+ * A file's format is detected from its contents: a GGUF file (magic "GGUF";
  * llama architecture, weights dequantised to float32 into m->owned and the file unmapped;
  * model/kvm_gguf.h lists its errors, KVM_ENOTSUP among them) or else a llama2.c checkpoint,
  * whose weights stay in a read-only shared mapping of the file. On success *out owns everything;
@@ -80,16 +113,31 @@ void kvm_model_close(kvm_model **m);
 
 /* The model's matrices prepared for backend k (packed panels on CPU), made on first use
  * and kept until kvm_model_close, so every forward over the model shares one copy. *out is
- * valid until then. Not thread-safe against concurrent first calls: prepare before
+ * valid until then. The float32 source of each prepared matrix (m->layers[l].wq ... w3, and
+ * wcls when not shared) is released as it is prepared: read those only before preparing
+ * (a mapped file refaults its bytes; owned weights read as zeros after). Not thread-safe against concurrent first calls: prepare before
  * sharing a model between threads. Errors: KVM_ENOMEM, KVM_ESTATE (already prepared for
- * another backend). */
+ * another backend, or an earlier call failed after releasing owned matrices). */
 int kvm_model_prepare(const kvm_model *m, const kvm_kernels *k, const kvm_prepared **out);
+
+/* 1 when token id ends a generation (one of c->eos_ids). */
+int kvm_model_is_eos(const kvm_model_config *c, int32_t id);
+
+/* Fills cos_t/sin_t [n][head_dim/2] for positions pos[0..n) with the model's RoPE angles:
+ * kvm_rope_table's float32 recipe, frequencies then scaled as c->rope_scaling says. */
+void kvm_model_rope_table(const kvm_model_config *c, const int32_t *pos, int64_t n, float *cos_t, float *sin_t);
 
 /* Number of float parameters (the classifier counted once when shared). */
 int64_t kvm_model_n_params(const kvm_model *m);
 
 /* Bytes of a full float32 KV cache of n_tokens: 2 * n_layers * n_kv_heads * n_tokens * head_dim * 4. */
 int64_t kvm_model_kv_bytes(const kvm_model_config *c, int64_t n_tokens);
+
+/* Internal (model/): n_floats of zeroed float32 weight memory owned by m (an anonymous
+ * mapping, so that kvm_model_prepare can give each matrix's pages back to the system once a
+ * backend holds its own copy: loading then preparing peaks near one copy of the weights, not
+ * two). Returns the memory or NULL (KVM_ENOMEM set). */
+float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats);
 
 /* Internal (model/): parse and validate a llama2.c checkpoint mapped at map[0, bytes). */
 int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes);

@@ -5,6 +5,7 @@
 #include "model/kvm_tokenizer.h"
 #include "model/kvm_gguf.h"
 #include "model/kvm_tokenizer_bpe.h"
+#include "model/kvm_tokenizer_json.h"
 
 #include "common/kvm_error.h"
 
@@ -468,14 +469,17 @@ int kvm_tokenizer_encode(const kvm_tokenizer *t, const char *text, size_t len, i
         return kvm_err(KVM_ERANGE, "kvm_tokenizer_encode: %zu bytes of text, limit %zu", len,
                        KVM_TOK_MAX_TEXT_BYTES);
     if (t->kind == KVM_TOKENIZER_GGUF_BPE) {
-        /* every byte yields at most four ids (kvm__bpe_encode), plus BOS and EOS */
-        if (!(out = malloc((4 * len + 2) * sizeof *out))) {
+        int32_t *body = NULL;
+        int64_t m = 0;
+        if ((rc = kvm__bpe_encode_new(t->bpe, text, len, &body, &m)) != KVM_OK) goto fail;
+        if (!(out = malloc(((size_t)m + 2) * sizeof *out))) {
+            free(body);
             rc = kvm_err(KVM_ENOMEM, "kvm_tokenizer_encode: cannot allocate ids for %zu bytes", len);
             goto fail;
         }
-        int64_t m = 0;
         if (add_bos) out[n++] = t->bos_id;
-        if ((rc = kvm__bpe_encode(t->bpe, text, len, out + n, &m)) != KVM_OK) goto fail;
+        if (m) memcpy(out + n, body, (size_t)m * sizeof *out);
+        free(body);
         n += m;
         if (add_eos) out[n++] = t->eos_id;
         *ids = out;
@@ -694,4 +698,29 @@ fail:
     if (map != MAP_FAILED) munmap(map, bytes);
     close(fd);
     return rc;
+}
+
+/* ---- Hugging Face tokenizer.json ---- */
+
+int kvm_tokenizer_open_hf(const char *path, int min_vocab, kvm_tokenizer **out)
+{
+    if (!out) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_hf: out is NULL");
+    *out = NULL;
+    if (!path) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_hf: path is NULL");
+    kvm_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+    kvm_tokjson_info info;
+    int rc = kvm__tokjson_open(path, min_vocab, &t->bpe, &info);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    t->kind = KVM_TOKENIZER_GGUF_BPE;
+    t->vocab_size = kvm__bpe_vocab_size(t->bpe);
+    t->bos_id = info.bos_id;
+    t->eos_id = info.eos_id;
+    t->add_bos = info.add_bos && info.bos_id >= 0;
+    t->chat_template = info.chat_template;
+    *out = t;
+    return KVM_OK;
 }

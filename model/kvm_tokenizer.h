@@ -99,6 +99,18 @@ int kvm_tokenizer_decode(const kvm_tokenizer *t, const int32_t *ids, int64_t n, 
  * read-only after open: any number of threads may encode/decode with one. */
 int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out);
 
+/* Reads a Hugging Face tokenizer.json (model/kvm_tokenizer_json.h lists what is supported:
+ * byte-level BPE as GPT-2, Llama-3 and Qwen use, and the SentencePiece-style BPE of
+ * Llama-2/Mistral with U+2581 and <0xXX> byte fallback), with tokenizer_config.json beside it
+ * (bos/eos tokens, chat_template). Encoding follows the `tokenizers` library's
+ * encode(add_special_tokens = false): added tokens are matched first (longest first), the text
+ * between them is normalised, split by the pre-tokenizer and merged by rank (one BPE engine
+ * with the GGUF vocabularies). The vocabulary spans at least min_vocab ids (a model's embedding
+ * may have more rows than the tokenizer has tokens; the extra ids are unused). BOS comes from
+ * the post-processor's template. On success *out is a new handle. Errors as
+ * kvm_tokenizer_open_gguf's, naming the file and the key. */
+int kvm_tokenizer_open_hf(const char *path, int min_vocab, kvm_tokenizer **out);
+
 /* 1 when prompts should start with BOS (llama2.c: always; GGUF: tokenizer.ggml.add_bos_token,
  * default 0 for BPE), 0 otherwise or when t is NULL. Pass it as encode's add_bos. */
 int kvm_tokenizer_add_bos(const kvm_tokenizer *t);

@@ -4,16 +4,13 @@
  * standing in for llama.cpp's hand-written regex splitters: the same patterns, matched per
  * fragment, unmatched text kept as its own fragment) and SentencePiece BPE ("llama":
  * llm_tokenizer_spm_session: ' ' escaped as U+2581, merges by score, byte fallback). */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include "model/kvm_tokenizer_bpe.h"
+#include "model/kvm_tokenizer_bpe_int.h"
 #include "common/kvm_error.h"
 
-#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { KVM_BPE_MAX_REGEX = 4 };
 
 /* A pre-tokenizer: the regexes llama.cpp applies, in order, for a tokenizer.ggml.pre name. */
 struct pre_def {
@@ -39,36 +36,6 @@ static const struct pre_def pre_defs[] = {
       NULL}},
 };
 
-struct kvm_bpe {
-    int spm;                           /* 1: tokenizer.ggml.model "llama" (SentencePiece), 0: "gpt2" */
-    float *score;                      /* [n_vocab] SentencePiece merge scores (spm only) */
-    int add_space_prefix;              /* spm: a raw fragment after BOS/special/start gets a leading ' ' */
-    int32_t byte_tok[256];             /* spm: id of the "<0xXX>" token of each byte, -1 if none */
-    int32_t unk_id;                    /* tokenizer.ggml.unknown_token_id, or -1 */
-    int32_t n_vocab;                   /* tokens */
-    char *text;                        /* raw token texts back to back (byte-level code points) */
-    int64_t *text_off;                 /* [n_vocab] */
-    int32_t *text_len;                 /* [n_vocab] bytes */
-    uint8_t *type;                     /* [n_vocab] KVM_TOKEN_* */
-    char *piece;                       /* decoded bytes of every token back to back, NUL after each */
-    int64_t *piece_off;                /* [n_vocab] */
-    int32_t *piece_len;                /* [n_vocab] */
-    int32_t *tok_hash;                 /* open addressing: raw text -> id (the highest id wins, as
-                                          llama.cpp's token_to_id map assignment does), -1 empty */
-    uint64_t tok_mask;                 /* slots - 1 */
-    int32_t n_merges;                  /* merges (rank = index) */
-    char *merge_text;                  /* merge strings back to back */
-    int64_t *merge_off;                /* [n_merges] */
-    int32_t *merge_first_len;          /* [n_merges] bytes of the left part (the right follows a space) */
-    int32_t *merge_len;                /* [n_merges] whole string bytes */
-    int32_t *merge_hash;               /* (left, right) -> rank, first occurrence wins, -1 empty */
-    uint64_t merge_mask;               /* slots - 1 */
-    int32_t *special;                  /* CONTROL/USER_DEFINED/UNKNOWN ids, longest text first */
-    int32_t n_special;                 /* entries of special */
-    pcre2_code *re[KVM_BPE_MAX_REGEX]; /* the pre-tokenizer, NULL-terminated */
-    char byte_cp[256][3];              /* UTF-8 (NUL-terminated) of GPT-2's code point for each byte */
-    int16_t cp_byte[324];              /* byte of code point cp < 324, -1 when none maps there */
-};
 
 /* ---- hashing ---- */
 
@@ -130,7 +97,7 @@ static void put_utf8(char *o, unsigned cp)
     }
 }
 
-static void byte_map_init(kvm_bpe *b)
+void kvm__bpe_byte_map_init(kvm_bpe *b)
 {
     unsigned next = 256;
     for (int i = 0; i < 324; i++)
@@ -268,6 +235,26 @@ static int build_specials(kvm_bpe *b)
     return 0;
 }
 
+/* Compiles the pre-tokenizer regexes re[0, n) into b->re (PCRE2, UTF with Unicode properties). */
+int kvm__bpe_compile(kvm_bpe *b, const char *name, const char *const *re, int n)
+{
+    if (n > KVM_BPE_MAX_REGEX)
+        return kvm_err(KVM_ENOTSUP, "%s: %d pre-tokenizer splits (at most %d)", name, n, KVM_BPE_MAX_REGEX);
+    for (int i = 0; i < n; i++) {
+        int err;
+        PCRE2_SIZE at;
+        b->re[i] = pcre2_compile((PCRE2_SPTR)re[i], PCRE2_ZERO_TERMINATED,
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
+        if (!b->re[i]) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            return kvm_err(KVM_EINVAL, "%s: PCRE2 rejects the pre-tokenizer regex '%.80s' at %zu: %s", name, re[i],
+                           (size_t)at, (const char *)msg);
+        }
+    }
+    return 0;
+}
+
 static int compile_pre(kvm_bpe *b, const kvm_gguf *g)
 {
     kvm_gguf_str pre = {"default", 7};
@@ -289,19 +276,87 @@ static int compile_pre(kvm_bpe *b, const kvm_gguf *g)
                        "%s: tokenizer.ggml.pre '%.*s' is not supported (known: smollm, starcoder, gpt-2, "
                        "llama-bpe, qwen2 and their aliases)",
                        kvm_gguf_name(g), (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
-    for (int i = 0; i < KVM_BPE_MAX_REGEX && d->regex[i]; i++) {
-        int err;
-        PCRE2_SIZE at;
-        b->re[i] = pcre2_compile((PCRE2_SPTR)d->regex[i], PCRE2_ZERO_TERMINATED,
-                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, NULL);
-        if (!b->re[i]) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(err, msg, sizeof msg);
-            return kvm_err(KVM_EINVAL, "tokenizer: PCRE2 rejects the pre-tokenizer regex at %zu: %s", (size_t)at,
-                           (const char *)msg);
+    int n = 0;
+    while (n < KVM_BPE_MAX_REGEX && d->regex[n])
+        n++;
+    return kvm__bpe_compile(b, kvm_gguf_name(g), d->regex, n);
+}
+
+/* Builds the lookup structures of a filled vocabulary (texts, types, merges with their split,
+ * scores): the token hash, the merge hash, the decoded pieces and the special-token list. */
+int kvm__bpe_finish(kvm_bpe *b, const char *f)
+{
+    int rc = 0;
+    /* token hash: later ids overwrite earlier ones, as llama.cpp's token_to_id[text] = id */
+    b->tok_mask = slots_for(b->n_vocab) - 1;
+    b->tok_hash = malloc((b->tok_mask + 1) * sizeof *b->tok_hash);
+    if (!b->tok_hash) goto nomem;
+    memset(b->tok_hash, 0xff, (b->tok_mask + 1) * sizeof *b->tok_hash);
+    for (int32_t id = 0; id < b->n_vocab; id++) {
+        const char *s = b->text + b->text_off[id];
+        uint64_t slot = fnv(KVM_FNV0, s, (size_t)b->text_len[id]) & b->tok_mask;
+        for (;; slot = (slot + 1) & b->tok_mask) {
+            int32_t o = b->tok_hash[slot];
+            if (o < 0 || (b->text_len[o] == b->text_len[id] &&
+                          memcmp(b->text + b->text_off[o], s, (size_t)b->text_len[id]) == 0))
+                break;
         }
+        b->tok_hash[slot] = id;
     }
+    /* merges "left right" (split at merge_first_len); the first rank wins */
+    b->merge_mask = slots_for(b->n_merges) - 1;
+    b->merge_hash = malloc((b->merge_mask + 1) * sizeof *b->merge_hash);
+    if (!b->merge_hash) goto nomem;
+    memset(b->merge_hash, 0xff, (b->merge_mask + 1) * sizeof *b->merge_hash);
+    for (int32_t r = 0; r < b->n_merges; r++) {
+        const char *m = b->merge_text + b->merge_off[r];
+        int32_t fl = b->merge_first_len[r];
+        const char *sp = m + fl;
+        if (merge_rank(b, m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) >= 0) continue;
+        uint64_t slot = merge_key(m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) & b->merge_mask;
+        while (b->merge_hash[slot] >= 0)
+            slot = (slot + 1) & b->merge_mask;
+        b->merge_hash[slot] = r;
+    }
+    /* decoded pieces: at most as many bytes as the raw text */
+    int64_t total = 0;
+    for (int32_t i = 0; i < b->n_vocab; i++)
+        total += b->text_len[i] + 1;
+    b->piece = malloc((size_t)total);
+    b->piece_off = malloc((size_t)b->n_vocab * sizeof *b->piece_off);
+    b->piece_len = malloc((size_t)b->n_vocab * sizeof *b->piece_len);
+    if (!b->piece || !b->piece_off || !b->piece_len) goto nomem;
+    int64_t at = 0;
+    for (int32_t i = 0; i < b->n_vocab; i++) {
+        const char *s = b->text + b->text_off[i];
+        size_t l;
+        /* token_to_piece(special = false): CONTROL, UNKNOWN and UNUSED tokens print nothing */
+        int ty = b->type[i];
+        unsigned hex;
+        if (ty == KVM_TOKEN_CONTROL || ty == KVM_TOKEN_UNKNOWN || ty == KVM_TOKEN_UNUSED)
+            l = 0;
+        else if (ty == KVM_TOKEN_USER_DEFINED)
+            memcpy(b->piece + at, s, l = (size_t)b->text_len[i]);
+        else if (b->spm && ty == KVM_TOKEN_BYTE) {
+            l = 0;
+            if (b->text_len[i] == 6 && sscanf(s, "<0x%2x>", &hex) == 1) {
+                b->piece[at] = (char)hex;
+                l = 1;
+                if (b->byte_tok[hex] < 0) b->byte_tok[hex] = i;
+            }
+        } else if (b->spm)
+            l = unescape_spaces(s, (size_t)b->text_len[i], b->piece + at);
+        else
+            l = decode_token_text(b, s, (size_t)b->text_len[i], b->piece + at);
+        b->piece[at + (int64_t)l] = 0;
+        b->piece_off[i] = at;
+        b->piece_len[i] = (int32_t)l;
+        at += (int64_t)l + 1;
+    }
+    if ((rc = build_specials(b))) return rc;
     return 0;
+nomem:
+    return kvm_err(KVM_ENOMEM, "%s: out of memory building the BPE vocabulary", f);
 }
 
 int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
@@ -310,7 +365,7 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
     const char *f = kvm_gguf_name(g);
     kvm_bpe *b = calloc(1, sizeof *b);
     if (!b) return kvm_err(KVM_ENOMEM, "%s: out of memory", f);
-    byte_map_init(b);
+    kvm__bpe_byte_map_init(b);
     for (int i = 0; i < 256; i++)
         b->byte_tok[i] = -1;
     uint64_t n_tok, n_types, n_merges = 0, n_scores;
@@ -378,27 +433,7 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
             b->type[i] = (uint8_t)t;
         }
     }
-    /* token hash: later ids overwrite earlier ones, as llama.cpp's token_to_id[text] = id */
-    b->tok_mask = slots_for(b->n_vocab) - 1;
-    b->tok_hash = malloc((b->tok_mask + 1) * sizeof *b->tok_hash);
-    if (!b->tok_hash) goto nomem;
-    memset(b->tok_hash, 0xff, (b->tok_mask + 1) * sizeof *b->tok_hash);
-    for (int32_t id = 0; id < b->n_vocab; id++) {
-        const char *s = b->text + b->text_off[id];
-        uint64_t slot = fnv(KVM_FNV0, s, (size_t)b->text_len[id]) & b->tok_mask;
-        for (;; slot = (slot + 1) & b->tok_mask) {
-            int32_t o = b->tok_hash[slot];
-            if (o < 0 || (b->text_len[o] == b->text_len[id] &&
-                          memcmp(b->text + b->text_off[o], s, (size_t)b->text_len[id]) == 0))
-                break;
-        }
-        b->tok_hash[slot] = id;
-    }
-    /* merges "left right", split at the first space after the first byte; first rank wins */
-    b->merge_mask = slots_for(b->n_merges) - 1;
-    b->merge_hash = malloc((b->merge_mask + 1) * sizeof *b->merge_hash);
-    if (!b->merge_hash) goto nomem;
-    memset(b->merge_hash, 0xff, (b->merge_mask + 1) * sizeof *b->merge_hash);
+    /* merges "left right", split at the first space after the first byte */
     for (int32_t r = 0; r < b->n_merges; r++) {
         const char *m = b->merge_text + b->merge_off[r];
         const char *sp = b->merge_len[r] > 1 ? memchr(m + 1, ' ', (size_t)b->merge_len[r] - 1) : NULL;
@@ -407,50 +442,9 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
                          b->merge_len[r] > 64 ? 64 : b->merge_len[r], m);
             goto fail;
         }
-        int32_t fl = (int32_t)(sp - m);
-        b->merge_first_len[r] = fl;
-        if (merge_rank(b, m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) >= 0) continue;
-        uint64_t slot = merge_key(m, (size_t)fl, sp + 1, (size_t)(b->merge_len[r] - fl - 1)) & b->merge_mask;
-        while (b->merge_hash[slot] >= 0)
-            slot = (slot + 1) & b->merge_mask;
-        b->merge_hash[slot] = r;
+        b->merge_first_len[r] = (int32_t)(sp - m);
     }
-    /* decoded pieces: at most as many bytes as the raw text */
-    int64_t total = 0;
-    for (int32_t i = 0; i < b->n_vocab; i++)
-        total += b->text_len[i] + 1;
-    b->piece = malloc((size_t)total);
-    b->piece_off = malloc((size_t)b->n_vocab * sizeof *b->piece_off);
-    b->piece_len = malloc((size_t)b->n_vocab * sizeof *b->piece_len);
-    if (!b->piece || !b->piece_off || !b->piece_len) goto nomem;
-    int64_t at = 0;
-    for (int32_t i = 0; i < b->n_vocab; i++) {
-        const char *s = b->text + b->text_off[i];
-        size_t l;
-        /* token_to_piece(special = false): CONTROL, UNKNOWN and UNUSED tokens print nothing */
-        int ty = b->type[i];
-        unsigned hex;
-        if (ty == KVM_TOKEN_CONTROL || ty == KVM_TOKEN_UNKNOWN || ty == KVM_TOKEN_UNUSED)
-            l = 0;
-        else if (ty == KVM_TOKEN_USER_DEFINED)
-            memcpy(b->piece + at, s, l = (size_t)b->text_len[i]);
-        else if (b->spm && ty == KVM_TOKEN_BYTE) {
-            l = 0;
-            if (b->text_len[i] == 6 && sscanf(s, "<0x%2x>", &hex) == 1) {
-                b->piece[at] = (char)hex;
-                l = 1;
-                if (b->byte_tok[hex] < 0) b->byte_tok[hex] = i;
-            }
-        } else if (b->spm)
-            l = unescape_spaces(s, (size_t)b->text_len[i], b->piece + at);
-        else
-            l = decode_token_text(b, s, (size_t)b->text_len[i], b->piece + at);
-        b->piece[at + (int64_t)l] = 0;
-        b->piece_off[i] = at;
-        b->piece_len[i] = (int32_t)l;
-        at += (int64_t)l + 1;
-    }
-    if ((rc = build_specials(b)) || (!b->spm && (rc = compile_pre(b, g)))) goto fail;
+    if ((rc = kvm__bpe_finish(b, f)) || (!b->spm && (rc = compile_pre(b, g)))) goto fail;
     *out = b;
     return 0;
 nomem:
@@ -481,6 +475,10 @@ void kvm__bpe_free(kvm_bpe **pb)
     free(b->score);
     for (int i = 0; i < KVM_BPE_MAX_REGEX; i++)
         pcre2_code_free(b->re[i]);
+    for (int i = 0; i < KVM_BPE_MAX_NORM; i++) {
+        free(b->norm[i].a);
+        free(b->norm[i].b);
+    }
     free(b);
     *pb = NULL;
 }
@@ -497,19 +495,8 @@ const char *kvm__bpe_piece(const kvm_bpe *b, int32_t id, size_t *len)
 
 /* ---- encoding ---- */
 
-/* A fragment of the input: raw text [off, off + len) or a special token. */
-typedef struct frag {
-    int64_t off, len; /* bytes of the input text (raw fragments) */
-    int32_t token;    /* special token id, or -1 for raw text */
-} frag;
 
-/* A growable list of fragments. */
-typedef struct frag_list {
-    frag *v;
-    int64_t n, cap;
-} frag_list;
-
-static int frag_push(frag_list *l, frag f)
+int kvm__bpe_frag_push(frag_list *l, frag f)
 {
     if (l->n == l->cap) {
         int64_t cap = l->cap ? 2 * l->cap : 16;
@@ -536,10 +523,10 @@ static const char *find_bytes(const char *hay, size_t hl, const char *needle, si
 
 /* Splits raw fragments at every occurrence of each special token, longest tokens first
  * (tokenizer_st_partition with parse_special = true; no lstrip/rstrip attributes in GGUF). */
-static int partition_specials(const kvm_bpe *b, const char *text, size_t len, frag_list *out)
+int kvm__bpe_partition(const kvm_bpe *b, const char *text, size_t len, frag_list *out)
 {
     frag_list cur = {0}, next = {0};
-    int rc = len ? frag_push(&cur, (frag){0, (int64_t)len, -1}) : 0;
+    int rc = len ? kvm__bpe_frag_push(&cur, (frag){0, (int64_t)len, -1}) : 0;
     for (int32_t s = 0; !rc && s < b->n_special; s++) {
         int32_t id = b->special[s];
         const char *st = b->text + b->text_off[id];
@@ -548,7 +535,7 @@ static int partition_specials(const kvm_bpe *b, const char *text, size_t len, fr
         for (int64_t i = 0; !rc && i < cur.n; i++) {
             frag f = cur.v[i];
             if (f.token >= 0 || (size_t)f.len < sl) {
-                rc = frag_push(&next, f);
+                rc = kvm__bpe_frag_push(&next, f);
                 continue;
             }
             int64_t pos = f.off, end = f.off + f.len;
@@ -556,11 +543,11 @@ static int partition_specials(const kvm_bpe *b, const char *text, size_t len, fr
                 const char *m = find_bytes(text + pos, (size_t)(end - pos), st, sl);
                 if (!m) break;
                 int64_t at = m - text;
-                if (at > pos && (rc = frag_push(&next, (frag){pos, at - pos, -1}))) break;
-                if ((rc = frag_push(&next, (frag){at, (int64_t)sl, id}))) break;
+                if (at > pos && (rc = kvm__bpe_frag_push(&next, (frag){pos, at - pos, -1}))) break;
+                if ((rc = kvm__bpe_frag_push(&next, (frag){at, (int64_t)sl, id}))) break;
                 pos = at + (int64_t)sl;
             }
-            if (!rc && pos < end) rc = frag_push(&next, (frag){pos, end - pos, -1});
+            if (!rc && pos < end) rc = kvm__bpe_frag_push(&next, (frag){pos, end - pos, -1});
         }
         frag_list t = cur;
         cur = next;
@@ -577,7 +564,7 @@ static int partition_specials(const kvm_bpe *b, const char *text, size_t len, fr
 
 /* Applies regex re to every raw fragment of in, writing the pieces (matches and the text
  * between them) to out; the match sees only its fragment, as llama.cpp's splitter does. */
-static int regex_split(const pcre2_code *re, const char *text, const frag_list *in, frag_list *out,
+int kvm__bpe_regex_split(const pcre2_code *re, const char *text, const frag_list *in, frag_list *out,
                        pcre2_match_data *md)
 {
     int rc = 0;
@@ -585,7 +572,7 @@ static int regex_split(const pcre2_code *re, const char *text, const frag_list *
     for (int64_t i = 0; !rc && i < in->n; i++) {
         frag f = in->v[i];
         if (f.token >= 0) {
-            rc = frag_push(out, f);
+            rc = kvm__bpe_frag_push(out, f);
             continue;
         }
         PCRE2_SPTR subj = (PCRE2_SPTR)(text + f.off);
@@ -595,28 +582,18 @@ static int regex_split(const pcre2_code *re, const char *text, const frag_list *
             if (m == PCRE2_ERROR_NOMATCH) break;
             if (m < 0) return kvm_err(KVM_EINVAL, "tokenizer encode: PCRE2 match error %d", m);
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            if (ov[0] > last) rc = frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(ov[0] - last), -1});
-            if (!rc && ov[1] > ov[0]) rc = frag_push(out, (frag){f.off + (int64_t)ov[0], (int64_t)(ov[1] - ov[0]), -1});
+            if (ov[0] > last) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(ov[0] - last), -1});
+            if (!rc && ov[1] > ov[0]) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)ov[0], (int64_t)(ov[1] - ov[0]), -1});
             last = ov[1];
             pos = ov[1] > ov[0] ? ov[1] : ov[1] + 1; /* an empty match must not loop */
             while (pos < n && (subj[pos] & 0xC0) == 0x80)
                 pos++;
         }
-        if (!rc && last < n) rc = frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(n - last), -1});
+        if (!rc && last < n) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(n - last), -1});
     }
     return rc;
 }
 
-/* One symbol of a word during merging: a span of the mapped word. */
-typedef struct sym {
-    int32_t off, n;     /* bytes of the mapped word; n == 0 once merged away */
-    int32_t prev, next; /* neighbours, -1 at the ends */
-} sym;
-
-/* A candidate merge of symbols left and left's next, valid while both keep their lengths. */
-typedef struct bigram {
-    int32_t rank, left, right, ln, rn;
-} bigram;
 
 /* llm_bigram_bpe::comparator: lowest rank first, then leftmost. */
 static int bigram_before(const bigram *a, const bigram *c)
@@ -624,12 +601,6 @@ static int bigram_before(const bigram *a, const bigram *c)
     return a->rank < c->rank || (a->rank == c->rank && a->left < c->left);
 }
 
-typedef struct bpe_scratch {
-    char *word; /* the mapped word */
-    sym *syms;
-    bigram *heap;
-    int64_t cap_word, cap_syms, cap_heap, heap_n;
-} bpe_scratch;
 
 /* Binary heap over s->heap ordered by `before` (BPE: lowest merge rank first; SentencePiece:
  * highest score first; both then leftmost). */
@@ -700,7 +671,7 @@ static void spm_add_bigram(const kvm_bpe *b, bpe_scratch *s, int32_t left, int32
     heap_push(s, g, spm_before);
 }
 
-static int grow(void **p, int64_t *cap, int64_t need, size_t elem)
+int kvm__bpe_grow(void **p, int64_t *cap, int64_t need, size_t elem)
 {
     if (need <= *cap) return 0;
     int64_t c = *cap ? *cap : 64;
@@ -734,23 +705,44 @@ static void emit_symbols(const kvm_bpe *b, const bpe_scratch *s, int32_t ns, int
     }
 }
 
-/* BPE of one pre-tokenized word (raw bytes): map bytes, split into code points, merge by rank,
- * then look each symbol up (bytes of unknown symbols one by one, dropped if absent). */
-static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl, int32_t *out, int64_t *n)
+static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4}; /* unicode_len_utf8 */
+
+/* BPE of one pre-tokenized word (raw bytes): map bytes (or, with chars, take UTF-8 characters
+ * as they are), merge by rank, then look each symbol up (bytes of unknown symbols one by one:
+ * dropped if absent, or with chars as <0xXX> byte tokens, else the unknown token). With
+ * b->ignore_merges a word that is itself a token is emitted whole. */
+int kvm__bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl, int chars, int32_t *out,
+                    int64_t *n)
 {
     int rc;
-    if ((rc = grow((void **)&s->word, &s->cap_word, 2 * wl + 1, 1)) ||
-        (rc = grow((void **)&s->syms, &s->cap_syms, wl, sizeof *s->syms)) ||
-        (rc = grow((void **)&s->heap, &s->cap_heap, 3 * wl + 1, sizeof *s->heap)))
+    if ((rc = kvm__bpe_grow((void **)&s->word, &s->cap_word, 2 * wl + 1, 1)) ||
+        (rc = kvm__bpe_grow((void **)&s->syms, &s->cap_syms, wl, sizeof *s->syms)) ||
+        (rc = kvm__bpe_grow((void **)&s->heap, &s->cap_heap, 3 * wl + 1, sizeof *s->heap)))
         return rc;
     int32_t ml = 0, ns = 0;
-    for (int64_t i = 0; i < wl; i++) {
-        const char *cp = b->byte_cp[(unsigned char)w[i]];
-        size_t l = strlen(cp);
-        s->syms[ns] = (sym){ml, (int32_t)l, ns - 1, i + 1 < wl ? ns + 1 : -1};
-        memcpy(s->word + ml, cp, l);
-        ml += (int32_t)l;
-        ns++;
+    if (chars) {
+        memcpy(s->word, w, (size_t)wl);
+        ml = (int32_t)wl;
+        for (int32_t off = 0; off < ml; ns++) {
+            int32_t l = utf8_len[(uint8_t)s->word[off] >> 4];
+            if (l > ml - off) l = ml - off;
+            s->syms[ns] = (sym){off, l, ns - 1, off + l < ml ? ns + 1 : -1};
+            off += l;
+        }
+    } else {
+        for (int64_t i = 0; i < wl; i++) {
+            const char *cp = b->byte_cp[(unsigned char)w[i]];
+            size_t l = strlen(cp);
+            s->syms[ns] = (sym){ml, (int32_t)l, ns - 1, i + 1 < wl ? ns + 1 : -1};
+            memcpy(s->word + ml, cp, l);
+            ml += (int32_t)l;
+            ns++;
+        }
+    }
+    int32_t whole = b->ignore_merges ? kvm__bpe_find(b, s->word, (size_t)ml) : -1;
+    if (whole >= 0) {
+        out[(*n)++] = whole;
+        return 0;
     }
     s->heap_n = 0;
     for (int32_t i = 1; i < ns; i++)
@@ -766,7 +758,7 @@ static int bpe_word(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t wl,
         add_bigram(b, s, l->prev, g.left);
         add_bigram(b, s, g.left, l->next);
     }
-    emit_symbols(b, s, ns, 0, out, n);
+    emit_symbols(b, s, ns, chars, out, n);
     return 0;
 }
 
@@ -779,9 +771,9 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
 {
     int rc;
     int64_t cap = 3 * (wl + 1);
-    if ((rc = grow((void **)&s->word, &s->cap_word, cap, 1)) ||
-        (rc = grow((void **)&s->syms, &s->cap_syms, cap, sizeof *s->syms)) ||
-        (rc = grow((void **)&s->heap, &s->cap_heap, 3 * cap + 1, sizeof *s->heap)))
+    if ((rc = kvm__bpe_grow((void **)&s->word, &s->cap_word, cap, 1)) ||
+        (rc = kvm__bpe_grow((void **)&s->syms, &s->cap_syms, cap, sizeof *s->syms)) ||
+        (rc = kvm__bpe_grow((void **)&s->heap, &s->cap_heap, 3 * cap + 1, sizeof *s->heap)))
         return rc;
     int32_t ml = 0, ns = 0;
     if (prefix) {
@@ -796,7 +788,6 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
             s->word[ml++] = w[i];
         }
     }
-    static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4}; /* unicode_len_utf8 */
     for (int32_t off = 0; off < ml; ns++) {
         int32_t l = utf8_len[(uint8_t)s->word[off] >> 4];
         if (l > ml - off) l = ml - off;
@@ -824,12 +815,13 @@ static int spm_fragment(const kvm_bpe *b, bpe_scratch *s, const char *w, int64_t
 int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out, int64_t *n)
 {
     *n = 0;
+    if (b->hf) return kvm_err(KVM_EINVAL, "tokenizer encode: a tokenizer.json vocabulary encodes with kvm__bpe_encode_new");
     frag_list a = {0}, c = {0};
     bpe_scratch s = {0};
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    int rc = md ? partition_specials(b, text, len, &a) : kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
+    int rc = md ? kvm__bpe_partition(b, text, len, &a) : kvm_err(KVM_ENOMEM, "tokenizer encode: out of memory");
     for (int i = 0; !rc && i < KVM_BPE_MAX_REGEX && b->re[i]; i++) {
-        if ((rc = regex_split(b->re[i], text, &a, &c, md))) break;
+        if ((rc = kvm__bpe_regex_split(b->re[i], text, &a, &c, md))) break;
         frag_list t = a;
         a = c;
         c = t;
@@ -850,7 +842,7 @@ int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out
         if (a.v[i].token >= 0)
             out[(*n)++] = a.v[i].token;
         else
-            rc = bpe_word(b, &s, text + a.v[i].off, a.v[i].len, out, n);
+            rc = kvm__bpe_word(b, &s, text + a.v[i].off, a.v[i].len, 0, out, n);
     }
     free(a.v);
     free(c.v);

@@ -34,12 +34,57 @@ typedef struct kvm_bpe kvm_bpe;
  * KVM_ENOTSUP (a pre-tokenizer kvmill does not know, naming it), KVM_ENOMEM. */
 int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out);
 
+/* A normalizer step of a tokenizer.json (applied in order to each text fragment between
+ * added tokens). */
+typedef struct kvm_bpe_norm {
+    int kind;  /* KVM_BPE_NORM_* */
+    char *a;   /* PREPEND: the prefix; REPLACE: the string replaced (owned) */
+    char *b;   /* REPLACE: its replacement (owned) */
+} kvm_bpe_norm;
+enum { KVM_BPE_NORM_NFC = 1, KVM_BPE_NORM_NFKC = 2, KVM_BPE_NORM_PREPEND = 3, KVM_BPE_NORM_REPLACE = 4 };
+enum { KVM_BPE_MAX_NORM = 8, KVM_BPE_MAX_SPLITS = 8 };
+
+/* A Hugging Face tokenizer.json BPE vocabulary in arrays (kvm_tokenizer_json.c fills it).
+ * kvm__bpe_new_hf takes ownership of every malloc'ed member, also when it fails. */
+typedef struct kvm_bpe_hf {
+    int32_t n_vocab;           /* ids [0, n_vocab); ids not in the file are UNUSED holes */
+    char *text;                /* raw token texts back to back */
+    int64_t *text_off;         /* [n_vocab] */
+    int32_t *text_len;         /* [n_vocab] bytes (0 for holes) */
+    uint8_t *type;             /* [n_vocab] KVM_TOKEN_*: NORMAL, CONTROL (special added token),
+                                  USER_DEFINED (other added token), BYTE (<0xXX> with byte
+                                  fallback), UNUSED (hole) */
+    int32_t n_merges;          /* merges, rank = index */
+    char *merge_text;          /* "left right" strings back to back */
+    int64_t *merge_off;        /* [n_merges] */
+    int32_t *merge_first_len;  /* [n_merges] bytes of left (the space follows) */
+    int32_t *merge_len;        /* [n_merges] bytes of the whole string */
+    int byte_level;            /* 1: GPT-2 byte-to-unicode symbols; 0: UTF-8 characters, then
+                                  <0xXX> byte fallback (else unk_id) for characters outside */
+    int ignore_merges;         /* a word that is a token is emitted whole (Llama-3) */
+    int32_t unk_id;            /* model.unk_token's id, or -1 */
+    char *split[KVM_BPE_MAX_SPLITS]; /* pre-tokenizer regexes in order (owned), NULL after the last */
+    kvm_bpe_norm norm[KVM_BPE_MAX_NORM]; /* normalizer steps in order; kind 0 after the last */
+    int metaspace;             /* Metaspace pre-tokenizer: 0 none; prepend scheme 1 never,
+                                  2 first (the fragment at offset 0), 3 always */
+} kvm_bpe_hf;
+
+/* Builds a vocabulary from h (see kvm_bpe_hf), `name` labelling messages. Errors:
+ * KVM_EINVAL (a split regex PCRE2 rejects, named), KVM_ENOMEM. */
+int kvm__bpe_new_hf(const char *name, kvm_bpe_hf *h, kvm_bpe **out);
+
+/* Encodes like kvm__bpe_encode into a new malloc'ed array *out of *n ids (any vocabulary
+ * kind; a tokenizer.json one normalises each fragment between added tokens, then splits it
+ * by the pre-tokenizer regexes, then merges by rank). Errors: KVM_ENOMEM, KVM_EINVAL. */
+int kvm__bpe_encode_new(const kvm_bpe *b, const char *text, size_t len, int32_t **out, int64_t *n);
+
 /* Frees b. Accepts NULL and *b == NULL; sets *b = NULL. */
 void kvm__bpe_free(kvm_bpe **b);
 
 /* Encodes len bytes of text (special tokens recognised) into out, which must have room for
- * 4 * len ids; *n receives the count. Thread-safe (b is read-only). Errors: KVM_ENOMEM,
- * KVM_EINVAL (PCRE2 refused the text). */
+ * 4 * len ids; *n receives the count. GGUF vocabularies only (a tokenizer.json one needs
+ * kvm__bpe_encode_new). Thread-safe (b is read-only). Errors: KVM_ENOMEM, KVM_EINVAL (PCRE2
+ * refused the text, or a tokenizer.json vocabulary). */
 int kvm__bpe_encode(const kvm_bpe *b, const char *text, size_t len, int32_t *out, int64_t *n);
 
 /* The bytes token id stands for, as llama.cpp's token_to_piece(special = false): byte-level

@@ -1,7 +1,9 @@
 /* kvm_tokenizer_find.c: which tokenizer goes with a model file: the one a GGUF file embeds,
- * an explicit file, or tok512.bin / tokenizer.bin beside the model. Shared by the command
+ * an explicit file, or tokenizer.json (Hugging Face) / tok512.bin / tokenizer.bin beside the
+ * model or inside its folder. Shared by the command
  * line and the pipeline's stage processes so both tokenise alike. */
 #include "model/kvm_tokenizer_find.h"
+#include "model/kvm_hf.h"
 #include "common/kvm_error.h"
 
 #include <libgen.h>
@@ -39,12 +41,13 @@ int kvm_tokenizer_find_for_model(const char *model_path, const char *explicit_pa
         snprintf(tmp, sizeof tmp, "%s", model_path);
         snprintf(dir, sizeof dir, "%s", dirname(tmp));
     }
-    const char *names[] = {"tok512.bin", "tokenizer.bin"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    /* a Hugging Face folder's own tokenizer.json; llama2.c tokenizers beside other models */
+    const char *names[] = {"tokenizer.json", "tok512.bin", "tokenizer.bin"};
+    for (size_t i = kvm_hf_is_folder(model_path) ? 0 : 1; i < sizeof names / sizeof names[0]; i++) {
         snprintf(buf, buf_size, "%s/%s", dir, names[i]);
         if (is_file(buf)) return 0;
     }
-    return kvm_err(KVM_ENOTFOUND, "no tokenizer found beside %s (looked for tok512.bin, tokenizer.bin); pass --tokenizer",
+    return kvm_err(KVM_ENOTFOUND, "no tokenizer found beside %s (looked for tokenizer.json, tok512.bin, tokenizer.bin); pass --tokenizer",
                    model_path);
 }
 
@@ -58,9 +61,11 @@ int kvm_tokenizer_open_for_model(const kvm_model *m, const char *model_path, con
         rc = kvm_tokenizer_open_gguf(model_path, tok); /* a GGUF file carries its own tokenizer */
     } else {
         rc = kvm_tokenizer_find_for_model(model_path, tok_path, used, used_size);
+        size_t ul = strlen(used);
         if (rc == 0)
-            rc = is_gguf(used) ? kvm_tokenizer_open_gguf(used, tok)
-                               : kvm_tokenizer_open_llama2c(used, m->cfg.vocab_size, tok);
+            rc = is_gguf(used)                                     ? kvm_tokenizer_open_gguf(used, tok)
+                 : ul >= 5 && strcmp(used + ul - 5, ".json") == 0 ? kvm_tokenizer_open_hf(used, m->cfg.vocab_size, tok)
+                                                                    : kvm_tokenizer_open_llama2c(used, m->cfg.vocab_size, tok);
     }
     if (rc == 0 && kvm_tokenizer_vocab_size(*tok) != m->cfg.vocab_size) {
         rc = kvm_err(KVM_EMISMATCH, "%s: tokenizer has %d tokens, the model %d", used, kvm_tokenizer_vocab_size(*tok),

@@ -8,14 +8,16 @@
 
 #include <stddef.h>
 
-/* Finds the tokenizer for a model: `explicit_path` when given, else tok512.bin then
- * tokenizer.bin in the model file's folder (or inside the model path when it is a folder).
+/* Finds the tokenizer for a model: `explicit_path` when given, else tokenizer.json inside a
+ * Hugging Face folder, else tok512.bin then tokenizer.bin in the model file's folder (or
+ * inside the model path when it is a folder).
  * Writes the path into buf and returns 0, or KVM_ENOTFOUND when none exists. */
 int kvm_tokenizer_find_for_model(const char *model_path, const char *explicit_path, char *buf, size_t buf_size);
 
 /* Opens the tokenizer of model m (loaded from model_path): a GGUF model's embedded one when
  * tok_path is NULL, else the file tok_path or the one kvm_tokenizer_find_for_model finds beside
- * the model; a tokenizer file that is a GGUF is read as one. Writes the file it used into
+ * the model; a tokenizer file that is a GGUF is read as one, a *.json file as a Hugging Face
+ * tokenizer.json (padded to the model's vocabulary size). Writes the file it used into
  * used[used_size] (for hashing). The vocabulary size must equal the model's. Returns 0 with
  * *tok a new handle, or a kvm_status with *tok NULL: KVM_ENOTFOUND, KVM_EFORMAT, KVM_ENOTSUP,
  * KVM_EMISMATCH (vocabulary sizes differ), KVM_ENOMEM, ... (kvm_errmsg() says which). */

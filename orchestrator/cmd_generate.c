@@ -80,13 +80,33 @@ static void emit(const kvm_tokenizer *tok, int32_t prev, int32_t next, int raw)
 /* ChatML as SmolLM2's (and most ChatML models') tokenizer.chat_template renders one user
  * turn with add_generation_prompt: an optional system turn (the given one, else the
  * template's built-in default), the user turn, then "<|im_start|>assistant\n". */
+/* The Llama-3 family's template (<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>),
+ * one user turn with add_generation_prompt; BOS comes from the tokenizer. */
+static int llama3_prompt(const char *system, const char *user, char **out)
+{
+    static const char h[] = "<|start_header_id|>", e[] = "<|end_header_id|>\n\n", eot[] = "<|eot_id|>";
+    size_t n = strlen(user) + (system ? strlen(system) : 0) + 256;
+    char *s = malloc(n);
+    if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
+    int k = system ? snprintf(s, n, "%ssystem%s%s%s", h, e, system, eot) : 0;
+    snprintf(s + k, n - (size_t)k, "%suser%s%s%s%sassistant%s", h, e, user, eot, h, e);
+    *out = s;
+    return 0;
+}
+
 static int chat_prompt(const kvm_tokenizer *tok, const char *system, const char *user, char **out)
 {
     const char *tmpl = kvm_tokenizer_chat_template(tok);
     static const char start[] = "<|im_start|>", end[] = "<|im_end|>", sys_tag[] = "<|im_start|>system\n";
     *out = NULL;
+    if (tmpl && strstr(tmpl, "<|start_header_id|>") && kvm_tokenizer_find(tok, "<|start_header_id|>") >= 0 &&
+        kvm_tokenizer_find(tok, "<|end_header_id|>") >= 0 && kvm_tokenizer_find(tok, "<|eot_id|>") >= 0)
+        return llama3_prompt(system, user, out);
     if (!tmpl || !strstr(tmpl, start) || kvm_tokenizer_find(tok, start) < 0 || kvm_tokenizer_find(tok, end) < 0)
-        return kvm_err(KVM_ENOTSUP, "the model has no ChatML chat template (tokenizer.chat_template with %s)", start);
+        return kvm_err(KVM_ENOTSUP,
+                       "the model's chat template is neither ChatML (%s) nor Llama-3 (<|start_header_id|>): "
+                       "--chat supports those two families",
+                       start);
     const char *def = NULL;
     size_t def_len = 0;
     const char *d = strstr(tmpl, sys_tag);
@@ -137,7 +157,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
         int32_t token = p[np - 1];
         for (int64_t pos = np;; pos++) {
             int32_t next = kvm_sampler_sample(smp, logits);
-            if (next == m->cfg.bos_id || (a->stop_at_eos && next == m->cfg.eos_id)) break;
+            if (next == m->cfg.bos_id || (a->stop_at_eos && kvm_model_is_eos(&m->cfg, next))) break;
             emit(tok, token, next, a->stop_at_eos);
             produced++;
             if (pos >= steps) break;
@@ -200,7 +220,7 @@ int kvm_cmd_generate(int argc, char **argv)
     int64_t np = 0;
     int rc = 0;
     char *chat_text = NULL;
-    a.stop_at_eos = strcmp(m->format, "gguf") == 0;
+    a.stop_at_eos = strcmp(m->format, "gguf") == 0 || strcmp(m->format, "hf") == 0;
     if (tokens) rc = read_token_file(tokens, m->cfg.vocab_size, &p, &np);
     else if (chat && chat_prompt(tok, kvm_cli_get(opts, "system"), prompt ? prompt : "", &chat_text)) {
         fprintf(stderr, "kvmill generate: --chat: %s\n", kvm_errmsg());

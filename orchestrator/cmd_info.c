@@ -15,14 +15,23 @@ int kvm_cmd_info(int argc, char **argv)
     kvm_model *m;
     if (kvm_cli_open_model("info", path, NULL, 0, &m, NULL)) return 1;
     const kvm_model_config *c = &m->cfg;
-    printf("model:       %s\nformat:      %s\n", m->path, m->format);
+    printf("model:       %s\nformat:      %s\narch:        %s\n", m->path, m->format, m->arch);
+    if (m->dtype[0]) printf("dtype:       %s (in the file; float32 in memory)\n", m->dtype);
     printf("dim:         %d\nhidden_dim:  %d\nn_layers:    %d\nn_heads:     %d\nn_kv_heads:  %d (GQA %d:1)\n",
            c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads);
     printf("head_dim:    %d\nvocab_size:  %d\nseq_len:     %d\n", c->head_dim, c->vocab_size, c->seq_len);
     printf("rope:        %s, theta %g\nnorm_eps:    %g\nclassifier:  %s\n",
            c->rope_style == KVM_ROPE_INTERLEAVED ? "interleaved pairs" : "half split", c->rope_theta, c->norm_eps,
            c->shared_classifier ? "shared with token embedding" : "separate");
-    printf("parameters:  %lld\nkv_bytes_per_token: %lld (float32)\n", (long long)kvm_model_n_params(m),
+    if (c->rope_scaling.type == 1)
+        printf("rope_scaling: llama3, factor %g, low/high_freq_factor %g/%g, original_max %d\n", c->rope_scaling.factor,
+               c->rope_scaling.low_freq_factor, c->rope_scaling.high_freq_factor, c->rope_scaling.original_max);
+    if (c->attn_bias || c->qk_norm || c->sliding_window)
+        printf("attention:   %s%s%s\n", c->attn_bias ? "q/k/v biases " : "", c->qk_norm ? "q/k RMSNorm " : "",
+               c->sliding_window ? "sliding window (positions limited to it)" : "");
+    printf("bos/eos:     %d /", c->bos_id);
+    for (int i = 0; i < c->n_eos; i++) printf(" %d", c->eos_ids[i]);
+    printf("\nparameters:  %lld\nkv_bytes_per_token: %lld (float32)\n", (long long)kvm_model_n_params(m),
            (long long)kvm_model_kv_bytes(c, 1));
     kvm_model_close(&m);
     return 0;

@@ -32,7 +32,7 @@ const kvm_cfg_alias kvm_cfg_aliases[] = {
 };
 
 const kvm_cfg_setting kvm_cfg_settings[] = {
-    {"model", "path", P, NULL, 0, 0, NULL, "", "model file (llama2.c checkpoint or .gguf)"},
+    {"model", "path", P, NULL, 0, 0, NULL, "", "model: llama2.c checkpoint, .gguf file, or Hugging Face folder"},
     {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
     {"model", "context", I, "384", 1, 1 << 20, NULL, "tokens", "documents are truncated to this many tokens (BOS included)"},
 

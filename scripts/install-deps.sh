@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential pkg-config clang libclang-rt-14-dev
       libzmq3-dev libmsgpack-dev liblmdb-dev check libsubunit-dev
-      libopenblas-dev liblapacke-dev liblbfgs-dev libinih-dev libsodium-dev libpcre2-dev libjansson-dev
+      libopenblas-dev liblapacke-dev liblbfgs-dev libinih-dev libsodium-dev libpcre2-dev libjansson-dev libutf8proc-dev
       python3 python3-pip unzip)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -339,10 +339,10 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         goto done;
     double t2 = kvm_now_ms();
     r->prefill_ms = t2 - t1;
-    int stop_at_eos = !strcmp(m->format, "gguf");
+    int stop_at_eos = !strcmp(m->format, "gguf") || !strcmp(m->format, "hf");
     while (r->n_tokens < T) {
         int32_t next = kvm_sampler_sample(smp, logits);
-        if (next == mc->bos_id || (stop_at_eos && next == mc->eos_id)) break;
+        if (next == mc->bos_id || (stop_at_eos && kvm_model_is_eos(mc, next))) break;
         r->tokens[r->n_tokens++] = next;
         if (r->n_tokens == T) break;
         if ((rc = kvm_forward_decode(f, cache, next, logits))) goto done;

@@ -147,7 +147,8 @@ void kvm_store_hash_bytes(const void *data, size_t n, kvm_store_id *out);
 /* Document hash: BLAKE2b-256 of tokens[0, n_tokens) as int32 little-endian (whatever the
  * host byte order). Errors: KVM_EINVAL (n_tokens < 0, or NULL tokens with n_tokens > 0). */
 int kvm_store_doc_hash(const int32_t *tokens, int64_t n_tokens, kvm_store_id *out);
-/* BLAKE2b-256 of a whole file's bytes, streamed (no size limit).
+/* BLAKE2b-256 of a whole file's bytes, streamed (no size limit); for a Hugging Face folder,
+ * of its files' bytes back to back in kvm_hf_model_files order (config.json, then the weights).
  * Errors: KVM_EIO (open/read failed; message names the path), KVM_ENOMEM. */
 int kvm_store_hash_file(const char *path, kvm_store_id *out);
 /* Lowercase hex of an id into out[KVM_STORE_ID_HEX + 1] (NUL-terminated). Returns out. */
@@ -265,7 +266,8 @@ int kvm_store_put_doc(kvm_store *s, const kvm_store_id *doc_hash, const kvm_stor
 int kvm_store_get_doc(kvm_store *s, const kvm_store_id *doc_hash, kvm_store_doc_meta *out);
 
 /* Model id of a checkpoint file: BLAKE2b-256 of its bytes, remembered in the store per
- * (absolute path, size, mtime, inode), so an unchanged file is hashed once per store.
+ * (absolute path, size, mtime, inode), so an unchanged file is hashed once per store; a
+ * Hugging Face folder is hashed on every call (kvm_store_hash_file).
  * A read-only handle hashes without remembering. Errors: KVM_EIO (stat/read), KVM_ENOMEM,
  * KVM_ESTATE, KVM_EFULL. */
 int kvm_store_model_id(kvm_store *s, const char *path, kvm_store_id *out);

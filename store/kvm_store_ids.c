@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "common/kvm_error.h"
+#include "model/kvm_hf.h"
 
 #define KVM_STORE__FILE_FIXED 64 /* u64 size, i64 mtime ns, u64 inode, u64 device, id */
 
@@ -37,7 +38,8 @@ int kvm_store_doc_hash(const int32_t *tokens, int64_t n_tokens, kvm_store_id *ou
     return 0;
 }
 
-int kvm_store_hash_file(const char *path, kvm_store_id *out)
+/* Feeds the bytes of file `path` into h. */
+static int hash_into(crypto_generichash_state *h, const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return kvm_err(KVM_EIO, "hash %s: %s", path, strerror(errno));
@@ -47,14 +49,33 @@ int kvm_store_hash_file(const char *path, kvm_store_id *out)
         fclose(f);
         return kvm_err(KVM_ENOMEM, "hash %s: out of memory", path);
     }
-    crypto_generichash_state h;
-    crypto_generichash_init(&h, NULL, 0, KVM_STORE_ID_BYTES);
     size_t r;
-    while ((r = fread(buf, 1, cap, f)) > 0) crypto_generichash_update(&h, buf, r);
+    while ((r = fread(buf, 1, cap, f)) > 0) crypto_generichash_update(h, buf, r);
     int bad = ferror(f);
     free(buf);
     fclose(f);
     if (bad) return kvm_err(KVM_EIO, "hash %s: read error", path);
+    return 0;
+}
+
+int kvm_store_hash_file(const char *path, kvm_store_id *out)
+{
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, KVM_STORE_ID_BYTES);
+    int rc;
+    if (kvm_hf_is_folder(path)) { /* a Hugging Face folder: config.json, then the weights in index order */
+        char **files;
+        int n;
+        if ((rc = kvm_hf_model_files(path, &files, &n))) return rc;
+        for (int i = 0; i < n; i++) {
+            if (!rc) rc = hash_into(&h, files[i]);
+            free(files[i]);
+        }
+        free(files);
+    } else {
+        rc = hash_into(&h, path);
+    }
+    if (rc) return rc;
     crypto_generichash_final(&h, out->b, KVM_STORE_ID_BYTES);
     return 0;
 }
@@ -169,6 +190,8 @@ int kvm_store_model_id(kvm_store *s, const char *path, kvm_store_id *out)
     if (!path || !realpath(path, abs)) return kvm_err(KVM_EIO, "model id %s: %s", path ? path : "(null)", strerror(errno));
     file_memo f = {.abs = abs};
     if (stat(abs, &f.st) != 0) return kvm_err(KVM_EIO, "model id %s: %s", abs, strerror(errno));
+    /* a folder's mtime does not change when a weight file is rewritten: no memo for folders */
+    if (S_ISDIR(f.st.st_mode)) return kvm_store_hash_file(abs, out);
     kvm_store_hash_bytes(abs, strlen(abs), &f.key);
     int hit = 0;
     int st = kvm_store__lock(s);

@@ -1,0 +1,201 @@
+/* kvm_hf_config.c: a Hugging Face config.json into kvm_model_config, with the architecture's
+ * defaults (transformers' LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) and every
+ * setting the forward cannot reproduce refused by name. */
+#include "model/kvm_hf.h"
+#include "model/kvm_model.h"
+#include "common/kvm_error.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define KVM_HF_MAX_DIM (1 << 17)
+#define KVM_HF_MAX_LAYERS 1024
+#define KVM_HF_MAX_VOCAB (1 << 22)
+#define KVM_HF_MAX_SEQ (1 << 24)
+
+enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_QWEN3 };
+static const char *const arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                         "Qwen3ForCausalLM"};
+
+/* Integer key in [lo, hi]; def used when absent or null and def >= lo (else required). */
+static int get_int(const char *f, const json_t *o, const char *key, int64_t def, int64_t lo, int64_t hi, int *out)
+{
+    const json_t *v = json_object_get(o, key);
+    int64_t x = def;
+    if (!v || json_is_null(v)) {
+        if (def < lo) return kvm_err(KVM_EFORMAT, "%s: key '%s' is missing", f, key);
+    } else if (!json_is_integer(v)) {
+        return kvm_err(KVM_EFORMAT, "%s: key '%s' is not an integer", f, key);
+    } else {
+        x = json_integer_value(v);
+    }
+    if (x < lo || x > hi)
+        return kvm_err(KVM_EFORMAT, "%s: key '%s' = %lld is outside [%lld, %lld]", f, key, (long long)x, (long long)lo,
+                       (long long)hi);
+    *out = (int)x;
+    return 0;
+}
+
+/* Positive finite number key; def when absent or null. */
+static int get_num(const char *f, const json_t *o, const char *key, double def, double *out)
+{
+    const json_t *v = json_object_get(o, key);
+    double x = def;
+    if (v && !json_is_null(v)) {
+        if (!json_is_number(v)) return kvm_err(KVM_EFORMAT, "%s: key '%s' is not a number", f, key);
+        x = json_number_value(v);
+    }
+    if (!(x > 0) || !isfinite(x)) return kvm_err(KVM_EFORMAT, "%s: key '%s' = %g must be positive", f, key, x);
+    *out = x;
+    return 0;
+}
+
+/* Boolean key; def when absent or null. */
+static int get_bool(const char *f, const json_t *o, const char *key, int def, int *out)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) *out = def;
+    else if (json_is_boolean(v)) *out = json_is_true(v);
+    else return kvm_err(KVM_EFORMAT, "%s: key '%s' is not a boolean", f, key);
+    return 0;
+}
+
+static int get_arch(const char *f, const json_t *root, int *arch)
+{
+    const json_t *a = json_object_get(root, "architectures");
+    const char *s = json_string_value(json_array_get(a, 0));
+    if (!json_is_array(a) || !s) return kvm_err(KVM_EFORMAT, "%s: key 'architectures' is missing or not a list of names", f);
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, arch_names[i]) == 0) {
+            *arch = i;
+            return 0;
+        }
+    return kvm_err(KVM_ENOTSUP,
+                   "%s: architecture '%.64s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                   "Qwen2ForCausalLM, Qwen3ForCausalLM are)",
+                   f, s);
+}
+
+static int get_rope_scaling(const char *f, const json_t *root, kvm_rope_scaling *rs)
+{
+    const json_t *o = json_object_get(root, "rope_scaling");
+    *rs = (kvm_rope_scaling){0};
+    if (!o || json_is_null(o)) return 0;
+    if (!json_is_object(o)) return kvm_err(KVM_EFORMAT, "%s: key 'rope_scaling' is not an object", f);
+    const char *t = json_string_value(json_object_get(o, "rope_type"));
+    if (!t) t = json_string_value(json_object_get(o, "type"));
+    if (!t) return kvm_err(KVM_EFORMAT, "%s: rope_scaling has no 'rope_type'", f);
+    if (strcmp(t, "default") == 0) return 0;
+    if (strcmp(t, "llama3") != 0)
+        return kvm_err(KVM_ENOTSUP, "%s: rope_scaling type '%.32s' is not supported (llama3 is)", f, t);
+    double factor, lo, hi;
+    int omax;
+    int rc;
+    if ((rc = get_num(f, o, "factor", -1, &factor)) || (rc = get_num(f, o, "low_freq_factor", -1, &lo)) ||
+        (rc = get_num(f, o, "high_freq_factor", -1, &hi)) ||
+        (rc = get_int(f, o, "original_max_position_embeddings", -1, 1, KVM_HF_MAX_SEQ, &omax)))
+        return kvm_err(rc, "%s (in rope_scaling)", kvm_errmsg());
+    if (!(hi > lo)) return kvm_err(KVM_EFORMAT, "%s: rope_scaling high_freq_factor %g must exceed low_freq_factor %g", f, hi, lo);
+    *rs = (kvm_rope_scaling){1, (float)factor, (float)lo, (float)hi, omax};
+    return 0;
+}
+
+/* Refuses settings the forward does not implement: activation, MLP biases, partial rotary. */
+static int check_unsupported(const char *f, const json_t *root)
+{
+    const char *act = json_string_value(json_object_get(root, "hidden_act"));
+    if (act && strcmp(act, "silu") != 0)
+        return kvm_err(KVM_ENOTSUP, "%s: hidden_act '%.32s' is not supported (silu is)", f, act);
+    int mlp_bias;
+    int rc = get_bool(f, root, "mlp_bias", 0, &mlp_bias);
+    if (rc) return rc;
+    if (mlp_bias) return kvm_err(KVM_ENOTSUP, "%s: mlp_bias = true is not supported", f);
+    const json_t *prf = json_object_get(root, "partial_rotary_factor");
+    if (prf && !json_is_null(prf) && json_number_value(prf) != 1.0)
+        return kvm_err(KVM_ENOTSUP, "%s: partial_rotary_factor = %g is not supported", f, json_number_value(prf));
+    return 0;
+}
+
+/* eos_token_id: an id or a list of ids, each in [0, vocab). */
+static int get_eos(const char *f, const json_t *root, kvm_model_config *c)
+{
+    const json_t *v = json_object_get(root, "eos_token_id");
+    if (!v || json_is_null(v)) return kvm_err(KVM_EFORMAT, "%s: key 'eos_token_id' is missing", f);
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (n < 1 || n > KVM_MODEL_MAX_EOS)
+        return kvm_err(KVM_EFORMAT, "%s: eos_token_id lists %zu ids (1..%d)", f, n, KVM_MODEL_MAX_EOS);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= c->vocab_size)
+            return kvm_err(KVM_EFORMAT, "%s: eos_token_id entry %zu is not an id in [0, %d)", f, i, c->vocab_size);
+        c->eos_ids[i] = (int32_t)json_integer_value(e);
+    }
+    c->n_eos = (int)n;
+    c->eos_id = c->eos_ids[0];
+    return 0;
+}
+
+/* The shape keys and their consistency. */
+static int get_shapes(const char *f, const json_t *root, kvm_model_config *c)
+{
+    int rc;
+    if ((rc = get_int(f, root, "hidden_size", -1, 1, KVM_HF_MAX_DIM, &c->dim)) ||
+        (rc = get_int(f, root, "intermediate_size", -1, 1, 8 * KVM_HF_MAX_DIM, &c->hidden_dim)) ||
+        (rc = get_int(f, root, "num_hidden_layers", -1, 1, KVM_HF_MAX_LAYERS, &c->n_layers)) ||
+        (rc = get_int(f, root, "num_attention_heads", -1, 1, KVM_HF_MAX_DIM, &c->n_heads)) ||
+        (rc = get_int(f, root, "num_key_value_heads", c->n_heads, 1, c->n_heads, &c->n_kv_heads)) ||
+        (rc = get_int(f, root, "vocab_size", -1, 1, KVM_HF_MAX_VOCAB, &c->vocab_size)) ||
+        (rc = get_int(f, root, "max_position_embeddings", -1, 1, KVM_HF_MAX_SEQ, &c->seq_len)))
+        return rc;
+    if (c->n_heads % c->n_kv_heads)
+        return kvm_err(KVM_EFORMAT, "%s: num_attention_heads = %d is not a multiple of num_key_value_heads = %d", f,
+                       c->n_heads, c->n_kv_heads);
+    int def_hd = c->dim % c->n_heads == 0 ? c->dim / c->n_heads : -1;
+    if ((rc = get_int(f, root, "head_dim", def_hd, 1, KVM_HF_MAX_DIM, &c->head_dim))) return rc;
+    if (c->head_dim % 2) return kvm_err(KVM_EFORMAT, "%s: head_dim = %d is odd; RoPE needs pairs", f, c->head_dim);
+    return 0;
+}
+
+static int parse(const char *f, const json_t *root, kvm_model_config *c, int *arch, int *tied, int *o_bias)
+{
+    int rc;
+    double eps, theta;
+    if (!json_is_object(root)) return kvm_err(KVM_EFORMAT, "%s: not a JSON object", f);
+    if ((rc = get_arch(f, root, arch)) || (rc = check_unsupported(f, root)) || (rc = get_shapes(f, root, c)) ||
+        (rc = get_num(f, root, "rms_norm_eps", 1e-6, &eps)) || (rc = get_num(f, root, "rope_theta", 10000, &theta)) ||
+        (rc = get_rope_scaling(f, root, &c->rope_scaling)) || (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) ||
+        (rc = get_eos(f, root, c)) || (rc = get_int(f, root, "bos_token_id", c->eos_id, 0, c->vocab_size - 1, &c->bos_id)))
+        return rc;
+    c->norm_eps = (float)eps;
+    c->rope_theta = (float)theta;
+    c->rope_style = KVM_ROPE_HALF;
+    c->shared_classifier = *tied;
+    c->qk_norm = *arch == HF_QWEN3;
+    int bias = 0, use_sw = *arch == HF_MISTRAL;
+    if ((rc = get_bool(f, root, "attention_bias", 0, &bias))) return rc;
+    c->attn_bias = *arch == HF_QWEN2 || bias;
+    *o_bias = *arch != HF_QWEN2 && bias;
+    if (*arch == HF_QWEN2 && (rc = get_bool(f, root, "use_sliding_window", 0, &use_sw))) return rc;
+    if (use_sw) {
+        int sw = 0;
+        if ((rc = get_int(f, root, "sliding_window", 0, 0, KVM_HF_MAX_SEQ, &sw))) return rc;
+        /* a window at least the context long never slides */
+        c->sliding_window = sw >= c->seq_len ? 0 : sw;
+    }
+    return 0;
+}
+
+int kvm__hf_config(const char *path, kvm_model_config *c, char *arch_out, unsigned arch_size, int *tied, int *o_bias)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return kvm_err(KVM_EFORMAT, "%s: %s (line %d, column %d)", path, je.text, je.line, je.column);
+    *c = (kvm_model_config){0};
+    int arch = 0;
+    int rc = parse(path, root, c, &arch, tied, o_bias);
+    if (!rc) snprintf(arch_out, arch_size, "%s", arch_names[arch]);
+    json_decref(root);
+    return rc;
+}

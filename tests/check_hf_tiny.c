@@ -1,0 +1,605 @@
+/* check_hf_tiny.c: tiny Hugging Face folders the test writes (weights from kvm_test_tiny_weight,
+ * F32 and BF16, one file or sharded with an index) for Llama, Qwen2 (q/k/v biases), Qwen3 (q/k
+ * RMSNorm, head_dim != hidden/heads), Llama-3 RoPE scaling and Mistral (sliding window): logits
+ * against tests/data/hf/tiny/NAME/reference.txt (scripts/hf_tiny_reference.py, float64 numpy on
+ * the same weights); the Llama folder against the same weights as a llama2.c checkpoint; and
+ * each malformed config.json or weight set refused with its key or tensor named. */
+#include "common/kvm_error.h"
+#include "model/kvm_forward.h"
+#include "model/kvm_hf.h"
+#include "model/kvm_model.h"
+#include "store/kvm_store.h"
+#include "tests/util/kvm_test.h"
+#include "tests/util/kvm_test_st.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define TINY_DIR "tests/data/hf/tiny"
+#define MAX_T 160
+
+static char *g_tmp;
+static void setup(void) { g_tmp = kvm_test_tmpdir(); }
+static void teardown(void)
+{
+    kvm_test_rmtree(g_tmp);
+    free(g_tmp);
+}
+
+/* A folder's tensors before writing (data owned). */
+typedef struct tset {
+    kvm_test_st_tensor t[MAX_T];
+    float *data[MAX_T];
+    int n;
+} tset;
+
+static void tset_add(tset *s, const char *name, const char *dtype, int64_t d0, int64_t d1)
+{
+    ck_assert_int_lt(s->n, MAX_T);
+    kvm_test_st_tensor *t = &s->t[s->n];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dtype;
+    t->n_dims = d1 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    int64_t n = d0 * (d1 ? d1 : 1);
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = kvm_test_tiny_weight(name, i);
+    s->data[s->n] = v;
+    t->data = v;
+    s->n++;
+}
+
+static void tset_free(tset *s)
+{
+    for (int i = 0; i < s->n; i++)
+        free(s->data[i]);
+    s->n = 0;
+}
+
+static int tset_find(const tset *s, const char *name)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->t[i].name, name) == 0) return i;
+    return -1;
+}
+
+static void tset_drop(tset *s, const char *name)
+{
+    int i = tset_find(s, name);
+    ck_assert_int_ge(i, 0);
+    free(s->data[i]);
+    memmove(&s->t[i], &s->t[i + 1], (size_t)(s->n - i - 1) * sizeof s->t[0]);
+    memmove(&s->data[i], &s->data[i + 1], (size_t)(s->n - i - 1) * sizeof s->data[0]);
+    s->n--;
+}
+
+/* Every tensor the architecture of config c needs, in the loader's order. */
+static void tset_for_config(tset *s, const kvm_model_config *c, int tied, int o_bias, const char *dt)
+{
+    int64_t D = c->dim, H = c->hidden_dim, Q = (int64_t)c->n_heads * c->head_dim,
+            KV = (int64_t)c->n_kv_heads * c->head_dim;
+    tset_add(s, "model.embed_tokens.weight", dt, c->vocab_size, D);
+    tset_add(s, "model.norm.weight", dt, D, 0);
+    if (!tied) tset_add(s, "lm_head.weight", dt, c->vocab_size, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        char n[128];
+#define ADD(part, d0, d1)                                                                                              \
+    do {                                                                                                               \
+        snprintf(n, sizeof n, "model.layers.%d.%s", l, part);                                                          \
+        tset_add(s, n, dt, d0, d1);                                                                                    \
+    } while (0)
+        ADD("input_layernorm.weight", D, 0);
+        ADD("self_attn.q_proj.weight", Q, D);
+        ADD("self_attn.k_proj.weight", KV, D);
+        ADD("self_attn.v_proj.weight", KV, D);
+        ADD("self_attn.o_proj.weight", D, Q);
+        if (c->attn_bias) {
+            ADD("self_attn.q_proj.bias", Q, 0);
+            ADD("self_attn.k_proj.bias", KV, 0);
+            ADD("self_attn.v_proj.bias", KV, 0);
+        }
+        if (o_bias) ADD("self_attn.o_proj.bias", D, 0);
+        if (c->qk_norm) {
+            ADD("self_attn.q_norm.weight", c->head_dim, 0);
+            ADD("self_attn.k_norm.weight", c->head_dim, 0);
+        }
+        ADD("post_attention_layernorm.weight", D, 0);
+        ADD("mlp.gate_proj.weight", H, D);
+        ADD("mlp.down_proj.weight", D, H);
+        ADD("mlp.up_proj.weight", H, D);
+#undef ADD
+    }
+}
+
+/* Writes s into dir as one model.safetensors, or `shards` files plus the index. */
+static void tset_write(const tset *s, const char *dir, int shards)
+{
+    char p[4096];
+    if (shards <= 1) {
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        ck_assert_int_eq(kvm_test_st_write(p, s->t, s->n), 0);
+        return;
+    }
+    size_t cap = 64 + (size_t)s->n * 200, len = 0;
+    char *idx = malloc(cap);
+    len += (size_t)snprintf(idx, cap, "{\"metadata\":{},\"weight_map\":{");
+    for (int k = 0, first = 0; k < shards; k++) {
+        int end = (int)((int64_t)s->n * (k + 1) / shards);
+        char fn[64];
+        snprintf(fn, sizeof fn, "model-%05d-of-%05d.safetensors", k + 1, shards);
+        snprintf(p, sizeof p, "%s/%s", dir, fn);
+        ck_assert_int_eq(kvm_test_st_write(p, s->t + first, end - first), 0);
+        for (int i = first; i < end; i++)
+            len += (size_t)snprintf(idx + len, cap - len, "%s\"%s\":\"%s\"", i ? "," : "", s->t[i].name, fn);
+        first = end;
+    }
+    len += (size_t)snprintf(idx + len, cap - len, "}}");
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, idx, len), 0);
+    free(idx);
+}
+
+/* A reference: dtype, shards, tokens and logits [n][vocab]. */
+typedef struct ref {
+    char dtype[8];
+    int shards, n, vocab;
+    int32_t tok[64];
+    float *logits;
+} ref;
+
+static void ref_read(const char *name, ref *r)
+{
+    char p[512];
+    snprintf(p, sizeof p, TINY_DIR "/%s/reference.txt", name);
+    FILE *f = fopen(p, "r");
+    ck_assert_msg(f != NULL, "%s missing (scripts/hf_tiny_reference.py writes it)", p);
+    ck_assert_int_eq(fscanf(f, "dtype %7s shards %d tokens %d vocab %d", r->dtype, &r->shards, &r->n, &r->vocab), 4);
+    ck_assert_int_le(r->n, 64);
+    for (int i = 0; i < r->n; i++)
+        ck_assert_int_eq(fscanf(f, "%d", &r->tok[i]), 1);
+    r->logits = malloc((size_t)r->n * r->vocab * sizeof *r->logits);
+    for (int i = 0; i < r->n * r->vocab; i++)
+        ck_assert_int_eq(fscanf(f, "%f", &r->logits[i]), 1);
+    fclose(f);
+}
+
+/* Makes g_tmp/name holding the fixture's config.json and its weights, returns the folder. */
+static const char *make_folder(const char *name, tset *s, ref *r, kvm_model_config *c, int *tied)
+{
+    static char dir[4096];
+    char p[4096], q[4096];
+    snprintf(dir, sizeof dir, "%s/%s", g_tmp, name);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, TINY_DIR "/%s/config.json", name);
+    size_t n;
+    char *cfg = kvm_test_read_file(p, &n);
+    ck_assert_ptr_nonnull(cfg);
+    snprintf(q, sizeof q, "%s/config.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(q, cfg, n), 0);
+    free(cfg);
+    ref_read(name, r);
+    char arch[32];
+    int o_bias;
+    ck_assert_msg(kvm__hf_config(q, c, arch, sizeof arch, tied, &o_bias) == 0, "%s", kvm_errmsg());
+    tset_for_config(s, c, *tied, o_bias, strcmp(r->dtype, "BF16") == 0 ? "BF16" : "F32");
+    return dir;
+}
+
+static float *logits_of(const kvm_model *m, const int32_t *tok, int n)
+{
+    kvm_forward *f;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_forward_new(m, NULL, n, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(m, n, &c), 0);
+    float *l = malloc((size_t)n * m->cfg.vocab_size * sizeof *l);
+    ck_assert_msg(kvm_forward_prefill(f, c, tok, n, l, KVM_LOGITS_ALL) == 0, "%s", kvm_errmsg());
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f);
+    return l;
+}
+
+/* Max over positions of max|a - b| / max|b|. */
+static double rel_diff(const float *a, const float *b, int n, int v)
+{
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double d = 0, m = 0;
+        for (int j = 0; j < v; j++) {
+            d = fmax(d, fabs((double)a[(size_t)i * v + j] - b[(size_t)i * v + j]));
+            m = fmax(m, fabs((double)b[(size_t)i * v + j]));
+        }
+        worst = fmax(worst, d / m);
+    }
+    return worst;
+}
+
+static const char *const tiny_cases[] = {"llama_f32",   "llama_bf16_sharded", "qwen2_bias",
+                                    "qwen3_qknorm", "llama3_rope",        "mistral_window"};
+
+START_TEST(test_reference)
+{
+    const char *name = tiny_cases[_i];
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder(name, &s, &r, &c, &tied);
+    tset_write(&s, dir, r.shards);
+    kvm_model *m;
+    ck_assert_msg(kvm_model_open(dir, &m) == 0, "%s: %s", name, kvm_errmsg());
+    ck_assert_int_eq(m->cfg.vocab_size, r.vocab);
+    ck_assert_str_eq(m->dtype, r.dtype);
+    float *l = logits_of(m, r.tok, r.n);
+    double d = rel_diff(l, r.logits, r.n, r.vocab);
+    printf("tiny %s (%s, %d file(s)): max|dlogit| / max|logit| vs numpy float64 = %.3g\n", name, r.dtype, r.shards, d);
+    ck_assert_double_le(d, 1e-5);
+    if (strcmp(name, "llama3_rope") == 0) {
+        ck_assert_int_eq(m->cfg.rope_scaling.type, 1);
+        ck_assert_int_eq(m->cfg.n_eos, 2);
+        ck_assert(kvm_model_is_eos(&m->cfg, 2) && kvm_model_is_eos(&m->cfg, 5) && !kvm_model_is_eos(&m->cfg, 3));
+        /* the scaling matters at these positions: without it the logits move well past the tolerance */
+        m->cfg.rope_scaling.type = 0;
+        float *l0 = logits_of(m, r.tok, r.n);
+        ck_assert_double_gt(rel_diff(l0, r.logits, r.n, r.vocab), 1e-3);
+        free(l0);
+    }
+    if (strcmp(name, "qwen3_qknorm") == 0) ck_assert_int_eq(m->cfg.head_dim * m->cfg.n_heads, 2 * m->cfg.dim);
+    free(l);
+    free(r.logits);
+    kvm_model_close(&m);
+    tset_free(&s);
+}
+END_TEST
+
+/* Writes the weights of s as a llama2.c checkpoint (Q/K rows permuted to interleaved pairs). */
+static void write_llama2c(const char *path, const tset *s, const kvm_model_config *c)
+{
+    FILE *f = fopen(path, "wb");
+    int32_t h[7] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, -c->vocab_size, c->seq_len};
+    fwrite(h, sizeof h, 1, f);
+    const char *order[] = {"input_layernorm.weight",   "self_attn.q_proj.weight",         "self_attn.k_proj.weight",
+                           "self_attn.v_proj.weight",  "self_attn.o_proj.weight",         "post_attention_layernorm.weight",
+                           "mlp.gate_proj.weight",     "mlp.down_proj.weight",            "mlp.up_proj.weight"};
+    const kvm_test_st_tensor *e = &s->t[tset_find(s, "model.embed_tokens.weight")];
+    fwrite(e->data, sizeof(float), (size_t)(e->shape[0] * e->shape[1]), f);
+    for (int k = 0; k < 9; k++)
+        for (int l = 0; l < c->n_layers; l++) {
+            char n[128];
+            snprintf(n, sizeof n, "model.layers.%d.%s", l, order[k]);
+            const kvm_test_st_tensor *t = &s->t[tset_find(s, n)];
+            int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1, hd = c->head_dim;
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t src = r;
+                if (k == 1 || k == 2) { /* interleaved row (head, i, j) <- half-split row (head, j, i) */
+                    int64_t head = r / hd, i = (r % hd) / 2, j = r % 2;
+                    src = head * hd + j * (hd / 2) + i;
+                }
+                fwrite(t->data + src * cols, sizeof(float), (size_t)cols, f);
+            }
+        }
+    const kvm_test_st_tensor *fn = &s->t[tset_find(s, "model.norm.weight")];
+    fwrite(fn->data, sizeof(float), (size_t)fn->shape[0], f);
+    float zero = 0;
+    for (int64_t i = 0; i < (int64_t)c->seq_len * c->head_dim; i++)
+        fwrite(&zero, 4, 1, f); /* legacy RoPE tables, unused */
+    const kvm_test_st_tensor *cls = &s->t[tset_find(s, "lm_head.weight")];
+    fwrite(cls->data, sizeof(float), (size_t)(cls->shape[0] * cls->shape[1]), f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+START_TEST(test_vs_llama2c)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder("llama_f32", &s, &r, &c, &tied);
+    tset_write(&s, dir, 1);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/tiny.bin", g_tmp);
+    write_llama2c(p, &s, &c);
+    kvm_model *a, *b;
+    ck_assert_msg(kvm_model_open(dir, &a) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_model_open(p, &b) == 0, "%s", kvm_errmsg());
+    ck_assert_str_eq(b->format, "llama2c");
+    float *la = logits_of(a, r.tok, r.n), *lb = logits_of(b, r.tok, r.n);
+    double d = rel_diff(la, lb, r.n, r.vocab);
+    printf("tiny llama: Hugging Face folder vs llama2.c checkpoint of the same weights: %.3g\n", d);
+    ck_assert_double_le(d, 1e-5);
+    free(la);
+    free(lb);
+    free(r.logits);
+    kvm_model_close(&a);
+    kvm_model_close(&b);
+    tset_free(&s);
+}
+END_TEST
+
+/* The Mistral folder (sliding_window 48 < 64 positions) refuses positions past the window. */
+START_TEST(test_window)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder("mistral_window", &s, &r, &c, &tied);
+    tset_write(&s, dir, 1);
+    kvm_model *m;
+    ck_assert_int_eq(kvm_model_open(dir, &m), 0);
+    ck_assert_int_eq(m->cfg.sliding_window, 48);
+    kvm_forward *f;
+    kvm_kvcache *kc;
+    ck_assert_int_eq(kvm_forward_new(m, NULL, 64, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(m, 64, &kc), 0);
+    int32_t tok[49] = {0};
+    ck_assert_int_eq(kvm_forward_prefill(f, kc, tok, 48, NULL, KVM_LOGITS_NONE), 0);
+    ck_assert_int_eq(kvm_forward_decode(f, kc, 3, NULL), KVM_ENOTSUP);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "sliding_window"));
+    kvm_kvcache_free(&kc);
+    kvm_forward_free(&f);
+    kvm_model_close(&m);
+    free(r.logits);
+    tset_free(&s);
+}
+END_TEST
+
+/* The model id of a folder: BLAKE2b-256 of config.json then the shards in index order; it
+ * changes with any weight byte. */
+START_TEST(test_model_id)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder("llama_bf16_sharded", &s, &r, &c, &tied);
+    tset_write(&s, dir, 3);
+    kvm_store_id a, b, want;
+    ck_assert_msg(kvm_store_hash_file(dir, &a) == 0, "%s", kvm_errmsg());
+    size_t total = 0, n;
+    char *all = NULL, p[4096];
+    const char *parts[] = {"config.json", "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                           "model-00003-of-00003.safetensors"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, parts[i]);
+        char *bytes = kvm_test_read_file(p, &n);
+        ck_assert_ptr_nonnull(bytes);
+        all = realloc(all, total + n);
+        memcpy(all + total, bytes, n);
+        total += n;
+        free(bytes);
+    }
+    kvm_store_hash_bytes(all, total, &want);
+    ck_assert_int_eq(memcmp(a.b, want.b, sizeof a.b), 0);
+    s.data[tset_find(&s, "model.layers.1.mlp.up_proj.weight")][3] += 1.0f; /* in the last shard */
+    tset_write(&s, dir, 3);
+    ck_assert_int_eq(kvm_store_hash_file(dir, &b), 0);
+    ck_assert_int_ne(memcmp(a.b, b.b, sizeof a.b), 0);
+    free(all);
+    free(r.logits);
+    tset_free(&s);
+}
+END_TEST
+
+static char *config_with(const char *key, const char *value);
+
+/* `kvmill generate --model DIR --chat` on a folder whose tokenizer_config.json has a Llama-3
+ * template (the llama3_style tokenizer.json has its header tokens): the Llama-3 turn format is
+ * used; without those tokens --chat is refused, naming the two supported families. */
+START_TEST(test_llama3_chat)
+{
+    char dir[4096], p[4096], cfgp[4096];
+    snprintf(dir, sizeof dir, "%s/chat", g_tmp);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    char *cfg = config_with("vocab_size", "800");
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(cfgp, cfg, strlen(cfg)), 0);
+    free(cfg);
+    kvm_model_config c;
+    char arch[32];
+    int tied, o_bias;
+    ck_assert_int_eq(kvm__hf_config(cfgp, &c, arch, sizeof arch, &tied, &o_bias), 0);
+    tset s = {0};
+    tset_for_config(&s, &c, tied, o_bias, "F32");
+    tset_write(&s, dir, 1);
+    tset_free(&s);
+    size_t n;
+    char *tok = kvm_test_read_file("tests/data/hf/tokenizers/llama3_style/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(tok);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, tok, n), 0);
+    free(tok);
+    static const char tc[] = "{\"chat_template\": \"{{ bos_token }}{% for m in messages %}<|start_header_id|>"
+                             "{{ m['role'] }}<|end_header_id|>\\n\\n{{ m['content'] }}<|eot_id|>{% endfor %}\"}";
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, tc, strlen(tc)), 0);
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill generate --model %s --chat --prompt hello -n 48 --temperature 0", kvm_test_bin(),
+             dir);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* a template of neither family */
+    static const char tc2[] = "{\"chat_template\": \"{% for m in messages %}[{{ m['role'] }}]{% endfor %}\"}";
+    ck_assert_int_eq(kvm_test_write_file(p, tc2, strlen(tc2)), 0);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_msg(strstr(err, "neither ChatML") && strstr(err, "Llama-3"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- malformed folders ---- */
+
+/* Writes the llama_f32 folder with config text `cfg` (NULL: the fixture's) and tensors s. */
+static const char *folder_with(const char *cfg, const tset *s)
+{
+    static char dir[4096];
+    static int k;
+    char p[4096];
+    snprintf(dir, sizeof dir, "%s/bad%d", g_tmp, k++);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    size_t n;
+    char *fix = cfg ? NULL : kvm_test_read_file(TINY_DIR "/llama_f32/config.json", &n);
+    ck_assert_int_eq(kvm_test_write_file(p, cfg ? cfg : fix, cfg ? strlen(cfg) : n), 0);
+    free(fix);
+    if (s) tset_write(s, dir, 1);
+    return dir;
+}
+
+static void expect_open(const char *dir, int want, const char *n1, const char *n2)
+{
+    kvm_model *m = NULL;
+    int rc = kvm_model_open(dir, &m);
+    ck_assert_msg(rc == want, "%s: got %d (%s), want %d", dir, rc, kvm_errmsg(), want);
+    ck_assert_ptr_null(m);
+    if (n1) ck_assert_msg(strstr(kvm_errmsg(), n1) != NULL, "message '%s' lacks '%s'", kvm_errmsg(), n1);
+    if (n2) ck_assert_msg(strstr(kvm_errmsg(), n2) != NULL, "message '%s' lacks '%s'", kvm_errmsg(), n2);
+}
+
+/* The fixture's config with one "key": value replaced (or added when absent). */
+static char *config_with(const char *key, const char *value)
+{
+    size_t n;
+    char *fix = kvm_test_read_file(TINY_DIR "/llama_f32/config.json", &n);
+    char *out = malloc(n + 512), pat[128];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    char *at = strstr(fix, pat);
+    if (at) {
+        char *end = at + strlen(pat);
+        int depth = 0;
+        for (; *end && (depth || (*end != ',' && *end != '\n')); end++)
+            depth += (*end == '{' || *end == '[') - (*end == '}' || *end == ']');
+        sprintf(out, "%.*s%s%s%s", (int)(at - fix), fix, pat, value, end);
+    } else {
+        sprintf(out, "{%s%s, %s", pat, value, fix + 1);
+    }
+    free(fix);
+    return out;
+}
+
+START_TEST(test_bad_config)
+{
+    struct {
+        const char *key, *value;
+        int want;
+        const char *n1, *n2;
+    } cases[] = {
+        {"architectures", "[\"GPT2LMHeadModel\"]", KVM_ENOTSUP, "GPT2LMHeadModel", "not supported"},
+        {"architectures", "\"LlamaForCausalLM\"", KVM_EFORMAT, "architectures", NULL},
+        {"hidden_size", "null", KVM_EFORMAT, "hidden_size", "missing"},
+        {"hidden_size", "\"64\"", KVM_EFORMAT, "hidden_size", "not an integer"},
+        {"num_hidden_layers", "0", KVM_EFORMAT, "num_hidden_layers", "outside"},
+        {"num_key_value_heads", "3", KVM_EFORMAT, "num_key_value_heads", NULL},
+        {"rms_norm_eps", "-1", KVM_EFORMAT, "rms_norm_eps", NULL},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", KVM_ENOTSUP, "yarn", "rope_scaling"},
+        {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", KVM_ENOTSUP, "dynamic", NULL},
+        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", KVM_EFORMAT, "low_freq_factor", "rope_scaling"},
+        {"hidden_act", "\"gelu\"", KVM_ENOTSUP, "hidden_act", "gelu"},
+        {"mlp_bias", "true", KVM_ENOTSUP, "mlp_bias", NULL},
+        {"partial_rotary_factor", "0.5", KVM_ENOTSUP, "partial_rotary_factor", NULL},
+        {"eos_token_id", "97", KVM_EFORMAT, "eos_token_id", NULL},
+        {"eos_token_id", "[2, 1000]", KVM_EFORMAT, "eos_token_id", "entry 1"},
+        {"bos_token_id", "-1", KVM_EFORMAT, "bos_token_id", NULL},
+        {"tie_word_embeddings", "1", KVM_EFORMAT, "tie_word_embeddings", "boolean"},
+        {"head_dim", "15", KVM_EFORMAT, "head_dim", "odd"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *cfg = config_with(cases[i].key, cases[i].value);
+        expect_open(folder_with(cfg, NULL), cases[i].want, cases[i].n1, cases[i].n2);
+        ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "config.json"));
+        free(cfg);
+    }
+    expect_open(folder_with("{\"architectures\": [", NULL), KVM_EFORMAT, "config.json", NULL);
+    expect_open(folder_with("[]", NULL), KVM_EFORMAT, "config.json", "not a JSON object");
+    /* a valid config without weights */
+    expect_open(folder_with(NULL, NULL), KVM_ENOTFOUND, "model.safetensors", NULL);
+}
+END_TEST
+
+START_TEST(test_bad_tensors)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    make_folder("llama_f32", &s, &r, &c, &tied);
+    free(r.logits);
+    /* missing */
+    tset_drop(&s, "model.layers.1.mlp.up_proj.weight");
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.1.mlp.up_proj.weight'", "missing");
+    tset_add(&s, "model.layers.1.mlp.up_proj.weight", "F32", c.hidden_dim, c.dim);
+    /* unknown */
+    tset_add(&s, "model.layers.0.self_attn.extra.weight", "F32", 4, 0);
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.0.self_attn.extra.weight'", "not part of");
+    tset_drop(&s, "model.layers.0.self_attn.extra.weight");
+    /* a layer past num_hidden_layers */
+    tset_add(&s, "model.layers.2.input_layernorm.weight", "F32", c.dim, 0);
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.2.input_layernorm.weight'", "not part of");
+    tset_drop(&s, "model.layers.2.input_layernorm.weight");
+    /* wrong shape */
+    int k = tset_find(&s, "model.layers.0.self_attn.k_proj.weight");
+    s.t[k].shape[0] = c.dim, s.t[k].shape[1] = c.n_kv_heads * c.head_dim; /* transposed */
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.0.self_attn.k_proj.weight'", "shape");
+    s.t[k].shape[0] = c.n_kv_heads * c.head_dim, s.t[k].shape[1] = c.dim;
+    /* a bias the architecture does not have */
+    tset_add(&s, "model.layers.0.self_attn.q_proj.bias", "F32", c.n_heads * c.head_dim, 0);
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.0.self_attn.q_proj.bias'", "not part of");
+    tset_drop(&s, "model.layers.0.self_attn.q_proj.bias");
+    /* ignored by rule: rotary_emb.inv_freq */
+    tset_add(&s, "model.layers.0.self_attn.rotary_emb.inv_freq", "F32", c.head_dim / 2, 0);
+    kvm_model *m;
+    ck_assert_msg(kvm_model_open(folder_with(NULL, &s), &m) == 0, "%s", kvm_errmsg());
+    kvm_model_close(&m);
+    /* lm_head with tie_word_embeddings: equal is ignored, different refused */
+    char *cfg = config_with("tie_word_embeddings", "true");
+    int e = tset_find(&s, "model.embed_tokens.weight"), h = tset_find(&s, "lm_head.weight");
+    memcpy(s.data[h], s.data[e], (size_t)c.vocab_size * c.dim * sizeof(float));
+    ck_assert_msg(kvm_model_open(folder_with(cfg, &s), &m) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(m->cfg.shared_classifier, 1);
+    ck_assert_ptr_eq(m->wcls, m->tok_emb);
+    kvm_model_close(&m);
+    s.data[h][7] += 1;
+    expect_open(folder_with(cfg, &s), KVM_EFORMAT, "'lm_head.weight'", "differs");
+    free(cfg);
+    /* untied without lm_head */
+    tset_drop(&s, "lm_head.weight");
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'lm_head.weight'", "missing");
+    tset_free(&s);
+}
+END_TEST
+
+static Suite *tiny_suite(void)
+{
+    Suite *s = suite_create("hf_tiny");
+    TCase *tc = tcase_create("reference");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, test_reference, 0, (int)(sizeof tiny_cases / sizeof tiny_cases[0]));
+    suite_add_tcase(s, tc);
+    struct {
+        const char *name;
+        const TTest *fn;
+    } more[] = {{"vs_llama2c", test_vs_llama2c},
+                {"window", test_window},
+                {"model_id", test_model_id},
+                {"llama3_chat", test_llama3_chat},
+                {"bad_config", test_bad_config},
+                {"bad_tensors", test_bad_tensors}};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        tc = tcase_create(more[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, more[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(tiny_suite()); }

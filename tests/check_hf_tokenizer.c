@@ -1,0 +1,185 @@
+/* check_hf_tokenizer.c: Hugging Face tokenizer.json encoding against the `tokenizers` library's
+ * own ids (tests/data/hf/tokenizers/, written by scripts/hf_tokenizer_reference.py) on 330
+ * strings (shared/data text, code, numbers, emoji, CJK, whitespace runs, special tokens):
+ * SmolLM2's byte-level tokenizer.json from the converted folder (skipped visibly when absent),
+ * and four small committed ones (NFC + Qwen2 regex with "a b" merges, Llama-3 regex with
+ * ignore_merges and pair merges, SentencePiece-style Prepend/Replace with byte fallback,
+ * Metaspace with byte fallback); decoding; and each malformed tokenizer.json refused by name. */
+#include "common/kvm_error.h"
+#include "model/kvm_tokenizer.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOK_DIR "tests/data/hf/tokenizers"
+
+static const char *smol_json(void)
+{
+    static char p[4096];
+    const char *e = getenv("KVMILL_HF_SMOLLM2");
+    snprintf(p, sizeof p, "%s/tokenizer.json", e && *e ? e : "models/SmolLM2-135M-Instruct-hf");
+    return p;
+}
+
+/* Encodes every string with tokenizer `path` and compares with NAME/ids.json. */
+static void compare(const char *name, const char *path)
+{
+    json_error_t je;
+    json_t *strs = json_load_file(TOK_DIR "/strings.json", 0, &je);
+    char p[512];
+    snprintf(p, sizeof p, TOK_DIR "/%s/ids.json", name);
+    json_t *ref = json_load_file(p, 0, &je);
+    ck_assert_msg(strs && ref, "%s: %s", p, je.text);
+    const json_t *ids = json_object_get(ref, "ids");
+    ck_assert_int_eq(json_array_size(ids), json_array_size(strs));
+    kvm_tokenizer *t;
+    ck_assert_msg(kvm_tokenizer_open_hf(path, 0, &t) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_tokenizer_add_bos(t), json_is_true(json_object_get(ref, "add_bos")));
+    if (kvm_tokenizer_add_bos(t)) ck_assert_int_eq(kvm_tokenizer_bos(t), json_integer_value(json_object_get(ref, "bos")));
+    int bad = 0;
+    size_t total = 0;
+    for (size_t i = 0; i < json_array_size(strs); i++) {
+        const json_t *s = json_array_get(strs, i), *want = json_array_get(ids, i);
+        int32_t *got;
+        int64_t n;
+        ck_assert_int_eq(kvm_tokenizer_encode(t, json_string_value(s), json_string_length(s), 0, 0, &got, &n), 0);
+        int same = (size_t)n == json_array_size(want);
+        for (int64_t k = 0; same && k < n; k++)
+            same = got[k] == json_integer_value(json_array_get(want, (size_t)k));
+        total += (size_t)n;
+        if (!same && bad++ < 3) {
+            printf("%s: string %zu '%.60s': kvmill %lld ids, tokenizers %zu:", name, i, json_string_value(s), (long long)n,
+                   json_array_size(want));
+            for (int64_t k = 0; k < n && k < 24; k++)
+                printf(" %d/%lld", got[k], (long long)json_integer_value(json_array_get(want, (size_t)k)));
+            printf("\n");
+        }
+        free(got);
+    }
+    printf("%s: %zu strings, %zu ids, %d strings differ from tokenizers'\n", name, json_array_size(strs), total, bad);
+    ck_assert_int_eq(bad, 0);
+    kvm_tokenizer_close(&t);
+    json_decref(strs);
+    json_decref(ref);
+}
+
+static const char *const names[] = {"qwen_style", "llama3_style", "spm_style", "metaspace_style"};
+
+START_TEST(test_committed)
+{
+    char p[512];
+    snprintf(p, sizeof p, TOK_DIR "/%s/tokenizer.json", names[_i]);
+    compare(names[_i], p);
+}
+END_TEST
+
+START_TEST(test_smol)
+{
+    FILE *f = fopen(smol_json(), "r");
+    if (!f) {
+        printf("SKIP: %s absent (scripts/gguf-to-hf.sh writes it): SmolLM2 tokenizer.json not checked\n", smol_json());
+        return;
+    }
+    fclose(f);
+    compare("smollm2", smol_json());
+}
+END_TEST
+
+/* Decoding gives the text back: byte-level pieces map back to bytes; SentencePiece-style
+ * pieces turn U+2581 into spaces (so the Prepend adds one leading space). */
+START_TEST(test_decode)
+{
+    const char *text = "Hello wörld 😀 日本  tabs\tend";
+    struct {
+        const char *name, *prefix;
+    } cases[] = {{"qwen_style", ""}, {"llama3_style", ""}, {"spm_style", " "}};
+    for (size_t c = 0; c < 3; c++) {
+        char p[512];
+        snprintf(p, sizeof p, TOK_DIR "/%s/tokenizer.json", cases[c].name);
+        kvm_tokenizer *t;
+        ck_assert_int_eq(kvm_tokenizer_open_hf(p, 0, &t), 0);
+        int32_t *ids;
+        int64_t n;
+        ck_assert_int_eq(kvm_tokenizer_encode(t, text, strlen(text), kvm_tokenizer_add_bos(t), 0, &ids, &n), 0);
+        char *out;
+        size_t len;
+        ck_assert_int_eq(kvm_tokenizer_decode(t, ids, n, &out, &len), 0);
+        char want[256];
+        snprintf(want, sizeof want, "%s%s", cases[c].prefix, text);
+        ck_assert_msg(strcmp(out, want) == 0, "%s: decoded '%s', want '%s'", cases[c].name, out, want);
+        free(out);
+        free(ids);
+        kvm_tokenizer_close(&t);
+    }
+}
+END_TEST
+
+/* A copy of qwen_style's tokenizer.json with `from` replaced by `to` (first occurrence). */
+static void expect_bad(const char *from, const char *to, int want, const char *needle)
+{
+    size_t n;
+    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(src);
+    char *at = strstr(src, from);
+    ck_assert_msg(at != NULL, "'%s' not in the fixture", from);
+    char *dir = kvm_test_tmpdir(), path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "wb");
+    fwrite(src, 1, (size_t)(at - src), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+    fclose(f);
+    kvm_tokenizer *t = NULL;
+    int rc = kvm_tokenizer_open_hf(path, 0, &t);
+    ck_assert_msg(rc == want, "'%s' -> '%s': got %d (%s), want %d", from, to, rc, kvm_errmsg(), want);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(kvm_errmsg(), "tokenizer.json") && strstr(kvm_errmsg(), needle),
+                  "message '%s' lacks the file or '%s'", kvm_errmsg(), needle);
+    kvm_test_rmtree(dir);
+    free(dir);
+    free(src);
+}
+
+START_TEST(test_malformed)
+{
+    expect_bad("\"type\": \"BPE\"", "\"type\": \"Unigram\"", KVM_ENOTSUP, "Unigram");
+    expect_bad("\"type\": \"NFC\"", "\"type\": \"Lowercase\"", KVM_ENOTSUP, "Lowercase");
+    expect_bad("\"behavior\": \"Isolated\"", "\"behavior\": \"Removed\"", KVM_ENOTSUP, "Removed");
+    expect_bad("\"type\": \"ByteLevel\", \"add_prefix_space\": false", "\"type\": \"Whitespace\", \"add_prefix_space\": false",
+               KVM_ENOTSUP, "Whitespace");
+    expect_bad("\"merges\": [\"h e\"", "\"merges\": [\"h e x\"", KVM_EFORMAT, "merges[0]");
+    expect_bad("\"merges\": [\"h e\"", "\"merges\": [\"h q\\u00ff\"", KVM_EFORMAT, "not in model.vocab");
+    expect_bad("\"merges\": [\"h e\"", "\"merges\": [7", KVM_EFORMAT, "merges[0]");
+    expect_bad("\"vocab\": {", "\"vocab\": {\"zz\": -3,", KVM_EFORMAT, "'zz'");
+    expect_bad("\"vocab\": {", "\"vocab\": {\"zz\": 5,", KVM_EFORMAT, "id 5");
+    expect_bad("\"single_word\": false", "\"single_word\": true", KVM_ENOTSUP, "single_word");
+    expect_bad("\"id\": 0,", "\"id\": \"x\",", KVM_EFORMAT, "added_tokens[0]");
+    expect_bad("\"Regex\": \"", "\"Regex\": \"(?<\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9", KVM_EINVAL, "PCRE2");
+    expect_bad("{", "[", KVM_EFORMAT, "line");
+    expect_bad("\"dropout\": null", "\"dropout\": 0.1", KVM_ENOTSUP, "dropout");
+}
+END_TEST
+
+static Suite *tok_suite(void)
+{
+    Suite *s = suite_create("hf_tokenizer");
+    TCase *tc = tcase_create("committed");
+    tcase_add_loop_test(tc, test_committed, 0, (int)(sizeof names / sizeof names[0]));
+    suite_add_tcase(s, tc);
+    struct {
+        const char *name;
+        const TTest *fn;
+    } more[] = {{"smol", test_smol}, {"decode", test_decode}, {"malformed", test_malformed}};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        tc = tcase_create(more[i].name);
+        tcase_add_test(tc, more[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(tok_suite()); }
