@@ -53,6 +53,6 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
 const char *kvm_cli_methods(void);
 
 /* The help text of every --model option. */
-#define KVM_CLI_MODEL_HELP "model file: a llama2.c checkpoint or GGUF file"
+#define KVM_CLI_MODEL_HELP "model: a llama2.c checkpoint or GGUF file, or a Hugging Face folder (config.json, *.safetensors)"
 
 #endif
