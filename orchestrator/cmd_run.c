@@ -85,7 +85,7 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    int64_t ctx = kvm_config_int(cfg, "model", "context"), bad = 0;
+    int64_t ctx = kvm_config_int(cfg, "model", "context");
     if (kvm_config_int(cfg, "compress", "budget") == 0 && kvm_config_float(cfg, "compress", "ratio") <= 0 &&
         strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
         fprintf(stderr, "kvmill run: %s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
@@ -99,35 +99,16 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    for (int64_t i = 0; i < corpus->n; i++) {
-        if (corpus->docs[i].text && !tok) {
-            fprintf(stderr, "kvmill run: document %s is text but no tokenizer was found for the model\n", corpus->docs[i].name);
-            goto done;
-        }
-        if (kvm_doc_prepare(&corpus->docs[i], tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
-            /* one bad document (empty, token ids outside the vocabulary) fails alone */
-            fprintf(stderr, "kvmill run: %s: not processed\n", kvm_errmsg());
-            corpus->docs[i].n_tokens = 0;
-            bad++;
-        }
-    }
-    int64_t kept = 0;
-    for (int64_t i = 0; i < corpus->n; i++) {
-        if (corpus->docs[i].n_tokens > 0) {
-            kvm_doc tmp = corpus->docs[kept];
-            corpus->docs[kept++] = corpus->docs[i];
-            corpus->docs[i] = tmp;
-        }
-    }
-    int64_t n_all = corpus->n;
-    corpus->n = kept; /* the failed ones stay allocated past n until the corpus is freed */
+    /* documents are read and tokenised by the orchestrator when it needs them (a bad one fails alone) */
+    corpus->on_demand = 1;
+    corpus->tok = tok;
+    corpus->vocab_size = m->cfg.vocab_size;
+    corpus->bos = m->cfg.bos_id;
     kvm_model_close(&m); /* the stages load it; the orchestrator only needed the tokenizer */
     char self[4096];
     self_path(self, sizeof self);
     kvm_orch_summary sum;
     status = kvm_orch_run(cfg, corpus, self, &sum);
-    corpus->n = n_all;
-    sum.failed += bad;
     if (status == 0 || status == 130) {
         print_summary(cfg, &sum);
         if (status == 0) status = sum.failed > 0 ? 1 : 0;

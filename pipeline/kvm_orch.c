@@ -194,6 +194,23 @@ static void job_set(orch *o, job *j, job_state s)
     if ((j->state == J_DONE || j->state == J_FAILED) != (s == J_DONE || s == J_FAILED)) o->n_open--;
     j->state = s;
     j->since_ms = kvm_now_ms();
+    /* a document's tokens live only while it is in a worker or waiting for compress */
+    if (o->corpus->on_demand && (s == J_QUEUED || s == J_DONE || s == J_FAILED)) kvm_doc_release(j->doc);
+}
+
+/* Loads an on-demand document's tokens (a no-op for prepared ones). A document that cannot
+ * be loaded fails alone, with the reason. Returns 0 when its tokens are there. */
+static int job_load(orch *o, job *j)
+{
+    if (!o->corpus->on_demand || j->doc->tokens) return 0;
+    const kvm_corpus *c = o->corpus;
+    int64_t ctx = kvm_config_int(o->cfg, "model", "context");
+    int64_t keep = ctx + (kvm_config_bool(o->cfg, "eval", "enabled") ? kvm_config_int(o->cfg, "eval", "continuation") : 0);
+    if (kvm_corpus_load(c, j->doc, c->tok, c->vocab_size, c->bos, ctx, keep) == 0) return 0;
+    snprintf(j->reason, sizeof j->reason, "%s", kvm_errmsg());
+    orch_log("%s: not processed\n", j->reason);
+    job_set(o, j, J_FAILED);
+    return -1;
 }
 
 /* Puts a job back in the queue (a new attempt), or fails it after max_retries. */
@@ -571,37 +588,72 @@ static void dispatch_reduce(orch *o)
     o->reduce_worker = w;
 }
 
+/* The prefetch bound: documents prefilled (or in prefill) but not yet taken by a compress
+ * worker. [run] max_prefetch, or 0 = 2 per live compress worker. A prefill dispatch takes
+ * one credit; handing the KV to compress (or a failure, or a requeue) gives it back. */
+static int64_t prefetch_limit(const orch *o)
+{
+    int64_t n = kvm_config_int(o->cfg, "run", "max_prefetch");
+    if (n > 0) return n;
+    for (int w = 0; w < o->n_workers; w++) n += o->workers[w].alive && o->workers[w].stage == ST_COMPRESS;
+    return 2 * n;
+}
+
+static int64_t prefetch_used(const orch *o)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < o->n_jobs; i++) n += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_KV_READY;
+    return n;
+}
+
+/* A queued document to a prefill (run) or signals (calibrate) worker, if one is idle.
+ * Returns 1 when it was sent. */
+static int dispatch_first(orch *o, job *j, int64_t i)
+{
+    int w = idle_worker(o, o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL);
+    if (w < 0 || job_load(o, j)) return 0;
+    kvm_msg *m = NULL;
+    if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
+        requeue(o, j, kvm_errmsg());
+        return 0;
+    }
+    o->workers[w].idle = 0;
+    o->workers[w].job = (int)i;
+    j->worker = w;
+    job_set(o, j, J_PREFILL);
+    return 1;
+}
+
+/* A prefilled document's job and KV to an idle compress worker. */
+static void dispatch_compress(orch *o, job *j, int64_t i)
+{
+    int w = idle_worker(o, ST_COMPRESS);
+    if (w < 0) return;
+    kvm_msg *m = NULL;
+    int rc = job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m);
+    for (int l = 0; !rc && l < j->n_kv; l++) rc = send_to(o->data, o->workers[w].id, &j->kv[l]);
+    job_drop_kv(j);
+    if (rc) {
+        requeue(o, j, "could not send the job to a compress worker");
+        return;
+    }
+    o->workers[w].idle = 0;
+    o->workers[w].job = (int)i;
+    j->worker = w;
+    job_set(o, j, J_COMPRESS);
+}
+
+/* After a Ctrl-C nothing new goes to a worker: only the jobs in workers finish. */
 static void dispatch(orch *o)
 {
+    if (interrupts) return;
     if (o->mode == MODE_CALIBRATE) dispatch_reduce(o);
-    for (int64_t i = 0; i < o->n_jobs; i++) {
-        job *j = &o->jobs[i];
-        if (j->state == J_QUEUED && !interrupts) { /* draining: no new documents, in-flight ones finish */
-            int w = idle_worker(o, o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL);
-            if (w < 0) continue;
-            kvm_msg *m = NULL;
-            if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
-                requeue(o, j, kvm_errmsg());
-                continue;
-            }
-            o->workers[w].idle = 0;
-            o->workers[w].job = (int)i;
-            j->worker = w;
-            job_set(o, j, J_PREFILL);
-        } else if (j->state == J_KV_READY && o->mode == MODE_RUN) {
-            int w = idle_worker(o, ST_COMPRESS);
-            if (w < 0) continue;
-            kvm_msg *m = NULL;
-            int rc = job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m);
-            for (int l = 0; !rc && l < j->n_kv; l++) rc = send_to(o->data, o->workers[w].id, &j->kv[l]);
-            job_drop_kv(j);
-            if (rc) { requeue(o, j, "could not send the job to a compress worker"); continue; }
-            o->workers[w].idle = 0;
-            o->workers[w].job = (int)i;
-            j->worker = w;
-            job_set(o, j, J_COMPRESS);
-        }
-    }
+    for (int64_t i = 0; i < o->n_jobs; i++) /* compress first: it returns prefetch credits */
+        if (o->jobs[i].state == J_KV_READY && o->mode == MODE_RUN) dispatch_compress(o, &o->jobs[i], i);
+    int64_t used = prefetch_used(o), limit = o->mode == MODE_RUN ? prefetch_limit(o) : INT64_MAX;
+    for (int64_t i = 0; i < o->n_jobs && used < limit; i++)
+        if (o->jobs[i].state == J_QUEUED) used += dispatch_first(o, &o->jobs[i], i);
+    if (used > o->sum->prefetch_peak) o->sum->prefetch_peak = used;
 }
 
 static void check_health(orch *o)
@@ -760,28 +812,41 @@ static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m
     return 0;
 }
 
-static int mark_skipped(orch *o, kvm_store *store, const kvm_store_id *model_id, const kvm_store_id *config_id)
+/* Whether a document's cache is stored: a stored cache (or manifest) that fails its
+ * checksums is a corrupt cache, compressed again (the put replaces it). */
+static int cache_stored(orch *o, kvm_store *store, const job *j, int *found)
+{
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    int rc = kvm_store_has_cache(store, &key, NULL, found);
+    if (rc == 0 && *found) {
+        kvm_store_cache *c = NULL;
+        rc = kvm_store_get_cache(store, &key, NULL, &c);
+        kvm_store_cache_free(&c);
+    }
+    if (rc == KVM_ECORRUPT) {
+        orch_log("the stored cache of %s is corrupt (%s): compressing it again\n", j->doc->name, kvm_errmsg());
+        *found = 0;
+        return 0;
+    }
+    return rc == KVM_EMISMATCH ? 0 : rc;
+}
+
+/* Before the run: each document is loaded (tokenised, hashed) one at a time and released
+ * again, so the scan holds no corpus; stored and repeated ones are skipped, unreadable
+ * ones fail alone. */
+static int mark_skipped(orch *o, kvm_store *store)
 {
     for (int64_t i = 0; i < o->n_jobs; i++) {
-        kvm_store_cache_key key = {.model_id = *model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = *config_id};
-        int found = 0;
-        int rc = kvm_store_has_cache(store, &key, NULL, &found);
+        job *j = &o->jobs[i];
+        if (job_load(o, j)) continue;
+        o->sum->truncated += j->doc->truncated;
+        int found = 0, rc = cache_stored(o, store, j, &found);
         if (rc) return rc;
-        if (found) { /* a stored cache that fails its checksums is compressed again (the put replaces it) */
-            kvm_store_cache *c = NULL;
-            rc = kvm_store_get_cache(store, &key, NULL, &c);
-            kvm_store_cache_free(&c);
-            if (rc == KVM_ECORRUPT) {
-                orch_log("the stored cache of %s is corrupt (%s): compressing it again\n",
-                        o->jobs[i].doc->name, kvm_errmsg());
-                found = 0;
-            } else if (rc && rc != KVM_EMISMATCH)
-                return rc;
-        }
         for (int64_t k = 0; k < i && !found; k++) /* the same tokens twice: one cache */
-            found = !memcmp(&o->jobs[k].doc->hash, &o->jobs[i].doc->hash, sizeof o->jobs[i].doc->hash);
+            found = o->jobs[k].state != J_FAILED && !memcmp(&o->jobs[k].doc->hash, &j->doc->hash, sizeof j->doc->hash);
+        if (o->corpus->on_demand) kvm_doc_release(j->doc);
         if (found) {
-            o->jobs[i].state = J_SKIPPED;
+            j->state = J_SKIPPED;
             o->sum->skipped++;
             o->n_open--;
         }
@@ -805,11 +870,11 @@ static int prepare(orch *o, kvm_store **store)
     if (rc) return rc;
     kvm_store_id model_id, config_id;
     if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id)) ||
-        (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)) ||
-        (o->mode == MODE_RUN && (rc = mark_skipped(o, *store, &model_id, &config_id))))
+        (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)))
         return rc;
     o->model_id = model_id;
     o->config_id = config_id;
+    if (o->mode == MODE_RUN && (rc = mark_skipped(o, *store))) return rc;
     if (o->mode == MODE_RUN && !strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
         uint8_t *buf = NULL;
         size_t len = 0;
@@ -838,9 +903,9 @@ static void loop(orch *o)
             }
             if (interrupts >= 2) return;
         }
-        if (interrupts) { /* draining: queued work is abandoned */
+        if (interrupts) { /* draining: only the jobs in a worker finish; the rest are left */
             int busy = 0;
-            for (int64_t i = 0; i < o->n_jobs; i++) busy += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS || o->jobs[i].state == J_KV_READY;
+            for (int64_t i = 0; i < o->n_jobs; i++) busy += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS;
             if (!busy) return;
         }
         zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
@@ -902,7 +967,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     }
     for (int64_t i = 0; i < corpus->n; i++) {
         o.jobs[i] = (job){.doc = &corpus->docs[i], .state = J_QUEUED, .id = o.next_id++, .worker = -1, .since_ms = o.t0};
-        sum->truncated += corpus->docs[i].truncated;
+        if (mode == MODE_CALIBRATE) sum->truncated += corpus->docs[i].truncated; /* run: counted by the scan */
     }
     struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
