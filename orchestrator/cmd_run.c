@@ -38,9 +38,18 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
     if (s->interrupted)
         printf("interrupted: %lld documents were not processed (run again to finish: stored ones are skipped)\n",
                (long long)s->pending);
-    printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld seconds=%.3f\n",
+    if (s->store_full)
+        printf("store full: %lld documents were not processed (no space left on the store's device; free space and "
+               "run again)\n", (long long)s->pending);
+    if (s->evicted > 0)
+        printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
+               "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
+    printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
+           (long long)s->prefetch_peak);
+    printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld "
+           "seconds=%.3f evicted=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
-           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds);
+           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->evicted);
 }
 
 int kvm_cmd_run(int argc, char **argv)
@@ -111,7 +120,7 @@ int kvm_cmd_run(int argc, char **argv)
     status = kvm_orch_run(cfg, corpus, self, &sum);
     if (status == 0 || status == 130) {
         print_summary(cfg, &sum);
-        if (status == 0) status = sum.failed > 0 ? 1 : 0;
+        if (status == 0) status = sum.failed > 0 || sum.store_full ? 1 : 0;
     }
 done:
     kvm_corpus_free(&corpus);

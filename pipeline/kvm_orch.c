@@ -89,6 +89,8 @@ typedef struct orch {
     int n_layers;
     double hb_ms, dead_ms, job_timeout_ms;
     int max_retries;
+    int store_full;           /* the store's device is full: no more documents are fed */
+    int64_t evicted0;         /* the store's eviction count when the run started */
     kvm_orch_summary *sum;
     double t0, last_progress;
     int tty;
@@ -230,6 +232,21 @@ static void requeue(orch *o, job *j, const char *why)
     }
     orch_log("requeueing %s (attempt %d): %s\n", j->doc->name, j->attempt + 1, why);
     j->id = o->next_id++;
+    job_set(o, j, J_QUEUED);
+}
+
+/* The store's device is full: said once; the job goes back to the queue (not an attempt:
+ * it is not the document's fault) and no more documents are fed. */
+static void store_is_full(orch *o, job *j, const char *why)
+{
+    if (!o->store_full)
+        orch_log("%s\nkvmill %s: no space left on the store's device: feeding no more documents (free space on it "
+                 "and run again: stored ones are skipped)\n", why, orch_cmd);
+    o->store_full = 1;
+    o->sum->store_full = 1;
+    if (j->worker >= 0) o->workers[j->worker].job = -1;
+    j->worker = -1;
+    job_drop_kv(j);
     job_set(o, j, J_QUEUED);
 }
 
@@ -429,7 +446,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
             char why[600];
             snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len, r.message.ptr);
-            if (r.retryable) requeue(o, j, why);
+            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device")) store_is_full(o, j, why);
+            else if (r.retryable) requeue(o, j, why);
             else {
                 if (j->worker >= 0) o->workers[j->worker].job = -1;
                 j->worker = -1;
@@ -643,10 +661,11 @@ static void dispatch_compress(orch *o, job *j, int64_t i)
     job_set(o, j, J_COMPRESS);
 }
 
-/* After a Ctrl-C nothing new goes to a worker: only the jobs in workers finish. */
+/* After a Ctrl-C, or once the store's device is full, nothing new goes to a worker: only
+ * the jobs in workers finish. */
 static void dispatch(orch *o)
 {
-    if (interrupts) return;
+    if (interrupts || o->store_full) return;
     if (o->mode == MODE_CALIBRATE) dispatch_reduce(o);
     for (int64_t i = 0; i < o->n_jobs; i++) /* compress first: it returns prefetch credits */
         if (o->jobs[i].state == J_KV_READY && o->mode == MODE_RUN) dispatch_compress(o, &o->jobs[i], i);
@@ -854,6 +873,28 @@ static int mark_skipped(orch *o, kvm_store *store)
     return 0;
 }
 
+/* Caches the store's cap evicted during the run (by any process), and a warning when some
+ * of them were written by this run: a rerun would compress them again. */
+static void count_evictions(orch *o, kvm_store *store)
+{
+    kvm_store_stats ss;
+    if (kvm_store_stats_get(store, &ss)) return;
+    o->sum->evicted = ss.n_evicted - o->evicted0;
+    int64_t own = 0, written = 0;
+    for (int64_t i = 0; i < o->n_jobs && o->sum->evicted > 0; i++) {
+        if (o->jobs[i].state != J_DONE) continue;
+        kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = o->config_id};
+        int found = 1;
+        written++;
+        if (kvm_store_has_cache(store, &key, NULL, &found) == 0 && !found) own++;
+    }
+    o->sum->evicted_own = own;
+    if (own > 0)
+        orch_log("warning: the store's cap ([store] cap_mb = %lld) evicted %lld of the %lld caches this run wrote; "
+                 "raise cap_mb, or every rerun compresses them again\n",
+                 (long long)(ss.cap_bytes >> 20), (long long)own, (long long)written);
+}
+
 /* ---- the run ---- */
 
 
@@ -874,6 +915,9 @@ static int prepare(orch *o, kvm_store **store)
         return rc;
     o->model_id = model_id;
     o->config_id = config_id;
+    kvm_store_stats ss;
+    if ((rc = kvm_store_stats_get(*store, &ss))) return rc;
+    o->evicted0 = ss.n_evicted;
     if (o->mode == MODE_RUN && (rc = mark_skipped(o, *store))) return rc;
     if (o->mode == MODE_RUN && !strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
         uint8_t *buf = NULL;
@@ -903,7 +947,7 @@ static void loop(orch *o)
             }
             if (interrupts >= 2) return;
         }
-        if (interrupts) { /* draining: only the jobs in a worker finish; the rest are left */
+        if (interrupts || o->store_full) { /* draining: only the jobs in a worker finish; the rest are left */
             int busy = 0;
             for (int64_t i = 0; i < o->n_jobs; i++) busy += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS;
             if (!busy) return;
@@ -999,7 +1043,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         job_drop_kv(&o.jobs[i]);
         free(o.jobs[i].kv);
     }
-    if (store && !rc) kvm_store_list_caches(store, NULL, sum_bytes, &o);
+    if (store && !rc) {
+        kvm_store_list_caches(store, NULL, sum_bytes, &o);
+        count_evictions(&o, store);
+    }
     kvm_store_close(&store);
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
     free(o.jobs);

@@ -25,6 +25,9 @@ typedef struct kvm_orch_summary {
     double transport_ms;                            /* message encode/decode/copy/send, stages + orchestrator */
     int64_t prefetch_peak;                          /* most documents prefilled (or in prefill) but not yet
                                                        taken by compress at once ([run] max_prefetch) */
+    int64_t evicted;                                /* caches the store's cap evicted during the run */
+    int64_t evicted_own;                            /* of those, caches this run wrote */
+    int store_full;                                 /* 1: stopped feeding: no space left on the store's device */
 } kvm_orch_summary;
 
 /* Runs the pipeline over a corpus: prepared (kvm_doc_prepare done), or with on_demand set,
