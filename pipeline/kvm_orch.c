@@ -45,6 +45,7 @@ typedef struct job {
     int worker;           /* index in workers[] while in prefill/compress, else -1 */
     double since_ms;      /* entered the current state */
     kvm_msg **kv;         /* [n_layers] buffered kv messages of the current attempt */
+    int64_t prog_done, prog_total; /* progress its compress worker last reported (heartbeat) */
     int n_kv;
     char reason[512];     /* why it failed */
 } job;
@@ -93,6 +94,7 @@ typedef struct orch {
     int64_t evicted0;         /* the store's eviction count when the run started */
     kvm_orch_summary *sum;
     double t0, last_progress;
+    char last_line[1024];     /* the last progress line's counts, to print only news */
     int tty;
 } orch;
 
@@ -404,6 +406,11 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (w < 0) return;
         o->workers[w].last_seen = kvm_now_ms();
         o->workers[w].alive = 1;
+        if (t == KVM_PROTO_HEARTBEAT && c.job_id && c.progress_total > 0) {
+            job *hj = job_by_id(o, c.job_id);
+            if (hj && hj->state == J_COMPRESS && hj->worker == w)
+                hj->prog_done = (int64_t)c.progress_done, hj->prog_total = (int64_t)c.progress_total;
+        }
         if (t == KVM_PROTO_ACK && o->mode == MODE_CALIBRATE && c.job_id == o->reduce_id && o->reduce_worker == w) {
             for (int64_t i = 0; i < o->n_jobs; i++)
                 if (o->jobs[i].state == J_COMPRESS) {
@@ -658,6 +665,7 @@ static void dispatch_compress(orch *o, job *j, int64_t i)
     o->workers[w].idle = 0;
     o->workers[w].job = (int)i;
     j->worker = w;
+    j->prog_done = j->prog_total = 0;
     job_set(o, j, J_COMPRESS);
 }
 
@@ -711,25 +719,47 @@ static void check_health(orch *o)
 
 /* ---- progress ---- */
 
+/* Within-document progress of the jobs in compress, e.g. " doc_003.txt 45/90" (problems
+ * solved), into buf; empty when no worker reports any. */
+static void inflight_progress(const orch *o, char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int64_t i = 0; i < o->n_jobs && at + 1 < n; i++) {
+        const job *j = &o->jobs[i];
+        if (j->state != J_COMPRESS || j->prog_total <= 0) continue;
+        int w = snprintf(buf + at, n - at, "%s %s %lld/%lld", at ? "," : " in compress:", j->doc->name,
+                         (long long)j->prog_done, (long long)j->prog_total);
+        if (w < 0) break;
+        at += (size_t)w < n - at ? (size_t)w : n - at - 1;
+    }
+}
+
+/* A progress line on stderr: on a terminal redrawn every 200 ms; otherwise a line when
+ * something changed, at most every 5 s. No ETA before a document has finished. */
 static void progress(orch *o, int final)
 {
     double now = kvm_now_ms();
     if (!final && now - o->last_progress < (o->tty ? 200 : 5000)) return;
-    o->last_progress = now;
     int64_t failed = 0, total = o->n_jobs - o->sum->skipped;
     for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
     int64_t done = o->sum->compressed + failed;
     double el = (now - o->t0) / 1000.0, tps = el > 0 ? (double)o->sum->tokens / el : 0;
-    double eta = done > 0 ? el / (double)done * (double)(total - done) : 0;
+    char eta[64] = "", inflight[512];
+    if (done > 0 && done < total) snprintf(eta, sizeof eta, ", ETA %.0f s", el / (double)done * (double)(total - done));
+    inflight_progress(o, inflight, sizeof inflight);
+    char line[1024];
+    snprintf(line, sizeof line, "%lld/%lld documents%s", (long long)done, (long long)total, inflight);
+    if (!final && !o->tty && !strcmp(line, o->last_line)) return; /* nothing new to say */
+    o->last_progress = now;
+    snprintf(o->last_line, sizeof o->last_line, "%s", line);
     if (o->tty) {
         int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
-        fprintf(stderr, "\r[%.*s%*s] %lld/%lld docs  %.0f tok/s  ETA %.0fs ", fill, "##############################",
-                width - fill, "", (long long)done, (long long)total, tps, eta);
+        fprintf(stderr, "\r[%.*s%*s] %s  %.0f tok/s%s \033[K", fill, "##############################", width - fill, "",
+                line, tps, eta);
         if (final) fputc('\n', stderr);
     } else
-        fprintf(stderr, "kvmill %s: %lld/%lld documents, %.0f tokens/s, %.1f s elapsed, ETA %.0f s\n",
-                o->mode == MODE_CALIBRATE ? "calibrate" : "run", (long long)done,
-                (long long)total, tps, el, eta);
+        fprintf(stderr, "kvmill %s: %s, %.0f tokens/s, %.1f s elapsed%s\n", orch_cmd, line, tps, el, eta);
 }
 
 /* ---- setup ---- */

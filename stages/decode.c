@@ -124,7 +124,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
 {
     const kvm_model *m = st->wm.model;
     const kvm_model_config *mc = &m->cfg;
-    kvm_doc d = {.name = "the document"};
+    kvm_doc d = {.name = NULL}; /* messages say "the document" */
     int32_t *prompt = NULL;
     int64_t n_prompt = 0, T = ask->max_new_tokens;
     kvm_kvcache *cache = NULL;
