@@ -736,11 +736,12 @@ static void inflight_progress(const orch *o, char *buf, size_t n)
 }
 
 /* A progress line on stderr: on a terminal redrawn every 200 ms; otherwise a line when
- * something changed, at most every 5 s. No ETA before a document has finished. */
+ * something changed, at most every [run] progress_s. No ETA before a document has finished. */
 static void progress(orch *o, int final)
 {
     double now = kvm_now_ms();
-    if (!final && now - o->last_progress < (o->tty ? 200 : 5000)) return;
+    if (!final && now - o->last_progress < (o->tty ? 200 : 1000.0 * (double)kvm_config_int(o->cfg, "run", "progress_s")))
+        return;
     int64_t failed = 0, total = o->n_jobs - o->sum->skipped;
     for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
     int64_t done = o->sum->compressed + failed;

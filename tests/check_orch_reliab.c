@@ -602,7 +602,9 @@ START_TEST(test_progress_within_document)
     make_docs(1);
     char rd[4400];
     snprintf(rd, sizeof rd, "run_dir = %s", run_dir);
-    write_config("method = sculpt\nsynthetic_queries = 64\nrounds = 2\niterations = 4000", rd, NULL);
+    char run[4500];
+    snprintf(run, sizeof run, "%s\nprogress_s = 1", rd);
+    write_config("method = sculpt\nsynthetic_queries = 2048\nrounds = 4\niterations = 30", run, NULL);
     char *out, *err;
     int rc = run_kvmill(NULL, &out, &err);
     ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
