@@ -4,6 +4,7 @@
 #include "pipeline/kvm_orch.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
@@ -93,9 +94,8 @@ typedef struct orch {
     int store_full;           /* the store's device is full: no more documents are fed */
     int64_t evicted0;         /* the store's eviction count when the run started */
     kvm_orch_summary *sum;
-    double t0, last_progress;
-    char last_line[1024];     /* the last progress line's counts, to print only news */
-    int tty;
+    double t0;
+    kvm_orch_progress prog;   /* the progress line */
 } orch;
 
 static volatile sig_atomic_t interrupts;
@@ -735,32 +735,15 @@ static void inflight_progress(const orch *o, char *buf, size_t n)
     }
 }
 
-/* A progress line on stderr: on a terminal redrawn every 200 ms; otherwise a line when
- * something changed, at most every [run] progress_s. No ETA before a document has finished. */
 static void progress(orch *o, int final)
 {
-    double now = kvm_now_ms();
-    if (!final && now - o->last_progress < (o->tty ? 200 : 1000.0 * (double)kvm_config_int(o->cfg, "run", "progress_s")))
-        return;
-    int64_t failed = 0, total = o->n_jobs - o->sum->skipped;
+    if (!kvm_orch_progress_due(&o->prog, final)) return;
+    int64_t failed = 0;
     for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
-    int64_t done = o->sum->compressed + failed;
-    double el = (now - o->t0) / 1000.0, tps = el > 0 ? (double)o->sum->tokens / el : 0;
-    char eta[64] = "", inflight[512];
-    if (done > 0 && done < total) snprintf(eta, sizeof eta, ", ETA %.0f s", el / (double)done * (double)(total - done));
+    char inflight[512];
     inflight_progress(o, inflight, sizeof inflight);
-    char line[1024];
-    snprintf(line, sizeof line, "%lld/%lld documents%s", (long long)done, (long long)total, inflight);
-    if (!final && !o->tty && !strcmp(line, o->last_line)) return; /* nothing new to say */
-    o->last_progress = now;
-    snprintf(o->last_line, sizeof o->last_line, "%s", line);
-    if (o->tty) {
-        int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
-        fprintf(stderr, "\r[%.*s%*s] %s  %.0f tok/s%s \033[K", fill, "##############################", width - fill, "",
-                line, tps, eta);
-        if (final) fputc('\n', stderr);
-    } else
-        fprintf(stderr, "kvmill %s: %s, %.0f tokens/s, %.1f s elapsed%s\n", orch_cmd, line, tps, el, eta);
+    kvm_orch_progress_print(&o->prog, o->sum->compressed + failed, o->n_jobs - o->sum->skipped, o->sum->tokens, inflight,
+                            final);
 }
 
 /* ---- setup ---- */
@@ -1019,7 +1002,8 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     o.corpus = corpus;
     o.sum = sum;
     o.t0 = kvm_now_ms();
-    o.tty = isatty(2);
+    o.prog = (kvm_orch_progress){.cmd = orch_cmd, .tty = isatty(2), .t0_ms = o.t0,
+                                 .interval_ms = 1000.0 * (double)kvm_config_int(cfg, "run", "progress_s")};
     o.next_id = 1;
     o.hb_ms = (double)kvm_config_int(cfg, "run", "heartbeat_ms");
     o.dead_ms = o.hb_ms * (double)kvm_config_int(cfg, "run", "liveness");
