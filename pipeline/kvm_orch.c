@@ -1059,7 +1059,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         free(o.jobs[i].kv);
     }
     if (store && !rc) {
-        kvm_store_list_caches(store, NULL, sum_bytes, &o);
+        kvm_store_list_caches(store, &o.model_id, sum_bytes, &o); /* this model's caches only */
         count_evictions(&o, store);
     }
     kvm_store_close(&store);
