@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MARGIN_IDS = 64, BYTES_PER_ID = 16, FIRST_BYTES = 1024 };
+enum { MARGIN_IDS = 64, BYTES_PER_ID = 6, FIRST_BYTES = 1024 };
 
 /* Moves a cut back to the start of a UTF-8 code point (at most 3 continuation bytes). */
 static size_t cut_at(const char *t, size_t len, size_t at)
@@ -45,12 +45,13 @@ int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, in
         int64_t na = 0, nb = 0;
         int rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, L), add_bos, 0, &a, &na);
         if (rc) return rc;
-        if (na >= n_want + MARGIN_IDS) { /* far enough past the cut: check against a prefix twice as long */
-            if (2 * L >= len && !at_end) {
+        size_t L2 = L + L / 4 + FIRST_BYTES; /* the check prefix (tokenisers can be superlinear: not 2L) */
+        if (na >= n_want + MARGIN_IDS) { /* far enough past the cut: check against a longer prefix */
+            if (L2 >= len && !at_end) {
                 free(a);
                 return *need_more = 1, 0;
             }
-            if ((rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, 2 * L), add_bos, 0, &b, &nb))) {
+            if ((rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, L2), add_bos, 0, &b, &nb))) {
                 free(a);
                 return rc;
             }

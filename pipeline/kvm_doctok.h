@@ -13,10 +13,11 @@
  * ids, n_all being the id count of the whole text. When `at_end` is 0 the text is only the
  * beginning of a longer document: if that beginning is not enough to settle n_want ids,
  * *need_more is set to 1 and nothing is returned (read more text and call again).
- * How: growing prefixes P (cut at a UTF-8 code point boundary) are tokenised until P has
- * at least n_want + 64 ids and the prefix twice as long agrees with it on the first n_want:
- * merges reach only a few tokens across the cut, so those ids are the whole text's. Work is
- * O(bytes of the accepted prefixes), about 16 bytes per wanted id on prose, whatever len is.
+ * How: growing prefixes P (cut at a UTF-8 code point boundary, doubling from 6 bytes per
+ * wanted id) are tokenised until P has at least n_want + 64 ids and a prefix a quarter longer
+ * agrees with it on the first n_want: merges reach only a few tokens across a cut, so those
+ * ids are the whole text's. Work is that of tokenising about 2.5 × 6 bytes per wanted id on
+ * prose, whatever len is.
  * On success *ids (malloc'ed, caller frees, never NULL) holds *n_ids ids. n_want >= 1.
  * Errors: as kvm_tokenizer_encode; KVM_EINVAL (n_want < 1, NULL outputs). */
 int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, int at_end, int add_bos,
