@@ -17,7 +17,7 @@ void kvm_orch_progress_print(kvm_orch_progress *p, int64_t done, int64_t total, 
     char eta[64] = "", line[1024];
     if (done > 0 && done < total) snprintf(eta, sizeof eta, ", ETA %.0f s", el / (double)done * (double)(total - done));
     snprintf(line, sizeof line, "%lld/%lld documents%s", (long long)done, (long long)total, inflight);
-    if (!final && !p->tty && !strcmp(line, p->last)) return; /* nothing new to say */
+    if (!p->tty && !strcmp(line, p->last)) return; /* nothing new to say (the final line included) */
     p->last_ms = now;
     snprintf(p->last, sizeof p->last, "%s", line);
     if (p->tty) {

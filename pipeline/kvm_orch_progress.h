@@ -20,7 +20,8 @@ int kvm_orch_progress_due(const kvm_orch_progress *p, int final);
 
 /* Prints the line for `done` of `total` documents, `tokens` compressed so far and the jobs
  * in hand (`inflight`: "" or e.g. " in compress: doc_003.txt 45/90"), unless not a terminal
- * and nothing changed since the last line (final lines always print). */
+ * and nothing changed since the last line (final: the line is due whatever the interval; on
+ * a terminal it ends the redrawn line). */
 void kvm_orch_progress_print(kvm_orch_progress *p, int64_t done, int64_t total, int64_t tokens, const char *inflight,
                              int final);
 
