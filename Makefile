@@ -105,7 +105,7 @@ $(BINDIR)/kvmill-%: stages/%.c $(LIB)
 # one binary per Check suite
 $(BUILD)/tests/%: tests/%.c $(TEST_UTIL) $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(shell pkg-config --cflags check) -MMD -MP -MF $@.d $< $(TEST_UTIL) $(LIB) -o $@ \
+	$(CC) $(CPPFLAGS) -DKVM_TEST_SRCDIR='"$(CURDIR)"' $(CFLAGS) $(shell pkg-config --cflags check) -MMD -MP -MF $@.d $< $(TEST_UTIL) $(LIB) -o $@ \
 	    $(LDFLAGS) $(shell pkg-config --libs check) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(LIB)
@@ -158,11 +158,14 @@ deps:
 model:
 	bash scripts/get-model.sh
 
-# the README's first command: install what is missing, build, run the main job
+# the README's first command: install what is missing, build, run the main job on
+# $(KVMILL_SHARED)/data/long when that folder exists, else on the embedded data/corpus
+RUN_CORPUS ?= $(if $(wildcard $(KVMILL_SHARED)/data/long/*.txt),$(KVMILL_SHARED)/data/long,data/corpus)
 run:
 	bash scripts/install-deps.sh
 	$(MAKE) --no-print-directory all
-	KVMILL_SHARED=$(KVMILL_SHARED) $(KVMILL) run --config configs/default.ini --corpus $(KVMILL_SHARED)/data/long
+	@echo "kvmill run: corpus $(RUN_CORPUS), model data/models/stories260K.bin (configs/default.ini)"
+	KVMILL_SHARED=$(KVMILL_SHARED) $(KVMILL) run --config configs/default.ini --corpus $(RUN_CORPUS)
 
 lint:
 	clang-format --dry-run --Werror $(LIB_SRC) orchestrator/main.c $(STAGE_SRC) $(TEST_SRC)

@@ -1,32 +1,51 @@
-/* cmd_ask.c: `kvmill ask`: a client of `kvmill serve`: sends a document's text and a prompt,
- * waits for the answer (30 s by default), prints the generated text to stdout and the
- * timings to stderr. Needs no config: the server tokenises and hashes the document. A
- * server that rejects this client's CurveZMQ key is reported at once (socket monitor). */
+/* cmd_ask.c: `kvmill ask`: a client of `kvmill serve`: sends a document (a file's bytes, or
+ * the hash or name of a document the store holds) and a prompt, waits for the answer (30 s by
+ * default), prints the generated text to stdout and the timings to stderr. Needs no config:
+ * the server tokenises and hashes the document. A server that rejects this client's CurveZMQ
+ * key is reported at once (socket monitor). */
 #include "common/kvm_error.h"
+#include "model/kvm_utf8.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_stage.h"
 #include "proto/kvm_proto.h"
+#include "store/kvm_store.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
-/* Reads a whole text file of at most KVM_PROTO_MAX_TEXT_BYTES. Prints errors; returns 0/2. */
+/* Reads a whole document file, any bytes, of at most KVM_PROTO_MAX_DOC_BYTES. Prints errors;
+ * returns 0/2. */
 static int read_doc(const char *path, char **text, size_t *len)
 {
+    struct stat sb;
+    if (stat(path, &sb)) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
+    if (S_ISDIR(sb.st_mode))
+        return fprintf(stderr,
+                       "kvmill ask: --doc %s is a directory: give one document file (kvmill run takes a corpus "
+                       "folder; name a stored document with --doc-name NAME)\n",
+                       path),
+               2;
+    if (S_ISREG(sb.st_mode) && sb.st_size > (off_t)KVM_PROTO_MAX_DOC_BYTES)
+        return fprintf(stderr,
+                       "kvmill ask: --doc %s has %lld bytes, more than an ask carries (%u): if kvmill run stored it, "
+                       "name it with --doc-name NAME or --doc-hash HEX instead\n",
+                       path, (long long)sb.st_size, (unsigned)KVM_PROTO_MAX_DOC_BYTES),
+               2;
     FILE *f = fopen(path, "rb");
     if (!f) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
-    int rc = buf ? 0 : 2;
+    int rc = buf ? 0 : 2, err = 0;
     while (!rc) {
         if (n == cap) {
-            if (cap > KVM_PROTO_MAX_TEXT_BYTES) break;
+            if (cap > KVM_PROTO_MAX_DOC_BYTES) break;
             char *b = realloc(buf, cap *= 2);
             if (!b) {
                 rc = 2;
@@ -38,12 +57,15 @@ static int read_doc(const char *path, char **text, size_t *len)
         if (r == 0) break;
         n += r;
     }
-    int err = ferror(f);
+    if (ferror(f)) err = errno ? errno : EIO;
     fclose(f);
     if (rc || err)
-        fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, rc ? "out of memory" : "read error"), rc = 2;
-    else if (n > KVM_PROTO_MAX_TEXT_BYTES)
-        fprintf(stderr, "kvmill ask: --doc %s: larger than %u bytes\n", path, (unsigned)KVM_PROTO_MAX_TEXT_BYTES),
+        fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, rc ? "out of memory" : strerror(err)), rc = 2;
+    else if (n > KVM_PROTO_MAX_DOC_BYTES)
+        fprintf(stderr,
+                "kvmill ask: --doc %s: more than %u bytes, more than an ask carries: if kvmill run stored it, name "
+                "it with --doc-name NAME or --doc-hash HEX instead\n",
+                path, (unsigned)KVM_PROTO_MAX_DOC_BYTES),
             rc = 2;
     else if (n == 0)
         fprintf(stderr, "kvmill ask: --doc %s is empty\n", path), rc = 2;
@@ -91,8 +113,14 @@ int kvm_cmd_ask(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
         {"connect", 1, "endpoint of kvmill serve, e.g. tcp://127.0.0.1:5555 or ipc:///run/kvmill/front", NULL},
-        {"doc", 1, "the document, a text file (the server tokenises and truncates it as kvmill run did)", NULL},
+        {"doc", 1,
+         "the document, a file of any bytes (the server tokenises and truncates it as kvmill run did; at most 16 MiB)",
+         NULL},
+        {"doc-hash", 1, "instead of --doc: a stored document, by its 64-hex-digit hash (kvmill store ls --csv)", NULL},
+        {"doc-name", 1, "instead of --doc: a stored document, by the name kvmill run stored (its corpus file name)",
+         NULL},
         {"prompt", 1, "text appended after the document", NULL},
+        {"prompt-file", 1, "read the prompt from this file instead of --prompt (its bytes as they are)", NULL},
         {"n", 1, "new tokens to generate (default 64)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 0)", NULL},
         {"timeout", 1, "seconds to wait for the answer (default 30)", NULL},
@@ -105,13 +133,41 @@ int kvm_cmd_ask(int argc, char **argv)
                       opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;
     const char *ep = kvm_cli_get(opts, "connect"), *doc = kvm_cli_get(opts, "doc"),
-               *prompt = kvm_cli_get(opts, "prompt"), *s;
-    if (!ep || !doc || !prompt) return fprintf(stderr, "kvmill ask: --connect, --doc and --prompt are required\n"), 2;
-    if (!*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
-    if (strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES) return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
+               *doc_hash = kvm_cli_get(opts, "doc-hash"), *doc_name = kvm_cli_get(opts, "doc-name"),
+               *prompt = kvm_cli_get(opts, "prompt"), *pfile = kvm_cli_get(opts, "prompt-file"), *s;
+    if (!ep || !(prompt || pfile) || !(doc || doc_hash || doc_name))
+        return fprintf(stderr, "kvmill ask: --connect, --prompt (or --prompt-file) and one of --doc, --doc-hash, "
+                               "--doc-name are required\n"),
+               2;
+    if (prompt && pfile) return fprintf(stderr, "kvmill ask: give --prompt or --prompt-file, not both\n"), 2;
+    if (!!doc + !!doc_hash + !!doc_name > 1)
+        return fprintf(stderr, "kvmill ask: give one of --doc, --doc-hash and --doc-name\n"), 2;
+    kvm_store_id hash;
+    if (doc_hash && (strlen(doc_hash) != KVM_STORE_ID_HEX || kvm_store_id_parse(doc_hash, &hash)))
+        return fprintf(stderr,
+                       "kvmill ask: --doc-hash: '%s' is not %d hex digits (the doc_hash column of kvmill store ls "
+                       "--csv)\n",
+                       doc_hash, KVM_STORE_ID_HEX),
+               2;
+    if (doc_name && (!*doc_name || strlen(doc_name) > KVM_PROTO_MAX_NAME_BYTES ||
+                     !kvm_utf8_valid(doc_name, strlen(doc_name))))
+        return fprintf(stderr, "kvmill ask: --doc-name: give 1 to %d bytes of UTF-8\n", KVM_PROTO_MAX_NAME_BYTES), 2;
+    if (prompt && !*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
+    if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES) return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
     int64_t n_new = 64;
     double temperature = 0, timeout_s = 30;
-    if ((s = kvm_cli_get(opts, "n")) && kvm_cli_int("ask", "n", s, 0, KVM_PROTO_MAX_TOKENS, &n_new)) return 2;
+    if ((s = kvm_cli_get(opts, "n"))) { /* -n: kvm_cli_int would call it --n */
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (errno == ERANGE || end == s || *end)
+            return fprintf(stderr, "kvmill ask: -n: '%s' is not an integer\n", s), 2;
+        if (v < 0 || v > KVM_PROTO_MAX_TOKENS)
+            return fprintf(stderr, "kvmill ask: -n: %s is outside [0, %d] (new tokens to generate)\n", s,
+                           KVM_PROTO_MAX_TOKENS),
+                   2;
+        n_new = v;
+    }
     if ((s = kvm_cli_get(opts, "temperature")) && kvm_cli_float("ask", "temperature", s, 0, 100, &temperature))
         return 2;
     if ((s = kvm_cli_get(opts, "timeout")) && kvm_cli_float("ask", "timeout", s, 0.01, 86400, &timeout_s)) return 2;
@@ -120,10 +176,28 @@ int kvm_cmd_ask(int argc, char **argv)
     if ((sk || cp || cs) && !(sk && cp && cs))
         return fprintf(stderr, "kvmill ask: CurveZMQ needs all of --server-key, --client-public and --client-secret\n"),
                2;
-    char *text = NULL;
-    size_t text_len = 0;
-    int status = read_doc(doc, &text, &text_len);
-    if (status) return status;
+    char *text = NULL, *ptext = NULL;
+    size_t text_len = 0, plen = 0;
+    int status = 0;
+    if (pfile) { /* the file's bytes; the limits and checks of --prompt */
+        FILE *f = fopen(pfile, "rb");
+        const char *why = f ? NULL : strerror(errno);
+        ptext = f ? malloc((size_t)KVM_PROTO_MAX_TEXT_BYTES + 2) : NULL;
+        if (ptext) plen = fread(ptext, 1, (size_t)KVM_PROTO_MAX_TEXT_BYTES + 1, f);
+        if (!why) why = !ptext ? "out of memory" : ferror(f) ? "read error (a folder?)" : plen == 0 ? "is empty"
+                      : plen > KVM_PROTO_MAX_TEXT_BYTES ? "is longer than 8 MiB"
+                      : memchr(ptext, 0, plen) ? "contains a NUL byte" : NULL;
+        if (f) fclose(f);
+        if (why) {
+            fprintf(stderr, "kvmill ask: --prompt-file %s: %s\n", pfile, why);
+            free(ptext);
+            return 2;
+        }
+        ptext[plen] = '\0';
+        prompt = ptext;
+    }
+    status = doc ? read_doc(doc, &text, &text_len) : 0;
+    if (status) return free(ptext), status;
 
     void *zctx = zmq_ctx_new(), *sock = zctx ? zmq_socket(zctx, ZMQ_DEALER) : NULL, *mon = NULL;
     kvm_msg *m = NULL;
@@ -132,9 +206,10 @@ int kvm_cmd_ask(int argc, char **argv)
         fprintf(stderr, "kvmill ask: zmq: %s\n", zmq_strerror(errno));
         goto done;
     }
-    int linger = 0, sndtimeo = (int)(timeout_s * 1000);
+    int linger = 0, sndtimeo = (int)(timeout_s * 1000), one = 1;
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
+    if (!strncmp(ep, "tcp://[", 7)) zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one); /* tcp://[::1]:PORT */
     if (kvm_curve_client(sock, sk, cp, cs)) {
         fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
         status = 2;
@@ -157,10 +232,20 @@ int kvm_cmd_ask(int argc, char **argv)
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t rid = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
     kvm_proto_ask ask = {.request_id = rid,
-                         .doc_text = {text, text_len},
                          .prompt = kvm_proto_str_c(prompt),
                          .max_new_tokens = n_new,
                          .temperature = temperature};
+    /* a UTF-8 text file goes as doc_text, which servers of every revision read; any other
+     * file (binary, latin-1, NUL bytes, over 8 MiB) as its bytes, doc_bytes (revision 2) */
+    if (text && text_len <= KVM_PROTO_MAX_TEXT_BYTES && kvm_utf8_valid(text, text_len))
+        ask.doc_text = (kvm_proto_str){text, text_len};
+    else if (text)
+        ask.doc_bytes = (kvm_proto_bytes){(const uint8_t *)text, text_len};
+    else if (doc_hash) {
+        ask.has_doc_hash = true;
+        memcpy(ask.doc_hash, hash.b, sizeof ask.doc_hash);
+    } else
+        ask.doc_name = kvm_proto_str_c(doc_name);
     if (kvm_proto_ask_encode(&ask, &m)) {
         fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
         status = 2;
@@ -175,8 +260,9 @@ int kvm_cmd_ask(int argc, char **argv)
         double left = deadline - kvm_now_ms();
         if (left <= 0) {
             fprintf(stderr,
-                    "kvmill ask: no answer from %s within %.0f s (is kvmill serve running there? a request "
-                    "larger than its [serve] max_message_bytes is cut off without an answer)\n",
+                    "kvmill ask: no answer from %s within %g s (is kvmill serve running there? a request "
+                    "larger than its [serve] max_message_bytes is cut off without an answer: name a stored "
+                    "document with --doc-name or --doc-hash instead of sending it)\n",
                     ep, timeout_s);
             goto done;
         }
@@ -220,5 +306,6 @@ done:
     if (sock) zmq_close(sock);
     if (zctx) zmq_ctx_term(zctx);
     free(text);
+    free(ptext);
     return status;
 }

@@ -88,15 +88,17 @@ int kvm_cmd_calibrate(int argc, char **argv)
     kvm_cli_opt opts[] = {
         {"config", 1, "run through the stage processes with this pipeline configuration; then only --docs, --out and "
                       "--store apply (the rest comes from the config)", NULL},
-        {"model", 1, "model file (llama2.c checkpoint)", NULL},
-        {"tokenizer", 1, "tokenizer (default: beside the model)", NULL},
+        {"model", 1, KVM_CLI_MODEL_HELP, NULL},
+        {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
         {"docs", 1, "calibration documents: a folder of *.txt, a file, or a comma-separated list", NULL},
         {"budget", 1, "average budget B per layer (entries per KV head); layers sum to L*B", NULL},
         {"context", 1, "context tokens N, BOS included (default 384)", NULL},
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
         {"select", 1, "only heterogeneous strategies with this pattern choice: cosine|ppl (default: all candidates)",
          NULL},
-        {"alloc", 1, "only this budget allocation: entropy|ppl|uniform (default: all candidates)", NULL},
+        {"layer-alloc", 1, "only this PolyKV layer-budget allocation: entropy|ppl|uniform (default: all candidates)",
+         NULL},
+        {"alloc", 1, KVM_CLI_DEPRECATED "layer-alloc (KVSculpt's own alloc is --sculpt-opts alloc=...)", NULL},
         {"bmin", 1, "floor of every layer's budget (default max(1, B/4))", NULL},
         {"refine", 1, "then refine the best by coordinate descent on calibration KL, at most N rounds (default 0)",
          NULL},
@@ -107,11 +109,12 @@ int kvm_cmd_calibrate(int argc, char **argv)
                       "patterns; decode-phase runs go token by token, so this is much faster on large models)", NULL},
         {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
                       "layer may be routed to it)", NULL},
-        {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... (see kvmill sculpt --help; e.g. "
-                           "threads=2,alloc=head)", NULL},
+        {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... with the names of kvmill sculpt "
+                           "--help and the [compress] keys (e.g. iterations=10,alloc=head)", NULL},
         {"out", 1, "write the strategy's canonical encoding to this file", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
-        {"threads", 1, "BLAS threads", NULL},
+        {"threads", 1, "compute threads: the CPU kernels' (default: every core) and KVSculpt's solver threads (default 1; --sculpt-opts "
+                       "threads= overrides the latter)", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse(CMD, "PolyKV calibration: signals per layer/phase/pattern, then the best per-layer strategy.",
@@ -148,10 +151,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
         }
         a.sel = (int)v;
     }
-    if ((s = kvm_cli_get(opts, "alloc"))) {
+    if ((s = kvm_cli_get(opts, "layer-alloc")) || (s = kvm_cli_get(opts, "alloc"))) {
         kvm_polykv_alloc v;
         if (kvm_polykv_alloc_parse(s, &v)) {
-            fprintf(stderr, "kvmill " CMD ": --alloc: %s\n", kvm_errmsg());
+            fprintf(stderr, "kvmill " CMD ": --layer-alloc: %s\n", kvm_errmsg());
             return 2;
         }
         a.alloc = (int)v;
@@ -162,6 +165,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
             return 2;
         }
         a.decode = !strcmp(s, "both");
+    }
+    if ((s = kvm_cli_get(opts, "threads")) && kvm_sculpt_opts_set(&a.so, "threads", s)) {
+        fprintf(stderr, "kvmill " CMD ": --threads: %s\n", kvm_errmsg());
+        return 2;
     }
     if ((s = kvm_cli_get(opts, "sculpt-opts"))) {
         if (!a.sculpt) {

@@ -1,6 +1,7 @@
 /* cmd_eval.c: `kvmill eval`: compares compression methods with full KV on documents
  * (compress/eval/kvm_eval.h): a table per document, the mean, and an optional CSV. */
 #include "common/kvm_error.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
@@ -11,6 +12,39 @@
 #include <string.h>
 
 #define CMD "eval"
+
+enum { MAX_OPTS = 64 };
+
+/* Sculpt settings that are not also `kvmill eval` flags: --method is the method list, --ratio
+ * and --budget the budget columns, --threads the command's own (applied to both); deprecated
+ * names were never eval flags. */
+static int eval_flag(const kvm_sculpt_setting *s)
+{
+    return strcmp(s->name, "method") && strcmp(s->name, "ratio") && strcmp(s->name, "budget") &&
+           strcmp(s->name, "threads") && !s->replaced_by;
+}
+
+/* 1 for the methods the sculpt flags apply to: sculpt, selectfit, joint-fixed (ARG = sculpt
+ * options) and polykv (its sculpt layers; options after the file). */
+static int sculpt_family(const kvm_method *m)
+{
+    return !strcmp(m->name, "sculpt") || !strcmp(m->name, "selectfit") || !strcmp(m->name, "joint-fixed") ||
+           !strcmp(m->name, "polykv");
+}
+
+/* One warning per deprecated option name in a method's ':'-joined sculpt options. */
+static void warn_deprecated(const char *spec, const char *arg)
+{
+    for (const char *t = arg; t && *t;) {
+        size_t len = strcspn(t, ":=");
+        const kvm_sculpt_setting *s = kvm_sculpt_setting_find(t, len);
+        if (s && s->replaced_by)
+            fprintf(stderr, "kvmill " CMD ": --method %s: option '%.*s' is deprecated: use '%s'\n", spec, (int)len, t,
+                    s->replaced_by);
+        t = strchr(t, ':');
+        if (t) t++;
+    }
+}
 
 /* One (method, budget) column of the run. */
 typedef struct eval_job {
@@ -71,9 +105,11 @@ static void scale_result(kvm_eval_result *s, double f)
     s->seconds *= f;
 }
 
-/* Builds the jobs from --method and --budget/--ratio lists. Returns 0, 2 (bad option), 1. */
-static int make_jobs(const char *methods, const char *budgets, int is_ratio, const kvm_model_config *c, eval_job **jobs,
-                     int *n_jobs)
+/* Builds the jobs from --method and --budget/--ratio lists; `flags` ("name=value:..."
+ * from the sculpt flags, may be "") go before each sculpt-family method's own options, which
+ * override them. Returns 0, 2 (bad option), 1. */
+static int make_jobs(const char *methods, const char *budgets, int is_ratio, const char *flags,
+                     const kvm_model_config *c, eval_job **jobs, int *n_jobs)
 {
     char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
     int rc = 0, nm = 0, nb = 0;
@@ -105,6 +141,19 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
             } else if (kvm_cli_int(CMD, "budget", bv[b], 1, INT32_MAX, &e->budget.tokens)) {
                 rc = 2;
                 break;
+            }
+            char full[2048];
+            if (sculpt_family(e->m) && arg) warn_deprecated(mv[a], arg);
+            if (sculpt_family(e->m) && *flags) {
+                if (!strcmp(e->m->name, "polykv")) { /* FILE, then the flags, then its own options */
+                    const char *own = NULL;
+                    for (const char *q = strchr(arg, ':'); q && !own; q = strchr(q + 1, ':'))
+                        if (kvm_sculpt_setting_find(q + 1, strcspn(q + 1, ":="))) own = q;
+                    snprintf(full, sizeof full, "%.*s:%s%s", (int)(own ? own - arg : (long)strlen(arg)), arg, flags,
+                             own ? own : "");
+                } else
+                    snprintf(full, sizeof full, "%s%s%s", flags, arg ? ":" : "", arg ? arg : "");
+                arg = full;
             }
             int s = e->m->opts_new(arg, &e->budget, c, &e->opts);
             if (s) {
@@ -167,11 +216,14 @@ static int run(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *to
 
 int kvm_cmd_eval(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {
-        {"model", 1, "model file (llama2.c checkpoint)", NULL},
-        {"tokenizer", 1, "tokenizer (default: beside the model)", NULL},
+    char method_help[768];
+    snprintf(method_help, sizeof method_help, "%s (comma-separated list allowed; OPTS: name=value:... sculpt options, "
+             "which override the sculpt flags below)", kvm_cli_methods());
+    kvm_cli_opt opts[MAX_OPTS] = {
+        {"model", 1, KVM_CLI_MODEL_HELP, NULL},
+        {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
         {"docs", 1, "documents: a folder of *.txt, a file, or a comma-separated list", NULL},
-        {"method", 1, "streaming|h2o|tova|snapkv|pyramidkv|polykv:FILE|full (comma-separated list allowed)", NULL},
+        {"method", 1, method_help, NULL},
         {"budget", 1, "entries kept per (layer, KV head), B (comma-separated list allowed)", NULL},
         {"ratio", 1, "budget as a share r of the context, b = r*N, in (0, 1] (list allowed)", NULL},
         {"context", 1, "context tokens N, BOS included (default 384)", NULL},
@@ -179,8 +231,14 @@ int kvm_cmd_eval(int argc, char **argv)
         {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
         {"csv", 1, "write one row per (document, method, budget) to this CSV file", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
-        {"threads", 1, "BLAS threads", NULL},
-        {NULL, 0, NULL, NULL}};
+        {"threads", 1, "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
+                       "threads (default 1)",
+         NULL},
+    };
+    int n_fixed = 12, n_set, n_opts = n_fixed;
+    const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
+    for (int i = 0; i < n_set && n_opts < MAX_OPTS - 1; i++) /* every sculpt setting, for sculpt-family methods */
+        if (eval_flag(&set[i])) opts[n_opts++] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
     int n_pos, help;
     if (kvm_cli_parse(
             CMD, "Evaluates KV-cache compression methods against full KV: KL(full||compressed), top-1, perplexity.",
@@ -223,7 +281,18 @@ int kvm_cmd_eval(int argc, char **argv)
                 (long long)N, (long long)T, m->cfg.seq_len);
         rc = 2;
     }
-    if (!rc) rc = make_jobs(method, budget ? budget : ratio, !budget, &m->cfg, &jobs, &n_jobs);
+    char flags[2048] = "";
+    size_t at = 0;
+    for (int i = 0; i < n_set; i++) { /* table order; --threads too */
+        const char *v = eval_flag(&set[i]) || !strcmp(set[i].name, "threads") ? kvm_cli_get(opts, set[i].flag) : NULL;
+        if (!rc && v && strpbrk(v, ":,=")) {
+            fprintf(stderr, "kvmill " CMD ": --%s: '%s' may not contain ':', ',' or '='\n", set[i].flag, v);
+            rc = 2;
+        }
+        if (v && at < sizeof flags)
+            at += (size_t)snprintf(flags + at, sizeof flags - at, "%s%s=%s", at ? ":" : "", set[i].name, v);
+    }
+    if (!rc) rc = make_jobs(method, budget ? budget : ratio, !budget, flags, &m->cfg, &jobs, &n_jobs);
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
         rc = 1;

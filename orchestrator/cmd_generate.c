@@ -159,7 +159,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
 int kvm_cmd_generate(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
-        {"model", 1, "model file (llama2.c checkpoint or GGUF)", NULL},
+        {"model", 1, KVM_CLI_MODEL_HELP, NULL},
         {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else tok512.bin or tokenizer.bin beside the model)", NULL},
         {"prompt", 1, "prompt text", NULL},
         {"chat", 0, "wrap --prompt in the model's chat template (ChatML: system, user, assistant turns)", NULL},
@@ -170,7 +170,7 @@ int kvm_cmd_generate(int argc, char **argv)
         {"topp", 1, "top-p nucleus sampling in [0, 1] (default 0.9)", NULL},
         {"seed", 1, "random seed (default: time)", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
-        {"threads", 1, "BLAS threads", NULL},
+        {"threads", 1, "compute threads of the CPU kernels (default: every core)", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("generate", "Generates text from a prompt; prints it to stdout.", argc, argv, opts, NULL, 0,

@@ -6,7 +6,7 @@
 
 int kvm_cmd_info(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"model", 1, "model file", NULL}, {NULL, 0, NULL, NULL}};
+    kvm_cli_opt opts[] = {{"model", 1, KVM_CLI_MODEL_HELP, NULL}, {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("info", "Prints a model's shapes and parameter count.", argc, argv, opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;

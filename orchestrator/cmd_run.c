@@ -4,6 +4,7 @@
 #include "orchestrator/kvm_cli_model.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
 #include "common/kvm_error.h"
 
@@ -44,12 +45,16 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
     if (s->evicted > 0)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
+    if (s->claimed)
+        printf("claimed: %lld documents were being compressed by another run on this store and were left to it\n",
+               (long long)s->claimed);
     printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
            (long long)s->prefetch_peak);
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld "
-           "seconds=%.3f evicted=%lld\n",
+           "seconds=%.3f claimed=%lld evicted=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
-           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->evicted);
+           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->claimed,
+           (long long)s->evicted);
 }
 
 int kvm_cmd_run(int argc, char **argv)
@@ -61,8 +66,15 @@ int kvm_cmd_run(int argc, char **argv)
         {"dump-config", 0, "print the resolved configuration and exit", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
-    if (kvm_cli_parse("run", "Compresses every document of a corpus and stores the caches.", argc, argv, opts, NULL, 0,
-                      &n_pos, &help))
+    char summary[1024];
+    const char *methods = "";
+    for (int i = 0; kvm_cfg_settings[i].section; i++)
+        if (!strcmp(kvm_cfg_settings[i].section, "compress") && !strcmp(kvm_cfg_settings[i].key, "method"))
+            methods = kvm_cfg_settings[i].choices;
+    snprintf(summary, sizeof summary,
+             "Compresses every document of a corpus and stores the caches.\n[model] path: a llama2.c checkpoint or GGUF "
+             "file; [compress] method: %s;\nevery setting, its unit and default: --dump-config.", methods);
+    if (kvm_cli_parse("run", summary, argc, argv, opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;
     const char *cpath = kvm_cli_get(opts, "config"), *corpus_path = kvm_cli_get(opts, "corpus");
     if (!cpath) return fprintf(stderr, "kvmill run: --config is required\n"), 2;
@@ -99,6 +111,11 @@ int kvm_cmd_run(int argc, char **argv)
         strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
         fprintf(stderr, "kvmill run: %s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
                 kvm_config_path(cfg));
+        status = 2;
+        goto done;
+    }
+    if (kvm_jobcfg_check(cfg)) {
+        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
         status = 2;
         goto done;
     }

@@ -72,7 +72,7 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, in
 int kvm_cmd_sculpt(int argc, char **argv)
 {
     kvm_cli_opt opts[MAX_OPTS] = {
-        {"model", 1, "model file (llama2.c checkpoint)", NULL},
+        {"model", 1, KVM_CLI_MODEL_HELP, NULL},
         {"tokenizer", 1, "tokenizer (default: tok512.bin or tokenizer.bin beside the model)", NULL},
         {"doc", 1, "document text file (encoded with BOS)", NULL},
         {"context", 1, "context tokens N: the document's first N tokens (default: all, at most seq_len)", NULL},
@@ -81,10 +81,11 @@ int kvm_cmd_sculpt(int argc, char **argv)
     };
     int n_fixed = 6, n_set;
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
-    for (int i = 0; i < n_set && n_fixed + i < MAX_OPTS - 1; i++)
-        opts[n_fixed + i] = (kvm_cli_opt){set[i].name, strcmp(set[i].name, "bias") != 0, set[i].help, NULL};
+    for (int i = 0; i < n_set && n_fixed + i < MAX_OPTS - 1; i++) /* --NAME for every setting, --method included */
+        opts[n_fixed + i] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
     int n_pos, help;
-    if (kvm_cli_parse("sculpt", "Compresses a document's KV cache by KVSculpt distillation and writes it to --out.",
+    if (kvm_cli_parse("sculpt", "Compresses a document's KV cache by KVSculpt distillation (--method sculpt, or the "
+                                "baselines selectfit and joint-fixed) and writes it to --out.",
                       argc, argv, opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;
     const char *model_path = kvm_cli_get(opts, "model"), *doc = kvm_cli_get(opts, "doc"),
@@ -94,15 +95,15 @@ int kvm_cmd_sculpt(int argc, char **argv)
         return 2;
     }
     kvm_sculpt_opts o = kvm_sculpt_opts_default();
-    for (int i = 0; i < n_set; i++)
-        if ((s = kvm_cli_get(opts, set[i].name)) && kvm_sculpt_opts_set(&o, set[i].name, s)) {
+    for (int i = 0; i < n_set; i++) /* table order: retain before budget */
+        if ((s = kvm_cli_get(opts, set[i].flag)) && kvm_sculpt_opts_set(&o, set[i].name, s)) {
             fprintf(stderr, "kvmill %s\n", kvm_errmsg());
             return 2;
         }
     int64_t ctx = 0;
     if ((s = kvm_cli_get(opts, "context")) && kvm_cli_int("sculpt", "context", s, 1, INT32_MAX, &ctx)) return 2;
     const kvm_kernels *kk;
-    if (kvm_cli_setup_device("sculpt", kvm_cli_get(opts, "device"), NULL, &kk)) return 2;
+    if (kvm_cli_setup_device("sculpt", kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &kk)) return 2;
     kvm_model *m;
     kvm_tokenizer *tok;
     if (kvm_cli_open_model("sculpt", model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) return 1;

@@ -45,13 +45,22 @@ int kvm_cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvmill serve: --store: %s\n", kvm_errmsg());
         goto done;
     }
-    if (kvm_cli_get(opts, "dump-config")) {
-        kvm_config_dump(cfg, stdout);
-        status = 0;
+    /* the command line overrides the file: --dump-config and the workers see the result */
+    if ((s = kvm_cli_get(opts, "bind")) && kvm_config_set(cfg, "serve", "bind", s)) {
+        fprintf(stderr, "kvmill serve: --bind: %s\n", kvm_errmsg());
+        goto done;
+    }
+    if ((s = kvm_cli_get(opts, "workers")) && kvm_config_set(cfg, "serve", "workers", s)) {
+        fprintf(stderr, "kvmill serve: --workers: %s\n", kvm_errmsg());
         goto done;
     }
     if (kvm_cli_get(opts, "compute-missing") && kvm_config_set(cfg, "serve", "compute_missing", "true")) {
-        fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill serve: --compute-missing: %s\n", kvm_errmsg());
+        goto done;
+    }
+    if (kvm_cli_get(opts, "dump-config")) {
+        kvm_config_dump(cfg, stdout);
+        status = 0;
         goto done;
     }
     /* the decode workers read the resolved configuration, command-line overrides included */

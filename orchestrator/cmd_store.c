@@ -1,13 +1,17 @@
-/* cmd_store.c: `kvmill store SUBCMD --store PATH ...`: list, show, verify, remove caches and
- * print usage of an LMDB cache store. Opens read-only except for `rm`; never creates a
+/* cmd_store.c: `kvmill store SUBCMD --store PATH|--config FILE ...`: list (with each
+ * cache's state against a config), show, verify, remove (one, or the stale ones), compact
+ * and print usage of an LMDB cache store. Opens read-only except for `rm`; never creates a
  * store. Exit status: 0 ok, 1 failure (corruption, not found), 2 usage or unopenable store. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_storew.h"
 #include "store/kvm_store.h"
 
 typedef struct store_sub {
@@ -24,12 +28,31 @@ static int parse(const char *cmd, const char *summary, int argc, char **argv, kv
     int rc = kvm_cli_parse(cmd, summary, argc, argv, opts, pos, max_pos, n_pos, &help);
     if (help) return 0;
     if (rc) return 2;
-    if (!kvm_cli_get(opts, "store")) {
-        fprintf(stderr, "kvmill %s: --store PATH is required (see kvmill %s --help)\n", cmd, cmd);
+    if (!kvm_cli_get(opts, "store") && !kvm_cli_get(opts, "config")) {
+        fprintf(stderr, "kvmill %s: --store PATH or --config FILE is required (see kvmill %s --help)\n", cmd, cmd);
         return 2;
     }
     return -1;
 }
+
+/* The store a command works on: --store, else [store] path of --config. With --config
+ * the config is loaded into *cfg (the caller frees it; NULL without --config). Prints why
+ * not; returns 0 or 2. */
+static int store_of(const char *cmd, const kvm_cli_opt *opts, kvm_config **cfg, const char **path)
+{
+    *cfg = NULL;
+    *path = kvm_cli_get(opts, "store");
+    const char *cp = kvm_cli_get(opts, "config");
+    if (!cp) return 0;
+    if (kvm_config_load(cp, cfg)) {
+        fprintf(stderr, "kvmill %s: --config: %s\n", cmd, kvm_errmsg());
+        return 2;
+    }
+    if (!*path) *path = kvm_config_str(*cfg, "store", "path");
+    return 0;
+}
+
+#define CONFIG_OPT {"config", 1, "pipeline config: its [store] path (unless --store) and settings", NULL}
 
 /* Opens read-only; prints why not on stderr. */
 static int open_ro(const char *cmd, const char *path, kvm_store **s, int quiet_missing)
@@ -57,9 +80,37 @@ static double ratio_of(const kvm_store_manifest *m)
 
 /* ---- ls ---- */
 
+/* What the caches of a config look like now (--config): to tell each cache's state. */
+typedef struct cfg_now {
+    int on;                /* 1 when --config was given */
+    kvm_store_id model_id; /* the config's model */
+    char *canon;           /* canonical config text a run would write now */
+    size_t canon_n;        /* its bytes */
+} cfg_now;
+
+static kvm_jobcfg_state state_of(const cfg_now *now, const kvm_store_cache_key *k, const kvm_store_manifest *m)
+{
+    if (memcmp(&k->model_id, &now->model_id, sizeof k->model_id)) return KVM_JOBCFG_OTHER;
+    return kvm_jobcfg_compare((const char *)m->config.data, m->config.size, now->canon, now->canon_n);
+}
+
+/* Fills *now from config c and store s (read-only handles hash the model without
+ * remembering). A polykv config whose strategy is gone compares without one. */
+static int cfg_now_init(const char *cmd, const kvm_config *c, kvm_store *s, cfg_now *now)
+{
+    kvm_store_id id;
+    now->on = 1;
+    int st = kvm_store_model_id(s, kvm_config_str(c, "model", "path"), &now->model_id);
+    if (st == 0) st = kvm_jobcfg_config_id_in(c, s, &now->model_id, &id, &now->canon, &now->canon_n);
+    if (st == KVM_ENOTFOUND) st = kvm_jobcfg_config_id(c, NULL, &id, &now->canon, &now->canon_n);
+    if (st) fprintf(stderr, "kvmill %s: --config: %s\n", cmd, kvm_errmsg());
+    return st;
+}
+
 typedef struct ls_ctx {
     const char *model_prefix; /* --model, or NULL */
     int csv;                  /* --csv */
+    const cfg_now *now;       /* --config: print each cache's state */
     int64_t n_rows;           /* caches printed */
     int64_t n_bad;            /* manifests that failed their checks */
 } ls_ctx;
@@ -77,12 +128,13 @@ static int ls_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, i
         c->n_bad++;
         return 0;
     }
+    const char *state = c->now->on ? kvm_jobcfg_state_name(state_of(c->now, k, m)) : NULL;
     if (c->csv)
-        printf("%s,%s,%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.3f,%s\n", a, b, d, m->n_tokens, m->n_entries,
-               m->stored_bytes, ratio_of(m), m->dtype);
+        printf("%s,%s,%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.3f,%s%s%s\n", a, b, d, m->n_tokens, m->n_entries,
+               m->stored_bytes, ratio_of(m), m->dtype, state ? "," : "", state ? state : "");
     else
-        printf("%-12.12s %-12.12s %-12.12s %9" PRId64 " %10" PRId64 " %12" PRId64 " %7.2f %s\n", a, b, d, m->n_tokens,
-               m->n_entries, m->stored_bytes, ratio_of(m), m->dtype);
+        printf("%-12.12s %-12.12s %-12.12s %9" PRId64 " %10" PRId64 " %12" PRId64 " %7.2f %-*s%s\n", a, b, d,
+               m->n_tokens, m->n_entries, m->stored_bytes, ratio_of(m), state ? 6 : 0, m->dtype, state ? state : "");
     c->n_rows++;
     return 0;
 }
@@ -101,8 +153,10 @@ static int cmd_ls(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
         {"store", 1, "LMDB environment directory", NULL},
+        {"config", 1, "pipeline config: its [store] path (unless --store), and a state column: ok, stale-strategy "
+                      "(made with another PolyKV strategy), stale-algorithm (by an older kvmill), other-config", NULL},
         {"model", 1, "only caches of this model id (hex, a prefix is enough)", NULL},
-        {"csv", 0, "print CSV: model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype", NULL},
+        {"csv", 0, "print CSV: model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype[,state]", NULL},
         {NULL, 0, NULL, NULL},
     };
     int n_pos;
@@ -111,16 +165,26 @@ static int cmd_ls(int argc, char **argv)
     if (rc >= 0) return rc;
     ls_ctx c = {.model_prefix = kvm_cli_get(opts, "model"), .csv = kvm_cli_get(opts, "csv") != NULL};
     if (c.model_prefix && check_hex_prefix("store ls", "model", c.model_prefix)) return 2;
+    kvm_config *cfg = NULL;
+    const char *path;
+    if (store_of("store ls", opts, &cfg, &path)) return 2;
     kvm_store *s = NULL;
-    int st = open_ro("store ls", kvm_cli_get(opts, "store"), &s, 1);
-    if (st && st != KVM_ENOTFOUND) return 2;
-    if (c.csv) printf("model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype\n");
-    else printf("%-12s %-12s %-12s %9s %10s %12s %7s %s\n", "MODEL", "DOC", "CONFIG", "TOKENS", "ENTRIES", "BYTES",
-                "RATIO", "DTYPE");
-    if (!s) return 0; /* no store there: an empty listing */
+    cfg_now now = {0};
+    c.now = &now;
+    int st = open_ro("store ls", path, &s, 0);
+    if (st || (cfg && cfg_now_init("store ls", cfg, s, &now))) {
+        kvm_store_close(&s);
+        kvm_config_free(&cfg);
+        return 2;
+    }
+    if (c.csv) printf("model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype%s\n", now.on ? ",state" : "");
+    else printf("%-12s %-12s %-12s %9s %10s %12s %7s %-*s%s\n", "MODEL", "DOC", "CONFIG", "TOKENS", "ENTRIES", "BYTES",
+                "RATIO", now.on ? 6 : 0, "DTYPE", now.on ? "STATE" : "");
     st = kvm_store_list_caches(s, NULL, ls_visit, &c);
     if (st) fprintf(stderr, "kvmill store ls: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
     kvm_store_close(&s);
+    kvm_config_free(&cfg);
+    free(now.canon);
     return st ? 1 : c.n_bad ? 1 : 0;
 }
 
@@ -144,6 +208,10 @@ static void show_cache(const kvm_store_cache *c)
     printf("full_bytes    %" PRId64 "\n", m->full_bytes);
     printf("ratio         %.3f\n", ratio_of(m));
     printf("config_bytes  %zu\n", m->config.size);
+    const char *cb = (const char *)m->config.data, *sh = NULL;
+    for (size_t i = 0; cb && i + 14 <= m->config.size; i++) /* the strategy the cache was made with (polykv) */
+        if ((i == 0 || cb[i - 1] == '\n') && !strncmp(cb + i, "strategy.hash=", 14)) sh = cb + i + 14;
+    if (sh) printf("strategy_hash %.*s\n", (int)strcspn(sh, "\n"), sh);
     for (int32_t l = 0; l < m->n_layers; l++) {
         size_t bytes = 0;
         for (uint32_t f = 0; f < c->layers[l].n_frames; f++) bytes += c->layers[l].frames[f].size;
@@ -153,7 +221,7 @@ static void show_cache(const kvm_store_cache *c)
 
 static int cmd_show(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, {NULL, 0, NULL, NULL}};
+    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT, {NULL, 0, NULL, NULL}};
     char *pos[1];
     int n_pos;
     int rc = parse("store show", "show one cache: KEY = MODELID:DOCHASH:CONFIGID in hex, unique prefixes accepted",
@@ -163,8 +231,13 @@ static int cmd_show(int argc, char **argv)
         fprintf(stderr, "kvmill store show: expected one KEY (MODELID:DOCHASH:CONFIGID)\n");
         return 2;
     }
+    kvm_config *cfg = NULL;
+    const char *path;
+    if (store_of("store show", opts, &cfg, &path)) return 2;
     kvm_store *s = NULL;
-    if (open_ro("store show", kvm_cli_get(opts, "store"), &s, 0)) return 2;
+    rc = open_ro("store show", path, &s, 0);
+    kvm_config_free(&cfg);
+    if (rc) return 2;
     kvm_store_cache_key k;
     kvm_store_cache *c = NULL;
     rc = resolve("store show", s, pos[0], &k);
@@ -192,14 +265,19 @@ static void verify_report(const char *problem, void *arg)
 
 static int cmd_verify(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, {NULL, 0, NULL, NULL}};
+    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT, {NULL, 0, NULL, NULL}};
     int n_pos;
     int rc = parse("store verify",
                    "check every checksum and manifest; exit 0 all pass, 1 corruption, 2 store cannot be opened", argc,
                    argv, opts, NULL, 0, &n_pos);
     if (rc >= 0) return rc;
+    kvm_config *cfg = NULL;
+    const char *path;
+    if (store_of("store verify", opts, &cfg, &path)) return 2;
     kvm_store *s = NULL;
-    if (open_ro("store verify", kvm_cli_get(opts, "store"), &s, 0)) return 2;
+    rc = open_ro("store verify", path, &s, 0);
+    kvm_config_free(&cfg);
+    if (rc) return 2;
     int64_t n_records = 0, n_problems = 0;
     int st = kvm_store_verify(s, verify_report, NULL, &n_records, &n_problems);
     kvm_store_close(&s);
@@ -213,26 +291,99 @@ static int cmd_verify(int argc, char **argv)
 
 /* ---- rm ---- */
 
+typedef struct stale_ctx {
+    const cfg_now *now;        /* the config's caches as a run would make them now */
+    kvm_store_cache_key *keys; /* stale caches found */
+    kvm_jobcfg_state *states;  /* and their states */
+    int64_t n, cap;            /* used / allocated */
+} stale_ctx;
+
+static int stale_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    stale_ctx *c = arg;
+    kvm_jobcfg_state st = m ? state_of(c->now, k, m) : KVM_JOBCFG_OTHER;
+    if (st != KVM_JOBCFG_STALE_STRATEGY && st != KVM_JOBCFG_STALE_ALGORITHM) return 0;
+    if (c->n == c->cap) {
+        int64_t cap = c->cap ? 2 * c->cap : 64;
+        kvm_store_cache_key *k2 = realloc(c->keys, (size_t)cap * sizeof *k2);
+        if (k2) c->keys = k2;
+        kvm_jobcfg_state *s2 = k2 ? realloc(c->states, (size_t)cap * sizeof *s2) : NULL;
+        if (s2) c->states = s2;
+        if (!k2 || !s2) return kvm_err(KVM_ENOMEM, "out of memory");
+        c->cap = cap;
+    }
+    c->states[c->n] = st;
+    c->keys[c->n++] = *k;
+    return 0;
+}
+
+/* rm --stale --config F: every cache of the config's model made with the same settings
+ * but another strategy or algorithm version. */
+static int rm_stale(const char *path, const kvm_config *cfg)
+{
+    kvm_store *s = NULL;
+    cfg_now now = {0};
+    stale_ctx c = {.now = &now};
+    if (open_ro("store rm", path, &s, 0)) return 2;
+    int st = cfg_now_init("store rm", cfg, s, &now);
+    if (st == 0) st = kvm_store_list_caches(s, NULL, stale_visit, &c);
+    kvm_store_close(&s);
+    if (st == 0) st = kvm_storew_open(cfg, path, 0, &s);
+    int64_t removed = 0;
+    char a[KVM_STORE_ID_HEX + 1], b[KVM_STORE_ID_HEX + 1], d[KVM_STORE_ID_HEX + 1];
+    for (int64_t i = 0; st == 0 && i < c.n; i++) {
+        int r = kvm_store_rm_cache(s, &c.keys[i]);
+        if (r == KVM_ENOTFOUND) continue; /* removed meanwhile */
+        if ((st = r)) break;
+        removed++;
+        printf("removed %s:%s:%s (%s)\n", kvm_store_id_hex(&c.keys[i].model_id, a), kvm_store_id_hex(&c.keys[i].doc_hash, b),
+               kvm_store_id_hex(&c.keys[i].config_id, d), kvm_jobcfg_state_name(c.states[i]));
+    }
+    if (st) fprintf(stderr, "kvmill store rm: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+    else printf("%lld stale cache(s) removed\n", (long long)removed);
+    kvm_store_close(&s);
+    free(now.canon);
+    free(c.keys);
+    free(c.states);
+    return st ? 1 : 0;
+}
+
 static int cmd_rm(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, {NULL, 0, NULL, NULL}};
+    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT,
+                          {"stale", 0, "remove every cache of --config's model and settings made with another PolyKV "
+                                       "strategy or an older algorithm (store ls --config shows them as stale-*)", NULL},
+                          {NULL, 0, NULL, NULL}};
     char *pos[1];
     int n_pos;
-    int rc = parse("store rm", "remove one cache: KEY = MODELID:DOCHASH:CONFIGID in hex, unique prefixes accepted",
+    int rc = parse("store rm", "remove one cache (KEY = MODELID:DOCHASH:CONFIGID in hex, unique prefixes accepted), or "
+                               "the stale ones of a config (--stale --config FILE)",
                    argc, argv, opts, pos, 1, &n_pos);
     if (rc >= 0) return rc;
-    if (n_pos != 1) {
-        fprintf(stderr, "kvmill store rm: expected one KEY (MODELID:DOCHASH:CONFIGID)\n");
+    int stale = kvm_cli_get(opts, "stale") != NULL;
+    if (stale ? (n_pos != 0 || !kvm_cli_get(opts, "config")) : n_pos != 1) {
+        fprintf(stderr, "kvmill store rm: expected one KEY (MODELID:DOCHASH:CONFIGID), or --stale --config FILE\n");
         return 2;
     }
-    const char *path = kvm_cli_get(opts, "store");
+    kvm_config *cfg = NULL;
+    const char *path;
+    if (store_of("store rm", opts, &cfg, &path)) return 2;
+    if (stale) {
+        rc = rm_stale(path, cfg);
+        kvm_config_free(&cfg);
+        return rc;
+    }
     kvm_store *s = NULL;
-    if (open_ro("store rm", path, &s, 0)) return 2; /* read-only first: never create a store */
+    if (open_ro("store rm", path, &s, 0)) { /* read-only first: never create a store */
+        kvm_config_free(&cfg);
+        return 2;
+    }
     kvm_store_cache_key k;
     rc = resolve("store rm", s, pos[0], &k);
     kvm_store_close(&s);
+    int st = rc ? 0 : cfg ? kvm_storew_open(cfg, path, 0, &s) : kvm_store_open(path, NULL, &s);
+    kvm_config_free(&cfg);
     if (rc) return rc;
-    int st = kvm_store_open(path, NULL, &s);
     if (st == 0) st = kvm_store_rm_cache(s, &k);
     if (st) fprintf(stderr, "kvmill store rm: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
     kvm_store_close(&s);
@@ -243,16 +394,67 @@ static int cmd_rm(int argc, char **argv)
     return 0;
 }
 
+/* ---- compact ---- */
+
+static int64_t file_bytes(const char *dir)
+{
+    char p[4200];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    return stat(p, &st) == 0 ? (int64_t)st.st_size : 0;
+}
+
+static int cmd_compact(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT,
+                          {"out", 1, "directory for the compacted copy (must not exist); default STORE.compact", NULL},
+                          {NULL, 0, NULL, NULL}};
+    int n_pos;
+    int rc = parse("store compact", "write a compacted copy of the store (LMDB files never shrink) and say how to swap it in",
+                   argc, argv, opts, NULL, 0, &n_pos);
+    if (rc >= 0) return rc;
+    kvm_config *cfg = NULL;
+    const char *path;
+    if (store_of("store compact", opts, &cfg, &path)) return 2;
+    char store[4096], out[4200];
+    snprintf(store, sizeof store, "%s", path);
+    size_t len = strlen(store);
+    while (len > 1 && store[len - 1] == '/') store[--len] = '\0';
+    snprintf(out, sizeof out, "%s", kvm_cli_get(opts, "out") ? kvm_cli_get(opts, "out") : store);
+    if (!kvm_cli_get(opts, "out")) strncat(out, ".compact", sizeof out - strlen(out) - 1);
+    kvm_config_free(&cfg);
+    kvm_store *s = NULL;
+    if (open_ro("store compact", store, &s, 0)) return 2;
+    int64_t copy = 0;
+    int st = kvm_store_compact(s, out, &copy);
+    kvm_store_close(&s);
+    if (st) {
+        fprintf(stderr, "kvmill store compact: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+        return st == KVM_EINVAL ? 2 : 1;
+    }
+    printf("compacted copy of %s in %s: data.mdb %lld bytes (was %lld)\n", store, out, (long long)copy,
+           (long long)file_bytes(store));
+    printf("to use it: stop every process that has the store open (kvmill run, serve, stage workers), then\n"
+           "  mv '%s' '%s.old' && mv '%s' '%s'\n", store, store, out, store);
+    return 0;
+}
+
 /* ---- stats ---- */
 
 static int cmd_stats(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, {NULL, 0, NULL, NULL}};
+    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT, {NULL, 0, NULL, NULL}};
     int n_pos;
     int rc = parse("store stats", "print usage: caches, bytes against the cap, strategies, map size", argc, argv, opts,
                    NULL, 0, &n_pos);
     if (rc >= 0) return rc;
-    const char *path = kvm_cli_get(opts, "store");
+    kvm_config *cfg = NULL;
+    const char *path;
+    if (store_of("store stats", opts, &cfg, &path)) return 2;
+    char pathbuf[4096];
+    snprintf(pathbuf, sizeof pathbuf, "%s", path);
+    path = pathbuf;
+    kvm_config_free(&cfg);
     kvm_store *s = NULL;
     int st = open_ro("store stats", path, &s, 1);
     if (st && st != KVM_ENOTFOUND) return 2;
@@ -283,8 +485,9 @@ static int cmd_stats(int argc, char **argv)
 }
 
 static const store_sub store_subs[] = {
-    {"ls", cmd_ls, "list caches (--model ID, --csv)"},
-    {"rm", cmd_rm, "remove a cache: rm KEY"},
+    {"ls", cmd_ls, "list caches (--model ID, --csv, --config FILE: state of each)"},
+    {"compact", cmd_compact, "write a compacted copy (--out DIR) and say how to swap it in"},
+    {"rm", cmd_rm, "remove a cache: rm KEY; or rm --stale --config FILE"},
     {"show", cmd_show, "show a cache's manifest and layers: show KEY"},
     {"stats", cmd_stats, "usage against the cap, counts, map size"},
     {"verify", cmd_verify, "check every checksum and manifest (exit 0 ok, 1 corrupt, 2 unopenable)"},
@@ -292,7 +495,7 @@ static const store_sub store_subs[] = {
 
 static void store_usage(FILE *f)
 {
-    fprintf(f, "usage: kvmill store SUBCOMMAND --store PATH [options]   (kvmill store SUBCOMMAND --help)\n"
+    fprintf(f, "usage: kvmill store SUBCOMMAND --store PATH|--config FILE [options]   (kvmill store SUBCOMMAND --help)\n"
                "inspect, verify and clean the LMDB cache store; KEY is MODELID:DOCHASH:CONFIGID in hex,\n"
                "unique prefixes accepted\n\nsubcommands:\n");
     for (size_t i = 0; i < sizeof store_subs / sizeof store_subs[0]; i++)

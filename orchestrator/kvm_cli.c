@@ -1,5 +1,6 @@
 /* kvm_cli.c: the option parser shared by every kvmill subcommand. */
 #include "orchestrator/kvm_cli.h"
+#include "compress/eval/kvm_eval.h"
 
 #include <errno.h>
 #include <math.h>
@@ -49,6 +50,10 @@ int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, k
             if (!o || (a[1] != '-' && strlen(name) != 1)) {
                 fprintf(stderr, "kvmill %s: unknown option '%s' (see kvmill %s --help)\n", cmd, a, cmd);
                 return 2;
+            }
+            if (!strncmp(o->help, KVM_CLI_DEPRECATED, strlen(KVM_CLI_DEPRECATED)) && !o->value) {
+                const char *nw = o->help + strlen(KVM_CLI_DEPRECATED);
+                fprintf(stderr, "kvmill %s: --%s is deprecated: use --%.*s\n", cmd, o->name, (int)strcspn(nw, " ,;)"), nw);
             }
             if (o->has_arg) {
                 if (inline_val) o->value = inline_val;
@@ -115,4 +120,18 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
     }
     *out = v;
     return 0;
+}
+
+const char *kvm_cli_methods(void)
+{
+    static char buf[512];
+    if (!buf[0]) {
+        int n;
+        const kvm_method *m = kvm_method_table(&n);
+        size_t at = 0;
+        for (int i = 0; i < n && at < sizeof buf; i++)
+            at += (size_t)snprintf(buf + at, sizeof buf - at, "%s%s%s", i ? "|" : "", m[i].name,
+                                   m[i].arg == 2 ? ":FILE" : m[i].arg == 1 ? "[:OPTS]" : "");
+    }
+    return buf;
 }

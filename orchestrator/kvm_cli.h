@@ -29,12 +29,16 @@ typedef struct kvm_cli_opt {
 } kvm_cli_opt;
 
 /* Parses argv[1..argc) against opts (terminated by an entry with name == NULL). Short
- * aliases: "-n" maps to an option named "n" if the table has one. Returns 0, or 2 after
+ * aliases: "-n" maps to an option named "n" if the table has one. An option whose help begins
+ * with KVM_CLI_DEPRECATED ("deprecated: use --NEW ...") still works and prints one line
+ * "kvmill CMD: --OLD is deprecated: use --NEW" to stderr (once per option). Returns 0, or 2 after
  * printing usage to stdout when --help/-h is given (*help_shown = 1), or 2 after printing
  * an error naming the bad argument to stderr. Positional arguments are collected into
  * pos[0..*n_pos) (at most max_pos; more is an error). */
 int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, kvm_cli_opt *opts,
                   char **pos, int max_pos, int *n_pos, int *help_shown);
+
+#define KVM_CLI_DEPRECATED "deprecated: use --"
 
 /* The parsed value of option `name`, or NULL when absent. */
 const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name);
@@ -43,5 +47,12 @@ const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name);
  * "kvmill CMD: --NAME: ..." to stderr and returns -1. */
 int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
+
+/* Every compression method of compress/eval/kvm_methods.c as one help phrase:
+ * "full|streaming|...|polykv:FILE|sculpt[:OPTS]|..." (static, read-only). */
+const char *kvm_cli_methods(void);
+
+/* The help text of every --model option. */
+#define KVM_CLI_MODEL_HELP "model file: a llama2.c checkpoint or GGUF file"
 
 #endif

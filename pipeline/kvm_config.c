@@ -158,29 +158,87 @@ static int on_pair(void *user, const char *section, const char *name, const char
 {
     kvm_config *c = user;
     char why[512];
+    for (const kvm_cfg_alias *a = kvm_cfg_aliases; a->section; a++)
+        if (!strcmp(a->section, section) && !strcmp(a->old, name)) {
+            fprintf(stderr, "kvmill: %s: [%s] %s is deprecated: use %s\n", c->path, section, name, a->key);
+            name = a->key;
+            break;
+        }
     if (set_value(c, section, name, value, why, sizeof why) == 0) return 1;
     if (!c->first_error) c->first_error = strdup(why);
     return 0;
 }
 
+/* Where each key was set, to refuse a key set twice (libinih would keep the last). */
+typedef struct seen_key {
+    char name[200]; /* "section\0key" flattened as "section.key" */
+    int line;       /* line that set it */
+} seen_key;
+
+/* The "section.key" a `key = value` line sets (section names and keys as libinih trims
+ * them); 0 when the line is not one (comment, blank, section header, continuation). */
+static int line_key(const char *p, size_t len, const char *section, int after_key, char *out, size_t out_n)
+{
+    const char *q = p, *e = p + len;
+    while (q < e && (*q == ' ' || *q == '\t')) q++;
+    if (q == e || *q == ';' || *q == '#' || *q == '[' || (q > p && after_key)) return 0; /* indented: a continuation */
+    const char *eq = q;
+    while (eq < e && *eq != '=' && *eq != ':') eq++;
+    if (eq == e) return 0; /* inih reports the syntax error */
+    const char *k_end = eq;
+    while (k_end > q && (k_end[-1] == ' ' || k_end[-1] == '\t' || k_end[-1] == '\r')) k_end--;
+    snprintf(out, out_n, "%s.%.*s", section, (int)(k_end - q), q);
+    return 1;
+}
+
+/* Records the key a line sets; an error naming both lines when it was set before. */
+static int note_key(const char *name, seen_key **seen, int *n_seen, const char *key, int line)
+{
+    for (int i = 0; i < *n_seen; i++)
+        if (!strcmp((*seen)[i].name, key)) {
+            const char *dot = strchr(key, '.');
+            return kvm_err(KVM_EINVAL, "%s:%d: [%.*s] %s is set again (first set on line %d): keep one of the two", name,
+                           line, (int)(dot - key), key, dot + 1, (*seen)[i].line);
+        }
+    if ((*n_seen & 63) == 0) {
+        seen_key *g = realloc(*seen, (size_t)(*n_seen + 64) * sizeof *g);
+        if (!g) return kvm_err(KVM_ENOMEM, "%s: out of memory", name);
+        *seen = g;
+    }
+    snprintf((*seen)[*n_seen].name, sizeof (*seen)[*n_seen].name, "%s", key);
+    (*seen)[(*n_seen)++].line = line;
+    return 0;
+}
+
 /* What libinih reports badly: lines longer than its 200-byte buffer (it splits them and
- * blames a later line) and section headers without ']' (it keeps going with the previous
- * section). Checked first so the message names the real line. */
+ * blames a later line), section headers without ']' (it keeps going with the previous
+ * section) and a key set twice (it keeps the last). Checked first so the message names
+ * the real line. */
 static int prescan(const char *name, const char *text)
 {
-    int line = 1;
-    for (const char *p = text; *p; line++) {
+    int line = 1, rc = 0, n_seen = 0, after_key = 0;
+    seen_key *seen = NULL;
+    char section[200] = "", key[200];
+    for (const char *p = text; *p && !rc; line++) {
         const char *end = strchr(p, '\n');
         size_t len = end ? (size_t)(end - p) : strlen(p);
         const char *q = p;
         while (q < p + len && (*q == ' ' || *q == '\t')) q++;
-        if (len >= 199) return kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198", name, line, len);
-        if (q < p + len && *q == '[' && !memchr(q, ']', (size_t)(p + len - q)))
-            return kvm_err(KVM_EINVAL, "%s:%d: section header without ']'", name, line);
+        if (len >= 199) rc = kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198", name, line, len);
+        else if (q < p + len && *q == '[') {
+            const char *close = memchr(q, ']', (size_t)(p + len - q));
+            if (!close) rc = kvm_err(KVM_EINVAL, "%s:%d: section header without ']'", name, line);
+            else snprintf(section, sizeof section, "%.*s", (int)(close - q - 1), q + 1);
+            after_key = 0;
+        } else if (line_key(p, len, section, after_key, key, sizeof key)) {
+            rc = note_key(name, &seen, &n_seen, key, line);
+            after_key = 1;
+        }
         if (!end) break;
         p = end + 1;
     }
-    return 0;
+    free(seen);
+    return rc;
 }
 
 static int finish(kvm_config *c, int rc)
@@ -189,9 +247,9 @@ static int finish(kvm_config *c, int rc)
     if (rc > 0)
         return kvm_err(KVM_EINVAL, "%s:%d: %s", c->path, rc, c->first_error ? c->first_error : "syntax error (expected key = value or [section])");
     for (int i = 0; kvm_cfg_settings[i].section; i++)
-        if (!kvm_cfg_settings[i].def && !c->value[i])
-            return kvm_err(KVM_EINVAL, "%s: [%s] %s: required key is missing", c->path, kvm_cfg_settings[i].section,
-                           kvm_cfg_settings[i].key);
+        if (!kvm_cfg_settings[i].def && (!c->value[i] || !*c->value[i]))
+            return kvm_err(KVM_EINVAL, "%s: [%s] %s: required key is %s", c->path, kvm_cfg_settings[i].section,
+                           kvm_cfg_settings[i].key, c->value[i] ? "empty" : "missing");
     return 0;
 }
 

@@ -33,6 +33,17 @@ typedef struct kvm_cfg_setting {
 /* The table (terminated by an entry with section == NULL). */
 extern const kvm_cfg_setting kvm_cfg_settings[];
 
+/* A deprecated key still accepted in files: [section] old is read as [section] key, with a
+ * one-line warning on stderr naming the file and the new key. */
+typedef struct kvm_cfg_alias {
+    const char *section; /* "compress" */
+    const char *old;     /* "synthetic_queries" */
+    const char *key;     /* "queries" */
+} kvm_cfg_alias;
+
+/* The aliases (terminated by an entry with section == NULL). */
+extern const kvm_cfg_alias kvm_cfg_aliases[];
+
 typedef struct kvm_config kvm_config;
 
 /* Parses and validates an INI file. Every error names file, line and key: unknown section

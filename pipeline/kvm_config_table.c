@@ -10,6 +10,27 @@
 #define S KVM_CFG_STR
 #define P KVM_CFG_PATH
 
+/* a sculpt setting's config type and choices, by its kind */
+#define CFG_T_I64 KVM_CFG_INT
+#define CFG_T_INT KVM_CFG_INT
+#define CFG_T_U64 KVM_CFG_INT
+#define CFG_T_F64 KVM_CFG_FLOAT
+#define CFG_T_BOOL KVM_CFG_BOOL
+#define CFG_T_ALLOC KVM_CFG_ENUM
+#define CFG_C_I64 NULL
+#define CFG_C_INT NULL
+#define CFG_C_U64 NULL
+#define CFG_C_F64 NULL
+#define CFG_C_BOOL NULL
+#define CFG_C_ALLOC "uniform|layer|head|gain"
+#define CFG_ROW_0(nm, kd, lo, hi, def, unit, help)
+#define CFG_ROW_1(nm, kd, lo, hi, def, unit, help) {"compress", #nm, CFG_T_##kd, def, lo, hi, CFG_C_##kd, unit, help " (sculpt)"},
+
+const kvm_cfg_alias kvm_cfg_aliases[] = {
+    {"compress", "synthetic_queries", "queries"},
+    {NULL, NULL, NULL},
+};
+
 const kvm_cfg_setting kvm_cfg_settings[] = {
     {"model", "path", P, NULL, 0, 0, NULL, "", "model file (llama2.c checkpoint or .gguf)"},
     {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
@@ -25,16 +46,12 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
      "", "compression method applied to every document"},
     {"compress", "ratio", F, "0.3", 0, 1, NULL, "", "kept fraction: k = ratio*(N-retain) for sculpt methods, b = ratio*N for eviction"},
     {"compress", "budget", I, "0", 0, 1 << 20, NULL, "entries", "entries per KV head instead of ratio (0 = use ratio)"},
-    {"compress", "retain", I, "32", 0, 1 << 20, NULL, "tokens", "retain zone: the last tokens kept unchanged (sculpt methods)"},
-    {"compress", "alloc", E, "uniform", 0, 0, "uniform|layer|head|gain", "", "budget allocation across layers/heads (sculpt)"},
-    {"compress", "bias", B, "false", 0, 0, NULL, "", "learn a logit bias per distilled entry (sculpt)"},
-    {"compress", "synthetic_queries", I, "2048", 0, 1 << 20, NULL, "queries", "synthetic future queries per KV head (sculpt)"},
+    /* the KVSculpt settings, one row each from compress/sculpt/kvm_sculpt_settings.h: the key is
+     * the name `kvmill sculpt|eval --NAME` and method strings use */
+#define KVM_SCULPT_SETTING(nm, kd, field, lo, hi, cfg, def, unit, help, repl) CFG_ROW_##cfg(nm, kd, lo, hi, def, unit, help)
+#include "compress/sculpt/kvm_sculpt_settings.h"
+#undef KVM_SCULPT_SETTING
     {"compress", "future", I, "64", 1, 1 << 20, NULL, "tokens", "synthetic queries are spread over positions N..N+future"},
-    {"compress", "lambda", F, "0.1", 0, 1e6, NULL, "", "weight of the log-sum-exp matching term (sculpt)"},
-    {"compress", "ridge", F, "0.001", 0, 1e6, NULL, "", "ridge alpha relative to the mean diagonal (sculpt)"},
-    {"compress", "rounds", I, "4", 1, 1000, NULL, "", "alternating rounds keys/values (sculpt)"},
-    {"compress", "iterations", I, "30", 1, 100000, NULL, "", "L-BFGS iterations per round (sculpt)"},
-    {"compress", "seed", I, "1", 0, 1LL << 53, NULL, "", "seed of the synthetic queries"},
     {"compress", "strategy", S, "default", 0, 0, NULL, "", "name of the stored PolyKV strategy (method = polykv)"},
 
     {"calibrate", "sculpt", B, "false", 0, 0, NULL, "", "PolyKV calibration offers KVSculpt ([compress] sculpt settings) to every layer"},
@@ -62,11 +79,13 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"run", "progress_s", I, "5", 1, 86400, NULL, "s", "when stderr is not a terminal: a progress line at most this often, and only when something changed"},
     {"run", "job_timeout_s", I, "600", 1, 86400 * 7, NULL, "s", "a job not acknowledged in this time is requeued"},
 
-    {"serve", "workers", I, "1", 1, 256, NULL, "processes", "decode workers started by kvmill serve"},
+    {"serve", "workers", I, "1", 0, 256, NULL, "processes", "decode workers started by kvmill serve; 0 = only external workers"},
     {"serve", "max_prompt_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "longer prompts get an error answer"},
     {"serve", "max_new_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "larger requests get an error answer"},
     {"serve", "max_message_bytes", I, "1048576", 1024, 1LL << 34, NULL, "bytes", "larger messages are rejected"},
     {"serve", "compute_missing", B, "false", 0, 0, NULL, "", "compress a document on demand when its cache is missing"},
+    {"serve", "max_new_caches", I, "64", 0, 1 << 20, NULL, "caches", "most caches compute_missing adds in one server run, all clients together"},
+    {"serve", "max_new_caches_per_key", I, "16", 0, 1 << 20, NULL, "caches", "most caches compute_missing adds in one server run for one CurveZMQ client key (when the front end uses keys)"},
     {"serve", "bind", S, "tcp://127.0.0.1:5555", 0, 0, NULL, "", "front end clients connect to (kvmill serve --bind overrides); non-local needs [security] keys"},
     {"serve", "backend", S, "", 0, 0, NULL, "", "tcp://HOST:PORT base decode workers connect to (ports PORT, PORT+1); empty = ipc:// in [run] run_dir"},
     {"serve", "request_timeout_s", I, "60", 1, 86400, NULL, "s", "a request not answered in this time gets an error answer"},

@@ -126,11 +126,14 @@ static void *zap_thread(void *sock)
         int ok = n >= 7 && zmq_msg_size(&part[5]) == 5 && !memcmp(zmq_msg_data(&part[5]), "CURVE", 5) &&
                  zmq_msg_size(&part[6]) == 32 && key_authorized(zmq_msg_data(&part[6]));
         const char *code = ok ? "200" : "400", *text = ok ? "OK" : "unknown client key";
+        /* the user id (a message's "User-Id" property on the server) is the client's key in Z85 */
+        char user[41] = "";
+        if (ok && !zmq_z85_encode(user, zmq_msg_data(&part[6]), 32)) user[0] = '\0';
         zmq_send(sock, "1.0", 3, ZMQ_SNDMORE);
         zmq_send(sock, n > 1 ? zmq_msg_data(&part[1]) : "", n > 1 ? zmq_msg_size(&part[1]) : 0, ZMQ_SNDMORE);
         zmq_send(sock, code, 3, ZMQ_SNDMORE);
         zmq_send(sock, text, strlen(text), ZMQ_SNDMORE);
-        zmq_send(sock, "", 0, ZMQ_SNDMORE);
+        zmq_send(sock, user, strlen(user), ZMQ_SNDMORE);
         zmq_send(sock, "", 0, 0);
         for (int i = 0; i < n; i++) zmq_msg_close(&part[i]);
     }

@@ -3,6 +3,7 @@
 #include "common/kvm_error.h"
 
 #include <msgpack.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +11,7 @@ static int carried(const kvm_cfg_setting *s)
 {
     return !strcmp(s->section, "model") || !strcmp(s->section, "compress") || !strcmp(s->section, "eval") ||
            !strcmp(s->section, "calibrate") ||
-           (!strcmp(s->section, "store") && !strcmp(s->key, "dtype"));
+           (!strcmp(s->section, "store") && strcmp(s->key, "path")); /* dtype, and the settings the store opens with */
 }
 
 int kvm_jobcfg_pack(const kvm_config *c, uint8_t **mp, size_t *n)
@@ -89,22 +90,128 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out)
     return rc;
 }
 
-int kvm_jobcfg_config_id(const kvm_config *c, kvm_store_id *id, char **canonical, size_t *canonical_len)
+int kvm_jobcfg_check(const kvm_config *c)
+{
+    const char *method = kvm_config_str(c, "compress", "method");
+    int64_t ctx = kvm_config_int(c, "model", "context"), budget = kvm_config_int(c, "compress", "budget");
+    int64_t retain = kvm_config_int(c, "compress", "retain");
+    int sculpt = !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed");
+    if (!strcmp(method, "full")) return 0;
+    if (budget >= ctx)
+        return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
+                                   "cache would be as large as the full one or larger; lower budget (or use method = full)",
+                       kvm_config_path(c), (long long)budget, (long long)ctx);
+    if (sculpt && retain >= ctx)
+        return kvm_err(KVM_EINVAL, "%s: [compress] retain = %lld is not below [model] context = %lld: the retain zone would "
+                                   "keep every token and the distilled entries would make the cache larger than the full "
+                                   "one; lower retain",
+                       kvm_config_path(c), (long long)retain, (long long)ctx);
+    return 0;
+}
+
+int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,
+                         size_t *canonical_len)
 {
     char *comp;
     size_t n;
     int rc = kvm_config_canonical(c, "compress", &comp, &n);
     if (rc) return rc;
-    size_t cap = n + 256;
+    size_t cap = n + 512;
     char *text = malloc(cap);
     if (!text) { free(comp); return kvm_err(KVM_ENOMEM, "config id: out of memory"); }
-    int k = snprintf(text, cap, "model.context=%lld\nstore.dtype=%s\n", (long long)kvm_config_int(c, "model", "context"),
-                     kvm_config_str(c, "store", "dtype"));
+    char hex[KVM_STORE_ID_HEX + 1];
+    int k = snprintf(text, cap, "kvmill.algorithm=%d\nmodel.context=%lld\nstore.dtype=%s\n", KVM_JOBCFG_ALGORITHM_VERSION,
+                     (long long)kvm_config_int(c, "model", "context"), kvm_config_str(c, "store", "dtype"));
     memcpy(text + k, comp, n);
     free(comp);
     size_t len = (size_t)k + n;
+    if (strategy_hash)
+        len += (size_t)snprintf(text + len, cap - len, "strategy.hash=%s\n", kvm_store_id_hex(strategy_hash, hex));
     kvm_store_hash_bytes(text, len, id);
     if (canonical) { *canonical = text; *canonical_len = len; }
     else free(text);
     return 0;
+}
+
+int kvm_jobcfg_config_id_in(const kvm_config *c, kvm_store *s, const kvm_store_id *model_id, kvm_store_id *id,
+                            char **canonical, size_t *canonical_len)
+{
+    if (strcmp(kvm_config_str(c, "compress", "method"), "polykv"))
+        return kvm_jobcfg_config_id(c, NULL, id, canonical, canonical_len);
+    const char *name = kvm_config_str(c, "compress", "strategy");
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = s ? kvm_store_get_strategy(s, model_id, name, &buf, &len) : KVM_ENOTFOUND;
+    if (rc == KVM_ENOTFOUND) {
+        char hex[KVM_STORE_ID_HEX + 1];
+        return kvm_err(KVM_ENOTFOUND, "no PolyKV strategy '%s' is stored for model %s: run kvmill calibrate --config %s "
+                                      "--docs DIR first", name, kvm_store_id_hex(model_id, hex), kvm_config_path(c));
+    }
+    if (rc) return rc;
+    kvm_store_id h;
+    kvm_store_hash_bytes(buf, len, &h);
+    free(buf);
+    return kvm_jobcfg_config_id(c, &h, id, canonical, canonical_len);
+}
+
+/* The value of line "name=..." in text[0, n) (pointer and length), or NULL. */
+static const char *line_value(const char *text, size_t n, const char *name, size_t *len)
+{
+    size_t nl = strlen(name);
+    for (const char *p = text, *e = text + n; p < e;) {
+        const char *eol = memchr(p, '\n', (size_t)(e - p));
+        if (!eol) eol = e;
+        if ((size_t)(eol - p) > nl && !memcmp(p, name, nl) && p[nl] == '=') {
+            *len = (size_t)(eol - p) - nl - 1;
+            return p + nl + 1;
+        }
+        p = eol + 1;
+    }
+    return NULL;
+}
+
+/* 1 when a and b hold the same lines once the kvmill.algorithm and strategy.hash lines are
+ * left out. */
+static int same_settings(const char *a, size_t an, const char *b, size_t bn)
+{
+    const char *pa = a, *ea = a + an, *pb = b, *eb = b + bn;
+    for (;;) {
+        const char *la = NULL, *lb = NULL, *ta = NULL, *tb = NULL;
+        while (pa < ea) { /* next kept line of a */
+            ta = memchr(pa, '\n', (size_t)(ea - pa));
+            if (!ta) ta = ea;
+            if (strncmp(pa, "kvmill.algorithm=", 17) && strncmp(pa, "strategy.hash=", 14)) { la = pa; break; }
+            pa = ta + 1;
+        }
+        while (pb < eb) {
+            tb = memchr(pb, '\n', (size_t)(eb - pb));
+            if (!tb) tb = eb;
+            if (strncmp(pb, "kvmill.algorithm=", 17) && strncmp(pb, "strategy.hash=", 14)) { lb = pb; break; }
+            pb = tb + 1;
+        }
+        if (!la || !lb) return !la && !lb;
+        if (ta - la != tb - lb || memcmp(la, lb, (size_t)(ta - la))) return 0;
+        pa = ta + 1;
+        pb = tb + 1;
+    }
+}
+
+kvm_jobcfg_state kvm_jobcfg_compare(const char *cache, size_t cache_len, const char *cur, size_t cur_len)
+{
+    if (cache_len == cur_len && !memcmp(cache, cur, cur_len)) return KVM_JOBCFG_OK;
+    if (!same_settings(cache, cache_len, cur, cur_len)) return KVM_JOBCFG_OTHER;
+    size_t al = 0, bl = 0;
+    const char *a = line_value(cache, cache_len, "kvmill.algorithm", &al), *b = line_value(cur, cur_len, "kvmill.algorithm", &bl);
+    if (!a || !b || al != bl || memcmp(a, b, al)) return KVM_JOBCFG_STALE_ALGORITHM;
+    return KVM_JOBCFG_STALE_STRATEGY;
+}
+
+const char *kvm_jobcfg_state_name(kvm_jobcfg_state st)
+{
+    switch (st) {
+    case KVM_JOBCFG_OK: return "ok";
+    case KVM_JOBCFG_STALE_STRATEGY: return "stale-strategy";
+    case KVM_JOBCFG_STALE_ALGORITHM: return "stale-algorithm";
+    default: return "other-config";
+    }
 }

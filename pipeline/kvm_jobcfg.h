@@ -10,16 +10,65 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Packs the settings of sections model, compress, eval and store.dtype as a MessagePack map
- * (malloc'ed *mp of *n bytes). Returns 0 or KVM_ENOMEM. */
+/* Packs the settings of sections model, compress, eval, calibrate and store (all but
+ * store.path: each host names its own; map_size_mb, map_max_mb and cap_mb are what a worker
+ * started without a config opens the store with) as a MessagePack map (malloc'ed *mp of *n
+ * bytes). Returns 0 or KVM_ENOMEM. */
 int kvm_jobcfg_pack(const kvm_config *c, uint8_t **mp, size_t *n);
 
 /* Rebuilds a config from such a map (unknown or invalid settings are errors naming the key).
  * Returns 0 and *out, KVM_EPROTO (not a map of strings), KVM_EINVAL, KVM_ENOMEM. */
 int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
 
-/* The config id: BLAKE2b-256 of the canonical text of every setting that changes the stored
- * cache (model.context, store.dtype, the compress section). */
-int kvm_jobcfg_config_id(const kvm_config *c, kvm_store_id *id, char **canonical, size_t *canonical_len);
+/* Version of what a cache holds for given settings: the solver, the eviction patterns,
+ * the defaults they fall back on, the cache encoding. It is hashed into every config id.
+ * MIGRATION RULE: a change that makes the same settings produce a different cache (a solver
+ * fix, a new default inside compress/, another layout) bumps this number by one, in the
+ * same commit, with a line in README "Run semantics". Caches made before then keep their
+ * old config id: the next `kvmill run` compresses those documents again (it never serves an
+ * old cache for the new algorithm), `kvmill store ls --config F` lists the old ones as
+ * `stale-algorithm` and `kvmill store rm --stale --config F` removes them. */
+#define KVM_JOBCFG_ALGORITHM_VERSION 1
+
+/* Settings that are each valid alone but together would not compress: [compress] budget
+ * at or above [model] context (any method but full), or retain at or above the context
+ * (sculpt methods: the retain zone alone would hold every token). Returns 0 or KVM_EINVAL
+ * with a message naming the setting, its value and the context. */
+int kvm_jobcfg_check(const kvm_config *c);
+
+/* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:
+ * the manifest's config bytes) of everything that changes a stored cache, one
+ * "name=value\n" line each, in this order: kvmill.algorithm (KVM_JOBCFG_ALGORITHM_VERSION),
+ * model.context, store.dtype, every [compress] setting (resolved, defaults included,
+ * numbers in one spelling), then strategy.hash=HEX (BLAKE2b-256 of the PolyKV strategy's
+ * stored bytes) when strategy_hash is not NULL. Returns 0 or KVM_ENOMEM. */
+int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,
+                         size_t *canonical_len);
+
+/* The config id of the caches config c makes for model_id with store s: for method polykv
+ * the strategy [compress] strategy stored for model_id is read from s and its hash goes
+ * into the id (so a recalibrated strategy gives new ids); other methods ignore s (may be
+ * NULL). Errors: KVM_ENOTFOUND (polykv and no such strategy: the message says to run
+ * kvmill calibrate), the store's errors, KVM_ENOMEM. */
+int kvm_jobcfg_config_id_in(const kvm_config *c, kvm_store *s, const kvm_store_id *model_id, kvm_store_id *id,
+                            char **canonical, size_t *canonical_len);
+
+/* How a stored cache's config stands against the caches config c would make now. */
+typedef enum kvm_jobcfg_state {
+    KVM_JOBCFG_OK = 0,              /* same config id: the cache is what a run would make */
+    KVM_JOBCFG_STALE_STRATEGY = 1,  /* same settings, made with another PolyKV strategy */
+    KVM_JOBCFG_STALE_ALGORITHM = 2, /* same settings, made by another algorithm version */
+    KVM_JOBCFG_OTHER = 3,           /* other settings, or another model */
+} kvm_jobcfg_state;
+
+/* Compares a manifest's config bytes (cache[0, cache_len): the canonical text written by
+ * kvm_jobcfg_config_id, possibly by an older build without a kvmill.algorithm line, which
+ * counts as version 0) with the current canonical text cur[0, cur_len). Line order is the
+ * canonical one, so the texts are compared line by line with kvmill.algorithm and
+ * strategy.hash set aside. Pure function, no errors. */
+kvm_jobcfg_state kvm_jobcfg_compare(const char *cache, size_t cache_len, const char *cur, size_t cur_len);
+
+/* "ok", "stale-strategy", "stale-algorithm", "other-config". */
+const char *kvm_jobcfg_state_name(kvm_jobcfg_state st);
 
 #endif

@@ -7,6 +7,7 @@
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
@@ -48,6 +49,7 @@ typedef struct job {
     kvm_msg **kv;         /* [n_layers] buffered kv messages of the current attempt */
     int64_t prog_done, prog_total; /* progress its compress worker last reported (heartbeat) */
     int n_kv;
+    int claimed;          /* this run holds the document's claim in the store */
     char reason[512];     /* why it failed */
 } job;
 
@@ -84,6 +86,10 @@ typedef struct orch {
     char base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int64_t compress_results; /* results received from compress workers */
     kvm_store_id model_id, config_id; /* the caches this run writes */
+    kvm_store_id tok_id;      /* tokenizer the stages record in their manifests */
+    kvm_store *store;         /* the store (claims, the "stored meanwhile?" check) */
+    char owner[192], host[64]; /* this run's claims: kvm_storew_owner */
+    double last_renew;        /* when the claims were last renewed, ms */
     int mode;                 /* MODE_RUN or MODE_CALIBRATE */
     uint64_t reduce_id;       /* calibrate: id of the strategy build request */
     int reduce_worker;        /* calibrate: strategy worker holding it, or -1 */
@@ -613,6 +619,33 @@ static void dispatch_reduce(orch *o)
     o->reduce_worker = w;
 }
 
+/* A document another live run is compressing is left to it (counted as claimed) and one
+ * stored meanwhile is skipped; else this run claims it (a lease renewed in the loop).
+ * Returns 1 when j is not to be sent. */
+static int claim_job(orch *o, job *j)
+{
+    if (j->claimed || !o->store || o->mode != MODE_RUN) return 0;
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    kvm_store_claim holder;
+    int taken = 0, found = 0;
+    if (kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder)) {
+        orch_log("could not claim %s (%s): compressing it anyway\n", j->doc->name, kvm_errmsg());
+        taken = 1;
+    }
+    if (kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
+    if (found || !taken) {
+        if (!found) orch_log("%s is being compressed by %s on %s: left to it\n", j->doc->name, holder.owner, holder.host);
+        j->state = J_SKIPPED;
+        o->n_open--;
+        if (found) o->sum->skipped++;
+        else o->sum->claimed++;
+        return 1;
+    }
+    j->claimed = 1;
+    return 0;
+}
+
+
 /* The prefetch bound: documents prefilled (or in prefill) but not yet taken by a compress
  * worker. [run] max_prefetch, or 0 = 2 per live compress worker. A prefill dispatch takes
  * one credit; handing the KV to compress (or a failure, or a requeue) gives it back. */
@@ -636,7 +669,7 @@ static int64_t prefetch_used(const orch *o)
 static int dispatch_first(orch *o, job *j, int64_t i)
 {
     int w = idle_worker(o, o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL);
-    if (w < 0 || job_load(o, j)) return 0;
+    if (w < 0 || claim_job(o, j) || job_load(o, j)) return 0; /* claim first: a document left to another run is not read */
     kvm_msg *m = NULL;
     if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
         requeue(o, j, kvm_errmsg());
@@ -742,8 +775,8 @@ static void progress(orch *o, int final)
     for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
     char inflight[512];
     inflight_progress(o, inflight, sizeof inflight);
-    kvm_orch_progress_print(&o->prog, o->sum->compressed + failed, o->n_jobs - o->sum->skipped, o->sum->tokens, inflight,
-                            final);
+    kvm_orch_progress_print(&o->prog, o->sum->compressed + failed, o->n_jobs - o->sum->skipped - o->sum->claimed,
+                            o->sum->tokens, inflight, final);
 }
 
 /* ---- setup ---- */
@@ -850,10 +883,15 @@ static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m
 static int cache_stored(orch *o, kvm_store *store, const job *j, int *found)
 {
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
-    int rc = kvm_store_has_cache(store, &key, NULL, found);
+    int rc = kvm_store_has_cache(store, &key, &o->tok_id, found);
+    if (rc == KVM_EMISMATCH) { /* made from another tokenizer's ids: compressed again (the put replaces it) */
+        orch_log("the stored cache of %s is refused (%s): compressing it again\n", j->doc->name, kvm_errmsg());
+        *found = 0;
+        return 0;
+    }
     if (rc == 0 && *found) {
         kvm_store_cache *c = NULL;
-        rc = kvm_store_get_cache(store, &key, NULL, &c);
+        rc = kvm_store_get_cache(store, &key, &o->tok_id, &c);
         kvm_store_cache_free(&c);
     }
     if (rc == KVM_ECORRUPT) {
@@ -900,7 +938,7 @@ static void count_evictions(orch *o, kvm_store *store)
         kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = o->config_id};
         int found = 1;
         written++;
-        if (kvm_store_has_cache(store, &key, NULL, &found) == 0 && !found) own++;
+        if (kvm_store_has_cache(store, &key, &o->tok_id, &found) == 0 && !found) own++;
     }
     o->sum->evicted_own = own;
     if (own > 0)
@@ -918,21 +956,12 @@ static int prepare(orch *o, kvm_store **store)
                              &o->own_run_dir);
     if (rc) return rc;
     snprintf(o->store_path, sizeof o->store_path, "%s", kvm_config_str(o->cfg, "store", "path"));
-    kvm_store_opts so = {.map_size_bytes = kvm_config_int(o->cfg, "store", "map_size_mb") << 20,
-                         .map_max_bytes = kvm_config_int(o->cfg, "store", "map_max_mb") << 20,
-                         .cap_bytes = kvm_config_int(o->cfg, "store", "cap_mb") << 20};
-    rc = kvm_store_open(o->store_path, &so, store);
+    rc = kvm_storew_open(o->cfg, o->store_path, 0, store);
     if (rc) return rc;
+    o->store = *store;
+    if (o->mode == MODE_RUN) kvm_storew_owner(o->owner, sizeof o->owner, o->host, sizeof o->host);
     kvm_store_id model_id, config_id;
-    if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id)) ||
-        (rc = kvm_jobcfg_config_id(o->cfg, &config_id, NULL, NULL)))
-        return rc;
-    o->model_id = model_id;
-    o->config_id = config_id;
-    kvm_store_stats ss;
-    if ((rc = kvm_store_stats_get(*store, &ss))) return rc;
-    o->evicted0 = ss.n_evicted;
-    if (o->mode == MODE_RUN && (rc = mark_skipped(o, *store))) return rc;
+    if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id))) return rc;
     if (o->mode == MODE_RUN && !strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
         uint8_t *buf = NULL;
         size_t len = 0;
@@ -945,6 +974,16 @@ static int prepare(orch *o, kvm_store **store)
         }
         if (rc) return rc;
     }
+    kvm_store_stats ss;
+    if ((rc = kvm_store_stats_get(*store, &ss))) return rc;
+    o->evicted0 = ss.n_evicted;
+    if (o->mode == MODE_RUN &&
+        ((rc = kvm_jobcfg_config_id_in(o->cfg, *store, &model_id, &config_id, NULL, NULL)) ||
+         (rc = kvm_worker_tokenizer_id(o->cfg, &model_id, &o->tok_id))))
+        return rc;
+    o->model_id = model_id;
+    o->config_id = config_id;
+    if (o->mode == MODE_RUN && (rc = mark_skipped(o, *store))) return rc;
     if ((rc = bind_sockets(o))) return rc;
     return o->n_open > 0 ? start_stages(o) : 0;
 }
@@ -973,6 +1012,10 @@ static void loop(orch *o)
         if (items[1].revents & ZMQ_POLLIN) receive(o, o->data, 0);
         check_health(o);
         dispatch(o);
+        if (o->owner[0] && t0 - o->last_renew > o->dead_ms / 4) { /* claims live while the jobs do */
+            if (kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms)) orch_log("%s\n", kvm_errmsg());
+            o->last_renew = t0;
+        }
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
         progress(o, 0);
     }
@@ -1037,10 +1080,13 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     int rc = prepare(&o, &store), status = 0;
     if (rc) {
         orch_log("%s\n", kvm_errmsg());
-        status = rc == KVM_EINVAL ? 2 : 1;
+        status = rc == KVM_EINVAL || rc == KVM_EFORMAT ? 2 : 1; /* EFORMAT: the store is not one (truncated, foreign) */
     } else {
-        orch_log("%lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
-                (long long)sum->skipped, o.run_dir);
+        if (mode == MODE_CALIBRATE) /* calibration measures every document: none is skipped as stored */
+            orch_log("%lld calibration documents, each measured, run directory %s\n", (long long)o.n_jobs, o.run_dir);
+        else
+            orch_log("%lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
+                     (long long)sum->skipped, o.run_dir);
         loop(&o);
         /* results trail acks by a message: collect them for the per-stage times */
         for (double end = kvm_now_ms() + 1000; kvm_now_ms() < end && interrupts < 2 && o.compress_results < sum->compressed;) {
@@ -1062,6 +1108,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         kvm_store_list_caches(store, &o.model_id, sum_bytes, &o); /* this model's caches only */
         count_evictions(&o, store);
     }
+    if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     kvm_store_close(&store);
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
     free(o.jobs);

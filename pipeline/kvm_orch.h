@@ -23,6 +23,7 @@ typedef struct kvm_orch_summary {
     int64_t evaluated;                              /* documents with a KL measurement ([eval]) */
     double kl_sum;                                  /* sum of their mean KL, nats */
     double transport_ms;                            /* message encode/decode/copy/send, stages + orchestrator */
+    int64_t claimed;                                /* documents left to another live run compressing them */
     int64_t prefetch_peak;                          /* most documents prefilled (or in prefill) but not yet
                                                        taken by compress at once ([run] max_prefetch) */
     int64_t evicted;                                /* caches the store's cap evicted during the run */

@@ -78,8 +78,26 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
         if (*pub && (rc = kvm_curve_check_pair(sec, pub))) return rc; /* clients get pub: it must match */
         if ((rc = kvm_curve_server(zctx, sock, sec, auth))) return rc;
     }
-    if (zmq_bind(sock, endpoint))
-        return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
+    /* ZeroMQ binds to interfaces and numeric addresses only: "localhost" would be taken for an
+     * interface name ("No such device"), and a bracketed IPv6 address needs ZMQ_IPV6 */
+    char ep[1100];
+    snprintf(ep, sizeof ep, "%s", endpoint);
+    if (!strncmp(endpoint, "tcp://localhost:", 16)) snprintf(ep, sizeof ep, "tcp://127.0.0.1:%s", endpoint + 16);
+    if (!strncmp(ep, "tcp://[", 7)) {
+        int one = 1;
+        if (zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one))
+            return kvm_err(KVM_EIO, "%s: cannot enable IPv6 for %s: %s", what, endpoint, zmq_strerror(errno));
+    }
+    if (zmq_bind(sock, ep)) return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
+    return 0;
+}
+
+int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t n)
+{
+    size_t len = n;
+    if (n == 0) return 0;
+    if (sock && zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, out, &len) == 0 && len > 1 && out[0]) return 1;
+    snprintf(out, n, "%s", fallback ? fallback : "");
     return 0;
 }
 
@@ -94,6 +112,13 @@ typedef struct srv_slot {
     int early_exits;   /* consecutive exits before the process ever connected */
 } srv_slot;
 
+/* New caches [serve] compute_missing added (or is adding) for one client key. */
+typedef struct srv_client {
+    char key[48];  /* the client's CurveZMQ public key, Z85 */
+    int64_t made;  /* caches added for it this server run */
+    int64_t out;   /* grants held by requests in flight */
+} srv_client;
+
 typedef struct srv_worker {
     char id[256];        /* routing id (= --id) */
     int alive;           /* heard from within the liveness window */
@@ -105,6 +130,8 @@ typedef struct srv_worker {
                             the client already got an error answer (timeout) */
     uint64_t request_id; /* of the busy request */
     double t_sent;       /* when it was handed to the worker */
+    int grant;           /* the busy request may add a cache (compute_grant): one grant held */
+    int grant_client;    /* index in srv.clients of the grant's client key, or -1 */
 } srv_worker;
 
 typedef struct srv_request {
@@ -112,6 +139,7 @@ typedef struct srv_request {
     kvm_msg *msg;        /* the ask */
     uint64_t request_id; /* its request id */
     double t_recv;       /* arrival, ms */
+    char key[48];        /* the client's CurveZMQ key (the message's User-Id), "" without CurveZMQ */
 } srv_request;
 
 typedef struct srv {
@@ -130,6 +158,13 @@ typedef struct srv {
     double hb_ms, dead_ms, timeout_ms;
     int64_t max_msg_bytes;
     uint64_t served, failed;
+    int front_curve;                   /* the front end authenticates clients (CurveZMQ) */
+    int compute_missing;               /* [serve] compute_missing */
+    int64_t max_new, max_new_per_key;  /* [serve] max_new_caches, max_new_caches_per_key */
+    int64_t new_made, new_out;         /* caches added this run; grants held by requests in flight */
+    int new_full_logged;               /* the "allowance used up" line was logged */
+    srv_client *clients;               /* per client key, when front_curve */
+    int n_clients, cap_clients;
 } srv;
 
 static volatile sig_atomic_t interrupts;
@@ -245,8 +280,81 @@ static int worker_find(srv *s, const kvm_frame *idf, int create)
     snprintf(wk->id, sizeof wk->id, "%s", id);
     for (int i = 0; i < s->n_slots; i++)
         if (!strcmp(s->slots[i].id, id)) wk->slot = i, s->slots[i].early_exits = 0;
-    log_line("%s decode worker %s joined", wk->slot >= 0 ? "started" : "external", id);
+    if (wk->slot >= 0)
+        log_line("decode worker %s joined (started by this server)", id);
+    else
+        log_line("external decode worker %s joined", id);
     return w;
+}
+
+/* ---- [serve] compute_missing allowance: max_new_caches per run, max_new_caches_per_key ---- */
+
+/* Index of the client entry for key (created when absent), or -1 without a key / memory. */
+static int client_slot(srv *s, const char *key)
+{
+    if (!key || !*key) return -1;
+    for (int i = 0; i < s->n_clients; i++)
+        if (!strcmp(s->clients[i].key, key)) return i;
+    if (s->n_clients == s->cap_clients) {
+        int cap = s->cap_clients ? 2 * s->cap_clients : 8;
+        srv_client *c = realloc(s->clients, (size_t)cap * sizeof *c);
+        if (!c) return -1;
+        s->clients = c;
+        s->cap_clients = cap;
+    }
+    srv_client *c = &s->clients[s->n_clients];
+    memset(c, 0, sizeof *c);
+    snprintf(c->key, sizeof c->key, "%s", key);
+    return s->n_clients++;
+}
+
+/* Whether a request from `key` may add a cache: the run's allowance, and the key's when the
+ * front end authenticates clients, each counting the grants in flight. On yes, one grant is
+ * held for it (released by grant_done) and *client is its client entry. */
+static int grant_take(srv *s, const char *key, int *client)
+{
+    *client = -1;
+    if (!s->compute_missing || s->new_made + s->new_out >= s->max_new) return 0;
+    if (s->front_curve) {
+        int c = client_slot(s, key);
+        if (c < 0) return 0; /* a keyed front end without a key: not expected; refuse */
+        if (s->clients[c].made + s->clients[c].out >= s->max_new_per_key) return 0;
+        s->clients[c].out++;
+        *client = c;
+    }
+    s->new_out++;
+    return 1;
+}
+
+/* The request that held worker wk's grant ended; new_cache: it added a cache. */
+static void grant_done(srv *s, srv_worker *wk, int new_cache)
+{
+    if (!wk->grant) return;
+    wk->grant = 0;
+    s->new_out--;
+    srv_client *c = wk->grant_client >= 0 ? &s->clients[wk->grant_client] : NULL;
+    if (c) c->out--;
+    if (!new_cache) return;
+    s->new_made++;
+    if (c) c->made++;
+    if (c)
+        log_line("request %llu added a cache: %lld of [serve] max_new_caches = %lld this run, %lld of "
+                 "max_new_caches_per_key = %lld for client key %.8s...",
+                 (unsigned long long)wk->request_id, (long long)s->new_made, (long long)s->max_new, (long long)c->made,
+                 (long long)s->max_new_per_key, c->key);
+    else
+        log_line("request %llu added a cache: %lld of [serve] max_new_caches = %lld this run",
+                 (unsigned long long)wk->request_id, (long long)s->new_made, (long long)s->max_new);
+    if (c && c->made >= s->max_new_per_key)
+        log_line("client key %.8s... has added its [serve] max_new_caches_per_key = %lld caches: its missing caches "
+                 "are refused from now on",
+                 c->key, (long long)s->max_new_per_key);
+    if (s->new_made >= s->max_new && !s->new_full_logged) {
+        s->new_full_logged = 1;
+        log_line("[serve] max_new_caches = %lld caches added: missing caches are refused from now on (compress them "
+                 "with kvmill run)",
+                 (long long)s->max_new);
+    }
 }
 
 /* The worker is gone: its client gets an error; a spawned one is restarted. */
@@ -261,6 +369,7 @@ static void worker_dead(srv *s, int w, const char *why)
         reply_error(s, &wk->env, wk->request_id, KVM_EIO, msg);
     }
     kvm_msg_free(&wk->env);
+    grant_done(s, wk, 0);
     wk->alive = wk->idle = wk->busy = 0;
     if (wk->slot >= 0 && !interrupts) {
         srv_slot *sl = &s->slots[wk->slot];
@@ -338,6 +447,8 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
         return;
     }
     srv_request r = {.env = *env, .msg = *m, .request_id = rid, .t_recv = kvm_now_ms()};
+    const char *uid = kvm_msg_user_id(*m);
+    snprintf(r.key, sizeof r.key, "%s", uid ? uid : "");
     if (queue_push(s, r)) {
         snprintf(why, sizeof why, "server busy: %lld requests are waiting ([serve] max_queue); try again later",
                  (long long)s->n_queue);
@@ -400,6 +511,7 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
         return;
     }
     wk->busy = 0;
+    grant_done(s, wk, ok && a.new_cache);
     double ms = kvm_now_ms() - wk->t_sent;
     if (!wk->env) {
         log_line("request %llu: answer from %s arrived after the client's timeout (%.0f ms); dropped",
@@ -439,6 +551,7 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
     }
     if (!wk->busy) return;
     wk->busy = 0;
+    grant_done(s, wk, 0);
     if (!wk->env) return;
     char why[1024];
     snprintf(why, sizeof why, "decode worker %s failed: %.*s", wk->id, (int)(e.message.len < 900 ? e.message.len : 900),
@@ -472,6 +585,33 @@ static void receive_back(srv *s, void *sock, int is_ctl)
 
 /* ---- scheduling and health ---- */
 
+/* Gives back a grant taken for a request that never reached a worker. */
+static void grant_release_unused(srv *s, int client)
+{
+    s->new_out--;
+    if (client >= 0) s->clients[client].out--;
+}
+
+/* Sets the request's compute_grant field (re-encoding the ask) to whether it may add a cache;
+ * the client's own value never passes. *grant = 1 when a grant is held for it. */
+static int with_grant(srv *s, srv_request *r, int *grant, int *client)
+{
+    kvm_proto_ask ask;
+    *grant = 0;
+    *client = -1;
+    int rc = kvm_proto_ask_decode(r->msg, &ask); /* decoded fine on arrival */
+    if (rc) return rc;
+    if (!s->compute_missing && !ask.compute_grant) return 0; /* nothing to grant, nothing to overwrite */
+    /* a stored document named by hash or name is never computed: no grant to hold */
+    if (!ask.has_doc_hash && ask.doc_name.len == 0) *grant = grant_take(s, r->key, client);
+    ask.compute_grant = *grant != 0;
+    kvm_msg *m = NULL;
+    if ((rc = kvm_proto_ask_encode(&ask, &m))) return rc;
+    kvm_msg_free(&r->msg);
+    r->msg = m;
+    return 0;
+}
+
 static void dispatch(srv *s)
 {
     while (s->n_queue > 0) {
@@ -482,14 +622,24 @@ static void dispatch(srv *s)
         srv_worker *wk = &s->workers[w];
         srv_request r = s->queue[0];
         queue_remove(s, 0);
+        int client = -1, grant = 0, rc = 0;
+        if ((rc = with_grant(s, &r, &grant, &client))) {
+            if (grant) grant_release_unused(s, client);
+            reply_error(s, &r.env, r.request_id, rc, kvm_errmsg());
+            kvm_msg_free(&r.msg);
+            continue;
+        }
         kvm_msg *env = NULL;
-        int rc = kvm_msg_new(&env);
+        rc = kvm_msg_new(&env);
         if (!rc) rc = kvm_msg_add_copy(env, wk->id, strlen(wk->id));
         if (!rc) rc = kvm_msg_join(env, &r.msg);
         if (!rc) rc = kvm_msg_send(s->data, &env, ZMQ_DONTWAIT);
         kvm_msg_free(&env);
         kvm_msg_free(&r.msg);
         wk->idle = 0;
+        wk->grant = grant;
+        wk->grant_client = client;
+        wk->request_id = r.request_id;
         if (rc) {
             worker_dead(s, w, "could not be reached");
             reply_error(s, &r.env, r.request_id, KVM_EIO, "the decode worker could not be reached; try again");
@@ -612,10 +762,20 @@ static int prepare(srv *s)
     }
     if (zmq_setsockopt(s->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg))
         return kvm_err(KVM_EIO, "ZMQ_MAXMSGSIZE: %s", zmq_strerror(errno));
-    if ((rc = kvm_serve_bind(s->zctx, s->front, s->front_ep, cfg, 1, "--bind")) ||
+    char what[1200];
+    if (s->o->bind)
+        snprintf(what, sizeof what, "--bind");
+    else
+        snprintf(what, sizeof what, "[serve] bind in %s", kvm_config_path(cfg));
+    s->front_curve = !kvm_curve_is_local(s->front_ep) || *kvm_config_str(cfg, "security", "server_secret_key");
+    if ((rc = kvm_serve_bind(s->zctx, s->front, s->front_ep, cfg, 1, what)) ||
         (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 1, "[serve] backend")) ||
         (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 1, "[serve] backend")))
         return rc;
+    /* the ready line shows what was bound: a :0 or :* port as the port the system chose */
+    char bound[1024];
+    if (kvm_serve_bound_endpoint(s->front, s->front_ep, bound, sizeof bound))
+        snprintf(s->front_ep, sizeof s->front_ep, "%s", bound);
     for (int i = 0; i < s->n_slots; i++)
         if ((rc = spawn_slot(s, i))) return rc;
     return 0;
@@ -678,6 +838,9 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     s.timeout_ms = 1000.0 * (double)kvm_config_int(cfg, "serve", "request_timeout_s");
     s.max_queue = kvm_config_int(cfg, "serve", "max_queue");
     s.max_msg_bytes = kvm_config_int(cfg, "serve", "max_message_bytes");
+    s.compute_missing = kvm_config_bool(cfg, "serve", "compute_missing");
+    s.max_new = kvm_config_int(cfg, "serve", "max_new_caches");
+    s.max_new_per_key = kvm_config_int(cfg, "serve", "max_new_caches_per_key");
     s.announced = s.n_slots == 0;
     struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
@@ -713,6 +876,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     for (int w = 0; w < s.n_workers; w++)
         kvm_msg_free(&s.workers[w].env);
     free(s.queue);
+    free(s.clients);
     if (s.front) zmq_close(s.front);
     if (s.ctl) zmq_close(s.ctl);
     if (s.data) zmq_close(s.data);

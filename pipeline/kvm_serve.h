@@ -14,6 +14,7 @@
 #include "pipeline/kvm_config.h"
 #include "proto/kvm_proto.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* What `kvmill serve` passes in; NULL / negative fields take the config's values. */
@@ -28,7 +29,12 @@ typedef struct kvm_serve_opts {
 /* Runs the broker until SIGTERM/SIGINT: binds the front end and the back end, starts the
  * workers, relays requests and answers, enforces [serve] max_message_bytes (ZMQ_MAXMSGSIZE
  * on the front end: a larger frame drops the sending connection; a larger multipart
- * request gets an error answer), max_queue and request_timeout_s. Logs to stderr, one line
+ * request gets an error answer), max_queue and request_timeout_s, and bounds what
+ * compute_missing may add: each request handed to a worker carries compute_grant, true only
+ * while fewer than [serve] max_new_caches caches were added this run (and, when the front end
+ * uses CurveZMQ, fewer than max_new_caches_per_key for the client's key), counting requests
+ * in flight that hold a grant; the worker's answer says (new_cache) whether it used it.
+ * Logs to stderr, one line
  * per request; prints "kvmill serve: ready ..." once every started worker has reported
  * ready. Installs its own SIGINT/SIGTERM handlers for the duration. Not reentrant (one
  * broker per process). Returns the exit status: 0 after a clean stop, 1 when a socket or
@@ -43,12 +49,19 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);
  * authorized_keys in cfg; with `curve_if_keyed` a local endpoint uses CurveZMQ too when
  * server_secret_key is set. Under CurveZMQ only clients whose public key is a *.public
  * file in authorized_keys get through (ZAP handler of kvm_curve_server, started in zctx).
- * `what` names the setting in messages ("[serve] bind"). Call before any connection.
+ * `what` names the setting in messages ("[serve] bind in FILE", "--bind"). tcp://localhost:PORT
+ * binds 127.0.0.1; a bracketed IPv6 address (tcp://[::1]:PORT) turns on ZMQ_IPV6. Call before
+ * any connection.
  * Errors: KVM_EINVAL (non-local without keys: the message names [security] and kvmill
  * keygen), kvm_curve_server's errors (KVM_ENOTFOUND, KVM_EFORMAT, KVM_EIO), KVM_EIO (bind
  * failed: names the endpoint and ZeroMQ's reason). */
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
                    const char *what);
+
+/* The endpoint sock is bound to, as ZeroMQ reports it (ZMQ_LAST_ENDPOINT): a `:0` or `:*`
+ * port resolved to the port chosen, localhost as 127.0.0.1. Writes it to out[0, n) and
+ * returns 1; writes `fallback` and returns 0 when ZeroMQ has none. */
+int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t n);
 
 /* Builds an error `answer` for request_id: status (a kvm_status < 0) and message (a C
  * string, cut to KVM_PROTO_MAX_MESSAGE_BYTES). *out is new (caller frees or sends).

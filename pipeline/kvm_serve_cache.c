@@ -40,7 +40,7 @@ int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_wor
             frames[(size_t)l * MAX_FRAMES_PER_LAYER + f] = kvm_msg_frame(msgs[l], f);
         layers[l] = (kvm_store_layer){.frames = &frames[(size_t)l * MAX_FRAMES_PER_LAYER], .n_frames = (uint32_t)nf};
     }
-    if (!rc) rc = kvm_jobcfg_config_id(cfg, &man.config_id, &canon, &canon_n);
+    if (!rc) rc = kvm_jobcfg_config_id_in(cfg, store, &wm->model_id, &man.config_id, &canon, &canon_n);
     if (!rc) rc = kvm_store_doc_hash(tokens, n_tokens, &man.doc_hash);
     if (!rc) {
         snprintf(man.dtype, sizeof man.dtype, "%s", dn);

@@ -21,7 +21,7 @@ typedef struct kvm_stage_args {
     const char *device;    /* --device cpu|cuda:N */
     const char *store;     /* --store PATH (NULL if not given) */
     const char *model;     /* --model PATH: overrides the model path a job's settings carry */
-    const char *config;    /* --config FILE (decode workers) */
+    const char *config;    /* --config FILE (decode workers; compress/strategy: [store] settings) */
     int threads;           /* --threads N */
     int heartbeat_ms;      /* --heartbeat-ms */
     int grace_s;           /* --grace-s */

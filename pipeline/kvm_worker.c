@@ -2,9 +2,11 @@
 #include "pipeline/kvm_worker.h"
 #include "model/kvm_tokenizer_find.h"
 #include "compress/sculpt/kvm_sculpt.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "common/kvm_error.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,28 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
     return 0;
 }
 
+static int file_is_gguf(const char *path)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(magic, 1, 4, f) : 0;
+    if (f) fclose(f);
+    return n == 4 && !memcmp(magic, "GGUF", 4);
+}
+
+int kvm_worker_tokenizer_id(const kvm_config *c, const kvm_store_id *model_id, kvm_store_id *out)
+{
+    const char *path = kvm_config_str(c, "model", "path"), *tp = kvm_config_str(c, "model", "tokenizer");
+    char tpath[4096];
+    memset(out, 0, sizeof *out);
+    if (!*tp && file_is_gguf(path)) {
+        *out = *model_id;
+        return 0;
+    }
+    if (kvm_tokenizer_find_for_model(path, *tp ? tp : NULL, tpath, sizeof tpath)) return 0;
+    return kvm_store_hash_file(tpath, out);
+}
+
 void kvm_worker_model_free(kvm_worker_model *wm)
 {
     kvm_tokenizer_close(&wm->tok);
@@ -36,20 +60,17 @@ int kvm_worker_sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt
 {
     *o = kvm_sculpt_opts_default();
     o->mode = mode;
-    o->retain_tokens = kvm_config_int(c, "compress", "retain");
+    int n, rc = 0;
+    const kvm_sculpt_setting *set = kvm_sculpt_settings(&n);
+    for (int i = 0; !rc && i < n; i++) /* every [compress] key the sculpt table has, by the same name */
+        if (set[i].in_config) rc = kvm_sculpt_opts_set(o, set[i].name, kvm_config_str(c, "compress", set[i].name));
+    if (rc) return rc;
     o->ratio = kvm_config_float(c, "compress", "ratio");
     int64_t budget = kvm_config_int(c, "compress", "budget");
     if (budget > 0) o->k_entries = budget > o->retain_tokens ? budget - o->retain_tokens : 0;
-    o->n_synth = kvm_config_int(c, "compress", "synthetic_queries");
     o->future_tokens = kvm_config_int(c, "compress", "future");
-    o->lambda = kvm_config_float(c, "compress", "lambda");
-    o->ridge_alpha = kvm_config_float(c, "compress", "ridge");
-    o->rounds = (int)kvm_config_int(c, "compress", "rounds");
-    o->lbfgs_iters = (int)kvm_config_int(c, "compress", "iterations");
-    o->bias = kvm_config_bool(c, "compress", "bias");
-    o->seed = (uint64_t)kvm_config_int(c, "compress", "seed");
     o->threads = (int)kvm_config_int(c, "stages", "threads");
-    return kvm_sculpt_alloc_parse(kvm_config_str(c, "compress", "alloc"), &o->alloc);
+    return 0;
 }
 
 int kvm_worker_strategy(const kvm_config *c, kvm_store *store, const kvm_store_id *model_id, uint8_t **buf,

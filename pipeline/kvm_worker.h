@@ -26,6 +26,13 @@ typedef struct kvm_worker_model {
  * (so big models are hashed once), else from hashing the file. Returns 0, or the error. */
 int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store);
 
+/* The tokenizer id kvm_worker_model_get records for config c's model without loading the
+ * model: model_id for a GGUF file read without [model] tokenizer (it embeds its own), else
+ * BLAKE2b-256 of the tokenizer file ([model] tokenizer, or the one beside the model); all
+ * zero when there is none. The orchestrator's "already stored?" check compares it with
+ * the manifests. Errors: KVM_EIO (a file cannot be read). */
+int kvm_worker_tokenizer_id(const kvm_config *c, const kvm_store_id *model_id, kvm_store_id *out);
+
 /* Frees the model and tokenizer. */
 void kvm_worker_model_free(kvm_worker_model *wm);
 

@@ -50,6 +50,11 @@ int kvm_mpr__array(kvm_mpr *r, uint32_t *n);
 int kvm_mpr__str(kvm_mpr *r, const char **s, uint32_t *len);
 int kvm_mpr__bin(kvm_mpr *r, const uint8_t **b, uint32_t *len);
 int kvm_mpr__bool(kvm_mpr *r, int *v);
+/* The length a str or bin at r declares, read from its header only (r does not move), and
+ * the bytes left after that header (left may be NULL), so a caller can say how long a value
+ * that does not fit is. Errors: KVM_MPR_TYPE (not str/bin), KVM_MPR_TRUNC (the length bytes
+ * themselves are cut off). */
+int kvm_mpr__declared_len(const kvm_mpr *r, uint32_t *len, size_t *left);
 /* Any integer: *neg = 1 and *i when negative, else *neg = 0 and *u. */
 int kvm_mpr__int(kvm_mpr *r, int *neg, int64_t *i, uint64_t *u);
 /* float32, float64 or any integer, as a double. */

@@ -153,6 +153,16 @@ int kvm_mpr__bin(kvm_mpr *r, const uint8_t **b, uint32_t *len)
     return rc;
 }
 
+int kvm_mpr__declared_len(const kvm_mpr *r, uint32_t *len, size_t *left)
+{
+    kvm_mpr c = *r;
+    int kind = kvm_mpr__kind(&c), rc = KVM_MPR_TYPE;
+    if (kind == KVM_MPK_STR) rc = kvm_mpr__len(&c, 0xa0, 0xbf, 0x1f, 0xd9, 0xda, 0xdb, len);
+    if (kind == KVM_MPK_BIN) rc = kvm_mpr__len(&c, 1, 0, 0, 0xc4, 0xc5, 0xc6, len);
+    if (rc == 0 && left) *left = kvm_mpr__left(&c);
+    return rc;
+}
+
 int kvm_mpr__bool(kvm_mpr *r, int *v)
 {
     if (r->p >= r->end) return KVM_MPR_TRUNC;

@@ -47,9 +47,12 @@ void kvm_msg_free(kvm_msg **msg)
     for (size_t i = 0; i < (*msg)->n; i++)
         kvm_msg__part_release(&(*msg)->parts[i]);
     free((*msg)->parts);
+    free((*msg)->user_id);
     free(*msg);
     *msg = NULL;
 }
+
+const char *kvm_msg_user_id(const kvm_msg *msg) { return msg ? msg->user_id : NULL; }
 
 size_t kvm_msg_nframes(const kvm_msg *msg) { return msg ? msg->n : 0; }
 
@@ -131,6 +134,10 @@ int kvm_msg_join(kvm_msg *msg, kvm_msg **back)
         rc = kvm_msg__push(msg, b->parts[i]); /* releases on failure */
     for (; i < b->n; i++)
         kvm_msg__part_release(&b->parts[i]);
+    if (!msg->user_id)
+        msg->user_id = b->user_id; /* the joined message keeps the payload's User-Id */
+    else
+        free(b->user_id);
     free(b->parts);
     free(b);
     return rc;

@@ -119,4 +119,11 @@ int kvm_msg_send(void *socket, kvm_msg **msg, int flags);
  * KVM_MSG_MAX_FRAMES parts: the message is drained and dropped), KVM_ENOMEM, KVM_EINVAL. */
 int kvm_msg_recv(void *socket, kvm_msg **out, int flags);
 
+/* The "User-Id" ZeroMQ reported for the connection a received message came from: what the
+ * ZAP handler returned for the peer (kvmill's: the client's CurveZMQ public key in Z85), or
+ * NULL (not received, no ZAP, or an empty user id). The string lives as long as msg, which
+ * keeps it through kvm_msg_split (the envelope part does not get it); kvm_msg_join gives the
+ * joined message back's when msg has none. */
+const char *kvm_msg_user_id(const kvm_msg *msg);
+
 #endif

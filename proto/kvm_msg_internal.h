@@ -18,6 +18,7 @@ struct kvm_msg {
     kvm_msg__part *parts; /* [cap], the first n in use */
     size_t n;             /* frames */
     size_t cap;           /* allocated parts */
+    char *user_id;        /* ZeroMQ "User-Id" of the connection it came from (kvm_msg_recv), or NULL */
 };
 
 /* Appends a part as given (ownership rules of the part's fields). On failure the part is

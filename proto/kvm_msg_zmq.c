@@ -102,6 +102,14 @@ static int kvm_zmq__recv_part(void *socket, kvm_msg *msg, int flags, int *more)
         return kvm_zmq__fail("kvm_msg_recv", msg->n);
     }
     *more = zmq_msg_more(zm);
+    if (!msg->user_id) {
+        const char *uid = zmq_msg_gets(zm, "User-Id");
+        if (uid && *uid && !(msg->user_id = strdup(uid))) {
+            zmq_msg_close(zm);
+            free(zm);
+            return kvm_err(KVM_ENOMEM, "kvm_msg_recv: out of memory");
+        }
+    }
     void *data = zmq_msg_data(zm);
     size_t size = zmq_msg_size(zm);
     if (size && ((uintptr_t)data % KVM_MSG_BLOB_ALIGN) != 0) { /* keep the alignment promise */

@@ -39,6 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
+#define KVM_PROTO_REVISION 2                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -53,6 +54,8 @@
 #define KVM_PROTO_MAX_NAME_BYTES 1024          /* ids, names, stage, worker id, device */
 #define KVM_PROTO_MAX_MESSAGE_BYTES 65536      /* error / status message */
 #define KVM_PROTO_MAX_TEXT_BYTES (8u << 20)    /* document text, prompt, answer text */
+#define KVM_PROTO_MAX_DOC_BYTES (16u << 20)    /* an ask's doc_bytes (revision 2) */
+#define KVM_PROTO_MAX_TYPE_BYTES 64            /* the "type" string of a header */
 #define KVM_PROTO_MAX_SETTINGS 256             /* entries of a job's settings map */
 #define KVM_PROTO_MAX_ATTEMPTS 1000            /* job attempt counter */
 #define KVM_PROTO_MAX_STATUS 65535             /* status codes lie in [-65535, 0] */
@@ -88,6 +91,13 @@ typedef struct kvm_proto_str {
     const char *ptr; /* first byte */
     size_t len;      /* bytes */
 } kvm_proto_str;
+
+/* Raw bytes (MessagePack bin), any values. Decoded: borrowed from the message. Encoding: ptr
+ * may be NULL when len == 0. */
+typedef struct kvm_proto_bytes {
+    const uint8_t *ptr; /* first byte */
+    size_t len;         /* bytes */
+} kvm_proto_bytes;
 
 /* A kvm_proto_str over a C string (NULL gives the empty string). */
 kvm_proto_str kvm_proto_str_c(const char *s);
@@ -290,20 +300,32 @@ typedef struct kvm_proto_get_cache {
 int kvm_proto_get_cache_encode(const kvm_proto_get_cache *in, kvm_msg **out);
 int kvm_proto_get_cache_decode(const kvm_msg *msg, kvm_proto_get_cache *out);
 
-/* ---- ask: client -> serve. The document is text or tokens, exactly one. ---- */
+/* ---- ask: client -> serve. The document is given in exactly one of five ways. ---- */
 typedef struct kvm_proto_ask {
     uint64_t request_id;       /* "request_id" uint: echoed in the answer */
     kvm_proto_str doc_text;    /* "doc_text" str: document as text; 0..MAX_TEXT_BYTES; empty when
-                                  the document comes as tokens */
-    int64_t n_doc_tokens;      /* "n_doc_tokens" uint: [0, MAX_TOKENS]; 0 when given as text */
+                                  the document comes another way */
+    int64_t n_doc_tokens;      /* "n_doc_tokens" uint: [0, MAX_TOKENS]; 0 unless given as tokens */
     const int32_t *doc_tokens; /* tensor "doc_tokens": i32 [n_doc_tokens], ids >= 0; present iff
                                  n_doc_tokens > 0 (NULL otherwise) */
     kvm_proto_str prompt;      /* "prompt" str: appended after the document; 0..MAX_TEXT_BYTES */
     int64_t max_new_tokens;    /* "max_new_tokens" uint: [0, MAX_TOKENS] */
     double temperature;        /* "temperature" float: [0, 100], 0 = greedy; optional, default 0 */
+    /* revision 2 (older readers ignore these; PROTOCOL.md §9) */
+    kvm_proto_bytes doc_bytes; /* "doc_bytes" bin, optional: the document file's bytes, any
+                                  values (binary, latin-1); 0..MAX_DOC_BYTES; written when len > 0 */
+    bool has_doc_hash;         /* doc_hash below is given ("doc_hash" present) */
+    uint8_t doc_hash[KVM_PROTO_ID_BYTES]; /* "doc_hash" bin 32, optional: a stored document, by the
+                                  BLAKE2b-256 of its token ids (kvmill store ls --csv) */
+    kvm_proto_str doc_name;    /* "doc_name" str, optional: a stored document, by the name kvmill
+                                  run stored it under; 0..MAX_NAME_BYTES, empty = not given */
+    bool compute_grant;        /* "compute_grant" bool, optional: set by kvmill serve on the request
+                                  it hands to a decode worker (the client's value is replaced):
+                                  the worker may add one cache under [serve] compute_missing */
 } kvm_proto_ask;
-/* ask codec. Checks: exactly one of doc_text (non-empty) and doc_tokens (n_doc_tokens > 0);
- * token ids >= 0. 0 or 1 tensor frame. */
+/* ask codec. Checks: exactly one of doc_text (non-empty), doc_bytes (non-empty), doc_tokens
+ * (n_doc_tokens > 0), doc_hash (has_doc_hash) and doc_name (non-empty); token ids >= 0.
+ * 0 or 1 tensor frame. */
 int kvm_proto_ask_encode(const kvm_proto_ask *in, kvm_msg **out);
 int kvm_proto_ask_decode(const kvm_msg *msg, kvm_proto_ask *out);
 
@@ -320,8 +342,11 @@ typedef struct kvm_proto_answer {
     double decode_ms;      /* "decode_ms" float: generation; [0, MAX_MS] */
     double total_ms;       /* "total_ms" float: request to answer; [0, MAX_MS] */
     kvm_proto_str message; /* "message" str: error detail when status < 0; 0..MAX_MESSAGE_BYTES */
+    bool new_cache;        /* "new_cache" bool, optional (revision 2): the worker computed the
+                              document's cache for this answer and stored it (compute_missing) */
 } kvm_proto_answer;
-/* answer codec. Checks: token ids >= 0. 1 tensor frame (empty when n_tokens == 0). */
+/* answer codec. Checks: token ids >= 0; text is valid UTF-8 without NUL (a worker replaces
+ * what is not: model/kvm_utf8.h). 1 tensor frame (empty when n_tokens == 0). */
 int kvm_proto_answer_encode(const kvm_proto_answer *in, kvm_msg **out);
 int kvm_proto_answer_decode(const kvm_msg *msg, kvm_proto_answer *out);
 

@@ -186,6 +186,16 @@ int kvm_proto__check_values(const kvm_proto__spec *spec, const void *s)
             rc = kvm_proto__check_str(tn, f->key, v.ptr, v.len, f->min, f->max);
             break;
         }
+        case KVM_PF_BIN: {
+            kvm_proto_bytes v;
+            memcpy(&v, m, sizeof v);
+            if (v.len && !v.ptr)
+                rc = kvm_err(KVM_EINVAL, "%s: field '%s': NULL with length %zu", tn, f->key, v.len);
+            else if ((v.len || f->required) && ((int64_t)v.len < f->min || v.len > (uint64_t)f->max))
+                rc = kvm_err(KVM_ERANGE, "%s: field '%s': %zu bytes, allowed %lld..%lld", tn, f->key, v.len,
+                             (long long)f->min, (long long)f->max);
+            break;
+        }
         case KVM_PF_SETTINGS: {
             const uint8_t *p;
             size_t n;
@@ -223,6 +233,27 @@ int kvm_proto__check_values(const kvm_proto__spec *spec, const void *s)
     return 0;
 }
 
+int kvm_proto__str_fail(const kvm_mpr *r, int rc, const char *prefix, const char *what, uint64_t limit,
+                        const char *expected)
+{
+    uint32_t len;
+    size_t left = 0;
+    int kind = kvm_mpr__kind(r);
+    /* the envelope's prefix "header: " says the same as "truncated header: " */
+    const char *tp = strcmp(prefix, "header: ") ? prefix : "";
+    if (rc == KVM_MPR_TRUNC && (kind == KVM_MPK_STR || kind == KVM_MPK_BIN) &&
+        kvm_mpr__declared_len(r, &len, &left) == 0) {
+        if (limit && len > limit)
+            return kvm_err(KVM_ERANGE, "%s%s is a %s of %u bytes, too long: the limit is %llu bytes", prefix, what,
+                           kvm_mpr__kind_name(kind), len, (unsigned long long)limit);
+        return kvm_err(KVM_EPROTO, "%struncated header: %s is a %s of %u bytes, but only %zu bytes are left", tp, what,
+                       kvm_mpr__kind_name(kind), len, left);
+    }
+    if (rc == KVM_MPR_TRUNC) return kvm_err(KVM_EPROTO, "%struncated header: %s is cut short", tp, what);
+    if (rc == KVM_MPR_DEEP) return kvm_err(KVM_EPROTO, "%s%s nests deeper than %d", prefix, what, KVM_MPR_MAX_DEPTH);
+    return kvm_err(KVM_EPROTO, "%s%s is %s, expected %s", prefix, what, kvm_mpr__kind_name(kind), expected);
+}
+
 /* Reads "v" and "type" of a header map; other keys are skipped. */
 int kvm_proto__envelope(const kvm_msg *msg, kvm_proto_type *type)
 {
@@ -246,9 +277,11 @@ int kvm_proto__envelope(const kvm_msg *msg, kvm_proto_type *type)
     for (uint32_t i = 0; i < n; i++) {
         const char *k;
         uint32_t kl;
-        if ((rc = kvm_mpr__str(&r, &k, &kl)) != 0)
-            return kvm_err(KVM_EPROTO, "%s header: key %u is %s, expected str",
-                           rc == KVM_MPR_TRUNC ? "truncated" : "bad", i, kvm_mpr__kind_name(kvm_mpr__kind(&r)));
+        if ((rc = kvm_mpr__str(&r, &k, &kl)) != 0) {
+            char what[32];
+            snprintf(what, sizeof what, "key %u", i);
+            return kvm_proto__str_fail(&r, rc, "header: ", what, 0, "str");
+        }
         if (kl == 1 && k[0] == 'v') {
             int neg;
             int64_t iv;
@@ -261,11 +294,18 @@ int kvm_proto__envelope(const kvm_msg *msg, kvm_proto_type *type)
         } else if (kl == 4 && memcmp(k, "type", 4) == 0) {
             if (tname) return kvm_err(KVM_EPROTO, "header: duplicate field 'type'");
             if ((rc = kvm_mpr__str(&r, &tname, &tlen)) != 0)
-                return kvm_err(KVM_EPROTO, "header: field 'type' is %s, expected str",
-                               kvm_mpr__kind_name(kvm_mpr__kind(&r)));
+                return kvm_proto__str_fail(&r, rc, "header: ", "field 'type'", KVM_PROTO_MAX_TYPE_BYTES, "str");
+            if (tlen > KVM_PROTO_MAX_TYPE_BYTES)
+                return kvm_err(KVM_ERANGE, "header: field 'type' is a str of %u bytes, too long: the limit is %d bytes",
+                               tlen, KVM_PROTO_MAX_TYPE_BYTES);
         } else if ((rc = kvm_mpr__skip(&r)) != 0) {
-            char q[64];
+            char q[64], what[96];
             kvm_proto__quote(q, sizeof q, k, kl);
+            snprintf(what, sizeof what, "field '%s'", q);
+            uint32_t len;
+            size_t left;
+            if (rc == KVM_MPR_TRUNC && kvm_mpr__declared_len(&r, &len, &left) == 0)
+                return kvm_proto__str_fail(&r, rc, "header: ", what, 0, "a value");
             return kvm_err(KVM_EPROTO, "truncated header: value of field '%s' is cut short or too deep", q);
         }
     }

@@ -27,6 +27,15 @@ static int kvm_dec__bad(kvm_proto_type t, const kvm_mpr *r, int rc, const char *
                            expected);
 }
 
+/* Detail for a str/bin field that could not be read (its limit named when it is too long). */
+static int kvm_dec__strbad(kvm_proto_type t, const kvm_mpr *r, int rc, const char *what, int64_t limit,
+                           const char *expected)
+{
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "%s: ", kvm_proto_type_name(t));
+    return kvm_proto__str_fail(r, rc, prefix, what, limit > 0 ? (uint64_t)limit : 0, expected);
+}
+
 /* Reads one field's value into its member. */
 static int kvm_dec__field(kvm_proto_type t, const kvm_proto__field *f, kvm_mpr *r, uint8_t *s)
 {
@@ -74,7 +83,7 @@ static int kvm_dec__field(kvm_proto_type t, const kvm_proto__field *f, kvm_mpr *
     case KVM_PF_STR: {
         kvm_proto_str v;
         uint32_t n;
-        if ((rc = kvm_mpr__str(r, &v.ptr, &n)) != 0) return kvm_dec__bad(t, r, rc, what, "str");
+        if ((rc = kvm_mpr__str(r, &v.ptr, &n)) != 0) return kvm_dec__strbad(t, r, rc, what, f->max, "str");
         v.len = n;
         memcpy(s + f->off, &v, sizeof v);
         return 0;
@@ -86,6 +95,27 @@ static int kvm_dec__field(kvm_proto_type t, const kvm_proto__field *f, kvm_mpr *
         if (n != KVM_PROTO_ID_BYTES)
             return kvm_proto__fail(KVM_EPROTO, t, "%s has %u bytes, expected %d", what, n, KVM_PROTO_ID_BYTES);
         memcpy(s + f->off, b, KVM_PROTO_ID_BYTES);
+        return 0;
+    }
+    case KVM_PF_BIN: {
+        kvm_proto_bytes v;
+        uint32_t n;
+        if ((rc = kvm_mpr__bin(r, &v.ptr, &n)) != 0) return kvm_dec__strbad(t, r, rc, what, f->max, "bin");
+        if (n < f->min || n > f->max)
+            return kvm_proto__fail(KVM_ERANGE, t, "%s has %u bytes, allowed %lld..%lld", what, n, (long long)f->min,
+                                   (long long)f->max);
+        v.len = n;
+        memcpy(s + f->off, &v, sizeof v);
+        return 0;
+    }
+    case KVM_PF_ID32_OPT: {
+        const uint8_t *b;
+        uint32_t n;
+        if ((rc = kvm_mpr__bin(r, &b, &n)) != 0) return kvm_dec__bad(t, r, rc, what, "bin");
+        if (n != KVM_PROTO_ID_BYTES)
+            return kvm_proto__fail(KVM_EPROTO, t, "%s has %u bytes, expected %d", what, n, KVM_PROTO_ID_BYTES);
+        memcpy(s + f->off, b, KVM_PROTO_ID_BYTES);
+        *(bool *)(s + f->aux_off) = true;
         return 0;
     }
     case KVM_PF_SETTINGS: {
@@ -330,7 +360,20 @@ static int kvm_dec__all(const kvm_proto__spec *sp, const kvm_msg *msg, uint8_t *
 {
     kvm_proto_type t = sp->type, got;
     int rc = kvm_proto__envelope(msg, &got);
-    if (rc) return kvm_proto__fail(rc, t, "%s", kvm_errmsg());
+    if (rc) {
+        /* a field's value the envelope pass could not skip (a string declaring more bytes than
+         * there are): the field pass knows that field's limit, and says it when it is exceeded */
+        kvm_frame f0 = kvm_msg_frame(msg, 0);
+        char env[900];
+        snprintf(env, sizeof env, "%s", kvm_errmsg());
+        if (kvm_msg_nframes(msg) > 0 && f0.size > 0 && f0.size <= KVM_PROTO_MAX_HEADER_BYTES) {
+            kvm_desc d[KVM_PROTO_MAX_FRAMES];
+            uint32_t n_desc = 0;
+            int frc = kvm_dec__header(sp, f0, s, d, &n_desc);
+            if (frc == KVM_ERANGE) return frc;
+        }
+        return kvm_proto__fail(rc, t, "%s", env);
+    }
     if (got != t)
         return kvm_proto__fail(KVM_EPROTO, t, "expected message type '%s', got '%s'", kvm_proto_type_name(t),
                                kvm_proto_type_name(got));

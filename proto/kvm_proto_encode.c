@@ -97,7 +97,13 @@ static int kvm_enc__field(msgpack_packer *pk, msgpack_sbuffer *sb, const kvm_pro
         return bad | kvm_enc__str(pk, v.ptr, v.len);
     }
     case KVM_PF_ID32:
+    case KVM_PF_ID32_OPT:
         return bad | msgpack_pack_bin(pk, KVM_PROTO_ID_BYTES) | msgpack_pack_bin_body(pk, m, KVM_PROTO_ID_BYTES);
+    case KVM_PF_BIN: {
+        kvm_proto_bytes v;
+        memcpy(&v, m, sizeof v);
+        return bad | msgpack_pack_bin(pk, v.len) | (v.len ? msgpack_pack_bin_body(pk, v.ptr, v.len) : 0);
+    }
     case KVM_PF_SETTINGS: {
         const uint8_t *p;
         size_t n;
@@ -121,6 +127,12 @@ static int kvm_enc__field(msgpack_packer *pk, msgpack_sbuffer *sb, const kvm_pro
 
 static int kvm_enc__present_field(const kvm_proto__field *f, const uint8_t *s)
 {
+    if (f->kind == KVM_PF_ID32_OPT) return *(const bool *)(s + f->aux_off);
+    if (f->kind == KVM_PF_BIN) {
+        kvm_proto_bytes v;
+        memcpy(&v, s + f->off, sizeof v);
+        return f->required || v.len > 0;
+    }
     if (f->kind != KVM_PF_SETTINGS) return 1;
     const uint8_t *p;
     memcpy(&p, s + f->off, sizeof p);

@@ -21,6 +21,9 @@ enum kvm_proto__kind {
     KVM_PF_ID32,     /* bin 32 -> uint8_t[32] */
     KVM_PF_SETTINGS, /* map str -> scalar -> const uint8_t * raw bytes + size_t at aux_off */
     KVM_PF_NAMES,    /* [str] -> kvm_proto_str[MAX_PATTERNS] + int64_t count at aux_off */
+    KVM_PF_BIN,      /* bin  -> kvm_proto_bytes, length [min, max]; optional ones are written
+                        only when len > 0 */
+    KVM_PF_ID32_OPT, /* bin 32 -> uint8_t[32] + bool presence at aux_off (written when true) */
 };
 
 /* One header field of a message type. */
@@ -93,6 +96,14 @@ typedef struct kvm_proto__spec {
     {                                                                                                                  \
 #m, KVM_PF_ID32, offsetof(T, m), req, 0, 0, 0.0, 0.0, 0                                                        \
     }
+#define KVM_F_BIN(T, m, req, lo, hi)                                                                                   \
+    {                                                                                                                  \
+#m, KVM_PF_BIN, offsetof(T, m), req, lo, hi, 0.0, 0.0, 0                                                       \
+    }
+#define KVM_F_ID32_OPT(T, m, flag)                                                                                     \
+    {                                                                                                                  \
+#m, KVM_PF_ID32_OPT, offsetof(T, m), 0, 0, 0, 0.0, 0.0, offsetof(T, flag)                                      \
+    }
 #define KVM_F_SETTINGS(T, m, nbytes)                                                                                   \
     {                                                                                                                  \
 #m, KVM_PF_SETTINGS, offsetof(T, m), 0, 0, 0, 0.0, 0.0, offsetof(T, nbytes)                                    \
@@ -129,6 +140,14 @@ int kvm_proto__fail(int status, kvm_proto_type type, const char *fmt, ...) __att
 
 /* Writes a printable, shortened copy of untrusted bytes into dst (for detail messages). */
 void kvm_proto__quote(char *dst, size_t cap, const char *s, size_t n);
+
+/* Detail for a header value that could not be read as a str/bin (kvm_mpr result rc at r):
+ * a declared length beyond `limit` (0: none) is "too long: the limit is N bytes"
+ * (KVM_ERANGE); one past the end of the header is a truncated header (KVM_EPROTO); otherwise
+ * the wrong type, "`what` is KIND, expected `expected`". prefix goes in front ("header: "). */
+struct kvm_mpr;
+int kvm_proto__str_fail(const struct kvm_mpr *r, int rc, const char *prefix, const char *what, uint64_t limit,
+                        const char *expected);
 
 /* Parses the envelope of frame 0 ("v" and "type"); see kvm_proto_peek. */
 int kvm_proto__envelope(const kvm_msg *msg, kvm_proto_type *type);

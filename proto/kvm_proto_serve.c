@@ -1,5 +1,6 @@
 /* kvm_proto_serve.c: the serving messages: `get_cache` (fetch a stored cache by ids), `ask`
- * (a prompt over a document, given as text or tokens) and `answer`. */
+ * (a prompt over a document, given as text, bytes or tokens, or named by hash or name) and
+ * `answer`. */
 #include <stddef.h>
 
 #include "common/kvm_error.h"
@@ -31,6 +32,10 @@ static const kvm_proto__field kvm_ask__fields[] = {
     KVM_F_STR(kvm_proto_ask, prompt, 1, 0, KVM_PROTO_MAX_TEXT_BYTES),
     KVM_F_I64(kvm_proto_ask, max_new_tokens, 1, 0, KVM_PROTO_MAX_TOKENS),
     KVM_F_F64(kvm_proto_ask, temperature, 0, 0.0, 100.0),
+    KVM_F_BIN(kvm_proto_ask, doc_bytes, 0, 0, KVM_PROTO_MAX_DOC_BYTES),
+    KVM_F_ID32_OPT(kvm_proto_ask, doc_hash, has_doc_hash),
+    KVM_F_STR(kvm_proto_ask, doc_name, 0, 0, KVM_PROTO_MAX_NAME_BYTES),
+    KVM_F_BOOL(kvm_proto_ask, compute_grant, 0),
 };
 static const kvm_proto__tensor kvm_ask__tensors[] = {
     KVM_T(kvm_proto_ask, doc_tokens, I32, -1, 0, "n_doc_tokens", 1, offsetof(kvm_proto_ask, n_doc_tokens)),
@@ -42,8 +47,13 @@ static int kvm_ask__check_tensors(const void *v)
     if (a->n_doc_tokens > 0 && !a->doc_tokens)
         return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_ASK, "missing tensor 'doc_tokens' (n_doc_tokens = %lld)",
                                (long long)a->n_doc_tokens);
-    if ((a->doc_text.len > 0) == (a->n_doc_tokens > 0))
-        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_ASK, "exactly one of 'doc_text' and 'doc_tokens' must be given");
+    int given = (a->doc_text.len > 0) + (a->n_doc_tokens > 0) + (a->doc_bytes.len > 0) + (a->has_doc_hash != 0) +
+                (a->doc_name.len > 0);
+    if (given != 1)
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_ASK,
+                               "%s of 'doc_text', 'doc_bytes', 'doc_tokens', 'doc_hash' and 'doc_name' given: exactly "
+                               "one names the document",
+                               given ? "several" : "none");
     return kvm_proto__check_i32(KVM_PROTO_ASK, "doc_tokens", a->doc_tokens, a->n_doc_tokens, 0, INT32_MAX);
 }
 
@@ -68,6 +78,7 @@ static const kvm_proto__field kvm_answer__fields[] = {
     KVM_F_F64(kvm_proto_answer, decode_ms, 0, 0.0, KVM_PROTO_MAX_MS),
     KVM_F_F64(kvm_proto_answer, total_ms, 0, 0.0, KVM_PROTO_MAX_MS),
     KVM_F_STR(kvm_proto_answer, message, 0, 0, KVM_PROTO_MAX_MESSAGE_BYTES),
+    KVM_F_BOOL(kvm_proto_answer, new_cache, 0),
 };
 static const kvm_proto__tensor kvm_answer__tensors[] = {
     KVM_T(kvm_proto_answer, tokens, I32, -1, 1, "n_tokens", 1, offsetof(kvm_proto_answer, n_tokens)),

@@ -4,6 +4,7 @@
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
@@ -14,18 +15,25 @@
 
 typedef struct compress_state {
     kvm_worker_model wm;
-    kvm_store *store;
+    kvm_store *store;       /* opened in setup (--config) or with the first job's settings */
+    const char *store_path; /* --store */
     char worker_id[256];
 } compress_state;
 
+/* The store opens with [store] settings: of --config when given, else of the first job. */
 static int setup(void *stp, const kvm_stage_args *a)
 {
     compress_state *st = stp;
     st->wm.override = a->model;
     snprintf(st->worker_id, sizeof st->worker_id, "%s", a->worker_id ? a->worker_id : "compress");
     if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH");
-    kvm_store_opts so = {0};
-    return kvm_store_open(a->store, &so, &st->store);
+    st->store_path = a->store;
+    if (!a->config) return 0;
+    kvm_config *cfg = NULL;
+    int rc = kvm_config_load(a->config, &cfg);
+    if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
+    kvm_config_free(&cfg);
+    return rc;
 }
 
 static int complete(void *st, kvm_msg *const *in, int n_in)
@@ -117,6 +125,22 @@ static void record_meta(compress_state *st, const kvm_proto_job *j)
         fprintf(stderr, "[compress] could not record model/document metadata: %s\n", kvm_errmsg());
 }
 
+/* The cache is stored under the config id computed from the strategy read when it was
+ * stored; the compression read it a moment before. When a recalibration replaced the
+ * strategy in between (the id changed since `before`), the cache may hold the old
+ * strategy under the new id: it is removed and the job is handed back to be redone. */
+static int check_strategy_kept(compress_state *st, const kvm_config *cfg, const kvm_proto_job *j,
+                               const kvm_store_id *before)
+{
+    kvm_store_cache_key key = {.model_id = st->wm.model_id};
+    int rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &key.config_id, NULL, NULL);
+    if (rc || !memcmp(&key.config_id, before, sizeof *before)) return rc;
+    if ((rc = kvm_store_doc_hash(j->tokens, j->n_tokens, &key.doc_hash))) return rc;
+    kvm_store_rm_cache(st->store, &key);
+    return kvm_err(KVM_ESTATE, "the PolyKV strategy was replaced while job %llu was compressed: compressing it again",
+                   (unsigned long long)j->job_id);
+}
+
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
 {
     compress_state *st = stp;
@@ -127,6 +151,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
+    if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
     double t0 = kvm_now_ms();
@@ -134,8 +159,11 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     out->transport_ms += kvm_now_ms() - t0;
     kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
                              .n_future = kvm_config_int(cfg, "compress", "future"), .progress = &out->progress};
+    kvm_store_id before;
+    if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
     if ((rc = kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
     if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
+    if ((rc = check_strategy_kept(st, cfg, &j, &before))) { *retryable = 1; goto done; }
     record_meta(st, &j);
     if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0)
         evaluate(st->wm.model, &j, cc, out);

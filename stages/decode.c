@@ -1,21 +1,26 @@
 /* decode.c: the kvmill-decode stage (a serving worker of kvmill serve): for an `ask` it
- * tokenises and hashes the document exactly as `kvmill run` does, loads the document's
- * compressed cache from the store (or compresses it on demand with [serve]
- * compute_missing), appends the prompt in one batched prefill, generates up to
- * max_new_tokens (greedy, or at the request's temperature) and answers with the text, the
- * token ids and timings. Every refusal (limits, context window, missing cache) is an error
- * `answer`, so the client always learns why. */
+ * tokenises and hashes the document exactly as `kvmill run` does (or finds a stored one by
+ * hash or name), loads the document's compressed cache from the store (or compresses it on
+ * demand with [serve] compute_missing, when the broker granted it), appends the prompt in one
+ * batched prefill, generates up to max_new_tokens (greedy, or at the request's temperature)
+ * and answers with the text (valid UTF-8: model/kvm_utf8.h), the token ids and timings.
+ * Every refusal (limits, context window, missing cache) is an error `answer`, so the client
+ * always learns why. */
 #include "common/kvm_error.h"
 #include "model/kvm_capture.h"
 #include "model/kvm_forward.h"
 #include "model/kvm_sampler.h"
+#include "model/kvm_utf8.h"
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,6 +35,8 @@ typedef struct decode_state {
     int64_t ctx;            /* [model] context: documents are truncated to it */
     int64_t max_prompt, max_new;
     int compute_missing;
+    int64_t max_new_caches, max_new_caches_per_key; /* for messages; the broker enforces them */
+    int keyed;                                      /* the front end authenticates client keys */
 } decode_state;
 
 static int setup(void *stp, const kvm_stage_args *a)
@@ -40,10 +47,8 @@ static int setup(void *stp, const kvm_stage_args *a)
     int rc = kvm_config_load(a->config, &st->cfg);
     if (!rc && a->store) rc = kvm_config_set(st->cfg, "store", "path", a->store);
     if (rc) return rc;
-    kvm_store_opts so = {.map_size_bytes = kvm_config_int(st->cfg, "store", "map_size_mb") << 20,
-                         .map_max_bytes = kvm_config_int(st->cfg, "store", "map_max_mb") << 20};
     st->wm.override = a->model;
-    if ((rc = kvm_store_open(kvm_config_str(st->cfg, "store", "path"), &so, &st->store)) ||
+    if ((rc = kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
     st->tok = st->wm.tok;
@@ -59,7 +64,13 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->max_prompt = kvm_config_int(st->cfg, "serve", "max_prompt_tokens");
     st->max_new = kvm_config_int(st->cfg, "serve", "max_new_tokens");
     st->compute_missing = kvm_config_bool(st->cfg, "serve", "compute_missing");
-    return kvm_jobcfg_config_id(st->cfg, &st->config_id, NULL, NULL);
+    st->max_new_caches = kvm_config_int(st->cfg, "serve", "max_new_caches");
+    st->max_new_caches_per_key = kvm_config_int(st->cfg, "serve", "max_new_caches_per_key");
+    st->keyed = !kvm_curve_is_local(kvm_config_str(st->cfg, "serve", "bind")) ||
+                *kvm_config_str(st->cfg, "security", "server_secret_key");
+    rc = kvm_jobcfg_check(st->cfg);
+    if (!rc) rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL);
+    return rc == KVM_ENOTFOUND ? 0 : rc; /* polykv before calibration: each ask looks again */
 }
 
 /* An ask is one message; whatever it holds, work() answers it (an error answer when malformed). */
@@ -75,16 +86,18 @@ static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
 typedef struct reply {
     int32_t *tokens; /* generated ids */
     int64_t n_tokens;
-    char *text; /* their text */
+    char *text; /* their text, valid UTF-8 */
     size_t text_len;
     double load_ms, prefill_ms, decode_ms;
+    int new_cache; /* the document's cache was computed and stored for this answer */
 } reply;
 
 /* Prefills the document with a capture, compresses it with the config's method, stores it
- * (a failure to store is logged: the answer does not depend on it). *out gets room for
- * `extra` more entries per head. */
-static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_kvcache **out)
+ * (a failure to store is logged: the answer does not depend on it; *stored says whether it
+ * was). *out gets room for `extra` more entries per head. */
+static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_kvcache **out, int *stored)
 {
+    *stored = 0;
     const kvm_model *m = st->wm.model;
     kvm_capture *cap = NULL;
     kvm_forward *f = NULL;
@@ -104,6 +117,8 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
     if ((rc = kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc))) goto done;
     if (kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc))
         fprintf(stderr, "[decode] could not store the cache computed on demand: %s\n", kvm_errmsg());
+    else
+        *stored = 1;
     for (int l = 0; !rc && l < cc->n_layers; l++)
         for (int g = 0; !rc && g < cc->n_kv_heads; g++) {
             kvm_kv_head *h = kvm_kvcache_head(cc, l, g);
@@ -119,12 +134,85 @@ done:
     return rc;
 }
 
+/* Caches of this server's model and config, for finding a document by name. */
+typedef struct name_scan {
+    const kvm_store_id *config_id, *tok_id;
+    kvm_store_id *docs; /* doc hashes of matching caches */
+    int64_t n, cap;
+    int oom;
+} name_scan;
+
+static int name_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    name_scan *ns = arg;
+    if (!m || memcmp(&k->config_id, ns->config_id, sizeof k->config_id) ||
+        memcmp(&m->tokenizer_id, ns->tok_id, sizeof m->tokenizer_id))
+        return 0;
+    if (ns->n == ns->cap) {
+        int64_t cap = ns->cap ? 2 * ns->cap : 64;
+        kvm_store_id *d = realloc(ns->docs, (size_t)cap * sizeof *d);
+        if (!d) return ns->oom = 1;
+        ns->docs = d;
+        ns->cap = cap;
+    }
+    ns->docs[ns->n++] = k->doc_hash;
+    return 0;
+}
+
+/* 1 when a stored document's name `source` is `name`, or ends in "/" + name. */
+static int name_matches(const char *source, const char *name, size_t len)
+{
+    size_t n = strlen(source);
+    if (n == len && !memcmp(source, name, len)) return 1;
+    return n > len && source[n - len - 1] == '/' && !memcmp(source + n - len, name, len);
+}
+
+/* The document an ask names with doc_hash or doc_name, as its hash. A name must match
+ * exactly one document that has a cache for this server's model and config. */
+static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_id *hash)
+{
+    if (ask->has_doc_hash) {
+        memcpy(hash->b, ask->doc_hash, sizeof hash->b);
+        return 0;
+    }
+    char name[KVM_PROTO_MAX_NAME_BYTES + 1];
+    snprintf(name, sizeof name, "%.*s", (int)ask->doc_name.len, ask->doc_name.ptr);
+    name_scan ns = {.config_id = &st->config_id, .tok_id = &st->wm.tok_id};
+    int rc = kvm_store_list_caches(st->store, &st->wm.model_id, name_visit, &ns);
+    if (ns.oom) rc = kvm_err(KVM_ENOMEM, "out of memory listing the stored documents");
+    int64_t found = 0;
+    char list[2048] = "";
+    size_t o = 0;
+    for (int64_t i = 0; !rc && i < ns.n; i++) {
+        kvm_store_doc_meta dm;
+        if (kvm_store_get_doc(st->store, &ns.docs[i], &dm) || !name_matches(dm.source, name, ask->doc_name.len))
+            continue;
+        if (found++ == 0) *hash = ns.docs[i];
+        char h[KVM_STORE_ID_HEX + 1];
+        if (o < sizeof list - 1)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%s (%s, %lld tokens)", found > 1 ? "; " : "",
+                                  kvm_store_id_hex(&ns.docs[i], h), dm.source, (long long)dm.n_tokens);
+    }
+    free(ns.docs);
+    if (rc) return rc;
+    char mh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
+    if (found == 0)
+        return kvm_err(KVM_ENOTFOUND,
+                       "no stored document named '%s' has a cache for this server's model %.16s and config %.16s "
+                       "(names are the corpus file names or JSONL ids kvmill run stored; kvmill store ls lists caches)",
+                       name, kvm_store_id_hex(&st->wm.model_id, mh), kvm_store_id_hex(&st->config_id, ch));
+    if (found > 1)
+        return kvm_err(KVM_EINVAL, "the name '%s' matches %lld stored documents: %s; name one with --doc-hash", name,
+                       (long long)found, list);
+    return 0;
+}
+
 /* The whole request: checks, cache, prompt prefill, generation. Errors carry the reason. */
 static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
 {
     const kvm_model *m = st->wm.model;
     const kvm_model_config *mc = &m->cfg;
-    kvm_doc d = {.name = NULL}; /* messages say "the document" */
+    kvm_doc d = {.name = "of the ask"};
     int32_t *prompt = NULL;
     int64_t n_prompt = 0, T = ask->max_new_tokens;
     kvm_kvcache *cache = NULL;
@@ -143,7 +231,10 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         rc = kvm_err(KVM_EINVAL, "the prompt is empty: give at least one token to append to the document");
         goto done;
     }
-    if (ask->n_doc_tokens > 0) {
+    int by_key = ask->has_doc_hash || ask->doc_name.len > 0; /* a stored document, named */
+    if (by_key) {
+        /* nothing to tokenise: the stored cache says how long the document is */
+    } else if (ask->n_doc_tokens > 0) {
         d.tokens = malloc((size_t)ask->n_doc_tokens * sizeof *d.tokens);
         if (!d.tokens) {
             rc = kvm_err(KVM_ENOMEM, "out of memory for %lld document tokens", (long long)ask->n_doc_tokens);
@@ -152,22 +243,43 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         memcpy(d.tokens, ask->doc_tokens, (size_t)ask->n_doc_tokens * sizeof *d.tokens);
         d.n_tokens = ask->n_doc_tokens;
     } else {
-        d.text = malloc(ask->doc_text.len + 1);
+        /* text or the file's bytes: tokenised alike (kvmill run reads files as bytes) */
+        const char *src = ask->doc_bytes.len ? (const char *)ask->doc_bytes.ptr : ask->doc_text.ptr;
+        size_t len = ask->doc_bytes.len ? ask->doc_bytes.len : ask->doc_text.len;
+        d.text = malloc(len + 1);
         if (!d.text) {
             rc = kvm_err(KVM_ENOMEM, "out of memory for the document text");
             goto done;
         }
-        memcpy(d.text, ask->doc_text.ptr, ask->doc_text.len);
-        d.text[ask->doc_text.len] = '\0';
-        d.text_len = ask->doc_text.len;
+        memcpy(d.text, src, len);
+        d.text[len] = '\0';
+        d.text_len = len;
     }
-    if ((rc = kvm_doc_prepare(&d, st->tok, mc->vocab_size, mc->bos_id, st->ctx))) goto done;
+    if (!by_key && (rc = kvm_doc_prepare(&d, st->tok, mc->vocab_size, mc->bos_id, st->ctx))) goto done;
     if ((rc = kvm_tokenizer_encode(st->tok, ask->prompt.ptr, ask->prompt.len, 0, 0, &prompt, &n_prompt))) goto done;
     if (n_prompt > st->max_prompt) {
         rc = kvm_err(KVM_ERANGE,
                      "the prompt has %lld tokens, more than this server's limit of %lld ([serve] max_prompt_tokens)",
                      (long long)n_prompt, (long long)st->max_prompt);
         goto done;
+    }
+    /* again per ask: a recalibrated strategy changes the id, and old caches must not answer */
+    if ((rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL))) goto done;
+    kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = d.hash, .config_id = st->config_id};
+    int64_t n_stored = 0;
+    char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
+    if (by_key) {
+        if ((rc = resolve_stored(st, ask, &key.doc_hash))) goto done;
+        d.hash = key.doc_hash;
+        rc = kvm_serve_cache_load(st->store, &key, &st->wm.tok_id, m, n_prompt + T, &cache, &n_stored);
+        if (rc == KVM_ENOTFOUND)
+            rc = kvm_err(KVM_ENOTFOUND,
+                         "no compressed cache for document %.16s with this server's model %.16s and config %.16s "
+                         "(kvmill store ls --csv lists the stored document hashes)",
+                         kvm_store_id_hex(&key.doc_hash, dh), kvm_store_id_hex(&st->wm.model_id, mh),
+                         kvm_store_id_hex(&st->config_id, ch));
+        if (rc) goto done;
+        d.n_tokens = n_stored;
     }
     if (d.n_tokens + n_prompt + T > mc->seq_len) {
         rc = kvm_err(KVM_ERANGE,
@@ -177,21 +289,32 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                      (long long)T, (long long)(d.n_tokens + n_prompt + T), mc->seq_len);
         goto done;
     }
-    kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = d.hash, .config_id = st->config_id};
-    int64_t n_stored = 0;
-    rc = kvm_serve_cache_load(st->store, &key, &st->wm.tok_id, m, n_prompt + T, &cache, &n_stored);
-    if (rc == KVM_ENOTFOUND && st->compute_missing) {
-        rc = compute_cache(st, &d, n_prompt + T, &cache);
-        n_stored = d.n_tokens;
-    } else if (rc == KVM_ENOTFOUND) {
-        char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
-        rc = kvm_err(KVM_ENOTFOUND,
-                     "no compressed cache for this document (%lld tokens, doc hash %.16s, model %.16s, "
-                     "config %.16s): compress it first with kvmill run, or set [serve] compute_missing = true",
-                     (long long)d.n_tokens, kvm_store_id_hex(&d.hash, dh), kvm_store_id_hex(&st->wm.model_id, mh),
-                     kvm_store_id_hex(&st->config_id, ch));
+    if (!by_key) {
+        rc = kvm_serve_cache_load(st->store, &key, &st->wm.tok_id, m, n_prompt + T, &cache, &n_stored);
+        if (rc == KVM_ENOTFOUND && st->compute_missing && ask->compute_grant) {
+            rc = compute_cache(st, &d, n_prompt + T, &cache, &r->new_cache);
+            n_stored = d.n_tokens;
+        } else if (rc == KVM_ENOTFOUND && st->compute_missing) {
+            char per_key[128] = "";
+            if (st->keyed)
+                snprintf(per_key, sizeof per_key, " and max_new_caches_per_key = %lld per client key",
+                         (long long)st->max_new_caches_per_key);
+            rc = kvm_err(KVM_ENOTFOUND,
+                         "no compressed cache for this document (%lld tokens, doc hash %.16s, model %.16s, config "
+                         "%.16s), and this server adds no more caches now: [serve] compute_missing is bounded by "
+                         "max_new_caches = %lld per server run%s (counting caches being computed); compress it with "
+                         "kvmill run",
+                         (long long)d.n_tokens, kvm_store_id_hex(&d.hash, dh), kvm_store_id_hex(&st->wm.model_id, mh),
+                         kvm_store_id_hex(&st->config_id, ch), (long long)st->max_new_caches, per_key);
+        } else if (rc == KVM_ENOTFOUND) {
+            rc = kvm_err(KVM_ENOTFOUND,
+                         "no compressed cache for this document (%lld tokens, doc hash %.16s, model %.16s, "
+                         "config %.16s): compress it first with kvmill run, or set [serve] compute_missing = true",
+                         (long long)d.n_tokens, kvm_store_id_hex(&d.hash, dh), kvm_store_id_hex(&st->wm.model_id, mh),
+                         kvm_store_id_hex(&st->config_id, ch));
+        }
+        if (rc) goto done;
     }
-    if (rc) goto done;
     if (n_stored != d.n_tokens) {
         rc = kvm_err(KVM_ECORRUPT, "stored cache is for %lld tokens, the document has %lld", (long long)n_stored,
                      (long long)d.n_tokens);
@@ -224,7 +347,18 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         if (r->n_tokens == T) break;
         if ((rc = kvm_forward_decode(f, cache, next, logits))) goto done;
     }
-    rc = kvm_tokenizer_decode(st->tok, r->tokens, r->n_tokens, &r->text, &r->text_len);
+    /* the pieces' bytes, then text that is valid UTF-8: a character split over tokens joins,
+     * bytes that never form one (byte fallback, a cut-off end) and NUL become U+FFFD; the
+     * exact ids go in the answer's tokens */
+    char *raw = NULL;
+    size_t raw_len = 0;
+    if ((rc = kvm_tokenizer_decode(st->tok, r->tokens, r->n_tokens, &raw, &raw_len)) ||
+        (rc = kvm_utf8_sanitize(raw, raw_len, &r->text, &r->text_len, NULL))) {
+        free(raw);
+        goto done;
+    }
+    free(raw);
+    r->text_len = kvm_utf8_cut(r->text, r->text_len, KVM_PROTO_MAX_TEXT_BYTES); /* the answer's limit */
     r->decode_ms = kvm_now_ms() - t2;
 done:
     free(logits);
@@ -253,9 +387,21 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         rid = ask.request_id;
         rc = answer(st, &ask, &r);
     }
-    if (rc)
-        rc = kvm_serve_error_answer(rid, rc, kvm_errmsg(), &out->data[0]);
-    else {
+    if (rc) {
+        /* the detail may quote bytes of the request: as valid UTF-8, within the field's limit */
+        char *why = NULL;
+        size_t n = 0;
+        const char *msg = kvm_errmsg();
+        int status = rc < -KVM_PROTO_MAX_STATUS ? KVM_EINVAL : rc;
+        if ((rc = kvm_utf8_sanitize(msg, strlen(msg), &why, &n, NULL)) == 0) {
+            kvm_proto_answer e = {.request_id = rid,
+                                  .status = status,
+                                  .message = {why, kvm_utf8_cut(why, n, KVM_PROTO_MAX_MESSAGE_BYTES)},
+                                  .new_cache = r.new_cache != 0};
+            rc = kvm_proto_answer_encode(&e, &out->data[0]);
+        }
+        free(why);
+    } else {
         kvm_proto_answer a = {.request_id = rid,
                               .status = 0,
                               .text = {r.text, r.text_len},
@@ -264,7 +410,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
                               .load_ms = r.load_ms,
                               .prefill_ms = r.prefill_ms,
                               .decode_ms = r.decode_ms,
-                              .total_ms = kvm_now_ms() - t0};
+                              .total_ms = kvm_now_ms() - t0,
+                              .new_cache = r.new_cache != 0};
         rc = kvm_proto_answer_encode(&a, &out->data[0]);
     }
     if (!rc) out->n_data = 1;

@@ -5,6 +5,7 @@
 #include "pipeline/kvm_calib.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
@@ -16,16 +17,23 @@
 
 typedef struct strategy_state {
     kvm_worker_model wm;
-    kvm_store *store;
+    kvm_store *store;       /* opened in setup (--config) or with the first request's settings */
+    const char *store_path; /* --store */
 } strategy_state;
 
+/* The store opens with [store] settings: of --config when given, else of the first request. */
 static int setup(void *stp, const kvm_stage_args *a)
 {
     strategy_state *st = stp;
     st->wm.override = a->model;
     if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-strategy needs --store PATH");
-    kvm_store_opts so = {0};
-    return kvm_store_open(a->store, &so, &st->store);
+    st->store_path = a->store;
+    if (!a->config) return 0;
+    kvm_config *cfg = NULL;
+    int rc = kvm_config_load(a->config, &cfg);
+    if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
+    kvm_config_free(&cfg);
+    return rc;
 }
 
 /* N from the request's doc_id "calibrate:N", or a negative status. */
@@ -88,6 +96,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = docs ? kvm_proto_job_decode(in[0], &req) : kvm_err(KVM_ENOMEM, "strategy: out of memory");
     if (!rc && !req.settings) rc = kvm_err(KVM_EPROTO, "build request carries no settings");
     if (!rc) rc = kvm_jobcfg_unpack(req.settings, req.settings_bytes, &cfg);
+    if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     int64_t B = kvm_config_int(cfg, "compress", "budget");
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store)) || (rc = kvm_polykv_signals_new(st->wm.model->cfg.n_layers, &sig)))

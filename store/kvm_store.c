@@ -20,7 +20,7 @@
 #define KVM_STORE__MAX_READERS 510
 
 static const char *const kvm_store__db_names[KVM_STORE__DB_COUNT] = {
-    "meta", "models", "docs", "strategies", "caches", "atime", "lru", "files",
+    "meta", "models", "docs", "strategies", "caches", "atime", "lru", "files", "claims",
 };
 
 /* A write that failed with ENOSPC, or with EIO on a device with (almost) nothing free, is a
@@ -211,6 +211,10 @@ static int store_init_readonly(kvm_store *s)
     if (st) return st;
     for (int i = 0; i < KVM_STORE__DB_COUNT && st == 0; i++) {
         int rc = mdb_dbi_open(txn, kvm_store__db_names[i], 0, &s->dbi[i]);
+        if (rc == MDB_NOTFOUND && i == KVM_STORE__DB_CLAIMS) { /* an older store: no claims yet */
+            s->no_claims = 1;
+            continue;
+        }
         if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE)
             st = kvm_err(KVM_EFORMAT, "store %s: an LMDB environment but not a kvmill store (no '%s' database)",
                          s->path, kvm_store__db_names[i]);
@@ -273,6 +277,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     int64_t max = o.map_max_bytes ? o.map_max_bytes : KVM_STORE__DEFAULT_MAX;
     if (max < map) max = map;
     st = store_prepare_dir(path, o.read_only);
+    if (st == 0) st = kvm_store__check_file(path);
     if (st) return st;
 
     if (sodium_init() < 0) return kvm_err(KVM_EIO, "store %s: libsodium failed to initialize", path);

@@ -100,6 +100,15 @@ typedef struct kvm_store_doc_meta {
     char source[256];  /* corpus file or name the document came from, NUL-terminated */
 } kvm_store_doc_meta;
 
+/* A claim on a cache key: a lease held by the run compressing that document, so another
+ * run on the same store skips it. It lapses at expires_unix_ms unless renewed. */
+typedef struct kvm_store_claim {
+    char owner[128];         /* who holds it (e.g. "run:HOST:PID:START"), NUL-terminated */
+    char host[64];           /* host name of the holder, NUL-terminated */
+    int64_t since_unix_ms;   /* wall clock when this owner first took it, ms since 1970 */
+    int64_t expires_unix_ms; /* wall clock when it lapses unless renewed, ms since 1970 */
+} kvm_store_claim;
+
 typedef struct kvm_store kvm_store;
 
 /* Options of kvm_store_open. Zero-initialize, then set what you need. */
@@ -154,7 +163,9 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * LMDB environment directory `path`. opts may be NULL (defaults). Clears stale reader
  * slots of dead processes (mdb_reader_check). *out is set on success, NULL on failure.
  * Errors: KVM_EINVAL (bad opts), KVM_ENOTFOUND (read_only and no store at path; nothing is
- * created), KVM_EFORMAT (path is not an LMDB environment directory, or not a kvmill store),
+ * created), KVM_EFORMAT (path is not an LMDB environment directory, or not a kvmill store,
+ * or its data.mdb is shorter than its meta pages say: checked with pread before mapping,
+ * the message names the file, its size and the size expected),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
@@ -258,6 +269,37 @@ int kvm_store_get_doc(kvm_store *s, const kvm_store_id *doc_hash, kvm_store_doc_
  * A read-only handle hashes without remembering. Errors: KVM_EIO (stat/read), KVM_ENOMEM,
  * KVM_ESTATE, KVM_EFULL. */
 int kvm_store_model_id(kvm_store *s, const char *path, kvm_store_id *out);
+
+/* ---- claims (store/kvm_store_claim.c): leases on cache keys ---- */
+
+/* Takes the claim on key for owner (1..127 bytes) from host (0..63 bytes) until now +
+ * ttl_ms, in one write transaction: *taken = 1 when there was none, it had lapsed
+ * (expires <= now), or owner already held it (then it is renewed, since kept); *taken = 0
+ * when another owner's live claim holds it, copied into *holder (may be NULL). A stored
+ * cache does not stop a claim: callers check for one. Errors: KVM_EINVAL (owner, host,
+ * ttl_ms < 1), KVM_ESTATE (read-only, fork), KVM_EFULL, KVM_EIO. */
+int kvm_store_claim_take(kvm_store *s, const kvm_store_cache_key *key, const char *owner, const char *host,
+                         int64_t ttl_ms, int *taken, kvm_store_claim *holder);
+/* Sets every claim of owner to expire at now + ttl_ms (one write txn); *n (may be NULL)
+ * counts them. Errors: as kvm_store_claim_take. */
+int kvm_store_claim_renew(kvm_store *s, const char *owner, int64_t ttl_ms, int64_t *n);
+/* Removes every claim of owner (one write txn); *n (may be NULL) counts them. Errors: as
+ * kvm_store_claim_take. */
+int kvm_store_claim_release(kvm_store *s, const char *owner, int64_t *n);
+/* Reads the claim on key, live or lapsed, into *out. Errors: KVM_ENOTFOUND (none),
+ * KVM_ECORRUPT (bad record), KVM_ESTATE, KVM_EIO. */
+int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_claim *out);
+
+/* ---- compaction (store/kvm_store_file.c) ---- */
+
+/* Writes a compacted copy of the store into the directory dst (created; it must not exist),
+ * in one read transaction, so writers may go on meanwhile (their later commits are not in
+ * the copy): LMDB never shrinks data.mdb, the copy holds only the pages in use
+ * (mdb_env_copy2 with MDB_CP_COMPACT). The store itself is left as it is; swapping the copy
+ * in is the caller's business (no process may have the store open then). *copy_bytes (may
+ * be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or is empty),
+ * KVM_EIO (cannot create or write dst; a partial copy is removed), KVM_ESTATE. */
+int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes);
 
 /* ---- verify (store/kvm_store_verify.c) ---- */
 

@@ -20,6 +20,8 @@ enum kvm_store__db {
     KVM_STORE__DB_ATIME,      /* "atime": model + doc + config -> u64 LE last served, ns */
     KVM_STORE__DB_LRU,        /* "lru": u64 BE atime ns + model + doc + config -> "" */
     KVM_STORE__DB_FILES,      /* "files": BLAKE2b(abs path) -> model-id memo record */
+    KVM_STORE__DB_CLAIMS,     /* "claims": model + doc + config -> claim record (a lease);
+                                 absent in stores no writer of this build opened yet */
     KVM_STORE__DB_COUNT
 };
 
@@ -51,6 +53,7 @@ enum kvm_store__kind {
     KVM_STORE__KIND_MODEL = 4,    /* part 0 = fixed model meta fields */
     KVM_STORE__KIND_DOC = 5,      /* part 0 = fixed doc meta fields */
     KVM_STORE__KIND_FILE = 6,     /* part 0 = size, mtime, inode, model id; part 1 = path */
+    KVM_STORE__KIND_CLAIM = 7,    /* part 0 = i64 since ms, i64 expires ms; part 1 = owner; part 2 = host */
 };
 
 /* Manifest part 0, v1 layout (LE): i32 n_layers, u32 0, i64 n_tokens, n_entries,
@@ -63,6 +66,7 @@ struct kvm_store {
     MDB_dbi dbi[KVM_STORE__DB_COUNT]; /* named db handles */
     char *path;                       /* directory, owned */
     int read_only;                    /* opened MDB_RDONLY */
+    int no_claims;                    /* read-only open of a store without the claims db */
     int64_t map_max_bytes;            /* growth limit */
     int64_t atime_granularity_ns;     /* see kvm_store_opts.atime_granularity_ms; < 0 always */
     pid_t pid;                        /* process that opened the env */
@@ -89,6 +93,14 @@ int kvm_store__read_begin(kvm_store *s, MDB_txn **txn);
 /* Maps an LMDB code to a kvm status with a message "store PATH: WHAT: mdb error"; records
  * the raw code in s->mdb_rc. */
 int kvm_store__mdb(kvm_store *s, int rc, const char *what);
+
+/* Checks DIR/data.mdb (when it exists) against its meta pages, read with pread: a file
+ * shorter than the pages its newest meta says are in use would be mapped and kill the
+ * process with SIGBUS on the first read past its end. A file without its two meta pages
+ * gets up to 1 s to grow them (another process may be creating the store right now; LMDB
+ * writes them as it creates the file). Errors: KVM_EFORMAT (truncated: the
+ * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
+int kvm_store__check_file(const char *dir);
 
 /* Key encoders. */
 void kvm_store__cache_key(const kvm_store_cache_key *k, uint32_t layer, uint8_t out[KVM_STORE__CACHE_KEY_BYTES]);

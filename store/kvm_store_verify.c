@@ -239,6 +239,9 @@ int kvm_store_verify(kvm_store *s, kvm_store_report_fn report, void *arg, int64_
         st = verify_records(&v, KVM_STORE__DB_DOCS, KVM_STORE__KIND_DOC, "doc", KVM_STORE_ID_BYTES, KVM_STORE_ID_BYTES);
     if (st == 0) st = verify_records(&v, KVM_STORE__DB_FILES, KVM_STORE__KIND_FILE, "model id memo",
                                      KVM_STORE_ID_BYTES, KVM_STORE_ID_BYTES);
+    if (st == 0 && !s->no_claims)
+        st = verify_records(&v, KVM_STORE__DB_CLAIMS, KVM_STORE__KIND_CLAIM, "claim", KVM_STORE__PREFIX_BYTES,
+                            KVM_STORE__PREFIX_BYTES);
     if (st == 0) st = verify_bookkeeping(&v);
     if (v.txn) mdb_txn_abort(v.txn);
     free(v.layers);

@@ -91,11 +91,11 @@ START_TEST(test_jobcfg_roundtrip)
     ck_assert_str_eq(kvm_config_str(back, "compress", "method"), "h2o");
     ck_assert_str_eq(kvm_config_str(back, "store", "dtype"), "f16");
     kvm_store_id a, b;
-    ck_assert_int_eq(kvm_jobcfg_config_id(c, &a, NULL, NULL), 0);
-    ck_assert_int_eq(kvm_jobcfg_config_id(back, &b, NULL, NULL), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &a, NULL, NULL), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id(back, NULL, &b, NULL, NULL), 0);
     ck_assert_int_eq(memcmp(&a, &b, sizeof a), 0); /* the stage stores under the orchestrator's id */
     ck_assert_int_eq(kvm_config_set(back, "compress", "ratio", "0.26"), 0);
-    ck_assert_int_eq(kvm_jobcfg_config_id(back, &b, NULL, NULL), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id(back, NULL, &b, NULL, NULL), 0);
     ck_assert_int_ne(memcmp(&a, &b, sizeof a), 0); /* another setting, another id */
     kvm_config_free(&back);
     /* settings that are not a map of strings, or name unknown keys, are refused */

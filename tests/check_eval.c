@@ -60,7 +60,7 @@ static int32_t ids[256];
 
 static void load_model(void)
 {
-    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &model), 0);
     kvm_test_golden_ids(ids);
 }
 
@@ -98,7 +98,7 @@ START_TEST(test_full_budget_exact)
             if (distils) b.tokens = N;
             void *o;
             kvm_eval_result r;
-            ck_assert_int_eq(tab[i].opts_new(tab[i].arg == 2 ? path : distils ? "queries=64:iters=3:rounds=1" : NULL, &b,
+            ck_assert_int_eq(tab[i].opts_new(tab[i].arg == 2 ? path : distils ? "queries=64:iterations=3:rounds=1" : NULL, &b,
                                              &model->cfg, &o), 0);
             ck_assert_int_eq(kvm_eval_run(d, &tab[i], o, both, &r), 0);
             if (distils) /* k = N − m with the original keys: KL ~0 (issue 5), not bit-exact */
@@ -145,7 +145,7 @@ END_TEST
 static char *cmdbuf(const char *fmt, const char *a, const char *b)
 {
     static char buf[4096];
-    snprintf(buf, sizeof buf, fmt, kvm_test_bin(), kvm_test_shared(), a ? a : "", b ? b : "");
+    snprintf(buf, sizeof buf, fmt, kvm_test_bin(), kvm_test_data(), a ? a : "", b ? b : "");
     return buf;
 }
 
@@ -155,8 +155,8 @@ static void expect_usage_error(const char *args, const char *msg)
 {
     char *out = NULL, *err = NULL;
     char full[4096];
-    snprintf(full, sizeof full, EVAL "--docs %s/data/long/doc_000.txt %s", kvm_test_bin(), kvm_test_shared(),
-             kvm_test_shared(), args);
+    snprintf(full, sizeof full, EVAL "--docs %s/corpus/doc_000.txt %s", kvm_test_bin(), kvm_test_data(),
+             kvm_test_data(), args);
     int st = kvm_test_run(full, &out, &err);
     ck_assert_msg(st == 2, "%s: exit %d, stderr %s", args, st, err);
     ck_assert_msg(strstr(err, msg), "%s: stderr '%s' lacks '%s'", args, err, msg);
@@ -194,8 +194,8 @@ START_TEST(test_cli_csv)
 {
     char *dir = kvm_test_tmpdir(), csv[512], docs[1024], *out = NULL, *err = NULL;
     snprintf(csv, sizeof csv, "%s/r.csv", dir);
-    snprintf(docs, sizeof docs, "%s/data/long/doc_000.txt,%s/data/long/doc_001.txt --csv %s", kvm_test_shared(),
-             kvm_test_shared(), csv);
+    snprintf(docs, sizeof docs, "%s/corpus/doc_000.txt,%s/corpus/doc_001.txt --csv %s", kvm_test_data(),
+             kvm_test_data(), csv);
     int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method full,h2o --budget 16 --phases both", docs, NULL), &out, &err);
     ck_assert_msg(st == 0, "exit %d: %s", st, err);
     ck_assert_ptr_nonnull(strstr(out, "== mean over 2 documents"));

@@ -151,7 +151,7 @@ static int32_t ids[256];
 
 static void load_model(void)
 {
-    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &model), 0);
     kvm_test_golden_ids(ids);
 }
 

@@ -112,7 +112,7 @@ END_TEST
 /* A 12,000-character document: its first 256 ids are the logits reference's sequence. */
 START_TEST(test_smol_long_doc)
 {
-    if (!have_smol()) return;
+    if (!have_smol() || !kvm_test_shared_path("data/long2k/doc_000.txt")) return;
     kvm_tokenizer *t;
     ck_assert_int_eq(kvm_tokenizer_open_gguf(SMOL_PATH, &t), 0);
     size_t len;
@@ -311,7 +311,7 @@ START_TEST(test_bad_vocab)
     kvm_tokenizer *t = (kvm_tokenizer *)1;
     ck_assert_int_eq(kvm_tokenizer_open_gguf("/nonexistent/x.gguf", &t), KVM_ENOTFOUND);
     ck_assert_ptr_null(t);
-    ck_assert_int_eq(kvm_tokenizer_open_gguf(kvm_test_shared_path("models/tok512.bin"), &t), KVM_EFORMAT);
+    ck_assert_int_eq(kvm_tokenizer_open_gguf(kvm_test_data_path("models/tok512.bin"), &t), KVM_EFORMAT);
     ck_assert_int_eq(kvm_tokenizer_find(NULL, "a"), -1);
     ck_assert_int_eq(kvm_tokenizer_add_bos(NULL), 0);
     ck_assert_ptr_null(kvm_tokenizer_chat_template(NULL));
@@ -324,7 +324,7 @@ END_TEST
 START_TEST(test_spm_matches_llama2c)
 {
     size_t n;
-    unsigned char *f = (unsigned char *)kvm_test_read_file(kvm_test_shared_path("models/tok512.bin"), &n);
+    unsigned char *f = (unsigned char *)kvm_test_read_file(kvm_test_data_path("models/tok512.bin"), &n);
     ck_assert_ptr_nonnull(f);
     enum { V = 512 };
     gw w = {0}, toks_kv = {0};
@@ -388,14 +388,16 @@ START_TEST(test_spm_matches_llama2c)
     ck_assert_int_eq(kvm_test_write_file(path, w.b, w.n), 0);
     kvm_tokenizer *sp, *l2c;
     ck_assert_msg(kvm_tokenizer_open_gguf(path, &sp) == 0, "%s", kvm_errmsg());
-    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_shared_path("models/tok512.bin"), V, &l2c), 0);
+    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_data_path("models/tok512.bin"), V, &l2c), 0);
     ck_assert_int_eq(kvm_tokenizer_add_bos(sp), 1);
     int64_t total = 0;
-    for (int s_i = 0; s_i < 40; s_i++) {
+    /* 40 stories from ../shared, else the 6 embedded documents (stories 0-17) */
+    const int stories = kvm_test_shared_find("data/tinystories/stories") != NULL, n_texts = stories ? 40 : 6;
+    for (int s_i = 0; s_i < n_texts; s_i++) {
         char sp_path[256];
-        snprintf(sp_path, sizeof sp_path, "data/tinystories/stories/story_%05d.txt", s_i);
+        snprintf(sp_path, sizeof sp_path, stories ? "data/tinystories/stories/story_%05d.txt" : "corpus/doc_%03d.txt", s_i);
         size_t len;
-        char *text = kvm_test_read_file(kvm_test_shared_path(sp_path), &len);
+        char *text = kvm_test_read_file(stories ? kvm_test_shared_find(sp_path) : kvm_test_data_path(sp_path), &len);
         ck_assert_ptr_nonnull(text);
         int32_t *a, *b;
         int64_t na, nb;
@@ -422,7 +424,7 @@ START_TEST(test_spm_matches_llama2c)
     ck_assert_int_eq(ids[1], 0xf0 + 3);
     ck_assert_int_eq(ids[4], 0x82 + 3);
     free(ids);
-    printf("tok512 as a GGUF llama vocabulary: 40 stories, %lld ids, equal to run.c's\n", (long long)total);
+    printf("tok512 as a GGUF llama vocabulary: %d texts, %lld ids, equal to run.c's\n", n_texts, (long long)total);
     kvm_tokenizer_close(&sp);
     kvm_tokenizer_close(&l2c);
     kvm_test_rmtree(dir);
@@ -437,7 +439,7 @@ END_TEST
 START_TEST(test_llama2c_unchanged)
 {
     kvm_tokenizer *t;
-    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_shared_path("models/tok512.bin"), 512, &t), 0);
+    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_data_path("models/tok512.bin"), 512, &t), 0);
     ck_assert_int_eq(kvm_tokenizer_add_bos(t), 1);
     ck_assert_ptr_null(kvm_tokenizer_chat_template(t));
     ck_assert_int_ge(kvm_tokenizer_find(t, " "), 0);

@@ -18,7 +18,7 @@ static size_t orig_n;
 static void setup(void)
 {
     tmp = kvm_test_tmpdir();
-    orig = kvm_test_read_file(kvm_test_shared_path("models/stories260K.bin"), &orig_n);
+    orig = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &orig_n);
     ck_assert_ptr_nonnull(orig);
     ck_assert_uint_eq(orig_n, 1056540);
 }
@@ -47,7 +47,7 @@ static void expect_error(const char *name, const void *data, size_t n, int statu
 START_TEST(test_loads_stories260k)
 {
     kvm_model *m;
-    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &m), 0);
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &m), 0);
     ck_assert_int_eq(m->cfg.dim, 64);
     ck_assert_int_eq(m->cfg.hidden_dim, 172);
     ck_assert_int_eq(m->cfg.n_layers, 5);

@@ -28,21 +28,25 @@
 #define SMOL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static char *tmp, cfg_path[4200], docs[4200], store[4200], run_dir[4200];
-static int have_shared;
 
-/* n documents of data/long (cycled) in tmp/docs; have_shared = 0 when ../shared is absent. */
+/* n documents in tmp/docs: the embedded corpus (data/corpus, 6 long TinyStories documents),
+ * cycled; copies past the sixth begin with "Copy N." so that every document is distinct. */
 static void make_docs(int n)
 {
     snprintf(docs, sizeof docs, "%s/docs", tmp);
     mkdir(docs, 0700);
     for (int i = 0; i < n; i++) {
         char src[64], dst[4300];
-        snprintf(src, sizeof src, "data/long/doc_%03d.txt", i % 20);
+        snprintf(src, sizeof src, "corpus/doc_%03d.txt", i % 6);
         snprintf(dst, sizeof dst, "%s/doc_%03d.txt", docs, i);
         size_t len;
-        char *t = kvm_test_read_file(kvm_test_shared_path(src), &len);
+        char *t = kvm_test_read_file(kvm_test_data_path(src), &len), *c = malloc(len + 32);
         ck_assert_ptr_nonnull(t);
-        ck_assert_int_eq(kvm_test_write_file(dst, t, len), 0);
+        ck_assert_ptr_nonnull(c);
+        int head = i < 6 ? 0 : snprintf(c, 32, "Copy %d.\n", i);
+        memcpy(c + head, t, len);
+        ck_assert_int_eq(kvm_test_write_file(dst, c, len + (size_t)head), 0);
+        free(c);
         free(t);
     }
 }
@@ -53,7 +57,6 @@ static void setup(void)
     snprintf(store, sizeof store, "%s/store.lmdb", tmp);
     snprintf(run_dir, sizeof run_dir, "%s/run", tmp);
     snprintf(cfg_path, sizeof cfg_path, "%s/t.ini", tmp);
-    have_shared = access(kvm_test_shared_path("models/stories260K.bin"), R_OK) == 0;
 }
 
 static void teardown(void)
@@ -62,15 +65,6 @@ static void teardown(void)
     free(tmp);
 }
 
-#define NEED_SHARED()                                                                                                  \
-    do {                                                                                                               \
-        if (!have_shared) {                                                                                            \
-            printf("SKIP: %s has no models/stories260K.bin (set KVMILL_SHARED): %s not checked\n", kvm_test_shared(),   \
-                   __func__);                                                                                          \
-            return;                                                                                                    \
-        }                                                                                                              \
-    } while (0)
-
 /* A config: [model] context 128, the method lines, the store, then extra sections. */
 static void write_config(const char *method, const char *run_extra, const char *extra)
 {
@@ -78,13 +72,13 @@ static void write_config(const char *method, const char *run_extra, const char *
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\n%s\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\n"
              "liveness = 50\n%s\n[stages]\nbin_dir = %s\n%s",
-             kvm_test_shared_path("models/stories260K.bin"), method, store, run_extra, kvm_test_bin(), extra ? extra : "");
+             kvm_test_data_path("models/stories260K.bin"), method, store, run_extra, kvm_test_bin(), extra ? extra : "");
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
 }
 
 static const char *const STREAMING = "method = streaming\nbudget = 32";
-static const char *const SLOW_SCULPT = "method = sculpt\nsynthetic_queries = 64\nrounds = 2\niterations = 40";
-static const char *const SLOWER_SCULPT = "method = sculpt\nsynthetic_queries = 64\nrounds = 2\niterations = 300";
+static const char *const SLOW_SCULPT = "method = sculpt\nqueries = 64\nrounds = 2\niterations = 40";
+static const char *const SLOWER_SCULPT = "method = sculpt\nqueries = 64\nrounds = 2\niterations = 300";
 
 static int run_kvmill(const char *env, char **out, char **err)
 {
@@ -199,23 +193,27 @@ static void check_equal(const kvm_tokenizer *tok, const char *what, const char *
     free(all);
 }
 
-/* Every corpus document, the corpus glued into one long text, and texts made to defeat
- * prefix cuts (runs of one letter, of spaces, of multi-byte characters, no spaces at all). */
-static void check_tokenizer(const kvm_tokenizer *tok, const char *corpus_dir)
+/* Every document of a folder (absolute path; 20 or 6 of them), the folder glued into one long
+ * text, and texts made to defeat prefix cuts (runs of one letter, of spaces, of multi-byte
+ * characters, no spaces at all). */
+static void check_tokenizer(const kvm_tokenizer *tok, const char *dir)
 {
     size_t cap = 64 << 10, used = 0; /* the BPE tokenizer is superlinear on long texts: keep it quick */
     char *glued = malloc(cap);
     ck_assert_ptr_nonnull(glued);
+    int n_docs = 0;
     for (int i = 0; i < 20; i++) {
-        char rel[128];
-        snprintf(rel, sizeof rel, "%s/doc_%03d.txt", corpus_dir, i);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/doc_%03d.txt", dir, i);
         size_t len;
-        char *t = kvm_test_read_file(kvm_test_shared_path(rel), &len);
+        char *t = kvm_test_read_file(path, &len);
         if (!t) continue;
-        check_equal(tok, rel, t, len);
+        n_docs++;
+        check_equal(tok, path, t, len);
         if (used + len < cap) memcpy(glued + used, t, len), used += len;
         free(t);
     }
+    ck_assert_int_ge(n_docs, 6);
     check_equal(tok, "glued corpus", glued, used);
     const char *units[] = {"a", " ", "\xe4\xbd\xa0", "ab", "Once upon a time", "\n\n", "1234567890"};
     for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
@@ -226,25 +224,33 @@ static void check_tokenizer(const kvm_tokenizer *tok, const char *corpus_dir)
     free(glued);
 }
 
+/* The 20 long documents of ../shared when it is there, else the 6 embedded ones. */
+static const char *long_docs(const char *shared_rel)
+{
+    static char dir[4200];
+    const char *d = kvm_test_shared_find(shared_rel);
+    snprintf(dir, sizeof dir, "%s", d ? d : kvm_test_data_path("corpus"));
+    return dir;
+}
+
 START_TEST(test_doctok_llama2c_equal)
 {
-    NEED_SHARED();
     kvm_tokenizer *tok = NULL;
-    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_shared_path("models/tok512.bin"), 512, &tok), 0);
-    check_tokenizer(tok, "data/long");
+    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_data_path("models/tok512.bin"), 512, &tok), 0);
+    check_tokenizer(tok, long_docs("data/long"));
     kvm_tokenizer_close(&tok);
 }
 END_TEST
 
 START_TEST(test_doctok_smollm2_equal)
 {
-    if (access(SMOL_PATH, R_OK) != 0 || !have_shared) {
-        printf("SKIP: %s or ../shared absent (run scripts/get-model.sh): bounded BPE tokenisation not checked\n", SMOL_PATH);
+    if (access(SMOL_PATH, R_OK) != 0) {
+        printf("SKIP: %s absent (run scripts/get-model.sh): bounded BPE tokenisation not checked\n", SMOL_PATH);
         return;
     }
     kvm_tokenizer *tok = NULL;
     ck_assert_int_eq(kvm_tokenizer_open_gguf(SMOL_PATH, &tok), 0);
-    check_tokenizer(tok, "data/long2k");
+    check_tokenizer(tok, long_docs("data/long2k"));
     kvm_tokenizer_close(&tok);
 }
 END_TEST
@@ -253,11 +259,10 @@ END_TEST
  * tokenising all of it takes (329 MB before). */
 START_TEST(test_doctok_bounded_memory)
 {
-    NEED_SHARED();
     kvm_tokenizer *tok = NULL;
-    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_shared_path("models/tok512.bin"), 512, &tok), 0);
+    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_data_path("models/tok512.bin"), 512, &tok), 0);
     size_t len, big = 10u << 20;
-    char *t = kvm_test_read_file(kvm_test_shared_path("data/long/doc_000.txt"), &len), *text = malloc(big + 1);
+    char *t = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &len), *text = malloc(big + 1);
     ck_assert_ptr_nonnull(t);
     ck_assert_ptr_nonnull(text);
     for (size_t at = 0; at < big; at += len) memcpy(text + at, t, at + len <= big ? len : big - at);
@@ -288,7 +293,6 @@ END_TEST
  * stage logs are the witness (one line per finished job). */
 START_TEST(test_prefetch_bound)
 {
-    NEED_SHARED();
     make_docs(8);
     char rd[4400];
     snprintf(rd, sizeof rd, "run_dir = %s", run_dir);
@@ -323,7 +327,6 @@ END_TEST
 /* The first Ctrl-C finishes what is in a worker, not the corpus: most documents are left. */
 START_TEST(test_ctrl_c_only_in_flight)
 {
-    NEED_SHARED();
     make_docs(6);
     char rd[4400];
     snprintf(rd, sizeof rd, "run_dir = %s", run_dir);
@@ -382,7 +385,6 @@ static void corrupt_first_manifest(void)
 
 START_TEST(test_corrupt_manifest_recompressed)
 {
-    NEED_SHARED();
     make_docs(3);
     write_config(STREAMING, "", NULL);
     char *out, *err;
@@ -409,7 +411,6 @@ END_TEST
 /* [store] cap_mb smaller than the corpus: the summary counts evictions and the run warns. */
 START_TEST(test_evictions_reported)
 {
-    NEED_SHARED();
     make_docs(12);
     write_config("method = full", "", "[store]\ncap_mb = 1\n");
     char *out, *err;
@@ -430,7 +431,6 @@ END_TEST
  * rest of the corpus left for a rerun. Needs root (mount); skipped visibly otherwise. */
 START_TEST(test_full_disk_stops_feeding)
 {
-    NEED_SHARED();
     char mnt[4300];
     snprintf(mnt, sizeof mnt, "%s/small", tmp);
     ck_assert_int_eq(mkdir(mnt, 0700), 0);
@@ -498,7 +498,6 @@ static int find_run_dir(const char *dir, char *name, size_t n)
  * run removes its directory. */
 START_TEST(test_stale_dirs_removed)
 {
-    NEED_SHARED();
     char tdir[4300], p[4400];
     snprintf(tdir, sizeof tdir, "%s/tmpdir", tmp);
     ck_assert_int_eq(mkdir(tdir, 0700), 0);
@@ -568,7 +567,6 @@ END_TEST
 /* README: the run directory is kept (its path printed) when a document failed. */
 START_TEST(test_failed_document_keeps_run_dir)
 {
-    NEED_SHARED();
     make_docs(2);
     char p[4400], tdir[4300];
     snprintf(p, sizeof p, "%s/empty.txt", docs);
@@ -598,13 +596,12 @@ END_TEST
  * while the document is in compress. */
 START_TEST(test_progress_within_document)
 {
-    NEED_SHARED();
     make_docs(1);
     char rd[4400];
     snprintf(rd, sizeof rd, "run_dir = %s", run_dir);
     char run[4500];
     snprintf(run, sizeof run, "%s\nprogress_s = 1", rd);
-    write_config("method = sculpt\nsynthetic_queries = 2048\nrounds = 4\niterations = 30", run, NULL);
+    write_config("method = sculpt\nqueries = 2048\nrounds = 4\niterations = 30", run, NULL);
     char *out, *err;
     int rc = run_kvmill(NULL, &out, &err);
     ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
@@ -631,7 +628,6 @@ END_TEST
 
 START_TEST(test_messages)
 {
-    NEED_SHARED();
     write_config(STREAMING, "", NULL);
     snprintf(docs, sizeof docs, "%s/c.jsonl", tmp);
     const char *nul = "{\"id\": \"a\", \"text\": \"x\\u0000y\"}\n";

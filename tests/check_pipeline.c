@@ -35,10 +35,10 @@ static void setup(void)
     ck_assert_int_eq(mkdir(docs, 0700), 0);
     for (int i = 0; i < 5; i++) {
         char src[64], dst[4300];
-        snprintf(src, sizeof src, "data/long/doc_%03d.txt", i);
+        snprintf(src, sizeof src, "corpus/doc_%03d.txt", i);
         snprintf(dst, sizeof dst, "%s/doc_%03d.txt", docs, i);
         size_t n;
-        char *t = kvm_test_read_file(kvm_test_shared_path(src), &n);
+        char *t = kvm_test_read_file(kvm_test_data_path(src), &n);
         ck_assert_ptr_nonnull(t);
         ck_assert_int_eq(kvm_test_write_file(dst, t, n), 0);
         free(t);
@@ -62,10 +62,10 @@ static void write_config(const char *extra)
 {
     char text[8192];
     snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nsynthetic_queries = 64\n"
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = 64\n"
              "iterations = %s\nrounds = 2\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n"
              "[stages]\nbin_dir = %s\n%s",
-             kvm_test_shared_path("models/stories260K.bin"), slow_iterations(), store, run_dir,
+             kvm_test_data_path("models/stories260K.bin"), slow_iterations(), store, run_dir,
              kvm_test_bin(), extra ? extra : "");
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
 }
@@ -162,7 +162,7 @@ START_TEST(test_bad_config_and_missing_binary)
     /* a bin_dir without stage binaries */
     char text[8192];
     snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[stages]\nbin_dir = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), store, docs);
+             kvm_test_data_path("models/stories260K.bin"), store, docs);
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     ck_assert_int_eq(run_kvmill(&out, &err), 2);
     ck_assert_msg(strstr(err, "kvmill-prefill is missing"), "stderr: %s", err);
@@ -486,7 +486,7 @@ START_TEST(test_eval_matches_harness)
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = snapkv\nbudget = 32\n[eval]\nenabled = true\n"
              "continuation = 32\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     char *out, *err;
     ck_assert_int_eq(run_kvmill(&out, &err), 0);
@@ -498,7 +498,7 @@ START_TEST(test_eval_matches_harness)
     char cmd[12000], csv[4400];
     snprintf(csv, sizeof csv, "%s/eval.csv", tmp);
     snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method snapkv --budget 32 --context 128 "
-             "--continuation 32 --csv '%s'", kvm_test_bin(), kvm_test_shared_path("models/stories260K.bin"), docs, csv);
+             "--continuation 32 --csv '%s'", kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), docs, csv);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
     char *rows = kvm_test_read_file(csv, NULL);
     ck_assert_ptr_nonnull(rows);
@@ -591,7 +591,7 @@ START_TEST(test_calibrate_then_polykv)
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[eval]\ncontinuation = 32\n"
              "[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     char *out, *err, cmd[12000], strat[4400];
     ck_assert_int_eq(run_kvmill(&out, &err), 2); /* no strategy yet */
@@ -602,6 +602,8 @@ START_TEST(test_calibrate_then_polykv)
     int rc = kvm_test_run(cmd, &out, &err);
     ck_assert_msg(rc == 0, "calibrate exit %d: %s", rc, err);
     ck_assert_msg(strstr(out, "calibration: 5 documents, 0 failed") && strstr(out, "stored strategy 'default'"), "stdout: %s", out);
+    /* the start line counts calibration documents, not a meaningless "(0 already stored)" */
+    ck_assert_msg(strstr(err, "5 calibration documents, each measured") && !strstr(err, "already stored"), "stderr: %s", err);
     free(out); free(err);
     size_t n;
     char *bytes = kvm_test_read_file(strat, &n);
@@ -621,10 +623,10 @@ START_TEST(test_calibrate_sculpt_then_polykv)
 {
     char text[8192];
     snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\nsynthetic_queries = 64\n"
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\nqueries = 64\n"
              "rounds = 1\niterations = 5\n[calibrate]\nsculpt = true\nphases = prefill\n[eval]\ncontinuation = 32\n"
              "enabled = true\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     char *out, *err, cmd[12000], strat[4400];
     snprintf(strat, sizeof strat, "%s/strategy.bin", tmp);
@@ -661,7 +663,7 @@ START_TEST(test_dying_stage_gives_up)
     char text[8192];
     snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = full\n[store]\npath = %s\n"
              "[run]\nheartbeat_ms = 100\nmax_retries = 0\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), store, run_dir, bin);
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, bin);
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, docs);
     char *out, *err;

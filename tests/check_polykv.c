@@ -17,7 +17,7 @@ static int32_t ids[256];
 
 static void load_model(void)
 {
-    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &model), 0);
     kvm_test_golden_ids(ids);
 }
 
@@ -269,12 +269,12 @@ START_TEST(test_head_split)
 }
 END_TEST
 
-#define CAL "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/data/long/doc_000.txt "
+#define CAL "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt "
 
 static void expect_calib(const char *args, int status, const char *msg)
 {
     char full[4096], *out = NULL, *err = NULL;
-    snprintf(full, sizeof full, CAL "%s", kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), args);
+    snprintf(full, sizeof full, CAL "%s", kvm_test_bin(), kvm_test_data(), kvm_test_data(), args);
     int st = kvm_test_run(full, &out, &err);
     ck_assert_msg(st == status, "%s: exit %d, stderr %s", args, st, err);
     if (msg) ck_assert_msg(strstr(err, msg), "%s: stderr '%s' lacks '%s'", args, err, msg);

@@ -20,7 +20,7 @@ static int32_t ids[256];
 
 static void load_model(void)
 {
-    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &model), 0);
     kvm_test_golden_ids(ids);
 }
 
@@ -283,23 +283,23 @@ START_TEST(test_arg_and_cli)
     ck_assert_int_eq(m->opts_new(spec, &b, &c, &o), KVM_ENOTFOUND);
 
     char cmd[4096], *out = NULL, *err = NULL;
-    const char *base = "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/data/long/doc_000.txt "
+    const char *base = "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt "
                        "--budget 12 --context 40 --continuation 8 --out %s %s";
-    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), path, "--sculpt-opts threads=2");
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_data(), kvm_test_data(), path, "--sculpt-opts threads=2");
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_ptr_nonnull(strstr(err, "--sculpt-opts needs --sculpt"));
     free(out);
     free(err);
-    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), path,
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_data(), kvm_test_data(), path,
              "--sculpt --sculpt-opts lambda=-1");
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_ptr_nonnull(strstr(err, "lambda"));
     free(out);
     free(err);
     char extra[1024];
-    snprintf(extra, sizeof extra, "--sculpt --sculpt-opts queries=64,rounds=1,iters=5,threads=2 --dump-signals %s/sig.csv",
+    snprintf(extra, sizeof extra, "--sculpt --sculpt-opts queries=64,rounds=1,iterations=5,threads=2 --dump-signals %s/sig.csv",
              dir);
-    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_shared(), kvm_test_shared(), path, extra);
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_data(), kvm_test_data(), path, extra);
     ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s", err);
     ck_assert_ptr_nonnull(strstr(out, "sculpt cosine per layer:"));
     ck_assert_ptr_nonnull(strstr(out, "\nsculpt/uniform "));

@@ -704,11 +704,11 @@ START_TEST(test_roundtrip_serve)
     /* both or neither document form is refused */
     at.doc_tokens = doc;
     at.n_doc_tokens = 4;
-    ASSERT_FAILS(kvm_proto_ask_encode(&at, &m), KVM_EINVAL, "exactly one of 'doc_text' and 'doc_tokens'");
+    ASSERT_FAILS(kvm_proto_ask_encode(&at, &m), KVM_EINVAL, "several of 'doc_text', 'doc_bytes', 'doc_tokens'");
     at.doc_text = kvm_proto_str_c("");
     at.doc_tokens = NULL;
     at.n_doc_tokens = 0;
-    ASSERT_FAILS(kvm_proto_ask_encode(&at, &m), KVM_EINVAL, "exactly one of");
+    ASSERT_FAILS(kvm_proto_ask_encode(&at, &m), KVM_EINVAL, "none of 'doc_text'");
 
     int32_t gen[3] = {9, 8, 7};
     kvm_proto_answer an = {.request_id = 13,
@@ -734,6 +734,118 @@ START_TEST(test_roundtrip_serve)
     ck_assert_int_eq(dn.status, KVM_ENOTFOUND);
     ck_assert_int_eq(dn.n_tokens, 0);
     kvm_msg_free(&m);
+}
+END_TEST
+
+/* Revision 2 of ask and answer: doc_bytes, doc_hash, doc_name, compute_grant, new_cache. */
+START_TEST(test_roundtrip_serve_revision2)
+{
+    static const uint8_t bytes[] = {'c', 'a', 'f', 0xe9, 0x00, 0xff, 0x80, '\n'};
+    kvm_proto_ask a = {.request_id = 21,
+                       .doc_bytes = {bytes, sizeof bytes},
+                       .prompt = kvm_proto_str_c("Q"),
+                       .max_new_tokens = 3,
+                       .compute_grant = true};
+    kvm_msg *m = NULL;
+    ck_assert_msg(kvm_proto_ask_encode(&a, &m) == 0, "%s", kvm_errmsg());
+    kvm_proto_ask d;
+    ck_assert_msg(kvm_proto_ask_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert_uint_eq(d.doc_bytes.len, sizeof bytes);
+    assert_bytes_eq(d.doc_bytes.ptr, bytes, sizeof bytes, "doc_bytes");
+    ck_assert_uint_eq(d.doc_text.len, 0);
+    ck_assert(!d.has_doc_hash);
+    ck_assert(d.compute_grant);
+    kvm_msg_free(&m);
+    /* by hash */
+    kvm_proto_ask h = {.request_id = 22, .has_doc_hash = true, .prompt = kvm_proto_str_c("Q"), .max_new_tokens = 1};
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        h.doc_hash[i] = (uint8_t)(i * 7);
+    ck_assert_msg(kvm_proto_ask_encode(&h, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_proto_ask_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(d.has_doc_hash);
+    assert_bytes_eq(d.doc_hash, h.doc_hash, KVM_PROTO_ID_BYTES, "doc_hash");
+    ck_assert(!d.compute_grant);
+    /* a doc_hash of another length is refused */
+    kvm_msg *t = with_field(m, "doc_hash", pk_bin, "abcde");
+    ASSERT_FAILS(kvm_proto_ask_decode(t, &d), KVM_EPROTO, "field 'doc_hash' has 5 bytes, expected 32");
+    kvm_msg_free(&t);
+    /* two ways at once */
+    t = with_field(m, "doc_name", pk_str, "doc_000.txt");
+    ASSERT_FAILS(kvm_proto_ask_decode(t, &d), KVM_EPROTO, "several of 'doc_text', 'doc_bytes'");
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    /* by name */
+    kvm_proto_ask n = {.request_id = 23, .doc_name = kvm_proto_str_c("doc_000.txt"), .prompt = kvm_proto_str_c("Q")};
+    ck_assert_msg(kvm_proto_ask_encode(&n, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_proto_ask_decode(m, &d) == 0, "%s", kvm_errmsg());
+    assert_str_eq(d.doc_name, "doc_000.txt");
+    ck_assert(!d.has_doc_hash);
+    ck_assert_uint_eq(kvm_msg_nframes(m), 1);
+    kvm_msg_free(&m);
+    /* limits */
+    n.doc_name = kvm_proto_str_c("");
+    n.doc_bytes = (kvm_proto_bytes){bytes, (size_t)KVM_PROTO_MAX_DOC_BYTES + 1};
+    ASSERT_FAILS(kvm_proto_ask_encode(&n, &m), KVM_EINVAL, "field 'doc_bytes': 16777217 bytes, allowed 0..16777216");
+    n.doc_bytes.len = 0;
+    ASSERT_FAILS(kvm_proto_ask_encode(&n, &m), KVM_EINVAL, "none of 'doc_text'");
+    /* answers: new_cache, and text that is valid UTF-8 only */
+    int32_t ids[2] = {5, 6};
+    kvm_proto_answer an = {.request_id = 23, .text = kvm_proto_str_c(" \xef\xbf\xbd"), .n_tokens = 2, .tokens = ids,
+                           .new_cache = true};
+    ck_assert_msg(kvm_proto_answer_encode(&an, &m) == 0, "%s", kvm_errmsg());
+    kvm_proto_answer da;
+    ck_assert_msg(kvm_proto_answer_decode(m, &da) == 0, "%s", kvm_errmsg());
+    ck_assert(da.new_cache);
+    kvm_msg_free(&m);
+    an.text = kvm_proto_str_c(" \xe4\xbd");
+    ASSERT_FAILS(kvm_proto_answer_encode(&an, &m), KVM_EINVAL, "field 'text': invalid UTF-8");
+}
+END_TEST
+
+/* A string that declares more bytes than it may have, or than are left: the detail says which,
+ * and names the limit. */
+START_TEST(test_malformed_long_strings)
+{
+    /* {"v": 1, "type": str32 of 4 GiB - 1 bytes "ask"} */
+    static const uint8_t long_type[] = {0x82, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xdb, 0xff, 0xff, 0xff, 0xff,
+                                        'a',  's',  'k'};
+    kvm_msg *t = raw_header(long_type, sizeof long_type);
+    kvm_proto_type ty;
+    kvm_proto_ask d;
+    ASSERT_FAILS(kvm_proto_peek(t, &ty), KVM_ERANGE,
+                 "header: field 'type' is a str of 4294967295 bytes, too long: the limit is 64 bytes");
+    ASSERT_FAILS(kvm_proto_ask_decode(t, &d), KVM_ERANGE, "too long: the limit is 64 bytes");
+    kvm_msg_free(&t);
+    /* a whole type name of 100 bytes */
+    uint8_t hundred[9 + 2 + 100] = {0x82, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xd9, 100};
+    memset(hundred + 11, 'x', 100);
+    t = raw_header(hundred, sizeof hundred);
+    ASSERT_FAILS(kvm_proto_peek(t, &ty), KVM_ERANGE, "field 'type' is a str of 100 bytes, too long: the limit is 64");
+    kvm_msg_free(&t);
+    /* a short declared type cut off: a truncated header */
+    static const uint8_t cut_type[] = {0x82, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa5, 'a', 's'};
+    t = raw_header(cut_type, sizeof cut_type);
+    ASSERT_FAILS(kvm_proto_peek(t, &ty), KVM_EPROTO,
+                 "truncated header: field 'type' is a str of 5 bytes, but only 2 bytes are left");
+    kvm_msg_free(&t);
+    /* a field: {"v": 1, "type": "ask", "prompt": str32 of 100 MiB "ab"} */
+    static const uint8_t long_prompt[] = {0x83, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa3, 'a', 's', 'k',
+                                          0xa6, 'p', 'r', 'o', 'm', 'p', 't', 0xdb, 0x06, 0x40, 0x00, 0x00, 'a', 'b'};
+    t = raw_header(long_prompt, sizeof long_prompt);
+    /* the envelope cannot skip it; the decoder knows the field's limit */
+    ASSERT_FAILS(kvm_proto_peek(t, &ty), KVM_EPROTO,
+                 "truncated header: field 'prompt' is a str of 104857600 bytes, but only 2 bytes are left");
+    ASSERT_FAILS(kvm_proto_ask_decode(t, &d), KVM_ERANGE,
+                 "ask: field 'prompt' is a str of 104857600 bytes, too long: the limit is 8388608 bytes");
+    kvm_msg_free(&t);
+    /* within the field's limit but past the end: truncated */
+    uint8_t short_prompt[sizeof long_prompt];
+    memcpy(short_prompt, long_prompt, sizeof long_prompt);
+    short_prompt[21] = 0x00, short_prompt[22] = 0x00, short_prompt[23] = 0x00, short_prompt[24] = 0x09;
+    t = raw_header(short_prompt, sizeof short_prompt);
+    ASSERT_FAILS(kvm_proto_ask_decode(t, &d), KVM_EPROTO,
+                 "truncated header: field 'prompt' is a str of 9 bytes, but only 2 bytes are left");
+    kvm_msg_free(&t);
 }
 END_TEST
 
@@ -1674,6 +1786,8 @@ static Suite *proto_suite(void)
         {"roundtrip_result_error", test_roundtrip_result_error},
         {"roundtrip_control", test_roundtrip_control},
         {"roundtrip_serve", test_roundtrip_serve},
+        {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},
+        {"malformed_long_strings", test_malformed_long_strings},
         {"malformed_truncated_header", test_malformed_truncated_header},
         {"malformed_wrong_types", test_malformed_wrong_types},
         {"malformed_huge_sizes", test_malformed_huge_sizes},

@@ -239,7 +239,7 @@ static int32_t ids[256];
 
 static void model_setup(void)
 {
-    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &model), 0);
     kvm_test_golden_ids(ids);
 }
 
@@ -531,19 +531,19 @@ START_TEST(test_cli)
     snprintf(path, sizeof path, "%s/doc.kvs", dir);
     snprintf(cmd, sizeof cmd,
              "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --ratio 0.5 --queries 32 --rounds 1 "
-             "--iters 3 --bias --threads 2 --out %s",
-             kvm_test_bin(), kvm_test_shared_path("models/stories260K.bin"), "/dev/null", path);
+             "--iterations 3 --bias --threads 2 --out %s",
+             kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), "/dev/null", path);
     char *out = NULL, *err = NULL;
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1); /* an empty document has too few tokens */
     ck_assert_msg(strstr(err, "tokens"), "stderr: %s", err);
     free(out);
     free(err);
     char doc[512];
-    snprintf(doc, sizeof doc, "%s", kvm_test_shared_path("data/long/doc_005.txt"));
+    snprintf(doc, sizeof doc, "%s", kvm_test_data_path("corpus/doc_005.txt"));
     snprintf(cmd, sizeof cmd,
              "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --ratio 0.5 --queries 32 --rounds 1 "
-             "--iters 3 --bias --threads 2 --out %s",
-             kvm_test_bin(), kvm_test_shared_path("models/stories260K.bin"), doc, path);
+             "--iterations 3 --bias --threads 2 --out %s",
+             kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), doc, path);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
     ck_assert_msg(strstr(out, "entries=720 (full 1280)"), "stdout: %s", out); /* 20 heads × (28 + 8) */
     free(out);
@@ -554,7 +554,7 @@ START_TEST(test_cli)
     ck_assert_int_eq(kvm_kvcache_head(c, 0, 0)->n, 36);
     kvm_kvcache_free(&c);
     snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model %s --doc %s --ratio 0 --out %s", kvm_test_bin(),
-             kvm_test_shared_path("models/stories260K.bin"), doc, path);
+             kvm_test_data_path("models/stories260K.bin"), doc, path);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "--ratio 0"), "stderr: %s", err);
     free(out);

@@ -52,7 +52,7 @@ static void write_config(const char *serve_extra, const char *extra)
              "[stages]\nbin_dir = %s\n"
              "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 30\ngrace_s = 5\n"
              "[serve]\nmax_prompt_tokens = 8\nmax_new_tokens = 400\nrequest_timeout_s = 15\n%s\n%s\n",
-             kvm_test_shared_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir,
+             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir,
              serve_extra ? serve_extra : "", extra ? extra : "");
     snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
@@ -64,7 +64,7 @@ static void setup(void)
     ck_assert_ptr_nonnull(g_dir);
     snprintf(g_front, sizeof g_front, "ipc://%s/front", g_dir);
     snprintf(g_log, sizeof g_log, "%s/serve.log", g_dir);
-    snprintf(g_doc, sizeof g_doc, "%s", kvm_test_shared_path("data/long/doc_000.txt"));
+    snprintf(g_doc, sizeof g_doc, "%s", kvm_test_data_path("corpus/doc_000.txt"));
     g_serve = 0;
 }
 
@@ -143,7 +143,7 @@ static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
     env_open(&e, doc_path);
     const kvm_model *m = e.wm.model;
     kvm_store_id config_id;
-    ck_assert_int_eq(kvm_jobcfg_config_id(e.cfg, &config_id, NULL, NULL), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id(e.cfg, NULL, &config_id, NULL, NULL), 0);
     kvm_store_cache_key key = {.model_id = e.wm.model_id, .doc_hash = e.doc.hash, .config_id = config_id};
     kvm_store_cache *sc = NULL;
     ck_assert_msg(kvm_store_get_cache(e.store, &key, &e.wm.tok_id, &sc) == 0, "%s", kvm_errmsg());
@@ -466,7 +466,12 @@ END_TEST
 
 START_TEST(test_worker_setup_failure)
 {
-    write_config(NULL, "[model]\ncontext = 1000"); /* beyond the model's 512: every worker's setup fails */
+    write_config(NULL, NULL);
+    char *text = kvm_test_read_file(g_cfg, NULL), *ctx = text ? strstr(text, "context = 128\n") : NULL;
+    ck_assert_ptr_nonnull(ctx); /* set once: a key set twice is a config error */
+    memcpy(ctx, "context = 999", 13); /* beyond the model's 512: every worker's setup fails */
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    free(text);
     ck_assert_int_eq(start_serve(NULL), 1);
     char *log = kvm_test_read_file(g_log, NULL);
     assert_contains(log, "exceeds the model's window");

@@ -19,13 +19,21 @@ static kvm_tokenizer *tok;
 
 static void open_tok(void)
 {
-    int rc = kvm_tokenizer_open_llama2c(kvm_test_shared_path(TOK512), VOCAB, &tok);
-    ck_assert_msg(rc == 0, "open %s: %d %s", kvm_test_shared_path(TOK512), rc, kvm_errmsg());
+    int rc = kvm_tokenizer_open_llama2c(kvm_test_data_path(TOK512), VOCAB, &tok);
+    ck_assert_msg(rc == 0, "open %s: %d %s", kvm_test_data_path(TOK512), rc, kvm_errmsg());
 }
 
 static void close_tok(void) { kvm_tokenizer_close(&tok); }
 
-/* Reads a file under shared/ or fails the test. */
+/* Reads a file of the embedded data/ or fails the test. */
+static char *read_data(const char *rel, size_t *n)
+{
+    char *s = kvm_test_read_file(kvm_test_data_path(rel), n);
+    ck_assert_msg(s != NULL, "cannot read %s", kvm_test_data_path(rel));
+    return s;
+}
+
+/* Reads a file under shared/ or fails the test (callers check kvm_test_shared_path first). */
 static char *read_shared(const char *rel, size_t *n)
 {
     char *s = kvm_test_read_file(kvm_test_shared_path(rel), n);
@@ -110,7 +118,7 @@ static int ref_cmp(const void *a, const void *b)
 static void ref_load(void)
 {
     size_t n;
-    unsigned char *f = (unsigned char *)read_shared(TOK512, &n);
+    unsigned char *f = (unsigned char *)read_data(TOK512, &n);
     size_t off = 4;
     for (int i = 0; i < VOCAB; i++) {
         int32_t len;
@@ -226,6 +234,7 @@ static char *golden_prompt(int k)
 START_TEST(golden_prompt_ids)
 {
     static const int32_t once_upon[] = {1, 403, 407, 261, 378}; /* "Once upon a time" */
+    if (!kvm_test_shared_path("golden/gen")) return;
     for (int k = 0; k < 4; k++) {
         char rel[64];
         snprintf(rel, sizeof rel, "golden/gen/gen_%02d.ids.txt", k);
@@ -247,10 +256,14 @@ START_TEST(golden_prompt_ids)
 }
 END_TEST
 
-/* seq256.ids.txt is the first 256 ids of run.c's encode(story_00000, bos=1) (320 ids). */
+/* seq256.ids.txt is the first 256 ids of run.c's encode(story_00000, bos=1) (320 ids), and
+ * the ids the tests compute from the embedded data/corpus/doc_000.txt (kvm_test_golden_ids). */
 START_TEST(golden_seq256_ids)
 {
-    int32_t *gold;
+    if (!kvm_test_shared_path("golden/seq256.ids.txt") ||
+        !kvm_test_shared_path("data/tinystories/stories/story_00000.txt"))
+        return;
+    int32_t *gold, embedded[256];
     int n_gold = read_ids("golden/seq256.ids.txt", &gold);
     ck_assert_int_eq(n_gold, 256);
     size_t len;
@@ -260,6 +273,8 @@ START_TEST(golden_seq256_ids)
     encode_ok(story, len, 1, 0, &ids, &n);
     ck_assert_int_eq(n, 320);
     assert_ids_eq(ids, 256, gold, 256, "seq256");
+    kvm_test_golden_ids(embedded);
+    assert_ids_eq(embedded, 256, gold, 256, "seq256 from data/corpus/doc_000.txt");
     free(ids);
     free(story);
     free(gold);
@@ -269,6 +284,7 @@ END_TEST
 /* run.c's generate loop output: piece(prev, id) for ids[1..], safe_printf filter, then "\n". */
 START_TEST(golden_generation_text)
 {
+    if (!kvm_test_shared_path("golden/gen")) return;
     for (int k = 0; k < 4; k++) {
         char rel[64];
         snprintf(rel, sizeof rel, "golden/gen/gen_%02d.ids.txt", k);
@@ -308,6 +324,20 @@ START_TEST(matches_runc_on_stories)
      * not all); KVMILL_TOK_ALL=1 compares all 2,316 */
     const char *all = getenv("KVMILL_TOK_ALL");
     int stride = (all && *all == '1') ? 1 : 100;
+    if (!kvm_test_shared_find("data/tinystories/stories")) {
+        /* no ../shared: the 6 embedded documents (stories 0-17) */
+        for (int k = 0; k < 6; k++) {
+            char rel[64];
+            snprintf(rel, sizeof rel, "corpus/doc_%03d.txt", k);
+            size_t len;
+            char *doc = read_data(rel, &len);
+            assert_matches_ref(doc, 1u, rel);
+            free(doc);
+        }
+        ref_unload();
+        kvm_test_shared_path("data/tinystories/stories"); /* SKIP: the stories themselves */
+        return;
+    }
     for (int k = 0; k < 2316; k += stride) {
         char rel[96];
         snprintf(rel, sizeof rel, "data/tinystories/stories/story_%05d.txt", k);
@@ -389,15 +419,18 @@ static void assert_round_trip(const char *s, size_t len, const char *what)
 
 START_TEST(round_trip_real_text)
 {
-    for (int k = 0; k < 20; k++) {
+    /* the 20 long documents of ../shared, else the 6 embedded ones */
+    const int shared = kvm_test_shared_find("data/long") != NULL;
+    for (int k = 0; k < (shared ? 20 : 6); k++) {
         char rel[64];
-        snprintf(rel, sizeof rel, "data/long/doc_%03d.txt", k);
+        snprintf(rel, sizeof rel, shared ? "data/long/doc_%03d.txt" : "corpus/doc_%03d.txt", k);
         size_t len;
-        char *doc = read_shared(rel, &len);
+        char *doc = shared ? read_shared(rel, &len) : read_data(rel, &len);
         assert_round_trip(doc, len, rel);
         free(doc);
     }
     /* a story with curly quotes: they are pieces of their own in tok512 (ids 465, 466) */
+    if (!kvm_test_shared_path("data/tinystories/stories/story_00061.txt")) return;
     size_t len;
     char *story = read_shared("data/tinystories/stories/story_00061.txt", &len);
     ck_assert_ptr_nonnull(strstr(story, "\xe2\x80\x9c"));
@@ -509,6 +542,7 @@ END_TEST
 
 START_TEST(long_document)
 {
+    if (!kvm_test_shared_path("data/long2k/doc_000.txt")) return;
     size_t len;
     char *doc = read_shared("data/long2k/doc_000.txt", &len);
     ck_assert_uint_gt(len, 12000);
@@ -547,7 +581,7 @@ START_TEST(bad_arguments)
     kvm_tokenizer *t = (kvm_tokenizer *)&t;
     ck_assert_int_eq(kvm_tokenizer_open_llama2c(NULL, VOCAB, &t), KVM_EINVAL);
     ck_assert_ptr_null(t);
-    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_shared_path(TOK512), VOCAB, NULL),
+    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_data_path(TOK512), VOCAB, NULL),
                      KVM_EINVAL);
     kvm_tokenizer_close(NULL);
     kvm_tokenizer_close(&t);
@@ -565,7 +599,7 @@ static void bad_files_setup(void)
 {
     tmpdir = kvm_test_tmpdir();
     ck_assert_ptr_nonnull(tmpdir);
-    good_bytes = read_shared(TOK512, &good_len);
+    good_bytes = read_data(TOK512, &good_len);
     ck_assert_uint_eq(good_len, 6227);
 }
 

@@ -18,7 +18,7 @@ static kvm_kvcache *full;
 
 static void setup(void)
 {
-    ck_assert_int_eq(kvm_model_open(kvm_test_shared_path("models/stories260K.bin"), &model), 0);
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &model), 0);
     kvm_test_golden_ids(ids);
     kvm_forward *fw;
     kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
@@ -41,8 +41,8 @@ static kvm_config *config(const char *method)
 {
     char text[1024];
     snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = %s\nbudget = 24\n"
-             "synthetic_queries = 32\niterations = 2\nrounds = 1\nretain = 8\n",
-             kvm_test_shared_path("models/stories260K.bin"), method);
+             "queries = 32\niterations = 2\nrounds = 1\nretain = 8\n",
+             kvm_test_data_path("models/stories260K.bin"), method);
     kvm_config *c;
     ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
     return c;

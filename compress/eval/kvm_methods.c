@@ -98,20 +98,26 @@ EVICT_OPTS(pyramidkv_opts, KVM_PATTERN_PYRAMIDKV)
 
 /* KVSculpt and its baselines (compress/sculpt/): ARG is "name=value:name=value..." with the
  * sculpt option names ("sculpt:retain=32:alloc=gain:bias:lambda=0"); --ratio r means k = r·(N−m),
- * --budget b means b entries per KV head including the retain zone. */
+ * --budget b means b entries per KV head including the retain zone, unless ARG sets budget or
+ * ratio itself (ARG overrides). */
 static int sculpt_opts_mode(kvm_sculpt_mode mode, const char *arg, const kvm_budget *b, void **opts)
 {
     kvm_sculpt_opts *o = malloc(sizeof *o);
     if (!o) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
     *o = kvm_sculpt_opts_default();
     o->mode = mode;
-    /* in --method lists ',' separates methods, so sculpt options are joined with ':' here */
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", arg ? arg : "");
+    /* the harness size first, ARG after it (kvm_sculpt_opts_parse: the last size given wins,
+     * resolved against the final retain zone); in --method lists ',' separates methods, so
+     * sculpt options are joined with ':' there */
+    char buf[2048];
+    int rc = 0, at = 0;
+    if (b->tokens > 0) at = snprintf(buf, sizeof buf, "budget=%lld", (long long)b->tokens);
+    else if (b->ratio > 0 && b->ratio <= 1) at = snprintf(buf, sizeof buf, "ratio=%.17g", b->ratio);
+    else rc = kvm_sculpt_opts_set_budget(o, b); /* neither: its error */
+    snprintf(buf + at, sizeof buf - (size_t)at, "%s%s", arg && *arg ? "," : "", arg ? arg : "");
     for (char *p = buf; *p; p++)
         if (*p == ':') *p = ',';
-    int rc = kvm_sculpt_opts_parse(o, buf);
-    if (!rc) rc = kvm_sculpt_opts_set_budget(o, b);
+    if (!rc) rc = kvm_sculpt_opts_parse(o, buf);
     if (rc) {
         free(o);
         return rc;

@@ -38,16 +38,11 @@ void kvm_polykv_method_set_sculpt(void *opts, const kvm_sculpt_opts *so)
  * (file names may hold ':'). *opts_at is NULL when there is no option list. */
 static void split_arg(const char *arg, size_t *file_len, const char **opts_at)
 {
-    int n;
-    const kvm_sculpt_setting *set = kvm_sculpt_settings(&n);
     for (const char *c = strchr(arg, ':'); c; c = strchr(c + 1, ':'))
-        for (int i = 0; i < n; i++) {
-            size_t k = strlen(set[i].name);
-            if (!strncmp(c + 1, set[i].name, k) && (c[1 + k] == '=' || c[1 + k] == ':' || !c[1 + k])) {
-                *file_len = (size_t)(c - arg);
-                *opts_at = c + 1;
-                return;
-            }
+        if (kvm_sculpt_setting_find(c + 1, strcspn(c + 1, ":="))) { /* any spelling of a setting's name */
+            *file_len = (size_t)(c - arg);
+            *opts_at = c + 1;
+            return;
         }
     *file_len = strlen(arg);
     *opts_at = NULL;

@@ -1,6 +1,9 @@
-/* kvm_sculpt_opts.h: one table of KVSculpt settings (name, type, bounds, help) that drives
- * `kvmill sculpt --NAME VALUE`, `kvmill eval --method sculpt:NAME=VALUE,...` and their --help,
- * so both commands accept every sculpt option with the same names and checks. */
+/* kvm_sculpt_opts.h: the KVSculpt settings of compress/sculpt/kvm_sculpt_settings.h (one row
+ * per setting: name, kind, bounds, default, help) and the parsers built on them, so that
+ * `kvmill sculpt --NAME VALUE`, `kvmill eval --NAME VALUE`, method option strings
+ * `sculpt:NAME=VALUE:...` and the [compress] NAME keys accept every setting with one name and
+ * the same checks. Names are snake_case ("pilot_rounds"); flags spell them with '-'
+ * ("--pilot-rounds"); option strings accept either. */
 #ifndef KVM_SCULPT_OPTS_H
 #define KVM_SCULPT_OPTS_H
 
@@ -10,20 +13,33 @@
 
 /* One setting. */
 typedef struct kvm_sculpt_setting {
-    const char *name;  /* option name without "--" ("retain", "lambda", ...) */
-    const char *help;  /* one line, with the default and the unit */
+    const char *name;        /* the name and [compress] key ("retain", "pilot_rounds") */
+    const char *flag;        /* the flag without "--": name with '-' for '_' ("pilot-rounds") */
+    const char *help;        /* one line, with the default and the unit */
+    const char *def;         /* the default as text ("32", "false", "uniform") */
+    const char *replaced_by; /* NULL, or the name that replaces this deprecated one */
+    int is_flag;             /* 1: boolean: `--bias` / "bias" alone set it (value "1"/"0"/"true"/...) */
+    int in_config;           /* 1: also the [compress] key `name` (pipeline/kvm_config_table.c) */
 } kvm_sculpt_setting;
 
-/* The settings: *n rows, static and read-only. */
+/* The settings: *n rows in table order, static and read-only, deprecated names included. */
 const kvm_sculpt_setting *kvm_sculpt_settings(int *n);
 
-/* Sets option `name` of o from its text value (flags such as "bias" take "1"/"0"; an empty
- * or NULL value means 1). Checks the bounds. Returns 0, KVM_ENOTFOUND (no such option),
- * KVM_EINVAL (bad value; the message names the option, the value and the range). */
+/* The setting called `name` (the first `len` bytes; '-' and '_' are the same), deprecated
+ * names included, or NULL. */
+const kvm_sculpt_setting *kvm_sculpt_setting_find(const char *name, size_t len);
+
+/* Sets option `name` (any spelling kvm_sculpt_setting_find accepts) of o from its text value
+ * (boolean settings take 1/0/true/false/yes/no/on/off; an empty or NULL value means 1).
+ * "budget" b sets k = b − retain with the retain zone set so far (0: use the ratio).
+ * Checks the bounds. Returns 0, KVM_ENOTFOUND (no such option), KVM_EINVAL (bad value; the
+ * message names the option, the value and the range). */
 int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value);
 
-/* Applies "name=value,name=value,..." (a method ARG; "bias" alone sets the flag). Returns 0 or
- * the first error of kvm_sculpt_opts_set. NULL or "" changes nothing. */
+/* Applies "name=value,name=value,..." (a method ARG; "bias" alone sets the flag). Later
+ * settings override earlier ones; of budget, ratio and entries the last one given decides
+ * the size, applied after every other setting (so "budget=64,retain=16" means k = 48). Returns
+ * 0 or the first error of kvm_sculpt_opts_set. NULL or "" changes nothing. */
 int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg);
 
 /* Applies a harness budget (compress/kvm_compress.h): ratio r means k = r·(N−m) (o->ratio);
@@ -31,7 +47,7 @@ int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg);
  * Call after the retain size is final. Returns 0 or KVM_EINVAL (b ≤ m, or neither set). */
 int kvm_sculpt_opts_set_budget(kvm_sculpt_opts *o, const kvm_budget *b);
 
-/* Prints "  --NAME  help" lines for every setting to f. */
+/* Prints "  --FLAG  help" lines for every current (not deprecated) setting to f. */
 void kvm_sculpt_opts_help(FILE *f);
 
 #endif

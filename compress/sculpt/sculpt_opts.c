@@ -1,67 +1,115 @@
-/* sculpt_opts.c: the table of KVSculpt settings and the parsers built on it. */
+/* sculpt_opts.c: the table of KVSculpt settings (expanded from kvm_sculpt_settings.h) and the
+ * parsers built on it. */
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
-typedef enum kind { K_I64, K_INT, K_F64, K_U64, K_MODE, K_ALLOC } kind;
+typedef enum kind { K_I64, K_INT, K_F64, K_U64, K_BOOL, K_MODE, K_ALLOC, K_BUDGET } kind;
 
 typedef struct row {
-    kvm_sculpt_setting s;
+    const char *name, *def, *unit, *help, *replaced_by;
     kind kind;
     size_t off;
     double lo, hi;
+    int in_config;
 } row;
 
-#define F(m) offsetof(kvm_sculpt_opts, m)
+#define KVM_SCULPT_SETTING(nm, kd, field, lo_, hi_, cfg, def_, unit_, help_, repl)                                     \
+    {#nm, def_, unit_, help_, repl, K_##kd, offsetof(kvm_sculpt_opts, field), lo_, hi_, cfg},
 static const row rows[] = {
-    {{"method", "sculpt | selectfit | joint-fixed (default sculpt)"}, K_MODE, F(mode), 0, 0},
-    {{"retain", "retain zone m, tokens kept as is (default 32)"}, K_I64, F(retain_tokens), 0, 1 << 30},
-    {{"ratio", "r = k/(N-m), distilled entries per zone token (default 0.3)"}, K_F64, F(ratio), 1e-9, 1},
-    {{"entries", "k: absolute distilled entries per KV head (overrides ratio; default 0 = use ratio)"}, K_I64, F(k_entries), 0, 1 << 30},
-    {{"queries", "S synthetic future queries per KV head (default 2048)"}, K_I64, F(n_synth), 0, 1 << 24},
-    {{"future", "F: synthetic positions N + floor(i*F/S) (default: continuation length, else 64)"}, K_I64, F(future_tokens), 0, 1 << 30},
-    {{"lambda", "weight of the LSE-matching term (default 0.1)"}, K_F64, F(lambda), 0, 1e6},
-    {{"lse-weight", "1: weight each query's LSE error by the zone's attention share (ours) (default 0)"}, K_INT, F(lse_mass_weight), 0, 1},
-    {{"alpha", "ridge alpha relative to the mean diagonal of the normal matrix (default 1e-3)"}, K_F64, F(ridge_alpha), 1e-12, 1e6},
-    {{"vcap", "value-norm guard: |v| <= vcap * max zone |v|, 0 = off (default 1)"}, K_F64, F(vnorm_cap), 0, 1e6},
-    {{"kcap", "key-norm guard: |k| <= kcap * max zone |k| after each L-BFGS round, 0 = off (default 0)"}, K_F64, F(knorm_cap), 0, 1e6},
-    {{"rounds", "alternating rounds R (default 4)"}, K_INT, F(rounds), 0, 1000},
-    {{"iters", "L-BFGS iterations per round (default 30)"}, K_INT, F(lbfgs_iters), 0, 100000},
-    {{"history", "L-BFGS memory (default 20)"}, K_INT, F(lbfgs_history), 1, 1000},
-    {{"bias", "1: per-entry logit bias beta fitted with the keys (Attention Matching) (default 0)"}, K_INT, F(bias), 0, 1},
-    {{"alloc", "uniform | layer | head (pilot MSE^p, paper) | gain (marginal-gain water-filling) (default uniform)"}, K_ALLOC, F(alloc), 0, 0},
-    {{"power", "p of the MSE^p allocation rule (default 0.5)"}, K_F64, F(alloc_power), 0, 100},
-    {{"pilot-rounds", "alternating rounds of the allocation pilot (default 1)"}, K_INT, F(pilot_rounds), 0, 1000},
-    {{"pilot-iters", "L-BFGS iterations per pilot round (default 10)"}, K_INT, F(pilot_iters), 0, 100000},
-    {{"seed", "seed of the synthetic queries (default 1)"}, K_U64, F(seed), 0, 9.2e18},
-    {{"threads", "worker threads over (layer, KV head) problems (default 1)"}, K_INT, F(threads), 1, 256},
+#include "compress/sculpt/kvm_sculpt_settings.h"
 };
-#undef F
+#undef KVM_SCULPT_SETTING
 enum { N_ROWS = sizeof rows / sizeof rows[0] };
+
+static kvm_sculpt_setting settings[N_ROWS];
+static char flags[N_ROWS][32], helps[N_ROWS][320];
+static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
+
+static void settings_init(void)
+{
+    kvm_sculpt_setting *s = settings;
+    for (int i = 0; i < N_ROWS; i++) {
+        const row *r = &rows[i];
+        snprintf(flags[i], sizeof flags[i], "%s", r->name);
+        for (char *p = flags[i]; *p; p++)
+            if (*p == '_') *p = '-';
+        if (r->replaced_by) {
+            char repl[32];
+            snprintf(repl, sizeof repl, "%s", r->replaced_by);
+            for (char *p = repl; *p; p++)
+                if (*p == '_') *p = '-';
+            snprintf(helps[i], sizeof helps[i], "deprecated: use --%s (%s)", repl, r->help);
+        } else
+            snprintf(helps[i], sizeof helps[i], "%s (default %s%s%s)", r->help, r->def, *r->unit ? " " : "", r->unit);
+        s[i] = (kvm_sculpt_setting){r->name, flags[i], helps[i], r->def, r->replaced_by, r->kind == K_BOOL,
+                                    r->in_config};
+    }
+}
 
 const kvm_sculpt_setting *kvm_sculpt_settings(int *n)
 {
-    static kvm_sculpt_setting s[N_ROWS];
-    for (int i = 0; i < N_ROWS; i++) s[i] = rows[i].s;
+    pthread_once(&settings_once, settings_init);
     *n = N_ROWS;
-    return s;
+    return settings;
+}
+
+/* a == b over len bytes of a, with '-' equal to '_' */
+static int same_name(const char *a, size_t len, const char *b)
+{
+    if (strlen(b) != len) return 0;
+    for (size_t i = 0; i < len; i++) {
+        char x = a[i] == '-' ? '_' : a[i];
+        if (x != b[i]) return 0;
+    }
+    return 1;
+}
+
+static const row *find_row(const char *name, size_t len)
+{
+    for (int i = 0; i < N_ROWS; i++)
+        if (same_name(name, len, rows[i].name)) return &rows[i];
+    return NULL;
+}
+
+const kvm_sculpt_setting *kvm_sculpt_setting_find(const char *name, size_t len)
+{
+    int n;
+    const kvm_sculpt_setting *s = kvm_sculpt_settings(&n);
+    const row *r = name ? find_row(name, len) : NULL;
+    return r ? &s[r - rows] : NULL;
+}
+
+static int parse_bool(const char *v, int *out)
+{
+    static const char *yes[] = {"1", "true", "yes", "on"}, *no[] = {"0", "false", "no", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(v, yes[i])) return *out = 1, 0;
+        if (!strcasecmp(v, no[i])) return *out = 0, 0;
+    }
+    return -1;
 }
 
 int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
 {
-    const row *r = NULL;
-    for (int i = 0; i < N_ROWS; i++)
-        if (!strcmp(rows[i].s.name, name)) r = &rows[i];
-    if (!r) return kvm_err(KVM_ENOTFOUND, "sculpt: no option '%s'", name);
+    const row *r = name ? find_row(name, strlen(name)) : NULL;
+    if (!r) return kvm_err(KVM_ENOTFOUND, "sculpt: no option '%s'", name ? name : "");
     if (!value || !*value) value = "1";
     char *p = (char *)o + r->off;
     if (r->kind == K_MODE) return kvm_sculpt_mode_parse(value, (kvm_sculpt_mode *)(void *)p);
     if (r->kind == K_ALLOC) return kvm_sculpt_alloc_parse(value, (kvm_sculpt_alloc *)(void *)p);
+    if (r->kind == K_BOOL) {
+        if (parse_bool(value, (int *)(void *)p))
+            return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected 1/0, true/false, yes/no or on/off", name, value);
+        return 0;
+    }
     errno = 0;
     char *end;
     double v = strtod(value, &end);
@@ -70,6 +118,12 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
         return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected %s in [%g, %g]", name, value,
                        r->kind == K_F64 ? "a number" : "an integer", r->lo, r->hi);
     switch (r->kind) {
+    case K_BUDGET:
+        if (v > 0 && v <= o->retain_tokens)
+            return kvm_err(KVM_EINVAL, "sculpt: budget %s entries per head leaves none beyond the retain zone of %lld",
+                           value, (long long)o->retain_tokens);
+        *(int64_t *)(void *)p = v > 0 ? (int64_t)v - o->retain_tokens : 0;
+        break;
     case K_I64: *(int64_t *)(void *)p = (int64_t)v; break;
     case K_INT: *(int *)(void *)p = (int)v; break;
     case K_U64: *(uint64_t *)(void *)p = (uint64_t)v; break;
@@ -78,16 +132,32 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
     return 0;
 }
 
+/* budget, ratio, entries: which one sizes the cache (the last given) */
+static int is_size(const row *r)
+{
+    return r && (!strcmp(r->name, "budget") || !strcmp(r->name, "ratio") || !strcmp(r->name, "entries"));
+}
+
 int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg)
 {
     if (!arg || !*arg) return 0;
     char *s = strdup(arg), *save = NULL;
     if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
     int rc = 0;
+    const char *size_name = NULL, *size_value = NULL;
     for (char *t = strtok_r(s, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
         if (eq) *eq++ = 0;
-        rc = kvm_sculpt_opts_set(o, t, eq);
+        if (is_size(find_row(t, strlen(t)))) {
+            size_name = t;
+            size_value = eq;
+        } else
+            rc = kvm_sculpt_opts_set(o, t, eq);
+    }
+    if (!rc && size_name) {
+        const row *r = find_row(size_name, strlen(size_name));
+        if (strcmp(r->name, "budget")) o->k_entries = 0; /* ratio or entries replaces an earlier budget */
+        rc = kvm_sculpt_opts_set(o, size_name, size_value);
     }
     free(s);
     return rc;
@@ -110,5 +180,8 @@ int kvm_sculpt_opts_set_budget(kvm_sculpt_opts *o, const kvm_budget *b)
 
 void kvm_sculpt_opts_help(FILE *f)
 {
-    for (int i = 0; i < N_ROWS; i++) fprintf(f, "  --%-13s %s\n", rows[i].s.name, rows[i].s.help);
+    int n;
+    const kvm_sculpt_setting *s = kvm_sculpt_settings(&n);
+    for (int i = 0; i < n; i++)
+        if (!s[i].replaced_by) fprintf(f, "  --%-16s %s\n", s[i].flag, s[i].help);
 }

@@ -211,9 +211,37 @@ static void gen_control_serve(void)
     a.n_doc_tokens = 4;
     a.doc_tokens = ibuf;
     EMIT(ask, "tokens", a);
+    /* revision 2: a file's bytes (any values), a stored document by hash or by name, the grant */
+    static const uint8_t bytes[] = {'c', 'a', 'f', 0xe9, 0x00, 0xff, 0xc3, 0xa9, '\n'};
+    a.n_doc_tokens = 0;
+    a.doc_tokens = NULL;
+    a.doc_bytes = (kvm_proto_bytes){bytes, sizeof bytes};
+    a.compute_grant = true;
+    EMIT(ask, "bytes", a);
+    a.doc_bytes = (kvm_proto_bytes){NULL, 0};
+    a.compute_grant = false;
+    a.has_doc_hash = true;
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        a.doc_hash[i] = (uint8_t)(0xa0 + i);
+    EMIT(ask, "hash", a);
+    a.has_doc_hash = false;
+    a.doc_name = kvm_proto_str_c("doc_000.txt");
+    EMIT(ask, "name", a);
     kvm_proto_answer an = {
         .request_id = 6, .text = kvm_proto_str_c(" A cat."), .n_tokens = 3, .tokens = ibuf, .total_ms = 9};
     EMIT(answer, "a", an);
+    an.text = kvm_proto_str_c(" \xe4\xbd\xa0\xef\xbf\xbd"); /* a character, then U+FFFD */
+    an.new_cache = true;
+    EMIT(answer, "utf8_new_cache", an);
+    /* not valid: a header whose "type" declares a 4 GiB string, and one whose doc_bytes does
+     * (the decoders name the field and the limit) */
+    static const uint8_t long_type[] = {0, 0x82, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e',
+                                        0xdb, 0xff, 0xff, 0xff, 0xff, 'a', 's', 'k'};
+    write_file("fuzz_ask", "seed_long_type", long_type, sizeof long_type);
+    static const uint8_t long_bytes[] = {0, 0x83, 0xa1, 'v', 0x01, 0xa4, 't', 'y', 'p', 'e', 0xa3, 'a', 's', 'k',
+                                         0xa9, 'd', 'o', 'c', '_', 'b', 'y', 't', 'e', 's', 0xc6, 0x7f, 0xff, 0xff,
+                                         0xff, 'x'};
+    write_file("fuzz_ask", "seed_long_doc_bytes", long_bytes, sizeof long_bytes);
     kvm_proto_answer ae = {.request_id = 6, .status = KVM_ENOTFOUND, .message = kvm_proto_str_c("no cache")};
     EMIT(answer, "error", ae);
 }

@@ -6,10 +6,26 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* $KVMILL_SHARED or "../shared"; never NULL. */
+/* $KVMILL_SHARED or "../shared"; never NULL. The folder may not exist (a fresh clone). */
 const char *kvm_test_shared(void);
-/* Joins kvm_test_shared() and `rel` into a static buffer (valid until the next call). */
+/* Data only ../shared has (golden/, data/long2k, data/tinystories, the other 14 long
+ * documents): kvm_test_shared() joined with `rel` when that file or folder exists, in a static
+ * buffer (valid until the next call). When it does not, prints one line
+ * "SKIP: <rel> not in KVMILL_SHARED=<dir> (...)" to stdout — the first time in this process
+ * only, and Check runs each test in its own process — and returns NULL: the test then returns
+ * without failing. kvm_test_shared_find is the same without the SKIP line (for fixtures that
+ * load optional data, the test printing the SKIP with kvm_test_skip). */
 const char *kvm_test_shared_path(const char *rel);
+const char *kvm_test_shared_find(const char *rel);
+/* Prints "SKIP: <why>" to stdout, once per process (later calls print nothing). */
+void kvm_test_skip(const char *why);
+/* The repository's embedded data (data/, always present): models/stories260K.bin,
+ * models/tok512.bin, corpus/doc_000.txt .. doc_005.txt (= ../shared/data/long's first six).
+ * Absolute path of the source tree's data/ joined with `rel`, in a static buffer (valid until
+ * the next call). */
+const char *kvm_test_data_path(const char *rel);
+/* The embedded data folder itself ("<source tree>/data"); never NULL. */
+const char *kvm_test_data(void);
 /* $KVMILL_BIN or "bin"; the folder holding the kvmill binaries. */
 const char *kvm_test_bin(void);
 /* mkdtemp under $TMPDIR (or /tmp); returns a malloc'ed path the caller frees. */
@@ -25,8 +41,11 @@ char *kvm_test_read_file(const char *path, size_t *n);
 /* Writes bytes to a file; returns 0 on success. */
 int kvm_test_write_file(const char *path, const void *data, size_t n);
 
-/* The golden 256-token sequence (../shared/golden/seq256.ids.txt) into ids[256]; fails the
- * calling Check test when the file is missing or short. */
+/* The golden 256-token sequence (the ids of ../shared/golden/seq256.ids.txt: BOS and the
+ * first 255 tok512 tokens of the first TinyStories story) into ids[256], computed from the
+ * embedded data (data/corpus/doc_000.txt begins with that story; check_tokenizer compares the
+ * result with the golden file when ../shared is there); fails the calling Check test when the
+ * embedded files are unreadable. */
 void kvm_test_golden_ids(int32_t ids[256]);
 
 /* Runs a suite (CK_NORMAL output) and returns the process exit status: 0 when every test

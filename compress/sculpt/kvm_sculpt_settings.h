@@ -1,0 +1,61 @@
+/* kvm_sculpt_settings.h: THE list of KVSculpt settings, one X-macro row each. It is expanded
+ * by compress/sculpt/sculpt_opts.c (flags `kvmill sculpt|eval --NAME`, method option strings
+ * `sculpt:NAME=VALUE`) and by pipeline/kvm_config_table.c (the [compress] keys), so one setting
+ * has one name everywhere: the config key is NAME, the flag is NAME with '-' for '_' (both
+ * spellings are accepted in option strings). No include guard: include it only after defining
+ *
+ *   KVM_SCULPT_SETTING(name, kind, field, lo, hi, in_config, def, unit, help, replaced_by)
+ *
+ * name        identifier: the setting's name
+ * kind        I64, INT, U64 (integers), F64 (number), BOOL (flag), MODE, ALLOC (words), BUDGET
+ *             (entries per KV head including the retain zone: k = value − retain)
+ * field       the kvm_sculpt_opts member it sets (compress/sculpt/kvm_sculpt.h)
+ * lo, hi      bounds of numeric values
+ * in_config   1: a [compress] key generated from this row; 0: not one (method, ratio, budget and
+ *             future are [compress] keys of their own, shared with eviction or the stages;
+ *             threads is [stages] threads; deprecated names are no keys)
+ * def         the default as text, equal to kvm_sculpt_opts_default() (a test checks)
+ * unit        "tokens", "queries", ... or ""
+ * help        one line, without the default
+ * replaced_by NULL, or the name that replaces this deprecated one (still accepted, with a
+ *             warning in the command line) */
+
+KVM_SCULPT_SETTING(method, MODE, mode, 0, 0, 0, "sculpt", "", "sculpt | selectfit | joint-fixed", NULL)
+KVM_SCULPT_SETTING(retain, I64, retain_tokens, 0, 1 << 30, 1, "32", "tokens",
+                   "retain zone m: the last context tokens kept unchanged", NULL)
+KVM_SCULPT_SETTING(ratio, F64, ratio, 1e-9, 1, 0, "0.3", "", "r = k/(N-m): distilled entries per compress-zone token", NULL)
+KVM_SCULPT_SETTING(budget, BUDGET, k_entries, 0, 1 << 30, 0, "0", "entries",
+                   "b entries per KV head including the retain zone (k = b - m distilled); overrides ratio; 0 = use ratio", NULL)
+KVM_SCULPT_SETTING(entries, I64, k_entries, 0, 1 << 30, 0, "0", "entries",
+                   "k distilled entries per KV head; budget = entries + retain", "budget")
+KVM_SCULPT_SETTING(queries, I64, n_synth, 0, 1 << 24, 1, "2048", "queries", "S synthetic future queries per KV head", NULL)
+KVM_SCULPT_SETTING(synthetic_queries, I64, n_synth, 0, 1 << 24, 0, "2048", "queries",
+                   "S synthetic future queries per KV head", "queries")
+KVM_SCULPT_SETTING(future, I64, future_tokens, 0, 1 << 30, 0, "0", "tokens",
+                   "F: synthetic query positions N + floor(i*F/S); 0 = the continuation length, else 64", NULL)
+KVM_SCULPT_SETTING(lambda, F64, lambda, 0, 1e6, 1, "0.1", "", "weight of the LSE-matching term", NULL)
+KVM_SCULPT_SETTING(lse_weight, BOOL, lse_mass_weight, 0, 1, 1, "false", "",
+                   "weight each query's LSE error by the compress zone's attention share (ours)", NULL)
+KVM_SCULPT_SETTING(ridge, F64, ridge_alpha, 1e-12, 1e6, 1, "0.001", "",
+                   "ridge alpha of the value fit, relative to the mean diagonal of the normal matrix", NULL)
+KVM_SCULPT_SETTING(alpha, F64, ridge_alpha, 1e-12, 1e6, 0, "0.001", "", "ridge alpha", "ridge")
+KVM_SCULPT_SETTING(vcap, F64, vnorm_cap, 0, 1e6, 1, "1", "", "value-norm guard: |v| <= vcap * max zone |v|; 0 = off", NULL)
+KVM_SCULPT_SETTING(kcap, F64, knorm_cap, 0, 1e6, 1, "0", "",
+                   "key-norm guard: |k| <= kcap * max zone |k| after each L-BFGS round; 0 = off", NULL)
+KVM_SCULPT_SETTING(rounds, INT, rounds, 0, 1000, 1, "4", "", "alternating key/value rounds R", NULL)
+KVM_SCULPT_SETTING(iterations, INT, lbfgs_iters, 0, 100000, 1, "30", "", "L-BFGS iterations per round", NULL)
+KVM_SCULPT_SETTING(iters, INT, lbfgs_iters, 0, 100000, 0, "30", "", "L-BFGS iterations per round", "iterations")
+KVM_SCULPT_SETTING(history, INT, lbfgs_history, 1, 1000, 1, "20", "", "L-BFGS memory", NULL)
+KVM_SCULPT_SETTING(bias, BOOL, bias, 0, 1, 1, "false", "",
+                   "a logit bias beta per distilled entry, fitted with the keys (Attention Matching)", NULL)
+KVM_SCULPT_SETTING(alloc, ALLOC, alloc, 0, 0, 1, "uniform", "",
+                   "KVSculpt budget allocation over layers/heads: uniform | layer | head (pilot MSE^p, paper) | "
+                   "gain (marginal-gain water-filling)", NULL)
+KVM_SCULPT_SETTING(power, F64, alloc_power, 0, 100, 1, "0.5", "", "p of the MSE^p allocation rule", NULL)
+KVM_SCULPT_SETTING(pilot_rounds, INT, pilot_rounds, 0, 1000, 1, "1", "", "alternating rounds of the allocation pilot", NULL)
+KVM_SCULPT_SETTING(pilot_iterations, INT, pilot_iters, 0, 100000, 1, "10", "", "L-BFGS iterations per pilot round", NULL)
+KVM_SCULPT_SETTING(pilot_iters, INT, pilot_iters, 0, 100000, 0, "10", "", "L-BFGS iterations per pilot round",
+                   "pilot_iterations")
+KVM_SCULPT_SETTING(seed, U64, seed, 0, 9007199254740992.0, 1, "1", "", "seed of the synthetic queries", NULL)
+KVM_SCULPT_SETTING(threads, INT, threads, 1, 256, 0, "1", "",
+                   "compute threads: the solver's worker threads over (layer, KV head) problems, and the prefill's", NULL)

@@ -1,0 +1,48 @@
+/* kvm_storew.c: the store's write path: store options from settings, and claims. */
+#include "pipeline/kvm_storew.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+void kvm_storew_opts(const kvm_config *c, int read_only, kvm_store_opts *o)
+{
+    *o = (kvm_store_opts){.map_size_bytes = kvm_config_int(c, "store", "map_size_mb") << 20,
+                          .map_max_bytes = kvm_config_int(c, "store", "map_max_mb") << 20,
+                          .cap_bytes = kvm_config_int(c, "store", "cap_mb") << 20,
+                          .read_only = read_only};
+    if (read_only) o->cap_bytes = 0; /* a reader records nothing */
+}
+
+int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_store **out)
+{
+    kvm_store_opts o;
+    kvm_storew_opts(c, read_only, &o);
+    return kvm_store_open(path ? path : kvm_config_str(c, "store", "path"), &o, out);
+}
+
+void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size)
+{
+    char h[64] = "";
+    if (gethostname(h, sizeof h - 1) != 0) snprintf(h, sizeof h, "unknown");
+    h[sizeof h - 1] = '\0';
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(host, host_size, "%s", h);
+    snprintf(out, size, "run:%.48s:%ld:%lld", h, (long)getpid(), (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+}
+
+int kvm_storew_claim(kvm_store *s, const kvm_store_cache_key *key, const char *owner, const char *host, int64_t ttl_ms,
+                     int *taken, kvm_store_claim *holder)
+{
+    return kvm_store_claim_take(s, key, owner, host, ttl_ms, taken, holder);
+}
+
+int kvm_storew_renew(kvm_store *s, const char *owner, int64_t ttl_ms)
+{
+    return kvm_store_claim_renew(s, owner, ttl_ms, NULL);
+}
+
+int kvm_storew_release(kvm_store *s, const char *owner) { return kvm_store_claim_release(s, owner, NULL); }

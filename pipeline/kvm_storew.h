@@ -1,0 +1,41 @@
+/* kvm_storew.h: the store's write path. Every process that writes to the store (the
+ * orchestrator's claims, compress and strategy workers, decode workers computing a missing
+ * cache, `kvmill store rm/compact`) opens it here, with the same settings taken from one
+ * place ([store] map_size_mb, map_max_mb, cap_mb of its config, or for a worker started
+ * without one, of the job's settings), and takes and renews its claims here. The calls are
+ * shaped as requests (plain values in, a status out) so the many-hosts issue can carry
+ * them over the wire to the host that holds the store. */
+#ifndef KVM_STOREW_H
+#define KVM_STOREW_H
+
+#include "pipeline/kvm_config.h"
+#include "store/kvm_store.h"
+
+#include <stdint.h>
+
+/* The store options of config c: map_size_mb and map_max_mb (MiB -> bytes), cap_mb (> 0:
+ * set and recorded in the store; 0: keep the store's recorded cap). read_only as given. */
+void kvm_storew_opts(const kvm_config *c, int read_only, kvm_store_opts *o);
+
+/* Opens the store at path (NULL: [store] path of c) with c's settings. Errors: those of
+ * kvm_store_open (the message names the path). */
+int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_store **out);
+
+/* Who holds claims: "run:HOST:PID:START_MS", unique per process start. Written into
+ * out[size]; host into host[host_size]. */
+void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size);
+
+/* Claims the cache key for owner for ttl_ms (a lease; see kvm_store_claim_take). *taken = 1
+ * when owner holds it now (new, renewed, or taken over from an expired lease), 0 when a live
+ * lease of another owner holds it (*holder, may be NULL, says whose). Errors: the store's. */
+int kvm_storew_claim(kvm_store *s, const kvm_store_cache_key *key, const char *owner, const char *host, int64_t ttl_ms,
+                     int *taken, kvm_store_claim *holder);
+
+/* Renews every lease of owner to now + ttl_ms (call at least once per ttl_ms while the
+ * jobs live). Errors: the store's. */
+int kvm_storew_renew(kvm_store *s, const char *owner, int64_t ttl_ms);
+
+/* Releases every lease of owner (at the end of a run). Errors: the store's. */
+int kvm_storew_release(kvm_store *s, const char *owner);
+
+#endif

@@ -1,0 +1,118 @@
+/* kvm_store_file.c: checks an existing data.mdb against its own meta pages before LMDB maps
+ * it. A file cut short (a failed copy, a full disk, a truncate) would otherwise be mapped
+ * and the first read past its end kills the process with SIGBUS. The two meta pages are
+ * read with pread, never through a map. Layout (lmdb/mdb.c, 64-bit builds): a page opens
+ * with a 16-byte header; the meta that follows holds u32 magic 0xBEEFC0DE, u32 version,
+ * the address and map size, two 48-byte db records (the first's u32 md_pad is the page
+ * size), then pgno_t mm_last_pg and txnid_t mm_txnid. */
+#include "store/kvm_store_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/kvm_error.h"
+
+#define META_OFF 16                     /* meta after the page header */
+#define META_MAGIC 0xBEEFC0DEu          /* MDB_MAGIC */
+#define META_PSIZE (META_OFF + 24)      /* mm_dbs[FREE_DBI].md_pad: the page size */
+#define META_LAST_PG (META_OFF + 24 + 96) /* mm_last_pg */
+#define META_TXNID (META_LAST_PG + 8)   /* mm_txnid */
+#define META_BYTES (META_TXNID + 8)     /* bytes of a page that hold the meta */
+#define MIN_PAGE 512                    /* LMDB page sizes are powers of two in [512, 64 KiB] */
+#define MAX_PAGE 65536
+
+/* One meta page as read from the file. */
+typedef struct meta_page {
+    int ok;            /* 1 when the page was read whole and carries the magic */
+    uint32_t psize;    /* page size, bytes */
+    uint64_t last_pg;  /* last page in use */
+    uint64_t txnid;    /* transaction that wrote it */
+} meta_page;
+
+static void meta_read(int fd, off_t at, int64_t file_bytes, meta_page *m)
+{
+    uint8_t b[META_BYTES];
+    memset(m, 0, sizeof *m);
+    if (at + (int64_t)sizeof b > file_bytes || pread(fd, b, sizeof b, at) != (ssize_t)sizeof b) return;
+    if (kvm_store__get_u32(b + META_OFF) != META_MAGIC) return;
+    m->psize = kvm_store__get_u32(b + META_PSIZE);
+    m->last_pg = kvm_store__get_u64(b + META_LAST_PG);
+    m->txnid = kvm_store__get_u64(b + META_TXNID);
+    m->ok = m->psize >= MIN_PAGE && m->psize <= MAX_PAGE && (m->psize & (m->psize - 1)) == 0;
+}
+
+/* One look at the file; *young = 1 when it failed for lack of its two meta pages (a store
+ * another process is creating right now looks like that for a moment). */
+static int check_once(const char *dir, int *young)
+{
+    *young = 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? 0 : kvm_err(KVM_EIO, "store %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return kvm_err(KVM_EIO, "store %s: %s", path, strerror(e));
+    }
+    int64_t size = (int64_t)st.st_size;
+    meta_page m0, m1 = {0};
+    meta_read(fd, 0, size, &m0);
+    if (m0.ok) meta_read(fd, (off_t)m0.psize, size, &m1);
+    close(fd);
+    *young = !m0.ok || !m1.ok;
+    if (!m0.ok) {
+        if (size >= 2 * MIN_PAGE) return *young = 0; /* not LMDB's magic: mdb_env_open says "not an LMDB environment" */
+        return kvm_err(KVM_EFORMAT,
+                       "store %s: truncated: %lld bytes, expected at least 2 meta pages (%d bytes at a %d-byte page size)",
+                       path, (long long)size, 2 * 4096, 4096);
+    }
+    const meta_page *m = m1.ok && m1.psize == m0.psize && m1.txnid > m0.txnid ? &m1 : &m0;
+    int64_t want = (int64_t)(m->last_pg + 1) * (int64_t)m->psize;
+    if (want < 2 * (int64_t)m0.psize) want = 2 * (int64_t)m0.psize;
+    if (m->last_pg > (uint64_t)(INT64_MAX / MAX_PAGE) || size < want)
+        return kvm_err(KVM_EFORMAT,
+                       "store %s: truncated: %lld bytes, expected at least %lld (%llu pages of %u bytes, as its meta page "
+                       "says); restore the store from a copy or remove it",
+                       path, (long long)size, (long long)want, (unsigned long long)(m->last_pg + 1), m->psize);
+    return 0;
+}
+
+int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
+{
+    struct stat st;
+    if (!dst || !*dst) return kvm_err(KVM_EINVAL, "store compact: empty destination");
+    if (stat(dst, &st) == 0) return kvm_err(KVM_EINVAL, "store compact: %s already exists: name a new directory", dst);
+    if (mkdir(dst, 0775) != 0) return kvm_err(KVM_EIO, "store compact: cannot create %s: %s", dst, strerror(errno));
+    int rc = kvm_store__lock(s);
+    if (rc) {
+        rmdir(dst);
+        return rc;
+    }
+    int mrc = mdb_env_copy2(s->env, dst, MDB_CP_COMPACT);
+    kvm_store__unlock(s);
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data.mdb", dst);
+    if (mrc) {
+        unlink(data);
+        rmdir(dst);
+        return kvm_err(KVM_EIO, "store %s: compacted copy into %s failed: %s", s->path, dst, mdb_strerror(mrc));
+    }
+    if (copy_bytes) *copy_bytes = stat(data, &st) == 0 ? (int64_t)st.st_size : 0;
+    return 0;
+}
+
+int kvm_store__check_file(const char *dir)
+{
+    int young = 0, st = check_once(dir, &young);
+    for (int i = 0; st && young && i < 20; i++) { /* give a store being created 1 s to get its meta pages */
+        usleep(50000);
+        st = check_once(dir, &young);
+    }
+    return st;
+}

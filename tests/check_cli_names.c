@@ -1,0 +1,411 @@
+/* check_cli_names.c: one name per setting. The KVSculpt settings table drives the [compress]
+ * keys, the flags of `kvmill sculpt` and `kvmill eval` and the method option strings; old
+ * names keep working with one deprecation warning; eval's sculpt flags apply to every
+ * sculpt-family method with method-string options overriding; every --help lists the methods
+ * and the model formats; `kvmill ask --prompt-file`. */
+#include "common/kvm_error.h"
+#include "compress/kvm_compress.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_worker.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *run(const char *fmt, const char *a, const char *b, int *rc, char **err)
+{
+    char cmd[8192], *out = NULL;
+    snprintf(cmd, sizeof cmd, fmt, kvm_test_bin(), a ? a : "", b ? b : "");
+    *rc = kvm_test_run(cmd, &out, err);
+    return out;
+}
+
+static int count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+static const kvm_cfg_setting *cfg_row(const char *section, const char *key)
+{
+    for (int i = 0; kvm_cfg_settings[i].section; i++)
+        if (!strcmp(kvm_cfg_settings[i].section, section) && !strcmp(kvm_cfg_settings[i].key, key))
+            return &kvm_cfg_settings[i];
+    return NULL;
+}
+
+/* Every current sculpt setting marked in_config is the [compress] key of that name with the
+ * same default; the defaults of the table are kvm_sculpt_opts_default(); flags are the name
+ * with '-' for '_'. */
+START_TEST(test_table_is_the_config)
+{
+    int n;
+    const kvm_sculpt_setting *set = kvm_sculpt_settings(&n);
+    kvm_sculpt_opts d = kvm_sculpt_opts_default(), o = d;
+    int in_config = 0;
+    for (int i = 0; i < n; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "%s", set[i].name);
+        for (char *p = flag; *p; p++)
+            if (*p == '_') *p = '-';
+        ck_assert_str_eq(set[i].flag, flag);
+        if (set[i].replaced_by) {
+            ck_assert_msg(!set[i].in_config, "%s: a deprecated name is no config key", set[i].name);
+            ck_assert_ptr_nonnull(kvm_sculpt_setting_find(set[i].replaced_by, strlen(set[i].replaced_by)));
+            continue;
+        }
+        ck_assert_msg(kvm_sculpt_opts_set(&o, set[i].name, set[i].def) == 0, "%s = %s: %s", set[i].name, set[i].def,
+                      kvm_errmsg());
+        const kvm_cfg_setting *c = cfg_row("compress", set[i].name);
+        if (set[i].in_config) {
+            in_config++;
+            ck_assert_msg(c != NULL, "sculpt setting %s is not a [compress] key", set[i].name);
+            ck_assert_str_eq(c->def, set[i].def);
+        }
+    }
+    ck_assert_int_ge(in_config, 16);
+    ck_assert_msg(memcmp(&o, &d, sizeof o) == 0, "the table's defaults differ from kvm_sculpt_opts_default()");
+    /* the old names are no [compress] keys: one name per setting */
+    const char *old[] = {"synthetic_queries", "iters", "alpha", "pilot_iters", "entries"};
+    for (int i = 0; i < 5; i++) ck_assert_ptr_null(cfg_row("compress", old[i]));
+    ck_assert_ptr_nonnull(cfg_row("compress", "queries"));
+}
+END_TEST
+
+/* A config setting every key and the same names as a method option string give the same
+ * options, field by field. */
+START_TEST(test_config_keys_equal_option_names)
+{
+    const char *text = "[model]\npath = /m.bin\n[compress]\nmethod = sculpt\nretain = 16\nqueries = 64\nlambda = 0.5\n"
+                       "lse_weight = true\nridge = 0.01\nvcap = 2\nkcap = 3\nrounds = 2\niterations = 7\nhistory = 5\n"
+                       "bias = yes\nalloc = head\npower = 0.25\npilot_rounds = 3\npilot_iterations = 4\nseed = 9\n"
+                       "budget = 48\nfuture = 12\n[stages]\nthreads = 3\n";
+    kvm_config *c;
+    ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
+    kvm_sculpt_opts a, b = kvm_sculpt_opts_default();
+    ck_assert_msg(kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &a) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&b, "budget=48,retain=16,queries=64,lambda=0.5,lse_weight,ridge=0.01,vcap=2,"
+                                               "kcap=3,rounds=2,iterations=7,history=5,bias,alloc=head,power=0.25,"
+                                               "pilot_rounds=3,pilot_iterations=4,seed=9,future=12,threads=3"),
+                     0);
+    ck_assert_int_eq(a.k_entries, 32);
+    ck_assert_int_eq(a.lbfgs_iters, 7);
+    ck_assert_int_eq(a.pilot_iters, 4);
+    ck_assert_int_eq(a.n_synth, 64);
+    ck_assert_int_eq(a.lse_mass_weight, 1);
+    ck_assert_int_eq(a.threads, 3);
+    ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "config and option string give different options");
+    kvm_config_free(&c);
+}
+END_TEST
+
+/* Old option-string names set the same fields as the new ones; '-' and '_' are one name; the
+ * size is the last of budget/ratio/entries, resolved against the final retain zone. */
+START_TEST(test_old_option_names)
+{
+    kvm_sculpt_opts a = kvm_sculpt_opts_default(), b = a;
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&a, "iters=7,alpha=0.01,pilot-iters=3,synthetic_queries=64,pilot-rounds=2,"
+                                               "lse-weight=1,entries=20"),
+                     0);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&b, "iterations=7,ridge=0.01,pilot_iterations=3,queries=64,pilot_rounds=2,"
+                                               "lse_weight=true,budget=52"),
+                     0);
+    ck_assert_int_eq(a.k_entries, 20);
+    ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "old and new names give different options");
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "budget=64,retain=16"), 0);
+    ck_assert_int_eq(o.k_entries, 48);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "ratio=0.5"), 0); /* a later ratio replaces the budget */
+    ck_assert_int_eq(o.k_entries, 0);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "budget=16"), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "retain zone"), "message: %s", kvm_errmsg());
+}
+END_TEST
+
+/* The old config key is read as the new one, with one warning naming both. */
+START_TEST(test_old_config_key)
+{
+    char *dir = kvm_test_tmpdir(), path[4200], text[4600];
+    snprintf(path, sizeof path, "%s/old.ini", dir);
+    snprintf(text, sizeof text, "[model]\npath = %s\n[compress]\nsynthetic_queries = 96\n",
+             kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    int rc;
+    char *err, *out = run("'%s/kvmill' run --config '%s' --dump-config%s", path, NULL, &rc, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "\nqueries = 96\n") && !strstr(out, "synthetic_queries"), "dump: %s", out);
+    ck_assert_msg(count(err, "synthetic_queries is deprecated: use queries") == 1, "stderr: %s", err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* kvmill sculpt: each old flag works (same cache bytes as the new flag) and warns once. */
+START_TEST(test_old_sculpt_flags)
+{
+    char *dir = kvm_test_tmpdir(), a[4200], b[4200], cmd[8192], *out, *err;
+    snprintf(a, sizeof a, "%s/old.kvs", dir);
+    snprintf(b, sizeof b, "%s/new.kvs", dir);
+    const char *base = "'%s/kvmill' sculpt --model '%s' --doc '%s' --context 64 --retain 8 --queries 32 --rounds 1 %s "
+                       "--out '%s'";
+    char model[4200], doc[4200];
+    snprintf(model, sizeof model, "%s", kvm_test_data_path("models/stories260K.bin"));
+    snprintf(doc, sizeof doc, "%s", kvm_test_data_path("corpus/doc_001.txt"));
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), model, doc,
+             "--iters 2 --alpha 0.01 --entries 12 --pilot-iters 2 --alloc head", a);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    const char *olds[][2] = {{"iters", "iterations"}, {"alpha", "ridge"}, {"entries", "budget"}, {"pilot-iters", "pilot-iterations"}};
+    for (int i = 0; i < 4; i++) {
+        char w[128];
+        snprintf(w, sizeof w, "kvmill sculpt: --%s is deprecated: use --%s\n", olds[i][0], olds[i][1]);
+        ck_assert_msg(count(err, w) == 1, "'%s' not exactly once in: %s", w, err);
+    }
+    ck_assert_int_eq(count(err, "deprecated"), 4);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), model, doc,
+             "--iterations 2 --ridge 0.01 --budget 20 --pilot-iterations 2 --alloc head", b);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(!strstr(err, "deprecated"), "stderr: %s", err);
+    free(out);
+    free(err);
+    size_t na, nb;
+    char *ca = kvm_test_read_file(a, &na), *cb = kvm_test_read_file(b, &nb);
+    ck_assert_ptr_nonnull(ca);
+    ck_assert_ptr_nonnull(cb);
+    ck_assert_msg(na == nb && memcmp(ca, cb, na) == 0, "old and new flags gave different caches (%zu vs %zu bytes)", na, nb);
+    free(ca);
+    free(cb);
+    /* an old name inside an eval method string: one warning too; a value that would split the
+     * option string is refused */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 40 "
+             "--method sculpt:iters=1:queries=16:rounds=1", kvm_test_bin(), model, doc);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(count(err, "option 'iters' is deprecated: use 'iterations'") == 1, "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --budget 40 --method sculpt --retain 8,bias",
+             kvm_test_bin(), model, doc);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--retain: '8,bias'"), "stderr: %s", err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* kvmill calibrate: --layer-alloc is PolyKV's allocation; the old --alloc still means it, with
+ * one warning. */
+START_TEST(test_calibrate_layer_alloc)
+{
+    int rc;
+    char *err, *out = run("'%s/kvmill' calibrate --model m --docs d --budget 8 --out o --alloc bogus%s%s", NULL, NULL,
+                          &rc, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(count(err, "--alloc is deprecated: use --layer-alloc") == 1, "stderr: %s", err);
+    ck_assert_msg(strstr(err, "--layer-alloc: ") && strstr(err, "bogus"), "stderr: %s", err);
+    free(out);
+    free(err);
+    out = run("'%s/kvmill' calibrate --model m --docs d --budget 8 --out o --layer-alloc bogus%s%s", NULL, NULL, &rc, &err);
+    ck_assert_int_eq(rc, 2);
+    ck_assert_msg(!strstr(err, "deprecated") && strstr(err, "--layer-alloc: "), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* The CSV rows of one eval run without the seconds column, one malloc'ed string per row. */
+static int eval_rows(const char *args, char rows[8][512])
+{
+    char *dir = kvm_test_tmpdir(), csv[4200], cmd[12000], *out, *err;
+    snprintf(csv, sizeof csv, "%s/r.csv", dir);
+    char model[4200];
+    snprintf(model, sizeof model, "%s", kvm_test_data_path("models/stories260K.bin"));
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill' eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 24 --csv '%s' %s",
+             kvm_test_bin(), model, kvm_test_data_path("corpus/doc_002.txt"), csv, args);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "%s: exit %d: %s", args, rc, err);
+    ck_assert_msg(!strstr(err, "deprecated"), "stderr: %s", err);
+    char *text = kvm_test_read_file(csv, NULL);
+    ck_assert_ptr_nonnull(text);
+    int n = 0;
+    for (char *save = NULL, *l = strtok_r(strchr(text, '\n'), "\n", &save); l && n < 8; l = strtok_r(NULL, "\n", &save)) {
+        char *last = strrchr(l, ','), *second = strchr(strchr(l, ',') + 1, ','); /* drop doc,method and seconds */
+        *last = '\0';
+        snprintf(rows[n++], 512, "%s", second + 1);
+    }
+    free(text);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+    return n;
+}
+
+/* kvmill eval: sculpt flags apply to every sculpt-family method of the list (not to eviction
+ * patterns), and a method string's own options override them. */
+START_TEST(test_eval_flags)
+{
+    char with_flags[8][512], in_strings[8][512];
+    int n = eval_rows("--retain 8 --queries 32 --rounds 1 --iterations 2 --method sculpt,selectfit,h2o,sculpt:retain=16",
+                      with_flags);
+    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(eval_rows("--method sculpt:retain=8:queries=32:rounds=1:iterations=2,"
+                               "selectfit:retain=8:queries=32:rounds=1:iterations=2,h2o,"
+                               "sculpt:retain=16:queries=32:rounds=1:iterations=2",
+                               in_strings),
+                     4);
+    for (int i = 0; i < 4; i++) ck_assert_str_eq(with_flags[i], in_strings[i]);
+    /* and the flags did something: retain 8 (flag) and retain 16 (string) differ */
+    ck_assert_str_ne(with_flags[0], with_flags[3]);
+    char plain[8][512];
+    ck_assert_int_eq(eval_rows("--method h2o", plain), 1);
+    ck_assert_str_eq(plain[0], with_flags[2]);
+}
+END_TEST
+
+/* Every --help with a model names both formats; eval's and run's list every method; sculpt's
+ * its three. */
+START_TEST(test_help_lists_methods)
+{
+    const char *cmds[] = {"eval", "sculpt", "calibrate", "generate", "info", "run"};
+    int n_methods;
+    const kvm_method *m = kvm_method_table(&n_methods);
+    for (int i = 0; i < 6; i++) {
+        int rc;
+        char *err, *out = run("'%s/kvmill' %s --help%s", cmds[i], NULL, &rc, &err);
+        ck_assert_msg(rc == 0, "%s --help: exit %d", cmds[i], rc);
+        ck_assert_msg(strstr(out, "llama2.c checkpoint or GGUF file"), "%s --help:\n%s", cmds[i], out);
+        if (!strcmp(cmds[i], "eval") || !strcmp(cmds[i], "run"))
+            for (int k = 0; k < n_methods; k++)
+                ck_assert_msg(strstr(out, m[k].name), "%s --help lacks method %s:\n%s", cmds[i], m[k].name, out);
+        if (!strcmp(cmds[i], "sculpt") || !strcmp(cmds[i], "eval")) {
+            ck_assert_msg(strstr(out, "selectfit") && strstr(out, "joint-fixed"), "%s", out);
+            int n;
+            const kvm_sculpt_setting *set = kvm_sculpt_settings(&n);
+            for (int k = 0; k < n; k++) { /* every current setting is a flag (eval: all but its own four) */
+                char f[64];
+                snprintf(f, sizeof f, "--%s ", set[k].flag);
+                int own = !strcmp(set[k].name, "method") || !strcmp(set[k].name, "ratio") ||
+                          !strcmp(set[k].name, "budget") || !strcmp(set[k].name, "threads");
+                if (!set[k].replaced_by && !(own && !strcmp(cmds[i], "eval")))
+                    ck_assert_msg(strstr(out, f), "%s --help lacks %s", cmds[i], f);
+            }
+        }
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
+/* kvmill ask --prompt-file: the file's text is the prompt (the same answer as --prompt), and
+ * bad uses are usage errors naming the file. */
+START_TEST(test_ask_prompt_file)
+{
+    char *dir = kvm_test_tmpdir(), cfg[4200], text[8192], front[4300], log[4300], pf[4300], cmd[16000];
+    snprintf(cfg, sizeof cfg, "%s/t.ini", dir);
+    snprintf(front, sizeof front, "ipc://%s/front", dir);
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    snprintf(pf, sizeof pf, "%s/prompt.txt", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = full\n[store]\npath = %s/store\nmap_size_mb = 8\n"
+             "[stages]\nbin_dir = %s\n[run]\nrun_dir = %s/run\nheartbeat_ms = 100\n[serve]\ncompute_missing = true\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, kvm_test_bin(), dir);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    ck_assert_int_eq(kvm_test_write_file(pf, "Then the little", 15), 0);
+    char *out, *err, doc[4200];
+    snprintf(doc, sizeof doc, "%s", kvm_test_data_path("corpus/doc_003.txt"));
+    /* usage errors first (no server needed) */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --prompt-file '%s/missing.txt'", kvm_test_bin(),
+             front, doc, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--prompt-file") && strstr(err, "missing.txt"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --prompt x --prompt-file '%s'", kvm_test_bin(),
+             front, doc, pf);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "not both"), "stderr: %s", err);
+    free(out);
+    free(err);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char k[4200];
+        snprintf(k, sizeof k, "%s/kvmill", kvm_test_bin());
+        execl(k, k, "serve", "--config", cfg, "--bind", front, (char *)NULL);
+        _exit(127);
+    }
+    int ready = 0;
+    for (int i = 0; i < 200 && !ready; i++) {
+        char *l = kvm_test_read_file(log, NULL);
+        ready = l && strstr(l, "kvmill serve: ready");
+        free(l);
+        if (!ready) usleep(50000);
+    }
+    ck_assert_msg(ready, "kvmill serve did not start");
+    char *answers[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' -n 12 --timeout 20 %s%s%s", kvm_test_bin(),
+                 front, doc, i ? "--prompt 'Then the little'" : "--prompt-file '", i ? "" : pf, i ? "" : "'");
+        int rc = kvm_test_run(cmd, &answers[i], &err);
+        ck_assert_msg(rc == 0, "ask exit %d: %s", rc, err);
+        free(err);
+    }
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    ck_assert_msg(strlen(answers[0]) > 1, "empty answer");
+    ck_assert_str_eq(answers[0], answers[1]);
+    free(answers[0]);
+    free(answers[1]);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("cli_names");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"table_is_the_config", test_table_is_the_config},
+        {"config_keys_equal_option_names", test_config_keys_equal_option_names},
+        {"old_option_names", test_old_option_names},
+        {"old_config_key", test_old_config_key},
+        {"old_sculpt_flags", test_old_sculpt_flags},
+        {"calibrate_layer_alloc", test_calibrate_layer_alloc},
+        {"eval_flags", test_eval_flags},
+        {"help_lists_methods", test_help_lists_methods},
+        {"ask_prompt_file", test_ask_prompt_file},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(suite()); }

@@ -1,0 +1,820 @@
+/* check_store_reliab.c: the store under faults and bad input (issue 11): a truncated
+ * data.mdb at any length is a clear error (never SIGBUS), `store` commands on a missing
+ * store, duplicated config keys and settings that would grow the cache, config ids that
+ * follow the strategy's bytes (stale caches listed and removed), store settings taking
+ * effect in the stage processes, compaction, and two concurrent runs sharing the work
+ * through claims. Tests that need ../shared print one SKIP line and pass without it. */
+#include <check.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/kvm_error.h"
+#include "compress/polykv/kvm_polykv.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_jobcfg.h"
+#include "store/kvm_store.h"
+#include "tests/util/kvm_test.h"
+
+static char *g_dir;           /* this test's temporary directory */
+static char g_store[4200];    /* a store directory inside it */
+static char g_cfg[4200];      /* a config file inside it */
+static char g_docs[4200];     /* a corpus folder inside it */
+
+static void setup(void)
+{
+    g_dir = kvm_test_tmpdir();
+    ck_assert_ptr_nonnull(g_dir);
+    snprintf(g_store, sizeof g_store, "%s/store.lmdb", g_dir);
+    snprintf(g_cfg, sizeof g_cfg, "%s/t.ini", g_dir);
+    snprintf(g_docs, sizeof g_docs, "%s/docs", g_dir);
+}
+
+static void teardown(void)
+{
+    kvm_test_rmtree(g_dir);
+    free(g_dir);
+    g_dir = NULL;
+}
+
+/* 1 (and one SKIP line) when ../shared lacks what a test needs. */
+static int skip_without_shared(const char *test)
+{
+    struct stat st;
+    if (stat(kvm_test_shared_path("models/stories260K.bin"), &st) == 0 &&
+        stat(kvm_test_shared_path("data/long/doc_000.txt"), &st) == 0)
+        return 0;
+    printf("SKIP: %s: needs %s (set KVMILL_SHARED)\n", test, kvm_test_shared_path("models/stories260K.bin"));
+    return 1;
+}
+
+/* Runs `kvmill ARGS` (a shell fragment); returns its exit status (128+signal if killed). */
+static int kvmill(char **out, char **err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int kvmill(char **out, char **err, const char *fmt, ...)
+{
+    char args[12000], cmd[16000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s", kvm_test_bin(), args);
+    return kvm_test_run(cmd, out, err);
+}
+
+/* Puts n small caches (2 layers each) of one made-up model into a store at path. */
+static void put_caches(const char *path, int n, size_t payload)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(path, &o, &s), 0);
+    uint8_t *bytes = malloc(payload);
+    for (size_t i = 0; i < payload; i++) bytes[i] = (uint8_t)(i * 131u + 7u);
+    for (int i = 0; i < n; i++) {
+        kvm_store_manifest m = {.n_layers = 2, .n_tokens = 10, .n_entries = 5, .full_bytes = 4096};
+        snprintf(m.dtype, sizeof m.dtype, "f32");
+        kvm_store_hash_bytes("model", 5, &m.model_id);
+        int32_t toks[2] = {i, 7};
+        ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &m.doc_hash), 0);
+        const char *cfg = "compress.method=test\n";
+        m.config = (kvm_frame){(const uint8_t *)cfg, strlen(cfg)};
+        kvm_store_hash_bytes(cfg, strlen(cfg), &m.config_id);
+        kvm_frame fr[2] = {{bytes, payload}, {bytes, payload / 2}};
+        kvm_store_layer layers[2] = {{fr, 2}, {fr, 1}};
+        ck_assert_msg(kvm_store_put_cache(s, &m, layers) == 0, "put: %s", kvm_errmsg());
+    }
+    free(bytes);
+    kvm_store_close(&s);
+}
+
+/* ---- item 5: a truncated data.mdb ---- */
+
+START_TEST(test_truncated_data_file)
+{
+    char good[4300], data[4400], cut[4300], cutdata[4400];
+    snprintf(good, sizeof good, "%s/good.lmdb", g_dir);
+    snprintf(data, sizeof data, "%s/data.mdb", good);
+    put_caches(good, 12, 20000);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(data, &n);
+    ck_assert_ptr_nonnull(bytes);
+    ck_assert_uint_gt(n, 8 * 4096);
+    /* empty, a few bytes, mid first meta, mid second meta, mid data, one page short */
+    const size_t lens[] = {0, 5, 100, 4096 + 60, n / 2, n - 4096};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        snprintf(cut, sizeof cut, "%s/cut%zu.lmdb", g_dir, i);
+        snprintf(cutdata, sizeof cutdata, "%s/data.mdb", cut);
+        ck_assert_int_eq(mkdir(cut, 0700), 0);
+        ck_assert_int_eq(kvm_test_write_file(cutdata, bytes, lens[i]), 0);
+        char want[64];
+        snprintf(want, sizeof want, "truncated: %zu bytes, expected at least", lens[i]);
+        const char *subs[] = {"verify", "ls", "stats", "show", "rm"};
+        size_t n_subs = i == 0 || i >= 4 ? 5 : 2; /* each open of a file without its meta pages waits 1 s */
+        for (size_t k = 0; k < n_subs; k++) {
+            char *out = NULL, *err = NULL;
+            int rc = kvmill(&out, &err, "store %s --store '%s' %s", subs[k], cut, k >= 3 ? "a:b:c" : "");
+            ck_assert_msg(rc == 2, "store %s, %zu bytes: exit %d\n%s", subs[k], lens[i], rc, err);
+            ck_assert_msg(strstr(err, cutdata) && strstr(err, want), "store %s, %zu bytes: %s", subs[k], lens[i], err);
+            free(out);
+            free(err);
+        }
+        /* the library refuses it too, read-write included, and leaves the file alone */
+        kvm_store *s = NULL;
+        ck_assert_int_eq(kvm_store_open(cut, NULL, &s), KVM_EFORMAT);
+        struct stat st;
+        ck_assert_int_eq(stat(cutdata, &st), 0);
+        ck_assert_int_eq((long long)st.st_size, (long long)lens[i]);
+    }
+    free(bytes);
+    /* the whole file still opens and verifies */
+    char *out = NULL;
+    ck_assert_int_eq(kvmill(&out, NULL, "store verify --store '%s'", good), 0);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_truncated_run)
+{
+    if (skip_without_shared("truncated_run")) return;
+    put_caches(g_store, 12, 20000);
+    char data[4400];
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    ck_assert_int_eq(truncate(data, 3 * 4096), 0);
+    ck_assert_int_eq(mkdir(g_docs, 0700), 0);
+    char doc[4400];
+    snprintf(doc, sizeof doc, "%s/a.txt", g_docs);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time", 16), 0);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), g_store, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    int rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(err, data) && strstr(err, "truncated: 12288 bytes, expected at least"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+
+/* ---- item 13: store commands on a missing store, --config ---- */
+
+START_TEST(test_store_cli_missing_and_config)
+{
+    char missing[4300], *out = NULL, *err = NULL;
+    snprintf(missing, sizeof missing, "%s/nope", g_dir);
+    const char *subs[] = {"ls", "verify", "show a:b:c", "rm a:b:c", "compact"};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        int rc = kvmill(&out, &err, "store %s --store '%s'", subs[i], missing);
+        ck_assert_msg(rc == 2, "store %s on a missing store: exit %d\n%s", subs[i], rc, err);
+        ck_assert_msg(strstr(err, "cannot open store") && strstr(err, missing), "store %s: %s", subs[i], err);
+        free(out);
+        free(err);
+    }
+    struct stat st;
+    ck_assert_int_ne(stat(missing, &st), 0); /* nothing created */
+    ck_assert_int_eq(kvmill(&out, &err, "store ls"), 2);
+    ck_assert_msg(strstr(err, "--store PATH or --config FILE is required"), "%s", err);
+    free(out);
+    free(err);
+    /* --config finds the store through [store] path */
+    put_caches(g_store, 2, 100);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s/model.bin\n[store]\npath = %s\n", g_dir, g_store);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    char model[4300];
+    snprintf(model, sizeof model, "%s/model.bin", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(model, "not a model", 11), 0);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --config '%s'", g_cfg), 0);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --csv --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype,state\n"), "%s", out);
+    int rows = 0;
+    for (char *p = strstr(out, ",other-config\n"); p; p = strstr(p + 1, ",other-config\n")) rows++;
+    ck_assert_msg(rows == 2, "%s", out); /* another model's caches */
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store stats --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "caches          2"), "%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- item 13: config files ---- */
+
+START_TEST(test_config_duplicate_and_empty)
+{
+    kvm_config *c = NULL;
+    int rc = kvm_config_parse("[model]\npath = /m\n[compress]\nratio = 0.3\nmethod = h2o\n[store]\ndtype = f16\n"
+                              "[compress]\nratio = 0.5\n",
+                              "t.ini", &c);
+    ck_assert_int_eq(rc, KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini:9: [compress] ratio is set again (first set on line 4)"), "%s", kvm_errmsg());
+    /* an indented line right after a key continues its value; after a section header it is a key */
+    rc = kvm_config_parse("[model]\npath = /m\n[compress]\n  ratio = 0.3\nratio = 0.5\n", "t.ini", &c);
+    ck_assert_int_eq(rc, KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini:5: [compress] ratio is set again (first set on line 4)"), "%s", kvm_errmsg());
+    /* the same key in two sections is two keys */
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m\n[run]\nbind =\n[serve]\nbind = tcp://127.0.0.1:1\n", "t.ini", &c), 0);
+    kvm_config_free(&c);
+    rc = kvm_config_parse("[model]\npath =\n", "t.ini", &c);
+    ck_assert_int_eq(rc, KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini: [model] path: required key is empty"), "%s", kvm_errmsg());
+    /* and through the command line: exit 2, naming the key */
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, "[model]\npath =\n", 15), 0);
+    ck_assert_int_eq(mkdir(g_docs, 0700), 0);
+    char *out = NULL, *err = NULL;
+    rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+    ck_assert_msg(rc == 2 && strstr(err, "[model] path: required key is empty"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    const char *dup = "[model]\npath = /m\ncontext = 64\ncontext = 128\n";
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, dup, strlen(dup)), 0);
+    rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+    ck_assert_msg(rc == 2 && strstr(err, "t.ini:4: [model] context is set again (first set on line 3)"), "exit %d: %s",
+                  rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+static kvm_config *parse_ok(const char *text)
+{
+    kvm_config *c = NULL;
+    int rc = kvm_config_parse(text, "t.ini", &c);
+    ck_assert_msg(rc == 0, "%s", kvm_errmsg());
+    return c;
+}
+
+START_TEST(test_budget_retain_vs_context)
+{
+    kvm_config *c = parse_ok("[model]\npath = /m\ncontext = 128\n[compress]\nmethod = h2o\nbudget = 128\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "[compress] budget = 128 is not below [model] context = 128"), "%s", kvm_errmsg());
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 128\n[compress]\nmethod = sculpt\nretain = 200\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "[compress] retain = 200 is not below [model] context = 128"), "%s", kvm_errmsg());
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 128\n[compress]\nmethod = sculpt\nretain = 32\nbudget = 64\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 16\n[compress]\nmethod = h2o\n"); /* retain is a sculpt setting */
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    c = parse_ok("[model]\npath = /m\ncontext = 16\n[compress]\nmethod = full\nbudget = 100\n");
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    if (skip_without_shared("budget_retain_vs_context (run)")) return;
+    ck_assert_int_eq(mkdir(g_docs, 0700), 0);
+    char doc[4400], text[8192], *out = NULL, *err = NULL;
+    snprintf(doc, sizeof doc, "%s/a.txt", g_docs);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time", 16), 0);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nretain = 64\n[store]\npath = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), g_store);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    int rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+    ck_assert_msg(rc == 2 && strstr(err, "[compress] retain = 64 is not below [model] context = 64"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- item 3: what the config id covers ---- */
+
+/* A value for setting s other than its default. */
+static const char *other_value(const kvm_cfg_setting *s, char *buf, size_t n)
+{
+    switch (s->type) {
+    case KVM_CFG_INT: {
+        long long d = strtoll(s->def, NULL, 10);
+        snprintf(buf, n, "%lld", d + 1 <= (long long)s->hi ? d + 1 : d - 1);
+        return buf;
+    }
+    case KVM_CFG_FLOAT: {
+        double d = strtod(s->def, NULL);
+        snprintf(buf, n, "%.9g", d * 0.5 + (d == 0 ? 0.25 * s->hi : 0));
+        return buf;
+    }
+    case KVM_CFG_BOOL: return strcmp(s->def, "true") ? "true" : "false";
+    case KVM_CFG_ENUM: {
+        const char *c = s->choices;
+        size_t l = strcspn(c, "|");
+        if (l == strlen(s->def) && !strncmp(c, s->def, l)) c += l + 1, l = strcspn(c, "|");
+        snprintf(buf, n, "%.*s", (int)l, c);
+        return buf;
+    }
+    default: snprintf(buf, n, "%s-other", s->def); return buf;
+    }
+}
+
+START_TEST(test_config_id_covers)
+{
+    kvm_config *base = parse_ok("[model]\npath = /m\n");
+    kvm_store_id a, b, h1, h2;
+    char *canon = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kvm_jobcfg_config_id(base, NULL, &a, &canon, &n), 0);
+    char want[64];
+    snprintf(want, sizeof want, "kvmill.algorithm=%d\n", KVM_JOBCFG_ALGORITHM_VERSION);
+    ck_assert_msg(!strncmp(canon, want, strlen(want)), "%s", canon);
+    int n_compress = 0;
+    for (int i = 0; kvm_cfg_settings[i].section; i++) {
+        const kvm_cfg_setting *s = &kvm_cfg_settings[i];
+        int counts = !strcmp(s->section, "compress") || (!strcmp(s->section, "model") && !strcmp(s->key, "context")) ||
+                     (!strcmp(s->section, "store") && !strcmp(s->key, "dtype"));
+        if (!counts) continue;
+        kvm_config *c = parse_ok("[model]\npath = /m\n");
+        char buf[128];
+        ck_assert_int_eq(kvm_config_set(c, s->section, s->key, other_value(s, buf, sizeof buf)), 0);
+        ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &b, NULL, NULL), 0);
+        ck_assert_msg(memcmp(&a, &b, sizeof a), "[%s] %s = %s leaves the config id unchanged", s->section, s->key, buf);
+        kvm_config_free(&c);
+        n_compress += !strcmp(s->section, "compress");
+    }
+    ck_assert_int_ge(n_compress, 14);
+    /* the strategy's bytes, not its name */
+    kvm_store_hash_bytes("strategy one", 12, &h1);
+    kvm_store_hash_bytes("strategy two", 12, &h2);
+    char *c1 = NULL, *c2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    ck_assert_int_eq(kvm_jobcfg_config_id(base, &h1, &a, &c1, &n1), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id(base, &h2, &b, &c2, &n2), 0);
+    ck_assert_int_ne(memcmp(&a, &b, sizeof a), 0);
+    ck_assert_ptr_nonnull(strstr(c1, "strategy.hash="));
+    ck_assert_int_eq(kvm_jobcfg_compare(c1, n1, c1, n1), KVM_JOBCFG_OK);
+    ck_assert_int_eq(kvm_jobcfg_compare(c1, n1, c2, n2), KVM_JOBCFG_STALE_STRATEGY);
+    ck_assert_int_eq(kvm_jobcfg_compare(canon, n, c2, n2), KVM_JOBCFG_STALE_STRATEGY);
+    /* an older algorithm version (or a build before the line existed): stale-algorithm */
+    const char *nl = strchr(c2, '\n');
+    ck_assert_int_eq(kvm_jobcfg_compare(nl + 1, n2 - (size_t)(nl + 1 - c2), c2, n2), KVM_JOBCFG_STALE_ALGORITHM);
+    char *old = malloc(n2 + 8);
+    int k = snprintf(old, n2 + 8, "kvmill.algorithm=0\n%s", nl + 1);
+    ck_assert_int_eq(kvm_jobcfg_compare(old, (size_t)k, c2, n2), KVM_JOBCFG_STALE_ALGORITHM);
+    /* other settings */
+    kvm_config *c = parse_ok("[model]\npath = /m\n[compress]\nratio = 0.5\n");
+    char *c3 = NULL;
+    size_t n3 = 0;
+    ck_assert_int_eq(kvm_jobcfg_config_id(c, &h1, &b, &c3, &n3), 0);
+    ck_assert_int_eq(kvm_jobcfg_compare(c1, n1, c3, n3), KVM_JOBCFG_OTHER);
+    ck_assert_str_eq(kvm_jobcfg_state_name(KVM_JOBCFG_STALE_STRATEGY), "stale-strategy");
+    ck_assert_str_eq(kvm_jobcfg_state_name(KVM_JOBCFG_OTHER), "other-config");
+    free(old);
+    free(c1);
+    free(c2);
+    free(c3);
+    free(canon);
+    kvm_config_free(&c);
+    kvm_config_free(&base);
+}
+END_TEST
+
+
+/* ---- item 13: compaction ---- */
+
+START_TEST(test_compact)
+{
+    put_caches(g_store, 30, 20000);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), 0);
+    for (int i = 0; i < 25; i++) {
+        kvm_store_cache_key k;
+        kvm_store_hash_bytes("model", 5, &k.model_id);
+        int32_t toks[2] = {i, 7};
+        ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &k.doc_hash), 0);
+        const char *cfg = "compress.method=test\n";
+        kvm_store_hash_bytes(cfg, strlen(cfg), &k.config_id);
+        ck_assert_int_eq(kvm_store_rm_cache(s, &k), 0);
+    }
+    kvm_store_close(&s);
+    char data[4400], copy[4300], cdata[4400], *out = NULL, *err = NULL;
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    snprintf(copy, sizeof copy, "%s.compact", g_store);
+    snprintf(cdata, sizeof cdata, "%s/data.mdb", copy);
+    int rc = kvmill(&out, &err, "store compact --store '%s'", g_store);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, copy) && strstr(out, "mv '"), "%s", out);
+    free(out);
+    free(err);
+    struct stat a, b;
+    ck_assert_int_eq(stat(data, &a), 0);
+    ck_assert_int_eq(stat(cdata, &b), 0);
+    ck_assert_msg(b.st_size * 2 < a.st_size, "copy %lld bytes, store %lld", (long long)b.st_size, (long long)a.st_size);
+    /* the copy is a whole store: it verifies and holds the 5 caches left */
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --store '%s'", copy), 0);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --csv --store '%s'", copy), 0);
+    int lines = 0;
+    for (char *p = out; *p; p++) lines += *p == '\n';
+    ck_assert_int_eq(lines, 6);
+    free(out);
+    free(err);
+    /* an existing destination is refused, the store is left as it was */
+    rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, copy);
+    ck_assert_msg(rc == 2 && strstr(err, "already exists"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    struct stat a2;
+    ck_assert_int_eq(stat(data, &a2), 0);
+    ck_assert_int_eq((long long)a2.st_size, (long long)a.st_size);
+}
+END_TEST
+
+/* ---- item 10: claims ---- */
+
+START_TEST(test_claim_lease)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_cache_key k;
+    memset(&k, 7, sizeof k);
+    int taken = -1;
+    kvm_store_claim h;
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 1);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 0);
+    ck_assert_str_eq(h.owner, "run:a");
+    ck_assert_str_eq(h.host, "hostA");
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", 300, &taken, &h), 0); /* its own: renewed */
+    ck_assert_int_eq(taken, 1);
+    /* renewed while the job lives: b cannot take it past the first lease's end */
+    for (int i = 0; i < 6; i++) {
+        usleep(100000);
+        int64_t n = 0;
+        ck_assert_int_eq(kvm_store_claim_renew(s, "run:a", 300, &n), 0);
+        ck_assert_int_eq(n, 1);
+    }
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 0);
+    /* a run that died stops renewing: its lease lapses and another run takes over */
+    usleep(400000);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(taken, 1);
+    kvm_store_claim got;
+    ck_assert_int_eq(kvm_store_claim_get(s, &k, &got), 0);
+    ck_assert_str_eq(got.owner, "run:b");
+    int64_t n = 0;
+    ck_assert_int_eq(kvm_store_claim_release(s, "run:b", &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(kvm_store_claim_get(s, &k, &got), KVM_ENOTFOUND);
+    int64_t recs = 0, bad = -1;
+    ck_assert_int_eq(kvm_store_verify(s, NULL, NULL, &recs, &bad), 0);
+    ck_assert_int_eq(bad, 0);
+    kvm_store_close(&s);
+    /* a read-only handle cannot claim */
+    o.read_only = 1;
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:c", "", 300, &taken, &h), KVM_ESTATE);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* ---- pipeline runs (need ../shared) ---- */
+
+static void copy_docs(int n)
+{
+    ck_assert_int_eq(mkdir(g_docs, 0700), 0);
+    for (int i = 0; i < n; i++) {
+        char src[64], dst[4400];
+        snprintf(src, sizeof src, "data/long/doc_%03d.txt", i);
+        snprintf(dst, sizeof dst, "%s/doc_%03d.txt", g_docs, i);
+        size_t len;
+        char *t = kvm_test_read_file(kvm_test_shared_path(src), &len);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(kvm_test_write_file(dst, t, len), 0);
+        free(t);
+    }
+}
+
+/* A pipeline config over g_store with extra lines appended (no key of the base repeated);
+ * a worker is declared dead after 5 s of silence, so a loaded machine does not fail jobs. */
+static void write_run_config(const char *compress, const char *extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\n%s\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\n"
+             "liveness = 50\n[stages]\nbin_dir = %s\n%s",
+             kvm_test_shared_path("models/stories260K.bin"), compress, g_store, kvm_test_bin(), extra ? extra : "");
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+}
+
+static int run_corpus(char **out, char **err)
+{
+    return kvmill(out, err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
+}
+
+/* n: the summary's `name=` value, or -1. */
+static long long summary_field(const char *out, const char *name)
+{
+    const char *p = out ? strstr(out, "summary: ") : NULL;
+    char key[64];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *q = p ? strstr(p, key) : NULL;
+    return q ? strtoll(q + strlen(key), NULL, 10) : -1;
+}
+
+static int count_state(const char *state)
+{
+    char *out = NULL;
+    ck_assert_int_eq(kvmill(&out, NULL, "store ls --csv --config '%s'", g_cfg), 0);
+    char want[64];
+    snprintf(want, sizeof want, ",%s\n", state);
+    int n = 0;
+    for (char *p = strstr(out, want); p; p = strstr(p + 1, want)) n++;
+    free(out);
+    return n;
+}
+
+/* A uniform PolyKV strategy for stories260K (5 layers) with pattern p everywhere. */
+static void put_strategy(kvm_pattern p)
+{
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), 0);
+    kvm_store_id mid;
+    ck_assert_int_eq(kvm_store_model_id(s, kvm_test_shared_path("models/stories260K.bin"), &mid), 0);
+    kvm_strategy *st = NULL;
+    ck_assert_int_eq(kvm_strategy_new(5, &st), 0);
+    st->budget_avg = 32;
+    st->b_min = 8;
+    for (int l = 0; l < 5; l++) st->layers[l] = (kvm_strategy_layer){.pattern = {p, p}, .budget = 32};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ck_assert_msg(kvm_strategy_encode(st, &buf, &len) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_put_strategy(s, &mid, "default", buf, len), 0);
+    free(buf);
+    kvm_strategy_free(&st);
+    kvm_store_close(&s);
+}
+
+
+/* Starts `kvmill serve --config g_cfg` on ipc://g_dir/front; returns its pid once ready. */
+static pid_t serve_start(char *front, size_t n)
+{
+    char log[4300];
+    snprintf(front, n, "ipc://%s/front", g_dir);
+    snprintf(log, sizeof log, "%s/serve.log", g_dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failing test must not leave a server behind */
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        char exe[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        execl(exe, exe, "serve", "--config", g_cfg, "--bind", front, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 400; i++) {
+        char *text = kvm_test_read_file(log, NULL);
+        int ready = text && strstr(text, "kvmill serve: ready");
+        free(text);
+        if (ready) return pid;
+        ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "kvmill serve exited early");
+        usleep(50000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("kvmill serve did not report ready within 20 s");
+    return -1;
+}
+
+static int serve_ask(const char *front, const char *doc, char **err)
+{
+    char *out = NULL;
+    int rc = kvmill(&out, err, "ask --connect '%s' --doc '%s' --prompt 'Then the' -n 4 --timeout 20", front, doc);
+    free(out);
+    return rc;
+}
+
+START_TEST(test_recalibration_invalidates)
+{
+    if (skip_without_shared("recalibration_invalidates")) return;
+    copy_docs(5);
+    write_run_config("method = polykv\nbudget = 32", NULL);
+    put_strategy(KVM_PATTERN_SNAPKV);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 5, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("ok"), 5);
+    char front[4300], doc[4400];
+    snprintf(doc, sizeof doc, "%s/doc_000.txt", g_docs);
+    pid_t srv = serve_start(front, sizeof front);
+    rc = serve_ask(front, doc, &err);
+    ck_assert_msg(rc == 0, "ask before recalibration: exit %d: %s", rc, err);
+    free(err);
+    /* recalibrated: another strategy under the same name */
+    put_strategy(KVM_PATTERN_H2O);
+    ck_assert_int_eq(count_state("stale-strategy"), 5);
+    ck_assert_int_eq(count_state("ok"), 0);
+    /* the running server no longer answers from a cache made with the old strategy */
+    rc = serve_ask(front, doc, &err);
+    ck_assert_msg(rc == 1 && strstr(err, "no compressed cache"), "ask after recalibration: exit %d: %s", rc, err);
+    free(err);
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 5 && summary_field(out, "skipped") == 0,
+                  "a rerun after recalibration must compress again: exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("ok"), 5);
+    ck_assert_int_eq(count_state("stale-strategy"), 5);
+    /* the manifest records the strategy's hash */
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --csv --config '%s'", g_cfg), 0);
+    char *ok = strstr(out, ",ok\n");
+    ck_assert_ptr_nonnull(ok);
+    char *line = ok;
+    while (line > out && line[-1] != '\n') line--;
+    char key[200];
+    snprintf(key, sizeof key, "%.12s:%.12s:%.12s", line, line + 65, line + 130);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store show --config '%s' %s", g_cfg, key), 0);
+    ck_assert_msg(strstr(out, "strategy_hash "), "%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store rm --stale --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "5 stale cache(s) removed"), "%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("stale-strategy"), 0);
+    ck_assert_int_eq(count_state("ok"), 5);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --config '%s'", g_cfg), 0);
+    free(out);
+    free(err);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "skipped") == 5, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+
+typedef struct retag_ctx {
+    kvm_store_cache_key keys[16]; /* caches found */
+    int n;
+} retag_ctx;
+
+static int collect_keys(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    retag_ctx *c = arg;
+    if (c->n < 16) c->keys[c->n++] = *k;
+    return 0;
+}
+
+/* A stored cache made from another tokenizer's ids is not "already stored". */
+START_TEST(test_other_tokenizer_recompressed)
+{
+    if (skip_without_shared("other_tokenizer_recompressed")) return;
+    copy_docs(3);
+    write_run_config("method = h2o\nbudget = 32", NULL);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    /* the same caches, recorded as made with another tokenizer */
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), 0);
+    retag_ctx c = {.n = 0};
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_keys, &c), 0);
+    ck_assert_int_eq(c.n, 3);
+    for (int i = 0; i < c.n; i++) {
+        kvm_store_cache *cc = NULL;
+        ck_assert_int_eq(kvm_store_get_cache(s, &c.keys[i], NULL, &cc), 0);
+        kvm_store_hash_bytes("another tokenizer", 17, &cc->manifest.tokenizer_id);
+        ck_assert_int_eq(kvm_store_put_cache(s, &cc->manifest, cc->layers), 0);
+        kvm_store_cache_free(&cc);
+    }
+    kvm_store_close(&s);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 3 && summary_field(out, "skipped") == 0,
+                  "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(strstr(err, "built with tokenizer"), "%s", err);
+    free(out);
+    free(err);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "skipped") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* [store] map_max_mb reaches the compress workers (they open the store with the job's
+ * settings): 5 full caches of 640 KiB do not fit in a 2 MiB map. */
+START_TEST(test_store_opts_in_worker)
+{
+    if (skip_without_shared("store_opts_in_worker")) return;
+    copy_docs(5);
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 512\n[compress]\nmethod = full\n[store]\npath = %s\nmap_size_mb = 1\n"
+             "map_max_mb = 2\n[run]\nmax_retries = 0\n[stages]\nbin_dir = %s\n",
+             kvm_test_shared_path("models/stories260K.bin"), g_store, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 1 && summary_field(out, "failed") >= 1, "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(strstr(err, "map_max_bytes 2097152"), "%s", err);
+    free(out);
+    free(err);
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_stats t;
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    ck_assert_msg(t.map_size_bytes <= (2 << 20), "map grew to %lld bytes", (long long)t.map_size_bytes);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* Two `kvmill run` at once on one store: each document is compressed once. */
+START_TEST(test_two_runs_share)
+{
+    if (skip_without_shared("two_runs_share")) return;
+    copy_docs(5);
+    write_run_config("method = sculpt\nsynthetic_queries = 64\niterations = 40\nrounds = 2", NULL);
+    pid_t pid[2];
+    char outp[2][4300], errp[2][4300];
+    for (int r = 0; r < 2; r++) {
+        snprintf(outp[r], sizeof outp[r], "%s/run%d.out", g_dir, r);
+        snprintf(errp[r], sizeof errp[r], "%s/run%d.err", g_dir, r);
+        if ((pid[r] = fork()) == 0) {
+            freopen(outp[r], "w", stdout);
+            freopen(errp[r], "w", stderr);
+            char exe[4200];
+            snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+            execl(exe, exe, "run", "--config", g_cfg, "--corpus", g_docs, (char *)NULL);
+            _exit(127);
+        }
+    }
+    long long compressed = 0, claimed = 0;
+    for (int r = 0; r < 2; r++) {
+        int st;
+        ck_assert_int_eq(waitpid(pid[r], &st, 0), pid[r]);
+        char *out = kvm_test_read_file(outp[r], NULL), *err = kvm_test_read_file(errp[r], NULL);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "run %d: status %d\n%s", r, st, err);
+        long long c = summary_field(out, "compressed"), k = summary_field(out, "claimed");
+        long long sk = summary_field(out, "skipped"), f = summary_field(out, "failed");
+        ck_assert_msg(c >= 0 && k >= 0 && f == 0 && c + k + sk == 5, "run %d:\n%s\n%s", r, out, err);
+        compressed += c;
+        claimed += k;
+        free(out);
+        free(err);
+    }
+    ck_assert_msg(compressed == 5, "%lld compressions for 5 documents (%lld claimed)", compressed, claimed);
+    ck_assert_int_eq(count_state("ok"), 5);
+    char *out = NULL;
+    ck_assert_int_eq(kvmill(&out, NULL, "store verify --config '%s'", g_cfg), 0);
+    free(out);
+}
+END_TEST
+
+static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, timeout_s);
+    tcase_add_test(tc, fn);
+    return tc;
+}
+
+int main(void)
+{
+    if (sodium_init() < 0) return 1;
+    Suite *su = suite_create("store_reliab");
+    suite_add_tcase(su, tcase("truncated_data_file", test_truncated_data_file, 120));
+    suite_add_tcase(su, tcase("truncated_run", test_truncated_run, 120));
+    suite_add_tcase(su, tcase("store_cli_missing_and_config", test_store_cli_missing_and_config, 60));
+    suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
+    suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
+    suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
+    suite_add_tcase(su, tcase("compact", test_compact, 60));
+    suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
+    suite_add_tcase(su, tcase("recalibration_invalidates", test_recalibration_invalidates, 240));
+    suite_add_tcase(su, tcase("other_tokenizer_recompressed", test_other_tokenizer_recompressed, 240));
+    suite_add_tcase(su, tcase("store_opts_in_worker", test_store_opts_in_worker, 240));
+    suite_add_tcase(su, tcase("two_runs_share", test_two_runs_share, 300));
+    SRunner *sr = srunner_create(su);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_ENV);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
