@@ -8,6 +8,7 @@
 #ifndef KVM_COMPRESS_H
 #define KVM_COMPRESS_H
 
+#include "common/kvm_progress.h"
 #include "model/kvm_capture.h"
 #include "model/kvm_forward.h"
 
@@ -19,6 +20,8 @@ typedef struct kvm_compress_input {
                                   queries, entropy and attention mass (window: all N queries) */
     int64_t n_tokens;          /* N */
     int64_t n_future;          /* tokens the caller expects to append (continuation length), a hint */
+    kvm_progress *progress;    /* optional (NULL = none): methods that solve per (layer, KV head)
+                                  problems count them here as they finish; results do not depend on it */
 } kvm_compress_input;
 
 /* What a method reports about one run. */

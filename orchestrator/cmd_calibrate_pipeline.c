@@ -91,7 +91,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     }
     for (int64_t i = 0; i < corpus->n; i++) {
         kvm_doc *d = &corpus->docs[i];
-        if (kvm_doc_prepare(d, tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
+        /* calibration corpora are small: every document is loaded and kept, continuation included */
+        if (kvm_corpus_load(corpus, d, tok, m->cfg.vocab_size, m->cfg.bos_id, ctx, ctx + cont)) {
             fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
             goto done;
         }

@@ -39,13 +39,22 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
     if (s->interrupted)
         printf("interrupted: %lld documents were not processed (run again to finish: stored ones are skipped)\n",
                (long long)s->pending);
+    if (s->store_full)
+        printf("store full: %lld documents were not processed (no space left on the store's device; free space and "
+               "run again)\n", (long long)s->pending);
+    if (s->evicted > 0)
+        printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
+               "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
     if (s->claimed)
         printf("claimed: %lld documents were being compressed by another run on this store and were left to it\n",
                (long long)s->claimed);
+    printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
+           (long long)s->prefetch_peak);
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld "
-           "seconds=%.3f claimed=%lld\n",
+           "seconds=%.3f claimed=%lld evicted=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
-           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->claimed);
+           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->claimed,
+           (long long)s->evicted);
 }
 
 int kvm_cmd_run(int argc, char **argv)
@@ -97,7 +106,7 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    int64_t ctx = kvm_config_int(cfg, "model", "context"), bad = 0;
+    int64_t ctx = kvm_config_int(cfg, "model", "context");
     if (kvm_config_int(cfg, "compress", "budget") == 0 && kvm_config_float(cfg, "compress", "ratio") <= 0 &&
         strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
         fprintf(stderr, "kvmill run: %s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
@@ -116,38 +125,19 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    for (int64_t i = 0; i < corpus->n; i++) {
-        if (corpus->docs[i].text && !tok) {
-            fprintf(stderr, "kvmill run: document %s is text but no tokenizer was found for the model\n", corpus->docs[i].name);
-            goto done;
-        }
-        if (kvm_doc_prepare(&corpus->docs[i], tok, m->cfg.vocab_size, m->cfg.bos_id, ctx)) {
-            /* one bad document (empty, token ids outside the vocabulary) fails alone */
-            fprintf(stderr, "kvmill run: %s: not processed\n", kvm_errmsg());
-            corpus->docs[i].n_tokens = 0;
-            bad++;
-        }
-    }
-    int64_t kept = 0;
-    for (int64_t i = 0; i < corpus->n; i++) {
-        if (corpus->docs[i].n_tokens > 0) {
-            kvm_doc tmp = corpus->docs[kept];
-            corpus->docs[kept++] = corpus->docs[i];
-            corpus->docs[i] = tmp;
-        }
-    }
-    int64_t n_all = corpus->n;
-    corpus->n = kept; /* the failed ones stay allocated past n until the corpus is freed */
+    /* documents are read and tokenised by the orchestrator when it needs them (a bad one fails alone) */
+    corpus->on_demand = 1;
+    corpus->tok = tok;
+    corpus->vocab_size = m->cfg.vocab_size;
+    corpus->bos = m->cfg.bos_id;
     kvm_model_close(&m); /* the stages load it; the orchestrator only needed the tokenizer */
     char self[4096];
     self_path(self, sizeof self);
     kvm_orch_summary sum;
     status = kvm_orch_run(cfg, corpus, self, &sum);
-    corpus->n = n_all;
-    sum.failed += bad;
     if (status == 0 || status == 130) {
         print_summary(cfg, &sum);
-        if (status == 0) status = sum.failed > 0 ? 1 : 0;
+        if (status == 0) status = sum.failed > 0 || sum.store_full ? 1 : 0;
     }
 done:
     kvm_corpus_free(&corpus);

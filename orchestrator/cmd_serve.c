@@ -2,6 +2,7 @@
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve.h"
 
 #include <stdio.h>
@@ -63,8 +64,8 @@ int kvm_cmd_serve(int argc, char **argv)
         goto done;
     }
     /* the decode workers read the resolved configuration, command-line overrides included */
-    const char *tmpd = getenv("TMPDIR");
-    snprintf(resolved, sizeof resolved, "%s/kvmill-serve-config.XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
+    kvm_rundir_sweep(); /* leftovers of a kvmill that was killed */
+    kvm_rundir_template("serve-config", resolved, sizeof resolved);
     int fd = mkstemp(resolved);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {

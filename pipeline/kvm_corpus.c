@@ -1,6 +1,7 @@
 /* kvm_corpus.c: reading a corpus folder or JSON Lines file (jansson) and preparing documents
  * (tokenise, truncate, hash). */
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_doctok.h"
 #include "common/kvm_error.h"
 
 #include <dirent.h>
@@ -10,26 +11,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static char *read_all(const char *path, size_t *len)
+/* Reads at most max bytes of a file (NUL-terminated); *at_end = 1 when that is all of it. */
+static char *read_prefix(const char *path, size_t max, size_t *len, int *at_end)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
-    size_t cap = 4096, n = 0, r;
-    char *buf = malloc(cap);
-    while (buf && (r = fread(buf + n, 1, cap - 1 - n, f)) > 0) {
-        n += r;
-        if (n + 1 == cap) {
-            char *b = realloc(buf, cap *= 2);
-            if (!b) { free(buf); buf = NULL; }
-            buf = b;
-        }
-    }
+    char *buf = malloc(max + 2);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
     int err = ferror(f);
     fclose(f);
     if (!buf || err) { free(buf); return NULL; }
+    *at_end = n <= max;
+    if (n > max) n = max;
     buf[n] = '\0';
     *len = n;
     return buf;
@@ -72,10 +69,16 @@ static int read_dir(const char *path, kvm_corpus *c)
         char full[4096];
         snprintf(full, sizeof full, "%s/%s", path, names[i]);
         kvm_doc d = {0};
-        if (!(d.text = read_all(full, &d.text_len))) { rc = kvm_err(KVM_EIO, "%s: cannot read", full); break; }
+        struct stat st;
+        if (stat(full, &st) != 0 || access(full, R_OK) != 0) {
+            rc = kvm_err(KVM_EIO, "%s: cannot read: %s", full, strerror(errno));
+            break;
+        }
+        if (!(d.path = strdup(full))) { rc = kvm_err(KVM_ENOMEM, "corpus: out of memory"); break; }
+        d.size = (int64_t)st.st_size;
         d.name = names[i];
         names[i] = NULL;
-        if ((rc = push_doc(c, &dcap, d))) { free(d.text); free(d.name); }
+        if ((rc = push_doc(c, &dcap, d))) { free(d.path); free(d.name); }
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -89,6 +92,9 @@ static int parse_line(const char *path, int64_t line, const char *text, kvm_doc 
     json_error_t jerr;
     json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     int rc = 0;
+    if (!o && strstr(jerr.text, "JSON_ALLOW_NUL")) /* jansson names its flag; say what is wrong with the line */
+        return kvm_err(KVM_EINVAL, "%s:%lld: the document text contains NUL (\\u0000) at column %d", path,
+                       (long long)line, jerr.column);
     if (!o) return kvm_err(KVM_EINVAL, "%s:%lld: invalid JSON: %s", path, (long long)line, jerr.text);
     json_t *id = json_object_get(o, "id"), *tx = json_object_get(o, "text"), *tk = json_object_get(o, "tokens");
     if (!json_is_object(o)) rc = kvm_err(KVM_EINVAL, "%s:%lld: not a JSON object", path, (long long)line);
@@ -130,11 +136,13 @@ static int read_jsonl(const char *path, kvm_corpus *c)
     int64_t lineno = 0, dcap = 0;
     int rc = 0;
     ssize_t len;
+    off_t at = 0;
     while (!rc && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
+        kvm_doc d = {.offset = (int64_t)at, .size = (int64_t)len};
+        at += len;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
-        kvm_doc d = {0};
         if ((rc = parse_line(path, lineno, line, &d)) == 0) {
             for (int64_t i = 0; i < c->n; i++)
                 if (!strcmp(c->docs[i].name, d.name)) {
@@ -142,8 +150,13 @@ static int read_jsonl(const char *path, kvm_corpus *c)
                     break;
                 }
         }
+        free(d.text); /* kept: where the line is; loaded again by kvm_corpus_load */
+        free(d.tokens);
+        d.text = NULL;
+        d.tokens = NULL;
+        d.n_tokens = 0;
         if (!rc) rc = push_doc(c, &dcap, d);
-        if (rc) { free(d.name); free(d.text); free(d.tokens); }
+        if (rc) free(d.name);
     }
     free(line);
     fclose(f);
@@ -161,7 +174,9 @@ int kvm_corpus_read(const char *path, kvm_corpus **out)
     if (!c) return kvm_err(KVM_ENOMEM, "corpus: out of memory");
     size_t l = strlen(path);
     int rc;
-    if (S_ISDIR(st.st_mode)) rc = read_dir(path, c);
+    c->jsonl = !S_ISDIR(st.st_mode);
+    if (!(c->path = strdup(path))) rc = kvm_err(KVM_ENOMEM, "corpus: out of memory");
+    else if (S_ISDIR(st.st_mode)) rc = read_dir(path, c);
     else if (l > 6 && !strcmp(path + l - 6, ".jsonl")) rc = read_jsonl(path, c);
     else rc = kvm_err(KVM_EINVAL, "corpus %s: expected a folder of *.txt or a .jsonl file", path);
     if (rc) kvm_corpus_free(&c);
@@ -175,25 +190,45 @@ void kvm_corpus_free(kvm_corpus **pc)
     kvm_corpus *c = *pc;
     for (int64_t i = 0; i < c->n; i++) {
         free(c->docs[i].name);
+        free(c->docs[i].path);
         free(c->docs[i].text);
         free(c->docs[i].tokens);
     }
     free(c->docs);
+    free(c->path);
     free(c);
     *pc = NULL;
 }
 
-int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx)
+/* "document NAME", or "the document" when it has no name. */
+static const char *label(const kvm_doc *d, char *buf, size_t n)
 {
-    if (d->text) {
-        free(d->tokens);
-        d->tokens = NULL;
-        int rc = kvm_tokenizer_encode(tok, d->text, d->text_len, 1, 0, &d->tokens, &d->n_tokens);
-        if (rc) return kvm_err(rc, "document %s: %s", d->name, kvm_errmsg());
-    } else {
+    if (!d->name) return "the document";
+    snprintf(buf, n, "document %s", d->name);
+    return buf;
+}
+
+/* Text -> the first n_keep + 1 ids; *need_more when the text read so far is too short to say. */
+static int prepare_text(kvm_doc *d, const kvm_tokenizer *tok, int at_end, int64_t n_keep, int *need_more)
+{
+    char lb[300];
+    free(d->tokens);
+    d->tokens = NULL;
+    d->n_tokens = 0;
+    if (!tok) return kvm_err(KVM_EINVAL, "%s is text but no tokenizer was found for the model", label(d, lb, sizeof lb));
+    int rc = kvm_doctok_encode(tok, d->text, d->text_len, at_end, 1, n_keep + 1, &d->tokens, &d->n_tokens, need_more);
+    if (rc) return kvm_err(rc, "%s: %s", label(d, lb, sizeof lb), kvm_errmsg());
+    return 0;
+}
+
+/* Checks given tokens (prepending BOS), then truncates and hashes. */
+static int finish(kvm_doc *d, int from_text, int vocab_size, int32_t bos, int64_t n_ctx)
+{
+    char lb[300];
+    if (!from_text) {
         for (int64_t i = 0; i < d->n_tokens; i++)
             if (d->tokens[i] >= vocab_size)
-                return kvm_err(KVM_EINVAL, "document %s: token %lld has id %d, outside the vocabulary of %d", d->name,
+                return kvm_err(KVM_EINVAL, "%s: token %lld has id %d, outside the vocabulary of %d", label(d, lb, sizeof lb),
                                (long long)i, d->tokens[i], vocab_size);
         if (d->n_tokens == 0 || d->tokens[0] != bos) {
             int32_t *t = realloc(d->tokens, (size_t)(d->n_tokens + 1) * sizeof *t);
@@ -204,9 +239,89 @@ int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_
             d->n_tokens++;
         }
     }
-    if (d->n_tokens <= 1) return kvm_err(KVM_EINVAL, "document %s is empty", d->name);
+    if (d->n_tokens <= 1) return kvm_err(KVM_EINVAL, "%s is empty", label(d, lb, sizeof lb));
     d->n_original = d->n_tokens;
     d->truncated = d->n_tokens > n_ctx;
     if (d->truncated) d->n_tokens = n_ctx;
     return kvm_store_doc_hash(d->tokens, d->n_tokens, &d->hash);
+}
+
+int kvm_doc_prepare_n(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx, int64_t n_keep)
+{
+    if (n_keep < n_ctx) n_keep = n_ctx;
+    int from_text = d->text != NULL;
+    int rc = from_text ? prepare_text(d, tok, 1, n_keep, NULL) : 0;
+    return rc ? rc : finish(d, from_text, vocab_size, bos, n_ctx);
+}
+
+int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx)
+{
+    return kvm_doc_prepare_n(d, tok, vocab_size, bos, n_ctx, n_ctx);
+}
+
+/* A folder document: read a growing beginning of the file until its ids settle. */
+static int load_file(kvm_doc *d, const kvm_tokenizer *tok, int64_t n_keep)
+{
+    size_t max = (size_t)n_keep * 32 + 65536;
+    for (;;) {
+        int at_end = 0, more = 0;
+        free(d->text);
+        if (!(d->text = read_prefix(d->path, max, &d->text_len, &at_end)))
+            return kvm_err(KVM_EIO, "%s: cannot read: %s", d->path, strerror(errno));
+        int rc = prepare_text(d, tok, at_end, n_keep, &more);
+        if (rc || !more) return rc;
+        max *= 2;
+    }
+}
+
+/* A JSONL document: its line, read and parsed again. */
+static int load_line(const kvm_corpus *c, kvm_doc *d)
+{
+    FILE *f = fopen(c->path, "rb");
+    char *line = f ? malloc((size_t)d->size + 1) : NULL;
+    int rc = 0;
+    if (!line || fseeko(f, (off_t)d->offset, SEEK_SET) || fread(line, 1, (size_t)d->size, f) != (size_t)d->size)
+        rc = kvm_err(KVM_EIO, "%s: cannot read the line of document %s again (was the file changed?)", c->path, d->name);
+    if (f) fclose(f);
+    if (rc) { free(line); return rc; }
+    size_t len = (size_t)d->size;
+    line[len] = '\0';
+    while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+    kvm_doc tmp = {0};
+    rc = parse_line(c->path, 0, line, &tmp);
+    free(line);
+    if (!rc && strcmp(tmp.name, d->name))
+        rc = kvm_err(KVM_EIO, "%s: the line of document %s changed since the corpus was read", c->path, d->name);
+    free(tmp.name);
+    if (rc) { free(tmp.text); free(tmp.tokens); return rc; }
+    free(d->text);
+    free(d->tokens);
+    d->text = tmp.text, d->text_len = tmp.text_len;
+    d->tokens = tmp.tokens, d->n_tokens = tmp.n_tokens;
+    return 0;
+}
+
+int kvm_corpus_load(const kvm_corpus *c, kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos,
+                    int64_t n_ctx, int64_t n_keep)
+{
+    if (n_keep < n_ctx) n_keep = n_ctx;
+    int rc, from_text = 1;
+    if (d->path) rc = load_file(d, tok, n_keep);
+    else if ((rc = load_line(c, d)) == 0 && (from_text = d->text != NULL))
+        rc = prepare_text(d, tok, 1, n_keep, NULL);
+    if (!rc) rc = finish(d, from_text, vocab_size, bos, n_ctx);
+    free(d->text);
+    d->text = NULL;
+    d->text_len = 0;
+    if (rc) kvm_doc_release(d);
+    return rc;
+}
+
+void kvm_doc_release(kvm_doc *d)
+{
+    free(d->text);
+    free(d->tokens);
+    d->text = NULL;
+    d->text_len = 0;
+    d->tokens = NULL;
 }

@@ -4,6 +4,7 @@
 #include "pipeline/kvm_orch.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_storew.h"
@@ -46,6 +47,7 @@ typedef struct job {
     int worker;           /* index in workers[] while in prefill/compress, else -1 */
     double since_ms;      /* entered the current state */
     kvm_msg **kv;         /* [n_layers] buffered kv messages of the current attempt */
+    int64_t prog_done, prog_total; /* progress its compress worker last reported (heartbeat) */
     int n_kv;
     int claimed;          /* this run holds the document's claim in the store */
     char reason[512];     /* why it failed */
@@ -95,9 +97,11 @@ typedef struct orch {
     int n_layers;
     double hb_ms, dead_ms, job_timeout_ms;
     int max_retries;
+    int store_full;           /* the store's device is full: no more documents are fed */
+    int64_t evicted0;         /* the store's eviction count when the run started */
     kvm_orch_summary *sum;
-    double t0, last_progress;
-    int tty;
+    double t0;
+    kvm_orch_progress prog;   /* the progress line */
 } orch;
 
 static volatile sig_atomic_t interrupts;
@@ -200,6 +204,23 @@ static void job_set(orch *o, job *j, job_state s)
     if ((j->state == J_DONE || j->state == J_FAILED) != (s == J_DONE || s == J_FAILED)) o->n_open--;
     j->state = s;
     j->since_ms = kvm_now_ms();
+    /* a document's tokens live only while it is in a worker or waiting for compress */
+    if (o->corpus->on_demand && (s == J_QUEUED || s == J_DONE || s == J_FAILED)) kvm_doc_release(j->doc);
+}
+
+/* Loads an on-demand document's tokens (a no-op for prepared ones). A document that cannot
+ * be loaded fails alone, with the reason. Returns 0 when its tokens are there. */
+static int job_load(orch *o, job *j)
+{
+    if (!o->corpus->on_demand || j->doc->tokens) return 0;
+    const kvm_corpus *c = o->corpus;
+    int64_t ctx = kvm_config_int(o->cfg, "model", "context");
+    int64_t keep = ctx + (kvm_config_bool(o->cfg, "eval", "enabled") ? kvm_config_int(o->cfg, "eval", "continuation") : 0);
+    if (kvm_corpus_load(c, j->doc, c->tok, c->vocab_size, c->bos, ctx, keep) == 0) return 0;
+    snprintf(j->reason, sizeof j->reason, "%s", kvm_errmsg());
+    orch_log("%s: not processed\n", j->reason);
+    job_set(o, j, J_FAILED);
+    return -1;
 }
 
 /* Puts a job back in the queue (a new attempt), or fails it after max_retries. */
@@ -219,6 +240,21 @@ static void requeue(orch *o, job *j, const char *why)
     }
     orch_log("requeueing %s (attempt %d): %s\n", j->doc->name, j->attempt + 1, why);
     j->id = o->next_id++;
+    job_set(o, j, J_QUEUED);
+}
+
+/* The store's device is full: said once; the job goes back to the queue (not an attempt:
+ * it is not the document's fault) and no more documents are fed. */
+static void store_is_full(orch *o, job *j, const char *why)
+{
+    if (!o->store_full)
+        orch_log("%s\nkvmill %s: no space left on the store's device: feeding no more documents (free space on it "
+                 "and run again: stored ones are skipped)\n", why, orch_cmd);
+    o->store_full = 1;
+    o->sum->store_full = 1;
+    if (j->worker >= 0) o->workers[j->worker].job = -1;
+    j->worker = -1;
+    job_drop_kv(j);
     job_set(o, j, J_QUEUED);
 }
 
@@ -376,6 +412,11 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (w < 0) return;
         o->workers[w].last_seen = kvm_now_ms();
         o->workers[w].alive = 1;
+        if (t == KVM_PROTO_HEARTBEAT && c.job_id && c.progress_total > 0) {
+            job *hj = job_by_id(o, c.job_id);
+            if (hj && hj->state == J_COMPRESS && hj->worker == w)
+                hj->prog_done = (int64_t)c.progress_done, hj->prog_total = (int64_t)c.progress_total;
+        }
         if (t == KVM_PROTO_ACK && o->mode == MODE_CALIBRATE && c.job_id == o->reduce_id && o->reduce_worker == w) {
             for (int64_t i = 0; i < o->n_jobs; i++)
                 if (o->jobs[i].state == J_COMPRESS) {
@@ -418,7 +459,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
             char why[600];
             snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len, r.message.ptr);
-            if (r.retryable) requeue(o, j, why);
+            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device")) store_is_full(o, j, why);
+            else if (r.retryable) requeue(o, j, why);
             else {
                 if (j->worker >= 0) o->workers[j->worker].job = -1;
                 j->worker = -1;
@@ -603,37 +645,75 @@ static int claim_job(orch *o, job *j)
     return 0;
 }
 
+
+/* The prefetch bound: documents prefilled (or in prefill) but not yet taken by a compress
+ * worker. [run] max_prefetch, or 0 = 2 per live compress worker. A prefill dispatch takes
+ * one credit; handing the KV to compress (or a failure, or a requeue) gives it back. */
+static int64_t prefetch_limit(const orch *o)
+{
+    int64_t n = kvm_config_int(o->cfg, "run", "max_prefetch");
+    if (n > 0) return n;
+    for (int w = 0; w < o->n_workers; w++) n += o->workers[w].alive && o->workers[w].stage == ST_COMPRESS;
+    return 2 * n;
+}
+
+static int64_t prefetch_used(const orch *o)
+{
+    int64_t n = 0;
+    for (int64_t i = 0; i < o->n_jobs; i++) n += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_KV_READY;
+    return n;
+}
+
+/* A queued document to a prefill (run) or signals (calibrate) worker, if one is idle.
+ * Returns 1 when it was sent. */
+static int dispatch_first(orch *o, job *j, int64_t i)
+{
+    int w = idle_worker(o, o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL);
+    if (w < 0 || claim_job(o, j) || job_load(o, j)) return 0; /* claim first: a document left to another run is not read */
+    kvm_msg *m = NULL;
+    if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
+        requeue(o, j, kvm_errmsg());
+        return 0;
+    }
+    o->workers[w].idle = 0;
+    o->workers[w].job = (int)i;
+    j->worker = w;
+    job_set(o, j, J_PREFILL);
+    return 1;
+}
+
+/* A prefilled document's job and KV to an idle compress worker. */
+static void dispatch_compress(orch *o, job *j, int64_t i)
+{
+    int w = idle_worker(o, ST_COMPRESS);
+    if (w < 0) return;
+    kvm_msg *m = NULL;
+    int rc = job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m);
+    for (int l = 0; !rc && l < j->n_kv; l++) rc = send_to(o->data, o->workers[w].id, &j->kv[l]);
+    job_drop_kv(j);
+    if (rc) {
+        requeue(o, j, "could not send the job to a compress worker");
+        return;
+    }
+    o->workers[w].idle = 0;
+    o->workers[w].job = (int)i;
+    j->worker = w;
+    j->prog_done = j->prog_total = 0;
+    job_set(o, j, J_COMPRESS);
+}
+
+/* After a Ctrl-C, or once the store's device is full, nothing new goes to a worker: only
+ * the jobs in workers finish. */
 static void dispatch(orch *o)
 {
+    if (interrupts || o->store_full) return;
     if (o->mode == MODE_CALIBRATE) dispatch_reduce(o);
-    for (int64_t i = 0; i < o->n_jobs; i++) {
-        job *j = &o->jobs[i];
-        if (j->state == J_QUEUED && !interrupts) { /* draining: no new documents, in-flight ones finish */
-            int w = idle_worker(o, o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL);
-            if (w < 0 || claim_job(o, j)) continue;
-            kvm_msg *m = NULL;
-            if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
-                requeue(o, j, kvm_errmsg());
-                continue;
-            }
-            o->workers[w].idle = 0;
-            o->workers[w].job = (int)i;
-            j->worker = w;
-            job_set(o, j, J_PREFILL);
-        } else if (j->state == J_KV_READY && o->mode == MODE_RUN) {
-            int w = idle_worker(o, ST_COMPRESS);
-            if (w < 0) continue;
-            kvm_msg *m = NULL;
-            int rc = job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m);
-            for (int l = 0; !rc && l < j->n_kv; l++) rc = send_to(o->data, o->workers[w].id, &j->kv[l]);
-            job_drop_kv(j);
-            if (rc) { requeue(o, j, "could not send the job to a compress worker"); continue; }
-            o->workers[w].idle = 0;
-            o->workers[w].job = (int)i;
-            j->worker = w;
-            job_set(o, j, J_COMPRESS);
-        }
-    }
+    for (int64_t i = 0; i < o->n_jobs; i++) /* compress first: it returns prefetch credits */
+        if (o->jobs[i].state == J_KV_READY && o->mode == MODE_RUN) dispatch_compress(o, &o->jobs[i], i);
+    int64_t used = prefetch_used(o), limit = o->mode == MODE_RUN ? prefetch_limit(o) : INT64_MAX;
+    for (int64_t i = 0; i < o->n_jobs && used < limit; i++)
+        if (o->jobs[i].state == J_QUEUED) used += dispatch_first(o, &o->jobs[i], i);
+    if (used > o->sum->prefetch_peak) o->sum->prefetch_peak = used;
 }
 
 static void check_health(orch *o)
@@ -672,25 +752,31 @@ static void check_health(orch *o)
 
 /* ---- progress ---- */
 
+/* Within-document progress of the jobs in compress, e.g. " doc_003.txt 45/90" (problems
+ * solved), into buf; empty when no worker reports any. */
+static void inflight_progress(const orch *o, char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int64_t i = 0; i < o->n_jobs && at + 1 < n; i++) {
+        const job *j = &o->jobs[i];
+        if (j->state != J_COMPRESS || j->prog_total <= 0) continue;
+        int w = snprintf(buf + at, n - at, "%s %s %lld/%lld", at ? "," : " in compress:", j->doc->name,
+                         (long long)j->prog_done, (long long)j->prog_total);
+        if (w < 0) break;
+        at += (size_t)w < n - at ? (size_t)w : n - at - 1;
+    }
+}
+
 static void progress(orch *o, int final)
 {
-    double now = kvm_now_ms();
-    if (!final && now - o->last_progress < (o->tty ? 200 : 5000)) return;
-    o->last_progress = now;
-    int64_t failed = 0, total = o->n_jobs - o->sum->skipped - o->sum->claimed;
+    if (!kvm_orch_progress_due(&o->prog, final)) return;
+    int64_t failed = 0;
     for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
-    int64_t done = o->sum->compressed + failed;
-    double el = (now - o->t0) / 1000.0, tps = el > 0 ? (double)o->sum->tokens / el : 0;
-    double eta = done > 0 ? el / (double)done * (double)(total - done) : 0;
-    if (o->tty) {
-        int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
-        fprintf(stderr, "\r[%.*s%*s] %lld/%lld docs  %.0f tok/s  ETA %.0fs ", fill, "##############################",
-                width - fill, "", (long long)done, (long long)total, tps, eta);
-        if (final) fputc('\n', stderr);
-    } else
-        fprintf(stderr, "kvmill %s: %lld/%lld documents, %.0f tokens/s, %.1f s elapsed, ETA %.0f s\n",
-                o->mode == MODE_CALIBRATE ? "calibrate" : "run", (long long)done,
-                (long long)total, tps, el, eta);
+    char inflight[512];
+    inflight_progress(o, inflight, sizeof inflight);
+    kvm_orch_progress_print(&o->prog, o->sum->compressed + failed, o->n_jobs - o->sum->skipped - o->sum->claimed,
+                            o->sum->tokens, inflight, final);
 }
 
 /* ---- setup ---- */
@@ -792,36 +878,73 @@ static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m
     return 0;
 }
 
-static int mark_skipped(orch *o, kvm_store *store, const kvm_store_id *model_id, const kvm_store_id *config_id)
+/* Whether a document's cache is stored: a stored cache (or manifest) that fails its
+ * checksums is a corrupt cache, compressed again (the put replaces it). */
+static int cache_stored(orch *o, kvm_store *store, const job *j, int *found)
+{
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    int rc = kvm_store_has_cache(store, &key, &o->tok_id, found);
+    if (rc == KVM_EMISMATCH) { /* made from another tokenizer's ids: compressed again (the put replaces it) */
+        orch_log("the stored cache of %s is refused (%s): compressing it again\n", j->doc->name, kvm_errmsg());
+        *found = 0;
+        return 0;
+    }
+    if (rc == 0 && *found) {
+        kvm_store_cache *c = NULL;
+        rc = kvm_store_get_cache(store, &key, &o->tok_id, &c);
+        kvm_store_cache_free(&c);
+    }
+    if (rc == KVM_ECORRUPT) {
+        orch_log("the stored cache of %s is corrupt (%s): compressing it again\n", j->doc->name, kvm_errmsg());
+        *found = 0;
+        return 0;
+    }
+    return rc == KVM_EMISMATCH ? 0 : rc;
+}
+
+/* Before the run: each document is loaded (tokenised, hashed) one at a time and released
+ * again, so the scan holds no corpus; stored and repeated ones are skipped, unreadable
+ * ones fail alone. */
+static int mark_skipped(orch *o, kvm_store *store)
 {
     for (int64_t i = 0; i < o->n_jobs; i++) {
-        kvm_store_cache_key key = {.model_id = *model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = *config_id};
-        int found = 0;
-        int rc = kvm_store_has_cache(store, &key, &o->tok_id, &found);
-        if (rc == KVM_EMISMATCH) /* made from another tokenizer's ids: compressed again (the put replaces it) */
-            orch_log("the stored cache of %s is refused (%s): compressing it again\n", o->jobs[i].doc->name, kvm_errmsg());
-        else if (rc)
-            return rc;
-        if (found) { /* a stored cache that fails its checksums is compressed again (the put replaces it) */
-            kvm_store_cache *c = NULL;
-            rc = kvm_store_get_cache(store, &key, &o->tok_id, &c);
-            kvm_store_cache_free(&c);
-            if (rc == KVM_ECORRUPT) {
-                orch_log("the stored cache of %s is corrupt (%s): compressing it again\n",
-                        o->jobs[i].doc->name, kvm_errmsg());
-                found = 0;
-            } else if (rc && rc != KVM_EMISMATCH)
-                return rc;
-        }
+        job *j = &o->jobs[i];
+        if (job_load(o, j)) continue;
+        o->sum->truncated += j->doc->truncated;
+        int found = 0, rc = cache_stored(o, store, j, &found);
+        if (rc) return rc;
         for (int64_t k = 0; k < i && !found; k++) /* the same tokens twice: one cache */
-            found = !memcmp(&o->jobs[k].doc->hash, &o->jobs[i].doc->hash, sizeof o->jobs[i].doc->hash);
+            found = o->jobs[k].state != J_FAILED && !memcmp(&o->jobs[k].doc->hash, &j->doc->hash, sizeof j->doc->hash);
+        if (o->corpus->on_demand) kvm_doc_release(j->doc);
         if (found) {
-            o->jobs[i].state = J_SKIPPED;
+            j->state = J_SKIPPED;
             o->sum->skipped++;
             o->n_open--;
         }
     }
     return 0;
+}
+
+/* Caches the store's cap evicted during the run (by any process), and a warning when some
+ * of them were written by this run: a rerun would compress them again. */
+static void count_evictions(orch *o, kvm_store *store)
+{
+    kvm_store_stats ss;
+    if (kvm_store_stats_get(store, &ss)) return;
+    o->sum->evicted = ss.n_evicted - o->evicted0;
+    int64_t own = 0, written = 0;
+    for (int64_t i = 0; i < o->n_jobs && o->sum->evicted > 0; i++) {
+        if (o->jobs[i].state != J_DONE) continue;
+        kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = o->config_id};
+        int found = 1;
+        written++;
+        if (kvm_store_has_cache(store, &key, &o->tok_id, &found) == 0 && !found) own++;
+    }
+    o->sum->evicted_own = own;
+    if (own > 0)
+        orch_log("warning: the store's cap ([store] cap_mb = %lld) evicted %lld of the %lld caches this run wrote; "
+                 "raise cap_mb, or every rerun compresses them again\n",
+                 (long long)(ss.cap_bytes >> 20), (long long)own, (long long)written);
 }
 
 /* ---- the run ---- */
@@ -851,13 +974,16 @@ static int prepare(orch *o, kvm_store **store)
         }
         if (rc) return rc;
     }
+    kvm_store_stats ss;
+    if ((rc = kvm_store_stats_get(*store, &ss))) return rc;
+    o->evicted0 = ss.n_evicted;
     if (o->mode == MODE_RUN &&
         ((rc = kvm_jobcfg_config_id_in(o->cfg, *store, &model_id, &config_id, NULL, NULL)) ||
-         (rc = kvm_worker_tokenizer_id(o->cfg, &model_id, &o->tok_id)) ||
-         (rc = mark_skipped(o, *store, &model_id, &config_id))))
+         (rc = kvm_worker_tokenizer_id(o->cfg, &model_id, &o->tok_id))))
         return rc;
     o->model_id = model_id;
     o->config_id = config_id;
+    if (o->mode == MODE_RUN && (rc = mark_skipped(o, *store))) return rc;
     if ((rc = bind_sockets(o))) return rc;
     return o->n_open > 0 ? start_stages(o) : 0;
 }
@@ -874,9 +1000,9 @@ static void loop(orch *o)
             }
             if (interrupts >= 2) return;
         }
-        if (interrupts) { /* draining: queued work is abandoned */
+        if (interrupts || o->store_full) { /* draining: only the jobs in a worker finish; the rest are left */
             int busy = 0;
-            for (int64_t i = 0; i < o->n_jobs; i++) busy += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS || o->jobs[i].state == J_KV_READY;
+            for (int64_t i = 0; i < o->n_jobs; i++) busy += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS;
             if (!busy) return;
         }
         zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
@@ -919,7 +1045,8 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     o.corpus = corpus;
     o.sum = sum;
     o.t0 = kvm_now_ms();
-    o.tty = isatty(2);
+    o.prog = (kvm_orch_progress){.cmd = orch_cmd, .tty = isatty(2), .t0_ms = o.t0,
+                                 .interval_ms = 1000.0 * (double)kvm_config_int(cfg, "run", "progress_s")};
     o.next_id = 1;
     o.hb_ms = (double)kvm_config_int(cfg, "run", "heartbeat_ms");
     o.dead_ms = o.hb_ms * (double)kvm_config_int(cfg, "run", "liveness");
@@ -942,7 +1069,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     }
     for (int64_t i = 0; i < corpus->n; i++) {
         o.jobs[i] = (job){.doc = &corpus->docs[i], .state = J_QUEUED, .id = o.next_id++, .worker = -1, .since_ms = o.t0};
-        sum->truncated += corpus->docs[i].truncated;
+        if (mode == MODE_CALIBRATE) sum->truncated += corpus->docs[i].truncated; /* run: counted by the scan */
     }
     struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
@@ -977,7 +1104,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         job_drop_kv(&o.jobs[i]);
         free(o.jobs[i].kv);
     }
-    if (store && !rc) kvm_store_list_caches(store, NULL, sum_bytes, &o);
+    if (store && !rc) {
+        kvm_store_list_caches(store, &o.model_id, sum_bytes, &o); /* this model's caches only */
+        count_evictions(&o, store);
+    }
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     kvm_store_close(&store);
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;

@@ -24,10 +24,18 @@ typedef struct kvm_orch_summary {
     double kl_sum;                                  /* sum of their mean KL, nats */
     double transport_ms;                            /* message encode/decode/copy/send, stages + orchestrator */
     int64_t claimed;                                /* documents left to another live run compressing them */
+    int64_t prefetch_peak;                          /* most documents prefilled (or in prefill) but not yet
+                                                       taken by compress at once ([run] max_prefetch) */
+    int64_t evicted;                                /* caches the store's cap evicted during the run */
+    int64_t evicted_own;                            /* of those, caches this run wrote */
+    int store_full;                                 /* 1: stopped feeding: no space left on the store's device */
 } kvm_orch_summary;
 
-/* Runs the pipeline over a prepared corpus (kvm_doc_prepare done). The store must hold the
- * model's id memo; documents whose cache is stored are skipped. Writes progress to stderr
+/* Runs the pipeline over a corpus: prepared (kvm_doc_prepare done), or with on_demand set,
+ * when each document is loaded as it is scanned (hash, skip check: one at a time) and again
+ * when it is dispatched, and released once done; at most [run] max_prefetch documents are
+ * prefilled and waiting for compress. The store must hold the model's id memo; documents
+ * whose cache is stored are skipped; documents that cannot be loaded fail alone. Writes progress to stderr
  * and returns 0 when the run completed (failures are counted in the summary), 2 for a
  * configuration problem (missing stage binary, bad endpoint, missing CurveZMQ keys for a
  * non-local bind: message printed), 130 after a second Ctrl-C. */

@@ -1,14 +1,28 @@
 /* kvm_rundir.h: the run directory of `kvmill run` and `kvmill serve`: where ipc://
- * endpoints and stage logs live. */
+ * endpoints and stage logs live. A temporary one is named after its owner (pid and process
+ * start time), so a later start can remove the ones whose owner is gone (kill -9). */
 #ifndef KVM_RUNDIR_H
 #define KVM_RUNDIR_H
 
 #include <stddef.h>
 
-/* Uses `configured` ([run] run_dir) when not empty (created if missing), else makes a fresh
- * $TMPDIR/kvmill-PREFIX.XXXXXX. Writes the path to buf and *own = 1 when this call created a
- * temporary one (the caller removes it with kvm_rundir_remove). Returns 0 or KVM_EIO. */
+/* Uses `configured` ([run] run_dir) when not empty (created if missing), else first
+ * removes stale temporary entries (kvm_rundir_sweep) and makes a fresh
+ * $TMPDIR/kvmill-PREFIX.P<pid>-S<start>.XXXXXX. Writes the path to buf and *own = 1 when this
+ * call created a temporary one (the caller removes it with kvm_rundir_remove). Returns 0 or
+ * KVM_EIO. */
 int kvm_rundir_make(const char *configured, const char *prefix, char *buf, size_t size, int *own);
+
+/* Writes the mkstemp/mkdtemp template $TMPDIR/kvmill-PREFIX.P<pid>-S<start>.XXXXXX for this
+ * process into buf (size bytes; truncated names are the caller's problem: use 4096). */
+void kvm_rundir_template(const char *prefix, char *buf, size_t size);
+
+/* Removes, in $TMPDIR (or /tmp), every kvmill-run.*, kvmill-serve.* and
+ * kvmill-serve-config.* entry of this user whose name records an owner (P<pid>-S<start>)
+ * that is gone: no such process, or a process of that pid with another start time (the pid
+ * was reused). Entries without an owner in their name are left alone. Returns how many were
+ * removed; errors are ignored (best effort). */
+int kvm_rundir_sweep(void);
 
 /* Removes the directory's files (sockets, logs) and the directory. */
 void kvm_rundir_remove(const char *dir);

@@ -137,6 +137,22 @@ static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
     kvm_msg_free(&m);
 }
 
+/* A heartbeat; while a job runs it names the job and its progress (PROTOCOL.md). */
+static void send_heartbeat(stage_rt *rt)
+{
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id), .stage = kvm_proto_str_c(rt->ops->stage),
+                       .pid = getpid()};
+    if (rt->job.running && !atomic_load(&rt->job.done)) {
+        c.job_id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
+        int64_t total = atomic_load(&rt->job.out.progress.total), done = atomic_load(&rt->job.out.progress.done);
+        c.progress_total = total > 0 ? (uint64_t)total : 0;
+        c.progress_done = done > 0 ? (uint64_t)done : 0;
+    }
+    kvm_msg *m = NULL;
+    if (!kvm_proto_heartbeat_encode(&c, &m)) kvm_msg_send(rt->ctl, &m, ZMQ_DONTWAIT);
+    kvm_msg_free(&m);
+}
+
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
                         double total_ms, const kvm_stage_out *out)
 {
@@ -275,7 +291,7 @@ static void serve(stage_rt *rt)
             stop_requested = 1;
         }
         if (now - rt->last_beat >= rt->a.heartbeat_ms) {
-            send_ctl(rt, rt->ctl, KVM_PROTO_HEARTBEAT, 0);
+            send_heartbeat(rt);
             rt->last_beat = now;
         }
         if (!rt->job.running && rt->job.n_in == 0 && !stop_requested && now - rt->last_credit >= rt->a.heartbeat_ms) {

@@ -8,6 +8,7 @@
 #ifndef KVM_STAGE_H
 #define KVM_STAGE_H
 
+#include "common/kvm_progress.h"
 #include "proto/kvm_proto.h"
 
 #include <stdint.h>
@@ -42,6 +43,8 @@ typedef struct kvm_stage_out {
     double kl_mean;                   /* mean KL over the job's continuation, nats */
     double transport_ms;              /* encoding/decoding messages inside work(); the runtime
                                          adds its own send time */
+    kvm_progress progress;            /* work() may count units done / announced here (from any
+                                         thread); heartbeats carry it while the job runs */
 } kvm_stage_out;
 
 /* What a stage implements. */

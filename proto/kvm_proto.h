@@ -270,12 +270,17 @@ typedef struct kvm_proto_ctl {
     kvm_proto_str stage;     /* "stage" str: 1..MAX_NAME_BYTES */
     int64_t pid;             /* "pid" uint: [1, 2^31) */
     kvm_proto_str device;    /* "device" str: ready only ("cpu", "cuda:0"); 0..MAX_NAME_BYTES */
-    uint64_t job_id;         /* "job_id" uint: ack only: the job now committed */
+    uint64_t job_id;         /* "job_id" uint: ack: the job now committed; heartbeat (optional):
+                                the job being worked on, 0 = none */
+    uint64_t progress_done;  /* "progress_done" uint, heartbeat, optional: units of job_id done */
+    uint64_t progress_total; /* "progress_total" uint, heartbeat, optional: units announced so far
+                                (grows as passes start); 0 = the stage reports no progress */
 } kvm_proto_ctl;
 typedef kvm_proto_ctl kvm_proto_ready;
 typedef kvm_proto_ctl kvm_proto_heartbeat;
 typedef kvm_proto_ctl kvm_proto_ack;
-/* ready / heartbeat / ack codecs: same struct; ready also carries device, ack job_id;
+/* ready / heartbeat / ack codecs: same struct; ready also carries device, ack job_id,
+ * heartbeat optionally job_id and progress_done/progress_total;
  * fields not in a type are neither written nor read (decoded as 0 / empty). No tensors. */
 int kvm_proto_ready_encode(const kvm_proto_ready *in, kvm_msg **out);
 int kvm_proto_ready_decode(const kvm_msg *msg, kvm_proto_ready *out);

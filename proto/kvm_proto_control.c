@@ -16,6 +16,9 @@ static const kvm_proto__field kvm_heartbeat__fields[] = {
     KVM_F_STR(T, worker_id, 1, 1, KVM_PROTO_MAX_NAME_BYTES),
     KVM_F_STR(T, stage, 1, 1, KVM_PROTO_MAX_NAME_BYTES),
     KVM_F_I64(T, pid, 1, 1, INT32_MAX),
+    KVM_F_U64(T, job_id, 0),         /* optional: the job being worked on (0 = none) */
+    KVM_F_U64(T, progress_done, 0),  /* optional: units of that job done ... */
+    KVM_F_U64(T, progress_total, 0), /* ... of this many announced so far (0 = no report) */
 };
 static const kvm_proto__field kvm_ack__fields[] = {
     KVM_F_STR(T, worker_id, 1, 1, KVM_PROTO_MAX_NAME_BYTES),

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,10 +23,25 @@ static const char *const kvm_store__db_names[KVM_STORE__DB_COUNT] = {
     "meta", "models", "docs", "strategies", "caches", "atime", "lru", "files", "claims",
 };
 
+/* A write that failed with ENOSPC, or with EIO on a device with (almost) nothing free, is a
+ * full disk: LMDB reports a failed page write on a full filesystem as EIO. */
+static int device_full(const char *path, int rc, long long *free_bytes)
+{
+    struct statvfs v;
+    *free_bytes = -1;
+    if (path && statvfs(path, &v) == 0) *free_bytes = (long long)v.f_bavail * (long long)v.f_frsize;
+    if (rc == ENOSPC) return 1;
+    return rc == EIO && *free_bytes >= 0 && *free_bytes < (64LL << 20);
+}
+
 int kvm_store__mdb(kvm_store *s, int rc, const char *what)
 {
     const char *path = s ? s->path : "?";
     if (s) s->mdb_rc = rc;
+    long long free_bytes;
+    if ((rc == ENOSPC || rc == EIO) && device_full(s ? s->path : NULL, rc, &free_bytes))
+        return kvm_err(KVM_EFULL, "store %s: %s: no space left on the store's device (%lld KiB free)", path, what,
+                       free_bytes / 1024);
     int st;
     switch (rc) {
     case MDB_NOTFOUND:

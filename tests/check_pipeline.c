@@ -51,6 +51,13 @@ static void teardown(void)
     free(tmp);
 }
 
+/* [compress] iterations: 3, or with KVM_SLOW_COMPRESS set 40 (or its value when larger). */
+static const char *slow_iterations(void)
+{
+    const char *s = getenv("KVM_SLOW_COMPRESS");
+    return !s ? "3" : atoi(s) > 40 ? s : "40";
+}
+
 static void write_config(const char *extra)
 {
     char text[8192];
@@ -58,7 +65,7 @@ static void write_config(const char *extra)
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = 64\n"
              "iterations = %s\nrounds = 2\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n"
              "[stages]\nbin_dir = %s\n%s",
-             kvm_test_data_path("models/stories260K.bin"), getenv("KVM_SLOW_COMPRESS") ? "40" : "3", store, run_dir,
+             kvm_test_data_path("models/stories260K.bin"), slow_iterations(), store, run_dir,
              kvm_test_bin(), extra ? extra : "");
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
 }
@@ -276,7 +283,11 @@ static void send_garbage(fake *f)
     fake_send(f, g2, s2, 2);
 }
 
-static kvm_msg *job_msg(uint64_t id)
+static kvm_msg *job_msg_n(uint64_t id, int n_tokens);
+static kvm_msg *job_msg(uint64_t id) { return job_msg_n(id, 40); }
+
+/* A job of n_tokens (<= 128) made-up token ids with the settings of cfg_path. */
+static kvm_msg *job_msg_n(uint64_t id, int n_tokens)
 {
     if (access(cfg_path, R_OK) != 0) write_config(NULL);
     kvm_config *c;
@@ -284,9 +295,9 @@ static kvm_msg *job_msg(uint64_t id)
     uint8_t *mp;
     size_t n;
     ck_assert_int_eq(kvm_jobcfg_pack(c, &mp, &n), 0);
-    int32_t toks[40];
-    for (int i = 0; i < 40; i++) toks[i] = i == 0 ? 1 : 259 + (i * 7) % 200;
-    kvm_proto_job j = {.job_id = id, .doc_id = kvm_proto_str_c("doc"), .n_ctx = 128, .n_tokens = 40, .tokens = toks,
+    int32_t toks[128];
+    for (int i = 0; i < n_tokens; i++) toks[i] = i == 0 ? 1 : 259 + (i * 7) % 200;
+    kvm_proto_job j = {.job_id = id, .doc_id = kvm_proto_str_c("doc"), .n_ctx = 128, .n_tokens = n_tokens, .tokens = toks,
                        .settings = mp, .settings_bytes = n};
     kvm_msg *m = NULL;
     ck_assert_int_eq(kvm_proto_job_encode(&j, &m), 0);
@@ -507,9 +518,22 @@ END_TEST
 
 /* SIGTERM mid-job: with a grace period the job completes (ack) and the stage exits 0; with
  * none it hands the job back as a retryable error and exits 0. */
+/* Waits until a heartbeat says the stage is working on job id (not merely received it). */
+static int fake_wait_busy(fake *f, uint64_t id, int ms)
+{
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end;) {
+        kvm_msg *m = fake_expect(f->ctl, KVM_PROTO_HEARTBEAT, 100);
+        kvm_proto_heartbeat hb;
+        int busy = m && kvm_proto_heartbeat_decode(m, &hb) == 0 && hb.job_id == id;
+        kvm_msg_free(&m);
+        if (busy) return 1;
+    }
+    return 0;
+}
+
 START_TEST(test_sigterm_grace_and_hand_back)
 {
-    setenv("KVM_SLOW_COMPRESS", "1", 1);
+    setenv("KVM_SLOW_COMPRESS", "1000", 1); /* a job of seconds: SIGTERM lands mid-job even on a loaded machine */
     write_config(NULL);
     unsetenv("KVM_SLOW_COMPRESS");
     fake p = {0};
@@ -517,7 +541,7 @@ START_TEST(test_sigterm_grace_and_hand_back)
     kvm_msg *m = fake_expect(p.data, KVM_PROTO_READY, 10000);
     ck_assert_ptr_nonnull(m);
     kvm_msg_free(&m);
-    kvm_msg *job = job_msg(9), *kv[5];
+    kvm_msg *job = job_msg_n(9, 120), *kv[5];
     fake_send_msg(&p, job);
     for (int l = 0; l < 5; l++) ck_assert_ptr_nonnull(kv[l] = fake_expect(p.data, KVM_PROTO_KV, 20000));
     fake_stop(&p);
@@ -529,15 +553,16 @@ START_TEST(test_sigterm_grace_and_hand_back)
         kvm_msg_free(&m);
         fake_send_msg(&c, job);
         for (int l = 0; l < 5; l++) fake_send_msg(&c, kv[l]);
-        usleep(100000); /* the solve takes far longer than this */
+        /* only once the job runs: a SIGTERM before would find no job to finish or hand back */
+        ck_assert_msg(fake_wait_busy(&c, 9, 60000), "grace %s: no heartbeat names job 9 as running", graces[g]);
         kill(c.pid, SIGTERM);
         if (g == 0) {
-            kvm_msg *ack = fake_expect(c.ctl, KVM_PROTO_ACK, 60000);
+            kvm_msg *ack = fake_expect(c.ctl, KVM_PROTO_ACK, 120000);
             ck_assert_msg(ack != NULL, "no ack after SIGTERM with a grace period");
             kvm_msg_free(&ack);
         } else {
-            kvm_msg *e = fake_expect(c.ctl, KVM_PROTO_ERROR, 10000);
-            ck_assert_ptr_nonnull(e);
+            kvm_msg *e = fake_expect(c.ctl, KVM_PROTO_ERROR, 60000);
+            ck_assert_msg(e != NULL, "no hand-back after SIGTERM without a grace period");
             kvm_proto_error er;
             ck_assert_int_eq(kvm_proto_error_decode(e, &er), 0);
             ck_assert_int_eq(er.job_id, 9);

@@ -132,6 +132,7 @@ static void *worker(void *arg)
         if (!jb->active) continue;
         jb->rc = run_job(ps, i);
         if (jb->rc) snprintf(jb->msg, sizeof jb->msg, "%s", kvm_errmsg());
+        kvm_progress_step(ps->in->progress);
     }
     return NULL;
 }
@@ -141,6 +142,9 @@ static void *worker(void *arg)
 static int run_pass(pass *ps, int threads)
 {
     ps->next = 0;
+    int64_t active = 0;
+    for (int i = 0; i < ps->n_jobs; i++) active += ps->jobs[i].active != 0;
+    kvm_progress_add_total(ps->in->progress, active);
     if (pthread_mutex_init(&ps->lock, NULL)) return kvm_err(KVM_ENOMEM, "sculpt: mutex");
     pthread_t tid[256];
     int started = 0;

@@ -1,0 +1,69 @@
+/* kvm_doctok.c: bounded tokenisation of documents (growing prefixes until the wanted ids
+ * settle), so a 10 MB document costs what its first `context` tokens cost. */
+#include "pipeline/kvm_doctok.h"
+#include "common/kvm_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { MARGIN_IDS = 64, BYTES_PER_ID = 6, FIRST_BYTES = 1024 };
+
+/* Moves a cut back to the start of a UTF-8 code point (at most 3 continuation bytes). */
+static size_t cut_at(const char *t, size_t len, size_t at)
+{
+    if (at >= len) return len;
+    for (int k = 0; k < 3 && at > 0 && ((unsigned char)t[at] & 0xC0) == 0x80; k++) at--;
+    return at;
+}
+
+static int keep_first(int32_t **ids, int64_t *n, int64_t n_want)
+{
+    if (*n > n_want) {
+        int32_t *s = realloc(*ids, (size_t)n_want * sizeof **ids);
+        if (s) *ids = s;
+        *n = n_want;
+    }
+    return 0;
+}
+
+int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, int at_end, int add_bos,
+                      int64_t n_want, int32_t **ids, int64_t *n_ids, int *need_more)
+{
+    if (!ids || !n_ids || n_want < 1 || (!at_end && !need_more))
+        return kvm_err(KVM_EINVAL, "kvm_doctok_encode: NULL output or n_want %lld < 1", (long long)n_want);
+    *ids = NULL;
+    *n_ids = 0;
+    if (need_more) *need_more = 0;
+    size_t L = (size_t)n_want * BYTES_PER_ID + FIRST_BYTES;
+    for (;;) {
+        if (L >= len) {
+            if (!at_end) return *need_more = 1, 0;
+            int rc = kvm_tokenizer_encode(tok, text, len, add_bos, 0, ids, n_ids);
+            return rc ? rc : keep_first(ids, n_ids, n_want);
+        }
+        int32_t *a = NULL, *b = NULL;
+        int64_t na = 0, nb = 0;
+        int rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, L), add_bos, 0, &a, &na);
+        if (rc) return rc;
+        size_t L2 = L + L / 4 + FIRST_BYTES; /* the check prefix (tokenisers can be superlinear: not 2L) */
+        if (na >= n_want + MARGIN_IDS) { /* far enough past the cut: check against a longer prefix */
+            if (L2 >= len && !at_end) {
+                free(a);
+                return *need_more = 1, 0;
+            }
+            if ((rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, L2), add_bos, 0, &b, &nb))) {
+                free(a);
+                return rc;
+            }
+            int agree = nb >= n_want && memcmp(a, b, (size_t)n_want * sizeof *a) == 0;
+            free(b);
+            if (agree) {
+                *ids = a;
+                *n_ids = na;
+                return keep_first(ids, n_ids, n_want);
+            }
+        }
+        free(a);
+        L *= 2;
+    }
+}
