@@ -7,6 +7,7 @@
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_fpmode.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -29,10 +30,9 @@ typedef struct toy {
     float *kz, *vz; /* [nc + m][d]: zone then retain */
 } toy;
 
-/* d = 8, nc zone tokens, m retain tokens, nq queries (n_vis cycles 0..m), keys scaled by ks. */
-static void toy_new(toy *t, int64_t nc, int64_t m, int64_t nq, float ks, int equal_keys)
+/* head dim d, nc zone tokens, m retain tokens, nq queries (n_vis cycles 0..m), keys scaled by ks. */
+static void toy_new_d(toy *t, int d, int64_t nc, int64_t m, int64_t nq, float ks, int equal_keys)
 {
-    const int d = 8;
     memset(t, 0, sizeof *t);
     t->kz = malloc((size_t)((nc + m) * d) * sizeof *t->kz);
     t->vz = malloc((size_t)((nc + m) * d) * sizeof *t->vz);
@@ -58,12 +58,102 @@ static void toy_new(toy *t, int64_t nc, int64_t m, int64_t nq, float ks, int equ
     ck_assert_int_eq(kvm_sculpt_problem_prepare(p), 0);
 }
 
+/* The same with d = 8. */
+static void toy_new(toy *t, int64_t nc, int64_t m, int64_t nq, float ks, int equal_keys)
+{
+    toy_new_d(t, 8, nc, m, nq, ks, equal_keys);
+}
+
 static void toy_free(toy *t)
 {
     kvm_sculpt_problem_free(&t->p);
     free(t->kz);
     free(t->vz);
 }
+
+/* ‖a − b‖ / ‖b‖ over n floats. */
+static double rel_err(const float *a, const float *b, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* The blocked loss and gradient (kvm_sculpt_loss) against the one-query-at-a-time reference
+ * (kvm_sculpt_loss_ref) at entries kc, vc, beta; returns the worst relative error seen. */
+static double blocked_vs_ref(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta, int64_t k)
+{
+    const int d = p->d;
+    float *g = malloc((size_t)(k * (d + 1)) * sizeof *g), *gr = malloc((size_t)(k * (d + 1)) * sizeof *gr);
+    double ms, ls, msr, lsr;
+    double L = kvm_sculpt_loss(p, kc, vc, beta, k, 0.1, g, g + k * d, &ms, &ls);
+    double Lr = kvm_sculpt_loss_ref(p, kc, vc, beta, k, 0.1, gr, gr + k * d, &msr, &lsr);
+    double e = fabs(L - Lr) / fabs(Lr);
+    e = fmax(e, fabs(ms - msr) / fmax(msr, 1e-30));
+    e = fmax(e, fabs(ls - lsr) / fmax(fabs(lsr), 1e-12 * fabs(Lr)));
+    e = fmax(e, rel_err(g, gr, k * d));
+    if (beta) e = fmax(e, rel_err(g + k * d, gr + k * d, k));
+    double L2 = kvm_sculpt_loss(p, kc, vc, beta, k, 0.1, NULL, NULL, NULL, NULL); /* loss only: same value */
+    ck_assert(L2 == L);
+    free(g);
+    free(gr);
+    return e;
+}
+
+START_TEST(test_blocked_loss_random)
+{
+    const int dims[2] = {8, 64};
+    const int64_t ks[4] = {1, 16, 37, 70};
+    double worst = 0;
+    for (int di = 0; di < 2; di++) {
+        toy t;
+        toy_new_d(&t, dims[di], 90, 12, 150, 1.0f, 0); /* 150 queries: two full blocks of 64 and a tail */
+        const int d = dims[di];
+        for (int w = 0; w < 2; w++) {
+            t.p.lse_mass_weight = w;
+            for (int ki = 0; ki < 4; ki++) {
+                const int64_t k = ks[ki];
+                float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
+                float *beta = malloc((size_t)k * sizeof *beta);
+                for (int64_t i = 0; i < k * d; i++) {
+                    kc[i] = 1.5f * frand();
+                    vc[i] = frand();
+                }
+                for (int64_t j = 0; j < k; j++) beta[j] = 0.5f * frand();
+                worst = fmax(worst, blocked_vs_ref(&t.p, kc, vc, NULL, k));
+                worst = fmax(worst, blocked_vs_ref(&t.p, kc, vc, beta, k));
+                free(kc);
+                free(vc);
+                free(beta);
+            }
+        }
+        toy_free(&t);
+    }
+    printf("blocked vs reference loss+gradient, random problems (d 8 and 64): worst relative error %.3g\n", worst);
+    ck_assert_double_lt(worst, 1e-5);
+}
+END_TEST
+
+START_TEST(test_fpmode)
+{
+    kvm_fpmode outer = kvm_fpmode_flush_enter(); /* from a known flushing state ... */
+    kvm_fpmode_restore((kvm_fpmode){outer.csr});
+    ck_assert_int_eq(kvm_fpmode_is_flushing(), 0); /* ... back to the default, which keeps subnormals */
+    volatile float tiny = 1e-38f, f = 0.01f;
+    ck_assert(tiny * f != 0.0f);
+    kvm_fpmode s = kvm_fpmode_flush_enter();
+#if defined(__x86_64__)
+    ck_assert_int_eq(kvm_fpmode_is_flushing(), 1);
+    ck_assert(tiny * f == 0.0f);
+#endif
+    kvm_fpmode_restore(s);
+    ck_assert_int_eq(kvm_fpmode_is_flushing(), 0);
+    ck_assert(tiny * f != 0.0f);
+}
+END_TEST
 
 START_TEST(test_gradient_fd)
 {
@@ -525,6 +615,60 @@ START_TEST(test_solver_improves_on_selectfit)
 }
 END_TEST
 
+/* Real captured problems: every (layer, KV head) of a stories260K context, blocked vs reference. */
+START_TEST(test_blocked_loss_real)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    const kvm_model_config *c = &model->cfg;
+    double worst = 0;
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
+        kvm_sculpt_problem p;
+        ck_assert_int_eq(kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads, i % c->n_kv_heads,
+                                                  16, 200, 32, 5, &p), 0);
+        const int64_t k = 1 + (i * 7) % p.nc; /* from 1 to the whole zone */
+        float *beta = malloc((size_t)k * sizeof *beta);
+        for (int64_t j = 0; j < k; j++) beta[j] = 0.2f * frand();
+        /* the zone's own first k keys and values: a realistic point with realistic scores */
+        worst = fmax(worst, blocked_vs_ref(&p, p.kz, p.vz, i % 2 ? beta : NULL, k));
+        free(beta);
+        kvm_sculpt_problem_free(&p);
+    }
+    printf("blocked vs reference loss+gradient, %d real problems: worst relative error %.3g\n",
+           c->n_layers * c->n_kv_heads, worst);
+    ck_assert_double_lt(worst, 1e-5);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+/* The solver's threads and the forward flush subnormals while they compute and leave the
+ * caller's floating-point mode as it was, whether it flushed or not. */
+START_TEST(test_fpmode_restored)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 112, 96, 16, &doc), 0);
+    ck_assert_int_eq(kvm_fpmode_is_flushing(), 0);
+    kvm_sculpt_opts o = quick_opts();
+    o.rounds = 1;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, NULL), 0);
+    ck_assert_int_eq(kvm_fpmode_is_flushing(), 0);
+    kvm_eval_result r;
+    ck_assert_int_eq(kvm_eval_continue(doc, c, NULL, NULL, &r), 0); /* the forward, too */
+    ck_assert_int_eq(kvm_fpmode_is_flushing(), 0);
+    kvm_kvcache_free(&c);
+#if defined(__x86_64__)
+    kvm_fpmode s = kvm_fpmode_flush_enter();
+    o.threads = 2;
+    ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, NULL), 0);
+    ck_assert_int_eq(kvm_fpmode_is_flushing(), 1);
+    kvm_kvcache_free(&c);
+    kvm_fpmode_restore(s);
+#endif
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 START_TEST(test_cli)
 {
     char *dir = kvm_test_tmpdir(), cmd[2048], path[512];
@@ -596,6 +740,8 @@ static Suite *suite(void)
     Suite *s = suite_create("sculpt");
     TCase *tc = tcase_create("math");
     tcase_add_loop_test(tc, test_gradient_fd, 0, 2);
+    tcase_add_test(tc, test_blocked_loss_random);
+    tcase_add_test(tc, test_fpmode);
     tcase_add_test(tc, test_ridge_normal_equations);
     tcase_add_test(tc, test_lse_zero_when_masses_match);
     tcase_add_test(tc, test_degenerate_toy);
@@ -612,6 +758,8 @@ static Suite *suite(void)
     tcase_add_test(tm, test_threads_deterministic_and_alloc);
     tcase_add_test(tm, test_compress_layers);
     tcase_add_test(tm, test_solver_improves_on_selectfit);
+    tcase_add_test(tm, test_blocked_loss_real);
+    tcase_add_test(tm, test_fpmode_restored);
     tcase_add_test(tm, test_cli);
     suite_add_tcase(s, tm);
     return s;

@@ -61,8 +61,14 @@ void kvm_sculpt_problem_free(kvm_sculpt_problem *p);
  * where Ô_i is attention over [distilled + visible retain] and LSE_c,i = log Σ_j exp(s q_i·kc_j + β_j).
  * When grad_k ([k][d]) / grad_b ([k]) are not NULL they receive ∂L/∂kc and ∂L/∂β (analytic).
  * *mse (may be NULL) gets the unnormalised mean ‖Ô−O‖², *lse_part the λ term. Thread-safe
- * on distinct outputs. Returns L, or NAN on allocation failure. k may be 0. */
+ * on distinct outputs. Returns L, or NAN on allocation failure. k may be 0. Computed by the
+ * query-blocked GEMM kernel of kernels/kvm_sculpt_kernels.h (CPU backend); deterministic. */
 double kvm_sculpt_loss(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta,
+                       int64_t k, double lambda, float *grad_k, float *grad_b, double *mse, double *lse_part);
+
+/* The same loss and gradient computed one query at a time (GEMV-shaped, the implementation
+ * before issue 12), kept as the reference the blocked path is tested against. Same contract. */
+double kvm_sculpt_loss_ref(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta,
                        int64_t k, double lambda, float *grad_k, float *grad_b, double *mse, double *lse_part);
 
 /* Ridge value fit given keys/biases: with P[i][j] the probability query i puts on distilled
