@@ -9,8 +9,8 @@
  *   gemm     kvm__cpu_gemm_packed on 2048³: GFLOP/s (median of --reps)
  *   loss     per problem shape: loss+gradient at the Select+Fit start, reference vs blocked,
  *            seconds per evaluation and GFLOP/s (8·nq·k·d FLOPs), median over --reps rounds
- *   solve    kvm_sculpt_solve_head over every problem, thread CPU seconds per phase, with
- *            flush-to-zero on and off (alternating problem by problem). */
+ *   solve    kvm_sculpt_solve_head over every problem: kvmill's L-BFGS vs liblbfgs, with and
+ *            without flush-to-zero (alternating problem by problem), CPU s, objective ratio. */
 #include "compress/eval/kvm_eval.h"
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
@@ -18,6 +18,7 @@
 #include "kernels/kvm_fpmode.h"
 #include "orchestrator/kvm_cli_model.h"
 
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,29 +113,42 @@ static void bench_loss(const kvm_sculpt_problem *p, int64_t k, double lambda, in
     free(g);
 }
 
-/* Every problem solved with flush-to-zero on and off, alternating; per-phase CPU seconds. */
+/* Every problem solved by three variants, alternating problem by problem: (0) flush-to-zero and
+ * kvmill's L-BFGS (the production path), (1) flush-to-zero and liblbfgs (the oracle), (2) no
+ * flush-to-zero, kvmill's L-BFGS. Thread CPU seconds, evaluations, and the median over problems
+ * of the final objective of (0) and (2) relative to (1). */
 static void bench_solve(kvm_sculpt_problem *ps, int n, int64_t k, const kvm_sculpt_opts *o)
 {
     const int d = ps[0].d;
     float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
     float *beta = malloc((size_t)k * sizeof *beta);
-    double tot[2] = {0}, lb[2] = {0}, rg[2] = {0};
-    long calls = 0;
-    for (int i = 0; i < n; i++)
-        for (int ftz = 1; ftz >= 0; ftz--) {
-            kvm_fpmode fm = ftz ? kvm_fpmode_flush_enter() : (kvm_fpmode){0};
+    double tot[3] = {0}, lb[3] = {0}, rg[3] = {0}, *ratio[3];
+    long calls[3] = {0};
+    for (int v = 0; v < 3; v++) ratio[v] = calloc((size_t)n, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        double loss[3];
+        for (int v = 0; v < 3; v++) {
+            kvm_sculpt_opts x = *o;
+            x.lbfgs_oracle = v == 1;
+            kvm_fpmode fm = v < 2 ? kvm_fpmode_flush_enter() : (kvm_fpmode){0};
             kvm_sculpt_head_stats st;
             double t0 = cpu_s();
-            kvm_sculpt_solve_head(&ps[i], o, k, o->rounds, o->lbfgs_iters, kc, vc, beta, &st);
-            tot[ftz] += cpu_s() - t0;
-            if (ftz) kvm_fpmode_restore(fm);
-            lb[ftz] += st.lbfgs_s;
-            rg[ftz] += st.ridge_s;
-            if (ftz) calls += st.lbfgs_calls;
+            kvm_sculpt_solve_head(&ps[i], &x, k, x.rounds, x.lbfgs_iters, kc, vc, beta, &st);
+            tot[v] += cpu_s() - t0;
+            if (v < 2) kvm_fpmode_restore(fm);
+            lb[v] += st.lbfgs_s;
+            rg[v] += st.ridge_s;
+            calls[v] += st.lbfgs_calls;
+            loss[v] = st.loss;
         }
-    for (int ftz = 1; ftz >= 0; ftz--)
-        printf("solve,ftz=%d,problems,%d,cpu_s,%.3f,lbfgs_s,%.3f,ridge_s,%.3f\n", ftz, n, tot[ftz], lb[ftz], rg[ftz]);
-    printf("solve,evaluations,%ld,ftz_speedup,%.2f\n", calls, tot[0] / tot[1]);
+        for (int v = 0; v < 3; v++) ratio[v][i] = loss[v] / loss[1];
+    }
+    const char *name[3] = {"ftz+kvmill_lbfgs", "ftz+liblbfgs", "noftz+kvmill_lbfgs"};
+    for (int v = 0; v < 3; v++)
+        printf("solve,%s,problems,%d,cpu_s,%.3f,wall_lbfgs_s,%.3f,wall_ridge_s,%.3f,evaluations,%ld,"
+               "median_loss_vs_liblbfgs,%.4f\n",
+               name[v], n, tot[v], lb[v], rg[v], calls[v], median(ratio[v], n));
+    for (int v = 0; v < 3; v++) free(ratio[v]);
     free(kc);
     free(vc);
     free(beta);
@@ -167,6 +181,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: see the comment at the top of bench/bench_solver.c\n");
         return 2;
     }
+    openblas_set_num_threads(1); /* as kvm_sculpt_compress does: thread CPU time is then the whole cost */
     if (atoi(arg(argc, argv, "--gemm", "1"))) printf("gemm,kvm_sgemm_2048,gflops,%.1f\n", gemm_gflops(2048, reps));
     kvm_model *m;
     kvm_tokenizer *tok;

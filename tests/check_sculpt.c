@@ -5,6 +5,7 @@
 #include "compress/sculpt/kvm_sculpt_file.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_problem.h"
+#include "compress/sculpt/kvm_sculpt_lbfgs.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_fpmode.h"
@@ -152,6 +153,55 @@ START_TEST(test_fpmode)
     kvm_fpmode_restore(s);
     ck_assert_int_eq(kvm_fpmode_is_flushing(), 0);
     ck_assert(tiny * f != 0.0f);
+}
+END_TEST
+
+/* Rosenbrock in n dimensions (even n): f and g at x. */
+static double rosen(const double *x, double *g, int n)
+{
+    double f = 0;
+    for (int i = 0; i < n; i++) g[i] = 0;
+    for (int i = 0; i + 1 < n; i += 2) {
+        double a = 1 - x[i], b = x[i + 1] - x[i] * x[i];
+        f += a * a + 100 * b * b;
+        g[i] += -2 * a - 400 * x[i] * b;
+        g[i + 1] += 200 * b;
+    }
+    return f;
+}
+
+/* kvmill's L-BFGS solves Rosenbrock, and problems stepped in lockstep (one "batch") end exactly
+ * where each ends alone: a state's iterates depend on its own values only. */
+START_TEST(test_lbfgs_rosenbrock_and_batch)
+{
+    kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
+    prm.max_iters = 200;
+    prm.past = 0;
+    prm.epsilon = 1e-10;
+    const int n = 4;
+    double x0[2][4] = {{-1.2, 1, -1.2, 1}, {0.5, -0.3, 2.0, 3.0}}, g[4], fbest[2], alone[2][4];
+    for (int b = 0; b < 2; b++) {
+        kvm_sculpt_lbfgs *s = kvm_sculpt_lbfgs_new(n, x0[b], &prm);
+        ck_assert_ptr_nonnull(s);
+        while (kvm_sculpt_lbfgs_step(s, rosen(kvm_sculpt_lbfgs_x(s), g, n), g) == KVM_LBFGS_EVALUATE) {}
+        memcpy(alone[b], kvm_sculpt_lbfgs_best(s, &fbest[b]), sizeof alone[b]);
+        printf("L-BFGS on Rosenbrock from start %d: f %.3g after %d iterations, %d evaluations\n", b, fbest[b],
+               kvm_sculpt_lbfgs_iterations(s), kvm_sculpt_lbfgs_evaluations(s));
+        ck_assert_double_lt(fbest[b], 1e-10);
+        kvm_sculpt_lbfgs_free(s);
+    }
+    kvm_sculpt_lbfgs *st[2] = {kvm_sculpt_lbfgs_new(n, x0[0], &prm), kvm_sculpt_lbfgs_new(n, x0[1], &prm)};
+    int live[2] = {1, 1};
+    while (live[0] || live[1])
+        for (int b = 1; b >= 0; b--) /* the batch, evaluated in the other order */
+            if (live[b]) live[b] = kvm_sculpt_lbfgs_step(st[b], rosen(kvm_sculpt_lbfgs_x(st[b]), g, n), g) ==
+                                   KVM_LBFGS_EVALUATE;
+    for (int b = 0; b < 2; b++) {
+        double f;
+        ck_assert_int_eq(memcmp(kvm_sculpt_lbfgs_best(st[b], &f), alone[b], sizeof alone[b]), 0);
+        ck_assert(f == fbest[b]);
+        kvm_sculpt_lbfgs_free(st[b]);
+    }
 }
 END_TEST
 
@@ -669,6 +719,46 @@ START_TEST(test_fpmode_restored)
 }
 END_TEST
 
+/* kvmill's L-BFGS reaches liblbfgs's objective (within 1%, median over every problem of a
+ * stories260K context) from the same start with the same budget. */
+START_TEST(test_lbfgs_vs_liblbfgs)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    const kvm_model_config *c = &model->cfg;
+    const int np = c->n_layers * c->n_kv_heads;
+    double ratio[64];
+    kvm_sculpt_opts o = quick_opts();
+    o.rounds = 2;
+    o.lbfgs_iters = 30;
+    for (int i = 0; i < np; i++) {
+        kvm_sculpt_problem p;
+        ck_assert_int_eq(kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads, i % c->n_kv_heads,
+                                                  16, 256, 32, 1, &p), 0);
+        float kc[24 * 8], vc[24 * 8], beta[24];
+        kvm_sculpt_head_stats own, ref;
+        o.lbfgs_oracle = 0;
+        ck_assert_int_eq(kvm_sculpt_solve_head(&p, &o, 24, o.rounds, o.lbfgs_iters, kc, vc, beta, &own), 0);
+        o.lbfgs_oracle = 1;
+        ck_assert_int_eq(kvm_sculpt_solve_head(&p, &o, 24, o.rounds, o.lbfgs_iters, kc, vc, beta, &ref), 0);
+        ratio[i] = own.loss / ref.loss;
+        kvm_sculpt_problem_free(&p);
+    }
+    for (int a = 0; a < np; a++) /* sort for the median */
+        for (int b = a + 1; b < np; b++)
+            if (ratio[b] < ratio[a]) {
+                double t = ratio[a];
+                ratio[a] = ratio[b];
+                ratio[b] = t;
+            }
+    double med = np % 2 ? ratio[np / 2] : 0.5 * (ratio[np / 2 - 1] + ratio[np / 2]);
+    printf("kvmill L-BFGS / liblbfgs final objective over %d problems: median %.4f (min %.4f, max %.4f)\n", np, med,
+           ratio[0], ratio[np - 1]);
+    ck_assert_double_lt(med, 1.01);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 START_TEST(test_cli)
 {
     char *dir = kvm_test_tmpdir(), cmd[2048], path[512];
@@ -742,6 +832,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_gradient_fd, 0, 2);
     tcase_add_test(tc, test_blocked_loss_random);
     tcase_add_test(tc, test_fpmode);
+    tcase_add_test(tc, test_lbfgs_rosenbrock_and_batch);
     tcase_add_test(tc, test_ridge_normal_equations);
     tcase_add_test(tc, test_lse_zero_when_masses_match);
     tcase_add_test(tc, test_degenerate_toy);
@@ -760,6 +851,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_solver_improves_on_selectfit);
     tcase_add_test(tm, test_blocked_loss_real);
     tcase_add_test(tm, test_fpmode_restored);
+    tcase_add_test(tm, test_lbfgs_vs_liblbfgs);
     tcase_add_test(tm, test_cli);
     suite_add_tcase(s, tm);
     return s;
