@@ -113,6 +113,26 @@ static void bench_loss(const kvm_sculpt_problem *p, int64_t k, double lambda, in
     free(g);
 }
 
+/* The ridge value fit at the Select+Fit start of problem p: CPU ms per fit and GFLOP/s
+ * (2·nq·k·d scores + nq·k² normal matrix + 2·nq·k·d right-hand side + k³/3 Cholesky). */
+static void bench_ridge(const kvm_sculpt_problem *p, int64_t k, double alpha, int reps)
+{
+    const int d = p->d;
+    float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
+    start_point(p, k, kc, vc);
+    double t[64], fl = 4.0 * (double)p->nq * k * d + (double)p->nq * k * k + (double)k * k * k / 3;
+    if (reps > 64) reps = 64;
+    for (int r = 0; r < reps; r++) {
+        double t0 = cpu_s();
+        for (int i = 0; i < 10; i++) kvm_sculpt_ridge(p, kc, NULL, k, alpha, 1.0, vc);
+        t[r] = (cpu_s() - t0) / 10;
+    }
+    double mt = median(t, reps);
+    printf("ridge,nq=%lld k=%lld d=%d,ms,%.3f,gflops,%.2f\n", (long long)p->nq, (long long)k, d, 1e3 * mt, fl / mt * 1e-9);
+    free(kc);
+    free(vc);
+}
+
 /* Every problem solved by three variants, alternating problem by problem: (0) flush-to-zero and
  * kvmill's L-BFGS (the production path), (1) flush-to-zero and liblbfgs (the oracle), (2) no
  * flush-to-zero, kvmill's L-BFGS. Thread CPU seconds, evaluations, and the median over problems
@@ -207,6 +227,7 @@ int main(int argc, char **argv)
     printf("queries,problems,%d,cpu_s,%.3f\n", np, cpu_s() - t0);
     kvm_fpmode fm = kvm_fpmode_flush_enter();
     bench_loss(&ps[0], k, o.lambda, reps);
+    bench_ridge(&ps[0], k, o.ridge_alpha, reps);
     kvm_fpmode_restore(fm);
     if (atoi(arg(argc, argv, "--solve", "1"))) bench_solve(ps, np, k, &o);
     for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&ps[i]);

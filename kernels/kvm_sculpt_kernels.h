@@ -38,4 +38,12 @@ typedef struct kvm_sculpt_eval {
 int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const float *vc, const float *beta, int64_t k,
                             double lambda, float *grad_k, float *grad_b, kvm_sculpt_eval *out);
 
+/* CPU backend, the ridge design (KVSculpt §3 value step): P [nq][k] (row-major, float32),
+ * P_ij = the probability query i puts on distilled entry j under the softmax over the k
+ * entries (scores scale·q·kc + β, beta NULL = 0) and its visible retain entries, and pr [nq]
+ * (float64) the retain share; the same blocked GEMM and row bodies as the loss. Returns 0,
+ * KVM_EINVAL (k < 1 or d > 512), KVM_ENOMEM. */
+int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, float *P,
+                         double *pr);
+
 #endif

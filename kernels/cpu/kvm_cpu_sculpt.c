@@ -187,3 +187,29 @@ int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const flo
     work_free(&w);
     return 0;
 }
+
+int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, float *P,
+                         double *pr)
+{
+    const int d = p->d;
+    if (k < 1 || d < 1 || d > 512) return kvm_err(KVM_EINVAL, "sculpt kernel: k = %lld, d = %d", (long long)k, d);
+    sb_work w;
+    int rc = work_new(&w, p, kc, kc, k, 0);
+    if (rc) return rc;
+    const int64_t kp = w.kp, nq = p->nq;
+    float *b0 = w.gb + kp;
+    for (int64_t j = 0; j < kp; j++) b0[j] = j < k ? (beta ? beta[j] : 0.0f) : -1e30f;
+    for (int64_t i0 = 0; i0 < nq; i0 += QB) {
+        const int nb = nq - i0 < QB ? (int)(nq - i0) : QB;
+        kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w.kpk, w.S, kp, p->scale, 0, k, d);
+        for (int b = 0; b < nb; b++) {
+            const int64_t i = i0 + b;
+            float lc = softmax_row(w.S + b * kp, b0, kp);
+            kvm_sb_query s = kvm_sb_query_shares(lc, p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
+            for (int64_t j = 0; j < k; j++) P[i * k + j] = s.pc * w.S[b * kp + j];
+            pr[i] = s.pr;
+        }
+    }
+    work_free(&w);
+    return 0;
+}
