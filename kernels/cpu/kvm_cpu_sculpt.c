@@ -32,50 +32,76 @@ typedef struct sb_work {
     float *gb;                     /* [kp] Σ_i U */
 } sb_work;
 
-/* Softmax of one score row s[0..kp) (+ beta, padding beyond k masked) in place; returns its LSE. */
-SB_CLONES
-static float softmax_row(float *restrict s, const float *restrict b0, int64_t kp)
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* kvm_sb_expf on 8 lanes: the same operations in the same order, so each lane is bit-identical
+ * to the scalar body (GCC does not vectorise the body's bit cast by itself). */
+static inline v8f v8_expf(v8f x)
 {
-    float acc[NR], mx;
-    for (int l = 0; l < NR; l++) acc[l] = -INFINITY;
-    for (int64_t j0 = 0; j0 < kp; j0 += NR)
-        for (int l = 0; l < NR; l++) {
-            float x = s[j0 + l] + b0[j0 + l];
-            s[j0 + l] = x;
-            acc[l] = x > acc[l] ? x : acc[l];
-        }
-    mx = acc[0];
-    for (int l = 1; l < NR; l++) mx = acc[l] > mx ? acc[l] : mx;
-    for (int l = 0; l < NR; l++) acc[l] = 0;
-    for (int64_t j0 = 0; j0 < kp; j0 += NR)
-        for (int l = 0; l < NR; l++) {
-            float w = kvm_sb_expf(s[j0 + l] - mx);
-            s[j0 + l] = w;
-            acc[l] += w;
-        }
-    for (int h = NR / 2; h >= 1; h /= 2)
-        for (int l = 0; l < h; l++) acc[l] += acc[l + h];
-    const float iz = 1.0f / acc[0];
-    for (int64_t j = 0; j < kp; j++) s[j] *= iz;
-    return mx + logf(acc[0]);
+    const v8f lo = (v8f){0} - 87.0f;
+    x = (v8f)((v8i)x & (x >= lo)) + (v8f)((v8i)lo & ~(x >= lo)); /* x < −87 ? −87 : x */
+    v8f t = x * 1.44269504088896341f;
+    v8f r = (t + 12582912.0f) - 12582912.0f;
+    v8f f = (t - r) * 0.693147180559945309f;
+    v8f p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
+    v8i bits = (__builtin_convertvector(r, v8i) + 127) << 23;
+    return p * (v8f)bits;
 }
 
-/* ∂score row: u_j = w_j·(b1·(r_j − oe) + b2) into its panel slots of upk, and gb += u. */
+/* Exponentials of one score row s[0..kp) (+ beta; padding beyond k is −1e30) in place,
+ * unnormalised: s_j ← exp(s_j + β_j − max). Returns the row's LSE; *iz = 1/Σ_j s_j. */
 SB_CLONES
-static void dscore_row(const float *restrict w, const float *restrict r, float oe, float b1, float b2, int64_t kp,
-                       int64_t nq, int64_t i, float *restrict upk, float *restrict gb)
+static float softmax_row(float *restrict s, const float *restrict b0, int64_t kp, float *iz)
+{
+    v8f m0 = (v8f){0} - INFINITY, m1 = m0, x0, x1, y0, y1;
+    for (int64_t j = 0; j < kp; j += NR) {
+        memcpy(&x0, s + j, 32);
+        memcpy(&x1, s + j + 8, 32);
+        memcpy(&y0, b0 + j, 32);
+        memcpy(&y1, b0 + j + 8, 32);
+        x0 += y0;
+        x1 += y1;
+        memcpy(s + j, &x0, 32);
+        memcpy(s + j + 8, &x1, 32);
+        m0 = (v8f)(((v8i)m0 & (m0 >= x0)) | ((v8i)x0 & ~(m0 >= x0)));
+        m1 = (v8f)(((v8i)m1 & (m1 >= x1)) | ((v8i)x1 & ~(m1 >= x1)));
+    }
+    float mx = -INFINITY;
+    for (int l = 0; l < 8; l++) mx = fmaxf(mx, fmaxf(m0[l], m1[l]));
+    v8f a0 = {0}, a1 = {0};
+    for (int64_t j = 0; j < kp; j += NR) {
+        memcpy(&x0, s + j, 32);
+        memcpy(&x1, s + j + 8, 32);
+        x0 = v8_expf(x0 - mx);
+        x1 = v8_expf(x1 - mx);
+        memcpy(s + j, &x0, 32);
+        memcpy(s + j + 8, &x1, 32);
+        a0 += x0;
+        a1 += x1;
+    }
+    v8f a = a0 + a1;
+    float z = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    *iz = 1.0f / z;
+    return mx + logf(z);
+}
+
+/* ∂score row: u_j = w_j·(b1·(r_j − oe) + b2) with w_j = e_j·iz into its panel slots of upk, and gb += u. */
+SB_CLONES
+static void dscore_row(const float *restrict w, float iz, const float *restrict r, float oe, float b1, float b2,
+                       int64_t kp, int64_t nq, int64_t i, float *restrict upk, float *restrict gb)
 {
     for (int64_t j0 = 0; j0 < kp; j0 += NR) {
         float *restrict u = upk + (j0 / NR) * nq * NR + i * NR;
         for (int l = 0; l < NR; l++) {
-            u[l] = kvm_sb_dscore(w[j0 + l], r[j0 + l], oe, b1, b2);
+            u[l] = kvm_sb_dscore(w[j0 + l] * iz, r[j0 + l], oe, b1, b2);
             gb[j0 + l] += u[l];
         }
     }
 }
 
 /* One query's output rows and scalars; returns ⟨Ô, e⟩ and adds to *mse, *lse; b1, b2 out. */
-static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, const float *ohc, float *e, double a1,
+static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, const float *ohc, float *e, double a1,
                        double a2, float *b1, float *b2, double *mse, double *lse)
 {
     const int d = p->d;
@@ -86,7 +112,7 @@ static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, const floa
     float oe = 0;
     for (int t = 0; t < d; t++) {
         float oh;
-        e[t] = kvm_sb_out_err(s.pc, ohc[t], s.pr, orr[t], o[t], &oh);
+        e[t] = kvm_sb_out_err(s.pc, ohc[t] * iz, s.pr, orr[t], o[t], &oh);
         ei += (double)e[t] * e[t];
         oe += oh * e[t];
     }
@@ -103,16 +129,16 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
 {
     const int d = p->d;
     const int64_t kp = w->kp;
-    float lc[QB], oe[QB], b1[QB], b2[QB];
+    float lc[QB], iz[QB], oe[QB], b1[QB], b2[QB];
     kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w->kpk, w->S, kp, p->scale, 0, k, d);
-    for (int b = 0; b < nb; b++) lc[b] = softmax_row(w->S + b * kp, b0, kp);
+    for (int b = 0; b < nb; b++) lc[b] = softmax_row(w->S + b * kp, b0, kp, &iz[b]);
     kvm__cpu_gemm_packed(w->S, nb, kp, &w->vpk, w->oh, d, 1.0f, 0, d, k);
     for (int b = 0; b < nb; b++)
-        oe[b] = query_row(p, i0 + b, lc[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b], mse, lse);
+        oe[b] = query_row(p, i0 + b, lc[b], iz[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b], mse, lse);
     if (!want_grad) return;
     kvm__cpu_gemm_packed(w->E, nb, d, &w->vtpk, w->R, kp, 1.0f, 0, k, d);
     for (int b = 0; b < nb; b++)
-        dscore_row(w->S + b * kp, w->R + b * kp, oe[b], b1[b], b2[b], kp, p->nq, i0 + b, w->upk.p, w->gb);
+        dscore_row(w->S + b * kp, iz[b], w->R + b * kp, oe[b], b1[b], b2[b], kp, p->nq, i0 + b, w->upk.p, w->gb);
 }
 
 static void work_free(sb_work *w)
@@ -204,9 +230,10 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
         kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w.kpk, w.S, kp, p->scale, 0, k, d);
         for (int b = 0; b < nb; b++) {
             const int64_t i = i0 + b;
-            float lc = softmax_row(w.S + b * kp, b0, kp);
+            float iz, lc = softmax_row(w.S + b * kp, b0, kp, &iz);
             kvm_sb_query s = kvm_sb_query_shares(lc, p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
-            for (int64_t j = 0; j < k; j++) P[i * k + j] = s.pc * w.S[b * kp + j];
+            const float c = s.pc * iz;
+            for (int64_t j = 0; j < k; j++) P[i * k + j] = c * w.S[b * kp + j];
             pr[i] = s.pr;
         }
     }
