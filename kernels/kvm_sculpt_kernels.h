@@ -46,4 +46,22 @@ int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const flo
 int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, float *P,
                          double *pr);
 
+/* The full-cache references of one problem (KVSculpt §3 targets), CPU backend: for queries q
+ * [nq][d] (scale), zone keys/values kz, vz [nc][d] and retain kr, vr [m][d] of which query i
+ * sees the first n_vis[i]: attention outputs o_full [nq][d] (over zone + visible retain) and
+ * o_ret [nq][d] (visible retain only, 0 when none), LSEs lse_zone, lse_ret [nq] (nats,
+ * KVM_SB_NO_LSE when empty), Σ_i ‖o_full,i‖² into *out_sq, and mass [nc] += the full-softmax
+ * probability of each zone token summed over queries [0, n_mass). Scores and products are
+ * blocked float32 GEMMs, sums per row in float64. Returns 0 or KVM_ENOMEM. */
+typedef struct kvm_sculpt_refs_in {
+    int d;
+    float scale;
+    int64_t nq, nc, m, n_mass;
+    const float *q, *kz, *vz, *kr, *vr;
+    const int64_t *n_vis;
+} kvm_sculpt_refs_in;
+
+int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_ret, float *lse_zone, float *lse_ret,
+                        double *mass, double *out_sq);
+
 #endif

@@ -205,6 +205,53 @@ START_TEST(test_lbfgs_rosenbrock_and_batch)
 }
 END_TEST
 
+/* The references (kvm_sculpt_problem_prepare: blocked float32 kernel) against a plain float64
+ * computation: outputs, LSEs and zone masses within 1e-5 relative. */
+START_TEST(test_references_float64)
+{
+    toy t;
+    toy_new_d(&t, 64, 150, 20, 140, 1.5f, 0);
+    const kvm_sculpt_problem *p = &t.p;
+    const int d = p->d;
+    double worst = 0, *mass = calloc((size_t)p->nc, sizeof *mass), *sc = malloc((size_t)(p->nc + p->m) * sizeof *sc);
+    for (int64_t i = 0; i < p->nq; i++) {
+        const int64_t nv = p->n_vis[i], n = p->nc + nv;
+        double mx = -1e300, z = 0, zz = 0;
+        for (int64_t j = 0; j < n; j++) {
+            const float *kj = j < p->nc ? p->kz + j * d : p->kr + (j - p->nc) * d;
+            sc[j] = 0;
+            for (int u = 0; u < d; u++) sc[j] += (double)p->q[i * d + u] * kj[u];
+            sc[j] *= p->scale;
+            mx = fmax(mx, sc[j]);
+        }
+        for (int64_t j = 0; j < n; j++) z += exp(sc[j] - mx);
+        for (int64_t j = 0; j < p->nc; j++) zz += exp(sc[j] - mx);
+        worst = fmax(worst, fabs(p->lse_zone[i] - (mx + log(zz))) / fabs(mx + log(zz)));
+        double on = 0, dn = 0;
+        for (int u = 0; u < d; u++) {
+            double o = 0;
+            for (int64_t j = 0; j < n; j++) o += exp(sc[j] - mx) / z * (j < p->nc ? p->vz[j * d + u] : p->vr[(j - p->nc) * d + u]);
+            on += (o - p->o_full[i * d + u]) * (o - p->o_full[i * d + u]);
+            dn += o * o;
+        }
+        worst = fmax(worst, sqrt(on / dn));
+        if (i < p->nq_real)
+            for (int64_t j = 0; j < p->nc; j++) mass[j] += exp(sc[j] - mx) / z;
+    }
+    double mn = 0, md = 0;
+    for (int64_t j = 0; j < p->nc; j++) {
+        mn += (mass[j] - p->mass[j]) * (mass[j] - p->mass[j]);
+        md += mass[j] * mass[j];
+    }
+    worst = fmax(worst, sqrt(mn / md));
+    printf("references vs float64: worst relative error %.3g\n", worst);
+    ck_assert_double_lt(worst, 1e-5);
+    free(mass);
+    free(sc);
+    toy_free(&t);
+}
+END_TEST
+
 START_TEST(test_gradient_fd)
 {
     toy t;
@@ -832,6 +879,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_gradient_fd, 0, 2);
     tcase_add_test(tc, test_blocked_loss_random);
     tcase_add_test(tc, test_fpmode);
+    tcase_add_test(tc, test_references_float64);
     tcase_add_test(tc, test_lbfgs_rosenbrock_and_batch);
     tcase_add_test(tc, test_ridge_normal_equations);
     tcase_add_test(tc, test_lse_zero_when_masses_match);
