@@ -107,9 +107,14 @@ static void tile4(int64_t K, const float *x, int64_t ldx, int mr, const float *p
     for (int r = 0; r < mr; r++) {
         float out[KVM_GEMM_NR];
         v8 lo = acc[r][0] * alpha, hi = acc[r][1] * alpha;
+        if (nr == KVM_GEMM_NR) {
+            memcpy(y + r * ldy, &lo, sizeof lo);
+            memcpy(y + r * ldy + 8, &hi, sizeof hi);
+            continue;
+        }
         memcpy(out, &lo, sizeof lo);
         memcpy(out + 8, &hi, sizeof hi);
-        memcpy(y + r * ldy, out, (size_t)nr * sizeof *out);
+        for (int j = 0; j < nr; j++) y[r * ldy + j] = out[j];
     }
 }
 

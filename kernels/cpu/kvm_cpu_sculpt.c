@@ -68,7 +68,10 @@ static float softmax_row(float *restrict s, const float *restrict b0, int64_t kp
         m1 = (v8f)(((v8i)m1 & (m1 >= x1)) | ((v8i)x1 & ~(m1 >= x1)));
     }
     float mx = -INFINITY;
-    for (int l = 0; l < 8; l++) mx = fmaxf(mx, fmaxf(m0[l], m1[l]));
+    for (int l = 0; l < 8; l++) {
+        mx = m0[l] > mx ? m0[l] : mx;
+        mx = m1[l] > mx ? m1[l] : mx;
+    }
     v8f a0 = {0}, a1 = {0};
     for (int64_t j = 0; j < kp; j += NR) {
         memcpy(&x0, s + j, 32);
