@@ -175,7 +175,7 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
     if (grad) {
         size_t bytes = ((size_t)(kp * nq) * sizeof(float) + 63) & ~(size_t)63;
         if (!(w->upk.p = aligned_alloc(64, bytes ? bytes : 64))) goto fail;
-        memset(w->upk.p, 0, bytes);
+        /* every slot of U is written by the ∂score rows: no clearing */
         w->upk.out = k;
         w->upk.in = nq;
         w->upk.cap = kp * nq;
