@@ -16,9 +16,11 @@
 #include "common/kvm_error.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/kvm_fpmode.h"
+#include "kernels/kvm_sculpt_kernels.h"
 #include "orchestrator/kvm_cli_model.h"
 
 #include <cblas.h>
+#include <lapacke.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +135,54 @@ static void bench_ridge(const kvm_sculpt_problem *p, int64_t k, double alpha, in
     free(vc);
 }
 
+/* Float32 vs float64 normal equations of the ridge at the Select+Fit start of problem p: both
+ * built from the same float32 P (ssyrk/sgemm vs dsyrk/dgemm) and solved by Cholesky; prints
+ * the relative difference of the solutions (how much precision float32 would lose here). */
+static void bench_ridge_precision(const kvm_sculpt_problem *p, int64_t k, double alpha_rel)
+{
+    const int d = p->d;
+    const int64_t nq = p->nq;
+    float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
+    float *P = malloc((size_t)(nq * k) * sizeof *P), *T = malloc((size_t)(nq * d) * sizeof *T);
+    float *As = malloc((size_t)(k * k) * sizeof *As), *Bs = malloc((size_t)(k * d) * sizeof *Bs);
+    double *pr = malloc((size_t)nq * sizeof *pr), *Pd = malloc((size_t)(nq * k) * sizeof *Pd);
+    double *Td = malloc((size_t)(nq * d) * sizeof *Td), *Ad = malloc((size_t)(k * k) * sizeof *Ad);
+    double *Bd = malloc((size_t)(k * d) * sizeof *Bd);
+    start_point(p, k, kc, vc);
+    kvm_sculpt_view v = {.d = d, .scale = p->scale, .nq = nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
+                         .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
+                         .out_ms = p->out_ms};
+    kvm_cpu_sculpt_probs(&v, kc, NULL, k, P, pr);
+    for (int64_t i = 0; i < nq; i++)
+        for (int t = 0; t < d; t++) Td[i * d + t] = T[i * d + t] = (float)(p->o_full[i * d + t] - pr[i] * p->o_ret[i * d + t]);
+    for (int64_t i = 0; i < nq * k; i++) Pd[i] = P[i];
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0f, P, (int)k, 0.0f, As, (int)k);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0f, P, (int)k, T, d, 0.0f, Bs, d);
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, Pd, (int)k, 0.0, Ad, (int)k);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, Pd, (int)k, Td, d, 0.0, Bd, d);
+    double tr = 0;
+    for (int64_t j = 0; j < k; j++) tr += Ad[j * k + j];
+    const double alpha = alpha_rel * tr / (double)k;
+    for (int64_t j = 0; j < k; j++) {
+        Ad[j * k + j] += alpha;
+        As[j * k + j] += (float)alpha;
+        for (int t = 0; t < d; t++) {
+            Bd[j * d + t] += alpha * vc[j * d + t];
+            Bs[j * d + t] += (float)(alpha * vc[j * d + t]);
+        }
+    }
+    int i1 = LAPACKE_sposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, As, (lapack_int)k, Bs, d);
+    int i2 = LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, Ad, (lapack_int)k, Bd, d);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < k * d; i++) {
+        num += (Bs[i] - Bd[i]) * (Bs[i] - Bd[i]);
+        den += Bd[i] * Bd[i];
+    }
+    printf("ridge_precision,nq=%lld k=%lld d=%d,alpha_rel,%g,info_f32,%d,info_f64,%d,rel_diff_f32_vs_f64,%.3g\n",
+           (long long)nq, (long long)k, d, alpha_rel, i1, i2, sqrt(num / den));
+    free(kc), free(vc), free(P), free(T), free(As), free(Bs), free(pr), free(Pd), free(Td), free(Ad), free(Bd);
+}
+
 /* Every problem solved by three variants, alternating problem by problem: (0) flush-to-zero and
  * kvmill's L-BFGS (the production path), (1) flush-to-zero and liblbfgs (the oracle), (2) no
  * flush-to-zero, kvmill's L-BFGS. Thread CPU seconds, evaluations, and the median over problems
@@ -228,6 +278,7 @@ int main(int argc, char **argv)
     kvm_fpmode fm = kvm_fpmode_flush_enter();
     bench_loss(&ps[0], k, o.lambda, reps);
     bench_ridge(&ps[0], k, o.ridge_alpha, reps);
+    for (int i = 0; i < np; i += np / 4 > 0 ? np / 4 : 1) bench_ridge_precision(&ps[i], k, o.ridge_alpha);
     kvm_fpmode_restore(fm);
     if (atoi(arg(argc, argv, "--solve", "1"))) bench_solve(ps, np, k, &o);
     for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&ps[i]);
