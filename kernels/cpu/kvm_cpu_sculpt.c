@@ -89,16 +89,24 @@ static float softmax_row(float *restrict s, const float *restrict b0, int64_t kp
     return mx + logf(z);
 }
 
-/* ∂score row: u_j = w_j·(b1·(r_j − oe) + b2) with w_j = e_j·iz into its panel slots of upk, and gb += u. */
+/* ∂score row: u_j = w_j·(b1·(r_j − oe) + b2) with w_j = e_j·iz (kvm_sb_dscore on 8 lanes, the
+ * same operations in the same order) into its panel slots of upk, and gb += u. */
 SB_CLONES
 static void dscore_row(const float *restrict w, float iz, const float *restrict r, float oe, float b1, float b2,
                        int64_t kp, int64_t nq, int64_t i, float *restrict upk, float *restrict gb)
 {
     for (int64_t j0 = 0; j0 < kp; j0 += NR) {
         float *restrict u = upk + (j0 / NR) * nq * NR + i * NR;
-        for (int l = 0; l < NR; l++) {
-            u[l] = kvm_sb_dscore(w[j0 + l] * iz, r[j0 + l], oe, b1, b2);
-            gb[j0 + l] += u[l];
+        for (int h = 0; h < NR; h += 8) {
+            v8f wv, rv, g, uv;
+            memcpy(&wv, w + j0 + h, 32);
+            memcpy(&rv, r + j0 + h, 32);
+            memcpy(&g, gb + j0 + h, 32);
+            wv = wv * iz;
+            uv = wv * (b1 * (rv - oe) + b2);
+            g += uv;
+            memcpy(u + h, &uv, 32);
+            memcpy(gb + j0 + h, &g, 32);
         }
     }
 }
