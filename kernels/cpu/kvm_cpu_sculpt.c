@@ -1,23 +1,16 @@
 /* kvm_cpu_sculpt.c: the KVSculpt loss and gradient of one problem on the CPU as query-blocked
- * GEMMs (kvmill's packed microkernel) with fused row kernels between them; the per-element
- * math is kernels/kvm_sculpt_body.h. Entries are padded to a multiple of NR = 16 and every row
- * loop runs over whole blocks with 16 independent lanes, so it vectorises without -ffast-math. */
+ * GEMMs (kvmill's packed microkernel) with fused row kernels between them, and the ridge design
+ * probabilities; the per-element math is kernels/kvm_sculpt_body.h. Entries are padded to a
+ * multiple of NR = 16 and every row loop runs over whole blocks of 16 lanes. */
 #include "kernels/kvm_sculpt_kernels.h"
-#include "kernels/kvm_sculpt_body.h"
-#include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/cpu/kvm_cpu_sculpt_rows.h"
 #include "common/kvm_error.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define SB_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define SB_CLONES
-#endif
-
-enum { QB = 64, NR = KVM_GEMM_NR };
+enum { QB = KVM_SB_QB, NR = KVM_GEMM_NR };
 
 /* Scratch of one evaluation (one allocation). kp = k rounded up to NR. */
 typedef struct sb_work {
@@ -31,63 +24,6 @@ typedef struct sb_work {
     float *gt;                     /* [d][kp] Qᵀ·U */
     float *gb;                     /* [kp] Σ_i U */
 } sb_work;
-
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-/* kvm_sb_expf on 8 lanes: the same operations in the same order, so each lane is bit-identical
- * to the scalar body (GCC does not vectorise the body's bit cast by itself). */
-static inline v8f v8_expf(v8f x)
-{
-    const v8f lo = (v8f){0} - 87.0f;
-    x = (v8f)((v8i)x & (x >= lo)) + (v8f)((v8i)lo & ~(x >= lo)); /* x < −87 ? −87 : x */
-    v8f t = x * 1.44269504088896341f;
-    v8f r = (t + 12582912.0f) - 12582912.0f;
-    v8f f = (t - r) * 0.693147180559945309f;
-    v8f p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-    v8i bits = (__builtin_convertvector(r, v8i) + 127) << 23;
-    return p * (v8f)bits;
-}
-
-/* Exponentials of one score row s[0..kp) (+ beta; padding beyond k is −1e30) in place,
- * unnormalised: s_j ← exp(s_j + β_j − max). Returns the row's LSE; *iz = 1/Σ_j s_j. */
-SB_CLONES
-static float softmax_row(float *restrict s, const float *restrict b0, int64_t kp, float *iz)
-{
-    v8f m0 = (v8f){0} - INFINITY, m1 = m0, x0, x1, y0, y1;
-    for (int64_t j = 0; j < kp; j += NR) {
-        memcpy(&x0, s + j, 32);
-        memcpy(&x1, s + j + 8, 32);
-        memcpy(&y0, b0 + j, 32);
-        memcpy(&y1, b0 + j + 8, 32);
-        x0 += y0;
-        x1 += y1;
-        memcpy(s + j, &x0, 32);
-        memcpy(s + j + 8, &x1, 32);
-        m0 = (v8f)(((v8i)m0 & (m0 >= x0)) | ((v8i)x0 & ~(m0 >= x0)));
-        m1 = (v8f)(((v8i)m1 & (m1 >= x1)) | ((v8i)x1 & ~(m1 >= x1)));
-    }
-    float mx = -INFINITY;
-    for (int l = 0; l < 8; l++) {
-        mx = m0[l] > mx ? m0[l] : mx;
-        mx = m1[l] > mx ? m1[l] : mx;
-    }
-    v8f a0 = {0}, a1 = {0};
-    for (int64_t j = 0; j < kp; j += NR) {
-        memcpy(&x0, s + j, 32);
-        memcpy(&x1, s + j + 8, 32);
-        x0 = v8_expf(x0 - mx);
-        x1 = v8_expf(x1 - mx);
-        memcpy(s + j, &x0, 32);
-        memcpy(s + j + 8, &x1, 32);
-        a0 += x0;
-        a1 += x1;
-    }
-    v8f a = a0 + a1;
-    float z = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-    *iz = 1.0f / z;
-    return mx + logf(z);
-}
 
 /* ∂score row: u_j = w_j·(b1·(r_j − oe) + b2) with w_j = e_j·iz (kvm_sb_dscore on 8 lanes, the
  * same operations in the same order) into its panel slots of upk, and gb += u. */
@@ -249,112 +185,5 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
         }
     }
     work_free(&w);
-    return 0;
-}
-
-/* Scratch of kvm_cpu_sculpt_refs. */
-typedef struct refs_work {
-    int64_t ncp, mp;
-    kvm_cpu_packed kz, vz, kr, vr;
-    float *S, *R, *OZ, *OR, *bz, *br;
-} refs_work;
-
-static void refs_free(refs_work *w)
-{
-    kvm__cpu_packed_free(&w->kz);
-    kvm__cpu_packed_free(&w->vz);
-    kvm__cpu_packed_free(&w->kr);
-    kvm__cpu_packed_free(&w->vr);
-    free(w->S);
-}
-
-static int refs_new(refs_work *w, const kvm_sculpt_refs_in *in)
-{
-    const int d = in->d;
-    memset(w, 0, sizeof *w);
-    w->ncp = (in->nc + NR - 1) / NR * NR;
-    w->mp = (in->m + NR - 1) / NR * NR;
-    w->S = calloc((size_t)(QB * (w->ncp + w->mp) + 2 * QB * d + w->ncp + w->mp), sizeof *w->S);
-    if (!w->S) return KVM_ENOMEM;
-    w->R = w->S + QB * w->ncp;
-    w->OZ = w->R + QB * w->mp;
-    w->OR = w->OZ + QB * d;
-    w->bz = w->OR + QB * d;
-    w->br = w->bz + w->ncp;
-    for (int64_t j = 0; j < w->ncp; j++) w->bz[j] = j < in->nc ? 0.0f : -1e30f;
-    for (int64_t j = 0; j < w->mp; j++) w->br[j] = j < in->m ? 0.0f : -1e30f;
-    if (in->nc > 0 && (kvm__cpu_pack(&w->kz, in->kz, in->nc, d, d, 1) || kvm__cpu_pack(&w->vz, in->vz, d, in->nc, 1, d)))
-        return KVM_ENOMEM;
-    if (in->m > 0 && (kvm__cpu_pack(&w->kr, in->kr, in->m, d, d, 1) || kvm__cpu_pack(&w->vr, in->vr, d, in->m, 1, d)))
-        return KVM_ENOMEM;
-    return 0;
-}
-
-/* One query's references from its exponentiated rows (zone ez, retain er) and their outputs. */
-static void refs_row(const kvm_sculpt_refs_in *in, int64_t i, float lz, float izz, float lr, float izr,
-                     const float *ez, const float *oz, const float *orr, float *o_full, float *o_ret, double *mass,
-                     double *out_sq)
-{
-    const int d = in->d;
-    const int64_t nv = in->n_vis[i];
-    kvm_sb_query s = kvm_sb_query_shares(lz, lr, in->nc > 0, nv > 0, lz, in->nc > 0, 0);
-    double on = 0;
-    for (int t = 0; t < d; t++) {
-        float r = nv > 0 ? orr[t] * izr : 0.0f, o = s.pc * (oz[t] * izz) + s.pr * r;
-        o_full[i * d + t] = o;
-        o_ret[i * d + t] = r;
-        on += (double)o * o;
-    }
-    *out_sq += on;
-    if (i < in->n_mass)
-        for (int64_t j = 0; j < in->nc; j++) mass[j] += (double)(s.pc * izz) * ez[j];
-}
-
-/* Exponentiated retain row b of query i (entries beyond its visible prefix masked to 0). */
-static float retain_row(const kvm_sculpt_refs_in *in, refs_work *w, int b, int64_t i, float *izr)
-{
-    float *r = w->R + b * w->mp;
-    const int64_t nv = in->n_vis[i];
-    if (nv <= 0) {
-        *izr = 0;
-        return KVM_SB_NO_LSE;
-    }
-    for (int64_t j = nv; j < in->m; j++) r[j] = -1e30f;
-    float l = softmax_row(r, w->br, w->mp, izr);
-    for (int64_t j = nv; j < in->m; j++) r[j] = 0.0f;
-    return l;
-}
-
-int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_ret, float *lse_zone, float *lse_ret,
-                        double *mass, double *out_sq)
-{
-    const int d = in->d;
-    refs_work w;
-    int rc = refs_new(&w, in);
-    if (rc) {
-        refs_free(&w);
-        return kvm_err(KVM_ENOMEM, "sculpt kernel: out of memory for references (%lld queries)", (long long)in->nq);
-    }
-    *out_sq = 0;
-    for (int64_t i0 = 0; i0 < in->nq; i0 += QB) {
-        const int nb = in->nq - i0 < QB ? (int)(in->nq - i0) : QB;
-        if (in->nc > 0) kvm__cpu_gemm_packed(in->q + i0 * d, nb, d, &w.kz, w.S, w.ncp, in->scale, 0, in->nc, d);
-        if (in->m > 0) kvm__cpu_gemm_packed(in->q + i0 * d, nb, d, &w.kr, w.R, w.mp, in->scale, 0, in->m, d);
-        float lz[QB], izz[QB], lr[QB], izr[QB];
-        for (int b = 0; b < nb; b++) {
-            lz[b] = in->nc > 0 ? softmax_row(w.S + b * w.ncp, w.bz, w.ncp, &izz[b]) : KVM_SB_NO_LSE;
-            lr[b] = in->m > 0 ? retain_row(in, &w, b, i0 + b, &izr[b]) : KVM_SB_NO_LSE;
-        }
-        if (in->nc > 0) kvm__cpu_gemm_packed(w.S, nb, w.ncp, &w.vz, w.OZ, d, 1.0f, 0, d, in->nc);
-        if (in->m > 0) kvm__cpu_gemm_packed(w.R, nb, w.mp, &w.vr, w.OR, d, 1.0f, 0, d, in->m);
-        for (int b = 0; b < nb; b++) {
-            const int64_t i = i0 + b;
-            lse_zone[i] = lz[b];
-            lse_ret[i] = in->n_vis[i] > 0 ? lr[b] : KVM_SB_NO_LSE;
-            refs_row(in, i, lz[b], in->nc > 0 ? izz[b] : 0.0f, lr[b], in->m > 0 ? izr[b] : 0.0f, w.S + b * w.ncp,
-                     w.OZ + b * d, w.OR + b * d, o_full, o_ret, mass, out_sq);
-        }
-    }
-    refs_free(&w);
     return 0;
 }
