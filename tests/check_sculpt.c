@@ -252,6 +252,46 @@ START_TEST(test_references_float64)
 }
 END_TEST
 
+/* Real captured SmolLM2 problems (head dim 64, GQA 3:1), blocked vs reference, when the model is
+ * present (models/SmolLM2-135M-Instruct.Q4_1.gguf, scripts/get-model.sh). */
+START_TEST(test_blocked_loss_smollm2)
+{
+    const char *path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        printf("SKIP: %s absent (run scripts/get-model.sh): blocked loss on SmolLM2 problems not checked\n", path);
+        return;
+    }
+    fclose(f);
+    kvm_model *m;
+    int32_t tok[112];
+    uint64_t st = 7;
+    ck_assert_int_eq(kvm_model_open(path, &m), 0);
+    tok[0] = m->cfg.bos_id;
+    for (int i = 1; i < 112; i++) { /* a pseudo-random token sequence: real weights, real statistics */
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.vocab_size);
+    }
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(m, NULL, tok, 112, 96, 16, &doc), 0);
+    const int layers[3] = {0, m->cfg.n_layers / 2, m->cfg.n_layers - 1};
+    const int64_t ks[3] = {1, 24, 60}; /* below the zone of 80: at k = 80 the loss is exactly 0 */
+    double worst = 0;
+    for (int i = 0; i < 3; i++) {
+        kvm_sculpt_problem p;
+        ck_assert_int_eq(kvm_sculpt_problem_build(&m->cfg, kvm_eval_doc_input(doc)->cap, layers[i], i % m->cfg.n_kv_heads,
+                                                  16, 128, 16, 3, &p), 0);
+        ck_assert_int_eq(p.d, 64);
+        worst = fmax(worst, blocked_vs_ref(&p, p.kz, p.vz, NULL, ks[i]));
+        kvm_sculpt_problem_free(&p);
+    }
+    printf("blocked vs reference loss+gradient, 3 real SmolLM2 problems (d 64): worst relative error %.3g\n", worst);
+    ck_assert_double_lt(worst, 1e-5);
+    kvm_eval_doc_free(&doc);
+    kvm_model_close(&m);
+}
+END_TEST
+
 START_TEST(test_gradient_fd)
 {
     toy t;
@@ -880,6 +920,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_blocked_loss_random);
     tcase_add_test(tc, test_fpmode);
     tcase_add_test(tc, test_references_float64);
+    tcase_add_test(tc, test_blocked_loss_smollm2);
     tcase_add_test(tc, test_lbfgs_rosenbrock_and_batch);
     tcase_add_test(tc, test_ridge_normal_equations);
     tcase_add_test(tc, test_lse_zero_when_masses_match);
