@@ -9,6 +9,7 @@
  *                [--ratios 0.1,0.3,0.5,0.7] [--seeds 1,2]
  *                [--variants selectfit:uniform,joint-fixed:uniform,sculpt:uniform,...]
  *                [--S 2048 --rounds 4 --iters 30 --lambda 0.1 --alpha 1e-3 --vcap 1 --kcap 0 --threads 1]
+ *                [--oracle 1]   (keys fitted by liblbfgs, the test oracle, instead of kvmill's L-BFGS)
  *                [--make-model-doc N]   (random-token document of N+T tokens instead of --docs) */
 #include "compress/eval/kvm_eval.h"
 #include "compress/sculpt/kvm_sculpt.h"
@@ -101,6 +102,7 @@ int main(int argc, char **argv)
     base.lse_mass_weight = atoi(arg(argc, argv, "--lse-weight", "0"));
     base.alloc_power = atof(arg(argc, argv, "--power", "0.5"));
     base.threads = atoi(arg(argc, argv, "--threads", "1"));
+    base.lbfgs_oracle = atoi(arg(argc, argv, "--oracle", "0")); /* 1: liblbfgs instead of kvmill's L-BFGS */
     base.future_tokens = cont;
     if (!model_path || (!docs && mm <= 0) || nv <= 0 || last - first + 1 > MAX_D) {
         fprintf(stderr, "usage: see the comment at the top of bench/bench_sculpt.c\n");

@@ -4,6 +4,7 @@
  * when nothing is registered. */
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_fpmode.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -271,10 +272,16 @@ static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_
 int kvm_forward_prefill(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_t n, float *logits,
                         kvm_logits_mode mode)
 {
-    return run(f, cache, tokens, n, logits, mode, KVM_PHASE_PREFILL);
+    kvm_fpmode fm = kvm_fpmode_flush_enter(); /* subnormals flushed while this thread computes */
+    int rc = run(f, cache, tokens, n, logits, mode, KVM_PHASE_PREFILL);
+    kvm_fpmode_restore(fm);
+    return rc;
 }
 
 int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float *logits)
 {
-    return run(f, cache, &token, 1, logits, logits ? KVM_LOGITS_LAST : KVM_LOGITS_NONE, KVM_PHASE_DECODE);
+    kvm_fpmode fm = kvm_fpmode_flush_enter();
+    int rc = run(f, cache, &token, 1, logits, logits ? KVM_LOGITS_LAST : KVM_LOGITS_NONE, KVM_PHASE_DECODE);
+    kvm_fpmode_restore(fm);
+    return rc;
 }

@@ -56,6 +56,9 @@ typedef struct kvm_sculpt_opts {
     int pilot_iters;          /* L-BFGS iterations per pilot round (default 10) */
     uint64_t seed;            /* seed of the synthetic queries (default 1) */
     int threads;              /* worker threads over (layer, KV head) problems (default 1) */
+    int lbfgs_oracle;         /* 1: keys fitted by liblbfgs (More–Thuente), the solver before issue
+                                 12, kept as the test oracle; 0: kvmill's own reverse-communication
+                                 L-BFGS (compress/sculpt/kvm_sculpt_lbfgs.h) (default 0) */
 } kvm_sculpt_opts;
 
 /* Where the time went (seconds summed over worker threads, so they may exceed wall time). */

@@ -49,8 +49,8 @@ int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, 
                              kvm_sculpt_problem *p);
 
 /* Computes o_full, o_ret, lse_zone, lse_ret, mass, out_ms, vnorm_max, knorm_max from q, n_vis and the
- * zone/retain tensors (float64 accumulation). Called by _build; exposed for hand-made problems
- * (tests). Returns 0 or KVM_ENOMEM. */
+ * zone/retain tensors (blocked float32 GEMMs, kvm_cpu_sculpt_refs; row sums in float64). Called
+ * by _build; exposed for hand-made problems (tests). Returns 0 or KVM_ENOMEM. */
 int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p);
 
 /* Frees the owned arrays and zeroes *p. Accepts a zeroed or half-built problem. */
@@ -61,14 +61,21 @@ void kvm_sculpt_problem_free(kvm_sculpt_problem *p);
  * where Ô_i is attention over [distilled + visible retain] and LSE_c,i = log Σ_j exp(s q_i·kc_j + β_j).
  * When grad_k ([k][d]) / grad_b ([k]) are not NULL they receive ∂L/∂kc and ∂L/∂β (analytic).
  * *mse (may be NULL) gets the unnormalised mean ‖Ô−O‖², *lse_part the λ term. Thread-safe
- * on distinct outputs. Returns L, or NAN on allocation failure. k may be 0. */
+ * on distinct outputs. Returns L, or NAN on allocation failure. k may be 0. Computed by the
+ * query-blocked GEMM kernel of kernels/kvm_sculpt_kernels.h (CPU backend); deterministic. */
 double kvm_sculpt_loss(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta,
+                       int64_t k, double lambda, float *grad_k, float *grad_b, double *mse, double *lse_part);
+
+/* The same loss and gradient computed one query at a time (GEMV-shaped, the implementation
+ * before issue 12), kept as the reference the blocked path is tested against. Same contract. */
+double kvm_sculpt_loss_ref(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta,
                        int64_t k, double lambda, float *grad_k, float *grad_b, double *mse, double *lse_part);
 
 /* Ridge value fit given keys/biases: with P[i][j] the probability query i puts on distilled
  * entry j (softmax over distilled + visible retain) and T_i = O_i − p_ret,i · O_ret,i, solves
  *   (PᵀP + αI) V = PᵀT + α V0,   α = alpha_rel · trace(PᵀP)/k
- * by Cholesky (LAPACKE_dposv, float64). V0 = vc on entry (shrink target); vc gets V. Then, when
+ * by Cholesky (LAPACKE_dposv, float64; P itself from the blocked float32 kernel of
+ * kernels/kvm_sculpt_kernels.h). V0 = vc on entry (shrink target); vc gets V. Then, when
  * vnorm_cap > 0, rescales every row to ‖v‖ ≤ vnorm_cap · p->vnorm_max (the value-norm guard).
  * Returns 0, KVM_ENOMEM, KVM_ERANGE (not positive definite / non-finite; vc unchanged). */
 int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double alpha_rel,
@@ -88,8 +95,9 @@ typedef struct kvm_sculpt_head_stats {
 
 /* Solves one problem with method o->mode, rounds/iterations given explicitly (the pilot uses
  * fewer). Outputs kc, vc [k][d] and beta [k] (caller-allocated; beta all 0 unless o->bias).
- * Select+Fit init, then (KVSculpt) R rounds of L-BFGS (liblbfgs, More–Thuente line search, which
- * enforces the strong Wolfe conditions) on keys [and β] followed by a ridge fit of the values;
+ * Select+Fit init, then (KVSculpt) R rounds of L-BFGS on keys [and β] (kvmill's own,
+ * kvm_sculpt_lbfgs.h, strong-Wolfe line search; liblbfgs with More–Thuente when o->lbfgs_oracle)
+ * followed by a ridge fit of the values;
  * the best point seen is kept. Returns 0, KVM_EINVAL (k > nc), KVM_ENOMEM, KVM_ERANGE. */
 int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, int rounds, int iters,
                           float *kc, float *vc, float *beta, kvm_sculpt_head_stats *st);

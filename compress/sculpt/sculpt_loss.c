@@ -1,4 +1,5 @@
-/* sculpt_loss.c: the KVSculpt loss (arXiv 2603.27819 §3) over the training queries of one
+/* sculpt_loss.c: the reference KVSculpt loss (one query at a time; kept as the test oracle of
+ * the blocked kernel, kernels/kvm_sculpt_kernels.h) (arXiv 2603.27819 §3) over the training queries of one
  * problem — normalised attention-output MSE + λ·LSE matching — and its analytic gradient with
  * respect to the distilled keys and logit biases. Inner loops run over entries j with keys and
  * values transposed ([d][k]) so they vectorise; compiled for AVX-512/AVX2/baseline. */
@@ -179,7 +180,7 @@ static double loss_core(const kvm_sculpt_problem *p, int64_t k, double lambda, i
     return mse / ((double)nq * p->out_ms) + lambda * lse / (double)nq;
 }
 
-double kvm_sculpt_loss(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta,
+double kvm_sculpt_loss_ref(const kvm_sculpt_problem *p, const float *kc, const float *vc, const float *beta,
                        int64_t k, double lambda, float *grad_k, float *grad_b, double *mse, double *lse_part)
 {
     const int d = p->d;

@@ -3,13 +3,12 @@
  * positions) and the full-cache references the loss compares against (KVSculpt §3). */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_sculpt_kernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NO_LSE (-1e30f)
 
 static uint64_t splitmix64(uint64_t *s)
 {
@@ -35,99 +34,27 @@ void kvm_sculpt_problem_free(kvm_sculpt_problem *p)
     memset(p, 0, sizeof *p);
 }
 
-/* log Σ exp(s_j) of scores sc[0..n) in float64, or NO_LSE when n == 0; w[j] gets exp(s_j − lse). */
-static double lse_softmax(double *sc, int64_t n)
-{
-    if (n == 0) return NO_LSE;
-    double mx = sc[0];
-    for (int64_t j = 1; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
-    double z = 0;
-    for (int64_t j = 0; j < n; j++) z += exp(sc[j] - mx);
-    double l = mx + log(z);
-    for (int64_t j = 0; j < n; j++) sc[j] = exp(sc[j] - l);
-    return l;
-}
-
-/* float rows [n][d] -> new double copy (NULL on n == 0 is fine: never read). */
-static double *to_double(const float *x, int64_t n, int d)
-{
-    double *y = malloc((size_t)(n > 0 ? n * d : 1) * sizeof *y);
-    if (y)
-        for (int64_t i = 0; i < n * d; i++) y[i] = x[i];
-    return y;
-}
-
-enum { QB = 64 }; /* queries per block: scores and outputs of a block are two float64 GEMMs each */
-
-/* Scores of nb queries qd[nb][d] against keys kd[n][d] into S[nb][n] (scaled), or nothing when n == 0. */
-static void block_scores(const double *qd, int nb, const double *kd, int64_t n, int d, double scale, double *S)
-{
-    if (n > 0)
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, (int)n, d, scale, qd, d, kd, d, 0.0, S, (int)n);
-}
-
-/* O[nb][d] = P[nb][n] · V[n][d], zeros when n == 0. */
-static void block_out(const double *P, int nb, const double *vd, int64_t n, int d, double *O)
-{
-    if (n > 0) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, (int)n, 1.0, P, (int)n, vd, d, 0.0, O, d);
-    else memset(O, 0, (size_t)nb * d * sizeof *O);
-}
-
 int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p)
 {
     const int d = p->d;
-    const int64_t nc = p->nc, m = p->m, nq = p->nq;
+    const int64_t nc = p->nc, nq = p->nq;
     p->o_full = malloc((size_t)(nq * d) * sizeof *p->o_full);
     p->o_ret = malloc((size_t)(nq * d) * sizeof *p->o_ret);
     p->lse_zone = malloc((size_t)nq * sizeof *p->lse_zone);
     p->lse_ret = malloc((size_t)nq * sizeof *p->lse_ret);
     p->mass = calloc((size_t)(nc > 0 ? nc : 1), sizeof *p->mass);
-    double *kzd = to_double(p->kz, nc, d), *vzd = to_double(p->vz, nc, d), *krd = to_double(p->kr, m, d);
-    double *vrd = to_double(p->vr, m, d), *qd = malloc((size_t)QB * d * sizeof *qd);
-    double *S = malloc((size_t)QB * (nc > 0 ? nc : 1) * sizeof *S), *R = malloc((size_t)QB * (m > 0 ? m : 1) * sizeof *R);
-    double *OZ = malloc((size_t)QB * d * sizeof *OZ), *OR = malloc((size_t)QB * d * sizeof *OR);
     double *mass = calloc((size_t)(nc > 0 ? nc : 1), sizeof *mass);
     int rc = 0;
-    if (!p->o_full || !p->o_ret || !p->lse_zone || !p->lse_ret || !p->mass || !kzd || !vzd || !krd || !vrd || !qd ||
-        !S || !R || !OZ || !OR || !mass) {
+    if (!p->o_full || !p->o_ret || !p->lse_zone || !p->lse_ret || !p->mass || !mass) {
         rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory for %lld training queries", (long long)nq);
         goto done;
     }
-    int64_t mass_q1 = p->nq_real > 0 ? p->nq_real : nq;
+    /* the references by the backend's blocked float32 GEMMs and row kernels (sums in float64) */
+    kvm_sculpt_refs_in in = {.d = d, .scale = p->scale, .nq = nq, .nc = nc, .m = p->m,
+                             .n_mass = p->nq_real > 0 ? p->nq_real : nq, .q = p->q, .kz = p->kz, .vz = p->vz,
+                             .kr = p->kr, .vr = p->vr, .n_vis = p->n_vis};
     double ms = 0;
-    for (int64_t i0 = 0; i0 < nq; i0 += QB) {
-        int nb = nq - i0 < QB ? (int)(nq - i0) : QB;
-        for (int64_t x = 0; x < (int64_t)nb * d; x++) qd[x] = p->q[i0 * d + x];
-        block_scores(qd, nb, kzd, nc, d, p->scale, S);
-        block_scores(qd, nb, krd, m, d, p->scale, R);
-        double lz[QB], lr[QB];
-        for (int b = 0; b < nb; b++) { /* retain entries beyond the causal prefix get weight 0 */
-            int64_t nv = p->n_vis[i0 + b];
-            lz[b] = lse_softmax(S + (int64_t)b * nc, nc);
-            lr[b] = lse_softmax(R + (int64_t)b * m, nv);
-            for (int64_t j = nv; j < m; j++) R[(int64_t)b * m + j] = 0;
-        }
-        block_out(S, nb, vzd, nc, d, OZ);
-        block_out(R, nb, vrd, m, d, OR);
-        for (int b = 0; b < nb; b++) {
-            int64_t i = i0 + b, nv = p->n_vis[i];
-            double mx = lz[b] > lr[b] ? lz[b] : lr[b];
-            double az = nc > 0 ? exp(lz[b] - mx) : 0, ar = nv > 0 ? exp(lr[b] - mx) : 0;
-            double zt = az + ar, pz = zt > 0 ? az / zt : 0, pr = zt > 0 ? ar / zt : 0; /* nothing visible: output 0 */
-            double on = 0;
-            for (int t = 0; t < d; t++) {
-                double o = pz * OZ[b * d + t] + pr * OR[b * d + t];
-                p->o_full[i * d + t] = (float)o;
-                p->o_ret[i * d + t] = (float)OR[b * d + t];
-                on += o * o;
-            }
-            ms += on;
-            p->lse_zone[i] = nc > 0 ? (float)lz[b] : NO_LSE;
-            p->lse_ret[i] = nv > 0 ? (float)lr[b] : NO_LSE;
-            if (i < mass_q1)
-                for (int64_t j = 0; j < nc; j++) mass[j] += pz * S[(int64_t)b * nc + j];
-        }
-    }
+    if ((rc = kvm_cpu_sculpt_refs(&in, p->o_full, p->o_ret, p->lse_zone, p->lse_ret, mass, &ms))) goto done;
     for (int64_t j = 0; j < nc; j++) p->mass[j] = (float)mass[j];
     p->out_ms = nq > 0 ? ms / (double)nq : 0;
     if (!(p->out_ms > 1e-30)) p->out_ms = 1e-30; /* all-zero outputs: avoid 0/0 */
@@ -144,15 +71,6 @@ int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p)
     p->vnorm_max = vmax;
     p->knorm_max = kmax;
 done:
-    free(kzd);
-    free(vzd);
-    free(krd);
-    free(vrd);
-    free(qd);
-    free(S);
-    free(R);
-    free(OZ);
-    free(OR);
     free(mass);
     return rc;
 }

@@ -4,6 +4,7 @@
  * (normal equations by Cholesky, float64), followed by the value-norm guard. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_sculpt_kernels.h"
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -12,29 +13,22 @@
 #include <string.h>
 
 /* Fills P[nq][k] (probability of distilled entry j for query i, softmax over distilled +
- * visible retain) and T[nq][d] = O_full − p_ret·O_ret. sc is [k] scratch. */
-static void design_matrix(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double *P,
-                          double *T, double *sc)
+ * visible retain) and T[nq][d] = O_full − p_ret·O_ret: the probabilities by the backend's
+ * blocked float32 kernel (scores are well scaled: float32 loses nothing the ridge needs), the
+ * normal equations then in float64. Pf [nq][k] and pr [nq] are scratch. Returns 0 or an error. */
+static int design_matrix(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double *P,
+                         double *T, float *Pf, double *pr)
 {
     const int d = p->d;
-    for (int64_t i = 0; i < p->nq; i++) {
-        const float *q = p->q + i * d;
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < k; j++) {
-            double s = 0;
-            for (int t = 0; t < d; t++) s += (double)q[t] * kc[j * d + t];
-            sc[j] = s * p->scale + (beta ? beta[j] : 0.0);
-            mx = sc[j] > mx ? sc[j] : mx;
-        }
-        double lr = p->lse_ret[i];
-        int has_r = p->n_vis[i] > 0;
-        double m2 = has_r && lr > mx ? lr : mx;
-        double z = has_r ? exp(lr - m2) : 0;
-        for (int64_t j = 0; j < k; j++) z += (sc[j] = exp(sc[j] - m2));
-        double pr = has_r ? exp(lr - m2) / z : 0;
-        for (int64_t j = 0; j < k; j++) P[i * k + j] = sc[j] / z;
-        for (int t = 0; t < d; t++) T[i * d + t] = (double)p->o_full[i * d + t] - pr * p->o_ret[i * d + t];
-    }
+    kvm_sculpt_view v = {.d = d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
+                         .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
+                         .out_ms = p->out_ms};
+    int rc = kvm_cpu_sculpt_probs(&v, kc, beta, k, Pf, pr);
+    if (rc) return rc;
+    for (int64_t i = 0; i < p->nq * k; i++) P[i] = Pf[i];
+    for (int64_t i = 0; i < p->nq; i++)
+        for (int t = 0; t < d; t++) T[i * d + t] = (double)p->o_full[i * d + t] - pr[i] * p->o_ret[i * d + t];
+    return 0;
 }
 
 int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double alpha_rel,
@@ -45,13 +39,14 @@ int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *
     const int64_t nq = p->nq;
     double *P = malloc((size_t)(nq * k) * sizeof *P), *T = malloc((size_t)(nq * d) * sizeof *T);
     double *A = malloc((size_t)(k * k) * sizeof *A), *B = malloc((size_t)(k * d) * sizeof *B);
-    double *sc = malloc((size_t)k * sizeof *sc);
+    double *sc = malloc((size_t)nq * sizeof *sc);
+    float *Pf = malloc((size_t)(nq * k) * sizeof *Pf);
     int rc = 0;
-    if (!P || !T || !A || !B || !sc) {
+    if (!P || !T || !A || !B || !sc || !Pf) {
         rc = kvm_err(KVM_ENOMEM, "sculpt ridge: out of memory (k = %lld, %lld queries)", (long long)k, (long long)nq);
         goto done;
     }
-    design_matrix(p, kc, beta, k, P, T, sc);
+    if ((rc = design_matrix(p, kc, beta, k, P, T, Pf, sc))) goto done;
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, P, (int)k, 0.0, A, (int)k);
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, P, (int)k, T, d, 0.0, B, d);
     double tr = 0;
@@ -86,5 +81,6 @@ done:
     free(A);
     free(B);
     free(sc);
+    free(Pf);
     return rc;
 }

@@ -3,6 +3,7 @@
  * Attention Matching arXiv 2602.16284) with the values fixed, and a closed-form ridge fit of the
  * values with the keys fixed. The best point seen is returned. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
+#include "compress/sculpt/kvm_sculpt_lbfgs.h"
 #include "common/kvm_error.h"
 
 #include <lbfgs.h>
@@ -31,6 +32,13 @@ typedef struct solve_ctx {
     int calls;
     int failed;             /* allocation failure inside the loss */
 } solve_ctx;
+
+/* x0 = [keys (when move_keys)] [β (when bias)] of the current point. */
+static void for_init(double *x0, const solve_ctx *s, int64_t nk)
+{
+    for (int64_t i = 0; i < nk; i++) x0[i] = s->kc[i];
+    for (int64_t j = 0; s->bias && j < s->k; j++) x0[nk + j] = s->beta[j];
+}
 
 static void x_to_point(solve_ctx *s, const lbfgsfloatval_t *x)
 {
@@ -103,6 +111,43 @@ static int lbfgs_round(solve_ctx *s, int iters, int history)
     return 0;
 }
 
+/* One run of kvmill's own L-BFGS (kvm_sculpt_lbfgs.h) from the current point, with the
+ * stopping rules of the liblbfgs run; leaves the best point found in kc/beta. */
+static int own_round(solve_ctx *s, int iters, int history)
+{
+    const int64_t nk = s->move_keys ? s->k * s->p->d : 0, n = nk + (s->bias ? s->k : 0);
+    if (n == 0 || iters <= 0) return 0;
+    double *x0 = malloc((size_t)(2 * n) * sizeof *x0), *g = x0 + n;
+    kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
+    prm.history = history;
+    prm.max_iters = iters;
+    kvm_sculpt_lbfgs *st = NULL;
+    if (x0) {
+        for_init(x0, s, nk);
+        st = kvm_sculpt_lbfgs_new(n, x0, &prm);
+    }
+    if (!st) {
+        free(x0);
+        return kvm_err(KVM_ENOMEM, "sculpt: out of memory for L-BFGS (%lld variables)", (long long)n);
+    }
+    kvm_sculpt_lbfgs_need need = KVM_LBFGS_EVALUATE;
+    while (need == KVM_LBFGS_EVALUATE && !s->failed) {
+        const double *x = kvm_sculpt_lbfgs_x(st);
+        x_to_point(s, x);
+        double f = kvm_sculpt_loss(s->p, s->kc, s->vc, s->bias ? s->beta : NULL, s->k, s->lambda,
+                                   s->move_keys ? s->gk : NULL, s->bias ? s->gb : NULL, NULL, NULL);
+        s->calls++;
+        if (isnan(f)) s->failed = 1;
+        for (int64_t i = 0; i < nk; i++) g[i] = s->gk[i];
+        for (int64_t j = 0; s->bias && j < s->k; j++) g[nk + j] = s->gb[j];
+        need = kvm_sculpt_lbfgs_step(st, isfinite(f) ? f : INFINITY, g);
+    }
+    x_to_point(s, kvm_sculpt_lbfgs_best(st, NULL));
+    kvm_sculpt_lbfgs_free(st);
+    free(x0);
+    return s->failed ? kvm_err(KVM_ENOMEM, "sculpt: out of memory in L-BFGS") : 0;
+}
+
 /* Key-norm guard: rescales every key to ‖k‖ ≤ cap (a projection after each L-BFGS round). */
 static void project_keys(float *kc, int64_t k, int d, float cap)
 {
@@ -156,7 +201,7 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
                    .vc = vc, .beta = beta, .gk = gk, .gb = gk + k * d};
     for (int r = 0; any && k > 0 && r < rounds; r++) {
         t0 = now_s();
-        rc = lbfgs_round(&s, iters, o->lbfgs_history);
+        rc = o->lbfgs_oracle ? lbfgs_round(&s, iters, o->lbfgs_history) : own_round(&s, iters, o->lbfgs_history);
         st->lbfgs_s += now_s() - t0;
         if (rc) goto done;
         if (move_keys && o->knorm_cap > 0) project_keys(kc, k, d, (float)o->knorm_cap * p->knorm_max);

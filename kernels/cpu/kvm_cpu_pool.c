@@ -1,6 +1,7 @@
 /* kvm_cpu_pool.c: fork-join pool: a job is (fn, ctx, n_tasks); tasks are claimed with an
  * atomic counter so uneven tasks balance; a generation number wakes the workers. */
 #include "kernels/cpu/kvm_cpu_pool.h"
+#include "kernels/kvm_fpmode.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -52,9 +53,11 @@ void kvm__cpu_set_pool_threads(int n)
 static void run_tasks(int worker)
 {
     int64_t t;
+    kvm_fpmode fm = kvm_fpmode_flush_enter(); /* subnormals flushed while computing, restored after */
     in_task = 1;
     while ((t = atomic_fetch_add(&pool.next, 1)) < pool.n_tasks) pool.fn(pool.ctx, t, worker);
     in_task = 0;
+    kvm_fpmode_restore(fm);
 }
 
 static void *worker_main(void *arg)
@@ -78,7 +81,9 @@ void kvm__cpu_parallel_for(int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx)
 {
     int n = kvm__cpu_threads();
     if (in_task || n == 1 || n_tasks <= 1) {
+        kvm_fpmode fm = kvm_fpmode_flush_enter();
         for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+        kvm_fpmode_restore(fm);
         return;
     }
     pthread_mutex_lock(&pool.job_mu);

@@ -1,0 +1,291 @@
+/* bench_solver.c: the KVSculpt solver's speed on one document's real problems (issue 12):
+ * per-phase CPU seconds and GFLOP/s, the same-run ratios of alternatives (old vs new path,
+ * alternating, medians), and kvmill's own float32 GEMM on 2048×2048×2048 as the ceiling.
+ *
+ *   bench_solver --model M --doc FILE [--ctx 384 --cont 16 --retain 32 --ratio 0.3 --S 2048]
+ *                [--reps 5] [--solve 1] [--gemm 1]
+ *
+ * Sections (one CSV-ish line each, "section,name,value..."):
+ *   gemm     kvm__cpu_gemm_packed on 2048³: GFLOP/s (median of --reps)
+ *   loss     per problem shape: loss+gradient at the Select+Fit start, reference vs blocked,
+ *            seconds per evaluation and GFLOP/s (8·nq·k·d FLOPs), median over --reps rounds
+ *   solve    kvm_sculpt_solve_head over every problem: kvmill's L-BFGS vs liblbfgs, with and
+ *            without flush-to-zero (alternating problem by problem), CPU s, objective ratio. */
+#include "compress/eval/kvm_eval.h"
+#include "compress/sculpt/kvm_sculpt_problem.h"
+#include "common/kvm_error.h"
+#include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/kvm_fpmode.h"
+#include "kernels/kvm_sculpt_kernels.h"
+#include "orchestrator/kvm_cli_model.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *arg(int argc, char **argv, const char *name, const char *def)
+{
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], name)) return argv[i + 1];
+    return def;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, cmp_d);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* kvmill's own sgemm on n³ (the ceiling the loss is measured against). */
+static double gemm_gflops(int64_t n, int reps)
+{
+    float *x = malloc((size_t)(n * n) * sizeof *x), *w = malloc((size_t)(n * n) * sizeof *w);
+    float *y = malloc((size_t)(n * n) * sizeof *y);
+    for (int64_t i = 0; i < n * n; i++) {
+        x[i] = (float)((i * 7) % 13) / 13.0f;
+        w[i] = (float)((i * 5) % 11) / 11.0f;
+    }
+    kvm_cpu_packed pk = {0};
+    kvm__cpu_pack(&pk, w, n, n, n, 1);
+    double t[16];
+    for (int r = 0; r < reps && r < 16; r++) {
+        double t0 = cpu_s();
+        kvm__cpu_gemm_packed(x, n, n, &pk, y, n, 1.0f, 0, n, n);
+        t[r] = cpu_s() - t0;
+    }
+    kvm__cpu_packed_free(&pk);
+    free(x);
+    free(w);
+    free(y);
+    return 2.0 * (double)n * n * n / median(t, reps < 16 ? reps : 16) * 1e-9;
+}
+
+/* The Select+Fit start of problem p at k entries: selected keys, their values. */
+static void start_point(const kvm_sculpt_problem *p, int64_t k, float *kc, float *vc)
+{
+    int64_t *idx = malloc((size_t)k * sizeof *idx);
+    kvm_sculpt_select(p, k, idx);
+    for (int64_t j = 0; j < k; j++) {
+        memcpy(kc + j * p->d, p->kz + idx[j] * p->d, (size_t)p->d * sizeof *kc);
+        memcpy(vc + j * p->d, p->vz + idx[j] * p->d, (size_t)p->d * sizeof *vc);
+    }
+    free(idx);
+}
+
+/* Loss+gradient of problem 0's shape: reference vs the production path, alternating. */
+static void bench_loss(const kvm_sculpt_problem *p, int64_t k, double lambda, int reps)
+{
+    const int d = p->d;
+    float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
+    float *g = malloc((size_t)(k * (d + 1)) * sizeof *g);
+    start_point(p, k, kc, vc);
+    double tr[64], tn[64], fl = 8.0 * (double)p->nq * (double)k * d;
+    int inner = (int)fmax(1, 2e8 / fl);
+    if (reps > 64) reps = 64;
+    for (int r = 0; r < reps; r++) {
+        double t0 = cpu_s();
+        for (int i = 0; i < inner; i++) kvm_sculpt_loss_ref(p, kc, vc, NULL, k, lambda, g, g + k * d, NULL, NULL);
+        tr[r] = (cpu_s() - t0) / inner;
+        t0 = cpu_s();
+        for (int i = 0; i < inner; i++) kvm_sculpt_loss(p, kc, vc, NULL, k, lambda, g, g + k * d, NULL, NULL);
+        tn[r] = (cpu_s() - t0) / inner;
+    }
+    double mr = median(tr, reps), mn = median(tn, reps);
+    printf("loss,nq=%lld k=%lld d=%d,ref_ms,%.3f,ref_gflops,%.2f,new_ms,%.3f,new_gflops,%.2f,speedup,%.2f\n",
+           (long long)p->nq, (long long)k, d, 1e3 * mr, fl / mr * 1e-9, 1e3 * mn, fl / mn * 1e-9, mr / mn);
+    free(kc);
+    free(vc);
+    free(g);
+}
+
+/* The ridge value fit at the Select+Fit start of problem p: CPU ms per fit and GFLOP/s
+ * (2·nq·k·d scores + nq·k² normal matrix + 2·nq·k·d right-hand side + k³/3 Cholesky). */
+static void bench_ridge(const kvm_sculpt_problem *p, int64_t k, double alpha, int reps)
+{
+    const int d = p->d;
+    float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
+    start_point(p, k, kc, vc);
+    double t[64], fl = 4.0 * (double)p->nq * k * d + (double)p->nq * k * k + (double)k * k * k / 3;
+    if (reps > 64) reps = 64;
+    for (int r = 0; r < reps; r++) {
+        double t0 = cpu_s();
+        for (int i = 0; i < 10; i++) kvm_sculpt_ridge(p, kc, NULL, k, alpha, 1.0, vc);
+        t[r] = (cpu_s() - t0) / 10;
+    }
+    double mt = median(t, reps);
+    printf("ridge,nq=%lld k=%lld d=%d,ms,%.3f,gflops,%.2f\n", (long long)p->nq, (long long)k, d, 1e3 * mt, fl / mt * 1e-9);
+    free(kc);
+    free(vc);
+}
+
+/* Float32 vs float64 normal equations of the ridge at the Select+Fit start of problem p: both
+ * built from the same float32 P (ssyrk/sgemm vs dsyrk/dgemm) and solved by Cholesky; prints
+ * the relative difference of the solutions (how much precision float32 would lose here). */
+static void bench_ridge_precision(const kvm_sculpt_problem *p, int64_t k, double alpha_rel)
+{
+    const int d = p->d;
+    const int64_t nq = p->nq;
+    float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
+    float *P = malloc((size_t)(nq * k) * sizeof *P), *T = malloc((size_t)(nq * d) * sizeof *T);
+    float *As = malloc((size_t)(k * k) * sizeof *As), *Bs = malloc((size_t)(k * d) * sizeof *Bs);
+    double *pr = malloc((size_t)nq * sizeof *pr), *Pd = malloc((size_t)(nq * k) * sizeof *Pd);
+    double *Td = malloc((size_t)(nq * d) * sizeof *Td), *Ad = malloc((size_t)(k * k) * sizeof *Ad);
+    double *Bd = malloc((size_t)(k * d) * sizeof *Bd);
+    start_point(p, k, kc, vc);
+    kvm_sculpt_view v = {.d = d, .scale = p->scale, .nq = nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
+                         .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
+                         .out_ms = p->out_ms};
+    kvm_cpu_sculpt_probs(&v, kc, NULL, k, P, pr);
+    for (int64_t i = 0; i < nq; i++)
+        for (int t = 0; t < d; t++) Td[i * d + t] = T[i * d + t] = (float)(p->o_full[i * d + t] - pr[i] * p->o_ret[i * d + t]);
+    for (int64_t i = 0; i < nq * k; i++) Pd[i] = P[i];
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0f, P, (int)k, 0.0f, As, (int)k);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0f, P, (int)k, T, d, 0.0f, Bs, d);
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, Pd, (int)k, 0.0, Ad, (int)k);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, Pd, (int)k, Td, d, 0.0, Bd, d);
+    double tr = 0;
+    for (int64_t j = 0; j < k; j++) tr += Ad[j * k + j];
+    const double alpha = alpha_rel * tr / (double)k;
+    for (int64_t j = 0; j < k; j++) {
+        Ad[j * k + j] += alpha;
+        As[j * k + j] += (float)alpha;
+        for (int t = 0; t < d; t++) {
+            Bd[j * d + t] += alpha * vc[j * d + t];
+            Bs[j * d + t] += (float)(alpha * vc[j * d + t]);
+        }
+    }
+    int i1 = LAPACKE_sposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, As, (lapack_int)k, Bs, d);
+    int i2 = LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, Ad, (lapack_int)k, Bd, d);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < k * d; i++) {
+        num += (Bs[i] - Bd[i]) * (Bs[i] - Bd[i]);
+        den += Bd[i] * Bd[i];
+    }
+    printf("ridge_precision,nq=%lld k=%lld d=%d,alpha_rel,%g,info_f32,%d,info_f64,%d,rel_diff_f32_vs_f64,%.3g\n",
+           (long long)nq, (long long)k, d, alpha_rel, i1, i2, sqrt(num / den));
+    free(kc), free(vc), free(P), free(T), free(As), free(Bs), free(pr), free(Pd), free(Td), free(Ad), free(Bd);
+}
+
+/* Every problem solved by three variants, alternating problem by problem: (0) flush-to-zero and
+ * kvmill's L-BFGS (the production path), (1) flush-to-zero and liblbfgs (the oracle), (2) no
+ * flush-to-zero, kvmill's L-BFGS. Thread CPU seconds, evaluations, and the median over problems
+ * of the final objective of (0) and (2) relative to (1). */
+static void bench_solve(kvm_sculpt_problem *ps, int n, int64_t k, const kvm_sculpt_opts *o)
+{
+    const int d = ps[0].d;
+    float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
+    float *beta = malloc((size_t)k * sizeof *beta);
+    double tot[3] = {0}, lb[3] = {0}, rg[3] = {0}, *ratio[3];
+    long calls[3] = {0};
+    for (int v = 0; v < 3; v++) ratio[v] = calloc((size_t)n, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        double loss[3];
+        for (int v = 0; v < 3; v++) {
+            kvm_sculpt_opts x = *o;
+            x.lbfgs_oracle = v == 1;
+            kvm_fpmode fm = v < 2 ? kvm_fpmode_flush_enter() : (kvm_fpmode){0};
+            kvm_sculpt_head_stats st;
+            double t0 = cpu_s();
+            kvm_sculpt_solve_head(&ps[i], &x, k, x.rounds, x.lbfgs_iters, kc, vc, beta, &st);
+            tot[v] += cpu_s() - t0;
+            if (v < 2) kvm_fpmode_restore(fm);
+            lb[v] += st.lbfgs_s;
+            rg[v] += st.ridge_s;
+            calls[v] += st.lbfgs_calls;
+            loss[v] = st.loss;
+        }
+        for (int v = 0; v < 3; v++) ratio[v][i] = loss[v] / loss[1];
+    }
+    const char *name[3] = {"ftz+kvmill_lbfgs", "ftz+liblbfgs", "noftz+kvmill_lbfgs"};
+    for (int v = 0; v < 3; v++)
+        printf("solve,%s,problems,%d,cpu_s,%.3f,wall_lbfgs_s,%.3f,wall_ridge_s,%.3f,evaluations,%ld,"
+               "median_loss_vs_liblbfgs,%.4f\n",
+               name[v], n, tot[v], lb[v], rg[v], calls[v], median(ratio[v], n));
+    for (int v = 0; v < 3; v++) free(ratio[v]);
+    free(kc);
+    free(vc);
+    free(beta);
+}
+
+static int32_t *read_doc(kvm_tokenizer *tok, const char *path, int64_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *text = malloc(1 << 20);
+    size_t len = fread(text, 1, (1 << 20) - 1, f);
+    fclose(f);
+    text[len] = 0;
+    int32_t *ids = NULL;
+    if (kvm_tokenizer_encode(tok, text, len, 1, 0, &ids, n)) ids = NULL;
+    free(text);
+    return ids;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = arg(argc, argv, "--model", NULL), *doc_path = arg(argc, argv, "--doc", NULL);
+    int64_t ctx = atoll(arg(argc, argv, "--ctx", "384")), cont = atoll(arg(argc, argv, "--cont", "16"));
+    int reps = atoi(arg(argc, argv, "--reps", "5"));
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    o.retain_tokens = atoll(arg(argc, argv, "--retain", "32"));
+    o.ratio = atof(arg(argc, argv, "--ratio", "0.3"));
+    o.n_synth = atoll(arg(argc, argv, "--S", "2048"));
+    if (!model_path || !doc_path || reps < 1) {
+        fprintf(stderr, "usage: see the comment at the top of bench/bench_solver.c\n");
+        return 2;
+    }
+    openblas_set_num_threads(1); /* as kvm_sculpt_compress does: thread CPU time is then the whole cost */
+    if (atoi(arg(argc, argv, "--gemm", "1"))) printf("gemm,kvm_sgemm_2048,gflops,%.1f\n", gemm_gflops(2048, reps));
+    kvm_model *m;
+    kvm_tokenizer *tok;
+    if (kvm_cli_open_model("bench_solver", model_path, NULL, 1, &m, &tok)) return 1;
+    int64_t n = 0;
+    int32_t *ids = read_doc(tok, doc_path, &n);
+    kvm_eval_doc *doc;
+    if (!ids || n < ctx + cont || kvm_eval_doc_new(m, NULL, ids, ctx + cont, ctx, cont, &doc)) {
+        fprintf(stderr, "bench_solver: %s: %s\n", doc_path, ids ? kvm_errmsg() : "unreadable or too short");
+        return 1;
+    }
+    const kvm_model_config *c = &m->cfg;
+    const int np = c->n_layers * c->n_kv_heads;
+    kvm_sculpt_problem *ps = calloc((size_t)np, sizeof *ps);
+    double t0 = cpu_s();
+    for (int i = 0; i < np; i++)
+        if (kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads, i % c->n_kv_heads,
+                                     o.retain_tokens, o.n_synth, cont, o.seed, &ps[i])) {
+            fprintf(stderr, "bench_solver: %s\n", kvm_errmsg());
+            return 1;
+        }
+    int64_t k = llround(o.ratio * (double)ps[0].nc);
+    printf("queries,problems,%d,cpu_s,%.3f\n", np, cpu_s() - t0);
+    kvm_fpmode fm = kvm_fpmode_flush_enter();
+    bench_loss(&ps[0], k, o.lambda, reps);
+    bench_ridge(&ps[0], k, o.ridge_alpha, reps);
+    for (int i = 0; i < np; i += np / 4 > 0 ? np / 4 : 1) bench_ridge_precision(&ps[i], k, o.ridge_alpha);
+    kvm_fpmode_restore(fm);
+    if (atoi(arg(argc, argv, "--solve", "1"))) bench_solve(ps, np, k, &o);
+    for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&ps[i]);
+    free(ps);
+    kvm_eval_doc_free(&doc);
+    free(ids);
+    kvm_tokenizer_close(&tok);
+    kvm_model_close(&m);
+    return 0;
+}

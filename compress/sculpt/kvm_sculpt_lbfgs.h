@@ -1,0 +1,57 @@
+/* kvm_sculpt_lbfgs.h: L-BFGS of our own for the KVSculpt key fit (issue 12), written in
+ * reverse communication so that many problems can step in lockstep with one batched loss and
+ * gradient evaluation per step: the caller asks each problem's state which point it needs,
+ * evaluates all of them at once (any order, any backend), hands the values back and steps.
+ * Nocedal & Wright, Numerical Optimization (2nd ed.): the two-loop recursion (Alg. 7.4, H0 =
+ * sᵀy/yᵀy·I, eq. 7.20) and a line search satisfying the strong Wolfe conditions (Alg. 3.5
+ * with zoom, Alg. 3.6, cubic interpolation eq. 3.59 safeguarded). Stopping rules are those of
+ * the liblbfgs run it replaces (‖g‖ ≤ ε·max(1, ‖x‖), relative decrease over `past`
+ * iterations, iteration cap, 20 evaluations per line search). A problem's iterates depend on
+ * its own values only, so results never depend on what else is in a batch. */
+#ifndef KVM_SCULPT_LBFGS_H
+#define KVM_SCULPT_LBFGS_H
+
+#include <stdint.h>
+
+/* Settings (kvm_sculpt_lbfgs_params_default gives those the solver used with liblbfgs). */
+typedef struct kvm_sculpt_lbfgs_params {
+    int history;         /* m pairs kept (default 20) */
+    int max_iters;       /* iterations (accepted line searches) (default 30) */
+    int max_linesearch;  /* evaluations per line search (default 20) */
+    int past;            /* decrease test distance (default 4; 0 = off) */
+    double delta;        /* stop when (f_{it−past} − f)/|f| < delta (default 1e-4) */
+    double epsilon;      /* stop when ‖g‖ ≤ ε·max(1, ‖x‖) (default 1e-6) */
+    double c1, c2;       /* Wolfe constants (default 1e-4, 0.9) */
+} kvm_sculpt_lbfgs_params;
+
+/* What a state needs next. */
+typedef enum kvm_sculpt_lbfgs_need {
+    KVM_LBFGS_EVALUATE = 0, /* evaluate f and g at x (kvm_sculpt_lbfgs_x), then call _step */
+    KVM_LBFGS_DONE = 1,     /* finished: the best point seen is in _best */
+} kvm_sculpt_lbfgs_need;
+
+typedef struct kvm_sculpt_lbfgs kvm_sculpt_lbfgs;
+
+kvm_sculpt_lbfgs_params kvm_sculpt_lbfgs_params_default(void);
+
+/* A state for n variables starting at x0 [n] (copied). NULL on allocation failure (or n < 1).
+ * The first need is an evaluation at x0. */
+kvm_sculpt_lbfgs *kvm_sculpt_lbfgs_new(int64_t n, const double *x0, const kvm_sculpt_lbfgs_params *p);
+
+void kvm_sculpt_lbfgs_free(kvm_sculpt_lbfgs *s); /* accepts NULL */
+
+/* The point [n] to evaluate next (valid until the next _step; owned by s). */
+const double *kvm_sculpt_lbfgs_x(const kvm_sculpt_lbfgs *s);
+
+/* Hands back f and g [n] (read) at the point of _x and advances. A non-finite f counts as a
+ * failed trial (the step shrinks). Returns what is needed next. */
+kvm_sculpt_lbfgs_need kvm_sculpt_lbfgs_step(kvm_sculpt_lbfgs *s, double f, const double *g);
+
+/* The best point [n] evaluated so far and its value (+∞ before any finite evaluation). */
+const double *kvm_sculpt_lbfgs_best(const kvm_sculpt_lbfgs *s, double *f);
+
+/* Evaluations and accepted iterations so far. */
+int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s);
+int kvm_sculpt_lbfgs_iterations(const kvm_sculpt_lbfgs *s);
+
+#endif

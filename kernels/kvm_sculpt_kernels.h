@@ -1,0 +1,67 @@
+/* kvm_sculpt_kernels.h: the KVSculpt solver's numerics behind the backend interface (issue
+ * 12): loss and analytic gradient (arXiv 2603.27819 §3, logit biases per Attention Matching
+ * arXiv 2602.16284) of one problem as query-blocked GEMMs with fused row kernels between them
+ * (the bodies in kernels/kvm_sculpt_body.h). What is minimised, rounds, allocation and the
+ * cache format stay in compress/sculpt/. */
+#ifndef KVM_SCULPT_KERNELS_H
+#define KVM_SCULPT_KERNELS_H
+
+#include <stdint.h>
+
+/* One (layer, KV head) problem as flat float32 arrays (borrowed; host memory for the CPU
+ * backend). Shapes: q, o_full, o_ret [nq][d] row-major; lse_zone, lse_ret [nq] (nats,
+ * KVM_SB_NO_LSE for an empty set); n_vis [nq] = retain entries query i sees (0: none). */
+typedef struct kvm_sculpt_view {
+    int d;               /* head dim (≤ 512) */
+    float scale;         /* score scale 1/sqrt(d) */
+    int64_t nq;          /* training queries */
+    int64_t nc;          /* compress-zone tokens (0: no LSE term) */
+    const float *q, *o_full, *o_ret, *lse_zone, *lse_ret;
+    const int64_t *n_vis;
+    double out_ms;       /* MSE normaliser: mean ‖o_full‖² */
+    int lse_mass_weight; /* 1: LSE error weighted by σ(lse_zone − lse_ret) */
+} kvm_sculpt_view;
+
+/* The result of one evaluation. */
+typedef struct kvm_sculpt_eval {
+    double loss;     /* L = mse_sum/(nq·out_ms) + λ·lse_sum/nq */
+    double mse_sum;  /* Σ_i ‖Ô_i − O_i‖² */
+    double lse_sum;  /* Σ_i wz_i (LSE_c,i − LSE_zone,i)² */
+} kvm_sculpt_eval;
+
+/* CPU backend, one problem, k ≥ 1 distilled entries kc, vc [k][d], beta [k] (NULL = 0):
+ * scores S = scale·Q·Kcᵀ + β, softmax rows, Ôc = W·Vc, output error rows, E·Vcᵀ, ∂score rows,
+ * gradient Gᵀ = Qᵀ·U, in blocks of 64 queries (kvmill's own packed GEMM, kvm_cpu_gemm.h).
+ * grad_k [k][d] and grad_b [k] may be NULL (then only the loss is computed). Single-threaded
+ * and deterministic: the result depends on nothing but the arguments. Returns 0, KVM_EINVAL
+ * (k < 1 or d > 512), KVM_ENOMEM. */
+int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const float *vc, const float *beta, int64_t k,
+                            double lambda, float *grad_k, float *grad_b, kvm_sculpt_eval *out);
+
+/* CPU backend, the ridge design (KVSculpt §3 value step): P [nq][k] (row-major, float32),
+ * P_ij = the probability query i puts on distilled entry j under the softmax over the k
+ * entries (scores scale·q·kc + β, beta NULL = 0) and its visible retain entries, and pr [nq]
+ * (float64) the retain share; the same blocked GEMM and row bodies as the loss. Returns 0,
+ * KVM_EINVAL (k < 1 or d > 512), KVM_ENOMEM. */
+int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, float *P,
+                         double *pr);
+
+/* The full-cache references of one problem (KVSculpt §3 targets), CPU backend: for queries q
+ * [nq][d] (scale), zone keys/values kz, vz [nc][d] and retain kr, vr [m][d] of which query i
+ * sees the first n_vis[i]: attention outputs o_full [nq][d] (over zone + visible retain) and
+ * o_ret [nq][d] (visible retain only, 0 when none), LSEs lse_zone, lse_ret [nq] (nats,
+ * KVM_SB_NO_LSE when empty), Σ_i ‖o_full,i‖² into *out_sq, and mass [nc] += the full-softmax
+ * probability of each zone token summed over queries [0, n_mass). Scores and products are
+ * blocked float32 GEMMs, sums per row in float64. Returns 0 or KVM_ENOMEM. */
+typedef struct kvm_sculpt_refs_in {
+    int d;
+    float scale;
+    int64_t nq, nc, m, n_mass;
+    const float *q, *kz, *vz, *kr, *vr;
+    const int64_t *n_vis;
+} kvm_sculpt_refs_in;
+
+int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_ret, float *lse_zone, float *lse_ret,
+                        double *mass, double *out_sq);
+
+#endif
