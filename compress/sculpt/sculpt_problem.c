@@ -128,7 +128,7 @@ int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, 
             pos[s] = ps > INT32_MAX ? INT32_MAX : (int32_t)ps;
             p->n_vis[i] = m;
         }
-        kvm_rope_table(pos, n_synth, d, c->rope_theta, cs, sn);
+        kvm_model_rope_table(c, pos, n_synth, cs, sn); /* the model's RoPE, llama3 scaling included */
         kvm_kernels_cpu()->rope(p->q + p->nq_real * d, n_synth, d, 1, d, cs, sn, c->rope_style);
     }
     if ((rc = kvm_sculpt_problem_prepare(p))) goto fail;
