@@ -76,7 +76,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"run", "grace_s", I, "30", 0, 86400, NULL, "s", "on SIGTERM a stage finishes its job within this time, else hands it back"},
     {"run", "max_retries", I, "3", 0, 100, NULL, "", "a job is requeued at most this many times, then recorded as failed"},
     {"run", "max_prefetch", I, "0", 0, 1 << 20, NULL, "documents", "documents prefilled and waiting for compress at most (their KV is held in memory); 0 = 2 per live compress worker"},
-    {"run", "progress_s", I, "5", 1, 86400, NULL, "s", "when stderr is not a terminal: a progress line at most this often, and only when something changed"},
+    {"run", "progress_s", I, "5", 0, 86400, NULL, "s", "when stderr is not a terminal: a progress line at most this often (0: at every change), and only when something changed"},
     {"run", "job_timeout_s", I, "600", 1, 86400 * 7, NULL, "s", "a job not acknowledged in this time is requeued"},
 
     {"serve", "workers", I, "1", 0, 256, NULL, "processes", "decode workers started by kvmill serve; 0 = only external workers"},
