@@ -1,9 +1,13 @@
 /* compress.c: the kvmill-compress stage: receives a job and its per-layer `kv` messages,
  * compresses the cache with the configured method (eviction patterns and/or KVSculpt per
- * layer), writes all layers and the manifest to the store in one transaction, then acks. */
+ * layer), writes all layers and the manifest to the store in one transaction, then acks.
+ * With --store tcp://... or ipc://... (or [store] service of the job's settings) the cache is
+ * uploaded to the store service on the store's host instead (no LMDB opened here), and the
+ * job is acked only after the service replied that it committed the cache. */
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storecli.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
@@ -17,8 +21,39 @@ typedef struct compress_state {
     kvm_worker_model wm;
     kvm_store *store;       /* opened in setup (--config) or with the first job's settings */
     const char *store_path; /* --store */
+    kvm_storecli *svc;      /* the store service, when the store is remote */
     char worker_id[256];
 } compress_state;
+
+/* The store service endpoint: --store when it names one, else [store] service of cfg. */
+static const char *service_endpoint(const compress_state *st, const kvm_config *cfg)
+{
+    const char *p = st->store_path;
+    if (p && (!strncmp(p, "tcp://", 6) || !strncmp(p, "ipc://", 6))) return p;
+    const char *s = cfg ? kvm_config_str(cfg, "store", "service") : "";
+    return *s ? s : NULL;
+}
+
+/* Remote store: the cache goes to the store service (PolyKV needs the strategy of the
+ * store, which a remote worker does not read: refused). The service client is opened with
+ * the first job's settings. */
+static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *j, const kvm_kvcache *cc,
+                  kvm_stage_out *out)
+{
+    int rc = 0;
+    if (!st->svc && (rc = kvm_storecli_open(c, service_endpoint(st, c), &st->svc))) return rc;
+    kvm_serve_cache_enc e;
+    double t0 = kvm_now_ms();
+    if ((rc = kvm_serve_cache_encode(NULL, c, &st->wm, j->tokens, j->n_tokens, cc, &e))) return rc;
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
+    int64_t bytes = 0;
+    rc = kvm_storecli_put(st->svc, &e, j->job_id, name, (int)kvm_config_int(c, "store", "upload_timeout_ms"), 3,
+                          &bytes);
+    out->transport_ms += kvm_now_ms() - t0;
+    kvm_serve_cache_enc_free(&e);
+    return rc;
+}
 
 /* The store opens with [store] settings: of --config when given, else of the first job. */
 static int setup(void *stp, const kvm_stage_args *a)
@@ -26,9 +61,9 @@ static int setup(void *stp, const kvm_stage_args *a)
     compress_state *st = stp;
     st->wm.override = a->model;
     snprintf(st->worker_id, sizeof st->worker_id, "%s", a->worker_id ? a->worker_id : "compress");
-    if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH");
+    if (!a->store && !a->config) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH|ENDPOINT or --config");
     st->store_path = a->store;
-    if (!a->config) return 0;
+    if (!a->config || service_endpoint(st, NULL)) return 0;
     kvm_config *cfg = NULL;
     int rc = kvm_config_load(a->config, &cfg);
     if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
@@ -151,8 +186,21 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
-    if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
+    int remote = !rc && service_endpoint(st, cfg);
+    if (remote && !strcmp(kvm_config_str(cfg, "compress", "method"), "polykv"))
+        rc = kvm_err(KVM_ENOTSUP, "method polykv reads its strategy from the store: run this worker on the store's host");
+    if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
+    if (remote) {
+        if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+        if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
+        kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
+                                 .n_future = kvm_config_int(cfg, "compress", "future")};
+        if ((rc = kvm_worker_compress(cfg, &ri, NULL, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+        /* no reply at all: the service is down or the link cut; requeueing may succeed */
+        if ((rc = upload(st, cfg, &j, cc, out))) { *retryable = rc == KVM_EIO; goto done; }
+        goto evaluated;
+    }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
     double t0 = kvm_now_ms();
     if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
@@ -165,6 +213,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
     if ((rc = check_strategy_kept(st, cfg, &j, &before))) { *retryable = 1; goto done; }
     record_meta(st, &j);
+evaluated:
     if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0)
         evaluate(st->wm.model, &j, cc, out);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
@@ -184,6 +233,7 @@ static void teardown(void *stp)
     compress_state *st = stp;
     kvm_worker_model_free(&st->wm);
     kvm_store_close(&st->store);
+    kvm_storecli_close(&st->svc);
 }
 
 int main(int argc, char **argv)
