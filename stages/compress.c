@@ -7,7 +7,7 @@
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
-#include "pipeline/kvm_storecli.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
@@ -25,33 +25,19 @@ typedef struct compress_state {
     char worker_id[256];
 } compress_state;
 
-/* The store service endpoint: --store when it names one, else [store] service of cfg. */
-static const char *service_endpoint(const compress_state *st, const kvm_config *cfg)
-{
-    const char *p = st->store_path;
-    if (p && (!strncmp(p, "tcp://", 6) || !strncmp(p, "ipc://", 6))) return p;
-    const char *s = cfg ? kvm_config_str(cfg, "store", "service") : "";
-    return *s ? s : NULL;
-}
-
 /* Remote store: the cache goes to the store service (PolyKV needs the strategy of the
- * store, which a remote worker does not read: refused). The service client is opened with
- * the first job's settings. */
+ * store, which a remote worker does not read: refused before). The service client is opened
+ * with the first job's settings. */
 static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *j, const kvm_kvcache *cc,
                   kvm_stage_out *out)
 {
     int rc = 0;
-    if (!st->svc && (rc = kvm_storecli_open(c, service_endpoint(st, c), &st->svc))) return rc;
-    kvm_serve_cache_enc e;
-    double t0 = kvm_now_ms();
-    if ((rc = kvm_serve_cache_encode(NULL, c, &st->wm, j->tokens, j->n_tokens, cc, &e))) return rc;
+    if (!st->svc && (rc = kvm_storecli_open(c, kvm_serve_remote_endpoint(st->store_path, c), &st->svc))) return rc;
     char name[256];
     snprintf(name, sizeof name, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
-    int64_t bytes = 0;
-    rc = kvm_storecli_put(st->svc, &e, j->job_id, name, (int)kvm_config_int(c, "store", "upload_timeout_ms"), 3,
-                          &bytes);
+    double t0 = kvm_now_ms();
+    rc = kvm_serve_remote_store(st->svc, c, &st->wm, j->tokens, j->n_tokens, cc, j->job_id, name, NULL);
     out->transport_ms += kvm_now_ms() - t0;
-    kvm_serve_cache_enc_free(&e);
     return rc;
 }
 
@@ -63,10 +49,10 @@ static int setup(void *stp, const kvm_stage_args *a)
     snprintf(st->worker_id, sizeof st->worker_id, "%s", a->worker_id ? a->worker_id : "compress");
     if (!a->store && !a->config) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH|ENDPOINT or --config");
     st->store_path = a->store;
-    if (!a->config || service_endpoint(st, NULL)) return 0;
+    if (!a->config || kvm_serve_remote_is_endpoint(a->store)) return 0;
     kvm_config *cfg = NULL;
     int rc = kvm_config_load(a->config, &cfg);
-    if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
+    if (!rc && !kvm_serve_remote_endpoint(a->store, cfg)) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
     kvm_config_free(&cfg);
     return rc;
 }
@@ -186,7 +172,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
-    int remote = !rc && service_endpoint(st, cfg);
+    int remote = !rc && kvm_serve_remote_endpoint(st->store_path, cfg);
     if (remote && !strcmp(kvm_config_str(cfg, "compress", "method"), "polykv"))
         rc = kvm_err(KVM_ENOTSUP, "method polykv reads its strategy from the store: run this worker on the store's host");
     if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
