@@ -29,7 +29,7 @@ static int cli_connect(kvm_storecli *c)
     if (!*spk && !kvm_curve_is_local(c->endpoint))
         return kvm_err(KVM_EINVAL,
                        "store service %s is not local: set [security] server_public_key, client_public_key and "
-                       "client_secret_key",
+                       "client_secret_key (or give the worker --server-key, --client-public, --client-secret)",
                        c->endpoint);
     if (*spk && (rc = kvm_curve_client(c->sock, spk, *cpk ? cpk : NULL, *csk ? csk : NULL))) return rc;
     if (zmq_connect(c->sock, c->endpoint))
@@ -37,14 +37,24 @@ static int cli_connect(kvm_storecli *c)
     return 0;
 }
 
-int kvm_storecli_open(const kvm_config *cfg, const char *endpoint, kvm_storecli **out)
+kvm_storecli_keys kvm_storecli_keys_of(const kvm_config *cfg, const char *server_key, const char *client_public,
+                                       const char *client_secret)
+{
+    const char *spk = cfg ? kvm_config_str(cfg, "security", "server_public_key") : "";
+    if (*spk)
+        return (kvm_storecli_keys){spk, kvm_config_str(cfg, "security", "client_public_key"),
+                                   kvm_config_str(cfg, "security", "client_secret_key")};
+    return (kvm_storecli_keys){server_key, client_public, client_secret};
+}
+
+int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_storecli **out)
 {
     *out = NULL;
     kvm_storecli *c = calloc(1, sizeof *c);
     if (!c) return kvm_err(KVM_ENOMEM, "store service client: out of memory");
-    snprintf(c->spk, sizeof c->spk, "%s", kvm_config_str(cfg, "security", "server_public_key"));
-    snprintf(c->cpk, sizeof c->cpk, "%s", kvm_config_str(cfg, "security", "client_public_key"));
-    snprintf(c->csk, sizeof c->csk, "%s", kvm_config_str(cfg, "security", "client_secret_key"));
+    snprintf(c->spk, sizeof c->spk, "%s", keys && keys->server_public ? keys->server_public : "");
+    snprintf(c->cpk, sizeof c->cpk, "%s", keys && keys->client_public ? keys->client_public : "");
+    snprintf(c->csk, sizeof c->csk, "%s", keys && keys->client_secret ? keys->client_secret : "");
     snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
     c->next_request = (uint64_t)time(NULL) << 20;
     c->zctx = zmq_ctx_new();

@@ -12,12 +12,27 @@
 
 typedef struct kvm_storecli kvm_storecli;
 
+/* CurveZMQ key files of a store service client; NULL or "" = not given. */
+typedef struct kvm_storecli_keys {
+    const char *server_public; /* the store service's public key */
+    const char *client_public; /* this worker's key pair */
+    const char *client_secret;
+} kvm_storecli_keys;
+
+/* The keys a worker uses: [security] server_public_key, client_public_key, client_secret_key
+ * of cfg (may be NULL) where set, else the stage's --server-key / --client-public /
+ * --client-secret (may be NULL). The store service runs on the store's host with that host's
+ * server key pair (the orchestrator's), so the same files serve both connections. Strings
+ * borrow from cfg and the arguments. */
+kvm_storecli_keys kvm_storecli_keys_of(const kvm_config *cfg, const char *server_key, const char *client_public,
+                                       const char *client_secret);
+
 /* Connects a DEALER to the store service at endpoint (tcp://HOST:PORT, ipc://...), as a
- * CurveZMQ client when [security] server_public_key is set in cfg (then client_public_key and
- * client_secret_key are this worker's pair). A non-local endpoint without those keys is
- * refused (KVM_EINVAL naming the settings). *out is owned (kvm_storecli_close). Errors:
- * KVM_EINVAL, the key files' errors, KVM_EIO, KVM_ENOMEM. cfg is not kept. */
-int kvm_storecli_open(const kvm_config *cfg, const char *endpoint, kvm_storecli **out);
+ * CurveZMQ client when keys->server_public is given (then the client pair too). A non-local
+ * endpoint without keys is refused (KVM_EINVAL naming the settings). The key paths are copied.
+ * *out is owned (kvm_storecli_close). Errors: KVM_EINVAL, the key files' errors, KVM_EIO,
+ * KVM_ENOMEM. */
+int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_storecli **out);
 void kvm_storecli_close(kvm_storecli **c);
 
 /* Uploads e (its manifest and layer messages, which stay the caller's) as put_cache + one

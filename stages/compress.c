@@ -22,6 +22,8 @@ typedef struct compress_state {
     kvm_store *store;       /* opened in setup (--config) or with the first job's settings */
     const char *store_path; /* --store */
     kvm_storecli *svc;      /* the store service, when the store is remote */
+    kvm_config *own_cfg;    /* --config, for its [security] keys */
+    const char *server_key, *client_public, *client_secret; /* the stage's CurveZMQ arguments */
     char worker_id[256];
 } compress_state;
 
@@ -32,7 +34,8 @@ static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *
                   kvm_stage_out *out)
 {
     int rc = 0;
-    if (!st->svc && (rc = kvm_storecli_open(c, kvm_serve_remote_endpoint(st->store_path, c), &st->svc))) return rc;
+    kvm_storecli_keys k = kvm_storecli_keys_of(st->own_cfg, st->server_key, st->client_public, st->client_secret);
+    if (!st->svc && (rc = kvm_storecli_open(&k, kvm_serve_remote_endpoint(st->store_path, c), &st->svc))) return rc;
     char name[256];
     snprintf(name, sizeof name, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
     double t0 = kvm_now_ms();
@@ -49,11 +52,10 @@ static int setup(void *stp, const kvm_stage_args *a)
     snprintf(st->worker_id, sizeof st->worker_id, "%s", a->worker_id ? a->worker_id : "compress");
     if (!a->store && !a->config) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH|ENDPOINT or --config");
     st->store_path = a->store;
-    if (!a->config || kvm_serve_remote_is_endpoint(a->store)) return 0;
-    kvm_config *cfg = NULL;
-    int rc = kvm_config_load(a->config, &cfg);
-    if (!rc && !kvm_serve_remote_endpoint(a->store, cfg)) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
-    kvm_config_free(&cfg);
+    st->server_key = a->server_key, st->client_public = a->client_public, st->client_secret = a->client_secret;
+    if (!a->config) return 0;
+    int rc = kvm_config_load(a->config, &st->own_cfg);
+    if (!rc && !kvm_serve_remote_endpoint(a->store, st->own_cfg)) rc = kvm_storew_open(st->own_cfg, a->store, 0, &st->store);
     return rc;
 }
 
@@ -220,6 +222,7 @@ static void teardown(void *stp)
     kvm_worker_model_free(&st->wm);
     kvm_store_close(&st->store);
     kvm_storecli_close(&st->svc);
+    kvm_config_free(&st->own_cfg);
 }
 
 int main(int argc, char **argv)

@@ -51,9 +51,10 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (!rc && a->store && !svc) rc = kvm_config_set(st->cfg, "store", "path", a->store);
     if (rc) return rc;
     st->wm.override = a->model;
+    kvm_storecli_keys keys = kvm_storecli_keys_of(st->cfg, a->server_key, a->client_public, a->client_secret);
     if (svc && !strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv"))
         return kvm_err(KVM_ENOTSUP, "method polykv reads its strategy from the store: run this worker on the store's host");
-    if ((rc = svc ? kvm_storecli_open(st->cfg, svc, &st->svc) : kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
+    if ((rc = svc ? kvm_storecli_open(&keys, svc, &st->svc) : kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
     st->tok = st->wm.tok;

@@ -19,6 +19,11 @@
 #include "proto/kvm_proto.h"
 #include "tests/util/kvm_test.h"
 
+/* the client's keys from a config's [security] */
+#define KEYS(cfg) (&(kvm_storecli_keys){kvm_config_str(cfg, "security", "server_public_key"),                     \
+                                        kvm_config_str(cfg, "security", "client_public_key"),                     \
+                                        kvm_config_str(cfg, "security", "client_secret_key")})
+
 enum { L = 3, H = 2, D = 4, N = 8, PER_HEAD = 3 };
 
 static char *g_dir;
@@ -168,7 +173,7 @@ START_TEST(test_put_then_get)
     svc_start(&t, NULL, 0);
     kvm_config *cfg = config(NULL);
     kvm_storecli *c = NULL;
-    ck_assert_msg(kvm_storecli_open(cfg, g_ep, &c) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_storecli_open(KEYS(cfg), g_ep, &c) == 0, "%s", kvm_errmsg());
     kvm_serve_cache_enc e;
     make_cache(1, &e);
     ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND);
@@ -211,7 +216,7 @@ START_TEST(test_layers_mismatch_refused)
     svc_start(&t, NULL, 0);
     kvm_config *cfg = config(NULL);
     kvm_storecli *c = NULL;
-    ck_assert_int_eq(kvm_storecli_open(cfg, g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &c), 0);
     ck_assert_int_eq(kvm_storecli_put(c, &e, 1, NULL, 3000, 1, NULL), KVM_EMISMATCH);
     ck_assert_msg(strstr(kvm_errmsg(), "the stored model 4 x 2 x 4"), "%s", kvm_errmsg());
     /* another model id (no stored shape), but layer 1 claims another layer count */
@@ -327,7 +332,7 @@ START_TEST(test_client_without_key_refused)
     make_cache(4, &e);
     kvm_config *plain = config(NULL);
     kvm_storecli *c = NULL;
-    ck_assert_int_eq(kvm_storecli_open(plain, g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_open(KEYS(plain), g_ep, &c), 0);
     ck_assert_int_eq(kvm_storecli_put(c, &e, 1, NULL, 800, 1, NULL), KVM_EIO);
     ck_assert_msg(strstr(kvm_errmsg(), "no reply"), "%s", kvm_errmsg());
     kvm_storecli_close(&c);
@@ -335,7 +340,7 @@ START_TEST(test_client_without_key_refused)
     snprintf(sec + strlen(sec), sizeof sec - strlen(sec), "client_secret_key = %s/client.secret\nclient_public_key = %s/client.public\n",
              g_dir, g_dir);
     kvm_config *keyed = config(sec);
-    ck_assert_int_eq(kvm_storecli_open(keyed, g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_open(KEYS(keyed), g_ep, &c), 0);
     ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND); /* the keyless client stored nothing */
     ck_assert_msg(kvm_storecli_put(c, &e, 1, NULL, 3000, 1, NULL) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(fetch(c, &e), L);
@@ -370,7 +375,7 @@ START_TEST(test_service_restart_retry)
     int port = atoi(strrchr(g_ep, ':') + 1);
     kvm_config *cfg = config(NULL);
     kvm_storecli *c = NULL;
-    ck_assert_int_eq(kvm_storecli_open(cfg, g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &c), 0);
     kvm_serve_cache_enc a, b;
     make_cache(5, &a);
     make_cache(6, &b);
@@ -397,7 +402,7 @@ START_TEST(test_nonlocal_needs_keys)
 {
     kvm_config *cfg = config(NULL);
     kvm_storecli *c = NULL;
-    ck_assert_int_eq(kvm_storecli_open(cfg, "tcp://10.255.255.1:5560", &c), KVM_EINVAL);
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), "tcp://10.255.255.1:5560", &c), KVM_EINVAL);
     ck_assert_msg(strstr(kvm_errmsg(), "server_public_key"), "%s", kvm_errmsg());
     void *zctx = zmq_ctx_new(), *r = zmq_socket(zctx, ZMQ_ROUTER);
     ck_assert_int_eq(kvm_serve_bind(zctx, r, "tcp://0.0.0.0:0", cfg, 1, "store"), KVM_EINVAL);
