@@ -193,13 +193,12 @@ ask_via() { # workers, then: ask the serve front end once it is ready; prints th
         --bind tcp://127.0.0.1:0 >"$out" 2>"$out.err"
     local sp=$SPAWNED
     if [ "$1" = 0 ]; then
-        inns dec "$BIN/kvmill-decode" --connect "tcp://$NET.1:7300" --config "$T/dec/dec.ini" \
+        spawn dec "$T/dec/decode.pid" "$BIN/kvmill-decode" --connect "tcp://$NET.1:7300" --config "$T/dec/dec.ini" \
             --store "tcp://$NET.1:7200" --server-key "$T/dec/server.public" --client-public "$T/dec/dec.public" \
-            --client-secret "$T/dec/dec.secret" --heartbeat-ms 200 --id dec 2>"$T/dec/decode.err" &
-        PIDS+=($!)
-        DEC_PID=$!
+            --client-secret "$T/dec/dec.secret" --heartbeat-ms 200 --id dec 2>"$T/dec/decode.err"
+        DEC_PID=$SPAWNED
     fi
-    for _ in $(seq 300); do grep -q "joined" "$out.err" && break; sleep 0.1; done
+    for _ in $(seq 300); do grep -q "joined" "$out.err" && grep -q "ready" "$out" "$out.err" && break; sleep 0.1; done
     local fe
     fe=$(grep ready "$out" "$out.err" | grep -o "tcp://127.0.0.1:[0-9]*" | head -1)
     inns orch "$BIN/kvmill" ask --connect "$fe" --server-key "$T/orch/server.public" \
@@ -210,7 +209,8 @@ ask_via() { # workers, then: ask the serve front end once it is ready; prints th
 }
 ask_via 0 >"$T/orch/remote.txt"
 REMOTE=$(cat "$T/orch/remote.txt")
-grep -q "joined" "$T/orch/serve-0.out.err" || fail "the remote decode worker did not join"
+grep -q "external decode worker dec joined" "$T/orch/serve-0.out.err" || fail "the remote decode worker did not join"
+kill "$DEC_PID" # the local answer comes from the local worker alone
 ask_via 1 >"$T/orch/local.txt"
 LOCAL=$(cat "$T/orch/local.txt")
 [ -n "$REMOTE" ] || fail "no answer through the remote decode worker: $(cat "$T/orch/ask-0.err")"
