@@ -63,6 +63,8 @@ int kvm_cmd_run(int argc, char **argv)
         {"config", 1, "pipeline configuration (INI), e.g. configs/default.ini", NULL},
         {"corpus", 1, "a folder of *.txt documents or a .jsonl file (id + text or tokens per line)", NULL},
         {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
+        {"bind", 1, "tcp://HOST:PORT base external workers connect to (overrides [run] bind; off-host needs [security] keys)",
+         NULL},
         {"dump-config", 0, "print the resolved configuration and exit", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
@@ -83,6 +85,12 @@ int kvm_cmd_run(int argc, char **argv)
     const char *store = kvm_cli_get(opts, "store");
     if (store && kvm_config_set(cfg, "store", "path", store)) {
         fprintf(stderr, "kvmill run: --store: %s\n", kvm_errmsg());
+        kvm_config_free(&cfg);
+        return 2;
+    }
+    const char *bind = kvm_cli_get(opts, "bind");
+    if (bind && kvm_config_set(cfg, "run", "bind", bind)) {
+        fprintf(stderr, "kvmill run: --bind: %s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;
     }

@@ -15,7 +15,8 @@ int kvm_cmd_serve(int argc, char **argv)
     kvm_cli_opt opts[] = {
         {"config", 1, "configuration the caches were made with (model, context, compression), e.g. configs/default.ini",
          NULL},
-        {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
+        {"store", 1, "LMDB store directory (overrides [store] path), or the store service's endpoint tcp://HOST:PORT "
+                     "(sets [store] service: decode workers fetch caches from it)", NULL},
         {"bind", 1,
          "front end endpoint for clients (overrides [serve] bind; default tcp://127.0.0.1:5555); "
          "a non-local address needs [security] keys",
@@ -41,7 +42,9 @@ int kvm_cmd_serve(int argc, char **argv)
     char resolved[4096] = "";
     if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), 2;
     int status = 2;
-    if (store && kvm_config_set(cfg, "store", "path", store)) {
+    /* an endpoint names the store service on another host (decode workers fetch with get_cache) */
+    if (store && kvm_config_set(cfg, "store", !strncmp(store, "tcp://", 6) || !strncmp(store, "ipc://", 6) ? "service" : "path",
+                                store)) {
         fprintf(stderr, "kvmill serve: --store: %s\n", kvm_errmsg());
         goto done;
     }
@@ -78,7 +81,8 @@ int kvm_cmd_serve(int argc, char **argv)
     kvm_config_dump(cfg, f);
     fclose(f);
     o.config_path = resolved;
-    o.store_path = kvm_config_str(cfg, "store", "path");
+    o.store_path = *kvm_config_str(cfg, "store", "service") ? kvm_config_str(cfg, "store", "service")
+                                                           : kvm_config_str(cfg, "store", "path");
     o.bind = kvm_cli_get(opts, "bind");
     char self[4096], dir[4096];
     ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -488,6 +488,7 @@ static const store_sub store_subs[] = {
     {"ls", cmd_ls, "list caches (--model ID, --csv, --config FILE: state of each)"},
     {"compact", cmd_compact, "write a compacted copy (--out DIR) and say how to swap it in"},
     {"rm", cmd_rm, "remove a cache: rm KEY; or rm --stale --config FILE"},
+    {"serve", kvm_cmd_store_serve, "run the store service: remote workers upload and fetch caches (--bind EP)"},
     {"show", cmd_show, "show a cache's manifest and layers: show KEY"},
     {"stats", cmd_stats, "usage against the cap, counts, map size"},
     {"verify", cmd_verify, "check every checksum and manifest (exit 0 ok, 1 corrupt, 2 unopenable)"},

@@ -19,6 +19,9 @@ int kvm_cmd_sculpt(int argc, char **argv);
 int kvm_cmd_calibrate_pipeline(int argc, char **argv);
 int kvm_cmd_serve(int argc, char **argv);
 int kvm_cmd_store(int argc, char **argv);
+/* `kvmill store serve --store PATH --bind ENDPOINT [--config FILE]` (also the kvmill-store
+ * stage): the store service (pipeline/kvm_storesvc.h) until SIGINT/SIGTERM. */
+int kvm_cmd_store_serve(int argc, char **argv);
 
 /* One long option of a command: `--name VALUE` (has_arg = 1) or `--name` (has_arg = 0). */
 typedef struct kvm_cli_opt {

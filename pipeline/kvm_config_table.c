@@ -41,6 +41,8 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"store", "map_max_mb", I, "1048576", 1, 1 << 30, NULL, "MiB", "the map grows up to this size, then writes fail"},
     {"store", "cap_mb", I, "0", 0, 1 << 30, NULL, "MiB", "cap on stored cache bytes, least recently served evicted first; 0 = none"},
     {"store", "dtype", E, "f32", 0, 0, "f32|f16|bf16", "", "element type of stored keys and values"},
+    {"store", "service", S, "", 0, 0, NULL, "", "store service endpoint (kvmill store serve) compress workers upload to instead of opening the LMDB store; empty = open it directly (same host only)"},
+    {"store", "upload_timeout_ms", I, "60000", 100, 86400000, NULL, "ms", "the store service refuses an upload whose layers take longer (truncated)"},
 
     {"compress", "method", E, "sculpt", 0, 0, "sculpt|selectfit|joint-fixed|full|streaming|h2o|tova|snapkv|pyramidkv|polykv",
      "", "compression method applied to every document"},

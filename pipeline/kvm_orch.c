@@ -134,7 +134,16 @@ static int spawn_slot(orch *o, int s)
     snprintf(logp, sizeof logp, "%s/%s.log", o->run_dir, sl->id);
     snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
     char *argv[] = {exe, "--connect", o->base, "--device", sl->device, "--store", o->store_path, "--threads", threads,
-                    "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id, "--parent-pid", ppid, NULL};
+                    "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id, "--parent-pid", ppid, NULL, NULL, NULL,
+                    NULL, NULL, NULL, NULL};
+    /* a keyed orchestrator ([run] bind off-host): its own stages authenticate like external ones */
+    const char *spk = kvm_config_str(o->cfg, "security", "server_public_key");
+    if (*spk) {
+        char **k = &argv[17];
+        k[0] = "--server-key", k[1] = (char *)spk;
+        k[2] = "--client-public", k[3] = (char *)kvm_config_str(o->cfg, "security", "client_public_key");
+        k[4] = "--client-secret", k[5] = (char *)kvm_config_str(o->cfg, "security", "client_secret_key");
+    }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);

@@ -9,50 +9,69 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
-                          int64_t n_tokens, const kvm_kvcache *cc)
+int kvm_serve_cache_encode(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
+                           int64_t n_tokens, const kvm_kvcache *cc, kvm_serve_cache_enc *out)
 {
-    enum { MAX_FRAMES_PER_LAYER = 16 };
+    memset(out, 0, sizeof *out);
     kvm_proto_dtype dtype;
     const char *dn = kvm_config_str(cfg, "store", "dtype");
     int rc = kvm_proto_dtype_parse(dn, strlen(dn), &dtype);
     int L = cc->n_layers;
-    kvm_msg **msgs = calloc((size_t)L, sizeof *msgs);
+    out->n_layers = L;
+    out->msgs = calloc((size_t)L, sizeof *out->msgs);
+    out->man = (kvm_store_manifest){.n_layers = L,
+                                    .n_tokens = n_tokens,
+                                    .n_entries = kvm_kvcache_entries(cc),
+                                    .full_bytes = kvm_model_kv_bytes(&wm->model->cfg, n_tokens),
+                                    .model_id = wm->model_id,
+                                    .tokenizer_id = wm->tok_id};
+    if (!rc && !out->msgs) rc = kvm_err(KVM_ENOMEM, "storing a cache: out of memory");
+    for (int l = 0; !rc && l < L; l++)
+        rc = kvm_cachecodec_encode_layer(cc, l, n_tokens, dtype, &out->msgs[l]);
+    if (!rc) rc = kvm_jobcfg_config_id_in(cfg, store, &wm->model_id, &out->man.config_id, &out->canon, &out->canon_n);
+    if (!rc) rc = kvm_store_doc_hash(tokens, n_tokens, &out->man.doc_hash);
+    if (!rc) {
+        snprintf(out->man.dtype, sizeof out->man.dtype, "%s", dn);
+        out->man.config = (kvm_frame){.data = (const uint8_t *)out->canon, .size = out->canon_n};
+    }
+    if (rc) kvm_serve_cache_enc_free(out);
+    return rc;
+}
+
+void kvm_serve_cache_enc_free(kvm_serve_cache_enc *e)
+{
+    for (int l = 0; e->msgs && l < e->n_layers; l++)
+        kvm_msg_free(&e->msgs[l]);
+    free(e->msgs);
+    free(e->canon);
+    memset(e, 0, sizeof *e);
+}
+
+int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
+                          int64_t n_tokens, const kvm_kvcache *cc)
+{
+    enum { MAX_FRAMES_PER_LAYER = 16 };
+    kvm_serve_cache_enc e;
+    int rc = kvm_serve_cache_encode(store, cfg, wm, tokens, n_tokens, cc, &e);
+    if (rc) return rc;
+    int L = e.n_layers;
     kvm_store_layer *layers = calloc((size_t)L, sizeof *layers);
     kvm_frame *frames = calloc((size_t)L * MAX_FRAMES_PER_LAYER, sizeof *frames);
-    char *canon = NULL;
-    size_t canon_n = 0;
-    kvm_store_manifest man = {.n_layers = L,
-                              .n_tokens = n_tokens,
-                              .n_entries = kvm_kvcache_entries(cc),
-                              .full_bytes = kvm_model_kv_bytes(&wm->model->cfg, n_tokens),
-                              .model_id = wm->model_id,
-                              .tokenizer_id = wm->tok_id};
-    if (!rc && (!msgs || !layers || !frames)) rc = kvm_err(KVM_ENOMEM, "storing a cache: out of memory");
+    if (!layers || !frames) rc = kvm_err(KVM_ENOMEM, "storing a cache: out of memory");
     for (int l = 0; !rc && l < L; l++) {
-        if ((rc = kvm_cachecodec_encode_layer(cc, l, n_tokens, dtype, &msgs[l]))) break;
-        size_t nf = kvm_msg_nframes(msgs[l]);
+        size_t nf = kvm_msg_nframes(e.msgs[l]);
         if (nf > MAX_FRAMES_PER_LAYER) {
             rc = kvm_err(KVM_EINVAL, "cache layer %d encodes to %zu frames (at most %d)", l, nf, MAX_FRAMES_PER_LAYER);
             break;
         }
         for (size_t f = 0; f < nf; f++)
-            frames[(size_t)l * MAX_FRAMES_PER_LAYER + f] = kvm_msg_frame(msgs[l], f);
+            frames[(size_t)l * MAX_FRAMES_PER_LAYER + f] = kvm_msg_frame(e.msgs[l], f);
         layers[l] = (kvm_store_layer){.frames = &frames[(size_t)l * MAX_FRAMES_PER_LAYER], .n_frames = (uint32_t)nf};
     }
-    if (!rc) rc = kvm_jobcfg_config_id_in(cfg, store, &wm->model_id, &man.config_id, &canon, &canon_n);
-    if (!rc) rc = kvm_store_doc_hash(tokens, n_tokens, &man.doc_hash);
-    if (!rc) {
-        snprintf(man.dtype, sizeof man.dtype, "%s", dn);
-        man.config = (kvm_frame){.data = (const uint8_t *)canon, .size = canon_n};
-        rc = kvm_store_put_cache(store, &man, layers);
-    }
-    for (int l = 0; msgs && l < L; l++)
-        kvm_msg_free(&msgs[l]);
-    free(msgs);
+    if (!rc) rc = kvm_store_put_cache(store, &e.man, layers);
     free(layers);
     free(frames);
-    free(canon);
+    kvm_serve_cache_enc_free(&e);
     return rc;
 }
 

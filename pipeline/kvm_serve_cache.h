@@ -8,6 +8,7 @@
 #include "model/kvm_kvcache.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_worker.h"
+#include "proto/kvm_msg.h"
 #include "store/kvm_store.h"
 
 #include <stdint.h>
@@ -22,6 +23,25 @@
  * errors (KVM_EFULL, KVM_EIO, KVM_ESTATE, ...), all with kvm_errmsg() detail. */
 int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
                           int64_t n_tokens, const kvm_kvcache *cc);
+
+/* A cache encoded for the store but not yet committed: what kvm_serve_cache_store writes, and
+ * what a compress worker on another host uploads to the store service (kvm_storecli.h). */
+typedef struct kvm_serve_cache_enc {
+    kvm_store_manifest man; /* ids, counts, dtype; man.config points at canon */
+    kvm_msg **msgs;         /* [n_layers] `cache` messages, owned */
+    int n_layers;
+    char *canon;            /* canonical config text, owned */
+    size_t canon_n;
+} kvm_serve_cache_enc;
+
+/* Encodes cc as kvm_serve_cache_store would store it (store: for the PolyKV strategy's hash in
+ * the config id; may be NULL for other methods). *out is owned by the caller
+ * (kvm_serve_cache_enc_free; zeroed on failure). Errors: as kvm_serve_cache_store, the
+ * store's read errors. */
+int kvm_serve_cache_encode(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
+                           int64_t n_tokens, const kvm_kvcache *cc, kvm_serve_cache_enc *out);
+/* Frees what kvm_serve_cache_encode made; accepts a zeroed struct. */
+void kvm_serve_cache_enc_free(kvm_serve_cache_enc *e);
 
 /* Loads the cache stored under `key` (checked against tokenizer_id when not NULL) into a
  * new ragged cache shaped for model m, with next_pos = the document length N (the manifest's

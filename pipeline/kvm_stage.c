@@ -2,6 +2,7 @@
  * job, SIGTERM with a grace period. */
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_slurm.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_kernels.h"
 
@@ -334,7 +335,7 @@ static void usage(const char *stage)
            "A kvmill pipeline stage: connects to the orchestrator (kvmill run/serve) and processes jobs.\n\n"
            "options:\n"
            "  --connect BASE        orchestrator endpoint base: ipc://RUNDIR or tcp://HOST:PORT\n"
-           "  --device DEV          cpu or cuda:N (default cpu)\n"
+           "  --device DEV          cpu, cuda:N, or slurm: the task's GPU from Slurm's variables (default cpu)\n"
            "  --store PATH          LMDB store directory\n"
            "  --model PATH          model file (overrides the path the jobs carry)\n"
            "  --config FILE         configuration (decode workers; compress and strategy workers open the\n"
@@ -377,6 +378,12 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         else return fprintf(stderr, "kvmill-%s: bad option or value: %s %s (see --help)\n", stage, k, v), 2;
     }
     if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;
+    if (a->device && !strcmp(a->device, "slurm")) { /* deploy/slurm: one GPU per task */
+        static char dev[32];
+        if (kvm_slurm_device(NULL, dev, sizeof dev))
+            return fprintf(stderr, "kvmill-%s: --device slurm: %s\n", stage, kvm_errmsg()), 2;
+        a->device = dev;
+    }
     return 0;
 }
 

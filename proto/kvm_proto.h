@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 2                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 3                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -81,9 +81,11 @@ typedef enum kvm_proto_type {
     KVM_PROTO_GET_CACHE, /* client -> serve: fetch a stored cache */
     KVM_PROTO_ASK,       /* client -> serve: answer a prompt over a document */
     KVM_PROTO_ANSWER,    /* serve -> client: the answer */
+    KVM_PROTO_PUT_CACHE, /* worker -> store service: a cache upload begins (revision 3) */
+    KVM_PROTO_STORE_REPLY, /* store service -> worker: committed, refused, or a get_cache reply (rev 3) */
 } kvm_proto_type;
 #define KVM_PROTO_TYPE_FIRST KVM_PROTO_JOB
-#define KVM_PROTO_TYPE_LAST KVM_PROTO_ANSWER
+#define KVM_PROTO_TYPE_LAST KVM_PROTO_STORE_REPLY
 
 /* A string: UTF-8 bytes, no NUL inside, not NUL-terminated. Decoded: borrowed from the
  * message. Encoding: ptr may be NULL when len == 0. */
@@ -349,5 +351,42 @@ typedef struct kvm_proto_answer {
  * what is not: model/kvm_utf8.h). 1 tensor frame (empty when n_tokens == 0). */
 int kvm_proto_answer_encode(const kvm_proto_answer *in, kvm_msg **out);
 int kvm_proto_answer_decode(const kvm_msg *msg, kvm_proto_answer *out);
+
+/* ---- put_cache: worker -> store service (revision 3). The header of an upload: exactly
+ * n_layers `cache` messages (layers 0, 1, ... in order) follow on the same connection; the
+ * service commits cache + manifest in one transaction and answers one store_reply. ---- */
+typedef struct kvm_proto_put_cache {
+    uint64_t request_id;                      /* "request_id" uint: echoed in the store_reply */
+    uint64_t job_id;                          /* "job_id" uint, optional: the run's job (logs, reply) */
+    uint8_t model_id[KVM_PROTO_ID_BYTES];     /* "model_id" bin 32: BLAKE2b-256 of the weights */
+    uint8_t doc_hash[KVM_PROTO_ID_BYTES];     /* "doc_hash" bin 32: BLAKE2b-256 of the token ids */
+    uint8_t config_id[KVM_PROTO_ID_BYTES];    /* "config_id" bin 32: the config id of the cache */
+    uint8_t tokenizer_id[KVM_PROTO_ID_BYTES]; /* "tokenizer_id" bin 32: zero when none */
+    int64_t n_layers;     /* "n_layers" uint: cache messages that follow; [1, MAX_LAYERS] */
+    int64_t n_kv_heads;   /* "n_kv_heads" uint: of every layer; [1, MAX_HEADS] */
+    int64_t head_dim;     /* "head_dim" uint: of every layer; [1, MAX_HEAD_DIM] */
+    int64_t n_tokens;     /* "n_tokens" uint: document tokens N; [1, MAX_TOKENS] */
+    int64_t n_entries;    /* "n_entries" uint: entries over all layers and heads; [0, 2^62] */
+    int64_t full_bytes;   /* "full_bytes" uint: f32 bytes of the uncompressed cache; [0, 2^62] */
+    kvm_proto_str dtype;  /* "dtype" str: keys/values dtype of every layer ("f32", "f16", "bf16") */
+    kvm_proto_bytes config; /* "config" bin: the canonical config text (manifest); 0..MAX_TEXT_BYTES */
+    kvm_proto_str doc_name; /* "doc_name" str, optional: recorded as the document's source */
+} kvm_proto_put_cache;
+/* put_cache codec. Checks: dtype one of f32, f16, bf16. No tensors. */
+int kvm_proto_put_cache_encode(const kvm_proto_put_cache *in, kvm_msg **out);
+int kvm_proto_put_cache_decode(const kvm_msg *msg, kvm_proto_put_cache *out);
+
+/* ---- store_reply: store service -> worker (revision 3) ---- */
+typedef struct kvm_proto_store_reply {
+    uint64_t request_id;   /* "request_id" uint: of the put_cache or get_cache */
+    uint64_t job_id;       /* "job_id" uint, optional: of the put_cache */
+    int32_t status;        /* "status" int: 0 (committed / found) or a kvm_status, [-MAX_STATUS, 0] */
+    kvm_proto_str message; /* "message" str: why not, when status < 0; 0..MAX_MESSAGE_BYTES */
+    int64_t n_layers;      /* "n_layers" uint, optional: get_cache found: this many `cache`
+                              messages follow; [0, MAX_LAYERS] */
+} kvm_proto_store_reply;
+/* store_reply codec. Checks: n_layers == 0 when status < 0. No tensors. */
+int kvm_proto_store_reply_encode(const kvm_proto_store_reply *in, kvm_msg **out);
+int kvm_proto_store_reply_decode(const kvm_msg *msg, kvm_proto_store_reply *out);
 
 #endif

@@ -1,9 +1,13 @@
 /* compress.c: the kvmill-compress stage: receives a job and its per-layer `kv` messages,
  * compresses the cache with the configured method (eviction patterns and/or KVSculpt per
- * layer), writes all layers and the manifest to the store in one transaction, then acks. */
+ * layer), writes all layers and the manifest to the store in one transaction, then acks.
+ * With --store tcp://... or ipc://... (or [store] service of the job's settings) the cache is
+ * uploaded to the store service on the store's host instead (no LMDB opened here), and the
+ * job is acked only after the service replied that it committed the cache. */
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
@@ -17,8 +21,28 @@ typedef struct compress_state {
     kvm_worker_model wm;
     kvm_store *store;       /* opened in setup (--config) or with the first job's settings */
     const char *store_path; /* --store */
+    kvm_storecli *svc;      /* the store service, when the store is remote */
+    kvm_config *own_cfg;    /* --config, for its [security] keys */
+    const char *server_key, *client_public, *client_secret; /* the stage's CurveZMQ arguments */
     char worker_id[256];
 } compress_state;
+
+/* Remote store: the cache goes to the store service (PolyKV needs the strategy of the
+ * store, which a remote worker does not read: refused before). The service client is opened
+ * with the first job's settings. */
+static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *j, const kvm_kvcache *cc,
+                  kvm_stage_out *out)
+{
+    int rc = 0;
+    kvm_storecli_keys k = kvm_storecli_keys_of(st->own_cfg, st->server_key, st->client_public, st->client_secret);
+    if (!st->svc && (rc = kvm_storecli_open(&k, kvm_serve_remote_endpoint(st->store_path, c), &st->svc))) return rc;
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
+    double t0 = kvm_now_ms();
+    rc = kvm_serve_remote_store(st->svc, c, &st->wm, j->tokens, j->n_tokens, cc, j->job_id, name, NULL);
+    out->transport_ms += kvm_now_ms() - t0;
+    return rc;
+}
 
 /* The store opens with [store] settings: of --config when given, else of the first job. */
 static int setup(void *stp, const kvm_stage_args *a)
@@ -26,13 +50,12 @@ static int setup(void *stp, const kvm_stage_args *a)
     compress_state *st = stp;
     st->wm.override = a->model;
     snprintf(st->worker_id, sizeof st->worker_id, "%s", a->worker_id ? a->worker_id : "compress");
-    if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH");
+    if (!a->store && !a->config) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH|ENDPOINT or --config");
     st->store_path = a->store;
+    st->server_key = a->server_key, st->client_public = a->client_public, st->client_secret = a->client_secret;
     if (!a->config) return 0;
-    kvm_config *cfg = NULL;
-    int rc = kvm_config_load(a->config, &cfg);
-    if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
-    kvm_config_free(&cfg);
+    int rc = kvm_config_load(a->config, &st->own_cfg);
+    if (!rc && !kvm_serve_remote_endpoint(a->store, st->own_cfg)) rc = kvm_storew_open(st->own_cfg, a->store, 0, &st->store);
     return rc;
 }
 
@@ -151,8 +174,21 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
-    if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
+    int remote = !rc && kvm_serve_remote_endpoint(st->store_path, cfg);
+    if (remote && !strcmp(kvm_config_str(cfg, "compress", "method"), "polykv"))
+        rc = kvm_err(KVM_ENOTSUP, "method polykv reads its strategy from the store: run this worker on the store's host");
+    if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
+    if (remote) {
+        if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+        if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
+        kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
+                                 .n_future = kvm_config_int(cfg, "compress", "future")};
+        if ((rc = kvm_worker_compress(cfg, &ri, NULL, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+        /* no reply at all: the service is down or the link cut; requeueing may succeed */
+        if ((rc = upload(st, cfg, &j, cc, out))) { *retryable = rc == KVM_EIO; goto done; }
+        goto evaluated;
+    }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
     double t0 = kvm_now_ms();
     if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
@@ -165,6 +201,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
     if ((rc = check_strategy_kept(st, cfg, &j, &before))) { *retryable = 1; goto done; }
     record_meta(st, &j);
+evaluated:
     if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0)
         evaluate(st->wm.model, &j, cc, out);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
@@ -184,6 +221,8 @@ static void teardown(void *stp)
     compress_state *st = stp;
     kvm_worker_model_free(&st->wm);
     kvm_store_close(&st->store);
+    kvm_storecli_close(&st->svc);
+    kvm_config_free(&st->own_cfg);
 }
 
 int main(int argc, char **argv)

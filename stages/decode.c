@@ -17,6 +17,7 @@
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 
@@ -30,7 +31,8 @@ typedef struct decode_state {
     kvm_worker_model wm;      /* model, tokenizer, model id, tokenizer id */
     kvm_tokenizer *tok_own;   /* a GGUF model's embedded tokenizer (when wm has none) */
     const kvm_tokenizer *tok; /* the tokenizer in use */
-    kvm_store *store;
+    kvm_store *store;       /* the LMDB store, on the store's host */
+    kvm_storecli *svc;      /* or the store service on another host ([store] service / --store tcp://) */
     kvm_store_id config_id; /* of cfg: the cache key's third part */
     int64_t ctx;            /* [model] context: documents are truncated to it */
     int64_t max_prompt, max_new;
@@ -45,10 +47,14 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (!a->config)
         return kvm_err(KVM_EINVAL, "kvmill-decode needs --config FILE (the config the caches were made with)");
     int rc = kvm_config_load(a->config, &st->cfg);
-    if (!rc && a->store) rc = kvm_config_set(st->cfg, "store", "path", a->store);
+    const char *svc = rc ? NULL : kvm_serve_remote_endpoint(a->store, st->cfg);
+    if (!rc && a->store && !svc) rc = kvm_config_set(st->cfg, "store", "path", a->store);
     if (rc) return rc;
     st->wm.override = a->model;
-    if ((rc = kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
+    kvm_storecli_keys keys = kvm_storecli_keys_of(st->cfg, a->server_key, a->client_public, a->client_secret);
+    if (svc && !strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv"))
+        return kvm_err(KVM_ENOTSUP, "method polykv reads its strategy from the store: run this worker on the store's host");
+    if ((rc = svc ? kvm_storecli_open(&keys, svc, &st->svc) : kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
     st->tok = st->wm.tok;
@@ -92,6 +98,13 @@ typedef struct reply {
     int new_cache; /* the document's cache was computed and stored for this answer */
 } reply;
 
+/* The stored cache under key, from the LMDB store or the store service. */
+static int load_cache(decode_state *st, const kvm_store_cache_key *key, int64_t extra, kvm_kvcache **out, int64_t *n)
+{
+    if (st->svc) return kvm_serve_remote_load(st->svc, st->cfg, key, st->wm.model, extra, out, n);
+    return kvm_serve_cache_load(st->store, key, &st->wm.tok_id, st->wm.model, extra, out, n);
+}
+
 /* Prefills the document with a capture, compresses it with the config's method, stores it
  * (a failure to store is logged: the answer does not depend on it; *stored says whether it
  * was). *out gets room for `extra` more entries per head. */
@@ -115,7 +128,8 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
                              .n_tokens = d->n_tokens,
                              .n_future = kvm_config_int(st->cfg, "compress", "future")};
     if ((rc = kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc))) goto done;
-    if (kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc))
+    if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, 0, NULL, NULL)
+                : kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc))
         fprintf(stderr, "[decode] could not store the cache computed on demand: %s\n", kvm_errmsg());
     else
         *stored = 1;
@@ -175,6 +189,9 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
         memcpy(hash->b, ask->doc_hash, sizeof hash->b);
         return 0;
     }
+    if (st->svc)
+        return kvm_err(KVM_ENOTSUP, "this decode worker reads caches from a store service: name documents by hash "
+                                    "(--doc-hash) or send them (--doc)");
     char name[KVM_PROTO_MAX_NAME_BYTES + 1];
     snprintf(name, sizeof name, "%.*s", (int)ask->doc_name.len, ask->doc_name.ptr);
     name_scan ns = {.config_id = &st->config_id, .tok_id = &st->wm.tok_id};
@@ -271,7 +288,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     if (by_key) {
         if ((rc = resolve_stored(st, ask, &key.doc_hash))) goto done;
         d.hash = key.doc_hash;
-        rc = kvm_serve_cache_load(st->store, &key, &st->wm.tok_id, m, n_prompt + T, &cache, &n_stored);
+        rc = load_cache(st, &key, n_prompt + T, &cache, &n_stored);
         if (rc == KVM_ENOTFOUND)
             rc = kvm_err(KVM_ENOTFOUND,
                          "no compressed cache for document %.16s with this server's model %.16s and config %.16s "
@@ -290,7 +307,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         goto done;
     }
     if (!by_key) {
-        rc = kvm_serve_cache_load(st->store, &key, &st->wm.tok_id, m, n_prompt + T, &cache, &n_stored);
+        rc = load_cache(st, &key, n_prompt + T, &cache, &n_stored);
         if (rc == KVM_ENOTFOUND && st->compute_missing && ask->compute_grant) {
             rc = compute_cache(st, &d, n_prompt + T, &cache, &r->new_cache);
             n_stored = d.n_tokens;
@@ -426,6 +443,7 @@ static void teardown(void *stp)
     kvm_tokenizer_close(&st->tok_own);
     kvm_worker_model_free(&st->wm);
     kvm_store_close(&st->store);
+    kvm_storecli_close(&st->svc);
     kvm_config_free(&st->cfg);
 }
 

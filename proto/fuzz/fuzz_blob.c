@@ -18,6 +18,8 @@ static void kvm_fuzz_dispatch(const kvm_msg *m)
         kvm_proto_get_cache get_cache;
         kvm_proto_ask ask;
         kvm_proto_answer answer;
+        kvm_proto_put_cache put_cache;
+        kvm_proto_store_reply store_reply;
     } u;
     switch (t) {
     case KVM_PROTO_JOB:
@@ -58,6 +60,12 @@ static void kvm_fuzz_dispatch(const kvm_msg *m)
         break;
     case KVM_PROTO_ANSWER:
         (void)kvm_proto_answer_decode(m, &u.answer);
+        break;
+    case KVM_PROTO_PUT_CACHE:
+        (void)kvm_proto_put_cache_decode(m, &u.put_cache);
+        break;
+    case KVM_PROTO_STORE_REPLY:
+        (void)kvm_proto_store_reply_decode(m, &u.store_reply);
         break;
     }
 }

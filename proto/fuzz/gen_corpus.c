@@ -244,6 +244,23 @@ static void gen_control_serve(void)
     write_file("fuzz_ask", "seed_long_doc_bytes", long_bytes, sizeof long_bytes);
     kvm_proto_answer ae = {.request_id = 6, .status = KVM_ENOTFOUND, .message = kvm_proto_str_c("no cache")};
     EMIT(answer, "error", ae);
+    /* revision 3: the store service */
+    static const char canon[] = "kvmill.algorithm=1\nmodel.context=64\nstore.dtype=f16\n";
+    kvm_proto_put_cache pc = {.request_id = 9, .job_id = 3, .n_layers = 5, .n_kv_heads = 4, .head_dim = 8,
+                              .n_tokens = 64, .n_entries = 640, .full_bytes = 81920,
+                              .dtype = kvm_proto_str_c("f16"),
+                              .config = {(const uint8_t *)canon, sizeof canon - 1},
+                              .doc_name = kvm_proto_str_c("doc_001.txt")};
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        pc.model_id[i] = (uint8_t)i, pc.doc_hash[i] = (uint8_t)~i, pc.config_id[i] = 7;
+    EMIT(put_cache, "a", pc);
+    kvm_proto_store_reply sr = {.request_id = 9, .job_id = 3};
+    EMIT(store_reply, "committed", sr);
+    sr.n_layers = 5;
+    EMIT(store_reply, "found", sr);
+    sr = (kvm_proto_store_reply){.request_id = 9, .status = KVM_EMISMATCH,
+                                 .message = kvm_proto_str_c("layer 2 has 3 KV heads, the upload 4")};
+    EMIT(store_reply, "refused", sr);
 }
 
 int main(int argc, char **argv)

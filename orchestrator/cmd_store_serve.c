@@ -1,0 +1,41 @@
+/* cmd_store_serve.c: `kvmill store serve` and the kvmill-store stage: the store service. */
+#include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_storesvc.h"
+
+#include <stdio.h>
+
+/* A config holding only defaults, for a service started without --config. The model path is
+ * required by the table but never read here. */
+static int default_config(kvm_config **cfg)
+{
+    return kvm_config_parse("[model]\npath = unused-by-the-store-service\n", "(defaults)", cfg);
+}
+
+int kvm_cmd_store_serve(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"store", 1, "LMDB store directory (overrides [store] path of --config)", NULL},
+        {"bind", 1,
+         "endpoint workers connect to, e.g. tcp://0.0.0.0:5560 (a non-local address needs [security] "
+         "server_secret_key and authorized_keys in --config); default tcp://127.0.0.1:5560",
+         NULL},
+        {"config", 1, "config whose [store] and [security] settings apply", NULL},
+        {NULL, 0, NULL, NULL}};
+    int n_pos, help;
+    if (kvm_cli_parse("store serve",
+                      "Runs the store service: the one process writing the LMDB store; remote compress workers upload "
+                      "caches to it ([store] service) and decode workers fetch them with get_cache.",
+                      argc, argv, opts, NULL, 0, &n_pos, &help))
+        return help ? 0 : 2;
+    const char *cp = kvm_cli_get(opts, "config"), *path = kvm_cli_get(opts, "store");
+    if (!cp && !path) return fprintf(stderr, "kvmill store serve: --store PATH or --config FILE is required\n"), 2;
+    kvm_config *cfg = NULL;
+    if (cp ? kvm_config_load(cp, &cfg) : default_config(&cfg))
+        return fprintf(stderr, "kvmill store serve: --config: %s\n", kvm_errmsg()), 2;
+    const char *bind = kvm_cli_get(opts, "bind");
+    int st = kvm_storesvc_main(cfg, path, bind ? bind : "tcp://127.0.0.1:5560");
+    kvm_config_free(&cfg);
+    return st;
+}

@@ -1,0 +1,199 @@
+/* kvm_storecli.c: store service client (kvm_storecli.h). */
+#include "pipeline/kvm_storecli.h"
+#include "common/kvm_error.h"
+#include "pipeline/kvm_curve.h"
+#include "proto/kvm_proto.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+struct kvm_storecli {
+    void *zctx, *sock;
+    char spk[1100], cpk[1100], csk[1100]; /* [security] key files, copied at open */
+    char endpoint[1100];
+    uint64_t next_request;
+};
+
+static int cli_connect(kvm_storecli *c)
+{
+    if (c->sock) zmq_close(c->sock);
+    c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    if (!c->sock) return kvm_err(KVM_EIO, "store service client: socket: %s", zmq_strerror(errno));
+    int linger = 0;
+    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+    const char *spk = c->spk, *cpk = c->cpk, *csk = c->csk;
+    int rc;
+    if (!*spk && !kvm_curve_is_local(c->endpoint))
+        return kvm_err(KVM_EINVAL,
+                       "store service %s is not local: set [security] server_public_key, client_public_key and "
+                       "client_secret_key (or give the worker --server-key, --client-public, --client-secret)",
+                       c->endpoint);
+    if (*spk && (rc = kvm_curve_client(c->sock, spk, *cpk ? cpk : NULL, *csk ? csk : NULL))) return rc;
+    if (zmq_connect(c->sock, c->endpoint))
+        return kvm_err(KVM_EIO, "store service client: cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
+    return 0;
+}
+
+kvm_storecli_keys kvm_storecli_keys_of(const kvm_config *cfg, const char *server_key, const char *client_public,
+                                       const char *client_secret)
+{
+    const char *spk = cfg ? kvm_config_str(cfg, "security", "server_public_key") : "";
+    if (*spk)
+        return (kvm_storecli_keys){spk, kvm_config_str(cfg, "security", "client_public_key"),
+                                   kvm_config_str(cfg, "security", "client_secret_key")};
+    return (kvm_storecli_keys){server_key, client_public, client_secret};
+}
+
+int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_storecli **out)
+{
+    *out = NULL;
+    kvm_storecli *c = calloc(1, sizeof *c);
+    if (!c) return kvm_err(KVM_ENOMEM, "store service client: out of memory");
+    snprintf(c->spk, sizeof c->spk, "%s", keys && keys->server_public ? keys->server_public : "");
+    snprintf(c->cpk, sizeof c->cpk, "%s", keys && keys->client_public ? keys->client_public : "");
+    snprintf(c->csk, sizeof c->csk, "%s", keys && keys->client_secret ? keys->client_secret : "");
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
+    c->next_request = (uint64_t)time(NULL) << 20;
+    c->zctx = zmq_ctx_new();
+    int rc = c->zctx ? cli_connect(c) : kvm_err(KVM_EIO, "store service client: no ZeroMQ context");
+    if (rc) {
+        kvm_storecli_close(&c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void kvm_storecli_close(kvm_storecli **c)
+{
+    if (!c || !*c) return;
+    if ((*c)->sock) zmq_close((*c)->sock);
+    if ((*c)->zctx) zmq_ctx_term((*c)->zctx);
+    free(*c);
+    *c = NULL;
+}
+
+/* Waits for the store_reply of request req (older replies are skipped). 1: got it in *r (its
+ * message borrowed from *m, which the caller frees), 0: timed out, < 0: error. */
+static int cli_wait(kvm_storecli *c, uint64_t req, int timeout_ms, kvm_msg **m, kvm_proto_store_reply *r)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long left = timeout_ms - ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+        if (left <= 0) return 0;
+        zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
+        int pr = zmq_poll(&it, 1, left);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0) return kvm_err(KVM_EIO, "store service client: poll: %s", zmq_strerror(errno));
+        if (pr == 0) return 0;
+        kvm_msg_free(m);
+        if (kvm_msg_recv(c->sock, m, ZMQ_DONTWAIT)) continue;
+        kvm_proto_type t;
+        if (kvm_proto_peek(*m, &t) || t != KVM_PROTO_STORE_REPLY) continue; /* layers of an old get */
+        int rc = kvm_proto_store_reply_decode(*m, r);
+        if (rc) return rc;
+        if (r->request_id == req) return 1;
+    }
+}
+
+static int cli_send_copy(kvm_storecli *c, const kvm_msg *m, int64_t *bytes)
+{
+    kvm_msg *cp = NULL;
+    int rc = kvm_msg_new(&cp);
+    for (size_t f = 0; !rc && f < kvm_msg_nframes(m); f++) {
+        kvm_frame fr = kvm_msg_frame(m, f);
+        rc = kvm_msg_add_copy(cp, fr.data, fr.size);
+        if (bytes) *bytes += (int64_t)fr.size;
+    }
+    if (!rc) return kvm_msg_send(c->sock, &cp, 0);
+    kvm_msg_free(&cp);
+    return rc;
+}
+
+static int cli_status(const kvm_proto_store_reply *r)
+{
+    return kvm_err(r->status, "store service: %.*s", (int)r->message.len, r->message.ptr);
+}
+
+int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job_id, const char *doc_name,
+                     int timeout_ms, int attempts, int64_t *bytes)
+{
+    kvm_proto_put_cache p = {.job_id = job_id, .n_layers = e->n_layers, .n_tokens = e->man.n_tokens,
+                             .n_entries = e->man.n_entries, .full_bytes = e->man.full_bytes,
+                             .dtype = kvm_proto_str_c(e->man.dtype),
+                             .config = {(const uint8_t *)e->canon, e->canon_n},
+                             .doc_name = kvm_proto_str_c(doc_name)};
+    kvm_proto_cache c0;
+    int rc = e->n_layers > 0 ? kvm_proto_cache_decode(e->msgs[0], &c0) : kvm_err(KVM_EINVAL, "a cache without layers");
+    if (rc) return rc;
+    p.n_kv_heads = c0.n_kv_heads, p.head_dim = c0.head_dim;
+    memcpy(p.model_id, e->man.model_id.b, KVM_PROTO_ID_BYTES);
+    memcpy(p.doc_hash, e->man.doc_hash.b, KVM_PROTO_ID_BYTES);
+    memcpy(p.config_id, e->man.config_id.b, KVM_PROTO_ID_BYTES);
+    memcpy(p.tokenizer_id, e->man.tokenizer_id.b, KVM_PROTO_ID_BYTES);
+    for (int a = 0; a < attempts; a++) {
+        if (a > 0 && (rc = cli_connect(c))) return rc;
+        p.request_id = ++c->next_request;
+        kvm_msg *h = NULL, *reply = NULL;
+        kvm_proto_store_reply r;
+        if ((rc = kvm_proto_put_cache_encode(&p, &h))) return rc;
+        if (bytes) *bytes += (int64_t)kvm_msg_frame(h, 0).size;
+        rc = kvm_msg_send(c->sock, &h, 0);
+        for (int l = 0; !rc && l < e->n_layers; l++)
+            rc = cli_send_copy(c, e->msgs[l], bytes);
+        if (!rc) rc = cli_wait(c, p.request_id, timeout_ms, &reply, &r);
+        if (rc == 1) rc = r.status < 0 ? cli_status(&r) : 0;
+        else if (rc == 0)
+            rc = kvm_err(KVM_EIO, "store service %s: no reply to the upload within %d ms (attempt %d of %d)",
+                         c->endpoint, timeout_ms, a + 1, attempts);
+        kvm_msg_free(&reply);
+        if (rc != KVM_EIO) return rc;
+        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+    }
+    return rc;
+}
+
+int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeout_ms, kvm_msg ***layers,
+                     int *n_layers)
+{
+    *layers = NULL;
+    *n_layers = 0;
+    kvm_proto_get_cache g = {.request_id = ++c->next_request};
+    memcpy(g.model_id, key->model_id.b, KVM_PROTO_ID_BYTES);
+    memcpy(g.doc_hash, key->doc_hash.b, KVM_PROTO_ID_BYTES);
+    memcpy(g.config_id, key->config_id.b, KVM_PROTO_ID_BYTES);
+    kvm_msg *m = NULL;
+    kvm_proto_store_reply r;
+    int rc = kvm_proto_get_cache_encode(&g, &m);
+    if (!rc) rc = kvm_msg_send(c->sock, &m, 0);
+    if (!rc) rc = cli_wait(c, g.request_id, timeout_ms, &m, &r);
+    if (rc == 0) rc = kvm_err(KVM_EIO, "store service %s: no reply within %d ms", c->endpoint, timeout_ms);
+    if (rc == 1) rc = r.status < 0 ? cli_status(&r) : 0;
+    int64_t n = rc ? 0 : r.n_layers;
+    kvm_msg_free(&m);
+    kvm_msg **out = rc || n == 0 ? NULL : calloc((size_t)n, sizeof *out);
+    if (!rc && n > 0 && !out) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    for (int64_t l = 0; !rc && l < n; l++) {
+        zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, timeout_ms) <= 0) {
+            rc = kvm_err(KVM_EIO, "store service %s: layer %lld of %lld did not arrive", c->endpoint, (long long)l,
+                         (long long)n);
+            break;
+        }
+        rc = kvm_msg_recv(c->sock, &out[l], 0);
+    }
+    if (rc) {
+        for (int64_t l = 0; out && l < n; l++)
+            kvm_msg_free(&out[l]);
+        free(out);
+        return rc;
+    }
+    *layers = out;
+    *n_layers = (int)n;
+    return 0;
+}

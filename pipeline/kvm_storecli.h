@@ -1,0 +1,54 @@
+/* kvm_storecli.h: the client side of the store service (kvm_storesvc.h): a compress worker on
+ * another host uploads each cache with kvm_storecli_put and acks its job only after the
+ * service's store_reply says committed; a decode worker fetches caches with kvm_storecli_get. */
+#ifndef KVM_STORECLI_H
+#define KVM_STORECLI_H
+
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_serve_cache.h"
+#include "proto/kvm_msg.h"
+
+#include <stdint.h>
+
+typedef struct kvm_storecli kvm_storecli;
+
+/* CurveZMQ key files of a store service client; NULL or "" = not given. */
+typedef struct kvm_storecli_keys {
+    const char *server_public; /* the store service's public key */
+    const char *client_public; /* this worker's key pair */
+    const char *client_secret;
+} kvm_storecli_keys;
+
+/* The keys a worker uses: [security] server_public_key, client_public_key, client_secret_key
+ * of cfg (may be NULL) where set, else the stage's --server-key / --client-public /
+ * --client-secret (may be NULL). The store service runs on the store's host with that host's
+ * server key pair (the orchestrator's), so the same files serve both connections. Strings
+ * borrow from cfg and the arguments. */
+kvm_storecli_keys kvm_storecli_keys_of(const kvm_config *cfg, const char *server_key, const char *client_public,
+                                       const char *client_secret);
+
+/* Connects a DEALER to the store service at endpoint (tcp://HOST:PORT, ipc://...), as a
+ * CurveZMQ client when keys->server_public is given (then the client pair too). A non-local
+ * endpoint without keys is refused (KVM_EINVAL naming the settings). The key paths are copied.
+ * *out is owned (kvm_storecli_close). Errors: KVM_EINVAL, the key files' errors, KVM_EIO,
+ * KVM_ENOMEM. */
+int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_storecli **out);
+void kvm_storecli_close(kvm_storecli **c);
+
+/* Uploads e (its manifest and layer messages, which stay the caller's) as put_cache + one
+ * `cache` message per layer, job_id and doc_name (may be NULL) in the header, and waits up to
+ * timeout_ms for the reply. When no reply comes (service down, restarting, link cut) the
+ * connection is made again and the whole upload sent again, attempts times in all (a put is
+ * idempotent: the same key is overwritten). Returns 0 once committed; the service's refusal
+ * status (KVM_EMISMATCH, KVM_EPROTO, KVM_EFULL, ...) with its reason in kvm_errmsg; KVM_EIO
+ * when no attempt got a reply. *bytes (may be NULL) += bytes sent. */
+int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job_id, const char *doc_name,
+                     int timeout_ms, int attempts, int64_t *bytes);
+
+/* Fetches the cache under key: *layers[0, *n_layers) are its `cache` messages (owned by the
+ * caller: kvm_msg_free each, free the array). Errors: the service's status (KVM_ENOTFOUND,
+ * KVM_ECORRUPT, ...) with its message, KVM_EIO (no reply within timeout_ms), KVM_EPROTO. */
+int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeout_ms, kvm_msg ***layers,
+                     int *n_layers);
+
+#endif

@@ -1,0 +1,336 @@
+/* kvm_storesvc.c: the store service loop (kvm_storesvc.h). */
+#include "pipeline/kvm_storesvc.h"
+#include "common/kvm_error.h"
+#include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_storew.h"
+#include "proto/kvm_proto.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+enum { SVC_MAX_UPLOADS = 256, SVC_ENV_BYTES = 256 };
+
+/* One upload in progress: the client's routing id, the header, the layers received. */
+typedef struct svc_upload {
+    uint8_t env[SVC_ENV_BYTES];
+    size_t env_len;   /* 0: slot free */
+    kvm_msg *header;  /* the put_cache message (its strings borrow from it) */
+    kvm_proto_put_cache pc;
+    kvm_msg **layers; /* [pc.n_layers] */
+    int64_t n_got, entries;
+    int64_t started_ms;
+} svc_upload;
+
+typedef struct svc {
+    kvm_store *store;
+    void *sock;
+    FILE *log;
+    kvm_storesvc_stats *st;
+    svc_upload up[SVC_MAX_UPLOADS];
+} svc;
+
+static int64_t svc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void svc_drop(svc_upload *u)
+{
+    for (int64_t l = 0; u->layers && l < u->pc.n_layers; l++)
+        kvm_msg_free(&u->layers[l]);
+    free(u->layers);
+    kvm_msg_free(&u->header);
+    memset(u, 0, sizeof *u);
+}
+
+/* Sends a store_reply (then, for a found cache, its layers) to the client env[0, n). */
+static void svc_reply(svc *s, const uint8_t *env, size_t n, uint64_t req, uint64_t job, int status, const char *why,
+                      int64_t n_layers)
+{
+    kvm_proto_store_reply r = {.request_id = req, .job_id = job, .status = status < 0 ? status : 0,
+                               .message = kvm_proto_str_c(why), .n_layers = status < 0 ? 0 : n_layers};
+    kvm_msg *m = NULL, *e = NULL;
+    if (kvm_proto_store_reply_encode(&r, &m) || kvm_msg_new(&e) || kvm_msg_add_copy(e, env, n) || kvm_msg_join(e, &m) ||
+        kvm_msg_send(s->sock, &e, 0))
+        if (s->log) fprintf(s->log, "kvmill-store: could not reply to request %llu: %s\n", (unsigned long long)req, kvm_errmsg());
+    kvm_msg_free(&m);
+    kvm_msg_free(&e);
+}
+
+static void svc_refuse(svc *s, svc_upload *u, int status, const char *why)
+{
+    if (s->log) fprintf(s->log, "kvmill-store: refused upload %llu (job %llu): %s\n", (unsigned long long)u->pc.request_id,
+                        (unsigned long long)u->pc.job_id, why);
+    svc_reply(s, u->env, u->env_len, u->pc.request_id, u->pc.job_id, status, why, 0);
+    if (s->st) s->st->refused++;
+    svc_drop(u);
+}
+
+static svc_upload *svc_find(svc *s, const uint8_t *env, size_t n, int make)
+{
+    svc_upload *free_slot = NULL;
+    for (int i = 0; i < SVC_MAX_UPLOADS; i++) {
+        svc_upload *u = &s->up[i];
+        if (u->env_len == n && !memcmp(u->env, env, n)) return u;
+        if (!u->env_len && !free_slot) free_slot = u;
+    }
+    if (!make || !free_slot || n > SVC_ENV_BYTES || n == 0) return NULL;
+    memcpy(free_slot->env, env, n);
+    free_slot->env_len = n;
+    return free_slot;
+}
+
+/* Commits a complete upload in one transaction, then records the document's name. */
+static void svc_commit(svc *s, svc_upload *u)
+{
+    const kvm_proto_put_cache *p = &u->pc;
+    if (u->entries != p->n_entries) {
+        char why[256];
+        snprintf(why, sizeof why, "the layers hold %lld entries, the header says %lld", (long long)u->entries,
+                 (long long)p->n_entries);
+        return svc_refuse(s, u, KVM_EMISMATCH, why);
+    }
+    kvm_store_manifest man = {.n_layers = (int32_t)p->n_layers, .n_tokens = p->n_tokens, .n_entries = p->n_entries,
+                              .full_bytes = p->full_bytes,
+                              .config = {.data = p->config.ptr, .size = p->config.len}};
+    snprintf(man.dtype, sizeof man.dtype, "%.*s", (int)p->dtype.len, p->dtype.ptr);
+    memcpy(man.model_id.b, p->model_id, KVM_PROTO_ID_BYTES);
+    memcpy(man.doc_hash.b, p->doc_hash, KVM_PROTO_ID_BYTES);
+    memcpy(man.config_id.b, p->config_id, KVM_PROTO_ID_BYTES);
+    memcpy(man.tokenizer_id.b, p->tokenizer_id, KVM_PROTO_ID_BYTES);
+    kvm_store_layer *layers = calloc((size_t)p->n_layers, sizeof *layers);
+    kvm_frame *frames = calloc((size_t)p->n_layers * 16, sizeof *frames);
+    int rc = layers && frames ? 0 : kvm_err(KVM_ENOMEM, "out of memory committing a cache");
+    for (int64_t l = 0; !rc && l < p->n_layers; l++) {
+        size_t nf = kvm_msg_nframes(u->layers[l]);
+        for (size_t f = 0; f < nf && f < 16; f++)
+            frames[l * 16 + (int64_t)f] = kvm_msg_frame(u->layers[l], f);
+        layers[l] = (kvm_store_layer){.frames = &frames[l * 16], .n_frames = (uint32_t)(nf < 16 ? nf : 16)};
+    }
+    if (!rc) rc = kvm_store_put_cache(s->store, &man, layers);
+    free(layers);
+    free(frames);
+    if (rc) {
+        char why[1024];
+        snprintf(why, sizeof why, "store: %s", kvm_errmsg());
+        return svc_refuse(s, u, rc, why);
+    }
+    if (p->doc_name.len) {
+        kvm_store_doc_meta dm = {.n_tokens = p->n_tokens};
+        snprintf(dm.source, sizeof dm.source, "%.*s", (int)(p->doc_name.len < 255 ? p->doc_name.len : 255), p->doc_name.ptr);
+        if (kvm_store_put_doc(s->store, &man.doc_hash, &dm) && s->log)
+            fprintf(s->log, "kvmill-store: could not record the document's name: %s\n", kvm_errmsg());
+    }
+    if (s->st) s->st->committed++;
+    if (s->log) fprintf(s->log, "kvmill-store: committed job %llu (%lld layers, %lld entries)\n",
+                        (unsigned long long)p->job_id, (long long)p->n_layers, (long long)p->n_entries);
+    svc_reply(s, u->env, u->env_len, p->request_id, p->job_id, 0, "", 0);
+    svc_drop(u);
+}
+
+/* One cache layer of an upload: its shape must be the header's and it must come in order. */
+static void svc_layer(svc *s, svc_upload *u, kvm_msg **m)
+{
+    kvm_proto_cache c;
+    char why[512];
+    const kvm_proto_put_cache *p = &u->pc;
+    int rc = kvm_proto_cache_decode(*m, &c);
+    if (rc) {
+        snprintf(why, sizeof why, "layer %lld: %s", (long long)u->n_got, kvm_errmsg());
+        kvm_msg_free(m);
+        return svc_refuse(s, u, rc, why);
+    }
+    const char *dn = kvm_proto_dtype_name(c.dtype);
+    if (c.layer != u->n_got || c.n_layers != p->n_layers || c.n_kv_heads != p->n_kv_heads || c.head_dim != p->head_dim ||
+        c.n_tokens != p->n_tokens || !kvm_proto_str_eq(p->dtype, dn)) {
+        snprintf(why, sizeof why,
+                 "cache message %lld (layer %lld of %lld, %lld KV heads x %lld, %lld tokens, %s) does not match the "
+                 "upload (%lld layers, %lld KV heads x %lld, %lld tokens, %.*s)",
+                 (long long)u->n_got, (long long)c.layer, (long long)c.n_layers, (long long)c.n_kv_heads,
+                 (long long)c.head_dim, (long long)c.n_tokens, dn, (long long)p->n_layers, (long long)p->n_kv_heads,
+                 (long long)p->head_dim, (long long)p->n_tokens, (int)p->dtype.len, p->dtype.ptr);
+        kvm_msg_free(m);
+        return svc_refuse(s, u, KVM_EMISMATCH, why);
+    }
+    u->entries += c.n_entries;
+    u->layers[u->n_got++] = *m;
+    *m = NULL;
+    if (u->n_got == p->n_layers) svc_commit(s, u);
+}
+
+/* The header of an upload; a previous unfinished upload of the client is refused first. */
+static void svc_begin(svc *s, const uint8_t *env, size_t n, kvm_msg **m)
+{
+    svc_upload *u = svc_find(s, env, n, 1);
+    if (!u) {
+        svc_reply(s, env, n, 0, 0, KVM_EFULL, "too many uploads in progress", 0);
+        return kvm_msg_free(m);
+    }
+    if (u->header) svc_refuse(s, u, KVM_EPROTO, "truncated upload: a new request came before its last layer");
+    if (!u->env_len) memcpy(u->env, env, n), u->env_len = n;
+    u->header = *m;
+    *m = NULL;
+    u->started_ms = svc_now_ms();
+    int rc = kvm_proto_put_cache_decode(u->header, &u->pc);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        return svc_refuse(s, u, rc, why);
+    }
+    /* a model the store knows: the upload's shape must be the model's */
+    kvm_store_model_meta mm;
+    kvm_store_id mid;
+    memcpy(mid.b, u->pc.model_id, sizeof mid.b);
+    if (kvm_store_get_model(s->store, &mid, &mm) == 0 &&
+        (mm.n_layers != u->pc.n_layers || mm.n_kv_heads != u->pc.n_kv_heads || mm.head_dim != u->pc.head_dim)) {
+        char why[256];
+        snprintf(why, sizeof why, "the upload has %lld layers x %lld KV heads x %lld, the stored model %d x %d x %d",
+                 (long long)u->pc.n_layers, (long long)u->pc.n_kv_heads, (long long)u->pc.head_dim, (int)mm.n_layers,
+                 (int)mm.n_kv_heads, (int)mm.head_dim);
+        return svc_refuse(s, u, KVM_EMISMATCH, why);
+    }
+    u->layers = calloc((size_t)u->pc.n_layers, sizeof *u->layers);
+    if (!u->layers) svc_refuse(s, u, KVM_ENOMEM, "out of memory");
+}
+
+/* get_cache: the reply, then the stored layers as they were uploaded. */
+static void svc_get(svc *s, const uint8_t *env, size_t n, const kvm_msg *m)
+{
+    kvm_proto_get_cache g;
+    kvm_store_cache *c = NULL;
+    char why[1024];
+    int rc = kvm_proto_get_cache_decode(m, &g);
+    if (!rc) {
+        kvm_store_cache_key key;
+        memcpy(key.model_id.b, g.model_id, sizeof key.model_id.b);
+        memcpy(key.doc_hash.b, g.doc_hash, sizeof key.doc_hash.b);
+        memcpy(key.config_id.b, g.config_id, sizeof key.config_id.b);
+        rc = kvm_store_get_cache(s->store, &key, NULL, &c);
+    }
+    snprintf(why, sizeof why, "%s", rc ? kvm_errmsg() : "");
+    svc_reply(s, env, n, g.request_id, 0, rc, why, rc ? 0 : c->manifest.n_layers);
+    for (int l = 0; !rc && l < c->manifest.n_layers; l++) {
+        kvm_msg *e = NULL;
+        rc = kvm_msg_new(&e);
+        if (!rc) rc = kvm_msg_add_copy(e, env, n);
+        for (uint32_t f = 0; !rc && f < c->layers[l].n_frames; f++) {
+            rc = kvm_msg_add_copy(e, c->layers[l].frames[f].data, c->layers[l].frames[f].size);
+            if (s->st) s->st->bytes_out += (int64_t)c->layers[l].frames[f].size;
+        }
+        if (!rc) rc = kvm_msg_send(s->sock, &e, 0);
+        kvm_msg_free(&e);
+    }
+    if (!rc && c && s->st) s->st->served++;
+    kvm_store_cache_free(&c);
+}
+
+static void svc_one(svc *s, kvm_msg *m)
+{
+    kvm_msg *env = NULL;
+    if (kvm_msg_nframes(m) < 2 || kvm_msg_split(m, 1, &env)) return kvm_msg_free(&m);
+    kvm_frame id = kvm_msg_frame(env, 0);
+    if (id.size == 0 || id.size > SVC_ENV_BYTES) goto done;
+    for (size_t f = 0; s->st && f < kvm_msg_nframes(m); f++)
+        s->st->bytes_in += (int64_t)kvm_msg_frame(m, f).size;
+    kvm_proto_type t;
+    int rc = kvm_proto_peek(m, &t);
+    svc_upload *u = svc_find(s, id.data, id.size, 0);
+    if (!rc && t == KVM_PROTO_CACHE && u && u->header) {
+        svc_layer(s, u, &m);
+        goto done;
+    }
+    if (u && u->header) svc_refuse(s, u, KVM_EPROTO, "truncated upload: a new request came before its last layer");
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        svc_reply(s, id.data, id.size, 0, 0, rc, why, 0);
+    } else if (t == KVM_PROTO_PUT_CACHE)
+        svc_begin(s, id.data, id.size, &m);
+    else if (t == KVM_PROTO_GET_CACHE)
+        svc_get(s, id.data, id.size, m);
+    else {
+        char why[128];
+        snprintf(why, sizeof why, "the store service does not take %s messages", kvm_proto_type_name(t));
+        svc_reply(s, id.data, id.size, 0, 0, KVM_EPROTO, why, 0);
+    }
+done:
+    kvm_msg_free(&m);
+    kvm_msg_free(&env);
+}
+
+int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
+                      kvm_storesvc_stats *stats, FILE *log)
+{
+    svc *s = calloc(1, sizeof *s);
+    if (!s) return kvm_err(KVM_ENOMEM, "store service: out of memory");
+    *s = (svc){.store = store, .sock = sock, .log = log, .st = stats};
+    int rc = 0;
+    while (!(stop && *stop)) {
+        zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
+        int pr = zmq_poll(&it, 1, 200);
+        if (pr < 0 && errno != EINTR) {
+            rc = errno == ETERM ? 0 : kvm_err(KVM_EIO, "store service: poll: %s", zmq_strerror(errno));
+            break;
+        }
+        for (int k = 0; pr > 0 && k < 64; k++) {
+            kvm_msg *m = NULL;
+            if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) break;
+            svc_one(s, m);
+        }
+        int64_t now = svc_now_ms();
+        for (int i = 0; i < SVC_MAX_UPLOADS; i++)
+            if (s->up[i].header && now - s->up[i].started_ms > upload_timeout_ms)
+                svc_refuse(s, &s->up[i], KVM_EPROTO, "truncated upload: its layers did not arrive in time");
+    }
+    for (int i = 0; i < SVC_MAX_UPLOADS; i++)
+        svc_drop(&s->up[i]);
+    free(s);
+    return rc;
+}
+
+static volatile sig_atomic_t svc_stop;
+static void svc_on_signal(int sig) { (void)sig, svc_stop = 1; }
+
+int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint)
+{
+    kvm_store *store = NULL;
+    void *zctx = NULL, *sock = NULL;
+    int status = 2;
+    if (kvm_storew_open(cfg, path, 0, &store)) {
+        fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg());
+        return 2;
+    }
+    zctx = zmq_ctx_new();
+    sock = zctx ? zmq_socket(zctx, ZMQ_ROUTER) : NULL;
+    int linger = 0;
+    if (!sock || zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger)) {
+        fprintf(stderr, "kvmill-store: cannot make a socket: %s\n", zmq_strerror(errno));
+        goto done;
+    }
+    if (kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "kvmill-store --bind")) {
+        fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg());
+        goto done;
+    }
+    char bound[1100];
+    kvm_serve_bound_endpoint(sock, endpoint, bound, sizeof bound);
+    struct sigaction sa = {.sa_handler = svc_on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    printf("kvmill-store: ready on %s\n", bound);
+    fflush(stdout);
+    kvm_storesvc_stats st = {0};
+    int rc = kvm_storesvc_loop(store, sock, kvm_config_int(cfg, "store", "upload_timeout_ms"), &svc_stop, &st, stderr);
+    fprintf(stderr, "kvmill-store: stopped: %lld committed, %lld refused, %lld served\n", (long long)st.committed,
+            (long long)st.refused, (long long)st.served);
+    status = rc ? 1 : 0;
+done:
+    if (sock) zmq_close(sock);
+    if (zctx) zmq_ctx_term(zctx);
+    kvm_store_close(&store);
+    return status;
+}

@@ -1,0 +1,46 @@
+/* kvm_storesvc.h: the store service (`kvmill-store`, `kvmill store serve`): the one process
+ * that opens the LMDB store for writing when workers run on other hosts. It answers, on one
+ * ROUTER socket (proto/PROTOCOL.md, revision 3):
+ *   put_cache + n_layers `cache` messages -> checks every layer against the upload's header,
+ *       commits cache + manifest in one transaction (kvm_store_put_cache), records the
+ *       document's name, then answers store_reply status 0; anything else is refused with a
+ *       store_reply status < 0 naming the reason, and the store is left unchanged;
+ *   get_cache -> store_reply {n_layers} followed by the stored `cache` messages, one per
+ *       layer, or store_reply status < 0 (KVM_ENOTFOUND, ...).
+ * Uploads are tracked per connection (routing id); an upload interrupted by another request
+ * of the same client, or not finished within upload_timeout_ms, is refused (truncated). */
+#ifndef KVM_STORESVC_H
+#define KVM_STORESVC_H
+
+#include "pipeline/kvm_config.h"
+#include "store/kvm_store.h"
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Counters of a service loop, for logs and tests. */
+typedef struct kvm_storesvc_stats {
+    int64_t committed;  /* caches committed */
+    int64_t refused;    /* uploads refused (bad input, truncated, store errors) */
+    int64_t served;     /* get_cache requests answered with a cache */
+    int64_t bytes_in;   /* bytes of accepted upload messages (all frames) */
+    int64_t bytes_out;  /* bytes of cache messages served */
+} kvm_storesvc_stats;
+
+/* Runs the service on sock (a bound ZMQ_ROUTER) over store s (opened for writing) until *stop
+ * becomes non-zero (checked at least every 200 ms) or the context terminates. Logs one line
+ * per refusal and commit to log (may be NULL). stats (may be NULL) is kept current. Returns 0,
+ * or KVM_EIO when the socket fails. */
+int kvm_storesvc_loop(kvm_store *s, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
+                      kvm_storesvc_stats *stats, FILE *log);
+
+/* The whole service process: opens the store at path (NULL: [store] path of cfg) with cfg's
+ * [store] settings, binds a ROUTER at endpoint (the rules of kvm_serve_bind: a non-local
+ * endpoint needs [security] server_secret_key and authorized_keys; keys, when set, are used on
+ * local endpoints too), prints "kvmill-store: ready on ENDPOINT" (the bound endpoint, port 0
+ * resolved) on stdout, and serves until SIGINT/SIGTERM. Returns a process exit status: 0 after
+ * a signal, 2 when the store or the endpoint cannot be opened (the reason on stderr). */
+int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint);
+
+#endif

@@ -1,0 +1,437 @@
+/* check_storesvc.c: the store service (pipeline/kvm_storesvc.h) and its client
+ * (pipeline/kvm_storecli.h) over TCP loopback: an upload commits and reads back; bad input
+ * (layers that do not match the upload or the stored model, a truncated upload, a client
+ * without a CurveZMQ key) is refused with a reason and leaves the store unchanged; a client
+ * whose service restarts retries its upload. */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/kvm_error.h"
+#include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_storecli.h"
+#include "pipeline/kvm_storesvc.h"
+#include "proto/kvm_proto.h"
+#include "tests/util/kvm_test.h"
+
+/* the client's keys from a config's [security] */
+#define KEYS(cfg) (&(kvm_storecli_keys){kvm_config_str(cfg, "security", "server_public_key"),                     \
+                                        kvm_config_str(cfg, "security", "client_public_key"),                     \
+                                        kvm_config_str(cfg, "security", "client_secret_key")})
+
+enum { L = 3, H = 2, D = 4, N = 8, PER_HEAD = 3 };
+
+static char *g_dir;
+static char g_store[4200], g_ep[1100];
+
+/* The service in a thread of this process, over its own ZeroMQ context. */
+typedef struct svc_thread {
+    pthread_t th;
+    void *zctx, *sock;
+    kvm_store *store;
+    kvm_config *cfg;
+    volatile sig_atomic_t stop;
+    kvm_storesvc_stats stats;
+    int64_t upload_timeout_ms;
+} svc_thread;
+
+static void *svc_main(void *arg)
+{
+    svc_thread *t = arg;
+    kvm_storesvc_loop(t->store, t->sock, t->upload_timeout_ms, &t->stop, &t->stats, stderr);
+    return NULL;
+}
+
+static kvm_config *config(const char *extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s\n[store]\npath = %s\n%s", kvm_test_data_path("models/stories260K.bin"),
+             g_store, extra ? extra : "");
+    kvm_config *c = NULL;
+    ck_assert_msg(kvm_config_parse(text, "test", &c) == 0, "%s", kvm_errmsg());
+    return c;
+}
+
+/* Starts the service on tcp://127.0.0.1:port (port 0: any; g_ep gets the bound one). */
+static void svc_start(svc_thread *t, const char *security, int port)
+{
+    memset(t, 0, sizeof *t);
+    t->cfg = config(security);
+    t->upload_timeout_ms = 1500;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_msg(kvm_store_open(g_store, &o, &t->store) == 0, "%s", kvm_errmsg());
+    t->zctx = zmq_ctx_new();
+    t->sock = zmq_socket(t->zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(t->sock, ZMQ_LINGER, &linger, sizeof linger);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    int rc = -1;
+    for (int i = 0; i < 50 && rc; i++) /* a restart on the same port may wait for the old one */
+        if ((rc = kvm_serve_bind(t->zctx, t->sock, port ? ep : "tcp://127.0.0.1:0", t->cfg, 1, "test")))
+            usleep(100000);
+    ck_assert_msg(rc == 0, "%s", kvm_errmsg());
+    kvm_serve_bound_endpoint(t->sock, ep, g_ep, sizeof g_ep);
+    ck_assert_int_eq(pthread_create(&t->th, NULL, svc_main, t), 0);
+}
+
+static void svc_stop(svc_thread *t)
+{
+    t->stop = 1;
+    pthread_join(t->th, NULL);
+    zmq_close(t->sock);
+    zmq_ctx_term(t->zctx);
+    kvm_store_close(&t->store);
+    kvm_config_free(&t->cfg);
+}
+
+static void setup(void)
+{
+    g_dir = kvm_test_tmpdir();
+    snprintf(g_store, sizeof g_store, "%s/store.lmdb", g_dir);
+}
+
+static void teardown(void)
+{
+    kvm_test_rmtree(g_dir);
+    free(g_dir);
+}
+
+/* A synthetic cache of L layers (PER_HEAD f32 entries per KV head), doc `seed`. */
+static void make_cache(int seed, kvm_serve_cache_enc *e)
+{
+    static float kv[H * PER_HEAD * D];
+    static int32_t he[H] = {PER_HEAD, PER_HEAD}, pos[H * PER_HEAD];
+    static float bias[H * PER_HEAD];
+    for (int i = 0; i < H * PER_HEAD * D; i++)
+        kv[i] = 0.25f * (float)(i % 7) - (float)seed;
+    for (int i = 0; i < H * PER_HEAD; i++)
+        pos[i] = i % N, bias[i] = 0.0f;
+    memset(e, 0, sizeof *e);
+    e->n_layers = L;
+    e->msgs = calloc(L, sizeof *e->msgs);
+    for (int l = 0; l < L; l++) {
+        kvm_proto_cache c = {.layer = l, .n_layers = L, .n_kv_heads = H, .head_dim = D, .n_tokens = N,
+                             .n_entries = H * PER_HEAD, .dtype = KVM_PROTO_F32, .head_entries = he, .keys = kv,
+                             .values = kv, .positions = pos, .logit_bias = bias};
+        ck_assert_msg(kvm_proto_cache_encode(&c, &e->msgs[l]) == 0, "%s", kvm_errmsg());
+    }
+    e->canon = strdup("kvmill.algorithm=1\nmodel.context=8\nstore.dtype=f32\n");
+    e->canon_n = strlen(e->canon);
+    e->man = (kvm_store_manifest){.n_layers = L, .n_tokens = N, .n_entries = L * H * PER_HEAD,
+                                  .full_bytes = 2LL * L * H * N * D * 4};
+    snprintf(e->man.dtype, sizeof e->man.dtype, "f32");
+    kvm_store_hash_bytes(e->canon, e->canon_n, &e->man.config_id);
+    for (int i = 0; i < KVM_STORE_ID_BYTES; i++)
+        e->man.model_id.b[i] = (uint8_t)(i + 1), e->man.doc_hash.b[i] = (uint8_t)(seed * 31 + i);
+}
+
+static kvm_store_cache_key key_of(const kvm_serve_cache_enc *e)
+{
+    return (kvm_store_cache_key){.model_id = e->man.model_id, .doc_hash = e->man.doc_hash,
+                                 .config_id = e->man.config_id};
+}
+
+/* How many layers the service returns for e's key (-status when refused). */
+static int fetch(kvm_storecli *c, const kvm_serve_cache_enc *e)
+{
+    kvm_store_cache_key k = key_of(e);
+    kvm_msg **layers = NULL;
+    int n = 0, rc = kvm_storecli_get(c, &k, 3000, &layers, &n);
+    if (rc) return rc;
+    for (int l = 0; l < n; l++) {
+        kvm_proto_cache pc;
+        ck_assert_msg(kvm_proto_cache_decode(layers[l], &pc) == 0, "%s", kvm_errmsg());
+        ck_assert_int_eq(pc.layer, l);
+        ck_assert_int_eq(pc.n_entries, H * PER_HEAD);
+        kvm_msg_free(&layers[l]);
+    }
+    free(layers);
+    return n;
+}
+
+/* Caches in the store, counted after the service stopped. */
+static int count_caches(void)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.read_only = 1};
+    ck_assert_msg(kvm_store_open(g_store, &o, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_stats st;
+    ck_assert_int_eq(kvm_store_stats_get(s, &st), 0);
+    kvm_store_close(&s);
+    return (int)st.n_caches;
+}
+
+START_TEST(test_put_then_get)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_msg(kvm_storecli_open(KEYS(cfg), g_ep, &c) == 0, "%s", kvm_errmsg());
+    kvm_serve_cache_enc e;
+    make_cache(1, &e);
+    ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND);
+    int64_t bytes = 0;
+    ck_assert_msg(kvm_storecli_put(c, &e, 42, "doc_001.txt", 3000, 1, &bytes) == 0, "%s", kvm_errmsg());
+    ck_assert_int_gt(bytes, (int64_t)(L * 2 * H * PER_HEAD * D * sizeof(float)));
+    ck_assert_int_eq(fetch(c, &e), L);
+    ck_assert_int_eq(t.stats.committed, 1);
+    ck_assert_int_eq(t.stats.served, 1);
+    kvm_serve_cache_enc_free(&e);
+    kvm_storecli_close(&c);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 1);
+    /* the document's name came with the upload */
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    make_cache(1, &e);
+    kvm_store_doc_meta dm;
+    ck_assert_int_eq(kvm_store_get_doc(s, &e.man.doc_hash, &dm), 0);
+    ck_assert_str_eq(dm.source, "doc_001.txt");
+    kvm_serve_cache_enc_free(&e);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* Layers whose shape is not the upload's, and an upload not shaped like the stored model. */
+START_TEST(test_layers_mismatch_refused)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_serve_cache_enc e;
+    make_cache(2, &e);
+    kvm_store_model_meta mm = {.n_layers = L + 1, .n_heads = H, .n_kv_heads = H, .head_dim = D};
+    ck_assert_int_eq(kvm_store_put_model(s, &e.man.model_id, &mm), 0);
+    kvm_store_close(&s);
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 1, NULL, 3000, 1, NULL), KVM_EMISMATCH);
+    ck_assert_msg(strstr(kvm_errmsg(), "the stored model 4 x 2 x 4"), "%s", kvm_errmsg());
+    /* another model id (no stored shape), but layer 1 claims another layer count */
+    e.man.model_id.b[0] ^= 0xff;
+    kvm_msg_free(&e.msgs[1]);
+    static float kv[H * PER_HEAD * D];
+    static int32_t he[H] = {PER_HEAD, PER_HEAD}, pos[H * PER_HEAD];
+    static float bias[H * PER_HEAD];
+    kvm_proto_cache bad = {.layer = 1, .n_layers = L + 2, .n_kv_heads = H, .head_dim = D, .n_tokens = N,
+                           .n_entries = H * PER_HEAD, .dtype = KVM_PROTO_F32, .head_entries = he, .keys = kv,
+                           .values = kv, .positions = pos, .logit_bias = bias};
+    ck_assert_int_eq(kvm_proto_cache_encode(&bad, &e.msgs[1]), 0);
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 2, NULL, 3000, 1, NULL), KVM_EMISMATCH);
+    ck_assert_msg(strstr(kvm_errmsg(), "cache message 1 (layer 1 of 5") && strstr(kvm_errmsg(), "does not match"), "%s",
+                  kvm_errmsg());
+    ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND);
+    ck_assert_int_eq(t.stats.refused, 2);
+    kvm_serve_cache_enc_free(&e);
+    kvm_storecli_close(&c);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 0);
+}
+END_TEST
+
+/* A raw client sends the header and only some layers: refused when its next request comes,
+ * and refused on the timeout when none does. */
+START_TEST(test_truncated_upload_refused)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    t.upload_timeout_ms = 1500;
+    kvm_serve_cache_enc e;
+    make_cache(3, &e);
+    void *zctx = zmq_ctx_new(), *d = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0, rcv = 5000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &rcv, sizeof rcv);
+    ck_assert_int_eq(zmq_connect(d, g_ep), 0);
+    for (int round = 0; round < 2; round++) {
+        kvm_proto_put_cache p = {.request_id = 100 + round, .n_layers = L, .n_kv_heads = H, .head_dim = D,
+                                 .n_tokens = N, .n_entries = L * H * PER_HEAD, .dtype = kvm_proto_str_c("f32"),
+                                 .config = {(const uint8_t *)e.canon, e.canon_n}};
+        memcpy(p.model_id, e.man.model_id.b, 32);
+        memcpy(p.doc_hash, e.man.doc_hash.b, 32);
+        memcpy(p.config_id, e.man.config_id.b, 32);
+        kvm_msg *m = NULL;
+        ck_assert_int_eq(kvm_proto_put_cache_encode(&p, &m), 0);
+        ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+        kvm_msg *l0 = NULL;
+        ck_assert_int_eq(kvm_msg_new(&l0), 0);
+        for (size_t f = 0; f < kvm_msg_nframes(e.msgs[0]); f++)
+            kvm_msg_add_copy(l0, kvm_msg_frame(e.msgs[0], f).data, kvm_msg_frame(e.msgs[0], f).size);
+        ck_assert_int_eq(kvm_msg_send(d, &l0, 0), 0);
+        if (round == 0) { /* a get_cache before the last layer: the upload is cut */
+            kvm_proto_get_cache g = {.request_id = 7};
+            memcpy(g.model_id, p.model_id, 32);
+            memcpy(g.doc_hash, p.doc_hash, 32);
+            memcpy(g.config_id, p.config_id, 32);
+            ck_assert_int_eq(kvm_proto_get_cache_encode(&g, &m), 0);
+            ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+        }
+        kvm_msg *r = NULL;
+        kvm_proto_store_reply sr;
+        ck_assert_msg(kvm_msg_recv(d, &r, 0) == 0, "no refusal in round %d", round);
+        ck_assert_int_eq(kvm_proto_store_reply_decode(r, &sr), 0);
+        ck_assert_int_eq(sr.request_id, 100 + round);
+        ck_assert_int_eq(sr.status, KVM_EPROTO);
+        ck_assert_msg(sr.message.len > 0 && strstr(sr.message.ptr, "truncated upload"), "%.*s", (int)sr.message.len,
+                      sr.message.ptr);
+        kvm_msg_free(&r);
+        if (round == 0) { /* and the get_cache is answered: not found */
+            ck_assert_int_eq(kvm_msg_recv(d, &r, 0), 0);
+            ck_assert_int_eq(kvm_proto_store_reply_decode(r, &sr), 0);
+            ck_assert_int_eq(sr.request_id, 7);
+            ck_assert_int_eq(sr.status, KVM_ENOTFOUND);
+            kvm_msg_free(&r);
+        }
+    }
+    zmq_close(d);
+    zmq_ctx_term(zctx);
+    ck_assert_int_eq(t.stats.refused, 2);
+    kvm_serve_cache_enc_free(&e);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 0);
+}
+END_TEST
+
+static void keygen(const char *name)
+{
+    char prefix[4400];
+    snprintf(prefix, sizeof prefix, "%s/%s", g_dir, name);
+    ck_assert_msg(kvm_curve_keygen(prefix) == 0, "%s", kvm_errmsg());
+}
+
+/* With [security] keys the service takes only authorized clients: one without a key gets no
+ * answer and stores nothing; the authorized one commits. */
+START_TEST(test_client_without_key_refused)
+{
+    char auth[4400], cmd[9000], sec[12000];
+    keygen("server");
+    keygen("client");
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/client.public' '%s/'", auth, g_dir, auth);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "authorized_keys = %s\n",
+             g_dir, g_dir, auth);
+    svc_thread t;
+    svc_start(&t, sec, 0);
+    kvm_serve_cache_enc e;
+    make_cache(4, &e);
+    kvm_config *plain = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(plain), g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 1, NULL, 800, 1, NULL), KVM_EIO);
+    ck_assert_msg(strstr(kvm_errmsg(), "no reply"), "%s", kvm_errmsg());
+    kvm_storecli_close(&c);
+    ck_assert_int_eq(t.stats.committed + t.stats.refused, 0);
+    snprintf(sec + strlen(sec), sizeof sec - strlen(sec), "client_secret_key = %s/client.secret\nclient_public_key = %s/client.public\n",
+             g_dir, g_dir);
+    kvm_config *keyed = config(sec);
+    ck_assert_int_eq(kvm_storecli_open(KEYS(keyed), g_ep, &c), 0);
+    ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND); /* the keyless client stored nothing */
+    ck_assert_msg(kvm_storecli_put(c, &e, 1, NULL, 3000, 1, NULL) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(fetch(c, &e), L);
+    kvm_storecli_close(&c);
+    kvm_serve_cache_enc_free(&e);
+    kvm_config_free(&plain);
+    kvm_config_free(&keyed);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 1);
+}
+END_TEST
+
+/* The service goes away after one commit and comes back on the same port while a client
+ * uploads: the committed cache is intact and the client's retry commits the second. */
+typedef struct restart_arg {
+    svc_thread *t;
+    int port;
+} restart_arg;
+
+static void *restart_later(void *arg)
+{
+    restart_arg *r = arg;
+    usleep(700000);
+    svc_start(r->t, NULL, r->port);
+    return NULL;
+}
+
+START_TEST(test_service_restart_retry)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    int port = atoi(strrchr(g_ep, ':') + 1);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &c), 0);
+    kvm_serve_cache_enc a, b;
+    make_cache(5, &a);
+    make_cache(6, &b);
+    ck_assert_int_eq(kvm_storecli_put(c, &a, 1, NULL, 3000, 1, NULL), 0);
+    svc_stop(&t);
+    pthread_t th;
+    restart_arg ra = {&t, port};
+    ck_assert_int_eq(pthread_create(&th, NULL, restart_later, &ra), 0);
+    ck_assert_msg(kvm_storecli_put(c, &b, 2, NULL, 500, 20, NULL) == 0, "%s", kvm_errmsg());
+    pthread_join(th, NULL);
+    ck_assert_int_eq(fetch(c, &a), L);
+    ck_assert_int_eq(fetch(c, &b), L);
+    kvm_storecli_close(&c);
+    kvm_serve_cache_enc_free(&a);
+    kvm_serve_cache_enc_free(&b);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 2);
+}
+END_TEST
+
+/* A non-local service endpoint without keys: neither side starts. */
+START_TEST(test_nonlocal_needs_keys)
+{
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), "tcp://10.255.255.1:5560", &c), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "server_public_key"), "%s", kvm_errmsg());
+    void *zctx = zmq_ctx_new(), *r = zmq_socket(zctx, ZMQ_ROUTER);
+    ck_assert_int_eq(kvm_serve_bind(zctx, r, "tcp://0.0.0.0:0", cfg, 1, "store"), KVM_EINVAL);
+    zmq_close(r);
+    zmq_ctx_term(zctx);
+    kvm_config_free(&cfg);
+}
+END_TEST
+
+static Suite *storesvc_suite(void)
+{
+    Suite *s = suite_create("storesvc");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {{"put_then_get", test_put_then_get},
+                 {"layers_mismatch_refused", test_layers_mismatch_refused},
+                 {"truncated_upload_refused", test_truncated_upload_refused},
+                 {"client_without_key_refused", test_client_without_key_refused},
+                 {"service_restart_retry", test_service_restart_retry},
+                 {"nonlocal_needs_keys", test_nonlocal_needs_keys}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(storesvc_suite()); }
