@@ -117,6 +117,52 @@ static void gemm_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, in
     }
 }
 
+/* The ∂score rows of nb queries from i0 at head dim 8 with E·Vcᵀ fused in: per 4 rows × 16
+ * entries r = Σ_{t<8} e[b][t]·Vc[j][t] (gemm_k8's sums), then u_j = (w_j·iz)·(b1·(r_j − oe) +
+ * b2) into upk and gb += u row by row, as dscore_row does; bit-identical to gemm_k8 followed by
+ * dscore_row (r is never stored). w [nb][kp] are the exponentiated scores, iz, oe, b1, b2 [nb]. */
+SB_CLONES
+static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt, int64_t kp, const float *restrict w,
+                      const float *iz, const float *oe, const float *b1, const float *b2, int64_t nq, int64_t i0,
+                      float *restrict upk, float *restrict gb)
+{
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        const int mr = nb - b0 < 4 ? nb - b0 : 4;
+        const float *x0 = e + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
+        const float *x3 = x0 + (mr > 3 ? 24 : 0);
+        for (int64_t j0 = 0; j0 < kp; j0 += NR) {
+            const float *pp = Vt->p + j0 * 8;
+            v8f a0 = {0}, c0 = {0}, a1 = {0}, c1 = {0}, a2 = {0}, c2 = {0}, a3 = {0}, c3 = {0}, lo, hi;
+            for (int t = 0; t < 8; t++) {
+                memcpy(&lo, pp + t * NR, 32);
+                memcpy(&hi, pp + t * NR + 8, 32);
+                a0 += x0[t] * lo;
+                c0 += x0[t] * hi;
+                a1 += x1[t] * lo;
+                c1 += x1[t] * hi;
+                a2 += x2[t] * lo;
+                c2 += x2[t] * hi;
+                a3 += x3[t] * lo;
+                c3 += x3[t] * hi;
+            }
+            v8f acc[4][2] = {{a0, c0}, {a1, c1}, {a2, c2}, {a3, c3}}, g[2], wv, uv;
+            memcpy(g, gb + j0, 64);
+            for (int r = 0; r < mr; r++) {
+                const int b = b0 + r;
+                float *u = upk + (j0 / NR) * nq * NR + (i0 + b) * NR;
+                for (int h = 0; h < 2; h++) {
+                    memcpy(&wv, w + b * kp + j0 + 8 * h, 32);
+                    wv = wv * iz[b];
+                    uv = wv * (b1[b] * (acc[r][h] - oe[b]) + b2[b]);
+                    g[h] += uv;
+                    memcpy(u + 8 * h, &uv, 32);
+                }
+            }
+            memcpy(gb + j0, g, 64);
+        }
+    }
+}
+
 /* One query's output rows and scalars; returns ⟨Ô, e⟩ and adds to *mse, *lse; b1, b2 out. */
 static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, const float *ohc, float *e, double a1,
                        double a2, float *b1, float *b2, double *mse, double *lse)
@@ -155,8 +201,11 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
     for (int b = 0; b < nb; b++)
         oe[b] = query_row(p, i0 + b, lc[b], iz[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b], mse, lse);
     if (!want_grad) return;
-    if (d == 8) gemm_k8(w->E, nb, &w->vtpk, kp, 1.0f, w->R);
-    else kvm__cpu_gemm_packed(w->E, nb, d, &w->vtpk, w->R, kp, 1.0f, 0, k, d);
+    if (d == 8) {
+        dscore_k8(w->E, nb, &w->vtpk, kp, w->S, iz, oe, b1, b2, p->nq, i0, w->upk.p, w->gb);
+        return;
+    }
+    kvm__cpu_gemm_packed(w->E, nb, d, &w->vtpk, w->R, kp, 1.0f, 0, k, d);
     for (int b = 0; b < nb; b++)
         dscore_row(w->S + b * kp, iz[b], w->R + b * kp, oe[b], b1[b], b2[b], kp, p->nq, i0 + b, w->upk.p, w->gb);
 }
