@@ -163,37 +163,6 @@ static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt,
     }
 }
 
-/* The key gradient at head dim 8: gt[t][j] = alpha·Σ_{i<nq} qt[t][i]·U[i][j] for t < 8,
- * j < kp, with U in panel layout [kp/16][nq][16] and qt [8][nq]. All 8 rows of Qᵀ against
- * half a panel at a time (8 accumulators), so U streams from memory once instead of once per
- * 4-row tile; the sums over i in order with one FMA each, then the scaling: the operations of
- * kvm__cpu_gemm_packed(qt, 8, nq, U, gt, kp, alpha, 0, k, nq), bit-identical on its columns. */
-SB_CLONES
-static void qtu_rows8(const float *restrict qt, int64_t nq, const float *restrict U, int64_t kp, float alpha,
-                      float *restrict gt)
-{
-    for (int64_t j0 = 0; j0 < kp; j0 += 8) {
-        const float *u = U + (j0 / NR) * nq * NR + j0 % NR;
-        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0}, v;
-        for (int64_t i = 0; i < nq; i++) {
-            memcpy(&v, u + i * NR, 32);
-            a0 += qt[i] * v;
-            a1 += qt[nq + i] * v;
-            a2 += qt[2 * nq + i] * v;
-            a3 += qt[3 * nq + i] * v;
-            a4 += qt[4 * nq + i] * v;
-            a5 += qt[5 * nq + i] * v;
-            a6 += qt[6 * nq + i] * v;
-            a7 += qt[7 * nq + i] * v;
-        }
-        v8f acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-        for (int t = 0; t < 8; t++) {
-            v8f o = acc[t] * alpha;
-            memcpy(gt + t * kp + j0, &o, 32);
-        }
-    }
-}
-
 /* One query's output rows and scalars; returns ⟨Ô, e⟩ and adds to *mse, *lse; b1, b2 out. */
 static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, const float *ohc, float *e, double a1,
                        double a2, float *b1, float *b2, double *mse, double *lse)
@@ -302,8 +271,7 @@ int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const flo
     for (int64_t i0 = 0; i0 < nq; i0 += QB)
         block(p, i0, nq - i0 < QB ? (int)(nq - i0) : QB, k, b0, a1, a2, grad, &w, &mse, &lse);
     if (grad) {
-        if (d == 8) qtu_rows8(w.qt, nq, w.upk.p, kp, p->scale, w.gt);
-        else kvm__cpu_gemm_packed(w.qt, d, nq, &w.upk, w.gt, kp, p->scale, 0, k, nq);
+        kvm__cpu_gemm_packed(w.qt, d, nq, &w.upk, w.gt, kp, p->scale, 0, k, nq);
         if (grad_k)
             for (int64_t j = 0; j < k; j++)
                 for (int t = 0; t < d; t++) grad_k[j * d + t] = w.gt[t * kp + j];
