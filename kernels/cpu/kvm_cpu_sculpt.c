@@ -79,8 +79,8 @@ static void wv_rows8(const float *restrict w, int nb, int64_t kp, const float *r
 }
 
 /* y[b][j] = alpha·Σ_{t<8} x[b][t]·P[t][j] for b < nb, j < kp (row strides 8 and kp) with P
- * packed [kp/16][8][16] (kvm__cpu_pack, zero beyond its columns): the scores (P = Kc) and
- * E·Vcᵀ (P = Vc) at head dim 8. Four rows × 16 columns per step with the sums over t in
+ * packed [kp/16][8][16] (kvm__cpu_pack, zero beyond its columns): the scores at head dim 8
+ * (P = Kc; dscore_k8 repeats the loop for E·Vcᵀ). Four rows × 16 columns per step with the sums over t in
  * order, one FMA each, then the scaling: the operations of the packed GEMM's tile4, so the
  * stored columns are bit-identical to kvm__cpu_gemm_packed(x, nb, 8, P, y, kp, alpha, 0, k, 8)
  * and the padding columns get 0; inlined with K fixed, it avoids a tile call per 64 FMAs. */
