@@ -49,7 +49,8 @@ static inline KVM_HD kvm_sb_query kvm_sb_query_shares(float lc, float lr, int ha
 {
     kvm_sb_query s;
     float mm = lc > lr ? lc : lr;
-    float ac = has_c ? expf(lc - mm) : 0.0f, ar = has_r ? expf(lr - mm) : 0.0f;
+    /* the larger of the two is exp(0) = 1 exactly: one exponential instead of two */
+    float ac = has_c ? (lc > lr ? 1.0f : expf(lc - mm)) : 0.0f, ar = has_r ? (lc > lr ? expf(lr - mm) : 1.0f) : 0.0f;
     float zz = ac + ar;
     s.pc = zz > 0 ? ac / zz : 0.0f;
     s.pr = zz > 0 ? ar / zz : 0.0f;

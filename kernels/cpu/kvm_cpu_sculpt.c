@@ -23,6 +23,7 @@ typedef struct sb_work {
     float *qt;                     /* [d][nq] Qᵀ */
     float *gt;                     /* [d][kp] Qᵀ·U */
     float *gb;                     /* [kp] Σ_i U */
+    const float *vc;               /* the caller's Vc [k][d] (borrowed) */
 } sb_work;
 
 /* ∂score row: u_j = w_j·(b1·(r_j − oe) + b2) with w_j = e_j·iz (kvm_sb_dscore on 8 lanes, the
@@ -43,6 +44,121 @@ static void dscore_row(const float *restrict w, float iz, const float *restrict 
             g += uv;
             memcpy(u + h, &uv, 32);
             memcpy(gb + j0 + h, &g, 32);
+        }
+    }
+}
+
+/* Ôc = W·Vc for head dim 8 (one 256-bit vector per output row): oh[b] = Σ_{j<k} w[b][j]·vc[j]
+ * for b < nb, eight rows at a time. Per row the sums run over j in order with one FMA each, the
+ * operations of the packed GEMM's tile4 on the same operands, so the result is bit-identical to
+ * kvm__cpu_gemm_packed(w, nb, kp, Vc, oh, 8, 1, 0, 8, k); it avoids the GEMM's padding of the
+ * 8 outputs to a 16-lane panel. */
+SB_CLONES
+static void wv_rows8(const float *restrict w, int nb, int64_t kp, const float *restrict vc, int64_t k,
+                     float *restrict oh)
+{
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const int mr = nb - b0 < 8 ? nb - b0 : 8;
+        const float *x[8];
+        for (int r = 0; r < 8; r++) x[r] = w + (int64_t)(b0 + (r < mr ? r : 0)) * kp;
+        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0}, v;
+        for (int64_t j = 0; j < k; j++) {
+            memcpy(&v, vc + j * 8, 32);
+            a0 += x[0][j] * v;
+            a1 += x[1][j] * v;
+            a2 += x[2][j] * v;
+            a3 += x[3][j] * v;
+            a4 += x[4][j] * v;
+            a5 += x[5][j] * v;
+            a6 += x[6][j] * v;
+            a7 += x[7][j] * v;
+        }
+        v8f acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+        for (int r = 0; r < mr; r++) memcpy(oh + (int64_t)(b0 + r) * 8, &acc[r], 32);
+    }
+}
+
+/* y[b][j] = alpha·Σ_{t<8} x[b][t]·P[t][j] for b < nb, j < kp (row strides 8 and kp) with P
+ * packed [kp/16][8][16] (kvm__cpu_pack, zero beyond its columns): the scores at head dim 8
+ * (P = Kc; dscore_k8 repeats the loop for E·Vcᵀ). Four rows × 16 columns per step with the sums over t in
+ * order, one FMA each, then the scaling: the operations of the packed GEMM's tile4, so the
+ * stored columns are bit-identical to kvm__cpu_gemm_packed(x, nb, 8, P, y, kp, alpha, 0, k, 8)
+ * and the padding columns get 0; inlined with K fixed, it avoids a tile call per 64 FMAs. */
+SB_CLONES
+static void gemm_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, int64_t kp, float alpha,
+                    float *restrict y)
+{
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        const int mr = nb - b0 < 4 ? nb - b0 : 4;
+        const float *x0 = x + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
+        const float *x3 = x0 + (mr > 3 ? 24 : 0);
+        for (int64_t j0 = 0; j0 < kp; j0 += NR) {
+            const float *pp = P->p + j0 * 8;
+            v8f a0 = {0}, c0 = {0}, a1 = {0}, c1 = {0}, a2 = {0}, c2 = {0}, a3 = {0}, c3 = {0}, lo, hi;
+            for (int t = 0; t < 8; t++) {
+                memcpy(&lo, pp + t * NR, 32);
+                memcpy(&hi, pp + t * NR + 8, 32);
+                a0 += x0[t] * lo;
+                c0 += x0[t] * hi;
+                a1 += x1[t] * lo;
+                c1 += x1[t] * hi;
+                a2 += x2[t] * lo;
+                c2 += x2[t] * hi;
+                a3 += x3[t] * lo;
+                c3 += x3[t] * hi;
+            }
+            v8f acc[4][2] = {{a0, c0}, {a1, c1}, {a2, c2}, {a3, c3}};
+            for (int r = 0; r < mr; r++) {
+                v8f l = acc[r][0] * alpha, h = acc[r][1] * alpha;
+                memcpy(y + (b0 + r) * kp + j0, &l, 32);
+                memcpy(y + (b0 + r) * kp + j0 + 8, &h, 32);
+            }
+        }
+    }
+}
+
+/* The ∂score rows of nb queries from i0 at head dim 8 with E·Vcᵀ fused in: per 4 rows × 16
+ * entries r = Σ_{t<8} e[b][t]·Vc[j][t] (gemm_k8's sums), then u_j = (w_j·iz)·(b1·(r_j − oe) +
+ * b2) into upk and gb += u row by row, as dscore_row does; bit-identical to gemm_k8 followed by
+ * dscore_row (r is never stored). w [nb][kp] are the exponentiated scores, iz, oe, b1, b2 [nb]. */
+SB_CLONES
+static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt, int64_t kp, const float *restrict w,
+                      const float *iz, const float *oe, const float *b1, const float *b2, int64_t nq, int64_t i0,
+                      float *restrict upk, float *restrict gb)
+{
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        const int mr = nb - b0 < 4 ? nb - b0 : 4;
+        const float *x0 = e + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
+        const float *x3 = x0 + (mr > 3 ? 24 : 0);
+        for (int64_t j0 = 0; j0 < kp; j0 += NR) {
+            const float *pp = Vt->p + j0 * 8;
+            v8f a0 = {0}, c0 = {0}, a1 = {0}, c1 = {0}, a2 = {0}, c2 = {0}, a3 = {0}, c3 = {0}, lo, hi;
+            for (int t = 0; t < 8; t++) {
+                memcpy(&lo, pp + t * NR, 32);
+                memcpy(&hi, pp + t * NR + 8, 32);
+                a0 += x0[t] * lo;
+                c0 += x0[t] * hi;
+                a1 += x1[t] * lo;
+                c1 += x1[t] * hi;
+                a2 += x2[t] * lo;
+                c2 += x2[t] * hi;
+                a3 += x3[t] * lo;
+                c3 += x3[t] * hi;
+            }
+            v8f acc[4][2] = {{a0, c0}, {a1, c1}, {a2, c2}, {a3, c3}}, g[2], wv, uv;
+            memcpy(g, gb + j0, 64);
+            for (int r = 0; r < mr; r++) {
+                const int b = b0 + r;
+                float *u = upk + (j0 / NR) * nq * NR + (i0 + b) * NR;
+                for (int h = 0; h < 2; h++) {
+                    memcpy(&wv, w + b * kp + j0 + 8 * h, 32);
+                    wv = wv * iz[b];
+                    uv = wv * (b1[b] * (acc[r][h] - oe[b]) + b2[b]);
+                    g[h] += uv;
+                    memcpy(u + 8 * h, &uv, 32);
+                }
+            }
+            memcpy(gb + j0, g, 64);
         }
     }
 }
@@ -77,12 +193,18 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
     const int d = p->d;
     const int64_t kp = w->kp;
     float lc[QB], iz[QB], oe[QB], b1[QB], b2[QB];
-    kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w->kpk, w->S, kp, p->scale, 0, k, d);
+    if (d == 8) gemm_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, w->S);
+    else kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w->kpk, w->S, kp, p->scale, 0, k, d);
     for (int b = 0; b < nb; b++) lc[b] = softmax_row(w->S + b * kp, b0, kp, &iz[b]);
-    kvm__cpu_gemm_packed(w->S, nb, kp, &w->vpk, w->oh, d, 1.0f, 0, d, k);
+    if (d == 8) wv_rows8(w->S, nb, kp, w->vc, k, w->oh);
+    else kvm__cpu_gemm_packed(w->S, nb, kp, &w->vpk, w->oh, d, 1.0f, 0, d, k);
     for (int b = 0; b < nb; b++)
         oe[b] = query_row(p, i0 + b, lc[b], iz[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b], mse, lse);
     if (!want_grad) return;
+    if (d == 8) {
+        dscore_k8(w->E, nb, &w->vtpk, kp, w->S, iz, oe, b1, b2, p->nq, i0, w->upk.p, w->gb);
+        return;
+    }
     kvm__cpu_gemm_packed(w->E, nb, d, &w->vtpk, w->R, kp, 1.0f, 0, k, d);
     for (int b = 0; b < nb; b++)
         dscore_row(w->S + b * kp, iz[b], w->R + b * kp, oe[b], b1[b], b2[b], kp, p->nq, i0 + b, w->upk.p, w->gb);
@@ -104,6 +226,7 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
     const int64_t kp = (k + NR - 1) / NR * NR, nq = p->nq;
     memset(w, 0, sizeof *w);
     w->kp = kp;
+    w->vc = vc;
     size_t nf = (size_t)kp * (2 * QB + d + 2) + (size_t)(2 * QB * d) + (grad ? (size_t)(d * nq) : 0);
     w->S = calloc(nf, sizeof *w->S);
     if (!w->S || kvm__cpu_pack(&w->kpk, kc, k, d, d, 1) || kvm__cpu_pack(&w->vpk, vc, d, k, 1, d) ||
@@ -174,7 +297,8 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
     for (int64_t j = 0; j < kp; j++) b0[j] = j < k ? (beta ? beta[j] : 0.0f) : -1e30f;
     for (int64_t i0 = 0; i0 < nq; i0 += QB) {
         const int nb = nq - i0 < QB ? (int)(nq - i0) : QB;
-        kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w.kpk, w.S, kp, p->scale, 0, k, d);
+        if (d == 8) gemm_k8(p->q + i0 * d, nb, &w.kpk, kp, p->scale, w.S);
+        else kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w.kpk, w.S, kp, p->scale, 0, k, d);
         for (int b = 0; b < nb; b++) {
             const int64_t i = i0 + b;
             float iz, lc = softmax_row(w.S + b * kp, b0, kp, &iz);
