@@ -1,0 +1,115 @@
+/* check_newuser.c: defects found by trying kvmill as a new user after issue 11 (acceptance
+ * pass): a key set twice through its old name, store commands on a store that does not
+ * exist, and the other first-contact problems listed per test. */
+#include "common/kvm_error.h"
+#include "pipeline/kvm_config.h"
+#include "store/kvm_store.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A store in a fresh temporary folder (dir/store, created empty), and a config using the
+ * embedded model with that store; the folder is returned (caller removes and frees it). */
+static char *make_store(char *store, size_t store_n, char *cfg, size_t cfg_n)
+{
+    char *dir = kvm_test_tmpdir();
+    snprintf(store, store_n, "%s/store", dir);
+    kvm_store_opts o = {0};
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(store, &o, &s), 0);
+    kvm_store_close(&s);
+    snprintf(cfg, cfg_n, "%s/c.ini", dir);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[serve]\nbind = ipc://%s/front\n",
+             kvm_test_data_path("models/stories260K.bin"), store, dir);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    return dir;
+}
+
+/* `queries` and its old name `synthetic_queries` are one key: setting both is a key set
+ * twice (both lines named), not a silent "last wins". */
+START_TEST(test_alias_set_twice)
+{
+    kvm_config *c = NULL;
+    const char *text = "[model]\npath = m.bin\n[compress]\nqueries = 10\nsynthetic_queries = 20\n";
+    ck_assert_int_ne(kvm_config_parse(text, "t.ini", &c), 0);
+    ck_assert_ptr_null(c);
+    const char *msg = kvm_errmsg();
+    ck_assert_msg(strstr(msg, "t.ini:5") && strstr(msg, "line 4") && strstr(msg, "queries"), "%s", msg);
+    /* the other order too */
+    text = "[model]\npath = m.bin\n[compress]\nsynthetic_queries = 20\nqueries = 10\n";
+    ck_assert_int_ne(kvm_config_parse(text, "t.ini", &c), 0);
+    msg = kvm_errmsg();
+    ck_assert_msg(strstr(msg, "t.ini:5") && strstr(msg, "line 4"), "%s", msg);
+    /* the old name alone still works */
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\n[compress]\nsynthetic_queries = 20\n", "t.ini", &c), 0);
+    ck_assert_int_eq(kvm_config_int(c, "compress", "queries"), 20);
+    kvm_config_free(&c);
+}
+END_TEST
+
+/* `store stats` on a store that does not exist is an error (exit 2), like every other store
+ * command, not a table of zeros. */
+START_TEST(test_stats_missing_store)
+{
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill store stats --store %s/nope", kvm_test_bin(), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_str_eq(out, "");
+    ck_assert_msg(strstr(err, "cannot open store") && strstr(err, "/nope"), "stderr: %s", err);
+    ck_assert_int_ne(access(cmd + strlen(cmd) - 4, F_OK), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* `kvmill serve` on a store whose data.mdb is truncated refuses at once with the store's
+ * message (file, size, expected size) and exit 2, instead of starting decode workers that
+ * each fail until serve gives up with exit 1. */
+START_TEST(test_serve_truncated_store)
+{
+    char store[4300], cfg[4300], mdb[4400], cmd[9000], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", store);
+    static const long lens[] = {8191, 4096, 100, 0}; /* shorter each time: truncate never extends */
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        ck_assert_int_eq(truncate(mdb, lens[i]), 0);
+        snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill serve --config %s --workers 1", kvm_test_bin(), cfg);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2, "length %ld: exit %d\nstderr: %s", lens[i], rc, err);
+        ck_assert_msg(strstr(err, "data.mdb") && strstr(err, "truncated"), "length %ld: stderr: %s", lens[i], err);
+        ck_assert_msg(!strstr(err, "decode worker"), "length %ld: workers were started: %s", lens[i], err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("newuser");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"alias_set_twice", test_alias_set_twice},
+        {"stats_missing_store", test_stats_missing_store},
+        {"serve_truncated_store", test_serve_truncated_store},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(suite()); }
