@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* A store in a fresh temporary folder (dir/store, created empty), and a config using the
@@ -93,6 +95,66 @@ START_TEST(test_serve_truncated_store)
 }
 END_TEST
 
+/* 1 while process pid exists and is not a zombie. */
+static int alive(pid_t pid)
+{
+    char path[64], *st;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (!(st = kvm_test_read_file(path, NULL))) return 0;
+    const char *p = strrchr(st, ')');
+    int a = p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+    free(st);
+    return a;
+}
+
+/* After `kill -9` of kvmill serve its decode workers stop by themselves (they are given the
+ * server's pid, as the run's stages are), instead of living on for ever holding the store. */
+START_TEST(test_serve_kill9_workers_stop)
+{
+    char store[4300], cfg[4300], errp[4400], exe[4200];
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[run]\nheartbeat_ms = 100\n");
+    fclose(f);
+    snprintf(errp, sizeof errp, "%s/serve.err", dir);
+    snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stdout);
+        freopen(errp, "w", stderr);
+        execl(exe, exe, "serve", "--config", cfg, "--workers", "1", (char *)NULL);
+        _exit(127);
+    }
+    int ready = 0;
+    for (int i = 0; i < 600 && !ready; i++) {
+        usleep(50000);
+        char *e = kvm_test_read_file(errp, NULL);
+        ready = e && strstr(e, "ready:");
+        free(e);
+    }
+    ck_assert_msg(ready, "serve never became ready");
+    /* its decode worker: the child of serve */
+    char cmd[128], *out = NULL;
+    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)pid);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    pid_t worker = (pid_t)atoi(out);
+    free(out);
+    ck_assert_int_gt(worker, 0);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int gone = 0;
+    for (int i = 0; i < 200 && !gone; i++) { /* 10 s: many heartbeats */
+        usleep(50000);
+        gone = !alive(worker);
+    }
+    if (!gone) kill(worker, SIGKILL);
+    ck_assert_msg(gone, "decode worker %d still runs 10 s after kill -9 of serve", (int)worker);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -103,9 +165,11 @@ static Suite *suite(void)
         {"alias_set_twice", test_alias_set_twice},
         {"stats_missing_store", test_stats_missing_store},
         {"serve_truncated_store", test_serve_truncated_store},
+        {"serve_kill9_workers_stop", test_serve_kill9_workers_stop},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 120);
         tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
     }
