@@ -155,6 +155,33 @@ START_TEST(test_serve_kill9_workers_stop)
 }
 END_TEST
 
+/* An old flag and its new name given together (`--entries 8 --budget 20`) is refused with
+ * exit 2 naming both; before, one silently won. */
+START_TEST(test_old_and_new_flag_together)
+{
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model %s --doc %s --entries 8 --budget 20 --out /nonexistent/x.bin",
+             kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), "/nonexistent/doc.txt");
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--entries and --budget set the same setting"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill calibrate --model m --docs d --budget 4 --layer-alloc ppl --alloc uniform",
+             kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--alloc and --layer-alloc set the same setting"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* an old name alone still works (with its warning): here it fails later, on the model */
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model /nonexistent/m.bin --doc /nonexistent/d.txt --iters 2 --out /nonexistent/x",
+             kvm_test_bin());
+    kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(strstr(err, "--iters is deprecated: use --iterations") && !strstr(err, "same setting"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -166,6 +193,7 @@ static Suite *suite(void)
         {"stats_missing_store", test_stats_missing_store},
         {"serve_truncated_store", test_serve_truncated_store},
         {"serve_kill9_workers_stop", test_serve_kill9_workers_stop},
+        {"old_and_new_flag_together", test_old_and_new_flag_together},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
