@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -182,6 +183,27 @@ START_TEST(test_old_and_new_flag_together)
 }
 END_TEST
 
+/* README's `kvmill keygen --out keys/server` works where keys/ does not exist yet: the
+ * folders of the prefix are made (private); before, "keys/server.public: No such file". */
+START_TEST(test_keygen_makes_folder)
+{
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL, path[4400];
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --out %s/keys/a/server", kvm_test_bin(), dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "stderr: %s", err);
+    snprintf(path, sizeof path, "%s/keys/a/server.secret", dir);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(st.st_mode & 077, 0);
+    snprintf(path, sizeof path, "%s/keys", dir);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(st.st_mode & 077, 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -194,6 +216,7 @@ static Suite *suite(void)
         {"serve_truncated_store", test_serve_truncated_store},
         {"serve_kill9_workers_stop", test_serve_kill9_workers_stop},
         {"old_and_new_flag_together", test_old_and_new_flag_together},
+        {"keygen_makes_folder", test_keygen_makes_folder},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
