@@ -204,6 +204,18 @@ START_TEST(test_keygen_makes_folder)
 }
 END_TEST
 
+/* `kvmill run --help` names every model format [model] path takes, Hugging Face folders
+ * included (every other command's --model help did; run's said only "checkpoint or GGUF"). */
+START_TEST(test_run_help_model_formats)
+{
+    char cmd[4300], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill run --help", kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(strstr(out, "llama2.c checkpoint or GGUF file") && strstr(out, "Hugging Face folder"), "%s", out);
+    free(out);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -217,6 +229,7 @@ static Suite *suite(void)
         {"serve_kill9_workers_stop", test_serve_kill9_workers_stop},
         {"old_and_new_flag_together", test_old_and_new_flag_together},
         {"keygen_makes_folder", test_keygen_makes_folder},
+        {"run_help_model_formats", test_run_help_model_formats},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
