@@ -3,6 +3,8 @@
  * exist, and the other first-contact problems listed per test. */
 #include "common/kvm_error.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_orch_progress.h"
+#include "pipeline/kvm_stage.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
@@ -216,6 +218,32 @@ START_TEST(test_run_help_model_formats)
 }
 END_TEST
 
+/* Documents that failed at once (empty, ids outside the vocabulary) are no basis for an ETA:
+ * `2/4 documents, 0 tokens/s, ETA 0 s` was printed before anything was compressed. */
+START_TEST(test_no_eta_from_failures)
+{
+    char *dir = kvm_test_tmpdir(), path[4300];
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    fflush(stderr);
+    FILE *f = freopen(path, "w", stderr);
+    ck_assert_ptr_nonnull(f);
+    kvm_orch_progress p = {.cmd = "run", .tty = 0, .interval_ms = 0, .t0_ms = kvm_now_ms() - 1000};
+    kvm_orch_progress_print(&p, 2, 4, 0, "", 0);  /* two failed, none compressed */
+    kvm_orch_progress_print(&p, 3, 4, 64, "", 0); /* one compressed: now there is a basis */
+    fflush(stderr);
+    char *err = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(err);
+    char *nl = strchr(err, '\n');
+    ck_assert_ptr_nonnull(nl);
+    *nl = '\0';
+    ck_assert_msg(strstr(err, "2/4 documents") && !strstr(err, "ETA"), "first line: %s", err);
+    ck_assert_msg(strstr(nl + 1, "3/4 documents") && strstr(nl + 1, "ETA"), "second line: %s", nl + 1);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -230,6 +258,7 @@ static Suite *suite(void)
         {"old_and_new_flag_together", test_old_and_new_flag_together},
         {"keygen_makes_folder", test_keygen_makes_folder},
         {"run_help_model_formats", test_run_help_model_formats},
+        {"no_eta_from_failures", test_no_eta_from_failures},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
