@@ -244,6 +244,19 @@ START_TEST(test_no_eta_from_failures)
 }
 END_TEST
 
+/* `ask --connect bogus` said only "Invalid argument": it names the endpoint forms now. */
+START_TEST(test_ask_bad_endpoint)
+{
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill ask --connect bogus --doc %s --prompt x --timeout 1", kvm_test_bin(),
+             kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--connect bogus") && strstr(err, "tcp://HOST:PORT or ipc://PATH"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -259,6 +272,7 @@ static Suite *suite(void)
         {"keygen_makes_folder", test_keygen_makes_folder},
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
+        {"ask_bad_endpoint", test_ask_bad_endpoint},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
