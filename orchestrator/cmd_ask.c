@@ -224,7 +224,11 @@ int kvm_cmd_ask(int argc, char **argv)
         if (mon && zmq_connect(mon, mon_ep)) zmq_close(mon), mon = NULL;
     }
     if (zmq_connect(sock, ep)) {
-        fprintf(stderr, "kvmill ask: --connect %s: %s\n", ep, zmq_strerror(errno));
+        int e = errno;
+        fprintf(stderr, "kvmill ask: --connect %s: %s%s\n", ep, zmq_strerror(e),
+                e == EINVAL || e == EPROTONOSUPPORT ? " (give the endpoint kvmill serve's \"ready\" line names: "
+                                                      "tcp://HOST:PORT or ipc://PATH)"
+                                                    : "");
         status = 2;
         goto done;
     }

@@ -3,7 +3,10 @@
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_curve.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int kvm_cmd_keygen(int argc, char **argv)
@@ -25,6 +28,16 @@ int kvm_cmd_keygen(int argc, char **argv)
     snprintf(sec, sizeof sec, "%s.secret", prefix);
     if (!kvm_cli_get(opts, "force") && (access(pub, F_OK) == 0 || access(sec, F_OK) == 0))
         return fprintf(stderr, "kvmill keygen: %s or %s exists; use --force to replace it\n", pub, sec), 1;
+    /* the folders of PREFIX (keys/server) are made as needed, private (0700) */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", prefix);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(dir, 0700) && errno != EEXIST)
+            return fprintf(stderr, "kvmill keygen: cannot make folder %s: %s\n", dir, strerror(errno)), 1;
+        *p = '/';
+    }
     if (kvm_curve_keygen(prefix)) return fprintf(stderr, "kvmill keygen: %s\n", kvm_errmsg()), 1;
     printf("%s\n%s\n", pub, sec);
     return 0;

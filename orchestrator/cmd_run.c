@@ -75,7 +75,7 @@ int kvm_cmd_run(int argc, char **argv)
             methods = kvm_cfg_settings[i].choices;
     snprintf(summary, sizeof summary,
              "Compresses every document of a corpus and stores the caches.\n[model] path: a llama2.c checkpoint or GGUF "
-             "file; [compress] method: %s;\nevery setting, its unit and default: --dump-config.", methods);
+             "file, or a Hugging Face folder; [compress] method: %s;\nevery setting, its unit and default: --dump-config.", methods);
     if (kvm_cli_parse("run", summary, argc, argv, opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;
     const char *cpath = kvm_cli_get(opts, "config"), *corpus_path = kvm_cli_get(opts, "corpus");

@@ -4,6 +4,7 @@
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve.h"
+#include "store/kvm_store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,19 @@ int kvm_cmd_serve(int argc, char **argv)
         kvm_config_dump(cfg, stdout);
         status = 0;
         goto done;
+    }
+    /* a store that cannot be opened (truncated data.mdb, not LMDB, ...) is refused here, with
+     * the store's own message, rather than by every decode worker until serve gives up; one
+     * that does not exist yet is created by the workers as before */
+    {
+        kvm_store_opts so = {.read_only = 1};
+        kvm_store *st = NULL;
+        int sst = kvm_store_open(kvm_config_str(cfg, "store", "path"), &so, &st);
+        if (sst == 0) kvm_store_close(&st);
+        else if (sst != KVM_ENOTFOUND) {
+            fprintf(stderr, "kvmill serve: cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
+            goto done;
+        }
     }
     /* the decode workers read the resolved configuration, command-line overrides included */
     kvm_rundir_sweep(); /* leftovers of a kvmill that was killed */

@@ -456,8 +456,8 @@ static int cmd_stats(int argc, char **argv)
     path = pathbuf;
     kvm_config_free(&cfg);
     kvm_store *s = NULL;
-    int st = open_ro("store stats", path, &s, 1);
-    if (st && st != KVM_ENOTFOUND) return 2;
+    int st = open_ro("store stats", path, &s, 0); /* a store that does not exist is an error, as for ls */
+    if (st) return 2;
     kvm_store_stats t = {0};
     if (s) {
         st = kvm_store_stats_get(s, &t);
@@ -467,7 +467,7 @@ static int cmd_stats(int argc, char **argv)
             return 1;
         }
     }
-    printf("store           %s%s\n", path, t.format_version ? "" : " (no store yet)");
+    printf("store           %s\n", path);
     printf("format_version  %u\n", t.format_version);
     printf("caches          %" PRId64 "\n", t.n_caches);
     printf("cache_bytes     %" PRId64 "\n", t.cache_bytes);

@@ -77,6 +77,19 @@ int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, k
         }
         pos[(*n_pos)++] = argv[i];
     }
+    /* an old name and its new one together set one setting twice: refuse, naming both */
+    for (const kvm_cli_opt *o = opts; o->name; o++) {
+        if (!o->value || strncmp(o->help, KVM_CLI_DEPRECATED, strlen(KVM_CLI_DEPRECATED))) continue;
+        const char *nw = o->help + strlen(KVM_CLI_DEPRECATED);
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(nw, " ,;)"), nw);
+        const kvm_cli_opt *n = find_opt(opts, name);
+        if (n && n != o && n->value) {
+            fprintf(stderr, "kvmill %s: --%s and --%s set the same setting: give only --%s\n", cmd, o->name, n->name,
+                    n->name);
+            return 2;
+        }
+    }
     return 0;
 }
 

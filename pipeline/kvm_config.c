@@ -231,6 +231,15 @@ static int prescan(const char *name, const char *text)
             else snprintf(section, sizeof section, "%.*s", (int)(close - q - 1), q + 1);
             after_key = 0;
         } else if (line_key(p, len, section, after_key, key, sizeof key)) {
+            /* an old name and its new one are one key: `queries` then `synthetic_queries` is
+             * a key set twice too */
+            for (const kvm_cfg_alias *a = kvm_cfg_aliases; a->section; a++) {
+                size_t sl = strlen(a->section);
+                if (!strncmp(key, a->section, sl) && key[sl] == '.' && !strcmp(key + sl + 1, a->old)) {
+                    snprintf(key + sl + 1, sizeof key - sl - 1, "%s", a->key);
+                    break;
+                }
+            }
             rc = note_key(name, &seen, &n_seen, key, line);
             after_key = 1;
         }

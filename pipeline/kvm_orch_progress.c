@@ -15,7 +15,8 @@ void kvm_orch_progress_print(kvm_orch_progress *p, int64_t done, int64_t total, 
 {
     double now = kvm_now_ms(), el = (now - p->t0_ms) / 1000.0, tps = el > 0 ? (double)tokens / el : 0;
     char eta[64] = "", line[1024];
-    if (done > 0 && done < total) snprintf(eta, sizeof eta, ", ETA %.0f s", el / (double)done * (double)(total - done));
+    /* a basis for an ETA is a document compressed (tokens > 0), not one that failed at once */
+    if (done > 0 && tokens > 0 && done < total) snprintf(eta, sizeof eta, ", ETA %.0f s", el / (double)done * (double)(total - done));
     snprintf(line, sizeof line, "%lld/%lld documents%s", (long long)done, (long long)total, inflight);
     if (!p->tty && !strcmp(line, p->last)) return; /* nothing new to say (the final line included) */
     p->last_ms = now;

@@ -213,16 +213,17 @@ static void reply_error(srv *s, kvm_msg **env, uint64_t request_id, int status, 
 static int spawn_slot(srv *s, int i)
 {
     srv_slot *sl = &s->slots[i];
-    char exe[2048], hb[32], grace[32], threads[32];
+    char exe[2048], hb[32], grace[32], threads[32], ppid[32];
     snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);
+    snprintf(ppid, sizeof ppid, "%ld", (long)getpid()); /* a worker outliving a kill -9 of serve stops */
     snprintf(sl->id, sizeof sl->id, "decode-%d-r%d-%d", i, sl->respawns, (int)getpid());
     snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(s->cfg, "run", "heartbeat_ms"));
     snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(s->cfg, "run", "grace_s"));
     snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(s->cfg, "stages", "threads"));
     char *argv[24] = {exe,       "--connect",   s->base,     "--config", (char *)s->o->config_path,
                       "--store", s->store_path, "--threads", threads,    "--heartbeat-ms",
-                      hb,        "--grace-s",   grace,       "--id",     sl->id};
-    int n = 15;
+                      hb,        "--grace-s",   grace,       "--id",     sl->id, "--parent-pid", ppid};
+    int n = 17;
     if (s->backend_curve) {
         argv[n++] = "--server-key";
         argv[n++] = (char *)kvm_config_str(s->cfg, "security", "server_public_key");

@@ -134,8 +134,9 @@ START_TEST(test_compress_worker_killed)
         usleep(50000);
         char *log = kvm_test_read_file(logp, NULL);
         if (log && strstr(log, " stage compress ")) {
-            /* [-] keeps the pattern from matching this shell's own command line */
-            snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '[-]-id compress-1-r0'");
+            /* [-] keeps the pattern from matching this shell's own command line; the parent
+             * pid keeps it from killing the compress-1-r0 of any other run on this machine */
+            snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '[-]-id compress-1-r0 --parent-pid %d( |$)'", (int)pid);
             killed = system(cmd) == 0;
         }
         free(log);

@@ -49,10 +49,12 @@ static void teardown(void)
 static int skip_without_shared(const char *test)
 {
     struct stat st;
-    if (stat(kvm_test_shared_path("models/stories260K.bin"), &st) == 0 &&
-        stat(kvm_test_shared_path("data/long/doc_000.txt"), &st) == 0)
+    /* the embedded model and corpus (data/: data/corpus = the first 6 of ../shared/data/long)
+     * are all these tests need, so they run in a fresh clone too */
+    if (stat(kvm_test_data_path("models/stories260K.bin"), &st) == 0 &&
+        stat(kvm_test_data_path("corpus/doc_004.txt"), &st) == 0)
         return 0;
-    printf("SKIP: %s: needs %s (set KVMILL_SHARED)\n", test, kvm_test_shared_path("models/stories260K.bin"));
+    printf("SKIP: %s: needs %s\n", test, kvm_test_data());
     return 1;
 }
 
@@ -153,7 +155,7 @@ START_TEST(test_truncated_run)
     ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time", 16), 0);
     char text[8192];
     snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[stages]\nbin_dir = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), g_store, kvm_test_bin());
+             kvm_test_data_path("models/stories260K.bin"), g_store, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
     char *out = NULL, *err = NULL;
     int rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
@@ -281,7 +283,7 @@ START_TEST(test_budget_retain_vs_context)
     snprintf(doc, sizeof doc, "%s/a.txt", g_docs);
     ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time", 16), 0);
     snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nretain = 64\n[store]\npath = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), g_store);
+             kvm_test_data_path("models/stories260K.bin"), g_store);
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
     int rc = kvmill(&out, &err, "run --config '%s' --corpus '%s'", g_cfg, g_docs);
     ck_assert_msg(rc == 2 && strstr(err, "[compress] retain = 64 is not below [model] context = 64"), "exit %d: %s", rc, err);
@@ -482,17 +484,17 @@ START_TEST(test_claim_lease)
 }
 END_TEST
 
-/* ---- pipeline runs (need ../shared) ---- */
+/* ---- pipeline runs (the embedded model and corpus) ---- */
 
 static void copy_docs(int n)
 {
     ck_assert_int_eq(mkdir(g_docs, 0700), 0);
     for (int i = 0; i < n; i++) {
         char src[64], dst[4400];
-        snprintf(src, sizeof src, "data/long/doc_%03d.txt", i);
+        snprintf(src, sizeof src, "corpus/doc_%03d.txt", i); /* = ../shared/data/long's */
         snprintf(dst, sizeof dst, "%s/doc_%03d.txt", g_docs, i);
         size_t len;
-        char *t = kvm_test_read_file(kvm_test_shared_path(src), &len);
+        char *t = kvm_test_read_file(kvm_test_data_path(src), &len);
         ck_assert_ptr_nonnull(t);
         ck_assert_int_eq(kvm_test_write_file(dst, t, len), 0);
         free(t);
@@ -507,7 +509,7 @@ static void write_run_config(const char *compress, const char *extra)
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\n%s\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\n"
              "liveness = 50\n[stages]\nbin_dir = %s\n%s",
-             kvm_test_shared_path("models/stories260K.bin"), compress, g_store, kvm_test_bin(), extra ? extra : "");
+             kvm_test_data_path("models/stories260K.bin"), compress, g_store, kvm_test_bin(), extra ? extra : "");
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
 }
 
@@ -544,7 +546,7 @@ static void put_strategy(kvm_pattern p)
     kvm_store *s = NULL;
     ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), 0);
     kvm_store_id mid;
-    ck_assert_int_eq(kvm_store_model_id(s, kvm_test_shared_path("models/stories260K.bin"), &mid), 0);
+    ck_assert_int_eq(kvm_store_model_id(s, kvm_test_data_path("models/stories260K.bin"), &mid), 0);
     kvm_strategy *st = NULL;
     ck_assert_int_eq(kvm_strategy_new(5, &st), 0);
     st->budget_avg = 32;
@@ -726,7 +728,7 @@ START_TEST(test_store_opts_in_worker)
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 512\n[compress]\nmethod = full\n[store]\npath = %s\nmap_size_mb = 1\n"
              "map_max_mb = 2\n[run]\nmax_retries = 0\n[stages]\nbin_dir = %s\n",
-             kvm_test_shared_path("models/stories260K.bin"), g_store, kvm_test_bin());
+             kvm_test_data_path("models/stories260K.bin"), g_store, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
     char *out = NULL, *err = NULL;
     int rc = run_corpus(&out, &err);

@@ -1,0 +1,286 @@
+/* check_newuser.c: defects found by trying kvmill as a new user after issue 11 (acceptance
+ * pass): a key set twice through its old name, store commands on a store that does not
+ * exist, and the other first-contact problems listed per test. */
+#include "common/kvm_error.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_orch_progress.h"
+#include "pipeline/kvm_stage.h"
+#include "store/kvm_store.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* A store in a fresh temporary folder (dir/store, created empty), and a config using the
+ * embedded model with that store; the folder is returned (caller removes and frees it). */
+static char *make_store(char *store, size_t store_n, char *cfg, size_t cfg_n)
+{
+    char *dir = kvm_test_tmpdir();
+    snprintf(store, store_n, "%s/store", dir);
+    kvm_store_opts o = {0};
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(store, &o, &s), 0);
+    kvm_store_close(&s);
+    snprintf(cfg, cfg_n, "%s/c.ini", dir);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[serve]\nbind = ipc://%s/front\n",
+             kvm_test_data_path("models/stories260K.bin"), store, dir);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    return dir;
+}
+
+/* `queries` and its old name `synthetic_queries` are one key: setting both is a key set
+ * twice (both lines named), not a silent "last wins". */
+START_TEST(test_alias_set_twice)
+{
+    kvm_config *c = NULL;
+    const char *text = "[model]\npath = m.bin\n[compress]\nqueries = 10\nsynthetic_queries = 20\n";
+    ck_assert_int_ne(kvm_config_parse(text, "t.ini", &c), 0);
+    ck_assert_ptr_null(c);
+    const char *msg = kvm_errmsg();
+    ck_assert_msg(strstr(msg, "t.ini:5") && strstr(msg, "line 4") && strstr(msg, "queries"), "%s", msg);
+    /* the other order too */
+    text = "[model]\npath = m.bin\n[compress]\nsynthetic_queries = 20\nqueries = 10\n";
+    ck_assert_int_ne(kvm_config_parse(text, "t.ini", &c), 0);
+    msg = kvm_errmsg();
+    ck_assert_msg(strstr(msg, "t.ini:5") && strstr(msg, "line 4"), "%s", msg);
+    /* the old name alone still works */
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\n[compress]\nsynthetic_queries = 20\n", "t.ini", &c), 0);
+    ck_assert_int_eq(kvm_config_int(c, "compress", "queries"), 20);
+    kvm_config_free(&c);
+}
+END_TEST
+
+/* `store stats` on a store that does not exist is an error (exit 2), like every other store
+ * command, not a table of zeros. */
+START_TEST(test_stats_missing_store)
+{
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill store stats --store %s/nope", kvm_test_bin(), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_str_eq(out, "");
+    ck_assert_msg(strstr(err, "cannot open store") && strstr(err, "/nope"), "stderr: %s", err);
+    ck_assert_int_ne(access(cmd + strlen(cmd) - 4, F_OK), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* `kvmill serve` on a store whose data.mdb is truncated refuses at once with the store's
+ * message (file, size, expected size) and exit 2, instead of starting decode workers that
+ * each fail until serve gives up with exit 1. */
+START_TEST(test_serve_truncated_store)
+{
+    char store[4300], cfg[4300], mdb[4400], cmd[9000], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", store);
+    static const long lens[] = {8191, 4096, 100, 0}; /* shorter each time: truncate never extends */
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        ck_assert_int_eq(truncate(mdb, lens[i]), 0);
+        snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill serve --config %s --workers 1", kvm_test_bin(), cfg);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2, "length %ld: exit %d\nstderr: %s", lens[i], rc, err);
+        ck_assert_msg(strstr(err, "data.mdb") && strstr(err, "truncated"), "length %ld: stderr: %s", lens[i], err);
+        ck_assert_msg(!strstr(err, "decode worker"), "length %ld: workers were started: %s", lens[i], err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* 1 while process pid exists and is not a zombie. */
+static int alive(pid_t pid)
+{
+    char path[64], *st;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (!(st = kvm_test_read_file(path, NULL))) return 0;
+    const char *p = strrchr(st, ')');
+    int a = p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X';
+    free(st);
+    return a;
+}
+
+/* After `kill -9` of kvmill serve its decode workers stop by themselves (they are given the
+ * server's pid, as the run's stages are), instead of living on for ever holding the store. */
+START_TEST(test_serve_kill9_workers_stop)
+{
+    char store[4300], cfg[4300], errp[4400], exe[4200];
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[run]\nheartbeat_ms = 100\n");
+    fclose(f);
+    snprintf(errp, sizeof errp, "%s/serve.err", dir);
+    snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+    pid_t pid = fork();
+    if (pid == 0) {
+        freopen("/dev/null", "w", stdout);
+        freopen(errp, "w", stderr);
+        execl(exe, exe, "serve", "--config", cfg, "--workers", "1", (char *)NULL);
+        _exit(127);
+    }
+    int ready = 0;
+    for (int i = 0; i < 600 && !ready; i++) {
+        usleep(50000);
+        char *e = kvm_test_read_file(errp, NULL);
+        ready = e && strstr(e, "ready:");
+        free(e);
+    }
+    ck_assert_msg(ready, "serve never became ready");
+    /* its decode worker: the child of serve */
+    char cmd[128], *out = NULL;
+    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)pid);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    pid_t worker = (pid_t)atoi(out);
+    free(out);
+    ck_assert_int_gt(worker, 0);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    int gone = 0;
+    for (int i = 0; i < 200 && !gone; i++) { /* 10 s: many heartbeats */
+        usleep(50000);
+        gone = !alive(worker);
+    }
+    if (!gone) kill(worker, SIGKILL);
+    ck_assert_msg(gone, "decode worker %d still runs 10 s after kill -9 of serve", (int)worker);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* An old flag and its new name given together (`--entries 8 --budget 20`) is refused with
+ * exit 2 naming both; before, one silently won. */
+START_TEST(test_old_and_new_flag_together)
+{
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model %s --doc %s --entries 8 --budget 20 --out /nonexistent/x.bin",
+             kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), "/nonexistent/doc.txt");
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--entries and --budget set the same setting"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill calibrate --model m --docs d --budget 4 --layer-alloc ppl --alloc uniform",
+             kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--alloc and --layer-alloc set the same setting"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* an old name alone still works (with its warning): here it fails later, on the model */
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model /nonexistent/m.bin --doc /nonexistent/d.txt --iters 2 --out /nonexistent/x",
+             kvm_test_bin());
+    kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(strstr(err, "--iters is deprecated: use --iterations") && !strstr(err, "same setting"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* README's `kvmill keygen --out keys/server` works where keys/ does not exist yet: the
+ * folders of the prefix are made (private); before, "keys/server.public: No such file". */
+START_TEST(test_keygen_makes_folder)
+{
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL, path[4400];
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --out %s/keys/a/server", kvm_test_bin(), dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "stderr: %s", err);
+    snprintf(path, sizeof path, "%s/keys/a/server.secret", dir);
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(st.st_mode & 077, 0);
+    snprintf(path, sizeof path, "%s/keys", dir);
+    ck_assert_int_eq(stat(path, &st), 0);
+    ck_assert_int_eq(st.st_mode & 077, 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* `kvmill run --help` names every model format [model] path takes, Hugging Face folders
+ * included (every other command's --model help did; run's said only "checkpoint or GGUF"). */
+START_TEST(test_run_help_model_formats)
+{
+    char cmd[4300], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill run --help", kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(strstr(out, "llama2.c checkpoint or GGUF file") && strstr(out, "Hugging Face folder"), "%s", out);
+    free(out);
+}
+END_TEST
+
+/* Documents that failed at once (empty, ids outside the vocabulary) are no basis for an ETA:
+ * `2/4 documents, 0 tokens/s, ETA 0 s` was printed before anything was compressed. */
+START_TEST(test_no_eta_from_failures)
+{
+    char *dir = kvm_test_tmpdir(), path[4300];
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    fflush(stderr);
+    FILE *f = freopen(path, "w", stderr);
+    ck_assert_ptr_nonnull(f);
+    kvm_orch_progress p = {.cmd = "run", .tty = 0, .interval_ms = 0, .t0_ms = kvm_now_ms() - 1000};
+    kvm_orch_progress_print(&p, 2, 4, 0, "", 0);  /* two failed, none compressed */
+    kvm_orch_progress_print(&p, 3, 4, 64, "", 0); /* one compressed: now there is a basis */
+    fflush(stderr);
+    char *err = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(err);
+    char *nl = strchr(err, '\n');
+    ck_assert_ptr_nonnull(nl);
+    *nl = '\0';
+    ck_assert_msg(strstr(err, "2/4 documents") && !strstr(err, "ETA"), "first line: %s", err);
+    ck_assert_msg(strstr(nl + 1, "3/4 documents") && strstr(nl + 1, "ETA"), "second line: %s", nl + 1);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* `ask --connect bogus` said only "Invalid argument": it names the endpoint forms now. */
+START_TEST(test_ask_bad_endpoint)
+{
+    char cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill ask --connect bogus --doc %s --prompt x --timeout 1", kvm_test_bin(),
+             kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--connect bogus") && strstr(err, "tcp://HOST:PORT or ipc://PATH"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("newuser");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"alias_set_twice", test_alias_set_twice},
+        {"stats_missing_store", test_stats_missing_store},
+        {"serve_truncated_store", test_serve_truncated_store},
+        {"serve_kill9_workers_stop", test_serve_kill9_workers_stop},
+        {"old_and_new_flag_together", test_old_and_new_flag_together},
+        {"keygen_makes_folder", test_keygen_makes_folder},
+        {"run_help_model_formats", test_run_help_model_formats},
+        {"no_eta_from_failures", test_no_eta_from_failures},
+        {"ask_bad_endpoint", test_ask_bad_endpoint},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(suite()); }
