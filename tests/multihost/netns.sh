@@ -93,9 +93,9 @@ context = 96
 [compress]
 method = sculpt
 ratio = 0.3
-queries = 32
+queries = 256
 iterations = 200
-rounds = 1
+rounds = 4
 [store]
 upload_timeout_ms = 2000
 EOF
