@@ -78,7 +78,7 @@ static void write_config(const char *method, const char *run_extra, const char *
 
 static const char *const STREAMING = "method = streaming\nbudget = 32";
 static const char *const SLOW_SCULPT = "method = sculpt\nqueries = 64\nrounds = 2\niterations = 40";
-static const char *const SLOWER_SCULPT = "method = sculpt\nqueries = 64\nrounds = 2\niterations = 300";
+static const char *const SLOWER_SCULPT = "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300"; /* jobs of seconds, however fast the solver */
 
 static int run_kvmill(const char *env, char **out, char **err)
 {

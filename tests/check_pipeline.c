@@ -58,14 +58,22 @@ static const char *slow_iterations(void)
     return !s ? "3" : atoi(s) > 40 ? s : "40";
 }
 
+/* [compress] queries: 64, or 2048 with KVM_SLOW_COMPRESS >= 1000, where a job must last seconds
+ * however fast the solver (L-BFGS stops early on small problems, so iterations alone do not). */
+static const char *slow_queries(void)
+{
+    const char *s = getenv("KVM_SLOW_COMPRESS");
+    return s && atoi(s) >= 1000 ? "2048" : "64";
+}
+
 static void write_config(const char *extra)
 {
     char text[8192];
     snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = 64\n"
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = %s\n"
              "iterations = %s\nrounds = 2\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n"
              "[stages]\nbin_dir = %s\n%s",
-             kvm_test_data_path("models/stories260K.bin"), slow_iterations(), store, run_dir,
+             kvm_test_data_path("models/stories260K.bin"), slow_queries(), slow_iterations(), store, run_dir,
              kvm_test_bin(), extra ? extra : "");
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
 }
@@ -111,7 +119,7 @@ END_TEST
 
 START_TEST(test_compress_worker_killed)
 {
-    setenv("KVM_SLOW_COMPRESS", "1", 1); /* longer solves: the worker is almost always mid-job */
+    setenv("KVM_SLOW_COMPRESS", "300", 1); /* longer solves: the worker is almost always mid-job (the fast solver needs many iterations) */
     write_config(NULL);
     unsetenv("KVM_SLOW_COMPRESS");
     char out_path[4300], err_path[4300];
@@ -409,7 +417,7 @@ END_TEST
 
 START_TEST(test_ctrl_c)
 {
-    setenv("KVM_SLOW_COMPRESS", "1", 1);
+    setenv("KVM_SLOW_COMPRESS", "1000", 1); /* jobs of seconds: the Ctrl-C lands while work remains */
     write_config(NULL);
     unsetenv("KVM_SLOW_COMPRESS");
     /* first Ctrl-C: drain (the jobs in flight complete, queued ones are abandoned), exit 130 */
