@@ -58,12 +58,12 @@ static const char *slow_iterations(void)
     return !s ? "3" : atoi(s) > 40 ? s : "40";
 }
 
-/* [compress] queries: 64, or 2048 with KVM_SLOW_COMPRESS >= 1000, where a job must last seconds
+/* [compress] queries: 64, or 2048 with KVM_SLOW_COMPRESS >= 2000, where a job must last seconds
  * however fast the solver (L-BFGS stops early on small problems, so iterations alone do not). */
 static const char *slow_queries(void)
 {
     const char *s = getenv("KVM_SLOW_COMPRESS");
-    return s && atoi(s) >= 1000 ? "2048" : "64";
+    return s && atoi(s) >= 2000 ? "2048" : "64";
 }
 
 static void write_config(const char *extra)
@@ -417,7 +417,7 @@ END_TEST
 
 START_TEST(test_ctrl_c)
 {
-    setenv("KVM_SLOW_COMPRESS", "1000", 1); /* jobs of seconds: the Ctrl-C lands while work remains */
+    setenv("KVM_SLOW_COMPRESS", "2000", 1); /* jobs of seconds: the Ctrl-C lands while work remains */
     write_config(NULL);
     unsetenv("KVM_SLOW_COMPRESS");
     /* first Ctrl-C: drain (the jobs in flight complete, queued ones are abandoned), exit 130 */
