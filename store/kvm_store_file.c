@@ -110,7 +110,7 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
 int kvm_store__check_file(const char *dir)
 {
     int young = 0, st = check_once(dir, &young);
-    for (int i = 0; st && young && i < 20; i++) { /* give a store being created 1 s to get its meta pages */
+    for (int i = 0; st && young && i < 60; i++) { /* give a store being created 3 s to get its meta pages (1 s was too short under ASan) */
         usleep(50000);
         st = check_once(dir, &young);
     }
