@@ -48,13 +48,17 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
     if (s->claimed)
         printf("claimed: %lld documents were being compressed by another run on this store and were left to it\n",
                (long long)s->claimed);
+    int64_t docs = s->compressed + s->failed;
+    printf("wire: %lld bytes received from prefill, %lld bytes sent to workers (%lld per document), KV as %s "
+           "([run] wire_dtype)\n", (long long)s->wire_in_bytes, (long long)s->wire_out_bytes,
+           (long long)(docs > 0 ? s->wire_out_bytes / docs : 0), kvm_config_str(cfg, "run", "wire_dtype"));
     printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
            (long long)s->prefetch_peak);
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld "
-           "seconds=%.3f claimed=%lld evicted=%lld\n",
+           "seconds=%.3f claimed=%lld evicted=%lld wire_in_bytes=%lld wire_out_bytes=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
            (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->claimed,
-           (long long)s->evicted);
+           (long long)s->evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes);
 }
 
 int kvm_cmd_run(int argc, char **argv)

@@ -10,7 +10,7 @@
 static int carried(const kvm_cfg_setting *s)
 {
     return !strcmp(s->section, "model") || !strcmp(s->section, "compress") || !strcmp(s->section, "eval") ||
-           !strcmp(s->section, "calibrate") ||
+           !strcmp(s->section, "calibrate") || (!strcmp(s->section, "run") && !strcmp(s->key, "wire_dtype")) ||
            (!strcmp(s->section, "store") && strcmp(s->key, "path")); /* dtype, and the settings the store opens with */
 }
 
@@ -122,6 +122,9 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     char hex[KVM_STORE_ID_HEX + 1];
     int k = snprintf(text, cap, "kvmill.algorithm=%d\nmodel.context=%lld\nstore.dtype=%s\n", KVM_JOBCFG_ALGORITHM_VERSION,
                      (long long)kvm_config_int(c, "model", "context"), kvm_config_str(c, "store", "dtype"));
+    /* 16-bit KV on the wire changes the cache a little: its own id (f32 keeps the old ids) */
+    const char *wire = kvm_config_str(c, "run", "wire_dtype");
+    if (strcmp(wire, "f32")) k += snprintf(text + k, cap - (size_t)k, "run.wire_dtype=%s\n", wire);
     memcpy(text + k, comp, n);
     free(comp);
     size_t len = (size_t)k + n;

@@ -374,9 +374,21 @@ static void worker_dead(orch *o, int w, const char *why)
 
 /* ---- messages ---- */
 
-static int send_to(void *sock, const char *id, kvm_msg **m)
+/* Bytes of a message's frames (routing ids excluded): what it costs on the wire, give or
+ * take ZeroMQ's few bytes of framing per part. */
+static int64_t msg_bytes(const kvm_msg *m)
+{
+    int64_t n = 0;
+    for (size_t f = 0; f < kvm_msg_nframes(m); f++) n += (int64_t)kvm_msg_frame(m, f).size;
+    return n;
+}
+
+/* Sends m (taken) to worker `id` on the data socket, counting its bytes as sent. */
+static int send_to(orch *o, const char *id, kvm_msg **m)
 {
     kvm_msg *env = NULL;
+    if (*m) o->sum->wire_out_bytes += msg_bytes(*m);
+    void *sock = o->data;
     int rc = kvm_msg_new(&env);
     if (!rc) rc = kvm_msg_add_copy(env, id, strlen(id));
     if (!rc) rc = kvm_msg_join(env, m);
@@ -559,7 +571,10 @@ static void receive(orch *o, void *sock, int is_ctl)
         if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
             kvm_frame idf = kvm_msg_frame(env, 0);
             if (is_ctl) on_ctl(o, m, &idf);
-            else on_data(o, m, &idf);
+            else {
+                o->sum->wire_in_bytes += msg_bytes(m);
+                on_data(o, m, &idf);
+            }
         }
         kvm_msg_free(&env);
         kvm_msg_free(&m);
@@ -584,7 +599,7 @@ static int send_copy(orch *o, const char *id, const kvm_msg *m)
         kvm_frame fr = kvm_msg_frame(m, f);
         rc = kvm_msg_add_copy(c, fr.data, fr.size);
     }
-    if (!rc) return send_to(o->data, id, &c);
+    if (!rc) return send_to(o, id, &c);
     kvm_msg_free(&c);
     return rc;
 }
@@ -610,13 +625,13 @@ static void dispatch_reduce(orch *o)
     kvm_msg *m = NULL;
     int mode = o->mode;
     o->mode = MODE_RUN; /* the request itself carries no continuation */
-    int rc = job_message(o, &req, &m) || send_to(o->data, o->workers[w].id, &m);
+    int rc = job_message(o, &req, &m) || send_to(o, o->workers[w].id, &m);
     o->mode = mode;
     for (int64_t i = 0; !rc && i < o->n_jobs; i++) {
         job *j = &o->jobs[i];
         if (j->state != J_KV_READY) continue;
         kvm_msg *jm = NULL;
-        rc = job_message(o, j, &jm) || send_to(o->data, o->workers[w].id, &jm) || send_copy(o, o->workers[w].id, j->kv[0]);
+        rc = job_message(o, j, &jm) || send_to(o, o->workers[w].id, &jm) || send_copy(o, o->workers[w].id, j->kv[0]);
         if (!rc) j->worker = w, job_set(o, j, J_COMPRESS);
     }
     if (rc) {
@@ -680,7 +695,7 @@ static int dispatch_first(orch *o, job *j, int64_t i)
     int w = idle_worker(o, o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL);
     if (w < 0 || claim_job(o, j) || job_load(o, j)) return 0; /* claim first: a document left to another run is not read */
     kvm_msg *m = NULL;
-    if (job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m)) {
+    if (job_message(o, j, &m) || send_to(o, o->workers[w].id, &m)) {
         requeue(o, j, kvm_errmsg());
         return 0;
     }
@@ -697,8 +712,8 @@ static void dispatch_compress(orch *o, job *j, int64_t i)
     int w = idle_worker(o, ST_COMPRESS);
     if (w < 0) return;
     kvm_msg *m = NULL;
-    int rc = job_message(o, j, &m) || send_to(o->data, o->workers[w].id, &m);
-    for (int l = 0; !rc && l < j->n_kv; l++) rc = send_to(o->data, o->workers[w].id, &j->kv[l]);
+    int rc = job_message(o, j, &m) || send_to(o, o->workers[w].id, &m);
+    for (int l = 0; !rc && l < j->n_kv; l++) rc = send_to(o, o->workers[w].id, &j->kv[l]);
     job_drop_kv(j);
     if (rc) {
         requeue(o, j, "could not send the job to a compress worker");

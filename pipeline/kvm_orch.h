@@ -29,6 +29,10 @@ typedef struct kvm_orch_summary {
     int64_t evicted;                                /* caches the store's cap evicted during the run */
     int64_t evicted_own;                            /* of those, caches this run wrote */
     int store_full;                                 /* 1: stopped feeding: no space left on the store's device */
+    int64_t wire_in_bytes;                          /* message bytes the orchestrator received on its data socket
+                                                       (prefill's kv messages, workers' ready credits) */
+    int64_t wire_out_bytes;                         /* message bytes it sent there (jobs to prefill; jobs and the
+                                                       forwarded kv messages to compress) */
 } kvm_orch_summary;
 
 /* Runs the pipeline over a corpus: prepared (kvm_doc_prepare done), or with on_demand set,

@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 3                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 4                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -152,19 +152,23 @@ typedef struct kvm_proto_kv {
     int64_t q_start;        /* "q_start" uint: position of the first query row; [0, n_tokens] */
     int64_t n_queries;      /* "n_queries" uint: query rows kept (observation window, retain
                                zone); q_start + n_queries <= n_tokens */
-    const float *keys;      /* tensor "keys": f32 [n_kv_heads][n_tokens][head_dim], post-RoPE */
-    const float *values;    /* tensor "values": f32 [n_kv_heads][n_tokens][head_dim] */
-    const float *q_pre;     /* tensor "q_pre": f32 [n_heads][n_queries][head_dim], pre-RoPE
+    kvm_proto_dtype dtype;  /* dtype of tensors "keys", "values", "q_pre" and "q_post": f32, or
+                               f16 / bf16 ([run] wire_dtype; revision 4); all four agree */
+    const void *keys;       /* tensor "keys": dtype [n_kv_heads][n_tokens][head_dim], post-RoPE */
+    const void *values;     /* tensor "values": dtype [n_kv_heads][n_tokens][head_dim] */
+    const void *q_pre;      /* tensor "q_pre": dtype [n_heads][n_queries][head_dim], pre-RoPE
                                query content vectors of positions [q_start, q_start+n_queries);
                                optional: NULL when absent */
-    const float *q_post;    /* tensor "q_post": same shape, post-RoPE; optional */
+    const void *q_post;     /* tensor "q_post": same shape and dtype, post-RoPE; optional */
     const float *entropy;   /* tensor "entropy": f32 [n_heads][n_tokens], entropy (nats) of
                                the attention distribution of query t */
     const float *attn_mass; /* tensor "attn_mass": f32 [n_heads][n_tokens], attention key t
                                received, summed over all queries */
 } kvm_proto_kv;
 /* kv codec. Checks: layer < n_layers, n_kv_heads divides n_heads, q_start + n_queries <=
- * n_tokens, every tensor shape. 4 tensor frames, 6 with queries. */
+ * n_tokens, every tensor shape, keys/values/queries of one float dtype (the decoder refuses
+ * i32 or mixed dtypes, KVM_EPROTO, naming the tensor). 4 tensor frames, 6 with queries.
+ * Readers widen 16-bit tensors with kvm_half_convert. */
 int kvm_proto_kv_encode(const kvm_proto_kv *in, kvm_msg **out);
 int kvm_proto_kv_decode(const kvm_msg *msg, kvm_proto_kv *out);
 

@@ -20,10 +20,10 @@ static const kvm_proto__field kvm_kv__fields[] = {
     KVM_F_I64(T, n_queries, 1, 0, KVM_PROTO_MAX_TOKENS),
 };
 static const kvm_proto__tensor kvm_kv__tensors[] = {
-    KVM_T(T, keys, F32, -1, 1, "n_kv_heads, n_tokens, head_dim", 3, D(n_kv_heads), D(n_tokens), D(head_dim)),
-    KVM_T(T, values, F32, -1, 1, "n_kv_heads, n_tokens, head_dim", 3, D(n_kv_heads), D(n_tokens), D(head_dim)),
-    KVM_T(T, q_pre, F32, -1, 0, "n_heads, n_queries, head_dim", 3, D(n_heads), D(n_queries), D(head_dim)),
-    KVM_T(T, q_post, F32, -1, 0, "n_heads, n_queries, head_dim", 3, D(n_heads), D(n_queries), D(head_dim)),
+    KVM_T(T, keys, KVM_PROTO__FLOATS, D(dtype), 1, "n_kv_heads, n_tokens, head_dim", 3, D(n_kv_heads), D(n_tokens), D(head_dim)),
+    KVM_T(T, values, KVM_PROTO__FLOATS, D(dtype), 1, "n_kv_heads, n_tokens, head_dim", 3, D(n_kv_heads), D(n_tokens), D(head_dim)),
+    KVM_T(T, q_pre, KVM_PROTO__FLOATS, D(dtype), 0, "n_heads, n_queries, head_dim", 3, D(n_heads), D(n_queries), D(head_dim)),
+    KVM_T(T, q_post, KVM_PROTO__FLOATS, D(dtype), 0, "n_heads, n_queries, head_dim", 3, D(n_heads), D(n_queries), D(head_dim)),
     KVM_T(T, entropy, F32, -1, 1, "n_heads, n_tokens", 2, D(n_heads), D(n_tokens)),
     KVM_T(T, attn_mass, F32, -1, 1, "n_heads, n_tokens", 2, D(n_heads), D(n_tokens)),
 };

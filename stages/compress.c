@@ -12,6 +12,7 @@
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
+#include "proto/kvm_half.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -89,16 +90,19 @@ static int load_layers(const kvm_model *m, kvm_msg *const *in, int n_layers, int
             !kv.q_pre || !kv.q_post || kv.n_queries != n)
             return kvm_err(KVM_EMISMATCH, "kv layer %d: shapes or queries do not match the model and job", l);
         kvm_capture_layer *L = kvm_capture_layer_mut(*cap, l);
-        memcpy(L->k, kv.keys, (size_t)c->n_kv_heads * N * d * sizeof(float));
-        memcpy(L->v, kv.values, (size_t)c->n_kv_heads * N * d * sizeof(float));
-        memcpy(L->q_pre, kv.q_pre, (size_t)c->n_heads * N * d * sizeof(float));
-        memcpy(L->q, kv.q_post, (size_t)c->n_heads * N * d * sizeof(float));
+        /* widened from the wire dtype ([run] wire_dtype): exact for f16/bf16, a copy for f32 */
+        const size_t kvn = (size_t)c->n_kv_heads * N * d, qn = (size_t)c->n_heads * N * d;
+        if ((rc = kvm_half_convert(L->k, KVM_PROTO_F32, kv.keys, kv.dtype, kvn)) ||
+            (rc = kvm_half_convert(L->v, KVM_PROTO_F32, kv.values, kv.dtype, kvn)) ||
+            (rc = kvm_half_convert(L->q_pre, KVM_PROTO_F32, kv.q_pre, kv.dtype, qn)) ||
+            (rc = kvm_half_convert(L->q, KVM_PROTO_F32, kv.q_post, kv.dtype, qn)))
+            return rc;
         memcpy(L->entropy, kv.entropy, (size_t)c->n_heads * N * sizeof(float));
         memcpy(L->mass, kv.attn_mass, (size_t)c->n_heads * N * sizeof(float));
         for (int g = 0; g < c->n_kv_heads; g++) {
             kvm_kv_head *h = kvm_kvcache_head(*full, l, g);
-            memcpy(h->k, kv.keys + (size_t)g * N * d, N * d * sizeof(float));
-            memcpy(h->v, kv.values + (size_t)g * N * d, N * d * sizeof(float));
+            memcpy(h->k, L->k + (size_t)g * N * d, N * d * sizeof(float));
+            memcpy(h->v, L->v + (size_t)g * N * d, N * d * sizeof(float));
             for (int64_t t = 0; t < n; t++) h->pos[t] = (int32_t)t, h->bias[t] = 0.0f;
             h->n = n;
         }

@@ -8,6 +8,9 @@
 #include "common/kvm_error.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+#include "proto/kvm_half.h"
 
 typedef struct prefill_state {
     kvm_worker_model wm;
@@ -19,20 +22,39 @@ static int setup(void *st, const kvm_stage_args *a)
     return 0;
 }
 
-static int emit_layers(const kvm_model *m, const kvm_capture *cap, uint64_t id, int64_t n, kvm_stage_out *out)
+/* One f32 tensor of n elements as the wire dtype: src itself for f32, else a converted copy
+ * in *tmp (the caller frees it after encoding; the encoder copies the frame). */
+static int wire_tensor(const float *src, size_t n, kvm_proto_dtype dt, void **tmp, const void **out)
+{
+    *out = src;
+    if (dt == KVM_PROTO_F32 || !src) return 0;
+    if (!(*tmp = malloc(n * kvm_proto_dtype_size(dt) + 1))) return kvm_err(KVM_ENOMEM, "prefill: out of memory for the wire copy");
+    *out = *tmp;
+    return kvm_half_convert(*tmp, dt, src, KVM_PROTO_F32, n);
+}
+
+/* Emits one kv message per layer; keys, values and queries in the wire dtype ([run]
+ * wire_dtype), the attention statistics always f32 (signals sum them). */
+static int emit_layers(const kvm_model *m, const kvm_capture *cap, uint64_t id, int64_t n, kvm_proto_dtype dt,
+                       kvm_stage_out *out)
 {
     const kvm_model_config *c = &m->cfg;
-    for (int l = 0; l < c->n_layers; l++) {
+    const size_t kvn = (size_t)c->n_kv_heads * (size_t)n * (size_t)c->head_dim;
+    const size_t qn = (size_t)c->n_heads * (size_t)n * (size_t)c->head_dim;
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
         const kvm_capture_layer *L = kvm_capture_layer_get(cap, l);
         kvm_proto_kv kv = {.job_id = id, .layer = l, .n_layers = c->n_layers, .n_tokens = n, .n_heads = c->n_heads,
                            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .q_start = 0, .n_queries = n,
-                           .keys = L->k, .values = L->v, .q_pre = L->q_pre, .q_post = L->q, .entropy = L->entropy,
-                           .attn_mass = L->mass};
-        int rc = kvm_proto_kv_encode(&kv, &out->data[out->n_data]);
-        if (rc) return rc;
-        out->n_data++;
+                           .dtype = dt, .entropy = L->entropy, .attn_mass = L->mass};
+        void *tmp[4] = {NULL, NULL, NULL, NULL};
+        if (!(rc = wire_tensor(L->k, kvn, dt, &tmp[0], &kv.keys)) && !(rc = wire_tensor(L->v, kvn, dt, &tmp[1], &kv.values)) &&
+            !(rc = wire_tensor(L->q_pre, qn, dt, &tmp[2], &kv.q_pre)) && !(rc = wire_tensor(L->q, qn, dt, &tmp[3], &kv.q_post)) &&
+            !(rc = kvm_proto_kv_encode(&kv, &out->data[out->n_data])))
+            out->n_data++;
+        for (int i = 0; i < 4; i++) free(tmp[i]);
     }
-    return 0;
+    return rc;
 }
 
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
@@ -62,7 +84,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         (rc = kvm_forward_prefill(f, cache, j.tokens, j.n_tokens, NULL, KVM_LOGITS_NONE)))
         goto done;
     double t0 = kvm_now_ms();
-    rc = emit_layers(m, cap, j.job_id, j.n_tokens, out);
+    kvm_proto_dtype wire = KVM_PROTO_F32;
+    const char *wn = kvm_config_str(cfg, "run", "wire_dtype");
+    if ((rc = kvm_proto_dtype_parse(wn, strlen(wn), &wire))) goto done;
+    rc = emit_layers(m, cap, j.job_id, j.n_tokens, wire, out);
     out->transport_ms += kvm_now_ms() - t0;
 done:
     kvm_capture_free(&cap);

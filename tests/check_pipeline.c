@@ -117,6 +117,47 @@ START_TEST(test_run_then_skip)
 }
 END_TEST
 
+/* The value of `key=` on the summary line of out, or -1. */
+static long long summary_value(const char *out, const char *key)
+{
+    const char *s = out ? strstr(out, "summary: ") : NULL;
+    char k[64];
+    snprintf(k, sizeof k, " %s=", key);
+    const char *p = s ? strstr(s, k) : NULL;
+    return p ? atoll(p + strlen(k)) : -1;
+}
+
+/* [run] wire_dtype = f16: keys, values and queries cross prefill -> orchestrator -> compress
+ * in 16 bit. The bytes saved are exactly those tensors' halves (stories260K: 5 layers, 8
+ * heads, 4 KV heads, head_dim 8; 5 documents of 128 tokens); the caches get their own
+ * config id (the f32 ones are not skipped, nor overwritten). */
+START_TEST(test_wire_dtype)
+{
+    write_config(NULL);
+    char *out, *err;
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    long long in32 = summary_value(out, "wire_in_bytes"), out32 = summary_value(out, "wire_out_bytes");
+    ck_assert_msg(strstr(out, "KV as f32 ([run] wire_dtype)"), "stdout: %s", out);
+    free(out); free(err);
+    write_config("[run]\nwire_dtype = f16\n");
+    rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s", out);
+    ck_assert_msg(strstr(out, "KV as f16 ([run] wire_dtype)"), "stdout: %s", out);
+    long long in16 = summary_value(out, "wire_in_bytes"), out16 = summary_value(out, "wire_out_bytes");
+    const long long saved = 5LL * 5 * 128 * 2 * (2 * 4 * 8 + 2 * 8 * 8); /* docs x layers x N x 2 B x elements */
+    ck_assert_msg(in32 > 0 && llabs(in32 - in16 - saved) < 4096, "received %lld (f32) vs %lld (f16): want %lld fewer", in32,
+                  in16, saved);
+    ck_assert_msg(llabs(out32 - out16 - saved) < 4096, "sent %lld (f32) vs %lld (f16): want %lld fewer", out32, out16, saved);
+    ck_assert_int_eq(count_caches(), 10);
+    free(out); free(err);
+    rc = run_kvmill(&out, &err); /* the f16 caches are found under their own id */
+    ck_assert_msg(strstr(out, "summary: compressed=0 skipped=5 failed=0"), "stdout: %s", out);
+    free(out); free(err);
+}
+END_TEST
+
 START_TEST(test_compress_worker_killed)
 {
     setenv("KVM_SLOW_COMPRESS", "300", 1); /* longer solves: the worker is almost always mid-job (the fast solver needs many iterations) */
@@ -687,7 +728,7 @@ static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
     struct { const char *name; const TTest *fn; } cases[] = {
-        {"run_then_skip", test_run_then_skip}, {"compress_worker_killed", test_compress_worker_killed},
+        {"run_then_skip", test_run_then_skip}, {"wire_dtype", test_wire_dtype}, {"compress_worker_killed", test_compress_worker_killed},
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},

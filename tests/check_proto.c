@@ -449,6 +449,104 @@ START_TEST(test_roundtrip_kv)
 }
 END_TEST
 
+/* Packs a tensors array of n descriptors (kv without queries: keys, values, entropy, attn_mass). */
+typedef struct descs_arg {
+    int n;
+    const char *name[4], *dtype[4];
+    int ndim[4];
+    uint64_t shape[4][3];
+} descs_arg;
+
+static void pk_descs(msgpack_packer *pk, const void *a)
+{
+    const descs_arg *d = a;
+    msgpack_pack_array(pk, (size_t)d->n);
+    for (int j = 0; j < d->n; j++) {
+        msgpack_pack_map(pk, 3);
+        pk_str(pk, "name");
+        pk_str(pk, d->name[j]);
+        pk_str(pk, "dtype");
+        pk_str(pk, d->dtype[j]);
+        pk_str(pk, "shape");
+        msgpack_pack_array(pk, (size_t)d->ndim[j]);
+        for (int i = 0; i < d->ndim[j]; i++)
+            msgpack_pack_uint64(pk, d->shape[j][i]);
+    }
+}
+
+/* Revision 4: keys, values and queries in f16 / bf16 ([run] wire_dtype) round-trip bit for
+ * bit at half the bytes; statistics stay f32; mixed key/value dtypes are refused. */
+START_TEST(test_roundtrip_kv_wire_dtype)
+{
+    const kvm_proto_dtype dts[2] = {KVM_PROTO_F16, KVM_PROTO_BF16};
+    for (int k = 0; k < 2; k++) {
+        kv_fix f;
+        kv_fix_init(&f, 5, 1);
+        const size_t kvn = 2 * 5 * 8, qn = 4 * 2 * 8;
+        uint16_t hk[80], hv[80], hq[64], hp[64];
+        ck_assert_int_eq(kvm_half_convert(hk, dts[k], f.kv.keys, KVM_PROTO_F32, kvn), 0);
+        ck_assert_int_eq(kvm_half_convert(hv, dts[k], f.kv.values, KVM_PROTO_F32, kvn), 0);
+        ck_assert_int_eq(kvm_half_convert(hq, dts[k], f.kv.q_pre, KVM_PROTO_F32, qn), 0);
+        ck_assert_int_eq(kvm_half_convert(hp, dts[k], f.kv.q_post, KVM_PROTO_F32, qn), 0);
+        kvm_proto_kv h = f.kv;
+        h.dtype = dts[k], h.keys = hk, h.values = hv, h.q_pre = hq, h.q_post = hp;
+        kvm_msg *m = NULL;
+        ck_assert_msg(kvm_proto_kv_encode(&h, &m) == 0, "%s", kvm_errmsg());
+        ck_assert_uint_eq(kvm_msg_frame(m, 1).size, kvn * 2);
+        ck_assert_uint_eq(kvm_msg_frame(m, 3).size, qn * 2);
+        ck_assert_uint_eq(kvm_msg_frame(m, 5).size, 4 * 5 * 4); /* entropy stays f32 */
+        kvm_proto_kv d;
+        ck_assert_msg(kvm_proto_kv_decode(m, &d) == 0, "%s", kvm_errmsg());
+        ck_assert_int_eq(d.dtype, dts[k]);
+        assert_bytes_eq(d.keys, hk, kvn * 2, "keys");
+        assert_bytes_eq(d.values, hv, kvn * 2, "values");
+        assert_bytes_eq(d.q_pre, hq, qn * 2, "q_pre");
+        assert_bytes_eq(d.q_post, hp, qn * 2, "q_post");
+        assert_bytes_eq(d.entropy, f.kv.entropy, 4 * 5 * 4, "entropy");
+        float back[80];
+        ck_assert_int_eq(kvm_half_convert(back, KVM_PROTO_F32, d.keys, d.dtype, kvn), 0);
+        const float rel = k == 0 ? 0x1p-11f : 0x1p-8f; /* half an ulp: round to nearest */
+        for (size_t i = 0; i < kvn; i++) {
+            float x = ((const float *)f.kv.keys)[i];
+            ck_assert_msg(fabsf(back[i] - x) <= rel * fabsf(x), "key %zu: %g on the wire, %g sent", i, back[i], x);
+        }
+        kvm_msg_free(&m);
+        /* keys f16, values f32 (a frame of the right f32 length): refused, naming the tensor */
+        kvm_proto_kv nq = f.kv;
+        nq.q_pre = nq.q_post = NULL;
+        kvm_msg *m32 = NULL, *m16 = NULL;
+        ck_assert_int_eq(kvm_proto_kv_encode(&nq, &m32), 0);
+        nq.dtype = dts[k], nq.keys = hk, nq.values = hv;
+        ck_assert_int_eq(kvm_proto_kv_encode(&nq, &m16), 0);
+        descs_arg da = {4, {"keys", "values", "entropy", "attn_mass"}, {kvm_proto_dtype_name(dts[k]), "f32", "f32", "f32"},
+                        {3, 3, 2, 2}, {{2, 5, 8}, {2, 5, 8}, {4, 5}, {4, 5}}};
+        kvm_msg *hdr = with_field(m32, "tensors", pk_descs, &da);
+        kvm_msg *t = raw_header(kvm_msg_frame(hdr, 0).data, kvm_msg_frame(hdr, 0).size);
+        ck_assert_int_eq(kvm_msg_add_copy(t, kvm_msg_frame(m16, 1).data, kvm_msg_frame(m16, 1).size), 0);
+        for (size_t i = 2; i < 5; i++)
+            ck_assert_int_eq(kvm_msg_add_copy(t, kvm_msg_frame(m32, i).data, kvm_msg_frame(m32, i).size), 0);
+        char want[128];
+        snprintf(want, sizeof want, "tensor 'values': dtype f32 differs from %s", kvm_proto_dtype_name(dts[k]));
+        ASSERT_FAILS(kvm_proto_kv_decode(t, &d), KVM_EPROTO, want);
+        kvm_msg_free(&t);
+        /* a 16-bit keys frame with an f32 length: refused with both lengths */
+        da.dtype[1] = kvm_proto_dtype_name(dts[k]);
+        kvm_msg_free(&hdr);
+        hdr = with_field(m32, "tensors", pk_descs, &da);
+        t = raw_header(kvm_msg_frame(hdr, 0).data, kvm_msg_frame(hdr, 0).size);
+        for (size_t i = 1; i < 5; i++)
+            ck_assert_int_eq(kvm_msg_add_copy(t, kvm_msg_frame(i == 1 ? m16 : m32, i).data, kvm_msg_frame(i == 1 ? m16 : m32, i).size), 0);
+        snprintf(want, sizeof want, "tensor 'values': frame 2 has 320 bytes, shape x %s needs 160", kvm_proto_dtype_name(dts[k]));
+        ASSERT_FAILS(kvm_proto_kv_decode(t, &d), KVM_EPROTO, want);
+        kvm_msg_free(&t);
+        kvm_msg_free(&hdr);
+        kvm_msg_free(&m16);
+        kvm_msg_free(&m32);
+        kv_fix_deinit(&f);
+    }
+}
+END_TEST
+
 START_TEST(test_roundtrip_stats_strategy)
 {
     float cs[2 * 2 * 3], pd[2 * 2 * 3], en[4], pw[4];
@@ -1032,7 +1130,7 @@ START_TEST(test_malformed_shape_frame_mismatch)
     ASSERT_FAILS(kvm_proto_kv_decode(t, &d), KVM_EPROTO,
                  "shape [2, 5, 8] does not match [n_kv_heads, n_tokens, head_dim] = [2, 6, 8]");
     kvm_msg_free(&t);
-    desc_arg dt = {"keys", "f16", 3, {2, 5, 8}};
+    desc_arg dt = {"keys", "i32", 3, {2, 5, 8}};
     kvm_msg *one = reframe(m, -1, -1, 0);
     t = with_field(one, "tensors", pk_desc, &dt);
     kvm_msg_free(&one);
@@ -1041,7 +1139,7 @@ START_TEST(test_malformed_shape_frame_mismatch)
     /* only the first frame is described now: make it a single-tensor message */
     t = raw_header(kvm_msg_frame(one, 0).data, kvm_msg_frame(one, 0).size);
     ck_assert_int_eq(kvm_msg_add_copy(t, kvm_msg_frame(m, 1).data, kvm_msg_frame(m, 1).size), 0);
-    ASSERT_FAILS(kvm_proto_kv_decode(t, &d), KVM_EPROTO, "tensor 'keys': dtype f16 not allowed here");
+    ASSERT_FAILS(kvm_proto_kv_decode(t, &d), KVM_EPROTO, "tensor 'keys': dtype i32 not allowed here");
     kvm_msg_free(&t);
     kvm_msg_free(&one);
     desc_arg dq = {"keys", "f64", 3, {2, 5, 8}};
@@ -1780,6 +1878,7 @@ static Suite *proto_suite(void)
         {"half_convert", test_half_convert},
         {"roundtrip_job", test_roundtrip_job},
         {"roundtrip_kv", test_roundtrip_kv},
+        {"roundtrip_kv_wire_dtype", test_roundtrip_kv_wire_dtype},
         {"roundtrip_stats_strategy", test_roundtrip_stats_strategy},
         {"roundtrip_cache_dtypes", test_roundtrip_cache_dtypes},
         {"roundtrip_cache_empty", test_roundtrip_cache_empty},

@@ -108,6 +108,12 @@ static void gen_job_kv(void)
     kv.q_pre = fbuf + 48;
     kv.q_post = fbuf + 64;
     EMIT(kv, "q", kv);
+    /* revision 4: keys, values and queries in 16 bit ([run] wire_dtype) */
+    kv.dtype = KVM_PROTO_F16;
+    kv.keys = hbuf, kv.values = hbuf + 16, kv.q_pre = hbuf + 32, kv.q_post = hbuf + 48;
+    EMIT(kv, "q_f16", kv);
+    kv.dtype = KVM_PROTO_BF16;
+    EMIT(kv, "q_bf16", kv);
 }
 
 static void gen_stats_strategy(void)
