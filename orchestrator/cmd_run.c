@@ -69,6 +69,7 @@ int kvm_cmd_run(int argc, char **argv)
         {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
         {"bind", 1, "tcp://HOST:PORT base external workers connect to (overrides [run] bind; off-host needs [security] keys)",
          NULL},
+        {"metrics", 1, "counters file (JSON) kept current during the run, replaced atomically (overrides [run] metrics)", NULL},
         {"dump-config", 0, "print the resolved configuration and exit", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
@@ -95,6 +96,12 @@ int kvm_cmd_run(int argc, char **argv)
     const char *bind = kvm_cli_get(opts, "bind");
     if (bind && kvm_config_set(cfg, "run", "bind", bind)) {
         fprintf(stderr, "kvmill run: --bind: %s\n", kvm_errmsg());
+        kvm_config_free(&cfg);
+        return 2;
+    }
+    const char *metrics = kvm_cli_get(opts, "metrics");
+    if (metrics && kvm_config_set(cfg, "run", "metrics", metrics)) {
+        fprintf(stderr, "kvmill run: --metrics: %s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;
     }

@@ -2,6 +2,8 @@
  * loop. One thread; every wait is a zmq_poll with a short timeout so heartbeats, timeouts
  * and signals are handled within ~100 ms. */
 #include "pipeline/kvm_orch.h"
+#include "pipeline/kvm_orch_metrics.h"
+#include "common/kvm_log.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch_progress.h"
@@ -102,6 +104,8 @@ typedef struct orch {
     kvm_orch_summary *sum;
     double t0;
     kvm_orch_progress prog;   /* the progress line */
+    double last_metrics;      /* when the metrics file was last written, ms */
+    int metrics_failed;       /* a metrics write failed (said once) */
 } orch;
 
 static volatile sig_atomic_t interrupts;
@@ -113,9 +117,7 @@ static void orch_log(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    if (*fmt == '\n') fputc(*fmt++, stderr);
-    fprintf(stderr, "kvmill %s: ", orch_cmd);
-    vfprintf(stderr, fmt, ap);
+    kvm_logv(KVM_LOG_INFO, "message", NULL, 0, fmt, ap);
     va_end(ap);
 }
 static void on_sigint(int s) { (void)s; interrupts++; }
@@ -244,10 +246,14 @@ static void requeue(orch *o, job *j, const char *why)
     if (j->attempt > o->max_retries) {
         snprintf(j->reason, sizeof j->reason, "%s (after %d attempts)", why, j->attempt);
         job_set(o, j, J_FAILED);
-        orch_log("%s failed: %s\n", j->doc->name, j->reason);
+        kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id), KVM_LOG_S("reason", j->reason)};
+        kvm_log(KVM_LOG_ERROR, "job_failed", f, 3, "%s failed: %s", j->doc->name, j->reason);
         return;
     }
-    orch_log("requeueing %s (attempt %d): %s\n", j->doc->name, j->attempt + 1, why);
+    o->sum->requeues++;
+    kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id), KVM_LOG_I("attempt", j->attempt + 1),
+                         KVM_LOG_S("reason", why)};
+    kvm_log(KVM_LOG_WARN, "job_requeued", f, 4, "requeueing %s (attempt %d): %s", j->doc->name, j->attempt + 1, why);
     j->id = o->next_id++;
     job_set(o, j, J_QUEUED);
 }
@@ -452,6 +458,12 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         }
         if (t == KVM_PROTO_ACK) {
             job *j = job_by_id(o, c.job_id);
+            if (o->mode == MODE_RUN) o->sum->store_commits++;
+            if (j && j->state == J_COMPRESS && kvm_log_format_get() == KVM_LOG_JSON) { /* text: the progress line says it */
+                kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id),
+                                     KVM_LOG_S("worker", o->workers[w].id), KVM_LOG_I("tokens", j->doc->n_tokens)};
+                kvm_log(KVM_LOG_INFO, "job_done", f, 4, "%s committed by %s", j->doc->name, o->workers[w].id);
+            }
             if (j && j->state == J_COMPRESS) {
                 if (j->worker >= 0) o->workers[j->worker].job = -1;
                 j->worker = -1;
@@ -471,7 +483,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         int st = stage_of(r.stage);
         if (t == KVM_PROTO_RESULT && st >= 0) o->sum->stage_ms[st] += r.compute_ms;
         if (t == KVM_PROTO_RESULT && st == ST_COMPRESS) o->compress_results++;
-        if (t == KVM_PROTO_RESULT) o->sum->transport_ms += r.transport_ms;
+        if (t == KVM_PROTO_RESULT) o->sum->transport_ms += r.transport_ms, o->sum->store_ms += r.store_ms;
         if (t == KVM_PROTO_RESULT && r.evaluated) {
             o->sum->evaluated++;
             o->sum->kl_sum += r.kl_mean;
@@ -487,7 +499,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 j->worker = -1;
                 snprintf(j->reason, sizeof j->reason, "%s", why);
                 job_set(o, j, J_FAILED);
-                orch_log("%s failed: %s\n", j->doc->name, why);
+                kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id), KVM_LOG_S("reason", why)};
+                kvm_log(KVM_LOG_ERROR, "job_failed", f, 3, "%s failed: %s", j->doc->name, why);
             }
         }
         return;
@@ -792,8 +805,36 @@ static void inflight_progress(const orch *o, char *buf, size_t n)
     }
 }
 
+/* The counters file ([run] metrics, kvmill run --metrics): at most every 500 ms while
+ * running, and once at the end with the summary's values. A write error is said once. */
+static void write_metrics(orch *o, const char *state, int force)
+{
+    const char *path = kvm_config_str(o->cfg, "run", "metrics");
+    double now = kvm_now_ms();
+    if (!*path || o->mode != MODE_RUN || (!force && now - o->last_metrics < 500)) return;
+    o->last_metrics = now;
+    const kvm_orch_summary *s = o->sum;
+    kvm_orch_metrics m = {.state = state, .elapsed_s = (now - o->t0) / 1000.0, .documents_total = o->n_jobs,
+                          .documents_done = s->compressed, .documents_skipped = s->skipped, .requeues = s->requeues,
+                          .store_commits = s->store_commits, .wire_in_bytes = s->wire_in_bytes,
+                          .wire_out_bytes = s->wire_out_bytes, .tokens = s->tokens, .prefill_s = s->stage_ms[ST_PREFILL] / 1000.0,
+                          .compress_s = s->stage_ms[ST_COMPRESS] / 1000.0, .transport_s = s->transport_ms / 1000.0,
+                          .store_s = s->store_ms / 1000.0};
+    if (force) m.elapsed_s = s->seconds, m.documents_failed = s->failed, m.documents_pending = s->pending;
+    else
+        for (int64_t i = 0; i < o->n_jobs; i++) {
+            m.documents_failed += o->jobs[i].state == J_FAILED;
+            m.documents_pending += o->jobs[i].state != J_FAILED && o->jobs[i].state != J_DONE && o->jobs[i].state != J_SKIPPED;
+        }
+    if (kvm_orch_metrics_write(path, &m) && !o->metrics_failed) {
+        o->metrics_failed = 1;
+        orch_log("%s\n", kvm_errmsg());
+    }
+}
+
 static void progress(orch *o, int final)
 {
+    if (!final) write_metrics(o, "running", 0);
     if (!kvm_orch_progress_due(&o->prog, final)) return;
     int64_t failed = 0;
     for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
@@ -1064,6 +1105,11 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     o.mode = mode;
     o.reduce_worker = -1;
     orch_cmd = mode == MODE_CALIBRATE ? "calibrate" : "run";
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "kvmill %s: ", orch_cmd);
+    const char *lf = kvm_config_str(cfg, "run", "log_format");
+    kvm_log_setup("orchestrator", prefix, lf);
+    setenv("KVMILL_LOG_FORMAT", lf, 1); /* the stages it starts log alike */
     memset(sum, 0, sizeof *sum);
     o.cfg = cfg;
     o.corpus = corpus;
@@ -1135,6 +1181,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     kvm_store_close(&store);
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
+    if (!rc) write_metrics(&o, hard || sum->interrupted ? "interrupted" : "done", 1);
     free(o.jobs);
     if (o.ctl) zmq_close(o.ctl);
     if (o.data) zmq_close(o.data);

@@ -31,6 +31,9 @@ typedef struct kvm_orch_summary {
     int store_full;                                 /* 1: stopped feeding: no space left on the store's device */
     int64_t wire_in_bytes;                          /* message bytes the orchestrator received on its data socket
                                                        (prefill's kv messages, workers' ready credits) */
+    int64_t requeues;                               /* jobs sent again (dead or silent worker, retryable error) */
+    int64_t store_commits;                          /* acks of compress workers: caches committed */
+    double store_ms;                                /* compress workers' time committing caches (LMDB or upload) */
     int64_t wire_out_bytes;                         /* message bytes it sent there (jobs to prefill; jobs and the
                                                        forwarded kv messages to compress) */
 } kvm_orch_summary;

@@ -1,6 +1,7 @@
 /* kvm_orch_progress.c: formatting and rate-limiting the orchestrator's progress line. */
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_stage.h"
+#include "common/kvm_log.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -21,11 +22,15 @@ void kvm_orch_progress_print(kvm_orch_progress *p, int64_t done, int64_t total, 
     if (!p->tty && !strcmp(line, p->last)) return; /* nothing new to say (the final line included) */
     p->last_ms = now;
     snprintf(p->last, sizeof p->last, "%s", line);
-    if (p->tty) {
+    if (p->tty && kvm_log_format_get() == KVM_LOG_TEXT) {
         int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
         fprintf(stderr, "\r[%.*s%*s] %s  %.0f tok/s%s \033[K", fill, "##############################", width - fill, "",
                 line, tps, eta);
         if (final) fputc('\n', stderr);
+    } else if (kvm_log_format_get() == KVM_LOG_JSON) {
+        kvm_log_field f[] = {KVM_LOG_I("documents_done", done), KVM_LOG_I("documents_total", total),
+                             KVM_LOG_F("tokens_per_s", tps), KVM_LOG_F("elapsed_s", el)};
+        kvm_log(KVM_LOG_INFO, "progress", f, 4, "%s, %.0f tokens/s, %.1f s elapsed%s", line, tps, el, eta);
     } else
         fprintf(stderr, "kvmill %s: %s, %.0f tokens/s, %.1f s elapsed%s\n", p->cmd, line, tps, el, eta);
 }

@@ -3,6 +3,7 @@
  * 100 ms so heartbeats, timeouts, child exits and signals are handled promptly. */
 #include "pipeline/kvm_serve.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
@@ -179,9 +180,7 @@ static void log_line(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvmill serve: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    kvm_logv(KVM_LOG_INFO, "message", NULL, 0, fmt, ap); /* "kvmill serve: ..." or JSON ([run] log_format) */
     va_end(ap);
 }
 
@@ -825,6 +824,9 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
 {
     static srv s;
     memset(&s, 0, sizeof s);
+    const char *lf = kvm_config_str(cfg, "run", "log_format");
+    kvm_log_setup("serve", "kvmill serve: ", lf);
+    setenv("KVMILL_LOG_FORMAT", lf, 1); /* the decode workers it starts log alike */
     s.cfg = cfg;
     s.o = o;
     snprintf(s.front_ep, sizeof s.front_ep, "%s", o->bind ? o->bind : kvm_config_str(cfg, "serve", "bind"));

@@ -4,6 +4,7 @@
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_slurm.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "kernels/kvm_kernels.h"
 
 #include <errno.h>
@@ -115,16 +116,21 @@ typedef struct stage_rt {
     job_slot job;
 } stage_rt;
 
-static void log_line(const stage_rt *rt, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(const stage_rt *rt, const char *fmt, ...)
+/* A log line "[stage id] ..." (text) or a JSON object with the worker id (kvm_log.h). */
+static void log_ev(const stage_rt *rt, kvm_log_level lv, const char *event, const kvm_log_field *f, int n,
+                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void log_ev(const stage_rt *rt, kvm_log_level lv, const char *event, const kvm_log_field *f, int n,
+                   const char *fmt, ...)
 {
+    kvm_log_field all[8] = {KVM_LOG_S("worker", rt->worker_id)};
+    for (int i = 0; i < n && i < 7; i++) all[1 + i] = f[i];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "[%s %s] ", rt->ops->stage, rt->worker_id);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    kvm_logv(lv, event, all, 1 + (n < 7 ? n : 7), fmt, ap);
     va_end(ap);
 }
+#define log_line(rt, ...) log_ev((rt), KVM_LOG_INFO, "message", NULL, 0, __VA_ARGS__)
+#define log_warn(rt, event, ...) log_ev((rt), KVM_LOG_WARN, (event), NULL, 0, __VA_ARGS__)
 
 static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
 {
@@ -164,6 +170,7 @@ static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *m
         r.evaluated = out->evaluated != 0;
         r.kl_mean = out->evaluated && out->kl_mean >= 0 && out->kl_mean <= 1e6 ? out->kl_mean : 0;
         r.transport_ms = out->transport_ms;
+        r.store_ms = out->store_ms;
     }
     kvm_msg *m = NULL;
     int rc = status == 0 ? kvm_proto_result_encode(&r, &m) : kvm_proto_error_encode(&r, &m);
@@ -200,8 +207,15 @@ static void finish_job(stage_rt *rt)
     j->out.n_data = j->out.n_ctl = 0;
     send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv, &j->out);
     j->out = (kvm_stage_out){0};
-    if (j->rc) log_line(rt, "job %llu failed (%s): %s", (unsigned long long)id, j->retryable ? "retryable" : "final", j->err);
-    else log_line(rt, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id, rt->ops->stage, compute, bytes);
+    if (j->rc) {
+        kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_I("retryable", j->retryable), KVM_LOG_S("error", j->err)};
+        log_ev(rt, KVM_LOG_ERROR, "job_failed", f, 3, "job %llu failed (%s): %s", (unsigned long long)id,
+               j->retryable ? "retryable" : "final", j->err);
+    } else {
+        kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_F("compute_ms", compute), KVM_LOG_I("bytes_out", bytes)};
+        log_ev(rt, KVM_LOG_INFO, "job_done", f, 3, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id,
+               rt->ops->stage, compute, bytes);
+    }
     drop_inputs(j);
     rt->last_credit = 0; /* ask for work now */
 }
@@ -215,12 +229,12 @@ static void on_data(stage_rt *rt)
     job_slot *j = &rt->job;
     kvm_proto_type type;
     if (j->running || stop_requested) {
-        log_line(rt, "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
+        log_warn(rt, "dropped", "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
         kvm_msg_free(&m);
         return;
     }
     if ((rc = kvm_proto_peek(m, &type)) != 0) {
-        log_line(rt, "dropped a malformed message: %s", kvm_errmsg());
+        log_warn(rt, "dropped", "dropped a malformed message: %s", kvm_errmsg());
         kvm_msg_free(&m);
         return;
     }
@@ -229,7 +243,7 @@ static void on_data(stage_rt *rt)
     j->in[j->n_in++] = m;
     int done = rt->ops->complete(rt->state, j->in, j->n_in);
     if (done < 0) {
-        log_line(rt, "dropped %d message(s): %s", j->n_in, kvm_errmsg());
+        log_warn(rt, "dropped", "dropped %d message(s): %s", j->n_in, kvm_errmsg());
         uint64_t id = j->n_in ? rt->ops->job_id(rt->state, j->in, j->n_in) : 0;
         if (id) send_result(rt, id, done, kvm_errmsg(), 0, 0, 0, NULL);
         drop_inputs(j);
@@ -254,7 +268,7 @@ static void on_ctl(stage_rt *rt)
     kvm_msg *m = NULL;
     if (kvm_msg_recv(rt->ctl, &m, ZMQ_DONTWAIT) == 0) {
         kvm_proto_type type;
-        if (kvm_proto_peek(m, &type)) log_line(rt, "dropped a malformed control message: %s", kvm_errmsg());
+        if (kvm_proto_peek(m, &type)) log_warn(rt, "dropped", "dropped a malformed control message: %s", kvm_errmsg());
         kvm_msg_free(&m);
     }
 }
@@ -347,7 +361,9 @@ static void usage(const char *stage)
            "  --parent-pid PID      stop when process PID (the orchestrator that started us) is gone\n"
            "  --server-key FILE     CurveZMQ: the orchestrator's public key (required off-host)\n"
            "  --client-public FILE  CurveZMQ: this worker's public key\n"
-           "  --client-secret FILE  CurveZMQ: this worker's secret key\n",
+           "  --client-secret FILE  CurveZMQ: this worker's secret key\n"
+           "  --log-format F        text or json: one JSON object per log line ([run] log_format;\n"
+           "                        default: KVMILL_LOG_FORMAT, else text)\n",
            stage);
 }
 
@@ -371,6 +387,7 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         else if (!strcmp(k, "--server-key")) a->server_key = v;
         else if (!strcmp(k, "--client-public")) a->client_public = v;
         else if (!strcmp(k, "--client-secret")) a->client_secret = v;
+        else if (!strcmp(k, "--log-format")) a->log_format = v;
         else if (!strcmp(k, "--threads") && is_num && n >= 1 && n <= 256) a->threads = (int)n;
         else if (!strcmp(k, "--heartbeat-ms") && is_num && n >= 10 && n <= 3600000) a->heartbeat_ms = (int)n;
         else if (!strcmp(k, "--grace-s") && is_num && n >= 0 && n <= 86400) a->grace_s = (int)n;
@@ -399,6 +416,10 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         host[sizeof host - 1] = '\0';
         snprintf(rt.worker_id, sizeof rt.worker_id, "%s-%s-%d", ops->stage, host, (int)getpid());
     }
+    char prefix[320];
+    snprintf(prefix, sizeof prefix, "[%s %s] ", ops->stage, rt.worker_id);
+    if (kvm_log_setup(ops->stage, prefix, rt.a.log_format))
+        return fprintf(stderr, "kvmill-%s: --log-format: %s\n", ops->stage, kvm_errmsg()), 2;
     kvm_kernels_cpu_set_threads(rt.a.threads);
     const kvm_kernels *kern;
     if (kvm_kernels_select(rt.a.device, &kern)) { /* an unusable --device is refused up front */
@@ -421,9 +442,12 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         log_line(&rt, "%s", kvm_errmsg());
         rc = 1;
     } else {
-        log_line(&rt, "connected to %s (device %s, %d threads)", rt.a.connect, rt.a.device, rt.a.threads);
+        kvm_log_field f[] = {KVM_LOG_S("connect", rt.a.connect), KVM_LOG_S("device", rt.a.device),
+                             KVM_LOG_I("threads", rt.a.threads)};
+        log_ev(&rt, KVM_LOG_INFO, "connected", f, 3, "connected to %s (device %s, %d threads)", rt.a.connect, rt.a.device,
+               rt.a.threads);
         serve(&rt);
-        log_line(&rt, "stopped");
+        log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0, "stopped");
     }
     if (rt.job.running) pthread_join(rt.job.thread, NULL);
     drop_inputs(&rt.job);

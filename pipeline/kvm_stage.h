@@ -29,6 +29,7 @@ typedef struct kvm_stage_args {
     const char *server_key;/* --server-key FILE: CurveZMQ server public key (tcp:// to other hosts) */
     const char *client_secret; /* --client-secret FILE: this worker's CurveZMQ secret key */
     const char *client_public; /* --client-public FILE */
+    const char *log_format; /* --log-format text|json (NULL: KVMILL_LOG_FORMAT, else text) */
     long parent_pid;       /* --parent-pid PID: stop when that process is gone (set by the
                               orchestrator for the stages it starts; 0 = never) */
 } kvm_stage_args;
@@ -43,6 +44,7 @@ typedef struct kvm_stage_out {
     double kl_mean;                   /* mean KL over the job's continuation, nats */
     double transport_ms;              /* encoding/decoding messages inside work(); the runtime
                                          adds its own send time */
+    double store_ms;                  /* committing the cache inside work() (LMDB or store service) */
     kvm_progress progress;            /* work() may count units done / announced here (from any
                                          thread); heartbeats carry it while the job runs */
 } kvm_stage_out;

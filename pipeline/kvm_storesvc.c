@@ -1,11 +1,13 @@
 /* kvm_storesvc.c: the store service loop (kvm_storesvc.h). */
 #include "pipeline/kvm_storesvc.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_storew.h"
 #include "proto/kvm_proto.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -49,6 +51,24 @@ static void svc_drop(svc_upload *u)
 }
 
 /* Sends a store_reply (then, for a found cache, its layers) to the client env[0, n). */
+/* A log line: "kvmill-store: ..." as text, or on stderr a JSON object when kvm_log is set
+ * to JSON ([run] log_format). */
+static void svc_log(const svc *s, kvm_log_level lv, const char *event, const kvm_log_field *f, int n, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static void svc_log(const svc *s, kvm_log_level lv, const char *event, const kvm_log_field *f, int n, const char *fmt, ...)
+{
+    if (!s->log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    if (s->log == stderr && kvm_log_format_get() == KVM_LOG_JSON) kvm_logv(lv, event, f, n, fmt, ap);
+    else {
+        fputs("kvmill-store: ", s->log);
+        vfprintf(s->log, fmt, ap);
+        fputc('\n', s->log);
+    }
+    va_end(ap);
+}
+
 static void svc_reply(svc *s, const uint8_t *env, size_t n, uint64_t req, uint64_t job, int status, const char *why,
                       int64_t n_layers)
 {
@@ -57,15 +77,18 @@ static void svc_reply(svc *s, const uint8_t *env, size_t n, uint64_t req, uint64
     kvm_msg *m = NULL, *e = NULL;
     if (kvm_proto_store_reply_encode(&r, &m) || kvm_msg_new(&e) || kvm_msg_add_copy(e, env, n) || kvm_msg_join(e, &m) ||
         kvm_msg_send(s->sock, &e, 0))
-        if (s->log) fprintf(s->log, "kvmill-store: could not reply to request %llu: %s\n", (unsigned long long)req, kvm_errmsg());
+        svc_log(s, KVM_LOG_WARN, "reply_failed", NULL, 0, "could not reply to request %llu: %s", (unsigned long long)req,
+                kvm_errmsg());
     kvm_msg_free(&m);
     kvm_msg_free(&e);
 }
 
 static void svc_refuse(svc *s, svc_upload *u, int status, const char *why)
 {
-    if (s->log) fprintf(s->log, "kvmill-store: refused upload %llu (job %llu): %s\n", (unsigned long long)u->pc.request_id,
-                        (unsigned long long)u->pc.job_id, why);
+    kvm_log_field f[] = {KVM_LOG_I("request_id", u->pc.request_id), KVM_LOG_I("job_id", u->pc.job_id),
+                         KVM_LOG_I("status", status), KVM_LOG_S("reason", why)};
+    svc_log(s, KVM_LOG_WARN, "upload_refused", f, 4, "refused upload %llu (job %llu): %s", (unsigned long long)u->pc.request_id,
+            (unsigned long long)u->pc.job_id, why);
     svc_reply(s, u->env, u->env_len, u->pc.request_id, u->pc.job_id, status, why, 0);
     if (s->st) s->st->refused++;
     svc_drop(u);
@@ -123,12 +146,14 @@ static void svc_commit(svc *s, svc_upload *u)
     if (p->doc_name.len) {
         kvm_store_doc_meta dm = {.n_tokens = p->n_tokens};
         snprintf(dm.source, sizeof dm.source, "%.*s", (int)(p->doc_name.len < 255 ? p->doc_name.len : 255), p->doc_name.ptr);
-        if (kvm_store_put_doc(s->store, &man.doc_hash, &dm) && s->log)
-            fprintf(s->log, "kvmill-store: could not record the document's name: %s\n", kvm_errmsg());
+        if (kvm_store_put_doc(s->store, &man.doc_hash, &dm))
+            svc_log(s, KVM_LOG_WARN, "meta_failed", NULL, 0, "could not record the document's name: %s", kvm_errmsg());
     }
     if (s->st) s->st->committed++;
-    if (s->log) fprintf(s->log, "kvmill-store: committed job %llu (%lld layers, %lld entries)\n",
-                        (unsigned long long)p->job_id, (long long)p->n_layers, (long long)p->n_entries);
+    kvm_log_field f[] = {KVM_LOG_I("request_id", p->request_id), KVM_LOG_I("job_id", p->job_id),
+                         KVM_LOG_I("n_layers", p->n_layers), KVM_LOG_I("n_entries", p->n_entries)};
+    svc_log(s, KVM_LOG_INFO, "commit", f, 4, "committed job %llu (%lld layers, %lld entries)", (unsigned long long)p->job_id,
+            (long long)p->n_layers, (long long)p->n_entries);
     svc_reply(s, u->env, u->env_len, p->request_id, p->job_id, 0, "", 0);
     svc_drop(u);
 }
@@ -301,8 +326,10 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     kvm_store *store = NULL;
     void *zctx = NULL, *sock = NULL;
     int status = 2;
+    if (kvm_log_setup("store", "kvmill-store: ", cfg ? kvm_config_str(cfg, "run", "log_format") : NULL))
+        return fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg()), 2;
     if (kvm_storew_open(cfg, path, 0, &store)) {
-        fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg());
+        kvm_log(KVM_LOG_ERROR, "open_failed", NULL, 0, "%s", kvm_errmsg());
         return 2;
     }
     zctx = zmq_ctx_new();
@@ -325,7 +352,9 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     fflush(stdout);
     kvm_storesvc_stats st = {0};
     int rc = kvm_storesvc_loop(store, sock, kvm_config_int(cfg, "store", "upload_timeout_ms"), &svc_stop, &st, stderr);
-    fprintf(stderr, "kvmill-store: stopped: %lld committed, %lld refused, %lld served\n", (long long)st.committed,
+    kvm_log_field f[] = {KVM_LOG_I("committed", st.committed), KVM_LOG_I("refused", st.refused),
+                         KVM_LOG_I("served", st.served), KVM_LOG_I("bytes_in", st.bytes_in), KVM_LOG_I("bytes_out", st.bytes_out)};
+    kvm_log(KVM_LOG_INFO, "stopped", f, 5, "stopped: %lld committed, %lld refused, %lld served", (long long)st.committed,
             (long long)st.refused, (long long)st.served);
     status = rc ? 1 : 0;
 done:

@@ -262,6 +262,9 @@ typedef struct kvm_proto_result {
                                 job's continuation, nats; [0, 1e6] */
     double transport_ms;     /* "transport_ms" float, optional: encoding, decoding and copying
                                 messages inside the stage; [0, MAX_MS] */
+    double store_ms;         /* "store_ms" float, optional (revision 4): time the stage spent
+                                committing the cache (LMDB transaction, or upload to the store
+                                service and its reply; the upload is also in transport_ms); [0, MAX_MS] */
 } kvm_proto_result;
 typedef kvm_proto_result kvm_proto_error;
 /* result / error codecs: same struct; result requires status 0, error status < 0. No tensors. */

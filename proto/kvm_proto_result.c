@@ -20,6 +20,7 @@ static const kvm_proto__field kvm_result__fields[] = {
     KVM_F_BOOL(T, evaluated, 0),
     KVM_F_F64(T, kl_mean, 0, 0.0, 1e6),
     KVM_F_F64(T, transport_ms, 0, 0.0, KVM_PROTO_MAX_MS),
+    KVM_F_F64(T, store_ms, 0, 0.0, KVM_PROTO_MAX_MS),
 };
 /* error: the same fields, a negative status */
 static const kvm_proto__field kvm_error__fields[] = {

@@ -12,6 +12,7 @@
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "proto/kvm_half.h"
 
 #include <stdlib.h>
@@ -42,6 +43,7 @@ static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *
     double t0 = kvm_now_ms();
     rc = kvm_serve_remote_store(st->svc, c, &st->wm, j->tokens, j->n_tokens, cc, j->job_id, name, NULL);
     out->transport_ms += kvm_now_ms() - t0;
+    out->store_ms += kvm_now_ms() - t0;
     return rc;
 }
 
@@ -127,7 +129,7 @@ static void evaluate(const kvm_model *m, const kvm_proto_job *j, const kvm_kvcac
         out->evaluated = 1;
         out->kl_mean = r.kl_mean;
     } else
-        fprintf(stderr, "[compress] evaluation of job %llu failed: %s\n", (unsigned long long)j->job_id, kvm_errmsg());
+        kvm_log(KVM_LOG_WARN, "eval_failed", NULL, 0, "evaluation of job %llu failed: %s", (unsigned long long)j->job_id, kvm_errmsg());
     kvm_eval_doc_free(&d);
     free(all);
 }
@@ -149,7 +151,7 @@ static void record_meta(compress_state *st, const kvm_proto_job *j)
     kvm_store_id doc;
     if (kvm_store_put_model(st->store, &st->wm.model_id, &mm) || kvm_store_doc_hash(j->tokens, j->n_tokens, &doc) ||
         kvm_store_put_doc(st->store, &doc, &dm))
-        fprintf(stderr, "[compress] could not record model/document metadata: %s\n", kvm_errmsg());
+        kvm_log(KVM_LOG_WARN, "meta_failed", NULL, 0, "could not record model/document metadata: %s", kvm_errmsg());
 }
 
 /* The cache is stored under the config id computed from the strategy read when it was
@@ -202,7 +204,9 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
     if ((rc = kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+    double ts = kvm_now_ms();
     if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
+    out->store_ms += kvm_now_ms() - ts;
     if ((rc = check_strategy_kept(st, cfg, &j, &before))) { *retryable = 1; goto done; }
     record_meta(st, &j);
 evaluated:

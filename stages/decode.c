@@ -7,6 +7,7 @@
  * Every refusal (limits, context window, missing cache) is an error `answer`, so the client
  * always learns why. */
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "model/kvm_capture.h"
 #include "model/kvm_forward.h"
 #include "model/kvm_sampler.h"
@@ -130,7 +131,7 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
     if ((rc = kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc))) goto done;
     if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, 0, NULL, NULL)
                 : kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc))
-        fprintf(stderr, "[decode] could not store the cache computed on demand: %s\n", kvm_errmsg());
+        kvm_log(KVM_LOG_WARN, "store_failed", NULL, 0, "could not store the cache computed on demand: %s", kvm_errmsg());
     else
         *stored = 1;
     for (int l = 0; !rc && l < cc->n_layers; l++)

@@ -9,9 +9,11 @@
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -155,6 +157,152 @@ START_TEST(test_wire_dtype)
     rc = run_kvmill(&out, &err); /* the f16 caches are found under their own id */
     ck_assert_msg(strstr(out, "summary: compressed=0 skipped=5 failed=0"), "stdout: %s", out);
     free(out); free(err);
+}
+END_TEST
+
+/* Every line of text is a JSON object with time, stage, pid, level and event (kvm_log.h);
+ * returns how many have event `count_event` and stage `stage` (NULL: any). */
+static int check_json_lines(const char *text, const char *what, const char *stage, const char *count_event)
+{
+    int n = 0, lines = 0;
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        json_error_t e;
+        json_t *o = json_loadb(p, len, 0, &e);
+        ck_assert_msg(o && json_is_object(o), "%s: line %d is not a JSON object (%s): %.*s", what, lines + 1,
+                      e.text, (int)len, p);
+        const char *keys[] = {"time", "stage", "level", "event", "msg"};
+        for (int k = 0; k < 5; k++)
+            ck_assert_msg(json_is_string(json_object_get(o, keys[k])), "%s: no string '%s' in %.*s", what, keys[k], (int)len, p);
+        ck_assert_msg(json_integer_value(json_object_get(o, "pid")) > 0, "%s: no pid in %.*s", what, (int)len, p);
+        const char *ev = json_string_value(json_object_get(o, "event")), *st = json_string_value(json_object_get(o, "stage"));
+        if (!strcmp(ev, count_event) && (!stage || !strcmp(st, stage))) n++;
+        json_decref(o);
+        lines++;
+        p = nl ? nl + 1 : p + len;
+    }
+    ck_assert_msg(lines > 0, "%s: no log lines", what);
+    return n;
+}
+
+static long long json_int(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_integer(v), "metrics: no integer '%s'", key);
+    return (long long)json_integer_value(v);
+}
+
+/* [run] log_format = json: the orchestrator's stderr and every stage log are JSON lines
+ * (parsed here with libjansson). kvmill run --metrics FILE: the file is a whole JSON object
+ * each time it is read during the run ("running", replaced atomically), and its final values
+ * equal the summary's. */
+START_TEST(test_json_logs_and_metrics)
+{
+    write_config("[run]\nlog_format = json\n");
+    char metrics[4300], outp[4300], errp[4300], cmd[16000];
+    snprintf(metrics, sizeof metrics, "%s/metrics.json", tmp);
+    snprintf(outp, sizeof outp, "%s/run.out", tmp);
+    snprintf(errp, sizeof errp, "%s/run.err", tmp);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' run --config '%s' --corpus '%s' --metrics '%s' >'%s' 2>'%s'", kvm_test_bin(),
+             cfg_path, docs, metrics, outp, errp);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0, seen_running = 0, reads = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        json_error_t e;
+        json_t *m = json_load_file(metrics, 0, &e);
+        if (m) { /* never a half-written file: written to a temporary and renamed */
+            reads++;
+            const char *st = json_string_value(json_object_get(m, "state"));
+            ck_assert_msg(st, "metrics without state");
+            if (!strcmp(st, "running")) {
+                seen_running = 1;
+                ck_assert_int_eq(json_int(m, "documents_total"), 5);
+                ck_assert_int_le(json_int(m, "documents_done"), 5);
+            }
+            json_decref(m);
+        } else
+            ck_assert_msg(access(metrics, F_OK) != 0, "metrics file exists but is not JSON: %s", e.text);
+        usleep(10000);
+    }
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "kvmill run exited %d", status);
+    size_t n;
+    char *out = kvm_test_read_file(outp, &n), *err = kvm_test_read_file(errp, &n);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(seen_running, "the metrics file was never seen with state running (%d reads)", reads);
+    ck_assert_int_eq(check_json_lines(err, "kvmill run stderr", "orchestrator", "job_done"), 5);
+    json_error_t e;
+    json_t *m = json_load_file(metrics, 0, &e);
+    ck_assert_msg(m, "final metrics: %s", e.text);
+    ck_assert_str_eq(json_string_value(json_object_get(m, "state")), "done");
+    ck_assert_int_eq(json_int(m, "documents_done"), summary_value(out, "compressed"));
+    ck_assert_int_eq(json_int(m, "documents_failed"), summary_value(out, "failed"));
+    ck_assert_int_eq(json_int(m, "documents_skipped"), summary_value(out, "skipped"));
+    ck_assert_int_eq(json_int(m, "wire_in_bytes"), summary_value(out, "wire_in_bytes"));
+    ck_assert_int_eq(json_int(m, "wire_out_bytes"), summary_value(out, "wire_out_bytes"));
+    ck_assert_int_eq(json_int(m, "store_commits"), 5);
+    ck_assert_int_eq(json_int(m, "requeues"), 0);
+    ck_assert_msg(json_real_value(json_object_get(m, "compress_s")) > 0, "compress_s");
+    ck_assert_msg(json_real_value(json_object_get(m, "store_s")) > 0, "store_s");
+    json_decref(m);
+    /* the stages' logs in the run directory: JSON too, one job_done per document each */
+    const char *logs[2] = {"prefill-0-r0.log", "compress-1-r0.log"}, *stages[2] = {"prefill", "compress"};
+    for (int i = 0; i < 2; i++) {
+        char lp[4400];
+        snprintf(lp, sizeof lp, "%s/%s", run_dir, logs[i]);
+        char *t = kvm_test_read_file(lp, &n);
+        ck_assert_msg(t, "no stage log %s", lp);
+        ck_assert_int_eq(check_json_lines(t, logs[i], stages[i], "job_done"), 5);
+        free(t);
+    }
+    free(out); free(err);
+}
+END_TEST
+
+/* kvm_log in JSON: quotes, newlines, control bytes and invalid UTF-8 in a message or field
+ * still give one parseable object per line, with the fields' JSON types; text mode keeps the
+ * prefix; a bad format name is refused (text kept). Runs in its own forked test process. */
+START_TEST(test_log_json_escaping)
+{
+    char path[4300];
+    snprintf(path, sizeof path, "%s/log.txt", tmp);
+    fflush(stderr);
+    int saved = dup(2);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    dup2(fileno(f), 2);
+    ck_assert_int_eq(kvm_log_setup("compress", "[compress w] ", "bogus"), KVM_EINVAL);
+    ck_assert_int_eq(kvm_log_format_get(), KVM_LOG_TEXT);
+    kvm_log(KVM_LOG_INFO, "message", NULL, 0, "plain %d", 1);
+    ck_assert_int_eq(kvm_log_setup("compress", "[compress w] ", "json"), 0);
+    kvm_log_field fl[] = {KVM_LOG_S("doc", "a \"quoted\"\nname\x01"), KVM_LOG_I("job_id", 7), KVM_LOG_F("ms", 1.5),
+                          KVM_LOG_S("bad", "\xff\xfe"), KVM_LOG_F("nan", NAN)};
+    kvm_log(KVM_LOG_WARN, "job_requeued", fl, 5, "requeueing \"%s\"\n", "x\ty");
+    kvm_log(KVM_LOG_ERROR, "job_failed", NULL, 0, "bytes \xc3(");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    fclose(f);
+    size_t n;
+    char *t = kvm_test_read_file(path, &n);
+    ck_assert_msg(!strncmp(t, "[compress w] plain 1\n", 21), "text line: %s", t);
+    char *json = strchr(t, '\n') + 1;
+    ck_assert_int_eq(check_json_lines(json, "kvm_log", "compress", "job_requeued"), 1);
+    json_t *o = json_loadb(json, strcspn(json, "\n"), 0, NULL);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "level")), "warn");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "msg")), "requeueing \"x\ty\"");
+    ck_assert_str_eq(json_string_value(json_object_get(o, "doc")), "a \"quoted\"\nname\x01");
+    ck_assert_int_eq(json_integer_value(json_object_get(o, "job_id")), 7);
+    ck_assert(json_real_value(json_object_get(o, "ms")) == 1.5);
+    ck_assert(json_is_null(json_object_get(o, "bad")) && json_is_null(json_object_get(o, "nan")));
+    json_decref(o);
+    ck_assert_int_eq(check_json_lines(json, "kvm_log", NULL, "job_failed"), 1);
+    free(t);
 }
 END_TEST
 
@@ -728,7 +876,8 @@ static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
     struct { const char *name; const TTest *fn; } cases[] = {
-        {"run_then_skip", test_run_then_skip}, {"wire_dtype", test_wire_dtype}, {"compress_worker_killed", test_compress_worker_killed},
+        {"run_then_skip", test_run_then_skip}, {"wire_dtype", test_wire_dtype},
+        {"json_logs_and_metrics", test_json_logs_and_metrics}, {"log_json_escaping", test_log_json_escaping}, {"compress_worker_killed", test_compress_worker_killed},
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},

@@ -1,0 +1,106 @@
+/* kvm_log.c: text or JSON log lines on stderr (kvm_log.h). JSON objects are built with
+ * libjansson, which escapes every string (messages quote untrusted names and bytes). */
+#include "common/kvm_log.h"
+#include "common/kvm_error.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Process-wide like stderr: written once by kvm_log_setup in main, read-only afterwards. */
+static struct {
+    kvm_log_format format;
+    char stage[64];
+    char prefix[320];
+} kvm_log__g = {KVM_LOG_TEXT, "kvmill", ""};
+
+static const char *const kvm_log__levels[] = {"debug", "info", "warn", "error"};
+
+int kvm_log_format_parse(const char *name, kvm_log_format *out)
+{
+    if (name && !strcmp(name, "text")) *out = KVM_LOG_TEXT;
+    else if (name && !strcmp(name, "json")) *out = KVM_LOG_JSON;
+    else return kvm_err(KVM_EINVAL, "log format '%s': expected text or json", name ? name : "(null)");
+    return 0;
+}
+
+int kvm_log_setup(const char *stage, const char *text_prefix, const char *format)
+{
+    snprintf(kvm_log__g.stage, sizeof kvm_log__g.stage, "%s", stage ? stage : "kvmill");
+    snprintf(kvm_log__g.prefix, sizeof kvm_log__g.prefix, "%s", text_prefix ? text_prefix : "");
+    const char *f = format ? format : getenv("KVMILL_LOG_FORMAT");
+    kvm_log__g.format = KVM_LOG_TEXT;
+    if (!f || !*f) return 0;
+    int rc = kvm_log_format_parse(f, &kvm_log__g.format);
+    if (rc) kvm_log__g.format = KVM_LOG_TEXT;
+    return rc;
+}
+
+kvm_log_format kvm_log_format_get(void) { return kvm_log__g.format; }
+
+/* "2026-12-01T12:00:00.123Z" */
+static void kvm_log__time(char *buf, size_t n)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t k = strftime(buf, n, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf + k, n - k, ".%03ldZ", ts.tv_nsec / 1000000L);
+}
+
+static json_t *kvm_log__value(const kvm_log_field *f)
+{
+    if (f->kind == 'i') return json_integer((json_int_t)f->i);
+    if (f->kind == 'f') return isfinite(f->f) ? json_real(f->f) : json_null();
+    json_t *s = f->s ? json_string(f->s) : NULL; /* NULL also for bytes that are not UTF-8 */
+    return s ? s : json_null();
+}
+
+void kvm_logv(kvm_log_level level, const char *event, const kvm_log_field *fields, int n_fields, const char *fmt, va_list ap)
+{
+    char msg[8192];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    const char *m = msg;
+    if (kvm_log__g.format == KVM_LOG_TEXT) {
+        if (*m == '\n') fputc(*m++, stderr);
+        fprintf(stderr, "%s%s%s", kvm_log__g.prefix, m, m[0] && m[strlen(m) - 1] == '\n' ? "" : "\n");
+        return;
+    }
+    while (*m == '\n') m++;
+    size_t len = strlen(m);
+    while (len && m[len - 1] == '\n') len--;
+    char when[40];
+    kvm_log__time(when, sizeof when);
+    json_t *o = json_object();
+    if (!o) return;
+    json_object_set_new(o, "time", json_string(when));
+    json_object_set_new(o, "stage", json_string(kvm_log__g.stage));
+    json_object_set_new(o, "pid", json_integer((json_int_t)getpid()));
+    json_object_set_new(o, "level", json_string(kvm_log__levels[level >= 0 && level <= KVM_LOG_ERROR ? level : 1]));
+    json_object_set_new(o, "event", json_string(event ? event : "message"));
+    json_t *js = json_stringn(m, len); /* NULL for bytes that are not UTF-8 */
+    json_object_set_new(o, "msg", js ? js : json_string("(message is not valid UTF-8)"));
+    for (int i = 0; i < n_fields; i++)
+        if (fields[i].key) json_object_set_new(o, fields[i].key, kvm_log__value(&fields[i]));
+    char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (!line) return;
+    size_t n = strlen(line);
+    line[n] = '\n'; /* one write per line, so lines of threads and processes do not interleave */
+    fwrite(line, 1, n + 1, stderr);
+    line[n] = '\0';
+    free(line);
+}
+
+void kvm_log(kvm_log_level level, const char *event, const kvm_log_field *fields, int n_fields, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvm_logv(level, event, fields, n_fields, fmt, ap);
+    va_end(ap);
+}
