@@ -42,6 +42,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"store", "cap_mb", I, "0", 0, 1 << 30, NULL, "MiB", "cap on stored cache bytes, least recently served evicted first; 0 = none"},
     {"store", "dtype", E, "f32", 0, 0, "f32|f16|bf16", "", "element type of stored keys and values"},
     {"store", "service", S, "", 0, 0, NULL, "", "store service endpoint (kvmill store serve) compress workers upload to instead of opening the LMDB store; empty = open it directly (same host only)"},
+    {"store", "service_bind", S, "", 0, 0, NULL, "", "kvmill run / kvmill serve start the store service bound here for workers on other hosts (off-host needs [security] keys); empty = none"},
     {"store", "upload_timeout_ms", I, "60000", 100, 86400000, NULL, "ms", "the store service refuses an upload whose layers take longer (truncated)"},
 
     {"compress", "method", E, "sculpt", 0, 0, "sculpt|selectfit|joint-fixed|full|streaming|h2o|tova|snapkv|pyramidkv|polykv",
@@ -80,9 +81,9 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"run", "max_prefetch", I, "0", 0, 1 << 20, NULL, "documents", "documents prefilled and waiting for compress at most (their KV is held in memory); 0 = 2 per live compress worker"},
     {"run", "progress_s", I, "5", 0, 86400, NULL, "s", "when stderr is not a terminal: a progress line at most this often (0: at every change), and only when something changed"},
     {"run", "job_timeout_s", I, "600", 1, 86400 * 7, NULL, "s", "a job not acknowledged in this time is requeued"},
-    {"run", "log_format", E, "text", 0, 0, "text|json", "", "log lines of the orchestrator and every stage it starts: text, or one JSON object per line (time, stage, pid, level, event, msg, fields)"},
-    {"run", "metrics", P, "", 0, 0, NULL, "", "counters file (JSON) kept current during kvmill run, replaced atomically (kvmill run --metrics); empty = none"},
-    {"run", "wire_dtype", E, "f32", 0, 0, "f32|f16|bf16", "", "element type of prefilled keys, values and queries on the wire prefill -> orchestrator -> compress; f16/bf16 halve those bytes and cost a little KL"},
+    {"run", "log_format", E, "text", 0, 0, "text|json", "", "log lines of every process: text, or one JSON object per line (time, stage, pid, level, event, msg, fields)"},
+    {"run", "metrics", P, "", 0, 0, NULL, "", "counters file (JSON) kept current during kvmill run, replaced atomically; empty = none"},
+    {"run", "wire_dtype", E, "f32", 0, 0, "f32|f16|bf16", "", "element type of prefilled keys, values and queries on the wire to compress; 16 bit halves them, costs a little KL"},
 
     {"serve", "workers", I, "1", 0, 256, NULL, "processes", "decode workers started by kvmill serve; 0 = only external workers"},
     {"serve", "max_prompt_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "longer prompts get an error answer"},

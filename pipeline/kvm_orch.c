@@ -3,6 +3,7 @@
  * and signals are handled within ~100 ms. */
 #include "pipeline/kvm_orch.h"
 #include "pipeline/kvm_orch_metrics.h"
+#include "pipeline/kvm_svcproc.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_jobcfg.h"
@@ -105,6 +106,7 @@ typedef struct orch {
     double t0;
     kvm_orch_progress prog;   /* the progress line */
     double last_metrics;      /* when the metrics file was last written, ms */
+    kvm_svcproc svc;          /* the store service started for remote workers ([store] service_bind) */
     int metrics_failed;       /* a metrics write failed (said once) */
 } orch;
 
@@ -759,6 +761,16 @@ static void check_health(orch *o)
     int st;
     pid_t pid;
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (o->svc.pid > 0 && pid == o->svc.pid) { /* workers retry their uploads meanwhile */
+            o->svc.pid = 0;
+            kvm_log_field f[] = {KVM_LOG_S("bind", o->svc.bind), KVM_LOG_I("restarts", o->svc.restarts + 1)};
+            kvm_log(KVM_LOG_WARN, "store_service_restart", f, 2, "the store service exited (%s %d): starting it again",
+                    WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            if (o->svc.restarts >= 20 || kvm_svcproc_restart(&o->svc, 10000))
+                orch_log("the store service cannot be restarted (%s): uploads from other hosts fail\n",
+                         o->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
+            continue;
+        }
         int s = find_slot_by_pid(o, pid);
         if (s < 0) continue;
         o->slots[s].pid = 0;
@@ -1050,6 +1062,13 @@ static int prepare(orch *o, kvm_store **store)
     o->config_id = config_id;
     if (o->mode == MODE_RUN && (rc = mark_skipped(o, *store))) return rc;
     if ((rc = bind_sockets(o))) return rc;
+    const char *sb = kvm_config_str(o->cfg, "store", "service_bind");
+    if (o->mode == MODE_RUN && *sb && o->n_open > 0) { /* the store's host serves it to workers on other hosts */
+        char log[2200];
+        snprintf(log, sizeof log, "%s/store.log", o->run_dir);
+        if ((rc = kvm_svcproc_start(&o->svc, o->bin_dir, o->store_path, sb, kvm_config_path(o->cfg), log, 10000))) return rc;
+        orch_log("store service on %s (pid %ld, log %s)\n", sb, (long)o->svc.pid, log);
+    }
     return o->n_open > 0 ? start_stages(o) : 0;
 }
 
@@ -1168,6 +1187,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     int hard = interrupts >= 2;
     stop_children(&o, hard ? SIGKILL : SIGTERM);
     reap_all(&o, hard ? 100 : 1000.0 * (double)kvm_config_int(cfg, "run", "grace_s") + 2000);
+    kvm_svcproc_stop(&o.svc, 5000); /* after the workers: their last uploads are committed */
     for (int64_t i = 0; i < o.n_jobs; i++) {
         if (o.jobs[i].state == J_FAILED) sum->failed++;
         if (o.jobs[i].state != J_FAILED && o.jobs[i].state != J_DONE && o.jobs[i].state != J_SKIPPED) sum->pending++;

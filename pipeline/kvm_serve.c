@@ -4,6 +4,7 @@
 #include "pipeline/kvm_serve.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
+#include "pipeline/kvm_svcproc.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
@@ -150,6 +151,7 @@ typedef struct srv {
     char front_ep[1024], base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int own_run_dir, backend_curve, announced;
     int fatal; /* a worker slot keeps failing before it connects: stop serving */
+    kvm_svcproc svc; /* the store service for decode workers on other hosts ([store] service_bind) */
     srv_slot slots[MAX_WORKERS];
     int n_slots;
     srv_worker workers[MAX_WORKERS];
@@ -658,6 +660,14 @@ static void check_health(srv *s)
     int st;
     pid_t pid;
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (s->svc.pid > 0 && pid == s->svc.pid) {
+            s->svc.pid = 0;
+            log_line("the store service exited (%s %d): starting it again", WIFSIGNALED(st) ? "signal" : "status",
+                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            if (s->svc.restarts >= 20 || kvm_svcproc_restart(&s->svc, 10000))
+                log_line("the store service cannot be restarted: %s", s->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
+            continue;
+        }
         for (int i = 0; i < s->n_slots; i++) {
             if (s->slots[i].pid != pid) continue;
             s->slots[i].pid = 0;
@@ -721,6 +731,13 @@ static int prepare(srv *s)
     int rc0 = kvm_rundir_make(kvm_config_str(cfg, "run", "run_dir"), "serve", s->run_dir, sizeof s->run_dir,
                               &s->own_run_dir);
     if (rc0) return rc0;
+    const char *sb = kvm_config_str(cfg, "store", "service_bind");
+    if (*sb && strncmp(s->store_path, "tcp://", 6) && strncmp(s->store_path, "ipc://", 6)) { /* the store's host */
+        char log[2200];
+        snprintf(log, sizeof log, "%s/store.log", s->run_dir);
+        if ((rc0 = kvm_svcproc_start(&s->svc, s->bin_dir, s->store_path, sb, kvm_config_path(cfg), log, 10000))) return rc0;
+        log_line("store service on %s (pid %ld, log %s)", sb, (long)s->svc.pid, log);
+    }
     const char *be = kvm_config_str(cfg, "serve", "backend");
     if (*be)
         snprintf(s->base, sizeof s->base, "%s", be);
@@ -876,6 +893,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
                      (unsigned long long)s.served, (unsigned long long)s.failed);
     }
     shutdown_workers(&s, interrupts >= 2 || rc);
+    kvm_svcproc_stop(&s.svc, 5000);
     for (int w = 0; w < s.n_workers; w++)
         kvm_msg_free(&s.workers[w].env);
     free(s.queue);

@@ -306,6 +306,66 @@ START_TEST(test_log_json_escaping)
 }
 END_TEST
 
+static pid_t spawn_sh(const char *cmd)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* [store] service_bind: kvmill run starts the store service on the store's host; a compress
+ * worker started by hand uploads every cache through it (no LMDB opened by the worker); the
+ * service SIGKILLed after the first commit is started again by the run, the worker retries
+ * its upload, and every document is stored once. */
+START_TEST(test_run_starts_store_service)
+{
+    setenv("KVM_SLOW_COMPRESS", "40", 1); /* jobs long enough that the kill lands mid-run */
+    int port = 20000 + (int)(getpid() % 20000);
+    char extra[512], outp[4300], errp[4300], werr[4300], cmd[16000], slog[4300];
+    snprintf(extra, sizeof extra, "[store]\nservice_bind = tcp://127.0.0.1:%d\n[stages]\ncompress_workers = 0\n", port);
+    write_config(extra);
+    snprintf(outp, sizeof outp, "%s/run.out", tmp);
+    snprintf(errp, sizeof errp, "%s/run.err", tmp);
+    snprintf(werr, sizeof werr, "%s/worker.err", tmp);
+    snprintf(slog, sizeof slog, "%s/store.log", run_dir);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' run --config '%s' --corpus '%s' >'%s' 2>'%s'", kvm_test_bin(), cfg_path, docs,
+             outp, errp);
+    pid_t run = spawn_sh(cmd);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill-compress' --connect 'ipc://%s' --store tcp://127.0.0.1:%d --heartbeat-ms 100 2>'%s'",
+             kvm_test_bin(), run_dir, port, werr);
+    pid_t worker = spawn_sh(cmd);
+    long svc = 0;
+    int killed = 0, status = 0;
+    for (int i = 0; i < 6000 && waitpid(run, &status, WNOHANG) == 0; i++, usleep(10000)) {
+        size_t n;
+        char *e = kvm_test_read_file(errp, &n), *l = killed ? NULL : kvm_test_read_file(slog, &n);
+        const char *p = e ? strstr(e, "store service on ") : NULL;
+        if (p && (p = strstr(p, "(pid "))) svc = atol(p + 5);
+        if (!killed && svc > 0 && l && strstr(l, "committed job")) {
+            ck_assert_int_eq(kill((pid_t)svc, SIGKILL), 0);
+            killed = 1;
+        }
+        free(e);
+        free(l);
+    }
+    kill(worker, SIGTERM);
+    waitpid(worker, NULL, 0);
+    size_t n;
+    char *out = kvm_test_read_file(outp, &n), *err = kvm_test_read_file(errp, &n), *we = kvm_test_read_file(werr, &n);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "run exited %d\n%s\nworker:\n%s", status, err, we);
+    ck_assert_msg(killed, "the store service never committed before the run ended\n%s", err);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s\nworker: %s", out, err, we);
+    ck_assert_msg(strstr(err, "the store service exited (signal 9): starting it again"), "stderr: %s", err);
+    ck_assert_int_eq(count_caches(), 5);
+    ck_assert_msg(kill((pid_t)svc, 0) != 0, "the first store service is still running");
+    free(out); free(err); free(we);
+}
+END_TEST
+
 START_TEST(test_compress_worker_killed)
 {
     setenv("KVM_SLOW_COMPRESS", "300", 1); /* longer solves: the worker is almost always mid-job (the fast solver needs many iterations) */
@@ -877,7 +937,8 @@ static Suite *pipeline_suite(void)
     Suite *s = suite_create("pipeline");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"run_then_skip", test_run_then_skip}, {"wire_dtype", test_wire_dtype},
-        {"json_logs_and_metrics", test_json_logs_and_metrics}, {"log_json_escaping", test_log_json_escaping}, {"compress_worker_killed", test_compress_worker_killed},
+        {"json_logs_and_metrics", test_json_logs_and_metrics}, {"log_json_escaping", test_log_json_escaping},
+        {"run_starts_store_service", test_run_starts_store_service}, {"compress_worker_killed", test_compress_worker_killed},
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},

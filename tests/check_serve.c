@@ -201,7 +201,12 @@ static int start_serve(const char *bind)
     }
     for (int i = 0; i < 200; i++) {
         int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            char *log = kvm_test_read_file(g_log, NULL);
+            fprintf(stderr, "kvmill serve exited; its log:\n%s\n", log ? log : "(none)");
+            free(log);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
         char *log = kvm_test_read_file(g_log, NULL);
         int ready = log && strstr(log, "kvmill serve: ready");
         free(log);

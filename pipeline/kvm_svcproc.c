@@ -1,0 +1,101 @@
+/* kvm_svcproc.c: starting, restarting and stopping the store service child (kvm_svcproc.h). */
+#include "pipeline/kvm_svcproc.h"
+#include "pipeline/kvm_stage.h"
+#include "common/kvm_error.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Bytes of the log from offset `from`: does it hold "ready on"? Also its last line, for errors. */
+static int log_ready(const char *path, long from, char *last, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[1024];
+    int ready = 0;
+    fseek(f, from, SEEK_SET);
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, "ready on")) ready = 1;
+        line[strcspn(line, "\n")] = '\0';
+        if (*line) snprintf(last, n, "%s", line);
+    }
+    fclose(f);
+    return ready;
+}
+
+static int spawn(kvm_svcproc *p, double timeout_ms)
+{
+    char *argv[] = {p->exe, "--store", p->store, "--bind", p->bind, NULL, NULL, NULL};
+    if (p->config[0]) argv[5] = "--config", argv[6] = p->config;
+    FILE *lf = fopen(p->log, "a");
+    long from = lf ? ftell(lf) : 0;
+    if (lf) fclose(lf);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches the parent only, which stops it */
+    int rc = posix_spawn(&p->pid, p->exe, &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (rc) {
+        p->pid = 0;
+        return kvm_err(KVM_EIO, "cannot start the store service %s: %s", p->exe, strerror(rc));
+    }
+    char last[1024] = "(no output)";
+    for (double end = kvm_now_ms() + timeout_ms; kvm_now_ms() < end; usleep(20000)) {
+        if (log_ready(p->log, from, last, sizeof last)) return 0;
+        int st;
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+            p->pid = 0;
+            return kvm_err(KVM_EIO, "the store service (%s --bind %s) exited at start: %s (log %s)", p->exe, p->bind,
+                           last, p->log);
+        }
+    }
+    kvm_svcproc_stop(p, 1000);
+    return kvm_err(KVM_EIO, "the store service (%s --bind %s) was not ready within %.0f ms: %s (log %s)", p->exe, p->bind,
+                   timeout_ms, last, p->log);
+}
+
+int kvm_svcproc_start(kvm_svcproc *p, const char *bin_dir, const char *store, const char *bind, const char *config,
+                      const char *log, double timeout_ms)
+{
+    memset(p, 0, sizeof *p);
+    snprintf(p->exe, sizeof p->exe, "%s/kvmill-store", bin_dir);
+    snprintf(p->store, sizeof p->store, "%s", store);
+    snprintf(p->bind, sizeof p->bind, "%s", bind);
+    snprintf(p->config, sizeof p->config, "%s", config ? config : "");
+    snprintf(p->log, sizeof p->log, "%s", log);
+    if (access(p->exe, X_OK) != 0)
+        return kvm_err(KVM_EINVAL, "[store] service_bind: %s is missing or not executable (build with make, or set "
+                                   "[stages] bin_dir)", p->exe);
+    return spawn(p, timeout_ms);
+}
+
+int kvm_svcproc_restart(kvm_svcproc *p, double timeout_ms)
+{
+    p->restarts++;
+    return spawn(p, timeout_ms);
+}
+
+void kvm_svcproc_stop(kvm_svcproc *p, double grace_ms)
+{
+    if (p->pid <= 0) return;
+    kill(p->pid, SIGTERM);
+    for (double end = kvm_now_ms() + grace_ms; kvm_now_ms() < end; usleep(20000))
+        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) { p->pid = 0; return; }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+}

@@ -1,0 +1,34 @@
+/* kvm_svcproc.h: the store service as a child of `kvmill run` / `kvmill serve` ([store]
+ * service_bind): started on the host that owns the LMDB directory so that workers on other
+ * hosts upload and fetch caches through it, restarted if it dies, stopped at the end. */
+#ifndef KVM_SVCPROC_H
+#define KVM_SVCPROC_H
+
+#include <sys/types.h>
+
+typedef struct kvm_svcproc {
+    pid_t pid;          /* the running service, 0 when none */
+    char exe[2048];     /* bin_dir/kvmill-store */
+    char store[4096];   /* --store PATH */
+    char bind[1024];    /* --bind ENDPOINT */
+    char config[4096];  /* --config FILE ([store] and [security] settings), "" = none */
+    char log[4096];     /* its stdout and stderr are appended here */
+    int restarts;       /* times it was started again after dying */
+} kvm_svcproc;
+
+/* Fills p and starts `kvmill-store --store STORE --bind BIND [--config CONFIG]`, then waits up
+ * to timeout_ms for its "ready on" line in the log (so workers find it bound). Errors:
+ * KVM_EINVAL (binary missing), KVM_EIO (spawn failed, or it exited or did not get ready in
+ * time: the detail quotes the log's last line, e.g. a bind error). */
+int kvm_svcproc_start(kvm_svcproc *p, const char *bin_dir, const char *store, const char *bind, const char *config,
+                      const char *log, double timeout_ms);
+
+/* Starts the service again after it died (p->pid was reaped by the caller: set p->pid = 0
+ * first). Same errors. */
+int kvm_svcproc_restart(kvm_svcproc *p, double timeout_ms);
+
+/* SIGTERM, wait up to grace_ms (it finishes the transaction in hand), then SIGKILL; reaps it.
+ * p->pid is 0 afterwards. Safe when none runs. */
+void kvm_svcproc_stop(kvm_svcproc *p, double grace_ms);
+
+#endif
