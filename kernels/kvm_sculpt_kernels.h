@@ -88,13 +88,14 @@ typedef struct kvm_sculpt_batch kvm_sculpt_batch;
 
 typedef struct kvm_sculpt_backend {
     const char *name; /* "cpu", "cuda:N" */
+    int device;       /* the CUDA device (−1 for the CPU) */
     /* Makes a batch of n ≥ 1 problems views[n] (all with the same d ≤ 512) with k[n] ≥ 1 entries
      * each. The problems' arrays are uploaded into backend memory (the CPU backend's memory is
      * the host's: it keeps the caller's arrays, which must outlive the batch). threads: CPU
      * worker threads for this batch's calls (≥ 1; the thread pool, kvm_cpu_pool.h), ignored by
-     * other backends. Errors: KVM_EINVAL (n < 1, k < 1, d out of range or not shared),
-     * KVM_ENOMEM. */
-    int (*batch_new)(const kvm_sculpt_view *views, const int64_t *k, int n, int threads, kvm_sculpt_batch **out);
+     * other backends. be: the table itself (its device). Errors: KVM_EINVAL (n < 1, k < 1, d out
+     * of range or not shared), KVM_ENOMEM, KVM_EDEVICE (a CUDA call failed: named). */
+    int (*batch_new)(const struct kvm_sculpt_backend *be, const kvm_sculpt_view *views, const int64_t *k, int n, int threads, kvm_sculpt_batch **out);
     void (*batch_free)(kvm_sculpt_batch *b); /* accepts NULL */
     /* Host → backend: the entries of problems idx from host kc, vc [Σk][d], beta [Σk] (each may
      * be NULL: that array is left as it is; beta starts at 0, kc and vc undefined). */
@@ -116,5 +117,11 @@ typedef struct kvm_sculpt_backend {
 /* The CPU backend: problems of a call run as tasks of the CPU thread pool (one problem per task,
  * claimed in idx order), each single-threaded through the kernels above. */
 const kvm_sculpt_backend *kvm_sculpt_backend_cpu(void);
+
+/* The CUDA backend on device `device` (kernels/cuda/kvm_cuda_sculpt.cu): problems problem-major
+ * in device memory, cuBLAS GEMMs per problem (ragged k) with row kernels that run the bodies of
+ * kernels/kvm_sculpt_body.h; sums reduced in a fixed order. NULL with KVM_EDEVICE (no such
+ * device) or KVM_ENOTSUP (a build without CUDA), the message saying which. */
+const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device);
 
 #endif

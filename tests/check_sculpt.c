@@ -959,7 +959,7 @@ START_TEST(test_batch_backend_cpu)
     }
     int64_t k[2] = {12, 5};
     kvm_sculpt_batch *b;
-    ck_assert_int_eq(be->batch_new(v, k, 2, 2, &b), 0);
+    ck_assert_int_eq(be->batch_new(be, v, k, 2, 2, &b), 0);
     float kc[17 * 8], vc[17 * 8], beta[17], gk[17 * 8], gb[17];
     for (int i = 0; i < 17 * 8; i++) {
         kc[i] = frand();
@@ -991,11 +991,11 @@ START_TEST(test_batch_backend_cpu)
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "index 2"));
     be->batch_free(b);
     int64_t k0[2] = {3, 0};
-    ck_assert_int_eq(be->batch_new(v, k0, 2, 1, &b), KVM_EINVAL);
+    ck_assert_int_eq(be->batch_new(be, v, k0, 2, 1, &b), KVM_EINVAL);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "problem 1 has k = 0"));
     ck_assert_ptr_null(b);
     int64_t k3[3] = {3, 3, 3};
-    ck_assert_int_eq(be->batch_new(v, k3, 3, 1, &b), KVM_EINVAL); /* head dims 8 and 16 */
+    ck_assert_int_eq(be->batch_new(be, v, k3, 3, 1, &b), KVM_EINVAL); /* head dims 8 and 16 */
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "head dim 16"));
     for (int i = 0; i < 3; i++) toy_free(&t[i]);
 }

@@ -352,7 +352,7 @@ int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm
     memset(bst, 0, (size_t)nb * sizeof *bst);
     D.st = bst;
     if ((rc = drv_new(&D, bps, kb, nb))) goto done;
-    if ((rc = be->batch_new(views, kb, nb, o->threads, &D.b))) goto done;
+    if ((rc = be->batch_new(be, views, kb, nb, o->threads, &D.b))) goto done;
     if ((rc = solve(&D, rounds, iters, map, lbfgs_s, ridge_s))) goto done;
     for (int i = 0; i < nb; i++) { /* the best points, at the caller's offsets */
         const int j = map[i];

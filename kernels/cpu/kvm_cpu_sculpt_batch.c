@@ -64,8 +64,9 @@ static void cpu_batch_free(kvm_sculpt_batch *b)
     free(b);
 }
 
-static int cpu_batch_new(const kvm_sculpt_view *views, const int64_t *k, int n, int threads, kvm_sculpt_batch **out)
+static int cpu_batch_new(const kvm_sculpt_backend *be, const kvm_sculpt_view *views, const int64_t *k, int n, int threads, kvm_sculpt_batch **out)
 {
+    (void)be;
     *out = NULL;
     if (n < 1 || threads < 1) return kvm_err(KVM_EINVAL, "sculpt batch: %d problems, %d threads", n, threads);
     const int d = views[0].d;
@@ -215,6 +216,7 @@ static int cpu_normal(kvm_sculpt_batch *b, const int *idx, int n_idx, int use_be
 
 static const kvm_sculpt_backend cpu_backend = {
     .name = "cpu",
+    .device = -1,
     .batch_new = cpu_batch_new,
     .batch_free = cpu_batch_free,
     .upload = cpu_upload,
@@ -224,3 +226,11 @@ static const kvm_sculpt_backend cpu_backend = {
 };
 
 const kvm_sculpt_backend *kvm_sculpt_backend_cpu(void) { return &cpu_backend; }
+
+#ifndef KVM_WITH_CUDA
+const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device)
+{
+    kvm_err(KVM_ENOTSUP, "cuda:%d: this build has no CUDA (built with CUDA=0 or without nvcc)", device);
+    return NULL;
+}
+#endif
