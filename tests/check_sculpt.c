@@ -1035,6 +1035,22 @@ START_TEST(test_cli)
     ck_assert_msg(strstr(err, "--ratio 0"), "stderr: %s", err);
     free(out);
     free(err);
+    /* --device cuda:N selects the CUDA solver: refused before any work where there is no such
+     * device (this test's machine may have one: then it runs) */
+    const int have_cuda = kvm_sculpt_backend_cuda(0) != NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --queries 32 --rounds 1 --iterations 3 "
+             "--device cuda:0 --out %s", kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), doc, path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), have_cuda ? 0 : 2);
+    if (!have_cuda) ck_assert_msg(strstr(err, "--device cuda:0: cuda:0"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model %s --doc %s --device cuda:one --out %s", kvm_test_bin(),
+             kvm_test_data_path("models/stories260K.bin"), doc, path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--device cuda:one: not cpu or cuda:N"), "stderr: %s", err);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }

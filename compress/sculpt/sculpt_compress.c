@@ -5,6 +5,7 @@
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_fpmode.h"
+#include "kernels/kvm_sculpt_kernels.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -210,7 +211,12 @@ static int solve_batched(pass *ps, int k2)
     beta = malloc((size_t)(tot > 0 ? tot : 1) * sizeof *beta);
     if (!kc || !vc || !beta) goto oom;
     double lb = 0, rg = 0;
-    if (n) rc = kvm_sculpt_solve_batch(pp, n, ps->o, kk, ps->rounds, ps->iters, NULL, kc, vc, beta, hs, &lb, &rg);
+    const kvm_sculpt_backend *be = ps->o->cuda ? kvm_sculpt_backend_cuda(ps->o->cuda_device) : NULL;
+    if (ps->o->cuda && !be) {
+        rc = kvm_err(KVM_EDEVICE, "sculpt solver: %s", kvm_errmsg());
+        goto done;
+    }
+    if (n) rc = kvm_sculpt_solve_batch(pp, n, ps->o, kk, ps->rounds, ps->iters, be, kc, vc, beta, hs, &lb, &rg);
     if (rc) { /* name the (layer, KV head) */
         char why[200];
         snprintf(why, sizeof why, "%s", kvm_errmsg());
@@ -261,6 +267,8 @@ static int run_pass(pass *ps, int threads)
     for (int i = 0; i < ps->n_jobs; i++) active += ps->jobs[i].active != 0;
     kvm_progress_add_total(ps->in->progress, active);
     if (ps->o->lbfgs_oracle) return run_workers(ps, threads);
+    if (ps->o->cuda && !kvm_sculpt_backend_cuda(ps->o->cuda_device)) /* before building anything */
+        return kvm_err(KVM_EDEVICE, "sculpt solver: %s", kvm_errmsg());
     ps->probs = calloc((size_t)ps->n_jobs, sizeof *ps->probs);
     if (!ps->probs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
     ps->build_only = 1;
@@ -294,7 +302,7 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
                        (long long)o->k_entries, (long long)(N - o->retain_tokens));
     if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
         o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 || o->threads < 1 || o->threads > 256 ||
-        !(o->alloc_power >= 0) || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
+        !(o->alloc_power >= 0) || o->cuda_device < 0 || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
         (int)o->mode < 0 || o->mode > 2 || c->head_dim > 512)
         return kvm_err(KVM_EINVAL, "sculpt: option out of range (synthetic %lld, lambda %g, alpha %g, vnorm cap %g, "
                                    "rounds %d, iters %d, history %d, threads %d, power %g)",
