@@ -124,4 +124,9 @@ const kvm_sculpt_backend *kvm_sculpt_backend_cpu(void);
  * device) or KVM_ENOTSUP (a build without CUDA), the message saying which. */
 const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device);
 
+/* The cuBLAS float32 GEMM ceiling of CUDA device `device` (benchmarks, bench/bench_solver.c):
+ * the median over reps of n×n×n cublasSgemm (pedantic float32 math, no TF32) in TFLOP/s into
+ * *tflops. Returns 0, KVM_EDEVICE (the failing call named), KVM_ENOTSUP (no CUDA build). */
+int kvm_cuda_sgemm_ceiling(int device, int n, int reps, double *tflops);
+
 #endif

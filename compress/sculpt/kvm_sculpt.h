@@ -63,6 +63,8 @@ typedef struct kvm_sculpt_opts {
                                  run on CUDA device cuda_device (kernels/kvm_sculpt_kernels.h);
                                  0: on the CPU (default; the liblbfgs oracle is always CPU) */
     int cuda_device;          /* CUDA device index when cuda = 1 (default 0) */
+    int lbfgs_no_stop;        /* 1: the batched solver's L-BFGS runs every iteration (no gradient or
+                                 decrease test; benchmarks with forced counts) (default 0) */
 } kvm_sculpt_opts;
 
 /* Where the time went (seconds summed over worker threads, so they may exceed wall time). */

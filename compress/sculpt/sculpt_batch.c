@@ -99,6 +99,10 @@ static int lbfgs_round(drv *D, int iters, const int *map)
     kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
     prm.history = D->o->lbfgs_history;
     prm.max_iters = iters;
+    if (D->o->lbfgs_no_stop) { /* forced iteration counts: only the line search can end a run early */
+        prm.past = 0;
+        prm.epsilon = 0;
+    }
     int rc = 0, n = 0;
     for (int i = 0; i < D->nb; i++) {
         D->ls[i] = NULL;

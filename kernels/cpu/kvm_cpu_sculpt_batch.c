@@ -233,4 +233,12 @@ const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device)
     kvm_err(KVM_ENOTSUP, "cuda:%d: this build has no CUDA (built with CUDA=0 or without nvcc)", device);
     return NULL;
 }
+
+int kvm_cuda_sgemm_ceiling(int device, int n, int reps, double *tflops)
+{
+    (void)n;
+    (void)reps;
+    *tflops = 0;
+    return kvm_err(KVM_ENOTSUP, "cuda:%d: this build has no CUDA (built with CUDA=0 or without nvcc)", device);
+}
 #endif

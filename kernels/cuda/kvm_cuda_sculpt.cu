@@ -511,3 +511,60 @@ extern "C" const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device)
     t->normal = cuda_normal;
     return t;
 }
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// Device memory, handle and events of the ceiling run, freed on every path.
+struct ceiling_run {
+    float *a = nullptr, *c = nullptr;
+    cublasHandle_t h = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    ~ceiling_run()
+    {
+        if (a) cudaFree(a);
+        if (c) cudaFree(c);
+        if (h) cublasDestroy(h);
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+    }
+};
+
+static int ceiling(int dev, int n, int reps, double *tflops)
+{
+    ceiling_run r;
+    double ms[64];
+    if (reps > 64) reps = 64;
+    CU(cudaSetDevice(dev));
+    CU(cudaMalloc(&r.a, (size_t)n * n * sizeof(float)));
+    CU(cudaMalloc(&r.c, (size_t)n * n * sizeof(float)));
+    CU(cudaMemset(r.a, 0, (size_t)n * n * sizeof(float)));
+    BL(cublasCreate(&r.h));
+    BL(cublasSetMathMode(r.h, CUBLAS_PEDANTIC_MATH));
+    CU(cudaEventCreate(&r.e0));
+    CU(cudaEventCreate(&r.e1));
+    const float one = 1, zero = 0;
+    BL(cublasSgemm(r.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, r.a, n, r.a, n, &zero, r.c, n)); // warm-up
+    for (int i = 0; i < reps; i++) {
+        CU(cudaEventRecord(r.e0));
+        BL(cublasSgemm(r.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, r.a, n, r.a, n, &zero, r.c, n));
+        CU(cudaEventRecord(r.e1));
+        CU(cudaEventSynchronize(r.e1));
+        float t;
+        CU(cudaEventElapsedTime(&t, r.e0, r.e1));
+        ms[i] = t;
+    }
+    qsort(ms, (size_t)reps, sizeof ms[0], cmp_double);
+    *tflops = 2.0 * n * (double)n * n / (ms[reps / 2] * 1e-3) / 1e12;
+    return 0;
+}
+
+extern "C" int kvm_cuda_sgemm_ceiling(int device, int n, int reps, double *tflops)
+{
+    *tflops = 0;
+    if (n < 1 || reps < 1) return kvm_err(KVM_EINVAL, "sgemm ceiling: n = %d, reps = %d", n, reps);
+    return ceiling(device, n, reps, tflops);
+}
