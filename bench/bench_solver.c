@@ -10,7 +10,19 @@
  *   loss     per problem shape: loss+gradient at the Select+Fit start, reference vs blocked,
  *            seconds per evaluation and GFLOP/s (8·nq·k·d FLOPs), median over --reps rounds
  *   solve    kvm_sculpt_solve_head over every problem: kvmill's L-BFGS vs liblbfgs, with and
- *            without flush-to-zero (alternating problem by problem), CPU s, objective ratio. */
+ *            without flush-to-zero (alternating problem by problem), CPU s, objective ratio.
+ *
+ * With --device cpu|cuda:N instead of --model/--doc: synthetic problems of a model's shapes as
+ * one batch on that backend (kernels/kvm_sculpt_kernels.h), defaults Qwen2.5-1.5B's:
+ *
+ *   bench_solver --device cuda:0 [--layers 28 --kv-heads 2 --group 6 --head-dim 128 --N 2048
+ *                --retain 64 --S 2048 --ratio 0.3 --rounds 4 --iters 30 --reps 5 --threads 1]
+ *
+ *   batch,DEV,sgemm_ceiling,n,4096,tflops,X            (cuda: cublasSgemm, pedantic float32)
+ *   batch,DEV,queries,problems,P,nq,Q,k,K,s,X           (synthetic problems and references, CPU)
+ *   batch,DEV,lossgrad,problems,P,s,X,tflops,X          (one batched call over all, median)
+ *   batch,DEV,solve,rounds,R,iters,I,wall_s,X,lbfgs_s,X,ridge_s,X,evaluations,E,lossgrad_tflops,X
+ * The solve forces every iteration (lbfgs_no_stop). FLOPs of a loss+gradient: 8·nq·k·d. */
 #include "compress/eval/kvm_eval.h"
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
@@ -238,8 +250,155 @@ static int32_t *read_doc(kvm_tokenizer *tok, const char *path, int64_t *n)
     return ids;
 }
 
+/* Synthetic problem i of a model's shape: random zone/retain keys and values, queries of the
+ * retain zone for every head of the group (causal prefixes) then S synthetic ones. */
+static int synth_problem(kvm_sculpt_problem *p, float **kv, int d, int64_t N, int64_t m, int64_t group, int64_t S,
+                         uint64_t seed)
+{
+    memset(p, 0, sizeof *p);
+    uint64_t r = seed * 0x9e3779b97f4a7c15ull + 1;
+#define RND() ((r = r * 6364136223846793005ull + 1442695040888963407ull), (float)((r >> 40) / (double)(1ull << 24)) * 2 - 1)
+    *kv = malloc((size_t)(2 * N * d) * sizeof **kv);
+    const int64_t nq = group * m + S;
+    p->q = malloc((size_t)(nq * d) * sizeof *p->q);
+    p->n_vis = malloc((size_t)nq * sizeof *p->n_vis);
+    if (!*kv || !p->q || !p->n_vis) return KVM_ENOMEM;
+    for (int64_t i = 0; i < 2 * N * d; i++) (*kv)[i] = 1.5f * RND();
+    for (int64_t i = 0; i < nq * d; i++) p->q[i] = 2.0f * RND();
+#undef RND
+    for (int64_t i = 0; i < nq; i++) p->n_vis[i] = i < group * m ? i % m + 1 : m;
+    p->d = d;
+    p->scale = 1.0f / sqrtf((float)d);
+    p->nc = N - m;
+    p->m = m;
+    p->kz = *kv;
+    p->vz = *kv + N * d;
+    p->kr = p->kz + (N - m) * d;
+    p->vr = p->vz + (N - m) * d;
+    p->nq = nq;
+    p->nq_real = group * m;
+    return kvm_sculpt_problem_prepare(p);
+}
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int bench_batch(int argc, char **argv, const char *dev)
+{
+    const int L = atoi(arg(argc, argv, "--layers", "28")), H = atoi(arg(argc, argv, "--kv-heads", "2"));
+    const int d = atoi(arg(argc, argv, "--head-dim", "128")), reps = atoi(arg(argc, argv, "--reps", "5"));
+    const int64_t N = atoll(arg(argc, argv, "--N", "2048")), m = atoll(arg(argc, argv, "--retain", "64"));
+    const int64_t group = atoll(arg(argc, argv, "--group", "6")), S = atoll(arg(argc, argv, "--S", "2048"));
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    o.ratio = atof(arg(argc, argv, "--ratio", "0.3"));
+    o.rounds = atoi(arg(argc, argv, "--rounds", "4"));
+    o.lbfgs_iters = atoi(arg(argc, argv, "--iters", "30"));
+    o.threads = atoi(arg(argc, argv, "--threads", "1"));
+    o.lbfgs_no_stop = 1;
+    const int np = L * H;
+    if (np < 1 || d < 1 || d > 512 || m < 1 || N <= m || reps < 1 || reps > 64 || o.threads < 1) {
+        fprintf(stderr, "bench_solver: bad synthetic shape (see the comment at the top of bench/bench_solver.c)\n");
+        return 2;
+    }
+    const kvm_sculpt_backend *be = kvm_sculpt_backend_cpu();
+    if (strcmp(dev, "cpu")) {
+        int di = -1;
+        if (sscanf(dev, "cuda:%d", &di) != 1 || !(be = kvm_sculpt_backend_cuda(di))) {
+            fprintf(stderr, "bench_solver: --device %s: %s\n", dev, di < 0 ? "not cpu or cuda:N" : kvm_errmsg());
+            return 2;
+        }
+        double tf;
+        if (kvm_cuda_sgemm_ceiling(di, 4096, reps, &tf)) {
+            fprintf(stderr, "bench_solver: %s\n", kvm_errmsg());
+            return 1;
+        }
+        printf("batch,%s,sgemm_ceiling,n,4096,tflops,%.2f\n", dev, tf);
+    }
+    kvm_sculpt_problem *ps = calloc((size_t)np, sizeof *ps);
+    const kvm_sculpt_problem **pp = calloc((size_t)np, sizeof *pp);
+    float **kv = calloc((size_t)np, sizeof *kv);
+    int64_t *kk = malloc((size_t)np * sizeof *kk), k = llround(o.ratio * (double)(N - m));
+    kvm_sculpt_view *v = malloc((size_t)np * sizeof *v);
+    int *idx = malloc((size_t)np * sizeof *idx);
+    kvm_sculpt_eval *ev = malloc((size_t)np * sizeof *ev);
+    kvm_sculpt_head_stats *st = malloc((size_t)np * sizeof *st);
+    float *kc = malloc((size_t)(np * k * (2 * d + 1)) * sizeof *kc), *vc = kc + np * k * d, *beta = vc + np * k * d;
+    if (!ps || !pp || !kv || !kk || !v || !idx || !ev || !st || !kc || k < 1) return 1;
+    double t0 = wall_s();
+    for (int i = 0; i < np; i++) {
+        if (synth_problem(&ps[i], &kv[i], d, N, m, group, S, (uint64_t)i + 1)) {
+            fprintf(stderr, "bench_solver: synthetic problem %d: %s\n", i, kvm_errmsg());
+            return 1;
+        }
+        pp[i] = &ps[i];
+        kk[i] = k;
+        idx[i] = i;
+        v[i] = (kvm_sculpt_view){.d = d, .scale = ps[i].scale, .nq = ps[i].nq, .nc = ps[i].nc, .q = ps[i].q,
+                                 .o_full = ps[i].o_full, .o_ret = ps[i].o_ret, .lse_zone = ps[i].lse_zone,
+                                 .lse_ret = ps[i].lse_ret, .n_vis = ps[i].n_vis, .out_ms = ps[i].out_ms};
+        memcpy(kc + i * k * d, ps[i].kz, (size_t)(k * d) * sizeof *kc); /* the zone's first k entries */
+        memcpy(vc + i * k * d, ps[i].vz, (size_t)(k * d) * sizeof *vc);
+    }
+    const int64_t nq = ps[0].nq;
+    printf("batch,%s,queries,problems,%d,nq,%lld,k,%lld,s,%.2f\n", dev, np, (long long)nq, (long long)k, wall_s() - t0);
+    kvm_sculpt_batch *b;
+    double ts[64];
+    int rc = be->batch_new(be, v, kk, np, o.threads, &b);
+    if (!rc) rc = be->upload(b, idx, np, kc, vc, NULL);
+    for (int r = 0; !rc && r <= reps; r++) { /* the first call warms up */
+        double t1 = wall_s();
+        rc = be->lossgrad(b, idx, np, o.lambda, 0, 1, 0, ev);
+        if (r) ts[r - 1] = wall_s() - t1;
+    }
+    if (b) be->batch_free(b);
+    if (rc) {
+        fprintf(stderr, "bench_solver: %s\n", kvm_errmsg());
+        return 1;
+    }
+    qsort(ts, (size_t)reps, sizeof ts[0], cmp_d);
+    const double fl = 8.0 * (double)nq * (double)k * d; /* per problem and evaluation */
+    printf("batch,%s,lossgrad,problems,%d,s,%.4f,tflops,%.3f\n", dev, np, ts[reps / 2], fl * np / ts[reps / 2] / 1e12);
+    double lb, rg;
+    t0 = wall_s();
+    if (kvm_sculpt_solve_batch(pp, np, &o, kk, o.rounds, o.lbfgs_iters, be, kc, vc, beta, st, &lb, &rg)) {
+        fprintf(stderr, "bench_solver: %s\n", kvm_errmsg());
+        return 1;
+    }
+    double wall = wall_s() - t0;
+    long evals = 0;
+    for (int i = 0; i < np; i++) evals += st[i].lbfgs_calls;
+    printf("batch,%s,solve,rounds,%d,iters,%d,wall_s,%.2f,lbfgs_s,%.2f,ridge_s,%.2f,evaluations,%ld,"
+           "lossgrad_tflops,%.3f\n", dev, o.rounds, o.lbfgs_iters, wall, lb, rg, evals, fl * (double)evals / lb / 1e12);
+    for (int i = 0; i < np; i++) {
+        kvm_sculpt_problem_free(&ps[i]);
+        free(kv[i]);
+    }
+    free(ps);
+    free(pp);
+    free(kv);
+    free(kk);
+    free(v);
+    free(idx);
+    free(ev);
+    free(st);
+    free(kc);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    const char *dev = arg(argc, argv, "--device", NULL);
+    if (dev) {
+        openblas_set_num_threads(1);
+        kvm_fpmode fm = kvm_fpmode_flush_enter();
+        int rc = bench_batch(argc, argv, dev);
+        kvm_fpmode_restore(fm);
+        return rc;
+    }
     const char *model_path = arg(argc, argv, "--model", NULL), *doc_path = arg(argc, argv, "--doc", NULL);
     int64_t ctx = atoll(arg(argc, argv, "--ctx", "384")), cont = atoll(arg(argc, argv, "--cont", "16"));
     int reps = atoi(arg(argc, argv, "--reps", "5"));

@@ -64,4 +64,69 @@ typedef struct kvm_sculpt_refs_in {
 int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_ret, float *lse_zone, float *lse_ret,
                         double *mass, double *out_sq);
 
+/* CPU backend, the ridge normal equations of one problem (KVSculpt §3 value step): with P, pr
+ * from kvm_cpu_sculpt_probs and T_i = o_full,i − pr_i·o_ret,i, A = PᵀP [k][k] (float64, upper
+ * triangle written, row-major) and B = PᵀT [k][d] (float64), by OpenBLAS dsyrk/dgemm in float64
+ * (call with OpenBLAS at one thread for reproducible sums). Returns 0, KVM_EINVAL, KVM_ENOMEM. */
+int kvm_cpu_sculpt_normal(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, double *A,
+                          double *B);
+
+/* ---- The batched solver's backend interface (issue 12: all problems of a document as one batch) ----
+ *
+ * A batch holds n problems in one backend's memory, problem-major: problem i owns k_i ≥ 1
+ * distilled entries at entry offset off_i = Σ_{j<i} k_j of the packed arrays kc, vc [Σk][d],
+ * beta [Σk] and gradients gk [Σk][d], gb [Σk] (float32); ridge outputs are packed at matrix
+ * offsets Σ_{j<i} k_j² (A) and Σ_{j<i} k_j·d (B). Problems may differ in nq and k (ragged: the
+ * CPU backend runs one task per problem, so no padding across problems is needed); all share d.
+ * Host arrays passed to upload / download are in the same packed layout over the whole batch;
+ * a call on a subset idx[n_idx] (indices into the batch, any order, no repeats) reads or writes
+ * only those problems' slices. A problem's result depends on its own data only (no reduction
+ * across problems, fixed order inside one), so it is bit-identical whatever the subset, the
+ * batch or the thread count. Every function returns 0 or a kvm_status with a message (CUDA: the
+ * failing call and device), never aborts; on error the outputs of that call are undefined. */
+typedef struct kvm_sculpt_batch kvm_sculpt_batch;
+
+typedef struct kvm_sculpt_backend {
+    const char *name; /* "cpu", "cuda:N" */
+    int device;       /* the CUDA device (−1 for the CPU) */
+    /* Makes a batch of n ≥ 1 problems views[n] (all with the same d ≤ 512) with k[n] ≥ 1 entries
+     * each. The problems' arrays are uploaded into backend memory (the CPU backend's memory is
+     * the host's: it keeps the caller's arrays, which must outlive the batch). threads: CPU
+     * worker threads for this batch's calls (≥ 1; the thread pool, kvm_cpu_pool.h), ignored by
+     * other backends. be: the table itself (its device). Errors: KVM_EINVAL (n < 1, k < 1, d out
+     * of range or not shared), KVM_ENOMEM, KVM_EDEVICE (a CUDA call failed: named). */
+    int (*batch_new)(const struct kvm_sculpt_backend *be, const kvm_sculpt_view *views, const int64_t *k, int n, int threads, kvm_sculpt_batch **out);
+    void (*batch_free)(kvm_sculpt_batch *b); /* accepts NULL */
+    /* Host → backend: the entries of problems idx from host kc, vc [Σk][d], beta [Σk] (each may
+     * be NULL: that array is left as it is; beta starts at 0, kc and vc undefined). */
+    int (*upload)(kvm_sculpt_batch *b, const int *idx, int n_idx, const float *kc, const float *vc,
+                  const float *beta);
+    /* Loss (kvm_sculpt_eval into host evals[n_idx], in the order of idx) of problems idx at their
+     * current entries (kvm_cpu_sculpt_lossgrad per problem: β used when use_beta), with
+     * ∂L/∂kc when want_gk and ∂L/∂β when want_gb kept in backend memory. */
+    int (*lossgrad)(kvm_sculpt_batch *b, const int *idx, int n_idx, double lambda, int use_beta, int want_gk,
+                    int want_gb, kvm_sculpt_eval *evals);
+    /* Backend → host: the gradients of the last lossgrad of problems idx into gk [Σk][d] and gb
+     * [Σk] (either may be NULL). */
+    int (*download_grads)(kvm_sculpt_batch *b, const int *idx, int n_idx, float *gk, float *gb);
+    /* Ridge normal equations (kvm_cpu_sculpt_normal) of problems idx at their current keys (β
+     * when use_beta) into host A, B (float64, packed as above). */
+    int (*normal)(kvm_sculpt_batch *b, const int *idx, int n_idx, int use_beta, double *A, double *B);
+} kvm_sculpt_backend;
+
+/* The CPU backend: problems of a call run as tasks of the CPU thread pool (one problem per task,
+ * claimed in idx order), each single-threaded through the kernels above. */
+const kvm_sculpt_backend *kvm_sculpt_backend_cpu(void);
+
+/* The CUDA backend on device `device` (kernels/cuda/kvm_cuda_sculpt.cu): problems problem-major
+ * in device memory, cuBLAS GEMMs per problem (ragged k) with row kernels that run the bodies of
+ * kernels/kvm_sculpt_body.h; sums reduced in a fixed order. NULL with KVM_EDEVICE (no such
+ * device) or KVM_ENOTSUP (a build without CUDA), the message saying which. */
+const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device);
+
+/* The cuBLAS float32 GEMM ceiling of CUDA device `device` (benchmarks, bench/bench_solver.c):
+ * the median over reps of n×n×n cublasSgemm (pedantic float32 math, no TF32) in TFLOP/s into
+ * *tflops. Returns 0, KVM_EDEVICE (the failing call named), KVM_ENOTSUP (no CUDA build). */
+int kvm_cuda_sgemm_ceiling(int device, int n, int reps, double *tflops);
+
 #endif

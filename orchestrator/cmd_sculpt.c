@@ -8,6 +8,7 @@
 #include "orchestrator/kvm_cli_model.h"
 #include "model/kvm_capture.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_sculpt_kernels.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -69,6 +70,25 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, in
     return rc ? 1 : 0;
 }
 
+/* --device cuda:N: the solver on CUDA device N (checked now, before the prefill), o->cuda set. */
+static int solver_device(const char *dev, kvm_sculpt_opts *o)
+{
+    if (!dev || strncmp(dev, "cuda:", 5)) return 0; /* cpu, or a word kvm_kernels_select refuses */
+    char *end;
+    long n = strtol(dev + 5, &end, 10);
+    if (end == dev + 5 || *end || n < 0 || n > 255) {
+        fprintf(stderr, "kvmill sculpt: --device %s: not cpu or cuda:N (N a device index)\n", dev);
+        return KVM_EINVAL;
+    }
+    o->cuda = 1;
+    o->cuda_device = (int)n;
+    if (!kvm_sculpt_backend_cuda(o->cuda_device)) {
+        fprintf(stderr, "kvmill sculpt: --device %s: %s\n", dev, kvm_errmsg());
+        return KVM_EDEVICE;
+    }
+    return 0;
+}
+
 int kvm_cmd_sculpt(int argc, char **argv)
 {
     kvm_cli_opt opts[MAX_OPTS] = {
@@ -77,7 +97,7 @@ int kvm_cmd_sculpt(int argc, char **argv)
         {"doc", 1, "document text file (encoded with BOS)", NULL},
         {"context", 1, "context tokens N: the document's first N tokens (default: all, at most seq_len)", NULL},
         {"out", 1, "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h)", NULL},
-        {"device", 1, "cpu or cuda:N for the prefill (default cpu; the solver runs on CPU)", NULL},
+        {"device", 1, "cpu or cuda:N for the prefill and the solver (default cpu)", NULL},
     };
     int n_fixed = 6, n_set;
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
@@ -103,7 +123,14 @@ int kvm_cmd_sculpt(int argc, char **argv)
     int64_t ctx = 0;
     if ((s = kvm_cli_get(opts, "context")) && kvm_cli_int("sculpt", "context", s, 1, INT32_MAX, &ctx)) return 2;
     const kvm_kernels *kk;
-    if (kvm_cli_setup_device("sculpt", kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &kk)) return 2;
+    if (solver_device(kvm_cli_get(opts, "device"), &o)) return 2;
+    if (kvm_cli_setup_device("sculpt", o.cuda ? "cpu" : kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &kk))
+        return 2;
+    const kvm_kernels *dk;
+    if (o.cuda && kvm_kernels_select(kvm_cli_get(opts, "device"), &dk) == 0) kk = dk; /* the prefill there, too */
+    else if (o.cuda)
+        fprintf(stderr, "kvmill sculpt: the prefill runs on the CPU (%s); the solver on cuda:%d\n", kvm_errmsg(),
+                o.cuda_device);
     kvm_model *m;
     kvm_tokenizer *tok;
     if (kvm_cli_open_model("sculpt", model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) return 1;

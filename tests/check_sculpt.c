@@ -9,6 +9,7 @@
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_fpmode.h"
+#include "kernels/kvm_sculpt_kernels.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -846,6 +847,160 @@ START_TEST(test_lbfgs_vs_liblbfgs)
 }
 END_TEST
 
+
+/* The batched solver (issue 12, kvm_sculpt_solve_batch): every problem of a stories260K context
+ * in one batch, budgets differing per head, for each method (and β), gives each problem exactly
+ * (bit for bit) what kvm_sculpt_solve_head gives it alone; the same with 2 threads and in a
+ * batch of other composition (every other problem, reversed order). */
+enum { BN = 20, BKMAX = 40 };
+
+static int64_t batch_k(int i) { return 1 + (i * 13) % BKMAX; } /* 1 .. 40: ragged budgets */
+
+static void batch_solve(const kvm_sculpt_problem *const *ps, const int *which, int n, const kvm_sculpt_opts *o,
+                        float *kc, float *vc, float *beta, kvm_sculpt_head_stats *st)
+{
+    const kvm_sculpt_problem *pp[BN];
+    int64_t kk[BN];
+    for (int t = 0; t < n; t++) {
+        pp[t] = ps[which[t]];
+        kk[t] = batch_k(which[t]);
+    }
+    double lb, rg;
+    ck_assert_int_eq(kvm_sculpt_solve_batch(pp, n, o, kk, o->rounds, o->lbfgs_iters, NULL, kc, vc, beta, st, &lb, &rg),
+                     0);
+    ck_assert(lb >= 0 && rg >= 0);
+}
+
+START_TEST(test_batch_equals_per_problem)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    const kvm_model_config *c = &model->cfg;
+    const int np = c->n_layers * c->n_kv_heads, d = c->head_dim;
+    ck_assert_int_eq(np, BN);
+    kvm_sculpt_problem P[BN];
+    const kvm_sculpt_problem *ps[BN];
+    for (int i = 0; i < np; i++) {
+        ck_assert_int_eq(kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads,
+                                                  i % c->n_kv_heads, 16, 160, 32, 7, &P[i]), 0);
+        ps[i] = &P[i];
+    }
+    static float kc[BN * BKMAX * 8], vc[BN * BKMAX * 8], beta[BN * BKMAX];
+    static float kc2[BN * BKMAX * 8], vc2[BN * BKMAX * 8], beta2[BN * BKMAX];
+    kvm_sculpt_head_stats st[BN], st2[BN];
+    int all[BN], sub[BN], ns = 0;
+    for (int i = 0; i < np; i++) all[i] = i;
+    for (int i = np - 1; i >= 0; i -= 2) sub[ns++] = i; /* every other problem, reversed */
+    const struct { kvm_sculpt_mode mode; int bias; } V[4] = {
+        {KVM_SCULPT_FULL, 0}, {KVM_SCULPT_FULL, 1}, {KVM_SCULPT_JOINT_FIXED, 0}, {KVM_SCULPT_SELECTFIT, 0}};
+    for (int v = 0; v < 4; v++) {
+        kvm_sculpt_opts o = quick_opts();
+        o.mode = V[v].mode;
+        o.bias = V[v].bias;
+        o.knorm_cap = v == 1 ? 1.0 : 0; /* the key-norm guard between rounds, too */
+        batch_solve(ps, all, np, &o, kc, vc, beta, st);
+        int64_t off = 0;
+        for (int i = 0; i < np; i++) { /* vs the per-problem solver */
+            const int64_t k = batch_k(i);
+            float a[BKMAX * 8], b[BKMAX * 8], g[BKMAX];
+            kvm_sculpt_head_stats h;
+            ck_assert_int_eq(kvm_sculpt_solve_head(ps[i], &o, k, o.rounds, o.lbfgs_iters, a, b, g, &h), 0);
+            ck_assert(!memcmp(a, kc + off * d, (size_t)(k * d) * sizeof *a));
+            ck_assert(!memcmp(b, vc + off * d, (size_t)(k * d) * sizeof *b));
+            ck_assert(!memcmp(g, beta + off, (size_t)k * sizeof *g));
+            ck_assert(h.loss == st[i].loss && h.loss0 == st[i].loss0 && h.mse == st[i].mse);
+            ck_assert_int_eq(h.lbfgs_calls, st[i].lbfgs_calls);
+            if (v < 3) ck_assert_double_lt(st[i].loss, st[i].loss0 * (1 + 1e-12));
+            off += k;
+        }
+        o.threads = 2; /* another thread count and another batch */
+        batch_solve(ps, sub, ns, &o, kc2, vc2, beta2, st2);
+        int64_t o2 = 0;
+        for (int t = 0; t < ns; t++) {
+            const int i = sub[t];
+            const int64_t k = batch_k(i);
+            int64_t o1 = 0;
+            for (int j = 0; j < i; j++) o1 += batch_k(j);
+            ck_assert(!memcmp(kc2 + o2 * d, kc + o1 * d, (size_t)(k * d) * sizeof *kc));
+            ck_assert(!memcmp(vc2 + o2 * d, vc + o1 * d, (size_t)(k * d) * sizeof *vc));
+            ck_assert(!memcmp(beta2 + o2, beta + o1, (size_t)k * sizeof *beta));
+            ck_assert(st2[t].loss == st[i].loss);
+            o2 += k;
+        }
+    }
+    printf("batched solver: 20 problems (k 1..40) x 4 methods bit-identical to the per-problem solver, "
+           "with 1 and 2 threads, in two batch compositions\n");
+    /* bad budgets: named */
+    int64_t kk[2] = {4, P[1].nc + 1};
+    double lb, rg;
+    kvm_sculpt_opts o = quick_opts();
+    ck_assert_int_eq(kvm_sculpt_solve_batch(ps, 2, &o, kk, 1, 1, NULL, kc, vc, beta, st, &lb, &rg), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "problem 1"));
+    for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&P[i]);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+/* The CPU batch backend: loss and gradient of a subset in one call equal the single-problem
+ * kernel's; bad batches and indices are refused with a message. */
+START_TEST(test_batch_backend_cpu)
+{
+    toy t[3];
+    toy_new(&t[0], 40, 8, 70, 1.0f, 0);
+    toy_new(&t[1], 30, 0, 50, 2.0f, 0);
+    toy_new_d(&t[2], 16, 20, 4, 33, 1.0f, 0);
+    const kvm_sculpt_backend *be = kvm_sculpt_backend_cpu();
+    kvm_sculpt_view v[3];
+    for (int i = 0; i < 3; i++) {
+        const kvm_sculpt_problem *p = &t[i].p;
+        v[i] = (kvm_sculpt_view){.d = p->d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q,
+                                 .o_full = p->o_full, .o_ret = p->o_ret, .lse_zone = p->lse_zone,
+                                 .lse_ret = p->lse_ret, .n_vis = p->n_vis, .out_ms = p->out_ms};
+    }
+    int64_t k[2] = {12, 5};
+    kvm_sculpt_batch *b;
+    ck_assert_int_eq(be->batch_new(be, v, k, 2, 2, &b), 0);
+    float kc[17 * 8], vc[17 * 8], beta[17], gk[17 * 8], gb[17];
+    for (int i = 0; i < 17 * 8; i++) {
+        kc[i] = frand();
+        vc[i] = frand();
+    }
+    for (int i = 0; i < 17; i++) beta[i] = 0.3f * frand();
+    int idx[2] = {1, 0};
+    ck_assert_int_eq(be->upload(b, idx, 2, kc, vc, beta), 0);
+    kvm_sculpt_eval ev[2];
+    ck_assert_int_eq(be->lossgrad(b, idx, 2, 0.1, 1, 1, 1, ev), 0);
+    memset(gk, 0, sizeof gk);
+    ck_assert_int_eq(be->download_grads(b, idx + 1, 1, gk, gb), 0); /* problem 0 only */
+    float rk[12 * 8], rb[12];
+    kvm_sculpt_eval r;
+    ck_assert_int_eq(kvm_cpu_sculpt_lossgrad(&v[0], kc, vc, beta, 12, 0.1, rk, rb, &r), 0);
+    ck_assert(r.loss == ev[1].loss && r.mse_sum == ev[1].mse_sum);
+    ck_assert(!memcmp(rk, gk, sizeof rk) && !memcmp(rb, gb, sizeof rb));
+    for (int i = 12 * 8; i < 17 * 8; i++) ck_assert(gk[i] == 0.0f); /* problem 1's slice untouched */
+    ck_assert_int_eq(kvm_cpu_sculpt_lossgrad(&v[1], kc + 12 * 8, vc + 12 * 8, beta + 12, 5, 0.1, rk, rb, &r), 0);
+    ck_assert(r.loss == ev[0].loss);
+    double A[144 + 25], B[17 * 8], Ar[144], Br[12 * 8];
+    ck_assert_int_eq(be->normal(b, idx + 1, 1, 1, A, B), 0);
+    ck_assert_int_eq(kvm_cpu_sculpt_normal(&v[0], kc, beta, 12, Ar, Br), 0);
+    for (int a = 0; a < 12; a++)
+        for (int c = a; c < 12; c++) ck_assert(A[a * 12 + c] == Ar[a * 12 + c]);
+    ck_assert(!memcmp(B, Br, sizeof Br));
+    int bad = 2;
+    ck_assert_int_eq(be->lossgrad(b, &bad, 1, 0.1, 0, 0, 0, ev), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "index 2"));
+    be->batch_free(b);
+    int64_t k0[2] = {3, 0};
+    ck_assert_int_eq(be->batch_new(be, v, k0, 2, 1, &b), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "problem 1 has k = 0"));
+    ck_assert_ptr_null(b);
+    int64_t k3[3] = {3, 3, 3};
+    ck_assert_int_eq(be->batch_new(be, v, k3, 3, 1, &b), KVM_EINVAL); /* head dims 8 and 16 */
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "head dim 16"));
+    for (int i = 0; i < 3; i++) toy_free(&t[i]);
+}
+END_TEST
+
 START_TEST(test_cli)
 {
     char *dir = kvm_test_tmpdir(), cmd[2048], path[512];
@@ -878,6 +1033,22 @@ START_TEST(test_cli)
              kvm_test_data_path("models/stories260K.bin"), doc, path);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "--ratio 0"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* --device cuda:N selects the CUDA solver: refused before any work where there is no such
+     * device (this test's machine may have one: then it runs) */
+    const int have_cuda = kvm_sculpt_backend_cuda(0) != NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill sculpt --model %s --doc %s --context 64 --retain 8 --queries 32 --rounds 1 --iterations 3 "
+             "--device cuda:0 --out %s", kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), doc, path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), have_cuda ? 0 : 2);
+    if (!have_cuda) ck_assert_msg(strstr(err, "--device cuda:0: cuda:0"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --model %s --doc %s --device cuda:one --out %s", kvm_test_bin(),
+             kvm_test_data_path("models/stories260K.bin"), doc, path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--device cuda:one: not cpu or cuda:N"), "stderr: %s", err);
     free(out);
     free(err);
     kvm_test_rmtree(dir);
@@ -927,6 +1098,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_degenerate_toy);
     tcase_add_test(tc, test_allocate);
     tcase_add_test(tc, test_opts_table);
+    tcase_add_test(tc, test_batch_backend_cpu);
     suite_add_tcase(s, tc);
     TCase *tm = tcase_create("model");
     tcase_add_checked_fixture(tm, model_setup, model_teardown);
@@ -941,6 +1113,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_blocked_loss_real);
     tcase_add_test(tm, test_fpmode_restored);
     tcase_add_test(tm, test_lbfgs_vs_liblbfgs);
+    tcase_add_test(tm, test_batch_equals_per_problem);
     tcase_add_test(tm, test_cli);
     suite_add_tcase(s, tm);
     return s;

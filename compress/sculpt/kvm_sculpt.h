@@ -59,6 +59,12 @@ typedef struct kvm_sculpt_opts {
     int lbfgs_oracle;         /* 1: keys fitted by liblbfgs (More–Thuente), the solver before issue
                                  12, kept as the test oracle; 0: kvmill's own reverse-communication
                                  L-BFGS (compress/sculpt/kvm_sculpt_lbfgs.h) (default 0) */
+    int cuda;                 /* 1: the batched solver's loss, gradients and ridge normal equations
+                                 run on CUDA device cuda_device (kernels/kvm_sculpt_kernels.h);
+                                 0: on the CPU (default; the liblbfgs oracle is always CPU) */
+    int cuda_device;          /* CUDA device index when cuda = 1 (default 0) */
+    int lbfgs_no_stop;        /* 1: the batched solver's L-BFGS runs every iteration (no gradient or
+                                 decrease test; benchmarks with forced counts) (default 0) */
 } kvm_sculpt_opts;
 
 /* Where the time went (seconds summed over worker threads, so they may exceed wall time). */

@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+struct kvm_sculpt_backend;
+
 /* A problem: zone/retain tensors are borrowed (valid while the source capture lives), the
  * query and reference arrays are owned (kvm_sculpt_problem_free). */
 typedef struct kvm_sculpt_problem {
@@ -81,6 +83,13 @@ double kvm_sculpt_loss_ref(const kvm_sculpt_problem *p, const float *kc, const f
 int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double alpha_rel,
                      double vnorm_cap, float *vc);
 
+/* The solve half of kvm_sculpt_ridge, given the normal equations A = PᵀP [k][k] (upper triangle
+ * read) and B = PᵀT [k][d] (float64, row-major, from kvm_cpu_sculpt_normal or a batch backend's
+ * normal; both overwritten): adds α = alpha_rel·trace(A)/k, solves by Cholesky, applies the
+ * value-norm guard and writes vc (V0 on entry). Returns 0 or KVM_ERANGE (vc unchanged). */
+int kvm_sculpt_ridge_solve(const kvm_sculpt_problem *p, double *A, double *B, int64_t k, double alpha_rel,
+                           double vnorm_cap, float *vc);
+
 /* Select+Fit's selection: the k zone indices with the highest p->mass (ties: lower index),
  * sorted increasing, into idx[k]. Returns 0, KVM_EINVAL (k not in [0, nc]), KVM_ENOMEM. */
 int kvm_sculpt_select(const kvm_sculpt_problem *p, int64_t k, int64_t *idx);
@@ -101,6 +110,22 @@ typedef struct kvm_sculpt_head_stats {
  * the best point seen is kept. Returns 0, KVM_EINVAL (k > nc), KVM_ENOMEM, KVM_ERANGE. */
 int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, int rounds, int iters,
                           float *kc, float *vc, float *beta, kvm_sculpt_head_stats *st);
+
+/* Solves n problems ps[n] (each with budget k[i] ≤ ps[i]->nc) as one batch on backend be
+ * (kernels/kvm_sculpt_kernels.h; NULL = CPU) with o->threads threads: the algorithm of
+ * kvm_sculpt_solve_head with kvmill's own L-BFGS, every step of every problem in lockstep: one
+ * batched loss+gradient call per L-BFGS step over the problems still running (a problem leaves
+ * when its L-BFGS stops, and its rounds when its ridge fit fails), one batched normal-equations
+ * call per ridge step (solved on the host, float64 Cholesky). Problems with k = 0 are solved
+ * alone. Outputs packed problem-major: kc, vc [Σk][d], beta [Σk] at entry offset Σ_{j<i} k_j;
+ * st[n] per problem (lbfgs_s and ridge_s are 0 there: the batched phases' wall seconds go to
+ * *lbfgs_s and *ridge_s). o->lbfgs_oracle is ignored (the oracle is per problem:
+ * kvm_sculpt_solve_head). Each problem's result is bit-identical to kvm_sculpt_solve_head's
+ * with the same inputs, whatever the batch or the thread count. Returns 0, KVM_EINVAL (k out of
+ * range, head dims differ), KVM_ENOMEM, KVM_ERANGE (the message names the problem). */
+int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm_sculpt_opts *o, const int64_t *k,
+                           int rounds, int iters, const struct kvm_sculpt_backend *be, float *kc, float *vc,
+                           float *beta, kvm_sculpt_head_stats *st, double *lbfgs_s, double *ridge_s);
 
 /* Budget allocation (paper §4 and ours). mse[n] per problem at budget kpilot (and mse_half at
  * ⌈kpilot/2⌉, GAIN only), caps[n] = zone sizes, total = entries to hand out over the n problems

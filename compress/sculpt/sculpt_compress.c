@@ -5,6 +5,7 @@
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_fpmode.h"
+#include "kernels/kvm_sculpt_kernels.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -70,6 +71,9 @@ typedef struct pass {
     int64_t n_synth, future;
     job *jobs;
     int n_jobs, next;
+    double lbfgs_s, ridge_s;   /* wall seconds of the batched solves' phases */
+    int build_only;            /* 1: workers only build the problems into probs (batched solve) */
+    kvm_sculpt_problem *probs; /* [n_jobs] when build_only */
     pthread_mutex_t lock;
 } pass;
 
@@ -121,6 +125,25 @@ done:
     return 0;
 }
 
+/* Builds the problem of job i into ps->probs[i] (the batched solve's first step). */
+static int build_job(pass *ps, int i)
+{
+    const kvm_model_config *c = &ps->in->model->cfg;
+    job *jb = &ps->jobs[i];
+    int layer = i / c->n_kv_heads, kvh = i % c->n_kv_heads;
+    double t0 = now_s();
+    int rc = kvm_sculpt_problem_build(c, ps->in->cap, layer, kvh, jb->m, ps->n_synth, ps->future, ps->o->seed,
+                                      &ps->probs[i]);
+    jb->query_s += now_s() - t0;
+    if (rc) {
+        char why[200];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        return kvm_err(rc, "layer %d, KV head %d: %s", layer, kvh, why);
+    }
+    ps->probs[i].lse_mass_weight = ps->o->lse_mass_weight;
+    return 0;
+}
+
 static void *worker(void *arg)
 {
     pass *ps = arg;
@@ -132,6 +155,11 @@ static void *worker(void *arg)
         if (i >= ps->n_jobs) break;
         job *jb = &ps->jobs[i];
         if (!jb->active) continue;
+        if (ps->build_only) {
+            jb->rc = build_job(ps, i);
+            if (jb->rc) snprintf(jb->msg, sizeof jb->msg, "%s", kvm_errmsg());
+            continue;
+        }
         jb->rc = run_job(ps, i);
         if (jb->rc) snprintf(jb->msg, sizeof jb->msg, "%s", kvm_errmsg());
         kvm_progress_step(ps->in->progress);
@@ -140,14 +168,10 @@ static void *worker(void *arg)
     return NULL;
 }
 
-/* Runs every job of ps on o->threads threads (the caller's thread included). Returns the first
- * failing job's status with its message. */
-static int run_pass(pass *ps, int threads)
+/* Runs the workers over every job of ps on `threads` threads (the caller's included). */
+static int run_workers(pass *ps, int threads)
 {
     ps->next = 0;
-    int64_t active = 0;
-    for (int i = 0; i < ps->n_jobs; i++) active += ps->jobs[i].active != 0;
-    kvm_progress_add_total(ps->in->progress, active);
     if (pthread_mutex_init(&ps->lock, NULL)) return kvm_err(KVM_ENOMEM, "sculpt: mutex");
     pthread_t tid[256];
     int started = 0;
@@ -159,6 +183,103 @@ static int run_pass(pass *ps, int threads)
     for (int i = 0; i < ps->n_jobs; i++)
         if (ps->jobs[i].rc) return kvm_err(ps->jobs[i].rc, "%s", ps->jobs[i].msg);
     return 0;
+}
+
+/* Solves the built problems of the active jobs with budget k (k2 = 1: their k2, for those that
+ * have one) as one batch; stores MSEs (and points when ps->keep). */
+static int solve_batched(pass *ps, int k2)
+{
+    const int d = ps->in->model->cfg.head_dim;
+    int n = 0, rc = 0;
+    int64_t tot = 0;
+    const kvm_sculpt_problem **pp = malloc((size_t)ps->n_jobs * sizeof *pp);
+    int64_t *kk = malloc((size_t)ps->n_jobs * sizeof *kk);
+    int *ji = malloc((size_t)ps->n_jobs * sizeof *ji);
+    kvm_sculpt_head_stats *hs = malloc((size_t)ps->n_jobs * sizeof *hs);
+    float *kc = NULL, *vc = NULL, *beta = NULL;
+    if (!pp || !kk || !ji || !hs) goto oom;
+    for (int i = 0; i < ps->n_jobs; i++) {
+        const job *jb = &ps->jobs[i];
+        if (!jb->active || (k2 && jb->k2 <= 0)) continue;
+        pp[n] = &ps->probs[i];
+        kk[n] = k2 ? jb->k2 : jb->k;
+        tot += kk[n];
+        ji[n++] = i;
+    }
+    kc = malloc((size_t)((tot > 0 ? tot : 1) * d) * sizeof *kc);
+    vc = malloc((size_t)((tot > 0 ? tot : 1) * d) * sizeof *vc);
+    beta = malloc((size_t)(tot > 0 ? tot : 1) * sizeof *beta);
+    if (!kc || !vc || !beta) goto oom;
+    double lb = 0, rg = 0;
+    const kvm_sculpt_backend *be = ps->o->cuda ? kvm_sculpt_backend_cuda(ps->o->cuda_device) : NULL;
+    if (ps->o->cuda && !be) {
+        rc = kvm_err(KVM_EDEVICE, "sculpt solver: %s", kvm_errmsg());
+        goto done;
+    }
+    if (n) rc = kvm_sculpt_solve_batch(pp, n, ps->o, kk, ps->rounds, ps->iters, be, kc, vc, beta, hs, &lb, &rg);
+    if (rc) { /* name the (layer, KV head) */
+        char why[200];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        rc = kvm_err(rc, "sculpt: %s (batch problems: the distilled (layer, KV head) pairs in layer-major order, %d KV "
+                         "heads per layer)", why, ps->in->model->cfg.n_kv_heads);
+        goto done;
+    }
+    ps->lbfgs_s += lb;
+    ps->ridge_s += rg;
+    int64_t off = 0;
+    for (int t = 0; t < n && !rc; t++) {
+        job *jb = &ps->jobs[ji[t]];
+        if (k2) jb->mse2 = hs[t].mse;
+        else jb->mse = hs[t].mse;
+        if (!k2 && ps->keep) {
+            jb->kc = malloc((size_t)((kk[t] > 0 ? kk[t] : 1) * d) * sizeof *jb->kc);
+            jb->vc = malloc((size_t)((kk[t] > 0 ? kk[t] : 1) * d) * sizeof *jb->vc);
+            jb->beta = malloc((size_t)(kk[t] > 0 ? kk[t] : 1) * sizeof *jb->beta);
+            if (!jb->kc || !jb->vc || !jb->beta) goto oom;
+            memcpy(jb->kc, kc + off * d, (size_t)(kk[t] * d) * sizeof *kc);
+            memcpy(jb->vc, vc + off * d, (size_t)(kk[t] * d) * sizeof *vc);
+            memcpy(jb->beta, beta + off, (size_t)kk[t] * sizeof *beta);
+        }
+        if (!k2) kvm_progress_step(ps->in->progress);
+        off += kk[t];
+    }
+    goto done;
+oom:
+    rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+done:
+    free(pp);
+    free(kk);
+    free(ji);
+    free(hs);
+    free(kc);
+    free(vc);
+    free(beta);
+    return rc;
+}
+
+/* Runs every job of ps on `threads` threads: per job with liblbfgs (o->lbfgs_oracle), else all
+ * problems built in parallel, then solved as one batch (kvm_sculpt_solve_batch; with the gain
+ * pilot's half budgets as a batch first). Returns the first failing job's status with its
+ * message. */
+static int run_pass(pass *ps, int threads)
+{
+    int64_t active = 0;
+    for (int i = 0; i < ps->n_jobs; i++) active += ps->jobs[i].active != 0;
+    kvm_progress_add_total(ps->in->progress, active);
+    if (ps->o->lbfgs_oracle) return run_workers(ps, threads);
+    if (ps->o->cuda && !kvm_sculpt_backend_cuda(ps->o->cuda_device)) /* before building anything */
+        return kvm_err(KVM_EDEVICE, "sculpt solver: %s", kvm_errmsg());
+    ps->probs = calloc((size_t)ps->n_jobs, sizeof *ps->probs);
+    if (!ps->probs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+    ps->build_only = 1;
+    int rc = run_workers(ps, threads);
+    ps->build_only = 0;
+    if (!rc) rc = solve_batched(ps, 1);
+    if (!rc) rc = solve_batched(ps, 0);
+    for (int i = 0; i < ps->n_jobs; i++) kvm_sculpt_problem_free(&ps->probs[i]);
+    free(ps->probs);
+    ps->probs = NULL;
+    return rc;
 }
 
 /* The options' checks; the budget (ratio, k_entries) only when check_budget. */
@@ -181,7 +302,7 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
                        (long long)o->k_entries, (long long)(N - o->retain_tokens));
     if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
         o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 || o->threads < 1 || o->threads > 256 ||
-        !(o->alloc_power >= 0) || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
+        !(o->alloc_power >= 0) || o->cuda_device < 0 || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
         (int)o->mode < 0 || o->mode > 2 || c->head_dim > 512)
         return kvm_err(KVM_EINVAL, "sculpt: option out of range (synthetic %lld, lambda %g, alpha %g, vnorm cap %g, "
                                    "rounds %d, iters %d, history %d, threads %d, power %g)",
@@ -314,6 +435,8 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
             st->ridge_s += jobs[i].ridge_s;
         }
     }
+    st->lbfgs_s += ps.lbfgs_s;
+    st->ridge_s += ps.ridge_s;
     openblas_set_num_threads(blas_threads);
     if (!rc) rc = assemble(in, jobs, dst);
     return rc;

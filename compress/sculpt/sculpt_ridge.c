@@ -6,49 +6,38 @@
 #include "common/kvm_error.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
-#include <cblas.h>
 #include <lapacke.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Fills P[nq][k] (probability of distilled entry j for query i, softmax over distilled +
- * visible retain) and T[nq][d] = O_full − p_ret·O_ret: the probabilities by the backend's
- * blocked float32 kernel (scores are well scaled: float32 loses nothing the ridge needs), the
- * normal equations then in float64. Pf [nq][k] and pr [nq] are scratch. Returns 0 or an error. */
-static int design_matrix(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double *P,
-                         double *T, float *Pf, double *pr)
-{
-    const int d = p->d;
-    kvm_sculpt_view v = {.d = d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
-                         .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
-                         .out_ms = p->out_ms};
-    int rc = kvm_cpu_sculpt_probs(&v, kc, beta, k, Pf, pr);
-    if (rc) return rc;
-    for (int64_t i = 0; i < p->nq * k; i++) P[i] = Pf[i];
-    for (int64_t i = 0; i < p->nq; i++)
-        for (int t = 0; t < d; t++) T[i * d + t] = (double)p->o_full[i * d + t] - pr[i] * p->o_ret[i * d + t];
-    return 0;
-}
 
 int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double alpha_rel,
                      double vnorm_cap, float *vc)
 {
     if (k <= 0) return 0;
     const int d = p->d;
-    const int64_t nq = p->nq;
-    double *P = malloc((size_t)(nq * k) * sizeof *P), *T = malloc((size_t)(nq * d) * sizeof *T);
     double *A = malloc((size_t)(k * k) * sizeof *A), *B = malloc((size_t)(k * d) * sizeof *B);
-    double *sc = malloc((size_t)nq * sizeof *sc);
-    float *Pf = malloc((size_t)(nq * k) * sizeof *Pf);
     int rc = 0;
-    if (!P || !T || !A || !B || !sc || !Pf) {
-        rc = kvm_err(KVM_ENOMEM, "sculpt ridge: out of memory (k = %lld, %lld queries)", (long long)k, (long long)nq);
+    if (!A || !B) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt ridge: out of memory (k = %lld)", (long long)k);
         goto done;
     }
-    if ((rc = design_matrix(p, kc, beta, k, P, T, Pf, sc))) goto done;
-    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, P, (int)k, 0.0, A, (int)k);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, P, (int)k, T, d, 0.0, B, d);
+    kvm_sculpt_view v = {.d = d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
+                         .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
+                         .out_ms = p->out_ms};
+    if ((rc = kvm_cpu_sculpt_normal(&v, kc, beta, k, A, B))) goto done;
+    rc = kvm_sculpt_ridge_solve(p, A, B, k, alpha_rel, vnorm_cap, vc);
+done:
+    free(A);
+    free(B);
+    return rc;
+}
+
+int kvm_sculpt_ridge_solve(const kvm_sculpt_problem *p, double *A, double *B, int64_t k, double alpha_rel,
+                           double vnorm_cap, float *vc)
+{
+    const int d = p->d;
+    int rc = 0;
     double tr = 0;
     for (int64_t j = 0; j < k; j++) tr += A[j * k + j];
     double alpha = alpha_rel * tr / (double)k;
@@ -58,16 +47,11 @@ int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *
         for (int t = 0; t < d; t++) B[j * d + t] += alpha * vc[j * d + t];
     }
     lapack_int info = LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, A, (lapack_int)k, B, d);
-    if (info != 0) {
-        rc = kvm_err(KVM_ERANGE, "sculpt ridge: normal matrix not positive definite (dposv info %d, k = %lld)",
-                     (int)info, (long long)k);
-        goto done;
-    }
+    if (info != 0)
+        return kvm_err(KVM_ERANGE, "sculpt ridge: normal matrix not positive definite (dposv info %d, k = %lld)",
+                       (int)info, (long long)k);
     for (int64_t i = 0; i < k * d; i++)
-        if (!isfinite(B[i])) {
-            rc = kvm_err(KVM_ERANGE, "sculpt ridge: non-finite value (entry %lld)", (long long)(i / d));
-            goto done;
-        }
+        if (!isfinite(B[i])) return kvm_err(KVM_ERANGE, "sculpt ridge: non-finite value (entry %lld)", (long long)(i / d));
     double cap = vnorm_cap > 0 ? vnorm_cap * p->vnorm_max : INFINITY;
     for (int64_t j = 0; j < k; j++) {
         double n2 = 0;
@@ -75,12 +59,5 @@ int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *
         double f = sqrt(n2) > cap ? cap / sqrt(n2) : 1.0;
         for (int t = 0; t < d; t++) vc[j * d + t] = (float)(B[j * d + t] * f);
     }
-done:
-    free(P);
-    free(T);
-    free(A);
-    free(B);
-    free(sc);
-    free(Pf);
     return rc;
 }

@@ -16,6 +16,7 @@ static struct {
     pthread_mutex_t job_mu;  /* one job at a time */
     pthread_once_t once;
     int n_threads;           /* threads used per job, caller included */
+    int job_threads;         /* threads of the current job (≤ n_threads) */
     int n_started;           /* worker threads created */
     uint64_t generation;     /* bumped per job */
     int active;              /* workers still in the current job */
@@ -24,7 +25,7 @@ static struct {
     int64_t n_tasks;
     atomic_llong next;       /* next task to claim */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-          PTHREAD_ONCE_INIT, 0, 0, 0, 0, NULL, NULL, 0, 0};
+          PTHREAD_ONCE_INIT, 0, 0, 0, 0, 0, NULL, NULL, 0, 0};
 
 static _Thread_local int in_task;
 
@@ -68,7 +69,7 @@ static void *worker_main(void *arg)
     for (;;) {
         while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.mu);
         seen = pool.generation;
-        if (id >= pool.n_threads) continue; /* not needed for this job */
+        if (id >= pool.job_threads) continue; /* not needed for this job */
         pthread_mutex_unlock(&pool.mu);
         run_tasks(id);
         pthread_mutex_lock(&pool.mu);
@@ -79,7 +80,13 @@ static void *worker_main(void *arg)
 
 void kvm__cpu_parallel_for(int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx)
 {
+    kvm__cpu_parallel_for_n(0, n_tasks, fn, ctx);
+}
+
+void kvm__cpu_parallel_for_n(int threads, int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx)
+{
     int n = kvm__cpu_threads();
+    if (threads > 0 && threads < n) n = threads;
     if (in_task || n == 1 || n_tasks <= 1) {
         kvm_fpmode fm = kvm_fpmode_flush_enter();
         for (int64_t t = 0; t < n_tasks; t++) fn(ctx, t, 0);
@@ -87,7 +94,7 @@ void kvm__cpu_parallel_for(int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx)
         return;
     }
     pthread_mutex_lock(&pool.job_mu);
-    n = pool.n_threads;
+    n = threads > 0 && threads < pool.n_threads ? threads : pool.n_threads;
     pthread_mutex_lock(&pool.mu);
     while (pool.n_started < n - 1) {
         pthread_t th;
@@ -99,6 +106,7 @@ void kvm__cpu_parallel_for(int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx)
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
+    pool.job_threads = helpers + 1;
     atomic_store(&pool.next, 0);
     pool.active = helpers;
     pool.generation++;

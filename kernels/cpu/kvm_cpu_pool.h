@@ -13,6 +13,11 @@ typedef void (*kvm_cpu_task_fn)(void *ctx, int64_t task, int worker);
  * serially on the calling thread. */
 void kvm__cpu_parallel_for(int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx);
 
+/* The same with at most `threads` threads for this job (≤ 0: the pool's count); the KVSculpt
+ * batch runs its problems on the thread count its caller asked for without changing the pool's
+ * setting for other users. */
+void kvm__cpu_parallel_for_n(int threads, int64_t n_tasks, kvm_cpu_task_fn fn, void *ctx);
+
 /* Threads the pool uses (≥ 1). Default: online CPUs, at most 64. */
 int kvm__cpu_threads(void);
 

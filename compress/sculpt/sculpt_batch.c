@@ -1,0 +1,378 @@
+/* sculpt_batch.c: the KVSculpt solver (arXiv 2603.27819 §3) over all problems of a document as
+ * one batch (issue 12): the steps of kvm_sculpt_solve_head — Select+Fit start, ridge values,
+ * then rounds of L-BFGS on the keys [and logit biases β, arXiv 2602.16284] each followed by a
+ * ridge refit — taken by every problem in lockstep, so that each step is one call of the batch
+ * backend (kernels/kvm_sculpt_kernels.h) over the problems still running. The L-BFGS states
+ * (kvm_sculpt_lbfgs.h, reverse communication) and the Cholesky solves stay on the host: per
+ * step the backend receives the points and returns losses and gradients, per ridge step it
+ * returns the k×k and k×d normal equations. */
+#include "compress/sculpt/kvm_sculpt_problem.h"
+#include "compress/sculpt/kvm_sculpt_lbfgs.h"
+#include "common/kvm_error.h"
+#include "kernels/kvm_sculpt_kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The driver's state over the batched (k ≥ 1) problems; arrays packed like the backend's. */
+typedef struct drv {
+    const kvm_sculpt_backend *be;
+    kvm_sculpt_batch *b;
+    const kvm_sculpt_problem *const *ps; /* [nb] */
+    const kvm_sculpt_opts *o;
+    int nb, d, move_keys, use_bias;
+    int64_t *k, *off, *offA;   /* [nb] */
+    float *kc, *vc, *beta;     /* current points (host) */
+    float *gk, *gb;            /* gradients (host) */
+    float *bk, *bv, *bb;       /* best points */
+    double *best, *A, *B;      /* [nb] best loss; normal equations (packed) */
+    kvm_sculpt_head_stats *st; /* [nb] */
+    int *idx, *live;           /* [nb] subset scratch; 1 while in the rounds */
+    kvm_sculpt_eval *ev;       /* [nb] */
+    kvm_sculpt_lbfgs **ls;     /* [nb] */
+    double *x;                 /* [Σ n_i] L-BFGS variables scratch (n_i = k_i·d·move_keys + k_i·use_bias) */
+} drv;
+
+static int64_t nvar(const drv *D, int i) { return (D->move_keys ? D->k[i] * D->d : 0) + (D->use_bias ? D->k[i] : 0); }
+
+/* Which problem a message is about: the caller's index of batched problem i. */
+static int name_err(int rc, const int *map, int i)
+{
+    char why[200];
+    snprintf(why, sizeof why, "%s", kvm_errmsg());
+    return kvm_err(rc, "sculpt batch, problem %d: %s", map[i], why);
+}
+
+/* Ridge step of problems idx[n]: normal equations on the backend, solves on the host, new values
+ * uploaded. rcs[t] = 0 or KVM_ERANGE per problem (others fail the call). */
+static int ridge_step(drv *D, const int *idx, int n, int *rcs, const int *map)
+{
+    int rc = D->be->normal(D->b, idx, n, D->use_bias, D->A, D->B);
+    if (rc) return rc;
+    int *ok = malloc((size_t)(n > 0 ? n : 1) * sizeof *ok), nok = 0;
+    if (!ok) return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
+    for (int t = 0; t < n; t++) {
+        const int i = idx[t];
+        rcs[t] = kvm_sculpt_ridge_solve(D->ps[i], D->A + D->offA[i], D->B + D->off[i] * D->d, D->k[i],
+                                        D->o->ridge_alpha, D->o->vnorm_cap, D->vc + D->off[i] * D->d);
+        if (rcs[t] && rcs[t] != KVM_ERANGE) {
+            free(ok);
+            return name_err(rcs[t], map, i);
+        }
+        if (!rcs[t]) ok[nok++] = i;
+    }
+    rc = D->be->upload(D->b, ok, nok, NULL, D->vc, NULL);
+    free(ok);
+    return rc;
+}
+
+static void save_best(drv *D, int i)
+{
+    const int64_t o = D->off[i], kd = D->k[i] * D->d;
+    memcpy(D->bk + o * D->d, D->kc + o * D->d, (size_t)kd * sizeof *D->kc);
+    memcpy(D->bv + o * D->d, D->vc + o * D->d, (size_t)kd * sizeof *D->vc);
+    memcpy(D->bb + o, D->beta + o, (size_t)D->k[i] * sizeof *D->beta);
+}
+
+/* x → the host point of problem i: keys (move_keys) then β (use_bias), as float32. */
+static void x_to_point(drv *D, int i, const double *x)
+{
+    const int64_t o = D->off[i], nk = D->move_keys ? D->k[i] * D->d : 0;
+    for (int64_t t = 0; t < nk; t++) D->kc[o * D->d + t] = (float)x[t];
+    for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) D->beta[o + j] = (float)x[nk + j];
+}
+
+/* One L-BFGS run of every live problem from its current point, all in lockstep; leaves each
+ * problem's best point in kc/beta (host and backend). */
+static int lbfgs_round(drv *D, int iters, const int *map)
+{
+    kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
+    prm.history = D->o->lbfgs_history;
+    prm.max_iters = iters;
+    if (D->o->lbfgs_no_stop) { /* forced iteration counts: only the line search can end a run early */
+        prm.past = 0;
+        prm.epsilon = 0;
+    }
+    int rc = 0, n = 0;
+    for (int i = 0; i < D->nb; i++) {
+        D->ls[i] = NULL;
+        if (!D->live[i]) continue;
+        const int64_t o = D->off[i], nk = D->move_keys ? D->k[i] * D->d : 0;
+        double *x0 = D->x; /* scratch: the state copies x0 */
+        for (int64_t t = 0; t < nk; t++) x0[t] = D->kc[o * D->d + t];
+        for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) x0[nk + j] = D->beta[o + j];
+        if (!(D->ls[i] = kvm_sculpt_lbfgs_new(nvar(D, i), x0, &prm))) {
+            rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory for L-BFGS (%lld variables)", (long long)nvar(D, i));
+            goto done;
+        }
+    }
+    for (;;) { /* one batched evaluation per pass: every problem still searching */
+        n = 0;
+        for (int i = 0; i < D->nb; i++)
+            if (D->ls[i]) {
+                x_to_point(D, i, kvm_sculpt_lbfgs_x(D->ls[i]));
+                D->idx[n++] = i;
+            }
+        if (!n) break;
+        if ((rc = D->be->upload(D->b, D->idx, n, D->move_keys ? D->kc : NULL, NULL, D->use_bias ? D->beta : NULL)) ||
+            (rc = D->be->lossgrad(D->b, D->idx, n, D->o->lambda, D->use_bias, D->move_keys, D->use_bias, D->ev)) ||
+            (rc = D->be->download_grads(D->b, D->idx, n, D->move_keys ? D->gk : NULL, D->use_bias ? D->gb : NULL)))
+            goto done;
+        for (int t = 0; t < n; t++) {
+            const int i = D->idx[t];
+            const int64_t o = D->off[i], nk = D->move_keys ? D->k[i] * D->d : 0;
+            double *g = D->x, f = D->ev[t].loss;
+            D->st[i].lbfgs_calls++;
+            if (isnan(f)) {
+                rc = name_err(kvm_err(KVM_ERANGE, "sculpt: NaN loss in L-BFGS (k = %lld)", (long long)D->k[i]), map, i);
+                goto done;
+            }
+            for (int64_t s = 0; s < nk; s++) g[s] = D->gk[o * D->d + s];
+            for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) g[nk + j] = D->gb[o + j];
+            if (kvm_sculpt_lbfgs_step(D->ls[i], isfinite(f) ? f : INFINITY, g) == KVM_LBFGS_DONE) {
+                x_to_point(D, i, kvm_sculpt_lbfgs_best(D->ls[i], NULL));
+                kvm_sculpt_lbfgs_free(D->ls[i]);
+                D->ls[i] = NULL;
+            }
+        }
+    }
+done:
+    for (int i = 0; i < D->nb; i++) {
+        kvm_sculpt_lbfgs_free(D->ls[i]);
+        D->ls[i] = NULL;
+    }
+    return rc;
+}
+
+/* Key-norm guard of problem i (as kvm_sculpt_solve_head's projection after each round). */
+static void project_keys(drv *D, int i, float cap)
+{
+    float *kc = D->kc + D->off[i] * D->d;
+    const int d = D->d;
+    for (int64_t j = 0; j < D->k[i]; j++) {
+        double n2 = 0;
+        for (int t = 0; t < d; t++) n2 += (double)kc[j * d + t] * kc[j * d + t];
+        if (sqrt(n2) > cap)
+            for (int t = 0; t < d; t++) kc[j * d + t] *= (float)(cap / sqrt(n2));
+    }
+}
+
+/* The solve of the batched problems: start, then the rounds. */
+static int solve(drv *D, int rounds, int iters, const int *map, double *lbfgs_s, double *ridge_s)
+{
+    const int nb = D->nb, d = D->d;
+    int rc = 0, *rcs = malloc((size_t)nb * sizeof *rcs);
+    if (!rcs) return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
+    int64_t *sel = NULL;
+    for (int i = 0; i < nb; i++) { /* Select+Fit start */
+        const kvm_sculpt_problem *p = D->ps[i];
+        const int64_t o = D->off[i];
+        free(sel);
+        if (!(sel = malloc((size_t)D->k[i] * sizeof *sel))) {
+            rc = kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
+            goto done;
+        }
+        if ((rc = kvm_sculpt_select(p, D->k[i], sel))) goto done;
+        for (int64_t j = 0; j < D->k[i]; j++) {
+            memcpy(D->kc + (o + j) * d, p->kz + sel[j] * d, (size_t)d * sizeof *D->kc);
+            memcpy(D->vc + (o + j) * d, p->vz + sel[j] * d, (size_t)d * sizeof *D->vc);
+            D->beta[o + j] = 0;
+        }
+        D->idx[i] = i;
+    }
+    if ((rc = D->be->upload(D->b, D->idx, nb, D->kc, D->vc, D->beta))) goto done;
+    double t0 = now_s();
+    rc = ridge_step(D, D->idx, nb, rcs, map);
+    *ridge_s += now_s() - t0;
+    for (int t = 0; !rc && t < nb; t++)
+        if (rcs[t]) rc = kvm_err(rcs[t], "sculpt batch, problem %d: ridge fit of the start failed", map[t]);
+    if (rc || (rc = D->be->lossgrad(D->b, D->idx, nb, D->o->lambda, D->use_bias, 0, 0, D->ev))) goto done;
+    const int any = D->move_keys || D->use_bias;
+    for (int i = 0; i < nb; i++) {
+        D->best[i] = D->st[i].loss0 = D->ev[i].loss;
+        D->st[i].mse = D->ev[i].mse_sum / (double)D->ps[i]->nq;
+        save_best(D, i);
+        D->live[i] = any;
+    }
+    for (int r = 0; any && r < rounds; r++) {
+        t0 = now_s();
+        if (iters > 0 && (rc = lbfgs_round(D, iters, map))) goto done;
+        *lbfgs_s += now_s() - t0;
+        int n = 0;
+        for (int i = 0; i < nb; i++)
+            if (D->live[i]) {
+                if (D->move_keys && D->o->knorm_cap > 0) project_keys(D, i, (float)D->o->knorm_cap * D->ps[i]->knorm_max);
+                D->idx[n++] = i;
+            }
+        if (!n) break;
+        if ((rc = D->be->upload(D->b, D->idx, n, D->kc, NULL, D->beta))) goto done;
+        t0 = now_s();
+        rc = ridge_step(D, D->idx, n, rcs, map);
+        *ridge_s += now_s() - t0;
+        if (rc) goto done;
+        int m = 0;
+        for (int t = 0; t < n; t++) { /* a failed fit ends that problem's rounds at its best point */
+            if (rcs[t]) D->live[D->idx[t]] = 0;
+            else D->idx[m++] = D->idx[t];
+        }
+        if ((rc = D->be->lossgrad(D->b, D->idx, m, D->o->lambda, D->use_bias, 0, 0, D->ev))) goto done;
+        for (int t = 0; t < m; t++) {
+            const int i = D->idx[t];
+            if (D->ev[t].loss < D->best[i]) {
+                D->best[i] = D->ev[t].loss;
+                D->st[i].mse = D->ev[t].mse_sum / (double)D->ps[i]->nq;
+                save_best(D, i);
+            }
+        }
+    }
+    for (int i = 0; !rc && i < nb; i++) {
+        D->st[i].loss = D->best[i];
+        if (!isfinite(D->best[i]))
+            rc = kvm_err(KVM_ERANGE, "sculpt batch, problem %d: non-finite loss (k = %lld)", map[i], (long long)D->k[i]);
+    }
+done:
+    free(sel);
+    free(rcs);
+    return rc;
+}
+
+static void drv_free(drv *D)
+{
+    if (D->be && D->b) D->be->batch_free(D->b);
+    free(D->k);
+    free(D->off);
+    free(D->offA);
+    free(D->kc);
+    free(D->gk);
+    free(D->best);
+    free(D->A);
+    free(D->B);
+    free(D->idx);
+    free(D->live);
+    free(D->ev);
+    free(D->ls);
+    free(D->x);
+}
+
+/* Allocates the driver over the batched problems map[nb] of ps. */
+static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *kb, int nb)
+{
+    int64_t tot = 0, totA = 0, nmax = 1;
+    const int d = D->d;
+    for (int i = 0; i < nb; i++) {
+        tot += kb[i];
+        totA += kb[i] * kb[i];
+        nmax = kb[i] * (d + 1) > nmax ? kb[i] * (d + 1) : nmax;
+    }
+    D->nb = nb;
+    D->ps = bps;
+    D->k = malloc((size_t)nb * sizeof *D->k);
+    D->off = malloc((size_t)nb * sizeof *D->off);
+    D->offA = malloc((size_t)nb * sizeof *D->offA);
+    D->kc = malloc((size_t)(tot * (3 * d + 1) * 2) * sizeof *D->kc); /* kc vc beta, best ×3, gk gb */
+    D->gk = malloc((size_t)(tot * (d + 1)) * sizeof *D->gk);
+    D->best = malloc((size_t)nb * sizeof *D->best);
+    D->A = malloc((size_t)totA * sizeof *D->A);
+    D->B = malloc((size_t)(tot * d) * sizeof *D->B);
+    D->idx = malloc((size_t)nb * sizeof *D->idx);
+    D->live = calloc((size_t)nb, sizeof *D->live);
+    D->ev = malloc((size_t)nb * sizeof *D->ev);
+    D->ls = calloc((size_t)nb, sizeof *D->ls);
+    D->x = malloc((size_t)nmax * sizeof *D->x);
+    if (!D->k || !D->off || !D->offA || !D->kc || !D->gk || !D->best || !D->A || !D->B || !D->idx || !D->live ||
+        !D->ev || !D->ls || !D->x)
+        return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", nb, (long long)tot);
+    D->vc = D->kc + tot * d;
+    D->beta = D->vc + tot * d;
+    D->bk = D->beta + tot;
+    D->bv = D->bk + tot * d;
+    D->bb = D->bv + tot * d;
+    D->gb = D->gk + tot * d;
+    int64_t o = 0, oa = 0;
+    for (int i = 0; i < nb; i++) {
+        D->k[i] = kb[i];
+        D->off[i] = o;
+        D->offA[i] = oa;
+        o += kb[i];
+        oa += kb[i] * kb[i];
+    }
+    return 0;
+}
+
+int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm_sculpt_opts *o, const int64_t *k,
+                           int rounds, int iters, const kvm_sculpt_backend *be, float *kc, float *vc, float *beta,
+                           kvm_sculpt_head_stats *st, double *lbfgs_s, double *ridge_s)
+{
+    if (!be) be = kvm_sculpt_backend_cpu();
+    *lbfgs_s = *ridge_s = 0;
+    int nb = 0;
+    for (int i = 0; i < n; i++) {
+        memset(&st[i], 0, sizeof st[i]);
+        if (k[i] < 0 || k[i] > ps[i]->nc)
+            return kvm_err(KVM_EINVAL, "sculpt batch, problem %d: k = %lld distilled entries but the compress zone has "
+                                       "%lld tokens", i, (long long)k[i], (long long)ps[i]->nc);
+        if (ps[i]->d != ps[0]->d)
+            return kvm_err(KVM_EINVAL, "sculpt batch, problem %d: head dim %d, problem 0: %d", i, ps[i]->d, ps[0]->d);
+        nb += k[i] > 0;
+    }
+    const int d = n > 0 ? ps[0]->d : 1;
+    int rc = 0, *map = malloc((size_t)(n > 0 ? n : 1) * sizeof *map);
+    const kvm_sculpt_problem **bps = malloc((size_t)(n > 0 ? n : 1) * sizeof *bps);
+    int64_t *kb = malloc((size_t)(n > 0 ? n : 1) * sizeof *kb);
+    kvm_sculpt_view *views = malloc((size_t)(n > 0 ? n : 1) * sizeof *views);
+    kvm_sculpt_head_stats *bst = malloc((size_t)(n > 0 ? n : 1) * sizeof *bst);
+    drv D = {.be = be, .o = o, .d = d, .move_keys = o->mode == KVM_SCULPT_FULL,
+             .use_bias = o->bias || o->mode == KVM_SCULPT_JOINT_FIXED};
+    if (!map || !bps || !kb || !views || !bst) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
+        goto done;
+    }
+    nb = 0;
+    for (int i = 0; i < n; i++) {
+        if (k[i] == 0) { /* nothing to fit: the retain zone alone, solved on its own */
+            if ((rc = kvm_sculpt_solve_head(ps[i], o, 0, rounds, iters, kc, vc, beta, &st[i]))) goto done;
+            continue;
+        }
+        const kvm_sculpt_problem *p = ps[i];
+        views[nb] = (kvm_sculpt_view){.d = d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q,
+                                      .o_full = p->o_full, .o_ret = p->o_ret, .lse_zone = p->lse_zone,
+                                      .lse_ret = p->lse_ret, .n_vis = p->n_vis, .out_ms = p->out_ms,
+                                      .lse_mass_weight = p->lse_mass_weight};
+        map[nb] = i;
+        bps[nb] = p;
+        kb[nb++] = k[i];
+    }
+    if (!nb) goto done;
+    memset(bst, 0, (size_t)nb * sizeof *bst);
+    D.st = bst;
+    if ((rc = drv_new(&D, bps, kb, nb))) goto done;
+    if ((rc = be->batch_new(be, views, kb, nb, o->threads, &D.b))) goto done;
+    if ((rc = solve(&D, rounds, iters, map, lbfgs_s, ridge_s))) goto done;
+    for (int i = 0; i < nb; i++) { /* the best points, at the caller's offsets */
+        const int j = map[i];
+        int64_t oj = 0;
+        for (int t = 0; t < j; t++) oj += k[t];
+        memcpy(kc + oj * d, D.bk + D.off[i] * d, (size_t)(kb[i] * d) * sizeof *kc);
+        memcpy(vc + oj * d, D.bv + D.off[i] * d, (size_t)(kb[i] * d) * sizeof *vc);
+        memcpy(beta + oj, D.bb + D.off[i], (size_t)kb[i] * sizeof *beta);
+        st[j] = bst[i];
+    }
+done:
+    drv_free(&D);
+    free(map);
+    free(bps);
+    free(kb);
+    free(views);
+    free(bst);
+    return rc;
+}
