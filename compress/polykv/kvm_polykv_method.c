@@ -138,7 +138,8 @@ static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
            a->vnorm_cap == b->vnorm_cap && a->knorm_cap == b->knorm_cap && a->rounds == b->rounds &&
            a->lbfgs_iters == b->lbfgs_iters && a->lbfgs_history == b->lbfgs_history && a->bias == b->bias &&
            a->alloc == b->alloc && a->alloc_power == b->alloc_power && a->pilot_rounds == b->pilot_rounds &&
-           a->pilot_iters == b->pilot_iters && a->seed == b->seed && a->lbfgs_oracle == b->lbfgs_oracle;
+           a->pilot_iters == b->pilot_iters && a->seed == b->seed && a->lbfgs_oracle == b->lbfgs_oracle &&
+           !memcmp(&a->query_source, &b->query_source, sizeof a->query_source);
 }
 
 static memo_entry *memo_find(const kvm_compress_input *in, int l, int64_t b)
