@@ -293,6 +293,34 @@ START_TEST(test_cache_same_result)
 }
 END_TEST
 
+/* am and kvzip as PolyKV's distilled layers (kvm_sculpt_compress_layers): a uniform budget over
+ * every layer reproduces kvm_sculpt_compress */
+START_TEST(test_layers_match_compress)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, N + 32, N, 32, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    kvm_sculpt_mode modes[2] = {KVM_SCULPT_AM, KVM_SCULPT_KVZIP};
+    for (int i = 0; i < 2; i++) {
+        kvm_sculpt_opts o = kvm_sculpt_opts_default();
+        o.retain_tokens = 16;
+        o.n_synth = 64;
+        o.mode = modes[i];
+        o.k_entries = 24;
+        ck_assert_int_eq(kvm_sculpt_opts_set(&o, "query_source", "repeat"), 0);
+        kvm_kvcache *a, *b;
+        ck_assert_int_eq(kvm_sculpt_compress(in, &o, &a, NULL), 0);
+        ck_assert_int_eq(kvm_kvcache_clone(in->full, &b), 0);
+        int64_t bud[5] = {40, 40, 40, 40, 40};
+        ck_assert_int_eq(kvm_sculpt_compress_layers(in, &o, bud, b, NULL), 0);
+        ck_assert(caches_equal(a, b));
+        kvm_kvcache_free(&a);
+        kvm_kvcache_free(&b);
+    }
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 /* ---------------- hand-checkable problems ---------------- */
 
 /* A problem of nc zone keys kz (d = 4), m = 0, nq queries q; values v. Arrays borrowed. */
@@ -422,6 +450,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_repeat_needs_the_window);
     tcase_add_test(tm, test_exact_at_full_k);
     tcase_add_test(tm, test_cache_same_result);
+    tcase_add_test(tm, test_layers_match_compress);
     suite_add_tcase(s, tm);
     return s;
 }
