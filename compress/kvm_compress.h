@@ -20,6 +20,16 @@ typedef struct kvm_compress_input {
                                   queries, entropy and attention mass (window: all N queries) */
     int64_t n_tokens;          /* N */
     int64_t n_future;          /* tokens the caller expects to append (continuation length), a hint */
+    const int32_t *tokens;     /* [n_tokens] the context's token ids, or NULL when the caller has none
+                                  (then methods that run the model again, e.g. query_source repeat or
+                                  continuation, refuse) */
+    const int32_t *repeat_prompt; /* [n_repeat_prompt] tokens between the context and its repeat
+                                  (query_source repeat); NULL/0: the model's BOS token alone */
+    int64_t n_repeat_prompt;
+    struct kvm_sculpt_qsets *qcache; /* optional (NULL = none): model query sets of this context kept
+                                  across method calls (compress/sculpt/kvm_sculpt_qsource.h), so
+                                  the extra forward passes of query_source run once per document;
+                                  owned by the caller, results do not depend on it */
     kvm_progress *progress;    /* optional (NULL = none): methods that solve per (layer, KV head)
                                   problems count them here as they finish; results do not depend on it */
 } kvm_compress_input;

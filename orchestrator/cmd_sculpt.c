@@ -53,7 +53,7 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, in
     if (!rc) rc = kvm_forward_cache_new(m, n, &full);
     if (!rc) rc = kvm_forward_prefill(f, full, ids, n, NULL, KVM_LOGITS_NONE);
     kvm_sculpt_stats st;
-    kvm_compress_input in = {.model = m, .full = full, .cap = cap, .n_tokens = n, .n_future = 0};
+    kvm_compress_input in = {.model = m, .full = full, .cap = cap, .n_tokens = n, .n_future = 0, .tokens = ids};
     if (!rc) rc = kvm_sculpt_compress(&in, o, &c, &st);
     if (!rc) rc = kvm_sculpt_cache_write(out_path, c);
     if (!rc)

@@ -17,12 +17,14 @@
 #define CFG_T_F64 KVM_CFG_FLOAT
 #define CFG_T_BOOL KVM_CFG_BOOL
 #define CFG_T_ALLOC KVM_CFG_ENUM
+#define CFG_T_QSOURCE KVM_CFG_STR
 #define CFG_C_I64 NULL
 #define CFG_C_INT NULL
 #define CFG_C_U64 NULL
 #define CFG_C_F64 NULL
 #define CFG_C_BOOL NULL
 #define CFG_C_ALLOC "uniform|layer|head|gain"
+#define CFG_C_QSOURCE NULL
 #define CFG_ROW_0(nm, kd, lo, hi, def, unit, help)
 #define CFG_ROW_1(nm, kd, lo, hi, def, unit, help) {"compress", #nm, CFG_T_##kd, def, lo, hi, CFG_C_##kd, unit, help " (sculpt)"},
 
@@ -45,7 +47,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"store", "service_bind", S, "", 0, 0, NULL, "", "kvmill run / kvmill serve start the store service bound here for workers on other hosts (off-host needs [security] keys); empty = none"},
     {"store", "upload_timeout_ms", I, "60000", 100, 86400000, NULL, "ms", "the store service refuses an upload whose layers take longer (truncated)"},
 
-    {"compress", "method", E, "sculpt", 0, 0, "sculpt|selectfit|joint-fixed|full|streaming|h2o|tova|snapkv|pyramidkv|polykv",
+    {"compress", "method", E, "sculpt", 0, 0, "sculpt|selectfit|joint-fixed|am|kvzip|full|streaming|h2o|tova|snapkv|pyramidkv|polykv",
      "", "compression method applied to every document"},
     {"compress", "ratio", F, "0.3", 0, 1, NULL, "", "kept fraction: k = ratio*(N-retain) for sculpt methods, b = ratio*N for eviction"},
     {"compress", "budget", I, "0", 0, 1 << 20, NULL, "entries", "entries per KV head instead of ratio (0 = use ratio)"},

@@ -188,7 +188,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (remote) {
         if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
         if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
-        kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
+        kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
                                  .n_future = kvm_config_int(cfg, "compress", "future")};
         if ((rc = kvm_worker_compress(cfg, &ri, NULL, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
         /* no reply at all: the service is down or the link cut; requeueing may succeed */
@@ -199,7 +199,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     double t0 = kvm_now_ms();
     if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
     out->transport_ms += kvm_now_ms() - t0;
-    kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens,
+    kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
                              .n_future = kvm_config_int(cfg, "compress", "future"), .progress = &out->progress};
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }

@@ -127,6 +127,7 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
                              .full = full,
                              .cap = cap,
                              .n_tokens = d->n_tokens,
+                             .tokens = d->tokens,
                              .n_future = kvm_config_int(st->cfg, "compress", "future")};
     if ((rc = kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc))) goto done;
     if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, 0, NULL, NULL)

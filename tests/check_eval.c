@@ -94,7 +94,8 @@ START_TEST(test_full_budget_exact)
             if (strcmp(tab[i].name, "polykv") == 0) b.tokens = 4 * (N + T); /* smallest layer: 0.6·B */
             /* distillation methods: b = N distils the whole zone into N−m entries (no decode policy) */
             int distils = !strcmp(tab[i].name, "sculpt") || !strcmp(tab[i].name, "selectfit") ||
-                          !strcmp(tab[i].name, "joint-fixed");
+                          !strcmp(tab[i].name, "joint-fixed") || !strcmp(tab[i].name, "am") ||
+                          !strcmp(tab[i].name, "kvzip");
             if (distils) b.tokens = N;
             void *o;
             kvm_eval_result r;

@@ -2,6 +2,7 @@
  * logits) and the teacher-forced continuation over a compressed cache, scored against it. */
 #include "common/kvm_error.h"
 #include "compress/eval/kvm_eval.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "model/kvm_sampler.h"
 
 #include <math.h>
@@ -23,6 +24,7 @@ struct kvm_eval_doc {
     double ppl_full;       /* of ref */
     double ppl_dec;        /* of ref_dec */
     kvm_compress_input in;
+    kvm_sculpt_qsets qcache; /* model query sets of the context (query_source), built on first use */
 };
 
 double kvm_eval_kl(const float *lp, const float *lq, int vocab)
@@ -155,7 +157,8 @@ int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *to
     for (int64_t i = 0; i < n_cont; i++)
         s += nll(d->ref + i * c->vocab_size, c->vocab_size, d->tokens[n_ctx + i]);
     d->ppl_full = exp(s / (double)n_cont);
-    d->in = (kvm_compress_input){.model = m, .full = d->full, .cap = d->cap, .n_tokens = n_ctx, .n_future = n_cont};
+    d->in = (kvm_compress_input){.model = m, .full = d->full, .cap = d->cap, .n_tokens = n_ctx, .n_future = n_cont,
+                                 .tokens = d->tokens, .qcache = &d->qcache};
     *out = d;
     return 0;
 }
@@ -167,6 +170,7 @@ void kvm_eval_doc_free(kvm_eval_doc **pd)
     kvm_forward_free(&d->f);
     kvm_capture_free(&d->cap);
     kvm_kvcache_free(&d->full);
+    kvm_sculpt_qsets_free(&d->qcache);
     free(d->tokens);
     free(d->ref_dec);
     free(d->ref);

@@ -106,6 +106,8 @@ static int sculpt_opts_mode(kvm_sculpt_mode mode, const char *arg, const kvm_bud
     if (!o) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
     *o = kvm_sculpt_opts_default();
     o->mode = mode;
+    if (mode == KVM_SCULPT_KVZIP) /* KVzip scores with the context-reconstruction queries */
+        o->query_source = (kvm_sculpt_qsource){{[KVM_SCULPT_QSRC_REPEAT] = 1}};
     /* the harness size first, ARG after it (kvm_sculpt_opts_parse: the last size given wins,
      * resolved against the final retain zone); in --method lists ',' separates methods, so
      * sculpt options are joined with ':' there */
@@ -135,6 +137,8 @@ static int sculpt_opts_mode(kvm_sculpt_mode mode, const char *arg, const kvm_bud
 SCULPT_OPTS(sculpt_opts, KVM_SCULPT_FULL)
 SCULPT_OPTS(selectfit_opts, KVM_SCULPT_SELECTFIT)
 SCULPT_OPTS(joint_fixed_opts, KVM_SCULPT_JOINT_FIXED)
+SCULPT_OPTS(am_opts, KVM_SCULPT_AM)
+SCULPT_OPTS(kvzip_opts, KVM_SCULPT_KVZIP)
 
 static int sculpt_run(const kvm_compress_input *in, const void *opts, kvm_kvcache **out)
 {
@@ -161,6 +165,10 @@ static const kvm_method methods[] = {
     {"selectfit", 1, "Select+Fit: top attention-mass tokens, ridge-refit values", selectfit_opts, free, sculpt_run, NULL},
     {"joint-fixed", 1, "ablation: Select+Fit keys fixed, biases and values fitted", joint_fixed_opts, free, sculpt_run,
      NULL},
+    {"am", 1, "Attention Matching: original keys (mass + OMP), NNLS biases, least-squares values; ARG sculpt options",
+     am_opts, free, sculpt_run, NULL},
+    {"kvzip", 1, "KVzip: top entries by max attention of the repeated-context queries (query_source=repeat)", kvzip_opts,
+     free, sculpt_run, NULL},
 };
 
 const kvm_method *kvm_method_table(int *n)

@@ -139,7 +139,8 @@ static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
            a->lbfgs_iters == b->lbfgs_iters && a->lbfgs_history == b->lbfgs_history && a->bias == b->bias &&
            a->alloc == b->alloc && a->alloc_power == b->alloc_power && a->pilot_rounds == b->pilot_rounds &&
            a->pilot_iters == b->pilot_iters && a->seed == b->seed && a->lbfgs_oracle == b->lbfgs_oracle &&
-           a->cuda == b->cuda && a->cuda_device == b->cuda_device && a->lbfgs_no_stop == b->lbfgs_no_stop;
+           a->cuda == b->cuda && a->cuda_device == b->cuda_device && a->lbfgs_no_stop == b->lbfgs_no_stop &&
+           !memcmp(&a->query_source, &b->query_source, sizeof a->query_source);
 }
 
 static memo_entry *memo_find(const kvm_compress_input *in, int l, int64_t b)

@@ -17,7 +17,26 @@ typedef enum kvm_sculpt_mode {
     KVM_SCULPT_JOINT_FIXED = 2, /* ablation: Select+Fit keys kept fixed (no free movement); their
                                    logit biases β (L-BFGS) and values (ridge) fitted jointly on the
                                    KVSculpt objective, alternating as KVSculpt does */
+    KVM_SCULPT_AM = 3,          /* Attention Matching baseline (arXiv 2602.16284): original keys chosen
+                                   by attention mass then orthogonal matching pursuit on the partition
+                                   function, β = log w with w from NNLS, values by least squares
+                                   (compress/sculpt/sculpt_am.c) */
+    KVM_SCULPT_KVZIP = 4,       /* KVzip-style baseline (arXiv 2505.23416): each zone entry scored by its
+                                   maximum attention from the training queries (KVzip proper: query_source
+                                   = repeat), top-k kept unchanged (compress/sculpt/sculpt_kvzip.c) */
 } kvm_sculpt_mode;
+
+/* Where the training queries come from (query_source): one share per source, summing to 1. */
+enum {
+    KVM_SCULPT_QSRC_SYNTHETIC = 0,    /* re-RoPE'd pre-RoPE context queries at future positions (issue 5) */
+    KVM_SCULPT_QSRC_REPEAT = 1,       /* post-RoPE queries of the context repeated after a short prompt
+                                         (KVzip arXiv 2505.23416, Attention Matching arXiv 2602.16284) */
+    KVM_SCULPT_QSRC_CONTINUATION = 2, /* queries of tokens the model generates greedily after the context */
+    KVM_SCULPT_QSRC_COUNT = 3,
+};
+typedef struct kvm_sculpt_qsource {
+    double share[KVM_SCULPT_QSRC_COUNT]; /* fraction of the `queries` count from each source */
+} kvm_sculpt_qsource;
 
 /* How the total budget is spread over (layer, KV head) problems. */
 typedef enum kvm_sculpt_alloc {
@@ -54,7 +73,8 @@ typedef struct kvm_sculpt_opts {
     double alloc_power;       /* p of the MSE^p rule (default 0.5) */
     int pilot_rounds;         /* alternating rounds of the allocation pilot (default 1) */
     int pilot_iters;          /* L-BFGS iterations per pilot round (default 10) */
-    uint64_t seed;            /* seed of the synthetic queries (default 1) */
+    uint64_t seed;            /* seed of the synthetic queries and of the model-query sampling (default 1) */
+    kvm_sculpt_qsource query_source; /* training-query sources (default synthetic only) */
     int threads;              /* worker threads over (layer, KV head) problems (default 1) */
     int lbfgs_oracle;         /* 1: keys fitted by liblbfgs (More–Thuente), the solver before issue
                                  12, kept as the test oracle; 0: kvmill's own reverse-communication
@@ -74,6 +94,8 @@ typedef struct kvm_sculpt_stats {
     double lbfgs_s;           /* key (and β) optimisation */
     double ridge_s;           /* closed-form value fits */
     double pilot_s;           /* wall seconds of the allocation pilot (included in base.seconds) */
+    double qprefill_s;        /* wall seconds of the extra forward passes of query_source repeat /
+                                 continuation (included in base.seconds) */
     double mse_min, mse_max;  /* spread of the per-(layer, head) pilot MSE (0 without a pilot) */
     double layer_mse_min, layer_mse_max; /* spread of the per-layer mean pilot MSE */
 } kvm_sculpt_stats;
@@ -81,7 +103,7 @@ typedef struct kvm_sculpt_stats {
 /* The defaults listed in kvm_sculpt_opts (those of issue 5). */
 kvm_sculpt_opts kvm_sculpt_opts_default(void);
 
-/* Parses "sculpt" | "selectfit" | "joint-fixed" and "uniform" | "layer" | "head" | "gain".
+/* Parses "sculpt" | "selectfit" | "joint-fixed" | "am" | "kvzip" and "uniform" | "layer" | "head" | "gain".
  * Return 0 or KVM_EINVAL (message names the word). */
 int kvm_sculpt_mode_parse(const char *s, kvm_sculpt_mode *out);
 int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out);
@@ -123,5 +145,12 @@ int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_op
 int kvm_sculpt_compress_sculpt(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);
 int kvm_sculpt_compress_selectfit(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);
 int kvm_sculpt_compress_joint_fixed(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);
+
+/* Parses a query_source value: a source name ("synthetic", "repeat", "continuation") or a mix
+ * "NAME@SHARE+NAME@SHARE..." ("repeat@0.5+synthetic@0.5"; "repeat+synthetic" = equal shares).
+ * '+' and '@' because ',' and ':' already separate options and methods in method strings.
+ * Shares are positive numbers, normalised to sum 1; a name appears at most once. Returns 0 or
+ * KVM_EINVAL (message names the bad part). */
+int kvm_sculpt_qsource_parse(const char *s, kvm_sculpt_qsource *out);
 
 #endif

@@ -24,6 +24,7 @@ typedef struct kvm_sculpt_problem {
     const float *vr;     /* [m][d] retain values (borrowed) */
     int64_t nq;          /* training queries */
     int64_t nq_real;     /* the first nq_real are real retain-zone queries */
+    int64_t nq_model;    /* the next nq_model are model queries (query_source repeat/continuation) */
     float *q;            /* [nq][d] post-RoPE training queries (owned) */
     int64_t *n_vis;      /* [nq] retain entries visible to query i (causal prefix) (owned) */
     float *o_full;       /* [nq][d] attention output over the full cache (owned) */
@@ -31,7 +32,8 @@ typedef struct kvm_sculpt_problem {
     float *lse_zone;     /* [nq] log Σ_zone exp(score) (nats) (owned) */
     float *lse_ret;      /* [nq] log Σ_visible retain exp(score), −1e30 when none (owned) */
     float *mass;         /* [nc] full-softmax mass each zone token gets from the real queries
-                            (from all queries when there are none) (owned) */
+                            (retain zone and model queries; from all queries when there are none)
+                            (owned) */
     double out_ms;       /* mean over queries of ‖o_full‖², the MSE normaliser */
     float vnorm_max;     /* max ‖v‖ over the zone (value-norm guard reference) */
     float knorm_max;     /* max ‖k‖ over the zone (key-norm guard reference) */
@@ -49,6 +51,19 @@ typedef struct kvm_sculpt_problem {
 int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, int layer, int kv_head,
                              int64_t m, int64_t n_synth, int64_t future_tokens, uint64_t seed,
                              kvm_sculpt_problem *p);
+
+struct kvm_sculpt_qsets;
+/* The same with model queries (query_source, kvm_sculpt_qsource.h) between the real and the
+ * synthetic ones: for each source s with n_model[s] > 0 (indexed by KVM_SCULPT_QSRC_*; the
+ * synthetic slot is ignored), n_model[s] queries of qs->set[s] drawn by stratified sampling
+ * over its (position, group head) pairs: pair ⌊(i + u_i)·G·n / n_model[s]⌋, u_i uniform in [0, 1)
+ * from a PRNG seeded by (seed, layer, kv_head, s), so distinct while n_model[s] ≤ G·n and the
+ * same for a seed. Each sees the whole retain zone (n_vis = m); they and the real queries give
+ * the mass Select+Fit selects by. qs may be NULL when every n_model[s] is 0. Errors as _build,
+ * and KVM_EINVAL when a needed set is empty. */
+int kvm_sculpt_problem_build_mixed(const kvm_model_config *c, const kvm_capture *cap, int layer, int kv_head,
+                                   int64_t m, int64_t n_synth, int64_t future_tokens, uint64_t seed,
+                                   const struct kvm_sculpt_qsets *qs, const int64_t *n_model, kvm_sculpt_problem *p);
 
 /* Computes o_full, o_ret, lse_zone, lse_ret, mass, out_ms, vnorm_max, knorm_max from q, n_vis and the
  * zone/retain tensors (blocked float32 GEMMs, kvm_cpu_sculpt_refs; row sums in float64). Called
@@ -126,6 +141,31 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
 int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm_sculpt_opts *o, const int64_t *k,
                            int rounds, int iters, const struct kvm_sculpt_backend *be, float *kc, float *vc,
                            float *beta, kvm_sculpt_head_stats *st, double *lbfgs_s, double *ridge_s);
+/* The baselines' per-problem solvers (kvm_sculpt_solve_head calls them for o->mode AM / KVZIP;
+ * rounds and iterations do not apply). Outputs as kvm_sculpt_solve_head: kc, vc [k][d], beta [k];
+ * st->mse and st->loss (λ = o->lambda) of the result.
+ *
+ * Attention Matching (arXiv 2602.16284 §3): with A[i][j] = exp(s·q_i·k_j − LSE_zone,i) (query i's
+ * zone softmax, so the zone's partition function is Σ_j A[i][j] = 1), the keys are originals:
+ * the ⌈k/2⌉ of highest attention mass, then orthogonal matching pursuit in 4 blocks, each adding
+ * the candidates most correlated (Aᵀr/‖A_j‖) with the residual r = 1 − A_S·w; w ≥ 0 solves
+ * min ‖A_S w − 1‖² by NNLS (kvm_sculpt_nnls, from w = 1) after every block; β_j = log max(w_j, 1e-12)
+ * (finite; an unused entry gets ≈ −27.6); values by kvm_sculpt_ridge (α = o->ridge_alpha).
+ * KVzip (arXiv 2505.23416 §3.2): score_j = max over training queries of the full-softmax
+ * probability of zone entry j, the top k kept with their own keys and values, β = 0.
+ * Ties go to the lower index. Returns 0, KVM_EINVAL (k > nc), KVM_ENOMEM, KVM_ERANGE. */
+int kvm_sculpt_am_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, float *kc, float *vc,
+                       float *beta, kvm_sculpt_head_stats *st);
+int kvm_sculpt_kvzip_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, float *kc, float *vc,
+                          float *beta, kvm_sculpt_head_stats *st);
+
+/* Non-negative least squares in normal-equation form: minimises ½wᵀGw − hᵀw over w ≥ 0, G [k][k]
+ * symmetric positive semi-definite (row-major, float64), by sequential coordinate-wise descent
+ * (Franc, Hlaváč, Navara, "Sequential coordinate-wise algorithm for the non-negative least
+ * squares problem", CAIP 2005), from the start point in w (negative or non-finite entries start at
+ * 0), until every KKT violation ≤ tol·max|h| or max_sweeps. Coordinates with G_jj ≤ 0 keep their
+ * start. w[k] ≥ 0 and finite on return. Returns the sweeps done. */
+int kvm_sculpt_nnls(const double *G, const double *h, int64_t k, double tol, int max_sweeps, double *w);
 
 /* Budget allocation (paper §4 and ours). mse[n] per problem at budget kpilot (and mse_half at
  * ⌈kpilot/2⌉, GAIN only), caps[n] = zone sizes, total = entries to hand out over the n problems

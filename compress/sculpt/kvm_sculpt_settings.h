@@ -7,7 +7,7 @@
  *   KVM_SCULPT_SETTING(name, kind, field, lo, hi, in_config, def, unit, help, replaced_by)
  *
  * name        identifier: the setting's name
- * kind        I64, INT, U64 (integers), F64 (number), BOOL (flag), MODE, ALLOC (words), BUDGET
+ * kind        I64, INT, U64 (integers), F64 (number), BOOL (flag), MODE, ALLOC, QSOURCE (words), BUDGET
  *             (entries per KV head including the retain zone: k = value − retain)
  * field       the kvm_sculpt_opts member it sets (compress/sculpt/kvm_sculpt.h)
  * lo, hi      bounds of numeric values
@@ -20,7 +20,7 @@
  * replaced_by NULL, or the name that replaces this deprecated one (still accepted, with a
  *             warning in the command line) */
 
-KVM_SCULPT_SETTING(method, MODE, mode, 0, 0, 0, "sculpt", "", "sculpt | selectfit | joint-fixed", NULL)
+KVM_SCULPT_SETTING(method, MODE, mode, 0, 0, 0, "sculpt", "", "sculpt | selectfit | joint-fixed | am | kvzip", NULL)
 KVM_SCULPT_SETTING(retain, I64, retain_tokens, 0, 1 << 30, 1, "32", "tokens",
                    "retain zone m: the last context tokens kept unchanged", NULL)
 KVM_SCULPT_SETTING(ratio, F64, ratio, 1e-9, 1, 0, "0.3", "", "r = k/(N-m): distilled entries per compress-zone token", NULL)
@@ -28,7 +28,10 @@ KVM_SCULPT_SETTING(budget, BUDGET, k_entries, 0, 1 << 30, 0, "0", "entries",
                    "b entries per KV head including the retain zone (k = b - m distilled); overrides ratio; 0 = use ratio", NULL)
 KVM_SCULPT_SETTING(entries, I64, k_entries, 0, 1 << 30, 0, "0", "entries",
                    "k distilled entries per KV head; budget = entries + retain", "budget")
-KVM_SCULPT_SETTING(queries, I64, n_synth, 0, 1 << 24, 1, "2048", "queries", "S synthetic future queries per KV head", NULL)
+KVM_SCULPT_SETTING(queries, I64, n_synth, 0, 1 << 24, 1, "2048", "queries", "S training queries per KV head besides the retain zone's (split by query_source)", NULL)
+KVM_SCULPT_SETTING(query_source, QSOURCE, query_source, 0, 0, 1, "synthetic", "",
+                   "where the training queries come from: synthetic | repeat (the context repeated after a prompt) | "
+                   "continuation (greedy tokens after it), or a mix NAME@SHARE+NAME@SHARE of the queries count", NULL)
 KVM_SCULPT_SETTING(synthetic_queries, I64, n_synth, 0, 1 << 24, 0, "2048", "queries",
                    "S synthetic future queries per KV head", "queries")
 KVM_SCULPT_SETTING(future, I64, future_tokens, 0, 1 << 30, 0, "0", "tokens",

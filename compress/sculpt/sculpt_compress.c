@@ -3,6 +3,7 @@
  * compressed cache: distilled entries first (KVM_POS_NONE, logit bias β), then the retain zone
  * with its true positions. KVSculpt, arXiv 2603.27819. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_fpmode.h"
 #include "kernels/kvm_sculpt_kernels.h"
@@ -29,6 +30,7 @@ kvm_sculpt_opts kvm_sculpt_opts_default(void)
         .future_tokens = 0, .lambda = 0.1, .ridge_alpha = 1e-3, .vnorm_cap = 1.0, .rounds = 4,
         .lbfgs_iters = 30, .lbfgs_history = 20, .bias = 0, .alloc = KVM_SCULPT_ALLOC_UNIFORM,
         .alloc_power = 0.5, .pilot_rounds = 1, .pilot_iters = 10, .seed = 1, .threads = 1,
+        .query_source = {{[KVM_SCULPT_QSRC_SYNTHETIC] = 1}},
     };
     return o;
 }
@@ -38,7 +40,9 @@ int kvm_sculpt_mode_parse(const char *s, kvm_sculpt_mode *out)
     if (s && !strcmp(s, "sculpt")) *out = KVM_SCULPT_FULL;
     else if (s && !strcmp(s, "selectfit")) *out = KVM_SCULPT_SELECTFIT;
     else if (s && !strcmp(s, "joint-fixed")) *out = KVM_SCULPT_JOINT_FIXED;
-    else return kvm_err(KVM_EINVAL, "sculpt: method '%s' is not sculpt, selectfit or joint-fixed", s ? s : "");
+    else if (s && !strcmp(s, "am")) *out = KVM_SCULPT_AM;
+    else if (s && !strcmp(s, "kvzip")) *out = KVM_SCULPT_KVZIP;
+    else return kvm_err(KVM_EINVAL, "sculpt: method '%s' is not sculpt, selectfit, joint-fixed, am or kvzip", s ? s : "");
     return 0;
 }
 
@@ -69,6 +73,8 @@ typedef struct pass {
     const kvm_sculpt_opts *o;
     int rounds, iters, keep;  /* keep = 1: store kc/vc/beta */
     int64_t n_synth, future;
+    const kvm_sculpt_qsets *qs; /* model queries (query_source), or NULL */
+    int64_t n_model[KVM_SCULPT_QSRC_COUNT]; /* per problem, by source (synthetic slot: n_synth) */
     job *jobs;
     int n_jobs, next;
     double lbfgs_s, ridge_s;   /* wall seconds of the batched solves' phases */
@@ -84,7 +90,8 @@ static int run_job(pass *ps, int i)
     int layer = i / c->n_kv_heads, kvh = i % c->n_kv_heads, d = c->head_dim;
     kvm_sculpt_problem p;
     double t0 = now_s();
-    int rc = kvm_sculpt_problem_build(c, ps->in->cap, layer, kvh, jb->m, ps->n_synth, ps->future, ps->o->seed, &p);
+    int rc = kvm_sculpt_problem_build_mixed(c, ps->in->cap, layer, kvh, jb->m, ps->n_synth, ps->future, ps->o->seed,
+                                            ps->qs, ps->n_model, &p);
     jb->query_s += now_s() - t0;
     if (rc) return rc;
     p.lse_mass_weight = ps->o->lse_mass_weight;
@@ -132,8 +139,8 @@ static int build_job(pass *ps, int i)
     job *jb = &ps->jobs[i];
     int layer = i / c->n_kv_heads, kvh = i % c->n_kv_heads;
     double t0 = now_s();
-    int rc = kvm_sculpt_problem_build(c, ps->in->cap, layer, kvh, jb->m, ps->n_synth, ps->future, ps->o->seed,
-                                      &ps->probs[i]);
+    int rc = kvm_sculpt_problem_build_mixed(c, ps->in->cap, layer, kvh, jb->m, ps->n_synth, ps->future, ps->o->seed,
+                                            ps->qs, ps->n_model, &ps->probs[i]);
     jb->query_s += now_s() - t0;
     if (rc) {
         char why[200];
@@ -266,7 +273,9 @@ static int run_pass(pass *ps, int threads)
     int64_t active = 0;
     for (int i = 0; i < ps->n_jobs; i++) active += ps->jobs[i].active != 0;
     kvm_progress_add_total(ps->in->progress, active);
-    if (ps->o->lbfgs_oracle) return run_workers(ps, threads);
+    /* the oracle is per problem, and the am / kvzip baselines run no L-BFGS */
+    if (ps->o->lbfgs_oracle || ps->o->mode == KVM_SCULPT_AM || ps->o->mode == KVM_SCULPT_KVZIP)
+        return run_workers(ps, threads);
     if (ps->o->cuda && !kvm_sculpt_backend_cuda(ps->o->cuda_device)) /* before building anything */
         return kvm_err(KVM_EDEVICE, "sculpt solver: %s", kvm_errmsg());
     ps->probs = calloc((size_t)ps->n_jobs, sizeof *ps->probs);
@@ -303,7 +312,7 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
     if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
         o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 || o->threads < 1 || o->threads > 256 ||
         !(o->alloc_power >= 0) || o->cuda_device < 0 || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
-        (int)o->mode < 0 || o->mode > 2 || c->head_dim > 512)
+        (int)o->mode < 0 || o->mode > KVM_SCULPT_KVZIP || c->head_dim > 512)
         return kvm_err(KVM_EINVAL, "sculpt: option out of range (synthetic %lld, lambda %g, alpha %g, vnorm cap %g, "
                                    "rounds %d, iters %d, history %d, threads %d, power %g)",
                        (long long)o->n_synth, o->lambda, o->ridge_alpha, o->vnorm_cap, o->rounds, o->lbfgs_iters,
@@ -419,11 +428,20 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
 {
     const kvm_model_config *c = &in->model->cfg;
     const int n = c->n_layers * c->n_kv_heads;
-    pass ps = {.in = in, .o = o, .n_synth = o->n_synth, .jobs = jobs, .n_jobs = n,
+    pass ps = {.in = in, .o = o, .jobs = jobs, .n_jobs = n,
                .future = o->future_tokens > 0 ? o->future_tokens : in->n_future > 0 ? in->n_future : 64};
+    /* the query sources' shares of S, and their forward passes once per document */
+    kvm_sculpt_qsource_counts(&o->query_source, o->n_synth, ps.n_model);
+    ps.n_synth = ps.n_model[KVM_SCULPT_QSRC_SYNTHETIC];
+    kvm_sculpt_qsets own;
+    int rc = in->qcache ? kvm_sculpt_qsets_ensure(in, &o->query_source, o->n_synth, in->qcache)
+                        : kvm_sculpt_qsets_build(in, &o->query_source, o->n_synth, &own);
+    if (rc) return rc;
+    ps.qs = in->qcache ? in->qcache : &own;
+    st->qprefill_s = ps.qs->seconds;
     int blas_threads = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    int rc = o->alloc != KVM_SCULPT_ALLOC_UNIFORM ? pilot(&ps, c, st) : 0;
+    rc = o->alloc != KVM_SCULPT_ALLOC_UNIFORM ? pilot(&ps, c, st) : 0;
     if (!rc) {
         ps.rounds = o->rounds;
         ps.iters = o->lbfgs_iters;
@@ -438,6 +456,7 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
     st->lbfgs_s += ps.lbfgs_s;
     st->ridge_s += ps.ridge_s;
     openblas_set_num_threads(blas_threads);
+    if (!in->qcache) kvm_sculpt_qsets_free(&own);
     if (!rc) rc = assemble(in, jobs, dst);
     return rc;
 }

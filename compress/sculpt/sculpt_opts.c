@@ -11,7 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
-typedef enum kind { K_I64, K_INT, K_F64, K_U64, K_BOOL, K_MODE, K_ALLOC, K_BUDGET } kind;
+typedef enum kind { K_I64, K_INT, K_F64, K_U64, K_BOOL, K_MODE, K_ALLOC, K_QSOURCE, K_BUDGET } kind;
 
 typedef struct row {
     const char *name, *def, *unit, *help, *replaced_by;
@@ -105,6 +105,7 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
     char *p = (char *)o + r->off;
     if (r->kind == K_MODE) return kvm_sculpt_mode_parse(value, (kvm_sculpt_mode *)(void *)p);
     if (r->kind == K_ALLOC) return kvm_sculpt_alloc_parse(value, (kvm_sculpt_alloc *)(void *)p);
+    if (r->kind == K_QSOURCE) return kvm_sculpt_qsource_parse(value, (kvm_sculpt_qsource *)(void *)p);
     if (r->kind == K_BOOL) {
         if (parse_bool(value, (int *)(void *)p))
             return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected 1/0, true/false, yes/no or on/off", name, value);

@@ -2,6 +2,7 @@
  * retain-zone queries of the GQA group + synthetic future queries re-RoPE'd at future
  * positions) and the full-cache references the loss compares against (KVSculpt §3). */
 #include "compress/sculpt/kvm_sculpt_problem.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
@@ -51,7 +52,7 @@ int kvm_sculpt_problem_prepare(kvm_sculpt_problem *p)
     }
     /* the references by the backend's blocked float32 GEMMs and row kernels (sums in float64) */
     kvm_sculpt_refs_in in = {.d = d, .scale = p->scale, .nq = nq, .nc = nc, .m = p->m,
-                             .n_mass = p->nq_real > 0 ? p->nq_real : nq, .q = p->q, .kz = p->kz, .vz = p->vz,
+                             .n_mass = p->nq_real + p->nq_model > 0 ? p->nq_real + p->nq_model : nq, .q = p->q, .kz = p->kz, .vz = p->vz,
                              .kr = p->kr, .vr = p->vr, .n_vis = p->n_vis};
     double ms = 0;
     if ((rc = kvm_cpu_sculpt_refs(&in, p->o_full, p->o_ret, p->lse_zone, p->lse_ret, mass, &ms))) goto done;
@@ -79,7 +80,43 @@ int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, 
                              int64_t m, int64_t n_synth, int64_t future_tokens, uint64_t seed,
                              kvm_sculpt_problem *p)
 {
+    return kvm_sculpt_problem_build_mixed(c, cap, layer, kv_head, m, n_synth, future_tokens, seed, NULL, NULL, p);
+}
+
+/* Appends n model queries of set (source src) for KV head kv_head at p->q + *i (stratified). */
+static void add_model_queries(const kvm_model_config *c, const kvm_sculpt_qset *set, int src, int layer, int kv_head,
+                              int64_t n, uint64_t seed, kvm_sculpt_problem *p, int64_t *i)
+{
+    const int d = c->head_dim, H = c->n_heads, group = c->n_heads / c->n_kv_heads;
+    const int64_t pairs = (int64_t)group * set->n;
+    uint64_t st = seed ^ (0x632BE59BD9B4E019ull * (uint64_t)(layer + 1)) ^ (0x8CB92BA72F3D8DD7ull * (uint64_t)(kv_head + 1)) ^
+                  (0xD6E8FEB86659FD93ull * (uint64_t)(src + 1));
+    splitmix64(&st);
+    const float *base = set->q + (size_t)layer * (size_t)H * (size_t)set->n * (size_t)d;
+    for (int64_t s = 0; s < n; s++, (*i)++) {
+        double u = (double)(splitmix64(&st) >> 11) * 0x1.0p-53;
+        int64_t j = (int64_t)(((double)s + u) * (double)pairs / (double)n);
+        if (j >= pairs) j = pairs - 1;
+        int64_t t = j / group;
+        int g = (int)(j % group);
+        memcpy(p->q + *i * d, base + ((size_t)(kv_head * group + g) * (size_t)set->n + (size_t)t) * (size_t)d,
+               (size_t)d * sizeof *p->q);
+        p->n_vis[*i] = p->m;
+    }
+}
+
+int kvm_sculpt_problem_build_mixed(const kvm_model_config *c, const kvm_capture *cap, int layer, int kv_head,
+                                   int64_t m, int64_t n_synth, int64_t future_tokens, uint64_t seed,
+                                   const kvm_sculpt_qsets *qs, const int64_t *n_model, kvm_sculpt_problem *p)
+{
     memset(p, 0, sizeof *p);
+    int64_t n_mod = 0;
+    for (int s = KVM_SCULPT_QSRC_REPEAT; n_model && s < KVM_SCULPT_QSRC_COUNT; s++) {
+        if (n_model[s] < 0) return kvm_err(KVM_EINVAL, "sculpt: %lld model queries", (long long)n_model[s]);
+        if (n_model[s] > 0 && (!qs || qs->set[s].n < 1 || !qs->set[s].q))
+            return kvm_err(KVM_EINVAL, "sculpt: query source %d has no captured queries", s);
+        n_mod += n_model[s];
+    }
     const int64_t N = kvm_capture_n_tokens(cap);
     const int d = c->head_dim, group = c->n_heads / c->n_kv_heads;
     const kvm_capture_layer *L = kvm_capture_layer_get(cap, layer);
@@ -96,7 +133,8 @@ int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, 
     p->kr = p->kz + (size_t)p->nc * (size_t)d;
     p->vr = p->vz + (size_t)p->nc * (size_t)d;
     p->nq_real = (int64_t)group * m;
-    p->nq = p->nq_real + n_synth;
+    p->nq_model = n_mod;
+    p->nq = p->nq_real + n_mod + n_synth;
     if (p->nq == 0) return kvm_err(KVM_EINVAL, "sculpt: no training queries (retain zone and synthetic queries both empty)");
     int rc = KVM_ENOMEM;
     float *cs = NULL, *sn = NULL;
@@ -112,6 +150,8 @@ int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, 
             p->n_vis[i] = t - (N - m) + 1;
         }
     }
+    for (int s = KVM_SCULPT_QSRC_REPEAT; n_mod > 0 && s < KVM_SCULPT_QSRC_COUNT; s++)
+        if (n_model[s] > 0) add_model_queries(c, &qs->set[s], s, layer, kv_head, n_model[s], seed, p, &i);
     if (n_synth > 0) {
         cs = malloc((size_t)(n_synth * (d / 2)) * sizeof *cs);
         sn = malloc((size_t)(n_synth * (d / 2)) * sizeof *sn);
@@ -129,7 +169,7 @@ int kvm_sculpt_problem_build(const kvm_model_config *c, const kvm_capture *cap, 
             p->n_vis[i] = m;
         }
         kvm_model_rope_table(c, pos, n_synth, cs, sn); /* the model's RoPE, llama3 scaling included */
-        kvm_kernels_cpu()->rope(p->q + p->nq_real * d, n_synth, d, 1, d, cs, sn, c->rope_style);
+        kvm_kernels_cpu()->rope(p->q + (p->nq_real + n_mod) * d, n_synth, d, 1, d, cs, sn, c->rope_style);
     }
     if ((rc = kvm_sculpt_problem_prepare(p))) goto fail;
     free(cs);

@@ -166,6 +166,8 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
     if (k < 0 || k > p->nc)
         return kvm_err(KVM_EINVAL, "sculpt: k = %lld distilled entries but the compress zone has %lld tokens",
                        (long long)k, (long long)p->nc);
+    if (o->mode == KVM_SCULPT_AM) return kvm_sculpt_am_head(p, o, k, kc, vc, beta, st);
+    if (o->mode == KVM_SCULPT_KVZIP) return kvm_sculpt_kvzip_head(p, o, k, kc, vc, beta, st);
     const int d = p->d;
     int rc = 0;
     int64_t *idx = malloc((size_t)(k > 0 ? k : 1) * sizeof *idx);
