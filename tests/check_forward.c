@@ -190,7 +190,8 @@ START_TEST(test_ragged_equals_masked)
 END_TEST
 
 /* A pre_attn hook that points the kernel at another cache, and a post_attn hook that
- * checks probabilities sum to one over visible entries and counts calls. */
+ * checks the kernel's observation rows sum to one over visible entries (and the mass to
+ * n_q) and counts calls. */
 typedef struct hook_state {
     int pre_calls, post_calls, update_calls;
     kvm_kvcache *other;
@@ -215,10 +216,19 @@ static int on_post(void *u, const kvm_attn_site *s)
 {
     hook_state *st = u;
     st->post_calls++;
-    for (int64_t i = 0; i < s->n_q; i++) {
-        double sum = 0;
-        for (int64_t e = 0; e < s->n_e; e++) sum += s->probs[i * s->n_e + e];
-        st->max_rowsum_err = fmax(st->max_rowsum_err, fabs(sum - 1.0));
+    const kvm_attn_layer *a = s->attn;
+    if (!a || a->n_obs != s->n_q || !a->obs || !a->mass) return KVM_EINVAL;
+    for (int h = 0; h < a->n_heads; h++) {
+        const int64_t n_e = a->n_e[h / (a->n_heads / a->n_kv_heads)];
+        double mass = 0;
+        for (int64_t e = 0; e < n_e; e++) mass += a->mass[(int64_t)h * a->ld_e + e];
+        /* every query's row sums to one, so the mass over all of them sums to n_q */
+        st->max_rowsum_err = fmax(st->max_rowsum_err, fabs(mass - (double)s->n_q) / (double)s->n_q);
+        for (int64_t i = 0; i < s->n_q; i++) {
+            double sum = 0;
+            for (int64_t e = 0; e < n_e; e++) sum += a->obs[((int64_t)h * a->n_obs + i) * a->ld_e + e];
+            st->max_rowsum_err = fmax(st->max_rowsum_err, fabs(sum - 1.0));
+        }
     }
     return 0;
 }
@@ -232,13 +242,14 @@ START_TEST(test_hooks)
     ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
     ck_assert_int_eq(kvm_forward_cache_new(model, 64, &c), 0);
     hook_state st = {0};
-    kvm_hooks h = {.user = &st, .cache_update = on_update, .pre_attn = on_pre, .post_attn = on_post};
+    kvm_hooks h = {.user = &st, .cache_update = on_update, .pre_attn = on_pre, .post_attn = on_post,
+                   .stats = KVM_ATTN_STAT_OBS | KVM_ATTN_STAT_MASS, .n_obs = 64};
     ck_assert_int_eq(kvm_forward_add_hooks(f, &h), 0);
     float *logits = malloc(32 * 512 * sizeof *logits);
     ck_assert_int_eq(kvm_forward_prefill(f, c, ids, 32, logits, KVM_LOGITS_ALL), 0);
     ck_assert_int_eq(st.update_calls, 5);
     ck_assert_int_eq(st.pre_calls, 5);
-    ck_assert_int_eq(st.post_calls, 5 * 8);
+    ck_assert_int_eq(st.post_calls, 5); /* once per layer */
     ck_assert_double_lt(st.max_rowsum_err, 1e-5);
     /* hooks observe without changing results */
     ck_assert_float_le(max_abs_diff(logits, gold_logits, 32 * 512), 2e-4f);
