@@ -278,13 +278,46 @@ START_TEST(test_hooks)
 }
 END_TEST
 
+static int post_noop(void *u, const kvm_attn_site *s) { return u && s ? 0 : KVM_EINVAL; }
+
+/* Hook sets must agree on the MASS window; OBS needs n_obs ≥ 1; a set whose post_attn is
+ * NULL asks for nothing, whatever its flags. */
+START_TEST(test_hook_stats_requests)
+{
+    kvm_forward *f;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    int u = 0;
+    kvm_hooks a = {.user = &u, .post_attn = post_noop, .stats = KVM_ATTN_STAT_MASS, .mass_p0 = 0, .mass_p1 = 16};
+    kvm_hooks same = a, other = a, all = a, obs0 = {.user = &u, .post_attn = post_noop, .stats = KVM_ATTN_STAT_OBS};
+    other.mass_p1 = 17;
+    all.mass_p1 = 0; /* every query */
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &a), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &same), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &other), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "[0, 17)"));
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &all), KVM_EINVAL);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &obs0), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "n_obs"));
+    kvm_forward_clear_hooks(f);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &all), 0); /* cleared: a new window is fine */
+    other.post_attn = NULL;
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &other), 0);
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_forward_cache_new(model, 16, &c), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, c, ids, 8, NULL, KVM_LOGITS_NONE), 0);
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f);
+}
+END_TEST
+
 static Suite *forward_suite(void)
 {
     Suite *s = suite_create("forward");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"prefill_golden", test_prefill_golden}, {"prefill_chunked_golden", test_prefill_chunked_golden},
         {"decode_golden", test_decode_golden}, {"bad_inputs", test_bad_inputs},
-        {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks}};
+        {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks},
+        {"hook_stats_requests", test_hook_stats_requests}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, load_golden, free_golden);
