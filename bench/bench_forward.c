@@ -1,8 +1,12 @@
 /* bench_forward.c: prefill and decode throughput of the CPU forward, against kvmill's own
  * token-by-token path on the same input and against plain cblas_sgemm of the prefill's
- * GEMM shapes. Prints one `key=value` line per measurement (medians of --reps runs). */
+ * GEMM shapes. Prints one `key=value` line per measurement (medians of --reps runs).
+ * --compare-ref 1 instead times the forward on the per-layer attention kernel against the
+ * same forward on the per-head kernel it replaced (kvm_cpu_attention_ref), interleaved in
+ * one run, and prints both medians and their ratio. */
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
+#include "kernels/cpu/kvm_cpu_attn_ref.h"
 
 #include <cblas.h>
 #include <stdio.h>
@@ -88,11 +92,74 @@ static int noop_hook(void *user, kvm_attn_site *site)
     return 0;
 }
 
+/* Prefill of n tokens, then gen greedy decode steps, on forward f (batch n) and f1 (batch
+ * 1); seconds of each into *tp, *td. */
+static int time_pass(const kvm_model *m, kvm_forward *f, kvm_forward *f1, const int32_t *ids, int64_t n, int64_t gen,
+                     float *logits, double *tp, double *td)
+{
+    kvm_kvcache *cache;
+    if (kvm_forward_cache_new(m, n + gen, &cache)) return 1;
+    double t0 = now_s();
+    int rc = kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST);
+    *tp = now_s() - t0;
+    t0 = now_s();
+    for (int64_t i = 0; !rc && i < gen; i++) {
+        int32_t best = 0;
+        for (int v = 1; v < m->cfg.vocab_size; v++) best = logits[v] > logits[best] ? v : best;
+        rc = kvm_forward_decode(f1, cache, best, logits);
+    }
+    *td = now_s() - t0;
+    kvm_kvcache_free(&cache);
+    return rc;
+}
+
+/* --compare-ref: the per-layer kernel (new) against the per-head reference (old) on the
+ * same model, tokens and threads, alternating per repetition so load drifts hit both. The
+ * old side runs on a copy of the CPU table whose attention is the reference, over a second
+ * copy of the model (weights are prepared per backend table). */
+static int compare_ref(const char *path, const int32_t *ids, int64_t n, int64_t gen, int reps, int threads)
+{
+    static kvm_kernels old_k;
+    old_k = *kvm_kernels_cpu();
+    old_k.attention = kvm_cpu_attention_ref;
+    const kvm_kernels *ks[2] = {kvm_kernels_cpu(), &old_k};
+    kvm_model *m[2] = {NULL, NULL};
+    kvm_forward *f[2] = {NULL, NULL}, *f1[2] = {NULL, NULL};
+    double tp[2][16], td[2][16];
+    float *logits = NULL;
+    int rc = 0;
+    for (int s = 0; !rc && s < 2; s++)
+        rc = kvm_model_open(path, &m[s]) || kvm_forward_new(m[s], ks[s], n, &f[s]) || kvm_forward_new(m[s], ks[s], 1, &f1[s]);
+    if (!rc && !(logits = malloc((size_t)m[0]->cfg.vocab_size * sizeof *logits))) rc = 1;
+    for (int r = 0; !rc && r < reps; r++)
+        for (int s = 0; !rc && s < 2; s++) {
+            int side = r % 2 ? 1 - s : s; /* ABBA order */
+            rc = time_pass(m[side], f[side], f1[side], ids, n, gen, logits, &tp[side][r], &td[side][r]);
+        }
+    if (rc) fprintf(stderr, "%s\n", kvm_errmsg());
+    else {
+        double pn = median(tp[0], reps), po = median(tp[1], reps), dn = median(td[0], reps), d_o = median(td[1], reps);
+        printf("model=%s layers=%d heads=%d/%d threads=%d N=%lld gen=%lld reps=%d (per-layer kernel vs per-head reference)\n",
+               path, m[0]->cfg.n_layers, m[0]->cfg.n_heads, m[0]->cfg.n_kv_heads, threads, (long long)n,
+               (long long)gen, reps);
+        printf("  prefill_tok_s new=%.0f old=%.0f new/old=%.3f\n", (double)n / pn, (double)n / po, po / pn);
+        printf("  decode_tok_s new=%.1f old=%.1f new/old=%.3f (%lld steps after %lld tokens)\n", (double)gen / dn,
+               (double)gen / d_o, d_o / dn, (long long)gen, (long long)n);
+    }
+    free(logits);
+    for (int s = 0; s < 2; s++) {
+        kvm_forward_free(&f[s]);
+        kvm_forward_free(&f1[s]);
+        kvm_model_close(&m[s]);
+    }
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *ids_path = NULL;
     int64_t n = 512, tbt_n = 0, gen = 128;
-    int reps = 5, threads = 1;
+    int reps = 5, threads = 1, cmp_ref = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model_path = argv[i + 1];
         else if (!strcmp(argv[i], "--ids")) ids_path = argv[i + 1];
@@ -101,14 +168,26 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gen")) gen = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--compare-ref")) cmp_ref = atoi(argv[i + 1]);
     }
     if (!model_path || n <= gen || reps < 1 || reps > 16) {
-        fprintf(stderr, "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] [--threads T]\n");
+        fprintf(stderr, "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] "
+                        "[--threads T] [--compare-ref 1]\n");
         return 2;
     }
     if (tbt_n <= 0 || tbt_n > n) tbt_n = n;
     kvm_kernels_cpu_set_threads(threads);
     kvm_model *m;
+    if (cmp_ref) {
+        kvm_model *mm;
+        if (kvm_model_open(model_path, &mm)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
+        int32_t *tok = malloc((size_t)n * sizeof *tok);
+        load_tokens(ids_path, tok, n, mm->cfg.vocab_size);
+        kvm_model_close(&mm);
+        int rc = compare_ref(model_path, tok, n, gen, reps, threads);
+        free(tok);
+        return rc;
+    }
     if (kvm_model_open(model_path, &m)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
     const kvm_model_config *c = &m->cfg;
     int32_t *ids = malloc((size_t)n * sizeof *ids);

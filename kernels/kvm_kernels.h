@@ -19,28 +19,67 @@ typedef enum kvm_rope_style {
     KVM_ROPE_HALF = 1,        /* pairs (i, i + d/2): Hugging Face rotate_half */
 } kvm_rope_style;
 
-/* One attention head's problem: n_q queries against n_e cache entries of one KV head.
- * Entry e is visible to query i iff pos[e] == KVM_POS_NONE or pos[e] <= qpos[i] (causal by
- * position). Entries must be sorted so that visible sets are prefixes: KVM_POS_NONE entries
- * first, then non-decreasing positions (the ragged KV cache keeps this order). */
-typedef struct kvm_attn_head {
-    const float *q;       /* [n_q][head_dim], row stride ldq floats (post-RoPE queries) */
-    int64_t ldq;          /* floats between consecutive query rows */
-    const int32_t *qpos;  /* [n_q] absolute positions of the queries */
-    int64_t n_q;          /* number of queries */
-    const float *k;       /* [n_e][head_dim] contiguous post-RoPE keys */
-    const float *v;       /* [n_e][head_dim] contiguous values */
-    const int32_t *pos;   /* [n_e] entry positions or KVM_POS_NONE */
-    const float *bias;    /* [n_e] logit bias added to each score, or NULL for all zero */
-    int64_t n_e;          /* number of entries */
-    int head_dim;         /* d */
-    float scale;          /* score scale, 1/sqrt(d) */
-    float *out;           /* [n_q][head_dim], row stride ldo floats: softmax(qK^T)V */
-    int64_t ldo;          /* floats between consecutive output rows */
-    float *probs;         /* scratch [n_q][n_e] (row stride n_e); on return, when want_probs,
-                             holds the attention probabilities, 0 at masked entries */
-    int want_probs;       /* 1: every probs row must be complete; 0: scratch only (faster) */
-} kvm_attn_head;
+/* Statistics the attention kernel writes per query head when asked (kvm_attn_layer.stats,
+ * OR of these flags). p_i[e] is query i's attention probability on entry e (0 where e is
+ * masked), s_i[e] = scale·q_i·k_e + bias[e] its logit. They are what compression reads from
+ * attention, so no probability matrix leaves the kernel (kernels/LAYOUT.md, "Per-layer
+ * attention"). */
+enum kvm_attn_stat {
+    /* mass[h][e] = Σ p_i[e] over the queries i with qpos[i] in [mass_p0, mass_p1), summed in
+     * query order in float32 from 0: the attention each key receives (H2O heavy hitters,
+     * Zhang et al. 2023 §3; the capture's received mass). */
+    KVM_ATTN_STAT_MASS = 1u << 0,
+    /* entropy[h][i] = −Σ_e p_i[e] ln p_i[e] (nats, accumulated in double, 0 for a query
+     * that sees no entry): PolyKV's layer entropy signal. */
+    KVM_ATTN_STAT_ENTROPY = 1u << 1,
+    /* lse[h][i] = ln Σ_e exp(s_i[e]) over the visible entries (−∞ when none): the
+     * log-normaliser KVSculpt's references use. */
+    KVM_ATTN_STAT_LSE = 1u << 2,
+    /* obs[h][r][e] = p_i[e] for the last n_obs queries, i = n_q − n_obs + r: SnapKV /
+     * PyramidKV's observation window (Li et al. 2024 Alg. 1); n_obs = 1 is TOVA's
+     * last-query scores (Oren et al. 2024 §4). */
+    KVM_ATTN_STAT_OBS = 1u << 3,
+};
+
+/* One layer's attention: every query head over its KV head's ragged cache (GQA: query head
+ * h reads KV head h / (n_heads / n_kv_heads)), for prefill (n_q tokens, causal) and decode
+ * (n_q = 1) alike. Entry e of KV head g is visible to query i iff pos[g][e] == KVM_POS_NONE
+ * or pos[g][e] <= qpos[i]. Each head's entries must be sorted so that visible sets are
+ * prefixes: KVM_POS_NONE entries first, then non-decreasing positions (the ragged KV cache
+ * keeps this order). out_h,i = Σ_e p_i[e] v_e with p_i = softmax_e(scale·q_h,i·k_e + bias[e])
+ * over the visible entries (0 when none is visible).
+ *
+ * Memory: the descriptor and its per-KV-head arrays (k, v, pos, bias, n_e) are host memory,
+ * read during the call only; every tensor they point at, and q, qpos, out and the statistics
+ * buffers, are backend memory (host for CPU, device for CUDA), allocated by the caller
+ * (kvm_kernels.alloc) and never retained by the kernel. Buffers of statistics not asked for
+ * may be NULL. Rows of mass/obs are ld_e floats; entries [n_e[g], ld_e) of a row are set to 0. */
+typedef struct kvm_attn_layer {
+    int n_heads;              /* query heads, a multiple of n_kv_heads */
+    int n_kv_heads;           /* KV heads */
+    int head_dim;             /* d */
+    float scale;              /* score scale, 1/sqrt(d) */
+    const float *q;           /* [n_q][ldq] post-RoPE queries, token-major: head h of query i at q + i·ldq + h·d */
+    int64_t ldq;              /* floats between query rows, ≥ n_heads·d */
+    const int32_t *qpos;      /* [n_q] absolute positions of the queries */
+    int64_t n_q;              /* queries (0: nothing to do) */
+    const float *const *k;    /* [n_kv_heads] host array; k[g] is [n_e[g]][d] contiguous post-RoPE keys */
+    const float *const *v;    /* [n_kv_heads]; v[g] is [n_e[g]][d] contiguous values */
+    const int32_t *const *pos;/* [n_kv_heads]; pos[g] is [n_e[g]] entry positions or KVM_POS_NONE */
+    const float *const *bias; /* [n_kv_heads] or NULL (all zero); bias[g] is [n_e[g]] logit bias β or NULL */
+    const int64_t *n_e;       /* [n_kv_heads] host array: entries of each KV head (ragged) */
+    float *out;               /* [n_q][ldo] outputs, head h of query i at out + i·ldo + h·d */
+    int64_t ldo;              /* floats between output rows, ≥ n_heads·d */
+
+    unsigned stats;           /* OR of kvm_attn_stat; 0 = outputs only (the fast path) */
+    int32_t mass_p0, mass_p1; /* MASS: sum over queries with qpos in [mass_p0, mass_p1) */
+    int64_t n_obs;            /* OBS: rows kept, in [1, n_q] */
+    int64_t ld_e;             /* MASS/OBS row length, ≥ max_g n_e[g] */
+    float *mass;              /* MASS: [n_heads][ld_e] */
+    float *entropy;           /* ENTROPY: [n_heads][n_q] */
+    float *lse;               /* LSE: [n_heads][n_q] */
+    float *obs;               /* OBS: [n_heads][n_obs][ld_e] */
+} kvm_attn_layer;
 
 /* A weight matrix W [out][in] prepared by a backend for Y = X · Wᵀ (packed panels on CPU,
  * device memory on CUDA). Opaque; made by weight_new, released by weight_free. */
@@ -88,8 +127,12 @@ typedef struct kvm_kernels {
     /* x[i] += y[i] for i in [0, n) (residual). */
     void (*add)(float *x, const float *y, int64_t n);
 
-    /* One head's attention (see kvm_attn_head). Returns 0 or KVM_EINVAL. */
-    int (*attention)(const kvm_attn_head *a);
+    /* One layer's attention with the statistics asked for (see kvm_attn_layer), one call
+     * for all heads. Returns 0, KVM_EINVAL (bad sizes: n_q < 0, n_e < 0, d ≤ 0, n_heads not
+     * a multiple of n_kv_heads, ld* too small, a statistic asked for without its buffer,
+     * n_obs outside [1, n_q]), KVM_ENOMEM (scratch), or on CUDA KVM_EDEVICE with the failing
+     * call and device in kvm_errmsg. Outputs and statistics are undefined on error. */
+    int (*attention)(const kvm_attn_layer *a);
 } kvm_kernels;
 
 /* The CPU backend (OpenBLAS). Never NULL. */

@@ -1,6 +1,7 @@
 /* kvm_capture.c: KV/query/statistics capture through the forward's hooks: cache_update
- * copies the new keys, values and queries head-major, post_attn reduces each head's
- * probability rows to entropy and received attention mass. */
+ * downloads the new keys, values and queries and stores them head-major; post_attn
+ * downloads the per-head entropy and received-mass statistics the attention kernel made
+ * (kvm_attn_layer) and files them by position. */
 #include "model/kvm_capture.h"
 #include "common/kvm_error.h"
 
@@ -14,6 +15,8 @@ struct kvm_capture {
     kvm_capture_opts o;
     kvm_capture_layer *layers;
     kvm_hooks hooks;
+    float *stage;            /* host staging for downloads, stage_cap floats */
+    size_t stage_cap;
 };
 
 static int on_update(void *user, kvm_attn_site *s);
@@ -50,7 +53,9 @@ int kvm_capture_new(const kvm_model_config *c, int64_t n_tokens, const kvm_captu
         return kvm_err(KVM_ENOMEM, "capture: out of memory for %lld tokens", (long long)n_tokens);
     }
     cap->hooks = (kvm_hooks){.user = cap, .want_q_pre = cap->o.want_queries, .cache_update = on_update,
-                             .post_attn = cap->o.want_stats ? on_post : NULL};
+                             .post_attn = cap->o.want_stats ? on_post : NULL,
+                             .stats = cap->o.want_stats ? KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_MASS : 0,
+                             .mass_p0 = cap->o.mass_q0, .mass_p1 = cap->o.mass_q1};
     *out = cap;
     return 0;
 }
@@ -64,6 +69,7 @@ void kvm_capture_free(kvm_capture **pc)
         free(L->k); free(L->v); free(L->q_pre); free(L->q); free(L->entropy); free(L->mass);
     }
     free(c->layers);
+    free(c->stage);
     free(c);
     *pc = NULL;
 }
@@ -76,48 +82,78 @@ kvm_capture_layer *kvm_capture_layer_mut(kvm_capture *cap, int l) { return &cap-
 
 int64_t kvm_capture_n_tokens(const kvm_capture *cap) { return cap->n; }
 
-/* Copies token-major rows [n_q][n_heads*d] into head-major [n_heads][N][d] at their positions. */
-static void scatter(float *dst, const float *src, const int32_t *qpos, int64_t n_q, int n_heads, int d, int64_t N)
+/* Host staging of at least n floats for a download. */
+static float *stage(kvm_capture *c, size_t n)
 {
-    for (int64_t i = 0; i < n_q; i++) {
-        if (qpos[i] < 0 || qpos[i] >= N) continue;
-        for (int h = 0; h < n_heads; h++)
-            memcpy(dst + ((int64_t)h * N + qpos[i]) * d, src + (i * n_heads + h) * d, (size_t)d * sizeof(float));
+    if (n > c->stage_cap) {
+        float *p = realloc(c->stage, n * sizeof *p);
+        if (!p) return NULL;
+        c->stage = p;
+        c->stage_cap = n;
     }
+    return c->stage;
+}
+
+/* Downloads token-major rows [n_q][n_heads*d] from backend memory and files them head-major
+ * [n_heads][N][d] at their positions. */
+static int scatter(kvm_capture *c, const kvm_attn_site *s, float *dst, const float *src, int n_heads)
+{
+    const int d = c->cfg.head_dim;
+    const size_t n = (size_t)s->n_q * (size_t)n_heads * (size_t)d;
+    float *h = stage(c, n);
+    if (!h) return kvm_err(KVM_ENOMEM, "capture: out of memory");
+    int rc = s->kernels->download(h, src, n * sizeof *h);
+    if (rc) return rc;
+    for (int64_t i = 0; i < s->n_q; i++) {
+        if (s->qpos[i] < 0 || s->qpos[i] >= c->n) continue;
+        for (int hd = 0; hd < n_heads; hd++)
+            memcpy(dst + ((int64_t)hd * c->n + s->qpos[i]) * d, h + (i * n_heads + hd) * d, (size_t)d * sizeof(float));
+    }
+    return 0;
 }
 
 static int on_update(void *user, kvm_attn_site *s)
 {
     kvm_capture *c = user;
     kvm_capture_layer *L = &c->layers[s->layer];
-    const int d = c->cfg.head_dim;
-    scatter(L->k, s->k_new, s->qpos, s->n_q, c->cfg.n_kv_heads, d, c->n);
-    scatter(L->v, s->v_new, s->qpos, s->n_q, c->cfg.n_kv_heads, d, c->n);
-    if (c->o.want_queries) {
-        scatter(L->q, s->q, s->qpos, s->n_q, c->cfg.n_heads, d, c->n);
-        scatter(L->q_pre, s->q_pre, s->qpos, s->n_q, c->cfg.n_heads, d, c->n);
-    }
+    int rc;
+    if ((rc = scatter(c, s, L->k, s->k_new, c->cfg.n_kv_heads)) || (rc = scatter(c, s, L->v, s->v_new, c->cfg.n_kv_heads)))
+        return rc;
+    if (c->o.want_queries &&
+        ((rc = scatter(c, s, L->q, s->q, c->cfg.n_heads)) || (rc = scatter(c, s, L->q_pre, s->q_pre, c->cfg.n_heads))))
+        return rc;
     return 0;
 }
 
+/* Files the kernel's entropy [n_heads][n_q] by query position and adds its mass
+ * [n_heads][ld_e] (the window's queries, summed by the kernel) by entry position. */
 static int on_post(void *user, const kvm_attn_site *s)
 {
     kvm_capture *c = user;
     kvm_capture_layer *L = &c->layers[s->layer];
-    const kvm_kv_head *kh = kvm_kvcache_head(s->cache, s->layer, s->kv_head);
-    float *ent = L->entropy + (int64_t)s->head * c->n, *mass = L->mass + (int64_t)s->head * c->n;
+    const kvm_attn_layer *a = s->attn;
+    const int H = c->cfg.n_heads, grp = H / c->cfg.n_kv_heads;
+    const size_t ne = (size_t)H * (size_t)a->n_q, nm = (size_t)H * (size_t)a->ld_e;
+    float *h = stage(c, ne + nm);
+    if (!h) return kvm_err(KVM_ENOMEM, "capture: out of memory");
+    int rc;
+    if ((rc = s->kernels->download(h, a->entropy, ne * sizeof *h)) ||
+        (rc = s->kernels->download(h + ne, a->mass, nm * sizeof *h)))
+        return rc;
+    int any = 0; /* a query of the mass window in this call */
     for (int64_t i = 0; i < s->n_q; i++) {
         int32_t p = s->qpos[i];
         if (p < 0 || p >= c->n) continue;
-        const float *row = s->probs + i * s->n_e;
-        double h = 0.0;
-        for (int64_t e = 0; e < s->n_e; e++)
-            if (row[e] > 0.0f) h -= (double)row[e] * log((double)row[e]);
-        ent[p] = (float)h;
-        if (p < c->o.mass_q0 || p >= c->o.mass_q1) continue;
-        for (int64_t e = 0; e < s->n_e; e++) {
+        for (int hd = 0; hd < H; hd++) L->entropy[(int64_t)hd * c->n + p] = h[(int64_t)hd * a->n_q + i];
+        any |= p >= c->o.mass_q0 && p < c->o.mass_q1;
+    }
+    for (int hd = 0; any && hd < H; hd++) {
+        const kvm_kv_head *kh = kvm_kvcache_head(s->cache, s->layer, hd / grp);
+        const float *m = h + ne + (int64_t)hd * a->ld_e;
+        float *mass = L->mass + (int64_t)hd * c->n;
+        for (int64_t e = 0; e < kh->n; e++) {
             int32_t kp = kh->pos[e];
-            if (kp >= 0 && kp < c->n) mass[kp] += row[e];
+            if (kp >= 0 && kp < c->n) mass[kp] += m[e];
         }
     }
     return 0;

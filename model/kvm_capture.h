@@ -9,7 +9,7 @@
 
 typedef struct kvm_capture_opts {
     int want_queries;  /* 1: keep pre- and post-RoPE queries (n_heads*N*head_dim floats each per layer) */
-    int want_stats;    /* 1: keep attention entropy and received mass (needs every probability row) */
+    int want_stats;    /* 1: keep attention entropy and received mass (the kernel's ENTROPY and MASS statistics) */
     int32_t mass_q0;   /* attention mass sums queries with position in [mass_q0, mass_q1) */
     int32_t mass_q1;   /* ≤ 0 means "to the end" (N) */
 } kvm_capture_opts;

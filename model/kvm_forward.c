@@ -1,7 +1,7 @@
 /* kvm_forward.c: Llama forward (RMSNorm, RoPE, GQA attention, SwiGLU) in token batches.
- * Every projection of a batch is one GEMM on the backend; attention runs per query head
- * over that head's ragged cache, causal by position. Hook points cost a NULL test each
- * when nothing is registered. */
+ * Every projection of a batch is one GEMM on the backend; attention is one backend call
+ * per layer over every head's ragged cache, causal by position, with the statistics the
+ * hooks ask for. Hook points cost a NULL test each when nothing is registered. */
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_fpmode.h"
@@ -18,12 +18,21 @@ struct kvm_forward {
     kvm_hooks hooks[KVM_FORWARD_MAX_HOOKS]; /* registered hook sets */
     int n_hooks;
     int want_q_pre;
-    int want_probs;                         /* a post_attn hook reads probabilities */
+    unsigned stats;                         /* statistics the post_attn hooks read */
+    int has_mass;                           /* a hook set the MASS window below */
+    int32_t mass_p0, mass_p1;               /* MASS window of query positions */
+    int64_t n_obs;                          /* OBS rows asked for (largest of the hooks) */
     /* scratch, [max_batch][width] token-major */
     float *x, *xb, *q, *q_pre, *kk, *vv, *att, *hb, *hb2, *cos_t, *sin_t;
     int32_t *qpos;
-    float *probs;         /* [max_batch][probs_cap] */
-    int64_t probs_cap;    /* entries per row the probs buffer holds */
+    /* the per-layer attention call: per-KV-head views of the cache (host arrays) */
+    const float **kv_k, **kv_v, **kv_bias;
+    const int32_t **kv_pos;
+    int64_t *kv_n;
+    /* statistics buffers in backend memory (k->alloc), grown on demand */
+    float *st_mass, *st_entropy, *st_lse, *st_obs;
+    int64_t st_ld_e;      /* entries per mass/obs row they hold */
+    int64_t st_n_obs;     /* obs rows they hold */
 };
 
 int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch, kvm_forward **out)
@@ -53,8 +62,14 @@ int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch,
     f->cos_t = malloc(B * (size_t)(c->head_dim / 2) * sizeof(float));
     f->sin_t = malloc(B * (size_t)(c->head_dim / 2) * sizeof(float));
     f->qpos = malloc(B * sizeof(int32_t));
+    const size_t nkv = (size_t)c->n_kv_heads;
+    f->kv_k = malloc(nkv * sizeof *f->kv_k);
+    f->kv_v = malloc(nkv * sizeof *f->kv_v);
+    f->kv_bias = malloc(nkv * sizeof *f->kv_bias);
+    f->kv_pos = malloc(nkv * sizeof *f->kv_pos);
+    f->kv_n = malloc(nkv * sizeof *f->kv_n);
     if (!f->x || !f->xb || !f->q || !f->q_pre || !f->kk || !f->vv || !f->att || !f->hb || !f->hb2 || !f->cos_t ||
-        !f->sin_t || !f->qpos) {
+        !f->sin_t || !f->qpos || !f->kv_k || !f->kv_v || !f->kv_bias || !f->kv_pos || !f->kv_n) {
         kvm_forward_free(&f);
         return kvm_err(KVM_ENOMEM, "forward: out of memory for a batch of %zu tokens", B);
     }
@@ -67,7 +82,9 @@ void kvm_forward_free(kvm_forward **pf)
     if (!pf || !*pf) return;
     kvm_forward *f = *pf;
     free(f->x); free(f->xb); free(f->q); free(f->q_pre); free(f->kk); free(f->vv); free(f->att);
-    free(f->hb); free(f->hb2); free(f->cos_t); free(f->sin_t); free(f->qpos); free(f->probs);
+    free(f->hb); free(f->hb2); free(f->cos_t); free(f->sin_t); free(f->qpos);
+    free(f->kv_k); free(f->kv_v); free(f->kv_bias); free(f->kv_pos); free(f->kv_n);
+    f->k->free(f->st_mass); f->k->free(f->st_entropy); f->k->free(f->st_lse); f->k->free(f->st_obs);
     free(f);
     *pf = NULL;
 }
@@ -76,9 +93,27 @@ int kvm_forward_add_hooks(kvm_forward *f, const kvm_hooks *h)
 {
     if (f->n_hooks == KVM_FORWARD_MAX_HOOKS)
         return kvm_err(KVM_EFULL, "forward: at most %d hook sets", KVM_FORWARD_MAX_HOOKS);
+    const unsigned st = h->post_attn ? h->stats : 0;
+    int32_t p0 = h->mass_p0, p1 = h->mass_p1;
+    if (p1 <= p0) { /* every query */
+        p0 = INT32_MIN;
+        p1 = INT32_MAX;
+    }
+    if ((st & KVM_ATTN_STAT_MASS) && f->has_mass && (p0 != f->mass_p0 || p1 != f->mass_p1))
+        return kvm_err(KVM_EINVAL, "forward: hook set %d asks for the attention mass over positions [%d, %d), another "
+                                   "set over [%d, %d)", f->n_hooks, p0, p1, f->mass_p0, f->mass_p1);
+    if ((st & KVM_ATTN_STAT_OBS) && h->n_obs < 1)
+        return kvm_err(KVM_EINVAL, "forward: hook set %d asks for observation rows with n_obs = %lld", f->n_hooks,
+                       (long long)h->n_obs);
+    if (st & KVM_ATTN_STAT_MASS) {
+        f->has_mass = 1;
+        f->mass_p0 = p0;
+        f->mass_p1 = p1;
+    }
+    if ((st & KVM_ATTN_STAT_OBS) && h->n_obs > f->n_obs) f->n_obs = h->n_obs;
     f->hooks[f->n_hooks++] = *h;
     f->want_q_pre |= h->want_q_pre;
-    f->want_probs |= h->post_attn != NULL && !h->no_probs;
+    f->stats |= st;
     return 0;
 }
 
@@ -86,7 +121,9 @@ void kvm_forward_clear_hooks(kvm_forward *f)
 {
     f->n_hooks = 0;
     f->want_q_pre = 0;
-    f->want_probs = 0;
+    f->stats = 0;
+    f->has_mass = 0;
+    f->n_obs = 0;
 }
 
 int kvm_forward_cache_new(const kvm_model *m, int64_t cap, kvm_kvcache **out)
@@ -94,15 +131,36 @@ int kvm_forward_cache_new(const kvm_model *m, int64_t cap, kvm_kvcache **out)
     return kvm_kvcache_new(m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, cap, out);
 }
 
-/* Grows the probabilities scratch to hold [max_batch][n_e]. */
-static int ensure_probs(kvm_forward *f, int64_t n_e)
+/* Replaces *buf by a backend buffer of n floats (old contents dropped). */
+static int regrow(const kvm_kernels *k, float **buf, size_t n)
 {
-    if (n_e <= f->probs_cap) return 0;
-    int64_t cap = n_e < 2 * f->probs_cap ? 2 * f->probs_cap : n_e;
-    float *p = realloc(f->probs, (size_t)f->max_batch * (size_t)cap * sizeof *p);
-    if (!p) return kvm_err(KVM_ENOMEM, "forward: out of memory for attention of %lld entries", (long long)cap);
-    f->probs = p;
-    f->probs_cap = cap;
+    k->free(*buf);
+    *buf = k->alloc(n * sizeof **buf);
+    return *buf ? 0 : kvm_err(KVM_ENOMEM, "forward: out of memory for attention statistics of %zu floats", n);
+}
+
+/* Grows the statistics buffers to rows of ld_e entries and n_obs observation rows. */
+static int ensure_stats(kvm_forward *f, int64_t ld_e, int64_t n_obs)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    const size_t H = (size_t)c->n_heads;
+    int rc = 0;
+    if (!f->st_entropy && (f->stats & KVM_ATTN_STAT_ENTROPY))
+        rc = regrow(f->k, &f->st_entropy, H * (size_t)f->max_batch);
+    if (!rc && !f->st_lse && (f->stats & KVM_ATTN_STAT_LSE)) rc = regrow(f->k, &f->st_lse, H * (size_t)f->max_batch);
+    if (rc) return rc;
+    const int need_mass = (f->stats & KVM_ATTN_STAT_MASS) != 0, need_obs = (f->stats & KVM_ATTN_STAT_OBS) != 0;
+    if (ld_e <= f->st_ld_e && n_obs <= f->st_n_obs && (f->st_mass || !need_mass) && (f->st_obs || !need_obs)) return 0;
+    const int64_t ld = ld_e > f->st_ld_e ? (ld_e < 2 * f->st_ld_e ? 2 * f->st_ld_e : ld_e) : f->st_ld_e;
+    const int64_t no = n_obs > f->st_n_obs ? n_obs : f->st_n_obs;
+    f->k->free(f->st_mass);
+    f->k->free(f->st_obs);
+    f->st_mass = f->st_obs = NULL;
+    f->st_ld_e = f->st_n_obs = 0;
+    if (need_mass && (rc = regrow(f->k, &f->st_mass, H * (size_t)ld))) return rc;
+    if (need_obs && (rc = regrow(f->k, &f->st_obs, H * (size_t)(no > 0 ? no : 1) * (size_t)ld))) return rc;
+    f->st_ld_e = ld;
+    f->st_n_obs = no;
     return 0;
 }
 
@@ -125,32 +183,38 @@ static int append_kv(kvm_kvcache *cache, int layer, const float *kk, const float
     return 0;
 }
 
-/* Attention of every query head over site->cache, calling post_attn hooks per head. */
+/* One attention call over every query head of site->cache's layer, then the post_attn
+ * hooks once with its outputs and statistics. */
 static int attend(kvm_forward *f, kvm_attn_site *site)
 {
     const kvm_model_config *c = &f->m->cfg;
-    const int d = c->head_dim, kv_mul = c->n_heads / c->n_kv_heads;
+    const int d = c->head_dim;
     const int64_t n = site->n_q, ld = (int64_t)c->n_heads * d;
-    for (int h = 0; h < c->n_heads; h++) {
-        const kvm_kv_head *kh = kvm_kvcache_head(site->cache, site->layer, h / kv_mul);
-        int rc = ensure_probs(f, kh->n);
-        if (rc) return rc;
-        kvm_attn_head a = {.q = f->q + (int64_t)h * d, .ldq = ld, .qpos = f->qpos, .n_q = n, .k = kh->k,
-                           .v = kh->v, .pos = kh->pos, .bias = kh->bias, .n_e = kh->n, .head_dim = d,
-                           .scale = 1.0f / sqrtf((float)d), .out = f->att + (int64_t)h * d, .ldo = ld,
-                           .probs = f->probs, .want_probs = f->want_probs};
-        if ((rc = f->k->attention(&a))) return rc;
-        if (!f->n_hooks) continue;
-        site->head = h;
-        site->kv_head = h / kv_mul;
-        site->probs = f->probs;
-        site->n_e = kh->n;
-        site->out = a.out;
-        site->ld_out = ld;
-        for (int i = 0; i < f->n_hooks; i++)
-            if (f->hooks[i].post_attn && (rc = f->hooks[i].post_attn(f->hooks[i].user, site))) return rc;
+    int64_t max_e = 1;
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        const kvm_kv_head *kh = kvm_kvcache_head(site->cache, site->layer, g);
+        f->kv_k[g] = kh->k;
+        f->kv_v[g] = kh->v;
+        f->kv_pos[g] = kh->pos;
+        f->kv_bias[g] = kh->bias;
+        f->kv_n[g] = kh->n;
+        max_e = kh->n > max_e ? kh->n : max_e;
     }
-    return 0;
+    const int64_t n_obs = f->n_obs < n ? f->n_obs : n;
+    int rc = f->stats ? ensure_stats(f, max_e, n_obs) : 0;
+    if (rc) return rc;
+    kvm_attn_layer a = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = d,
+                        .scale = 1.0f / sqrtf((float)d), .q = f->q, .ldq = ld, .qpos = f->qpos, .n_q = n,
+                        .k = f->kv_k, .v = f->kv_v, .pos = f->kv_pos, .bias = f->kv_bias, .n_e = f->kv_n,
+                        .out = f->att, .ldo = ld, .stats = f->stats, .mass_p0 = f->mass_p0, .mass_p1 = f->mass_p1,
+                        .n_obs = n_obs, .ld_e = f->st_ld_e, .mass = f->st_mass, .entropy = f->st_entropy,
+                        .lse = f->st_lse, .obs = f->st_obs};
+    if ((rc = f->k->attention(&a))) return rc;
+    site->attn = &a;
+    for (int i = 0; i < f->n_hooks; i++)
+        if (f->hooks[i].post_attn && (rc = f->hooks[i].post_attn(f->hooks[i].user, site))) break;
+    site->attn = NULL;
+    return rc;
 }
 
 /* y[i][:] += b for each of n rows of width w (a projection's bias). */
@@ -183,9 +247,9 @@ static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n,
     k->rope(f->q, n, qd, c->n_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
     k->rope(f->kk, n, kvd, c->n_kv_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
     if ((rc = append_kv(cache, l, f->kk, f->vv, f->qpos, n))) return rc;
-    kvm_attn_site site = {.layer = l, .phase = phase, .n_q = n, .qpos = f->qpos, .q = f->q,
+    kvm_attn_site site = {.layer = l, .phase = phase, .kernels = k, .n_q = n, .qpos = f->qpos, .q = f->q,
                           .q_pre = f->want_q_pre ? f->q_pre : NULL, .k_new = f->kk, .v_new = f->vv,
-                          .cache = cache, .head = -1, .kv_head = -1};
+                          .cache = cache};
     for (int i = 0; i < f->n_hooks; i++)
         if (f->hooks[i].cache_update && (rc = f->hooks[i].cache_update(f->hooks[i].user, &site))) return rc;
     for (int i = 0; i < f->n_hooks; i++)

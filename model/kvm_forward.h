@@ -15,25 +15,27 @@ typedef enum kvm_phase {
     KVM_PHASE_DECODE = 1,  /* one generated token at a time */
 } kvm_phase;
 
-/* What a hook sees at one layer's attention. Pointers are valid during the callback only. */
+/* What a hook sees at one layer's attention. Pointers are valid during the callback only.
+ * Tensors (q, q_pre, k_new, v_new and everything attn points at) are in the backend's memory
+ * (host memory on the CPU backend, device memory on CUDA): host code reads them through an
+ * explicit site->kernels->download into its own buffer. */
 typedef struct kvm_attn_site {
     int layer;              /* layer index */
     kvm_phase phase;        /* prefill or decode */
+    const kvm_kernels *kernels; /* the backend holding the tensors (download) */
     int64_t n_q;            /* tokens (queries) in this call */
-    const int32_t *qpos;    /* [n_q] their absolute positions */
+    const int32_t *qpos;    /* [n_q] their absolute positions (host memory) */
     const float *q;         /* [n_q][n_heads*head_dim] post-RoPE queries, token-major */
     const float *q_pre;     /* same, before RoPE; NULL unless a hook set want_q_pre */
     const float *k_new;     /* [n_q][n_kv_heads*head_dim] post-RoPE keys appended this call */
     const float *v_new;     /* [n_q][n_kv_heads*head_dim] values appended this call */
     kvm_kvcache *cache;     /* the cache; pre_attn may point it at another cache whose layer
                                `layer` the kernel then attends over (this call only) */
-    /* post_attn only (called once per query head): */
-    int head;               /* query head */
-    int kv_head;            /* its KV head (GQA: head / (n_heads / n_kv_heads)) */
-    const float *probs;     /* [n_q][n_e] attention probabilities over the head's entries */
-    int64_t n_e;            /* entries of kv_head the kernel attended over */
-    const float *out;       /* [n_q][head_dim] attention output of `head`, row stride ld_out */
-    int64_t ld_out;         /* floats between output rows */
+    /* post_attn only (called once per layer, after the kernel): the call just made, with
+     * its outputs (attn->out, [n_q][ldo], all query heads) and the statistics the hooks
+     * asked for (kvm_hooks.stats; attn->n_e[g] entries of KV head g of site->cache, rows
+     * attn->ld_e long). NULL in the other callbacks. */
+    const kvm_attn_layer *attn;
 } kvm_attn_site;
 
 /* A set of hooks. Each callback may be NULL; a non-zero return aborts the forward with that
@@ -41,14 +43,21 @@ typedef struct kvm_attn_site {
 typedef struct kvm_hooks {
     void *user;      /* passed to every callback */
     int want_q_pre;  /* 1 to receive pre-RoPE queries (costs one copy of q per layer) */
-    int no_probs;    /* 1: post_attn reads only the outputs, never site->probs, so the kernel
-                        need not write probabilities (faster, and the same arithmetic as a
-                        forward without hooks) */
+    /* Statistics post_attn reads (OR of kvm_attn_stat, kernels/kvm_kernels.h); 0 = outputs
+     * only, the same arithmetic as a forward without hooks. Asking for MASS, ENTROPY or OBS
+     * makes the kernel normalise probabilities before the value product (outputs differ from
+     * the plain path by float rounding only). */
+    unsigned stats;
+    /* MASS: the window of query positions summed, [mass_p0, mass_p1); mass_p1 ≤ mass_p0
+     * means every query. Hook sets asking for MASS must agree on it. */
+    int32_t mass_p0, mass_p1;
+    int64_t n_obs;   /* OBS: rows of the last queries wanted (the forward passes the largest
+                        any hook asks for, clamped to n_q; a hook wanting r reads the last r) */
     /* After the call's K/V were appended to the layer's cache; may evict entries. */
     int (*cache_update)(void *user, kvm_attn_site *site);
     /* Before the attention kernel; may rewrite the cache or set site->cache to another. */
     int (*pre_attn)(void *user, kvm_attn_site *site);
-    /* After the kernel, once per query head, with that head's probabilities and output. */
+    /* After the kernel, once per layer, with every head's outputs and statistics. */
     int (*post_attn)(void *user, const kvm_attn_site *site);
 } kvm_hooks;
 
@@ -71,8 +80,9 @@ int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch,
 /* Frees the context. Accepts NULL and *f == NULL; sets *f = NULL. */
 void kvm_forward_free(kvm_forward **f);
 
-/* Registers a hook set (copied); hooks run in registration order. Returns 0 or KVM_EFULL
- * after KVM_FORWARD_MAX_HOOKS sets. */
+/* Registers a hook set (copied); hooks run in registration order. Returns 0, KVM_EFULL
+ * after KVM_FORWARD_MAX_HOOKS sets, KVM_EINVAL when its MASS window differs from that of a
+ * hook set already registered. */
 int kvm_forward_add_hooks(kvm_forward *f, const kvm_hooks *h);
 
 /* Removes every hook set. */

@@ -190,7 +190,8 @@ START_TEST(test_ragged_equals_masked)
 END_TEST
 
 /* A pre_attn hook that points the kernel at another cache, and a post_attn hook that
- * checks probabilities sum to one over visible entries and counts calls. */
+ * checks the kernel's observation rows sum to one over visible entries (and the mass to
+ * n_q) and counts calls. */
 typedef struct hook_state {
     int pre_calls, post_calls, update_calls;
     kvm_kvcache *other;
@@ -215,10 +216,19 @@ static int on_post(void *u, const kvm_attn_site *s)
 {
     hook_state *st = u;
     st->post_calls++;
-    for (int64_t i = 0; i < s->n_q; i++) {
-        double sum = 0;
-        for (int64_t e = 0; e < s->n_e; e++) sum += s->probs[i * s->n_e + e];
-        st->max_rowsum_err = fmax(st->max_rowsum_err, fabs(sum - 1.0));
+    const kvm_attn_layer *a = s->attn;
+    if (!a || a->n_obs != s->n_q || !a->obs || !a->mass) return KVM_EINVAL;
+    for (int h = 0; h < a->n_heads; h++) {
+        const int64_t n_e = a->n_e[h / (a->n_heads / a->n_kv_heads)];
+        double mass = 0;
+        for (int64_t e = 0; e < n_e; e++) mass += a->mass[(int64_t)h * a->ld_e + e];
+        /* every query's row sums to one, so the mass over all of them sums to n_q */
+        st->max_rowsum_err = fmax(st->max_rowsum_err, fabs(mass - (double)s->n_q) / (double)s->n_q);
+        for (int64_t i = 0; i < s->n_q; i++) {
+            double sum = 0;
+            for (int64_t e = 0; e < n_e; e++) sum += a->obs[((int64_t)h * a->n_obs + i) * a->ld_e + e];
+            st->max_rowsum_err = fmax(st->max_rowsum_err, fabs(sum - 1.0));
+        }
     }
     return 0;
 }
@@ -232,13 +242,14 @@ START_TEST(test_hooks)
     ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
     ck_assert_int_eq(kvm_forward_cache_new(model, 64, &c), 0);
     hook_state st = {0};
-    kvm_hooks h = {.user = &st, .cache_update = on_update, .pre_attn = on_pre, .post_attn = on_post};
+    kvm_hooks h = {.user = &st, .cache_update = on_update, .pre_attn = on_pre, .post_attn = on_post,
+                   .stats = KVM_ATTN_STAT_OBS | KVM_ATTN_STAT_MASS, .n_obs = 64};
     ck_assert_int_eq(kvm_forward_add_hooks(f, &h), 0);
     float *logits = malloc(32 * 512 * sizeof *logits);
     ck_assert_int_eq(kvm_forward_prefill(f, c, ids, 32, logits, KVM_LOGITS_ALL), 0);
     ck_assert_int_eq(st.update_calls, 5);
     ck_assert_int_eq(st.pre_calls, 5);
-    ck_assert_int_eq(st.post_calls, 5 * 8);
+    ck_assert_int_eq(st.post_calls, 5); /* once per layer */
     ck_assert_double_lt(st.max_rowsum_err, 1e-5);
     /* hooks observe without changing results */
     ck_assert_float_le(max_abs_diff(logits, gold_logits, 32 * 512), 2e-4f);
@@ -267,13 +278,46 @@ START_TEST(test_hooks)
 }
 END_TEST
 
+static int post_noop(void *u, const kvm_attn_site *s) { return u && s ? 0 : KVM_EINVAL; }
+
+/* Hook sets must agree on the MASS window; OBS needs n_obs ≥ 1; a set whose post_attn is
+ * NULL asks for nothing, whatever its flags. */
+START_TEST(test_hook_stats_requests)
+{
+    kvm_forward *f;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    int u = 0;
+    kvm_hooks a = {.user = &u, .post_attn = post_noop, .stats = KVM_ATTN_STAT_MASS, .mass_p0 = 0, .mass_p1 = 16};
+    kvm_hooks same = a, other = a, all = a, obs0 = {.user = &u, .post_attn = post_noop, .stats = KVM_ATTN_STAT_OBS};
+    other.mass_p1 = 17;
+    all.mass_p1 = 0; /* every query */
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &a), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &same), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &other), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "[0, 17)"));
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &all), KVM_EINVAL);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &obs0), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "n_obs"));
+    kvm_forward_clear_hooks(f);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &all), 0); /* cleared: a new window is fine */
+    other.post_attn = NULL;
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &other), 0);
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_forward_cache_new(model, 16, &c), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, c, ids, 8, NULL, KVM_LOGITS_NONE), 0);
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f);
+}
+END_TEST
+
 static Suite *forward_suite(void)
 {
     Suite *s = suite_create("forward");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"prefill_golden", test_prefill_golden}, {"prefill_chunked_golden", test_prefill_chunked_golden},
         {"decode_golden", test_decode_golden}, {"bad_inputs", test_bad_inputs},
-        {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks}};
+        {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks},
+        {"hook_stats_requests", test_hook_stats_requests}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, load_golden, free_golden);

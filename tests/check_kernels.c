@@ -115,11 +115,14 @@ static void check_attention(int64_t n_q, int d, int with_bias)
     }
     int64_t ldq = d + 4, ldo = d + 2;
     float *q = rand_buf(n_q * ldq), *out = calloc((size_t)(n_q * ldo), sizeof *out), *probs = malloc((size_t)(n_q * n_e) * sizeof *probs);
+    const float *kp[1] = {k}, *vp[1] = {v}, *bp[1] = {bias};
+    const int32_t *pp[1] = {pos};
     for (int64_t i = 0; i < n_q; i++) qpos[i] = pos[n_none + 40 + i]; /* growing prefixes; each query sees itself */
     for (int i = 0; i < n_q * ldq; i++) q[i] *= 3.0f;
-    kvm_attn_head a = {.q = q, .ldq = ldq, .qpos = qpos, .n_q = n_q, .k = k, .v = v, .pos = pos, .bias = bias,
-                       .n_e = n_e, .head_dim = d, .scale = 1.0f / sqrtf((float)d), .out = out, .ldo = ldo,
-                       .probs = probs, .want_probs = 1};
+    /* one query head over one KV head; the probabilities come back as observation rows */
+    kvm_attn_layer a = {.n_heads = 1, .n_kv_heads = 1, .head_dim = d, .scale = 1.0f / sqrtf((float)d), .q = q,
+                        .ldq = ldq, .qpos = qpos, .n_q = n_q, .k = kp, .v = vp, .pos = pp, .bias = bp, .n_e = &n_e,
+                        .out = out, .ldo = ldo, .stats = KVM_ATTN_STAT_OBS, .n_obs = n_q, .ld_e = n_e, .obs = probs};
     ck_assert_int_eq(kvm_kernels_cpu()->attention(&a), 0);
     double *ro = malloc((size_t)d * sizeof *ro), *rp = malloc((size_t)n_e * sizeof *rp);
     for (int64_t i = 0; i < n_q; i++) {
@@ -140,15 +143,25 @@ END_TEST
 
 START_TEST(test_attention_nothing_visible)
 {
-    float q[8] = {1}, k[16] = {1}, v[16] = {1}, out[8], probs[2];
+    float q[8] = {1}, k[16] = {1}, v[16] = {1}, out[8], probs[2], ent = 1, lse = 0, mass[2] = {1, 1};
     int32_t pos[2] = {10, 11}, qpos[1] = {3};
+    int64_t n_e = 2;
+    const float *kp[1] = {k}, *vp[1] = {v};
+    const int32_t *pp[1] = {pos};
     memset(out, 0x7f, sizeof out);
-    kvm_attn_head a = {.q = q, .ldq = 8, .qpos = qpos, .n_q = 1, .k = k, .v = v, .pos = pos, .n_e = 2,
-                       .head_dim = 8, .scale = 1, .out = out, .ldo = 8, .probs = probs, .want_probs = 1};
+    memset(probs, 0x7f, sizeof probs);
+    kvm_attn_layer a = {.n_heads = 1, .n_kv_heads = 1, .head_dim = 8, .scale = 1, .q = q, .ldq = 8, .qpos = qpos,
+                        .n_q = 1, .k = kp, .v = vp, .pos = pp, .n_e = &n_e, .out = out, .ldo = 8,
+                        .stats = KVM_ATTN_STAT_OBS | KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_LSE | KVM_ATTN_STAT_MASS,
+                        .mass_p0 = 0, .mass_p1 = 100, .n_obs = 1, .ld_e = 2, .mass = mass, .entropy = &ent,
+                        .lse = &lse, .obs = probs};
     ck_assert_int_eq(kvm_kernels_cpu()->attention(&a), 0);
     for (int c = 0; c < 8; c++) ck_assert_float_eq(out[c], 0.0f); /* defined, never NaN */
     ck_assert_float_eq(probs[0] + probs[1], 0.0f);
-    a.n_e = -1;
+    ck_assert_float_eq(mass[0] + mass[1], 0.0f);
+    ck_assert_float_eq(ent, 0.0f);
+    ck_assert(isinf(lse) && lse < 0);
+    n_e = -1;
     ck_assert_int_eq(kvm_kernels_cpu()->attention(&a), KVM_EINVAL);
 }
 END_TEST

@@ -21,6 +21,8 @@ typedef struct evict_decode {
     pos_scores *sc; /* [L][H] */
     float *tmp;     /* scratch, tmp_cap floats */
     int64_t tmp_cap;
+    float *host;    /* downloads of the kernel's tensors, host_cap floats */
+    size_t host_cap;
 } evict_decode;
 
 static void dec_free(void *p)
@@ -33,6 +35,7 @@ static void dec_free(void *p)
     free(d->pattern);
     free(d->budget);
     free(d->tmp);
+    free(d->host);
     free(d);
 }
 
@@ -59,16 +62,37 @@ static int ensure_tmp(evict_decode *d, int64_t n)
     return 0;
 }
 
+/* Host copy of n floats of backend memory src (valid until the next call), or NULL with
+ * *rc set. */
+static const float *download(evict_decode *d, const kvm_attn_site *s, const float *src, size_t n, int *rc)
+{
+    if (n > d->host_cap) {
+        float *h = realloc(d->host, n * sizeof *h);
+        if (!h) {
+            *rc = kvm_err(KVM_ENOMEM, "evict decode: out of memory");
+            return NULL;
+        }
+        d->host = h;
+        d->host_cap = n;
+    }
+    *rc = s->kernels->download(d->host, src, n * sizeof *d->host);
+    return *rc ? NULL : d->host;
+}
+
 /* TOVA: the newest query's attention over the head's entries, averaged over the group. */
-static void tova_scores(const evict_decode *d, const kvm_attn_site *s, int g, const kvm_kv_head *h, float *row,
-                        float *out)
+static int tova_scores(evict_decode *d, const kvm_attn_site *s, int g, const kvm_kv_head *h, float *row, float *out)
 {
     const int dh = d->cfg.head_dim, grp = d->cfg.n_heads / d->cfg.n_kv_heads;
     const int32_t qp = s->qpos[s->n_q - 1];
     const float scale = 1.0f / sqrtf((float)dh);
+    int rc;
+    /* the group's rows of the newest query (queries are in backend memory) */
+    const float *qg = download(d, s, s->q + ((s->n_q - 1) * (int64_t)d->cfg.n_heads + g * grp) * dh,
+                               (size_t)grp * (size_t)dh, &rc);
+    if (!qg) return rc;
     memset(out, 0, (size_t)h->n * sizeof *out);
     for (int j = 0; j < grp; j++) {
-        const float *q = s->q + ((s->n_q - 1) * (int64_t)d->cfg.n_heads + g * grp + j) * dh;
+        const float *q = qg + (int64_t)j * dh;
         float mx = -INFINITY;
         for (int64_t e = 0; e < h->n; e++) {
             int vis = h->pos[e] == KVM_POS_NONE || h->pos[e] <= qp;
@@ -84,6 +108,7 @@ static void tova_scores(const evict_decode *d, const kvm_attn_site *s, int g, co
         for (int64_t e = 0; e < h->n; e++)
             out[e] += (float)(row[e] / sum) / (float)grp;
     }
+    return 0;
 }
 
 /* Index of the entry to evict from head h (n > b), or -1 when it holds no positioned entry. */
@@ -112,7 +137,7 @@ static int64_t victim(evict_decode *d, const kvm_attn_site *s, int l, int g, kvm
     float *score = d->tmp + h->n + 1;
     if (p == KVM_PATTERN_TOVA) {
         float *all = d->tmp + 2 * h->n + 2;
-        tova_scores(d, s, g, h, d->tmp, all);
+        if ((*rc = tova_scores(d, s, g, h, d->tmp, all))) return -1;
         for (int64_t i = 0; i < m; i++)
             score[i] = all[first + i];
     } else {
@@ -162,29 +187,34 @@ static int on_update(void *user, kvm_attn_site *s)
     return rc;
 }
 
+/* Adds each query head's received mass (the kernel's MASS statistic over this call's
+ * queries) to its KV head's scores by position; SnapKV/PyramidKV scores first decay by
+ * (1 − 1/window) per query, once per group. */
 static int on_post(void *user, const kvm_attn_site *s)
 {
     evict_decode *d = user;
-    const int H = d->cfg.n_kv_heads;
-    kvm_pattern p = d->pattern[s->layer * H + s->kv_head];
-    if (p != KVM_PATTERN_H2O && p != KVM_PATTERN_SNAPKV && p != KVM_PATTERN_PYRAMIDKV) return 0;
-    const kvm_kv_head *h = kvm_kvcache_head(s->cache, s->layer, s->kv_head);
-    pos_scores *ps = &d->sc[s->layer * H + s->kv_head];
-    const int grp = d->cfg.n_heads / H;
-    /* SnapKV votes decay by (1 − 1/window) per query (once per group, at its first head) so
-     * they approximate the last `window` queries' votes. */
-    const int decay = p != KVM_PATTERN_H2O && s->head % grp == 0 && d->prm.window > 1;
-    for (int64_t i = 0; i < s->n_q; i++) {
-        const float *row = s->probs + i * s->n_e;
-        if (decay)
-            for (int64_t e = 0; e < h->n && e < s->n_e; e++)
-                if (h->pos[e] >= 0 && h->pos[e] < ps->cap) ps->s[h->pos[e]] *= 1.0f - 1.0f / (float)d->prm.window;
-        for (int64_t e = 0; e < s->n_e; e++) {
+    const int H = d->cfg.n_kv_heads, grp = d->cfg.n_heads / H;
+    const kvm_attn_layer *a = s->attn;
+    const float *mass = NULL;
+    int rc = 0;
+    for (int hd = 0; hd < d->cfg.n_heads; hd++) {
+        const int g = hd / grp;
+        kvm_pattern p = d->pattern[s->layer * H + g];
+        if (p != KVM_PATTERN_H2O && p != KVM_PATTERN_SNAPKV && p != KVM_PATTERN_PYRAMIDKV) continue;
+        if (!mass && !(mass = download(d, s, a->mass, (size_t)d->cfg.n_heads * (size_t)a->ld_e, &rc))) return rc;
+        const kvm_kv_head *h = kvm_kvcache_head(s->cache, s->layer, g);
+        const int64_t n_e = a->n_e[g];
+        pos_scores *ps = &d->sc[s->layer * H + g];
+        if (p != KVM_PATTERN_H2O && hd % grp == 0 && d->prm.window > 1)
+            for (int64_t i = 0; i < s->n_q; i++)
+                for (int64_t e = 0; e < h->n && e < n_e; e++)
+                    if (h->pos[e] >= 0 && h->pos[e] < ps->cap) ps->s[h->pos[e]] *= 1.0f - 1.0f / (float)d->prm.window;
+        const float *m = mass + (int64_t)hd * a->ld_e;
+        for (int64_t e = 0; e < n_e; e++) {
             int32_t pp = h->pos[e];
             if (pp < 0) continue;
-            int rc = ensure_pos(ps, pp);
-            if (rc) return rc;
-            ps->s[pp] += row[e];
+            if ((rc = ensure_pos(ps, pp))) return rc;
+            ps->s[pp] += m[e];
         }
     }
     return 0;
@@ -255,7 +285,7 @@ int kvm_evict_decode_new(const kvm_model_config *c, const kvm_evict_plan *plan, 
     }
     pol->state = d;
     pol->state_free = dec_free;
-    pol->hooks = (kvm_hooks){.user = d, .cache_update = on_update, .post_attn = on_post};
+    pol->hooks = (kvm_hooks){.user = d, .cache_update = on_update, .post_attn = on_post, .stats = KVM_ATTN_STAT_MASS};
     *out = pol;
     return 0;
 }

@@ -16,6 +16,8 @@ typedef struct probe {
     float *out;           /* [L or 1][steps][n_heads*head_dim] */
 } probe;
 
+/* Downloads the layer's attention outputs of the recorded continuation steps (all query
+ * heads, one row per step) from the kernel's output buffer. */
 static int probe_post(void *user, const kvm_attn_site *s)
 {
     probe *p = user;
@@ -25,8 +27,9 @@ static int probe_post(void *user, const kvm_attn_site *s)
         int64_t st = s->qpos[i] - p->n_ctx;
         if (st < 0 || st >= p->steps) continue;
         int64_t li = p->layer >= 0 ? 0 : s->layer;
-        memcpy(p->out + (li * p->steps + st) * row + (int64_t)s->head * p->head_dim, s->out + i * s->ld_out,
-               (size_t)p->head_dim * sizeof(float));
+        int rc = s->kernels->download(p->out + (li * p->steps + st) * row, s->attn->out + i * s->attn->ldo,
+                                      (size_t)row * sizeof(float));
+        if (rc) return rc;
     }
     return 0;
 }
@@ -57,7 +60,7 @@ static int probes_new(kvm_eval_doc *d, probe *ref, probe *pr)
     ref->out = calloc((size_t)(c->n_layers * steps * row + 1), sizeof(float));
     pr->out = calloc((size_t)(steps * row + 1), sizeof(float));
     if (!ref->out || !pr->out) return kvm_err(KVM_ENOMEM, "calibrate: out of memory");
-    kvm_hooks h = {.user = ref, .post_attn = probe_post, .no_probs = 1};
+    kvm_hooks h = {.user = ref, .post_attn = probe_post};
     kvm_eval_result res;
     return kvm_eval_continue(d, in->full, NULL, &h, &res);
 }
@@ -75,7 +78,7 @@ static int probe_run(kvm_eval_doc *d, const kvm_kvcache *cc, kvm_decode_policy *
                      probe *pr, double *cos, double *ppl, double *kl)
 {
     pr->layer = l;
-    kvm_hooks h = {.user = pr, .post_attn = probe_post, .no_probs = 1};
+    kvm_hooks h = {.user = pr, .post_attn = probe_post};
     kvm_eval_result res;
     int rc = kvm_eval_continue(d, cc, pol, &h, &res);
     if (rc) return rc;

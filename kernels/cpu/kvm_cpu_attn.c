@@ -1,30 +1,33 @@
-/* kvm_cpu_attn.c: one head's attention over a ragged, position-sorted KV cache on the CPU.
- * K and V are packed once per call into GEMM panels; query blocks then run in parallel,
- * each touching only the prefix of entries visible to its last query, so causal prefill
- * does about half the work of a dense N x N pass. */
+/* kvm_cpu_attn.c: one layer's attention (every query head, GQA) over a ragged,
+ * position-sorted KV cache on the CPU, with the statistics compression reads
+ * (kvm_attn_layer). Each KV head's K and V are packed once per call into GEMM panels;
+ * (query head, block of 64 queries) tiles then run on the CPU pool, each touching only the
+ * prefix of entries visible to its last query, so causal prefill does about half the work
+ * of a dense N x N pass. A tile's scores live in a 64 x n_e scratch of the thread running
+ * it: no N x N matrix is ever held. Statistics are reduced from the tile's probability rows
+ * before it is reused; the received mass sums queries in order, so with MASS asked each task
+ * is one query head (its blocks in order), which keeps the sums bit-identical to the
+ * per-query accumulation the capture did before. */
 #include "kernels/cpu/kvm_cpu.h"
+#include "kernels/cpu/kvm_cpu_attn_rows.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
-#include "kernels/cpu/kvm_cpu_math.h"
 #include "kernels/cpu/kvm_cpu_pool.h"
 #include "common/kvm_error.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVM_CLONES
-#endif
-
-enum { KVM_ATTN_QBLOCK = 64 };
-
-/* Per-thread packed K and V of the head being processed (grown, never shrunk), freed by a
- * thread-specific destructor when the thread exits (stage job threads come and go). */
+/* Per-thread scratch (grown, never shrunk), freed by a thread-specific destructor when the
+ * thread exits (stage job threads come and go): the calling thread's packed K/V per KV
+ * head, and the score tile of whichever thread runs a task. */
 typedef struct attn_scratch {
-    kvm_cpu_packed k, v;
+    kvm_cpu_packed *k, *v; /* [n_packed] */
+    int n_packed;
+    float *tile;      /* [KVM_ATTN_QBLOCK][tile_ld] */
+    size_t tile_cap;  /* floats */
 } attn_scratch;
 
 static pthread_key_t scratch_key;
@@ -33,8 +36,13 @@ static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static void scratch_free(void *p)
 {
     attn_scratch *s = p;
-    kvm__cpu_packed_free(&s->k);
-    kvm__cpu_packed_free(&s->v);
+    for (int g = 0; g < s->n_packed; g++) {
+        kvm__cpu_packed_free(&s->k[g]);
+        kvm__cpu_packed_free(&s->v[g]);
+    }
+    free(s->k);
+    free(s->v);
+    free(s->tile);
     free(s);
 }
 
@@ -51,182 +59,229 @@ static attn_scratch *scratch_get(void)
     return s;
 }
 
-/* Number of entries among pos[0, n) with pos <= p (pos sorted, KVM_POS_NONE = -1 first). */
-static int64_t visible_count(const int32_t *pos, int64_t n, int32_t p)
+/* Room for n KV heads' packed K and V in s. */
+static int scratch_heads(attn_scratch *s, int n)
 {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (pos[mid] <= p) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
+    if (n <= s->n_packed) return 0;
+    kvm_cpu_packed *k = realloc(s->k, (size_t)n * sizeof *k);
+    if (!k) return kvm_err(KVM_ENOMEM, "attention: out of memory");
+    s->k = k;
+    kvm_cpu_packed *v = realloc(s->v, (size_t)n * sizeof *v);
+    if (!v) return kvm_err(KVM_ENOMEM, "attention: out of memory");
+    s->v = v;
+    memset(s->k + s->n_packed, 0, (size_t)(n - s->n_packed) * sizeof *k);
+    memset(s->v + s->n_packed, 0, (size_t)(n - s->n_packed) * sizeof *v);
+    s->n_packed = n;
+    return 0;
 }
 
-/* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width). Explicit
- * 16-lane vectors: GCC does not vectorise the max/sum reductions without -ffast-math.
- * Returns 1/sum; the row is scaled by it only when `normalize` (else the caller scales the
- * attention output instead, which is head_dim values rather than vis). */
-KVM_CLONES
-static float softmax_row(float *row, const float *bias, int64_t vis, int64_t width, int normalize)
+/* The running thread's score tile of at least n floats, or NULL. */
+static float *tile_get(size_t n)
 {
-    typedef kvm__v16 v16;
-    const int64_t nv = vis / 16 * 16;
-    v16 vm = (v16){0} - INFINITY, x, b;
-    for (int64_t e = 0; e < nv; e += 16) {
-        memcpy(&x, row + e, sizeof x);
-        if (bias) {
-            memcpy(&b, bias + e, sizeof b);
-            x += b;
-            memcpy(row + e, &x, sizeof x);
-        }
-        vm = kvm__vselect(x > vm, x, vm);
+    attn_scratch *s = scratch_get();
+    if (!s) return NULL;
+    if (n > s->tile_cap) {
+        float *t = realloc(s->tile, n * sizeof *t);
+        if (!t) return NULL;
+        s->tile = t;
+        s->tile_cap = n;
     }
-    float m = -INFINITY;
-    for (int l = 0; l < 16; l++) m = vm[l] > m ? vm[l] : m;
-    for (int64_t e = nv; e < vis; e++) {
-        if (bias) row[e] += bias[e];
-        m = row[e] > m ? row[e] : m;
-    }
-    v16 vs = {0};
-    for (int64_t e = 0; e < nv; e += 16) {
-        memcpy(&x, row + e, sizeof x);
-        x = kvm__expf16(x - m);
-        vs += x;
-        memcpy(row + e, &x, sizeof x);
-    }
-    float s = 0.0f;
-    for (int l = 0; l < 16; l++) s += vs[l];
-    for (int64_t e = nv; e < vis; e++) s += row[e] = kvm__expf(row[e] - m);
-    float inv = vis > 0 ? 1.0f / s : 0.0f;
-    if (normalize)
-        for (int64_t e = 0; e < vis; e++) row[e] *= inv;
-    if (width > vis) memset(row + vis, 0, (size_t)(width - vis) * sizeof *row);
-    return inv;
+    return s->tile;
 }
 
 typedef struct attn_job {
-    const kvm_attn_head *a;
-    const kvm_cpu_packed *k, *v;
-    const float *bias; /* a->bias, or NULL when it is all zero */
+    const kvm_attn_layer *a;
+    const kvm_cpu_packed *k, *v; /* [n_kv_heads], NULL on the direct (decode) path */
+    const float **bias;          /* [n_kv_heads]: a->bias[g], or NULL when all zero */
+    int grp;                     /* query heads per KV head */
+    int64_t blocks;              /* query blocks per head */
+    int64_t tile_ld;             /* floats per tile row */
+    int normalize;               /* probabilities normalised before PV (a probability statistic asked) */
+    int per_head;                /* one task per query head (MASS asked, or the direct path) */
+    int32_t m0, m1;              /* MASS window of positions */
+    atomic_int rc;               /* first failure of a task (scratch), 0 if none */
 } attn_job;
 
-static void attn_block(void *ctx, int64_t blk, int worker)
+/* The statistics of query i of head h from its probability row p[0, e_end) (zeros past the
+ * visible prefix), lse its log-normaliser. */
+static void row_stats(const attn_job *j, int h, int64_t i, const float *p, int64_t vis, int64_t e_end, float lse)
 {
-    const attn_job *j = ctx;
-    const kvm_attn_head *a = j->a;
-    const int64_t i0 = blk * KVM_ATTN_QBLOCK;
+    const kvm_attn_layer *a = j->a;
+    const unsigned st = a->stats;
+    if (st & KVM_ATTN_STAT_ENTROPY) a->entropy[(int64_t)h * a->n_q + i] = kvm__attn_entropy(p, vis);
+    if (st & KVM_ATTN_STAT_LSE) a->lse[(int64_t)h * a->n_q + i] = lse;
+    if ((st & KVM_ATTN_STAT_OBS) && i >= a->n_q - a->n_obs) {
+        float *o = a->obs + ((int64_t)h * a->n_obs + (i - (a->n_q - a->n_obs))) * a->ld_e;
+        memcpy(o, p, (size_t)e_end * sizeof *o);
+        memset(o + e_end, 0, (size_t)(a->ld_e - e_end) * sizeof *o);
+    }
+    if ((st & KVM_ATTN_STAT_MASS) && a->qpos[i] >= j->m0 && a->qpos[i] < j->m1) {
+        float *m = a->mass + (int64_t)h * a->ld_e;
+        for (int64_t e = 0; e < e_end; e++) m[e] += p[e];
+    }
+}
+
+/* Queries [i0, i0 + nb) of head h, none of which sees an entry. */
+static void block_empty(const attn_job *j, int h, int64_t i0, int64_t nb)
+{
+    const kvm_attn_layer *a = j->a;
+    for (int64_t i = i0; i < i0 + nb; i++) {
+        memset(a->out + i * a->ldo + (int64_t)h * a->head_dim, 0, (size_t)a->head_dim * sizeof(float));
+        if (a->stats & KVM_ATTN_STAT_ENTROPY) a->entropy[(int64_t)h * a->n_q + i] = 0.0f;
+        if (a->stats & KVM_ATTN_STAT_LSE) a->lse[(int64_t)h * a->n_q + i] = -INFINITY;
+        if ((a->stats & KVM_ATTN_STAT_OBS) && i >= a->n_q - a->n_obs)
+            memset(a->obs + ((int64_t)h * a->n_obs + (i - (a->n_q - a->n_obs))) * a->ld_e, 0,
+                   (size_t)a->ld_e * sizeof(float));
+    }
+}
+
+/* One block of up to 64 queries of head h through the packed GEMMs. */
+static void attn_block(const attn_job *j, int h, int64_t blk, float *tile)
+{
+    const kvm_attn_layer *a = j->a;
+    const int g = h / j->grp, d = a->head_dim;
+    const int32_t *pos = a->pos[g];
+    const int64_t i0 = blk * KVM_ATTN_QBLOCK, n_e = a->n_e[g], ld = j->tile_ld;
     const int64_t nb = a->n_q - i0 < KVM_ATTN_QBLOCK ? a->n_q - i0 : KVM_ATTN_QBLOCK;
     int32_t pmax = a->qpos[i0];
     for (int64_t i = 1; i < nb; i++) pmax = a->qpos[i0 + i] > pmax ? a->qpos[i0 + i] : pmax;
-    const int64_t e_end = visible_count(a->pos, a->n_e, pmax);
-    float *p = a->probs + i0 * a->n_e, *o = a->out + i0 * a->ldo;
+    const int64_t e_end = kvm__attn_visible(pos, n_e, pmax);
     if (e_end == 0) {
-        for (int64_t i = 0; i < nb; i++) memset(o + i * a->ldo, 0, (size_t)a->head_dim * sizeof *o);
-        if (a->n_e && a->want_probs) memset(p, 0, (size_t)(nb * a->n_e) * sizeof *p);
+        block_empty(j, h, i0, nb);
         return;
     }
-    kvm__cpu_gemm_packed(a->q + i0 * a->ldq, nb, a->ldq, j->k, p, a->n_e, a->scale, 0, e_end, a->head_dim);
-    /* rows need zeros up to e_end for the PV product; past it only when the caller reads them.
-     * Unless the caller reads the probabilities, rows stay unnormalised and the 1/sum goes
-     * onto the head_dim outputs instead of the e_end weights. */
-    const int64_t width = a->want_probs ? a->n_e : e_end;
-    float inv[KVM_ATTN_QBLOCK];
-    for (int64_t i = 0; i < nb; i++)
-        inv[i] = softmax_row(p + i * a->n_e, j->bias, visible_count(a->pos, e_end, a->qpos[i0 + i]), width, a->want_probs);
-    kvm__cpu_gemm_packed(p, nb, a->n_e, j->v, o, a->ldo, 1.0f, 0, a->head_dim, e_end);
-    if (!a->want_probs)
+    float *o = a->out + i0 * a->ldo + (int64_t)h * d;
+    kvm__cpu_gemm_packed(a->q + i0 * a->ldq + (int64_t)h * d, nb, a->ldq, &j->k[g], tile, ld, a->scale, 0, e_end, d);
+    /* rows need zeros up to e_end for the PV product. Unless a statistic reads the
+     * probabilities, rows stay unnormalised and the 1/sum goes onto the head_dim outputs
+     * instead of the e_end weights. */
+    float inv[KVM_ATTN_QBLOCK], lse[KVM_ATTN_QBLOCK];
+    int64_t vis[KVM_ATTN_QBLOCK];
+    const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0;
+    for (int64_t i = 0; i < nb; i++) {
+        vis[i] = kvm__attn_visible(pos, e_end, a->qpos[i0 + i]);
+        inv[i] = kvm__attn_softmax_row(tile + i * ld, j->bias[g], vis[i], e_end, j->normalize, want_lse ? &lse[i] : NULL);
+    }
+    kvm__cpu_gemm_packed(tile, nb, ld, &j->v[g], o, a->ldo, 1.0f, 0, d, e_end);
+    if (!j->normalize)
         for (int64_t i = 0; i < nb; i++)
-            for (int c = 0; c < a->head_dim; c++) o[i * a->ldo + c] *= inv[i];
+            for (int c = 0; c < d; c++) o[i * a->ldo + c] *= inv[i];
+    if (a->stats)
+        for (int64_t i = 0; i < nb; i++) row_stats(j, h, i0 + i, tile + i * ld, vis[i], e_end, want_lse ? lse[i] : 0);
 }
 
-typedef float v8 __attribute__((vector_size(32)));
-
-/* o[0, d) = Σ_e p[e] · V[e][0, d): 8 columns at a time with four accumulators over e, so
- * consecutive entries do not wait on each other's FMA. */
-KVM_CLONES
-static void pv_direct(const float *p, const float *v, int64_t n, int d, float *o)
+/* Decode (a few queries) of head h: direct products over the cache, no packing, since
+ * each entry is read once anyway. */
+static void attn_direct(const attn_job *j, int h, float *row)
 {
-    int c0 = 0;
-    for (; c0 + 8 <= d; c0 += 8) {
-        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x0, x1, x2, x3;
-        int64_t e = 0;
-        for (; e + 4 <= n; e += 4) {
-            memcpy(&x0, v + (e + 0) * d + c0, sizeof x0);
-            memcpy(&x1, v + (e + 1) * d + c0, sizeof x1);
-            memcpy(&x2, v + (e + 2) * d + c0, sizeof x2);
-            memcpy(&x3, v + (e + 3) * d + c0, sizeof x3);
-            a0 += p[e] * x0;
-            a1 += p[e + 1] * x1;
-            a2 += p[e + 2] * x2;
-            a3 += p[e + 3] * x3;
-        }
-        for (; e < n; e++) {
-            memcpy(&x0, v + e * d + c0, sizeof x0);
-            a0 += p[e] * x0;
-        }
-        v8 sum = (a0 + a1) + (a2 + a3);
-        memcpy(o + c0, &sum, sizeof sum);
-    }
-    for (; c0 < d; c0++) {
-        float acc = 0.0f;
-        for (int64_t e = 0; e < n; e++) acc += p[e] * v[e * d + c0];
-        o[c0] = acc;
-    }
-}
-
-/* Decode (a few queries): direct products over the cache, no packing, since each entry is
- * read once anyway. Loops run over entries innermost so the multiply-adds of different
- * entries are independent (a per-entry dot product would be one serial FMA chain). */
-KVM_CLONES
-static void attn_direct(const kvm_attn_head *a, const float *bias)
-{
-    enum { EB = 64 };
-    const int d = a->head_dim;
+    const kvm_attn_layer *a = j->a;
+    const int g = h / j->grp, d = a->head_dim;
+    const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0;
     for (int64_t i = 0; i < a->n_q; i++) {
-        const float *q = a->q + i * a->ldq;
-        float *p = a->probs + i * a->n_e, *o = a->out + i * a->ldo;
-        const int64_t vis = visible_count(a->pos, a->n_e, a->qpos[i]);
-        for (int64_t e0 = 0; e0 < vis; e0 += EB) {
-            const int64_t nb = vis - e0 < EB ? vis - e0 : EB;
-            float s[EB] = {0};
-            for (int c = 0; c < d; c++) {
-                const float qc = q[c] * a->scale, *k = a->k + e0 * d + c;
-                for (int64_t j = 0; j < nb; j++) s[j] += qc * k[j * d];
-            }
-            memcpy(p + e0, s, (size_t)nb * sizeof *s);
+        const int64_t vis = kvm__attn_visible(a->pos[g], a->n_e[g], a->qpos[i]);
+        float *o = a->out + i * a->ldo + (int64_t)h * d, lse = 0;
+        if (vis == 0) {
+            block_empty(j, h, i, 1);
+            continue;
         }
-        softmax_row(p, bias, vis, a->want_probs ? a->n_e : vis, 1);
-        pv_direct(p, a->v, vis, d, o);
+        kvm__attn_scores_direct(a->q + i * a->ldq + (int64_t)h * d, a->k[g], vis, d, a->scale, row);
+        kvm__attn_softmax_row(row, j->bias[g], vis, vis, 1, want_lse ? &lse : NULL);
+        kvm__attn_pv_direct(row, a->v[g], vis, d, o);
+        if (a->stats) row_stats(j, h, i, row, vis, vis, lse);
     }
 }
 
-int kvm__cpu_attention(const kvm_attn_head *a)
+static void attn_task(void *ctx, int64_t t, int worker)
 {
-    if (a->n_q < 0 || a->n_e < 0 || a->head_dim <= 0)
-        return kvm_err(KVM_EINVAL, "attention: bad sizes n_q=%lld n_e=%lld head_dim=%d", (long long)a->n_q,
-                       (long long)a->n_e, a->head_dim);
-    if (a->n_q == 0) return 0;
-    const float *bias = NULL;
-    for (int64_t e = 0; a->bias && e < a->n_e; e++)
-        if (a->bias[e] != 0.0f) {
-            bias = a->bias;
-            break;
-        }
-    if (a->n_q <= 2) {
-        attn_direct(a, bias);
-        return 0;
+    (void)worker;
+    attn_job *j = ctx;
+    const kvm_attn_layer *a = j->a;
+    float *tile = tile_get((size_t)(j->k ? KVM_ATTN_QBLOCK : 1) * (size_t)j->tile_ld);
+    if (!tile) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&j->rc, &zero, KVM_ENOMEM);
+        return;
     }
-    int rc;
+    const int h = j->per_head ? (int)t : (int)(t / j->blocks);
+    if (a->stats & KVM_ATTN_STAT_MASS) memset(a->mass + (int64_t)h * a->ld_e, 0, (size_t)a->ld_e * sizeof(float));
+    if (!j->k) attn_direct(j, h, tile);
+    else if (j->per_head)
+        for (int64_t b = 0; b < j->blocks; b++) attn_block(j, h, b, tile);
+    else
+        attn_block(j, h, t % j->blocks, tile);
+}
+
+int kvm__cpu_attn_check(const kvm_attn_layer *a)
+{
+    if (a->n_q < 0 || a->head_dim <= 0 || a->n_kv_heads <= 0 || a->n_heads <= 0 || a->n_heads % a->n_kv_heads)
+        return kvm_err(KVM_EINVAL, "attention: bad sizes n_q=%lld head_dim=%d n_heads=%d n_kv_heads=%d",
+                       (long long)a->n_q, a->head_dim, a->n_heads, a->n_kv_heads);
+    const int64_t row = (int64_t)a->n_heads * a->head_dim;
+    if (a->ldq < row || a->ldo < row)
+        return kvm_err(KVM_EINVAL, "attention: row strides ldq=%lld ldo=%lld below n_heads*head_dim=%lld",
+                       (long long)a->ldq, (long long)a->ldo, (long long)row);
+    for (int g = 0; g < a->n_kv_heads; g++) {
+        if (a->n_e[g] < 0) return kvm_err(KVM_EINVAL, "attention: KV head %d has %lld entries", g, (long long)a->n_e[g]);
+        if ((a->stats & (KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_OBS)) && a->n_e[g] > a->ld_e)
+            return kvm_err(KVM_EINVAL, "attention: KV head %d has %lld entries, statistics rows hold ld_e=%lld", g,
+                           (long long)a->n_e[g], (long long)a->ld_e);
+    }
+    const unsigned st = a->stats;
+    if (st & ~(unsigned)(KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_LSE | KVM_ATTN_STAT_OBS))
+        return kvm_err(KVM_EINVAL, "attention: unknown statistics flags 0x%x", st);
+    if (((st & KVM_ATTN_STAT_MASS) && !a->mass) || ((st & KVM_ATTN_STAT_ENTROPY) && !a->entropy) ||
+        ((st & KVM_ATTN_STAT_LSE) && !a->lse) || ((st & KVM_ATTN_STAT_OBS) && !a->obs))
+        return kvm_err(KVM_EINVAL, "attention: a statistic was asked for (flags 0x%x) without its buffer", st);
+    if ((st & KVM_ATTN_STAT_OBS) && a->n_q > 0 && (a->n_obs < 1 || a->n_obs > a->n_q))
+        return kvm_err(KVM_EINVAL, "attention: n_obs=%lld outside [1, n_q=%lld]", (long long)a->n_obs,
+                       (long long)a->n_q);
+    return 0;
+}
+
+/* Direct (decode) products spread over the pool only above this many multiply-adds: below
+ * it waking a thread costs more than the work. */
+enum { KVM_ATTN_DIRECT_PARALLEL = 1 << 16 };
+
+int kvm__cpu_attention(const kvm_attn_layer *a)
+{
+    int rc = kvm__cpu_attn_check(a);
+    if (rc || a->n_q == 0) return rc;
+    const int nkv = a->n_kv_heads, d = a->head_dim;
+    const float *bias[nkv];
+    int64_t max_e = 0, work = 0;
+    for (int g = 0; g < nkv; g++) {
+        bias[g] = NULL;
+        for (int64_t e = 0; a->bias && a->bias[g] && e < a->n_e[g]; e++)
+            if (a->bias[g][e] != 0.0f) {
+                bias[g] = a->bias[g];
+                break;
+            }
+        max_e = a->n_e[g] > max_e ? a->n_e[g] : max_e;
+        work += a->n_e[g] * d;
+    }
+    attn_job j = {.a = a, .bias = bias, .grp = a->n_heads / nkv, .tile_ld = (max_e + 15) / 16 * 16 + 16,
+                  .normalize = (a->stats & (KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_OBS)) != 0,
+                  .m0 = a->mass_p0, .m1 = a->mass_p1};
+    atomic_init(&j.rc, 0);
+    if (a->n_q <= 2) { /* decode: one task per query head */
+        j.per_head = 1;
+        if (work * j.grp * a->n_q >= KVM_ATTN_DIRECT_PARALLEL) kvm__cpu_parallel_for(a->n_heads, attn_task, &j);
+        else
+            for (int h = 0; h < a->n_heads; h++) attn_task(&j, h, 0);
+        return atomic_load(&j.rc) ? kvm_err(KVM_ENOMEM, "attention: out of memory for a score row") : 0;
+    }
     attn_scratch *sc = scratch_get();
     if (!sc) return kvm_err(KVM_ENOMEM, "attention: out of memory");
-    /* K as W [n_e][d] (QKᵀ), V as W [d][n_e] read from V [n_e][d] (PV) */
-    if ((rc = kvm__cpu_pack(&sc->k, a->k, a->n_e, a->head_dim, a->head_dim, 1)) ||
-        (rc = kvm__cpu_pack(&sc->v, a->v, a->head_dim, a->n_e, 1, a->head_dim)))
-        return rc;
-    attn_job j = {.a = a, .k = &sc->k, .v = &sc->v, .bias = bias};
-    int64_t blocks = (a->n_q + KVM_ATTN_QBLOCK - 1) / KVM_ATTN_QBLOCK;
-    /* one block (decode) is cheaper than waking a thread */
-    kvm__cpu_parallel_for(blocks, attn_block, &j);
-    return 0;
+    if ((rc = scratch_heads(sc, nkv))) return rc;
+    /* K as W [n_e][d] (QKᵀ), V as W [d][n_e] read from V [n_e][d] (PV), once per KV head */
+    for (int g = 0; g < nkv; g++)
+        if ((rc = kvm__cpu_pack(&sc->k[g], a->k[g], a->n_e[g], d, d, 1)) ||
+            (rc = kvm__cpu_pack(&sc->v[g], a->v[g], d, a->n_e[g], 1, d)))
+            return rc;
+    j.k = sc->k;
+    j.v = sc->v;
+    j.blocks = (a->n_q + KVM_ATTN_QBLOCK - 1) / KVM_ATTN_QBLOCK;
+    j.per_head = (a->stats & KVM_ATTN_STAT_MASS) != 0;
+    kvm__cpu_parallel_for(j.per_head ? a->n_heads : a->n_heads * j.blocks, attn_task, &j);
+    return atomic_load(&j.rc) ? kvm_err(KVM_ENOMEM, "attention: out of memory for a score tile") : 0;
 }

@@ -1,0 +1,143 @@
+/* kvm_cpu_attn_rows.h: the per-row pieces of CPU attention shared by the per-layer kernel
+ * (kvm_cpu_attn.c) and the per-head reference it replaced (kvm_cpu_attn_ref.c), so both
+ * round alike. Internal to the CPU backend. */
+#ifndef KVM_CPU_ATTN_ROWS_H
+#define KVM_CPU_ATTN_ROWS_H
+
+#include "kernels/cpu/kvm_cpu_math.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVM_CLONES
+#endif
+
+enum { KVM_ATTN_QBLOCK = 64 };
+
+/* Number of entries among pos[0, n) with pos <= p (pos sorted, KVM_POS_NONE = -1 first). */
+static inline int64_t kvm__attn_visible(const int32_t *pos, int64_t n, int32_t p)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (pos[mid] <= p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width). Explicit
+ * 16-lane vectors: GCC does not vectorise the max/sum reductions without -ffast-math.
+ * Returns 1/sum; the row is scaled by it only when `normalize` (else the caller scales the
+ * attention output instead, which is head_dim values rather than vis). *lse_out, when not
+ * NULL, receives ln Σ exp(row) = max + ln sum (−∞ for an empty row). */
+KVM_CLONES
+static inline float kvm__attn_softmax_row(float *row, const float *bias, int64_t vis, int64_t width, int normalize,
+                                   float *lse_out)
+{
+    typedef kvm__v16 v16;
+    const int64_t nv = vis / 16 * 16;
+    v16 vm = (v16){0} - INFINITY, x, b;
+    for (int64_t e = 0; e < nv; e += 16) {
+        memcpy(&x, row + e, sizeof x);
+        if (bias) {
+            memcpy(&b, bias + e, sizeof b);
+            x += b;
+            memcpy(row + e, &x, sizeof x);
+        }
+        vm = kvm__vselect(x > vm, x, vm);
+    }
+    float m = -INFINITY;
+    for (int l = 0; l < 16; l++) m = vm[l] > m ? vm[l] : m;
+    for (int64_t e = nv; e < vis; e++) {
+        if (bias) row[e] += bias[e];
+        m = row[e] > m ? row[e] : m;
+    }
+    v16 vs = {0};
+    for (int64_t e = 0; e < nv; e += 16) {
+        memcpy(&x, row + e, sizeof x);
+        x = kvm__expf16(x - m);
+        vs += x;
+        memcpy(row + e, &x, sizeof x);
+    }
+    float s = 0.0f;
+    for (int l = 0; l < 16; l++) s += vs[l];
+    for (int64_t e = nv; e < vis; e++) s += row[e] = kvm__expf(row[e] - m);
+    float inv = vis > 0 ? 1.0f / s : 0.0f;
+    if (lse_out) *lse_out = vis > 0 ? m + logf(s) : -INFINITY;
+    if (normalize)
+        for (int64_t e = 0; e < vis; e++) row[e] *= inv;
+    if (width > vis) memset(row + vis, 0, (size_t)(width - vis) * sizeof *row);
+    return inv;
+}
+
+typedef float kvm__v8 __attribute__((vector_size(32)));
+
+/* o[0, d) = Σ_e p[e] · V[e][0, d): 8 columns at a time with four accumulators over e, so
+ * consecutive entries do not wait on each other's FMA. */
+KVM_CLONES
+static inline void kvm__attn_pv_direct(const float *p, const float *v, int64_t n, int d, float *o)
+{
+    typedef kvm__v8 v8;
+    int c0 = 0;
+    for (; c0 + 8 <= d; c0 += 8) {
+        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x0, x1, x2, x3;
+        int64_t e = 0;
+        for (; e + 4 <= n; e += 4) {
+            memcpy(&x0, v + (e + 0) * d + c0, sizeof x0);
+            memcpy(&x1, v + (e + 1) * d + c0, sizeof x1);
+            memcpy(&x2, v + (e + 2) * d + c0, sizeof x2);
+            memcpy(&x3, v + (e + 3) * d + c0, sizeof x3);
+            a0 += p[e] * x0;
+            a1 += p[e + 1] * x1;
+            a2 += p[e + 2] * x2;
+            a3 += p[e + 3] * x3;
+        }
+        for (; e < n; e++) {
+            memcpy(&x0, v + e * d + c0, sizeof x0);
+            a0 += p[e] * x0;
+        }
+        v8 sum = (a0 + a1) + (a2 + a3);
+        memcpy(o + c0, &sum, sizeof sum);
+    }
+    for (; c0 < d; c0++) {
+        float acc = 0.0f;
+        for (int64_t e = 0; e < n; e++) acc += p[e] * v[e * d + c0];
+        o[c0] = acc;
+    }
+}
+
+/* Scores of one query against entries [0, vis) by direct products (decode: each entry is
+ * read once, so packing would not pay). Loops run over entries innermost so the
+ * multiply-adds of different entries are independent (a per-entry dot product would be one
+ * serial FMA chain). */
+KVM_CLONES
+static inline void kvm__attn_scores_direct(const float *q, const float *k, int64_t vis, int d, float scale, float *p)
+{
+    enum { EB = 64 };
+    for (int64_t e0 = 0; e0 < vis; e0 += EB) {
+        const int64_t nb = vis - e0 < EB ? vis - e0 : EB;
+        float s[EB] = {0};
+        for (int c = 0; c < d; c++) {
+            const float qc = q[c] * scale, *kk = k + e0 * d + c;
+            for (int64_t j = 0; j < nb; j++) s[j] += qc * kk[j * d];
+        }
+        memcpy(p + e0, s, (size_t)nb * sizeof *s);
+    }
+}
+
+/* −Σ p ln p over row[0, n) in double (zeros skipped), as the capture computed it before the
+ * kernel did. */
+static inline float kvm__attn_entropy(const float *row, int64_t n)
+{
+    double h = 0.0;
+    for (int64_t e = 0; e < n; e++)
+        if (row[e] > 0.0f) h -= (double)row[e] * log((double)row[e]);
+    return (float)h;
+}
+
+#endif
