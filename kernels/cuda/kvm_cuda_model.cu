@@ -308,7 +308,7 @@ int kvm_cuda_model_set_kv(kvm_cuda_model *m, int layer, int g, const float *k, c
         return kvm_err(KVM_EINVAL, "cuda:%d: set_kv: head (%d, %d) with %lld entries (capacity %lld)", m->dev, layer,
                        g, (long long)n, (long long)m->ctx);
     for (int64_t i = 1; i < n; i++)
-        if (pos[i] != KVM_POS_NONE && pos[i] < pos[i - 1])
+        if (pos[i] == KVM_POS_NONE ? pos[i - 1] != KVM_POS_NONE : pos[i] < pos[i - 1])
             return kvm_err(KVM_EINVAL, "cuda:%d: set_kv: head (%d, %d): entry %lld at position %d follows %d (entries "
                            "must be sorted: distilled first, then increasing positions)",
                            m->dev, layer, g, (long long)i, pos[i], pos[i - 1]);
