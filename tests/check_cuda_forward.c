@@ -111,6 +111,16 @@ static void check_logits(kvm_cuda_wdtype t, int64_t batch, float tol)
     printf("cuda logits (%s, batch %lld): max|d|/max|ref| %.3g\n", t == KVM_CUDA_F32 ? "f32" : "bf16",
            (long long)batch, r);
     ck_assert_float_le(r, tol);
+    const char *gold_path = kvm_test_shared_find("golden/seq256.logits.f32");
+    if (t == KVM_CUDA_F32 && gold_path) { /* and run.c's own logits, as check_forward holds the CPU to */
+        size_t bytes;
+        float *gold = (float *)kvm_test_read_file(gold_path, &bytes), worst = 0;
+        ck_assert_uint_eq(bytes, (size_t)N * V * 4);
+        for (int64_t i = 0; i < (int64_t)N * V; i++) worst = fmaxf(worst, fabsf(lg[i] - gold[i]));
+        printf("cuda logits vs run.c golden: max|d| %.3g\n", worst);
+        ck_assert_float_le(worst, 2e-4f);
+        free(gold);
+    }
     ck_assert_int_eq(kvm_cuda_model_cache_len(m), N);
     free(lg);
     kvm_cuda_model_free(&m);

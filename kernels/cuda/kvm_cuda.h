@@ -139,6 +139,13 @@ int kvm_cuda_model_set_kv(kvm_cuda_model *m, int layer, int g, const float *k, c
 /* Sets the position the next token takes (after set_kv of a compressed cache). */
 void kvm_cuda_model_set_next_pos(kvm_cuda_model *m, int32_t pos);
 
+/* The ceiling the forward's GEMMs are measured against (issue 13's benchmark): the GEMMs of one
+ * forward of n tokens (per layer q, k, v, o, gate, up, down; then the classifier on the last row)
+ * through cublasGemmEx alone, on the model's own weights, with activations already in the weight
+ * dtype and no other kernel, reps times. *seconds: the GPU time (CUDA events) per repetition;
+ * *flops: the FLOPs of one repetition. n ≤ max_batch. */
+int kvm_cuda_model_gemm_only(kvm_cuda_model *m, int64_t n, int reps, double *seconds, double *flops);
+
 #ifdef __cplusplus
 }
 #endif

@@ -36,9 +36,6 @@ int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void
 {
     int rc = too_big(dev, m, out, in);
     if (rc || m == 0 || out == 0) return rc;
-    cublasHandle_t h = kvm__cublas(dev);
-    if (!h) return KVM_EDEVICE;
-    const float one = 1.0f, zero = 0.0f;
     if (t == KVM_CUDA_F32)
         return kvm__cuda_sgemm_dev(dev, 0, 1, m, out, in, 1.0f, x, ldx, (const float *)w, in, 0.0f, y, ldy);
     // X → weight dtype, packed [m][in]
@@ -50,14 +47,22 @@ int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void
     else
         for (int64_t r = 0; r < m && !rc; r++)
             rc = kvm__cuda_convert(dev, (char *)xb + (size_t)r * (size_t)in * 2, t, x + r * ldx, in);
-    cudaDataType dt = t == KVM_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
-    if (!rc)  // column-major Yᵀ[out][m] = W(col-major [in][out])ᵀ · Xᵀ(col-major [in][m])
-        s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)m, (int)in, &one, w, dt, (int)in, xb, dt, (int)in,
-                         &zero, y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (!rc) rc = kvm__cuda_gemm_half(dev, xb, m, in, w, t, out, in, y, ldy);
     cudaError_t fe = cudaFreeAsync(xb, cudaStreamPerThread);
     if (rc) return rc;
-    if (s != CUBLAS_STATUS_SUCCESS) return kvm__cublas_fail(dev, "cublasGemmEx", s);
     if (fe != cudaSuccess) return kvm__cuda_fail(dev, "cudaFreeAsync", fe);
+    return 0;
+}
+
+int kvm__cuda_gemm_half(int dev, const void *xh, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
+                        int64_t in, float *y, int64_t ldy)
+{
+    cublasHandle_t h = kvm__cublas(dev);
+    if (!h) return KVM_EDEVICE;
+    const float one = 1.0f, zero = 0.0f;
+    cudaDataType dt = t == KVM_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    // column-major Yᵀ[out][m] = W(col-major [in][out])ᵀ · Xᵀ(col-major [in][m])
+    KVM_CUBLAS(dev, cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)out, (int)m, (int)in, &one, w, dt, (int)in, xh, dt,
+                                 (int)ldx, &zero, y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }

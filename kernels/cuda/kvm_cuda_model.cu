@@ -482,3 +482,50 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
     }
     return rc;
 }
+
+extern "C" int kvm_cuda_model_gemm_only(kvm_cuda_model *m, int64_t n, int reps, double *seconds, double *flops)
+{
+    const kvm_cuda_model_desc *c = &m->s;
+    const int dev = m->dev;
+    if (n <= 0 || n > m->max_batch || reps <= 0 || m->t == KVM_CUDA_F32)
+        return kvm_err(KVM_EINVAL, "cuda:%d: gemm_only: %lld rows (batch %lld), %d reps, weights %s (bf16/f16 only)",
+                       dev, (long long)n, (long long)m->max_batch, reps, m->t == KVM_CUDA_F32 ? "f32" : "half");
+    int rc = kvm__cuda_use(dev);
+    if (rc) return rc;
+    const int64_t D = c->dim, H = c->hidden_dim, wide = H > D ? H : D;
+    void *xh = NULL;
+    KVM_CU(dev, cudaMallocAsync(&xh, (size_t)n * (size_t)wide * 2, cudaStreamPerThread));
+    auto gemm = [&](const dmat &w, float *y, int64_t rows) {
+        return kvm__cuda_gemm_half(dev, xh, rows, w.in, w.d, m->t, w.out, w.in, y, w.out);
+    };
+    double f = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const dlayer *y = &m->L[l];
+        for (const dmat *w : {&y->wq, &y->wk, &y->wv, &y->wo, &y->w1, &y->w3, &y->w2}) f += 2.0 * n * w->out * w->in;
+    }
+    f += 2.0 * m->wcls.out * m->wcls.in;
+    cudaEvent_t e0, e1;
+    KVM_CU(dev, cudaEventCreate(&e0));
+    KVM_CU(dev, cudaEventCreate(&e1));
+    for (int r = 0; !rc && r <= reps; r++) { // repetition 0 warms up
+        if (r == 1 && cudaEventRecord(e0, cudaStreamPerThread) != cudaSuccess) rc = kvm__cuda_fail(dev, "cudaEventRecord", cudaGetLastError());
+        for (int l = 0; !rc && l < c->n_layers; l++) {
+            const dlayer *y = &m->L[l];
+            if ((rc = gemm(y->wq, m->q, n)) || (rc = gemm(y->wk, m->kk, n)) || (rc = gemm(y->wv, m->vv, n)) ||
+                (rc = gemm(y->wo, m->xb, n)) || (rc = gemm(y->w1, m->hb, n)) || (rc = gemm(y->w3, m->hb2, n)) ||
+                (rc = gemm(y->w2, m->x, n)))
+                break;
+        }
+        if (!rc) rc = gemm(m->wcls, m->logits, 1);
+    }
+    float ms = 0;
+    if (!rc && (cudaEventRecord(e1, cudaStreamPerThread) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess))
+        rc = kvm__cuda_fail(dev, "cudaEventElapsedTime", cudaGetLastError());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFreeAsync(xh, cudaStreamPerThread);
+    *seconds = ms / 1e3 / reps;
+    *flops = f;
+    return rc;
+}
