@@ -60,6 +60,12 @@ echo "gpu-pack: ${#pkgs[@]} packages: ${pkgs[*]}"
 for d in "$PACK"/debs/*.deb; do dpkg -x "$d" "$PACK/root"; done
 ls "$PACK"/debs/*.deb | xargs -n1 basename > "$PACK/debs/LIST"
 rm -f "$PACK"/debs/*.deb
+# .pc files that are Debian alternatives links here (lapack.pc, openblas.pc) are in no .deb:
+# recreate them as links inside the root
+for f in $pcs; do
+    [ -L "$f" ] && [ ! -e "$PACK/root$f" ] && mkdir -p "$PACK/root$(dirname "$f")" &&
+        ln -s "$(realpath --relative-to="$(dirname "$f")" "$(readlink -f "$f")")" "$PACK/root$f"
+done
 # what a build there does not need: documentation and the static archives (Check links statically)
 rm -rf "$PACK"/root/usr/share/{doc,man,info,lintian,locale}
 find "$PACK/root" -name '*.a' ! -name 'libcheck*' ! -name 'libsubunit*' -delete

@@ -44,36 +44,49 @@ int kvm_cuda_embed(int device, float *out, const float *table, const int32_t *to
 int kvm_cuda_fill_uniform(int device, float *x, int64_t n, uint64_t seed, float a);
 
 /* One layer's attention over a device-resident ragged cache, all query heads at once (GQA:
- * head h reads KV head h / (n_heads / n_kv_heads)). Cache layout: KV head g owns k[g·cap·d ..],
- * v likewise ([cap][d] each), pos[g·cap ..] (int32, KVM_POS_NONE for distilled entries, sorted
- * so visible sets are prefixes), bias[g·cap ..] (logit bias β, or NULL for all zero), and
- * n_e[g] entries (device int64). Queries q[n_q][ldq] token-major, head h at h·d, post-RoPE;
- * qpos[n_q] device int32. Output out[n_q][ldo] token-major like q. Tiled online softmax
- * (kvm_fb_attn_tile): no n_q × n_e matrix exists anywhere. Statistics, each NULL to skip, are
- * computed by a second pass that recomputes scores against each row's LSE:
- *   lse[n_heads][n_q]          each row's log-sum-exp (nats)
- *   entropy[n_heads][n_q]      each row's entropy (nats)
- *   key_mass[n_heads][cap]     Σ over queries i in [win0, n_q) of p[i][e] (H2O's accumulated
- *                              attention with win0 = 0; SnapKV/PyramidKV observation-window
- *                              scores with win0 = n_q − window); zeroed by the call
- *   last_p[n_heads][cap]       the last query's probabilities (TOVA), 0 at masked entries
- * Returns KVM_EINVAL for head_dim > KVM_CUDA_MAX_HEAD_DIM or n_heads not a multiple of n_kv. */
+ * head h reads KV head h / (n_heads / n_kv_heads)). The descriptor follows kvm_attn_layer of the
+ * per-layer kernel interface (lane fwd13, kernels/kvm_kernels.h there; same field names and
+ * meanings) so that the table's attention is this call once that interface is in the build.
+ * Host memory: the descriptor and its per-KV-head arrays k, v, pos, bias, n_e (at most
+ * KVM_CUDA_MAX_KV_HEADS). Device memory: what those arrays point at (k[g], v[g] [n_e[g]][d];
+ * pos[g] [n_e[g]] int32, KVM_POS_NONE for distilled entries, sorted so visible sets are prefixes;
+ * bias[g] [n_e[g]] logit bias β or NULL), q [n_q][ldq] and out [n_q][ldo] token-major (head h at
+ * h·d, post-RoPE), qpos [n_q] and the statistics. Tiled online softmax (kvm_fb_attn_tile): no
+ * n_q × n_e matrix exists anywhere. Statistics (stats, OR of KVM_CUDA_STAT_*) come from a second
+ * pass that recomputes each score against its row's LSE:
+ *   MASS     mass[n_heads][ld_e]       Σ p_i[e] over queries with qpos in [mass_p0, mass_p1)
+ *                                      (H2O accumulated attention; SnapKV/PyramidKV window votes)
+ *   ENTROPY  entropy[n_heads][n_q]     −Σ p ln p, nats, accumulated in double
+ *   LSE      lse[n_heads][n_q]         ln Σ exp(score), −inf when nothing is visible
+ *   OBS      obs[n_heads][n_obs][ld_e] probability rows of the last n_obs queries (TOVA: n_obs 1)
+ * Rows of mass/obs are ld_e ≥ max n_e[g] floats; entries past a head's n_e are 0. Unlike the CPU's
+ * float32 in-order sums, MASS is summed with atomicAdd (order not fixed: float rounding only).
+ * Returns KVM_EINVAL for bad sizes (head_dim > KVM_CUDA_MAX_HEAD_DIM, n_heads not a multiple of
+ * n_kv_heads, a statistic without its buffer, n_obs outside [1, n_q], ld_e < n_e), KVM_EDEVICE. */
+enum { KVM_CUDA_MAX_KV_HEADS = 32 };
+enum kvm_cuda_attn_stat {
+    KVM_CUDA_STAT_MASS = 1u << 0,
+    KVM_CUDA_STAT_ENTROPY = 1u << 1,
+    KVM_CUDA_STAT_LSE = 1u << 2,
+    KVM_CUDA_STAT_OBS = 1u << 3,
+};
 typedef struct kvm_cuda_attn_layer {
+    int n_heads, n_kv_heads, head_dim;
+    float scale;
     const float *q;
     int64_t ldq;
     const int32_t *qpos;
     int64_t n_q;
-    int n_heads, n_kv_heads, head_dim;
-    float scale;
-    const float *k, *v;
-    const int32_t *pos;
-    const float *bias;
+    const float *const *k, *const *v;
+    const int32_t *const *pos;
+    const float *const *bias;
     const int64_t *n_e;
-    int64_t cap;
     float *out;
     int64_t ldo;
-    float *lse, *entropy, *key_mass, *last_p;
-    int64_t win0;
+    unsigned stats;
+    int32_t mass_p0, mass_p1;
+    int64_t n_obs, ld_e;
+    float *mass, *entropy, *lse, *obs;
 } kvm_cuda_attn_layer;
 int kvm_cuda_attention_layer(int device, const kvm_cuda_attn_layer *a);
 
@@ -117,8 +130,10 @@ void kvm_cuda_model_reset(kvm_cuda_model *m);
 /* Runs tokens[0, n) (host int32, ids checked) at the next positions in batches of max_batch,
  * appending K/V to the device cache. logits (host, may be NULL): [vocab] of the last token when
  * last_only, else [n][vocab]. stats (may be NULL): asks the last batch's statistics of every
- * layer, copied to host arrays [n_layers][n_heads][rows]: lse and entropy rows = that batch's
- * tokens, key_mass (win0 = stats_win0 within the batch) and last_p rows = cache entries. */
+ * layer (kvm_cuda_attention_layer), copied to host arrays [n_layers][n_heads][rows]: lse and
+ * entropy rows = that batch's tokens; key_mass (Σ over the batch's queries from index win0 on)
+ * and last_p (the last query's probabilities) rows = ctx floats (the entries of the query head's
+ * KV head, 0 past its count). */
 typedef struct kvm_cuda_stats {
     float *lse, *entropy, *key_mass, *last_p; /* host, each NULL to skip */
     int64_t win0;

@@ -16,6 +16,13 @@ namespace {
 
 enum { QT = 64, DECODE_QMAX = 4 };
 
+struct kv_head {
+    const float *k, *v, *bias; // bias NULL: all zero
+    const int32_t *pos;
+    int64_t n_e;
+};
+
+// passed by value (≈1.4 KB of kernel parameters): the per-KV-head device pointers
 struct attn_p {
     const float *q;
     int64_t ldq;
@@ -23,24 +30,19 @@ struct attn_p {
     int64_t n_q;
     int n_heads, kv_mul, d;
     float scale;
-    const float *k, *v;
-    const int32_t *pos;
-    const float *bias;
-    const int64_t *n_e; // device [n_kv] or NULL: n_e_all for every head
-    int64_t n_e_all, cap;
+    kv_head kv[KVM_CUDA_MAX_KV_HEADS];
     float *out;
     int64_t ldo;
-    float *lse, *entropy, *key_mass, *last_p, *probs; // probs [n_q][n_e_all] (per-head call)
-    int64_t win0;
+    float *mass, *entropy, *lse, *obs, *probs; // probs [n_q][ld_e] (the per-head table call)
+    int32_t mass_p0, mass_p1;
+    int64_t n_obs, ld_e;
 };
-
-__device__ inline int64_t head_entries(const attn_p &p, int g) { return p.n_e ? p.n_e[g] : p.n_e_all; }
 
 template <int MAXD> struct tile_entries { static constexpr int value = MAXD > 128 ? 16 : 32; };
 
 // The entry count visible to the block's last query (queries sorted by position within a block
 // is not assumed: the maximum over the block's threads).
-__device__ inline int64_t block_end(const attn_p &p, const int32_t *pos, int64_t ne, int64_t vis, bool active)
+__device__ inline int64_t block_end(int64_t vis, bool active)
 {
     __shared__ unsigned long long e_end;
     if (threadIdx.x == 0) e_end = 0;
@@ -57,17 +59,17 @@ template <int MAXD> __global__ void k_attn_prefill(attn_p p)
     const int h = blockIdx.y, g = h / p.kv_mul, d = p.d;
     const int64_t i = (int64_t)blockIdx.x * QT + threadIdx.x;
     const bool active = i < p.n_q;
-    const int64_t ne = head_entries(p, g);
-    const float *K = p.k + (int64_t)g * p.cap * d, *V = p.v + (int64_t)g * p.cap * d;
-    const int32_t *pos = p.pos + (int64_t)g * p.cap;
-    const float *B = p.bias ? p.bias + (int64_t)g * p.cap : NULL;
+    const kv_head &kh = p.kv[g];
+    const int64_t ne = kh.n_e;
+    const float *K = kh.k, *V = kh.v, *B = kh.bias;
+    const int32_t *pos = kh.pos;
     float q[MAXD], acc[MAXD], s[ET];
     int64_t vis = 0;
     if (active) {
         for (int c = 0; c < d; c++) q[c] = p.q[i * p.ldq + (int64_t)h * d + c], acc[c] = 0.0f;
         vis = kvm_fb_visible(pos, ne, p.qpos[i]);
     }
-    const int64_t e_end = block_end(p, pos, ne, vis, active);
+    const int64_t e_end = block_end(vis, active);
     kvm_fb_online st = {-INFINITY, 0.0f};
     for (int64_t e0 = 0; e0 < e_end; e0 += ET) {
         const int nt = (int)(e_end - e0 < ET ? e_end - e0 : ET);
@@ -95,10 +97,10 @@ template <int MAXD, int T> __global__ void k_attn_decode(attn_p p)
     __shared__ kvm_fb_online sts[T];
     const int64_t i = blockIdx.x;
     const int h = blockIdx.y, g = h / p.kv_mul, d = p.d, t = threadIdx.x;
-    const int64_t ne = head_entries(p, g);
-    const float *K = p.k + (int64_t)g * p.cap * d, *V = p.v + (int64_t)g * p.cap * d;
-    const int32_t *pos = p.pos + (int64_t)g * p.cap;
-    const float *B = p.bias ? p.bias + (int64_t)g * p.cap : NULL;
+    const kv_head &kh = p.kv[g];
+    const int64_t ne = kh.n_e;
+    const float *K = kh.k, *V = kh.v, *B = kh.bias;
+    const int32_t *pos = kh.pos;
     float q[MAXD], *acc = accs + t * MAXD, s[1];
     for (int c = 0; c < d; c++) q[c] = p.q[i * p.ldq + (int64_t)h * d + c], acc[c] = 0.0f;
     const int64_t vis = kvm_fb_visible(pos, ne, p.qpos[i]);
@@ -124,24 +126,25 @@ template <int MAXD> __global__ void k_attn_stats(attn_p p)
     const int h = blockIdx.y, g = h / p.kv_mul, d = p.d;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= p.n_q) return;
-    const int64_t ne = head_entries(p, g);
-    const float *K = p.k + (int64_t)g * p.cap * d;
-    const int32_t *pos = p.pos + (int64_t)g * p.cap;
-    const float *B = p.bias ? p.bias + (int64_t)g * p.cap : NULL;
+    const kv_head &kh = p.kv[g];
+    const int64_t ne = kh.n_e;
+    const float *K = kh.k, *B = kh.bias;
+    const int32_t *pos = kh.pos;
     float q[MAXD];
     for (int c = 0; c < d; c++) q[c] = p.q[i * p.ldq + (int64_t)h * d + c];
     const int64_t vis = kvm_fb_visible(pos, ne, p.qpos[i]);
     const float lse = p.lse[(int64_t)h * p.n_q + i];
-    const bool in_win = p.key_mass && i >= p.win0, last = p.last_p && i == p.n_q - 1;
-    float ent = 0.0f;
+    const bool in_win = p.mass && p.qpos[i] >= p.mass_p0 && p.qpos[i] < p.mass_p1;
+    float *obs = p.obs && i >= p.n_q - p.n_obs ? p.obs + ((int64_t)h * p.n_obs + (i - (p.n_q - p.n_obs))) * p.ld_e : NULL;
+    double ent = 0.0;
     for (int64_t e = 0; e < vis; e++) {
         float pr = kvm_fb_prob(kvm_fb_score(q, K + e * d, p.scale, B ? B[e] : 0.0f, d), lse);
         ent += kvm_fb_entropy_term(pr);
-        if (in_win) atomicAdd(&p.key_mass[(int64_t)h * p.cap + e], pr);
-        if (last) p.last_p[(int64_t)h * p.cap + e] = pr;
-        if (p.probs) p.probs[i * p.n_e_all + e] = pr;
+        if (in_win) atomicAdd(&p.mass[(int64_t)h * p.ld_e + e], pr);
+        if (obs) obs[e] = pr;
+        if (p.probs) p.probs[i * p.ld_e + e] = pr;
     }
-    if (p.entropy) p.entropy[(int64_t)h * p.n_q + i] = ent;
+    if (p.entropy) p.entropy[(int64_t)h * p.n_q + i] = (float)ent;
 }
 
 template <int MAXD> int launch(int dev, const attn_p &p)
@@ -153,7 +156,7 @@ template <int MAXD> int launch(int dev, const attn_p &p)
         k_attn_prefill<MAXD><<<dim3(kvm__cuda_blocks(p.n_q, QT), (unsigned)p.n_heads), QT, 0, cudaStreamPerThread>>>(p);
     }
     KVM_CU_LAUNCHED(dev, "k_attn");
-    if (p.entropy || p.key_mass || p.last_p || p.probs) {
+    if (p.entropy || p.mass || p.obs || p.probs) {
         k_attn_stats<MAXD><<<dim3(kvm__cuda_blocks(p.n_q, QT), (unsigned)p.n_heads), QT, 0, cudaStreamPerThread>>>(p);
         KVM_CU_LAUNCHED(dev, "k_attn_stats");
     }
@@ -170,19 +173,17 @@ int run(int dev, attn_p p)
     if (p.n_q == 0) return 0;
     int rc = kvm__cuda_use(dev);
     if (rc) return rc;
-    const bool need_lse = p.entropy || p.key_mass || p.last_p || p.probs;
+    const bool need_lse = p.entropy || p.mass || p.obs || p.probs;
     float *lse_tmp = NULL;
     if (need_lse && !p.lse) {
         KVM_CU(dev, cudaMallocAsync((void **)&lse_tmp, (size_t)p.n_heads * (size_t)p.n_q * sizeof(float),
                                     cudaStreamPerThread));
         p.lse = lse_tmp;
     }
-    if (p.key_mass)
-        KVM_CU(dev, cudaMemsetAsync(p.key_mass, 0, (size_t)p.n_heads * (size_t)p.cap * sizeof(float), cudaStreamPerThread));
-    if (p.last_p)
-        KVM_CU(dev, cudaMemsetAsync(p.last_p, 0, (size_t)p.n_heads * (size_t)p.cap * sizeof(float), cudaStreamPerThread));
-    if (p.probs)
-        KVM_CU(dev, cudaMemsetAsync(p.probs, 0, (size_t)p.n_q * (size_t)p.n_e_all * sizeof(float), cudaStreamPerThread));
+    const size_t row = (size_t)p.ld_e * sizeof(float);
+    if (p.mass) KVM_CU(dev, cudaMemsetAsync(p.mass, 0, (size_t)p.n_heads * row, cudaStreamPerThread));
+    if (p.obs) KVM_CU(dev, cudaMemsetAsync(p.obs, 0, (size_t)p.n_heads * (size_t)p.n_obs * row, cudaStreamPerThread));
+    if (p.probs) KVM_CU(dev, cudaMemsetAsync(p.probs, 0, (size_t)p.n_q * row, cudaStreamPerThread));
     rc = p.d <= 32 ? launch<32>(dev, p) : p.d <= 64 ? launch<64>(dev, p) : p.d <= 128 ? launch<128>(dev, p)
                                                                                       : launch<256>(dev, p);
     if (lse_tmp) {
@@ -208,24 +209,34 @@ int kvm__cuda_attention_head(int dev, const kvm_attn_head *a)
     p.kv_mul = 1;
     p.d = a->head_dim;
     p.scale = a->scale;
-    p.k = a->k;
-    p.v = a->v;
-    p.pos = a->pos;
-    p.bias = a->bias;
-    p.n_e_all = a->n_e;
-    p.cap = a->n_e;
+    p.kv[0] = kv_head{a->k, a->v, a->bias, a->pos, a->n_e};
     p.out = a->out;
     p.ldo = a->ldo;
+    p.ld_e = a->n_e;
     p.probs = a->want_probs && a->n_e ? a->probs : NULL;
+    p.mass_p1 = INT32_MIN;
     return run(dev, p);
 }
 
 extern "C" int kvm_cuda_attention_layer(int device, const kvm_cuda_attn_layer *a)
 {
-    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
-        return kvm_err(KVM_EINVAL, "cuda:%d: attention: %d query heads over %d KV heads", device, a->n_heads,
-                       a->n_kv_heads);
+    if (a->n_kv_heads <= 0 || a->n_kv_heads > KVM_CUDA_MAX_KV_HEADS || a->n_heads <= 0 || a->n_heads % a->n_kv_heads)
+        return kvm_err(KVM_EINVAL, "cuda:%d: attention: %d query heads over %d KV heads (at most %d)", device,
+                       a->n_heads, a->n_kv_heads, KVM_CUDA_MAX_KV_HEADS);
+    const unsigned st = a->stats;
+    if (((st & KVM_CUDA_STAT_MASS) && !a->mass) || ((st & KVM_CUDA_STAT_ENTROPY) && !a->entropy) ||
+        ((st & KVM_CUDA_STAT_LSE) && !a->lse) || ((st & KVM_CUDA_STAT_OBS) && !a->obs))
+        return kvm_err(KVM_EINVAL, "cuda:%d: attention: statistics 0x%x asked without their buffers", device, st);
+    if ((st & KVM_CUDA_STAT_OBS) && (a->n_obs < 1 || a->n_obs > a->n_q))
+        return kvm_err(KVM_EINVAL, "cuda:%d: attention: n_obs %lld outside [1, n_q = %lld]", device,
+                       (long long)a->n_obs, (long long)a->n_q);
     attn_p p = {};
+    for (int g = 0; g < a->n_kv_heads; g++) {
+        if (a->n_e[g] < 0 || ((st & (KVM_CUDA_STAT_MASS | KVM_CUDA_STAT_OBS)) && a->n_e[g] > a->ld_e))
+            return kvm_err(KVM_EINVAL, "cuda:%d: attention: KV head %d has %lld entries (ld_e %lld)", device, g,
+                           (long long)a->n_e[g], (long long)a->ld_e);
+        p.kv[g] = kv_head{a->k[g], a->v[g], a->bias ? a->bias[g] : NULL, a->pos[g], a->n_e[g]};
+    }
     p.q = a->q;
     p.ldq = a->ldq;
     p.qpos = a->qpos;
@@ -234,18 +245,15 @@ extern "C" int kvm_cuda_attention_layer(int device, const kvm_cuda_attn_layer *a
     p.kv_mul = a->n_heads / a->n_kv_heads;
     p.d = a->head_dim;
     p.scale = a->scale;
-    p.k = a->k;
-    p.v = a->v;
-    p.pos = a->pos;
-    p.bias = a->bias;
-    p.n_e = a->n_e;
-    p.cap = a->cap;
     p.out = a->out;
     p.ldo = a->ldo;
-    p.lse = a->lse;
-    p.entropy = a->entropy;
-    p.key_mass = a->key_mass;
-    p.last_p = a->last_p;
-    p.win0 = a->win0;
+    p.lse = st & KVM_CUDA_STAT_LSE ? a->lse : NULL;
+    p.entropy = st & KVM_CUDA_STAT_ENTROPY ? a->entropy : NULL;
+    p.mass = st & KVM_CUDA_STAT_MASS ? a->mass : NULL;
+    p.obs = st & KVM_CUDA_STAT_OBS ? a->obs : NULL;
+    p.mass_p0 = a->mass_p0;
+    p.mass_p1 = a->mass_p1;
+    p.n_obs = a->n_obs;
+    p.ld_e = a->ld_e;
     return run(device, p);
 }

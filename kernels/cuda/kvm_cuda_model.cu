@@ -22,7 +22,6 @@ struct dlayer {
     dmat wq, wk, wv, wo, w1, w2, w3;
     float *k, *v, *bias; // [n_kv][ctx][d], [n_kv][ctx]
     int32_t *pos;        // [n_kv][ctx]
-    int64_t *n_e;        // device [n_kv]
 };
 
 } // namespace
@@ -167,8 +166,7 @@ int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, float *stage)
             return rc;
         size_t ce = (size_t)d->n_kv_heads * (size_t)m->ctx;
         if ((rc = dalloc_n(dev, &y->k, ce * d->head_dim)) || (rc = dalloc_n(dev, &y->v, ce * d->head_dim)) ||
-            (rc = dalloc_n(dev, &y->bias, ce)) || (rc = dalloc_n(dev, &y->pos, ce)) ||
-            (rc = dalloc_n(dev, &y->n_e, (size_t)d->n_kv_heads)))
+            (rc = dalloc_n(dev, &y->bias, ce)) || (rc = dalloc_n(dev, &y->pos, ce)))
             return rc;
     }
     const int64_t B = m->max_batch, wide = D > qd ? D : qd, half = d->head_dim / 2;
@@ -212,7 +210,7 @@ void kvm_cuda_model_free(kvm_cuda_model **pm)
         for (int l = 0; m->L && l < m->s.n_layers; l++) {
             dlayer *y = &m->L[l];
             void *ps[] = {y->rms_att, y->rms_ffn, y->bq, y->bk, y->bv, y->bo, y->q_norm, y->k_norm, y->wq.d,
-                          y->wk.d, y->wv.d, y->wo.d, y->w1.d, y->w2.d, y->w3.d, y->k, y->v, y->bias, y->pos, y->n_e};
+                          y->wk.d, y->wv.d, y->wo.d, y->w1.d, y->w2.d, y->w3.d, y->k, y->v, y->bias, y->pos};
             for (void *p : ps) free_dev(p);
         }
         void *ps[] = {m->tok_emb, m->rms_final, m->wcls.d, m->x, m->xb, m->q, m->kk, m->vv, m->att, m->hb, m->hb2,
@@ -233,10 +231,11 @@ int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype
 {
     *out = NULL;
     if (d->n_layers <= 0 || d->dim <= 0 || d->n_heads <= 0 || d->n_kv_heads <= 0 || d->n_heads % d->n_kv_heads ||
+        d->n_kv_heads > KVM_CUDA_MAX_KV_HEADS ||
         d->head_dim <= 0 || d->head_dim % 2 || d->head_dim > KVM_CUDA_MAX_HEAD_DIM || d->hidden_dim <= 0 ||
         d->vocab_size <= 0 || ctx <= 0 || max_batch <= 0 || ctx > 0x7fffffff)
         return kvm_err(KVM_EINVAL,
-                       "cuda:%d: model shape layers=%d dim=%d heads=%d/%d head_dim=%d (even, <= %d) hidden=%d vocab=%d "
+                       "cuda:%d: model shape layers=%d dim=%d heads=%d/%d (KV heads <= 32) head_dim=%d (even, <= %d) hidden=%d vocab=%d "
                        "ctx=%lld batch=%lld is not valid",
                        device, d->n_layers, d->dim, d->n_heads, d->n_kv_heads, d->head_dim, KVM_CUDA_MAX_HEAD_DIM,
                        d->hidden_dim, d->vocab_size, (long long)ctx, (long long)max_batch);
@@ -323,8 +322,6 @@ int kvm_cuda_model_set_kv(kvm_cuda_model *m, int layer, int g, const float *k, c
     KVM_CU(m->dev, cudaMemcpyAsync(y->pos + off, pos, (size_t)n * 4, cudaMemcpyHostToDevice, cudaStreamPerThread));
     if (bias) KVM_CU(m->dev, cudaMemcpyAsync(y->bias + off, bias, (size_t)n * 4, cudaMemcpyHostToDevice, cudaStreamPerThread));
     else KVM_CU(m->dev, cudaMemsetAsync(y->bias + off, 0, (size_t)n * 4, cudaStreamPerThread));
-    KVM_CU(m->dev, cudaMemcpyAsync(y->n_e + g, &m->n_host[(int64_t)layer * m->s.n_kv_heads + g], 8,
-                                   cudaMemcpyHostToDevice, cudaStreamPerThread));
     KVM_CU(m->dev, cudaStreamSynchronize(cudaStreamPerThread));
     return 0;
 }
@@ -352,9 +349,6 @@ int append_kv(kvm_cuda_model *m, int l, int64_t n)
         KVM_CU(dev, cudaMemsetAsync(y->bias + e0, 0, (size_t)n * 4, cudaStreamPerThread));
         cnt[g] += n;
     }
-    // counts are read by the attention launch queued after this copy (stream order); the host
-    // array is not touched again before the stream is synchronised at the end of the batch
-    KVM_CU(dev, cudaMemcpyAsync(y->n_e, cnt, (size_t)nkv * 8, cudaMemcpyHostToDevice, cudaStreamPerThread));
     return 0;
 }
 
@@ -396,29 +390,40 @@ int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
         (rc = kvm__cuda_rope(dev, m->kk, n, kvd, c->n_kv_heads, c->head_dim, m->cos_t, m->sin_t, c->rope_style)) ||
         (rc = append_kv(m, l, n)))
         return rc;
+    const int nkv = c->n_kv_heads, d = c->head_dim;
+    const float *kp[KVM_CUDA_MAX_KV_HEADS], *vp[KVM_CUDA_MAX_KV_HEADS], *bp[KVM_CUDA_MAX_KV_HEADS];
+    const int32_t *pp[KVM_CUDA_MAX_KV_HEADS];
+    for (int g = 0; g < nkv; g++) {
+        const size_t off = (size_t)g * m->ctx;
+        kp[g] = y->k + off * d, vp[g] = y->v + off * d, bp[g] = y->bias + off, pp[g] = y->pos + off;
+    }
     kvm_cuda_attn_layer a = {};
+    a.n_heads = c->n_heads;
+    a.n_kv_heads = nkv;
+    a.head_dim = d;
+    a.scale = 1.0f / sqrtf((float)d);
     a.q = m->q;
     a.ldq = qd;
     a.qpos = m->qpos;
     a.n_q = n;
-    a.n_heads = c->n_heads;
-    a.n_kv_heads = c->n_kv_heads;
-    a.head_dim = c->head_dim;
-    a.scale = 1.0f / sqrtf((float)c->head_dim);
-    a.k = y->k;
-    a.v = y->v;
-    a.pos = y->pos;
-    a.bias = y->bias;
-    a.n_e = y->n_e;
-    a.cap = m->ctx;
+    a.k = kp;
+    a.v = vp;
+    a.pos = pp;
+    a.bias = bp;
+    a.n_e = m->n_host + (int64_t)l * nkv;
     a.out = m->att;
     a.ldo = qd;
     if (st) {
-        a.lse = st->lse ? m->st_lse : NULL;
-        a.entropy = st->entropy ? m->st_ent : NULL;
-        a.key_mass = st->key_mass ? m->st_km : NULL;
-        a.last_p = st->last_p ? m->st_lp : NULL;
-        a.win0 = st->win0;
+        a.stats = (st->lse ? KVM_CUDA_STAT_LSE : 0) | (st->entropy ? KVM_CUDA_STAT_ENTROPY : 0) |
+                  (st->key_mass ? KVM_CUDA_STAT_MASS : 0) | (st->last_p ? KVM_CUDA_STAT_OBS : 0);
+        a.lse = m->st_lse;
+        a.entropy = m->st_ent;
+        a.mass = m->st_km;
+        a.obs = m->st_lp;
+        a.mass_p0 = m->next_pos + (int32_t)st->win0;
+        a.mass_p1 = INT32_MAX;
+        a.n_obs = 1;
+        a.ld_e = m->ctx;
     }
     if ((rc = kvm_cuda_attention_layer(dev, &a)) || (st && (rc = download_stats(m, l, n, st)))) return rc;
     if ((rc = mm(m->att, qd, y->wo, m->xb)) || (y->bo && (rc = kvm__cuda_add_rows(dev, m->xb, y->bo, n, D))) ||
