@@ -8,7 +8,8 @@
 #   scripts/gpu-check.sh [solver] [forward]       # default: both sections
 # Environment: DEVICE (cuda:0), REPS (20 for the solver's PyTorch step, 3 for the forward),
 #   TOKENS (2048), GPU_CHECK_BUILD=1 to build on the host even when the carried binaries run,
-#   GPU_CHECK_ASSUME_DEVICE=1 to go past the device probe (tests this script where no GPU is).
+#   GPU_CHECK_BUILD_TIMEOUT (240 s), GPU_CHECK_ASSUME_DEVICE=1 to go past the device probe (tests
+#   this script where no GPU is).
 # Exit status: 0 every check passed, 1 a check failed, 2 bad usage or no gpu-pack/, 3 no CUDA
 # device on this host (nothing was run; the message says what was looked for).
 #
@@ -77,7 +78,7 @@ if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; t
     if ! PATH=$tools:$PATH PKG_CONFIG_LIBDIR=$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig \
         PKG_CONFIG_SYSROOT_DIR=$R PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 \
         CPATH=$R/usr/include:$R/usr/include/x86_64-linux-gnu LIBRARY_PATH=${LD_LIBRARY_PATH} \
-        timeout 240 make -j"$(nproc)" CUDA=1 $targets > "$ROOT/build.log" 2>&1; then
+        timeout "${GPU_CHECK_BUILD_TIMEOUT:-240}" make -j"$(nproc)" CUDA=1 $targets > "$ROOT/build.log" 2>&1; then
         echo "gpu-check: the build failed; the end of $ROOT/build.log:"
         tail -20 "$ROOT/build.log"
         exit 1

@@ -41,6 +41,22 @@ START_TEST(test_no_device_fails_cleanly)
 }
 END_TEST
 
+/* the host forward refuses a backend whose memory is not host memory, instead of handing it
+ * host pointers (eval, sculpt, calibrate and the stages build that forward) */
+START_TEST(test_host_forward_refuses_device_table)
+{
+    kvm_model *m;
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &m), 0);
+    kvm_kernels fake = *kvm_kernels_cpu();
+    fake.name = "cuda";
+    kvm_forward *f = NULL;
+    ck_assert_int_eq(kvm_forward_new(m, &fake, 0, &f), KVM_ENOTSUP);
+    ck_assert_ptr_null(f);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "only generate"));
+    kvm_model_close(&m);
+}
+END_TEST
+
 #ifdef KVM_WITH_CUDA
 /* ---- with a device ---- */
 
@@ -248,6 +264,7 @@ int main(void)
     Suite *s = suite_create("cuda_forward");
     TCase *tc = tcase_create("cuda");
     tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_host_forward_refuses_device_table);
     const kvm_kernels *k;
     if (kvm_kernels_select("cuda:0", &k)) {
         char why[512];
