@@ -19,8 +19,6 @@
 
 enum { N = 256, V = 512, L = 5, G = 4, HEADS = 8, D = 8, WIN = 16 };
 
-static int32_t ids[N];
-
 /* ---- no device ---- */
 
 START_TEST(test_no_device_fails_cleanly)
@@ -59,6 +57,8 @@ END_TEST
 
 #ifdef KVM_WITH_CUDA
 /* ---- with a device ---- */
+
+static int32_t ids[N];
 
 static kvm_model *model;
 static float *cpu_logits;
