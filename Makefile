@@ -45,7 +45,7 @@ LDLIBS     := $(LIBS_PKG) -lm
 ifeq ($(CUDA),1)
 CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
 CPPFLAGS   += -DKVM_WITH_CUDA=1
-NVFLAGS    := -O2 -I. -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Werror
+NVFLAGS    := -O2 -I. -std=c++17 --default-stream per-thread --threads 0 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Werror
 LDLIBS     += -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CU_SRC     := $(wildcard kernels/cuda/*.cu)
 else

@@ -43,6 +43,13 @@ int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch,
     const kvm_model_config *c = &m->cfg;
     f->m = m;
     f->k = k ? k : kvm_kernels_cpu();
+    if (strcmp(f->k->name, "cpu") != 0) { /* its scratch, cache and hooks are host memory */
+        free(f);
+        return kvm_err(KVM_ENOTSUP,
+                       "forward: this command's forward runs on the CPU backend only; on %s, only generate runs "
+                       "the model (model/kvm_forward_cuda.h)",
+                       k->name);
+    }
     int rc = kvm_model_prepare(m, f->k, &f->w);
     if (rc) {
         free(f);

@@ -5,6 +5,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "model/kvm_forward.h"
+#include "model/kvm_forward_cuda.h"
 #include "model/kvm_sampler.h"
 #include "common/kvm_error.h"
 
@@ -136,20 +137,58 @@ typedef struct gen_args {
     uint64_t seed;
 } gen_args;
 
-static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const int32_t *p, int64_t np,
-                    const gen_args *a)
+/* The forward generate runs: the CPU forward (kvm_forward over a host cache), or on cuda:N the
+ * device-resident forward (model/kvm_forward_cuda.h), whose cache stays on the device. */
+typedef struct gen_fwd {
+    kvm_forward *f;
+    kvm_kvcache *cache;
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model *dev;
+#endif
+} gen_fwd;
+
+static int gen_fwd_new(const kvm_model *m, const kvm_kernels *k, int cuda_device, int64_t np, int64_t steps,
+                       gen_fwd *g)
 {
-    kvm_forward *f = NULL;
-    kvm_kvcache *cache = NULL;
+#ifdef KVM_WITH_CUDA
+    if (cuda_device >= 0) /* float32 weights stay bit-comparable with the CPU; bf16 is for benchmarks */
+        return kvm_model_cuda_new(m, cuda_device, KVM_CUDA_F32, steps, np > 0 ? np : 1, &g->dev);
+#endif
+    int rc = kvm_forward_new(m, k, np, &g->f);
+    return rc ? rc : kvm_forward_cache_new(m, steps, &g->cache);
+}
+
+/* logits of the last of tokens[0, n) */
+static int gen_fwd_run(gen_fwd *g, const int32_t *tokens, int64_t n, float *logits)
+{
+#ifdef KVM_WITH_CUDA
+    if (g->dev) return kvm_cuda_model_forward(g->dev, tokens, n, logits, 1, NULL);
+#endif
+    return n == 1 ? kvm_forward_decode(g->f, g->cache, tokens[0], logits)
+                  : kvm_forward_prefill(g->f, g->cache, tokens, n, logits, KVM_LOGITS_LAST);
+}
+
+static void gen_fwd_free(gen_fwd *g)
+{
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model_free(&g->dev);
+#endif
+    kvm_kvcache_free(&g->cache);
+    kvm_forward_free(&g->f);
+}
+
+static int generate(const kvm_model *m, const kvm_kernels *k, int cuda_device, const kvm_tokenizer *tok,
+                    const int32_t *p, int64_t np, const gen_args *a)
+{
+    gen_fwd g = {0};
     kvm_sampler *smp = NULL;
     float *logits = malloc((size_t)m->cfg.vocab_size * sizeof *logits);
     int64_t steps = a->steps, n_pre = np < steps ? np : steps, produced = 0;
     int rc = logits ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
-    if (!rc) rc = kvm_forward_new(m, k, np, &f);
-    if (!rc) rc = kvm_forward_cache_new(m, steps, &cache);
+    if (!rc) rc = gen_fwd_new(m, k, cuda_device, np, steps, &g);
     if (!rc) rc = kvm_sampler_new(m->cfg.vocab_size, (float)a->temperature, (float)a->topp, a->seed, &smp);
     double t0 = now_s();
-    if (!rc) rc = kvm_forward_prefill(f, cache, p, n_pre, logits, KVM_LOGITS_LAST);
+    if (!rc) rc = gen_fwd_run(&g, p, n_pre, logits);
     if (!rc && !a->quiet_prompt && a->echo_first && np > 0) emit(tok, -1, p[0], a->stop_at_eos);
     for (int64_t i = 1; !rc && !a->quiet_prompt && i < (np < steps + 1 ? np : steps + 1); i++)
         emit(tok, p[i - 1], p[i], a->stop_at_eos);
@@ -161,7 +200,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
             emit(tok, token, next, a->stop_at_eos);
             produced++;
             if (pos >= steps) break;
-            if ((rc = kvm_forward_decode(f, cache, next, logits))) break;
+            if ((rc = gen_fwd_run(&g, &next, 1, logits))) break;
             token = next;
         }
     }
@@ -170,8 +209,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
     if (!rc && dt > 0) fprintf(stderr, "achieved tok/s: %f\n", (double)(n_pre + produced) / dt);
     if (rc) fprintf(stderr, "kvmill generate: %s\n", kvm_errmsg());
     kvm_sampler_free(&smp);
-    kvm_kvcache_free(&cache);
-    kvm_forward_free(&f);
+    gen_fwd_free(&g);
     free(logits);
     return rc;
 }
@@ -239,7 +277,9 @@ int kvm_cmd_generate(int argc, char **argv)
         }
     }
     free(chat_text);
-    if (!rc) rc = generate(m, k, tok, p, np, &a) ? 1 : 0;
+    const char *dev = kvm_cli_get(opts, "device");
+    int cuda_device = dev && strncmp(dev, "cuda:", 5) == 0 ? atoi(dev + 5) : -1; /* checked by setup_device */
+    if (!rc) rc = generate(m, k, cuda_device, tok, p, np, &a) ? 1 : 0;
     free(p);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);

@@ -1,44 +1,153 @@
 #!/usr/bin/env bash
-# scripts/gpu-check.sh: the GPU checks of issues 12 (solver) and 13 (forward), in one script
-# that prints a table and finishes in ≤ 5 minutes, for a rented GPU slot (a failed run can be
-# repeated within 15 minutes). Needs only bash, python3 with PyTorch, the NVIDIA driver (and
-# nvcc for later sections); no network, no ../shared, none of kvmill's Debian libraries.
+# scripts/gpu-check.sh: the GPU checks of issues 12 (solver) and 13 (forward), in one script that
+# prints a table and finishes in ≤ 5 minutes, for a rented GPU slot (a failed run can be repeated
+# within 15 minutes). The host needs bash, the NVIDIA driver, the CUDA toolkit's runtime libraries
+# (nvcc 13 for a rebuild) and python3 with PyTorch; no network, no ../shared, none of kvmill's
+# Debian libraries: those, the binaries, stories260K, tok512 and the golden files come in the
+# git-ignored folder gpu-pack/, made here by scripts/gpu-pack.sh and carried with the tree.
 #   scripts/gpu-check.sh [solver] [forward]       # default: both sections
-# Environment: DEVICE (cuda:0), REPS (20).
+# Environment: DEVICE (cuda:0), REPS (20 for the solver's PyTorch step, 3 for the forward),
+#   TOKENS (2048), GPU_CHECK_BUILD=1 to build on the host even when the carried binaries run,
+#   GPU_CHECK_BUILD_TIMEOUT (240 s), GPU_CHECK_ASSUME_DEVICE=1 to go past the device probe (tests
+#   this script where no GPU is).
+# Exit status: 0 every check passed, 1 a check failed, 2 bad usage or no gpu-pack/, 3 no CUDA
+# device on this host (nothing was run; the message says what was looked for).
 #
 # solver: the PyTorch peer of the batched KVSculpt loss+gradient step (bench/torch_sculpt_step.py)
-#   at Qwen2.5-1.5B's, SmolLM2's and stories260K's problem shapes, against torch's own GEMM
-#   ceiling in the same run. kvmill's CUDA solver (kernels/cuda/, `--device cuda:N` for the
-#   solver) is not written yet — issue 12 leaves it open — so no kvmill device figure is
-#   produced here and RESULTS.md marks them "not run".
-# forward: the CUDA forward is issue 13; this section only reports that it is not run.
+#   at Qwen2.5-1.5B's, SmolLM2's and stories260K's problem shapes, against torch's own GEMM ceiling
+#   in the same run; build/tests/check_cuda_sculpt and build/bench/bench_solver --device cuda:0
+#   (lane batch12's CUDA solver) where this revision has them, else a line saying they are absent.
+# forward: build/tests/check_cuda_forward (logits vs CPU and run.c's golden, K/V capture,
+#   statistics, ragged decode with β), then bench_forward_cuda (random bf16 models made on the
+#   device, N = TOKENS: prefill tokens/s, cuBLAS alone on the same GEMMs, decode tokens/s at
+#   context N) and bench/torch_prefill.py (SDPA + bf16 matmuls) at Qwen2.5-1.5B's and SmolLM2's
+#   shapes, in one table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda:0}
-REPS=${REPS:-20}
+TOKENS=${TOKENS:-2048}
 SECTIONS=${*:-solver forward}
+PACK=$PWD/gpu-pack
 status=0
-echo "gpu-check: $(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1 || echo 'no nvidia-smi')"
+for sec in $SECTIONS; do
+    case $sec in solver | forward) ;; *) echo "gpu-check: unknown section '$sec' (solver, forward)"; exit 2 ;; esac
+done
+echo "gpu-check: $(date -u +%FT%TZ), sections: $SECTIONS"
+
+# ---- a device? (nvidia-smi, else the driver library; PyTorch is asked below only if both fail)
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+[ -n "${GPU_CHECK_ASSUME_DEVICE:-}" ] && gpu="assumed (GPU_CHECK_ASSUME_DEVICE: testing this script without one)"
+if [ -z "$gpu" ]; then
+    gpu=$(timeout 60 python3 -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)
+fi
+if [ -z "$gpu" ]; then
+    echo "gpu-check: no CUDA device on this host (nvidia-smi lists none and PyTorch sees none): nothing run"
+    exit 3
+fi
+echo "gpu-check: device $DEVICE: $gpu"
+
+# ---- the carried libraries and binaries
+if [ ! -d "$PACK/bin" ] || [ ! -f "$PACK/root.tar.xz" ]; then
+    echo "gpu-check: no gpu-pack/ (run scripts/gpu-pack.sh where kvmill builds, and carry gpu-pack)"
+    exit 2
+fi
+ROOT=${TMPDIR:-/tmp}/kvmill-gpu-root
+if [ ! -d "$ROOT/root" ]; then
+    mkdir -p "$ROOT" && xz -dc "$PACK/root.tar.xz" | tar -C "$ROOT" -xf - || { echo "gpu-check: cannot unpack gpu-pack/root.tar.xz"; exit 2; }
+fi
+R=$ROOT/root
+cudalib=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib; do
+    [ -e "$d/libcublas.so.13" ] && cudalib=${cudalib:+$cudalib:}$d
+done
+if [ -z "$cudalib" ]; then # PyTorch's wheels carry cuBLAS 13 too
+    cudalib=$(python3 -c 'import nvidia, os; p = os.path.dirname(nvidia.__path__[0]); print(":".join(os.path.join(p, "nvidia", s, "lib") for s in ("cublas", "cuda_runtime", "cu13")))' 2>/dev/null)
+fi
+export LD_LIBRARY_PATH=$R/usr/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu/openblas-pthread:$R/lib/x86_64-linux-gnu${cudalib:+:$cudalib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export KVMILL_SHARED=$PACK/shared KVMILL_SRCDIR=$PWD CK_DEFAULT_TIMEOUT=300
+BIN=$PACK/bin
+if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; then
+    # the carried binaries do not load here (another C library?): build on the host with the
+    # carried headers, libraries and pkg-config
+    echo "gpu-check: building on this host ($("$BIN/kvmill" --help 2>&1 | head -1))"
+    tools=$ROOT/tools && mkdir -p "$tools" && ln -sf "$R/usr/bin/pkgconf" "$tools/pkg-config"
+    targets="bin/kvmill build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda"
+    [ -f tests/check_cuda_sculpt.c ] && targets="$targets build/tests/check_cuda_sculpt"
+    [ -f bench/bench_solver.c ] && targets="$targets build/bench/bench_solver"
+    # shellcheck disable=SC2086
+    if ! PATH=$tools:$PATH PKG_CONFIG_LIBDIR=$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig \
+        PKG_CONFIG_SYSROOT_DIR=$R PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1 \
+        CPATH=$R/usr/include:$R/usr/include/x86_64-linux-gnu LIBRARY_PATH=${LD_LIBRARY_PATH} \
+        timeout "${GPU_CHECK_BUILD_TIMEOUT:-240}" make -j"$(nproc)" CUDA=1 $targets > "$ROOT/build.log" 2>&1; then
+        echo "gpu-check: the build failed; the end of $ROOT/build.log:"
+        tail -20 "$ROOT/build.log"
+        exit 1
+    fi
+    BIN=$ROOT/bin && mkdir -p "$BIN" && for t in $targets; do cp "$t" "$BIN/"; done
+fi
+export KVMILL_BIN=$BIN
+
+# runs one check binary; prints PASS/FAIL with its figures
+run_check() {
+    local name=$1 out
+    shift
+    if [ ! -x "$BIN/$name" ]; then
+        echo "$name: not in this revision: not run"
+        return
+    fi
+    out=$(timeout 150 "$BIN/$name" "$@" 2>&1)
+    local rc=$?
+    echo "$out" | grep -E '^(SKIP|cuda|tiled)|max\|d' | sed "s/^/  $name: /"
+    if [ $rc = 0 ] && echo "$out" | grep -q '100%: Checks'; then
+        echo "$name: PASS ($(echo "$out" | grep -o 'Checks: [0-9]*' | tail -1))"
+    else
+        echo "$name: FAIL (exit $rc)"
+        echo "$out" | tail -15
+        status=1
+    fi
+}
+
 for sec in $SECTIONS; do
     case $sec in
     solver)
         echo "== solver"
+        run_check check_cuda_sculpt
         printf '%-10s %-8s %12s %10s %12s\n' shape device ms/step TFLOP/s gemm_TFLOP/s
         for shape in qwen smollm2 stories; do
-            line=$(timeout 90 python3 bench/torch_sculpt_step.py --device "$DEVICE" --shape "$shape" --reps "$REPS" 2>&1 | tail -1)
+            line=$(timeout 90 python3 bench/torch_sculpt_step.py --device "$DEVICE" --shape "$shape" --reps "${REPS:-20}" 2>&1 | tail -1)
             case $line in
             torch,*) IFS=, read -r _ sh dev _ ms _ tf _ gt <<< "$line"
                      printf '%-10s %-8s %12s %10s %12s\n' "$sh" "$dev" "$ms" "$tf" "$gt" ;;
             *) echo "$shape: FAILED: $line"; status=1 ;;
             esac
         done
-        echo "kvmill CUDA solver: not built in this revision (issue 12 open): not run"
+        if [ -x "$BIN/bench_solver" ] && out=$(timeout 90 "$BIN/bench_solver" --device "$DEVICE" 2>&1); then
+            echo "$out" | tail -5
+        else
+            echo "bench_solver --device $DEVICE: not available in this revision (lane batch12): not run"
+        fi
         ;;
     forward)
         echo "== forward"
-        echo "the CUDA forward is issue 13: not run"
+        run_check check_forward_body
+        run_check check_cuda_forward
+        fmt='%-14s %-7s %14s %14s %7s %13s %14s %13s\n'
+        rows=()
+        for shape in qwen2.5-1.5b smollm2; do
+            k=$(timeout 150 "$BIN/bench_forward_cuda" --device "$DEVICE" --shape "$shape" --tokens "$TOKENS" --gen 32 --reps "${REPS_FWD:-3}" 2>&1)
+            kl=$(echo "$k" | grep '^kvmill,' | tail -1)
+            [ -n "$kl" ] || { echo "bench_forward_cuda $shape: FAILED:"; echo "$k" | tail -5; status=1; }
+            t=$(timeout 120 python3 bench/torch_prefill.py --device "$DEVICE" --shape "$shape" --tokens "$TOKENS" --gen 32 --reps "${REPS_FWD:-3}" 2>&1)
+            tl=$(echo "$t" | grep '^torch,' | tail -1)
+            [ -n "$tl" ] || { echo "torch_prefill $shape: FAILED:"; echo "$t" | tail -5; status=1; }
+            IFS=, read -r _ _ _ dt _ _ _ kp _ kg _ ks _ kd <<< "${kl:-,,,,,,,-,,-,,-,,-}"
+            IFS=, read -r _ _ _ _ _ _ _ tp _ td <<< "${tl:-,,,,,,,-,,-}"
+            rows+=("$(printf "$fmt" "$shape" "${dt:-bf16}" "$kp" "$kg" "$ks" "$kd" "$tp" "$td")")
+        done
+        echo "forward at N = $TOKENS (tokens/s; share = kvmill prefill / cuBLAS alone on the same GEMMs):"
+        printf "$fmt" shape dtype kvm_prefill cublas_only share kvm_decode torch_prefill torch_decode
+        printf '%s\n' "${rows[@]}"
         ;;
-    *) echo "gpu-check: unknown section '$sec' (solver, forward)"; status=2 ;;
     esac
 done
 exit $status

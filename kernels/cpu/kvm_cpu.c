@@ -1,8 +1,10 @@
-/* kvm_cpu.c: the CPU backend's element-wise kernels and BLAS bridge. Hot loops are
- * compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time (target_clones),
+/* kvm_cpu.c: the CPU backend's element-wise kernels and BLAS bridge. The per-element math is
+ * kernels/kvm_forward_body.h (shared with the CUDA backend); the loops over rows and elements
+ * are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time (target_clones),
  * so one binary runs everywhere and uses what the processor has. */
 #include "kernels/cpu/kvm_cpu.h"
 #include "kernels/cpu/kvm_cpu_math.h"
+#include "kernels/kvm_forward_body.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/cpu/kvm_cpu_pool.h"
 #include "common/kvm_error.h"
@@ -113,8 +115,8 @@ static void cpu_rmsnorm(float *out, const float *x, const float *w, int64_t n_ro
         float *o = out + r * dim;
         float ss = 0.0f;
         for (int64_t i = 0; i < dim; i++) ss += xr[i] * xr[i];
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-        for (int64_t i = 0; i < dim; i++) o[i] = w[i] * (inv * xr[i]);
+        float inv = kvm_fb_rms_inv(ss, dim, eps);
+        for (int64_t i = 0; i < dim; i++) o[i] = kvm_fb_rms_elem(w[i], inv, xr[i]);
     }
 }
 
@@ -126,13 +128,7 @@ static void cpu_rope(float *x, int64_t n_rows, int64_t row_stride, int n_heads, 
         const float *c = cos_t + r * half, *s = sin_t + r * half;
         for (int h = 0; h < n_heads; h++) {
             float *v = x + r * row_stride + (int64_t)h * head_dim;
-            for (int i = 0; i < half; i++) {
-                int i0 = style == KVM_ROPE_INTERLEAVED ? 2 * i : i;
-                int i1 = style == KVM_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
-                float v0 = v[i0], v1 = v[i1];
-                v[i0] = v0 * c[i] - v1 * s[i];
-                v[i1] = v0 * s[i] + v1 * c[i];
-            }
+            for (int i = 0; i < half; i++) kvm_fb_rope_pair(v, i, half, style == KVM_ROPE_HALF, c[i], s[i]);
         }
     }
 }
@@ -140,16 +136,13 @@ static void cpu_rope(float *x, int64_t n_rows, int64_t row_stride, int n_heads, 
 KVM_CLONES
 static void cpu_swiglu(float *gate, const float *up, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + kvm__expf(-g)) * up[i];
-    }
+    for (int64_t i = 0; i < n; i++) gate[i] = kvm_fb_swiglu(gate[i], up[i]);
 }
 
 KVM_CLONES
 static void cpu_add(float *x, const float *y, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+    for (int64_t i = 0; i < n; i++) x[i] = kvm_fb_add(x[i], y[i]);
 }
 
 static const kvm_kernels kvm__cpu_table = {

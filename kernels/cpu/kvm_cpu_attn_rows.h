@@ -5,6 +5,7 @@
 #define KVM_CPU_ATTN_ROWS_H
 
 #include "kernels/cpu/kvm_cpu_math.h"
+#include "kernels/kvm_forward_body.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -18,19 +19,13 @@
 
 enum { KVM_ATTN_QBLOCK = 64 };
 
-/* Number of entries among pos[0, n) with pos <= p (pos sorted, KVM_POS_NONE = -1 first). */
-static inline int64_t kvm__attn_visible(const int32_t *pos, int64_t n, int32_t p)
-{
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (pos[mid] <= p) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
+/* Number of entries among pos[0, n) with pos <= p (pos sorted, KVM_POS_NONE = -1 first):
+ * kvm_fb_visible (kernels/kvm_forward_body.h), the body the CUDA kernels run. */
+static inline int64_t kvm__attn_visible(const int32_t *pos, int64_t n, int32_t p) { return kvm_fb_visible(pos, n, p); }
 
-/* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width). Explicit
+/* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width): the SIMD form of
+ * kvm_fb_softmax_row (kernels/kvm_forward_body.h) with the same per-element operations (bias add,
+ * max, kvm_fb_expf per lane, 1/Σ); the sum is taken over 16 lanes, then across them. Explicit
  * 16-lane vectors: GCC does not vectorise the max/sum reductions without -ffast-math.
  * Returns 1/sum; the row is scaled by it only when `normalize` (else the caller scales the
  * attention output instead, which is head_dim values rather than vis). *lse_out, when not

@@ -6,30 +6,15 @@
 #ifndef KVM_CPU_MATH_H
 #define KVM_CPU_MATH_H
 
+#include "kernels/kvm_forward_body.h"
+
 #include <stdint.h>
 
-static inline float kvm__expf(float x)
-{
-    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    const float round_magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float x_in = x;
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    float n = (x * log2e + round_magic) - round_magic;
-    float r = x - n * ln2_hi - n * ln2_lo;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { uint32_t i; float f; } scale; /* 2^n; a union (not memcpy) keeps the loop vectorisable */
-    scale.i = (uint32_t)((int32_t)n + 127) << 23; /* unsigned: a NaN input gives NaN, not undefined behaviour */
-    return x_in < -69.0f ? 0.0f : p * scale.f;
-}
+/* The scalar body is kvm_fb_expf (kernels/kvm_forward_body.h), shared with the CUDA backend. */
+static inline float kvm__expf(float x) { return kvm_fb_expf(x); }
 
-/* The same exp on 16 lanes with GCC vector extensions (compiled per target clone), for loops
+/* The same exp on 16 lanes with GCC vector extensions (the operations of kvm_fb_expf, in its
+ * order, per lane) (compiled per target clone), for loops
  * GCC does not vectorise on its own (reductions, selects). */
 typedef float kvm__v16 __attribute__((vector_size(64)));
 typedef int32_t kvm__v16i __attribute__((vector_size(64)));

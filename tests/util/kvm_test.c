@@ -49,12 +49,25 @@ const char *kvm_test_shared_path(const char *rel)
     return p;
 }
 
-const char *kvm_test_data(void) { return KVM_TEST_SRCDIR "/data"; }
+/* $KVMILL_SRCDIR, else the source tree the tests were built in (a test binary carried to another
+ * host, as scripts/gpu-check.sh does, finds the tree there through the variable) */
+static const char *srcdir(void)
+{
+    const char *s = getenv("KVMILL_SRCDIR");
+    return s && *s ? s : KVM_TEST_SRCDIR;
+}
+
+const char *kvm_test_data(void)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s/data", srcdir());
+    return buf;
+}
 
 const char *kvm_test_data_path(const char *rel)
 {
     static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/data/%s", KVM_TEST_SRCDIR, rel);
+    snprintf(buf, sizeof buf, "%s/data/%s", srcdir(), rel);
     return buf;
 }
 

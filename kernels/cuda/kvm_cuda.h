@@ -1,0 +1,168 @@
+/* kvm_cuda.h: the CUDA backend's C interface beyond the kvm_kernels table (issue 13): weight
+ * dtype, memory plan, embedding/classifier launches, layer attention over a device-resident
+ * ragged KV cache with the statistics compression reads, and a device-resident Llama forward
+ * (kvm_cuda_model) for `generate --device cuda:N`, the CUDA tests and the device benchmark.
+ * Compiled only where nvcc is (KVM_WITH_CUDA); callers guard with #ifdef KVM_WITH_CUDA.
+ * Every pointer named "device" is device memory of the backend's device; every function
+ * returns 0 or a negative kvm_status with kvm_errmsg naming the failing CUDA/cuBLAS call and
+ * the device. Layout conventions: kernels/LAYOUT.md. */
+#ifndef KVM_CUDA_H
+#define KVM_CUDA_H
+
+#include "kernels/kvm_kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { KVM_CUDA_MAX_DEVICES = 8, KVM_CUDA_MAX_HEAD_DIM = 256 };
+
+/* Number of visible CUDA devices (0 when the driver or runtime is absent). */
+int kvm_cuda_device_count(void);
+
+/* Storage dtype of weights made by weight_new on the CUDA tables: float32 (parity runs), bf16
+ * or f16 (cublasGemmEx with float32 accumulation). Process-wide; affects later weight_new. */
+typedef enum kvm_cuda_wdtype { KVM_CUDA_F32 = 0, KVM_CUDA_BF16 = 1, KVM_CUDA_F16 = 2 } kvm_cuda_wdtype;
+void kvm_cuda_set_weight_dtype(kvm_cuda_wdtype t);
+kvm_cuda_wdtype kvm_cuda_weight_dtype(void);
+size_t kvm_cuda_wdtype_bytes(kvm_cuda_wdtype t);
+
+/* Memory plan check: fails with KVM_ENOMEM, naming `what`, the bytes needed and the bytes free
+ * on the device (cudaMemGetInfo), when `bytes` does not fit with a 256 MiB reserve for cuBLAS
+ * workspace and the runtime. Called before any allocation of a plan. */
+int kvm_cuda_plan_fits(int device, size_t bytes, const char *what);
+
+/* out[r][0, dim) = table[tok[r]][0, dim) for r in [0, n); table [vocab][dim] float32 device,
+ * tok [n] int32 device (checked on the host beforehand). */
+int kvm_cuda_embed(int device, float *out, const float *table, const int32_t *tok, int64_t n, int64_t dim);
+
+/* Fills x[0, n) device float32 with uniform values in [−a, a) from (seed, index) (a counter
+ * hash, so the same seed gives the same tensor on every device): random-weight benchmark models. */
+int kvm_cuda_fill_uniform(int device, float *x, int64_t n, uint64_t seed, float a);
+
+/* One layer's attention over a device-resident ragged cache, all query heads at once (GQA:
+ * head h reads KV head h / (n_heads / n_kv_heads)). The descriptor follows kvm_attn_layer of the
+ * per-layer kernel interface (lane fwd13, kernels/kvm_kernels.h there; same field names and
+ * meanings) so that the table's attention is this call once that interface is in the build.
+ * Host memory: the descriptor and its per-KV-head arrays k, v, pos, bias, n_e (at most
+ * KVM_CUDA_MAX_KV_HEADS). Device memory: what those arrays point at (k[g], v[g] [n_e[g]][d];
+ * pos[g] [n_e[g]] int32, KVM_POS_NONE for distilled entries, sorted so visible sets are prefixes;
+ * bias[g] [n_e[g]] logit bias β or NULL), q [n_q][ldq] and out [n_q][ldo] token-major (head h at
+ * h·d, post-RoPE), qpos [n_q] and the statistics. Tiled online softmax (kvm_fb_attn_tile): no
+ * n_q × n_e matrix exists anywhere. Statistics (stats, OR of KVM_CUDA_STAT_*) come from a second
+ * pass that recomputes each score against its row's LSE:
+ *   MASS     mass[n_heads][ld_e]       Σ p_i[e] over queries with qpos in [mass_p0, mass_p1)
+ *                                      (H2O accumulated attention; SnapKV/PyramidKV window votes)
+ *   ENTROPY  entropy[n_heads][n_q]     −Σ p ln p, nats, accumulated in double
+ *   LSE      lse[n_heads][n_q]         ln Σ exp(score), −inf when nothing is visible
+ *   OBS      obs[n_heads][n_obs][ld_e] probability rows of the last n_obs queries (TOVA: n_obs 1)
+ * Rows of mass/obs are ld_e ≥ max n_e[g] floats; entries past a head's n_e are 0. Unlike the CPU's
+ * float32 in-order sums, MASS is summed with atomicAdd (order not fixed: float rounding only).
+ * Returns KVM_EINVAL for bad sizes (head_dim > KVM_CUDA_MAX_HEAD_DIM, n_heads not a multiple of
+ * n_kv_heads, a statistic without its buffer, n_obs outside [1, n_q], ld_e < n_e), KVM_EDEVICE. */
+enum { KVM_CUDA_MAX_KV_HEADS = 32 };
+enum kvm_cuda_attn_stat {
+    KVM_CUDA_STAT_MASS = 1u << 0,
+    KVM_CUDA_STAT_ENTROPY = 1u << 1,
+    KVM_CUDA_STAT_LSE = 1u << 2,
+    KVM_CUDA_STAT_OBS = 1u << 3,
+};
+typedef struct kvm_cuda_attn_layer {
+    int n_heads, n_kv_heads, head_dim;
+    float scale;
+    const float *q;
+    int64_t ldq;
+    const int32_t *qpos;
+    int64_t n_q;
+    const float *const *k, *const *v;
+    const int32_t *const *pos;
+    const float *const *bias;
+    const int64_t *n_e;
+    float *out;
+    int64_t ldo;
+    unsigned stats;
+    int32_t mass_p0, mass_p1;
+    int64_t n_obs, ld_e;
+    float *mass, *entropy, *lse, *obs;
+} kvm_cuda_attn_layer;
+int kvm_cuda_attention_layer(int device, const kvm_cuda_attn_layer *a);
+
+/* A Llama model's shape and, optionally, its host float32 tensors (tok_emb NULL: random weights
+ * made on the device from seed, uniform in ±1/sqrt(in), embedding ±1, norms 1). Per-layer
+ * tensors are arrays of n_layers pointers; the optional ones (biases, QK-norm) are NULL arrays
+ * or NULL entries when absent. rope_table (NULL: kvm_rope_table with rope_theta) fills the
+ * host cos/sin tables [n][head_dim/2] for positions pos[0, n) (the model's own recipe, RoPE
+ * scaling included); rope_ctx is passed to it. */
+typedef struct kvm_cuda_model_desc {
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, hidden_dim, vocab_size;
+    float norm_eps, rope_theta;
+    kvm_rope_style rope_style;
+    uint64_t seed;
+    const float *tok_emb, *rms_final, *wcls;       /* [vocab][dim], [dim], [vocab][dim] */
+    const float *const *rms_att, *const *rms_ffn;  /* [dim] each */
+    const float *const *wq, *const *wk, *const *wv, *const *wo; /* [out][in] */
+    const float *const *w1, *const *w2, *const *w3;
+    const float *const *bq, *const *bk, *const *bv, *const *bo; /* optional biases */
+    const float *const *q_norm, *const *k_norm;                 /* optional [head_dim] */
+    void (*rope_table)(const void *rope_ctx, const int32_t *pos, int64_t n, float *cos_t, float *sin_t);
+    const void *rope_ctx;
+} kvm_cuda_model_desc;
+
+typedef struct kvm_cuda_model kvm_cuda_model;
+
+/* Bytes of device memory a model, a cache of `ctx` entries per KV head and activations for
+ * batches of `max_batch` tokens need with weights in `t` (the memory plan). */
+size_t kvm_cuda_model_bytes(const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx, int64_t max_batch);
+
+/* Makes the device model: checks the plan (kvm_cuda_plan_fits), then allocates everything once
+ * with cudaMalloc and uploads (or generates) the weights, dequantised to float32 on the host
+ * by the loader and converted to `t` on the device. Owns its memory; free with _free. */
+int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx,
+                       int64_t max_batch, kvm_cuda_model **out);
+void kvm_cuda_model_free(kvm_cuda_model **m);
+
+/* Empties the cache (next position 0). */
+void kvm_cuda_model_reset(kvm_cuda_model *m);
+
+/* Runs tokens[0, n) (host int32, ids checked) at the next positions in batches of max_batch,
+ * appending K/V to the device cache. logits (host, may be NULL): [vocab] of the last token when
+ * last_only, else [n][vocab]. stats (may be NULL): asks the last batch's statistics of every
+ * layer (kvm_cuda_attention_layer), copied to host arrays [n_layers][n_heads][rows]: lse and
+ * entropy rows = that batch's tokens; key_mass (Σ over the batch's queries from index win0 on)
+ * and last_p (the last query's probabilities) rows = ctx floats (the entries of the query head's
+ * KV head, 0 past its count). */
+typedef struct kvm_cuda_stats {
+    float *lse, *entropy, *key_mass, *last_p; /* host, each NULL to skip */
+    int64_t win0;
+} kvm_cuda_stats;
+int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, int64_t n, float *logits, int last_only,
+                           kvm_cuda_stats *stats);
+
+/* Entries per KV head in the cache, and a copy of layer l's KV head g keys/values to host
+ * k[n][head_dim], v[n][head_dim] (K/V capture; each may be NULL). */
+int64_t kvm_cuda_model_cache_len(const kvm_cuda_model *m);
+int kvm_cuda_model_download_kv(const kvm_cuda_model *m, int layer, int g, float *k, float *v);
+
+/* Replaces layer l's KV head g cache by host entries k, v [n][d], pos [n], bias [n] (sorted as
+ * above; n ≤ ctx): a compressed ragged cache to decode over. Heads may hold different counts. */
+int kvm_cuda_model_set_kv(kvm_cuda_model *m, int layer, int g, const float *k, const float *v, const int32_t *pos,
+                          const float *bias, int64_t n);
+
+/* Sets the position the next token takes (after set_kv of a compressed cache). */
+void kvm_cuda_model_set_next_pos(kvm_cuda_model *m, int32_t pos);
+
+/* The ceiling the forward's GEMMs are measured against (issue 13's benchmark): the GEMMs of one
+ * forward of n tokens (per layer q, k, v, o, gate, up, down; then the classifier on the last row)
+ * through cublasGemmEx alone, on the model's own weights, with activations already in the weight
+ * dtype and no other kernel, reps times. *seconds: the GPU time (CUDA events) per repetition;
+ * *flops: the FLOPs of one repetition. n ≤ max_batch. */
+int kvm_cuda_model_gemm_only(kvm_cuda_model *m, int64_t n, int reps, double *seconds, double *flops);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,60 @@
+// kvm_cuda_impl.h: internal helpers of the CUDA backend (kernels/cuda/ only): checked CUDA and
+// cuBLAS calls that name the call and the device, per-thread cuBLAS handles, launch wrappers
+// shared by the table (kvm_cuda.cu) and the device model (kvm_cuda_model.cu). All launches go
+// to the calling thread's default stream (nvcc --default-stream per-thread), so stages on
+// different threads or devices do not serialise on one stream.
+#ifndef KVM_CUDA_IMPL_H
+#define KVM_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "common/kvm_error.h"
+#include "kernels/cuda/kvm_cuda.h"
+}
+
+int kvm__cuda_fail(int dev, const char *call, cudaError_t e);
+int kvm__cublas_fail(int dev, const char *call, cublasStatus_t s);
+
+#define KVM_CU(dev, call)                                                                                            \
+    do {                                                                                                             \
+        cudaError_t e_ = (call);                                                                                     \
+        if (e_ != cudaSuccess) return kvm__cuda_fail((dev), #call, e_);                                              \
+    } while (0)
+#define KVM_CUBLAS(dev, call)                                                                                        \
+    do {                                                                                                             \
+        cublasStatus_t s_ = (call);                                                                                  \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return kvm__cublas_fail((dev), #call, s_);                                  \
+    } while (0)
+// after a kernel launch: reports a launch error (bad configuration, no device) by kernel name
+#define KVM_CU_LAUNCHED(dev, name) KVM_CU((dev), cudaGetLastError())
+
+// Makes dev current on the calling thread. 0 or KVM_EDEVICE.
+int kvm__cuda_use(int dev);
+// The calling thread's cuBLAS handle for dev (created on first use, bound to the per-thread
+// stream), or NULL with kvm_errmsg set.
+cublasHandle_t kvm__cublas(int dev);
+
+static inline unsigned kvm__cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+// Launch wrappers (device pointers; dev already current). Return 0 or a kvm_status.
+int kvm__cuda_rmsnorm(int dev, float *out, const float *x, const float *w, int64_t n_rows, int64_t dim, float eps);
+int kvm__cuda_rope(int dev, float *x, int64_t n_rows, int64_t row_stride, int n_heads, int head_dim,
+                   const float *cos_t, const float *sin_t, kvm_rope_style style);
+int kvm__cuda_swiglu(int dev, float *gate, const float *up, int64_t n);
+int kvm__cuda_add(int dev, float *x, const float *y, int64_t n);
+// x[r][:] += b for r in [0, n_rows), width w (a projection's bias)
+int kvm__cuda_add_rows(int dev, float *x, const float *b, int64_t n_rows, int64_t w);
+// dst (bf16 or f16 per t) [n] from src float32 [n]
+int kvm__cuda_convert(int dev, void *dst, kvm_cuda_wdtype t, const float *src, int64_t n);
+// Y = X · Wᵀ with W device [out][in] in dtype t, X float32 [m][ldx], Y float32 [m][ldy]
+int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
+                     int64_t in, float *y, int64_t ldy);
+// The same with X already in the weight dtype t (bf16/f16) [m][ldx]: cublasGemmEx alone
+int kvm__cuda_gemm_half(int dev, const void *xh, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
+                        int64_t in, float *y, int64_t ldy);
+// One head's attention of the kvm_kernels table (device kvm_attn_head)
+int kvm__cuda_attention_head(int dev, const kvm_attn_head *a);
+
+#endif

@@ -1,0 +1,288 @@
+/* check_cuda_forward.c: the CUDA forward (kernels/cuda/, model/kvm_forward_cuda.h) against the CPU
+ * forward on stories260K and ../shared/golden's sequence (the embedded copy of its ids where
+ * ../shared is absent): logits with float32 weights (max|Δ|/max|ref| ≤ 1e-4) and bf16 (≤ 2e-2),
+ * chunked prefill, K/V capture, the attention statistics (entropy, key mass over a window,
+ * last-query probabilities) against the CPU's probabilities, and decode over a ragged cache
+ * with distilled entries and their bias β. Where no CUDA device exists (or the build has no
+ * CUDA) it prints one "SKIP: no CUDA device" line and checks only that cuda:0 fails cleanly,
+ * in the API and in `kvmill generate --device cuda:0`. */
+#include "model/kvm_forward.h"
+#include "model/kvm_forward_cuda.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { N = 256, V = 512, L = 5, G = 4, HEADS = 8, D = 8, WIN = 16 };
+
+/* ---- no device ---- */
+
+START_TEST(test_no_device_fails_cleanly)
+{
+    const kvm_kernels *k = NULL;
+    int rc = kvm_kernels_select("cuda:0", &k);
+    ck_assert_msg(rc == KVM_EDEVICE, "cuda:0 gave %d: %s", rc, kvm_errmsg());
+    ck_assert_msg(strstr(kvm_errmsg(), "no CUDA device") || strstr(kvm_errmsg(), "without CUDA"), "%s", kvm_errmsg());
+    char *out = NULL, *err = NULL, cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' generate --model '%s' --device cuda:0 --prompt a -n 8", kvm_test_bin(),
+             kvm_test_data_path("models/stories260K.bin"));
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_int_eq(st, 2);
+    ck_assert_msg(strstr(err, "--device: cuda:0") && (strstr(err, "no CUDA device") || strstr(err, "without CUDA")),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* the host forward refuses a backend whose memory is not host memory, instead of handing it
+ * host pointers (eval, sculpt, calibrate and the stages build that forward) */
+START_TEST(test_host_forward_refuses_device_table)
+{
+    kvm_model *m;
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &m), 0);
+    kvm_kernels fake = *kvm_kernels_cpu();
+    fake.name = "cuda";
+    kvm_forward *f = NULL;
+    ck_assert_int_eq(kvm_forward_new(m, &fake, 0, &f), KVM_ENOTSUP);
+    ck_assert_ptr_null(f);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "only generate"));
+    kvm_model_close(&m);
+}
+END_TEST
+
+#ifdef KVM_WITH_CUDA
+/* ---- with a device ---- */
+
+static int32_t ids[N];
+
+static kvm_model *model;
+static float *cpu_logits;
+static kvm_kvcache *cpu_cache;
+
+typedef struct cpu_stats {
+    float ent[L][HEADS][N], mass[L][HEADS][N], last[L][HEADS][N];
+} cpu_stats;
+static cpu_stats *cst;
+
+/* the CPU's statistics from its probabilities (post_attn hook) */
+static int stats_hook(void *user, const kvm_attn_site *s)
+{
+    cpu_stats *c = user;
+    for (int64_t i = 0; i < s->n_q; i++) {
+        float e = 0;
+        for (int64_t j = 0; j < s->n_e; j++) {
+            float p = s->probs[i * s->n_e + j];
+            e += p > 0 ? -p * logf(p) : 0.0f;
+            if (i >= s->n_q - WIN) c->mass[s->layer][s->head][j] += p;
+            if (i == s->n_q - 1) c->last[s->layer][s->head][j] = p;
+        }
+        c->ent[s->layer][s->head][i] = e;
+    }
+    return 0;
+}
+
+static void setup(void)
+{
+    ck_assert_int_eq(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &model), 0);
+    ck_assert_int_eq(model->cfg.n_layers, L);
+    kvm_test_golden_ids(ids);
+    kvm_forward *f;
+    cpu_logits = malloc((size_t)N * V * sizeof *cpu_logits);
+    cst = calloc(1, sizeof *cst);
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    kvm_hooks h = {.user = cst, .post_attn = stats_hook};
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &h), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, N, &cpu_cache), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, cpu_cache, ids, N, cpu_logits, KVM_LOGITS_ALL), 0);
+    kvm_forward_free(&f);
+}
+
+static void teardown(void)
+{
+    kvm_kvcache_free(&cpu_cache);
+    kvm_model_close(&model);
+    free(cpu_logits);
+    free(cst);
+}
+
+static float rel_diff(const float *a, const float *ref, int64_t n)
+{
+    float d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - ref[i])), m = fmaxf(m, fabsf(ref[i]));
+    return m > 0 ? d / m : d;
+}
+
+static void check_logits(kvm_cuda_wdtype t, int64_t batch, float tol)
+{
+    kvm_cuda_model *m;
+    ck_assert_msg(kvm_model_cuda_new(model, 0, t, N, batch, &m) == 0, "%s", kvm_errmsg());
+    float *lg = malloc((size_t)N * V * sizeof *lg);
+    ck_assert_msg(kvm_cuda_model_forward(m, ids, N, lg, 0, NULL) == 0, "%s", kvm_errmsg());
+    float r = rel_diff(lg, cpu_logits, (int64_t)N * V);
+    printf("cuda logits (%s, batch %lld): max|d|/max|ref| %.3g\n", t == KVM_CUDA_F32 ? "f32" : "bf16",
+           (long long)batch, r);
+    ck_assert_float_le(r, tol);
+    const char *gold_path = kvm_test_shared_find("golden/seq256.logits.f32");
+    if (t == KVM_CUDA_F32 && gold_path) { /* and run.c's own logits, as check_forward holds the CPU to */
+        size_t bytes;
+        float *gold = (float *)kvm_test_read_file(gold_path, &bytes), worst = 0;
+        ck_assert_uint_eq(bytes, (size_t)N * V * 4);
+        for (int64_t i = 0; i < (int64_t)N * V; i++) worst = fmaxf(worst, fabsf(lg[i] - gold[i]));
+        printf("cuda logits vs run.c golden: max|d| %.3g\n", worst);
+        ck_assert_float_le(worst, 2e-4f);
+        free(gold);
+    }
+    ck_assert_int_eq(kvm_cuda_model_cache_len(m), N);
+    free(lg);
+    kvm_cuda_model_free(&m);
+}
+
+START_TEST(test_logits_f32) { check_logits(KVM_CUDA_F32, N, 1e-4f); }
+END_TEST
+
+START_TEST(test_logits_f32_chunked) { check_logits(KVM_CUDA_F32, 100, 1e-4f); }
+END_TEST
+
+START_TEST(test_logits_bf16) { check_logits(KVM_CUDA_BF16, N, 2e-2f); }
+END_TEST
+
+START_TEST(test_kv_capture)
+{
+    kvm_cuda_model *m;
+    ck_assert_int_eq(kvm_model_cuda_new(model, 0, KVM_CUDA_F32, N, N, &m), 0);
+    ck_assert_int_eq(kvm_cuda_model_forward(m, ids, N, NULL, 1, NULL), 0);
+    static float k[N * D], v[N * D];
+    float worst = 0;
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++) {
+            const kvm_kv_head *h = kvm_kvcache_head(cpu_cache, l, g);
+            ck_assert_int_eq(kvm_cuda_model_download_kv(m, l, g, k, v), 0);
+            worst = fmaxf(worst, fmaxf(rel_diff(k, h->k, N * D), rel_diff(v, h->v, N * D)));
+        }
+    printf("cuda K/V capture: max|d|/max|ref| %.3g\n", worst);
+    ck_assert_float_le(worst, 1e-4f);
+    ck_assert_int_eq(kvm_cuda_model_download_kv(m, L, 0, k, v), KVM_EINVAL);
+    kvm_cuda_model_free(&m);
+}
+END_TEST
+
+START_TEST(test_statistics)
+{
+    kvm_cuda_model *m;
+    ck_assert_int_eq(kvm_model_cuda_new(model, 0, KVM_CUDA_F32, N, N, &m), 0);
+    cpu_stats *g = calloc(1, sizeof *g);
+    float *lse = calloc((size_t)L * HEADS * N, sizeof *lse);
+    kvm_cuda_stats st = {.lse = lse, .entropy = &g->ent[0][0][0], .key_mass = &g->mass[0][0][0],
+                         .last_p = &g->last[0][0][0], .win0 = N - WIN};
+    ck_assert_int_eq(kvm_cuda_model_forward(m, ids, N, NULL, 1, &st), 0);
+    float de = rel_diff(&g->ent[0][0][0], &cst->ent[0][0][0], L * HEADS * N),
+          dm = rel_diff(&g->mass[0][0][0], &cst->mass[0][0][0], L * HEADS * N),
+          dl = rel_diff(&g->last[0][0][0], &cst->last[0][0][0], L * HEADS * N);
+    printf("cuda statistics: entropy %.3g, key mass %.3g, last query %.3g (max|d|/max|ref|)\n", de, dm, dl);
+    ck_assert_float_le(de, 1e-4f);
+    ck_assert_float_le(dm, 1e-4f);
+    ck_assert_float_le(dl, 1e-4f);
+    for (int i = 0; i < L * HEADS * N; i++) ck_assert(isfinite(lse[i]));
+    free(lse);
+    free(g);
+    kvm_cuda_model_free(&m);
+}
+END_TEST
+
+/* a ragged cache: per head a different subset of the prefill's first 64 entries, after two
+ * distilled entries (KVM_POS_NONE, bias β); decode one token on both backends */
+START_TEST(test_ragged_decode_with_bias)
+{
+    enum { P = 64 };
+    kvm_forward *f;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, P + 8, &c), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, c, ids, P, NULL, KVM_LOGITS_NONE), 0);
+    kvm_cuda_model *m;
+    ck_assert_int_eq(kvm_model_cuda_new(model, 0, KVM_CUDA_F32, P + 8, 8, &m), 0);
+    static float k[P + 2][D], v[P + 2][D], b[P + 2];
+    static int32_t pos[P + 2];
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++) {
+            kvm_kv_head *h = kvm_kvcache_head(c, l, g);
+            int64_t n = 0;
+            for (int d = 0; d < 2; d++, n++) { /* distilled: a blend of two keys, bias ±0.7 */
+                for (int x = 0; x < D; x++)
+                    k[n][x] = 0.5f * (h->k[(3 + d) * D + x] + h->k[(9 + d) * D + x]), v[n][x] = h->v[(5 + d) * D + x];
+                pos[n] = KVM_POS_NONE;
+                b[n] = d ? -0.7f : 0.7f;
+            }
+            for (int64_t e = 0; e < P; e++)
+                if ((e + g + l) % 3 != 0 || e == 0) {
+                    memcpy(k[n], h->k + e * D, sizeof k[n]);
+                    memcpy(v[n], h->v + e * D, sizeof v[n]);
+                    pos[n] = h->pos[e];
+                    b[n++] = 0.0f;
+                }
+            h->n = 0;
+            for (int64_t e = 0; e < n; e++) ck_assert_int_eq(kvm_kvcache_append(h, D, k[e], v[e], pos[e], b[e]), 0);
+            ck_assert_int_eq(kvm_cuda_model_set_kv(m, l, g, &k[0][0], &v[0][0], pos, b, n), 0);
+        }
+    kvm_cuda_model_set_next_pos(m, c->next_pos);
+    float ref[V], got[V];
+    ck_assert_int_eq(kvm_forward_decode(f, c, ids[P], ref), 0);
+    ck_assert_int_eq(kvm_cuda_model_forward(m, &ids[P], 1, got, 1, NULL), 0);
+    float r = rel_diff(got, ref, V);
+    printf("cuda ragged decode with bias: max|d|/max|ref| %.3g\n", r);
+    ck_assert_float_le(r, 1e-4f);
+    /* unsorted entries are refused */
+    int32_t bad[2] = {5, 3};
+    ck_assert_int_eq(kvm_cuda_model_set_kv(m, 0, 0, &k[0][0], &v[0][0], bad, NULL, 2), KVM_EINVAL);
+    kvm_cuda_model_free(&m);
+    kvm_kvcache_free(&c);
+    kvm_forward_free(&f);
+}
+END_TEST
+
+START_TEST(test_plan_refuses_what_does_not_fit)
+{
+    kvm_cuda_model_desc d = {.n_layers = 64, .dim = 8192, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128,
+                             .hidden_dim = 28672, .vocab_size = 128256, .norm_eps = 1e-5f, .rope_theta = 5e5f};
+    kvm_cuda_model *m = NULL;
+    int rc = kvm_cuda_model_new(0, &d, KVM_CUDA_F32, 1 << 20, 2048, &m); /* terabytes */
+    ck_assert_int_eq(rc, KVM_ENOMEM);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "needs"));
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "free"));
+    ck_assert_ptr_null(m);
+}
+END_TEST
+#endif
+
+int main(void)
+{
+    Suite *s = suite_create("cuda_forward");
+    TCase *tc = tcase_create("cuda");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_host_forward_refuses_device_table);
+    const kvm_kernels *k;
+    if (kvm_kernels_select("cuda:0", &k)) {
+        char why[512];
+        snprintf(why, sizeof why, "no CUDA device (%s); only the clean failure of cuda:0 is checked", kvm_errmsg());
+        kvm_test_skip(why);
+        tcase_add_test(tc, test_no_device_fails_cleanly);
+    } else {
+#ifdef KVM_WITH_CUDA
+        tcase_add_unchecked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_logits_f32);
+        tcase_add_test(tc, test_logits_f32_chunked);
+        tcase_add_test(tc, test_logits_bf16);
+        tcase_add_test(tc, test_kv_capture);
+        tcase_add_test(tc, test_statistics);
+        tcase_add_test(tc, test_ragged_decode_with_bias);
+        tcase_add_test(tc, test_plan_refuses_what_does_not_fit);
+#endif
+    }
+    suite_add_tcase(s, tc);
+    return kvm_test_run_suite(s);
+}
