@@ -145,7 +145,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenize
     float *logits = malloc((size_t)m->cfg.vocab_size * sizeof *logits);
     int64_t steps = a->steps, n_pre = np < steps ? np : steps, produced = 0;
     int rc = logits ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
-    if (!rc) rc = kvm_forward_new(m, k, np, &f);
+    if (!rc) rc = kvm_forward_new(m, k, np < 512 ? np : 512, &f); /* prefill in chunks: scratch for 512 rows, not N */
     if (!rc) rc = kvm_forward_cache_new(m, steps, &cache);
     if (!rc) rc = kvm_sampler_new(m->cfg.vocab_size, (float)a->temperature, (float)a->topp, a->seed, &smp);
     double t0 = now_s();
@@ -191,6 +191,7 @@ int kvm_cmd_generate(int argc, char **argv)
         {"seed", 1, "random seed (default: time)", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
         {"threads", 1, "compute threads of the CPU kernels (default: every core)", NULL},
+        {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("generate", "Generates text from a prompt; prints it to stdout.", argc, argv, opts, NULL, 0,
@@ -215,6 +216,11 @@ int kvm_cmd_generate(int argc, char **argv)
     kvm_model *m;
     kvm_tokenizer *tok;
     if (kvm_cli_open_model("generate", model_path, kvm_cli_get(opts, "tokenizer"), !tokens, &m, &tok)) return 1;
+    if (kvm_cli_weight_dtype("generate", kvm_cli_get(opts, "weight-dtype"), m)) {
+        kvm_tokenizer_close(&tok);
+        kvm_model_close(&m);
+        return 2;
+    }
     if (a.steps == 0 || a.steps > m->cfg.seq_len) a.steps = m->cfg.seq_len;
     int32_t *p = NULL;
     int64_t np = 0;
