@@ -446,6 +446,64 @@ START_TEST(test_vs_llama2c_gguf)
 }
 END_TEST
 
+/* The ids kvmill generate prints (no tokenizer: one id per line), into ids[max]; returns the count. */
+static int generate_ids(const char *cmd, int32_t *ids, int max)
+{
+    char *out = NULL, *err = NULL;
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "%s: exit %d: %s", cmd, rc, err);
+    int n = 0;
+    for (char *p = out, *e; n < max && *p; p = e) {
+        long v = strtol(p, &e, 10);
+        if (e == p) break;
+        ids[n++] = (int32_t)v;
+    }
+    free(out);
+    free(err);
+    return n;
+}
+
+/* Generation stops at any of config.json's eos_token_id entries, not only the first: greedy
+ * decoding of the Llama folder, then the same with a later generated id added as a second EOS
+ * id stops right before it. */
+START_TEST(test_eos_ids)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder("llama_f32", &s, &r, &c, &tied);
+    tset_write(&s, dir, 1);
+    char ids[4096], cmd[8192], cfgp[4096];
+    snprintf(ids, sizeof ids, "%s/prompt.ids", g_tmp);
+    ck_assert_int_eq(kvm_test_write_file(ids, "1\n5\n7\n", 6), 0);
+    snprintf(cmd, sizeof cmd, "%s/kvmill generate --model %s --tokens %s -n 24 --temperature 0", kvm_test_bin(), dir,
+             ids);
+    int32_t a[64], b[64];
+    int na = generate_ids(cmd, a, 64), stop = -1;
+    for (int i = 4; i < na && stop < 0; i++) { /* a later generated id not seen before, not BOS/EOS */
+        int seen = a[i] == 1 || a[i] == 2;
+        for (int j = 3; j < i; j++)
+            seen |= a[j] == a[i];
+        if (!seen) stop = i;
+    }
+    ck_assert_msg(stop > 0, "no fresh id among %d generated", na - 3);
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    char *cfg = kvm_test_read_file(cfgp, NULL), *at = strstr(cfg, "\"eos_token_id\": 2");
+    ck_assert_ptr_nonnull(at);
+    char fixed[8192];
+    snprintf(fixed, sizeof fixed, "%.*s\"eos_token_id\": [2, %d]%s", (int)(at - cfg), cfg, a[stop],
+             at + strlen("\"eos_token_id\": 2"));
+    ck_assert_int_eq(kvm_test_write_file(cfgp, fixed, strlen(fixed)), 0);
+    free(cfg);
+    int nb = generate_ids(cmd, b, 64);
+    ck_assert_msg(nb == stop, "with EOS ids [2, %d]: %d ids printed, want %d", a[stop], nb, stop);
+    ck_assert(memcmp(a, b, (size_t)nb * sizeof *a) == 0);
+    free(r.logits);
+    tset_free(&s);
+}
+END_TEST
+
 /* The Mistral folder (sliding_window 48 < 64 positions) refuses positions past the window. */
 START_TEST(test_window)
 {
@@ -713,7 +771,7 @@ static Suite *tiny_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } more[] = {{"vs_llama2c_gguf", test_vs_llama2c_gguf},
+    } more[] = {{"vs_llama2c_gguf", test_vs_llama2c_gguf}, {"eos_ids", test_eos_ids},
                 {"window", test_window},
                 {"model_id", test_model_id},
                 {"llama3_chat", test_llama3_chat},
