@@ -160,6 +160,7 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *ids_path = NULL;
     int64_t n = 512, tbt_n = 0, gen = 128;
     int reps = 5, threads = 1, cmp_ref = 0;
+    const char *wdt = "auto";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model_path = argv[i + 1];
         else if (!strcmp(argv[i], "--ids")) ids_path = argv[i + 1];
@@ -169,10 +170,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--compare-ref")) cmp_ref = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--weight-dtype")) wdt = argv[i + 1];
     }
     if (!model_path || n <= gen || reps < 1 || reps > 16) {
         fprintf(stderr, "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] "
-                        "[--threads T] [--compare-ref 1]\n");
+                        "[--threads T] [--compare-ref 1] [--weight-dtype auto|f32|bf16|f16]\n");
         return 2;
     }
     if (tbt_n <= 0 || tbt_n > n) tbt_n = n;
@@ -188,7 +190,11 @@ int main(int argc, char **argv)
         free(tok);
         return rc;
     }
-    if (kvm_model_open(model_path, &m)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
+    kvm_model_weight_dtype wd;
+    if (kvm_model_weight_dtype_parse(wdt, &wd) || kvm_model_open(model_path, &m) || kvm_model_set_weight_dtype(m, wd)) {
+        fprintf(stderr, "%s\n", kvm_errmsg());
+        return 1;
+    }
     const kvm_model_config *c = &m->cfg;
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     load_tokens(ids_path, ids, n, c->vocab_size);
@@ -242,7 +248,7 @@ int main(int argc, char **argv)
     double model_gf = prefill_flops(c, (double)n) / p / 1e9, blas_gf = sgemm_gflops(c, n, reps);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("model=%s dim=%d layers=%d threads=%d N=%lld reps=%d\n", model_path, c->dim, c->n_layers, threads,
+    printf("model=%s weight_dtype=%s dim=%d layers=%d threads=%d N=%lld reps=%d\n", model_path, wdt, c->dim, c->n_layers, threads,
            (long long)n, reps);
     printf("  prefill_tok_s=%.0f (%.1f ms for %lld tokens)\n", (double)n / p, p * 1e3, (long long)n);
     printf("  token_by_token_tok_s=%.0f (first %lld tokens of the same input)\n", (double)tbt_n / t, (long long)tbt_n);

@@ -85,6 +85,18 @@ typedef struct kvm_attn_layer {
  * device memory on CUDA). Opaque; made by weight_new, released by weight_free. */
 typedef struct kvm_weight kvm_weight;
 
+/* How a backend stores a prepared weight (kvm_weight). The GEMM widens 16-bit weights to
+ * float32 as it reads them, so activations and sums stay float32 whatever this is. */
+typedef enum kvm_weight_dtype {
+    KVM_WEIGHT_F32 = 0,  /* IEEE binary32 */
+    KVM_WEIGHT_BF16 = 1, /* bfloat16 (the top half of a binary32; 8-bit significand) */
+    KVM_WEIGHT_F16 = 2,  /* IEEE binary16 (11-bit significand, |x| ≤ 65504) */
+} kvm_weight_dtype;
+
+/* Source of a weight matrix for weight_new_rows: fills dst [n][in] float32 (row-major) with
+ * rows [r0, r0 + n) of W [out][in]. Returns 0 or a negative kvm_status (message set). */
+typedef int (*kvm_weight_rows_fn)(void *ctx, int64_t r0, int64_t n, float *dst);
+
 /* The backend table. Every function is thread-compatible (no shared mutable state) unless
  * noted. Errors: functions returning int give 0 or a negative kvm_status. */
 typedef struct kvm_kernels {
@@ -108,6 +120,14 @@ typedef struct kvm_kernels {
      * Returns NULL with kvm_errmsg set (KVM_ENOMEM) on failure. */
     kvm_weight *(*weight_new)(const float *w, int64_t out, int64_t in);
     void (*weight_free)(kvm_weight *w); /* accepts NULL */
+
+    /* Prepares W [out][in] stored as dtype into *out, reading it a few rows at a time through
+     * rows(ctx, ...) (so no float32 copy of the whole matrix is made); 16-bit storage rounds to
+     * nearest even. NULL in a backend without it (the model then dequantises one matrix at a
+     * time and calls weight_new). Returns 0, KVM_ENOMEM, KVM_ERANGE (a finite value beyond
+     * f16's range; the message gives row and column), or rows' error. */
+    int (*weight_new_rows)(kvm_weight_rows_fn rows, void *ctx, int64_t out, int64_t in, kvm_weight_dtype dtype,
+                           kvm_weight **w);
 
     /* Y[m][out] = X[m][in] · Wᵀ, X row stride ldx, Y row stride ldy. Returns 0. */
     int (*matmul)(const float *x, int64_t m, int64_t ldx, const kvm_weight *w, float *y, int64_t ldy);

@@ -294,7 +294,7 @@ static int run_chunk(kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int
 {
     const kvm_model_config *c = &f->m->cfg;
     for (int64_t i = 0; i < n; i++) {
-        memcpy(f->x + i * c->dim, f->m->tok_emb + (int64_t)tok[i] * c->dim, (size_t)c->dim * sizeof(float));
+        kvm_model_embed(f->m, tok[i], f->x + i * c->dim);
         f->qpos[i] = cache->next_pos + (int32_t)i;
     }
     kvm_model_rope_table(c, f->qpos, n, f->cos_t, f->sin_t);
@@ -320,9 +320,9 @@ static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_
         return kvm_err(KVM_ERANGE, "forward: position %lld exceeds int32", (long long)cache->next_pos + n);
     if (c->sliding_window > 0 && (int64_t)cache->next_pos + n > c->sliding_window)
         return kvm_err(KVM_ENOTSUP,
-                       "forward: positions up to %lld exceed the model's sliding_window of %d tokens "
-                       "(windowed attention is not implemented)",
-                       (long long)cache->next_pos + n, c->sliding_window);
+                       "%s/config.json: sliding_window = %d: positions up to %lld exceed it (windowed attention "
+                       "is not implemented; contexts up to the window work)",
+                       f->m->path, c->sliding_window, (long long)cache->next_pos + n);
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return kvm_err(KVM_EINVAL, "forward: token %lld has id %d outside [0, %d)", (long long)i, tokens[i],

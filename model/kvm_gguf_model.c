@@ -1,8 +1,7 @@
 /* kvm_gguf_model.c: a Llama-architecture GGUF file as a kvm_model: hyperparameters from the
- * llama.* metadata, every tensor's shape checked against them, weights dequantised once into
- * one float32 buffer (m->owned, given back matrix by matrix as a backend prepares them) and
- * the file unmapped, so the model looks exactly like a
- * llama2.c one to kernels and forward. RoPE: llama.cpp's converter permutes the Q/K rows of
+ * llama.* metadata, every tensor's shape checked against them, matrices kept in the mapping in
+ * their block type (kvm_model_prepare dequantises them row block by row block into the
+ * backend's storage) and the norm vectors dequantised into m->owned. RoPE: llama.cpp's converter permutes the Q/K rows of
  * Hugging Face checkpoints so that ggml's "normal" rotation (adjacent pairs) applies, i.e.
  * KVM_ROPE_INTERLEAVED; tests/check_gguf.c checks the logits against llama.cpp's. */
 #include "common/kvm_error.h"
@@ -36,9 +35,8 @@ static int hparam(const kvm_gguf *g, const char *key, int64_t def, int64_t max, 
     return 0;
 }
 
-/* Finds tensor `name`, checks its shape is [ne0] (ne1 == 0) or [ne0, ne1], and dequantises it
- * into *dst, advancing *dst. */
-static int load_tensor(const kvm_gguf *g, const char *name, int64_t ne0, int64_t ne1, float **dst, const float **out)
+/* Finds tensor `name` and checks its shape is [ne0] (ne1 == 0) or [ne0, ne1]. */
+static int find_tensor(const kvm_gguf *g, const char *name, int64_t ne0, int64_t ne1, const kvm_gguf_tensor **out)
 {
     const kvm_gguf_tensor *t = kvm_gguf_find_tensor(g, name);
     if (!t) return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing", kvm_gguf_name(g), name);
@@ -49,11 +47,34 @@ static int load_tensor(const kvm_gguf *g, const char *name, int64_t ne0, int64_t
                        "(ne0 = row length)",
                        kvm_gguf_name(g), name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
                        (long long)t->ne[3], (long long)ne0, (long long)(ne1 ? ne1 : 1));
-    int64_t n = ne0 * (ne1 ? ne1 : 1);
-    int rc = kvm_ggml_dequantize(t->type, t->data, *dst, n);
-    if (rc) return kvm_err(rc, "%s: tensor '%s': %s", kvm_gguf_name(g), name, kvm_errmsg());
+    *out = t;
+    return 0;
+}
+
+/* A vector [ne0], dequantised into *dst (advanced). */
+static int load_vector(const kvm_gguf *g, const char *name, int64_t ne0, float **dst, const float **out)
+{
+    const kvm_gguf_tensor *t;
+    int rc = find_tensor(g, name, ne0, 0, &t);
+    if (rc) return rc;
+    if ((rc = kvm_ggml_dequantize(t->type, t->data, *dst, ne0)))
+        return kvm_err(rc, "%s: tensor '%s': %s", kvm_gguf_name(g), name, kvm_errmsg());
     *out = *dst;
-    *dst += n;
+    *dst += ne0;
+    return 0;
+}
+
+/* A matrix of ne1 rows of ne0, left in the mapping in its block type. */
+static int load_matrix(const kvm_gguf *g, const char *name, int64_t ne0, int64_t ne1, kvm_mat *out)
+{
+    const kvm_gguf_tensor *t;
+    int rc = find_tensor(g, name, ne0, ne1, &t);
+    if (rc) return rc;
+    int64_t be = kvm_ggml_block_elems(t->type);
+    if (!be || ne0 % be)
+        return kvm_err(KVM_ENOTSUP, "%s: tensor '%s': type %s with rows of %lld cannot be dequantised",
+                       kvm_gguf_name(g), name, kvm_ggml_type_name(t->type), (long long)ne0);
+    *out = (kvm_mat){t->data, t->type};
     return 0;
 }
 
@@ -171,7 +192,7 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
     }
     int shared = kvm_gguf_find_tensor(g, "output.weight") == NULL;
     int64_t D = dim, H = hidden, V = vocab, KV = (int64_t)n_kv * head_dim, L = n_layers;
-    int64_t floats = V * D * (shared ? 1 : 2) + D + L * (2 * D + 2 * D * D + 2 * KV * D + 3 * H * D);
+    int64_t floats = D + L * 2 * D; /* the norm vectors; matrices stay in the mapping */
     m->cfg = (kvm_model_config){.dim = dim,
                                 .hidden_dim = hidden,
                                 .n_layers = n_layers,
@@ -190,16 +211,16 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
     m->layers = calloc((size_t)n_layers, sizeof *m->layers);
     buf = kvm__model_alloc_weights(m, floats); /* m->owned: released by kvm_model_close */
     if (!m->layers || !buf) {
-        rc = kvm_err(KVM_ENOMEM, "%s: cannot allocate %lld float32 weights", f, (long long)floats);
+        rc = kvm_err(KVM_ENOMEM, "%s: cannot allocate %lld float32 norm weights", f, (long long)floats);
         goto fail;
     }
     float *at = buf;
-    if ((rc = load_tensor(g, "token_embd.weight", D, V, &at, &m->tok_emb)) ||
-        (rc = load_tensor(g, "output_norm.weight", D, 0, &at, &m->rms_final)))
+    if ((rc = load_matrix(g, "token_embd.weight", D, V, &m->tok_emb)) ||
+        (rc = load_vector(g, "output_norm.weight", D, &at, &m->rms_final)))
         goto fail;
     if (shared)
         m->wcls = m->tok_emb;
-    else if ((rc = load_tensor(g, "output.weight", D, V, &at, &m->wcls)))
+    else if ((rc = load_matrix(g, "output.weight", D, V, &m->wcls)))
         goto fail;
     for (int l = 0; l < n_layers; l++) {
         kvm_layer_weights *w = &m->layers[l];
@@ -208,23 +229,28 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
                                 "ffn_norm",  "ffn_gate", "ffn_down", "ffn_up"};
         for (int i = 0; i < 9; i++)
             snprintf(n[i], sizeof n[i], "blk.%d.%s.weight", l, parts[i]);
-        if ((rc = load_tensor(g, n[0], D, 0, &at, &w->rms_att)) || (rc = load_tensor(g, n[1], D, D, &at, &w->wq)) ||
-            (rc = load_tensor(g, n[2], D, KV, &at, &w->wk)) || (rc = load_tensor(g, n[3], D, KV, &at, &w->wv)) ||
-            (rc = load_tensor(g, n[4], D, D, &at, &w->wo)) || (rc = load_tensor(g, n[5], D, 0, &at, &w->rms_ffn)) ||
-            (rc = load_tensor(g, n[6], D, H, &at, &w->w1)) || (rc = load_tensor(g, n[7], H, D, &at, &w->w2)) ||
-            (rc = load_tensor(g, n[8], D, H, &at, &w->w3)))
+        if ((rc = load_vector(g, n[0], D, &at, &w->rms_att)) || (rc = load_matrix(g, n[1], D, D, &w->wq)) ||
+            (rc = load_matrix(g, n[2], D, KV, &w->wk)) || (rc = load_matrix(g, n[3], D, KV, &w->wv)) ||
+            (rc = load_matrix(g, n[4], D, D, &w->wo)) || (rc = load_vector(g, n[5], D, &at, &w->rms_ffn)) ||
+            (rc = load_matrix(g, n[6], D, H, &w->w1)) || (rc = load_matrix(g, n[7], H, D, &w->w2)) ||
+            (rc = load_matrix(g, n[8], D, H, &w->w3)))
             goto fail;
     }
-    kvm_gguf_free(&g);
-    /* every weight is now in m->owned: the file's pages are no longer needed */
-    munmap(m->map, m->map_bytes);
-    m->map = NULL;
-    m->map_bytes = 0;
+    /* the matrices' common block type, or "mixed" */
+    snprintf(m->dtype, sizeof m->dtype, "%s", kvm_ggml_type_name(m->layers[0].wq.type));
+    for (int l = 0; l < n_layers; l++) {
+        const kvm_layer_weights *w = &m->layers[l];
+        const kvm_mat *ms[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w1, &w->w2, &w->w3, &m->tok_emb, &m->wcls};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+            if (ms[i]->type != m->layers[0].wq.type) snprintf(m->dtype, sizeof m->dtype, "mixed");
+    }
+    kvm_gguf_free(&g); /* the tensors' bytes stay in m->map until kvm_model_close */
     return 0;
 fail:
     free(m->layers);
     m->layers = NULL;
-    m->tok_emb = m->rms_final = m->wcls = NULL;
+    m->tok_emb = m->wcls = (kvm_mat){0};
+    m->rms_final = NULL;
     kvm_gguf_free(&g);
     return rc;
 }

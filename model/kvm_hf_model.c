@@ -1,7 +1,8 @@
 /* kvm_hf_model.c: a Hugging Face folder as a kvm_model: config.json (kvm_hf_config.c), then
- * every safetensors tensor matched by name and shape against the architecture, converted to
- * float32 into one buffer (m->owned), and the files unmapped. Weight matrices are stored
- * [out][in] row-major in safetensors, which is kvmill's layout; RoPE is the half-split one. */
+ * every safetensors tensor matched by name and shape against the architecture. Matrices stay
+ * in the files' mappings in their dtype (m->st; kvm_model_prepare reads them row block by row
+ * block), vectors are converted to float32 into m->owned. Weight matrices are stored [out][in]
+ * row-major in safetensors, which is kvmill's layout; RoPE is the half-split one. */
 #include "model/kvm_hf.h"
 #include "model/kvm_model.h"
 #include "model/kvm_safetensors.h"
@@ -29,9 +30,12 @@ typedef struct hf_load {
     int64_t n_floats;
 } hf_load;
 
-/* Claims tensor `name` of shape [d0] (d1 == 0) or [d0][d1], converting it to float32 at L->at
- * (counting only when L->at is NULL). */
-static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const float **out)
+static int st_mat_type(kvm_st_dtype d) { return d == KVM_ST_BF16 ? KVM_MAT_BF16 : d == KVM_ST_F16 ? KVM_MAT_F16 : KVM_MAT_F32; }
+
+/* Claims tensor `name` of shape [d0] (d1 == 0) or [d0][d1]. A vector is converted to float32
+ * at L->at into *vec (counted only while L->at is NULL); a matrix (mat != NULL) stays in its
+ * file's mapping. */
+static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const float **vec, kvm_mat *mat)
 {
     const kvm_st_tensor *t = kvm_st_find(L->st, name);
     if (!t) return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing", kvm_st_file_path(L->st, 0), name);
@@ -42,13 +46,17 @@ static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const floa
                        (long long)t->shape[0], t->n_dims > 1 ? ", " : "", t->n_dims > 1 ? (long long)t->shape[1] : 0LL,
                        t->n_dims > 2 ? ", ..." : "", (long long)d0, d1 ? ", " : "", (long long)d1);
     L->used[t - kvm_st_tensor_at(L->st, 0)] = 1;
+    if (mat) {
+        *mat = (kvm_mat){t->data, st_mat_type(t->dtype)};
+        return 0;
+    }
     if (!L->at) {
         L->n_floats += t->n_elems;
         return 0;
     }
     kvm_st_to_f32(t->dtype, t->data, L->at, t->n_elems);
     kvm_st_release(L->st, t);
-    *out = L->at;
+    *vec = L->at;
     L->at += t->n_elems;
     return 0;
 }
@@ -60,30 +68,31 @@ static int take_layer(hf_load *L, const kvm_model_config *c, int o_bias, int l, 
     struct {
         const char *part;
         int64_t d0, d1;
-        const float **dst;
+        const float **vec;
+        kvm_mat *mat;
         int on;
     } parts[] = {
-        {"input_layernorm.weight", D, 0, &w->rms_att, 1},
-        {"self_attn.q_proj.weight", Q, D, &w->wq, 1},
-        {"self_attn.k_proj.weight", KV, D, &w->wk, 1},
-        {"self_attn.v_proj.weight", KV, D, &w->wv, 1},
-        {"self_attn.o_proj.weight", D, Q, &w->wo, 1},
-        {"self_attn.q_proj.bias", Q, 0, &w->bq, c->attn_bias},
-        {"self_attn.k_proj.bias", KV, 0, &w->bk, c->attn_bias},
-        {"self_attn.v_proj.bias", KV, 0, &w->bv, c->attn_bias},
-        {"self_attn.o_proj.bias", D, 0, &w->bo, o_bias},
-        {"self_attn.q_norm.weight", c->head_dim, 0, &w->q_norm, c->qk_norm},
-        {"self_attn.k_norm.weight", c->head_dim, 0, &w->k_norm, c->qk_norm},
-        {"post_attention_layernorm.weight", D, 0, &w->rms_ffn, 1},
-        {"mlp.gate_proj.weight", H, D, &w->w1, 1},
-        {"mlp.down_proj.weight", D, H, &w->w2, 1},
-        {"mlp.up_proj.weight", H, D, &w->w3, 1},
+        {"input_layernorm.weight", D, 0, &w->rms_att, NULL, 1},
+        {"self_attn.q_proj.weight", Q, D, NULL, &w->wq, 1},
+        {"self_attn.k_proj.weight", KV, D, NULL, &w->wk, 1},
+        {"self_attn.v_proj.weight", KV, D, NULL, &w->wv, 1},
+        {"self_attn.o_proj.weight", D, Q, NULL, &w->wo, 1},
+        {"self_attn.q_proj.bias", Q, 0, &w->bq, NULL, c->attn_bias},
+        {"self_attn.k_proj.bias", KV, 0, &w->bk, NULL, c->attn_bias},
+        {"self_attn.v_proj.bias", KV, 0, &w->bv, NULL, c->attn_bias},
+        {"self_attn.o_proj.bias", D, 0, &w->bo, NULL, o_bias},
+        {"self_attn.q_norm.weight", c->head_dim, 0, &w->q_norm, NULL, c->qk_norm},
+        {"self_attn.k_norm.weight", c->head_dim, 0, &w->k_norm, NULL, c->qk_norm},
+        {"post_attention_layernorm.weight", D, 0, &w->rms_ffn, NULL, 1},
+        {"mlp.gate_proj.weight", H, D, NULL, &w->w1, 1},
+        {"mlp.down_proj.weight", D, H, NULL, &w->w2, 1},
+        {"mlp.up_proj.weight", H, D, NULL, &w->w3, 1},
     };
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         if (!parts[i].on) continue;
         char name[128];
         snprintf(name, sizeof name, "model.layers.%d.%s", l, parts[i].part);
-        int rc = take(L, name, parts[i].d0, parts[i].d1, parts[i].dst);
+        int rc = take(L, name, parts[i].d0, parts[i].d1, parts[i].vec, parts[i].mat);
         if (rc) return rc;
     }
     return 0;
@@ -130,10 +139,10 @@ static int take_all(hf_load *L, kvm_model *m, int o_bias)
     const kvm_model_config *c = &m->cfg;
     int64_t V = c->vocab_size, D = c->dim;
     int rc;
-    if ((rc = take(L, "model.embed_tokens.weight", V, D, &m->tok_emb)) ||
-        (rc = take(L, "model.norm.weight", D, 0, &m->rms_final)))
+    if ((rc = take(L, "model.embed_tokens.weight", V, D, NULL, &m->tok_emb)) ||
+        (rc = take(L, "model.norm.weight", D, 0, &m->rms_final, NULL)))
         return rc;
-    if (!c->shared_classifier && (rc = take(L, "lm_head.weight", V, D, &m->wcls))) return rc;
+    if (!c->shared_classifier && (rc = take(L, "lm_head.weight", V, D, NULL, &m->wcls))) return rc;
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = take_layer(L, c, o_bias, l, &m->layers[l]))) return rc;
     if (c->shared_classifier) m->wcls = m->tok_emb;
@@ -171,15 +180,16 @@ int kvm__hf_load(kvm_model *m, const char *dir)
     snprintf(m->format, sizeof m->format, "hf");
     note_dtype(m, st);
     free(L.used);
-    kvm_st_close(&st);
+    m->st = st; /* the matrices' bytes: closed by kvm_model_close */
     return 0;
 nomem:
-    rc = kvm_err(KVM_ENOMEM, "%s: out of memory for the weights (%lld floats)", dir, (long long)L.n_floats);
+    rc = kvm_err(KVM_ENOMEM, "%s: out of memory for the vector weights (%lld floats)", dir, (long long)L.n_floats);
 fail:
     free(L.used);
     free(m->layers);
     m->layers = NULL;
-    m->tok_emb = m->rms_final = m->wcls = NULL;
+    m->tok_emb = m->wcls = (kvm_mat){0};
+    m->rms_final = NULL;
     kvm_st_close(&st);
     return rc;
 }

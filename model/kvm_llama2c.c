@@ -23,6 +23,8 @@ static int check_field(const char *path, const char *name, int32_t v, int32_t ma
     return 0;
 }
 
+static kvm_mat f32_mat(const float *p) { return (kvm_mat){(const uint8_t *)p, KVM_MAT_F32}; }
+
 int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes)
 {
     const char *path = m->path;
@@ -75,19 +77,20 @@ int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes)
     if (!m->layers) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
 
     const float *p = (const float *)(const void *)(map + KVM_L2C_HEADER_BYTES);
-    m->tok_emb = p;
+    m->tok_emb = f32_mat(p);
     p += (int64_t)vocab * D;
     const float *rms_att = p, *wq = rms_att + L * D, *wk = wq + L * D * D, *wv = wk + L * kv_dim * D;
     const float *wo = wv + L * kv_dim * D, *rms_ffn = wo + L * D * D, *w1 = rms_ffn + L * D;
     const float *w2 = w1 + L * H * D, *w3 = w2 + L * D * H, *rms_final = w3 + L * H * D;
     for (int64_t l = 0; l < L; l++) {
-        m->layers[l] = (kvm_layer_weights){.rms_att = rms_att + l * D, .wq = wq + l * D * D,
-                                           .wk = wk + l * kv_dim * D, .wv = wv + l * kv_dim * D,
-                                           .wo = wo + l * D * D, .rms_ffn = rms_ffn + l * D,
-                                           .w1 = w1 + l * H * D, .w2 = w2 + l * D * H, .w3 = w3 + l * H * D};
+        m->layers[l] = (kvm_layer_weights){.rms_att = rms_att + l * D, .wq = f32_mat(wq + l * D * D),
+                                           .wk = f32_mat(wk + l * kv_dim * D), .wv = f32_mat(wv + l * kv_dim * D),
+                                           .wo = f32_mat(wo + l * D * D), .rms_ffn = rms_ffn + l * D,
+                                           .w1 = f32_mat(w1 + l * H * D), .w2 = f32_mat(w2 + l * D * H),
+                                           .w3 = f32_mat(w3 + l * H * D)};
     }
     m->rms_final = rms_final;
     const float *after_rope_tables = rms_final + D + (int64_t)seq * head_dim;
-    m->wcls = shared ? m->tok_emb : after_rope_tables;
+    m->wcls = shared ? m->tok_emb : f32_mat(after_rope_tables);
     return 0;
 }

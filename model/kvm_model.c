@@ -2,6 +2,7 @@
 #include "model/kvm_model.h"
 #include "model/kvm_gguf.h"
 #include "model/kvm_hf.h"
+#include "model/kvm_safetensors.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
@@ -39,6 +40,7 @@ int kvm_model_open(const char *path, kvm_model **out)
     if (!m) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
     int rc = KVM_ENOMEM;
     if (!(m->path = strdup(path))) goto fail;
+    m->weight_dtype = KVM_MODEL_WEIGHTS_AUTO;
     if (kvm_hf_is_folder(path)) {
         rc = kvm__hf_load(m, path);
     } else {
@@ -65,7 +67,8 @@ float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats)
     size_t bytes = (size_t)(n_floats > 0 ? n_floats : 1) * sizeof(float);
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-        kvm_err(KVM_ENOMEM, "%s: cannot map %lld float32 weights: %s", m->path, (long long)n_floats, strerror(errno));
+        kvm_err(KVM_ENOMEM, "%s: cannot map %lld float32 vector weights: %s", m->path, (long long)n_floats,
+                strerror(errno));
         return NULL;
     }
     m->owned = p;
@@ -88,18 +91,107 @@ static void prepared_free(kvm_prepared **pp, int n_layers)
     *pp = NULL;
 }
 
-/* Once a matrix is prepared (copied) the forward never reads its mapped pages again: let
- * the kernel drop them (file-backed and clean, so a later read just faults them back in).
- * Done per matrix so peak memory stays near one copy of the weights, not two. */
-static kvm_weight *prepare_one(const kvm_model *m, const kvm_kernels *k, const float *w, int64_t out, int64_t in)
+int kvm_model_mat_rows(const kvm_mat *w, int64_t in, int64_t r0, int64_t n, float *dst)
 {
-    kvm_weight *kw = k->weight_new(w, out, in);
-    if (kw && (m->map || m->owned_bytes)) {
-        uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w, b = (uintptr_t)(w + out * in);
-        uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
-        if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    int64_t be = kvm_ggml_block_elems(w->type), bb = kvm_ggml_block_bytes(w->type);
+    if (!be || in % be)
+        return kvm_err(KVM_ENOTSUP, "weights of type %s with rows of %lld cannot be dequantised",
+                       kvm_ggml_type_name(w->type), (long long)in);
+    return kvm_ggml_dequantize(w->type, w->data + r0 * (in / be) * bb, dst, n * in);
+}
+
+void kvm_model_embed(const kvm_model *m, int32_t id, float *dst)
+{
+    kvm_model_mat_rows(&m->tok_emb, m->cfg.dim, id, 1, dst); /* the loader checked the type */
+}
+
+int kvm_model_weight_dtype_parse(const char *s, kvm_model_weight_dtype *out)
+{
+    static const struct {
+        const char *name;
+        kvm_model_weight_dtype d;
+    } names[] = {{"auto", KVM_MODEL_WEIGHTS_AUTO},
+                 {"f32", KVM_MODEL_WEIGHTS_F32},
+                 {"bf16", KVM_MODEL_WEIGHTS_BF16},
+                 {"f16", KVM_MODEL_WEIGHTS_F16}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(s, names[i].name)) {
+            *out = names[i].d;
+            return 0;
+        }
+    return kvm_err(KVM_EINVAL, "weight_dtype '%s': expected auto, f32, bf16 or f16", s);
+}
+
+const char *kvm_model_weight_dtype_name(kvm_weight_dtype d)
+{
+    return d == KVM_WEIGHT_BF16 ? "bf16" : d == KVM_WEIGHT_F16 ? "f16" : "f32";
+}
+
+kvm_weight_dtype kvm_model_weight_dtype_for(const kvm_mat *w, kvm_model_weight_dtype d)
+{
+    if (d != KVM_MODEL_WEIGHTS_AUTO) return (kvm_weight_dtype)d;
+    if (w->type == KVM_MAT_F32) return KVM_WEIGHT_F32;
+    if (w->type == KVM_MAT_BF16) return KVM_WEIGHT_BF16;
+    return KVM_WEIGHT_F16; /* F16 kept; GGUF blocks (d·q + m with f16 d, m) keep 11 significant bits */
+}
+
+int kvm_model_set_weight_dtype(kvm_model *m, kvm_model_weight_dtype d)
+{
+    if (m->prepared && m->weight_dtype != (int)d)
+        return kvm_err(KVM_ESTATE, "%s: weights already prepared; weight_dtype cannot change", m->path);
+    m->weight_dtype = d;
+    return 0;
+}
+
+/* Rows of one matrix for weight_new_rows. */
+typedef struct mat_src {
+    const kvm_mat *w;
+    int64_t in;
+} mat_src;
+
+static int mat_rows_cb(void *ctx, int64_t r0, int64_t n, float *dst)
+{
+    const mat_src *s = ctx;
+    return kvm_model_mat_rows(s->w, s->in, r0, n, dst);
+}
+
+/* Gives back the pages of w's bytes: clean file pages that a later read faults back in.
+ * Done per matrix so memory holds the prepared weights plus one matrix being read. */
+static void release_pages(const kvm_mat *w, int64_t out, int64_t in)
+{
+    int64_t be = kvm_ggml_block_elems(w->type), bb = kvm_ggml_block_bytes(w->type);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data,
+              b = (uintptr_t)(w->data + out * (in / be) * bb);
+    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* One matrix into the backend: row blocks straight from the file where the backend can take
+ * them, else one float32 copy of this matrix only. name is for messages. */
+static int prepare_one(const kvm_model *m, const kvm_kernels *k, const kvm_mat *w, int64_t out, int64_t in,
+                       const char *name, kvm_weight **kwo)
+{
+    kvm_weight *kw = NULL;
+    mat_src src = {w, in};
+    int rc = 0;
+    if (k->weight_new_rows) {
+        kvm_weight_dtype d = kvm_model_weight_dtype_for(w, (kvm_model_weight_dtype)m->weight_dtype);
+        rc = k->weight_new_rows(mat_rows_cb, &src, out, in, d, &kw);
+        if (rc == KVM_ERANGE && m->weight_dtype == KVM_MODEL_WEIGHTS_AUTO) /* auto: bf16 has float32's range */
+            rc = k->weight_new_rows(mat_rows_cb, &src, out, in, KVM_WEIGHT_BF16, &kw);
+    } else {
+        float *tmp = malloc((size_t)(out * in > 0 ? out * in : 1) * sizeof *tmp);
+        if (!tmp) rc = kvm_err(KVM_ENOMEM, "out of memory");
+        else if (!(rc = mat_rows_cb(&src, 0, out, tmp)) && !(kw = k->weight_new(tmp, out, in))) rc = KVM_ENOMEM;
+        free(tmp);
     }
-    return kw;
+    if (rc) {
+        kvm_err(rc, "%s: preparing %s [%lld][%lld]: %s", m->path, name, (long long)out, (long long)in, kvm_errmsg());
+        return rc;
+    }
+    *kwo = kw;
+    release_pages(w, out, in);
+    return 0;
 }
 
 int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepared **out)
@@ -112,8 +204,6 @@ int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepa
         *out = m->prepared;
         return 0;
     }
-    if (m->weights_released)
-        return kvm_err(KVM_ESTATE, "%s: an earlier preparation failed after releasing weights; reopen the model", m->path);
     const kvm_model_config *c = &m->cfg;
     kvm_prepared *p = calloc(1, sizeof *p);
     if (!p || !(p->layers = calloc((size_t)c->n_layers, sizeof *p->layers))) {
@@ -122,22 +212,25 @@ int kvm_model_prepare(const kvm_model *cm, const kvm_kernels *k, const kvm_prepa
     }
     p->k = k;
     int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
-    int ok = 1;
-    for (int l = 0; ok && l < c->n_layers; l++) {
+    int rc = 0;
+    for (int l = 0; !rc && l < c->n_layers; l++) {
         const kvm_layer_weights *w = &m->layers[l];
         kvm_prepared_layer *L = &p->layers[l];
-        ok = (L->wq = prepare_one(m, k, w->wq, qd, c->dim)) && (L->wk = prepare_one(m, k, w->wk, kvd, c->dim)) &&
-             (L->wv = prepare_one(m, k, w->wv, kvd, c->dim)) && (L->wo = prepare_one(m, k, w->wo, c->dim, qd)) &&
-             (L->w1 = prepare_one(m, k, w->w1, c->hidden_dim, c->dim)) &&
-             (L->w2 = prepare_one(m, k, w->w2, c->dim, c->hidden_dim)) &&
-             (L->w3 = prepare_one(m, k, w->w3, c->hidden_dim, c->dim));
+        char n[7][48];
+        const char *parts[7] = {"wq", "wk", "wv", "wo", "w1 (gate)", "w2 (down)", "w3 (up)"};
+        for (int i = 0; i < 7; i++) snprintf(n[i], sizeof n[i], "layer %d %s", l, parts[i]);
+        (void)((rc = prepare_one(m, k, &w->wq, qd, c->dim, n[0], &L->wq)) ||
+               (rc = prepare_one(m, k, &w->wk, kvd, c->dim, n[1], &L->wk)) ||
+               (rc = prepare_one(m, k, &w->wv, kvd, c->dim, n[2], &L->wv)) ||
+               (rc = prepare_one(m, k, &w->wo, c->dim, qd, n[3], &L->wo)) ||
+               (rc = prepare_one(m, k, &w->w1, c->hidden_dim, c->dim, n[4], &L->w1)) ||
+               (rc = prepare_one(m, k, &w->w2, c->dim, c->hidden_dim, n[5], &L->w2)) ||
+               (rc = prepare_one(m, k, &w->w3, c->hidden_dim, c->dim, n[6], &L->w3)));
     }
-    if (ok) ok = (p->wcls = (m->cfg.shared_classifier ? k->weight_new(m->wcls, c->vocab_size, c->dim)
-                                                       : prepare_one(m, k, m->wcls, c->vocab_size, c->dim))) != NULL;
-    if (!ok) {
+    if (!rc) rc = prepare_one(m, k, &m->wcls, c->vocab_size, c->dim, "classifier", &p->wcls);
+    if (rc) {
         prepared_free(&p, c->n_layers);
-        m->weights_released = m->owned_bytes > 0; /* some owned matrices are gone: no second try */
-        return KVM_ENOMEM;
+        return rc;
     }
     m->prepared = p;
     *out = p;
@@ -152,6 +245,7 @@ void kvm_model_close(kvm_model **pm)
     if (m->map) munmap(m->map, m->map_bytes);
     if (m->owned_bytes) munmap(m->owned, m->owned_bytes);
     else free(m->owned);
+    kvm_st_close(&m->st);
     free(m->layers);
     free(m->path);
     free(m);

@@ -1,6 +1,6 @@
-/* kvm_model.h: a Llama-architecture model in memory: its configuration and float32
- * weights, loaded from a llama2.c checkpoint (mmap, zero copy). Other formats (GGUF,
- * Hugging Face) fill the same struct, owning dequantised buffers instead of a mapping. */
+/* kvm_model.h: a Llama-architecture model in memory: its configuration and weights, loaded
+ * from a llama2.c checkpoint, a GGUF file or a Hugging Face folder. Matrices stay in the
+ * file's mapping and element type until a backend prepares them; vectors are float32. */
 #ifndef KVM_MODEL_H
 #define KVM_MODEL_H
 
@@ -46,17 +46,29 @@ typedef struct kvm_model_config {
     int attn_bias;             /* 1: q/k/v (and o when present) projections have biases (Qwen2) */
 } kvm_model_config;
 
-/* One transformer block's weights, row-major [out][in] float32 (kernels/LAYOUT.md). */
+/* A weight matrix [out][in] row-major as its file stores it: zero copy inside the file's
+ * read-only mapping, in the file's element type (ggml type numbers, which also name llama2.c's
+ * and safetensors' F32, F16 and BF16), until a backend prepares it (kvm_model_prepare). */
+typedef struct kvm_mat {
+    const uint8_t *data; /* row r at data + r * kvm_ggml_row_bytes(type, in); any alignment */
+    int type;            /* KVM_MAT_F32, KVM_MAT_F16, KVM_MAT_BF16 or a GGUF block type (Q4_1 ...) */
+} kvm_mat;
+
+#define KVM_MAT_F32 0   /* ggml GGML_TYPE_F32 */
+#define KVM_MAT_F16 1   /* ggml GGML_TYPE_F16 */
+#define KVM_MAT_BF16 30 /* ggml GGML_TYPE_BF16 */
+
+/* One transformer block's weights, [out][in] row-major (kernels/LAYOUT.md); vectors float32. */
 typedef struct kvm_layer_weights {
     const float *rms_att; /* [dim] */
-    const float *wq;      /* [n_heads*head_dim][dim] */
-    const float *wk;      /* [n_kv_heads*head_dim][dim] */
-    const float *wv;      /* [n_kv_heads*head_dim][dim] */
-    const float *wo;      /* [dim][n_heads*head_dim] */
+    kvm_mat wq;           /* [n_heads*head_dim][dim] */
+    kvm_mat wk;           /* [n_kv_heads*head_dim][dim] */
+    kvm_mat wv;           /* [n_kv_heads*head_dim][dim] */
+    kvm_mat wo;           /* [dim][n_heads*head_dim] */
     const float *rms_ffn; /* [dim] */
-    const float *w1;      /* [hidden_dim][dim] gate */
-    const float *w2;      /* [dim][hidden_dim] down */
-    const float *w3;      /* [hidden_dim][dim] up */
+    kvm_mat w1;           /* [hidden_dim][dim] gate */
+    kvm_mat w2;           /* [dim][hidden_dim] down */
+    kvm_mat w3;           /* [hidden_dim][dim] up */
     const float *bq;      /* [n_heads*head_dim] q bias, or NULL (cfg.attn_bias) */
     const float *bk;      /* [n_kv_heads*head_dim] k bias, or NULL */
     const float *bv;      /* [n_kv_heads*head_dim] v bias, or NULL */
@@ -77,11 +89,19 @@ typedef struct kvm_prepared {
     kvm_weight *wcls;           /* classifier [vocab][dim] */
 } kvm_prepared;
 
+/* The [model] weight_dtype setting: how kvm_model_prepare stores matrices on the CPU. */
+typedef enum kvm_model_weight_dtype {
+    KVM_MODEL_WEIGHTS_AUTO = -1, /* the file's: F32 → f32, BF16 → bf16, F16 and GGUF blocks → f16 */
+    KVM_MODEL_WEIGHTS_F32 = KVM_WEIGHT_F32,   /* float32 (parity runs) */
+    KVM_MODEL_WEIGHTS_BF16 = KVM_WEIGHT_BF16, /* bfloat16 */
+    KVM_MODEL_WEIGHTS_F16 = KVM_WEIGHT_F16,   /* IEEE half */
+} kvm_model_weight_dtype;
+
 typedef struct kvm_model {
     kvm_model_config cfg;      /* shapes and conventions */
-    const float *tok_emb;      /* [vocab_size][dim] */
+    kvm_mat tok_emb;           /* [vocab_size][dim]; rows read by kvm_model_embed */
     const float *rms_final;    /* [dim] */
-    const float *wcls;         /* [vocab_size][dim]; == tok_emb when shared_classifier */
+    kvm_mat wcls;              /* [vocab_size][dim]; == tok_emb when shared_classifier */
     kvm_layer_weights *layers; /* [n_layers], owned */
     char *path;                /* the file it came from, owned */
     char format[16];           /* "llama2c", "gguf", "hf" */
@@ -89,23 +109,24 @@ typedef struct kvm_model {
     char dtype[16];            /* the file's weight dtype ("f32", "Q4_1", "BF16", "mixed") */
     void *map;                 /* read-only mapping of the file, or NULL */
     size_t map_bytes;          /* bytes mapped */
-    void *owned;               /* weights this struct owns (dequantised), or NULL */
-    size_t owned_bytes;        /* > 0: owned is an anonymous mapping of this size (kvm__model_alloc_weights),
-                                  whose matrices kvm_model_prepare releases once prepared */
+    void *owned;               /* float32 vectors this struct owns (norms, biases), or NULL */
+    size_t owned_bytes;        /* > 0: owned is an anonymous mapping of this size (kvm__model_alloc_weights) */
+    struct kvm_st *st;         /* a Hugging Face folder's safetensors set (the matrices' mappings), or NULL */
+    int weight_dtype;          /* kvm_model_weight_dtype; KVM_MODEL_WEIGHTS_AUTO after open */
     kvm_prepared *prepared;    /* matrices prepared for a backend (lazily, by kvm_model_prepare) */
-    int weights_released;      /* 1 after a failed prepare gave owned matrices back (prepare then refuses) */
 } kvm_model;
 
 /* Opens a model file or folder. A folder holding config.json is a Hugging Face checkpoint
- * (model/kvm_hf.h: config.json and safetensors, weights converted to float32 into m->owned).
- * A file's format is detected from its contents: a GGUF file (magic "GGUF";
- * llama architecture, weights dequantised to float32 into m->owned and the file unmapped;
- * model/kvm_gguf.h lists its errors, KVM_ENOTSUP among them) or else a llama2.c checkpoint,
- * whose weights stay in a read-only shared mapping of the file. On success *out owns everything;
- * release with kvm_model_close. Errors (message names the file and the field):
- * KVM_ENOTFOUND missing file, KVM_EIO unreadable or a directory, KVM_EFORMAT bad header
- * (zero/negative dimensions, heads not dividing dim, kv heads not dividing heads, odd
- * head_dim, file size different from what the header implies, truncated), KVM_ENOMEM. */
+ * (model/kvm_hf.h: config.json and safetensors, kept mapped in m->st). A file's format is
+ * detected from its contents: a GGUF file (magic "GGUF"; llama architecture; model/kvm_gguf.h
+ * lists its errors, KVM_ENOTSUP among them) or else a llama2.c checkpoint. Every format's
+ * matrices stay in the read-only mapping in the file's element type (kvm_mat) until
+ * kvm_model_prepare packs them; norm and bias vectors are float32 (converted into m->owned
+ * where the file's are not). On success *out owns everything; release with kvm_model_close.
+ * Errors (message names the file and the field): KVM_ENOTFOUND missing file, KVM_EIO
+ * unreadable or a directory, KVM_EFORMAT bad header (zero/negative dimensions, heads not
+ * dividing dim, kv heads not dividing heads, odd head_dim, file size different from what the
+ * header implies, truncated), KVM_ENOMEM. */
 int kvm_model_open(const char *path, kvm_model **out);
 
 /* Releases a model (unmaps, frees). Accepts NULL and *m == NULL; sets *m = NULL. */
@@ -113,12 +134,37 @@ void kvm_model_close(kvm_model **m);
 
 /* The model's matrices prepared for backend k (packed panels on CPU), made on first use
  * and kept until kvm_model_close, so every forward over the model shares one copy. *out is
- * valid until then. The float32 source of each prepared matrix (m->layers[l].wq ... w3, and
- * wcls when not shared) is released as it is prepared: read those only before preparing
- * (a mapped file refaults its bytes; owned weights read as zeros after). Not thread-safe against concurrent first calls: prepare before
- * sharing a model between threads. Errors: KVM_ENOMEM, KVM_ESTATE (already prepared for
- * another backend, or an earlier call failed after releasing owned matrices). */
+ * valid until then. Each matrix is dequantised/widened a few rows at a time straight from the
+ * file's mapping into the backend's storage (m->weight_dtype on CPU: 16-bit panels need half
+ * the memory of float32 ones; a backend without weight_new_rows gets one float32 matrix at a
+ * time), and the mapping's pages are given back after (the file refaults them if read again),
+ * so loading never holds a float32 copy of all weights. Not thread-safe against concurrent
+ * first calls: prepare before sharing a model between threads. Errors: KVM_ENOMEM,
+ * KVM_ERANGE (weight_dtype f16 and a value beyond ±65504: message names the matrix),
+ * KVM_ESTATE (already prepared for another backend). */
 int kvm_model_prepare(const kvm_model *m, const kvm_kernels *k, const kvm_prepared **out);
+
+/* Sets how kvm_model_prepare stores matrices (before the first prepare). Returns 0, or
+ * KVM_ESTATE once prepared with another dtype. */
+int kvm_model_set_weight_dtype(kvm_model *m, kvm_model_weight_dtype d);
+
+/* Parses a weight_dtype value: "auto", "f32", "bf16" or "f16". Returns 0 and *out, or
+ * KVM_EINVAL naming the value and the choices. */
+int kvm_model_weight_dtype_parse(const char *s, kvm_model_weight_dtype *out);
+
+/* The storage kvm_model_prepare picks for matrix w under setting d ("auto": the file's
+ * 16-bit type kept, F32 kept, GGUF blocks dequantised into f16). */
+kvm_weight_dtype kvm_model_weight_dtype_for(const kvm_mat *w, kvm_model_weight_dtype d);
+
+/* Name of a storage dtype: "f32", "bf16", "f16". */
+const char *kvm_model_weight_dtype_name(kvm_weight_dtype d);
+
+/* Dequantises rows [r0, r0 + n) of w ([out][in], in elements per row) into dst [n][in]
+ * float32. Returns 0 or KVM_ENOTSUP (a block type kvmill cannot dequantise). */
+int kvm_model_mat_rows(const kvm_mat *w, int64_t in, int64_t r0, int64_t n, float *dst);
+
+/* Token id's embedding row, float32, into dst [dim]. id must be in [0, vocab_size). */
+void kvm_model_embed(const kvm_model *m, int32_t id, float *dst);
 
 /* 1 when token id ends a generation (one of c->eos_ids). */
 int kvm_model_is_eos(const kvm_model_config *c, int32_t id);
@@ -133,10 +179,8 @@ int64_t kvm_model_n_params(const kvm_model *m);
 /* Bytes of a full float32 KV cache of n_tokens: 2 * n_layers * n_kv_heads * n_tokens * head_dim * 4. */
 int64_t kvm_model_kv_bytes(const kvm_model_config *c, int64_t n_tokens);
 
-/* Internal (model/): n_floats of zeroed float32 weight memory owned by m (an anonymous
- * mapping, so that kvm_model_prepare can give each matrix's pages back to the system once a
- * backend holds its own copy: loading then preparing peaks near one copy of the weights, not
- * two). Returns the memory or NULL (KVM_ENOMEM set). */
+/* Internal (model/): n_floats of zeroed float32 memory owned by m (an anonymous mapping) for
+ * the vectors a loader converts (norms, biases). Returns the memory or NULL (KVM_ENOMEM set). */
 float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats);
 
 /* Internal (model/): parse and validate a llama2.c checkpoint mapped at map[0, bytes). */

@@ -234,8 +234,9 @@ int kvm_cmd_eval(int argc, char **argv)
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
                        "threads (default 1)",
          NULL},
+        {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
     };
-    int n_fixed = 12, n_set, n_opts = n_fixed;
+    int n_fixed = 13, n_set, n_opts = n_fixed;
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
     for (int i = 0; i < n_set && n_opts < MAX_OPTS - 1; i++) /* every sculpt setting, for sculpt-family methods */
         if (eval_flag(&set[i])) opts[n_opts++] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
@@ -276,6 +277,7 @@ int kvm_cmd_eval(int argc, char **argv)
     int n_jobs = 0;
     FILE *csv = NULL;
     if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
+    if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
     if (!rc && N + T > m->cfg.seq_len) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
                 (long long)N, (long long)T, m->cfg.seq_len);

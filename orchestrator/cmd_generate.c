@@ -154,7 +154,7 @@ static int gen_fwd_new(const kvm_model *m, const kvm_kernels *k, int cuda_device
     if (cuda_device >= 0) /* float32 weights stay bit-comparable with the CPU; bf16 is for benchmarks */
         return kvm_model_cuda_new(m, cuda_device, KVM_CUDA_F32, steps, np > 0 ? np : 1, &g->dev);
 #endif
-    int rc = kvm_forward_new(m, k, np, &g->f);
+    int rc = kvm_forward_new(m, k, np < 512 ? np : 512, &g->f); /* prefill in chunks: scratch for 512 rows, not N */
     return rc ? rc : kvm_forward_cache_new(m, steps, &g->cache);
 }
 
@@ -229,6 +229,7 @@ int kvm_cmd_generate(int argc, char **argv)
         {"seed", 1, "random seed (default: time)", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
         {"threads", 1, "compute threads of the CPU kernels (default: every core)", NULL},
+        {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("generate", "Generates text from a prompt; prints it to stdout.", argc, argv, opts, NULL, 0,
@@ -253,6 +254,11 @@ int kvm_cmd_generate(int argc, char **argv)
     kvm_model *m;
     kvm_tokenizer *tok;
     if (kvm_cli_open_model("generate", model_path, kvm_cli_get(opts, "tokenizer"), !tokens, &m, &tok)) return 1;
+    if (kvm_cli_weight_dtype("generate", kvm_cli_get(opts, "weight-dtype"), m)) {
+        kvm_tokenizer_close(&tok);
+        kvm_model_close(&m);
+        return 2;
+    }
     if (a.steps == 0 || a.steps > m->cfg.seq_len) a.steps = m->cfg.seq_len;
     int32_t *p = NULL;
     int64_t np = 0;

@@ -6,7 +6,9 @@
 
 int kvm_cmd_info(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"model", 1, KVM_CLI_MODEL_HELP, NULL}, {NULL, 0, NULL, NULL}};
+    kvm_cli_opt opts[] = {{"model", 1, KVM_CLI_MODEL_HELP, NULL},
+                          {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
+                          {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("info", "Prints a model's shapes and parameter count.", argc, argv, opts, NULL, 0, &n_pos, &help))
         return help ? 0 : 2;
@@ -14,9 +16,19 @@ int kvm_cmd_info(int argc, char **argv)
     if (!path) { fprintf(stderr, "kvmill info: --model is required\n"); return 2; }
     kvm_model *m;
     if (kvm_cli_open_model("info", path, NULL, 0, &m, NULL)) return 1;
+    const char *wd = kvm_cli_get(opts, "weight-dtype");
+    if (kvm_cli_weight_dtype("info", wd, m)) {
+        kvm_model_close(&m);
+        return 2;
+    }
     const kvm_model_config *c = &m->cfg;
     printf("model:       %s\nformat:      %s\narch:        %s\n", m->path, m->format, m->arch);
-    if (m->dtype[0]) printf("dtype:       %s (in the file; float32 in memory)\n", m->dtype);
+    if (m->dtype[0]) printf("dtype:       %s (in the file)\n", m->dtype);
+    kvm_model_weight_dtype d = (kvm_model_weight_dtype)m->weight_dtype;
+    kvm_weight_dtype wq = kvm_model_weight_dtype_for(&m->layers[0].wq, d), wc = kvm_model_weight_dtype_for(&m->wcls, d);
+    printf("weights:     %s in memory on the CPU (weight_dtype %s)", kvm_model_weight_dtype_name(wq), wd ? wd : "auto");
+    if (wc != wq) printf(", classifier %s", kvm_model_weight_dtype_name(wc));
+    printf("\n");
     printf("dim:         %d\nhidden_dim:  %d\nn_layers:    %d\nn_heads:     %d\nn_kv_heads:  %d (GQA %d:1)\n",
            c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads);
     printf("head_dim:    %d\nvocab_size:  %d\nseq_len:     %d\n", c->head_dim, c->vocab_size, c->seq_len);

@@ -30,6 +30,16 @@ int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_
     return 0;
 }
 
+int kvm_cli_weight_dtype(const char *cmd, const char *value, kvm_model *m)
+{
+    if (!value) return 0;
+    kvm_model_weight_dtype d;
+    int rc = kvm_model_weight_dtype_parse(value, &d);
+    if (!rc) rc = kvm_model_set_weight_dtype(m, d);
+    if (rc) fprintf(stderr, "kvmill %s: --weight-dtype: %s\n", cmd, kvm_errmsg());
+    return rc;
+}
+
 int kvm_cli_setup_device(const char *cmd, const char *device, const char *threads, const kvm_kernels **k)
 {
     if (threads) {

@@ -16,6 +16,14 @@
 int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_path, int required,
                        kvm_model **model, kvm_tokenizer **tok);
 
+/* Applies a --weight-dtype value (auto|f32|bf16|f16; NULL keeps the model's auto) to m before
+ * it is prepared. Prints "kvmill CMD: --weight-dtype: <detail>" and returns KVM_EINVAL on a bad value. */
+int kvm_cli_weight_dtype(const char *cmd, const char *value, kvm_model *m);
+
+#define KVM_CLI_WEIGHT_DTYPE_HELP                                                                                     \
+    "weight matrices in memory on the CPU, widened to float32 inside the GEMM: auto (default: the file's 16-bit "  \
+    "type, f16 for quantised GGUF, f32 for F32 files), f32 (parity runs), bf16 or f16 ([model] weight_dtype)"
+
 /* Applies --device and --threads values (either may be NULL). Prints errors as above. */
 int kvm_cli_setup_device(const char *cmd, const char *device, const char *threads, const kvm_kernels **k);
 

@@ -17,6 +17,12 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
     kvm_worker_model_free(wm);
     int rc = kvm_model_open(path, &wm->model);
     if (rc) return rc;
+    kvm_model_weight_dtype wd;
+    if ((rc = kvm_model_weight_dtype_parse(kvm_config_str(c, "model", "weight_dtype"), &wd)) ||
+        (rc = kvm_model_set_weight_dtype(wm->model, wd))) {
+        kvm_model_close(&wm->model);
+        return kvm_err(rc, "[model] %s", kvm_errmsg());
+    }
     snprintf(wm->path, sizeof wm->path, "%s", path);
     if ((rc = store ? kvm_store_model_id(store, path, &wm->model_id) : kvm_store_hash_file(path, &wm->model_id))) return rc;
     const char *tp = kvm_config_str(c, "model", "tokenizer");

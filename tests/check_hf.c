@@ -85,6 +85,7 @@ START_TEST(test_smol_logits)
     if (!have_both()) return;
     kvm_model *g, *h;
     ck_assert_msg(kvm_model_open(GGUF_PATH, &g) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_model_set_weight_dtype(g, KVM_MODEL_WEIGHTS_F32), 0); /* the folder holds these values in F32 */
     ck_assert_msg(kvm_model_open(hf_dir(), &h) == 0, "%s", kvm_errmsg());
     ck_assert_str_eq(h->format, "hf");
     ck_assert_str_eq(h->arch, "LlamaForCausalLM");
@@ -155,6 +156,7 @@ START_TEST(test_smol_greedy)
     ck_assert_int_gt(n_all, n_prompt);
     kvm_model *g, *h;
     ck_assert_int_eq(kvm_model_open(GGUF_PATH, &g), 0);
+    ck_assert_int_eq(kvm_model_set_weight_dtype(g, KVM_MODEL_WEIGHTS_F32), 0);
     ck_assert_int_eq(kvm_model_open(hf_dir(), &h), 0);
     int32_t a[KVM_GREEDY_STEPS], b[KVM_GREEDY_STEPS];
     greedy(g, ref, n_prompt, KVM_GREEDY_STEPS, a);
@@ -178,6 +180,7 @@ START_TEST(test_smol_info)
     ck_assert_ptr_nonnull(strstr(out, "format:      hf"));
     ck_assert_ptr_nonnull(strstr(out, "arch:        LlamaForCausalLM"));
     ck_assert_ptr_nonnull(strstr(out, "dtype:       F32"));
+    ck_assert_ptr_nonnull(strstr(out, "weights:     f32 in memory on the CPU (weight_dtype auto)"));
     ck_assert_ptr_nonnull(strstr(out, "rope:        half split, theta 100000"));
     ck_assert_ptr_nonnull(strstr(out, "parameters:  134515008"));
     free(out);

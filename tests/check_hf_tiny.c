@@ -2,7 +2,8 @@
  * F32 and BF16, one file or sharded with an index) for Llama, Qwen2 (q/k/v biases), Qwen3 (q/k
  * RMSNorm, head_dim != hidden/heads), Llama-3 RoPE scaling and Mistral (sliding window): logits
  * against tests/data/hf/tiny/NAME/reference.txt (scripts/hf_tiny_reference.py, float64 numpy on
- * the same weights); the Llama folder against the same weights as a llama2.c checkpoint; and
+ * the same weights); the Llama folders (F32, BF16 sharded) against the same weights as a llama2.c
+ * checkpoint and as a GGUF file; 16-bit weights kept 16-bit (bf16 panels = float32 panels); and
  * each malformed config.json or weight set refused with its key or tensor named. */
 #include "common/kvm_error.h"
 #include "model/kvm_forward.h"
@@ -11,6 +12,8 @@
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 #include "tests/util/kvm_test_st.h"
+#include "tests/util/kvm_test_gguf.h"
+#include "model/kvm_gguf.h"
 
 #include <check.h>
 #include <math.h>
@@ -250,6 +253,26 @@ START_TEST(test_reference)
         free(l0);
     }
     if (strcmp(name, "qwen3_qknorm") == 0) ck_assert_int_eq(m->cfg.head_dim * m->cfg.n_heads, 2 * m->cfg.dim);
+    /* the matrices stay in the file's dtype until prepared (16-bit in memory for BF16 folders) */
+    int bf16 = strcmp(r.dtype, "BF16") == 0;
+    ck_assert_int_eq(m->layers[0].wq.type, bf16 ? KVM_MAT_BF16 : KVM_MAT_F32);
+    ck_assert_int_eq(m->tok_emb.type, bf16 ? KVM_MAT_BF16 : KVM_MAT_F32);
+    ck_assert_int_eq(kvm_model_weight_dtype_for(&m->layers[0].w2, KVM_MODEL_WEIGHTS_AUTO),
+                     bf16 ? KVM_WEIGHT_BF16 : KVM_WEIGHT_F32);
+    kvm_model_close(&m);
+    /* BF16 files: bf16 panels give bit for bit the logits of float32 panels holding the same values;
+     * F32 files with bf16 panels: within bf16's rounding (2^-9 relative per weight) */
+    ck_assert_int_eq(kvm_model_open(dir, &m), 0);
+    ck_assert_int_eq(kvm_model_set_weight_dtype(m, bf16 ? KVM_MODEL_WEIGHTS_F32 : KVM_MODEL_WEIGHTS_BF16), 0);
+    float *l2 = logits_of(m, r.tok, r.n);
+    if (bf16) ck_assert_msg(memcmp(l, l2, (size_t)r.n * r.vocab * sizeof *l) == 0, "%s: f32 panels differ", name);
+    else {
+        double d16 = rel_diff(l2, l, r.n, r.vocab);
+        printf("tiny %s: bf16 panels vs float32 panels: %.3g\n", name, d16);
+        ck_assert_double_le(d16, 2e-2);
+        ck_assert_double_gt(d16, 0); /* the setting took effect */
+    }
+    free(l2);
     free(l);
     free(r.logits);
     kvm_model_close(&m);
@@ -257,11 +280,21 @@ START_TEST(test_reference)
 }
 END_TEST
 
-/* Writes the weights of s as a llama2.c checkpoint (Q/K rows permuted to interleaved pairs). */
-static void write_llama2c(const char *path, const tset *s, const kvm_model_config *c)
+/* The Hugging Face row of q/k_proj that the interleaved-pair (llama2.c / GGUF) row r holds:
+ * interleaved row (head, i, j) <- half-split row (head, j, i), as llama.cpp's converter permutes. */
+static int64_t hf_row(int64_t r, int64_t hd)
+{
+    int64_t head = r / hd, i = (r % hd) / 2, j = r % 2;
+    return head * hd + j * (hd / 2) + i;
+}
+
+/* Writes the weights of s as a llama2.c checkpoint (Q/K rows permuted to interleaved pairs;
+ * a tied classifier is the embedding, as a positive vocab_size says). */
+static void write_llama2c(const char *path, const tset *s, const kvm_model_config *c, int tied)
 {
     FILE *f = fopen(path, "wb");
-    int32_t h[7] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, -c->vocab_size, c->seq_len};
+    int32_t h[7] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, tied ? c->vocab_size : -c->vocab_size,
+                    c->seq_len};
     fwrite(h, sizeof h, 1, f);
     const char *order[] = {"input_layernorm.weight",   "self_attn.q_proj.weight",         "self_attn.k_proj.weight",
                            "self_attn.v_proj.weight",  "self_attn.o_proj.weight",         "post_attention_layernorm.weight",
@@ -273,27 +306,167 @@ static void write_llama2c(const char *path, const tset *s, const kvm_model_confi
             char n[128];
             snprintf(n, sizeof n, "model.layers.%d.%s", l, order[k]);
             const kvm_test_st_tensor *t = &s->t[tset_find(s, n)];
-            int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1, hd = c->head_dim;
-            for (int64_t r = 0; r < rows; r++) {
-                int64_t src = r;
-                if (k == 1 || k == 2) { /* interleaved row (head, i, j) <- half-split row (head, j, i) */
-                    int64_t head = r / hd, i = (r % hd) / 2, j = r % 2;
-                    src = head * hd + j * (hd / 2) + i;
-                }
-                fwrite(t->data + src * cols, sizeof(float), (size_t)cols, f);
-            }
+            int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1;
+            for (int64_t r = 0; r < rows; r++)
+                fwrite(t->data + (k == 1 || k == 2 ? hf_row(r, c->head_dim) : r) * cols, sizeof(float), (size_t)cols, f);
         }
     const kvm_test_st_tensor *fn = &s->t[tset_find(s, "model.norm.weight")];
     fwrite(fn->data, sizeof(float), (size_t)fn->shape[0], f);
     float zero = 0;
     for (int64_t i = 0; i < (int64_t)c->seq_len * c->head_dim; i++)
         fwrite(&zero, 4, 1, f); /* legacy RoPE tables, unused */
-    const kvm_test_st_tensor *cls = &s->t[tset_find(s, "lm_head.weight")];
-    fwrite(cls->data, sizeof(float), (size_t)(cls->shape[0] * cls->shape[1]), f);
+    if (!tied) {
+        const kvm_test_st_tensor *cls = &s->t[tset_find(s, "lm_head.weight")];
+        fwrite(cls->data, sizeof(float), (size_t)(cls->shape[0] * cls->shape[1]), f);
+    }
     ck_assert_int_eq(fclose(f), 0);
 }
 
-START_TEST(test_vs_llama2c)
+/* Appends tensor t of s to a GGUF tensor list as `name`, rows permuted for q/k (permute), in
+ * type (F32, or BF16: the top half of each float, the bytes the safetensors BF16 file holds). */
+static void gguf_add(kvm_test_gguf_tensor *ts, int *n, uint8_t **arena, const kvm_test_st_tensor *t, const char *name,
+                     int permute, int type, int64_t hd)
+{
+    int64_t rows = t->shape[0], cols = t->n_dims > 1 ? t->shape[1] : 1, esz = type == KVM_GGML_BF16 ? 2 : 4;
+    uint8_t *b = malloc((size_t)(rows * cols * esz));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            float v = t->data[(permute ? hf_row(r, hd) : r) * cols + c];
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            uint16_t h = (uint16_t)(u >> 16);
+            memcpy(b + (r * cols + c) * esz, type == KVM_GGML_BF16 ? (const void *)&h : (const void *)&v, (size_t)esz);
+        }
+    kvm_test_gguf_tensor *g = &ts[(*n)++];
+    memset(g, 0, sizeof *g);
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->n_dims = t->n_dims;
+    g->ne[0] = t->n_dims > 1 ? cols : rows; /* ne0 = row length */
+    g->ne[1] = t->n_dims > 1 ? rows : 1;
+    g->type = type;
+    g->data = b;
+    g->bytes = (size_t)(rows * cols * esz);
+    arena[*n - 1] = b;
+}
+
+/* Writes the weights of s as a llama GGUF: matrices in `type` (F32 or BF16), norms F32, Q/K
+ * rows permuted to interleaved pairs. */
+static void write_gguf(const char *path, const tset *s, const kvm_model_config *c, int tied, int type)
+{
+    kvm_test_gguf_tensor ts[MAX_T];
+    uint8_t *arena[MAX_T];
+    int n = 0;
+    const int64_t hd = c->head_dim;
+    gguf_add(ts, &n, arena, &s->t[tset_find(s, "model.embed_tokens.weight")], "token_embd.weight", 0, type, hd);
+    gguf_add(ts, &n, arena, &s->t[tset_find(s, "model.norm.weight")], "output_norm.weight", 0, KVM_GGML_F32, hd);
+    if (!tied) gguf_add(ts, &n, arena, &s->t[tset_find(s, "lm_head.weight")], "output.weight", 0, type, hd);
+    const char *hf[] = {"input_layernorm.weight",  "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                        "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                        "mlp.gate_proj.weight",    "mlp.down_proj.weight",    "mlp.up_proj.weight"};
+    const char *gg[] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_down", "ffn_up"};
+    for (int l = 0; l < c->n_layers; l++)
+        for (int k = 0; k < 9; k++) {
+            char a[128], b[64];
+            snprintf(a, sizeof a, "model.layers.%d.%s", l, hf[k]);
+            snprintf(b, sizeof b, "blk.%d.%s.weight", l, gg[k]);
+            int norm = k == 0 || k == 5;
+            gguf_add(ts, &n, arena, &s->t[tset_find(s, a)], b, k == 1 || k == 2, norm ? KVM_GGML_F32 : type, hd);
+        }
+    kvm_test_gguf_buf kv = {0};
+    kvm_test_gguf_kv_str(&kv, "general.architecture", "llama");
+    kvm_test_gguf_kv_u32(&kv, "llama.block_count", (uint32_t)c->n_layers);
+    kvm_test_gguf_kv_u32(&kv, "llama.context_length", (uint32_t)c->seq_len);
+    kvm_test_gguf_kv_u32(&kv, "llama.embedding_length", (uint32_t)c->dim);
+    kvm_test_gguf_kv_u32(&kv, "llama.feed_forward_length", (uint32_t)c->hidden_dim);
+    kvm_test_gguf_kv_u32(&kv, "llama.attention.head_count", (uint32_t)c->n_heads);
+    kvm_test_gguf_kv_u32(&kv, "llama.attention.head_count_kv", (uint32_t)c->n_kv_heads);
+    kvm_test_gguf_kv_f32(&kv, "llama.rope.freq_base", c->rope_theta);
+    kvm_test_gguf_kv_f32(&kv, "llama.attention.layer_norm_rms_epsilon", c->norm_eps);
+    kvm_test_gguf_kv_u32(&kv, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
+    kvm_test_gguf_kv_u32(&kv, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_id);
+    kvm_test_gguf_buf file = kvm_test_gguf_build(&kv, 11, ts, n);
+    ck_assert_int_eq(kvm_test_write_file(path, file.b, file.n), 0);
+    free(file.b);
+    free(kv.b);
+    for (int i = 0; i < n; i++)
+        free(arena[i]);
+}
+
+/* The Llama folders against the same weights as a llama2.c checkpoint and as a GGUF file
+ * (llama2.c and GGUF use interleaved RoPE pairs, so their Q/K rows are permuted): the F32 folder
+ * vs llama2.c and an F32 GGUF; the BF16 folder in 3 shards vs a BF16 GGUF (bf16 panels on both
+ * sides) and vs llama2.c holding its values in float32. Within 1e-5 relative. */
+START_TEST(test_vs_llama2c_gguf)
+{
+    static const struct {
+        const char *fixture;
+        int gguf_type;
+    } cases[] = {{"llama_f32", KVM_GGML_F32}, {"llama_bf16_sharded", KVM_GGML_BF16}};
+    for (int ci = 0; ci < 2; ci++) {
+        tset s = {0};
+        ref r;
+        kvm_model_config c;
+        int tied;
+        const char *dir = make_folder(cases[ci].fixture, &s, &r, &c, &tied);
+        tset_write(&s, dir, r.shards);
+        int bf16 = cases[ci].gguf_type == KVM_GGML_BF16;
+        if (bf16) /* llama2.c is float32: the values the BF16 files hold */
+            for (int i = 0; i < s.n; i++) {
+                int64_t ne = s.t[i].shape[0] * (s.t[i].n_dims > 1 ? s.t[i].shape[1] : 1);
+                for (int64_t e = 0; e < ne; e++)
+                    s.data[i][e] = kvm_test_bf16_trunc(s.data[i][e]);
+            }
+        char p[4096], q[4096];
+        snprintf(p, sizeof p, "%s/%s.bin", g_tmp, cases[ci].fixture);
+        snprintf(q, sizeof q, "%s/%s.gguf", g_tmp, cases[ci].fixture);
+        write_llama2c(p, &s, &c, tied);
+        write_gguf(q, &s, &c, tied, cases[ci].gguf_type);
+        kvm_model *a, *b, *g;
+        ck_assert_msg(kvm_model_open(dir, &a) == 0, "%s", kvm_errmsg());
+        ck_assert_msg(kvm_model_open(p, &b) == 0, "%s", kvm_errmsg());
+        ck_assert_msg(kvm_model_open(q, &g) == 0, "%s", kvm_errmsg());
+        ck_assert_str_eq(b->format, "llama2c");
+        ck_assert_str_eq(g->format, "gguf");
+        ck_assert_int_eq(g->layers[0].wq.type, cases[ci].gguf_type);
+        float *la = logits_of(a, r.tok, r.n), *lb = logits_of(b, r.tok, r.n), *lg = logits_of(g, r.tok, r.n);
+        double db = rel_diff(la, lb, r.n, r.vocab), dg = rel_diff(la, lg, r.n, r.vocab);
+        printf("tiny %s: Hugging Face folder vs llama2.c checkpoint of the same weights: %.3g; vs %s GGUF: %.3g\n",
+               cases[ci].fixture, db, bf16 ? "BF16" : "F32", dg);
+        ck_assert_double_le(db, 1e-5);
+        ck_assert_double_le(dg, 1e-5);
+        free(la);
+        free(lb);
+        free(lg);
+        free(r.logits);
+        kvm_model_close(&a);
+        kvm_model_close(&b);
+        kvm_model_close(&g);
+        tset_free(&s);
+    }
+}
+END_TEST
+
+/* The ids kvmill generate prints (no tokenizer: one id per line), into ids[max]; returns the count. */
+static int generate_ids(const char *cmd, int32_t *ids, int max)
+{
+    char *out = NULL, *err = NULL;
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "%s: exit %d: %s", cmd, rc, err);
+    int n = 0;
+    for (char *p = out, *e; n < max && *p; p = e) {
+        long v = strtol(p, &e, 10);
+        if (e == p) break;
+        ids[n++] = (int32_t)v;
+    }
+    free(out);
+    free(err);
+    return n;
+}
+
+/* Generation stops at any of config.json's eos_token_id entries, not only the first: greedy
+ * decoding of the Llama folder, then the same with a later generated id added as a second EOS
+ * id stops right before it. */
+START_TEST(test_eos_ids)
 {
     tset s = {0};
     ref r;
@@ -301,22 +474,32 @@ START_TEST(test_vs_llama2c)
     int tied;
     const char *dir = make_folder("llama_f32", &s, &r, &c, &tied);
     tset_write(&s, dir, 1);
-    char p[4096];
-    snprintf(p, sizeof p, "%s/tiny.bin", g_tmp);
-    write_llama2c(p, &s, &c);
-    kvm_model *a, *b;
-    ck_assert_msg(kvm_model_open(dir, &a) == 0, "%s", kvm_errmsg());
-    ck_assert_msg(kvm_model_open(p, &b) == 0, "%s", kvm_errmsg());
-    ck_assert_str_eq(b->format, "llama2c");
-    float *la = logits_of(a, r.tok, r.n), *lb = logits_of(b, r.tok, r.n);
-    double d = rel_diff(la, lb, r.n, r.vocab);
-    printf("tiny llama: Hugging Face folder vs llama2.c checkpoint of the same weights: %.3g\n", d);
-    ck_assert_double_le(d, 1e-5);
-    free(la);
-    free(lb);
+    char ids[4096], cmd[8192], cfgp[4096];
+    snprintf(ids, sizeof ids, "%s/prompt.ids", g_tmp);
+    ck_assert_int_eq(kvm_test_write_file(ids, "1\n5\n7\n", 6), 0);
+    snprintf(cmd, sizeof cmd, "%s/kvmill generate --model %s --tokens %s -n 24 --temperature 0", kvm_test_bin(), dir,
+             ids);
+    int32_t a[64], b[64];
+    int na = generate_ids(cmd, a, 64), stop = -1;
+    for (int i = 4; i < na && stop < 0; i++) { /* a later generated id not seen before, not BOS/EOS */
+        int seen = a[i] == 1 || a[i] == 2;
+        for (int j = 3; j < i; j++)
+            seen |= a[j] == a[i];
+        if (!seen) stop = i;
+    }
+    ck_assert_msg(stop > 0, "no fresh id among %d generated", na - 3);
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    char *cfg = kvm_test_read_file(cfgp, NULL), *at = strstr(cfg, "\"eos_token_id\": 2");
+    ck_assert_ptr_nonnull(at);
+    char fixed[8192];
+    snprintf(fixed, sizeof fixed, "%.*s\"eos_token_id\": [2, %d]%s", (int)(at - cfg), cfg, a[stop],
+             at + strlen("\"eos_token_id\": 2"));
+    ck_assert_int_eq(kvm_test_write_file(cfgp, fixed, strlen(fixed)), 0);
+    free(cfg);
+    int nb = generate_ids(cmd, b, 64);
+    ck_assert_msg(nb == stop, "with EOS ids [2, %d]: %d ids printed, want %d", a[stop], nb, stop);
+    ck_assert(memcmp(a, b, (size_t)nb * sizeof *a) == 0);
     free(r.logits);
-    kvm_model_close(&a);
-    kvm_model_close(&b);
     tset_free(&s);
 }
 END_TEST
@@ -341,6 +524,7 @@ START_TEST(test_window)
     ck_assert_int_eq(kvm_forward_prefill(f, kc, tok, 48, NULL, KVM_LOGITS_NONE), 0);
     ck_assert_int_eq(kvm_forward_decode(f, kc, 3, NULL), KVM_ENOTSUP);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "sliding_window"));
+    ck_assert_msg(strstr(kvm_errmsg(), "config.json") && strstr(kvm_errmsg(), "= 48"), "%s", kvm_errmsg());
     kvm_kvcache_free(&kc);
     kvm_forward_free(&f);
     kvm_model_close(&m);
@@ -565,7 +749,7 @@ START_TEST(test_bad_tensors)
     memcpy(s.data[h], s.data[e], (size_t)c.vocab_size * c.dim * sizeof(float));
     ck_assert_msg(kvm_model_open(folder_with(cfg, &s), &m) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(m->cfg.shared_classifier, 1);
-    ck_assert_ptr_eq(m->wcls, m->tok_emb);
+    ck_assert_ptr_eq(m->wcls.data, m->tok_emb.data);
     kvm_model_close(&m);
     s.data[h][7] += 1;
     expect_open(folder_with(cfg, &s), KVM_EFORMAT, "'lm_head.weight'", "differs");
@@ -587,7 +771,7 @@ static Suite *tiny_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } more[] = {{"vs_llama2c", test_vs_llama2c},
+    } more[] = {{"vs_llama2c_gguf", test_vs_llama2c_gguf}, {"eos_ids", test_eos_ids},
                 {"window", test_window},
                 {"model_id", test_model_id},
                 {"llama3_chat", test_llama3_chat},

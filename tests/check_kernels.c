@@ -61,6 +61,118 @@ START_TEST(test_matmul_shapes)
 }
 END_TEST
 
+/* Rows of a float32 W [out][in] for weight_new_rows. */
+typedef struct rows_src {
+    const float *w;
+    int64_t in;
+} rows_src;
+
+static int rows_of(void *ctx, int64_t r0, int64_t n, float *dst)
+{
+    const rows_src *s = ctx;
+    memcpy(dst, s->w + r0 * s->in, (size_t)(n * s->in) * sizeof *dst);
+    return 0;
+}
+
+/* x rounded to the nearest bf16 / f16 (ties to even), as float32. */
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static float round_f16(float x) { return (float)(_Float16)x; }
+
+/* 16-bit panels (bf16 and f16) give bit for bit the float32 panels' product when both hold the
+ * same values: odd and panel-tail sizes, single rows (decode), row tails of 1, shared dimensions
+ * past one widened block (KC = 256), threads splitting columns; and the rounding itself is to
+ * nearest (16-bit panels of unrounded values stay within the dtype's relative error). */
+START_TEST(test_gemm_16bit_panels)
+{
+    const kvm_kernels *k = kvm_kernels_cpu();
+    const int64_t ms[] = {1, 2, 5, 9, 17, 130}, outs[] = {1, 15, 17, 40}, ins[] = {1, 7, 256, 257, 600};
+    const kvm_weight_dtype dts[] = {KVM_WEIGHT_BF16, KVM_WEIGHT_F16};
+    for (int th = 1; th <= 2; th++) {
+        kvm_kernels_cpu_set_threads(th);
+        for (size_t d = 0; d < 2; d++)
+            for (size_t a = 0; a < 6; a++)
+                for (size_t b = 0; b < 4; b++)
+                    for (size_t c = 0; c < 5; c++) {
+                        int64_t m = ms[a], out = outs[b], in = ins[c], ldx = in + 1, ldy = out + 3;
+                        float *x = rand_buf(m * ldx), *w = rand_buf(out * in), *wr = malloc((size_t)(out * in) * 4);
+                        for (int64_t i = 0; i < out * in; i++) wr[i] = d ? round_f16(w[i]) : round_bf16(w[i]);
+                        float *y32 = calloc((size_t)(m * ldy), 4), *y16 = calloc((size_t)(m * ldy), 4);
+                        float *yu = calloc((size_t)(m * ldy), 4);
+                        kvm_weight *k32 = k->weight_new(wr, out, in), *k16 = NULL, *ku = NULL;
+                        rows_src sr = {wr, in}, su = {w, in};
+                        ck_assert_int_eq(k->weight_new_rows(rows_of, &sr, out, in, dts[d], &k16), 0);
+                        ck_assert_int_eq(k->weight_new_rows(rows_of, &su, out, in, dts[d], &ku), 0);
+                        ck_assert_int_eq(k->matmul(x, m, ldx, k32, y32, ldy), 0);
+                        ck_assert_int_eq(k->matmul(x, m, ldx, k16, y16, ldy), 0);
+                        ck_assert_int_eq(k->matmul(x, m, ldx, ku, yu, ldy), 0);
+                        ck_assert_msg(memcmp(y32, y16, (size_t)(m * ldy) * 4) == 0,
+                                      "%s m=%lld out=%lld in=%lld threads=%d: 16-bit panels differ from float32",
+                                      d ? "f16" : "bf16", (long long)m, (long long)out, (long long)in, th);
+                        for (int64_t i = 0; i < m * ldy; i++) /* the same panels as rounding by hand */
+                            ck_assert_float_eq(yu[i], y16[i]);
+                        k->weight_free(k32);
+                        k->weight_free(k16);
+                        k->weight_free(ku);
+                        free(x); free(w); free(wr); free(y32); free(y16); free(yu);
+                    }
+    }
+    kvm_kernels_cpu_set_threads(1);
+}
+END_TEST
+
+/* The GEMM on 16-bit panels with alpha and a prefix of the shared dimension (causal attention's
+ * use) equals the float32 panels' result bit for bit. */
+START_TEST(test_gemm_16bit_prefix_alpha)
+{
+    const int64_t out = 37, in = 530, m = 11;
+    float *w = rand_buf(out * in), *x = rand_buf(m * in), y32[11 * 37], y16[11 * 37];
+    for (int64_t i = 0; i < out * in; i++) w[i] = round_bf16(w[i]);
+    kvm_cpu_packed p32 = {0}, p16 = {0};
+    rows_src s = {w, in};
+    ck_assert_int_eq(kvm__cpu_pack(&p32, w, out, in, in, 1), 0);
+    ck_assert_int_eq(kvm__cpu_pack_rows(&p16, rows_of, &s, out, in, KVM_GEMM_BF16), 0);
+    ck_assert_ptr_null(p16.p);
+    ck_assert_ptr_nonnull(p16.h);
+    for (int64_t k_len = 0; k_len <= in; k_len += 53) {
+        memset(y32, 0, sizeof y32);
+        memset(y16, 0, sizeof y16);
+        kvm__cpu_gemm_packed(x, m, in, &p32, y32, out, 0.5f, 16, out, k_len);
+        kvm__cpu_gemm_packed(x, m, in, &p16, y16, out, 0.5f, 16, out, k_len);
+        ck_assert_msg(memcmp(y32, y16, sizeof y32) == 0, "k_len %lld", (long long)k_len);
+    }
+    kvm__cpu_packed_free(&p32);
+    kvm__cpu_packed_free(&p16);
+    free(w);
+    free(x);
+}
+END_TEST
+
+/* f16 panels refuse a value beyond ±65504 (naming row and column); bf16 panels take it. */
+START_TEST(test_weight_f16_range)
+{
+    const kvm_kernels *k = kvm_kernels_cpu();
+    float w[3 * 4] = {0};
+    w[2 * 4 + 1] = 70000.0f;
+    rows_src s = {w, 4};
+    kvm_weight *kw = NULL;
+    ck_assert_int_eq(k->weight_new_rows(rows_of, &s, 3, 4, KVM_WEIGHT_F16, &kw), KVM_ERANGE);
+    ck_assert_ptr_null(kw);
+    ck_assert_msg(strstr(kvm_errmsg(), "row 2, column 1") != NULL, "%s", kvm_errmsg());
+    ck_assert_int_eq(k->weight_new_rows(rows_of, &s, 3, 4, KVM_WEIGHT_BF16, &kw), 0);
+    float x[4] = {0, 1, 0, 0}, y[3];
+    ck_assert_int_eq(k->matmul(x, 1, 4, kw, y, 3), 0);
+    ck_assert_float_eq(y[2], 70144.0f); /* 70000 rounded to bf16's 8-bit significand */
+    k->weight_free(kw);
+}
+END_TEST
+
 START_TEST(test_gemm_k_prefix_and_transposed_pack)
 {
     /* V [n][d] packed as W [d][n]; product over the first k_len entries only, scaled */
@@ -234,6 +346,8 @@ static Suite *kernels_suite(void)
     Suite *s = suite_create("kernels");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"matmul_shapes", test_matmul_shapes}, {"gemm_k_prefix_and_transposed_pack", test_gemm_k_prefix_and_transposed_pack},
+        {"gemm_16bit_panels", test_gemm_16bit_panels}, {"gemm_16bit_prefix_alpha", test_gemm_16bit_prefix_alpha},
+        {"weight_f16_range", test_weight_f16_range},
         {"attention_decode_path", test_attention_decode_path}, {"attention_blocked_path", test_attention_blocked_path},
         {"attention_nothing_visible", test_attention_nothing_visible}, {"rope_pairings", test_rope_pairings},
         {"pool_runs_every_task_once", test_pool_runs_every_task_once}, {"select_device", test_select_device}};

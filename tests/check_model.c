@@ -57,12 +57,17 @@ START_TEST(test_loads_stories260k)
     ck_assert_int_eq(m->cfg.vocab_size, 512);
     ck_assert_int_eq(m->cfg.seq_len, 512);
     ck_assert_int_eq(m->cfg.shared_classifier, 1);
-    ck_assert_ptr_eq(m->wcls, m->tok_emb);
+    ck_assert_ptr_eq(m->wcls.data, m->tok_emb.data);
+    ck_assert_int_eq(m->wcls.type, KVM_MAT_F32);
     ck_assert_int_eq(kvm_model_n_params(m), 260032); /* 264,128 floats minus the 4,096 RoPE-table floats */
     /* spot-check offsets against shared/models/README.md: wq of layer 0 starts at byte 132,380 */
     float w;
     memcpy(&w, orig + 132380, 4);
-    ck_assert_float_eq(m->layers[0].wq[0], w);
+    ck_assert_int_eq(m->layers[0].wq.type, KVM_MAT_F32); /* zero copy, in the mapping */
+    ck_assert(m->layers[0].wq.data == (const uint8_t *)m->map + 132380);
+    float row0[64];
+    ck_assert_int_eq(kvm_model_mat_rows(&m->layers[0].wq, 64, 0, 1, row0), 0);
+    ck_assert_float_eq(row0[0], w);
     memcpy(&w, orig + 1039900, 4);
     ck_assert_float_eq(m->rms_final[0], w);
     kvm_model_close(&m);
@@ -147,7 +152,7 @@ START_TEST(test_make_model_roundtrip)
     ck_assert_int_eq(m->cfg.shared_classifier, 0);
     ck_assert_int_eq(m->cfg.vocab_size, 300);
     ck_assert_int_eq(m->cfg.head_dim, 16);
-    ck_assert_ptr_ne(m->wcls, m->tok_emb);
+    ck_assert_ptr_ne(m->wcls.data, m->tok_emb.data);
     ck_assert_int_eq((int64_t)n1, 28 + 4 * (kvm_model_n_params(m) + 64 * 16));
     /* the random model runs and its logits are finite and not constant */
     kvm_forward *f;

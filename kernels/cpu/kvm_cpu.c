@@ -64,6 +64,22 @@ static kvm_weight *cpu_weight_new(const float *w, int64_t out, int64_t in)
     return kw;
 }
 
+static int cpu_weight_new_rows(kvm_weight_rows_fn rows, void *ctx, int64_t out, int64_t in, kvm_weight_dtype dtype,
+                               kvm_weight **w)
+{
+    *w = NULL;
+    kvm_weight *kw = calloc(1, sizeof *kw);
+    if (!kw) return kvm_err(KVM_ENOMEM, "weight %lld x %lld: out of memory", (long long)out, (long long)in);
+    int gd = dtype == KVM_WEIGHT_BF16 ? KVM_GEMM_BF16 : dtype == KVM_WEIGHT_F16 ? KVM_GEMM_F16 : KVM_GEMM_F32;
+    int rc = kvm__cpu_pack_rows(&kw->packed, rows, ctx, out, in, gd);
+    if (rc) {
+        free(kw);
+        return rc;
+    }
+    *w = kw;
+    return 0;
+}
+
 static void cpu_weight_free(kvm_weight *w)
 {
     if (!w) return;
@@ -94,7 +110,7 @@ static int cpu_matmul(const float *x, int64_t m, int64_t ldx, const kvm_weight *
     const kvm_cpu_packed *p = &w->packed;
     int threads = kvm__cpu_threads();
     double flops = 2.0 * (double)m * (double)p->out * (double)p->in;
-    double weight_bytes = 4.0 * (double)p->out * (double)p->in;
+    double weight_bytes = (p->h ? 2.0 : 4.0) * (double)p->out * (double)p->in;
     if (threads == 1 || (flops < 4e6 && weight_bytes < 1e6)) {
         kvm__cpu_gemm_packed(x, m, ldx, p, y, ldy, 1.0f, 0, p->out, p->in);
         return 0;
@@ -154,6 +170,7 @@ static const kvm_kernels kvm__cpu_table = {
     .sgemm = kvm__cpu_sgemm,
     .weight_new = cpu_weight_new,
     .weight_free = cpu_weight_free,
+    .weight_new_rows = cpu_weight_new_rows,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

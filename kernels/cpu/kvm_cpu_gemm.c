@@ -1,7 +1,9 @@
 /* kvm_cpu_gemm.c: packed-panel GEMM with an 8 x 16 register tile, written with GCC vector
  * extensions and compiled for AVX-512, AVX2 and baseline x86-64 (target_clones). OpenBLAS
  * stays the reference sgemm; this kernel exists because the model's shapes are known at
- * load time, so weights can be packed once and small-K products (head size 8) stay fast. */
+ * load time, so weights can be packed once and small-K products (head size 8) stay fast.
+ * Weights may be packed in 16 bits (bf16 or f16) and are widened to float32 per panel here:
+ * bf16 → f32 is a 16-bit shift, f16 → f32 is vcvtph2ps (F16C, part of x86-64-v3). */
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "common/kvm_error.h"
 
@@ -15,8 +17,47 @@
 #endif
 
 typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef _Float16 h16x16 __attribute__((vector_size(32)));
 
 enum { KVM_GEMM_MC = 128 }; /* rows of X per cache block */
+enum { KVM_GEMM_KC = 256 }; /* rows of a 16-bit panel widened at once (16 KiB of float32) */
+
+/* Round to nearest even; NaN stays NaN. */
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    _Float16 h = (_Float16)f;
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+/* One NR-wide panel row of 16-bit values as float32. */
+static inline v16 widen(const uint16_t *src, int dtype)
+{
+    v16 f;
+    if (dtype == KVM_GEMM_BF16) {
+        u16x16 h;
+        memcpy(&h, src, sizeof h);
+        u32x16 w = __builtin_convertvector(h, u32x16) << 16;
+        memcpy(&f, &w, sizeof f);
+    } else {
+        h16x16 h;
+        memcpy(&h, src, sizeof h);
+        f = __builtin_convertvector(h, v16);
+    }
+    return f;
+}
 
 int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
 {
@@ -42,21 +83,85 @@ int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in
     return 0;
 }
 
+int kvm__cpu_pack_rows(kvm_cpu_packed *dst, int (*rows)(void *ctx, int64_t r0, int64_t n, float *buf), void *ctx,
+                       int64_t out, int64_t in, int dtype)
+{
+    const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR, need = panels * in * NR;
+    size_t esz = dtype == KVM_GEMM_F32 ? sizeof(float) : sizeof(uint16_t);
+    size_t bytes = ((size_t)(need > 0 ? need : 1) * esz + 63) & ~(size_t)63;
+    void *mem = aligned_alloc(64, bytes);
+    float *buf = malloc((size_t)NR * (size_t)(in > 0 ? in : 1) * sizeof *buf);
+    int rc = 0;
+    if (!mem || !buf) {
+        rc = kvm_err(KVM_ENOMEM, "gemm: out of memory packing %lld x %lld", (long long)out, (long long)in);
+        goto fail;
+    }
+    for (int64_t p = 0; p < panels; p++) {
+        int64_t o0 = p * NR, nr = out - o0 < NR ? out - o0 : NR;
+        if ((rc = rows(ctx, o0, nr, buf))) goto fail;
+        for (int64_t i = 0; i < in; i++)
+            for (int64_t j = 0; j < NR; j++) {
+                float v = j < nr ? buf[j * in + i] : 0.0f;
+                size_t at = (size_t)(p * in + i) * (size_t)NR + (size_t)j;
+                if (dtype == KVM_GEMM_F32) {
+                    ((float *)mem)[at] = v;
+                    continue;
+                }
+                uint16_t h = dtype == KVM_GEMM_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+                if (dtype == KVM_GEMM_F16 && (h & 0x7fffu) == 0x7c00u && v == v && v - v == 0.0f) {
+                    rc = kvm_err(KVM_ERANGE, "gemm: value %g at row %lld, column %lld is outside f16's range (±65504)",
+                                 (double)v, (long long)(o0 + j), (long long)i);
+                    goto fail;
+                }
+                ((uint16_t *)mem)[at] = h;
+            }
+    }
+    free(buf);
+    *dst = (kvm_cpu_packed){.out = out, .in = in, .dtype = dtype};
+    if (dtype == KVM_GEMM_F32) {
+        dst->p = mem;
+        dst->cap = need;
+    } else dst->h = mem;
+    return 0;
+fail:
+    free(mem);
+    free(buf);
+    return rc;
+}
+
 void kvm__cpu_packed_free(kvm_cpu_packed *dst)
 {
     free(dst->p);
+    free(dst->h);
     *dst = (kvm_cpu_packed){0};
 }
 
+/* Row r of Y's tile as the starting sums (load) or zero; columns past nr are zero. */
+static inline v16 acc_start(int load, const float *y, int nr)
+{
+    v16 a = {0};
+    if (!load) return a;
+    if (nr == KVM_GEMM_NR) memcpy(&a, y, sizeof a);
+    else
+        for (int j = 0; j < nr; j++) a[j] = y[j];
+    return a;
+}
+
 /* One MR x NR tile: rows [0, mr) of x (rows past mr repeat row 0 and are not stored),
- * columns [0, nr) stored. */
+ * columns [0, nr) stored. load: the sums start from y (a previous K block's raw sums, stored
+ * with alpha = 1), so splitting K into blocks keeps every sum's order. */
 KVM_CLONES
 static void tile(int64_t K, const float *x, int64_t ldx, int mr, const float *panel, float *y, int64_t ldy, int nr,
-                 float alpha)
+                 float alpha, int load)
 {
     const float *xr[KVM_GEMM_MR];
     for (int r = 0; r < KVM_GEMM_MR; r++) xr[r] = x + (r < mr ? r : 0) * ldx;
-    v16 acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0}, acc4 = {0}, acc5 = {0}, acc6 = {0}, acc7 = {0};
+    int l1 = load && mr > 1, l2 = load && mr > 2, l3 = load && mr > 3, l4 = load && mr > 4, l5 = load && mr > 5;
+    int l6 = load && mr > 6, l7 = load && mr > 7;
+    v16 acc0 = acc_start(load, y, nr), acc1 = acc_start(l1, y + ldy, nr), acc2 = acc_start(l2, y + 2 * ldy, nr),
+        acc3 = acc_start(l3, y + 3 * ldy, nr), acc4 = acc_start(l4, y + 4 * ldy, nr),
+        acc5 = acc_start(l5, y + 5 * ldy, nr), acc6 = acc_start(l6, y + 6 * ldy, nr),
+        acc7 = acc_start(l7, y + 7 * ldy, nr);
     for (int64_t k = 0; k < K; k++) {
         v16 b;
         memcpy(&b, panel + k * KVM_GEMM_NR, sizeof b);
@@ -85,11 +190,19 @@ typedef float v8 __attribute__((vector_size(32)));
 
 KVM_CLONES
 static void tile4(int64_t K, const float *x, int64_t ldx, int mr, const float *panel, float *y, int64_t ldy, int nr,
-                  float alpha)
+                  float alpha, int load)
 {
     const float *x0 = x, *x1 = x + (mr > 1 ? 1 : 0) * ldx, *x2 = x + (mr > 2 ? 2 : 0) * ldx;
     const float *x3 = x + (mr > 3 ? 3 : 0) * ldx;
     v8 a0 = {0}, b0 = {0}, a1 = {0}, b1 = {0}, a2 = {0}, b2 = {0}, a3 = {0}, b3 = {0};
+    if (load) {
+        v8 *s[4][2] = {{&a0, &b0}, {&a1, &b1}, {&a2, &b2}, {&a3, &b3}};
+        for (int r = 0; r < mr; r++) {
+            v16 a = acc_start(1, y + r * ldy, nr);
+            memcpy(s[r][0], &a, sizeof a0);
+            memcpy(s[r][1], (const float *)&a + 8, sizeof b0);
+        }
+    }
     for (int64_t k = 0; k < K; k++) {
         v8 lo, hi;
         memcpy(&lo, panel + k * KVM_GEMM_NR, sizeof lo);
@@ -147,6 +260,38 @@ static void tile1(int64_t K, const float *x, const float *panel, float *y, int n
         for (int j = 0; j < nr; j++) y[j] = acc[j];
 }
 
+/* tile1 on a 16-bit panel, widened as it streams (decode is bound by the bytes it reads, so
+ * reading half of them is the point); the same sums as tile1. */
+KVM_CLONES
+static void tile1_h(int64_t K, const float *x, const uint16_t *panel, int dtype, float *y, int nr, float alpha)
+{
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) {
+        v16 b0 = widen(panel + (k + 0) * KVM_GEMM_NR, dtype), b1 = widen(panel + (k + 1) * KVM_GEMM_NR, dtype);
+        v16 b2 = widen(panel + (k + 2) * KVM_GEMM_NR, dtype), b3 = widen(panel + (k + 3) * KVM_GEMM_NR, dtype);
+        a0 += x[k] * b0;
+        a1 += x[k + 1] * b1;
+        a2 += x[k + 2] * b2;
+        a3 += x[k + 3] * b3;
+    }
+    for (; k < K; k++) a0 += x[k] * widen(panel + k * KVM_GEMM_NR, dtype);
+    v16 acc = ((a0 + a1) + (a2 + a3)) * alpha;
+    if (nr == KVM_GEMM_NR) memcpy(y, &acc, sizeof acc);
+    else
+        for (int j = 0; j < nr; j++) y[j] = acc[j];
+}
+
+/* Widens rows [k0, k0 + kc) of a 16-bit panel into buf [kc][NR]. */
+KVM_CLONES
+static void widen_block(const uint16_t *panel, int dtype, int64_t k0, int64_t kc, float *buf)
+{
+    for (int64_t k = 0; k < kc; k++) {
+        v16 f = widen(panel + (k0 + k) * KVM_GEMM_NR, dtype);
+        memcpy(buf + k * KVM_GEMM_NR, &f, sizeof f);
+    }
+}
+
 /* Two adjacent full panels (8 x 32) at once: each broadcast of x feeds two FMAs and the tile
  * set-up is paid once per 32 columns, which matters when K is small (attention scores with
  * head size 8). 16 accumulators fit AVX-512's 32 registers; the AVX2 clone is not used. */
@@ -164,12 +309,16 @@ static int wide_tiles(void)
 
 KVM_CLONES
 static void tile2(int64_t K, const float *x, int64_t ldx, int mr, const float *p0, const float *p1, float *y, int64_t ldy,
-                  float alpha)
+                  float alpha, int load)
 {
     const float *xr[KVM_GEMM_MR];
     for (int r = 0; r < KVM_GEMM_MR; r++) xr[r] = x + (r < mr ? r : 0) * ldx;
     v16 a[KVM_GEMM_MR][2];
     memset(a, 0, sizeof a);
+    for (int r = 0; load && r < mr; r++) {
+        a[r][0] = acc_start(1, y + r * ldy, KVM_GEMM_NR);
+        a[r][1] = acc_start(1, y + r * ldy + KVM_GEMM_NR, KVM_GEMM_NR);
+    }
     for (int64_t k = 0; k < K; k++) {
         v16 b0, b1;
         memcpy(&b0, p0 + k * KVM_GEMM_NR, sizeof b0);
@@ -187,10 +336,55 @@ static void tile2(int64_t K, const float *x, int64_t ldx, int mr, const float *p
     }
 }
 
+/* Rows [r0, r1) x one panel's columns [c, c + nr) over the shared rows [k0, k0 + kc) of a
+ * float32 panel block (row k of the block at panel + k * NR). */
+static void panel_rows(const float *x, int64_t ldx, int64_t r0, int64_t r1, const float *panel, int64_t kc, float *y,
+                       int64_t ldy, int nr, float alpha, int load)
+{
+    for (int64_t r = r0; r < r1; r += KVM_GEMM_MR) {
+        int mr = (int)(r1 - r < KVM_GEMM_MR ? r1 - r : KVM_GEMM_MR);
+        if (mr == 1 && !load) tile1(kc, x + r * ldx, panel, y + r * ldy, nr, alpha);
+        else if (!wide_tiles())
+            for (int h = 0; h < mr; h += 4)
+                tile4(kc, x + (r + h) * ldx, ldx, mr - h < 4 ? mr - h : 4, panel, y + (r + h) * ldy, ldy, nr, alpha,
+                      load);
+        else tile(kc, x + r * ldx, ldx, mr, panel, y + r * ldy, ldy, nr, alpha, load);
+    }
+}
+
+/* The 16-bit path: a single row streams the panel (tile1_h); row tiles take the panel KC rows
+ * at a time, widened once into a stack buffer and reused by every row tile of the block. */
+static void gemm_h(const float *x, int64_t m, int64_t ldx, const kvm_cpu_packed *w, float *y, int64_t ldy, float alpha,
+                   int64_t col0, int64_t col1, int64_t K)
+{
+    const int64_t NR = KVM_GEMM_NR;
+    float buf[KVM_GEMM_KC * KVM_GEMM_NR] __attribute__((aligned(64)));
+    for (int64_t r0 = 0; r0 < m; r0 += KVM_GEMM_MC) {
+        int64_t r1 = r0 + KVM_GEMM_MC < m ? r0 + KVM_GEMM_MC : m;
+        for (int64_t c = col0; c < col1; c += NR) {
+            const uint16_t *panel = w->h + (c / NR) * w->in * NR;
+            int nr = (int)(col1 - c < NR ? col1 - c : NR);
+            /* a last tile of one row is tile1's job in the float32 path: the same here */
+            int64_t rt = (r1 - r0) % KVM_GEMM_MR == 1 ? r1 - 1 : r1;
+            if (rt < r1) tile1_h(K, x + rt * ldx, panel, w->dtype, y + rt * ldy + c, nr, alpha);
+            for (int64_t k0 = 0; rt > r0 && (k0 < K || k0 == 0); k0 += KVM_GEMM_KC) {
+                int64_t kc = K - k0 < KVM_GEMM_KC ? K - k0 : KVM_GEMM_KC;
+                widen_block(panel, w->dtype, k0, kc, buf);
+                int last = k0 + kc >= K;
+                panel_rows(x + k0, ldx, r0, rt, buf, kc, y + c, ldy, nr, last ? alpha : 1.0f, k0 > 0);
+            }
+        }
+    }
+}
+
 void kvm__cpu_gemm_packed(const float *x, int64_t m, int64_t ldx, const kvm_cpu_packed *w, float *y, int64_t ldy,
                           float alpha, int64_t col0, int64_t col1, int64_t k_len)
 {
     const int64_t NR = KVM_GEMM_NR, K = k_len;
+    if (w->h) {
+        gemm_h(x, m, ldx, w, y, ldy, alpha, col0, col1, K);
+        return;
+    }
     for (int64_t r0 = 0; r0 < m; r0 += KVM_GEMM_MC) {
         int64_t r1 = r0 + KVM_GEMM_MC < m ? r0 + KVM_GEMM_MC : m;
         int64_t c = col0;
@@ -199,21 +393,13 @@ void kvm__cpu_gemm_packed(const float *x, int64_t m, int64_t ldx, const kvm_cpu_
                 const float *p0 = w->p + (c / NR) * w->in * NR, *p1 = p0 + w->in * NR;
                 for (int64_t r = r0; r < r1; r += KVM_GEMM_MR) {
                     int mr = (int)(r1 - r < KVM_GEMM_MR ? r1 - r : KVM_GEMM_MR);
-                    tile2(K, x + r * ldx, ldx, mr, p0, p1, y + r * ldy + c, ldy, alpha);
+                    tile2(K, x + r * ldx, ldx, mr, p0, p1, y + r * ldy + c, ldy, alpha, 0);
                 }
             }
         for (; c < col1; c += NR) {
             const float *panel = w->p + (c / NR) * w->in * NR;
             int nr = (int)(col1 - c < NR ? col1 - c : NR);
-            for (int64_t r = r0; r < r1; r += KVM_GEMM_MR) {
-                int mr = (int)(r1 - r < KVM_GEMM_MR ? r1 - r : KVM_GEMM_MR);
-                if (mr == 1) tile1(K, x + r * ldx, panel, y + r * ldy + c, nr, alpha);
-                else if (!wide_tiles())
-                    for (int h = 0; h < mr; h += 4)
-                        tile4(K, x + (r + h) * ldx, ldx, mr - h < 4 ? mr - h : 4, panel, y + (r + h) * ldy + c, ldy, nr,
-                              alpha);
-                else tile(K, x + r * ldx, ldx, mr, panel, y + r * ldy + c, ldy, nr, alpha);
-            }
+            panel_rows(x, ldx, r0, r1, panel, K, y + c, ldy, nr, alpha, 0);
         }
     }
 }
