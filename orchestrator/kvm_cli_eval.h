@@ -31,6 +31,10 @@ void cmd_eval_docs_free(cmd_eval_docset *d);
 int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
                        const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out);
 
+/* Reads a document and encodes it with BOS first: *ids (caller frees) of *n tokens. Prints
+ * "kvmill CMD: ..." and returns 1 when unreadable or not encodable, else 0. */
+int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *path, int32_t **ids, int64_t *n);
+
 /* Parses --context / --continuation (defaults 384 / 64) against the model's window later;
  * here only the syntax and ranges [1, 1<<20]. Returns 0 or 2 after printing. */
 int cmd_eval_lengths(const char *cmd, const char *ctx, const char *cont, int64_t *n_ctx, int64_t *n_cont);
