@@ -423,8 +423,18 @@ int kvm_cmd_eval(int argc, char **argv)
                          "bisection; tokens [N+T, N+2T) are the check (replaces --budget/--ratio)",
          NULL},
         {"target-step", 1, "--target-kl: budgets searched are multiples of this (tokens, default 16)", NULL},
+        {"task", 1, "passkey, recall or multikey: task accuracy instead of KL; the context (--context tokens at most) "
+                    "is a document with a fact inserted at depth 0.1..0.9, the question is asked over the cache",
+         NULL},
+        {"cases", 1, "--task: cases (default 9: one document at the nine depths; case i uses document (i/9) mod D)",
+         NULL},
+        {"answer-tokens", 1, "--task: greedy tokens per answer at most (default 16)", NULL},
+        {"chat", 0, "--task: chat framing: the cached context opens the user's turn (template, then the document); "
+                    "question, end of turn and assistant marker are appended at ask time",
+         NULL},
+        {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},
     };
-    int n_fixed = 16, n_set, n_opts = n_fixed;
+    int n_fixed = 21, n_set, n_opts = n_fixed;
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
     for (int i = 0; i < n_set && n_opts < MAX_OPTS - 1; i++) /* every sculpt setting, for sculpt-family methods */
         if (eval_flag(&set[i])) opts[n_opts++] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
@@ -441,7 +451,36 @@ int kvm_cmd_eval(int argc, char **argv)
         fprintf(stderr, "kvmill " CMD ": --model, --docs and --method are required\n");
         return 2;
     }
-    const char *target = kvm_cli_get(opts, "target-kl");
+    const char *target = kvm_cli_get(opts, "target-kl"), *task = kvm_cli_get(opts, "task");
+    cmd_eval_task_args ta = {.cases = 9, .answer_tokens = 16, .chat = kvm_cli_get(opts, "chat") != NULL,
+                             .system = kvm_cli_get(opts, "system")};
+    if (task) {
+        const char *cs = kvm_cli_get(opts, "cases"), *at = kvm_cli_get(opts, "answer-tokens");
+        int64_t x;
+        if (kvm_task_parse(task, &ta.kind)) {
+            fprintf(stderr, "kvmill " CMD ": --task: %s\n", kvm_errmsg());
+            return 2;
+        }
+        if (target) {
+            fprintf(stderr, "kvmill " CMD ": --task and --target-kl do not combine\n");
+            return 2;
+        }
+        if (cs) {
+            if (kvm_cli_int(CMD, "cases", cs, 1, 1 << 20, &x)) return 2;
+            ta.cases = (int)x;
+        }
+        if (at) {
+            if (kvm_cli_int(CMD, "answer-tokens", at, 1, 4096, &x)) return 2;
+            ta.answer_tokens = (int)x;
+        }
+    } else if (kvm_cli_get(opts, "cases") || kvm_cli_get(opts, "answer-tokens") || ta.chat || ta.system) {
+        fprintf(stderr, "kvmill " CMD ": --cases, --answer-tokens, --chat and --system need --task\n");
+        return 2;
+    }
+    if (ta.system && !ta.chat) {
+        fprintf(stderr, "kvmill " CMD ": --system needs --chat\n");
+        return 2;
+    }
     if (target ? budget || ratio : !!budget == !!ratio) {
         fprintf(stderr, "kvmill " CMD ": %s\n", target ? "--target-kl chooses the budget: give no --budget or --ratio"
                                                         : "give exactly one of --budget and --ratio");
@@ -519,7 +558,22 @@ int kvm_cmd_eval(int argc, char **argv)
     es.N = N;
     es.T = T;
     es.both = both;
-    if (!rc) rc = target ? run_target(&es, &docs, jobs, n_jobs, csv) : run(&es, &docs, jobs, n_jobs, csv);
+    if (!rc && task) {
+        cmd_eval_task_job *tj = calloc((size_t)n_jobs + 1, sizeof *tj);
+        if (!tj) rc = 1;
+        for (int i = 0; tj && i < n_jobs; i++)
+            tj[i] = (cmd_eval_task_job){jobs[i].m, jobs[i].opts, jobs[i].spec};
+        ta.m = m;
+        ta.k = k;
+        ta.tok = tok;
+        ta.n_ctx = N;
+        ta.roundtrip = store_roundtrip;
+        ta.user = &es;
+        ta.csv = csv;
+        if (tj) rc = cmd_eval_task_run(&ta, &docs, tj, n_jobs);
+        free(tj);
+    } else if (!rc)
+        rc = target ? run_target(&es, &docs, jobs, n_jobs, csv) : run(&es, &docs, jobs, n_jobs, csv);
     if (csv && fclose(csv) && !rc) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: write failed\n", csv_path);
         rc = 1;

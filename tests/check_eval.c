@@ -4,6 +4,7 @@
  * command's CSV and errors. */
 #include "common/kvm_error.h"
 #include "compress/eval/kvm_eval.h"
+#include "compress/eval/kvm_task.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "pipeline/kvm_cachecodec.h"
 #include "tests/util/kvm_test.h"
@@ -264,6 +265,77 @@ START_TEST(test_store_dtype)
 }
 END_TEST
 
+/* ---- task accuracy: the case generator, the scorer, the statistics ---- */
+START_TEST(test_task_cases)
+{
+    size_t n;
+    char *text = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
+    ck_assert_ptr_nonnull(text);
+    for (int kind = 0; kind < 3; kind++)
+        for (uint64_t i = 0; i < 12; i++) {
+            kvm_task_case a, b;
+            ck_assert_int_eq(kvm_task_make((kvm_task_kind)kind, text, n, i, &a), 0);
+            ck_assert_int_eq(kvm_task_make((kvm_task_kind)kind, text, n, i, &b), 0);
+            ck_assert_str_eq(a.document, b.document); /* deterministic */
+            ck_assert_str_eq(a.answer, b.answer);
+            ck_assert_str_eq(a.question, b.question);
+            /* the answer is in the document (once, but twice for the pass key's repetition) at
+             * about the depth, and the original text is all there */
+            const char *at = strstr(a.document, a.answer);
+            ck_assert_ptr_nonnull(at);
+            double want = 0.1 * (double)(1 + i % KVM_TASK_DEPTHS), got = (double)(at - a.document) / strlen(a.document);
+            ck_assert_msg(fabs(got - want) < 0.08, "%s case %d: answer at %.3f, depth %.1f", kvm_task_name(kind),
+                          (int)i, got, want);
+            ck_assert(fabs(a.depth - want) < 0.08);
+            ck_assert_int_eq(kvm_task_match(a.answer, a.document, strlen(a.document)), 1);
+            size_t extra = strlen(a.document) - n;
+            ck_assert(extra > 20 && extra < (kind == KVM_TASK_MULTIKEY ? 200u : 100u));
+            if (kind == KVM_TASK_MULTIKEY) { /* four doors, one asked */
+                int doors = 0;
+                for (const char *p = a.document; (p = strstr(p, "The code for the ")); p++)
+                    doors++;
+                ck_assert_int_eq(doors, KVM_TASK_MULTI_KEYS);
+            }
+            kvm_task_case_deinit(&a);
+            kvm_task_case_deinit(&b);
+        }
+    kvm_task_case a, b;
+    ck_assert_int_eq(kvm_task_make(KVM_TASK_PASSKEY, text, n, 0, &a), 0);
+    ck_assert_int_eq(kvm_task_make(KVM_TASK_PASSKEY, text, n, 1, &b), 0);
+    ck_assert_str_ne(a.answer, b.answer);
+    kvm_task_case_deinit(&a);
+    kvm_task_case_deinit(&b);
+    ck_assert_int_eq(kvm_task_make(KVM_TASK_PASSKEY, text, 0, 0, &a), KVM_EINVAL);
+    free(text);
+    kvm_task_kind k;
+    ck_assert_int_eq(kvm_task_parse("multikey", &k), 0);
+    ck_assert_int_eq(k, KVM_TASK_MULTIKEY);
+    ck_assert_int_eq(kvm_task_parse("needle", &k), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "passkey|recall|multikey"));
+    /* exact match with word boundaries, ASCII case folded */
+    const char *g = "The pass key is 48213.";
+    ck_assert_int_eq(kvm_task_match("48213", g, strlen(g)), 1);
+    ck_assert_int_eq(kvm_task_match("4821", g, strlen(g)), 0);
+    ck_assert_int_eq(kvm_task_match("482130", g, strlen(g)), 0);
+    ck_assert_int_eq(kvm_task_match("marta quill", "Marta Quill", 11), 1);
+    ck_assert_int_eq(kvm_task_match("Marta Quill", "Marta Quillson", 14), 0);
+    ck_assert_int_eq(kvm_task_match("Marta Quill", "Marta Quill", 5), 0);
+    ck_assert_int_eq(kvm_task_match("", g, strlen(g)), 0);
+    /* Wilson 95%: 8/10 gives [0.490, 0.943]; McNemar exact */
+    double lo, hi;
+    kvm_task_wilson(8, 10, &lo, &hi);
+    ck_assert_double_eq_tol(lo, 0.4902, 1e-4);
+    ck_assert_double_eq_tol(hi, 0.9433, 1e-4);
+    kvm_task_wilson(0, 5, &lo, &hi);
+    ck_assert(lo == 0.0 && hi > 0.4 && hi < 0.5);
+    ck_assert_double_eq_tol(kvm_task_mcnemar_p(0, 3), 0.25, 1e-12);
+    ck_assert_double_eq_tol(kvm_task_mcnemar_p(10, 0), 2.0 / 1024, 1e-12);
+    ck_assert_double_eq(kvm_task_mcnemar_p(5, 5), 1.0);
+    ck_assert_double_eq(kvm_task_mcnemar_p(0, 0), 1.0);
+    ck_assert_double_eq_tol(kvm_task_mcnemar_p(2, 8), 2 * (1 + 10 + 45) / 1024.0, 1e-12);
+}
+END_TEST
+
 /* ---- the command ---- */
 static char *cmdbuf(const char *fmt, const char *a, const char *b)
 {
@@ -306,6 +378,11 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --target-kl -1", "--target-kl: -1 is outside");
     expect_usage_error("--method h2o --target-kl 0.1 --target-step 0", "--target-step: 0 is outside");
     expect_usage_error("--method h2o --target-kl 0.1 --context 480 --continuation 20", "2 x --continuation");
+    expect_usage_error("--method h2o --budget 8 --task needle", "unknown task 'needle'");
+    expect_usage_error("--method h2o --budget 8 --cases 3", "need --task");
+    expect_usage_error("--method h2o --budget 8 --task passkey --cases 0", "--cases: 0 is outside");
+    expect_usage_error("--method h2o --budget 8 --task passkey --system hi", "--system needs --chat");
+    expect_usage_error("--method h2o --target-kl 0.1 --task passkey", "do not combine");
     /* runtime failure: a document shorter than the context */
     char *dir = kvm_test_tmpdir(), path[512], *out = NULL, *err = NULL;
     snprintf(path, sizeof path, "%s/short.txt", dir);
@@ -344,6 +421,63 @@ START_TEST(test_cli_csv)
     free(err);
     kvm_test_rmtree(dir);
     free(dir);
+}
+END_TEST
+
+/* Full-KV accuracy of SmolLM2 on committed cases (data/corpus/doc_000.txt, chat framing,
+ * context 384): measured 9/9 on passkey and recall (cases 0-8), 4/9 on multikey (bench/RESULTS.md,
+ * issue 14); cases 0-3 of passkey and recall are asserted within one case of that (4/4).
+ * Without the model: SKIP. The stories260K model has
+ * no chat template: --chat is refused by name. */
+START_TEST(test_cli_task)
+{
+    char *out = NULL, *err = NULL, cmd[4096];
+    int st = kvm_test_run(cmdbuf(EVAL "--docs %s/corpus/doc_000.txt --task passkey --chat --method h2o --budget 16",
+                                 kvm_test_data(), NULL),
+                          &out, &err);
+    ck_assert_msg(st == 1 && strstr(err, "neither ChatML"), "exit %d, stderr %s", st, err);
+    free(out);
+    free(err);
+    /* plain framing runs on stories260K: one row per case, the summary */
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 256 --docs %s/corpus/doc_000.txt --task recall "
+             "--cases 2 --method h2o --budget 16",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data());
+    st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    ck_assert_ptr_nonnull(strstr(out, "case    1 doc_000    depth 0.2"));
+    ck_assert_ptr_nonnull(strstr(out, "== accuracy over 2 cases"));
+    ck_assert_ptr_nonnull(strstr(out, "McNemar p = "));
+    free(out);
+    free(err);
+    const char *smol = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    FILE *f = fopen(smol, "rb");
+    if (!f) {
+        printf("SKIP: %s absent (run scripts/get-model.sh): SmolLM2 task accuracy not checked\n", smol);
+        return;
+    }
+    fclose(f);
+    const struct {
+        const char *task;
+        int min_right;
+    } want[] = {{"passkey", 3}, {"recall", 3}}; /* multikey (4/9) is too noisy for 4 cases */
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s/kvmill eval --model %s --docs %s/corpus/doc_000.txt --context 384 --task %s --chat --cases 4 "
+                 "--method streaming --budget 48 --threads 2",
+                 kvm_test_bin(), smol, kvm_test_data(), want[i].task);
+        st = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+        const char *row = strstr(out, "\nfull ");
+        ck_assert_ptr_nonnull(row);
+        int right = -1, n = -1;
+        ck_assert_int_eq(sscanf(row, " full %d/%d", &right, &n), 2);
+        printf("SmolLM2 %s full KV %d/%d\n", want[i].task, right, n);
+        ck_assert_int_eq(n, 4);
+        ck_assert_msg(right >= want[i].min_right, "%s: full KV %d/4, measured 4/4", want[i].task, right);
+        free(out);
+        free(err);
+    }
 }
 END_TEST
 
@@ -437,11 +571,13 @@ static Suite *eval_suite(void)
                  {"store_dtype", test_store_dtype, 1},
                  {"cli_errors", test_cli_errors, 0},
                  {"cli_target", test_cli_target, 0},
+                 {"task_cases", test_task_cases, 0},
+                 {"cli_task", test_cli_task, 0},
                  {"cli_csv", test_cli_csv, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);
-        tcase_set_timeout(tc, 60);
+        tcase_set_timeout(tc, strcmp(cases[i].name, "cli_task") ? 60 : 600); /* SmolLM2: 8 prefills */
         tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
     }

@@ -92,6 +92,17 @@ int kvm_eval_run_ex(kvm_eval_doc *d, const kvm_method *m, const void *opts, cons
  * after them). Returns NAN before any run or for a bad range. */
 double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1);
 
+/* Answers a question over a cache (task accuracy, compress/eval/kvm_task.h): the document's
+ * continuation tokens [N, N+T) (the question and the assistant marker, appended at ask time)
+ * are prefilled over a copy of `cache` (borrowed; a cache of the context, next_pos == N),
+ * then up to max_new tokens are decoded greedily; an EOS token ends the answer and is not
+ * stored. out[max_new] gets the tokens, *n_out their count. Returns 0, KVM_EINVAL (cache
+ * shape, max_new < 1), KVM_ENOMEM, a forward error. */
+int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out);
+
+/* The full-KV context cache of d (borrowed, valid while d lives). */
+const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d);
+
 /* ---- quality-targeted compression (issue 14 item 5, compress/eval/kvm_eval_target.c) ---- */
 
 /* The KL (nats) a method reaches at a budget of `budget` entries per (layer, KV head). */

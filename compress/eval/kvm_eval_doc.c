@@ -237,6 +237,31 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d) { return d->full; }
+
+int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out)
+{
+    const kvm_model_config *c = &d->m->cfg;
+    *n_out = 0;
+    if (max_new < 1 || cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads ||
+        cache->head_dim != c->head_dim || cache->next_pos != d->n_ctx)
+        return kvm_err(KVM_EINVAL, "eval: answer: not a %lld-token context cache of this model, or max_new %d < 1",
+                       (long long)d->n_ctx, max_new);
+    kvm_kvcache *c2 = NULL;
+    float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    int rc = logits ? kvm_kvcache_clone(cache, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) rc = kvm_forward_prefill(d->f, c2, d->tokens + d->n_ctx, d->n_cont, logits, KVM_LOGITS_LAST);
+    for (int i = 0; !rc && i < max_new; i++) {
+        int32_t next = kvm_argmax(logits, c->vocab_size);
+        if (kvm_model_is_eos(c, next)) break;
+        out[(*n_out)++] = next;
+        if (i + 1 < max_new) rc = kvm_forward_decode(d->f, c2, next, logits);
+    }
+    kvm_kvcache_free(&c2);
+    free(logits);
+    return rc;
+}
+
 double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1)
 {
     if (!d->have_kl || t0 < 0 || t1 <= t0 || t1 > d->n_cont) return NAN;
