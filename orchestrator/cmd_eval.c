@@ -5,8 +5,10 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
+#include "pipeline/kvm_cachecodec.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,8 @@ typedef struct eval_job {
     char spec[512];    /* "h2o", "polykv:FILE" as given */
     kvm_budget budget; /* as requested */
     void *opts;        /* from m->opts_new */
+    char arg[2048];    /* the options opts was made from (flags and the method's own) */
+    int has_arg;       /* 0: opts_new got NULL */
     kvm_eval_result sum;
     int n;
 } eval_job;
@@ -69,14 +73,15 @@ static int split(char *s, char **items, int max)
 
 static void print_header(void)
 {
-    printf("%-28s %8s %7s %10s %10s %10s %6s %9s %9s %8s\n", "method", "budget", "ratio", "kl_mean", "kl_median",
-           "kl_p99", "top1", "ppl_full", "ppl_comp", "seconds");
+    printf("%-28s %8s %7s %10s %10s %10s %6s %9s %9s %8s %10s %9s\n", "method", "budget", "ratio", "kl_mean",
+           "kl_median", "kl_p99", "top1", "ppl_full", "ppl_comp", "seconds", "bytes", "decode_ms");
 }
 
 static void print_row(const char *spec, const kvm_eval_result *r)
 {
-    printf("%-28s %8.2f %7.4f %10.6f %10.6f %10.6f %6.3f %9.4f %9.4f %8.4f\n", spec, r->budget_tokens, r->ratio,
-           r->kl_mean, r->kl_median, r->kl_p99, r->top1, r->ppl_full, r->ppl_compressed, r->seconds);
+    printf("%-28s %8.2f %7.4f %10.6f %10.6f %10.6f %6.3f %9.4f %9.4f %8.4f %10lld %9.3f\n", spec, r->budget_tokens,
+           r->ratio, r->kl_mean, r->kl_median, r->kl_p99, r->top1, r->ppl_full, r->ppl_compressed, r->seconds,
+           (long long)r->bytes_compressed, r->decode_ms);
 }
 
 static void add_result(kvm_eval_result *s, const kvm_eval_result *r)
@@ -90,6 +95,8 @@ static void add_result(kvm_eval_result *s, const kvm_eval_result *r)
     s->ppl_full += r->ppl_full;
     s->ppl_compressed += r->ppl_compressed;
     s->seconds += r->seconds;
+    s->bytes_compressed += r->bytes_compressed;
+    s->decode_ms += r->decode_ms;
 }
 
 static void scale_result(kvm_eval_result *s, double f)
@@ -103,6 +110,8 @@ static void scale_result(kvm_eval_result *s, double f)
     s->ppl_full *= f;
     s->ppl_compressed *= f;
     s->seconds *= f;
+    s->bytes_compressed = (int64_t)((double)s->bytes_compressed * f + 0.5);
+    s->decode_ms *= f;
 }
 
 /* Builds the jobs from --method and --budget/--ratio lists; `flags` ("name=value:..."
@@ -155,6 +164,8 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
                     snprintf(full, sizeof full, "%s%s%s", flags, arg ? ":" : "", arg ? arg : "");
                 arg = full;
             }
+            e->has_arg = arg != NULL;
+            snprintf(e->arg, sizeof e->arg, "%s", arg ? arg : "");
             int s = e->m->opts_new(arg, &e->budget, c, &e->opts);
             if (s) {
                 fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", mv[a], kvm_errmsg());
@@ -178,18 +189,46 @@ static void free_jobs(eval_job *j, int n)
     free(j);
 }
 
-static int run(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *docs,
-               eval_job *jobs, int n_jobs, int64_t N, int64_t T, int both, FILE *csv)
+/* What every (document, job) run shares. */
+typedef struct eval_setup {
+    const kvm_model *m;
+    const kvm_kernels *k;
+    const kvm_tokenizer *tok;
+    int64_t N, T;           /* context, continuation (target mode: the search part; 2T are scored) */
+    int both;               /* --phases both */
+    kvm_proto_dtype dtype;  /* --dtype: the cache is scored as the store serves it in this dtype */
+    int decode_steps;       /* --decode-steps */
+    double target_kl;       /* --target-kl, or < 0 */
+    int64_t target_step;    /* --target-step, tokens */
+} eval_setup;
+
+/* kvm_eval_roundtrip_fn over the store's codec: user is the eval_setup. */
+static int store_roundtrip(void *user, const kvm_kvcache *c, int64_t n_tokens, kvm_kvcache **out, int64_t *bytes)
+{
+    const eval_setup *es = user;
+    return kvm_cachecodec_roundtrip(c, n_tokens, es->dtype, out, bytes);
+}
+
+static kvm_eval_opts eval_opts_of(eval_setup *es)
+{
+    return (kvm_eval_opts){.phases_both = es->both, .roundtrip = store_roundtrip, .user = es,
+                           .decode_steps = es->decode_steps};
+}
+
+static int run(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int n_jobs, FILE *csv)
 {
     if (csv) fprintf(csv, KVM_EVAL_CSV_HEADER "\n");
+    const char *dt = kvm_proto_dtype_name(es->dtype);
+    kvm_eval_opts eo = eval_opts_of(es);
     for (int d = 0; d < docs->n; d++) {
         kvm_eval_doc *doc;
-        if (cmd_eval_docs_load(CMD, m, k, tok, docs->paths[d], N, T, 0, 1, &doc)) return 1;
-        printf("== %s (context %lld, continuation %lld)\n", docs->names[d], (long long)N, (long long)T);
+        if (cmd_eval_docs_load(CMD, es->m, es->k, es->tok, docs->paths[d], es->N, es->T, 0, 1, &doc)) return 1;
+        printf("== %s (context %lld, continuation %lld, stored as %s)\n", docs->names[d], (long long)es->N,
+               (long long)es->T, dt);
         print_header();
         for (int j = 0; j < n_jobs; j++) {
             kvm_eval_result r;
-            if (kvm_eval_run(doc, jobs[j].m, jobs[j].opts, both, &r)) {
+            if (kvm_eval_run_ex(doc, jobs[j].m, jobs[j].opts, &eo, &r)) {
                 fprintf(stderr, "kvmill " CMD ": %s, %s: %s\n", docs->names[d], jobs[j].spec, kvm_errmsg());
                 kvm_eval_doc_free(&doc);
                 return 1;
@@ -198,9 +237,9 @@ static int run(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *to
             add_result(&jobs[j].sum, &r);
             jobs[j].n++;
             if (csv)
-                fprintf(csv, "%s,%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f\n", docs->names[d], jobs[j].spec,
-                        r.budget_tokens, r.ratio, r.kl_mean, r.kl_median, r.kl_p99, r.top1, r.ppl_full,
-                        r.ppl_compressed, r.seconds);
+                fprintf(csv, "%s,%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", docs->names[d],
+                        jobs[j].spec, r.budget_tokens, r.ratio, r.kl_mean, r.kl_median, r.kl_p99, r.top1, r.ppl_full,
+                        r.ppl_compressed, r.seconds, dt, (long long)r.bytes_compressed, r.decode_ms);
         }
         kvm_eval_doc_free(&doc);
         fflush(stdout);
@@ -212,6 +251,146 @@ static int run(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *to
         print_row(jobs[j].spec, &jobs[j].sum);
     }
     return 0;
+}
+
+/* ---- --target-kl: per document, the smallest budget whose KL on [N, N+T) is ≤ X ---- */
+
+#define TARGET_CSV_HEADER \
+    "doc,method,target_kl,context,budget_tokens,ratio,kl_search,kl_check,reached,probes,nonmonotone,dtype"
+
+/* One (document, job) search: kvm_eval_kl_fn's user. */
+typedef struct target_ctx {
+    eval_setup *es;
+    const eval_job *job;
+    kvm_eval_doc *doc;
+    int64_t T;                                     /* search part; the check part follows it */
+    double check[KVM_EVAL_TARGET_MAX_PROBES];      /* KL on the check part at each probe */
+    kvm_eval_result res[KVM_EVAL_TARGET_MAX_PROBES];
+    int n;
+} target_ctx;
+
+static int target_kl_at(void *user, int64_t budget, double *kl)
+{
+    target_ctx *t = user;
+    kvm_budget b = {.tokens = budget};
+    void *o = NULL;
+    int rc = t->job->m->opts_new(t->job->has_arg ? t->job->arg : NULL, &b, &t->es->m->cfg, &o);
+    kvm_eval_opts eo = eval_opts_of(t->es);
+    eo.decode_steps = 0;
+    if (!rc) rc = kvm_eval_run_ex(t->doc, t->job->m, o, &eo, &t->res[t->n]);
+    t->job->m->opts_free(o);
+    if (rc) return rc;
+    *kl = kvm_eval_kl_range(t->doc, 0, t->T);
+    t->check[t->n++] = kvm_eval_kl_range(t->doc, t->T, 2 * t->T);
+    return 0;
+}
+
+/* Loads a document for the search: context N and continuation 2T when it has N + 2T tokens;
+ * a shorter one (≥ 2T + 1 tokens) gets context L − 2T, so its last 2T tokens are the search
+ * and check parts, and says so. *n_ctx is the context used. */
+static int target_load(eval_setup *es, const char *path, const char *name, kvm_eval_doc **doc, int64_t *n_ctx)
+{
+    int32_t *ids;
+    int64_t n;
+    if (cmd_eval_docs_encode(CMD, es->tok, path, &ids, &n)) return 1;
+    int64_t N = es->N, T2 = 2 * es->T;
+    if (n < N + T2) {
+        N = n - T2;
+        if (N < 1) {
+            fprintf(stderr, "kvmill " CMD ": %s: %lld tokens, too few for a search and a check part of %lld each\n",
+                    path, (long long)n, (long long)es->T);
+            free(ids);
+            return 1;
+        }
+        printf("note: %s has %lld tokens, fewer than context %lld + 2 x %lld: context %lld, its last %lld tokens "
+               "are the search and check parts\n",
+               name, (long long)n, (long long)es->N, (long long)es->T, (long long)N, (long long)T2);
+    }
+    int rc = kvm_eval_doc_new(es->m, es->k, ids, N + T2, N, T2, doc);
+    free(ids);
+    if (rc) {
+        fprintf(stderr, "kvmill " CMD ": %s: %s\n", path, kvm_errmsg());
+        return 1;
+    }
+    *n_ctx = N;
+    return 0;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int n_jobs, FILE *csv)
+{
+    const char *dt = kvm_proto_dtype_name(es->dtype);
+    if (csv) fprintf(csv, TARGET_CSV_HEADER "\n");
+    int64_t *chosen = calloc((size_t)docs->n * (size_t)n_jobs, sizeof *chosen);
+    double *check_sum = calloc((size_t)n_jobs, sizeof *check_sum);
+    int *met = calloc((size_t)n_jobs, sizeof *met), *nonmono = calloc((size_t)n_jobs, sizeof *nonmono), rc = 0;
+    target_ctx *t = malloc(sizeof *t);
+    if (!chosen || !check_sum || !met || !nonmono || !t) {
+        fprintf(stderr, "kvmill " CMD ": out of memory\n");
+        rc = 1;
+    }
+    for (int d = 0; !rc && d < docs->n; d++) {
+        kvm_eval_doc *doc;
+        int64_t N;
+        if (target_load(es, docs->paths[d], docs->names[d], &doc, &N)) {
+            rc = 1;
+            break;
+        }
+        printf("== %s: target KL %g on tokens [%lld, %lld), check on [%lld, %lld), stored as %s\n", docs->names[d],
+               es->target_kl, (long long)N, (long long)(N + es->T), (long long)(N + es->T),
+               (long long)(N + 2 * es->T), dt);
+        printf("%-28s %8s %7s %10s %10s %7s %6s %11s\n", "method", "budget", "ratio", "kl_search", "kl_check",
+               "reached", "probes", "nonmonotone");
+        for (int j = 0; !rc && j < n_jobs; j++) {
+            *t = (target_ctx){.es = es, .job = &jobs[j], .doc = doc, .T = es->T};
+            kvm_eval_target tr;
+            int64_t step = es->target_step < N ? es->target_step : N;
+            if (kvm_eval_target_budget(target_kl_at, t, step, N, step, es->target_kl, &tr)) {
+                fprintf(stderr, "kvmill " CMD ": %s, %s: %s\n", docs->names[d], jobs[j].spec, kvm_errmsg());
+                rc = 1;
+                break;
+            }
+            double check = NAN;
+            for (int i = 0; i < tr.n_probes; i++)
+                if (tr.probe_budget[i] == tr.budget) check = t->check[i];
+            chosen[(size_t)j * (size_t)docs->n + (size_t)d] = tr.budget;
+            check_sum[j] += check;
+            met[j] += check <= es->target_kl;
+            nonmono[j] += tr.n_nonmonotone > 0;
+            printf("%-28s %8lld %7.4f %10.6f %10.6f %7s %6d %11d\n", jobs[j].spec, (long long)tr.budget,
+                   (double)tr.budget / (double)N, tr.kl, check, tr.reached ? "yes" : "no", tr.n_probes,
+                   tr.n_nonmonotone);
+            if (csv)
+                fprintf(csv, "%s,%s,%.9g,%lld,%lld,%.6f,%.9g,%.9g,%d,%d,%d,%s\n", docs->names[d], jobs[j].spec,
+                        es->target_kl, (long long)N, (long long)tr.budget, (double)tr.budget / (double)N, tr.kl,
+                        check, tr.reached, tr.n_probes, tr.n_nonmonotone, dt);
+        }
+        kvm_eval_doc_free(&doc);
+        fflush(stdout);
+    }
+    if (!rc) {
+        printf("== over %d documents: chosen budgets (min / median / max), mean KL on the check part, documents "
+               "whose check KL is within the target, documents where KL rose with the budget\n",
+               docs->n);
+        for (int j = 0; j < n_jobs; j++) {
+            int64_t *b = chosen + (size_t)j * (size_t)docs->n;
+            qsort(b, (size_t)docs->n, sizeof *b, cmp_i64);
+            printf("%-28s budget %lld / %lld / %lld  kl_check %.6f  within %d/%d  nonmonotone %d/%d\n", jobs[j].spec,
+                   (long long)b[0], (long long)b[docs->n / 2], (long long)b[docs->n - 1], check_sum[j] / docs->n,
+                   met[j], docs->n, nonmono[j], docs->n);
+        }
+    }
+    free(chosen);
+    free(check_sum);
+    free(met);
+    free(nonmono);
+    free(t);
+    return rc;
 }
 
 int kvm_cmd_eval(int argc, char **argv)
@@ -234,9 +413,29 @@ int kvm_cmd_eval(int argc, char **argv)
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
                        "threads (default 1)",
          NULL},
+        {"dtype", 1, "f32 (default), f16 or bf16: score each cache as the store serves it in this [store] dtype "
+                     "(round trip through the store's encoding; bytes = its stored bytes)",
+         NULL},
+        {"decode-steps", 1, "decode steps timed over each compressed cache for decode_ms (default 8; 0: none; at most "
+                            "the continuation)",
+         NULL},
+        {"target-kl", 1, "per document, the smallest budget whose mean KL on tokens [N, N+T) is <= this (nats), by "
+                         "bisection; tokens [N+T, N+2T) are the check (replaces --budget/--ratio)",
+         NULL},
+        {"target-step", 1, "--target-kl: budgets searched are multiples of this (tokens, default 16)", NULL},
+        {"task", 1, "passkey, recall or multikey: task accuracy instead of KL; the context (--context tokens at most) "
+                    "is a document with a fact inserted at depth 0.1..0.9, the question is asked over the cache",
+         NULL},
+        {"cases", 1, "--task: cases (default 9: one document at the nine depths; case i uses document (i/9) mod D)",
+         NULL},
+        {"answer-tokens", 1, "--task: greedy tokens per answer at most (default 16)", NULL},
+        {"chat", 0, "--task: chat framing: the cached context opens the user's turn (template, then the document); "
+                    "question, end of turn and assistant marker are appended at ask time",
+         NULL},
         {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
+        {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},
     };
-    int n_fixed = 13, n_set, n_opts = n_fixed;
+    int n_fixed = 22, n_set, n_opts = n_fixed;
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
     for (int i = 0; i < n_set && n_opts < MAX_OPTS - 1; i++) /* every sculpt setting, for sculpt-family methods */
         if (eval_flag(&set[i])) opts[n_opts++] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
@@ -253,10 +452,55 @@ int kvm_cmd_eval(int argc, char **argv)
         fprintf(stderr, "kvmill " CMD ": --model, --docs and --method are required\n");
         return 2;
     }
-    if (!!budget == !!ratio) {
-        fprintf(stderr, "kvmill " CMD ": give exactly one of --budget and --ratio\n");
+    const char *target = kvm_cli_get(opts, "target-kl"), *task = kvm_cli_get(opts, "task");
+    cmd_eval_task_args ta = {.cases = 9, .answer_tokens = 16, .chat = kvm_cli_get(opts, "chat") != NULL,
+                             .system = kvm_cli_get(opts, "system")};
+    if (task) {
+        const char *cs = kvm_cli_get(opts, "cases"), *at = kvm_cli_get(opts, "answer-tokens");
+        int64_t x;
+        if (kvm_task_parse(task, &ta.kind)) {
+            fprintf(stderr, "kvmill " CMD ": --task: %s\n", kvm_errmsg());
+            return 2;
+        }
+        if (target) {
+            fprintf(stderr, "kvmill " CMD ": --task and --target-kl do not combine\n");
+            return 2;
+        }
+        if (cs) {
+            if (kvm_cli_int(CMD, "cases", cs, 1, 1 << 20, &x)) return 2;
+            ta.cases = (int)x;
+        }
+        if (at) {
+            if (kvm_cli_int(CMD, "answer-tokens", at, 1, 4096, &x)) return 2;
+            ta.answer_tokens = (int)x;
+        }
+    } else if (kvm_cli_get(opts, "cases") || kvm_cli_get(opts, "answer-tokens") || ta.chat || ta.system) {
+        fprintf(stderr, "kvmill " CMD ": --cases, --answer-tokens, --chat and --system need --task\n");
         return 2;
     }
+    if (ta.system && !ta.chat) {
+        fprintf(stderr, "kvmill " CMD ": --system needs --chat\n");
+        return 2;
+    }
+    if (target ? budget || ratio : !!budget == !!ratio) {
+        fprintf(stderr, "kvmill " CMD ": %s\n", target ? "--target-kl chooses the budget: give no --budget or --ratio"
+                                                        : "give exactly one of --budget and --ratio");
+        return 2;
+    }
+    eval_setup es = {.both = 0, .dtype = KVM_PROTO_F32, .decode_steps = 8, .target_kl = -1, .target_step = 16};
+    const char *dtype = kvm_cli_get(opts, "dtype"), *steps = kvm_cli_get(opts, "decode-steps"),
+               *tstep = kvm_cli_get(opts, "target-step");
+    if (dtype && (kvm_proto_dtype_parse(dtype, strlen(dtype), &es.dtype) || es.dtype == KVM_PROTO_I32)) {
+        fprintf(stderr, "kvmill " CMD ": --dtype: '%s' is not f32, f16 or bf16\n", dtype);
+        return 2;
+    }
+    int64_t n_steps;
+    if (steps) {
+        if (kvm_cli_int(CMD, "decode-steps", steps, 0, 1 << 20, &n_steps)) return 2;
+        es.decode_steps = (int)n_steps;
+    }
+    if (target && kvm_cli_float(CMD, "target-kl", target, 0.0, 1e6, &es.target_kl)) return 2;
+    if (tstep && kvm_cli_int(CMD, "target-step", tstep, 1, 1 << 20, &es.target_step)) return 2;
     int both = 0;
     if (phases && strcmp(phases, "both") == 0)
         both = 1;
@@ -278,11 +522,20 @@ int kvm_cmd_eval(int argc, char **argv)
     FILE *csv = NULL;
     if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
-    if (!rc && N + T > m->cfg.seq_len) {
-        fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
-                (long long)N, (long long)T, m->cfg.seq_len);
+    int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */
+    if (!rc && N + T_run > m->cfg.seq_len) {
+        fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld%s exceeds the model's window of %d tokens\n",
+                (long long)N, (long long)T_run, target ? " (2 x --continuation with --target-kl)" : "",
+                m->cfg.seq_len);
         rc = 2;
     }
+    if (!rc && es.decode_steps > T) {
+        fprintf(stderr, "kvmill " CMD ": --decode-steps %d: at most the continuation (%lld)\n", es.decode_steps,
+                (long long)T);
+        rc = 2;
+    }
+    char n_buf[32];
+    snprintf(n_buf, sizeof n_buf, "%lld", (long long)N); /* placeholder budget; each probe makes its own options */
     char flags[2048] = "";
     size_t at = 0;
     for (int i = 0; i < n_set; i++) { /* table order; --threads too */
@@ -294,12 +547,35 @@ int kvm_cmd_eval(int argc, char **argv)
         if (v && at < sizeof flags)
             at += (size_t)snprintf(flags + at, sizeof flags - at, "%s%s=%s", at ? ":" : "", set[i].name, v);
     }
-    if (!rc) rc = make_jobs(method, budget ? budget : ratio, !budget, flags, &m->cfg, &jobs, &n_jobs);
+    if (!rc)
+        rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
+                       &n_jobs);
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
         rc = 1;
     }
-    if (!rc) rc = run(m, k, tok, &docs, jobs, n_jobs, N, T, both, csv);
+    es.m = m;
+    es.k = k;
+    es.tok = tok;
+    es.N = N;
+    es.T = T;
+    es.both = both;
+    if (!rc && task) {
+        cmd_eval_task_job *tj = calloc((size_t)n_jobs + 1, sizeof *tj);
+        if (!tj) rc = 1;
+        for (int i = 0; tj && i < n_jobs; i++)
+            tj[i] = (cmd_eval_task_job){jobs[i].m, jobs[i].opts, jobs[i].spec};
+        ta.m = m;
+        ta.k = k;
+        ta.tok = tok;
+        ta.n_ctx = N;
+        ta.roundtrip = store_roundtrip;
+        ta.user = &es;
+        ta.csv = csv;
+        if (tj) rc = cmd_eval_task_run(&ta, &docs, tj, n_jobs);
+        free(tj);
+    } else if (!rc)
+        rc = target ? run_target(&es, &docs, jobs, n_jobs, csv) : run(&es, &docs, jobs, n_jobs, csv);
     if (csv && fclose(csv) && !rc) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: write failed\n", csv_path);
         rc = 1;

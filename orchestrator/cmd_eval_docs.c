@@ -108,10 +108,11 @@ void cmd_eval_docs_free(cmd_eval_docset *d)
     memset(d, 0, sizeof *d);
 }
 
-int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
-                       const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out)
+int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *path, int32_t **ids_out,
+                         int64_t *n_out)
 {
-    *out = NULL;
+    *ids_out = NULL;
+    *n_out = 0;
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, strerror(errno));
@@ -136,11 +137,24 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
         free(text);
         return 1;
     }
+    int rc = kvm_tokenizer_encode(tok, text, n, 1, 0, ids_out, n_out);
+    free(text);
+    if (rc) {
+        fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, kvm_errmsg());
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
+                       const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out)
+{
+    *out = NULL;
     int32_t *ids = NULL;
     int64_t n_ids = 0;
-    int rc = kvm_tokenizer_encode(tok, text, n, 1, 0, &ids, &n_ids);
-    free(text);
-    if (!rc && n_ids < n_ctx + n_cont)
+    if (cmd_eval_docs_encode(cmd, tok, path, &ids, &n_ids)) return 1;
+    int rc = 0;
+    if (n_ids < n_ctx + n_cont)
         rc = kvm_err(KVM_EINVAL, "%s: %lld tokens, fewer than context %lld + continuation %lld", path, (long long)n_ids,
                      (long long)n_ctx, (long long)n_cont);
     int64_t off = 0;

@@ -4,6 +4,7 @@
  * models, at EOS). --chat wraps the prompt in the model's ChatML chat template. */
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
+#include "model/kvm_chat.h"
 #include "model/kvm_forward.h"
 #include "model/kvm_forward_cuda.h"
 #include "model/kvm_sampler.h"
@@ -76,56 +77,6 @@ static void emit(const kvm_tokenizer *tok, int32_t prev, int32_t next, int raw)
     const char *piece = kvm_tokenizer_piece(tok, prev, next, &len);
     if (raw ? len > 0 : kvm_tokenizer_piece_printable(piece, len)) fwrite(piece, 1, len, stdout);
     fflush(stdout);
-}
-
-/* ChatML as SmolLM2's (and most ChatML models') tokenizer.chat_template renders one user
- * turn with add_generation_prompt: an optional system turn (the given one, else the
- * template's built-in default), the user turn, then "<|im_start|>assistant\n". */
-/* The Llama-3 family's template (<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>),
- * one user turn with add_generation_prompt; BOS comes from the tokenizer. */
-static int llama3_prompt(const char *system, const char *user, char **out)
-{
-    static const char h[] = "<|start_header_id|>", e[] = "<|end_header_id|>\n\n", eot[] = "<|eot_id|>";
-    size_t n = strlen(user) + (system ? strlen(system) : 0) + 256;
-    char *s = malloc(n);
-    if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
-    int k = system ? snprintf(s, n, "%ssystem%s%s%s", h, e, system, eot) : 0;
-    snprintf(s + k, n - (size_t)k, "%suser%s%s%s%sassistant%s", h, e, user, eot, h, e);
-    *out = s;
-    return 0;
-}
-
-static int chat_prompt(const kvm_tokenizer *tok, const char *system, const char *user, char **out)
-{
-    const char *tmpl = kvm_tokenizer_chat_template(tok);
-    static const char start[] = "<|im_start|>", end[] = "<|im_end|>", sys_tag[] = "<|im_start|>system\n";
-    *out = NULL;
-    if (tmpl && strstr(tmpl, "<|start_header_id|>") && kvm_tokenizer_find(tok, "<|start_header_id|>") >= 0 &&
-        kvm_tokenizer_find(tok, "<|end_header_id|>") >= 0 && kvm_tokenizer_find(tok, "<|eot_id|>") >= 0)
-        return llama3_prompt(system, user, out);
-    if (!tmpl || !strstr(tmpl, start) || kvm_tokenizer_find(tok, start) < 0 || kvm_tokenizer_find(tok, end) < 0)
-        return kvm_err(KVM_ENOTSUP,
-                       "the model's chat template is neither ChatML (%s) nor Llama-3 (<|start_header_id|>): "
-                       "--chat supports those two families",
-                       start);
-    const char *def = NULL;
-    size_t def_len = 0;
-    const char *d = strstr(tmpl, sys_tag);
-    if (!system && d) {
-        def = d + strlen(sys_tag);
-        const char *e = strstr(def, end);
-        def_len = e ? (size_t)(e - def) : 0;
-        if (!e || memchr(def, '{', def_len) || memchr(def, '\'', def_len)) def = NULL; /* not a literal */
-    }
-    size_t n = strlen(user) + (system ? strlen(system) : def_len) + 128;
-    char *s = malloc(n);
-    if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
-    int k = 0;
-    if (system) k = snprintf(s, n, "%ssystem\n%s%s\n", start, system, end);
-    else if (def) k = snprintf(s, n, "%ssystem\n%.*s%s\n", start, (int)def_len, def, end);
-    snprintf(s + k, n - (size_t)k, "%suser\n%s%s\n%sassistant\n", start, user, end, start);
-    *out = s;
-    return 0;
 }
 
 typedef struct gen_args {
@@ -266,7 +217,7 @@ int kvm_cmd_generate(int argc, char **argv)
     char *chat_text = NULL;
     a.stop_at_eos = strcmp(m->format, "gguf") == 0 || strcmp(m->format, "hf") == 0;
     if (tokens) rc = read_token_file(tokens, m->cfg.vocab_size, &p, &np);
-    else if (chat && chat_prompt(tok, kvm_cli_get(opts, "system"), prompt ? prompt : "", &chat_text)) {
+    else if (chat && kvm_chat_prompt(tok, kvm_cli_get(opts, "system"), prompt ? prompt : "", &chat_text)) {
         fprintf(stderr, "kvmill generate: --chat: %s\n", kvm_errmsg());
         rc = 1;
     } else {

@@ -4,7 +4,10 @@
 #define KVM_CLI_EVAL_H
 
 #include "compress/eval/kvm_eval.h"
+#include "compress/eval/kvm_task.h"
 #include "model/kvm_tokenizer.h"
+
+#include <stdio.h>
 
 int kvm_cmd_eval(int argc, char **argv);
 int kvm_cmd_calibrate(int argc, char **argv);
@@ -31,8 +34,41 @@ void cmd_eval_docs_free(cmd_eval_docset *d);
 int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
                        const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out);
 
+/* Reads a document and encodes it with BOS first: *ids (caller frees) of *n tokens. Prints
+ * "kvmill CMD: ..." and returns 1 when unreadable or not encodable, else 0. */
+int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *path, int32_t **ids, int64_t *n);
+
 /* Parses --context / --continuation (defaults 384 / 64) against the model's window later;
  * here only the syntax and ranges [1, 1<<20]. Returns 0 or 2 after printing. */
 int cmd_eval_lengths(const char *cmd, const char *ctx, const char *cont, int64_t *n_ctx, int64_t *n_cont);
+
+/* One method column of `kvmill eval --task`. */
+typedef struct cmd_eval_task_job {
+    const kvm_method *m;
+    const void *opts; /* from m->opts_new, borrowed */
+    const char *spec; /* as given on the command line */
+} cmd_eval_task_job;
+
+/* What `kvmill eval --task` runs (orchestrator/cmd_eval_task.c). */
+typedef struct cmd_eval_task_args {
+    const kvm_model *m;
+    const kvm_kernels *k;
+    const kvm_tokenizer *tok;
+    kvm_task_kind kind;
+    int64_t n_ctx;                    /* context tokens at most (frame and document) */
+    int cases;                        /* cases; case i uses document (i / 9) mod n_docs at depth 0.1·(1 + i mod 9) */
+    int answer_tokens;                /* greedy tokens per answer at most */
+    int chat;                         /* 1: chat framing (kvm_chat_frame) */
+    const char *system;               /* system message for chat, or NULL */
+    kvm_eval_roundtrip_fn *roundtrip; /* the store round trip, or NULL */
+    void *user;                       /* for roundtrip */
+    FILE *csv;                        /* one row per (case, method), or NULL */
+} cmd_eval_task_args;
+
+/* Runs the cases: full KV and each job per case, exact-match scored; prints a row per case and
+ * per method the accuracy with its Wilson 95% interval and the exact McNemar test against full
+ * KV. Returns 0, or 1 after printing "kvmill eval: ...". */
+int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, const cmd_eval_task_job *jobs,
+                      int n_jobs);
 
 #endif

@@ -119,3 +119,28 @@ int kvm_cachecodec_unpack(const uint8_t *const *blobs, const size_t *sizes, int 
     *out = c;
     return 0;
 }
+
+int kvm_cachecodec_roundtrip(const kvm_kvcache *c, int64_t n_tokens, kvm_proto_dtype dtype, kvm_kvcache **out,
+                             int64_t *stored_bytes)
+{
+    *out = NULL;
+    *stored_bytes = 0;
+    kvm_kvcache *r;
+    int64_t bytes = 0;
+    int rc = kvm_kvcache_new(c->n_layers, c->n_kv_heads, c->head_dim, 0, &r);
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        kvm_msg *m = NULL;
+        rc = kvm_cachecodec_encode_layer(c, l, n_tokens, dtype, &m);
+        for (size_t f = 0; !rc && f < kvm_msg_nframes(m); f++)
+            bytes += (int64_t)kvm_msg_frame(m, f).size;
+        if (!rc) rc = kvm_cachecodec_decode_layer(m, l, r);
+        kvm_msg_free(&m);
+    }
+    if (rc) {
+        kvm_kvcache_free(&r);
+        return rc;
+    }
+    *out = r;
+    *stored_bytes = bytes;
+    return 0;
+}

@@ -31,4 +31,13 @@ int kvm_cachecodec_pack(const kvm_kvcache *c, int64_t n_tokens, kvm_proto_dtype 
 int kvm_cachecodec_unpack(const uint8_t *const *blobs, const size_t *sizes, int n_layers, int n_kv_heads, int head_dim,
                           kvm_kvcache **out);
 
+/* What the store would serve for c: every layer encoded as its `cache` message in dtype (as
+ * the compress stage writes it) and decoded back to float32 into a new cache *out (caller
+ * frees; next_pos = n_tokens). *stored_bytes gets the messages' frame bytes, the figure the
+ * store records as a cache's stored_bytes and the run summary sums as bytes_compressed. f32
+ * is exact; f16/bf16 round keys and values to nearest even (positions and logit biases stay
+ * float32/int32). Returns 0, or an error as kvm_cachecodec_encode_layer / _decode_layer. */
+int kvm_cachecodec_roundtrip(const kvm_kvcache *c, int64_t n_tokens, kvm_proto_dtype dtype, kvm_kvcache **out,
+                             int64_t *stored_bytes);
+
 #endif

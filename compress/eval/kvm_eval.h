@@ -25,6 +25,9 @@ typedef struct kvm_eval_result {
     double budget_tokens;  /* mean entries per (layer, KV head) of the compressed context cache */
     double ratio;          /* budget_tokens / N */
     double seconds;        /* wall time of the compression call */
+    int64_t bytes_compressed; /* stored bytes of the cache as served (kvm_eval_opts.roundtrip), 0 without one */
+    double decode_ms;      /* wall ms per decode step over the compressed cache (kvm_eval_opts.decode_steps), 0
+                              when not measured */
 } kvm_eval_result;
 
 typedef struct kvm_eval_doc kvm_eval_doc;
@@ -60,6 +63,74 @@ int kvm_eval_continue(kvm_eval_doc *d, const kvm_kvcache *compressed, kvm_decode
  * Returns 0 or the method's / the run's status. */
 int kvm_eval_run(kvm_eval_doc *d, const kvm_method *m, const void *opts, int phases_both, kvm_eval_result *r);
 
+/* Replaces a compressed context cache by what a store would serve for it: *out (new, caller
+ * frees) is c as read back after storing (e.g. keys and values rounded to a 16-bit dtype),
+ * *stored_bytes its stored size. n_tokens = N. Returns 0 or an error (the detail says why). */
+typedef int kvm_eval_roundtrip_fn(void *user, const kvm_kvcache *c, int64_t n_tokens, kvm_kvcache **out,
+                                  int64_t *stored_bytes);
+
+/* How kvm_eval_run_ex runs a method. Zero-initialised: what kvm_eval_run does. */
+typedef struct kvm_eval_opts {
+    int phases_both;                 /* 1: apply the method's decode-phase policy, if any, while continuing */
+    kvm_eval_roundtrip_fn *roundtrip; /* NULL: score the cache as compressed; else what it serves back */
+    void *user;                      /* for roundtrip */
+    int decode_steps;                /* > 0: also time this many decode steps (≤ T) over the served cache */
+} kvm_eval_opts;
+
+/* kvm_eval_run with the cache scored as a store would serve it (eo->roundtrip, applied before
+ * any decode policy sees the cache; fills r->bytes_compressed) and, with eo->decode_steps > 0,
+ * the decode latency at the compressed size (r->decode_ms: tokens N.. fed one decode call each
+ * over a copy of the served cache, no policy; wall time, so it depends on the machine's load).
+ * Returns 0, KVM_EINVAL (decode_steps > T), or the method's / the round trip's / the run's
+ * status. */
+int kvm_eval_run_ex(kvm_eval_doc *d, const kvm_method *m, const void *opts, const kvm_eval_opts *eo,
+                    kvm_eval_result *r);
+
+/* Mean KL(full ‖ compressed) of steps [t0, t1) of the last kvm_eval_continue / _run on d
+ * (step i predicts token N + i; 0 ≤ t0 < t1 ≤ T). Lets one continuation of 2T tokens give a
+ * search part and a held-out part (causal attention: steps [0, T) do not depend on the tokens
+ * after them). Returns NAN before any run or for a bad range. */
+double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1);
+
+/* Answers a question over a cache (task accuracy, compress/eval/kvm_task.h): the document's
+ * continuation tokens [N, N+T) (the question and the assistant marker, appended at ask time)
+ * are prefilled over a copy of `cache` (borrowed; a cache of the context, next_pos == N),
+ * then up to max_new tokens are decoded greedily; an EOS token ends the answer and is not
+ * stored. out[max_new] gets the tokens, *n_out their count. Returns 0, KVM_EINVAL (cache
+ * shape, max_new < 1), KVM_ENOMEM, a forward error. */
+int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out);
+
+/* The full-KV context cache of d (borrowed, valid while d lives). */
+const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d);
+
+/* ---- quality-targeted compression (issue 14 item 5, compress/eval/kvm_eval_target.c) ---- */
+
+/* The KL (nats) a method reaches at a budget of `budget` entries per (layer, KV head). */
+typedef int kvm_eval_kl_fn(void *user, int64_t budget, double *kl);
+
+enum { KVM_EVAL_TARGET_MAX_PROBES = 64 };
+
+/* What the budget search found. */
+typedef struct kvm_eval_target {
+    int64_t budget;     /* the smallest probed budget with KL ≤ target (hi when none reaches it) */
+    double kl;          /* KL at that budget */
+    int reached;        /* 1 when kl ≤ target */
+    int n_probes;       /* budgets evaluated, ≤ KVM_EVAL_TARGET_MAX_PROBES */
+    int64_t probe_budget[KVM_EVAL_TARGET_MAX_PROBES]; /* in evaluation order */
+    double probe_kl[KVM_EVAL_TARGET_MAX_PROBES];
+    int n_nonmonotone;  /* probe pairs b1 < b2 with KL(b2) > KL(b1) (the bisection assumes none) */
+} kvm_eval_target;
+
+/* Finds the smallest budget b = lo + j·step (j ≥ 0, b ≤ hi; hi itself is always a candidate)
+ * whose KL from fn is ≤ target, by bisection: KL(hi) first (when it exceeds target the
+ * search stops there with reached = 0), then halving the interval [lo, hi], so about
+ * log2((hi − lo)/step) + 1 probes. The bisection assumes KL does not rise with the budget;
+ * every pair of probes is checked and violations counted in n_nonmonotone (where they occur
+ * the answer may not be the smallest). 1 ≤ lo ≤ hi, step ≥ 1, target ≥ 0. Returns 0,
+ * KVM_EINVAL (bad arguments), or fn's error. */
+int kvm_eval_target_budget(kvm_eval_kl_fn *fn, void *user, int64_t lo, int64_t hi, int64_t step, double target,
+                           kvm_eval_target *out);
+
 /* Quantile q in [0, 1] of x[0..n) with linear interpolation between order statistics
  * (x is sorted in place). n ≥ 1. */
 double kvm_eval_quantile(double *x, int64_t n, double q);
@@ -70,7 +141,8 @@ double kvm_eval_kl(const float *lp, const float *lq, int vocab);
 
 /* The CSV header the harness writes (no newline). */
 #define KVM_EVAL_CSV_HEADER \
-    "doc,method,budget_tokens,ratio,kl_mean,kl_median,kl_p99,top1,ppl_full,ppl_compressed,seconds"
+    "doc,method,budget_tokens,ratio,kl_mean,kl_median,kl_p99,top1,ppl_full,ppl_compressed,seconds,dtype," \
+    "bytes_compressed,decode_ms"
 
 /* Splits "NAME[:ARG]" and finds the method: *m is the table row, *arg points into spec after
  * ':' or is NULL; the name is copied into name_buf. Returns 0, or KVM_EINVAL naming the

@@ -21,6 +21,8 @@ struct kvm_eval_doc {
     float *ref_dec;        /* [T][vocab] the same token by token (for runs with a decode policy), or
                               NULL until first needed */
     float *work;           /* [T][vocab] logits of the compressed run */
+    double *kl_steps;      /* [T] per-step KL of the last compressed run (kvm_eval_kl_range) */
+    int have_kl;           /* kl_steps holds a run */
     double ppl_full;       /* of ref */
     double ppl_dec;        /* of ref_dec */
     kvm_compress_input in;
@@ -134,8 +136,9 @@ int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *to
     d->tokens = malloc((size_t)(n_ctx + n_cont) * sizeof *d->tokens);
     d->ref = malloc(TV * sizeof *d->ref);
     d->work = malloc(TV * sizeof *d->work);
+    d->kl_steps = malloc((size_t)n_cont * sizeof *d->kl_steps);
     kvm_kvcache *tmp = NULL;
-    int rc = d->tokens && d->ref && d->work ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    int rc = d->tokens && d->ref && d->work && d->kl_steps ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
     if (!rc) {
         memcpy(d->tokens, tokens, (size_t)(n_ctx + n_cont) * sizeof *d->tokens);
         rc = kvm_forward_new(m, k, n_ctx, &d->f);
@@ -175,6 +178,7 @@ void kvm_eval_doc_free(kvm_eval_doc **pd)
     free(d->ref_dec);
     free(d->ref);
     free(d->work);
+    free(d->kl_steps);
     free(d);
     *pd = NULL;
 }
@@ -199,6 +203,7 @@ int kvm_eval_continue(kvm_eval_doc *d, const kvm_kvcache *compressed, kvm_decode
     int rc = kl ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
     if (!rc && pol) rc = ref_decode(d);
     const float *ref = pol ? d->ref_dec : d->ref;
+    d->have_kl = 0;
     if (!rc) rc = kvm_kvcache_clone(compressed, &c2);
     if (!rc && pol) rc = kvm_forward_add_hooks(d->f, &pol->hooks);
     if (!rc && extra) rc = kvm_forward_add_hooks(d->f, extra);
@@ -213,6 +218,8 @@ int kvm_eval_continue(kvm_eval_doc *d, const kvm_kvcache *compressed, kvm_decode
             agree += kvm_argmax(p, V) == kvm_argmax(q, V);
             s += nll(q, V, d->tokens[d->n_ctx + i]);
         }
+        memcpy(d->kl_steps, kl, (size_t)T * sizeof *kl); /* before the quantiles sort kl */
+        d->have_kl = 1;
         r->kl_mean = sk / (double)T;
         r->top1 = agree / (double)T;
         r->ppl_full = pol ? d->ppl_dec : d->ppl_full;
@@ -234,18 +241,87 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int kvm_eval_run(kvm_eval_doc *d, const kvm_method *m, const void *opts, int phases_both, kvm_eval_result *r)
+const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d) { return d->full; }
+
+int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out)
 {
-    kvm_kvcache *cc = NULL;
+    const kvm_model_config *c = &d->m->cfg;
+    *n_out = 0;
+    if (max_new < 1 || cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads ||
+        cache->head_dim != c->head_dim || cache->next_pos != d->n_ctx)
+        return kvm_err(KVM_EINVAL, "eval: answer: not a %lld-token context cache of this model, or max_new %d < 1",
+                       (long long)d->n_ctx, max_new);
+    kvm_kvcache *c2 = NULL;
+    float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
+    int rc = logits ? kvm_kvcache_clone(cache, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) rc = kvm_forward_prefill(d->f, c2, d->tokens + d->n_ctx, d->n_cont, logits, KVM_LOGITS_LAST);
+    for (int i = 0; !rc && i < max_new; i++) {
+        int32_t next = kvm_argmax(logits, c->vocab_size);
+        if (kvm_model_is_eos(c, next)) break;
+        out[(*n_out)++] = next;
+        if (i + 1 < max_new) rc = kvm_forward_decode(d->f, c2, next, logits);
+    }
+    kvm_kvcache_free(&c2);
+    free(logits);
+    return rc;
+}
+
+double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1)
+{
+    if (!d->have_kl || t0 < 0 || t1 <= t0 || t1 > d->n_cont) return NAN;
+    double s = 0;
+    for (int64_t i = t0; i < t1; i++)
+        s += d->kl_steps[i];
+    return s / (double)(t1 - t0);
+}
+
+/* Wall ms per decode step: tokens N, N+1, ... one decode call each over a copy of c. */
+static int decode_ms(kvm_eval_doc *d, const kvm_kvcache *c, int steps, double *ms)
+{
+    kvm_kvcache *c2 = NULL;
+    float *logits = malloc((size_t)d->m->cfg.vocab_size * sizeof *logits);
+    int rc = logits ? kvm_kvcache_clone(c, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    double t0 = now_s();
+    for (int i = 0; !rc && i < steps; i++)
+        rc = kvm_forward_decode(d->f, c2, d->tokens[d->n_ctx + i], logits);
+    *ms = 1e3 * (now_s() - t0) / steps;
+    kvm_kvcache_free(&c2);
+    free(logits);
+    return rc;
+}
+
+int kvm_eval_run_ex(kvm_eval_doc *d, const kvm_method *m, const void *opts, const kvm_eval_opts *eo,
+                    kvm_eval_result *r)
+{
+    kvm_kvcache *cc = NULL, *served = NULL;
     kvm_decode_policy *pol = NULL;
     memset(r, 0, sizeof *r);
+    if (eo->decode_steps < 0 || eo->decode_steps > d->n_cont)
+        return kvm_err(KVM_EINVAL, "eval: %d decode steps do not fit a continuation of %lld tokens", eo->decode_steps,
+                       (long long)d->n_cont);
     double t0 = now_s();
     int rc = m->compress(&d->in, opts, &cc);
     double dt = now_s() - t0;
-    if (!rc && phases_both && m->decode_new) rc = m->decode_new(&d->in, opts, cc, &pol);
+    int64_t bytes = 0;
+    if (!rc && eo->roundtrip) rc = eo->roundtrip(eo->user, cc, d->n_ctx, &served, &bytes);
+    if (served) {
+        kvm_kvcache_free(&cc);
+        cc = served;
+    }
+    if (!rc && eo->phases_both && m->decode_new) rc = m->decode_new(&d->in, opts, cc, &pol);
     if (!rc) rc = kvm_eval_continue(d, cc, pol, NULL, r);
+    double ms = 0;
+    if (!rc && eo->decode_steps > 0) rc = decode_ms(d, cc, eo->decode_steps, &ms);
     r->seconds = dt;
+    r->bytes_compressed = bytes;
+    r->decode_ms = ms;
     kvm_decode_policy_free(&pol);
     kvm_kvcache_free(&cc);
     return rc;
+}
+
+int kvm_eval_run(kvm_eval_doc *d, const kvm_method *m, const void *opts, int phases_both, kvm_eval_result *r)
+{
+    kvm_eval_opts eo = {.phases_both = phases_both};
+    return kvm_eval_run_ex(d, m, opts, &eo, r);
 }

@@ -1,0 +1,228 @@
+/* cmd_eval_task.c: `kvmill eval --task passkey|recall|multikey`: does the compressed cache
+ * still answer questions about the document? (issue 14, item 3). The cached context is the
+ * framed document (chat: the template up to the user's content, then the document); the
+ * question, the end of the turn and the assistant marker are appended at ask time, as a
+ * decode worker would, and the greedy answer is scored by exact match (compress/eval/kvm_task.h). */
+#include "common/kvm_error.h"
+#include "model/kvm_chat.h"
+#include "orchestrator/kvm_cli_eval.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CMD "eval"
+
+/* The framing: cached prefix = open + document; asked = "\n\n" + question + close. */
+typedef struct frame {
+    char *open, *close;
+} frame;
+
+static int read_text(const char *path, char **text, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *t = malloc(cap);
+    while (t) {
+        n += fread(t + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *g = realloc(t, cap *= 2);
+        if (!g) free(t);
+        t = g;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!t || err) {
+        free(t);
+        return kvm_err(err ? KVM_EIO : KVM_ENOMEM, "%s: %s", path, err ? "read error" : "out of memory");
+    }
+    *text = t;
+    *len = n;
+    return 0;
+}
+
+static int encode(const kvm_tokenizer *tok, const char *a, const char *b, int bos, int32_t **ids, int64_t *n)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = malloc(la + lb + 1);
+    if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb + 1);
+    int rc = kvm_tokenizer_encode(tok, s, la + lb, bos, 0, ids, n);
+    free(s);
+    return rc;
+}
+
+/* Case `index` over the longest prefix of text whose framed context fits a->n_ctx tokens:
+ * *ids = context then question tokens, *n_ctx the context's length, *n_q the question's. */
+static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *text, size_t len, uint64_t index,
+                     kvm_task_case *tc, int32_t **ids, int64_t *n_ctx, int64_t *n_q)
+{
+    int32_t *ctx = NULL, *q = NULL;
+    int64_t nc = 0, nq = 0;
+    size_t use = len;
+    int rc = 0, bos = kvm_tokenizer_add_bos(a->tok);
+    for (int attempt = 0; attempt < 12; attempt++) {
+        kvm_task_case_deinit(tc);
+        free(ctx);
+        ctx = NULL;
+        if ((rc = kvm_task_make(a->kind, text, use, index, tc))) break;
+        if ((rc = encode(a->tok, fr->open, tc->document, bos, &ctx, &nc))) break;
+        if (nc <= a->n_ctx) break;
+        size_t next = (size_t)((double)use * (double)a->n_ctx / (double)nc * 0.99);
+        use = next < use ? next : use - 1;
+        rc = kvm_err(KVM_EINVAL, "task case %llu: the document does not fit %lld tokens", (unsigned long long)index,
+                     (long long)a->n_ctx);
+    }
+    char qbuf[256];
+    snprintf(qbuf, sizeof qbuf, "\n\n%s", tc->question);
+    if (!rc) rc = encode(a->tok, qbuf, fr->close, 0, &q, &nq);
+    int32_t *all = rc ? NULL : malloc((size_t)(nc + nq) * sizeof *all);
+    if (!rc && !all) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    if (!rc) {
+        memcpy(all, ctx, (size_t)nc * sizeof *all);
+        memcpy(all + nc, q, (size_t)nq * sizeof *all);
+        *ids = all;
+        *n_ctx = nc;
+        *n_q = nq;
+    }
+    free(ctx);
+    free(q);
+    return rc;
+}
+
+/* The answer's text (pieces joined), into buf; returns its length. */
+static size_t answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, char *buf, size_t cap)
+{
+    size_t w = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        const char *p = kvm_tokenizer_piece(tok, i ? t[i - 1] : -1, t[i], &len);
+        if (!p || w + len >= cap) break;
+        memcpy(buf + w, p, len);
+        w += len;
+    }
+    buf[w] = '\0';
+    return w;
+}
+
+/* One method's answer to the case over cache c (NULL: the full cache). */
+static int answer(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_method *m, const void *opts, int *correct,
+                  const kvm_task_case *tc, char *text, size_t cap, double *budget)
+{
+    kvm_kvcache *cc = NULL, *served = NULL;
+    int32_t *out = malloc((size_t)a->answer_tokens * sizeof *out);
+    int n = 0, rc = out ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
+    const kvm_kvcache *use = kvm_eval_doc_full(d);
+    int64_t bytes;
+    if (!rc && m) rc = m->compress(kvm_eval_doc_input(d), opts, &cc);
+    if (!rc && cc && a->roundtrip) rc = a->roundtrip(a->user, cc, kvm_eval_doc_full(d)->next_pos, &served, &bytes);
+    if (served) {
+        kvm_kvcache_free(&cc);
+        cc = served;
+    }
+    if (cc) use = cc;
+    if (!rc) rc = kvm_eval_answer(d, use, a->answer_tokens, out, &n);
+    if (!rc) {
+        size_t len = answer_text(a->tok, out, n, text, cap);
+        *correct = kvm_task_match(tc->answer, text, len);
+        const kvm_model_config *c = &a->m->cfg;
+        *budget = (double)kvm_kvcache_entries(use) / ((double)c->n_layers * c->n_kv_heads);
+        for (char *p = text; *p; p++) /* one CSV field, one line */
+            if (*p == '\n' || *p == '\r' || *p == '"' || *p == ',') *p = ' ';
+    }
+    kvm_kvcache_free(&cc);
+    free(out);
+    return rc;
+}
+
+static void summary(const char *name, int64_t right, int64_t n, int64_t b, int64_t c, int64_t full_right, int is_full)
+{
+    double lo, hi;
+    kvm_task_wilson(right, n, &lo, &hi);
+    printf("%-28s %5lld/%-5lld %7.3f [%5.3f, %5.3f]", name, (long long)right, (long long)n, (double)right / n, lo, hi);
+    if (is_full)
+        printf("\n");
+    else
+        printf("  vs full: %.3f of its accuracy, lost %lld, gained %lld, McNemar p = %.3g\n",
+               full_right ? (double)right / full_right : 0.0, (long long)b, (long long)c, kvm_task_mcnemar_p(b, c));
+}
+
+int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, const cmd_eval_task_job *jobs,
+                      int n_jobs)
+{
+    frame fr = {NULL, NULL};
+    int rc = a->chat ? kvm_chat_frame(a->tok, a->system, &fr.open, &fr.close) : 0;
+    if (rc) fprintf(stderr, "kvmill " CMD ": --chat: %s\n", kvm_errmsg());
+    if (!rc && !a->chat) {
+        fr.open = strdup("");
+        fr.close = strdup("\nAnswer:");
+        if (!fr.open || !fr.close) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    }
+    int64_t *right = calloc((size_t)n_jobs + 1, sizeof *right), *lost = calloc((size_t)n_jobs, sizeof *lost),
+            *gained = calloc((size_t)n_jobs, sizeof *gained);
+    if (!rc && (!right || !lost || !gained)) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    if (a->csv) fprintf(a->csv, "case,task,doc,depth,context,method,budget_tokens,correct,answer,generated\n");
+    printf("== task %s: %d cases, context <= %lld tokens%s; columns: full KV, then each method (1 = right)\n",
+           kvm_task_name(a->kind), a->cases, (long long)a->n_ctx, a->chat ? ", chat framing" : "");
+    int done = 0;
+    for (int i = 0; !rc && i < a->cases; i++) {
+        int di = (i / KVM_TASK_DEPTHS) % docs->n;
+        char *text = NULL, gen[512];
+        size_t len = 0;
+        kvm_task_case tc = {0};
+        int32_t *ids = NULL;
+        int64_t nc = 0, nq = 0;
+        kvm_eval_doc *d = NULL;
+        rc = read_text(docs->paths[di], &text, &len);
+        if (!rc) rc = make_case(a, &fr, text, len, (uint64_t)i, &tc, &ids, &nc, &nq);
+        if (!rc) rc = kvm_eval_doc_new(a->m, a->k, ids, nc + nq, nc, nq, &d);
+        int ok;
+        double budget;
+        if (!rc) rc = answer(a, d, NULL, NULL, &ok, &tc, gen, sizeof gen, &budget);
+        if (!rc) {
+            right[n_jobs] += ok;
+            printf("case %4d %-10s depth %.2f context %5lld  answer %-12s  full %d", i, docs->names[di], tc.depth,
+                   (long long)nc, tc.answer, ok);
+            if (a->csv)
+                fprintf(a->csv, "%d,%s,%s,%.4f,%lld,full,%.2f,%d,%s,\"%s\"\n", i, kvm_task_name(a->kind),
+                        docs->names[di], tc.depth, (long long)nc, budget, ok, tc.answer, gen);
+        }
+        for (int j = 0; !rc && j < n_jobs; j++) {
+            int okj;
+            rc = answer(a, d, jobs[j].m, jobs[j].opts, &okj, &tc, gen, sizeof gen, &budget);
+            if (rc) break;
+            right[j] += okj;
+            lost[j] += ok && !okj;
+            gained[j] += !ok && okj;
+            printf(" %d", okj);
+            if (a->csv)
+                fprintf(a->csv, "%d,%s,%s,%.4f,%lld,%s,%.2f,%d,%s,\"%s\"\n", i, kvm_task_name(a->kind),
+                        docs->names[di], tc.depth, (long long)nc, jobs[j].spec, budget, okj, tc.answer, gen);
+        }
+        if (!rc) {
+            printf("\n");
+            fflush(stdout);
+            if (a->csv) fflush(a->csv);
+            done++;
+        } else
+            fprintf(stderr, "kvmill " CMD ": task case %d (%s): %s\n", i, docs->names[di], kvm_errmsg());
+        kvm_eval_doc_free(&d);
+        free(ids);
+        kvm_task_case_deinit(&tc);
+        free(text);
+    }
+    if (!rc && done) {
+        printf("== accuracy over %d cases, exact match, Wilson 95%% interval\n", done);
+        summary("full", right[n_jobs], done, 0, 0, right[n_jobs], 1);
+        for (int j = 0; j < n_jobs; j++)
+            summary(jobs[j].spec, right[j], done, lost[j], gained[j], right[n_jobs], 0);
+    }
+    free(right);
+    free(lost);
+    free(gained);
+    free(fr.open);
+    free(fr.close);
+    return rc ? 1 : 0;
+}
