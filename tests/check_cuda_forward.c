@@ -69,19 +69,18 @@ typedef struct cpu_stats {
 } cpu_stats;
 static cpu_stats *cst;
 
-/* the CPU's statistics from its probabilities (post_attn hook) */
+/* the CPU's statistics, as its per-layer kernel produces them (post_attn hook; CPU backend memory
+ * is host memory) */
 static int stats_hook(void *user, const kvm_attn_site *s)
 {
     cpu_stats *c = user;
-    for (int64_t i = 0; i < s->n_q; i++) {
-        float e = 0;
-        for (int64_t j = 0; j < s->n_e; j++) {
-            float p = s->probs[i * s->n_e + j];
-            e += p > 0 ? -p * logf(p) : 0.0f;
-            if (i >= s->n_q - WIN) c->mass[s->layer][s->head][j] += p;
-            if (i == s->n_q - 1) c->last[s->layer][s->head][j] = p;
+    const kvm_attn_layer *a = s->attn;
+    for (int h = 0; h < HEADS; h++) {
+        for (int64_t i = 0; i < s->n_q; i++) c->ent[s->layer][h][i] = a->entropy[h * s->n_q + i];
+        for (int64_t j = 0; j < a->ld_e && j < N; j++) {
+            c->mass[s->layer][h][j] = a->mass[h * a->ld_e + j];
+            c->last[s->layer][h][j] = a->obs[(h * a->n_obs + a->n_obs - 1) * a->ld_e + j];
         }
-        c->ent[s->layer][s->head][i] = e;
     }
     return 0;
 }
@@ -95,7 +94,8 @@ static void setup(void)
     cpu_logits = malloc((size_t)N * V * sizeof *cpu_logits);
     cst = calloc(1, sizeof *cst);
     ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
-    kvm_hooks h = {.user = cst, .post_attn = stats_hook};
+    kvm_hooks h = {.user = cst, .post_attn = stats_hook, .stats = KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_OBS,
+                   .mass_p0 = N - WIN, .mass_p1 = N, .n_obs = 1};
     ck_assert_int_eq(kvm_forward_add_hooks(f, &h), 0);
     ck_assert_int_eq(kvm_forward_cache_new(model, N, &cpu_cache), 0);
     ck_assert_int_eq(kvm_forward_prefill(f, cpu_cache, ids, N, cpu_logits, KVM_LOGITS_ALL), 0);

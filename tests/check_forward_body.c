@@ -41,11 +41,17 @@ static void make_head(head *h, unsigned seed)
     for (int i = 0; i < NQ; i++) h->qpos[i] = -1 + i * (p + 2) / (NQ - 1);
 }
 
+/* the CPU backend's per-layer kernel on this one head; probs [NQ][NE] are every query's
+ * probability row (the OBS statistic over all NQ queries) */
 static void cpu_ref(const head *h, float *out, float *probs)
 {
-    kvm_attn_head a = {.q = h->q, .ldq = D, .qpos = h->qpos, .n_q = NQ, .k = h->k, .v = h->v, .pos = h->pos,
-                       .bias = h->bias, .n_e = NE, .head_dim = D, .scale = 1.0f / sqrtf((float)D), .out = out,
-                       .ldo = D, .probs = probs, .want_probs = 1};
+    const float *k = h->k, *v = h->v, *bias = h->bias;
+    const int32_t *pos = h->pos;
+    const int64_t n_e = NE;
+    kvm_attn_layer a = {.n_heads = 1, .n_kv_heads = 1, .head_dim = D, .scale = 1.0f / sqrtf((float)D), .q = h->q,
+                        .ldq = D, .qpos = h->qpos, .n_q = NQ, .k = &k, .v = &v, .pos = &pos, .bias = &bias,
+                        .n_e = &n_e, .out = out, .ldo = D, .stats = KVM_ATTN_STAT_OBS, .n_obs = NQ, .ld_e = NE,
+                        .obs = probs};
     ck_assert_int_eq(kvm_kernels_cpu()->attention(&a), 0);
 }
 

@@ -146,7 +146,7 @@ static int build_repeat(const kvm_compress_input *in, kvm_forward *f, kvm_sculpt
         else seq[0] = c->bos_id;
         memcpy(seq + P, in->tokens, (size_t)N * sizeof *seq);
         grab g = {c, set};
-        kvm_hooks h = {.user = &g, .no_probs = 1, .cache_update = on_update};
+        kvm_hooks h = {.user = &g, .cache_update = on_update};
         rc = kvm_kvcache_clone(in->full, &cc);
         if (!rc) rc = kvm_forward_add_hooks(f, &h);
         if (!rc) rc = kvm_forward_prefill(f, cc, seq, N + P, NULL, KVM_LOGITS_NONE);
@@ -190,7 +190,7 @@ static int build_continuation(const kvm_compress_input *in, kvm_forward *f, int6
         rc = kvm_forward_decode(f, cc, in->tokens[N - 1], logits);
     }
     grab g = {c, set};
-    kvm_hooks h = {.user = &g, .no_probs = 1, .cache_update = on_update};
+    kvm_hooks h = {.user = &g, .cache_update = on_update};
     if (!rc) rc = kvm_forward_add_hooks(f, &h);
     for (int64_t t = 0; !rc && t < T; t++) rc = kvm_forward_decode(f, cc, argmax(logits, c->vocab_size), logits);
     kvm_forward_clear_hooks(f);

@@ -207,11 +207,22 @@ template <int D> struct dev_table {
         int rc = kvm__cuda_use(D);
         keep(rc ? rc : kvm__cuda_add(D, x, y, n));
     }
-    static int attention(const kvm_attn_head *a)
+    static_assert((unsigned)KVM_CUDA_STAT_MASS == (unsigned)KVM_ATTN_STAT_MASS &&
+                      (unsigned)KVM_CUDA_STAT_ENTROPY == (unsigned)KVM_ATTN_STAT_ENTROPY &&
+                      (unsigned)KVM_CUDA_STAT_LSE == (unsigned)KVM_ATTN_STAT_LSE &&
+                      (unsigned)KVM_CUDA_STAT_OBS == (unsigned)KVM_ATTN_STAT_OBS,
+                  "the CUDA statistics flags are kvm_attn_stat's");
+    static int attention(const kvm_attn_layer *a)
     {
         int rc = kvm__cuda_use(D);
         if (rc || (rc = take_sticky())) return rc;
-        return kvm__cuda_attention_head(D, a);
+        kvm_cuda_attn_layer c = {}; // the same fields, named in kvm_cuda.h for the .cu side
+        c.n_heads = a->n_heads, c.n_kv_heads = a->n_kv_heads, c.head_dim = a->head_dim, c.scale = a->scale;
+        c.q = a->q, c.ldq = a->ldq, c.qpos = a->qpos, c.n_q = a->n_q;
+        c.k = a->k, c.v = a->v, c.pos = a->pos, c.bias = a->bias, c.n_e = a->n_e;
+        c.out = a->out, c.ldo = a->ldo, c.stats = a->stats, c.mass_p0 = a->mass_p0, c.mass_p1 = a->mass_p1;
+        c.n_obs = a->n_obs, c.ld_e = a->ld_e, c.mass = a->mass, c.entropy = a->entropy, c.lse = a->lse, c.obs = a->obs;
+        return kvm_cuda_attention_layer(D, &c);
     }
     static kvm_kernels make()
     {

@@ -195,29 +195,6 @@ int run(int dev, attn_p p)
 
 } // namespace
 
-int kvm__cuda_attention_head(int dev, const kvm_attn_head *a)
-{
-    if (a->n_q < 0 || a->n_e < 0 || a->head_dim <= 0)
-        return kvm_err(KVM_EINVAL, "attention: bad sizes n_q=%lld n_e=%lld head_dim=%d", (long long)a->n_q,
-                       (long long)a->n_e, a->head_dim);
-    attn_p p = {};
-    p.q = a->q;
-    p.ldq = a->ldq;
-    p.qpos = a->qpos;
-    p.n_q = a->n_q;
-    p.n_heads = 1;
-    p.kv_mul = 1;
-    p.d = a->head_dim;
-    p.scale = a->scale;
-    p.kv[0] = kv_head{a->k, a->v, a->bias, a->pos, a->n_e};
-    p.out = a->out;
-    p.ldo = a->ldo;
-    p.ld_e = a->n_e;
-    p.probs = a->want_probs && a->n_e ? a->probs : NULL;
-    p.mass_p1 = INT32_MIN;
-    return run(dev, p);
-}
-
 extern "C" int kvm_cuda_attention_layer(int device, const kvm_cuda_attn_layer *a)
 {
     if (a->n_kv_heads <= 0 || a->n_kv_heads > KVM_CUDA_MAX_KV_HEADS || a->n_heads <= 0 || a->n_heads % a->n_kv_heads)

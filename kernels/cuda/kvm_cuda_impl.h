@@ -54,7 +54,5 @@ int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void
 // The same with X already in the weight dtype t (bf16/f16) [m][ldx]: cublasGemmEx alone
 int kvm__cuda_gemm_half(int dev, const void *xh, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
                         int64_t in, float *y, int64_t ldy);
-// One head's attention of the kvm_kernels table (device kvm_attn_head)
-int kvm__cuda_attention_head(int dev, const kvm_attn_head *a);
 
 #endif
