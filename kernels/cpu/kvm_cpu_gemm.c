@@ -25,7 +25,7 @@ enum { KVM_GEMM_MC = 128 }; /* rows of X per cache block */
 enum { KVM_GEMM_KC = 256 }; /* rows of a 16-bit panel widened at once (16 KiB of float32) */
 
 /* Round to nearest even; NaN stays NaN. */
-static uint16_t f32_to_bf16(float f)
+static inline uint16_t f32_to_bf16(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -34,7 +34,7 @@ static uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static uint16_t f32_to_f16(float f)
+static inline uint16_t f32_to_f16(float f)
 {
     _Float16 h = (_Float16)f;
     uint16_t u;
@@ -83,6 +83,22 @@ int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in
     return 0;
 }
 
+/* One panel of NR rows (nr real ones, buf [nr][in] float32) into dst [in][NR] 16-bit; returns
+ * the index (row * in + column) of the first finite value f16 cannot hold, or -1. Cloned so
+ * that the conversions use F16C where the processor has it. */
+KVM_CLONES
+static int64_t pack_panel_h(const float *buf, int64_t nr, int64_t in, int dtype, uint16_t *dst)
+{
+    for (int64_t i = 0; i < in; i++)
+        for (int64_t j = 0; j < KVM_GEMM_NR; j++) {
+            float v = j < nr ? buf[j * in + i] : 0.0f;
+            uint16_t h = dtype == KVM_GEMM_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+            if (dtype == KVM_GEMM_F16 && (h & 0x7fffu) == 0x7c00u && v == v && v - v == 0.0f) return j * in + i;
+            dst[i * KVM_GEMM_NR + j] = h;
+        }
+    return -1;
+}
+
 int kvm__cpu_pack_rows(kvm_cpu_packed *dst, int (*rows)(void *ctx, int64_t r0, int64_t n, float *buf), void *ctx,
                        int64_t out, int64_t in, int dtype)
 {
@@ -99,22 +115,18 @@ int kvm__cpu_pack_rows(kvm_cpu_packed *dst, int (*rows)(void *ctx, int64_t r0, i
     for (int64_t p = 0; p < panels; p++) {
         int64_t o0 = p * NR, nr = out - o0 < NR ? out - o0 : NR;
         if ((rc = rows(ctx, o0, nr, buf))) goto fail;
-        for (int64_t i = 0; i < in; i++)
-            for (int64_t j = 0; j < NR; j++) {
-                float v = j < nr ? buf[j * in + i] : 0.0f;
-                size_t at = (size_t)(p * in + i) * (size_t)NR + (size_t)j;
-                if (dtype == KVM_GEMM_F32) {
-                    ((float *)mem)[at] = v;
-                    continue;
-                }
-                uint16_t h = dtype == KVM_GEMM_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
-                if (dtype == KVM_GEMM_F16 && (h & 0x7fffu) == 0x7c00u && v == v && v - v == 0.0f) {
-                    rc = kvm_err(KVM_ERANGE, "gemm: value %g at row %lld, column %lld is outside f16's range (±65504)",
-                                 (double)v, (long long)(o0 + j), (long long)i);
-                    goto fail;
-                }
-                ((uint16_t *)mem)[at] = h;
-            }
+        if (dtype == KVM_GEMM_F32) {
+            float *pp = (float *)mem + p * in * NR;
+            for (int64_t i = 0; i < in; i++)
+                for (int64_t j = 0; j < NR; j++) pp[i * NR + j] = j < nr ? buf[j * in + i] : 0.0f;
+            continue;
+        }
+        int64_t bad = pack_panel_h(buf, nr, in, dtype, (uint16_t *)mem + p * in * NR);
+        if (bad >= 0) {
+            rc = kvm_err(KVM_ERANGE, "gemm: value %g at row %lld, column %lld is outside f16's range (±65504)",
+                         (double)buf[bad], (long long)(o0 + bad / in), (long long)(bad % in));
+            goto fail;
+        }
     }
     free(buf);
     *dst = (kvm_cpu_packed){.out = out, .in = in, .dtype = dtype};
