@@ -125,6 +125,10 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     /* 16-bit KV on the wire changes the cache a little: its own id (f32 keeps the old ids) */
     const char *wire = kvm_config_str(c, "run", "wire_dtype");
     if (strcmp(wire, "f32")) k += snprintf(text + k, cap - (size_t)k, "run.wire_dtype=%s\n", wire);
+    /* 16-bit weight panels (the default `auto` on GGUF and 16-bit files) change the forward a
+     * little, so the caches too: their own id (f32 keeps the old ids) */
+    const char *wdt = kvm_config_str(c, "model", "weight_dtype");
+    if (strcmp(wdt, "f32")) k += snprintf(text + k, cap - (size_t)k, "model.weight_dtype=%s\n", wdt);
     memcpy(text + k, comp, n);
     free(comp);
     size_t len = (size_t)k + n;

@@ -39,7 +39,7 @@ int kvm_jobcfg_check(const kvm_config *c);
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:
  * the manifest's config bytes) of everything that changes a stored cache, one
  * "name=value\n" line each, in this order: kvmill.algorithm (KVM_JOBCFG_ALGORITHM_VERSION),
- * model.context, store.dtype, every [compress] setting (resolved, defaults included,
+ * model.context, store.dtype, run.wire_dtype and model.weight_dtype (each only when not f32), every [compress] setting (resolved, defaults included,
  * numbers in one spelling), then strategy.hash=HEX (BLAKE2b-256 of the PolyKV strategy's
  * stored bytes) when strategy_hash is not NULL. Returns 0 or KVM_ENOMEM. */
 int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,

@@ -334,7 +334,9 @@ START_TEST(test_config_id_covers)
     for (int i = 0; kvm_cfg_settings[i].section; i++) {
         const kvm_cfg_setting *s = &kvm_cfg_settings[i];
         int counts = !strcmp(s->section, "compress") || (!strcmp(s->section, "model") && !strcmp(s->key, "context")) ||
-                     (!strcmp(s->section, "store") && !strcmp(s->key, "dtype"));
+                     (!strcmp(s->section, "store") && !strcmp(s->key, "dtype")) ||
+                     (!strcmp(s->section, "model") && !strcmp(s->key, "weight_dtype")) ||
+                     (!strcmp(s->section, "run") && !strcmp(s->key, "wire_dtype"));
         if (!counts) continue;
         kvm_config *c = parse_ok("[model]\npath = /m\n");
         char buf[128];
