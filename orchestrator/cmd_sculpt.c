@@ -97,7 +97,7 @@ int kvm_cmd_sculpt(int argc, char **argv)
         {"doc", 1, "document text file (encoded with BOS)", NULL},
         {"context", 1, "context tokens N: the document's first N tokens (default: all, at most seq_len)", NULL},
         {"out", 1, "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h)", NULL},
-        {"device", 1, "cpu or cuda:N for the prefill and the solver (default cpu)", NULL},
+        {"device", 1, "cpu or cuda:N: the solver's device; the prefill runs on the CPU (default cpu)", NULL},
     };
     int n_fixed = 6, n_set;
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
@@ -126,11 +126,9 @@ int kvm_cmd_sculpt(int argc, char **argv)
     if (solver_device(kvm_cli_get(opts, "device"), &o)) return 2;
     if (kvm_cli_setup_device("sculpt", o.cuda ? "cpu" : kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &kk))
         return 2;
-    const kvm_kernels *dk;
-    if (o.cuda && kvm_kernels_select(kvm_cli_get(opts, "device"), &dk) == 0) kk = dk; /* the prefill there, too */
-    else if (o.cuda)
-        fprintf(stderr, "kvmill sculpt: the prefill runs on the CPU (%s); the solver on cuda:%d\n", kvm_errmsg(),
-                o.cuda_device);
+    if (o.cuda) /* the capture of training queries is the host forward's (model/kvm_capture.h) */
+        fprintf(stderr, "kvmill sculpt: the prefill runs on the CPU (the query capture has no CUDA forward yet); "
+                        "the solver on cuda:%d\n", o.cuda_device);
     kvm_model *m;
     kvm_tokenizer *tok;
     if (kvm_cli_open_model("sculpt", model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) return 1;
