@@ -46,7 +46,9 @@ ifeq ($(CUDA),1)
 CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
 CPPFLAGS   += -DKVM_WITH_CUDA=1
 NVFLAGS    := -O2 -I. -std=c++17 --default-stream per-thread --threads 0 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -Xcompiler -Wall,-Werror
-LDLIBS     += -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+# cuBLAS is opened with dlopen at first use (kernels/cuda/kvm_cuda.cu): linked, its 600 MB would
+# load into every process
+LDLIBS     += -L$(CUDA_HOME)/lib64 -lcudart -ldl -lstdc++
 CU_SRC     := $(wildcard kernels/cuda/*.cu)
 else
 CU_SRC     :=

@@ -7,7 +7,10 @@
 // returns it, so a forward sees every failure at its next checked step.
 #include "kernels/cuda/kvm_cuda_impl.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
+
+#include <mutex>
 
 extern "C" int kvm__cuda_sgemm_dev(int dev, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
@@ -20,7 +23,34 @@ int kvm__cuda_fail(int dev, const char *call, cudaError_t e)
 
 int kvm__cublas_fail(int dev, const char *call, cublasStatus_t s)
 {
-    return kvm_err(KVM_EDEVICE, "cuda:%d: %s failed: %s", dev, call, cublasGetStatusString(s));
+    return kvm_err(KVM_EDEVICE, "cuda:%d: %s failed: %s (status %d)", dev, call,
+                   kvm__cb.status_string ? kvm__cb.status_string(s) : "?", (int)s);
+}
+
+kvm_cublas_api kvm__cb;
+static std::once_flag cb_once;
+static char cb_error[512];
+
+// libcublas.so.13 (the runtime's soname; LD_LIBRARY_PATH or the loader's cache finds it)
+static void cb_load()
+{
+    void *h = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(cb_error, sizeof cb_error, "cannot load libcublas.so.13: %s", dlerror());
+        return;
+    }
+    kvm_cublas_api a;
+    a.create = (decltype(a.create))dlsym(h, "cublasCreate_v2");
+    a.destroy = (decltype(a.destroy))dlsym(h, "cublasDestroy_v2");
+    a.set_stream = (decltype(a.set_stream))dlsym(h, "cublasSetStream_v2");
+    a.sgemm = (decltype(a.sgemm))dlsym(h, "cublasSgemm_v2");
+    a.gemm_ex = (decltype(a.gemm_ex))dlsym(h, "cublasGemmEx");
+    a.status_string = (decltype(a.status_string))dlsym(h, "cublasGetStatusString");
+    if (!a.create || !a.destroy || !a.set_stream || !a.sgemm || !a.gemm_ex || !a.status_string) {
+        snprintf(cb_error, sizeof cb_error, "libcublas.so.13 lacks a cuBLAS function kvmill calls");
+        return;
+    }
+    kvm__cb = a;
 }
 
 int kvm__cuda_use(int dev)
@@ -34,16 +64,21 @@ static thread_local cublasHandle_t handles[KVM_CUDA_MAX_DEVICES];
 cublasHandle_t kvm__cublas(int dev)
 {
     if (dev < 0 || dev >= KVM_CUDA_MAX_DEVICES) return NULL;
+    std::call_once(cb_once, cb_load);
+    if (!kvm__cb.create) {
+        kvm_err(KVM_EDEVICE, "cuda:%d: %s", dev, cb_error);
+        return NULL;
+    }
     if (!handles[dev]) {
         cublasHandle_t h;
-        cublasStatus_t s = cublasCreate(&h);
+        cublasStatus_t s = kvm__cb.create(&h);
         if (s != CUBLAS_STATUS_SUCCESS) {
             kvm__cublas_fail(dev, "cublasCreate", s);
             return NULL;
         }
-        if ((s = cublasSetStream(h, cudaStreamPerThread)) != CUBLAS_STATUS_SUCCESS) {
+        if ((s = kvm__cb.set_stream(h, cudaStreamPerThread)) != CUBLAS_STATUS_SUCCESS) {
             kvm__cublas_fail(dev, "cublasSetStream", s);
-            cublasDestroy(h);
+            kvm__cb.destroy(h);
             return NULL;
         }
         handles[dev] = h;

@@ -30,10 +30,26 @@ int kvm__cublas_fail(int dev, const char *call, cublasStatus_t s);
 // after a kernel launch: reports a launch error (bad configuration, no device) by kernel name
 #define KVM_CU_LAUNCHED(dev, name) KVM_CU((dev), cudaGetLastError())
 
+// cuBLAS, loaded with dlopen when a CUDA table or model first needs it: linked directly, its
+// 600 MB of libraries would be mapped and relocated at the start of every kvmill process
+// (0.4 s and 225 MB for `kvmill --help`), device or not. kvm__cublas() loads it.
+struct kvm_cublas_api {
+    decltype(&cublasCreate_v2) create;
+    decltype(&cublasDestroy_v2) destroy;
+    decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSgemm_v2) sgemm;
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    decltype(&cublasGetStatusString) status_string;
+};
+extern kvm_cublas_api kvm__cb;
+
 // Makes dev current on the calling thread. 0 or KVM_EDEVICE.
 int kvm__cuda_use(int dev);
 // The calling thread's cuBLAS handle for dev (created on first use, bound to the per-thread
-// stream), or NULL with kvm_errmsg set.
+// stream; kept for the thread's life: destroying handles in thread-exit destructors can run
+// after the CUDA context is gone at process exit), or NULL with kvm_errmsg set.
 cublasHandle_t kvm__cublas(int dev);
 
 static inline unsigned kvm__cuda_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
@@ -51,6 +67,9 @@ int kvm__cuda_convert(int dev, void *dst, kvm_cuda_wdtype t, const float *src, i
 // Y = X · Wᵀ with W device [out][in] in dtype t, X float32 [m][ldx], Y float32 [m][ldy]
 int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
                      int64_t in, float *y, int64_t ldy);
+// The same, converting X into scratch (≥ m·in·2 bytes, device) instead of a pool buffer (NULL: pool)
+int kvm__cuda_gemm_ws(int dev, const float *x, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
+                      int64_t in, float *y, int64_t ldy, void *scratch);
 // The same with X already in the weight dtype t (bf16/f16) [m][ldx]: cublasGemmEx alone
 int kvm__cuda_gemm_half(int dev, const void *xh, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
                         int64_t in, float *y, int64_t ldy);

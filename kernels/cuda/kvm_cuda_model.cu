@@ -39,6 +39,7 @@ struct kvm_cuda_model {
     // device scratch
     float *x, *xb, *q, *kk, *vv, *att, *hb, *hb2, *cos_t, *sin_t, *logits;
     float *st_lse, *st_ent, *st_km, *st_lp;
+    void *xh; // activations converted to the weight dtype for cublasGemmEx, [max_batch][max(dim, q, hidden)]
     int32_t *qpos, *tok;
     // host scratch
     float *h_cos, *h_sin;
@@ -182,6 +183,8 @@ int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, float *stage)
         (rc = dalloc_n(dev, &m->st_km, (size_t)(d->n_heads * m->ctx))) ||
         (rc = dalloc_n(dev, &m->st_lp, (size_t)(d->n_heads * m->ctx))))
         return rc;
+    const int64_t widest = H > wide ? H : wide;
+    if (t != KVM_CUDA_F32 && (rc = dalloc(dev, &m->xh, (size_t)(B * widest) * 2))) return rc;
     KVM_CU(dev, cudaStreamSynchronize(cudaStreamPerThread));
     return 0;
 }
@@ -214,7 +217,7 @@ void kvm_cuda_model_free(kvm_cuda_model **pm)
             for (void *p : ps) free_dev(p);
         }
         void *ps[] = {m->tok_emb, m->rms_final, m->wcls.d, m->x, m->xb, m->q, m->kk, m->vv, m->att, m->hb, m->hb2,
-                      m->cos_t, m->sin_t, m->logits, m->st_lse, m->st_ent, m->st_km, m->st_lp, m->qpos, m->tok};
+                      m->cos_t, m->sin_t, m->logits, m->st_lse, m->st_ent, m->st_km, m->st_lp, m->xh, m->qpos, m->tok};
         for (void *p : ps) free_dev(p);
     }
     free(m->L);
@@ -375,7 +378,7 @@ int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
     dlayer *y = &m->L[l];
     int rc;
     auto mm = [&](const float *x, int64_t ldx, const dmat &w, float *out) {
-        return kvm__cuda_gemm_w(dev, x, n, ldx, w.d, m->t, w.out, w.in, out, w.out);
+        return kvm__cuda_gemm_ws(dev, x, n, ldx, w.d, m->t, w.out, w.in, out, w.out, m->xh);
     };
     if ((rc = kvm__cuda_rmsnorm(dev, m->xb, m->x, y->rms_att, n, D, c->norm_eps)) || (rc = mm(m->xb, D, y->wq, m->q)) ||
         (rc = mm(m->xb, D, y->wk, m->kk)) || (rc = mm(m->xb, D, y->wv, m->vv)))
@@ -453,8 +456,8 @@ int batch(kvm_cuda_model *m, const int32_t *tok, int64_t n, float *logits, int l
     if (!rc && logits) {
         int64_t first = last_only ? n - 1 : 0, rows = n - first;
         if (!(rc = kvm__cuda_rmsnorm(dev, m->xb, m->x + first * c->dim, m->rms_final, rows, c->dim, c->norm_eps)) &&
-            !(rc = kvm__cuda_gemm_w(dev, m->xb, rows, c->dim, m->wcls.d, m->t, m->wcls.out, m->wcls.in, m->logits,
-                                    c->vocab_size)))
+            !(rc = kvm__cuda_gemm_ws(dev, m->xb, rows, c->dim, m->wcls.d, m->t, m->wcls.out, m->wcls.in, m->logits,
+                                     c->vocab_size, m->xh)))
             if (cudaMemcpyAsync(logits, m->logits, (size_t)rows * c->vocab_size * 4, cudaMemcpyDeviceToHost,
                                 cudaStreamPerThread) != cudaSuccess)
                 rc = kvm__cuda_fail(dev, "cudaMemcpyAsync(logits)", cudaGetLastError());
@@ -497,9 +500,7 @@ extern "C" int kvm_cuda_model_gemm_only(kvm_cuda_model *m, int64_t n, int reps, 
                        dev, (long long)n, (long long)m->max_batch, reps, m->t == KVM_CUDA_F32 ? "f32" : "half");
     int rc = kvm__cuda_use(dev);
     if (rc) return rc;
-    const int64_t D = c->dim, H = c->hidden_dim, wide = H > D ? H : D;
-    void *xh = NULL;
-    KVM_CU(dev, cudaMallocAsync(&xh, (size_t)n * (size_t)wide * 2, cudaStreamPerThread));
+    void *xh = m->xh; // [max_batch][max(dim, q, hidden)] in the weight dtype
     auto gemm = [&](const dmat &w, float *y, int64_t rows) {
         return kvm__cuda_gemm_half(dev, xh, rows, w.in, w.d, m->t, w.out, w.in, y, w.out);
     };
@@ -529,7 +530,6 @@ extern "C" int kvm_cuda_model_gemm_only(kvm_cuda_model *m, int64_t n, int reps, 
         rc = kvm__cuda_fail(dev, "cudaEventElapsedTime", cudaGetLastError());
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    cudaFreeAsync(xh, cudaStreamPerThread);
     *seconds = ms / 1e3 / reps;
     *flops = f;
     return rc;
