@@ -428,6 +428,7 @@ int kvm_cmd_eval(int argc, char **argv)
          NULL},
         {"cases", 1, "--task: cases (default 9: one document at the nine depths; case i uses document (i/9) mod D)",
          NULL},
+        {"first-case", 1, "--task: index of the first case (default 0), so a long run can go in pieces", NULL},
         {"answer-tokens", 1, "--task: greedy tokens per answer at most (default 16)", NULL},
         {"chat", 0, "--task: chat framing: the cached context opens the user's turn (template, then the document); "
                     "question, end of turn and assistant marker are appended at ask time",
@@ -456,7 +457,8 @@ int kvm_cmd_eval(int argc, char **argv)
     cmd_eval_task_args ta = {.cases = 9, .answer_tokens = 16, .chat = kvm_cli_get(opts, "chat") != NULL,
                              .system = kvm_cli_get(opts, "system")};
     if (task) {
-        const char *cs = kvm_cli_get(opts, "cases"), *at = kvm_cli_get(opts, "answer-tokens");
+        const char *cs = kvm_cli_get(opts, "cases"), *at = kvm_cli_get(opts, "answer-tokens"),
+                   *fc = kvm_cli_get(opts, "first-case");
         int64_t x;
         if (kvm_task_parse(task, &ta.kind)) {
             fprintf(stderr, "kvmill " CMD ": --task: %s\n", kvm_errmsg());
@@ -470,12 +472,17 @@ int kvm_cmd_eval(int argc, char **argv)
             if (kvm_cli_int(CMD, "cases", cs, 1, 1 << 20, &x)) return 2;
             ta.cases = (int)x;
         }
+        if (fc) {
+            if (kvm_cli_int(CMD, "first-case", fc, 0, 1 << 20, &x)) return 2;
+            ta.first_case = (int)x;
+        }
         if (at) {
             if (kvm_cli_int(CMD, "answer-tokens", at, 1, 4096, &x)) return 2;
             ta.answer_tokens = (int)x;
         }
-    } else if (kvm_cli_get(opts, "cases") || kvm_cli_get(opts, "answer-tokens") || ta.chat || ta.system) {
-        fprintf(stderr, "kvmill " CMD ": --cases, --answer-tokens, --chat and --system need --task\n");
+    } else if (kvm_cli_get(opts, "cases") || kvm_cli_get(opts, "answer-tokens") || kvm_cli_get(opts, "first-case") ||
+               ta.chat || ta.system) {
+        fprintf(stderr, "kvmill " CMD ": --cases, --first-case, --answer-tokens, --chat and --system need --task\n");
         return 2;
     }
     if (ta.system && !ta.chat) {

@@ -167,7 +167,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     printf("== task %s: %d cases, context <= %lld tokens%s; columns: full KV, then each method (1 = right)\n",
            kvm_task_name(a->kind), a->cases, (long long)a->n_ctx, a->chat ? ", chat framing" : "");
     int done = 0;
-    for (int i = 0; !rc && i < a->cases; i++) {
+    for (int i = a->first_case; !rc && i < a->first_case + a->cases; i++) {
         int di = (i / KVM_TASK_DEPTHS) % docs->n;
         char *text = NULL, gen[512];
         size_t len = 0;

@@ -56,6 +56,7 @@ typedef struct cmd_eval_task_args {
     const kvm_tokenizer *tok;
     kvm_task_kind kind;
     int64_t n_ctx;                    /* context tokens at most (frame and document) */
+    int first_case;                   /* index of the first case */
     int cases;                        /* cases; case i uses document (i / 9) mod n_docs at depth 0.1·(1 + i mod 9) */
     int answer_tokens;                /* greedy tokens per answer at most */
     int chat;                         /* 1: chat framing (kvm_chat_frame) */

@@ -381,6 +381,7 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --target-kl 0.1 --context 480 --continuation 20", "2 x --continuation");
     expect_usage_error("--method h2o --budget 8 --task needle", "unknown task 'needle'");
     expect_usage_error("--method h2o --budget 8 --cases 3", "need --task");
+    expect_usage_error("--method h2o --budget 8 --first-case 3", "need --task");
     expect_usage_error("--method h2o --budget 8 --task passkey --cases 0", "--cases: 0 is outside");
     expect_usage_error("--method h2o --budget 8 --task passkey --system hi", "--system needs --chat");
     expect_usage_error("--method h2o --target-kl 0.1 --task passkey", "do not combine");
@@ -448,6 +449,18 @@ START_TEST(test_cli_task)
     ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
     ck_assert_ptr_nonnull(strstr(out, "case    1 doc_000    depth 0.2"));
     ck_assert_ptr_nonnull(strstr(out, "== accuracy over 2 cases"));
+    free(out);
+    free(err);
+    /* --first-case 1: the same case 1, alone */
+    size_t at = strlen(cmd);
+    snprintf(cmd + at, sizeof cmd - at, " --first-case 1 --cases 1");
+    char *out1 = NULL;
+    st = kvm_test_run(cmd, &out1, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    ck_assert_ptr_nonnull(strstr(out1, "case    1 doc_000    depth 0.2"));
+    ck_assert_ptr_null(strstr(out1, "case    0 "));
+    ck_assert_ptr_nonnull(strstr(out1, "== accuracy over 1 cases"));
+    out = out1;
     ck_assert_ptr_nonnull(strstr(out, "McNemar p = "));
     free(out);
     free(err);

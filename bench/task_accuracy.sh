@@ -1,0 +1,34 @@
+#!/bin/sh
+# task_accuracy.sh: task accuracy of full KV and each method at budgets of 12.5%, 25%, 50% of
+# the context on SmolLM2 with chat framing (issue 14, item 3). Resumable: cases run in chunks
+# of CHUNK, one CSV per (task, chunk) under OUT; finished chunks are skipped. The summary
+# (accuracy, Wilson 95% interval, McNemar against full KV over all finished cases) comes from
+# bench/task_table.sh.
+# usage: bench/task_accuracy.sh [OUT_DIR] ; env TASKS, CASES, CHUNK, N, METHODS, RATIOS, THREADS
+set -eu
+OUT=${1:-bench/out/task}
+SHARED=${KVMILL_SHARED:-../shared}
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+TASKS=${TASKS:-"passkey recall multikey"}
+CASES=${CASES:-36}
+CHUNK=${CHUNK:-9}
+N=${N:-2048}
+METHODS=${METHODS:-streaming,h2o,tova,snapkv,pyramidkv}
+RATIOS=${RATIOS:-0.125,0.25,0.5}
+THREADS=${THREADS:-2}
+DOCS=${DOCS:-$SHARED/data/long2k}
+mkdir -p "$OUT"
+for task in $TASKS; do
+    first=0
+    while [ "$first" -lt "$CASES" ]; do
+        f="$OUT/$task.N$N.c$first.csv"
+        if [ ! -s "$f" ]; then
+            bin/kvmill eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
+                --first-case "$first" --cases "$CHUNK" --method "$METHODS" --ratio "$RATIOS" --threads "$THREADS" \
+                --csv "$f.part" > "$f.log"
+            mv "$f.part" "$f"
+            echo "$f $(uptime | sed 's/.*load average: //')"
+        fi
+        first=$((first + CHUNK))
+    done
+done

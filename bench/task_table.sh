@@ -1,0 +1,29 @@
+#!/bin/sh
+# task_table.sh: accuracy per (task, context, method, budget) over the CSVs of
+# bench/task_accuracy.sh, with the Wilson 95% interval and the exact McNemar p against full KV
+# on the same cases. usage: bench/task_table.sh OUT_DIR
+set -eu
+cat "${1:-bench/out/task}"/*.csv | awk -F, '
+$1 == "case" { next }
+{ key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", $7 / $5)) }
+$6 == "full" { full[key] = $8 }
+{ ok[key, m] = $8; seen[key] = 1; cells[$2 "|" m] = 1 }
+END {
+    printf "%-10s %-24s %6s %8s %17s %6s %6s %9s\n", "task", "method@ratio", "cases", "acc", "95% interval", "lost", "gained", "mcnemar_p"
+    for (c in cells) {
+        split(c, tm, "|"); task = tm[1]; m = tm[2]; split(m, mr, "@")
+        n = 0; r = 0; b = 0; g = 0
+        for (k in seen) {
+            split(k, kk, ","); if (kk[1] != task || !((k, m) in ok)) continue
+            n++; r += ok[k, m]; b += full[k] && !ok[k, m]; g += !full[k] && ok[k, m]
+        }
+        if (n == 0) continue
+        p = r / n; z = 1.96; d = 1 + z * z / n; mid = (p + z * z / (2 * n)) / d
+        h = z * sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+        lo = mid - h < 0 ? 0 : mid - h; hi = mid + h > 1 ? 1 : mid + h
+        nn = b + g; k0 = b < g ? b : g; t = 0
+        for (i = 0; i <= k0; i++) { lc = 0; for (j = 1; j <= nn; j++) lc += log(j); for (j = 1; j <= i; j++) lc -= log(j); for (j = 1; j <= nn - i; j++) lc -= log(j); t += exp(lc - nn * log(2)) }
+        pv = nn == 0 ? 1 : (2 * t < 1 ? 2 * t : 1)
+        printf "%-10s %-24s %6d %8.3f   [%5.3f, %5.3f] %6d %6d %9.3g\n", task, m, n, p, lo, hi, b, g, pv
+    }
+}' | sort
