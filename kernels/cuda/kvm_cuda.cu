@@ -43,10 +43,13 @@ static void cb_load()
     a.create = (decltype(a.create))dlsym(h, "cublasCreate_v2");
     a.destroy = (decltype(a.destroy))dlsym(h, "cublasDestroy_v2");
     a.set_stream = (decltype(a.set_stream))dlsym(h, "cublasSetStream_v2");
+    a.set_math_mode = (decltype(a.set_math_mode))dlsym(h, "cublasSetMathMode");
     a.sgemm = (decltype(a.sgemm))dlsym(h, "cublasSgemm_v2");
+    a.dgemm = (decltype(a.dgemm))dlsym(h, "cublasDgemm_v2");
     a.gemm_ex = (decltype(a.gemm_ex))dlsym(h, "cublasGemmEx");
     a.status_string = (decltype(a.status_string))dlsym(h, "cublasGetStatusString");
-    if (!a.create || !a.destroy || !a.set_stream || !a.sgemm || !a.gemm_ex || !a.status_string) {
+    if (!a.create || !a.destroy || !a.set_stream || !a.set_math_mode || !a.sgemm || !a.dgemm || !a.gemm_ex ||
+        !a.status_string) {
         snprintf(cb_error, sizeof cb_error, "libcublas.so.13 lacks a cuBLAS function kvmill calls");
         return;
     }
@@ -59,16 +62,18 @@ int kvm__cuda_use(int dev)
     return 0;
 }
 
+int kvm__cublas_load(int dev)
+{
+    std::call_once(cb_once, cb_load);
+    return kvm__cb.create ? 0 : kvm_err(KVM_EDEVICE, "cuda:%d: %s", dev, cb_error);
+}
+
 static thread_local cublasHandle_t handles[KVM_CUDA_MAX_DEVICES];
 
 cublasHandle_t kvm__cublas(int dev)
 {
     if (dev < 0 || dev >= KVM_CUDA_MAX_DEVICES) return NULL;
-    std::call_once(cb_once, cb_load);
-    if (!kvm__cb.create) {
-        kvm_err(KVM_EDEVICE, "cuda:%d: %s", dev, cb_error);
-        return NULL;
-    }
+    if (kvm__cublas_load(dev)) return NULL;
     if (!handles[dev]) {
         cublasHandle_t h;
         cublasStatus_t s = kvm__cb.create(&h);

@@ -37,13 +37,17 @@ struct kvm_cublas_api {
     decltype(&cublasCreate_v2) create;
     decltype(&cublasDestroy_v2) destroy;
     decltype(&cublasSetStream_v2) set_stream;
+    decltype(&cublasSetMathMode) set_math_mode;
     decltype(&cublasSgemm_v2) sgemm;
+    decltype(&cublasDgemm_v2) dgemm;
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                               const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
                               cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
     decltype(&cublasGetStatusString) status_string;
 };
 extern kvm_cublas_api kvm__cb;
+// Loads cuBLAS once (thread-safe). 0, or KVM_EDEVICE naming dev and why it cannot be loaded.
+int kvm__cublas_load(int dev);
 
 // Makes dev current on the calling thread. 0 or KVM_EDEVICE.
 int kvm__cuda_use(int dev);

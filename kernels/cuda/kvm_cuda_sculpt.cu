@@ -10,7 +10,7 @@
 // caller solves them (compress/sculpt: LAPACKE Cholesky), as do losses (2 doubles per problem)
 // and gradients (k·(d+1) floats). The L-BFGS bookkeeping stays on the host: per step the host
 // sends the points (k·(d+1) floats per problem) and reads the gradients back.
-// cuBLAS is opened with dlopen on first use (libcublas.so.13): linked directly, it and cuBLASLt
+// cuBLAS is opened with dlopen on first use (libcublas.so.13, kvm__cublas_load): linked directly, it and cuBLASLt
 // (hundreds of MB) would load at the start of every kvmill process, GPU or not (0.4 s measured
 // here, enough to lose a Ctrl-C that arrives before the orchestrator's handler is set).
 // Every CUDA and cuBLAS call is checked; a failure returns KVM_EDEVICE naming the call and the
@@ -28,6 +28,7 @@ extern "C" {
 #include "common/kvm_error.h"
 #include "kernels/kvm_sculpt_kernels.h"
 }
+#include "kernels/cuda/kvm_cuda_impl.h"
 #include "kernels/kvm_sculpt_body.h"
 
 namespace {
@@ -49,52 +50,8 @@ struct cprob {
 }  // namespace
 
 
-// ---- cuBLAS, resolved at first use ----
-
-struct cublas_api {
-    cublasStatus_t (*create)(cublasHandle_t *);
-    cublasStatus_t (*destroy)(cublasHandle_t);
-    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
-    cublasStatus_t (*set_math_mode)(cublasHandle_t, cublasMath_t);
-    cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float *,
-                            const float *, int, const float *, int, const float *, float *, int);
-    cublasStatus_t (*dgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const double *,
-                            const double *, int, const double *, int, const double *, double *, int);
-    const char *(*status_string)(cublasStatus_t);
-};
-static cublas_api cb;
-static int cb_ok;
-static char cb_why[300];
-static pthread_once_t cb_once = PTHREAD_ONCE_INIT;
-
-static void cublas_open(void)
-{
-    const char *names[] = {"libcublas.so.13", "libcublas.so"};
-    void *h = NULL;
-    for (int i = 0; i < 2 && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(cb_why, sizeof cb_why, "dlopen libcublas.so.13: %s", dlerror());
-        return;
-    }
-    struct { void **fn; const char *name; } syms[] = {
-        {(void **)&cb.create, "cublasCreate_v2"},        {(void **)&cb.destroy, "cublasDestroy_v2"},
-        {(void **)&cb.set_stream, "cublasSetStream_v2"}, {(void **)&cb.set_math_mode, "cublasSetMathMode"},
-        {(void **)&cb.sgemm, "cublasSgemm_v2"},          {(void **)&cb.dgemm, "cublasDgemm_v2"},
-        {(void **)&cb.status_string, "cublasGetStatusString"}};
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
-        if (!(*syms[i].fn = dlsym(h, syms[i].name))) {
-            snprintf(cb_why, sizeof cb_why, "libcublas.so.13 has no %s", syms[i].name);
-            return;
-        }
-    cb_ok = 1;
-}
-
-// 0, or KVM_EDEVICE saying why cuBLAS cannot be used.
-static int cublas_ready(int dev)
-{
-    pthread_once(&cb_once, cublas_open);
-    return cb_ok ? 0 : kvm_err(KVM_EDEVICE, "cuda:%d: %s", dev, cb_why);
-}
+// cuBLAS: the backend's one loader (kvm__cublas_load, kvm__cb in kernels/cuda/kvm_cuda_impl.h)
+static int cublas_ready(int dev) { return kvm__cublas_load(dev); }
 
 struct kvm_sculpt_batch {
     int n, d, dev;
@@ -122,7 +79,7 @@ struct kvm_sculpt_batch {
     do {                                                                                                      \
         cublasStatus_t s_ = (call);                                                                           \
         if (s_ != CUBLAS_STATUS_SUCCESS)                                                                      \
-            return kvm_err(KVM_EDEVICE, "cuda:%d: %s failed: %s", dev, name, cb.status_string(s_));           \
+            return kvm_err(KVM_EDEVICE, "cuda:%d: %s failed: %s", dev, name, kvm__cb.status_string(s_));           \
     } while (0)
 #define LAUNCHED(what)                                                                                        \
     do {                                                                                                      \
@@ -294,7 +251,7 @@ static void cuda_batch_free(kvm_sculpt_batch *b)
     if (!b) return;
     cudaSetDevice(b->dev);
     free_dev(b);
-    if (b->h) cb.destroy(b->h);
+    if (b->h) kvm__cb.destroy(b->h);
     if (b->st) cudaStreamDestroy(b->st);
     free(b->pr);
     free(b->hsums);
@@ -309,9 +266,9 @@ static int batch_fill(kvm_sculpt_batch *b, const kvm_sculpt_view *v)
     const int64_t nq = L.oq + L.nq, nk = L.ok + L.k, ns = L.os + L.nq * L.k, na = L.oa + L.k * L.k;
     CU(cudaSetDevice(dev));
     CU(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
-    BL("cublasCreate", cb.create(&b->h));
-    BL("cublasSetStream", cb.set_stream(b->h, b->st));
-    BL("cublasSetMathMode", cb.set_math_mode(b->h, CUBLAS_PEDANTIC_MATH)); // float32 GEMMs in float32 (no TF32): matches the CPU
+    BL("cublasCreate", kvm__cb.create(&b->h));
+    BL("cublasSetStream", kvm__cb.set_stream(b->h, b->st));
+    BL("cublasSetMathMode", kvm__cb.set_math_mode(b->h, CUBLAS_PEDANTIC_MATH)); // float32 GEMMs in float32 (no TF32): matches the CPU
     const size_t fq = (size_t)(nq * d) * sizeof(float), fk = (size_t)(nk * d) * sizeof(float);
     CU(cudaMalloc(&b->q, fq));
     CU(cudaMalloc(&b->of, fq));
@@ -443,7 +400,7 @@ static int scores(kvm_sculpt_batch *b, const cprob &p, int use_beta)
     const float zero = 0, sc = p.scale;
     float *S = b->S + p.os;
     // S [nq][k] = scale·Q·Kcᵀ: column-major Sᵀ = Kc·Qᵀ (LAYOUT.md's X·Wᵀ rule)
-    BL("cublasSgemm", cb.sgemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &sc, b->kc + p.ok * d, d, b->q + p.oq * d,
+    BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &sc, b->kc + p.ok * d, d, b->q + p.oq * d,
                    d, &zero, S, (int)p.k));
     k_softmax<<<(unsigned)p.nq, ROW_THREADS, 0, b->st>>>(S, use_beta ? b->beta + p.ok : NULL, p.k, b->lc + p.oq,
                                                          b->iz + p.oq);
@@ -462,7 +419,7 @@ static int lossgrad_one(kvm_sculpt_batch *b, int i, double lambda, int use_beta,
     float *S = b->S + p.os, *R = b->R + p.os, *oh = b->oh + p.oq * d, *E = b->E + p.oq * d;
     const float *vc = b->vc + p.ok * d;
     // Ôc [nq][d] = Eexp·Vc (unnormalised; the row kernel applies iz): column-major Ôcᵀ = Vcᵀ·Eexpᵀ
-    BL("cublasSgemm", cb.sgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_N, d, (int)p.nq, (int)p.k, &one, vc, d, S, (int)p.k, &zero, oh, d));
+    BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_N, d, (int)p.nq, (int)p.k, &one, vc, d, S, (int)p.k, &zero, oh, d));
     const double a1 = 2.0 / ((double)p.nq * p.out_ms), a2 = 2.0 * lambda / (double)p.nq;
     const int64_t o = p.oq;
     k_query<<<(unsigned)p.nq, ROW_THREADS, 0, b->st>>>(oh, b->of + o * d, b->orr + o * d, b->lz + o, b->lr + o,
@@ -473,7 +430,7 @@ static int lossgrad_one(kvm_sculpt_batch *b, int i, double lambda, int use_beta,
     LAUNCHED("k_total");
     if (!want_gk && !want_gb) return 0;
     // R [nq][k] = E·Vcᵀ: column-major Rᵀ = Vc·Eᵀ
-    BL("cublasSgemm", cb.sgemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &one, vc, d, E, d, &zero, R, (int)p.k));
+    BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &one, vc, d, E, d, &zero, R, (int)p.k));
     const int64_t ne = p.nq * p.k;
     k_dscore<<<(unsigned)((ne + 255) / 256), 256, 0, b->st>>>(S, b->iz + o, b->oe + o, b->b1 + o, b->b2 + o, p.nq,
                                                               p.k, R);
@@ -484,7 +441,7 @@ static int lossgrad_one(kvm_sculpt_batch *b, int i, double lambda, int use_beta,
     }
     // G [k][d] = scale·Uᵀ·Q: column-major Gᵀ (d×k) = Qᵀ(d×nq)·U(nq×k) read as Q (ld d) · Uᵀ (ld k)
     if (want_gk)
-        BL("cublasSgemm", cb.sgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &sc, b->q + o * d, d, R, (int)p.k,
+        BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &sc, b->q + o * d, d, R, (int)p.k,
                        &zero, b->gk + p.ok * d, d));
     return 0;
 }
@@ -527,9 +484,9 @@ static int cuda_normal(kvm_sculpt_batch *b, const int *idx, int n_idx, int use_b
                                                             P, T);
         LAUNCHED("k_design");
         // A [k][k] = PᵀP (symmetric: both layouts agree); B [k][d] = PᵀT: column-major Bᵀ = Tᵀ·P
-        BL("cublasDgemm", cb.dgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, (int)p.k, (int)p.k, (int)p.nq, &one, P, (int)p.k, P, (int)p.k,
+        BL("cublasDgemm", kvm__cb.dgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, (int)p.k, (int)p.k, (int)p.nq, &one, P, (int)p.k, P, (int)p.k,
                        &zero, b->A + p.oa, (int)p.k));
-        BL("cublasDgemm", cb.dgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &one, T, d, P, (int)p.k, &zero,
+        BL("cublasDgemm", kvm__cb.dgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &one, T, d, P, (int)p.k, &zero,
                        b->B + p.ok * d, d));
         CU(cudaMemcpyAsync(A + p.oa, b->A + p.oa, (size_t)(p.k * p.k) * sizeof(double), cudaMemcpyDeviceToHost, b->st));
         CU(cudaMemcpyAsync(B + p.ok * d, b->B + p.ok * d, (size_t)(p.k * d) * sizeof(double), cudaMemcpyDeviceToHost,
@@ -581,7 +538,7 @@ struct ceiling_run {
     {
         if (a) cudaFree(a);
         if (c) cudaFree(c);
-        if (h) cb.destroy(h);
+        if (h) kvm__cb.destroy(h);
         if (e0) cudaEventDestroy(e0);
         if (e1) cudaEventDestroy(e1);
     }
@@ -596,15 +553,15 @@ static int ceiling(int dev, int n, int reps, double *tflops)
     CU(cudaMalloc(&r.a, (size_t)n * n * sizeof(float)));
     CU(cudaMalloc(&r.c, (size_t)n * n * sizeof(float)));
     CU(cudaMemset(r.a, 0, (size_t)n * n * sizeof(float)));
-    BL("cublasCreate", cb.create(&r.h));
-    BL("cublasSetMathMode", cb.set_math_mode(r.h, CUBLAS_PEDANTIC_MATH));
+    BL("cublasCreate", kvm__cb.create(&r.h));
+    BL("cublasSetMathMode", kvm__cb.set_math_mode(r.h, CUBLAS_PEDANTIC_MATH));
     CU(cudaEventCreate(&r.e0));
     CU(cudaEventCreate(&r.e1));
     const float one = 1, zero = 0;
-    BL("cublasSgemm", cb.sgemm(r.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, r.a, n, r.a, n, &zero, r.c, n)); // warm-up
+    BL("cublasSgemm", kvm__cb.sgemm(r.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, r.a, n, r.a, n, &zero, r.c, n)); // warm-up
     for (int i = 0; i < reps; i++) {
         CU(cudaEventRecord(r.e0));
-        BL("cublasSgemm", cb.sgemm(r.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, r.a, n, r.a, n, &zero, r.c, n));
+        BL("cublasSgemm", kvm__cb.sgemm(r.h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, r.a, n, r.a, n, &zero, r.c, n));
         CU(cudaEventRecord(r.e1));
         CU(cudaEventSynchronize(r.e1));
         float t;
