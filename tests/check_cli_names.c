@@ -266,15 +266,17 @@ static int eval_rows(const char *args, char rows[8][512])
 START_TEST(test_eval_flags)
 {
     char with_flags[8][512], in_strings[8][512];
-    int n = eval_rows("--retain 8 --queries 32 --rounds 1 --iterations 2 --method sculpt,selectfit,h2o,sculpt:retain=16",
+    int n = eval_rows("--retain 8 --queries 32 --rounds 1 --iterations 2 --method sculpt,selectfit,h2o,sculpt:retain=16,"
+                      "am,kvzip",
                       with_flags);
-    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(n, 6);
     ck_assert_int_eq(eval_rows("--method sculpt:retain=8:queries=32:rounds=1:iterations=2,"
                                "selectfit:retain=8:queries=32:rounds=1:iterations=2,h2o,"
-                               "sculpt:retain=16:queries=32:rounds=1:iterations=2",
+                               "sculpt:retain=16:queries=32:rounds=1:iterations=2,am:retain=8:queries=32,"
+                               "kvzip:retain=8:queries=32",
                                in_strings),
-                     4);
-    for (int i = 0; i < 4; i++) ck_assert_str_eq(with_flags[i], in_strings[i]);
+                     6);
+    for (int i = 0; i < 6; i++) ck_assert_str_eq(with_flags[i], in_strings[i]);
     /* and the flags did something: retain 8 (flag) and retain 16 (string) differ */
     ck_assert_str_ne(with_flags[0], with_flags[3]);
     char plain[8][512];
