@@ -15,7 +15,7 @@
 
 #define CMD "eval"
 
-enum { MAX_OPTS = 64 };
+enum { MAX_OPTS = 96 };
 
 /* Sculpt settings that are not also `kvmill eval` flags: --method is the method list, --ratio
  * and --budget the budget columns, --threads the command's own (applied to both); deprecated
@@ -436,10 +436,18 @@ int kvm_cmd_eval(int argc, char **argv)
         {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
         {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},
     };
-    int n_fixed = 22, n_set, n_opts = n_fixed;
+    int n_fixed = 0, n_set;
+    while (opts[n_fixed].name) n_fixed++; /* the entries above; counted, so none is ever cut off */
+    int n_opts = n_fixed;
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
-    for (int i = 0; i < n_set && n_opts < MAX_OPTS - 1; i++) /* every sculpt setting, for sculpt-family methods */
-        if (eval_flag(&set[i])) opts[n_opts++] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
+    for (int i = 0; i < n_set; i++) /* every sculpt setting, for sculpt-family methods */
+        if (eval_flag(&set[i])) {
+            if (n_opts >= MAX_OPTS - 1) {
+                fprintf(stderr, "kvmill " CMD ": internal: more than %d options (raise MAX_OPTS)\n", MAX_OPTS - 1);
+                return 1;
+            }
+            opts[n_opts++] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
+        }
     int n_pos, help;
     if (kvm_cli_parse(
             CMD, "Evaluates KV-cache compression methods against full KV: KL(full||compressed), top-1, perplexity.",

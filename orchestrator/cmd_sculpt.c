@@ -99,9 +99,14 @@ int kvm_cmd_sculpt(int argc, char **argv)
         {"out", 1, "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h)", NULL},
         {"device", 1, "cpu or cuda:N: the solver's device; the prefill runs on the CPU (default cpu)", NULL},
     };
-    int n_fixed = 6, n_set;
+    int n_fixed = 0, n_set;
+    while (opts[n_fixed].name) n_fixed++; /* the entries above, counted */
     const kvm_sculpt_setting *set = kvm_sculpt_settings(&n_set);
-    for (int i = 0; i < n_set && n_fixed + i < MAX_OPTS - 1; i++) /* --NAME for every setting, --method included */
+    if (n_fixed + n_set >= MAX_OPTS) {
+        fprintf(stderr, "kvmill sculpt: internal: more than %d options (raise MAX_OPTS)\n", MAX_OPTS - 1);
+        return 1;
+    }
+    for (int i = 0; i < n_set; i++) /* --NAME for every setting, --method included */
         opts[n_fixed + i] = (kvm_cli_opt){set[i].flag, !set[i].is_flag, set[i].help, NULL};
     int n_pos, help;
     if (kvm_cli_parse("sculpt", "Compresses a document's KV cache by KVSculpt distillation (--method sculpt, or the "
