@@ -403,14 +403,36 @@ int kvm_config_canonical(const kvm_config *c, const char *section, char **out, s
     return 0;
 }
 
+/* "; " comment lines of at most ~100 characters, broken at spaces: the file is read back
+ * (serve's decode workers read the resolved configuration), and libinih refuses lines longer
+ * than its 200-byte buffer. */
+static void dump_comment(FILE *f, const char *text)
+{
+    size_t n = strlen(text);
+    while (n > 0) {
+        size_t take = n;
+        if (take > 96) {
+            take = 96;
+            while (take > 40 && text[take] != ' ') take--;
+            if (text[take] != ' ') take = 96; /* no space to break at: cut */
+        }
+        fprintf(f, "; %.*s\n", (int)take, text);
+        text += take;
+        n -= take;
+        while (n > 0 && *text == ' ') text++, n--;
+    }
+}
+
 void kvm_config_dump(const kvm_config *c, FILE *f)
 {
     const char *sec = "";
     for (int i = 0; kvm_cfg_settings[i].section; i++) {
         const kvm_cfg_setting *s = &kvm_cfg_settings[i];
         if (strcmp(sec, s->section)) fprintf(f, "%s[%s]\n", i ? "\n" : "", sec = s->section);
-        fprintf(f, "; %s%s%s%s\n%s = %s\n", s->help, *s->unit ? " (" : "", s->unit, *s->unit ? ")" : "", s->key,
-                c ? raw(c, i) : (s->def ? s->def : "<required>"));
+        char help[1024];
+        snprintf(help, sizeof help, "%s%s%s%s", s->help, *s->unit ? " (" : "", s->unit, *s->unit ? ")" : "");
+        dump_comment(f, help);
+        fprintf(f, "%s = %s\n", s->key, c ? raw(c, i) : (s->def ? s->def : "<required>"));
     }
 }
 

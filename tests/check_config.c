@@ -103,12 +103,41 @@ START_TEST(test_canonical_encoding)
 }
 END_TEST
 
+/* The dump of every setting (what serve hands its decode workers) is read back: every line fits
+ * libinih's 200-byte line buffer (one help text once did not), and parsing it back gives the
+ * same values. */
+START_TEST(test_dump_reads_back)
+{
+    kvm_config *c;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m/x.bin\n[compress]\nratio = 0.25\n", "t.ini", &c), 0);
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    ck_assert_ptr_nonnull(f);
+    kvm_config_dump(c, f);
+    fclose(f);
+    for (const char *l = text; *l;) {
+        size_t len = strcspn(l, "\n");
+        ck_assert_msg(len < 199, "dump line of %zu bytes: %.60s...", len, l);
+        l += len + (l[len] == '\n');
+    }
+    kvm_config *back;
+    ck_assert_msg(kvm_config_parse(text, "dump.ini", &back) == 0, "%s", kvm_errmsg());
+    ck_assert_double_eq(kvm_config_float(back, "compress", "ratio"), 0.25);
+    ck_assert_str_eq(kvm_config_str(back, "model", "path"), "/m/x.bin");
+    kvm_config_free(&back);
+    kvm_config_free(&c);
+    free(text);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"defaults_and_values", test_defaults_and_values}, {"errors_name_line_and_key", test_errors_name_line_and_key},
-        {"file_errors", test_file_errors}, {"canonical_encoding", test_canonical_encoding}};
+        {"file_errors", test_file_errors}, {"canonical_encoding", test_canonical_encoding},
+        {"dump_reads_back", test_dump_reads_back}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
