@@ -500,6 +500,10 @@ int kvm_cmd_eval(int argc, char **argv)
         es.decode_steps = (int)n_steps;
     }
     if (target && kvm_cli_float(CMD, "target-kl", target, 0.0, 1e6, &es.target_kl)) return 2;
+    if (tstep && !target) {
+        fprintf(stderr, "kvmill " CMD ": --target-step needs --target-kl\n");
+        return 2;
+    }
     if (tstep && kvm_cli_int(CMD, "target-step", tstep, 1, 1 << 20, &es.target_step)) return 2;
     int both = 0;
     if (phases && strcmp(phases, "both") == 0)

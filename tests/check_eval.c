@@ -384,6 +384,12 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --budget 8 --task passkey --cases 0", "--cases: 0 is outside");
     expect_usage_error("--method h2o --budget 8 --task passkey --system hi", "--system needs --chat");
     expect_usage_error("--method h2o --target-kl 0.1 --task passkey", "do not combine");
+    expect_usage_error("--method h2o --budget 8 --target-step 4", "--target-step needs --target-kl");
+    expect_usage_error("--method sculpt --budget 40 --retain ''", "--retain needs a value");
+    expect_usage_error("--method sculpt:queries= --budget 40", "--queries needs a value");
+    expect_usage_error("--method sculpt --budget 40 --query-source ''", "--query_source needs a value");
+    expect_usage_error("--method sculpt --budget 40 --query-source repeat@1e308+synthetic@1e308",
+                       "the shares' sum overflows");
     /* runtime failure: a document shorter than the context */
     char *dir = kvm_test_tmpdir(), path[512], *out = NULL, *err = NULL;
     snprintf(path, sizeof path, "%s/short.txt", dir);
