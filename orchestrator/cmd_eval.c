@@ -527,13 +527,18 @@ int kvm_cmd_eval(int argc, char **argv)
     if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
     int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */
-    if (!rc && N + T_run > m->cfg.seq_len) {
+    if (!rc && task && N + ta.answer_tokens > m->cfg.seq_len) { /* --task asks and answers after the context */
+        fprintf(stderr, "kvmill " CMD ": --task: context %lld + --answer-tokens %d exceeds the model's window of %d tokens\n",
+                (long long)N, ta.answer_tokens, m->cfg.seq_len);
+        rc = 2;
+    }
+    if (!rc && !task && N + T_run > m->cfg.seq_len) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld%s exceeds the model's window of %d tokens\n",
                 (long long)N, (long long)T_run, target ? " (2 x --continuation with --target-kl)" : "",
                 m->cfg.seq_len);
         rc = 2;
     }
-    if (!rc && es.decode_steps > T) {
+    if (!rc && !task && es.decode_steps > T) {
         fprintf(stderr, "kvmill " CMD ": --decode-steps %d: at most the continuation (%lld)\n", es.decode_steps,
                 (long long)T);
         rc = 2;
