@@ -6,6 +6,7 @@
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
+#include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
@@ -166,6 +167,12 @@ int kvm_cmd_run(int argc, char **argv)
     }
     if (kvm_jobcfg_check(cfg)) {
         fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
+    kvm_sculpt_opts so; /* the sculpt-family [compress] keys (query_source, ...) parse here, not in every job */
+    if (kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) {
+        fprintf(stderr, "kvmill run: %s: [compress]: %s\n", kvm_config_path(cfg), kvm_errmsg());
         status = 2;
         goto done;
     }
