@@ -322,6 +322,20 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The smallest multiple of step below N that the job's method takes as a budget (a sculpt-family
+ * method needs more than its retain zone), else N: where the search starts. */
+static int64_t target_lo(const eval_setup *es, const eval_job *job, int64_t step, int64_t N)
+{
+    for (int64_t b = step; b < N; b += step) {
+        kvm_budget kb = {.tokens = b};
+        void *o = NULL;
+        int rc = job->m->opts_new(job->has_arg ? job->arg : NULL, &kb, &es->m->cfg, &o);
+        if (!rc) job->m->opts_free(o);
+        if (!rc) return b;
+    }
+    return N;
+}
+
 static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int n_jobs, FILE *csv)
 {
     const char *dt = kvm_proto_dtype_name(es->dtype);
@@ -350,7 +364,8 @@ static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
             *t = (target_ctx){.es = es, .job = &jobs[j], .doc = doc, .T = es->T};
             kvm_eval_target tr;
             int64_t step = es->target_step < N ? es->target_step : N;
-            if (kvm_eval_target_budget(target_kl_at, t, step, N, step, es->target_kl, &tr)) {
+            if (kvm_eval_target_budget(target_kl_at, t, target_lo(es, &jobs[j], step, N), N, step, es->target_kl,
+                                       &tr)) {
                 fprintf(stderr, "kvmill " CMD ": %s, %s: %s\n", docs->names[d], jobs[j].spec, kvm_errmsg());
                 rc = 1;
                 break;

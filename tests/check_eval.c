@@ -409,6 +409,14 @@ START_TEST(test_cli_errors)
                   "exit %d, stderr %s", st2, e2);
     free(o2);
     free(e2);
+    /* --target-kl with a sculpt-family method: the search starts above its retain zone (32 here) */
+    st2 = kvm_test_run(cmdbuf(EVAL "--docs %s/corpus/doc_000.txt --method kvzip --queries 8 --target-kl 0.0001 "
+                                   "--target-step 1%s",
+                              kvm_test_data(), NULL),
+                       &o2, &e2);
+    ck_assert_msg(st2 == 0, "kvzip --target-kl: exit %d, stderr %s", st2, e2);
+    free(o2);
+    free(e2);
     /* runtime failure: a document shorter than the context */
     char *dir = kvm_test_tmpdir(), path[512], *out = NULL, *err = NULL;
     snprintf(path, sizeof path, "%s/short.txt", dir);
