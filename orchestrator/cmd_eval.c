@@ -26,12 +26,12 @@ static int eval_flag(const kvm_sculpt_setting *s)
            strcmp(s->name, "threads") && !s->replaced_by;
 }
 
-/* 1 for the methods the sculpt flags apply to: sculpt, selectfit, joint-fixed (ARG = sculpt
- * options) and polykv (its sculpt layers; options after the file). */
+/* 1 for the methods the sculpt flags apply to: sculpt, selectfit, joint-fixed, am, kvzip (ARG =
+ * sculpt options) and polykv (its sculpt layers; options after the file). */
 static int sculpt_family(const kvm_method *m)
 {
     return !strcmp(m->name, "sculpt") || !strcmp(m->name, "selectfit") || !strcmp(m->name, "joint-fixed") ||
-           !strcmp(m->name, "polykv");
+           !strcmp(m->name, "am") || !strcmp(m->name, "kvzip") || !strcmp(m->name, "polykv");
 }
 
 /* One warning per deprecated option name in a method's ':'-joined sculpt options. */
