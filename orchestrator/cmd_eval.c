@@ -322,6 +322,20 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The smallest multiple of step below N that the job's method takes as a budget (a sculpt-family
+ * method needs more than its retain zone), else N: where the search starts. */
+static int64_t target_lo(const eval_setup *es, const eval_job *job, int64_t step, int64_t N)
+{
+    for (int64_t b = step; b < N; b += step) {
+        kvm_budget kb = {.tokens = b};
+        void *o = NULL;
+        int rc = job->m->opts_new(job->has_arg ? job->arg : NULL, &kb, &es->m->cfg, &o);
+        if (!rc) job->m->opts_free(o);
+        if (!rc) return b;
+    }
+    return N;
+}
+
 static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int n_jobs, FILE *csv)
 {
     const char *dt = kvm_proto_dtype_name(es->dtype);
@@ -350,7 +364,8 @@ static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
             *t = (target_ctx){.es = es, .job = &jobs[j], .doc = doc, .T = es->T};
             kvm_eval_target tr;
             int64_t step = es->target_step < N ? es->target_step : N;
-            if (kvm_eval_target_budget(target_kl_at, t, step, N, step, es->target_kl, &tr)) {
+            if (kvm_eval_target_budget(target_kl_at, t, target_lo(es, &jobs[j], step, N), N, step, es->target_kl,
+                                       &tr)) {
                 fprintf(stderr, "kvmill " CMD ": %s, %s: %s\n", docs->names[d], jobs[j].spec, kvm_errmsg());
                 rc = 1;
                 break;
@@ -515,6 +530,10 @@ int kvm_cmd_eval(int argc, char **argv)
         es.decode_steps = (int)n_steps;
     }
     if (target && kvm_cli_float(CMD, "target-kl", target, 0.0, 1e6, &es.target_kl)) return 2;
+    if (tstep && !target) {
+        fprintf(stderr, "kvmill " CMD ": --target-step needs --target-kl\n");
+        return 2;
+    }
     if (tstep && kvm_cli_int(CMD, "target-step", tstep, 1, 1 << 20, &es.target_step)) return 2;
     int both = 0;
     if (phases && strcmp(phases, "both") == 0)
@@ -538,13 +557,18 @@ int kvm_cmd_eval(int argc, char **argv)
     if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
     int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */
-    if (!rc && N + T_run > m->cfg.seq_len) {
+    if (!rc && task && N + ta.answer_tokens > m->cfg.seq_len) { /* --task asks and answers after the context */
+        fprintf(stderr, "kvmill " CMD ": --task: context %lld + --answer-tokens %d exceeds the model's window of %d tokens\n",
+                (long long)N, ta.answer_tokens, m->cfg.seq_len);
+        rc = 2;
+    }
+    if (!rc && !task && N + T_run > m->cfg.seq_len) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld%s exceeds the model's window of %d tokens\n",
                 (long long)N, (long long)T_run, target ? " (2 x --continuation with --target-kl)" : "",
                 m->cfg.seq_len);
         rc = 2;
     }
-    if (!rc && es.decode_steps > T) {
+    if (!rc && !task && es.decode_steps > T) {
         fprintf(stderr, "kvmill " CMD ": --decode-steps %d: at most the continuation (%lld)\n", es.decode_steps,
                 (long long)T);
         rc = 2;

@@ -14,6 +14,10 @@ int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_
 {
     *model = NULL;
     if (tok) *tok = NULL;
+    if (!model_path || !*model_path) {
+        fprintf(stderr, "kvmill %s: the model path is empty\n", cmd);
+        return KVM_EINVAL;
+    }
     int rc = kvm_model_open(model_path, model);
     if (rc) {
         fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());

@@ -95,7 +95,8 @@ int kvm_jobcfg_check(const kvm_config *c)
     const char *method = kvm_config_str(c, "compress", "method");
     int64_t ctx = kvm_config_int(c, "model", "context"), budget = kvm_config_int(c, "compress", "budget");
     int64_t retain = kvm_config_int(c, "compress", "retain");
-    int sculpt = !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed");
+    int sculpt = !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed") ||
+                 !strcmp(method, "am") || !strcmp(method, "kvzip"); /* every method that keeps a retain zone */
     if (!strcmp(method, "full")) return 0;
     if (budget >= ctx)
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "

@@ -68,6 +68,8 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
 {
     const char *sec = kvm_config_str(cfg, "security", "server_secret_key");
     const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
+    if (strncmp(endpoint, "tcp://", 6) && strncmp(endpoint, "ipc://", 6) && strncmp(endpoint, "inproc://", 9))
+        return kvm_err(KVM_EINVAL, "%s '%s' is not an endpoint: expected tcp://HOST:PORT or ipc://PATH", what, endpoint);
     int local = kvm_curve_is_local(endpoint), rc;
     if (!local && (!*sec || !*auth))
         return kvm_err(KVM_EINVAL,

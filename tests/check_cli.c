@@ -146,6 +146,9 @@ START_TEST(test_info_and_make_model)
     ck_assert_int_eq(kvmill(&out, &err, "info --model '%s'%s", tmp, ""), 1);
     ck_assert_ptr_nonnull(strstr(err, "directory"));
     free(out); free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "info --model ''%s%s", "", ""), 1); /* not "kvmill info: : No such file" */
+    ck_assert_msg(strstr(err, "kvmill info: the model path is empty"), "stderr: %s", err);
+    free(out); free(err);
     kvm_test_rmtree(tmp);
     free(tmp);
 }

@@ -282,6 +282,10 @@ START_TEST(test_eval_flags)
     char plain[8][512];
     ck_assert_int_eq(eval_rows("--method h2o", plain), 1);
     ck_assert_str_eq(plain[0], with_flags[2]);
+    /* the am and kvzip baselines take the sculpt flags too */
+    ck_assert_int_eq(eval_rows("--retain 8 --queries 32 --method am,kvzip", with_flags), 2);
+    ck_assert_int_eq(eval_rows("--method am:retain=8:queries=32,kvzip:retain=8:queries=32", in_strings), 2);
+    for (int i = 0; i < 2; i++) ck_assert_str_eq(with_flags[i], in_strings[i]);
 }
 END_TEST
 

@@ -385,6 +385,39 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --budget 8 --task passkey --cases 0", "--cases: 0 is outside");
     expect_usage_error("--method h2o --budget 8 --task passkey --system hi", "--system needs --chat");
     expect_usage_error("--method h2o --target-kl 0.1 --task passkey", "do not combine");
+    expect_usage_error("--method h2o --budget 8 --target-step 4", "--target-step needs --target-kl");
+    expect_usage_error("--method h2o --budget 8 --task passkey --context 500 --answer-tokens 100",
+                       "--task: context 500 + --answer-tokens 100 exceeds the model's window of 512");
+    expect_usage_error("--method sculpt --budget 40 --retain ''", "--retain needs a value");
+    expect_usage_error("--method sculpt:queries= --budget 40", "--queries needs a value");
+    expect_usage_error("--method sculpt --budget 40 --query-source ''", "--query_source needs a value");
+    expect_usage_error("--method sculpt --budget 40 --query-source repeat@1e308+synthetic@1e308",
+                       "the shares' sum overflows");
+    /* --task: the continuation and --decode-steps play no part; context + question + answer must fit */
+    char *o2 = NULL, *e2 = NULL;
+    int st2 = kvm_test_run(cmdbuf(EVAL "--docs %s/corpus/doc_000.txt --method h2o --budget 16 --task passkey --cases 1 "
+                                       "--continuation 4",
+                                  kvm_test_data(), NULL),
+                           &o2, &e2);
+    ck_assert_msg(st2 == 0, "--task --continuation 4: exit %d, stderr %s", st2, e2);
+    free(o2);
+    free(e2);
+    st2 = kvm_test_run(cmdbuf("%s/kvmill eval --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt%s "
+                              "--method h2o --budget 16 --task recall --cases 1 --context 500 --answer-tokens 12",
+                              kvm_test_data(), NULL),
+                       &o2, &e2);
+    ck_assert_msg(st2 == 1 && strstr(e2, "--answer-tokens 12 exceed the model's window of 512 tokens"),
+                  "exit %d, stderr %s", st2, e2);
+    free(o2);
+    free(e2);
+    /* --target-kl with a sculpt-family method: the search starts above its retain zone (32 here) */
+    st2 = kvm_test_run(cmdbuf(EVAL "--docs %s/corpus/doc_000.txt --method kvzip --queries 8 --target-kl 0.0001 "
+                                   "--target-step 1%s",
+                              kvm_test_data(), NULL),
+                       &o2, &e2);
+    ck_assert_msg(st2 == 0, "kvzip --target-kl: exit %d, stderr %s", st2, e2);
+    free(o2);
+    free(e2);
     /* runtime failure: a document shorter than the context */
     char *dir = kvm_test_tmpdir(), path[512], *out = NULL, *err = NULL;
     snprintf(path, sizeof path, "%s/short.txt", dir);

@@ -442,6 +442,23 @@ START_TEST(test_bad_config_and_missing_binary)
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_ptr_nonnull(strstr(err, "expected a folder of *.txt or a .jsonl file"));
     free(out); free(err);
+    /* a bad sculpt-family [compress] key is refused up front, not in every document's job */
+    write_config("[compress]\nquery_source = repeat+foo\n");
+    ck_assert_int_eq(run_kvmill(&out, &err), 2);
+    ck_assert_msg(strstr(err, "[compress]: sculpt: query_source 'repeat+foo': 'foo' is not"), "stderr: %s", err);
+    free(out); free(err);
+    write_config(NULL);
+    /* a metrics file that cannot be written is refused before the run, not warned about after */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s' --metrics '%s/none/m.json'", kvm_test_bin(),
+             cfg_path, docs, tmp);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "/none/m.json: folder ") && strstr(err, "No such file or directory"), "stderr: %s", err);
+    free(out); free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s' --metrics '%s'", kvm_test_bin(), cfg_path,
+             docs, tmp);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "is a directory"), "stderr: %s", err);
+    free(out); free(err);
 }
 END_TEST
 

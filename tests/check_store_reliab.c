@@ -268,6 +268,16 @@ START_TEST(test_budget_retain_vs_context)
     ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
     ck_assert_msg(strstr(kvm_errmsg(), "[compress] retain = 200 is not below [model] context = 128"), "%s", kvm_errmsg());
     kvm_config_free(&c);
+    const char *retain_methods[] = {"am", "kvzip"}; /* the baselines keep the retain zone too */
+    for (int i = 0; i < 2; i++) {
+        char t[256];
+        snprintf(t, sizeof t, "[model]\npath = /m\ncontext = 64\n[compress]\nmethod = %s\nretain = 64\n", retain_methods[i]);
+        c = parse_ok(t);
+        ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
+        ck_assert_msg(strstr(kvm_errmsg(), "[compress] retain = 64 is not below [model] context = 64"), "%s: %s",
+                      retain_methods[i], kvm_errmsg());
+        kvm_config_free(&c);
+    }
     c = parse_ok("[model]\npath = /m\ncontext = 128\n[compress]\nmethod = sculpt\nretain = 32\nbudget = 64\n");
     ck_assert_int_eq(kvm_jobcfg_check(c), 0);
     kvm_config_free(&c);

@@ -408,6 +408,12 @@ START_TEST(test_nonlocal_needs_keys)
     ck_assert_msg(strstr(kvm_errmsg(), "server_public_key"), "%s", kvm_errmsg());
     void *zctx = zmq_ctx_new(), *r = zmq_socket(zctx, ZMQ_ROUTER);
     ck_assert_int_eq(kvm_serve_bind(zctx, r, "tcp://0.0.0.0:0", cfg, 1, "store"), KVM_EINVAL);
+    const char *junk[] = {"", "garbage", "127.0.0.1:5560"}; /* no transport: said so, not "is not local" */
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(kvm_serve_bind(zctx, r, junk[i], cfg, 1, "store"), KVM_EINVAL);
+        ck_assert_msg(strstr(kvm_errmsg(), "is not an endpoint: expected tcp://HOST:PORT or ipc://PATH"), "'%s': %s",
+                      junk[i], kvm_errmsg());
+    }
     zmq_close(r);
     zmq_ctx_term(zctx);
     kvm_config_free(&cfg);

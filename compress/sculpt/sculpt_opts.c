@@ -101,7 +101,10 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
 {
     const row *r = name ? find_row(name, strlen(name)) : NULL;
     if (!r) return kvm_err(KVM_ENOTFOUND, "sculpt: no option '%s'", name ? name : "");
-    if (!value || !*value) value = "1";
+    if (!value || !*value) { /* a bare name sets a switch; every other setting needs a value */
+        if (r->kind != K_BOOL) return kvm_err(KVM_EINVAL, "sculpt: --%s needs a value", name);
+        value = "1";
+    }
     char *p = (char *)o + r->off;
     if (r->kind == K_MODE) return kvm_sculpt_mode_parse(value, (kvm_sculpt_mode *)(void *)p);
     if (r->kind == K_ALLOC) return kvm_sculpt_alloc_parse(value, (kvm_sculpt_alloc *)(void *)p);

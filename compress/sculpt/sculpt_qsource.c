@@ -51,6 +51,7 @@ int kvm_sculpt_qsource_parse(const char *s, kvm_sculpt_qsource *out)
     }
     double sum = 0;
     for (int i = 0; i < KVM_SCULPT_QSRC_COUNT; i++) sum += r.share[i];
+    if (!isfinite(sum)) return kvm_err(KVM_EINVAL, "sculpt: query_source '%s': the shares' sum overflows", s);
     for (int i = 0; i < KVM_SCULPT_QSRC_COUNT; i++) r.share[i] /= sum;
     *out = r;
     return 0;
