@@ -1,6 +1,7 @@
 /* kvm_storecli.h: the client side of the store service (kvm_storesvc.h): a compress worker on
  * another host uploads each cache with kvm_storecli_put and acks its job only after the
- * service's store_reply says committed; a decode worker fetches caches with kvm_storecli_get. */
+ * service's store_reply says committed, and fetches its PolyKV strategy with
+ * kvm_storecli_get_strategy; a decode worker fetches caches with kvm_storecli_get. */
 #ifndef KVM_STORECLI_H
 #define KVM_STORECLI_H
 

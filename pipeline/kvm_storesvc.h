@@ -1,6 +1,6 @@
 /* kvm_storesvc.h: the store service (`kvmill-store`, `kvmill store serve`): the one process
  * that opens the LMDB store for writing when workers run on other hosts. It answers, on one
- * ROUTER socket (proto/PROTOCOL.md, revision 3):
+ * ROUTER socket (proto/PROTOCOL.md, revisions 3 and 5):
  *   put_cache + n_layers `cache` messages -> checks every layer against the upload's header,
  *       commits cache + manifest in one transaction (kvm_store_put_cache), records the
  *       document's name, then answers store_reply status 0; anything else is refused with a

@@ -92,14 +92,14 @@ int kvm_worker_strategy(const kvm_config *c, kvm_store *store, const kvm_store_i
     return rc;
 }
 
-/* A single eviction pattern or PolyKV through the method table (compress/eval/kvm_methods.c). */
 /* A strategy record's bytes, borrowed. */
 typedef struct strategy_bytes {
     const uint8_t *ptr;
     size_t len;
 } strategy_bytes;
 
-/* The strategy comes from given (non-NULL: bytes fetched from the store service) or else
+/* A single eviction pattern or PolyKV through the method table (compress/eval/kvm_methods.c).
+ * PolyKV's strategy comes from given (non-NULL: bytes fetched from the store service) or else
  * from the store under model_id. */
 static int evict(const kvm_config *c, const char *method, const kvm_compress_input *in, kvm_store *store,
                  const kvm_store_id *model_id, const strategy_bytes *given, kvm_kvcache **out)

@@ -82,7 +82,8 @@ typedef enum kvm_proto_type {
     KVM_PROTO_ASK,       /* client -> serve: answer a prompt over a document */
     KVM_PROTO_ANSWER,    /* serve -> client: the answer */
     KVM_PROTO_PUT_CACHE, /* worker -> store service: a cache upload begins (revision 3) */
-    KVM_PROTO_STORE_REPLY, /* store service -> worker: committed, refused, or a get_cache reply (rev 3) */
+    KVM_PROTO_STORE_REPLY, /* store service -> worker: committed, refused, or a get_cache (rev 3) or
+                              get_strategy (rev 5) reply */
     KVM_PROTO_GET_STRATEGY, /* worker -> store service: fetch a model's PolyKV strategy (rev 5) */
 } kvm_proto_type;
 #define KVM_PROTO_TYPE_FIRST KVM_PROTO_JOB
