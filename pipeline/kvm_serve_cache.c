@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvm_serve_cache_encode(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
-                           int64_t n_tokens, const kvm_kvcache *cc, kvm_serve_cache_enc *out)
+int kvm_serve_cache_encode(kvm_store *store, const uint8_t *strategy, size_t strategy_len, const kvm_config *cfg,
+                           const kvm_worker_model *wm, const int32_t *tokens, int64_t n_tokens, const kvm_kvcache *cc,
+                           kvm_serve_cache_enc *out)
 {
     memset(out, 0, sizeof *out);
     kvm_proto_dtype dtype;
@@ -28,7 +29,11 @@ int kvm_serve_cache_encode(kvm_store *store, const kvm_config *cfg, const kvm_wo
     if (!rc && !out->msgs) rc = kvm_err(KVM_ENOMEM, "storing a cache: out of memory");
     for (int l = 0; !rc && l < L; l++)
         rc = kvm_cachecodec_encode_layer(cc, l, n_tokens, dtype, &out->msgs[l]);
-    if (!rc) rc = kvm_jobcfg_config_id_in(cfg, store, &wm->model_id, &out->man.config_id, &out->canon, &out->canon_n);
+    kvm_store_id sh;
+    int given = strategy && !strcmp(kvm_config_str(cfg, "compress", "method"), "polykv");
+    if (given) kvm_store_hash_bytes(strategy, strategy_len, &sh);
+    if (!rc) rc = given ? kvm_jobcfg_config_id(cfg, &sh, &out->man.config_id, &out->canon, &out->canon_n)
+                        : kvm_jobcfg_config_id_in(cfg, store, &wm->model_id, &out->man.config_id, &out->canon, &out->canon_n);
     if (!rc) rc = kvm_store_doc_hash(tokens, n_tokens, &out->man.doc_hash);
     if (!rc) {
         snprintf(out->man.dtype, sizeof out->man.dtype, "%s", dn);
@@ -52,7 +57,7 @@ int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_wor
 {
     enum { MAX_FRAMES_PER_LAYER = 16 };
     kvm_serve_cache_enc e;
-    int rc = kvm_serve_cache_encode(store, cfg, wm, tokens, n_tokens, cc, &e);
+    int rc = kvm_serve_cache_encode(store, NULL, 0, cfg, wm, tokens, n_tokens, cc, &e);
     if (rc) return rc;
     int L = e.n_layers;
     kvm_store_layer *layers = calloc((size_t)L, sizeof *layers);

@@ -35,11 +35,14 @@ typedef struct kvm_serve_cache_enc {
 } kvm_serve_cache_enc;
 
 /* Encodes cc as kvm_serve_cache_store would store it (store: for the PolyKV strategy's hash in
- * the config id; may be NULL for other methods). *out is owned by the caller
- * (kvm_serve_cache_enc_free; zeroed on failure). Errors: as kvm_serve_cache_store, the
- * store's read errors. */
-int kvm_serve_cache_encode(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
-                           int64_t n_tokens, const kvm_kvcache *cc, kvm_serve_cache_enc *out);
+ * the config id; may be NULL for other methods, or when strategy is given). strategy[0,
+ * strategy_len) (may be NULL): the PolyKV strategy record the cache was compressed with, as
+ * fetched from the store service; its hash goes into the config id instead of the store's
+ * (only for method polykv). *out is owned by the caller (kvm_serve_cache_enc_free; zeroed on
+ * failure). Errors: as kvm_serve_cache_store, the store's read errors. */
+int kvm_serve_cache_encode(kvm_store *store, const uint8_t *strategy, size_t strategy_len, const kvm_config *cfg,
+                           const kvm_worker_model *wm, const int32_t *tokens, int64_t n_tokens, const kvm_kvcache *cc,
+                           kvm_serve_cache_enc *out);
 /* Frees what kvm_serve_cache_encode made; accepts a zeroed struct. */
 void kvm_serve_cache_enc_free(kvm_serve_cache_enc *e);
 

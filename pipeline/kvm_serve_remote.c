@@ -22,11 +22,11 @@ const char *kvm_serve_remote_endpoint(const char *store, const kvm_config *cfg)
 }
 
 int kvm_serve_remote_store(kvm_storecli *svc, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
-                           int64_t n_tokens, const kvm_kvcache *cc, uint64_t job_id, const char *doc_name,
-                           int64_t *bytes)
+                           int64_t n_tokens, const kvm_kvcache *cc, const uint8_t *strategy, size_t strategy_len,
+                           uint64_t job_id, const char *doc_name, int64_t *bytes)
 {
     kvm_serve_cache_enc e;
-    int rc = kvm_serve_cache_encode(NULL, cfg, wm, tokens, n_tokens, cc, &e);
+    int rc = kvm_serve_cache_encode(NULL, strategy, strategy_len, cfg, wm, tokens, n_tokens, cc, &e);
     if (rc) return rc;
     rc = kvm_storecli_put(svc, &e, job_id, doc_name, (int)kvm_config_int(cfg, "store", "upload_timeout_ms"), 3, bytes);
     kvm_serve_cache_enc_free(&e);
@@ -72,4 +72,11 @@ int kvm_serve_remote_load(kvm_storecli *svc, const kvm_config *cfg, const kvm_st
     if (n_tokens) *n_tokens = N;
     *out = c;
     return 0;
+}
+
+int kvm_serve_remote_strategy(kvm_storecli *svc, const kvm_config *cfg, const kvm_store_id *model_id, uint8_t **data,
+                              size_t *len)
+{
+    return kvm_storecli_get_strategy(svc, model_id, kvm_config_str(cfg, "compress", "strategy"),
+                                     (int)kvm_config_int(cfg, "store", "upload_timeout_ms"), 3, data, len);
 }

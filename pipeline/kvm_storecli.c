@@ -197,3 +197,37 @@ int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeou
     *n_layers = (int)n;
     return 0;
 }
+
+int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, const char *name, int timeout_ms,
+                              int attempts, uint8_t **data, size_t *len)
+{
+    *data = NULL;
+    *len = 0;
+    kvm_proto_get_strategy g = {.name = kvm_proto_str_c(name)};
+    memcpy(g.model_id, model_id->b, KVM_PROTO_ID_BYTES);
+    int rc = KVM_EIO;
+    for (int a = 0; a < attempts; a++) {
+        if (a > 0 && (rc = cli_connect(c))) return rc;
+        g.request_id = ++c->next_request;
+        kvm_msg *m = NULL;
+        kvm_proto_store_reply r;
+        rc = kvm_proto_get_strategy_encode(&g, &m);
+        if (!rc) rc = kvm_msg_send(c->sock, &m, 0);
+        if (!rc) rc = cli_wait(c, g.request_id, timeout_ms, &m, &r);
+        if (rc == 0)
+            rc = kvm_err(KVM_EIO, "store service %s: no reply to get_strategy within %d ms (attempt %d of %d)", c->endpoint,
+                         timeout_ms, a + 1, attempts);
+        else if (rc == 1 && r.status < 0)
+            rc = cli_status(&r);
+        else if (rc == 1 && r.strategy.len == 0)
+            rc = kvm_err(KVM_EPROTO, "store service %s: the reply to get_strategy carries no strategy", c->endpoint);
+        else if (rc == 1) {
+            rc = (*data = malloc(r.strategy.len)) ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
+            if (!rc) memcpy(*data, r.strategy.ptr, r.strategy.len), *len = r.strategy.len;
+        }
+        kvm_msg_free(&m);
+        if (rc != KVM_EIO) return rc;
+        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+    }
+    return rc;
+}

@@ -1,6 +1,7 @@
 /* kvm_storecli.h: the client side of the store service (kvm_storesvc.h): a compress worker on
  * another host uploads each cache with kvm_storecli_put and acks its job only after the
- * service's store_reply says committed; a decode worker fetches caches with kvm_storecli_get. */
+ * service's store_reply says committed, and fetches its PolyKV strategy with
+ * kvm_storecli_get_strategy; a decode worker fetches caches with kvm_storecli_get. */
 #ifndef KVM_STORECLI_H
 #define KVM_STORECLI_H
 
@@ -50,5 +51,14 @@ int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job
  * KVM_ECORRUPT, ...) with its message, KVM_EIO (no reply within timeout_ms), KVM_EPROTO. */
 int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeout_ms, kvm_msg ***layers,
                      int *n_layers);
+
+/* Fetches the PolyKV strategy stored under (model_id, name) with get_strategy (revision 5):
+ * *data[0, *len) is a malloc'ed copy of the stored record (caller frees; decode it with
+ * kvm_strategy_decode). Waits up to timeout_ms; when no reply comes the connection is made
+ * again and the request sent again, attempts times in all (it is read-only). Errors: the
+ * service's status with its reason (KVM_ENOTFOUND: none stored, the message names the model
+ * id and name), KVM_EPROTO (a reply without a strategy), KVM_EIO (no reply), KVM_ENOMEM. */
+int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, const char *name, int timeout_ms,
+                              int attempts, uint8_t **data, size_t *len);
 
 #endif

@@ -69,18 +69,24 @@ static void svc_log(const svc *s, kvm_log_level lv, const char *event, const kvm
     va_end(ap);
 }
 
-static void svc_reply(svc *s, const uint8_t *env, size_t n, uint64_t req, uint64_t job, int status, const char *why,
-                      int64_t n_layers)
+static void svc_send_reply(svc *s, const uint8_t *env, size_t n, const kvm_proto_store_reply *r)
 {
-    kvm_proto_store_reply r = {.request_id = req, .job_id = job, .status = status < 0 ? status : 0,
-                               .message = kvm_proto_str_c(why), .n_layers = status < 0 ? 0 : n_layers};
+    uint64_t req = r->request_id;
     kvm_msg *m = NULL, *e = NULL;
-    if (kvm_proto_store_reply_encode(&r, &m) || kvm_msg_new(&e) || kvm_msg_add_copy(e, env, n) || kvm_msg_join(e, &m) ||
+    if (kvm_proto_store_reply_encode(r, &m) || kvm_msg_new(&e) || kvm_msg_add_copy(e, env, n) || kvm_msg_join(e, &m) ||
         kvm_msg_send(s->sock, &e, 0))
         svc_log(s, KVM_LOG_WARN, "reply_failed", NULL, 0, "could not reply to request %llu: %s", (unsigned long long)req,
                 kvm_errmsg());
     kvm_msg_free(&m);
     kvm_msg_free(&e);
+}
+
+static void svc_reply(svc *s, const uint8_t *env, size_t n, uint64_t req, uint64_t job, int status, const char *why,
+                      int64_t n_layers)
+{
+    kvm_proto_store_reply r = {.request_id = req, .job_id = job, .status = status < 0 ? status : 0,
+                               .message = kvm_proto_str_c(why), .n_layers = status < 0 ? 0 : n_layers};
+    svc_send_reply(s, env, n, &r);
 }
 
 static void svc_refuse(svc *s, svc_upload *u, int status, const char *why)
@@ -254,6 +260,41 @@ static void svc_get(svc *s, const uint8_t *env, size_t n, const kvm_msg *m)
     kvm_store_cache_free(&c);
 }
 
+/* get_strategy (revision 5): the strategy record stored under (model id, name), read-only, in
+ * the reply; none stored is KVM_ENOTFOUND naming both, so the remote worker's error says what
+ * to calibrate. */
+static void svc_get_strategy(svc *s, const uint8_t *env, size_t n, const kvm_msg *m)
+{
+    kvm_proto_get_strategy g;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    char why[1600], name[KVM_PROTO_MAX_NAME_BYTES + 1];
+    int rc = kvm_proto_get_strategy_decode(m, &g);
+    if (!rc) {
+        kvm_store_id mid;
+        char hex[KVM_STORE_ID_HEX + 1];
+        memcpy(mid.b, g.model_id, sizeof mid.b);
+        snprintf(name, sizeof name, "%.*s", (int)g.name.len, g.name.ptr);
+        rc = kvm_store_get_strategy(s->store, &mid, name, &buf, &len);
+        if (rc == KVM_ENOTFOUND)
+            snprintf(why, sizeof why, "no PolyKV strategy '%s' is stored for model %s: run kvmill calibrate on the store's host first",
+                     name, kvm_store_id_hex(&mid, hex));
+        else if (rc)
+            snprintf(why, sizeof why, "strategy '%s' of model %s: %s", name, kvm_store_id_hex(&mid, hex), kvm_errmsg());
+    } else
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+    kvm_proto_store_reply r = {.request_id = g.request_id, /* 0 when it did not decode */
+                               .status = rc < 0 ? rc : 0,
+                               .message = kvm_proto_str_c(rc ? why : ""), .strategy = {buf, rc ? 0 : len}};
+    if (rc) {
+        kvm_log_field f[] = {KVM_LOG_I("status", rc), KVM_LOG_S("reason", why)};
+        svc_log(s, KVM_LOG_WARN, "strategy_refused", f, 2, "get_strategy refused: %s", why);
+    }
+    if (!rc && s->st) s->st->strategies++; /* before the reply: a client reading it sees the count */
+    svc_send_reply(s, env, n, &r);
+    free(buf);
+}
+
 static void svc_one(svc *s, kvm_msg *m)
 {
     kvm_msg *env = NULL;
@@ -278,6 +319,8 @@ static void svc_one(svc *s, kvm_msg *m)
         svc_begin(s, id.data, id.size, &m);
     else if (t == KVM_PROTO_GET_CACHE)
         svc_get(s, id.data, id.size, m);
+    else if (t == KVM_PROTO_GET_STRATEGY)
+        svc_get_strategy(s, id.data, id.size, m);
     else {
         char why[128];
         snprintf(why, sizeof why, "the store service does not take %s messages", kvm_proto_type_name(t));

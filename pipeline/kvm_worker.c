@@ -92,9 +92,17 @@ int kvm_worker_strategy(const kvm_config *c, kvm_store *store, const kvm_store_i
     return rc;
 }
 
-/* A single eviction pattern or PolyKV through the method table (compress/eval/kvm_methods.c). */
+/* A strategy record's bytes, borrowed. */
+typedef struct strategy_bytes {
+    const uint8_t *ptr;
+    size_t len;
+} strategy_bytes;
+
+/* A single eviction pattern or PolyKV through the method table (compress/eval/kvm_methods.c).
+ * PolyKV's strategy comes from given (non-NULL: bytes fetched from the store service) or else
+ * from the store under model_id. */
 static int evict(const kvm_config *c, const char *method, const kvm_compress_input *in, kvm_store *store,
-                 const kvm_store_id *model_id, kvm_kvcache **out)
+                 const kvm_store_id *model_id, const strategy_bytes *given, kvm_kvcache **out)
 {
     kvm_budget b = {.tokens = kvm_config_int(c, "compress", "budget")};
     if (b.tokens <= 0) b.ratio = kvm_config_float(c, "compress", "ratio");
@@ -105,8 +113,8 @@ static int evict(const kvm_config *c, const char *method, const kvm_compress_inp
     if (!strcmp(method, "polykv")) {
         uint8_t *buf = NULL;
         size_t len = 0;
-        rc = kvm_worker_strategy(c, store, model_id, &buf, &len);
-        if (!rc) rc = kvm_strategy_decode(buf, len, &s);
+        rc = given ? kvm_strategy_decode(given->ptr, given->len, &s) : kvm_worker_strategy(c, store, model_id, &buf, &len);
+        if (!rc && !given) rc = kvm_strategy_decode(buf, len, &s);
         if (!rc) rc = kvm_polykv_method_opts_from(s, &b, &opts);
         kvm_sculpt_opts so;
         if (!rc && !(rc = kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &so))) kvm_polykv_method_set_sculpt(opts, &so);
@@ -123,8 +131,8 @@ static int evict(const kvm_config *c, const char *method, const kvm_compress_inp
     return rc;
 }
 
-int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
-                        const kvm_store_id *model_id, kvm_kvcache **out)
+static int compress_from(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
+                         const kvm_store_id *model_id, const strategy_bytes *given, kvm_kvcache **out)
 {
     const char *method = kvm_config_str(c, "compress", "method");
     if (!strcmp(method, "full")) return kvm_kvcache_clone(in->full, out);
@@ -137,7 +145,22 @@ int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_s
         if (o.k_entries > in->n_tokens - o.retain_tokens) o.k_entries = in->n_tokens - o.retain_tokens;
         return rc ? rc : kvm_sculpt_compress(in, &o, out, NULL);
     }
-    return evict(c, method, in, store, model_id, out);
+    return evict(c, method, in, store, model_id, given, out);
+}
+
+int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
+                        const kvm_store_id *model_id, kvm_kvcache **out)
+{
+    return compress_from(c, in, store, model_id, NULL, out);
+}
+
+int kvm_worker_compress_with(const kvm_config *c, const kvm_compress_input *in, const uint8_t *strategy,
+                             size_t strategy_len, kvm_kvcache **out)
+{
+    if (!strcmp(kvm_config_str(c, "compress", "method"), "polykv") && (!strategy || !strategy_len))
+        return kvm_err(KVM_ENOTFOUND, "method polykv needs a strategy and none was given");
+    strategy_bytes b = {strategy, strategy_len};
+    return compress_from(c, in, NULL, NULL, strategy ? &b : NULL, out);
 }
 
 int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,

@@ -44,6 +44,14 @@ void kvm_worker_model_free(kvm_worker_model *wm);
 int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
                         const kvm_store_id *model_id, kvm_kvcache **out);
 
+/* kvm_worker_compress for a worker that reads no store: PolyKV uses the strategy record
+ * strategy[0, strategy_len) (its stored bytes, fetched from the store service by a compress
+ * worker on another host: kvm_storecli_get_strategy; borrowed) instead of looking it up;
+ * other methods ignore it (may be NULL). Errors: as kvm_worker_compress, KVM_ENOTFOUND when
+ * polykv is asked for without a strategy, the strategy decoder's errors. */
+int kvm_worker_compress_with(const kvm_config *c, const kvm_compress_input *in, const uint8_t *strategy,
+                             size_t strategy_len, kvm_kvcache **out);
+
 /* A decode-phase policy for the method a config names: each KV head of `compressed` (a
  * stored cache a decode worker extends) is kept within the entries it was stored with, by
  * the method's eviction pattern (PolyKV: the strategy's decode-phase pattern of each layer)

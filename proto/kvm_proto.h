@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 4                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 5                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -82,10 +82,12 @@ typedef enum kvm_proto_type {
     KVM_PROTO_ASK,       /* client -> serve: answer a prompt over a document */
     KVM_PROTO_ANSWER,    /* serve -> client: the answer */
     KVM_PROTO_PUT_CACHE, /* worker -> store service: a cache upload begins (revision 3) */
-    KVM_PROTO_STORE_REPLY, /* store service -> worker: committed, refused, or a get_cache reply (rev 3) */
+    KVM_PROTO_STORE_REPLY, /* store service -> worker: committed, refused, or a get_cache (rev 3) or
+                              get_strategy (rev 5) reply */
+    KVM_PROTO_GET_STRATEGY, /* worker -> store service: fetch a model's PolyKV strategy (rev 5) */
 } kvm_proto_type;
 #define KVM_PROTO_TYPE_FIRST KVM_PROTO_JOB
-#define KVM_PROTO_TYPE_LAST KVM_PROTO_STORE_REPLY
+#define KVM_PROTO_TYPE_LAST KVM_PROTO_GET_STRATEGY
 
 /* A string: UTF-8 bytes, no NUL inside, not NUL-terminated. Decoded: borrowed from the
  * message. Encoding: ptr may be NULL when len == 0. */
@@ -391,9 +393,29 @@ typedef struct kvm_proto_store_reply {
     kvm_proto_str message; /* "message" str: why not, when status < 0; 0..MAX_MESSAGE_BYTES */
     int64_t n_layers;      /* "n_layers" uint, optional: get_cache found: this many `cache`
                               messages follow; [0, MAX_LAYERS] */
+    /* revision 5 (older readers ignore it; PROTOCOL.md §9) */
+    kvm_proto_bytes strategy; /* "strategy" bin, optional: get_strategy found: the stored strategy
+                              record's bytes (compress/polykv's canonical encoding, as
+                              kvm_store_get_strategy returns them); 0..MAX_TEXT_BYTES, written
+                              when len > 0 */
 } kvm_proto_store_reply;
-/* store_reply codec. Checks: n_layers == 0 when status < 0. No tensors. */
+/* store_reply codec. Checks: n_layers == 0 and no strategy when status < 0; not both n_layers
+ * and a strategy. No tensors. */
 int kvm_proto_store_reply_encode(const kvm_proto_store_reply *in, kvm_msg **out);
 int kvm_proto_store_reply_decode(const kvm_msg *msg, kvm_proto_store_reply *out);
+
+/* ---- get_strategy: worker -> store service (revision 5). A compress worker on another host
+ * asks for the PolyKV strategy stored under (model_id, name); the service answers one
+ * store_reply: status 0 with the strategy's bytes, or KVM_ENOTFOUND naming the model and
+ * name. Read-only: the service never changes the store for it. ---- */
+typedef struct kvm_proto_get_strategy {
+    uint64_t request_id;                  /* "request_id" uint: echoed in the store_reply */
+    uint8_t model_id[KVM_PROTO_ID_BYTES]; /* "model_id" bin 32: BLAKE2b-256 of the weights */
+    kvm_proto_str name;                   /* "name" str: strategy name ([compress] strategy);
+                                             1..MAX_NAME_BYTES */
+} kvm_proto_get_strategy;
+/* get_strategy codec. Checks: model_id is bin of exactly 32 bytes, name non-empty. No tensors. */
+int kvm_proto_get_strategy_encode(const kvm_proto_get_strategy *in, kvm_msg **out);
+int kvm_proto_get_strategy_decode(const kvm_msg *msg, kvm_proto_get_strategy *out);
 
 #endif

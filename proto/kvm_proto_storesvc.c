@@ -1,5 +1,6 @@
 /* kvm_proto_storesvc.c: the store service messages (revision 3): `put_cache` (the header of a
- * cache upload) and `store_reply` (committed, refused, or found). */
+ * cache upload) and `store_reply` (committed, refused, or found); revision 5: `get_strategy`
+ * (a model's PolyKV strategy, for compress workers on other hosts). */
 #include <stddef.h>
 #include <string.h>
 
@@ -54,6 +55,7 @@ static const kvm_proto__field kvm_store_reply__fields[] = {
     KVM_F_I32(kvm_proto_store_reply, status, 1, -KVM_PROTO_MAX_STATUS, 0),
     KVM_F_STR(kvm_proto_store_reply, message, 0, 0, KVM_PROTO_MAX_MESSAGE_BYTES),
     KVM_F_I64(kvm_proto_store_reply, n_layers, 0, 0, KVM_PROTO_MAX_LAYERS),
+    KVM_F_BIN(kvm_proto_store_reply, strategy, 0, 0, KVM_PROTO_MAX_TEXT_BYTES),
 };
 
 static int kvm_store_reply__check_fields(const void *v)
@@ -62,6 +64,14 @@ static int kvm_store_reply__check_fields(const void *v)
     if (r->status < 0 && r->n_layers != 0)
         return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY, "field 'n_layers' is %lld in a refusal (status %d)",
                                (long long)r->n_layers, (int)r->status);
+    if (r->status < 0 && r->strategy.len != 0)
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY, "field 'strategy' has %zu bytes in a refusal (status %d)",
+                               r->strategy.len, (int)r->status);
+    if (r->n_layers != 0 && r->strategy.len != 0)
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY,
+                               "fields 'n_layers' (%lld) and 'strategy' (%zu bytes) in one reply: a reply answers "
+                               "either a get_cache or a get_strategy",
+                               (long long)r->n_layers, r->strategy.len);
     return 0;
 }
 
@@ -73,6 +83,23 @@ static const kvm_proto__spec kvm_store_reply__spec = {
     NULL,
     0,
     kvm_store_reply__check_fields,
+    NULL,
+};
+
+static const kvm_proto__field kvm_get_strategy__fields[] = {
+    KVM_F_U64(kvm_proto_get_strategy, request_id, 1),
+    KVM_F_ID32(kvm_proto_get_strategy, model_id, 1),
+    KVM_F_STR(kvm_proto_get_strategy, name, 1, 1, KVM_PROTO_MAX_NAME_BYTES),
+};
+
+static const kvm_proto__spec kvm_get_strategy__spec = {
+    KVM_PROTO_GET_STRATEGY,
+    sizeof(kvm_proto_get_strategy),
+    kvm_get_strategy__fields,
+    KVM_PROTO__N(kvm_get_strategy__fields),
+    NULL,
+    0,
+    NULL,
     NULL,
 };
 
@@ -94,4 +121,14 @@ int kvm_proto_store_reply_encode(const kvm_proto_store_reply *in, kvm_msg **out)
 int kvm_proto_store_reply_decode(const kvm_msg *msg, kvm_proto_store_reply *out)
 {
     return kvm_proto__decode(&kvm_store_reply__spec, msg, out);
+}
+
+int kvm_proto_get_strategy_encode(const kvm_proto_get_strategy *in, kvm_msg **out)
+{
+    return kvm_proto__encode(&kvm_get_strategy__spec, in, out);
+}
+
+int kvm_proto_get_strategy_decode(const kvm_msg *msg, kvm_proto_get_strategy *out)
+{
+    return kvm_proto__decode(&kvm_get_strategy__spec, msg, out);
 }

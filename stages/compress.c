@@ -3,7 +3,9 @@
  * layer), writes all layers and the manifest to the store in one transaction, then acks.
  * With --store tcp://... or ipc://... (or [store] service of the job's settings) the cache is
  * uploaded to the store service on the store's host instead (no LMDB opened here), and the
- * job is acked only after the service replied that it committed the cache. */
+ * job is acked only after the service replied that it committed the cache. Such a worker
+ * fetches the PolyKV strategy from the service (get_strategy) once per model and strategy
+ * name and keeps it. */
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
@@ -25,23 +27,60 @@ typedef struct compress_state {
     const char *store_path; /* --store */
     kvm_storecli *svc;      /* the store service, when the store is remote */
     kvm_config *own_cfg;    /* --config, for its [security] keys */
+    uint8_t *strategy;      /* remote store, polykv: the strategy record fetched from the service */
+    size_t strategy_len;
+    kvm_store_id strategy_model; /* ... for this model id */
+    char strategy_name[KVM_STORE_MAX_NAME + 1]; /* ... and this [compress] strategy */
     const char *server_key, *client_public, *client_secret; /* the stage's CurveZMQ arguments */
     char worker_id[256];
 } compress_state;
 
-/* Remote store: the cache goes to the store service (PolyKV needs the strategy of the
- * store, which a remote worker does not read: refused before). The service client is opened
- * with the first job's settings. */
+/* Remote store: the store service client, opened with the first job's settings. */
+static int svc_open(compress_state *st, const kvm_config *c)
+{
+    if (st->svc) return 0;
+    kvm_storecli_keys k = kvm_storecli_keys_of(st->own_cfg, st->server_key, st->client_public, st->client_secret);
+    return kvm_storecli_open(&k, kvm_serve_remote_endpoint(st->store_path, c), &st->svc);
+}
+
+/* Remote store, method polykv: the strategy this worker compresses with, fetched from the
+ * service the first time a model and strategy name are seen and kept (a few KB; jobs of one
+ * run share it). The cache's config id is made from these bytes, so a cache is always stored
+ * under the id of the strategy that made it; a strategy recalibrated during the run is seen
+ * by a worker started after it. */
+static int remote_strategy(compress_state *st, const kvm_config *c)
+{
+    const char *name = kvm_config_str(c, "compress", "strategy");
+    if (st->strategy && !memcmp(&st->strategy_model, &st->wm.model_id, sizeof st->strategy_model) &&
+        !strcmp(st->strategy_name, name))
+        return 0;
+    free(st->strategy);
+    st->strategy = NULL, st->strategy_len = 0;
+    if (strlen(name) > KVM_STORE_MAX_NAME)
+        return kvm_err(KVM_EINVAL, "[compress] strategy is %zu bytes long, at most %d", strlen(name),
+                       KVM_STORE_MAX_NAME);
+    int rc = svc_open(st, c);
+    if (!rc) rc = kvm_serve_remote_strategy(st->svc, c, &st->wm.model_id, &st->strategy, &st->strategy_len);
+    if (rc) return rc;
+    st->strategy_model = st->wm.model_id;
+    snprintf(st->strategy_name, sizeof st->strategy_name, "%s", name);
+    kvm_log(KVM_LOG_INFO, "strategy_fetched", NULL, 0, "fetched PolyKV strategy '%s' (%zu bytes) from the store service",
+            name, st->strategy_len);
+    return 0;
+}
+
+/* Remote store: the cache goes to the store service. */
 static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *j, const kvm_kvcache *cc,
                   kvm_stage_out *out)
 {
-    int rc = 0;
-    kvm_storecli_keys k = kvm_storecli_keys_of(st->own_cfg, st->server_key, st->client_public, st->client_secret);
-    if (!st->svc && (rc = kvm_storecli_open(&k, kvm_serve_remote_endpoint(st->store_path, c), &st->svc))) return rc;
+    int rc = svc_open(st, c);
+    if (rc) return rc;
+    const int polykv = !strcmp(kvm_config_str(c, "compress", "method"), "polykv");
     char name[256];
     snprintf(name, sizeof name, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
     double t0 = kvm_now_ms();
-    rc = kvm_serve_remote_store(st->svc, c, &st->wm, j->tokens, j->n_tokens, cc, j->job_id, name, NULL);
+    rc = kvm_serve_remote_store(st->svc, c, &st->wm, j->tokens, j->n_tokens, cc, polykv ? st->strategy : NULL,
+                                polykv ? st->strategy_len : 0, j->job_id, name, NULL);
     out->transport_ms += kvm_now_ms() - t0;
     out->store_ms += kvm_now_ms() - t0;
     return rc;
@@ -181,16 +220,19 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
     int remote = !rc && kvm_serve_remote_endpoint(st->store_path, cfg);
-    if (remote && !strcmp(kvm_config_str(cfg, "compress", "method"), "polykv"))
-        rc = kvm_err(KVM_ENOTSUP, "method polykv reads its strategy from the store: run this worker on the store's host");
     if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     if (remote) {
         if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+        /* no strategy stored is not fixed by another attempt; no reply (KVM_EIO) may be */
+        if (!strcmp(kvm_config_str(cfg, "compress", "method"), "polykv") && (rc = remote_strategy(st, cfg))) {
+            *retryable = rc == KVM_EIO;
+            goto done;
+        }
         if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
         kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
                                  .n_future = kvm_config_int(cfg, "compress", "future")};
-        if ((rc = kvm_worker_compress(cfg, &ri, NULL, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+        if ((rc = kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
         /* no reply at all: the service is down or the link cut; requeueing may succeed */
         if ((rc = upload(st, cfg, &j, cc, out))) { *retryable = rc == KVM_EIO; goto done; }
         goto evaluated;
@@ -231,6 +273,7 @@ static void teardown(void *stp)
     kvm_store_close(&st->store);
     kvm_storecli_close(&st->svc);
     kvm_config_free(&st->own_cfg);
+    free(st->strategy);
 }
 
 int main(int argc, char **argv)

@@ -130,7 +130,7 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
                              .tokens = d->tokens,
                              .n_future = kvm_config_int(st->cfg, "compress", "future")};
     if ((rc = kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc))) goto done;
-    if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, 0, NULL, NULL)
+    if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, NULL, 0, 0, NULL, NULL)
                 : kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc))
         kvm_log(KVM_LOG_WARN, "store_failed", NULL, 0, "could not store the cache computed on demand: %s", kvm_errmsg());
     else

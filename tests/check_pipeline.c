@@ -366,6 +366,57 @@ START_TEST(test_run_starts_store_service)
 }
 END_TEST
 
+/* A compress worker that talks to the store service only runs method polykv: it fetches the
+ * calibrated strategy by model id (get_strategy) once, every cache lands in the store under
+ * the config id the store's own strategy gives (a local run afterwards skips them all). */
+START_TEST(test_remote_worker_polykv)
+{
+    int port = 20000 + (int)((getpid() + 7919) % 20000);
+    char text[8192], outp[4300], errp[4300], werr[4300], cmd[16000];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n"
+             "[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    char *out, *err;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg_path, docs);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "stored strategy 'default'"), "calibrate exit %d: %s\n%s", rc, out, err);
+    free(out); free(err);
+    size_t n = strlen(text);
+    snprintf(text + n, sizeof text - n, "[store]\nservice_bind = tcp://127.0.0.1:%d\n[stages]\ncompress_workers = 0\n", port);
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(outp, sizeof outp, "%s/run.out", tmp);
+    snprintf(errp, sizeof errp, "%s/run.err", tmp);
+    snprintf(werr, sizeof werr, "%s/worker.err", tmp);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' run --config '%s' --corpus '%s' >'%s' 2>'%s'", kvm_test_bin(), cfg_path, docs,
+             outp, errp);
+    pid_t run = spawn_sh(cmd);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill-compress' --connect 'ipc://%s' --store tcp://127.0.0.1:%d --heartbeat-ms 100 2>'%s'",
+             kvm_test_bin(), run_dir, port, werr);
+    pid_t worker = spawn_sh(cmd);
+    int status = 0;
+    for (int i = 0; i < 12000 && waitpid(run, &status, WNOHANG) == 0; i++) usleep(10000);
+    kill(worker, SIGTERM);
+    waitpid(worker, NULL, 0);
+    out = kvm_test_read_file(outp, &n), err = kvm_test_read_file(errp, &n);
+    char *we = kvm_test_read_file(werr, &n);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "run exited %d\n%s\nworker:\n%s", status, err, we);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s\nworker: %s", out, err, we);
+    const char *f = we ? strstr(we, "fetched PolyKV strategy 'default'") : NULL;
+    ck_assert_msg(f && !strstr(f + 1, "fetched PolyKV strategy"), "the strategy was not fetched exactly once: %s", we);
+    ck_assert_msg(!strstr(we, "run this worker on the store's host"), "worker: %s", we);
+    free(out); free(err); free(we);
+    ck_assert_int_eq(count_caches(), 5);
+    /* the same config run locally: every cache is already stored under its config id */
+    text[n] = '\0';
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    ck_assert_int_eq(run_kvmill(&out, &err), 0);
+    ck_assert_msg(strstr(out, "summary: compressed=0 skipped=5 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    free(out); free(err);
+}
+END_TEST
+
 START_TEST(test_compress_worker_killed)
 {
     setenv("KVM_SLOW_COMPRESS", "300", 1); /* longer solves: the worker is almost always mid-job (the fast solver needs many iterations) */
@@ -955,7 +1006,8 @@ static Suite *pipeline_suite(void)
     struct { const char *name; const TTest *fn; } cases[] = {
         {"run_then_skip", test_run_then_skip}, {"wire_dtype", test_wire_dtype},
         {"json_logs_and_metrics", test_json_logs_and_metrics}, {"log_json_escaping", test_log_json_escaping},
-        {"run_starts_store_service", test_run_starts_store_service}, {"compress_worker_killed", test_compress_worker_killed},
+        {"run_starts_store_service", test_run_starts_store_service},
+        {"remote_worker_polykv", test_remote_worker_polykv}, {"compress_worker_killed", test_compress_worker_killed},
         {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
         {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},

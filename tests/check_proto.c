@@ -836,6 +836,56 @@ START_TEST(test_roundtrip_serve)
 END_TEST
 
 /* Revision 2 of ask and answer: doc_bytes, doc_hash, doc_name, compute_grant, new_cache. */
+/* revision 5: get_strategy and a store_reply carrying a strategy; the decoder refuses a bad
+ * model id, an empty name, and a strategy in a refusal or beside n_layers. */
+START_TEST(test_roundtrip_get_strategy)
+{
+    kvm_proto_get_strategy g = {.request_id = 31, .name = kvm_proto_str_c("default")};
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        g.model_id[i] = (uint8_t)(i * 5);
+    kvm_msg *m = NULL, *t = NULL;
+    ck_assert_msg(kvm_proto_get_strategy_encode(&g, &m) == 0, "%s", kvm_errmsg());
+    kvm_proto_type ty;
+    ck_assert_int_eq(kvm_proto_peek(m, &ty), 0);
+    ck_assert_int_eq(ty, KVM_PROTO_GET_STRATEGY);
+    ck_assert_str_eq(kvm_proto_type_name(ty), "get_strategy");
+    kvm_proto_get_strategy dg;
+    ck_assert_msg(kvm_proto_get_strategy_decode(m, &dg) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(dg.request_id, 31);
+    ck_assert_int_eq(memcmp(dg.model_id, g.model_id, KVM_PROTO_ID_BYTES), 0);
+    ck_assert(kvm_proto_str_eq(dg.name, "default"));
+    t = with_field(m, "model_id", pk_bin, "abcde");
+    ASSERT_FAILS(kvm_proto_get_strategy_decode(t, &dg), KVM_EPROTO, "field 'model_id' has 5 bytes, expected 32");
+    kvm_msg_free(&t);
+    t = with_field(m, "name", pk_str, "");
+    ck_assert_int_ne(kvm_proto_get_strategy_decode(t, &dg), 0);
+    ck_assert_msg(strstr(kvm_errmsg(), "field 'name'"), "%s", kvm_errmsg());
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    g.name = kvm_proto_str_c("");
+    ck_assert_int_ne(kvm_proto_get_strategy_encode(&g, &m), 0);
+    static const uint8_t rec[] = {1, 2, 3, 0, 255};
+    kvm_proto_store_reply r = {.request_id = 31, .strategy = {rec, sizeof rec}}, dr;
+    ck_assert_msg(kvm_proto_store_reply_encode(&r, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_proto_store_reply_decode(m, &dr) == 0, "%s", kvm_errmsg());
+    ck_assert_uint_eq(dr.strategy.len, sizeof rec);
+    ck_assert_int_eq(memcmp(dr.strategy.ptr, rec, sizeof rec), 0);
+    ck_assert_int_eq(dr.n_layers, 0);
+    kvm_msg_free(&m);
+    r.status = KVM_ENOTFOUND;
+    ASSERT_FAILS(kvm_proto_store_reply_encode(&r, &m), KVM_EINVAL, "field 'strategy' has 5 bytes in a refusal");
+    r.status = 0, r.n_layers = 2;
+    ASSERT_FAILS(kvm_proto_store_reply_encode(&r, &m), KVM_EINVAL, "either a get_cache or a get_strategy");
+    r.n_layers = 0;
+    ck_assert_int_eq(kvm_proto_store_reply_encode(&r, &m), 0);
+    const int64_t refused = KVM_ENOTFOUND;
+    t = with_field(m, "status", pk_i64, &refused);
+    ASSERT_FAILS(kvm_proto_store_reply_decode(t, &dr), KVM_EPROTO, "field 'strategy' has 5 bytes in a refusal");
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+}
+END_TEST
+
 START_TEST(test_roundtrip_serve_revision2)
 {
     static const uint8_t bytes[] = {'c', 'a', 'f', 0xe9, 0x00, 0xff, 0x80, '\n'};
@@ -1886,6 +1936,7 @@ static Suite *proto_suite(void)
         {"roundtrip_control", test_roundtrip_control},
         {"roundtrip_serve", test_roundtrip_serve},
         {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},
+        {"roundtrip_get_strategy", test_roundtrip_get_strategy},
         {"malformed_long_strings", test_malformed_long_strings},
         {"malformed_truncated_header", test_malformed_truncated_header},
         {"malformed_wrong_types", test_malformed_wrong_types},

@@ -2,8 +2,11 @@
  * (pipeline/kvm_storecli.h) over TCP loopback: an upload commits and reads back; bad input
  * (layers that do not match the upload or the stored model, a truncated upload, a client
  * without a CurveZMQ key) is refused with a reason and leaves the store unchanged; a client
- * whose service restarts retries its upload. */
+ * whose service restarts retries its upload; get_strategy (revision 5) returns the stored
+ * PolyKV strategy read-only, names the model and strategy when none is stored, and refuses a
+ * malformed request with a reason. */
 #include <check.h>
+#include <msgpack.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -307,6 +310,107 @@ START_TEST(test_truncated_upload_refused)
 }
 END_TEST
 
+/* 1 when the reply's message contains needle (the message is not NUL-terminated). */
+static int message_has(const kvm_proto_store_reply *r, const char *needle)
+{
+    size_t m = strlen(needle);
+    for (size_t i = 0; i + m <= r->message.len; i++)
+        if (!memcmp(r->message.ptr + i, needle, m)) return 1;
+    return 0;
+}
+
+/* Sends frame 0 = {v:1, type:"get_strategy", request_id:7, model_id: bin of id_bytes bytes,
+ * name} raw on DEALER d and returns the store_reply (decoded into *sr; free the message). */
+static kvm_msg *raw_get_strategy(void *d, size_t id_bytes, const char *name, kvm_proto_store_reply *sr)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    uint8_t id[64] = {0};
+    msgpack_pack_map(&pk, 5);
+    msgpack_pack_str_with_body(&pk, "v", 1), msgpack_pack_int(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "type", 4), msgpack_pack_str_with_body(&pk, "get_strategy", 12);
+    msgpack_pack_str_with_body(&pk, "request_id", 10), msgpack_pack_uint64(&pk, 7);
+    msgpack_pack_str_with_body(&pk, "model_id", 8), msgpack_pack_bin_with_body(&pk, id, id_bytes);
+    msgpack_pack_str_with_body(&pk, "name", 4), msgpack_pack_str_with_body(&pk, name, strlen(name));
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_msg_new(&m), 0);
+    ck_assert_int_eq(kvm_msg_add_copy(m, sb.data, sb.size), 0);
+    msgpack_sbuffer_destroy(&sb);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    kvm_msg *r = NULL;
+    ck_assert_msg(kvm_msg_recv(d, &r, 0) == 0, "no reply to a raw get_strategy");
+    ck_assert_msg(kvm_proto_store_reply_decode(r, sr) == 0, "%s", kvm_errmsg());
+    return r;
+}
+
+/* get_strategy: the stored bytes come back as stored (the service only reads); another
+ * model or name is KVM_ENOTFOUND naming both; a malformed request (a 5-byte model id, an
+ * empty name) is refused with the decoder's reason; the store keeps its one strategy. */
+START_TEST(test_get_strategy)
+{
+    static const uint8_t rec[] = "a stored PolyKV strategy record \x01\x02\x03";
+    kvm_store_id mid, other;
+    for (int i = 0; i < KVM_STORE_ID_BYTES; i++)
+        mid.b[i] = (uint8_t)(i + 1), other.b[i] = (uint8_t)(200 - i);
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    ck_assert_int_eq(kvm_store_put_strategy(s, &mid, "default", rec, sizeof rec), 0);
+    kvm_store_close(&s);
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &c), 0);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ck_assert_msg(kvm_storecli_get_strategy(c, &mid, "default", 3000, 1, &buf, &len) == 0, "%s", kvm_errmsg());
+    ck_assert_uint_eq(len, sizeof rec);
+    ck_assert_int_eq(memcmp(buf, rec, len), 0);
+    free(buf);
+    ck_assert_int_eq(t.stats.strategies, 1);
+    char hex[KVM_STORE_ID_HEX + 1], want[256];
+    ck_assert_int_eq(kvm_storecli_get_strategy(c, &other, "default", 3000, 1, &buf, &len), KVM_ENOTFOUND);
+    snprintf(want, sizeof want, "no PolyKV strategy 'default' is stored for model %s", kvm_store_id_hex(&other, hex));
+    ck_assert_msg(strstr(kvm_errmsg(), want), "%s", kvm_errmsg());
+    ck_assert_ptr_null(buf);
+    ck_assert_int_eq(kvm_storecli_get_strategy(c, &mid, "tuned", 3000, 1, &buf, &len), KVM_ENOTFOUND);
+    ck_assert_msg(strstr(kvm_errmsg(), "no PolyKV strategy 'tuned' is stored for model"), "%s", kvm_errmsg());
+    kvm_storecli_close(&c);
+    /* malformed requests from a raw client */
+    void *zctx = zmq_ctx_new(), *d = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0, rcv = 5000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &rcv, sizeof rcv);
+    ck_assert_int_eq(zmq_connect(d, g_ep), 0);
+    kvm_proto_store_reply sr;
+    kvm_msg *r = raw_get_strategy(d, 5, "default", &sr);
+    ck_assert_int_eq(sr.status, KVM_EPROTO);
+    ck_assert_uint_eq(sr.strategy.len, 0);
+    ck_assert_msg(message_has(&sr, "field 'model_id' has 5 bytes, expected 32"), "%.*s",
+                  (int)sr.message.len, sr.message.ptr);
+    kvm_msg_free(&r);
+    r = raw_get_strategy(d, 32, "", &sr);
+    ck_assert_int_lt(sr.status, 0);
+    ck_assert_msg(message_has(&sr, "'name'"), "%.*s", (int)sr.message.len, sr.message.ptr);
+    kvm_msg_free(&r);
+    zmq_close(d);
+    zmq_ctx_term(zctx);
+    ck_assert_int_eq(t.stats.strategies, 1);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+    o = (kvm_store_opts){.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    ck_assert_int_eq(kvm_store_get_strategy(s, &mid, "default", &buf, &len), 0);
+    ck_assert_uint_eq(len, sizeof rec);
+    free(buf);
+    ck_assert_int_eq(kvm_store_get_strategy(s, &other, "default", &buf, &len), KVM_ENOTFOUND);
+    kvm_store_close(&s);
+}
+END_TEST
+
 static void keygen(const char *name)
 {
     char prefix[4400];
@@ -431,7 +535,8 @@ static Suite *storesvc_suite(void)
                  {"truncated_upload_refused", test_truncated_upload_refused},
                  {"client_without_key_refused", test_client_without_key_refused},
                  {"service_restart_retry", test_service_restart_retry},
-                 {"nonlocal_needs_keys", test_nonlocal_needs_keys}};
+                 {"nonlocal_needs_keys", test_nonlocal_needs_keys},
+                 {"get_strategy", test_get_strategy}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -267,6 +267,14 @@ static void gen_control_serve(void)
     sr = (kvm_proto_store_reply){.request_id = 9, .status = KVM_EMISMATCH,
                                  .message = kvm_proto_str_c("layer 2 has 3 KV heads, the upload 4")};
     EMIT(store_reply, "refused", sr);
+    /* revision 5: a PolyKV strategy for a compress worker on another host */
+    static const uint8_t strat[] = {0x4b, 0x56, 0x53, 0x54, 1, 0, 0, 0, 2, 0, 0, 0, 9, 8, 7, 6};
+    sr = (kvm_proto_store_reply){.request_id = 10, .strategy = {strat, sizeof strat}};
+    EMIT(store_reply, "strategy", sr);
+    kvm_proto_get_strategy gs = {.request_id = 10, .name = kvm_proto_str_c("default")};
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        gs.model_id[i] = (uint8_t)(3 * i);
+    EMIT(get_strategy, "a", gs);
 }
 
 int main(int argc, char **argv)

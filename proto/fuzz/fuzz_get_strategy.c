@@ -1,0 +1,5 @@
+/* fuzz_get_strategy.c: libFuzzer target for kvm_proto_get_strategy_decode (and kvm_proto_peek): arbitrary bytes
+ * split into frames (fuzz_common.h); accepted messages must re-encode and decode again. */
+#include "proto/fuzz/fuzz_common.h"
+
+KVM_FUZZ_DECODER(kvm_proto_get_strategy, kvm_proto_get_strategy_decode, kvm_proto_get_strategy_encode)
