@@ -7,6 +7,7 @@
 #pragma GCC optimize("O3") /* the Makefile builds compress/ at -O2, whose cost model skips these loops */
 #endif
 #include "compress/sculpt/kvm_sculpt_problem.h"
+#include "kernels/kvm_sculpt_body.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,20 +21,7 @@
 
 #define NO_LSE (-1e30f)
 
-/* exp(x) for x ≤ 88 (clamped below at −87): 2^n · e^(f·ln2), f ∈ [−½, ½], degree-6 Taylor;
- * branch-free so the compiler vectorises loops over it. */
-static inline float fast_expf(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    float t = x * 1.44269504088896341f;
-    float r = (t + 12582912.0f) - 12582912.0f; /* round to nearest integer */
-    float f = (t - r) * 0.693147180559945309f;
-    float p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-    int32_t bits = ((int32_t)r + 127) << 23;
-    float s;
-    memcpy(&s, &bits, sizeof s);
-    return p * s;
-}
+/* exp is kvm_sb_expf (kernels/kvm_sculpt_body.h), the function the blocked kernels use. */
 
 /* Entries are padded to a multiple of B = 16 (padding: score −1e30, value 0) and every loop over
  * entries runs in whole blocks with B independent lanes, so the compiler vectorises them without
@@ -133,7 +121,7 @@ static double loss_core(const kvm_sculpt_problem *p, int64_t k, double lambda, i
             for (int l = 1; l < B; l++) mx = acc[l] > mx ? acc[l] : mx;
             for (int l = 0; l < B; l++) acc[l] = 0;
             FOR_BLOCKS(j, kp) {
-                w[j] = fast_expf(w[j] - mx);
+                w[j] = kvm_sb_expf(w[j] - mx);
                 acc[j - j0] += w[j];
             }
             const float z = lanes_sum(acc), iz = 1.0f / z;

@@ -78,6 +78,29 @@ static void wv_rows8(const float *restrict w, int nb, int64_t kp, const float *r
     }
 }
 
+/* The K = 8 inner product of up to 4 rows x0..x3 [8] with one 16-entry panel pp [8][NR]:
+ * acc[r][0|1] = Σ_t x_r[t]·pp[t][0..8 | 8..16], one FMA per term in t order (the packed
+ * GEMM's order). Shared by gemm_k8 and dscore_k8, so both sum alike. */
+static inline __attribute__((always_inline)) void k8_panel(const float *x0, const float *x1, const float *x2,
+                                                           const float *x3, const float *pp, v8f acc[4][2])
+{
+    v8f a0 = {0}, c0 = {0}, a1 = {0}, c1 = {0}, a2 = {0}, c2 = {0}, a3 = {0}, c3 = {0}, lo, hi;
+    for (int t = 0; t < 8; t++) {
+        memcpy(&lo, pp + t * NR, 32);
+        memcpy(&hi, pp + t * NR + 8, 32);
+        a0 += x0[t] * lo;
+        c0 += x0[t] * hi;
+        a1 += x1[t] * lo;
+        c1 += x1[t] * hi;
+        a2 += x2[t] * lo;
+        c2 += x2[t] * hi;
+        a3 += x3[t] * lo;
+        c3 += x3[t] * hi;
+    }
+    acc[0][0] = a0, acc[0][1] = c0, acc[1][0] = a1, acc[1][1] = c1;
+    acc[2][0] = a2, acc[2][1] = c2, acc[3][0] = a3, acc[3][1] = c3;
+}
+
 /* y[b][j] = alpha·Σ_{t<8} x[b][t]·P[t][j] for b < nb, j < kp (row strides 8 and kp) with P
  * packed [kp/16][8][16] (kvm__cpu_pack, zero beyond its columns): the scores at head dim 8
  * (P = Kc; dscore_k8 repeats the loop for E·Vcᵀ). Four rows × 16 columns per step with the sums over t in
@@ -94,20 +117,8 @@ static void gemm_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, in
         const float *x3 = x0 + (mr > 3 ? 24 : 0);
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
             const float *pp = P->p + j0 * 8;
-            v8f a0 = {0}, c0 = {0}, a1 = {0}, c1 = {0}, a2 = {0}, c2 = {0}, a3 = {0}, c3 = {0}, lo, hi;
-            for (int t = 0; t < 8; t++) {
-                memcpy(&lo, pp + t * NR, 32);
-                memcpy(&hi, pp + t * NR + 8, 32);
-                a0 += x0[t] * lo;
-                c0 += x0[t] * hi;
-                a1 += x1[t] * lo;
-                c1 += x1[t] * hi;
-                a2 += x2[t] * lo;
-                c2 += x2[t] * hi;
-                a3 += x3[t] * lo;
-                c3 += x3[t] * hi;
-            }
-            v8f acc[4][2] = {{a0, c0}, {a1, c1}, {a2, c2}, {a3, c3}};
+            v8f acc[4][2];
+            k8_panel(x0, x1, x2, x3, pp, acc);
             for (int r = 0; r < mr; r++) {
                 v8f l = acc[r][0] * alpha, h = acc[r][1] * alpha;
                 memcpy(y + (b0 + r) * kp + j0, &l, 32);
@@ -132,20 +143,8 @@ static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt,
         const float *x3 = x0 + (mr > 3 ? 24 : 0);
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
             const float *pp = Vt->p + j0 * 8;
-            v8f a0 = {0}, c0 = {0}, a1 = {0}, c1 = {0}, a2 = {0}, c2 = {0}, a3 = {0}, c3 = {0}, lo, hi;
-            for (int t = 0; t < 8; t++) {
-                memcpy(&lo, pp + t * NR, 32);
-                memcpy(&hi, pp + t * NR + 8, 32);
-                a0 += x0[t] * lo;
-                c0 += x0[t] * hi;
-                a1 += x1[t] * lo;
-                c1 += x1[t] * hi;
-                a2 += x2[t] * lo;
-                c2 += x2[t] * hi;
-                a3 += x3[t] * lo;
-                c3 += x3[t] * hi;
-            }
-            v8f acc[4][2] = {{a0, c0}, {a1, c1}, {a2, c2}, {a3, c3}}, g[2], wv, uv;
+            v8f acc[4][2], g[2], wv, uv;
+            k8_panel(x0, x1, x2, x3, pp, acc);
             memcpy(g, gb + j0, 64);
             for (int r = 0; r < mr; r++) {
                 const int b = b0 + r;
