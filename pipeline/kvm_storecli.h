@@ -34,6 +34,7 @@ kvm_storecli_keys kvm_storecli_keys_of(const kvm_config *cfg, const char *server
  * *out is owned (kvm_storecli_close). Errors: KVM_EINVAL, the key files' errors, KVM_EIO,
  * KVM_ENOMEM. */
 int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_storecli **out);
+/* Closes the socket and frees the client; accepts NULL and *c == NULL; sets *c = NULL. */
 void kvm_storecli_close(kvm_storecli **c);
 
 /* Uploads e (its manifest and layer messages, which stay the caller's) as put_cache + one

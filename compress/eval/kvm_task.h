@@ -39,6 +39,7 @@ const char *kvm_task_name(kvm_task_kind kind);
  * KVM_EINVAL (empty text), KVM_ENOMEM. */
 int kvm_task_make(kvm_task_kind kind, const char *text, size_t len, uint64_t index, kvm_task_case *out);
 
+/* Frees the document text kvm_task_make built into c and sets it NULL; accepts one already NULL. */
 void kvm_task_case_deinit(kvm_task_case *c);
 
 /* Exact match: 1 when `answer` occurs in generated[0, len) (ASCII case folded) with no letter

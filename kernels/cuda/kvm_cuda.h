@@ -27,7 +27,9 @@ int kvm_cuda_device_count(void);
  * or f16 (cublasGemmEx with float32 accumulation). Process-wide; affects later weight_new. */
 typedef enum kvm_cuda_wdtype { KVM_CUDA_F32 = 0, KVM_CUDA_BF16 = 1, KVM_CUDA_F16 = 2 } kvm_cuda_wdtype;
 void kvm_cuda_set_weight_dtype(kvm_cuda_wdtype t);
+/* The dtype set last (KVM_CUDA_F32 until set). */
 kvm_cuda_wdtype kvm_cuda_weight_dtype(void);
+/* Bytes per weight element in dtype t: 4 (f32) or 2 (bf16, f16). */
 size_t kvm_cuda_wdtype_bytes(kvm_cuda_wdtype t);
 
 /* Memory plan check: fails with KVM_ENOMEM, naming `what`, the bytes needed and the bytes free
@@ -118,10 +120,14 @@ typedef struct kvm_cuda_model kvm_cuda_model;
 size_t kvm_cuda_model_bytes(const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx, int64_t max_batch);
 
 /* Makes the device model: checks the plan (kvm_cuda_plan_fits), then allocates everything once
- * with cudaMalloc and uploads (or generates) the weights, dequantised to float32 on the host
- * by the loader and converted to `t` on the device. Owns its memory; free with _free. */
+ * with cudaMalloc and uploads (or generates) the weights: d's host float32 tensors (the caller
+ * dequantises GGUF and 16-bit matrices: model/kvm_forward_cuda.c), converted to `t` on the
+ * device. Owns its memory; free with kvm_cuda_model_free. Errors: KVM_EINVAL (shape beyond
+ * KVM_CUDA_MAX_HEAD_DIM / the attention's KV-head limit), KVM_ENOMEM (the plan does not fit: the
+ * message gives bytes needed and free), KVM_EDEVICE (a CUDA or cuBLAS call, named). */
 int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx,
                        int64_t max_batch, kvm_cuda_model **out);
+/* Frees the device model and its device memory; accepts NULL and *m == NULL; sets *m = NULL. */
 void kvm_cuda_model_free(kvm_cuda_model **m);
 
 /* Empties the cache (next position 0). */
