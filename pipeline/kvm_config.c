@@ -115,7 +115,8 @@ static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
         return snprintf(why, why_n, "'%s' is not one of %s", *v, s->choices), -1;
     }
     case KVM_CFG_PATH:
-        if (**v && **v != '/') {
+        /* a store service endpoint ([store] path = tcp://HOST:PORT) is no file to resolve */
+        if (**v && **v != '/' && strncmp(*v, "tcp://", 6) && strncmp(*v, "ipc://", 6)) {
             char cwd[4096];
             if (!getcwd(cwd, sizeof cwd)) return snprintf(why, why_n, "cannot resolve relative path '%s'", *v), -1;
             size_t n = strlen(cwd) + strlen(*v) + 2;

@@ -39,7 +39,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"model", "context", I, "384", 1, 1 << 20, NULL, "tokens", "documents are truncated to this many tokens (BOS included)"},
     {"model", "weight_dtype", E, "auto", 0, 0, "auto|f32|bf16|f16", "", "how the CPU stores weight matrices, widened to float32 inside the GEMM: auto = bf16 for BF16 files, f32 for F32 files, f16 for F16 and quantised GGUF; f32 for parity runs"},
 
-    {"store", "path", P, "./kvmill.lmdb", 0, 0, NULL, "", "LMDB environment directory"},
+    {"store", "path", P, "./kvmill.lmdb", 0, 0, NULL, "", "LMDB environment directory, or the store service's endpoint (tcp://HOST:PORT) for a run on another host"},
     {"store", "map_size_mb", I, "64", 1, 1 << 30, NULL, "MiB", "initial LMDB map size"},
     {"store", "map_max_mb", I, "1048576", 1, 1 << 30, NULL, "MiB", "the map grows up to this size, then writes fail"},
     {"store", "cap_mb", I, "0", 0, 1 << 30, NULL, "MiB", "cap on stored cache bytes, least recently served evicted first; 0 = none"},

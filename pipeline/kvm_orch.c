@@ -3,12 +3,14 @@
  * and signals are handled within ~100 ms. */
 #include "pipeline/kvm_orch.h"
 #include "pipeline/kvm_orch_metrics.h"
+#include "pipeline/kvm_orch_remote.h"
 #include "pipeline/kvm_svcproc.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_rundir.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
@@ -91,6 +93,7 @@ typedef struct orch {
     kvm_store_id model_id, config_id; /* the caches this run writes */
     kvm_store_id tok_id;      /* tokenizer the stages record in their manifests */
     kvm_store *store;         /* the store (claims, the "stored meanwhile?" check) */
+    kvm_storecli *cli;        /* or, with [store] path an endpoint, the store service (kvm_orch_remote.h) */
     char owner[192], host[64]; /* this run's claims: kvm_storew_owner */
     double last_renew;        /* when the claims were last renewed, ms */
     int mode;                 /* MODE_RUN or MODE_CALIBRATE */
@@ -661,17 +664,33 @@ static void dispatch_reduce(orch *o)
 /* A document another live run is compressing is left to it (counted as claimed) and one
  * stored meanwhile is skipped; else this run claims it (a lease renewed in the loop).
  * Returns 1 when j is not to be sent. */
+/* The claim through the store service: its reply says taken, held (by holder) or stored. */
+static int claim_remote(orch *o, const kvm_store_cache_key *key, int *taken, int *found, kvm_store_claim *holder)
+{
+    kvm_storecli_claim_state st;
+    kvm_storecli_claim_info info;
+    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, (int64_t)o->dead_ms, 0,
+                                kvm_orch_remote_timeout_ms(o->cfg), 2, &st, &info);
+    if (rc) return rc;
+    *taken = st == KVM_STORECLI_TAKEN;
+    *found = st == KVM_STORECLI_STORED;
+    *holder = info.holder;
+    return 0;
+}
+
 static int claim_job(orch *o, job *j)
 {
-    if (j->claimed || !o->store || o->mode != MODE_RUN) return 0;
+    if (j->claimed || (!o->store && !o->cli) || o->mode != MODE_RUN) return 0;
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     kvm_store_claim holder;
     int taken = 0, found = 0;
-    if (kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder)) {
+    if (o->cli ? claim_remote(o, &key, &taken, &found, &holder)
+               : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder)) {
         orch_log("could not claim %s (%s): compressing it anyway\n", j->doc->name, kvm_errmsg());
         taken = 1;
+        found = 0;
     }
-    if (kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
+    if (!o->cli && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
     if (found || !taken) {
         if (!found) orch_log("%s is being compressed by %s on %s: left to it\n", j->doc->name, holder.owner, holder.host);
         j->state = J_SKIPPED;
@@ -960,6 +979,13 @@ static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m
 static int cache_stored(orch *o, kvm_store *store, const job *j, int *found)
 {
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    if (o->cli) { /* the service applies the same rule (kvm_storesvc_claim.h) */
+        kvm_storecli_claim_state st;
+        int rc = kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1, kvm_orch_remote_timeout_ms(o->cfg),
+                                    2, &st, NULL);
+        *found = !rc && st == KVM_STORECLI_STORED;
+        return rc;
+    }
     int rc = kvm_store_has_cache(store, &key, &o->tok_id, found);
     if (rc == KVM_EMISMATCH) { /* made from another tokenizer's ids: compressed again (the put replaces it) */
         orch_log("the stored cache of %s is refused (%s): compressing it again\n", j->doc->name, kvm_errmsg());
@@ -1024,6 +1050,26 @@ static void count_evictions(orch *o, kvm_store *store)
                  (long long)(ss.cap_bytes >> 20), (long long)own, (long long)written);
 }
 
+/* The summary's bytes with a remote store: each cache this run wrote, probed on the
+ * service (its manifest's sizes). One that is gone was evicted by the store's cap; the
+ * store's own eviction counter is not on the wire, so evicted counts this run's only. */
+static void sum_remote(orch *o)
+{
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        if (o->jobs[i].state != J_DONE) continue;
+        kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = o->config_id};
+        kvm_storecli_claim_state st;
+        kvm_storecli_claim_info info;
+        if (kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 1,
+                               &st, &info)) {
+            orch_log("could not read the stored sizes: %s\n", kvm_errmsg());
+            return;
+        }
+        if (st == KVM_STORECLI_STORED) o->sum->bytes_full += info.full_bytes, o->sum->bytes_compressed += info.stored_bytes;
+        else o->sum->evicted++, o->sum->evicted_own++;
+    }
+}
+
 /* ---- the run ---- */
 
 
@@ -1033,11 +1079,25 @@ static int prepare(orch *o, kvm_store **store)
                              &o->own_run_dir);
     if (rc) return rc;
     snprintf(o->store_path, sizeof o->store_path, "%s", kvm_config_str(o->cfg, "store", "path"));
+    if (o->mode == MODE_RUN) kvm_storew_owner(o->owner, sizeof o->owner, o->host, sizeof o->host);
+    kvm_store_id model_id, config_id;
+    if (kvm_serve_remote_is_endpoint(o->store_path)) {
+        if (o->mode != MODE_RUN)
+            return kvm_err(KVM_EINVAL, "[store] path = %s is a store service: kvmill calibrate stores its strategy "
+                                       "and runs on the store's host, with the LMDB directory", o->store_path);
+        if ((rc = kvm_orch_remote_open(o->cfg, o->store_path, &o->cli, &model_id, &config_id)) ||
+            (rc = kvm_worker_tokenizer_id(o->cfg, &model_id, &o->tok_id)))
+            return rc;
+        o->model_id = model_id;
+        o->config_id = config_id;
+        if ((rc = mark_skipped(o, NULL)) || (rc = bind_sockets(o))) return rc;
+        orch_log("store service %s: this run opens no LMDB, its claims and caches go through the service\n",
+                 o->store_path);
+        return o->n_open > 0 ? start_stages(o) : 0;
+    }
     rc = kvm_storew_open(o->cfg, o->store_path, 0, store);
     if (rc) return rc;
     o->store = *store;
-    if (o->mode == MODE_RUN) kvm_storew_owner(o->owner, sizeof o->owner, o->host, sizeof o->host);
-    kvm_store_id model_id, config_id;
     if ((rc = kvm_store_model_id(*store, kvm_config_str(o->cfg, "model", "path"), &model_id))) return rc;
     if (o->mode == MODE_RUN && !strcmp(kvm_config_str(o->cfg, "compress", "method"), "polykv")) {
         uint8_t *buf = NULL;
@@ -1097,7 +1157,9 @@ static void loop(orch *o)
         check_health(o);
         dispatch(o);
         if (o->owner[0] && t0 - o->last_renew > o->dead_ms / 4) { /* claims live while the jobs do */
-            if (kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms)) orch_log("%s\n", kvm_errmsg());
+            if (o->cli ? kvm_storecli_renew(o->cli, o->owner, (int64_t)o->dead_ms, 0, kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
+                       : kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms))
+                orch_log("%s\n", kvm_errmsg());
             o->last_renew = t0;
         }
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
@@ -1198,8 +1260,13 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         kvm_store_list_caches(store, &o.model_id, sum_bytes, &o); /* this model's caches only */
         count_evictions(&o, store);
     }
+    if (o.cli && !rc) sum_remote(&o);
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
+    if (o.cli && o.owner[0] &&
+        kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg), 2, NULL))
+        orch_log("%s (its claims lapse by themselves)\n", kvm_errmsg());
     kvm_store_close(&store);
+    kvm_storecli_close(&o.cli);
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
     if (!rc) write_metrics(&o, hard || sum->interrupted ? "interrupted" : "done", 1);
     free(o.jobs);

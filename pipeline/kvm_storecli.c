@@ -5,6 +5,7 @@
 #include "proto/kvm_proto.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -229,5 +230,94 @@ int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, con
         if (rc != KVM_EIO) return rc;
         fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
     }
+    return rc;
+}
+
+/* Sends m (built anew for each attempt by enc) and waits for its store_reply; reconnects and
+ * retries when none comes. 1 with *r (borrowed from *reply, the caller frees it), or < 0. */
+typedef int (*cli_encode_fn)(const void *req, uint64_t request_id, kvm_msg **out);
+
+static int cli_request(kvm_storecli *c, const char *what, cli_encode_fn enc, const void *req, int timeout_ms,
+                       int attempts, kvm_msg **reply, kvm_proto_store_reply *r)
+{
+    int rc = KVM_EIO;
+    for (int a = 0; a < attempts; a++) {
+        if (a > 0 && (rc = cli_connect(c))) return rc;
+        uint64_t id = ++c->next_request;
+        kvm_msg *m = NULL;
+        rc = enc(req, id, &m);
+        if (!rc) rc = kvm_msg_send(c->sock, &m, 0);
+        kvm_msg_free(&m);
+        if (!rc) rc = cli_wait(c, id, timeout_ms, reply, r);
+        if (rc == 1) return r->status < 0 ? cli_status(r) : 1;
+        if (rc == 0)
+            rc = kvm_err(KVM_EIO, "store service %s: no reply to %s within %d ms (attempt %d of %d)", c->endpoint, what,
+                         timeout_ms, a + 1, attempts);
+        if (rc != KVM_EIO) return rc;
+        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+    }
+    return rc;
+}
+
+static int enc_claim(const void *req, uint64_t id, kvm_msg **out)
+{
+    kvm_proto_claim g = *(const kvm_proto_claim *)req;
+    g.request_id = id;
+    return kvm_proto_claim_encode(&g, out);
+}
+
+static int enc_renew(const void *req, uint64_t id, kvm_msg **out)
+{
+    kvm_proto_renew_claims g = *(const kvm_proto_renew_claims *)req;
+    g.request_id = id;
+    return kvm_proto_renew_claims_encode(&g, out);
+}
+
+int kvm_storecli_claim(kvm_storecli *c, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
+                       const char *owner, const char *host, int64_t ttl_ms, int probe, int timeout_ms, int attempts,
+                       kvm_storecli_claim_state *state, kvm_storecli_claim_info *info)
+{
+    *state = 0;
+    if (info) memset(info, 0, sizeof *info);
+    kvm_proto_claim g = {.owner = kvm_proto_str_c(owner), .host = kvm_proto_str_c(host), .ttl_ms = ttl_ms,
+                         .probe = probe != 0};
+    memcpy(g.model_id, key->model_id.b, KVM_PROTO_ID_BYTES);
+    memcpy(g.doc_hash, key->doc_hash.b, KVM_PROTO_ID_BYTES);
+    memcpy(g.config_id, key->config_id.b, KVM_PROTO_ID_BYTES);
+    if (tokenizer_id) memcpy(g.tokenizer_id, tokenizer_id->b, KVM_PROTO_ID_BYTES);
+    kvm_msg *reply = NULL;
+    kvm_proto_store_reply r;
+    int rc = cli_request(c, "claim", enc_claim, &g, timeout_ms, attempts, &reply, &r);
+    if (rc == 1) {
+        static const char *const names[] = {"", "taken", "held", "stored", "missing"};
+        for (int i = 1; i <= KVM_STORECLI_MISSING; i++)
+            if (kvm_proto_str_eq(r.claim, names[i])) *state = (kvm_storecli_claim_state)i;
+        rc = *state && (!probe || *state >= KVM_STORECLI_STORED) && (probe || *state != KVM_STORECLI_MISSING)
+                 ? 0
+                 : kvm_err(KVM_EPROTO, "store service %s: the reply to a claim says \"%.*s\" (a service older than "
+                                       "protocol revision 6 answers no claims)", c->endpoint, (int)r.claim.len, r.claim.ptr);
+    }
+    if (rc == 0 && info) {
+        snprintf(info->holder.owner, sizeof info->holder.owner, "%.*s", (int)r.holder.len, r.holder.ptr);
+        snprintf(info->holder.host, sizeof info->holder.host, "%.*s", (int)r.holder_host.len, r.holder_host.ptr);
+        info->full_bytes = r.full_bytes, info->stored_bytes = r.stored_bytes;
+    }
+    kvm_msg_free(&reply);
+    return rc;
+}
+
+int kvm_storecli_renew(kvm_storecli *c, const char *owner, int64_t ttl_ms, int release, int timeout_ms, int attempts,
+                       int64_t *n)
+{
+    if (n) *n = 0;
+    kvm_proto_renew_claims g = {.owner = kvm_proto_str_c(owner), .ttl_ms = ttl_ms, .release = release != 0};
+    kvm_msg *reply = NULL;
+    kvm_proto_store_reply r;
+    int rc = cli_request(c, "renew_claims", enc_renew, &g, timeout_ms, attempts, &reply, &r);
+    if (rc == 1) {
+        rc = 0;
+        if (n) *n = r.n_claims;
+    }
+    kvm_msg_free(&reply);
     return rc;
 }

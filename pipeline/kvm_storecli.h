@@ -62,4 +62,33 @@ int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeou
 int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, const char *name, int timeout_ms,
                               int attempts, uint8_t **data, size_t *len);
 
+/* A claim's outcome as the service reports it (kvm_storesvc_claim.h). */
+typedef enum kvm_storecli_claim_state {
+    KVM_STORECLI_TAKEN = 1, /* this owner holds the claim now */
+    KVM_STORECLI_HELD,      /* another owner's live claim holds it: *holder */
+    KVM_STORECLI_STORED,    /* the cache is stored (nothing taken): *full_bytes, *stored_bytes */
+    KVM_STORECLI_MISSING,   /* a probe: not stored */
+} kvm_storecli_claim_state;
+
+/* What kvm_storecli_claim reports besides the state. */
+typedef struct kvm_storecli_claim_info {
+    kvm_store_claim holder;              /* HELD: the other run (owner, host) */
+    int64_t full_bytes, stored_bytes;    /* STORED: the manifest's sizes */
+} kvm_storecli_claim_info;
+
+/* Claims key for owner (1..127 bytes) from host (0..63) for ttl_ms (protocol revision 6,
+ * `claim`), or with probe only asks whether the cache is stored for tokenizer_id (may be
+ * NULL: zero). Waits up to timeout_ms per attempt, attempts times (taking one's own claim
+ * again renews it, so a retry is safe). *state and *info (may be NULL) say what the service
+ * found. Errors: the service's refusal (KVM_ERANGE, KVM_EPROTO, KVM_ESTATE, ...) with its
+ * reason, KVM_EPROTO (a reply without an outcome: a revision-5 service), KVM_EIO (no reply). */
+int kvm_storecli_claim(kvm_storecli *c, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
+                       const char *owner, const char *host, int64_t ttl_ms, int probe, int timeout_ms, int attempts,
+                       kvm_storecli_claim_state *state, kvm_storecli_claim_info *info);
+
+/* Renews every claim of owner for ttl_ms, or with release removes them (`renew_claims`);
+ * *n (may be NULL) counts them. Waits and retries as kvm_storecli_claim. Errors: as it. */
+int kvm_storecli_renew(kvm_storecli *c, const char *owner, int64_t ttl_ms, int release, int timeout_ms, int attempts,
+                       int64_t *n);
+
 #endif

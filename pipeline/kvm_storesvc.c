@@ -3,6 +3,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_storesvc_claim.h"
 #include "pipeline/kvm_storew.h"
 #include "proto/kvm_proto.h"
 
@@ -295,6 +296,41 @@ static void svc_get_strategy(svc *s, const uint8_t *env, size_t n, const kvm_msg
     free(buf);
 }
 
+/* claim and renew_claims (revision 6): a run on another host takes, probes, renews and
+ * releases its claims here; the answer is one store_reply (claim outcome, holder, n_claims),
+ * a malformed request or a store error a refusal naming why, the claims unchanged. */
+static void svc_claim(svc *s, const uint8_t *env, size_t n, const kvm_msg *m, kvm_proto_type t)
+{
+    kvm_proto_claim c;
+    kvm_proto_renew_claims rn;
+    kvm_storesvc_claim_out out = {0};
+    kvm_proto_store_reply r = {0};
+    char why[1200];
+    int rc = t == KVM_PROTO_CLAIM ? kvm_proto_claim_decode(m, &c) : kvm_proto_renew_claims_decode(m, &rn);
+    const char *where = ""; /* the decoder's messages name the type already */
+    uint64_t req = 0;       /* 0 while the request did not decode */
+    if (!rc) {
+        req = t == KVM_PROTO_CLAIM ? c.request_id : rn.request_id;
+        where = t == KVM_PROTO_CLAIM ? "claim: store: " : "renew_claims: store: ";
+        rc = t == KVM_PROTO_CLAIM ? kvm_storesvc_claim(s->store, &c, &out) : kvm_storesvc_renew(s->store, &rn, &r.n_claims);
+    }
+    if (!rc) {
+        r.request_id = req;
+        if (t == KVM_PROTO_CLAIM) {
+            r.claim = kvm_proto_str_c(out.state);
+            if (!strcmp(out.state, "held"))
+                r.holder = kvm_proto_str_c(out.holder.owner), r.holder_host = kvm_proto_str_c(out.holder.host);
+            r.full_bytes = out.full_bytes, r.stored_bytes = out.stored_bytes;
+        }
+        if (s->st) s->st->claims++;
+        return svc_send_reply(s, env, n, &r);
+    }
+    snprintf(why, sizeof why, "%s%s", where, kvm_errmsg());
+    kvm_log_field f[] = {KVM_LOG_I("status", rc), KVM_LOG_S("reason", why)};
+    svc_log(s, KVM_LOG_WARN, "claim_refused", f, 2, "%s", why);
+    svc_reply(s, env, n, req, 0, rc, why, 0);
+}
+
 static void svc_one(svc *s, kvm_msg *m)
 {
     kvm_msg *env = NULL;
@@ -321,6 +357,8 @@ static void svc_one(svc *s, kvm_msg *m)
         svc_get(s, id.data, id.size, m);
     else if (t == KVM_PROTO_GET_STRATEGY)
         svc_get_strategy(s, id.data, id.size, m);
+    else if (t == KVM_PROTO_CLAIM || t == KVM_PROTO_RENEW_CLAIMS)
+        svc_claim(s, id.data, id.size, m, t);
     else {
         char why[128];
         snprintf(why, sizeof why, "the store service does not take %s messages", kvm_proto_type_name(t));

@@ -1,6 +1,6 @@
 /* kvm_storesvc.h: the store service (`kvmill-store`, `kvmill store serve`): the one process
  * that opens the LMDB store for writing when workers run on other hosts. It answers, on one
- * ROUTER socket (proto/PROTOCOL.md, revisions 3 and 5):
+ * ROUTER socket (proto/PROTOCOL.md, revisions 3, 5 and 6):
  *   put_cache + n_layers `cache` messages -> checks every layer against the upload's header,
  *       commits cache + manifest in one transaction (kvm_store_put_cache), records the
  *       document's name, then answers store_reply status 0; anything else is refused with a
@@ -8,7 +8,9 @@
  *   get_cache -> store_reply {n_layers} followed by the stored `cache` messages, one per
  *       layer, or store_reply status < 0 (KVM_ENOTFOUND, ...);
  *   get_strategy (revision 5) -> store_reply {strategy: the stored bytes}, read-only, or
- *       status KVM_ENOTFOUND naming the model id and strategy name (a remote PolyKV worker).
+ *       status KVM_ENOTFOUND naming the model id and strategy name (a remote PolyKV worker);
+ *   claim, renew_claims (revision 6) -> store_reply {claim: taken|held|stored|missing, holder,
+ *       n_claims}: the claims of runs on other hosts (kvm_storesvc_claim.h).
  * Uploads are tracked per connection (routing id); an upload interrupted by another request
  * of the same client, or not finished within upload_timeout_ms, is refused (truncated). */
 #ifndef KVM_STORESVC_H
@@ -27,6 +29,7 @@ typedef struct kvm_storesvc_stats {
     int64_t refused;    /* uploads refused (bad input, truncated, store errors) */
     int64_t served;     /* get_cache requests answered with a cache */
     int64_t strategies; /* get_strategy requests answered with a strategy */
+    int64_t claims;     /* claim and renew_claims requests answered (revision 6) */
     int64_t bytes_in;   /* bytes of accepted upload messages (all frames) */
     int64_t bytes_out;  /* bytes of cache messages served */
 } kvm_storesvc_stats;

@@ -163,8 +163,28 @@ int kvm_worker_compress_with(const kvm_config *c, const kvm_compress_input *in, 
     return compress_from(c, in, NULL, NULL, strategy ? &b : NULL, out);
 }
 
+static int policy_from(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,
+                       const strategy_bytes *given, const kvm_kvcache *compressed, kvm_decode_policy **out);
+
 int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,
                           const kvm_kvcache *compressed, kvm_decode_policy **out)
+{
+    return policy_from(c, m, store, model_id, NULL, compressed, out);
+}
+
+int kvm_worker_policy_with(const kvm_config *c, const kvm_model *m, const uint8_t *strategy, size_t strategy_len,
+                           const kvm_kvcache *compressed, kvm_decode_policy **out)
+{
+    *out = NULL;
+    if (!strcmp(kvm_config_str(c, "compress", "method"), "polykv") && (!strategy || !strategy_len))
+        return kvm_err(KVM_ENOTFOUND, "method polykv needs a strategy and none was given");
+    strategy_bytes b = {strategy, strategy_len};
+    return policy_from(c, m, NULL, NULL, strategy ? &b : NULL, compressed, out);
+}
+
+/* The policy with PolyKV's strategy from given (non-NULL) or else from the store. */
+static int policy_from(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,
+                       const strategy_bytes *given, const kvm_kvcache *compressed, kvm_decode_policy **out)
 {
     *out = NULL;
     const char *method = kvm_config_str(c, "compress", "method");
@@ -177,8 +197,8 @@ int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *st
     if (!strcmp(method, "polykv")) {
         uint8_t *buf = NULL;
         size_t len = 0;
-        rc = kvm_worker_strategy(c, store, model_id, &buf, &len);
-        if (!rc) rc = kvm_strategy_decode(buf, len, &s);
+        rc = given ? kvm_strategy_decode(given->ptr, given->len, &s) : kvm_worker_strategy(c, store, model_id, &buf, &len);
+        if (!rc && !given) rc = kvm_strategy_decode(buf, len, &s);
         if (!rc && s->n_layers != L) rc = kvm_err(KVM_EMISMATCH, "strategy has %d layers, the model %d", s->n_layers, L);
         free(buf);
     } else

@@ -61,6 +61,14 @@ int kvm_worker_compress_with(const kvm_config *c, const kvm_compress_input *in, 
 int kvm_worker_policy_new(const kvm_config *c, const kvm_model *m, kvm_store *store, const kvm_store_id *model_id,
                           const kvm_kvcache *compressed, kvm_decode_policy **out);
 
+/* kvm_worker_policy_new for a decode worker that reads no store: PolyKV's decode-phase
+ * patterns come from the strategy record strategy[0, strategy_len) (its stored bytes, fetched
+ * from the store service with get_strategy; borrowed); other methods ignore it (may be NULL).
+ * Errors: as kvm_worker_policy_new; KVM_ENOTFOUND when polykv is asked for without a
+ * strategy; the strategy decoder's errors. */
+int kvm_worker_policy_with(const kvm_config *c, const kvm_model *m, const uint8_t *strategy, size_t strategy_len,
+                           const kvm_kvcache *compressed, kvm_decode_policy **out);
+
 /* [compress] settings -> KVSculpt options for method `mode` (issue 5's defaults where the
  * config is silent; threads from [stages] threads). Returns 0 or KVM_EINVAL (bad alloc). */
 int kvm_worker_sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt_opts *o);

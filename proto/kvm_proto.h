@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 5                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 6                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -85,9 +85,11 @@ typedef enum kvm_proto_type {
     KVM_PROTO_STORE_REPLY, /* store service -> worker: committed, refused, or a get_cache (rev 3) or
                               get_strategy (rev 5) reply */
     KVM_PROTO_GET_STRATEGY, /* worker -> store service: fetch a model's PolyKV strategy (rev 5) */
+    KVM_PROTO_CLAIM,        /* run -> store service: claim a document's cache key, or probe it (rev 6) */
+    KVM_PROTO_RENEW_CLAIMS, /* run -> store service: renew or release a run's claims (rev 6) */
 } kvm_proto_type;
 #define KVM_PROTO_TYPE_FIRST KVM_PROTO_JOB
-#define KVM_PROTO_TYPE_LAST KVM_PROTO_GET_STRATEGY
+#define KVM_PROTO_TYPE_LAST KVM_PROTO_RENEW_CLAIMS
 
 /* A string: UTF-8 bytes, no NUL inside, not NUL-terminated. Decoded: borrowed from the
  * message. Encoding: ptr may be NULL when len == 0. */
@@ -398,9 +400,20 @@ typedef struct kvm_proto_store_reply {
                               record's bytes (compress/polykv's canonical encoding, as
                               kvm_store_get_strategy returns them); 0..MAX_TEXT_BYTES, written
                               when len > 0 */
+    /* revision 6: the answer to a claim or renew_claims */
+    kvm_proto_str claim;       /* "claim" str, optional: a claim's outcome: "taken" (this run holds
+                                  it now), "held" (another live run does: holder), "stored" (the
+                                  cache is stored: nothing taken), "missing" (a probe: not stored);
+                                  "" for other replies */
+    kvm_proto_str holder;      /* "holder" str, optional: with "held": the holding run's owner */
+    kvm_proto_str holder_host; /* "holder_host" str, optional: with "held": its host */
+    int64_t n_claims;          /* "n_claims" uint, optional: renew_claims: claims renewed or released */
+    int64_t full_bytes;        /* "full_bytes" uint, optional: with "stored": the manifest's f32 bytes */
+    int64_t stored_bytes;      /* "stored_bytes" uint, optional: with "stored": the cache's bytes */
 } kvm_proto_store_reply;
-/* store_reply codec. Checks: n_layers == 0 and no strategy when status < 0; not both n_layers
- * and a strategy. No tensors. */
+/* store_reply codec. Checks: n_layers == 0, no strategy and no claim outcome when status < 0;
+ * not both n_layers and a strategy; claim one of "", taken, held, stored, missing; holder and
+ * holder_host only with held, held with a holder. No tensors. */
 int kvm_proto_store_reply_encode(const kvm_proto_store_reply *in, kvm_msg **out);
 int kvm_proto_store_reply_decode(const kvm_msg *msg, kvm_proto_store_reply *out);
 
@@ -417,5 +430,41 @@ typedef struct kvm_proto_get_strategy {
 /* get_strategy codec. Checks: model_id is bin of exactly 32 bytes, name non-empty. No tensors. */
 int kvm_proto_get_strategy_encode(const kvm_proto_get_strategy *in, kvm_msg **out);
 int kvm_proto_get_strategy_decode(const kvm_msg *msg, kvm_proto_get_strategy *out);
+
+/* ---- claim: run -> store service (revision 6). An orchestrator whose store is on another
+ * host (its [store] path a store service endpoint) claims each document's cache key before it
+ * sends the document to prefill, the lease of store/kvm_store_claim.c taken by the service in
+ * one write transaction: the reply's claim is "stored" (the cache is stored and readable for
+ * tokenizer_id: nothing taken), "held" (another owner's live claim: holder, holder_host) or
+ * "taken". With probe the service only says "stored" or "missing" and changes nothing. ---- */
+typedef struct kvm_proto_claim {
+    uint64_t request_id;                      /* "request_id" uint: echoed in the store_reply */
+    kvm_proto_str owner;                      /* "owner" str: the run (kvm_storew_owner); 1..127 bytes */
+    kvm_proto_str host;                       /* "host" str, optional: its host; 0..63 bytes */
+    int64_t ttl_ms;                           /* "ttl_ms" uint, optional: the lease, ms; [0, 2^40],
+                                                 >= 1 unless probe */
+    uint8_t model_id[KVM_PROTO_ID_BYTES];     /* "model_id" bin 32 */
+    uint8_t doc_hash[KVM_PROTO_ID_BYTES];     /* "doc_hash" bin 32 */
+    uint8_t config_id[KVM_PROTO_ID_BYTES];    /* "config_id" bin 32: the cache key */
+    uint8_t tokenizer_id[KVM_PROTO_ID_BYTES]; /* "tokenizer_id" bin 32: a stored cache counts only
+                                                 when its manifest names it (zero: none) */
+    bool probe;                               /* "probe" bool, optional: only ask whether stored */
+} kvm_proto_claim;
+/* claim codec. Checks: owner 1..127 bytes, host 0..63, ttl_ms >= 1 unless probe. No tensors. */
+int kvm_proto_claim_encode(const kvm_proto_claim *in, kvm_msg **out);
+int kvm_proto_claim_decode(const kvm_msg *msg, kvm_proto_claim *out);
+
+/* ---- renew_claims: run -> store service (revision 6). Sets every claim of owner to expire
+ * ttl_ms from now, or removes them all (release: the run's end), in one write transaction;
+ * the reply's n_claims counts them. ---- */
+typedef struct kvm_proto_renew_claims {
+    uint64_t request_id; /* "request_id" uint: echoed in the store_reply */
+    kvm_proto_str owner; /* "owner" str: the run; 1..127 bytes */
+    int64_t ttl_ms;      /* "ttl_ms" uint, optional: [0, 2^40], >= 1 unless release */
+    bool release;        /* "release" bool, optional: remove the claims instead */
+} kvm_proto_renew_claims;
+/* renew_claims codec. Checks: owner 1..127 bytes, ttl_ms >= 1 unless release. No tensors. */
+int kvm_proto_renew_claims_encode(const kvm_proto_renew_claims *in, kvm_msg **out);
+int kvm_proto_renew_claims_decode(const kvm_msg *msg, kvm_proto_renew_claims *out);
 
 #endif

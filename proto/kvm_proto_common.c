@@ -17,7 +17,7 @@
 static const char *const kvm_proto__type_names[] = {
     NULL,    "job",   "kv",        "stats", "strategy",  "cache", "result",
     "error", "ready", "heartbeat", "ack",   "get_cache", "ask",   "answer",
-    "put_cache", "store_reply", "get_strategy",
+    "put_cache", "store_reply", "get_strategy", "claim", "renew_claims",
 };
 
 const char *kvm_proto_type_name(kvm_proto_type type)

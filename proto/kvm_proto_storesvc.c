@@ -56,7 +56,35 @@ static const kvm_proto__field kvm_store_reply__fields[] = {
     KVM_F_STR(kvm_proto_store_reply, message, 0, 0, KVM_PROTO_MAX_MESSAGE_BYTES),
     KVM_F_I64(kvm_proto_store_reply, n_layers, 0, 0, KVM_PROTO_MAX_LAYERS),
     KVM_F_BIN(kvm_proto_store_reply, strategy, 0, 0, KVM_PROTO_MAX_TEXT_BYTES),
+    KVM_F_STR(kvm_proto_store_reply, claim, 0, 0, 16),
+    KVM_F_STR(kvm_proto_store_reply, holder, 0, 0, KVM_PROTO_MAX_NAME_BYTES),
+    KVM_F_STR(kvm_proto_store_reply, holder_host, 0, 0, KVM_PROTO_MAX_NAME_BYTES),
+    KVM_F_I64(kvm_proto_store_reply, n_claims, 0, 0, KVM_PROTO__MAX_COUNT),
+    KVM_F_I64(kvm_proto_store_reply, full_bytes, 0, 0, KVM_PROTO__MAX_COUNT),
+    KVM_F_I64(kvm_proto_store_reply, stored_bytes, 0, 0, KVM_PROTO__MAX_COUNT),
 };
+
+/* Revision 6: a claim outcome is one of four words; the holder comes with "held" only. */
+static int kvm_store_reply__check_claim(const kvm_proto_store_reply *r)
+{
+    static const char *const ok[] = {"", "taken", "held", "stored", "missing"};
+    size_t i = 0;
+    while (i < KVM_PROTO__N(ok) && !kvm_proto_str_eq(r->claim, ok[i]))
+        i++;
+    if (i == KVM_PROTO__N(ok)) {
+        char q[64];
+        kvm_proto__quote(q, sizeof q, r->claim.ptr, r->claim.len);
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY,
+                               "field 'claim' is \"%s\", expected taken, held, stored or missing", q);
+    }
+    if (r->status < 0 && r->claim.len)
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY, "field 'claim' in a refusal (status %d)", (int)r->status);
+    int held = kvm_proto_str_eq(r->claim, "held");
+    if (held != (r->holder.len > 0) || (!held && r->holder_host.len))
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY,
+                               "field 'holder' comes with claim \"held\" and only with it");
+    return 0;
+}
 
 static int kvm_store_reply__check_fields(const void *v)
 {
@@ -72,7 +100,7 @@ static int kvm_store_reply__check_fields(const void *v)
                                "fields 'n_layers' (%lld) and 'strategy' (%zu bytes) in one reply: a reply answers "
                                "either a get_cache or a get_strategy",
                                (long long)r->n_layers, r->strategy.len);
-    return 0;
+    return kvm_store_reply__check_claim(r);
 }
 
 static const kvm_proto__spec kvm_store_reply__spec = {

@@ -4,8 +4,8 @@
  * With --store tcp://... or ipc://... (or [store] service of the job's settings) the cache is
  * uploaded to the store service on the store's host instead (no LMDB opened here), and the
  * job is acked only after the service replied that it committed the cache. Such a worker
- * fetches the PolyKV strategy from the service (get_strategy) once per model and strategy
- * name and keeps it. */
+ * fetches the PolyKV strategy from the service (get_strategy) for every job, so a
+ * recalibration during a run reaches it with its next job. */
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
@@ -43,29 +43,34 @@ static int svc_open(compress_state *st, const kvm_config *c)
     return kvm_storecli_open(&k, kvm_serve_remote_endpoint(st->store_path, c), &st->svc);
 }
 
-/* Remote store, method polykv: the strategy this worker compresses with, fetched from the
- * service the first time a model and strategy name are seen and kept (a few KB; jobs of one
- * run share it). The cache's config id is made from these bytes, so a cache is always stored
- * under the id of the strategy that made it; a strategy recalibrated during the run is seen
- * by a worker started after it. */
+/* Remote store, method polykv: the strategy this job compresses with, fetched from the
+ * service for every job (a few KB next to the job's MB of KV), as a worker on the store's
+ * host reads it from LMDB for every job: a strategy recalibrated during a run reaches this
+ * worker with its next job, and the cache's config id, made from these bytes, is always that
+ * of the strategy that made it. The last bytes are kept to tell a change (logged). */
 static int remote_strategy(compress_state *st, const kvm_config *c)
 {
     const char *name = kvm_config_str(c, "compress", "strategy");
-    if (st->strategy && !memcmp(&st->strategy_model, &st->wm.model_id, sizeof st->strategy_model) &&
-        !strcmp(st->strategy_name, name))
-        return 0;
-    free(st->strategy);
-    st->strategy = NULL, st->strategy_len = 0;
     if (strlen(name) > KVM_STORE_MAX_NAME)
         return kvm_err(KVM_EINVAL, "[compress] strategy is %zu bytes long, at most %d", strlen(name),
                        KVM_STORE_MAX_NAME);
+    uint8_t *buf = NULL;
+    size_t len = 0;
     int rc = svc_open(st, c);
-    if (!rc) rc = kvm_serve_remote_strategy(st->svc, c, &st->wm.model_id, &st->strategy, &st->strategy_len);
+    if (!rc) rc = kvm_serve_remote_strategy(st->svc, c, &st->wm.model_id, &buf, &len);
     if (rc) return rc;
+    int same_key = st->strategy && !memcmp(&st->strategy_model, &st->wm.model_id, sizeof st->strategy_model) &&
+                   !strcmp(st->strategy_name, name);
+    int same = same_key && len == st->strategy_len && !memcmp(buf, st->strategy, len);
+    if (!same)
+        kvm_log(KVM_LOG_INFO, same_key ? "strategy_changed" : "strategy_fetched", NULL, 0,
+                same_key ? "PolyKV strategy '%s' was recalibrated (%zu bytes now): caches from this job on are made with it"
+                         : "fetched PolyKV strategy '%s' (%zu bytes) from the store service",
+                name, len);
+    free(st->strategy);
+    st->strategy = buf, st->strategy_len = len;
     st->strategy_model = st->wm.model_id;
     snprintf(st->strategy_name, sizeof st->strategy_name, "%s", name);
-    kvm_log(KVM_LOG_INFO, "strategy_fetched", NULL, 0, "fetched PolyKV strategy '%s' (%zu bytes) from the store service",
-            name, st->strategy_len);
     return 0;
 }
 

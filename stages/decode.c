@@ -34,6 +34,8 @@ typedef struct decode_state {
     const kvm_tokenizer *tok; /* the tokenizer in use */
     kvm_store *store;       /* the LMDB store, on the store's host */
     kvm_storecli *svc;      /* or the store service on another host ([store] service / --store tcp://) */
+    uint8_t *strategy;      /* with svc and polykv: the strategy record fetched for the current ask */
+    size_t strategy_len;
     kvm_store_id config_id; /* of cfg: the cache key's third part */
     int64_t ctx;            /* [model] context: documents are truncated to it */
     int64_t max_prompt, max_new;
@@ -53,8 +55,6 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (rc) return rc;
     st->wm.override = a->model;
     kvm_storecli_keys keys = kvm_storecli_keys_of(st->cfg, a->server_key, a->client_public, a->client_secret);
-    if (svc && !strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv"))
-        return kvm_err(KVM_ENOTSUP, "method polykv reads its strategy from the store: run this worker on the store's host");
     if ((rc = svc ? kvm_storecli_open(&keys, svc, &st->svc) : kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
@@ -76,8 +76,28 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->keyed = !kvm_curve_is_local(kvm_config_str(st->cfg, "serve", "bind")) ||
                 *kvm_config_str(st->cfg, "security", "server_secret_key");
     rc = kvm_jobcfg_check(st->cfg);
-    if (!rc) rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL);
-    return rc == KVM_ENOTFOUND ? 0 : rc; /* polykv before calibration: each ask looks again */
+    if (!rc && (!st->svc || strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv")))
+        rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL);
+    return rc == KVM_ENOTFOUND ? 0 : rc; /* polykv before calibration (or remote): each ask looks again */
+}
+
+/* The config id for this ask, made again each time: a recalibrated strategy changes it, and
+ * old caches must not answer. On the store's host the strategy is read from the store; a
+ * worker on another host fetches it from the store service (get_strategy, a few KB per ask)
+ * and keeps the bytes for the ask's decode policy and an on-demand compression, so all three
+ * use the strategy the id names. Errors: KVM_ENOTFOUND (no strategy stored: the message
+ * names the model id and the strategy), the service's or the store's. */
+static int ask_config_id(decode_state *st)
+{
+    if (!st->svc || strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv"))
+        return kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL);
+    free(st->strategy);
+    st->strategy = NULL, st->strategy_len = 0;
+    int rc = kvm_serve_remote_strategy(st->svc, st->cfg, &st->wm.model_id, &st->strategy, &st->strategy_len);
+    if (rc) return rc;
+    kvm_store_id h;
+    kvm_store_hash_bytes(st->strategy, st->strategy_len, &h);
+    return kvm_jobcfg_config_id(st->cfg, &h, &st->config_id, NULL, NULL);
 }
 
 /* An ask is one message; whatever it holds, work() answers it (an error answer when malformed). */
@@ -129,8 +149,11 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
                              .n_tokens = d->n_tokens,
                              .tokens = d->tokens,
                              .n_future = kvm_config_int(st->cfg, "compress", "future")};
-    if ((rc = kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc))) goto done;
-    if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, NULL, 0, 0, NULL, NULL)
+    if ((rc = st->svc ? kvm_worker_compress_with(st->cfg, &ci, st->strategy, st->strategy_len, &cc)
+                      : kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc)))
+        goto done;
+    if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, st->strategy,
+                                         st->strategy_len, 0, NULL, NULL)
                 : kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc))
         kvm_log(KVM_LOG_WARN, "store_failed", NULL, 0, "could not store the cache computed on demand: %s", kvm_errmsg());
     else
@@ -282,8 +305,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                      (long long)n_prompt, (long long)st->max_prompt);
         goto done;
     }
-    /* again per ask: a recalibrated strategy changes the id, and old caches must not answer */
-    if ((rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL))) goto done;
+    if ((rc = ask_config_id(st))) goto done;
     kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = d.hash, .config_id = st->config_id};
     int64_t n_stored = 0;
     char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
@@ -350,7 +372,9 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     uint64_t seed = ask->request_id ^ (uint64_t)time(NULL);
     /* the method's decode-phase policy keeps each KV head within its budget as the prompt
      * and the answer are appended (eviction patterns, PolyKV); sculpt methods have none */
-    if ((rc = kvm_worker_policy_new(st->cfg, m, st->store, &st->wm.model_id, cache, &pol))) goto done;
+    if ((rc = st->svc ? kvm_worker_policy_with(st->cfg, m, st->strategy, st->strategy_len, cache, &pol)
+                      : kvm_worker_policy_new(st->cfg, m, st->store, &st->wm.model_id, cache, &pol)))
+        goto done;
     if ((rc = kvm_forward_new(m, NULL, n_prompt, &f)) ||
         (pol && (rc = kvm_forward_add_hooks(f, &pol->hooks))) ||
         (rc = kvm_sampler_new(mc->vocab_size, (float)ask->temperature, 0.0f, seed, &smp)) ||
@@ -446,6 +470,7 @@ static void teardown(void *stp)
     kvm_worker_model_free(&st->wm);
     kvm_store_close(&st->store);
     kvm_storecli_close(&st->svc);
+    free(st->strategy);
     kvm_config_free(&st->cfg);
 }
 

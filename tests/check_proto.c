@@ -886,6 +886,72 @@ START_TEST(test_roundtrip_get_strategy)
 }
 END_TEST
 
+/* revision 6: claim and renew_claims, and a store_reply carrying a claim outcome; the decoder
+ * refuses an empty owner, a claim without a lease, an unknown outcome, an outcome in a
+ * refusal, and a holder beside any outcome but "held". */
+START_TEST(test_roundtrip_claim)
+{
+    kvm_proto_claim c = {.request_id = 41, .owner = kvm_proto_str_c("run:hostA:42:1000"), .host = kvm_proto_str_c("hostA"),
+                         .ttl_ms = 2000};
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        c.model_id[i] = (uint8_t)i, c.doc_hash[i] = (uint8_t)(2 * i), c.config_id[i] = (uint8_t)(3 * i);
+    kvm_msg *m = NULL, *t = NULL;
+    ck_assert_msg(kvm_proto_claim_encode(&c, &m) == 0, "%s", kvm_errmsg());
+    kvm_proto_type ty;
+    ck_assert_int_eq(kvm_proto_peek(m, &ty), 0);
+    ck_assert_str_eq(kvm_proto_type_name(ty), "claim");
+    kvm_proto_claim dc;
+    ck_assert_msg(kvm_proto_claim_decode(m, &dc) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(dc.request_id, 41);
+    ck_assert_int_eq(dc.ttl_ms, 2000);
+    ck_assert(kvm_proto_str_eq(dc.owner, "run:hostA:42:1000") && kvm_proto_str_eq(dc.host, "hostA") && !dc.probe);
+    ck_assert_int_eq(memcmp(dc.config_id, c.config_id, KVM_PROTO_ID_BYTES), 0);
+    t = with_field(m, "owner", pk_str, "");
+    ASSERT_FAILS(kvm_proto_claim_decode(t, &dc), KVM_ERANGE, "field 'owner'");
+    kvm_msg_free(&t);
+    const int64_t zero = 0;
+    t = with_field(m, "ttl_ms", pk_i64, &zero);
+    ASSERT_FAILS(kvm_proto_claim_decode(t, &dc), KVM_ERANGE, "field 'ttl_ms' is 0");
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    c.ttl_ms = 0, c.probe = true; /* a probe needs no lease */
+    ck_assert_msg(kvm_proto_claim_encode(&c, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_proto_claim_decode(m, &dc), 0);
+    ck_assert(dc.probe);
+    kvm_msg_free(&m);
+    kvm_proto_renew_claims rn = {.request_id = 42, .owner = kvm_proto_str_c("run:a"), .release = true}, drn;
+    ck_assert_msg(kvm_proto_renew_claims_encode(&rn, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_proto_renew_claims_decode(m, &drn), 0);
+    ck_assert(drn.release && drn.request_id == 42);
+    kvm_msg_free(&m);
+    rn.release = false;
+    ASSERT_FAILS(kvm_proto_renew_claims_encode(&rn, &m), KVM_EINVAL, "renewing needs a lease");
+    kvm_proto_store_reply r = {.request_id = 41, .claim = kvm_proto_str_c("held"), .holder = kvm_proto_str_c("run:b"),
+                               .holder_host = kvm_proto_str_c("hostB")},
+                          dr;
+    ck_assert_msg(kvm_proto_store_reply_encode(&r, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_proto_store_reply_decode(m, &dr), 0);
+    ck_assert(kvm_proto_str_eq(dr.claim, "held") && kvm_proto_str_eq(dr.holder, "run:b") &&
+              kvm_proto_str_eq(dr.holder_host, "hostB"));
+    t = with_field(m, "claim", pk_str, "mine");
+    ASSERT_FAILS(kvm_proto_store_reply_decode(t, &dr), KVM_EPROTO, "field 'claim' is \"mine\"");
+    kvm_msg_free(&t);
+    t = with_field(m, "claim", pk_str, "taken");
+    ASSERT_FAILS(kvm_proto_store_reply_decode(t, &dr), KVM_EPROTO, "field 'holder' comes with claim \"held\"");
+    kvm_msg_free(&t);
+    const int64_t refused = KVM_EIO;
+    t = with_field(m, "status", pk_i64, &refused);
+    ASSERT_FAILS(kvm_proto_store_reply_decode(t, &dr), KVM_EPROTO, "field 'claim' in a refusal");
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    r = (kvm_proto_store_reply){.request_id = 41, .claim = kvm_proto_str_c("stored"), .full_bytes = 100, .stored_bytes = 30};
+    ck_assert_int_eq(kvm_proto_store_reply_encode(&r, &m), 0);
+    ck_assert_int_eq(kvm_proto_store_reply_decode(m, &dr), 0);
+    ck_assert(dr.full_bytes == 100 && dr.stored_bytes == 30 && dr.holder.len == 0);
+    kvm_msg_free(&m);
+}
+END_TEST
+
 START_TEST(test_roundtrip_serve_revision2)
 {
     static const uint8_t bytes[] = {'c', 'a', 'f', 0xe9, 0x00, 0xff, 0x80, '\n'};
@@ -1937,6 +2003,7 @@ static Suite *proto_suite(void)
         {"roundtrip_serve", test_roundtrip_serve},
         {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},
         {"roundtrip_get_strategy", test_roundtrip_get_strategy},
+        {"roundtrip_claim", test_roundtrip_claim},
         {"malformed_long_strings", test_malformed_long_strings},
         {"malformed_truncated_header", test_malformed_truncated_header},
         {"malformed_wrong_types", test_malformed_wrong_types},

@@ -4,7 +4,9 @@
  * without a CurveZMQ key) is refused with a reason and leaves the store unchanged; a client
  * whose service restarts retries its upload; get_strategy (revision 5) returns the stored
  * PolyKV strategy read-only, names the model and strategy when none is stored, and refuses a
- * malformed request with a reason. */
+ * malformed request with a reason; claims over the wire (revision 6): taken, held by another
+ * run, stored, probed, renewed, released, lapsed after the owner's lease; a malformed claim is
+ * refused with a reason and changes no claim. */
 #include <check.h>
 #include <msgpack.h>
 #include <pthread.h>
@@ -411,6 +413,151 @@ START_TEST(test_get_strategy)
 }
 END_TEST
 
+/* claim with the client: the state, and the holder's owner into holder (may be NULL). */
+static int claim(kvm_storecli *c, const kvm_store_cache_key *k, const char *owner, int64_t ttl_ms, int probe,
+                 char *holder)
+{
+    kvm_storecli_claim_state st;
+    kvm_storecli_claim_info info;
+    kvm_store_id tok = {{0}};
+    int rc = kvm_storecli_claim(c, k, &tok, owner, "hostA", ttl_ms, probe, 3000, 1, &st, &info);
+    ck_assert_msg(rc == 0, "claim by %s: %s", owner, kvm_errmsg());
+    if (holder) strcpy(holder, info.holder.owner);
+    if (st == KVM_STORECLI_STORED) ck_assert_int_gt(info.stored_bytes, 0);
+    return (int)st;
+}
+
+/* Two runs sharing one service (two clients, owners run:a and run:b): the first claim is
+ * taken, the other run's is held (naming the holder), the holder's own claim again is taken
+ * (renewed); a probe takes nothing; once the cache is committed every claim says stored.
+ * renew_claims counts the owner's claims; after release, or after a lease lapses (the owner
+ * died and renewed nothing), the other run takes the key. */
+START_TEST(test_claims)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *a = NULL, *b = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &a), 0);
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &b), 0);
+    kvm_serve_cache_enc e1, e2;
+    make_cache(1, &e1);
+    make_cache(2, &e2);
+    kvm_store_cache_key k1 = key_of(&e1), k2 = key_of(&e2);
+    char holder[256];
+    ck_assert_int_eq(claim(a, &k1, "run:a", 60000, 0, NULL), KVM_STORECLI_TAKEN);
+    ck_assert_int_eq(claim(b, &k1, "run:b", 60000, 0, holder), KVM_STORECLI_HELD);
+    ck_assert_str_eq(holder, "run:a");
+    ck_assert_int_eq(claim(a, &k1, "run:a", 60000, 0, NULL), KVM_STORECLI_TAKEN);
+    ck_assert_int_eq(claim(b, &k2, "run:b", 60000, 1, NULL), KVM_STORECLI_MISSING);
+    ck_assert_int_eq(claim(a, &k2, "run:a", 60000, 0, NULL), KVM_STORECLI_TAKEN); /* the probe took nothing */
+    int64_t n = -1;
+    ck_assert_msg(kvm_storecli_renew(a, "run:a", 60000, 0, 3000, 1, &n) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(n, 2);
+    ck_assert_msg(kvm_storecli_put(a, &e1, 1, "doc1", 3000, 1, NULL) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(claim(b, &k1, "run:b", 60000, 0, NULL), KVM_STORECLI_STORED);
+    ck_assert_int_eq(claim(b, &k1, "run:b", 60000, 1, NULL), KVM_STORECLI_STORED);
+    ck_assert_int_eq(kvm_storecli_renew(a, "run:a", 0, 1, 3000, 1, &n), 0); /* release */
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(claim(b, &k2, "run:b", 300, 0, NULL), KVM_STORECLI_TAKEN);
+    ck_assert_int_eq(claim(a, &k2, "run:a", 60000, 0, holder), KVM_STORECLI_HELD);
+    ck_assert_str_eq(holder, "run:b");
+    usleep(500000); /* run:b "dies": its 300 ms lease lapses */
+    ck_assert_int_eq(claim(a, &k2, "run:a", 60000, 0, NULL), KVM_STORECLI_TAKEN);
+    ck_assert_int_eq(kvm_storecli_renew(b, "run:b", 1000, 0, 3000, 1, &n), 0);
+    ck_assert_int_eq(n, 0); /* the lapsed claim was taken over: run:b holds none */
+    kvm_serve_cache_enc_free(&e1);
+    kvm_serve_cache_enc_free(&e2);
+    kvm_storecli_close(&a);
+    kvm_storecli_close(&b);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+}
+END_TEST
+
+/* Sends frame 0 = {v:1, type, request_id:8, owner, ttl_ms, model_id/doc_hash/config_id/
+ * tokenizer_id: bin of id_bytes} raw on d (type "renew_claims": no ids) and returns the reply. */
+static kvm_msg *raw_claim(void *d, const char *type, const char *owner, int64_t ttl_ms, size_t id_bytes,
+                          kvm_proto_store_reply *sr)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    uint8_t id[64] = {0};
+    int ids = strcmp(type, "renew_claims") != 0;
+    msgpack_pack_map(&pk, 5 + (ids ? 4 : 0));
+    msgpack_pack_str_with_body(&pk, "v", 1), msgpack_pack_int(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "type", 4), msgpack_pack_str_with_body(&pk, type, strlen(type));
+    msgpack_pack_str_with_body(&pk, "request_id", 10), msgpack_pack_uint64(&pk, 8);
+    msgpack_pack_str_with_body(&pk, "owner", 5), msgpack_pack_str_with_body(&pk, owner, strlen(owner));
+    msgpack_pack_str_with_body(&pk, "ttl_ms", 6), msgpack_pack_int64(&pk, ttl_ms);
+    static const char *const names[] = {"model_id", "doc_hash", "config_id", "tokenizer_id"};
+    for (int i = 0; ids && i < 4; i++)
+        msgpack_pack_str_with_body(&pk, names[i], strlen(names[i])), msgpack_pack_bin_with_body(&pk, id, id_bytes);
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_msg_new(&m), 0);
+    ck_assert_int_eq(kvm_msg_add_copy(m, sb.data, sb.size), 0);
+    msgpack_sbuffer_destroy(&sb);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    kvm_msg *r = NULL;
+    ck_assert_msg(kvm_msg_recv(d, &r, 0) == 0, "no reply to a raw %s", type);
+    ck_assert_msg(kvm_proto_store_reply_decode(r, sr) == 0, "%s", kvm_errmsg());
+    return r;
+}
+
+/* Malformed claims (a 5-byte model id, an empty owner, a lease of 0 ms, an owner longer than
+ * the store's 127 bytes, a renewal without a lease) are refused with the decoder's reason;
+ * no claim is written, and the well-formed claim taken before is unchanged. */
+START_TEST(test_claim_malformed_refused)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *a = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &a), 0);
+    kvm_store_cache_key zero;
+    memset(&zero, 0, sizeof zero);
+    ck_assert_int_eq(claim(a, &zero, "run:a", 60000, 0, NULL), KVM_STORECLI_TAKEN);
+    kvm_store_claim before, after;
+    ck_assert_int_eq(kvm_store_claim_get(t.store, &zero, &before), 0);
+    void *zctx = zmq_ctx_new(), *d = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0, rcv = 5000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &rcv, sizeof rcv);
+    ck_assert_int_eq(zmq_connect(d, g_ep), 0);
+    char longer[200];
+    memset(longer, 'x', sizeof longer - 1);
+    longer[sizeof longer - 1] = '\0';
+    struct {
+        const char *type, *owner;
+        int64_t ttl;
+        size_t id_bytes;
+        const char *why;
+    } bad[] = {{"claim", "run:b", 60000, 5, "field 'model_id' has 5 bytes, expected 32"},
+               {"claim", "", 60000, 32, "'owner'"},
+               {"claim", "run:b", 0, 32, "field 'ttl_ms' is 0"},
+               {"claim", longer, 60000, 32, "'owner'"},
+               {"renew_claims", "run:a", 0, 0, "renewing needs a lease"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvm_proto_store_reply sr;
+        kvm_msg *r = raw_claim(d, bad[i].type, bad[i].owner, bad[i].ttl, bad[i].id_bytes, &sr);
+        ck_assert_int_lt(sr.status, 0);
+        ck_assert_uint_eq(sr.claim.len, 0);
+        ck_assert_msg(message_has(&sr, bad[i].why), "case %zu: %.*s", i, (int)sr.message.len, sr.message.ptr);
+        kvm_msg_free(&r);
+    }
+    zmq_close(d);
+    zmq_ctx_term(zctx);
+    ck_assert_int_eq(kvm_store_claim_get(t.store, &zero, &after), 0);
+    ck_assert_str_eq(after.owner, "run:a");
+    ck_assert_int_eq(after.expires_unix_ms, before.expires_unix_ms); /* the bad renewal changed nothing */
+    kvm_storecli_close(&a);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+}
+END_TEST
+
 static void keygen(const char *name)
 {
     char prefix[4400];
@@ -536,7 +683,9 @@ static Suite *storesvc_suite(void)
                  {"client_without_key_refused", test_client_without_key_refused},
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
-                 {"get_strategy", test_get_strategy}};
+                 {"get_strategy", test_get_strategy},
+                 {"claims", test_claims},
+                 {"claim_malformed_refused", test_claim_malformed_refused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

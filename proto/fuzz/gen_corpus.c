@@ -275,6 +275,24 @@ static void gen_control_serve(void)
     for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
         gs.model_id[i] = (uint8_t)(3 * i);
     EMIT(get_strategy, "a", gs);
+    /* revision 6: claims of a run on another host, and their answers */
+    kvm_proto_claim cl = {.request_id = 11, .owner = kvm_proto_str_c("run:hostA:42:1000"),
+                          .host = kvm_proto_str_c("hostA"), .ttl_ms = 2000};
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        cl.model_id[i] = (uint8_t)i, cl.doc_hash[i] = (uint8_t)(7 * i), cl.config_id[i] = (uint8_t)(11 * i);
+    EMIT(claim, "take", cl);
+    cl.probe = true, cl.ttl_ms = 0;
+    EMIT(claim, "probe", cl);
+    kvm_proto_renew_claims rn = {.request_id = 12, .owner = kvm_proto_str_c("run:hostA:42:1000"), .ttl_ms = 2000};
+    EMIT(renew_claims, "renew", rn);
+    rn.release = true, rn.ttl_ms = 0;
+    EMIT(renew_claims, "release", rn);
+    sr = (kvm_proto_store_reply){.request_id = 11, .claim = kvm_proto_str_c("held"),
+                                 .holder = kvm_proto_str_c("run:hostB:7:2000"), .holder_host = kvm_proto_str_c("hostB")};
+    EMIT(store_reply, "claim_held", sr);
+    sr = (kvm_proto_store_reply){.request_id = 11, .claim = kvm_proto_str_c("stored"), .full_bytes = 327680,
+                                 .stored_bytes = 89210};
+    EMIT(store_reply, "claim_stored", sr);
 }
 
 int main(int argc, char **argv)

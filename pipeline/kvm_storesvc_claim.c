@@ -1,0 +1,66 @@
+/* kvm_storesvc_claim.c: claims over the store service (kvm_storesvc_claim.h). */
+#include "pipeline/kvm_storesvc_claim.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void key_of(const kvm_proto_claim *c, kvm_store_cache_key *k, kvm_store_id *tok)
+{
+    memcpy(k->model_id.b, c->model_id, sizeof k->model_id.b);
+    memcpy(k->doc_hash.b, c->doc_hash, sizeof k->doc_hash.b);
+    memcpy(k->config_id.b, c->config_id, sizeof k->config_id.b);
+    memcpy(tok->b, c->tokenizer_id, sizeof tok->b);
+}
+
+/* The orchestrator's "already stored?" rule (kvm_orch.c, cache_stored): a verified manifest
+ * for this tokenizer and layers that pass their checksums; another tokenizer's cache or a
+ * corrupt one is not stored (the next put replaces it). */
+static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id *tok, kvm_storesvc_claim_out *out)
+{
+    int found = 0, rc = kvm_store_has_cache(s, k, tok, &found);
+    if (rc == KVM_EMISMATCH || rc == KVM_ECORRUPT || (rc == 0 && !found)) return 0;
+    if (rc) return rc;
+    kvm_store_cache *c = NULL;
+    rc = kvm_store_get_cache(s, k, tok, &c);
+    if (rc == 0) {
+        out->full_bytes = c->manifest.full_bytes;
+        out->stored_bytes = c->manifest.stored_bytes;
+    }
+    kvm_store_cache_free(&c);
+    if (rc == KVM_EMISMATCH || rc == KVM_ECORRUPT) return 0;
+    return rc ? rc : 1;
+}
+
+int kvm_storesvc_claim(kvm_store *s, const kvm_proto_claim *c, kvm_storesvc_claim_out *out)
+{
+    memset(out, 0, sizeof *out);
+    kvm_store_cache_key k;
+    kvm_store_id tok;
+    key_of(c, &k, &tok);
+    int rc = stored(s, &k, &tok, out);
+    if (rc < 0) return rc;
+    if (rc == 1) {
+        out->state = "stored";
+        return 0;
+    }
+    if (c->probe) {
+        out->state = "missing";
+        return 0;
+    }
+    char owner[KVM_PROTO_MAX_NAME_BYTES + 1], host[KVM_PROTO_MAX_NAME_BYTES + 1];
+    snprintf(owner, sizeof owner, "%.*s", (int)c->owner.len, c->owner.ptr);
+    snprintf(host, sizeof host, "%.*s", (int)c->host.len, c->host.ptr);
+    int taken = 0;
+    if ((rc = kvm_store_claim_take(s, &k, owner, host, c->ttl_ms, &taken, &out->holder))) return rc;
+    out->state = taken ? "taken" : "held";
+    return 0;
+}
+
+int kvm_storesvc_renew(kvm_store *s, const kvm_proto_renew_claims *r, int64_t *n)
+{
+    char owner[KVM_PROTO_MAX_NAME_BYTES + 1];
+    snprintf(owner, sizeof owner, "%.*s", (int)r->owner.len, r->owner.ptr);
+    *n = 0;
+    return r->release ? kvm_store_claim_release(s, owner, n) : kvm_store_claim_renew(s, owner, r->ttl_ms, n);
+}

@@ -1,0 +1,441 @@
+/* check_storesvc_runs.c: whole runs whose store is reachable only through the store service
+ * (`[store] path = tcp://...`, protocol revision 6): two runs sharing one service compress
+ * every document once (claims over the wire, every cache stored, one commit per document); a
+ * run killed with SIGKILL leaves claims that the next run respects and that lapse after the
+ * lease, as they do for runs on the store's host; settings that cannot work with a remote store
+ * are refused before anything starts; a decode worker on another host runs polykv with the
+ * strategy it fetches from the service and answers as a local one; a strategy recalibrated
+ * while a remote compress worker lives reaches its next job. The service is `kvmill
+ * store serve` on loopback TCP. */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/util/kvm_test.h"
+
+static char *tmp, docs[4200], store[4200];
+static int port;
+
+/* 5 documents of the embedded corpus. */
+static void setup(void)
+{
+    tmp = kvm_test_tmpdir();
+    snprintf(docs, sizeof docs, "%s/docs", tmp);
+    snprintf(store, sizeof store, "%s/store.lmdb", tmp);
+    ck_assert_int_eq(mkdir(docs, 0700), 0);
+    for (int i = 0; i < 5; i++) {
+        char src[64], dst[4300];
+        snprintf(src, sizeof src, "corpus/doc_%03d.txt", i);
+        snprintf(dst, sizeof dst, "%s/doc_%03d.txt", docs, i);
+        size_t n;
+        char *t = kvm_test_read_file(kvm_test_data_path(src), &n);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(kvm_test_write_file(dst, t, n), 0);
+        free(t);
+    }
+    port = 20000 + (int)((getpid() * 7 + 13) % 20000);
+}
+
+static void teardown(void)
+{
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+
+static pid_t spawn_sh(const char *cmd)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setpgid(0, 0); /* its own group: a kill reaches the run, never this test */
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The config of run `name` (its own run directory), the store being the service on port;
+ * liveness sets the claims' lease (heartbeat_ms 100 x liveness). Returns the path (static). */
+static const char *run_config(const char *name, int liveness, const char *extra)
+{
+    static char path[4300];
+    char text[8192];
+    snprintf(path, sizeof path, "%s/%s.ini", tmp, name);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = 64\niterations = 40\n"
+             "rounds = 2\n[store]\npath = tcp://127.0.0.1:%d\n[run]\nheartbeat_ms = 100\nliveness = %d\n"
+             "run_dir = %s/%s.run\n[stages]\nbin_dir = %s\n%s",
+             kvm_test_data_path("models/stories260K.bin"), port, liveness, tmp, name, kvm_test_bin(), extra ? extra : "");
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    return path;
+}
+
+/* `kvmill store serve` on the test's port, its stderr in tmp/store.err; waits for "ready". */
+static pid_t service_start(void)
+{
+    char cmd[12000], outp[4300];
+    snprintf(outp, sizeof outp, "%s/store.out", tmp);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' store serve --store '%s' --bind tcp://127.0.0.1:%d >'%s' 2>>'%s/store.err'",
+             kvm_test_bin(), store, port, outp, tmp);
+    pid_t pid = spawn_sh(cmd);
+    for (int i = 0; i < 1000; i++, usleep(10000)) {
+        char *o = kvm_test_read_file(outp, NULL);
+        int ready = o && strstr(o, "kvmill-store: ready on");
+        free(o);
+        if (ready) return pid;
+    }
+    ck_abort_msg("the store service did not start");
+    return -1;
+}
+
+static void service_stop(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+}
+
+/* `kvmill run` of config cfg in the background, stdout/stderr in tmp/NAME.out, .err. */
+static pid_t run_start(const char *cfg, const char *name)
+{
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' run --config '%s' --corpus '%s' >'%s/%s.out' 2>'%s/%s.err'", kvm_test_bin(),
+             cfg, docs, tmp, name, tmp, name);
+    return spawn_sh(cmd);
+}
+
+/* Waits for a run; returns its exit status (-1 when it did not end within 240 s). */
+static int run_wait(pid_t pid)
+{
+    int st = 0;
+    for (int i = 0; i < 24000; i++, usleep(10000))
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    kill(-pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+static char *slurp(const char *name)
+{
+    char p[4300];
+    snprintf(p, sizeof p, "%s/%s", tmp, name);
+    char *t = kvm_test_read_file(p, NULL);
+    return t ? t : strdup("");
+}
+
+static long long summary_value(const char *out, const char *key)
+{
+    const char *s = strstr(out, "summary: ");
+    char k[64];
+    snprintf(k, sizeof k, " %s=", key);
+    const char *p = s ? strstr(s, k) : NULL;
+    ck_assert_msg(p, "no %s in: %s", key, out);
+    return atoll(p + strlen(k));
+}
+
+static int count(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p++) n++;
+    return n;
+}
+
+/* Caches in the store (read directly once the service is stopped). */
+static int count_caches(void)
+{
+    char cmd[8000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    int lines = 0;
+    for (char *p = out; p && *p; p++) lines += *p == '\n';
+    free(out);
+    return lines - 1; /* header */
+}
+
+/* Two runs on (what would be) two hosts, started together, both reaching the store only through
+ * one store service: between them every document is compressed once (the service commits 5
+ * caches, no more), each run's summary adds up (compressed + skipped + claimed = 5), and a
+ * third run afterwards finds every cache stored through the service's probe. */
+START_TEST(test_two_runs_one_service)
+{
+    pid_t svc = service_start();
+    pid_t a = run_start(run_config("a", 20, NULL), "a"), b = run_start(run_config("b", 20, NULL), "b");
+    int ra = run_wait(a), rb = run_wait(b);
+    char *oa = slurp("a.out"), *ea = slurp("a.err"), *ob = slurp("b.out"), *eb = slurp("b.err");
+    ck_assert_msg(ra == 0 && rb == 0, "run a exit %d:\n%s\nrun b exit %d:\n%s", ra, ea, rb, eb);
+    ck_assert_msg(strstr(ea, "this run opens no LMDB"), "%s", ea);
+    long long ca = summary_value(oa, "compressed"), cb = summary_value(ob, "compressed");
+    ck_assert_int_eq(summary_value(oa, "failed") + summary_value(ob, "failed"), 0);
+    ck_assert_msg(ca + cb == 5, "compressed %lld + %lld\n%s\n%s", ca, cb, oa, ob);
+    ck_assert_int_eq(ca + summary_value(oa, "skipped") + summary_value(oa, "claimed"), 5);
+    ck_assert_int_eq(cb + summary_value(ob, "skipped") + summary_value(ob, "claimed"), 5);
+    ck_assert_msg(summary_value(oa, "bytes_compressed") > 0 || ca == 0, "%s", oa);
+    free(oa); free(ea); free(ob); free(eb);
+    pid_t c = run_start(run_config("c", 20, NULL), "c");
+    ck_assert_int_eq(run_wait(c), 0);
+    char *oc = slurp("c.out");
+    ck_assert_msg(strstr(oc, "summary: compressed=0 skipped=5 failed=0"), "%s", oc);
+    free(oc);
+    service_stop(svc);
+    char *sl = slurp("store.err");
+    ck_assert_msg(count(sl, "committed job") == 5, "the service committed %d caches:\n%s", count(sl, "committed job"), sl);
+    free(sl);
+    ck_assert_int_eq(count_caches(), 5);
+}
+END_TEST
+
+/* A run killed with SIGKILL after its first commit leaves claims on the documents it was
+ * working on (a 10 s lease: heartbeat 100 ms x liveness 100). The next run leaves those to it
+ * (claimed, "left to it") and compresses only the free ones; once the lease has lapsed a third
+ * run takes them over (none claimed), and in the end every document is stored. */
+START_TEST(test_dead_run_claims_lapse)
+{
+    pid_t svc = service_start();
+    char slog[4300];
+    snprintf(slog, sizeof slog, "%s/store.err", tmp);
+    pid_t d = run_start(run_config("d", 100, NULL), "d");
+    int killed = 0;
+    for (int i = 0; i < 24000 && !killed; i++, usleep(10000)) {
+        char *l = kvm_test_read_file(slog, NULL);
+        if (l && strstr(l, "committed job")) killed = kill(-d, SIGKILL) == 0; /* the run and its stages */
+        free(l);
+    }
+    ck_assert_msg(killed, "run d never committed a cache");
+    waitpid(d, NULL, 0);
+    pid_t e = run_start(run_config("e", 20, NULL), "e");
+    ck_assert_int_eq(run_wait(e), 0);
+    char *oe = slurp("e.out"), *ee = slurp("e.err");
+    long long held = summary_value(oe, "claimed"), done_e = summary_value(oe, "compressed"),
+              skipped = summary_value(oe, "skipped");
+    ck_assert_msg(held >= 1, "no document was left to the dead run's live claims:\n%s\n%s", oe, ee);
+    ck_assert_msg(strstr(ee, "is being compressed by run:"), "%s", ee);
+    ck_assert_int_eq(held + done_e + skipped, 5);
+    free(oe); free(ee);
+    sleep(10); /* the dead run's lease lapses */
+    pid_t f = run_start(run_config("f", 20, NULL), "f");
+    ck_assert_int_eq(run_wait(f), 0);
+    char *of = slurp("f.out");
+    /* nothing is left to the dead run any more (its stages may have finished a held document
+     * after it died: that one is skipped as stored) */
+    ck_assert_msg(summary_value(of, "claimed") == 0 && summary_value(of, "failed") == 0 &&
+                      summary_value(of, "compressed") + summary_value(of, "skipped") == 5,
+                  "%s", of);
+    free(of);
+    service_stop(svc);
+    ck_assert_int_eq(count_caches(), 5);
+}
+END_TEST
+
+/* With a remote store: [store] service_bind (the service belongs to the store's host) and
+ * kvmill calibrate (it stores the strategy) are refused with exit 2 and a reason; a polykv run
+ * without a strategy on the service names the model and the strategy. Nothing is stored. */
+START_TEST(test_remote_store_refusals)
+{
+    pid_t svc = service_start();
+    char cmd[16000], *out = NULL, *err = NULL;
+    const char *cfg = run_config("g", 20, "[store]\nservice_bind = tcp://127.0.0.1:1\n");
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, docs);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "only the store's host serves it"), "%s", err);
+    free(out); free(err);
+    cfg = run_config("h", 20, "[compress]\nbudget = 32\n");
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg, docs);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "is a store service: kvmill calibrate"), "%s", err);
+    free(out); free(err);
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n"
+             "[store]\npath = tcp://127.0.0.1:%d\nupload_timeout_ms = 2000\n[run]\nrun_dir = %s/p.run\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), port, tmp, kvm_test_bin());
+    char path[4300];
+    snprintf(path, sizeof path, "%s/p.ini", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), path, docs);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "no PolyKV strategy 'default' is stored for model"), "%s", err);
+    free(out); free(err);
+    service_stop(svc);
+    ck_assert_int_eq(count_caches(), 0);
+}
+END_TEST
+
+/* Starts `kvmill serve` of config cfg with `workers` decode workers (0: the remote one below);
+ * returns its pid and copies its front and back end into fe, be once it says ready. With
+ * workers = 0 a kvmill-decode started by hand with --store tcp://... (the store service; no
+ * LMDB opened) joins; *dec gets its pid. */
+static pid_t serve_start(const char *cfg, int workers, char *fe, char *be, pid_t *dec)
+{
+    char cmd[16000], outp[4300];
+    snprintf(outp, sizeof outp, "%s/serve-%d.log", tmp, workers);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' serve --config '%s' --workers %d --bind tcp://127.0.0.1:0 >'%s' 2>&1",
+             kvm_test_bin(), cfg, workers, outp);
+    pid_t pid = spawn_sh(cmd);
+    *dec = 0;
+    for (int i = 0; i < 3000; i++, usleep(10000)) {
+        char *o = kvm_test_read_file(outp, NULL);
+        const char *r = o ? strstr(o, "ready: front end ") : NULL, *b = r ? strstr(r, "back end ") : NULL;
+        int joined = o && strstr(o, "joined");
+        if (b && !*dec && workers == 0) {
+            sscanf(b + 9, "%1023s", be);
+            snprintf(cmd, sizeof cmd,
+                     "exec '%s/kvmill-decode' --connect '%s' --config '%s' --store tcp://127.0.0.1:%d --heartbeat-ms 100 "
+                     "--id dec 2>'%s/decode.err'",
+                     kvm_test_bin(), be, cfg, port, tmp);
+            *dec = spawn_sh(cmd);
+        }
+        if (r && joined) {
+            sscanf(r + 17, "%1023[^,]", fe);
+            free(o);
+            return pid;
+        }
+        free(o);
+    }
+    char *o = slurp(workers ? "serve-1.log" : "serve-0.log"), *d = slurp("decode.err");
+    ck_abort_msg("serve did not get ready:\n%s\ndecode worker:\n%s", o, d);
+    return -1;
+}
+
+static char *ask(const char *fe)
+{
+    char cmd[16000], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s/doc_002.txt' --prompt 'Then the' -n 24 --timeout 60",
+             kvm_test_bin(), fe, docs);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && out && *out, "ask exit %d: %s\n%s", rc, out, err);
+    free(err);
+    return out;
+}
+
+/* PolyKV on a decode worker on another host: a remote kvmill-decode (its store the service)
+ * fetches the calibrated strategy with get_strategy, finds the cache under the config id that
+ * strategy gives, decodes with its decode-phase patterns, and answers exactly what a decode
+ * worker on the store's host answers. */
+START_TEST(test_remote_decode_polykv)
+{
+    char text[8192], cfg[4300], cmd[16000], *out = NULL, *err = NULL;
+    snprintf(cfg, sizeof cfg, "%s/polykv.ini", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[store]\npath = %s\n"
+             "upload_timeout_ms = 5000\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s/p.run\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), store, tmp, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg, docs);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "calibrate: %s\n%s", out, err);
+    free(out); free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, docs);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "run: %s\n%s", out, err);
+    free(out); free(err);
+    pid_t svc = service_start(), dec = 0;
+    char fe[1100], be[1100];
+    pid_t sp = serve_start(cfg, 0, fe, be, &dec);
+    char *remote = ask(fe);
+    kill(sp, SIGTERM), waitpid(sp, NULL, 0);
+    kill(dec, SIGTERM), waitpid(dec, NULL, 0);
+    char *de = slurp("decode.err"), *so = slurp("serve-0.log");
+    ck_assert_msg(strstr(so, "external decode worker dec joined"), "%s", so);
+    ck_assert_msg(!strstr(de, "run this worker on the store's host"), "%s", de);
+    free(de); free(so);
+    service_stop(svc);
+    sp = serve_start(cfg, 1, fe, be, &dec);
+    char *local = ask(fe);
+    kill(sp, SIGTERM), waitpid(sp, NULL, 0);
+    ck_assert_msg(!strcmp(remote, local), "remote answer '%s' differs from the local '%s'", remote, local);
+    free(remote); free(local);
+}
+END_TEST
+
+/* A folder tmp/NAME with documents first..last of the test corpus; returns its path (static). */
+static const char *subset(const char *name, int first, int last)
+{
+    static char dir[4300];
+    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    for (int i = first; i <= last; i++) {
+        char src[4300], dst[4400];
+        snprintf(src, sizeof src, "%s/doc_%03d.txt", docs, i);
+        snprintf(dst, sizeof dst, "%s/doc_%03d.txt", dir, i);
+        size_t n;
+        char *t = kvm_test_read_file(src, &n);
+        ck_assert_int_eq(kvm_test_write_file(dst, t, n), 0);
+        free(t);
+    }
+    return dir;
+}
+
+static void run_ok(const char *what, const char *cfg, const char *dir)
+{
+    char cmd[16000], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s' %s '%s'", kvm_test_bin(), what, cfg,
+             strcmp(what, "calibrate") ? "--corpus" : "--docs", dir);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "kvmill %s exit %d: %s\n%s", what, rc, out, err);
+    free(out); free(err);
+}
+
+/* A strategy recalibrated while a remote compress worker lives reaches it: the worker (its
+ * store the service, started by hand, serving two runs in turn) compresses the first run with
+ * strategy A; after kvmill calibrate stores B, its next job fetches B, so the second run's
+ * caches are `ok` under B's config id and only the first run's are `stale-strategy`. */
+START_TEST(test_recalibration_reaches_remote_worker)
+{
+    char text[8192], cfg[4300], cmd[16000];
+    snprintf(cfg, sizeof cfg, "%s/polykv.ini", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[store]\npath = %s\n"
+             "upload_timeout_ms = 5000\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s/r.run\n"
+             "[stages]\nbin_dir = %s\ncompress_workers = 0\n",
+             kvm_test_data_path("models/stories260K.bin"), store, tmp, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    char c1[4300], c2[4300];
+    snprintf(c1, sizeof c1, "%s", subset("c1", 0, 1));
+    snprintf(c2, sizeof c2, "%s", subset("c2", 2, 4));
+    run_ok("calibrate", cfg, c1); /* strategy A */
+    pid_t svc = service_start();
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill-compress' --connect 'ipc://%s/r.run' --store tcp://127.0.0.1:%d "
+             "--heartbeat-ms 100 2>'%s/worker.err'", kvm_test_bin(), tmp, port, tmp);
+    pid_t w = spawn_sh(cmd);
+    run_ok("run", cfg, c1);
+    run_ok("calibrate", cfg, c2); /* strategy B, stored on the store's host while the worker lives */
+    run_ok("run", cfg, c2);
+    kill(w, SIGTERM), waitpid(w, NULL, 0);
+    service_stop(svc);
+    char *we = slurp("worker.err");
+    ck_assert_msg(count(we, "fetched PolyKV strategy 'default'") == 1 && count(we, "was recalibrated") == 1,
+                  "worker:\n%s", we);
+    free(we);
+    char *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --config '%s'", kvm_test_bin(), cfg);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(count(out, ",stale-strategy\n") == 2 && count(out, ",ok\n") == 3, "store ls:\n%s", out);
+    free(out);
+}
+END_TEST
+
+static Suite *storesvc_runs_suite(void)
+{
+    Suite *s = suite_create("storesvc_runs");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {{"two_runs_one_service", test_two_runs_one_service},
+                 {"dead_run_claims_lapse", test_dead_run_claims_lapse},
+                 {"remote_store_refusals", test_remote_store_refusals},
+                 {"remote_decode_polykv", test_remote_decode_polykv},
+                 {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 300);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(storesvc_runs_suite()); }
