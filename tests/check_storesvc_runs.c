@@ -5,7 +5,8 @@
  * lease, as they do for runs on the store's host; settings that cannot work with a remote store
  * are refused before anything starts; a decode worker on another host runs polykv with the
  * strategy it fetches from the service and answers as a local one; a strategy recalibrated
- * while a remote compress worker lives reaches its next job. The service is `kvmill
+ * while a remote compress worker lives reaches its next job; kvmill serve starts, restarts and
+ * stops the store service ([store] service_bind). The service is `kvmill
  * store serve` on loopback TCP. */
 #include <check.h>
 #include <signal.h>
@@ -417,6 +418,71 @@ START_TEST(test_recalibration_reaches_remote_worker)
 }
 END_TEST
 
+/* The pid in "store service on EP (pid N" of log text (0 when none); from the last such line
+ * when last is set. */
+static long service_pid(const char *log, int last)
+{
+    long pid = 0;
+    for (const char *p = log; (p = strstr(p, "store service on ")); p++) {
+        const char *q = strstr(p, "(pid ");
+        if (q) pid = atol(q + 5);
+        if (!last) break;
+    }
+    return pid;
+}
+
+/* kvmill serve with [store] service_bind starts the store service on the store's host: a
+ * decode worker on "another host" (its --store the service) answers from caches it fetches
+ * with get_cache; the service SIGKILLed is started again by serve and answers again (the
+ * same answer); serve stops it when it exits. */
+START_TEST(test_serve_starts_store_service)
+{
+    char text[8192], cfg[4300], cfg2[4300];
+    snprintf(cfg, sizeof cfg, "%s/s.ini", tmp);
+    snprintf(cfg2, sizeof cfg2, "%s/s2.ini", tmp);
+    int n = snprintf(text, sizeof text,
+                     "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = snapkv\nbudget = 32\n[store]\npath = %s\n"
+                     "upload_timeout_ms = 5000\n[run]\nheartbeat_ms = 100\nliveness = 20\n[stages]\nbin_dir = %s\n",
+                     kvm_test_data_path("models/stories260K.bin"), store, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    run_ok("run", cfg, docs);
+    snprintf(text + n, sizeof text - (size_t)n, "[store]\nservice_bind = tcp://127.0.0.1:%d\n", port);
+    ck_assert_int_eq(kvm_test_write_file(cfg2, text, strlen(text)), 0);
+    char fe[1100], be[1100];
+    pid_t dec = 0, sp = serve_start(cfg2, 0, fe, be, &dec);
+    char *log = slurp("serve-0.log");
+    long svc = service_pid(log, 0);
+    free(log);
+    ck_assert_msg(svc > 0, "serve did not say it started the store service");
+    char *first = ask(fe);
+    ck_assert_int_eq(kill((pid_t)svc, SIGKILL), 0);
+    long svc2 = 0;
+    for (int i = 0; i < 1000 && (svc2 == 0 || svc2 == svc); i++, usleep(10000)) {
+        log = slurp("serve-0.log");
+        if (strstr(log, "the store service exited (signal 9): starting it again")) svc2 = service_pid(log, 1);
+        free(log);
+    }
+    char *sl = slurp("serve-0.log");
+    ck_assert_msg(strstr(sl, "the store service exited (signal 9): starting it again"), "%s", sl);
+    free(sl);
+    usleep(500000); /* the decode worker's connection finds the new service */
+    char *again = ask(fe);
+    ck_assert_msg(!strcmp(first, again), "after the restart '%s', before '%s'", again, first);
+    free(first); free(again);
+    kill(sp, SIGTERM), waitpid(sp, NULL, 0);
+    kill(dec, SIGTERM), waitpid(dec, NULL, 0);
+    /* the restarted service is gone with serve (its pid no longer exists) */
+    log = slurp("serve-0.log");
+    long last = service_pid(log, 1);
+    free(log);
+    ck_assert_int_ne(kill((pid_t)svc, 0), 0);
+    ck_assert_msg(last == 0 || kill((pid_t)last, 0) != 0, "the store service %ld outlived serve", last);
+    char *de = slurp("decode.err");
+    ck_assert_msg(!strstr(de, "LMDB"), "%s", de);
+    free(de);
+}
+END_TEST
+
 static Suite *storesvc_runs_suite(void)
 {
     Suite *s = suite_create("storesvc_runs");
@@ -427,7 +493,8 @@ static Suite *storesvc_runs_suite(void)
                  {"dead_run_claims_lapse", test_dead_run_claims_lapse},
                  {"remote_store_refusals", test_remote_store_refusals},
                  {"remote_decode_polykv", test_remote_decode_polykv},
-                 {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker}};
+                 {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker},
+                 {"serve_starts_store_service", test_serve_starts_store_service}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
