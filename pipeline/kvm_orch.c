@@ -7,6 +7,7 @@
 #include "pipeline/kvm_svcproc.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_rundir.h"
@@ -143,13 +144,18 @@ static int spawn_slot(orch *o, int s)
     char *argv[] = {exe, "--connect", o->base, "--device", sl->device, "--store", o->store_path, "--threads", threads,
                     "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id, "--parent-pid", ppid, NULL, NULL, NULL,
                     NULL, NULL, NULL, NULL};
-    /* a keyed orchestrator ([run] bind off-host): its own stages authenticate like external ones */
+    /* a keyed orchestrator ([run] bind off-host: kvm_serve_bind uses CurveZMQ only there): its
+     * own stages authenticate like external ones, and use the same keys for the store service */
     const char *spk = kvm_config_str(o->cfg, "security", "server_public_key");
-    if (*spk) {
-        char **k = &argv[17];
+    char **k = &argv[17];
+    if (*spk && !kvm_curve_is_local(o->base)) {
         k[0] = "--server-key", k[1] = (char *)spk;
         k[2] = "--client-public", k[3] = (char *)kvm_config_str(o->cfg, "security", "client_public_key");
         k[4] = "--client-secret", k[5] = (char *)kvm_config_str(o->cfg, "security", "client_secret_key");
+    } else if (*spk && o->cli && sl->stage == ST_COMPRESS) {
+        /* a local bind with a remote store: the keys are the store service's only; the worker
+         * reads them from the config ([security]), and connects to this run in the clear */
+        k[0] = "--config", k[1] = (char *)kvm_config_path(o->cfg);
     }
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);

@@ -9,7 +9,8 @@
 # Checks: every cache lands in the store; c1's link cut mid-run (its job requeued, no document
 # lost or counted twice) and restored (c1 accepted again); the store service SIGKILLed and
 # restarted mid-run (committed caches intact, the run completes); `kvmill ask` answered by the
-# remote decode worker equals the answer of a decode worker reading the store locally.
+# remote decode worker equals the answer of a decode worker reading the store locally; two runs
+# on c1 and c2 whose store is the service (no LMDB there) share new documents, each compressed once.
 # Traffic stays between the test's own namespaces. Needs root; prints one SKIP line otherwise.
 # Usage: tests/multihost/netns.sh   (KVMILL_BIN: folder of the binaries, default ./bin)
 set -u
@@ -178,6 +179,47 @@ inns orch "$BIN/kvmill" store verify --store "$T/orch/store.lmdb" >/dev/null || 
 [ -e "$T/c1/store.lmdb" ] || [ -e "$T/c2/store.lmdb" ] && fail "a worker host made an LMDB store"
 grep summary "$T/orch/run.out"
 echo "run: 12 caches committed through the store service; requeue and restart survived"
+
+# two more runs, on c1 and c2, whose store is the service on orch (no LMDB on either host):
+# they claim over the wire (protocol revision 6) and share 4 new documents, each compressed once
+remote_run() { # host: a run with its own prefill and compress worker, [store] path = the service
+    mkdir -p "$T/$1/corpus2"
+    for f in "$SRC"/data/corpus/doc_00[0-3].txt; do
+        { echo "Part three of $(basename "$f" .txt)."; cat "$f"; } >"$T/$1/corpus2/$(basename "$f")"
+    done
+    { common "$1"; cat <<EOF
+path = tcp://$NET.1:7200
+[run]
+run_dir = $T/$1/run2
+heartbeat_ms = 200
+liveness = 10
+[stages]
+bin_dir = $BIN
+[security]
+server_public_key = $T/$1/server.public
+client_public_key = $T/$1/$1.public
+client_secret_key = $T/$1/$1.secret
+EOF
+    } >"$T/$1/remote.ini"
+    inns "$1" "$BIN/kvmill" run --config "$T/$1/remote.ini" --corpus "$T/$1/corpus2" >"$T/$1/remote.out" \
+        2>"$T/$1/remote.err" &
+    REMOTE_PID=$!
+    PIDS+=("$REMOTE_PID")
+}
+BEFORE=$(committed)
+remote_run c1
+R1=$REMOTE_PID
+remote_run c2
+R2=$REMOTE_PID
+wait "$R1" || fail "the run on c1 exited $?: $(tail -3 "$T/c1/remote.err")"
+wait "$R2" || fail "the run on c2 exited $?: $(tail -3 "$T/c2/remote.err")"
+grep -q "this run opens no LMDB" "$T/c1/remote.err" || fail "the run on c1 did not use the store service"
+n1=$(grep -o "summary: compressed=[0-9]*" "$T/c1/remote.out" | grep -o "[0-9]*$")
+n2=$(grep -o "summary: compressed=[0-9]*" "$T/c2/remote.out" | grep -o "[0-9]*$")
+[ -n "$n1" ] && [ -n "$n2" ] && [ $((n1 + n2)) = 4 ] || fail "the two runs compressed ${n1:-?} + ${n2:-?}, expected 4 in all"
+[ $(($(committed) - BEFORE)) = 4 ] || fail "the service committed $(($(committed) - BEFORE)) caches for 4 documents"
+[ -e "$T/c1/store.lmdb" ] || [ -e "$T/c2/store.lmdb" ] && fail "a run host made an LMDB store"
+echo "two runs on c1 and c2 through one store service: $n1 + $n2 documents, each compressed once"
 
 # ask through a decode worker on dec (caches over get_cache), then through a local one
 { common dec; cat <<EOF
