@@ -94,7 +94,7 @@ int kvm_cmd_run(int argc, char **argv)
     kvm_cli_opt opts[] = {
         {"config", 1, "pipeline configuration (INI), e.g. configs/default.ini", NULL},
         {"corpus", 1, "a folder of *.txt documents or a .jsonl file (id + text or tokens per line)", NULL},
-        {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
+        {"store", 1, "LMDB store directory, or a store service on another host (tcp://HOST:PORT; overrides [store] path)", NULL},
         {"bind", 1, "tcp://HOST:PORT base external workers connect to (overrides [run] bind; off-host needs [security] keys)",
          NULL},
         {"metrics", 1, "counters file (JSON) kept current during the run, replaced atomically (overrides [run] metrics)", NULL},
