@@ -42,7 +42,9 @@ typedef struct kvm_orch_summary {
  * when each document is loaded as it is scanned (hash, skip check: one at a time) and again
  * when it is dispatched, and released once done; at most [run] max_prefetch documents are
  * prefilled and waiting for compress. The store must hold the model's id memo; documents
- * whose cache is stored are skipped; documents that cannot be loaded fail alone. Writes progress to stderr
+ * whose cache is stored are skipped; documents that cannot be loaded fail alone. With [store]
+ * path a store service endpoint (tcp://, ipc://) the run opens no LMDB: stored checks, claims
+ * and the summary's sizes go through the service (kvm_orch_remote.h). Writes progress to stderr
  * and returns 0 when the run completed (failures are counted in the summary), 2 for a
  * configuration problem (missing stage binary, bad endpoint, missing CurveZMQ keys for a
  * non-local bind: message printed), 130 after a second Ctrl-C. */
