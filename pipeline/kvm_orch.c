@@ -667,9 +667,6 @@ static void dispatch_reduce(orch *o)
     o->reduce_worker = w;
 }
 
-/* A document another live run is compressing is left to it (counted as claimed) and one
- * stored meanwhile is skipped; else this run claims it (a lease renewed in the loop).
- * Returns 1 when j is not to be sent. */
 /* The claim through the store service: its reply says taken, held (by holder) or stored. */
 static int claim_remote(orch *o, const kvm_store_cache_key *key, int *taken, int *found, kvm_store_claim *holder)
 {
@@ -684,6 +681,9 @@ static int claim_remote(orch *o, const kvm_store_cache_key *key, int *taken, int
     return 0;
 }
 
+/* A document another live run is compressing is left to it (counted as claimed) and one
+ * stored meanwhile is skipped; else this run claims it (a lease renewed in the loop).
+ * Returns 1 when j is not to be sent. */
 static int claim_job(orch *o, job *j)
 {
     if (j->claimed || (!o->store && !o->cli) || o->mode != MODE_RUN) return 0;
