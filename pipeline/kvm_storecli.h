@@ -1,7 +1,9 @@
 /* kvm_storecli.h: the client side of the store service (kvm_storesvc.h): a compress worker on
  * another host uploads each cache with kvm_storecli_put and acks its job only after the
  * service's store_reply says committed, and fetches its PolyKV strategy with
- * kvm_storecli_get_strategy; a decode worker fetches caches with kvm_storecli_get. */
+ * kvm_storecli_get_strategy; a decode worker fetches caches with kvm_storecli_get; a run on
+ * another host claims its documents with kvm_storecli_claim and renews and releases the
+ * claims with kvm_storecli_renew (protocol revision 6). */
 #ifndef KVM_STORECLI_H
 #define KVM_STORECLI_H
 
