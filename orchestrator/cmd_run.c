@@ -2,6 +2,7 @@
  * caches; prints a summary whose last stdout line is machine-readable. */
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
+#include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_jobcfg.h"
@@ -149,6 +150,7 @@ int kvm_cmd_run(int argc, char **argv)
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
     kvm_corpus *corpus = NULL;
+    char *chat_open = NULL, *chat_close = NULL;
     int status = 1;
     const char *tp = kvm_config_str(cfg, "model", "tokenizer");
     if (kvm_cli_open_model("run", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 0, &m, &tok)) goto done;
@@ -182,11 +184,17 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
+    if (kvm_chatcfg_frame(cfg, tok, &chat_open, &chat_close)) { /* [model] chat: documents open the user's turn */
+        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
     /* documents are read and tokenised by the orchestrator when it needs them (a bad one fails alone) */
     corpus->on_demand = 1;
     corpus->tok = tok;
     corpus->vocab_size = m->cfg.vocab_size;
     corpus->bos = m->cfg.bos_id;
+    corpus->frame = chat_open;
     kvm_model_close(&m); /* the stages load it; the orchestrator only needed the tokenizer */
     char self[4096];
     self_path(self, sizeof self);
@@ -198,6 +206,8 @@ int kvm_cmd_run(int argc, char **argv)
     }
 done:
     kvm_corpus_free(&corpus);
+    free(chat_open);
+    free(chat_close);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);
     kvm_config_free(&cfg);

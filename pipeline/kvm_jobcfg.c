@@ -97,6 +97,10 @@ int kvm_jobcfg_check(const kvm_config *c)
     int64_t retain = kvm_config_int(c, "compress", "retain");
     int sculpt = !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed") ||
                  !strcmp(method, "am") || !strcmp(method, "kvzip"); /* every method that keeps a retain zone */
+    if (*kvm_config_str(c, "model", "system") && !kvm_config_bool(c, "model", "chat"))
+        return kvm_err(KVM_EINVAL, "%s: [model] system is set but chat = false: the system message is part of the chat "
+                                   "framing; set chat = true or remove system",
+                       kvm_config_path(c));
     if (!strcmp(method, "full")) return 0;
     if (budget >= ctx)
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
@@ -117,7 +121,9 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     size_t n;
     int rc = kvm_config_canonical(c, "compress", &comp, &n);
     if (rc) return rc;
-    size_t cap = n + 512;
+    const char *sys = kvm_config_str(c, "model", "system");
+    int chat = kvm_config_bool(c, "model", "chat");
+    size_t cap = n + 512 + (chat ? 2 * strlen(sys) : 0);
     char *text = malloc(cap);
     if (!text) { free(comp); return kvm_err(KVM_ENOMEM, "config id: out of memory"); }
     char hex[KVM_STORE_ID_HEX + 1];
@@ -130,6 +136,19 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
      * little, so the caches too: their own id (f32 keeps the old ids) */
     const char *wdt = kvm_config_str(c, "model", "weight_dtype");
     if (strcmp(wdt, "f32")) k += snprintf(text + k, cap - (size_t)k, "model.weight_dtype=%s\n", wdt);
+    /* chat framing changes what is cached (the documents open a chat turn): its own id, with
+     * the system message (\, newline and CR escaped: one line); without it the old ids */
+    if (chat) {
+        k += snprintf(text + k, cap - (size_t)k, "model.chat=true\n");
+        if (*sys) {
+            k += snprintf(text + k, cap - (size_t)k, "model.system=");
+            for (const char *p = sys; *p; p++) {
+                if (*p == '\\' || *p == '\n' || *p == '\r') text[k++] = '\\';
+                text[k++] = *p == '\n' ? 'n' : *p == '\r' ? 'r' : *p;
+            }
+            text[k++] = '\n';
+        }
+    }
     memcpy(text + k, comp, n);
     free(comp);
     size_t len = (size_t)k + n;
