@@ -60,6 +60,8 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
 #include "compress/sculpt/kvm_sculpt_settings.h"
 #undef KVM_SCULPT_SETTING
     {"compress", "future", I, "64", 1, 1 << 20, NULL, "tokens", "synthetic queries are spread over positions N..N+future"},
+    {"compress", "target_kl", F, "0", 0, 1e6, NULL, "nats", "per document, the smallest budget (a multiple of target_step) whose mean KL(full || compressed) on the [eval] continuation tokens after the context is <= this, by bisection; replaces budget/ratio; 0 = off"},
+    {"compress", "target_step", I, "16", 1, 1 << 20, NULL, "entries", "target_kl: budgets searched are multiples of this"},
     {"compress", "strategy", S, "default", 0, 0, NULL, "", "name of the stored PolyKV strategy (method = polykv)"},
 
     {"calibrate", "sculpt", B, "false", 0, 0, NULL, "", "PolyKV calibration offers KVSculpt ([compress] sculpt settings) to every layer"},
