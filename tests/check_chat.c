@@ -41,7 +41,12 @@ static kvm_store_id config_id(const char *model_extra, char **canonical)
     kvm_config *c = parse(model_extra);
     kvm_store_id id;
     size_t n;
-    ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &id, canonical, &n), 0);
+    char *text = NULL;
+    ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &id, canonical ? &text : NULL, &n), 0);
+    if (canonical) { /* bytes of length n, not a C string */
+        *canonical = strndup(text, n);
+        free(text);
+    }
     kvm_config_free(&c);
     return id;
 }
