@@ -20,9 +20,9 @@ typedef struct search {
     int64_t T, hi;
     int has_check;
     double target;
-    kvm_kvcache *best, *at_hi;           /* smallest probe within the target; the probe at hi */
+    kvm_kvcache *best, *at_hi; /* smallest probe within the target; the probe at hi */
     int64_t best_budget;
-    double check_best, check_hi;         /* check-part KL of those probes */
+    double check_best, check_hi; /* check-part KL of those probes */
 } search;
 
 static int set_budget(kvm_config *c, int64_t b)
@@ -77,14 +77,21 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
     int shortened = n_cont < T; /* the search part comes from the context's own end */
     int64_t N = shortened ? n - T : n, T2 = !shortened && n_cont >= 2 * T ? 2 * T : T;
     if (N < 2 || !in->tokens)
-        return kvm_err(KVM_EINVAL, "target_kl: the document has %lld tokens and %lld after the context: too few for a "
-                                   "search part of [eval] continuation = %lld tokens",
+        return kvm_err(KVM_EINVAL,
+                       "target_kl: the document has %lld tokens and %lld after the context: too few for a "
+                       "search part of [eval] continuation = %lld tokens",
                        (long long)n, (long long)n_cont, (long long)T);
     char saved[64];
     snprintf(saved, sizeof saved, "%s", kvm_config_str(c, "compress", "budget"));
     int32_t *all = malloc((size_t)(N + T2) * sizeof *all);
-    search s = {.c = c, .store = store, .model_id = model_id, .T = T, .has_check = T2 == 2 * T, .target = target,
-                .check_best = NAN, .check_hi = NAN};
+    search s = {.c = c,
+                .store = store,
+                .model_id = model_id,
+                .T = T,
+                .has_check = T2 == 2 * T,
+                .target = target,
+                .check_best = NAN,
+                .check_hi = NAN};
     int rc = all ? 0 : kvm_err(KVM_ENOMEM, "target_kl: out of memory");
     if (!rc) {
         memcpy(all, in->tokens, (size_t)(shortened ? n : N) * sizeof *all);
@@ -98,7 +105,8 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
         s.in.progress = NULL; /* probes would count problems past the document's total */
         int64_t lo = step, retain = kvm_config_int(c, "compress", "retain");
         if (has_retain_zone(kvm_config_str(c, "compress", "method")))
-            while (lo <= retain) lo += step;
+            while (lo <= retain)
+                lo += step;
         s.hi = N - 1;
         if (lo > s.hi) lo = s.hi;
         rc = kvm_eval_target_budget(probe, &s, lo, s.hi, step, target, &tr);

@@ -105,7 +105,8 @@ static kvm_tokenizer *llama3_tokenizer(char **dir)
 static void expect_ids(const kvm_doc *d, const int32_t *want, int64_t n)
 {
     ck_assert_int_eq(d->n_tokens, n);
-    for (int64_t i = 0; i < n; i++) ck_assert_msg(d->tokens[i] == want[i], "id %lld: %d, want %d", (long long)i, d->tokens[i], want[i]);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(d->tokens[i] == want[i], "id %lld: %d, want %d", (long long)i, d->tokens[i], want[i]);
 }
 
 /* kvm_chatcfg_frame from a config; a text document's ids are those of frame + text as one
@@ -171,7 +172,8 @@ START_TEST(test_framed_documents)
     d.n_tokens = 4;
     ck_assert_msg(kvm_doc_prepare_n(&d, tok, V, bos_id, open, 4096, 4096) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(d.n_tokens, n_frame + 3);
-    for (int64_t i = 0; i < n_frame; i++) ck_assert_int_eq(d.tokens[i], frame_ids[i]);
+    for (int64_t i = 0; i < n_frame; i++)
+        ck_assert_int_eq(d.tokens[i], frame_ids[i]);
     ck_assert_int_eq(d.tokens[n_frame], 300);
     ck_assert_int_eq(d.tokens[n_frame + 2], 302);
     free(d.tokens);
@@ -218,10 +220,12 @@ START_TEST(test_refused_without_template)
     char *dir = kvm_test_tmpdir(), cfgp[4200], cmd[8192], *out, *err;
     snprintf(cfgp, sizeof cfgp, "%s/chat.ini", dir);
     const char *extra[] = {"chat = true", "system = hi"};
-    const char *want[] = {"[model] chat = true: the model's tokenizer has no chat template", "[model] system is set but chat = false"};
+    const char *want[] = {"[model] chat = true: the model's tokenizer has no chat template",
+                          "[model] system is set but chat = false"};
     for (int i = 0; i < 2; i++) {
         char text[2048];
-        snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n%s\n[compress]\nmethod = h2o\nbudget = 32\n"
+        snprintf(text, sizeof text,
+                 "[model]\npath = %s\ncontext = 128\n%s\n[compress]\nmethod = h2o\nbudget = 32\n"
                  "[store]\npath = %s/store\n[stages]\nbin_dir = %s\n",
                  kvm_test_data_path("models/stories260K.bin"), extra[i], dir, kvm_test_bin());
         ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
@@ -278,7 +282,8 @@ static pid_t start_serve(const char *cfg, const char *front, const char *log)
 static void trim(char *s)
 {
     size_t n = strlen(s);
-    while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == ' ')) s[--n] = '\0';
+    while (n > 0 && (s[n - 1] == '\n' || s[n - 1] == ' '))
+        s[--n] = '\0';
 }
 
 /* SmolLM2 (ChatML): `kvmill run` with chat = true stores the cache under the hash of the ids
@@ -356,16 +361,16 @@ START_TEST(test_smollm2_run_serve)
     ck_assert_msg(st == 0, "ask: exit %d, stderr %s", st, err);
     char *answer = out;
     free(err);
-    snprintf(cmd, sizeof cmd, "%s/kvmill generate --model %s --chat --prompt '%s%s' -n %lld --temperature 0", kvm_test_bin(),
-             SMOL, doc, question, (long long)(n + nq + 24));
+    snprintf(cmd, sizeof cmd, "%s/kvmill generate --model %s --chat --prompt '%s%s' -n %lld --temperature 0",
+             kvm_test_bin(), SMOL, doc, question, (long long)(n + nq + 24));
     st = run_cmd(cmd, &out, &err);
     ck_assert_msg(st == 0, "generate: exit %d, stderr %s", st, err);
     trim(answer);
     trim(out);
     printf("SmolLM2 chat answer: %s\n", answer);
     /* generate's -n counts positions and may run one token further: the answer is its prefix */
-    ck_assert_msg(strlen(answer) > 10 && !strncmp(answer, out, strlen(answer)), "ask answered '%s', generate --chat '%s'",
-                  answer, out);
+    ck_assert_msg(strlen(answer) > 10 && !strncmp(answer, out, strlen(answer)),
+                  "ask answered '%s', generate --chat '%s'", answer, out);
     free(answer);
     free(out);
     free(err);

@@ -35,10 +35,11 @@ static void model_teardown(void) { kvm_model_close(&model); }
 static int heads_equal(const kvm_kvcache *a, const kvm_kvcache *b, int layer)
 {
     for (int g = 0; g < a->n_kv_heads; g++) {
-        const kvm_kv_head *x = kvm_kvcache_head((kvm_kvcache *)a, layer, g), *y = kvm_kvcache_head((kvm_kvcache *)b, layer, g);
+        const kvm_kv_head *x = kvm_kvcache_head((kvm_kvcache *)a, layer, g),
+                          *y = kvm_kvcache_head((kvm_kvcache *)b, layer, g);
         size_t nd = (size_t)(x->n * a->head_dim) * sizeof(float);
-        if (x->n != y->n || memcmp(x->k, y->k, nd) || memcmp(x->v, y->v, nd) || memcmp(x->bias, y->bias, (size_t)x->n * 4) ||
-            memcmp(x->pos, y->pos, (size_t)x->n * 4))
+        if (x->n != y->n || memcmp(x->k, y->k, nd) || memcmp(x->v, y->v, nd) ||
+            memcmp(x->bias, y->bias, (size_t)x->n * 4) || memcmp(x->pos, y->pos, (size_t)x->n * 4))
             return 0;
     }
     return 1;
@@ -85,7 +86,8 @@ START_TEST(test_off_and_on)
     ck_assert(caches_equal(a, b));
     ck_assert(heads_equal(a, c, 0));
     int differ = 0;
-    for (int l = 1; l < model->cfg.n_layers; l++) differ += !heads_equal(a, c, l);
+    for (int l = 1; l < model->cfg.n_layers; l++)
+        differ += !heads_equal(a, c, l);
     ck_assert_int_ge(differ, 1);
     ck_assert(caches_equal(c, d));
     on.seed = 2;
@@ -126,7 +128,7 @@ START_TEST(test_exact_at_full_k)
     ck_assert_int_eq(kvm_sculpt_qsets_build(&in, &on.query_source, 64, &full_qs), 0);
     const kvm_sculpt_qset *r1 = &qs.set[KVM_SCULPT_QSRC_REPEAT], *r0 = &full_qs.set[KVM_SCULPT_QSRC_REPEAT];
     size_t per_layer = (size_t)model->cfg.n_heads * (size_t)r1->n * (size_t)model->cfg.head_dim;
-    ck_assert_int_eq(memcmp(r1->q, r0->q, per_layer * sizeof(float)), 0);                  /* layer 0: same inputs */
+    ck_assert_int_eq(memcmp(r1->q, r0->q, per_layer * sizeof(float)), 0); /* layer 0: same inputs */
     ck_assert_int_ne(memcmp(r1->q + per_layer, r0->q + per_layer, per_layer * sizeof(float)), 0); /* layer 1 sees c */
     const int64_t m = 16, nm[3] = {0, 40, 24};
     kvm_sculpt_problem p;
@@ -167,8 +169,8 @@ START_TEST(test_refusals)
     kvm_kvcache *c = NULL;
     kvm_sculpt_opts o = opts("synthetic", "true");
     ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, NULL), KVM_EINVAL);
-    ck_assert_msg(strstr(kvm_errmsg(), "on_policy") && strstr(kvm_errmsg(), "query_source repeat or continuation"), "%s",
-                  kvm_errmsg());
+    ck_assert_msg(strstr(kvm_errmsg(), "on_policy") && strstr(kvm_errmsg(), "query_source repeat or continuation"),
+                  "%s", kvm_errmsg());
     o = opts("repeat", "true");
     ck_assert_int_eq(kvm_sculpt_opts_set(&o, "alloc", "head"), 0);
     ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, NULL), KVM_ENOTSUP);

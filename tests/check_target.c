@@ -95,7 +95,8 @@ START_TEST(test_search_smallest)
     ck_assert_int_eq(r.budget % 16, 0);
     ck_assert(r.kl_search <= target);
     ck_assert(fabs(r.kl_search - kl_at(r.budget)) <= 1e-9 + 1e-6 * r.kl_search);
-    if (r.budget > 16) ck_assert_msg(kl_at(r.budget - 16) > target, "budget %lld is not the smallest", (long long)r.budget);
+    if (r.budget > 16)
+        ck_assert_msg(kl_at(r.budget - 16) > target, "budget %lld is not the smallest", (long long)r.budget);
     ck_assert(isfinite(r.kl_check) && r.kl_check >= 0);
     ck_assert_int_eq(entries_per_head(cc), r.budget);
     ck_assert_int_eq(cc->next_pos, N);
@@ -178,11 +179,13 @@ START_TEST(test_cli_run)
              "[run]\nrun_dir = %s/run\n",
              kvm_test_data_path("models/stories260K.bin"), dir, kvm_test_bin(), dir);
     ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
-    snprintf(cmd, sizeof cmd, "%s/kvmill run --config %s --corpus %s", kvm_test_bin(), cfgp, kvm_test_data_path("corpus"));
+    snprintf(cmd, sizeof cmd, "%s/kvmill run --config %s --corpus %s", kvm_test_bin(), cfgp,
+             kvm_test_data_path("corpus"));
     int st = kvm_test_run(cmd, &out, &err);
     ck_assert_msg(st == 0, "exit %d: %s", st, err);
     printf("%s", strstr(out, "target_kl:") ? strstr(out, "target_kl:") : out);
-    ck_assert_msg(strstr(out, "target_kl: 0.05 nats: budget per KV head ") && strstr(out, "over 6 documents"), "%s", out);
+    ck_assert_msg(strstr(out, "target_kl: 0.05 nats: budget per KV head ") && strstr(out, "over 6 documents"), "%s",
+                  out);
     ck_assert_msg(strstr(out, "compressed=6 "), "%s", out);
     free(out);
     free(err);
@@ -199,7 +202,8 @@ START_TEST(test_cli_run)
     ck_assert_int_eq(rows, 6);
     free(out);
     free(err);
-    snprintf(cmd, sizeof cmd, "%s/kvmill run --config %s --corpus %s", kvm_test_bin(), cfgp, kvm_test_data_path("corpus"));
+    snprintf(cmd, sizeof cmd, "%s/kvmill run --config %s --corpus %s", kvm_test_bin(), cfgp,
+             kvm_test_data_path("corpus"));
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
     ck_assert_msg(strstr(out, "compressed=0 skipped=6 "), "%s", out);
     free(out);
@@ -211,7 +215,8 @@ START_TEST(test_cli_run)
              kvm_test_data_path("models/stories260K.bin"), dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
     st = kvm_test_run(cmd, &out, &err);
-    ck_assert_msg(st == 2 && strstr(err, "target_kl searches on the 64 tokens after the context"), "exit %d: %s", st, err);
+    ck_assert_msg(st == 2 && strstr(err, "target_kl searches on the 64 tokens after the context"), "exit %d: %s", st,
+                  err);
     free(out);
     free(err);
     kvm_test_rmtree(dir);
