@@ -45,7 +45,12 @@ int kvm_chat_frame(const kvm_tokenizer *tok, const char *system, char **prefix, 
     if (tmpl && strstr(tmpl, "<|start_header_id|>") && kvm_tokenizer_find(tok, "<|start_header_id|>") >= 0 &&
         kvm_tokenizer_find(tok, "<|end_header_id|>") >= 0 && kvm_tokenizer_find(tok, "<|eot_id|>") >= 0)
         return llama3_frame(system, prefix, suffix);
-    if (!tmpl || !strstr(tmpl, start) || kvm_tokenizer_find(tok, start) < 0 || kvm_tokenizer_find(tok, end) < 0)
+    if (!tmpl)
+        return kvm_err(KVM_ENOTSUP, "the model's tokenizer has no chat template: chat framing needs a ChatML (%s) or "
+                                    "Llama-3 (<|start_header_id|>) template, as instruction-tuned GGUF and Hugging Face "
+                                    "models carry",
+                       start);
+    if (!strstr(tmpl, start) || kvm_tokenizer_find(tok, start) < 0 || kvm_tokenizer_find(tok, end) < 0)
         return kvm_err(KVM_ENOTSUP,
                        "the model's chat template is neither ChatML (%s) nor Llama-3 (<|start_header_id|>): "
                        "chat framing supports those two families",

@@ -11,8 +11,8 @@
  * built-in literal default, if any) and the user turn's opening ("<|im_start|>user\n");
  * *suffix = the end of the turn and the assistant marker ("<|im_end|>\n<|im_start|>assistant\n").
  * Both malloc'ed (caller frees). BOS is not included (the tokenizer adds it). Returns 0,
- * KVM_ENOTSUP (the template is neither ChatML nor Llama-3, or its special tokens are not in
- * the vocabulary), KVM_ENOMEM. */
+ * KVM_ENOTSUP (the tokenizer has no chat template, as llama2.c ones; the template is neither
+ * ChatML nor Llama-3, or its special tokens are not in the vocabulary), KVM_ENOMEM. */
 int kvm_chat_frame(const kvm_tokenizer *tok, const char *system, char **prefix, char **suffix);
 
 /* prefix + user + suffix of kvm_chat_frame in one malloc'ed string *out. Errors as there. */

@@ -35,7 +35,7 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     kvm_strategy *best = NULL;
     int rc = docs ? 0 : 1;
     for (int i = 0; !rc && i < nd; i++)
-        rc = cmd_eval_docs_load(CMD, m, k, tok, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
+        rc = cmd_eval_docs_load(CMD, m, k, tok, NULL, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
                                 (int)a->windows, &docs[i]);
     if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig) ||
                 (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)))) {

@@ -5,6 +5,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_orch.h"
@@ -64,6 +65,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     int status = 2;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
+    char *chat_open = NULL, *chat_close = NULL;
     kvm_corpus *corpus = NULL;
     const char *store = kvm_cli_get(opts, "store"), *tp = kvm_config_str(cfg, "model", "tokenizer");
     int64_t ctx = kvm_config_int(cfg, "model", "context"), cont = kvm_config_int(cfg, "eval", "continuation");
@@ -89,6 +91,12 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
         goto done;
     }
+    if (kvm_chatcfg_frame(cfg, tok, &chat_open, &chat_close)) { /* calibrate on documents framed as run frames them */
+        fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
+    corpus->frame = chat_open;
     for (int64_t i = 0; i < corpus->n; i++) {
         kvm_doc *d = &corpus->docs[i];
         /* calibration corpora are small: every document is loaded and kept, continuation included */
@@ -118,6 +126,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     }
 done:
     kvm_corpus_free(&corpus);
+    free(chat_open);
+    free(chat_close);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);
     kvm_config_free(&cfg);

@@ -2,6 +2,7 @@
  * (compress/eval/kvm_eval.h): a table per document, the mean, and an optional CSV. */
 #include "common/kvm_error.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "model/kvm_chat.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
@@ -200,6 +201,7 @@ typedef struct eval_setup {
     int decode_steps;       /* --decode-steps */
     double target_kl;       /* --target-kl, or < 0 */
     int64_t target_step;    /* --target-step, tokens */
+    const char *frame;      /* --chat: the chat frame's prefix before each document, or NULL */
 } eval_setup;
 
 /* kvm_eval_roundtrip_fn over the store's codec: user is the eval_setup. */
@@ -222,9 +224,9 @@ static int run(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int 
     kvm_eval_opts eo = eval_opts_of(es);
     for (int d = 0; d < docs->n; d++) {
         kvm_eval_doc *doc;
-        if (cmd_eval_docs_load(CMD, es->m, es->k, es->tok, docs->paths[d], es->N, es->T, 0, 1, &doc)) return 1;
-        printf("== %s (context %lld, continuation %lld, stored as %s)\n", docs->names[d], (long long)es->N,
-               (long long)es->T, dt);
+        if (cmd_eval_docs_load(CMD, es->m, es->k, es->tok, es->frame, docs->paths[d], es->N, es->T, 0, 1, &doc)) return 1;
+        printf("== %s (context %lld, continuation %lld, stored as %s%s)\n", docs->names[d], (long long)es->N,
+               (long long)es->T, dt, es->frame ? ", chat framing" : "");
         print_header();
         for (int j = 0; j < n_jobs; j++) {
             kvm_eval_result r;
@@ -292,7 +294,7 @@ static int target_load(eval_setup *es, const char *path, const char *name, kvm_e
 {
     int32_t *ids;
     int64_t n;
-    if (cmd_eval_docs_encode(CMD, es->tok, path, &ids, &n)) return 1;
+    if (cmd_eval_docs_encode(CMD, es->tok, es->frame, path, &ids, &n)) return 1;
     int64_t N = es->N, T2 = 2 * es->T;
     if (n < N + T2) {
         N = n - T2;
@@ -445,8 +447,8 @@ int kvm_cmd_eval(int argc, char **argv)
          NULL},
         {"first-case", 1, "--task: index of the first case (default 0), so a long run can go in pieces", NULL},
         {"answer-tokens", 1, "--task: greedy tokens per answer at most (default 16)", NULL},
-        {"chat", 0, "--task: chat framing: the cached context opens the user's turn (template, then the document); "
-                    "question, end of turn and assistant marker are appended at ask time",
+        {"chat", 0, "chat framing, as [model] chat = true: the cached context opens the user's turn (template, then "
+                    "the document); --task: question, end of turn and assistant marker are appended at ask time",
          NULL},
         {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
         {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},
@@ -503,9 +505,8 @@ int kvm_cmd_eval(int argc, char **argv)
             if (kvm_cli_int(CMD, "answer-tokens", at, 1, 4096, &x)) return 2;
             ta.answer_tokens = (int)x;
         }
-    } else if (kvm_cli_get(opts, "cases") || kvm_cli_get(opts, "answer-tokens") || kvm_cli_get(opts, "first-case") ||
-               ta.chat || ta.system) {
-        fprintf(stderr, "kvmill " CMD ": --cases, --first-case, --answer-tokens, --chat and --system need --task\n");
+    } else if (kvm_cli_get(opts, "cases") || kvm_cli_get(opts, "answer-tokens") || kvm_cli_get(opts, "first-case")) {
+        fprintf(stderr, "kvmill " CMD ": --cases, --first-case and --answer-tokens need --task\n");
         return 2;
     }
     if (ta.system && !ta.chat) {
@@ -556,6 +557,12 @@ int kvm_cmd_eval(int argc, char **argv)
     FILE *csv = NULL;
     if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
+    char *chat_open = NULL, *chat_close = NULL; /* --chat over KL: documents framed as run frames them */
+    if (!rc && ta.chat && !task && kvm_chat_frame(tok, ta.system, &chat_open, &chat_close)) {
+        fprintf(stderr, "kvmill " CMD ": --chat: %s\n", kvm_errmsg());
+        rc = 1;
+    }
+    es.frame = chat_open;
     int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */
     if (!rc && task && N + ta.answer_tokens > m->cfg.seq_len) { /* --task asks and answers after the context */
         fprintf(stderr, "kvmill " CMD ": --task: context %lld + --answer-tokens %d exceeds the model's window of %d tokens\n",
@@ -620,6 +627,8 @@ int kvm_cmd_eval(int argc, char **argv)
         rc = 1;
     }
     free_jobs(jobs, n_jobs);
+    free(chat_open);
+    free(chat_close);
     cmd_eval_docs_free(&docs);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);

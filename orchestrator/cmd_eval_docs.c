@@ -108,9 +108,10 @@ void cmd_eval_docs_free(cmd_eval_docset *d)
     memset(d, 0, sizeof *d);
 }
 
-int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *path, int32_t **ids_out,
-                         int64_t *n_out)
+int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *frame, const char *path,
+                         int32_t **ids_out, int64_t *n_out)
 {
+    size_t fl = frame ? strlen(frame) : 0;
     *ids_out = NULL;
     *n_out = 0;
     FILE *f = fopen(path, "rb");
@@ -118,8 +119,9 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
         fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, strerror(errno));
         return 1;
     }
-    size_t cap = 1 << 16, n = 0;
+    size_t cap = (1 << 16) + fl, n = fl;
     char *text = malloc(cap);
+    if (text && fl) memcpy(text, frame, fl); /* frame + document, one string */
     while (text) {
         n += fread(text + n, 1, cap - n, f);
         if (n < cap) break;
@@ -137,7 +139,7 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
         free(text);
         return 1;
     }
-    int rc = kvm_tokenizer_encode(tok, text, n, 1, 0, ids_out, n_out);
+    int rc = kvm_tokenizer_encode(tok, text, n, frame ? kvm_tokenizer_add_bos(tok) : 1, 0, ids_out, n_out);
     free(text);
     if (rc) {
         fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, kvm_errmsg());
@@ -147,12 +149,13 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
 }
 
 int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
-                       const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out)
+                       const char *frame, const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows,
+                       kvm_eval_doc **out)
 {
     *out = NULL;
     int32_t *ids = NULL;
     int64_t n_ids = 0;
-    if (cmd_eval_docs_encode(cmd, tok, path, &ids, &n_ids)) return 1;
+    if (cmd_eval_docs_encode(cmd, tok, frame, path, &ids, &n_ids)) return 1;
     int rc = 0;
     if (n_ids < n_ctx + n_cont)
         rc = kvm_err(KVM_EINVAL, "%s: %lld tokens, fewer than context %lld + continuation %lld", path, (long long)n_ids,

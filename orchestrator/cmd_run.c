@@ -2,6 +2,7 @@
  * caches; prints a summary whose last stdout line is machine-readable. */
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
+#include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_jobcfg.h"
@@ -22,7 +23,7 @@ static void self_path(char *buf, size_t n)
     buf[r > 0 ? r : 0] = '\0';
 }
 
-static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
+static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int64_t n_heads)
 {
     double ratio = s->bytes_compressed > 0 ? (double)s->bytes_full / (double)s->bytes_compressed : 0;
     printf("documents: %lld compressed, %lld skipped (already stored), %lld failed, %lld truncated to %lld tokens\n",
@@ -38,6 +39,14 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s)
     if (kvm_config_bool(cfg, "eval", "enabled"))
         printf("evaluation: mean KL(full || compressed) %.5f nats over %lld documents (continuation of %lld tokens)\n",
                s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
+               (long long)kvm_config_int(cfg, "eval", "continuation"));
+    double target = kvm_config_float(cfg, "compress", "target_kl");
+    if (target > 0 && s->entries_docs > 0 && n_heads > 0) /* the budgets the search chose */
+        printf("target_kl: %g nats: budget per KV head %.1f / %.1f / %.1f (min / mean / max over %lld documents); mean "
+               "KL on the check part %.5f nats over %lld documents (the %lld tokens after the search part)\n",
+               target, (double)s->entries_min / (double)n_heads,
+               (double)s->entries_sum / (double)s->entries_docs / (double)n_heads, (double)s->entries_max / (double)n_heads,
+               (long long)s->entries_docs, s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
                (long long)kvm_config_int(cfg, "eval", "continuation"));
     if (s->interrupted)
         printf("interrupted: %lld documents were not processed (run again to finish: stored ones are skipped)\n",
@@ -149,6 +158,7 @@ int kvm_cmd_run(int argc, char **argv)
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
     kvm_corpus *corpus = NULL;
+    char *chat_open = NULL, *chat_close = NULL;
     int status = 1;
     const char *tp = kvm_config_str(cfg, "model", "tokenizer");
     if (kvm_cli_open_model("run", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 0, &m, &tok)) goto done;
@@ -182,22 +192,39 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
+    int64_t T2 = 2 * kvm_config_int(cfg, "eval", "continuation");
+    if (kvm_config_float(cfg, "compress", "target_kl") > 0 && ctx + T2 > m->cfg.seq_len) {
+        fprintf(stderr, "kvmill run: %s: [compress] target_kl searches on the %lld tokens after the context (2 x [eval] "
+                        "continuation): context %lld + %lld exceeds the model's window of %d tokens\n",
+                kvm_config_path(cfg), (long long)T2, (long long)ctx, (long long)T2, m->cfg.seq_len);
+        status = 2;
+        goto done;
+    }
+    if (kvm_chatcfg_frame(cfg, tok, &chat_open, &chat_close)) { /* [model] chat: documents open the user's turn */
+        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
     /* documents are read and tokenised by the orchestrator when it needs them (a bad one fails alone) */
     corpus->on_demand = 1;
     corpus->tok = tok;
     corpus->vocab_size = m->cfg.vocab_size;
     corpus->bos = m->cfg.bos_id;
+    corpus->frame = chat_open;
+    int64_t n_heads = (int64_t)m->cfg.n_layers * m->cfg.n_kv_heads;
     kvm_model_close(&m); /* the stages load it; the orchestrator only needed the tokenizer */
     char self[4096];
     self_path(self, sizeof self);
     kvm_orch_summary sum;
     status = kvm_orch_run(cfg, corpus, self, &sum);
     if (status == 0 || status == 130) {
-        print_summary(cfg, &sum);
+        print_summary(cfg, &sum, n_heads);
         if (status == 0) status = sum.failed > 0 || sum.store_full ? 1 : 0;
     }
 done:
     kvm_corpus_free(&corpus);
+    free(chat_open);
+    free(chat_close);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);
     kvm_config_free(&cfg);

@@ -25,18 +25,23 @@ typedef struct cmd_eval_docset {
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);
 void cmd_eval_docs_free(cmd_eval_docset *d);
 
-/* Reads a document, encodes it with BOS (tok), takes N + T tokens and prepares them
- * (kvm_eval_doc_new). n_windows = 1: the first N + T tokens (longer documents are
+/* Reads a document, encodes it with BOS (tok; under a chat frame as cmd_eval_docs_encode),
+ * takes N + T tokens and prepares them (kvm_eval_doc_new). n_windows = 1: the first N + T tokens (longer documents are
  * truncated). n_windows > 1: window `window` of n_windows evenly spaced N + T token windows
  * over the document (window 0 at the start, the last at the end), each after the first
  * beginning with BOS in place of its first token. Prints "kvmill CMD: ..." and returns 1 on
  * failure (unreadable, shorter than N + T tokens). */
 int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
-                       const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows, kvm_eval_doc **out);
+                       const char *frame, const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows,
+                       kvm_eval_doc **out);
 
-/* Reads a document and encodes it with BOS first: *ids (caller frees) of *n tokens. Prints
- * "kvmill CMD: ..." and returns 1 when unreadable or not encodable, else 0. */
-int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *path, int32_t **ids, int64_t *n);
+/* Reads a document and encodes it with BOS first: *ids (caller frees) of *n tokens. With a
+ * chat frame (kvm_chat_frame's prefix; NULL: none) the text encoded is frame + document, BOS
+ * only when the tokenizer adds one, as `kvmill run` with [model] chat = true frames it
+ * (pipeline/kvm_corpus.h). Prints "kvmill CMD: ..." and returns 1 when unreadable or not
+ * encodable, else 0. */
+int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *frame, const char *path,
+                         int32_t **ids, int64_t *n);
 
 /* Parses --context / --continuation (defaults 384 / 64) against the model's window later;
  * here only the syntax and ranges [1, 1<<20]. Returns 0 or 2 after printing. */

@@ -37,6 +37,8 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"model", "path", P, NULL, 0, 0, NULL, "", "model: llama2.c checkpoint, .gguf file, or Hugging Face folder"},
     {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
     {"model", "context", I, "384", 1, 1 << 20, NULL, "tokens", "documents are truncated to this many tokens (BOS included)"},
+    {"model", "chat", B, "false", 0, 0, NULL, "", "chat framing (ChatML or Llama-3 templates): each cached document opens the user's turn (the template up to the user's content, then the document); serve appends the prompt, the end of the turn and the assistant marker"},
+    {"model", "system", S, "", 0, 0, NULL, "", "system message of the chat framing; empty = the template's own default, if it has one"},
     {"model", "weight_dtype", E, "auto", 0, 0, "auto|f32|bf16|f16", "", "how the CPU stores weight matrices, widened to float32 inside the GEMM: auto = bf16 for BF16 files, f32 for F32 files, f16 for F16 and quantised GGUF; f32 for parity runs"},
 
     {"store", "path", P, "./kvmill.lmdb", 0, 0, NULL, "", "LMDB environment directory, or the store service's endpoint (tcp://HOST:PORT) for a run on another host"},
@@ -58,6 +60,8 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
 #include "compress/sculpt/kvm_sculpt_settings.h"
 #undef KVM_SCULPT_SETTING
     {"compress", "future", I, "64", 1, 1 << 20, NULL, "tokens", "synthetic queries are spread over positions N..N+future"},
+    {"compress", "target_kl", F, "0", 0, 1e6, NULL, "nats", "per document, the smallest budget (a multiple of target_step) whose mean KL(full || compressed) on the [eval] continuation tokens after the context is <= this, by bisection; replaces budget/ratio; 0 = off"},
+    {"compress", "target_step", I, "16", 1, 1 << 20, NULL, "entries", "target_kl: budgets searched are multiples of this"},
     {"compress", "strategy", S, "default", 0, 0, NULL, "", "name of the stored PolyKV strategy (method = polykv)"},
 
     {"calibrate", "sculpt", B, "false", 0, 0, NULL, "", "PolyKV calibration offers KVSculpt ([compress] sculpt settings) to every layer"},

@@ -208,21 +208,66 @@ static const char *label(const kvm_doc *d, char *buf, size_t n)
     return buf;
 }
 
-/* Text -> the first n_keep + 1 ids; *need_more when the text read so far is too short to say. */
-static int prepare_text(kvm_doc *d, const kvm_tokenizer *tok, int at_end, int64_t n_keep, int *need_more)
+/* Text -> the first n_keep + 1 ids; *need_more when the text read so far is too short to say.
+ * With a chat frame the text tokenised is frame + text, as one string (the template's text
+ * and the document meet as the chat template renders them), BOS as the tokenizer adds it. */
+static int prepare_text(kvm_doc *d, const kvm_tokenizer *tok, const char *frame, int at_end, int64_t n_keep,
+                        int *need_more)
 {
     char lb[300];
     free(d->tokens);
     d->tokens = NULL;
     d->n_tokens = 0;
     if (!tok) return kvm_err(KVM_EINVAL, "%s is text but no tokenizer was found for the model", label(d, lb, sizeof lb));
-    int rc = kvm_doctok_encode(tok, d->text, d->text_len, at_end, 1, n_keep + 1, &d->tokens, &d->n_tokens, need_more);
+    if (frame && d->text_len == 0) return kvm_err(KVM_EINVAL, "%s is empty", label(d, lb, sizeof lb));
+    const char *text = d->text;
+    size_t len = d->text_len, fl = frame ? strlen(frame) : 0;
+    char *framed = frame ? malloc(fl + len + 1) : NULL;
+    if (frame && !framed) return kvm_err(KVM_ENOMEM, "corpus: out of memory");
+    if (framed) {
+        memcpy(framed, frame, fl);
+        memcpy(framed + fl, d->text, len);
+        framed[fl + len] = '\0';
+        text = framed;
+        len += fl;
+    }
+    int bos = frame ? kvm_tokenizer_add_bos(tok) : 1;
+    int rc = kvm_doctok_encode(tok, text, len, at_end, bos, n_keep + 1, &d->tokens, &d->n_tokens, need_more);
+    free(framed);
     if (rc) return kvm_err(rc, "%s: %s", label(d, lb, sizeof lb), kvm_errmsg());
     return 0;
 }
 
-/* Checks given tokens (prepending BOS), then truncates and hashes. */
-static int finish(kvm_doc *d, int from_text, int vocab_size, int32_t bos, int64_t n_ctx)
+/* Given tokens under a chat frame: [BOS when the tokenizer adds it] + the frame's ids + the
+ * tokens (a leading BOS of theirs dropped). */
+static int frame_tokens(kvm_doc *d, const kvm_tokenizer *tok, const char *frame, int32_t bos)
+{
+    char lb[300];
+    if (!tok) return kvm_err(KVM_EINVAL, "%s: chat framing needs the model's tokenizer", label(d, lb, sizeof lb));
+    int skip = d->n_tokens > 0 && d->tokens[0] == bos;
+    if (d->n_tokens - skip < 1) return kvm_err(KVM_EINVAL, "%s is empty", label(d, lb, sizeof lb));
+    int32_t *f = NULL;
+    int64_t nf = 0;
+    int rc = kvm_tokenizer_encode(tok, frame, strlen(frame), kvm_tokenizer_add_bos(tok), 0, &f, &nf);
+    if (rc) return kvm_err(rc, "%s: chat frame: %s", label(d, lb, sizeof lb), kvm_errmsg());
+    int64_t n = nf + d->n_tokens - skip;
+    int32_t *t = malloc((size_t)n * sizeof *t);
+    if (!t) {
+        free(f);
+        return kvm_err(KVM_ENOMEM, "corpus: out of memory");
+    }
+    memcpy(t, f, (size_t)nf * sizeof *t);
+    memcpy(t + nf, d->tokens + skip, (size_t)(d->n_tokens - skip) * sizeof *t);
+    free(f);
+    free(d->tokens);
+    d->tokens = t;
+    d->n_tokens = n;
+    return 0;
+}
+
+/* Checks given tokens (prepending BOS, or the chat frame), then truncates and hashes. */
+static int finish(kvm_doc *d, int from_text, const kvm_tokenizer *tok, const char *frame, int vocab_size, int32_t bos,
+                  int64_t n_ctx)
 {
     char lb[300];
     if (!from_text) {
@@ -230,7 +275,9 @@ static int finish(kvm_doc *d, int from_text, int vocab_size, int32_t bos, int64_
             if (d->tokens[i] >= vocab_size)
                 return kvm_err(KVM_EINVAL, "%s: token %lld has id %d, outside the vocabulary of %d", label(d, lb, sizeof lb),
                                (long long)i, d->tokens[i], vocab_size);
-        if (d->n_tokens == 0 || d->tokens[0] != bos) {
+        int rc = frame ? frame_tokens(d, tok, frame, bos) : 0;
+        if (rc) return rc;
+        if (!frame && (d->n_tokens == 0 || d->tokens[0] != bos)) {
             int32_t *t = realloc(d->tokens, (size_t)(d->n_tokens + 1) * sizeof *t);
             if (!t) return kvm_err(KVM_ENOMEM, "corpus: out of memory");
             memmove(t + 1, t, (size_t)d->n_tokens * sizeof *t);
@@ -246,21 +293,22 @@ static int finish(kvm_doc *d, int from_text, int vocab_size, int32_t bos, int64_
     return kvm_store_doc_hash(d->tokens, d->n_tokens, &d->hash);
 }
 
-int kvm_doc_prepare_n(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx, int64_t n_keep)
+int kvm_doc_prepare_n(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, const char *frame,
+                      int64_t n_ctx, int64_t n_keep)
 {
     if (n_keep < n_ctx) n_keep = n_ctx;
     int from_text = d->text != NULL;
-    int rc = from_text ? prepare_text(d, tok, 1, n_keep, NULL) : 0;
-    return rc ? rc : finish(d, from_text, vocab_size, bos, n_ctx);
+    int rc = from_text ? prepare_text(d, tok, frame, 1, n_keep, NULL) : 0;
+    return rc ? rc : finish(d, from_text, tok, frame, vocab_size, bos, n_ctx);
 }
 
 int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx)
 {
-    return kvm_doc_prepare_n(d, tok, vocab_size, bos, n_ctx, n_ctx);
+    return kvm_doc_prepare_n(d, tok, vocab_size, bos, NULL, n_ctx, n_ctx);
 }
 
 /* A folder document: read a growing beginning of the file until its ids settle. */
-static int load_file(kvm_doc *d, const kvm_tokenizer *tok, int64_t n_keep)
+static int load_file(kvm_doc *d, const kvm_tokenizer *tok, const char *frame, int64_t n_keep)
 {
     size_t max = (size_t)n_keep * 32 + 65536;
     for (;;) {
@@ -268,7 +316,7 @@ static int load_file(kvm_doc *d, const kvm_tokenizer *tok, int64_t n_keep)
         free(d->text);
         if (!(d->text = read_prefix(d->path, max, &d->text_len, &at_end)))
             return kvm_err(KVM_EIO, "%s: cannot read: %s", d->path, strerror(errno));
-        int rc = prepare_text(d, tok, at_end, n_keep, &more);
+        int rc = prepare_text(d, tok, frame, at_end, n_keep, &more);
         if (rc || !more) return rc;
         max *= 2;
     }
@@ -306,10 +354,10 @@ int kvm_corpus_load(const kvm_corpus *c, kvm_doc *d, const kvm_tokenizer *tok, i
 {
     if (n_keep < n_ctx) n_keep = n_ctx;
     int rc, from_text = 1;
-    if (d->path) rc = load_file(d, tok, n_keep);
+    if (d->path) rc = load_file(d, tok, c->frame, n_keep);
     else if ((rc = load_line(c, d)) == 0 && (from_text = d->text != NULL))
-        rc = prepare_text(d, tok, 1, n_keep, NULL);
-    if (!rc) rc = finish(d, from_text, vocab_size, bos, n_ctx);
+        rc = prepare_text(d, tok, c->frame, 1, n_keep, NULL);
+    if (!rc) rc = finish(d, from_text, tok, c->frame, vocab_size, bos, n_ctx);
     free(d->text);
     d->text = NULL;
     d->text_len = 0;

@@ -37,6 +37,8 @@ typedef struct kvm_corpus {
     const kvm_tokenizer *tok;  /* tokenises text documents (borrowed; NULL: model has none) */
     int vocab_size;            /* given token ids must be below this */
     int32_t bos;               /* the BOS id put first */
+    const char *frame;         /* chat framing ([model] chat, pipeline/kvm_chatcfg.h): text put before
+                                  each document (borrowed), or NULL: none */
 } kvm_corpus;
 
 /* Reads a folder of *.txt (name order) or a .jsonl file: names, paths, line offsets and
@@ -59,11 +61,17 @@ void kvm_corpus_free(kvm_corpus **c);
 int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx);
 
 /* kvm_doc_prepare keeping up to n_keep >= n_ctx tokens (the held-out continuation after the
- * context: d->tokens[n_tokens, n_original) when n_original <= n_keep). */
-int kvm_doc_prepare_n(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx, int64_t n_keep);
+ * context: d->tokens[n_tokens, n_original) when n_original <= n_keep), under a chat frame
+ * when frame is not NULL (the open text of pipeline/kvm_chatcfg.h): a text document is
+ * tokenised as frame + text in one string, BOS only when the tokenizer adds one
+ * (kvm_tokenizer_add_bos: the chat template's own start); given tokens become [that BOS] +
+ * the frame's ids + the tokens without their BOS. Truncation to n_ctx counts the frame's
+ * tokens. An empty document is an error under a frame too. */
+int kvm_doc_prepare_n(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, const char *frame,
+                      int64_t n_ctx, int64_t n_keep);
 
 /* Loads document d of corpus c (a folder file: only the beginning that n_keep tokens need;
- * a JSONL line: parsed again) and prepares it as kvm_doc_prepare_n. The text is freed
+ * a JSONL line: parsed again) and prepares it as kvm_doc_prepare_n, with c->frame. The text is freed
  * before returning; d->tokens stay until kvm_doc_release. Errors: KVM_EIO (the file or
  * line cannot be read, or changed since kvm_corpus_read: names it), those of
  * kvm_doc_prepare_n and of the JSON line checks, KVM_ENOMEM. */

@@ -97,6 +97,16 @@ int kvm_jobcfg_check(const kvm_config *c)
     int64_t retain = kvm_config_int(c, "compress", "retain");
     int sculpt = !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed") ||
                  !strcmp(method, "am") || !strcmp(method, "kvzip"); /* every method that keeps a retain zone */
+    if (*kvm_config_str(c, "model", "system") && !kvm_config_bool(c, "model", "chat"))
+        return kvm_err(KVM_EINVAL, "%s: [model] system is set but chat = false: the system message is part of the chat "
+                                   "framing; set chat = true or remove system",
+                       kvm_config_path(c));
+    int target = kvm_config_float(c, "compress", "target_kl") > 0;
+    if (target && (!strcmp(method, "full") || !strcmp(method, "polykv")))
+        return kvm_err(KVM_EINVAL, "%s: [compress] target_kl chooses a budget per document, which method %s does not "
+                                   "take (%s); use a method with a budget or set target_kl = 0",
+                       kvm_config_path(c), method,
+                       !strcmp(method, "full") ? "it keeps every entry" : "its strategy sets the budgets");
     if (!strcmp(method, "full")) return 0;
     if (budget >= ctx)
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
@@ -110,6 +120,22 @@ int kvm_jobcfg_check(const kvm_config *c)
     return 0;
 }
 
+/* Removes the lines of text[0, n) that start with prefix; returns the new length. */
+static size_t drop_lines(char *text, size_t n, const char *prefix)
+{
+    size_t w = 0, pl = strlen(prefix);
+    for (size_t r = 0; r < n;) {
+        const char *eol = memchr(text + r, '\n', n - r);
+        size_t len = eol ? (size_t)(eol - (text + r)) + 1 : n - r;
+        if (len < pl || memcmp(text + r, prefix, pl)) {
+            memmove(text + w, text + r, len);
+            w += len;
+        }
+        r += len;
+    }
+    return w;
+}
+
 int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,
                          size_t *canonical_len)
 {
@@ -117,7 +143,12 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     size_t n;
     int rc = kvm_config_canonical(c, "compress", &comp, &n);
     if (rc) return rc;
-    size_t cap = n + 512;
+    if (!(kvm_config_float(c, "compress", "target_kl") > 0)) /* off: the ids of configs without the keys */
+        n = drop_lines(comp, n, "compress.target_");
+    if (!kvm_config_bool(c, "compress", "on_policy")) n = drop_lines(comp, n, "compress.on_policy=");
+    const char *sys = kvm_config_str(c, "model", "system");
+    int chat = kvm_config_bool(c, "model", "chat");
+    size_t cap = n + 512 + (chat ? 2 * strlen(sys) : 0);
     char *text = malloc(cap);
     if (!text) { free(comp); return kvm_err(KVM_ENOMEM, "config id: out of memory"); }
     char hex[KVM_STORE_ID_HEX + 1];
@@ -130,6 +161,19 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
      * little, so the caches too: their own id (f32 keeps the old ids) */
     const char *wdt = kvm_config_str(c, "model", "weight_dtype");
     if (strcmp(wdt, "f32")) k += snprintf(text + k, cap - (size_t)k, "model.weight_dtype=%s\n", wdt);
+    /* chat framing changes what is cached (the documents open a chat turn): its own id, with
+     * the system message (\, newline and CR escaped: one line); without it the old ids */
+    if (chat) {
+        k += snprintf(text + k, cap - (size_t)k, "model.chat=true\n");
+        if (*sys) {
+            k += snprintf(text + k, cap - (size_t)k, "model.system=");
+            for (const char *p = sys; *p; p++) {
+                if (*p == '\\' || *p == '\n' || *p == '\r') text[k++] = '\\';
+                text[k++] = *p == '\n' ? 'n' : *p == '\r' ? 'r' : *p;
+            }
+            text[k++] = '\n';
+        }
+    }
     memcpy(text + k, comp, n);
     free(comp);
     size_t len = (size_t)k + n;

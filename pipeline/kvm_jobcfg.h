@@ -30,7 +30,9 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * `stale-algorithm` and `kvmill store rm --stale --config F` removes them. */
 #define KVM_JOBCFG_ALGORITHM_VERSION 1
 
-/* Settings that are each valid alone but together would not compress: [compress] budget
+/* Settings that are each valid alone but together would not compress: [model] system
+ * without chat = true (the message would be ignored), [compress] target_kl with method full
+ * or polykv (no budget to choose), [compress] budget
  * at or above [model] context (any method but full), or retain at or above the context
  * (sculpt methods: the retain zone alone would hold every token). Returns 0 or KVM_EINVAL
  * with a message naming the setting, its value and the context. */
@@ -39,7 +41,11 @@ int kvm_jobcfg_check(const kvm_config *c);
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:
  * the manifest's config bytes) of everything that changes a stored cache, one
  * "name=value\n" line each, in this order: kvmill.algorithm (KVM_JOBCFG_ALGORITHM_VERSION),
- * model.context, store.dtype, run.wire_dtype and model.weight_dtype (each only when not f32), every [compress] setting (resolved, defaults included,
+ * model.context, store.dtype, run.wire_dtype and model.weight_dtype (each only when not f32),
+ * model.chat=true and model.system (escaped \\, \n, \r; only with [model] chat = true, the
+ * system line only when set), every [compress] setting (resolved, defaults included, but
+ * target_kl and target_step only when target_kl > 0 and on_policy only when true, so configs
+ * without them keep their ids,
  * numbers in one spelling), then strategy.hash=HEX (BLAKE2b-256 of the PolyKV strategy's
  * stored bytes) when strategy_hash is not NULL. Returns 0 or KVM_ENOMEM. */
 int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,

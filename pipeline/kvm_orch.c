@@ -230,6 +230,16 @@ static void job_set(orch *o, job *j, job_state s)
     if (o->corpus->on_demand && (s == J_QUEUED || s == J_DONE || s == J_FAILED)) kvm_doc_release(j->doc);
 }
 
+/* Tokens after the context a job carries: [eval] continuation for the KL evaluation (and
+ * calibration), twice that for [compress] target_kl (a search part and a check part). */
+static int64_t continuation_tokens(const orch *o)
+{
+    int64_t t = kvm_config_int(o->cfg, "eval", "continuation");
+    if (o->mode == MODE_CALIBRATE) return t;
+    if (kvm_config_float(o->cfg, "compress", "target_kl") > 0) return 2 * t;
+    return kvm_config_bool(o->cfg, "eval", "enabled") ? t : 0;
+}
+
 /* Loads an on-demand document's tokens (a no-op for prepared ones). A document that cannot
  * be loaded fails alone, with the reason. Returns 0 when its tokens are there. */
 static int job_load(orch *o, job *j)
@@ -237,7 +247,7 @@ static int job_load(orch *o, job *j)
     if (!o->corpus->on_demand || j->doc->tokens) return 0;
     const kvm_corpus *c = o->corpus;
     int64_t ctx = kvm_config_int(o->cfg, "model", "context");
-    int64_t keep = ctx + (kvm_config_bool(o->cfg, "eval", "enabled") ? kvm_config_int(o->cfg, "eval", "continuation") : 0);
+    int64_t keep = ctx + continuation_tokens(o);
     if (kvm_corpus_load(c, j->doc, c->tok, c->vocab_size, c->bos, ctx, keep) == 0) return 0;
     snprintf(j->reason, sizeof j->reason, "%s", kvm_errmsg());
     orch_log("%s: not processed\n", j->reason);
@@ -424,8 +434,8 @@ static int job_message(orch *o, job *j, kvm_msg **out)
     kvm_proto_job pj = {.job_id = j->id, .attempt = j->attempt, .doc_id = kvm_proto_str_c(j->doc->name),
                         .doc_name = kvm_proto_str_c(j->doc->name), .n_ctx = kvm_config_int(o->cfg, "model", "context"),
                         .n_tokens = j->doc->n_tokens, .tokens = j->doc->tokens, .settings = mp, .settings_bytes = n};
-    if (o->mode == MODE_CALIBRATE || kvm_config_bool(o->cfg, "eval", "enabled")) { /* held-out continuation */
-        int64_t t = kvm_config_int(o->cfg, "eval", "continuation"), avail = j->doc->n_original - j->doc->n_tokens;
+    if (continuation_tokens(o) > 0) { /* held-out continuation */
+        int64_t t = continuation_tokens(o), avail = j->doc->n_original - j->doc->n_tokens;
         pj.n_continuation = t < avail ? t : avail;
         pj.continuation = pj.n_continuation > 0 ? j->doc->tokens + j->doc->n_tokens : NULL;
     }
@@ -975,6 +985,10 @@ static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m
         if (o->jobs[i].state == J_DONE && !memcmp(&key->doc_hash, &o->jobs[i].doc->hash, sizeof key->doc_hash)) {
             o->sum->bytes_full += m->full_bytes;
             o->sum->bytes_compressed += m->stored_bytes;
+            if (!o->sum->entries_docs || m->n_entries < o->sum->entries_min) o->sum->entries_min = m->n_entries;
+            if (!o->sum->entries_docs || m->n_entries > o->sum->entries_max) o->sum->entries_max = m->n_entries;
+            o->sum->entries_sum += m->n_entries;
+            o->sum->entries_docs++;
             break;
         }
     return 0;

@@ -36,6 +36,9 @@ typedef struct kvm_orch_summary {
     double store_ms;                                /* compress workers' time committing caches (LMDB or upload) */
     int64_t wire_out_bytes;                         /* message bytes it sent there (jobs to prefill; jobs and the
                                                        forwarded kv messages to compress) */
+    int64_t entries_sum, entries_min, entries_max;  /* KV entries (all layers and KV heads) of the caches
+                                                       compressed in this run: sum, smallest, largest */
+    int64_t entries_docs;                           /* caches those count */
 } kvm_orch_summary;
 
 /* Runs the pipeline over a corpus: prepared (kvm_doc_prepare done), or with on_demand set,

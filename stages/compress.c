@@ -11,12 +11,14 @@
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
+#include "pipeline/kvm_target.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "proto/kvm_half.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -178,6 +180,30 @@ static void evaluate(const kvm_model *m, const kvm_proto_job *j, const kvm_kvcac
     free(all);
 }
 
+/* [compress] target_kl: the budget search over the job's continuation (pipeline/kvm_target.h)
+ * instead of one compression at [compress] budget; the check part's KL is the job's
+ * evaluation (the summary's mean), and the choice is logged. */
+static int compress_to_target(kvm_config *cfg, const kvm_compress_input *ci, const kvm_proto_job *j, kvm_store *store,
+                              const kvm_store_id *model_id, kvm_kvcache **cc, kvm_stage_out *out)
+{
+    kvm_target_result tr;
+    int rc = kvm_target_compress(cfg, ci, j->continuation, j->continuation ? j->n_continuation : 0, store, model_id,
+                                 cc, &tr);
+    if (rc) return rc;
+    if (!isnan(tr.kl_check)) out->evaluated = 1, out->kl_mean = tr.kl_check;
+    char ctx_note[96] = "";
+    if (tr.n_ctx_search != ci->n_tokens)
+        snprintf(ctx_note, sizeof ctx_note, " (searched on its first %lld tokens, budget scaled to %lld)",
+                 (long long)tr.n_ctx_search, (long long)ci->n_tokens);
+    kvm_log(KVM_LOG_INFO, "target_kl", NULL, 0,
+            "job %llu %.*s: budget %lld, KL %.6g on the search part%s, %.6g on the check part, %d probes, %d "
+            "nonmonotone%s",
+            (unsigned long long)j->job_id, (int)(j->doc_name.len < 200 ? j->doc_name.len : 200), j->doc_name.ptr,
+            (long long)tr.budget, tr.kl_search, tr.reached ? "" : " (target not reached)", tr.kl_check, tr.probes,
+            tr.nonmonotone, ctx_note);
+    return 0;
+}
+
 /* What the store knows about the model and the document, for `kvmill store` listings. A
  * failure here is logged: the cache itself is already committed. */
 static void record_meta(compress_state *st, const kvm_proto_job *j)
@@ -237,7 +263,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
         kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
                                  .n_future = kvm_config_int(cfg, "compress", "future")};
-        if ((rc = kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+        rc = kvm_config_float(cfg, "compress", "target_kl") > 0
+                 ? compress_to_target(cfg, &ri, &j, NULL, &st->wm.model_id, &cc, out)
+                 : kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc);
+        if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
         /* no reply at all: the service is down or the link cut; requeueing may succeed */
         if ((rc = upload(st, cfg, &j, cc, out))) { *retryable = rc == KVM_EIO; goto done; }
         goto evaluated;
@@ -250,14 +279,18 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
                              .n_future = kvm_config_int(cfg, "compress", "future"), .progress = &out->progress};
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
-    if ((rc = kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc))) { *retryable = rc == KVM_ENOMEM; goto done; }
+    rc = kvm_config_float(cfg, "compress", "target_kl") > 0
+             ? compress_to_target(cfg, &ci, &j, st->store, &st->wm.model_id, &cc, out)
+             : kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc);
+    if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
     double ts = kvm_now_ms();
     if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
     out->store_ms += kvm_now_ms() - ts;
     if ((rc = check_strategy_kept(st, cfg, &j, &before))) { *retryable = 1; goto done; }
     record_meta(st, &j);
 evaluated:
-    if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0)
+    if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0 &&
+        !(kvm_config_float(cfg, "compress", "target_kl") > 0)) /* target_kl: its check part is the evaluation */
         evaluate(st->wm.model, &j, cc, out);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
                          .pid = getpid(), .job_id = j.job_id};

@@ -12,6 +12,7 @@
 #include "model/kvm_forward.h"
 #include "model/kvm_sampler.h"
 #include "model/kvm_utf8.h"
+#include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
@@ -42,6 +43,7 @@ typedef struct decode_state {
     int compute_missing;
     int64_t max_new_caches, max_new_caches_per_key; /* for messages; the broker enforces them */
     int keyed;                                      /* the front end authenticates client keys */
+    char *chat_open, *chat_close; /* [model] chat: before each document / after each prompt; NULL: none */
 } decode_state;
 
 static int setup(void *stp, const kvm_stage_args *a)
@@ -64,6 +66,7 @@ static int setup(void *stp, const kvm_stage_args *a)
         st->tok = st->tok_own;
     }
     if (!st->tok) return kvm_err(KVM_ENOTFOUND, "no tokenizer found for model %s ([model] tokenizer)", st->wm.path);
+    if ((rc = kvm_chatcfg_frame(st->cfg, st->tok, &st->chat_open, &st->chat_close))) return rc;
     st->ctx = kvm_config_int(st->cfg, "model", "context");
     if (st->ctx > st->wm.model->cfg.seq_len)
         return kvm_err(KVM_EINVAL, "%s: [model] context = %lld exceeds the model's window of %d tokens",
@@ -249,6 +252,21 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     return 0;
 }
 
+/* The ask's prompt as ids, followed by the chat frame's close text when [model] chat is on
+ * (tokenised as one string, as the chat template renders it). */
+static int encode_prompt(const decode_state *st, const kvm_proto_ask *ask, int32_t **ids, int64_t *n)
+{
+    if (!st->chat_close) return kvm_tokenizer_encode(st->tok, ask->prompt.ptr, ask->prompt.len, 0, 0, ids, n);
+    size_t lc = strlen(st->chat_close);
+    char *s = malloc(ask->prompt.len + lc + 1);
+    if (!s) return kvm_err(KVM_ENOMEM, "out of memory for the prompt");
+    memcpy(s, ask->prompt.ptr, ask->prompt.len);
+    memcpy(s + ask->prompt.len, st->chat_close, lc + 1);
+    int rc = kvm_tokenizer_encode(st->tok, s, ask->prompt.len + lc, 0, 0, ids, n);
+    free(s);
+    return rc;
+}
+
 /* The whole request: checks, cache, prompt prefill, generation. Errors carry the reason. */
 static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
 {
@@ -297,8 +315,11 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         d.text[len] = '\0';
         d.text_len = len;
     }
-    if (!by_key && (rc = kvm_doc_prepare(&d, st->tok, mc->vocab_size, mc->bos_id, st->ctx))) goto done;
-    if ((rc = kvm_tokenizer_encode(st->tok, ask->prompt.ptr, ask->prompt.len, 0, 0, &prompt, &n_prompt))) goto done;
+    /* [model] chat: the document opens the user's turn as kvmill run framed it; the prompt is
+     * closed with the end of the turn and the assistant marker (pipeline/kvm_chatcfg.h) */
+    if (!by_key && (rc = kvm_doc_prepare_n(&d, st->tok, mc->vocab_size, mc->bos_id, st->chat_open, st->ctx, st->ctx)))
+        goto done;
+    if ((rc = encode_prompt(st, ask, &prompt, &n_prompt))) goto done;
     if (n_prompt > st->max_prompt) {
         rc = kvm_err(KVM_ERANGE,
                      "the prompt has %lld tokens, more than this server's limit of %lld ([serve] max_prompt_tokens)",
@@ -466,6 +487,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
 static void teardown(void *stp)
 {
     decode_state *st = stp;
+    free(st->chat_open);
+    free(st->chat_close);
     kvm_tokenizer_close(&st->tok_own);
     kvm_worker_model_free(&st->wm);
     kvm_store_close(&st->store);

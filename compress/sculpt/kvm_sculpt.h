@@ -75,6 +75,10 @@ typedef struct kvm_sculpt_opts {
     int pilot_iters;          /* L-BFGS iterations per pilot round (default 10) */
     uint64_t seed;            /* seed of the synthetic queries and of the model-query sampling (default 1) */
     kvm_sculpt_qsource query_source; /* training-query sources (default synthetic only) */
+    int on_policy;            /* 1: layers compressed in order, each layer's model queries (repeat /
+                                 continuation) from a forward pass over the cache whose layers below
+                                 are already compressed (Attention Matching's on-policy mode, arXiv
+                                 2602.16284); 0: every layer from the full-cache pass (default 0) */
     int threads;              /* worker threads over (layer, KV head) problems (default 1) */
     int lbfgs_oracle;         /* 1: keys fitted by liblbfgs (More–Thuente), the solver before issue
                                  12, kept as the test oracle; 0: kvmill's own reverse-communication

@@ -32,6 +32,9 @@ KVM_SCULPT_SETTING(queries, I64, n_synth, 0, 1 << 24, 1, "2048", "queries", "S t
 KVM_SCULPT_SETTING(query_source, QSOURCE, query_source, 0, 0, 1, "synthetic", "",
                    "where the training queries come from: synthetic | repeat (the context repeated after a prompt) | "
                    "continuation (greedy tokens after it), or a mix NAME@SHARE+NAME@SHARE of the queries count", NULL)
+KVM_SCULPT_SETTING(on_policy, BOOL, on_policy, 0, 1, 1, "false", "",
+                   "compress layer by layer, each layer's repeat/continuation queries from a forward pass over the "
+                   "layers below already compressed (Attention Matching's on-policy mode)", NULL)
 KVM_SCULPT_SETTING(synthetic_queries, I64, n_synth, 0, 1 << 24, 0, "2048", "queries",
                    "S synthetic future queries per KV head", "queries")
 KVM_SCULPT_SETTING(future, I64, future_tokens, 0, 1 << 30, 0, "0", "tokens",

@@ -312,11 +312,18 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
     if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
         o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 || o->threads < 1 || o->threads > 256 ||
         !(o->alloc_power >= 0) || o->cuda_device < 0 || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
-        (int)o->mode < 0 || o->mode > KVM_SCULPT_KVZIP || c->head_dim > 512)
+        (int)o->mode < 0 || o->mode > KVM_SCULPT_KVZIP || c->head_dim > 512 || o->on_policy < 0 || o->on_policy > 1)
         return kvm_err(KVM_EINVAL, "sculpt: option out of range (synthetic %lld, lambda %g, alpha %g, vnorm cap %g, "
                                    "rounds %d, iters %d, history %d, threads %d, power %g)",
                        (long long)o->n_synth, o->lambda, o->ridge_alpha, o->vnorm_cap, o->rounds, o->lbfgs_iters,
                        o->lbfgs_history, o->threads, o->alloc_power);
+    if (o->on_policy && o->query_source.share[KVM_SCULPT_QSRC_REPEAT] <= 0 &&
+        o->query_source.share[KVM_SCULPT_QSRC_CONTINUATION] <= 0)
+        return kvm_err(KVM_EINVAL, "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
+                                   "it needs query_source repeat or continuation (or a mix with one of them)");
+    if (o->on_policy && o->alloc != KVM_SCULPT_ALLOC_UNIFORM)
+        return kvm_err(KVM_ENOTSUP, "sculpt: on_policy solves one layer at a time and the alloc pilot allocates across "
+                                    "layers: use alloc = uniform with on_policy");
     return 0;
 }
 
@@ -461,6 +468,33 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
     return rc;
 }
 
+/* on_policy: layer by layer. Layer l's model queries come from the query_source passes over
+ * a copy of the full cache whose layers below l hold what is already distilled (dst), so they
+ * are the queries the model will send to layer l once the cache is served; its targets stay
+ * the full layer's attention on those queries (Attention Matching's on-policy mode, arXiv
+ * 2602.16284). The synthetic share (the context's own queries) does not depend on it. */
+static int run_jobs_on_policy(const kvm_compress_input *in, const kvm_sculpt_opts *o, job *jobs, kvm_kvcache *dst,
+                              kvm_sculpt_stats *st)
+{
+    const kvm_model_config *c = &in->model->cfg;
+    const int H = c->n_kv_heads;
+    kvm_kvcache *mixed = NULL;
+    int rc = kvm_kvcache_clone(in->full, &mixed);
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        if (l > 0) rc = kvm_kvcache_copy_layer(mixed, dst, l - 1);
+        for (int i = 0; i < c->n_layers * H; i++) jobs[i].active = i / H == l;
+        kvm_compress_input ol = *in;
+        ol.full = mixed;
+        ol.qcache = NULL; /* the sets differ per layer: built afresh each time */
+        kvm_sculpt_stats sl = {0};
+        if (!rc) rc = run_jobs(&ol, o, jobs, dst, &sl);
+        st->query_s += sl.query_s, st->lbfgs_s += sl.lbfgs_s, st->ridge_s += sl.ridge_s;
+        st->qprefill_s += sl.qprefill_s;
+    }
+    kvm_kvcache_free(&mixed);
+    return rc;
+}
+
 static void jobs_free(job *jobs, int n)
 {
     if (jobs)
@@ -498,7 +532,7 @@ int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, 
     rc = kvm_kvcache_new(c->n_layers, c->n_kv_heads, c->head_dim, ku + m, out);
     if (!rc) {
         (*out)->next_pos = (int32_t)N;
-        rc = run_jobs(in, &x, jobs, *out, &st);
+        rc = o->on_policy ? run_jobs_on_policy(in, &x, jobs, *out, &st) : run_jobs(in, &x, jobs, *out, &st);
         if (rc) kvm_kvcache_free(out);
     }
     jobs_free(jobs, n);
@@ -536,6 +570,9 @@ int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_op
             jobs[l * H + g].k = b - m;
         }
     }
+    if (!rc && o->on_policy)
+        rc = kvm_err(KVM_ENOTSUP, "sculpt: on_policy is not available for PolyKV's distilled layers (their layers "
+                                  "are chosen per layer by the strategy)");
     if (!rc) rc = run_jobs(in, o, jobs, dst, &st);
     jobs_free(jobs, n);
     st.base.seconds = now_s() - t_start;
