@@ -1,6 +1,7 @@
 /* check_cuda_sculpt.c: the KVSculpt batch backend on CUDA (kernels/cuda/kvm_cuda_sculpt.cu)
- * against the CPU backend: loss, gradients and ridge normal equations within 1e-4 relative on
- * random problems (head dims 8, 64, 128, ragged k) and on every captured stories260K problem,
+ * against the CPU backend: loss, gradients, ridge normal equations and the value step (batched
+ * Cholesky vs LAPACKE) within 1e-4 relative on random problems (head dims 8, 64, 128, ragged k)
+ * and on every captured stories260K problem (ragged, and uniform k: one strided-batched run),
  * the batched solver's final objectives within 1% of the CPU's, and end to end (`kvmill eval
  * --device cuda:0`, the path users take) KVSculpt's KL within 5% of the CPU solver's on
  * stories260K. Where no CUDA device is visible (or the build has no CUDA) it prints one
@@ -53,16 +54,18 @@ static kvm_sculpt_view view_of(const kvm_sculpt_problem *p)
                              .out_ms = p->out_ms, .lse_mass_weight = p->lse_mass_weight};
 }
 
-/* Both backends on the same batch at random points (β when use_beta); the worst relative error
- * of loss, gradients and normal equations. */
-static double compare(const kvm_sculpt_problem *ps, int n, const int64_t *k, int use_beta)
+/* Both backends on the same batch at random points (β when use_beta), the subset in ascending
+ * order (CUDA: runs of equal shapes, strided-batched) or reversed (one problem per run); the
+ * worst relative error of loss, gradients, normal equations and the value step (CUDA's batched
+ * Cholesky `ridge` vs the host's LAPACKE solve of the CPU's normal equations). */
+static double compare(const kvm_sculpt_problem *ps, int n, const int64_t *k, int use_beta, int ascending)
 {
     kvm_sculpt_view v[64];
     int idx[64];
     int64_t tot = 0, totA = 0;
     for (int i = 0; i < n; i++) {
         v[i] = view_of(&ps[i]);
-        idx[i] = n - 1 - i; /* any order */
+        idx[i] = ascending ? i : n - 1 - i; /* any order */
         tot += k[i];
         totA += k[i] * k[i];
     }
@@ -112,6 +115,22 @@ static double compare(const kvm_sculpt_problem *ps, int n, const int64_t *k, int
         off += k[i];
         offA += k[i] * k[i];
     }
+    float *v1 = malloc((size_t)(2 * tot * d) * sizeof *v1), *v2 = v1 + tot * d;
+    memcpy(v1, vc, (size_t)(tot * d) * sizeof *vc);
+    memcpy(v2, vc, (size_t)(tot * d) * sizeof *vc);
+    int rcs[64];
+    double cap[64];
+    for (int t = 0; t < n; t++) cap[t] = ps[idx[t]].vnorm_max; /* vcap = 1 */
+    ck_assert_msg(gpu->ridge(bg, idx, n, use_beta, 1e-3, cap, v2, rcs) == 0, "%s", kvm_errmsg());
+    off = offA = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = kvm_sculpt_ridge_solve(&ps[i], A1 + offA, B1 + off * d, k[i], 1e-3, 1.0, v1 + off * d);
+        ck_assert_int_eq(rcs[ascending ? i : n - 1 - i], rc);
+        worst = fmax(worst, rel(v2 + off * d, v1 + off * d, k[i] * d));
+        off += k[i];
+        offA += k[i] * k[i];
+    }
+    free(v1);
     cpu->batch_free(bc);
     gpu->batch_free(bg);
     free(buf);
@@ -157,7 +176,7 @@ START_TEST(test_random)
             toy(&ps[i], &kz[i], dims[di], 60 + 40 * i, i % 2 ? 16 : 0, 150 + 97 * i);
             k[i] = 1 + 17 * i; /* ragged, from 1 */
         }
-        double e0 = compare(ps, 4, k, 0), e1 = compare(ps, 4, k, 1);
+        double e0 = compare(ps, 4, k, 0, 0), e1 = compare(ps, 4, k, 1, 1);
         printf("cuda vs cpu, random problems, d = %d: worst relative error %.3g (no β), %.3g (β)\n", dims[di], e0, e1);
         ck_assert_double_lt(e0, 1e-4);
         ck_assert_double_lt(e1, 1e-4);
@@ -193,7 +212,9 @@ START_TEST(test_real)
     const int np = real_problems(&doc, ps);
     int64_t k[64];
     for (int i = 0; i < np; i++) k[i] = 1 + (i * 7) % ps[i].nc;
-    double e = fmax(compare(ps, np, k, 0), compare(ps, np, k, 1));
+    double e = fmax(compare(ps, np, k, 0, 0), compare(ps, np, k, 1, 1));
+    for (int i = 0; i < np; i++) k[i] = 24; /* uniform: the whole batch is one strided-batched run */
+    e = fmax(e, fmax(compare(ps, np, k, 0, 1), compare(ps, np, k, 1, 1)));
     printf("cuda vs cpu, %d real stories260K problems: worst relative error %.3g\n", np, e);
     ck_assert_double_lt(e, 1e-4);
     for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&ps[i]);
