@@ -406,6 +406,9 @@ START_TEST(test_device_setting)
     ck_assert_msg(strstr(kvm_errmsg(), "--device gpu: not cpu or cuda:N"), "%s", kvm_errmsg());
     ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "device=cuda,x"), KVM_EINVAL); /* "cuda" alone, then 'x' */
     ck_assert_int_eq(kvm_sculpt_opts_set(&o, "device", "cuda:256"), KVM_EINVAL);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "=5"), KVM_ENOTFOUND); /* the list splitter keeps nameless items */
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, ",,retain=16,"), 0);
+    ck_assert_int_eq(o.retain_tokens, 16);
     const int have_cuda = kvm_sculpt_backend_cuda(0) != NULL;
     o = d;
     int rc = kvm_sculpt_opts_parse(&o, "retain=16,device=cuda,0,queries=64"); /* sculpt:retain=16:device=cuda:0:... */

@@ -186,6 +186,7 @@ int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg)
     const char *size_name = NULL, *size_value = NULL;
     for (char *t = s; t && !rc;) {
         char *next = t + strcspn(t, ",");
+        const int empty = next == t; /* ",," or a trailing ',': nothing */
         char *eq = memchr(t, '=', (size_t)(next - t));
         if (eq) *eq++ = 0;
         const row *r = find_row(t, strlen(t));
@@ -196,7 +197,7 @@ int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg)
         }
         char *after = *next ? next + 1 : NULL;
         *next = 0;
-        if (*t) {
+        if (!empty) {
             if (is_size(r)) {
                 size_name = t;
                 size_value = eq;
