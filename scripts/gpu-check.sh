@@ -73,7 +73,7 @@ if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; t
     # carried headers, libraries and pkg-config
     echo "gpu-check: building on this host ($("$BIN/kvmill" --help 2>&1 | head -1))"
     tools=$ROOT/tools && mkdir -p "$tools" && ln -sf "$R/usr/bin/pkgconf" "$tools/pkg-config"
-    targets="bin/kvmill build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda"
+    targets="bin/kvmill bin/kvmill-prefill bin/kvmill-compress build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda"
     [ -f tests/check_cuda_sculpt.c ] && targets="$targets build/tests/check_cuda_sculpt"
     [ -f tests/check_ridge_body.c ] && targets="$targets build/tests/check_ridge_body"
     [ -f bench/bench_solver.c ] && targets="$targets build/bench/bench_solver"
@@ -90,7 +90,7 @@ if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; t
 fi
 export KVMILL_BIN=$BIN
 
-# runs one check binary; prints PASS/FAIL with its figures
+# runs one check binary (CHECK_TIMEOUT seconds, default 150); prints PASS/FAIL with its figures
 run_check() {
     local name=$1 out
     shift
@@ -98,9 +98,9 @@ run_check() {
         echo "$name: not in this revision: not run"
         return
     fi
-    out=$(timeout 150 "$BIN/$name" "$@" 2>&1)
+    out=$(timeout "${CHECK_TIMEOUT:-150}" "$BIN/$name" "$@" 2>&1)
     local rc=$?
-    echo "$out" | grep -E '^(SKIP|cuda|tiled|batched solver|kvmill eval|ridge body)|max\|d' | sed "s/^/  $name: /"
+    echo "$out" | grep -E '^(SKIP|cuda|tiled|batched solver|kvmill (eval|run)|ridge body)|max\|d' | sed "s/^/  $name: /"
     if [ $rc = 0 ] && echo "$out" | grep -q '100%: Checks'; then
         echo "$name: PASS ($(echo "$out" | grep -o 'Checks: [0-9]*' | tail -1))"
     else
@@ -115,7 +115,7 @@ for sec in $SECTIONS; do
     solver)
         echo "== solver"
         run_check check_ridge_body
-        run_check check_cuda_sculpt
+        CHECK_TIMEOUT=210 run_check check_cuda_sculpt # with two evals and two kvmill runs end to end
         printf '%-10s %-8s %12s %10s %12s\n' shape device ms/step TFLOP/s gemm_TFLOP/s
         for shape in qwen smollm2 stories; do
             line=$(timeout 90 python3 bench/torch_sculpt_step.py --device "$DEVICE" --shape "$shape" --reps "${REPS:-20}" 2>&1 | tail -1)

@@ -3,9 +3,9 @@
  * Cholesky vs LAPACKE) within 1e-4 relative on random problems (head dims 8, 64, 128, ragged k)
  * and on every captured stories260K problem (ragged, and uniform k: one strided-batched run),
  * the batched solver's final objectives within 1% of the CPU's, and end to end (`kvmill eval
- * --device cuda:0`, the path users take) KVSculpt's KL within 5% of the CPU solver's on
- * stories260K. Where no CUDA device is visible (or the build has no CUDA) it prints one
- * "SKIP: no CUDA device" line and passes. */
+ * --device cuda:0`, the path users take, and `kvmill run` with the compress workers on cuda:0)
+ * KVSculpt's KL within 5% of the CPU solver's on stories260K. Where no CUDA device is visible
+ * (or the build has no CUDA) it prints one "SKIP: no CUDA device" line and passes. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
@@ -323,6 +323,45 @@ START_TEST(test_end_to_end)
 }
 END_TEST
 
+/* The pipeline: `kvmill run` with [stages] compress_devices = cuda:0 (the compress workers'
+ * KVSculpt solvers on the GPU, the prefill on the CPU) stores caches whose mean KL ([eval]
+ * enabled, the summary's figure) is within 5% of a run with compress_devices = cpu (issue 13's
+ * end-to-end sculpt test), on data/corpus's six documents. */
+static double run_kl(const char *dir, const char *device)
+{
+    char cfg[4300], text[12000], cmd[16384], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/%s.ini", dir, device);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nratio = 0.3\n[eval]\nenabled = true\n"
+             "continuation = 32\n[store]\npath = %s/store-%s\n[run]\nrun_dir = %s/run-%s\n[stages]\nbin_dir = %s\n"
+             "compress_devices = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, device, dir, device, kvm_test_bin(), device);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    const int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "compress_devices = %s: exit %d: %s", device, rc, err);
+    const char *key = "evaluation: mean KL(full || compressed) ", *line = strstr(out, key);
+    ck_assert_msg(line, "stdout: %s", out);
+    const double kl = strtod(line + strlen(key), NULL);
+    free(out);
+    free(err);
+    return kl;
+}
+
+START_TEST(test_pipeline)
+{
+    char *dir = kvm_test_tmpdir();
+    const double cpu = run_kl(dir, "cpu"), cuda = run_kl(dir, "cuda:0");
+    printf("kvmill run, sculpt r = 0.3, compress_devices cpu / cuda:0: mean KL %.6f / %.6f (ratio %.4f)\n", cpu, cuda,
+           cuda / cpu);
+    ck_assert_double_gt(cpu, 0);
+    ck_assert_double_lt(fabs(cuda / cpu - 1), 0.05);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_sculpt");
@@ -332,6 +371,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_real);
     tcase_add_test(tc, test_solve);
     tcase_add_test(tc, test_end_to_end);
+    tcase_add_test(tc, test_pipeline);
     suite_add_tcase(s, tc);
     return s;
 }
