@@ -32,6 +32,9 @@ typedef struct kvm_compress_input {
                                   owned by the caller, results do not depend on it */
     kvm_progress *progress;    /* optional (NULL = none): methods that solve per (layer, KV head)
                                   problems count them here as they finish; results do not depend on it */
+    const char *device;        /* optional (NULL = cpu): a stage worker's --device (cpu, cuda:N);
+                                  kvm_worker_compress (pipeline/kvm_worker.h) sets the sculpt-family
+                                  solvers' `device` setting from it; methods read their options */
 } kvm_compress_input;
 
 /* What a method reports about one run. */

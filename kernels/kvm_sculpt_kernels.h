@@ -82,7 +82,8 @@ int kvm_cpu_sculpt_normal(const kvm_sculpt_view *p, const float *kc, const float
  * a call on a subset idx[n_idx] (indices into the batch, any order, no repeats) reads or writes
  * only those problems' slices. A problem's result depends on its own data only (no reduction
  * across problems, fixed order inside one), so it is bit-identical whatever the subset, the
- * batch or the thread count. Every function returns 0 or a kvm_status with a message (CUDA: the
+ * batch or the thread count (the CUDA backend: see kvm_sculpt_backend_cuda). Every function
+ * returns 0 or a kvm_status with a message (CUDA: the
  * failing call and device), never aborts; on error the outputs of that call are undefined. */
 typedef struct kvm_sculpt_batch kvm_sculpt_batch;
 
@@ -112,6 +113,16 @@ typedef struct kvm_sculpt_backend {
     /* Ridge normal equations (kvm_cpu_sculpt_normal) of problems idx at their current keys (β
      * when use_beta) into host A, B (float64, packed as above). */
     int (*normal)(kvm_sculpt_batch *b, const int *idx, int n_idx, int use_beta, double *A, double *B);
+    /* Optional (NULL: the caller solves normal's A, B on the host): the whole value step of
+     * problems idx on the backend (KVSculpt §3): the normal equations as `normal`, then A + αI,
+     * B + α·V0 with α = alpha_rel·mean diag A, a batched Cholesky and solve, and the value-norm
+     * guard |v_j| ≤ cap[t] (cap [n_idx] in idx order, INFINITY = off), as compress/sculpt's
+     * kvm_sculpt_ridge_solve does with LAPACKE, through kernels/kvm_ridge_body.h. The new values
+     * stay in backend memory and go to host vc [Σk][d] (packed; only those problems' slices).
+     * rcs[t] = 0, or KVM_ERANGE (not positive definite, or a non-finite value: that problem's
+     * values are left as they were, in both memories). Returns 0 or a failure of the call. */
+    int (*ridge)(kvm_sculpt_batch *b, const int *idx, int n_idx, int use_beta, double alpha_rel, const double *cap,
+                 float *vc, int *rcs);
 } kvm_sculpt_backend;
 
 /* The CPU backend: problems of a call run as tasks of the CPU thread pool (one problem per task,
@@ -119,9 +130,12 @@ typedef struct kvm_sculpt_backend {
 const kvm_sculpt_backend *kvm_sculpt_backend_cpu(void);
 
 /* The CUDA backend on device `device` (kernels/cuda/kvm_cuda_sculpt.cu): problems problem-major
- * in device memory, cuBLAS GEMMs per problem (ragged k) with row kernels that run the bodies of
- * kernels/kvm_sculpt_body.h; sums reduced in a fixed order. NULL with KVM_EDEVICE (no such
- * device) or KVM_ENOTSUP (a build without CUDA), the message saying which. */
+ * in device memory, strided-batched cuBLAS GEMMs over runs of equal-shaped problems (ragged k:
+ * shorter runs) with row kernels that run the bodies of kernels/kvm_sculpt_body.h, and the value
+ * step (`ridge`) by a batched Cholesky on kernels/kvm_ridge_body.h; sums reduced in a fixed
+ * order. Deterministic for a given device and call sequence, but not bit-identical across
+ * subsets as the CPU backend is: cuBLAS may choose its kernel by batch count. NULL with
+ * KVM_EDEVICE (no such device) or KVM_ENOTSUP (a build without CUDA), the message saying which. */
 const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device);
 
 /* The cuBLAS float32 GEMM ceiling of CUDA device `device` (benchmarks, bench/bench_solver.c):

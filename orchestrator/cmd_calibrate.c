@@ -112,7 +112,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... with the names of kvmill sculpt "
                            "--help and the [compress] keys (e.g. iterations=10,alloc=head)", NULL},
         {"out", 1, "write the strategy's canonical encoding to this file", NULL},
-        {"device", 1, "cpu or cuda:N (default cpu)", NULL},
+        {"device", 1, "cpu or cuda:N: the KVSculpt solver's device for --sculpt layers; the prefill and the signals "
+                      "run on the CPU (default cpu)", NULL},
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and KVSculpt's solver threads (default 1; --sculpt-opts "
                        "threads= overrides the latter)", NULL},
         {NULL, 0, NULL, NULL}};
@@ -170,6 +171,14 @@ int kvm_cmd_calibrate(int argc, char **argv)
         fprintf(stderr, "kvmill " CMD ": --threads: %s\n", kvm_errmsg());
         return 2;
     }
+    /* --device is the solver's (the sculpt table's `device`, refused now where there is no such
+     * device; --sculpt-opts device= overrides it): the signals need the host forward's hooks,
+     * so the model runs on the CPU */
+    const char *dev = kvm_cli_get(opts, "device");
+    if (dev && kvm_sculpt_opts_set(&a.so, "device", dev)) {
+        fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+        return 2;
+    }
     if ((s = kvm_cli_get(opts, "sculpt-opts"))) {
         if (!a.sculpt) {
             fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt\n");
@@ -182,7 +191,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
     }
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
     const kvm_kernels *k;
-    if (kvm_cli_setup_device(CMD, kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &k)) return 2;
+    if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
+    if (a.so.cuda)
+        fprintf(stderr, "kvmill " CMD ": the prefill and the signals run on the CPU (the host forward's hooks have no "
+                        "CUDA forward yet); the KVSculpt solver on cuda:%d\n", a.so.cuda_device);
     cmd_eval_docset docs;
     int rc = cmd_eval_docs_list(CMD, docs_s, &docs);
     if (rc) return rc;

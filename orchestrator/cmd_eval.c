@@ -19,12 +19,12 @@
 enum { MAX_OPTS = 96 };
 
 /* Sculpt settings that are not also `kvmill eval` flags: --method is the method list, --ratio
- * and --budget the budget columns, --threads the command's own (applied to both); deprecated
- * names were never eval flags. */
+ * and --budget the budget columns, --threads and --device the command's own (applied to both);
+ * deprecated names were never eval flags. */
 static int eval_flag(const kvm_sculpt_setting *s)
 {
     return strcmp(s->name, "method") && strcmp(s->name, "ratio") && strcmp(s->name, "budget") &&
-           strcmp(s->name, "threads") && !s->replaced_by;
+           strcmp(s->name, "threads") && strcmp(s->name, "device") && !s->replaced_by;
 }
 
 /* 1 for the methods the sculpt flags apply to: sculpt, selectfit, joint-fixed, am, kvzip (ARG =
@@ -426,7 +426,9 @@ int kvm_cmd_eval(int argc, char **argv)
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
         {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
         {"csv", 1, "write one row per (document, method, budget) to this CSV file", NULL},
-        {"device", 1, "cpu or cuda:N (default cpu)", NULL},
+        {"device", 1, "cpu or cuda:N: the sculpt-family methods' solver device (refused at once where there is no "
+                      "such device); prefill, eviction and scoring run on the CPU (default cpu)",
+         NULL},
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
                        "threads (default 1)",
          NULL},
@@ -545,8 +547,19 @@ int kvm_cmd_eval(int argc, char **argv)
     }
     int64_t N, T;
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &N, &T)) return 2;
+    /* --device is the solver's, checked here before any prefill (the sculpt table's `device`, the
+     * selection `kvmill sculpt` makes); the capture, hooks and eviction need the host forward */
+    const char *dev = kvm_cli_get(opts, "device");
+    kvm_sculpt_opts dev_o = kvm_sculpt_opts_default();
+    if (dev && kvm_sculpt_opts_set(&dev_o, "device", dev)) {
+        fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+        return 2;
+    }
     const kvm_kernels *k;
-    if (kvm_cli_setup_device(CMD, kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &k)) return 2;
+    if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
+    if (dev_o.cuda)
+        fprintf(stderr, "kvmill " CMD ": prefill, eviction and scoring run on the CPU (KV capture and the hooks have no "
+                        "CUDA forward yet); the sculpt-family solver on cuda:%d\n", dev_o.cuda_device);
     cmd_eval_docset docs;
     int rc = cmd_eval_docs_list(CMD, docs_s, &docs);
     if (rc) return rc;
@@ -584,9 +597,10 @@ int kvm_cmd_eval(int argc, char **argv)
     snprintf(n_buf, sizeof n_buf, "%lld", (long long)N); /* placeholder budget; each probe makes its own options */
     char flags[2048] = "";
     size_t at = 0;
-    for (int i = 0; i < n_set; i++) { /* table order; --threads too */
-        const char *v = eval_flag(&set[i]) || !strcmp(set[i].name, "threads") ? kvm_cli_get(opts, set[i].flag) : NULL;
-        if (!rc && v && strpbrk(v, ":,=")) {
+    for (int i = 0; i < n_set; i++) { /* table order; --threads and --device too */
+        const int own = !strcmp(set[i].name, "threads") || !strcmp(set[i].name, "device");
+        const char *v = eval_flag(&set[i]) || own ? kvm_cli_get(opts, set[i].flag) : NULL;
+        if (!rc && v && strpbrk(v, strcmp(set[i].name, "device") ? ":,=" : ",=")) { /* cuda:N keeps its ':' */
             fprintf(stderr, "kvmill " CMD ": --%s: '%s' may not contain ':', ',' or '='\n", set[i].flag, v);
             rc = 2;
         }

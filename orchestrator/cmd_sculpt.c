@@ -1,14 +1,12 @@
 /* cmd_sculpt.c: `kvmill sculpt`: prefill a document's first N tokens with KV capture, compress
  * the cache with KVSculpt (or Select+Fit / joint-fixed) and write it to a KVMSCULP file
  * (compress/sculpt/kvm_sculpt_file.h). Every solver setting comes from the sculpt option table. */
-#include "orchestrator/kvm_cli.h"
 #include "compress/sculpt/kvm_sculpt_file.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "model/kvm_capture.h"
 #include "common/kvm_error.h"
-#include "kernels/kvm_sculpt_kernels.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -70,25 +68,6 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, in
     return rc ? 1 : 0;
 }
 
-/* --device cuda:N: the solver on CUDA device N (checked now, before the prefill), o->cuda set. */
-static int solver_device(const char *dev, kvm_sculpt_opts *o)
-{
-    if (!dev || strncmp(dev, "cuda:", 5)) return 0; /* cpu, or a word kvm_kernels_select refuses */
-    char *end;
-    long n = strtol(dev + 5, &end, 10);
-    if (end == dev + 5 || *end || n < 0 || n > 255) {
-        fprintf(stderr, "kvmill sculpt: --device %s: not cpu or cuda:N (N a device index)\n", dev);
-        return KVM_EINVAL;
-    }
-    o->cuda = 1;
-    o->cuda_device = (int)n;
-    if (!kvm_sculpt_backend_cuda(o->cuda_device)) {
-        fprintf(stderr, "kvmill sculpt: --device %s: %s\n", dev, kvm_errmsg());
-        return KVM_EDEVICE;
-    }
-    return 0;
-}
-
 int kvm_cmd_sculpt(int argc, char **argv)
 {
     kvm_cli_opt opts[MAX_OPTS] = {
@@ -97,7 +76,6 @@ int kvm_cmd_sculpt(int argc, char **argv)
         {"doc", 1, "document text file (encoded with BOS)", NULL},
         {"context", 1, "context tokens N: the document's first N tokens (default: all, at most seq_len)", NULL},
         {"out", 1, "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h)", NULL},
-        {"device", 1, "cpu or cuda:N: the solver's device; the prefill runs on the CPU (default cpu)", NULL},
     };
     int n_fixed = 0, n_set;
     while (opts[n_fixed].name) n_fixed++; /* the entries above, counted */
@@ -128,9 +106,9 @@ int kvm_cmd_sculpt(int argc, char **argv)
     int64_t ctx = 0;
     if ((s = kvm_cli_get(opts, "context")) && kvm_cli_int("sculpt", "context", s, 1, INT32_MAX, &ctx)) return 2;
     const kvm_kernels *kk;
-    if (solver_device(kvm_cli_get(opts, "device"), &o)) return 2;
-    if (kvm_cli_setup_device("sculpt", o.cuda ? "cpu" : kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &kk))
-        return 2;
+    /* --device (the sculpt table's `device`, checked above before any work) is the solver's: the
+     * query capture is the host forward's (model/kvm_capture.h), so the prefill runs on the CPU */
+    if (kvm_cli_setup_device("sculpt", "cpu", kvm_cli_get(opts, "threads"), &kk)) return 2;
     if (o.cuda) /* the capture of training queries is the host forward's (model/kvm_capture.h) */
         fprintf(stderr, "kvmill sculpt: the prefill runs on the CPU (the query capture has no CUDA forward yet); "
                         "the solver on cuda:%d\n", o.cuda_device);

@@ -1,6 +1,7 @@
 /* kvm_stage.c: the stage process runtime: sockets, credits, heartbeats, a worker thread per
  * job, SIGTERM with a grace period. */
 #include "pipeline/kvm_stage.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_slurm.h"
 #include "common/kvm_error.h"
@@ -404,6 +405,17 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
     return 0;
 }
 
+int kvm_stage_solver_device(const kvm_stage_args *a)
+{
+    kvm_sculpt_opts so = kvm_sculpt_opts_default();
+    int rc = kvm_sculpt_opts_set(&so, "device", a->device ? a->device : "cpu");
+    if (!rc && so.cuda)
+        kvm_log(KVM_LOG_INFO, "solver_device", NULL, 0,
+                "KVSculpt solvers on cuda:%d; this stage's forward passes run on the CPU (no CUDA forward for "
+                "them yet)", so.cuda_device);
+    return rc;
+}
+
 int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
 {
     stage_rt rt = {.ops = ops, .state = state};
@@ -421,6 +433,11 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     if (kvm_log_setup(ops->stage, prefix, rt.a.log_format))
         return fprintf(stderr, "kvmill-%s: --log-format: %s\n", ops->stage, kvm_errmsg()), 2;
     kvm_kernels_cpu_set_threads(rt.a.threads);
+    if (ops->cpu_forward_only && rt.a.device && strncmp(rt.a.device, "cuda:", 5) == 0) {
+        log_line(&rt, "--device %s: the %s stage's work is the host forward (KV capture, hooks, eviction), which has "
+                      "no CUDA path yet: use --device cpu", rt.a.device, ops->stage);
+        return 2;
+    }
     const kvm_kernels *kern;
     if (kvm_kernels_select(rt.a.device, &kern)) { /* an unusable --device is refused up front */
         log_line(&rt, "--device %s: %s", rt.a.device, kvm_errmsg());

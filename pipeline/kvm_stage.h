@@ -66,12 +66,21 @@ typedef struct kvm_stage_ops {
     int (*work)(void *state, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable);
     /* Frees what setup made (at exit). May be NULL. */
     void (*teardown)(void *state);
+    int cpu_forward_only; /* 1: the work is the host forward alone (prefill with KV capture, decode
+                             over a stored cache), which has no CUDA path yet: --device cuda:N is
+                             refused at start (exit 2) rather than run on the CPU unsaid */
 } kvm_stage_ops;
 
 /* Ready-made kvm_stage_ops pieces for stages whose work starts with a `job` message:
  * complete() for a job that is that one message, and job_id() reading in[0]'s job_id. */
 int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in);
 uint64_t kvm_stage_job_id(void *state, kvm_msg *const *in, int n_in);
+
+/* For stages whose sculpt-family solvers follow --device (compress, signals, strategy): 0
+ * when a->device has a KVSculpt solver (cpu, or a visible CUDA device: the sculpt `device`
+ * setting's check), logging for cuda:N that the forward passes stay on the CPU; else that
+ * setting's error (KVM_EDEVICE, KVM_ENOTSUP, KVM_EINVAL) naming the device. */
+int kvm_stage_solver_device(const kvm_stage_args *a);
 
 /* Runs a stage process: parses argv (--connect, --device, --store, --threads, --model,
  * --config, --heartbeat-ms, --grace-s, --id, --help), calls setup, connects, serves jobs

@@ -117,7 +117,9 @@ static int evict(const kvm_config *c, const char *method, const kvm_compress_inp
         if (!rc && !given) rc = kvm_strategy_decode(buf, len, &s);
         if (!rc) rc = kvm_polykv_method_opts_from(s, &b, &opts);
         kvm_sculpt_opts so;
-        if (!rc && !(rc = kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &so))) kvm_polykv_method_set_sculpt(opts, &so);
+        if (!rc && !(rc = kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &so)) && in->device)
+            rc = kvm_sculpt_opts_set(&so, "device", in->device); /* the worker's device runs the solver */
+        if (!rc) kvm_polykv_method_set_sculpt(opts, &so);
         free(buf);
         m = kvm_method_find("polykv");
     } else {
@@ -140,6 +142,7 @@ static int compress_from(const kvm_config *c, const kvm_compress_input *in, kvm_
     if (kvm_sculpt_mode_parse(method, &mode) == 0) {
         kvm_sculpt_opts o;
         int rc = kvm_worker_sculpt_opts(c, mode, &o);
+        if (!rc && in->device) rc = kvm_sculpt_opts_set(&o, "device", in->device); /* the worker's device */
         /* a document no longer than the retain zone has nothing to distil: keep it whole */
         if (o.retain_tokens > in->n_tokens) o.retain_tokens = in->n_tokens;
         if (o.k_entries > in->n_tokens - o.retain_tokens) o.k_entries = in->n_tokens - o.retain_tokens;

@@ -15,8 +15,10 @@
 #
 # solver: the PyTorch peer of the batched KVSculpt loss+gradient step (bench/torch_sculpt_step.py)
 #   at Qwen2.5-1.5B's, SmolLM2's and stories260K's problem shapes, against torch's own GEMM ceiling
-#   in the same run; build/tests/check_cuda_sculpt and build/bench/bench_solver --device cuda:0
-#   (lane batch12's CUDA solver) where this revision has them, else a line saying they are absent.
+#   in the same run; build/tests/check_ridge_body (the device Cholesky's bodies on the CPU),
+#   build/tests/check_cuda_sculpt (CPU parity of loss, gradients, normal equations and the device
+#   value step; objectives; `kvmill eval/sculpt --device cuda:0` end to end, KL within 5%) and
+#   build/bench/bench_solver --device cuda:0 where this revision has them, else a line saying so.
 # forward: build/tests/check_cuda_forward (logits vs CPU and run.c's golden, K/V capture,
 #   statistics, ragged decode with β), then bench_forward_cuda (random bf16 models made on the
 #   device, N = TOKENS: prefill tokens/s, cuBLAS alone on the same GEMMs, decode tokens/s at
@@ -71,8 +73,9 @@ if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; t
     # carried headers, libraries and pkg-config
     echo "gpu-check: building on this host ($("$BIN/kvmill" --help 2>&1 | head -1))"
     tools=$ROOT/tools && mkdir -p "$tools" && ln -sf "$R/usr/bin/pkgconf" "$tools/pkg-config"
-    targets="bin/kvmill build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda"
+    targets="bin/kvmill bin/kvmill-prefill bin/kvmill-compress build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda"
     [ -f tests/check_cuda_sculpt.c ] && targets="$targets build/tests/check_cuda_sculpt"
+    [ -f tests/check_ridge_body.c ] && targets="$targets build/tests/check_ridge_body"
     [ -f bench/bench_solver.c ] && targets="$targets build/bench/bench_solver"
     # shellcheck disable=SC2086
     if ! PATH=$tools:$PATH PKG_CONFIG_LIBDIR=$R/usr/lib/x86_64-linux-gnu/pkgconfig:$R/usr/share/pkgconfig \
@@ -87,7 +90,7 @@ if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; t
 fi
 export KVMILL_BIN=$BIN
 
-# runs one check binary; prints PASS/FAIL with its figures
+# runs one check binary (CHECK_TIMEOUT seconds, default 150); prints PASS/FAIL with its figures
 run_check() {
     local name=$1 out
     shift
@@ -95,9 +98,9 @@ run_check() {
         echo "$name: not in this revision: not run"
         return
     fi
-    out=$(timeout 150 "$BIN/$name" "$@" 2>&1)
+    out=$(timeout "${CHECK_TIMEOUT:-150}" "$BIN/$name" "$@" 2>&1)
     local rc=$?
-    echo "$out" | grep -E '^(SKIP|cuda|tiled)|max\|d' | sed "s/^/  $name: /"
+    echo "$out" | grep -E '^(SKIP|cuda|tiled|batched solver|kvmill (eval|run)|ridge body)|max\|d' | sed "s/^/  $name: /"
     if [ $rc = 0 ] && echo "$out" | grep -q '100%: Checks'; then
         echo "$name: PASS ($(echo "$out" | grep -o 'Checks: [0-9]*' | tail -1))"
     else
@@ -111,7 +114,8 @@ for sec in $SECTIONS; do
     case $sec in
     solver)
         echo "== solver"
-        run_check check_cuda_sculpt
+        run_check check_ridge_body
+        CHECK_TIMEOUT=210 run_check check_cuda_sculpt # with two evals and two kvmill runs end to end
         printf '%-10s %-8s %12s %10s %12s\n' shape device ms/step TFLOP/s gemm_TFLOP/s
         for shape in qwen smollm2 stories; do
             line=$(timeout 90 python3 bench/torch_sculpt_step.py --device "$DEVICE" --shape "$shape" --reps "${REPS:-20}" 2>&1 | tail -1)
@@ -121,10 +125,14 @@ for sec in $SECTIONS; do
             *) echo "$shape: FAILED: $line"; status=1 ;;
             esac
         done
-        if [ -x "$BIN/bench_solver" ] && out=$(timeout 90 "$BIN/bench_solver" --device "$DEVICE" 2>&1); then
+        if [ ! -x "$BIN/bench_solver" ]; then
+            echo "bench_solver: not in this revision: not run"
+        elif out=$(timeout 90 "$BIN/bench_solver" --device "$DEVICE" 2>&1); then
             echo "$out" | tail -5
         else
-            echo "bench_solver --device $DEVICE: not available in this revision (lane batch12): not run"
+            echo "bench_solver --device $DEVICE: FAILED:"
+            echo "$out" | tail -3
+            status=1
         fi
         ;;
     forward)

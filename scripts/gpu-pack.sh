@@ -5,8 +5,9 @@
 # ../shared, and at most 64 MiB of the tree travels (tracked files plus named ignored folders).
 #   scripts/gpu-pack.sh            # build, pack, check the size; run from any directory
 # Makes, under gpu-pack/:
-#   bin/     bin/kvmill, build/tests/check_cuda_forward, check_forward_body, build/bench/bench_forward_cuda
-#            and, where lane batch12's sources exist, check_cuda_sculpt and bench_solver (debug info stripped)
+#   bin/     bin/kvmill, kvmill-prefill and kvmill-compress (check_cuda_sculpt's `kvmill run`),
+#            build/tests/check_cuda_forward, check_forward_body, build/bench/bench_forward_cuda
+#            and, where their sources exist, check_cuda_sculpt, check_ridge_body and bench_solver (debug info stripped)
 #   root.tar.xz  root/, the runtime .debs of every library those binaries load (ldd; glibc, libstdc++ and CUDA's own
 #            libraries excepted, the host has them) and, for building there when a binary does not run,
 #            the -dev packages pkg-config reads for kvmill's libraries plus pkgconf, unpacked with
@@ -23,8 +24,9 @@ LIMIT=$((64 * 1024 * 1024))
 grep -qxF "/$PACK/" .git/info/exclude 2>/dev/null || grep -qxF "/$PACK/" .gitignore ||
     { echo "gpu-pack: /$PACK/ must be git-ignored (.gitignore)"; exit 1; }
 
-targets=(bin/kvmill build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda)
+targets=(bin/kvmill bin/kvmill-prefill bin/kvmill-compress build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda)
 [ -f tests/check_cuda_sculpt.c ] && targets+=(build/tests/check_cuda_sculpt)
+[ -f tests/check_ridge_body.c ] && targets+=(build/tests/check_ridge_body)
 [ -f bench/bench_solver.c ] && targets+=(build/bench/bench_solver)
 make -j2 "${targets[@]}"
 for t in bin/kvmill build/tests/check_cuda_forward build/bench/bench_forward_cuda; do

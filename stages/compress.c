@@ -5,7 +5,9 @@
  * uploaded to the store service on the store's host instead (no LMDB opened here), and the
  * job is acked only after the service replied that it committed the cache. Such a worker
  * fetches the PolyKV strategy from the service (get_strategy) for every job, so a
- * recalibration during a run reaches it with its next job. */
+ * recalibration during a run reaches it with its next job. With --device cuda:N the
+ * sculpt-family solvers run on that GPU (the sculpt `device` setting); the forward passes
+ * of query construction and [eval] stay on the CPU. */
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
@@ -35,6 +37,7 @@ typedef struct compress_state {
     char strategy_name[KVM_STORE_MAX_NAME + 1]; /* ... and this [compress] strategy */
     const char *server_key, *client_public, *client_secret; /* the stage's CurveZMQ arguments */
     char worker_id[256];
+    const char *device;     /* --device: the solver's (kvm_compress_input.device) */
 } compress_state;
 
 /* Remote store: the store service client, opened with the first job's settings. */
@@ -102,8 +105,11 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (!a->store && !a->config) return kvm_err(KVM_EINVAL, "kvmill-compress needs --store PATH|ENDPOINT or --config");
     st->store_path = a->store;
     st->server_key = a->server_key, st->client_public = a->client_public, st->client_secret = a->client_secret;
+    st->device = a->device;
+    int rc = kvm_stage_solver_device(a); /* a device without a CUDA solver: refused before any job */
+    if (rc) return rc;
     if (!a->config) return 0;
-    int rc = kvm_config_load(a->config, &st->own_cfg);
+    rc = kvm_config_load(a->config, &st->own_cfg);
     if (!rc && !kvm_serve_remote_endpoint(a->store, st->own_cfg)) rc = kvm_storew_open(st->own_cfg, a->store, 0, &st->store);
     return rc;
 }
@@ -262,7 +268,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         }
         if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
         kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
-                                 .n_future = kvm_config_int(cfg, "compress", "future")};
+                                 .n_future = kvm_config_int(cfg, "compress", "future"), .device = st->device};
         rc = kvm_config_float(cfg, "compress", "target_kl") > 0
                  ? compress_to_target(cfg, &ri, &j, NULL, &st->wm.model_id, &cc, out)
                  : kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc);
@@ -276,7 +282,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
     out->transport_ms += kvm_now_ms() - t0;
     kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
-                             .n_future = kvm_config_int(cfg, "compress", "future"), .progress = &out->progress};
+                             .n_future = kvm_config_int(cfg, "compress", "future"), .progress = &out->progress,
+                             .device = st->device};
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
     rc = kvm_config_float(cfg, "compress", "target_kl") > 0

@@ -501,6 +501,7 @@ int main(int argc, char **argv)
 {
     static decode_state st;
     kvm_stage_ops ops = {
-        .stage = "decode", .setup = setup, .complete = complete, .job_id = job_id, .work = work, .teardown = teardown};
+        .stage = "decode", .setup = setup, .complete = complete, .job_id = job_id, .work = work, .teardown = teardown,
+        .cpu_forward_only = 1};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -103,6 +103,6 @@ int main(int argc, char **argv)
 {
     static prefill_state st;
     kvm_stage_ops ops = {.stage = "prefill", .setup = setup, .complete = kvm_stage_one_job, .job_id = kvm_stage_job_id, .work = work,
-                         .teardown = teardown};
+                         .teardown = teardown, .cpu_forward_only = 1};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -7,6 +7,7 @@
 #include "pipeline/kvm_calib.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
@@ -16,12 +17,14 @@
 
 typedef struct signals_state {
     kvm_worker_model wm;
+    const char *device; /* --device: the KVSculpt signals' solver (the forward stays on the CPU) */
 } signals_state;
 
 static int setup(void *st, const kvm_stage_args *a)
 {
     ((signals_state *)st)->wm.override = a->model;
-    return 0;
+    ((signals_state *)st)->device = a->device;
+    return kvm_stage_solver_device(a);
 }
 
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
@@ -50,7 +53,9 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         goto done;
     kvm_sculpt_opts so;
     if (kvm_config_bool(cfg, "calibrate", "sculpt") &&
-        ((rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) || (rc = kvm_polykv_calibrate_sculpt(&doc, 1, B, &so, sig))))
+        ((rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) ||
+         (st->device && (rc = kvm_sculpt_opts_set(&so, "device", st->device))) ||
+         (rc = kvm_polykv_calibrate_sculpt(&doc, 1, B, &so, sig))))
         goto done;
     double t0 = kvm_now_ms();
     if ((rc = kvm_calib_encode(sig, j.job_id, j.n_tokens, &out->data[out->n_data]))) goto done;

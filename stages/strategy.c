@@ -5,6 +5,7 @@
 #include "pipeline/kvm_calib.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
@@ -19,6 +20,7 @@ typedef struct strategy_state {
     kvm_worker_model wm;
     kvm_store *store;       /* opened in setup (--config) or with the first request's settings */
     const char *store_path; /* --store */
+    const char *device;     /* --device: the KVSculpt layers' solver (the forward stays on the CPU) */
 } strategy_state;
 
 /* The store opens with [store] settings: of --config when given, else of the first request. */
@@ -26,11 +28,14 @@ static int setup(void *stp, const kvm_stage_args *a)
 {
     strategy_state *st = stp;
     st->wm.override = a->model;
+    st->device = a->device;
+    int rc = kvm_stage_solver_device(a);
+    if (rc) return rc;
     if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-strategy needs --store PATH");
     st->store_path = a->store;
     if (!a->config) return 0;
     kvm_config *cfg = NULL;
-    int rc = kvm_config_load(a->config, &cfg);
+    rc = kvm_config_load(a->config, &cfg);
     if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
     kvm_config_free(&cfg);
     return rc;
@@ -108,7 +113,9 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     kvm_calib_finish(sig);
     for (int i = 0; !rc && i < n; i++) rc = load_doc(st->wm.model, in[1 + 2 * i], &docs[i]);
     kvm_sculpt_opts so;
-    if (!rc && sig->has_sculpt && !(rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so))) kvm_polykv_score_sculpt_opts(&so);
+    if (!rc && sig->has_sculpt && !(rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) && st->device)
+        rc = kvm_sculpt_opts_set(&so, "device", st->device);
+    if (!rc && sig->has_sculpt) kvm_polykv_score_sculpt_opts(&so);
     if (!rc) rc = kvm_polykv_build_best(docs, n, sig, B, B / 4 > 1 ? B / 4 : 1, -1, -1, 0, stderr, &best);
     kvm_polykv_score_sculpt_opts(NULL);
     if (!rc) rc = kvm_strategy_encode(best, &buf, &len);

@@ -6,6 +6,7 @@
 #include "common/kvm_error.h"
 #include "compress/kvm_compress.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "kernels/kvm_sculpt_kernels.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_worker.h"
 #include "tests/util/kvm_test.h"
@@ -392,6 +393,83 @@ START_TEST(test_ask_prompt_file)
 }
 END_TEST
 
+/* `device`: one setting for the solver's device, as the flag of sculpt, eval and calibrate,
+ * the method option (cuda:N keeps its ':' inside the ':'-joined method syntax) and a stage
+ * worker's --device. Where there is no such device every spelling is refused before any
+ * work, naming the device; the host-forward stages refuse cuda:N everywhere. */
+START_TEST(test_device_setting)
+{
+    kvm_sculpt_opts o = kvm_sculpt_opts_default(), d = o;
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "device=cpu"), 0);
+    ck_assert_msg(memcmp(&o, &d, sizeof o) == 0, "device=cpu is not the default");
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "device=gpu"), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "--device gpu: not cpu or cuda:N"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "device=cuda,x"), KVM_EINVAL); /* "cuda" alone, then 'x' */
+    ck_assert_int_eq(kvm_sculpt_opts_set(&o, "device", "cuda:256"), KVM_EINVAL);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "=5"), KVM_ENOTFOUND); /* the list splitter keeps nameless items */
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, ",,retain=16,"), 0);
+    ck_assert_int_eq(o.retain_tokens, 16);
+    const int have_cuda = kvm_sculpt_backend_cuda(0) != NULL;
+    o = d;
+    int rc = kvm_sculpt_opts_parse(&o, "retain=16,device=cuda,0,queries=64"); /* sculpt:retain=16:device=cuda:0:... */
+    if (have_cuda) {
+        ck_assert_int_eq(rc, 0);
+        ck_assert_int_eq(o.cuda, 1);
+        ck_assert_int_eq(o.cuda_device, 0);
+    } else {
+        ck_assert_msg(rc == KVM_EDEVICE, "rc %d: %s", rc, kvm_errmsg());
+        ck_assert_msg(strstr(kvm_errmsg(), "--device cuda:0: cuda:0"), "%s", kvm_errmsg());
+    }
+    if (kvm_sculpt_backend_cuda(7)) return; /* the commands below name a device this host lacks */
+    /* the flags: refused at once (model and documents are never opened: they do not exist) */
+    const char *cmds[] = {
+        "'%s/kvmill' eval --model m.bin --docs nodocs --method sculpt,h2o --budget 40 --device cuda:7%s%s",
+        "'%s/kvmill' sculpt --model m.bin --doc nodoc --out o.kvs --device cuda:7%s%s",
+        "'%s/kvmill' calibrate --model m.bin --docs nodocs --budget 8 --out o --sculpt --device cuda:7%s%s",
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char *err, *out = run(cmds[i], NULL, NULL, &rc, &err);
+        ck_assert_msg(rc == 2, "%s: exit %d: %s", cmds[i], rc, err);
+        ck_assert_msg(strstr(err, "--device cuda:7: cuda:7"), "%s: stderr: %s", cmds[i], err);
+        ck_assert_msg(!strstr(err, "nodoc") && !strstr(err, "m.bin"), "%s: got past the device: %s", cmds[i], err);
+        free(out);
+        free(err);
+    }
+    /* the method option: refused when the methods are read, before any prefill (no table row) */
+    char cmd[8192];
+    const char *methods[] = {"sculpt:retain=8:device=cuda:7", "h2o,selectfit:device=cuda:7:queries=16"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 40 "
+                 "--method %s", kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"),
+                 kvm_test_data_path("corpus/doc_001.txt"), methods[i]);
+        char *out, *err;
+        rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2, "%s: exit %d: %s", methods[i], rc, err);
+        ck_assert_msg(strstr(err, "--device cuda:7: cuda:7"), "%s: stderr: %s", methods[i], err);
+        ck_assert_msg(!strstr(out, "kl_mean"), "%s: evaluated before refusing: %s", methods[i], out);
+        free(out);
+        free(err);
+    }
+    /* prefill and decode workers: their work is the host forward; refused on any host */
+    const char *stages[] = {"prefill", "decode"};
+    for (int i = 0; i < 2; i++) {
+        char *err, *out = run("'%s/kvmill-%s' --connect ipc:///nonexistent/kvm --device cuda:0%s", stages[i], "", &rc, &err);
+        ck_assert_msg(rc == 2, "kvmill-%s: exit %d: %s", stages[i], rc, err);
+        ck_assert_msg(strstr(err, "--device cuda:0: the ") && strstr(err, "host forward"), "stderr: %s", err);
+        free(out);
+        free(err);
+    }
+    /* a compress worker on a device without a CUDA solver stops before connecting */
+    if (!have_cuda) {
+        char *err, *out = run("'%s/kvmill-compress' --connect ipc:///nonexistent/kvm --store /nonexistent --device "
+                              "cuda:0%s%s", NULL, NULL, &rc, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "cuda:0"), "kvmill-compress: exit %d: %s", rc, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cli_names");
@@ -408,6 +486,7 @@ static Suite *suite(void)
         {"eval_flags", test_eval_flags},
         {"help_lists_methods", test_help_lists_methods},
         {"ask_prompt_file", test_ask_prompt_file},
+        {"device_setting", test_device_setting},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -1,8 +1,11 @@
 /* check_cuda_sculpt.c: the KVSculpt batch backend on CUDA (kernels/cuda/kvm_cuda_sculpt.cu)
- * against the CPU backend: loss, gradients and ridge normal equations within 1e-4 relative on
- * random problems (head dims 8, 64, 128, ragged k) and on every captured stories260K problem,
- * and the batched solver's final objectives within 1% of the CPU's. Where no CUDA device is
- * visible (or the build has no CUDA) it prints one "SKIP: no CUDA device" line and passes. */
+ * against the CPU backend: loss, gradients, ridge normal equations and the value step (batched
+ * Cholesky vs LAPACKE) within 1e-4 relative on random problems (head dims 8, 64, 128, ragged k)
+ * and on every captured stories260K problem (ragged, and uniform k: one strided-batched run),
+ * the batched solver's final objectives within 1% of the CPU's, and end to end (`kvmill eval
+ * --device cuda:0`, the path users take, and `kvmill run` with the compress workers on cuda:0)
+ * KVSculpt's KL within 5% of the CPU solver's on stories260K. Where no CUDA device is visible
+ * (or the build has no CUDA) it prints one "SKIP: no CUDA device" line and passes. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
@@ -51,16 +54,18 @@ static kvm_sculpt_view view_of(const kvm_sculpt_problem *p)
                              .out_ms = p->out_ms, .lse_mass_weight = p->lse_mass_weight};
 }
 
-/* Both backends on the same batch at random points (β when use_beta); the worst relative error
- * of loss, gradients and normal equations. */
-static double compare(const kvm_sculpt_problem *ps, int n, const int64_t *k, int use_beta)
+/* Both backends on the same batch at random points (β when use_beta), the subset in ascending
+ * order (CUDA: runs of equal shapes, strided-batched) or reversed (one problem per run); the
+ * worst relative error of loss, gradients, normal equations and the value step (CUDA's batched
+ * Cholesky `ridge` vs the host's LAPACKE solve of the CPU's normal equations). */
+static double compare(const kvm_sculpt_problem *ps, int n, const int64_t *k, int use_beta, int ascending)
 {
     kvm_sculpt_view v[64];
     int idx[64];
     int64_t tot = 0, totA = 0;
     for (int i = 0; i < n; i++) {
         v[i] = view_of(&ps[i]);
-        idx[i] = n - 1 - i; /* any order */
+        idx[i] = ascending ? i : n - 1 - i; /* any order */
         tot += k[i];
         totA += k[i] * k[i];
     }
@@ -110,6 +115,22 @@ static double compare(const kvm_sculpt_problem *ps, int n, const int64_t *k, int
         off += k[i];
         offA += k[i] * k[i];
     }
+    float *v1 = malloc((size_t)(2 * tot * d) * sizeof *v1), *v2 = v1 + tot * d;
+    memcpy(v1, vc, (size_t)(tot * d) * sizeof *vc);
+    memcpy(v2, vc, (size_t)(tot * d) * sizeof *vc);
+    int rcs[64];
+    double cap[64];
+    for (int t = 0; t < n; t++) cap[t] = ps[idx[t]].vnorm_max; /* vcap = 1 */
+    ck_assert_msg(gpu->ridge(bg, idx, n, use_beta, 1e-3, cap, v2, rcs) == 0, "%s", kvm_errmsg());
+    off = offA = 0;
+    for (int i = 0; i < n; i++) {
+        int rc = kvm_sculpt_ridge_solve(&ps[i], A1 + offA, B1 + off * d, k[i], 1e-3, 1.0, v1 + off * d);
+        ck_assert_int_eq(rcs[ascending ? i : n - 1 - i], rc);
+        worst = fmax(worst, rel(v2 + off * d, v1 + off * d, k[i] * d));
+        off += k[i];
+        offA += k[i] * k[i];
+    }
+    free(v1);
     cpu->batch_free(bc);
     gpu->batch_free(bg);
     free(buf);
@@ -155,7 +176,7 @@ START_TEST(test_random)
             toy(&ps[i], &kz[i], dims[di], 60 + 40 * i, i % 2 ? 16 : 0, 150 + 97 * i);
             k[i] = 1 + 17 * i; /* ragged, from 1 */
         }
-        double e0 = compare(ps, 4, k, 0), e1 = compare(ps, 4, k, 1);
+        double e0 = compare(ps, 4, k, 0, 0), e1 = compare(ps, 4, k, 1, 1);
         printf("cuda vs cpu, random problems, d = %d: worst relative error %.3g (no β), %.3g (β)\n", dims[di], e0, e1);
         ck_assert_double_lt(e0, 1e-4);
         ck_assert_double_lt(e1, 1e-4);
@@ -191,7 +212,9 @@ START_TEST(test_real)
     const int np = real_problems(&doc, ps);
     int64_t k[64];
     for (int i = 0; i < np; i++) k[i] = 1 + (i * 7) % ps[i].nc;
-    double e = fmax(compare(ps, np, k, 0), compare(ps, np, k, 1));
+    double e = fmax(compare(ps, np, k, 0, 0), compare(ps, np, k, 1, 1));
+    for (int i = 0; i < np; i++) k[i] = 24; /* uniform: the whole batch is one strided-batched run */
+    e = fmax(e, fmax(compare(ps, np, k, 0, 1), compare(ps, np, k, 1, 1)));
     printf("cuda vs cpu, %d real stories260K problems: worst relative error %.3g\n", np, e);
     ck_assert_double_lt(e, 1e-4);
     for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&ps[i]);
@@ -243,6 +266,102 @@ START_TEST(test_solve)
 }
 END_TEST
 
+/* Mean kl_mean of the rows of an eval CSV (KVM_EVAL_CSV_HEADER: the fifth column). */
+static double csv_kl(const char *path, int *rows)
+{
+    size_t len;
+    char *text = kvm_test_read_file(path, &len);
+    ck_assert_msg(text != NULL, "cannot read %s", path);
+    double sum = 0;
+    *rows = 0;
+    for (char *line = strchr(text, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+        const char *f = line + 1;
+        for (int c = 0; c < 4 && f; c++) f = strchr(f, ',') ? strchr(f, ',') + 1 : NULL;
+        ck_assert_ptr_nonnull(f);
+        sum += strtod(f, NULL);
+        ++*rows;
+    }
+    free(text);
+    return *rows ? sum / *rows : 0;
+}
+
+/* End to end: `kvmill eval --device cuda:0` (solver on the GPU, prefill and scoring on the CPU,
+ * said on stderr) gives KVSculpt's KL within 5% of `--device cpu` on two stories260K documents
+ * (issue 12's test), and `kvmill sculpt --device cuda:0` writes a cache. */
+START_TEST(test_end_to_end)
+{
+    char *dir = kvm_test_tmpdir(), csv[2][4200], cmd[16384], docs[8400], *out, *err;
+    snprintf(docs, sizeof docs, "%s,", kvm_test_data_path("corpus/doc_005.txt"));
+    snprintf(docs + strlen(docs), sizeof docs - strlen(docs), "%s", kvm_test_data_path("corpus/doc_004.txt"));
+    const char *dev[2] = {"cpu", "cuda:0"};
+    double kl[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(csv[i], sizeof csv[i], "%s/%s.csv", dir, i ? "cuda" : "cpu");
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --ratio 0.3 --method sculpt --device %s "
+                 "--csv '%s'", kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), docs, dev[i], csv[i]);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 0, "--device %s: exit %d: %s", dev[i], rc, err);
+        if (i) ck_assert_msg(strstr(err, "run on the CPU") && strstr(err, "solver on cuda:0"), "stderr: %s", err);
+        int rows;
+        kl[i] = csv_kl(csv[i], &rows);
+        ck_assert_int_eq(rows, 2);
+        free(out);
+        free(err);
+    }
+    printf("kvmill eval --method sculpt --ratio 0.3, 2 documents: KL cpu %.6f, cuda:0 %.6f (ratio %.4f)\n", kl[0], kl[1],
+           kl[1] / kl[0]);
+    ck_assert_double_gt(kl[0], 0);
+    ck_assert_double_lt(fabs(kl[1] / kl[0] - 1), 0.05);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' sculpt --model '%s' --doc '%s' --device cuda:0 --out '%s/c.kvs'", kvm_test_bin(),
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_005.txt"), dir);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "sculpt: N="), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The pipeline: `kvmill run` with [stages] compress_devices = cuda:0 (the compress workers'
+ * KVSculpt solvers on the GPU, the prefill on the CPU) stores caches whose mean KL ([eval]
+ * enabled, the summary's figure) is within 5% of a run with compress_devices = cpu (issue 13's
+ * end-to-end sculpt test), on data/corpus's six documents. */
+static double run_kl(const char *dir, const char *device)
+{
+    char cfg[4300], text[12000], cmd[16384], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/%s.ini", dir, device);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nratio = 0.3\n[eval]\nenabled = true\n"
+             "continuation = 32\n[store]\npath = %s/store-%s\n[run]\nrun_dir = %s/run-%s\n[stages]\nbin_dir = %s\n"
+             "compress_devices = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, device, dir, device, kvm_test_bin(), device);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    const int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "compress_devices = %s: exit %d: %s", device, rc, err);
+    const char *key = "evaluation: mean KL(full || compressed) ", *line = strstr(out, key);
+    ck_assert_msg(line, "stdout: %s", out);
+    const double kl = strtod(line + strlen(key), NULL);
+    free(out);
+    free(err);
+    return kl;
+}
+
+START_TEST(test_pipeline)
+{
+    char *dir = kvm_test_tmpdir();
+    const double cpu = run_kl(dir, "cpu"), cuda = run_kl(dir, "cuda:0");
+    printf("kvmill run, sculpt r = 0.3, compress_devices cpu / cuda:0: mean KL %.6f / %.6f (ratio %.4f)\n", cpu, cuda,
+           cuda / cpu);
+    ck_assert_double_gt(cpu, 0);
+    ck_assert_double_lt(fabs(cuda / cpu - 1), 0.05);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_sculpt");
@@ -251,6 +370,8 @@ static Suite *suite(void)
     tcase_add_test(tc, test_random);
     tcase_add_test(tc, test_real);
     tcase_add_test(tc, test_solve);
+    tcase_add_test(tc, test_end_to_end);
+    tcase_add_test(tc, test_pipeline);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -32,13 +32,18 @@ const kvm_sculpt_setting *kvm_sculpt_setting_find(const char *name, size_t len);
 /* Sets option `name` (any spelling kvm_sculpt_setting_find accepts) of o from its text value
  * (boolean settings take 1/0/true/false/yes/no/on/off; an empty or NULL value means 1).
  * "budget" b sets k = b − retain with the retain zone set so far (0: use the ratio).
- * Checks the bounds. Returns 0, KVM_ENOTFOUND (no such option), KVM_EINVAL (bad value; the
- * message names the option, the value and the range). */
+ * "device" cpu|cuda:N sets cuda and cuda_device, cuda:N only where kvm_sculpt_backend_cuda(N)
+ * gives a backend (so a command refuses before its prefill). Checks the bounds. Returns 0,
+ * KVM_ENOTFOUND (no such option), KVM_EINVAL (bad value; the message names the option, the
+ * value and the range), KVM_EDEVICE / KVM_ENOTSUP (no such CUDA device, or no CUDA in this
+ * build: the message names the device). */
 int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value);
 
 /* Applies "name=value,name=value,..." (a method ARG; "bias" alone sets the flag). Later
  * settings override earlier ones; of budget, ratio and entries the last one given decides
- * the size, applied after every other setting (so "budget=64,retain=16" means k = 48). Returns
+ * the size, applied after every other setting (so "budget=64,retain=16" means k = 48).
+ * "device=cuda,N" is read as device=cuda:N (method strings join options with ':', which the
+ * callers turn into ','). Returns
  * 0 or the first error of kvm_sculpt_opts_set. NULL or "" changes nothing. */
 int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg);
 

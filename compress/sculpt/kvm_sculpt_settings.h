@@ -8,12 +8,14 @@
  *
  * name        identifier: the setting's name
  * kind        I64, INT, U64 (integers), F64 (number), BOOL (flag), MODE, ALLOC, QSOURCE (words), BUDGET
- *             (entries per KV head including the retain zone: k = value − retain)
+ *             (entries per KV head including the retain zone: k = value − retain), DEVICE (cpu or
+ *             cuda:N: sets cuda and cuda_device)
  * field       the kvm_sculpt_opts member it sets (compress/sculpt/kvm_sculpt.h)
  * lo, hi      bounds of numeric values
  * in_config   1: a [compress] key generated from this row; 0: not one (method, ratio, budget and
  *             future are [compress] keys of their own, shared with eviction or the stages;
- *             threads is [stages] threads; deprecated names are no keys)
+ *             threads is [stages] threads, device the compress worker's --device from [stages]
+ *             compress_devices; deprecated names are no keys)
  * def         the default as text, equal to kvm_sculpt_opts_default() (a test checks)
  * unit        "tokens", "queries", ... or ""
  * help        one line, without the default
@@ -65,3 +67,7 @@ KVM_SCULPT_SETTING(pilot_iters, INT, pilot_iters, 0, 100000, 0, "10", "", "L-BFG
 KVM_SCULPT_SETTING(seed, U64, seed, 0, 9007199254740992.0, 1, "1", "", "seed of the synthetic queries", NULL)
 KVM_SCULPT_SETTING(threads, INT, threads, 1, 256, 0, "1", "",
                    "compute threads: the solver's worker threads over (layer, KV head) problems, and the prefill's", NULL)
+KVM_SCULPT_SETTING(device, DEVICE, cuda_device, 0, 255, 0, "cpu", "",
+                   "the solver's device, cpu or cuda:N (refused at once where there is no such device): the batched "
+                   "L-BFGS loss, gradients and ridge normal equations run there; the prefill, am, kvzip and the "
+                   "liblbfgs oracle run on the CPU", NULL)

@@ -54,9 +54,19 @@ static int name_err(int rc, const int *map, int i)
 }
 
 /* Ridge step of problems idx[n]: normal equations on the backend, solves on the host, new values
- * uploaded. rcs[t] = 0 or KVM_ERANGE per problem (others fail the call). */
+ * uploaded; or all of it on the backend where it has `ridge` (CUDA: batched Cholesky). rcs[t] = 0
+ * or KVM_ERANGE per problem (others fail the call). */
 static int ridge_step(drv *D, const int *idx, int n, int *rcs, const int *map)
 {
+    if (D->be->ridge) {
+        double *cap = malloc((size_t)(n > 0 ? n : 1) * sizeof *cap);
+        if (!cap) return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
+        for (int t = 0; t < n; t++)
+            cap[t] = D->o->vnorm_cap > 0 ? D->o->vnorm_cap * D->ps[idx[t]]->vnorm_max : INFINITY;
+        int rc = D->be->ridge(D->b, idx, n, D->use_bias, D->o->ridge_alpha, cap, D->vc, rcs);
+        free(cap);
+        return rc;
+    }
     int rc = D->be->normal(D->b, idx, n, D->use_bias, D->A, D->B);
     if (rc) return rc;
     int *ok = malloc((size_t)(n > 0 ? n : 1) * sizeof *ok), nok = 0;

@@ -2,6 +2,7 @@
  * parsers built on it. */
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_sculpt_kernels.h"
 
 #include <errno.h>
 #include <math.h>
@@ -11,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-typedef enum kind { K_I64, K_INT, K_F64, K_U64, K_BOOL, K_MODE, K_ALLOC, K_QSOURCE, K_BUDGET } kind;
+typedef enum kind { K_I64, K_INT, K_F64, K_U64, K_BOOL, K_MODE, K_ALLOC, K_QSOURCE, K_BUDGET, K_DEVICE } kind;
 
 typedef struct row {
     const char *name, *def, *unit, *help, *replaced_by;
@@ -87,6 +88,29 @@ const kvm_sculpt_setting *kvm_sculpt_setting_find(const char *name, size_t len)
     return r ? &s[r - rows] : NULL;
 }
 
+/* The solver's device (the `device` setting): "cpu", or "cuda:N" with N in [0, 255] checked
+ * against the visible devices now, so a command refuses before its prefill
+ * (kvm_sculpt_backend_cuda: the one selection every caller goes through). */
+static int parse_device(const char *name, const char *v, kvm_sculpt_opts *o)
+{
+    if (!strcmp(v, "cpu")) {
+        o->cuda = 0, o->cuda_device = 0;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    long n = strncmp(v, "cuda:", 5) ? -1 : strtol(v + 5, &end, 10);
+    if (n < 0 || errno || end == v + 5 || *end || n > 255)
+        return kvm_err(KVM_EINVAL, "sculpt: --%s %s: not cpu or cuda:N (N a device index in [0, 255])", name, v);
+    if (!kvm_sculpt_backend_cuda((int)n)) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", kvm_errmsg()); /* kvm_err reuses that buffer */
+        return kvm_err(KVM_EDEVICE, "sculpt: --%s %s: %s", name, v, why);
+    }
+    o->cuda = 1, o->cuda_device = (int)n;
+    return 0;
+}
+
 static int parse_bool(const char *v, int *out)
 {
     static const char *yes[] = {"1", "true", "yes", "on"}, *no[] = {"0", "false", "no", "off"};
@@ -109,6 +133,7 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
     if (r->kind == K_MODE) return kvm_sculpt_mode_parse(value, (kvm_sculpt_mode *)(void *)p);
     if (r->kind == K_ALLOC) return kvm_sculpt_alloc_parse(value, (kvm_sculpt_alloc *)(void *)p);
     if (r->kind == K_QSOURCE) return kvm_sculpt_qsource_parse(value, (kvm_sculpt_qsource *)(void *)p);
+    if (r->kind == K_DEVICE) return parse_device(name, value, o);
     if (r->kind == K_BOOL) {
         if (parse_bool(value, (int *)(void *)p))
             return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected 1/0, true/false, yes/no or on/off", name, value);
@@ -142,21 +167,44 @@ static int is_size(const row *r)
     return r && (!strcmp(r->name, "budget") || !strcmp(r->name, "ratio") || !strcmp(r->name, "entries"));
 }
 
+/* value [value, rest) "cuda" of the device setting followed by ",N" (digits) in an option list:
+ * the device cuda:N, whose ':' the method syntax turned into ','. Returns the length of ",N"
+ * to take into the value, else 0. */
+static size_t device_tail(const row *r, const char *value, const char *rest)
+{
+    if (!r || r->kind != K_DEVICE || !value || rest - value != 4 || memcmp(value, "cuda", 4) || *rest != ',') return 0;
+    size_t n = strspn(rest + 1, "0123456789");
+    return n && (rest[1 + n] == ',' || !rest[1 + n]) ? 1 + n : 0;
+}
+
 int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg)
 {
     if (!arg || !*arg) return 0;
-    char *s = strdup(arg), *save = NULL;
+    char *s = strdup(arg);
     if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
     int rc = 0;
     const char *size_name = NULL, *size_value = NULL;
-    for (char *t = strtok_r(s, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(t, '=');
+    for (char *t = s; t && !rc;) {
+        char *next = t + strcspn(t, ",");
+        const int empty = next == t; /* ",," or a trailing ',': nothing */
+        char *eq = memchr(t, '=', (size_t)(next - t));
         if (eq) *eq++ = 0;
-        if (is_size(find_row(t, strlen(t)))) {
-            size_name = t;
-            size_value = eq;
-        } else
-            rc = kvm_sculpt_opts_set(o, t, eq);
+        const row *r = find_row(t, strlen(t));
+        size_t tail = device_tail(r, eq, next);
+        if (tail) { /* "device=cuda,N" is device=cuda:N */
+            *next = ':';
+            next += tail;
+        }
+        char *after = *next ? next + 1 : NULL;
+        *next = 0;
+        if (!empty) {
+            if (is_size(r)) {
+                size_name = t;
+                size_value = eq;
+            } else
+                rc = kvm_sculpt_opts_set(o, t, eq);
+        }
+        t = after;
     }
     if (!rc && size_name) {
         const row *r = find_row(size_name, strlen(size_name));

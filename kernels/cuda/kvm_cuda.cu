@@ -46,10 +46,12 @@ static void cb_load()
     a.set_math_mode = (decltype(a.set_math_mode))dlsym(h, "cublasSetMathMode");
     a.sgemm = (decltype(a.sgemm))dlsym(h, "cublasSgemm_v2");
     a.dgemm = (decltype(a.dgemm))dlsym(h, "cublasDgemm_v2");
+    a.sgemm_sb = (decltype(a.sgemm_sb))dlsym(h, "cublasSgemmStridedBatched");
+    a.dgemm_sb = (decltype(a.dgemm_sb))dlsym(h, "cublasDgemmStridedBatched");
     a.gemm_ex = (decltype(a.gemm_ex))dlsym(h, "cublasGemmEx");
     a.status_string = (decltype(a.status_string))dlsym(h, "cublasGetStatusString");
     if (!a.create || !a.destroy || !a.set_stream || !a.set_math_mode || !a.sgemm || !a.dgemm || !a.gemm_ex ||
-        !a.status_string) {
+        !a.sgemm_sb || !a.dgemm_sb || !a.status_string) {
         snprintf(cb_error, sizeof cb_error, "libcublas.so.13 lacks a cuBLAS function kvmill calls");
         return;
     }

@@ -40,6 +40,8 @@ struct kvm_cublas_api {
     decltype(&cublasSetMathMode) set_math_mode;
     decltype(&cublasSgemm_v2) sgemm;
     decltype(&cublasDgemm_v2) dgemm;
+    decltype(&cublasSgemmStridedBatched) sgemm_sb; // the KVSculpt solver's runs of equal-shaped problems
+    decltype(&cublasDgemmStridedBatched) dgemm_sb;
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                               const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
                               cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);

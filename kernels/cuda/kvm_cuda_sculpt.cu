@@ -1,14 +1,20 @@
 // kvm_cuda_sculpt.cu: the KVSculpt batched solver's CUDA backend (kernels/kvm_sculpt_kernels.h,
 // issue 12). A batch's problems live problem-major in device memory: queries and references
 // [Σnq][d], entries [Σk][d], scratch [Σ nq·k]. Per problem, in the order of a call's subset, on
-// one stream: cuBLAS sgemm for S = scale·Q·Kcᵀ, Ôc = E·Vc, R = Err·Vcᵀ and G = scale·Uᵀ·Q (ragged
-// k: one GEMM per problem, not strided-batched), and row kernels that call the bodies of
+// one stream: cuBLAS GEMMs for S = scale·Q·Kcᵀ, Ôc = E·Vc, R = Err·Vcᵀ and G = scale·Uᵀ·Q, and row
+// kernels that call the bodies of
 // kernels/kvm_sculpt_body.h (kvm_sb_expf, kvm_sb_query_shares, kvm_sb_out_err, kvm_sb_dscore),
-// so the arithmetic per element is the CPU backend's. Row sums are float64 and reduced in a
-// fixed order (deterministic for a given device). The ridge normal equations A = PᵀP, B = PᵀT
-// are float64 cuBLAS dgemm; A and B (k² + k·d doubles per problem) go to the host, where the
-// caller solves them (compress/sculpt: LAPACKE Cholesky), as do losses (2 doubles per problem)
-// and gradients (k·(d+1) floats). The L-BFGS bookkeeping stays on the host: per step the host
+// so the arithmetic per element is the CPU backend's. A run of problems next to each other in a
+// call's subset (idx[t+j] = idx[t] + j) with the same shape (nq, k, nc, scale, LSE weighting) is
+// one launch of each: cublasSgemmStridedBatched / cublasDgemmStridedBatched over the run (the
+// packed layout gives equal strides) and row kernels over all its rows; ragged budgets make
+// shorter runs, down to one problem. Row sums are float64 and reduced in a fixed order
+// (deterministic for a given device and call sequence; cuBLAS may pick its kernel by batch
+// count, so unlike the CPU backend a problem's rounding may depend on the run it is in). The ridge normal equations A = PᵀP, B = PᵀT
+// are float64 cuBLAS dgemm (strided-batched over a run); `ridge` solves them on the device, one
+// thread block per problem running the Cholesky–Crout steps of kernels/kvm_ridge_body.h, and only
+// the new values (k·d floats per problem) go to the host, as do losses (2 doubles per problem)
+// and gradients (k·(d+1) floats); `normal` still hands A and B to a host solve. The L-BFGS bookkeeping stays on the host: per step the host
 // sends the points (k·(d+1) floats per problem) and reads the gradients back.
 // cuBLAS is opened with dlopen on first use (libcublas.so.13, kvm__cublas_load): linked directly, it and cuBLASLt
 // (hundreds of MB) would load at the start of every kvmill process, GPU or not (0.4 s measured
@@ -29,6 +35,7 @@ extern "C" {
 #include "kernels/kvm_sculpt_kernels.h"
 }
 #include "kernels/cuda/kvm_cuda_impl.h"
+#include "kernels/kvm_ridge_body.h"
 #include "kernels/kvm_sculpt_body.h"
 
 namespace {
@@ -66,7 +73,13 @@ struct kvm_sculpt_batch {
     float *lc, *iz, *oe, *b1, *b2;       // [Σnq] per-query scalars
     double *msr, *lsr, *sums;            // [Σnq] per-query sums, [2n] per-problem totals
     double *P, *T, *A, *B;               // ridge: [Σ nq·k], [Σnq][d], [Σk²], [Σk][d]
+    double *a1;                          // [n] per problem 2/(nq·out_ms): the MSE term's scale
+    int64_t *rmeta;                      // ridge: [n][3] (A offset, entry offset, k) of a call's problems
+    double *rcap;                        // ridge: [n] value-norm caps of a call's problems
+    int *rst;                            // ridge: [n] 1 = not positive definite / non-finite
     double *hsums;                       // [2n] host
+    int64_t *hmeta;                      // [n][3] host staging of rmeta
+    int *hst;                            // [n] host copy of rst
 };
 
 #define CU(call)                                                                                              \
@@ -117,15 +130,17 @@ __device__ float block_sum(float v, float *sh)
     return r;
 }
 
-// Scores row i of S [nq][k] (scale already applied by the GEMM): s += β, then exponentials
-// kvm_sb_expf(s − max) in place; lc[i] = max + log Σ, iz[i] = 1/Σ.
-__global__ void k_softmax(float *S, const float *beta, int64_t k, float *lc, float *iz)
+// Scores row i of S [rows][k] (a run of problems of nq rows each, scale already applied by the
+// GEMM): s += β of the row's problem (beta [problems][k]), then exponentials kvm_sb_expf(s − max)
+// in place; lc[i] = max + log Σ, iz[i] = 1/Σ.
+__global__ void k_softmax(float *S, const float *beta, int64_t nq, int64_t k, float *lc, float *iz)
 {
     __shared__ float sh[ROW_THREADS];
     float *s = S + (int64_t)blockIdx.x * k;
+    const float *bt = beta ? beta + ((int64_t)blockIdx.x / nq) * k : NULL;
     float m = -INFINITY;
     for (int64_t j = threadIdx.x; j < k; j += ROW_THREADS) {
-        float x = s[j] + (beta ? beta[j] : 0.0f);
+        float x = s[j] + (bt ? bt[j] : 0.0f);
         s[j] = x;
         m = fmaxf(m, x);
     }
@@ -144,10 +159,12 @@ __global__ void k_softmax(float *S, const float *beta, int64_t k, float *lc, flo
 }
 
 // One query's output error row and scalars (the CPU's query_row): E = Ô − O with
-// Ô = pc·ôc·iz + pr·o_ret, ⟨Ô, E⟩, b1 = a1·pc, b2 = a2·wz·dl, and its MSE / LSE sums (float64).
+// Ô = pc·ôc·iz + pr·o_ret, ⟨Ô, E⟩, b1 = a1·pc (a1 of the row's problem: a1 [problems], nq rows
+// each), b2 = a2·wz·dl, and its MSE / LSE sums (float64).
 __global__ void k_query(const float *oh, const float *of, const float *orr, const float *lz, const float *lr,
                         const int64_t *nvis, const float *lc, const float *iz, int d, int64_t nc, int mass_w,
-                        double a1, double a2, float *E, float *oe, float *b1, float *b2, double *msr, double *lsr)
+                        const double *a1, int64_t nq, double a2, float *E, float *oe, float *b1, float *b2,
+                        double *msr, double *lsr)
 {
     __shared__ float sh[ROW_THREADS];
     __shared__ double shd[ROW_THREADS];
@@ -171,7 +188,7 @@ __global__ void k_query(const float *oh, const float *of, const float *orr, cons
     }
     if (threadIdx.x == 0) {
         oe[i] = ohe;
-        b1[i] = (float)(a1 * s.pc);
+        b1[i] = (float)(a1[i / nq] * s.pc);
         b2[i] = (float)(a2 * s.wz * s.dl);
         msr[i] = shd[0];
         lsr[i] = s.wz * s.dl * s.dl;
@@ -188,20 +205,26 @@ __global__ void k_dscore(const float *S, const float *iz, const float *oe, const
     R[x] = kvm_sb_dscore(S[x] * iz[i], R[x], oe[i], b1[i], b2[i]);
 }
 
-// ∂L/∂β_j = Σ_i U_ij, one thread per entry, queries in order.
-__global__ void k_colsum(const float *U, int64_t nq, int64_t k, float *gb)
+// ∂L/∂β_j = Σ_i U_ij, one thread per entry j of a run's n_ent = problems·k entries (problem
+// j / k, U [problems][nq][k]), queries in order.
+__global__ void k_colsum(const float *U, int64_t nq, int64_t k, int64_t n_ent, float *gb)
 {
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= k) return;
+    if (j >= n_ent) return;
+    const float *u = U + (j / k) * nq * k + j % k;
     float g = 0;
-    for (int64_t i = 0; i < nq; i++) g += U[i * k + j];
+    for (int64_t i = 0; i < nq; i++) g += u[i * k];
     gb[j] = g;
 }
 
-// Totals of the per-query MSE and LSE sums (one block, fixed order) into out[0], out[1].
+// Totals of the per-query MSE and LSE sums of problem blockIdx.x of a run (one block per
+// problem, nq rows each, fixed order) into out[2b], out[2b + 1].
 __global__ void k_total(const double *msr, const double *lsr, int64_t nq, double *out)
 {
     __shared__ double a[ROW_THREADS], b[ROW_THREADS];
+    msr += (int64_t)blockIdx.x * nq;
+    lsr += (int64_t)blockIdx.x * nq;
+    out += 2 * (int64_t)blockIdx.x;
     double x = 0, y = 0;
     for (int64_t i = threadIdx.x; i < nq; i += ROW_THREADS) {
         x += msr[i];
@@ -236,12 +259,53 @@ __global__ void k_design(const float *S, const float *iz, const float *lc, const
     for (int t = threadIdx.x; t < d; t += ROW_THREADS) T[i * d + t] = (double)of[i * d + t] - (double)s.pr * orr[i * d + t];
 }
 
+// The value step of one problem per block (kvm_sculpt_backend.ridge): A + αI and B + α·V0, then
+// Cholesky–Crout column by column (thread 0 the pivot, the threads the column's rows), the solve
+// (threads over B's columns), the finite check and the value-norm guard writing vc (threads over
+// rows), all through kernels/kvm_ridge_body.h. meta [3] per block: A offset, entry offset, k.
+// status[block] = 1 when A is not positive definite or a value is not finite (vc untouched).
+__global__ void k_ridge(double *A, double *B, float *vc, const int64_t *meta, const double *cap, double alpha_rel,
+                        int d, int *status)
+{
+    __shared__ double alpha;
+    __shared__ int bad;
+    const int64_t k = meta[3 * blockIdx.x + 2];
+    double *a = A + meta[3 * blockIdx.x], *x = B + meta[3 * blockIdx.x + 1] * d;
+    float *v = vc + meta[3 * blockIdx.x + 1] * d;
+    if (threadIdx.x == 0) {
+        alpha = kvm_rb_alpha(a, k, alpha_rel);
+        bad = 0;
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) a[j * k + j] += alpha;
+    for (int64_t e = threadIdx.x; e < k * d; e += blockDim.x) x[e] += alpha * v[e];
+    __syncthreads();
+    for (int64_t j = 0; j < k; j++) {
+        if (threadIdx.x == 0) bad = kvm_rb_chol_pivot(a, k, j);
+        __syncthreads();
+        if (bad) break; // read by every thread after the barrier: the whole block leaves together
+        for (int64_t i = j + 1 + threadIdx.x; i < k; i += blockDim.x) kvm_rb_chol_entry(a, k, j, i);
+        __syncthreads();
+    }
+    if (!bad)
+        for (int t = threadIdx.x; t < d; t += blockDim.x) kvm_rb_solve_col(a, k, x, d, t);
+    __syncthreads();
+    if (!bad)
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+            if (!kvm_rb_row_finite(x, d, j)) atomicOr(&bad, 1);
+    __syncthreads();
+    if (!bad)
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) kvm_rb_row_cap(x, d, j, cap[blockIdx.x], v);
+    if (threadIdx.x == 0) status[blockIdx.x] = bad;
+}
+
 // ---- the batch ----
 
 static void free_dev(kvm_sculpt_batch *b)
 {
     void *ptrs[] = {b->q, b->of, b->orr, b->lz, b->lr, b->nvis, b->kc, b->vc, b->beta, b->gk, b->gb, b->S, b->R,
-                    b->oh, b->E, b->lc, b->iz, b->oe, b->b1, b->b2, b->msr, b->lsr, b->sums, b->P, b->T, b->A, b->B};
+                    b->oh, b->E, b->lc, b->iz, b->oe, b->b1, b->b2, b->msr, b->lsr, b->sums, b->P, b->T, b->A, b->B,
+                    b->a1, b->rmeta, b->rcap, b->rst};
     for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
         if (ptrs[i]) cudaFree(ptrs[i]);
 }
@@ -255,6 +319,8 @@ static void cuda_batch_free(kvm_sculpt_batch *b)
     if (b->st) cudaStreamDestroy(b->st);
     free(b->pr);
     free(b->hsums);
+    free(b->hmeta);
+    free(b->hst);
     free(b);
 }
 
@@ -295,6 +361,12 @@ static int batch_fill(kvm_sculpt_batch *b, const kvm_sculpt_view *v)
     CU(cudaMalloc(&b->T, (size_t)(nq * d) * sizeof(double)));
     CU(cudaMalloc(&b->A, (size_t)na * sizeof(double)));
     CU(cudaMalloc(&b->B, (size_t)(nk * d) * sizeof(double)));
+    CU(cudaMalloc(&b->a1, (size_t)n * sizeof(double)));
+    CU(cudaMalloc(&b->rmeta, (size_t)(3 * n) * sizeof(int64_t)));
+    CU(cudaMalloc(&b->rcap, (size_t)n * sizeof(double)));
+    CU(cudaMalloc(&b->rst, (size_t)n * sizeof(int)));
+    for (int i = 0; i < n; i++) b->hsums[i] = 2.0 / ((double)b->pr[i].nq * b->pr[i].out_ms); // staged in hsums [2n]
+    CU(cudaMemcpyAsync(b->a1, b->hsums, (size_t)n * sizeof(double), cudaMemcpyHostToDevice, b->st));
     for (int i = 0; i < n; i++) {
         const cprob &p = b->pr[i];
         const size_t rb = (size_t)(p.nq * d) * sizeof(float), sb = (size_t)p.nq * sizeof(float);
@@ -330,7 +402,9 @@ static int cuda_batch_new(const kvm_sculpt_backend *be, const kvm_sculpt_view *v
     b->dev = dev;
     b->pr = (cprob *)malloc((size_t)n * sizeof *b->pr);
     b->hsums = (double *)malloc((size_t)(2 * n) * sizeof(double));
-    if (!b->pr || !b->hsums) {
+    b->hmeta = (int64_t *)malloc((size_t)(3 * n) * sizeof(int64_t));
+    b->hst = (int *)malloc((size_t)n * sizeof(int));
+    if (!b->pr || !b->hsums || !b->hmeta || !b->hst) {
         cuda_batch_free(b);
         return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
     }
@@ -393,56 +467,75 @@ static int cuda_download_grads(kvm_sculpt_batch *b, const int *idx, int n_idx, f
     return 0;
 }
 
-// Scores and softmax of problem p at its current keys (β when use_beta): S, lc, iz.
-static int scores(kvm_sculpt_batch *b, const cprob &p, int use_beta)
+// The run of problems starting at idx[t]: how many follow it in the batch's order with its
+// shape (one strided-batched GEMM covers them: equal strides in the packed layout).
+static int run_len(const kvm_sculpt_batch *b, const int *idx, int n_idx, int t)
+{
+    const cprob &p = b->pr[idx[t]];
+    int g = 1;
+    for (; t + g < n_idx && idx[t + g] == idx[t] + g; g++) {
+        const cprob &q = b->pr[idx[t + g]];
+        if (q.nq != p.nq || q.k != p.k || q.nc != p.nc || q.scale != p.scale || q.mass_w != p.mass_w) break;
+    }
+    return g;
+}
+
+// Scores and softmax of the run of g problems from p at their current keys (β when use_beta):
+// S, lc, iz.
+static int scores(kvm_sculpt_batch *b, const cprob &p, int g, int use_beta)
 {
     const int dev = b->dev, d = b->d;
     const float zero = 0, sc = p.scale;
-    float *S = b->S + p.os;
-    // S [nq][k] = scale·Q·Kcᵀ: column-major Sᵀ = Kc·Qᵀ (LAYOUT.md's X·Wᵀ rule)
-    BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &sc, b->kc + p.ok * d, d, b->q + p.oq * d,
-                   d, &zero, S, (int)p.k));
-    k_softmax<<<(unsigned)p.nq, ROW_THREADS, 0, b->st>>>(S, use_beta ? b->beta + p.ok : NULL, p.k, b->lc + p.oq,
-                                                         b->iz + p.oq);
+    // S [nq][k] = scale·Q·Kcᵀ per problem: column-major Sᵀ = Kc·Qᵀ (LAYOUT.md's X·Wᵀ rule)
+    BL("cublasSgemmStridedBatched",
+       kvm__cb.sgemm_sb(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &sc, b->kc + p.ok * d, d, p.k * d,
+                        b->q + p.oq * d, d, p.nq * d, &zero, b->S + p.os, (int)p.k, p.nq * p.k, g));
+    k_softmax<<<(unsigned)(g * p.nq), ROW_THREADS, 0, b->st>>>(b->S + p.os, use_beta ? b->beta + p.ok : NULL, p.nq,
+                                                               p.k, b->lc + p.oq, b->iz + p.oq);
     LAUNCHED("k_softmax");
     return 0;
 }
 
-// Loss (and gradients) of one problem; its totals into b->sums[2i].
-static int lossgrad_one(kvm_sculpt_batch *b, int i, double lambda, int use_beta, int want_gk, int want_gb)
+// Loss (and gradients) of the run of g problems from problem i; their totals into b->sums[2i..].
+static int lossgrad_run(kvm_sculpt_batch *b, int i, int g, double lambda, int use_beta, int want_gk, int want_gb)
 {
     const int dev = b->dev, d = b->d;
     const cprob &p = b->pr[i];
     const float one = 1, zero = 0, sc = p.scale;
-    int rc = scores(b, p, use_beta);
+    int rc = scores(b, p, g, use_beta);
     if (rc) return rc;
-    float *S = b->S + p.os, *R = b->R + p.os, *oh = b->oh + p.oq * d, *E = b->E + p.oq * d;
+    const int64_t o = p.oq, rows = g * p.nq, sq = p.nq * d, sk = p.k * d, ss = p.nq * p.k;
+    float *S = b->S + p.os, *R = b->R + p.os, *oh = b->oh + o * d, *E = b->E + o * d;
     const float *vc = b->vc + p.ok * d;
     // Ôc [nq][d] = Eexp·Vc (unnormalised; the row kernel applies iz): column-major Ôcᵀ = Vcᵀ·Eexpᵀ
-    BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_N, d, (int)p.nq, (int)p.k, &one, vc, d, S, (int)p.k, &zero, oh, d));
-    const double a1 = 2.0 / ((double)p.nq * p.out_ms), a2 = 2.0 * lambda / (double)p.nq;
-    const int64_t o = p.oq;
-    k_query<<<(unsigned)p.nq, ROW_THREADS, 0, b->st>>>(oh, b->of + o * d, b->orr + o * d, b->lz + o, b->lr + o,
-                                                       b->nvis + o, b->lc + o, b->iz + o, d, p.nc, p.mass_w, a1, a2, E,
-                                                       b->oe + o, b->b1 + o, b->b2 + o, b->msr + o, b->lsr + o);
+    BL("cublasSgemmStridedBatched", kvm__cb.sgemm_sb(b->h, CUBLAS_OP_N, CUBLAS_OP_N, d, (int)p.nq, (int)p.k, &one, vc, d,
+                                                     sk, S, (int)p.k, ss, &zero, oh, d, sq, g));
+    const double a2 = 2.0 * lambda / (double)p.nq;
+    k_query<<<(unsigned)rows, ROW_THREADS, 0, b->st>>>(oh, b->of + o * d, b->orr + o * d, b->lz + o, b->lr + o,
+                                                       b->nvis + o, b->lc + o, b->iz + o, d, p.nc, p.mass_w, b->a1 + i,
+                                                       p.nq, a2, E, b->oe + o, b->b1 + o, b->b2 + o, b->msr + o,
+                                                       b->lsr + o);
     LAUNCHED("k_query");
-    k_total<<<1, ROW_THREADS, 0, b->st>>>(b->msr + o, b->lsr + o, p.nq, b->sums + 2 * i);
+    k_total<<<(unsigned)g, ROW_THREADS, 0, b->st>>>(b->msr + o, b->lsr + o, p.nq, b->sums + 2 * i);
     LAUNCHED("k_total");
     if (!want_gk && !want_gb) return 0;
     // R [nq][k] = E·Vcᵀ: column-major Rᵀ = Vc·Eᵀ
-    BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &one, vc, d, E, d, &zero, R, (int)p.k));
-    const int64_t ne = p.nq * p.k;
-    k_dscore<<<(unsigned)((ne + 255) / 256), 256, 0, b->st>>>(S, b->iz + o, b->oe + o, b->b1 + o, b->b2 + o, p.nq,
+    BL("cublasSgemmStridedBatched", kvm__cb.sgemm_sb(b->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)p.k, (int)p.nq, d, &one, vc, d,
+                                                     sk, E, d, sq, &zero, R, (int)p.k, ss, g));
+    const int64_t ne = rows * p.k;
+    k_dscore<<<(unsigned)((ne + 255) / 256), 256, 0, b->st>>>(S, b->iz + o, b->oe + o, b->b1 + o, b->b2 + o, rows,
                                                               p.k, R);
     LAUNCHED("k_dscore");
     if (want_gb) {
-        k_colsum<<<(unsigned)((p.k + 127) / 128), 128, 0, b->st>>>(R, p.nq, p.k, b->gb + p.ok);
+        const int64_t nent = g * p.k;
+        k_colsum<<<(unsigned)((nent + 127) / 128), 128, 0, b->st>>>(R, p.nq, p.k, nent, b->gb + p.ok);
         LAUNCHED("k_colsum");
     }
     // G [k][d] = scale·Uᵀ·Q: column-major Gᵀ (d×k) = Qᵀ(d×nq)·U(nq×k) read as Q (ld d) · Uᵀ (ld k)
     if (want_gk)
-        BL("cublasSgemm", kvm__cb.sgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &sc, b->q + o * d, d, R, (int)p.k,
-                       &zero, b->gk + p.ok * d, d));
+        BL("cublasSgemmStridedBatched",
+           kvm__cb.sgemm_sb(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &sc, b->q + o * d, d, sq, R,
+                            (int)p.k, ss, &zero, b->gk + p.ok * d, d, sk, g));
     return 0;
 }
 
@@ -453,8 +546,10 @@ static int cuda_lossgrad(kvm_sculpt_batch *b, const int *idx, int n_idx, double 
     int rc = check_idx(b, idx, n_idx);
     if (rc) return rc;
     CU(cudaSetDevice(dev));
-    for (int t = 0; t < n_idx; t++)
-        if ((rc = lossgrad_one(b, idx[t], lambda, use_beta, want_gk, want_gb))) return rc;
+    for (int t = 0, g; t < n_idx; t += g) {
+        g = run_len(b, idx, n_idx, t);
+        if ((rc = lossgrad_run(b, idx[t], g, lambda, use_beta, want_gk, want_gb))) return rc;
+    }
     CU(cudaMemcpyAsync(b->hsums, b->sums, (size_t)(2 * b->n) * sizeof(double), cudaMemcpyDeviceToHost, b->st));
     CU(cudaStreamSynchronize(b->st));
     for (int t = 0; t < n_idx; t++) {
@@ -467,32 +562,82 @@ static int cuda_lossgrad(kvm_sculpt_batch *b, const int *idx, int n_idx, double 
     return 0;
 }
 
+// Normal equations of the run of g problems from p into b->A, b->B (device).
+static int normal_run(kvm_sculpt_batch *b, const cprob &p, int g, int use_beta)
+{
+    const int dev = b->dev, d = b->d;
+    const double one = 1, zero = 0;
+    int rc = scores(b, p, g, use_beta);
+    if (rc) return rc;
+    const int64_t o = p.oq, ss = p.nq * p.k, sq = p.nq * d;
+    double *P = b->P + p.os, *T = b->T + o * d;
+    k_design<<<(unsigned)(g * p.nq), ROW_THREADS, 0, b->st>>>(b->S + p.os, b->iz + o, b->lc + o, b->lz + o, b->lr + o,
+                                                              b->nvis + o, b->of + o * d, b->orr + o * d, p.k, d, p.nc,
+                                                              P, T);
+    LAUNCHED("k_design");
+    // A [k][k] = PᵀP (symmetric: both layouts agree); B [k][d] = PᵀT: column-major Bᵀ = Tᵀ·P
+    BL("cublasDgemmStridedBatched", kvm__cb.dgemm_sb(b->h, CUBLAS_OP_N, CUBLAS_OP_T, (int)p.k, (int)p.k, (int)p.nq, &one,
+                                                     P, (int)p.k, ss, P, (int)p.k, ss, &zero, b->A + p.oa, (int)p.k,
+                                                     p.k * p.k, g));
+    BL("cublasDgemmStridedBatched", kvm__cb.dgemm_sb(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &one, T, d,
+                                                     sq, P, (int)p.k, ss, &zero, b->B + p.ok * d, d, p.k * d, g));
+    return 0;
+}
+
 static int cuda_normal(kvm_sculpt_batch *b, const int *idx, int n_idx, int use_beta, double *A, double *B)
 {
     const int dev = b->dev, d = b->d;
     int rc = check_idx(b, idx, n_idx);
     if (rc) return rc;
     CU(cudaSetDevice(dev));
-    const double one = 1, zero = 0;
-    for (int t = 0; t < n_idx; t++) {
+    for (int t = 0, g; t < n_idx; t += g) {
+        g = run_len(b, idx, n_idx, t);
         const cprob &p = b->pr[idx[t]];
-        if ((rc = scores(b, p, use_beta))) return rc;
-        const int64_t o = p.oq;
-        double *P = b->P + p.os, *T = b->T + o * d;
-        k_design<<<(unsigned)p.nq, ROW_THREADS, 0, b->st>>>(b->S + p.os, b->iz + o, b->lc + o, b->lz + o, b->lr + o,
-                                                            b->nvis + o, b->of + o * d, b->orr + o * d, p.k, d, p.nc,
-                                                            P, T);
-        LAUNCHED("k_design");
-        // A [k][k] = PᵀP (symmetric: both layouts agree); B [k][d] = PᵀT: column-major Bᵀ = Tᵀ·P
-        BL("cublasDgemm", kvm__cb.dgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, (int)p.k, (int)p.k, (int)p.nq, &one, P, (int)p.k, P, (int)p.k,
-                       &zero, b->A + p.oa, (int)p.k));
-        BL("cublasDgemm", kvm__cb.dgemm(b->h, CUBLAS_OP_N, CUBLAS_OP_T, d, (int)p.k, (int)p.nq, &one, T, d, P, (int)p.k, &zero,
-                       b->B + p.ok * d, d));
-        CU(cudaMemcpyAsync(A + p.oa, b->A + p.oa, (size_t)(p.k * p.k) * sizeof(double), cudaMemcpyDeviceToHost, b->st));
-        CU(cudaMemcpyAsync(B + p.ok * d, b->B + p.ok * d, (size_t)(p.k * d) * sizeof(double), cudaMemcpyDeviceToHost,
+        if ((rc = normal_run(b, p, g, use_beta))) return rc;
+        // the run's A and B are contiguous in the packed layout: one copy each
+        CU(cudaMemcpyAsync(A + p.oa, b->A + p.oa, (size_t)(g * p.k * p.k) * sizeof(double), cudaMemcpyDeviceToHost,
                            b->st));
+        CU(cudaMemcpyAsync(B + p.ok * d, b->B + p.ok * d, (size_t)(g * p.k * d) * sizeof(double),
+                           cudaMemcpyDeviceToHost, b->st));
     }
     CU(cudaStreamSynchronize(b->st));
+    return 0;
+}
+
+static int cuda_ridge(kvm_sculpt_batch *b, const int *idx, int n_idx, int use_beta, double alpha_rel,
+                      const double *cap, float *vc, int *rcs)
+{
+    const int dev = b->dev, d = b->d;
+    int rc = check_idx(b, idx, n_idx);
+    if (rc || n_idx == 0) return rc;
+    CU(cudaSetDevice(dev));
+    for (int t = 0, g; t < n_idx; t += g) {
+        g = run_len(b, idx, n_idx, t);
+        if ((rc = normal_run(b, b->pr[idx[t]], g, use_beta))) return rc;
+    }
+    for (int t = 0; t < n_idx; t++) {
+        const cprob &p = b->pr[idx[t]];
+        b->hmeta[3 * t] = p.oa, b->hmeta[3 * t + 1] = p.ok, b->hmeta[3 * t + 2] = p.k;
+    }
+    CU(cudaMemcpyAsync(b->rmeta, b->hmeta, (size_t)(3 * n_idx) * sizeof(int64_t), cudaMemcpyHostToDevice, b->st));
+    CU(cudaMemcpyAsync(b->rcap, cap, (size_t)n_idx * sizeof(double), cudaMemcpyHostToDevice, b->st));
+    k_ridge<<<(unsigned)n_idx, ROW_THREADS, 0, b->st>>>(b->A, b->B, b->vc, b->rmeta, b->rcap, alpha_rel, d, b->rst);
+    LAUNCHED("k_ridge");
+    CU(cudaMemcpyAsync(b->hst, b->rst, (size_t)n_idx * sizeof(int), cudaMemcpyDeviceToHost, b->st));
+    CU(cudaStreamSynchronize(b->st));
+    int n_bad = 0;
+    for (int t = 0; t < n_idx; t++) {
+        const cprob &p = b->pr[idx[t]];
+        rcs[t] = b->hst[t] ? KVM_ERANGE : 0;
+        n_bad += b->hst[t] != 0;
+        if (!b->hst[t])
+            CU(cudaMemcpyAsync(vc + p.ok * d, b->vc + p.ok * d, (size_t)(p.k * d) * sizeof(float),
+                               cudaMemcpyDeviceToHost, b->st));
+    }
+    CU(cudaStreamSynchronize(b->st));
+    if (n_bad)
+        kvm_err(KVM_ERANGE, "sculpt ridge (cuda:%d): %d problem(s) with a normal matrix not positive definite or a "
+                            "non-finite value", dev, n_bad);
     return 0;
 }
 
@@ -520,6 +665,7 @@ extern "C" const kvm_sculpt_backend *kvm_sculpt_backend_cuda(int device)
     t->lossgrad = cuda_lossgrad;
     t->download_grads = cuda_download_grads;
     t->normal = cuda_normal;
+    t->ridge = cuda_ridge;
     return t;
 }
 
