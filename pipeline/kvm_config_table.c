@@ -38,6 +38,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
     {"model", "context", I, "384", 1, 1 << 20, NULL, "tokens", "documents are truncated to this many tokens (BOS included)"},
     {"model", "weight_dtype", E, "auto", 0, 0, "auto|f32|bf16|f16", "", "how the CPU stores weight matrices, widened to float32 inside the GEMM: auto = bf16 for BF16 files, f32 for F32 files, f16 for F16 and quantised GGUF; f32 for parity runs"},
+    {"model", "kv_dtype", E, "f32", 0, 0, "f32|f16", "", "element type of the in-memory KV cache of decoding on the CPU (serve's decode workers; generate's --kv-dtype): f16 halves it, attention widens entries as it reads them; compression and stored caches are unaffected"},
 
     {"store", "path", P, "./kvmill.lmdb", 0, 0, NULL, "", "LMDB environment directory"},
     {"store", "map_size_mb", I, "64", 1, 1 << 30, NULL, "MiB", "initial LMDB map size"},

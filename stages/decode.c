@@ -40,6 +40,7 @@ typedef struct decode_state {
     int compute_missing;
     int64_t max_new_caches, max_new_caches_per_key; /* for messages; the broker enforces them */
     int keyed;                                      /* the front end authenticates client keys */
+    kvm_kv_dtype kv_dtype;                          /* [model] kv_dtype: the cache while decoding */
 } decode_state;
 
 static int setup(void *stp, const kvm_stage_args *a)
@@ -64,6 +65,8 @@ static int setup(void *stp, const kvm_stage_args *a)
         st->tok = st->tok_own;
     }
     if (!st->tok) return kvm_err(KVM_ENOTFOUND, "no tokenizer found for model %s ([model] tokenizer)", st->wm.path);
+    if ((rc = kvm_kvcache_dtype_parse(kvm_config_str(st->cfg, "model", "kv_dtype"), &st->kv_dtype)))
+        return kvm_err(rc, "%s: [model] %s", kvm_config_path(st->cfg), kvm_errmsg());
     st->ctx = kvm_config_int(st->cfg, "model", "context");
     if (st->ctx > st->wm.model->cfg.seq_len)
         return kvm_err(KVM_EINVAL, "%s: [model] context = %lld exceeds the model's window of %d tokens",
@@ -339,6 +342,10 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                      (long long)d.n_tokens);
         goto done;
     }
+    /* [model] kv_dtype = f16: loaded (or just computed and stored) in float32, the cache stays
+     * 16-bit in memory while the prompt and the answer are decoded; f16 stored entries come
+     * back bit for bit */
+    if ((rc = kvm_kvcache_convert(cache, st->kv_dtype))) goto done;
     double t1 = kvm_now_ms();
     r->load_ms = t1 - t0;
     logits = malloc((size_t)mc->vocab_size * sizeof *logits);
