@@ -67,6 +67,9 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (!st->tok) return kvm_err(KVM_ENOTFOUND, "no tokenizer found for model %s ([model] tokenizer)", st->wm.path);
     if ((rc = kvm_kvcache_dtype_parse(kvm_config_str(st->cfg, "model", "kv_dtype"), &st->kv_dtype)))
         return kvm_err(rc, "%s: [model] %s", kvm_config_path(st->cfg), kvm_errmsg());
+    if (st->kv_dtype != KVM_KV_F32)
+        kvm_log(KVM_LOG_INFO, "kv_dtype", NULL, 0, "caches stay %s in memory while decoding ([model] kv_dtype)",
+                kvm_kvcache_dtype_name(st->kv_dtype));
     st->ctx = kvm_config_int(st->cfg, "model", "context");
     if (st->ctx > st->wm.model->cfg.seq_len)
         return kvm_err(KVM_EINVAL, "%s: [model] context = %lld exceeds the model's window of %d tokens",
