@@ -4,7 +4,7 @@
  * agreement; then CPU seconds (this process, CLOCK_PROCESS_CPUTIME_ID) of the whole prefill and
  * of --decode decode steps after it, for each dtype, alternating --reps times (medians).
  * Prints `key=value` lines. Usage: bench_kv16 --model M [--tokens FILE] [--n 2048] [--chunk 256]
- * [--decode 32] [--reps 3] [--threads 1]. */
+ * [--decode 32] [--reps 3] [--threads 1] [--kl 1] (--kl 0: the CPU seconds only). */
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 
@@ -65,7 +65,7 @@ static int argmax(const float *x, int n)
 int main(int argc, char **argv)
 {
     const char *model = NULL, *tokens = NULL;
-    int64_t n = 2048, chunk = 256, n_dec = 32, reps = 3, threads = 1;
+    int64_t n = 2048, chunk = 256, n_dec = 32, reps = 3, threads = 1, want_kl = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
         else if (!strcmp(argv[i], "--tokens")) tokens = argv[i + 1];
@@ -74,6 +74,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--decode")) n_dec = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--kl")) want_kl = atoll(argv[i + 1]);
         else {
             fprintf(stderr, "bench_kv16: unknown option %s\n", argv[i]);
             return 2;
@@ -107,7 +108,7 @@ int main(int argc, char **argv)
         return die("out of memory");
     double kl_sum = 0, kl_max = 0, mx = 0;
     int64_t same = 0;
-    for (int64_t i0 = 0; i0 < n; i0 += chunk) {
+    for (int64_t i0 = 0; want_kl && i0 < n; i0 += chunk) {
         int64_t nb = n - i0 < chunk ? n - i0 : chunk;
         if (kvm_forward_prefill(fw, ca, ids + i0, nb, la, KVM_LOGITS_ALL) ||
             kvm_forward_prefill(fw, cb, ids + i0, nb, lb, KVM_LOGITS_ALL))
@@ -119,7 +120,8 @@ int main(int argc, char **argv)
             same += argmax(la + t * V, V) == argmax(lb + t * V, V);
         }
     }
-    printf("model=%s\npositions=%lld\nkl_mean=%.3g\nkl_max=%.3g\nmax_abs_dlogit=%.3g\nargmax_equal=%lld\n", model,
+    if (want_kl)
+        printf("model=%s\npositions=%lld\nkl_mean=%.3g\nkl_max=%.3g\nmax_abs_dlogit=%.3g\nargmax_equal=%lld\n", model,
            (long long)n, kl_sum / (double)n, kl_max, mx, (long long)same);
     printf("kv_bytes_f32=%lld\nkv_bytes_f16=%lld\n", (long long)kvm_kvcache_bytes(ca), (long long)kvm_kvcache_bytes(cb));
     kvm_kvcache_free(&ca);
