@@ -7,8 +7,8 @@
  * it: no N x N matrix is ever held. Statistics are reduced from the tile's probability rows
  * before it is reused; the received mass sums queries in order, so with MASS asked each task
  * is one query head (its blocks in order), which keeps the sums bit-identical to the
- * per-query accumulation the capture did before. An f16 cache (kv_dtype) is packed into f16
- * panels that the GEMM widens per block, and read widened by the direct decode products: the
+ * per-query accumulation the capture did before. An f16 cache (kv_dtype) is widened into the
+ * float32 panels as it is packed, and read widened by the direct decode products: the
  * same operations as on float32 entries holding the widened values, so the results are bit
  * for bit those (tests/check_kv16.c). */
 #include "kernels/cpu/kvm_cpu.h"
@@ -284,7 +284,7 @@ int kvm__cpu_attention(const kvm_attn_layer *a)
     if (!sc) return kvm_err(KVM_ENOMEM, "attention: out of memory");
     if ((rc = scratch_heads(sc, nkv))) return rc;
     /* K as W [n_e][d] (QKᵀ), V as W [d][n_e] read from V [n_e][d] (PV), once per KV head; f16
-     * entries go into f16 panels, widened by the GEMM KC rows at a time */
+     * entries are widened as they are packed */
     for (int g = 0; g < nkv; g++)
         if (a->kv_dtype == KVM_KV_F16 ? (rc = kvm__cpu_pack_f16(&sc->k[g], a->k16[g], a->n_e[g], d, d, 1)) ||
                                             (rc = kvm__cpu_pack_f16(&sc->v[g], a->v16[g], d, a->n_e[g], 1, d))

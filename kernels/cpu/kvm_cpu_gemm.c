@@ -48,15 +48,10 @@ static inline v16 widen(const uint16_t *src, int dtype)
     return f;
 }
 
-int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+/* Room for the float32 panels of an out x in matrix in dst->p (reused when large enough). */
+static int pack_room(kvm_cpu_packed *dst, int64_t out, int64_t in)
 {
     const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR, need = panels * in * NR;
-    if (dst->h) { /* the last call packed f16: float32 from now on */
-        free(dst->h);
-        dst->h = NULL;
-        dst->hcap = 0;
-    }
-    dst->dtype = KVM_GEMM_F32;
     if (need > dst->cap) {
         free(dst->p);
         size_t bytes = ((size_t)(need > 0 ? need : 1) * sizeof(float) + 63) & ~(size_t)63;
@@ -66,6 +61,14 @@ int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in
     }
     dst->out = out;
     dst->in = in;
+    return 0;
+}
+
+int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+{
+    const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR;
+    int rc = pack_room(dst, out, in);
+    if (rc) return rc;
     for (int64_t p = 0; p < panels; p++) {
         float *pp = dst->p + p * in * NR;
         int64_t o0 = p * NR, nr = out - o0 < NR ? out - o0 : NR;
@@ -78,32 +81,27 @@ int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in
     return 0;
 }
 
-int kvm__cpu_pack_f16(kvm_cpu_packed *dst, const uint16_t *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+/* The panels of kvm__cpu_pack_f16, widened element by element (cloned: F16C where present). */
+KVM_CLONES
+static void pack_widen(float *dst, const uint16_t *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
 {
-    const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR, need = panels * in * NR;
-    free(dst->p); /* the last call packed float32 (or nothing) */
-    dst->p = NULL;
-    dst->cap = 0;
-    if (need > dst->hcap || !dst->h) {
-        free(dst->h);
-        size_t bytes = ((size_t)(need > 0 ? need : 1) * sizeof(uint16_t) + 63) & ~(size_t)63;
-        dst->h = aligned_alloc(64, bytes);
-        dst->hcap = dst->h ? need : 0;
-        if (!dst->h) return kvm_err(KVM_ENOMEM, "gemm: out of memory packing %lld x %lld", (long long)out, (long long)in);
-    }
-    dst->out = out;
-    dst->in = in;
-    dst->dtype = KVM_GEMM_F16;
+    const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR;
     for (int64_t p = 0; p < panels; p++) {
-        uint16_t *pp = dst->h + p * in * NR;
+        float *pp = dst + p * in * NR;
         int64_t o0 = p * NR, nr = out - o0 < NR ? out - o0 : NR;
         for (int64_t i = 0; i < in; i++) {
-            uint16_t *row = pp + i * NR;
-            for (int64_t j = 0; j < nr; j++) row[j] = src[(o0 + j) * s_out + i * s_in];
-            for (int64_t j = nr; j < NR; j++) row[j] = 0;
+            float *row = pp + i * NR;
+            for (int64_t j = 0; j < nr; j++) row[j] = kvm__f16_float(src[(o0 + j) * s_out + i * s_in]);
+            for (int64_t j = nr; j < NR; j++) row[j] = 0.0f;
         }
     }
-    return 0;
+}
+
+int kvm__cpu_pack_f16(kvm_cpu_packed *dst, const uint16_t *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+{
+    int rc = pack_room(dst, out, in);
+    if (!rc) pack_widen(dst->p, src, out, in, s_out, s_in);
+    return rc;
 }
 
 /* One panel of NR rows (nr real ones, buf [nr][in] float32) into dst [in][NR] 16-bit; returns

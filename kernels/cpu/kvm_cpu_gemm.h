@@ -23,20 +23,18 @@ typedef struct kvm_cpu_packed {
     int64_t cap;    /* floats allocated in p */
     float *p;       /* [ceil(out/NR)][in][NR], zero padded, 64-byte aligned, owned (f32 panels) */
     uint16_t *h;    /* the same layout in 16-bit (bf16 or f16 panels; then p is NULL), owned */
-    int64_t hcap;   /* 16-bit values allocated in h by kvm__cpu_pack_f16 (0 for weight panels) */
     int dtype;      /* KVM_GEMM_F32, _BF16 or _F16 */
 } kvm_cpu_packed;
 
 /* Packs a matrix given as element (o, i) = src[o * s_out + i * s_in] for o < out, i < in:
  * W [out][in] row-major is (s_out = in, s_in = 1); V [in][out] is (s_out = 1, s_in = out).
- * Reuses dst->p when large enough (and frees a 16-bit dst->h). Returns 0 or KVM_ENOMEM. */
+ * Reuses dst->p when large enough. Returns 0 or KVM_ENOMEM. */
 int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in);
 
-/* kvm__cpu_pack for a matrix held in f16 (IEEE binary16 bits, the f16 KV cache): f16 panels
- * (dtype KVM_GEMM_F16, the bits copied, no rounding), widened by kvm__cpu_gemm_packed as it
- * reads them, so the product equals bit for bit the one of float32 panels of the widened
- * values. Reuses dst->h when large enough (and frees a float32 dst->p: one of the two is
- * live). Returns 0 or KVM_ENOMEM. */
+/* kvm__cpu_pack for a matrix held in f16 (IEEE binary16 bits, the f16 KV cache), widened
+ * exactly into float32 panels as it is packed: the attention GEMMs then run the float32 path on
+ * the widened values (once per call and KV head, instead of once per 64-query tile as 16-bit
+ * panels would be). Reuses dst->p when large enough. Returns 0 or KVM_ENOMEM. */
 int kvm__cpu_pack_f16(kvm_cpu_packed *dst, const uint16_t *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in);
 
 /* Packs W [out][in] in 16-bit panels (dtype KVM_GEMM_BF16 or KVM_GEMM_F16, rounded to nearest
