@@ -19,6 +19,14 @@ typedef enum kvm_rope_style {
     KVM_ROPE_HALF = 1,        /* pairs (i, i + d/2): Hugging Face rotate_half */
 } kvm_rope_style;
 
+/* Element type of the KV cache's keys and values in host memory (the [model] kv_dtype setting).
+ * Attention widens f16 entries to float32 as it reads them; scores, softmax and outputs stay
+ * float32 whatever this is. */
+typedef enum kvm_kv_dtype {
+    KVM_KV_F32 = 0, /* IEEE binary32 */
+    KVM_KV_F16 = 1, /* IEEE binary16 (11-bit significand, |x| ≤ 65504), stored as uint16_t bits */
+} kvm_kv_dtype;
+
 /* Statistics the attention kernel writes per query head when asked (kvm_attn_layer.stats,
  * OR of these flags). p_i[e] is query i's attention probability on entry e (0 where e is
  * masked), s_i[e] = scale·q_i·k_e + bias[e] its logit. They are what compression reads from
@@ -65,6 +73,9 @@ typedef struct kvm_attn_layer {
     int64_t n_q;              /* queries (0: nothing to do) */
     const float *const *k;    /* [n_kv_heads] host array; k[g] is [n_e[g]][d] contiguous post-RoPE keys */
     const float *const *v;    /* [n_kv_heads]; v[g] is [n_e[g]][d] contiguous values */
+    kvm_kv_dtype kv_dtype;    /* KVM_KV_F32 (0): k and v are read; KVM_KV_F16: k16 and v16 are (CPU only) */
+    const uint16_t *const *k16; /* KVM_KV_F16: [n_kv_heads]; k16[g] is [n_e[g]][d] f16 keys (k unused) */
+    const uint16_t *const *v16; /* KVM_KV_F16: [n_kv_heads]; v16[g] is [n_e[g]][d] f16 values (v unused) */
     const int32_t *const *pos;/* [n_kv_heads]; pos[g] is [n_e[g]] entry positions or KVM_POS_NONE */
     const float *const *bias; /* [n_kv_heads] or NULL (all zero); bias[g] is [n_e[g]] logit bias β or NULL */
     const int64_t *n_e;       /* [n_kv_heads] host array: entries of each KV head (ragged) */
@@ -150,8 +161,10 @@ typedef struct kvm_kernels {
     /* One layer's attention with the statistics asked for (see kvm_attn_layer), one call
      * for all heads. Returns 0, KVM_EINVAL (bad sizes: n_q < 0, n_e < 0, d ≤ 0, n_heads not
      * a multiple of n_kv_heads, ld* too small, a statistic asked for without its buffer,
-     * n_obs outside [1, n_q]), KVM_ENOMEM (scratch), or on CUDA KVM_EDEVICE with the failing
-     * call and device in kvm_errmsg. Outputs and statistics are undefined on error. */
+     * n_obs outside [1, n_q], an unknown kv_dtype, f16 without k16/v16), KVM_ENOMEM (scratch),
+     * KVM_ENOTSUP (f16 K/V on CUDA, whose forward keeps its own float32 cache), or on CUDA
+     * KVM_EDEVICE with the failing call and device in kvm_errmsg. Outputs and statistics are
+     * undefined on error. */
     int (*attention)(const kvm_attn_layer *a);
 } kvm_kernels;
 
@@ -169,6 +182,14 @@ int kvm_kernels_select(const char *device, const kvm_kernels **out);
 /* Fills host tables cos_t/sin_t [n][head_dim/2] for positions pos[0..n) with llama2.c's
  * float32 recipe: freq_i = 1 / theta^(2i/head_dim), angle = pos * freq_i. */
 void kvm_rope_table(const int32_t *pos, int64_t n, int head_dim, float theta, float *cos_t, float *sin_t);
+
+/* dst[i] = src[i] rounded to IEEE binary16 (nearest even; beyond ±65504 gives ±inf, NaN stays
+ * NaN) for i in [0, n): host memory, F16C where the processor has it. The f16 KV cache's
+ * append path; bit for bit proto/kvm_half.h's kvm_half_f32_to_f16. */
+void kvm_f16_round(uint16_t *dst, const float *src, int64_t n);
+
+/* dst[i] = src[i] (IEEE binary16 bits) widened to float32, exact, for i in [0, n): host memory. */
+void kvm_f16_widen(float *dst, const uint16_t *src, int64_t n);
 
 /* Sets the number of threads the CPU backend uses for its kernels and BLAS (≥ 1). */
 void kvm_kernels_cpu_set_threads(int n);

@@ -27,6 +27,7 @@ struct kvm_forward {
     int32_t *qpos;
     /* the per-layer attention call: per-KV-head views of the cache (host arrays) */
     const float **kv_k, **kv_v, **kv_bias;
+    const uint16_t **kv_k16, **kv_v16;      /* the same for an f16 cache */
     const int32_t **kv_pos;
     int64_t *kv_n;
     /* statistics buffers in backend memory (k->alloc), grown on demand */
@@ -72,11 +73,13 @@ int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch,
     const size_t nkv = (size_t)c->n_kv_heads;
     f->kv_k = malloc(nkv * sizeof *f->kv_k);
     f->kv_v = malloc(nkv * sizeof *f->kv_v);
+    f->kv_k16 = malloc(nkv * sizeof *f->kv_k16);
+    f->kv_v16 = malloc(nkv * sizeof *f->kv_v16);
     f->kv_bias = malloc(nkv * sizeof *f->kv_bias);
     f->kv_pos = malloc(nkv * sizeof *f->kv_pos);
     f->kv_n = malloc(nkv * sizeof *f->kv_n);
     if (!f->x || !f->xb || !f->q || !f->q_pre || !f->kk || !f->vv || !f->att || !f->hb || !f->hb2 || !f->cos_t ||
-        !f->sin_t || !f->qpos || !f->kv_k || !f->kv_v || !f->kv_bias || !f->kv_pos || !f->kv_n) {
+        !f->sin_t || !f->qpos || !f->kv_k || !f->kv_v || !f->kv_k16 || !f->kv_v16 || !f->kv_bias || !f->kv_pos || !f->kv_n) {
         kvm_forward_free(&f);
         return kvm_err(KVM_ENOMEM, "forward: out of memory for a batch of %zu tokens", B);
     }
@@ -90,7 +93,7 @@ void kvm_forward_free(kvm_forward **pf)
     kvm_forward *f = *pf;
     free(f->x); free(f->xb); free(f->q); free(f->q_pre); free(f->kk); free(f->vv); free(f->att);
     free(f->hb); free(f->hb2); free(f->cos_t); free(f->sin_t); free(f->qpos);
-    free(f->kv_k); free(f->kv_v); free(f->kv_bias); free(f->kv_pos); free(f->kv_n);
+    free(f->kv_k); free(f->kv_v); free(f->kv_k16); free(f->kv_v16); free(f->kv_bias); free(f->kv_pos); free(f->kv_n);
     f->k->free(f->st_mass); f->k->free(f->st_entropy); f->k->free(f->st_lse); f->k->free(f->st_obs);
     free(f);
     *pf = NULL;
@@ -138,6 +141,11 @@ int kvm_forward_cache_new(const kvm_model *m, int64_t cap, kvm_kvcache **out)
     return kvm_kvcache_new(m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, cap, out);
 }
 
+int kvm_forward_cache_new_dtype(const kvm_model *m, int64_t cap, kvm_kv_dtype dtype, kvm_kvcache **out)
+{
+    return kvm_kvcache_new_dtype(m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, cap, dtype, out);
+}
+
 /* Replaces *buf by a backend buffer of n floats (old contents dropped). */
 static int regrow(const kvm_kernels *k, float **buf, size_t n)
 {
@@ -171,7 +179,8 @@ static int ensure_stats(kvm_forward *f, int64_t ld_e, int64_t n_obs)
     return 0;
 }
 
-/* Appends this chunk's keys/values to every KV head of the layer. */
+/* Appends this chunk's keys/values to every KV head of the layer (rounded to f16 in an f16
+ * cache: the only place the forward writes the cache). */
 static int append_kv(kvm_kvcache *cache, int layer, const float *kk, const float *vv, const int32_t *pos, int64_t n)
 {
     const int d = cache->head_dim, nkv = cache->n_kv_heads;
@@ -180,8 +189,14 @@ static int append_kv(kvm_kvcache *cache, int layer, const float *kk, const float
         int rc = kvm_kvcache_reserve(h, d, h->n + n);
         if (rc) return rc;
         for (int64_t i = 0; i < n; i++) {
-            memcpy(h->k + (h->n + i) * d, kk + (i * nkv + g) * d, (size_t)d * sizeof(float));
-            memcpy(h->v + (h->n + i) * d, vv + (i * nkv + g) * d, (size_t)d * sizeof(float));
+            const float *ks = kk + (i * nkv + g) * d, *vs = vv + (i * nkv + g) * d;
+            if (h->dtype == KVM_KV_F16) {
+                kvm_f16_round(h->k16 + (h->n + i) * d, ks, d);
+                kvm_f16_round(h->v16 + (h->n + i) * d, vs, d);
+            } else {
+                memcpy(h->k + (h->n + i) * d, ks, (size_t)d * sizeof(float));
+                memcpy(h->v + (h->n + i) * d, vs, (size_t)d * sizeof(float));
+            }
             h->pos[h->n + i] = pos[i];
             h->bias[h->n + i] = 0.0f;
         }
@@ -202,6 +217,8 @@ static int attend(kvm_forward *f, kvm_attn_site *site)
         const kvm_kv_head *kh = kvm_kvcache_head(site->cache, site->layer, g);
         f->kv_k[g] = kh->k;
         f->kv_v[g] = kh->v;
+        f->kv_k16[g] = kh->k16;
+        f->kv_v16[g] = kh->v16;
         f->kv_pos[g] = kh->pos;
         f->kv_bias[g] = kh->bias;
         f->kv_n[g] = kh->n;
@@ -212,7 +229,8 @@ static int attend(kvm_forward *f, kvm_attn_site *site)
     if (rc) return rc;
     kvm_attn_layer a = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = d,
                         .scale = 1.0f / sqrtf((float)d), .q = f->q, .ldq = ld, .qpos = f->qpos, .n_q = n,
-                        .k = f->kv_k, .v = f->kv_v, .pos = f->kv_pos, .bias = f->kv_bias, .n_e = f->kv_n,
+                        .k = f->kv_k, .v = f->kv_v, .kv_dtype = site->cache->dtype, .k16 = f->kv_k16,
+                        .v16 = f->kv_v16, .pos = f->kv_pos, .bias = f->kv_bias, .n_e = f->kv_n,
                         .out = f->att, .ldo = ld, .stats = f->stats, .mass_p0 = f->mass_p0, .mass_p1 = f->mass_p1,
                         .n_obs = n_obs, .ld_e = f->st_ld_e, .mass = f->st_mass, .entropy = f->st_entropy,
                         .lse = f->st_lse, .obs = f->st_obs};

@@ -86,6 +86,7 @@ typedef struct gen_args {
     int quiet_prompt;  /* 1: print only the generated tokens (--chat) */
     double temperature, topp;
     uint64_t seed;
+    kvm_kv_dtype kv_dtype; /* the CPU forward's cache (--kv-dtype) */
 } gen_args;
 
 /* The forward generate runs: the CPU forward (kvm_forward over a host cache), or on cuda:N the
@@ -99,14 +100,14 @@ typedef struct gen_fwd {
 } gen_fwd;
 
 static int gen_fwd_new(const kvm_model *m, const kvm_kernels *k, int cuda_device, int64_t np, int64_t steps,
-                       gen_fwd *g)
+                       kvm_kv_dtype kv_dtype, gen_fwd *g)
 {
 #ifdef KVM_WITH_CUDA
     if (cuda_device >= 0) /* float32 weights stay bit-comparable with the CPU; bf16 is for benchmarks */
         return kvm_model_cuda_new(m, cuda_device, KVM_CUDA_F32, steps, np > 0 ? np : 1, &g->dev);
 #endif
     int rc = kvm_forward_new(m, k, np < 512 ? np : 512, &g->f); /* prefill in chunks: scratch for 512 rows, not N */
-    return rc ? rc : kvm_forward_cache_new(m, steps, &g->cache);
+    return rc ? rc : kvm_forward_cache_new_dtype(m, steps, kv_dtype, &g->cache);
 }
 
 /* logits of the last of tokens[0, n) */
@@ -136,7 +137,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, int cuda_device, c
     float *logits = malloc((size_t)m->cfg.vocab_size * sizeof *logits);
     int64_t steps = a->steps, n_pre = np < steps ? np : steps, produced = 0;
     int rc = logits ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
-    if (!rc) rc = gen_fwd_new(m, k, cuda_device, np, steps, &g);
+    if (!rc) rc = gen_fwd_new(m, k, cuda_device, np, steps, a->kv_dtype, &g);
     if (!rc) rc = kvm_sampler_new(m->cfg.vocab_size, (float)a->temperature, (float)a->topp, a->seed, &smp);
     double t0 = now_s();
     if (!rc) rc = gen_fwd_run(&g, p, n_pre, logits);
@@ -181,6 +182,7 @@ int kvm_cmd_generate(int argc, char **argv)
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
         {"threads", 1, "compute threads of the CPU kernels (default: every core)", NULL},
         {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
+        {"kv-dtype", 1, KVM_CLI_KV_DTYPE_HELP, NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("generate", "Generates text from a prompt; prints it to stdout.", argc, argv, opts, NULL, 0,
@@ -200,6 +202,13 @@ int kvm_cmd_generate(int argc, char **argv)
     if ((s = kvm_cli_get(opts, "temperature")) && kvm_cli_float("generate", "temperature", s, 0, 1e6, &a.temperature)) return 2;
     if ((s = kvm_cli_get(opts, "topp")) && kvm_cli_float("generate", "topp", s, 0, 1, &a.topp)) return 2;
     if ((s = kvm_cli_get(opts, "seed"))) { if (kvm_cli_int("generate", "seed", s, 0, INT64_MAX, &v)) return 2; a.seed = (uint64_t)v; }
+    if (kvm_cli_kv_dtype("generate", kvm_cli_get(opts, "kv-dtype"), &a.kv_dtype)) return 2;
+    const char *dev = kvm_cli_get(opts, "device");
+    if (a.kv_dtype != KVM_KV_F32 && dev && strcmp(dev, "cpu")) {
+        fprintf(stderr, "kvmill generate: --kv-dtype %s is for the CPU forward; on --device %s the cache stays float32 "
+                        "on the device (leave --kv-dtype out)\n", kvm_kvcache_dtype_name(a.kv_dtype), dev);
+        return 2;
+    }
     const kvm_kernels *k;
     if (kvm_cli_setup_device("generate", kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &k)) return 2;
     kvm_model *m;
@@ -234,7 +243,6 @@ int kvm_cmd_generate(int argc, char **argv)
         }
     }
     free(chat_text);
-    const char *dev = kvm_cli_get(opts, "device");
     int cuda_device = dev && strncmp(dev, "cuda:", 5) == 0 ? atoi(dev + 5) : -1; /* checked by setup_device */
     if (!rc) rc = generate(m, k, cuda_device, tok, p, np, &a) ? 1 : 0;
     free(p);

@@ -1,5 +1,6 @@
 /* kvm_cli_model.c: model, tokenizer and device resolution shared by kvmill commands. */
 #include "orchestrator/kvm_cli_model.h"
+#include "model/kvm_kvcache.h"
 #include "model/kvm_tokenizer_find.h"
 #include "orchestrator/kvm_cli.h"
 #include "common/kvm_error.h"
@@ -41,6 +42,15 @@ int kvm_cli_weight_dtype(const char *cmd, const char *value, kvm_model *m)
     int rc = kvm_model_weight_dtype_parse(value, &d);
     if (!rc) rc = kvm_model_set_weight_dtype(m, d);
     if (rc) fprintf(stderr, "kvmill %s: --weight-dtype: %s\n", cmd, kvm_errmsg());
+    return rc;
+}
+
+int kvm_cli_kv_dtype(const char *cmd, const char *value, kvm_kv_dtype *out)
+{
+    *out = KVM_KV_F32;
+    if (!value) return 0;
+    int rc = kvm_kvcache_dtype_parse(value, out);
+    if (rc) fprintf(stderr, "kvmill %s: --kv-dtype: %s\n", cmd, kvm_errmsg());
     return rc;
 }
 

@@ -24,6 +24,14 @@ int kvm_cli_weight_dtype(const char *cmd, const char *value, kvm_model *m);
     "weight matrices in memory on the CPU, widened to float32 inside the GEMM: auto (default: the file's 16-bit "  \
     "type, f16 for quantised GGUF, f32 for F32 files), f32 (parity runs), bf16 or f16 ([model] weight_dtype)"
 
+/* Parses a --kv-dtype value (f32|f16; NULL gives f32) into *out. Prints "kvmill CMD: --kv-dtype:
+ * <detail>" and returns KVM_EINVAL on a bad value. */
+int kvm_cli_kv_dtype(const char *cmd, const char *value, kvm_kv_dtype *out);
+
+#define KVM_CLI_KV_DTYPE_HELP                                                                                         \
+    "element type of the in-memory KV cache on the CPU: f32 (default) or f16 (half the memory, widened to float32 "  \
+    "by attention as it reads it) ([model] kv_dtype)"
+
 /* Applies --device and --threads values (either may be NULL). Prints errors as above. */
 int kvm_cli_setup_device(const char *cmd, const char *device, const char *threads, const kvm_kernels **k);
 

@@ -6,6 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Head h's keys / values and their wire element type: an f16 cache travels to and from f16
+ * frames without rounding, and to f32 frames exactly. */
+static void *head_keys(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (void *)h->k16 : (void *)h->k; }
+static void *head_values(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (void *)h->v16 : (void *)h->v; }
+static kvm_proto_dtype head_dtype(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? KVM_PROTO_F16 : KVM_PROTO_F32; }
+
 int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_tokens, kvm_proto_dtype dtype,
                                 kvm_msg **out)
 {
@@ -24,8 +30,8 @@ int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_token
     for (int g = 0; !rc && g < nkv; g++) {
         const kvm_kv_head *h = kvm_kvcache_head(c, layer, g);
         size_t n = (size_t)h->n * (size_t)d;
-        if ((rc = kvm_half_convert(keys + (size_t)row * d * esz, dtype, h->k, KVM_PROTO_F32, n)) ||
-            (rc = kvm_half_convert(vals + (size_t)row * d * esz, dtype, h->v, KVM_PROTO_F32, n)))
+        if ((rc = kvm_half_convert(keys + (size_t)row * d * esz, dtype, head_keys(h), head_dtype(h), n)) ||
+            (rc = kvm_half_convert(vals + (size_t)row * d * esz, dtype, head_values(h), head_dtype(h), n)))
             break;
         for (int64_t e = 0; e < h->n; e++) {
             pos[row + e] = h->pos[e] == KVM_POS_NONE ? -1 : h->pos[e];
@@ -60,8 +66,9 @@ int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c)
         int64_t n = m.head_entries[g];
         if ((rc = kvm_kvcache_reserve(h, d, n > 0 ? n : 1))) return rc;
         size_t cnt = (size_t)n * (size_t)d;
-        if ((rc = kvm_half_convert(h->k, KVM_PROTO_F32, (const uint8_t *)m.keys + (size_t)row * d * esz, m.dtype, cnt)) ||
-            (rc = kvm_half_convert(h->v, KVM_PROTO_F32, (const uint8_t *)m.values + (size_t)row * d * esz, m.dtype, cnt)))
+        const uint8_t *ks = (const uint8_t *)m.keys + (size_t)row * d * esz, *vs = (const uint8_t *)m.values + (size_t)row * d * esz;
+        if ((rc = kvm_half_convert(head_keys(h), head_dtype(h), ks, m.dtype, cnt)) ||
+            (rc = kvm_half_convert(head_values(h), head_dtype(h), vs, m.dtype, cnt)))
             return rc;
         for (int64_t e = 0; e < n; e++) {
             h->pos[e] = m.positions[row + e] < 0 ? KVM_POS_NONE : m.positions[row + e];

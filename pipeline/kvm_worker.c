@@ -127,6 +127,8 @@ static int evict(const kvm_config *c, const char *method, const kvm_compress_inp
         rc = m ? m->opts_new(NULL, &b, &in->model->cfg, &opts)
                : kvm_err(KVM_ENOTSUP, "compression method '%s' is not available in this build", method);
     }
+    /* compression reads the prefill's float32 cache; kv_dtype = f16 applies after it (decode) */
+    if (!rc && in->full) rc = kvm_kvcache_need_f32(in->full, "compression");
     if (!rc) rc = m->compress(in, opts, out);
     if (m) m->opts_free(opts);
     kvm_strategy_free(&s);

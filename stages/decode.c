@@ -44,6 +44,7 @@ typedef struct decode_state {
     int64_t max_new_caches, max_new_caches_per_key; /* for messages; the broker enforces them */
     int keyed;                                      /* the front end authenticates client keys */
     char *chat_open, *chat_close; /* [model] chat: before each document / after each prompt; NULL: none */
+    kvm_kv_dtype kv_dtype;                          /* [model] kv_dtype: the cache while decoding */
 } decode_state;
 
 static int setup(void *stp, const kvm_stage_args *a)
@@ -67,6 +68,11 @@ static int setup(void *stp, const kvm_stage_args *a)
     }
     if (!st->tok) return kvm_err(KVM_ENOTFOUND, "no tokenizer found for model %s ([model] tokenizer)", st->wm.path);
     if ((rc = kvm_chatcfg_frame(st->cfg, st->tok, &st->chat_open, &st->chat_close))) return rc;
+    if ((rc = kvm_kvcache_dtype_parse(kvm_config_str(st->cfg, "model", "kv_dtype"), &st->kv_dtype)))
+        return kvm_err(rc, "%s: [model] %s", kvm_config_path(st->cfg), kvm_errmsg());
+    if (st->kv_dtype != KVM_KV_F32)
+        kvm_log(KVM_LOG_INFO, "kv_dtype", NULL, 0, "caches stay %s in memory while decoding ([model] kv_dtype)",
+                kvm_kvcache_dtype_name(st->kv_dtype));
     st->ctx = kvm_config_int(st->cfg, "model", "context");
     if (st->ctx > st->wm.model->cfg.seq_len)
         return kvm_err(KVM_EINVAL, "%s: [model] context = %lld exceeds the model's window of %d tokens",
@@ -382,6 +388,10 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                      (long long)d.n_tokens);
         goto done;
     }
+    /* [model] kv_dtype = f16: loaded (or just computed and stored) in float32, the cache stays
+     * 16-bit in memory while the prompt and the answer are decoded; f16 stored entries come
+     * back bit for bit */
+    if ((rc = kvm_kvcache_convert(cache, st->kv_dtype))) goto done;
     double t1 = kvm_now_ms();
     r->load_ms = t1 - t0;
     logits = malloc((size_t)mc->vocab_size * sizeof *logits);

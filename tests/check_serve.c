@@ -136,8 +136,9 @@ static void populate(const char *doc_path)
 }
 
 /* In-process greedy decode over the stored cache, written independently of the worker:
- * store frames -> cache messages -> ragged cache, prompt prefill, argmax loop (stops at BOS). */
-static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
+ * store frames -> cache messages -> ragged cache (converted to kv_dtype), prompt prefill,
+ * argmax loop (stops at BOS). */
+static char *reference_kv(const char *doc_path, const char *prompt, int64_t n_new, kvm_kv_dtype kv_dtype)
 {
     env e;
     env_open(&e, doc_path);
@@ -158,6 +159,7 @@ static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
         kvm_msg_free(&msg);
     }
     cache->next_pos = (int32_t)e.doc.n_tokens;
+    ck_assert_int_eq(kvm_kvcache_convert(cache, kv_dtype), 0);
     kvm_store_cache_free(&sc);
     int32_t *p = NULL, *gen = malloc((size_t)(n_new + 1) * sizeof *gen);
     int64_t np = 0, ng = 0;
@@ -183,6 +185,11 @@ static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
     free(gen);
     env_close(&e);
     return text;
+}
+
+static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
+{
+    return reference_kv(doc_path, prompt, n_new, KVM_KV_F32);
 }
 
 /* Starts `kvmill serve` (stderr into g_log) and waits up to 10 s for its "ready" line.
@@ -272,6 +279,42 @@ START_TEST(test_answer_equals_inprocess)
     char *log = kvm_test_read_file(g_log, NULL);
     assert_contains(log, "answered by");
     assert_contains(log, "kvmill serve: stopped");
+    free(log);
+}
+END_TEST
+
+/* [model] kv_dtype = f16 on a cache stored in f16 ([store] dtype): the worker keeps it 16-bit
+ * while decoding and answers as the in-process decode over an f16 cache does; a bad value
+ * stops serve before it is ready, naming the key. */
+START_TEST(test_answer_f16_cache)
+{
+    write_config(NULL, "[model]\nkv_dtype = f16\n[store]\ndtype = f16\n");
+    populate(g_doc);
+    char *want = reference_kv(g_doc, "Then the", 24, KVM_KV_F16), *want32 = reference(g_doc, "Then the", 24);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *out = NULL, *err = NULL;
+    int rc = ask(g_doc, "Then the", 24, NULL, &out, &err);
+    ck_assert_msg(rc == 0, "ask exited %d: %s", rc, err);
+    size_t n = strlen(out);
+    ck_assert_msg(n > 0 && out[n - 1] == '\n', "answer not newline-terminated: '%s'", out);
+    out[n - 1] = '\0';
+    ck_assert_str_eq(out, want);
+    ck_assert_msg(strlen(want) > 0, "the reference generated nothing");
+    printf("serve with kv_dtype = f16: the answer %s the float32 cache's\n", strcmp(want, want32) ? "differs from" : "equals");
+    free(out);
+    free(err);
+    free(want);
+    free(want32);
+    ck_assert_int_eq(stop_serve(), 0);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "caches stay f16 in memory while decoding");
+    free(log);
+    write_config(NULL, "[model]\nkv_dtype = bf16\n");
+    unlink(g_log); /* the first server's "ready" line must not count */
+    ck_assert_int_eq(start_serve(NULL), 2);
+    log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "kv_dtype");
+    assert_contains(log, "bf16");
     free(log);
 }
 END_TEST
@@ -647,6 +690,7 @@ int main(void)
 {
     Suite *su = suite_create("serve");
     suite_add_tcase(su, tcase("answer_equals_inprocess", test_answer_equals_inprocess));
+    suite_add_tcase(su, tcase("answer_f16_cache", test_answer_f16_cache));
     suite_add_tcase(su, tcase("run_then_serve", test_run_then_serve));
     suite_add_tcase(su, tcase("missing_cache", test_missing_cache));
     suite_add_tcase(su, tcase("compute_missing", test_compute_missing));

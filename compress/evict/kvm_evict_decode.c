@@ -96,9 +96,11 @@ static int tova_scores(evict_decode *d, const kvm_attn_site *s, int g, const kvm
         float mx = -INFINITY;
         for (int64_t e = 0; e < h->n; e++) {
             int vis = h->pos[e] == KVM_POS_NONE || h->pos[e] <= qp;
-            float sc = 0;
+            float sc = 0, kf[dh];
+            const float *k = h->k ? h->k + e * dh : kf; /* an f16 cache's key widened */
+            if (!h->k) kvm_kvcache_read(h, dh, e, kf, NULL);
             for (int i = 0; i < dh; i++)
-                sc += q[i] * h->k[e * dh + i];
+                sc += q[i] * k[i];
             row[e] = vis ? sc * scale + h->bias[e] : -INFINITY;
             if (row[e] > mx) mx = row[e];
         }
@@ -175,13 +177,7 @@ static int on_update(void *user, kvm_attn_site *s)
             int64_t v = victim(d, s, l, g, h, b, &rc);
             if (rc || v < 0) break;
             /* drop entry v: shift the tail down (keep order) */
-            const int dh = s->cache->head_dim;
-            int64_t tail = h->n - v - 1;
-            memmove(h->k + v * dh, h->k + (v + 1) * dh, (size_t)(tail * dh) * sizeof(float));
-            memmove(h->v + v * dh, h->v + (v + 1) * dh, (size_t)(tail * dh) * sizeof(float));
-            memmove(h->pos + v, h->pos + v + 1, (size_t)tail * sizeof *h->pos);
-            memmove(h->bias + v, h->bias + v + 1, (size_t)tail * sizeof *h->bias);
-            h->n--;
+            kvm_kvcache_drop(h, s->cache->head_dim, v);
         }
     }
     return rc;

@@ -295,6 +295,8 @@ static int run_pass(pass *ps, int threads)
 static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, int check_budget)
 {
     if (!in || !in->model || !in->full || !in->cap) return kvm_err(KVM_EINVAL, "sculpt: missing model, cache or capture");
+    int rc = kvm_kvcache_need_f32(in->full, "sculpt: the reference cache");
+    if (rc) return rc;
     const kvm_model_config *c = &in->model->cfg;
     int64_t N = in->n_tokens;
     if (kvm_capture_n_tokens(in->cap) != N)

@@ -54,6 +54,7 @@ static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
 int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c)
 {
     if (!host_is_le()) return kvm_err(KVM_ENOTSUP, "%s: big-endian hosts are not supported", path);
+    if (kvm_kvcache_need_f32(c, "the sculpt cache file writer")) return kvm_err(KVM_ENOTSUP, "%s: %s", path, kvm_errmsg());
     const int nh = c->n_layers * c->n_kv_heads, d = c->head_dim;
     for (int i = 0; i < nh; i++) {
         const kvm_kv_head *h = &c->heads[i];

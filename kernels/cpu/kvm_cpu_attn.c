@@ -7,7 +7,10 @@
  * it: no N x N matrix is ever held. Statistics are reduced from the tile's probability rows
  * before it is reused; the received mass sums queries in order, so with MASS asked each task
  * is one query head (its blocks in order), which keeps the sums bit-identical to the
- * per-query accumulation the capture did before. */
+ * per-query accumulation the capture did before. An f16 cache (kv_dtype) is widened into the
+ * float32 panels as it is packed, and read widened by the direct decode products: the
+ * same operations as on float32 entries holding the widened values, so the results are bit
+ * for bit those (tests/check_kv16.c). */
 #include "kernels/cpu/kvm_cpu.h"
 #include "kernels/cpu/kvm_cpu_attn_rows.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
@@ -184,9 +187,12 @@ static void attn_direct(const attn_job *j, int h, float *row)
             block_empty(j, h, i, 1);
             continue;
         }
-        kvm__attn_scores_direct(a->q + i * a->ldq + (int64_t)h * d, a->k[g], vis, d, a->scale, row);
+        const float *q = a->q + i * a->ldq + (int64_t)h * d;
+        if (a->kv_dtype == KVM_KV_F16) kvm__attn_scores_direct_f16(q, a->k16[g], vis, d, a->scale, row);
+        else kvm__attn_scores_direct(q, a->k[g], vis, d, a->scale, row);
         kvm__attn_softmax_row(row, j->bias[g], vis, vis, 1, want_lse ? &lse : NULL);
-        kvm__attn_pv_direct(row, a->v[g], vis, d, o);
+        if (a->kv_dtype == KVM_KV_F16) kvm__attn_pv_direct_f16(row, a->v16[g], vis, d, o);
+        else kvm__attn_pv_direct(row, a->v[g], vis, d, o);
         if (a->stats) row_stats(j, h, i, row, vis, vis, lse);
     }
 }
@@ -220,6 +226,10 @@ int kvm__cpu_attn_check(const kvm_attn_layer *a)
     if (a->ldq < row || a->ldo < row)
         return kvm_err(KVM_EINVAL, "attention: row strides ldq=%lld ldo=%lld below n_heads*head_dim=%lld",
                        (long long)a->ldq, (long long)a->ldo, (long long)row);
+    if (a->kv_dtype != KVM_KV_F32 && a->kv_dtype != KVM_KV_F16)
+        return kvm_err(KVM_EINVAL, "attention: unknown KV element type %d", (int)a->kv_dtype);
+    if (a->kv_dtype == KVM_KV_F16 && (!a->k16 || !a->v16))
+        return kvm_err(KVM_EINVAL, "attention: f16 keys/values asked for without their k16/v16 arrays");
     for (int g = 0; g < a->n_kv_heads; g++) {
         if (a->n_e[g] < 0) return kvm_err(KVM_EINVAL, "attention: KV head %d has %lld entries", g, (long long)a->n_e[g]);
         if ((a->stats & (KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_OBS)) && a->n_e[g] > a->ld_e)
@@ -273,10 +283,13 @@ int kvm__cpu_attention(const kvm_attn_layer *a)
     attn_scratch *sc = scratch_get();
     if (!sc) return kvm_err(KVM_ENOMEM, "attention: out of memory");
     if ((rc = scratch_heads(sc, nkv))) return rc;
-    /* K as W [n_e][d] (QKᵀ), V as W [d][n_e] read from V [n_e][d] (PV), once per KV head */
+    /* K as W [n_e][d] (QKᵀ), V as W [d][n_e] read from V [n_e][d] (PV), once per KV head; f16
+     * entries are widened as they are packed */
     for (int g = 0; g < nkv; g++)
-        if ((rc = kvm__cpu_pack(&sc->k[g], a->k[g], a->n_e[g], d, d, 1)) ||
-            (rc = kvm__cpu_pack(&sc->v[g], a->v[g], d, a->n_e[g], 1, d)))
+        if (a->kv_dtype == KVM_KV_F16 ? (rc = kvm__cpu_pack_f16(&sc->k[g], a->k16[g], a->n_e[g], d, d, 1)) ||
+                                            (rc = kvm__cpu_pack_f16(&sc->v[g], a->v16[g], d, a->n_e[g], 1, d))
+                                      : (rc = kvm__cpu_pack(&sc->k[g], a->k[g], a->n_e[g], d, d, 1)) ||
+                                            (rc = kvm__cpu_pack(&sc->v[g], a->v[g], d, a->n_e[g], 1, d)))
             return rc;
     j.k = sc->k;
     j.v = sc->v;

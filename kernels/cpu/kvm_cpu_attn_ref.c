@@ -159,6 +159,8 @@ int kvm_cpu_attention_ref(const kvm_attn_layer *a)
 {
     int rc = kvm__cpu_attn_check(a);
     if (rc || a->n_q == 0) return rc;
+    if (a->kv_dtype != KVM_KV_F32)
+        return kvm_err(KVM_ENOTSUP, "attention reference: float32 keys/values only (kv_dtype f16 is the per-layer kernel's)");
     const int grp = a->n_heads / a->n_kv_heads, d = a->head_dim;
     int64_t max_e = 1;
     for (int g = 0; g < a->n_kv_heads; g++) max_e = a->n_e[g] > max_e ? a->n_e[g] : max_e;

@@ -36,7 +36,7 @@ int kvm_cpu_attn_head_ref(const kvm_cpu_attn_head *a);
  * probability matrix per head (thread-local scratch [n_q][max n_e]), the statistics reduced
  * from it as the hooks did before: mass summed per query in order, entropy in double from
  * the row, obs copied rows; LSE recomputed in double from the scores. Same contract and
- * errors as kvm_kernels.attention (host memory). */
+ * errors as kvm_kernels.attention (host memory), float32 entries only (KVM_ENOTSUP for f16). */
 int kvm_cpu_attention_ref(const kvm_attn_layer *a);
 
 #endif

@@ -4,6 +4,7 @@
 #ifndef KVM_CPU_ATTN_ROWS_H
 #define KVM_CPU_ATTN_ROWS_H
 
+#include "kernels/cpu/kvm_cpu_half.h"
 #include "kernels/cpu/kvm_cpu_math.h"
 #include "kernels/kvm_forward_body.h"
 
@@ -72,10 +73,26 @@ static inline float kvm__attn_softmax_row(float *row, const float *bias, int64_t
 
 typedef float kvm__v8 __attribute__((vector_size(32)));
 
-/* o[0, d) = Σ_e p[e] · V[e][0, d): 8 columns at a time with four accumulators over e, so
- * consecutive entries do not wait on each other's FMA. */
-KVM_CLONES
-static inline void kvm__attn_pv_direct(const float *p, const float *v, int64_t n, int d, float *o)
+/* 8 values of a row of V at element offset off: float32 (v), or f16 widened (vh, when v is NULL). */
+static inline __attribute__((always_inline)) kvm__v8 kvm__attn_load8(const float *v, const uint16_t *vh, int64_t off)
+{
+    kvm__v8 x;
+    if (v) memcpy(&x, v + off, sizeof x);
+    else x = kvm__f16_widen8(vh + off);
+    return x;
+}
+
+/* One element of K or V at offset off, float32 or f16 widened (as kvm__attn_load8). */
+static inline __attribute__((always_inline)) float kvm__attn_load1(const float *v, const uint16_t *vh, int64_t off)
+{
+    return v ? v[off] : kvm__f16_float(vh[off]);
+}
+
+/* o[0, d) = Σ_e p[e] · V[e][0, d) over float32 V (v) or f16 V (vh): 8 columns at a time with
+ * four accumulators over e, so consecutive entries do not wait on each other's FMA. The two
+ * element types run the same operations in the same order (f16 widened as it is read). */
+static inline __attribute__((always_inline)) void kvm__attn_pv_body(const float *p, const float *v, const uint16_t *vh,
+                                                                    int64_t n, int d, float *o)
 {
     typedef kvm__v8 v8;
     int c0 = 0;
@@ -83,17 +100,17 @@ static inline void kvm__attn_pv_direct(const float *p, const float *v, int64_t n
         v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x0, x1, x2, x3;
         int64_t e = 0;
         for (; e + 4 <= n; e += 4) {
-            memcpy(&x0, v + (e + 0) * d + c0, sizeof x0);
-            memcpy(&x1, v + (e + 1) * d + c0, sizeof x1);
-            memcpy(&x2, v + (e + 2) * d + c0, sizeof x2);
-            memcpy(&x3, v + (e + 3) * d + c0, sizeof x3);
+            x0 = kvm__attn_load8(v, vh, (e + 0) * d + c0);
+            x1 = kvm__attn_load8(v, vh, (e + 1) * d + c0);
+            x2 = kvm__attn_load8(v, vh, (e + 2) * d + c0);
+            x3 = kvm__attn_load8(v, vh, (e + 3) * d + c0);
             a0 += p[e] * x0;
             a1 += p[e + 1] * x1;
             a2 += p[e + 2] * x2;
             a3 += p[e + 3] * x3;
         }
         for (; e < n; e++) {
-            memcpy(&x0, v + e * d + c0, sizeof x0);
+            x0 = kvm__attn_load8(v, vh, e * d + c0);
             a0 += p[e] * x0;
         }
         v8 sum = (a0 + a1) + (a2 + a3);
@@ -101,28 +118,57 @@ static inline void kvm__attn_pv_direct(const float *p, const float *v, int64_t n
     }
     for (; c0 < d; c0++) {
         float acc = 0.0f;
-        for (int64_t e = 0; e < n; e++) acc += p[e] * v[e * d + c0];
+        for (int64_t e = 0; e < n; e++) acc += p[e] * kvm__attn_load1(v, vh, e * d + c0);
         o[c0] = acc;
     }
 }
 
-/* Scores of one query against entries [0, vis) by direct products (decode: each entry is
- * read once, so packing would not pay). Loops run over entries innermost so the
- * multiply-adds of different entries are independent (a per-entry dot product would be one
- * serial FMA chain). */
 KVM_CLONES
-static inline void kvm__attn_scores_direct(const float *q, const float *k, int64_t vis, int d, float scale, float *p)
+static inline void kvm__attn_pv_direct(const float *p, const float *v, int64_t n, int d, float *o)
+{
+    kvm__attn_pv_body(p, v, NULL, n, d, o);
+}
+
+/* kvm__attn_pv_direct over f16 values vh [n][d], widened as they are read. */
+KVM_CLONES
+static inline void kvm__attn_pv_direct_f16(const float *p, const uint16_t *vh, int64_t n, int d, float *o)
+{
+    kvm__attn_pv_body(p, NULL, vh, n, d, o);
+}
+
+/* Scores of one query against entries [0, vis) of float32 K (k) or f16 K (kh) by direct
+ * products (decode: each entry is read once, so packing would not pay). Loops run over
+ * entries innermost so the multiply-adds of different entries are independent (a per-entry
+ * dot product would be one serial FMA chain). */
+static inline __attribute__((always_inline)) void kvm__attn_scores_body(const float *q, const float *k,
+                                                                        const uint16_t *kh, int64_t vis, int d,
+                                                                        float scale, float *p)
 {
     enum { EB = 64 };
     for (int64_t e0 = 0; e0 < vis; e0 += EB) {
         const int64_t nb = vis - e0 < EB ? vis - e0 : EB;
         float s[EB] = {0};
         for (int c = 0; c < d; c++) {
-            const float qc = q[c] * scale, *kk = k + e0 * d + c;
-            for (int64_t j = 0; j < nb; j++) s[j] += qc * kk[j * d];
+            const float qc = q[c] * scale;
+            const int64_t off = e0 * d + c;
+            for (int64_t j = 0; j < nb; j++) s[j] += qc * kvm__attn_load1(k, kh, off + j * d);
         }
         memcpy(p + e0, s, (size_t)nb * sizeof *s);
     }
+}
+
+KVM_CLONES
+static inline void kvm__attn_scores_direct(const float *q, const float *k, int64_t vis, int d, float scale, float *p)
+{
+    kvm__attn_scores_body(q, k, NULL, vis, d, scale, p);
+}
+
+/* kvm__attn_scores_direct over f16 keys kh [vis][d], widened as they are read. */
+KVM_CLONES
+static inline void kvm__attn_scores_direct_f16(const float *q, const uint16_t *kh, int64_t vis, int d, float scale,
+                                               float *p)
+{
+    kvm__attn_scores_body(q, NULL, kh, vis, d, scale, p);
 }
 
 /* −Σ p ln p over row[0, n) in double (zeros skipped), as the capture computed it before the

@@ -5,6 +5,7 @@
  * Weights may be packed in 16 bits (bf16 or f16) and are widened to float32 per panel here:
  * bf16 → f32 is a 16-bit shift, f16 → f32 is vcvtph2ps (F16C, part of x86-64-v3). */
 #include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/cpu/kvm_cpu_half.h"
 #include "common/kvm_error.h"
 
 #include <stdlib.h>
@@ -19,7 +20,6 @@
 typedef float v16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef _Float16 h16x16 __attribute__((vector_size(32)));
 
 enum { KVM_GEMM_MC = 128 }; /* rows of X per cache block */
 enum { KVM_GEMM_KC = 256 }; /* rows of a 16-bit panel widened at once (16 KiB of float32) */
@@ -34,14 +34,6 @@ static inline uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static inline uint16_t f32_to_f16(float f)
-{
-    _Float16 h = (_Float16)f;
-    uint16_t u;
-    memcpy(&u, &h, sizeof u);
-    return u;
-}
-
 /* One NR-wide panel row of 16-bit values as float32. */
 static inline v16 widen(const uint16_t *src, int dtype)
 {
@@ -51,15 +43,13 @@ static inline v16 widen(const uint16_t *src, int dtype)
         memcpy(&h, src, sizeof h);
         u32x16 w = __builtin_convertvector(h, u32x16) << 16;
         memcpy(&f, &w, sizeof f);
-    } else {
-        h16x16 h;
-        memcpy(&h, src, sizeof h);
-        f = __builtin_convertvector(h, v16);
-    }
+    } else
+        f = kvm__f16_widen16(src);
     return f;
 }
 
-int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+/* Room for the float32 panels of an out x in matrix in dst->p (reused when large enough). */
+static int pack_room(kvm_cpu_packed *dst, int64_t out, int64_t in)
 {
     const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR, need = panels * in * NR;
     if (need > dst->cap) {
@@ -71,6 +61,14 @@ int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in
     }
     dst->out = out;
     dst->in = in;
+    return 0;
+}
+
+int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+{
+    const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR;
+    int rc = pack_room(dst, out, in);
+    if (rc) return rc;
     for (int64_t p = 0; p < panels; p++) {
         float *pp = dst->p + p * in * NR;
         int64_t o0 = p * NR, nr = out - o0 < NR ? out - o0 : NR;
@@ -83,6 +81,29 @@ int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in
     return 0;
 }
 
+/* The panels of kvm__cpu_pack_f16, widened element by element (cloned: F16C where present). */
+KVM_CLONES
+static void pack_widen(float *dst, const uint16_t *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+{
+    const int64_t NR = KVM_GEMM_NR, panels = (out + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; p++) {
+        float *pp = dst + p * in * NR;
+        int64_t o0 = p * NR, nr = out - o0 < NR ? out - o0 : NR;
+        for (int64_t i = 0; i < in; i++) {
+            float *row = pp + i * NR;
+            for (int64_t j = 0; j < nr; j++) row[j] = kvm__f16_float(src[(o0 + j) * s_out + i * s_in]);
+            for (int64_t j = nr; j < NR; j++) row[j] = 0.0f;
+        }
+    }
+}
+
+int kvm__cpu_pack_f16(kvm_cpu_packed *dst, const uint16_t *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in)
+{
+    int rc = pack_room(dst, out, in);
+    if (!rc) pack_widen(dst->p, src, out, in, s_out, s_in);
+    return rc;
+}
+
 /* One panel of NR rows (nr real ones, buf [nr][in] float32) into dst [in][NR] 16-bit; returns
  * the index (row * in + column) of the first finite value f16 cannot hold, or -1. Cloned so
  * that the conversions use F16C where the processor has it. */
@@ -92,7 +113,7 @@ static int64_t pack_panel_h(const float *buf, int64_t nr, int64_t in, int dtype,
     for (int64_t i = 0; i < in; i++)
         for (int64_t j = 0; j < KVM_GEMM_NR; j++) {
             float v = j < nr ? buf[j * in + i] : 0.0f;
-            uint16_t h = dtype == KVM_GEMM_BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+            uint16_t h = dtype == KVM_GEMM_BF16 ? f32_to_bf16(v) : kvm__f16_bits(v);
             if (dtype == KVM_GEMM_F16 && (h & 0x7fffu) == 0x7c00u && v == v && v - v == 0.0f) return j * in + i;
             dst[i * KVM_GEMM_NR + j] = h;
         }

@@ -31,6 +31,12 @@ typedef struct kvm_cpu_packed {
  * Reuses dst->p when large enough. Returns 0 or KVM_ENOMEM. */
 int kvm__cpu_pack(kvm_cpu_packed *dst, const float *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in);
 
+/* kvm__cpu_pack for a matrix held in f16 (IEEE binary16 bits, the f16 KV cache), widened
+ * exactly into float32 panels as it is packed: the attention GEMMs then run the float32 path on
+ * the widened values (once per call and KV head, instead of once per 64-query tile as 16-bit
+ * panels would be). Reuses dst->p when large enough. Returns 0 or KVM_ENOMEM. */
+int kvm__cpu_pack_f16(kvm_cpu_packed *dst, const uint16_t *src, int64_t out, int64_t in, int64_t s_out, int64_t s_in);
+
 /* Packs W [out][in] in 16-bit panels (dtype KVM_GEMM_BF16 or KVM_GEMM_F16, rounded to nearest
  * even), reading it NR rows at a time through rows(ctx, r0, n, buf) which fills buf [n][in]
  * float32, so no float32 copy of the whole matrix exists. dtype KVM_GEMM_F32 packs float32

@@ -256,6 +256,8 @@ template <int D> struct dev_table {
                   "the CUDA statistics flags are kvm_attn_stat's");
     static int attention(const kvm_attn_layer *a)
     {
+        if (a->kv_dtype != KVM_KV_F32) // the CUDA forward keeps its own float32 cache on the device
+            return kvm_err(KVM_ENOTSUP, "cuda:%d: attention reads float32 keys/values only (kv_dtype f16 is CPU-only)", D);
         int rc = kvm__cuda_use(D);
         if (rc || (rc = take_sticky())) return rc;
         kvm_cuda_attn_layer c = {}; // the same fields, named in kvm_cuda.h for the .cu side
