@@ -913,23 +913,26 @@ START_TEST(test_batch_equals_per_problem)
             if (v < 3) ck_assert_double_lt(st[i].loss, st[i].loss0 * (1 + 1e-12));
             off += k;
         }
-        o.threads = 2; /* another thread count and another batch */
-        batch_solve(ps, sub, ns, &o, kc2, vc2, beta2, st2);
-        int64_t o2 = 0;
-        for (int t = 0; t < ns; t++) {
-            const int i = sub[t];
-            const int64_t k = batch_k(i);
-            int64_t o1 = 0;
-            for (int j = 0; j < i; j++) o1 += batch_k(j);
-            ck_assert(!memcmp(kc2 + o2 * d, kc + o1 * d, (size_t)(k * d) * sizeof *kc));
-            ck_assert(!memcmp(vc2 + o2 * d, vc + o1 * d, (size_t)(k * d) * sizeof *vc));
-            ck_assert(!memcmp(beta2 + o2, beta + o1, (size_t)k * sizeof *beta));
-            ck_assert(st2[t].loss == st[i].loss);
-            o2 += k;
+        o.threads = 2; /* another thread count and another batch, on both CPU schedules */
+        for (int ls = 0; ls < 2; ls++) {
+            o.lockstep = ls;
+            batch_solve(ps, sub, ns, &o, kc2, vc2, beta2, st2);
+            int64_t o2 = 0;
+            for (int t = 0; t < ns; t++) {
+                const int i = sub[t];
+                const int64_t k = batch_k(i);
+                int64_t o1 = 0;
+                for (int j = 0; j < i; j++) o1 += batch_k(j);
+                ck_assert(!memcmp(kc2 + o2 * d, kc + o1 * d, (size_t)(k * d) * sizeof *kc));
+                ck_assert(!memcmp(vc2 + o2 * d, vc + o1 * d, (size_t)(k * d) * sizeof *vc));
+                ck_assert(!memcmp(beta2 + o2, beta + o1, (size_t)k * sizeof *beta));
+                ck_assert(st2[t].loss == st[i].loss);
+                o2 += k;
+            }
         }
     }
     printf("batched solver: 20 problems (k 1..40) x 4 methods bit-identical to the per-problem solver, "
-           "with 1 and 2 threads, in two batch compositions\n");
+           "with 1 and 2 threads, in two batch compositions, one problem at a time and in lockstep\n");
     /* bad budgets: named */
     int64_t kk[2] = {4, P[1].nc + 1};
     double lb, rg;
