@@ -5,11 +5,11 @@
  * backend (kernels/kvm_sculpt_kernels.h) over the problems still running. The L-BFGS states
  * (kvm_sculpt_lbfgs.h, reverse communication) and the Cholesky solves stay on the host: per
  * step the backend receives the points and returns losses and gradients, per ridge step it
- * returns the k×k and k×d normal equations. */
+ * returns the k×k and k×d normal equations. On the CPU backend the same driver runs one problem
+ * per batch, threads taking problems in turn (solve_one_by_one), which keeps each in L2. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/sculpt/kvm_sculpt_lbfgs.h"
 #include "common/kvm_error.h"
-#include "kernels/kvm_fpmode.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
 #include <math.h>
@@ -43,6 +43,7 @@ typedef struct drv {
     kvm_sculpt_eval *ev;       /* [nb] */
     kvm_sculpt_lbfgs **ls;     /* [nb] */
     double *x;                 /* [Σ n_i] L-BFGS variables scratch (n_i = k_i·d·move_keys + k_i·use_bias) */
+    double *step0;             /* [nb] the last round's γ: the next round's first step */
 } drv;
 
 static int64_t nvar(const drv *D, int i) { return (D->move_keys ? D->k[i] * D->d : 0) + (D->use_bias ? D->k[i] : 0); }
@@ -113,6 +114,7 @@ static int lbfgs_round(drv *D, int iters, const int *map)
         double *x0 = D->x; /* scratch: the state copies x0 */
         for (int64_t t = 0; t < nk; t++) x0[t] = D->kc[o * D->d + t];
         for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) x0[nk + j] = D->beta[o + j];
+        prm.step0 = D->step0[i];
         if (!(D->ls[i] = kvm_sculpt_lbfgs_new(nvar(D, i), x0, &prm))) {
             rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory for L-BFGS (%lld variables)", (long long)nvar(D, i));
             goto done;
@@ -143,6 +145,7 @@ static int lbfgs_round(drv *D, int iters, const int *map)
             for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) g[nk + j] = D->gb[o + j];
             if (kvm_sculpt_lbfgs_step(D->ls[i], isfinite(f) ? f : INFINITY, g) == KVM_LBFGS_DONE) {
                 x_to_point(D, i, kvm_sculpt_lbfgs_best(D->ls[i], NULL));
+                D->step0[i] = kvm_sculpt_lbfgs_gamma(D->ls[i]);
                 kvm_sculpt_lbfgs_free(D->ls[i]);
                 D->ls[i] = NULL;
             }
@@ -283,7 +286,7 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
     D->offA = malloc((size_t)nb * sizeof *D->offA);
     D->kc = malloc((size_t)(tot * (3 * d + 1) * 2) * sizeof *D->kc); /* kc vc beta, best ×3, gk gb */
     D->gk = malloc((size_t)(tot * (d + 1)) * sizeof *D->gk);
-    D->best = malloc((size_t)nb * sizeof *D->best);
+    D->best = malloc((size_t)nb * 2 * sizeof *D->best);
     D->A = malloc((size_t)totA * sizeof *D->A);
     D->B = malloc((size_t)(tot * d) * sizeof *D->B);
     D->idx = malloc((size_t)nb * sizeof *D->idx);
@@ -294,6 +297,8 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
     if (!D->k || !D->off || !D->offA || !D->kc || !D->gk || !D->best || !D->A || !D->B || !D->idx || !D->live ||
         !D->ev || !D->ls || !D->x)
         return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", nb, (long long)tot);
+    D->step0 = D->best + nb;
+    for (int i = 0; i < nb; i++) D->step0[i] = 0;
     D->vc = D->kc + tot * d;
     D->beta = D->vc + tot * d;
     D->bk = D->beta + tot;
@@ -359,8 +364,7 @@ typedef struct one_by_one {
 
 static void *one_worker(void *arg)
 {
-    one_by_one *w = arg;
-    kvm_fpmode fm = kvm_fpmode_flush_enter(); /* as the pool's workers: subnormal softmax tails */
+    one_by_one *w = arg; /* host code in the caller's floating-point mode; the backend's calls flush subnormals */
     for (;;) {
         pthread_mutex_lock(&w->lock);
         const int i = w->next++;
@@ -371,7 +375,6 @@ static void *one_worker(void *arg)
                                w->map + i, w->kcb + o * d, w->vcb + o * d, w->bb + o, w->bst + i, &w->lb[i], &w->rg[i]);
         if (w->rc[i]) snprintf(w->msg[i], sizeof w->msg[i], "%s", kvm_errmsg());
     }
-    kvm_fpmode_restore(fm);
     return NULL;
 }
 

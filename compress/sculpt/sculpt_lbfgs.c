@@ -110,6 +110,15 @@ const double *kvm_sculpt_lbfgs_best(const kvm_sculpt_lbfgs *s, double *f)
     return s->best;
 }
 
+double kvm_sculpt_lbfgs_gamma(const kvm_sculpt_lbfgs *s)
+{
+    if (s->count == 0) return 0;
+    const int64_t m = s->p.history;
+    const int j = (int)((s->head - 1 + m) % m);
+    const double *y = s->Y + j * s->n;
+    return 1.0 / (s->rho[j] * dot(y, y, s->n));
+}
+
 int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s) { return s->evals; }
 int kvm_sculpt_lbfgs_iterations(const kvm_sculpt_lbfgs *s) { return s->iters; }
 
@@ -267,7 +276,7 @@ kvm_sculpt_lbfgs_need kvm_sculpt_lbfgs_step(kvm_sculpt_lbfgs *s, double f, const
         }
         for (int64_t i = 0; i < n; i++) s->d[i] = -g[i];
         s->phase = PH_LS;
-        start_ls(s, 1.0 / gn);
+        start_ls(s, s->p.step0 > 0 && isfinite(s->p.step0) ? s->p.step0 : 1.0 / gn);
         return KVM_LBFGS_EVALUATE;
     }
     int r = ls_update(s, f, dot(g, s->d, n), g);
