@@ -20,6 +20,8 @@ typedef struct kvm_sculpt_view {
     const int64_t *n_vis;
     double out_ms;       /* MSE normaliser: mean ‖o_full‖² */
     int lse_mass_weight; /* 1: LSE error weighted by σ(lse_zone − lse_ret) */
+    const float *qt;     /* Qᵀ [d][nq] (the key gradient's left operand), or NULL: the CPU kernel
+                            transposes q per call (the CPU batch builds it once per problem) */
 } kvm_sculpt_view;
 
 /* The result of one evaluation. */

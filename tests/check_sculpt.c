@@ -206,6 +206,57 @@ START_TEST(test_lbfgs_rosenbrock_and_batch)
 }
 END_TEST
 
+/* f = Σ c_i x_i² with c_i from 1e-3 to 1 (an ill-scaled, flat quadratic, where 1/‖g‖ is a far
+ * too short first step, as in the KVSculpt key fit): f and g at x. */
+static double scaled_quad(const double *x, double *g, int n)
+{
+    double f = 0;
+    for (int i = 0; i < n; i++) {
+        const double c = 1e-3 * pow(1e3, (double)i / (n - 1));
+        f += c * x[i] * x[i];
+        g[i] = 2 * c * x[i];
+    }
+    return f;
+}
+
+/* A run that continues an earlier one (the solver's next round) with step0 = the earlier run's
+ * γ (kvm_sculpt_lbfgs_gamma) needs fewer evaluations for its first iteration than one starting
+ * from 1/‖g‖, and reaches at least the same point; a fresh state has no γ. */
+START_TEST(test_lbfgs_step0_from_gamma)
+{
+    enum { N = 40 };
+    kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
+    prm.max_iters = 8;
+    prm.past = 0;
+    double x0[N], g[N], mid[N];
+    for (int i = 0; i < N; i++) x0[i] = 100.0 * (i + 1);
+    kvm_sculpt_lbfgs *a = kvm_sculpt_lbfgs_new(N, x0, &prm);
+    ck_assert_ptr_nonnull(a);
+    ck_assert(kvm_sculpt_lbfgs_gamma(a) == 0);
+    while (kvm_sculpt_lbfgs_step(a, scaled_quad(kvm_sculpt_lbfgs_x(a), g, N), g) == KVM_LBFGS_EVALUATE) {}
+    const double gamma = kvm_sculpt_lbfgs_gamma(a);
+    memcpy(mid, kvm_sculpt_lbfgs_best(a, NULL), sizeof mid);
+    kvm_sculpt_lbfgs_free(a);
+    ck_assert(gamma > 0 && isfinite(gamma));
+    int evals[2];
+    double f[2];
+    prm.max_iters = 1;
+    for (int v = 0; v < 2; v++) {
+        prm.step0 = v ? gamma : 0;
+        kvm_sculpt_lbfgs *b = kvm_sculpt_lbfgs_new(N, mid, &prm);
+        ck_assert_ptr_nonnull(b);
+        while (kvm_sculpt_lbfgs_step(b, scaled_quad(kvm_sculpt_lbfgs_x(b), g, N), g) == KVM_LBFGS_EVALUATE) {}
+        evals[v] = kvm_sculpt_lbfgs_evaluations(b);
+        kvm_sculpt_lbfgs_best(b, &f[v]);
+        kvm_sculpt_lbfgs_free(b);
+    }
+    printf("L-BFGS first iteration of a continued run: %d evaluations from 1/|g|, %d from gamma %.3g "
+           "(f %.4g vs %.4g)\n", evals[0], evals[1], gamma, f[0], f[1]);
+    ck_assert_int_lt(evals[1], evals[0]);
+    ck_assert_double_le(f[1], f[0] * (1 + 1e-9));
+}
+END_TEST
+
 /* The references (kvm_sculpt_problem_prepare: blocked float32 kernel) against a plain float64
  * computation: outputs, LSEs and zone masses within 1e-5 relative. */
 START_TEST(test_references_float64)
@@ -913,23 +964,26 @@ START_TEST(test_batch_equals_per_problem)
             if (v < 3) ck_assert_double_lt(st[i].loss, st[i].loss0 * (1 + 1e-12));
             off += k;
         }
-        o.threads = 2; /* another thread count and another batch */
-        batch_solve(ps, sub, ns, &o, kc2, vc2, beta2, st2);
-        int64_t o2 = 0;
-        for (int t = 0; t < ns; t++) {
-            const int i = sub[t];
-            const int64_t k = batch_k(i);
-            int64_t o1 = 0;
-            for (int j = 0; j < i; j++) o1 += batch_k(j);
-            ck_assert(!memcmp(kc2 + o2 * d, kc + o1 * d, (size_t)(k * d) * sizeof *kc));
-            ck_assert(!memcmp(vc2 + o2 * d, vc + o1 * d, (size_t)(k * d) * sizeof *vc));
-            ck_assert(!memcmp(beta2 + o2, beta + o1, (size_t)k * sizeof *beta));
-            ck_assert(st2[t].loss == st[i].loss);
-            o2 += k;
+        o.threads = 2; /* another thread count and another batch, on both CPU schedules */
+        for (int ls = 0; ls < 2; ls++) {
+            o.lockstep = ls;
+            batch_solve(ps, sub, ns, &o, kc2, vc2, beta2, st2);
+            int64_t o2 = 0;
+            for (int t = 0; t < ns; t++) {
+                const int i = sub[t];
+                const int64_t k = batch_k(i);
+                int64_t o1 = 0;
+                for (int j = 0; j < i; j++) o1 += batch_k(j);
+                ck_assert(!memcmp(kc2 + o2 * d, kc + o1 * d, (size_t)(k * d) * sizeof *kc));
+                ck_assert(!memcmp(vc2 + o2 * d, vc + o1 * d, (size_t)(k * d) * sizeof *vc));
+                ck_assert(!memcmp(beta2 + o2, beta + o1, (size_t)k * sizeof *beta));
+                ck_assert(st2[t].loss == st[i].loss);
+                o2 += k;
+            }
         }
     }
     printf("batched solver: 20 problems (k 1..40) x 4 methods bit-identical to the per-problem solver, "
-           "with 1 and 2 threads, in two batch compositions\n");
+           "with 1 and 2 threads, in two batch compositions, one problem at a time and in lockstep\n");
     /* bad budgets: named */
     int64_t kk[2] = {4, P[1].nc + 1};
     double lb, rg;
@@ -1093,6 +1147,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_references_float64);
     tcase_add_test(tc, test_blocked_loss_smollm2);
     tcase_add_test(tc, test_lbfgs_rosenbrock_and_batch);
+    tcase_add_test(tc, test_lbfgs_step0_from_gamma);
     tcase_add_test(tc, test_ridge_normal_equations);
     tcase_add_test(tc, test_lse_zero_when_masses_match);
     tcase_add_test(tc, test_degenerate_toy);

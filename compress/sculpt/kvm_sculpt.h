@@ -89,6 +89,10 @@ typedef struct kvm_sculpt_opts {
     int cuda_device;          /* CUDA device index when cuda = 1 (default 0) */
     int lbfgs_no_stop;        /* 1: the batched solver's L-BFGS runs every iteration (no gradient or
                                  decrease test; benchmarks with forced counts) (default 0) */
+    int lockstep;             /* 1: the CPU backend, too, steps every problem of a batch in
+                                 lockstep (tests, benchmarks: the GPU's schedule); 0: on the CPU
+                                 each thread solves one problem at a time, which stays in L2
+                                 (default; results bit-identical either way) */
 } kvm_sculpt_opts;
 
 /* Where the time went (seconds summed over worker threads, so they may exceed wall time). */

@@ -22,6 +22,10 @@ typedef struct kvm_sculpt_lbfgs_params {
     double delta;        /* stop when (f_{it−past} − f)/|f| < delta (default 1e-4) */
     double epsilon;      /* stop when ‖g‖ ≤ ε·max(1, ‖x‖) (default 1e-6) */
     double c1, c2;       /* Wolfe constants (default 1e-4, 0.9) */
+    double step0;        /* first trial step along −g; 0: 1/‖g‖ (liblbfgs's) (default 0). A run
+                            that continues an earlier one passes that run's kvm_sculpt_lbfgs_gamma,
+                            the H0 = γI scaling (N&W eq. 7.20), so its first line search starts
+                            near the accepted step instead of expanding from 1/‖g‖ */
 } kvm_sculpt_lbfgs_params;
 
 /* What a state needs next. */
@@ -49,6 +53,10 @@ kvm_sculpt_lbfgs_need kvm_sculpt_lbfgs_step(kvm_sculpt_lbfgs *s, double f, const
 
 /* The best point [n] evaluated so far and its value (+∞ before any finite evaluation). */
 const double *kvm_sculpt_lbfgs_best(const kvm_sculpt_lbfgs *s, double *f);
+
+/* γ = sᵀy/yᵀy of the newest stored pair (the scaling of H0, N&W eq. 7.20), 0 when none is
+ * stored: a later run's step0. */
+double kvm_sculpt_lbfgs_gamma(const kvm_sculpt_lbfgs *s);
 
 /* Evaluations and accepted iterations so far. */
 int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s);

@@ -5,13 +5,15 @@
  * backend (kernels/kvm_sculpt_kernels.h) over the problems still running. The L-BFGS states
  * (kvm_sculpt_lbfgs.h, reverse communication) and the Cholesky solves stay on the host: per
  * step the backend receives the points and returns losses and gradients, per ridge step it
- * returns the k×k and k×d normal equations. */
+ * returns the k×k and k×d normal equations. On the CPU backend the same driver runs one problem
+ * per batch, threads taking problems in turn (solve_one_by_one), which keeps each in L2. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/sculpt/kvm_sculpt_lbfgs.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +43,7 @@ typedef struct drv {
     kvm_sculpt_eval *ev;       /* [nb] */
     kvm_sculpt_lbfgs **ls;     /* [nb] */
     double *x;                 /* [Σ n_i] L-BFGS variables scratch (n_i = k_i·d·move_keys + k_i·use_bias) */
+    double *step0;             /* [nb] the last round's γ: the next round's first step */
 } drv;
 
 static int64_t nvar(const drv *D, int i) { return (D->move_keys ? D->k[i] * D->d : 0) + (D->use_bias ? D->k[i] : 0); }
@@ -121,6 +124,7 @@ static int lbfgs_round(drv *D, int iters, const int *map)
         double *x0 = D->x; /* scratch: the state copies x0 */
         for (int64_t t = 0; t < nk; t++) x0[t] = D->kc[o * D->d + t];
         for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) x0[nk + j] = D->beta[o + j];
+        prm.step0 = D->step0[i];
         if (!(D->ls[i] = kvm_sculpt_lbfgs_new(nvar(D, i), x0, &prm))) {
             rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory for L-BFGS (%lld variables)", (long long)nvar(D, i));
             goto done;
@@ -151,6 +155,7 @@ static int lbfgs_round(drv *D, int iters, const int *map)
             for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) g[nk + j] = D->gb[o + j];
             if (kvm_sculpt_lbfgs_step(D->ls[i], isfinite(f) ? f : INFINITY, g) == KVM_LBFGS_DONE) {
                 x_to_point(D, i, kvm_sculpt_lbfgs_best(D->ls[i], NULL));
+                D->step0[i] = kvm_sculpt_lbfgs_gamma(D->ls[i]);
                 kvm_sculpt_lbfgs_free(D->ls[i]);
                 D->ls[i] = NULL;
             }
@@ -291,7 +296,7 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
     D->offA = malloc((size_t)nb * sizeof *D->offA);
     D->kc = malloc((size_t)(tot * (3 * d + 1) * 2) * sizeof *D->kc); /* kc vc beta, best ×3, gk gb */
     D->gk = malloc((size_t)(tot * (d + 1)) * sizeof *D->gk);
-    D->best = malloc((size_t)nb * sizeof *D->best);
+    D->best = malloc((size_t)nb * 2 * sizeof *D->best);
     D->A = malloc((size_t)totA * sizeof *D->A);
     D->B = malloc((size_t)(tot * d) * sizeof *D->B);
     D->idx = malloc((size_t)nb * sizeof *D->idx);
@@ -302,6 +307,8 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
     if (!D->k || !D->off || !D->offA || !D->kc || !D->gk || !D->best || !D->A || !D->B || !D->idx || !D->live ||
         !D->ev || !D->ls || !D->x)
         return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", nb, (long long)tot);
+    D->step0 = D->best + nb;
+    for (int i = 0; i < nb; i++) D->step0[i] = 0;
     D->vc = D->kc + tot * d;
     D->beta = D->vc + tot * d;
     D->bk = D->beta + tot;
@@ -317,6 +324,98 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
         oa += kb[i] * kb[i];
     }
     return 0;
+}
+
+/* Solves the batched problems bps[nb] (views, budgets kb) as one backend batch on `threads`
+ * threads; the best points go to kcb, vcb [Σkb][d], bb [Σkb] (packed in this batch's order),
+ * the stats to bst[nb]; map[nb] names the problems in messages. */
+static int solve_group(const kvm_sculpt_backend *be, const kvm_sculpt_problem *const *bps,
+                       const kvm_sculpt_view *views, const int64_t *kb, int nb, const kvm_sculpt_opts *o, int threads,
+                       int rounds, int iters, const int *map, float *kcb, float *vcb, float *bb,
+                       kvm_sculpt_head_stats *bst, double *lbfgs_s, double *ridge_s)
+{
+    const int d = views[0].d;
+    drv D = {.be = be, .o = o, .d = d, .move_keys = o->mode == KVM_SCULPT_FULL,
+             .use_bias = o->bias || o->mode == KVM_SCULPT_JOINT_FIXED, .st = bst};
+    memset(bst, 0, (size_t)nb * sizeof *bst);
+    int rc = drv_new(&D, bps, kb, nb);
+    if (!rc) rc = be->batch_new(be, views, kb, nb, threads, &D.b);
+    if (!rc) rc = solve(&D, rounds, iters, map, lbfgs_s, ridge_s);
+    if (!rc) {
+        const int64_t tot = D.off[nb - 1] + kb[nb - 1];
+        memcpy(kcb, D.bk, (size_t)(tot * d) * sizeof *kcb);
+        memcpy(vcb, D.bv, (size_t)(tot * d) * sizeof *vcb);
+        memcpy(bb, D.bb, (size_t)tot * sizeof *bb);
+    }
+    drv_free(&D);
+    return rc;
+}
+
+/* The CPU schedule: every problem solved as a batch of its own (its queries and references,
+ * ≈ 0.2–2 MB, stay in L2 for the whole solve instead of being swept once per lockstep step),
+ * threads claiming problems in order. Bit-identical to the lockstep batch: a problem's result
+ * depends on its own data only. */
+typedef struct one_by_one {
+    const kvm_sculpt_backend *be;
+    const kvm_sculpt_problem *const *bps;
+    const kvm_sculpt_view *views;
+    const int64_t *kb, *offb;
+    const kvm_sculpt_opts *o;
+    int nb, rounds, iters;
+    const int *map;
+    float *kcb, *vcb, *bb;
+    kvm_sculpt_head_stats *bst;
+    double *lb, *rg; /* [nb] phase seconds per problem */
+    int *rc;         /* [nb] */
+    char (*msg)[256];
+    pthread_mutex_t lock;
+    int next;
+} one_by_one;
+
+static void *one_worker(void *arg)
+{
+    one_by_one *w = arg; /* host code in the caller's floating-point mode; the backend's calls flush subnormals */
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        const int i = w->next++;
+        pthread_mutex_unlock(&w->lock);
+        if (i >= w->nb) break;
+        const int64_t o = w->offb[i], d = w->views[0].d;
+        w->rc[i] = solve_group(w->be, w->bps + i, w->views + i, w->kb + i, 1, w->o, 1, w->rounds, w->iters,
+                               w->map + i, w->kcb + o * d, w->vcb + o * d, w->bb + o, w->bst + i, &w->lb[i], &w->rg[i]);
+        if (w->rc[i]) snprintf(w->msg[i], sizeof w->msg[i], "%s", kvm_errmsg());
+    }
+    return NULL;
+}
+
+static int solve_one_by_one(one_by_one *w, int threads, double *lbfgs_s, double *ridge_s)
+{
+    int rc = 0, started = 0;
+    w->lb = calloc((size_t)w->nb * 2, sizeof *w->lb);
+    w->rc = calloc((size_t)w->nb, sizeof *w->rc);
+    w->msg = calloc((size_t)w->nb, sizeof *w->msg);
+    pthread_t tid[256];
+    if (!w->lb || !w->rc || !w->msg || pthread_mutex_init(&w->lock, NULL)) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
+        goto done;
+    }
+    w->rg = w->lb + w->nb;
+    w->next = 0;
+    for (int t = 1; t < threads && t < w->nb && started < 256; t++)
+        if (pthread_create(&tid[started], NULL, one_worker, w) == 0) started++;
+    one_worker(w);
+    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    pthread_mutex_destroy(&w->lock);
+    for (int i = 0; i < w->nb; i++) { /* phase seconds summed over threads; the first failure in problem order */
+        *lbfgs_s += w->lb[i];
+        *ridge_s += w->rg[i];
+        if (!rc && w->rc[i]) rc = kvm_err(w->rc[i], "%s", w->msg[i]);
+    }
+done:
+    free(w->lb);
+    free(w->rc);
+    free(w->msg);
+    return rc;
 }
 
 int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm_sculpt_opts *o, const int64_t *k,
@@ -336,14 +435,14 @@ int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm
         nb += k[i] > 0;
     }
     const int d = n > 0 ? ps[0]->d : 1;
-    int rc = 0, *map = malloc((size_t)(n > 0 ? n : 1) * sizeof *map);
-    const kvm_sculpt_problem **bps = malloc((size_t)(n > 0 ? n : 1) * sizeof *bps);
-    int64_t *kb = malloc((size_t)(n > 0 ? n : 1) * sizeof *kb);
-    kvm_sculpt_view *views = malloc((size_t)(n > 0 ? n : 1) * sizeof *views);
-    kvm_sculpt_head_stats *bst = malloc((size_t)(n > 0 ? n : 1) * sizeof *bst);
-    drv D = {.be = be, .o = o, .d = d, .move_keys = o->mode == KVM_SCULPT_FULL,
-             .use_bias = o->bias || o->mode == KVM_SCULPT_JOINT_FIXED};
-    if (!map || !bps || !kb || !views || !bst) {
+    const size_t nn = (size_t)(n > 0 ? n : 1);
+    int rc = 0, *map = malloc(nn * sizeof *map);
+    const kvm_sculpt_problem **bps = malloc(nn * sizeof *bps);
+    int64_t *kb = malloc(nn * sizeof *kb), *offb = malloc(nn * sizeof *offb), tot = 0;
+    kvm_sculpt_view *views = malloc(nn * sizeof *views);
+    kvm_sculpt_head_stats *bst = malloc(nn * sizeof *bst);
+    float *kcb = NULL, *vcb = NULL, *bb = NULL;
+    if (!map || !bps || !kb || !offb || !views || !bst) {
         rc = kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
         goto done;
     }
@@ -360,29 +459,45 @@ int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm
                                       .lse_mass_weight = p->lse_mass_weight};
         map[nb] = i;
         bps[nb] = p;
+        offb[nb] = tot;
+        tot += k[i];
         kb[nb++] = k[i];
     }
     if (!nb) goto done;
-    memset(bst, 0, (size_t)nb * sizeof *bst);
-    D.st = bst;
-    if ((rc = drv_new(&D, bps, kb, nb))) goto done;
-    if ((rc = be->batch_new(be, views, kb, nb, o->threads, &D.b))) goto done;
-    if ((rc = solve(&D, rounds, iters, map, lbfgs_s, ridge_s))) goto done;
+    kcb = malloc((size_t)(tot * d) * sizeof *kcb);
+    vcb = malloc((size_t)(tot * d) * sizeof *vcb);
+    bb = malloc((size_t)tot * sizeof *bb);
+    if (!kcb || !vcb || !bb) {
+        rc = kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", nb, (long long)tot);
+        goto done;
+    }
+    if (be == kvm_sculpt_backend_cpu() && !o->lockstep && nb > 1) {
+        one_by_one w = {.be = be, .bps = bps, .views = views, .kb = kb, .offb = offb, .o = o, .nb = nb,
+                        .rounds = rounds, .iters = iters, .map = map, .kcb = kcb, .vcb = vcb, .bb = bb, .bst = bst};
+        rc = solve_one_by_one(&w, o->threads, lbfgs_s, ridge_s);
+    } else {
+        rc = solve_group(be, bps, views, kb, nb, o, o->threads, rounds, iters, map, kcb, vcb, bb, bst, lbfgs_s,
+                         ridge_s);
+    }
+    if (rc) goto done;
     for (int i = 0; i < nb; i++) { /* the best points, at the caller's offsets */
         const int j = map[i];
         int64_t oj = 0;
         for (int t = 0; t < j; t++) oj += k[t];
-        memcpy(kc + oj * d, D.bk + D.off[i] * d, (size_t)(kb[i] * d) * sizeof *kc);
-        memcpy(vc + oj * d, D.bv + D.off[i] * d, (size_t)(kb[i] * d) * sizeof *vc);
-        memcpy(beta + oj, D.bb + D.off[i], (size_t)kb[i] * sizeof *beta);
+        memcpy(kc + oj * d, kcb + offb[i] * d, (size_t)(kb[i] * d) * sizeof *kc);
+        memcpy(vc + oj * d, vcb + offb[i] * d, (size_t)(kb[i] * d) * sizeof *vc);
+        memcpy(beta + oj, bb + offb[i], (size_t)kb[i] * sizeof *beta);
         st[j] = bst[i];
     }
 done:
-    drv_free(&D);
     free(map);
     free(bps);
     free(kb);
+    free(offb);
     free(views);
     free(bst);
+    free(kcb);
+    free(vcb);
+    free(bb);
     return rc;
 }

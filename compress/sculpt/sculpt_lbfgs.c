@@ -28,21 +28,42 @@ kvm_sculpt_lbfgs_params kvm_sculpt_lbfgs_params_default(void)
     return p;
 }
 
+typedef double v2d __attribute__((vector_size(16)));
+
 /* ⟨a, b⟩ as four interleaved partial sums added in a fixed order ((s0 + s1) + (s2 + s3)):
- * four independent FMA chains instead of one (the two-loop recursion is ~40 dots per
- * iteration), and the same value whatever else runs. */
+ * four independent chains instead of one (the two-loop recursion is ~40 dots per iteration),
+ * held as two 2-lane vectors (GCC at -O2 leaves such loops scalar), and the same value whatever
+ * else runs. */
 static double dot(const double *a, const double *b, int64_t n)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    v2d s01 = {0, 0}, s23 = {0, 0}, x, y;
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        s0 += a[i] * b[i];
-        s1 += a[i + 1] * b[i + 1];
-        s2 += a[i + 2] * b[i + 2];
-        s3 += a[i + 3] * b[i + 3];
+        memcpy(&x, a + i, 16);
+        memcpy(&y, b + i, 16);
+        s01 += x * y;
+        memcpy(&x, a + i + 2, 16);
+        memcpy(&y, b + i + 2, 16);
+        s23 += x * y;
     }
+    double s0 = s01[0], s1 = s01[1], s2 = s23[0], s3 = s23[1];
     for (; i < n; i++) s0 += a[i] * b[i];
     return (s0 + s1) + (s2 + s3);
+}
+
+/* y[i] = y[i] + a·x[i] (one rounding for the product, one for the sum, as the scalar loop),
+ * two lanes at a time. */
+static void axpy(double *restrict y, double a, const double *restrict x, int64_t n)
+{
+    v2d u, v;
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        memcpy(&u, y + i, 16);
+        memcpy(&v, x + i, 16);
+        u += a * v;
+        memcpy(y + i, &u, 16);
+    }
+    for (; i < n; i++) y[i] += a * x[i];
 }
 
 kvm_sculpt_lbfgs *kvm_sculpt_lbfgs_new(int64_t n, const double *x0, const kvm_sculpt_lbfgs_params *p)
@@ -89,6 +110,15 @@ const double *kvm_sculpt_lbfgs_best(const kvm_sculpt_lbfgs *s, double *f)
     return s->best;
 }
 
+double kvm_sculpt_lbfgs_gamma(const kvm_sculpt_lbfgs *s)
+{
+    if (s->count == 0) return 0;
+    const int64_t m = s->p.history;
+    const int j = (int)((s->head - 1 + m) % m);
+    const double *y = s->Y + j * s->n;
+    return 1.0 / (s->rho[j] * dot(y, y, s->n));
+}
+
 int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s) { return s->evals; }
 int kvm_sculpt_lbfgs_iterations(const kvm_sculpt_lbfgs *s) { return s->iters; }
 
@@ -96,7 +126,8 @@ int kvm_sculpt_lbfgs_iterations(const kvm_sculpt_lbfgs *s) { return s->iters; }
 static void set_trial(kvm_sculpt_lbfgs *s, double a)
 {
     s->a_cur = a;
-    for (int64_t i = 0; i < s->n; i++) s->xt[i] = s->x[i] + a * s->d[i];
+    memcpy(s->xt, s->x, (size_t)s->n * sizeof *s->xt);
+    axpy(s->xt, a, s->d, s->n);
 }
 
 static void start_ls(kvm_sculpt_lbfgs *s, double a)
@@ -180,8 +211,7 @@ static void direction(kvm_sculpt_lbfgs *s)
     for (int c = 0; c < s->count; c++) {
         int j = (int)((s->head - 1 - c + 2 * m) % m);
         s->alf[j] = s->rho[j] * dot(s->S + j * n, s->d, n);
-        const double *y = s->Y + j * n;
-        for (int64_t i = 0; i < n; i++) s->d[i] -= s->alf[j] * y[i];
+        axpy(s->d, -s->alf[j], s->Y + j * n, n); /* d − α·y, exactly as d + (−α)·y */
     }
     if (s->count > 0) {
         int j = (int)((s->head - 1 + m) % m);
@@ -192,8 +222,7 @@ static void direction(kvm_sculpt_lbfgs *s)
     for (int c = s->count - 1; c >= 0; c--) {
         int j = (int)((s->head - 1 - c + 2 * m) % m);
         double b = s->rho[j] * dot(s->Y + j * n, s->d, n);
-        const double *sv = s->S + j * n;
-        for (int64_t i = 0; i < n; i++) s->d[i] += (s->alf[j] - b) * sv[i];
+        axpy(s->d, s->alf[j] - b, s->S + j * n, n);
     }
 }
 
@@ -247,7 +276,7 @@ kvm_sculpt_lbfgs_need kvm_sculpt_lbfgs_step(kvm_sculpt_lbfgs *s, double f, const
         }
         for (int64_t i = 0; i < n; i++) s->d[i] = -g[i];
         s->phase = PH_LS;
-        start_ls(s, 1.0 / gn);
+        start_ls(s, s->p.step0 > 0 && isfinite(s->p.step0) ? s->p.step0 : 1.0 / gn);
         return KVM_LBFGS_EVALUATE;
     }
     int r = ls_update(s, f, dot(g, s->d, n), g);

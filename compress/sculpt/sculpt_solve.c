@@ -31,6 +31,7 @@ typedef struct solve_ctx {
     double best_f;
     int calls;
     int failed;             /* allocation failure inside the loss */
+    double step0;           /* the last round's γ: the next round's first step (own L-BFGS) */
 } solve_ctx;
 
 /* x0 = [keys (when move_keys)] [β (when bias)] of the current point. */
@@ -121,6 +122,7 @@ static int own_round(solve_ctx *s, int iters, int history)
     kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
     prm.history = history;
     prm.max_iters = iters;
+    prm.step0 = s->step0;
     kvm_sculpt_lbfgs *st = NULL;
     if (x0) {
         for_init(x0, s, nk);
@@ -143,6 +145,7 @@ static int own_round(solve_ctx *s, int iters, int history)
         need = kvm_sculpt_lbfgs_step(st, isfinite(f) ? f : INFINITY, g);
     }
     x_to_point(s, kvm_sculpt_lbfgs_best(st, NULL));
+    s->step0 = kvm_sculpt_lbfgs_gamma(st);
     kvm_sculpt_lbfgs_free(st);
     free(x0);
     return s->failed ? kvm_err(KVM_ENOMEM, "sculpt: out of memory in L-BFGS") : 0;

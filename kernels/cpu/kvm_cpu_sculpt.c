@@ -20,7 +20,7 @@ typedef struct sb_work {
     float *S;                      /* [QB][kp] scores, then softmax weights W */
     float *oh, *E;                 /* [QB][d] distilled-part output, then the output error */
     float *R;                      /* [QB][kp] E·Vcᵀ */
-    float *qt;                     /* [d][nq] Qᵀ */
+    const float *qt;               /* [d][nq] Qᵀ: the view's, or built in the scratch */
     float *gt;                     /* [d][kp] Qᵀ·U */
     float *gb;                     /* [kp] Σ_i U */
     const float *vc;               /* the caller's Vc [k][d] (borrowed) */
@@ -226,7 +226,8 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
     memset(w, 0, sizeof *w);
     w->kp = kp;
     w->vc = vc;
-    size_t nf = (size_t)kp * (2 * QB + d + 2) + (size_t)(2 * QB * d) + (grad ? (size_t)(d * nq) : 0);
+    const int build_qt = grad && !p->qt;
+    size_t nf = (size_t)kp * (2 * QB + d + 2) + (size_t)(2 * QB * d) + (build_qt ? (size_t)(d * nq) : 0);
     w->S = calloc(nf, sizeof *w->S);
     if (!w->S || kvm__cpu_pack(&w->kpk, kc, k, d, d, 1) || kvm__cpu_pack(&w->vpk, vc, d, k, 1, d) ||
         kvm__cpu_pack(&w->vtpk, vc, k, d, d, 1))
@@ -237,7 +238,8 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
     float *b0 = w->gb + kp; /* the caller fills the biases row */
     w->oh = b0 + kp;
     w->E = w->oh + QB * d;
-    w->qt = w->E + QB * d;
+    float *qt = w->E + QB * d;
+    w->qt = build_qt ? qt : p->qt;
     if (grad) {
         size_t bytes = ((size_t)(kp * nq) * sizeof(float) + 63) & ~(size_t)63;
         if (!(w->upk.p = aligned_alloc(64, bytes ? bytes : 64))) goto fail;
@@ -245,8 +247,8 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
         w->upk.out = k;
         w->upk.in = nq;
         w->upk.cap = kp * nq;
-        for (int64_t i = 0; i < nq; i++)
-            for (int t = 0; t < d; t++) w->qt[t * nq + i] = p->q[i * d + t];
+        for (int64_t i = 0; build_qt && i < nq; i++)
+            for (int t = 0; t < d; t++) qt[t * nq + i] = p->q[i * d + t];
     }
     return 0;
 fail:

@@ -47,6 +47,7 @@ struct kvm_sculpt_batch {
     int64_t *k, *off, *offA;   /* [n] entries, entry offset, A offset (Σ k_j²) */
     float *kc, *vc, *beta;     /* [Σk][d], [Σk][d], [Σk] */
     float *gk, *gb;            /* [Σk][d], [Σk] */
+    float *qt;                 /* Qᵀ of every problem, [d][nq_i] each (built once, not per evaluation) */
 };
 
 static void cpu_batch_free(kvm_sculpt_batch *b)
@@ -61,6 +62,7 @@ static void cpu_batch_free(kvm_sculpt_batch *b)
     free(b->beta);
     free(b->gk);
     free(b->gb);
+    free(b->qt);
     free(b);
 }
 
@@ -70,8 +72,9 @@ static int cpu_batch_new(const kvm_sculpt_backend *be, const kvm_sculpt_view *vi
     *out = NULL;
     if (n < 1 || threads < 1) return kvm_err(KVM_EINVAL, "sculpt batch: %d problems, %d threads", n, threads);
     const int d = views[0].d;
-    int64_t tot = 0;
+    int64_t tot = 0, totq = 0;
     for (int i = 0; i < n; i++) {
+        totq += views[i].nq * d;
         if (views[i].d != d || d < 1 || d > 512)
             return kvm_err(KVM_EINVAL, "sculpt batch: problem %d has head dim %d (problem 0: %d; at most 512)", i,
                            views[i].d, d);
@@ -92,11 +95,21 @@ static int cpu_batch_new(const kvm_sculpt_backend *be, const kvm_sculpt_view *vi
     b->beta = calloc((size_t)tot, sizeof *b->beta);
     b->gk = malloc((size_t)(tot * d) * sizeof *b->gk);
     b->gb = malloc((size_t)tot * sizeof *b->gb);
-    if (!b->views || !b->k || !b->off || !b->offA || !b->kc || !b->vc || !b->beta || !b->gk || !b->gb) {
+    b->qt = malloc((size_t)(totq > 0 ? totq : 1) * sizeof *b->qt);
+    if (!b->views || !b->k || !b->off || !b->offA || !b->kc || !b->vc || !b->beta || !b->gk || !b->gb || !b->qt) {
         cpu_batch_free(b);
         return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", n, (long long)tot);
     }
     memcpy(b->views, views, (size_t)n * sizeof *views);
+    float *qt = b->qt;
+    for (int i = 0; i < n; i++) { /* the same transpose the kernel would make per call */
+        const kvm_sculpt_view *v = &views[i];
+        if (v->qt) continue;
+        for (int64_t q = 0; q < v->nq; q++)
+            for (int t = 0; t < d; t++) qt[t * v->nq + q] = v->q[q * d + t];
+        b->views[i].qt = qt;
+        qt += v->nq * d;
+    }
     int64_t o = 0, oa = 0;
     for (int i = 0; i < n; i++) {
         b->k[i] = k[i];

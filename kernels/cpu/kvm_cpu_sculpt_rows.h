@@ -26,7 +26,8 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 static inline v8f v8_expf(v8f x)
 {
     const v8f lo = (v8f){0} - 87.0f;
-    x = (v8f)((v8i)x & (x >= lo)) + (v8f)((v8i)lo & ~(x >= lo)); /* x < −87 ? −87 : x */
+    const v8i keep = x >= lo;
+    x = (v8f)(((v8i)x & keep) | ((v8i)lo & ~keep)); /* x < −87 ? −87 : x, one blend */
     v8f t = x * 1.44269504088896341f;
     v8f r = (t + 12582912.0f) - 12582912.0f;
     v8f f = (t - r) * 0.693147180559945309f;
