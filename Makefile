@@ -92,7 +92,7 @@ $(BUILD)/kernels/cpu/%.o: kernels/cpu/%.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 # the kvmill CLI
 $(KVMILL): orchestrator/main.c $(LIB)
