@@ -36,7 +36,7 @@ int kvm_cmd_make_model(int argc, char **argv)
     const char *out = kvm_cli_get(opts, "out");
     int rc = kvm_make_model_write(out, &o);
     if (rc) {
-        fprintf(stderr, "kvmill make-model: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill make-model: %s\n", kvm_cli_errmsg("make-model"));
         return rc == KVM_EINVAL ? 2 : 1;
     }
     fprintf(stderr, "kvmill make-model: wrote %s\n", out);

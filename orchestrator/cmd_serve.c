@@ -41,7 +41,7 @@ int kvm_cmd_serve(int argc, char **argv)
     }
     kvm_config *cfg;
     char resolved[4096] = "";
-    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), 2;
+    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_cli_errmsg("serve")), 2;
     int status = 2;
     /* an endpoint names the store service on another host (decode workers fetch with get_cache) */
     if (store && kvm_config_set(cfg, "store", !strncmp(store, "tcp://", 6) || !strncmp(store, "ipc://", 6) ? "service" : "path",
@@ -69,14 +69,21 @@ int kvm_cmd_serve(int argc, char **argv)
     }
     /* a store that cannot be opened (truncated data.mdb, not LMDB, ...) is refused here, with
      * the store's own message, rather than by every decode worker until serve gives up; one
-     * that does not exist yet is created by the workers as before */
-    {
+     * that does not exist is refused too (a mistyped path would serve nothing but "no cache"
+     * answers), unless the workers are to fill it (compute_missing); a store service is the
+     * service's to check */
+    if (!*kvm_config_str(cfg, "store", "service")) {
+        const char *sp = kvm_config_str(cfg, "store", "path");
         kvm_store_opts so = {.read_only = 1};
         kvm_store *st = NULL;
-        int sst = kvm_store_open(kvm_config_str(cfg, "store", "path"), &so, &st);
+        int sst = kvm_store_open(sp, &so, &st);
         if (sst == 0) kvm_store_close(&st);
         else if (sst != KVM_ENOTFOUND) {
             fprintf(stderr, "kvmill serve: cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
+            goto done;
+        } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
+            fprintf(stderr, "kvmill serve: store %s does not exist: make its caches with kvmill run first, or give "
+                            "--compute-missing to compress documents on demand into a new store\n", sp);
             goto done;
         }
     }
