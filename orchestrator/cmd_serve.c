@@ -16,14 +16,17 @@ int kvm_cmd_serve(int argc, char **argv)
     kvm_cli_opt opts[] = {
         {"config", 1, "configuration the caches were made with (model, context, compression), e.g. configs/default.ini",
          NULL},
-        {"store", 1, "LMDB store directory (overrides [store] path), or the store service's endpoint tcp://HOST:PORT "
-                     "(sets [store] service: decode workers fetch caches from it)", NULL},
+        {"store", 1, "LMDB store directory (overrides [store] path; it must exist unless --compute-missing), or the "
+                     "store service's endpoint tcp://HOST:PORT (sets [store] service: decode workers fetch caches from "
+                     "it)", NULL},
         {"bind", 1,
          "front end endpoint for clients (overrides [serve] bind; default tcp://127.0.0.1:5555); "
          "a non-local address needs [security] keys",
          NULL},
         {"workers", 1, "decode worker processes to start (overrides [serve] workers; 0 = only external workers)", NULL},
-        {"compute-missing", 0, "compress a document on demand when its cache is missing (sets [serve] compute_missing)",
+        {"compute-missing", 0,
+         "compress a document on demand when its cache is missing (sets [serve] compute_missing; a store that does "
+         "not exist is then created)",
          NULL},
         {"dump-config", 0, "print the resolved configuration and exit", NULL},
         {NULL, 0, NULL, NULL}};

@@ -122,14 +122,14 @@ END_TEST
  * leading blanks, inf and nan, so "repeat@0x10" was a share of 16. */
 START_TEST(test_strict_decimal)
 {
-    const char *good[] = {"1", "0.5", ".5", "5.", "-2", "+3", "2e-5", "1E3", "0", "1e-400"};
-    const double want[] = {1, 0.5, 0.5, 5, -2, 3, 2e-5, 1e3, 0, 0};
+    const char *good[] = {"1", "0.5", ".5", "5.", "-2", "+3", "2e-5", "1E3", "0", "0e5", "-0.0"};
+    const double want[] = {1, 0.5, 0.5, 5, -2, 3, 2e-5, 1e3, 0, 0, 0};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         double v = -99;
         ck_assert_msg(kvm_parse_decimal(good[i], &v) == 0 && v == want[i], "'%s' -> %g", good[i], v);
     }
     const char *bad[] = {"",   "0x10", " 1",    "1 ", "inf", "nan", "-inf",   "1e999",    ".", "e5",
-                         "1e", "1e+",  "1.2.3", "+",  "--1", "1,5", "0x1p-3", "infinity", NULL};
+                         "1e", "1e+",  "1.2.3", "+",  "--1", "1,5", "0x1p-3", "infinity", "1e-400", NULL};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         double v = -99;
         ck_assert_msg(kvm_parse_decimal(bad[i], &v) == KVM_EINVAL && v == -99, "'%s' accepted as %g",
@@ -189,6 +189,19 @@ START_TEST(test_refusals_exit_2_prefix_once)
     snprintf(nodir, sizeof nodir, "--context 64 --out '%s/no/such/c.kvs'", tmp);
     ck_assert_int_eq(sculpt(nodir, &out, &err), 2);
     ck_assert_msg(strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(args0, sizeof args0, "eval --model '%s' --docs '%s' --method streaming --ratio 0.5 --context 32 "
+             "--continuation 8 --csv '%s/no/such/e.csv'", kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("corpus"), tmp);
+    ck_assert_int_eq(kvmill(args0, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--csv ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(args0, sizeof args0, "make-model --dim 64 --layers 1 --heads 8 --hidden 32 --vocab 32 --seq-len 16 "
+             "--out '%s/no/such/m.bin'", tmp);
+    ck_assert_int_eq(kvmill(args0, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--out ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
     free(out);
     free(err);
     /* a one-letter option is named as typed */
