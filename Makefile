@@ -120,7 +120,7 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 # the suites see KVMILL_TEST_QUICK=1 (tests/util/kvm_test.h: the slowest integration cases on
 # fewer inputs; KVMILL_TEST_QUICK=0 in the environment runs them whole there too).
 TESTS      ?=
-RUN_TESTS  := $(if $(strip $(TESTS)),$(addprefix $(BUILD)/tests/,$(notdir $(TESTS))),$(TEST_BIN))
+RUN_TESTS  := $(if $(strip $(TESTS)),$(addprefix $(BUILD)/tests/,$(basename $(notdir $(TESTS)))),$(TEST_BIN))
 TEST_QUICK := $(if $(filter 1,$(SAN)),1,)
 test: all $(RUN_TESTS)
 	@fail=0; if [ -n "$(FUZZ_SRC)" ] && [ -z "$(strip $(TESTS))" ]; then \
