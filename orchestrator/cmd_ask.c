@@ -211,7 +211,7 @@ int kvm_cmd_ask(int argc, char **argv)
     zmq_setsockopt(sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
     if (!strncmp(ep, "tcp://[", 7)) zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one); /* tcp://[::1]:PORT */
     if (kvm_curve_client(sock, sk, cp, cs)) {
-        fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill ask: %s\n", kvm_cli_errmsg("ask"));
         status = 2;
         goto done;
     }
@@ -251,7 +251,7 @@ int kvm_cmd_ask(int argc, char **argv)
     } else
         ask.doc_name = kvm_proto_str_c(doc_name);
     if (kvm_proto_ask_encode(&ask, &m)) {
-        fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill ask: %s\n", kvm_cli_errmsg("ask"));
         status = 2;
         goto done;
     }

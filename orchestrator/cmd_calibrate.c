@@ -39,7 +39,7 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
                                 (int)a->windows, &docs[i]);
     if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig) ||
                 (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)))) {
-        fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
         rc = 1;
     }
     if (!rc && a->dump) {
@@ -61,14 +61,14 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         printf("\ncandidates on %d calibration documents (%d windows) at B = %lld, b_min = %lld:\n", ds->n, nd,
                (long long)a->B, (long long)a->b_min);
         if (kvm_polykv_build_best(docs, nd, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine, stdout, &best)) {
-            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
             rc = 1;
         }
     }
     if (!rc) {
         kvm_strategy_print(best, stdout);
         if (kvm_strategy_write(best, a->out)) {
-            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
+            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
             rc = 1;
         } else
             printf("wrote %s\n", a->out);
@@ -134,6 +134,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
         fprintf(stderr, "kvmill " CMD ": --model, --docs, --budget and --out are required\n");
         return 2;
     }
+    if (kvm_cli_check_out(CMD, "out", a.out) || kvm_cli_check_out(CMD, "dump-signals", a.dump)) return 2;
     if (kvm_cli_int(CMD, "budget", kvm_cli_get(opts, "budget"), 1, INT32_MAX, &a.B)) return 2;
     a.b_min = a.B / 4 > 1 ? a.B / 4 : 1;
     if ((s = kvm_cli_get(opts, "bmin")) && kvm_cli_int(CMD, "bmin", s, 1, INT32_MAX, &a.b_min)) return 2;

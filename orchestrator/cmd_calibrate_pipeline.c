@@ -39,7 +39,7 @@ static int report(const kvm_config *cfg, const char *out)
         rc = kvm_strategy_write(s, out);
         if (!rc) printf("wrote %s\n", out);
     }
-    if (rc) fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+    if (rc) fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate"));
     kvm_strategy_free(&s);
     free(buf);
     kvm_store_close(&st);
@@ -61,7 +61,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     const char *docs = kvm_cli_get(opts, "docs");
     if (!docs) return fprintf(stderr, "kvmill calibrate: --docs is required\n"), 2;
     kvm_config *cfg;
-    if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg)) return fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg()), 2;
+    if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg))
+        return fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate")), 2;
     int status = 2;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
@@ -88,7 +89,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done;
     }
     if (kvm_corpus_read(docs, &corpus)) {
-        fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate"));
         goto done;
     }
     if (kvm_chatcfg_frame(cfg, tok, &chat_open, &chat_close)) { /* calibrate on documents framed as run frames them */
@@ -101,7 +102,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         kvm_doc *d = &corpus->docs[i];
         /* calibration corpora are small: every document is loaded and kept, continuation included */
         if (kvm_corpus_load(corpus, d, tok, m->cfg.vocab_size, m->cfg.bos_id, ctx, ctx + cont)) {
-            fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+            fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate"));
             goto done;
         }
         if (d->n_original <= d->n_tokens) { /* signals are measured on the tokens after the context */

@@ -610,6 +610,7 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc)
         rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
                        &n_jobs);
+    if (!rc && kvm_cli_check_out(CMD, "csv", csv_path)) rc = 2;
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
         rc = 1;

@@ -168,7 +168,7 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
     if (!rc) rc = kvm_eval_doc_new(m, k, ids + off, n_ctx + n_cont, n_ctx, n_cont, out);
     free(ids);
     if (rc) {
-        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
+        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
         return 1;
     }
     return 0;

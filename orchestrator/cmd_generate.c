@@ -159,7 +159,7 @@ static int generate(const kvm_model *m, const kvm_kernels *k, int cuda_device, c
     if (tok) printf("\n");
     double dt = now_s() - t0;
     if (!rc && dt > 0) fprintf(stderr, "achieved tok/s: %f\n", (double)(n_pre + produced) / dt);
-    if (rc) fprintf(stderr, "kvmill generate: %s\n", kvm_errmsg());
+    if (rc) fprintf(stderr, "kvmill generate: %s\n", kvm_cli_errmsg("generate"));
     kvm_sampler_free(&smp);
     gen_fwd_free(&g);
     free(logits);
@@ -235,7 +235,7 @@ int kvm_cmd_generate(int argc, char **argv)
         a.echo_first = !add_bos;
         a.quiet_prompt = chat;
         if (kvm_tokenizer_encode(tok, text, strlen(text), add_bos, 0, &p, &np)) {
-            fprintf(stderr, "kvmill generate: %s\n", kvm_errmsg());
+            fprintf(stderr, "kvmill generate: %s\n", kvm_cli_errmsg("generate"));
             rc = 1;
         } else if (np == 0) {
             fprintf(stderr, "kvmill generate: the prompt is empty and the model adds no BOS; give --prompt\n");

@@ -27,7 +27,7 @@ int kvm_cmd_keygen(int argc, char **argv)
     snprintf(pub, sizeof pub, "%s.public", prefix);
     snprintf(sec, sizeof sec, "%s.secret", prefix);
     if (!kvm_cli_get(opts, "force") && (access(pub, F_OK) == 0 || access(sec, F_OK) == 0))
-        return fprintf(stderr, "kvmill keygen: %s or %s exists; use --force to replace it\n", pub, sec), 1;
+        return fprintf(stderr, "kvmill keygen: %s or %s exists; use --force to replace it\n", pub, sec), 2;
     /* the folders of PREFIX (keys/server) are made as needed, private (0700) */
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", prefix);
@@ -38,7 +38,7 @@ int kvm_cmd_keygen(int argc, char **argv)
             return fprintf(stderr, "kvmill keygen: cannot make folder %s: %s\n", dir, strerror(errno)), 1;
         *p = '/';
     }
-    if (kvm_curve_keygen(prefix)) return fprintf(stderr, "kvmill keygen: %s\n", kvm_errmsg()), 1;
+    if (kvm_curve_keygen(prefix)) return fprintf(stderr, "kvmill keygen: %s\n", kvm_cli_errmsg("keygen")), 1;
     printf("%s\n%s\n", pub, sec);
     return 0;
 }

@@ -34,9 +34,10 @@ int kvm_cmd_make_model(int argc, char **argv)
                              .n_kv_heads = (int)v[4], .vocab_size = (int)v[5], .seq_len = (int)v[6],
                              .seed = (uint64_t)v[7], .separate_classifier = kvm_cli_get(opts, "separate-classifier") != NULL};
     const char *out = kvm_cli_get(opts, "out");
+    if (kvm_cli_check_out("make-model", "out", out)) return 2;
     int rc = kvm_make_model_write(out, &o);
     if (rc) {
-        fprintf(stderr, "kvmill make-model: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill make-model: %s\n", kvm_cli_errmsg("make-model"));
         return rc == KVM_EINVAL ? 2 : 1;
     }
     fprintf(stderr, "kvmill make-model: wrote %s\n", out);

@@ -123,7 +123,7 @@ int kvm_cmd_run(int argc, char **argv)
     const char *cpath = kvm_cli_get(opts, "config"), *corpus_path = kvm_cli_get(opts, "corpus");
     if (!cpath) return fprintf(stderr, "kvmill run: --config is required\n"), 2;
     kvm_config *cfg;
-    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill run: %s\n", kvm_errmsg()), 2;
+    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run")), 2;
     const char *store = kvm_cli_get(opts, "store");
     if (store && kvm_config_set(cfg, "store", "path", store)) {
         fprintf(stderr, "kvmill run: --store: %s\n", kvm_errmsg());
@@ -163,7 +163,7 @@ int kvm_cmd_run(int argc, char **argv)
     const char *tp = kvm_config_str(cfg, "model", "tokenizer");
     if (kvm_cli_open_model("run", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 0, &m, &tok)) goto done;
     if (kvm_corpus_read(corpus_path, &corpus)) {
-        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run"));
         status = 2;
         goto done;
     }
@@ -176,7 +176,7 @@ int kvm_cmd_run(int argc, char **argv)
         goto done;
     }
     if (kvm_jobcfg_check(cfg)) {
-        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run"));
         status = 2;
         goto done;
     }

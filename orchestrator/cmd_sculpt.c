@@ -37,7 +37,8 @@ static char *read_text(const char *path, size_t *len)
     return s;
 }
 
-/* Prefill + capture + compress + write. Prints a one-line summary to stdout. */
+/* Prefill + capture + compress + write. Prints a one-line summary to stdout. Returns the exit
+ * status: 0, 2 for settings the context refuses (KVM_EINVAL), 1 for any other failure. */
 static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, int64_t n, const kvm_sculpt_opts *o,
                const char *out_path)
 {
@@ -60,12 +61,12 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, in
                (long long)n, (long long)st.base.entries, (long long)kvm_kvcache_entries(full),
                (long long)kvm_kvcache_bytes(c), (long long)kvm_kvcache_bytes(full), st.base.seconds, st.query_s,
                st.lbfgs_s, st.ridge_s, st.pilot_s, out_path);
-    if (rc) fprintf(stderr, "kvmill sculpt: %s\n", kvm_errmsg());
+    if (rc) fprintf(stderr, "kvmill sculpt: %s\n", kvm_cli_errmsg("sculpt"));
     kvm_kvcache_free(&c);
     kvm_kvcache_free(&full);
     kvm_forward_free(&f);
     kvm_capture_free(&cap);
-    return rc ? 1 : 0;
+    return rc == KVM_EINVAL ? 2 : rc ? 1 : 0; /* EINVAL: settings this context cannot take (a usage error) */
 }
 
 int kvm_cmd_sculpt(int argc, char **argv)
@@ -74,7 +75,10 @@ int kvm_cmd_sculpt(int argc, char **argv)
         {"model", 1, KVM_CLI_MODEL_HELP, NULL},
         {"tokenizer", 1, "tokenizer (default: tok512.bin or tokenizer.bin beside the model)", NULL},
         {"doc", 1, "document text file (encoded with BOS)", NULL},
-        {"context", 1, "context tokens N: the document's first N tokens (default: all, at most seq_len)", NULL},
+        {"context", 1,
+         "context tokens N: the document's first N tokens, at most the model's window (default: all, cut to the "
+         "window)",
+         NULL},
         {"out", 1, "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h)", NULL},
     };
     int n_fixed = 0, n_set;
@@ -97,6 +101,7 @@ int kvm_cmd_sculpt(int argc, char **argv)
         fprintf(stderr, "kvmill sculpt: --model, --doc and --out are required\n");
         return 2;
     }
+    if (kvm_cli_check_out("sculpt", "out", out)) return 2;
     kvm_sculpt_opts o = kvm_sculpt_opts_default();
     for (int i = 0; i < n_set; i++) /* table order: retain before budget */
         if ((s = kvm_cli_get(opts, set[i].flag)) && kvm_sculpt_opts_set(&o, set[i].name, s)) {
@@ -124,15 +129,24 @@ int kvm_cmd_sculpt(int argc, char **argv)
         fprintf(stderr, "kvmill sculpt: --doc %s: %s\n", doc, strerror(errno));
         rc = 1;
     } else if (kvm_tokenizer_encode(tok, text, len, 1, 0, &ids, &n)) {
-        fprintf(stderr, "kvmill sculpt: %s\n", kvm_errmsg());
+        fprintf(stderr, "kvmill sculpt: %s\n", kvm_cli_errmsg("sculpt"));
         rc = 1;
     } else {
         int64_t N = ctx > 0 ? ctx : n;
-        if (N > m->cfg.seq_len) N = m->cfg.seq_len;
-        if (N > n) {
+        if (ctx > m->cfg.seq_len) { /* a cut the user did not ask for would compress another context */
+            fprintf(stderr, "kvmill sculpt: --context %lld is past the model's window of %d tokens\n", (long long)ctx,
+                    m->cfg.seq_len);
+            rc = 2;
+        } else if (N > n) {
             fprintf(stderr, "kvmill sculpt: --context %lld but %s has %lld tokens\n", (long long)N, doc, (long long)n);
-            rc = 1;
+            rc = 2;
         } else {
+            if (N > m->cfg.seq_len) {
+                fprintf(stderr,
+                        "kvmill sculpt: %s has %lld tokens: its first %d (the model's window) are the context\n", doc,
+                        (long long)n, m->cfg.seq_len);
+                N = m->cfg.seq_len;
+            }
             rc = run(m, kk, ids, N, &o, out);
         }
     }

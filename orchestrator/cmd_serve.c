@@ -16,14 +16,17 @@ int kvm_cmd_serve(int argc, char **argv)
     kvm_cli_opt opts[] = {
         {"config", 1, "configuration the caches were made with (model, context, compression), e.g. configs/default.ini",
          NULL},
-        {"store", 1, "LMDB store directory (overrides [store] path), or the store service's endpoint tcp://HOST:PORT "
-                     "(sets [store] service: decode workers fetch caches from it)", NULL},
+        {"store", 1, "LMDB store directory (overrides [store] path; it must exist unless --compute-missing), or the "
+                     "store service's endpoint tcp://HOST:PORT (sets [store] service: decode workers fetch caches from "
+                     "it)", NULL},
         {"bind", 1,
          "front end endpoint for clients (overrides [serve] bind; default tcp://127.0.0.1:5555); "
          "a non-local address needs [security] keys",
          NULL},
         {"workers", 1, "decode worker processes to start (overrides [serve] workers; 0 = only external workers)", NULL},
-        {"compute-missing", 0, "compress a document on demand when its cache is missing (sets [serve] compute_missing)",
+        {"compute-missing", 0,
+         "compress a document on demand when its cache is missing (sets [serve] compute_missing; a store that does "
+         "not exist is then created)",
          NULL},
         {"dump-config", 0, "print the resolved configuration and exit", NULL},
         {NULL, 0, NULL, NULL}};
@@ -41,7 +44,7 @@ int kvm_cmd_serve(int argc, char **argv)
     }
     kvm_config *cfg;
     char resolved[4096] = "";
-    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), 2;
+    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_cli_errmsg("serve")), 2;
     int status = 2;
     /* an endpoint names the store service on another host (decode workers fetch with get_cache) */
     if (store && kvm_config_set(cfg, "store", !strncmp(store, "tcp://", 6) || !strncmp(store, "ipc://", 6) ? "service" : "path",
@@ -69,14 +72,21 @@ int kvm_cmd_serve(int argc, char **argv)
     }
     /* a store that cannot be opened (truncated data.mdb, not LMDB, ...) is refused here, with
      * the store's own message, rather than by every decode worker until serve gives up; one
-     * that does not exist yet is created by the workers as before */
-    {
+     * that does not exist is refused too (a mistyped path would serve nothing but "no cache"
+     * answers), unless the workers are to fill it (compute_missing); a store service is the
+     * service's to check */
+    if (!*kvm_config_str(cfg, "store", "service")) {
+        const char *sp = kvm_config_str(cfg, "store", "path");
         kvm_store_opts so = {.read_only = 1};
         kvm_store *st = NULL;
-        int sst = kvm_store_open(kvm_config_str(cfg, "store", "path"), &so, &st);
+        int sst = kvm_store_open(sp, &so, &st);
         if (sst == 0) kvm_store_close(&st);
         else if (sst != KVM_ENOTFOUND) {
             fprintf(stderr, "kvmill serve: cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
+            goto done;
+        } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
+            fprintf(stderr, "kvmill serve: store %s does not exist: make its caches with kvmill run first, or give "
+                            "--compute-missing to compress documents on demand into a new store\n", sp);
             goto done;
         }
     }

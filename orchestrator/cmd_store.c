@@ -69,7 +69,7 @@ static int resolve(const char *cmd, kvm_store *s, const char *text, kvm_store_ca
 {
     int st = kvm_store_find_cache(s, text, k);
     if (st == 0) return 0;
-    fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
+    fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
     return st == KVM_EINVAL ? 2 : 1;
 }
 
@@ -124,7 +124,8 @@ static int ls_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, i
     kvm_store_id_hex(&k->doc_hash, b);
     kvm_store_id_hex(&k->config_id, d);
     if (!m) {
-        fprintf(stderr, "kvmill store ls: %s (%s); run kvmill store verify\n", kvm_errmsg(), kvm_strerror(status));
+        fprintf(stderr, "kvmill store ls: %s (%s); run kvmill store verify\n", kvm_cli_errmsg("store ls"),
+                kvm_strerror(status));
         c->n_bad++;
         return 0;
     }
@@ -181,7 +182,7 @@ static int cmd_ls(int argc, char **argv)
     else printf("%-12s %-12s %-12s %9s %10s %12s %7s %-*s%s\n", "MODEL", "DOC", "CONFIG", "TOKENS", "ENTRIES", "BYTES",
                 "RATIO", now.on ? 6 : 0, "DTYPE", now.on ? "STATE" : "");
     st = kvm_store_list_caches(s, NULL, ls_visit, &c);
-    if (st) fprintf(stderr, "kvmill store ls: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+    if (st) fprintf(stderr, "kvmill store ls: %s (%s)\n", kvm_cli_errmsg("store ls"), kvm_strerror(st));
     kvm_store_close(&s);
     kvm_config_free(&cfg);
     free(now.canon);
@@ -244,7 +245,7 @@ static int cmd_show(int argc, char **argv)
     if (rc == 0) {
         int st = kvm_store_get_cache(s, &k, NULL, &c);
         if (st) {
-            fprintf(stderr, "kvmill store show: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+            fprintf(stderr, "kvmill store show: %s (%s)\n", kvm_cli_errmsg("store show"), kvm_strerror(st));
             rc = 1;
         } else {
             show_cache(c);
@@ -282,7 +283,7 @@ static int cmd_verify(int argc, char **argv)
     int st = kvm_store_verify(s, verify_report, NULL, &n_records, &n_problems);
     kvm_store_close(&s);
     if (st) {
-        fprintf(stderr, "kvmill store verify: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+        fprintf(stderr, "kvmill store verify: %s (%s)\n", kvm_cli_errmsg("store verify"), kvm_strerror(st));
         return st == KVM_ECORRUPT ? 1 : 2;
     }
     printf("%" PRId64 " records checked, %" PRId64 " problem(s)\n", n_records, n_problems);
@@ -339,7 +340,7 @@ static int rm_stale(const char *path, const kvm_config *cfg)
         printf("removed %s:%s:%s (%s)\n", kvm_store_id_hex(&c.keys[i].model_id, a), kvm_store_id_hex(&c.keys[i].doc_hash, b),
                kvm_store_id_hex(&c.keys[i].config_id, d), kvm_jobcfg_state_name(c.states[i]));
     }
-    if (st) fprintf(stderr, "kvmill store rm: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+    if (st) fprintf(stderr, "kvmill store rm: %s (%s)\n", kvm_cli_errmsg("store rm"), kvm_strerror(st));
     else printf("%lld stale cache(s) removed\n", (long long)removed);
     kvm_store_close(&s);
     free(now.canon);
@@ -385,7 +386,7 @@ static int cmd_rm(int argc, char **argv)
     kvm_config_free(&cfg);
     if (rc) return rc;
     if (st == 0) st = kvm_store_rm_cache(s, &k);
-    if (st) fprintf(stderr, "kvmill store rm: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+    if (st) fprintf(stderr, "kvmill store rm: %s (%s)\n", kvm_cli_errmsg("store rm"), kvm_strerror(st));
     kvm_store_close(&s);
     if (st) return 1;
     char a[KVM_STORE_ID_HEX + 1], b[KVM_STORE_ID_HEX + 1], c[KVM_STORE_ID_HEX + 1];
@@ -429,7 +430,7 @@ static int cmd_compact(int argc, char **argv)
     int st = kvm_store_compact(s, out, &copy);
     kvm_store_close(&s);
     if (st) {
-        fprintf(stderr, "kvmill store compact: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+        fprintf(stderr, "kvmill store compact: %s (%s)\n", kvm_cli_errmsg("store compact"), kvm_strerror(st));
         return st == KVM_EINVAL ? 2 : 1;
     }
     printf("compacted copy of %s in %s: data.mdb %lld bytes (was %lld)\n", store, out, (long long)copy,
@@ -463,7 +464,7 @@ static int cmd_stats(int argc, char **argv)
         st = kvm_store_stats_get(s, &t);
         kvm_store_close(&s);
         if (st) {
-            fprintf(stderr, "kvmill store stats: %s (%s)\n", kvm_errmsg(), kvm_strerror(st));
+            fprintf(stderr, "kvmill store stats: %s (%s)\n", kvm_cli_errmsg("store stats"), kvm_strerror(st));
             return 1;
         }
     }

@@ -1,11 +1,16 @@
 /* kvm_cli.c: the option parser shared by every kvmill subcommand. */
 #include "orchestrator/kvm_cli.h"
+#include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "compress/eval/kvm_eval.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static kvm_cli_opt *find_opt(kvm_cli_opt *opts, const char *name)
 {
@@ -100,18 +105,21 @@ const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name)
     return NULL;
 }
 
+/* "-" for a one-letter option (-n), "--" for the others: the spelling the user typed */
+static const char *dashes(const char *name) { return name[0] && !name[1] ? "-" : "--"; }
+
 int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end != '\0') {
-        fprintf(stderr, "kvmill %s: --%s: '%s' is not an integer\n", cmd, name, s);
+    if (errno || end == s || *end != '\0' || isspace((unsigned char)*s)) {
+        fprintf(stderr, "kvmill %s: %s%s: '%s' is not an integer\n", cmd, dashes(name), name, s);
         return -1;
     }
     if (v < lo || v > hi) {
-        fprintf(stderr, "kvmill %s: --%s: %lld is outside [%lld, %lld]\n", cmd, name, v, (long long)lo,
-                (long long)hi);
+        fprintf(stderr, "kvmill %s: %s%s: %lld is outside [%lld, %lld]\n", cmd, dashes(name), name, v,
+                (long long)lo, (long long)hi);
         return -1;
     }
     *out = v;
@@ -120,19 +128,50 @@ int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, in
 
 int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end != '\0' || !isfinite(v)) {
-        fprintf(stderr, "kvmill %s: --%s: '%s' is not a number\n", cmd, name, s);
+    double v = 0;
+    if (kvm_parse_decimal(s, &v)) {
+        fprintf(stderr, "kvmill %s: %s%s: '%s' is not a number\n", cmd, dashes(name), name, s);
         return -1;
     }
     if (v < lo || v > hi) {
-        fprintf(stderr, "kvmill %s: --%s: %g is outside [%g, %g]\n", cmd, name, v, lo, hi);
+        fprintf(stderr, "kvmill %s: %s%s: %g is outside [%g, %g]\n", cmd, dashes(name), name, v, lo, hi);
         return -1;
     }
     *out = v;
     return 0;
+}
+
+int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
+{
+    if (!path || !*path) return 0;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    struct stat st;
+    const char *why = NULL;
+    if (stat(dir, &st)) why = strerror(errno);
+    else if (!S_ISDIR(st.st_mode)) why = "not a directory";
+    else if (access(dir, W_OK | X_OK)) why = strerror(errno);
+    if (why) {
+        fprintf(stderr, "kvmill %s: --%s %s: folder %s: %s\n", cmd, flag, path, dir, why);
+        return -1;
+    }
+    if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "kvmill %s: --%s %s is a directory\n", cmd, flag, path);
+        return -1;
+    }
+    return 0;
+}
+
+const char *kvm_cli_errmsg(const char *cmd)
+{
+    const char *m = kvm_errmsg();
+    if (!cmd) return m;
+    size_t full = strlen(cmd), word = strcspn(cmd, " "); /* "store compact: ..." or "store: ..." */
+    if (full && !strncmp(m, cmd, full) && m[full] == ':' && m[full + 1] == ' ') return m + full + 2;
+    if (word && !strncmp(m, cmd, word) && m[word] == ':' && m[word + 1] == ' ') return m + word + 2;
+    return m;
 }
 
 const char *kvm_cli_methods(void)

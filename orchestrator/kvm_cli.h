@@ -51,6 +51,18 @@ const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name);
 int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 
+/* An output file the command writes only after its work (a strategy, a cache file) is checked
+ * before the work: its folder must exist and take new files, and `path` must not be a folder.
+ * On failure prints "kvmill CMD: --FLAG PATH: ..." to stderr and returns -1 (exit 2: a usage
+ * error, found in a moment rather than after minutes of calibration); 0 otherwise. */
+int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);
+
+/* The calling thread's kvm_errmsg() for a line "kvmill CMD: <detail>": without a leading
+ * "<first word of CMD>: " (the library's module prefix, "sculpt: ..." under `kvmill sculpt`),
+ * so the line does not say the command twice. Points into kvm_errmsg()'s buffer (valid until
+ * the next kvm_err on this thread); never NULL. */
+const char *kvm_cli_errmsg(const char *cmd);
+
 /* Every compression method of compress/eval/kvm_methods.c as one help phrase:
  * "full|streaming|...|polykv:FILE|sculpt[:OPTS]|..." (static, read-only). */
 const char *kvm_cli_methods(void);

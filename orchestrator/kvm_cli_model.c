@@ -21,14 +21,14 @@ int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_
     }
     int rc = kvm_model_open(model_path, model);
     if (rc) {
-        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
+        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
         return rc;
     }
     if (!tok) return 0;
     char path[4096];
     rc = kvm_tokenizer_open_for_model(*model, model_path, tok_path, tok, path, sizeof path);
     if (rc && (required || tok_path)) {
-        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
+        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
         kvm_model_close(model);
         return rc;
     }

@@ -2,6 +2,7 @@
  * expansion, per-type validation and the canonical encoding hashed into config ids. */
 #include "pipeline/kvm_config.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <errno.h>
 #include <ini.h>
@@ -92,9 +93,8 @@ static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
         return 0;
     }
     case KVM_CFG_FLOAT: {
-        errno = 0;
-        double x = strtod(*v, &end);
-        if (errno || end == *v || *end || !isfinite(x)) return snprintf(why, why_n, "'%s' is not a number", *v), -1;
+        double x = 0;
+        if (kvm_parse_decimal(*v, &x)) return snprintf(why, why_n, "'%s' is not a number", *v), -1;
         if (x < s->lo || x > s->hi) return snprintf(why, why_n, "%g is outside [%g, %g]", x, s->lo, s->hi), -1;
         return 0;
     }

@@ -13,6 +13,7 @@
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_worker.h"
+#include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -56,6 +57,13 @@ static void write_config(const char *serve_extra, const char *extra)
              serve_extra ? serve_extra : "", extra ? extra : "");
     snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    /* the store exists, empty at first (serve refuses one that does not) */
+    char sp[4200];
+    snprintf(sp, sizeof sp, "%s/store", g_dir);
+    kvm_store_opts so = {.no_sync = 1};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(sp, &so, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&s);
 }
 
 static void setup(void)
@@ -584,9 +592,9 @@ START_TEST(test_curve_keys)
     snprintf(auth, sizeof auth, "%s/authorized", g_dir);
     snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);
     ck_assert_int_eq(system(cmd), 0);
-    /* keygen refuses to overwrite */
+    /* keygen refuses to overwrite (a usage error: --force says replace) */
     snprintf(cmd, sizeof cmd, "'%s' keygen --out '%s/client'", kvmill(), g_dir);
-    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 1);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
     char sec[9000];
     snprintf(sec, sizeof sec,
              "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"

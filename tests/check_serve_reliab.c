@@ -9,6 +9,7 @@
 #include "model/kvm_utf8.h"
 #include "pipeline/kvm_serve.h"
 #include "proto/kvm_proto.h"
+#include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -273,6 +274,13 @@ static void write_config(const char *model, int context, const char *serve_extra
              serve_extra ? serve_extra : "", extra ? extra : "");
     snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    /* the store exists, empty at first (serve refuses one that does not) */
+    char sp[4200];
+    snprintf(sp, sizeof sp, "%s/store", g_dir);
+    kvm_store_opts so = {.no_sync = 1};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(sp, &so, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&s);
 }
 
 /* Starts `kvmill serve --config g_cfg` with `args` (default: --bind g_front), stderr into g_log,

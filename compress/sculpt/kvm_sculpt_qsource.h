@@ -39,7 +39,9 @@ void kvm_sculpt_qsource_format(const kvm_sculpt_qsource *src, char *buf, size_t 
  * repeat prefills repeat_prompt (BOS when none) + the N context tokens over a copy of in->full
  * (needs 2N + P ≤ the model's window); continuation decodes T = ⌈n_cont / G⌉ greedy tokens
  * after the context (G = query heads per KV head, n_cont its share of S; T is cut to the
- * window, at least 1 position must remain). Needs in->tokens. CPU forward of in->model, batch N.
+ * window, at least 1 position must remain; a cut that leaves fewer than n_cont distinct queries,
+ * which the problems then sample with repeats, is said in one warning line through kvm_log).
+ * Needs in->tokens. CPU forward of in->model, batch N.
  * *out is zeroed first; free with kvm_sculpt_qsets_free. Returns 0, KVM_EINVAL (no tokens, the
  * repeat does not fit the window: the message says how many positions it needs), KVM_ENOMEM,
  * or the forward's status. */

@@ -2,6 +2,7 @@
  * parsers built on it. */
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
 #include <errno.h>
@@ -139,10 +140,8 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
             return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected 1/0, true/false, yes/no or on/off", name, value);
         return 0;
     }
-    errno = 0;
-    char *end;
-    double v = strtod(value, &end);
-    if (errno || end == value || *end || !isfinite(v) || v < r->lo || v > r->hi ||
+    double v = 0;
+    if (kvm_parse_decimal(value, &v) || v < r->lo || v > r->hi ||
         (r->kind != K_F64 && v != floor(v)))
         return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected %s in [%g, %g]", name, value,
                        r->kind == K_F64 ? "a number" : "an integer", r->lo, r->hi);

@@ -3,6 +3,8 @@
  * Attention Matching arXiv 2602.16284) and a greedy continuation. */
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
+#include "common/kvm_number.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -33,14 +35,13 @@ int kvm_sculpt_qsource_parse(const char *s, kvm_sculpt_qsource *out)
         seen |= 1 << src;
         double w = 1;
         if (at) {
-            char num[64], *e;
+            char num[64];
             size_t wl = len - nlen - 1;
             if (wl == 0 || wl >= sizeof num)
                 return kvm_err(KVM_EINVAL, "sculpt: query_source '%s': %s@ needs a share", s, qsrc_names[src]);
             memcpy(num, at + 1, wl);
             num[wl] = 0;
-            w = strtod(num, &e);
-            if (*e || !isfinite(w) || !(w > 0))
+            if (kvm_parse_decimal(num, &w) || !(w > 0))
                 return kvm_err(KVM_EINVAL, "sculpt: query_source '%s': share '%s' of %s is not a positive number", s,
                                num, qsrc_names[src]);
         }
@@ -242,6 +243,14 @@ int kvm_sculpt_qsets_ensure(const kvm_compress_input *in, const kvm_sculpt_qsour
     if (!rc && want_con) {
         free(con->q);
         memset(con, 0, sizeof *con);
+        if (T >= 1 && T * group < n[KVM_SCULPT_QSRC_CONTINUATION]) /* said, not silent: fewer distinct queries */
+            kvm_log(KVM_LOG_WARN, "message", NULL, 0,
+                    "sculpt: query_source continuation: the model's window of %d tokens leaves %lld positions after "
+                    "the %lld-token context, so its %lld queries are drawn from %lld distinct ones (%lld tokens "
+                    "x %d query heads per KV head; %lld tokens asked)",
+                    c->seq_len, (long long)T, (long long)in->n_tokens, (long long)n[KVM_SCULPT_QSRC_CONTINUATION],
+                    (long long)(T * group), (long long)T, group,
+                    (long long)((n[KVM_SCULPT_QSRC_CONTINUATION] + group - 1) / group));
         if ((rc = build_continuation(in, f, T, con))) {
             free(con->q);
             memset(con, 0, sizeof *con);

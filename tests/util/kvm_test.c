@@ -28,6 +28,12 @@ const char *kvm_test_shared_find(const char *rel)
     return access(buf, F_OK) == 0 ? buf : NULL;
 }
 
+int kvm_test_quick(void)
+{
+    const char *s = getenv("KVMILL_TEST_QUICK");
+    return s && *s && strcmp(s, "0") != 0;
+}
+
 void kvm_test_skip(const char *why)
 {
     static int said;

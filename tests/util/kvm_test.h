@@ -17,6 +17,10 @@ const char *kvm_test_shared(void);
  * load optional data, the test printing the SKIP with kvm_test_skip). */
 const char *kvm_test_shared_path(const char *rel);
 const char *kvm_test_shared_find(const char *rel);
+/* 1 when KVMILL_TEST_QUICK is set to anything but "" or "0" (`make SAN=1 test` sets it): the
+ * slowest integration cases then run on fewer documents or inputs. The un-sanitized `make test`
+ * runs them whole, so every case keeps its full form once in CI. */
+int kvm_test_quick(void);
 /* Prints "SKIP: <why>" to stdout, once per process (later calls print nothing). */
 void kvm_test_skip(const char *why);
 /* The repository's embedded data (data/, always present): models/stories260K.bin,

@@ -1,0 +1,40 @@
+/* kvm_number.c: strict decimal parsing (kvm_number.h): the grammar is checked here, then strtod
+ * converts the string it has accepted. */
+#include "common/kvm_number.h"
+#include "common/kvm_error.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+/* the digits at *p, skipped; returns how many */
+static int digits(const char **p)
+{
+    int n = 0;
+    while (isdigit((unsigned char)**p))
+        (*p)++, n++;
+    return n;
+}
+
+int kvm_parse_decimal(const char *s, double *out)
+{
+    if (!s) return KVM_EINVAL;
+    const char *p = s;
+    if (*p == '+' || *p == '-') p++;
+    int n = digits(&p);
+    if (*p == '.') p++, n += digits(&p);
+    if (n == 0) return KVM_EINVAL;
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') p++;
+        if (digits(&p) == 0) return KVM_EINVAL;
+    }
+    if (*p) return KVM_EINVAL;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (end != p || !isfinite(v) || errno == ERANGE) return KVM_EINVAL; /* 1e999, and 1e-400 read as 0 */
+    *out = v;
+    return 0;
+}

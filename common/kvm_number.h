@@ -1,0 +1,17 @@
+/* kvm_number.h: the one strict parse of a decimal number that every user-given float goes
+ * through (config values, CLI flags, method options, query_source shares), so that "0x10",
+ * " 1", "inf", "nan" or "1e999" are refused where a user wrote a number, not read by strtod's
+ * wider grammar. */
+#ifndef KVM_NUMBER_H
+#define KVM_NUMBER_H
+
+/* Parses all of `s` as a decimal number: an optional sign, digits with an optional fraction
+ * (at least one digit in all: "1", "1.", ".5", "-0.25"), and an optional exponent ("2e-5",
+ * "1E3"); nothing else (no whitespace, hexadecimal, inf or nan). On success writes the value
+ * to *out and returns 0 (one that overflows a double, or underflows it to zero or a
+ * subnormal, is refused: "1e-400" is not what its writer meant by 0); otherwise
+ * returns KVM_EINVAL and leaves *out alone, with no detail message (the caller names the
+ * setting). `s` may be NULL (refused). Thread-safe. */
+int kvm_parse_decimal(const char *s, double *out);
+
+#endif

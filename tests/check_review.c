@@ -1,0 +1,322 @@
+/* check_review.c: defects found in the reliability review after issue 16 (bad input and small
+ * CLI defects): a context past the model's window, continuation queries cut by the window,
+ * strict decimal numbers, exit statuses of refusals, doubled message prefixes, serve on a store
+ * that does not exist, and make test's report of a suite that crashed before reporting. */
+#include "common/kvm_error.h"
+#include "common/kvm_number.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
+#include "pipeline/kvm_config.h"
+#include "store/kvm_store.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char *tmp;
+
+static void setup(void) { tmp = kvm_test_tmpdir(); }
+
+static void teardown(void)
+{
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+
+/* Runs `kvmill ARGS` (ARGS already quoted), returns the exit status; *out and *err malloc'ed. */
+static int kvmill(const char *args, char **out, char **err)
+{
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s", kvm_test_bin(), args);
+    return kvm_test_run(cmd, out, err);
+}
+
+/* `kvmill sculpt ... --context N` with the embedded model and doc_000, small solver settings. */
+static int sculpt(const char *extra, char **out, char **err)
+{
+    char args[12000];
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs' --queries 64 --iterations 2 %s",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"), tmp, extra);
+    return kvmill(args, out, err);
+}
+
+/* --context past the model's window (stories260K: 512) was cut to the window without a word:
+ * now refused (exit 2) naming the window; a document longer than the window without --context
+ * is cut, and the command says so. */
+START_TEST(test_sculpt_context_past_window)
+{
+    char *out, *err;
+    ck_assert_int_eq(sculpt("--context 600", &out, &err), 2);
+    ck_assert_msg(strstr(err, "--context 600 is past the model's window of 512 tokens"), "stderr: %s", err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+    /* more tokens asked than the document has: a usage error too */
+    char doc[4400], args[12000];
+    snprintf(doc, sizeof doc, "%s/short.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time.", 17), 0);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs' --context 100",
+             kvm_test_data_path("models/stories260K.bin"), doc, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--context 100 but") && strstr(err, "tokens"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* a document of more than 512 tokens, no --context: the first 512, said on stderr */
+    size_t n0, n1;
+    char *a = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n0);
+    char *b = kvm_test_read_file(kvm_test_data_path("corpus/doc_001.txt"), &n1);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    char *both = malloc(n0 + n1 + 1);
+    memcpy(both, a, n0);
+    both[n0] = ' ';
+    memcpy(both + n0 + 1, b, n1);
+    snprintf(doc, sizeof doc, "%s/long.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(doc, both, n0 + n1 + 1), 0);
+    free(a);
+    free(b);
+    free(both);
+    snprintf(args, sizeof args,
+             "sculpt --model '%s' --doc '%s' --out '%s/c.kvs' --queries 16 --iterations 1 --rounds 1 --budget 64",
+             kvm_test_data_path("models/stories260K.bin"), doc, tmp);
+    int rc = kvmill(args, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "tokens: its first 512 (the model's window) are the context"), "stderr: %s", err);
+    ck_assert_msg(strstr(out, "sculpt: N=512 "), "stdout: %s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* continuation near the window: T = ceil(queries / G) greedy tokens do not fit after the
+ * context, so the problems sample fewer distinct queries than asked: said in one line. */
+START_TEST(test_continuation_cut_said)
+{
+    char *out, *err;
+    /* stories260K: G = 2, window 512; context 490 leaves 22 tokens of the 32 that 64 queries ask */
+    int rc = sculpt("--context 490 --query-source continuation --budget 64 --rounds 1", &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "query_source continuation: the model's window of 512 tokens leaves 22 positions after "
+                              "the 490-token context, so its 64 queries are drawn from 44 distinct ones") &&
+                      strstr(err, "32 tokens asked"),
+                  "stderr: %s", err);
+    const char *first = strstr(err, "query_source continuation");
+    ck_assert_msg(!strstr(first + 1, "query_source continuation"), "said more than once: %s", err);
+    free(out);
+    free(err);
+    /* room enough: no such line */
+    rc = sculpt("--context 200 --query-source continuation --budget 64 --rounds 1", &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(!strstr(err, "distinct"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* Numbers are strict decimals everywhere a user writes one: strtod also read hexadecimal,
+ * leading blanks, inf and nan, so "repeat@0x10" was a share of 16. */
+START_TEST(test_strict_decimal)
+{
+    const char *good[] = {"1", "0.5", ".5", "5.", "-2", "+3", "2e-5", "1E3", "0", "0e5", "-0.0"};
+    const double want[] = {1, 0.5, 0.5, 5, -2, 3, 2e-5, 1e3, 0, 0, 0};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        double v = -99;
+        ck_assert_msg(kvm_parse_decimal(good[i], &v) == 0 && v == want[i], "'%s' -> %g", good[i], v);
+    }
+    const char *bad[] = {"",   "0x10", " 1",    "1 ", "inf", "nan", "-inf",   "1e999",    ".", "e5",
+                         "1e", "1e+",  "1.2.3", "+",  "--1", "1,5", "0x1p-3", "infinity", "1e-400", NULL};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        double v = -99;
+        ck_assert_msg(kvm_parse_decimal(bad[i], &v) == KVM_EINVAL && v == -99, "'%s' accepted as %g",
+                      bad[i] ? bad[i] : "(null)", v);
+    }
+    /* query_source shares */
+    kvm_sculpt_qsource q;
+    const char *bad_src[] = {
+        "repeat@0x10", "repeat@inf", "repeat@nan", "repeat@ 1", "repeat@1e999+synthetic", "repeat@0x1p-1+synthetic@1"};
+    for (size_t i = 0; i < sizeof bad_src / sizeof bad_src[0]; i++) {
+        ck_assert_msg(kvm_sculpt_qsource_parse(bad_src[i], &q) == KVM_EINVAL, "%s accepted", bad_src[i]);
+        ck_assert_msg(strstr(kvm_errmsg(), "is not a positive number"), "%s: %s", bad_src[i], kvm_errmsg());
+    }
+    ck_assert_int_eq(kvm_sculpt_qsource_parse("repeat@1e-1+synthetic@.3", &q), 0);
+    ck_assert(fabs(q.share[KVM_SCULPT_QSRC_REPEAT] - 0.25) < 1e-12);
+    /* sculpt options, CLI floats and config floats go through the same parse */
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    ck_assert_int_eq(kvm_sculpt_opts_set(&o, "ridge", "0x1p-3"), KVM_EINVAL);
+    ck_assert_int_eq(kvm_sculpt_opts_set(&o, "ridge", " 0.5"), KVM_EINVAL);
+    ck_assert_int_eq(kvm_sculpt_opts_set(&o, "ridge", "1e-3"), 0);
+    kvm_config *c = NULL;
+    ck_assert_int_ne(kvm_config_parse("[model]\npath = m.bin\n[compress]\nratio = 0x0.8\n", "t.ini", &c), 0);
+    ck_assert_msg(strstr(kvm_errmsg(), "'0x0.8' is not a number"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\n[compress]\nratio = 0.25\n", "t.ini", &c), 0);
+    kvm_config_free(&c);
+    char *out, *err;
+    char args[8000];
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --method streaming --ratio 0x0.8",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--ratio: '0x0.8' is not a number"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* Refusals of what the user asked exit 2 (README: 1 runtime, 2 usage), with the command named
+ * once: `kvmill sculpt: sculpt: query_source repeat needs ...` exited 1. */
+START_TEST(test_refusals_exit_2_prefix_once)
+{
+    char *out, *err;
+    ck_assert_int_eq(sculpt("--context 300 --query-source repeat", &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill sculpt: query_source repeat needs 2N + P = 601 positions"), "stderr: %s", err);
+    ck_assert_msg(!strstr(err, "sculpt: sculpt:"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* an output folder that does not exist is found before the work, not after it */
+    char args0[12000];
+    snprintf(args0, sizeof args0, "calibrate --model '%s' --docs '%s' --budget 16 --out '%s/no/such/s.bin'",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"), tmp);
+    ck_assert_int_eq(kvmill(args0, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--out ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
+    ck_assert_str_eq(out, ""); /* no calibration table: it did not start */
+    free(out);
+    free(err);
+    char nodir[4400];
+    snprintf(nodir, sizeof nodir, "--context 64 --out '%s/no/such/c.kvs'", tmp);
+    ck_assert_int_eq(sculpt(nodir, &out, &err), 2);
+    ck_assert_msg(strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(args0, sizeof args0, "eval --model '%s' --docs '%s' --method streaming --ratio 0.5 --context 32 "
+             "--continuation 8 --csv '%s/no/such/e.csv'", kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("corpus"), tmp);
+    ck_assert_int_eq(kvmill(args0, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--csv ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(args0, sizeof args0, "make-model --dim 64 --layers 1 --heads 8 --hidden 32 --vocab 32 --seq-len 16 "
+             "--out '%s/no/such/m.bin'", tmp);
+    ck_assert_int_eq(kvmill(args0, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--out ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* a one-letter option is named as typed */
+    snprintf(args0, sizeof args0, "generate --model '%s' --prompt x -n -1", kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvmill(args0, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill generate: -n: -1 is outside") && !strstr(err, "--n"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* keygen over existing keys without --force: the user must say --force (usage) */
+    char args[8000];
+    snprintf(args, sizeof args, "keygen --out '%s/k'", tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 0);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "exists; use --force"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* store compact onto an existing folder: named once, exit 2 */
+    char store[4400];
+    snprintf(store, sizeof store, "%s/store", tmp);
+    kvm_store_opts so = {0};
+    kvm_store *st = NULL;
+    ck_assert_int_eq(kvm_store_open(store, &so, &st), 0);
+    kvm_store_close(&st);
+    snprintf(args, sizeof args, "store compact --store '%s' --out '%s'", store, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill store compact: ") && strstr(err, "already exists") &&
+                      !strstr(err, "store compact: store compact:"),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* `kvmill serve --store PATH` where PATH does not exist made an empty store and served "no
+ * cache" answers; now refused (exit 2) before any worker starts, unless --compute-missing
+ * says the workers fill it. */
+START_TEST(test_serve_missing_store)
+{
+    char cfg[4400], text[8192], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[serve]\nbind = ipc://%s/front\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    /* timeout: a serve that starts (the old behaviour) must not outlive the test */
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' serve --config '%s' --store '%s/typo.lmdb' --workers 1",
+             kvm_test_bin(), cfg, tmp);
+    ck_assert_int_eq(kvm_test_run(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "typo.lmdb does not exist") && strstr(err, "--compute-missing"), "stderr: %s", err);
+    free(out);
+    free(err);
+    char p[4500];
+    snprintf(p, sizeof p, "%s/typo.lmdb", tmp);
+    ck_assert_msg(access(p, F_OK) != 0, "serve created %s", p);
+}
+END_TEST
+
+/* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
+ * its exit status, in the summary line (it was one anonymous failure before). */
+START_TEST(test_runner_names_crash)
+{
+    char ok[4400], bad[4400], quiet[4400], logs[4400], cmd[16000], *out = NULL;
+    snprintf(ok, sizeof ok, "%s/check_ok", tmp);
+    snprintf(bad, sizeof bad, "%s/check_boom", tmp);
+    snprintf(quiet, sizeof quiet, "%s/check_quiet", tmp);
+    snprintf(logs, sizeof logs, "%s/logs", tmp);
+    const char *s_ok = "#!/bin/sh\necho '100%: Checks: 3, Failures: 0, Errors: 0'\n";
+    const char *s_bad = "#!/bin/sh\necho 'Running suite(s): boom'\nkill -SEGV $$\n";
+    const char *s_quiet = "#!/bin/sh\nexit 0\n";
+    ck_assert_int_eq(kvm_test_write_file(ok, s_ok, strlen(s_ok)), 0);
+    ck_assert_int_eq(kvm_test_write_file(bad, s_bad, strlen(s_bad)), 0);
+    ck_assert_int_eq(kvm_test_write_file(quiet, s_quiet, strlen(s_quiet)), 0);
+    chmod(ok, 0755), chmod(bad, 0755), chmod(quiet, 0755);
+    snprintf(cmd, sizeof cmd, "bash '%s/../tests/run-suites.sh' '%s' '%s' '%s' '%s'", kvm_test_data(), logs, ok, bad,
+             quiet);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 1);
+    const char *last = strstr(out, "tests: ");
+    ck_assert_msg(last && !strncmp(last,
+                                   "tests: 3 passed, 2 failed (check_boom crashed before reporting: exit status 139: "
+                                   "killed by signal 11, check_quiet crashed before reporting: exit status 0 but no "
+                                   "Checks: line)\n",
+                                   strlen(last)),
+                  "stdout: %s", out);
+    ck_assert_msg(strstr(out, "== check_boom: crashed before reporting"), "stdout: %s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "bash '%s/../tests/run-suites.sh' '%s' '%s'", kvm_test_data(), logs, ok);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(strstr(out, "tests: 3 passed, 0 failed\n"), "stdout: %s", out);
+    free(out);
+}
+END_TEST
+
+static Suite *review_suite(void)
+{
+    Suite *s = suite_create("review");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"sculpt_context_past_window", test_sculpt_context_past_window},
+        {"continuation_cut_said", test_continuation_cut_said},
+        {"strict_decimal", test_strict_decimal},
+        {"refusals_exit_2_prefix_once", test_refusals_exit_2_prefix_once},
+        {"serve_missing_store", test_serve_missing_store},
+        {"runner_names_crash", test_runner_names_crash},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(review_suite()); }
