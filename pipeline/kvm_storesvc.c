@@ -96,8 +96,9 @@ static void svc_refuse(svc *s, svc_upload *u, int status, const char *why)
                          KVM_LOG_I("status", status), KVM_LOG_S("reason", why)};
     svc_log(s, KVM_LOG_WARN, "upload_refused", f, 4, "refused upload %llu (job %llu): %s", (unsigned long long)u->pc.request_id,
             (unsigned long long)u->pc.job_id, why);
-    svc_reply(s, u->env, u->env_len, u->pc.request_id, u->pc.job_id, status, why, 0);
+    /* counted before the reply: a client that has the reply may read the counters at once */
     if (s->st) s->st->refused++;
+    svc_reply(s, u->env, u->env_len, u->pc.request_id, u->pc.job_id, status, why, 0);
     svc_drop(u);
 }
 
