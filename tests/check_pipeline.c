@@ -340,7 +340,9 @@ START_TEST(test_run_starts_store_service)
     pid_t worker = spawn_sh(cmd);
     long svc = 0;
     int killed = 0, status = 0;
-    for (int i = 0; i < 6000 && waitpid(run, &status, WNOHANG) == 0; i++, usleep(10000)) {
+    /* up to 180 s: a cache upload cut by the SIGKILL waits out the store client's 60 s reply
+     * timeout before the worker retries it, so 60 s here could give up on a run that completes */
+    for (int i = 0; i < 18000 && waitpid(run, &status, WNOHANG) == 0; i++, usleep(10000)) {
         size_t n;
         char *e = kvm_test_read_file(errp, &n), *l = killed ? NULL : kvm_test_read_file(slog, &n);
         const char *p = e ? strstr(e, "store service on ") : NULL;
