@@ -64,6 +64,10 @@ static int check_once(const char *dir, int *young)
     meta_page m0, m1 = {0};
     meta_read(fd, 0, size, &m0);
     if (m0.ok) meta_read(fd, (off_t)m0.psize, size, &m1);
+    /* the size to compare is taken after the meta pages were read: a writer in another process
+     * may commit in between, and LMDB writes a commit's pages before its meta page, so a size
+     * read first could be older than the meta page and look truncated */
+    if (fstat(fd, &st) == 0) size = (int64_t)st.st_size;
     close(fd);
     *young = !m0.ok || !m1.ok;
     if (!m0.ok) {
