@@ -10,11 +10,9 @@
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static void self_path(char *buf, size_t n)
@@ -73,30 +71,6 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
            (long long)s->evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes);
 }
 
-/* The counters file must be writable before the run starts: its folder exists and takes new
- * files (written as PATH.tmp.PID, then renamed), and PATH is no folder. */
-static int metrics_unwritable(const char *path)
-{
-    if (!path || !*path) return 0;
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    struct stat st;
-    const char *why = NULL;
-    if (stat(dir, &st)) why = strerror(errno);
-    else if (!S_ISDIR(st.st_mode)) why = "not a directory";
-    else if (access(dir, W_OK | X_OK)) why = strerror(errno);
-    if (why) {
-        fprintf(stderr, "kvmill run: metrics file %s: folder %s: %s\n", path, dir, why);
-        return 1;
-    }
-    if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "kvmill run: metrics file %s is a directory\n", path);
-        return 1;
-    }
-    return 0;
-}
 
 int kvm_cmd_run(int argc, char **argv)
 {
@@ -142,7 +116,7 @@ int kvm_cmd_run(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
-    if (!kvm_cli_get(opts, "dump-config") && metrics_unwritable(kvm_config_str(cfg, "run", "metrics"))) {
+    if (!kvm_cli_get(opts, "dump-config") && kvm_cli_check_writable("run", "metrics file", kvm_config_str(cfg, "run", "metrics"))) {
         kvm_config_free(&cfg);
         return 2;
     }

@@ -141,7 +141,7 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
     return 0;
 }
 
-int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
+int kvm_cli_check_writable(const char *cmd, const char *what, const char *path)
 {
     if (!path || !*path) return 0;
     char dir[4096];
@@ -154,14 +154,21 @@ int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
     else if (!S_ISDIR(st.st_mode)) why = "not a directory";
     else if (access(dir, W_OK | X_OK)) why = strerror(errno);
     if (why) {
-        fprintf(stderr, "kvmill %s: --%s %s: folder %s: %s\n", cmd, flag, path, dir, why);
+        fprintf(stderr, "kvmill %s: %s %s: folder %s: %s\n", cmd, what, path, dir, why);
         return -1;
     }
     if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "kvmill %s: --%s %s is a directory\n", cmd, flag, path);
+        fprintf(stderr, "kvmill %s: %s %s is a directory\n", cmd, what, path);
         return -1;
     }
     return 0;
+}
+
+int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
+{
+    char what[80];
+    snprintf(what, sizeof what, "--%s", flag);
+    return kvm_cli_check_writable(cmd, what, path);
 }
 
 const char *kvm_cli_errmsg(const char *cmd)

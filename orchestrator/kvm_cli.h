@@ -57,6 +57,11 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
  * error, found in a moment rather than after minutes of calibration); 0 otherwise. */
 int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);
 
+/* The same check with the file named by `what` (e.g. "metrics file" for a path that may come
+ * from a config key rather than a flag): prints "kvmill CMD: WHAT PATH: folder DIR: REASON" or
+ * "kvmill CMD: WHAT PATH is a directory" and returns -1; 0 when PATH is NULL, empty or fine. */
+int kvm_cli_check_writable(const char *cmd, const char *what, const char *path);
+
 /* The calling thread's kvm_errmsg() for a line "kvmill CMD: <detail>": without a leading
  * "<first word of CMD>: " (the library's module prefix, "sculpt: ..." under `kvmill sculpt`),
  * so the line does not say the command twice. Points into kvm_errmsg()'s buffer (valid until
