@@ -4,6 +4,7 @@
  * --compare-ref 1 instead times the forward on the per-layer attention kernel against the
  * same forward on the per-head kernel it replaced (kvm_cpu_attention_ref), interleaved in
  * one run, and prints both medians and their ratio. */
+#include "bench/bench_util.h"
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 #include "kernels/cpu/kvm_cpu_attn_ref.h"
@@ -14,25 +15,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Reads up to n ids (one per line) from path, else fills a deterministic pseudo-text. */
 static void load_tokens(const char *path, int32_t *ids, int64_t n, int vocab)
@@ -72,17 +54,17 @@ static double sgemm_gflops(const kvm_model_config *c, int64_t n, int reps)
     for (int64_t i = 0; i < big * big; i++) w[i] = (float)(i % 5) * 0.01f;
     double t[16], flops = 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_wall_s();
         flops = 0;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)n, (blasint)shapes[s][0], (blasint)shapes[s][1],
                         1.0f, x, (blasint)shapes[s][1], w, (blasint)shapes[s][1], 0.0f, y, (blasint)shapes[s][0]);
             flops += 2.0 * (double)n * (double)shapes[s][0] * (double)shapes[s][1];
         }
-        t[r] = now_s() - t0;
+        t[r] = bench_wall_s() - t0;
     }
     free(x); free(w); free(y);
-    return flops / median(t, reps) / 1e9;
+    return flops / bench_median(t, reps) / 1e9;
 }
 
 static int noop_hook(void *user, kvm_attn_site *site)
@@ -99,16 +81,16 @@ static int time_pass(const kvm_model *m, kvm_forward *f, kvm_forward *f1, const 
 {
     kvm_kvcache *cache;
     if (kvm_forward_cache_new(m, n + gen, &cache)) return 1;
-    double t0 = now_s();
+    double t0 = bench_wall_s();
     int rc = kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST);
-    *tp = now_s() - t0;
-    t0 = now_s();
+    *tp = bench_wall_s() - t0;
+    t0 = bench_wall_s();
     for (int64_t i = 0; !rc && i < gen; i++) {
         int32_t best = 0;
         for (int v = 1; v < m->cfg.vocab_size; v++) best = logits[v] > logits[best] ? v : best;
         rc = kvm_forward_decode(f1, cache, best, logits);
     }
-    *td = now_s() - t0;
+    *td = bench_wall_s() - t0;
     kvm_kvcache_free(&cache);
     return rc;
 }
@@ -138,7 +120,7 @@ static int compare_ref(const char *path, const int32_t *ids, int64_t n, int64_t 
         }
     if (rc) fprintf(stderr, "%s\n", kvm_errmsg());
     else {
-        double pn = median(tp[0], reps), po = median(tp[1], reps), dn = median(td[0], reps), d_o = median(td[1], reps);
+        double pn = bench_median(tp[0], reps), po = bench_median(tp[1], reps), dn = bench_median(td[0], reps), d_o = bench_median(td[1], reps);
         printf("model=%s layers=%d heads=%d/%d threads=%d N=%lld gen=%lld reps=%d (per-layer kernel vs per-head reference)\n",
                path, m[0]->cfg.n_layers, m[0]->cfg.n_heads, m[0]->cfg.n_kv_heads, threads, (long long)n,
                (long long)gen, reps);
@@ -206,26 +188,26 @@ int main(int argc, char **argv)
     for (int r = 0; r < reps; r++) {
         kvm_kvcache *cache;
         kvm_forward_cache_new(m, n + gen, &cache);
-        double t0 = now_s();
+        double t0 = bench_wall_s();
         if (kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
-        tp[r] = now_s() - t0;
+        tp[r] = bench_wall_s() - t0;
         kvm_kvcache_free(&cache);
         /* token by token over the same input (first tbt_n tokens) */
         kvm_forward_cache_new(m, n, &cache);
-        t0 = now_s();
+        t0 = bench_wall_s();
         for (int64_t i = 0; i < tbt_n; i++) kvm_forward_decode(f1, cache, ids[i], logits);
-        tt[r] = now_s() - t0;
+        tt[r] = bench_wall_s() - t0;
         kvm_kvcache_free(&cache);
         /* decode: prefill n - gen tokens, then gen greedy steps */
         kvm_forward_cache_new(m, n, &cache);
         kvm_forward_prefill(f, cache, ids, n - gen, logits, KVM_LOGITS_LAST);
-        t0 = now_s();
+        t0 = bench_wall_s();
         for (int64_t i = 0; i < gen; i++) {
             int32_t best = 0;
             for (int v = 1; v < c->vocab_size; v++) best = logits[v] > logits[best] ? v : best;
             kvm_forward_decode(f1, cache, best, logits);
         }
-        td[r] = now_s() - t0;
+        td[r] = bench_wall_s() - t0;
         kvm_kvcache_free(&cache);
     }
     /* the same prefill with a registered hook set (no-op cache_update/pre_attn callbacks) */
@@ -238,13 +220,13 @@ int main(int argc, char **argv)
     for (int r = 0; r < reps; r++) {
         kvm_kvcache *cache;
         kvm_forward_cache_new(m, n, &cache);
-        double t0 = now_s();
+        double t0 = bench_wall_s();
         kvm_forward_prefill(fh, cache, ids, n, logits, KVM_LOGITS_LAST);
-        th[r] = now_s() - t0;
+        th[r] = bench_wall_s() - t0;
         kvm_kvcache_free(&cache);
     }
     kvm_forward_free(&fh);
-    double p = median(tp, reps), t = median(tt, reps), d = median(td, reps), h = median(th, reps);
+    double p = bench_median(tp, reps), t = bench_median(tt, reps), d = bench_median(td, reps), h = bench_median(th, reps);
     double model_gf = prefill_flops(c, (double)n) / p / 1e9, blas_gf = sgemm_gflops(c, n, reps);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

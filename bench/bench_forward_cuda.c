@@ -7,6 +7,7 @@
  *                      [--gen 64] [--reps 5] [--dtype bf16|f16|f32]
  * Prints a CSV line "kvmill,<shape>,<device>,<dtype>,N,<n>,prefill_tok_s,<x>,gemm_only_tok_s,<y>,
  * share,<x/y>,decode_tok_s,<z>" after human-readable lines. Exit 2 without a device. */
+#include "bench/bench_util.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_kernels.h"
 #ifdef KVM_WITH_CUDA
@@ -37,25 +38,6 @@ static const shape SHAPES[] = {
     {"stories", {.n_layers = 5, .dim = 64, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8, .hidden_dim = 172,
                  .vocab_size = 512, .norm_eps = 1e-5f, .rope_theta = 1e4f, .rope_style = KVM_ROPE_INTERLEAVED}},
 };
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int fail(const char *what)
 {
@@ -97,9 +79,9 @@ int main(int argc, char **argv)
     printf("bench_forward_cuda: %s, %s weights, N = %ld, %zu bytes planned\n", sh->name, dtype, n,
            kvm_cuda_model_bytes(&d, t, n + gen, n));
     kvm_cuda_model *m;
-    double t0 = now_s();
+    double t0 = bench_wall_s();
     if (kvm_cuda_model_new(dev, &d, t, n + gen, n, &m)) return fail("model");
-    printf("  made on the device in %.2f s\n", now_s() - t0);
+    printf("  made on the device in %.2f s\n", bench_wall_s() - t0);
     int32_t *tok = malloc((size_t)(n + gen) * sizeof *tok);
     float *logits = malloc((size_t)d.vocab_size * sizeof *logits);
     double *pre = malloc((size_t)(reps + 1) * sizeof *pre), *dec = malloc((size_t)(reps + 1) * sizeof *dec);
@@ -107,16 +89,16 @@ int main(int argc, char **argv)
     for (long i = 0; i < n + gen; i++) tok[i] = (int32_t)((i * 7919 + 13) % d.vocab_size);
     for (long r = 0; r <= reps; r++) { /* repetition 0 warms up (cuBLAS heuristics, pools) */
         kvm_cuda_model_reset(m);
-        double a = now_s();
+        double a = bench_wall_s();
         if (kvm_cuda_model_forward(m, tok, n, logits, 1, NULL)) return fail("prefill");
-        double b = now_s();
+        double b = bench_wall_s();
         for (long g = 0; g < gen; g++)
             if (kvm_cuda_model_forward(m, tok + n + g, 1, logits, 1, NULL)) return fail("decode");
-        double c = now_s();
+        double c = bench_wall_s();
         pre[r] = (double)n / (b - a);
         dec[r] = (double)gen / (c - b);
     }
-    double prefill = median(pre + 1, (int)reps), decode = median(dec + 1, (int)reps), gs = 0, gf = 0;
+    double prefill = bench_median(pre + 1, (int)reps), decode = bench_median(dec + 1, (int)reps), gs = 0, gf = 0;
     double gemm_tok_s = 0;
     if (t != KVM_CUDA_F32) {
         if (kvm_cuda_model_gemm_only(m, n, (int)reps, &gs, &gf)) return fail("gemm_only");

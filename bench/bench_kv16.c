@@ -5,6 +5,8 @@
  * of --decode decode steps after it, for each dtype, alternating --reps times (medians).
  * Prints `key=value` lines. Usage: bench_kv16 --model M [--tokens FILE] [--n 2048] [--chunk 256]
  * [--decode 32] [--reps 3] [--threads 1] [--kl 1] (--kl 0: the CPU seconds only). */
+#include "bench/bench_util.h"
+#include "compress/eval/kvm_eval.h"
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 
@@ -14,45 +16,21 @@
 #include <string.h>
 #include <time.h>
 
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static int die(const char *what)
 {
     fprintf(stderr, "bench_kv16: %s: %s\n", what, kvm_errmsg());
     return 1;
 }
 
-/* KL(p || q) of two logit rows (nats); *mx gets the largest |p - q|. */
+/* KL(p || q) in nats of two logit rows (the harness's kvm_eval_kl), and the largest
+ * |difference| of the logits into *mx. */
 static double kl_row(const float *p, const float *q, int n, double *mx)
 {
-    double mp = p[0], mq = q[0], sp = 0, sq = 0, kl = 0;
-    for (int i = 1; i < n; i++) mp = p[i] > mp ? p[i] : mp, mq = q[i] > mq ? q[i] : mq;
-    for (int i = 0; i < n; i++) sp += exp(p[i] - mp), sq += exp(q[i] - mq);
-    const double lp = mp + log(sp), lq = mq + log(sq);
     for (int i = 0; i < n; i++) {
-        double a = p[i] - lp, b = q[i] - lq;
-        kl += exp(a) * (a - b);
         double d = fabs((double)p[i] - q[i]);
-        *mx = d > *mx ? d : *mx;
+        if (d > *mx) *mx = d;
     }
-    return kl;
+    return kvm_eval_kl(p, q, n);
 }
 
 static int argmax(const float *x, int n)
@@ -136,19 +114,19 @@ int main(int argc, char **argv)
             kvm_kv_dtype dt = (r + d) % 2 ? KVM_KV_F16 : KVM_KV_F32; /* alternate which goes first */
             kvm_kvcache *c;
             if (kvm_forward_cache_new_dtype(m, n + n_dec, dt, &c)) return die("cache");
-            double t0 = cpu_s();
+            double t0 = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID);
             if (kvm_forward_prefill(fw, c, ids, n, la, KVM_LOGITS_LAST)) return die("prefill");
-            double t1 = cpu_s();
+            double t1 = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID);
             for (int64_t t = 0; t < n_dec; t++)
                 if (kvm_forward_decode(fw, c, ids[n + t], la)) return die("decode");
-            double t2 = cpu_s();
+            double t2 = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID);
             pre[dt][r] = t1 - t0;
             dec[dt][r] = t2 - t1;
             kvm_kvcache_free(&c);
         }
     for (int d = 0; d < 2; d++) {
         const char *name = d ? "f16" : "f32";
-        double p = median(pre[d], (int)reps), q = median(dec[d], (int)reps);
+        double p = bench_median(pre[d], (int)reps), q = bench_median(dec[d], (int)reps);
         printf("prefill_cpu_s_%s=%.3f\nprefill_tok_per_cpu_s_%s=%.1f\n", name, p, name, (double)n / p);
         if (n_dec > 0) printf("decode_cpu_s_%s=%.3f\ndecode_tok_per_cpu_s_%s=%.2f\n", name, q, name, (double)n_dec / q);
         free(pre[d]);

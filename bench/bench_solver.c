@@ -23,6 +23,7 @@
  *   batch,DEV,lossgrad,problems,P,s,X,tflops,X          (one batched call over all, median)
  *   batch,DEV,solve,rounds,R,iters,I,wall_s,X,lbfgs_s,X,ridge_s,X,evaluations,E,lossgrad_tflops,X
  * The solve forces every iteration (lbfgs_no_stop). FLOPs of a loss+gradient: 8·nq·k·d. */
+#include "bench/bench_util.h"
 #include "compress/eval/kvm_eval.h"
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
@@ -46,25 +47,6 @@ static const char *arg(int argc, char **argv, const char *name, const char *def)
     return def;
 }
 
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, cmp_d);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 /* kvmill's own sgemm on n³ (the ceiling the loss is measured against). */
 static double gemm_gflops(int64_t n, int reps)
 {
@@ -78,15 +60,15 @@ static double gemm_gflops(int64_t n, int reps)
     kvm__cpu_pack(&pk, w, n, n, n, 1);
     double t[16];
     for (int r = 0; r < reps && r < 16; r++) {
-        double t0 = cpu_s();
+        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         kvm__cpu_gemm_packed(x, n, n, &pk, y, n, 1.0f, 0, n, n);
-        t[r] = cpu_s() - t0;
+        t[r] = bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0;
     }
     kvm__cpu_packed_free(&pk);
     free(x);
     free(w);
     free(y);
-    return 2.0 * (double)n * n * n / median(t, reps < 16 ? reps : 16) * 1e-9;
+    return 2.0 * (double)n * n * n / bench_median(t, reps < 16 ? reps : 16) * 1e-9;
 }
 
 /* The Select+Fit start of problem p at k entries: selected keys, their values. */
@@ -112,14 +94,14 @@ static void bench_loss(const kvm_sculpt_problem *p, int64_t k, double lambda, in
     int inner = (int)fmax(1, 2e8 / fl);
     if (reps > 64) reps = 64;
     for (int r = 0; r < reps; r++) {
-        double t0 = cpu_s();
+        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (int i = 0; i < inner; i++) kvm_sculpt_loss_ref(p, kc, vc, NULL, k, lambda, g, g + k * d, NULL, NULL);
-        tr[r] = (cpu_s() - t0) / inner;
-        t0 = cpu_s();
+        tr[r] = (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / inner;
+        t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (int i = 0; i < inner; i++) kvm_sculpt_loss(p, kc, vc, NULL, k, lambda, g, g + k * d, NULL, NULL);
-        tn[r] = (cpu_s() - t0) / inner;
+        tn[r] = (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / inner;
     }
-    double mr = median(tr, reps), mn = median(tn, reps);
+    double mr = bench_median(tr, reps), mn = bench_median(tn, reps);
     printf("loss,nq=%lld k=%lld d=%d,ref_ms,%.3f,ref_gflops,%.2f,new_ms,%.3f,new_gflops,%.2f,speedup,%.2f\n",
            (long long)p->nq, (long long)k, d, 1e3 * mr, fl / mr * 1e-9, 1e3 * mn, fl / mn * 1e-9, mr / mn);
     free(kc);
@@ -137,11 +119,11 @@ static void bench_ridge(const kvm_sculpt_problem *p, int64_t k, double alpha, in
     double t[64], fl = 4.0 * (double)p->nq * k * d + (double)p->nq * k * k + (double)k * k * k / 3;
     if (reps > 64) reps = 64;
     for (int r = 0; r < reps; r++) {
-        double t0 = cpu_s();
+        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
         for (int i = 0; i < 10; i++) kvm_sculpt_ridge(p, kc, NULL, k, alpha, 1.0, vc);
-        t[r] = (cpu_s() - t0) / 10;
+        t[r] = (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / 10;
     }
-    double mt = median(t, reps);
+    double mt = bench_median(t, reps);
     printf("ridge,nq=%lld k=%lld d=%d,ms,%.3f,gflops,%.2f\n", (long long)p->nq, (long long)k, d, 1e3 * mt, fl / mt * 1e-9);
     free(kc);
     free(vc);
@@ -214,9 +196,9 @@ static void bench_solve(kvm_sculpt_problem *ps, int n, int64_t k, const kvm_scul
             x.lbfgs_oracle = v == 1;
             kvm_fpmode fm = v < 2 ? kvm_fpmode_flush_enter() : (kvm_fpmode){0};
             kvm_sculpt_head_stats st;
-            double t0 = cpu_s();
+            double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
             kvm_sculpt_solve_head(&ps[i], &x, k, x.rounds, x.lbfgs_iters, kc, vc, beta, &st);
-            tot[v] += cpu_s() - t0;
+            tot[v] += bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0;
             if (v < 2) kvm_fpmode_restore(fm);
             lb[v] += st.lbfgs_s;
             rg[v] += st.ridge_s;
@@ -229,7 +211,7 @@ static void bench_solve(kvm_sculpt_problem *ps, int n, int64_t k, const kvm_scul
     for (int v = 0; v < 3; v++)
         printf("solve,%s,problems,%d,cpu_s,%.3f,wall_lbfgs_s,%.3f,wall_ridge_s,%.3f,evaluations,%ld,"
                "median_loss_vs_liblbfgs,%.4f\n",
-               name[v], n, tot[v], lb[v], rg[v], calls[v], median(ratio[v], n));
+               name[v], n, tot[v], lb[v], rg[v], calls[v], bench_median(ratio[v], n));
     for (int v = 0; v < 3; v++) free(ratio[v]);
     free(kc);
     free(vc);
@@ -280,13 +262,6 @@ static int synth_problem(kvm_sculpt_problem *p, float **kv, int d, int64_t N, in
     return kvm_sculpt_problem_prepare(p);
 }
 
-static double wall_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int bench_batch(int argc, char **argv, const char *dev)
 {
     const int L = atoi(arg(argc, argv, "--layers", "28")), H = atoi(arg(argc, argv, "--kv-heads", "2"));
@@ -328,7 +303,7 @@ static int bench_batch(int argc, char **argv, const char *dev)
     kvm_sculpt_head_stats *st = malloc((size_t)np * sizeof *st);
     float *kc = malloc((size_t)(np * k * (2 * d + 1)) * sizeof *kc), *vc = kc + np * k * d, *beta = vc + np * k * d;
     if (!ps || !pp || !kv || !kk || !v || !idx || !ev || !st || !kc || k < 1) return 1;
-    double t0 = wall_s();
+    double t0 = bench_wall_s();
     for (int i = 0; i < np; i++) {
         if (synth_problem(&ps[i], &kv[i], d, N, m, group, S, (uint64_t)i + 1)) {
             fprintf(stderr, "bench_solver: synthetic problem %d: %s\n", i, kvm_errmsg());
@@ -344,31 +319,31 @@ static int bench_batch(int argc, char **argv, const char *dev)
         memcpy(vc + i * k * d, ps[i].vz, (size_t)(k * d) * sizeof *vc);
     }
     const int64_t nq = ps[0].nq;
-    printf("batch,%s,queries,problems,%d,nq,%lld,k,%lld,s,%.2f\n", dev, np, (long long)nq, (long long)k, wall_s() - t0);
+    printf("batch,%s,queries,problems,%d,nq,%lld,k,%lld,s,%.2f\n", dev, np, (long long)nq, (long long)k, bench_wall_s() - t0);
     kvm_sculpt_batch *b;
     double ts[64];
     int rc = be->batch_new(be, v, kk, np, o.threads, &b);
     if (!rc) rc = be->upload(b, idx, np, kc, vc, NULL);
     for (int r = 0; !rc && r <= reps; r++) { /* the first call warms up */
-        double t1 = wall_s();
+        double t1 = bench_wall_s();
         rc = be->lossgrad(b, idx, np, o.lambda, 0, 1, 0, ev);
-        if (r) ts[r - 1] = wall_s() - t1;
+        if (r) ts[r - 1] = bench_wall_s() - t1;
     }
     if (b) be->batch_free(b);
     if (rc) {
         fprintf(stderr, "bench_solver: %s\n", kvm_errmsg());
         return 1;
     }
-    qsort(ts, (size_t)reps, sizeof ts[0], cmp_d);
+    const double med = bench_median(ts, reps);
     const double fl = 8.0 * (double)nq * (double)k * d; /* per problem and evaluation */
-    printf("batch,%s,lossgrad,problems,%d,s,%.4f,tflops,%.3f\n", dev, np, ts[reps / 2], fl * np / ts[reps / 2] / 1e12);
+    printf("batch,%s,lossgrad,problems,%d,s,%.4f,tflops,%.3f\n", dev, np, med, fl * np / med / 1e12);
     double lb, rg;
-    t0 = wall_s();
+    t0 = bench_wall_s();
     if (kvm_sculpt_solve_batch(pp, np, &o, kk, o.rounds, o.lbfgs_iters, be, kc, vc, beta, st, &lb, &rg)) {
         fprintf(stderr, "bench_solver: %s\n", kvm_errmsg());
         return 1;
     }
-    double wall = wall_s() - t0;
+    double wall = bench_wall_s() - t0;
     long evals = 0;
     for (int i = 0; i < np; i++) evals += st[i].lbfgs_calls;
     printf("batch,%s,solve,rounds,%d,iters,%d,wall_s,%.2f,lbfgs_s,%.2f,ridge_s,%.2f,evaluations,%ld,"
@@ -425,7 +400,7 @@ int main(int argc, char **argv)
     const kvm_model_config *c = &m->cfg;
     const int np = c->n_layers * c->n_kv_heads;
     kvm_sculpt_problem *ps = calloc((size_t)np, sizeof *ps);
-    double t0 = cpu_s();
+    double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
     for (int i = 0; i < np; i++)
         if (kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads, i % c->n_kv_heads,
                                      o.retain_tokens, o.n_synth, cont, o.seed, &ps[i])) {
@@ -433,7 +408,7 @@ int main(int argc, char **argv)
             return 1;
         }
     int64_t k = llround(o.ratio * (double)ps[0].nc);
-    printf("queries,problems,%d,cpu_s,%.3f\n", np, cpu_s() - t0);
+    printf("queries,problems,%d,cpu_s,%.3f\n", np, bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0);
     kvm_fpmode fm = kvm_fpmode_flush_enter();
     bench_loss(&ps[0], k, o.lambda, reps);
     bench_ridge(&ps[0], k, o.ridge_alpha, reps);
