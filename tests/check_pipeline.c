@@ -87,17 +87,6 @@ static int run_kvmill(char **out, char **err)
     return kvm_test_run(cmd, out, err);
 }
 
-static int count_caches(void)
-{
-    char cmd[8000], *out = NULL;
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), store);
-    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
-    int lines = 0;
-    for (char *p = out; p && *p; p++) lines += *p == '\n';
-    free(out);
-    return lines - 1; /* header */
-}
-
 START_TEST(test_run_then_skip)
 {
     write_config(NULL);
@@ -105,12 +94,12 @@ START_TEST(test_run_then_skip)
     int rc = run_kvmill(&out, &err);
     ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
     ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0 truncated=5 "), "stdout: %s", out);
-    ck_assert_int_eq(count_caches(), 5);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
     free(out); free(err);
     rc = run_kvmill(&out, &err);
     ck_assert_int_eq(rc, 0);
     ck_assert_msg(strstr(out, "summary: compressed=0 skipped=5 failed=0"), "stdout: %s", out);
-    ck_assert_int_eq(count_caches(), 5);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
     /* the last stdout line is the machine-readable one */
     char *last = strrchr(out, '\n');
     *last = '\0';
@@ -152,7 +141,7 @@ START_TEST(test_wire_dtype)
     ck_assert_msg(in32 > 0 && llabs(in32 - in16 - saved) < 4096, "received %lld (f32) vs %lld (f16): want %lld fewer", in32,
                   in16, saved);
     ck_assert_msg(llabs(out32 - out16 - saved) < 4096, "sent %lld (f32) vs %lld (f16): want %lld fewer", out32, out16, saved);
-    ck_assert_int_eq(count_caches(), 10);
+    ck_assert_int_eq(kvm_test_store_caches(store), 10);
     free(out); free(err);
     rc = run_kvmill(&out, &err); /* the f16 caches are found under their own id */
     ck_assert_msg(strstr(out, "summary: compressed=0 skipped=5 failed=0"), "stdout: %s", out);
@@ -362,7 +351,7 @@ START_TEST(test_run_starts_store_service)
     ck_assert_msg(killed, "the store service never committed before the run ended\n%s", err);
     ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s\nworker: %s", out, err, we);
     ck_assert_msg(strstr(err, "the store service exited (signal 9): starting it again"), "stderr: %s", err);
-    ck_assert_int_eq(count_caches(), 5);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
     ck_assert_msg(kill((pid_t)svc, 0) != 0, "the first store service is still running");
     free(out); free(err); free(we);
 }
@@ -409,7 +398,7 @@ START_TEST(test_remote_worker_polykv)
     ck_assert_msg(f && !strstr(f + 1, "fetched PolyKV strategy"), "the strategy was not fetched exactly once: %s", we);
     ck_assert_msg(!strstr(we, "run this worker on the store's host"), "worker: %s", we);
     free(out); free(err); free(we);
-    ck_assert_int_eq(count_caches(), 5);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
     /* the same config run locally: every cache is already stored under its config id */
     text[n] = '\0';
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
@@ -458,7 +447,7 @@ START_TEST(test_compress_worker_killed)
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, err);
     ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s", out, err);
     ck_assert_msg(strstr(err, "signal 9"), "stderr: %s", err);
-    ck_assert_int_eq(count_caches(), 5); /* none lost, none stored twice */
+    ck_assert_int_eq(kvm_test_store_caches(store), 5); /* none lost, none stored twice */
     free(out); free(err);
 }
 END_TEST
@@ -680,7 +669,7 @@ START_TEST(test_garbage_to_each_stage)
     log = kvm_test_read_file(lp, NULL);
     ck_assert_msg(log && strstr(log, "dropped") && strstr(log, "expected a job message first"), "log: %s", log);
     free(log);
-    ck_assert_int_eq(count_caches(), 1);
+    ck_assert_int_eq(kvm_test_store_caches(store), 1);
     for (int l = 0; l < 5; l++) kvm_msg_free(&kv[l]);
     kvm_msg_free(&job);
 }

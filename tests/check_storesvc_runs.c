@@ -146,18 +146,6 @@ static int count(const char *text, const char *needle)
     return n;
 }
 
-/* Caches in the store (read directly once the service is stopped). */
-static int count_caches(void)
-{
-    char cmd[8000], *out = NULL;
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), store);
-    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
-    int lines = 0;
-    for (char *p = out; p && *p; p++) lines += *p == '\n';
-    free(out);
-    return lines - 1; /* header */
-}
-
 /* Two runs on (what would be) two hosts, started together, both reaching the store only through
  * one store service: between them every document is compressed once (the service commits 5
  * caches, no more), each run's summary adds up (compressed + skipped + claimed = 5), and a
@@ -186,7 +174,7 @@ START_TEST(test_two_runs_one_service)
     char *sl = slurp("store.err");
     ck_assert_msg(count(sl, "committed job") == 5, "the service committed %d caches:\n%s", count(sl, "committed job"), sl);
     free(sl);
-    ck_assert_int_eq(count_caches(), 5);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
 }
 END_TEST
 
@@ -228,7 +216,7 @@ START_TEST(test_dead_run_claims_lapse)
                   "%s", of);
     free(of);
     service_stop(svc);
-    ck_assert_int_eq(count_caches(), 5);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
 }
 END_TEST
 
@@ -262,7 +250,7 @@ START_TEST(test_remote_store_refusals)
     ck_assert_msg(strstr(err, "no PolyKV strategy 'default' is stored for model"), "%s", err);
     free(out); free(err);
     service_stop(svc);
-    ck_assert_int_eq(count_caches(), 0);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0);
 }
 END_TEST
 

@@ -175,3 +175,14 @@ int kvm_test_run_suite(void *suite)
     srunner_free(sr);
     return failed ? 1 : 0;
 }
+
+int kvm_test_store_caches(const char *store)
+{
+    char cmd[8000], *out = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    int lines = 0;
+    for (char *p = out; p && *p; p++) lines += *p == '\n';
+    free(out);
+    return lines - 1; /* header */
+}

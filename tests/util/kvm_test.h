@@ -40,6 +40,10 @@ void kvm_test_rmtree(const char *path);
  * NULL to discard) and stderr into *err likewise. Returns the exit status (0..255), or
  * 128+signal. */
 int kvm_test_run(const char *cmd, char **out, char **err);
+
+/* Caches in the store at `store`, as `kvmill store ls --csv` (of the binaries under test) lists
+ * them: its data rows, the header not counted. Fails the current test when the command fails. */
+int kvm_test_store_caches(const char *store);
 /* Reads a whole file; returns malloc'ed bytes (NUL-terminated) and the size, or NULL. */
 char *kvm_test_read_file(const char *path, size_t *n);
 /* Writes bytes to a file; returns 0 on success. */
