@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -252,31 +251,10 @@ END_TEST
  * for "ready" (SmolLM2 loads in each worker). Returns the pid. */
 static pid_t start_serve(const char *cfg, const char *front, const char *log)
 {
-    char bin[4096];
-    snprintf(bin, sizeof bin, "%s/kvmill", kvm_test_bin());
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(bin, bin, "serve", "--config", cfg, "--bind", front, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 2400; i++) {
-        int st;
-        char *l = kvm_test_read_file(log, NULL);
-        int ready = l && strstr(l, "kvmill serve: ready");
-        if (!ready && waitpid(pid, &st, WNOHANG) == pid) ck_abort_msg("kvmill serve exited: %s", l ? l : "");
-        free(l);
-        if (ready) return pid;
-        usleep(50000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    ck_abort_msg("kvmill serve did not report ready within 120 s");
-    return -1;
+    const char *args[] = {"--config", cfg, "--bind", front, NULL};
+    pid_t pid = 0;
+    ck_assert_msg(kvm_test_serve_start(args, log, 120, &pid) == -1, "kvmill serve exited before ready");
+    return pid;
 }
 
 static void trim(char *s)

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -354,26 +353,9 @@ START_TEST(test_ask_prompt_file)
     ck_assert_msg(strstr(err, "not both"), "stderr: %s", err);
     free(out);
     free(err);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        char k[4200];
-        snprintf(k, sizeof k, "%s/kvmill", kvm_test_bin());
-        execl(k, k, "serve", "--config", cfg, "--bind", front, (char *)NULL);
-        _exit(127);
-    }
-    int ready = 0;
-    for (int i = 0; i < 200 && !ready; i++) {
-        char *l = kvm_test_read_file(log, NULL);
-        ready = l && strstr(l, "kvmill serve: ready");
-        free(l);
-        if (!ready) usleep(50000);
-    }
-    ck_assert_msg(ready, "kvmill serve did not start");
+    const char *sargs[] = {"--config", cfg, "--bind", front, NULL};
+    pid_t pid = 0;
+    ck_assert_msg(kvm_test_serve_start(sargs, log, 10, &pid) == -1, "kvmill serve did not start");
     char *answers[2];
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' -n 12 --timeout 20 %s%s%s", kvm_test_bin(),

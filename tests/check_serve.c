@@ -60,10 +60,7 @@ static void write_config(const char *serve_extra, const char *extra)
     /* the store exists, empty at first (serve refuses one that does not) */
     char sp[4200];
     snprintf(sp, sizeof sp, "%s/store", g_dir);
-    kvm_store_opts so = {.no_sync = 1};
-    kvm_store *s = NULL;
-    ck_assert_msg(kvm_store_open(sp, &so, &s) == 0, "%s", kvm_errmsg());
-    kvm_store_close(&s);
+    kvm_test_store_create(sp);
 }
 
 static void setup(void)
@@ -204,37 +201,8 @@ static char *reference(const char *doc_path, const char *prompt, int64_t n_new)
  * Returns the exit status instead when it exits first (then g_serve is 0). */
 static int start_serve(const char *bind)
 {
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failing test must not leave a server behind */
-        int fd = open(g_log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execl(kvmill(), kvmill(), "serve", "--config", g_cfg, "--bind", bind ? bind : g_front, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 200; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            char *log = kvm_test_read_file(g_log, NULL);
-            fprintf(stderr, "kvmill serve exited; its log:\n%s\n", log ? log : "(none)");
-            free(log);
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        char *log = kvm_test_read_file(g_log, NULL);
-        int ready = log && strstr(log, "kvmill serve: ready");
-        free(log);
-        if (ready) {
-            g_serve = pid;
-            return -1;
-        }
-        usleep(50000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    ck_abort_msg("kvmill serve did not report ready within 10 s");
-    return -2;
+    const char *args[] = {"--config", g_cfg, "--bind", bind ? bind : g_front, NULL};
+    return kvm_test_serve_start(args, g_log, 10, &g_serve);
 }
 
 /* Stops the server with SIGTERM; returns its exit status. */

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -277,49 +276,20 @@ static void write_config(const char *model, int context, const char *serve_extra
     /* the store exists, empty at first (serve refuses one that does not) */
     char sp[4200];
     snprintf(sp, sizeof sp, "%s/store", g_dir);
-    kvm_store_opts so = {.no_sync = 1};
-    kvm_store *s = NULL;
-    ck_assert_msg(kvm_store_open(sp, &so, &s) == 0, "%s", kvm_errmsg());
-    kvm_store_close(&s);
+    kvm_test_store_create(sp);
 }
 
 /* Starts `kvmill serve --config g_cfg` with `args` (default: --bind g_front), stderr into g_log,
  * waiting up to 60 s for "ready". Returns -1 when ready, else the exit status. */
 static int start_serve_args(const char *const *args)
 {
-    unlink(g_log); /* the "ready" of a previous server must not be read as this one's */
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        int fd = open(g_log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        const char *argv[16] = {kvmill(), "serve", "--config", g_cfg};
-        int n = 4;
-        for (int i = 0; args && args[i] && n < 15; i++)
-            argv[n++] = args[i];
-        if (!args) argv[n++] = "--bind", argv[n++] = g_front;
-        argv[n] = NULL;
-        execv(kvmill(), (char *const *)argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 1200; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        char *log = kvm_test_read_file(g_log, NULL);
-        int ready = log && strstr(log, "kvmill serve: ready");
-        free(log);
-        if (ready) {
-            g_serve = pid;
-            return -1;
-        }
-        usleep(50000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    ck_abort_msg("kvmill serve did not report ready within 60 s");
-    return -2;
+    const char *argv[14] = {"--config", g_cfg};
+    int n = 2;
+    for (int i = 0; args && args[i] && n < 13; i++)
+        argv[n++] = args[i];
+    if (!args) argv[n++] = "--bind", argv[n++] = g_front;
+    argv[n] = NULL;
+    return kvm_test_serve_start(argv, g_log, 60, &g_serve);
 }
 
 static int start_serve(void) { return start_serve_args(NULL); }

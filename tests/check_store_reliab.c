@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -588,30 +587,10 @@ static pid_t serve_start(char *front, size_t n)
     char log[4300];
     snprintf(front, n, "ipc://%s/front", g_dir);
     snprintf(log, sizeof log, "%s/serve.log", g_dir);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failing test must not leave a server behind */
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        char exe[4200];
-        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
-        execl(exe, exe, "serve", "--config", g_cfg, "--bind", front, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 400; i++) {
-        char *text = kvm_test_read_file(log, NULL);
-        int ready = text && strstr(text, "kvmill serve: ready");
-        free(text);
-        if (ready) return pid;
-        ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "kvmill serve exited early");
-        usleep(50000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    ck_abort_msg("kvmill serve did not report ready within 20 s");
-    return -1;
+    const char *args[] = {"--config", g_cfg, "--bind", front, NULL};
+    pid_t pid = 0;
+    ck_assert_msg(kvm_test_serve_start(args, log, 20, &pid) == -1, "kvmill serve exited early");
+    return pid;
 }
 
 static int serve_ask(const char *front, const char *doc, char **err)

@@ -2,11 +2,15 @@
 #include "tests/util/kvm_test.h"
 #include "common/kvm_error.h"
 #include "model/kvm_tokenizer.h"
+#include "store/kvm_store.h"
 
 #include <check.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -185,4 +189,55 @@ int kvm_test_store_caches(const char *store)
     for (char *p = out; p && *p; p++) lines += *p == '\n';
     free(out);
     return lines - 1; /* header */
+}
+
+void kvm_test_store_create(const char *path)
+{
+    kvm_store_opts so = {.no_sync = 1};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(path, &so, &s) == 0, "store %s: %s", path, kvm_errmsg());
+    kvm_store_close(&s);
+}
+
+int kvm_test_serve_start(const char *const *args, const char *log, int timeout_s, pid_t *pid)
+{
+    char exe[4200];
+    snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+    unlink(log);
+    pid_t p = fork();
+    ck_assert_int_ge(p, 0);
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a failing test must not leave a server behind */
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        const char *argv[16] = {exe, "serve"};
+        int n = 2;
+        for (int i = 0; args && args[i] && n < 15; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        execv(exe, (char *const *)argv);
+        _exit(127);
+    }
+    for (int i = 0; i < timeout_s * 20; i++) {
+        int st;
+        if (waitpid(p, &st, WNOHANG) == p) {
+            char *text = kvm_test_read_file(log, NULL);
+            fprintf(stderr, "kvmill serve exited; its log:\n%s\n", text ? text : "(none)");
+            free(text);
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        char *text = kvm_test_read_file(log, NULL);
+        int ready = text && strstr(text, "kvmill serve: ready");
+        free(text);
+        if (ready) {
+            *pid = p;
+            return -1;
+        }
+        usleep(50000);
+    }
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+    ck_abort_msg("kvmill serve did not report ready within %d s", timeout_s);
+    return -2;
 }

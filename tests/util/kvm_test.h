@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* $KVMILL_SHARED or "../shared"; never NULL. The folder may not exist (a fresh clone). */
 const char *kvm_test_shared(void);
@@ -44,6 +45,17 @@ int kvm_test_run(const char *cmd, char **out, char **err);
 /* Caches in the store at `store`, as `kvmill store ls --csv` (of the binaries under test) lists
  * them: its data rows, the header not counted. Fails the current test when the command fails. */
 int kvm_test_store_caches(const char *store);
+
+/* Creates an empty store at `path` (a decode server refuses a store that does not exist).
+ * Fails the current test on error. */
+void kvm_test_store_create(const char *path);
+
+/* Starts `kvmill serve ARGS...` (args NULL-terminated, at most 12) with stdout and stderr in
+ * `log` (removed first, so an earlier server's "ready" is not read as this one's), the child
+ * dying with the test process (SIGTERM). Waits up to timeout_s for "kvmill serve: ready".
+ * Returns -1 with *pid set once ready; the exit status (0..255, 128+signal) when serve exits
+ * first (its log then printed to stderr); aborts the test on timeout, after SIGKILL. */
+int kvm_test_serve_start(const char *const *args, const char *log, int timeout_s, pid_t *pid);
 /* Reads a whole file; returns malloc'ed bytes (NUL-terminated) and the size, or NULL. */
 char *kvm_test_read_file(const char *path, size_t *n);
 /* Writes bytes to a file; returns 0 on success. */
