@@ -1130,11 +1130,8 @@ static int prepare(orch *o, kvm_store **store)
         size_t len = 0;
         rc = kvm_worker_strategy(o->cfg, *store, &model_id, &buf, &len);
         free(buf);
-        if (rc == KVM_ENOTFOUND) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", kvm_errmsg()); /* kvm_err writes the same buffer */
-            return kvm_err(KVM_EINVAL, "%s", msg);
-        }
+        if (rc == KVM_ENOTFOUND)
+            return kvm_err(KVM_EINVAL, "%s", kvm_errmsg()); /* the same message, as a usage error */
         if (rc) return rc;
     }
     kvm_store_stats ss;

@@ -22,11 +22,8 @@ static int remote_config_id(const kvm_config *cfg, kvm_storecli *cli, const kvm_
     uint8_t *buf = NULL;
     size_t len = 0;
     int rc = kvm_serve_remote_strategy(cli, cfg, model_id, &buf, &len);
-    if (rc == KVM_ENOTFOUND) {
-        char msg[1200];
-        snprintf(msg, sizeof msg, "%s", kvm_errmsg()); /* kvm_err writes the same buffer */
-        return kvm_err(KVM_EINVAL, "%s", msg);
-    }
+    if (rc == KVM_ENOTFOUND)
+        return kvm_err(KVM_EINVAL, "%s", kvm_errmsg()); /* the same message, as a usage error */
     if (rc) return rc;
     kvm_store_id h;
     kvm_store_hash_bytes(buf, len, &h);
