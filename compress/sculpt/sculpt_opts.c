@@ -103,11 +103,8 @@ static int parse_device(const char *name, const char *v, kvm_sculpt_opts *o)
     long n = strncmp(v, "cuda:", 5) ? -1 : strtol(v + 5, &end, 10);
     if (n < 0 || errno || end == v + 5 || *end || n > 255)
         return kvm_err(KVM_EINVAL, "sculpt: --%s %s: not cpu or cuda:N (N a device index in [0, 255])", name, v);
-    if (!kvm_sculpt_backend_cuda((int)n)) {
-        char why[400];
-        snprintf(why, sizeof why, "%s", kvm_errmsg()); /* kvm_err reuses that buffer */
-        return kvm_err(KVM_EDEVICE, "sculpt: --%s %s: %s", name, v, why);
-    }
+    if (!kvm_sculpt_backend_cuda((int)n)) /* kvm_err formats into scratch first: its own message may be an argument */
+        return kvm_err(KVM_EDEVICE, "sculpt: --%s %s: %s", name, v, kvm_errmsg());
     o->cuda = 1, o->cuda_device = (int)n;
     return 0;
 }
