@@ -188,19 +188,8 @@ static int append_kv(kvm_kvcache *cache, int layer, const float *kk, const float
         kvm_kv_head *h = kvm_kvcache_head(cache, layer, g);
         int rc = kvm_kvcache_reserve(h, d, h->n + n);
         if (rc) return rc;
-        for (int64_t i = 0; i < n; i++) {
-            const float *ks = kk + (i * nkv + g) * d, *vs = vv + (i * nkv + g) * d;
-            if (h->dtype == KVM_KV_F16) {
-                kvm_f16_round(h->k16 + (h->n + i) * d, ks, d);
-                kvm_f16_round(h->v16 + (h->n + i) * d, vs, d);
-            } else {
-                memcpy(h->k + (h->n + i) * d, ks, (size_t)d * sizeof(float));
-                memcpy(h->v + (h->n + i) * d, vs, (size_t)d * sizeof(float));
-            }
-            h->pos[h->n + i] = pos[i];
-            h->bias[h->n + i] = 0.0f;
-        }
-        h->n += n;
+        for (int64_t i = 0; i < n; i++) /* room reserved: the append cannot fail */
+            kvm_kvcache_append(h, d, kk + (i * nkv + g) * d, vv + (i * nkv + g) * d, pos[i], 0.0f);
     }
     return 0;
 }
