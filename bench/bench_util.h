@@ -17,6 +17,7 @@ static inline double bench_clock_s(clockid_t id)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Wall seconds (CLOCK_MONOTONIC): differences of two calls time a span. */
 static inline double bench_wall_s(void) { return bench_clock_s(CLOCK_MONOTONIC); }
 
 /* Median of v[0..n), n ≥ 1 (v is sorted in place): the harness's quantile at 0.5, so an even

@@ -100,7 +100,8 @@ int kvm_forward_prefill(kvm_forward *f, kvm_kvcache *cache, const int32_t *token
  * logits[vocab]. Same errors as prefill. */
 int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float *logits);
 
-/* Creates an empty float32 cache shaped for model m with room for cap tokens per head. */
+/* Creates an empty float32 cache shaped for model m with room for cap tokens per head (grows on
+ * demand; free with kvm_kvcache_free). Returns 0, KVM_EINVAL (cap < 0), KVM_ENOMEM. */
 int kvm_forward_cache_new(const kvm_model *m, int64_t cap, kvm_kvcache **out);
 
 /* The same with keys and values of element type dtype ([model] kv_dtype; f16 halves the cache,

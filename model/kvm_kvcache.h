@@ -38,7 +38,8 @@ typedef struct kvm_kvcache {
  * the value and the choices). */
 int kvm_kvcache_dtype_parse(const char *s, kvm_kv_dtype *out);
 
-/* "f32" or "f16". */
+/* The setting's name of d: "f32" or "f16" (a static string; any value other than KVM_KV_F16
+ * names f32). */
 const char *kvm_kvcache_dtype_name(kvm_kv_dtype d);
 
 /* Allocates an empty cache of element type dtype with room for cap_per_head entries per head
@@ -73,7 +74,9 @@ void kvm_kvcache_read(const kvm_kv_head *h, int head_dim, int64_t e, float *k, f
  * list; h unchanged). */
 int kvm_kvcache_keep(kvm_kv_head *h, int head_dim, const int64_t *keep, int64_t n_keep);
 
-/* Removes entry e (< h->n) of head h, keeping the others in order (decode-time eviction). */
+/* Removes entry e of head h (0 ≤ e < h->n: caller's invariant), moving the later entries' keys,
+ * values, positions and biases down one so the order is kept (decode-time eviction). The
+ * capacity is kept; cannot fail. */
 void kvm_kvcache_drop(kvm_kv_head *h, int head_dim, int64_t e);
 
 /* Replaces every KV head of layer l of dst by a copy of src's (same shape: caller's invariant),
