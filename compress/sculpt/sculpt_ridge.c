@@ -1,9 +1,12 @@
 /* sculpt_ridge.c: KVSculpt's closed-form value step (arXiv 2603.27819 §3): given the distilled
  * keys (and biases), the attention output is linear in the distilled values, so the MSE term is
  * a least-squares problem; solved as ridge regression shrinking toward the current values
- * (normal equations by Cholesky, float64), followed by the value-norm guard. */
+ * (normal equations by Cholesky, float64), followed by the value-norm guard. The α and the
+ * guard are kernels/kvm_ridge_body.h's, which the CUDA backend's batched solve runs too; the
+ * Cholesky is LAPACKE's. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_ridge_body.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
 #include <lapacke.h>
@@ -38,10 +41,7 @@ int kvm_sculpt_ridge_solve(const kvm_sculpt_problem *p, double *A, double *B, in
 {
     const int d = p->d;
     int rc = 0;
-    double tr = 0;
-    for (int64_t j = 0; j < k; j++) tr += A[j * k + j];
-    double alpha = alpha_rel * tr / (double)k;
-    if (!(alpha > 1e-30)) alpha = 1e-30 + alpha_rel; /* nothing attends the entries: stay at V0 */
+    const double alpha = kvm_rb_alpha(A, k, alpha_rel); /* nothing attends the entries: 1e-30 + alpha_rel, stay at V0 */
     for (int64_t j = 0; j < k; j++) {
         A[j * k + j] += alpha;
         for (int t = 0; t < d; t++) B[j * d + t] += alpha * vc[j * d + t];
@@ -50,14 +50,9 @@ int kvm_sculpt_ridge_solve(const kvm_sculpt_problem *p, double *A, double *B, in
     if (info != 0)
         return kvm_err(KVM_ERANGE, "sculpt ridge: normal matrix not positive definite (dposv info %d, k = %lld)",
                        (int)info, (long long)k);
-    for (int64_t i = 0; i < k * d; i++)
-        if (!isfinite(B[i])) return kvm_err(KVM_ERANGE, "sculpt ridge: non-finite value (entry %lld)", (long long)(i / d));
-    double cap = vnorm_cap > 0 ? vnorm_cap * p->vnorm_max : INFINITY;
-    for (int64_t j = 0; j < k; j++) {
-        double n2 = 0;
-        for (int t = 0; t < d; t++) n2 += B[j * d + t] * B[j * d + t];
-        double f = sqrt(n2) > cap ? cap / sqrt(n2) : 1.0;
-        for (int t = 0; t < d; t++) vc[j * d + t] = (float)(B[j * d + t] * f);
-    }
+    for (int64_t j = 0; j < k; j++)
+        if (!kvm_rb_row_finite(B, d, j)) return kvm_err(KVM_ERANGE, "sculpt ridge: non-finite value (entry %lld)", (long long)j);
+    const double cap = vnorm_cap > 0 ? vnorm_cap * p->vnorm_max : INFINITY;
+    for (int64_t j = 0; j < k; j++) kvm_rb_row_cap(B, d, j, cap, vc);
     return rc;
 }
