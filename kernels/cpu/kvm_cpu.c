@@ -3,6 +3,7 @@
  * are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time (target_clones),
  * so one binary runs everywhere and uses what the processor has. */
 #include "kernels/cpu/kvm_cpu.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
 #include "kernels/cpu/kvm_cpu_math.h"
 #include "kernels/kvm_forward_body.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
@@ -13,12 +14,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVM_CLONES
-#endif
 
 static void *cpu_alloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
 static void cpu_free(void *p) { free(p); }

@@ -4,6 +4,7 @@
 #ifndef KVM_CPU_ATTN_ROWS_H
 #define KVM_CPU_ATTN_ROWS_H
 
+#include "kernels/cpu/kvm_cpu_clones.h"
 #include "kernels/cpu/kvm_cpu_half.h"
 #include "kernels/cpu/kvm_cpu_math.h"
 #include "kernels/kvm_forward_body.h"
@@ -11,12 +12,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVM_CLONES
-#endif
 
 enum { KVM_ATTN_QBLOCK = 64 };
 

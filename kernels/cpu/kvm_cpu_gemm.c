@@ -5,17 +5,12 @@
  * Weights may be packed in 16 bits (bf16 or f16) and are widened to float32 per panel here:
  * bf16 → f32 is a 16-bit shift, f16 → f32 is vcvtph2ps (F16C, part of x86-64-v3). */
 #include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
 #include "kernels/cpu/kvm_cpu_half.h"
 #include "common/kvm_error.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVM_CLONES
-#endif
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));

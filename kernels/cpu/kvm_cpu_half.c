@@ -1,13 +1,8 @@
 /* kvm_cpu_half.c: the array conversions between float32 and f16 declared in kvm_kernels.h,
  * cloned so that the x86-64-v3/v4 builds use F16C (kvm_cpu_half.h). */
 #include "kernels/cpu/kvm_cpu_half.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
 #include "kernels/kvm_kernels.h"
-
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-#define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVM_CLONES
-#endif
 
 KVM_CLONES
 void kvm_f16_round(uint16_t *dst, const float *src, int64_t n)
