@@ -214,9 +214,7 @@ static void direction(kvm_sculpt_lbfgs *s)
         axpy(s->d, -s->alf[j], s->Y + j * n, n); /* d − α·y, exactly as d + (−α)·y */
     }
     if (s->count > 0) {
-        int j = (int)((s->head - 1 + m) % m);
-        const double *y = s->Y + j * n;
-        double gamma = 1.0 / (s->rho[j] * dot(y, y, n));
+        const double gamma = kvm_sculpt_lbfgs_gamma(s);
         for (int64_t i = 0; i < n; i++) s->d[i] *= gamma;
     }
     for (int c = s->count - 1; c >= 0; c--) {
