@@ -252,6 +252,21 @@ int kvm__cpu_attn_check(const kvm_attn_layer *a)
  * it waking a thread costs more than the work. */
 enum { KVM_ATTN_DIRECT_PARALLEL = 1 << 16 };
 
+/* KV head g's K as W [n_e][d] (QKᵀ) into k, and V as W [d][n_e] read from V [n_e][d] (PV) into
+ * v, once per call; f16 entries are widened as they are packed. Returns 0 or KVM_ENOMEM. */
+static int pack_kv(const kvm_attn_layer *a, int g, kvm_cpu_packed *k, kvm_cpu_packed *v)
+{
+    const int d = a->head_dim;
+    const int64_t n = a->n_e[g];
+    int rc;
+    if (a->kv_dtype == KVM_KV_F16) {
+        if ((rc = kvm__cpu_pack_f16(k, a->k16[g], n, d, d, 1))) return rc;
+        return kvm__cpu_pack_f16(v, a->v16[g], d, n, 1, d);
+    }
+    if ((rc = kvm__cpu_pack(k, a->k[g], n, d, d, 1))) return rc;
+    return kvm__cpu_pack(v, a->v[g], d, n, 1, d);
+}
+
 int kvm__cpu_attention(const kvm_attn_layer *a)
 {
     int rc = kvm__cpu_attn_check(a);
@@ -283,14 +298,8 @@ int kvm__cpu_attention(const kvm_attn_layer *a)
     attn_scratch *sc = scratch_get();
     if (!sc) return kvm_err(KVM_ENOMEM, "attention: out of memory");
     if ((rc = scratch_heads(sc, nkv))) return rc;
-    /* K as W [n_e][d] (QKᵀ), V as W [d][n_e] read from V [n_e][d] (PV), once per KV head; f16
-     * entries are widened as they are packed */
     for (int g = 0; g < nkv; g++)
-        if (a->kv_dtype == KVM_KV_F16 ? (rc = kvm__cpu_pack_f16(&sc->k[g], a->k16[g], a->n_e[g], d, d, 1)) ||
-                                            (rc = kvm__cpu_pack_f16(&sc->v[g], a->v16[g], d, a->n_e[g], 1, d))
-                                      : (rc = kvm__cpu_pack(&sc->k[g], a->k[g], a->n_e[g], d, d, 1)) ||
-                                            (rc = kvm__cpu_pack(&sc->v[g], a->v[g], d, a->n_e[g], 1, d)))
-            return rc;
+        if ((rc = pack_kv(a, g, &sc->k[g], &sc->v[g]))) return rc;
     j.k = sc->k;
     j.v = sc->v;
     j.blocks = (a->n_q + KVM_ATTN_QBLOCK - 1) / KVM_ATTN_QBLOCK;
