@@ -99,8 +99,7 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
         int64_t lo = step, retain = kvm_config_int(c, "compress", "retain");
         kvm_sculpt_mode mode; /* the sculpt methods' budget includes the retain zone (k = budget − retain) */
         if (kvm_sculpt_mode_parse(kvm_config_str(c, "compress", "method"), &mode) == 0)
-            while (lo <= retain)
-                lo += step;
+            lo = (retain / step + 1) * step; /* the smallest multiple of step above retain */
         s.hi = N - 1;
         if (lo > s.hi) lo = s.hi;
         rc = kvm_eval_target_budget(probe, &s, lo, s.hi, step, target, &tr);
