@@ -200,9 +200,18 @@ int kvm_jobcfg_config_id_in(const kvm_config *c, kvm_store *s, const kvm_store_i
                                       "--docs DIR first", name, kvm_store_id_hex(model_id, hex), kvm_config_path(c));
     }
     if (rc) return rc;
-    kvm_store_id h;
-    kvm_store_hash_bytes(buf, len, &h);
+    rc = kvm_jobcfg_config_id_with(c, buf, len, id, canonical, canonical_len);
     free(buf);
+    return rc;
+}
+
+int kvm_jobcfg_config_id_with(const kvm_config *c, const uint8_t *strategy, size_t strategy_len, kvm_store_id *id,
+                              char **canonical, size_t *canonical_len)
+{
+    if (!strategy || strcmp(kvm_config_str(c, "compress", "method"), "polykv"))
+        return kvm_jobcfg_config_id(c, NULL, id, canonical, canonical_len);
+    kvm_store_id h;
+    kvm_store_hash_bytes(strategy, strategy_len, &h);
     return kvm_jobcfg_config_id(c, &h, id, canonical, canonical_len);
 }
 

@@ -51,6 +51,13 @@ int kvm_jobcfg_check(const kvm_config *c);
 int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,
                          size_t *canonical_len);
 
+/* kvm_jobcfg_config_id with the PolyKV strategy given as its stored bytes strategy[0,
+ * strategy_len) (borrowed; a record fetched from the store or the store service): for
+ * method polykv their BLAKE2b-256 is the strategy hash; other methods, or strategy NULL,
+ * give the id without one. Returns 0 or KVM_ENOMEM. */
+int kvm_jobcfg_config_id_with(const kvm_config *c, const uint8_t *strategy, size_t strategy_len, kvm_store_id *id,
+                              char **canonical, size_t *canonical_len);
+
 /* The config id of the caches config c makes for model_id with store s: for method polykv
  * the strategy [compress] strategy stored for model_id is read from s and its hash goes
  * into the id (so a recalibrated strategy gives new ids); other methods ignore s (may be

@@ -25,10 +25,9 @@ static int remote_config_id(const kvm_config *cfg, kvm_storecli *cli, const kvm_
     if (rc == KVM_ENOTFOUND)
         return kvm_err(KVM_EINVAL, "%s", kvm_errmsg()); /* the same message, as a usage error */
     if (rc) return rc;
-    kvm_store_id h;
-    kvm_store_hash_bytes(buf, len, &h);
+    rc = kvm_jobcfg_config_id_with(cfg, buf, len, id, NULL, NULL);
     free(buf);
-    return kvm_jobcfg_config_id(cfg, &h, id, NULL, NULL);
+    return rc;
 }
 
 int kvm_orch_remote_open(const kvm_config *cfg, const char *endpoint, kvm_storecli **cli, kvm_store_id *model_id,

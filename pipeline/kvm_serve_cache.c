@@ -29,11 +29,9 @@ int kvm_serve_cache_encode(kvm_store *store, const uint8_t *strategy, size_t str
     if (!rc && !out->msgs) rc = kvm_err(KVM_ENOMEM, "storing a cache: out of memory");
     for (int l = 0; !rc && l < L; l++)
         rc = kvm_cachecodec_encode_layer(cc, l, n_tokens, dtype, &out->msgs[l]);
-    kvm_store_id sh;
-    int given = strategy && !strcmp(kvm_config_str(cfg, "compress", "method"), "polykv");
-    if (given) kvm_store_hash_bytes(strategy, strategy_len, &sh);
-    if (!rc) rc = given ? kvm_jobcfg_config_id(cfg, &sh, &out->man.config_id, &out->canon, &out->canon_n)
-                        : kvm_jobcfg_config_id_in(cfg, store, &wm->model_id, &out->man.config_id, &out->canon, &out->canon_n);
+    if (!rc)
+        rc = strategy ? kvm_jobcfg_config_id_with(cfg, strategy, strategy_len, &out->man.config_id, &out->canon, &out->canon_n)
+                      : kvm_jobcfg_config_id_in(cfg, store, &wm->model_id, &out->man.config_id, &out->canon, &out->canon_n);
     if (!rc) rc = kvm_store_doc_hash(tokens, n_tokens, &out->man.doc_hash);
     if (!rc) {
         snprintf(out->man.dtype, sizeof out->man.dtype, "%s", dn);

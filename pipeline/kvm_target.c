@@ -57,13 +57,6 @@ static int probe(void *user, int64_t budget, double *kl)
     return 0;
 }
 
-/* 1 for the methods whose budget includes a retain zone (k = budget − retain). */
-static int has_retain_zone(const char *method)
-{
-    return !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed") ||
-           !strcmp(method, "am") || !strcmp(method, "kvzip");
-}
-
 int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32_t *cont, int64_t n_cont,
                         kvm_store *store, const kvm_store_id *model_id, kvm_kvcache **out, kvm_target_result *res)
 {
@@ -104,9 +97,9 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
         s.in.n_future = in->n_future;
         s.in.progress = NULL; /* probes would count problems past the document's total */
         int64_t lo = step, retain = kvm_config_int(c, "compress", "retain");
-        if (has_retain_zone(kvm_config_str(c, "compress", "method")))
-            while (lo <= retain)
-                lo += step;
+        kvm_sculpt_mode mode; /* the sculpt methods' budget includes the retain zone (k = budget − retain) */
+        if (kvm_sculpt_mode_parse(kvm_config_str(c, "compress", "method"), &mode) == 0)
+            lo = (retain / step + 1) * step; /* the smallest multiple of step above retain */
         s.hi = N - 1;
         if (lo > s.hi) lo = s.hi;
         rc = kvm_eval_target_budget(probe, &s, lo, s.hi, step, target, &tr);

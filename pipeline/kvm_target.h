@@ -15,8 +15,9 @@
 /* What the search chose for one document. */
 typedef struct kvm_target_result {
     int64_t budget;       /* entries per KV head of the returned cache */
-    double kl_search;     /* mean KL on the search part at the budget searched (see n_ctx_search) */
-    double kl_check;      /* mean KL on the check part, never seen by the search; NAN without one */
+    double kl_search;     /* mean KL(full ‖ compressed) per token, nats, on the search part at the
+                             budget searched (see n_ctx_search) */
+    double kl_check;      /* the same on the check part, never seen by the search; NAN without one */
     int reached;          /* 1 when kl_search ≤ target_kl (0: even the largest budget misses it) */
     int probes;           /* budgets evaluated */
     int nonmonotone;      /* probe pairs where KL rose with the budget (kvm_eval_target) */
@@ -25,8 +26,8 @@ typedef struct kvm_target_result {
 } kvm_target_result;
 
 /* Compresses the context in->tokens[0, n) (in: the job's prefill, n = in->n_tokens) at the
- * smallest budget whose mean KL on the search part is ≤ [compress] target_kl
- * (> 0), T = [eval] continuation: budgets are multiples of [compress] target_step from the
+ * smallest budget (entries per KV head) whose mean KL on the search part is ≤ [compress]
+ * target_kl (nats per token, > 0), T = [eval] continuation: budgets are multiples of [compress] target_step from the
  * smallest the method takes (sculpt methods: above the retain zone) up to n − 1, by bisection
  * (kvm_eval_target_budget). The search part is cont[0, T) when n_cont ≥ T, and cont[T, 2T) is
  * the check part when n_cont ≥ 2T; a document with n_cont < T searches with context n − T

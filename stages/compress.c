@@ -257,6 +257,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
     int remote = !rc && kvm_serve_remote_endpoint(st->store_path, cfg);
+    /* [compress] target_kl: a budget search in place of one compression (its check part is the evaluation) */
+    const int target = !rc && kvm_config_float(cfg, "compress", "target_kl") > 0;
     if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     if (remote) {
@@ -269,7 +271,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
         kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
                                  .n_future = kvm_config_int(cfg, "compress", "future"), .device = st->device};
-        rc = kvm_config_float(cfg, "compress", "target_kl") > 0
+        rc = target
                  ? compress_to_target(cfg, &ri, &j, NULL, &st->wm.model_id, &cc, out)
                  : kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc);
         if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
@@ -286,7 +288,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
                              .device = st->device};
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
-    rc = kvm_config_float(cfg, "compress", "target_kl") > 0
+    rc = target
              ? compress_to_target(cfg, &ci, &j, st->store, &st->wm.model_id, &cc, out)
              : kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc);
     if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
@@ -296,8 +298,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if ((rc = check_strategy_kept(st, cfg, &j, &before))) { *retryable = 1; goto done; }
     record_meta(st, &j);
 evaluated:
-    if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0 &&
-        !(kvm_config_float(cfg, "compress", "target_kl") > 0)) /* target_kl: its check part is the evaluation */
+    if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0 && !target)
         evaluate(st->wm.model, &j, cc, out);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
                          .pid = getpid(), .job_id = j.job_id};

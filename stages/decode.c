@@ -104,9 +104,7 @@ static int ask_config_id(decode_state *st)
     st->strategy = NULL, st->strategy_len = 0;
     int rc = kvm_serve_remote_strategy(st->svc, st->cfg, &st->wm.model_id, &st->strategy, &st->strategy_len);
     if (rc) return rc;
-    kvm_store_id h;
-    kvm_store_hash_bytes(st->strategy, st->strategy_len, &h);
-    return kvm_jobcfg_config_id(st->cfg, &h, &st->config_id, NULL, NULL);
+    return kvm_jobcfg_config_id_with(st->cfg, st->strategy, st->strategy_len, &st->config_id, NULL, NULL);
 }
 
 /* An ask is one message; whatever it holds, work() answers it (an error answer when malformed). */
