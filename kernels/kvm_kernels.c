@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 #ifdef KVM_WITH_CUDA
@@ -22,23 +23,31 @@ const kvm_kernels *kvm_kernels_cuda(int device)
 #endif
 }
 
+int kvm_device_parse(const char *device, int *cuda_index)
+{
+    *cuda_index = -1;
+    if (!device || strcmp(device, "cpu") == 0) return 0;
+    char *end = NULL;
+    errno = 0;
+    long n = strncmp(device, "cuda:", 5) ? -1 : strtol(device + 5, &end, 10);
+    if (n < 0 || errno || end == device + 5 || *end || n > 255)
+        return kvm_err(KVM_EINVAL, "%s: not cpu or cuda:N (N a device index in [0, 255])", device);
+    *cuda_index = (int)n;
+    return 0;
+}
+
 int kvm_kernels_select(const char *device, const kvm_kernels **out)
 {
-    if (!device || strcmp(device, "cpu") == 0) {
+    int n;
+    if (kvm_device_parse(device, &n)) return KVM_EINVAL;
+    if (n < 0) {
         *out = kvm_kernels_cpu();
         return 0;
     }
-    if (strncmp(device, "cuda:", 5) == 0) {
-        char *end;
-        long n = strtol(device + 5, &end, 10);
-        if (end == device + 5 || *end || n < 0 || n > 255)
-            return kvm_err(KVM_EINVAL, "device '%s': expected cpu or cuda:N with N in [0, 255]", device);
-        const kvm_kernels *k = kvm_kernels_cuda((int)n);
-        if (!k) return KVM_EDEVICE;
-        *out = k;
-        return 0;
-    }
-    return kvm_err(KVM_EINVAL, "device '%s': expected cpu or cuda:N", device);
+    const kvm_kernels *k = kvm_kernels_cuda(n);
+    if (!k) return KVM_EDEVICE;
+    *out = k;
+    return 0;
 }
 
 void kvm_rope_table(const int32_t *pos, int64_t n, int head_dim, float theta, float *cos_t, float *sin_t)

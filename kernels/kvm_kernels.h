@@ -175,7 +175,12 @@ const kvm_kernels *kvm_kernels_cpu(void);
  * is present. */
 const kvm_kernels *kvm_kernels_cuda(int device);
 
-/* Selects a backend by name: "cpu" or "cuda:N". Returns 0 and *out, KVM_EINVAL for a bad
+/* Parses a device name: "cpu" (or NULL) gives *cuda_index = -1, "cuda:N" gives N, N a decimal
+ * in [0, 255]. Says nothing of whether the device exists (kvm_kernels_select does). Returns 0,
+ * or KVM_EINVAL with "NAME: not cpu or cuda:N (N a device index in [0, 255])" in kvm_errmsg. */
+int kvm_device_parse(const char *device, int *cuda_index);
+
+/* Selects a backend by name: "cpu" or "cuda:N" (kvm_device_parse). Returns 0 and *out, KVM_EINVAL for a bad
  * name, KVM_EDEVICE when CUDA is unavailable (message says why). */
 int kvm_kernels_select(const char *device, const kvm_kernels **out);
 

@@ -243,7 +243,8 @@ int kvm_cmd_generate(int argc, char **argv)
         }
     }
     free(chat_text);
-    int cuda_device = dev && strncmp(dev, "cuda:", 5) == 0 ? atoi(dev + 5) : -1; /* checked by setup_device */
+    int cuda_device = -1;
+    (void)kvm_device_parse(dev, &cuda_device); /* validated by kvm_cli_setup_device above */
     if (!rc) rc = generate(m, k, cuda_device, tok, p, np, &a) ? 1 : 0;
     free(p);
     kvm_tokenizer_close(&tok);

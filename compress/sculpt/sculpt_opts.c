@@ -94,18 +94,15 @@ const kvm_sculpt_setting *kvm_sculpt_setting_find(const char *name, size_t len)
  * (kvm_sculpt_backend_cuda: the one selection every caller goes through). */
 static int parse_device(const char *name, const char *v, kvm_sculpt_opts *o)
 {
-    if (!strcmp(v, "cpu")) {
+    int n;
+    if (kvm_device_parse(v, &n)) return kvm_err(KVM_EINVAL, "sculpt: --%s %s", name, kvm_errmsg());
+    if (n < 0) {
         o->cuda = 0, o->cuda_device = 0;
         return 0;
     }
-    char *end;
-    errno = 0;
-    long n = strncmp(v, "cuda:", 5) ? -1 : strtol(v + 5, &end, 10);
-    if (n < 0 || errno || end == v + 5 || *end || n > 255)
-        return kvm_err(KVM_EINVAL, "sculpt: --%s %s: not cpu or cuda:N (N a device index in [0, 255])", name, v);
-    if (!kvm_sculpt_backend_cuda((int)n)) /* kvm_err formats into scratch first: its own message may be an argument */
+    if (!kvm_sculpt_backend_cuda(n)) /* kvm_err formats into scratch first: its own message may be an argument */
         return kvm_err(KVM_EDEVICE, "sculpt: --%s %s: %s", name, v, kvm_errmsg());
-    o->cuda = 1, o->cuda_device = (int)n;
+    o->cuda = 1, o->cuda_device = n;
     return 0;
 }
 

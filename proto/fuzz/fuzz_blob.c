@@ -20,6 +20,9 @@ static void kvm_fuzz_dispatch(const kvm_msg *m)
         kvm_proto_answer answer;
         kvm_proto_put_cache put_cache;
         kvm_proto_store_reply store_reply;
+        kvm_proto_get_strategy get_strategy;
+        kvm_proto_claim claim;
+        kvm_proto_renew_claims renew_claims;
     } u;
     switch (t) {
     case KVM_PROTO_JOB:
@@ -66,6 +69,15 @@ static void kvm_fuzz_dispatch(const kvm_msg *m)
         break;
     case KVM_PROTO_STORE_REPLY:
         (void)kvm_proto_store_reply_decode(m, &u.store_reply);
+        break;
+    case KVM_PROTO_GET_STRATEGY:
+        (void)kvm_proto_get_strategy_decode(m, &u.get_strategy);
+        break;
+    case KVM_PROTO_CLAIM:
+        (void)kvm_proto_claim_decode(m, &u.claim);
+        break;
+    case KVM_PROTO_RENEW_CLAIMS:
+        (void)kvm_proto_renew_claims_decode(m, &u.renew_claims);
         break;
     }
 }
