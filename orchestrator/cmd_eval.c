@@ -573,7 +573,7 @@ int kvm_cmd_eval(int argc, char **argv)
     char *chat_open = NULL, *chat_close = NULL; /* --chat over KL: documents framed as run frames them */
     if (!rc && ta.chat && !task && kvm_chat_frame(tok, ta.system, &chat_open, &chat_close)) {
         fprintf(stderr, "kvmill " CMD ": --chat: %s\n", kvm_errmsg());
-        rc = 1;
+        rc = 2; /* a setting the model cannot take, as run and serve refuse [model] chat */
     }
     es.frame = chat_open;
     int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */

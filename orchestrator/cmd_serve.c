@@ -1,7 +1,10 @@
 /* cmd_serve.c: `kvmill serve`: the serving broker and its decode workers (pipeline/kvm_serve.h). */
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
+#include "orchestrator/kvm_cli_model.h"
+#include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve.h"
 #include "store/kvm_store.h"
@@ -10,6 +13,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* What every decode worker checks at setup (settings that do not go together, kvm_jobcfg_check;
+ * [model] chat = true with a model whose tokenizer has no chat template) is refused here, naming
+ * the user's file, rather than by every worker (which would name serve's resolved copy) until
+ * serve gives up. Returns 0, or nonzero with the message printed. */
+static int check_config(const kvm_config *cfg)
+{
+    if (kvm_jobcfg_check(cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), KVM_EINVAL;
+    if (!kvm_config_bool(cfg, "model", "chat")) return 0;
+    kvm_model *m = NULL;
+    kvm_tokenizer *tok = NULL;
+    const char *tp = kvm_config_str(cfg, "model", "tokenizer");
+    int rc = kvm_cli_open_model("serve", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok);
+    char *open = NULL, *close_ = NULL;
+    if (!rc && (rc = kvm_chatcfg_frame(cfg, tok, &open, &close_))) fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg());
+    free(open);
+    free(close_);
+    kvm_tokenizer_close(&tok);
+    kvm_model_close(&m);
+    return rc;
+}
 
 int kvm_cmd_serve(int argc, char **argv)
 {
@@ -90,6 +114,7 @@ int kvm_cmd_serve(int argc, char **argv)
             goto done;
         }
     }
+    if (check_config(cfg)) goto done;
     /* the decode workers read the resolved configuration, command-line overrides included */
     kvm_rundir_sweep(); /* leftovers of a kvmill that was killed */
     kvm_rundir_template("serve-config", resolved, sizeof resolved);

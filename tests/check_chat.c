@@ -212,8 +212,9 @@ static int run_cmd(const char *cmd, char **out, char **err)
     return kvm_test_run(cmd, out, err);
 }
 
-/* stories260K (a llama2.c tokenizer) has no chat template: `kvmill run` with chat = true and
- * `kvmill eval --chat` refuse it by name before any work; `system` without chat is refused. */
+/* stories260K (a llama2.c tokenizer) has no chat template: `kvmill run` and `kvmill serve` with
+ * chat = true and `kvmill eval --chat` refuse it by name before any work (exit 2); `system`
+ * without chat is refused. */
 START_TEST(test_refused_without_template)
 {
     char *dir = kvm_test_tmpdir(), cfgp[4200], cmd[8192], *out, *err;
@@ -234,11 +235,20 @@ START_TEST(test_refused_without_template)
         ck_assert_msg(st == 2 && strstr(err, want[i]) && strstr(err, cfgp), "exit %d, stderr: %s", st, err);
         free(out);
         free(err);
+        /* serve refuses it before starting decode workers, naming the user's file (not its
+         * resolved copy), even when it would make a new store */
+        snprintf(cmd, sizeof cmd, "%s/kvmill serve --config %s --compute-missing --bind ipc://%s/front", kvm_test_bin(),
+                 cfgp, dir);
+        st = run_cmd(cmd, &out, &err);
+        ck_assert_msg(st == 2 && strstr(err, want[i]) && strstr(err, cfgp) && !strstr(err, "decode worker"),
+                      "serve: exit %d, stderr: %s", st, err);
+        free(out);
+        free(err);
     }
     snprintf(cmd, sizeof cmd, "%s/kvmill eval --model %s --docs %s --method h2o --budget 32 --chat", kvm_test_bin(),
              kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
     int st = run_cmd(cmd, &out, &err);
-    ck_assert_msg(st == 1 && strstr(err, "--chat: the model's tokenizer has no chat template"), "exit %d, stderr: %s",
+    ck_assert_msg(st == 2 && strstr(err, "--chat: the model's tokenizer has no chat template"), "exit %d, stderr: %s",
                   st, err);
     free(out);
     free(err);
