@@ -312,7 +312,9 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
         return kvm_err(KVM_EINVAL, "sculpt: k = %lld distilled entries exceed the compress zone of %lld tokens",
                        (long long)o->k_entries, (long long)(N - o->retain_tokens));
     if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
-        o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 || o->threads < 1 || o->threads > 256 ||
+        o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 ||
+        !(o->lbfgs_tolerance >= 0 && o->lbfgs_tolerance <= 1) || !(o->round_tolerance >= 0 && o->round_tolerance <= 1) ||
+        o->threads < 1 || o->threads > 256 ||
         !(o->alloc_power >= 0) || o->cuda_device < 0 || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
         (int)o->mode < 0 || o->mode > KVM_SCULPT_KVZIP || c->head_dim > 512 || o->on_policy < 0 || o->on_policy > 1)
         return kvm_err(KVM_EINVAL, "sculpt: option out of range (synthetic %lld, lambda %g, alpha %g, vnorm cap %g, "
