@@ -972,18 +972,13 @@ START_TEST(test_fpmode_restored)
 }
 END_TEST
 
-/* kvmill's L-BFGS reaches liblbfgs's objective (within 1%, median over every problem of a
- * stories260K context) from the same start with the same budget. */
-START_TEST(test_lbfgs_vs_liblbfgs)
+/* Median over stories260K's 20 problems of kvmill's final objective / liblbfgs's (the oracle),
+ * both from the same start with the same budget (o's rounds and iterations). */
+static double oracle_median(kvm_eval_doc *doc, kvm_sculpt_opts o)
 {
-    kvm_eval_doc *doc;
-    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
     const kvm_model_config *c = &model->cfg;
     const int np = c->n_layers * c->n_kv_heads;
     double ratio[64];
-    kvm_sculpt_opts o = quick_opts();
-    o.rounds = 2;
-    o.lbfgs_iters = 30;
     for (int i = 0; i < np; i++) {
         kvm_sculpt_problem p;
         ck_assert_int_eq(kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads, i % c->n_kv_heads,
@@ -1005,9 +1000,25 @@ START_TEST(test_lbfgs_vs_liblbfgs)
                 ratio[b] = t;
             }
     double med = np % 2 ? ratio[np / 2] : 0.5 * (ratio[np / 2 - 1] + ratio[np / 2]);
-    printf("kvmill L-BFGS / liblbfgs final objective over %d problems: median %.4f (min %.4f, max %.4f)\n", np, med,
-           ratio[0], ratio[np - 1]);
-    ck_assert_double_lt(med, 1.01);
+    printf("kvmill L-BFGS%s / liblbfgs final objective over %d problems: median %.4f (min %.4f, max %.4f)\n",
+           o.carry_history ? " with carry_history" : "", np, med, ratio[0], ratio[np - 1]);
+    return med;
+}
+
+/* kvmill's L-BFGS reaches liblbfgs's objective (within 1%, or below; median over every problem
+ * of a stories260K context) from the same start with the same budget, without and with the
+ * memory carried over rounds (liblbfgs starts every round empty). */
+START_TEST(test_lbfgs_vs_liblbfgs)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    kvm_sculpt_opts o = quick_opts();
+    o.rounds = 2;
+    o.lbfgs_iters = 30;
+    for (int carry = 0; carry < 2; carry++) {
+        o.carry_history = carry;
+        ck_assert_double_lt(oracle_median(doc, o), 1.01);
+    }
     kvm_eval_doc_free(&doc);
 }
 END_TEST
@@ -1243,7 +1254,7 @@ START_TEST(test_opts_table)
     ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "ratio=1.5"), KVM_EINVAL);
     ck_assert_msg(strstr(kvm_errmsg(), "--ratio 1.5"), "message: %s", kvm_errmsg());
     ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "rounds=2.5"), KVM_EINVAL);
-    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "tolerance=0.02,round_tolerance=0.01,carry_history"), 0);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "tolerance=0.02,round_tolerance=0.01,carry_history=1"), 0);
     ck_assert(o.lbfgs_tolerance == 0.02 && o.round_tolerance == 0.01 && o.carry_history == 1);
     ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "tolerance=-0.1"), KVM_EINVAL);
     ck_assert_msg(strstr(kvm_errmsg(), "--tolerance -0.1"), "message: %s", kvm_errmsg());
