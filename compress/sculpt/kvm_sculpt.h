@@ -74,8 +74,9 @@ typedef struct kvm_sculpt_opts {
                                  rules (default 0) */
     int carry_history;        /* 1: each round's L-BFGS starts with the previous round's stored
                                  pairs and takes its quasi-Newton step at once
-                                 (kvm_sculpt_lbfgs_carry); 0: an empty memory each round, the solve
-                                 before issue 12 part 4 (default 1) */
+                                 (kvm_sculpt_lbfgs_carry; kvmill's L-BFGS, on every backend; the
+                                 liblbfgs oracle starts empty); 0: an empty memory each round, the
+                                 solve before issue 12 part 4 (default 1) */
     double round_tolerance;   /* a problem leaves the rounds when a round's ridge-refit loss is
                                  below its best so far by less than this fraction of it
                                  (kvm_sculpt_round_converged); 0 = off (default 0) */
