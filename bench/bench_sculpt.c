@@ -8,7 +8,8 @@
  *   bench_sculpt --model M --docs DIR --first 5 --last 19 [--ctx 384 --cont 64 --retain 32]
  *                [--ratios 0.1,0.3,0.5,0.7] [--seeds 1,2]
  *                [--variants selectfit:uniform,joint-fixed:uniform,sculpt:uniform,...]
- *                [--S 2048 --rounds 4 --iters 30 --lambda 0.1 --alpha 1e-3 --vcap 1 --kcap 0 --threads 1]
+ *                [--S 2048 --rounds 4 --iters 25 --lambda 0.1 --alpha 1e-3 --vcap 1 --kcap 0 --threads 1]
+ *                [--carry-history 1 --tolerance 0 --round-tolerance 0]   (the convergence settings, as in kvmill sculpt)
  *                [--oracle 1]   (keys fitted by liblbfgs, the test oracle, instead of kvmill's L-BFGS)
  *                [--make-model-doc N]   (random-token document of N+T tokens instead of --docs) */
 #include "compress/eval/kvm_eval.h"
@@ -94,7 +95,12 @@ int main(int argc, char **argv)
     base.retain_tokens = atoll(arg(argc, argv, "--retain", "32"));
     base.n_synth = atoll(arg(argc, argv, "--S", "2048"));
     base.rounds = atoi(arg(argc, argv, "--rounds", "4"));
-    base.lbfgs_iters = atoi(arg(argc, argv, "--iters", "30"));
+    char iters_def[16]; /* the solver's default unless given */
+    snprintf(iters_def, sizeof iters_def, "%d", base.lbfgs_iters);
+    base.lbfgs_iters = atoi(arg(argc, argv, "--iters", iters_def));
+    base.carry_history = atoi(arg(argc, argv, "--carry-history", base.carry_history ? "1" : "0"));
+    base.lbfgs_tolerance = atof(arg(argc, argv, "--tolerance", "0"));
+    base.round_tolerance = atof(arg(argc, argv, "--round-tolerance", "0"));
     base.lambda = atof(arg(argc, argv, "--lambda", "0.1"));
     base.ridge_alpha = atof(arg(argc, argv, "--alpha", "1e-3"));
     base.vnorm_cap = atof(arg(argc, argv, "--vcap", "1"));

@@ -3,7 +3,7 @@
  * alternating, medians), and kvmill's own float32 GEMM on 2048×2048×2048 as the ceiling.
  *
  *   bench_solver --model M --doc FILE [--ctx 384 --cont 16 --retain 32 --ratio 0.3 --S 2048]
- *                [--reps 5] [--solve 1] [--gemm 1]
+ *                [--reps 5] [--solve 1] [--gemm 1] [--iters 25 --carry-history 1]
  *
  * Sections (one CSV-ish line each, "section,name,value..."):
  *   gemm     kvm__cpu_gemm_packed on 2048³: GFLOP/s (median of --reps)
@@ -381,6 +381,10 @@ int main(int argc, char **argv)
     o.retain_tokens = atoll(arg(argc, argv, "--retain", "32"));
     o.ratio = atof(arg(argc, argv, "--ratio", "0.3"));
     o.n_synth = atoll(arg(argc, argv, "--S", "2048"));
+    char iters_def[16]; /* the solver's defaults unless given */
+    snprintf(iters_def, sizeof iters_def, "%d", o.lbfgs_iters);
+    o.lbfgs_iters = atoi(arg(argc, argv, "--iters", iters_def));
+    o.carry_history = atoi(arg(argc, argv, "--carry-history", o.carry_history ? "1" : "0")); /* liblbfgs never carries */
     if (!model_path || !doc_path || reps < 1) {
         fprintf(stderr, "usage: see the comment at the top of bench/bench_solver.c\n");
         return 2;

@@ -146,6 +146,10 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     if (!(kvm_config_float(c, "compress", "target_kl") > 0)) /* off: the ids of configs without the keys */
         n = drop_lines(comp, n, "compress.target_");
     if (!kvm_config_bool(c, "compress", "on_policy")) n = drop_lines(comp, n, "compress.on_policy=");
+    /* the solver's convergence settings when off (today's solve, bit for bit): the old ids */
+    if (!(kvm_config_float(c, "compress", "tolerance") > 0)) n = drop_lines(comp, n, "compress.tolerance=");
+    if (!(kvm_config_float(c, "compress", "round_tolerance") > 0)) n = drop_lines(comp, n, "compress.round_tolerance=");
+    if (!kvm_config_int(c, "compress", "carry_history")) n = drop_lines(comp, n, "compress.carry_history=");
     const char *sys = kvm_config_str(c, "model", "system");
     int chat = kvm_config_bool(c, "model", "chat");
     size_t cap = n + 512 + (chat ? 2 * strlen(sys) : 0);

@@ -8,6 +8,7 @@
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "kernels/kvm_sculpt_kernels.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_worker.h"
 #include "tests/util/kvm_test.h"
 
@@ -88,14 +89,16 @@ START_TEST(test_config_keys_equal_option_names)
     const char *text = "[model]\npath = /m.bin\n[compress]\nmethod = sculpt\nretain = 16\nqueries = 64\nlambda = 0.5\n"
                        "lse_weight = true\nridge = 0.01\nvcap = 2\nkcap = 3\nrounds = 2\niterations = 7\nhistory = 5\n"
                        "bias = yes\nalloc = head\npower = 0.25\npilot_rounds = 3\npilot_iterations = 4\nseed = 9\n"
-                       "budget = 48\nfuture = 12\n[stages]\nthreads = 3\n";
+                       "budget = 48\nfuture = 12\ntolerance = 0.01\nround_tolerance = 0.02\ncarry_history = 1\n"
+                       "[stages]\nthreads = 3\n";
     kvm_config *c;
     ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
     kvm_sculpt_opts a, b = kvm_sculpt_opts_default();
     ck_assert_msg(kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &a) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(kvm_sculpt_opts_parse(&b, "budget=48,retain=16,queries=64,lambda=0.5,lse_weight,ridge=0.01,vcap=2,"
                                                "kcap=3,rounds=2,iterations=7,history=5,bias,alloc=head,power=0.25,"
-                                               "pilot_rounds=3,pilot_iterations=4,seed=9,future=12,threads=3"),
+                                               "pilot_rounds=3,pilot_iterations=4,seed=9,future=12,threads=3,"
+                                               "tolerance=0.01,round_tolerance=0.02,carry_history=1"),
                      0);
     ck_assert_int_eq(a.k_entries, 32);
     ck_assert_int_eq(a.lbfgs_iters, 7);
@@ -103,8 +106,38 @@ START_TEST(test_config_keys_equal_option_names)
     ck_assert_int_eq(a.n_synth, 64);
     ck_assert_int_eq(a.lse_mass_weight, 1);
     ck_assert_int_eq(a.threads, 3);
+    ck_assert(a.lbfgs_tolerance == 0.01 && a.round_tolerance == 0.02 && a.carry_history == 1);
     ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "config and option string give different options");
     kvm_config_free(&c);
+}
+END_TEST
+
+/* The solver's convergence settings at their off values (the solve before them) write no line
+ * into the canonical config text, so such configs keep the ids they had before the settings
+ * existed; each one on (carry_history by default) gives another id. */
+START_TEST(test_convergence_settings_config_id)
+{
+    const char *extra[] = {"carry_history = 0", "carry_history = 0\ntolerance = 0\nround_tolerance = 0",
+                           "carry_history = 0\ntolerance = 0.01", "carry_history = 0\nround_tolerance = 0.01", ""};
+    kvm_store_id id[5];
+    for (int i = 0; i < 5; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "[model]\npath = x\n[compress]\n%s\n", extra[i]);
+        kvm_config *c = NULL;
+        ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
+        char *canon;
+        size_t len;
+        ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &id[i], &canon, &len), 0);
+        char *z = strndup(canon, len); /* the canonical text: no line of a setting that is off */
+        ck_assert_ptr_nonnull(z);
+        if (i < 2) ck_assert_ptr_null(strstr(z, "tolerance"));
+        if (i < 2) ck_assert_ptr_null(strstr(z, "carry_history"));
+        free(z);
+        free(canon);
+        kvm_config_free(&c);
+    }
+    ck_assert_int_eq(memcmp(&id[0], &id[1], sizeof id[0]), 0);
+    for (int i = 2; i < 5; i++) ck_assert_int_ne(memcmp(&id[0], &id[i], sizeof id[0]), 0);
 }
 END_TEST
 
@@ -461,6 +494,7 @@ static Suite *suite(void)
     } cases[] = {
         {"table_is_the_config", test_table_is_the_config},
         {"config_keys_equal_option_names", test_config_keys_equal_option_names},
+        {"convergence_settings_config_id", test_convergence_settings_config_id},
         {"old_option_names", test_old_option_names},
         {"old_config_key", test_old_config_key},
         {"old_sculpt_flags", test_old_sculpt_flags},

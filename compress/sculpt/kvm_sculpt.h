@@ -65,8 +65,21 @@ typedef struct kvm_sculpt_opts {
     double knorm_cap;         /* key-norm guard: keys projected to ‖k‖ ≤ knorm_cap · max zone ‖k‖
                                  after each L-BFGS round; 0 disables (default 0) */
     int rounds;               /* R alternating rounds (default 4) */
-    int lbfgs_iters;          /* L-BFGS iterations per round (default 30) */
+    int lbfgs_iters;          /* L-BFGS iterations per round (default 25: with carry_history the
+                                 KL of 30 without it, bench/RESULTS.md "Solver speed, part 4") */
     int lbfgs_history;        /* L-BFGS memory (default 20) */
+    double lbfgs_tolerance;   /* kvmill's L-BFGS ends a round's run when its last 4 iterations
+                                 gained less than this share of the run's decrease so far
+                                 (kvm_sculpt_lbfgs_params.progress); 0 = off, only the liblbfgs
+                                 rules (default 0) */
+    int carry_history;        /* 1: each round's L-BFGS starts with the previous round's stored
+                                 pairs and takes its quasi-Newton step at once
+                                 (kvm_sculpt_lbfgs_carry; kvmill's L-BFGS, on every backend; the
+                                 liblbfgs oracle starts empty); 0: an empty memory each round, the
+                                 solve before issue 12 part 4 (default 1) */
+    double round_tolerance;   /* a problem leaves the rounds when a round's ridge-refit loss is
+                                 below its best so far by less than this fraction of it
+                                 (kvm_sculpt_round_converged); 0 = off (default 0) */
     int bias;                 /* 1: each distilled entry gets a logit bias β, optimised with the
                                  keys (Attention Matching, arXiv 2602.16284) */
     kvm_sculpt_alloc alloc;   /* budget allocation (default uniform) */

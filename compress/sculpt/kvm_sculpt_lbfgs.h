@@ -6,7 +6,8 @@
  * sᵀy/yᵀy·I, eq. 7.20) and a line search satisfying the strong Wolfe conditions (Alg. 3.5
  * with zoom, Alg. 3.6, cubic interpolation eq. 3.59 safeguarded). Stopping rules are those of
  * the liblbfgs run it replaces (‖g‖ ≤ ε·max(1, ‖x‖), relative decrease over `past`
- * iterations, iteration cap, 20 evaluations per line search). A problem's iterates depend on
+ * iterations, iteration cap, 20 evaluations per line search), plus an optional progress test
+ * (the decrease over `past` iterations against the run's whole decrease). A problem's iterates depend on
  * its own values only, so results never depend on what else is in a batch. */
 #ifndef KVM_SCULPT_LBFGS_H
 #define KVM_SCULPT_LBFGS_H
@@ -20,6 +21,9 @@ typedef struct kvm_sculpt_lbfgs_params {
     int max_linesearch;  /* evaluations per line search (default 20) */
     int past;            /* decrease test distance (default 4; 0 = off) */
     double delta;        /* stop when (f_{it−past} − f)/|f| < delta (default 1e-4) */
+    double progress;     /* stop when f_{it−past} − f < progress·(f_0 − f): the last `past`
+                            iterations gained less than this share of the run's decrease from its
+                            start f_0 (scale-free, unlike delta); 0 = off (default 0) */
     double epsilon;      /* stop when ‖g‖ ≤ ε·max(1, ‖x‖) (default 1e-6) */
     double c1, c2;       /* Wolfe constants (default 1e-4, 0.9) */
     double step0;        /* first trial step along −g; 0: 1/‖g‖ (liblbfgs's) (default 0). A run
@@ -57,6 +61,14 @@ const double *kvm_sculpt_lbfgs_best(const kvm_sculpt_lbfgs *s, double *f);
 /* γ = sᵀy/yᵀy of the newest stored pair (the scaling of H0, N&W eq. 7.20), 0 when none is
  * stored: a later run's step0. */
 double kvm_sculpt_lbfgs_gamma(const kvm_sculpt_lbfgs *s);
+
+/* Starts s (new, before its first _step) with the pairs (s, y) stored by prev, an earlier run
+ * on the same variables (NULL, another size or history: nothing is carried): the solver's next
+ * round, whose objective the ridge refit of the values has moved, so the pairs are curvature
+ * of a nearby function. The first iteration then takes the two-loop direction (N&W Alg. 7.4)
+ * with unit step; if that is no descent direction the pairs are dropped and the run starts
+ * from −g as without them. */
+void kvm_sculpt_lbfgs_carry(kvm_sculpt_lbfgs *s, const kvm_sculpt_lbfgs *prev);
 
 /* Evaluations and accepted iterations so far. */
 int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s);

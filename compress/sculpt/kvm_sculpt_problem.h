@@ -105,6 +105,11 @@ int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *
 int kvm_sculpt_ridge_solve(const kvm_sculpt_problem *p, double *A, double *B, int64_t k, double alpha_rel,
                            double vnorm_cap, float *vc);
 
+/* The rounds' convergence stop (opts round_tolerance): 1 when a round whose ridge refit reached
+ * loss `after` improved the best loss so far `before` by less than tol·|before| (a round that made
+ * it worse counts as converged); 0 when tol ≤ 0 (off: every round runs). */
+int kvm_sculpt_round_converged(double before, double after, double tol);
+
 /* Select+Fit's selection: the k zone indices with the highest p->mass (ties: lower index),
  * sorted increasing, into idx[k]. Returns 0, KVM_EINVAL (k not in [0, nc]), KVM_ENOMEM. */
 int kvm_sculpt_select(const kvm_sculpt_problem *p, int64_t k, int64_t *idx);

@@ -51,9 +51,18 @@ KVM_SCULPT_SETTING(vcap, F64, vnorm_cap, 0, 1e6, 1, "1", "", "value-norm guard: 
 KVM_SCULPT_SETTING(kcap, F64, knorm_cap, 0, 1e6, 1, "0", "",
                    "key-norm guard: |k| <= kcap * max zone |k| after each L-BFGS round; 0 = off", NULL)
 KVM_SCULPT_SETTING(rounds, INT, rounds, 0, 1000, 1, "4", "", "alternating key/value rounds R", NULL)
-KVM_SCULPT_SETTING(iterations, INT, lbfgs_iters, 0, 100000, 1, "30", "", "L-BFGS iterations per round", NULL)
-KVM_SCULPT_SETTING(iters, INT, lbfgs_iters, 0, 100000, 0, "30", "", "L-BFGS iterations per round", "iterations")
+KVM_SCULPT_SETTING(iterations, INT, lbfgs_iters, 0, 100000, 1, "25", "", "L-BFGS iterations per round", NULL)
+KVM_SCULPT_SETTING(iters, INT, lbfgs_iters, 0, 100000, 0, "25", "", "L-BFGS iterations per round", "iterations")
 KVM_SCULPT_SETTING(history, INT, lbfgs_history, 1, 1000, 1, "20", "", "L-BFGS memory", NULL)
+KVM_SCULPT_SETTING(tolerance, F64, lbfgs_tolerance, 0, 1, 1, "0", "",
+                   "L-BFGS convergence stop: a round's run ends when its last 4 iterations gained less than this "
+                   "share of its decrease so far; 0 = off", NULL)
+KVM_SCULPT_SETTING(carry_history, INT, carry_history, 0, 1, 1, "1", "",
+                   "1: each alternating round's L-BFGS starts with the previous round's memory; 0 = off (an empty one, "
+                   "the solve before it)", NULL)
+KVM_SCULPT_SETTING(round_tolerance, F64, round_tolerance, 0, 1, 1, "0", "",
+                   "a (layer, KV head) problem leaves the rounds when a round improved its best loss by less than "
+                   "this fraction; 0 = off", NULL)
 KVM_SCULPT_SETTING(bias, BOOL, bias, 0, 1, 1, "false", "",
                    "a logit bias beta per distilled entry, fitted with the keys (Attention Matching)", NULL)
 KVM_SCULPT_SETTING(alloc, ALLOC, alloc, 0, 0, 1, "uniform", "",

@@ -44,6 +44,7 @@ typedef struct drv {
     kvm_sculpt_lbfgs **ls;     /* [nb] */
     double *x;                 /* [Σ n_i] L-BFGS variables scratch (n_i = k_i·d·move_keys + k_i·use_bias) */
     double *step0;             /* [nb] the last round's γ: the next round's first step */
+    kvm_sculpt_lbfgs **prev;   /* [nb] the last round's L-BFGS state, kept for carry_history */
 } drv;
 
 static int64_t nvar(const drv *D, int i) { return (D->move_keys ? D->k[i] * D->d : 0) + (D->use_bias ? D->k[i] : 0); }
@@ -112,6 +113,7 @@ static int lbfgs_round(drv *D, int iters, const int *map)
     kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
     prm.history = D->o->lbfgs_history;
     prm.max_iters = iters;
+    prm.progress = D->o->lbfgs_tolerance;
     if (D->o->lbfgs_no_stop) { /* forced iteration counts: only the line search can end a run early */
         prm.past = 0;
         prm.epsilon = 0;
@@ -129,6 +131,9 @@ static int lbfgs_round(drv *D, int iters, const int *map)
             rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory for L-BFGS (%lld variables)", (long long)nvar(D, i));
             goto done;
         }
+        kvm_sculpt_lbfgs_carry(D->ls[i], D->prev[i]);
+        kvm_sculpt_lbfgs_free(D->prev[i]);
+        D->prev[i] = NULL;
     }
     for (;;) { /* one batched evaluation per pass: every problem still searching */
         n = 0;
@@ -156,7 +161,8 @@ static int lbfgs_round(drv *D, int iters, const int *map)
             if (kvm_sculpt_lbfgs_step(D->ls[i], isfinite(f) ? f : INFINITY, g) == KVM_LBFGS_DONE) {
                 x_to_point(D, i, kvm_sculpt_lbfgs_best(D->ls[i], NULL));
                 D->step0[i] = kvm_sculpt_lbfgs_gamma(D->ls[i]);
-                kvm_sculpt_lbfgs_free(D->ls[i]);
+                if (D->o->carry_history) D->prev[i] = D->ls[i]; /* its pairs start the next round */
+                else kvm_sculpt_lbfgs_free(D->ls[i]);
                 D->ls[i] = NULL;
             }
         }
@@ -241,8 +247,9 @@ static int solve(drv *D, int rounds, int iters, const int *map, double *lbfgs_s,
             else D->idx[m++] = D->idx[t];
         }
         if ((rc = D->be->lossgrad(D->b, D->idx, m, D->o->lambda, D->use_bias, 0, 0, D->ev))) goto done;
-        for (int t = 0; t < m; t++) {
+        for (int t = 0; t < m; t++) { /* a converged problem leaves the rounds (round_tolerance) */
             const int i = D->idx[t];
+            if (kvm_sculpt_round_converged(D->best[i], D->ev[t].loss, D->o->round_tolerance)) D->live[i] = 0;
             if (D->ev[t].loss < D->best[i]) {
                 D->best[i] = D->ev[t].loss;
                 D->st[i].mse = D->ev[t].mse_sum / (double)D->ps[i]->nq;
@@ -276,6 +283,8 @@ static void drv_free(drv *D)
     free(D->live);
     free(D->ev);
     free(D->ls);
+    for (int i = 0; D->prev && i < D->nb; i++) kvm_sculpt_lbfgs_free(D->prev[i]);
+    free(D->prev);
     free(D->x);
 }
 
@@ -303,9 +312,10 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
     D->live = calloc((size_t)nb, sizeof *D->live);
     D->ev = malloc((size_t)nb * sizeof *D->ev);
     D->ls = calloc((size_t)nb, sizeof *D->ls);
+    D->prev = calloc((size_t)nb, sizeof *D->prev);
     D->x = malloc((size_t)nmax * sizeof *D->x);
     if (!D->k || !D->off || !D->offA || !D->kc || !D->gk || !D->best || !D->A || !D->B || !D->idx || !D->live ||
-        !D->ev || !D->ls || !D->x)
+        !D->ev || !D->ls || !D->prev || !D->x)
         return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", nb, (long long)tot);
     D->step0 = D->best + nb;
     for (int i = 0; i < nb; i++) D->step0[i] = 0;

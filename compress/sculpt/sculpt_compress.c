@@ -28,7 +28,7 @@ kvm_sculpt_opts kvm_sculpt_opts_default(void)
     kvm_sculpt_opts o = {
         .mode = KVM_SCULPT_FULL, .retain_tokens = 32, .ratio = 0.3, .k_entries = 0, .n_synth = 2048,
         .future_tokens = 0, .lambda = 0.1, .ridge_alpha = 1e-3, .vnorm_cap = 1.0, .rounds = 4,
-        .lbfgs_iters = 30, .lbfgs_history = 20, .bias = 0, .alloc = KVM_SCULPT_ALLOC_UNIFORM,
+        .lbfgs_iters = 25, .lbfgs_history = 20, .carry_history = 1, .bias = 0, .alloc = KVM_SCULPT_ALLOC_UNIFORM,
         .alloc_power = 0.5, .pilot_rounds = 1, .pilot_iters = 10, .seed = 1, .threads = 1,
         .query_source = {{[KVM_SCULPT_QSRC_SYNTHETIC] = 1}},
     };
@@ -312,7 +312,9 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
         return kvm_err(KVM_EINVAL, "sculpt: k = %lld distilled entries exceed the compress zone of %lld tokens",
                        (long long)o->k_entries, (long long)(N - o->retain_tokens));
     if (o->n_synth < 0 || !(o->lambda >= 0) || !(o->ridge_alpha > 0) || !(o->vnorm_cap >= 0) || !(o->knorm_cap >= 0) || o->rounds < 0 ||
-        o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 || o->threads < 1 || o->threads > 256 ||
+        o->lbfgs_iters < 0 || o->lbfgs_history < 1 || o->lbfgs_history > 1000 ||
+        !(o->lbfgs_tolerance >= 0 && o->lbfgs_tolerance <= 1) || !(o->round_tolerance >= 0 && o->round_tolerance <= 1) ||
+        o->threads < 1 || o->threads > 256 ||
         !(o->alloc_power >= 0) || o->cuda_device < 0 || o->pilot_rounds < 0 || o->pilot_iters < 0 || (int)o->alloc < 0 || o->alloc > 3 ||
         (int)o->mode < 0 || o->mode > KVM_SCULPT_KVZIP || c->head_dim > 512 || o->on_policy < 0 || o->on_policy > 1)
         return kvm_err(KVM_EINVAL, "sculpt: option out of range (synthetic %lld, lambda %g, alpha %g, vnorm cap %g, "

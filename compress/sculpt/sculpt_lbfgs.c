@@ -13,7 +13,7 @@ struct kvm_sculpt_lbfgs {
     int64_t n;
     kvm_sculpt_lbfgs_params p;
     int phase, evals, iters, count, head; /* count pairs stored, head = next slot */
-    double f, fbest;
+    double f, fbest, f0; /* f0: the value at the start point */
     double *x, *g, *d, *xt, *gl, *best, *S, *Y, *rho, *alf, *pf;
     /* line search: phi(a) = f(x + a·d) */
     double phi0, dphi0, a_cur, a_prev, phi_prev, dphi_prev;
@@ -117,6 +117,15 @@ double kvm_sculpt_lbfgs_gamma(const kvm_sculpt_lbfgs *s)
     const int j = (int)((s->head - 1 + m) % m);
     const double *y = s->Y + j * s->n;
     return 1.0 / (s->rho[j] * dot(y, y, s->n));
+}
+
+void kvm_sculpt_lbfgs_carry(kvm_sculpt_lbfgs *s, const kvm_sculpt_lbfgs *prev)
+{
+    if (!prev || prev->n != s->n || prev->p.history != s->p.history || s->phase != PH_INIT) return;
+    const int64_t m = s->p.history, n = s->n;
+    memcpy(s->S, prev->S, (size_t)(2 * m * n + m) * sizeof *s->S); /* S, Y, rho: contiguous */
+    s->count = prev->count;
+    s->head = prev->head;
 }
 
 int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s) { return s->evals; }
@@ -246,7 +255,11 @@ static int accept(kvm_sculpt_lbfgs *s, double fa, const double *ga)
     }
     const int past = s->p.past;
     if (past > 0) {
-        if (s->iters >= past && (s->pf[s->iters % past] - fa) / fabs(fa) < s->p.delta) return 1;
+        if (s->iters >= past) {
+            const double gain = s->pf[s->iters % past] - fa;
+            if (gain / fabs(fa) < s->p.delta) return 1;
+            if (s->p.progress > 0 && gain < s->p.progress * (s->f0 - fa)) return 1;
+        }
         s->pf[s->iters % past] = fa;
     }
     if (sqrt(dot(s->g, s->g, n)) <= s->p.epsilon * fmax(1.0, sqrt(dot(s->x, s->x, n)))) return 1;
@@ -265,15 +278,23 @@ kvm_sculpt_lbfgs_need kvm_sculpt_lbfgs_step(kvm_sculpt_lbfgs *s, double f, const
     if (s->phase == PH_INIT) {
         memcpy(s->x, s->xt, (size_t)n * sizeof *s->x);
         memcpy(s->g, g, (size_t)n * sizeof *s->g);
-        s->f = f;
+        s->f = s->f0 = f;
         s->pf[0] = f;
         double gn = sqrt(dot(g, g, n));
         if (!isfinite(f) || s->p.max_iters < 1 || gn <= s->p.epsilon * fmax(1.0, sqrt(dot(s->x, s->x, n)))) {
             s->phase = PH_DONE;
             return KVM_LBFGS_DONE;
         }
-        for (int64_t i = 0; i < n; i++) s->d[i] = -g[i];
         s->phase = PH_LS;
+        if (s->count > 0) { /* carried pairs: the quasi-Newton step at once */
+            direction(s);
+            if (dot(s->g, s->d, n) < 0) {
+                start_ls(s, 1.0);
+                return KVM_LBFGS_EVALUATE;
+            }
+            s->count = 0;
+        }
+        for (int64_t i = 0; i < n; i++) s->d[i] = -g[i];
         start_ls(s, s->p.step0 > 0 && isfinite(s->p.step0) ? s->p.step0 : 1.0 / gn);
         return KVM_LBFGS_EVALUATE;
     }

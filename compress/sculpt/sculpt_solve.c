@@ -32,6 +32,9 @@ typedef struct solve_ctx {
     int calls;
     int failed;             /* allocation failure inside the loss */
     double step0;           /* the last round's γ: the next round's first step (own L-BFGS) */
+    double progress;        /* opts lbfgs_tolerance (own L-BFGS) */
+    int carry;              /* opts carry_history: prev's pairs start the next round */
+    kvm_sculpt_lbfgs *prev; /* the last round's state when carry (own L-BFGS) */
 } solve_ctx;
 
 /* x0 = [keys (when move_keys)] [β (when bias)] of the current point. */
@@ -123,11 +126,15 @@ static int own_round(solve_ctx *s, int iters, int history)
     prm.history = history;
     prm.max_iters = iters;
     prm.step0 = s->step0;
+    prm.progress = s->progress;
     kvm_sculpt_lbfgs *st = NULL;
     if (x0) {
         for_init(x0, s, nk);
         st = kvm_sculpt_lbfgs_new(n, x0, &prm);
     }
+    if (st) kvm_sculpt_lbfgs_carry(st, s->prev);
+    kvm_sculpt_lbfgs_free(s->prev);
+    s->prev = NULL;
     if (!st) {
         free(x0);
         return kvm_err(KVM_ENOMEM, "sculpt: out of memory for L-BFGS (%lld variables)", (long long)n);
@@ -146,7 +153,8 @@ static int own_round(solve_ctx *s, int iters, int history)
     }
     x_to_point(s, kvm_sculpt_lbfgs_best(st, NULL));
     s->step0 = kvm_sculpt_lbfgs_gamma(st);
-    kvm_sculpt_lbfgs_free(st);
+    if (s->carry) s->prev = st;
+    else kvm_sculpt_lbfgs_free(st);
     free(x0);
     return s->failed ? kvm_err(KVM_ENOMEM, "sculpt: out of memory in L-BFGS") : 0;
 }
@@ -160,6 +168,11 @@ static void project_keys(float *kc, int64_t k, int d, float cap)
         if (sqrt(n2) > cap)
             for (int t = 0; t < d; t++) kc[j * d + t] *= (float)(cap / sqrt(n2));
     }
+}
+
+int kvm_sculpt_round_converged(double before, double after, double tol)
+{
+    return tol > 0 && !(before - after >= tol * fabs(before));
 }
 
 int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, int rounds, int iters,
@@ -203,19 +216,21 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
     int move_keys = o->mode == KVM_SCULPT_FULL;
     int any = move_keys || use_bias;
     solve_ctx s = {.p = p, .k = k, .lambda = o->lambda, .move_keys = move_keys, .bias = use_bias, .kc = kc,
-                   .vc = vc, .beta = beta, .gk = gk, .gb = gk + k * d};
+                   .vc = vc, .beta = beta, .gk = gk, .gb = gk + k * d, .progress = o->lbfgs_tolerance,
+                   .carry = o->carry_history};
     for (int r = 0; any && k > 0 && r < rounds; r++) {
         t0 = now_s();
         rc = o->lbfgs_oracle ? lbfgs_round(&s, iters, o->lbfgs_history) : own_round(&s, iters, o->lbfgs_history);
         st->lbfgs_s += now_s() - t0;
-        if (rc) goto done;
+        if (rc) break;
         if (move_keys && o->knorm_cap > 0) project_keys(kc, k, d, (float)o->knorm_cap * p->knorm_max);
         t0 = now_s();
         rc = kvm_sculpt_ridge(p, kc, bp, k, o->ridge_alpha, o->vnorm_cap, vc);
         st->ridge_s += now_s() - t0;
         if (rc == KVM_ERANGE) { rc = 0; break; } /* keep the best point so far */
-        if (rc) goto done;
+        if (rc) break;
         double mse, L = kvm_sculpt_loss(p, kc, vc, bp, k, o->lambda, NULL, NULL, &mse, NULL);
+        const int converged = kvm_sculpt_round_converged(best, L, o->round_tolerance);
         if (L < best) {
             best = L;
             st->mse = mse;
@@ -223,7 +238,10 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
             memcpy(best_v, vc, (size_t)(k * d) * sizeof *vc);
             memcpy(best_b, beta, (size_t)k * sizeof *beta);
         }
+        if (converged) break;
     }
+    kvm_sculpt_lbfgs_free(s.prev);
+    if (rc) goto done;
     memcpy(kc, best_k, (size_t)(k * d) * sizeof *kc);
     memcpy(vc, best_v, (size_t)(k * d) * sizeof *vc);
     memcpy(beta, best_b, (size_t)k * sizeof *beta);
