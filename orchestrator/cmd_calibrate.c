@@ -22,7 +22,7 @@ typedef struct calib_args {
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump;
     int sculpt;            /* 1: KVSculpt is in the design space */
-    int decode;            /* 1: measure decode-phase signals too */
+    int decode;            /* kvm_polykv_decode: how the decode-phase signals are measured */
     kvm_sculpt_opts so;    /* its options */
 } calib_args;
 
@@ -105,8 +105,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"windows", 1, "context+continuation windows per document, evenly spaced (default 1: the first N+T tokens)",
          NULL},
         {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
-        {"phases", 1, "signals measured in: both (prefill and decode, default) or prefill (decode patterns = prefill "
-                      "patterns; decode-phase runs go token by token, so this is much faster on large models)", NULL},
+        {"phases", 1, "signals measured in: both (prefill and decode, default; each decode-phase run replays the "
+                      "compressed layer token by token and carries it through the model in one batched call) or "
+                      "prefill (decode patterns = prefill patterns; about half the time)", NULL},
         {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
                       "layer may be routed to it)", NULL},
         {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... with the names of kvmill sculpt "
@@ -127,7 +128,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .out = kvm_cli_get(opts, "out"),
                     .dump = kvm_cli_get(opts, "dump-signals"),
                     .sculpt = kvm_cli_get(opts, "sculpt") != NULL,
-                    .decode = 1,
+                    .decode = KVM_POLYKV_DECODE_BATCHED,
                     .so = kvm_sculpt_opts_default()};
     const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
     if (!model_path || !docs_s || !kvm_cli_get(opts, "budget") || !a.out) {
@@ -166,7 +167,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
             fprintf(stderr, "kvmill " CMD ": --phases '%s' is not both or prefill\n", s);
             return 2;
         }
-        a.decode = !strcmp(s, "both");
+        a.decode = !strcmp(s, "both") ? KVM_POLYKV_DECODE_BATCHED : KVM_POLYKV_DECODE_NONE;
     }
     if ((s = kvm_cli_get(opts, "threads")) && kvm_sculpt_opts_set(&a.so, "threads", s)) {
         fprintf(stderr, "kvmill " CMD ": --threads: %s\n", kvm_errmsg());

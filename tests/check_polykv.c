@@ -79,6 +79,50 @@ START_TEST(test_signals_exact_pattern)
 }
 END_TEST
 
+/* The batched decode-phase signals (layer replayed from the full-KV run's queries, keys and
+ * values, one batched continuation with its outputs substituted) equal the token-by-token
+ * ones up to float rounding, for every layer and pattern, with every budget below the
+ * context so that the decode policies evict at every step. */
+START_TEST(test_decode_replay)
+{
+    kvm_eval_doc *d[2];
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, 64, 24, &d[0]), 0);
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids + 120, 136, 64, 24, &d[1]), 0);
+    kvm_polykv_signals *b, *t;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &b), 0);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 2, 16, KVM_POLYKV_DECODE_BATCHED, b), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 2, 16, KVM_POLYKV_DECODE_STEPWISE, t), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 2, 16, 3, t), KVM_EINVAL);
+    const size_t n2 = 5 * KVM_PATTERN_COUNT;
+    ck_assert_mem_eq(b->cosine, t->cosine, n2 * sizeof(double)); /* prefill phase: the same runs */
+    ck_assert_mem_eq(b->kl, t->kl, n2 * sizeof(double));
+    double max_dc = 0, max_dk = 0;
+    for (int l = 0; l < 5; l++)
+        for (int r = 0; r < KVM_PATTERN_COUNT; r++) {
+            double cb = SIG(b->cosine, 1, l, r), ct = SIG(t->cosine, 1, l, r);
+            double kb = SIG(b->kl, 1, l, r), kt = SIG(t->kl, 1, l, r);
+            double pb = SIG(b->ppl_delta, 1, l, r), pt = SIG(t->ppl_delta, 1, l, r);
+            ck_assert_msg(fabs(cb - ct) <= 1e-5, "layer %d %s: cosine batched %.9f, token by token %.9f", l,
+                          kvm_pattern_name(r), cb, ct);
+            ck_assert_msg(fabs(kb - kt) <= 1e-6 + 1e-4 * kt, "layer %d %s: KL batched %.9g, token by token %.9g", l,
+                          kvm_pattern_name(r), kb, kt);
+            ck_assert_msg(fabs(pb - pt) <= 1e-4, "layer %d %s: ppl delta batched %.9g, token by token %.9g", l,
+                          kvm_pattern_name(r), pb, pt);
+            max_dc = fmax(max_dc, fabs(cb - ct));
+            max_dk = fmax(max_dk, fabs(kb - kt));
+        }
+    printf("decode replay: max |cosine diff| %.3g, max |KL diff| %.3g\n", max_dc, max_dk);
+    /* the decode phase is measured, not copied: the policies evict while the continuation grows */
+    ck_assert(memcmp(b->kl + n2, b->kl, n2 * sizeof(double)) != 0);
+    ck_assert_int_eq(b->prefill_only, 0);
+    kvm_polykv_signals_free(&b);
+    kvm_polykv_signals_free(&t);
+    kvm_eval_doc_free(&d[0]);
+    kvm_eval_doc_free(&d[1]);
+}
+END_TEST
+
 /* Hand-made signals for 5 layers. */
 static kvm_polykv_signals *fake_signals(void)
 {
@@ -317,6 +361,7 @@ static Suite *polykv_suite(void)
         const TTest *fn;
         int model;
     } cases[] = {{"signals_exact_pattern", test_signals_exact_pattern, 1},
+                 {"decode_replay", test_decode_replay, 1},
                  {"strategy_build", test_strategy_build, 0},
                  {"codec", test_codec, 0},
                  {"head_split", test_head_split, 1},

@@ -104,10 +104,23 @@ void kvm_polykv_signals_free(kvm_polykv_signals **s); /* accepts NULL; sets *s =
  * errors. */
 int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_polykv_signals *s);
 
-/* The same with decode = 0: only the prefill phase is measured (its values are copied to the
- * decode phase, so strategies use each layer's prefill pattern in decode too, and
- * s->prefill_only = 1). Decode-phase runs go one token at a time while prefill-phase runs
- * are one batched call, so on large models this is many times faster. */
+/* How the decode-phase signals are measured. */
+typedef enum kvm_polykv_decode {
+    KVM_POLYKV_DECODE_NONE = 0,     /* not at all: the prefill phase's values are copied */
+    /* Replayed (the default): with only layer l compressed, the layers below it run on full
+     * KV, so layer l's queries, keys and values at each continuation step are the full-KV
+     * run's; the decode policy's evolution of layer l is replayed from them (one attention
+     * call per step, kvm_forward_attend), then one batched continuation with those outputs
+     * substituted at layer l gives the perplexity and KL. Equal to STEPWISE up to float
+     * rounding (batched vs one-token GEMMs below layer l), at the cost of a prefill-phase run. */
+    KVM_POLYKV_DECODE_BATCHED = 1,
+    KVM_POLYKV_DECODE_STEPWISE = 2, /* the whole model one token at a time (the reference) */
+} kvm_polykv_decode;
+
+/* The same with a decode-phase mode (kvm_polykv_decode): KVM_POLYKV_DECODE_NONE measures only
+ * the prefill phase (its values are copied to the decode phase, so strategies use each
+ * layer's prefill pattern in decode too, and s->prefill_only = 1); BATCHED (what
+ * kvm_polykv_calibrate uses) and STEPWISE measure both. Also KVM_EINVAL for another mode. */
 int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B, int decode, kvm_polykv_signals *s);
 
 /* The sculpt signals (our extension of PolyKV's design space): per document, every layer is
