@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define CMD "calibrate"
 
@@ -20,7 +22,7 @@ typedef struct calib_args {
     int sel, alloc;  /* −1: every candidate */
     int64_t refine;  /* refinement rounds (0 = none) */
     int64_t windows; /* context+continuation windows per document */
-    const char *out, *dump;
+    const char *out, *dump, *cand; /* --out, --dump-signals, --dump-candidates */
     int sculpt;            /* 1: KVSculpt is in the design space */
     int decode;            /* kvm_polykv_decode: how the decode-phase signals are measured */
     kvm_sculpt_opts so;    /* its options */
@@ -58,6 +60,7 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
             for (int l = 0; l < m->cfg.n_layers; l++) printf(" %.4f", sig->sculpt_cosine[l]);
         }
         kvm_polykv_score_sculpt_opts(a->sculpt ? &a->so : NULL);
+        kvm_polykv_build_dump_dir(a->cand);
         printf("\ncandidates on %d calibration documents (%d windows) at B = %lld, b_min = %lld:\n", ds->n, nd,
                (long long)a->B, (long long)a->b_min);
         if (kvm_polykv_build_best(docs, nd, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine, stdout, &best)) {
@@ -113,6 +116,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... with the names of kvmill sculpt "
                            "--help and the [compress] keys (e.g. iterations=10,alloc=head)", NULL},
         {"out", 1, "write the strategy's canonical encoding to this file", NULL},
+        {"dump-candidates", 1, "also write every candidate strategy the builder scores to this existing folder, as "
+                               "NAME.bin (e.g. cosine_ppl_heads.bin), for held-out comparisons", NULL},
         {"device", 1, "cpu or cuda:N: the KVSculpt solver's device for --sculpt layers; the prefill and the signals "
                       "run on the CPU (default cpu)", NULL},
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and KVSculpt's solver threads (default 1; --sculpt-opts "
@@ -127,6 +132,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .windows = 1,
                     .out = kvm_cli_get(opts, "out"),
                     .dump = kvm_cli_get(opts, "dump-signals"),
+                    .cand = kvm_cli_get(opts, "dump-candidates"),
                     .sculpt = kvm_cli_get(opts, "sculpt") != NULL,
                     .decode = KVM_POLYKV_DECODE_BATCHED,
                     .so = kvm_sculpt_opts_default()};
@@ -136,6 +142,11 @@ int kvm_cmd_calibrate(int argc, char **argv)
         return 2;
     }
     if (kvm_cli_check_out(CMD, "out", a.out) || kvm_cli_check_out(CMD, "dump-signals", a.dump)) return 2;
+    struct stat sb;
+    if (a.cand && (stat(a.cand, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(a.cand, W_OK) != 0)) {
+        fprintf(stderr, "kvmill " CMD ": --dump-candidates %s: not a writable folder\n", a.cand);
+        return 2;
+    }
     if (kvm_cli_int(CMD, "budget", kvm_cli_get(opts, "budget"), 1, INT32_MAX, &a.B)) return 2;
     a.b_min = a.B / 4 > 1 ? a.B / 4 : 1;
     if ((s = kvm_cli_get(opts, "bmin")) && kvm_cli_int(CMD, "bmin", s, 1, INT32_MAX, &a.b_min)) return 2;

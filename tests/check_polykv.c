@@ -123,6 +123,52 @@ START_TEST(test_decode_replay)
 }
 END_TEST
 
+/* The builder's noise rule on constructed per-document KLs: the critical value follows the
+ * document count (Student's t, one-sided 0.10), so SmolLM2's 5-document case (t = 1.94,
+ * which the old fixed t ≥ 2 set aside) keeps the mix, a weaker one does not, and the same
+ * weaker effect over 20 documents does. */
+START_TEST(test_mix_rule)
+{
+    static const double exact[] = {3.078, 1.886, 1.638, 1.533, 1.476, 1.440, 1.415, 1.397, 1.383, 1.372};
+    for (int nu = 1; nu <= 10; nu++)
+        ck_assert_msg(fabs(kvm_polykv_t_crit(nu) - exact[nu - 1]) <= (nu == 1 ? 0.13 : 0.01), "nu %d: %.4f vs %.3f",
+                      nu, kvm_polykv_t_crit(nu), exact[nu - 1]);
+    ck_assert(fabs(kvm_polykv_t_crit(19) - 1.328) <= 0.002 && fabs(kvm_polykv_t_crit(100000) - 1.2816) < 1e-4);
+    ck_assert(isinf(kvm_polykv_t_crit(0)));
+    /* single − mix = 0.01·(1 + k·e[i]): mean 0.01, spread k·sd(e)·0.01 */
+    double single[20], mix[20], t;
+    const double e5[5] = {-1.2, -0.6, 0.0, 0.6, 1.2}; /* sd 0.9487: factor k gives t = 2.357 / k */
+    for (int i = 0; i < 5; i++) {
+        single[i] = 0.06;
+        mix[i] = 0.06 - 0.01 * (1 + 1.1535 * e5[i]); /* t = 2.04 */
+    }
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 1);
+    ck_assert_msg(t > 1.94 && t < 2.1, "t %.3f", t);
+    for (int i = 0; i < 5; i++)
+        mix[i] = 0.06 - 0.01 * (1 + 1.25 * e5[i]); /* t = 1.886: below 2, above 1.533: kept */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 1);
+    ck_assert_msg(t < 2.0, "t %.3f", t);
+    for (int i = 0; i < 5; i++)
+        mix[i] = 0.06 - 0.01 * (1 + 1.7 * e5[i]); /* t = 1.387 < 1.533: set aside */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 0);
+    for (int i = 0; i < 20; i++) { /* 20 documents: t = 1.45, below 5 documents' 1.533, above 1.328 */
+        single[i] = 0.06;
+        mix[i] = 0.06 - 0.01 * (1 + 3.54 * e5[i % 5]);
+    }
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 20, &t), 1);
+    ck_assert_msg(t > 1.328 && t < 1.533, "t %.3f", t);
+    for (int i = 0; i < 5; i++)
+        mix[i] = single[i]; /* ties never keep a mix, nor does a single document */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 0);
+    ck_assert(t == 0.0);
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, (double[]){0.01}, 1, &t), 0);
+    for (int i = 0; i < 5; i++)
+        mix[i] = single[i] - 0.001; /* equal positive differences: t = +inf */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 1);
+    ck_assert(isinf(t));
+}
+END_TEST
+
 /* Hand-made signals for 5 layers. */
 static kvm_polykv_signals *fake_signals(void)
 {
@@ -334,12 +380,25 @@ START_TEST(test_cli)
     expect_calib("--budget 8 --alloc bogus --out /tmp/x", 2, "unknown allocation mode 'bogus'");
     expect_calib("--budget 8", 2, "--out are required");
     expect_calib("--budget 8 --phases decode --out /tmp/x", 2, "--phases 'decode' is not both or prefill");
+    expect_calib("--budget 8 --dump-candidates /nonexistent/dir --out /tmp/x", 2,
+                 "--dump-candidates /nonexistent/dir: not a writable folder");
     char *dir = kvm_test_tmpdir(), args[1024], path[512];
     snprintf(path, sizeof path, "%s/s.bin", dir);
     snprintf(args, sizeof args,
-             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s --dump-signals %s/sig.csv", path, dir);
+             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s --dump-signals %s/sig.csv "
+             "--dump-candidates %s",
+             path, dir, dir);
     expect_calib(args, 0, NULL);
     kvm_strategy *st;
+    char cand[600]; /* every candidate is written: two of them, decoded */
+    snprintf(cand, sizeof cand, "%s/h2o_uniform.bin", dir);
+    ck_assert_int_eq(kvm_strategy_read(cand, &st), 0);
+    ck_assert_int_eq(st->layers[0].pattern[0], KVM_PATTERN_H2O);
+    kvm_strategy_free(&st);
+    snprintf(cand, sizeof cand, "%s/cosine_ppl_heads.bin", dir);
+    ck_assert_int_eq(kvm_strategy_read(cand, &st), 0);
+    ck_assert_int_eq(st->head_split, 1);
+    kvm_strategy_free(&st);
     ck_assert_int_eq(kvm_strategy_read(path, &st), 0);
     int64_t sum = 0;
     for (int l = 0; l < st->n_layers; l++) {
@@ -363,6 +422,7 @@ static Suite *polykv_suite(void)
     } cases[] = {{"signals_exact_pattern", test_signals_exact_pattern, 1},
                  {"decode_replay", test_decode_replay, 1},
                  {"strategy_build", test_strategy_build, 0},
+                 {"mix_rule", test_mix_rule, 0},
                  {"codec", test_codec, 0},
                  {"head_split", test_head_split, 1},
                  {"cli", test_cli, 0}};
