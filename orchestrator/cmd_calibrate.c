@@ -24,6 +24,7 @@ typedef struct calib_args {
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump, *cand; /* --out, --dump-signals, --dump-candidates */
     int sculpt;            /* 1: KVSculpt is in the design space */
+    int kvzip;             /* 1: KVzip scoring is in the design space (a pattern of its own) */
     int decode;            /* kvm_polykv_decode: how the decode-phase signals are measured */
     kvm_sculpt_opts so;    /* its options */
 } calib_args;
@@ -40,7 +41,8 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         rc = cmd_eval_docs_load(CMD, m, k, tok, NULL, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
                                 (int)a->windows, &docs[i]);
     if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig) ||
-                (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)))) {
+                (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)) ||
+                (a->kvzip && kvm_polykv_calibrate_kvzip(docs, nd, a->B, &a->so, sig)))) {
         fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
         rc = 1;
     }
@@ -59,7 +61,11 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
             printf("\nsculpt cosine per layer:");
             for (int l = 0; l < m->cfg.n_layers; l++) printf(" %.4f", sig->sculpt_cosine[l]);
         }
-        kvm_polykv_score_sculpt_opts(a->sculpt ? &a->so : NULL);
+        if (sig->has_kvzip) {
+            printf("\nkvzip cosine per layer:");
+            for (int l = 0; l < m->cfg.n_layers; l++) printf(" %.4f", sig->kvzip_cosine[l]);
+        }
+        kvm_polykv_score_sculpt_opts(a->sculpt || a->kvzip ? &a->so : NULL);
         kvm_polykv_build_dump_dir(a->cand);
         printf("\ncandidates on %d calibration documents (%d windows) at B = %lld, b_min = %lld:\n", ds->n, nd,
                (long long)a->B, (long long)a->b_min);
@@ -113,8 +119,11 @@ int kvm_cmd_calibrate(int argc, char **argv)
                       "prefill (decode patterns = prefill patterns; about half the time)", NULL},
         {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
                       "layer may be routed to it)", NULL},
-        {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... with the names of kvmill sculpt "
-                           "--help and the [compress] keys (e.g. iterations=10,alloc=head)", NULL},
+        {"kvzip", 0, "add KVzip scoring (each entry's largest attention from the reconstruction queries, top "
+                     "entries kept) to the per-layer design space as a pattern of its own", NULL},
+        {"sculpt-opts", 1, "KVSculpt settings for those layers (and the kvzip layers' retain, queries, query_source), "
+                           "name=value,... with the names of kvmill sculpt --help and the [compress] keys (e.g. "
+                           "iterations=10,alloc=head)", NULL},
         {"out", 1, "write the strategy's canonical encoding to this file", NULL},
         {"dump-candidates", 1, "also write every candidate strategy the builder scores to this existing folder, as "
                                "NAME.bin (e.g. cosine_ppl_heads.bin), for held-out comparisons", NULL},
@@ -134,6 +143,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .dump = kvm_cli_get(opts, "dump-signals"),
                     .cand = kvm_cli_get(opts, "dump-candidates"),
                     .sculpt = kvm_cli_get(opts, "sculpt") != NULL,
+                    .kvzip = kvm_cli_get(opts, "kvzip") != NULL,
                     .decode = KVM_POLYKV_DECODE_BATCHED,
                     .so = kvm_sculpt_opts_default()};
     const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
@@ -193,8 +203,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
         return 2;
     }
     if ((s = kvm_cli_get(opts, "sculpt-opts"))) {
-        if (!a.sculpt) {
-            fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt\n");
+        if (!a.sculpt && !a.kvzip) {
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt or --kvzip\n");
             return 2;
         }
         if (kvm_sculpt_opts_parse(&a.so, s)) {

@@ -61,6 +61,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
          (st->device && (rc = kvm_sculpt_opts_set(&so, "device", st->device))) ||
          (rc = kvm_polykv_calibrate_sculpt(&doc, 1, B, &so, sig))))
         goto done;
+    /* kvzip layers are KVzip scoring whatever [compress] method says (the pattern sets the mode) */
+    if (kvm_config_bool(cfg, "calibrate", "kvzip") &&
+        ((rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_KVZIP, &so)) || (rc = kvm_polykv_calibrate_kvzip(&doc, 1, B, &so, sig))))
+        goto done;
     double t0 = kvm_now_ms();
     if ((rc = kvm_calib_encode(sig, j.job_id, j.n_tokens, &out->data[out->n_data]))) goto done;
     out->n_data++;

@@ -78,6 +78,10 @@ typedef struct kvm_polykv_signals {
     double *sculpt_cosine; /* [L] the same signals with layer l distilled by KVSculpt at B (prefill */
     double *sculpt_ppl;    /* [L] phase; in decode a sculpt layer appends unchanged, so the decode */
     double *sculpt_kl;     /* [L] phase's values are the same run) */
+    int has_kvzip;         /* 1 when the kvzip signals below were measured */
+    double *kvzip_cosine;  /* [L] the same signals with layer l compressed by KVzip scoring at B */
+    double *kvzip_ppl;     /* [L] (KVM_PATTERN_KVZIP; prefill phase, as for sculpt) */
+    double *kvzip_kl;      /* [L] */
 } kvm_polykv_signals;
 
 /* Names: "cosine"/"ppl"/"single"/"search", "uniform"/"entropy"/"ppl"/"pyramid"/"search".
@@ -133,16 +137,24 @@ int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B
 int kvm_polykv_calibrate_sculpt(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
                                 kvm_polykv_signals *s);
 
+/* The kvzip signals: the same as kvm_polykv_calibrate_sculpt with o->mode forced to
+ * KVM_SCULPT_KVZIP (KVzip-style scoring, arXiv 2505.23416, compress/sculpt/sculpt_kvzip.c; o's
+ * query_source gives the reconstruction queries), into s->kvzip_* and s->has_kvzip. Same
+ * errors. */
+int kvm_polykv_calibrate_kvzip(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
+                               kvm_polykv_signals *s);
+
 /* Writes every signal as CSV: header
- * "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl" (sculpt rows too when
- * measured; worst_ppl is over the eviction patterns). Returns 0 or KVM_EIO. */
+ * "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl" (sculpt and kvzip rows too
+ * when measured; worst_ppl is over the eviction patterns). Returns 0 or KVM_EIO. */
 int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
 
 /* Builds a strategy from signals: per (layer, phase) the pattern with the best preference
  * score (select COSINE: highest cosine; PPL: lowest ppl_delta; ties to the earlier pattern;
  * PyramidKV is not a per-layer choice since its selection is SnapKV's and its budgets are
- * the strategy's; sculpt is a choice when s->has_sculpt, decided on the prefill signals, and
- * a sculpt layer is sculpt in both phases; SINGLE: `single` everywhere, sculpt included), and budgets by alloc with weights
+ * the strategy's; sculpt and kvzip are choices when s->has_sculpt / s->has_kvzip, decided on
+ * the prefill signals, and such a layer is sculpt / kvzip in both phases; SINGLE: `single`
+ * everywhere, sculpt and kvzip included), and budgets by alloc with weights
  * signal^power: ENTROPY the layer entropy, PPL the prefill worst_ppl (clamped to ≥ 1e-6),
  * UNIFORM equal, PYRAMID the PyramidKV schedule; each ≥ b_min, summing to exactly L·B
  * (kvm_evict_apportion). Deterministic. *out owned by the caller. Returns 0, KVM_EINVAL
@@ -182,8 +194,8 @@ int kvm_polykv_head_split(const kvm_model_config *c, const kvm_capture *cap, int
  *   0  "KVST"  magic (4 bytes)          4  u16 version = 1      6  u16 L (≥ 1)
  *   8  u32 B (≥ 1)                      12 u32 b_min (≤ B)      16 u8 select  17 u8 alloc
  *   18 u8 head_split (0..2)  19 u8 reserved = 0                 20 u32 round(alloc_power·1000)
- *   24 + 8·l: u8 prefill pattern, u8 decode pattern (kvm_pattern: eviction 0-4, or sculpt = 5 in
- *             both), u16 reserved = 0, u32 budget
+ *   24 + 8·l: u8 prefill pattern, u8 decode pattern (kvm_pattern: eviction 0-4, or sculpt = 5 or
+ *             kvzip = 6 in both), u16 reserved = 0, u32 budget
  * Total 24 + 8·L bytes. *buf malloc'ed, owned by the caller. Returns 0, KVM_EINVAL (a
  * field out of range), KVM_ENOMEM. */
 int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len);
@@ -221,7 +233,7 @@ void kvm_polykv_build_dump_dir(const char *dir);
  * (lowest mean KL; ties keep the earlier candidate) in *out (caller owns). Candidates:
  * every heterogeneous strategy (select cosine|ppl × alloc uniform|entropy|ppl) and every
  * single pattern under every allocation mode (uniform, entropy, ppl; PyramidKV under its
- * own schedule; sculpt too when sig->has_sculpt), each with head_split 0 (equal KV heads) and 1 (entropy within layers), and
+ * own schedule; sculpt and kvzip too when sig->has_sculpt / has_kvzip), each with head_split 0 (equal KV heads) and 1 (entropy within layers), and
  * with uniform allocation also head_split 2 (entropy over all heads). sel_only / alloc_only
  * (≥ 0) restrict the candidates to one mode; −1 for all. The lowest mean KL wins, except
  * that a heterogeneous winner must beat the best single-pattern candidate beyond noise

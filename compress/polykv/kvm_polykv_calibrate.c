@@ -265,9 +265,10 @@ int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B
     return 0;
 }
 
-/* One document's sculpt signals: every layer distilled once at B, then one continuation per
- * layer with only that layer distilled. */
-static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_polykv_signals *s)
+/* One document's distilled-layer signals (sculpt or kvzip, by o->mode): every layer
+ * distilled once at B, then one continuation per layer with only that layer distilled;
+ * adds into cos[L], ppl[L], kl[L]. */
+static int distilled_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, double *cos, double *ppl, double *kl)
 {
     const kvm_compress_input *in = kvm_eval_doc_input(d);
     const kvm_model_config *c = &in->model->cfg;
@@ -283,7 +284,7 @@ static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_
     for (int l = 0; !rc && l < L; l++) {
         rc = kvm_kvcache_clone(in->full, &mix);
         if (!rc) rc = kvm_kvcache_copy_layer(mix, sc, l);
-        if (!rc) rc = probe_run(d, mix, NULL, l, &ref, &pr, &s->sculpt_cosine[l], &s->sculpt_ppl[l], &s->sculpt_kl[l]);
+        if (!rc) rc = probe_run(d, mix, NULL, l, &ref, &pr, &cos[l], &ppl[l], &kl[l]);
         kvm_kvcache_free(&mix);
     }
     kvm_kvcache_free(&sc);
@@ -292,30 +293,49 @@ static int sculpt_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, kvm_
     return rc;
 }
 
-int kvm_polykv_calibrate_sculpt(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
-                                kvm_polykv_signals *s)
+/* Means of distilled_doc over the documents into cos, ppl, kl (zeroed first). */
+static int distilled_signals(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
+                             const kvm_polykv_signals *s, const char *what, double *cos, double *ppl, double *kl)
 {
     if (B < 1 || n_docs < 1)
-        return kvm_err(KVM_EINVAL, "calibrate sculpt: budget %lld, %d documents", (long long)B, n_docs);
+        return kvm_err(KVM_EINVAL, "calibrate %s: budget %lld, %d documents", what, (long long)B, n_docs);
     const int L = s->n_layers;
     if (kvm_eval_doc_input(docs[0])->model->cfg.n_layers != L)
-        return kvm_err(KVM_EINVAL, "calibrate sculpt: signals for %d layers, model has %d", L,
+        return kvm_err(KVM_EINVAL, "calibrate %s: signals for %d layers, model has %d", what, L,
                        kvm_eval_doc_input(docs[0])->model->cfg.n_layers);
-    memset(s->sculpt_cosine, 0, (size_t)L * sizeof(double));
-    memset(s->sculpt_ppl, 0, (size_t)L * sizeof(double));
-    memset(s->sculpt_kl, 0, (size_t)L * sizeof(double));
-    s->has_sculpt = 0;
+    memset(cos, 0, (size_t)L * sizeof(double));
+    memset(ppl, 0, (size_t)L * sizeof(double));
+    memset(kl, 0, (size_t)L * sizeof(double));
     for (int i = 0; i < n_docs; i++) {
-        int rc = sculpt_doc(docs[i], B, o, s);
+        int rc = distilled_doc(docs[i], B, o, cos, ppl, kl);
         if (rc) return rc;
     }
     for (int l = 0; l < L; l++) {
-        s->sculpt_cosine[l] /= n_docs;
-        s->sculpt_ppl[l] /= n_docs;
-        s->sculpt_kl[l] /= n_docs;
+        cos[l] /= n_docs;
+        ppl[l] /= n_docs;
+        kl[l] /= n_docs;
     }
-    s->has_sculpt = 1;
     return 0;
+}
+
+int kvm_polykv_calibrate_sculpt(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
+                                kvm_polykv_signals *s)
+{
+    s->has_sculpt = 0;
+    int rc = distilled_signals(docs, n_docs, B, o, s, "sculpt", s->sculpt_cosine, s->sculpt_ppl, s->sculpt_kl);
+    s->has_sculpt = rc == 0;
+    return rc;
+}
+
+int kvm_polykv_calibrate_kvzip(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
+                               kvm_polykv_signals *s)
+{
+    kvm_sculpt_opts k = *o;
+    k.mode = KVM_SCULPT_KVZIP;
+    s->has_kvzip = 0;
+    int rc = distilled_signals(docs, n_docs, B, &k, s, "kvzip", s->kvzip_cosine, s->kvzip_ppl, s->kvzip_kl);
+    s->has_kvzip = rc == 0;
+    return rc;
 }
 
 int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
@@ -335,11 +355,18 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
                         kvm_pattern_name((kvm_pattern)r), (long long)(r == KVM_PATTERN_PYRAMIDKV ? pyr[l] : s->budget),
                         s->cosine[i], s->ppl_delta[i], s->kl[i], s->entropy[l], s->worst_ppl[ph * L + l]);
             }
-    for (int ph = 0; s->has_sculpt && ph < (s->prefill_only ? 1 : KVM_POLYKV_PHASES); ph++)
-        for (int l = 0; l < L; l++)
-            fprintf(f, "%s,%d,sculpt,%lld,%.9g,%.9g,%.9g,%.9g,%.9g\n", ph ? "decode" : "prefill", l,
-                    (long long)s->budget, s->sculpt_cosine[l], s->sculpt_ppl[l], s->sculpt_kl[l], s->entropy[l],
-                    s->worst_ppl[ph * L + l]);
+    const struct {
+        int on;
+        const char *name;
+        const double *c, *p, *k;
+    } dist[] = {{s->has_sculpt, "sculpt", s->sculpt_cosine, s->sculpt_ppl, s->sculpt_kl},
+                {s->has_kvzip, "kvzip", s->kvzip_cosine, s->kvzip_ppl, s->kvzip_kl}};
+    for (size_t i = 0; i < sizeof dist / sizeof dist[0]; i++)
+        for (int ph = 0; dist[i].on && ph < (s->prefill_only ? 1 : KVM_POLYKV_PHASES); ph++)
+            for (int l = 0; l < L; l++)
+                fprintf(f, "%s,%d,%s,%lld,%.9g,%.9g,%.9g,%.9g,%.9g\n", ph ? "decode" : "prefill", l, dist[i].name,
+                        (long long)s->budget, dist[i].c[l], dist[i].p[l], dist[i].k[l], s->entropy[l],
+                        s->worst_ppl[ph * L + l]);
     free(pyr);
     return ferror(f) ? kvm_err(KVM_EIO, "signals: write failed") : 0;
 }

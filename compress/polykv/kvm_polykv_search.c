@@ -115,9 +115,11 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     if (table) fprintf(table, "%-28s %12s  %s\n", "candidate", "kl_mean", "layers (prefill pattern:budget)");
     for (int sel = 0; !rc && sel < KVM_POLYKV_SELECT_SEARCH; sel++) {
         if (sel_only >= 0 && sel != sel_only) continue;
-        int n_single = sel != KVM_POLYKV_SELECT_SINGLE ? 1 : sig->has_sculpt ? KVM_PATTERN_STRATEGY_COUNT : KVM_PATTERN_COUNT;
+        int n_single = sel != KVM_POLYKV_SELECT_SINGLE ? 1 : KVM_PATTERN_STRATEGY_COUNT;
         for (int pat = 0; !rc && pat < n_single; pat++)
             for (int al = 0; !rc && al < KVM_POLYKV_ALLOC_SEARCH; al++) {
+                if ((pat == KVM_PATTERN_SCULPT && !sig->has_sculpt) || (pat == KVM_PATTERN_KVZIP && !sig->has_kvzip))
+                    continue; /* distilled patterns only when their signals were measured */
                 if (alloc_only >= 0 && al != alloc_only) continue;
                 /* PyramidKV is SnapKV's selection under the pyramid schedule: only that pairing. */
                 int pyr = sel == KVM_POLYKV_SELECT_SINGLE && pat == KVM_PATTERN_PYRAMIDKV;
