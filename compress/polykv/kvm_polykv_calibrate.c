@@ -102,17 +102,18 @@ static void probes_free(probe *ref, probe *pr)
     free(pr->out);
 }
 
-/* Runs the continuation over cache cc (with decode policy pol, may be NULL) recording layer l,
- * and adds the layer's mean cosine against ref, the perplexity change and the KL to *cos,
- * *ppl, *kl. */
-static int probe_run(kvm_eval_doc *d, const kvm_kvcache *cc, kvm_decode_policy *pol, int l, const probe *ref,
-                     probe *pr, double *cos, double *ppl, double *kl)
+/* Runs the continuation over cache cc (with decode policy pol, may be NULL) recording layer l
+ * (inject = 1: substituting pr->out's rows for the layer's outputs instead), and adds the
+ * layer's mean cosine against ref, the perplexity change and the KL to *cos, *ppl, *kl. */
+static int probe_run(kvm_eval_doc *d, const kvm_kvcache *cc, kvm_decode_policy *pol, int l, int inject,
+                     const probe *ref, probe *pr, double *cos, double *ppl, double *kl)
 {
     pr->layer = l;
-    pr->inject = 0;
+    pr->inject = inject;
     kvm_hooks h = {.user = pr, .post_attn = probe_post};
     kvm_eval_result res;
     int rc = kvm_eval_continue(d, cc, pol, &h, &res);
+    pr->inject = 0;
     if (rc) return rc;
     const int64_t row = (int64_t)pr->n_heads * pr->head_dim;
     double cs = 0;
@@ -129,7 +130,7 @@ static int probe_run(kvm_eval_doc *d, const kvm_kvcache *cc, kvm_decode_policy *
  * that token (ref->k, ref->v) to a cache holding only layer l and attends with its query
  * (ref->q), the policy's hooks evicting exactly as in the decode, and the outputs go to
  * pr->out. Then one batched continuation over cc with those outputs substituted at layer l
- * (pr->inject) scores the run as probe_run does. */
+ * scores the run (probe_run with inject). */
 static int replay_run(kvm_eval_doc *d, const kvm_kvcache *cc, kvm_decode_policy *pol, int l, const probe *ref,
                       probe *pr, double *cos, double *ppl, double *kl)
 {
@@ -148,21 +149,7 @@ static int replay_run(kvm_eval_doc *d, const kvm_kvcache *cc, kvm_decode_policy 
     }
     kvm_forward_clear_hooks(f);
     kvm_kvcache_free(&one);
-    if (rc) return rc;
-    pr->layer = l;
-    pr->inject = 1;
-    kvm_hooks h = {.user = pr, .post_attn = probe_post};
-    kvm_eval_result res;
-    rc = kvm_eval_continue(d, cc, NULL, &h, &res);
-    pr->inject = 0;
-    if (rc) return rc;
-    double cs = 0;
-    for (int64_t st = 0; st < pr->steps; st++)
-        cs += cosine(ref->out + ((int64_t)l * ref->steps + st) * row, pr->out + st * row, row);
-    *cos += pr->steps ? cs / (double)pr->steps : 1.0;
-    *ppl += res.ppl_compressed - res.ppl_full;
-    *kl += res.kl_mean;
-    return 0;
+    return rc ? rc : probe_run(d, cc, NULL, l, 1, ref, pr, cos, ppl, kl);
 }
 
 /* One (phase, layer, pattern) run on one document; adds its signals into s. The decode phase
@@ -186,7 +173,7 @@ static int one_run(kvm_eval_doc *d, int ph, int l, kvm_pattern r, int64_t b, con
     if (!rc && pol && ref->q)
         rc = replay_run(d, cc, pol, l, ref, pr, &s->cosine[i], &s->ppl_delta[i], &s->kl[i]);
     else if (!rc)
-        rc = probe_run(d, cc, pol, l, ref, pr, &s->cosine[i], &s->ppl_delta[i], &s->kl[i]);
+        rc = probe_run(d, cc, pol, l, 0, ref, pr, &s->cosine[i], &s->ppl_delta[i], &s->kl[i]);
     kvm_decode_policy_free(&pol);
     kvm_kvcache_free(&cc);
     kvm_evict_plan_free(&plan);
@@ -284,7 +271,7 @@ static int distilled_doc(kvm_eval_doc *d, int64_t B, const kvm_sculpt_opts *o, d
     for (int l = 0; !rc && l < L; l++) {
         rc = kvm_kvcache_clone(in->full, &mix);
         if (!rc) rc = kvm_kvcache_copy_layer(mix, sc, l);
-        if (!rc) rc = probe_run(d, mix, NULL, l, &ref, &pr, &cos[l], &ppl[l], &kl[l]);
+        if (!rc) rc = probe_run(d, mix, NULL, l, 0, &ref, &pr, &cos[l], &ppl[l], &kl[l]);
         kvm_kvcache_free(&mix);
     }
     kvm_kvcache_free(&sc);
