@@ -12,7 +12,8 @@
 # MODEL, DOCS (stories260K, long/), CTX, CONT (384, 64), CAL_CONT (calibration continuation,
 # CONT), WINDOWS (calibration windows per document, 4), PHASES (evaluation phases, prefill),
 # CAL_PHASES (calibration signals, both), BUDGETS ("32 64 128"), THREADS (1), CANDIDATES
-# (builder candidates to evaluate too, by their --dump-candidates file name without .bin).
+# (builder candidates to evaluate too, by their --dump-candidates file name without .bin),
+# CAL_FLAGS (more calibrate flags, e.g. "--kvzip").
 # Resumable: a budget whose strategy or evaluation CSV exists is not run again.
 set -euo pipefail
 KVMILL=${KVMILL:-bin/kvmill}
@@ -29,6 +30,7 @@ CONT=${CONT:-64}
 CAL_CONT=${CAL_CONT:-$CONT}
 THREADS=${THREADS:-1}
 CANDIDATES=${CANDIDATES:-}
+CAL_FLAGS=${CAL_FLAGS:-}
 mkdir -p "$OUT"
 list() { local first=$1 last=$2 s="" i; for ((i = first; i <= last; i++)); do s+="${s:+,}$DOCS/$(printf 'doc_%03d.txt' "$i")"; done; echo "$s"; }
 CAL=$(list 0 4)
@@ -39,7 +41,7 @@ for B in $BUDGETS; do
     [ -s "$OUT/polykv_B$B.bin" ] || /usr/bin/time -f "calibrate B=$B: %e s wall, %U s user" nice "$KVMILL" calibrate \
         --model "$MODEL" --docs "$CAL" --budget "$B" --context "$CTX" --continuation "$CAL_CONT" --windows "$WINDOWS" \
         --phases "$CAL_PHASES" --threads "$THREADS" --out "$OUT/polykv_B$B.bin" --dump-signals "$OUT/signals_B$B.csv" \
-        --dump-candidates "$OUT/cand_B$B" >"$OUT/calibrate_B$B.log"
+        --dump-candidates "$OUT/cand_B$B" $CAL_FLAGS >"$OUT/calibrate_B$B.log"
     extra=""
     for c in $CANDIDATES; do extra+=",polykv:$OUT/cand_B$B/$c.bin"; done
     [ -s "$OUT/eval_${PHASES}_B$B.csv" ] || nice "$KVMILL" eval --model "$MODEL" --docs "$EVAL" --budget "$B" \

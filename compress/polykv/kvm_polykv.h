@@ -127,6 +127,15 @@ typedef enum kvm_polykv_decode {
  * kvm_polykv_calibrate uses) and STEPWISE measure both. Also KVM_EINVAL for another mode. */
 int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B, int decode, kvm_polykv_signals *s);
 
+/* One calibration run on document d: only `layer` compressed with eviction pattern r at budget
+ * b in `phase` (prefill, or decode with mode KVM_POLYKV_DECODE_BATCHED or _STEPWISE), its
+ * cosine, perplexity delta and KL as kvm_polykv_calibrate_phases measures them (including the
+ * full-KV reference continuation it compares with, run here each call). For benchmarks
+ * (bench/bench_polykv_decode.c) and tests. Returns 0, KVM_EINVAL (phase, layer, pattern,
+ * budget or mode out of range), KVM_ENOMEM, forward errors. */
+int kvm_polykv_signal_run(kvm_eval_doc *d, int phase, int layer, kvm_pattern r, int64_t b, int decode, double *cos,
+                          double *ppl, double *kl);
+
 /* The sculpt signals (our extension of PolyKV's design space): per document, every layer is
  * distilled by KVSculpt at budget B (kvm_sculpt_compress_layers with options o: retain zone
  * min(o->retain_tokens, B/2), the rest distilled), then for each layer l only that layer's

@@ -203,6 +203,30 @@ static int calibrate_doc(kvm_eval_doc *d, int64_t B, const int64_t *pyr, int dec
     return rc;
 }
 
+int kvm_polykv_signal_run(kvm_eval_doc *d, int phase, int layer, kvm_pattern r, int64_t b, int decode, double *cos,
+                          double *ppl, double *kl)
+{
+    const kvm_model_config *c = &kvm_eval_doc_input(d)->model->cfg;
+    if (phase < 0 || phase >= KVM_POLYKV_PHASES || layer < 0 || layer >= c->n_layers || (unsigned)r >= KVM_PATTERN_COUNT ||
+        b < 1 || (phase == KVM_PHASE_DECODE && decode != KVM_POLYKV_DECODE_BATCHED && decode != KVM_POLYKV_DECODE_STEPWISE))
+        return kvm_err(KVM_EINVAL, "calibrate: run of phase %d, layer %d, pattern %d, budget %lld, decode mode %d", phase,
+                       layer, (int)r, (long long)b, decode);
+    kvm_polykv_signals *s = NULL;
+    probe ref, pr;
+    int rc = probes_new(d, phase == KVM_PHASE_DECODE && decode == KVM_POLYKV_DECODE_BATCHED, &ref, &pr);
+    if (!rc) rc = kvm_polykv_signals_new(c->n_layers, &s);
+    if (!rc) rc = one_run(d, phase, layer, r, b, &ref, &pr, s);
+    if (!rc) {
+        size_t i = ((size_t)phase * c->n_layers + layer) * KVM_PATTERN_COUNT + r;
+        *cos = s->cosine[i];
+        *ppl = s->ppl_delta[i];
+        *kl = s->kl[i];
+    }
+    kvm_polykv_signals_free(&s);
+    probes_free(&ref, &pr);
+    return rc;
+}
+
 int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_polykv_signals *s)
 {
     return kvm_polykv_calibrate_phases(docs, n_docs, B, KVM_POLYKV_DECODE_BATCHED, s);
