@@ -116,6 +116,23 @@ START_TEST(test_decode_replay)
     /* the decode phase is measured, not copied: the policies evict while the continuation grows */
     ck_assert(memcmp(b->kl + n2, b->kl, n2 * sizeof(double)) != 0);
     ck_assert_int_eq(b->prefill_only, 0);
+    /* one run alone (kvm_polykv_signal_run) gives what the calibration of that document gives */
+    kvm_polykv_signals_free(&b);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &b), 0); /* calibration adds into the signals */
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 1, 16, KVM_POLYKV_DECODE_BATCHED, b), 0);
+    for (int ph = 0; ph < 2; ph++) {
+        double c1, p1, k1;
+        ck_assert_int_eq(kvm_polykv_signal_run(d[0], ph, 3, KVM_PATTERN_SNAPKV, 16, KVM_POLYKV_DECODE_BATCHED, &c1, &p1, &k1),
+                         0);
+        ck_assert(c1 == SIG(b->cosine, ph, 3, KVM_PATTERN_SNAPKV) && k1 == SIG(b->kl, ph, 3, KVM_PATTERN_SNAPKV));
+        ck_assert(p1 == SIG(b->ppl_delta, ph, 3, KVM_PATTERN_SNAPKV));
+    }
+    double c1, p1, k1;
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 1, 5, KVM_PATTERN_H2O, 16, 1, &c1, &p1, &k1), KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 1, 0, KVM_PATTERN_SCULPT, 16, 1, &c1, &p1, &k1), KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 1, 0, KVM_PATTERN_H2O, 16, KVM_POLYKV_DECODE_NONE, &c1, &p1, &k1),
+                     KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 0, 0, KVM_PATTERN_H2O, 0, 1, &c1, &p1, &k1), KVM_EINVAL);
     kvm_polykv_signals_free(&b);
     kvm_polykv_signals_free(&t);
     kvm_eval_doc_free(&d[0]);
