@@ -231,6 +231,26 @@ static int attend(kvm_forward *f, kvm_attn_site *site)
     return rc;
 }
 
+/* The attention step of layer l on this call's post-RoPE f->q, f->kk, f->vv at positions
+ * f->qpos[0..n): cache append, the cache_update and pre_attn hooks, the kernel and post_attn;
+ * the outputs are left in f->att. */
+static int attend_step(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n, kvm_phase phase)
+{
+    int rc;
+    if ((rc = append_kv(cache, l, f->kk, f->vv, f->qpos, n))) return rc;
+    kvm_attn_site site = {.layer = l, .phase = phase, .kernels = f->k, .n_q = n, .qpos = f->qpos, .q = f->q,
+                          .q_pre = f->want_q_pre ? f->q_pre : NULL, .k_new = f->kk, .v_new = f->vv,
+                          .cache = cache};
+    for (int i = 0; i < f->n_hooks; i++)
+        if (f->hooks[i].cache_update && (rc = f->hooks[i].cache_update(f->hooks[i].user, &site))) return rc;
+    for (int i = 0; i < f->n_hooks; i++)
+        if (f->hooks[i].pre_attn && (rc = f->hooks[i].pre_attn(f->hooks[i].user, &site))) return rc;
+    if (site.cache->n_layers != cache->n_layers || site.cache->n_kv_heads != cache->n_kv_heads ||
+        site.cache->head_dim != cache->head_dim)
+        return kvm_err(KVM_EINVAL, "forward: layer %d: a pre_attn hook substituted a cache of another shape", l);
+    return attend(f, &site);
+}
+
 /* y[i][:] += b for each of n rows of width w (a projection's bias). */
 static void add_bias(const kvm_kernels *k, float *y, const float *b, int64_t n, int64_t w)
 {
@@ -260,18 +280,7 @@ static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n,
     if (f->want_q_pre) memcpy(f->q_pre, f->q, (size_t)(n * qd) * sizeof(float));
     k->rope(f->q, n, qd, c->n_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
     k->rope(f->kk, n, kvd, c->n_kv_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
-    if ((rc = append_kv(cache, l, f->kk, f->vv, f->qpos, n))) return rc;
-    kvm_attn_site site = {.layer = l, .phase = phase, .kernels = k, .n_q = n, .qpos = f->qpos, .q = f->q,
-                          .q_pre = f->want_q_pre ? f->q_pre : NULL, .k_new = f->kk, .v_new = f->vv,
-                          .cache = cache};
-    for (int i = 0; i < f->n_hooks; i++)
-        if (f->hooks[i].cache_update && (rc = f->hooks[i].cache_update(f->hooks[i].user, &site))) return rc;
-    for (int i = 0; i < f->n_hooks; i++)
-        if (f->hooks[i].pre_attn && (rc = f->hooks[i].pre_attn(f->hooks[i].user, &site))) return rc;
-    if (site.cache->n_layers != cache->n_layers || site.cache->n_kv_heads != cache->n_kv_heads ||
-        site.cache->head_dim != cache->head_dim)
-        return kvm_err(KVM_EINVAL, "forward: layer %d: a pre_attn hook substituted a cache of another shape", l);
-    if ((rc = attend(f, &site))) return rc;
+    if ((rc = attend_step(f, cache, l, n, phase))) return rc;
     if ((rc = k->matmul(f->att, n, qd, pw->wo, f->xb, c->dim))) return rc;
     if (w->bo) add_bias(k, f->xb, w->bo, n, c->dim);
     k->add(f->x, f->xb, n * c->dim);
@@ -361,5 +370,30 @@ int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float 
     kvm_fpmode fm = kvm_fpmode_flush_enter();
     int rc = run(f, cache, &token, 1, logits, logits ? KVM_LOGITS_LAST : KVM_LOGITS_NONE, KVM_PHASE_DECODE);
     kvm_fpmode_restore(fm);
+    return rc;
+}
+
+int kvm_forward_attend(kvm_forward *f, kvm_kvcache *cache, int layer, kvm_phase phase, const float *q,
+                       const float *k_new, const float *v_new, const int32_t *qpos, int64_t n, float *out)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    if (layer < 0 || layer >= c->n_layers || n < 1 || n > f->max_batch)
+        return kvm_err(KVM_EINVAL, "forward: attend: layer %d of %d, %lld queries (1..%lld)", layer, c->n_layers,
+                       (long long)n, (long long)f->max_batch);
+    if (cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads || cache->head_dim != c->head_dim)
+        return kvm_err(KVM_EINVAL, "forward: attend: cache shape %dx%dx%d is not the model's %dx%dx%d",
+                       cache->n_layers, cache->n_kv_heads, cache->head_dim, c->n_layers, c->n_kv_heads, c->head_dim);
+    if (f->want_q_pre)
+        return kvm_err(KVM_EINVAL, "forward: attend: a hook asks for pre-RoPE queries, which a replayed step lacks");
+    /* the forward's scratch is host memory (kvm_forward_new accepts the CPU backend only) */
+    memcpy(f->q, q, (size_t)(n * qd) * sizeof *q);
+    memcpy(f->kk, k_new, (size_t)(n * kvd) * sizeof *k_new);
+    memcpy(f->vv, v_new, (size_t)(n * kvd) * sizeof *v_new);
+    memcpy(f->qpos, qpos, (size_t)n * sizeof *qpos);
+    kvm_fpmode fm = kvm_fpmode_flush_enter();
+    int rc = attend_step(f, cache, layer, n, phase);
+    kvm_fpmode_restore(fm);
+    if (!rc) memcpy(out, f->att, (size_t)(n * qd) * sizeof *out);
     return rc;
 }

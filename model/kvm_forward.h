@@ -57,7 +57,9 @@ typedef struct kvm_hooks {
     int (*cache_update)(void *user, kvm_attn_site *site);
     /* Before the attention kernel; may rewrite the cache or set site->cache to another. */
     int (*pre_attn)(void *user, kvm_attn_site *site);
-    /* After the kernel, once per layer, with every head's outputs and statistics. */
+    /* After the kernel, once per layer, with every head's outputs and statistics. It may
+     * overwrite rows of site->attn->out (backend memory, through site->kernels->upload): the
+     * output projection reads them afterwards. */
     int (*post_attn)(void *user, const kvm_attn_site *site);
 } kvm_hooks;
 
@@ -99,6 +101,20 @@ int kvm_forward_prefill(kvm_forward *f, kvm_kvcache *cache, const int32_t *token
 /* Decode: one token against the cache (same as prefill with n = 1, phase DECODE); writes
  * logits[vocab]. Same errors as prefill. */
 int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float *logits);
+
+/* One layer's attention step exactly as prefill (phase PREFILL) or decode (DECODE, n = 1)
+ * runs it, without the rest of the model: appends k_new/v_new [n][n_kv_heads·head_dim]
+ * (post-RoPE) at positions qpos[n] to every KV head of `layer` of cache, runs the registered
+ * hooks' cache_update and pre_attn, the attention kernel over q [n][n_heads·head_dim]
+ * (post-RoPE) with the statistics the hooks ask for, and post_attn, and writes the attention
+ * outputs (before the output projection) to out [n][n_heads·head_dim]. All arrays are host
+ * memory (the forward runs on the CPU backend). cache->next_pos is not advanced. Lets a
+ * caller replay one layer of a token-by-token decode from the queries and keys of another
+ * run at the cost of that layer's attention alone (PolyKV's decode-phase signals,
+ * compress/polykv/kvm_polykv_calibrate.c). Errors: KVM_EINVAL (layer, n outside
+ * [1, max_batch], cache shape, a hook wanting pre-RoPE queries), KVM_ENOMEM, a hook's status. */
+int kvm_forward_attend(kvm_forward *f, kvm_kvcache *cache, int layer, kvm_phase phase, const float *q,
+                       const float *k_new, const float *v_new, const int32_t *qpos, int64_t n, float *out);
 
 /* Creates an empty float32 cache shaped for model m with room for cap tokens per head (grows on
  * demand; free with kvm_kvcache_free). Returns 0, KVM_EINVAL (cap < 0), KVM_ENOMEM. */

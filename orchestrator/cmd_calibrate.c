@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define CMD "calibrate"
 
@@ -20,9 +22,10 @@ typedef struct calib_args {
     int sel, alloc;  /* −1: every candidate */
     int64_t refine;  /* refinement rounds (0 = none) */
     int64_t windows; /* context+continuation windows per document */
-    const char *out, *dump;
+    const char *out, *dump, *cand; /* --out, --dump-signals, --dump-candidates */
     int sculpt;            /* 1: KVSculpt is in the design space */
-    int decode;            /* 1: measure decode-phase signals too */
+    int kvzip;             /* 1: KVzip scoring is in the design space (a pattern of its own) */
+    int decode;            /* kvm_polykv_decode: how the decode-phase signals are measured */
     kvm_sculpt_opts so;    /* its options */
 } calib_args;
 
@@ -38,7 +41,8 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         rc = cmd_eval_docs_load(CMD, m, k, tok, NULL, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
                                 (int)a->windows, &docs[i]);
     if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig) ||
-                (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)))) {
+                (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)) ||
+                (a->kvzip && kvm_polykv_calibrate_kvzip(docs, nd, a->B, &a->so, sig)))) {
         fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
         rc = 1;
     }
@@ -57,7 +61,12 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
             printf("\nsculpt cosine per layer:");
             for (int l = 0; l < m->cfg.n_layers; l++) printf(" %.4f", sig->sculpt_cosine[l]);
         }
-        kvm_polykv_score_sculpt_opts(a->sculpt ? &a->so : NULL);
+        if (sig->has_kvzip) {
+            printf("\nkvzip cosine per layer:");
+            for (int l = 0; l < m->cfg.n_layers; l++) printf(" %.4f", sig->kvzip_cosine[l]);
+        }
+        kvm_polykv_score_sculpt_opts(a->sculpt || a->kvzip ? &a->so : NULL);
+        kvm_polykv_build_dump_dir(a->cand);
         printf("\ncandidates on %d calibration documents (%d windows) at B = %lld, b_min = %lld:\n", ds->n, nd,
                (long long)a->B, (long long)a->b_min);
         if (kvm_polykv_build_best(docs, nd, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine, stdout, &best)) {
@@ -105,13 +114,19 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"windows", 1, "context+continuation windows per document, evenly spaced (default 1: the first N+T tokens)",
          NULL},
         {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
-        {"phases", 1, "signals measured in: both (prefill and decode, default) or prefill (decode patterns = prefill "
-                      "patterns; decode-phase runs go token by token, so this is much faster on large models)", NULL},
+        {"phases", 1, "signals measured in: both (prefill and decode, default; each decode-phase run replays the "
+                      "compressed layer token by token and carries it through the model in one batched call) or "
+                      "prefill (decode patterns = prefill patterns; about half the time)", NULL},
         {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
                       "layer may be routed to it)", NULL},
-        {"sculpt-opts", 1, "KVSculpt settings for those layers, name=value,... with the names of kvmill sculpt "
-                           "--help and the [compress] keys (e.g. iterations=10,alloc=head)", NULL},
+        {"kvzip", 0, "add KVzip scoring (each entry's largest attention from the reconstruction queries, top "
+                     "entries kept) to the per-layer design space as a pattern of its own", NULL},
+        {"sculpt-opts", 1, "KVSculpt settings for those layers (and the kvzip layers' retain, queries, query_source), "
+                           "name=value,... with the names of kvmill sculpt --help and the [compress] keys (e.g. "
+                           "iterations=10,alloc=head)", NULL},
         {"out", 1, "write the strategy's canonical encoding to this file", NULL},
+        {"dump-candidates", 1, "also write every candidate strategy the builder scores to this existing folder, as "
+                               "NAME.bin (e.g. cosine_ppl_heads.bin), for held-out comparisons", NULL},
         {"device", 1, "cpu or cuda:N: the KVSculpt solver's device for --sculpt layers; the prefill and the signals "
                       "run on the CPU (default cpu)", NULL},
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and KVSculpt's solver threads (default 1; --sculpt-opts "
@@ -126,8 +141,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .windows = 1,
                     .out = kvm_cli_get(opts, "out"),
                     .dump = kvm_cli_get(opts, "dump-signals"),
+                    .cand = kvm_cli_get(opts, "dump-candidates"),
                     .sculpt = kvm_cli_get(opts, "sculpt") != NULL,
-                    .decode = 1,
+                    .kvzip = kvm_cli_get(opts, "kvzip") != NULL,
+                    .decode = KVM_POLYKV_DECODE_BATCHED,
                     .so = kvm_sculpt_opts_default()};
     const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
     if (!model_path || !docs_s || !kvm_cli_get(opts, "budget") || !a.out) {
@@ -135,6 +152,11 @@ int kvm_cmd_calibrate(int argc, char **argv)
         return 2;
     }
     if (kvm_cli_check_out(CMD, "out", a.out) || kvm_cli_check_out(CMD, "dump-signals", a.dump)) return 2;
+    struct stat sb;
+    if (a.cand && (stat(a.cand, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(a.cand, W_OK) != 0)) {
+        fprintf(stderr, "kvmill " CMD ": --dump-candidates %s: not a writable folder\n", a.cand);
+        return 2;
+    }
     if (kvm_cli_int(CMD, "budget", kvm_cli_get(opts, "budget"), 1, INT32_MAX, &a.B)) return 2;
     a.b_min = a.B / 4 > 1 ? a.B / 4 : 1;
     if ((s = kvm_cli_get(opts, "bmin")) && kvm_cli_int(CMD, "bmin", s, 1, INT32_MAX, &a.b_min)) return 2;
@@ -166,7 +188,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
             fprintf(stderr, "kvmill " CMD ": --phases '%s' is not both or prefill\n", s);
             return 2;
         }
-        a.decode = !strcmp(s, "both");
+        a.decode = !strcmp(s, "both") ? KVM_POLYKV_DECODE_BATCHED : KVM_POLYKV_DECODE_NONE;
     }
     if ((s = kvm_cli_get(opts, "threads")) && kvm_sculpt_opts_set(&a.so, "threads", s)) {
         fprintf(stderr, "kvmill " CMD ": --threads: %s\n", kvm_errmsg());
@@ -181,8 +203,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
         return 2;
     }
     if ((s = kvm_cli_get(opts, "sculpt-opts"))) {
-        if (!a.sculpt) {
-            fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt\n");
+        if (!a.sculpt && !a.kvzip) {
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt or --kvzip\n");
             return 2;
         }
         if (kvm_sculpt_opts_parse(&a.so, s)) {

@@ -66,7 +66,8 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"compress", "strategy", S, "default", 0, 0, NULL, "", "name of the stored PolyKV strategy (method = polykv)"},
 
     {"calibrate", "sculpt", B, "false", 0, 0, NULL, "", "PolyKV calibration offers KVSculpt ([compress] sculpt settings) to every layer"},
-    {"calibrate", "phases", E, "both", 0, 0, "both|prefill", "", "phases whose signals are measured; prefill: decode patterns = prefill patterns (much faster on large models)"},
+    {"calibrate", "kvzip", B, "false", 0, 0, NULL, "", "PolyKV calibration offers KVzip scoring (a pattern of its own; [compress] retain, queries, query_source) to every layer"},
+    {"calibrate", "phases", E, "both", 0, 0, "both|prefill", "", "phases whose signals are measured; prefill: decode patterns = prefill patterns (about half the time)"},
 
     {"eval", "enabled", B, "false", 0, 0, NULL, "", "measure KL on a held-out continuation after compressing"},
     {"eval", "continuation", I, "64", 1, 1 << 20, NULL, "tokens", "continuation length for the KL evaluation"},

@@ -215,7 +215,7 @@ static int policy_from(const kvm_config *c, const kvm_model *m, kvm_store *store
             int64_t n = kvm_kvcache_head(compressed, l, g)->n;
             /* a distilled (sculpt) layer appends unchanged in decode */
             kvm_pattern p = s ? s->layers[l].pattern[1] : single;
-            plan->pattern[l * H + g] = p == KVM_PATTERN_SCULPT ? KVM_PATTERN_NONE : p;
+            plan->pattern[l * H + g] = kvm_pattern_is_distilled(p) ? KVM_PATTERN_NONE : p;
             plan->budget[l * H + g] = n > 0 ? n : 1;
         }
     if (!rc) rc = kvm_evict_decode_new(&m->cfg, plan, NULL, out);

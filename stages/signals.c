@@ -49,13 +49,21 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     memcpy(all + j.n_tokens, j.continuation, (size_t)j.n_continuation * sizeof *all);
     if ((rc = kvm_eval_doc_new(st->wm.model, NULL, all, n, j.n_tokens, j.n_continuation, &doc)) ||
         (rc = kvm_polykv_signals_new(st->wm.model->cfg.n_layers, &sig)) ||
-        (rc = kvm_polykv_calibrate_phases(&doc, 1, B, strcmp(kvm_config_str(cfg, "calibrate", "phases"), "prefill"), sig)))
+        (rc = kvm_polykv_calibrate_phases(&doc, 1, B,
+                                          strcmp(kvm_config_str(cfg, "calibrate", "phases"), "prefill")
+                                              ? KVM_POLYKV_DECODE_BATCHED
+                                              : KVM_POLYKV_DECODE_NONE,
+                                          sig)))
         goto done;
     kvm_sculpt_opts so;
     if (kvm_config_bool(cfg, "calibrate", "sculpt") &&
         ((rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) ||
          (st->device && (rc = kvm_sculpt_opts_set(&so, "device", st->device))) ||
          (rc = kvm_polykv_calibrate_sculpt(&doc, 1, B, &so, sig))))
+        goto done;
+    /* kvzip layers are KVzip scoring whatever [compress] method says (the pattern sets the mode) */
+    if (kvm_config_bool(cfg, "calibrate", "kvzip") &&
+        ((rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_KVZIP, &so)) || (rc = kvm_polykv_calibrate_kvzip(&doc, 1, B, &so, sig))))
         goto done;
     double t0 = kvm_now_ms();
     if ((rc = kvm_calib_encode(sig, j.job_id, j.n_tokens, &out->data[out->n_data]))) goto done;

@@ -113,9 +113,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     kvm_calib_finish(sig);
     for (int i = 0; !rc && i < n; i++) rc = load_doc(st->wm.model, in[1 + 2 * i], &docs[i]);
     kvm_sculpt_opts so;
-    if (!rc && sig->has_sculpt && !(rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) && st->device)
+    const int distilled = sig->has_sculpt || sig->has_kvzip; /* kvzip layers take these settings in kvzip mode */
+    if (!rc && distilled && !(rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) && st->device)
         rc = kvm_sculpt_opts_set(&so, "device", st->device);
-    if (!rc && sig->has_sculpt) kvm_polykv_score_sculpt_opts(&so);
+    if (!rc && distilled) kvm_polykv_score_sculpt_opts(&so);
     if (!rc) rc = kvm_polykv_build_best(docs, n, sig, B, B / 4 > 1 ? B / 4 : 1, -1, -1, 0, stderr, &best);
     kvm_polykv_score_sculpt_opts(NULL);
     if (!rc) rc = kvm_strategy_encode(best, &buf, &len);

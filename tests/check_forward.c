@@ -1,6 +1,6 @@
 /* check_forward.c: the CPU forward against llama2.c's run.c golden dumps (logits, K/V
  * caches), batched prefill vs token-by-token decode vs chunked prefill, ragged caches,
- * and hooks. */
+ * hooks, and one layer's step replayed alone (kvm_forward_attend). */
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
@@ -310,6 +310,59 @@ START_TEST(test_hook_stats_requests)
 }
 END_TEST
 
+/* Records layer 2's queries, keys, values and attention outputs of a one-token call. */
+typedef struct rec {
+    float q[64], k[32], v[32], out[64];
+} rec;
+
+static int rec_post(void *user, const kvm_attn_site *s)
+{
+    rec *r = user;
+    if (s->layer != 2) return 0;
+    memcpy(r->q, s->q, sizeof r->q);
+    memcpy(r->k, s->k_new, sizeof r->k);
+    memcpy(r->v, s->v_new, sizeof r->v);
+    memcpy(r->out, s->attn->out, sizeof r->out);
+    return 0;
+}
+
+/* kvm_forward_attend replays one layer of a decode step exactly: the same kernel on the same
+ * inputs gives the same outputs, bit for bit, and only that layer's cache grows. */
+START_TEST(test_attend_replay)
+{
+    kvm_forward *f;
+    kvm_kvcache *c, *c2;
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    ck_assert_int_eq(model->cfg.n_heads * model->cfg.head_dim, 64);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 32, &c), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, c, ids, 16, NULL, KVM_LOGITS_NONE), 0);
+    ck_assert_int_eq(kvm_kvcache_clone(c, &c2), 0);
+    rec r;
+    kvm_hooks h = {.user = &r, .post_attn = rec_post, .stats = KVM_ATTN_STAT_MASS};
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &h), 0);
+    float logits[512], out[64];
+    ck_assert_int_eq(kvm_forward_decode(f, c, ids[16], logits), 0);
+    rec seen = r;
+    const int32_t pos = 16;
+    ck_assert_int_eq(kvm_forward_attend(f, c2, 2, KVM_PHASE_DECODE, seen.q, seen.k, seen.v, &pos, 1, out), 0);
+    ck_assert_mem_eq(out, seen.out, sizeof out);
+    ck_assert_mem_eq(r.out, seen.out, sizeof out); /* the hooks ran on the replayed step too */
+    ck_assert_int_eq(kvm_kvcache_head(c2, 2, 0)->n, 17);
+    ck_assert_int_eq(kvm_kvcache_head(c2, 1, 0)->n, 16);
+    ck_assert_int_eq(c2->next_pos, 16);
+    ck_assert_int_eq(kvm_forward_attend(f, c2, 5, KVM_PHASE_DECODE, seen.q, seen.k, seen.v, &pos, 1, out), KVM_EINVAL);
+    ck_assert_int_eq(kvm_forward_attend(f, c2, 2, KVM_PHASE_DECODE, seen.q, seen.k, seen.v, &pos, 0, out), KVM_EINVAL);
+    kvm_hooks pre = {.want_q_pre = 1};
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &pre), 0);
+    ck_assert_int_eq(kvm_forward_attend(f, c2, 2, KVM_PHASE_DECODE, seen.q, seen.k, seen.v, &pos, 1, out), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "pre-RoPE"));
+    kvm_forward_clear_hooks(f);
+    kvm_kvcache_free(&c);
+    kvm_kvcache_free(&c2);
+    kvm_forward_free(&f);
+}
+END_TEST
+
 static Suite *forward_suite(void)
 {
     Suite *s = suite_create("forward");
@@ -317,7 +370,7 @@ static Suite *forward_suite(void)
         {"prefill_golden", test_prefill_golden}, {"prefill_chunked_golden", test_prefill_chunked_golden},
         {"decode_golden", test_decode_golden}, {"bad_inputs", test_bad_inputs},
         {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks},
-        {"hook_stats_requests", test_hook_stats_requests}};
+        {"hook_stats_requests", test_hook_stats_requests}, {"attend_replay", test_attend_replay}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, load_golden, free_golden);

@@ -941,15 +941,17 @@ START_TEST(test_calibrate_then_polykv)
 }
 END_TEST
 
-/* The same with KVSculpt in the design space and prefill-phase signals only: the stats carry
- * a sixth pattern, the strategy stage scores sculpt candidates, and the run compresses with
- * whatever strategy won (sculpt layers distilled with the [compress] sculpt settings). */
+/* The same with KVSculpt and KVzip in the design space and prefill-phase signals only: the
+ * stats carry a sixth and seventh pattern, the strategy stage scores sculpt and kvzip
+ * candidates, and the run compresses with whatever strategy won (sculpt layers distilled with
+ * the [compress] sculpt settings, kvzip layers scored by KVzip with them). */
 START_TEST(test_calibrate_sculpt_then_polykv)
 {
     char text[8192];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\nqueries = 64\n"
-             "rounds = 1\niterations = 5\n[calibrate]\nsculpt = true\nphases = prefill\n[eval]\ncontinuation = 32\n"
+             "rounds = 1\niterations = 5\n[calibrate]\nsculpt = true\nkvzip = true\nphases = prefill\n[eval]\n"
+             "continuation = 32\n"
              "enabled = true\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
              kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
@@ -962,9 +964,12 @@ START_TEST(test_calibrate_sculpt_then_polykv)
     free(out); free(err);
     kvm_strategy *s;
     ck_assert_int_eq(kvm_strategy_read(strat, &s), 0);
-    int n_sculpt = 0;
-    for (int l = 0; l < s->n_layers; l++) n_sculpt += s->layers[l].pattern[0] == KVM_PATTERN_SCULPT;
-    printf("calibrated strategy: %d of %d layers sculpt\n", n_sculpt, s->n_layers);
+    int n_sculpt = 0, n_kvzip = 0;
+    for (int l = 0; l < s->n_layers; l++) {
+        n_sculpt += s->layers[l].pattern[0] == KVM_PATTERN_SCULPT;
+        n_kvzip += s->layers[l].pattern[0] == KVM_PATTERN_KVZIP;
+    }
+    printf("calibrated strategy: %d of %d layers sculpt, %d kvzip\n", n_sculpt, s->n_layers, n_kvzip);
     kvm_strategy_free(&s);
     ck_assert_int_eq(run_kvmill(&out, &err), 0);
     ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s", out, err);

@@ -79,6 +79,113 @@ START_TEST(test_signals_exact_pattern)
 }
 END_TEST
 
+/* The batched decode-phase signals (layer replayed from the full-KV run's queries, keys and
+ * values, one batched continuation with its outputs substituted) equal the token-by-token
+ * ones up to float rounding, for every layer and pattern, with every budget below the
+ * context so that the decode policies evict at every step. */
+START_TEST(test_decode_replay)
+{
+    kvm_eval_doc *d[2];
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, 64, 24, &d[0]), 0);
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids + 120, 136, 64, 24, &d[1]), 0);
+    kvm_polykv_signals *b, *t;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &b), 0);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 2, 16, KVM_POLYKV_DECODE_BATCHED, b), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 2, 16, KVM_POLYKV_DECODE_STEPWISE, t), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 2, 16, 3, t), KVM_EINVAL);
+    const size_t n2 = 5 * KVM_PATTERN_COUNT;
+    ck_assert_mem_eq(b->cosine, t->cosine, n2 * sizeof(double)); /* prefill phase: the same runs */
+    ck_assert_mem_eq(b->kl, t->kl, n2 * sizeof(double));
+    double max_dc = 0, max_dk = 0;
+    for (int l = 0; l < 5; l++)
+        for (int r = 0; r < KVM_PATTERN_COUNT; r++) {
+            double cb = SIG(b->cosine, 1, l, r), ct = SIG(t->cosine, 1, l, r);
+            double kb = SIG(b->kl, 1, l, r), kt = SIG(t->kl, 1, l, r);
+            double pb = SIG(b->ppl_delta, 1, l, r), pt = SIG(t->ppl_delta, 1, l, r);
+            ck_assert_msg(fabs(cb - ct) <= 1e-5, "layer %d %s: cosine batched %.9f, token by token %.9f", l,
+                          kvm_pattern_name(r), cb, ct);
+            ck_assert_msg(fabs(kb - kt) <= 1e-6 + 1e-4 * kt, "layer %d %s: KL batched %.9g, token by token %.9g", l,
+                          kvm_pattern_name(r), kb, kt);
+            ck_assert_msg(fabs(pb - pt) <= 1e-4, "layer %d %s: ppl delta batched %.9g, token by token %.9g", l,
+                          kvm_pattern_name(r), pb, pt);
+            max_dc = fmax(max_dc, fabs(cb - ct));
+            max_dk = fmax(max_dk, fabs(kb - kt));
+        }
+    printf("decode replay: max |cosine diff| %.3g, max |KL diff| %.3g\n", max_dc, max_dk);
+    /* the decode phase is measured, not copied: the policies evict while the continuation grows */
+    ck_assert(memcmp(b->kl + n2, b->kl, n2 * sizeof(double)) != 0);
+    ck_assert_int_eq(b->prefill_only, 0);
+    /* one run alone (kvm_polykv_signal_run) gives what the calibration of that document gives */
+    kvm_polykv_signals_free(&b);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &b), 0); /* calibration adds into the signals */
+    ck_assert_int_eq(kvm_polykv_calibrate_phases(d, 1, 16, KVM_POLYKV_DECODE_BATCHED, b), 0);
+    for (int ph = 0; ph < 2; ph++) {
+        double c1, p1, k1;
+        ck_assert_int_eq(kvm_polykv_signal_run(d[0], ph, 3, KVM_PATTERN_SNAPKV, 16, KVM_POLYKV_DECODE_BATCHED, &c1, &p1, &k1),
+                         0);
+        ck_assert(c1 == SIG(b->cosine, ph, 3, KVM_PATTERN_SNAPKV) && k1 == SIG(b->kl, ph, 3, KVM_PATTERN_SNAPKV));
+        ck_assert(p1 == SIG(b->ppl_delta, ph, 3, KVM_PATTERN_SNAPKV));
+    }
+    double c1, p1, k1;
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 1, 5, KVM_PATTERN_H2O, 16, 1, &c1, &p1, &k1), KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 1, 0, KVM_PATTERN_SCULPT, 16, 1, &c1, &p1, &k1), KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 1, 0, KVM_PATTERN_H2O, 16, KVM_POLYKV_DECODE_NONE, &c1, &p1, &k1),
+                     KVM_EINVAL);
+    ck_assert_int_eq(kvm_polykv_signal_run(d[0], 0, 0, KVM_PATTERN_H2O, 0, 1, &c1, &p1, &k1), KVM_EINVAL);
+    kvm_polykv_signals_free(&b);
+    kvm_polykv_signals_free(&t);
+    kvm_eval_doc_free(&d[0]);
+    kvm_eval_doc_free(&d[1]);
+}
+END_TEST
+
+/* The builder's noise rule on constructed per-document KLs: the critical value follows the
+ * document count (Student's t, one-sided 0.10), so SmolLM2's 5-document case (t = 1.94,
+ * which the old fixed t ≥ 2 set aside) keeps the mix, a weaker one does not, and the same
+ * weaker effect over 20 documents does. */
+START_TEST(test_mix_rule)
+{
+    static const double exact[] = {3.078, 1.886, 1.638, 1.533, 1.476, 1.440, 1.415, 1.397, 1.383, 1.372};
+    for (int nu = 1; nu <= 10; nu++)
+        ck_assert_msg(fabs(kvm_polykv_t_crit(nu) - exact[nu - 1]) <= (nu == 1 ? 0.13 : 0.01), "nu %d: %.4f vs %.3f",
+                      nu, kvm_polykv_t_crit(nu), exact[nu - 1]);
+    ck_assert(fabs(kvm_polykv_t_crit(19) - 1.328) <= 0.002 && fabs(kvm_polykv_t_crit(100000) - 1.2816) < 1e-4);
+    ck_assert(isinf(kvm_polykv_t_crit(0)));
+    /* single − mix = 0.01·(1 + k·e[i]): mean 0.01, spread k·sd(e)·0.01 */
+    double single[20], mix[20], t;
+    const double e5[5] = {-1.2, -0.6, 0.0, 0.6, 1.2}; /* sd 0.9487: factor k gives t = 2.357 / k */
+    for (int i = 0; i < 5; i++) {
+        single[i] = 0.06;
+        mix[i] = 0.06 - 0.01 * (1 + 1.1535 * e5[i]); /* t = 2.04 */
+    }
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 1);
+    ck_assert_msg(t > 1.94 && t < 2.1, "t %.3f", t);
+    for (int i = 0; i < 5; i++)
+        mix[i] = 0.06 - 0.01 * (1 + 1.25 * e5[i]); /* t = 1.886: below 2, above 1.533: kept */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 1);
+    ck_assert_msg(t < 2.0, "t %.3f", t);
+    for (int i = 0; i < 5; i++)
+        mix[i] = 0.06 - 0.01 * (1 + 1.7 * e5[i]); /* t = 1.387 < 1.533: set aside */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 0);
+    for (int i = 0; i < 20; i++) { /* 20 documents: t = 1.45, below 5 documents' 1.533, above 1.328 */
+        single[i] = 0.06;
+        mix[i] = 0.06 - 0.01 * (1 + 3.54 * e5[i % 5]);
+    }
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 20, &t), 1);
+    ck_assert_msg(t > 1.328 && t < 1.533, "t %.3f", t);
+    for (int i = 0; i < 5; i++)
+        mix[i] = single[i]; /* ties never keep a mix, nor does a single document */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 0);
+    ck_assert(t == 0.0);
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, (double[]){0.01}, 1, &t), 0);
+    for (int i = 0; i < 5; i++)
+        mix[i] = single[i] - 0.001; /* equal positive differences: t = +inf */
+    ck_assert_int_eq(kvm_polykv_mix_significant(single, mix, 5, &t), 1);
+    ck_assert(isinf(t));
+}
+END_TEST
+
 /* Hand-made signals for 5 layers. */
 static kvm_polykv_signals *fake_signals(void)
 {
@@ -290,12 +397,25 @@ START_TEST(test_cli)
     expect_calib("--budget 8 --alloc bogus --out /tmp/x", 2, "unknown allocation mode 'bogus'");
     expect_calib("--budget 8", 2, "--out are required");
     expect_calib("--budget 8 --phases decode --out /tmp/x", 2, "--phases 'decode' is not both or prefill");
+    expect_calib("--budget 8 --dump-candidates /nonexistent/dir --out /tmp/x", 2,
+                 "--dump-candidates /nonexistent/dir: not a writable folder");
     char *dir = kvm_test_tmpdir(), args[1024], path[512];
     snprintf(path, sizeof path, "%s/s.bin", dir);
     snprintf(args, sizeof args,
-             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s --dump-signals %s/sig.csv", path, dir);
+             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s --dump-signals %s/sig.csv "
+             "--dump-candidates %s",
+             path, dir, dir);
     expect_calib(args, 0, NULL);
     kvm_strategy *st;
+    char cand[600]; /* every candidate is written: two of them, decoded */
+    snprintf(cand, sizeof cand, "%s/h2o_uniform.bin", dir);
+    ck_assert_int_eq(kvm_strategy_read(cand, &st), 0);
+    ck_assert_int_eq(st->layers[0].pattern[0], KVM_PATTERN_H2O);
+    kvm_strategy_free(&st);
+    snprintf(cand, sizeof cand, "%s/cosine_ppl_heads.bin", dir);
+    ck_assert_int_eq(kvm_strategy_read(cand, &st), 0);
+    ck_assert_int_eq(st->head_split, 1);
+    kvm_strategy_free(&st);
     ck_assert_int_eq(kvm_strategy_read(path, &st), 0);
     int64_t sum = 0;
     for (int l = 0; l < st->n_layers; l++) {
@@ -317,7 +437,9 @@ static Suite *polykv_suite(void)
         const TTest *fn;
         int model;
     } cases[] = {{"signals_exact_pattern", test_signals_exact_pattern, 1},
+                 {"decode_replay", test_decode_replay, 1},
                  {"strategy_build", test_strategy_build, 0},
+                 {"mix_rule", test_mix_rule, 0},
                  {"codec", test_codec, 0},
                  {"head_split", test_head_split, 1},
                  {"cli", test_cli, 0}};

@@ -1,4 +1,5 @@
-/* check_polykv_sculpt.c: KVSculpt inside PolyKV's per-layer design space: "sculpt" is not an
+/* check_polykv_sculpt.c: KVSculpt (and KVzip scoring, "kvzip") inside PolyKV's per-layer
+ * design space: "sculpt" is not an
  * eviction pattern; strategies that route layers to it encode, decode and plan correctly; the
  * polykv method distils exactly those layers (an all-sculpt uniform strategy equals
  * kvm_sculpt_compress, a mixed one shares its sculpt layers); the builder's memo changes no
@@ -95,7 +96,7 @@ START_TEST(test_strategy_with_sculpt)
     b[25] = KVM_PATTERN_H2O; /* sculpt in prefill only: refused */
     ck_assert_int_eq(kvm_strategy_decode(b, n, &back), KVM_EFORMAT);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "pattern pair 5/1 at offset 24"));
-    b[24] = 6; /* beyond sculpt */
+    b[24] = KVM_PATTERN_STRATEGY_COUNT; /* beyond kvzip */
     ck_assert_int_eq(kvm_strategy_decode(b, n, &back), KVM_EFORMAT);
     free(b);
     s->layers[1].pattern[1] = KVM_PATTERN_SCULPT;
@@ -309,8 +310,145 @@ START_TEST(test_arg_and_cli)
     char *text = kvm_test_read_file(path, NULL);
     ck_assert_ptr_nonnull(strstr(text, "\nprefill,0,sculpt,12,"));
     free(text);
+    /* --kvzip: its signals and its single-pattern candidates */
+    snprintf(path, sizeof path, "%s/z.bin", dir);
+    snprintf(extra, sizeof extra, "--kvzip --sculpt-opts queries=64 --dump-signals %s/zsig.csv", dir);
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_data(), kvm_test_data(), path, extra);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s", err);
+    ck_assert_ptr_nonnull(strstr(out, "kvzip cosine per layer:"));
+    ck_assert_ptr_nonnull(strstr(out, "\nkvzip/uniform "));
+    ck_assert_ptr_null(strstr(out, "\nsculpt/uniform "));
+    free(out);
+    free(err);
+    snprintf(path, sizeof path, "%s/zsig.csv", dir);
+    text = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "\nprefill,0,kvzip,12,"));
+    ck_assert_ptr_null(strstr(text, ",sculpt,"));
+    free(text);
     kvm_test_rmtree(dir);
     free(dir);
+}
+END_TEST
+
+/* kvzip, a pattern of its own beside sculpt: not an eviction pattern, encoded in both phases,
+ * chosen per layer on its signals, and applied by the method as KVzip scoring: an
+ * all-kvzip uniform strategy is kvm_sculpt_compress in kvzip mode; a strategy mixing kvzip,
+ * sculpt and eviction layers gives each layer its own method's heads; the memo keeps the two
+ * apart; calibration signals are exact when the budget covers the context. */
+START_TEST(test_kvzip_pattern)
+{
+    ck_assert_str_eq(kvm_pattern_name(KVM_PATTERN_KVZIP), "kvzip");
+    ck_assert(kvm_pattern_is_distilled(KVM_PATTERN_KVZIP) && !kvm_pattern_is_distilled(KVM_PATTERN_SNAPKV));
+    float obs[4] = {0.25f, 0.25f, 0.25f, 0.25f};
+    kvm_evict_attn a = {.n = 4, .n_group = 1, .n_obs = 1, .obs = obs};
+    int64_t keep[4], nk;
+    ck_assert_int_eq(kvm_evict_select(KVM_PATTERN_KVZIP, NULL, &a, 2, keep, &nk), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "kvzip is not an eviction pattern"));
+
+    kvm_pattern pat[5] = {KVM_PATTERN_KVZIP, KVM_PATTERN_H2O, KVM_PATTERN_SCULPT, KVM_PATTERN_KVZIP, KVM_PATTERN_SNAPKV};
+    kvm_strategy *st = strategy_of(pat, 20), *back;
+    uint8_t *b;
+    size_t n;
+    ck_assert_int_eq(kvm_strategy_encode(st, &b, &n), 0);
+    ck_assert_int_eq(kvm_strategy_decode(b, n, &back), 0);
+    for (int l = 0; l < 5; l++) ck_assert_int_eq(back->layers[l].pattern[1], pat[l]);
+    kvm_strategy_free(&back);
+    b[25] = KVM_PATTERN_H2O; /* kvzip in prefill only: refused */
+    ck_assert_int_eq(kvm_strategy_decode(b, n, &back), KVM_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "pattern pair 6/1 at offset 24"));
+    free(b);
+    kvm_evict_plan *plan;
+    ck_assert_int_eq(kvm_strategy_plan(st, 1, 20, 4, &plan), 0);
+    ck_assert_int_eq(plan->pattern[0], KVM_PATTERN_NONE);
+    ck_assert_int_eq(plan->pattern[3 * 4], KVM_PATTERN_NONE);
+    kvm_evict_plan_free(&plan);
+
+    /* per-layer choice: kvzip where it beats the eviction patterns and sculpt */
+    kvm_polykv_signals *sig;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &sig), 0);
+    for (int i = 0; i < 2 * 5 * KVM_PATTERN_COUNT; i++) {
+        sig->cosine[i] = 0.9;
+        sig->ppl_delta[i] = 0.5;
+    }
+    for (int l = 0; l < 5; l++) {
+        sig->entropy[l] = 1.0;
+        sig->sculpt_cosine[l] = l == 2 ? 0.99 : 0.8;
+        sig->sculpt_ppl[l] = l == 2 ? 0.01 : 0.9;
+        sig->kvzip_cosine[l] = l == 1 ? 0.98 : l == 2 ? 0.97 : 0.85;
+        sig->kvzip_ppl[l] = l == 1 ? 0.02 : l == 2 ? 0.03 : 0.7;
+    }
+    sig->has_sculpt = sig->has_kvzip = 1;
+    for (int sel = 0; sel < 2; sel++) {
+        kvm_strategy *bs;
+        ck_assert_int_eq(kvm_polykv_strategy_build(sig, sel, 0, KVM_POLYKV_ALLOC_UNIFORM, 1, 16, 4, &bs), 0);
+        for (int l = 0; l < 5; l++)
+            ck_assert_int_eq(bs->layers[l].pattern[1], l == 1   ? KVM_PATTERN_KVZIP
+                                                       : l == 2 ? KVM_PATTERN_SCULPT
+                                                                : KVM_PATTERN_STREAMING);
+        kvm_strategy_free(&bs);
+    }
+    kvm_polykv_signals_free(&sig);
+
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 96, 80, 16, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    kvm_sculpt_opts so = quick(), zo = quick();
+    so.retain_tokens = zo.retain_tokens = 10; /* min(32, 20/2) */
+    so.k_entries = zo.k_entries = 10;
+    zo.mode = KVM_SCULPT_KVZIP;
+    kvm_kvcache *ref_s, *ref_z, *all, *mix;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &so, &ref_s, NULL), 0);
+    ck_assert_int_eq(kvm_sculpt_compress(in, &zo, &ref_z, NULL), 0);
+    kvm_pattern p_all[5] = {KVM_PATTERN_KVZIP, KVM_PATTERN_KVZIP, KVM_PATTERN_KVZIP, KVM_PATTERN_KVZIP,
+                            KVM_PATTERN_KVZIP};
+    kvm_strategy *s_all = strategy_of(p_all, 20);
+    kvm_budget bud = {.tokens = 20};
+    void *o_all, *o_mix;
+    ck_assert_int_eq(kvm_polykv_method_opts_from(s_all, &bud, &o_all), 0);
+    ck_assert_int_eq(kvm_polykv_method_opts_from(st, &bud, &o_mix), 0);
+    kvm_sculpt_opts q = quick();
+    kvm_polykv_method_set_sculpt(o_all, &q);
+    kvm_polykv_method_set_sculpt(o_mix, &q);
+    ck_assert_int_eq(kvm_polykv_method_compress(in, o_all, &all), 0);
+    ck_assert_int_eq(kvm_polykv_method_compress(in, o_mix, &mix), 0);
+    for (int l = 0; l < 5; l++) ck_assert(heads_equal(all, ref_z, l));
+    ck_assert(heads_equal(mix, ref_z, 0) && heads_equal(mix, ref_z, 3) && heads_equal(mix, ref_s, 2));
+    ck_assert(!heads_equal(ref_s, ref_z, 2)); /* the two methods differ, so the test tells them apart */
+    ck_assert_int_eq(kvm_kvcache_head(mix, 1, 0)->n, 20);
+    kvm_polykv_score_sculpt_opts(&q);
+    double kl0, kl1, kl2;
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl0), 0);
+    kvm_polykv_memo_begin();
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl1), 0);
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl2), 0);
+    kvm_polykv_memo_end();
+    kvm_polykv_score_sculpt_opts(NULL);
+    ck_assert(kl0 == kl1 && kl1 == kl2 && kl0 > 0);
+    kvm_polykv_method_opts_free(o_all);
+    kvm_polykv_method_opts_free(o_mix);
+    kvm_strategy_free(&s_all);
+    kvm_strategy_free(&st);
+    kvm_kvcache_free(&ref_s);
+    kvm_kvcache_free(&ref_z);
+    kvm_kvcache_free(&all);
+    kvm_kvcache_free(&mix);
+    kvm_eval_doc_free(&doc);
+
+    /* signals: exact at a budget covering the context, measured below it */
+    kvm_eval_doc *d;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 64, 32, 8, &d), 0);
+    kvm_polykv_signals *s;
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &s), 0);
+    ck_assert_int_eq(kvm_polykv_calibrate_kvzip(&d, 1, 32, &q, s), 0);
+    ck_assert_int_eq(s->has_kvzip, 1);
+    ck_assert_int_eq(s->has_sculpt, 0);
+    for (int l = 0; l < 5; l++) ck_assert(s->kvzip_cosine[l] == 1.0 && s->kvzip_kl[l] == 0.0);
+    ck_assert_int_eq(kvm_polykv_calibrate_kvzip(&d, 1, 8, &q, s), 0);
+    for (int l = 0; l < 5; l++) ck_assert(s->kvzip_cosine[l] < 1.0 && s->kvzip_kl[l] > 0.0);
+    ck_assert_int_eq(kvm_polykv_calibrate_kvzip(&d, 1, 0, &q, s), KVM_EINVAL);
+    ck_assert_int_eq(s->has_kvzip, 0);
+    kvm_polykv_signals_free(&s);
+    kvm_eval_doc_free(&d);
 }
 END_TEST
 
@@ -327,6 +465,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_method_distils_sculpt_layers);
     tcase_add_test(tm, test_calibrate_sculpt);
     tcase_add_test(tm, test_arg_and_cli);
+    tcase_add_test(tm, test_kvzip_pattern);
     suite_add_tcase(s, tm);
     return s;
 }

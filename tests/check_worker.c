@@ -111,8 +111,8 @@ START_TEST(test_decode_policy_keeps_budget)
 }
 END_TEST
 
-/* Signals on the wire: with and without the sculpt pattern, averaged over documents; documents
- * that disagree on the pattern list are refused. */
+/* Signals on the wire: with and without the sculpt and kvzip patterns, averaged over documents;
+ * documents that disagree on the pattern list, and unknown or misordered extras, are refused. */
 START_TEST(test_calib_wire)
 {
     kvm_polykv_signals *a, *acc;
@@ -152,6 +152,53 @@ START_TEST(test_calib_wire)
     ck_assert_int_eq(kvm_polykv_signals_new(4, &acc), 0); /* another layer count */
     ck_assert_int_eq(kvm_calib_accumulate(acc, with), KVM_EMISMATCH);
     kvm_polykv_signals_free(&acc);
+    /* kvzip travels by name too: alone (6 patterns) and after sculpt (7) */
+    for (int l = 0; l < 3; l++) {
+        a->kvzip_cosine[l] = 0.625 + 0.125 * l;
+        a->kvzip_ppl[l] = 0.25 * l;
+    }
+    kvm_msg *both, *zip;
+    a->has_kvzip = 1;
+    ck_assert_int_eq(kvm_calib_encode(a, 3, 16, &both), 0);
+    a->has_sculpt = 0;
+    ck_assert_int_eq(kvm_calib_encode(a, 4, 16, &zip), 0);
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(kvm_polykv_signals_new(3, &acc), 0);
+        ck_assert_int_eq(kvm_calib_accumulate(acc, k ? zip : both), 0);
+        ck_assert_int_eq(kvm_calib_accumulate(acc, k ? both : zip), KVM_EMISMATCH);
+        ck_assert_int_eq(kvm_calib_accumulate(acc, with), KVM_EMISMATCH);
+        kvm_calib_finish(acc);
+        ck_assert_int_eq(acc->has_kvzip, 1);
+        ck_assert_int_eq(acc->has_sculpt, !k);
+        for (int l = 0; l < 3; l++) {
+            ck_assert_double_eq_tol(acc->kvzip_cosine[l], 0.625 + 0.125 * l, 1e-6);
+            ck_assert_double_eq_tol(acc->kvzip_ppl[l], 0.25 * l, 1e-6);
+            if (!k) ck_assert_double_eq_tol(acc->sculpt_cosine[l], 0.75 + 0.125 * l, 1e-6);
+        }
+        kvm_polykv_signals_free(&acc);
+    }
+    /* the extras out of order, or a name that is no extra: refused */
+    float cs[3 * 2 * 7] = {0}, pp[3 * 2 * 7] = {0}, en[6] = {0}, wo[6] = {0};
+    kvm_proto_stats m = {.job_id = 5, .n_layers = 3, .n_phases = 2, .n_patterns = 7, .n_tokens = 16, .n_docs = 1,
+                         .budget_tokens = 8, .cos_sim = cs, .ppl_delta = pp, .entropy = en, .ppl_worst = wo};
+    for (int r = 0; r < 5; r++) m.patterns[r] = kvm_proto_str_c(kvm_pattern_name((kvm_pattern)r));
+    m.patterns[5] = kvm_proto_str_c("kvzip");
+    m.patterns[6] = kvm_proto_str_c("sculpt");
+    kvm_msg *bad;
+    ck_assert_int_eq(kvm_proto_stats_encode(&m, &bad), 0);
+    ck_assert_int_eq(kvm_polykv_signals_new(3, &acc), 0);
+    ck_assert_int_eq(kvm_calib_accumulate(acc, bad), KVM_EMISMATCH);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "pattern 6 is 'sculpt', expected sculpt or kvzip (in that order)"));
+    kvm_msg_free(&bad);
+    m.n_patterns = 6;
+    m.patterns[5] = kvm_proto_str_c("full");
+    ck_assert_int_eq(kvm_proto_stats_encode(&m, &bad), 0);
+    ck_assert_int_eq(kvm_calib_accumulate(acc, bad), KVM_EMISMATCH);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "pattern 5 is 'full'"));
+    kvm_msg_free(&bad);
+    kvm_polykv_signals_free(&acc);
+    kvm_msg_free(&both);
+    kvm_msg_free(&zip);
     kvm_msg_free(&plain);
     kvm_msg_free(&with);
     kvm_polykv_signals_free(&a);

@@ -100,6 +100,10 @@ double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1);
  * shape, max_new < 1), KVM_ENOMEM, a forward error. */
 int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out);
 
+/* The forward d runs its continuations with (borrowed, valid while d lives; no hooks are
+ * registered between calls): for callers that replay single layers (kvm_forward_attend). */
+kvm_forward *kvm_eval_doc_forward(kvm_eval_doc *d);
+
 /* The full-KV context cache of d (borrowed, valid while d lives). */
 const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d);
 

@@ -243,6 +243,8 @@ static double now_s(void)
 
 const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d) { return d->full; }
 
+kvm_forward *kvm_eval_doc_forward(kvm_eval_doc *d) { return d->f; }
+
 int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out)
 {
     const kvm_model_config *c = &d->m->cfg;

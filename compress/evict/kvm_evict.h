@@ -39,9 +39,21 @@ typedef enum kvm_pattern {
      * the decode phase such a layer appends new tokens unchanged. The eviction functions
      * reject it. */
     KVM_PATTERN_SCULPT = 5,
-    KVM_PATTERN_STRATEGY_COUNT = 6, /* patterns a strategy layer may use */
+    /* Not an eviction pattern either: in a PolyKV strategy, a layer compressed by KVzip-style
+     * scoring (Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context
+     * Reconstruction", arXiv 2505.23416: each entry's largest attention from the
+     * reconstruction queries, top entries kept unchanged; compress/sculpt/sculpt_kvzip.c,
+     * kvm_sculpt_compress_layers with mode KVM_SCULPT_KVZIP) at the layer's budget; in decode
+     * it appends unchanged, as sculpt does. */
+    KVM_PATTERN_KVZIP = 6,
+    KVM_PATTERN_STRATEGY_COUNT = 7, /* patterns a strategy layer may use */
     KVM_PATTERN_NONE = 255, /* in a plan: leave the head as it is */
 } kvm_pattern;
+
+/* 1 for the strategy patterns whose layers a solver fills once from the context (sculpt,
+ * kvzip): the eviction plans leave them to the caller and their decode phase appends
+ * unchanged. */
+static inline int kvm_pattern_is_distilled(kvm_pattern p) { return p == KVM_PATTERN_SCULPT || p == KVM_PATTERN_KVZIP; }
 
 /* Pattern parameters (the papers' defaults from kvm_evict_params_default). */
 typedef struct kvm_evict_params {
@@ -54,7 +66,7 @@ typedef struct kvm_evict_params {
 /* The defaults above. */
 kvm_evict_params kvm_evict_params_default(void);
 
-/* "streaming", "h2o", "tova", "snapkv", "pyramidkv", "sculpt" (or "none"/"?"). Never NULL. */
+/* "streaming", "h2o", "tova", "snapkv", "pyramidkv", "sculpt", "kvzip" (or "none"/"?"). Never NULL. */
 const char *kvm_pattern_name(kvm_pattern p);
 
 /* Parses an eviction pattern name (exact, lower case; not "sculpt"). Returns 0, or KVM_EINVAL

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const pattern_names[KVM_PATTERN_STRATEGY_COUNT] = {"streaming", "h2o", "tova", "snapkv", "pyramidkv",
-                                                                      "sculpt"};
+static const char *const pattern_names[KVM_PATTERN_STRATEGY_COUNT] = {"streaming", "h2o",    "tova", "snapkv",
+                                                                      "pyramidkv", "sculpt", "kvzip"};
 
 kvm_evict_params kvm_evict_params_default(void)
 {
@@ -106,8 +106,9 @@ int kvm_evict_select(kvm_pattern p, const kvm_evict_params *prm, const kvm_evict
     if (b < 1) return kvm_err(KVM_EINVAL, "evict: budget %lld < 1", (long long)b);
     if (n < 0 || a->n_group < 1)
         return kvm_err(KVM_EINVAL, "evict: bad attention input (n %lld, group %d)", (long long)n, a->n_group);
-    if (p == KVM_PATTERN_SCULPT)
-        return kvm_err(KVM_EINVAL, "evict: sculpt is not an eviction pattern (it runs inside a PolyKV strategy)");
+    if (kvm_pattern_is_distilled(p))
+        return kvm_err(KVM_EINVAL, "evict: %s is not an eviction pattern (it runs inside a PolyKV strategy)",
+                       kvm_pattern_name(p));
     if ((unsigned)p >= KVM_PATTERN_COUNT) return kvm_err(KVM_EINVAL, "evict: unknown pattern %d", (int)p);
     if (b >= n) {
         for (int64_t i = 0; i < n; i++)

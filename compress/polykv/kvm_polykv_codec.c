@@ -61,10 +61,10 @@ static uint32_t get32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* A layer's (prefill, decode) patterns: two eviction patterns, or sculpt in both phases. */
+/* A layer's (prefill, decode) patterns: two eviction patterns, or sculpt or kvzip in both phases. */
 static int pattern_pair_ok(unsigned p0, unsigned p1)
 {
-    if (p0 == KVM_PATTERN_SCULPT || p1 == KVM_PATTERN_SCULPT) return p0 == p1;
+    if (kvm_pattern_is_distilled((kvm_pattern)p0) || kvm_pattern_is_distilled((kvm_pattern)p1)) return p0 == p1;
     return p0 < KVM_PATTERN_COUNT && p1 < KVM_PATTERN_COUNT;
 }
 
@@ -140,8 +140,8 @@ int kvm_strategy_decode(const uint8_t *b, size_t n, kvm_strategy **out)
         uint32_t bud = get32(p + 4);
         if (!pattern_pair_ok(p[0], p[1]))
             rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: unknown pattern pair %u/%u at offset %zu (eviction patterns "
-                                      "0-%d, or sculpt %d in both phases)",
-                         l, p[0], p[1], off, KVM_PATTERN_COUNT - 1, KVM_PATTERN_SCULPT);
+                                      "0-%d, or sculpt %d or kvzip %d in both phases)",
+                         l, p[0], p[1], off, KVM_PATTERN_COUNT - 1, KVM_PATTERN_SCULPT, KVM_PATTERN_KVZIP);
         else if (get16(p + 2) != 0)
             rc = kvm_err(KVM_EFORMAT, "strategy: layer %u: reserved bytes at offset %zu are not zero", l, off + 2);
         else if (bud < 1 || bud < bmin)

@@ -1,6 +1,7 @@
 /* kvm_polykv_method.c: the "polykv:FILE" row of the method table: a strategy applied as
  * eviction plans (prefill, and decode with --phases both) at the requested average budget,
- * its sculpt layers distilled by KVSculpt at their budgets. */
+ * its sculpt layers distilled by KVSculpt and its kvzip layers scored by KVzip at their
+ * budgets. */
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
@@ -117,6 +118,7 @@ typedef struct memo_entry {
     const kvm_compress_input *in;
     int layer;
     int64_t b;
+    kvm_sculpt_mode mode; /* sculpt or kvzip layers */
     kvm_kvcache *c; /* the cache the layer was distilled into (only distilled layers are filled;
                        entries of one distillation share it) */
 } memo_entry;
@@ -128,11 +130,12 @@ static struct {
     int n, cap;
 } memo;
 
-/* Options that change a distilled layer (every field but threads: results do not depend on
- * the thread count). Field by field: struct padding is not comparable. */
+/* Options that change a distilled layer (every field but threads, whose count does not change
+ * results, and mode, which is part of an entry's key). Field by field: struct padding is not
+ * comparable. */
 static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
 {
-    return a->mode == b->mode && a->retain_tokens == b->retain_tokens && a->ratio == b->ratio &&
+    return a->retain_tokens == b->retain_tokens && a->ratio == b->ratio &&
            a->k_entries == b->k_entries && a->n_synth == b->n_synth && a->future_tokens == b->future_tokens &&
            a->lambda == b->lambda && a->lse_mass_weight == b->lse_mass_weight && a->ridge_alpha == b->ridge_alpha &&
            a->vnorm_cap == b->vnorm_cap && a->knorm_cap == b->knorm_cap && a->rounds == b->rounds &&
@@ -145,10 +148,10 @@ static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
            !memcmp(&a->query_source, &b->query_source, sizeof a->query_source);
 }
 
-static memo_entry *memo_find(const kvm_compress_input *in, int l, int64_t b)
+static memo_entry *memo_find(const kvm_compress_input *in, int l, int64_t b, kvm_sculpt_mode mode)
 {
     for (int i = 0; i < memo.n; i++)
-        if (memo.e[i].in == in && memo.e[i].layer == l && memo.e[i].b == b) return &memo.e[i];
+        if (memo.e[i].in == in && memo.e[i].layer == l && memo.e[i].b == b && memo.e[i].mode == mode) return &memo.e[i];
     return NULL;
 }
 
@@ -171,7 +174,7 @@ void kvm_polykv_memo_end(void)
 }
 
 /* Remembers the layers of `done` distilled at b[l] > 0 (takes ownership of done). */
-static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, kvm_kvcache *done)
+static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, kvm_sculpt_mode mode, kvm_kvcache *done)
 {
     int need = 0;
     for (int l = 0; l < L; l++) need += b[l] > 0;
@@ -186,7 +189,7 @@ static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, kvm_k
         memo.cap = cap;
     }
     for (int l = 0; l < L; l++)
-        if (b[l] > 0) memo.e[memo.n++] = (memo_entry){in, l, b[l], done};
+        if (b[l] > 0) memo.e[memo.n++] = (memo_entry){in, l, b[l], mode, done};
     return 0;
 }
 
@@ -198,7 +201,7 @@ static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64
     if (use) memo.o = *so;
     int rc = 0, left = 0;
     for (int l = 0; use && !rc && l < L; l++) {
-        const memo_entry *e = b[l] > 0 ? memo_find(in, l, b[l]) : NULL;
+        const memo_entry *e = b[l] > 0 ? memo_find(in, l, b[l], so->mode) : NULL;
         if (e) {
             rc = kvm_kvcache_copy_layer(out, e->c, l);
             b[l] = 0;
@@ -217,15 +220,16 @@ static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64
         kvm_kvcache_free(&done);
         return rc;
     }
-    return memo_add(in, b, L, done);
+    return memo_add(in, b, L, so->mode, done);
 }
 
-/* Distils the strategy's sculpt layers of *out (left full by the plan). KVSculpt takes one
- * budget per layer while head splits move budget between heads (and, split globally, between
- * layers): each sculpt layer gets its heads' mean, apportioned so that the sculpt layers
- * together never exceed the entries the plan gave them (kvm_evict_apportion). */
+/* Distils the strategy's layers of pattern `pat` (sculpt or kvzip, left full by the plan) of
+ * *out with options so. The solver takes one budget per layer while head splits move budget
+ * between heads (and, split globally, between layers): each such layer gets its heads' mean,
+ * apportioned so that they together never exceed the entries the plan gave them
+ * (kvm_evict_apportion). */
 static int distil_layers(const kvm_compress_input *in, const polykv_opts *o, const kvm_evict_plan *plan,
-                         kvm_kvcache *out)
+                         kvm_pattern pat, const kvm_sculpt_opts *so, kvm_kvcache *out)
 {
     const int L = o->s->n_layers, H = plan->n_kv_heads;
     int64_t *b = calloc((size_t)L, sizeof *b), *part = calloc((size_t)L, sizeof *part), total = 0;
@@ -233,7 +237,7 @@ static int distil_layers(const kvm_compress_input *in, const polykv_opts *o, con
     int n = 0, *idx = calloc((size_t)L, sizeof *idx), rc = 0;
     if (!b || !part || !w || !idx) rc = kvm_err(KVM_ENOMEM, "polykv: out of memory");
     for (int l = 0; !rc && l < L; l++) {
-        if (o->s->layers[l].pattern[0] != KVM_PATTERN_SCULPT) continue;
+        if (o->s->layers[l].pattern[0] != pat) continue;
         int64_t sum = 0;
         for (int g = 0; g < H; g++) sum += plan->budget[l * H + g];
         w[n] = (double)sum;
@@ -242,7 +246,7 @@ static int distil_layers(const kvm_compress_input *in, const polykv_opts *o, con
     }
     if (!rc && n) rc = kvm_evict_apportion(w, n, total / H > n ? total / H : n, 1, part);
     for (int i = 0; !rc && i < n; i++) b[idx[i]] = part[i];
-    if (!rc && n) rc = distil(in, &o->sculpt, b, L, out);
+    if (!rc && n) rc = distil(in, so, b, L, out);
     free(b);
     free(part);
     free(w);
@@ -252,10 +256,15 @@ static int distil_layers(const kvm_compress_input *in, const polykv_opts *o, con
 
 int kvm_polykv_method_compress(const kvm_compress_input *in, const void *opts, kvm_kvcache **out)
 {
+    const polykv_opts *o = opts;
+    kvm_sculpt_opts kz = o->sculpt; /* kvzip layers: the same settings, KVzip's scoring */
+    kz.mode = KVM_SCULPT_KVZIP;
     kvm_evict_plan *plan = NULL;
     int rc = plan_of(in, opts, 0, &plan);
     if (!rc) rc = kvm_evict_prefill(in, plan, out);
-    if (!rc && (rc = distil_layers(in, opts, plan, *out))) kvm_kvcache_free(out);
+    if (!rc) rc = distil_layers(in, o, plan, KVM_PATTERN_SCULPT, &o->sculpt, *out);
+    if (!rc) rc = distil_layers(in, o, plan, KVM_PATTERN_KVZIP, &kz, *out);
+    if (rc) kvm_kvcache_free(out);
     kvm_evict_plan_free(&plan);
     return rc;
 }

@@ -12,6 +12,9 @@
 
 static kvm_sculpt_opts score_sculpt;
 static int score_sculpt_set;
+static const char *dump_dir; /* kvm_polykv_build_dump_dir */
+
+void kvm_polykv_build_dump_dir(const char *dir) { dump_dir = dir; }
 
 void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o)
 {
@@ -54,6 +57,21 @@ static double paired_t(const double *a, const double *b, int n)
     return m / se;
 }
 
+double kvm_polykv_t_crit(int nu)
+{
+    if (nu < 1) return INFINITY;
+    const double z = 1.2815515655446004, z2 = z * z, n = (double)nu; /* the normal's 90th percentile */
+    const double g1 = (z2 * z + z) / 4, g2 = (5 * z2 * z2 * z + 16 * z2 * z + 3 * z) / 96,
+                 g3 = (3 * z2 * z2 * z2 * z + 19 * z2 * z2 * z + 17 * z2 * z - 15 * z) / 384;
+    return z + g1 / n + g2 / (n * n) + g3 / (n * n * n);
+}
+
+int kvm_polykv_mix_significant(const double *single_kl, const double *mix_kl, int n, double *t)
+{
+    *t = paired_t(single_kl, mix_kl, n);
+    return n >= 2 && *t >= kvm_polykv_t_crit(n - 1);
+}
+
 /* Describes a candidate in buf: "cosine/entropy", "snapkv/uniform", ... */
 static void describe(const kvm_strategy *s, char *buf, size_t n)
 {
@@ -63,6 +81,17 @@ static void describe(const kvm_strategy *s, char *buf, size_t n)
         snprintf(buf, n, "%s/%s", kvm_polykv_select_name(s->select), kvm_polykv_alloc_name(s->alloc));
     if (s->alloc_power != 1.0) snprintf(buf + strlen(buf), n - strlen(buf), "^%g", s->alloc_power);
     if (s->head_split) snprintf(buf + strlen(buf), n - strlen(buf), "%s", s->head_split == 2 ? "+global" : "+heads");
+}
+
+/* Writes candidate s as dump_dir/NAME.bin, NAME its description with '/', '+' and '^' as '_'. */
+static int dump_candidate(const kvm_strategy *s, const char *name)
+{
+    char path[4096];
+    int n = snprintf(path, sizeof path, "%s/%s.bin", dump_dir, name);
+    if (n < 0 || (size_t)n >= sizeof path) return kvm_err(KVM_EINVAL, "polykv: candidate path under '%s' too long", dump_dir);
+    for (char *c = path + strlen(dump_dir) + 1; *c; c++)
+        if (*c == '/' || *c == '+' || *c == '^') *c = '_';
+    return kvm_strategy_write(s, path);
 }
 
 static void print_budgets(const kvm_strategy *s, FILE *f)
@@ -86,9 +115,11 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     if (table) fprintf(table, "%-28s %12s  %s\n", "candidate", "kl_mean", "layers (prefill pattern:budget)");
     for (int sel = 0; !rc && sel < KVM_POLYKV_SELECT_SEARCH; sel++) {
         if (sel_only >= 0 && sel != sel_only) continue;
-        int n_single = sel != KVM_POLYKV_SELECT_SINGLE ? 1 : sig->has_sculpt ? KVM_PATTERN_STRATEGY_COUNT : KVM_PATTERN_COUNT;
+        int n_single = sel != KVM_POLYKV_SELECT_SINGLE ? 1 : KVM_PATTERN_STRATEGY_COUNT;
         for (int pat = 0; !rc && pat < n_single; pat++)
             for (int al = 0; !rc && al < KVM_POLYKV_ALLOC_SEARCH; al++) {
+                if ((pat == KVM_PATTERN_SCULPT && !sig->has_sculpt) || (pat == KVM_PATTERN_KVZIP && !sig->has_kvzip))
+                    continue; /* distilled patterns only when their signals were measured */
                 if (alloc_only >= 0 && al != alloc_only) continue;
                 /* PyramidKV is SnapKV's selection under the pyramid schedule: only that pairing. */
                 int pyr = sel == KVM_POLYKV_SELECT_SINGLE && pat == KVM_PATTERN_PYRAMIDKV;
@@ -108,13 +139,14 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
                             s->head_split = hs;
                             rc = kvm_polykv_score(docs, n_docs, s, kd, &kl);
                         }
+                        char name[64];
+                        if (!rc) describe(s, name, sizeof name);
                         if (!rc && table) {
-                            char name[64];
-                            describe(s, name, sizeof name);
                             fprintf(table, "%-28s %12.6f  ", name, kl);
                             print_budgets(s, table);
                             fprintf(table, "\n");
                         }
+                        if (!rc && dump_dir) rc = dump_candidate(s, name);
                         if (!rc && sel == KVM_POLYKV_SELECT_SINGLE && kl < bs_kl) {
                             kvm_strategy_free(&bs);
                             bs_kl = kl;
@@ -135,12 +167,16 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     if (!rc && !best) rc = kvm_err(KVM_EINVAL, "polykv: no candidate matches the selection/allocation filter");
     if (!rc && bs && best->select != KVM_POLYKV_SELECT_SINGLE) {
         /* A heterogeneous mix must beat the best single pattern beyond calibration noise:
-         * paired t statistic of the per-document KL differences ≥ 2. */
-        double t = paired_t(bs_d, best_d, n_docs);
+         * one-sided paired t-test of the per-document KL differences at level 0.10. */
+        double t;
+        int keep = kvm_polykv_mix_significant(bs_d, best_d, n_docs, &t);
         if (table)
-            fprintf(table, "best heterogeneous vs best single pattern: paired t = %.2f over %d documents (%s)\n", t,
-                    n_docs, t >= 2.0 ? "significant: keep the mix" : "not significant: keep the single pattern");
-        if (!(t >= 2.0)) {
+            fprintf(table,
+                    "best heterogeneous vs best single pattern: paired t = %.2f over %d documents, critical %.2f "
+                    "(%s)\n",
+                    t, n_docs, kvm_polykv_t_crit(n_docs - 1),
+                    keep ? "significant: keep the mix" : "not significant: keep the single pattern");
+        if (!keep) {
             kvm_strategy_free(&best);
             best = bs;
             best_kl = bs_kl;

@@ -56,9 +56,12 @@ int kvm_polykv_signals_new(int n_layers, kvm_polykv_signals **out)
         s->sculpt_cosine = calloc((size_t)n_layers, sizeof(double));
         s->sculpt_ppl = calloc((size_t)n_layers, sizeof(double));
         s->sculpt_kl = calloc((size_t)n_layers, sizeof(double));
+        s->kvzip_cosine = calloc((size_t)n_layers, sizeof(double));
+        s->kvzip_ppl = calloc((size_t)n_layers, sizeof(double));
+        s->kvzip_kl = calloc((size_t)n_layers, sizeof(double));
     }
     if (!s || !s->cosine || !s->ppl_delta || !s->kl || !s->entropy || !s->worst_ppl || !s->sculpt_cosine ||
-        !s->sculpt_ppl || !s->sculpt_kl) {
+        !s->sculpt_ppl || !s->sculpt_kl || !s->kvzip_cosine || !s->kvzip_ppl || !s->kvzip_kl) {
         kvm_polykv_signals_free(&s);
         return kvm_err(KVM_ENOMEM, "signals: out of memory");
     }
@@ -78,6 +81,9 @@ void kvm_polykv_signals_free(kvm_polykv_signals **ps)
     free(s->sculpt_cosine);
     free(s->sculpt_ppl);
     free(s->sculpt_kl);
+    free(s->kvzip_cosine);
+    free(s->kvzip_ppl);
+    free(s->kvzip_kl);
     free(s);
     *ps = NULL;
 }
@@ -100,15 +106,26 @@ static kvm_pattern best_eviction(const kvm_polykv_signals *s, kvm_polykv_select 
     return (kvm_pattern)best;
 }
 
-/* Patterns of layer l in both phases: sculpt (both phases) when measured and strictly better
- * than the best eviction pattern on the prefill signals, else the best eviction per phase. */
+/* Patterns of layer l in both phases: sculpt or kvzip (both phases) when measured and strictly
+ * better on the prefill signals than the best eviction pattern (and sculpt before kvzip on a
+ * tie), else the best eviction per phase. */
 static void best_patterns(const kvm_polykv_signals *s, kvm_polykv_select sel, int l, kvm_pattern *out)
 {
     for (int ph = 0; ph < KVM_POLYKV_PHASES; ph++) out[ph] = best_eviction(s, sel, ph, l);
-    if (!s->has_sculpt) return;
     size_t j = (size_t)l * KVM_PATTERN_COUNT + out[0];
-    if (sel == KVM_POLYKV_SELECT_COSINE ? s->sculpt_cosine[l] > s->cosine[j] : s->sculpt_ppl[l] < s->ppl_delta[j])
-        out[0] = out[1] = KVM_PATTERN_SCULPT;
+    double cos = s->cosine[j], ppl = s->ppl_delta[j];
+    const struct {
+        int on;
+        const double *c, *p;
+        kvm_pattern r;
+    } dist[] = {{s->has_sculpt, s->sculpt_cosine, s->sculpt_ppl, KVM_PATTERN_SCULPT},
+                {s->has_kvzip, s->kvzip_cosine, s->kvzip_ppl, KVM_PATTERN_KVZIP}};
+    for (size_t i = 0; i < sizeof dist / sizeof dist[0]; i++)
+        if (dist[i].on && (sel == KVM_POLYKV_SELECT_COSINE ? dist[i].c[l] > cos : dist[i].p[l] < ppl)) {
+            out[0] = out[1] = dist[i].r;
+            cos = dist[i].c[l];
+            ppl = dist[i].p[l];
+        }
 }
 
 int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel, kvm_pattern single,
@@ -188,7 +205,7 @@ int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_head
     for (int l = 0; !rc && l < s->n_layers; l++)
         for (int g = 0; g < n_kv_heads; g++) {
             p->pattern[l * n_kv_heads + g] =
-                s->layers[l].pattern[phase] == KVM_PATTERN_SCULPT ? KVM_PATTERN_NONE : s->layers[l].pattern[phase];
+                kvm_pattern_is_distilled(s->layers[l].pattern[phase]) ? KVM_PATTERN_NONE : s->layers[l].pattern[phase];
             p->budget[l * n_kv_heads + g] = bud[l];
         }
     free(bud);
