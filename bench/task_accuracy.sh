@@ -4,7 +4,8 @@
 # of CHUNK, one CSV per (task, chunk) under OUT; finished chunks are skipped. The summary
 # (accuracy, Wilson 95% interval, McNemar against full KV over all finished cases) comes from
 # bench/task_table.sh.
-# usage: bench/task_accuracy.sh [OUT_DIR] ; env TASKS, CASES, CHUNK, N, METHODS, RATIOS, THREADS
+# usage: bench/task_accuracy.sh [OUT_DIR] ; env TASKS, CASES, CHUNK, N, METHODS, RATIOS, THREADS,
+# KVMILL (the binary, default bin/kvmill), NICE (default 10)
 set -eu
 OUT=${1:-bench/out/task}
 SHARED=${KVMILL_SHARED:-../shared}
@@ -16,6 +17,7 @@ N=${N:-2048}
 METHODS=${METHODS:-streaming,h2o,tova,snapkv,pyramidkv}
 RATIOS=${RATIOS:-0.125,0.25,0.5}
 THREADS=${THREADS:-2}
+KVMILL=${KVMILL:-bin/kvmill}
 DOCS=${DOCS:-$SHARED/data/long2k}
 mkdir -p "$OUT"
 for task in $TASKS; do
@@ -23,7 +25,7 @@ for task in $TASKS; do
     while [ "$first" -lt "$CASES" ]; do
         f="$OUT/$task.N$N.c$first.csv"
         if [ ! -s "$f" ]; then
-            bin/kvmill eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
+            nice -n "${NICE:-10}" "$KVMILL" eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
                 --first-case "$first" --cases "$CHUNK" --method "$METHODS" --ratio "$RATIOS" --threads "$THREADS" \
                 --csv "$f.part" > "$f.log"
             mv "$f.part" "$f"
