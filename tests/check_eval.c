@@ -244,10 +244,6 @@ static double doc_diff(const kvm_eval_doc *a, const kvm_eval_doc *b)
  * starts again) or nothing. */
 START_TEST(test_prefix_reuse)
 {
-    int32_t other[256];
-    memcpy(other, ids, sizeof other);
-    for (int i = 40; i < 256; i++) /* tokens from 40 on differ: a fact inserted at 40 */
-        other[i] = ids[(i + 7) % 256];
     kvm_eval_prefix *p;
     ck_assert_int_eq(kvm_eval_prefix_new(model, NULL, ids, 256, &p), 0);
     const kvm_method *m = kvm_method_find("snapkv");
@@ -259,9 +255,9 @@ START_TEST(test_prefix_reuse)
         int64_t reused;
     } docs[] = {{40, 40}, {50, 50}, {20, 20}, {0, 0}, {N + 5, N - 1}};
     for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
-        int32_t t[256];
-        memcpy(t, ids, sizeof t);
-        memcpy(t + docs[i].diverge, other + 40, (size_t)(256 - docs[i].diverge) * sizeof *t);
+        int32_t t[256]; /* the prefix's tokens up to diverge, then others (a fact inserted there) */
+        for (int j = 0; j < 256; j++)
+            t[j] = j < docs[i].diverge ? ids[j] : ids[(j + 7) % 256];
         if (docs[i].diverge == 0) t[0] = (ids[0] + 1) % model->cfg.vocab_size;
         kvm_eval_doc *whole, *shared;
         int64_t reused = -1;
