@@ -635,6 +635,15 @@ START_TEST(test_cli_task)
     ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
     ck_assert_ptr_nonnull(strstr(out, "case    1 doc_000    depth 0.2"));
     ck_assert_ptr_nonnull(strstr(out, "== accuracy over 2 cases"));
+    /* case 1 prefills from its fact on: case 0's document prefix is kept (kvm_eval_doc_new_after) */
+    long long ctx = 0, reused = 0, tokens = 0, calls = 0;
+    const char *cost = strstr(err, "task: 2 cases; context ");
+    ck_assert_msg(cost && sscanf(cost, "task: 2 cases; context %lld tokens, %lld of them taken from their document's "
+                                       "prefix; answers %lld tokens in %lld forward calls",
+                                 &ctx, &reused, &tokens, &calls) == 4,
+                  "stderr %s", err);
+    ck_assert(reused > 0 && reused < ctx);
+    ck_assert(calls < tokens); /* the second answer starts as the first did: checked as a draft */
     free(out);
     free(err);
     /* --first-case 1: the same case 1, alone */
