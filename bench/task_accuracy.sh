@@ -4,7 +4,10 @@
 # of CHUNK, one CSV per (task, chunk) under OUT; finished chunks are skipped. The summary
 # (accuracy, Wilson 95% interval, McNemar against full KV over all finished cases) comes from
 # bench/task_table.sh.
-# usage: bench/task_accuracy.sh [OUT_DIR] ; env TASKS, CASES, CHUNK, N, METHODS, RATIOS, THREADS
+# usage: bench/task_accuracy.sh [OUT_DIR] ; env TASKS, FIRST (first case, default 0), CASES (up
+# to case FIRST + CASES), CHUNK, N, METHODS, RATIOS, THREADS, KVMILL (the binary, default
+# bin/kvmill), NICE (default 10), TAG (in the CSV names, to run other METHODS on the same cases
+# beside: bench/task_table.sh pairs them with either run's full KV)
 set -eu
 OUT=${1:-bench/out/task}
 SHARED=${KVMILL_SHARED:-../shared}
@@ -16,14 +19,15 @@ N=${N:-2048}
 METHODS=${METHODS:-streaming,h2o,tova,snapkv,pyramidkv}
 RATIOS=${RATIOS:-0.125,0.25,0.5}
 THREADS=${THREADS:-2}
+KVMILL=${KVMILL:-bin/kvmill}
 DOCS=${DOCS:-$SHARED/data/long2k}
 mkdir -p "$OUT"
 for task in $TASKS; do
-    first=0
-    while [ "$first" -lt "$CASES" ]; do
-        f="$OUT/$task.N$N.c$first.csv"
+    first=${FIRST:-0}
+    while [ "$first" -lt "$((${FIRST:-0} + CASES))" ]; do
+        f="$OUT/$task.N$N${TAG:+.$TAG}.c$first.csv"
         if [ ! -s "$f" ]; then
-            bin/kvmill eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
+            nice -n "${NICE:-10}" "$KVMILL" eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
                 --first-case "$first" --cases "$CHUNK" --method "$METHODS" --ratio "$RATIOS" --threads "$THREADS" \
                 --csv "$f.part" > "$f.log"
             mv "$f.part" "$f"

@@ -1,15 +1,18 @@
 #!/bin/sh
 # task_table.sh: accuracy per (task, context, method, budget) over the CSVs of
 # bench/task_accuracy.sh, with the Wilson 95% interval and the exact McNemar p against full KV
-# on the same cases. usage: bench/task_table.sh OUT_DIR
+# on the same cases (a method's cell pairs each of its cases with full KV's answer to the same
+# case, so cells of different runs over the same cases combine). usage: bench/task_table.sh OUT_DIR
 set -eu
-cat "${1:-bench/out/task}"/*.csv | awk -F, '
+printf "%-10s %-24s %6s %8s %17s %6s %6s %9s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p
+# a chunk still running (.csv.part) counts with the cases it has finished so far
+cat "${1:-bench/out/task}"/*.csv "${1:-bench/out/task}"/*.csv.part 2>/dev/null | awk -F, '
 $1 == "case" { next }
-{ key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", $7 / $5)) }
+# the budget as a share of the context, to the nearest 1/200 (budgets are whole entries)
+{ key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", int($7 / $5 * 200 + 0.5) / 200)) }
 $6 == "full" { full[key] = $8 }
 { ok[key, m] = $8; seen[key] = 1; cells[$2 "|" m] = 1 }
 END {
-    printf "%-10s %-24s %6s %8s %17s %6s %6s %9s\n", "task", "method@ratio", "cases", "acc", "95% interval", "lost", "gained", "mcnemar_p"
     for (c in cells) {
         split(c, tm, "|"); task = tm[1]; m = tm[2]; split(m, mr, "@")
         n = 0; r = 0; b = 0; g = 0

@@ -82,6 +82,35 @@ kvm_capture_layer *kvm_capture_layer_mut(kvm_capture *cap, int l) { return &cap-
 
 int64_t kvm_capture_n_tokens(const kvm_capture *cap) { return cap->n; }
 
+/* Rows [0, n) of each of `heads` blocks of d floats: src [heads][ns][d] -> dst [heads][nd][d]. */
+static void copy_rows(float *dst, int64_t nd, const float *src, int64_t ns, int heads, int d, int64_t n)
+{
+    for (int h = 0; dst && h < heads; h++)
+        memcpy(dst + (int64_t)h * nd * d, src + (int64_t)h * ns * d, (size_t)(n * d) * sizeof *dst);
+}
+
+int kvm_capture_copy_prefix(kvm_capture *dst, const kvm_capture *src, int64_t n)
+{
+    const kvm_model_config *c = &dst->cfg;
+    if (c->n_layers != src->cfg.n_layers || c->n_heads != src->cfg.n_heads || c->n_kv_heads != src->cfg.n_kv_heads ||
+        c->head_dim != src->cfg.head_dim || dst->o.want_queries != src->o.want_queries ||
+        dst->o.want_stats != src->o.want_stats || dst->o.mass_q0 != src->o.mass_q0 || n < 0 || n > dst->n ||
+        n > src->n || n > dst->o.mass_q1 || n > src->o.mass_q1)
+        return kvm_err(KVM_EINVAL, "capture: cannot copy %lld positions between captures of %lld and %lld (shapes or options differ)",
+                       (long long)n, (long long)src->n, (long long)dst->n);
+    for (int l = 0; l < c->n_layers; l++) {
+        kvm_capture_layer *D = &dst->layers[l];
+        const kvm_capture_layer *S = &src->layers[l];
+        copy_rows(D->k, dst->n, S->k, src->n, c->n_kv_heads, c->head_dim, n);
+        copy_rows(D->v, dst->n, S->v, src->n, c->n_kv_heads, c->head_dim, n);
+        copy_rows(D->q, dst->n, S->q, src->n, c->n_heads, c->head_dim, n);
+        copy_rows(D->q_pre, dst->n, S->q_pre, src->n, c->n_heads, c->head_dim, n);
+        copy_rows(D->entropy, dst->n, S->entropy, src->n, c->n_heads, 1, n);
+        copy_rows(D->mass, dst->n, S->mass, src->n, c->n_heads, 1, n);
+    }
+    return 0;
+}
+
 /* Host staging of at least n floats for a download. */
 static float *stage(kvm_capture *c, size_t n)
 {

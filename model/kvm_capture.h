@@ -46,6 +46,14 @@ const kvm_capture_layer *kvm_capture_layer_get(const kvm_capture *cap, int l);
  * compress stage); same buffers and shapes as kvm_capture_layer_get. */
 kvm_capture_layer *kvm_capture_layer_mut(kvm_capture *cap, int l);
 
+/* Copies positions [0, n) of every layer's tensors from src to dst (the same model config and
+ * options, mass windows from the same first query and covering [0, n); n ≤ both captures' N):
+ * keys, values, queries, entropy, and the mass those keys have received so far in src (the
+ * caller's invariant: src has watched positions [0, n) only). Watching a prefill of positions [n, N') into a cache holding src's
+ * first n entries then completes dst as one prefill of [0, N') would (the mass adds up over
+ * calls): a shared prefix is prefilled once. Returns 0 or KVM_EINVAL (shapes, n). */
+int kvm_capture_copy_prefix(kvm_capture *dst, const kvm_capture *src, int64_t n);
+
 /* Positions captured (N). */
 int64_t kvm_capture_n_tokens(const kvm_capture *cap);
 

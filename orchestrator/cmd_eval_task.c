@@ -97,6 +97,23 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
     return rc;
 }
 
+/* The framed document itself (no fact), at most a->n_ctx tokens: the prefix its cases share. */
+static int document_prefix(const cmd_eval_task_args *a, const frame *fr, const char *text, size_t len,
+                           kvm_eval_prefix **out)
+{
+    char *t = malloc(len + 1);
+    if (!t) return kvm_err(KVM_ENOMEM, "out of memory");
+    memcpy(t, text, len);
+    t[len] = '\0';
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    int rc = encode(a->tok, fr->open, t, kvm_tokenizer_add_bos(a->tok), &ids, &n);
+    free(t);
+    if (!rc) rc = kvm_eval_prefix_new(a->m, a->k, ids, n < a->n_ctx ? n : a->n_ctx, out);
+    free(ids);
+    return rc;
+}
+
 /* The answer's text (pieces joined), into buf; returns its length. */
 static size_t answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, char *buf, size_t cap)
 {
@@ -112,13 +129,35 @@ static size_t answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, cha
     return w;
 }
 
-/* One method's answer to the case over cache c (NULL: the full cache). */
+/* The answers given so far to a case: the drafts of lookup decoding (kvm_eval_answer_opts). */
+typedef struct answers {
+    int32_t **tok; /* [jobs + 1]: full KV's, then each job's */
+    int *len;
+    int n;
+    int64_t tokens, calls; /* answered tokens and forward calls after the questions, all cases */
+} answers;
+
+/* kvm_eval_answer_opts.done: the answer is complete once the expected one is in it, closed. */
+typedef struct done_ctx {
+    const cmd_eval_task_args *a;
+    const kvm_task_case *tc;
+} done_ctx;
+
+static int answer_done(void *user, const int32_t *out, int n)
+{
+    const done_ctx *dc = user;
+    char buf[512];
+    size_t len = answer_text(dc->a->tok, out, n, buf, sizeof buf);
+    return kvm_task_answered(dc->tc->answer, buf, len);
+}
+
+/* One method's answer to the case over cache c (m NULL: the full cache); appended to *ans. */
 static int answer(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_method *m, const void *opts, int *correct,
-                  const kvm_task_case *tc, char *text, size_t cap, double *budget)
+                  const kvm_task_case *tc, char *text, size_t cap, double *budget, answers *ans)
 {
     kvm_kvcache *cc = NULL, *served = NULL;
     int32_t *out = malloc((size_t)a->answer_tokens * sizeof *out);
-    int n = 0, rc = out ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
+    int n = 0, calls = 0, rc = out ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
     const kvm_kvcache *use = kvm_eval_doc_full(d);
     int64_t bytes;
     if (!rc && m) rc = m->compress(kvm_eval_doc_input(d), opts, &cc);
@@ -128,7 +167,10 @@ static int answer(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_method
         cc = served;
     }
     if (cc) use = cc;
-    if (!rc) rc = kvm_eval_answer(d, use, a->answer_tokens, out, &n);
+    done_ctx dc = {a, tc};
+    kvm_eval_answer_opts ao = {.done = answer_done, .user = &dc, .drafts = (const int32_t *const *)ans->tok,
+                               .draft_len = ans->len, .n_drafts = ans->n};
+    if (!rc) rc = kvm_eval_answer(d, use, a->answer_tokens, &ao, out, &n, &calls);
     if (!rc) {
         size_t len = answer_text(a->tok, out, n, text, cap);
         *correct = kvm_task_match(tc->answer, text, len);
@@ -136,10 +178,23 @@ static int answer(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_method
         *budget = (double)kvm_kvcache_entries(use) / ((double)c->n_layers * c->n_kv_heads);
         for (char *p = text; *p; p++) /* one CSV field, one line */
             if (*p == '\n' || *p == '\r' || *p == '"' || *p == ',') *p = ' ';
+        ans->tokens += n;
+        ans->calls += calls;
+        ans->tok[ans->n] = out;
+        ans->len[ans->n++] = n;
+        out = NULL;
     }
     kvm_kvcache_free(&cc);
     free(out);
     return rc;
+}
+
+/* Forgets a case's answers (keeps the counters). */
+static void answers_clear(answers *ans)
+{
+    for (int i = 0; i < ans->n; i++)
+        free(ans->tok[i]);
+    ans->n = 0;
 }
 
 static void summary(const char *name, int64_t right, int64_t n, int64_t b, int64_t c, int64_t full_right, int is_full)
@@ -171,7 +226,11 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     if (a->csv) fprintf(a->csv, "case,task,doc,depth,context,method,budget_tokens,correct,answer,generated\n");
     printf("== task %s: %d cases, context <= %lld tokens%s; columns: full KV, then each method (1 = right)\n",
            kvm_task_name(a->kind), a->cases, (long long)a->n_ctx, a->chat ? ", chat framing" : "");
-    int done = 0;
+    answers ans = {.tok = calloc((size_t)n_jobs + 1, sizeof *ans.tok), .len = calloc((size_t)n_jobs + 1, sizeof *ans.len)};
+    if (!rc && (!ans.tok || !ans.len)) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    int done = 0, pre_doc = -1;
+    kvm_eval_prefix *pre = NULL;
+    int64_t ctx_tokens = 0, reused_tokens = 0;
     for (int i = a->first_case; !rc && i < a->first_case + a->cases; i++) {
         int di = (i / KVM_TASK_DEPTHS) % docs->n;
         char *text = NULL, gen[512];
@@ -182,10 +241,21 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         kvm_eval_doc *d = NULL;
         rc = read_text(docs->paths[di], &text, &len);
         if (!rc) rc = make_case(a, &fr, text, len, (uint64_t)i, &tc, &ids, &nc, &nq);
-        if (!rc) rc = kvm_eval_doc_new(a->m, a->k, ids, nc + nq, nc, nq, &d);
+        if (!rc && di != pre_doc) { /* the cases of one document share its text before the fact */
+            kvm_eval_prefix_free(&pre);
+            pre_doc = -1;
+            rc = document_prefix(a, &fr, text, len, &pre);
+            if (!rc) pre_doc = di;
+        }
+        int64_t reused = 0;
+        if (!rc) rc = kvm_eval_doc_new_after(pre, ids, nc + nq, nc, nq, &reused, &d);
+        if (!rc) {
+            ctx_tokens += nc;
+            reused_tokens += reused;
+        }
         int ok;
         double budget;
-        if (!rc) rc = answer(a, d, NULL, NULL, &ok, &tc, gen, sizeof gen, &budget);
+        if (!rc) rc = answer(a, d, NULL, NULL, &ok, &tc, gen, sizeof gen, &budget, &ans);
         if (!rc) {
             right[n_jobs] += ok;
             printf("case %4d %-10s depth %.2f context %5lld  answer %-12s  full %d", i, docs->names[di], tc.depth,
@@ -196,7 +266,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         }
         for (int j = 0; !rc && j < n_jobs; j++) {
             int okj;
-            rc = answer(a, d, jobs[j].m, jobs[j].opts, &okj, &tc, gen, sizeof gen, &budget);
+            rc = answer(a, d, jobs[j].m, jobs[j].opts, &okj, &tc, gen, sizeof gen, &budget, &ans);
             if (rc) break;
             right[j] += okj;
             lost[j] += ok && !okj;
@@ -213,6 +283,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             done++;
         } else
             fprintf(stderr, "kvmill " CMD ": task case %d (%s): %s\n", i, docs->names[di], kvm_errmsg());
+        answers_clear(&ans);
         kvm_eval_doc_free(&d);
         free(ids);
         kvm_task_case_deinit(&tc);
@@ -224,6 +295,13 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         for (int j = 0; j < n_jobs; j++)
             summary(jobs[j].spec, right[j], done, lost[j], gained[j], right[n_jobs], 0);
     }
+    fprintf(stderr,
+            "kvmill " CMD ": task: %d cases; context %lld tokens, %lld of them taken from their document's prefix; "
+            "answers %lld tokens in %lld forward calls after the questions\n",
+            done, (long long)ctx_tokens, (long long)reused_tokens, (long long)ans.tokens, (long long)ans.calls);
+    kvm_eval_prefix_free(&pre);
+    free(ans.tok);
+    free(ans.len);
     free(right);
     free(lost);
     free(gained);

@@ -6,6 +6,7 @@
 #include "compress/eval/kvm_eval.h"
 #include "compress/eval/kvm_task.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "model/kvm_capture.h"
 #include "pipeline/kvm_cachecodec.h"
 #include "tests/util/kvm_test.h"
 
@@ -142,6 +143,153 @@ START_TEST(test_small_budget)
     ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 70, N, T, &d), KVM_EINVAL);
     ck_assert_ptr_null(d);
     ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, 500, 100, &d), KVM_EINVAL);
+}
+END_TEST
+
+/* Lookup decoding gives greedy decoding's answer whatever the drafts (right, wrong from the
+ * third token, shorter), with fewer forward calls when a draft is right; `done` stops it. */
+static int stop_at_3(void *user, const int32_t *out, int n)
+{
+    (void)user;
+    (void)out;
+    return n >= 3;
+}
+
+START_TEST(test_answer_drafts)
+{
+    kvm_eval_doc *d;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, &d), 0);
+    const kvm_method *m = kvm_method_find("h2o");
+    kvm_budget b = {.ratio = 0.25};
+    void *o;
+    kvm_kvcache *c;
+    ck_assert_int_eq(m->opts_new(NULL, &b, &model->cfg, &o), 0);
+    ck_assert_int_eq(m->compress(kvm_eval_doc_input(d), o, &c), 0);
+    enum { MAX = 12 };
+    const kvm_kvcache *caches[2] = {kvm_eval_doc_full(d), c};
+    for (int ci = 0; ci < 2; ci++) {
+        int32_t plain[MAX], got[MAX], wrong[MAX];
+        int n0, n, calls0, calls;
+        ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, NULL, plain, &n0, &calls0), 0);
+        ck_assert_int_ge(n0, 4); /* stories260K goes on for the 12 tokens here */
+        ck_assert_int_eq(calls0, n0 == MAX ? n0 - 1 : n0);
+        memcpy(wrong, plain, sizeof wrong);
+        wrong[2] = (plain[2] + 1) % model->cfg.vocab_size;
+        const int32_t *drafts[3] = {wrong, plain, plain};
+        const int lens[3] = {n0, n0, 2};
+        struct {
+            int first, count, max_calls; /* drafts[first, first + count) */
+        } runs[] = {{1, 1, 2}, {0, 1, MAX}, {2, 1, MAX}, {0, 3, 2}};
+        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+            kvm_eval_answer_opts ao = {.drafts = drafts + runs[r].first, .draft_len = lens + runs[r].first,
+                                       .n_drafts = runs[r].count};
+            ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, &ao, got, &n, &calls), 0);
+            ck_assert_int_eq(n, n0);
+            ck_assert_mem_eq(got, plain, (size_t)n0 * sizeof *got);
+            ck_assert_msg(calls <= runs[r].max_calls, "cache %d, run %zu: %d forward calls", ci, r, calls);
+        }
+        kvm_eval_answer_opts ao = {.done = stop_at_3, .drafts = drafts + 1, .draft_len = lens + 1, .n_drafts = 1};
+        ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, &ao, got, &n, &calls), 0);
+        ck_assert_int_eq(n, 3);
+        ck_assert_mem_eq(got, plain, 3 * sizeof *got);
+        ao.drafts = NULL;
+        ao.n_drafts = 0;
+        ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, &ao, got, &n, &calls), 0);
+        ck_assert_int_eq(n, 3);
+        ck_assert_int_eq(calls, 2);
+    }
+    kvm_kvcache_free(&c);
+    m->opts_free(o);
+    kvm_eval_doc_free(&d);
+}
+END_TEST
+
+/* Largest |a − b| over n floats (NULL pairs: 0). */
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; a && b && i < n; i++)
+        if (fabs((double)a[i] - b[i]) > m) m = fabs((double)a[i] - b[i]);
+    return m;
+}
+
+/* The largest difference between two docs' caches and captures (same shapes). */
+static double doc_diff(const kvm_eval_doc *a, const kvm_eval_doc *b)
+{
+    const kvm_model_config *c = &model->cfg;
+    const kvm_kvcache *ca = kvm_eval_doc_full(a), *cb = kvm_eval_doc_full(b);
+    ck_assert_int_eq(ca->next_pos, cb->next_pos);
+    double m = 0;
+    size_t kv = (size_t)c->n_kv_heads * N * c->head_dim, q = (size_t)c->n_heads * N * c->head_dim,
+           st = (size_t)c->n_heads * N;
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            const kvm_kv_head *x = kvm_kvcache_head(ca, l, h), *y = kvm_kvcache_head(cb, l, h);
+            ck_assert_int_eq(x->n, y->n);
+            ck_assert_mem_eq(x->pos, y->pos, (size_t)x->n * sizeof *x->pos);
+            m = fmax(m, max_diff(x->k, y->k, (size_t)x->n * c->head_dim));
+            m = fmax(m, max_diff(x->v, y->v, (size_t)x->n * c->head_dim));
+        }
+        const kvm_capture_layer *x = kvm_capture_layer_get(kvm_eval_doc_input(a)->cap, l),
+                                *y = kvm_capture_layer_get(kvm_eval_doc_input(b)->cap, l);
+        m = fmax(m, fmax(max_diff(x->k, y->k, kv), max_diff(x->v, y->v, kv)));
+        m = fmax(m, fmax(max_diff(x->q, y->q, q), max_diff(x->q_pre, y->q_pre, q)));
+        m = fmax(m, fmax(max_diff(x->entropy, y->entropy, st), max_diff(x->mass, y->mass, st)));
+    }
+    return m;
+}
+
+/* A document prefilled from a shared prefix equals one prefilled whole (cache, capture with
+ * its mass, and what methods make of it), also when a later document shares less (the prefix
+ * starts again) or nothing. */
+START_TEST(test_prefix_reuse)
+{
+    kvm_eval_prefix *p;
+    ck_assert_int_eq(kvm_eval_prefix_new(model, NULL, ids, 256, &p), 0);
+    const kvm_method *m = kvm_method_find("snapkv");
+    kvm_budget b = {.ratio = 0.25};
+    void *o;
+    ck_assert_int_eq(m->opts_new(NULL, &b, &model->cfg, &o), 0);
+    struct {
+        int32_t diverge; /* first token that differs from the prefix */
+        int64_t reused;
+    } docs[] = {{40, 40}, {50, 50}, {20, 20}, {0, 0}, {N + 5, N - 1}};
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        int32_t t[256]; /* the prefix's tokens up to diverge, then others (a fact inserted there) */
+        for (int j = 0; j < 256; j++)
+            t[j] = j < docs[i].diverge ? ids[j] : ids[(j + 7) % 256];
+        if (docs[i].diverge == 0) t[0] = (ids[0] + 1) % model->cfg.vocab_size;
+        kvm_eval_doc *whole, *shared;
+        int64_t reused = -1;
+        ck_assert_int_eq(kvm_eval_doc_new(model, NULL, t, 256, N, T, &whole), 0);
+        ck_assert_int_eq(kvm_eval_doc_new_after(p, t, 256, N, T, &reused, &shared), 0);
+        ck_assert_int_eq(reused, docs[i].reused);
+        double diff = doc_diff(whole, shared);
+        kvm_eval_result rw, rs;
+        ck_assert_int_eq(kvm_eval_run(whole, m, o, 0, &rw), 0);
+        ck_assert_int_eq(kvm_eval_run(shared, m, o, 0, &rs), 0);
+        printf("prefix reuse %lld of %d: largest difference %.3g, snapkv KL %.9g / %.9g\n", (long long)reused, N, diff,
+               rw.kl_mean, rs.kl_mean);
+        ck_assert_msg(diff < 1e-4, "diverging at %d: difference %g", docs[i].diverge, diff);
+        ck_assert(fabs(rw.kl_mean - rs.kl_mean) <= 1e-4 * rw.kl_mean);
+        ck_assert_double_eq(rw.budget_tokens, rs.budget_tokens);
+        kvm_eval_doc_free(&whole);
+        kvm_eval_doc_free(&shared);
+    }
+    m->opts_free(o);
+    kvm_eval_prefix_free(&p);
+    ck_assert_ptr_null(p);
+    ck_assert_int_eq(kvm_eval_prefix_new(model, NULL, ids, 0, &p), KVM_EINVAL);
+    ck_assert_ptr_null(p);
+    /* captures of other shapes or options do not mix */
+    kvm_capture *a, *q;
+    kvm_capture_opts with_q = {.want_queries = 1};
+    ck_assert_int_eq(kvm_capture_new(&model->cfg, 8, NULL, &a), 0);
+    ck_assert_int_eq(kvm_capture_new(&model->cfg, 8, &with_q, &q), 0);
+    ck_assert_int_eq(kvm_capture_copy_prefix(a, q, 4), KVM_EINVAL);
+    ck_assert_int_eq(kvm_capture_copy_prefix(q, q, 9), KVM_EINVAL);
+    kvm_capture_free(&a);
+    kvm_capture_free(&q);
 }
 END_TEST
 
@@ -322,6 +470,11 @@ START_TEST(test_task_cases)
     ck_assert_int_eq(kvm_task_match("Marta Quill", "Marta Quillson", 14), 0);
     ck_assert_int_eq(kvm_task_match("Marta Quill", "Marta Quill", 5), 0);
     ck_assert_int_eq(kvm_task_match("", g, strlen(g)), 0);
+    /* complete once a character closes the answer: no later token changes the score */
+    ck_assert_int_eq(kvm_task_answered("48213", "The pass key is 48213", 21), 0);
+    ck_assert_int_eq(kvm_task_answered("48213", "The pass key is 48213.", 22), 1);
+    ck_assert_int_eq(kvm_task_answered("48213", "The pass key is 482130 ", 23), 0);
+    ck_assert_int_eq(kvm_task_answered("Marta Quill", "Marta Quill\n", 12), 1);
     /* Wilson 95%: 8/10 gives [0.490, 0.943]; McNemar exact */
     double lo, hi;
     kvm_task_wilson(8, 10, &lo, &hi);
@@ -482,6 +635,15 @@ START_TEST(test_cli_task)
     ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
     ck_assert_ptr_nonnull(strstr(out, "case    1 doc_000    depth 0.2"));
     ck_assert_ptr_nonnull(strstr(out, "== accuracy over 2 cases"));
+    /* case 1 prefills from its fact on: case 0's document prefix is kept (kvm_eval_doc_new_after) */
+    long long ctx = 0, reused = 0, tokens = 0, calls = 0;
+    const char *cost = strstr(err, "task: 2 cases; context ");
+    ck_assert_msg(cost && sscanf(cost, "task: 2 cases; context %lld tokens, %lld of them taken from their document's "
+                                       "prefix; answers %lld tokens in %lld forward calls",
+                                 &ctx, &reused, &tokens, &calls) == 4,
+                  "stderr %s", err);
+    ck_assert(reused > 0 && reused < ctx);
+    ck_assert(calls < tokens); /* the second answer starts as the first did: checked as a draft */
     free(out);
     free(err);
     /* --first-case 1: the same case 1, alone */
@@ -618,6 +780,8 @@ static Suite *eval_suite(void)
                  {"full_budget_exact", test_full_budget_exact, 1},
                  {"small_budget", test_small_budget, 1},
                  {"batched_equals_token_by_token", test_batched_equals_token_by_token, 1},
+                 {"answer_drafts", test_answer_drafts, 1},
+                 {"prefix_reuse", test_prefix_reuse, 1},
                  {"target_budget", test_target_budget, 0},
                  {"store_dtype", test_store_dtype, 1},
                  {"cli_errors", test_cli_errors, 0},

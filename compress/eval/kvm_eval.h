@@ -44,6 +44,35 @@ int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *to
 /* Frees. Accepts NULL and *d == NULL; sets *d = NULL. */
 void kvm_eval_doc_free(kvm_eval_doc **d);
 
+/* A token prefix shared by several documents (task cases: one text with a fact inserted at
+ * different depths share the text before it), prefilled once, in steps, with the capture
+ * every method reads. Causal attention: the keys, values, queries and per-query statistics of
+ * positions [0, s) depend on tokens [0, s) only, and the mass a key receives is a sum over
+ * queries, so a document's prefill can start from the prefix's state at s. */
+typedef struct kvm_eval_prefix kvm_eval_prefix;
+
+/* Prepares prefix tokens[0, n) (copied) for model m on backend k (NULL = CPU; both borrowed,
+ * must outlive p); nothing is prefilled yet. Returns 0, KVM_EINVAL (n < 1 or past the model's
+ * window), KVM_ENOMEM. */
+int kvm_eval_prefix_new(const kvm_model *m, const kvm_kernels *k, const int32_t *tokens, int64_t n,
+                        kvm_eval_prefix **out);
+
+/* Frees. Accepts NULL and *p == NULL; sets *p = NULL. */
+void kvm_eval_prefix_free(kvm_eval_prefix **p);
+
+/* kvm_eval_doc_new for a document that may begin with p's tokens: s = the length of the common
+ * start of tokens[0, N − 1) and p's. When p has been prefilled no further than s, it is
+ * prefilled on to s (and kept there for the next document) and the document's cache and
+ * capture start from a copy of it: only [s, N) is prefilled for the document. When p is
+ * already past s (a document sharing less after one sharing more), p starts again from
+ * position 0 (the document then costs what kvm_eval_doc_new does; give documents in order of
+ * their insertion point to avoid it). *reused (may be NULL) gets s.
+ * The result equals kvm_eval_doc_new's up to float rounding (the context runs in two prefill
+ * calls instead of one; tests/check_eval.c measures it). Errors: those of kvm_eval_doc_new,
+ * or a forward error of p's prefill (p then shares nothing with later documents). */
+int kvm_eval_doc_new_after(kvm_eval_prefix *p, const int32_t *tokens, int64_t n_tokens, int64_t n_ctx,
+                           int64_t n_cont, int64_t *reused, kvm_eval_doc **out);
+
 /* What a method receives for this document; valid while d lives. */
 const kvm_compress_input *kvm_eval_doc_input(const kvm_eval_doc *d);
 
@@ -92,13 +121,33 @@ int kvm_eval_run_ex(kvm_eval_doc *d, const kvm_method *m, const void *opts, cons
  * after them). Returns NAN before any run or for a bad range. */
 double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1);
 
+/* How kvm_eval_answer decodes. Zero-initialised: plain greedy decoding to max_new or EOS. */
+typedef struct kvm_eval_answer_opts {
+    /* 1 when out[0, n) is a complete answer, so decoding stops there; NULL: never */
+    int (*done)(void *user, const int32_t *out, int n);
+    void *user; /* for done */
+    /* Draft answers (other caches' answers to the same question), lookup decoding: when the
+     * tokens so far begin draft i, its next tokens (up to max_new) are run in one batched call
+     * with the last token and accepted while each equals the greedy choice; the first that
+     * does not is replaced by it and the rejected entries are dropped from the cache. Greedy
+     * speculative decoding (Leviathan et al., arXiv 2211.17192, with earlier answers as the
+     * draft, as prompt-lookup decoding does): the answer is greedy decoding's, up to the float
+     * rounding of a batched call against single-token ones. NULL / 0: none. */
+    const int32_t *const *drafts;
+    const int *draft_len;
+    int n_drafts;
+} kvm_eval_answer_opts;
+
 /* Answers a question over a cache (task accuracy, compress/eval/kvm_task.h): the document's
  * continuation tokens [N, N+T) (the question and the assistant marker, appended at ask time)
  * are prefilled over a copy of `cache` (borrowed; a cache of the context, next_pos == N),
- * then up to max_new tokens are decoded greedily; an EOS token ends the answer and is not
- * stored. out[max_new] gets the tokens, *n_out their count. Returns 0, KVM_EINVAL (cache
- * shape, max_new < 1), KVM_ENOMEM, a forward error. */
-int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out);
+ * then up to max_new tokens are decoded greedily (o may be NULL: kvm_eval_answer_opts); an
+ * EOS token ends the answer and is not stored. out[max_new] gets the tokens, *n_out their
+ * count, *forward_calls (may be NULL) the forward calls after the question's (decode steps
+ * and batched draft checks). Returns 0, KVM_EINVAL (cache shape, max_new < 1), KVM_ENOMEM,
+ * a forward error. */
+int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, const kvm_eval_answer_opts *o,
+                    int32_t *out, int *n_out, int *forward_calls);
 
 /* The forward d runs its continuations with (borrowed, valid while d lives; no hooks are
  * registered between calls): for callers that replay single layers (kvm_forward_attend). */

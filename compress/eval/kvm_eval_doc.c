@@ -116,8 +116,32 @@ static int ref_decode(kvm_eval_doc *d)
     return 0;
 }
 
-int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *tokens, int64_t n_tokens, int64_t n_ctx,
-                     int64_t n_cont, kvm_eval_doc **out)
+struct kvm_eval_prefix {
+    const kvm_model *m;
+    const kvm_kernels *k;
+    int32_t *tokens;   /* [n] */
+    int64_t n, done;   /* prefix length; positions prefilled so far */
+    kvm_forward *f;
+    kvm_kvcache *cache; /* positions [0, done) */
+    kvm_capture *cap;   /* positions [0, done), mass from those queries only */
+};
+
+/* What every method may read of the context: queries and statistics over all N queries. */
+static const kvm_capture_opts doc_capture = {.want_queries = 1, .want_stats = 1};
+
+/* Empties p: a new capture and cache, nothing prefilled. */
+static int prefix_reset(kvm_eval_prefix *p)
+{
+    kvm_capture_free(&p->cap);
+    kvm_kvcache_free(&p->cache);
+    p->done = 0;
+    int rc = kvm_capture_new(&p->m->cfg, p->n, &doc_capture, &p->cap);
+    return rc ? rc : kvm_forward_cache_new(p->m, p->n, &p->cache);
+}
+
+/* kvm_eval_doc_new; with p, positions [0, s) (s ≥ 1, p->done == s) come from the prefix. */
+static int doc_build(const kvm_model *m, const kvm_kernels *k, const int32_t *tokens, int64_t n_tokens, int64_t n_ctx,
+                     int64_t n_cont, const kvm_eval_prefix *p, int64_t s, kvm_eval_doc **out)
 {
     *out = NULL;
     const kvm_model_config *c = &m->cfg;
@@ -143,11 +167,12 @@ int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *to
         memcpy(d->tokens, tokens, (size_t)(n_ctx + n_cont) * sizeof *d->tokens);
         rc = kvm_forward_new(m, k, n_ctx, &d->f);
     }
-    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
-    if (!rc) rc = kvm_capture_new(c, n_ctx, &co, &d->cap);
-    if (!rc) rc = kvm_forward_cache_new(m, n_ctx + n_cont, &d->full);
+    if (!p) s = 0;
+    if (!rc) rc = kvm_capture_new(c, n_ctx, &doc_capture, &d->cap);
+    if (!rc) rc = s ? kvm_kvcache_clone(p->cache, &d->full) : kvm_forward_cache_new(m, n_ctx + n_cont, &d->full);
+    if (!rc && s) rc = kvm_capture_copy_prefix(d->cap, p->cap, s);
     if (!rc) rc = kvm_forward_add_hooks(d->f, kvm_capture_hooks(d->cap));
-    if (!rc) rc = kvm_forward_prefill(d->f, d->full, d->tokens, n_ctx, d->ref, KVM_LOGITS_LAST);
+    if (!rc) rc = kvm_forward_prefill(d->f, d->full, d->tokens + s, n_ctx - s, d->ref, KVM_LOGITS_LAST);
     if (d->f) kvm_forward_clear_hooks(d->f);
     if (!rc) rc = kvm_kvcache_clone(d->full, &tmp);
     if (!rc) rc = continue_run(d, tmp, d->ref, 1);
@@ -156,14 +181,82 @@ int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *to
         kvm_eval_doc_free(&d);
         return rc;
     }
-    double s = 0;
+    double sum = 0;
     for (int64_t i = 0; i < n_cont; i++)
-        s += nll(d->ref + i * c->vocab_size, c->vocab_size, d->tokens[n_ctx + i]);
-    d->ppl_full = exp(s / (double)n_cont);
+        sum += nll(d->ref + i * c->vocab_size, c->vocab_size, d->tokens[n_ctx + i]);
+    d->ppl_full = exp(sum / (double)n_cont);
     d->in = (kvm_compress_input){.model = m, .full = d->full, .cap = d->cap, .n_tokens = n_ctx, .n_future = n_cont,
                                  .tokens = d->tokens, .qcache = &d->qcache};
     *out = d;
     return 0;
+}
+
+int kvm_eval_doc_new(const kvm_model *m, const kvm_kernels *k, const int32_t *tokens, int64_t n_tokens, int64_t n_ctx,
+                     int64_t n_cont, kvm_eval_doc **out)
+{
+    return doc_build(m, k, tokens, n_tokens, n_ctx, n_cont, NULL, 0, out);
+}
+
+int kvm_eval_prefix_new(const kvm_model *m, const kvm_kernels *k, const int32_t *tokens, int64_t n,
+                        kvm_eval_prefix **out)
+{
+    *out = NULL;
+    if (n < 1 || n > m->cfg.seq_len)
+        return kvm_err(KVM_EINVAL, "eval: a prefix of %lld tokens (the model's window is %d)", (long long)n,
+                       m->cfg.seq_len);
+    kvm_eval_prefix *p = calloc(1, sizeof *p);
+    if (!p) return kvm_err(KVM_ENOMEM, "eval: out of memory");
+    *p = (kvm_eval_prefix){.m = m, .k = k, .n = n, .tokens = malloc((size_t)n * sizeof *p->tokens)};
+    int rc = p->tokens ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) {
+        memcpy(p->tokens, tokens, (size_t)n * sizeof *p->tokens);
+        rc = kvm_forward_new(m, k, n, &p->f);
+    }
+    if (!rc) rc = prefix_reset(p);
+    if (rc) kvm_eval_prefix_free(&p);
+    *out = p;
+    return rc;
+}
+
+void kvm_eval_prefix_free(kvm_eval_prefix **pp)
+{
+    if (!pp || !*pp) return;
+    kvm_eval_prefix *p = *pp;
+    kvm_forward_free(&p->f);
+    kvm_capture_free(&p->cap);
+    kvm_kvcache_free(&p->cache);
+    free(p->tokens);
+    free(p);
+    *pp = NULL;
+}
+
+int kvm_eval_doc_new_after(kvm_eval_prefix *p, const int32_t *tokens, int64_t n_tokens, int64_t n_ctx,
+                           int64_t n_cont, int64_t *reused, kvm_eval_doc **out)
+{
+    int64_t s = 0, lim = n_ctx - 1 < p->n ? n_ctx - 1 : p->n; /* the context's last token is always prefilled */
+    if (reused) *reused = 0;
+    if (n_ctx >= 1 && n_tokens >= n_ctx)
+        while (s < lim && tokens[s] == p->tokens[s])
+            s++;
+    int rc = 0;
+    if (s < p->done && (rc = prefix_reset(p))) { /* its mass already holds queries past s: start it afresh */
+        *out = NULL;
+        return rc;
+    }
+    if (s > p->done) {
+        rc = kvm_forward_add_hooks(p->f, kvm_capture_hooks(p->cap));
+        if (!rc) rc = kvm_forward_prefill(p->f, p->cache, p->tokens + p->done, s - p->done, NULL, KVM_LOGITS_NONE);
+        kvm_forward_clear_hooks(p->f);
+        if (rc) {
+            p->n = 0; /* its cache may hold a partial step: later documents are prefilled whole */
+            *out = NULL;
+            return rc;
+        }
+        p->done = s;
+    }
+    rc = doc_build(p->m, p->k, tokens, n_tokens, n_ctx, n_cont, p, s, out);
+    if (!rc && reused) *reused = s;
+    return rc;
 }
 
 void kvm_eval_doc_free(kvm_eval_doc **pd)
@@ -245,26 +338,71 @@ const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d) { return d->full; }
 
 kvm_forward *kvm_eval_doc_forward(kvm_eval_doc *d) { return d->f; }
 
-int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, int32_t *out, int *n_out)
+/* The longest draft continuing out[0, n): *at = its tokens [n, n + L) with L ≤ max_new − n. */
+static int draft_after(const kvm_eval_answer_opts *o, const int32_t *out, int n, int max_new, const int32_t **at)
+{
+    int best = 0;
+    for (int i = 0; o && i < o->n_drafts; i++) {
+        int len = o->draft_len[i] < max_new ? o->draft_len[i] : max_new;
+        if (len - n > best && !memcmp(o->drafts[i], out, (size_t)n * sizeof *out)) {
+            best = len - n;
+            *at = o->drafts[i] + n;
+        }
+    }
+    return best;
+}
+
+int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, const kvm_eval_answer_opts *o,
+                    int32_t *out, int *n_out, int *forward_calls)
 {
     const kvm_model_config *c = &d->m->cfg;
+    const int V = c->vocab_size;
     *n_out = 0;
+    if (forward_calls) *forward_calls = 0;
     if (max_new < 1 || cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads ||
         cache->head_dim != c->head_dim || cache->next_pos != d->n_ctx)
         return kvm_err(KVM_EINVAL, "eval: answer: not a %lld-token context cache of this model, or max_new %d < 1",
                        (long long)d->n_ctx, max_new);
     kvm_kvcache *c2 = NULL;
-    float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
-    int rc = logits ? kvm_kvcache_clone(cache, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    float *logits = malloc((size_t)(max_new + 1) * (size_t)V * sizeof *logits); /* a draft check's rows */
+    int32_t *feed = malloc((size_t)(max_new + 1) * sizeof *feed);
+    int rc = logits && feed ? kvm_kvcache_clone(cache, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
     if (!rc) rc = kvm_forward_prefill(d->f, c2, d->tokens + d->n_ctx, d->n_cont, logits, KVM_LOGITS_LAST);
-    for (int i = 0; !rc && i < max_new; i++) {
-        int32_t next = kvm_argmax(logits, c->vocab_size);
+    const float *row = logits; /* predicts out[n] */
+    int n = 0, calls = 0;
+    while (!rc && n < max_new) {
+        int32_t next = kvm_argmax(row, V);
         if (kvm_model_is_eos(c, next)) break;
-        out[(*n_out)++] = next;
-        if (i + 1 < max_new) rc = kvm_forward_decode(d->f, c2, next, logits);
+        out[n++] = next;
+        if (n == max_new || (o && o->done && o->done(o->user, out, n))) break;
+        const int32_t *dr = NULL;
+        int L = draft_after(o, out, n, max_new, &dr), j = 0, stop = 0;
+        calls++;
+        if (L == 0) {
+            rc = kvm_forward_decode(d->f, c2, next, logits);
+            row = logits;
+            continue;
+        }
+        feed[0] = next; /* row i of the call predicts the token after feed[i] */
+        memcpy(feed + 1, dr, (size_t)L * sizeof *feed);
+        if ((rc = kvm_forward_prefill(d->f, c2, feed, L + 1, logits, KVM_LOGITS_ALL))) break;
+        while (!stop && j < L && !kvm_model_is_eos(c, dr[j]) && kvm_argmax(logits + (size_t)j * V, V) == dr[j]) {
+            out[n++] = dr[j++];
+            stop = n == max_new || (o->done && o->done(o->user, out, n));
+        }
+        if (stop) break;
+        for (int l = 0; l < c2->n_layers; l++) /* drop the rejected draft tokens' entries */
+            for (int h = 0; h < c2->n_kv_heads; h++)
+                for (int e = j; e < L; e++)
+                    kvm_kvcache_drop(kvm_kvcache_head(c2, l, h), c2->head_dim, kvm_kvcache_head(c2, l, h)->n - 1);
+        c2->next_pos -= L - j;
+        row = logits + (size_t)j * V;
     }
+    *n_out = n;
+    if (forward_calls) *forward_calls = calls;
     kvm_kvcache_free(&c2);
     free(logits);
+    free(feed);
     return rc;
 }
 

@@ -144,7 +144,9 @@ void kvm_task_case_deinit(kvm_task_case *c)
     c->document = NULL;
 }
 
-int kvm_task_match(const char *answer, const char *generated, size_t len)
+/* The first whole-word occurrence of answer in generated[0, len) (ASCII case folded); with
+ * closed = 1 only one followed by a character. Returns 1 when found. */
+static int find_answer(const char *answer, const char *generated, size_t len, int closed)
 {
     size_t n = strlen(answer);
     if (n == 0 || n > len) return 0;
@@ -155,9 +157,19 @@ int kvm_task_match(const char *answer, const char *generated, size_t len)
         if (j < n) continue;
         int before = i > 0 && isalnum((unsigned char)generated[i - 1]);
         int after = i + n < len && isalnum((unsigned char)generated[i + n]);
-        if (!before && !after) return 1;
+        if (!before && !after && (!closed || i + n < len)) return 1;
     }
     return 0;
+}
+
+int kvm_task_match(const char *answer, const char *generated, size_t len)
+{
+    return find_answer(answer, generated, len, 0);
+}
+
+int kvm_task_answered(const char *answer, const char *generated, size_t len)
+{
+    return find_answer(answer, generated, len, 1);
 }
 
 void kvm_task_wilson(int64_t k, int64_t n, double *lo, double *hi)

@@ -47,6 +47,10 @@ void kvm_task_case_deinit(kvm_task_case *c);
  * "Anna Bell" for "Anna Bellows" do not. */
 int kvm_task_match(const char *answer, const char *generated, size_t len);
 
+/* 1 when generated[0, len) holds the answer as kvm_task_match finds it and a character after
+ * it, so no later token can change the score: the answer is complete (decoding may stop). */
+int kvm_task_answered(const char *answer, const char *generated, size_t len);
+
 /* Wilson score 95% interval (z = 1.96) of a share k/n, n ≥ 1: [*lo, *hi] within [0, 1]. */
 void kvm_task_wilson(int64_t k, int64_t n, double *lo, double *hi);
 
