@@ -260,6 +260,25 @@ START_TEST(test_serve_missing_store)
 }
 END_TEST
 
+/* `[store] path = tcp://HOST:PORT` (a store service, as kvmill run takes it) in the config
+ * given to serve: serve took it for an LMDB directory and refused "store tcp://... does not
+ * exist"; its decode workers already took it for the service. Now serve starts (no worker
+ * here: --workers 0, stopped by SIGINT after its "ready" line). */
+START_TEST(test_serve_store_path_endpoint)
+{
+    char cfg[4400], text[8192], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = tcp://127.0.0.1:1\n[serve]\nbind = "
+             "ipc://%s/front\n", kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "timeout -s INT 5 '%s/kvmill' serve --config '%s' --workers 0", kvm_test_bin(), cfg);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(!strstr(err, "does not exist") && strstr(err, "ready: front end"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -307,6 +326,7 @@ static Suite *review_suite(void)
         {"strict_decimal", test_strict_decimal},
         {"refusals_exit_2_prefix_once", test_refusals_exit_2_prefix_once},
         {"serve_missing_store", test_serve_missing_store},
+        {"serve_store_path_endpoint", test_serve_store_path_endpoint},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
