@@ -1,6 +1,8 @@
 /* kvm_jobcfg.c: job settings as a MessagePack map (msgpack-c) and the config id. */
 #include "pipeline/kvm_jobcfg.h"
 #include "common/kvm_error.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_worker.h"
 
 #include <msgpack.h>
 #include <stdio.h>
@@ -95,8 +97,8 @@ int kvm_jobcfg_check(const kvm_config *c)
     const char *method = kvm_config_str(c, "compress", "method");
     int64_t ctx = kvm_config_int(c, "model", "context"), budget = kvm_config_int(c, "compress", "budget");
     int64_t retain = kvm_config_int(c, "compress", "retain");
-    int sculpt = !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed") ||
-                 !strcmp(method, "am") || !strcmp(method, "kvzip"); /* every method that keeps a retain zone */
+    kvm_sculpt_mode mode;
+    int sculpt = kvm_sculpt_mode_parse(method, &mode) == 0; /* every method that keeps a retain zone */
     if (*kvm_config_str(c, "model", "system") && !kvm_config_bool(c, "model", "chat"))
         return kvm_err(KVM_EINVAL, "%s: [model] system is set but chat = false: the system message is part of the chat "
                                    "framing; set chat = true or remove system",
@@ -107,6 +109,19 @@ int kvm_jobcfg_check(const kvm_config *c)
                                    "take (%s); use a method with a budget or set target_kl = 0",
                        kvm_config_path(c), method,
                        !strcmp(method, "full") ? "it keeps every entry" : "its strategy sets the budgets");
+    if (kvm_config_bool(c, "compress", "on_policy")) { /* a sculpt-family setting: refused where it does nothing */
+        if (!sculpt)
+            return kvm_err(KVM_EINVAL, "%s: [compress] on_policy = true fits the distilled layers in order, which method %s "
+                                       "does not make (%s); use a sculpt-family method or set on_policy = false",
+                           kvm_config_path(c), method,
+                           !strcmp(method, "polykv") ? "its strategy chooses each layer's method"
+                           : !strcmp(method, "full") ? "it keeps every entry"
+                                                     : "it keeps or drops the original entries");
+        kvm_sculpt_opts so;
+        int rc = kvm_worker_sculpt_opts(c, mode, &so);
+        if (!rc) rc = kvm_sculpt_opts_check_combination(&so);
+        if (rc) return kvm_err(rc, "%s: [compress]: %s", kvm_config_path(c), kvm_errmsg());
+    }
     if (!strcmp(method, "full")) return 0;
     if (budget >= ctx)
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "

@@ -34,8 +34,11 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * without chat = true (the message would be ignored), [compress] target_kl with method full
  * or polykv (no budget to choose), [compress] budget
  * at or above [model] context (any method but full), or retain at or above the context
- * (sculpt methods: the retain zone alone would hold every token). Returns 0 or KVM_EINVAL
- * with a message naming the setting, its value and the context. */
+ * (sculpt methods: the retain zone alone would hold every token), [compress] on_policy = true
+ * with a method that distils no layers (eviction patterns, polykv, full) or with sculpt
+ * settings it does not go with (kvm_sculpt_opts_check_combination). Returns 0 or KVM_EINVAL
+ * (KVM_ENOTSUP for on_policy with alloc other than uniform) with a message naming the
+ * setting, its value and the context. */
 int kvm_jobcfg_check(const kvm_config *c);
 
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:

@@ -7,6 +7,7 @@
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
@@ -279,6 +280,62 @@ START_TEST(test_serve_store_path_endpoint)
 }
 END_TEST
 
+/* [compress] on_policy = true where it does nothing or cannot run: with an eviction method,
+ * polykv or full it was ignored (and changed the config id, so every cache was made again);
+ * without a repeat/continuation share or with alloc other than uniform every document failed
+ * in its compress worker (exit 1). Now kvm_jobcfg_check refuses them, and `kvmill run` exits
+ * 2 before any stage starts. */
+START_TEST(test_on_policy_refused_at_start)
+{
+    static const struct {
+        const char *compress, *want;
+        int rc;
+    } cases[] = {
+        {"method = streaming\non_policy = true", "which method streaming does not make", KVM_EINVAL},
+        {"method = polykv\non_policy = true", "which method polykv does not make", KVM_EINVAL},
+        {"method = full\non_policy = true", "which method full does not make (it keeps every entry)", KVM_EINVAL},
+        {"method = sculpt\non_policy = true", "on_policy takes its queries from forward passes", KVM_EINVAL},
+        {"method = am\non_policy = true\nquery_source = synthetic@1", "it needs query_source repeat", KVM_EINVAL},
+        {"method = sculpt\non_policy = true\nquery_source = repeat\nalloc = head", "use alloc = uniform", KVM_ENOTSUP},
+        {"method = sculpt\non_policy = true\nquery_source = repat", "'repat' is not synthetic, repeat or continuation",
+         KVM_EINVAL},
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n", cases[i].compress);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        int rc = kvm_jobcfg_check(c);
+        ck_assert_msg(rc == cases[i].rc && strstr(kvm_errmsg(), cases[i].want) && strstr(kvm_errmsg(), "t.ini: [compress]"),
+                      "%s: %d %s", cases[i].compress, rc, kvm_errmsg());
+        kvm_config_free(&c);
+    }
+    const char *good[] = {"method = sculpt\non_policy = true\nquery_source = repeat",
+                          "method = kvzip\non_policy = true\nquery_source = continuation@1+synthetic@1",
+                          "method = streaming\non_policy = false"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n", good[i]);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        ck_assert_msg(kvm_jobcfg_check(c) == 0, "%s: %s", good[i], kvm_errmsg());
+        kvm_config_free(&c);
+    }
+    /* the command: exit 2, nothing started, nothing stored */
+    char cfg[4400], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s/s.lmdb\n[compress]\nmethod = "
+             "sculpt\non_policy = true\nqueries = 16\niterations = 1\n", kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfg, kvm_test_data_path("corpus"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill run: ") && strstr(err, "c.ini: [compress]: sculpt: on_policy takes its queries"),
+                  "stderr: %s", err);
+    ck_assert_msg(!strstr(err, "documents"), "it started: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -327,6 +384,7 @@ static Suite *review_suite(void)
         {"refusals_exit_2_prefix_once", test_refusals_exit_2_prefix_once},
         {"serve_missing_store", test_serve_missing_store},
         {"serve_store_path_endpoint", test_serve_store_path_endpoint},
+        {"on_policy_refused_at_start", test_on_policy_refused_at_start},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
