@@ -104,7 +104,8 @@ typedef struct orch {
     int n_layers;
     double hb_ms, dead_ms, job_timeout_ms;
     int max_retries;
-    int store_full;           /* the store's device is full: no more documents are fed */
+    int store_full;           /* the store takes no more caches (full, or its service does not answer): no
+                                 more documents are fed */
     int64_t evicted0;         /* the store's eviction count when the run started */
     kvm_orch_summary *sum;
     double t0;
@@ -279,15 +280,21 @@ static void requeue(orch *o, job *j, const char *why)
     job_set(o, j, J_QUEUED);
 }
 
-/* The store's device is full: said once; the job goes back to the queue (not an attempt:
- * it is not the document's fault) and no more documents are fed. */
-static void store_is_full(orch *o, job *j, const char *why)
+/* The store takes no more caches: its device is full, or (a run whose store is the store
+ * service) the service does not answer, so every upload and claim would wait out its
+ * timeouts. Said once; the job goes back to the queue (not an attempt: it is not the
+ * document's fault) and no more documents are fed. */
+static void store_stop(orch *o, job *j, const char *why, int down)
 {
     if (!o->store_full)
-        orch_log("%s\nkvmill %s: no space left on the store's device: feeding no more documents (free space on it "
-                 "and run again: stored ones are skipped)\n", why, orch_cmd);
+        orch_log(down ? "%s\nkvmill %s: the store service does not answer: feeding no more documents (start it and run "
+                        "again: stored ones are skipped)\n"
+                      : "%s\nkvmill %s: no space left on the store's device: feeding no more documents (free space on it "
+                        "and run again: stored ones are skipped)\n",
+                 why, orch_cmd);
     o->store_full = 1;
-    o->sum->store_full = 1;
+    if (down) o->sum->store_down = 1;
+    else o->sum->store_full = 1;
     if (j->worker >= 0) o->workers[j->worker].job = -1;
     j->worker = -1;
     job_drop_kv(j);
@@ -513,7 +520,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
             char why[600];
             snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len, r.message.ptr);
-            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device")) store_is_full(o, j, why);
+            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device")) store_stop(o, j, why, 0);
+            else if (o->cli && r.status == KVM_EIO && strstr(why, "store service")) store_stop(o, j, why, 1);
             else if (r.retryable) requeue(o, j, why);
             else {
                 if (j->worker >= 0) o->workers[j->worker].job = -1;
@@ -700,8 +708,13 @@ static int claim_job(orch *o, job *j)
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     kvm_store_claim holder;
     int taken = 0, found = 0;
-    if (o->cli ? claim_remote(o, &key, &taken, &found, &holder)
-               : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder)) {
+    int rc = o->cli ? claim_remote(o, &key, &taken, &found, &holder)
+                    : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder);
+    if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
+        store_stop(o, j, kvm_errmsg(), 1);
+        return 1;
+    }
+    if (rc) {
         orch_log("could not claim %s (%s): compressing it anyway\n", j->doc->name, kvm_errmsg());
         taken = 1;
         found = 0;
