@@ -2,6 +2,7 @@
 #include "pipeline/kvm_jobcfg.h"
 #include "common/kvm_error.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_target.h"
 #include "pipeline/kvm_worker.h"
 
 #include <msgpack.h>
@@ -123,6 +124,13 @@ int kvm_jobcfg_check(const kvm_config *c)
         if (rc) return kvm_err(rc, "%s: [compress]: %s", kvm_config_path(c), kvm_errmsg());
     }
     if (!strcmp(method, "full")) return 0;
+    if (target && kvm_target_lowest_budget(c) >= ctx)
+        return kvm_err(KVM_EINVAL, "%s: [compress] target_kl: the smallest budget searched, %lld (the first multiple of "
+                                   "target_step = %lld%s), is not below [model] context = %lld: the search would keep "
+                                   "context - 1 entries, no smaller cache; lower target_step%s",
+                       kvm_config_path(c), (long long)kvm_target_lowest_budget(c),
+                       (long long)kvm_config_int(c, "compress", "target_step"), sculpt ? " above retain" : "",
+                       (long long)ctx, sculpt ? " or retain" : "");
     if (budget >= ctx)
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
                                    "cache would be as large as the full one or larger; lower budget (or use method = full)",

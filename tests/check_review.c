@@ -336,6 +336,38 @@ START_TEST(test_on_policy_refused_at_start)
 }
 END_TEST
 
+/* [compress] target_kl whose smallest budget is not below the context (target_step >= context,
+ * or for sculpt methods the first multiple above retain): every document was stored at
+ * budget context - 1, a "compressed" cache larger than the full one, without a word. Refused
+ * by kvm_jobcfg_check now; one step below still runs. */
+START_TEST(test_target_step_past_context)
+{
+    static const struct {
+        const char *compress, *want;
+        int rc;
+    } cases[] = {
+        {"method = streaming\ntarget_step = 64", "the smallest budget searched, 64 (the first multiple of target_step = 64)",
+         KVM_EINVAL},
+        {"method = snapkv\ntarget_step = 1000", "searched, 1000 (", KVM_EINVAL},
+        {"method = sculpt\nretain = 60", "searched, 64 (the first multiple of target_step = 16 above retain)", KVM_EINVAL},
+        {"method = streaming\ntarget_step = 63", "", 0},
+        {"method = sculpt\nretain = 40", "", 0},
+        {"method = streaming\ntarget_kl = 0\ntarget_step = 1000\nbudget = 16", "", 0}, /* off: unused */
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\n%s\n%s\n",
+                 strstr(cases[i].compress, "target_kl") ? "" : "target_kl = 0.1", cases[i].compress);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        int rc = kvm_jobcfg_check(c);
+        ck_assert_msg(rc == cases[i].rc && (!rc || strstr(kvm_errmsg(), cases[i].want)), "%s: %d %s", cases[i].compress,
+                      rc, kvm_errmsg());
+        kvm_config_free(&c);
+    }
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -385,6 +417,7 @@ static Suite *review_suite(void)
         {"serve_missing_store", test_serve_missing_store},
         {"serve_store_path_endpoint", test_serve_store_path_endpoint},
         {"on_policy_refused_at_start", test_on_policy_refused_at_start},
+        {"target_step_past_context", test_target_step_past_context},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
