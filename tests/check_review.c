@@ -368,6 +368,20 @@ START_TEST(test_target_step_past_context)
 }
 END_TEST
 
+/* `kvmill generate --chat` on a model without a chat template (stories260K) exited 1, where
+ * run, serve and eval refuse the same with exit 2 (README: 2 for usage). */
+START_TEST(test_generate_chat_without_template)
+{
+    char args[8000], *out, *err;
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi -n 4 --chat", kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill generate: --chat: the model's tokenizer has no chat template"), "stderr: %s", err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -418,6 +432,7 @@ static Suite *review_suite(void)
         {"serve_store_path_endpoint", test_serve_store_path_endpoint},
         {"on_policy_refused_at_start", test_on_policy_refused_at_start},
         {"target_step_past_context", test_target_step_past_context},
+        {"generate_chat_without_template", test_generate_chat_without_template},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
