@@ -336,6 +336,27 @@ START_TEST(test_on_policy_refused_at_start)
 }
 END_TEST
 
+/* kvmill eval: on_policy with settings it does not go with failed at the first document, after
+ * its prefill, with exit 1; now the method's options refuse it (exit 2, nothing printed on
+ * stdout), as for every other bad method option. */
+START_TEST(test_eval_on_policy_refused_up_front)
+{
+    const char *bad[] = {"--method streaming,sculpt:on_policy=1", "--method sculpt --on-policy --query-source repeat "
+                                                                  "--alloc head"};
+    for (int i = 0; i < 2; i++) {
+        char args[12000], *out, *err;
+        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --ratio 0.5 "
+                 "--queries 16 --iterations 1 %s", kvm_test_data_path("models/stories260K.bin"),
+                 kvm_test_data_path("corpus"), bad[i]);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, "kvmill eval: --method sculpt") && strstr(err, "on_policy"), "stderr: %s", err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* [compress] target_kl whose smallest budget is not below the context (target_step >= context,
  * or for sculpt methods the first multiple above retain): every document was stored at
  * budget context - 1, a "compressed" cache larger than the full one, without a word. Refused
@@ -431,6 +452,7 @@ static Suite *review_suite(void)
         {"serve_missing_store", test_serve_missing_store},
         {"serve_store_path_endpoint", test_serve_store_path_endpoint},
         {"on_policy_refused_at_start", test_on_policy_refused_at_start},
+        {"eval_on_policy_refused_up_front", test_eval_on_policy_refused_up_front},
         {"target_step_past_context", test_target_step_past_context},
         {"generate_chat_without_template", test_generate_chat_without_template},
         {"runner_names_crash", test_runner_names_crash},
