@@ -533,6 +533,10 @@ int kvm_cmd_eval(int argc, char **argv)
         es.decode_steps = (int)n_steps;
     }
     if (target && kvm_cli_float(CMD, "target-kl", target, 0.0, 1e6, &es.target_kl)) return 2;
+    if (target && !(es.target_kl > 0)) { /* [compress] target_kl = 0 means off; here the search would end at full KV */
+        fprintf(stderr, "kvmill " CMD ": --target-kl %s: the target must be above 0 nats (only full KV has KL 0)\n", target);
+        return 2;
+    }
     if (tstep && !target) {
         fprintf(stderr, "kvmill " CMD ": --target-step needs --target-kl\n");
         return 2;

@@ -338,7 +338,7 @@ END_TEST
 
 /* kvmill eval: on_policy with settings it does not go with failed at the first document, after
  * its prefill, with exit 1; now the method's options refuse it (exit 2, nothing printed on
- * stdout), as for every other bad method option. */
+ * stdout), as for every other bad method option. --target-kl 0 is refused too. */
 START_TEST(test_eval_on_policy_refused_up_front)
 {
     const char *bad[] = {"--method streaming,sculpt:on_policy=1", "--method sculpt --on-policy --query-source repeat "
@@ -354,6 +354,16 @@ START_TEST(test_eval_on_policy_refused_up_front)
         free(out);
         free(err);
     }
+    /* --target-kl 0 (0 is "off" for [compress] target_kl): the search ended at budget N, the
+     * full cache, reported "within" the target; now a usage error */
+    char args[12000], *out, *err;
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --method h2o --target-kl 0",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--target-kl 0: the target must be above 0 nats"), "stderr: %s", err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
 }
 END_TEST
 
