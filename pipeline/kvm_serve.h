@@ -52,7 +52,8 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);
  * `what` names the setting in messages ("[serve] bind in FILE", "--bind"). tcp://localhost:PORT
  * binds 127.0.0.1; a bracketed IPv6 address (tcp://[::1]:PORT) turns on ZMQ_IPV6. Call before
  * any connection.
- * Errors: KVM_EINVAL (non-local without keys: the message names [security] and kvmill
+ * Errors: KVM_EINVAL (not tcp://, ipc:// or inproc://; a tcp:// port that is not a number in
+ * [0, 65535] or '*'; non-local without keys: the message names [security] and kvmill
  * keygen), kvm_curve_server's errors (KVM_ENOTFOUND, KVM_EFORMAT, KVM_EIO), KVM_EIO (bind
  * failed: names the endpoint and ZeroMQ's reason). */
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,

@@ -413,6 +413,35 @@ START_TEST(test_generate_chat_without_template)
 }
 END_TEST
 
+/* A tcp:// port past 65535 was taken modulo 65536 by ZeroMQ: `kvmill store serve --bind
+ * tcp://127.0.0.1:99999` said "ready on tcp://127.0.0.1:34463". kvm_serve_bind (store
+ * service, serve's front end and back end) refuses a port that is not in [0, 65535] or '*'. */
+START_TEST(test_bind_port_out_of_range)
+{
+    const char *bad[] = {"tcp://127.0.0.1:99999", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:", "tcp://127.0.0.1",
+                         "tcp://127.0.0.1:55x", "tcp://[::1]"};
+    char args[12000], *out, *err;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s/s.lmdb' --bind '%s'", kvm_test_bin(),
+                 tmp, bad[i]);
+        int rc = kvm_test_run(args, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "the port is not a number in [0, 65535]"), "%s: exit %d: %s", bad[i], rc, err);
+        free(out);
+        free(err);
+    }
+    char cfg[4400], text[8192];
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n", kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "timeout 20 '%s/kvmill' serve --config '%s' --compute-missing --workers 0 --bind "
+             "tcp://127.0.0.1:70000", kvm_test_bin(), cfg);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "tcp://127.0.0.1:70000': the port is not a number"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -465,6 +494,7 @@ static Suite *review_suite(void)
         {"eval_on_policy_refused_up_front", test_eval_on_policy_refused_up_front},
         {"target_step_past_context", test_target_step_past_context},
         {"generate_chat_without_template", test_generate_chat_without_template},
+        {"bind_port_out_of_range", test_bind_port_out_of_range},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
