@@ -20,4 +20,11 @@
  * KVM_ENOMEM. */
 int kvm_chatcfg_frame(const kvm_config *c, const kvm_tokenizer *tok, char **open, char **close);
 
+/* *n = the tokens the frame `open` (kvm_chat_frame's prefix) takes at the start of a cached
+ * document, BOS included when the tokenizer adds it. The frame opens every cached document, so
+ * a context of *n or fewer tokens would hold the frame alone: every document the same ids,
+ * hash and cache, none of its text (refused by kvm_chatcfg_frame and `kvmill eval --chat`).
+ * Errors: the tokenizer's (KVM_ENOMEM). */
+int kvm_chatcfg_frame_tokens(const kvm_tokenizer *tok, const char *open, int64_t *n);
+
 #endif

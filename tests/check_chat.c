@@ -215,7 +215,7 @@ static int run_cmd(const char *cmd, char **out, char **err)
 /* A context the chat frame fills alone: every document was cut to the frame's ids, so all had
  * one hash and one cache holding none of their text (SmolLM2's default system turn takes 24
  * tokens). kvm_chatcfg_frame refuses it, naming the context and the frame's length; one token
- * more is enough. */
+ * more is enough. `kvmill eval --chat` refuses such a --context as well. */
 START_TEST(test_context_filled_by_frame)
 {
     char *dir;
@@ -249,6 +249,21 @@ START_TEST(test_context_filled_by_frame)
     kvm_tokenizer_close(&tok);
     kvm_test_rmtree(dir);
     free(dir);
+    /* kvmill eval --chat: its context is the cached prefix too (SmolLM2: the frame alone) */
+    if (access(SMOL, R_OK)) {
+        printf("SKIP: %s absent (run scripts/get-model.sh): eval --chat with a context the frame fills not checked\n",
+               SMOL);
+        return;
+    }
+    char cmd[8192], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s/kvmill eval --model %s --docs %s --chat --context 10 --continuation 8 --method h2o "
+             "--budget 4", kvm_test_bin(), SMOL, kvm_test_data_path("corpus/doc_000.txt"));
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "kvmill eval: --chat: --context 10 leaves no token for the document"),
+                  "exit %d, stderr: %s", st, err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
 }
 END_TEST
 
