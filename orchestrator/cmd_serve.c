@@ -5,6 +5,7 @@
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_orch_remote.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_remote.h"
@@ -99,8 +100,12 @@ int kvm_cmd_serve(int argc, char **argv)
      * that does not exist is refused too (a mistyped path would serve nothing but "no cache"
      * answers), unless the workers are to fill it (compute_missing); a store service ([store]
      * service, or a path = tcp://HOST:PORT as kvmill run takes it) is the service's to check */
-    const char *sp = kvm_config_str(cfg, "store", "path");
-    if (!*kvm_config_str(cfg, "store", "service") && !kvm_serve_remote_is_endpoint(sp)) {
+    const char *sp = kvm_config_str(cfg, "store", "path"), *svc = kvm_config_str(cfg, "store", "service");
+    if ((*svc || kvm_serve_remote_is_endpoint(sp)) && kvm_orch_remote_check(cfg, *svc ? svc : sp)) {
+        fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()); /* service_bind would be ignored */
+        goto done;
+    }
+    if (!*svc && !kvm_serve_remote_is_endpoint(sp)) {
         kvm_store_opts so = {.read_only = 1};
         kvm_store *st = NULL;
         int sst = kvm_store_open(sp, &so, &st);

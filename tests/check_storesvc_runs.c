@@ -263,7 +263,8 @@ START_TEST(test_service_down_mid_run)
 END_TEST
 
 /* With a remote store: [store] service_bind (the service belongs to the store's host) and
- * kvmill calibrate (it stores the strategy) are refused with exit 2 and a reason; a polykv run
+ * kvmill calibrate (it stores the strategy) are refused with exit 2 and a reason (service_bind by
+ * kvmill serve too); a polykv run
  * without a strategy on the service names the model and the strategy. Nothing is stored. */
 START_TEST(test_remote_store_refusals)
 {
@@ -274,6 +275,18 @@ START_TEST(test_remote_store_refusals)
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "only the store's host serves it"), "%s", err);
     free(out); free(err);
+    /* serve ignored service_bind with a remote store ([store] path = tcp://... or --store
+     * tcp://...) and started no service: refused as run refuses it */
+    for (int i = 0; i < 2; i++) {
+        char store_flag[64] = "";
+        if (i) snprintf(store_flag, sizeof store_flag, " --store tcp://127.0.0.1:%d", port);
+        snprintf(cmd, sizeof cmd, "timeout 20 '%s/kvmill' serve --config '%s' --workers 0 --bind ipc://%s/front%s",
+                 kvm_test_bin(), cfg, tmp, store_flag);
+        int st = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(st == 2 && strstr(err, "kvmill serve: ") && strstr(err, "only the store's host serves it"),
+                      "exit %d: %s", st, err);
+        free(out); free(err);
+    }
     cfg = run_config("h", 20, "[compress]\nbudget = 32\n");
     snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg, docs);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
