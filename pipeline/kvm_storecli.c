@@ -2,6 +2,7 @@
 #include "pipeline/kvm_storecli.h"
 #include "common/kvm_error.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_serve.h"
 #include "proto/kvm_proto.h"
 
 #include <errno.h>
@@ -59,7 +60,8 @@ int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_s
     snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
     c->next_request = (uint64_t)time(NULL) << 20;
     c->zctx = zmq_ctx_new();
-    int rc = c->zctx ? cli_connect(c) : kvm_err(KVM_EIO, "store service client: no ZeroMQ context");
+    int rc = kvm_serve_endpoint_check(endpoint, "store service");
+    if (!rc) rc = c->zctx ? cli_connect(c) : kvm_err(KVM_EIO, "store service client: no ZeroMQ context");
     if (rc) {
         kvm_storecli_close(&c);
         return rc;

@@ -415,7 +415,8 @@ END_TEST
 
 /* A tcp:// port past 65535 was taken modulo 65536 by ZeroMQ: `kvmill store serve --bind
  * tcp://127.0.0.1:99999` said "ready on tcp://127.0.0.1:34463". kvm_serve_bind (store
- * service, serve's front end and back end) refuses a port that is not in [0, 65535] or '*'. */
+ * service, serve's front end and back end) refuses a port that is not in [0, 65535] or '*',
+ * and so do the clients (kvm_serve_endpoint_check: ask --connect, the store service client). */
 START_TEST(test_bind_port_out_of_range)
 {
     const char *bad[] = {"tcp://127.0.0.1:99999", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:", "tcp://127.0.0.1",
@@ -437,6 +438,21 @@ START_TEST(test_bind_port_out_of_range)
              "tcp://127.0.0.1:70000", kvm_test_bin(), cfg);
     int rc = kvm_test_run(args, &out, &err);
     ck_assert_msg(rc == 2 && strstr(err, "tcp://127.0.0.1:70000': the port is not a number"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* and where kvmill connects: ask --connect, a run whose store is the service */
+    snprintf(args, sizeof args, "timeout 20 '%s/kvmill' ask --connect tcp://127.0.0.1:99999 --doc '%s' --prompt x "
+             "--timeout 2", kvm_test_bin(), cfg);
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill ask: --connect 'tcp://127.0.0.1:99999': the port is not a number"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' run --config '%s' --store tcp://127.0.0.1:99999 --corpus '%s'",
+             kvm_test_bin(), cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "store service 'tcp://127.0.0.1:99999': the port is not a number"),
+                  "exit %d: %s", rc, err);
     free(out);
     free(err);
 }
