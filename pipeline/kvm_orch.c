@@ -97,6 +97,7 @@ typedef struct orch {
     kvm_storecli *cli;        /* or, with [store] path an endpoint, the store service (kvm_orch_remote.h) */
     char owner[192], host[64]; /* this run's claims: kvm_storew_owner */
     double last_renew;        /* when the claims were last renewed, ms */
+    int renew_failing;        /* the last renewal failed (said once) */
     int mode;                 /* MODE_RUN or MODE_CALIBRATE */
     uint64_t reduce_id;       /* calibrate: id of the strategy build request */
     int reduce_worker;        /* calibrate: strategy worker holding it, or -1 */
@@ -1193,9 +1194,11 @@ static void loop(orch *o)
         check_health(o);
         dispatch(o);
         if (o->owner[0] && t0 - o->last_renew > o->dead_ms / 4) { /* claims live while the jobs do */
-            if (o->cli ? kvm_storecli_renew(o->cli, o->owner, (int64_t)o->dead_ms, 0, kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
-                       : kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms))
-                orch_log("%s\n", kvm_errmsg());
+            int rr = o->cli ? kvm_storecli_renew(o->cli, o->owner, (int64_t)o->dead_ms, 0, kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
+                            : kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms);
+            if (rr && !o->renew_failing) orch_log("%s (said once until a renewal succeeds)\n", kvm_errmsg());
+            else if (!rr && o->renew_failing) orch_log("claims renewed again\n");
+            o->renew_failing = rr != 0; /* one line per outage, not one per try (every heartbeat_ms x liveness / 4) */
             o->last_renew = t0;
         }
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */

@@ -156,7 +156,7 @@ int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job
                          c->endpoint, timeout_ms, a + 1, attempts);
         kvm_msg_free(&reply);
         if (rc != KVM_EIO) return rc;
-        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg()); /* the last one is the caller's to say */
     }
     return rc;
 }
@@ -230,7 +230,7 @@ int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, con
         }
         kvm_msg_free(&m);
         if (rc != KVM_EIO) return rc;
-        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
     }
     return rc;
 }
@@ -256,7 +256,7 @@ static int cli_request(kvm_storecli *c, const char *what, cli_encode_fn enc, con
             rc = kvm_err(KVM_EIO, "store service %s: no reply to %s within %d ms (attempt %d of %d)", c->endpoint, what,
                          timeout_ms, a + 1, attempts);
         if (rc != KVM_EIO) return rc;
-        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
     }
     return rc;
 }
