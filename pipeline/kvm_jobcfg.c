@@ -168,6 +168,10 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     if (rc) return rc;
     if (!(kvm_config_float(c, "compress", "target_kl") > 0)) /* off: the ids of configs without the keys */
         n = drop_lines(comp, n, "compress.target_");
+    else { /* the search sets each document's budget: budget and ratio are unused, so not in the id */
+        n = drop_lines(comp, n, "compress.budget=");
+        n = drop_lines(comp, n, "compress.ratio=");
+    }
     if (!kvm_config_bool(c, "compress", "on_policy")) n = drop_lines(comp, n, "compress.on_policy=");
     const char *sys = kvm_config_str(c, "model", "system");
     int chat = kvm_config_bool(c, "model", "chat");

@@ -399,6 +399,29 @@ START_TEST(test_target_step_past_context)
 }
 END_TEST
 
+/* With [compress] target_kl the search sets each document's budget and budget/ratio are unused
+ * (README), yet they entered the config id: changing the unused ratio made every cache again.
+ * Now they are left out of it when target_kl > 0, and still count when it is 0. */
+START_TEST(test_target_kl_id_ignores_budget)
+{
+    const char *sizes[] = {"", "budget = 32", "ratio = 0.7", "budget = 48\nratio = 0.1"};
+    kvm_store_id first, id;
+    char text[1024];
+    for (int target = 0; target < 2; target++)
+        for (int i = 0; i < 4; i++) {
+            kvm_config *c = NULL;
+            snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 128\n[compress]\nmethod = h2o\n%s\n%s\n",
+                     target ? "target_kl = 0.05" : "", sizes[i]);
+            ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+            ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, i ? &id : &first, NULL, NULL), 0);
+            if (i)
+                ck_assert_msg((memcmp(id.b, first.b, sizeof id.b) == 0) == target, "target_kl %s, '%s': ids %s",
+                              target ? "on" : "off", sizes[i], target ? "differ" : "equal");
+            kvm_config_free(&c);
+        }
+}
+END_TEST
+
 /* `kvmill generate --chat` on a model without a chat template (stories260K) exited 1, where
  * run, serve and eval refuse the same with exit 2 (README: 2 for usage). */
 START_TEST(test_generate_chat_without_template)
@@ -509,6 +532,7 @@ static Suite *review_suite(void)
         {"on_policy_refused_at_start", test_on_policy_refused_at_start},
         {"eval_on_policy_refused_up_front", test_eval_on_policy_refused_up_front},
         {"target_step_past_context", test_target_step_past_context},
+        {"target_kl_id_ignores_budget", test_target_kl_id_ignores_budget},
         {"generate_chat_without_template", test_generate_chat_without_template},
         {"bind_port_out_of_range", test_bind_port_out_of_range},
         {"runner_names_crash", test_runner_names_crash},
