@@ -1299,10 +1299,13 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         kvm_store_list_caches(store, &o.model_id, sum_bytes, &o); /* this model's caches only */
         count_evictions(&o, store);
     }
-    if (o.cli && !rc) sum_remote(&o);
+    /* a service that did not answer, or a second Ctrl-C: no waiting on it for the sizes, and
+     * one short try to release the claims (they lapse by themselves) */
+    int quick = hard || sum->store_down;
+    if (o.cli && !rc && !quick) sum_remote(&o);
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     if (o.cli && o.owner[0] &&
-        kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg), 2, NULL))
+        kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
         orch_log("%s (its claims lapse by themselves)\n", kvm_errmsg());
     kvm_store_close(&store);
     kvm_storecli_close(&o.cli);
