@@ -28,8 +28,9 @@ int kvm_chatcfg_frame(const kvm_config *c, const kvm_tokenizer *tok, char **open
     int64_t n = 0, ctx = kvm_config_int(c, "model", "context");
     rc = kvm_chatcfg_frame_tokens(tok, *open, &n);
     if (!rc && n >= ctx)
-        rc = kvm_err(KVM_EINVAL, "%s: [model] context = %lld leaves no token for the document: the chat frame (the "
-                                 "system turn and the user turn's opening) takes %lld tokens; raise context%s",
+        rc = kvm_err(KVM_EINVAL,
+                     "%s: [model] context = %lld leaves no token for the document: the chat frame (the "
+                     "system turn and the user turn's opening) takes %lld tokens; raise context%s",
                      kvm_config_path(c), (long long)ctx, (long long)n, *sys ? " or shorten [model] system" : "");
     else if (rc)
         rc = kvm_err(rc, "%s: [model] chat = true: the chat frame: %s", kvm_config_path(c), kvm_errmsg());

@@ -232,14 +232,18 @@ START_TEST(test_context_filled_by_frame)
     kvm_config_free(&cfg);
     char extra[256];
     for (int64_t ctx = n - 1; ctx <= n + 1; ctx++) {
-        snprintf(extra, sizeof extra, "chat = true\nsystem = Answer from the document.\ncontext = %lld", (long long)ctx);
+        snprintf(extra, sizeof extra, "chat = true\nsystem = Answer from the document.\ncontext = %lld",
+                 (long long)ctx);
         cfg = parse(extra);
         int rc = kvm_chatcfg_frame(cfg, tok, &open, &close);
         if (ctx <= n) {
             char want[256];
-            snprintf(want, sizeof want, "test.ini: [model] context = %lld leaves no token for the document: the chat frame "
-                     "(the system turn and the user turn's opening) takes %lld tokens", (long long)ctx, (long long)n);
-            ck_assert_msg(rc == KVM_EINVAL && strstr(kvm_errmsg(), want) && !open && !close, "%d: %s", rc, kvm_errmsg());
+            snprintf(want, sizeof want,
+                     "test.ini: [model] context = %lld leaves no token for the document: the chat frame "
+                     "(the system turn and the user turn's opening) takes %lld tokens",
+                     (long long)ctx, (long long)n);
+            ck_assert_msg(rc == KVM_EINVAL && strstr(kvm_errmsg(), want) && !open && !close, "%d: %s", rc,
+                          kvm_errmsg());
         } else
             ck_assert_msg(rc == 0 && open && close, "%s", kvm_errmsg());
         free(open);
@@ -256,8 +260,10 @@ START_TEST(test_context_filled_by_frame)
         return;
     }
     char cmd[8192], *out, *err;
-    snprintf(cmd, sizeof cmd, "%s/kvmill eval --model %s --docs %s --chat --context 10 --continuation 8 --method h2o "
-             "--budget 4", kvm_test_bin(), SMOL, kvm_test_data_path("corpus/doc_000.txt"));
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s --docs %s --chat --context 10 --continuation 8 --method h2o "
+             "--budget 4",
+             kvm_test_bin(), SMOL, kvm_test_data_path("corpus/doc_000.txt"));
     int st = kvm_test_run(cmd, &out, &err);
     ck_assert_msg(st == 2 && strstr(err, "kvmill eval: --chat: --context 10 leaves no token for the document"),
                   "exit %d, stderr: %s", st, err);

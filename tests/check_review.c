@@ -129,7 +129,7 @@ START_TEST(test_strict_decimal)
         double v = -99;
         ck_assert_msg(kvm_parse_decimal(good[i], &v) == 0 && v == want[i], "'%s' -> %g", good[i], v);
     }
-    const char *bad[] = {"",   "0x10", " 1",    "1 ", "inf", "nan", "-inf",   "1e999",    ".", "e5",
+    const char *bad[] = {"",   "0x10", " 1",    "1 ", "inf", "nan", "-inf",   "1e999",    ".",      "e5",
                          "1e", "1e+",  "1.2.3", "+",  "--1", "1,5", "0x1p-3", "infinity", "1e-400", NULL};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         double v = -99;
@@ -192,21 +192,25 @@ START_TEST(test_refusals_exit_2_prefix_once)
     ck_assert_msg(strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
     free(out);
     free(err);
-    snprintf(args0, sizeof args0, "eval --model '%s' --docs '%s' --method streaming --ratio 0.5 --context 32 "
-             "--continuation 8 --csv '%s/no/such/e.csv'", kvm_test_data_path("models/stories260K.bin"),
-             kvm_test_data_path("corpus"), tmp);
+    snprintf(args0, sizeof args0,
+             "eval --model '%s' --docs '%s' --method streaming --ratio 0.5 --context 32 "
+             "--continuation 8 --csv '%s/no/such/e.csv'",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"), tmp);
     ck_assert_int_eq(kvmill(args0, &out, &err), 2);
     ck_assert_msg(strstr(err, "--csv ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
     free(out);
     free(err);
-    snprintf(args0, sizeof args0, "make-model --dim 64 --layers 1 --heads 8 --hidden 32 --vocab 32 --seq-len 16 "
-             "--out '%s/no/such/m.bin'", tmp);
+    snprintf(args0, sizeof args0,
+             "make-model --dim 64 --layers 1 --heads 8 --hidden 32 --vocab 32 --seq-len 16 "
+             "--out '%s/no/such/m.bin'",
+             tmp);
     ck_assert_int_eq(kvmill(args0, &out, &err), 2);
     ck_assert_msg(strstr(err, "--out ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
     free(out);
     free(err);
     /* a one-letter option is named as typed */
-    snprintf(args0, sizeof args0, "generate --model '%s' --prompt x -n -1", kvm_test_data_path("models/stories260K.bin"));
+    snprintf(args0, sizeof args0, "generate --model '%s' --prompt x -n -1",
+             kvm_test_data_path("models/stories260K.bin"));
     ck_assert_int_eq(kvmill(args0, &out, &err), 2);
     ck_assert_msg(strstr(err, "kvmill generate: -n: -1 is outside") && !strstr(err, "--n"), "stderr: %s", err);
     free(out);
@@ -269,8 +273,10 @@ START_TEST(test_serve_store_path_endpoint)
 {
     char cfg[4400], text[8192], args[12000], *out, *err;
     snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
-    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = tcp://127.0.0.1:1\n[serve]\nbind = "
-             "ipc://%s/front\n", kvm_test_data_path("models/stories260K.bin"), tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[store]\npath = tcp://127.0.0.1:1\n[serve]\nbind = "
+             "ipc://%s/front\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
     ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
     snprintf(args, sizeof args, "timeout -s INT 5 '%s/kvmill' serve --config '%s' --workers 0", kvm_test_bin(), cfg);
     int rc = kvm_test_run(args, &out, &err);
@@ -303,10 +309,12 @@ START_TEST(test_on_policy_refused_at_start)
     char text[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvm_config *c = NULL;
-        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n", cases[i].compress);
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n",
+                 cases[i].compress);
         ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
         int rc = kvm_jobcfg_check(c);
-        ck_assert_msg(rc == cases[i].rc && strstr(kvm_errmsg(), cases[i].want) && strstr(kvm_errmsg(), "t.ini: [compress]"),
+        ck_assert_msg(rc == cases[i].rc && strstr(kvm_errmsg(), cases[i].want) &&
+                          strstr(kvm_errmsg(), "t.ini: [compress]"),
                       "%s: %d %s", cases[i].compress, rc, kvm_errmsg());
         kvm_config_free(&c);
     }
@@ -323,8 +331,10 @@ START_TEST(test_on_policy_refused_at_start)
     /* the command: exit 2, nothing started, nothing stored */
     char cfg[4400], args[12000], *out, *err;
     snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
-    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s/s.lmdb\n[compress]\nmethod = "
-             "sculpt\non_policy = true\nqueries = 16\niterations = 1\n", kvm_test_data_path("models/stories260K.bin"), tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[store]\npath = %s/s.lmdb\n[compress]\nmethod = "
+             "sculpt\non_policy = true\nqueries = 16\niterations = 1\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
     ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
     snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfg, kvm_test_data_path("corpus"));
     ck_assert_int_eq(kvmill(args, &out, &err), 2);
@@ -345,9 +355,10 @@ START_TEST(test_eval_on_policy_refused_up_front)
                                                                   "--alloc head"};
     for (int i = 0; i < 2; i++) {
         char args[12000], *out, *err;
-        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --ratio 0.5 "
-                 "--queries 16 --iterations 1 %s", kvm_test_data_path("models/stories260K.bin"),
-                 kvm_test_data_path("corpus"), bad[i]);
+        snprintf(args, sizeof args,
+                 "eval --model '%s' --docs '%s' --context 64 --continuation 8 --ratio 0.5 "
+                 "--queries 16 --iterations 1 %s",
+                 kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"), bad[i]);
         ck_assert_int_eq(kvmill(args, &out, &err), 2);
         ck_assert_msg(strstr(err, "kvmill eval: --method sculpt") && strstr(err, "on_policy"), "stderr: %s", err);
         ck_assert_str_eq(out, "");
@@ -357,7 +368,8 @@ START_TEST(test_eval_on_policy_refused_up_front)
     /* --target-kl 0 (0 is "off" for [compress] target_kl): the search ended at budget N, the
      * full cache, reported "within" the target; now a usage error */
     char args[12000], *out, *err;
-    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --method h2o --target-kl 0",
+    snprintf(args, sizeof args,
+             "eval --model '%s' --docs '%s' --context 64 --continuation 8 --method h2o --target-kl 0",
              kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
     ck_assert_int_eq(kvmill(args, &out, &err), 2);
     ck_assert_msg(strstr(err, "--target-kl 0: the target must be above 0 nats"), "stderr: %s", err);
@@ -377,10 +389,11 @@ START_TEST(test_target_step_past_context)
         const char *compress, *want;
         int rc;
     } cases[] = {
-        {"method = streaming\ntarget_step = 64", "the smallest budget searched, 64 (the first multiple of target_step = 64)",
-         KVM_EINVAL},
+        {"method = streaming\ntarget_step = 64",
+         "the smallest budget searched, 64 (the first multiple of target_step = 64)", KVM_EINVAL},
         {"method = snapkv\ntarget_step = 1000", "searched, 1000 (", KVM_EINVAL},
-        {"method = sculpt\nretain = 60", "searched, 64 (the first multiple of target_step = 16 above retain)", KVM_EINVAL},
+        {"method = sculpt\nretain = 60", "searched, 64 (the first multiple of target_step = 16 above retain)",
+         KVM_EINVAL},
         {"method = streaming\ntarget_step = 63", "", 0},
         {"method = sculpt\nretain = 40", "", 0},
         {"method = streaming\ntarget_kl = 0\ntarget_step = 1000\nbudget = 16", "", 0}, /* off: unused */
@@ -427,9 +440,11 @@ END_TEST
 START_TEST(test_generate_chat_without_template)
 {
     char args[8000], *out, *err;
-    snprintf(args, sizeof args, "generate --model '%s' --prompt hi -n 4 --chat", kvm_test_data_path("models/stories260K.bin"));
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi -n 4 --chat",
+             kvm_test_data_path("models/stories260K.bin"));
     ck_assert_int_eq(kvmill(args, &out, &err), 2);
-    ck_assert_msg(strstr(err, "kvmill generate: --chat: the model's tokenizer has no chat template"), "stderr: %s", err);
+    ck_assert_msg(strstr(err, "kvmill generate: --chat: the model's tokenizer has no chat template"), "stderr: %s",
+                  err);
     ck_assert_str_eq(out, "");
     free(out);
     free(err);
@@ -442,14 +457,15 @@ END_TEST
  * and so do the clients (kvm_serve_endpoint_check: ask --connect, the store service client). */
 START_TEST(test_bind_port_out_of_range)
 {
-    const char *bad[] = {"tcp://127.0.0.1:99999", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:", "tcp://127.0.0.1",
-                         "tcp://127.0.0.1:55x", "tcp://[::1]"};
+    const char *bad[] = {"tcp://127.0.0.1:99999", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:",
+                         "tcp://127.0.0.1",       "tcp://127.0.0.1:55x",   "tcp://[::1]"};
     char args[12000], *out, *err;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s/s.lmdb' --bind '%s'", kvm_test_bin(),
-                 tmp, bad[i]);
+        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s/s.lmdb' --bind '%s'",
+                 kvm_test_bin(), tmp, bad[i]);
         int rc = kvm_test_run(args, &out, &err);
-        ck_assert_msg(rc == 2 && strstr(err, "the port is not a number in [0, 65535]"), "%s: exit %d: %s", bad[i], rc, err);
+        ck_assert_msg(rc == 2 && strstr(err, "the port is not a number in [0, 65535]"), "%s: exit %d: %s", bad[i], rc,
+                      err);
         free(out);
         free(err);
     }
@@ -457,15 +473,19 @@ START_TEST(test_bind_port_out_of_range)
     snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
     snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n", kvm_test_data_path("models/stories260K.bin"));
     ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
-    snprintf(args, sizeof args, "timeout 20 '%s/kvmill' serve --config '%s' --compute-missing --workers 0 --bind "
-             "tcp://127.0.0.1:70000", kvm_test_bin(), cfg);
+    snprintf(args, sizeof args,
+             "timeout 20 '%s/kvmill' serve --config '%s' --compute-missing --workers 0 --bind "
+             "tcp://127.0.0.1:70000",
+             kvm_test_bin(), cfg);
     int rc = kvm_test_run(args, &out, &err);
     ck_assert_msg(rc == 2 && strstr(err, "tcp://127.0.0.1:70000': the port is not a number"), "exit %d: %s", rc, err);
     free(out);
     free(err);
     /* and where kvmill connects: ask --connect, a run whose store is the service */
-    snprintf(args, sizeof args, "timeout 20 '%s/kvmill' ask --connect tcp://127.0.0.1:99999 --doc '%s' --prompt x "
-             "--timeout 2", kvm_test_bin(), cfg);
+    snprintf(args, sizeof args,
+             "timeout 20 '%s/kvmill' ask --connect tcp://127.0.0.1:99999 --doc '%s' --prompt x "
+             "--timeout 2",
+             kvm_test_bin(), cfg);
     rc = kvm_test_run(args, &out, &err);
     ck_assert_msg(rc == 2 && strstr(err, "kvmill ask: --connect 'tcp://127.0.0.1:99999': the port is not a number"),
                   "exit %d: %s", rc, err);
