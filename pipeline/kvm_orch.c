@@ -799,7 +799,7 @@ static void dispatch(orch *o)
     for (int64_t i = 0; i < o->n_jobs; i++) /* compress first: it returns prefetch credits */
         if (o->jobs[i].state == J_KV_READY && o->mode == MODE_RUN) dispatch_compress(o, &o->jobs[i], i);
     int64_t used = prefetch_used(o), limit = o->mode == MODE_RUN ? prefetch_limit(o) : INT64_MAX;
-    for (int64_t i = 0; i < o->n_jobs && used < limit; i++)
+    for (int64_t i = 0; i < o->n_jobs && used < limit && !o->store_full; i++) /* a claim may find the store down */
         if (o->jobs[i].state == J_QUEUED) used += dispatch_first(o, &o->jobs[i], i);
     if (used > o->sum->prefetch_peak) o->sum->prefetch_peak = used;
 }
