@@ -7,6 +7,7 @@
 #include "model/kvm_utf8.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_stage.h"
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
@@ -195,6 +196,10 @@ int kvm_cmd_ask(int argc, char **argv)
         }
         ptext[plen] = '\0';
         prompt = ptext;
+    }
+    if (!strncmp(ep, "tcp://", 6) && kvm_serve_endpoint_check(ep, "--connect")) { /* other forms: zmq_connect's word */
+        fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
+        return free(ptext), 2;
     }
     status = doc ? read_doc(doc, &text, &text_len) : 0;
     if (status) return free(ptext), status;

@@ -7,6 +7,7 @@
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "pipeline/kvm_cachecodec.h"
+#include "pipeline/kvm_chatcfg.h"
 
 #include <errno.h>
 #include <math.h>
@@ -533,6 +534,10 @@ int kvm_cmd_eval(int argc, char **argv)
         es.decode_steps = (int)n_steps;
     }
     if (target && kvm_cli_float(CMD, "target-kl", target, 0.0, 1e6, &es.target_kl)) return 2;
+    if (target && !(es.target_kl > 0)) { /* [compress] target_kl = 0 means off; here the search would end at full KV */
+        fprintf(stderr, "kvmill " CMD ": --target-kl %s: the target must be above 0 nats (only full KV has KL 0)\n", target);
+        return 2;
+    }
     if (tstep && !target) {
         fprintf(stderr, "kvmill " CMD ": --target-step needs --target-kl\n");
         return 2;
@@ -574,6 +579,12 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc && ta.chat && !task && kvm_chat_frame(tok, ta.system, &chat_open, &chat_close)) {
         fprintf(stderr, "kvmill " CMD ": --chat: %s\n", kvm_errmsg());
         rc = 2; /* a setting the model cannot take, as run and serve refuse [model] chat */
+    }
+    int64_t n_frame = 0;
+    if (!rc && chat_open && !kvm_chatcfg_frame_tokens(tok, chat_open, &n_frame) && n_frame >= N) {
+        fprintf(stderr, "kvmill " CMD ": --chat: --context %lld leaves no token for the document: the chat frame (the "
+                        "system turn and the user turn's opening) takes %lld tokens\n", (long long)N, (long long)n_frame);
+        rc = 2;
     }
     es.frame = chat_open;
     int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */

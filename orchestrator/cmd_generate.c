@@ -226,9 +226,9 @@ int kvm_cmd_generate(int argc, char **argv)
     char *chat_text = NULL;
     a.stop_at_eos = strcmp(m->format, "gguf") == 0 || strcmp(m->format, "hf") == 0;
     if (tokens) rc = read_token_file(tokens, m->cfg.vocab_size, &p, &np);
-    else if (chat && kvm_chat_prompt(tok, kvm_cli_get(opts, "system"), prompt ? prompt : "", &chat_text)) {
+    else if (chat && (rc = kvm_chat_prompt(tok, kvm_cli_get(opts, "system"), prompt ? prompt : "", &chat_text))) {
         fprintf(stderr, "kvmill generate: --chat: %s\n", kvm_errmsg());
-        rc = 1;
+        rc = rc == KVM_ENOTSUP ? 2 : 1; /* a model without a template: usage, as run, serve and eval say */
     } else {
         const char *text = chat_text ? chat_text : prompt ? prompt : "";
         int add_bos = kvm_tokenizer_add_bos(tok);

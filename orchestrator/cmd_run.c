@@ -52,6 +52,9 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     if (s->store_full)
         printf("store full: %lld documents were not processed (no space left on the store's device; free space and "
                "run again)\n", (long long)s->pending);
+    if (s->store_down)
+        printf("store down: %lld documents were not processed (the store service did not answer; start it and run "
+               "again: stored ones are skipped)\n", (long long)s->pending);
     if (s->evicted > 0)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
@@ -193,7 +196,7 @@ int kvm_cmd_run(int argc, char **argv)
     status = kvm_orch_run(cfg, corpus, self, &sum);
     if (status == 0 || status == 130) {
         print_summary(cfg, &sum, n_heads);
-        if (status == 0) status = sum.failed > 0 || sum.store_full ? 1 : 0;
+        if (status == 0) status = sum.failed > 0 || sum.store_full || sum.store_down ? 1 : 0;
     }
 done:
     kvm_corpus_free(&corpus);

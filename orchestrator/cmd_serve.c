@@ -5,8 +5,10 @@
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_orch_remote.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "store/kvm_store.h"
 
 #include <stdio.h>
@@ -71,8 +73,7 @@ int kvm_cmd_serve(int argc, char **argv)
     if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_cli_errmsg("serve")), 2;
     int status = 2;
     /* an endpoint names the store service on another host (decode workers fetch with get_cache) */
-    if (store && kvm_config_set(cfg, "store", !strncmp(store, "tcp://", 6) || !strncmp(store, "ipc://", 6) ? "service" : "path",
-                                store)) {
+    if (store && kvm_config_set(cfg, "store", kvm_serve_remote_is_endpoint(store) ? "service" : "path", store)) {
         fprintf(stderr, "kvmill serve: --store: %s\n", kvm_errmsg());
         goto done;
     }
@@ -97,10 +98,14 @@ int kvm_cmd_serve(int argc, char **argv)
     /* a store that cannot be opened (truncated data.mdb, not LMDB, ...) is refused here, with
      * the store's own message, rather than by every decode worker until serve gives up; one
      * that does not exist is refused too (a mistyped path would serve nothing but "no cache"
-     * answers), unless the workers are to fill it (compute_missing); a store service is the
-     * service's to check */
-    if (!*kvm_config_str(cfg, "store", "service")) {
-        const char *sp = kvm_config_str(cfg, "store", "path");
+     * answers), unless the workers are to fill it (compute_missing); a store service ([store]
+     * service, or a path = tcp://HOST:PORT as kvmill run takes it) is the service's to check */
+    const char *sp = kvm_config_str(cfg, "store", "path"), *svc = kvm_config_str(cfg, "store", "service");
+    if ((*svc || kvm_serve_remote_is_endpoint(sp)) && kvm_orch_remote_check(cfg, *svc ? svc : sp)) {
+        fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()); /* service_bind would be ignored */
+        goto done;
+    }
+    if (!*svc && !kvm_serve_remote_is_endpoint(sp)) {
         kvm_store_opts so = {.read_only = 1};
         kvm_store *st = NULL;
         int sst = kvm_store_open(sp, &so, &st);

@@ -15,7 +15,16 @@
  * assistant marker, put after every served prompt. Both malloc'ed (caller frees).
  * Errors: KVM_ENOTSUP when the model's tokenizer has no chat template of the ChatML or
  * Llama-3 family (llama2.c tokenizers such as stories260K's have none), the message naming
- * the config file and the setting; KVM_ENOMEM. */
+ * the config file and the setting; KVM_EINVAL when *open (BOS included) takes [model] context
+ * tokens or more (every document would be cut to the frame alone: one cache for all);
+ * KVM_ENOMEM. */
 int kvm_chatcfg_frame(const kvm_config *c, const kvm_tokenizer *tok, char **open, char **close);
+
+/* *n = the tokens the frame `open` (kvm_chat_frame's prefix) takes at the start of a cached
+ * document, BOS included when the tokenizer adds it. The frame opens every cached document, so
+ * a context of *n or fewer tokens would hold the frame alone: every document the same ids,
+ * hash and cache, none of its text (refused by kvm_chatcfg_frame and `kvmill eval --chat`).
+ * Errors: the tokenizer's (KVM_ENOMEM). */
+int kvm_chatcfg_frame_tokens(const kvm_tokenizer *tok, const char *open, int64_t *n);
 
 #endif

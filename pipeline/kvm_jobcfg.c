@@ -1,6 +1,9 @@
 /* kvm_jobcfg.c: job settings as a MessagePack map (msgpack-c) and the config id. */
 #include "pipeline/kvm_jobcfg.h"
 #include "common/kvm_error.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_target.h"
+#include "pipeline/kvm_worker.h"
 
 #include <msgpack.h>
 #include <stdio.h>
@@ -95,8 +98,8 @@ int kvm_jobcfg_check(const kvm_config *c)
     const char *method = kvm_config_str(c, "compress", "method");
     int64_t ctx = kvm_config_int(c, "model", "context"), budget = kvm_config_int(c, "compress", "budget");
     int64_t retain = kvm_config_int(c, "compress", "retain");
-    int sculpt = !strcmp(method, "sculpt") || !strcmp(method, "selectfit") || !strcmp(method, "joint-fixed") ||
-                 !strcmp(method, "am") || !strcmp(method, "kvzip"); /* every method that keeps a retain zone */
+    kvm_sculpt_mode mode;
+    int sculpt = kvm_sculpt_mode_parse(method, &mode) == 0; /* every method that keeps a retain zone */
     if (*kvm_config_str(c, "model", "system") && !kvm_config_bool(c, "model", "chat"))
         return kvm_err(KVM_EINVAL, "%s: [model] system is set but chat = false: the system message is part of the chat "
                                    "framing; set chat = true or remove system",
@@ -107,7 +110,27 @@ int kvm_jobcfg_check(const kvm_config *c)
                                    "take (%s); use a method with a budget or set target_kl = 0",
                        kvm_config_path(c), method,
                        !strcmp(method, "full") ? "it keeps every entry" : "its strategy sets the budgets");
+    if (kvm_config_bool(c, "compress", "on_policy")) { /* a sculpt-family setting: refused where it does nothing */
+        if (!sculpt)
+            return kvm_err(KVM_EINVAL, "%s: [compress] on_policy = true fits the distilled layers in order, which method %s "
+                                       "does not make (%s); use a sculpt-family method or set on_policy = false",
+                           kvm_config_path(c), method,
+                           !strcmp(method, "polykv") ? "its strategy chooses each layer's method"
+                           : !strcmp(method, "full") ? "it keeps every entry"
+                                                     : "it keeps or drops the original entries");
+        kvm_sculpt_opts so;
+        int rc = kvm_worker_sculpt_opts(c, mode, &so);
+        if (!rc) rc = kvm_sculpt_opts_check_combination(&so);
+        if (rc) return kvm_err(rc, "%s: [compress]: %s", kvm_config_path(c), kvm_errmsg());
+    }
     if (!strcmp(method, "full")) return 0;
+    if (target && kvm_target_lowest_budget(c) >= ctx)
+        return kvm_err(KVM_EINVAL, "%s: [compress] target_kl: the smallest budget searched, %lld (the first multiple of "
+                                   "target_step = %lld%s), is not below [model] context = %lld: the search would keep "
+                                   "context - 1 entries, no smaller cache; lower target_step%s",
+                       kvm_config_path(c), (long long)kvm_target_lowest_budget(c),
+                       (long long)kvm_config_int(c, "compress", "target_step"), sculpt ? " above retain" : "",
+                       (long long)ctx, sculpt ? " or retain" : "");
     if (budget >= ctx)
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
                                    "cache would be as large as the full one or larger; lower budget (or use method = full)",
@@ -145,6 +168,10 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     if (rc) return rc;
     if (!(kvm_config_float(c, "compress", "target_kl") > 0)) /* off: the ids of configs without the keys */
         n = drop_lines(comp, n, "compress.target_");
+    else { /* the search sets each document's budget: budget and ratio are unused, so not in the id */
+        n = drop_lines(comp, n, "compress.budget=");
+        n = drop_lines(comp, n, "compress.ratio=");
+    }
     if (!kvm_config_bool(c, "compress", "on_policy")) n = drop_lines(comp, n, "compress.on_policy=");
     /* the solver's convergence settings when off (today's solve, bit for bit): the old ids */
     if (!(kvm_config_float(c, "compress", "tolerance") > 0)) n = drop_lines(comp, n, "compress.tolerance=");

@@ -32,10 +32,14 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
 
 /* Settings that are each valid alone but together would not compress: [model] system
  * without chat = true (the message would be ignored), [compress] target_kl with method full
- * or polykv (no budget to choose), [compress] budget
+ * or polykv (no budget to choose) or with a smallest budget searched at or above [model] context
+ * (kvm_target_lowest_budget: target_step, or retain for sculpt methods, too large), [compress] budget
  * at or above [model] context (any method but full), or retain at or above the context
- * (sculpt methods: the retain zone alone would hold every token). Returns 0 or KVM_EINVAL
- * with a message naming the setting, its value and the context. */
+ * (sculpt methods: the retain zone alone would hold every token), [compress] on_policy = true
+ * with a method that distils no layers (eviction patterns, polykv, full) or with sculpt
+ * settings it does not go with (kvm_sculpt_opts_check_combination). Returns 0 or KVM_EINVAL
+ * (KVM_ENOTSUP for on_policy with alloc other than uniform) with a message naming the
+ * setting, its value and the context. */
 int kvm_jobcfg_check(const kvm_config *c);
 
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:
@@ -44,8 +48,9 @@ int kvm_jobcfg_check(const kvm_config *c);
  * model.context, store.dtype, run.wire_dtype and model.weight_dtype (each only when not f32),
  * model.chat=true and model.system (escaped \\, \n, \r; only with [model] chat = true, the
  * system line only when set), every [compress] setting (resolved, defaults included, but
- * target_kl and target_step only when target_kl > 0, on_policy only when true, carry_history,
- * tolerance and round_tolerance only when > 0, so configs without them keep their ids,
+ * target_kl and target_step only when target_kl > 0, budget and ratio only when it is not
+ * (the search sets the budget), on_policy only when true, carry_history, tolerance and
+ * round_tolerance only when > 0, so configs without them keep their ids,
  * numbers in one spelling), then strategy.hash=HEX (BLAKE2b-256 of the PolyKV strategy's
  * stored bytes) when strategy_hash is not NULL. Returns 0 or KVM_ENOMEM. */
 int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,

@@ -97,6 +97,7 @@ typedef struct orch {
     kvm_storecli *cli;        /* or, with [store] path an endpoint, the store service (kvm_orch_remote.h) */
     char owner[192], host[64]; /* this run's claims: kvm_storew_owner */
     double last_renew;        /* when the claims were last renewed, ms */
+    int renew_failing;        /* the last renewal failed (said once) */
     int mode;                 /* MODE_RUN or MODE_CALIBRATE */
     uint64_t reduce_id;       /* calibrate: id of the strategy build request */
     int reduce_worker;        /* calibrate: strategy worker holding it, or -1 */
@@ -104,7 +105,8 @@ typedef struct orch {
     int n_layers;
     double hb_ms, dead_ms, job_timeout_ms;
     int max_retries;
-    int store_full;           /* the store's device is full: no more documents are fed */
+    int store_full;           /* the store takes no more caches (full, or its service does not answer): no
+                                 more documents are fed */
     int64_t evicted0;         /* the store's eviction count when the run started */
     kvm_orch_summary *sum;
     double t0;
@@ -279,15 +281,21 @@ static void requeue(orch *o, job *j, const char *why)
     job_set(o, j, J_QUEUED);
 }
 
-/* The store's device is full: said once; the job goes back to the queue (not an attempt:
- * it is not the document's fault) and no more documents are fed. */
-static void store_is_full(orch *o, job *j, const char *why)
+/* The store takes no more caches: its device is full, or (a run whose store is the store
+ * service) the service does not answer, so every upload and claim would wait out its
+ * timeouts. Said once; the job goes back to the queue (not an attempt: it is not the
+ * document's fault) and no more documents are fed. */
+static void store_stop(orch *o, job *j, const char *why, int down)
 {
     if (!o->store_full)
-        orch_log("%s\nkvmill %s: no space left on the store's device: feeding no more documents (free space on it "
-                 "and run again: stored ones are skipped)\n", why, orch_cmd);
+        orch_log(down ? "%s\nkvmill %s: the store service does not answer: feeding no more documents (start it and run "
+                        "again: stored ones are skipped)\n"
+                      : "%s\nkvmill %s: no space left on the store's device: feeding no more documents (free space on it "
+                        "and run again: stored ones are skipped)\n",
+                 why, orch_cmd);
     o->store_full = 1;
-    o->sum->store_full = 1;
+    if (down) o->sum->store_down = 1;
+    else o->sum->store_full = 1;
     if (j->worker >= 0) o->workers[j->worker].job = -1;
     j->worker = -1;
     job_drop_kv(j);
@@ -513,7 +521,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
             char why[600];
             snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len, r.message.ptr);
-            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device")) store_is_full(o, j, why);
+            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device")) store_stop(o, j, why, 0);
+            else if (o->cli && r.status == KVM_EIO && strstr(why, "store service")) store_stop(o, j, why, 1);
             else if (r.retryable) requeue(o, j, why);
             else {
                 if (j->worker >= 0) o->workers[j->worker].job = -1;
@@ -700,8 +709,13 @@ static int claim_job(orch *o, job *j)
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     kvm_store_claim holder;
     int taken = 0, found = 0;
-    if (o->cli ? claim_remote(o, &key, &taken, &found, &holder)
-               : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder)) {
+    int rc = o->cli ? claim_remote(o, &key, &taken, &found, &holder)
+                    : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder);
+    if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
+        store_stop(o, j, kvm_errmsg(), 1);
+        return 1;
+    }
+    if (rc) {
         orch_log("could not claim %s (%s): compressing it anyway\n", j->doc->name, kvm_errmsg());
         taken = 1;
         found = 0;
@@ -785,7 +799,7 @@ static void dispatch(orch *o)
     for (int64_t i = 0; i < o->n_jobs; i++) /* compress first: it returns prefetch credits */
         if (o->jobs[i].state == J_KV_READY && o->mode == MODE_RUN) dispatch_compress(o, &o->jobs[i], i);
     int64_t used = prefetch_used(o), limit = o->mode == MODE_RUN ? prefetch_limit(o) : INT64_MAX;
-    for (int64_t i = 0; i < o->n_jobs && used < limit; i++)
+    for (int64_t i = 0; i < o->n_jobs && used < limit && !o->store_full; i++) /* a claim may find the store down */
         if (o->jobs[i].state == J_QUEUED) used += dispatch_first(o, &o->jobs[i], i);
     if (used > o->sum->prefetch_peak) o->sum->prefetch_peak = used;
 }
@@ -1180,9 +1194,11 @@ static void loop(orch *o)
         check_health(o);
         dispatch(o);
         if (o->owner[0] && t0 - o->last_renew > o->dead_ms / 4) { /* claims live while the jobs do */
-            if (o->cli ? kvm_storecli_renew(o->cli, o->owner, (int64_t)o->dead_ms, 0, kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
-                       : kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms))
-                orch_log("%s\n", kvm_errmsg());
+            int rr = o->cli ? kvm_storecli_renew(o->cli, o->owner, (int64_t)o->dead_ms, 0, kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
+                            : kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms);
+            if (rr && !o->renew_failing) orch_log("%s (said once until a renewal succeeds)\n", kvm_errmsg());
+            else if (!rr && o->renew_failing) orch_log("claims renewed again\n");
+            o->renew_failing = rr != 0; /* one line per outage, not one per try (every heartbeat_ms x liveness / 4) */
             o->last_renew = t0;
         }
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
@@ -1283,10 +1299,13 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         kvm_store_list_caches(store, &o.model_id, sum_bytes, &o); /* this model's caches only */
         count_evictions(&o, store);
     }
-    if (o.cli && !rc) sum_remote(&o);
+    /* a service that did not answer, or a second Ctrl-C: no waiting on it for the sizes, and
+     * one short try to release the claims (they lapse by themselves) */
+    int quick = hard || sum->store_down;
+    if (o.cli && !rc && !quick) sum_remote(&o);
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     if (o.cli && o.owner[0] &&
-        kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg), 2, NULL))
+        kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
         orch_log("%s (its claims lapse by themselves)\n", kvm_errmsg());
     kvm_store_close(&store);
     kvm_storecli_close(&o.cli);

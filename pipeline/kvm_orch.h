@@ -29,6 +29,7 @@ typedef struct kvm_orch_summary {
     int64_t evicted;                                /* caches the store's cap evicted during the run */
     int64_t evicted_own;                            /* of those, caches this run wrote */
     int store_full;                                 /* 1: stopped feeding: no space left on the store's device */
+    int store_down;                                 /* 1: stopped feeding: the store service did not answer */
     int64_t wire_in_bytes;                          /* message bytes the orchestrator received on its data socket
                                                        (prefill's kv messages, workers' ready credits) */
     int64_t requeues;                               /* jobs sent again (dead or silent worker, retryable error) */

@@ -30,18 +30,25 @@ static int remote_config_id(const kvm_config *cfg, kvm_storecli *cli, const kvm_
     return rc;
 }
 
+int kvm_orch_remote_check(const kvm_config *cfg, const char *endpoint)
+{
+    const char *sb = kvm_config_str(cfg, "store", "service_bind");
+    if (*sb)
+        return kvm_err(KVM_EINVAL,
+                       "%s: [store] service_bind = %s, but the store is the store service %s on another host: only "
+                       "the store's host serves it (unset service_bind, or give the LMDB directory)",
+                       kvm_config_path(cfg), sb, endpoint);
+    return 0;
+}
+
 int kvm_orch_remote_open(const kvm_config *cfg, const char *endpoint, kvm_storecli **cli, kvm_store_id *model_id,
                          kvm_store_id *config_id)
 {
     *cli = NULL;
-    const char *sb = kvm_config_str(cfg, "store", "service_bind");
-    if (*sb)
-        return kvm_err(KVM_EINVAL,
-                       "%s: [store] service_bind = %s, but [store] path = %s is a store service on another host: only "
-                       "the store's host serves it (unset service_bind, or give the LMDB directory)",
-                       kvm_config_path(cfg), sb, endpoint);
+    int rc = kvm_orch_remote_check(cfg, endpoint);
+    if (rc) return rc;
     kvm_storecli_keys k = kvm_storecli_keys_of(cfg, NULL, NULL, NULL);
-    int rc = kvm_storecli_open(&k, endpoint, cli);
+    rc = kvm_storecli_open(&k, endpoint, cli);
     if (!rc) rc = kvm_store_hash_file(kvm_config_str(cfg, "model", "path"), model_id);
     if (!rc) rc = remote_config_id(cfg, *cli, model_id, config_id);
     if (rc) kvm_storecli_close(cli);

@@ -15,6 +15,12 @@
  * at least 1000 (a claim is a few hundred bytes; the service answers between commits). */
 int kvm_orch_remote_timeout_ms(const kvm_config *cfg);
 
+/* Settings a process whose store is the service at endpoint cannot honour: [store]
+ * service_bind (the service belongs to the store's host). kvmill run (kvm_orch_remote_open)
+ * and kvmill serve (--store tcp://..., [store] service or path = tcp://...) refuse them.
+ * Returns 0 or KVM_EINVAL naming the config file, the setting and the endpoint. */
+int kvm_orch_remote_check(const kvm_config *cfg, const char *endpoint);
+
 /* Opens the client of the store service at endpoint with cfg's [security] keys (a non-local
  * endpoint needs them) and makes the run's model id (BLAKE2b-256 of [model] path's bytes, as a
  * worker without a store makes it) and config id (kvm_jobcfg_config_id; for polykv with the

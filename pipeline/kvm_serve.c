@@ -63,14 +63,36 @@ int kvm_serve_request_id(const kvm_msg *msg, uint64_t *id)
     return 0;
 }
 
+/* 1 when a tcp:// endpoint ends in ":PORT" with PORT a decimal in [0, 65535] or '*'. */
+static int tcp_port_ok(const char *endpoint)
+{
+    const char *colon = strrchr(endpoint + 6, ':');
+    if (!colon || colon == endpoint + 6 || (colon[-1] == ':' && endpoint[6] == '[')) return 0; /* no port; "[::1" */
+    if (!strcmp(colon + 1, "*")) return 1;
+    long port = 0;
+    const char *p = colon + 1;
+    for (; *p >= '0' && *p <= '9' && port <= 65535; p++) port = port * 10 + (*p - '0');
+    return p > colon + 1 && !*p && port <= 65535;
+}
+
+int kvm_serve_endpoint_check(const char *endpoint, const char *what)
+{
+    if (strncmp(endpoint, "tcp://", 6) && strncmp(endpoint, "ipc://", 6) && strncmp(endpoint, "inproc://", 9))
+        return kvm_err(KVM_EINVAL, "%s '%s' is not an endpoint: expected tcp://HOST:PORT or ipc://PATH", what, endpoint);
+    if (!strncmp(endpoint, "tcp://", 6) && !tcp_port_ok(endpoint))
+        return kvm_err(KVM_EINVAL, "%s '%s': the port is not a number in [0, 65535] or '*' (tcp://HOST:PORT)", what,
+                       endpoint);
+    return 0;
+}
+
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
                    const char *what)
 {
     const char *sec = kvm_config_str(cfg, "security", "server_secret_key");
     const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
-    if (strncmp(endpoint, "tcp://", 6) && strncmp(endpoint, "ipc://", 6) && strncmp(endpoint, "inproc://", 9))
-        return kvm_err(KVM_EINVAL, "%s '%s' is not an endpoint: expected tcp://HOST:PORT or ipc://PATH", what, endpoint);
-    int local = kvm_curve_is_local(endpoint), rc;
+    int rc = kvm_serve_endpoint_check(endpoint, what);
+    if (rc) return rc;
+    int local = kvm_curve_is_local(endpoint);
     if (!local && (!*sec || !*auth))
         return kvm_err(KVM_EINVAL,
                        "%s %s is not local: set [security] server_secret_key and authorized_keys "

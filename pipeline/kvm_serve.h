@@ -44,6 +44,12 @@ typedef struct kvm_serve_opts {
  * 130 after a second Ctrl-C. */
 int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);
 
+/* Checks an endpoint's form before a bind or connect: tcp://HOST:PORT with PORT a decimal in
+ * [0, 65535] or '*' (ZeroMQ takes the port modulo 65536: tcp://127.0.0.1:99999 bound and
+ * connected to port 34463 without a word), ipc://PATH or inproc://NAME. `what` names the
+ * setting. Returns 0 or KVM_EINVAL naming it and the endpoint. */
+int kvm_serve_endpoint_check(const char *endpoint, const char *what);
+
 /* Binds a server socket to `endpoint` with kvmill's rule: a non-local endpoint (see
  * kvm_curve_is_local) requires CurveZMQ, i.e. [security] server_secret_key and
  * authorized_keys in cfg; with `curve_if_keyed` a local endpoint uses CurveZMQ too when
@@ -52,7 +58,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);
  * `what` names the setting in messages ("[serve] bind in FILE", "--bind"). tcp://localhost:PORT
  * binds 127.0.0.1; a bracketed IPv6 address (tcp://[::1]:PORT) turns on ZMQ_IPV6. Call before
  * any connection.
- * Errors: KVM_EINVAL (non-local without keys: the message names [security] and kvmill
+ * Errors: KVM_EINVAL (kvm_serve_endpoint_check's; non-local without keys: the message names [security] and kvmill
  * keygen), kvm_curve_server's errors (KVM_ENOTFOUND, KVM_EFORMAT, KVM_EIO), KVM_EIO (bind
  * failed: names the endpoint and ZeroMQ's reason). */
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,

@@ -2,6 +2,7 @@
 #include "pipeline/kvm_storecli.h"
 #include "common/kvm_error.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_serve.h"
 #include "proto/kvm_proto.h"
 
 #include <errno.h>
@@ -59,7 +60,8 @@ int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_s
     snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
     c->next_request = (uint64_t)time(NULL) << 20;
     c->zctx = zmq_ctx_new();
-    int rc = c->zctx ? cli_connect(c) : kvm_err(KVM_EIO, "store service client: no ZeroMQ context");
+    int rc = kvm_serve_endpoint_check(endpoint, "store service");
+    if (!rc) rc = c->zctx ? cli_connect(c) : kvm_err(KVM_EIO, "store service client: no ZeroMQ context");
     if (rc) {
         kvm_storecli_close(&c);
         return rc;
@@ -154,7 +156,7 @@ int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job
                          c->endpoint, timeout_ms, a + 1, attempts);
         kvm_msg_free(&reply);
         if (rc != KVM_EIO) return rc;
-        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg()); /* the last one is the caller's to say */
     }
     return rc;
 }
@@ -228,7 +230,7 @@ int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, con
         }
         kvm_msg_free(&m);
         if (rc != KVM_EIO) return rc;
-        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
     }
     return rc;
 }
@@ -254,7 +256,7 @@ static int cli_request(kvm_storecli *c, const char *what, cli_encode_fn enc, con
             rc = kvm_err(KVM_EIO, "store service %s: no reply to %s within %d ms (attempt %d of %d)", c->endpoint, what,
                          timeout_ms, a + 1, attempts);
         if (rc != KVM_EIO) return rc;
-        fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
     }
     return rc;
 }

@@ -32,7 +32,8 @@ kvm_storecli_keys kvm_storecli_keys_of(const kvm_config *cfg, const char *server
 
 /* Connects a DEALER to the store service at endpoint (tcp://HOST:PORT, ipc://...), as a
  * CurveZMQ client when keys->server_public is given (then the client pair too). A non-local
- * endpoint without keys is refused (KVM_EINVAL naming the settings). The key paths are copied.
+ * endpoint without keys is refused (KVM_EINVAL naming the settings), as is one that is not an
+ * endpoint or has a port outside [0, 65535] (kvm_serve_endpoint_check). The key paths are copied.
  * *out is owned (kvm_storecli_close). Errors: KVM_EINVAL, the key files' errors, KVM_EIO,
  * KVM_ENOMEM. */
 int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_storecli **out);

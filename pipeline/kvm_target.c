@@ -57,6 +57,15 @@ static int probe(void *user, int64_t budget, double *kl)
     return 0;
 }
 
+int64_t kvm_target_lowest_budget(const kvm_config *c)
+{
+    const int64_t step = kvm_config_int(c, "compress", "target_step"), retain = kvm_config_int(c, "compress", "retain");
+    kvm_sculpt_mode mode; /* the sculpt methods' budget includes the retain zone (k = budget − retain) */
+    if (kvm_sculpt_mode_parse(kvm_config_str(c, "compress", "method"), &mode) == 0)
+        return (retain / step + 1) * step; /* the smallest multiple of step above retain */
+    return step;
+}
+
 int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32_t *cont, int64_t n_cont,
                         kvm_store *store, const kvm_store_id *model_id, kvm_kvcache **out, kvm_target_result *res)
 {
@@ -96,10 +105,7 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
         s.in = *kvm_eval_doc_input(s.doc);
         s.in.n_future = in->n_future;
         s.in.progress = NULL; /* probes would count problems past the document's total */
-        int64_t lo = step, retain = kvm_config_int(c, "compress", "retain");
-        kvm_sculpt_mode mode; /* the sculpt methods' budget includes the retain zone (k = budget − retain) */
-        if (kvm_sculpt_mode_parse(kvm_config_str(c, "compress", "method"), &mode) == 0)
-            lo = (retain / step + 1) * step; /* the smallest multiple of step above retain */
+        int64_t lo = kvm_target_lowest_budget(c);
         s.hi = N - 1;
         if (lo > s.hi) lo = s.hi;
         rc = kvm_eval_target_budget(probe, &s, lo, s.hi, step, target, &tr);

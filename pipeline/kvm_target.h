@@ -39,6 +39,12 @@ typedef struct kvm_target_result {
  * budget is the cache returned. *out: new, next_pos = n. store / model_id as
  * kvm_worker_compress. Errors: KVM_EINVAL (target_kl not set, a document too
  * short for a search part: n ≤ T + 1), KVM_ENOMEM, the method's and the forward's errors. */
+/* The smallest budget the search of c's [compress] method tries (entries per KV head): the
+ * first multiple of target_step, for sculpt methods the first one above the retain zone (their
+ * budget includes it). kvm_jobcfg_check refuses a config whose smallest budget is not below
+ * [model] context (the search would only have budget context − 1). */
+int64_t kvm_target_lowest_budget(const kvm_config *c);
+
 int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32_t *cont, int64_t n_cont,
                         kvm_store *store, const kvm_store_id *model_id, kvm_kvcache **out, kvm_target_result *res);
 

@@ -212,6 +212,67 @@ static int run_cmd(const char *cmd, char **out, char **err)
     return kvm_test_run(cmd, out, err);
 }
 
+/* A context the chat frame fills alone: every document was cut to the frame's ids, so all had
+ * one hash and one cache holding none of their text (SmolLM2's default system turn takes 24
+ * tokens). kvm_chatcfg_frame refuses it, naming the context and the frame's length; one token
+ * more is enough. `kvmill eval --chat` refuses such a --context as well. */
+START_TEST(test_context_filled_by_frame)
+{
+    char *dir;
+    kvm_tokenizer *tok = llama3_tokenizer(&dir);
+    char *open = NULL, *close = NULL;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    kvm_config *cfg = parse("chat = true\nsystem = Answer from the document.");
+    ck_assert_int_eq(kvm_chatcfg_frame(cfg, tok, &open, &close), 0);
+    ck_assert_int_eq(kvm_tokenizer_encode(tok, open, strlen(open), kvm_tokenizer_add_bos(tok), 0, &ids, &n), 0);
+    free(ids);
+    free(open);
+    free(close);
+    kvm_config_free(&cfg);
+    char extra[256];
+    for (int64_t ctx = n - 1; ctx <= n + 1; ctx++) {
+        snprintf(extra, sizeof extra, "chat = true\nsystem = Answer from the document.\ncontext = %lld",
+                 (long long)ctx);
+        cfg = parse(extra);
+        int rc = kvm_chatcfg_frame(cfg, tok, &open, &close);
+        if (ctx <= n) {
+            char want[256];
+            snprintf(want, sizeof want,
+                     "test.ini: [model] context = %lld leaves no token for the document: the chat frame "
+                     "(the system turn and the user turn's opening) takes %lld tokens",
+                     (long long)ctx, (long long)n);
+            ck_assert_msg(rc == KVM_EINVAL && strstr(kvm_errmsg(), want) && !open && !close, "%d: %s", rc,
+                          kvm_errmsg());
+        } else
+            ck_assert_msg(rc == 0 && open && close, "%s", kvm_errmsg());
+        free(open);
+        free(close);
+        kvm_config_free(&cfg);
+    }
+    kvm_tokenizer_close(&tok);
+    kvm_test_rmtree(dir);
+    free(dir);
+    /* kvmill eval --chat: its context is the cached prefix too (SmolLM2: the frame alone) */
+    if (access(SMOL, R_OK)) {
+        printf("SKIP: %s absent (run scripts/get-model.sh): eval --chat with a context the frame fills not checked\n",
+               SMOL);
+        return;
+    }
+    char cmd[8192], *out, *err;
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s --docs %s --chat --context 10 --continuation 8 --method h2o "
+             "--budget 4",
+             kvm_test_bin(), SMOL, kvm_test_data_path("corpus/doc_000.txt"));
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "kvmill eval: --chat: --context 10 leaves no token for the document"),
+                  "exit %d, stderr: %s", st, err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* stories260K (a llama2.c tokenizer) has no chat template: `kvmill run` and `kvmill serve` with
  * chat = true and `kvmill eval --chat` refuse it by name before any work (exit 2); `system`
  * without chat is refused. */
@@ -381,6 +442,7 @@ static Suite *chat_suite(void)
         int timeout_s;
     } cases[] = {{"config_id", test_config_id, 30},
                  {"framed_documents", test_framed_documents, 30},
+                 {"context_filled_by_frame", test_context_filled_by_frame, 30},
                  {"refused_without_template", test_refused_without_template, 60},
                  {"smollm2_run_serve", test_smollm2_run_serve, 600}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

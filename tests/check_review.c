@@ -7,6 +7,7 @@
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
@@ -128,7 +129,7 @@ START_TEST(test_strict_decimal)
         double v = -99;
         ck_assert_msg(kvm_parse_decimal(good[i], &v) == 0 && v == want[i], "'%s' -> %g", good[i], v);
     }
-    const char *bad[] = {"",   "0x10", " 1",    "1 ", "inf", "nan", "-inf",   "1e999",    ".", "e5",
+    const char *bad[] = {"",   "0x10", " 1",    "1 ", "inf", "nan", "-inf",   "1e999",    ".",      "e5",
                          "1e", "1e+",  "1.2.3", "+",  "--1", "1,5", "0x1p-3", "infinity", "1e-400", NULL};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         double v = -99;
@@ -191,21 +192,25 @@ START_TEST(test_refusals_exit_2_prefix_once)
     ck_assert_msg(strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
     free(out);
     free(err);
-    snprintf(args0, sizeof args0, "eval --model '%s' --docs '%s' --method streaming --ratio 0.5 --context 32 "
-             "--continuation 8 --csv '%s/no/such/e.csv'", kvm_test_data_path("models/stories260K.bin"),
-             kvm_test_data_path("corpus"), tmp);
+    snprintf(args0, sizeof args0,
+             "eval --model '%s' --docs '%s' --method streaming --ratio 0.5 --context 32 "
+             "--continuation 8 --csv '%s/no/such/e.csv'",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"), tmp);
     ck_assert_int_eq(kvmill(args0, &out, &err), 2);
     ck_assert_msg(strstr(err, "--csv ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
     free(out);
     free(err);
-    snprintf(args0, sizeof args0, "make-model --dim 64 --layers 1 --heads 8 --hidden 32 --vocab 32 --seq-len 16 "
-             "--out '%s/no/such/m.bin'", tmp);
+    snprintf(args0, sizeof args0,
+             "make-model --dim 64 --layers 1 --heads 8 --hidden 32 --vocab 32 --seq-len 16 "
+             "--out '%s/no/such/m.bin'",
+             tmp);
     ck_assert_int_eq(kvmill(args0, &out, &err), 2);
     ck_assert_msg(strstr(err, "--out ") && strstr(err, "/no/such: No such file or directory"), "stderr: %s", err);
     free(out);
     free(err);
     /* a one-letter option is named as typed */
-    snprintf(args0, sizeof args0, "generate --model '%s' --prompt x -n -1", kvm_test_data_path("models/stories260K.bin"));
+    snprintf(args0, sizeof args0, "generate --model '%s' --prompt x -n -1",
+             kvm_test_data_path("models/stories260K.bin"));
     ck_assert_int_eq(kvmill(args0, &out, &err), 2);
     ck_assert_msg(strstr(err, "kvmill generate: -n: -1 is outside") && !strstr(err, "--n"), "stderr: %s", err);
     free(out);
@@ -260,6 +265,242 @@ START_TEST(test_serve_missing_store)
 }
 END_TEST
 
+/* `[store] path = tcp://HOST:PORT` (a store service, as kvmill run takes it) in the config
+ * given to serve: serve took it for an LMDB directory and refused "store tcp://... does not
+ * exist"; its decode workers already took it for the service. Now serve starts (no worker
+ * here: --workers 0, stopped by SIGINT after its "ready" line). */
+START_TEST(test_serve_store_path_endpoint)
+{
+    char cfg[4400], text[8192], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[store]\npath = tcp://127.0.0.1:1\n[serve]\nbind = "
+             "ipc://%s/front\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "timeout -s INT 5 '%s/kvmill' serve --config '%s' --workers 0", kvm_test_bin(), cfg);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(!strstr(err, "does not exist") && strstr(err, "ready: front end"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* [compress] on_policy = true where it does nothing or cannot run: with an eviction method,
+ * polykv or full it was ignored (and changed the config id, so every cache was made again);
+ * without a repeat/continuation share or with alloc other than uniform every document failed
+ * in its compress worker (exit 1). Now kvm_jobcfg_check refuses them, and `kvmill run` exits
+ * 2 before any stage starts. */
+START_TEST(test_on_policy_refused_at_start)
+{
+    static const struct {
+        const char *compress, *want;
+        int rc;
+    } cases[] = {
+        {"method = streaming\non_policy = true", "which method streaming does not make", KVM_EINVAL},
+        {"method = polykv\non_policy = true", "which method polykv does not make", KVM_EINVAL},
+        {"method = full\non_policy = true", "which method full does not make (it keeps every entry)", KVM_EINVAL},
+        {"method = sculpt\non_policy = true", "on_policy takes its queries from forward passes", KVM_EINVAL},
+        {"method = am\non_policy = true\nquery_source = synthetic@1", "it needs query_source repeat", KVM_EINVAL},
+        {"method = sculpt\non_policy = true\nquery_source = repeat\nalloc = head", "use alloc = uniform", KVM_ENOTSUP},
+        {"method = sculpt\non_policy = true\nquery_source = repat", "'repat' is not synthetic, repeat or continuation",
+         KVM_EINVAL},
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n",
+                 cases[i].compress);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        int rc = kvm_jobcfg_check(c);
+        ck_assert_msg(rc == cases[i].rc && strstr(kvm_errmsg(), cases[i].want) &&
+                          strstr(kvm_errmsg(), "t.ini: [compress]"),
+                      "%s: %d %s", cases[i].compress, rc, kvm_errmsg());
+        kvm_config_free(&c);
+    }
+    const char *good[] = {"method = sculpt\non_policy = true\nquery_source = repeat",
+                          "method = kvzip\non_policy = true\nquery_source = continuation@1+synthetic@1",
+                          "method = streaming\non_policy = false"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n", good[i]);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        ck_assert_msg(kvm_jobcfg_check(c) == 0, "%s: %s", good[i], kvm_errmsg());
+        kvm_config_free(&c);
+    }
+    /* the command: exit 2, nothing started, nothing stored */
+    char cfg[4400], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[store]\npath = %s/s.lmdb\n[compress]\nmethod = "
+             "sculpt\non_policy = true\nqueries = 16\niterations = 1\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfg, kvm_test_data_path("corpus"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill run: ") && strstr(err, "c.ini: [compress]: sculpt: on_policy takes its queries"),
+                  "stderr: %s", err);
+    ck_assert_msg(!strstr(err, "documents"), "it started: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* kvmill eval: on_policy with settings it does not go with failed at the first document, after
+ * its prefill, with exit 1; now the method's options refuse it (exit 2, nothing printed on
+ * stdout), as for every other bad method option. --target-kl 0 is refused too. */
+START_TEST(test_eval_on_policy_refused_up_front)
+{
+    const char *bad[] = {"--method streaming,sculpt:on_policy=1", "--method sculpt --on-policy --query-source repeat "
+                                                                  "--alloc head"};
+    for (int i = 0; i < 2; i++) {
+        char args[12000], *out, *err;
+        snprintf(args, sizeof args,
+                 "eval --model '%s' --docs '%s' --context 64 --continuation 8 --ratio 0.5 "
+                 "--queries 16 --iterations 1 %s",
+                 kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"), bad[i]);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, "kvmill eval: --method sculpt") && strstr(err, "on_policy"), "stderr: %s", err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    /* --target-kl 0 (0 is "off" for [compress] target_kl): the search ended at budget N, the
+     * full cache, reported "within" the target; now a usage error */
+    char args[12000], *out, *err;
+    snprintf(args, sizeof args,
+             "eval --model '%s' --docs '%s' --context 64 --continuation 8 --method h2o --target-kl 0",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--target-kl 0: the target must be above 0 nats"), "stderr: %s", err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* [compress] target_kl whose smallest budget is not below the context (target_step >= context,
+ * or for sculpt methods the first multiple above retain): every document was stored at
+ * budget context - 1, a "compressed" cache larger than the full one, without a word. Refused
+ * by kvm_jobcfg_check now; one step below still runs. */
+START_TEST(test_target_step_past_context)
+{
+    static const struct {
+        const char *compress, *want;
+        int rc;
+    } cases[] = {
+        {"method = streaming\ntarget_step = 64",
+         "the smallest budget searched, 64 (the first multiple of target_step = 64)", KVM_EINVAL},
+        {"method = snapkv\ntarget_step = 1000", "searched, 1000 (", KVM_EINVAL},
+        {"method = sculpt\nretain = 60", "searched, 64 (the first multiple of target_step = 16 above retain)",
+         KVM_EINVAL},
+        {"method = streaming\ntarget_step = 63", "", 0},
+        {"method = sculpt\nretain = 40", "", 0},
+        {"method = streaming\ntarget_kl = 0\ntarget_step = 1000\nbudget = 16", "", 0}, /* off: unused */
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\n%s\n%s\n",
+                 strstr(cases[i].compress, "target_kl") ? "" : "target_kl = 0.1", cases[i].compress);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        int rc = kvm_jobcfg_check(c);
+        ck_assert_msg(rc == cases[i].rc && (!rc || strstr(kvm_errmsg(), cases[i].want)), "%s: %d %s", cases[i].compress,
+                      rc, kvm_errmsg());
+        kvm_config_free(&c);
+    }
+}
+END_TEST
+
+/* With [compress] target_kl the search sets each document's budget and budget/ratio are unused
+ * (README), yet they entered the config id: changing the unused ratio made every cache again.
+ * Now they are left out of it when target_kl > 0, and still count when it is 0. */
+START_TEST(test_target_kl_id_ignores_budget)
+{
+    const char *sizes[] = {"", "budget = 32", "ratio = 0.7", "budget = 48\nratio = 0.1"};
+    kvm_store_id first, id;
+    char text[1024];
+    for (int target = 0; target < 2; target++)
+        for (int i = 0; i < 4; i++) {
+            kvm_config *c = NULL;
+            snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 128\n[compress]\nmethod = h2o\n%s\n%s\n",
+                     target ? "target_kl = 0.05" : "", sizes[i]);
+            ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+            ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, i ? &id : &first, NULL, NULL), 0);
+            if (i)
+                ck_assert_msg((memcmp(id.b, first.b, sizeof id.b) == 0) == target, "target_kl %s, '%s': ids %s",
+                              target ? "on" : "off", sizes[i], target ? "differ" : "equal");
+            kvm_config_free(&c);
+        }
+}
+END_TEST
+
+/* `kvmill generate --chat` on a model without a chat template (stories260K) exited 1, where
+ * run, serve and eval refuse the same with exit 2 (README: 2 for usage). */
+START_TEST(test_generate_chat_without_template)
+{
+    char args[8000], *out, *err;
+    snprintf(args, sizeof args, "generate --model '%s' --prompt hi -n 4 --chat",
+             kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill generate: --chat: the model's tokenizer has no chat template"), "stderr: %s",
+                  err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A tcp:// port past 65535 was taken modulo 65536 by ZeroMQ: `kvmill store serve --bind
+ * tcp://127.0.0.1:99999` said "ready on tcp://127.0.0.1:34463". kvm_serve_bind (store
+ * service, serve's front end and back end) refuses a port that is not in [0, 65535] or '*',
+ * and so do the clients (kvm_serve_endpoint_check: ask --connect, the store service client). */
+START_TEST(test_bind_port_out_of_range)
+{
+    const char *bad[] = {"tcp://127.0.0.1:99999", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:",
+                         "tcp://127.0.0.1",       "tcp://127.0.0.1:55x",   "tcp://[::1]"};
+    char args[12000], *out, *err;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s/s.lmdb' --bind '%s'",
+                 kvm_test_bin(), tmp, bad[i]);
+        int rc = kvm_test_run(args, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "the port is not a number in [0, 65535]"), "%s: exit %d: %s", bad[i], rc,
+                      err);
+        free(out);
+        free(err);
+    }
+    char cfg[4400], text[8192];
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n", kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args,
+             "timeout 20 '%s/kvmill' serve --config '%s' --compute-missing --workers 0 --bind "
+             "tcp://127.0.0.1:70000",
+             kvm_test_bin(), cfg);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "tcp://127.0.0.1:70000': the port is not a number"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* and where kvmill connects: ask --connect, a run whose store is the service */
+    snprintf(args, sizeof args,
+             "timeout 20 '%s/kvmill' ask --connect tcp://127.0.0.1:99999 --doc '%s' --prompt x "
+             "--timeout 2",
+             kvm_test_bin(), cfg);
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill ask: --connect 'tcp://127.0.0.1:99999': the port is not a number"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' run --config '%s' --store tcp://127.0.0.1:99999 --corpus '%s'",
+             kvm_test_bin(), cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "store service 'tcp://127.0.0.1:99999': the port is not a number"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -307,6 +548,13 @@ static Suite *review_suite(void)
         {"strict_decimal", test_strict_decimal},
         {"refusals_exit_2_prefix_once", test_refusals_exit_2_prefix_once},
         {"serve_missing_store", test_serve_missing_store},
+        {"serve_store_path_endpoint", test_serve_store_path_endpoint},
+        {"on_policy_refused_at_start", test_on_policy_refused_at_start},
+        {"eval_on_policy_refused_up_front", test_eval_on_policy_refused_up_front},
+        {"target_step_past_context", test_target_step_past_context},
+        {"target_kl_id_ignores_budget", test_target_kl_id_ignores_budget},
+        {"generate_chat_without_template", test_generate_chat_without_template},
+        {"bind_port_out_of_range", test_bind_port_out_of_range},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

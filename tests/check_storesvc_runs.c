@@ -220,8 +220,58 @@ START_TEST(test_dead_run_claims_lapse)
 }
 END_TEST
 
+/* The store service SIGKILLed after the first commit and not started again: the run stops
+ * feeding documents at the first claim or upload that gets no reply, lets the jobs in workers
+ * end and exits 1 with the rest counted not processed ("store down:"), none failed. It used
+ * to compress every document anyway, each upload waiting out 3 x upload_timeout_ms and each
+ * job requeued up to max_retries times (with the defaults, hours for a small corpus). Started
+ * again, the service takes the rest from the next run. */
+START_TEST(test_service_down_mid_run)
+{
+    pid_t svc = service_start();
+    char slog[4300];
+    snprintf(slog, sizeof slog, "%s/store.err", tmp);
+    const char *extra = "[store]\nupload_timeout_ms = 500\n";
+    pid_t d = run_start(run_config("d", 20, extra), "d");
+    int killed = 0;
+    for (int i = 0; i < 24000 && !killed; i++, usleep(10000)) {
+        char *l = kvm_test_read_file(slog, NULL);
+        if (l && strstr(l, "committed job")) killed = kill(svc, SIGKILL) == 0;
+        free(l);
+    }
+    ck_assert_msg(killed, "the service never committed a cache");
+    waitpid(svc, NULL, 0);
+    int rd = run_wait(d);
+    char *od = slurp("d.out"), *ed = slurp("d.err");
+    size_t ne = strlen(ed); /* the end of stderr: check's messages are bounded */
+    const char *tail = ne > 3000 ? ed + ne - 3000 : ed;
+    ck_assert_msg(rd == 1, "exit %d:\n%.3000s\n%s", rd, od, tail);
+    ck_assert_msg(strstr(ed, "the store service does not answer: feeding no more documents"), "%s", tail);
+    ck_assert_msg(strstr(od, "store down: ") && summary_value(od, "failed") == 0 && summary_value(od, "compressed") < 5,
+                  "%.3000s", od);
+    /* the outage is said once by the renewals in the loop (they came every 500 ms, each said
+     * twice), plus the final release's one short try */
+    ck_assert_msg(count(ed, "no reply to renew_claims") <= 2, "%d lines: %s", count(ed, "no reply to renew_claims"), tail);
+    /* no claim is tried after the one that found it down (each costs 2 timeouts), nor is it
+     * asked for the stored sizes at the end */
+    ck_assert_msg(count(ed, "no reply to claim") <= 2, "%d lines: %s", count(ed, "no reply to claim"), tail);
+    ck_assert_msg(!strstr(ed, "could not read the stored sizes"), "%s", tail);
+    free(od);
+    free(ed);
+    svc = service_start();
+    pid_t e = run_start(run_config("e", 20, extra), "e");
+    ck_assert_int_eq(run_wait(e), 0);
+    char *oe = slurp("e.out");
+    ck_assert_msg(summary_value(oe, "compressed") + summary_value(oe, "skipped") == 5 && !strstr(oe, "store down"), "%s", oe);
+    free(oe);
+    service_stop(svc);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
+}
+END_TEST
+
 /* With a remote store: [store] service_bind (the service belongs to the store's host) and
- * kvmill calibrate (it stores the strategy) are refused with exit 2 and a reason; a polykv run
+ * kvmill calibrate (it stores the strategy) are refused with exit 2 and a reason (service_bind by
+ * kvmill serve too); a polykv run
  * without a strategy on the service names the model and the strategy. Nothing is stored. */
 START_TEST(test_remote_store_refusals)
 {
@@ -232,6 +282,18 @@ START_TEST(test_remote_store_refusals)
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "only the store's host serves it"), "%s", err);
     free(out); free(err);
+    /* serve ignored service_bind with a remote store ([store] path = tcp://... or --store
+     * tcp://...) and started no service: refused as run refuses it */
+    for (int i = 0; i < 2; i++) {
+        char store_flag[64] = "";
+        if (i) snprintf(store_flag, sizeof store_flag, " --store tcp://127.0.0.1:%d", port);
+        snprintf(cmd, sizeof cmd, "timeout 20 '%s/kvmill' serve --config '%s' --workers 0 --bind ipc://%s/front%s",
+                 kvm_test_bin(), cfg, tmp, store_flag);
+        int st = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(st == 2 && strstr(err, "kvmill serve: ") && strstr(err, "only the store's host serves it"),
+                      "exit %d: %s", st, err);
+        free(out); free(err);
+    }
     cfg = run_config("h", 20, "[compress]\nbudget = 32\n");
     snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg, docs);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
@@ -479,6 +541,7 @@ static Suite *storesvc_runs_suite(void)
         const TTest *fn;
     } cases[] = {{"two_runs_one_service", test_two_runs_one_service},
                  {"dead_run_claims_lapse", test_dead_run_claims_lapse},
+                 {"service_down_mid_run", test_service_down_mid_run},
                  {"remote_store_refusals", test_remote_store_refusals},
                  {"remote_decode_polykv", test_remote_decode_polykv},
                  {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker},

@@ -120,6 +120,7 @@ static int sculpt_opts_mode(kvm_sculpt_mode mode, const char *arg, const kvm_bud
     for (char *p = buf; *p; p++)
         if (*p == ':') *p = ',';
     if (!rc) rc = kvm_sculpt_opts_parse(o, buf);
+    if (!rc) rc = kvm_sculpt_opts_check_combination(o); /* refused with the method string, before any prefill */
     if (rc) {
         free(o);
         return rc;

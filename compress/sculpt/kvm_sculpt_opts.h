@@ -52,6 +52,14 @@ int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg);
  * Call after the retain size is final. Returns 0 or KVM_EINVAL (b ≤ m, or neither set). */
 int kvm_sculpt_opts_set_budget(kvm_sculpt_opts *o, const kvm_budget *b);
 
+/* Settings valid alone that do not go together: on_policy (Attention Matching's on-policy
+ * mode, arXiv 2602.16284) without a repeat or continuation query share (KVM_EINVAL: its
+ * queries come from forward passes over the compressed layers) or with an alloc other than
+ * uniform (KVM_ENOTSUP: one layer at a time, the pilot allocates across layers). Checked by
+ * every compression and, before any work, by the commands and kvm_jobcfg_check. Returns 0 or
+ * the error with a message naming the settings. */
+int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o);
+
 /* Prints "  --FLAG  help" lines for every current (not deprecated) setting to f. */
 void kvm_sculpt_opts_help(FILE *f);
 

@@ -2,6 +2,7 @@
  * parallel worker threads (optionally after an allocation pilot) and assembles the ragged
  * compressed cache: distilled entries first (KVM_POS_NONE, logit bias β), then the retain zone
  * with its true positions. KVSculpt, arXiv 2603.27819. */
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "common/kvm_error.h"
@@ -321,14 +322,7 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
                                    "rounds %d, iters %d, history %d, threads %d, power %g)",
                        (long long)o->n_synth, o->lambda, o->ridge_alpha, o->vnorm_cap, o->rounds, o->lbfgs_iters,
                        o->lbfgs_history, o->threads, o->alloc_power);
-    if (o->on_policy && o->query_source.share[KVM_SCULPT_QSRC_REPEAT] <= 0 &&
-        o->query_source.share[KVM_SCULPT_QSRC_CONTINUATION] <= 0)
-        return kvm_err(KVM_EINVAL, "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
-                                   "it needs query_source repeat or continuation (or a mix with one of them)");
-    if (o->on_policy && o->alloc != KVM_SCULPT_ALLOC_UNIFORM)
-        return kvm_err(KVM_ENOTSUP, "sculpt: on_policy solves one layer at a time and the alloc pilot allocates across "
-                                    "layers: use alloc = uniform with on_policy");
-    return 0;
+    return kvm_sculpt_opts_check_combination(o);
 }
 
 /* Replaces the heads of dst whose job is active by the job's distilled entries followed by the

@@ -230,3 +230,15 @@ void kvm_sculpt_opts_help(FILE *f)
     for (int i = 0; i < n; i++)
         if (!s[i].replaced_by) fprintf(f, "  --%-16s %s\n", s[i].flag, s[i].help);
 }
+
+int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o)
+{
+    if (o->on_policy && o->query_source.share[KVM_SCULPT_QSRC_REPEAT] <= 0 &&
+        o->query_source.share[KVM_SCULPT_QSRC_CONTINUATION] <= 0)
+        return kvm_err(KVM_EINVAL, "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
+                                   "it needs query_source repeat or continuation (or a mix with one of them)");
+    if (o->on_policy && o->alloc != KVM_SCULPT_ALLOC_UNIFORM)
+        return kvm_err(KVM_ENOTSUP, "sculpt: on_policy solves one layer at a time and the alloc pilot allocates across "
+                                    "layers: use alloc = uniform with on_policy");
+    return 0;
+}
