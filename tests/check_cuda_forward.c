@@ -5,9 +5,13 @@
  * last-query probabilities) against the CPU's probabilities, and decode over a ragged cache
  * with distilled entries and their bias β. Where no CUDA device exists (or the build has no
  * CUDA) it prints one "SKIP: no CUDA device" line and checks only that cuda:0 fails cleanly,
- * in the API and in `kvmill generate --device cuda:0`. */
+ * in the API and in `kvmill generate --device cuda:0`, and (CUDA builds) the quantized upload's
+ * memory plan and refusals, which come before any device call. */
 #include "model/kvm_forward.h"
 #include "model/kvm_forward_cuda.h"
+#ifdef KVM_WITH_CUDA
+#include "kernels/kvm_quant_body.h"
+#endif
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -56,6 +60,67 @@ START_TEST(test_host_forward_refuses_device_table)
 END_TEST
 
 #ifdef KVM_WITH_CUDA
+/* ---- the quantized upload's plan and refusals (no device needed: both come before any CUDA call) ---- */
+
+enum { QD = 64, QH = 128, QV = 512, QL = 2 };
+
+/* a stories-like shape whose matrices are all `type` rows over a zeroed buffer (never read here) */
+static void quant_desc(kvm_cuda_model_desc *d, kvm_cuda_mat mats[7][QL], int type, const void *buf)
+{
+    *d = (kvm_cuda_model_desc){.n_layers = QL, .dim = QD, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8,
+                               .hidden_dim = QH, .vocab_size = QV, .norm_eps = 1e-5f, .rope_theta = 1e4f};
+    for (int i = 0; i < 7; i++)
+        for (int l = 0; l < QL; l++) mats[i][l] = (kvm_cuda_mat){.data = buf, .type = type};
+    d->tok_emb = d->wcls = (kvm_cuda_mat){.data = buf, .type = type};
+    d->wq = mats[0], d->wk = mats[1], d->wv = mats[2], d->wo = mats[3], d->w1 = mats[4], d->w2 = mats[5], d->w3 = mats[6];
+}
+
+/* the upload buffer is the largest matrix's file bytes (the [512][64] embedding: 512 rows of two
+ * Q4_0 blocks, 18432 bytes), not its float32 values as for a random model (131072 bytes) */
+START_TEST(test_upload_plan_counts_file_bytes)
+{
+    static uint8_t buf[1];
+    kvm_cuda_model_desc q, r;
+    kvm_cuda_mat mats[7][QL];
+    quant_desc(&q, mats, KVM_QB_Q4_0, buf);
+    quant_desc(&r, mats, KVM_QB_Q4_0, buf);
+    r.tok_emb.data = NULL; /* random */
+    for (int t = KVM_CUDA_F32; t <= KVM_CUDA_F16; t++) {
+        size_t bq = kvm_cuda_model_bytes(&q, (kvm_cuda_wdtype)t, 64, 16), br = kvm_cuda_model_bytes(&r, (kvm_cuda_wdtype)t, 64, 16);
+        ck_assert_msg(br - bq == (size_t)QV * QD * 4 - (size_t)QV * (QD / 32) * 18, "random %zu, Q4_0 %zu", br, bq);
+    }
+    kvm_cuda_mat m8[7][QL];
+    kvm_cuda_model_desc q8;
+    quant_desc(&q8, m8, KVM_QB_Q8_0, buf); /* 34 bytes per 32 elements */
+    ck_assert_uint_eq(kvm_cuda_model_bytes(&q8, KVM_CUDA_BF16, 64, 16) - kvm_cuda_model_bytes(&q, KVM_CUDA_BF16, 64, 16),
+                      (size_t)QV * (QD / 32) * (34 - 18));
+}
+END_TEST
+
+/* a matrix type the device cannot dequantise, or rows that are not whole blocks, are refused
+ * naming the matrix, before the plan or any allocation */
+START_TEST(test_upload_refuses_what_it_cannot_dequantise)
+{
+    static uint8_t buf[1];
+    kvm_cuda_model_desc d;
+    kvm_cuda_mat mats[7][QL];
+    quant_desc(&d, mats, KVM_QB_Q4_1, buf);
+    mats[0][1].type = 10; /* Q2_K: layer 1's wq */
+    kvm_cuda_model *m = NULL;
+    ck_assert_int_eq(kvm_cuda_model_new(0, &d, KVM_CUDA_BF16, 64, 16, &m), KVM_ENOTSUP);
+    ck_assert_msg(strstr(kvm_errmsg(), "layer 1 wq") && strstr(kvm_errmsg(), "type 10"), "%s", kvm_errmsg());
+    ck_assert_ptr_null(m);
+    mats[0][1].type = KVM_QB_Q4_K; /* 256-element blocks over rows of 64 */
+    ck_assert_int_eq(kvm_cuda_model_new(0, &d, KVM_CUDA_BF16, 64, 16, &m), KVM_ENOTSUP);
+    ck_assert_msg(strstr(kvm_errmsg(), "layer 1 wq") && strstr(kvm_errmsg(), "rows of 64"), "%s", kvm_errmsg());
+    mats[0][1].type = KVM_QB_Q4_1;
+    d.wcls.data = NULL; /* a file model without its classifier's bytes */
+    ck_assert_int_eq(kvm_cuda_model_new(0, &d, KVM_CUDA_BF16, 64, 16, &m), KVM_ENOTSUP);
+    ck_assert_msg(strstr(kvm_errmsg(), "classifier") && strstr(kvm_errmsg(), "no data"), "%s", kvm_errmsg());
+    ck_assert_ptr_null(m);
+}
+END_TEST
+
 /* ---- with a device ---- */
 
 static int32_t ids[N];
@@ -265,6 +330,10 @@ int main(void)
     TCase *tc = tcase_create("cuda");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_host_forward_refuses_device_table);
+#ifdef KVM_WITH_CUDA
+    tcase_add_test(tc, test_upload_plan_counts_file_bytes);
+    tcase_add_test(tc, test_upload_refuses_what_it_cannot_dequantise);
+#endif
     const kvm_kernels *k;
     if (kvm_kernels_select("cuda:0", &k)) {
         char why[512];

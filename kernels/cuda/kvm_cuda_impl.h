@@ -70,6 +70,10 @@ int kvm__cuda_add(int dev, float *x, const float *y, int64_t n);
 int kvm__cuda_add_rows(int dev, float *x, const float *b, int64_t n_rows, int64_t w);
 // dst (bf16 or f16 per t) [n] from src float32 [n]
 int kvm__cuda_convert(int dev, void *dst, kvm_cuda_wdtype t, const float *src, int64_t n);
+// dst (dtype t) [rows][in] from raw ggml rows of `type` (device, kvm_qb_row_bytes(type, in) bytes
+// each): the loader's dequantisation (kernels/kvm_quant_body.h) one element per thread, then
+// rounded to t. KVM_ENOTSUP for a type kvmill cannot dequantise or rows not whole blocks.
+int kvm__cuda_dequant(int dev, void *dst, kvm_cuda_wdtype t, const void *raw, int type, int64_t rows, int64_t in);
 // Y = X · Wᵀ with W device [out][in] in dtype t, X float32 [m][ldx], Y float32 [m][ldy]
 int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
                      int64_t in, float *y, int64_t ldy);

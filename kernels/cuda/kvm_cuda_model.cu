@@ -5,8 +5,13 @@
 // positions and RoPE tables and downloads logits, statistics and captured K/V.
 #include "kernels/cuda/kvm_cuda_impl.h"
 
+extern "C" {
+#include "kernels/kvm_quant_body.h"
+}
+
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +55,42 @@ namespace {
 
 size_t mat_bytes(int64_t out, int64_t in, kvm_cuda_wdtype t) { return (size_t)out * (size_t)in * kvm_cuda_wdtype_bytes(t); }
 
+// the matrices of a model in upload order, with their shapes and names (for messages)
+struct mat_ref {
+    const kvm_cuda_mat *m; // NULL: random
+    int64_t out, in;
+    int layer;        // -1: embedding / classifier
+    const char *name;
+};
+
+// calls f on every matrix of d (tok_emb, wcls, then per layer wq wk wv wo w1 w2 w3); stops at
+// the first nonzero result and returns it
+template <class F> int each_mat(const kvm_cuda_model_desc *d, F f)
+{
+    const bool rnd = d->tok_emb.data == NULL;
+    const int64_t qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    const int64_t D = d->dim, H = d->hidden_dim, V = d->vocab_size;
+    int rc;
+    if ((rc = f(mat_ref{rnd ? NULL : &d->tok_emb, V, D, -1, "token embedding"})) ||
+        (rc = f(mat_ref{rnd ? NULL : &d->wcls, V, D, -1, "classifier"})))
+        return rc;
+    for (int l = 0; l < d->n_layers; l++) {
+        const mat_ref ms[] = {{rnd ? NULL : &d->wq[l], qd, D, l, "wq"},  {rnd ? NULL : &d->wk[l], kvd, D, l, "wk"},
+                              {rnd ? NULL : &d->wv[l], kvd, D, l, "wv"}, {rnd ? NULL : &d->wo[l], D, qd, l, "wo"},
+                              {rnd ? NULL : &d->w1[l], H, D, l, "w1"},   {rnd ? NULL : &d->w2[l], D, H, l, "w2"},
+                              {rnd ? NULL : &d->w3[l], H, D, l, "w3"}};
+        for (const mat_ref &r : ms)
+            if ((rc = f(r))) return rc;
+    }
+    return 0;
+}
+
+// bytes of the upload buffer one matrix needs: its file bytes, or its float32 values (random)
+size_t upload_bytes(const mat_ref &r)
+{
+    return r.m ? (size_t)r.out * (size_t)kvm_qb_row_bytes(r.m->type, r.in) : (size_t)r.out * (size_t)r.in * 4;
+}
+
 // the pieces of the plan, in one place so that kvm_cuda_model_bytes and _new agree
 struct plan {
     size_t weights, cache, acts, staging;
@@ -68,9 +109,27 @@ plan make_plan(const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx, int
     p.acts = 4 * (size_t)B * (size_t)(D + wide + 2 * qd + 2 * kvd + 2 * H + d->head_dim + V) + 8 * (size_t)B +
              4 * (size_t)d->n_heads * (2 * (size_t)B + 2 * (size_t)ctx) +
              2 * (size_t)B * (size_t)(H > wide ? H : wide); // activations in the weight dtype for GemmEx
-    int64_t big = V * D > H * D ? V * D : H * D;
-    p.staging = 4 * (size_t)(big > qd * D ? big : qd * D); // one float32 matrix while converting
+    each_mat(d, [&](const mat_ref &r) { // one upload buffer, reused matrix after matrix
+        size_t b = upload_bytes(r);
+        if (b > p.staging) p.staging = b;
+        return 0;
+    });
     return p;
+}
+
+// KVM_ENOTSUP naming the first matrix whose type or row length the dequantisation cannot take
+int check_mats(int dev, const kvm_cuda_model_desc *d)
+{
+    return each_mat(d, [&](const mat_ref &r) {
+        if (!r.m) return 0;
+        const int64_t be = kvm_qb_block_elems(r.m->type);
+        if (r.m->data && be && r.in % be == 0) return 0;
+        char where[32] = "";
+        if (r.layer >= 0) snprintf(where, sizeof where, "layer %d ", r.layer);
+        return kvm_err(KVM_ENOTSUP, "cuda:%d: %s%s: %s of ggml type %d with rows of %lld elements cannot be uploaded "
+                       "(types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K in whole blocks)",
+                       dev, where, r.name, r.m->data ? "weights" : "no data", r.m->type, (long long)r.in);
+    });
 }
 
 int dalloc(int dev, void **p, size_t bytes)
@@ -105,19 +164,24 @@ int vec(int dev, float **dst, const float *host, int64_t n, float fill)
     return 0;
 }
 
-// a matrix [out][in] in dtype t from host float32 or from (seed, tensor id) uniform ±1/sqrt(in)
-int mat(int dev, dmat *m, const float *host, int64_t out, int64_t in, kvm_cuda_wdtype t, uint64_t seed, float *stage)
+// a matrix [out][in] in dtype t from the file's bytes (copied into the upload buffer `stage`,
+// dequantised there by the loader's bodies) or from (seed, tensor id) uniform ±1/sqrt(in)
+int mat(int dev, dmat *m, const mat_ref &r, kvm_cuda_wdtype t, uint64_t seed, void *stage)
 {
-    m->out = out;
-    m->in = in;
-    int64_t n = out * in;
-    int rc = dalloc(dev, &m->d, mat_bytes(out, in, t));
+    m->out = r.out;
+    m->in = r.in;
+    int rc = dalloc(dev, &m->d, mat_bytes(r.out, r.in, t));
     if (rc) return rc;
-    float *src = t == KVM_CUDA_F32 ? (float *)m->d : stage;
-    if (host) KVM_CU(dev, cudaMemcpyAsync(src, host, (size_t)n * 4, cudaMemcpyHostToDevice, cudaStreamPerThread));
-    else if ((rc = kvm_cuda_fill_uniform(dev, src, n, seed, 1.0f / sqrtf((float)in)))) return rc;
-    if (t != KVM_CUDA_F32 && (rc = kvm__cuda_convert(dev, m->d, t, stage, n))) return rc;
-    KVM_CU(dev, cudaStreamSynchronize(cudaStreamPerThread)); // the staging buffer is reused next
+    if (r.m) {
+        KVM_CU(dev, cudaMemcpyAsync(stage, r.m->data, upload_bytes(r), cudaMemcpyHostToDevice, cudaStreamPerThread));
+        rc = kvm__cuda_dequant(dev, m->d, t, stage, r.m->type, r.out, r.in);
+    } else {
+        float *src = t == KVM_CUDA_F32 ? (float *)m->d : (float *)stage;
+        if (!(rc = kvm_cuda_fill_uniform(dev, src, r.out * r.in, seed, 1.0f / sqrtf((float)r.in))) && t != KVM_CUDA_F32)
+            rc = kvm__cuda_convert(dev, m->d, t, src, r.out * r.in);
+    }
+    if (rc) return rc;
+    KVM_CU(dev, cudaStreamSynchronize(cudaStreamPerThread)); // the upload buffer is reused next
     return 0;
 }
 
@@ -130,36 +194,39 @@ int opt_vec(int dev, float **dst, const float *const *a, int l, int64_t n)
     return h ? vec(dev, dst, h, n, 0.0f) : 0;
 }
 
-int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, float *stage)
+int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, void *stage)
 {
     const int dev = m->dev;
     const kvm_cuda_wdtype t = m->t;
     const int64_t qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
-    const int64_t D = d->dim, H = d->hidden_dim, V = d->vocab_size;
-    const bool rnd = d->tok_emb == NULL;
+    const int64_t D = d->dim;
+    const bool rnd = d->tok_emb.data == NULL;
     uint64_t id = d->seed * 1000003u;
     int rc;
-    if (rnd) {
-        if ((rc = dalloc_n(dev, &m->tok_emb, (size_t)(V * D))) ||
-            (rc = kvm_cuda_fill_uniform(dev, m->tok_emb, V * D, id++, 1.0f)))
-            return rc;
-    } else if ((rc = vec(dev, &m->tok_emb, d->tok_emb, V * D, 0.0f))) {
-        return rc;
-    }
-    if ((rc = vec(dev, &m->rms_final, rnd ? NULL : d->rms_final, D, 1.0f)) ||
-        (rc = mat(dev, &m->wcls, rnd ? NULL : d->wcls, V, D, t, id++, stage)))
-        return rc;
+    int64_t i_mat = 0;
+    dmat emb = {};
+    // the matrices in each_mat's order: the embedding table in float32 (k_embed reads it), the
+    // classifier and the layers' matrices in t
+    rc = each_mat(d, [&](const mat_ref &r) {
+        const int64_t i = i_mat++;
+        if (i == 0) {
+            if (rnd) {
+                if ((rc = dalloc(dev, &emb.d, (size_t)(r.out * r.in) * 4))) return rc;
+                return kvm_cuda_fill_uniform(dev, (float *)emb.d, r.out * r.in, id++, 1.0f);
+            }
+            return mat(dev, &emb, r, KVM_CUDA_F32, 0, stage);
+        }
+        if (i == 1) return mat(dev, &m->wcls, r, t, id++, stage);
+        dlayer *y = &m->L[(i - 2) / 7];
+        dmat *slot[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->w1, &y->w2, &y->w3};
+        return mat(dev, slot[(i - 2) % 7], r, t, id++, stage);
+    });
+    m->tok_emb = (float *)emb.d;
+    if (rc || (rc = vec(dev, &m->rms_final, rnd ? NULL : d->rms_final, D, 1.0f))) return rc;
     for (int l = 0; l < d->n_layers; l++) {
         dlayer *y = &m->L[l];
         if ((rc = vec(dev, &y->rms_att, rnd ? NULL : d->rms_att[l], D, 1.0f)) ||
             (rc = vec(dev, &y->rms_ffn, rnd ? NULL : d->rms_ffn[l], D, 1.0f)) ||
-            (rc = mat(dev, &y->wq, rnd ? NULL : d->wq[l], qd, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->wk, rnd ? NULL : d->wk[l], kvd, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->wv, rnd ? NULL : d->wv[l], kvd, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->wo, rnd ? NULL : d->wo[l], D, qd, t, id++, stage)) ||
-            (rc = mat(dev, &y->w1, rnd ? NULL : d->w1[l], H, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->w2, rnd ? NULL : d->w2[l], D, H, t, id++, stage)) ||
-            (rc = mat(dev, &y->w3, rnd ? NULL : d->w3[l], H, D, t, id++, stage)) ||
             (rc = opt_vec(dev, &y->bq, d->bq, l, qd)) || (rc = opt_vec(dev, &y->bk, d->bk, l, kvd)) ||
             (rc = opt_vec(dev, &y->bv, d->bv, l, kvd)) || (rc = opt_vec(dev, &y->bo, d->bo, l, D)) ||
             (rc = opt_vec(dev, &y->q_norm, d->q_norm, l, d->head_dim)) ||
@@ -170,7 +237,8 @@ int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, float *stage)
             (rc = dalloc_n(dev, &y->bias, ce)) || (rc = dalloc_n(dev, &y->pos, ce)))
             return rc;
     }
-    const int64_t B = m->max_batch, wide = D > qd ? D : qd, half = d->head_dim / 2;
+    const int64_t B = m->max_batch, wide = D > qd ? D : qd, half = d->head_dim / 2, H = d->hidden_dim,
+                  V = d->vocab_size;
     if ((rc = dalloc_n(dev, &m->x, (size_t)(B * D))) || (rc = dalloc_n(dev, &m->xb, (size_t)(B * wide))) ||
         (rc = dalloc_n(dev, &m->q, (size_t)(B * qd))) || (rc = dalloc_n(dev, &m->kk, (size_t)(B * kvd))) ||
         (rc = dalloc_n(dev, &m->vv, (size_t)(B * kvd))) || (rc = dalloc_n(dev, &m->att, (size_t)(B * qd))) ||
@@ -242,8 +310,10 @@ int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype
                        "ctx=%lld batch=%lld is not valid",
                        device, d->n_layers, d->dim, d->n_heads, d->n_kv_heads, d->head_dim, KVM_CUDA_MAX_HEAD_DIM,
                        d->hidden_dim, d->vocab_size, (long long)ctx, (long long)max_batch);
-    int rc = kvm_cuda_plan_fits(device, kvm_cuda_model_bytes(d, t, ctx, max_batch), "the model, its KV cache and activations");
-    if (rc) return rc;
+    int rc = check_mats(device, d);
+    if (rc || (rc = kvm_cuda_plan_fits(device, kvm_cuda_model_bytes(d, t, ctx, max_batch),
+                                       "the model, its KV cache and activations")))
+        return rc;
     kvm_cuda_model *m = (kvm_cuda_model *)calloc(1, sizeof *m);
     if (!m) return kvm_err(KVM_ENOMEM, "cuda:%d: out of host memory", device);
     m->dev = device;
@@ -261,9 +331,9 @@ int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype
         kvm_cuda_model_free(&m);
         return kvm_err(KVM_ENOMEM, "cuda:%d: out of host memory", device);
     }
-    float *stage = NULL;
+    void *stage = NULL;
     plan p = make_plan(d, t, ctx, max_batch);
-    if (!(rc = dalloc(device, (void **)&stage, p.staging))) rc = load(m, d, stage);
+    if (!(rc = dalloc(device, &stage, p.staging))) rc = load(m, d, stage);
     free_dev(stage);
     // the tensor pointers of the description belong to the caller
     memset(&m->s.tok_emb, 0, sizeof *d - offsetof(kvm_cuda_model_desc, tok_emb));
