@@ -3,14 +3,18 @@
  * ../shared is absent): logits with float32 weights (max|Δ|/max|ref| ≤ 1e-4) and bf16 (≤ 2e-2),
  * chunked prefill, K/V capture, the attention statistics (entropy, key mass over a window,
  * last-query probabilities) against the CPU's probabilities, and decode over a ragged cache
- * with distilled entries and their bias β. Where no CUDA device exists (or the build has no
+ * with distilled entries and their bias β, and the device eviction (every pattern's kept sets
+ * against kvm_evict_prefill's, keys at the cut within 1e-5 may swap). Where no CUDA device exists (or the build has no
  * CUDA) it prints one "SKIP: no CUDA device" line and checks only that cuda:0 fails cleanly,
  * in the API and in `kvmill generate --device cuda:0`, and (CUDA builds) the quantized upload's
  * memory plan and refusals, which come before any device call. */
 #include "model/kvm_forward.h"
 #include "model/kvm_forward_cuda.h"
 #ifdef KVM_WITH_CUDA
+#include "compress/evict/kvm_evict.h"
+#include "kernels/kvm_evict_body.h"
 #include "kernels/kvm_quant_body.h"
+#include "model/kvm_capture.h"
 #endif
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
@@ -310,6 +314,99 @@ START_TEST(test_ragged_decode_with_bias)
 }
 END_TEST
 
+/* ---- device eviction (prefill phase) against the CPU's kept sets ---- */
+
+/* the CPU's scores of the candidates [0, m) of (l, g) under pattern p (the bodies on the capture's
+ * statistics, as kvm_evict_select computes them) and the zones; streaming: none (exact) */
+static void cpu_scores(const kvm_capture *cap, int l, int g, kvm_pattern p, int64_t b, float *obs, float *mass,
+                       float *vote, float *score, int64_t *m, int64_t *k)
+{
+    const kvm_evict_params prm = kvm_evict_params_default();
+    int64_t tail0;
+    kvm_eb_zones((int)p, prm.recent_frac, prm.window, N, b, m, &tail0, k);
+    kvm_evict_attn a;
+    ck_assert_int_eq(kvm_evict_attn_from_capture(&model->cfg, cap, l, g, prm.window, obs, mass, &a), 0);
+    for (int64_t j = 0; j < *m; j++)
+        vote[j] = p == KVM_PATTERN_H2O    ? kvm_eb_h2o(a.mass, N, a.n_group, j)
+                  : p == KVM_PATTERN_TOVA ? kvm_eb_tova(a.obs, a.n_obs, N, a.n_group, j)
+                                          : kvm_eb_snap_vote(a.obs, a.n_obs, prm.window, N, a.n_group, j);
+    for (int64_t j = 0; j < *m; j++)
+        score[j] = p == KVM_PATTERN_SNAPKV || p == KVM_PATTERN_PYRAMIDKV ? kvm_eb_pool(vote, *m, prm.pool / 2, j) : vote[j];
+}
+
+START_TEST(test_device_eviction)
+{
+    kvm_forward *f;
+    kvm_kvcache *full, *cc;
+    kvm_capture *cap;
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    ck_assert_int_eq(kvm_forward_new(model, NULL, N, &f), 0);
+    ck_assert_int_eq(kvm_capture_new(&model->cfg, N, &co, &cap), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, N, &full), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, kvm_capture_hooks(cap)), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, full, ids, N, NULL, KVM_LOGITS_NONE), 0);
+    kvm_compress_input in = {.model = model, .full = full, .cap = cap, .n_tokens = N, .n_future = 16, .tokens = ids};
+    kvm_cuda_model *m;
+    ck_assert_int_eq(kvm_model_cuda_new(model, 0, KVM_CUDA_F32, N, N, &m), 0);
+    const kvm_evict_params prm = kvm_evict_params_default();
+    static float obs[2 * 16 * N], mass[2 * N], vote[N], score[N];
+    int32_t pos[N];
+    int swaps = 0, heads = 0;
+    for (int p = 0; p < KVM_PATTERN_COUNT; p++)
+        for (int64_t b = 16; b <= 128; b *= 8) {
+            kvm_evict_plan *pl;
+            ck_assert_int_eq(kvm_evict_plan_new(L, G, (kvm_pattern)p, b, &pl), 0);
+            ck_assert_int_eq(kvm_evict_prefill(&in, pl, &cc), 0);
+            uint8_t pat[L * G];
+            for (int i = 0; i < L * G; i++) pat[i] = (uint8_t)pl->pattern[i];
+            kvm_cuda_evict_plan dp = {.pattern = pat, .budget = pl->budget, .sinks = prm.sinks, .window = prm.window,
+                                      .pool = prm.pool, .recent_frac = prm.recent_frac};
+            kvm_cuda_model_reset(m);
+            ck_assert_int_eq(kvm_cuda_model_keep_evict_stats(m, prm.window), 0);
+            ck_assert_msg(kvm_cuda_model_forward(m, ids, N, NULL, 1, NULL) == 0, "%s", kvm_errmsg());
+            ck_assert_msg(kvm_cuda_model_evict(m, &dp) == 0, "%s", kvm_errmsg());
+            for (int l = 0; l < L; l++)
+                for (int g = 0; g < G; g++) {
+                    const kvm_kv_head *h = kvm_kvcache_head(cc, l, g);
+                    ck_assert_int_eq(kvm_cuda_model_download_pos(m, l, g, pos), 0);
+                    for (int64_t e = 1; e < h->n; e++) ck_assert_int_lt(pos[e - 1], pos[e]);
+                    int64_t cm = 0, ck = 0;
+                    if (p != KVM_PATTERN_STREAMING) cpu_scores(cap, l, g, (kvm_pattern)p, pl->budget[l * G + g], obs, mass, vote, score, &cm, &ck);
+                    /* a key kept by one side only must score within 1e-5 (relative) of the cut */
+                    float cut = 0;
+                    for (int64_t e = 0; e < h->n; e++)
+                        if (h->pos[e] < cm && (cut == 0 || score[h->pos[e]] < cut)) cut = score[h->pos[e]];
+                    uint8_t in_cpu[N] = {0}, in_dev[N] = {0};
+                    for (int64_t e = 0; e < h->n; e++) in_cpu[h->pos[e]] = 1, in_dev[pos[e]] = 1;
+                    for (int j = 0; j < N; j++)
+                        if (in_cpu[j] != in_dev[j]) {
+                            ck_assert_msg(p != KVM_PATTERN_STREAMING && j < cm &&
+                                              fabsf(score[j] - cut) <= 1e-5f * fabsf(cut) + 1e-12f,
+                                          "%s b %lld layer %d head %d: key %d kept by %s only (score %.9g, cut %.9g)",
+                                          kvm_pattern_name((kvm_pattern)p), (long long)b, l, g, j,
+                                          in_cpu[j] ? "the CPU" : "cuda:0", score[j], cut);
+                            swaps++;
+                        }
+                    heads++;
+                }
+            kvm_kvcache_free(&cc);
+            kvm_evict_plan_free(&pl);
+        }
+    printf("cuda device eviction: %d heads' kept sets equal to the CPU's but %d keys at the cut (1e-5)\n", heads,
+           swaps / 2);
+    /* without statistics for the cache as it is, the eviction is refused */
+    uint8_t none[L * G];
+    int64_t bud[L * G];
+    for (int i = 0; i < L * G; i++) none[i] = 1, bud[i] = 8;
+    kvm_cuda_evict_plan dp = {.pattern = none, .budget = bud, .window = 16, .pool = 7, .recent_frac = 0.5};
+    ck_assert_int_eq(kvm_cuda_model_evict(m, &dp), KVM_EINVAL);
+    kvm_cuda_model_free(&m);
+    kvm_capture_free(&cap);
+    kvm_kvcache_free(&full);
+    kvm_forward_free(&f);
+}
+END_TEST
+
 START_TEST(test_plan_refuses_what_does_not_fit)
 {
     kvm_cuda_model_desc d = {.n_layers = 64, .dim = 8192, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128,
@@ -350,6 +447,7 @@ int main(void)
         tcase_add_test(tc, test_statistics);
         tcase_add_test(tc, test_ragged_decode_with_bias);
         tcase_add_test(tc, test_plan_refuses_what_does_not_fit);
+        tcase_add_test(tc, test_device_eviction);
 #endif
     }
     suite_add_tcase(s, tc);

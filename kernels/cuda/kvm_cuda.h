@@ -180,6 +180,40 @@ int kvm_cuda_model_download_kv(const kvm_cuda_model *m, int layer, int g, float 
 int kvm_cuda_model_set_kv(kvm_cuda_model *m, int layer, int g, const float *k, const float *v, const int32_t *pos,
                           const float *bias, int64_t n);
 
+/* Layer l's KV head g positions to host pos[n] (n = its entry count), e.g. after
+ * kvm_cuda_model_evict. KVM_EINVAL for a head outside the model, KVM_EDEVICE. */
+int kvm_cuda_model_download_pos(const kvm_cuda_model *m, int layer, int g, int32_t *pos);
+
+/* Device eviction for the prefill phase (issue 13). keep_evict_stats asks the next forward to
+ * keep, for every layer on the device, the statistics the prefill eviction patterns read: each
+ * query head's received mass summed over all the forward's queries (H2O) and the probability
+ * rows of its last n_obs queries (TOVA: 1; SnapKV/PyramidKV: their window), [n_layers] ×
+ * (n_heads·ctx + n_heads·n_obs·ctx) floats, plus the selection's scratch; allocated here once
+ * (the plan checked with kvm_cuda_plan_fits), freed with the model. That forward must be the
+ * context's whole prefill in one batch over an empty cache (n ≤ max_batch, n ≥ n_obs) and asks
+ * no kvm_cuda_stats. n_obs 0 turns it off. Errors: KVM_EINVAL (n_obs outside [0, ctx]),
+ * KVM_ENOMEM (does not fit: bytes needed and free), KVM_EDEVICE. */
+int kvm_cuda_model_keep_evict_stats(kvm_cuda_model *m, int64_t n_obs);
+
+/* Which pattern and budget each (layer, KV head) gets: kvm_evict_plan's contents
+ * (compress/evict/kvm_evict.h) without its module (kernels know nothing of compress). */
+typedef struct kvm_cuda_evict_plan {
+    const uint8_t *pattern;  /* [n_layers][n_kv_heads]: 0 streaming, 1 h2o, 2 tova, 3 snapkv, 4 pyramidkv, 255 none */
+    const int64_t *budget;   /* [n_layers][n_kv_heads] entries kept, ≥ 1 */
+    int64_t sinks, window, pool; /* kvm_evict_params */
+    double recent_frac;
+} kvm_cuda_evict_plan;
+
+/* Cuts every (layer, KV head) of the plan to its budget on the device, as kvm_evict_prefill
+ * does on the CPU: scores from the statistics kept by the last forward (keep_evict_stats), the
+ * top-b by the CPU's order (kernels/kvm_evict_body.h: higher score first, ties to the earlier
+ * position), and the head's K, V, positions and β compacted to the kept entries, kept
+ * positions increasing (the ragged cache's order). The next position stays the context's
+ * length. The statistics are spent (a second call needs a new forward). Errors: KVM_EINVAL (no
+ * statistics for the cache as it is, a pattern outside 0–4/255, a budget < 1, SnapKV/PyramidKV
+ * with fewer kept rows than min(window, n)), KVM_EDEVICE. */
+int kvm_cuda_model_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan *plan);
+
 /* Sets the position the next token takes (after set_kv of a compressed cache). */
 void kvm_cuda_model_set_next_pos(kvm_cuda_model *m, int32_t pos);
 

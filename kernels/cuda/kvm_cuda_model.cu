@@ -49,6 +49,12 @@ struct kvm_cuda_model {
     // host scratch
     float *h_cos, *h_sin;
     int32_t *h_pos;
+    // device eviction (kvm_cuda_model_keep_evict_stats): per-layer statistics and the selection's scratch
+    int64_t ev_n_obs;  // 0: off
+    int64_t ev_valid;  // the context the kept statistics describe (0: none)
+    float *ev_mass, *ev_obs, *ev_vote, *ev_score, *ev_k2, *ev_v2, *ev_bias2;
+    int32_t *ev_pos2, *ev_idx;
+    uint8_t *ev_mark;
 };
 
 namespace {
@@ -284,8 +290,11 @@ void kvm_cuda_model_free(kvm_cuda_model **pm)
                           y->wk.d, y->wv.d, y->wo.d, y->w1.d, y->w2.d, y->w3.d, y->k, y->v, y->bias, y->pos};
             for (void *p : ps) free_dev(p);
         }
-        void *ps[] = {m->tok_emb, m->rms_final, m->wcls.d, m->x, m->xb, m->q, m->kk, m->vv, m->att, m->hb, m->hb2,
-                      m->cos_t, m->sin_t, m->logits, m->st_lse, m->st_ent, m->st_km, m->st_lp, m->xh, m->qpos, m->tok};
+        void *ps[] = {m->tok_emb, m->rms_final, m->wcls.d, m->x,      m->xb,     m->q,       m->kk,
+                      m->vv,      m->att,       m->hb,     m->hb2,    m->cos_t,  m->sin_t,   m->logits,
+                      m->st_lse,  m->st_ent,    m->st_km,  m->st_lp,  m->xh,     m->qpos,    m->tok,
+                      m->ev_mass, m->ev_obs,    m->ev_vote, m->ev_score, m->ev_k2, m->ev_v2, m->ev_bias2,
+                      m->ev_pos2, m->ev_idx,    m->ev_mark};
         for (void *p : ps) free_dev(p);
     }
     free(m->L);
@@ -498,6 +507,16 @@ int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
         a.n_obs = 1;
         a.ld_e = m->ctx;
     }
+    if (m->ev_n_obs > 0) { // the prefill eviction's statistics, kept per layer on the device
+        const size_t nh = (size_t)c->n_heads, ctx = (size_t)m->ctx;
+        a.stats = KVM_CUDA_STAT_MASS | KVM_CUDA_STAT_OBS;
+        a.mass = m->ev_mass + (size_t)l * nh * ctx;
+        a.obs = m->ev_obs + (size_t)l * nh * (size_t)m->ev_n_obs * ctx;
+        a.mass_p0 = INT32_MIN;
+        a.mass_p1 = INT32_MAX;
+        a.n_obs = m->ev_n_obs;
+        a.ld_e = m->ctx;
+    }
     if ((rc = kvm_cuda_attention_layer(dev, &a)) || (st && (rc = download_stats(m, l, n, st)))) return rc;
     if ((rc = mm(m->att, qd, y->wo, m->xb)) || (y->bo && (rc = kvm__cuda_add_rows(dev, m->xb, y->bo, n, D))) ||
         (rc = kvm__cuda_add(dev, m->x, m->xb, n * D)))
@@ -551,6 +570,12 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
                            tokens[i], m->s.vocab_size);
     if ((int64_t)m->next_pos + n > 0x7fffffff)
         return kvm_err(KVM_ERANGE, "cuda:%d: forward: position %lld exceeds int32", m->dev, (long long)m->next_pos + n);
+    if (m->ev_n_obs > 0 && (stats || n > m->max_batch || n < m->ev_n_obs || m->next_pos != 0 ||
+                            kvm_cuda_model_cache_len(m) != 0))
+        return kvm_err(KVM_EINVAL, "cuda:%d: forward: the eviction statistics need the whole prefill in one batch over "
+                       "an empty cache, without kvm_cuda_stats (%lld tokens, batch %lld, %lld rows, position %d)",
+                       m->dev, (long long)n, (long long)m->max_batch, (long long)m->ev_n_obs, m->next_pos);
+    m->ev_valid = 0;
     int rc = kvm__cuda_use(m->dev);
     for (int64_t i0 = 0; !rc && i0 < n; i0 += m->max_batch) {
         int64_t nb = n - i0 < m->max_batch ? n - i0 : m->max_batch;
@@ -558,6 +583,93 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
         float *lg = logits && (!last_only || last) ? logits + (last_only ? 0 : i0 * m->s.vocab_size) : NULL;
         rc = batch(m, tokens + i0, nb, lg, last_only, last ? stats : NULL);
     }
+    if (!rc && m->ev_n_obs > 0) m->ev_valid = n;
+    return rc;
+}
+
+extern "C" int kvm_cuda_model_download_pos(const kvm_cuda_model *m, int layer, int g, int32_t *pos)
+{
+    if (layer < 0 || layer >= m->s.n_layers || g < 0 || g >= m->s.n_kv_heads)
+        return kvm_err(KVM_EINVAL, "cuda:%d: KV head (%d, %d) outside %d layers x %d KV heads", m->dev, layer, g,
+                       m->s.n_layers, m->s.n_kv_heads);
+    int rc = kvm__cuda_use(m->dev);
+    if (rc) return rc;
+    const int64_t n = m->n_host[(int64_t)layer * m->s.n_kv_heads + g];
+    KVM_CU(m->dev, cudaMemcpyAsync(pos, m->L[layer].pos + (size_t)g * m->ctx, (size_t)n * 4, cudaMemcpyDeviceToHost,
+                                   cudaStreamPerThread));
+    KVM_CU(m->dev, cudaStreamSynchronize(cudaStreamPerThread));
+    return 0;
+}
+
+extern "C" int kvm_cuda_model_keep_evict_stats(kvm_cuda_model *m, int64_t n_obs)
+{
+    if (n_obs < 0 || n_obs > m->ctx)
+        return kvm_err(KVM_EINVAL, "cuda:%d: eviction statistics of %lld rows (cache of %lld)", m->dev,
+                       (long long)n_obs, (long long)m->ctx);
+    int rc = kvm__cuda_use(m->dev);
+    if (rc) return rc;
+    m->ev_valid = 0;
+    if (n_obs == m->ev_n_obs) return 0;
+    void **bufs[] = {(void **)&m->ev_mass,  (void **)&m->ev_obs,  (void **)&m->ev_vote, (void **)&m->ev_score,
+                     (void **)&m->ev_k2,    (void **)&m->ev_v2,   (void **)&m->ev_bias2, (void **)&m->ev_pos2,
+                     (void **)&m->ev_idx,   (void **)&m->ev_mark};
+    for (void **b : bufs) free_dev(*b), *b = NULL;
+    m->ev_n_obs = 0;
+    if (n_obs == 0) return 0;
+    const size_t L = (size_t)m->s.n_layers, nh = (size_t)m->s.n_heads, ctx = (size_t)m->ctx, d = (size_t)m->s.head_dim;
+    const size_t bytes[] = {4 * L * nh * ctx, 4 * L * nh * (size_t)n_obs * ctx, 4 * ctx, 4 * ctx, 4 * ctx * d,
+                            4 * ctx * d,      4 * ctx,                          4 * ctx, 4 * ctx, ctx};
+    size_t total = 0;
+    for (size_t b : bytes) total += b;
+    if ((rc = kvm_cuda_plan_fits(m->dev, total, "the eviction statistics"))) return rc;
+    for (size_t i = 0; i < sizeof bytes / sizeof *bytes; i++)
+        if ((rc = dalloc(m->dev, bufs[i], bytes[i]))) return rc; // the rest are freed with the model
+    m->ev_n_obs = n_obs;
+    return 0;
+}
+
+extern "C" int kvm_cuda_model_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan *p)
+{
+    const kvm_cuda_model_desc *c = &m->s;
+    const int nkv = c->n_kv_heads, grp = c->n_heads / c->n_kv_heads;
+    const int64_t n = m->ev_valid;
+    if (n <= 0 || m->ev_n_obs <= 0)
+        return kvm_err(KVM_EINVAL, "cuda:%d: evict: no eviction statistics for the cache (kvm_cuda_model_keep_evict_stats, "
+                       "then the prefill)", m->dev);
+    for (int64_t i = 0; i < (int64_t)c->n_layers * nkv; i++) {
+        const int pat = p->pattern[i];
+        const int64_t need = pat == 3 || pat == 4 ? (p->window < n ? p->window : n) : 1;
+        if (pat == 255) continue;
+        if (pat > 4 || p->budget[i] < 1 || (pat != 0 && m->ev_n_obs < need) || m->n_host[i] != n)
+            return kvm_err(KVM_EINVAL, "cuda:%d: evict: layer %lld KV head %lld: pattern %d, budget %lld, %lld "
+                           "statistics rows (needs %lld), %lld entries (context %lld)",
+                           m->dev, (long long)(i / nkv), (long long)(i % nkv), pat, (long long)p->budget[i],
+                           (long long)m->ev_n_obs, (long long)need, (long long)m->n_host[i], (long long)n);
+    }
+    int rc = kvm__cuda_use(m->dev);
+    const size_t nh = (size_t)c->n_heads, ctx = (size_t)m->ctx, d = (size_t)c->head_dim;
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        for (int g = 0; !rc && g < nkv; g++) {
+            const int64_t i = (int64_t)l * nkv + g;
+            if (p->pattern[i] == 255 || p->budget[i] >= n) continue;
+            dlayer *y = &m->L[l];
+            kvm__cuda_evict_head_args a = {};
+            a.pattern = p->pattern[i];
+            a.n = n;
+            a.budget = p->budget[i];
+            a.sinks = p->sinks, a.window = p->window, a.pool = p->pool, a.recent_frac = p->recent_frac;
+            a.mass = m->ev_mass + ((size_t)l * nh + (size_t)g * grp) * ctx;
+            a.obs = m->ev_obs + ((size_t)l * nh + (size_t)g * grp) * (size_t)m->ev_n_obs * ctx;
+            a.n_obs = m->ev_n_obs, a.ld = m->ctx, a.n_group = grp;
+            a.k = y->k + (size_t)g * ctx * d, a.v = y->v + (size_t)g * ctx * d;
+            a.bias = y->bias + (size_t)g * ctx, a.pos = y->pos + (size_t)g * ctx, a.head_dim = c->head_dim;
+            a.vote = m->ev_vote, a.score = m->ev_score, a.k2 = m->ev_k2, a.v2 = m->ev_v2, a.bias2 = m->ev_bias2;
+            a.pos2 = m->ev_pos2, a.idx = m->ev_idx, a.mark = m->ev_mark;
+            if (!(rc = kvm__cuda_evict_head(m->dev, &a))) m->n_host[i] = a.budget; // the scratch is reused in stream order
+        }
+    cudaError_t e = cudaStreamSynchronize(cudaStreamPerThread);
+    if (!rc && e != cudaSuccess) rc = kvm__cuda_fail(m->dev, "cudaStreamSynchronize", e);
+    m->ev_valid = 0;
     return rc;
 }
 
