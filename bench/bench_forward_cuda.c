@@ -127,9 +127,9 @@ int main(int argc, char **argv)
         if (!pat || !bud) { fprintf(stderr, "bench_forward_cuda: out of memory\n"); return 1; }
         for (int64_t i = 0; i < nh; i++) pat[i] = (uint8_t)pattern, bud[i] = b;
         kvm_cuda_evict_plan ep = {.pattern = pat, .budget = bud, .sinks = 4, .window = 16, .pool = 7, .recent_frac = 0.5};
-        if (kvm_cuda_model_keep_evict_stats(m, 16)) return fail("keep_evict_stats");
         for (long r = 0; r <= reps; r++) {
             kvm_cuda_model_reset(m);
+            if (kvm_cuda_model_keep_evict_stats(m, 16)) return fail("keep_evict_stats"); /* the next forward's */
             double a = bench_wall_s();
             if (kvm_cuda_model_forward(m, tok, n, logits, 1, NULL)) return fail("prefill with statistics");
             double bt = bench_wall_s();

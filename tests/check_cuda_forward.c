@@ -407,6 +407,75 @@ START_TEST(test_device_eviction)
 }
 END_TEST
 
+/* mean kl_mean per method of an eval CSV (method names in order of first appearance) */
+static int csv_kl(const char *path, char names[][32], double *kl, int max)
+{
+    size_t n;
+    char *t = kvm_test_read_file(path, &n), *save = NULL;
+    ck_assert_msg(t != NULL, "%s missing", path);
+    int nm = 0, cnt[8] = {0};
+    for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char doc[256], meth[32];
+        double budget, ratio, k;
+        if (sscanf(line, "%255[^,],%31[^,],%lf,%lf,%lf", doc, meth, &budget, &ratio, &k) != 5) continue; /* header */
+        int i = 0;
+        while (i < nm && strcmp(names[i], meth)) i++;
+        if (i == nm && nm < max) strcpy(names[nm++], meth), kl[i] = 0;
+        kl[i] += k, cnt[i]++;
+    }
+    for (int i = 0; i < nm; i++) kl[i] /= cnt[i];
+    free(t);
+    return nm;
+}
+
+/* `kvmill eval --device cuda:0` runs the eviction methods on the device: KL within 1% of the CPU's
+ * run; a method that needs the host forward runs on the CPU, said on stderr */
+START_TEST(test_eval_device_eviction)
+{
+    char *dir = kvm_test_tmpdir(), cmd[4096], *out = NULL, *err = NULL;
+    const char *base = "'%s/kvmill' eval --model '%s' --docs '%s,%s' --method streaming,h2o,tova,snapkv,pyramidkv "
+                       "--ratio 0.3 --context 192 --continuation 32 --device %s --csv '%s/%s.csv'";
+    char model_p[512], d0[512], d1[512]; /* kvm_test_data_path's buffer is reused by each call */
+    snprintf(model_p, sizeof model_p, "%s", kvm_test_data_path("models/stories260K.bin"));
+    snprintf(d0, sizeof d0, "%s", kvm_test_data_path("corpus/doc_004.txt"));
+    snprintf(d1, sizeof d1, "%s", kvm_test_data_path("corpus/doc_005.txt"));
+    const char *devs[2] = {"cpu", "cuda:0"};
+    char names[2][8][32];
+    double kl[2][8];
+    int nm[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, base, kvm_test_bin(), model_p, d0, d1, devs[i], dir, i ? "cuda" : "cpu");
+        ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
+        if (i) ck_assert_msg(strstr(err, "on cuda:0, against the device's own full KV"), "stderr: %s", err);
+        free(out), free(err);
+        char csv[600];
+        snprintf(csv, sizeof csv, "%s/%s.csv", dir, i ? "cuda" : "cpu");
+        nm[i] = csv_kl(csv, names[i], kl[i], 8);
+    }
+    ck_assert_int_eq(nm[0], 5);
+    ck_assert_int_eq(nm[1], 5);
+    for (int j = 0; j < 5; j++) {
+        ck_assert_str_eq(names[0][j], names[1][j]);
+        printf("cuda eval %s: mean KL cpu %.6f, cuda:0 %.6f (%+.2f%%)\n", names[0][j], kl[0][j], kl[1][j],
+               100 * (kl[1][j] - kl[0][j]) / kl[0][j]);
+        ck_assert_msg(fabs(kl[1][j] - kl[0][j]) <= 0.01 * kl[0][j] + 1e-6, "%s: KL %.6g on cuda:0, %.6g on the CPU",
+                      names[0][j], kl[1][j], kl[0][j]);
+    }
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method h2o,am --ratio 0.3 --context 128 "
+             "--continuation 16 --device cuda:0", kvm_test_bin(), model_p, d0);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
+    ck_assert_msg(strstr(err, "run on the CPU (method am needs the host forward"), "stderr: %s", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method h2o --ratio 0.3 --context 128 "
+             "--continuation 16 --phases both --device cuda:0", kvm_test_bin(), model_p, d0);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
+    ck_assert_msg(strstr(err, "run on the CPU (--phases both"), "stderr: %s", err);
+    free(out), free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_plan_refuses_what_does_not_fit)
 {
     kvm_cuda_model_desc d = {.n_layers = 64, .dim = 8192, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128,
@@ -448,6 +517,7 @@ int main(void)
         tcase_add_test(tc, test_ragged_decode_with_bias);
         tcase_add_test(tc, test_plan_refuses_what_does_not_fit);
         tcase_add_test(tc, test_device_eviction);
+        tcase_add_test(tc, test_eval_device_eviction);
 #endif
     }
     suite_add_tcase(s, tc);

@@ -184,14 +184,15 @@ int kvm_cuda_model_set_kv(kvm_cuda_model *m, int layer, int g, const float *k, c
  * kvm_cuda_model_evict. KVM_EINVAL for a head outside the model, KVM_EDEVICE. */
 int kvm_cuda_model_download_pos(const kvm_cuda_model *m, int layer, int g, int32_t *pos);
 
-/* Device eviction for the prefill phase (issue 13). keep_evict_stats asks the next forward to
- * keep, for every layer on the device, the statistics the prefill eviction patterns read: each
- * query head's received mass summed over all the forward's queries (H2O) and the probability
- * rows of its last n_obs queries (TOVA: 1; SnapKV/PyramidKV: their window), [n_layers] ×
- * (n_heads·ctx + n_heads·n_obs·ctx) floats, plus the selection's scratch; allocated here once
- * (the plan checked with kvm_cuda_plan_fits), freed with the model. That forward must be the
- * context's whole prefill in one batch over an empty cache (n ≤ max_batch, n ≥ n_obs) and asks
- * no kvm_cuda_stats. n_obs 0 turns it off. Errors: KVM_EINVAL (n_obs outside [0, ctx]),
+/* Device eviction for the prefill phase (issue 13). keep_evict_stats asks the next forward (that
+ * one only) to keep, for every layer on the device, the statistics the prefill eviction patterns
+ * read: each query head's received mass summed over all the forward's queries (H2O) and the
+ * probability rows of its last n_obs queries (TOVA: 1; SnapKV/PyramidKV: their window),
+ * [n_layers] × (n_heads·ctx + n_heads·n_obs·ctx) floats, plus the selection's scratch; allocated
+ * at the first call (the plan checked with kvm_cuda_plan_fits; again when n_obs changes), freed
+ * with the model. That forward must be the context's whole prefill in one batch over an empty
+ * cache (n ≤ max_batch, n ≥ n_obs) and asks no kvm_cuda_stats, else it fails with KVM_EINVAL.
+ * n_obs 0 cancels the request (the buffers stay). Errors: KVM_EINVAL (n_obs outside [0, ctx]),
  * KVM_ENOMEM (does not fit: bytes needed and free), KVM_EDEVICE. */
 int kvm_cuda_model_keep_evict_stats(kvm_cuda_model *m, int64_t n_obs);
 

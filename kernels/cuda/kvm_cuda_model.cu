@@ -50,7 +50,8 @@ struct kvm_cuda_model {
     float *h_cos, *h_sin;
     int32_t *h_pos;
     // device eviction (kvm_cuda_model_keep_evict_stats): per-layer statistics and the selection's scratch
-    int64_t ev_n_obs;  // 0: off
+    int64_t ev_n_obs;  // observation rows the buffers hold (0: none allocated)
+    int ev_armed;      // the next forward keeps the statistics
     int64_t ev_valid;  // the context the kept statistics describe (0: none)
     float *ev_mass, *ev_obs, *ev_vote, *ev_score, *ev_k2, *ev_v2, *ev_bias2;
     int32_t *ev_pos2, *ev_idx;
@@ -507,7 +508,7 @@ int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
         a.n_obs = 1;
         a.ld_e = m->ctx;
     }
-    if (m->ev_n_obs > 0) { // the prefill eviction's statistics, kept per layer on the device
+    if (m->ev_armed) { // the prefill eviction's statistics, kept per layer on the device
         const size_t nh = (size_t)c->n_heads, ctx = (size_t)m->ctx;
         a.stats = KVM_CUDA_STAT_MASS | KVM_CUDA_STAT_OBS;
         a.mass = m->ev_mass + (size_t)l * nh * ctx;
@@ -570,12 +571,14 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
                            tokens[i], m->s.vocab_size);
     if ((int64_t)m->next_pos + n > 0x7fffffff)
         return kvm_err(KVM_ERANGE, "cuda:%d: forward: position %lld exceeds int32", m->dev, (long long)m->next_pos + n);
-    if (m->ev_n_obs > 0 && (stats || n > m->max_batch || n < m->ev_n_obs || m->next_pos != 0 ||
-                            kvm_cuda_model_cache_len(m) != 0))
+    const bool armed = m->ev_armed;
+    m->ev_armed = 0; // statistics for this forward only
+    m->ev_valid = 0;
+    if (armed && (stats || n > m->max_batch || n < m->ev_n_obs || m->next_pos != 0 || kvm_cuda_model_cache_len(m) != 0))
         return kvm_err(KVM_EINVAL, "cuda:%d: forward: the eviction statistics need the whole prefill in one batch over "
                        "an empty cache, without kvm_cuda_stats (%lld tokens, batch %lld, %lld rows, position %d)",
                        m->dev, (long long)n, (long long)m->max_batch, (long long)m->ev_n_obs, m->next_pos);
-    m->ev_valid = 0;
+    m->ev_armed = armed;
     int rc = kvm__cuda_use(m->dev);
     for (int64_t i0 = 0; !rc && i0 < n; i0 += m->max_batch) {
         int64_t nb = n - i0 < m->max_batch ? n - i0 : m->max_batch;
@@ -583,7 +586,8 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
         float *lg = logits && (!last_only || last) ? logits + (last_only ? 0 : i0 * m->s.vocab_size) : NULL;
         rc = batch(m, tokens + i0, nb, lg, last_only, last ? stats : NULL);
     }
-    if (!rc && m->ev_n_obs > 0) m->ev_valid = n;
+    if (!rc && armed) m->ev_valid = n;
+    m->ev_armed = 0;
     return rc;
 }
 
@@ -609,13 +613,14 @@ extern "C" int kvm_cuda_model_keep_evict_stats(kvm_cuda_model *m, int64_t n_obs)
     int rc = kvm__cuda_use(m->dev);
     if (rc) return rc;
     m->ev_valid = 0;
-    if (n_obs == m->ev_n_obs) return 0;
+    m->ev_armed = n_obs > 0;
+    if (n_obs == 0 || n_obs == m->ev_n_obs) return 0; // buffers kept for the next use
     void **bufs[] = {(void **)&m->ev_mass,  (void **)&m->ev_obs,  (void **)&m->ev_vote, (void **)&m->ev_score,
                      (void **)&m->ev_k2,    (void **)&m->ev_v2,   (void **)&m->ev_bias2, (void **)&m->ev_pos2,
                      (void **)&m->ev_idx,   (void **)&m->ev_mark};
     for (void **b : bufs) free_dev(*b), *b = NULL;
     m->ev_n_obs = 0;
-    if (n_obs == 0) return 0;
+    m->ev_armed = 0;
     const size_t L = (size_t)m->s.n_layers, nh = (size_t)m->s.n_heads, ctx = (size_t)m->ctx, d = (size_t)m->s.head_dim;
     const size_t bytes[] = {4 * L * nh * ctx, 4 * L * nh * (size_t)n_obs * ctx, 4 * ctx, 4 * ctx, 4 * ctx * d,
                             4 * ctx * d,      4 * ctx,                          4 * ctx, 4 * ctx, ctx};
@@ -625,6 +630,7 @@ extern "C" int kvm_cuda_model_keep_evict_stats(kvm_cuda_model *m, int64_t n_obs)
     for (size_t i = 0; i < sizeof bytes / sizeof *bytes; i++)
         if ((rc = dalloc(m->dev, bufs[i], bytes[i]))) return rc; // the rest are freed with the model
     m->ev_n_obs = n_obs;
+    m->ev_armed = 1;
     return 0;
 }
 
@@ -633,7 +639,7 @@ extern "C" int kvm_cuda_model_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan
     const kvm_cuda_model_desc *c = &m->s;
     const int nkv = c->n_kv_heads, grp = c->n_heads / c->n_kv_heads;
     const int64_t n = m->ev_valid;
-    if (n <= 0 || m->ev_n_obs <= 0)
+    if (n <= 0 || m->ev_n_obs <= 0 || m->n_host[0] != n)
         return kvm_err(KVM_EINVAL, "cuda:%d: evict: no eviction statistics for the cache (kvm_cuda_model_keep_evict_stats, "
                        "then the prefill)", m->dev);
     for (int64_t i = 0; i < (int64_t)c->n_layers * nkv; i++) {
