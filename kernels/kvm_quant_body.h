@@ -169,10 +169,11 @@ static inline KVM_HD kvm_qb_scales kvm_qb_group_scales(int type, const uint8_t *
     return s;
 }
 
-/* Element j ∈ [0, kvm_qb_block_elems(type)) of the block at b of a type listed above (0 for
- * another type), given the scales s of its group j / 16: ggml's dequantize_row_* value, same
- * operations in the same order. */
-static inline KVM_HD float kvm_qb_elem_s(int type, const uint8_t *b, kvm_qb_scales s, int j)
+/* Element j = 16·g + l (l ∈ [0, 16); the 1-element types: g = l = 0) of the block at b of a type
+ * listed above (0 for another type), given the scales s of its group g: ggml's
+ * dequantize_row_* value, same operations in the same order. Indexed by (group, lane) so that
+ * in the CPU's loop over l everything but the lane is loop-invariant. */
+static inline KVM_HD float kvm_qb_elem_s(int type, const uint8_t *b, kvm_qb_scales s, int g, int l)
 {
     switch (type) {
     case KVM_QB_F32:
@@ -182,38 +183,35 @@ static inline KVM_HD float kvm_qb_elem_s(int type, const uint8_t *b, kvm_qb_scal
     case KVM_QB_BF16:
         return kvm_qb_bf16(kvm_qb_le16(b));
     case KVM_QB_Q8_0:
-        return kvm_qb_mul((float)(int8_t)b[2 + j], s.d);
-    case KVM_QB_Q4_0: {
-        int q = j < 16 ? (b[2 + j] & 0x0F) : (b[2 + j - 16] >> 4);
-        return kvm_qb_mul((float)(q - 8), s.d);
-    }
-    case KVM_QB_Q4_1: {
-        int q = j < 16 ? (b[4 + j] & 0x0F) : (b[4 + j - 16] >> 4);
-        return kvm_qb_mad((float)q, s.d, s.m);
-    }
+        return kvm_qb_mul((float)(int8_t)b[2 + 16 * g + l], s.d);
+    case KVM_QB_Q4_0: /* group 0: the low nibbles of the 16 bytes, group 1: the high ones */
+        return kvm_qb_mul((float)((g ? b[2 + l] >> 4 : b[2 + l] & 0x0F) - 8), s.d);
+    case KVM_QB_Q4_1:
+        return kvm_qb_mad((float)(g ? b[4 + l] >> 4 : b[4 + l] & 0x0F), s.d, s.m);
     case KVM_QB_Q5_0:
     case KVM_QB_Q5_1: {
-        const int has_m = type == KVM_QB_Q5_1, i = j & 15;
+        const int has_m = type == KVM_QB_Q5_1;
         const uint32_t qh = kvm_qb_le32(b + (has_m ? 4 : 2));
         const uint8_t *qs = b + (has_m ? 8 : 6);
-        /* the fifth bit: qh bit i for the low nibbles, bit i + 16 for the high ones */
-        const int q = j < 16 ? ((qs[i] & 0x0F) | (int)(((qh >> (i + 0)) << 4) & 0x10))
-                             : ((qs[i] >> 4) | (int)((qh >> (i + 12)) & 0x10));
+        /* the fifth bit: qh bit l for the low nibbles, bit l + 16 for the high ones */
+        const int q = g ? ((qs[l] >> 4) | (int)((qh >> (l + 12)) & 0x10))
+                        : ((qs[l] & 0x0F) | (int)(((qh >> (l + 0)) << 4) & 0x10));
         return has_m ? kvm_qb_mad((float)q, s.d, s.m) : kvm_qb_mul((float)(q - 16), s.d);
     }
     case KVM_QB_Q4_K: {
-        /* 4 chunks of 64: sub-block 2c (low nibbles of q[32c, 32c + 32)), then 2c + 1 (high);
-         * ggml's d1·q − m1 is d1·q + (−m1) exactly */
-        const int c = j / 64, l = j % 32;
-        const uint8_t qb = b[16 + 32 * c + l];
-        return kvm_qb_mad(s.d, (float)((j % 64) >= 32 ? qb >> 4 : qb & 0xF), s.m);
+        /* 4 chunks c of 64: sub-block 2c (low nibbles of q[32c, 32c + 32)), then 2c + 1 (high);
+         * group g is chunk g / 4, half (g / 2) & 1, bytes from 16·(g & 1); ggml's d1·q − m1 is
+         * d1·q + (−m1) exactly */
+        const uint8_t qb = b[16 + 32 * (g / 4) + 16 * (g & 1) + l];
+        return kvm_qb_mad(s.d, (float)((g / 2) & 1 ? qb >> 4 : qb & 0xF), s.m);
     }
     case KVM_QB_Q6_K: {
-        /* 2 halves of 128, each 4 quarters of 32 sharing ql[64], qh[32] */
-        const int n = j / 128, k = (j % 128) / 32, l = j % 32;
+        /* 2 halves n of 128, each 4 quarters k of 32 sharing ql[64], qh[32]: group g is half g / 8,
+         * quarter (g / 2) & 3, lanes from 16·(g & 1) */
+        const int n = g / 8, k = (g / 2) & 3, i = 16 * (g & 1) + l;
         const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
-        const int lo = (k & 1) ? ql[l + 32] : ql[l];
-        const int q = (int)(int8_t)((k < 2 ? lo & 0xF : lo >> 4) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+        const int lo = (k & 1) ? ql[i + 32] : ql[i];
+        const int q = (int)(int8_t)((k < 2 ? lo & 0xF : lo >> 4) | (((qh[i] >> (2 * k)) & 3) << 4)) - 32;
         return kvm_qb_mul(s.d, (float)q);
     }
     default:
@@ -225,7 +223,7 @@ static inline KVM_HD float kvm_qb_elem_s(int type, const uint8_t *b, kvm_qb_scal
  * thread). */
 static inline KVM_HD float kvm_qb_elem(int type, const uint8_t *b, int j)
 {
-    return kvm_qb_elem_s(type, b, kvm_qb_group_scales(type, b, j / 16), j);
+    return kvm_qb_elem_s(type, b, kvm_qb_group_scales(type, b, j / 16), j / 16, j % 16);
 }
 
 /* Element `col` of a row of `in`-element rows stored at row (raw bytes, kvm_qb_row_bytes):

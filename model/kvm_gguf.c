@@ -523,25 +523,28 @@ float kvm_fp16_to_f32(uint16_t h) { return kvm_qb_fp16(h); }
 
 float kvm_bf16_to_f32(uint16_t h) { return kvm_qb_bf16(h); }
 
-/* n_blocks blocks of one type: the element body with a constant type, so each case compiles to
- * its own loop without the type switch, and each group's scales decoded once per 16 elements
- * (the 1-element types: once per element, where they are the value itself) */
+/* n_blocks blocks of one type: the element body with a constant type and constant block sizes, so
+ * each case compiles to its own loop without the type switch, each group's scales decoded once
+ * per 16 elements (the 1-element types: once per element, where they are the value itself) and
+ * the group loop unrolled, so that the group index is a constant in each lane loop */
 #define KVM_DEQ_CASE(T)                                                                                                \
     case T:                                                                                                            \
         for (int64_t i = 0; i < n_blocks; i++) {                                                                       \
-            const uint8_t *b = s + i * bb;                                                                             \
-            for (int g = 0; g * 16 < be; g++) {                                                                        \
+            const int BE = (int)kvm_qb_block_elems(T);                                                                 \
+            const uint8_t *b = s + i * kvm_qb_block_bytes(T);                                                          \
+            _Pragma("GCC unroll 16") for (int g = 0; g * 16 < BE; g++)                                                 \
+            {                                                                                                          \
                 const kvm_qb_scales sc = kvm_qb_group_scales(T, b, g);                                                 \
-                const int j1 = be < 16 ? (int)be : 16 * g + 16;                                                        \
-                for (int j = 16 * g; j < j1; j++)                                                                      \
-                    dst[i * be + j] = kvm_qb_elem_s(T, b, sc, j);                                                      \
+                float *y = dst + i * BE + 16 * g;                                                                      \
+                for (int l = 0; l < (BE < 16 ? BE : 16); l++)                                                          \
+                    y[l] = kvm_qb_elem_s(T, b, sc, g, l);                                                              \
             }                                                                                                          \
         }                                                                                                              \
         break
 
 int kvm_ggml_dequantize(int type, const void *src, float *dst, int64_t n)
 {
-    const int64_t be = kvm_qb_block_elems(type), bb = kvm_qb_block_bytes(type);
+    const int64_t be = kvm_qb_block_elems(type);
     if (!be)
         return kvm_err(KVM_ENOTSUP, "dequantize: tensor type %d (%s) not supported", type, kvm_ggml_type_name(type));
     if (n % be)
