@@ -1,7 +1,8 @@
 /* kvm_cuda.h: the CUDA backend's C interface beyond the kvm_kernels table (issue 13): weight
- * dtype, memory plan, embedding/classifier launches, layer attention over a device-resident
- * ragged KV cache with the statistics compression reads, and a device-resident Llama forward
- * (kvm_cuda_model) for `generate --device cuda:N`, the CUDA tests and the device benchmark.
+ * dtype, memory plan, embedding/classifier launches, the upload's dequantisation, layer attention
+ * over a device-resident ragged KV cache with the statistics compression reads, and a
+ * device-resident Llama forward (kvm_cuda_model) with the prefill phase's eviction on the device,
+ * for `generate` and `eval --device cuda:N`, the CUDA tests and the device benchmark.
  * Compiled only where nvcc is (KVM_WITH_CUDA); callers guard with #ifdef KVM_WITH_CUDA.
  * Every pointer named "device" is device memory of the backend's device; every function
  * returns 0 or a negative kvm_status with kvm_errmsg naming the failing CUDA/cuBLAS call and
