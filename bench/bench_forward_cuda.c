@@ -4,9 +4,14 @@
  * alone in the same run (kvm_cuda_model_gemm_only) and prefill's share of that, and decode
  * tokens/s at context N.
  *   bench_forward_cuda [--device cuda:0] [--shape qwen2.5-1.5b|smollm2|stories] [--tokens 2048]
- *                      [--gen 64] [--reps 5] [--dtype bf16|f16|f32]
+ *                      [--gen 64] [--reps 5] [--dtype bf16|f16|f32] [--evict PATTERN]
  * Prints a CSV line "kvmill,<shape>,<device>,<dtype>,N,<n>,prefill_tok_s,<x>,gemm_only_tok_s,<y>,
- * share,<x/y>,decode_tok_s,<z>" after human-readable lines. Exit 2 without a device. */
+ * share,<x/y>,decode_tok_s,<z>" after human-readable lines. With --evict (streaming, h2o, tova,
+ * snapkv, pyramidkv: kvm_pattern numbers 0–4 by name) also the device eviction of the prefill
+ * phase: the prefill keeping the patterns' statistics (window 16) and kvm_cuda_model_evict of
+ * every (layer, KV head) to N/4, medians of reps, as a second line "kvmill-evict,<shape>,
+ * <device>,<dtype>,N,<n>,pattern,<p>,budget,<b>,prefill_stats_ms,<x>,evict_ms,<y>". Exit 2
+ * without a device. */
 #include "bench/bench_util.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_kernels.h"
@@ -47,7 +52,7 @@ static int fail(const char *what)
 
 int main(int argc, char **argv)
 {
-    const char *device = "cuda:0", *shape_name = "qwen2.5-1.5b", *dtype = "bf16";
+    const char *device = "cuda:0", *shape_name = "qwen2.5-1.5b", *dtype = "bf16", *evict = NULL;
     long n = 2048, gen = 64, reps = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -58,6 +63,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--tokens")) n = atol(v);
         else if (!strcmp(a, "--gen")) gen = atol(v);
         else if (!strcmp(a, "--reps")) reps = atol(v);
+        else if (!strcmp(a, "--evict")) evict = v;
         else { fprintf(stderr, "bench_forward_cuda: unknown option %s\n", a); return 2; }
         i++;
     }
@@ -65,6 +71,11 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof SHAPES / sizeof *SHAPES; i++)
         if (!strcmp(SHAPES[i].name, shape_name)) sh = &SHAPES[i];
     if (!sh) { fprintf(stderr, "bench_forward_cuda: --shape %s: expected qwen2.5-1.5b, smollm2 or stories\n", shape_name); return 2; }
+    static const char *const pattern_names[] = {"streaming", "h2o", "tova", "snapkv", "pyramidkv"};
+    int pattern = -1;
+    for (int i = 0; evict && i < 5; i++)
+        if (!strcmp(evict, pattern_names[i])) pattern = i;
+    if (evict && pattern < 0) { fprintf(stderr, "bench_forward_cuda: --evict %s: expected streaming, h2o, tova, snapkv or pyramidkv\n", evict); return 2; }
     kvm_cuda_wdtype t = !strcmp(dtype, "bf16") ? KVM_CUDA_BF16 : !strcmp(dtype, "f16") ? KVM_CUDA_F16 : KVM_CUDA_F32;
     if (strcmp(dtype, "bf16") && strcmp(dtype, "f16") && strcmp(dtype, "f32")) { fprintf(stderr, "bench_forward_cuda: --dtype %s: expected bf16, f16 or f32\n", dtype); return 2; }
     if (n < 2 || n > 1 << 20 || gen < 1 || gen > 1 << 16 || reps < 1 || reps > 100) { fprintf(stderr, "bench_forward_cuda: --tokens in [2, 2^20], --gen in [1, 65536], --reps in [1, 100]\n"); return 2; }
@@ -109,6 +120,31 @@ int main(int argc, char **argv)
            1e3 * n / prefill, decode, n, reps);
     printf("kvmill,%s,%s,%s,N,%ld,prefill_tok_s,%.0f,gemm_only_tok_s,%.0f,share,%.2f,decode_tok_s,%.1f\n", sh->name,
            device, dtype, n, prefill, gemm_tok_s, gemm_tok_s > 0 ? prefill / gemm_tok_s : 0.0, decode);
+    if (evict) {
+        const int64_t nh = (int64_t)d.n_layers * d.n_kv_heads, b = n / 4;
+        uint8_t *pat = malloc((size_t)nh);
+        int64_t *bud = malloc((size_t)nh * sizeof *bud);
+        if (!pat || !bud) { fprintf(stderr, "bench_forward_cuda: out of memory\n"); return 1; }
+        for (int64_t i = 0; i < nh; i++) pat[i] = (uint8_t)pattern, bud[i] = b;
+        kvm_cuda_evict_plan ep = {.pattern = pat, .budget = bud, .sinks = 4, .window = 16, .pool = 7, .recent_frac = 0.5};
+        for (long r = 0; r <= reps; r++) {
+            kvm_cuda_model_reset(m);
+            if (kvm_cuda_model_keep_evict_stats(m, 16)) return fail("keep_evict_stats"); /* the next forward's */
+            double a = bench_wall_s();
+            if (kvm_cuda_model_forward(m, tok, n, logits, 1, NULL)) return fail("prefill with statistics");
+            double bt = bench_wall_s();
+            if (kvm_cuda_model_evict(m, &ep)) return fail("evict");
+            pre[r] = 1e3 * (bt - a);
+            dec[r] = 1e3 * (bench_wall_s() - bt);
+        }
+        double pm = bench_median(pre + 1, (int)reps), em = bench_median(dec + 1, (int)reps);
+        printf("  %s eviction to %lld of %ld entries per KV head: prefill with statistics %.1f ms, eviction %.2f ms "
+               "(%lld heads), medians of %ld\n", evict, (long long)b, n, pm, em, (long long)nh, reps);
+        printf("kvmill-evict,%s,%s,%s,N,%ld,pattern,%s,budget,%lld,prefill_stats_ms,%.2f,evict_ms,%.3f\n", sh->name,
+               device, dtype, n, evict, (long long)b, pm, em);
+        free(pat);
+        free(bud);
+    }
     kvm_cuda_model_free(&m);
     free(tok);
     free(logits);

@@ -1,8 +1,10 @@
 /* kvm_gguf.c: GGUF v2/v3 parsing with every count, length and offset checked against the
- * mapping before it is used, and ggml's block dequantisers (ggml-quants.c dequantize_row_*,
- * same layout and arithmetic, so values match ggml bit for bit up to FMA contraction). */
+ * mapping before it is used, and the loop over ggml's block dequantisers (ggml-quants.c
+ * dequantize_row_*: same layout and arithmetic, so values match ggml bit for bit up to FMA
+ * contraction), whose per-element bodies kernels/kvm_quant_body.h shares with the CUDA upload. */
 #include "model/kvm_gguf.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_quant_body.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,11 +41,6 @@ static uint64_t le64(const uint8_t *p)
         v = v << 8 | p[i];
     return v;
 }
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 static size_t left(const rd *r) { return r->size - r->off; }
 
@@ -59,7 +56,7 @@ static int rd_u32(rd *r, uint32_t *v, const char *what)
 {
     int rc = need(r, 4, what);
     if (rc) return rc;
-    *v = le32(r->p + r->off);
+    *v = kvm_qb_le32(r->p + r->off);
     r->off += 4;
     return 0;
 }
@@ -156,16 +153,16 @@ static void decode_scalar(kvm_gguf_kv *kv)
         kv->v.i = (int8_t)p[0];
         break;
     case KVM_GGUF_U16:
-        kv->v.u = le16(p);
+        kv->v.u = kvm_qb_le16(p);
         break;
     case KVM_GGUF_I16:
-        kv->v.i = (int16_t)le16(p);
+        kv->v.i = (int16_t)kvm_qb_le16(p);
         break;
     case KVM_GGUF_U32:
-        kv->v.u = le32(p);
+        kv->v.u = kvm_qb_le32(p);
         break;
     case KVM_GGUF_I32:
-        kv->v.i = (int32_t)le32(p);
+        kv->v.i = (int32_t)kvm_qb_le32(p);
         break;
     case KVM_GGUF_U64:
         kv->v.u = le64(p);
@@ -174,7 +171,7 @@ static void decode_scalar(kvm_gguf_kv *kv)
         kv->v.i = (int64_t)le64(p);
         break;
     case KVM_GGUF_F32: {
-        uint32_t u = le32(p);
+        uint32_t u = kvm_qb_le32(p);
         float f;
         memcpy(&f, &u, 4);
         kv->v.f = f;
@@ -211,7 +208,7 @@ static int parse_kvs(kvm_gguf *g, rd *r)
         kv->data = r->p + r->off;
         if (t == KVM_GGUF_ARRAY) {
             if ((rc = need(r, 12, what))) return rc;
-            kv->etype = (kvm_gguf_vtype)le32(kv->data);
+            kv->etype = (kvm_gguf_vtype)kvm_qb_le32(kv->data);
             kv->n = le64(kv->data + 4);
             kv->data += 12;
             if ((rc = skip_value(r, t, 0, what))) return rc;
@@ -234,53 +231,9 @@ const char *kvm_ggml_type_name(int type)
     return type_names[type];
 }
 
-int64_t kvm_ggml_block_elems(int type)
-{
-    switch (type) {
-    case KVM_GGML_F32:
-    case KVM_GGML_F16:
-    case KVM_GGML_BF16:
-        return 1;
-    case KVM_GGML_Q4_0:
-    case KVM_GGML_Q4_1:
-    case KVM_GGML_Q5_0:
-    case KVM_GGML_Q5_1:
-    case KVM_GGML_Q8_0:
-        return 32;
-    case KVM_GGML_Q4_K:
-    case KVM_GGML_Q6_K:
-        return 256;
-    default:
-        return 0;
-    }
-}
+int64_t kvm_ggml_block_elems(int type) { return kvm_qb_block_elems(type); }
 
-int64_t kvm_ggml_block_bytes(int type)
-{
-    switch (type) {
-    case KVM_GGML_F32:
-        return 4;
-    case KVM_GGML_F16:
-    case KVM_GGML_BF16:
-        return 2;
-    case KVM_GGML_Q4_0:
-        return 18;
-    case KVM_GGML_Q4_1:
-        return 20;
-    case KVM_GGML_Q5_0:
-        return 22;
-    case KVM_GGML_Q5_1:
-        return 24;
-    case KVM_GGML_Q8_0:
-        return 34;
-    case KVM_GGML_Q4_K:
-        return 144;
-    case KVM_GGML_Q6_K:
-        return 210;
-    default:
-        return 0;
-    }
-}
+int64_t kvm_ggml_block_bytes(int type) { return kvm_qb_block_bytes(type); }
 
 static int parse_tensor_info(kvm_gguf *g, rd *r, int64_t i)
 {
@@ -564,164 +517,54 @@ int kvm_gguf_get_arr(const kvm_gguf *g, const char *key, kvm_gguf_vtype etype, u
     return 0;
 }
 
-/* ---- dequantisation (ggml-quants.c) ---- */
+/* ---- dequantisation (ggml-quants.c; the bodies: kernels/kvm_quant_body.h) ---- */
 
-float kvm_fp16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (exp == 0x1f)
-        u = sign | 0x7f800000u | man << 13; /* inf, NaN */
-    else if (exp)
-        u = sign | (exp + 112) << 23 | man << 13;
-    else if (!man)
-        u = sign;
-    else { /* subnormal: normalise */
-        int e = -1;
-        do {
-            man <<= 1;
-            e++;
-        } while (!(man & 0x400));
-        u = sign | (uint32_t)(112 - e) << 23 | (man & 0x3ff) << 13;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+float kvm_fp16_to_f32(uint16_t h) { return kvm_qb_fp16(h); }
 
-float kvm_bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+float kvm_bf16_to_f32(uint16_t h) { return kvm_qb_bf16(h); }
 
-static void get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
-{
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
-    }
-}
-
-static void deq_q4_k(const uint8_t *b, float *y)
-{
-    const float d = kvm_fp16_to_f32(le16(b)), min = kvm_fp16_to_f32(le16(b + 2));
-    const uint8_t *scales = b + 4, *q = b + 16;
-    int is = 0;
-    for (int j = 0; j < 256; j += 64) {
-        uint8_t sc, m;
-        get_scale_min_k4(is + 0, scales, &sc, &m);
-        const float d1 = d * sc, m1 = min * m;
-        get_scale_min_k4(is + 1, scales, &sc, &m);
-        const float d2 = d * sc, m2 = min * m;
-        for (int l = 0; l < 32; ++l)
-            *y++ = d1 * (q[l] & 0xF) - m1;
-        for (int l = 0; l < 32; ++l)
-            *y++ = d2 * (q[l] >> 4) - m2;
-        q += 32;
-        is += 2;
-    }
-}
-
-static void deq_q6_k(const uint8_t *b, float *y)
-{
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    const float d = kvm_fp16_to_f32(le16(b + 208));
-    for (int n = 0; n < 256; n += 128) {
-        for (int l = 0; l < 32; ++l) {
-            int is = l / 16;
-            const int8_t q1 = (int8_t)((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            const int8_t q2 = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            const int8_t q3 = (int8_t)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            const int8_t q4 = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[l + 0] = d * sc[is + 0] * q1;
-            y[l + 32] = d * sc[is + 2] * q2;
-            y[l + 64] = d * sc[is + 4] * q3;
-            y[l + 96] = d * sc[is + 6] * q4;
-        }
-        y += 128;
-        ql += 64;
-        qh += 32;
-        sc += 8;
-    }
-}
+/* n_blocks blocks of one type: the element body with a constant type and constant block sizes, so
+ * each case compiles to its own loop without the type switch, each group's scales decoded once
+ * per 16 elements (the 1-element types: once per element, where they are the value itself) and
+ * the group loop unrolled, so that the group index is a constant in each lane loop */
+#define KVM_DEQ_CASE(T)                                                                                                \
+    case T:                                                                                                            \
+        for (int64_t i = 0; i < n_blocks; i++) {                                                                       \
+            const int BE = (int)kvm_qb_block_elems(T);                                                                 \
+            const uint8_t *b = s + i * kvm_qb_block_bytes(T);                                                          \
+            _Pragma("GCC unroll 16") for (int g = 0; g * 16 < BE; g++)                                                 \
+            {                                                                                                          \
+                const kvm_qb_scales sc = kvm_qb_group_scales(T, b, g);                                                 \
+                float *y = dst + i * BE + 16 * g;                                                                      \
+                for (int l = 0; l < (BE < 16 ? BE : 16); l++)                                                          \
+                    y[l] = kvm_qb_elem_s(T, b, sc, g, l);                                                              \
+            }                                                                                                          \
+        }                                                                                                              \
+        break
 
 int kvm_ggml_dequantize(int type, const void *src, float *dst, int64_t n)
 {
-    int64_t be = kvm_ggml_block_elems(type), bb = kvm_ggml_block_bytes(type);
+    const int64_t be = kvm_qb_block_elems(type);
     if (!be)
         return kvm_err(KVM_ENOTSUP, "dequantize: tensor type %d (%s) not supported", type, kvm_ggml_type_name(type));
     if (n % be)
         return kvm_err(KVM_EINVAL, "dequantize: %lld elements is not a multiple of the block %lld", (long long)n,
                        (long long)be);
     const uint8_t *s = src;
-    for (int64_t i = 0; i < n / be; i++, s += bb, dst += be) {
-        switch (type) {
-        case KVM_GGML_F32: {
-            uint32_t u = le32(s);
-            memcpy(dst, &u, 4);
-            break;
-        }
-        case KVM_GGML_F16:
-            dst[0] = kvm_fp16_to_f32(le16(s));
-            break;
-        case KVM_GGML_BF16:
-            dst[0] = kvm_bf16_to_f32(le16(s));
-            break;
-        case KVM_GGML_Q8_0: {
-            const float d = kvm_fp16_to_f32(le16(s));
-            for (int j = 0; j < 32; j++)
-                dst[j] = (int8_t)s[2 + j] * d;
-            break;
-        }
-        case KVM_GGML_Q4_0: {
-            const float d = kvm_fp16_to_f32(le16(s));
-            for (int j = 0; j < 16; j++) {
-                dst[j] = ((s[2 + j] & 0x0F) - 8) * d;
-                dst[j + 16] = ((s[2 + j] >> 4) - 8) * d;
-            }
-            break;
-        }
-        case KVM_GGML_Q4_1: {
-            const float d = kvm_fp16_to_f32(le16(s)), m = kvm_fp16_to_f32(le16(s + 2));
-            for (int j = 0; j < 16; j++) {
-                dst[j] = (s[4 + j] & 0x0F) * d + m;
-                dst[j + 16] = (s[4 + j] >> 4) * d + m;
-            }
-            break;
-        }
-        case KVM_GGML_Q5_0:
-        case KVM_GGML_Q5_1: {
-            const int has_m = type == KVM_GGML_Q5_1;
-            const float d = kvm_fp16_to_f32(le16(s)), m = has_m ? kvm_fp16_to_f32(le16(s + 2)) : 0.0f;
-            const uint32_t qh = le32(s + (has_m ? 4 : 2));
-            const uint8_t *qs = s + (has_m ? 8 : 6);
-            for (int j = 0; j < 16; j++) {
-                const uint8_t xh0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10), xh1 = (uint8_t)((qh >> (j + 12)) & 0x10);
-                if (has_m) {
-                    dst[j] = ((qs[j] & 0x0F) | xh0) * d + m;
-                    dst[j + 16] = ((qs[j] >> 4) | xh1) * d + m;
-                } else {
-                    dst[j] = (((qs[j] & 0x0F) | xh0) - 16) * d;
-                    dst[j + 16] = (((qs[j] >> 4) | xh1) - 16) * d;
-                }
-            }
-            break;
-        }
-        case KVM_GGML_Q4_K:
-            deq_q4_k(s, dst);
-            break;
-        case KVM_GGML_Q6_K:
-            deq_q6_k(s, dst);
-            break;
-        default:
-            break;
-        }
+    const int64_t n_blocks = n / be;
+    switch (type) {
+        KVM_DEQ_CASE(KVM_QB_F32);
+        KVM_DEQ_CASE(KVM_QB_F16);
+        KVM_DEQ_CASE(KVM_QB_BF16);
+        KVM_DEQ_CASE(KVM_QB_Q8_0);
+        KVM_DEQ_CASE(KVM_QB_Q4_0);
+        KVM_DEQ_CASE(KVM_QB_Q4_1);
+        KVM_DEQ_CASE(KVM_QB_Q5_0);
+        KVM_DEQ_CASE(KVM_QB_Q5_1);
+        KVM_DEQ_CASE(KVM_QB_Q4_K);
+        KVM_DEQ_CASE(KVM_QB_Q6_K);
+    default:
+        break;
     }
     return 0;
 }

@@ -5,6 +5,8 @@
 #ifndef KVM_GGUF_H
 #define KVM_GGUF_H
 
+#include "kernels/kvm_quant_body.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,18 +27,19 @@ typedef enum kvm_gguf_vtype {
     KVM_GGUF_F64 = 12,
 } kvm_gguf_vtype;
 
-/* Tensor types, numbered as ggml's enum ggml_type does. */
+/* Tensor types, numbered as ggml's enum ggml_type does (the dequantisation bodies'
+ * numbers, kernels/kvm_quant_body.h). */
 typedef enum kvm_ggml_type {
-    KVM_GGML_F32 = 0,
-    KVM_GGML_F16 = 1,
-    KVM_GGML_Q4_0 = 2,
-    KVM_GGML_Q4_1 = 3,
-    KVM_GGML_Q5_0 = 6,
-    KVM_GGML_Q5_1 = 7,
-    KVM_GGML_Q8_0 = 8,
-    KVM_GGML_Q4_K = 12,
-    KVM_GGML_Q6_K = 14,
-    KVM_GGML_BF16 = 30,
+    KVM_GGML_F32 = KVM_QB_F32,
+    KVM_GGML_F16 = KVM_QB_F16,
+    KVM_GGML_Q4_0 = KVM_QB_Q4_0,
+    KVM_GGML_Q4_1 = KVM_QB_Q4_1,
+    KVM_GGML_Q5_0 = KVM_QB_Q5_0,
+    KVM_GGML_Q5_1 = KVM_QB_Q5_1,
+    KVM_GGML_Q8_0 = KVM_QB_Q8_0,
+    KVM_GGML_Q4_K = KVM_QB_Q4_K,
+    KVM_GGML_Q6_K = KVM_QB_Q6_K,
+    KVM_GGML_BF16 = KVM_QB_BF16,
 } kvm_ggml_type;
 
 /* A bounded string inside the mapping (not NUL-terminated). */

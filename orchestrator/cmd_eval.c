@@ -1,8 +1,12 @@
 /* cmd_eval.c: `kvmill eval`: compares compression methods with full KV on documents
  * (compress/eval/kvm_eval.h): a table per document, the mean, and an optional CSV. */
 #include "common/kvm_error.h"
+#include "compress/eval/kvm_eval_cuda.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "model/kvm_chat.h"
+#ifdef KVM_WITH_CUDA
+#include "model/kvm_forward_cuda.h"
+#endif
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
@@ -218,6 +222,28 @@ static kvm_eval_opts eval_opts_of(eval_setup *es)
                            .decode_steps = es->decode_steps};
 }
 
+/* One (document, job) result: its table row, its share of the mean, its CSV row. */
+static void job_done(eval_job *job, const char *doc, const kvm_eval_result *r, const char *dt, FILE *csv)
+{
+    print_row(job->spec, r);
+    add_result(&job->sum, r);
+    job->n++;
+    if (csv)
+        fprintf(csv, "%s,%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", doc, job->spec,
+                r->budget_tokens, r->ratio, r->kl_mean, r->kl_median, r->kl_p99, r->top1, r->ppl_full, r->ppl_compressed,
+                r->seconds, dt, (long long)r->bytes_compressed, r->decode_ms);
+}
+
+static void print_means(eval_job *jobs, int n_jobs, int n_docs)
+{
+    printf("== mean over %d documents\n", n_docs);
+    print_header();
+    for (int j = 0; j < n_jobs; j++) {
+        scale_result(&jobs[j].sum, 1.0 / jobs[j].n);
+        print_row(jobs[j].spec, &jobs[j].sum);
+    }
+}
+
 static int run(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int n_jobs, FILE *csv)
 {
     if (csv) fprintf(csv, KVM_EVAL_CSV_HEADER "\n");
@@ -236,24 +262,92 @@ static int run(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int 
                 kvm_eval_doc_free(&doc);
                 return 1;
             }
-            print_row(jobs[j].spec, &r);
-            add_result(&jobs[j].sum, &r);
-            jobs[j].n++;
-            if (csv)
-                fprintf(csv, "%s,%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", docs->names[d],
-                        jobs[j].spec, r.budget_tokens, r.ratio, r.kl_mean, r.kl_median, r.kl_p99, r.top1, r.ppl_full,
-                        r.ppl_compressed, r.seconds, dt, (long long)r.bytes_compressed, r.decode_ms);
+            job_done(&jobs[j], docs->names[d], &r, dt, csv);
         }
         kvm_eval_doc_free(&doc);
         fflush(stdout);
     }
-    printf("== mean over %d documents\n", docs->n);
-    print_header();
-    for (int j = 0; j < n_jobs; j++) {
-        scale_result(&jobs[j].sum, 1.0 / jobs[j].n);
-        print_row(jobs[j].spec, &jobs[j].sum);
-    }
+    print_means(jobs, n_jobs, docs->n);
     return 0;
+}
+
+#ifdef KVM_WITH_CUDA
+/* The eviction methods of `jobs` on cuda:dev (compress/eval/kvm_eval_cuda.h): the device's own
+ * full-KV reference, prefill with the patterns' statistics, device selection and compaction,
+ * the continuation; the same tables and CSV rows as run (dtype f32, bytes and decode_ms 0). */
+static int run_device(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int n_jobs, FILE *csv, int dev)
+{
+    kvm_cuda_model *dm = NULL;
+    if (kvm_model_cuda_new(es->m, dev, KVM_CUDA_F32, es->N + es->T, es->N, &dm)) {
+        fprintf(stderr, "kvmill " CMD ": --device cuda:%d: %s\n", dev, kvm_errmsg());
+        return 1;
+    }
+    if (csv) fprintf(csv, KVM_EVAL_CSV_HEADER "\n");
+    int rc = 0;
+    for (int d = 0; !rc && d < docs->n; d++) {
+        int32_t *ids = NULL;
+        int64_t n_ids = 0;
+        kvm_eval_cuda_doc *doc = NULL;
+        if (cmd_eval_docs_encode(CMD, es->tok, es->frame, docs->paths[d], &ids, &n_ids)) rc = 1;
+        else if (n_ids < es->N + es->T) {
+            fprintf(stderr, "kvmill " CMD ": %s: %lld tokens, fewer than context %lld + continuation %lld\n",
+                    docs->paths[d], (long long)n_ids, (long long)es->N, (long long)es->T);
+            rc = 1;
+        } else if (kvm_eval_cuda_doc_new(dm, &es->m->cfg, ids, es->N, es->T, &doc)) {
+            fprintf(stderr, "kvmill " CMD ": %s: cuda:%d: %s\n", docs->names[d], dev, kvm_errmsg());
+            rc = 1;
+        }
+        free(ids);
+        if (!rc) {
+            printf("== %s (context %lld, continuation %lld, stored as f32%s, on cuda:%d)\n", docs->names[d],
+                   (long long)es->N, (long long)es->T, es->frame ? ", chat framing" : "", dev);
+            print_header();
+        }
+        for (int j = 0; !rc && j < n_jobs; j++) {
+            kvm_eval_result r;
+            kvm_evict_plan *plan = NULL;
+            if (kvm_method_evict_plan(jobs[j].m, jobs[j].opts, es->N, &plan) || kvm_eval_cuda_evict(doc, plan, &r)) {
+                fprintf(stderr, "kvmill " CMD ": %s, %s, cuda:%d: %s\n", docs->names[d], jobs[j].spec, dev, kvm_errmsg());
+                rc = 1;
+            } else
+                job_done(&jobs[j], docs->names[d], &r, "f32", csv);
+            kvm_evict_plan_free(&plan);
+        }
+        kvm_eval_cuda_doc_free(&doc);
+        fflush(stdout);
+    }
+    kvm_cuda_model_free(&dm);
+    if (!rc) print_means(jobs, n_jobs, docs->n);
+    return rc;
+}
+#endif
+
+/* Whether `kvmill eval --device cuda:N` runs these jobs on the device: only the prefill phase of
+ * the eviction methods (one pattern everywhere) has a device path; NULL when it does, else why
+ * not (for the message that says the run is on the CPU). */
+static const char *device_refusal(const eval_setup *es, const eval_job *jobs, int n_jobs, int task, char *buf,
+                                  size_t size)
+{
+#ifndef KVM_WITH_CUDA
+    (void)es, (void)jobs, (void)n_jobs, (void)task, (void)buf, (void)size;
+    return "this kvmill has no CUDA";
+#else
+    if (task) return "--task answers over a host cache";
+    if (es->target_kl >= 0) return "--target-kl searches budgets over the host forward";
+    if (es->both) return "--phases both needs the decode policies' hooks, which only the host forward has";
+    if (es->dtype != KVM_PROTO_F32) return "--dtype scores the store's round trip of a host cache";
+    for (int j = 0; j < n_jobs; j++) {
+        kvm_evict_plan *plan = NULL;
+        int rc = kvm_method_evict_plan(jobs[j].m, jobs[j].opts, es->N, &plan);
+        kvm_evict_plan_free(&plan);
+        if (rc) {
+            snprintf(buf, size, "method %s needs the host forward (KV capture, hooks): only streaming, h2o, tova, "
+                     "snapkv and pyramidkv run on the device", jobs[j].spec);
+            return buf;
+        }
+    }
+    return NULL;
+#endif
 }
 
 /* ---- --target-kl: per document, the smallest budget whose KL on [N, N+T) is ≤ X ---- */
@@ -427,8 +521,10 @@ int kvm_cmd_eval(int argc, char **argv)
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
         {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
         {"csv", 1, "write one row per (document, method, budget) to this CSV file", NULL},
-        {"device", 1, "cpu or cuda:N: the sculpt-family methods' solver device (refused at once where there is no "
-                      "such device); prefill, eviction and scoring run on the CPU (default cpu)",
+        {"device", 1, "cpu or cuda:N (refused at once where there is no such device): the eviction methods' prefill "
+                      "phase runs wholly there (prefill, selection, continuation, scoring); other methods, --phases "
+                      "both, --task, --target-kl and --dtype run on the CPU, with the sculpt-family solver there "
+                      "(default cpu)",
          NULL},
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
                        "threads (default 1)",
@@ -562,9 +658,6 @@ int kvm_cmd_eval(int argc, char **argv)
     }
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
-    if (dev_o.cuda)
-        fprintf(stderr, "kvmill " CMD ": prefill, eviction and scoring run on the CPU (KV capture and the hooks have no "
-                        "CUDA forward yet); the sculpt-family solver on cuda:%d\n", dev_o.cuda_device);
     cmd_eval_docset docs;
     int rc = cmd_eval_docs_list(CMD, docs_s, &docs);
     if (rc) return rc;
@@ -632,6 +725,19 @@ int kvm_cmd_eval(int argc, char **argv)
     es.N = N;
     es.T = T;
     es.both = both;
+    int on_device = 0;
+    if (!rc && dev_o.cuda) { /* what runs where, said before any document */
+        char why_buf[256];
+        const char *why = device_refusal(&es, jobs, n_jobs, task != NULL, why_buf, sizeof why_buf);
+        on_device = why == NULL;
+        if (on_device)
+            fprintf(stderr, "kvmill " CMD ": prefill, eviction (selection and compaction), continuation and scoring on "
+                            "cuda:%d, against the device's own full KV (decode_ms is not measured there: 0)\n",
+                    dev_o.cuda_device);
+        else
+            fprintf(stderr, "kvmill " CMD ": prefill, compression and scoring run on the CPU (%s); the sculpt-family "
+                            "solver on cuda:%d\n", why, dev_o.cuda_device);
+    }
     if (!rc && task) {
         cmd_eval_task_job *tj = calloc((size_t)n_jobs + 1, sizeof *tj);
         if (!tj) rc = 1;
@@ -646,6 +752,10 @@ int kvm_cmd_eval(int argc, char **argv)
         ta.csv = csv;
         if (tj) rc = cmd_eval_task_run(&ta, &docs, tj, n_jobs);
         free(tj);
+    } else if (!rc && on_device) {
+#ifdef KVM_WITH_CUDA
+        rc = run_device(&es, &docs, jobs, n_jobs, csv, dev_o.cuda_device);
+#endif
     } else if (!rc)
         rc = target ? run_target(&es, &docs, jobs, n_jobs, csv) : run(&es, &docs, jobs, n_jobs, csv);
     if (csv && fclose(csv) && !rc) {

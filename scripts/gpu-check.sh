@@ -19,11 +19,14 @@
 #   build/tests/check_cuda_sculpt (CPU parity of loss, gradients, normal equations and the device
 #   value step; objectives; `kvmill eval/sculpt --device cuda:0` end to end, KL within 5%) and
 #   build/bench/bench_solver --device cuda:0 where this revision has them, else a line saying so.
-# forward: build/tests/check_cuda_forward (logits vs CPU and run.c's golden, K/V capture,
-#   statistics, ragged decode with β), then bench_forward_cuda (random bf16 models made on the
-#   device, N = TOKENS: prefill tokens/s, cuBLAS alone on the same GEMMs, decode tokens/s at
-#   context N) and bench/torch_prefill.py (SDPA + bf16 matmuls) at Qwen2.5-1.5B's and SmolLM2's
-#   shapes, in one table.
+# forward: build/tests/check_forward_body, check_quant_body (the device's dequantisation of every
+#   GGUF block type vs the loader's, bit for bit), check_evict_body (the eviction bodies' device
+#   order on the CPU), check_cuda_forward (logits vs CPU and run.c's golden, K/V capture,
+#   statistics, ragged decode with β, device eviction's kept sets vs the CPU's), then
+#   bench_forward_cuda (random bf16 models made on the device, N = TOKENS: prefill tokens/s,
+#   cuBLAS alone on the same GEMMs, decode tokens/s at context N; and the device eviction, SnapKV
+#   to N/4: prefill with its statistics and the eviction, ms) and bench/torch_prefill.py (SDPA +
+#   bf16 matmuls) at Qwen2.5-1.5B's and SmolLM2's shapes, in two tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda:0}
@@ -74,6 +77,8 @@ if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; t
     echo "gpu-check: building on this host ($("$BIN/kvmill" --help 2>&1 | head -1))"
     tools=$ROOT/tools && mkdir -p "$tools" && ln -sf "$R/usr/bin/pkgconf" "$tools/pkg-config"
     targets="bin/kvmill bin/kvmill-prefill bin/kvmill-compress build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda"
+    [ -f tests/check_quant_body.c ] && targets="$targets build/tests/check_quant_body"
+    [ -f tests/check_evict_body.c ] && targets="$targets build/tests/check_evict_body"
     [ -f tests/check_cuda_sculpt.c ] && targets="$targets build/tests/check_cuda_sculpt"
     [ -f tests/check_ridge_body.c ] && targets="$targets build/tests/check_ridge_body"
     [ -f bench/bench_solver.c ] && targets="$targets build/bench/bench_solver"
@@ -138,12 +143,19 @@ for sec in $SECTIONS; do
     forward)
         echo "== forward"
         run_check check_forward_body
+        run_check check_quant_body
+        run_check check_evict_body
         run_check check_cuda_forward
         fmt='%-14s %-7s %14s %14s %7s %13s %14s %13s\n'
         rows=()
+        evrows=()
         for shape in qwen2.5-1.5b smollm2; do
-            k=$(timeout 150 "$BIN/bench_forward_cuda" --device "$DEVICE" --shape "$shape" --tokens "$TOKENS" --gen 32 --reps "${REPS_FWD:-3}" 2>&1)
+            k=$(timeout 150 "$BIN/bench_forward_cuda" --device "$DEVICE" --shape "$shape" --tokens "$TOKENS" --gen 32 --reps "${REPS_FWD:-3}" --evict snapkv 2>&1)
             kl=$(echo "$k" | grep '^kvmill,' | tail -1)
+            el=$(echo "$k" | grep '^kvmill-evict,' | tail -1)
+            [ -n "$el" ] || { echo "bench_forward_cuda --evict snapkv $shape: no eviction line"; status=1; }
+            IFS=, read -r _ _ _ _ _ _ _ ep _ eb _ es _ ee <<< "${el:-,,,,,,,-,,-,,-,,-}"
+            evrows+=("$(printf '%-14s %-10s %8s %18s %10s\n' "$shape" "$ep" "$eb" "$es" "$ee")")
             [ -n "$kl" ] || { echo "bench_forward_cuda $shape: FAILED:"; echo "$k" | tail -5; status=1; }
             t=$(timeout 120 python3 bench/torch_prefill.py --device "$DEVICE" --shape "$shape" --tokens "$TOKENS" --gen 32 --reps "${REPS_FWD:-3}" 2>&1)
             tl=$(echo "$t" | grep '^torch,' | tail -1)
@@ -155,6 +167,9 @@ for sec in $SECTIONS; do
         echo "forward at N = $TOKENS (tokens/s; share = kvmill prefill / cuBLAS alone on the same GEMMs):"
         printf "$fmt" shape dtype kvm_prefill cublas_only share kvm_decode torch_prefill torch_decode
         printf '%s\n' "${rows[@]}"
+        echo "device eviction at N = $TOKENS (prefill phase, every layer and KV head to the budget; ms):"
+        printf '%-14s %-10s %8s %18s %10s\n' shape pattern budget prefill_stats_ms evict_ms
+        printf '%s\n' "${evrows[@]}"
         ;;
     esac
 done

@@ -3,11 +3,19 @@
  * ../shared is absent): logits with float32 weights (max|Δ|/max|ref| ≤ 1e-4) and bf16 (≤ 2e-2),
  * chunked prefill, K/V capture, the attention statistics (entropy, key mass over a window,
  * last-query probabilities) against the CPU's probabilities, and decode over a ragged cache
- * with distilled entries and their bias β. Where no CUDA device exists (or the build has no
+ * with distilled entries and their bias β, and the device eviction (every pattern's kept sets
+ * against kvm_evict_prefill's, keys at the cut within 1e-5 may swap). Where no CUDA device exists (or the build has no
  * CUDA) it prints one "SKIP: no CUDA device" line and checks only that cuda:0 fails cleanly,
- * in the API and in `kvmill generate --device cuda:0`. */
+ * in the API and in `kvmill generate --device cuda:0`, and (CUDA builds) the quantized upload's
+ * memory plan and refusals, which come before any device call. */
 #include "model/kvm_forward.h"
 #include "model/kvm_forward_cuda.h"
+#ifdef KVM_WITH_CUDA
+#include "compress/evict/kvm_evict.h"
+#include "kernels/kvm_evict_body.h"
+#include "kernels/kvm_quant_body.h"
+#include "model/kvm_capture.h"
+#endif
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -56,6 +64,67 @@ START_TEST(test_host_forward_refuses_device_table)
 END_TEST
 
 #ifdef KVM_WITH_CUDA
+/* ---- the quantized upload's plan and refusals (no device needed: both come before any CUDA call) ---- */
+
+enum { QD = 64, QH = 128, QV = 512, QL = 2 };
+
+/* a stories-like shape whose matrices are all `type` rows over a zeroed buffer (never read here) */
+static void quant_desc(kvm_cuda_model_desc *d, kvm_cuda_mat mats[7][QL], int type, const void *buf)
+{
+    *d = (kvm_cuda_model_desc){.n_layers = QL, .dim = QD, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8,
+                               .hidden_dim = QH, .vocab_size = QV, .norm_eps = 1e-5f, .rope_theta = 1e4f};
+    for (int i = 0; i < 7; i++)
+        for (int l = 0; l < QL; l++) mats[i][l] = (kvm_cuda_mat){.data = buf, .type = type};
+    d->tok_emb = d->wcls = (kvm_cuda_mat){.data = buf, .type = type};
+    d->wq = mats[0], d->wk = mats[1], d->wv = mats[2], d->wo = mats[3], d->w1 = mats[4], d->w2 = mats[5], d->w3 = mats[6];
+}
+
+/* the upload buffer is the largest matrix's file bytes (the [512][64] embedding: 512 rows of two
+ * Q4_0 blocks, 18432 bytes), not its float32 values as for a random model (131072 bytes) */
+START_TEST(test_upload_plan_counts_file_bytes)
+{
+    static uint8_t buf[1];
+    kvm_cuda_model_desc q, r;
+    kvm_cuda_mat mats[7][QL];
+    quant_desc(&q, mats, KVM_QB_Q4_0, buf);
+    quant_desc(&r, mats, KVM_QB_Q4_0, buf);
+    r.tok_emb.data = NULL; /* random */
+    for (int t = KVM_CUDA_F32; t <= KVM_CUDA_F16; t++) {
+        size_t bq = kvm_cuda_model_bytes(&q, (kvm_cuda_wdtype)t, 64, 16), br = kvm_cuda_model_bytes(&r, (kvm_cuda_wdtype)t, 64, 16);
+        ck_assert_msg(br - bq == (size_t)QV * QD * 4 - (size_t)QV * (QD / 32) * 18, "random %zu, Q4_0 %zu", br, bq);
+    }
+    kvm_cuda_mat m8[7][QL];
+    kvm_cuda_model_desc q8;
+    quant_desc(&q8, m8, KVM_QB_Q8_0, buf); /* 34 bytes per 32 elements */
+    ck_assert_uint_eq(kvm_cuda_model_bytes(&q8, KVM_CUDA_BF16, 64, 16) - kvm_cuda_model_bytes(&q, KVM_CUDA_BF16, 64, 16),
+                      (size_t)QV * (QD / 32) * (34 - 18));
+}
+END_TEST
+
+/* a matrix type the device cannot dequantise, or rows that are not whole blocks, are refused
+ * naming the matrix, before the plan or any allocation */
+START_TEST(test_upload_refuses_what_it_cannot_dequantise)
+{
+    static uint8_t buf[1];
+    kvm_cuda_model_desc d;
+    kvm_cuda_mat mats[7][QL];
+    quant_desc(&d, mats, KVM_QB_Q4_1, buf);
+    mats[0][1].type = 10; /* Q2_K: layer 1's wq */
+    kvm_cuda_model *m = NULL;
+    ck_assert_int_eq(kvm_cuda_model_new(0, &d, KVM_CUDA_BF16, 64, 16, &m), KVM_ENOTSUP);
+    ck_assert_msg(strstr(kvm_errmsg(), "layer 1 wq") && strstr(kvm_errmsg(), "type 10"), "%s", kvm_errmsg());
+    ck_assert_ptr_null(m);
+    mats[0][1].type = KVM_QB_Q4_K; /* 256-element blocks over rows of 64 */
+    ck_assert_int_eq(kvm_cuda_model_new(0, &d, KVM_CUDA_BF16, 64, 16, &m), KVM_ENOTSUP);
+    ck_assert_msg(strstr(kvm_errmsg(), "layer 1 wq") && strstr(kvm_errmsg(), "rows of 64"), "%s", kvm_errmsg());
+    mats[0][1].type = KVM_QB_Q4_1;
+    d.wcls.data = NULL; /* a file model without its classifier's bytes */
+    ck_assert_int_eq(kvm_cuda_model_new(0, &d, KVM_CUDA_BF16, 64, 16, &m), KVM_ENOTSUP);
+    ck_assert_msg(strstr(kvm_errmsg(), "classifier") && strstr(kvm_errmsg(), "no data"), "%s", kvm_errmsg());
+    ck_assert_ptr_null(m);
+}
+END_TEST
+
 /* ---- with a device ---- */
 
 static int32_t ids[N];
@@ -245,6 +314,168 @@ START_TEST(test_ragged_decode_with_bias)
 }
 END_TEST
 
+/* ---- device eviction (prefill phase) against the CPU's kept sets ---- */
+
+/* the CPU's scores of the candidates [0, m) of (l, g) under pattern p (the bodies on the capture's
+ * statistics, as kvm_evict_select computes them) and the zones; streaming: none (exact) */
+static void cpu_scores(const kvm_capture *cap, int l, int g, kvm_pattern p, int64_t b, float *obs, float *mass,
+                       float *vote, float *score, int64_t *m, int64_t *k)
+{
+    const kvm_evict_params prm = kvm_evict_params_default();
+    int64_t tail0;
+    kvm_eb_zones((int)p, prm.recent_frac, prm.window, N, b, m, &tail0, k);
+    kvm_evict_attn a;
+    ck_assert_int_eq(kvm_evict_attn_from_capture(&model->cfg, cap, l, g, prm.window, obs, mass, &a), 0);
+    for (int64_t j = 0; j < *m; j++)
+        vote[j] = p == KVM_PATTERN_H2O    ? kvm_eb_h2o(a.mass, N, a.n_group, j)
+                  : p == KVM_PATTERN_TOVA ? kvm_eb_tova(a.obs, a.n_obs, N, a.n_group, j)
+                                          : kvm_eb_snap_vote(a.obs, a.n_obs, prm.window, N, a.n_group, j);
+    for (int64_t j = 0; j < *m; j++)
+        score[j] = p == KVM_PATTERN_SNAPKV || p == KVM_PATTERN_PYRAMIDKV ? kvm_eb_pool(vote, *m, prm.pool / 2, j) : vote[j];
+}
+
+START_TEST(test_device_eviction)
+{
+    kvm_forward *f;
+    kvm_kvcache *full, *cc;
+    kvm_capture *cap;
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    ck_assert_int_eq(kvm_forward_new(model, NULL, N, &f), 0);
+    ck_assert_int_eq(kvm_capture_new(&model->cfg, N, &co, &cap), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, N, &full), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, kvm_capture_hooks(cap)), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, full, ids, N, NULL, KVM_LOGITS_NONE), 0);
+    kvm_compress_input in = {.model = model, .full = full, .cap = cap, .n_tokens = N, .n_future = 16, .tokens = ids};
+    kvm_cuda_model *m;
+    ck_assert_int_eq(kvm_model_cuda_new(model, 0, KVM_CUDA_F32, N, N, &m), 0);
+    const kvm_evict_params prm = kvm_evict_params_default();
+    static float obs[2 * 16 * N], mass[2 * N], vote[N], score[N];
+    int32_t pos[N];
+    int swaps = 0, heads = 0;
+    for (int p = 0; p < KVM_PATTERN_COUNT; p++)
+        for (int64_t b = 16; b <= 128; b *= 8) {
+            kvm_evict_plan *pl;
+            ck_assert_int_eq(kvm_evict_plan_new(L, G, (kvm_pattern)p, b, &pl), 0);
+            ck_assert_int_eq(kvm_evict_prefill(&in, pl, &cc), 0);
+            uint8_t pat[L * G];
+            for (int i = 0; i < L * G; i++) pat[i] = (uint8_t)pl->pattern[i];
+            kvm_cuda_evict_plan dp = {.pattern = pat, .budget = pl->budget, .sinks = prm.sinks, .window = prm.window,
+                                      .pool = prm.pool, .recent_frac = prm.recent_frac};
+            kvm_cuda_model_reset(m);
+            ck_assert_int_eq(kvm_cuda_model_keep_evict_stats(m, prm.window), 0);
+            ck_assert_msg(kvm_cuda_model_forward(m, ids, N, NULL, 1, NULL) == 0, "%s", kvm_errmsg());
+            ck_assert_msg(kvm_cuda_model_evict(m, &dp) == 0, "%s", kvm_errmsg());
+            for (int l = 0; l < L; l++)
+                for (int g = 0; g < G; g++) {
+                    const kvm_kv_head *h = kvm_kvcache_head(cc, l, g);
+                    ck_assert_int_eq(kvm_cuda_model_download_pos(m, l, g, pos), 0);
+                    for (int64_t e = 1; e < h->n; e++) ck_assert_int_lt(pos[e - 1], pos[e]);
+                    int64_t cm = 0, ck = 0;
+                    if (p != KVM_PATTERN_STREAMING) cpu_scores(cap, l, g, (kvm_pattern)p, pl->budget[l * G + g], obs, mass, vote, score, &cm, &ck);
+                    /* a key kept by one side only must score within 1e-5 (relative) of the cut */
+                    float cut = 0;
+                    for (int64_t e = 0; e < h->n; e++)
+                        if (h->pos[e] < cm && (cut == 0 || score[h->pos[e]] < cut)) cut = score[h->pos[e]];
+                    uint8_t in_cpu[N] = {0}, in_dev[N] = {0};
+                    for (int64_t e = 0; e < h->n; e++) in_cpu[h->pos[e]] = 1, in_dev[pos[e]] = 1;
+                    for (int j = 0; j < N; j++)
+                        if (in_cpu[j] != in_dev[j]) {
+                            ck_assert_msg(p != KVM_PATTERN_STREAMING && j < cm &&
+                                              fabsf(score[j] - cut) <= 1e-5f * fabsf(cut) + 1e-12f,
+                                          "%s b %lld layer %d head %d: key %d kept by %s only (score %.9g, cut %.9g)",
+                                          kvm_pattern_name((kvm_pattern)p), (long long)b, l, g, j,
+                                          in_cpu[j] ? "the CPU" : "cuda:0", score[j], cut);
+                            swaps++;
+                        }
+                    heads++;
+                }
+            kvm_kvcache_free(&cc);
+            kvm_evict_plan_free(&pl);
+        }
+    printf("cuda device eviction: %d heads' kept sets equal to the CPU's but %d keys at the cut (1e-5)\n", heads,
+           swaps / 2);
+    /* without statistics for the cache as it is, the eviction is refused */
+    uint8_t none[L * G];
+    int64_t bud[L * G];
+    for (int i = 0; i < L * G; i++) none[i] = 1, bud[i] = 8;
+    kvm_cuda_evict_plan dp = {.pattern = none, .budget = bud, .window = 16, .pool = 7, .recent_frac = 0.5};
+    ck_assert_int_eq(kvm_cuda_model_evict(m, &dp), KVM_EINVAL);
+    kvm_cuda_model_free(&m);
+    kvm_capture_free(&cap);
+    kvm_kvcache_free(&full);
+    kvm_forward_free(&f);
+}
+END_TEST
+
+/* mean kl_mean per method of an eval CSV (method names in order of first appearance) */
+static int csv_kl(const char *path, char names[][32], double *kl, int max)
+{
+    size_t n;
+    char *t = kvm_test_read_file(path, &n), *save = NULL;
+    ck_assert_msg(t != NULL, "%s missing", path);
+    int nm = 0, cnt[8] = {0};
+    for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char doc[256], meth[32];
+        double budget, ratio, k;
+        if (sscanf(line, "%255[^,],%31[^,],%lf,%lf,%lf", doc, meth, &budget, &ratio, &k) != 5) continue; /* header */
+        int i = 0;
+        while (i < nm && strcmp(names[i], meth)) i++;
+        if (i == nm && nm < max) strcpy(names[nm++], meth), kl[i] = 0;
+        kl[i] += k, cnt[i]++;
+    }
+    for (int i = 0; i < nm; i++) kl[i] /= cnt[i];
+    free(t);
+    return nm;
+}
+
+/* `kvmill eval --device cuda:0` runs the eviction methods on the device: KL within 1% of the CPU's
+ * run; a method that needs the host forward runs on the CPU, said on stderr */
+START_TEST(test_eval_device_eviction)
+{
+    char *dir = kvm_test_tmpdir(), cmd[4096], *out = NULL, *err = NULL;
+    const char *base = "'%s/kvmill' eval --model '%s' --docs '%s,%s' --method streaming,h2o,tova,snapkv,pyramidkv "
+                       "--ratio 0.3 --context 192 --continuation 32 --device %s --csv '%s/%s.csv'";
+    char model_p[512], d0[512], d1[512]; /* kvm_test_data_path's buffer is reused by each call */
+    snprintf(model_p, sizeof model_p, "%s", kvm_test_data_path("models/stories260K.bin"));
+    snprintf(d0, sizeof d0, "%s", kvm_test_data_path("corpus/doc_004.txt"));
+    snprintf(d1, sizeof d1, "%s", kvm_test_data_path("corpus/doc_005.txt"));
+    const char *devs[2] = {"cpu", "cuda:0"};
+    char names[2][8][32];
+    double kl[2][8];
+    int nm[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, base, kvm_test_bin(), model_p, d0, d1, devs[i], dir, i ? "cuda" : "cpu");
+        ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
+        if (i) ck_assert_msg(strstr(err, "on cuda:0, against the device's own full KV"), "stderr: %s", err);
+        free(out), free(err);
+        char csv[600];
+        snprintf(csv, sizeof csv, "%s/%s.csv", dir, i ? "cuda" : "cpu");
+        nm[i] = csv_kl(csv, names[i], kl[i], 8);
+    }
+    ck_assert_int_eq(nm[0], 5);
+    ck_assert_int_eq(nm[1], 5);
+    for (int j = 0; j < 5; j++) {
+        ck_assert_str_eq(names[0][j], names[1][j]);
+        printf("cuda eval %s: mean KL cpu %.6f, cuda:0 %.6f (%+.2f%%)\n", names[0][j], kl[0][j], kl[1][j],
+               100 * (kl[1][j] - kl[0][j]) / kl[0][j]);
+        ck_assert_msg(fabs(kl[1][j] - kl[0][j]) <= 0.01 * kl[0][j] + 1e-6, "%s: KL %.6g on cuda:0, %.6g on the CPU",
+                      names[0][j], kl[1][j], kl[0][j]);
+    }
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method h2o,am --ratio 0.3 --context 128 "
+             "--continuation 16 --device cuda:0", kvm_test_bin(), model_p, d0);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
+    ck_assert_msg(strstr(err, "run on the CPU (method am needs the host forward"), "stderr: %s", err);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method h2o --ratio 0.3 --context 128 "
+             "--continuation 16 --phases both --device cuda:0", kvm_test_bin(), model_p, d0);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
+    ck_assert_msg(strstr(err, "run on the CPU (--phases both"), "stderr: %s", err);
+    free(out), free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_plan_refuses_what_does_not_fit)
 {
     kvm_cuda_model_desc d = {.n_layers = 64, .dim = 8192, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128,
@@ -265,6 +496,10 @@ int main(void)
     TCase *tc = tcase_create("cuda");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_host_forward_refuses_device_table);
+#ifdef KVM_WITH_CUDA
+    tcase_add_test(tc, test_upload_plan_counts_file_bytes);
+    tcase_add_test(tc, test_upload_refuses_what_it_cannot_dequantise);
+#endif
     const kvm_kernels *k;
     if (kvm_kernels_select("cuda:0", &k)) {
         char why[512];
@@ -281,6 +516,8 @@ int main(void)
         tcase_add_test(tc, test_statistics);
         tcase_add_test(tc, test_ragged_decode_with_bias);
         tcase_add_test(tc, test_plan_refuses_what_does_not_fit);
+        tcase_add_test(tc, test_device_eviction);
+        tcase_add_test(tc, test_eval_device_eviction);
 #endif
     }
     suite_add_tcase(s, tc);

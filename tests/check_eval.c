@@ -5,6 +5,7 @@
 #include "common/kvm_error.h"
 #include "compress/eval/kvm_eval.h"
 #include "compress/eval/kvm_task.h"
+#include "compress/evict/kvm_evict.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "model/kvm_capture.h"
 #include "pipeline/kvm_cachecodec.h"
@@ -56,6 +57,35 @@ START_TEST(test_method_table)
     ck_assert_int_eq(kvm_method_find("h2o")->opts_new(NULL, &zero, NULL, &o), KVM_EINVAL);
     kvm_budget r = {.ratio = 0.25};
     ck_assert_int_eq(kvm_budget_resolve(&r, 384), 96);
+}
+END_TEST
+
+/* the device path's plan of an eviction method is what its compress function uses; a method that
+ * needs the host forward has none (kvmill eval --device cuda:N runs it on the CPU, said) */
+START_TEST(test_method_evict_plan)
+{
+    kvm_model_config c = {.n_layers = 5, .n_kv_heads = 4};
+    kvm_budget r = {.ratio = 0.25};
+    static const char *const names[] = {"streaming", "h2o", "tova", "snapkv", "pyramidkv"};
+    for (int p = 0; p < 5; p++) {
+        const kvm_method *m = kvm_method_find(names[p]);
+        void *o;
+        kvm_evict_plan *pl, *want;
+        ck_assert_int_eq(m->opts_new(NULL, &r, &c, &o), 0);
+        ck_assert_int_eq(kvm_method_evict_plan(m, o, 384, &pl), 0);
+        ck_assert_int_eq(kvm_evict_plan_new(5, 4, (kvm_pattern)p, 96, &want), 0);
+        ck_assert_mem_eq(pl->pattern, want->pattern, 20 * sizeof *pl->pattern);
+        ck_assert_mem_eq(pl->budget, want->budget, 20 * sizeof *pl->budget);
+        kvm_evict_plan_free(&pl);
+        kvm_evict_plan_free(&want);
+        m->opts_free(o);
+    }
+    const kvm_method *am = kvm_method_find("am");
+    kvm_evict_plan *pl = (kvm_evict_plan *)&r; /* set to NULL on refusal */
+    ck_assert_int_eq(kvm_method_evict_plan(am, NULL, 384, &pl), KVM_ENOTSUP);
+    ck_assert_ptr_null(pl);
+    ck_assert_msg(strstr(kvm_errmsg(), "'am' is not one eviction pattern"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_method_evict_plan(kvm_method_find("full"), NULL, 384, &pl), KVM_ENOTSUP);
 }
 END_TEST
 
@@ -777,6 +807,7 @@ static Suite *eval_suite(void)
         int model;
     } cases[] = {{"kl_quantile", test_kl_quantile, 0},
                  {"method_table", test_method_table, 0},
+                 {"method_evict_plan", test_method_evict_plan, 0},
                  {"full_budget_exact", test_full_budget_exact, 1},
                  {"small_budget", test_small_budget, 1},
                  {"batched_equals_token_by_token", test_batched_equals_token_by_token, 1},

@@ -192,6 +192,24 @@ double kvm_eval_quantile(double *x, int64_t n, double q);
  * accumulation; identical logits give exactly 0). */
 double kvm_eval_kl(const float *lp, const float *lq, int vocab);
 
+/* exp(mean over steps i < T of −log softmax(logits[i])[next[i]]): the perplexity of tokens
+ * next[0, T) under logits [T][vocab]. */
+double kvm_eval_ppl(const float *logits, const int32_t *next, int64_t T, int vocab);
+
+/* Scores a run's logits got [T][vocab] against the reference ref [T][vocab] (step i predicts
+ * next[i]): r's kl_mean, kl_median, kl_p99, top1 and ppl_compressed (the other fields are the
+ * caller's). kl [T] is scratch (sorted for the quantiles); kl_steps [T] (may be NULL) gets the
+ * per-step KL in step order. */
+void kvm_eval_score(const float *ref, const float *got, const int32_t *next, int64_t T, int vocab, double *kl,
+                    double *kl_steps, kvm_eval_result *r);
+
+/* The prefill-phase plan of an eviction method (streaming, h2o, tova, snapkv, pyramidkv: one
+ * pattern everywhere) with options opts (from m->opts_new) for a context of n_tokens: what its
+ * compress function cuts the cache with (kvm_evict_prefill). *plan is new (kvm_evict_plan_free).
+ * Returns 0, KVM_ENOTSUP (any other method: the message names it), KVM_EINVAL, KVM_ENOMEM. */
+struct kvm_evict_plan;
+int kvm_method_evict_plan(const kvm_method *m, const void *opts, int64_t n_tokens, struct kvm_evict_plan **plan);
+
 /* The CSV header the harness writes (no newline). */
 #define KVM_EVAL_CSV_HEADER \
     "doc,method,budget_tokens,ratio,kl_mean,kl_median,kl_p99,top1,ppl_full,ppl_compressed,seconds,dtype," \

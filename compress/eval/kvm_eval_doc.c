@@ -74,6 +74,33 @@ double kvm_eval_quantile(double *x, int64_t n, double q)
     return x[i] + (p - (double)i) * (x[i + 1] - x[i]);
 }
 
+double kvm_eval_ppl(const float *logits, const int32_t *next, int64_t T, int vocab)
+{
+    double s = 0;
+    for (int64_t i = 0; i < T; i++)
+        s += nll(logits + i * vocab, vocab, next[i]);
+    return exp(s / (double)T);
+}
+
+void kvm_eval_score(const float *ref, const float *got, const int32_t *next, int64_t T, int vocab, double *kl,
+                    double *kl_steps, kvm_eval_result *r)
+{
+    double s = 0, agree = 0, sk = 0;
+    for (int64_t i = 0; i < T; i++) {
+        const float *p = ref + i * vocab, *q = got + i * vocab;
+        kl[i] = kvm_eval_kl(p, q, vocab);
+        sk += kl[i];
+        agree += kvm_argmax(p, vocab) == kvm_argmax(q, vocab);
+        s += nll(q, vocab, next[i]);
+    }
+    if (kl_steps) memcpy(kl_steps, kl, (size_t)T * sizeof *kl); /* before the quantiles sort kl */
+    r->kl_mean = sk / (double)T;
+    r->top1 = agree / (double)T;
+    r->ppl_compressed = exp(s / (double)T);
+    r->kl_median = kvm_eval_quantile(kl, T, 0.5);
+    r->kl_p99 = kvm_eval_quantile(kl, T, 0.99);
+}
+
 /* Teacher-forces tokens N..N+T-2 over cache c; logits rows 1..T-1 go to out (row 0, the
  * context prefill's own prediction, is copied from the reference). batched = 1: one prefill
  * call over the T−1 tokens (causal among themselves, every cache entry visible), as fast as a
@@ -109,10 +136,7 @@ static int ref_decode(kvm_eval_doc *d)
         return rc;
     }
     d->ref_dec = r;
-    double s = 0;
-    for (int64_t i = 0; i < d->n_cont; i++)
-        s += nll(r + i * d->m->cfg.vocab_size, d->m->cfg.vocab_size, d->tokens[d->n_ctx + i]);
-    d->ppl_dec = exp(s / (double)d->n_cont);
+    d->ppl_dec = kvm_eval_ppl(r, d->tokens + d->n_ctx, d->n_cont, d->m->cfg.vocab_size);
     return 0;
 }
 
@@ -181,10 +205,7 @@ static int doc_build(const kvm_model *m, const kvm_kernels *k, const int32_t *to
         kvm_eval_doc_free(&d);
         return rc;
     }
-    double sum = 0;
-    for (int64_t i = 0; i < n_cont; i++)
-        sum += nll(d->ref + i * c->vocab_size, c->vocab_size, d->tokens[n_ctx + i]);
-    d->ppl_full = exp(sum / (double)n_cont);
+    d->ppl_full = kvm_eval_ppl(d->ref, d->tokens + n_ctx, n_cont, c->vocab_size);
     d->in = (kvm_compress_input){.model = m, .full = d->full, .cap = d->cap, .n_tokens = n_ctx, .n_future = n_cont,
                                  .tokens = d->tokens, .qcache = &d->qcache};
     *out = d;
@@ -303,22 +324,9 @@ int kvm_eval_continue(kvm_eval_doc *d, const kvm_kvcache *compressed, kvm_decode
     if (!rc) rc = continue_run(d, c2, d->work, pol == NULL);
     kvm_forward_clear_hooks(d->f);
     if (!rc) {
-        double s = 0, agree = 0, sk = 0;
-        for (int64_t i = 0; i < T; i++) {
-            const float *p = ref + i * V, *q = d->work + i * V;
-            kl[i] = kvm_eval_kl(p, q, V);
-            sk += kl[i];
-            agree += kvm_argmax(p, V) == kvm_argmax(q, V);
-            s += nll(q, V, d->tokens[d->n_ctx + i]);
-        }
-        memcpy(d->kl_steps, kl, (size_t)T * sizeof *kl); /* before the quantiles sort kl */
+        kvm_eval_score(ref, d->work, d->tokens + d->n_ctx, T, V, kl, d->kl_steps, r);
         d->have_kl = 1;
-        r->kl_mean = sk / (double)T;
-        r->top1 = agree / (double)T;
         r->ppl_full = pol ? d->ppl_dec : d->ppl_full;
-        r->ppl_compressed = exp(s / (double)T);
-        r->kl_median = kvm_eval_quantile(kl, T, 0.5);
-        r->kl_p99 = kvm_eval_quantile(kl, T, 0.99);
         r->budget_tokens = (double)entries / ((double)c->n_layers * c->n_kv_heads);
         r->ratio = r->budget_tokens / (double)d->n_ctx;
     }

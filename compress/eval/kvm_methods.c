@@ -172,6 +172,14 @@ static const kvm_method methods[] = {
      free, sculpt_run, NULL},
 };
 
+int kvm_method_evict_plan(const kvm_method *m, const void *opts, int64_t n_tokens, kvm_evict_plan **plan)
+{
+    *plan = NULL;
+    if (m->compress != evict_compress)
+        return kvm_err(KVM_ENOTSUP, "method '%s' is not one eviction pattern everywhere", m->name);
+    return plan_for(opts, n_tokens, plan);
+}
+
 const kvm_method *kvm_method_table(int *n)
 {
     *n = (int)(sizeof methods / sizeof methods[0]);

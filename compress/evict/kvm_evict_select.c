@@ -1,8 +1,10 @@
 /* kvm_evict_select.c: the prefill-phase selection of each eviction pattern for one KV head,
  * from attention statistics (kvm_evict_attn), plus the deterministic top-k and the budget
- * apportioning shared by PyramidKV and PolyKV. */
+ * apportioning shared by PyramidKV and PolyKV. Scores, zones and the top-k order are the
+ * bodies of kernels/kvm_evict_body.h, which the CUDA selection runs too. */
 #include "common/kvm_error.h"
 #include "compress/evict/kvm_evict.h"
+#include "kernels/kvm_evict_body.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,14 +39,11 @@ typedef struct scored {
     int64_t i;
 } scored;
 
-/* Descending score, then ascending index; NaN sorts last. */
+/* Descending score, then ascending index; NaN sorts last (kvm_eb_before). */
 static int cmp_scored(const void *pa, const void *pb)
 {
     const scored *a = pa, *b = pb;
-    int na = isnan(a->s), nb = isnan(b->s);
-    if (na != nb) return na - nb;
-    if (!na && a->s != b->s) return a->s > b->s ? -1 : 1;
-    return (a->i > b->i) - (a->i < b->i);
+    return kvm_eb_before(a->s, a->i, b->s, b->i) ? -1 : kvm_eb_before(b->s, b->i, a->s, a->i);
 }
 
 int kvm_evict_topk(const float *score, int64_t n, int64_t k, uint8_t *mark)
@@ -82,20 +81,11 @@ static void emit(const uint8_t *mark, int64_t n_mark, int64_t tail0, int64_t n, 
 static void snap_votes(const kvm_evict_params *prm, const kvm_evict_attn *a, int64_t m, float *raw, float *out)
 {
     int64_t rows = prm->window < a->n_obs ? prm->window : a->n_obs;
-    memset(raw, 0, (size_t)m * sizeof *raw);
-    for (int g = 0; g < a->n_group; g++)
-        for (int64_t r = a->n_obs - rows; r < a->n_obs; r++) {
-            const float *row = a->obs + ((int64_t)g * a->n_obs + r) * a->n;
-            for (int64_t j = 0; j < m; j++)
-                raw[j] += row[j];
-        }
+    for (int64_t j = 0; j < m; j++)
+        raw[j] = kvm_eb_snap_vote(a->obs, a->n_obs, rows, a->n, a->n_group, j);
     int64_t half = (prm->pool > 1 ? prm->pool : 1) / 2;
-    for (int64_t j = 0; j < m; j++) {
-        float best = raw[j];
-        for (int64_t t = j - half; t <= j + half; t++)
-            if (t >= 0 && t < m && raw[t] > best) best = raw[t];
-        out[j] = best;
-    }
+    for (int64_t j = 0; j < m; j++)
+        out[j] = kvm_eb_pool(raw, m, half, j);
 }
 
 int kvm_evict_select(kvm_pattern p, const kvm_evict_params *prm, const kvm_evict_attn *a, int64_t b, int64_t *keep,
@@ -132,37 +122,18 @@ int kvm_evict_select(kvm_pattern p, const kvm_evict_params *prm, const kvm_evict
         (!a->obs || a->n_obs < (prm->window < n ? prm->window : n)))
         return kvm_err(KVM_EINVAL, "evict: snapkv needs the last %lld queries' attention, got %lld",
                        (long long)prm->window, (long long)a->n_obs);
-    int64_t m, tail0; /* candidates [0, m), always-kept tail [tail0, n) */
-    if (p == KVM_PATTERN_H2O) {
-        int64_t r = (int64_t)floor((double)b * prm->recent_frac);
-        if (r > b) r = b;
-        m = tail0 = n - r;
-    } else if (p == KVM_PATTERN_TOVA) {
-        m = n;
-        tail0 = n;
-    } else {
-        int64_t w = prm->window < b ? prm->window : b;
-        m = tail0 = n - w;
-    }
-    int64_t k = b - (n - tail0);
+    int64_t m, tail0, k; /* candidates [0, m), k of them kept, always-kept tail [tail0, n) */
+    kvm_eb_zones((int)p, prm->recent_frac, prm->window, n, b, &m, &tail0, &k);
     float *score = calloc((size_t)(2 * m + 1), sizeof *score);
     uint8_t *mark = calloc((size_t)m + 1, 1);
     int rc = 0;
     if (!score || !mark) rc = kvm_err(KVM_ENOMEM, "evict: out of memory");
     if (!rc && p == KVM_PATTERN_H2O) {
-        for (int64_t j = 0; j < m; j++) {
-            float s = 0;
-            for (int g = 0; g < a->n_group; g++)
-                s += a->mass[(int64_t)g * n + j];
-            score[j] = s;
-        }
+        for (int64_t j = 0; j < m; j++)
+            score[j] = kvm_eb_h2o(a->mass, n, a->n_group, j);
     } else if (!rc && p == KVM_PATTERN_TOVA) {
-        for (int64_t j = 0; j < m; j++) {
-            float s = 0;
-            for (int g = 0; g < a->n_group; g++)
-                s += a->obs[((int64_t)g * a->n_obs + a->n_obs - 1) * n + j];
-            score[j] = s / (float)a->n_group;
-        }
+        for (int64_t j = 0; j < m; j++)
+            score[j] = kvm_eb_tova(a->obs, a->n_obs, n, a->n_group, j);
     } else if (!rc) {
         snap_votes(prm, a, m, score + m, score);
     }

@@ -1,7 +1,8 @@
 /* kvm_cuda.h: the CUDA backend's C interface beyond the kvm_kernels table (issue 13): weight
- * dtype, memory plan, embedding/classifier launches, layer attention over a device-resident
- * ragged KV cache with the statistics compression reads, and a device-resident Llama forward
- * (kvm_cuda_model) for `generate --device cuda:N`, the CUDA tests and the device benchmark.
+ * dtype, memory plan, embedding/classifier launches, the upload's dequantisation, layer attention
+ * over a device-resident ragged KV cache with the statistics compression reads, and a
+ * device-resident Llama forward (kvm_cuda_model) with the prefill phase's eviction on the device,
+ * for `generate` and `eval --device cuda:N`, the CUDA tests and the device benchmark.
  * Compiled only where nvcc is (KVM_WITH_CUDA); callers guard with #ifdef KVM_WITH_CUDA.
  * Every pointer named "device" is device memory of the backend's device; every function
  * returns 0 or a negative kvm_status with kvm_errmsg naming the failing CUDA/cuBLAS call and
@@ -44,6 +45,13 @@ int kvm_cuda_embed(int device, float *out, const float *table, const int32_t *to
 /* Fills x[0, n) device float32 with uniform values in [−a, a) from (seed, index) (a counter
  * hash, so the same seed gives the same tensor on every device): random-weight benchmark models. */
 int kvm_cuda_fill_uniform(int device, float *x, int64_t n, uint64_t seed, float a);
+
+/* The upload's dequantisation alone (the CUDA tests' check of what the device computes):
+ * rows × in elements of raw ggml rows of `type` (host, kvm_qb_row_bytes(type, in) bytes each) are
+ * copied to the device, dequantised there one element per thread by kernels/kvm_quant_body.h
+ * and copied back to host dst [rows][in] float32. Errors: KVM_ENOTSUP (a type kvmill cannot
+ * dequantise, rows not whole blocks), KVM_EDEVICE. */
+int kvm_cuda_dequantize(int device, float *dst, const void *raw, int type, int64_t rows, int64_t in);
 
 /* One layer's attention over a device-resident ragged cache, all query heads at once (GQA:
  * head h reads KV head h / (n_heads / n_kv_heads)). The descriptor follows kvm_attn_layer of the
@@ -92,21 +100,32 @@ typedef struct kvm_cuda_attn_layer {
 } kvm_cuda_attn_layer;
 int kvm_cuda_attention_layer(int device, const kvm_cuda_attn_layer *a);
 
-/* A Llama model's shape and, optionally, its host float32 tensors (tok_emb NULL: random weights
- * made on the device from seed, uniform in ±1/sqrt(in), embedding ±1, norms 1). Per-layer
- * tensors are arrays of n_layers pointers; the optional ones (biases, QK-norm) are NULL arrays
- * or NULL entries when absent. rope_table (NULL: kvm_rope_table with rope_theta) fills the
- * host cos/sin tables [n][head_dim/2] for positions pos[0, n) (the model's own recipe, RoPE
- * scaling included); rope_ctx is passed to it. */
+/* A weight matrix [out][in] as its file stores it: host rows of kvm_qb_row_bytes(type, in) bytes
+ * each (any alignment; a file's read-only mapping will do), in a ggml type of
+ * kernels/kvm_quant_body.h (F32, F16, BF16 or a GGUF block type), in a multiple of its block. The
+ * upload copies these bytes and dequantises them on the device. data NULL: a random matrix. */
+typedef struct kvm_cuda_mat {
+    const void *data; /* [out][row bytes], host, read during kvm_cuda_model_new only */
+    int type;         /* ggml type number (kvm_qb_type) */
+} kvm_cuda_mat;
+
+/* A Llama model's shape and, optionally, its host tensors (tok_emb.data NULL: random weights
+ * made on the device from seed, uniform in ±1/sqrt(in), embedding ±1, norms 1). Matrices are
+ * kvm_cuda_mat in the file's own type; vectors are float32. Per-layer tensors are arrays of
+ * n_layers entries; the optional ones (biases, QK-norm) are NULL arrays or NULL entries when
+ * absent. rope_table (NULL: kvm_rope_table with rope_theta) fills the host cos/sin tables
+ * [n][head_dim/2] for positions pos[0, n) (the model's own recipe, RoPE scaling included);
+ * rope_ctx is passed to it. */
 typedef struct kvm_cuda_model_desc {
     int n_layers, dim, n_heads, n_kv_heads, head_dim, hidden_dim, vocab_size;
     float norm_eps, rope_theta;
     kvm_rope_style rope_style;
     uint64_t seed;
-    const float *tok_emb, *rms_final, *wcls;       /* [vocab][dim], [dim], [vocab][dim] */
+    kvm_cuda_mat tok_emb, wcls;                    /* [vocab][dim] each (wcls may repeat tok_emb) */
+    const float *rms_final;                        /* [dim] */
     const float *const *rms_att, *const *rms_ffn;  /* [dim] each */
-    const float *const *wq, *const *wk, *const *wv, *const *wo; /* [out][in] */
-    const float *const *w1, *const *w2, *const *w3;
+    const kvm_cuda_mat *wq, *wk, *wv, *wo;         /* [n_layers] matrices [out][in] */
+    const kvm_cuda_mat *w1, *w2, *w3;
     const float *const *bq, *const *bk, *const *bv, *const *bo; /* optional biases */
     const float *const *q_norm, *const *k_norm;                 /* optional [head_dim] */
     void (*rope_table)(const void *rope_ctx, const int32_t *pos, int64_t n, float *cos_t, float *sin_t);
@@ -116,15 +135,20 @@ typedef struct kvm_cuda_model_desc {
 typedef struct kvm_cuda_model kvm_cuda_model;
 
 /* Bytes of device memory a model, a cache of `ctx` entries per KV head and activations for
- * batches of `max_batch` tokens need with weights in `t` (the memory plan). */
+ * batches of `max_batch` tokens need with weights in `t` (the memory plan): the weights in t
+ * (the embedding table in float32), the cache, the activations, and one upload buffer as large
+ * as the largest matrix's file bytes (random models: its float32 values). */
 size_t kvm_cuda_model_bytes(const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx, int64_t max_batch);
 
-/* Makes the device model: checks the plan (kvm_cuda_plan_fits), then allocates everything once
- * with cudaMalloc and uploads (or generates) the weights: d's host float32 tensors (the caller
- * dequantises GGUF and 16-bit matrices: model/kvm_forward_cuda.c), converted to `t` on the
- * device. Owns its memory; free with kvm_cuda_model_free. Errors: KVM_EINVAL (shape beyond
- * KVM_CUDA_MAX_HEAD_DIM / the attention's KV-head limit), KVM_ENOMEM (the plan does not fit: the
- * message gives bytes needed and free), KVM_EDEVICE (a CUDA or cuBLAS call, named). */
+/* Makes the device model: checks the shape and every matrix's type, checks the plan
+ * (kvm_cuda_plan_fits), then allocates everything once with cudaMalloc and uploads (or
+ * generates) the weights: each matrix's file bytes are copied into the upload buffer and
+ * dequantised on the device into t (kvm__cuda_dequant: the loader's kernels/kvm_quant_body.h
+ * per element), so no float32 copy of a matrix exists in host memory. Owns its memory; free
+ * with kvm_cuda_model_free. Errors: KVM_EINVAL (shape beyond KVM_CUDA_MAX_HEAD_DIM / the
+ * attention's KV-head limit), KVM_ENOTSUP (a matrix type kvmill cannot dequantise, or rows not
+ * whole blocks: the message names the matrix), KVM_ENOMEM (the plan does not fit: the message
+ * gives bytes needed and free), KVM_EDEVICE (a CUDA or cuBLAS call, named). */
 int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx,
                        int64_t max_batch, kvm_cuda_model **out);
 /* Frees the device model and its device memory; accepts NULL and *m == NULL; sets *m = NULL. */
@@ -156,6 +180,41 @@ int kvm_cuda_model_download_kv(const kvm_cuda_model *m, int layer, int g, float 
  * above; n ≤ ctx): a compressed ragged cache to decode over. Heads may hold different counts. */
 int kvm_cuda_model_set_kv(kvm_cuda_model *m, int layer, int g, const float *k, const float *v, const int32_t *pos,
                           const float *bias, int64_t n);
+
+/* Layer l's KV head g positions to host pos[n] (n = its entry count), e.g. after
+ * kvm_cuda_model_evict. KVM_EINVAL for a head outside the model, KVM_EDEVICE. */
+int kvm_cuda_model_download_pos(const kvm_cuda_model *m, int layer, int g, int32_t *pos);
+
+/* Device eviction for the prefill phase (issue 13). keep_evict_stats asks the next forward (that
+ * one only) to keep, for every layer on the device, the statistics the prefill eviction patterns
+ * read: each query head's received mass summed over all the forward's queries (H2O) and the
+ * probability rows of its last n_obs queries (TOVA: 1; SnapKV/PyramidKV: their window),
+ * [n_layers] × (n_heads·ctx + n_heads·n_obs·ctx) floats, plus the selection's scratch; allocated
+ * at the first call (the plan checked with kvm_cuda_plan_fits; again when n_obs changes), freed
+ * with the model. That forward must be the context's whole prefill in one batch over an empty
+ * cache (n ≤ max_batch, n ≥ n_obs) and asks no kvm_cuda_stats, else it fails with KVM_EINVAL.
+ * n_obs 0 cancels the request (the buffers stay). Errors: KVM_EINVAL (n_obs outside [0, ctx]),
+ * KVM_ENOMEM (does not fit: bytes needed and free), KVM_EDEVICE. */
+int kvm_cuda_model_keep_evict_stats(kvm_cuda_model *m, int64_t n_obs);
+
+/* Which pattern and budget each (layer, KV head) gets: kvm_evict_plan's contents
+ * (compress/evict/kvm_evict.h) without its module (kernels know nothing of compress). */
+typedef struct kvm_cuda_evict_plan {
+    const uint8_t *pattern;  /* [n_layers][n_kv_heads]: 0 streaming, 1 h2o, 2 tova, 3 snapkv, 4 pyramidkv, 255 none */
+    const int64_t *budget;   /* [n_layers][n_kv_heads] entries kept, ≥ 1 */
+    int64_t sinks, window, pool; /* kvm_evict_params */
+    double recent_frac;
+} kvm_cuda_evict_plan;
+
+/* Cuts every (layer, KV head) of the plan to its budget on the device, as kvm_evict_prefill
+ * does on the CPU: scores from the statistics kept by the last forward (keep_evict_stats), the
+ * top-b by the CPU's order (kernels/kvm_evict_body.h: higher score first, ties to the earlier
+ * position), and the head's K, V, positions and β compacted to the kept entries, kept
+ * positions increasing (the ragged cache's order). The next position stays the context's
+ * length. The statistics are spent (a second call needs a new forward). Errors: KVM_EINVAL (no
+ * statistics for the cache as it is, a pattern outside 0–4/255, a budget < 1, SnapKV/PyramidKV
+ * with fewer kept rows than min(window, n)), KVM_EDEVICE. */
+int kvm_cuda_model_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan *plan);
 
 /* Sets the position the next token takes (after set_kv of a compressed cache). */
 void kvm_cuda_model_set_next_pos(kvm_cuda_model *m, int32_t pos);

@@ -70,6 +70,30 @@ int kvm__cuda_add(int dev, float *x, const float *y, int64_t n);
 int kvm__cuda_add_rows(int dev, float *x, const float *b, int64_t n_rows, int64_t w);
 // dst (bf16 or f16 per t) [n] from src float32 [n]
 int kvm__cuda_convert(int dev, void *dst, kvm_cuda_wdtype t, const float *src, int64_t n);
+// dst (dtype t) [rows][in] from raw ggml rows of `type` (device, kvm_qb_row_bytes(type, in) bytes
+// each): the loader's dequantisation (kernels/kvm_quant_body.h) one element per thread, then
+// rounded to t. KVM_ENOTSUP for a type kvmill cannot dequantise or rows not whole blocks.
+int kvm__cuda_dequant(int dev, void *dst, kvm_cuda_wdtype t, const void *raw, int type, int64_t rows, int64_t in);
+// One KV head's prefill eviction on the device (kvm_cuda_evict.cu): the pattern's scores from its
+// query heads' statistics, the top-b selection in the CPU's order (kernels/kvm_evict_body.h),
+// and the head's entries (positions 0..n−1 in order, as after a prefill) compacted in place to
+// the b kept ones, in position order. Nothing when budget ≥ n. Device pointers; 0 or KVM_EDEVICE.
+struct kvm__cuda_evict_head_args {
+    int pattern;                  // kvm_pattern number: 0 streaming, 1 h2o, 2 tova, 3 snapkv, 4 pyramidkv
+    int64_t n, budget;            // the head's entries and the budget (≥ 1)
+    int64_t sinks, window, pool;  // kvm_evict_params
+    double recent_frac;
+    const float *mass, *obs;      // [n_group][ld], [n_group][n_obs][ld]: the head's group rows
+    int64_t n_obs, ld;
+    int n_group;
+    float *k, *v, *bias;          // the head's cache [n][head_dim], [n]
+    int32_t *pos;
+    int head_dim;
+    float *vote, *score, *k2, *v2, *bias2; // scratch [n], [n], [n][head_dim] ×2, [n]
+    int32_t *pos2, *idx;                   // scratch [n]
+    uint8_t *mark;                         // scratch [n]
+};
+int kvm__cuda_evict_head(int dev, const kvm__cuda_evict_head_args *a);
 // Y = X · Wᵀ with W device [out][in] in dtype t, X float32 [m][ldx], Y float32 [m][ldy]
 int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
                      int64_t in, float *y, int64_t ldy);

@@ -5,8 +5,13 @@
 // positions and RoPE tables and downloads logits, statistics and captured K/V.
 #include "kernels/cuda/kvm_cuda_impl.h"
 
+extern "C" {
+#include "kernels/kvm_quant_body.h"
+}
+
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,11 +49,54 @@ struct kvm_cuda_model {
     // host scratch
     float *h_cos, *h_sin;
     int32_t *h_pos;
+    // device eviction (kvm_cuda_model_keep_evict_stats): per-layer statistics and the selection's scratch
+    int64_t ev_n_obs;  // observation rows the buffers hold (0: none allocated)
+    int ev_armed;      // the next forward keeps the statistics
+    int64_t ev_valid;  // the context the kept statistics describe (0: none)
+    float *ev_mass, *ev_obs, *ev_vote, *ev_score, *ev_k2, *ev_v2, *ev_bias2;
+    int32_t *ev_pos2, *ev_idx;
+    uint8_t *ev_mark;
 };
 
 namespace {
 
 size_t mat_bytes(int64_t out, int64_t in, kvm_cuda_wdtype t) { return (size_t)out * (size_t)in * kvm_cuda_wdtype_bytes(t); }
+
+// the matrices of a model in upload order, with their shapes and names (for messages)
+struct mat_ref {
+    const kvm_cuda_mat *m; // NULL: random
+    int64_t out, in;
+    int layer;        // -1: embedding / classifier
+    const char *name;
+};
+
+// calls f on every matrix of d (tok_emb, wcls, then per layer wq wk wv wo w1 w2 w3); stops at
+// the first nonzero result and returns it
+template <class F> int each_mat(const kvm_cuda_model_desc *d, F f)
+{
+    const bool rnd = d->tok_emb.data == NULL;
+    const int64_t qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
+    const int64_t D = d->dim, H = d->hidden_dim, V = d->vocab_size;
+    int rc;
+    if ((rc = f(mat_ref{rnd ? NULL : &d->tok_emb, V, D, -1, "token embedding"})) ||
+        (rc = f(mat_ref{rnd ? NULL : &d->wcls, V, D, -1, "classifier"})))
+        return rc;
+    for (int l = 0; l < d->n_layers; l++) {
+        const mat_ref ms[] = {{rnd ? NULL : &d->wq[l], qd, D, l, "wq"},  {rnd ? NULL : &d->wk[l], kvd, D, l, "wk"},
+                              {rnd ? NULL : &d->wv[l], kvd, D, l, "wv"}, {rnd ? NULL : &d->wo[l], D, qd, l, "wo"},
+                              {rnd ? NULL : &d->w1[l], H, D, l, "w1"},   {rnd ? NULL : &d->w2[l], D, H, l, "w2"},
+                              {rnd ? NULL : &d->w3[l], H, D, l, "w3"}};
+        for (const mat_ref &r : ms)
+            if ((rc = f(r))) return rc;
+    }
+    return 0;
+}
+
+// bytes of the upload buffer one matrix needs: its file bytes, or its float32 values (random)
+size_t upload_bytes(const mat_ref &r)
+{
+    return r.m ? (size_t)r.out * (size_t)kvm_qb_row_bytes(r.m->type, r.in) : (size_t)r.out * (size_t)r.in * 4;
+}
 
 // the pieces of the plan, in one place so that kvm_cuda_model_bytes and _new agree
 struct plan {
@@ -68,9 +116,27 @@ plan make_plan(const kvm_cuda_model_desc *d, kvm_cuda_wdtype t, int64_t ctx, int
     p.acts = 4 * (size_t)B * (size_t)(D + wide + 2 * qd + 2 * kvd + 2 * H + d->head_dim + V) + 8 * (size_t)B +
              4 * (size_t)d->n_heads * (2 * (size_t)B + 2 * (size_t)ctx) +
              2 * (size_t)B * (size_t)(H > wide ? H : wide); // activations in the weight dtype for GemmEx
-    int64_t big = V * D > H * D ? V * D : H * D;
-    p.staging = 4 * (size_t)(big > qd * D ? big : qd * D); // one float32 matrix while converting
+    each_mat(d, [&](const mat_ref &r) { // one upload buffer, reused matrix after matrix
+        size_t b = upload_bytes(r);
+        if (b > p.staging) p.staging = b;
+        return 0;
+    });
     return p;
+}
+
+// KVM_ENOTSUP naming the first matrix whose type or row length the dequantisation cannot take
+int check_mats(int dev, const kvm_cuda_model_desc *d)
+{
+    return each_mat(d, [&](const mat_ref &r) {
+        if (!r.m) return 0;
+        const int64_t be = kvm_qb_block_elems(r.m->type);
+        if (r.m->data && be && r.in % be == 0) return 0;
+        char where[32] = "";
+        if (r.layer >= 0) snprintf(where, sizeof where, "layer %d ", r.layer);
+        return kvm_err(KVM_ENOTSUP, "cuda:%d: %s%s: %s of ggml type %d with rows of %lld elements cannot be uploaded "
+                       "(types F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K in whole blocks)",
+                       dev, where, r.name, r.m->data ? "weights" : "no data", r.m->type, (long long)r.in);
+    });
 }
 
 int dalloc(int dev, void **p, size_t bytes)
@@ -105,19 +171,24 @@ int vec(int dev, float **dst, const float *host, int64_t n, float fill)
     return 0;
 }
 
-// a matrix [out][in] in dtype t from host float32 or from (seed, tensor id) uniform ±1/sqrt(in)
-int mat(int dev, dmat *m, const float *host, int64_t out, int64_t in, kvm_cuda_wdtype t, uint64_t seed, float *stage)
+// a matrix [out][in] in dtype t from the file's bytes (copied into the upload buffer `stage`,
+// dequantised there by the loader's bodies) or from (seed, tensor id) uniform ±1/sqrt(in)
+int mat(int dev, dmat *m, const mat_ref &r, kvm_cuda_wdtype t, uint64_t seed, void *stage)
 {
-    m->out = out;
-    m->in = in;
-    int64_t n = out * in;
-    int rc = dalloc(dev, &m->d, mat_bytes(out, in, t));
+    m->out = r.out;
+    m->in = r.in;
+    int rc = dalloc(dev, &m->d, mat_bytes(r.out, r.in, t));
     if (rc) return rc;
-    float *src = t == KVM_CUDA_F32 ? (float *)m->d : stage;
-    if (host) KVM_CU(dev, cudaMemcpyAsync(src, host, (size_t)n * 4, cudaMemcpyHostToDevice, cudaStreamPerThread));
-    else if ((rc = kvm_cuda_fill_uniform(dev, src, n, seed, 1.0f / sqrtf((float)in)))) return rc;
-    if (t != KVM_CUDA_F32 && (rc = kvm__cuda_convert(dev, m->d, t, stage, n))) return rc;
-    KVM_CU(dev, cudaStreamSynchronize(cudaStreamPerThread)); // the staging buffer is reused next
+    if (r.m) {
+        KVM_CU(dev, cudaMemcpyAsync(stage, r.m->data, upload_bytes(r), cudaMemcpyHostToDevice, cudaStreamPerThread));
+        rc = kvm__cuda_dequant(dev, m->d, t, stage, r.m->type, r.out, r.in);
+    } else {
+        float *src = t == KVM_CUDA_F32 ? (float *)m->d : (float *)stage;
+        if (!(rc = kvm_cuda_fill_uniform(dev, src, r.out * r.in, seed, 1.0f / sqrtf((float)r.in))) && t != KVM_CUDA_F32)
+            rc = kvm__cuda_convert(dev, m->d, t, src, r.out * r.in);
+    }
+    if (rc) return rc;
+    KVM_CU(dev, cudaStreamSynchronize(cudaStreamPerThread)); // the upload buffer is reused next
     return 0;
 }
 
@@ -130,36 +201,39 @@ int opt_vec(int dev, float **dst, const float *const *a, int l, int64_t n)
     return h ? vec(dev, dst, h, n, 0.0f) : 0;
 }
 
-int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, float *stage)
+int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, void *stage)
 {
     const int dev = m->dev;
     const kvm_cuda_wdtype t = m->t;
     const int64_t qd = (int64_t)d->n_heads * d->head_dim, kvd = (int64_t)d->n_kv_heads * d->head_dim;
-    const int64_t D = d->dim, H = d->hidden_dim, V = d->vocab_size;
-    const bool rnd = d->tok_emb == NULL;
+    const int64_t D = d->dim;
+    const bool rnd = d->tok_emb.data == NULL;
     uint64_t id = d->seed * 1000003u;
     int rc;
-    if (rnd) {
-        if ((rc = dalloc_n(dev, &m->tok_emb, (size_t)(V * D))) ||
-            (rc = kvm_cuda_fill_uniform(dev, m->tok_emb, V * D, id++, 1.0f)))
-            return rc;
-    } else if ((rc = vec(dev, &m->tok_emb, d->tok_emb, V * D, 0.0f))) {
-        return rc;
-    }
-    if ((rc = vec(dev, &m->rms_final, rnd ? NULL : d->rms_final, D, 1.0f)) ||
-        (rc = mat(dev, &m->wcls, rnd ? NULL : d->wcls, V, D, t, id++, stage)))
-        return rc;
+    int64_t i_mat = 0;
+    dmat emb = {};
+    // the matrices in each_mat's order: the embedding table in float32 (k_embed reads it), the
+    // classifier and the layers' matrices in t
+    rc = each_mat(d, [&](const mat_ref &r) {
+        const int64_t i = i_mat++;
+        if (i == 0) {
+            if (rnd) {
+                if ((rc = dalloc(dev, &emb.d, (size_t)(r.out * r.in) * 4))) return rc;
+                return kvm_cuda_fill_uniform(dev, (float *)emb.d, r.out * r.in, id++, 1.0f);
+            }
+            return mat(dev, &emb, r, KVM_CUDA_F32, 0, stage);
+        }
+        if (i == 1) return mat(dev, &m->wcls, r, t, id++, stage);
+        dlayer *y = &m->L[(i - 2) / 7];
+        dmat *slot[] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->w1, &y->w2, &y->w3};
+        return mat(dev, slot[(i - 2) % 7], r, t, id++, stage);
+    });
+    m->tok_emb = (float *)emb.d;
+    if (rc || (rc = vec(dev, &m->rms_final, rnd ? NULL : d->rms_final, D, 1.0f))) return rc;
     for (int l = 0; l < d->n_layers; l++) {
         dlayer *y = &m->L[l];
         if ((rc = vec(dev, &y->rms_att, rnd ? NULL : d->rms_att[l], D, 1.0f)) ||
             (rc = vec(dev, &y->rms_ffn, rnd ? NULL : d->rms_ffn[l], D, 1.0f)) ||
-            (rc = mat(dev, &y->wq, rnd ? NULL : d->wq[l], qd, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->wk, rnd ? NULL : d->wk[l], kvd, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->wv, rnd ? NULL : d->wv[l], kvd, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->wo, rnd ? NULL : d->wo[l], D, qd, t, id++, stage)) ||
-            (rc = mat(dev, &y->w1, rnd ? NULL : d->w1[l], H, D, t, id++, stage)) ||
-            (rc = mat(dev, &y->w2, rnd ? NULL : d->w2[l], D, H, t, id++, stage)) ||
-            (rc = mat(dev, &y->w3, rnd ? NULL : d->w3[l], H, D, t, id++, stage)) ||
             (rc = opt_vec(dev, &y->bq, d->bq, l, qd)) || (rc = opt_vec(dev, &y->bk, d->bk, l, kvd)) ||
             (rc = opt_vec(dev, &y->bv, d->bv, l, kvd)) || (rc = opt_vec(dev, &y->bo, d->bo, l, D)) ||
             (rc = opt_vec(dev, &y->q_norm, d->q_norm, l, d->head_dim)) ||
@@ -170,7 +244,8 @@ int load(kvm_cuda_model *m, const kvm_cuda_model_desc *d, float *stage)
             (rc = dalloc_n(dev, &y->bias, ce)) || (rc = dalloc_n(dev, &y->pos, ce)))
             return rc;
     }
-    const int64_t B = m->max_batch, wide = D > qd ? D : qd, half = d->head_dim / 2;
+    const int64_t B = m->max_batch, wide = D > qd ? D : qd, half = d->head_dim / 2, H = d->hidden_dim,
+                  V = d->vocab_size;
     if ((rc = dalloc_n(dev, &m->x, (size_t)(B * D))) || (rc = dalloc_n(dev, &m->xb, (size_t)(B * wide))) ||
         (rc = dalloc_n(dev, &m->q, (size_t)(B * qd))) || (rc = dalloc_n(dev, &m->kk, (size_t)(B * kvd))) ||
         (rc = dalloc_n(dev, &m->vv, (size_t)(B * kvd))) || (rc = dalloc_n(dev, &m->att, (size_t)(B * qd))) ||
@@ -216,8 +291,11 @@ void kvm_cuda_model_free(kvm_cuda_model **pm)
                           y->wk.d, y->wv.d, y->wo.d, y->w1.d, y->w2.d, y->w3.d, y->k, y->v, y->bias, y->pos};
             for (void *p : ps) free_dev(p);
         }
-        void *ps[] = {m->tok_emb, m->rms_final, m->wcls.d, m->x, m->xb, m->q, m->kk, m->vv, m->att, m->hb, m->hb2,
-                      m->cos_t, m->sin_t, m->logits, m->st_lse, m->st_ent, m->st_km, m->st_lp, m->xh, m->qpos, m->tok};
+        void *ps[] = {m->tok_emb, m->rms_final, m->wcls.d, m->x,      m->xb,     m->q,       m->kk,
+                      m->vv,      m->att,       m->hb,     m->hb2,    m->cos_t,  m->sin_t,   m->logits,
+                      m->st_lse,  m->st_ent,    m->st_km,  m->st_lp,  m->xh,     m->qpos,    m->tok,
+                      m->ev_mass, m->ev_obs,    m->ev_vote, m->ev_score, m->ev_k2, m->ev_v2, m->ev_bias2,
+                      m->ev_pos2, m->ev_idx,    m->ev_mark};
         for (void *p : ps) free_dev(p);
     }
     free(m->L);
@@ -242,8 +320,10 @@ int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype
                        "ctx=%lld batch=%lld is not valid",
                        device, d->n_layers, d->dim, d->n_heads, d->n_kv_heads, d->head_dim, KVM_CUDA_MAX_HEAD_DIM,
                        d->hidden_dim, d->vocab_size, (long long)ctx, (long long)max_batch);
-    int rc = kvm_cuda_plan_fits(device, kvm_cuda_model_bytes(d, t, ctx, max_batch), "the model, its KV cache and activations");
-    if (rc) return rc;
+    int rc = check_mats(device, d);
+    if (rc || (rc = kvm_cuda_plan_fits(device, kvm_cuda_model_bytes(d, t, ctx, max_batch),
+                                       "the model, its KV cache and activations")))
+        return rc;
     kvm_cuda_model *m = (kvm_cuda_model *)calloc(1, sizeof *m);
     if (!m) return kvm_err(KVM_ENOMEM, "cuda:%d: out of host memory", device);
     m->dev = device;
@@ -261,9 +341,9 @@ int kvm_cuda_model_new(int device, const kvm_cuda_model_desc *d, kvm_cuda_wdtype
         kvm_cuda_model_free(&m);
         return kvm_err(KVM_ENOMEM, "cuda:%d: out of host memory", device);
     }
-    float *stage = NULL;
+    void *stage = NULL;
     plan p = make_plan(d, t, ctx, max_batch);
-    if (!(rc = dalloc(device, (void **)&stage, p.staging))) rc = load(m, d, stage);
+    if (!(rc = dalloc(device, &stage, p.staging))) rc = load(m, d, stage);
     free_dev(stage);
     // the tensor pointers of the description belong to the caller
     memset(&m->s.tok_emb, 0, sizeof *d - offsetof(kvm_cuda_model_desc, tok_emb));
@@ -428,6 +508,16 @@ int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
         a.n_obs = 1;
         a.ld_e = m->ctx;
     }
+    if (m->ev_armed) { // the prefill eviction's statistics, kept per layer on the device
+        const size_t nh = (size_t)c->n_heads, ctx = (size_t)m->ctx;
+        a.stats = KVM_CUDA_STAT_MASS | KVM_CUDA_STAT_OBS;
+        a.mass = m->ev_mass + (size_t)l * nh * ctx;
+        a.obs = m->ev_obs + (size_t)l * nh * (size_t)m->ev_n_obs * ctx;
+        a.mass_p0 = INT32_MIN;
+        a.mass_p1 = INT32_MAX;
+        a.n_obs = m->ev_n_obs;
+        a.ld_e = m->ctx;
+    }
     if ((rc = kvm_cuda_attention_layer(dev, &a)) || (st && (rc = download_stats(m, l, n, st)))) return rc;
     if ((rc = mm(m->att, qd, y->wo, m->xb)) || (y->bo && (rc = kvm__cuda_add_rows(dev, m->xb, y->bo, n, D))) ||
         (rc = kvm__cuda_add(dev, m->x, m->xb, n * D)))
@@ -481,6 +571,14 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
                            tokens[i], m->s.vocab_size);
     if ((int64_t)m->next_pos + n > 0x7fffffff)
         return kvm_err(KVM_ERANGE, "cuda:%d: forward: position %lld exceeds int32", m->dev, (long long)m->next_pos + n);
+    const bool armed = m->ev_armed;
+    m->ev_armed = 0; // statistics for this forward only
+    m->ev_valid = 0;
+    if (armed && (stats || n > m->max_batch || n < m->ev_n_obs || m->next_pos != 0 || kvm_cuda_model_cache_len(m) != 0))
+        return kvm_err(KVM_EINVAL, "cuda:%d: forward: the eviction statistics need the whole prefill in one batch over "
+                       "an empty cache, without kvm_cuda_stats (%lld tokens, batch %lld, %lld rows, position %d)",
+                       m->dev, (long long)n, (long long)m->max_batch, (long long)m->ev_n_obs, m->next_pos);
+    m->ev_armed = armed;
     int rc = kvm__cuda_use(m->dev);
     for (int64_t i0 = 0; !rc && i0 < n; i0 += m->max_batch) {
         int64_t nb = n - i0 < m->max_batch ? n - i0 : m->max_batch;
@@ -488,6 +586,96 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
         float *lg = logits && (!last_only || last) ? logits + (last_only ? 0 : i0 * m->s.vocab_size) : NULL;
         rc = batch(m, tokens + i0, nb, lg, last_only, last ? stats : NULL);
     }
+    if (!rc && armed) m->ev_valid = n;
+    m->ev_armed = 0;
+    return rc;
+}
+
+extern "C" int kvm_cuda_model_download_pos(const kvm_cuda_model *m, int layer, int g, int32_t *pos)
+{
+    if (layer < 0 || layer >= m->s.n_layers || g < 0 || g >= m->s.n_kv_heads)
+        return kvm_err(KVM_EINVAL, "cuda:%d: KV head (%d, %d) outside %d layers x %d KV heads", m->dev, layer, g,
+                       m->s.n_layers, m->s.n_kv_heads);
+    int rc = kvm__cuda_use(m->dev);
+    if (rc) return rc;
+    const int64_t n = m->n_host[(int64_t)layer * m->s.n_kv_heads + g];
+    KVM_CU(m->dev, cudaMemcpyAsync(pos, m->L[layer].pos + (size_t)g * m->ctx, (size_t)n * 4, cudaMemcpyDeviceToHost,
+                                   cudaStreamPerThread));
+    KVM_CU(m->dev, cudaStreamSynchronize(cudaStreamPerThread));
+    return 0;
+}
+
+extern "C" int kvm_cuda_model_keep_evict_stats(kvm_cuda_model *m, int64_t n_obs)
+{
+    if (n_obs < 0 || n_obs > m->ctx)
+        return kvm_err(KVM_EINVAL, "cuda:%d: eviction statistics of %lld rows (cache of %lld)", m->dev,
+                       (long long)n_obs, (long long)m->ctx);
+    int rc = kvm__cuda_use(m->dev);
+    if (rc) return rc;
+    m->ev_valid = 0;
+    m->ev_armed = n_obs > 0;
+    if (n_obs == 0 || n_obs == m->ev_n_obs) return 0; // buffers kept for the next use
+    void **bufs[] = {(void **)&m->ev_mass,  (void **)&m->ev_obs,  (void **)&m->ev_vote, (void **)&m->ev_score,
+                     (void **)&m->ev_k2,    (void **)&m->ev_v2,   (void **)&m->ev_bias2, (void **)&m->ev_pos2,
+                     (void **)&m->ev_idx,   (void **)&m->ev_mark};
+    for (void **b : bufs) free_dev(*b), *b = NULL;
+    m->ev_n_obs = 0;
+    m->ev_armed = 0;
+    const size_t L = (size_t)m->s.n_layers, nh = (size_t)m->s.n_heads, ctx = (size_t)m->ctx, d = (size_t)m->s.head_dim;
+    const size_t bytes[] = {4 * L * nh * ctx, 4 * L * nh * (size_t)n_obs * ctx, 4 * ctx, 4 * ctx, 4 * ctx * d,
+                            4 * ctx * d,      4 * ctx,                          4 * ctx, 4 * ctx, ctx};
+    size_t total = 0;
+    for (size_t b : bytes) total += b;
+    if ((rc = kvm_cuda_plan_fits(m->dev, total, "the eviction statistics"))) return rc;
+    for (size_t i = 0; i < sizeof bytes / sizeof *bytes; i++)
+        if ((rc = dalloc(m->dev, bufs[i], bytes[i]))) return rc; // the rest are freed with the model
+    m->ev_n_obs = n_obs;
+    m->ev_armed = 1;
+    return 0;
+}
+
+extern "C" int kvm_cuda_model_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan *p)
+{
+    const kvm_cuda_model_desc *c = &m->s;
+    const int nkv = c->n_kv_heads, grp = c->n_heads / c->n_kv_heads;
+    const int64_t n = m->ev_valid;
+    if (n <= 0 || m->ev_n_obs <= 0 || m->n_host[0] != n)
+        return kvm_err(KVM_EINVAL, "cuda:%d: evict: no eviction statistics for the cache (kvm_cuda_model_keep_evict_stats, "
+                       "then the prefill)", m->dev);
+    for (int64_t i = 0; i < (int64_t)c->n_layers * nkv; i++) {
+        const int pat = p->pattern[i];
+        const int64_t need = pat == 3 || pat == 4 ? (p->window < n ? p->window : n) : 1;
+        if (pat == 255) continue;
+        if (pat > 4 || p->budget[i] < 1 || (pat != 0 && m->ev_n_obs < need) || m->n_host[i] != n)
+            return kvm_err(KVM_EINVAL, "cuda:%d: evict: layer %lld KV head %lld: pattern %d, budget %lld, %lld "
+                           "statistics rows (needs %lld), %lld entries (context %lld)",
+                           m->dev, (long long)(i / nkv), (long long)(i % nkv), pat, (long long)p->budget[i],
+                           (long long)m->ev_n_obs, (long long)need, (long long)m->n_host[i], (long long)n);
+    }
+    int rc = kvm__cuda_use(m->dev);
+    const size_t nh = (size_t)c->n_heads, ctx = (size_t)m->ctx, d = (size_t)c->head_dim;
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        for (int g = 0; !rc && g < nkv; g++) {
+            const int64_t i = (int64_t)l * nkv + g;
+            if (p->pattern[i] == 255 || p->budget[i] >= n) continue;
+            dlayer *y = &m->L[l];
+            kvm__cuda_evict_head_args a = {};
+            a.pattern = p->pattern[i];
+            a.n = n;
+            a.budget = p->budget[i];
+            a.sinks = p->sinks, a.window = p->window, a.pool = p->pool, a.recent_frac = p->recent_frac;
+            a.mass = m->ev_mass + ((size_t)l * nh + (size_t)g * grp) * ctx;
+            a.obs = m->ev_obs + ((size_t)l * nh + (size_t)g * grp) * (size_t)m->ev_n_obs * ctx;
+            a.n_obs = m->ev_n_obs, a.ld = m->ctx, a.n_group = grp;
+            a.k = y->k + (size_t)g * ctx * d, a.v = y->v + (size_t)g * ctx * d;
+            a.bias = y->bias + (size_t)g * ctx, a.pos = y->pos + (size_t)g * ctx, a.head_dim = c->head_dim;
+            a.vote = m->ev_vote, a.score = m->ev_score, a.k2 = m->ev_k2, a.v2 = m->ev_v2, a.bias2 = m->ev_bias2;
+            a.pos2 = m->ev_pos2, a.idx = m->ev_idx, a.mark = m->ev_mark;
+            if (!(rc = kvm__cuda_evict_head(m->dev, &a))) m->n_host[i] = a.budget; // the scratch is reused in stream order
+        }
+    cudaError_t e = cudaStreamSynchronize(cudaStreamPerThread);
+    if (!rc && e != cudaSuccess) rc = kvm__cuda_fail(m->dev, "cudaStreamSynchronize", e);
+    m->ev_valid = 0;
     return rc;
 }
 

@@ -1,7 +1,8 @@
 // kvm_cuda_rows.cu: the CUDA launches of the forward's row and element kernels (RMSNorm, RoPE,
-// SwiGLU, residual add, bias rows, embedding, dtype conversion, random fill). The math is
-// kernels/kvm_forward_body.h, the same inline bodies the CPU backend runs; here a grid covers
-// the rows (one block per row for RMSNorm's reduction) or the elements.
+// SwiGLU, residual add, bias rows, embedding, dtype conversion, GGUF dequantisation, random
+// fill). The math is kernels/kvm_forward_body.h and kernels/kvm_quant_body.h, the same inline
+// bodies the CPU backend and loader run; here a grid covers the rows (one block per row for
+// RMSNorm's reduction) or the elements.
 #include "kernels/cuda/kvm_cuda_impl.h"
 
 #include <cuda_bf16.h>
@@ -9,6 +10,7 @@
 
 extern "C" {
 #include "kernels/kvm_forward_body.h"
+#include "kernels/kvm_quant_body.h"
 }
 
 enum { ROW_THREADS = 256, ELEM_THREADS = 256 };
@@ -141,6 +143,56 @@ int kvm__cuda_convert(int dev, void *dst, kvm_cuda_wdtype t, const float *src, i
     else KVM_CU(dev, cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cudaStreamPerThread));
     KVM_CU_LAUNCHED(dev, "k_convert");
     return 0;
+}
+
+// one thread per element of a [rows][in] matrix of raw ggml rows (kvm_qb_row_bytes each): the
+// loader's float (kvm_qb_row_elem), stored as t rounds it (bf16/f16: to nearest even, as
+// k_to_bf16/k_to_f16)
+__global__ void k_dequant(void *dst, int t, const uint8_t *raw, int type, int64_t rows, int64_t in, int64_t row_bytes)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * in) return;
+    float v = kvm_qb_row_elem(type, raw + i / in * row_bytes, i % in);
+    if (t == KVM_CUDA_BF16) ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(v);
+    else if (t == KVM_CUDA_F16) ((__half *)dst)[i] = __float2half_rn(v);
+    else ((float *)dst)[i] = v;
+}
+
+int kvm__cuda_dequant(int dev, void *dst, kvm_cuda_wdtype t, const void *raw, int type, int64_t rows, int64_t in)
+{
+    const int64_t be = kvm_qb_block_elems(type);
+    if (!be || in % be)
+        return kvm_err(KVM_ENOTSUP, "cuda:%d: weights of ggml type %d with rows of %lld cannot be dequantised", dev,
+                       type, (long long)in);
+    if (rows * in <= 0) return 0;
+    k_dequant<<<kvm__cuda_blocks(rows * in, ELEM_THREADS), ELEM_THREADS, 0, cudaStreamPerThread>>>(
+        dst, (int)t, (const uint8_t *)raw, type, rows, in, kvm_qb_row_bytes(type, in));
+    KVM_CU_LAUNCHED(dev, "k_dequant");
+    return 0;
+}
+
+extern "C" int kvm_cuda_dequantize(int device, float *dst, const void *raw, int type, int64_t rows, int64_t in)
+{
+    const int64_t rb = kvm_qb_row_bytes(type, in);
+    if (!rb || in % kvm_qb_block_elems(type) || rows < 0)
+        return kvm_err(KVM_ENOTSUP, "cuda:%d: dequantize: ggml type %d, %lld rows of %lld elements", device, type,
+                       (long long)rows, (long long)in);
+    int rc = kvm__cuda_use(device);
+    if (rc || rows == 0) return rc;
+    void *draw = NULL, *dout = NULL;
+    const size_t raw_b = (size_t)(rows * rb), out_b = (size_t)(rows * in) * 4;
+    cudaError_t e = cudaMalloc(&draw, raw_b);
+    if (e == cudaSuccess) e = cudaMalloc(&dout, out_b);
+    if (e != cudaSuccess) rc = kvm__cuda_fail(device, "cudaMalloc", e);
+    if (!rc && (e = cudaMemcpyAsync(draw, raw, raw_b, cudaMemcpyHostToDevice, cudaStreamPerThread)) != cudaSuccess)
+        rc = kvm__cuda_fail(device, "cudaMemcpyAsync", e);
+    if (!rc) rc = kvm__cuda_dequant(device, dout, KVM_CUDA_F32, draw, type, rows, in);
+    if (!rc && ((e = cudaMemcpyAsync(dst, dout, out_b, cudaMemcpyDeviceToHost, cudaStreamPerThread)) != cudaSuccess ||
+                (e = cudaStreamSynchronize(cudaStreamPerThread)) != cudaSuccess))
+        rc = kvm__cuda_fail(device, "cudaMemcpyAsync(dequantized)", e);
+    if (draw) cudaFree(draw);
+    if (dout) cudaFree(dout);
+    return rc;
 }
 
 // splitmix64 of (seed, index): a counter-based generator, so any device makes the same tensor

@@ -1,0 +1,113 @@
+/* kvm_eval_cuda.c: eviction methods scored on a CUDA device (kvm_eval_cuda.h). */
+#include "compress/eval/kvm_eval_cuda.h"
+
+#ifdef KVM_WITH_CUDA
+#include "common/kvm_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvm_eval_cuda_doc {
+    kvm_cuda_model *dm;        /* borrowed */
+    const kvm_model_config *c; /* borrowed */
+    int32_t *tokens;           /* [N + T] */
+    int64_t N, T;
+    float *ref, *work; /* [T][vocab]: the full-KV reference, a compressed run */
+    double *kl;        /* [T] scratch */
+    double ppl_full;
+};
+
+/* the context prefill (with the eviction statistics when n_obs > 0; logits of its last token into
+ * out[0]), an optional eviction, then the continuation teacher-forced into out[1, T) */
+static int run(kvm_eval_cuda_doc *d, int64_t n_obs, const kvm_cuda_evict_plan *ep, float *out, double *evict_s)
+{
+    const int V = d->c->vocab_size;
+    kvm_cuda_model_reset(d->dm);
+    int rc = kvm_cuda_model_keep_evict_stats(d->dm, n_obs);
+    if (!rc) rc = kvm_cuda_model_forward(d->dm, d->tokens, d->N, out, 1, NULL);
+    if (!rc && ep) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rc = kvm_cuda_model_evict(d->dm, ep);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        *evict_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    }
+    if (!rc && d->T > 1) rc = kvm_cuda_model_forward(d->dm, d->tokens + d->N, d->T - 1, out + V, 0, NULL);
+    return rc;
+}
+
+int kvm_eval_cuda_doc_new(kvm_cuda_model *dm, const kvm_model_config *c, const int32_t *tokens, int64_t N, int64_t T,
+                          kvm_eval_cuda_doc **out)
+{
+    *out = NULL;
+    if (N < 1 || T < 1 || N + T > c->seq_len)
+        return kvm_err(KVM_EINVAL, "eval: context %lld + continuation %lld (model window %d)", (long long)N,
+                       (long long)T, c->seq_len);
+    kvm_eval_cuda_doc *d = calloc(1, sizeof *d);
+    if (!d) return kvm_err(KVM_ENOMEM, "eval: out of memory");
+    const size_t TV = (size_t)T * (size_t)c->vocab_size;
+    *d = (kvm_eval_cuda_doc){.dm = dm, .c = c, .N = N, .T = T};
+    d->tokens = malloc((size_t)(N + T) * sizeof *d->tokens);
+    d->ref = malloc(TV * sizeof *d->ref);
+    d->work = malloc(TV * sizeof *d->work);
+    d->kl = malloc((size_t)T * sizeof *d->kl);
+    int rc = d->tokens && d->ref && d->work && d->kl ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) {
+        memcpy(d->tokens, tokens, (size_t)(N + T) * sizeof *tokens);
+        rc = run(d, 0, NULL, d->ref, NULL);
+    }
+    if (rc) {
+        kvm_eval_cuda_doc_free(&d);
+        return rc;
+    }
+    d->ppl_full = kvm_eval_ppl(d->ref, d->tokens + N, T, c->vocab_size);
+    *out = d;
+    return 0;
+}
+
+void kvm_eval_cuda_doc_free(kvm_eval_cuda_doc **pd)
+{
+    if (!pd || !*pd) return;
+    kvm_eval_cuda_doc *d = *pd;
+    free(d->tokens);
+    free(d->ref);
+    free(d->work);
+    free(d->kl);
+    free(d);
+    *pd = NULL;
+}
+
+int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, kvm_eval_result *r)
+{
+    const kvm_model_config *c = d->c;
+    if (p->n_layers != c->n_layers || p->n_kv_heads != c->n_kv_heads)
+        return kvm_err(KVM_EINVAL, "eval: plan shape %dx%d is not the model's %dx%d", p->n_layers, p->n_kv_heads,
+                       c->n_layers, c->n_kv_heads);
+    const int64_t nh = (int64_t)c->n_layers * c->n_kv_heads;
+    uint8_t *pat = malloc((size_t)nh);
+    if (!pat) return kvm_err(KVM_ENOMEM, "eval: out of memory");
+    int64_t entries = 0;
+    for (int64_t i = 0; i < nh; i++) {
+        pat[i] = (uint8_t)p->pattern[i];
+        entries += p->pattern[i] == KVM_PATTERN_NONE || p->budget[i] >= d->N ? d->N : p->budget[i];
+    }
+    /* the window's rows for every pattern (TOVA reads the last), so the buffers stay the same size */
+    const int64_t n_obs = p->params.window < d->N ? p->params.window : d->N;
+    const kvm_cuda_evict_plan ep = {.pattern = pat,
+                                    .budget = p->budget,
+                                    .sinks = p->params.sinks,
+                                    .window = p->params.window,
+                                    .pool = p->params.pool,
+                                    .recent_frac = p->params.recent_frac};
+    memset(r, 0, sizeof *r);
+    int rc = run(d, n_obs, &ep, d->work, &r->seconds);
+    free(pat);
+    if (rc) return rc;
+    kvm_eval_score(d->ref, d->work, d->tokens + d->N, d->T, c->vocab_size, d->kl, NULL, r);
+    r->ppl_full = d->ppl_full;
+    r->budget_tokens = (double)entries / (double)nh;
+    r->ratio = r->budget_tokens / (double)d->N;
+    return 0;
+}
+#endif

@@ -1,0 +1,34 @@
+/* kvm_eval_cuda.h: the evaluation harness (kvm_eval.h) of the prefill-phase eviction methods on a
+ * CUDA device (issue 13): the context prefill with the patterns' statistics, the selection and
+ * the compaction (kvm_cuda_model_evict) and the teacher-forced continuation all run on the
+ * device; the full-KV reference is the device's own. CUDA builds only (KVM_WITH_CUDA). */
+#ifndef KVM_EVAL_CUDA_H
+#define KVM_EVAL_CUDA_H
+
+#ifdef KVM_WITH_CUDA
+#include "compress/eval/kvm_eval.h"
+#include "compress/evict/kvm_evict.h"
+#include "kernels/cuda/kvm_cuda.h"
+
+typedef struct kvm_eval_cuda_doc kvm_eval_cuda_doc;
+
+/* One document on the device: tokens[0, N + T) (BOS first; copied), the device model dm (a
+ * cache of ≥ N + T entries, batches of ≥ N tokens; borrowed, outlives the doc) of the model
+ * whose config is c. Computes the device's full-KV reference: the last context logits, then the
+ * continuation N..N+T−2 in one batched call, as kvm_eval_doc_new does on the CPU. Errors:
+ * KVM_EINVAL (lengths, a model too small for them), KVM_ENOMEM, the device's errors. */
+int kvm_eval_cuda_doc_new(kvm_cuda_model *dm, const kvm_model_config *c, const int32_t *tokens, int64_t N, int64_t T,
+                          kvm_eval_cuda_doc **out);
+
+/* Frees. Accepts NULL and *d == NULL; sets *d = NULL. */
+void kvm_eval_cuda_doc_free(kvm_eval_cuda_doc **d);
+
+/* Scores eviction plan p (prefill phase; kvm_method_evict_plan) on the document: the device
+ * prefill keeping the statistics, kvm_cuda_model_evict, the continuation over the compacted
+ * cache; KL(full ‖ compressed), top-1 and perplexities as kvm_eval_continue computes them
+ * (kvm_eval_score). r->seconds is the eviction call's wall time; bytes_compressed and
+ * decode_ms are 0. Errors: KVM_EINVAL (plan shape), KVM_ENOMEM, the device's errors. */
+int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, kvm_eval_result *r);
+#endif
+
+#endif
