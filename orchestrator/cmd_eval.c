@@ -669,7 +669,7 @@ int kvm_cmd_eval(int argc, char **argv)
     if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
     char *chat_open = NULL, *chat_close = NULL; /* --chat over KL: documents framed as run frames them */
-    if (!rc && ta.chat && !task && kvm_chat_frame(tok, ta.system, &chat_open, &chat_close)) {
+    if (!rc && ta.chat && kvm_chat_frame(tok, ta.system, &chat_open, &chat_close)) { /* --task frames its own */
         fprintf(stderr, "kvmill " CMD ": --chat: %s\n", kvm_errmsg());
         rc = 2; /* a setting the model cannot take, as run and serve refuse [model] chat */
     }
@@ -679,7 +679,7 @@ int kvm_cmd_eval(int argc, char **argv)
                         "system turn and the user turn's opening) takes %lld tokens\n", (long long)N, (long long)n_frame);
         rc = 2;
     }
-    es.frame = chat_open;
+    es.frame = task ? NULL : chat_open;
     int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */
     if (!rc && task && N + ta.answer_tokens > m->cfg.seq_len) { /* --task asks and answers after the context */
         fprintf(stderr, "kvmill " CMD ": --task: context %lld + --answer-tokens %d exceeds the model's window of %d tokens\n",
