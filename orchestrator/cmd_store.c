@@ -11,6 +11,7 @@
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
 #include "store/kvm_store.h"
 
@@ -36,19 +37,25 @@ static int parse(const char *cmd, const char *summary, int argc, char **argv, kv
 }
 
 /* The store a command works on: --store, else [store] path of --config. With --config
- * the config is loaded into *cfg (the caller frees it; NULL without --config). Prints why
+ * the config is loaded into *cfg (the caller frees it; NULL without --config). A store service
+ * endpoint (tcp://, ipc://) is refused: these commands need the LMDB directory. Prints why
  * not; returns 0 or 2. */
 static int store_of(const char *cmd, const kvm_cli_opt *opts, kvm_config **cfg, const char **path)
 {
     *cfg = NULL;
     *path = kvm_cli_get(opts, "store");
     const char *cp = kvm_cli_get(opts, "config");
-    if (!cp) return 0;
-    if (kvm_config_load(cp, cfg)) {
+    if (cp && kvm_config_load(cp, cfg)) {
         fprintf(stderr, "kvmill %s: --config: %s\n", cmd, kvm_errmsg());
         return 2;
     }
-    if (!*path) *path = kvm_config_str(*cfg, "store", "path");
+    if (!*path && *cfg) *path = kvm_config_str(*cfg, "store", "path");
+    if (*path && kvm_serve_remote_is_endpoint(*path)) { /* the service answers run and serve, not these */
+        fprintf(stderr, "kvmill %s: store %s is a store service endpoint: store commands open the LMDB directory "
+                        "itself, so run them on the service's host with its --store directory\n", cmd, *path);
+        kvm_config_free(cfg);
+        return 2;
+    }
     return 0;
 }
 

@@ -451,6 +451,29 @@ START_TEST(test_generate_chat_without_template)
 }
 END_TEST
 
+/* `kvmill store ls|show|verify|rm|compact|stats` open the LMDB directory; given a store
+ * service endpoint (--store, or [store] path of --config) they said "no such directory". They
+ * refuse it by name, exit 2, and say where such commands run. */
+START_TEST(test_store_commands_refuse_endpoint)
+{
+    const char *sub[] = {"ls", "show a:b:c", "verify", "rm a:b:c", "compact", "stats"};
+    char args[8000], cfgp[4200], *out, *err;
+    snprintf(cfgp, sizeof cfgp, "%s/remote.ini", tmp);
+    const char *ini = "[model]\npath = model.bin\n[store]\npath = tcp://127.0.0.1:5555\n";
+    ck_assert_int_eq(kvm_test_write_file(cfgp, ini, strlen(ini)), 0);
+    for (size_t i = 0; i < 2 * (sizeof sub / sizeof sub[0]); i++) {
+        const char *how = i % 2 ? "--config" : "--store", *what = i % 2 ? cfgp : "tcp://127.0.0.1:5555";
+        snprintf(args, sizeof args, "store %s %s '%s'", sub[i / 2], how, what);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, "store tcp://127.0.0.1:5555 is a store service endpoint") &&
+                          strstr(err, "run them on the service's host"),
+                      "%s: stderr: %s", args, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* A tcp:// port past 65535 was taken modulo 65536 by ZeroMQ: `kvmill store serve --bind
  * tcp://127.0.0.1:99999` said "ready on tcp://127.0.0.1:34463". kvm_serve_bind (store
  * service, serve's front end and back end) refuses a port that is not in [0, 65535] or '*',
@@ -555,6 +578,7 @@ static Suite *review_suite(void)
         {"target_kl_id_ignores_budget", test_target_kl_id_ignores_budget},
         {"generate_chat_without_template", test_generate_chat_without_template},
         {"bind_port_out_of_range", test_bind_port_out_of_range},
+        {"store_commands_refuse_endpoint", test_store_commands_refuse_endpoint},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
