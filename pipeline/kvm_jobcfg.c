@@ -131,7 +131,7 @@ int kvm_jobcfg_check(const kvm_config *c)
                        kvm_config_path(c), (long long)kvm_target_lowest_budget(c),
                        (long long)kvm_config_int(c, "compress", "target_step"), sculpt ? " above retain" : "",
                        (long long)ctx, sculpt ? " or retain" : "");
-    if (budget >= ctx)
+    if (!target && budget >= ctx) /* with target_kl the search sets the budget: this one is unused */
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
                                    "cache would be as large as the full one or larger; lower budget (or use method = full)",
                        kvm_config_path(c), (long long)budget, (long long)ctx);

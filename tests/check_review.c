@@ -397,6 +397,8 @@ START_TEST(test_target_step_past_context)
         {"method = streaming\ntarget_step = 63", "", 0},
         {"method = sculpt\nretain = 40", "", 0},
         {"method = streaming\ntarget_kl = 0\ntarget_step = 1000\nbudget = 16", "", 0}, /* off: unused */
+        {"method = streaming\nbudget = 64", "", 0},            /* on: the search sets the budget, 64 is unused */
+        {"method = streaming\ntarget_kl = 0\nbudget = 64", "budget = 64 is not below", KVM_EINVAL}, /* off: used */
     };
     char text[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
