@@ -348,7 +348,8 @@ END_TEST
 
 /* kvmill eval: on_policy with settings it does not go with failed at the first document, after
  * its prefill, with exit 1; now the method's options refuse it (exit 2, nothing printed on
- * stdout), as for every other bad method option. --target-kl 0 is refused too. */
+ * stdout), as for every other bad method option; polykv refuses on_policy too. --target-kl 0
+ * is refused too. */
 START_TEST(test_eval_on_policy_refused_up_front)
 {
     const char *bad[] = {"--method streaming,sculpt:on_policy=1", "--method sculpt --on-policy --query-source repeat "
@@ -361,6 +362,20 @@ START_TEST(test_eval_on_policy_refused_up_front)
                  kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"), bad[i]);
         ck_assert_int_eq(kvmill(args, &out, &err), 2);
         ck_assert_msg(strstr(err, "kvmill eval: --method sculpt") && strstr(err, "on_policy"), "stderr: %s", err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    /* PolyKV's per-layer methods fit each distilled layer independently: on_policy (as an option
+     * of the method or as --on-policy) was ignored, or failed at the first distilled layer */
+    const char *pk[] = {"--method polykv:%s/none.bin:on_policy=1", "--method polykv:%s/none.bin --on-policy"};
+    for (int i = 0; i < 2; i++) {
+        char args[12000], m[4200], *out, *err;
+        snprintf(m, sizeof m, pk[i], tmp);
+        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 32 %s",
+                 kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"), m);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, "on_policy fits every layer in order") && strstr(err, "PolyKV"), "stderr: %s", err);
         ck_assert_str_eq(out, "");
         free(out);
         free(err);

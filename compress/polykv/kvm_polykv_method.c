@@ -73,6 +73,12 @@ int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const 
         free(file);
         return kvm_err(rc == KVM_ENOTFOUND ? KVM_EINVAL : rc, "polykv: sculpt options of '%s': %s", arg, why);
     }
+    if (so.on_policy) { /* each layer's method is the strategy's; the distilled layers are fitted independently */
+        free(file);
+        return kvm_err(KVM_EINVAL, "polykv: sculpt options of '%s': on_policy fits every layer in order over the layers "
+                                   "below compressed, which a PolyKV strategy's per-layer methods do not do: remove it",
+                       arg);
+    }
     kvm_strategy *s;
     rc = kvm_strategy_read(file, &s);
     free(file);
