@@ -491,6 +491,28 @@ START_TEST(test_store_commands_refuse_endpoint)
 }
 END_TEST
 
+/* A run whose store service is down from the start: the first probe got no reply, the run
+ * failed without a hint and then waited two full timeouts to release claims it never took.
+ * Now it says where to look, and makes one short release try (about 11 s in all, was 20). */
+START_TEST(test_run_service_down_from_start)
+{
+    char cfgp[4200], text[8000], args[12000], *out, *err;
+    snprintf(cfgp, sizeof cfgp, "%s/down.ini", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = h2o\nbudget = 16\n"
+             "[store]\npath = tcp://127.0.0.1:1\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfgp, kvm_test_data_path("corpus"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 1);
+    ck_assert_msg(strstr(err, "no reply to claim") && strstr(err, "is kvmill store serve running and reachable there?"),
+                  "stderr: %s", err);
+    ck_assert_msg(strstr(err, "(attempt 1 of 1)") || !strstr(err, "renew_claims"), "one short release try: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A tcp:// port past 65535 was taken modulo 65536 by ZeroMQ: `kvmill store serve --bind
  * tcp://127.0.0.1:99999` said "ready on tcp://127.0.0.1:34463". kvm_serve_bind (store
  * service, serve's front end and back end) refuses a port that is not in [0, 65535] or '*',
@@ -596,6 +618,7 @@ static Suite *review_suite(void)
         {"generate_chat_without_template", test_generate_chat_without_template},
         {"bind_port_out_of_range", test_bind_port_out_of_range},
         {"store_commands_refuse_endpoint", test_store_commands_refuse_endpoint},
+        {"run_service_down_from_start", test_run_service_down_from_start},
         {"runner_names_crash", test_runner_names_crash},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
