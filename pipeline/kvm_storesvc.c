@@ -421,7 +421,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
         fprintf(stderr, "kvmill-store: cannot make a socket: %s\n", zmq_strerror(errno));
         goto done;
     }
-    if (kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "kvmill-store --bind")) {
+    if (kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "--bind")) {
         fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg());
         goto done;
     }
