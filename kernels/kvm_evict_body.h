@@ -12,13 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifndef KVM_HD
-#ifdef __CUDACC__
-#define KVM_HD __host__ __device__
-#else
-#define KVM_HD
-#endif
-#endif
+#include "kernels/kvm_hd.h"
 
 /* H2O (arXiv 2306.14048, §3): key j's attention accumulated over the context's queries, summed
  * over the group's query heads in head order; mass [n_group][ld]. */

@@ -11,11 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define KVM_HD __host__ __device__
-#else
-#define KVM_HD
-#endif
+#include "kernels/kvm_hd.h"
 
 /* exp(x), branch-free so loops over it vectorise (Cephes polynomial, ~2 ulp on [−69, 88]).
  * Results below e^−69 (~1e−30) are flushed to 0: a softmax weight that small changes nothing,

@@ -11,13 +11,7 @@
 
 #include <stdint.h>
 
-#ifndef KVM_HD
-#ifdef __CUDACC__
-#define KVM_HD __host__ __device__
-#else
-#define KVM_HD
-#endif
-#endif
+#include "kernels/kvm_hd.h"
 
 /* ggml's type numbers of the types below (model/kvm_gguf.h names them kvm_ggml_type). */
 enum kvm_qb_type {

@@ -12,13 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#ifndef KVM_HD
-#ifdef __CUDACC__
-#define KVM_HD __host__ __device__
-#else
-#define KVM_HD
-#endif
-#endif
+#include "kernels/kvm_hd.h"
 
 /* The ridge α: alpha_rel × the mean diagonal of A (the value-fit's scale-free shrinkage, as
  * compress/sculpt/sculpt_ridge.c), or 1e-30 + alpha_rel when nothing attends the entries. */

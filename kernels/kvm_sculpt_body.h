@@ -10,11 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __CUDACC__
-#define KVM_HD __host__ __device__
-#else
-#define KVM_HD
-#endif
+#include "kernels/kvm_hd.h"
 
 #define KVM_SB_NO_LSE (-1e30f) /* log-sum-exp of an empty set */
 
