@@ -82,6 +82,8 @@ kvm_capture_layer *kvm_capture_layer_mut(kvm_capture *cap, int l) { return &cap-
 
 int64_t kvm_capture_n_tokens(const kvm_capture *cap) { return cap->n; }
 
+const kvm_capture_opts *kvm_capture_opts_get(const kvm_capture *cap) { return &cap->o; }
+
 /* Rows [0, n) of each of `heads` blocks of d floats: src [heads][ns][d] -> dst [heads][nd][d]. */
 static void copy_rows(float *dst, int64_t nd, const float *src, int64_t ns, int heads, int d, int64_t n)
 {

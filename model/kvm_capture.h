@@ -54,6 +54,10 @@ kvm_capture_layer *kvm_capture_layer_mut(kvm_capture *cap, int l);
  * calls): a shared prefix is prefilled once. Returns 0 or KVM_EINVAL (shapes, n). */
 int kvm_capture_copy_prefix(kvm_capture *dst, const kvm_capture *src, int64_t n);
 
+/* The options cap was made with, the mass window resolved ([mass_q0, mass_q1) within [0, N)):
+ * what a capture filled by another route than the hooks must honour (kvm_capture_cuda_prefill). */
+const kvm_capture_opts *kvm_capture_opts_get(const kvm_capture *cap);
+
 /* Positions captured (N). */
 int64_t kvm_capture_n_tokens(const kvm_capture *cap);
 

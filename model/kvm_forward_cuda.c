@@ -6,6 +6,7 @@
 #include "common/kvm_error.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static kvm_cuda_mat file_mat(const kvm_mat *w) { return (kvm_cuda_mat){.data = w->data, .type = w->type}; }
 
@@ -53,6 +54,43 @@ int kvm_model_cuda_new(const kvm_model *m, int device, kvm_cuda_wdtype t, int64_
     int rc = kvm_cuda_model_new(device, &d, t, ctx, max_batch, out);
     free(v);
     free(w);
+    return rc;
+}
+
+int kvm_capture_cuda_prefill(kvm_cuda_model *dm, const kvm_model_config *c, const int32_t *tokens, int64_t n,
+                             kvm_capture *cap)
+{
+    const kvm_capture_opts *o = kvm_capture_opts_get(cap);
+    int64_t ctx, batch;
+    kvm_cuda_model_capacity(dm, &ctx, &batch);
+    if (n != kvm_capture_n_tokens(cap) || n > ctx || n > batch || !o->want_queries || !o->want_stats ||
+        o->mass_q1 != n)
+        return kvm_err(KVM_EINVAL, "device capture: %lld tokens for a capture of %lld (queries %d, statistics %d, mass "
+                       "window [%d, %d)) on a device model of %lld entries, batches of %lld: the whole prefill must "
+                       "be one batch, with queries, statistics and a mass window to the end",
+                       (long long)n, (long long)kvm_capture_n_tokens(cap), o->want_queries, o->want_stats, o->mass_q0,
+                       o->mass_q1, (long long)ctx, (long long)batch);
+    const int L = c->n_layers, nh = c->n_heads, d = c->head_dim;
+    const size_t N = (size_t)n;
+    float *ent = malloc((size_t)L * nh * N * sizeof *ent), *km = malloc((size_t)L * nh * (size_t)ctx * sizeof *km);
+    float **qs = malloc((size_t)2 * L * sizeof *qs);
+    int rc = ent && km && qs ? 0 : kvm_err(KVM_ENOMEM, "device capture: out of memory for %lld tokens", (long long)n);
+    for (int l = 0; !rc && l < L; l++) qs[l] = kvm_capture_layer_mut(cap, l)->q_pre, qs[L + l] = kvm_capture_layer_mut(cap, l)->q;
+    /* the mass window starts at mass_q0 and runs to the last query, as the host capture's */
+    kvm_cuda_stats st = {.entropy = ent, .key_mass = km, .win0 = o->mass_q0, .q_pre = qs, .q_post = qs + L};
+    kvm_cuda_model_reset(dm);
+    if (!rc) rc = kvm_cuda_model_forward(dm, tokens, n, NULL, 1, &st);
+    for (int l = 0; !rc && l < L; l++) {
+        kvm_capture_layer *y = kvm_capture_layer_mut(cap, l);
+        memcpy(y->entropy, ent + (size_t)l * nh * N, (size_t)nh * N * sizeof *ent);
+        for (int h = 0; h < nh; h++) /* rows of ctx entries; a fresh prefill's entry e is position e */
+            memcpy(y->mass + (size_t)h * N, km + ((size_t)l * nh + h) * (size_t)ctx, N * sizeof *km);
+        for (int g = 0; !rc && g < c->n_kv_heads; g++)
+            rc = kvm_cuda_model_download_kv(dm, l, g, y->k + (size_t)g * N * d, y->v + (size_t)g * N * d);
+    }
+    free(ent);
+    free(km);
+    free(qs);
     return rc;
 }
 #endif

@@ -1,11 +1,13 @@
 /* kvm_forward_cuda.h: a loaded model made into the CUDA backend's device-resident forward
- * (kernels/cuda/kvm_cuda.h), for `generate --device cuda:N` and the CUDA tests. Present only in
+ * (kernels/cuda/kvm_cuda.h), for `generate --device cuda:N`, the prefill stage on cuda:N and
+ * the CUDA tests. Present only in
  * CUDA builds (KVM_WITH_CUDA). */
 #ifndef KVM_FORWARD_CUDA_H
 #define KVM_FORWARD_CUDA_H
 
 #ifdef KVM_WITH_CUDA
 #include "kernels/cuda/kvm_cuda.h"
+#include "model/kvm_capture.h"
 #include "model/kvm_model.h"
 
 /* Uploads m's weights to cuda:device with a cache of ctx entries per KV head and batches of
@@ -18,6 +20,20 @@
  * bytes needed and free) when it does not fit, KVM_EDEVICE for a CUDA failure. */
 int kvm_model_cuda_new(const kvm_model *m, int device, kvm_cuda_wdtype t, int64_t ctx, int64_t max_batch,
                        kvm_cuda_model **out);
+
+/* The prefill stage's KV capture on the device (issue 13): dm is emptied (kvm_cuda_model_reset)
+ * and tokens[0, n) (host) run on it in one batch; cap (kvm_capture_new for dm's model config c
+ * and n tokens, with want_queries and want_stats) is then filled as the host forward's capture
+ * hooks fill it (model/kvm_capture.h): per layer the post-RoPE keys and values [n_kv_heads][n][d]
+ * (downloaded from the device cache once), the pre- and post-RoPE queries [n_heads][n][d], the
+ * entropy [n_heads][n] of every query's attention row and the mass [n_heads][n] each key
+ * received from the queries of cap's mass window — the attention kernel's ENTROPY and MASS
+ * statistics (kvm_cuda_attention_layer), so no n × n matrix is formed. The cache stays on dm (n
+ * entries per head). Errors: KVM_EINVAL (n ≠ cap's N, n beyond dm's ctx or max_batch, a
+ * capture without queries or statistics, a mass window that ends before n: the device sums
+ * mass to the end), KVM_ENOMEM, the forward's errors (KVM_EDEVICE naming the CUDA call). */
+int kvm_capture_cuda_prefill(kvm_cuda_model *dm, const kvm_model_config *c, const int32_t *tokens, int64_t n,
+                             kvm_capture *cap);
 #endif
 
 #endif

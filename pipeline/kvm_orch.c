@@ -930,18 +930,15 @@ static int bind_sockets(orch *o)
 }
 
 /* Every device named in a comma-separated list must be usable: refuse the run up front
- * rather than watch every worker die. cpu_only: the stage's work is the host forward alone
- * (kvm_stage_ops.cpu_forward_only), so cuda:N is refused too. */
-static int check_devices(const char *key, const char *devs, const char *stage, int cpu_only)
+ * rather than watch every worker die. (The prefill workers run their prefill on cuda:N; the
+ * compress, signals and strategy workers their KVSculpt solvers.) */
+static int check_devices(const char *key, const char *devs)
 {
     if (!*devs) return kvm_err(KVM_EINVAL, "[stages] %s is empty: name at least one device (cpu, cuda:N)", key);
     for (const char *p = devs; *p;) {
         char dev[64];
         size_t len = strcspn(p, ",");
         snprintf(dev, sizeof dev, "%.*s", (int)len, p);
-        if (cpu_only && !strncmp(dev, "cuda:", 5))
-            return kvm_err(KVM_EINVAL, "[stages] %s: %s: the %s stage's work is the host forward (KV capture), which "
-                                       "has no CUDA path yet: use cpu", key, dev, stage);
         const kvm_kernels *kern;
         if (kvm_kernels_select(dev, &kern)) {
             char why[512];
@@ -960,9 +957,7 @@ static int start_stages(orch *o)
     for (int st = 0; st < N_STAGES; st++) {
         if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
         int64_t n = kvm_config_int(o->cfg, "stages", keys[st][0]);
-        int rc = n > 0 ? check_devices(keys[st][1], kvm_config_str(o->cfg, "stages", keys[st][1]), stage_names[st],
-                                       st == ST_PREFILL)
-                       : 0;
+        int rc = n > 0 ? check_devices(keys[st][1], kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
         if (rc) return rc;
         if (n == 0)
             fprintf(stderr, "kvmill %s: [stages] %s = 0: waiting for kvmill-%s workers started by hand "

@@ -434,7 +434,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         return fprintf(stderr, "kvmill-%s: --log-format: %s\n", ops->stage, kvm_errmsg()), 2;
     kvm_kernels_cpu_set_threads(rt.a.threads);
     if (ops->cpu_forward_only && rt.a.device && strncmp(rt.a.device, "cuda:", 5) == 0) {
-        log_line(&rt, "--device %s: the %s stage's work is the host forward (KV capture, hooks, eviction), which has "
+        log_line(&rt, "--device %s: the %s stage's work is the host forward (a stored cache, hooks, eviction), which has "
                       "no CUDA path yet: use --device cpu", rt.a.device, ops->stage);
         return 2;
     }

@@ -66,9 +66,9 @@ typedef struct kvm_stage_ops {
     int (*work)(void *state, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable);
     /* Frees what setup made (at exit). May be NULL. */
     void (*teardown)(void *state);
-    int cpu_forward_only; /* 1: the work is the host forward alone (prefill with KV capture, decode
-                             over a stored cache), which has no CUDA path yet: --device cuda:N is
-                             refused at start (exit 2) rather than run on the CPU unsaid */
+    int cpu_forward_only; /* 1: the work is the host forward alone (decode over a stored cache),
+                             which has no CUDA path yet: --device cuda:N is refused at start
+                             (exit 2) rather than run on the CPU unsaid */
 } kvm_stage_ops;
 
 /* Ready-made kvm_stage_ops pieces for stages whose work starts with a `job` message:

@@ -22,7 +22,9 @@
 # forward: build/tests/check_forward_body, check_quant_body (the device's dequantisation of every
 #   GGUF block type vs the loader's, bit for bit), check_evict_body (the eviction bodies' device
 #   order on the CPU), check_cuda_forward (logits vs CPU and run.c's golden, K/V capture,
-#   statistics, ragged decode with β, device eviction's kept sets vs the CPU's), then
+#   statistics, ragged decode with β, device eviction's kept sets vs the CPU's), check_cuda_prefill
+#   (the prefill stage's capture on the device vs the host hooks'; `kvmill run` with
+#   prefill_devices = cuda:0 vs cpu for the five eviction patterns, KL within 1%), then
 #   bench_forward_cuda (random bf16 models made on the device, N = TOKENS: prefill tokens/s,
 #   cuBLAS alone on the same GEMMs, decode tokens/s at context N; and the device eviction, SnapKV
 #   to N/4: prefill with its statistics and the eviction, ms) and bench/torch_prefill.py (SDPA +
@@ -79,6 +81,7 @@ if [ "${GPU_CHECK_BUILD:-0}" = 1 ] || ! "$BIN/kvmill" --help > /dev/null 2>&1; t
     targets="bin/kvmill bin/kvmill-prefill bin/kvmill-compress build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda"
     [ -f tests/check_quant_body.c ] && targets="$targets build/tests/check_quant_body"
     [ -f tests/check_evict_body.c ] && targets="$targets build/tests/check_evict_body"
+    [ -f tests/check_cuda_prefill.c ] && targets="$targets build/tests/check_cuda_prefill"
     [ -f tests/check_cuda_sculpt.c ] && targets="$targets build/tests/check_cuda_sculpt"
     [ -f tests/check_ridge_body.c ] && targets="$targets build/tests/check_ridge_body"
     [ -f bench/bench_solver.c ] && targets="$targets build/bench/bench_solver"
@@ -146,6 +149,7 @@ for sec in $SECTIONS; do
         run_check check_quant_body
         run_check check_evict_body
         run_check check_cuda_forward
+        CHECK_TIMEOUT=180 run_check check_cuda_prefill # ten kvmill runs end to end
         fmt='%-14s %-7s %14s %14s %7s %13s %14s %13s\n'
         rows=()
         evrows=()

@@ -6,8 +6,8 @@
 #   scripts/gpu-pack.sh            # build, pack, check the size; run from any directory
 # Makes, under gpu-pack/:
 #   bin/     bin/kvmill, kvmill-prefill and kvmill-compress (check_cuda_sculpt's `kvmill run`),
-#            build/tests/check_cuda_forward, check_forward_body, check_quant_body, check_evict_body,
-#            build/bench/bench_forward_cuda
+#            build/tests/check_cuda_forward, check_cuda_prefill (its `kvmill run` with the prefill on
+#            cuda:0), check_forward_body, check_quant_body, check_evict_body, build/bench/bench_forward_cuda
 #            and, where their sources exist, check_cuda_sculpt, check_ridge_body and bench_solver (debug info stripped)
 #   root.tar.xz  root/, the runtime .debs of every library those binaries load (ldd; glibc, libstdc++ and CUDA's own
 #            libraries excepted, the host has them) and, for building there when a binary does not run,
@@ -27,7 +27,7 @@ grep -qxF "/$PACK/" .git/info/exclude 2>/dev/null || grep -qxF "/$PACK/" .gitign
 
 targets=(bin/kvmill bin/kvmill-prefill bin/kvmill-compress build/tests/check_cuda_forward build/tests/check_forward_body build/bench/bench_forward_cuda)
 [ -f tests/check_cuda_sculpt.c ] && targets+=(build/tests/check_cuda_sculpt)
-targets+=(build/tests/check_quant_body build/tests/check_evict_body)
+targets+=(build/tests/check_quant_body build/tests/check_evict_body build/tests/check_cuda_prefill)
 [ -f tests/check_ridge_body.c ] && targets+=(build/tests/check_ridge_body)
 [ -f bench/bench_solver.c ] && targets+=(build/bench/bench_solver)
 make -j2 "${targets[@]}"

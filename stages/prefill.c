@@ -1,11 +1,19 @@
 /* prefill.c: the kvmill-prefill stage: runs the model over a job's document in one batched
  * prefill and emits, per layer, a `kv` message with the post-RoPE keys and values, the pre-
- * and post-RoPE queries and the attention statistics that compression needs. */
+ * and post-RoPE queries and the attention statistics that compression needs. With --device
+ * cuda:N the prefill runs on that GPU (model/kvm_forward_cuda.h: the same tensors, the
+ * statistics made by the device's attention kernel, downloaded once) and the messages are the
+ * CPU's: the wire knows no device. A model the device cannot run (sliding-window attention)
+ * is prefilled on the CPU instead, said once on stderr. */
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
 #include "model/kvm_capture.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
+#ifdef KVM_WITH_CUDA
+#include "model/kvm_forward_cuda.h"
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,12 +22,25 @@
 
 typedef struct prefill_state {
     kvm_worker_model wm;
+    int cuda;                  /* --device cuda:N: N, else -1 */
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model *dm;        /* the device model, made at the first job and kept */
+    int64_t dm_ctx;            /* its cache and batch (a longer document remakes it) */
+    kvm_store_id dm_model;     /* the model it was made from */
+    kvm_store_id host_model;   /* a model the device refused (KVM_ENOTSUP): prefilled on the CPU */
+    int host_fallback;
+#endif
 } prefill_state;
 
-static int setup(void *st, const kvm_stage_args *a)
+static int setup(void *stp, const kvm_stage_args *a)
 {
-    ((prefill_state *)st)->wm.override = a->model;
-    return 0;
+    prefill_state *st = stp;
+    st->wm.override = a->model;
+    int rc = kvm_device_parse(a->device, &st->cuda); /* kvm_stage_main has checked the device */
+    if (!rc && st->cuda >= 0)
+        kvm_log(KVM_LOG_INFO, "prefill_device", NULL, 0,
+                "prefill on cuda:%d (float32 weights; the KV, queries and statistics downloaded once per job)", st->cuda);
+    return rc;
 }
 
 /* One f32 tensor of n elements as the wire dtype: src itself for f32, else a converted copy
@@ -57,13 +78,65 @@ static int emit_layers(const kvm_model *m, const kvm_capture *cap, uint64_t id, 
     return rc;
 }
 
+/* The host forward's prefill of tokens[0, n) into cap through its capture hooks. */
+static int host_prefill(const kvm_model *m, const int32_t *tokens, int64_t n, kvm_capture *cap)
+{
+    kvm_forward *f = NULL;
+    kvm_kvcache *cache = NULL;
+    int rc;
+    if (!(rc = kvm_forward_new(m, NULL, n, &f)) && !(rc = kvm_forward_add_hooks(f, kvm_capture_hooks(cap))) &&
+        !(rc = kvm_forward_cache_new(m, n, &cache)))
+        rc = kvm_forward_prefill(f, cache, tokens, n, NULL, KVM_LOGITS_NONE);
+    kvm_kvcache_free(&cache);
+    kvm_forward_free(&f);
+    return rc;
+}
+
+#ifdef KVM_WITH_CUDA
+/* The device model for this job's model and n tokens: kept from the last job when it is the
+ * same model and holds n entries, else made anew (float32 weights: the CPU's values, so the
+ * caches compress as the CPU's would) for the next power of two ≥ max(n, 512), the whole
+ * prefill one batch. *fallback = 1 (and 0 returned) when the device cannot run this model
+ * (KVM_ENOTSUP): said once per model, then that model is prefilled on the CPU. */
+static int device_model(prefill_state *st, int64_t n, int *fallback)
+{
+    const kvm_store_id *id = &st->wm.model_id;
+    *fallback = st->host_fallback && !memcmp(&st->host_model, id, sizeof *id);
+    if (*fallback) return 0;
+    if (st->dm && !memcmp(&st->dm_model, id, sizeof *id) && st->dm_ctx >= n) return 0;
+    kvm_cuda_model_free(&st->dm);
+    int64_t ctx = 512;
+    while (ctx < n) ctx *= 2;
+    int rc = kvm_model_cuda_new(st->wm.model, st->cuda, KVM_CUDA_F32, ctx, ctx, &st->dm);
+    if (rc == KVM_ENOTSUP) {
+        kvm_log(KVM_LOG_WARN, "device_fallback", NULL, 0,
+                "prefill on cuda:%d: %s: this model's prefill runs on the CPU (same messages)", st->cuda, kvm_errmsg());
+        st->host_model = *id, st->host_fallback = 1, *fallback = 1;
+        return 0;
+    }
+    if (rc) return rc;
+    st->dm_model = *id, st->dm_ctx = ctx;
+    return 0;
+}
+#endif
+
+/* The job's capture: on the device (--device cuda:N) or through the host forward's hooks. */
+static int prefill(prefill_state *st, const int32_t *tokens, int64_t n, kvm_capture *cap)
+{
+#ifdef KVM_WITH_CUDA
+    if (st->cuda >= 0) {
+        int fallback, rc = device_model(st, n, &fallback);
+        if (rc || !fallback) return rc ? rc : kvm_capture_cuda_prefill(st->dm, &st->wm.model->cfg, tokens, n, cap);
+    }
+#endif
+    return host_prefill(st->wm.model, tokens, n, cap);
+}
+
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)
 {
     prefill_state *st = stp;
     kvm_proto_job j;
     kvm_config *cfg = NULL;
-    kvm_forward *f = NULL;
-    kvm_kvcache *cache = NULL;
     kvm_capture *cap = NULL;
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
@@ -79,9 +152,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
             goto done;
         }
     kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
-    if ((rc = kvm_capture_new(&m->cfg, j.n_tokens, &co, &cap)) || (rc = kvm_forward_new(m, NULL, j.n_tokens, &f)) ||
-        (rc = kvm_forward_add_hooks(f, kvm_capture_hooks(cap))) || (rc = kvm_forward_cache_new(m, j.n_tokens, &cache)) ||
-        (rc = kvm_forward_prefill(f, cache, j.tokens, j.n_tokens, NULL, KVM_LOGITS_NONE)))
+    if ((rc = kvm_capture_new(&m->cfg, j.n_tokens, &co, &cap)) || (rc = prefill(st, j.tokens, j.n_tokens, cap)))
         goto done;
     double t0 = kvm_now_ms();
     kvm_proto_dtype wire = KVM_PROTO_F32;
@@ -91,18 +162,23 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     out->transport_ms += kvm_now_ms() - t0;
 done:
     kvm_capture_free(&cap);
-    kvm_kvcache_free(&cache);
-    kvm_forward_free(&f);
     kvm_config_free(&cfg);
     return rc;
 }
 
-static void teardown(void *st) { kvm_worker_model_free(&((prefill_state *)st)->wm); }
+static void teardown(void *stp)
+{
+    prefill_state *st = stp;
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model_free(&st->dm);
+#endif
+    kvm_worker_model_free(&st->wm);
+}
 
 int main(int argc, char **argv)
 {
     static prefill_state st;
     kvm_stage_ops ops = {.stage = "prefill", .setup = setup, .complete = kvm_stage_one_job, .job_id = kvm_stage_job_id, .work = work,
-                         .teardown = teardown, .cpu_forward_only = 1};
+                         .teardown = teardown};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

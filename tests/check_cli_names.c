@@ -411,7 +411,7 @@ END_TEST
 /* `device`: one setting for the solver's device, as the flag of sculpt, eval and calibrate,
  * the method option (cuda:N keeps its ':' inside the ':'-joined method syntax) and a stage
  * worker's --device. Where there is no such device every spelling is refused before any
- * work, naming the device; the host-forward stages refuse cuda:N everywhere. */
+ * work, naming the device; the decode stage (the host forward alone) refuses cuda:N everywhere. */
 START_TEST(test_device_setting)
 {
     kvm_sculpt_opts o = kvm_sculpt_opts_default(), d = o;
@@ -465,12 +465,21 @@ START_TEST(test_device_setting)
         free(out);
         free(err);
     }
-    /* prefill and decode workers: their work is the host forward; refused on any host */
-    const char *stages[] = {"prefill", "decode"};
-    for (int i = 0; i < 2; i++) {
-        char *err, *out = run("'%s/kvmill-%s' --connect ipc:///nonexistent/kvm --device cuda:0%s", stages[i], "", &rc, &err);
-        ck_assert_msg(rc == 2, "kvmill-%s: exit %d: %s", stages[i], rc, err);
+    /* decode workers: their work is the host forward; refused on any host */
+    {
+        char *err, *out = run("'%s/kvmill-%s' --connect ipc:///nonexistent/kvm --device cuda:0%s", "decode", "", &rc, &err);
+        ck_assert_msg(rc == 2, "kvmill-decode: exit %d: %s", rc, err);
         ck_assert_msg(strstr(err, "--device cuda:0: the ") && strstr(err, "host forward"), "stderr: %s", err);
+        free(out);
+        free(err);
+    }
+    /* prefill workers run on the device (issue 13): one this host lacks stops the worker before
+     * it connects, naming the device, not the host forward */
+    {
+        char *err, *out = run("'%s/kvmill-prefill' --connect ipc:///nonexistent/kvm --device cuda:7%s%s", NULL, NULL,
+                              &rc, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "--device cuda:7: cuda:7") && !strstr(err, "host forward"),
+                      "kvmill-prefill: exit %d: %s", rc, err);
         free(out);
         free(err);
     }

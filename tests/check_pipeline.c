@@ -477,11 +477,11 @@ START_TEST(test_bad_config_and_missing_binary)
     ck_assert_int_eq(run_kvmill(&out, &err), 2);
     ck_assert_msg(strstr(err, "[stages] compress_devices: cuda:7"), "stderr: %s", err);
     free(out); free(err);
-    /* prefill workers' work is the host forward: cuda:N is refused on any host, naming the stage */
-    write_config("prefill_devices = cuda:0\n");
+    /* prefill workers run on cuda:N (issue 13): a device this machine lacks is refused up front
+     * like a compress worker's, for what it is (no "host forward" refusal any more) */
+    write_config("prefill_devices = cpu,cuda:7\n");
     ck_assert_int_eq(run_kvmill(&out, &err), 2);
-    ck_assert_msg(strstr(err, "[stages] prefill_devices: cuda:0: the prefill stage's work is the host forward"),
-                  "stderr: %s", err);
+    ck_assert_msg(strstr(err, "[stages] prefill_devices: cuda:7") && !strstr(err, "host forward"), "stderr: %s", err);
     free(out); free(err);
     /* a corpus that is neither a folder nor .jsonl */
     write_config(NULL);

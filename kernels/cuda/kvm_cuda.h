@@ -163,13 +163,21 @@ void kvm_cuda_model_reset(kvm_cuda_model *m);
  * layer (kvm_cuda_attention_layer), copied to host arrays [n_layers][n_heads][rows]: lse and
  * entropy rows = that batch's tokens; key_mass (Σ over the batch's queries from index win0 on)
  * and last_p (the last query's probabilities) rows = ctx floats (the entries of the query head's
- * KV head, 0 past its count). */
+ * KV head, 0 past its count). q_pre and q_post (may be NULL; else [n_layers] host pointers, each
+ * entry NULL to skip that layer) receive layer l's queries of that batch head-major
+ * [n_heads][rows][head_dim] (rows = the batch's tokens): before RoPE (after the biases and
+ * QK-norm, where the host forward's want_q_pre hook reads them) and after it — the prefill
+ * stage's KV capture (model/kvm_forward_cuda.h). */
 typedef struct kvm_cuda_stats {
     float *lse, *entropy, *key_mass, *last_p; /* host, each NULL to skip */
     int64_t win0;
+    float *const *q_pre, *const *q_post;
 } kvm_cuda_stats;
 int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, int64_t n, float *logits, int last_only,
                            kvm_cuda_stats *stats);
+
+/* The cache's entries per KV head (ctx) and the largest batch (max_batch) m was made with. */
+void kvm_cuda_model_capacity(const kvm_cuda_model *m, int64_t *ctx, int64_t *max_batch);
 
 /* Entries per KV head in the cache, and a copy of layer l's KV head g keys/values to host
  * k[n][head_dim], v[n][head_dim] (K/V capture; each may be NULL). */

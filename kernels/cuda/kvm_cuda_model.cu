@@ -365,6 +365,12 @@ void kvm_cuda_model_reset(kvm_cuda_model *m)
 
 int64_t kvm_cuda_model_cache_len(const kvm_cuda_model *m) { return m->n_host[0]; }
 
+void kvm_cuda_model_capacity(const kvm_cuda_model *m, int64_t *ctx, int64_t *max_batch)
+{
+    *ctx = m->ctx;
+    *max_batch = m->max_batch;
+}
+
 void kvm_cuda_model_set_next_pos(kvm_cuda_model *m, int32_t pos) { m->next_pos = pos; }
 
 int kvm_cuda_model_download_kv(const kvm_cuda_model *m, int layer, int g, float *k, float *v)
@@ -449,6 +455,19 @@ int download_stats(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
     return 0;
 }
 
+// layer l's queries in m->q (token-major [n][n_heads·d]) to host dst[l] head-major [n_heads][n][d]
+// (one strided copy per head); nothing when dst or dst[l] is NULL
+int download_queries(kvm_cuda_model *m, float *const *dst, int l, int64_t n)
+{
+    if (!dst || !dst[l]) return 0;
+    const int dev = m->dev, d = m->s.head_dim, nh = m->s.n_heads;
+    for (int h = 0; h < nh; h++)
+        KVM_CU(dev, cudaMemcpy2DAsync(dst[l] + (size_t)h * n * d, (size_t)d * 4, m->q + (size_t)h * d,
+                                      (size_t)nh * d * 4, (size_t)d * 4, (size_t)n, cudaMemcpyDeviceToHost,
+                                      cudaStreamPerThread));
+    return 0;
+}
+
 int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
 {
     const kvm_cuda_model_desc *c = &m->s;
@@ -469,9 +488,10 @@ int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
         (y->q_norm && (rc = kvm__cuda_rmsnorm(dev, m->q, m->q, y->q_norm, n * c->n_heads, c->head_dim, c->norm_eps))) ||
         (y->k_norm && (rc = kvm__cuda_rmsnorm(dev, m->kk, m->kk, y->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps))))
         return rc;
-    if ((rc = kvm__cuda_rope(dev, m->q, n, qd, c->n_heads, c->head_dim, m->cos_t, m->sin_t, c->rope_style)) ||
+    if ((st && (rc = download_queries(m, st->q_pre, l, n))) ||
+        (rc = kvm__cuda_rope(dev, m->q, n, qd, c->n_heads, c->head_dim, m->cos_t, m->sin_t, c->rope_style)) ||
         (rc = kvm__cuda_rope(dev, m->kk, n, kvd, c->n_kv_heads, c->head_dim, m->cos_t, m->sin_t, c->rope_style)) ||
-        (rc = append_kv(m, l, n)))
+        (st && (rc = download_queries(m, st->q_post, l, n))) || (rc = append_kv(m, l, n)))
         return rc;
     const int nkv = c->n_kv_heads, d = c->head_dim;
     const float *kp[KVM_CUDA_MAX_KV_HEADS], *vp[KVM_CUDA_MAX_KV_HEADS], *bp[KVM_CUDA_MAX_KV_HEADS];
