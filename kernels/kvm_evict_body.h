@@ -1,5 +1,6 @@
 /* kvm_evict_body.h: the prefill-phase eviction patterns' per-key scores and their top-b order
- * (compress/evict/kvm_evict.h: H2O, TOVA, SnapKV/PyramidKV; StreamingLLM needs no score),
+ * (compress/evict/kvm_evict.h: H2O, TOVA, SnapKV/PyramidKV; StreamingLLM needs no score), and
+ * the decode phase's protected zone, victim order and score update (kvm_evict_decode.c),
  * written once as inline functions: the CPU selection (compress/evict/kvm_evict_select.c) calls
  * them key by key and sorts by kvm_eb_before; the CUDA selection (kernels/cuda/kvm_cuda_evict.cu)
  * runs one thread per key over the attention kernel's statistics and keeps the keys whose
@@ -89,6 +90,51 @@ static inline KVM_HD void kvm_eb_zones(int pattern, double recent_frac, int64_t 
         *m = *tail0 = n - w;
     }
     *k = b - (n - *tail0);
+}
+
+/* Decode phase (compress/evict/kvm_evict_decode.c): of a head's positioned entries at budget b,
+ * how many of the most recent no score evicts: H2O floor(b · recent_frac), TOVA none,
+ * SnapKV/PyramidKV min(window, b), the observation window. (StreamingLLM evicts the oldest
+ * entry after the sinks, by no score.) */
+static inline KVM_HD int64_t kvm_eb_decode_protected(int pattern, double recent_frac, int64_t window, int64_t b)
+{
+    if (pattern == 1) return (int64_t)floor((double)b * recent_frac);
+    if (pattern == 2) return 0;
+    return window < b ? window : b;
+}
+
+/* The decode victim order: 1 when candidate ia with score sa is evicted before ib with sb (the
+ * lower score; equal scores the later entry, so earlier positions are kept; NaN after every
+ * number). A total order over distinct entries. */
+static inline KVM_HD int kvm_eb_victim_before(float sa, int64_t ia, float sb, int64_t ib)
+{
+    const int na = isnan(sa), nb = isnan(sb);
+    if (na != nb) return nb;
+    if (!na && sa != sb) return sa < sb;
+    return ia > ib;
+}
+
+/* The victim among candidates score[0, m), m ≥ 1: the first in kvm_eb_victim_before's order. */
+static inline KVM_HD int64_t kvm_eb_victim(const float *score, int64_t m)
+{
+    int64_t best = 0;
+    for (int64_t i = 1; i < m; i++)
+        if (kvm_eb_victim_before(score[i], i, score[best], best)) best = i;
+    return best;
+}
+
+/* A scored entry's decode score after one attention call of n_q queries (H2O 1, SnapKV 3,
+ * PyramidKV 4): SnapKV/PyramidKV first decay it by (1 − 1/window) per query (window > 1: the
+ * votes of about the last `window` queries), then the mass entry e received from each of the
+ * group's query heads is added in head order; mass [n_group][ld] (the attention kernel's MASS
+ * over the call's queries). */
+static inline KVM_HD float kvm_eb_decode_score(float s, int pattern, int64_t window, int64_t n_q, const float *mass,
+                                               int64_t ld, int n_group, int64_t e)
+{
+    if (pattern != 1 && window > 1)
+        for (int64_t i = 0; i < n_q; i++) s *= 1.0f - 1.0f / (float)window;
+    for (int g = 0; g < n_group; g++) s += mass[(int64_t)g * ld + e];
+    return s;
 }
 
 #endif

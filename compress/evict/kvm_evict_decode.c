@@ -3,6 +3,7 @@
  * (accumulated attention) where the pattern needs them. */
 #include "common/kvm_error.h"
 #include "compress/evict/kvm_evict.h"
+#include "kernels/kvm_evict_body.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -126,13 +127,8 @@ static int64_t victim(evict_decode *d, const kvm_attn_site *s, int l, int g, kvm
         int64_t v = first + d->prm.sinks;
         return v < h->n ? v : first;
     }
-    int64_t prot; /* protected most recent positioned entries */
-    if (p == KVM_PATTERN_H2O)
-        prot = (int64_t)floor((double)b * d->prm.recent_frac);
-    else if (p == KVM_PATTERN_TOVA)
-        prot = 0;
-    else
-        prot = d->prm.window < b ? d->prm.window : b;
+    /* the most recent positioned entries are protected (the bodies the device's decode runs) */
+    const int64_t prot = kvm_eb_decode_protected((int)p, d->prm.recent_frac, d->prm.window, b);
     if (prot >= npos) return first;
     const int64_t m = npos - prot;                      /* candidates first..first+m-1 */
     if ((*rc = ensure_tmp(d, 3 * h->n + 2))) return -1; /* [raw | score | all] scratch, reused per step */
@@ -151,16 +147,10 @@ static int64_t victim(evict_decode *d, const kvm_attn_site *s, int l, int g, kvm
         if (p == KVM_PATTERN_SNAPKV || p == KVM_PATTERN_PYRAMIDKV) { /* max pooling over neighbours */
             float *raw = d->tmp;
             memcpy(raw, score, (size_t)m * sizeof *raw);
-            int64_t half = d->prm.pool / 2;
-            for (int64_t i = 0; i < m; i++)
-                for (int64_t t = i - half; t <= i + half; t++)
-                    if (t >= 0 && t < m && raw[t] > score[i]) score[i] = raw[t];
+            for (int64_t i = 0; i < m; i++) score[i] = kvm_eb_pool(raw, m, d->prm.pool / 2, i);
         }
     }
-    int64_t best = 0; /* lowest score; ties evict the later entry (earlier positions are kept) */
-    for (int64_t i = 1; i < m; i++)
-        if (score[i] <= score[best]) best = i;
-    return first + best;
+    return first + kvm_eb_victim(score, m); /* lowest score; ties evict the later entry */
 }
 
 static int on_update(void *user, kvm_attn_site *s)
@@ -183,9 +173,9 @@ static int on_update(void *user, kvm_attn_site *s)
     return rc;
 }
 
-/* Adds each query head's received mass (the kernel's MASS statistic over this call's
- * queries) to its KV head's scores by position; SnapKV/PyramidKV scores first decay by
- * (1 − 1/window) per query, once per group. */
+/* Updates each KV head's scores by position with its query heads' received mass (the
+ * kernel's MASS statistic over this call's queries), SnapKV/PyramidKV's decayed first:
+ * kvm_eb_decode_score, the body the device's decode runs. */
 static int on_post(void *user, const kvm_attn_site *s)
 {
     evict_decode *d = user;
@@ -193,30 +183,25 @@ static int on_post(void *user, const kvm_attn_site *s)
     const kvm_attn_layer *a = s->attn;
     const float *mass = NULL;
     int rc = 0;
-    for (int hd = 0; hd < d->cfg.n_heads; hd++) {
-        const int g = hd / grp;
+    for (int g = 0; g < H; g++) {
         kvm_pattern p = d->pattern[s->layer * H + g];
         if (p != KVM_PATTERN_H2O && p != KVM_PATTERN_SNAPKV && p != KVM_PATTERN_PYRAMIDKV) continue;
         if (!mass && !(mass = download(d, s, a->mass, (size_t)d->cfg.n_heads * (size_t)a->ld_e, &rc))) return rc;
         const kvm_kv_head *h = kvm_kvcache_head(s->cache, s->layer, g);
-        const int64_t n_e = a->n_e[g];
         pos_scores *ps = &d->sc[s->layer * H + g];
-        if (p != KVM_PATTERN_H2O && hd % grp == 0 && d->prm.window > 1)
-            for (int64_t i = 0; i < s->n_q; i++)
-                for (int64_t e = 0; e < h->n && e < n_e; e++)
-                    if (h->pos[e] >= 0 && h->pos[e] < ps->cap) ps->s[h->pos[e]] *= 1.0f - 1.0f / (float)d->prm.window;
-        const float *m = mass + (int64_t)hd * a->ld_e;
-        for (int64_t e = 0; e < n_e; e++) {
+        for (int64_t e = 0; e < a->n_e[g]; e++) {
             int32_t pp = h->pos[e];
             if (pp < 0) continue;
             if ((rc = ensure_pos(ps, pp))) return rc;
-            ps->s[pp] += m[e];
+            ps->s[pp] = kvm_eb_decode_score(ps->s[pp], (int)p, d->prm.window, s->n_q,
+                                            mass + (int64_t)g * grp * a->ld_e, a->ld_e, grp, e);
         }
     }
     return 0;
 }
 
-/* Seeds scores from the prefill capture: H2O the accumulated mass, SnapKV the window votes. */
+/* Seeds scores from the prefill capture: H2O the accumulated mass, SnapKV the window votes
+ * (summed over the group as the prefill selection sums them). */
 static int seed(evict_decode *d, const kvm_compress_input *in)
 {
     const kvm_model_config *c = &d->cfg;
@@ -233,14 +218,8 @@ static int seed(evict_decode *d, const kvm_compress_input *in)
             pos_scores *ps = &d->sc[l * c->n_kv_heads + g];
             if ((rc = kvm_evict_attn_from_capture(c, in->cap, l, g, w, obs, mass, &a)) || (rc = ensure_pos(ps, n - 1)))
                 break;
-            for (int j = 0; j < grp; j++)
-                for (int64_t t = 0; t < n; t++) {
-                    if (p == KVM_PATTERN_H2O)
-                        ps->s[t] += mass[j * n + t];
-                    else
-                        for (int64_t r = 0; r < w; r++)
-                            ps->s[t] += obs[(j * w + r) * n + t];
-                }
+            for (int64_t t = 0; t < n; t++) /* the prefill selection's scores (kernels/kvm_evict_body.h) */
+                ps->s[t] = p == KVM_PATTERN_H2O ? kvm_eb_h2o(mass, n, (int)grp, t) : kvm_eb_snap_vote(obs, w, w, n, (int)grp, t);
         }
     free(obs);
     free(mass);
