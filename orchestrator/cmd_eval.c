@@ -306,7 +306,7 @@ static int run_device(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
         for (int j = 0; !rc && j < n_jobs; j++) {
             kvm_eval_result r;
             kvm_evict_plan *plan = NULL;
-            if (kvm_method_evict_plan(jobs[j].m, jobs[j].opts, es->N, &plan) || kvm_eval_cuda_evict(doc, plan, &r)) {
+            if (kvm_method_evict_plan(jobs[j].m, jobs[j].opts, es->N, &plan) || kvm_eval_cuda_evict(doc, plan, es->both, &r)) {
                 fprintf(stderr, "kvmill " CMD ": %s, %s, cuda:%d: %s\n", docs->names[d], jobs[j].spec, dev, kvm_errmsg());
                 rc = 1;
             } else
@@ -322,9 +322,9 @@ static int run_device(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
 }
 #endif
 
-/* Whether `kvmill eval --device cuda:N` runs these jobs on the device: only the prefill phase of
- * the eviction methods (one pattern everywhere) has a device path; NULL when it does, else why
- * not (for the message that says the run is on the CPU). */
+/* Whether `kvmill eval --device cuda:N` runs these jobs on the device: only the eviction methods
+ * (one pattern everywhere; prefill phase, and decode phase with --phases both) have a device
+ * path; NULL when it does, else why not (for the message that says the run is on the CPU). */
 static const char *device_refusal(const eval_setup *es, const eval_job *jobs, int n_jobs, int task, char *buf,
                                   size_t size)
 {
@@ -334,7 +334,6 @@ static const char *device_refusal(const eval_setup *es, const eval_job *jobs, in
 #else
     if (task) return "--task answers over a host cache";
     if (es->target_kl >= 0) return "--target-kl searches budgets over the host forward";
-    if (es->both) return "--phases both needs the decode policies' hooks, which only the host forward has";
     if (es->dtype != KVM_PROTO_F32) return "--dtype scores the store's round trip of a host cache";
     for (int j = 0; j < n_jobs; j++) {
         kvm_evict_plan *plan = NULL;
@@ -521,9 +520,9 @@ int kvm_cmd_eval(int argc, char **argv)
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
         {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
         {"csv", 1, "write one row per (document, method, budget) to this CSV file", NULL},
-        {"device", 1, "cpu or cuda:N (refused at once where there is no such device): the eviction methods' prefill "
-                      "phase runs wholly there (prefill, selection, continuation, scoring); other methods, --phases "
-                      "both, --task, --target-kl and --dtype run on the CPU, with the sculpt-family solver there "
+        {"device", 1, "cpu or cuda:N (refused at once where there is no such device): the eviction methods run "
+                      "wholly there (prefill, selection, --phases both's decode policy, continuation, scoring); other "
+                      "methods, --task, --target-kl and --dtype run on the CPU, with the sculpt-family solver there "
                       "(default cpu)",
          NULL},
         {"threads", 1, "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
@@ -731,9 +730,9 @@ int kvm_cmd_eval(int argc, char **argv)
         const char *why = device_refusal(&es, jobs, n_jobs, task != NULL, why_buf, sizeof why_buf);
         on_device = why == NULL;
         if (on_device)
-            fprintf(stderr, "kvmill " CMD ": prefill, eviction (selection and compaction), continuation and scoring on "
+            fprintf(stderr, "kvmill " CMD ": prefill, eviction (selection and compaction%s), continuation and scoring on "
                             "cuda:%d, against the device's own full KV (decode_ms is not measured there: 0)\n",
-                    dev_o.cuda_device);
+                    es.both ? ", decode-phase policy" : "", dev_o.cuda_device);
         else
             fprintf(stderr, "kvmill " CMD ": prefill, compression and scoring run on the CPU (%s); the sculpt-family "
                             "solver on cuda:%d\n", why, dev_o.cuda_device);

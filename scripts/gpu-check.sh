@@ -22,7 +22,8 @@
 # forward: build/tests/check_forward_body, check_quant_body (the device's dequantisation of every
 #   GGUF block type vs the loader's, bit for bit), check_evict_body (the eviction bodies' device
 #   order on the CPU), check_cuda_forward (logits vs CPU and run.c's golden, K/V capture,
-#   statistics, ragged decode with β, device eviction's kept sets vs the CPU's), check_cuda_prefill
+#   statistics, ragged decode with β, device eviction's kept sets vs the CPU's in both phases,
+#   `kvmill eval --device cuda:0` with --phases prefill and both, KL within 1%), check_cuda_prefill
 #   (the prefill stage's capture on the device vs the host hooks'; `kvmill run` with
 #   prefill_devices = cuda:0 vs cpu for the five eviction patterns, KL within 1%), then
 #   bench_forward_cuda (random bf16 models made on the device, N = TOKENS: prefill tokens/s,

@@ -4,7 +4,9 @@
  * chunked prefill, K/V capture, the attention statistics (entropy, key mass over a window,
  * last-query probabilities) against the CPU's probabilities, and decode over a ragged cache
  * with distilled entries and their bias β, and the device eviction (every pattern's kept sets
- * against kvm_evict_prefill's, keys at the cut within 1e-5 may swap). Where no CUDA device exists (or the build has no
+ * against kvm_evict_prefill's, keys at the cut within 1e-5 may swap; the decode phase's kept
+ * positions against kvm_evict_decode_new's policy; `kvmill eval --device cuda:0` with --phases
+ * prefill and both against the CPU's KL). Where no CUDA device exists (or the build has no
  * CUDA) it prints one "SKIP: no CUDA device" line and checks only that cuda:0 fails cleanly,
  * in the API and in `kvmill generate --device cuda:0`, and (CUDA builds) the quantized upload's
  * memory plan and refusals, which come before any device call. */
@@ -407,6 +409,80 @@ START_TEST(test_device_eviction)
 }
 END_TEST
 
+/* decode-phase eviction (kvm_cuda_model_decode_evict) against the CPU policy (kvm_evict_decode_new):
+ * a context of NC tokens cut to b = 16, then 24 tokens decoded one by one, every head at its
+ * budget after each; the final kept positions equal the CPU's for StreamingLLM on every head
+ * and for the scored patterns on at least 90% of the heads (a float tie at one step changes
+ * the later ones, so an exact match of every head is not asked) */
+START_TEST(test_device_decode_eviction)
+{
+    enum { NC = 200, STEPS = 24, B = 16 };
+    kvm_forward *f;
+    kvm_kvcache *full, *cc;
+    kvm_capture *cap;
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    ck_assert_int_eq(kvm_forward_new(model, NULL, NC, &f), 0);
+    ck_assert_int_eq(kvm_capture_new(&model->cfg, NC, &co, &cap), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, N, &full), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(f, kvm_capture_hooks(cap)), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, full, ids, NC, NULL, KVM_LOGITS_NONE), 0);
+    kvm_forward_clear_hooks(f);
+    kvm_compress_input in = {.model = model, .full = full, .cap = cap, .n_tokens = NC, .tokens = ids};
+    kvm_cuda_model *m;
+    ck_assert_int_eq(kvm_model_cuda_new(model, 0, KVM_CUDA_F32, N, N, &m), 0);
+    const kvm_evict_params prm = kvm_evict_params_default();
+    float *lg = malloc((size_t)V * sizeof *lg);
+    int32_t pos[N];
+    for (int p = 0; p < KVM_PATTERN_COUNT; p++) {
+        kvm_evict_plan *pl;
+        kvm_decode_policy *pol;
+        ck_assert_int_eq(kvm_evict_plan_new(L, G, (kvm_pattern)p, B, &pl), 0);
+        ck_assert_int_eq(kvm_evict_prefill(&in, pl, &cc), 0);
+        ck_assert_int_eq(kvm_evict_decode_new(&model->cfg, pl, &in, &pol), 0);
+        ck_assert_int_eq(kvm_forward_add_hooks(f, &pol->hooks), 0);
+        for (int t = 0; t < STEPS; t++) ck_assert_int_eq(kvm_forward_decode(f, cc, ids[NC + t], lg), 0);
+        kvm_forward_clear_hooks(f);
+        uint8_t pat[L * G];
+        for (int i = 0; i < L * G; i++) pat[i] = (uint8_t)pl->pattern[i];
+        kvm_cuda_evict_plan dp = {.pattern = pat, .budget = pl->budget, .sinks = prm.sinks, .window = prm.window,
+                                  .pool = prm.pool, .recent_frac = prm.recent_frac};
+        kvm_cuda_model_reset(m);
+        ck_assert_int_eq(kvm_cuda_model_keep_evict_stats(m, prm.window), 0);
+        ck_assert_msg(kvm_cuda_model_forward(m, ids, NC, NULL, 1, NULL) == 0, "%s", kvm_errmsg());
+        ck_assert_msg(kvm_cuda_model_evict(m, &dp) == 0, "%s", kvm_errmsg());
+        ck_assert_msg(kvm_cuda_model_decode_evict(m, &dp) == 0, "%s", kvm_errmsg());
+        kvm_cuda_stats st = {0};
+        ck_assert_int_eq(kvm_cuda_model_forward(m, ids + NC, 1, lg, 1, &st), KVM_EINVAL); /* stats refused */
+        for (int t = 0; t < STEPS; t++)
+            ck_assert_msg(kvm_cuda_model_forward(m, ids + NC + t, 1, lg, 1, NULL) == 0, "%s", kvm_errmsg());
+        int equal = 0;
+        for (int l = 0; l < L; l++)
+            for (int g = 0; g < G; g++) {
+                const kvm_kv_head *h = kvm_kvcache_head(cc, l, g);
+                ck_assert_int_eq(kvm_cuda_model_download_pos(m, l, g, pos), 0);
+                int same = 1;
+                for (int64_t e = 0; e < h->n; e++) same &= pos[e] == h->pos[e];
+                for (int64_t e = 1; e < h->n; e++) ck_assert_int_lt(pos[e - 1], pos[e]);
+                if (p != KVM_PATTERN_TOVA) ck_assert_int_eq(pos[h->n - 1], NC + STEPS - 1); /* recent protected */
+                equal += same;
+            }
+        printf("cuda decode eviction %s: %d of %d heads' kept positions equal to the CPU policy's after %d steps\n",
+               kvm_pattern_name((kvm_pattern)p), equal, L * G, STEPS);
+        if (p == KVM_PATTERN_STREAMING) ck_assert_int_eq(equal, L * G);
+        else ck_assert_int_ge(10 * equal, 9 * L * G);
+        ck_assert_int_eq(kvm_cuda_model_cache_len(m), pl->budget[0]);
+        kvm_decode_policy_free(&pol);
+        kvm_kvcache_free(&cc);
+        kvm_evict_plan_free(&pl);
+    }
+    free(lg);
+    kvm_cuda_model_free(&m);
+    kvm_capture_free(&cap);
+    kvm_kvcache_free(&full);
+    kvm_forward_free(&f);
+}
+END_TEST
+
 /* mean kl_mean per method of an eval CSV (method names in order of first appearance) */
 static int csv_kl(const char *path, char names[][32], double *kl, int max)
 {
@@ -429,12 +505,13 @@ static int csv_kl(const char *path, char names[][32], double *kl, int max)
 }
 
 /* `kvmill eval --device cuda:0` runs the eviction methods on the device: KL within 1% of the CPU's
- * run; a method that needs the host forward runs on the CPU, said on stderr */
-START_TEST(test_eval_device_eviction)
+ * run, with --phases prefill and both (the decode-phase policy on the device); a method that
+ * needs the host forward runs on the CPU, said on stderr */
+static void eval_device_vs_cpu(const char *phases)
 {
     char *dir = kvm_test_tmpdir(), cmd[4096], *out = NULL, *err = NULL;
     const char *base = "'%s/kvmill' eval --model '%s' --docs '%s,%s' --method streaming,h2o,tova,snapkv,pyramidkv "
-                       "--ratio 0.3 --context 192 --continuation 32 --device %s --csv '%s/%s.csv'";
+                       "--ratio 0.3 --context 192 --continuation 32 --phases %s --device %s --csv '%s/%s.csv'";
     char model_p[512], d0[512], d1[512]; /* kvm_test_data_path's buffer is reused by each call */
     snprintf(model_p, sizeof model_p, "%s", kvm_test_data_path("models/stories260K.bin"));
     snprintf(d0, sizeof d0, "%s", kvm_test_data_path("corpus/doc_004.txt"));
@@ -444,9 +521,10 @@ START_TEST(test_eval_device_eviction)
     double kl[2][8];
     int nm[2];
     for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof cmd, base, kvm_test_bin(), model_p, d0, d1, devs[i], dir, i ? "cuda" : "cpu");
+        snprintf(cmd, sizeof cmd, base, kvm_test_bin(), model_p, d0, d1, phases, devs[i], dir, i ? "cuda" : "cpu");
         ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
         if (i) ck_assert_msg(strstr(err, "on cuda:0, against the device's own full KV"), "stderr: %s", err);
+        if (i && !strcmp(phases, "both")) ck_assert_msg(strstr(err, "decode-phase policy"), "stderr: %s", err);
         free(out), free(err);
         char csv[600];
         snprintf(csv, sizeof csv, "%s/%s.csv", dir, i ? "cuda" : "cpu");
@@ -456,24 +534,24 @@ START_TEST(test_eval_device_eviction)
     ck_assert_int_eq(nm[1], 5);
     for (int j = 0; j < 5; j++) {
         ck_assert_str_eq(names[0][j], names[1][j]);
-        printf("cuda eval %s: mean KL cpu %.6f, cuda:0 %.6f (%+.2f%%)\n", names[0][j], kl[0][j], kl[1][j],
-               100 * (kl[1][j] - kl[0][j]) / kl[0][j]);
+        printf("cuda eval %s, phases %s: mean KL cpu %.6f, cuda:0 %.6f (%+.2f%%)\n", names[0][j], phases, kl[0][j],
+               kl[1][j], 100 * (kl[1][j] - kl[0][j]) / kl[0][j]);
         ck_assert_msg(fabs(kl[1][j] - kl[0][j]) <= 0.01 * kl[0][j] + 1e-6, "%s: KL %.6g on cuda:0, %.6g on the CPU",
                       names[0][j], kl[1][j], kl[0][j]);
     }
     snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method h2o,am --ratio 0.3 --context 128 "
-             "--continuation 16 --device cuda:0", kvm_test_bin(), model_p, d0);
+             "--continuation 16 --phases %s --device cuda:0", kvm_test_bin(), model_p, d0, phases);
     ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
     ck_assert_msg(strstr(err, "run on the CPU (method am needs the host forward"), "stderr: %s", err);
-    free(out), free(err);
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' eval --model '%s' --docs '%s' --method h2o --ratio 0.3 --context 128 "
-             "--continuation 16 --phases both --device cuda:0", kvm_test_bin(), model_p, d0);
-    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s: %s", cmd, err);
-    ck_assert_msg(strstr(err, "run on the CPU (--phases both"), "stderr: %s", err);
     free(out), free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
+
+START_TEST(test_eval_device_eviction) { eval_device_vs_cpu("prefill"); }
+END_TEST
+
+START_TEST(test_eval_device_decode_eviction) { eval_device_vs_cpu("both"); }
 END_TEST
 
 START_TEST(test_plan_refuses_what_does_not_fit)
@@ -517,7 +595,9 @@ int main(void)
         tcase_add_test(tc, test_ragged_decode_with_bias);
         tcase_add_test(tc, test_plan_refuses_what_does_not_fit);
         tcase_add_test(tc, test_device_eviction);
+        tcase_add_test(tc, test_device_decode_eviction);
         tcase_add_test(tc, test_eval_device_eviction);
+        tcase_add_test(tc, test_eval_device_decode_eviction);
 #endif
     }
     suite_add_tcase(s, tc);

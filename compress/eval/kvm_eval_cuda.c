@@ -14,13 +14,18 @@ struct kvm_eval_cuda_doc {
     int32_t *tokens;           /* [N + T] */
     int64_t N, T;
     float *ref, *work; /* [T][vocab]: the full-KV reference, a compressed run */
+    float *ref_dec;    /* [T][vocab]: the reference token by token (runs with a decode policy), or NULL */
     double *kl;        /* [T] scratch */
-    double ppl_full;
+    double ppl_full, ppl_dec;
 };
 
 /* the context prefill (with the eviction statistics when n_obs > 0; logits of its last token into
- * out[0]), an optional eviction, then the continuation teacher-forced into out[1, T) */
-static int run(kvm_eval_cuda_doc *d, int64_t n_obs, const kvm_cuda_evict_plan *ep, float *out, double *evict_s)
+ * out[0]), an optional eviction, then the continuation teacher-forced into out[1, T): in one
+ * batched call, or (stepwise) one decode call per token, with the plan's decode-phase policy on
+ * the device when decode is set (kvm_cuda_model_decode_evict), as kvm_eval_continue runs a
+ * method's decode policy on the CPU */
+static int run(kvm_eval_cuda_doc *d, int64_t n_obs, const kvm_cuda_evict_plan *ep, int stepwise, int decode, float *out,
+               double *evict_s)
 {
     const int V = d->c->vocab_size;
     kvm_cuda_model_reset(d->dm);
@@ -33,7 +38,11 @@ static int run(kvm_eval_cuda_doc *d, int64_t n_obs, const kvm_cuda_evict_plan *e
         clock_gettime(CLOCK_MONOTONIC, &t1);
         *evict_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     }
-    if (!rc && d->T > 1) rc = kvm_cuda_model_forward(d->dm, d->tokens + d->N, d->T - 1, out + V, 0, NULL);
+    if (!rc && ep && decode) rc = kvm_cuda_model_decode_evict(d->dm, ep);
+    if (!stepwise && !rc && d->T > 1) rc = kvm_cuda_model_forward(d->dm, d->tokens + d->N, d->T - 1, out + V, 0, NULL);
+    for (int64_t i = 1; stepwise && !rc && i < d->T; i++)
+        rc = kvm_cuda_model_forward(d->dm, d->tokens + d->N + i - 1, 1, out + i * V, 1, NULL);
+    kvm_cuda_model_decode_evict(d->dm, NULL);
     return rc;
 }
 
@@ -55,7 +64,7 @@ int kvm_eval_cuda_doc_new(kvm_cuda_model *dm, const kvm_model_config *c, const i
     int rc = d->tokens && d->ref && d->work && d->kl ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
     if (!rc) {
         memcpy(d->tokens, tokens, (size_t)(N + T) * sizeof *tokens);
-        rc = run(d, 0, NULL, d->ref, NULL);
+        rc = run(d, 0, NULL, 0, 0, d->ref, NULL);
     }
     if (rc) {
         kvm_eval_cuda_doc_free(&d);
@@ -72,13 +81,30 @@ void kvm_eval_cuda_doc_free(kvm_eval_cuda_doc **pd)
     kvm_eval_cuda_doc *d = *pd;
     free(d->tokens);
     free(d->ref);
+    free(d->ref_dec);
     free(d->work);
     free(d->kl);
     free(d);
     *pd = NULL;
 }
 
-int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, kvm_eval_result *r)
+/* The token-by-token reference, made on first use. */
+static int ref_decode(kvm_eval_cuda_doc *d)
+{
+    if (d->ref_dec) return 0;
+    if (!(d->ref_dec = malloc((size_t)d->T * (size_t)d->c->vocab_size * sizeof *d->ref_dec)))
+        return kvm_err(KVM_ENOMEM, "eval: out of memory");
+    int rc = run(d, 0, NULL, 1, 0, d->ref_dec, NULL);
+    if (rc) {
+        free(d->ref_dec);
+        d->ref_dec = NULL;
+        return rc;
+    }
+    d->ppl_dec = kvm_eval_ppl(d->ref_dec, d->tokens + d->N, d->T, d->c->vocab_size);
+    return 0;
+}
+
+int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, int phases_both, kvm_eval_result *r)
 {
     const kvm_model_config *c = d->c;
     if (p->n_layers != c->n_layers || p->n_kv_heads != c->n_kv_heads)
@@ -101,11 +127,12 @@ int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, kvm_eval_
                                     .pool = p->params.pool,
                                     .recent_frac = p->params.recent_frac};
     memset(r, 0, sizeof *r);
-    int rc = run(d, n_obs, &ep, d->work, &r->seconds);
+    int rc = phases_both ? ref_decode(d) : 0;
+    if (!rc) rc = run(d, n_obs, &ep, phases_both, phases_both, d->work, &r->seconds);
     free(pat);
     if (rc) return rc;
-    kvm_eval_score(d->ref, d->work, d->tokens + d->N, d->T, c->vocab_size, d->kl, NULL, r);
-    r->ppl_full = d->ppl_full;
+    kvm_eval_score(phases_both ? d->ref_dec : d->ref, d->work, d->tokens + d->N, d->T, c->vocab_size, d->kl, NULL, r);
+    r->ppl_full = phases_both ? d->ppl_dec : d->ppl_full;
     r->budget_tokens = (double)entries / (double)nh;
     r->ratio = r->budget_tokens / (double)d->N;
     return 0;

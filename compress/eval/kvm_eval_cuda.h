@@ -1,7 +1,7 @@
-/* kvm_eval_cuda.h: the evaluation harness (kvm_eval.h) of the prefill-phase eviction methods on a
- * CUDA device (issue 13): the context prefill with the patterns' statistics, the selection and
- * the compaction (kvm_cuda_model_evict) and the teacher-forced continuation all run on the
- * device; the full-KV reference is the device's own. CUDA builds only (KVM_WITH_CUDA). */
+/* kvm_eval_cuda.h: the evaluation harness (kvm_eval.h) of the eviction methods on a CUDA device
+ * (issue 13): the context prefill with the patterns' statistics, the selection and the
+ * compaction (kvm_cuda_model_evict), the decode-phase policy (--phases both) and the
+ * teacher-forced continuation all run on the device; the full-KV reference is the device's own. CUDA builds only (KVM_WITH_CUDA). */
 #ifndef KVM_EVAL_CUDA_H
 #define KVM_EVAL_CUDA_H
 
@@ -23,12 +23,15 @@ int kvm_eval_cuda_doc_new(kvm_cuda_model *dm, const kvm_model_config *c, const i
 /* Frees. Accepts NULL and *d == NULL; sets *d = NULL. */
 void kvm_eval_cuda_doc_free(kvm_eval_cuda_doc **d);
 
-/* Scores eviction plan p (prefill phase; kvm_method_evict_plan) on the document: the device
- * prefill keeping the statistics, kvm_cuda_model_evict, the continuation over the compacted
- * cache; KL(full ‖ compressed), top-1 and perplexities as kvm_eval_continue computes them
- * (kvm_eval_score). r->seconds is the eviction call's wall time; bytes_compressed and
- * decode_ms are 0. Errors: KVM_EINVAL (plan shape), KVM_ENOMEM, the device's errors. */
-int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, kvm_eval_result *r);
+/* Scores eviction plan p (kvm_method_evict_plan) on the document: the device prefill keeping the
+ * statistics, kvm_cuda_model_evict, the continuation over the compacted cache; with phases_both
+ * (`--phases both`) the continuation runs token by token with the plan's decode-phase policy on
+ * the device (kvm_cuda_model_decode_evict) and is compared with a token-by-token reference, as
+ * kvm_eval_continue does with a method's decode policy. KL(full ‖ compressed), top-1 and
+ * perplexities as kvm_eval_continue computes them (kvm_eval_score). r->seconds is the eviction
+ * call's wall time; bytes_compressed and decode_ms are 0. Errors: KVM_EINVAL (plan shape),
+ * KVM_ENOMEM, the device's errors. */
+int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, int phases_both, kvm_eval_result *r);
 #endif
 
 #endif

@@ -224,6 +224,23 @@ typedef struct kvm_cuda_evict_plan {
  * with fewer kept rows than min(window, n)), KVM_EDEVICE. */
 int kvm_cuda_model_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan *plan);
 
+/* Decode-phase eviction on the device (issue 13), as kvm_evict_decode_new's policy does it on the
+ * CPU (compress/evict/kvm_evict.h): from the next forward on, after every layer's append, each
+ * (layer, KV head) of the plan holding more than its budget evicts one entry per round until it
+ * fits — StreamingLLM the oldest after the sinks; H2O, SnapKV/PyramidKV the lowest (max-pooled)
+ * score outside the protected recent entries; TOVA the lowest probability under the newest query
+ * (an attention pass with the OBS statistic); distilled entries never — and after the layer's
+ * attention the scored heads add the call's received mass (SnapKV/PyramidKV decayed first), by
+ * kernels/kvm_evict_body.h's decode bodies. Scores are kept per cache entry on the device and
+ * seeded from the statistics of the last prefill with keep_evict_stats when no forward came
+ * since (H2O the context's received mass, SnapKV/PyramidKV the last min(window, context)
+ * observation rows' votes), else 0. Call it after the prefill (and kvm_cuda_model_evict) and
+ * before the continuation; plan NULL turns it off, as kvm_cuda_model_reset does. While it is on,
+ * a forward asking kvm_cuda_stats fails with KVM_EINVAL. Scratch is allocated at the first call
+ * (checked with kvm_cuda_plan_fits) and freed with the model. Errors: KVM_EINVAL (a pattern
+ * outside 0–4/255, a budget < 1), KVM_ENOMEM (bytes needed and free), KVM_EDEVICE. */
+int kvm_cuda_model_decode_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan *plan);
+
 /* Sets the position the next token takes (after set_kv of a compressed cache). */
 void kvm_cuda_model_set_next_pos(kvm_cuda_model *m, int32_t pos);
 

@@ -94,6 +94,28 @@ struct kvm__cuda_evict_head_args {
     uint8_t *mark;                         // scratch [n]
 };
 int kvm__cuda_evict_head(int dev, const kvm__cuda_evict_head_args *a);
+// The decode phase's eviction (kvm_cuda_decode_evict.cu; bodies kernels/kvm_evict_body.h), device
+// pointers, dev current. seed: score[0, n) of a head from the prefill statistics of its entries'
+// positions (mass [n_group][ld], obs [n_group][n_obs][ld], the last `rows` rows voting). score:
+// one attention call of n_q queries added (mass: the group's MASS rows, [n_group][ld]).
+int kvm__cuda_decode_seed(int dev, int pattern, const int32_t *pos, int64_t n, const float *mass, const float *obs,
+                          int64_t n_obs, int64_t rows, int64_t ld, int n_group, float *score);
+int kvm__cuda_decode_score(int dev, int pattern, int64_t window, int64_t n_q, const float *mass, int64_t ld,
+                           int n_group, const int32_t *pos, int64_t n, float *score);
+// victim: the entry a head of n entries over budget evicts, to host *victim (−1: none), through
+// dev_victim (device, 1 int64); waits for the stream.
+struct kvm__cuda_decode_victim_args {
+    int pattern;                 // 0 streaming, 1 h2o, 2 tova, 3 snapkv, 4 pyramidkv
+    int64_t n, budget, sinks, window, pool;
+    double recent_frac;
+    const int32_t *pos;          // [n]
+    const float *score;          // [n] per-entry scores (H2O, SnapKV, PyramidKV)
+    const float *obs;            // TOVA: the newest query's probabilities, [n_group][ld]
+    int64_t ld;
+    int n_group;
+    float *raw, *pooled;         // scratch [n] each
+};
+int kvm__cuda_decode_victim(int dev, const kvm__cuda_decode_victim_args *a, int64_t *dev_victim, int64_t *victim);
 // Y = X · Wᵀ with W device [out][in] in dtype t, X float32 [m][ldx], Y float32 [m][ldy]
 int kvm__cuda_gemm_w(int dev, const float *x, int64_t m, int64_t ldx, const void *w, kvm_cuda_wdtype t, int64_t out,
                      int64_t in, float *y, int64_t ldy);

@@ -56,6 +56,15 @@ struct kvm_cuda_model {
     float *ev_mass, *ev_obs, *ev_vote, *ev_score, *ev_k2, *ev_v2, *ev_bias2;
     int32_t *ev_pos2, *ev_idx;
     uint8_t *ev_mark;
+    int64_t ev_seed_n; // the context whose statistics may still seed a decode policy (0: none)
+    // decode-phase eviction (kvm_cuda_model_decode_evict): the plan, per-entry scores, scratch
+    int dp_on;
+    uint8_t *dp_pattern; // host [n_layers][n_kv]
+    int64_t *dp_budget;  // host [n_layers][n_kv]
+    int64_t dp_sinks, dp_window, dp_pool;
+    double dp_recent;
+    float *dp_score, *dp_mass, *dp_obs, *dp_raw, *dp_pooled, *dp_tmp; // [L][n_kv][ctx], [nh][ctx] ×2, [ctx] ×2, [ctx][d]
+    int64_t *dp_victim;
 };
 
 namespace {
@@ -295,9 +304,12 @@ void kvm_cuda_model_free(kvm_cuda_model **pm)
                       m->vv,      m->att,       m->hb,     m->hb2,    m->cos_t,  m->sin_t,   m->logits,
                       m->st_lse,  m->st_ent,    m->st_km,  m->st_lp,  m->xh,     m->qpos,    m->tok,
                       m->ev_mass, m->ev_obs,    m->ev_vote, m->ev_score, m->ev_k2, m->ev_v2, m->ev_bias2,
-                      m->ev_pos2, m->ev_idx,    m->ev_mark};
+                      m->ev_pos2, m->ev_idx,    m->ev_mark, m->dp_score, m->dp_mass, m->dp_obs,  m->dp_raw,
+                      m->dp_pooled, m->dp_tmp,  m->dp_victim};
         for (void *p : ps) free_dev(p);
     }
+    free(m->dp_pattern);
+    free(m->dp_budget);
     free(m->L);
     free(m->n_host);
     free(m->h_cos);
@@ -361,6 +373,8 @@ void kvm_cuda_model_reset(kvm_cuda_model *m)
 {
     memset(m->n_host, 0, (size_t)m->s.n_layers * m->s.n_kv_heads * sizeof *m->n_host);
     m->next_pos = 0;
+    m->dp_on = 0; // a new context: its decode policy is set after its prefill
+    m->ev_seed_n = 0;
 }
 
 int64_t kvm_cuda_model_cache_len(const kvm_cuda_model *m) { return m->n_host[0]; }
@@ -436,6 +450,9 @@ int append_kv(kvm_cuda_model *m, int l, int64_t n)
                                       (size_t)d * 4, (size_t)n, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
         KVM_CU(dev, cudaMemcpyAsync(y->pos + e0, m->qpos, (size_t)n * 4, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
         KVM_CU(dev, cudaMemsetAsync(y->bias + e0, 0, (size_t)n * 4, cudaStreamPerThread));
+        if (m->dp_on) // appended entries start unscored
+            KVM_CU(dev, cudaMemsetAsync(m->dp_score + ((size_t)l * nkv) * m->ctx + e0, 0, (size_t)n * 4,
+                                        cudaStreamPerThread));
         cnt[g] += n;
     }
     return 0;
@@ -452,6 +469,100 @@ int download_stats(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
             KVM_CU(dev, cudaMemcpyAsync(p.host + (size_t)l * nh * p.rows, p.dev_, (size_t)nh * p.rows * 4,
                                         cudaMemcpyDeviceToHost, cudaStreamPerThread));
     // the next layer overwrites the device buffers in stream order after these copies
+    return 0;
+}
+
+// drops entry v of layer l's KV head g (k, v, position, β and its decode score), the later ones
+// moving down one place through dp_tmp, in stream order
+int drop_entry(kvm_cuda_model *m, int l, int g, int64_t v)
+{
+    const int dev = m->dev, d = m->s.head_dim;
+    const int64_t i = (int64_t)l * m->s.n_kv_heads + g, n = m->n_host[i], tail = n - v - 1;
+    dlayer *y = &m->L[l];
+    const size_t e0 = (size_t)g * m->ctx + (size_t)v;
+    struct { void *base; size_t width; } parts[] = {{y->k + e0 * d, (size_t)d * 4}, {y->v + e0 * d, (size_t)d * 4},
+                                                    {y->pos + e0, 4}, {y->bias + e0, 4},
+                                                    {m->dp_score + (size_t)l * m->s.n_kv_heads * m->ctx + e0, 4}};
+    for (auto &p : parts) {
+        if (tail <= 0) break;
+        char *at = (char *)p.base;
+        const size_t bytes = (size_t)tail * p.width;
+        KVM_CU(dev, cudaMemcpyAsync(m->dp_tmp, at + p.width, bytes, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+        KVM_CU(dev, cudaMemcpyAsync(at, m->dp_tmp, bytes, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+    }
+    m->n_host[i] = n - 1;
+    return 0;
+}
+
+// the decode policy after layer l's append (kvm_evict_decode.c's on_update): while a head holds
+// more than its budget, one victim per head and round; TOVA's newest-query probabilities come
+// from an attention pass with the OBS statistic over the cache as it is (base: the layer's
+// attention descriptor; its output is scratch, overwritten by the layer's own attention)
+int decode_evict_layer(kvm_cuda_model *m, int l, const kvm_cuda_attn_layer *base)
+{
+    const int dev = m->dev, nkv = m->s.n_kv_heads, grp = m->s.n_heads / nkv;
+    const dlayer *y = &m->L[l];
+    bool stuck[KVM_CUDA_MAX_KV_HEADS] = {};
+    for (;;) {
+        bool any = false, tova = false;
+        for (int g = 0; g < nkv; g++) {
+            const int64_t i = (int64_t)l * nkv + g;
+            if (m->dp_pattern[i] == 255 || stuck[g] || m->n_host[i] <= m->dp_budget[i]) continue;
+            any = true;
+            tova |= m->dp_pattern[i] == 2;
+        }
+        if (!any) return 0;
+        int rc;
+        if (tova) {
+            kvm_cuda_attn_layer t = *base;
+            t.stats = KVM_CUDA_STAT_OBS;
+            t.obs = m->dp_obs;
+            t.n_obs = 1;
+            t.ld_e = m->ctx;
+            if ((rc = kvm_cuda_attention_layer(dev, &t))) return rc;
+        }
+        for (int g = 0; g < nkv; g++) {
+            const int64_t i = (int64_t)l * nkv + g;
+            if (m->dp_pattern[i] == 255 || stuck[g] || m->n_host[i] <= m->dp_budget[i]) continue;
+            kvm__cuda_decode_victim_args a = {};
+            a.pattern = m->dp_pattern[i];
+            a.n = m->n_host[i], a.budget = m->dp_budget[i];
+            a.sinks = m->dp_sinks, a.window = m->dp_window, a.pool = m->dp_pool, a.recent_frac = m->dp_recent;
+            a.pos = y->pos + (size_t)g * m->ctx;
+            a.score = m->dp_score + (size_t)i * m->ctx;
+            a.obs = m->dp_obs + (size_t)g * grp * m->ctx;
+            a.ld = m->ctx, a.n_group = grp, a.raw = m->dp_raw, a.pooled = m->dp_pooled;
+            int64_t v;
+            if ((rc = kvm__cuda_decode_victim(dev, &a, m->dp_victim, &v))) return rc;
+            if (v < 0) stuck[g] = true; // distilled entries only: nothing to evict
+            else if ((rc = drop_entry(m, l, g, v))) return rc;
+        }
+    }
+}
+
+// whether any KV head of layer l keeps scores (H2O, SnapKV, PyramidKV) under the decode policy
+bool decode_scored(const kvm_cuda_model *m, int l)
+{
+    for (int g = 0; g < m->s.n_kv_heads; g++) {
+        const int p = m->dp_pattern[(int64_t)l * m->s.n_kv_heads + g];
+        if (p == 1 || p == 3 || p == 4) return true;
+    }
+    return false;
+}
+
+// the scored heads of layer l updated from the attention call's MASS (kvm_evict_decode.c's on_post)
+int decode_scores(kvm_cuda_model *m, int l, int64_t n_q)
+{
+    const int nkv = m->s.n_kv_heads, grp = m->s.n_heads / nkv;
+    for (int g = 0; g < nkv; g++) {
+        const int64_t i = (int64_t)l * nkv + g;
+        const int p = m->dp_pattern[i];
+        if (p != 1 && p != 3 && p != 4) continue;
+        int rc = kvm__cuda_decode_score(m->dev, p, m->dp_window, n_q, m->dp_mass + (size_t)g * grp * m->ctx, m->ctx,
+                                        grp, m->L[l].pos + (size_t)g * m->ctx, m->n_host[i],
+                                        m->dp_score + (size_t)i * m->ctx);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -538,7 +649,19 @@ int layer(kvm_cuda_model *m, int l, int64_t n, kvm_cuda_stats *st)
         a.n_obs = m->ev_n_obs;
         a.ld_e = m->ctx;
     }
-    if ((rc = kvm_cuda_attention_layer(dev, &a)) || (st && (rc = download_stats(m, l, n, st)))) return rc;
+    if (m->dp_on && (rc = decode_evict_layer(m, l, &a))) return rc;
+    const bool scored = m->dp_on && decode_scored(m, l);
+    if (scored) { // the decode policy's scores read this call's received mass
+        a.stats |= KVM_CUDA_STAT_MASS;
+        a.mass = m->dp_mass;
+        a.mass_p0 = INT32_MIN;
+        a.mass_p1 = INT32_MAX;
+        if (!(a.stats & KVM_CUDA_STAT_OBS)) a.n_obs = 1;
+        a.ld_e = m->ctx;
+    }
+    if ((rc = kvm_cuda_attention_layer(dev, &a)) || (st && (rc = download_stats(m, l, n, st))) ||
+        (scored && (rc = decode_scores(m, l, n))))
+        return rc;
     if ((rc = mm(m->att, qd, y->wo, m->xb)) || (y->bo && (rc = kvm__cuda_add_rows(dev, m->xb, y->bo, n, D))) ||
         (rc = kvm__cuda_add(dev, m->x, m->xb, n * D)))
         return rc;
@@ -591,9 +714,13 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
                            tokens[i], m->s.vocab_size);
     if ((int64_t)m->next_pos + n > 0x7fffffff)
         return kvm_err(KVM_ERANGE, "cuda:%d: forward: position %lld exceeds int32", m->dev, (long long)m->next_pos + n);
+    if (m->dp_on && stats)
+        return kvm_err(KVM_EINVAL, "cuda:%d: forward: kvm_cuda_stats with a decode-phase eviction policy on (the "
+                       "policy reads the attention's mass itself)", m->dev);
     const bool armed = m->ev_armed;
     m->ev_armed = 0; // statistics for this forward only
     m->ev_valid = 0;
+    m->ev_seed_n = 0;
     if (armed && (stats || n > m->max_batch || n < m->ev_n_obs || m->next_pos != 0 || kvm_cuda_model_cache_len(m) != 0))
         return kvm_err(KVM_EINVAL, "cuda:%d: forward: the eviction statistics need the whole prefill in one batch over "
                        "an empty cache, without kvm_cuda_stats (%lld tokens, batch %lld, %lld rows, position %d)",
@@ -606,7 +733,7 @@ extern "C" int kvm_cuda_model_forward(kvm_cuda_model *m, const int32_t *tokens, 
         float *lg = logits && (!last_only || last) ? logits + (last_only ? 0 : i0 * m->s.vocab_size) : NULL;
         rc = batch(m, tokens + i0, nb, lg, last_only, last ? stats : NULL);
     }
-    if (!rc && armed) m->ev_valid = n;
+    if (!rc && armed) m->ev_valid = m->ev_seed_n = n;
     m->ev_armed = 0;
     return rc;
 }
@@ -740,5 +867,60 @@ extern "C" int kvm_cuda_model_gemm_only(kvm_cuda_model *m, int64_t n, int reps, 
     cudaEventDestroy(e1);
     *seconds = ms / 1e3 / reps;
     *flops = f;
+    return rc;
+}
+
+extern "C" int kvm_cuda_model_decode_evict(kvm_cuda_model *m, const kvm_cuda_evict_plan *p)
+{
+    m->dp_on = 0;
+    if (!p) return 0;
+    const kvm_cuda_model_desc *c = &m->s;
+    const int nkv = c->n_kv_heads, grp = c->n_heads / nkv;
+    const int64_t nh = (int64_t)c->n_layers * nkv;
+    for (int64_t i = 0; i < nh; i++)
+        if ((p->pattern[i] > 4 && p->pattern[i] != 255) || p->budget[i] < 1)
+            return kvm_err(KVM_EINVAL, "cuda:%d: decode eviction: layer %lld KV head %lld: pattern %d, budget %lld",
+                           m->dev, (long long)(i / nkv), (long long)(i % nkv), p->pattern[i], (long long)p->budget[i]);
+    int rc = kvm__cuda_use(m->dev);
+    if (rc) return rc;
+    if (!m->dp_victim) { // allocated at the first use (the last buffer made: all are there), freed with the model
+        const size_t ctx = (size_t)m->ctx, hs = (size_t)c->n_heads * ctx;
+        const size_t total = 4 * ((size_t)nh * ctx + 2 * hs + 2 * ctx + ctx * (size_t)c->head_dim) + 8;
+        if ((rc = kvm_cuda_plan_fits(m->dev, total, "the decode-phase eviction's scores"))) return rc;
+        if ((!m->dp_pattern && !(m->dp_pattern = (uint8_t *)malloc((size_t)nh))) ||
+            (!m->dp_budget && !(m->dp_budget = (int64_t *)malloc((size_t)nh * sizeof *m->dp_budget))))
+            return kvm_err(KVM_ENOMEM, "cuda:%d: out of host memory", m->dev);
+        void **bufs[] = {(void **)&m->dp_score, (void **)&m->dp_mass,   (void **)&m->dp_obs,   (void **)&m->dp_raw,
+                         (void **)&m->dp_pooled, (void **)&m->dp_tmp, (void **)&m->dp_victim};
+        const size_t bytes[] = {4 * (size_t)nh * ctx, 4 * hs, 4 * hs, 4 * ctx, 4 * ctx, 4 * ctx * (size_t)c->head_dim, 8};
+        for (int i = 0; i < 7; i++)
+            if (!*bufs[i] && (rc = dalloc(m->dev, bufs[i], bytes[i]))) return rc;
+    }
+    memcpy(m->dp_pattern, p->pattern, (size_t)nh);
+    memcpy(m->dp_budget, p->budget, (size_t)nh * sizeof *m->dp_budget);
+    m->dp_sinks = p->sinks, m->dp_window = p->window, m->dp_pool = p->pool, m->dp_recent = p->recent_frac;
+    // seeds from the last prefill's eviction statistics where they still describe the cache
+    // (kvm_evict_decode.c's seed: H2O the context's received mass, SnapKV/PyramidKV the last
+    // min(window, context) rows' votes), else every score 0
+    const size_t ctx = (size_t)m->ctx;
+    int64_t rows = p->window < m->ev_seed_n ? p->window : m->ev_seed_n;
+    if (rows > m->ev_n_obs) rows = m->ev_n_obs;
+    if (rows < 1) rows = 1;
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        for (int g = 0; !rc && g < nkv; g++) {
+            const int64_t i = (int64_t)l * nkv + g;
+            const int pat = p->pattern[i];
+            float *sc = m->dp_score + (size_t)i * ctx;
+            if ((pat == 1 || pat == 3 || pat == 4) && m->ev_seed_n > 0 && m->ev_n_obs > 0) {
+                const size_t h0 = (size_t)l * c->n_heads + (size_t)g * grp;
+                rc = kvm__cuda_decode_seed(m->dev, pat, m->L[l].pos + (size_t)g * ctx, m->n_host[i],
+                                           m->ev_mass + h0 * ctx, m->ev_obs + h0 * (size_t)m->ev_n_obs * ctx,
+                                           m->ev_n_obs, rows, m->ctx, grp, sc);
+            } else if (cudaMemsetAsync(sc, 0, ctx * 4, cudaStreamPerThread) != cudaSuccess)
+                rc = kvm__cuda_fail(m->dev, "cudaMemsetAsync(decode scores)", cudaGetLastError());
+        }
+    cudaError_t e = cudaStreamSynchronize(cudaStreamPerThread);
+    if (!rc && e != cudaSuccess) rc = kvm__cuda_fail(m->dev, "cudaStreamSynchronize", e);
+    if (!rc) m->dp_on = 1;
     return rc;
 }
