@@ -95,6 +95,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"run", "wire_dtype", E, "f32", 0, 0, "f32|f16|bf16", "", "element type of prefilled keys, values and queries on the wire to compress; 16 bit halves them, costs a little KL"},
 
     {"serve", "workers", I, "1", 0, 256, NULL, "processes", "decode workers started by kvmill serve; 0 = only external workers"},
+    {"serve", "devices", S, "cpu", 0, 0, NULL, "", "comma-separated devices, one per decode worker (cycled); cuda:N serves caches of full and the sculpt family from the device forward"},
     {"serve", "max_prompt_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "longer prompts get an error answer"},
     {"serve", "max_new_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "larger requests get an error answer"},
     {"serve", "max_message_bytes", I, "1048576", 1024, 1LL << 34, NULL, "bytes", "larger messages are rejected"},

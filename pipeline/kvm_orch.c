@@ -929,27 +929,6 @@ static int bind_sockets(orch *o)
     return 0;
 }
 
-/* Every device named in a comma-separated list must be usable: refuse the run up front
- * rather than watch every worker die. (The prefill workers run their prefill on cuda:N; the
- * compress, signals and strategy workers their KVSculpt solvers.) */
-static int check_devices(const char *key, const char *devs)
-{
-    if (!*devs) return kvm_err(KVM_EINVAL, "[stages] %s is empty: name at least one device (cpu, cuda:N)", key);
-    for (const char *p = devs; *p;) {
-        char dev[64];
-        size_t len = strcspn(p, ",");
-        snprintf(dev, sizeof dev, "%.*s", (int)len, p);
-        const kvm_kernels *kern;
-        if (kvm_kernels_select(dev, &kern)) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", kvm_errmsg()); /* kvm_err reuses that buffer */
-            return kvm_err(KVM_EINVAL, "[stages] %s: %s", key, why);
-        }
-        p += len + (p[len] == ',');
-    }
-    return 0;
-}
-
 static int start_stages(orch *o)
 {
     const char *keys[N_STAGES][2] = {{"prefill_workers", "prefill_devices"}, {"compress_workers", "compress_devices"},
@@ -957,7 +936,9 @@ static int start_stages(orch *o)
     for (int st = 0; st < N_STAGES; st++) {
         if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
         int64_t n = kvm_config_int(o->cfg, "stages", keys[st][0]);
-        int rc = n > 0 ? check_devices(keys[st][1], kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
+        char key[64];
+        snprintf(key, sizeof key, "[stages] %s", keys[st][1]);
+        int rc = n > 0 ? kvm_stage_check_devices(key, kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
         if (rc) return rc;
         if (n == 0)
             fprintf(stderr, "kvmill %s: [stages] %s = 0: waiting for kvmill-%s workers started by hand "
@@ -976,13 +957,7 @@ static int start_stages(orch *o)
             if (o->n_slots == MAX_WORKERS) return kvm_err(KVM_EINVAL, "too many workers (at most %d)", MAX_WORKERS);
             slot *sl = &o->slots[o->n_slots];
             *sl = (slot){.stage = st};
-            /* the i-th comma-separated device, cycling */
-            int count = 1;
-            for (const char *p = devs; *p; p++) count += *p == ',';
-            const char *p = devs;
-            for (int64_t k = i % count; k > 0; k--) p = strchr(p, ',') + 1;
-            size_t len = strcspn(p, ",");
-            snprintf(sl->device, sizeof sl->device, "%.*s", (int)len, p);
+            kvm_stage_device_at(devs, i, sl->device, sizeof sl->device); /* the i-th device, cycling */
             int rc = spawn_slot(o, o->n_slots++);
             if (rc) return rc;
         }

@@ -238,17 +238,19 @@ static void reply_error(srv *s, kvm_msg **env, uint64_t request_id, int status, 
 static int spawn_slot(srv *s, int i)
 {
     srv_slot *sl = &s->slots[i];
-    char exe[2048], hb[32], grace[32], threads[32], ppid[32];
+    char exe[2048], hb[32], grace[32], threads[32], ppid[32], dev[64];
     snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);
+    kvm_stage_device_at(kvm_config_str(s->cfg, "serve", "devices"), i, dev, sizeof dev); /* [serve] devices, cycled */
     snprintf(ppid, sizeof ppid, "%ld", (long)getpid()); /* a worker outliving a kill -9 of serve stops */
     snprintf(sl->id, sizeof sl->id, "decode-%d-r%d-%d", i, sl->respawns, (int)getpid());
     snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(s->cfg, "run", "heartbeat_ms"));
     snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(s->cfg, "run", "grace_s"));
     snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(s->cfg, "stages", "threads"));
-    char *argv[24] = {exe,       "--connect",   s->base,     "--config", (char *)s->o->config_path,
+    char *argv[28] = {exe,       "--connect",   s->base,     "--config", (char *)s->o->config_path,
                       "--store", s->store_path, "--threads", threads,    "--heartbeat-ms",
-                      hb,        "--grace-s",   grace,       "--id",     sl->id, "--parent-pid", ppid};
-    int n = 17;
+                      hb,        "--grace-s",   grace,       "--id",     sl->id, "--parent-pid", ppid,
+                      "--device", dev};
+    int n = 19;
     if (s->backend_curve) {
         argv[n++] = "--server-key";
         argv[n++] = (char *)kvm_config_str(s->cfg, "security", "server_public_key");
@@ -752,6 +754,9 @@ static void check_health(srv *s)
 static int prepare(srv *s)
 {
     const kvm_config *cfg = s->cfg;
+    /* a device this host cannot use is refused before anything starts */
+    if (s->n_slots > 0 && kvm_stage_check_devices("[serve] devices", kvm_config_str(cfg, "serve", "devices")))
+        return KVM_EINVAL;
     int rc0 = kvm_rundir_make(kvm_config_str(cfg, "run", "run_dir"), "serve", s->run_dir, sizeof s->run_dir,
                               &s->own_run_dir);
     if (rc0) return rc0;

@@ -405,6 +405,33 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
     return 0;
 }
 
+int kvm_stage_check_devices(const char *key, const char *devs)
+{
+    if (!*devs) return kvm_err(KVM_EINVAL, "%s is empty: name at least one device (cpu, cuda:N)", key);
+    for (const char *p = devs; *p;) {
+        char dev[64];
+        size_t len = strcspn(p, ",");
+        snprintf(dev, sizeof dev, "%.*s", (int)len, p);
+        const kvm_kernels *kern;
+        if (kvm_kernels_select(dev, &kern)) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", kvm_errmsg()); /* kvm_err reuses that buffer */
+            return kvm_err(KVM_EINVAL, "%s: %s", key, why);
+        }
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+void kvm_stage_device_at(const char *devs, int64_t i, char *out, size_t size)
+{
+    int count = 1;
+    for (const char *p = devs; *p; p++) count += *p == ',';
+    const char *p = devs;
+    for (int64_t k = i % count; k > 0; k--) p = strchr(p, ',') + 1;
+    snprintf(out, size, "%.*s", (int)strcspn(p, ","), p);
+}
+
 int kvm_stage_solver_device(const kvm_stage_args *a)
 {
     kvm_sculpt_opts so = kvm_sculpt_opts_default();
@@ -433,9 +460,11 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     if (kvm_log_setup(ops->stage, prefix, rt.a.log_format))
         return fprintf(stderr, "kvmill-%s: --log-format: %s\n", ops->stage, kvm_errmsg()), 2;
     kvm_kernels_cpu_set_threads(rt.a.threads);
-    if (ops->cpu_forward_only && rt.a.device && strncmp(rt.a.device, "cuda:", 5) == 0) {
-        log_line(&rt, "--device %s: the %s stage's work is the host forward (a stored cache, hooks, eviction), which has "
-                      "no CUDA path yet: use --device cpu", rt.a.device, ops->stage);
+    const char *why = ops->device_refusal && rt.a.device && strncmp(rt.a.device, "cuda:", 5) == 0
+                          ? ops->device_refusal(&rt.a)
+                          : NULL;
+    if (why) {
+        log_line(&rt, "--device %s: %s: use --device cpu", rt.a.device, why);
         return 2;
     }
     const kvm_kernels *kern;

@@ -66,15 +66,26 @@ typedef struct kvm_stage_ops {
     int (*work)(void *state, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable);
     /* Frees what setup made (at exit). May be NULL. */
     void (*teardown)(void *state);
-    int cpu_forward_only; /* 1: the work is the host forward alone (decode over a stored cache),
-                             which has no CUDA path yet: --device cuda:N is refused at start
-                             (exit 2) rather than run on the CPU unsaid */
+    /* NULL, or for a stage whose work has a device path only for some settings (decode): the
+     * reason it cannot run on --device cuda:N with these arguments (its --config), or NULL when
+     * it can; a reason refuses the worker at start (exit 2) rather than run on the CPU unsaid.
+     * Asked before the device itself is checked. */
+    const char *(*device_refusal)(const kvm_stage_args *a);
 } kvm_stage_ops;
 
 /* Ready-made kvm_stage_ops pieces for stages whose work starts with a `job` message:
  * complete() for a job that is that one message, and job_id() reading in[0]'s job_id. */
 int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in);
 uint64_t kvm_stage_job_id(void *state, kvm_msg *const *in, int n_in);
+
+/* Every device of a comma-separated list (cpu, cuda:N) must be usable (kvm_kernels_select):
+ * 0, or KVM_EINVAL naming `key` (e.g. "[stages] prefill_devices") and the device, so that a run
+ * or a server is refused up front rather than watching every worker die. */
+int kvm_stage_check_devices(const char *key, const char *devs);
+
+/* The i-th device of a comma-separated list, cycling (worker i of a stage), into out (size
+ * bytes). */
+void kvm_stage_device_at(const char *devs, int64_t i, char *out, size_t size);
 
 /* For stages whose sculpt-family solvers follow --device (compress, signals, strategy): 0
  * when a->device has a KVSculpt solver (cpu, or a visible CUDA device: the sculpt `device`

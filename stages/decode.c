@@ -5,7 +5,10 @@
  * batched prefill, generates up to max_new_tokens (greedy, or at the request's temperature)
  * and answers with the text (valid UTF-8: model/kvm_utf8.h), the token ids and timings.
  * Every refusal (limits, context window, missing cache) is an error `answer`, so the client
- * always learns why. */
+ * always learns why. With --device cuda:N ([serve] devices) the prompt and the answer run on
+ * that GPU's forward over the stored cache, uploaded as it is (float32, ragged, distilled
+ * entries and β); that needs a method without a decode-phase policy (full, the sculpt family)
+ * and [model] kv_dtype = f32, else the worker is refused at start. */
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "model/kvm_capture.h"
@@ -22,6 +25,10 @@
 #include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
+#include "compress/sculpt/kvm_sculpt.h"
+#ifdef KVM_WITH_CUDA
+#include "model/kvm_forward_cuda.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +52,35 @@ typedef struct decode_state {
     int keyed;                                      /* the front end authenticates client keys */
     char *chat_open, *chat_close; /* [model] chat: before each document / after each prompt; NULL: none */
     kvm_kv_dtype kv_dtype;                          /* [model] kv_dtype: the cache while decoding */
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model *dm; /* --device cuda:N: the device forward every ask runs on */
+#endif
 } decode_state;
+
+/* kvm_stage_ops.device_refusal: what of --config keeps this worker off a device — a method
+ * whose cache a decode-phase policy keeps within budget through the host forward's hooks
+ * (eviction patterns, PolyKV), or a 16-bit host cache ([model] kv_dtype) — else NULL. */
+static const char *device_refusal(const kvm_stage_args *a)
+{
+    static char why[512];
+    kvm_config *c = NULL;
+    if (!a->config || kvm_config_load(a->config, &c)) {
+        kvm_config_free(&c);
+        return NULL; /* setup reports the config's own error */
+    }
+    const char *method = kvm_config_str(c, "compress", "method"), *kvd = kvm_config_str(c, "model", "kv_dtype");
+    kvm_sculpt_mode mode;
+    why[0] = '\0';
+    if (strcmp(method, "full") && kvm_sculpt_mode_parse(method, &mode))
+        snprintf(why, sizeof why, "the decode stage on a device serves caches of full and the sculpt family; [compress] "
+                 "method %s keeps its cache within budget with a decode-phase policy over the host forward's hooks",
+                 method);
+    else if (strcmp(kvd, "f32"))
+        snprintf(why, sizeof why, "the decode stage on a device keeps the cache float32 there; [model] kv_dtype = %s "
+                 "is a host cache", kvd);
+    kvm_config_free(&c);
+    return why[0] ? why : NULL;
+}
 
 static int setup(void *stp, const kvm_stage_args *a)
 {
@@ -85,6 +120,16 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->keyed = !kvm_curve_is_local(kvm_config_str(st->cfg, "serve", "bind")) ||
                 *kvm_config_str(st->cfg, "security", "server_secret_key");
     rc = kvm_jobcfg_check(st->cfg);
+#ifdef KVM_WITH_CUDA
+    int cuda = -1;
+    if (!rc) rc = kvm_device_parse(a->device, &cuda);
+    if (!rc && cuda >= 0) { /* the whole window on the device, prompts in one batch */
+        rc = kvm_model_cuda_new(st->wm.model, cuda, KVM_CUDA_F32, st->wm.model->cfg.seq_len, st->max_prompt, &st->dm);
+        if (!rc)
+            kvm_log(KVM_LOG_INFO, "decode_device", NULL, 0,
+                    "prompts and answers on cuda:%d (float32 weights, the stored cache uploaded per ask)", cuda);
+    }
+#endif
     if (!rc && (!st->svc || strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv")))
         rc = kvm_jobcfg_config_id_in(st->cfg, st->store, &st->wm.model_id, &st->config_id, NULL, NULL);
     return rc == KVM_ENOTFOUND ? 0 : rc; /* polykv before calibration (or remote): each ask looks again */
@@ -271,6 +316,36 @@ static int encode_prompt(const decode_state *st, const kvm_proto_ask *ask, int32
     return rc;
 }
 
+/* The stored (or just computed) cache onto the device forward, as it is: each KV head's
+ * entries, positions and β (kvm_cuda_model_set_kv checks the ragged order), the next position
+ * after the document. */
+#ifdef KVM_WITH_CUDA
+static int upload(kvm_cuda_model *dm, const kvm_kvcache *c)
+{
+    int rc = 0;
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        for (int g = 0; !rc && g < c->n_kv_heads; g++) {
+            const kvm_kv_head *h = kvm_kvcache_head((kvm_kvcache *)c, l, g);
+            rc = kvm_cuda_model_set_kv(dm, l, g, h->k, h->v, h->pos, h->bias, h->n);
+        }
+    if (!rc) kvm_cuda_model_set_next_pos(dm, c->next_pos);
+    return rc;
+}
+#endif
+
+/* One forward call of the ask: the prompt (a batched prefill) or one generated token, logits
+ * of the last into logits; on the device forward when the worker has one. */
+static int step(decode_state *st, kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int64_t n, int prompt,
+                float *logits)
+{
+#ifdef KVM_WITH_CUDA
+    if (st->dm) return kvm_cuda_model_forward(st->dm, tok, n, logits, 1, NULL);
+#else
+    (void)st;
+#endif
+    return prompt ? kvm_forward_prefill(f, cache, tok, n, logits, KVM_LOGITS_LAST) : kvm_forward_decode(f, cache, tok[0], logits);
+}
+
 /* The whole request: checks, cache, prompt prefill, generation. Errors carry the reason. */
 static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
 {
@@ -404,10 +479,14 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     if ((rc = st->svc ? kvm_worker_policy_with(st->cfg, m, st->strategy, st->strategy_len, cache, &pol)
                       : kvm_worker_policy_new(st->cfg, m, st->store, &st->wm.model_id, cache, &pol)))
         goto done;
-    if ((rc = kvm_forward_new(m, NULL, n_prompt, &f)) ||
-        (pol && (rc = kvm_forward_add_hooks(f, &pol->hooks))) ||
-        (rc = kvm_sampler_new(mc->vocab_size, (float)ask->temperature, 0.0f, seed, &smp)) ||
-        (rc = kvm_forward_prefill(f, cache, prompt, n_prompt, logits, KVM_LOGITS_LAST)))
+#ifdef KVM_WITH_CUDA
+    if (st->dm && (rc = upload(st->dm, cache))) goto done; /* (device workers have no policy: device_refusal) */
+    if (!st->dm)
+#endif
+        if ((rc = kvm_forward_new(m, NULL, n_prompt, &f)) || (pol && (rc = kvm_forward_add_hooks(f, &pol->hooks))))
+            goto done;
+    if ((rc = kvm_sampler_new(mc->vocab_size, (float)ask->temperature, 0.0f, seed, &smp)) ||
+        (rc = step(st, f, cache, prompt, n_prompt, 1, logits)))
         goto done;
     double t2 = kvm_now_ms();
     r->prefill_ms = t2 - t1;
@@ -417,7 +496,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         if (next == mc->bos_id || (stop_at_eos && kvm_model_is_eos(mc, next))) break;
         r->tokens[r->n_tokens++] = next;
         if (r->n_tokens == T) break;
-        if ((rc = kvm_forward_decode(f, cache, next, logits))) goto done;
+        if ((rc = step(st, f, cache, &next, 1, 0, logits))) goto done;
     }
     /* the pieces' bytes, then text that is valid UTF-8: a character split over tokens joins,
      * bytes that never form one (byte fallback, a cut-off end) and NUL become U+FFFD; the
@@ -495,6 +574,9 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
 static void teardown(void *stp)
 {
     decode_state *st = stp;
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model_free(&st->dm);
+#endif
     free(st->chat_open);
     free(st->chat_close);
     kvm_tokenizer_close(&st->tok_own);
@@ -510,6 +592,6 @@ int main(int argc, char **argv)
     static decode_state st;
     kvm_stage_ops ops = {
         .stage = "decode", .setup = setup, .complete = complete, .job_id = job_id, .work = work, .teardown = teardown,
-        .cpu_forward_only = 1};
+        .device_refusal = device_refusal};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -411,7 +411,7 @@ END_TEST
 /* `device`: one setting for the solver's device, as the flag of sculpt, eval and calibrate,
  * the method option (cuda:N keeps its ':' inside the ':'-joined method syntax) and a stage
  * worker's --device. Where there is no such device every spelling is refused before any
- * work, naming the device; the decode stage (the host forward alone) refuses cuda:N everywhere. */
+ * work, naming the device; the decode stage refuses cuda:N for configs it cannot serve there. */
 START_TEST(test_device_setting)
 {
     kvm_sculpt_opts o = kvm_sculpt_opts_default(), d = o;
@@ -465,13 +465,27 @@ START_TEST(test_device_setting)
         free(out);
         free(err);
     }
-    /* decode workers: their work is the host forward; refused on any host */
+    /* decode workers ([serve] devices): on any host, a config whose method keeps the cache with a
+     * decode-phase policy (the host forward's hooks) or whose cache is 16-bit is refused on a
+     * device, naming it, before the device is looked at; a config the device serves (method
+     * full) gets to the device check (none here: refused naming the device) */
     {
-        char *err, *out = run("'%s/kvmill-%s' --connect ipc:///nonexistent/kvm --device cuda:0%s", "decode", "", &rc, &err);
-        ck_assert_msg(rc == 2, "kvmill-decode: exit %d: %s", rc, err);
-        ck_assert_msg(strstr(err, "--device cuda:0: the ") && strstr(err, "host forward"), "stderr: %s", err);
-        free(out);
-        free(err);
+        char *dir = kvm_test_tmpdir(), cfg[4200], text[4600];
+        const char *cases[][2] = {{"[model]\npath = m.bin\n[compress]\nmethod = h2o\n", "method h2o keeps its cache within budget"},
+                                  {"[model]\npath = m.bin\nkv_dtype = f16\n[compress]\nmethod = full\n", "kv_dtype = f16"},
+                                  {"[model]\npath = m.bin\n[compress]\nmethod = full\n", "--device cuda:7: cuda:7"}};
+        for (int i = 0; i < 3; i++) {
+            snprintf(cfg, sizeof cfg, "%s/d%d.ini", dir, i);
+            snprintf(text, sizeof text, "%s", cases[i][0]);
+            ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+            char *err, *out = run("'%s/kvmill-decode' --connect ipc:///nonexistent/kvm --device cuda:7 --config '%s'%s",
+                                  cfg, "", &rc, &err);
+            ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "kvmill-decode, case %d: exit %d: %s", i, rc, err);
+            free(out);
+            free(err);
+        }
+        kvm_test_rmtree(dir);
+        free(dir);
     }
     /* prefill workers run on the device (issue 13): one this host lacks stops the worker before
      * it connects, naming the device, not the host forward */

@@ -1,11 +1,13 @@
-/* check_cuda_prefill.c: the prefill stage on the device (issue 13). With a CUDA device:
+/* check_cuda_prefill.c: the prefill and decode stages on the device (issue 13). With a CUDA device:
  * kvm_capture_cuda_prefill (model/kvm_forward_cuda.h) fills a capture equal to the host
  * forward's capture hooks' on stories260K and ../shared/golden's sequence (keys, values, pre- and
  * post-RoPE queries, entropies, received mass over a window; max|Δ|/max|ref| ≤ 1e-4 with float32
  * weights), refuses what it cannot do (a capture without queries, a mass window that ends early,
  * a prefill longer than the device model's batch), and `kvmill run` with [stages]
  * prefill_devices = cuda:0 stores caches whose mean KL ([eval] enabled, the summary's figure) is
- * within 1% of the run with prefill_devices = cpu for the eviction methods. Without a device (or
+ * within 1% of the run with prefill_devices = cpu for the eviction methods, and `kvmill serve` with
+ * [serve] devices = cuda:0 answers greedy asks over stored full and sculpt caches with the tokens
+ * of [serve] devices = cpu. Without a device (or
  * CUDA in the build) it prints one "SKIP: no CUDA device" line and checks that a run asking for
  * prefill_devices = cuda:0 and `kvmill-prefill --device cuda:0` are refused naming the device. */
 #include "kernels/kvm_kernels.h"
@@ -16,6 +18,8 @@
 
 #include <check.h>
 #include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +158,58 @@ END_TEST
 
 /* the pipeline: the eviction methods' stored caches from a prefill on cuda:0 give the CPU
  * prefill's KL within 1% (issue 13's end-to-end test), and the worker says where it runs */
+/* `kvmill serve` over the store `kvmill run` made with method `method`, its worker on `device`:
+ * the greedy answer to one ask, and the server's log in *log */
+static char *serve_answer(const char *dir, const char *method, const char *device, char **log)
+{
+    char cfg[4300], text[12000], logp[4300], front[4300], cmd[16384], *out = NULL, *err = NULL;
+    snprintf(cfg, sizeof cfg, "%s/serve-%s-%s.ini", dir, method, device);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = %s\nratio = 0.3\n[store]\npath = %s/store-%s-cpu\n"
+             "[run]\nrun_dir = %s/srun-%s-%s\nheartbeat_ms = 100\n[stages]\nbin_dir = %s\n[serve]\ndevices = %s\n"
+             "max_prompt_tokens = 8\nmax_new_tokens = 16\n",
+             kvm_test_data_path("models/stories260K.bin"), method, dir, method, dir, method, device, kvm_test_bin(),
+             device);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(logp, sizeof logp, "%s/serve-%s-%s.log", dir, method, device);
+    snprintf(front, sizeof front, "ipc://%s/front-%s-%s", dir, method, device);
+    const char *args[] = {"--config", cfg, "--bind", front, NULL};
+    pid_t pid;
+    ck_assert_int_eq(kvm_test_serve_start(args, logp, 30, &pid), -1);
+    char doc[4300];
+    snprintf(doc, sizeof doc, "%s", kvm_test_data_path("corpus/doc_001.txt"));
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --prompt 'Then the' -n 16 --timeout 30",
+             kvm_test_bin(), front, doc);
+    const int rc = kvm_test_run(cmd, &out, &err);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    ck_assert_msg(rc == 0, "%s on %s: ask exited %d: %s", method, device, rc, err);
+    free(err);
+    *log = kvm_test_read_file(logp, NULL);
+    return out;
+}
+
+START_TEST(test_serve_on_device)
+{
+    char *dir = kvm_test_tmpdir();
+    const char *methods[] = {"full", "sculpt"};
+    for (int i = 0; i < 2; i++) {
+        char *err, *log_cpu, *log_cuda;
+        int rc;
+        run_kl(dir, methods[i], "cpu", &rc, &err); /* the store both servers read */
+        ck_assert_msg(rc == 0, "%s: kvmill run: exit %d: %s", methods[i], rc, err);
+        free(err);
+        char *cpu = serve_answer(dir, methods[i], "cpu", &log_cpu), *cuda = serve_answer(dir, methods[i], "cuda:0", &log_cuda);
+        printf("kvmill serve, %s cache: cpu '%s', cuda:0 '%s'\n", methods[i], strtok(cpu, "\n"), strtok(cuda, "\n"));
+        ck_assert_msg(log_cuda && strstr(log_cuda, "prompts and answers on cuda:0"), "log: %s", log_cuda);
+        ck_assert_str_eq(cpu, cuda);
+        free(cpu), free(cuda), free(log_cpu), free(log_cuda);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_run_prefill_on_device)
 {
     char *dir = kvm_test_tmpdir();
@@ -196,6 +252,7 @@ int main(void)
         tcase_add_test(tc, test_capture_matches_host);
         tcase_add_test(tc, test_capture_refusals);
         tcase_add_test(tc, test_run_prefill_on_device);
+        tcase_add_test(tc, test_serve_on_device);
 #endif
     }
     suite_add_tcase(s, tc);

@@ -488,6 +488,19 @@ START_TEST(test_nonlocal_without_keys)
 }
 END_TEST
 
+/* [serve] devices: a device this host lacks is refused before anything starts (exit 2),
+ * naming the key and the device */
+START_TEST(test_devices_refused)
+{
+    if (kvm_kernels_cuda(7)) return; /* this host has such a device */
+    write_config("devices = cpu,cuda:7", NULL);
+    ck_assert_int_eq(start_serve(NULL), 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "[serve] devices: cuda:7");
+    free(log);
+}
+END_TEST
+
 START_TEST(test_worker_setup_failure)
 {
     write_config(NULL, NULL);
@@ -668,6 +681,7 @@ int main(void)
     suite_add_tcase(su, tcase("answer_equals_inprocess", test_answer_equals_inprocess));
     suite_add_tcase(su, tcase("answer_f16_cache", test_answer_f16_cache));
     suite_add_tcase(su, tcase("run_then_serve", test_run_then_serve));
+    suite_add_tcase(su, tcase("devices_refused", test_devices_refused));
     suite_add_tcase(su, tcase("missing_cache", test_missing_cache));
     suite_add_tcase(su, tcase("compute_missing", test_compute_missing));
     suite_add_tcase(su, tcase("prompt_too_long", test_prompt_too_long));
