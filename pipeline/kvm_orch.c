@@ -18,7 +18,6 @@
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
-#include "kernels/kvm_kernels.h"
 
 #include <dirent.h>
 #include <errno.h>
