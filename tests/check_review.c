@@ -523,7 +523,7 @@ START_TEST(test_bind_port_out_of_range)
                          "tcp://127.0.0.1",       "tcp://127.0.0.1:55x",   "tcp://[::1]"};
     char args[12000], *out, *err;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s/s.lmdb' --bind '%s'",
+        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --create --store '%s/s.lmdb' --bind '%s'",
                  kvm_test_bin(), tmp, bad[i]);
         int rc = kvm_test_run(args, &out, &err);
         ck_assert_msg(rc == 2 && strstr(err, "kvmill-store: --bind '") && strstr(err, "the port is not a number in [0, 65535]"),
@@ -560,6 +560,39 @@ START_TEST(test_bind_port_out_of_range)
                   "exit %d: %s", rc, err);
     free(out);
     free(err);
+}
+END_TEST
+
+/* `kvmill store serve --store /typo` made a new, empty store there and said ready: uploads then
+ * went where no run reads. A store that does not exist (no directory, or one without data.mdb)
+ * is refused, exit 2, naming the path and --create, and nothing is made; --create makes it. */
+START_TEST(test_store_serve_missing_store)
+{
+    char path[4400], args[12000], *out, *err;
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/typo.lmdb", tmp);
+    for (int empty_dir = 0; empty_dir < 2; empty_dir++) {
+        if (empty_dir) ck_assert_int_eq(mkdir(path, 0775), 0);
+        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s' --bind tcp://127.0.0.1:0",
+                 kvm_test_bin(), path);
+        int rc = kvm_test_run(args, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, path) && strstr(err, "give --create to start the service on a new"),
+                      "exit %d: %s", rc, err);
+        ck_assert_msg(!strstr(out, "ready on"), "stdout: %s", out);
+        ck_assert_int_eq(stat(path, &sb), empty_dir ? 0 : -1); /* nothing made */
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args,
+             "timeout -s TERM 3 '%s/kvmill' store serve --create --store '%s' --bind tcp://127.0.0.1:0", kvm_test_bin(),
+             path);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 124 && strstr(out, "kvmill-store: ready on tcp://127.0.0.1:"), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    char data[4500];
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    ck_assert_int_eq(stat(data, &sb), 0);
 }
 END_TEST
 
@@ -620,6 +653,7 @@ static Suite *review_suite(void)
         {"store_commands_refuse_endpoint", test_store_commands_refuse_endpoint},
         {"run_service_down_from_start", test_run_service_down_from_start},
         {"runner_names_crash", test_runner_names_crash},
+        {"store_serve_missing_store", test_store_serve_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
