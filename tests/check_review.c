@@ -3,15 +3,18 @@
  * strict decimal numbers, exit statuses of refusals, doubled message prefixes, serve on a store
  * that does not exist, and make test's report of a suite that crashed before reporting. */
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "common/kvm_number.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_storecli.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -596,6 +599,59 @@ START_TEST(test_store_serve_missing_store)
 }
 END_TEST
 
+/* Runs fn(arg) with this process's fd (1 or 2) going to tmp/NAME, then reads that file back
+ * (malloc'ed). Each Check test runs in a child process, so the redirection ends with it anyway. */
+static char *capture_fd(int fd, const char *name, void (*fn)(void *), void *arg)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    fflush(stdout), fflush(stderr);
+    int saved = dup(fd), f = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert(saved >= 0 && f >= 0);
+    ck_assert_int_eq(dup2(f, fd), fd);
+    close(f);
+    fn(arg);
+    fflush(stdout), fflush(stderr);
+    ck_assert_int_eq(dup2(saved, fd), fd);
+    close(saved);
+    char *text = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(text);
+    return text;
+}
+
+/* a claim renewal to a port nothing listens on, two attempts: one retry line, then the error */
+static void renew_nowhere(void *arg)
+{
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(NULL, "tcp://127.0.0.1:1", &c), 0);
+    int64_t n = 0;
+    *(int *)arg = kvm_storecli_renew(c, "run:x", 1000, 0, 100, 2, &n);
+    kvm_storecli_close(&c);
+}
+
+/* The store service client's retry lines ("[storecli] ... no reply ...") were written to stderr
+ * as text whatever [run] log_format said: with json every line of the process is one JSON
+ * object, the retry an event of its own naming the endpoint. */
+START_TEST(test_storecli_retry_log_json)
+{
+    ck_assert_int_eq(kvm_log_setup("compress", "[compress w1] ", "json"), 0);
+    int rc = 0;
+    char *err = capture_fd(2, "json.err", renew_nowhere, &rc);
+    ck_assert_int_eq(rc, KVM_EIO);
+    ck_assert_msg(strstr(err, "\"event\":\"store_retry\"") && strstr(err, "\"endpoint\":\"tcp://127.0.0.1:1\"") &&
+                      strstr(err, "(attempt 1 of 2)"),
+                  "stderr: %s", err);
+    for (char *line = err; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line))
+        ck_assert_msg(*line == '{', "a line that is not JSON: %s", line);
+    free(err);
+    ck_assert_int_eq(kvm_log_setup("compress", "[compress w1] ", "text"), 0);
+    err = capture_fd(2, "text.err", renew_nowhere, &rc);
+    ck_assert_msg(!strncmp(err, "[compress w1] store service tcp://127.0.0.1:1: no reply to renew_claims", 70),
+                  "stderr: %s", err);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -654,6 +710,7 @@ static Suite *review_suite(void)
         {"run_service_down_from_start", test_run_service_down_from_start},
         {"runner_names_crash", test_runner_names_crash},
         {"store_serve_missing_store", test_store_serve_missing_store},
+        {"storecli_retry_log_json", test_storecli_retry_log_json},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
