@@ -714,6 +714,13 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc)
         rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
                        &n_jobs);
+    for (int j = 0; !rc && target && j < n_jobs; j++)
+        if (!strcmp(jobs[j].m->name, "full")) { /* as [compress] target_kl refuses it (kvm_jobcfg_check) */
+            fprintf(stderr, "kvmill " CMD ": --target-kl chooses a budget per document, which method full does not "
+                            "take (it keeps every entry: KL 0, the reference the others are scored against); leave "
+                            "full out of --method\n");
+            rc = 2;
+        }
     if (!rc && kvm_cli_check_out(CMD, "csv", csv_path)) rc = 2;
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
