@@ -652,6 +652,25 @@ START_TEST(test_storecli_retry_log_json)
 }
 END_TEST
 
+static void skip_three(void *arg)
+{
+    (void)arg;
+    kvm_test_skip("golden/gen not in KVMILL_SHARED");
+    kvm_test_skip("no CUDA device");
+    kvm_test_skip("golden/gen not in KVMILL_SHARED");
+}
+
+/* kvm_test_skip printed the first SKIP line of a process only: a suite whose fixture skipped
+ * (in the parent) or that ran without fork said one reason for all its skipped tests. Each
+ * reason gets its line, once. */
+START_TEST(test_skip_each_reason_once)
+{
+    char *out = capture_fd(1, "skip.out", skip_three, NULL);
+    ck_assert_str_eq(out, "SKIP: golden/gen not in KVMILL_SHARED\nSKIP: no CUDA device\n");
+    free(out);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -711,6 +730,7 @@ static Suite *review_suite(void)
         {"runner_names_crash", test_runner_names_crash},
         {"store_serve_missing_store", test_store_serve_missing_store},
         {"storecli_retry_log_json", test_storecli_retry_log_json},
+        {"skip_each_reason_once", test_skip_each_reason_once},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -40,9 +40,14 @@ int kvm_test_quick(void)
 
 void kvm_test_skip(const char *why)
 {
-    static int said;
-    if (said) return;
-    said = 1;
+    /* each reason once (a test asking for one absent file several times says it once), but
+     * every reason: a flag for the first line alone silenced the other skipped tests' reasons
+     * in the processes forked after it (a fixture's skip in the parent, or CK_FORK=no) */
+    static char *said[64];
+    static int n_said;
+    for (int i = 0; i < n_said; i++)
+        if (!strcmp(said[i], why)) return;
+    if (n_said < 64 && (said[n_said] = strdup(why))) n_said++;
     printf("SKIP: %s\n", why);
     fflush(stdout);
 }
