@@ -666,7 +666,7 @@ int kvm_cmd_eval(int argc, char **argv)
     eval_job *jobs = NULL;
     int n_jobs = 0;
     FILE *csv = NULL;
-    if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
+    rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok);
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
     char *chat_open = NULL, *chat_close = NULL; /* --chat over KL: documents framed as run frames them */
     if (!rc && ta.chat && kvm_chat_frame(tok, ta.system, &chat_open, &chat_close)) { /* --task frames its own */

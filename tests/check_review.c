@@ -671,6 +671,53 @@ START_TEST(test_skip_each_reason_once)
 }
 END_TEST
 
+/* A model file the user named that does not open (missing, a directory, truncated, not a
+ * model) exited 1, the runtime status: it is a usage error, exit 2, from every command that
+ * opens one (kvm_cli_open_model), the path named; a --tokenizer likewise. */
+START_TEST(test_bad_model_file_exit_2)
+{
+    char trunc[4400], foreign[4400], missing[4400], cfgp[4400], text[9000], args[16000], *out, *err;
+    snprintf(trunc, sizeof trunc, "%s/trunc.bin", tmp);
+    snprintf(foreign, sizeof foreign, "%s/foreign.bin", tmp);
+    snprintf(missing, sizeof missing, "%s/missing.bin", tmp);
+    size_t n;
+    char *model = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n);
+    ck_assert_ptr_nonnull(model);
+    ck_assert_int_eq(kvm_test_write_file(trunc, model, 4096), 0);
+    free(model);
+    ck_assert_int_eq(kvm_test_write_file(foreign, "[model]\npath = x\n", 18), 0);
+    const char *bad[] = {missing, tmp, trunc, foreign};
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        for (int c = 0; c < 5; c++) {
+            if (c == 0) snprintf(args, sizeof args, "info --model '%s'", bad[i]);
+            if (c == 1) snprintf(args, sizeof args, "generate --model '%s' --prompt x -n 1", bad[i]);
+            if (c == 2)
+                snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --budget 16 --method h2o",
+                         bad[i], doc);
+            if (c == 3)
+                snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'", bad[i], doc, tmp);
+            if (c == 4) {
+                snprintf(cfgp, sizeof cfgp, "%s/bad.ini", tmp);
+                snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = h2o\nbudget = 16\n",
+                         bad[i]);
+                ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
+                snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfgp, doc);
+            }
+            int rc = kvmill(args, &out, &err);
+            ck_assert_msg(rc == 2 && strstr(err, bad[i]), "%s: exit %d: %s", args, rc, err);
+            free(out);
+            free(err);
+        }
+    snprintf(args, sizeof args, "generate --model '%s' --tokenizer '%s' --prompt x -n 1",
+             kvm_test_data_path("models/stories260K.bin"), missing);
+    int rc = kvmill(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, missing), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -731,6 +778,7 @@ static Suite *review_suite(void)
         {"store_serve_missing_store", test_store_serve_missing_store},
         {"storecli_retry_log_json", test_storecli_retry_log_json},
         {"skip_each_reason_once", test_skip_each_reason_once},
+        {"bad_model_file_exit_2", test_bad_model_file_exit_2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
