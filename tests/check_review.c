@@ -673,7 +673,8 @@ END_TEST
 
 /* A model file the user named that does not open (missing, a directory, truncated, not a
  * model) exited 1, the runtime status: it is a usage error, exit 2, from every command that
- * opens one (kvm_cli_open_model), the path named; a --tokenizer likewise. */
+ * opens one (kvm_cli_open_model), the path named; a --tokenizer likewise; and serve checks it
+ * at start rather than leaving its decode workers to fail. */
 START_TEST(test_bad_model_file_exit_2)
 {
     char trunc[4400], foreign[4400], missing[4400], cfgp[4400], text[9000], args[16000], *out, *err;
@@ -713,6 +714,16 @@ START_TEST(test_bad_model_file_exit_2)
              kvm_test_data_path("models/stories260K.bin"), missing);
     int rc = kvmill(args, &out, &err);
     ck_assert_msg(rc == 2 && strstr(err, missing), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* serve: its decode workers failed three times at setup, then exit 1 */
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n", missing);
+    ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' serve --config '%s' --compute-missing --bind tcp://127.0.0.1:0",
+             kvm_test_bin(), cfgp);
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill serve: ") && strstr(err, missing) && !strstr(err, "[decode"),
+                  "exit %d: %s", rc, err);
     free(out);
     free(err);
 }
