@@ -700,10 +700,12 @@ int kvm_cmd_eval(int argc, char **argv)
     char n_buf[32];
     snprintf(n_buf, sizeof n_buf, "%lld", (long long)N); /* placeholder budget; each probe makes its own options */
     char flags[2048] = "";
+    const char *sculpt_flag = NULL; /* the first sculpt option given as a flag (not --threads, --device) */
     size_t at = 0;
     for (int i = 0; i < n_set; i++) { /* table order; --threads and --device too */
         const int own = !strcmp(set[i].name, "threads") || !strcmp(set[i].name, "device");
         const char *v = eval_flag(&set[i]) || own ? kvm_cli_get(opts, set[i].flag) : NULL;
+        if (v && !own && !sculpt_flag) sculpt_flag = set[i].flag;
         if (!rc && v && strpbrk(v, strcmp(set[i].name, "device") ? ":,=" : ",=")) { /* cuda:N keeps its ':' */
             fprintf(stderr, "kvmill " CMD ": --%s: '%s' may not contain ':', ',' or '='\n", set[i].flag, v);
             rc = 2;
@@ -714,6 +716,14 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc)
         rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
                        &n_jobs);
+    int any_sculpt = 0;
+    for (int j = 0; j < n_jobs; j++) any_sculpt |= sculpt_family(jobs[j].m);
+    if (!rc && sculpt_flag && !any_sculpt) { /* it would apply to none: the run would ignore it unsaid */
+        fprintf(stderr, "kvmill " CMD ": --%s is a sculpt option, and --method %s has no method it applies to "
+                        "(sculpt, selectfit, joint-fixed, am, kvzip, polykv:FILE); drop it or add one\n",
+                sculpt_flag, method);
+        rc = 2;
+    }
     for (int j = 0; !rc && target && j < n_jobs; j++)
         if (!strcmp(jobs[j].m->name, "full")) { /* as [compress] target_kl refuses it (kvm_jobcfg_check) */
             fprintf(stderr, "kvmill " CMD ": --target-kl chooses a budget per document, which method full does not "

@@ -729,6 +729,31 @@ START_TEST(test_bad_model_file_exit_2)
 }
 END_TEST
 
+/* eval applies its sculpt flags to the sculpt-family methods of --method: with none there
+ * (`--method h2o --on-policy`, `--retain 8`) they did nothing and the run said nothing, while
+ * kvmill run refuses on_policy with h2o. Now refused, exit 2; --threads still applies to all. */
+START_TEST(test_eval_sculpt_flag_without_sculpt_method)
+{
+    const char *bad[] = {"--method h2o --on-policy", "--method streaming,snapkv --retain 8"};
+    const char *flag[] = {"--on-policy is a sculpt option", "--retain is a sculpt option"};
+    char args[12000], *out, *err;
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 %s",
+                 kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"), bad[i]);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, flag[i]) && strstr(err, "has no method it applies to"), "stderr: %s", err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 --method h2o "
+             "--threads 1", kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 0);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -790,6 +815,7 @@ static Suite *review_suite(void)
         {"storecli_retry_log_json", test_storecli_retry_log_json},
         {"skip_each_reason_once", test_skip_each_reason_once},
         {"bad_model_file_exit_2", test_bad_model_file_exit_2},
+        {"eval_sculpt_flag_without_sculpt_method", test_eval_sculpt_flag_without_sculpt_method},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
