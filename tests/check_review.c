@@ -563,6 +563,13 @@ START_TEST(test_bind_port_out_of_range)
                   "exit %d: %s", rc, err);
     free(out);
     free(err);
+    /* an empty host was said to be a bad port */
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' run --config '%s' --store tcp://:5560 --corpus '%s'",
+             kvm_test_bin(), cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "store service 'tcp://:5560': the host is empty"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
 }
 END_TEST
 
