@@ -16,10 +16,12 @@
 #include <check.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char *tmp;
@@ -761,6 +763,36 @@ START_TEST(test_eval_sculpt_flag_without_sculpt_method)
 }
 END_TEST
 
+/* serve over a store service that does not answer: a decode worker waited for get_cache as long
+ * as for an upload ([store] upload_timeout_ms, 60 s), so `kvmill ask` (30 s) got no answer and a
+ * hint that serve was not running. It waits as for a claim ([run] heartbeat_ms x liveness) and
+ * answers with the error: here 1 s. */
+START_TEST(test_serve_remote_store_down_answers)
+{
+    char cfg[4400], text[8192], log[4400], front[4400], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(log, sizeof log, "%s/serve.log", tmp);
+    snprintf(front, sizeof front, "ipc://%s/front", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = h2o\nbudget = 16\n[store]\npath = "
+             "tcp://127.0.0.1:1\n[run]\nheartbeat_ms = 200\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    const char *argv[] = {"--config", cfg, "--bind", front, "--workers", "1", NULL};
+    pid_t pid;
+    ck_assert_int_eq(kvm_test_serve_start(argv, log, 60, &pid), -1);
+    snprintf(args, sizeof args, "ask --connect '%s' --doc '%s' --prompt x -n 2 --timeout 25", front,
+             kvm_test_data_path("corpus/doc_000.txt"));
+    int rc = kvmill(args, &out, &err);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    ck_assert_msg(rc == 1 && strstr(err, "store service tcp://127.0.0.1:1: no reply within 1000 ms"), "exit %d: %s",
+                  rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -823,6 +855,7 @@ static Suite *review_suite(void)
         {"skip_each_reason_once", test_skip_each_reason_once},
         {"bad_model_file_exit_2", test_bad_model_file_exit_2},
         {"eval_sculpt_flag_without_sculpt_method", test_eval_sculpt_flag_without_sculpt_method},
+        {"serve_remote_store_down_answers", test_serve_remote_store_down_answers},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
