@@ -428,11 +428,11 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     sock = zctx ? zmq_socket(zctx, ZMQ_ROUTER) : NULL;
     int linger = 0;
     if (!sock || zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger)) {
-        fprintf(stderr, "kvmill-store: cannot make a socket: %s\n", zmq_strerror(errno));
+        kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "cannot make a socket: %s", zmq_strerror(errno));
         goto done;
     }
     if (kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "--bind")) {
-        fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg());
+        kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "%s", kvm_errmsg());
         goto done;
     }
     char bound[1100];

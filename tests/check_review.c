@@ -793,6 +793,24 @@ START_TEST(test_serve_remote_store_down_answers)
 }
 END_TEST
 
+/* The store service's start errors after its log was set up (a bind that fails) were text
+ * whatever [run] log_format said; they are one JSON object, as its other lines. */
+START_TEST(test_store_serve_bind_error_json)
+{
+    char cfg[4400], text[8192], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/j.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = m.bin\n[run]\nlog_format = json\n");
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "store serve --create --config '%s' --store '%s/s.lmdb' --bind tcp://10.1.2.3:5560",
+             cfg, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\"") && strstr(err, "is not local"), "stderr: %s",
+                  err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -856,6 +874,7 @@ static Suite *review_suite(void)
         {"bad_model_file_exit_2", test_bad_model_file_exit_2},
         {"eval_sculpt_flag_without_sculpt_method", test_eval_sculpt_flag_without_sculpt_method},
         {"serve_remote_store_down_answers", test_serve_remote_store_down_answers},
+        {"store_serve_bind_error_json", test_store_serve_bind_error_json},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
