@@ -589,7 +589,7 @@ START_TEST(test_cli_errors)
                               "--method h2o --budget 16 --task recall --cases 1 --context 500 --answer-tokens 12",
                               kvm_test_data(), NULL),
                        &o2, &e2);
-    ck_assert_msg(st2 == 1 && strstr(e2, "--answer-tokens 12 exceed the model's window of 512 tokens"),
+    ck_assert_msg(st2 == 2 && strstr(e2, "--answer-tokens 12 exceed the model's window of 512 tokens"), /* usage */
                   "exit %d, stderr %s", st2, e2);
     free(o2);
     free(e2);

@@ -745,10 +745,11 @@ START_TEST(test_eval_sculpt_flag_without_sculpt_method)
 {
     const char *bad[] = {"--method h2o --on-policy", "--method streaming,snapkv --retain 8"};
     const char *flag[] = {"--on-policy is a sculpt option", "--retain is a sculpt option"};
-    char args[12000], *out, *err;
+    char args[12000], model[4400], *out, *err;
+    snprintf(model, sizeof model, "%s", kvm_test_data_path("models/stories260K.bin")); /* a static buffer */
     for (int i = 0; i < 2; i++) {
-        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 %s",
-                 kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"), bad[i]);
+        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 %s", model,
+                 kvm_test_data_path("corpus/doc_000.txt"), bad[i]);
         ck_assert_int_eq(kvmill(args, &out, &err), 2);
         ck_assert_msg(strstr(err, flag[i]) && strstr(err, "has no method it applies to"), "stderr: %s", err);
         ck_assert_str_eq(out, "");
@@ -756,7 +757,7 @@ START_TEST(test_eval_sculpt_flag_without_sculpt_method)
         free(err);
     }
     snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 --method h2o "
-             "--threads 1", kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
+             "--threads 1", model, kvm_test_data_path("corpus/doc_000.txt"));
     ck_assert_int_eq(kvmill(args, &out, &err), 0);
     free(out);
     free(err);
@@ -806,6 +807,24 @@ START_TEST(test_store_serve_bind_error_json)
     ck_assert_int_eq(kvmill(args, &out, &err), 2);
     ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\"") && strstr(err, "is not local"), "stderr: %s",
                   err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* eval --task with a --context the inserted fact alone fills cut the document to nothing and
+ * failed with "task: empty document", exit 1: it names --context, exit 2. */
+START_TEST(test_eval_task_context_too_short)
+{
+    char args[12000], *out, *err;
+    char model[4400];
+    snprintf(model, sizeof model, "%s", kvm_test_data_path("models/stories260K.bin")); /* a static buffer */
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 16 --budget 8 --method h2o --task passkey "
+             "--cases 1", model, kvm_test_data_path("corpus"));
+    int rc = kvmill(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "--context 16 leaves no room for the document") &&
+                      !strstr(err, "empty document"),
+                  "exit %d: %s%s", rc, out, err);
     free(out);
     free(err);
 }
@@ -875,6 +894,7 @@ static Suite *review_suite(void)
         {"eval_sculpt_flag_without_sculpt_method", test_eval_sculpt_flag_without_sculpt_method},
         {"serve_remote_store_down_answers", test_serve_remote_store_down_answers},
         {"store_serve_bind_error_json", test_store_serve_bind_error_json},
+        {"eval_task_context_too_short", test_eval_task_context_too_short},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
