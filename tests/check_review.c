@@ -830,6 +830,20 @@ START_TEST(test_eval_task_context_too_short)
 }
 END_TEST
 
+/* kvm_test_data_path had one static buffer: `"--model '%s' --docs '%s'", kvm_test_data_path(m),
+ * kvm_test_data_path(d)` gave the same path twice, so several tests ran the model file as the
+ * document (or the reverse) and still passed. Two calls in one argument list differ now. */
+START_TEST(test_data_path_buffers)
+{
+    char both[9000];
+    snprintf(both, sizeof both, "%s|%s", kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(strstr(both, "models/stories260K.bin|") && strstr(both, "|") &&
+                      strstr(strchr(both, '|'), "corpus/doc_000.txt"),
+                  "%s", both);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -895,6 +909,7 @@ static Suite *review_suite(void)
         {"serve_remote_store_down_answers", test_serve_remote_store_down_answers},
         {"store_serve_bind_error_json", test_store_serve_bind_error_json},
         {"eval_task_context_too_short", test_eval_task_context_too_short},
+        {"data_path_buffers", test_data_path_buffers},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -81,9 +81,13 @@ const char *kvm_test_data(void)
 
 const char *kvm_test_data_path(const char *rel)
 {
-    static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/data/%s", srcdir(), rel);
-    return buf;
+    /* a few buffers in turn: one buffer made `f(kvm_test_data_path(a), kvm_test_data_path(b))`
+     * pass the same path twice (--model X --docs X), whichever the compiler evaluated last */
+    static char buf[8][4096];
+    static unsigned next;
+    char *b = buf[next++ % 8];
+    snprintf(b, sizeof buf[0], "%s/data/%s", srcdir(), rel);
+    return b;
 }
 
 const char *kvm_test_bin(void)

@@ -28,7 +28,8 @@ void kvm_test_skip(const char *why);
 /* The repository's embedded data (data/, always present): models/stories260K.bin,
  * models/tok512.bin, corpus/doc_000.txt .. doc_005.txt (= ../shared/data/long's first six).
  * Absolute path of the source tree's data/ ($KVMILL_SRCDIR's where set: test binaries carried to
- * a GPU host) joined with `rel`, in a static buffer (valid until the next call). */
+ * a GPU host) joined with `rel`, in one of 8 static buffers used in turn (valid for the next 7
+ * calls, so one argument list may hold several). */
 const char *kvm_test_data_path(const char *rel);
 /* The embedded data folder itself ("<source tree>/data"), in a static buffer; never NULL. */
 const char *kvm_test_data(void);
