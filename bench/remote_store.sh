@@ -36,7 +36,7 @@ field() { grep -o " $2=[0-9]*" "$1" | cut -d= -f2; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 fresh() { rm -rf "$T/store.lmdb"; }
 service() {
-    "$BIN/kvmill" store serve --store "$T/store.lmdb" --bind "tcp://127.0.0.1:$PORT" >"$T/svc.out" 2>"$T/svc.err" &
+    "$BIN/kvmill" store serve --create --store "$T/store.lmdb" --bind "tcp://127.0.0.1:$PORT" >"$T/svc.out" 2>"$T/svc.err" &
     SVC=$!
     for _ in $(seq 100); do grep -q ready "$T/svc.out" && return; sleep 0.1; done
     echo "the store service did not start"; exit 1

@@ -103,11 +103,11 @@ static int read_file(const char *path, unsigned char **buf, int64_t *size)
         goto fail;
     }
     if (S_ISDIR(st.st_mode)) {
-        rc = kvm_err(KVM_EIO, "%s: is a directory, expected a tokenizer file", path);
+        rc = kvm_err(KVM_EFORMAT, "%s: is a directory, expected a tokenizer file", path);
         goto fail;
     }
     if (!S_ISREG(st.st_mode)) {
-        rc = kvm_err(KVM_EIO, "%s: not a regular file", path);
+        rc = kvm_err(KVM_EFORMAT, "%s: not a regular file", path);
         goto fail;
     }
     if ((int64_t)st.st_size > KVM_TOK_MAX_FILE_BYTES) {

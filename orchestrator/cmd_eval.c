@@ -665,7 +665,7 @@ int kvm_cmd_eval(int argc, char **argv)
     eval_job *jobs = NULL;
     int n_jobs = 0;
     FILE *csv = NULL;
-    if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
+    rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok);
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
     char *chat_open = NULL, *chat_close = NULL; /* --chat over KL: documents framed as run frames them */
     if (!rc && ta.chat && kvm_chat_frame(tok, ta.system, &chat_open, &chat_close)) { /* --task frames its own */
@@ -699,10 +699,12 @@ int kvm_cmd_eval(int argc, char **argv)
     char n_buf[32];
     snprintf(n_buf, sizeof n_buf, "%lld", (long long)N); /* placeholder budget; each probe makes its own options */
     char flags[2048] = "";
+    const char *sculpt_flag = NULL; /* the first sculpt option given as a flag (not --threads, --device) */
     size_t at = 0;
     for (int i = 0; i < n_set; i++) { /* table order; --threads and --device too */
         const int own = !strcmp(set[i].name, "threads") || !strcmp(set[i].name, "device");
         const char *v = eval_flag(&set[i]) || own ? kvm_cli_get(opts, set[i].flag) : NULL;
+        if (v && !own && !sculpt_flag) sculpt_flag = set[i].flag;
         if (!rc && v && strpbrk(v, strcmp(set[i].name, "device") ? ":,=" : ",=")) { /* cuda:N keeps its ':' */
             fprintf(stderr, "kvmill " CMD ": --%s: '%s' may not contain ':', ',' or '='\n", set[i].flag, v);
             rc = 2;
@@ -713,6 +715,21 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc)
         rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
                        &n_jobs);
+    int any_sculpt = 0;
+    for (int j = 0; j < n_jobs; j++) any_sculpt |= sculpt_family(jobs[j].m);
+    if (!rc && sculpt_flag && !any_sculpt) { /* it would apply to none: the run would ignore it unsaid */
+        fprintf(stderr, "kvmill " CMD ": --%s is a sculpt option, and --method %s has no method it applies to "
+                        "(sculpt, selectfit, joint-fixed, am, kvzip, polykv:FILE); drop it or add one\n",
+                sculpt_flag, method);
+        rc = 2;
+    }
+    for (int j = 0; !rc && target && j < n_jobs; j++)
+        if (!strcmp(jobs[j].m->name, "full")) { /* as [compress] target_kl refuses it (kvm_jobcfg_check) */
+            fprintf(stderr, "kvmill " CMD ": --target-kl chooses a budget per document, which method full does not "
+                            "take (it keeps every entry: KL 0, the reference the others are scored against); leave "
+                            "full out of --method\n");
+            rc = 2;
+        }
     if (!rc && kvm_cli_check_out(CMD, "csv", csv_path)) rc = 2;
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));

@@ -67,6 +67,12 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
         kvm_task_case_deinit(tc);
         free(ctx);
         ctx = NULL;
+        if (use == 0) { /* the fact (and the frame) alone take the context: not an empty document */
+            rc = kvm_err(KVM_EINVAL, "task case %llu: --context %lld leaves no room for the document beside the fact "
+                                     "inserted (and the chat frame): raise --context",
+                         (unsigned long long)index, (long long)a->n_ctx);
+            break;
+        }
         if ((rc = kvm_task_make(a->kind, text, use, index, tc))) break;
         if ((rc = encode(a->tok, fr->open, tc->document, bos, &ctx, &nc))) break;
         if (nc <= a->n_ctx) break;
@@ -307,5 +313,5 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     free(gained);
     free(fr.open);
     free(fr.close);
-    return rc ? 1 : 0;
+    return rc == KVM_EINVAL ? 2 : rc ? 1 : 0; /* EINVAL: a context or document the task cannot use (usage) */
 }

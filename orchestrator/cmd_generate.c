@@ -213,7 +213,8 @@ int kvm_cmd_generate(int argc, char **argv)
     if (kvm_cli_setup_device("generate", kvm_cli_get(opts, "device"), kvm_cli_get(opts, "threads"), &k)) return 2;
     kvm_model *m;
     kvm_tokenizer *tok;
-    if (kvm_cli_open_model("generate", model_path, kvm_cli_get(opts, "tokenizer"), !tokens, &m, &tok)) return 1;
+    int ost = kvm_cli_open_model("generate", model_path, kvm_cli_get(opts, "tokenizer"), !tokens, &m, &tok);
+    if (ost) return ost;
     if (kvm_cli_weight_dtype("generate", kvm_cli_get(opts, "weight-dtype"), m)) {
         kvm_tokenizer_close(&tok);
         kvm_model_close(&m);

@@ -15,7 +15,8 @@ int kvm_cmd_info(int argc, char **argv)
     const char *path = kvm_cli_get(opts, "model");
     if (!path) { fprintf(stderr, "kvmill info: --model is required\n"); return 2; }
     kvm_model *m;
-    if (kvm_cli_open_model("info", path, NULL, 0, &m, NULL)) return 1;
+    int ost = kvm_cli_open_model("info", path, NULL, 0, &m, NULL);
+    if (ost) return ost;
     const char *wd = kvm_cli_get(opts, "weight-dtype");
     if (kvm_cli_weight_dtype("info", wd, m)) {
         kvm_model_close(&m);

@@ -138,7 +138,9 @@ int kvm_cmd_run(int argc, char **argv)
     char *chat_open = NULL, *chat_close = NULL;
     int status = 1;
     const char *tp = kvm_config_str(cfg, "model", "tokenizer");
-    if (kvm_cli_open_model("run", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 0, &m, &tok)) goto done;
+    status = kvm_cli_open_model("run", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 0, &m, &tok);
+    if (status) goto done;
+    status = 1;
     if (kvm_corpus_read(corpus_path, &corpus)) {
         fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run"));
         status = 2;

@@ -119,7 +119,8 @@ int kvm_cmd_sculpt(int argc, char **argv)
                         "the solver on cuda:%d\n", o.cuda_device);
     kvm_model *m;
     kvm_tokenizer *tok;
-    if (kvm_cli_open_model("sculpt", model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) return 1;
+    int ost = kvm_cli_open_model("sculpt", model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok);
+    if (ost) return ost;
     size_t len;
     char *text = read_text(doc, &len);
     int32_t *ids = NULL;

@@ -17,19 +17,23 @@
 #include <unistd.h>
 
 /* What every decode worker checks at setup (settings that do not go together, kvm_jobcfg_check;
- * [model] chat = true with a model whose tokenizer has no chat template) is refused here, naming
- * the user's file, rather than by every worker (which would name serve's resolved copy) until
- * serve gives up. Returns 0, or nonzero with the message printed. */
+ * a model or tokenizer that does not open; [model] chat = true with a model whose tokenizer has
+ * no chat template) is refused here, naming the user's file, rather than by every worker (which
+ * would name serve's resolved copy) until serve gives up. The model is opened only when this
+ * host starts workers or frames chats: workers started by hand on other hosts may hold it at a
+ * path this host lacks. Returns 0, or nonzero with the message printed. */
 static int check_config(const kvm_config *cfg)
 {
     if (kvm_jobcfg_check(cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), KVM_EINVAL;
-    if (!kvm_config_bool(cfg, "model", "chat")) return 0;
+    const int chat = kvm_config_bool(cfg, "model", "chat");
+    if (!chat && kvm_config_int(cfg, "serve", "workers") == 0) return 0;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
     const char *tp = kvm_config_str(cfg, "model", "tokenizer");
     int rc = kvm_cli_open_model("serve", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok);
     char *open = NULL, *close_ = NULL;
-    if (!rc && (rc = kvm_chatcfg_frame(cfg, tok, &open, &close_))) fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg());
+    if (!rc && chat && (rc = kvm_chatcfg_frame(cfg, tok, &open, &close_)))
+        fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg());
     free(open);
     free(close_);
     kvm_tokenizer_close(&tok);

@@ -22,6 +22,9 @@ int kvm_cmd_store_serve(int argc, char **argv)
          "server_secret_key and authorized_keys in --config); default tcp://127.0.0.1:5560",
          NULL},
         {"config", 1, "config whose [store] and [security] settings apply", NULL},
+        {"create", 0, "make the store when it does not exist (else refused: a mistyped path would take uploads into a "
+                      "store no run reads)",
+         NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("store serve",
@@ -35,7 +38,7 @@ int kvm_cmd_store_serve(int argc, char **argv)
     if (cp ? kvm_config_load(cp, &cfg) : default_config(&cfg))
         return fprintf(stderr, "kvmill store serve: --config: %s\n", kvm_errmsg()), 2;
     const char *bind = kvm_cli_get(opts, "bind");
-    int st = kvm_storesvc_main(cfg, path, bind ? bind : "tcp://127.0.0.1:5560");
+    int st = kvm_storesvc_main(cfg, path, bind ? bind : "tcp://127.0.0.1:5560", kvm_cli_get(opts, "create") != NULL);
     kvm_config_free(&cfg);
     return st;
 }

@@ -19,7 +19,7 @@ int kvm_cmd_sculpt(int argc, char **argv);
 int kvm_cmd_calibrate_pipeline(int argc, char **argv);
 int kvm_cmd_serve(int argc, char **argv);
 int kvm_cmd_store(int argc, char **argv);
-/* `kvmill store serve --store PATH --bind ENDPOINT [--config FILE]` (also the kvmill-store
+/* `kvmill store serve --store PATH --bind ENDPOINT [--config FILE] [--create]` (also the kvmill-store
  * stage): the store service (pipeline/kvm_storesvc.h) until SIGINT/SIGTERM. */
 int kvm_cmd_store_serve(int argc, char **argv);
 

@@ -73,7 +73,8 @@ typedef struct cmd_eval_task_args {
 
 /* Runs the cases: full KV and each job per case, exact-match scored; prints a row per case and
  * per method the accuracy with its Wilson 95% interval and the exact McNemar test against full
- * KV. Returns 0, or 1 after printing "kvmill eval: ...". */
+ * KV. Returns 0, or after printing "kvmill eval: ..." 2 when a case cannot be made from the
+ * documents at --context (usage: the fact alone fills it, the window is too small), else 1. */
 int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, const cmd_eval_task_job *jobs,
                       int n_jobs);
 

@@ -10,6 +10,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* The exit status of a model or tokenizer that did not open: 1 where the machine failed (out of
+ * memory, a read or mmap error), else 2: the file the user named is missing, of another kind,
+ * truncated or does not match (README: 2 for usage, 1 for runtime failures). */
+static int open_exit_status(int st) { return st == KVM_ENOMEM || st == KVM_EIO ? 1 : 2; }
+
 int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_path, int required,
                        kvm_model **model, kvm_tokenizer **tok)
 {
@@ -17,12 +22,12 @@ int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_
     if (tok) *tok = NULL;
     if (!model_path || !*model_path) {
         fprintf(stderr, "kvmill %s: the model path is empty\n", cmd);
-        return KVM_EINVAL;
+        return 2;
     }
     int rc = kvm_model_open(model_path, model);
     if (rc) {
         fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
-        return rc;
+        return open_exit_status(rc);
     }
     if (!tok) return 0;
     char path[4096];
@@ -30,7 +35,7 @@ int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_
     if (rc && (required || tok_path)) {
         fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
         kvm_model_close(model);
-        return rc;
+        return open_exit_status(rc);
     }
     return 0;
 }

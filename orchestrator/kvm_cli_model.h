@@ -12,7 +12,9 @@
  * tokenizer an error; otherwise *tok may come back NULL). A GGUF model uses its embedded
  * tokenizer unless tok_path is given; a tok_path that is a GGUF file is read as one; the
  * tokenizer's vocabulary size must equal the model's (KVM_EMISMATCH). Prints "kvmill CMD: <detail>" to
- * stderr on failure and returns the kvm_status. */
+ * stderr on failure and returns the command's exit status: 2 when the files named are wrong
+ * (empty path, missing, a directory or another format, truncated, tokenizer mismatch), 1 when
+ * the machine failed (out of memory, read or mmap errors); 0 on success. */
 int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_path, int required,
                        kvm_model **model, kvm_tokenizer **tok);
 

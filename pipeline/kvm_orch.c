@@ -558,7 +558,7 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
     if (t == KVM_PROTO_STATS && o->mode == MODE_CALIBRATE) {
         kvm_proto_stats sm;
         if (kvm_proto_stats_decode(m, &sm)) {
-            fprintf(stderr, "kvmill calibrate: dropped a bad stats message: %s\n", kvm_errmsg());
+            kvm_log(KVM_LOG_WARN, "message", NULL, 0, "dropped a bad stats message: %s", kvm_errmsg());
             return;
         }
         job *j = job_by_id(o, sm.job_id);
@@ -677,7 +677,7 @@ static void dispatch_reduce(orch *o)
         if (!rc) j->worker = w, job_set(o, j, J_COMPRESS);
     }
     if (rc) {
-        fprintf(stderr, "kvmill calibrate: could not send the strategy build: %s\n", kvm_errmsg());
+        kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "could not send the strategy build: %s", kvm_errmsg());
         return;
     }
     o->workers[w].idle = 0;
@@ -940,9 +940,8 @@ static int start_stages(orch *o)
         int rc = n > 0 ? kvm_stage_check_devices(key, kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
         if (rc) return rc;
         if (n == 0)
-            fprintf(stderr, "kvmill %s: [stages] %s = 0: waiting for kvmill-%s workers started by hand "
-                            "(kvmill-%s --connect %s ...)\n", o->mode == MODE_CALIBRATE ? "calibrate" : "run", keys[st][0],
-                    stage_names[st], stage_names[st], o->base);
+            orch_log("[stages] %s = 0: waiting for kvmill-%s workers started by hand (kvmill-%s --connect %s ...)\n",
+                     keys[st][0], stage_names[st], stage_names[st], o->base);
     }
     for (int st = 0; st < N_STAGES; st++) {
         if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;

@@ -79,6 +79,9 @@ int kvm_serve_endpoint_check(const char *endpoint, const char *what)
 {
     if (strncmp(endpoint, "tcp://", 6) && strncmp(endpoint, "ipc://", 6) && strncmp(endpoint, "inproc://", 9))
         return kvm_err(KVM_EINVAL, "%s '%s' is not an endpoint: expected tcp://HOST:PORT or ipc://PATH", what, endpoint);
+    if (!strncmp(endpoint, "tcp://", 6) && endpoint[6] == ':') /* ZeroMQ would take it for no interface */
+        return kvm_err(KVM_EINVAL, "%s '%s': the host is empty (tcp://HOST:PORT; '*' binds every interface)", what,
+                       endpoint);
     if (!strncmp(endpoint, "tcp://", 6) && !tcp_port_ok(endpoint))
         return kvm_err(KVM_EINVAL, "%s '%s': the port is not a number in [0, 65535] or '*' (tcp://HOST:PORT)", what,
                        endpoint);

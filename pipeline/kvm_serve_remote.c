@@ -3,6 +3,7 @@
 #include "common/kvm_error.h"
 #include "model/kvm_forward.h"
 #include "pipeline/kvm_cachecodec.h"
+#include "pipeline/kvm_orch_remote.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +42,9 @@ int kvm_serve_remote_load(kvm_storecli *svc, const kvm_config *cfg, const kvm_st
     int n = 0;
     kvm_kvcache *c = NULL;
     kvm_proto_cache pc = {0};
-    int rc = kvm_storecli_get(svc, key, (int)kvm_config_int(cfg, "store", "upload_timeout_ms"), &layers, &n);
+    /* a reply is a few messages read from LMDB, not an upload: wait as long as for a claim, so a
+     * service that is down is an error answer well within the client's timeout (30 s) */
+    int rc = kvm_storecli_get(svc, key, kvm_orch_remote_timeout_ms(cfg), &layers, &n);
     if (rc) return rc;
     if (n != m->cfg.n_layers) rc = kvm_err(KVM_EMISMATCH, "the served cache has %d layers, the model %d", n, m->cfg.n_layers);
     if (!rc && (rc = kvm_proto_cache_decode(layers[0], &pc)))
@@ -78,5 +81,5 @@ int kvm_serve_remote_strategy(kvm_storecli *svc, const kvm_config *cfg, const kv
                               size_t *len)
 {
     return kvm_storecli_get_strategy(svc, model_id, kvm_config_str(cfg, "compress", "strategy"),
-                                     (int)kvm_config_int(cfg, "store", "upload_timeout_ms"), 3, data, len);
+                                     kvm_orch_remote_timeout_ms(cfg), 3, data, len);
 }

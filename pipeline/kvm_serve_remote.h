@@ -26,7 +26,7 @@ int kvm_serve_remote_store(kvm_storecli *svc, const kvm_config *cfg, const kvm_w
                            uint64_t job_id, const char *doc_name, int64_t *bytes);
 
 /* The PolyKV strategy [compress] strategy of cfg stored for model_id, fetched from the store
- * service (get_strategy, up to 3 attempts of [store] upload_timeout_ms): *data[0, *len)
+ * service (get_strategy, up to 3 attempts of kvm_orch_remote_timeout_ms): *data[0, *len)
  * malloc'ed (caller frees). Errors: kvm_storecli_get_strategy's (KVM_ENOTFOUND: none stored,
  * the message names the model id and the strategy). */
 int kvm_serve_remote_strategy(kvm_storecli *svc, const kvm_config *cfg, const kvm_store_id *model_id, uint8_t **data,
@@ -35,7 +35,8 @@ int kvm_serve_remote_strategy(kvm_storecli *svc, const kvm_config *cfg, const kv
 /* kvm_serve_cache_load over the service (get_cache): the cache under key as a new ragged
  * cache for model m with room for extra_per_head more entries per head, next_pos = N; *n_tokens
  * (may be NULL) = N. The tokenizer is not checked (the key's model id is). Errors: the
- * service's (KVM_ENOTFOUND, ...), KVM_EIO (no reply within [store] upload_timeout_ms),
+ * service's (KVM_ENOTFOUND, ...), KVM_EIO (no reply within kvm_orch_remote_timeout_ms: [run]
+ * heartbeat_ms x liveness),
  * KVM_EMISMATCH (layers for another shape), KVM_ECORRUPT (a layer does not decode). */
 int kvm_serve_remote_load(kvm_storecli *svc, const kvm_config *cfg, const kvm_store_cache_key *key, const kvm_model *m,
                           int64_t extra_per_head, kvm_kvcache **out, int64_t *n_tokens);

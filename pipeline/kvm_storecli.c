@@ -1,6 +1,7 @@
 /* kvm_storecli.c: store service client (kvm_storecli.h). */
 #include "pipeline/kvm_storecli.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_serve.h"
 #include "proto/kvm_proto.h"
@@ -18,6 +19,14 @@ struct kvm_storecli {
     char endpoint[1100];
     uint64_t next_request;
 };
+
+/* A request that got no reply and is sent again: one log line through the process's log writer,
+ * so [run] log_format = json holds for it (the last failure is the caller's to say). */
+static void cli_log_retry(const kvm_storecli *c)
+{
+    kvm_log_field f = KVM_LOG_S("endpoint", c->endpoint);
+    kvm_log(KVM_LOG_WARN, "store_retry", &f, 1, "%s; sending it again", kvm_errmsg());
+}
 
 static int cli_connect(kvm_storecli *c)
 {
@@ -156,7 +165,7 @@ int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job
                          c->endpoint, timeout_ms, a + 1, attempts);
         kvm_msg_free(&reply);
         if (rc != KVM_EIO) return rc;
-        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg()); /* the last one is the caller's to say */
+        if (a + 1 < attempts) cli_log_retry(c);
     }
     return rc;
 }
@@ -230,7 +239,7 @@ int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, con
         }
         kvm_msg_free(&m);
         if (rc != KVM_EIO) return rc;
-        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) cli_log_retry(c);
     }
     return rc;
 }
@@ -256,7 +265,7 @@ static int cli_request(kvm_storecli *c, const char *what, cli_encode_fn enc, con
             rc = kvm_err(KVM_EIO, "store service %s: no reply to %s within %d ms (attempt %d of %d)", c->endpoint, what,
                          timeout_ms, a + 1, attempts);
         if (rc != KVM_EIO) return rc;
-        if (a + 1 < attempts) fprintf(stderr, "[storecli] %s\n", kvm_errmsg());
+        if (a + 1 < attempts) cli_log_retry(c);
     }
     return rc;
 }

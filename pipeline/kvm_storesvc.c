@@ -403,14 +403,24 @@ int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, c
 static volatile sig_atomic_t svc_stop;
 static void svc_on_signal(int sig) { (void)sig, svc_stop = 1; }
 
-int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint)
+int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create)
 {
     kvm_store *store = NULL;
     void *zctx = NULL, *sock = NULL;
     int status = 2;
     if (kvm_log_setup("store", "kvmill-store: ", cfg ? kvm_config_str(cfg, "run", "log_format") : NULL))
         return fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg()), 2;
-    if (kvm_storew_open(cfg, path, 0, &store)) {
+    kvm_store_opts so;
+    kvm_storew_opts(cfg, 0, &so);
+    so.must_exist = !create; /* a mistyped path would take uploads into a store no run reads */
+    const char *sp = path ? path : kvm_config_str(cfg, "store", "path");
+    int orc = kvm_store_open(sp, &so, &store);
+    if (orc == KVM_ENOTFOUND) {
+        kvm_log(KVM_LOG_ERROR, "open_failed", NULL, 0,
+                "%s: give --create to start the service on a new, empty store there", kvm_errmsg());
+        return 2;
+    }
+    if (orc) {
         kvm_log(KVM_LOG_ERROR, "open_failed", NULL, 0, "%s", kvm_errmsg());
         return 2;
     }
@@ -418,11 +428,11 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     sock = zctx ? zmq_socket(zctx, ZMQ_ROUTER) : NULL;
     int linger = 0;
     if (!sock || zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger)) {
-        fprintf(stderr, "kvmill-store: cannot make a socket: %s\n", zmq_strerror(errno));
+        kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "cannot make a socket: %s", zmq_strerror(errno));
         goto done;
     }
     if (kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "--bind")) {
-        fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg());
+        kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "%s", kvm_errmsg());
         goto done;
     }
     char bound[1100];

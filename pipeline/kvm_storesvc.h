@@ -42,11 +42,12 @@ int kvm_storesvc_loop(kvm_store *s, void *sock, int64_t upload_timeout_ms, const
                       kvm_storesvc_stats *stats, FILE *log);
 
 /* The whole service process: opens the store at path (NULL: [store] path of cfg) with cfg's
- * [store] settings, binds a ROUTER at endpoint (the rules of kvm_serve_bind: a non-local
+ * [store] settings (a store that does not exist there is refused unless create is 1, then
+ * made empty), binds a ROUTER at endpoint (the rules of kvm_serve_bind: a non-local
  * endpoint needs [security] server_secret_key and authorized_keys; keys, when set, are used on
  * local endpoints too), prints "kvmill-store: ready on ENDPOINT" (the bound endpoint, port 0
  * resolved) on stdout, and serves until SIGINT/SIGTERM. Returns a process exit status: 0 after
  * a signal, 2 when the store or the endpoint cannot be opened (the reason on stderr). */
-int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint);
+int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create);
 
 #endif

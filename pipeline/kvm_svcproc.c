@@ -34,8 +34,10 @@ static int log_ready(const char *path, long from, char *last, size_t n)
 
 static int spawn(kvm_svcproc *p, double timeout_ms)
 {
-    char *argv[] = {p->exe, "--store", p->store, "--bind", p->bind, NULL, NULL, NULL};
-    if (p->config[0]) argv[5] = "--config", argv[6] = p->config;
+    /* --create: kvmill run has made the store already, and kvmill serve refused a missing one
+     * unless the workers are to fill it (compute_missing) */
+    char *argv[] = {p->exe, "--store", p->store, "--bind", p->bind, "--create", NULL, NULL, NULL};
+    if (p->config[0]) argv[6] = "--config", argv[7] = p->config;
     FILE *lf = fopen(p->log, "a");
     long from = lf ? ftell(lf) : 0;
     if (lf) fclose(lf);

@@ -16,7 +16,7 @@ typedef struct kvm_svcproc {
     int restarts;       /* times it was started again after dying */
 } kvm_svcproc;
 
-/* Fills p and starts `kvmill-store --store STORE --bind BIND [--config CONFIG]`, then waits up
+/* Fills p and starts `kvmill-store --store STORE --bind BIND --create [--config CONFIG]`, then waits up
  * to timeout_ms for its "ready on" line in the log (so workers find it bound). Errors:
  * KVM_EINVAL (binary missing), KVM_EIO (spawn failed, or it exited or did not get ready in
  * time: the detail quotes the log's last line, e.g. a bind error). */

@@ -243,18 +243,18 @@ static int store_check_opts(const kvm_store_opts *o)
 }
 
 /* Checks what is at path; creates the directory for a writable open. */
-static int store_prepare_dir(const char *path, int read_only)
+static int store_prepare_dir(const char *path, int read_only, int must_exist)
 {
     struct stat st;
     if (stat(path, &st) != 0) {
         if (errno != ENOENT) return kvm_err(KVM_EIO, "store %s: %s", path, strerror(errno));
-        if (read_only) return kvm_err(KVM_ENOTFOUND, "store %s: no such directory", path);
+        if (read_only || must_exist) return kvm_err(KVM_ENOTFOUND, "store %s: no such directory", path);
         if (mkdir(path, 0775) != 0 && errno != EEXIST)
             return kvm_err(KVM_EIO, "store %s: cannot create directory: %s", path, strerror(errno));
         return 0;
     }
     if (!S_ISDIR(st.st_mode)) return kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment directory", path);
-    if (read_only) {
+    if (read_only || must_exist) {
         char data[4200];
         snprintf(data, sizeof data, "%s/data.mdb", path);
         if (stat(data, &st) != 0)
@@ -276,7 +276,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     map = (map + KVM_STORE__MAP_ALIGN - 1) / KVM_STORE__MAP_ALIGN * KVM_STORE__MAP_ALIGN;
     int64_t max = o.map_max_bytes ? o.map_max_bytes : KVM_STORE__DEFAULT_MAX;
     if (max < map) max = map;
-    st = store_prepare_dir(path, o.read_only);
+    st = store_prepare_dir(path, o.read_only, o.must_exist);
     if (st == 0) st = kvm_store__check_file(path);
     if (st) return st;
 

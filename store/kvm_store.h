@@ -121,6 +121,8 @@ typedef struct kvm_store_opts {
     int64_t atime_granularity_ms; /* a read re-records a cache's access time only when the
                                      recorded one is older than this; 0 = 1000; < 0 = always */
     int read_only;              /* 1: MDB_RDONLY; nothing is created or written */
+    int must_exist;             /* 1: read-write, but a store missing at path is KVM_ENOTFOUND
+                                   instead of being created (a mistyped path fails) */
     int no_sync;                /* 1: MDB_NOSYNC: commits survive a process crash, not an OS
                                    crash (tests, scratch stores) */
 } kvm_store_opts;
@@ -160,13 +162,14 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
 
 /* ---- open / close (store/kvm_store.c) ---- */
 
-/* Opens (read-write: creating the directory, one level, and the databases if missing) the
- * LMDB environment directory `path`. opts may be NULL (defaults). Clears stale reader
- * slots of dead processes (mdb_reader_check). *out is set on success, NULL on failure.
- * Errors: KVM_EINVAL (bad opts), KVM_ENOTFOUND (read_only and no store at path; nothing is
- * created), KVM_EFORMAT (path is not an LMDB environment directory, or not a kvmill store,
- * or its data.mdb is shorter than its meta pages say: checked with pread before mapping,
- * the message names the file, its size and the size expected),
+/* Opens (read-write: creating the directory, one level, and the databases if missing, unless
+ * must_exist) the LMDB environment directory `path`. opts may be NULL (defaults). Clears stale
+ * reader slots of dead processes (mdb_reader_check). *out is set on success, NULL on failure.
+ * Errors: KVM_EINVAL (bad opts), KVM_ENOTFOUND (read_only or must_exist, and no store at
+ * path: no directory, or one without data.mdb; nothing is created), KVM_EFORMAT (path is not
+ * an LMDB environment directory, or not a kvmill store, or its data.mdb is shorter than its
+ * meta pages say: checked with pread before mapping, the message names the file, its size and
+ * the size expected),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);

@@ -589,7 +589,7 @@ START_TEST(test_cli_errors)
                               "--method h2o --budget 16 --task recall --cases 1 --context 500 --answer-tokens 12",
                               kvm_test_data(), NULL),
                        &o2, &e2);
-    ck_assert_msg(st2 == 1 && strstr(e2, "--answer-tokens 12 exceed the model's window of 512 tokens"),
+    ck_assert_msg(st2 == 2 && strstr(e2, "--answer-tokens 12 exceed the model's window of 512 tokens"), /* usage */
                   "exit %d, stderr %s", st2, e2);
     free(o2);
     free(e2);
@@ -731,16 +731,18 @@ START_TEST(test_cli_target)
     char *dir = kvm_test_tmpdir(), csv[512], docs[1024], *out = NULL, *err = NULL;
     snprintf(csv, sizeof csv, "%s/t.csv", dir);
     snprintf(docs, sizeof docs, "%s/corpus/doc_000.txt --csv %s --target-step 8 --dtype f16", kvm_test_data(), csv);
-    int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method full,h2o --target-kl 0.05", docs, NULL), &out, &err);
+    /* full keeps every entry: no budget to search (a row with budget 8 for it said what is not) */
+    int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o,full --target-kl 0.05", docs, NULL), &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "which method full does not take") && !*out, "exit %d: %s", st, err);
+    free(out);
+    free(err);
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --target-kl 0.05", docs, NULL), &out, &err);
     ck_assert_msg(st == 0, "exit %d: %s", st, err);
     ck_assert_ptr_nonnull(strstr(out, "target KL 0.05 on tokens [64, 72), check on [72, 80), stored as f16"));
     ck_assert_ptr_nonnull(strstr(out, "within"));
     char *text = kvm_test_read_file(csv, NULL);
     ck_assert_ptr_nonnull(text);
     ck_assert_int_eq(strncmp(text, "doc,method,target_kl,context,budget_tokens,", 43), 0);
-    /* full keeps everything whatever the budget: KL (f16 rounding only) is under the target at
-     * the smallest budget on the grid */
-    ck_assert_ptr_nonnull(strstr(text, "\ndoc_000,full,0.05,64,8,0.125000,"));
     ck_assert_ptr_nonnull(strstr(text, "\ndoc_000,h2o,0.05,64,"));
     free(text);
     free(out);

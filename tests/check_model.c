@@ -83,7 +83,7 @@ START_TEST(test_missing_and_directory)
     snprintf(path, sizeof path, "%s/nope.bin", tmp);
     ck_assert_int_eq(kvm_model_open(path, &m), KVM_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), path));
-    ck_assert_int_eq(kvm_model_open(tmp, &m), KVM_EIO);
+    ck_assert_int_eq(kvm_model_open(tmp, &m), KVM_EFORMAT); /* the user named the wrong kind of path: exit 2 */
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "directory"));
 }
 END_TEST

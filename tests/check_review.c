@@ -3,20 +3,25 @@
  * strict decimal numbers, exit statuses of refusals, doubled message prefixes, serve on a store
  * that does not exist, and make test's report of a suite that crashed before reporting. */
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "common/kvm_number.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_storecli.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char *tmp;
@@ -523,7 +528,7 @@ START_TEST(test_bind_port_out_of_range)
                          "tcp://127.0.0.1",       "tcp://127.0.0.1:55x",   "tcp://[::1]"};
     char args[12000], *out, *err;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s/s.lmdb' --bind '%s'",
+        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --create --store '%s/s.lmdb' --bind '%s'",
                  kvm_test_bin(), tmp, bad[i]);
         int rc = kvm_test_run(args, &out, &err);
         ck_assert_msg(rc == 2 && strstr(err, "kvmill-store: --bind '") && strstr(err, "the port is not a number in [0, 65535]"),
@@ -560,6 +565,282 @@ START_TEST(test_bind_port_out_of_range)
                   "exit %d: %s", rc, err);
     free(out);
     free(err);
+    /* an empty host was said to be a bad port */
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' run --config '%s' --store tcp://:5560 --corpus '%s'",
+             kvm_test_bin(), cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "store service 'tcp://:5560': the host is empty"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* `kvmill store serve --store /typo` made a new, empty store there and said ready: uploads then
+ * went where no run reads. A store that does not exist (no directory, or one without data.mdb)
+ * is refused, exit 2, naming the path and --create, and nothing is made; --create makes it. */
+START_TEST(test_store_serve_missing_store)
+{
+    char path[4400], args[12000], *out, *err;
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/typo.lmdb", tmp);
+    for (int empty_dir = 0; empty_dir < 2; empty_dir++) {
+        if (empty_dir) ck_assert_int_eq(mkdir(path, 0775), 0);
+        snprintf(args, sizeof args, "timeout 20 '%s/kvmill' store serve --store '%s' --bind tcp://127.0.0.1:0",
+                 kvm_test_bin(), path);
+        int rc = kvm_test_run(args, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, path) && strstr(err, "give --create to start the service on a new"),
+                      "exit %d: %s", rc, err);
+        ck_assert_msg(!strstr(out, "ready on"), "stdout: %s", out);
+        ck_assert_int_eq(stat(path, &sb), empty_dir ? 0 : -1); /* nothing made */
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args,
+             "timeout -s TERM 3 '%s/kvmill' store serve --create --store '%s' --bind tcp://127.0.0.1:0", kvm_test_bin(),
+             path);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 124 && strstr(out, "kvmill-store: ready on tcp://127.0.0.1:"), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    char data[4500];
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    ck_assert_int_eq(stat(data, &sb), 0);
+}
+END_TEST
+
+/* Runs fn(arg) with this process's fd (1 or 2) going to tmp/NAME, then reads that file back
+ * (malloc'ed). Each Check test runs in a child process, so the redirection ends with it anyway. */
+static char *capture_fd(int fd, const char *name, void (*fn)(void *), void *arg)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    fflush(stdout), fflush(stderr);
+    int saved = dup(fd), f = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert(saved >= 0 && f >= 0);
+    ck_assert_int_eq(dup2(f, fd), fd);
+    close(f);
+    fn(arg);
+    fflush(stdout), fflush(stderr);
+    ck_assert_int_eq(dup2(saved, fd), fd);
+    close(saved);
+    char *text = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(text);
+    return text;
+}
+
+/* a claim renewal to a port nothing listens on, two attempts: one retry line, then the error */
+static void renew_nowhere(void *arg)
+{
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(NULL, "tcp://127.0.0.1:1", &c), 0);
+    int64_t n = 0;
+    *(int *)arg = kvm_storecli_renew(c, "run:x", 1000, 0, 100, 2, &n);
+    kvm_storecli_close(&c);
+}
+
+/* The store service client's retry lines ("[storecli] ... no reply ...") were written to stderr
+ * as text whatever [run] log_format said: with json every line of the process is one JSON
+ * object, the retry an event of its own naming the endpoint. */
+START_TEST(test_storecli_retry_log_json)
+{
+    ck_assert_int_eq(kvm_log_setup("compress", "[compress w1] ", "json"), 0);
+    int rc = 0;
+    char *err = capture_fd(2, "json.err", renew_nowhere, &rc);
+    ck_assert_int_eq(rc, KVM_EIO);
+    ck_assert_msg(strstr(err, "\"event\":\"store_retry\"") && strstr(err, "\"endpoint\":\"tcp://127.0.0.1:1\"") &&
+                      strstr(err, "(attempt 1 of 2)"),
+                  "stderr: %s", err);
+    for (char *line = err; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line))
+        ck_assert_msg(*line == '{', "a line that is not JSON: %s", line);
+    free(err);
+    ck_assert_int_eq(kvm_log_setup("compress", "[compress w1] ", "text"), 0);
+    err = capture_fd(2, "text.err", renew_nowhere, &rc);
+    ck_assert_msg(!strncmp(err, "[compress w1] store service tcp://127.0.0.1:1: no reply to renew_claims", 70),
+                  "stderr: %s", err);
+    free(err);
+}
+END_TEST
+
+static void skip_three(void *arg)
+{
+    (void)arg;
+    kvm_test_skip("golden/gen not in KVMILL_SHARED");
+    kvm_test_skip("no CUDA device");
+    kvm_test_skip("golden/gen not in KVMILL_SHARED");
+}
+
+/* kvm_test_skip printed the first SKIP line of a process only: a suite whose fixture skipped
+ * (in the parent) or that ran without fork said one reason for all its skipped tests. Each
+ * reason gets its line, once. */
+START_TEST(test_skip_each_reason_once)
+{
+    char *out = capture_fd(1, "skip.out", skip_three, NULL);
+    ck_assert_str_eq(out, "SKIP: golden/gen not in KVMILL_SHARED\nSKIP: no CUDA device\n");
+    free(out);
+}
+END_TEST
+
+/* A model file the user named that does not open (missing, a directory, truncated, not a
+ * model) exited 1, the runtime status: it is a usage error, exit 2, from every command that
+ * opens one (kvm_cli_open_model), the path named; a --tokenizer likewise; and serve checks it
+ * at start rather than leaving its decode workers to fail. */
+START_TEST(test_bad_model_file_exit_2)
+{
+    char trunc[4400], foreign[4400], missing[4400], cfgp[4400], text[9000], args[16000], *out, *err;
+    snprintf(trunc, sizeof trunc, "%s/trunc.bin", tmp);
+    snprintf(foreign, sizeof foreign, "%s/foreign.bin", tmp);
+    snprintf(missing, sizeof missing, "%s/missing.bin", tmp);
+    size_t n;
+    char *model = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n);
+    ck_assert_ptr_nonnull(model);
+    ck_assert_int_eq(kvm_test_write_file(trunc, model, 4096), 0);
+    free(model);
+    ck_assert_int_eq(kvm_test_write_file(foreign, "[model]\npath = x\n", 18), 0);
+    const char *bad[] = {missing, tmp, trunc, foreign};
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        for (int c = 0; c < 5; c++) {
+            if (c == 0) snprintf(args, sizeof args, "info --model '%s'", bad[i]);
+            if (c == 1) snprintf(args, sizeof args, "generate --model '%s' --prompt x -n 1", bad[i]);
+            if (c == 2)
+                snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --budget 16 --method h2o",
+                         bad[i], doc);
+            if (c == 3)
+                snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'", bad[i], doc, tmp);
+            if (c == 4) {
+                snprintf(cfgp, sizeof cfgp, "%s/bad.ini", tmp);
+                snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = h2o\nbudget = 16\n",
+                         bad[i]);
+                ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
+                snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfgp, doc);
+            }
+            int rc = kvmill(args, &out, &err);
+            ck_assert_msg(rc == 2 && strstr(err, bad[i]), "%s: exit %d: %s", args, rc, err);
+            free(out);
+            free(err);
+        }
+    snprintf(args, sizeof args, "generate --model '%s' --tokenizer '%s' --prompt x -n 1",
+             kvm_test_data_path("models/stories260K.bin"), missing);
+    int rc = kvmill(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, missing), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* serve: its decode workers failed three times at setup, then exit 1 */
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n", missing);
+    ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' serve --config '%s' --compute-missing --bind tcp://127.0.0.1:0",
+             kvm_test_bin(), cfgp);
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill serve: ") && strstr(err, missing) && !strstr(err, "[decode"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* eval applies its sculpt flags to the sculpt-family methods of --method: with none there
+ * (`--method h2o --on-policy`, `--retain 8`) they did nothing and the run said nothing, while
+ * kvmill run refuses on_policy with h2o. Now refused, exit 2; --threads still applies to all. */
+START_TEST(test_eval_sculpt_flag_without_sculpt_method)
+{
+    const char *bad[] = {"--method h2o --on-policy", "--method streaming,snapkv --retain 8"};
+    const char *flag[] = {"--on-policy is a sculpt option", "--retain is a sculpt option"};
+    char args[12000], model[4400], *out, *err;
+    snprintf(model, sizeof model, "%s", kvm_test_data_path("models/stories260K.bin")); /* a static buffer */
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 %s", model,
+                 kvm_test_data_path("corpus/doc_000.txt"), bad[i]);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, flag[i]) && strstr(err, "has no method it applies to"), "stderr: %s", err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 --method h2o "
+             "--threads 1", model, kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 0);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* serve over a store service that does not answer: a decode worker waited for get_cache as long
+ * as for an upload ([store] upload_timeout_ms, 60 s), so `kvmill ask` (30 s) got no answer and a
+ * hint that serve was not running. It waits as for a claim ([run] heartbeat_ms x liveness) and
+ * answers with the error: here 1 s. */
+START_TEST(test_serve_remote_store_down_answers)
+{
+    char cfg[4400], text[8192], log[4400], front[4400], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(log, sizeof log, "%s/serve.log", tmp);
+    snprintf(front, sizeof front, "ipc://%s/front", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = h2o\nbudget = 16\n[store]\npath = "
+             "tcp://127.0.0.1:1\n[run]\nheartbeat_ms = 200\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    const char *argv[] = {"--config", cfg, "--bind", front, "--workers", "1", NULL};
+    pid_t pid;
+    ck_assert_int_eq(kvm_test_serve_start(argv, log, 60, &pid), -1);
+    snprintf(args, sizeof args, "ask --connect '%s' --doc '%s' --prompt x -n 2 --timeout 25", front,
+             kvm_test_data_path("corpus/doc_000.txt"));
+    int rc = kvmill(args, &out, &err);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    ck_assert_msg(rc == 1 && strstr(err, "store service tcp://127.0.0.1:1: no reply within 1000 ms"), "exit %d: %s",
+                  rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* The store service's start errors after its log was set up (a bind that fails) were text
+ * whatever [run] log_format said; they are one JSON object, as its other lines. */
+START_TEST(test_store_serve_bind_error_json)
+{
+    char cfg[4400], text[8192], args[12000], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/j.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = m.bin\n[run]\nlog_format = json\n");
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(args, sizeof args, "store serve --create --config '%s' --store '%s/s.lmdb' --bind tcp://10.1.2.3:5560",
+             cfg, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\"") && strstr(err, "is not local"), "stderr: %s",
+                  err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* eval --task with a --context the inserted fact alone fills cut the document to nothing and
+ * failed with "task: empty document", exit 1: it names --context, exit 2. */
+START_TEST(test_eval_task_context_too_short)
+{
+    char args[12000], *out, *err;
+    char model[4400];
+    snprintf(model, sizeof model, "%s", kvm_test_data_path("models/stories260K.bin")); /* a static buffer */
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 16 --budget 8 --method h2o --task passkey "
+             "--cases 1", model, kvm_test_data_path("corpus"));
+    int rc = kvmill(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "--context 16 leaves no room for the document") &&
+                      !strstr(err, "empty document"),
+                  "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* kvm_test_data_path had one static buffer: `"--model '%s' --docs '%s'", kvm_test_data_path(m),
+ * kvm_test_data_path(d)` gave the same path twice, so several tests ran the model file as the
+ * document (or the reverse) and still passed. Two calls in one argument list differ now. */
+START_TEST(test_data_path_buffers)
+{
+    char both[9000];
+    snprintf(both, sizeof both, "%s|%s", kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(strstr(both, "models/stories260K.bin|") && strstr(both, "|") &&
+                      strstr(strchr(both, '|'), "corpus/doc_000.txt"),
+                  "%s", both);
 }
 END_TEST
 
@@ -620,6 +901,15 @@ static Suite *review_suite(void)
         {"store_commands_refuse_endpoint", test_store_commands_refuse_endpoint},
         {"run_service_down_from_start", test_run_service_down_from_start},
         {"runner_names_crash", test_runner_names_crash},
+        {"store_serve_missing_store", test_store_serve_missing_store},
+        {"storecli_retry_log_json", test_storecli_retry_log_json},
+        {"skip_each_reason_once", test_skip_each_reason_once},
+        {"bad_model_file_exit_2", test_bad_model_file_exit_2},
+        {"eval_sculpt_flag_without_sculpt_method", test_eval_sculpt_flag_without_sculpt_method},
+        {"serve_remote_store_down_answers", test_serve_remote_store_down_answers},
+        {"store_serve_bind_error_json", test_store_serve_bind_error_json},
+        {"eval_task_context_too_short", test_eval_task_context_too_short},
+        {"data_path_buffers", test_data_path_buffers},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

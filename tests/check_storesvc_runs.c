@@ -81,7 +81,8 @@ static pid_t service_start(void)
 {
     char cmd[12000], outp[4300];
     snprintf(outp, sizeof outp, "%s/store.out", tmp);
-    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' store serve --store '%s' --bind tcp://127.0.0.1:%d >'%s' 2>>'%s/store.err'",
+    snprintf(cmd, sizeof cmd,
+             "exec '%s/kvmill' store serve --create --store '%s' --bind tcp://127.0.0.1:%d >'%s' 2>>'%s/store.err'",
              kvm_test_bin(), store, port, outp, tmp);
     pid_t pid = spawn_sh(cmd);
     for (int i = 0; i < 1000; i++, usleep(10000)) {

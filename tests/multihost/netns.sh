@@ -124,7 +124,7 @@ EOF
 } >"$T/orch/run.ini"
 
 start_store() { # the store service; STORE_PID is its own pid (ip netns exec may fork)
-    spawn orch "$T/orch/store.pid" "$BIN/kvmill" store serve --config "$T/orch/run.ini" \
+    spawn orch "$T/orch/store.pid" "$BIN/kvmill" store serve --create --config "$T/orch/run.ini" \
         --bind "tcp://$NET.1:7200" >>"$T/orch/store.out" 2>>"$T/orch/store.err"
     STORE_PID=$SPAWNED
     for _ in $(seq 100); do [ "$(grep -c ready "$T/orch/store.out" 2>/dev/null)" -ge "$1" ] && return; sleep 0.1; done

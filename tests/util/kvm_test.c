@@ -40,9 +40,14 @@ int kvm_test_quick(void)
 
 void kvm_test_skip(const char *why)
 {
-    static int said;
-    if (said) return;
-    said = 1;
+    /* each reason once (a test asking for one absent file several times says it once), but
+     * every reason: a flag for the first line alone silenced the other skipped tests' reasons
+     * in the processes forked after it (a fixture's skip in the parent, or CK_FORK=no) */
+    static char *said[64];
+    static int n_said;
+    for (int i = 0; i < n_said; i++)
+        if (!strcmp(said[i], why)) return;
+    if (n_said < 64 && (said[n_said] = strdup(why))) n_said++;
     printf("SKIP: %s\n", why);
     fflush(stdout);
 }
@@ -76,9 +81,13 @@ const char *kvm_test_data(void)
 
 const char *kvm_test_data_path(const char *rel)
 {
-    static char buf[4096];
-    snprintf(buf, sizeof buf, "%s/data/%s", srcdir(), rel);
-    return buf;
+    /* a few buffers in turn: one buffer made `f(kvm_test_data_path(a), kvm_test_data_path(b))`
+     * pass the same path twice (--model X --docs X), whichever the compiler evaluated last */
+    static char buf[8][4096];
+    static unsigned next;
+    char *b = buf[next++ % 8];
+    snprintf(b, sizeof buf[0], "%s/data/%s", srcdir(), rel);
+    return b;
 }
 
 const char *kvm_test_bin(void)

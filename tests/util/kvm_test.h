@@ -12,8 +12,8 @@ const char *kvm_test_shared(void);
 /* Data only ../shared has (golden/, data/long2k, data/tinystories, the other 14 long
  * documents): kvm_test_shared() joined with `rel` when that file or folder exists, in a static
  * buffer (valid until the next call). When it does not, prints one line
- * "SKIP: <rel> not in KVMILL_SHARED=<dir> (...)" to stdout — the first time in this process
- * only, and Check runs each test in its own process — and returns NULL: the test then returns
+ * "SKIP: <rel> not in KVMILL_SHARED=<dir> (...)" to stdout (kvm_test_skip: once per reason and
+ * process) and returns NULL: the test then returns
  * without failing. kvm_test_shared_find is the same without the SKIP line (for fixtures that
  * load optional data, the test printing the SKIP with kvm_test_skip). */
 const char *kvm_test_shared_path(const char *rel);
@@ -22,12 +22,14 @@ const char *kvm_test_shared_find(const char *rel);
  * slowest integration cases then run on fewer documents or inputs. The un-sanitized `make test`
  * runs them whole, so every case keeps its full form once in CI. */
 int kvm_test_quick(void);
-/* Prints "SKIP: <why>" to stdout, once per process (later calls print nothing). */
+/* Prints "SKIP: <why>" to stdout, once per reason and process (a later call with the same why
+ * prints nothing; another why gets its own line). */
 void kvm_test_skip(const char *why);
 /* The repository's embedded data (data/, always present): models/stories260K.bin,
  * models/tok512.bin, corpus/doc_000.txt .. doc_005.txt (= ../shared/data/long's first six).
  * Absolute path of the source tree's data/ ($KVMILL_SRCDIR's where set: test binaries carried to
- * a GPU host) joined with `rel`, in a static buffer (valid until the next call). */
+ * a GPU host) joined with `rel`, in one of 8 static buffers used in turn (valid for the next 7
+ * calls, so one argument list may hold several). */
 const char *kvm_test_data_path(const char *rel);
 /* The embedded data folder itself ("<source tree>/data"), in a static buffer; never NULL. */
 const char *kvm_test_data(void);
