@@ -61,6 +61,10 @@ typedef struct kvm_sculpt_opts {
     int lse_mass_weight;      /* 1: weight each query's LSE error by the compress zone's share of
                                  its full attention (ours); 0: plain mean as in the paper (default 0) */
     double ridge_alpha;       /* ridge α relative to the mean diagonal of the normal matrix (1e-3) */
+    int ridge_f32;            /* 1: the ridge's normal equations built by kvmill's float32 GEMM
+                                 (float64 block sums), rebuilt in float64 where the Cholesky's
+                                 pivots show ill-conditioning (kvm_sculpt_ridge); 0: in float64
+                                 (OpenBLAS), the fit before issue 12 part 5 (default 1; CPU only) */
     double vnorm_cap;         /* value-norm guard: ‖v‖ ≤ vnorm_cap · max zone ‖v‖; 0 disables (1.0) */
     double knorm_cap;         /* key-norm guard: keys projected to ‖k‖ ≤ knorm_cap · max zone ‖k‖
                                  after each L-BFGS round; 0 disables (default 0) */

@@ -58,8 +58,10 @@ static int name_err(int rc, const int *map, int i)
 }
 
 /* Ridge step of problems idx[n]: normal equations on the backend, solves on the host, new values
- * uploaded; or all of it on the backend where it has `ridge` (CUDA: batched Cholesky). rcs[t] = 0
- * or KVM_ERANGE per problem (others fail the call). */
+ * uploaded; or all of it on the backend where it has `ridge` (CUDA: batched Cholesky). With
+ * ridge_f32 the CPU backend builds them in float32 blocks, and a problem whose Cholesky shows
+ * that too coarse is refitted from float64 equations (its own data decides: batch-independent).
+ * rcs[t] = 0 or KVM_ERANGE per problem (others fail the call). */
 static int ridge_step(drv *D, const int *idx, int n, int *rcs, const int *map)
 {
     if (D->be->ridge) {
@@ -77,8 +79,14 @@ static int ridge_step(drv *D, const int *idx, int n, int *rcs, const int *map)
     if (!ok) return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
     for (int t = 0; t < n; t++) {
         const int i = idx[t];
-        rcs[t] = kvm_sculpt_ridge_solve(D->ps[i], D->A + D->offA[i], D->B + D->off[i] * D->d, D->k[i],
-                                        D->o->ridge_alpha, D->o->vnorm_cap, D->vc + D->off[i] * D->d);
+        const int64_t o = D->off[i];
+        double *A = D->A + D->offA[i], *B = D->B + o * D->d;
+        float *vc = D->vc + o * D->d;
+        rcs[t] = D->o->ridge_f32 ? kvm_sculpt_ridge_solve_f32(D->ps[i], A, B, D->k[i], D->o->ridge_alpha, D->o->vnorm_cap, vc)
+                                 : kvm_sculpt_ridge_solve(D->ps[i], A, B, D->k[i], D->o->ridge_alpha, D->o->vnorm_cap, vc);
+        if (rcs[t] == KVM_SCULPT_RIDGE_F64) /* float32 sums too coarse for this one: the float64 fit on the host */
+            rcs[t] = kvm_sculpt_ridge(D->ps[i], D->kc + o * D->d, D->use_bias ? D->beta + o : NULL, D->k[i],
+                                      D->o->ridge_alpha, D->o->vnorm_cap, 0, vc);
         if (rcs[t] && rcs[t] != KVM_ERANGE) {
             free(ok);
             return name_err(rcs[t], map, i);
@@ -466,7 +474,7 @@ int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm
         views[nb] = (kvm_sculpt_view){.d = d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q,
                                       .o_full = p->o_full, .o_ret = p->o_ret, .lse_zone = p->lse_zone,
                                       .lse_ret = p->lse_ret, .n_vis = p->n_vis, .out_ms = p->out_ms,
-                                      .lse_mass_weight = p->lse_mass_weight};
+                                      .lse_mass_weight = p->lse_mass_weight, .ridge_f32 = o->ridge_f32};
         map[nb] = i;
         bps[nb] = p;
         offb[nb] = tot;

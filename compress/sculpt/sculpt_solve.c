@@ -200,7 +200,7 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         beta[j] = 0;
     }
     double t0 = now_s();
-    rc = kvm_sculpt_ridge(p, kc, NULL, k, o->ridge_alpha, o->vnorm_cap, vc);
+    rc = kvm_sculpt_ridge(p, kc, NULL, k, o->ridge_alpha, o->vnorm_cap, o->ridge_f32, vc);
     st->ridge_s += now_s() - t0;
     if (rc) goto done;
     /* joint-fixed: the keys stay the selected tokens' keys; their logit biases and values are fitted
@@ -225,7 +225,7 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         if (rc) break;
         if (move_keys && o->knorm_cap > 0) project_keys(kc, k, d, (float)o->knorm_cap * p->knorm_max);
         t0 = now_s();
-        rc = kvm_sculpt_ridge(p, kc, bp, k, o->ridge_alpha, o->vnorm_cap, vc);
+        rc = kvm_sculpt_ridge(p, kc, bp, k, o->ridge_alpha, o->vnorm_cap, o->ridge_f32, vc);
         st->ridge_s += now_s() - t0;
         if (rc == KVM_ERANGE) { rc = 0; break; } /* keep the best point so far */
         if (rc) break;
