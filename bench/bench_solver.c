@@ -4,6 +4,7 @@
  *
  *   bench_solver --model M --doc FILE [--ctx 384 --cont 16 --retain 32 --ratio 0.3 --S 2048]
  *                [--reps 5] [--solve 1] [--gemm 1] [--iters 25 --carry-history 1] [--ridge-f32 1]
+ *                [--gradient-tolerance 0]
  *                [--precision-problems 4]
  *
  * Sections (one CSV-ish line each, "section,name,value..."):
@@ -401,6 +402,9 @@ int main(int argc, char **argv)
     o.lbfgs_iters = atoi(arg(argc, argv, "--iters", iters_def));
     o.carry_history = atoi(arg(argc, argv, "--carry-history", o.carry_history ? "1" : "0")); /* liblbfgs never carries */
     o.ridge_f32 = atoi(arg(argc, argv, "--ridge-f32", o.ridge_f32 ? "1" : "0"));
+    char gdef[32];
+    snprintf(gdef, sizeof gdef, "%.17g", o.lbfgs_gtol);
+    o.lbfgs_gtol = atof(arg(argc, argv, "--gradient-tolerance", gdef));
     if (!model_path || !doc_path || reps < 1) {
         fprintf(stderr, "usage: see the comment at the top of bench/bench_solver.c\n");
         return 2;

@@ -307,6 +307,49 @@ START_TEST(test_lbfgs_progress_stop)
 }
 END_TEST
 
+/* The scale-free gradient stop (opts gradient_tolerance, kvm_sculpt_lbfgs_gtol): on a quadratic
+ * scaled by 1e-9 (a tiny loss and gradient, as SmolLM2's key fits) the absolute rule
+ * ‖g‖ ≤ 1e-6·max(1, ‖x‖) ends the run at its start point; with gtol the run descends and stops
+ * at the first iteration with ‖g‖ ≤ gtol·‖g₀‖ (the stop reason says which rule); a reference
+ * g_ref far above ‖g₀‖ (a later round of a problem that has converged) stops it at once. */
+START_TEST(test_lbfgs_gradient_tolerance)
+{
+    enum { N = 40 };
+    double x0[N], g[N];
+    for (int i = 0; i < N; i++) x0[i] = 10.0 + i;
+    for (int v = 0; v < 3; v++) {
+        kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
+        prm.max_iters = 200;
+        prm.past = 0;
+        if (v) kvm_sculpt_lbfgs_gtol(&prm, 1e-3, v == 2 ? 1e3 : 0);
+        kvm_sculpt_lbfgs *s = kvm_sculpt_lbfgs_new(N, x0, &prm);
+        ck_assert_ptr_nonnull(s);
+        double gn = 0, gprev = INFINITY, g0 = 0;
+        for (;;) {
+            const double f = 1e-9 * scaled_quad(kvm_sculpt_lbfgs_x(s), g, N);
+            for (int i = 0; i < N; i++) g[i] *= 1e-9;
+            const int it = kvm_sculpt_lbfgs_iterations(s);
+            if (kvm_sculpt_lbfgs_step(s, f, g) != KVM_LBFGS_EVALUATE) break;
+            if (kvm_sculpt_lbfgs_iterations(s) > it) gprev = gn; /* the last accepted point's norm */
+            gn = 0;
+            for (int i = 0; i < N; i++) gn += g[i] * g[i];
+            gn = sqrt(gn);
+        }
+        g0 = kvm_sculpt_lbfgs_gnorm0(s);
+        const int it = kvm_sculpt_lbfgs_iterations(s);
+        printf("L-BFGS gradient stop %d: %d iterations, stop %d, |g0| %.3g\n", v, it, (int)kvm_sculpt_lbfgs_stopped(s), g0);
+        ck_assert_int_eq(kvm_sculpt_lbfgs_stopped(s), KVM_LBFGS_STOP_GRADIENT);
+        if (v == 1) {
+            ck_assert_int_gt(it, 3);
+            ck_assert_double_gt(gprev, 1e-3 * g0); /* not before */
+        } else {
+            ck_assert_int_eq(it, 0);
+        }
+        kvm_sculpt_lbfgs_free(s);
+    }
+}
+END_TEST
+
 /* carry_history (kvm_sculpt_lbfgs_carry): a run continued with the earlier run's pairs goes
  * further in the same iterations than one continued from step0 = γ alone; carrying NULL or a
  * state of another size changes nothing (bit for bit). */
@@ -1186,6 +1229,8 @@ START_TEST(test_batch_equals_per_problem)
             o.lbfgs_tolerance = 0.05;
             o.round_tolerance = 0.02;
             o.carry_history = 1;
+            o.lbfgs_gtol = 0.05; /* the scale-free gradient stop, its reference from round 1 */
+            o.ridge_f32 = 0;     /* and the float64 fit (the other variants have the default) */
         }
         batch_solve(ps, all, np, &o, kc, vc, beta, st);
         int64_t off = 0;
@@ -1394,6 +1439,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_lbfgs_step0_from_gamma);
     tcase_add_test(tc, test_lbfgs_progress_stop);
     tcase_add_test(tc, test_lbfgs_carry);
+    tcase_add_test(tc, test_lbfgs_gradient_tolerance);
     tcase_add_test(tc, test_ridge_normal_equations);
     tcase_add_test(tc, test_ridge_f32);
     tcase_add_test(tc, test_ridge_f32_ill_conditioned);

@@ -81,6 +81,9 @@ typedef struct kvm_sculpt_opts {
                                  (kvm_sculpt_lbfgs_carry; kvmill's L-BFGS, on every backend; the
                                  liblbfgs oracle starts empty); 0: an empty memory each round, the
                                  solve before issue 12 part 4 (default 1) */
+    double lbfgs_gtol;        /* kvmill's L-BFGS gradient stop ‖g‖ ≤ this · ‖g‖ at the start of the
+                                 problem's first round, instead of ‖g‖ ≤ 1e-6·max(1, ‖x‖)
+                                 (kvm_sculpt_lbfgs_gtol); 0 = the absolute rule (default 0) */
     double round_tolerance;   /* a problem leaves the rounds when a round's ridge-refit loss is
                                  below its best so far by less than this fraction of it
                                  (kvm_sculpt_round_converged); 0 = off (default 0) */

@@ -60,6 +60,10 @@ KVM_SCULPT_SETTING(history, INT, lbfgs_history, 1, 1000, 1, "20", "", "L-BFGS me
 KVM_SCULPT_SETTING(tolerance, F64, lbfgs_tolerance, 0, 1, 1, "0", "",
                    "L-BFGS convergence stop: a round's run ends when its last 4 iterations gained less than this "
                    "share of its decrease so far; 0 = off", NULL)
+KVM_SCULPT_SETTING(gradient_tolerance, F64, lbfgs_gtol, 0, 1, 1, "0", "",
+                   "L-BFGS gradient stop relative to the problem: a run ends when |g| <= this * |g| at the start of "
+                   "the problem's first round; 0 = off (the absolute rule |g| <= 1e-6 max(1, |x|), the solve before it)",
+                   NULL)
 KVM_SCULPT_SETTING(carry_history, INT, carry_history, 0, 1, 1, "1", "",
                    "1: each alternating round's L-BFGS starts with the previous round's memory; 0 = off (an empty one, "
                    "the solve before it)", NULL)

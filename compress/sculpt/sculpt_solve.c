@@ -33,6 +33,7 @@ typedef struct solve_ctx {
     int failed;             /* allocation failure inside the loss */
     double step0;           /* the last round's γ: the next round's first step (own L-BFGS) */
     double progress;        /* opts lbfgs_tolerance (own L-BFGS) */
+    double gtol, gref;      /* opts gradient_tolerance and its reference ‖g‖ (the first round's start) */
     int carry;              /* opts carry_history: prev's pairs start the next round */
     kvm_sculpt_lbfgs *prev; /* the last round's state when carry (own L-BFGS) */
 } solve_ctx;
@@ -127,6 +128,7 @@ static int own_round(solve_ctx *s, int iters, int history)
     prm.max_iters = iters;
     prm.step0 = s->step0;
     prm.progress = s->progress;
+    kvm_sculpt_lbfgs_gtol(&prm, s->gtol, s->gref);
     kvm_sculpt_lbfgs *st = NULL;
     if (x0) {
         for_init(x0, s, nk);
@@ -153,6 +155,7 @@ static int own_round(solve_ctx *s, int iters, int history)
     }
     x_to_point(s, kvm_sculpt_lbfgs_best(st, NULL));
     s->step0 = kvm_sculpt_lbfgs_gamma(st);
+    if (!(s->gref > 0)) s->gref = kvm_sculpt_lbfgs_gnorm0(st);
     if (s->carry) s->prev = st;
     else kvm_sculpt_lbfgs_free(st);
     free(x0);
@@ -217,7 +220,7 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
     int any = move_keys || use_bias;
     solve_ctx s = {.p = p, .k = k, .lambda = o->lambda, .move_keys = move_keys, .bias = use_bias, .kc = kc,
                    .vc = vc, .beta = beta, .gk = gk, .gb = gk + k * d, .progress = o->lbfgs_tolerance,
-                   .carry = o->carry_history};
+                   .carry = o->carry_history, .gtol = o->lbfgs_gtol};
     for (int r = 0; any && k > 0 && r < rounds; r++) {
         t0 = now_s();
         rc = o->lbfgs_oracle ? lbfgs_round(&s, iters, o->lbfgs_history) : own_round(&s, iters, o->lbfgs_history);
