@@ -10,6 +10,8 @@
  *                [--variants selectfit:uniform,joint-fixed:uniform,sculpt:uniform,...]
  *                [--S 2048 --rounds 4 --iters 25 --lambda 0.1 --alpha 1e-3 --vcap 1 --kcap 0 --threads 1]
  *                [--carry-history 1 --tolerance 0 --round-tolerance 0]   (the convergence settings, as in kvmill sculpt)
+ *                [--ridge-f32 1]   (the ridge's normal equations in float32 blocks; 0: float64)
+ *                [--gradient-tolerance 0]   (L-BFGS stop |g| <= this * the first round's |g0|; 0: absolute rule)
  *                [--oracle 1]   (keys fitted by liblbfgs, the test oracle, instead of kvmill's L-BFGS)
  *                [--make-model-doc N]   (random-token document of N+T tokens instead of --docs) */
 #include "compress/eval/kvm_eval.h"
@@ -103,6 +105,10 @@ int main(int argc, char **argv)
     base.round_tolerance = atof(arg(argc, argv, "--round-tolerance", "0"));
     base.lambda = atof(arg(argc, argv, "--lambda", "0.1"));
     base.ridge_alpha = atof(arg(argc, argv, "--alpha", "1e-3"));
+    base.ridge_f32 = atoi(arg(argc, argv, "--ridge-f32", base.ridge_f32 ? "1" : "0"));
+    char gdef[32]; /* the solver's default unless given */
+    snprintf(gdef, sizeof gdef, "%.17g", base.lbfgs_gtol);
+    base.lbfgs_gtol = atof(arg(argc, argv, "--gradient-tolerance", gdef));
     base.vnorm_cap = atof(arg(argc, argv, "--vcap", "1"));
     base.knorm_cap = atof(arg(argc, argv, "--kcap", "0"));
     base.lse_mass_weight = atoi(arg(argc, argv, "--lse-weight", "0"));

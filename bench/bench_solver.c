@@ -3,12 +3,16 @@
  * alternating, medians), and kvmill's own float32 GEMM on 2048×2048×2048 as the ceiling.
  *
  *   bench_solver --model M --doc FILE [--ctx 384 --cont 16 --retain 32 --ratio 0.3 --S 2048]
- *                [--reps 5] [--solve 1] [--gemm 1] [--iters 25 --carry-history 1]
+ *                [--reps 5] [--solve 1] [--gemm 1] [--iters 25 --carry-history 1] [--ridge-f32 1]
+ *                [--gradient-tolerance 0]
+ *                [--precision-problems 4]
  *
  * Sections (one CSV-ish line each, "section,name,value..."):
  *   gemm     kvm__cpu_gemm_packed on 2048³: GFLOP/s (median of --reps)
  *   loss     per problem shape: loss+gradient at the Select+Fit start, reference vs blocked,
  *            seconds per evaluation and GFLOP/s (8·nq·k·d FLOPs), median over --reps rounds
+ *   ridge    the value fit of problem 0, float64 vs float32 normal equations (alternating)
+ *   ridge_precision  float32 vs float64 normal equations on --precision-problems problems
  *   solve    kvm_sculpt_solve_head over every problem: kvmill's L-BFGS vs liblbfgs, with and
  *            without flush-to-zero (alternating problem by problem), CPU s, objective ratio.
  *
@@ -29,6 +33,7 @@
 #include "common/kvm_error.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/kvm_fpmode.h"
+#include "kernels/kvm_ridge_body.h"
 #include "kernels/kvm_sculpt_kernels.h"
 #include "orchestrator/kvm_cli_model.h"
 
@@ -109,72 +114,83 @@ static void bench_loss(const kvm_sculpt_problem *p, int64_t k, double lambda, in
     free(g);
 }
 
-/* The ridge value fit at the Select+Fit start of problem p: CPU ms per fit and GFLOP/s
- * (2·nq·k·d scores + nq·k² normal matrix + 2·nq·k·d right-hand side + k³/3 Cholesky). */
+/* The ridge value fit at the Select+Fit start of problem p, float64 and float32 normal equations
+ * alternating (opts ridge_f32 0 / 1): CPU ms per fit and GFLOP/s (2·nq·k·d scores + nq·k² normal
+ * matrix + 2·nq·k·d right-hand side + k³/3 Cholesky). */
 static void bench_ridge(const kvm_sculpt_problem *p, int64_t k, double alpha, int reps)
 {
     const int d = p->d;
     float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
     start_point(p, k, kc, vc);
-    double t[64], fl = 4.0 * (double)p->nq * k * d + (double)p->nq * k * k + (double)k * k * k / 3;
+    double t[2][64], fl = 4.0 * (double)p->nq * k * d + (double)p->nq * k * k + (double)k * k * k / 3;
     if (reps > 64) reps = 64;
-    for (int r = 0; r < reps; r++) {
-        double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
-        for (int i = 0; i < 10; i++) kvm_sculpt_ridge(p, kc, NULL, k, alpha, 1.0, vc);
-        t[r] = (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / 10;
-    }
-    double mt = bench_median(t, reps);
-    printf("ridge,nq=%lld k=%lld d=%d,ms,%.3f,gflops,%.2f\n", (long long)p->nq, (long long)k, d, 1e3 * mt, fl / mt * 1e-9);
+    for (int r = 0; r < reps; r++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            double t0 = bench_clock_s(CLOCK_THREAD_CPUTIME_ID);
+            for (int i = 0; i < 10; i++) kvm_sculpt_ridge(p, kc, NULL, k, alpha, 1.0, f32, vc);
+            t[f32][r] = (bench_clock_s(CLOCK_THREAD_CPUTIME_ID) - t0) / 10;
+        }
+    double m64 = bench_median(t[0], reps), m32 = bench_median(t[1], reps);
+    printf("ridge,nq=%lld k=%lld d=%d,f64_ms,%.3f,f64_gflops,%.2f,f32_ms,%.3f,f32_gflops,%.2f,speedup,%.2f\n",
+           (long long)p->nq, (long long)k, d, 1e3 * m64, fl / m64 * 1e-9, 1e3 * m32, fl / m32 * 1e-9, m64 / m32);
     free(kc);
     free(vc);
 }
 
-/* Float32 vs float64 normal equations of the ridge at the Select+Fit start of problem p: both
- * built from the same float32 P (ssyrk/sgemm vs dsyrk/dgemm) and solved by Cholesky; prints
- * the relative difference of the solutions (how much precision float32 would lose here). */
+/* Float32-block vs float64 normal equations of the ridge (kvm_cpu_sculpt_normal, ridge_f32 1 / 0)
+ * at the Select+Fit start of problem p, both solved in float64 without the guard: the fitted
+ * values' largest difference relative to the largest |value|, the relative difference of the
+ * fitted outputs P·V (Frobenius), and the pivot ratio max diag(A + αI) / min U_jj² of the float32
+ * equations' Cholesky (what kvm_sculpt_ridge_solve_f32 tests against KVM_SCULPT_RIDGE_PIVOT_LIMIT). */
 static void bench_ridge_precision(const kvm_sculpt_problem *p, int64_t k, double alpha_rel)
 {
     const int d = p->d;
     const int64_t nq = p->nq;
-    float *kc = malloc((size_t)(k * d) * sizeof *kc), *vc = malloc((size_t)(k * d) * sizeof *vc);
-    float *P = malloc((size_t)(nq * k) * sizeof *P), *T = malloc((size_t)(nq * d) * sizeof *T);
-    float *As = malloc((size_t)(k * k) * sizeof *As), *Bs = malloc((size_t)(k * d) * sizeof *Bs);
-    double *pr = malloc((size_t)nq * sizeof *pr), *Pd = malloc((size_t)(nq * k) * sizeof *Pd);
-    double *Td = malloc((size_t)(nq * d) * sizeof *Td), *Ad = malloc((size_t)(k * k) * sizeof *Ad);
-    double *Bd = malloc((size_t)(k * d) * sizeof *Bd);
-    start_point(p, k, kc, vc);
+    float *kc = malloc((size_t)(k * d) * sizeof *kc), *v0 = malloc((size_t)(k * d) * sizeof *v0);
+    float *P = malloc((size_t)(nq * k) * sizeof *P);
+    double *pr = malloc((size_t)nq * sizeof *pr), *A[2], *B[2];
+    for (int f = 0; f < 2; f++) A[f] = malloc((size_t)(k * k) * sizeof *A[f]), B[f] = malloc((size_t)(k * d) * sizeof *B[f]);
+    start_point(p, k, kc, v0);
     kvm_sculpt_view v = {.d = d, .scale = p->scale, .nq = nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
                          .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
                          .out_ms = p->out_ms};
     kvm_cpu_sculpt_probs(&v, kc, NULL, k, P, pr);
-    for (int64_t i = 0; i < nq; i++)
-        for (int t = 0; t < d; t++) Td[i * d + t] = T[i * d + t] = (float)(p->o_full[i * d + t] - pr[i] * p->o_ret[i * d + t]);
-    for (int64_t i = 0; i < nq * k; i++) Pd[i] = P[i];
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0f, P, (int)k, 0.0f, As, (int)k);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0f, P, (int)k, T, d, 0.0f, Bs, d);
-    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, Pd, (int)k, 0.0, Ad, (int)k);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, Pd, (int)k, Td, d, 0.0, Bd, d);
-    double tr = 0;
-    for (int64_t j = 0; j < k; j++) tr += Ad[j * k + j];
-    const double alpha = alpha_rel * tr / (double)k;
-    for (int64_t j = 0; j < k; j++) {
-        Ad[j * k + j] += alpha;
-        As[j * k + j] += (float)alpha;
-        for (int t = 0; t < d; t++) {
-            Bd[j * d + t] += alpha * vc[j * d + t];
-            Bs[j * d + t] += (float)(alpha * vc[j * d + t]);
+    double ratio = 0, dmax = 0;
+    int info[2];
+    for (int f = 0; f < 2; f++) {
+        v.ridge_f32 = f;
+        kvm_cpu_sculpt_normal(&v, kc, NULL, k, A[f], B[f]);
+        const double alpha = kvm_rb_alpha(A[f], k, alpha_rel);
+        for (int64_t j = 0; j < k; j++) {
+            A[f][j * k + j] += alpha;
+            dmax = f ? fmax(dmax, A[f][j * k + j]) : dmax;
+            for (int t = 0; t < d; t++) B[f][j * d + t] += alpha * v0[j * d + t];
         }
+        info[f] = LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, A[f], (lapack_int)k, B[f], d);
     }
-    int i1 = LAPACKE_sposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, As, (lapack_int)k, Bs, d);
-    int i2 = LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, Ad, (lapack_int)k, Bd, d);
-    double num = 0, den = 0;
+    double pmin = INFINITY;
+    for (int64_t j = 0; j < k; j++) pmin = fmin(pmin, A[1][j * k + j] * A[1][j * k + j]);
+    ratio = dmax / pmin;
+    double vmax = 0, dv = 0, num = 0, den = 0;
     for (int64_t i = 0; i < k * d; i++) {
-        num += (Bs[i] - Bd[i]) * (Bs[i] - Bd[i]);
-        den += Bd[i] * Bd[i];
+        vmax = fmax(vmax, fabs(B[0][i]));
+        dv = fmax(dv, fabs(B[1][i] - B[0][i]));
     }
-    printf("ridge_precision,nq=%lld k=%lld d=%d,alpha_rel,%g,info_f32,%d,info_f64,%d,rel_diff_f32_vs_f64,%.3g\n",
-           (long long)nq, (long long)k, d, alpha_rel, i1, i2, sqrt(num / den));
-    free(kc), free(vc), free(P), free(T), free(As), free(Bs), free(pr), free(Pd), free(Td), free(Ad), free(Bd);
+    for (int64_t i = 0; i < nq; i++)
+        for (int t = 0; t < d; t++) {
+            double o64 = 0, o32 = 0;
+            for (int64_t j = 0; j < k; j++) {
+                o64 += (double)P[i * k + j] * B[0][j * d + t];
+                o32 += (double)P[i * k + j] * B[1][j * d + t];
+            }
+            num += (o32 - o64) * (o32 - o64);
+            den += o64 * o64;
+        }
+    printf("ridge_precision,nq=%lld k=%lld d=%d,alpha_rel,%g,info_f32,%d,info_f64,%d,pivot_ratio_f32,%.3g,"
+           "values_maxdiff_rel,%.3g,outputs_diff_rel,%.3g\n",
+           (long long)nq, (long long)k, d, alpha_rel, info[1], info[0], ratio, dv / vmax, sqrt(num / den));
+    free(kc), free(v0), free(P), free(pr);
+    for (int f = 0; f < 2; f++) free(A[f]), free(B[f]);
 }
 
 /* Every problem solved by three variants, alternating problem by problem: (0) flush-to-zero and
@@ -385,6 +401,10 @@ int main(int argc, char **argv)
     snprintf(iters_def, sizeof iters_def, "%d", o.lbfgs_iters);
     o.lbfgs_iters = atoi(arg(argc, argv, "--iters", iters_def));
     o.carry_history = atoi(arg(argc, argv, "--carry-history", o.carry_history ? "1" : "0")); /* liblbfgs never carries */
+    o.ridge_f32 = atoi(arg(argc, argv, "--ridge-f32", o.ridge_f32 ? "1" : "0"));
+    char gdef[32];
+    snprintf(gdef, sizeof gdef, "%.17g", o.lbfgs_gtol);
+    o.lbfgs_gtol = atof(arg(argc, argv, "--gradient-tolerance", gdef));
     if (!model_path || !doc_path || reps < 1) {
         fprintf(stderr, "usage: see the comment at the top of bench/bench_solver.c\n");
         return 2;
@@ -416,7 +436,8 @@ int main(int argc, char **argv)
     kvm_fpmode fm = kvm_fpmode_flush_enter();
     bench_loss(&ps[0], k, o.lambda, reps);
     bench_ridge(&ps[0], k, o.ridge_alpha, reps);
-    for (int i = 0; i < np; i += np / 4 > 0 ? np / 4 : 1) bench_ridge_precision(&ps[i], k, o.ridge_alpha);
+    const int nprec = atoi(arg(argc, argv, "--precision-problems", "4")); /* problems spread over the layers */
+    for (int i = 0; i < nprec && i < np; i++) bench_ridge_precision(&ps[(int64_t)i * np / nprec], k, o.ridge_alpha);
     kvm_fpmode_restore(fm);
     if (atoi(arg(argc, argv, "--solve", "1"))) bench_solve(ps, np, k, &o);
     for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&ps[i]);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/solver.sh: the KVSculpt solver's speed (issue 12). For stories260K long/doc_005 (N 384,
 # m 32, r 0.3, defaults) and, when present, SmolLM2 long2k/doc_005 (N 2048, m 64, r 0.3):
-#   1. bench_solver: kvmill's own sgemm on 2048³ (the ceiling), the loss+gradient and the ridge
-#      at the problem shape (reference vs blocked, GFLOP/s), the query construction, and every
+#   1. bench_solver: kvmill's own sgemm on 2048³ (the ceiling), the loss+gradient (reference vs
+#      blocked) and the ridge (float64 vs float32 normal equations, and their precision) at the
+#      problem shape (GFLOP/s), the query construction, and every
 #      problem solved by kvmill's L-BFGS vs liblbfgs (CPU s, objective ratio) — one run;
 #   2. `kvmill sculpt` per document with 1 and 2 worker threads: CPU s (user+sys) and wall s,
 #      RUNS runs each alternating, medians, with the load average before each.

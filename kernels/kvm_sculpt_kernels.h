@@ -22,6 +22,8 @@ typedef struct kvm_sculpt_view {
     int lse_mass_weight; /* 1: LSE error weighted by σ(lse_zone − lse_ret) */
     const float *qt;     /* Qᵀ [d][nq] (the key gradient's left operand), or NULL: the CPU kernel
                             transposes q per call (the CPU batch builds it once per problem) */
+    int ridge_f32;       /* CPU normal equations: 1 float32 GEMM blocks summed in float64, 0 float64
+                            (kvm_cpu_sculpt_normal); other backends ignore it */
 } kvm_sculpt_view;
 
 /* The result of one evaluation. */
@@ -68,8 +70,12 @@ int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_re
 
 /* CPU backend, the ridge normal equations of one problem (KVSculpt §3 value step): with P, pr
  * from kvm_cpu_sculpt_probs and T_i = o_full,i − pr_i·o_ret,i, A = PᵀP [k][k] (float64, upper
- * triangle written, row-major) and B = PᵀT [k][d] (float64), by OpenBLAS dsyrk/dgemm in float64
- * (call with OpenBLAS at one thread for reproducible sums). Returns 0, KVM_EINVAL, KVM_ENOMEM. */
+ * triangle written, row-major) and B = PᵀT [k][d] (float64). p->ridge_f32 = 0: by OpenBLAS
+ * dsyrk/dgemm in float64 (call with OpenBLAS at one thread for reproducible sums); 1: by
+ * kvmill's float32 GEMM over blocks of 128 queries (T rounded to float32), the blocks' products
+ * added in float64 in query order (entries within ≈ 1e-6 relative of float64; the caller checks
+ * the conditioning: compress/sculpt's kvm_sculpt_ridge_solve_f32). Deterministic either way.
+ * Returns 0, KVM_EINVAL, KVM_ENOMEM. */
 int kvm_cpu_sculpt_normal(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, double *A,
                           double *B);
 

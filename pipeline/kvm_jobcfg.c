@@ -177,6 +177,9 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     if (!(kvm_config_float(c, "compress", "tolerance") > 0)) n = drop_lines(comp, n, "compress.tolerance=");
     if (!(kvm_config_float(c, "compress", "round_tolerance") > 0)) n = drop_lines(comp, n, "compress.round_tolerance=");
     if (!kvm_config_int(c, "compress", "carry_history")) n = drop_lines(comp, n, "compress.carry_history=");
+    if (!kvm_config_int(c, "compress", "ridge_f32")) n = drop_lines(comp, n, "compress.ridge_f32=");
+    if (!(kvm_config_float(c, "compress", "gradient_tolerance") > 0))
+        n = drop_lines(comp, n, "compress.gradient_tolerance=");
     const char *sys = kvm_config_str(c, "model", "system");
     int chat = kvm_config_bool(c, "model", "chat");
     size_t cap = n + 512 + (chat ? 2 * strlen(sys) : 0);

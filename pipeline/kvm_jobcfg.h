@@ -50,8 +50,9 @@ int kvm_jobcfg_check(const kvm_config *c);
  * model.chat=true and model.system (escaped \\, \n, \r; only with [model] chat = true, the
  * system line only when set), every [compress] setting (resolved, defaults included, but
  * target_kl and target_step only when target_kl > 0, budget and ratio only when it is not
- * (the search sets the budget), on_policy only when true, carry_history, tolerance and
- * round_tolerance only when > 0, so configs without them keep their ids,
+ * (the search sets the budget), on_policy only when true, carry_history, tolerance,
+ * round_tolerance, ridge_f32 and gradient_tolerance only when > 0, so configs without them
+ * keep their ids,
  * numbers in one spelling), then strategy.hash=HEX (BLAKE2b-256 of the PolyKV strategy's
  * stored bytes) when strategy_hash is not NULL. Returns 0 or KVM_ENOMEM. */
 int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash, kvm_store_id *id, char **canonical,

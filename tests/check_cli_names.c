@@ -89,7 +89,8 @@ START_TEST(test_config_keys_equal_option_names)
     const char *text = "[model]\npath = /m.bin\n[compress]\nmethod = sculpt\nretain = 16\nqueries = 64\nlambda = 0.5\n"
                        "lse_weight = true\nridge = 0.01\nvcap = 2\nkcap = 3\nrounds = 2\niterations = 7\nhistory = 5\n"
                        "bias = yes\nalloc = head\npower = 0.25\npilot_rounds = 3\npilot_iterations = 4\nseed = 9\n"
-                       "budget = 48\nfuture = 12\ntolerance = 0.01\nround_tolerance = 0.02\ncarry_history = 1\n"
+                       "budget = 48\nfuture = 12\ntolerance = 0.01\nround_tolerance = 0.02\ncarry_history = 1\nridge_f32 = 0\n"
+                       "gradient_tolerance = 0.001\n"
                        "[stages]\nthreads = 3\n";
     kvm_config *c;
     ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
@@ -98,7 +99,8 @@ START_TEST(test_config_keys_equal_option_names)
     ck_assert_int_eq(kvm_sculpt_opts_parse(&b, "budget=48,retain=16,queries=64,lambda=0.5,lse_weight,ridge=0.01,vcap=2,"
                                                "kcap=3,rounds=2,iterations=7,history=5,bias,alloc=head,power=0.25,"
                                                "pilot_rounds=3,pilot_iterations=4,seed=9,future=12,threads=3,"
-                                               "tolerance=0.01,round_tolerance=0.02,carry_history=1"),
+                                               "tolerance=0.01,round_tolerance=0.02,carry_history=1,ridge_f32=0,"
+                                               "gradient_tolerance=0.001"),
                      0);
     ck_assert_int_eq(a.k_entries, 32);
     ck_assert_int_eq(a.lbfgs_iters, 7);
@@ -106,21 +108,25 @@ START_TEST(test_config_keys_equal_option_names)
     ck_assert_int_eq(a.n_synth, 64);
     ck_assert_int_eq(a.lse_mass_weight, 1);
     ck_assert_int_eq(a.threads, 3);
-    ck_assert(a.lbfgs_tolerance == 0.01 && a.round_tolerance == 0.02 && a.carry_history == 1);
+    ck_assert(a.lbfgs_tolerance == 0.01 && a.round_tolerance == 0.02 && a.carry_history == 1 && a.ridge_f32 == 0 &&
+              a.lbfgs_gtol == 0.001);
     ck_assert_msg(memcmp(&a, &b, sizeof a) == 0, "config and option string give different options");
     kvm_config_free(&c);
 }
 END_TEST
 
-/* The solver's convergence settings at their off values (the solve before them) write no line
- * into the canonical config text, so such configs keep the ids they had before the settings
- * existed; each one on (carry_history by default) gives another id. */
+/* The solver's convergence settings and ridge_f32 at their off values (the solve before them)
+ * write no line into the canonical config text, so such configs keep the ids they had before the
+ * settings existed; each one on (carry_history and ridge_f32 by default) gives another id. */
 START_TEST(test_convergence_settings_config_id)
 {
-    const char *extra[] = {"carry_history = 0", "carry_history = 0\ntolerance = 0\nround_tolerance = 0",
-                           "carry_history = 0\ntolerance = 0.01", "carry_history = 0\nround_tolerance = 0.01", ""};
-    kvm_store_id id[5];
-    for (int i = 0; i < 5; i++) {
+    const char *extra[] = {"carry_history = 0\nridge_f32 = 0",
+                           "carry_history = 0\ntolerance = 0\nround_tolerance = 0\nridge_f32 = 0",
+                           "carry_history = 0\ntolerance = 0.01\nridge_f32 = 0",
+                           "carry_history = 0\nround_tolerance = 0.01\nridge_f32 = 0", "carry_history = 0",
+                           "carry_history = 0\nridge_f32 = 0\ngradient_tolerance = 0.001"};
+    kvm_store_id id[6];
+    for (int i = 0; i < 6; i++) {
         char text[512];
         snprintf(text, sizeof text, "[model]\npath = x\n[compress]\n%s\n", extra[i]);
         kvm_config *c = NULL;
@@ -132,12 +138,14 @@ START_TEST(test_convergence_settings_config_id)
         ck_assert_ptr_nonnull(z);
         if (i < 2) ck_assert_ptr_null(strstr(z, "tolerance"));
         if (i < 2) ck_assert_ptr_null(strstr(z, "carry_history"));
+        if (i < 2) ck_assert_ptr_null(strstr(z, "ridge_f32"));
+        if (i < 2) ck_assert_ptr_null(strstr(z, "gradient_tolerance"));
         free(z);
         free(canon);
         kvm_config_free(&c);
     }
     ck_assert_int_eq(memcmp(&id[0], &id[1], sizeof id[0]), 0);
-    for (int i = 2; i < 5; i++) ck_assert_int_ne(memcmp(&id[0], &id[i], sizeof id[0]), 0);
+    for (int i = 2; i < 6; i++) ck_assert_int_ne(memcmp(&id[0], &id[i], sizeof id[0]), 0);
 }
 END_TEST
 

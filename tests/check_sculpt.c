@@ -12,6 +12,7 @@
 #include "kernels/kvm_sculpt_kernels.h"
 #include "tests/util/kvm_test.h"
 
+#include <cblas.h>
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -306,6 +307,49 @@ START_TEST(test_lbfgs_progress_stop)
 }
 END_TEST
 
+/* The scale-free gradient stop (opts gradient_tolerance, kvm_sculpt_lbfgs_gtol): on a quadratic
+ * scaled by 1e-9 (a tiny loss and gradient, as SmolLM2's key fits) the absolute rule
+ * ‖g‖ ≤ 1e-6·max(1, ‖x‖) ends the run at its start point; with gtol the run descends and stops
+ * at the first iteration with ‖g‖ ≤ gtol·‖g₀‖ (the stop reason says which rule); a reference
+ * g_ref far above ‖g₀‖ (a later round of a problem that has converged) stops it at once. */
+START_TEST(test_lbfgs_gradient_tolerance)
+{
+    enum { N = 40 };
+    double x0[N], g[N];
+    for (int i = 0; i < N; i++) x0[i] = 10.0 + i;
+    for (int v = 0; v < 3; v++) {
+        kvm_sculpt_lbfgs_params prm = kvm_sculpt_lbfgs_params_default();
+        prm.max_iters = 200;
+        prm.past = 0;
+        if (v) kvm_sculpt_lbfgs_gtol(&prm, 1e-3, v == 2 ? 1e3 : 0);
+        kvm_sculpt_lbfgs *s = kvm_sculpt_lbfgs_new(N, x0, &prm);
+        ck_assert_ptr_nonnull(s);
+        double gn = 0, gprev = INFINITY, g0 = 0;
+        for (;;) {
+            const double f = 1e-9 * scaled_quad(kvm_sculpt_lbfgs_x(s), g, N);
+            for (int i = 0; i < N; i++) g[i] *= 1e-9;
+            const int it = kvm_sculpt_lbfgs_iterations(s);
+            if (kvm_sculpt_lbfgs_step(s, f, g) != KVM_LBFGS_EVALUATE) break;
+            if (kvm_sculpt_lbfgs_iterations(s) > it) gprev = gn; /* the last accepted point's norm */
+            gn = 0;
+            for (int i = 0; i < N; i++) gn += g[i] * g[i];
+            gn = sqrt(gn);
+        }
+        g0 = kvm_sculpt_lbfgs_gnorm0(s);
+        const int it = kvm_sculpt_lbfgs_iterations(s);
+        printf("L-BFGS gradient stop %d: %d iterations, stop %d, |g0| %.3g\n", v, it, (int)kvm_sculpt_lbfgs_stopped(s), g0);
+        ck_assert_int_eq(kvm_sculpt_lbfgs_stopped(s), KVM_LBFGS_STOP_GRADIENT);
+        if (v == 1) {
+            ck_assert_int_gt(it, 3);
+            ck_assert_double_gt(gprev, 1e-3 * g0); /* not before */
+        } else {
+            ck_assert_int_eq(it, 0);
+        }
+        kvm_sculpt_lbfgs_free(s);
+    }
+}
+END_TEST
+
 /* carry_history (kvm_sculpt_lbfgs_carry): a run continued with the earlier run's pairs goes
  * further in the same iterations than one continued from step0 = γ alone; carrying NULL or a
  * state of another size changes nothing (bit for bit). */
@@ -477,7 +521,7 @@ START_TEST(test_ridge_normal_equations)
     }
     for (int j = 0; j < k; j++) beta[j] = 0.2f * frand();
     const double arel = 1e-2;
-    ck_assert_int_eq(kvm_sculpt_ridge(&t.p, kc, beta, k, arel, 0.0, vc), 0);
+    ck_assert_int_eq(kvm_sculpt_ridge(&t.p, kc, beta, k, arel, 0.0, 0, vc), 0);
     /* rebuild P and T independently (float64) and check (PᵀP + αI)V = PᵀT + αV0 */
     const kvm_sculpt_problem *p = &t.p;
     double A[7][7] = {{0}}, B[7][8] = {{0}};
@@ -514,12 +558,118 @@ START_TEST(test_ridge_normal_equations)
     printf("ridge normal equations: max residual %.3g (rhs scale %.3g)\n", worst, scale);
     ck_assert_double_lt(worst, 1e-5 * (scale + 1e-3));
     /* the value-norm guard bounds every row */
-    ck_assert_int_eq(kvm_sculpt_ridge(&t.p, kc, beta, k, 1e-6, 0.5, vc), 0);
+    ck_assert_int_eq(kvm_sculpt_ridge(&t.p, kc, beta, k, 1e-6, 0.5, 0, vc), 0);
     for (int a = 0; a < k; a++) {
         double n2 = 0;
         for (int u = 0; u < d; u++) n2 += (double)vc[a * d + u] * vc[a * d + u];
         ck_assert_double_le(sqrt(n2), 0.5 * p->vnorm_max * (1 + 1e-5));
     }
+    toy_free(&t);
+}
+END_TEST
+
+/* The view of a problem for the CPU kernels, normal equations in float32 blocks or float64. */
+static kvm_sculpt_view view_of(const kvm_sculpt_problem *p, int f32)
+{
+    return (kvm_sculpt_view){.d = p->d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
+                             .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
+                             .out_ms = p->out_ms, .ridge_f32 = f32};
+}
+
+/* ridge_f32: the normal equations by kvmill's float32 GEMM (blocks of 128 queries summed in
+ * float64) within 1e-6 of the float64 ones and the fitted values within 1e-3 (relative to the
+ * largest entry / value; bench/RESULTS.md part 5 measured ≤ 4e-4 on real problems), without a
+ * float64 fallback at this conditioning; ridge_f32 = 0 is, bit for bit, OpenBLAS dsyrk/dgemm on
+ * the design widened to float64 (the fit before the setting). 300 queries: two full blocks and a
+ * tail; k up to 70: more than one 64-row block of A, k not a multiple of 16. */
+START_TEST(test_ridge_f32)
+{
+    toy t;
+    toy_new_d(&t, 64, 120, 8, 300, 1.0f, 0);
+    const kvm_sculpt_problem *p = &t.p;
+    const int d = 64;
+    const int64_t ks[3] = {1, 17, 70}, nq = p->nq;
+    for (int ki = 0; ki < 3; ki++) {
+        const int64_t k = ks[ki];
+        float *kc = malloc((size_t)(k * d) * sizeof *kc), *v0 = malloc((size_t)(k * d) * sizeof *v0);
+        float *v1 = malloc((size_t)(k * d) * sizeof *v1), *v2 = malloc((size_t)(k * d) * sizeof *v2);
+        float *beta = malloc((size_t)k * sizeof *beta), *P = malloc((size_t)(nq * k) * sizeof *P);
+        double *A[3], *B[3], *Pd = malloc((size_t)(nq * k) * sizeof *Pd), *T = malloc((size_t)(nq * d) * sizeof *T);
+        double *pr = malloc((size_t)nq * sizeof *pr);
+        for (int f = 0; f < 3; f++) {
+            A[f] = calloc((size_t)(k * k), sizeof *A[f]);
+            B[f] = calloc((size_t)(k * d), sizeof *B[f]);
+        }
+        for (int64_t i = 0; i < k * d; i++) kc[i] = 1.5f * frand(), v0[i] = frand();
+        for (int64_t j = 0; j < k; j++) beta[j] = 0.2f * frand();
+        kvm_sculpt_view v32 = view_of(p, 1), v64 = view_of(p, 0);
+        ck_assert_int_eq(kvm_cpu_sculpt_normal(&v32, kc, beta, k, A[0], B[0]), 0);
+        ck_assert_int_eq(kvm_cpu_sculpt_normal(&v64, kc, beta, k, A[1], B[1]), 0);
+        ck_assert_int_eq(kvm_cpu_sculpt_probs(&v64, kc, beta, k, P, pr), 0); /* the fit before, spelled out */
+        for (int64_t i = 0; i < nq * k; i++) Pd[i] = P[i];
+        for (int64_t i = 0; i < nq; i++)
+            for (int u = 0; u < d; u++) T[i * d + u] = (double)p->o_full[i * d + u] - pr[i] * p->o_ret[i * d + u];
+        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, Pd, (int)k, 0.0, A[2], (int)k);
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, Pd, (int)k, T, d, 0.0, B[2], d);
+        double amax = 0, da = 0, bmax = 0, db = 0;
+        for (int64_t a = 0; a < k; a++)
+            for (int64_t c = a; c < k; c++) {
+                ck_assert(A[1][a * k + c] == A[2][a * k + c]);
+                amax = fmax(amax, fabs(A[1][a * k + c]));
+                da = fmax(da, fabs(A[0][a * k + c] - A[1][a * k + c]));
+            }
+        ck_assert(!memcmp(B[1], B[2], (size_t)(k * d) * sizeof *B[1]));
+        for (int64_t i = 0; i < k * d; i++) {
+            bmax = fmax(bmax, fabs(B[1][i]));
+            db = fmax(db, fabs(B[0][i] - B[1][i]));
+        }
+        memcpy(v1, v0, (size_t)(k * d) * sizeof *v1);
+        ck_assert_int_eq(kvm_sculpt_ridge_solve_f32(p, A[0], B[0], k, 1e-3, 0.0, v1), 0); /* no fallback here */
+        memcpy(v1, v0, (size_t)(k * d) * sizeof *v1);
+        memcpy(v2, v0, (size_t)(k * d) * sizeof *v2);
+        ck_assert_int_eq(kvm_sculpt_ridge(p, kc, beta, k, 1e-3, 0.0, 1, v1), 0);
+        ck_assert_int_eq(kvm_sculpt_ridge(p, kc, beta, k, 1e-3, 0.0, 0, v2), 0);
+        double vmax = 0, dv = 0;
+        for (int64_t i = 0; i < k * d; i++) {
+            vmax = fmax(vmax, fabs(v2[i]));
+            dv = fmax(dv, fabs((double)v1[i] - v2[i]));
+        }
+        printf("ridge_f32, k = %lld: A %.2g, B %.2g, values %.2g relative to float64\n", (long long)k, da / amax,
+               db / bmax, dv / vmax);
+        ck_assert_double_lt(da, 1e-6 * amax);
+        ck_assert_double_lt(db, 1e-6 * bmax);
+        ck_assert_double_lt(dv, 1e-3 * vmax);
+        free(kc), free(v0), free(v1), free(v2), free(beta), free(P), free(Pd), free(T), free(pr);
+        for (int f = 0; f < 3; f++) free(A[f]), free(B[f]);
+    }
+    toy_free(&t);
+}
+END_TEST
+
+/* An ill-conditioned fit (every distilled key twice, so PᵀP is singular, and α = 1e-12 of the
+ * mean diagonal: a Cholesky pivot of ≈ 1e-12 of the diagonal): the float32 equations' solve
+ * asks for float64 ones (KVM_SCULPT_RIDGE_F64, values untouched), and kvm_sculpt_ridge with
+ * ridge_f32 gives bit for bit the float64 fit. */
+START_TEST(test_ridge_f32_ill_conditioned)
+{
+    toy t;
+    toy_new_d(&t, 64, 120, 8, 300, 1.0f, 0);
+    const kvm_sculpt_problem *p = &t.p;
+    enum { K = 20, D = 64 };
+    float kc[K * D], v0[K * D], v1[K * D], v2[K * D];
+    static double A[K * K], B[K * D];
+    for (int j = 0; j < K; j++)
+        for (int u = 0; u < D; u++) kc[j * D + u] = j % 2 ? kc[(j - 1) * D + u] : 1.5f * frand();
+    for (int i = 0; i < K * D; i++) v0[i] = frand();
+    kvm_sculpt_view v32 = view_of(p, 1);
+    ck_assert_int_eq(kvm_cpu_sculpt_normal(&v32, kc, NULL, K, A, B), 0);
+    memcpy(v1, v0, sizeof v1);
+    ck_assert_int_eq(kvm_sculpt_ridge_solve_f32(p, A, B, K, 1e-12, 0.0, v1), KVM_SCULPT_RIDGE_F64);
+    ck_assert(!memcmp(v1, v0, sizeof v1));
+    memcpy(v2, v0, sizeof v2);
+    ck_assert_int_eq(kvm_sculpt_ridge(p, kc, NULL, K, 1e-12, 0.0, 1, v1), 0);
+    ck_assert_int_eq(kvm_sculpt_ridge(p, kc, NULL, K, 1e-12, 0.0, 0, v2), 0);
+    ck_assert(!memcmp(v1, v2, sizeof v1));
     toy_free(&t);
 }
 END_TEST
@@ -1079,6 +1229,8 @@ START_TEST(test_batch_equals_per_problem)
             o.lbfgs_tolerance = 0.05;
             o.round_tolerance = 0.02;
             o.carry_history = 1;
+            o.lbfgs_gtol = 0.05; /* the scale-free gradient stop, its reference from round 1 */
+            o.ridge_f32 = 0;     /* and the float64 fit (the other variants have the default) */
         }
         batch_solve(ps, all, np, &o, kc, vc, beta, st);
         int64_t off = 0;
@@ -1287,7 +1439,10 @@ static Suite *suite(void)
     tcase_add_test(tc, test_lbfgs_step0_from_gamma);
     tcase_add_test(tc, test_lbfgs_progress_stop);
     tcase_add_test(tc, test_lbfgs_carry);
+    tcase_add_test(tc, test_lbfgs_gradient_tolerance);
     tcase_add_test(tc, test_ridge_normal_equations);
+    tcase_add_test(tc, test_ridge_f32);
+    tcase_add_test(tc, test_ridge_f32_ill_conditioned);
     tcase_add_test(tc, test_lse_zero_when_masses_match);
     tcase_add_test(tc, test_degenerate_toy);
     tcase_add_test(tc, test_allocate);

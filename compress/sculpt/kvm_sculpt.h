@@ -61,6 +61,10 @@ typedef struct kvm_sculpt_opts {
     int lse_mass_weight;      /* 1: weight each query's LSE error by the compress zone's share of
                                  its full attention (ours); 0: plain mean as in the paper (default 0) */
     double ridge_alpha;       /* ridge α relative to the mean diagonal of the normal matrix (1e-3) */
+    int ridge_f32;            /* 1: the ridge's normal equations built by kvmill's float32 GEMM
+                                 (float64 block sums), rebuilt in float64 where the Cholesky's
+                                 pivots show ill-conditioning (kvm_sculpt_ridge); 0: in float64
+                                 (OpenBLAS), the fit before issue 12 part 5 (default 1; CPU only) */
     double vnorm_cap;         /* value-norm guard: ‖v‖ ≤ vnorm_cap · max zone ‖v‖; 0 disables (1.0) */
     double knorm_cap;         /* key-norm guard: keys projected to ‖k‖ ≤ knorm_cap · max zone ‖k‖
                                  after each L-BFGS round; 0 disables (default 0) */
@@ -77,6 +81,9 @@ typedef struct kvm_sculpt_opts {
                                  (kvm_sculpt_lbfgs_carry; kvmill's L-BFGS, on every backend; the
                                  liblbfgs oracle starts empty); 0: an empty memory each round, the
                                  solve before issue 12 part 4 (default 1) */
+    double lbfgs_gtol;        /* kvmill's L-BFGS gradient stop ‖g‖ ≤ this · ‖g‖ at the start of the
+                                 problem's first round, instead of ‖g‖ ≤ 1e-6·max(1, ‖x‖)
+                                 (kvm_sculpt_lbfgs_gtol); 0 = the absolute rule (default 0) */
     double round_tolerance;   /* a problem leaves the rounds when a round's ridge-refit loss is
                                  below its best so far by less than this fraction of it
                                  (kvm_sculpt_round_converged); 0 = off (default 0) */

@@ -24,7 +24,10 @@ typedef struct kvm_sculpt_lbfgs_params {
     double progress;     /* stop when f_{it−past} − f < progress·(f_0 − f): the last `past`
                             iterations gained less than this share of the run's decrease from its
                             start f_0 (scale-free, unlike delta); 0 = off (default 0) */
-    double epsilon;      /* stop when ‖g‖ ≤ ε·max(1, ‖x‖) (default 1e-6) */
+    double epsilon;      /* stop when ‖g‖ ≤ ε·max(1, ‖x‖) (default 1e-6; 0 = off) */
+    double gtol;         /* stop when ‖g‖ ≤ gtol·g_ref: scale-free, unlike epsilon; 0 = off (default 0) */
+    double g_ref;        /* the reference gradient norm of gtol (the solver passes ‖g‖ at the start of a
+                            problem's first round); ≤ 0: this run's own ‖g‖ at its start point */
     double c1, c2;       /* Wolfe constants (default 1e-4, 0.9) */
     double step0;        /* first trial step along −g; 0: 1/‖g‖ (liblbfgs's) (default 0). A run
                             that continues an earlier one passes that run's kvm_sculpt_lbfgs_gamma,
@@ -69,6 +72,26 @@ double kvm_sculpt_lbfgs_gamma(const kvm_sculpt_lbfgs *s);
  * with unit step; if that is no descent direction the pairs are dropped and the run starts
  * from −g as without them. */
 void kvm_sculpt_lbfgs_carry(kvm_sculpt_lbfgs *s, const kvm_sculpt_lbfgs *prev);
+
+/* The solver's scale-free gradient stop (opts gradient_tolerance): gtol > 0 replaces the
+ * absolute test (epsilon = 0) by ‖g‖ ≤ gtol·g_ref, g_ref = ‖g‖ at the start of the problem's
+ * first round (≤ 0 while that round has not run: its own start); gtol = 0 leaves p as it is. */
+void kvm_sculpt_lbfgs_gtol(kvm_sculpt_lbfgs_params *p, double gtol, double g_ref);
+
+/* Why a finished run stopped (KVM_LBFGS_STOP_NONE while it runs). */
+typedef enum kvm_sculpt_lbfgs_stop {
+    KVM_LBFGS_STOP_NONE = 0,
+    KVM_LBFGS_STOP_GRADIENT,   /* the gradient test (epsilon or gtol) */
+    KVM_LBFGS_STOP_DECREASE,   /* delta or progress over `past` iterations */
+    KVM_LBFGS_STOP_ITERATIONS, /* max_iters (or max_iters < 1) */
+    KVM_LBFGS_STOP_LINESEARCH, /* no acceptable step */
+    KVM_LBFGS_STOP_NONFINITE,  /* non-finite value at the start point */
+} kvm_sculpt_lbfgs_stop;
+
+kvm_sculpt_lbfgs_stop kvm_sculpt_lbfgs_stopped(const kvm_sculpt_lbfgs *s);
+
+/* ‖g‖ at the run's start point (0 before its first _step). */
+double kvm_sculpt_lbfgs_gnorm0(const kvm_sculpt_lbfgs *s);
 
 /* Evaluations and accepted iterations so far. */
 int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s);

@@ -92,11 +92,15 @@ double kvm_sculpt_loss_ref(const kvm_sculpt_problem *p, const float *kc, const f
  * entry j (softmax over distilled + visible retain) and T_i = O_i − p_ret,i · O_ret,i, solves
  *   (PᵀP + αI) V = PᵀT + α V0,   α = alpha_rel · trace(PᵀP)/k
  * by Cholesky (LAPACKE_dposv, float64; P itself from the blocked float32 kernel of
- * kernels/kvm_sculpt_kernels.h). V0 = vc on entry (shrink target); vc gets V. Then, when
- * vnorm_cap > 0, rescales every row to ‖v‖ ≤ vnorm_cap · p->vnorm_max (the value-norm guard).
- * Returns 0, KVM_ENOMEM, KVM_ERANGE (not positive definite / non-finite; vc unchanged). */
+ * kernels/kvm_sculpt_kernels.h). f32 = 1 (opts ridge_f32): PᵀP and PᵀT built by kvmill's float32
+ * GEMM in blocks summed in float64, rebuilt in float64 when the Cholesky shows the problem too
+ * ill-conditioned for that (kvm_sculpt_ridge_solve_f32); f32 = 0: built in float64 (OpenBLAS),
+ * the fit before issue 12 part 5, bit for bit. V0 = vc on entry (shrink target); vc gets V.
+ * Then, when vnorm_cap > 0, rescales every row to ‖v‖ ≤ vnorm_cap · p->vnorm_max (the
+ * value-norm guard). Returns 0, KVM_ENOMEM, KVM_ERANGE (not positive definite / non-finite;
+ * vc unchanged). */
 int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *beta, int64_t k, double alpha_rel,
-                     double vnorm_cap, float *vc);
+                     double vnorm_cap, int f32, float *vc);
 
 /* The solve half of kvm_sculpt_ridge, given the normal equations A = PᵀP [k][k] (upper triangle
  * read) and B = PᵀT [k][d] (float64, row-major, from kvm_cpu_sculpt_normal or a batch backend's
@@ -104,6 +108,24 @@ int kvm_sculpt_ridge(const kvm_sculpt_problem *p, const float *kc, const float *
  * value-norm guard and writes vc (V0 on entry). Returns 0 or KVM_ERANGE (vc unchanged). */
 int kvm_sculpt_ridge_solve(const kvm_sculpt_problem *p, double *A, double *B, int64_t k, double alpha_rel,
                            double vnorm_cap, float *vc);
+
+/* Returned (> 0, no error message) by kvm_sculpt_ridge_solve_f32 when the float32-built
+ * equations must be rebuilt in float64. */
+#define KVM_SCULPT_RIDGE_F64 1
+/* The float32 equations' conditioning limit: every Cholesky pivot U_jj² of A + αI must keep at
+ * least 1/limit of A + αI's largest diagonal entry. Since every pivot is ≥ α, the ratio is at
+ * most ≈ k/ridge at the default α (1e5–6e5 on stories260K and SmolLM2, where the float32 fit's
+ * values stay within 4e-4 and its outputs P·V within 5e-6 of float64: bench/RESULTS.md "Solver
+ * speed, part 5"); pivots cancelled far below that (a tiny `ridge` on near-duplicate entries)
+ * go to float64. */
+#define KVM_SCULPT_RIDGE_PIVOT_LIMIT 1e8
+
+/* kvm_sculpt_ridge_solve for normal equations built in float32 blocks (view ridge_f32 = 1):
+ * the same solve, but KVM_SCULPT_RIDGE_F64 (vc unchanged, A and B spoilt) where the Cholesky
+ * fails or a pivot breaks KVM_SCULPT_RIDGE_PIVOT_LIMIT: the caller rebuilds them in float64 and
+ * calls kvm_sculpt_ridge_solve. Returns 0, KVM_SCULPT_RIDGE_F64 or KVM_ERANGE (non-finite). */
+int kvm_sculpt_ridge_solve_f32(const kvm_sculpt_problem *p, double *A, double *B, int64_t k, double alpha_rel,
+                               double vnorm_cap, float *vc);
 
 /* The rounds' convergence stop (opts round_tolerance): 1 when a round whose ridge refit reached
  * loss `after` improved the best loss so far `before` by less than tol·|before| (a round that made

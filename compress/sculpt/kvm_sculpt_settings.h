@@ -46,6 +46,9 @@ KVM_SCULPT_SETTING(lse_weight, BOOL, lse_mass_weight, 0, 1, 1, "false", "",
                    "weight each query's LSE error by the compress zone's attention share (ours)", NULL)
 KVM_SCULPT_SETTING(ridge, F64, ridge_alpha, 1e-12, 1e6, 1, "0.001", "",
                    "ridge alpha of the value fit, relative to the mean diagonal of the normal matrix", NULL)
+KVM_SCULPT_SETTING(ridge_f32, INT, ridge_f32, 0, 1, 1, "1", "",
+                   "1: the ridge's normal equations by kvmill's float32 GEMM (float64 block sums; float64 where the "
+                   "Cholesky shows them ill-conditioned); 0 = float64 (OpenBLAS), the fit before it", NULL)
 KVM_SCULPT_SETTING(alpha, F64, ridge_alpha, 1e-12, 1e6, 0, "0.001", "", "ridge alpha", "ridge")
 KVM_SCULPT_SETTING(vcap, F64, vnorm_cap, 0, 1e6, 1, "1", "", "value-norm guard: |v| <= vcap * max zone |v|; 0 = off", NULL)
 KVM_SCULPT_SETTING(kcap, F64, knorm_cap, 0, 1e6, 1, "0", "",
@@ -57,6 +60,10 @@ KVM_SCULPT_SETTING(history, INT, lbfgs_history, 1, 1000, 1, "20", "", "L-BFGS me
 KVM_SCULPT_SETTING(tolerance, F64, lbfgs_tolerance, 0, 1, 1, "0", "",
                    "L-BFGS convergence stop: a round's run ends when its last 4 iterations gained less than this "
                    "share of its decrease so far; 0 = off", NULL)
+KVM_SCULPT_SETTING(gradient_tolerance, F64, lbfgs_gtol, 0, 1, 1, "0", "",
+                   "L-BFGS gradient stop relative to the problem: a run ends when |g| <= this * |g| at the start of "
+                   "the problem's first round; 0 = off (the absolute rule |g| <= 1e-6 max(1, |x|), the solve before it)",
+                   NULL)
 KVM_SCULPT_SETTING(carry_history, INT, carry_history, 0, 1, 1, "1", "",
                    "1: each alternating round's L-BFGS starts with the previous round's memory; 0 = off (an empty one, "
                    "the solve before it)", NULL)

@@ -165,7 +165,7 @@ int kvm_sculpt_am_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, in
 fit:
     st->lbfgs_s = now_s() - t0;
     t0 = now_s();
-    rc = kvm_sculpt_ridge(p, kc, beta, k, o->ridge_alpha, o->vnorm_cap, vc);
+    rc = kvm_sculpt_ridge(p, kc, beta, k, o->ridge_alpha, o->vnorm_cap, o->ridge_f32, vc);
     st->ridge_s = now_s() - t0;
     if (rc == KVM_ERANGE) rc = 0; /* keep the selected tokens' own values */
     if (rc) goto done;

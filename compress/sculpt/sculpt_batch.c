@@ -44,6 +44,7 @@ typedef struct drv {
     kvm_sculpt_lbfgs **ls;     /* [nb] */
     double *x;                 /* [Σ n_i] L-BFGS variables scratch (n_i = k_i·d·move_keys + k_i·use_bias) */
     double *step0;             /* [nb] the last round's γ: the next round's first step */
+    double *gref;              /* [nb] ‖g‖ at the start of the first round (gradient_tolerance), 0 before */
     kvm_sculpt_lbfgs **prev;   /* [nb] the last round's L-BFGS state, kept for carry_history */
 } drv;
 
@@ -58,8 +59,10 @@ static int name_err(int rc, const int *map, int i)
 }
 
 /* Ridge step of problems idx[n]: normal equations on the backend, solves on the host, new values
- * uploaded; or all of it on the backend where it has `ridge` (CUDA: batched Cholesky). rcs[t] = 0
- * or KVM_ERANGE per problem (others fail the call). */
+ * uploaded; or all of it on the backend where it has `ridge` (CUDA: batched Cholesky). With
+ * ridge_f32 the CPU backend builds them in float32 blocks, and a problem whose Cholesky shows
+ * that too coarse is refitted from float64 equations (its own data decides: batch-independent).
+ * rcs[t] = 0 or KVM_ERANGE per problem (others fail the call). */
 static int ridge_step(drv *D, const int *idx, int n, int *rcs, const int *map)
 {
     if (D->be->ridge) {
@@ -77,8 +80,14 @@ static int ridge_step(drv *D, const int *idx, int n, int *rcs, const int *map)
     if (!ok) return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
     for (int t = 0; t < n; t++) {
         const int i = idx[t];
-        rcs[t] = kvm_sculpt_ridge_solve(D->ps[i], D->A + D->offA[i], D->B + D->off[i] * D->d, D->k[i],
-                                        D->o->ridge_alpha, D->o->vnorm_cap, D->vc + D->off[i] * D->d);
+        const int64_t o = D->off[i];
+        double *A = D->A + D->offA[i], *B = D->B + o * D->d;
+        float *vc = D->vc + o * D->d;
+        rcs[t] = D->o->ridge_f32 ? kvm_sculpt_ridge_solve_f32(D->ps[i], A, B, D->k[i], D->o->ridge_alpha, D->o->vnorm_cap, vc)
+                                 : kvm_sculpt_ridge_solve(D->ps[i], A, B, D->k[i], D->o->ridge_alpha, D->o->vnorm_cap, vc);
+        if (rcs[t] == KVM_SCULPT_RIDGE_F64) /* float32 sums too coarse for this one: the float64 fit on the host */
+            rcs[t] = kvm_sculpt_ridge(D->ps[i], D->kc + o * D->d, D->use_bias ? D->beta + o : NULL, D->k[i],
+                                      D->o->ridge_alpha, D->o->vnorm_cap, 0, vc);
         if (rcs[t] && rcs[t] != KVM_ERANGE) {
             free(ok);
             return name_err(rcs[t], map, i);
@@ -127,6 +136,7 @@ static int lbfgs_round(drv *D, int iters, const int *map)
         for (int64_t t = 0; t < nk; t++) x0[t] = D->kc[o * D->d + t];
         for (int64_t j = 0; D->use_bias && j < D->k[i]; j++) x0[nk + j] = D->beta[o + j];
         prm.step0 = D->step0[i];
+        if (!D->o->lbfgs_no_stop) kvm_sculpt_lbfgs_gtol(&prm, D->o->lbfgs_gtol, D->gref[i]);
         if (!(D->ls[i] = kvm_sculpt_lbfgs_new(nvar(D, i), x0, &prm))) {
             rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory for L-BFGS (%lld variables)", (long long)nvar(D, i));
             goto done;
@@ -161,6 +171,7 @@ static int lbfgs_round(drv *D, int iters, const int *map)
             if (kvm_sculpt_lbfgs_step(D->ls[i], isfinite(f) ? f : INFINITY, g) == KVM_LBFGS_DONE) {
                 x_to_point(D, i, kvm_sculpt_lbfgs_best(D->ls[i], NULL));
                 D->step0[i] = kvm_sculpt_lbfgs_gamma(D->ls[i]);
+                if (!(D->gref[i] > 0)) D->gref[i] = kvm_sculpt_lbfgs_gnorm0(D->ls[i]);
                 if (D->o->carry_history) D->prev[i] = D->ls[i]; /* its pairs start the next round */
                 else kvm_sculpt_lbfgs_free(D->ls[i]);
                 D->ls[i] = NULL;
@@ -305,7 +316,7 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
     D->offA = malloc((size_t)nb * sizeof *D->offA);
     D->kc = malloc((size_t)(tot * (3 * d + 1) * 2) * sizeof *D->kc); /* kc vc beta, best ×3, gk gb */
     D->gk = malloc((size_t)(tot * (d + 1)) * sizeof *D->gk);
-    D->best = malloc((size_t)nb * 2 * sizeof *D->best);
+    D->best = malloc((size_t)nb * 3 * sizeof *D->best);
     D->A = malloc((size_t)totA * sizeof *D->A);
     D->B = malloc((size_t)(tot * d) * sizeof *D->B);
     D->idx = malloc((size_t)nb * sizeof *D->idx);
@@ -318,7 +329,8 @@ static int drv_new(drv *D, const kvm_sculpt_problem *const *bps, const int64_t *
         !D->ev || !D->ls || !D->prev || !D->x)
         return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", nb, (long long)tot);
     D->step0 = D->best + nb;
-    for (int i = 0; i < nb; i++) D->step0[i] = 0;
+    D->gref = D->step0 + nb;
+    for (int i = 0; i < nb; i++) D->step0[i] = D->gref[i] = 0;
     D->vc = D->kc + tot * d;
     D->beta = D->vc + tot * d;
     D->bk = D->beta + tot;
@@ -466,7 +478,7 @@ int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm
         views[nb] = (kvm_sculpt_view){.d = d, .scale = p->scale, .nq = p->nq, .nc = p->nc, .q = p->q,
                                       .o_full = p->o_full, .o_ret = p->o_ret, .lse_zone = p->lse_zone,
                                       .lse_ret = p->lse_ret, .n_vis = p->n_vis, .out_ms = p->out_ms,
-                                      .lse_mass_weight = p->lse_mass_weight};
+                                      .lse_mass_weight = p->lse_mass_weight, .ridge_f32 = o->ridge_f32};
         map[nb] = i;
         bps[nb] = p;
         offb[nb] = tot;

@@ -13,7 +13,9 @@ struct kvm_sculpt_lbfgs {
     int64_t n;
     kvm_sculpt_lbfgs_params p;
     int phase, evals, iters, count, head; /* count pairs stored, head = next slot */
+    int stop;            /* kvm_sculpt_lbfgs_stop */
     double f, fbest, f0; /* f0: the value at the start point */
+    double gn0, gstop;   /* ‖g‖ at the start point; the gtol threshold (0: off) */
     double *x, *g, *d, *xt, *gl, *best, *S, *Y, *rho, *alf, *pf;
     /* line search: phi(a) = f(x + a·d) */
     double phi0, dphi0, a_cur, a_prev, phi_prev, dphi_prev;
@@ -126,6 +128,25 @@ void kvm_sculpt_lbfgs_carry(kvm_sculpt_lbfgs *s, const kvm_sculpt_lbfgs *prev)
     memcpy(s->S, prev->S, (size_t)(2 * m * n + m) * sizeof *s->S); /* S, Y, rho: contiguous */
     s->count = prev->count;
     s->head = prev->head;
+}
+
+void kvm_sculpt_lbfgs_gtol(kvm_sculpt_lbfgs_params *p, double gtol, double g_ref)
+{
+    if (!(gtol > 0)) return;
+    p->epsilon = 0;
+    p->gtol = gtol;
+    p->g_ref = g_ref;
+}
+
+kvm_sculpt_lbfgs_stop kvm_sculpt_lbfgs_stopped(const kvm_sculpt_lbfgs *s) { return (kvm_sculpt_lbfgs_stop)s->stop; }
+double kvm_sculpt_lbfgs_gnorm0(const kvm_sculpt_lbfgs *s) { return s->gn0; }
+
+/* The gradient test: ‖g‖ = gn at x small by the absolute rule (epsilon, liblbfgs's) or by the
+ * scale-free one (gtol·g_ref). */
+static int gradient_small(const kvm_sculpt_lbfgs *s, double gn, const double *x)
+{
+    if (gn <= s->p.epsilon * fmax(1.0, sqrt(dot(x, x, s->n)))) return 1; /* ε = 0: only at g = 0 */
+    return s->gstop > 0 && gn <= s->gstop;
 }
 
 int kvm_sculpt_lbfgs_evaluations(const kvm_sculpt_lbfgs *s) { return s->evals; }
@@ -257,12 +278,18 @@ static int accept(kvm_sculpt_lbfgs *s, double fa, const double *ga)
     if (past > 0) {
         if (s->iters >= past) {
             const double gain = s->pf[s->iters % past] - fa;
-            if (gain / fabs(fa) < s->p.delta) return 1;
-            if (s->p.progress > 0 && gain < s->p.progress * (s->f0 - fa)) return 1;
+            if (gain / fabs(fa) < s->p.delta || (s->p.progress > 0 && gain < s->p.progress * (s->f0 - fa))) {
+                s->stop = KVM_LBFGS_STOP_DECREASE;
+                return 1;
+            }
         }
         s->pf[s->iters % past] = fa;
     }
-    if (sqrt(dot(s->g, s->g, n)) <= s->p.epsilon * fmax(1.0, sqrt(dot(s->x, s->x, n)))) return 1;
+    if (gradient_small(s, sqrt(dot(s->g, s->g, n)), s->x)) {
+        s->stop = KVM_LBFGS_STOP_GRADIENT;
+        return 1;
+    }
+    if (s->iters >= s->p.max_iters) s->stop = KVM_LBFGS_STOP_ITERATIONS;
     return s->iters >= s->p.max_iters;
 }
 
@@ -281,7 +308,11 @@ kvm_sculpt_lbfgs_need kvm_sculpt_lbfgs_step(kvm_sculpt_lbfgs *s, double f, const
         s->f = s->f0 = f;
         s->pf[0] = f;
         double gn = sqrt(dot(g, g, n));
-        if (!isfinite(f) || s->p.max_iters < 1 || gn <= s->p.epsilon * fmax(1.0, sqrt(dot(s->x, s->x, n)))) {
+        s->gn0 = gn;
+        s->gstop = s->p.gtol > 0 ? s->p.gtol * (s->p.g_ref > 0 ? s->p.g_ref : gn) : 0;
+        s->stop = !isfinite(f) ? KVM_LBFGS_STOP_NONFINITE : s->p.max_iters < 1 ? KVM_LBFGS_STOP_ITERATIONS
+                  : gradient_small(s, gn, s->x) ? KVM_LBFGS_STOP_GRADIENT : KVM_LBFGS_STOP_NONE;
+        if (s->stop) {
             s->phase = PH_DONE;
             return KVM_LBFGS_DONE;
         }
@@ -300,6 +331,7 @@ kvm_sculpt_lbfgs_need kvm_sculpt_lbfgs_step(kvm_sculpt_lbfgs *s, double f, const
     }
     int r = ls_update(s, f, dot(g, s->d, n), g);
     if (r == LS_CONTINUE) return KVM_LBFGS_EVALUATE;
+    if (r == LS_FAIL) s->stop = KVM_LBFGS_STOP_LINESEARCH;
     if (r == LS_FAIL || accept(s, r == LS_ACCEPT ? f : s->phi_lo, r == LS_ACCEPT ? g : s->gl)) {
         s->phase = PH_DONE;
         return KVM_LBFGS_DONE;

@@ -33,6 +33,7 @@ typedef struct solve_ctx {
     int failed;             /* allocation failure inside the loss */
     double step0;           /* the last round's γ: the next round's first step (own L-BFGS) */
     double progress;        /* opts lbfgs_tolerance (own L-BFGS) */
+    double gtol, gref;      /* opts gradient_tolerance and its reference ‖g‖ (the first round's start) */
     int carry;              /* opts carry_history: prev's pairs start the next round */
     kvm_sculpt_lbfgs *prev; /* the last round's state when carry (own L-BFGS) */
 } solve_ctx;
@@ -127,6 +128,7 @@ static int own_round(solve_ctx *s, int iters, int history)
     prm.max_iters = iters;
     prm.step0 = s->step0;
     prm.progress = s->progress;
+    kvm_sculpt_lbfgs_gtol(&prm, s->gtol, s->gref);
     kvm_sculpt_lbfgs *st = NULL;
     if (x0) {
         for_init(x0, s, nk);
@@ -153,6 +155,7 @@ static int own_round(solve_ctx *s, int iters, int history)
     }
     x_to_point(s, kvm_sculpt_lbfgs_best(st, NULL));
     s->step0 = kvm_sculpt_lbfgs_gamma(st);
+    if (!(s->gref > 0)) s->gref = kvm_sculpt_lbfgs_gnorm0(st);
     if (s->carry) s->prev = st;
     else kvm_sculpt_lbfgs_free(st);
     free(x0);
@@ -200,7 +203,7 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         beta[j] = 0;
     }
     double t0 = now_s();
-    rc = kvm_sculpt_ridge(p, kc, NULL, k, o->ridge_alpha, o->vnorm_cap, vc);
+    rc = kvm_sculpt_ridge(p, kc, NULL, k, o->ridge_alpha, o->vnorm_cap, o->ridge_f32, vc);
     st->ridge_s += now_s() - t0;
     if (rc) goto done;
     /* joint-fixed: the keys stay the selected tokens' keys; their logit biases and values are fitted
@@ -217,7 +220,7 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
     int any = move_keys || use_bias;
     solve_ctx s = {.p = p, .k = k, .lambda = o->lambda, .move_keys = move_keys, .bias = use_bias, .kc = kc,
                    .vc = vc, .beta = beta, .gk = gk, .gb = gk + k * d, .progress = o->lbfgs_tolerance,
-                   .carry = o->carry_history};
+                   .carry = o->carry_history, .gtol = o->lbfgs_gtol};
     for (int r = 0; any && k > 0 && r < rounds; r++) {
         t0 = now_s();
         rc = o->lbfgs_oracle ? lbfgs_round(&s, iters, o->lbfgs_history) : own_round(&s, iters, o->lbfgs_history);
@@ -225,7 +228,7 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         if (rc) break;
         if (move_keys && o->knorm_cap > 0) project_keys(kc, k, d, (float)o->knorm_cap * p->knorm_max);
         t0 = now_s();
-        rc = kvm_sculpt_ridge(p, kc, bp, k, o->ridge_alpha, o->vnorm_cap, vc);
+        rc = kvm_sculpt_ridge(p, kc, bp, k, o->ridge_alpha, o->vnorm_cap, o->ridge_f32, vc);
         st->ridge_s += now_s() - t0;
         if (rc == KVM_ERANGE) { rc = 0; break; } /* keep the best point so far */
         if (rc) break;

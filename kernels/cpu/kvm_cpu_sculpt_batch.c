@@ -1,44 +1,14 @@
 /* kvm_cpu_sculpt_batch.c: the KVSculpt batched solver's CPU backend (kernels/kvm_sculpt_kernels.h,
  * issue 12): a batch of (layer, KV head) problems whose loss, gradient and ridge normal equations
- * are evaluated for any subset in one call, one problem per task of the CPU thread pool, and the
- * normal equations of one problem (float64, OpenBLAS). */
+ * are evaluated for any subset in one call, one problem per task of the CPU thread pool (the
+ * normal equations of one problem: kvm_cpu_sculpt_normal.c). */
 #include "kernels/kvm_sculpt_kernels.h"
 #include "kernels/cpu/kvm_cpu_pool.h"
 #include "common/kvm_error.h"
 
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int kvm_cpu_sculpt_normal(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, double *A,
-                          double *B)
-{
-    const int d = p->d;
-    const int64_t nq = p->nq;
-    if (k < 1 || d < 1 || d > 512) return kvm_err(KVM_EINVAL, "sculpt kernel: k = %lld, d = %d", (long long)k, d);
-    float *Pf = malloc((size_t)(nq * k) * sizeof *Pf);
-    double *P = malloc((size_t)(nq * k) * sizeof *P), *T = malloc((size_t)(nq * d) * sizeof *T);
-    double *pr = malloc((size_t)(nq > 0 ? nq : 1) * sizeof *pr);
-    int rc = 0;
-    if (!Pf || !P || !T || !pr) {
-        rc = kvm_err(KVM_ENOMEM, "sculpt ridge: out of memory (k = %lld, %lld queries)", (long long)k, (long long)nq);
-        goto done;
-    }
-    /* probabilities in float32 (scores are well scaled: the ridge loses nothing), sums in float64 */
-    if ((rc = kvm_cpu_sculpt_probs(p, kc, beta, k, Pf, pr))) goto done;
-    for (int64_t i = 0; i < nq * k; i++) P[i] = Pf[i];
-    for (int64_t i = 0; i < nq; i++)
-        for (int t = 0; t < d; t++) T[i * d + t] = (double)p->o_full[i * d + t] - pr[i] * p->o_ret[i * d + t];
-    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, P, (int)k, 0.0, A, (int)k);
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, P, (int)k, T, d, 0.0, B, d);
-done:
-    free(Pf);
-    free(P);
-    free(T);
-    free(pr);
-    return rc;
-}
 
 /* The batch: the caller's views (host memory is this backend's memory) and packed entries. */
 struct kvm_sculpt_batch {
