@@ -191,15 +191,20 @@ static void copy_entries(kvm_kv_head *b, const kvm_kv_head *a, int d)
     b->n = a->n;
 }
 
+int kvm_kvcache_copy_head(kvm_kvcache *dst, const kvm_kvcache *src, int l, int g)
+{
+    const kvm_kv_head *a = kvm_kvcache_head(src, l, g);
+    kvm_kv_head *b = kvm_kvcache_head(dst, l, g);
+    int rc = kvm_kvcache_reserve(b, src->head_dim, a->n);
+    if (!rc) copy_entries(b, a, src->head_dim);
+    return rc;
+}
+
 int kvm_kvcache_copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l)
 {
-    const int d = src->head_dim;
     for (int g = 0; g < src->n_kv_heads; g++) {
-        const kvm_kv_head *a = kvm_kvcache_head(src, l, g);
-        kvm_kv_head *b = kvm_kvcache_head(dst, l, g);
-        int rc = kvm_kvcache_reserve(b, d, a->n);
+        int rc = kvm_kvcache_copy_head(dst, src, l, g);
         if (rc) return rc;
-        copy_entries(b, a, d);
     }
     return 0;
 }

@@ -83,6 +83,8 @@ void kvm_kvcache_drop(kvm_kv_head *h, int head_dim, int64_t e);
  * converted to dst's element type when the two differ (f32 -> f16 rounds to nearest even).
  * Returns 0 or KVM_ENOMEM (dst's layer may then be partly copied). */
 int kvm_kvcache_copy_layer(kvm_kvcache *dst, const kvm_kvcache *src, int l);
+/* The same for KV head g of layer l only. */
+int kvm_kvcache_copy_head(kvm_kvcache *dst, const kvm_kvcache *src, int l, int g);
 
 /* Deep copy (same element type). Returns 0 or KVM_ENOMEM. */
 int kvm_kvcache_clone(const kvm_kvcache *src, kvm_kvcache **out);

@@ -23,11 +23,32 @@ typedef struct calib_args {
     int64_t refine;  /* refinement rounds (0 = none) */
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump, *cand; /* --out, --dump-signals, --dump-candidates */
+    const char *reuse;     /* --signals: an earlier run's --dump-signals, or NULL */
     int sculpt;            /* 1: KVSculpt is in the design space */
     int kvzip;             /* 1: KVzip scoring is in the design space (a pattern of its own) */
     int decode;            /* kvm_polykv_decode: how the decode-phase signals are measured */
     kvm_sculpt_opts so;    /* its options */
 } calib_args;
+
+/* --signals: the earlier run's signals into sig, checked against this run's budget and phases;
+ * its sculpt / kvzip rows are kept only with --sculpt / --kvzip (the others are measured).
+ * Returns 0, 1 (unreadable file: kvm_errmsg says why) or 2 (a mismatch, message printed). */
+static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
+{
+    if (kvm_polykv_signals_read(a->reuse, sig)) return 1;
+    const int has_decode = !sig->prefill_only, wants_decode = a->decode != KVM_POLYKV_DECODE_NONE;
+    const char *why = sig->budget != a->B            ? "its budget is not --budget's"
+                      : has_decode && !wants_decode ? "it has decode-phase rows (use --phases both)"
+                      : !has_decode && wants_decode ? "it has no decode-phase rows (use --phases prefill)"
+                                                    : NULL;
+    if (why) {
+        fprintf(stderr, "kvmill " CMD ": --signals %s (budget %lld): %s\n", a->reuse, (long long)sig->budget, why);
+        return 2;
+    }
+    sig->has_sculpt &= a->sculpt;
+    sig->has_kvzip &= a->kvzip;
+    return 0;
+}
 
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
                      const calib_args *a)
@@ -36,16 +57,18 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     kvm_eval_doc **docs = calloc((size_t)nd, sizeof *docs);
     kvm_polykv_signals *sig = NULL;
     kvm_strategy *best = NULL;
-    int rc = docs ? 0 : 1;
-    for (int i = 0; !rc && i < nd; i++)
+    int rc = docs ? 0 : 1; /* srs: a signals error, found before the documents' prefill where it can be */
+    int srs = rc ? 0 : kvm_polykv_signals_new(m->cfg.n_layers, &sig) ? 1 : a->reuse ? reuse_signals(a, sig) : 0;
+    for (int i = 0; !rc && !srs && i < nd; i++)
         rc = cmd_eval_docs_load(CMD, m, k, tok, NULL, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
                                 (int)a->windows, &docs[i]);
-    if (!rc && (kvm_polykv_signals_new(m->cfg.n_layers, &sig) || kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig) ||
-                (a->sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)) ||
-                (a->kvzip && kvm_polykv_calibrate_kvzip(docs, nd, a->B, &a->so, sig)))) {
-        fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
-        rc = 1;
-    }
+    if (!rc && !srs &&
+        ((!a->reuse && kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig)) ||
+         (a->sculpt && !sig->has_sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)) ||
+         (a->kvzip && !sig->has_kvzip && kvm_polykv_calibrate_kvzip(docs, nd, a->B, &a->so, sig))))
+        srs = 1;
+    if (srs == 1) fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
+    if (srs) rc = srs;
     if (!rc && a->dump) {
         FILE *f = fopen(a->dump, "w");
         if (!f || kvm_polykv_signals_csv(sig, f) || fclose(f)) {
@@ -114,6 +137,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"windows", 1, "context+continuation windows per document, evenly spaced (default 1: the first N+T tokens)",
          NULL},
         {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
+        {"signals", 1, "reuse the signals an earlier calibrate wrote with --dump-signals instead of measuring them "
+                       "(same model, documents, context, continuation and windows: the file cannot tell; its budget "
+                       "and phases must be this run's); only --sculpt / --kvzip signals it lacks are measured", NULL},
         {"phases", 1, "signals measured in: both (prefill and decode, default; each decode-phase run replays the "
                       "compressed layer token by token and carries it through the model in one batched call) or "
                       "prefill (decode patterns = prefill patterns; about half the time)", NULL},
@@ -142,6 +168,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .out = kvm_cli_get(opts, "out"),
                     .dump = kvm_cli_get(opts, "dump-signals"),
                     .cand = kvm_cli_get(opts, "dump-candidates"),
+                    .reuse = kvm_cli_get(opts, "signals"),
                     .sculpt = kvm_cli_get(opts, "sculpt") != NULL,
                     .kvzip = kvm_cli_get(opts, "kvzip") != NULL,
                     .decode = KVM_POLYKV_DECODE_BATCHED,

@@ -283,6 +283,119 @@ START_TEST(test_strategy_build)
 }
 END_TEST
 
+/* Writes text to dir/name, reads it as signals for 5 layers; returns the status (message kept). */
+static int read_text(const char *dir, const char *text, kvm_polykv_signals **out)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/sig.csv", dir);
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, out), 0);
+    return kvm_polykv_signals_read(path, *out);
+}
+
+/* The good CSV with its line `line` (0 = header) replaced by `with` (NULL: deleted; "+X":
+ * X appended after it), read back: the status must be KVM_EFORMAT with `msg` in the message. */
+static void expect_bad(const char *dir, const char *good, int line, const char *with, const char *msg)
+{
+    char *t = malloc(strlen(good) + 256), *o = t;
+    const char *p = good;
+    for (int i = 0; *p; i++) {
+        const char *e = strchr(p, '\n');
+        size_t n = (size_t)(e - p) + 1;
+        if (i != line || (with && with[0] == '+')) o += sprintf(o, "%.*s", (int)n, p);
+        if (i == line && with) o += sprintf(o, "%s\n", with[0] == '+' ? with + 1 : with);
+        p += n;
+    }
+    *o = '\0';
+    kvm_polykv_signals *s;
+    ck_assert_msg(read_text(dir, t, &s) == KVM_EFORMAT, "line %d -> %s: not refused", line, with ? with : "deleted");
+    ck_assert_msg(strstr(kvm_errmsg(), msg), "line %d: '%s' lacks '%s'", line, kvm_errmsg(), msg);
+    kvm_polykv_signals_free(&s);
+    free(t);
+}
+
+/* kvm_polykv_signals_read gives back what kvm_polykv_signals_csv wrote (both phases, or the
+ * prefill phase copied; kvzip rows), so a strategy built from the file is the same; every
+ * malformed file is refused naming its line. */
+START_TEST(test_signals_read)
+{
+    char *dir = kvm_test_tmpdir(), path[600], *good;
+    snprintf(path, sizeof path, "%s/sig.csv", dir);
+    kvm_polykv_signals *s = fake_signals(), *t;
+    s->has_kvzip = 1;
+    for (int l = 0; l < 5; l++) {
+        s->kvzip_cosine[l] = 0.95 + 0.01 * l;
+        s->kvzip_ppl[l] = 0.02 * l;
+        s->kvzip_kl[l] = 0.001 * (l + 1);
+    }
+    for (int prefill_only = 0; prefill_only < 2; prefill_only++) {
+        s->prefill_only = prefill_only;
+        FILE *f = fopen(path, "w");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(kvm_polykv_signals_csv(s, f), 0);
+        fclose(f);
+        ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+        ck_assert_int_eq(kvm_polykv_signals_read(path, t), 0);
+        ck_assert_int_eq(t->budget, 20);
+        ck_assert_int_eq(t->prefill_only, prefill_only);
+        ck_assert(t->has_kvzip && !t->has_sculpt);
+        for (int ph = 0; ph < 2; ph++)
+            for (int l = 0; l < 5; l++) {
+                int from = prefill_only ? 0 : ph; /* prefill-only: decode holds the prefill values */
+                for (int r = 0; r < KVM_PATTERN_COUNT; r++) {
+                    ck_assert(fabs(SIG(t->cosine, ph, l, r) - SIG(s->cosine, from, l, r)) < 1e-12);
+                    ck_assert(fabs(SIG(t->ppl_delta, ph, l, r) - SIG(s->ppl_delta, from, l, r)) < 1e-12);
+                }
+                ck_assert(fabs(t->worst_ppl[ph * 5 + l] - s->worst_ppl[from * 5 + l]) < 1e-12);
+            }
+        for (int l = 0; l < 5; l++)
+            ck_assert(t->entropy[l] == s->entropy[l] && fabs(t->kvzip_cosine[l] - s->kvzip_cosine[l]) < 1e-12 &&
+                      fabs(t->kvzip_kl[l] - s->kvzip_kl[l]) < 1e-12);
+        for (int sel = 0; sel < 2; sel++) {
+            kvm_strategy *a, *b;
+            ck_assert_int_eq(kvm_polykv_strategy_build(s, sel, 0, KVM_POLYKV_ALLOC_ENTROPY, 1.0, 20, 5, &a), 0);
+            ck_assert_int_eq(kvm_polykv_strategy_build(t, sel, 0, KVM_POLYKV_ALLOC_ENTROPY, 1.0, 20, 5, &b), 0);
+            for (int l = 0; l < 5; l++) /* prefill-only: s's own decode values are not in the file */
+                ck_assert(a->layers[l].budget == b->layers[l].budget &&
+                          a->layers[l].pattern[0] == b->layers[l].pattern[0] &&
+                          (prefill_only || a->layers[l].pattern[1] == b->layers[l].pattern[1]));
+            kvm_strategy_free(&a);
+            kvm_strategy_free(&b);
+        }
+        kvm_polykv_signals_free(&t);
+    }
+    size_t n;
+    good = kvm_test_read_file(path, &n); /* prefill only: header, 25 eviction rows, 5 kvzip rows */
+    expect_bad(dir, good, 0, "phase,layer,pattern", "not the header");
+    expect_bad(dir, good, 1, "prefill,0,h2o,20,0.9,0.5", "not 9 comma-separated fields");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,1,0.1,7", "not 9 comma-separated fields");
+    expect_bad(dir, good, 1, "later,0,streaming,20,0.9,0.5,0,1,0.1", "phase is not prefill or decode");
+    expect_bad(dir, good, 1, "prefill,x,streaming,20,0.9,0.5,0,1,0.1", "layer is not a number");
+    expect_bad(dir, good, 1, "prefill,5,streaming,20,0.9,0.5,0,1,0.1", "layer 5, but the model has 5 layers");
+    expect_bad(dir, good, 1, "prefill,0,bogus,20,0.9,0.5,0,1,0.1", "unknown pattern 'bogus'");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,nan,0.5,0,1,0.1", "not a finite number");
+    expect_bad(dir, good, 1, "prefill,0,streaming,21,0.9,0.5,0,1,0.1", "a budget other than the earlier rows'");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,2,0.1", "entropy or worst_ppl differs");
+    expect_bad(dir, good, 5, "prefill,0,pyramidkv,20,1,0.5,0,1,0.1", "pyramidkv budget 20 at layer 0");
+    expect_bad(dir, good, 1, "+prefill,0,streaming,20,0.9,0.5,0,1,0.1", "a second row");
+    expect_bad(dir, good, 2, NULL, "24 prefill and 0 decode eviction rows, expected 25");
+    expect_bad(dir, good, 26, NULL, "kvzip rows for 4 of 5 layers");
+    expect_bad(dir, good, 1, "+decode,0,streaming,20,0.9,0.5,0,1,0.1", "25 prefill and 1 decode");
+    ck_assert_int_eq(read_text(dir, "", &t), KVM_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "empty file"));
+    kvm_polykv_signals_free(&t);
+    snprintf(path, sizeof path, "%s/none.csv", dir);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+    ck_assert_int_eq(kvm_polykv_signals_read(path, t), KVM_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "none.csv"));
+    kvm_polykv_signals_free(&t);
+    free(good);
+    kvm_polykv_signals_free(&s);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_codec)
 {
     kvm_polykv_signals *s = fake_signals();
@@ -389,6 +502,64 @@ static void expect_calib(const char *args, int status, const char *msg)
     free(err);
 }
 
+/* 1 when the two files hold the same bytes. */
+static int same_file(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *x = kvm_test_read_file(a, &na), *y = kvm_test_read_file(b, &nb);
+    int same = x && y && na == nb && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
+}
+
+/* --signals: the signals of the run that wrote dir/sig.csv and the strategy `first` give the
+ * same strategy and signals without measuring; kvzip signals are measured only when missing
+ * and kept only with --kvzip; a budget, phases or file that does not fit is refused. */
+static void expect_reuse(const char *dir, const char *first)
+{
+    char args[2048], out[600], sig[600], kz[600];
+    const char *run = "--budget 12 --context 40 --continuation 8 --windows 2 --out %s/r.bin --signals %s %s";
+    snprintf(out, sizeof out, "%s/r.bin", dir);
+    snprintf(sig, sizeof sig, "%s/sig.csv", dir);
+    snprintf(kz, sizeof kz, "%s/kz.csv", dir);
+    snprintf(args, sizeof args, run, dir, sig, "--dump-signals ");
+    strcat(args, dir);
+    strcat(args, "/again.csv");
+    expect_calib(args, 0, NULL);
+    ck_assert(same_file(out, first));
+    snprintf(args, sizeof args, "%s/again.csv", dir);
+    ck_assert(same_file(args, sig));
+    char cmd[4096], *so = NULL; /* the file's values are the ones used: layer 0's entropy changed */
+    snprintf(cmd, sizeof cmd, "sed -E 's/^((prefill|decode),0,([^,]*,){5})[^,]*/\\19.8765/' %s > %s/t.csv && " CAL
+             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s/t.bin --signals %s/t.csv",
+             sig, dir, kvm_test_bin(), kvm_test_data(), kvm_test_data(), dir, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &so, NULL), 0);
+    ck_assert_msg(strstr(so, "layer entropy (nats): 9.8765 "), "%s", so);
+    free(so);
+    snprintf(args, sizeof args, run, dir, sig, "--kvzip --dump-signals ");
+    strcat(args, kz);
+    expect_calib(args, 0, NULL); /* kvzip measured, the rest reused */
+    char *csv = kvm_test_read_file(kz, &(size_t){0});
+    ck_assert_ptr_nonnull(strstr(csv, "prefill,4,kvzip,12,"));
+    free(csv);
+    snprintf(args, sizeof args, "%s/kz.bin", dir);
+    rename(out, args);
+    snprintf(args, sizeof args, run, dir, kz, "--kvzip");
+    expect_calib(args, 0, NULL); /* all reused: the same pick */
+    snprintf(args, sizeof args, "%s/kz.bin", dir);
+    ck_assert(same_file(out, args));
+    snprintf(args, sizeof args, run, dir, kz, "");
+    expect_calib(args, 0, NULL); /* the kvzip rows left out of the design space */
+    ck_assert(same_file(out, first));
+    snprintf(args, sizeof args, run, dir, sig, "--phases prefill");
+    expect_calib(args, 2, "it has decode-phase rows (use --phases both)");
+    snprintf(args, sizeof args, "--budget 13 --context 40 --continuation 8 --out %s/r.bin --signals %s", dir, sig);
+    expect_calib(args, 2, "(budget 12): its budget is not --budget's");
+    snprintf(args, sizeof args, run, dir, "/nonexistent/s.csv", "");
+    expect_calib(args, 1, "signals /nonexistent/s.csv: No such file");
+}
+
 START_TEST(test_cli)
 {
     expect_calib("--budget 0 --out /tmp/x", 2, "--budget: 0 is outside");
@@ -424,6 +595,7 @@ START_TEST(test_cli)
     }
     ck_assert_int_eq(sum, 5 * 12);
     kvm_strategy_free(&st);
+    expect_reuse(dir, path);
     kvm_test_rmtree(dir);
     free(dir);
 }
@@ -441,6 +613,7 @@ static Suite *polykv_suite(void)
                  {"strategy_build", test_strategy_build, 0},
                  {"mix_rule", test_mix_rule, 0},
                  {"codec", test_codec, 0},
+                 {"signals_read", test_signals_read, 0},
                  {"head_split", test_head_split, 1},
                  {"cli", test_cli, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -452,6 +452,89 @@ START_TEST(test_kvzip_pattern)
 }
 END_TEST
 
+/* A head split reaches kvzip and sculpt layers: each of their KV heads keeps the entries the
+ * split gives it, and is the head that a uniform kvzip / sculpt budget of that size makes (per
+ * head: the split changes which entries, not how they are chosen); a global split moves budget
+ * between distilled layers and sums exactly; the memo serves split heads unchanged; KVSculpt's
+ * pilot allocation keeps one budget per layer and refuses unequal heads by name. */
+START_TEST(test_head_split_distilled)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 96, 80, 16, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    const int H = model->cfg.n_kv_heads;
+    kvm_pattern pat[5] = {KVM_PATTERN_KVZIP, KVM_PATTERN_H2O, KVM_PATTERN_SCULPT, KVM_PATTERN_KVZIP, KVM_PATTERN_SNAPKV};
+    kvm_strategy *st = strategy_of(pat, 20);
+    kvm_budget bud = {.tokens = 20};
+    kvm_sculpt_opts q = quick(), qz = quick();
+    qz.mode = KVM_SCULPT_KVZIP;
+    void *o;
+    ck_assert_int_eq(kvm_polykv_method_opts_from(st, &bud, &o), 0);
+    kvm_polykv_method_set_sculpt(o, &q);
+    for (int mode = 1; mode <= 2; mode++) {
+        st->head_split = mode;
+        kvm_evict_plan *plan;
+        ck_assert_int_eq(kvm_strategy_plan(st, 0, 20, H, &plan), 0);
+        ck_assert_int_eq(kvm_polykv_head_split(&model->cfg, in->cap, mode, plan), 0);
+        kvm_kvcache *split;
+        ck_assert_int_eq(kvm_polykv_method_compress(in, o, &split), 0);
+        int differ = 0;
+        int64_t sum = 0, want = 0;
+        for (int l = 0; l < 5; l++) {
+            if (!kvm_pattern_is_distilled(pat[l])) continue;
+            for (int g = 0; g < H; g++) {
+                int64_t b = plan->budget[l * H + g];
+                const kvm_kv_head *h = kvm_kvcache_head(split, l, g);
+                ck_assert_int_eq(h->n, b);
+                differ |= b != plan->budget[l * H];
+                sum += h->n;
+                want += b;
+                kvm_kvcache *ref; /* the same head at a uniform budget b */
+                int64_t ub[5] = {b, b, b, b, b};
+                ck_assert_int_eq(kvm_kvcache_new(5, H, model->cfg.head_dim, 1, &ref), 0);
+                ck_assert_int_eq(kvm_sculpt_compress_layers(in, pat[l] == KVM_PATTERN_KVZIP ? &qz : &q, ub, ref, NULL), 0);
+                const kvm_kv_head *r = kvm_kvcache_head(ref, l, g);
+                size_t nd = (size_t)(r->n * model->cfg.head_dim) * sizeof(float);
+                ck_assert_msg(r->n == h->n && !memcmp(r->k, h->k, nd) && !memcmp(r->v, h->v, nd) &&
+                                  !memcmp(r->pos, h->pos, (size_t)r->n * 4),
+                              "mode %d layer %d head %d (budget %lld)", mode, l, g, (long long)b);
+                kvm_kvcache_free(&ref);
+            }
+        }
+        ck_assert(differ); /* the split gave the heads of a distilled layer different budgets */
+        ck_assert_int_eq(sum, want);
+        kvm_kvcache_free(&split);
+        kvm_evict_plan_free(&plan);
+    }
+    kvm_polykv_score_sculpt_opts(&q); /* memo-neutral with split heads */
+    double kl0, kl1, kl2;
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl0), 0);
+    kvm_polykv_memo_begin();
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl1), 0);
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl2), 0);
+    kvm_polykv_memo_end();
+    kvm_polykv_score_sculpt_opts(NULL);
+    ck_assert(kl0 == kl1 && kl1 == kl2 && kl0 > 0);
+    /* the pilot allocation: the strategy still compresses (one budget per layer), while
+     * unequal heads are refused by kvm_sculpt_compress_heads */
+    kvm_sculpt_opts qa = q;
+    qa.alloc = KVM_SCULPT_ALLOC_HEAD;
+    kvm_polykv_method_set_sculpt(o, &qa);
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_polykv_method_compress(in, o, &c), 0);
+    kvm_kvcache_free(&c);
+    int64_t hb[20];
+    for (int i = 0; i < 20; i++) hb[i] = i == 9 ? 12 : 20;
+    ck_assert_int_eq(kvm_kvcache_new(5, H, model->cfg.head_dim, 1, &c), 0);
+    ck_assert_int_eq(kvm_sculpt_compress_heads(in, &qa, hb, c, NULL), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "layer 2's KV heads have budgets 20 and 12"));
+    kvm_kvcache_free(&c);
+    kvm_polykv_method_opts_free(o);
+    kvm_strategy_free(&st);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("polykv_sculpt");
@@ -466,6 +549,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_calibrate_sculpt);
     tcase_add_test(tm, test_arg_and_cli);
     tcase_add_test(tm, test_kvzip_pattern);
+    tcase_add_test(tm, test_head_split_distilled);
     suite_add_tcase(s, tm);
     return s;
 }

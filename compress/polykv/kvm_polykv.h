@@ -158,6 +158,18 @@ int kvm_polykv_calibrate_kvzip(kvm_eval_doc *const *docs, int n_docs, int64_t B,
  * when measured; worst_ppl is over the eviction patterns). Returns 0 or KVM_EIO. */
 int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
 
+/* Reads such a CSV back into s (allocated for the model's L layers by kvm_polykv_signals_new),
+ * so that a calibration reuses an earlier run's signals: every eviction row of the prefill
+ * phase, of the decode phase all or none (none: s->prefill_only = 1 and the prefill values are
+ * copied, as kvm_polykv_calibrate_phases does), the sculpt and kvzip rows all or none each
+ * (has_sculpt, has_kvzip); one budget (s->budget) and PyramidKV rows at its schedule's; per
+ * layer one entropy and per phase one worst_ppl. Values are the file's (%.9g, so within 1e-9
+ * relative of the run's); s->n_docs = 0 (the file does not say which documents it averaged: the
+ * caller vouches for them). Errors: KVM_ENOTFOUND, KVM_EIO, KVM_EFORMAT naming the file and line
+ * (header, field count, phase, layer ≥ L, pattern, non-finite number, duplicate or missing row,
+ * budgets), KVM_ENOMEM. */
+int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s);
+
 /* Builds a strategy from signals: per (layer, phase) the pattern with the best preference
  * score (select COSINE: highest cosine; PPL: lowest ppl_delta; ties to the earlier pattern;
  * PyramidKV is not a per-layer choice since its selection is SnapKV's and its budgets are

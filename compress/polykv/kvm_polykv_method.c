@@ -118,14 +118,14 @@ static int plan_of(const kvm_compress_input *in, const polykv_opts *o, int phase
 }
 
 /* The builder scores many strategies on the same documents, and with uniform allocation a
- * distilled layer depends only on (document, layer, budget, options): a memo of distilled
- * layers, on while kvm_polykv_memo_begin .. _end bracket a search (single-threaded). */
+ * distilled KV head depends only on (document, layer, head, budget, options): a memo of distilled
+ * heads, on while kvm_polykv_memo_begin .. _end bracket a search (single-threaded). */
 typedef struct memo_entry {
     const kvm_compress_input *in;
-    int layer;
+    int layer, head;
     int64_t b;
     kvm_sculpt_mode mode; /* sculpt or kvzip layers */
-    kvm_kvcache *c; /* the cache the layer was distilled into (only distilled layers are filled;
+    kvm_kvcache *c; /* the cache the head was distilled into (only distilled heads are filled;
                        entries of one distillation share it) */
 } memo_entry;
 
@@ -154,10 +154,12 @@ static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
            !memcmp(&a->query_source, &b->query_source, sizeof a->query_source);
 }
 
-static memo_entry *memo_find(const kvm_compress_input *in, int l, int64_t b, kvm_sculpt_mode mode)
+static memo_entry *memo_find(const kvm_compress_input *in, int l, int g, int64_t b, kvm_sculpt_mode mode)
 {
     for (int i = 0; i < memo.n; i++)
-        if (memo.e[i].in == in && memo.e[i].layer == l && memo.e[i].b == b && memo.e[i].mode == mode) return &memo.e[i];
+        if (memo.e[i].in == in && memo.e[i].layer == l && memo.e[i].head == g && memo.e[i].b == b &&
+            memo.e[i].mode == mode)
+            return &memo.e[i];
     return NULL;
 }
 
@@ -179,11 +181,12 @@ void kvm_polykv_memo_end(void)
     memset(&memo, 0, sizeof memo);
 }
 
-/* Remembers the layers of `done` distilled at b[l] > 0 (takes ownership of done). */
-static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, kvm_sculpt_mode mode, kvm_kvcache *done)
+/* Remembers the heads of `done` distilled at b[l·H + g] > 0 (takes ownership of done). */
+static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, int H, kvm_sculpt_mode mode,
+                    kvm_kvcache *done)
 {
     int need = 0;
-    for (int l = 0; l < L; l++) need += b[l] > 0;
+    for (int i = 0; i < L * H; i++) need += b[i] > 0;
     if (memo.n + need > memo.cap) {
         int cap = (memo.n + need) * 2;
         memo_entry *e = realloc(memo.e, (size_t)cap * sizeof *e);
@@ -194,65 +197,68 @@ static int memo_add(const kvm_compress_input *in, const int64_t *b, int L, kvm_s
         memo.e = e;
         memo.cap = cap;
     }
-    for (int l = 0; l < L; l++)
-        if (b[l] > 0) memo.e[memo.n++] = (memo_entry){in, l, b[l], mode, done};
+    for (int i = 0; i < L * H; i++)
+        if (b[i] > 0) memo.e[memo.n++] = (memo_entry){in, i / H, i % H, b[i], mode, done};
     return 0;
 }
 
-/* Distils layers b[l] > 0 into out, through the memo when it is on and applies. */
-static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64_t *b, int L, kvm_kvcache *out)
+/* Distils the heads b[l·H + g] > 0 into out (kvm_sculpt_compress_heads), through the memo when
+ * it is on and applies (uniform allocation). */
+static int distil(const kvm_compress_input *in, const kvm_sculpt_opts *so, int64_t *b, int L, int H, kvm_kvcache *out)
 {
     int use = memo.on && so->alloc == KVM_SCULPT_ALLOC_UNIFORM;
     if (use && memo.n && !opts_equal(&memo.o, so)) kvm_polykv_memo_begin(); /* other options: forget */
     if (use) memo.o = *so;
     int rc = 0, left = 0;
-    for (int l = 0; use && !rc && l < L; l++) {
-        const memo_entry *e = b[l] > 0 ? memo_find(in, l, b[l], so->mode) : NULL;
+    for (int i = 0; use && !rc && i < L * H; i++) {
+        const memo_entry *e = b[i] > 0 ? memo_find(in, i / H, i % H, b[i], so->mode) : NULL;
         if (e) {
-            rc = kvm_kvcache_copy_layer(out, e->c, l);
-            b[l] = 0;
+            rc = kvm_kvcache_copy_head(out, e->c, i / H, i % H);
+            b[i] = 0;
         }
-        left += b[l] > 0;
+        left += b[i] > 0;
     }
     if (rc || (use && !left)) return rc;
-    if (!use) return kvm_sculpt_compress_layers(in, so, b, out, NULL);
-    /* an empty cache: only the distilled layers get filled, so the memo holds just those */
+    if (!use) return kvm_sculpt_compress_heads(in, so, b, out, NULL);
+    /* an empty cache: only the distilled heads get filled, so the memo holds just those */
     kvm_kvcache *done = NULL;
     rc = kvm_kvcache_new(out->n_layers, out->n_kv_heads, out->head_dim, 1, &done);
-    if (!rc) rc = kvm_sculpt_compress_layers(in, so, b, done, NULL);
-    for (int l = 0; !rc && l < L; l++)
-        if (b[l] > 0) rc = kvm_kvcache_copy_layer(out, done, l);
+    if (!rc) rc = kvm_sculpt_compress_heads(in, so, b, done, NULL);
+    for (int i = 0; !rc && i < L * H; i++)
+        if (b[i] > 0) rc = kvm_kvcache_copy_head(out, done, i / H, i % H);
     if (rc) {
         kvm_kvcache_free(&done);
         return rc;
     }
-    return memo_add(in, b, L, so->mode, done);
+    return memo_add(in, b, L, H, so->mode, done);
 }
 
 /* Distils the strategy's layers of pattern `pat` (sculpt or kvzip, left full by the plan) of
- * *out with options so. The solver takes one budget per layer while head splits move budget
- * between heads (and, split globally, between layers): each such layer gets its heads' mean,
- * apportioned so that they together never exceed the entries the plan gave them
- * (kvm_evict_apportion). */
+ * *out with options so. With uniform allocation each KV head gets the plan's budget for it, so
+ * a head split (within layers, or over all of them) reaches these layers as it reaches the
+ * eviction layers. KVSculpt's own pilot allocation (alloc ≠ uniform) redistributes whole layers:
+ * then each such layer gets its heads' mean, apportioned so that they together never exceed the
+ * entries the plan gave them (kvm_evict_apportion). */
 static int distil_layers(const kvm_compress_input *in, const polykv_opts *o, const kvm_evict_plan *plan,
                          kvm_pattern pat, const kvm_sculpt_opts *so, kvm_kvcache *out)
 {
-    const int L = o->s->n_layers, H = plan->n_kv_heads;
-    int64_t *b = calloc((size_t)L, sizeof *b), *part = calloc((size_t)L, sizeof *part), total = 0;
+    const int L = o->s->n_layers, H = plan->n_kv_heads, per_head = so->alloc == KVM_SCULPT_ALLOC_UNIFORM;
+    int64_t *b = calloc((size_t)L * H, sizeof *b), *part = calloc((size_t)L, sizeof *part), total = 0;
     double *w = calloc((size_t)L, sizeof *w);
     int n = 0, *idx = calloc((size_t)L, sizeof *idx), rc = 0;
     if (!b || !part || !w || !idx) rc = kvm_err(KVM_ENOMEM, "polykv: out of memory");
     for (int l = 0; !rc && l < L; l++) {
         if (o->s->layers[l].pattern[0] != pat) continue;
         int64_t sum = 0;
-        for (int g = 0; g < H; g++) sum += plan->budget[l * H + g];
+        for (int g = 0; g < H; g++) sum += b[l * H + g] = plan->budget[l * H + g];
         w[n] = (double)sum;
         idx[n++] = l;
         total += sum;
     }
-    if (!rc && n) rc = kvm_evict_apportion(w, n, total / H > n ? total / H : n, 1, part);
-    for (int i = 0; !rc && i < n; i++) b[idx[i]] = part[i];
-    if (!rc && n) rc = distil(in, so, b, L, out);
+    if (!rc && n && !per_head) rc = kvm_evict_apportion(w, n, total / H > n ? total / H : n, 1, part);
+    for (int i = 0; !rc && !per_head && i < n; i++)
+        for (int g = 0; g < H; g++) b[idx[i] * H + g] = part[i];
+    if (!rc && n) rc = distil(in, so, b, L, H, out);
     free(b);
     free(part);
     free(w);

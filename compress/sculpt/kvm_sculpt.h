@@ -168,6 +168,16 @@ int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, 
 int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_opts *o, const int64_t *budget,
                                kvm_kvcache *dst, kvm_sculpt_stats *stats);
 
+/* The same with a budget per (layer, KV head), budget[l·H + g] (what a PolyKV strategy's
+ * document-adaptive head split gives its sculpt and kvzip layers): each head on its own, by the
+ * rules above (≤ 0 untouched, ≥ N copied, else retain zone min(o->retain_tokens, ⌊b/2⌋) and the
+ * rest distilled); a head's result depends only on its own (m, k), so equal budgets within every
+ * layer are kvm_sculpt_compress_layers exactly. With o->alloc ≠ uniform (the pilot redistributes
+ * whole layers) every layer's heads must share one budget: KVM_EINVAL otherwise. Other errors as
+ * kvm_sculpt_compress. */
+int kvm_sculpt_compress_heads(const kvm_compress_input *in, const kvm_sculpt_opts *o, const int64_t *budget,
+                              kvm_kvcache *dst, kvm_sculpt_stats *stats);
+
 /* The three methods with the signature of the eviction methods' table: kvm_sculpt_compress
  * with o->mode forced to KVSculpt / Select+Fit / joint-fixed (o may be NULL for defaults). */
 int kvm_sculpt_compress_sculpt(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out);

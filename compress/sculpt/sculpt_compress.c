@@ -543,6 +543,18 @@ int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, 
 int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_opts *o, const int64_t *budget,
                                kvm_kvcache *dst, kvm_sculpt_stats *stats)
 {
+    const int L = in && in->model ? in->model->cfg.n_layers : 0, H = L ? in->model->cfg.n_kv_heads : 0;
+    int64_t *bh = malloc((size_t)(L * H > 0 ? L * H : 1) * sizeof *bh);
+    if (!bh) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+    for (int i = 0; i < L * H; i++) bh[i] = budget[i / H];
+    int rc = kvm_sculpt_compress_heads(in, o, bh, dst, stats);
+    free(bh);
+    return rc;
+}
+
+int kvm_sculpt_compress_heads(const kvm_compress_input *in, const kvm_sculpt_opts *o, const int64_t *budget,
+                              kvm_kvcache *dst, kvm_sculpt_stats *stats)
+{
     double t_start = now_s();
     int rc = check_opts(in, o, 0);
     if (rc) return rc;
@@ -551,22 +563,24 @@ int kvm_sculpt_compress_layers(const kvm_compress_input *in, const kvm_sculpt_op
     const int64_t N = in->n_tokens;
     if (dst->n_layers != c->n_layers || dst->n_kv_heads != H || dst->head_dim != d)
         return kvm_err(KVM_EINVAL, "sculpt: destination cache shape is not the model's");
+    for (int i = 0; o->alloc != KVM_SCULPT_ALLOC_UNIFORM && i < n; i++)
+        if (budget[i] != budget[i - i % H])
+            return kvm_err(KVM_EINVAL, "sculpt: layer %d's KV heads have budgets %lld and %lld, but an alloc other "
+                                       "than uniform redistributes whole layers (one budget per layer, or alloc uniform)",
+                           i / H, (long long)budget[i - i % H], (long long)budget[i]);
     kvm_sculpt_stats st = {0};
     job *jobs = calloc((size_t)n, sizeof *jobs);
     if (!jobs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
-    for (int l = 0; !rc && l < c->n_layers; l++) {
-        int64_t b = budget[l];
+    for (int i = 0; !rc && i < n; i++) {
+        int64_t b = budget[i];
         if (b <= 0) continue;
         if (b >= N) { /* a budget of the whole context keeps it */
-            rc = kvm_kvcache_copy_layer(dst, in->full, l);
+            rc = kvm_kvcache_copy_head(dst, in->full, i / H, i % H);
             continue;
         }
-        int64_t m = o->retain_tokens < b / 2 ? o->retain_tokens : b / 2;
-        for (int g = 0; g < H; g++) {
-            jobs[l * H + g].active = 1;
-            jobs[l * H + g].m = m;
-            jobs[l * H + g].k = b - m;
-        }
+        jobs[i].active = 1;
+        jobs[i].m = o->retain_tokens < b / 2 ? o->retain_tokens : b / 2;
+        jobs[i].k = b - jobs[i].m;
     }
     if (!rc && o->on_policy)
         rc = kvm_err(KVM_ENOTSUP, "sculpt: on_policy is not available for PolyKV's distilled layers (their layers "
