@@ -211,6 +211,24 @@ START_TEST(test_method_distils_sculpt_layers)
     kvm_polykv_score_sculpt_opts(NULL);
     ck_assert(kl0 == kl1 && kl1 == kl2);
     ck_assert(kl0 == r.kl_mean);
+    /* a solver setting that changes the fit makes the memo forget: served from it, the ridge's
+     * precision or the gradient stop of the first options would be scored for the second */
+    for (int v = 0; v < 2; v++) {
+        kvm_sculpt_opts o2 = so;
+        if (v == 0) o2.ridge_f32 = !so.ridge_f32;
+        if (v == 1) o2.lbfgs_gtol = 0.5;
+        double kl_memo, kl_fresh;
+        kvm_polykv_memo_begin();
+        kvm_polykv_score_sculpt_opts(&so);
+        ck_assert_int_eq(kvm_polykv_score(&doc, 1, s_mix, NULL, &kl1), 0);
+        kvm_polykv_score_sculpt_opts(&o2);
+        ck_assert_int_eq(kvm_polykv_score(&doc, 1, s_mix, NULL, &kl_memo), 0);
+        kvm_polykv_memo_end();
+        ck_assert_int_eq(kvm_polykv_score(&doc, 1, s_mix, NULL, &kl_fresh), 0);
+        kvm_polykv_score_sculpt_opts(NULL);
+        ck_assert_msg(kl_fresh != kl1, "setting %d does not change the fit", v);
+        ck_assert_msg(kl_memo == kl_fresh, "setting %d: memo %.9g, fresh %.9g", v, kl_memo, kl_fresh);
+    }
 
     kvm_polykv_method_opts_free(o_all);
     kvm_polykv_method_opts_free(o_mix);

@@ -144,6 +144,7 @@ static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
     return a->retain_tokens == b->retain_tokens && a->ratio == b->ratio &&
            a->k_entries == b->k_entries && a->n_synth == b->n_synth && a->future_tokens == b->future_tokens &&
            a->lambda == b->lambda && a->lse_mass_weight == b->lse_mass_weight && a->ridge_alpha == b->ridge_alpha &&
+           a->ridge_f32 == b->ridge_f32 && a->lbfgs_gtol == b->lbfgs_gtol &&
            a->vnorm_cap == b->vnorm_cap && a->knorm_cap == b->knorm_cap && a->rounds == b->rounds &&
            a->lbfgs_iters == b->lbfgs_iters && a->lbfgs_history == b->lbfgs_history && a->bias == b->bias &&
            a->lbfgs_tolerance == b->lbfgs_tolerance && a->round_tolerance == b->round_tolerance &&
