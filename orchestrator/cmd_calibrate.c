@@ -250,7 +250,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
     if (rc) return rc;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
-    if (kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok)) rc = 1;
+    rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok); /* 2: bad file */
     if (!rc && a.N + a.T > m->cfg.seq_len) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
                 (long long)a.N, (long long)a.T, m->cfg.seq_len);

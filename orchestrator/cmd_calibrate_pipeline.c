@@ -79,10 +79,9 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
                 kvm_config_path(cfg));
         goto done;
     }
-    if (kvm_cli_open_model("calibrate", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok)) {
-        status = 1;
-        goto done;
-    }
+    if ((status = kvm_cli_open_model("calibrate", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok)))
+        goto done; /* 2: a bad file, 1: out of memory or I/O */
+    status = 2; /* the checks below refuse bad settings and documents */
     if (ctx + cont > m->cfg.seq_len) {
         fprintf(stderr, "kvmill calibrate: context %lld + continuation %lld exceeds the model's window of %d tokens\n",
                 (long long)ctx, (long long)cont, m->cfg.seq_len);

@@ -682,8 +682,9 @@ END_TEST
 
 /* A model file the user named that does not open (missing, a directory, truncated, not a
  * model) exited 1, the runtime status: it is a usage error, exit 2, from every command that
- * opens one (kvm_cli_open_model), the path named; a --tokenizer likewise; and serve checks it
- * at start rather than leaving its decode workers to fail. */
+ * opens one (kvm_cli_open_model; calibrate, alone and through the stages, too), the path
+ * named; a --tokenizer likewise; and serve checks it at start rather than leaving its decode
+ * workers to fail. */
 START_TEST(test_bad_model_file_exit_2)
 {
     char trunc[4400], foreign[4400], missing[4400], cfgp[4400], text[9000], args[16000], *out, *err;
@@ -699,7 +700,7 @@ START_TEST(test_bad_model_file_exit_2)
     const char *bad[] = {missing, tmp, trunc, foreign};
     const char *doc = kvm_test_data_path("corpus/doc_000.txt");
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        for (int c = 0; c < 5; c++) {
+        for (int c = 0; c < 7; c++) {
             if (c == 0) snprintf(args, sizeof args, "info --model '%s'", bad[i]);
             if (c == 1) snprintf(args, sizeof args, "generate --model '%s' --prompt x -n 1", bad[i]);
             if (c == 2)
@@ -714,6 +715,11 @@ START_TEST(test_bad_model_file_exit_2)
                 ck_assert_int_eq(kvm_test_write_file(cfgp, text, strlen(text)), 0);
                 snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfgp, doc);
             }
+            if (c == 5)
+                snprintf(args, sizeof args, "calibrate --model '%s' --docs '%s' --budget 16 --context 64 --out '%s/s.bin'",
+                         bad[i], doc, tmp);
+            if (c == 6) /* the pipeline calibration: the model path from c == 4's config */
+                snprintf(args, sizeof args, "calibrate --config '%s' --docs '%s' --out '%s/s.bin'", cfgp, doc, tmp);
             int rc = kvmill(args, &out, &err);
             ck_assert_msg(rc == 2 && strstr(err, bad[i]), "%s: exit %d: %s", args, rc, err);
             free(out);
