@@ -1083,8 +1083,9 @@ static void count_evictions(orch *o, kvm_store *store)
 
 /* The summary's bytes with a remote store: each cache this run wrote, probed on the
  * service (its manifest's sizes). One that is gone was evicted by the store's cap; the
- * store's own eviction counter is not on the wire, so evicted counts this run's only. */
-static void sum_remote(orch *o)
+ * store's own eviction counter is not on the wire, so evicted counts this run's only.
+ * Returns 1 when the service did not answer (said). */
+static int sum_remote(orch *o)
 {
     for (int64_t i = 0; i < o->n_jobs; i++) {
         if (o->jobs[i].state != J_DONE) continue;
@@ -1094,11 +1095,12 @@ static void sum_remote(orch *o)
         if (kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 1,
                                &st, &info)) {
             orch_log("could not read the stored sizes: %s\n", kvm_errmsg());
-            return;
+            return 1;
         }
         if (st == KVM_STORECLI_STORED) o->sum->bytes_full += info.full_bytes, o->sum->bytes_compressed += info.stored_bytes;
         else o->sum->evicted++, o->sum->evicted_own++;
     }
+    return 0;
 }
 
 /* ---- the run ---- */
@@ -1306,7 +1308,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     /* a service that did not answer, or a second Ctrl-C: no waiting on it for the sizes, and
      * one short try to release the claims (they lapse by themselves) */
     int quick = hard || sum->store_down;
-    if (o.cli && !rc && !quick) sum_remote(&o);
+    if (o.cli && !rc && sum->compressed > 0 && (quick || sum_remote(&o))) { /* partial sums are no figure either */
+        sum->bytes_unknown = 1;
+        sum->bytes_full = sum->bytes_compressed = 0;
+    }
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     if (o.cli && o.owner[0] &&
         kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
