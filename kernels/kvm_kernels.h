@@ -181,7 +181,8 @@ const kvm_kernels *kvm_kernels_cuda(int device);
 int kvm_device_parse(const char *device, int *cuda_index);
 
 /* Selects a backend by name: "cpu" or "cuda:N" (kvm_device_parse). Returns 0 and *out, KVM_EINVAL for a bad
- * name, KVM_EDEVICE when CUDA is unavailable (message says why). */
+ * name, KVM_EDEVICE when CUDA is unavailable (message says why). The message starts with the
+ * name ("cuda:abc: not cpu or ...", "cuda:0: no CUDA device ..."): callers prefix the option only. */
 int kvm_kernels_select(const char *device, const kvm_kernels **out);
 
 /* Fills host tables cos_t/sin_t [n][head_dim/2] for positions pos[0..n) with llama2.c's

@@ -651,6 +651,11 @@ int kvm_cmd_eval(int argc, char **argv)
      * selection `kvmill sculpt` makes); the capture, hooks and eviction need the host forward */
     const char *dev = kvm_cli_get(opts, "device");
     kvm_sculpt_opts dev_o = kvm_sculpt_opts_default();
+    const kvm_kernels *dev_k;
+    if (dev && kvm_kernels_select(dev, &dev_k)) { /* the device itself: not the solver's message (an h2o run has none) */
+        fprintf(stderr, "kvmill " CMD ": --device %s\n", kvm_errmsg());
+        return 2;
+    }
     if (dev && kvm_sculpt_opts_set(&dev_o, "device", dev)) {
         fprintf(stderr, "kvmill " CMD ": %s\n", kvm_errmsg());
         return 2;

@@ -27,8 +27,12 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     printf("documents: %lld compressed, %lld skipped (already stored), %lld failed, %lld truncated to %lld tokens\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
            (long long)kvm_config_int(cfg, "model", "context"));
-    printf("bytes: %lld full f32 KV -> %lld stored (%.2fx smaller), method %s\n", (long long)s->bytes_full,
-           (long long)s->bytes_compressed, ratio, kvm_config_str(cfg, "compress", "method"));
+    if (s->bytes_unknown)
+        printf("bytes: unknown (the store service holding the caches did not answer), method %s\n",
+               kvm_config_str(cfg, "compress", "method"));
+    else
+        printf("bytes: %lld full f32 KV -> %lld stored (%.2fx smaller), method %s\n", (long long)s->bytes_full,
+               (long long)s->bytes_compressed, ratio, kvm_config_str(cfg, "compress", "method"));
     printf("time: %.2f s wall; compute per stage: prefill %.2f s, compress %.2f s; %.0f tokens/s\n", s->seconds,
            s->stage_ms[0] / 1000.0, s->stage_ms[1] / 1000.0, s->seconds > 0 ? (double)s->tokens / s->seconds : 0);
     double compute = s->stage_ms[0] + s->stage_ms[1];
@@ -67,11 +71,16 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
            (long long)(docs > 0 ? s->wire_out_bytes / docs : 0), kvm_config_str(cfg, "run", "wire_dtype"));
     printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
            (long long)s->prefetch_peak);
-    printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%lld bytes_compressed=%lld "
+    char full[32] = "unknown", stored[32] = "unknown"; /* not 0: the service holding them was not asked */
+    if (!s->bytes_unknown) {
+        snprintf(full, sizeof full, "%lld", (long long)s->bytes_full);
+        snprintf(stored, sizeof stored, "%lld", (long long)s->bytes_compressed);
+    }
+    printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%s bytes_compressed=%s "
            "seconds=%.3f claimed=%lld evicted=%lld wire_in_bytes=%lld wire_out_bytes=%lld\n",
-           (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
-           (long long)s->bytes_full, (long long)s->bytes_compressed, s->seconds, (long long)s->claimed,
-           (long long)s->evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes);
+           (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated, full, stored,
+           s->seconds, (long long)s->claimed, (long long)s->evicted, (long long)s->wire_in_bytes,
+           (long long)s->wire_out_bytes);
 }
 
 

@@ -211,6 +211,17 @@ static int note_key(const char *name, seen_key **seen, int *n_seen, const char *
     return 0;
 }
 
+/* A UTF-16 (or UTF-32) file: its byte-order mark FF FE or FE FF, read as UTF-8, made libinih
+ * blame a key on line 1 (or the NUL check say less). A UTF-8 byte-order mark is not an error:
+ * libinih skips it (INI_ALLOW_BOM) and so does prescan. */
+static int check_bom(const char *name, const unsigned char *t, size_t n)
+{
+    if (n >= 2 && ((t[0] == 0xFF && t[1] == 0xFE) || (t[0] == 0xFE && t[1] == 0xFF)))
+        return kvm_err(KVM_EINVAL, "%s: starts with a UTF-16 byte-order mark (%02X %02X): a configuration file is UTF-8 "
+                                   "text (save it as UTF-8)", name, t[0], t[1]);
+    return 0;
+}
+
 /* What libinih reports badly: lines longer than its 200-byte buffer (it splits them and
  * blames a later line), section headers without ']' (it keeps going with the previous
  * section) and a key set twice (it keeps the last). Checked first so the message names
@@ -220,6 +231,7 @@ static int prescan(const char *name, const char *text)
     int line = 1, rc = 0, n_seen = 0, after_key = 0;
     seen_key *seen = NULL;
     char section[200] = "", key[200];
+    if (!strncmp(text, "\xEF\xBB\xBF", 3)) text += 3; /* a UTF-8 byte-order mark, skipped by libinih too */
     for (const char *p = text; *p && !rc; line++) {
         const char *end = strchr(p, '\n');
         size_t len = end ? (size_t)(end - p) : strlen(p);
@@ -289,11 +301,16 @@ int kvm_config_load(const char *path, kvm_config **out)
     fclose(f);
     if (!text) return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
     text[n] = '\0';
+    int rc = check_bom(path, (const unsigned char *)text, n);
+    if (rc) {
+        free(text);
+        return rc;
+    }
     if (memchr(text, '\0', n)) {
         free(text);
         return kvm_err(KVM_EINVAL, "%s: contains NUL bytes: not a text configuration file", path);
     }
-    int rc = prescan(path, text);
+    rc = prescan(path, text);
     kvm_config *c = rc ? NULL : config_new(path);
     if (!rc && !c) rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
     if (!rc) rc = finish(c, ini_parse_string(text, on_pair, c));
@@ -306,7 +323,8 @@ int kvm_config_load(const char *path, kvm_config **out)
 int kvm_config_parse(const char *text, const char *name, kvm_config **out)
 {
     *out = NULL;
-    int rc = prescan(name, text);
+    int rc = check_bom(name, (const unsigned char *)text, strlen(text));
+    if (!rc) rc = prescan(name, text);
     if (rc) return rc;
     kvm_config *c = config_new(name);
     if (!c) return kvm_err(KVM_ENOMEM, "%s: out of memory", name);

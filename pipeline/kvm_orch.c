@@ -97,6 +97,8 @@ typedef struct orch {
     char owner[192], host[64]; /* this run's claims: kvm_storew_owner */
     double last_renew;        /* when the claims were last renewed, ms */
     int renew_failing;        /* the last renewal failed (said once) */
+    double renewed_ok;        /* when the claims were last renewed with success (or the run began), ms */
+    int64_t abandoned;        /* jobs in workers given up when the store service was found down */
     int mode;                 /* MODE_RUN or MODE_CALIBRATE */
     uint64_t reduce_id;       /* calibrate: id of the strategy build request */
     int reduce_worker;        /* calibrate: strategy worker holding it, or -1 */
@@ -282,9 +284,8 @@ static void requeue(orch *o, job *j, const char *why)
 
 /* The store takes no more caches: its device is full, or (a run whose store is the store
  * service) the service does not answer, so every upload and claim would wait out its
- * timeouts. Said once; the job goes back to the queue (not an attempt: it is not the
- * document's fault) and no more documents are fed. */
-static void store_stop(orch *o, job *j, const char *why, int down)
+ * timeouts. Said once; no more documents are fed. */
+static void store_mark(orch *o, const char *why, int down)
 {
     if (!o->store_full)
         orch_log(down ? "%s\nkvmill %s: the store service does not answer: feeding no more documents (start it and run "
@@ -295,10 +296,32 @@ static void store_stop(orch *o, job *j, const char *why, int down)
     o->store_full = 1;
     if (down) o->sum->store_down = 1;
     else o->sum->store_full = 1;
+}
+
+/* store_mark, and job j goes back to the queue (not an attempt: it is not the document's
+ * fault). */
+static void store_stop(orch *o, job *j, const char *why, int down)
+{
+    store_mark(o, why, down);
     if (j->worker >= 0) o->workers[j->worker].job = -1;
     j->worker = -1;
     job_drop_kv(j);
     job_set(o, j, J_QUEUED);
+}
+
+/* The claims' renewals have had no reply for longer than the lease (a run whose store is the
+ * store service): the claims have lapsed and the uploads of the jobs in workers would each wait
+ * out 3 x [store] upload_timeout_ms, so the store is down now. The jobs in workers are
+ * abandoned (counted not processed; their workers are stopped at the end without the grace
+ * period) and no more documents are fed. */
+static void store_abandon(orch *o, const char *why)
+{
+    store_mark(o, why, 1);
+    for (int64_t i = 0; i < o->n_jobs; i++)
+        if (o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS) {
+            store_stop(o, &o->jobs[i], why, 1);
+            o->abandoned++;
+        }
 }
 
 static job *job_by_id(orch *o, uint64_t id)
@@ -1060,8 +1083,9 @@ static void count_evictions(orch *o, kvm_store *store)
 
 /* The summary's bytes with a remote store: each cache this run wrote, probed on the
  * service (its manifest's sizes). One that is gone was evicted by the store's cap; the
- * store's own eviction counter is not on the wire, so evicted counts this run's only. */
-static void sum_remote(orch *o)
+ * store's own eviction counter is not on the wire, so evicted counts this run's only.
+ * Returns 1 when the service did not answer (said). */
+static int sum_remote(orch *o)
 {
     for (int64_t i = 0; i < o->n_jobs; i++) {
         if (o->jobs[i].state != J_DONE) continue;
@@ -1071,11 +1095,12 @@ static void sum_remote(orch *o)
         if (kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 1,
                                &st, &info)) {
             orch_log("could not read the stored sizes: %s\n", kvm_errmsg());
-            return;
+            return 1;
         }
         if (st == KVM_STORECLI_STORED) o->sum->bytes_full += info.full_bytes, o->sum->bytes_compressed += info.stored_bytes;
         else o->sum->evicted++, o->sum->evicted_own++;
     }
+    return 0;
 }
 
 /* ---- the run ---- */
@@ -1144,6 +1169,7 @@ static int prepare(orch *o, kvm_store **store)
 static void loop(orch *o)
 {
     int seen_interrupts = 0;
+    o->renewed_ok = kvm_now_ms(); /* no claim is older */
     while (o->n_open > 0) {
         if (interrupts != seen_interrupts) {
             seen_interrupts = interrupts;
@@ -1172,6 +1198,13 @@ static void loop(orch *o)
             else if (!rr && o->renew_failing) orch_log("claims renewed again\n");
             o->renew_failing = rr != 0; /* one line per outage, not one per try (every heartbeat_ms x liveness / 4) */
             o->last_renew = t0;
+            if (!rr) o->renewed_ok = t0;
+            else if (o->cli && t0 - o->renewed_ok > o->dead_ms) { /* the claims have lapsed: so has the service */
+                char why[600];
+                snprintf(why, sizeof why, "the store service %s answered no renewal of the claims for %.1f s, more "
+                         "than their lease ([run] heartbeat_ms x liveness)", o->store_path, (t0 - o->renewed_ok) / 1000.0);
+                store_abandon(o, why);
+            }
         }
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
         progress(o, 0);
@@ -1259,7 +1292,8 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     }
     int hard = interrupts >= 2;
     stop_children(&o, hard ? SIGKILL : SIGTERM);
-    reap_all(&o, hard ? 100 : 1000.0 * (double)kvm_config_int(cfg, "run", "grace_s") + 2000);
+    /* abandoned jobs: their workers wait on uploads that get no reply, no grace for them */
+    reap_all(&o, hard ? 100 : o.abandoned ? 2000 : 1000.0 * (double)kvm_config_int(cfg, "run", "grace_s") + 2000);
     kvm_svcproc_stop(&o.svc, 5000); /* after the workers: their last uploads are committed */
     for (int64_t i = 0; i < o.n_jobs; i++) {
         if (o.jobs[i].state == J_FAILED) sum->failed++;
@@ -1274,7 +1308,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     /* a service that did not answer, or a second Ctrl-C: no waiting on it for the sizes, and
      * one short try to release the claims (they lapse by themselves) */
     int quick = hard || sum->store_down;
-    if (o.cli && !rc && !quick) sum_remote(&o);
+    if (o.cli && !rc && sum->compressed > 0 && (quick || sum_remote(&o))) { /* partial sums are no figure either */
+        sum->bytes_unknown = 1;
+        sum->bytes_full = sum->bytes_compressed = 0;
+    }
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     if (o.cli && o.owner[0] &&
         kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))

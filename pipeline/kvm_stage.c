@@ -469,7 +469,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     }
     const kvm_kernels *kern;
     if (kvm_kernels_select(rt.a.device, &kern)) { /* an unusable --device is refused up front */
-        log_line(&rt, "--device %s: %s", rt.a.device, kvm_errmsg());
+        log_line(&rt, "--device %s", kvm_errmsg()); /* the message starts with the device's name */
         return 2;
     }
     if (pipe(wake_pipe) != 0) return fprintf(stderr, "kvmill-%s: pipe: %s\n", ops->stage, strerror(errno)), 1;

@@ -453,8 +453,22 @@ START_TEST(test_device_setting)
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char *err, *out = run(cmds[i], NULL, NULL, &rc, &err);
         ck_assert_msg(rc == 2, "%s: exit %d: %s", cmds[i], rc, err);
-        ck_assert_msg(strstr(err, "--device cuda:7: cuda:7"), "%s: stderr: %s", cmds[i], err);
+        if (i == 0) /* eval checks the device itself: its message names the option and value once */
+            ck_assert_msg(strstr(err, "kvmill eval: --device cuda:7") && count(err, "cuda:7") == 1 && !strstr(err, "sculpt"),
+                          "%s: stderr: %s", cmds[i], err);
+        else
+            ck_assert_msg(strstr(err, "--device cuda:7: cuda:7"), "%s: stderr: %s", cmds[i], err);
         ck_assert_msg(!strstr(err, "nodoc") && !strstr(err, "m.bin"), "%s: got past the device: %s", cmds[i], err);
+        free(out);
+        free(err);
+    }
+    /* an eviction-only eval has no solver: the refusal says nothing of sculpt */
+    {
+        char *err, *out = run("'%s/kvmill' eval --model m.bin --docs nodocs --method h2o --budget 40 --device cuda:7%s%s",
+                              NULL, NULL, &rc, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "kvmill eval: --device cuda:7") && count(err, "cuda:7") == 1 &&
+                          !strstr(err, "sculpt"),
+                      "eval --method h2o: exit %d: %s", rc, err);
         free(out);
         free(err);
     }
@@ -481,14 +495,15 @@ START_TEST(test_device_setting)
         char *dir = kvm_test_tmpdir(), cfg[4200], text[4600];
         const char *cases[][2] = {{"[model]\npath = m.bin\n[compress]\nmethod = h2o\n", "method h2o keeps its cache within budget"},
                                   {"[model]\npath = m.bin\nkv_dtype = f16\n[compress]\nmethod = full\n", "kv_dtype = f16"},
-                                  {"[model]\npath = m.bin\n[compress]\nmethod = full\n", "--device cuda:7: cuda:7"}};
+                                  {"[model]\npath = m.bin\n[compress]\nmethod = full\n", "--device cuda:7"}};
         for (int i = 0; i < 3; i++) {
             snprintf(cfg, sizeof cfg, "%s/d%d.ini", dir, i);
             snprintf(text, sizeof text, "%s", cases[i][0]);
             ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
             char *err, *out = run("'%s/kvmill-decode' --connect ipc:///nonexistent/kvm --device cuda:7 --config '%s'%s",
                                   cfg, "", &rc, &err);
-            ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "kvmill-decode, case %d: exit %d: %s", i, rc, err);
+            ck_assert_msg(rc == 2 && strstr(err, cases[i][1]) && count(err, "cuda:7") == 1, "kvmill-decode, case %d: exit %d: %s",
+                          i, rc, err);
             free(out);
             free(err);
         }
@@ -500,7 +515,7 @@ START_TEST(test_device_setting)
     {
         char *err, *out = run("'%s/kvmill-prefill' --connect ipc:///nonexistent/kvm --device cuda:7%s%s", NULL, NULL,
                               &rc, &err);
-        ck_assert_msg(rc == 2 && strstr(err, "--device cuda:7: cuda:7") && !strstr(err, "host forward"),
+        ck_assert_msg(rc == 2 && strstr(err, "--device cuda:7") && count(err, "cuda:7") == 1 && !strstr(err, "host forward"),
                       "kvmill-prefill: exit %d: %s", rc, err);
         free(out);
         free(err);
@@ -510,6 +525,15 @@ START_TEST(test_device_setting)
         char *err, *out = run("'%s/kvmill-compress' --connect ipc:///nonexistent/kvm --store /nonexistent --device "
                               "cuda:0%s%s", NULL, NULL, &rc, &err);
         ck_assert_msg(rc == 2 && strstr(err, "cuda:0"), "kvmill-compress: exit %d: %s", rc, err);
+        free(out);
+        free(err);
+    }
+    /* a device name that is not one: the option and value once */
+    {
+        char *err, *out = run("'%s/kvmill-compress' --connect ipc:///nonexistent/kvm --store /nonexistent --device "
+                              "cuda:abc%s%s", NULL, NULL, &rc, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "--device cuda:abc: not cpu or cuda:N") && count(err, "cuda:abc") == 1,
+                      "kvmill-compress: exit %d: %s", rc, err);
         free(out);
         free(err);
     }

@@ -77,6 +77,29 @@ START_TEST(test_file_errors)
     ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
     ck_assert_int_eq(kvm_config_load(path, &c), KVM_EINVAL);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "c.ini:5: [run] heartbeat_ms: 5 is outside [10,"));
+    /* byte-order marks: UTF-16 (LE with its NUL bytes, BE, and a mark before plain ASCII) is
+     * named as such; a UTF-8 one is skipped, the first section header seen as one (a key set
+     * twice names its section) */
+    const char u16le[] = "\xFF\xFE[\0m\0o\0d\0e\0l\0]\0\n\0", u16be[] = "\xFE\xFF\0[\0m\0o\0d\0e\0l\0]\0\n";
+    const struct { const char *t; size_t n; const char *why; } bad[] = {
+        {u16le, sizeof u16le - 1, "c.ini: starts with a UTF-16 byte-order mark (FF FE)"},
+        {u16be, sizeof u16be - 1, "c.ini: starts with a UTF-16 byte-order mark (FE FF)"},
+        {"\xFF\xFE\npath = /m\n", 11, "c.ini: starts with a UTF-16 byte-order mark (FF FE): a configuration file is UTF-8"}};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(kvm_test_write_file(path, bad[i].t, bad[i].n), 0);
+        c = (kvm_config *)0x1;
+        ck_assert_int_eq(kvm_config_load(path, &c), KVM_EINVAL);
+        ck_assert_ptr_null(c);
+        ck_assert_msg(strstr(kvm_errmsg(), bad[i].why), "case %d: %s", i, kvm_errmsg());
+    }
+    expect_bad("\xFF\xFE[model]\npath = /m\n", "t.ini: starts with a UTF-16 byte-order mark (FF FE)");
+    text = "\xEF\xBB\xBF[model]\npath = /m\n[run]\nheartbeat_ms = 50\n";
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    ck_assert_msg(kvm_config_load(path, &c) == 0, "%s", kvm_errmsg());
+    ck_assert_str_eq(kvm_config_str(c, "model", "path"), "/m");
+    ck_assert_int_eq(kvm_config_int(c, "run", "heartbeat_ms"), 50);
+    kvm_config_free(&c);
+    expect_bad("\xEF\xBB\xBF[model]\npath = /m\npath = /n\n", "t.ini:3: [model] path is set again (first set on line 2)");
     kvm_test_rmtree(dir);
     free(dir);
 }

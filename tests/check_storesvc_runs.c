@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tests/util/kvm_test.h"
@@ -222,18 +223,19 @@ START_TEST(test_dead_run_claims_lapse)
 END_TEST
 
 /* The store service SIGKILLed after the first commit and not started again: the run stops
- * feeding documents at the first claim or upload that gets no reply, lets the jobs in workers
- * end and exits 1 with the rest counted not processed ("store down:"), none failed. It used
+ * feeding documents at the first claim or upload that gets no reply, or once its claims'
+ * renewals have had no reply for longer than the lease (2 s here), abandons the jobs in
+ * workers and exits 1 with the rest counted not processed ("store down:"), none failed. It used
  * to compress every document anyway, each upload waiting out 3 x upload_timeout_ms and each
- * job requeued up to max_retries times (with the defaults, hours for a small corpus). Started
- * again, the service takes the rest from the next run. */
+ * job requeued up to max_retries times (with the defaults, hours for a small corpus), and then
+ * to wait for the workers' uploads (3 x the default 60 s). Started again, the service takes
+ * the rest from the next run. */
 START_TEST(test_service_down_mid_run)
 {
     pid_t svc = service_start();
     char slog[4300];
     snprintf(slog, sizeof slog, "%s/store.err", tmp);
-    const char *extra = "[store]\nupload_timeout_ms = 500\n";
-    pid_t d = run_start(run_config("d", 20, extra), "d");
+    pid_t d = run_start(run_config("d", 20, NULL), "d"); /* the default upload_timeout_ms (60 s) */
     int killed = 0;
     for (int i = 0; i < 24000 && !killed; i++, usleep(10000)) {
         char *l = kvm_test_read_file(slog, NULL);
@@ -242,13 +244,20 @@ START_TEST(test_service_down_mid_run)
     }
     ck_assert_msg(killed, "the service never committed a cache");
     waitpid(svc, NULL, 0);
+    time_t t_kill = time(NULL);
     int rd = run_wait(d);
+    long waited = (long)(time(NULL) - t_kill); /* lease 2 s + 2 s to stop the workers; one upload's wait is 60 s */
     char *od = slurp("d.out"), *ed = slurp("d.err");
     size_t ne = strlen(ed); /* the end of stderr: check's messages are bounded */
     const char *tail = ne > 3000 ? ed + ne - 3000 : ed;
     ck_assert_msg(rd == 1, "exit %d:\n%.3000s\n%s", rd, od, tail);
+    ck_assert_msg(waited < 45, "the run took %ld s to end after the service died:\n%s", waited, tail);
     ck_assert_msg(strstr(ed, "the store service does not answer: feeding no more documents"), "%s", tail);
     ck_assert_msg(strstr(od, "store down: ") && summary_value(od, "failed") == 0 && summary_value(od, "compressed") < 5,
+                  "%.3000s", od);
+    /* the sizes were not asked of the dead service: unknown, not 0 (one cache was committed) */
+    ck_assert_msg(summary_value(od, "compressed") == 0 ||
+                      (strstr(od, " bytes_full=unknown bytes_compressed=unknown ") && strstr(od, "bytes: unknown")),
                   "%.3000s", od);
     /* the outage is said once by the renewals in the loop (they came every 500 ms, each said
      * twice), plus the final release's one short try */
@@ -260,7 +269,7 @@ START_TEST(test_service_down_mid_run)
     free(od);
     free(ed);
     svc = service_start();
-    pid_t e = run_start(run_config("e", 20, extra), "e");
+    pid_t e = run_start(run_config("e", 20, NULL), "e");
     ck_assert_int_eq(run_wait(e), 0);
     char *oe = slurp("e.out");
     ck_assert_msg(summary_value(oe, "compressed") + summary_value(oe, "skipped") == 5 && !strstr(oe, "store down"), "%s", oe);
