@@ -441,7 +441,7 @@ START_TEST(test_device_setting)
         ck_assert_int_eq(o.cuda_device, 0);
     } else {
         ck_assert_msg(rc == KVM_EDEVICE, "rc %d: %s", rc, kvm_errmsg());
-        ck_assert_msg(strstr(kvm_errmsg(), "--device cuda:0: cuda:0"), "%s", kvm_errmsg());
+        ck_assert_msg(strstr(kvm_errmsg(), "--device cuda:0") && count(kvm_errmsg(), "cuda:0") == 1, "%s", kvm_errmsg());
     }
     if (kvm_sculpt_backend_cuda(7)) return; /* the commands below name a device this host lacks */
     /* the flags: refused at once (model and documents are never opened: they do not exist) */
@@ -457,7 +457,7 @@ START_TEST(test_device_setting)
             ck_assert_msg(strstr(err, "kvmill eval: --device cuda:7") && count(err, "cuda:7") == 1 && !strstr(err, "sculpt"),
                           "%s: stderr: %s", cmds[i], err);
         else
-            ck_assert_msg(strstr(err, "--device cuda:7: cuda:7"), "%s: stderr: %s", cmds[i], err);
+            ck_assert_msg(strstr(err, "--device cuda:7") && count(err, "cuda:7") == 1, "%s: stderr: %s", cmds[i], err);
         ck_assert_msg(!strstr(err, "nodoc") && !strstr(err, "m.bin"), "%s: got past the device: %s", cmds[i], err);
         free(out);
         free(err);
@@ -482,7 +482,8 @@ START_TEST(test_device_setting)
         char *out, *err;
         rc = kvm_test_run(cmd, &out, &err);
         ck_assert_msg(rc == 2, "%s: exit %d: %s", methods[i], rc, err);
-        ck_assert_msg(strstr(err, "--device cuda:7: cuda:7"), "%s: stderr: %s", methods[i], err);
+        ck_assert_msg(strstr(err, "--device cuda:7 requested") && !strstr(err, "cuda:7: cuda:7"), "%s: stderr: %s", methods[i],
+                      err); /* the value once after --device (the method string names it too) */
         ck_assert_msg(!strstr(out, "kl_mean"), "%s: evaluated before refusing: %s", methods[i], out);
         free(out);
         free(err);

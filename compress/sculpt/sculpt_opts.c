@@ -100,8 +100,11 @@ static int parse_device(const char *name, const char *v, kvm_sculpt_opts *o)
         o->cuda = 0, o->cuda_device = 0;
         return 0;
     }
-    if (!kvm_sculpt_backend_cuda(n)) /* kvm_err formats into scratch first: its own message may be an argument */
-        return kvm_err(KVM_EDEVICE, "sculpt: --%s %s: %s", name, v, kvm_errmsg());
+    if (!kvm_sculpt_backend_cuda(n)) { /* kvm_err formats into scratch first: its own message may be an argument */
+        const char *why = kvm_errmsg();   /* "cuda:N requested but …" names the value itself */
+        return strncmp(why, v, strlen(v)) ? kvm_err(KVM_EDEVICE, "sculpt: --%s %s: %s", name, v, why)
+                                          : kvm_err(KVM_EDEVICE, "sculpt: --%s %s", name, why);
+    }
     o->cuda = 1, o->cuda_device = n;
     return 0;
 }
