@@ -88,6 +88,8 @@ typedef enum kvm_sculpt_lbfgs_stop {
     KVM_LBFGS_STOP_NONFINITE,  /* non-finite value at the start point */
 } kvm_sculpt_lbfgs_stop;
 
+/* The stop reason of run s (read-only; KVM_LBFGS_STOP_NONE until kvm_sculpt_lbfgs_step has
+ * returned KVM_LBFGS_DONE): the solver tests and bench_solver read it. No errors. */
 kvm_sculpt_lbfgs_stop kvm_sculpt_lbfgs_stopped(const kvm_sculpt_lbfgs *s);
 
 /* ‖g‖ at the run's start point (0 before its first _step). */
