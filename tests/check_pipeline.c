@@ -13,6 +13,7 @@
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -204,8 +205,17 @@ START_TEST(test_json_logs_and_metrics)
     int status = 0, seen_running = 0, reads = 0;
     while (waitpid(pid, &status, WNOHANG) == 0) {
         json_error_t e;
-        json_t *m = json_load_file(metrics, 0, &e);
-        if (m) { /* never a half-written file: written to a temporary and renamed */
+        /* opened first: the file may appear between a failed load and a check of its existence;
+         * once open, it is one whole version (written to a temporary and renamed) */
+        FILE *f = fopen(metrics, "r");
+        if (!f) {
+            ck_assert_msg(errno == ENOENT, "metrics file: %s", strerror(errno));
+            usleep(10000);
+            continue;
+        }
+        json_t *m = json_loadf(f, 0, &e);
+        fclose(f);
+        if (m) { /* never a half-written file */
             reads++;
             const char *st = json_string_value(json_object_get(m, "state"));
             ck_assert_msg(st, "metrics without state");
@@ -216,7 +226,7 @@ START_TEST(test_json_logs_and_metrics)
             }
             json_decref(m);
         } else
-            ck_assert_msg(access(metrics, F_OK) != 0, "metrics file exists but is not JSON: %s", e.text);
+            ck_abort_msg("metrics file is not JSON: %s", e.text);
         usleep(10000);
     }
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "kvmill run exited %d", status);
