@@ -31,7 +31,9 @@ typedef struct calib_args {
 } calib_args;
 
 /* --signals: the earlier run's signals into sig, checked against this run's budget and phases;
- * its sculpt / kvzip rows are kept only with --sculpt / --kvzip (the others are measured).
+ * its sculpt / kvzip rows are kept only with --sculpt / --kvzip and only when the file records
+ * that they were measured with this run's sculpt options (else they are measured again, said on
+ * stderr; the others are measured).
  * Returns 0, 1 (unreadable file: kvm_errmsg says why) or 2 (a mismatch, message printed). */
 static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
 {
@@ -47,6 +49,16 @@ static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
     }
     sig->has_sculpt &= a->sculpt;
     sig->has_kvzip &= a->kvzip;
+    char d[2048];
+    if ((sig->has_sculpt || sig->has_kvzip) &&
+        !(sig->sculpt_opts_known && kvm_sculpt_opts_diff(&a->so, &sig->sculpt_opts, "the file's", d, sizeof d))) {
+        fprintf(stderr, "kvmill " CMD ": --signals %s: its %s rows were measured with %s%s; measuring them again with "
+                        "this run's\n", a->reuse, sig->has_sculpt && sig->has_kvzip ? "sculpt and kvzip"
+                                                  : sig->has_sculpt                   ? "sculpt" : "kvzip",
+                sig->sculpt_opts_known ? "other sculpt options: " : "sculpt options the file does not record (it has no "
+                                                                    "'# sculpt_options=' line)", sig->sculpt_opts_known ? d : "");
+        sig->has_sculpt = sig->has_kvzip = 0;
+    }
     return 0;
 }
 
@@ -139,7 +151,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
         {"signals", 1, "reuse the signals an earlier calibrate wrote with --dump-signals instead of measuring them "
                        "(same model, documents, context, continuation and windows: the file cannot tell; its budget "
-                       "and phases must be this run's); only --sculpt / --kvzip signals it lacks are measured", NULL},
+                       "and phases must be this run's); only --sculpt / --kvzip signals it lacks, or that it records "
+                       "with other --sculpt-opts (or none), are measured", NULL},
         {"phases", 1, "signals measured in: both (prefill and decode, default; each decode-phase run replays the "
                       "compressed layer token by token and carries it through the model in one batched call) or "
                       "prefill (decode patterns = prefill patterns; about half the time)", NULL},

@@ -116,10 +116,15 @@ static int evict(const kvm_config *c, const char *method, const kvm_compress_inp
         rc = given ? kvm_strategy_decode(given->ptr, given->len, &s) : kvm_worker_strategy(c, store, model_id, &buf, &len);
         if (!rc && !given) rc = kvm_strategy_decode(buf, len, &s);
         if (!rc) rc = kvm_polykv_method_opts_from(s, &b, &opts);
-        kvm_sculpt_opts so;
-        if (!rc && !(rc = kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &so)) && in->device)
-            rc = kvm_sculpt_opts_set(&so, "device", in->device); /* the worker's device runs the solver */
-        if (!rc) kvm_polykv_method_set_sculpt(opts, &so);
+        kvm_sculpt_opts own, so;
+        if (!rc && !(rc = kvm_worker_sculpt_opts(c, KVM_SCULPT_FULL, &own)) && in->device)
+            rc = kvm_sculpt_opts_set(&own, "device", in->device); /* the worker's device runs the solver */
+        if (!rc) { /* the distilled layers run with the options the strategy was calibrated with (KVST v2) */
+            char name[512];
+            snprintf(name, sizeof name, "the [compress] settings of %s", kvm_config_path(c));
+            kvm_polykv_strategy_sculpt_opts(s, &own, name, &so);
+            kvm_polykv_method_set_sculpt(opts, &so);
+        }
         free(buf);
         m = kvm_method_find("polykv");
     } else {

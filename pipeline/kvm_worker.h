@@ -39,11 +39,13 @@ void kvm_worker_model_free(kvm_worker_model *wm);
 /* Compresses with the method c names ([compress] method and options): KVSculpt and its
  * baselines with the [compress] sculpt settings, a single eviction pattern at [compress]
  * budget (or ratio), or PolyKV with the strategy stored under (model_id, [compress]
- * strategy). The sculpt-family solvers (PolyKV's distilled layers included) run on
- * in->device when set (the worker's --device, the sculpt `device` setting). *out is a new
- * cache (next_pos = N). Errors: KVM_ENOTFOUND (no stored strategy: the message says to
- * calibrate first), KVM_ENOTSUP (unknown method), KVM_EDEVICE (in->device has no CUDA
- * solver), method errors. */
+ * strategy), whose sculpt and kvzip layers use the options the strategy records (KVST v2;
+ * a version-1 strategy: the [compress] settings; kvm_polykv_strategy_sculpt_opts says on
+ * stderr which [compress] settings differ and are not used). The sculpt-family solvers
+ * (PolyKV's distilled layers included) run on in->device when set (the worker's --device,
+ * the sculpt `device` setting). *out is a new cache (next_pos = N). Errors: KVM_ENOTFOUND
+ * (no stored strategy: the message says to calibrate first), KVM_ENOTSUP (unknown method),
+ * KVM_EDEVICE (in->device has no CUDA solver), method errors. */
 int kvm_worker_compress(const kvm_config *c, const kvm_compress_input *in, kvm_store *store,
                         const kvm_store_id *model_id, kvm_kvcache **out);
 

@@ -980,9 +980,25 @@ START_TEST(test_calibrate_sculpt_then_polykv)
         n_kvzip += s->layers[l].pattern[0] == KVM_PATTERN_KVZIP;
     }
     printf("calibrated strategy: %d of %d layers sculpt, %d kvzip\n", n_sculpt, s->n_layers, n_kvzip);
+    /* the strategy records the [compress] settings its distilled layers were scored with (KVST v2) */
+    if (n_sculpt + n_kvzip)
+        ck_assert(s->sculpt_known && s->sculpt.n_synth == 64 && s->sculpt.rounds == 1 && s->sculpt.lbfgs_iters == 5);
     kvm_strategy_free(&s);
     ck_assert_int_eq(run_kvmill(&out, &err), 0);
     ck_assert_msg(strstr(out, "summary: compressed=5 skipped=0 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    free(out); free(err);
+    if (!(n_sculpt + n_kvzip)) return;
+    /* [compress] edited after the calibration: the run keeps the recorded options and says which are unused */
+    char *q = strstr(text, "queries = 64");
+    memcpy(q, "queries = 32", 12);
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    ck_assert_int_eq(run_kvmill(&out, &err), 0);
+    free(out); free(err);
+    snprintf(cmd, sizeof cmd, "cat '%s'/compress-*.log", run_dir); /* the compress workers say it, once each */
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(out, "sculpt/kvzip layers use the options it was calibrated with, not these of the [compress] "
+                              "settings of ") && strstr(out, ": queries=32 (recorded: 64); calibrate again"),
+                  "compress logs: %s", out);
     free(out); free(err);
 }
 END_TEST

@@ -4,6 +4,8 @@
  * budgets, and the `kvmill calibrate` command. */
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -381,7 +383,32 @@ START_TEST(test_signals_read)
     expect_bad(dir, good, 2, NULL, "24 prefill and 0 decode eviction rows, expected 25");
     expect_bad(dir, good, 26, NULL, "kvzip rows for 4 of 5 layers");
     expect_bad(dir, good, 1, "+decode,0,streaming,20,0.9,0.5,0,1,0.1", "25 prefill and 1 decode");
+    ck_assert_int_eq(read_text(dir, good, &t), 0); /* a file without the options line: unknown options */
+    ck_assert_int_eq(t->sculpt_opts_known, 0);
+    kvm_polykv_signals_free(&t);
+    /* the options the distilled rows were measured with: a leading comment line, read back */
+    s->sculpt_opts_known = 1;
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&s->sculpt_opts, "query_source=repeat,queries=64"), 0);
+    FILE *f = fopen(path, "w");
+    ck_assert_int_eq(kvm_polykv_signals_csv(s, f), 0);
+    fclose(f);
+    char *with = kvm_test_read_file(path, &n), d[256];
+    ck_assert_msg(strstr(with, "# sculpt_options=method=sculpt,retain=32,queries=64,query_source=repeat,") == with,
+                  "%s", with);
+    ck_assert_int_eq(read_text(dir, with, &t), 0);
+    ck_assert_int_eq(t->sculpt_opts_known, 1);
+    ck_assert_int_eq(kvm_sculpt_opts_diff(&t->sculpt_opts, &s->sculpt_opts, "written", d, sizeof d), 1);
+    ck_assert(t->has_kvzip);
+    kvm_polykv_signals_free(&t);
+    expect_bad(dir, with, 0, "# sculpt_options=retain=abc", "line 1: sculpt options: offset 0: sculpt: --retain abc");
+    expect_bad(dir, with, 0, "# sculpt_options=threads=2", "line 1: sculpt options: 'threads' at offset 0");
+    expect_bad(dir, with, 1, "phase,layer,pattern", "line 2: not the header");
+    expect_bad(dir, with, 1, NULL, "line 2: not the header"); /* the header missing */
+    free(with);
     ck_assert_int_eq(read_text(dir, "", &t), KVM_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "empty file"));
+    kvm_polykv_signals_free(&t);
+    ck_assert_int_eq(read_text(dir, "# sculpt_options=retain=16\n", &t), KVM_EFORMAT);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "empty file"));
     kvm_polykv_signals_free(&t);
     snprintf(path, sizeof path, "%s/none.csv", dir);
@@ -421,7 +448,7 @@ START_TEST(test_codec)
         size_t off;
         uint8_t val;
         const char *msg;
-    } bad[] = {{0, 'X', "magic"},     {4, 2, "version"},     {16, 9, "select"},   {17, 9, "alloc"},
+    } bad[] = {{0, 'X', "magic"},     {4, 3, "version"},     {16, 9, "select"},   {17, 9, "alloc"},
                {18, 3, "head_split"}, {19, 1, "reserved"},   {24, 7, "pattern"},  {26, 1, "reserved"},
                {28, 0, "budget"},     {28 + 8, 0xff, "sum"}, {12, 0xff, "b_min"}, {6, 0, "layers"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -458,6 +485,216 @@ START_TEST(test_codec)
     free(b);
     kvm_strategy_free(&st);
     kvm_polykv_signals_free(&s);
+}
+END_TEST
+
+/* A kvzip-everywhere strategy of 5 layers at B = 20 whose options are known: repeat queries,
+ * 64 of them, seed 7, β on. */
+static kvm_strategy *kvzip_strategy(void)
+{
+    kvm_polykv_signals *s = fake_signals();
+    kvm_strategy *st;
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, KVM_POLYKV_SELECT_SINGLE, KVM_PATTERN_KVZIP, 0, 1.0, 20, 4, &st), 0);
+    kvm_polykv_signals_free(&s);
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&st->sculpt, "query_source=repeat,queries=64,seed=7,bias,lambda=0.25"), 0);
+    st->sculpt_known = 1;
+    return st;
+}
+
+/* KVST v2: a strategy with distilled layers carries their options (canonical text after the
+ * layers), decoded exactly and re-encoded to the same bytes; other options give other bytes
+ * (so another hash and config id); eviction-only strategies and unknown options stay v1; bad
+ * or truncated option bytes are KVM_EFORMAT naming the offset, never a crash. */
+START_TEST(test_codec_v2)
+{
+    kvm_strategy *st = kvzip_strategy(), *back;
+    uint8_t *b, *b2;
+    size_t n, n2;
+    ck_assert_int_eq(kvm_strategy_encode(st, &b, &n), 0);
+    ck_assert_uint_eq(b[4], 2);
+    const size_t at = 24 + 8 * 5;
+    char text[KVM_SCULPT_OPTS_CANONICAL_MAX];
+    ck_assert_int_eq(kvm_sculpt_opts_canonical(&st->sculpt, text, sizeof text), 0);
+    ck_assert_uint_eq(n, at + 4 + strlen(text));
+    ck_assert_uint_eq(b[at] | b[at + 1] << 8, strlen(text));
+    ck_assert_mem_eq(b + at + 4, text, strlen(text));
+    ck_assert_ptr_nonnull(strstr(text, "query_source=repeat"));
+    ck_assert_ptr_nonnull(strstr(text, "queries=64,"));
+    ck_assert_ptr_nonnull(strstr(text, "lambda=0.25,"));
+    ck_assert_ptr_null(strstr(text, "threads")); /* the reader's own */
+    ck_assert_int_eq(kvm_strategy_decode(b, n, &back), 0);
+    ck_assert_int_eq(back->sculpt_known, 1);
+    ck_assert(back->sculpt.query_source.share[KVM_SCULPT_QSRC_REPEAT] == 1.0);
+    ck_assert_int_eq(back->sculpt.n_synth, 64);
+    ck_assert_int_eq(back->sculpt.bias, 1);
+    ck_assert_uint_eq(back->sculpt.seed, 7);
+    ck_assert_int_eq(kvm_strategy_encode(back, &b2, &n2), 0);
+    ck_assert_uint_eq(n2, n);
+    ck_assert_mem_eq(b, b2, n); /* canonical */
+    free(b2);
+    kvm_strategy_free(&back);
+    st->sculpt.n_synth = 65; /* another option: other bytes, so another config id for its caches */
+    ck_assert_int_eq(kvm_strategy_encode(st, &b2, &n2), 0);
+    ck_assert(n2 != n || memcmp(b, b2, n));
+    kvm_config *cfg;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\n[compress]\nmethod = polykv\n", "t.ini", &cfg), 0);
+    kvm_store_id id1, id2;
+    ck_assert_int_eq(kvm_jobcfg_config_id_with(cfg, b, n, &id1, NULL, NULL), 0);
+    ck_assert_int_eq(kvm_jobcfg_config_id_with(cfg, b2, n2, &id2, NULL, NULL), 0);
+    ck_assert(memcmp(&id1, &id2, sizeof id1) != 0);
+    kvm_config_free(&cfg);
+    free(b2);
+    st->sculpt.n_synth = 64;
+    st->sculpt_known = 0; /* unknown options: version 1, read back as unknown */
+    ck_assert_int_eq(kvm_strategy_encode(st, &b2, &n2), 0);
+    ck_assert_uint_eq(b2[4], 1);
+    ck_assert_uint_eq(n2, at);
+    ck_assert_int_eq(kvm_strategy_decode(b2, n2, &back), 0);
+    ck_assert_int_eq(back->sculpt_known, 0);
+    kvm_strategy_free(&back);
+    free(b2);
+    st->sculpt_known = 1;
+    for (int l = 0; l < 5; l++) st->layers[l].pattern[0] = st->layers[l].pattern[1] = KVM_PATTERN_H2O;
+    ck_assert_int_eq(kvm_strategy_encode(st, &b2, &n2), 0); /* eviction only: version 1, as before */
+    ck_assert_uint_eq(b2[4], 1);
+    ck_assert_uint_eq(n2, at);
+    free(b2);
+    for (size_t cut = 0; cut < n; cut++) { /* every truncation */
+        ck_assert_int_eq(kvm_strategy_decode(b, cut, &back), KVM_EFORMAT);
+        ck_assert_ptr_null(back);
+    }
+    uint8_t *c = malloc(n + 1);
+    static const uint8_t junk[] = {0, 'X', ',', '=', '9', 0xff};
+    for (size_t i = 0; i < n; i++) /* every byte changed: refused, or a valid strategy that encodes */
+        for (size_t j = 0; j < sizeof junk; j++) {
+            memcpy(c, b, n);
+            c[i] = junk[j];
+            int rc = kvm_strategy_decode(c, n, &back);
+            ck_assert_msg(rc == 0 || rc == KVM_EFORMAT, "byte %zu = %u: status %d", i, junk[j], rc);
+            if (!rc) {
+                ck_assert_msg(kvm_strategy_encode(back, &b2, &n2) == 0, "byte %zu = %u: %s", i, junk[j], kvm_errmsg());
+                free(b2);
+            }
+            kvm_strategy_free(&back);
+        }
+    struct {
+        size_t off;
+        uint8_t val;
+        const char *msg;
+    } bad[] = {{at, 0, "sculpt options length 0 at offset 64"},
+               {at + 4 + 7, 'X', "sculpt options at offset 68: "},
+               {4, 3, "version 3 at offset 4"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memcpy(c, b, n);
+        c[bad[i].off] = bad[i].val;
+        if (bad[i].off == at) c[at + 1] = 0;
+        ck_assert_int_eq(kvm_strategy_decode(c, n, &back), KVM_EFORMAT);
+        ck_assert_msg(strstr(kvm_errmsg(), bad[i].msg), "'%s' lacks '%s'", kvm_errmsg(), bad[i].msg);
+    }
+    memcpy(c, b, n); /* version 2 without a distilled layer is not canonical */
+    for (int l = 0; l < 5; l++) c[24 + 8 * l] = c[25 + 8 * l] = KVM_PATTERN_H2O;
+    ck_assert_int_eq(kvm_strategy_decode(c, n, &back), KVM_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "without a sculpt or kvzip layer"));
+    memcpy(c, b, n);
+    c[n] = 'x'; /* one byte more than the length says */
+    ck_assert_int_eq(kvm_strategy_decode(c, n + 1, &back), KVM_EFORMAT);
+    free(c);
+    /* the file and the table print */
+    char *dir = kvm_test_tmpdir(), path[512];
+    snprintf(path, sizeof path, "%s/s.bin", dir);
+    kvm_strategy_free(&st);
+    st = kvzip_strategy();
+    ck_assert_int_eq(kvm_strategy_write(st, path), 0);
+    ck_assert_int_eq(kvm_strategy_read(path, &back), 0);
+    char *txt = NULL;
+    size_t tn = 0;
+    FILE *mf = open_memstream(&txt, &tn);
+    kvm_strategy_print(back, mf);
+    fclose(mf);
+    ck_assert_msg(strstr(txt, "sculpt/kvzip layers' options: method=sculpt,retain=32,queries=64,query_source=repeat,"),
+                  "%s", txt);
+    free(txt);
+    kvm_strategy_free(&back);
+    kvm_test_rmtree(dir);
+    free(dir);
+    free(b);
+    kvm_strategy_free(&st);
+}
+END_TEST
+
+/* The canonical option text: every recorded setting once, reading back to the same options;
+ * a text that lacks settings (an older writer) takes their defaults; each item must be
+ * spelled canonically and in table order. */
+START_TEST(test_opts_canonical)
+{
+    kvm_sculpt_opts o = kvm_sculpt_opts_default(), r;
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "ridge=1e-5,lambda=0.1,query_source=repeat@1+synthetic@3,alloc=head,"
+                                               "seed=9007199254740992,future=96,method=kvzip,threads=3"), 0);
+    char t[KVM_SCULPT_OPTS_CANONICAL_MAX], t2[KVM_SCULPT_OPTS_CANONICAL_MAX], d[512];
+    ck_assert_int_eq(kvm_sculpt_opts_canonical(&o, t, sizeof t), 0);
+    ck_assert_msg(strstr(t, "method=kvzip,retain=32,") == t, "%s", t);
+    ck_assert_ptr_nonnull(strstr(t, ",lambda=0.1,"));
+    ck_assert_ptr_nonnull(strstr(t, ",ridge=1e-05,"));
+    ck_assert_ptr_nonnull(strstr(t, ",query_source=synthetic@0.75+repeat@0.25,"));
+    ck_assert_ptr_nonnull(strstr(t, ",future=96,"));
+    ck_assert_ptr_nonnull(strstr(t, ",seed=9007199254740992"));
+    ck_assert_ptr_null(strstr(t, "threads"));
+    ck_assert_int_eq(kvm_sculpt_opts_from_canonical(t, strlen(t), &r), 0);
+    ck_assert_int_eq(kvm_sculpt_opts_canonical(&r, t2, sizeof t2), 0);
+    ck_assert_str_eq(t, t2);
+    ck_assert_int_eq(kvm_sculpt_opts_diff(&o, &r, "x", d, sizeof d), 1);
+    ck_assert_str_eq(d, "");
+    r.rounds = 2;
+    ck_assert_int_eq(kvm_sculpt_opts_diff(&r, &o, "recorded", d, sizeof d), 0);
+    ck_assert_str_eq(d, "rounds=2 (recorded: 4)");
+    ck_assert_int_eq(kvm_sculpt_opts_from_canonical("retain=16,rounds=2", 18, &r), 0); /* the rest: defaults */
+    ck_assert_int_eq(r.retain_tokens, 16);
+    ck_assert_int_eq(r.n_synth, kvm_sculpt_opts_default().n_synth);
+    ck_assert_int_eq(kvm_sculpt_opts_from_canonical("", 0, &r), 0);
+    ck_assert_int_eq(kvm_sculpt_opts_canonical(&o, t, 40), KVM_EINVAL); /* too small a buffer */
+    static const struct {
+        const char *text, *msg;
+    } bad[] = {{"rounds=2,retain=16", "'retain' at offset 9 is repeated or out of order"},
+               {"retain=16,retain=16", "'retain' at offset 10 is repeated or out of order"},
+               {"retain=016", "retain=016 at offset 0 is not canonical (retain=16)"},
+               {"lambda=.1", "not canonical (lambda=0.1)"},
+               {"bias=1", "not canonical (bias=true)"},
+               {"threads=2", "'threads' at offset 0 is not a recorded setting"},
+               {"iters=3", "'iters' at offset 0 is not a recorded setting"},
+               {"pilot-rounds=1", "is not a recorded setting"},
+               {"retain", "'retain' at offset 0 is not name=value"},
+               {"retain=16,", "a trailing ','"},
+               {"retain=16,,rounds=2", "at offset 10 is not name=value"},
+               {"rounds=-1", "offset 0: sculpt: --rounds -1"},
+               {"query_source=bogus", "offset 0: sculpt: query_source 'bogus'"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(kvm_sculpt_opts_from_canonical(bad[i].text, strlen(bad[i].text), &r) == KVM_EINVAL, "%s",
+                      bad[i].text);
+        ck_assert_msg(strstr(kvm_errmsg(), bad[i].msg), "%s: '%s' lacks '%s'", bad[i].text, kvm_errmsg(), bad[i].msg);
+    }
+    ck_assert_int_eq(kvm_sculpt_opts_from_canonical("retain=16\0x", 11, &r), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "a NUL byte at offset 9"));
+}
+END_TEST
+
+/* The options a pipeline worker gives a strategy's distilled layers: the recorded ones with the
+ * worker's threads and device (v2), its own for a version-1 strategy or an eviction-only one. */
+START_TEST(test_strategy_sculpt_opts)
+{
+    kvm_strategy *st = kvzip_strategy();
+    kvm_sculpt_opts own = kvm_sculpt_opts_default(), out;
+    own.threads = 3;
+    own.rounds = 2;
+    kvm_polykv_strategy_sculpt_opts(st, &own, "the [compress] settings", &out);
+    ck_assert_int_eq(out.threads, 3);
+    ck_assert_int_eq(out.rounds, 4);
+    ck_assert_int_eq(out.n_synth, 64);
+    ck_assert(out.query_source.share[KVM_SCULPT_QSRC_REPEAT] == 1.0);
+    st->sculpt_known = 0;
+    kvm_polykv_strategy_sculpt_opts(st, &own, "the [compress] settings", &out);
+    ck_assert_int_eq(out.rounds, 2);
+    ck_assert_int_eq(out.n_synth, own.n_synth);
+    kvm_strategy_free(&st);
 }
 END_TEST
 
@@ -613,6 +850,9 @@ static Suite *polykv_suite(void)
                  {"strategy_build", test_strategy_build, 0},
                  {"mix_rule", test_mix_rule, 0},
                  {"codec", test_codec, 0},
+                 {"codec_v2", test_codec_v2, 0},
+                 {"opts_canonical", test_opts_canonical, 0},
+                 {"strategy_sculpt_opts", test_strategy_sculpt_opts, 0},
                  {"signals_read", test_signals_read, 0},
                  {"head_split", test_head_split, 1},
                  {"cli", test_cli, 0}};

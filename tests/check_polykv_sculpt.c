@@ -330,7 +330,8 @@ START_TEST(test_arg_and_cli)
     free(text);
     /* --kvzip: its signals and its single-pattern candidates */
     snprintf(path, sizeof path, "%s/z.bin", dir);
-    snprintf(extra, sizeof extra, "--kvzip --sculpt-opts queries=64 --dump-signals %s/zsig.csv", dir);
+    snprintf(extra, sizeof extra, "--kvzip --sculpt-opts queries=64 --dump-signals %s/zsig.csv --dump-candidates %s",
+             dir, dir);
     snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_data(), kvm_test_data(), path, extra);
     ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s", err);
     ck_assert_ptr_nonnull(strstr(out, "kvzip cosine per layer:"));
@@ -342,7 +343,38 @@ START_TEST(test_arg_and_cli)
     text = kvm_test_read_file(path, NULL);
     ck_assert_ptr_nonnull(strstr(text, "\nprefill,0,kvzip,12,"));
     ck_assert_ptr_null(strstr(text, ",sculpt,"));
+    /* the options the kvzip rows were measured with lead the file */
+    ck_assert_msg(strstr(text, "# sculpt_options=method=sculpt,retain=32,queries=64,") == text, "%s", text);
     free(text);
+    /* a candidate records the options it was scored with (KVST v2) */
+    kvm_strategy *kz;
+    snprintf(path, sizeof path, "%s/kvzip_uniform.bin", dir);
+    ck_assert_int_eq(kvm_strategy_read(path, &kz), 0);
+    ck_assert_int_eq(kz->sculpt_known, 1);
+    ck_assert_int_eq(kz->sculpt.n_synth, 64);
+    kvm_strategy_free(&kz);
+    /* --signals keeps the kvzip rows only when they were measured with this run's options */
+    snprintf(path, sizeof path, "%s/z.bin", dir);
+    const char *again = "--kvzip --sculpt-opts %s --signals %s/%s";
+    const struct {
+        const char *opts, *file, *msg;
+    } reuse[] = {{"queries=64", "zsig.csv", NULL},
+                 {"queries=32", "zsig.csv", "--signals %s/zsig.csv: its kvzip rows were measured with other sculpt "
+                                            "options: queries=32 (the file's: 64); measuring them again"},
+                 {"queries=64", "old.csv", "--signals %s/old.csv: its kvzip rows were measured with sculpt options "
+                                           "the file does not record"}};
+    snprintf(cmd, sizeof cmd, "sed 1d %s/zsig.csv > %s/old.csv", dir, dir); /* as written before the line */
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    for (size_t i = 0; i < sizeof reuse / sizeof reuse[0]; i++) {
+        snprintf(extra, sizeof extra, again, reuse[i].opts, dir, reuse[i].file);
+        snprintf(cmd, sizeof cmd, base, kvm_test_bin(), kvm_test_data(), kvm_test_data(), path, extra);
+        ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "%s", err);
+        char want[1024];
+        snprintf(want, sizeof want, reuse[i].msg ? reuse[i].msg : "--signals", dir);
+        ck_assert_msg(reuse[i].msg ? strstr(err, want) != NULL : strstr(err, want) == NULL, "%s: %s", extra, err);
+        free(out);
+        free(err);
+    }
     kvm_test_rmtree(dir);
     free(dir);
 }
@@ -553,6 +585,113 @@ START_TEST(test_head_split_distilled)
 }
 END_TEST
 
+/* opts_new of `spec` for a 5-layer model at 20 tokens per head (the test's method options). */
+typedef struct opened {
+    const char *spec;
+    void *o;
+    int rc;
+} opened;
+
+static void open_spec(void *arg)
+{
+    opened *p = arg;
+    kvm_model_config c = {.n_layers = 5};
+    kvm_budget b = {.tokens = 20};
+    p->rc = kvm_method_find("polykv")->opts_new(p->spec, &b, &c, &p->o);
+}
+
+/* The cache `polykv:spec` makes of in (the method through its options string), and the stderr
+ * it printed into *err (malloc'ed). */
+static kvm_kvcache *compress_spec(const kvm_compress_input *in, const char *spec, char **err)
+{
+    opened p = {.spec = spec};
+    *err = kvm_test_stderr_of(open_spec, &p);
+    ck_assert_msg(p.rc == 0, "%s: %s", spec, kvm_errmsg());
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_polykv_method_compress(in, p.o, &c), 0);
+    kvm_polykv_method_opts_free(p.o);
+    return c;
+}
+
+/* The cache strategy s makes with options o for its distilled layers. */
+static kvm_kvcache *compress_with(const kvm_compress_input *in, const kvm_strategy *s, const kvm_sculpt_opts *o)
+{
+    kvm_budget b = {.tokens = 20};
+    void *opts;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_polykv_method_opts_from(s, &b, &opts), 0);
+    kvm_polykv_method_set_sculpt(opts, o);
+    ck_assert_int_eq(kvm_polykv_method_compress(in, opts, &c), 0);
+    kvm_polykv_method_opts_free(opts);
+    return c;
+}
+
+static int caches_equal(const kvm_kvcache *a, const kvm_kvcache *b)
+{
+    for (int l = 0; l < 5; l++)
+        if (!heads_equal(a, b, l)) return 0;
+    return 1;
+}
+
+/* A strategy file records the options of its kvzip and sculpt layers (KVST v2) and
+ * `polykv:FILE` uses them, not the defaults; options after the file override them field by
+ * field, said on stderr once; a version-1 file uses the defaults and says so. */
+START_TEST(test_file_records_options)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 96, 80, 16, &doc), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    kvm_pattern pat[5] = {KVM_PATTERN_KVZIP, KVM_PATTERN_H2O, KVM_PATTERN_SCULPT, KVM_PATTERN_KVZIP, KVM_PATTERN_SNAPKV};
+    kvm_strategy *st = strategy_of(pat, 20);
+    kvm_sculpt_opts rec = quick(), def = kvm_sculpt_opts_default();
+    rec.n_synth = 48;
+    rec.seed = 5;
+    st->sculpt = rec;
+    st->sculpt_known = 1;
+    char *dir = kvm_test_tmpdir(), v2[512], v1[512], spec[1200], *err;
+    snprintf(v2, sizeof v2, "%s/v2.bin", dir);
+    snprintf(v1, sizeof v1, "%s/v1.bin", dir);
+    ck_assert_int_eq(kvm_strategy_write(st, v2), 0);
+    kvm_kvcache *ref = compress_with(in, st, &rec), *dflt = compress_with(in, st, &def), *c;
+    ck_assert(!caches_equal(ref, dflt)); /* the options matter, so the test tells them apart */
+    c = compress_spec(in, v2, &err);
+    ck_assert(caches_equal(c, ref)); /* the recorded options, not the defaults */
+    ck_assert_msg(!strstr(err, "polykv"), "%s", err);
+    kvm_kvcache_free(&c);
+    free(err);
+    kvm_sculpt_opts over = rec;
+    over.n_synth = 32;
+    kvm_kvcache *ref32 = compress_with(in, st, &over);
+    snprintf(spec, sizeof spec, "%s:queries=32:threads=2", v2);
+    c = compress_spec(in, spec, &err);
+    ck_assert(caches_equal(c, ref32)); /* one field overridden, the others recorded */
+    ck_assert_msg(strstr(err, "the options after the file override the strategy's for its 3 sculpt/kvzip layers: "
+                              "queries=32 (recorded: 48)\n"), "%s", err);
+    ck_assert_msg(!strstr(err, "threads"), "%s", err); /* not a recorded setting */
+    kvm_kvcache_free(&c);
+    free(err);
+    c = compress_spec(in, spec, &err); /* once */
+    ck_assert_msg(!strstr(err, "override"), "%s", err);
+    kvm_kvcache_free(&c);
+    free(err);
+    st->sculpt_known = 0;
+    ck_assert_int_eq(kvm_strategy_write(st, v1), 0);
+    c = compress_spec(in, v1, &err);
+    ck_assert(caches_equal(c, dflt));
+    ck_assert_msg(strstr(err, "is a version-1 strategy: it does not record the options its 3 sculpt/kvzip layers were "
+                              "calibrated with, so they use the KVSculpt defaults ("), "%s", err);
+    kvm_kvcache_free(&c);
+    free(err);
+    kvm_kvcache_free(&ref);
+    kvm_kvcache_free(&ref32);
+    kvm_kvcache_free(&dflt);
+    kvm_strategy_free(&st);
+    kvm_test_rmtree(dir);
+    free(dir);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("polykv_sculpt");
@@ -568,6 +707,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_arg_and_cli);
     tcase_add_test(tm, test_kvzip_pattern);
     tcase_add_test(tm, test_head_split_distilled);
+    tcase_add_test(tm, test_file_records_options);
     suite_add_tcase(s, tm);
     return s;
 }

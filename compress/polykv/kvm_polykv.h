@@ -60,6 +60,11 @@ typedef struct kvm_strategy {
                                    the document being compressed; 2: the global total L·H·B is split
                                    over all (layer, KV head) ∝ entropy (kvm_polykv_head_split) */
     kvm_strategy_layer *layers; /* [n_layers] */
+    int sculpt_known;           /* 1: `sculpt` holds the KVSculpt options the sculpt and kvzip layers were
+                                   calibrated with (set by the builder; read from a KVST v2 file); 0: not
+                                   recorded (a version-1 file, a strategy made by hand) */
+    kvm_sculpt_opts sculpt;     /* those options (kvm_sculpt_opts_canonical's settings; threads and
+                                   device are the reader's own); kvzip layers use them in kvzip mode */
 } kvm_strategy;
 
 /* Calibration signals over n_docs documents (means over documents and continuation steps).
@@ -82,6 +87,10 @@ typedef struct kvm_polykv_signals {
     double *kvzip_cosine;  /* [L] the same signals with layer l compressed by KVzip scoring at B */
     double *kvzip_ppl;     /* [L] (KVM_PATTERN_KVZIP; prefill phase, as for sculpt) */
     double *kvzip_kl;      /* [L] */
+    int sculpt_opts_known; /* 1: sculpt_opts holds the options the sculpt and kvzip signals were
+                              measured with (set by kvm_polykv_calibrate_sculpt / _kvzip, read from
+                              the CSV's "# sculpt_options=" line); 0: unknown (a CSV without it) */
+    kvm_sculpt_opts sculpt_opts; /* those options (one set: a calibration measures both kinds with it) */
 } kvm_polykv_signals;
 
 /* Names: "cosine"/"ppl"/"single"/"search", "uniform"/"entropy"/"ppl"/"pyramid"/"search".
@@ -141,7 +150,8 @@ int kvm_polykv_signal_run(kvm_eval_doc *d, int phase, int layer, kvm_pattern r, 
  * min(o->retain_tokens, B/2), the rest distilled), then for each layer l only that layer's
  * distilled heads replace the full cache's and the continuation is run, measuring cosine,
  * perplexity delta and KL as kvm_polykv_calibrate does for eviction patterns. Averages over
- * the documents into s->sculpt_* and sets s->has_sculpt. Returns 0, KVM_EINVAL (B < 1, no
+ * the documents into s->sculpt_* and sets s->has_sculpt; *o goes to s->sculpt_opts
+ * (sculpt_opts_known = 1). Returns 0, KVM_EINVAL (B < 1, no
  * documents, layer count), KVM_ENOMEM, sculpt or forward errors. */
 int kvm_polykv_calibrate_sculpt(kvm_eval_doc *const *docs, int n_docs, int64_t B, const kvm_sculpt_opts *o,
                                 kvm_polykv_signals *s);
@@ -155,7 +165,10 @@ int kvm_polykv_calibrate_kvzip(kvm_eval_doc *const *docs, int n_docs, int64_t B,
 
 /* Writes every signal as CSV: header
  * "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl" (sculpt and kvzip rows too
- * when measured; worst_ppl is over the eviction patterns). Returns 0 or KVM_EIO. */
+ * when measured; worst_ppl is over the eviction patterns). With sculpt or kvzip rows whose
+ * options are known, a first line "# sculpt_options=TEXT" (TEXT: kvm_sculpt_opts_canonical of
+ * s->sculpt_opts) comes before the header, so that a later --signals run can tell whether they
+ * were measured with its options. Returns 0 or KVM_EIO. */
 int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
 
 /* Reads such a CSV back into s (allocated for the model's L layers by kvm_polykv_signals_new),
@@ -163,11 +176,14 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
  * phase, of the decode phase all or none (none: s->prefill_only = 1 and the prefill values are
  * copied, as kvm_polykv_calibrate_phases does), the sculpt and kvzip rows all or none each
  * (has_sculpt, has_kvzip); one budget (s->budget) and PyramidKV rows at its schedule's; per
- * layer one entropy and per phase one worst_ppl. Values are the file's (%.9g, so within 1e-9
+ * layer one entropy and per phase one worst_ppl; an optional first line "# sculpt_options=TEXT"
+ * (kvm_sculpt_opts_from_canonical) sets s->sculpt_opts and s->sculpt_opts_known (a file without
+ * it, written before it existed, leaves sculpt_opts_known = 0: its sculpt and kvzip rows are of
+ * unknown options). Values are the file's (%.9g, so within 1e-9
  * relative of the run's); s->n_docs = 0 (the file does not say which documents it averaged: the
  * caller vouches for them). Errors: KVM_ENOTFOUND, KVM_EIO, KVM_EFORMAT naming the file and line
- * (header, field count, phase, layer ≥ L, pattern, non-finite number, duplicate or missing row,
- * budgets), KVM_ENOMEM. */
+ * (header, options line, field count, phase, layer ≥ L, pattern, non-finite number, duplicate or
+ * missing row, budgets), KVM_ENOMEM. */
 int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s);
 
 /* Builds a strategy from signals: per (layer, phase) the pattern with the best preference
@@ -188,6 +204,10 @@ int kvm_strategy_new(int n_layers, kvm_strategy **out);
 void kvm_strategy_free(kvm_strategy **s); /* accepts NULL; sets *s = NULL */
 /* Deep copy. Returns 0, KVM_EINVAL (bad layer count), KVM_ENOMEM. */
 int kvm_strategy_clone(const kvm_strategy *s, kvm_strategy **out);
+
+/* The number of layers of s whose pattern is sculpt or kvzip (the layers its sculpt options
+ * apply to). */
+int kvm_strategy_distilled(const kvm_strategy *s);
 
 /* Per-layer budgets of s rescaled proportionally to average B (sum exactly L·B, each ≥ 1,
  * kvm_evict_apportion); B == s->budget_avg gives s's budgets. out[n_layers]. Returns 0,
@@ -210,21 +230,29 @@ int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_head
  * statistics), KVM_ENOMEM. */
 int kvm_polykv_head_split(const kvm_model_config *c, const kvm_capture *cap, int mode, kvm_evict_plan *plan);
 
-/* Canonical encoding, version 1, little-endian (deterministic: equal strategies give equal
- * bytes):
- *   0  "KVST"  magic (4 bytes)          4  u16 version = 1      6  u16 L (≥ 1)
+/* Canonical encoding, little-endian (deterministic: equal strategies give equal bytes).
+ * Version 1 (every strategy without sculpt or kvzip layers, and one with them whose options are
+ * not known, sculpt_known = 0) and version 2 (a strategy with sculpt or kvzip layers and
+ * sculpt_known = 1; issue 14: the file carries what the calibration scored them with):
+ *   0  "KVST"  magic (4 bytes)          4  u16 version (1 or 2)  6  u16 L (≥ 1)
  *   8  u32 B (≥ 1)                      12 u32 b_min (≤ B)      16 u8 select  17 u8 alloc
  *   18 u8 head_split (0..2)  19 u8 reserved = 0                 20 u32 round(alloc_power·1000)
  *   24 + 8·l: u8 prefill pattern, u8 decode pattern (kvm_pattern: eviction 0-4, or sculpt = 5 or
  *             kvzip = 6 in both), u16 reserved = 0, u32 budget
- * Total 24 + 8·L bytes. *buf malloc'ed, owned by the caller. Returns 0, KVM_EINVAL (a
- * field out of range), KVM_ENOMEM. */
+ * version 2 only:
+ *   24 + 8·L: u32 n (1 .. KVM_SCULPT_OPTS_CANONICAL_MAX − 1)
+ *   28 + 8·L: n bytes of ASCII, kvm_sculpt_opts_canonical of `sculpt` ("method=sculpt,retain=32,
+ *             queries=2048,query_source=repeat,...", no NUL)
+ * Total 24 + 8·L bytes (v1), 28 + 8·L + n (v2). Eviction-only strategies keep their v1 bytes, so
+ * their hashes (and the config ids of their caches) are unchanged. *buf malloc'ed, owned by the
+ * caller. Returns 0, KVM_EINVAL (a field out of range), KVM_ENOMEM. */
 int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len);
 
 /* Decodes and validates everything (magic, version, size, ranges, patterns, reserved bytes,
- * each budget ≥ max(1, b_min), budgets summing to L·B); bad input is KVM_EFORMAT with a
- * message naming the field and offset, never a crash. *out owned by the caller. Also
- * KVM_ENOMEM. */
+ * each budget ≥ max(1, b_min), budgets summing to L·B; version 2: at least one sculpt or kvzip
+ * layer, the options' length, and their text by kvm_sculpt_opts_from_canonical); bad input is
+ * KVM_EFORMAT with a message naming the field and offset, never a crash. A version-1 strategy
+ * gets sculpt_known = 0 and default options. *out owned by the caller. Also KVM_ENOMEM. */
 int kvm_strategy_decode(const uint8_t *buf, size_t len, kvm_strategy **out);
 
 /* Reads / writes a strategy file (its canonical encoding). Errors: KVM_ENOTFOUND, KVM_EIO,
@@ -261,8 +289,10 @@ void kvm_polykv_build_dump_dir(const char *dir);
  * (kvm_polykv_mix_significant; else that single pattern is kept: calibration on a few
  * documents is noisy and a mix that only ties does not generalise). refine_rounds > 0 then refines the
  * best with kvm_polykv_refine (kept only if better on the calibration documents; it tends to
- * overfit a few documents, so it is off by default in the CLI). Prints one line per
- * candidate to `table` (may be NULL). Returns 0, KVM_EINVAL (bad budget, b_min, or no
+ * overfit a few documents, so it is off by default in the CLI). Every candidate (the result
+ * and those written by kvm_polykv_build_dump_dir) records the options its sculpt and kvzip
+ * layers were scored with (kvm_polykv_score_sculpt_opts, or the defaults: sculpt_known = 1),
+ * so that its file is read with them. Prints one line per candidate to `table` (may be NULL). Returns 0, KVM_EINVAL (bad budget, b_min, or no
  * candidate left), KVM_ENOMEM, run errors. */
 int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polykv_signals *sig, int64_t B,
                           int64_t b_min, int sel_only, int alloc_only, int refine_rounds, FILE *table,
@@ -297,16 +327,28 @@ int kvm_polykv_refine(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy 
 /* The "polykv:FILE[:SCULPT-OPTIONS]" method's pieces (rows of compress/eval/kvm_methods.c):
  * options are the strategy read from FILE plus the requested budget; the strategy's per-layer
  * budgets are rescaled to the requested average B (b = r·N for --ratio). Sculpt layers are
- * distilled by kvm_sculpt_compress_layers with the KVSculpt defaults changed by the optional
- * "name=value:name=value" list after the file (kvm_sculpt_opts_set names, e.g.
- * "polykv:s.bin:threads=2:alloc=head" — with alloc ≠ uniform the sculpt layers' budgets are
- * redistributed by the pilot MSE^p rule); the option list starts at the first ':' followed by
- * a setting name and '='. */
+ * distilled by kvm_sculpt_compress_layers (kvzip layers scored) with the options the file
+ * records (KVST v2: the calibration's; a version-1 file: the KVSculpt defaults, said on stderr
+ * once) changed field by field by the optional "name=value:name=value" list after the file
+ * (kvm_sculpt_opts_set names, e.g. "polykv:s.bin:threads=2:alloc=head" — with alloc ≠ uniform
+ * the sculpt layers' budgets are redistributed by the pilot MSE^p rule); a listed setting that
+ * changes a recorded one is said on stderr once. The option list starts at the first ':'
+ * followed by a setting name and '='. */
 int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const kvm_model_config *c, void **opts);
 void kvm_polykv_method_opts_free(void *opts);
 int kvm_polykv_method_compress(const kvm_compress_input *in, const void *opts, kvm_kvcache **out);
 int kvm_polykv_method_decode_new(const kvm_compress_input *in, const void *opts, const kvm_kvcache *compressed,
                                  kvm_decode_policy **out);
+
+/* The KVSculpt options a reader runs strategy s's sculpt and kvzip layers with, when the reader
+ * has options of its own (`own`: the pipeline's [compress] settings, named own_name in the
+ * message, e.g. "the [compress] settings of run.ini"): s's recorded options when it has them
+ * (KVST v2), with own's threads and device (the reader's machine); own for a version-1 strategy,
+ * and own's for one without distilled layers. One stderr line (kvm_log, once per distinct
+ * message) says when a version-1 strategy's distilled layers take own, or which of own's settings
+ * differ from the recorded ones and are not used. No errors. */
+void kvm_polykv_strategy_sculpt_opts(const kvm_strategy *s, const kvm_sculpt_opts *own, const char *own_name,
+                                     kvm_sculpt_opts *out);
 
 /* The same method over a strategy in memory (borrowed; must outlive the opts): what the
  * builder uses to evaluate candidates. */

@@ -9,6 +9,7 @@
  * at layer l gives what the token-by-token run gives, up to float rounding. */
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -335,6 +336,7 @@ int kvm_polykv_calibrate_sculpt(kvm_eval_doc *const *docs, int n_docs, int64_t B
     s->has_sculpt = 0;
     int rc = distilled_signals(docs, n_docs, B, o, s, "sculpt", s->sculpt_cosine, s->sculpt_ppl, s->sculpt_kl);
     s->has_sculpt = rc == 0;
+    if (!rc) s->sculpt_opts = *o, s->sculpt_opts_known = 1;
     return rc;
 }
 
@@ -346,6 +348,7 @@ int kvm_polykv_calibrate_kvzip(kvm_eval_doc *const *docs, int n_docs, int64_t B,
     s->has_kvzip = 0;
     int rc = distilled_signals(docs, n_docs, B, &k, s, "kvzip", s->kvzip_cosine, s->kvzip_ppl, s->kvzip_kl);
     s->has_kvzip = rc == 0;
+    if (!rc) s->sculpt_opts = *o, s->sculpt_opts_known = 1; /* as given: the mode is forced for kvzip alone */
     return rc;
 }
 
@@ -357,6 +360,10 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f)
         free(pyr);
         return kvm_err(KVM_ENOMEM, "signals: out of memory");
     }
+    char opts[KVM_SCULPT_OPTS_CANONICAL_MAX];
+    if ((s->has_sculpt || s->has_kvzip) && s->sculpt_opts_known &&
+        !kvm_sculpt_opts_canonical(&s->sculpt_opts, opts, sizeof opts))
+        fprintf(f, "# sculpt_options=%s\n", opts); /* what the sculpt and kvzip rows were measured with */
     fprintf(f, "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl\n");
     for (int ph = 0; ph < (s->prefill_only ? 1 : KVM_POLYKV_PHASES); ph++)
         for (int l = 0; l < L; l++)

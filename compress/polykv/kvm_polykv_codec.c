@@ -1,14 +1,15 @@
-/* kvm_polykv_codec.c: the strategy value: allocation, canonical encoding (version 1) with a
- * strict decoder, files, and the table print. */
+/* kvm_polykv_codec.c: the strategy value: allocation, canonical encoding (version 1, and 2 with
+ * the sculpt/kvzip layers' options) with a strict decoder, files, and the table print. */
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { HDR_BYTES = 24, LAYER_BYTES = 8, VERSION = 1, MAX_LAYERS = 65535 };
+enum { HDR_BYTES = 24, LAYER_BYTES = 8, OPTS_LEN_BYTES = 4, MAX_LAYERS = 65535, MAX_READ_LAYERS = 4096 };
 
 int kvm_strategy_new(int n_layers, kvm_strategy **out)
 {
@@ -22,6 +23,7 @@ int kvm_strategy_new(int n_layers, kvm_strategy **out)
     }
     s->n_layers = n_layers;
     s->alloc_power = 1.0;
+    s->sculpt = kvm_sculpt_opts_default();
     *out = s;
     return 0;
 }
@@ -35,6 +37,13 @@ int kvm_strategy_clone(const kvm_strategy *s, kvm_strategy **out)
     (*out)->layers = layers;
     memcpy(layers, s->layers, (size_t)s->n_layers * sizeof *layers);
     return 0;
+}
+
+int kvm_strategy_distilled(const kvm_strategy *s)
+{
+    int n = 0;
+    for (int l = 0; l < s->n_layers; l++) n += kvm_pattern_is_distilled(s->layers[l].pattern[0]);
+    return n;
 }
 
 void kvm_strategy_free(kvm_strategy **ps)
@@ -75,13 +84,22 @@ int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len)
     if (s->n_layers < 1 || s->n_layers > MAX_LAYERS || s->budget_avg < 1 || s->budget_avg > UINT32_MAX ||
         s->b_min < 0 || s->b_min > s->budget_avg || (unsigned)s->select >= KVM_POLYKV_SELECT_COUNT ||
         (unsigned)s->alloc >= KVM_POLYKV_ALLOC_COUNT || (unsigned)s->head_split > 2 ||
-        !(s->alloc_power >= 0 && s->alloc_power < 4e6))
+        !(s->alloc_power >= 0 && s->alloc_power * 1000.0 < 4294967295.5)) /* every power the decoder reads */
         return kvm_err(KVM_EINVAL, "strategy encode: header field out of range");
-    size_t n = HDR_BYTES + (size_t)LAYER_BYTES * (size_t)s->n_layers;
+    char opts[KVM_SCULPT_OPTS_CANONICAL_MAX] = "";
+    const int v2 = s->sculpt_known && kvm_strategy_distilled(s) > 0; /* the options matter */
+    if (v2 && kvm_sculpt_opts_canonical(&s->sculpt, opts, sizeof opts))
+        return kvm_err(KVM_EINVAL, "strategy encode: %s", kvm_errmsg());
+    const size_t layers_end = HDR_BYTES + (size_t)LAYER_BYTES * (size_t)s->n_layers;
+    size_t n = layers_end + (v2 ? OPTS_LEN_BYTES + strlen(opts) : 0);
     uint8_t *b = calloc(n, 1);
     if (!b) return kvm_err(KVM_ENOMEM, "strategy encode: out of memory");
     memcpy(b, "KVST", 4);
-    put16(b + 4, VERSION);
+    put16(b + 4, v2 ? 2 : 1);
+    if (v2) {
+        put32(b + layers_end, (uint32_t)strlen(opts));
+        memcpy(b + layers_end + OPTS_LEN_BYTES, opts, strlen(opts));
+    }
     put16(b + 6, (uint32_t)s->n_layers);
     put32(b + 8, (uint32_t)s->budget_avg);
     put32(b + 12, (uint32_t)s->b_min);
@@ -111,13 +129,24 @@ int kvm_strategy_decode(const uint8_t *b, size_t n, kvm_strategy **out)
     if (n < HDR_BYTES)
         return kvm_err(KVM_EFORMAT, "strategy: %zu bytes, shorter than the %d-byte header", n, HDR_BYTES);
     if (memcmp(b, "KVST", 4) != 0) return kvm_err(KVM_EFORMAT, "strategy: bad magic at offset 0 (not \"KVST\")");
-    if (get16(b + 4) != VERSION)
-        return kvm_err(KVM_EFORMAT, "strategy: version %u at offset 4, expected %d", get16(b + 4), VERSION);
+    const uint32_t version = get16(b + 4);
+    if (version != 1 && version != 2)
+        return kvm_err(KVM_EFORMAT, "strategy: version %u at offset 4, expected 1 or 2", version);
     uint32_t L = get16(b + 6), B = get32(b + 8), bmin = get32(b + 12);
     if (L < 1) return kvm_err(KVM_EFORMAT, "strategy: 0 layers at offset 6");
-    if (n != HDR_BYTES + (size_t)LAYER_BYTES * L)
-        return kvm_err(KVM_EFORMAT, "strategy: %zu bytes, expected %zu for %u layers", n,
-                       HDR_BYTES + (size_t)LAYER_BYTES * L, L);
+    const size_t layers_end = HDR_BYTES + (size_t)LAYER_BYTES * L;
+    size_t opts_len = 0; /* version 2: the options' text after the layers */
+    if (version == 2) {
+        if (n < layers_end + OPTS_LEN_BYTES)
+            return kvm_err(KVM_EFORMAT, "strategy: %zu bytes, shorter than the %zu of %u layers and the options' length",
+                           n, layers_end + OPTS_LEN_BYTES, L);
+        opts_len = get32(b + layers_end);
+        if (opts_len < 1 || opts_len >= KVM_SCULPT_OPTS_CANONICAL_MAX)
+            return kvm_err(KVM_EFORMAT, "strategy: sculpt options length %zu at offset %zu is not in [1, %d]", opts_len,
+                           layers_end, KVM_SCULPT_OPTS_CANONICAL_MAX - 1);
+    }
+    const size_t want = layers_end + (version == 2 ? OPTS_LEN_BYTES + opts_len : 0);
+    if (n != want) return kvm_err(KVM_EFORMAT, "strategy: %zu bytes, expected %zu for %u layers (version %u)", n, want, L, version);
     if (B < 1) return kvm_err(KVM_EFORMAT, "strategy: average budget 0 at offset 8");
     if (bmin > B) return kvm_err(KVM_EFORMAT, "strategy: b_min %u at offset 12 exceeds the average budget %u", bmin, B);
     if (b[16] >= KVM_POLYKV_SELECT_COUNT) return kvm_err(KVM_EFORMAT, "strategy: select mode %u at offset 16", b[16]);
@@ -154,6 +183,15 @@ int kvm_strategy_decode(const uint8_t *b, size_t n, kvm_strategy **out)
     if (!rc && sum != (uint64_t)L * B)
         rc = kvm_err(KVM_EFORMAT, "strategy: layer budgets sum to %llu, not L×B = %llu", (unsigned long long)sum,
                      (unsigned long long)L * B);
+    if (!rc && version == 2 && !kvm_strategy_distilled(s)) /* canonical: such a strategy is version 1 */
+        rc = kvm_err(KVM_EFORMAT, "strategy: version 2 at offset 4 without a sculpt or kvzip layer (such a strategy is "
+                                  "version 1)");
+    if (!rc && version == 2) {
+        const size_t at = layers_end + OPTS_LEN_BYTES;
+        if (kvm_sculpt_opts_from_canonical((const char *)b + at, opts_len, &s->sculpt))
+            rc = kvm_err(KVM_EFORMAT, "strategy: sculpt options at offset %zu: %s", at, kvm_errmsg());
+        s->sculpt_known = 1;
+    }
     if (rc) {
         kvm_strategy_free(&s);
         return rc;
@@ -167,12 +205,18 @@ int kvm_strategy_read(const char *path, kvm_strategy **out)
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
-    uint8_t buf[HDR_BYTES + LAYER_BYTES * 4096 + 1];
-    size_t n = fread(buf, 1, sizeof buf, f);
+    const size_t cap = HDR_BYTES + LAYER_BYTES * MAX_READ_LAYERS + OPTS_LEN_BYTES + KVM_SCULPT_OPTS_CANONICAL_MAX;
+    uint8_t *buf = malloc(cap);
+    if (!buf) {
+        fclose(f);
+        return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+    }
+    size_t n = fread(buf, 1, cap, f);
     int err = ferror(f);
     fclose(f);
-    if (err) return kvm_err(KVM_EIO, "%s: read error", path);
-    int rc = kvm_strategy_decode(buf, n, out);
+    int rc = err ? kvm_err(KVM_EIO, "%s: read error", path) : kvm_strategy_decode(buf, n, out);
+    free(buf);
+    if (err) return rc;
     if (rc == KVM_EFORMAT) return kvm_err(rc, "%s: %s", path, kvm_errmsg());
     return rc;
 }
@@ -203,6 +247,11 @@ void kvm_strategy_print(const kvm_strategy *s, FILE *f)
             s->head_split == 2 ? "entropy over all heads"
             : s->head_split    ? "entropy within layers"
                                : "equal");
+    char opts[KVM_SCULPT_OPTS_CANONICAL_MAX];
+    if (kvm_strategy_distilled(s) && !s->sculpt_known)
+        fprintf(f, "sculpt/kvzip layers' options: not recorded (a version-1 strategy)\n");
+    else if (kvm_strategy_distilled(s) && !kvm_sculpt_opts_canonical(&s->sculpt, opts, sizeof opts))
+        fprintf(f, "sculpt/kvzip layers' options: %s\n", opts);
     fprintf(f, "%5s  %-10s  %-10s  %6s\n", "layer", "prefill", "decode", "budget");
     for (int l = 0; l < s->n_layers; l++)
         fprintf(f, "%5d  %-10s  %-10s  %6lld\n", l, kvm_pattern_name(s->layers[l].pattern[0]),

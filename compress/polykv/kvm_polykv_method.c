@@ -5,6 +5,7 @@
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "common/kvm_log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,72 @@ static void split_arg(const char *arg, size_t *file_len, const char **opts_at)
     *opts_at = NULL;
 }
 
+/* Writes msg as one warning line on stderr unless it is the one written last (eval makes the
+ * method once per budget, a worker once per document). */
+static void say_once(const char *msg)
+{
+    static char last[4096];
+    if (!*msg || !strcmp(msg, last)) return;
+    snprintf(last, sizeof last, "%s", msg);
+    kvm_log(KVM_LOG_WARN, "message", NULL, 0, "%s", msg);
+}
+
+/* Says how the distilled layers of strategy s from `file` get their options: a version-1 file
+ * records none, and options given after the file override the recorded ones. */
+static void say_options(const char *file, const kvm_strategy *s, const kvm_sculpt_opts *used, int given)
+{
+    char msg[4096] = "", d[2048];
+    const int nd = kvm_strategy_distilled(s);
+    if (nd && !s->sculpt_known)
+        snprintf(msg, sizeof msg,
+                 "polykv: %s is a version-1 strategy: it does not record the options its %d sculpt/kvzip layers were "
+                 "calibrated with, so they use the KVSculpt defaults%s (a calibration by this build records them)",
+                 file, nd, given ? " changed by the options after the file" : "");
+    else if (nd && given && !kvm_sculpt_opts_diff(used, &s->sculpt, "recorded", d, sizeof d))
+        snprintf(msg, sizeof msg, "polykv: %s: the options after the file override the strategy's for its %d "
+                                  "sculpt/kvzip layers: %s", file, nd, d);
+    say_once(msg);
+}
+
+void kvm_polykv_strategy_sculpt_opts(const kvm_strategy *s, const kvm_sculpt_opts *own, const char *own_name,
+                                     kvm_sculpt_opts *out)
+{
+    char msg[4096] = "", d[2048];
+    const int nd = kvm_strategy_distilled(s);
+    *out = *own;
+    if (nd && !s->sculpt_known)
+        snprintf(msg, sizeof msg, "polykv: the strategy is version 1: it does not record the options its %d "
+                                  "sculpt/kvzip layers were calibrated with, so they use %s (a calibration by this "
+                                  "build records them)", nd, own_name);
+    else if (nd) {
+        *out = s->sculpt;
+        out->threads = own->threads;
+        out->cuda = own->cuda;
+        out->cuda_device = own->cuda_device;
+        if (!kvm_sculpt_opts_diff(own, &s->sculpt, "recorded", d, sizeof d))
+            snprintf(msg, sizeof msg, "polykv: the strategy's %d sculpt/kvzip layers use the options it was "
+                                      "calibrated with, not these of %s: %s; calibrate again to change them",
+                     nd, own_name, d);
+    }
+    say_once(msg);
+}
+
+/* Applies the method's option list (',' joined) to *so: KVM_EINVAL naming arg on a bad one. */
+static int apply_list(kvm_sculpt_opts *so, const char *list, const char *arg)
+{
+    int rc = kvm_sculpt_opts_parse(so, list);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        return kvm_err(rc == KVM_ENOTFOUND ? KVM_EINVAL : rc, "polykv: sculpt options of '%s': %s", arg, why);
+    }
+    if (so->on_policy) /* each layer's method is the strategy's; the distilled layers are fitted independently */
+        return kvm_err(KVM_EINVAL, "polykv: sculpt options of '%s': on_policy fits every layer in order over the layers "
+                                   "below compressed, which a PolyKV strategy's per-layer methods do not do: remove it",
+                       arg);
+    return 0;
+}
+
 int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const kvm_model_config *c, void **opts)
 {
     *opts = NULL;
@@ -58,37 +125,23 @@ int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const 
     char *file = strndup(arg, flen);
     kvm_sculpt_opts so = kvm_sculpt_opts_default();
     char *list = sopts ? strdup(sopts) : NULL;
-    if (!file || (sopts && !list)) {
-        free(file);
-        free(list);
-        return kvm_err(KVM_ENOMEM, "polykv: out of memory");
-    }
+    kvm_strategy *s = NULL;
+    int rc = !file || (sopts && !list) ? kvm_err(KVM_ENOMEM, "polykv: out of memory") : 0;
     for (char *p = list; p && *p; p++) /* the method syntax joins options with ':' */
         if (*p == ':') *p = ',';
-    int rc = kvm_sculpt_opts_parse(&so, list);
+    if (!rc) rc = apply_list(&so, list, arg); /* checked before the file is read */
+    if (!rc) rc = kvm_strategy_read(file, &s);
+    if (!rc) {
+        so = s->sculpt; /* the calibration's (v2) or the defaults (v1), the given options over them */
+        rc = apply_list(&so, list, arg);
+    }
+    if (!rc) say_options(file, s, &so, list != NULL);
+    if (!rc && s->n_layers != c->n_layers)
+        rc = kvm_err(KVM_EMISMATCH, "polykv: %s has %d layers, the model %d", arg, s->n_layers, c->n_layers);
+    if (!rc) rc = kvm_polykv_method_opts_from(s, budget, opts);
+    free(file);
     free(list);
     if (rc) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", kvm_errmsg());
-        free(file);
-        return kvm_err(rc == KVM_ENOTFOUND ? KVM_EINVAL : rc, "polykv: sculpt options of '%s': %s", arg, why);
-    }
-    if (so.on_policy) { /* each layer's method is the strategy's; the distilled layers are fitted independently */
-        free(file);
-        return kvm_err(KVM_EINVAL, "polykv: sculpt options of '%s': on_policy fits every layer in order over the layers "
-                                   "below compressed, which a PolyKV strategy's per-layer methods do not do: remove it",
-                       arg);
-    }
-    kvm_strategy *s;
-    rc = kvm_strategy_read(file, &s);
-    free(file);
-    if (rc) return rc;
-    if (s->n_layers != c->n_layers) {
-        int n = s->n_layers;
-        kvm_strategy_free(&s);
-        return kvm_err(KVM_EMISMATCH, "polykv: %s has %d layers, the model %d", arg, n, c->n_layers);
-    }
-    if ((rc = kvm_polykv_method_opts_from(s, budget, opts))) {
         kvm_strategy_free(&s);
         return rc;
     }

@@ -22,6 +22,14 @@ void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o)
     if (o) score_sculpt = *o;
 }
 
+/* Records in candidate s the options its distilled layers are scored with (KVST v2 carries
+ * them to every reader of the file). */
+static void stamp(kvm_strategy *s)
+{
+    s->sculpt = score_sculpt_set ? score_sculpt : kvm_sculpt_opts_default();
+    s->sculpt_known = 1;
+}
+
 int kvm_polykv_score(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy *s, double *per_doc, double *kl_mean)
 {
     void *opts = NULL;
@@ -137,6 +145,7 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
                                                        (kvm_polykv_alloc)al, powers[pw], B, b_min, &s);
                         if (!rc) {
                             s->head_split = hs;
+                            stamp(s);
                             rc = kvm_polykv_score(docs, n_docs, s, kd, &kl);
                         }
                         char name[64];

@@ -3,6 +3,7 @@
  * SmolLM2 at N = 2048, ≈ 1,500 of 1,844 CPU s) and only measure what it adds (kvzip, sculpt). */
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 
 #include <errno.h>
 #include <math.h>
@@ -13,6 +14,7 @@
 enum { NF = 9, DIST = 2 }; /* fields per row; distilled kinds (sculpt, kvzip) */
 
 static const char header[] = "phase,layer,pattern,budget,cosine,ppl_delta,kl,entropy,worst_ppl";
+static const char opts_prefix[] = "# sculpt_options="; /* optional first line */
 
 typedef struct reader {
     const char *path;
@@ -161,12 +163,14 @@ int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s)
     FILE *f = fopen(path, "r");
     if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "signals %s: %s", path, strerror(errno));
     reader r = {.path = path, .s = s, .budget = -1};
+    s->sculpt_opts_known = 0;
     r.ev = calloc((size_t)2 * L * KVM_PATTERN_COUNT, 1);
     r.dist = calloc((size_t)DIST * 2 * L, 1);
     r.layer_set = calloc((size_t)3 * L, 1);
     r.pyr_b = calloc((size_t)L, sizeof *r.pyr_b);
     int rc = r.ev && r.dist && r.layer_set && r.pyr_b ? 0 : kvm_err(KVM_ENOMEM, "signals: out of memory");
-    char buf[1024];
+    char buf[KVM_SCULPT_OPTS_CANONICAL_MAX + 64];
+    long header_line = 1; /* 2 after an options line */
     while (!rc && fgets(buf, sizeof buf, f)) {
         r.line++;
         size_t n = strlen(buf);
@@ -175,14 +179,23 @@ int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s)
         else {
             while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
                 buf[--n] = '\0';
-            if (r.line == 1)
+            if (r.line == 1 && !strncmp(buf, opts_prefix, sizeof opts_prefix - 1)) {
+                const char *t = buf + sizeof opts_prefix - 1;
+                if (kvm_sculpt_opts_from_canonical(t, strlen(t), &s->sculpt_opts)) {
+                    char m[512]; /* kvm_errmsg's buffer is the one bad() writes */
+                    snprintf(m, sizeof m, "%s", kvm_errmsg());
+                    rc = bad(&r, m);
+                }
+                s->sculpt_opts_known = rc == 0;
+                header_line = 2;
+            } else if (r.line == header_line)
                 rc = strcmp(buf, header) ? bad(&r, "not the header written by --dump-signals") : 0;
             else
                 rc = row(&r, buf);
         }
     }
     if (!rc && ferror(f)) rc = kvm_err(KVM_EIO, "signals %s: read failed", path);
-    if (!rc && r.line == 0) rc = kvm_err(KVM_EFORMAT, "signals %s: empty file", path);
+    if (!rc && r.line < header_line) rc = kvm_err(KVM_EFORMAT, "signals %s: empty file", path);
     if (!rc) rc = complete(&r);
     fclose(f);
     free(r.ev);

@@ -48,6 +48,7 @@ int kvm_polykv_signals_new(int n_layers, kvm_polykv_signals **out)
     size_t n3 = (size_t)KVM_POLYKV_PHASES * n_layers * KVM_PATTERN_COUNT;
     if (s) {
         s->n_layers = n_layers;
+        s->sculpt_opts = kvm_sculpt_opts_default();
         s->cosine = calloc(n3, sizeof(double));
         s->ppl_delta = calloc(n3, sizeof(double));
         s->kl = calloc(n3, sizeof(double));

@@ -52,6 +52,33 @@ int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg);
  * Call after the retain size is final. Returns 0 or KVM_EINVAL (b ≤ m, or neither set). */
 int kvm_sculpt_opts_set_budget(kvm_sculpt_opts *o, const kvm_budget *b);
 
+/* Longest canonical text kvm_sculpt_opts_canonical writes, NUL included. */
+#define KVM_SCULPT_OPTS_CANONICAL_MAX 2048
+
+/* The canonical text of the settings in o that change a compressed result: every [compress]
+ * key of the table (in_config rows) plus method and future, in table order, as
+ * "name=value,name=value,..." (the syntax kvm_sculpt_opts_parse reads): integers in decimal,
+ * numbers in the shortest "%.Ng" that reads back to the same double, booleans true/false,
+ * words by name, query_source as kvm_sculpt_qsource_format. Not written: the size (ratio,
+ * budget, entries: the caller's budget), threads and device (the reader's own; results do not
+ * depend on them beyond float rounding). Equal options give equal text. buf[size]; returns 0,
+ * or KVM_EINVAL when size is too small (KVM_SCULPT_OPTS_CANONICAL_MAX always suffices). What a
+ * PolyKV strategy file (KVST v2) and a calibration's signals CSV record. */
+int kvm_sculpt_opts_canonical(const kvm_sculpt_opts *o, char *buf, size_t size);
+
+/* Reads such a text (text[0, len), not NUL-terminated; no NUL inside) into *o, starting from
+ * kvm_sculpt_opts_default(): each "name=value" must be one kvm_sculpt_opts_canonical writes,
+ * spelled as it spells it, in its order, each at most once; a setting the text lacks keeps its
+ * default (a text written before the setting existed). Returns 0, or KVM_EINVAL with a message
+ * naming the item and its byte offset in text (unknown name, bad value, not canonical, out of
+ * order, repeated, too long). */
+int kvm_sculpt_opts_from_canonical(const char *text, size_t len, kvm_sculpt_opts *o);
+
+/* The recorded settings (kvm_sculpt_opts_canonical's) in which a and b differ, into out[n] as
+ * "name=A (LABEL: B), ..." (truncated to fit). Returns 1 when they are equal (out = ""), 0 when
+ * they differ. */
+int kvm_sculpt_opts_diff(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b, const char *label, char *out, size_t n);
+
 /* Settings valid alone that do not go together: on_policy (Attention Matching's on-policy
  * mode, arXiv 2602.16284) without a repeat or continuation query share (KVM_EINVAL: its
  * queries come from forward passes over the compressed layers) or with an alloc other than

@@ -12,7 +12,9 @@
  *             cuda:N: sets cuda and cuda_device)
  * field       the kvm_sculpt_opts member it sets (compress/sculpt/kvm_sculpt.h)
  * lo, hi      bounds of numeric values
- * in_config   1: a [compress] key generated from this row; 0: not one (method, ratio, budget and
+ * in_config   1: a [compress] key generated from this row, and a setting PolyKV strategy files and
+ *             signals CSVs record (kvm_sculpt_opts_canonical, with method and future); 0: not
+ *             one (method, ratio, budget and
  *             future are [compress] keys of their own, shared with eviction or the stages;
  *             threads is [stages] threads, device the compress worker's --device from [stages]
  *             compress_devices; deprecated names are no keys)

@@ -3,6 +3,7 @@
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
 #include <errno.h>
@@ -244,4 +245,128 @@ int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o)
         return kvm_err(KVM_ENOTSUP, "sculpt: on_policy solves one layer at a time and the alloc pilot allocates across "
                                     "layers: use alloc = uniform with on_policy");
     return 0;
+}
+
+/* The settings kvm_sculpt_opts_canonical records: the [compress] keys, and method and future
+ * (keys of their own, shared with eviction and the stages, that change a distilled result). */
+static int recorded(const row *r)
+{
+    return !r->replaced_by && (r->in_config || r->kind == K_MODE || !strcmp(r->name, "future"));
+}
+
+/* The word of a MODE or ALLOC value, found through the row's own parse (so the two cannot
+ * disagree), or "?" for a value no word gives. */
+static const char *word_of(const row *r, int v)
+{
+    static const char *const modes[] = {"sculpt", "selectfit", "joint-fixed", "am", "kvzip"};
+    static const char *const allocs[] = {"uniform", "layer", "head", "gain"};
+    const char *const *w = r->kind == K_MODE ? modes : allocs;
+    const size_t n = r->kind == K_MODE ? sizeof modes / sizeof *modes : sizeof allocs / sizeof *allocs;
+    for (size_t i = 0; i < n; i++) {
+        kvm_sculpt_opts t = kvm_sculpt_opts_default();
+        if (!kvm_sculpt_opts_set(&t, r->name, w[i]) && *(const int *)(const void *)((const char *)&t + r->off) == v)
+            return w[i];
+    }
+    return "?";
+}
+
+/* The shortest "%.Ng" of v that kvm_parse_decimal reads back to v exactly. */
+static void put_number(double v, char *out, size_t n)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(out, n, "%.*g", prec, v);
+        double back;
+        if (!kvm_parse_decimal(out, &back) && back == v) return;
+    }
+}
+
+/* Row r's value in o, in its canonical spelling. */
+static void put_value(const row *r, const kvm_sculpt_opts *o, char *out, size_t n)
+{
+    const void *p = (const char *)o + r->off;
+    switch (r->kind) {
+    case K_MODE:
+    case K_ALLOC: snprintf(out, n, "%s", word_of(r, *(const int *)p)); break;
+    case K_QSOURCE: kvm_sculpt_qsource_format(p, out, n); break;
+    case K_BOOL: snprintf(out, n, "%s", *(const int *)p ? "true" : "false"); break;
+    case K_I64: snprintf(out, n, "%lld", (long long)*(const int64_t *)p); break;
+    case K_INT: snprintf(out, n, "%d", *(const int *)p); break;
+    case K_U64: snprintf(out, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
+    case K_F64: put_number(*(const double *)p, out, n); break;
+    default: out[0] = 0; break; /* budget, device: never recorded */
+    }
+}
+
+int kvm_sculpt_opts_canonical(const kvm_sculpt_opts *o, char *buf, size_t size)
+{
+    size_t at = 0;
+    if (size) buf[0] = 0;
+    for (int i = 0; i < N_ROWS; i++) {
+        if (!recorded(&rows[i])) continue;
+        char v[256];
+        put_value(&rows[i], o, v, sizeof v);
+        int w = snprintf(buf + at, size > at ? size - at : 0, "%s%s=%s", at ? "," : "", rows[i].name, v);
+        if (w < 0 || at + (size_t)w >= size)
+            return kvm_err(KVM_EINVAL, "sculpt options: the canonical text needs more than %zu bytes", size);
+        at += (size_t)w;
+    }
+    return 0;
+}
+
+int kvm_sculpt_opts_from_canonical(const char *text, size_t len, kvm_sculpt_opts *o)
+{
+    *o = kvm_sculpt_opts_default();
+    char s[KVM_SCULPT_OPTS_CANONICAL_MAX];
+    if (len >= sizeof s)
+        return kvm_err(KVM_EINVAL, "sculpt options: %zu bytes, longer than %zu", len, sizeof s - 1);
+    memcpy(s, text, len);
+    s[len] = 0;
+    if (strlen(s) != len) return kvm_err(KVM_EINVAL, "sculpt options: a NUL byte at offset %zu", strlen(s));
+    int next = 0; /* items come in table order, each once */
+    for (size_t at = 0; at < len;) {
+        size_t end = at + strcspn(s + at, ",");
+        if (end + 1 == len) return kvm_err(KVM_EINVAL, "sculpt options: a trailing ',' at offset %zu", end);
+        s[end] = 0;
+        char *item = s + at, *eq = strchr(item, '=');
+        if (!eq) return kvm_err(KVM_EINVAL, "sculpt options: '%s' at offset %zu is not name=value", item, at);
+        *eq = 0;
+        const row *r = NULL;
+        for (int i = 0; i < N_ROWS && !r; i++)
+            if (!strcmp(rows[i].name, item) && recorded(&rows[i])) r = &rows[i];
+        if (!r) return kvm_err(KVM_EINVAL, "sculpt options: '%s' at offset %zu is not a recorded setting", item, at);
+        if (r - rows < next)
+            return kvm_err(KVM_EINVAL, "sculpt options: '%s' at offset %zu is repeated or out of order", item, at);
+        next = (int)(r - rows) + 1;
+        if (kvm_sculpt_opts_set(o, item, eq + 1))
+            return kvm_err(KVM_EINVAL, "sculpt options: offset %zu: %s", at, kvm_errmsg());
+        char v[256];
+        put_value(r, o, v, sizeof v);
+        if (strcmp(v, eq + 1))
+            return kvm_err(KVM_EINVAL, "sculpt options: %s=%s at offset %zu is not canonical (%s=%s)", item, eq + 1, at,
+                           item, v);
+        at = end + 1;
+    }
+    return 0;
+}
+
+int kvm_sculpt_opts_diff(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b, const char *label, char *out, size_t n)
+{
+    char ta[KVM_SCULPT_OPTS_CANONICAL_MAX], tb[KVM_SCULPT_OPTS_CANONICAL_MAX];
+    out[0] = 0;
+    if (kvm_sculpt_opts_canonical(a, ta, sizeof ta) || kvm_sculpt_opts_canonical(b, tb, sizeof tb)) return 1;
+    size_t at = 0;
+    int same = 1;
+    for (const char *pa = ta, *pb = tb; *pa && *pb && at < n;) { /* the same names in the same order */
+        size_t la = strcspn(pa, ","), lb = strcspn(pb, ","), eq = strcspn(pa, "=");
+        if (la != lb || memcmp(pa, pb, la)) {
+            int w = snprintf(out + at, n - at, "%s%.*s (%s: %.*s)", same ? "" : ", ", (int)la, pa, label,
+                             (int)(lb - eq - 1), pb + eq + 1);
+            if (w < 0) break;
+            at += (size_t)w;
+            same = 0;
+        }
+        pa += la + (pa[la] == ',');
+        pb += lb + (pb[lb] == ',');
+    }
+    return same;
 }

@@ -250,3 +250,23 @@ int kvm_test_serve_start(const char *const *args, const char *log, int timeout_s
     ck_abort_msg("kvmill serve did not report ready within %d s", timeout_s);
     return -2;
 }
+
+char *kvm_test_stderr_of(void (*fn)(void *), void *arg)
+{
+    char *dir = kvm_test_tmpdir(), path[4200];
+    snprintf(path, sizeof path, "%s/stderr", dir);
+    fflush(stderr);
+    int saved = dup(2), f = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert(saved >= 0 && f >= 0);
+    ck_assert_int_eq(dup2(f, 2), 2);
+    close(f);
+    fn(arg);
+    fflush(stderr);
+    ck_assert_int_eq(dup2(saved, 2), 2);
+    close(saved);
+    char *text = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(text);
+    kvm_test_rmtree(dir);
+    free(dir);
+    return text;
+}

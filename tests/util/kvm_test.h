@@ -58,6 +58,9 @@ void kvm_test_store_create(const char *path);
  * Returns -1 with *pid set once ready; the exit status (0..255, 128+signal) when serve exits
  * first (its log then printed to stderr); aborts the test on timeout, after SIGKILL. */
 int kvm_test_serve_start(const char *const *args, const char *log, int timeout_s, pid_t *pid);
+/* Runs fn(arg) with this process's stderr going to a temporary file and returns what it
+ * wrote (malloc'ed, NUL-terminated); fails the current test when the redirection fails. */
+char *kvm_test_stderr_of(void (*fn)(void *), void *arg);
 /* Reads a whole file; returns malloc'ed bytes (NUL-terminated) and the size, or NULL. */
 char *kvm_test_read_file(const char *path, size_t *n);
 /* Writes bytes to a file; returns 0 on success. */
