@@ -2,6 +2,7 @@
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -167,6 +168,12 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
     }
     if (!rc) rc = kvm_eval_doc_new(m, k, ids + off, n_ctx + n_cont, n_ctx, n_cont, out);
     free(ids);
+    int32_t *rp = NULL; /* query_source repeat: KVzip's instruction, in the chat turn under a frame */
+    int64_t n_rp = 0;
+    if (!rc) rc = kvm_sculpt_repeat_prompt(tok, frame != NULL, &rp, &n_rp);
+    if (!rc) rc = kvm_eval_doc_set_repeat_prompt(*out, rp, n_rp);
+    free(rp);
+    if (rc) kvm_eval_doc_free(out);
     if (rc) {
         fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
         return 1;

@@ -5,6 +5,7 @@
  * decode worker would, and the greedy answer is scored by exact match (compress/eval/kvm_task.h). */
 #include "common/kvm_error.h"
 #include "model/kvm_chat.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "orchestrator/kvm_cli_eval.h"
 
 #include <errno.h>
@@ -226,6 +227,9 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         fr.close = strdup("\nAnswer:");
         if (!fr.open || !fr.close) rc = kvm_err(KVM_ENOMEM, "out of memory");
     }
+    int32_t *rp = NULL; /* the repeat prompt (query_source repeat), in the chat turn with --chat */
+    int64_t n_rp = 0;
+    if (!rc) rc = kvm_sculpt_repeat_prompt(a->tok, a->chat, &rp, &n_rp);
     int64_t *right = calloc((size_t)n_jobs + 1, sizeof *right), *lost = calloc((size_t)n_jobs, sizeof *lost),
             *gained = calloc((size_t)n_jobs, sizeof *gained);
     if (!rc && (!right || !lost || !gained)) rc = kvm_err(KVM_ENOMEM, "out of memory");
@@ -255,6 +259,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         }
         int64_t reused = 0;
         if (!rc) rc = kvm_eval_doc_new_after(pre, ids, nc + nq, nc, nq, &reused, &d);
+        if (!rc) rc = kvm_eval_doc_set_repeat_prompt(d, rp, n_rp);
         if (!rc) {
             ctx_tokens += nc;
             reused_tokens += reused;
@@ -311,6 +316,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     free(right);
     free(lost);
     free(gained);
+    free(rp);
     free(fr.open);
     free(fr.close);
     return rc == KVM_EINVAL ? 2 : rc ? 1 : 0; /* EINVAL: a context or document the task cannot use (usage) */

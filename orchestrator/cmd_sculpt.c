@@ -4,6 +4,7 @@
 #include "compress/sculpt/kvm_sculpt_file.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "model/kvm_capture.h"
 #include "common/kvm_error.h"
@@ -39,8 +40,8 @@ static char *read_text(const char *path, size_t *len)
 
 /* Prefill + capture + compress + write. Prints a one-line summary to stdout. Returns the exit
  * status: 0, 2 for settings the context refuses (KVM_EINVAL), 1 for any other failure. */
-static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, int64_t n, const kvm_sculpt_opts *o,
-               const char *out_path)
+static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *tok, const int32_t *ids, int64_t n,
+               const kvm_sculpt_opts *o, const char *out_path)
 {
     kvm_forward *f = NULL;
     kvm_kvcache *full = NULL, *c = NULL;
@@ -52,7 +53,11 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, in
     if (!rc) rc = kvm_forward_cache_new(m, n, &full);
     if (!rc) rc = kvm_forward_prefill(f, full, ids, n, NULL, KVM_LOGITS_NONE);
     kvm_sculpt_stats st;
-    kvm_compress_input in = {.model = m, .full = full, .cap = cap, .n_tokens = n, .n_future = 0, .tokens = ids};
+    int32_t *rp = NULL; /* query_source repeat: KVzip's instruction before the repeated copy */
+    int64_t n_rp = 0;
+    if (!rc) rc = kvm_sculpt_repeat_prompt(tok, 0, &rp, &n_rp);
+    kvm_compress_input in = {.model = m, .full = full, .cap = cap, .n_tokens = n, .n_future = 0, .tokens = ids,
+                             .repeat_prompt = rp, .n_repeat_prompt = n_rp};
     if (!rc) rc = kvm_sculpt_compress(&in, o, &c, &st);
     if (!rc) rc = kvm_sculpt_cache_write(out_path, c);
     if (!rc)
@@ -62,6 +67,7 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const int32_t *ids, in
                (long long)kvm_kvcache_bytes(c), (long long)kvm_kvcache_bytes(full), st.base.seconds, st.query_s,
                st.lbfgs_s, st.ridge_s, st.pilot_s, out_path);
     if (rc) fprintf(stderr, "kvmill sculpt: %s\n", kvm_cli_errmsg("sculpt"));
+    free(rp);
     kvm_kvcache_free(&c);
     kvm_kvcache_free(&full);
     kvm_forward_free(&f);
@@ -148,7 +154,7 @@ int kvm_cmd_sculpt(int argc, char **argv)
                         (long long)n, m->cfg.seq_len);
                 N = m->cfg.seq_len;
             }
-            rc = run(m, kk, ids, N, &o, out);
+            rc = run(m, kk, tok, ids, N, &o, out);
         }
     }
     free(text);

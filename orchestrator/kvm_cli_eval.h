@@ -29,8 +29,9 @@ void cmd_eval_docs_free(cmd_eval_docset *d);
  * takes N + T tokens and prepares them (kvm_eval_doc_new). n_windows = 1: the first N + T tokens (longer documents are
  * truncated). n_windows > 1: window `window` of n_windows evenly spaced N + T token windows
  * over the document (window 0 at the start, the last at the end), each after the first
- * beginning with BOS in place of its first token. Prints "kvmill CMD: ..." and returns 1 on
- * failure (unreadable, shorter than N + T tokens). */
+ * beginning with BOS in place of its first token. The document's repeat prompt (query_source
+ * repeat) is KVzip's instruction (kvm_sculpt_repeat_prompt; in the chat turn when frame is set).
+ * Prints "kvmill CMD: ..." and returns 1 on failure (unreadable, shorter than N + T tokens). */
 int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
                        const char *frame, const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows,
                        kvm_eval_doc **out);

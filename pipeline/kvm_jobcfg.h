@@ -28,7 +28,7 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * old config id: the next `kvmill run` compresses those documents again (it never serves an
  * old cache for the new algorithm), `kvmill store ls --config F` lists the old ones as
  * `stale-algorithm` and `kvmill store rm --stale --config F` removes them. */
-#define KVM_JOBCFG_ALGORITHM_VERSION 1
+#define KVM_JOBCFG_ALGORITHM_VERSION 2 /* 2: query_source repeat puts KVzip's instruction before the copy */
 
 /* Settings that are each valid alone but together would not compress: [model] system
  * without chat = true (the message would be ignored), [compress] target_kl with method full

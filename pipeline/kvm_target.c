@@ -104,6 +104,8 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
     if (!rc) {
         s.in = *kvm_eval_doc_input(s.doc);
         s.in.n_future = in->n_future;
+        s.in.repeat_prompt = in->repeat_prompt; /* query_source repeat: the stage's prompt */
+        s.in.n_repeat_prompt = in->n_repeat_prompt;
         s.in.progress = NULL; /* probes would count problems past the document's total */
         int64_t lo = kvm_target_lowest_budget(c);
         s.hi = N - 1;

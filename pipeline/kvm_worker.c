@@ -1,5 +1,6 @@
 /* kvm_worker.c: model loading for stage processes and the method dispatch. */
 #include "pipeline/kvm_worker.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "model/kvm_tokenizer_find.h"
 #include "compress/sculpt/kvm_sculpt.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
@@ -77,6 +78,13 @@ int kvm_worker_sculpt_opts(const kvm_config *c, kvm_sculpt_mode mode, kvm_sculpt
     o->future_tokens = kvm_config_int(c, "compress", "future");
     o->threads = (int)kvm_config_int(c, "stages", "threads");
     return 0;
+}
+
+int kvm_worker_repeat_prompt(const kvm_config *c, const kvm_worker_model *wm, int32_t **ids, int64_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    return wm->tok ? kvm_sculpt_repeat_prompt(wm->tok, kvm_config_bool(c, "model", "chat"), ids, n) : 0;
 }
 
 int kvm_worker_strategy(const kvm_config *c, kvm_store *store, const kvm_store_id *model_id, uint8_t **buf,

@@ -36,6 +36,13 @@ int kvm_worker_tokenizer_id(const kvm_config *c, const kvm_store_id *model_id, k
 /* Frees the model and tokenizer. */
 void kvm_worker_model_free(kvm_worker_model *wm);
 
+/* The repeat prompt of query_source repeat for config c's model (kvm_sculpt_repeat_prompt with
+ * wm's tokenizer, chat framing when [model] chat = true): *ids malloc'ed (caller frees) and *n,
+ * for kvm_compress_input.repeat_prompt; NULL and 0 when wm has no tokenizer (then the BOS token
+ * alone stands for it, as before). Every stage that compresses sets it, so equal settings give
+ * equal caches. Returns 0 or the tokenizer's error. */
+int kvm_worker_repeat_prompt(const kvm_config *c, const kvm_worker_model *wm, int32_t **ids, int64_t *n);
+
 /* Compresses with the method c names ([compress] method and options): KVSculpt and its
  * baselines with the [compress] sculpt settings, a single eviction pattern at [compress]
  * budget (or ratio), or PolyKV with the strategy stored under (model_id, [compress]

@@ -253,6 +253,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     kvm_config *cfg = NULL;
     kvm_kvcache *full = NULL, *cc = NULL;
     kvm_capture *cap = NULL;
+    int32_t *rp = NULL; /* the repeat prompt (query_source repeat) */
+    int64_t n_rp = 0;
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
@@ -268,9 +270,11 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
             *retryable = rc == KVM_EIO;
             goto done;
         }
-        if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
+        if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap)) ||
+            (rc = kvm_worker_repeat_prompt(cfg, &st->wm, &rp, &n_rp))) { *retryable = 0; goto done; }
         kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
-                                 .n_future = kvm_config_int(cfg, "compress", "future"), .device = st->device};
+                                 .n_future = kvm_config_int(cfg, "compress", "future"), .device = st->device,
+                                 .repeat_prompt = rp, .n_repeat_prompt = n_rp};
         rc = target
                  ? compress_to_target(cfg, &ri, &j, NULL, &st->wm.model_id, &cc, out)
                  : kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc);
@@ -281,11 +285,12 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
     double t0 = kvm_now_ms();
-    if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap))) { *retryable = 0; goto done; }
+    if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap)) ||
+        (rc = kvm_worker_repeat_prompt(cfg, &st->wm, &rp, &n_rp))) { *retryable = 0; goto done; }
     out->transport_ms += kvm_now_ms() - t0;
     kvm_compress_input ci = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
                              .n_future = kvm_config_int(cfg, "compress", "future"), .progress = &out->progress,
-                             .device = st->device};
+                             .device = st->device, .repeat_prompt = rp, .n_repeat_prompt = n_rp};
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
     rc = target
@@ -305,6 +310,7 @@ evaluated:
     if ((rc = kvm_proto_ack_encode(&ack, &out->ctl[out->n_ctl]))) goto done;
     out->n_ctl++;
 done:
+    free(rp);
     kvm_capture_free(&cap);
     kvm_kvcache_free(&full);
     kvm_kvcache_free(&cc);

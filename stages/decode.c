@@ -189,8 +189,11 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
     kvm_forward *f = NULL;
     kvm_kvcache *full = NULL, *cc = NULL;
     kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    int32_t *rp = NULL; /* the repeat prompt (query_source repeat), as the compress stage's */
+    int64_t n_rp = 0;
     int rc;
-    if ((rc = kvm_capture_new(&m->cfg, d->n_tokens, &co, &cap)) || (rc = kvm_forward_new(m, NULL, d->n_tokens, &f)) ||
+    if ((rc = kvm_worker_repeat_prompt(st->cfg, &st->wm, &rp, &n_rp)) ||
+        (rc = kvm_capture_new(&m->cfg, d->n_tokens, &co, &cap)) || (rc = kvm_forward_new(m, NULL, d->n_tokens, &f)) ||
         (rc = kvm_forward_add_hooks(f, kvm_capture_hooks(cap))) ||
         (rc = kvm_forward_cache_new(m, d->n_tokens, &full)) ||
         (rc = kvm_forward_prefill(f, full, d->tokens, d->n_tokens, NULL, KVM_LOGITS_NONE)))
@@ -200,7 +203,9 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
                              .cap = cap,
                              .n_tokens = d->n_tokens,
                              .tokens = d->tokens,
-                             .n_future = kvm_config_int(st->cfg, "compress", "future")};
+                             .n_future = kvm_config_int(st->cfg, "compress", "future"),
+                             .repeat_prompt = rp,
+                             .n_repeat_prompt = n_rp};
     if ((rc = st->svc ? kvm_worker_compress_with(st->cfg, &ci, st->strategy, st->strategy_len, &cc)
                       : kvm_worker_compress(st->cfg, &ci, st->store, &st->wm.model_id, &cc)))
         goto done;
@@ -218,6 +223,7 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
     cc->next_pos = (int32_t)d->n_tokens;
     if (!rc) *out = cc, cc = NULL;
 done:
+    free(rp);
     kvm_kvcache_free(&cc);
     kvm_kvcache_free(&full);
     kvm_forward_free(&f);

@@ -34,7 +34,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     kvm_config *cfg = NULL;
     kvm_eval_doc *doc = NULL;
     kvm_polykv_signals *sig = NULL;
-    int32_t *all = NULL;
+    int32_t *all = NULL, *rp = NULL; /* rp: the repeat prompt (query_source repeat) */
+    int64_t n_rp = 0;
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && (!j.settings || !j.continuation))
         rc = kvm_err(KVM_EPROTO, "calibration job %llu needs settings and a continuation", (unsigned long long)j.job_id);
@@ -48,6 +49,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     memcpy(all, j.tokens, (size_t)j.n_tokens * sizeof *all);
     memcpy(all + j.n_tokens, j.continuation, (size_t)j.n_continuation * sizeof *all);
     if ((rc = kvm_eval_doc_new(st->wm.model, NULL, all, n, j.n_tokens, j.n_continuation, &doc)) ||
+        (rc = kvm_worker_repeat_prompt(cfg, &st->wm, &rp, &n_rp)) ||
+        (rc = kvm_eval_doc_set_repeat_prompt(doc, rp, n_rp)) ||
         (rc = kvm_polykv_signals_new(st->wm.model->cfg.n_layers, &sig)) ||
         (rc = kvm_polykv_calibrate_phases(&doc, 1, B,
                                           strcmp(kvm_config_str(cfg, "calibrate", "phases"), "prefill")
@@ -73,6 +76,7 @@ done:
     kvm_polykv_signals_free(&sig);
     kvm_eval_doc_free(&doc);
     free(all);
+    free(rp);
     kvm_config_free(&cfg);
     return rc;
 }

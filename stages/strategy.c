@@ -71,7 +71,9 @@ static int complete(void *st, kvm_msg *const *in, int n_in)
     return n_in == 1 + 2 * n;
 }
 
-static int load_doc(const kvm_model *m, kvm_msg *msg, kvm_eval_doc **doc)
+/* A calibration document (context and continuation) of the job msg, with the repeat prompt
+ * rp[n_rp] for query_source repeat. */
+static int load_doc(const kvm_model *m, kvm_msg *msg, const int32_t *rp, int64_t n_rp, kvm_eval_doc **doc)
 {
     kvm_proto_job j;
     int rc = kvm_proto_job_decode(msg, &j);
@@ -84,6 +86,7 @@ static int load_doc(const kvm_model *m, kvm_msg *msg, kvm_eval_doc **doc)
     memcpy(all + j.n_tokens, j.continuation, (size_t)j.n_continuation * sizeof *all);
     rc = kvm_eval_doc_new(m, NULL, all, n, j.n_tokens, j.n_continuation, doc);
     free(all);
+    if (!rc && (rc = kvm_eval_doc_set_repeat_prompt(*doc, rp, n_rp))) kvm_eval_doc_free(doc);
     return rc;
 }
 
@@ -111,7 +114,11 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     out->transport_ms += kvm_now_ms() - t0;
     if (rc) { *retryable = 0; goto done; }
     kvm_calib_finish(sig);
-    for (int i = 0; !rc && i < n; i++) rc = load_doc(st->wm.model, in[1 + 2 * i], &docs[i]);
+    int32_t *rp = NULL;
+    int64_t n_rp = 0;
+    if (!rc) rc = kvm_worker_repeat_prompt(cfg, &st->wm, &rp, &n_rp);
+    for (int i = 0; !rc && i < n; i++) rc = load_doc(st->wm.model, in[1 + 2 * i], rp, n_rp, &docs[i]);
+    free(rp);
     kvm_sculpt_opts so;
     const int distilled = sig->has_sculpt || sig->has_kvzip; /* kvzip layers take these settings in kvzip mode */
     if (!rc && distilled && !(rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) && st->device)

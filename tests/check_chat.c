@@ -4,6 +4,7 @@
  * framing; a model without a chat template refuses it by name; `kvmill run` stores the framed
  * ids and `kvmill serve` answers as the model asked the whole chat turn at once (SmolLM2). */
 #include "common/kvm_error.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "model/kvm_chat.h"
 #include "model/kvm_tokenizer.h"
 #include "pipeline/kvm_chatcfg.h"
@@ -107,6 +108,39 @@ static void expect_ids(const kvm_doc *d, const int32_t *want, int64_t n)
     for (int64_t i = 0; i < n; i++)
         ck_assert_msg(d->tokens[i] == want[i], "id %lld: %d, want %d", (long long)i, d->tokens[i], want[i]);
 }
+
+/* query_source repeat's prompt for a chat model: KVzip's instruction closes the user turn that
+ * the document opened, and the assistant's turn begins (the repeated copy is its answer): the
+ * ids of instruction + the frame's suffix, no BOS. */
+START_TEST(test_repeat_prompt_in_the_turn)
+{
+    char *dir;
+    kvm_tokenizer *tok = llama3_tokenizer(&dir);
+    char *open = NULL, *close = NULL, text[1024];
+    ck_assert_int_eq(kvm_chat_frame(tok, NULL, &open, &close), 0);
+    snprintf(text, sizeof text, "%s%s", KVM_SCULPT_REPEAT_INSTRUCTION, close);
+    int32_t *got = NULL, *want = NULL;
+    int64_t n_got = 0, n_want = 0;
+    ck_assert_int_eq(kvm_sculpt_repeat_prompt(tok, 1, &got, &n_got), 0);
+    ck_assert_int_eq(kvm_tokenizer_encode(tok, text, strlen(text), 0, 0, &want, &n_want), 0);
+    ck_assert_int_eq(n_got, n_want);
+    ck_assert(!memcmp(got, want, (size_t)n_got * sizeof *got));
+    char *back = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(kvm_tokenizer_decode(tok, got, n_got, &back, &len), 0);
+    ck_assert_msg(strstr(back, "\n\nRepeat the previous context exactly.") && strstr(back, "assistant"), "%s", back);
+    ck_assert_int_gt(n_got, 8); /* the special tokens of the turn's end (not decoded as text) are in the ids */
+    ck_assert_int_ne(got[0], kvm_tokenizer_bos(tok));
+    free(back);
+    free(got);
+    free(want);
+    free(open);
+    free(close);
+    kvm_tokenizer_close(&tok);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
 
 /* kvm_chatcfg_frame from a config; a text document's ids are those of frame + text as one
  * string (also through a corpus folder, and truncated to the context with the frame's ids
@@ -442,6 +476,7 @@ static Suite *chat_suite(void)
         int timeout_s;
     } cases[] = {{"config_id", test_config_id, 30},
                  {"framed_documents", test_framed_documents, 30},
+                 {"repeat_prompt_in_the_turn", test_repeat_prompt_in_the_turn, 30},
                  {"context_filled_by_frame", test_context_filled_by_frame, 30},
                  {"refused_without_template", test_refused_without_template, 60},
                  {"smollm2_run_serve", test_smollm2_run_serve, 600}};

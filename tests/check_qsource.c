@@ -10,6 +10,7 @@
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
 #include "model/kvm_capture.h"
+#include "model/kvm_tokenizer.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -194,6 +195,87 @@ START_TEST(test_repeat_and_continuation_queries)
     bare.tokens = NULL;
     ck_assert_int_eq(kvm_sculpt_qsets_build(&bare, &src, 64, &qs), KVM_EINVAL);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "tokens"));
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
+/* KVzip's instruction between the context and its copy: the prompt decodes to it (no BOS), the
+ * repeat queries are those of the copy after the prompt (positions N + P ..), equal to a plain
+ * prefill of [context, prompt, context], the same on every build, and other than the BOS-only
+ * ones; chat framing needs a chat template. */
+START_TEST(test_repeat_prompt)
+{
+    kvm_tokenizer *tok;
+    ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_data_path("models/tok512.bin"), 512, &tok), 0);
+    int32_t *rp;
+    int64_t P;
+    ck_assert_int_eq(kvm_sculpt_repeat_prompt(tok, 0, &rp, &P), 0);
+    ck_assert_int_gt(P, 3);
+    char *text;
+    size_t len;
+    ck_assert_int_eq(kvm_tokenizer_decode(tok, rp, P, &text, &len), 0);
+    ck_assert_str_eq(text, " " KVM_SCULPT_REPEAT_INSTRUCTION); /* SentencePiece's dummy prefix, no BOS */
+    free(text);
+    for (int64_t i = 0; i < P; i++) ck_assert_int_ne(rp[i], model->cfg.bos_id);
+    int32_t *none = NULL;
+    int64_t nn = 0;
+    ck_assert_int_eq(kvm_sculpt_repeat_prompt(tok, 1, &none, &nn), KVM_ENOTSUP); /* llama2.c: no chat template */
+    ck_assert(none == NULL && nn == 0);
+    kvm_tokenizer_close(&tok);
+
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, N + 16, N, 16, &doc), 0);
+    kvm_sculpt_qsource src;
+    ck_assert_int_eq(kvm_sculpt_qsource_parse("repeat", &src), 0);
+    kvm_sculpt_qsets bos = {0}, qs = {0}, again = {0};
+    ck_assert_int_eq(kvm_sculpt_qsets_build(kvm_eval_doc_input(doc), &src, 64, &bos), 0);
+    ck_assert_int_eq(kvm_eval_doc_set_repeat_prompt(doc, rp, P), 0);
+    const kvm_compress_input *in = kvm_eval_doc_input(doc);
+    ck_assert(in->n_repeat_prompt == P && in->repeat_prompt != rp && !memcmp(in->repeat_prompt, rp, (size_t)P * 4));
+    ck_assert_int_eq(kvm_sculpt_qsets_build(in, &src, 64, &qs), 0);
+    ck_assert_int_eq(kvm_sculpt_qsets_build(in, &src, 64, &again), 0);
+    const kvm_sculpt_qset *rep = &qs.set[KVM_SCULPT_QSRC_REPEAT];
+    ck_assert_int_eq(rep->n, N);
+    ck_assert_int_eq(rep->pos0, N + P); /* the copy starts after the prompt */
+    ck_assert_int_eq(bos.set[KVM_SCULPT_QSRC_REPEAT].pos0, N + 1);
+    const size_t bytes = (size_t)model->cfg.n_layers * model->cfg.n_heads * N * model->cfg.head_dim * sizeof(float);
+    ck_assert(!memcmp(rep->q, again.set[KVM_SCULPT_QSRC_REPEAT].q, bytes)); /* reproducible */
+    ck_assert(memcmp(rep->q, bos.set[KVM_SCULPT_QSRC_REPEAT].q, bytes)); /* the instruction changes them */
+    int32_t *seq = malloc((size_t)(2 * N + P) * sizeof *seq);
+    memcpy(seq, ids, N * sizeof *seq);
+    memcpy(seq + N, rp, (size_t)P * sizeof *seq);
+    memcpy(seq + N + P, ids, N * sizeof *seq);
+    kvm_capture *ref = reference(seq, 2 * N + P);
+    double e = set_vs_ref(rep, ref);
+    printf("repeat queries after the prompt (%lld tokens) vs a plain prefill: max |diff| %.3g\n", (long long)P, e);
+    ck_assert_double_lt(e, 1e-4);
+    kvm_capture_free(&ref);
+    free(seq);
+    kvm_sculpt_qsets_free(&bos);
+    kvm_sculpt_qsets_free(&qs);
+    kvm_sculpt_qsets_free(&again);
+    /* a compression through the document's query cache sees the prompt too: a changed prompt drops it */
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&o, "query_source=repeat,queries=64,budget=40,rounds=1,iterations=3"), 0);
+    kvm_kvcache *a, *b, *c;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &a, NULL), 0);
+    ck_assert_int_eq(kvm_eval_doc_set_repeat_prompt(doc, NULL, 0), 0);
+    ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &b, NULL), 0);
+    ck_assert_int_eq(kvm_eval_doc_set_repeat_prompt(doc, rp, P), 0);
+    ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, NULL), 0);
+    int differ = 0, same = 1;
+    for (int l = 0; l < model->cfg.n_layers; l++)
+        for (int g = 0; g < model->cfg.n_kv_heads; g++) {
+            const kvm_kv_head *x = kvm_kvcache_head(a, l, g), *y = kvm_kvcache_head(b, l, g), *z = kvm_kvcache_head(c, l, g);
+            const size_t nb = (size_t)x->n * a->head_dim * sizeof(float);
+            differ |= x->n != y->n || memcmp(x->k, y->k, nb);
+            same &= x->n == z->n && !memcmp(x->k, z->k, nb) && !memcmp(x->v, z->v, nb);
+        }
+    ck_assert_msg(differ && same, "differ %d same %d", differ, same);
+    kvm_kvcache_free(&a);
+    kvm_kvcache_free(&b);
+    kvm_kvcache_free(&c);
+    free(rp);
     kvm_eval_doc_free(&doc);
 }
 END_TEST
@@ -448,6 +530,7 @@ static Suite *suite(void)
     tcase_set_timeout(tm, 120);
     tcase_add_test(tm, test_repeat_and_continuation_queries);
     tcase_add_test(tm, test_repeat_needs_the_window);
+    tcase_add_test(tm, test_repeat_prompt);
     tcase_add_test(tm, test_exact_at_full_k);
     tcase_add_test(tm, test_cache_same_result);
     tcase_add_test(tm, test_layers_match_compress);

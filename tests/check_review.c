@@ -178,7 +178,7 @@ START_TEST(test_refusals_exit_2_prefix_once)
 {
     char *out, *err;
     ck_assert_int_eq(sculpt("--context 300 --query-source repeat", &out, &err), 2);
-    ck_assert_msg(strstr(err, "kvmill sculpt: query_source repeat needs 2N + P = 601 positions"), "stderr: %s", err);
+    ck_assert_msg(strstr(err, "kvmill sculpt: query_source repeat needs 2N + P = 629 positions (N = 300, prompt 29)"), "stderr: %s", err);
     ck_assert_msg(!strstr(err, "sculpt: sculpt:"), "stderr: %s", err);
     free(out);
     free(err);

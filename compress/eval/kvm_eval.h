@@ -73,6 +73,12 @@ void kvm_eval_prefix_free(kvm_eval_prefix **p);
 int kvm_eval_doc_new_after(kvm_eval_prefix *p, const int32_t *tokens, int64_t n_tokens, int64_t n_ctx,
                            int64_t n_cont, int64_t *reused, kvm_eval_doc **out);
 
+/* Sets the tokens between the context and its repeated copy for query_source repeat
+ * (kvm_compress_input.repeat_prompt, e.g. kvm_sculpt_repeat_prompt's), copied: ids[n], n ≥ 0
+ * (0: none, the BOS token alone). Drops the model query sets built so far for the document.
+ * Returns 0, KVM_ENOMEM. */
+int kvm_eval_doc_set_repeat_prompt(kvm_eval_doc *d, const int32_t *ids, int64_t n);
+
 /* What a method receives for this document; valid while d lives. */
 const kvm_compress_input *kvm_eval_doc_input(const kvm_eval_doc *d);
 

@@ -27,6 +27,7 @@ struct kvm_eval_doc {
     double ppl_dec;        /* of ref_dec */
     kvm_compress_input in;
     kvm_sculpt_qsets qcache; /* model query sets of the context (query_source), built on first use */
+    int32_t *repeat_prompt;  /* [in.n_repeat_prompt] (kvm_eval_doc_set_repeat_prompt), or NULL */
 };
 
 double kvm_eval_kl(const float *lp, const float *lq, int vocab)
@@ -280,6 +281,19 @@ int kvm_eval_doc_new_after(kvm_eval_prefix *p, const int32_t *tokens, int64_t n_
     return rc;
 }
 
+int kvm_eval_doc_set_repeat_prompt(kvm_eval_doc *d, const int32_t *ids, int64_t n)
+{
+    int32_t *copy = n > 0 ? malloc((size_t)n * sizeof *copy) : NULL;
+    if (n > 0 && !copy) return kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (n > 0) memcpy(copy, ids, (size_t)n * sizeof *copy);
+    free(d->repeat_prompt);
+    d->repeat_prompt = copy;
+    d->in.repeat_prompt = copy;
+    d->in.n_repeat_prompt = n > 0 ? n : 0;
+    kvm_sculpt_qsets_free(&d->qcache); /* a repeat set of the old prompt is stale */
+    return 0;
+}
+
 void kvm_eval_doc_free(kvm_eval_doc **pd)
 {
     if (!pd || !*pd) return;
@@ -288,6 +302,7 @@ void kvm_eval_doc_free(kvm_eval_doc **pd)
     kvm_capture_free(&d->cap);
     kvm_kvcache_free(&d->full);
     kvm_sculpt_qsets_free(&d->qcache);
+    free(d->repeat_prompt);
     free(d->tokens);
     free(d->ref_dec);
     free(d->ref);

@@ -11,6 +11,7 @@
 #define KVM_SCULPT_QSOURCE_H
 
 #include "compress/sculpt/kvm_sculpt.h"
+#include "model/kvm_tokenizer.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -36,8 +37,9 @@ void kvm_sculpt_qsource_counts(const kvm_sculpt_qsource *src, int64_t S, int64_t
 void kvm_sculpt_qsource_format(const kvm_sculpt_qsource *src, char *buf, size_t size);
 
 /* Runs the forward passes the sources with a share need for S training queries per problem:
- * repeat prefills repeat_prompt (BOS when none) + the N context tokens over a copy of in->full
- * (needs 2N + P ≤ the model's window); continuation decodes T = ⌈n_cont / G⌉ greedy tokens
+ * repeat prefills repeat_prompt (kvm_sculpt_repeat_prompt; the BOS token alone when none) + the
+ * N context tokens over a copy of in->full, and takes the queries of the copy: positions
+ * N + P .. 2N + P − 1 (needs 2N + P ≤ the model's window); continuation decodes T = ⌈n_cont / G⌉ greedy tokens
  * after the context (G = query heads per KV head, n_cont its share of S; T is cut to the
  * window, at least 1 position must remain; a cut that leaves fewer than n_cont distinct queries,
  * which the problems then sample with repeats, is said in one warning line through kvm_log).
@@ -55,6 +57,18 @@ int kvm_sculpt_qsets_build(const kvm_compress_input *in, const kvm_sculpt_qsourc
  * kvm_sculpt_qsets_build (the cache keeps its other sets). */
 int kvm_sculpt_qsets_ensure(const kvm_compress_input *in, const kvm_sculpt_qsource *src, int64_t S,
                             kvm_sculpt_qsets *qs);
+
+/* The instruction KVzip puts between the context and its repeated copy (arXiv 2505.23416 §3.1;
+ * the text of its reference implementation's first chunk). */
+#define KVM_SCULPT_REPEAT_INSTRUCTION "\n\nRepeat the previous context exactly."
+
+/* The repeat prompt (kvm_compress_input.repeat_prompt) for a model's tokenizer: the ids of
+ * KVM_SCULPT_REPEAT_INSTRUCTION, and for a chat model (chat = 1: the documents open a user turn,
+ * as [model] chat = true and --chat frame them) the instruction followed by the end of that turn
+ * and the assistant marker (kvm_chat_frame's suffix), so the repeated copy is the assistant's
+ * answer; no BOS. *ids malloc'ed (caller frees), *n ≥ 1. Returns 0, the tokenizer's errors,
+ * KVM_ENOTSUP (chat = 1 with a tokenizer that has no chat template: kvm_chat_frame), KVM_ENOMEM. */
+int kvm_sculpt_repeat_prompt(const kvm_tokenizer *tok, int chat, int32_t **ids, int64_t *n);
 
 /* Frees the sets; accepts a zeroed struct. */
 void kvm_sculpt_qsets_free(kvm_sculpt_qsets *qs);

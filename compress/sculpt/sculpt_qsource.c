@@ -2,6 +2,7 @@
  * give real model queries for training: the repeated context (KVzip arXiv 2505.23416 §3.1,
  * Attention Matching arXiv 2602.16284) and a greedy continuation. */
 #include "compress/sculpt/kvm_sculpt_qsource.h"
+#include "model/kvm_chat.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "common/kvm_number.h"
@@ -129,6 +130,31 @@ static int set_alloc(const kvm_model_config *c, int64_t n, int32_t pos0, kvm_scu
     set->pos0 = pos0;
     set->q = malloc((size_t)c->n_layers * (size_t)c->n_heads * (size_t)n * (size_t)c->head_dim * sizeof(float));
     return set->q ? 0 : kvm_err(KVM_ENOMEM, "sculpt: out of memory for %lld model queries", (long long)n);
+}
+
+int kvm_sculpt_repeat_prompt(const kvm_tokenizer *tok, int chat, int32_t **ids, int64_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    char *open = NULL, *close = NULL, *text = NULL;
+    int rc = chat ? kvm_chat_frame(tok, NULL, &open, &close) : 0; /* the turn's end does not depend on the system */
+    const size_t il = strlen(KVM_SCULPT_REPEAT_INSTRUCTION), cl = close ? strlen(close) : 0;
+    if (!rc && !(text = malloc(il + cl + 1))) rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+    if (!rc) {
+        memcpy(text, KVM_SCULPT_REPEAT_INSTRUCTION, il);
+        if (cl) memcpy(text + il, close, cl);
+        rc = kvm_tokenizer_encode(tok, text, il + cl, 0, 0, ids, n);
+    }
+    if (!rc && *n < 1) rc = kvm_err(KVM_EINVAL, "sculpt: the repeat prompt encodes to no tokens");
+    if (rc) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+    }
+    free(open);
+    free(close);
+    free(text);
+    return rc;
 }
 
 /* repeat: prompt + context prefilled after the context; queries of the repeated copy. */
