@@ -52,11 +52,12 @@ static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
     char d[2048];
     if ((sig->has_sculpt || sig->has_kvzip) &&
         !(sig->sculpt_opts_known && kvm_sculpt_opts_diff(&a->so, &sig->sculpt_opts, "the file's", d, sizeof d))) {
+        const char *kinds = sig->has_sculpt && sig->has_kvzip ? "sculpt and kvzip" : sig->has_sculpt ? "sculpt" : "kvzip";
+        const char *with = sig->sculpt_opts_known ? "other sculpt options: "
+                                                 : "sculpt options the file does not record (it has no "
+                                                   "'# sculpt_options=' line)";
         fprintf(stderr, "kvmill " CMD ": --signals %s: its %s rows were measured with %s%s; measuring them again with "
-                        "this run's\n", a->reuse, sig->has_sculpt && sig->has_kvzip ? "sculpt and kvzip"
-                                                  : sig->has_sculpt                   ? "sculpt" : "kvzip",
-                sig->sculpt_opts_known ? "other sculpt options: " : "sculpt options the file does not record (it has no "
-                                                                    "'# sculpt_options=' line)", sig->sculpt_opts_known ? d : "");
+                        "this run's\n", a->reuse, kinds, with, sig->sculpt_opts_known ? d : "");
         sig->has_sculpt = sig->has_kvzip = 0;
     }
     return 0;

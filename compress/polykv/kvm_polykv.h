@@ -292,8 +292,8 @@ void kvm_polykv_build_dump_dir(const char *dir);
  * overfit a few documents, so it is off by default in the CLI). Every candidate (the result
  * and those written by kvm_polykv_build_dump_dir) records the options its sculpt and kvzip
  * layers were scored with (kvm_polykv_score_sculpt_opts, or the defaults: sculpt_known = 1),
- * so that its file is read with them. Prints one line per candidate to `table` (may be NULL). Returns 0, KVM_EINVAL (bad budget, b_min, or no
- * candidate left), KVM_ENOMEM, run errors. */
+ * so that its file is read with them. Prints one line per candidate to `table` (may be NULL).
+ * Returns 0, KVM_EINVAL (bad budget, b_min, or no candidate left), KVM_ENOMEM, run errors. */
 int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polykv_signals *sig, int64_t B,
                           int64_t b_min, int sel_only, int alloc_only, int refine_rounds, FILE *table,
                           kvm_strategy **out);
