@@ -3,8 +3,11 @@
  * GEMM shapes. Prints one `key=value` line per measurement (medians of --reps runs).
  * --compare-ref 1 instead times the forward on the per-layer attention kernel against the
  * same forward on the per-head kernel it replaced (kvm_cpu_attention_ref), interleaved in
- * one run, and prints both medians and their ratio. */
+ * one run, and prints both medians and their ratio. --capture 1 times the prefill with the KV
+ * capture's hooks (queries and statistics: entropy and received mass, as the prefill stage and
+ * eval's capture ask them) against the plain prefill, interleaved in one run. */
 #include "bench/bench_util.h"
+#include "model/kvm_capture.h"
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 #include "kernels/cpu/kvm_cpu_attn_ref.h"
@@ -137,11 +140,59 @@ static int compare_ref(const char *path, const int32_t *ids, int64_t n, int64_t 
     return rc ? 1 : 0;
 }
 
+/* One prefill of n tokens on f, through cap's hooks when cap is not NULL: seconds. */
+static double time_capture(const kvm_model *m, kvm_forward *f, const int32_t *ids, int64_t n, float *logits)
+{
+    kvm_kvcache *cache;
+    if (kvm_forward_cache_new(m, n, &cache)) return -1;
+    double t0 = bench_wall_s();
+    int rc = kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST);
+    double t = bench_wall_s() - t0;
+    kvm_kvcache_free(&cache);
+    return rc ? -1 : t;
+}
+
+/* --capture: the prefill with the capture's hooks (queries, entropy, mass) against the plain
+ * prefill, alternating per repetition (ABBA) so load drifts hit both. */
+static int compare_capture(const char *path, const int32_t *ids, int64_t n, int reps, int threads)
+{
+    kvm_model *m = NULL;
+    kvm_forward *f = NULL, *fc = NULL;
+    kvm_capture *cap = NULL;
+    float *logits = NULL;
+    double tc[16], tp[16];
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    int rc = kvm_model_open(path, &m) || kvm_forward_new(m, NULL, n, &f) || kvm_forward_new(m, NULL, n, &fc) ||
+             kvm_capture_new(&m->cfg, n, &co, &cap) || kvm_forward_add_hooks(fc, kvm_capture_hooks(cap)) ||
+             !(logits = malloc((size_t)m->cfg.vocab_size * sizeof *logits));
+    for (int r = 0; !rc && r < reps; r++)
+        for (int s = 0; !rc && s < 2; s++) {
+            int side = r % 2 ? 1 - s : s;
+            double t = time_capture(m, side ? f : fc, ids, n, logits);
+            rc = t < 0;
+            (side ? tp : tc)[r] = t;
+        }
+    if (rc) fprintf(stderr, "%s\n", kvm_errmsg());
+    else {
+        double c = bench_median(tc, reps), p = bench_median(tp, reps);
+        printf("model=%s layers=%d heads=%d/%d threads=%d N=%lld reps=%d (prefill with the capture's hooks vs plain)\n",
+               path, m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads, threads, (long long)n, reps);
+        printf("  capture_prefill_ms=%.1f plain_prefill_ms=%.1f capture_cost_ms=%.1f capture/plain=%.3f\n", c * 1e3,
+               p * 1e3, (c - p) * 1e3, c / p);
+    }
+    free(logits);
+    kvm_capture_free(&cap);
+    kvm_forward_free(&f);
+    kvm_forward_free(&fc);
+    kvm_model_close(&m);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *ids_path = NULL;
     int64_t n = 512, tbt_n = 0, gen = 128;
-    int reps = 5, threads = 1, cmp_ref = 0;
+    int reps = 5, threads = 1, cmp_ref = 0, cmp_cap = 0;
     const char *wdt = "auto";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model_path = argv[i + 1];
@@ -152,23 +203,25 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--compare-ref")) cmp_ref = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--capture")) cmp_cap = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--weight-dtype")) wdt = argv[i + 1];
     }
     if (!model_path || n <= gen || reps < 1 || reps > 16) {
         fprintf(stderr, "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] "
-                        "[--threads T] [--compare-ref 1] [--weight-dtype auto|f32|bf16|f16]\n");
+                        "[--threads T] [--compare-ref 1] [--capture 1] [--weight-dtype auto|f32|bf16|f16]\n");
         return 2;
     }
     if (tbt_n <= 0 || tbt_n > n) tbt_n = n;
     kvm_kernels_cpu_set_threads(threads);
     kvm_model *m;
-    if (cmp_ref) {
+    if (cmp_ref || cmp_cap) {
         kvm_model *mm;
         if (kvm_model_open(model_path, &mm)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
         int32_t *tok = malloc((size_t)n * sizeof *tok);
         load_tokens(ids_path, tok, n, mm->cfg.vocab_size);
         kvm_model_close(&mm);
-        int rc = compare_ref(model_path, tok, n, gen, reps, threads);
+        int rc = cmp_cap ? compare_capture(model_path, tok, n, reps, threads)
+                         : compare_ref(model_path, tok, n, gen, reps, threads);
         free(tok);
         return rc;
     }
