@@ -31,12 +31,13 @@ enum { N = 256, L = 5, G = 4, HEADS = 8, D = 8 };
 static double run_kl(const char *dir, const char *method, const char *device, int *rc, char **err)
 {
     char cfg[4300], text[12000], cmd[16384], *out;
-    snprintf(cfg, sizeof cfg, "%s/%s-%s.ini", dir, method, device);
+    const char *tag = kvm_test_device_tag(device); /* cuda0: no ':' in the run directory's ipc:// paths */
+    snprintf(cfg, sizeof cfg, "%s/%s-%s.ini", dir, method, tag);
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = %s\nratio = 0.3\n[eval]\nenabled = true\n"
              "continuation = 32\n[store]\npath = %s/store-%s-%s\n[run]\nrun_dir = %s/run-%s-%s\n[stages]\n"
              "bin_dir = %s\nprefill_devices = %s\n",
-             kvm_test_data_path("models/stories260K.bin"), method, dir, method, device, dir, method, device,
+             kvm_test_data_path("models/stories260K.bin"), method, dir, method, tag, dir, method, tag,
              kvm_test_bin(), device);
     ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
@@ -164,16 +165,17 @@ END_TEST
 static char *serve_answer(const char *dir, const char *method, const char *device, char **log)
 {
     char cfg[4300], text[12000], logp[4300], front[4300], cmd[16384], *out = NULL, *err = NULL;
-    snprintf(cfg, sizeof cfg, "%s/serve-%s-%s.ini", dir, method, device);
+    const char *tag = kvm_test_device_tag(device); /* cuda0 in paths and the front end's ipc:// name */
+    snprintf(cfg, sizeof cfg, "%s/serve-%s-%s.ini", dir, method, tag);
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = %s\nratio = 0.3\n[store]\npath = %s/store-%s-cpu\n"
              "[run]\nrun_dir = %s/srun-%s-%s\nheartbeat_ms = 100\n[stages]\nbin_dir = %s\n[serve]\ndevices = %s\n"
              "max_prompt_tokens = 8\nmax_new_tokens = 16\n",
-             kvm_test_data_path("models/stories260K.bin"), method, dir, method, dir, method, device, kvm_test_bin(),
+             kvm_test_data_path("models/stories260K.bin"), method, dir, method, dir, method, tag, kvm_test_bin(),
              device);
     ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
-    snprintf(logp, sizeof logp, "%s/serve-%s-%s.log", dir, method, device);
-    snprintf(front, sizeof front, "ipc://%s/front-%s-%s", dir, method, device);
+    snprintf(logp, sizeof logp, "%s/serve-%s-%s.log", dir, method, tag);
+    snprintf(front, sizeof front, "ipc://%s/front-%s-%s", dir, method, tag);
     const char *args[] = {"--config", cfg, "--bind", front, NULL};
     pid_t pid;
     ck_assert_int_eq(kvm_test_serve_start(args, logp, 30, &pid), -1);
