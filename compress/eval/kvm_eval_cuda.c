@@ -3,6 +3,7 @@
 
 #ifdef KVM_WITH_CUDA
 #include "common/kvm_error.h"
+#include "model/kvm_forward_cuda.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,27 @@ int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, int phase
     kvm_eval_score(phases_both ? d->ref_dec : d->ref, d->work, d->tokens + d->N, d->T, c->vocab_size, d->kl, NULL, r);
     r->ppl_full = phases_both ? d->ppl_dec : d->ppl_full;
     r->budget_tokens = (double)entries / (double)nh;
+    r->ratio = r->budget_tokens / (double)d->N;
+    return 0;
+}
+int kvm_eval_cuda_continue(kvm_eval_cuda_doc *d, const kvm_kvcache *compressed, kvm_eval_result *r)
+{
+    const kvm_model_config *c = d->c;
+    const int V = c->vocab_size;
+    if (compressed->n_layers != c->n_layers || compressed->n_kv_heads != c->n_kv_heads ||
+        compressed->head_dim != c->head_dim || compressed->next_pos != d->N)
+        return kvm_err(KVM_EINVAL, "eval: the compressed cache is not a %lld-token context cache of this model",
+                       (long long)d->N);
+    memset(r, 0, sizeof *r);
+    kvm_cuda_model_decode_evict(d->dm, NULL);
+    kvm_cuda_model_reset(d->dm);
+    memcpy(d->work, d->ref, (size_t)V * sizeof *d->work);
+    int rc = kvm_kvcache_cuda_upload(d->dm, compressed);
+    if (!rc && d->T > 1) rc = kvm_cuda_model_forward(d->dm, d->tokens + d->N, d->T - 1, d->work + V, 0, NULL);
+    if (rc) return rc;
+    kvm_eval_score(d->ref, d->work, d->tokens + d->N, d->T, V, d->kl, NULL, r);
+    r->ppl_full = d->ppl_full;
+    r->budget_tokens = (double)kvm_kvcache_entries(compressed) / ((double)c->n_layers * c->n_kv_heads);
     r->ratio = r->budget_tokens / (double)d->N;
     return 0;
 }
