@@ -27,10 +27,9 @@ int kvm_devmodel_wdtype(const kvm_config *c)
 }
 
 #ifdef KVM_WITH_CUDA
-int kvm_devmodel_get(kvm_devmodel *d, const kvm_worker_model *wm, const kvm_config *c, int64_t n,
+int kvm_devmodel_get(kvm_devmodel *d, const kvm_model *m, const kvm_store_id *id, const kvm_config *c, int64_t n,
                      kvm_cuda_model **out)
 {
-    const kvm_store_id *id = &wm->model_id;
     const kvm_cuda_wdtype t = (kvm_cuda_wdtype)kvm_devmodel_wdtype(c);
     *out = NULL;
     if (d->cuda < 0 || (d->host_fallback && !memcmp(&d->host_model, id, sizeof *id))) return 0;
@@ -41,7 +40,7 @@ int kvm_devmodel_get(kvm_devmodel *d, const kvm_worker_model *wm, const kvm_conf
     kvm_cuda_model_free(&d->dm);
     int64_t ctx = 512;
     while (ctx < n) ctx *= 2;
-    int rc = kvm_model_cuda_new(wm->model, d->cuda, t, ctx, ctx, &d->dm);
+    int rc = kvm_model_cuda_new(m, d->cuda, t, ctx, ctx, &d->dm);
     if (rc == KVM_ENOTSUP) {
         kvm_log(KVM_LOG_WARN, "device_fallback", NULL, 0, "%s on cuda:%d: %s: this model's forward runs on the CPU",
                 d->stage, d->cuda, kvm_errmsg());

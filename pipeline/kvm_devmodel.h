@@ -7,8 +7,9 @@
 #ifndef KVM_DEVMODEL_H
 #define KVM_DEVMODEL_H
 
+#include "model/kvm_model.h"
 #include "pipeline/kvm_config.h"
-#include "pipeline/kvm_worker.h"
+#include "store/kvm_store.h"
 #ifdef KVM_WITH_CUDA
 #include "kernels/cuda/kvm_cuda.h"
 #endif
@@ -39,14 +40,14 @@ int kvm_devmodel_init(kvm_devmodel *d, const char *stage, const char *device, co
 int kvm_devmodel_wdtype(const kvm_config *c);
 
 #ifdef KVM_WITH_CUDA
-/* The device model for wm's model (loaded), config c's weight dtype and n tokens in one
+/* The device model for model m (model id `id`), config c's weight dtype and n tokens in one
  * batch: *out is kept from the last job when it is the same model and dtype and holds n
  * entries, else made anew for the next power of two ≥ max(n, 512) entries and batch tokens
  * (borrowed: valid until the next call or kvm_devmodel_deinit). *out = NULL (and 0 returned)
  * when d is on the CPU or the device cannot run this model (KVM_ENOTSUP, said once per model
  * on stderr: the caller runs the job on the CPU). Errors: KVM_ENOMEM (the model does not fit:
  * bytes needed and free), KVM_EDEVICE (a CUDA call, named). */
-int kvm_devmodel_get(kvm_devmodel *d, const kvm_worker_model *wm, const kvm_config *c, int64_t n,
+int kvm_devmodel_get(kvm_devmodel *d, const kvm_model *m, const kvm_store_id *id, const kvm_config *c, int64_t n,
                      kvm_cuda_model **out);
 #endif
 

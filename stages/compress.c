@@ -9,8 +9,9 @@
  * sculpt-family solvers run on that GPU (the sculpt `device` setting) and so does the [eval]
  * evaluation (the full-KV reference and the continuation over the stored cache, on the device
  * forward: pipeline/kvm_devmodel.h; a model the device cannot run is evaluated on the CPU,
- * said once); the forward passes of query construction (query_source, on_policy) and the
- * [compress] target_kl search stay on the CPU (they need the host forward's hooks). */
+ * said once), as do the [compress] target_kl search's reference and probe continuations; the
+ * forward passes of query construction (query_source, on_policy) and the search's local
+ * prefill stay on the CPU (they need the host forward's capture hooks). */
 #include "pipeline/kvm_devmodel.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
@@ -117,8 +118,8 @@ static int setup(void *stp, const kvm_stage_args *a)
     int rc = kvm_stage_solver_device(a); /* a device without a CUDA solver: refused before any job */
     if (!rc)
         rc = kvm_devmodel_init(&st->dev, "compress", a->device, "the [eval] evaluation",
-                               "full-KV reference and continuation over the stored cache; the forward passes of "
-                               "query construction and target_kl stay on the CPU");
+                               "full-KV reference and continuation over the stored cache, and target_kl's probes; "
+                               "query construction's forward passes stay on the CPU");
     if (rc) return rc;
     if (!a->config) return 0;
     rc = kvm_config_load(a->config, &st->own_cfg);
@@ -186,7 +187,7 @@ static int evaluate_device(compress_state *st, const kvm_config *cfg, const int3
 #ifdef KVM_WITH_CUDA
     kvm_cuda_model *dm = NULL;
     kvm_eval_cuda_doc *d = NULL;
-    int rc = kvm_devmodel_get(&st->dev, &st->wm, cfg, N + T, &dm);
+    int rc = kvm_devmodel_get(&st->dev, st->wm.model, &st->wm.model_id, cfg, N + T, &dm);
     if (rc || !dm) return rc;
     if (!(rc = kvm_eval_cuda_doc_new(dm, &st->wm.model->cfg, all, N, T, &d))) rc = kvm_eval_cuda_continue(d, cc, r);
     kvm_eval_cuda_doc_free(&d);
@@ -229,12 +230,12 @@ static void evaluate(compress_state *st, const kvm_config *cfg, const kvm_proto_
 /* [compress] target_kl: the budget search over the job's continuation (pipeline/kvm_target.h)
  * instead of one compression at [compress] budget; the check part's KL is the job's
  * evaluation (the summary's mean), and the choice is logged. */
-static int compress_to_target(kvm_config *cfg, const kvm_compress_input *ci, const kvm_proto_job *j, kvm_store *store,
-                              const kvm_store_id *model_id, kvm_kvcache **cc, kvm_stage_out *out)
+static int compress_to_target(compress_state *st, kvm_config *cfg, const kvm_compress_input *ci,
+                              const kvm_proto_job *j, kvm_store *store, kvm_kvcache **cc, kvm_stage_out *out)
 {
     kvm_target_result tr;
-    int rc = kvm_target_compress(cfg, ci, j->continuation, j->continuation ? j->n_continuation : 0, store, model_id,
-                                 cc, &tr);
+    int rc = kvm_target_compress(cfg, ci, j->continuation, j->continuation ? j->n_continuation : 0, store,
+                                 &st->wm.model_id, &st->dev, cc, &tr);
     if (rc) return rc;
     if (!isnan(tr.kl_check)) out->evaluated = 1, out->kl_mean = tr.kl_check;
     char ctx_note[96] = "";
@@ -312,7 +313,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         kvm_compress_input ri = {.model = st->wm.model, .full = full, .cap = cap, .n_tokens = j.n_tokens, .tokens = j.tokens,
                                  .n_future = kvm_config_int(cfg, "compress", "future"), .device = st->device};
         rc = target
-                 ? compress_to_target(cfg, &ri, &j, NULL, &st->wm.model_id, &cc, out)
+                 ? compress_to_target(st, cfg, &ri, &j, NULL, &cc, out)
                  : kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc);
         if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
         /* no reply at all: the service is down or the link cut; requeueing may succeed */
@@ -329,7 +330,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
     rc = target
-             ? compress_to_target(cfg, &ci, &j, st->store, &st->wm.model_id, &cc, out)
+             ? compress_to_target(st, cfg, &ci, &j, st->store, &cc, out)
              : kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc);
     if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
     double ts = kvm_now_ms();

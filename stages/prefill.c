@@ -90,7 +90,7 @@ static int prefill(prefill_state *st, const kvm_config *c, const int32_t *tokens
 {
 #ifdef KVM_WITH_CUDA
     kvm_cuda_model *dm = NULL;
-    int rc = kvm_devmodel_get(&st->dev, &st->wm, c, n, &dm);
+    int rc = kvm_devmodel_get(&st->dev, st->wm.model, &st->wm.model_id, c, n, &dm);
     if (rc || dm) return rc ? rc : kvm_capture_cuda_prefill(dm, &st->wm.model->cfg, tokens, n, cap);
 #else
     (void)c;

@@ -8,14 +8,17 @@
  * within 1% of the run with prefill_devices = cpu for the eviction methods, and `kvmill serve` with
  * [serve] devices = cuda:0 answers greedy asks over stored full and sculpt caches with the tokens
  * of [serve] devices = cpu; with bf16 weights the capture is within 2e-2; the compress stage's
- * [eval] evaluation on cuda:0 gives the CPU's mean KL within 1%. Everywhere: [model]
+ * [eval] evaluation on cuda:0 gives the CPU's mean KL within 1%, and its target_kl search on
+ * the device the host's budget and KL. Everywhere: [model]
  * weight_dtype's mapping to the device weights. Without a device (or
  * CUDA in the build) it prints one "SKIP: no CUDA device" line and checks that a run asking for
  * prefill_devices = cuda:0 and `kvmill-prefill --device cuda:0` are refused naming the device. */
 #include "kernels/kvm_kernels.h"
 #include "model/kvm_capture.h"
 #include "model/kvm_forward_cuda.h"
+#include "compress/eval/kvm_eval.h"
 #include "pipeline/kvm_devmodel.h"
+#include "pipeline/kvm_target.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -97,10 +100,10 @@ START_TEST(test_weight_dtype_setting)
 #ifdef KVM_WITH_CUDA
         ck_assert_int_eq(want[i], (int)(i == 2 ? KVM_CUDA_BF16 : i == 3 ? KVM_CUDA_F16 : KVM_CUDA_F32));
         kvm_devmodel d;
-        kvm_worker_model wm = {0};
+        kvm_store_id id = {{0}};
         kvm_cuda_model *dm = (kvm_cuda_model *)&d; /* must be set to NULL */
         ck_assert_int_eq(kvm_devmodel_init(&d, "prefill", "cpu", "prefill", "-"), 0);
-        ck_assert_int_eq(kvm_devmodel_get(&d, &wm, c, 64, &dm), 0);
+        ck_assert_int_eq(kvm_devmodel_get(&d, NULL, &id, c, 64, &dm), 0);
         ck_assert_ptr_null(dm);
         kvm_devmodel_deinit(&d);
 #endif
@@ -218,6 +221,43 @@ START_TEST(test_run_compress_eval_on_device)
     }
     kvm_test_rmtree(dir);
     free(dir);
+}
+END_TEST
+
+/* [compress] target_kl on a compress worker's device (kvm_target_compress with its
+ * kvm_devmodel on cuda:0): the full-KV reference and every probe's continuation on the device;
+ * the budget chosen is the host search's (or one step from it, where a probe's KL sits at the
+ * target within float rounding) and its KL within 1% of the host's */
+START_TEST(test_target_search_on_device)
+{
+    enum { NC = 192, TC = 32 };
+    char text[2048];
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = %d\n[eval]\ncontinuation = %d\n[compress]\n"
+             "method = h2o\nbudget = 40\ntarget_kl = 0.02\ntarget_step = 16\n",
+             kvm_test_data_path("models/stories260K.bin"), NC, TC);
+    kvm_config *c = NULL;
+    ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
+    kvm_eval_doc *d = NULL;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, NC + 2 * TC, NC, 2 * TC, &d), 0);
+    kvm_compress_input in = *kvm_eval_doc_input(d);
+    kvm_store_id mid = {{1}};
+    kvm_devmodel dev;
+    kvm_target_result r[2];
+    kvm_kvcache *cc[2] = {NULL, NULL};
+    ck_assert_int_eq(kvm_devmodel_init(&dev, "compress", "cuda:0", "target_kl", "test"), 0);
+    for (int s = 0; s < 2; s++)
+        ck_assert_msg(kvm_target_compress(c, &in, ids + NC, 2 * TC, NULL, &mid, s ? &dev : NULL, &cc[s], &r[s]) == 0,
+                      "%s", kvm_errmsg());
+    ck_assert_ptr_nonnull(dev.dm); /* it ran on the device */
+    printf("cuda target_kl search (h2o, target 0.02): host budget %lld KL %.6f, device budget %lld KL %.6f\n",
+           (long long)r[0].budget, r[0].kl_search, (long long)r[1].budget, r[1].kl_search);
+    ck_assert_int_le(llabs(r[0].budget - r[1].budget), 16);
+    if (r[0].budget == r[1].budget) ck_assert_double_le(fabs(r[1].kl_search - r[0].kl_search), 0.01 * r[0].kl_search + 1e-7);
+    kvm_kvcache_free(&cc[0]);
+    kvm_kvcache_free(&cc[1]);
+    kvm_devmodel_deinit(&dev);
+    kvm_eval_doc_free(&d);
+    kvm_config_free(&c);
 }
 END_TEST
 
@@ -344,6 +384,7 @@ int main(void)
         tcase_add_test(tc, test_capture_refusals);
         tcase_add_test(tc, test_run_prefill_on_device);
         tcase_add_test(tc, test_run_compress_eval_on_device);
+        tcase_add_test(tc, test_target_search_on_device);
         tcase_add_test(tc, test_serve_on_device);
 #endif
     }

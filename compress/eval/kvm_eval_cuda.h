@@ -43,6 +43,10 @@ int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, int phase
  * seconds, bytes_compressed and decode_ms are 0. Errors: KVM_EINVAL (cache shape, next_pos,
  * an f16 cache), KVM_ENOMEM, the device's errors. */
 int kvm_eval_cuda_continue(kvm_eval_cuda_doc *d, const kvm_kvcache *compressed, kvm_eval_result *r);
+
+/* Mean KL(full ‖ compressed) of steps [t0, t1) of the last kvm_eval_cuda_continue / _evict on
+ * d, as kvm_eval_kl_range on the host: NAN before any run or for a bad range. */
+double kvm_eval_cuda_kl_range(const kvm_eval_cuda_doc *d, int64_t t0, int64_t t1);
 #endif
 
 #endif
