@@ -140,14 +140,18 @@ static int compare_ref(const char *path, const int32_t *ids, int64_t n, int64_t 
     return rc ? 1 : 0;
 }
 
-/* One prefill of n tokens on f, through cap's hooks when cap is not NULL: seconds. */
-static double time_capture(const kvm_model *m, kvm_forward *f, const int32_t *ids, int64_t n, float *logits)
+/* One prefill of n tokens on f (with or without the capture's hooks): wall seconds, and the
+ * process's CPU seconds in *cpu (what a shared machine's load does not inflate, as long as the
+ * cores are not oversubscribed by this process itself). */
+static double time_capture(const kvm_model *m, kvm_forward *f, const int32_t *ids, int64_t n, float *logits, double *cpu)
 {
     kvm_kvcache *cache;
+    *cpu = 0;
     if (kvm_forward_cache_new(m, n, &cache)) return -1;
-    double t0 = bench_wall_s();
+    double t0 = bench_wall_s(), c0 = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID);
     int rc = kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST);
     double t = bench_wall_s() - t0;
+    *cpu = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
     kvm_kvcache_free(&cache);
     return rc ? -1 : t;
 }
@@ -160,7 +164,7 @@ static int compare_capture(const char *path, const int32_t *ids, int64_t n, int 
     kvm_forward *f = NULL, *fc = NULL;
     kvm_capture *cap = NULL;
     float *logits = NULL;
-    double tc[16], tp[16];
+    double tc[16], tp[16], cc[16], cp[16];
     kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
     int rc = kvm_model_open(path, &m) || kvm_forward_new(m, NULL, n, &f) || kvm_forward_new(m, NULL, n, &fc) ||
              kvm_capture_new(&m->cfg, n, &co, &cap) || kvm_forward_add_hooks(fc, kvm_capture_hooks(cap)) ||
@@ -168,17 +172,21 @@ static int compare_capture(const char *path, const int32_t *ids, int64_t n, int 
     for (int r = 0; !rc && r < reps; r++)
         for (int s = 0; !rc && s < 2; s++) {
             int side = r % 2 ? 1 - s : s;
-            double t = time_capture(m, side ? f : fc, ids, n, logits);
+            double cpu, t = time_capture(m, side ? f : fc, ids, n, logits, &cpu);
             rc = t < 0;
             (side ? tp : tc)[r] = t;
+            (side ? cp : cc)[r] = cpu;
         }
     if (rc) fprintf(stderr, "%s\n", kvm_errmsg());
     else {
-        double c = bench_median(tc, reps), p = bench_median(tp, reps);
+        double c = bench_median(tc, reps), p = bench_median(tp, reps), uc = bench_median(cc, reps),
+               up = bench_median(cp, reps);
         printf("model=%s layers=%d heads=%d/%d threads=%d N=%lld reps=%d (prefill with the capture's hooks vs plain)\n",
                path, m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads, threads, (long long)n, reps);
         printf("  capture_prefill_ms=%.1f plain_prefill_ms=%.1f capture_cost_ms=%.1f capture/plain=%.3f\n", c * 1e3,
                p * 1e3, (c - p) * 1e3, c / p);
+        printf("  cpu: capture_prefill_ms=%.1f plain_prefill_ms=%.1f capture_cost_ms=%.1f capture/plain=%.3f\n",
+               uc * 1e3, up * 1e3, (uc - up) * 1e3, uc / up);
     }
     free(logits);
     kvm_capture_free(&cap);
