@@ -7,8 +7,9 @@
  * Every refusal (limits, context window, missing cache) is an error `answer`, so the client
  * always learns why. With --device cuda:N ([serve] devices) the prompt and the answer run on
  * that GPU's forward over the stored cache, uploaded as it is (float32, ragged, distilled
- * entries and β; weights as [model] weight_dtype: bf16/f16, else float32); that needs a method without a decode-phase policy (full, the sculpt family)
- * and [model] kv_dtype = f32, else the worker is refused at start. */
+ * entries and β; weights by [model] weight_dtype: bf16/f16, else float32); that needs a method
+ * without a decode-phase policy (full, the sculpt family) and [model] kv_dtype = f32, else the
+ * worker is refused at start. */
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "model/kvm_capture.h"
@@ -466,7 +467,8 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                       : kvm_worker_policy_new(st->cfg, m, st->store, &st->wm.model_id, cache, &pol)))
         goto done;
 #ifdef KVM_WITH_CUDA
-    if (st->dm && (rc = kvm_kvcache_cuda_upload(st->dm, cache))) goto done; /* (device workers have no policy: device_refusal) */
+    /* the stored cache onto the device as it is (device workers have no policy: device_refusal) */
+    if (st->dm && (rc = kvm_kvcache_cuda_upload(st->dm, cache))) goto done;
     if (!st->dm)
 #endif
         if ((rc = kvm_forward_new(m, NULL, n_prompt, &f)) || (pol && (rc = kvm_forward_add_hooks(f, &pol->hooks))))

@@ -145,6 +145,7 @@ int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, int phase
     r->ratio = r->budget_tokens / (double)d->N;
     return 0;
 }
+
 int kvm_eval_cuda_continue(kvm_eval_cuda_doc *d, const kvm_kvcache *compressed, kvm_eval_result *r)
 {
     const kvm_model_config *c = d->c;
@@ -168,6 +169,7 @@ int kvm_eval_cuda_continue(kvm_eval_cuda_doc *d, const kvm_kvcache *compressed, 
     r->ratio = r->budget_tokens / (double)d->N;
     return 0;
 }
+
 double kvm_eval_cuda_kl_range(const kvm_eval_cuda_doc *d, int64_t t0, int64_t t1)
 {
     return kvm_eval_kl_steps_mean(d->have_kl ? d->kl_steps : NULL, d->T, t0, t1);
