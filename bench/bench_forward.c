@@ -3,13 +3,20 @@
  * GEMM shapes. Prints one `key=value` line per measurement (medians of --reps runs).
  * --compare-ref 1 instead times the forward on the per-layer attention kernel against the
  * same forward on the per-head kernel it replaced (kvm_cpu_attention_ref), interleaved in
- * one run, and prints both medians and their ratio. */
+ * one run, and prints both medians and their ratio. --capture 1 times the prefill with the KV
+ * capture's hooks (queries and statistics: entropy and received mass, as the prefill stage and
+ * eval's capture ask them) against the plain prefill, interleaved in one run. --attn-stats 1
+ * times one layer's attention call (the model's head shapes, N causal queries over N random
+ * keys) with the capture's statistics (MASS | ENTROPY) against MASS alone, interleaved, in
+ * CPU time: the difference is what the ENTROPY statistic costs the capture per layer. */
 #include "bench/bench_util.h"
+#include "model/kvm_capture.h"
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 #include "kernels/cpu/kvm_cpu_attn_ref.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,11 +144,110 @@ static int compare_ref(const char *path, const int32_t *ids, int64_t n, int64_t 
     return rc ? 1 : 0;
 }
 
+enum { KVM_MAX_KV_HEADS_BENCH = 64 };
+
+/* One prefill of n tokens on f (with or without the capture's hooks): wall seconds, and the
+ * process's CPU seconds in *cpu (what a shared machine's load does not inflate, as long as the
+ * cores are not oversubscribed by this process itself). */
+static double time_capture(const kvm_model *m, kvm_forward *f, const int32_t *ids, int64_t n, float *logits, double *cpu)
+{
+    kvm_kvcache *cache;
+    *cpu = 0;
+    if (kvm_forward_cache_new(m, n, &cache)) return -1;
+    double t0 = bench_wall_s(), c0 = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    int rc = kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST);
+    double t = bench_wall_s() - t0;
+    *cpu = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    kvm_kvcache_free(&cache);
+    return rc ? -1 : t;
+}
+
+/* --capture: the prefill with the capture's hooks (queries, entropy, mass) against the plain
+ * prefill, alternating per repetition (ABBA) so load drifts hit both. */
+static int compare_capture(const char *path, const int32_t *ids, int64_t n, int reps, int threads)
+{
+    kvm_model *m = NULL;
+    kvm_forward *f = NULL, *fc = NULL;
+    kvm_capture *cap = NULL;
+    float *logits = NULL;
+    double tc[16], tp[16], cc[16], cp[16];
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    int rc = kvm_model_open(path, &m) || kvm_forward_new(m, NULL, n, &f) || kvm_forward_new(m, NULL, n, &fc) ||
+             kvm_capture_new(&m->cfg, n, &co, &cap) || kvm_forward_add_hooks(fc, kvm_capture_hooks(cap)) ||
+             !(logits = malloc((size_t)m->cfg.vocab_size * sizeof *logits));
+    for (int r = 0; !rc && r < reps; r++)
+        for (int s = 0; !rc && s < 2; s++) {
+            int side = r % 2 ? 1 - s : s;
+            double cpu, t = time_capture(m, side ? f : fc, ids, n, logits, &cpu);
+            rc = t < 0;
+            (side ? tp : tc)[r] = t;
+            (side ? cp : cc)[r] = cpu;
+        }
+    if (rc) fprintf(stderr, "%s\n", kvm_errmsg());
+    else {
+        double c = bench_median(tc, reps), p = bench_median(tp, reps), uc = bench_median(cc, reps),
+               up = bench_median(cp, reps);
+        printf("model=%s layers=%d heads=%d/%d threads=%d N=%lld reps=%d (prefill with the capture's hooks vs plain)\n",
+               path, m->cfg.n_layers, m->cfg.n_heads, m->cfg.n_kv_heads, threads, (long long)n, reps);
+        printf("  capture_prefill_ms=%.1f plain_prefill_ms=%.1f capture_cost_ms=%.1f capture/plain=%.3f\n", c * 1e3,
+               p * 1e3, (c - p) * 1e3, c / p);
+        printf("  cpu: capture_prefill_ms=%.1f plain_prefill_ms=%.1f capture_cost_ms=%.1f capture/plain=%.3f\n",
+               uc * 1e3, up * 1e3, (uc - up) * 1e3, uc / up);
+    }
+    free(logits);
+    kvm_capture_free(&cap);
+    kvm_forward_free(&f);
+    kvm_forward_free(&fc);
+    kvm_model_close(&m);
+    return rc ? 1 : 0;
+}
+
+/* --attn-stats: the layer attention call with MASS | ENTROPY against MASS alone (CPU ms,
+ * medians of reps alternating ABBA), on c's head shapes and n causal queries. */
+static int compare_attn_stats(const kvm_model_config *c, int64_t n, int reps, int threads)
+{
+    const int nh = c->n_heads, nkv = c->n_kv_heads, d = c->head_dim;
+    const int64_t row = (int64_t)nh * d;
+    float *q = malloc((size_t)(n * row) * sizeof *q), *out = malloc((size_t)(n * row) * sizeof *out);
+    float *mass = malloc((size_t)(nh * n) * sizeof *mass), *ent = malloc((size_t)(nh * n) * sizeof *ent);
+    float *kv = malloc((size_t)(2 * nkv * n * d) * sizeof *kv);
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    const float *k[KVM_MAX_KV_HEADS_BENCH], *v[KVM_MAX_KV_HEADS_BENCH];
+    const int32_t *pp[KVM_MAX_KV_HEADS_BENCH];
+    int64_t ne[KVM_MAX_KV_HEADS_BENCH];
+    if (!q || !out || !mass || !ent || !kv || !pos || nkv > KVM_MAX_KV_HEADS_BENCH) return 1;
+    uint64_t s = 7;
+    for (int64_t i = 0; i < n * row; i++) s = s * 6364136223846793005ull + 1, q[i] = (float)((s >> 40) % 2001) / 1000.0f - 1.0f;
+    for (int64_t i = 0; i < 2 * nkv * n * d; i++) s = s * 6364136223846793005ull + 1, kv[i] = (float)((s >> 40) % 2001) / 1000.0f - 1.0f;
+    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
+    for (int g = 0; g < nkv; g++) k[g] = kv + (int64_t)g * n * d, v[g] = kv + (int64_t)(nkv + g) * n * d, pp[g] = pos, ne[g] = n;
+    kvm_attn_layer a = {.n_heads = nh, .n_kv_heads = nkv, .head_dim = d, .scale = 1.0f / sqrtf((float)d), .q = q,
+                        .ldq = row, .qpos = pos, .n_q = n, .k = k, .v = v, .pos = pp, .n_e = ne, .out = out,
+                        .ldo = row, .mass = mass, .entropy = ent, .mass_p0 = 0, .mass_p1 = (int32_t)n, .ld_e = n};
+    double t[2][16];
+    const kvm_kernels *kk = kvm_kernels_cpu();
+    for (int r = 0; r < reps; r++)
+        for (int s2 = 0; s2 < 2; s2++) {
+            const int side = r % 2 ? 1 - s2 : s2;
+            a.stats = KVM_ATTN_STAT_MASS | (side ? 0u : (unsigned)KVM_ATTN_STAT_ENTROPY);
+            double c0 = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID);
+            if (kk->attention(&a)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
+            t[side][r] = bench_clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+        }
+    const double with = bench_median(t[0], reps), without = bench_median(t[1], reps);
+    printf("heads=%d/%d head_dim=%d N=%lld threads=%d reps=%d (one layer's attention, CPU time)\n", nh, nkv, d,
+           (long long)n, threads, reps);
+    printf("  attn_mass_entropy_ms=%.2f attn_mass_ms=%.2f entropy_ms=%.2f entropy_share=%.3f\n", with * 1e3,
+           without * 1e3, (with - without) * 1e3, (with - without) / with);
+    free(q), free(out), free(mass), free(ent), free(kv), free(pos);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *ids_path = NULL;
     int64_t n = 512, tbt_n = 0, gen = 128;
-    int reps = 5, threads = 1, cmp_ref = 0;
+    int reps = 5, threads = 1, cmp_ref = 0, cmp_cap = 0, cmp_stats = 0;
     const char *wdt = "auto";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model_path = argv[i + 1];
@@ -152,23 +258,31 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--compare-ref")) cmp_ref = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--capture")) cmp_cap = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--attn-stats")) cmp_stats = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--weight-dtype")) wdt = argv[i + 1];
     }
     if (!model_path || n <= gen || reps < 1 || reps > 16) {
         fprintf(stderr, "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] "
-                        "[--threads T] [--compare-ref 1] [--weight-dtype auto|f32|bf16|f16]\n");
+                        "[--threads T] [--compare-ref 1] [--capture 1] [--attn-stats 1] [--weight-dtype auto|f32|bf16|f16]\n");
         return 2;
     }
     if (tbt_n <= 0 || tbt_n > n) tbt_n = n;
     kvm_kernels_cpu_set_threads(threads);
     kvm_model *m;
-    if (cmp_ref) {
+    if (cmp_ref || cmp_cap || cmp_stats) {
         kvm_model *mm;
         if (kvm_model_open(model_path, &mm)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
+        if (cmp_stats) {
+            int rc = compare_attn_stats(&mm->cfg, n, reps, threads);
+            kvm_model_close(&mm);
+            return rc;
+        }
         int32_t *tok = malloc((size_t)n * sizeof *tok);
         load_tokens(ids_path, tok, n, mm->cfg.vocab_size);
         kvm_model_close(&mm);
-        int rc = compare_ref(model_path, tok, n, gen, reps, threads);
+        int rc = cmp_cap ? compare_capture(model_path, tok, n, reps, threads)
+                         : compare_ref(model_path, tok, n, gen, reps, threads);
         free(tok);
         return rc;
     }

@@ -117,9 +117,20 @@ static inline KVM_HD float kvm_fb_online_weight(kvm_fb_online *st, float s)
 /* 1/l, the output scale at the end of a query's tiles (0 when no entry was visible). */
 static inline KVM_HD float kvm_fb_online_inv(const kvm_fb_online *st) { return st->l > 0 ? 1.0f / st->l : 0.0f; }
 
-/* One probability's share of a row's Shannon entropy, −p·ln p (0 at p = 0), nats. Summed over
- * a row it gives the row entropy compression reads (attention statistics). */
-static inline KVM_HD float kvm_fb_entropy_term(float p) { return p > 0.0f ? -p * logf(p) : 0.0f; }
+/* A row's Shannon entropy H = −Σ p ln p (nats; the ENTROPY statistic compression reads) without
+ * a log per weight, from sums the softmax forms anyway (issue 13): for scores s_e, any reference
+ * r (the row's maximum on the CPU, its LSE in the CUDA statistics pass), weights x_e = e^(s_e − r),
+ * Z = Σ x_e and p_e = x_e / Z, ln p_e = (s_e − r) − ln Z and Σ p = 1 give
+ *   H = ln Z − (Σ_e x_e (s_e − r)) / Z.
+ * kvm_fb_entropy_acc is one weight's share of that sum, x·t with t = s − r; a weight that is 0
+ * (a −inf-masked score, or one kvm_fb_expf flushed) adds 0 rather than 0·(−inf) = NaN.
+ * kvm_fb_entropy_finish(Z, Σ x·t) is H, 0 when nothing is visible (Z = 0). */
+static inline KVM_HD float kvm_fb_entropy_acc(float x, float t) { return x > 0.0f ? x * t : 0.0f; }
+
+static inline KVM_HD float kvm_fb_entropy_finish(double z, double xt)
+{
+    return z > 0.0 ? (float)(log(z) - xt / z) : 0.0f;
+}
 
 /* Number of entries among pos[0, n) with pos <= p (pos sorted, KVM_POS_NONE = −1 first): the
  * prefix of a ragged cache head that a query at position p sees. */

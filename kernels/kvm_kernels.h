@@ -37,8 +37,9 @@ enum kvm_attn_stat {
      * query order in float32 from 0: the attention each key receives (H2O heavy hitters,
      * Zhang et al. 2023 §3; the capture's received mass). */
     KVM_ATTN_STAT_MASS = 1u << 0,
-    /* entropy[h][i] = −Σ_e p_i[e] ln p_i[e] (nats, accumulated in double, 0 for a query
-     * that sees no entry): PolyKV's layer entropy signal. */
+    /* entropy[h][i] = −Σ_e p_i[e] ln p_i[e] (nats, 0 for a query that sees no entry): PolyKV's
+     * layer entropy signal. Taken from the softmax pass's own sums, ln Z − Σ x(s − m)/Z
+     * (kvm_fb_entropy_finish), with no log per weight; within 1e-5 of the per-weight sum. */
     KVM_ATTN_STAT_ENTROPY = 1u << 1,
     /* lse[h][i] = ln Σ_e exp(s_i[e]) over the visible entries (−∞ when none): the
      * log-normaliser KVSculpt's references use. */

@@ -93,4 +93,18 @@ int kvm_capture_cuda_prefill(kvm_cuda_model *dm, const kvm_model_config *c, cons
     free(qs);
     return rc;
 }
+int kvm_kvcache_cuda_upload(kvm_cuda_model *dm, const kvm_kvcache *c)
+{
+    if (c->dtype != KVM_KV_F32)
+        return kvm_err(KVM_EINVAL, "device cache upload: the cache is %s; the device keeps float32 keys and values",
+                       kvm_kvcache_dtype_name(c->dtype));
+    int rc = 0;
+    for (int l = 0; !rc && l < c->n_layers; l++)
+        for (int g = 0; !rc && g < c->n_kv_heads; g++) {
+            const kvm_kv_head *h = kvm_kvcache_head((kvm_kvcache *)c, l, g);
+            rc = kvm_cuda_model_set_kv(dm, l, g, h->k, h->v, h->pos, h->bias, h->n);
+        }
+    if (!rc) kvm_cuda_model_set_next_pos(dm, c->next_pos);
+    return rc;
+}
 #endif

@@ -1,6 +1,6 @@
 /* kvm_forward_cuda.h: a loaded model made into the CUDA backend's device-resident forward
- * (kernels/cuda/kvm_cuda.h), for `generate --device cuda:N`, the prefill stage on cuda:N and
- * the CUDA tests. Present only in
+ * (kernels/cuda/kvm_cuda.h), for `generate --device cuda:N`, the prefill stage on cuda:N, the
+ * compress stage's evaluation and the decode stage on cuda:N, and the CUDA tests. Present only in
  * CUDA builds (KVM_WITH_CUDA). */
 #ifndef KVM_FORWARD_CUDA_H
 #define KVM_FORWARD_CUDA_H
@@ -8,6 +8,7 @@
 #ifdef KVM_WITH_CUDA
 #include "kernels/cuda/kvm_cuda.h"
 #include "model/kvm_capture.h"
+#include "model/kvm_kvcache.h"
 #include "model/kvm_model.h"
 
 /* Uploads m's weights to cuda:device with a cache of ctx entries per KV head and batches of
@@ -34,6 +35,14 @@ int kvm_model_cuda_new(const kvm_model *m, int device, kvm_cuda_wdtype t, int64_
  * mass to the end), KVM_ENOMEM, the forward's errors (KVM_EDEVICE naming the CUDA call). */
 int kvm_capture_cuda_prefill(kvm_cuda_model *dm, const kvm_model_config *c, const int32_t *tokens, int64_t n,
                              kvm_capture *cap);
+
+/* Puts host cache c (a cache of dm's model with float32 keys and values: a compressed ragged
+ * cache or a full one) onto dm as it is: each (layer, KV head)'s entries, positions and β
+ * (kvm_cuda_model_set_kv, which checks the ragged order), and c's next position, so the next
+ * forward continues after the document over those entries. Errors: KVM_EINVAL (a layer or KV
+ * head beyond dm's model, a head beyond dm's ctx, entries out of order, an f16 cache: the
+ * device keeps float32), KVM_EDEVICE. */
+int kvm_kvcache_cuda_upload(kvm_cuda_model *dm, const kvm_kvcache *c);
 #endif
 
 #endif

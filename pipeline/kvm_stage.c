@@ -437,9 +437,7 @@ int kvm_stage_solver_device(const kvm_stage_args *a)
     kvm_sculpt_opts so = kvm_sculpt_opts_default();
     int rc = kvm_sculpt_opts_set(&so, "device", a->device ? a->device : "cpu");
     if (!rc && so.cuda)
-        kvm_log(KVM_LOG_INFO, "solver_device", NULL, 0,
-                "KVSculpt solvers on cuda:%d; this stage's forward passes run on the CPU (no CUDA forward for "
-                "them yet)", so.cuda_device);
+        kvm_log(KVM_LOG_INFO, "solver_device", NULL, 0, "KVSculpt solvers on cuda:%d", so.cuda_device);
     return rc;
 }
 

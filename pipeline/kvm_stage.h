@@ -89,7 +89,8 @@ void kvm_stage_device_at(const char *devs, int64_t i, char *out, size_t size);
 
 /* For stages whose sculpt-family solvers follow --device (compress, signals, strategy): 0
  * when a->device has a KVSculpt solver (cpu, or a visible CUDA device: the sculpt `device`
- * setting's check), logging for cuda:N that the forward passes stay on the CPU; else that
+ * setting's check), logging for cuda:N that the solvers run there (each stage says where its
+ * forward passes run); else that
  * setting's error (KVM_EDEVICE, KVM_ENOTSUP, KVM_EINVAL) naming the device. */
 int kvm_stage_solver_device(const kvm_stage_args *a);
 

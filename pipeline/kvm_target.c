@@ -3,6 +3,9 @@
 #include "pipeline/kvm_target.h"
 #include "common/kvm_error.h"
 #include "compress/eval/kvm_eval.h"
+#ifdef KVM_WITH_CUDA
+#include "compress/eval/kvm_eval_cuda.h"
+#endif
 #include "pipeline/kvm_worker.h"
 
 #include <math.h>
@@ -14,6 +17,9 @@
 typedef struct search {
     kvm_config *c;
     kvm_eval_doc *doc;
+#ifdef KVM_WITH_CUDA
+    kvm_eval_cuda_doc *cdoc; /* the probes' continuation on the worker's device, or NULL */
+#endif
     kvm_compress_input in; /* the local prefill's input, with the pipeline's n_future */
     kvm_store *store;
     const kvm_store_id *model_id;
@@ -32,20 +38,38 @@ static int set_budget(kvm_config *c, int64_t b)
     return kvm_config_set(c, "compress", "budget", v);
 }
 
+/* The probe's continuation over cc and the KL of steps [t0, t1): on the device when the search
+ * has one, else on the host's document. */
+static int probe_continue(search *s, const kvm_kvcache *cc)
+{
+    kvm_eval_result r;
+#ifdef KVM_WITH_CUDA
+    if (s->cdoc) return kvm_eval_cuda_continue(s->cdoc, cc, &r);
+#endif
+    return kvm_eval_continue(s->doc, cc, NULL, NULL, &r);
+}
+
+static double probe_kl(const search *s, int64_t t0, int64_t t1)
+{
+#ifdef KVM_WITH_CUDA
+    if (s->cdoc) return kvm_eval_cuda_kl_range(s->cdoc, t0, t1);
+#endif
+    return kvm_eval_kl_range(s->doc, t0, t1);
+}
+
 static int probe(void *user, int64_t budget, double *kl)
 {
     search *s = user;
     kvm_kvcache *cc = NULL;
-    kvm_eval_result r;
     int rc = set_budget(s->c, budget);
     if (!rc) rc = kvm_worker_compress(s->c, &s->in, s->store, s->model_id, &cc);
-    if (!rc) rc = kvm_eval_continue(s->doc, cc, NULL, NULL, &r);
+    if (!rc) rc = probe_continue(s, cc);
     if (rc) {
         kvm_kvcache_free(&cc);
         return rc;
     }
-    *kl = kvm_eval_kl_range(s->doc, 0, s->T);
-    double check = s->has_check ? kvm_eval_kl_range(s->doc, s->T, 2 * s->T) : NAN;
+    *kl = probe_kl(s, 0, s->T);
+    double check = s->has_check ? probe_kl(s, s->T, 2 * s->T) : NAN;
     if (budget == s->hi) {
         kvm_kvcache_free(&s->at_hi);
         s->at_hi = cc, s->check_hi = check;
@@ -67,7 +91,8 @@ int64_t kvm_target_lowest_budget(const kvm_config *c)
 }
 
 int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32_t *cont, int64_t n_cont,
-                        kvm_store *store, const kvm_store_id *model_id, kvm_kvcache **out, kvm_target_result *res)
+                        kvm_store *store, const kvm_store_id *model_id, kvm_devmodel *dev, kvm_kvcache **out,
+                        kvm_target_result *res)
 {
     *out = NULL;
     memset(res, 0, sizeof *res);
@@ -100,6 +125,13 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
         if (!shortened) memcpy(all + N, cont, (size_t)T2 * sizeof *all);
         rc = kvm_eval_doc_new(in->model, NULL, all, N + T2, N, T2, &s.doc);
     }
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model *dm = NULL; /* the device's own full-KV reference, then each probe's continuation there */
+    if (!rc && dev && !(rc = kvm_devmodel_get(dev, in->model, model_id, c, N + T2, &dm)) && dm)
+        rc = kvm_eval_cuda_doc_new(dm, &in->model->cfg, all, N, T2, &s.cdoc);
+#else
+    (void)dev;
+#endif
     kvm_eval_target tr;
     if (!rc) {
         s.in = *kvm_eval_doc_input(s.doc);
@@ -139,6 +171,9 @@ int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32
     kvm_kvcache_free(&s.best);
     kvm_kvcache_free(&s.at_hi);
     kvm_eval_doc_free(&s.doc);
+#ifdef KVM_WITH_CUDA
+    kvm_eval_cuda_doc_free(&s.cdoc);
+#endif
     free(all);
     return rc;
 }

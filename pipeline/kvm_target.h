@@ -8,6 +8,7 @@
 
 #include "compress/kvm_compress.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_devmodel.h"
 #include "store/kvm_store.h"
 
 #include <stdint.h>
@@ -37,8 +38,12 @@ typedef struct kvm_target_result {
  * returning, so its config id is the caller's) from a local prefill of the tokens and the
  * search part (the KL reference is the full KV of that prefill), and the probe at the chosen
  * budget is the cache returned. *out: new, next_pos = n. store / model_id as
- * kvm_worker_compress. Errors: KVM_EINVAL (target_kl not set, a document too
- * short for a search part: n ≤ T + 1), KVM_ENOMEM, the method's and the forward's errors. */
+ * kvm_worker_compress. dev (may be NULL: the host) is the worker's device forward
+ * (pipeline/kvm_devmodel.h): on cuda:N the full-KV reference and every probe's continuation
+ * run there (the probes' compression and the local prefill, which they read, stay on the
+ * host); a model the device cannot run is searched on the host. Errors: KVM_EINVAL
+ * (target_kl not set, a document too short for a search part: n ≤ T + 1), KVM_ENOMEM, the
+ * method's and the forward's errors (KVM_EDEVICE on the device). */
 /* The smallest budget the search of c's [compress] method tries (entries per KV head): the
  * first multiple of target_step, for sculpt methods the first one above the retain zone (their
  * budget includes it). kvm_jobcfg_check refuses a config whose smallest budget is not below
@@ -46,6 +51,7 @@ typedef struct kvm_target_result {
 int64_t kvm_target_lowest_budget(const kvm_config *c);
 
 int kvm_target_compress(kvm_config *c, const kvm_compress_input *in, const int32_t *cont, int64_t n_cont,
-                        kvm_store *store, const kvm_store_id *model_id, kvm_kvcache **out, kvm_target_result *res);
+                        kvm_store *store, const kvm_store_id *model_id, kvm_devmodel *dev, kvm_kvcache **out,
+                        kvm_target_result *res);
 
 #endif

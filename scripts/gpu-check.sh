@@ -24,8 +24,10 @@
 #   order on the CPU), check_cuda_forward (logits vs CPU and run.c's golden, K/V capture,
 #   statistics, ragged decode with β, device eviction's kept sets vs the CPU's in both phases,
 #   `kvmill eval --device cuda:0` with --phases prefill and both, KL within 1%), check_cuda_prefill
-#   (the prefill stage's capture on the device vs the host hooks'; `kvmill run` with
-#   prefill_devices = cuda:0 vs cpu for the five eviction patterns, KL within 1%), then
+#   (the prefill stage's capture on the device vs the host hooks', float32 and bf16 weights;
+#   `kvmill run` with prefill_devices = cuda:0 vs cpu for the five eviction patterns, and with
+#   compress_devices = cuda:0, the [eval] evaluation on the device, for h2o and snapkv, KL
+#   within 1%), then
 #   bench_forward_cuda (random bf16 models made on the device, N = TOKENS: prefill tokens/s,
 #   cuBLAS alone on the same GEMMs, decode tokens/s at context N; and the device eviction, SnapKV
 #   to N/4: prefill with its statistics and the eviction, ms) and bench/torch_prefill.py (SDPA +
@@ -150,7 +152,7 @@ for sec in $SECTIONS; do
         run_check check_quant_body
         run_check check_evict_body
         run_check check_cuda_forward
-        CHECK_TIMEOUT=180 run_check check_cuda_prefill # ten kvmill runs end to end
+        CHECK_TIMEOUT=210 run_check check_cuda_prefill # fourteen kvmill runs end to end
         fmt='%-14s %-7s %14s %14s %7s %13s %14s %13s\n'
         rows=()
         evrows=()

@@ -6,8 +6,13 @@
  * job is acked only after the service replied that it committed the cache. Such a worker
  * fetches the PolyKV strategy from the service (get_strategy) for every job, so a
  * recalibration during a run reaches it with its next job. With --device cuda:N the
- * sculpt-family solvers run on that GPU (the sculpt `device` setting); the forward passes
- * of query construction and [eval] stay on the CPU. */
+ * sculpt-family solvers run on that GPU (the sculpt `device` setting) and so does the [eval]
+ * evaluation (the full-KV reference and the continuation over the stored cache, on the device
+ * forward: pipeline/kvm_devmodel.h; a model the device cannot run is evaluated on the CPU,
+ * said once), as do the [compress] target_kl search's reference and probe continuations; the
+ * forward passes of query construction (query_source, on_policy) and the search's local
+ * prefill stay on the CPU (they need the host forward's capture hooks). */
+#include "pipeline/kvm_devmodel.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_stage.h"
@@ -16,6 +21,9 @@
 #include "pipeline/kvm_target.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
+#ifdef KVM_WITH_CUDA
+#include "compress/eval/kvm_eval_cuda.h"
+#endif
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "proto/kvm_half.h"
@@ -38,6 +46,7 @@ typedef struct compress_state {
     const char *server_key, *client_public, *client_secret; /* the stage's CurveZMQ arguments */
     char worker_id[256];
     const char *device;     /* --device: the solver's (kvm_compress_input.device) */
+    kvm_devmodel dev;       /* --device cuda:N: the [eval] evaluation's device forward */
 } compress_state;
 
 /* Remote store: the store service client, opened with the first job's settings. */
@@ -107,6 +116,10 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->server_key = a->server_key, st->client_public = a->client_public, st->client_secret = a->client_secret;
     st->device = a->device;
     int rc = kvm_stage_solver_device(a); /* a device without a CUDA solver: refused before any job */
+    if (!rc)
+        rc = kvm_devmodel_init(&st->dev, "compress", a->device, "the [eval] evaluation",
+                               "full-KV reference and continuation over the stored cache, and target_kl's probes; "
+                               "query construction's forward passes stay on the CPU");
     if (rc) return rc;
     if (!a->config) return 0;
     rc = kvm_config_load(a->config, &st->own_cfg);
@@ -164,20 +177,48 @@ static int load_layers(const kvm_model *m, kvm_msg *const *in, int n_layers, int
     return 0;
 }
 
-/* KL(full ‖ compressed) over the job's continuation ([eval] enabled): the full-KV reference
- * is recomputed here from the tokens, the compressed cache is the one just stored. A failed
- * evaluation is logged, never fails the job (the cache is already committed). */
-static void evaluate(const kvm_model *m, const kvm_proto_job *j, const kvm_kvcache *cc, kvm_stage_out *out)
+/* The evaluation's KL on the worker's device forward (st->dev), tokens all[0, N + T): 0 with
+ * *done = 1, or 0 with *done = 0 when the worker is on the CPU or the device cannot run the
+ * model (the host then evaluates), or the device's error. */
+static int evaluate_device(compress_state *st, const kvm_config *cfg, const int32_t *all, int64_t N, int64_t T,
+                           const kvm_kvcache *cc, kvm_eval_result *r, int *done)
 {
+    *done = 0;
+#ifdef KVM_WITH_CUDA
+    kvm_cuda_model *dm = NULL;
+    kvm_eval_cuda_doc *d = NULL;
+    int rc = kvm_devmodel_get(&st->dev, st->wm.model, &st->wm.model_id, cfg, N + T, &dm);
+    if (rc || !dm) return rc;
+    if (!(rc = kvm_eval_cuda_doc_new(dm, &st->wm.model->cfg, all, N, T, &d))) rc = kvm_eval_cuda_continue(d, cc, r);
+    kvm_eval_cuda_doc_free(&d);
+    *done = !rc;
+    return rc;
+#else
+    (void)st, (void)cfg, (void)all, (void)N, (void)T, (void)cc, (void)r;
+    return 0;
+#endif
+}
+
+/* KL(full ‖ compressed) over the job's continuation ([eval] enabled): the full-KV reference
+ * is recomputed here from the tokens (on the worker's device when it has one), the
+ * compressed cache is the one just stored. A failed evaluation is logged, never fails the job
+ * (the cache is already committed). */
+static void evaluate(compress_state *st, const kvm_config *cfg, const kvm_proto_job *j, const kvm_kvcache *cc,
+                     kvm_stage_out *out)
+{
+    const kvm_model *m = st->wm.model;
     int64_t n = j->n_tokens + j->n_continuation;
     int32_t *all = malloc((size_t)n * sizeof *all);
     kvm_eval_doc *d = NULL;
     kvm_eval_result r;
+    int done = 0;
     if (!all) return;
     memcpy(all, j->tokens, (size_t)j->n_tokens * sizeof *all);
     memcpy(all + j->n_tokens, j->continuation, (size_t)j->n_continuation * sizeof *all);
-    if (kvm_eval_doc_new(m, NULL, all, n, j->n_tokens, j->n_continuation, &d) == 0 &&
-        kvm_eval_continue(d, cc, NULL, NULL, &r) == 0) {
+    int rc = evaluate_device(st, cfg, all, j->n_tokens, j->n_continuation, cc, &r, &done);
+    if (!rc && !done && !(rc = kvm_eval_doc_new(m, NULL, all, n, j->n_tokens, j->n_continuation, &d)))
+        rc = kvm_eval_continue(d, cc, NULL, NULL, &r);
+    if (!rc) {
         out->evaluated = 1;
         out->kl_mean = r.kl_mean;
     } else
@@ -189,12 +230,12 @@ static void evaluate(const kvm_model *m, const kvm_proto_job *j, const kvm_kvcac
 /* [compress] target_kl: the budget search over the job's continuation (pipeline/kvm_target.h)
  * instead of one compression at [compress] budget; the check part's KL is the job's
  * evaluation (the summary's mean), and the choice is logged. */
-static int compress_to_target(kvm_config *cfg, const kvm_compress_input *ci, const kvm_proto_job *j, kvm_store *store,
-                              const kvm_store_id *model_id, kvm_kvcache **cc, kvm_stage_out *out)
+static int compress_to_target(compress_state *st, kvm_config *cfg, const kvm_compress_input *ci,
+                              const kvm_proto_job *j, kvm_store *store, kvm_kvcache **cc, kvm_stage_out *out)
 {
     kvm_target_result tr;
-    int rc = kvm_target_compress(cfg, ci, j->continuation, j->continuation ? j->n_continuation : 0, store, model_id,
-                                 cc, &tr);
+    int rc = kvm_target_compress(cfg, ci, j->continuation, j->continuation ? j->n_continuation : 0, store,
+                                 &st->wm.model_id, &st->dev, cc, &tr);
     if (rc) return rc;
     if (!isnan(tr.kl_check)) out->evaluated = 1, out->kl_mean = tr.kl_check;
     char ctx_note[96] = "";
@@ -276,7 +317,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
                                  .n_future = kvm_config_int(cfg, "compress", "future"), .device = st->device,
                                  .repeat_prompt = rp, .n_repeat_prompt = n_rp};
         rc = target
-                 ? compress_to_target(cfg, &ri, &j, NULL, &st->wm.model_id, &cc, out)
+                 ? compress_to_target(st, cfg, &ri, &j, NULL, &cc, out)
                  : kvm_worker_compress_with(cfg, &ri, st->strategy, st->strategy_len, &cc);
         if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
         /* no reply at all: the service is down or the link cut; requeueing may succeed */
@@ -294,7 +335,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     kvm_store_id before;
     if ((rc = kvm_jobcfg_config_id_in(cfg, st->store, &st->wm.model_id, &before, NULL, NULL))) { *retryable = 0; goto done; }
     rc = target
-             ? compress_to_target(cfg, &ci, &j, st->store, &st->wm.model_id, &cc, out)
+             ? compress_to_target(st, cfg, &ci, &j, st->store, &cc, out)
              : kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc);
     if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
     double ts = kvm_now_ms();
@@ -304,7 +345,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     record_meta(st, &j);
 evaluated:
     if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0 && !target)
-        evaluate(st->wm.model, &j, cc, out);
+        evaluate(st, cfg, &j, cc, out);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
                          .pid = getpid(), .job_id = j.job_id};
     if ((rc = kvm_proto_ack_encode(&ack, &out->ctl[out->n_ctl]))) goto done;
@@ -321,6 +362,7 @@ done:
 static void teardown(void *stp)
 {
     compress_state *st = stp;
+    kvm_devmodel_deinit(&st->dev);
     kvm_worker_model_free(&st->wm);
     kvm_store_close(&st->store);
     kvm_storecli_close(&st->svc);

@@ -7,8 +7,9 @@
  * Every refusal (limits, context window, missing cache) is an error `answer`, so the client
  * always learns why. With --device cuda:N ([serve] devices) the prompt and the answer run on
  * that GPU's forward over the stored cache, uploaded as it is (float32, ragged, distilled
- * entries and β); that needs a method without a decode-phase policy (full, the sculpt family)
- * and [model] kv_dtype = f32, else the worker is refused at start. */
+ * entries and β; weights by [model] weight_dtype: bf16/f16, else float32); that needs a method
+ * without a decode-phase policy (full, the sculpt family) and [model] kv_dtype = f32, else the
+ * worker is refused at start. */
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "model/kvm_capture.h"
@@ -17,6 +18,7 @@
 #include "model/kvm_utf8.h"
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_devmodel.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve.h"
@@ -124,10 +126,12 @@ static int setup(void *stp, const kvm_stage_args *a)
     int cuda = -1;
     if (!rc) rc = kvm_device_parse(a->device, &cuda);
     if (!rc && cuda >= 0) { /* the whole window on the device, prompts in one batch */
-        rc = kvm_model_cuda_new(st->wm.model, cuda, KVM_CUDA_F32, st->wm.model->cfg.seq_len, st->max_prompt, &st->dm);
+        const kvm_cuda_wdtype t = (kvm_cuda_wdtype)kvm_devmodel_wdtype(st->cfg); /* [model] weight_dtype */
+        rc = kvm_model_cuda_new(st->wm.model, cuda, t, st->wm.model->cfg.seq_len, st->max_prompt, &st->dm);
         if (!rc)
             kvm_log(KVM_LOG_INFO, "decode_device", NULL, 0,
-                    "prompts and answers on cuda:%d (float32 weights, the stored cache uploaded per ask)", cuda);
+                    "prompts and answers on cuda:%d (%s weights, the stored cache uploaded per ask)", cuda,
+                    t == KVM_CUDA_F32 ? "float32" : t == KVM_CUDA_BF16 ? "bf16" : "f16");
     }
 #endif
     if (!rc && (!st->svc || strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv")))
@@ -322,23 +326,6 @@ static int encode_prompt(const decode_state *st, const kvm_proto_ask *ask, int32
     return rc;
 }
 
-/* The stored (or just computed) cache onto the device forward, as it is: each KV head's
- * entries, positions and β (kvm_cuda_model_set_kv checks the ragged order), the next position
- * after the document. */
-#ifdef KVM_WITH_CUDA
-static int upload(kvm_cuda_model *dm, const kvm_kvcache *c)
-{
-    int rc = 0;
-    for (int l = 0; !rc && l < c->n_layers; l++)
-        for (int g = 0; !rc && g < c->n_kv_heads; g++) {
-            const kvm_kv_head *h = kvm_kvcache_head((kvm_kvcache *)c, l, g);
-            rc = kvm_cuda_model_set_kv(dm, l, g, h->k, h->v, h->pos, h->bias, h->n);
-        }
-    if (!rc) kvm_cuda_model_set_next_pos(dm, c->next_pos);
-    return rc;
-}
-#endif
-
 /* One forward call of the ask: the prompt (a batched prefill) or one generated token, logits
  * of the last into logits; on the device forward when the worker has one. */
 static int step(decode_state *st, kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int64_t n, int prompt,
@@ -486,7 +473,8 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                       : kvm_worker_policy_new(st->cfg, m, st->store, &st->wm.model_id, cache, &pol)))
         goto done;
 #ifdef KVM_WITH_CUDA
-    if (st->dm && (rc = upload(st->dm, cache))) goto done; /* (device workers have no policy: device_refusal) */
+    /* the stored cache onto the device as it is (device workers have no policy: device_refusal) */
+    if (st->dm && (rc = kvm_kvcache_cuda_upload(st->dm, cache))) goto done;
     if (!st->dm)
 #endif
         if ((rc = kvm_forward_new(m, NULL, n_prompt, &f)) || (pol && (rc = kvm_forward_add_hooks(f, &pol->hooks))))

@@ -3,14 +3,15 @@
  * and post-RoPE queries and the attention statistics that compression needs. With --device
  * cuda:N the prefill runs on that GPU (model/kvm_forward_cuda.h: the same tensors, the
  * statistics made by the device's attention kernel, downloaded once) and the messages are the
- * CPU's: the wire knows no device. A model the device cannot run (sliding-window attention)
- * is prefilled on the CPU instead, said once on stderr. */
+ * CPU's: the wire knows no device. The weights are float32 there, or bf16/f16 with float32
+ * accumulation by [model] weight_dtype. A model the device cannot run (sliding-window
+ * attention) is prefilled on the CPU instead, said once on stderr. */
+#include "pipeline/kvm_devmodel.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
 #include "model/kvm_capture.h"
 #include "common/kvm_error.h"
-#include "common/kvm_log.h"
 #ifdef KVM_WITH_CUDA
 #include "model/kvm_forward_cuda.h"
 #endif
@@ -22,25 +23,16 @@
 
 typedef struct prefill_state {
     kvm_worker_model wm;
-    int cuda;                  /* --device cuda:N: N, else -1 */
-#ifdef KVM_WITH_CUDA
-    kvm_cuda_model *dm;        /* the device model, made at the first job and kept */
-    int64_t dm_ctx;            /* its cache and batch (a longer document remakes it) */
-    kvm_store_id dm_model;     /* the model it was made from */
-    kvm_store_id host_model;   /* a model the device refused (KVM_ENOTSUP): prefilled on the CPU */
-    int host_fallback;
-#endif
+    kvm_devmodel dev; /* --device cuda:N: the device forward (pipeline/kvm_devmodel.h) */
 } prefill_state;
 
 static int setup(void *stp, const kvm_stage_args *a)
 {
     prefill_state *st = stp;
     st->wm.override = a->model;
-    int rc = kvm_device_parse(a->device, &st->cuda); /* kvm_stage_main has checked the device */
-    if (!rc && st->cuda >= 0)
-        kvm_log(KVM_LOG_INFO, "prefill_device", NULL, 0,
-                "prefill on cuda:%d (float32 weights; the KV, queries and statistics downloaded once per job)", st->cuda);
-    return rc;
+    /* kvm_stage_main has checked the device */
+    return kvm_devmodel_init(&st->dev, "prefill", a->device, "prefill",
+                             "the KV, queries and statistics downloaded once per job");
 }
 
 /* One f32 tensor of n elements as the wire dtype: src itself for f32, else a converted copy
@@ -92,42 +84,16 @@ static int host_prefill(const kvm_model *m, const int32_t *tokens, int64_t n, kv
     return rc;
 }
 
-#ifdef KVM_WITH_CUDA
-/* The device model for this job's model and n tokens: kept from the last job when it is the
- * same model and holds n entries, else made anew (float32 weights: the CPU's values, so the
- * caches compress as the CPU's would) for the next power of two ≥ max(n, 512), the whole
- * prefill one batch. *fallback = 1 (and 0 returned) when the device cannot run this model
- * (KVM_ENOTSUP): said once per model, then that model is prefilled on the CPU. */
-static int device_model(prefill_state *st, int64_t n, int *fallback)
-{
-    const kvm_store_id *id = &st->wm.model_id;
-    *fallback = st->host_fallback && !memcmp(&st->host_model, id, sizeof *id);
-    if (*fallback) return 0;
-    if (st->dm && !memcmp(&st->dm_model, id, sizeof *id) && st->dm_ctx >= n) return 0;
-    kvm_cuda_model_free(&st->dm);
-    int64_t ctx = 512;
-    while (ctx < n) ctx *= 2;
-    int rc = kvm_model_cuda_new(st->wm.model, st->cuda, KVM_CUDA_F32, ctx, ctx, &st->dm);
-    if (rc == KVM_ENOTSUP) {
-        kvm_log(KVM_LOG_WARN, "device_fallback", NULL, 0,
-                "prefill on cuda:%d: %s: this model's prefill runs on the CPU (same messages)", st->cuda, kvm_errmsg());
-        st->host_model = *id, st->host_fallback = 1, *fallback = 1;
-        return 0;
-    }
-    if (rc) return rc;
-    st->dm_model = *id, st->dm_ctx = ctx;
-    return 0;
-}
-#endif
-
-/* The job's capture: on the device (--device cuda:N) or through the host forward's hooks. */
-static int prefill(prefill_state *st, const int32_t *tokens, int64_t n, kvm_capture *cap)
+/* The job's capture: on the device (--device cuda:N, with config c's [model] weight_dtype) or
+ * through the host forward's hooks (also for a model the device cannot run). */
+static int prefill(prefill_state *st, const kvm_config *c, const int32_t *tokens, int64_t n, kvm_capture *cap)
 {
 #ifdef KVM_WITH_CUDA
-    if (st->cuda >= 0) {
-        int fallback, rc = device_model(st, n, &fallback);
-        if (rc || !fallback) return rc ? rc : kvm_capture_cuda_prefill(st->dm, &st->wm.model->cfg, tokens, n, cap);
-    }
+    kvm_cuda_model *dm = NULL;
+    int rc = kvm_devmodel_get(&st->dev, st->wm.model, &st->wm.model_id, c, n, &dm);
+    if (rc || dm) return rc ? rc : kvm_capture_cuda_prefill(dm, &st->wm.model->cfg, tokens, n, cap);
+#else
+    (void)c;
 #endif
     return host_prefill(st->wm.model, tokens, n, cap);
 }
@@ -152,7 +118,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
             goto done;
         }
     kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
-    if ((rc = kvm_capture_new(&m->cfg, j.n_tokens, &co, &cap)) || (rc = prefill(st, j.tokens, j.n_tokens, cap)))
+    if ((rc = kvm_capture_new(&m->cfg, j.n_tokens, &co, &cap)) || (rc = prefill(st, cfg, j.tokens, j.n_tokens, cap)))
         goto done;
     double t0 = kvm_now_ms();
     kvm_proto_dtype wire = KVM_PROTO_F32;
@@ -169,9 +135,7 @@ done:
 static void teardown(void *stp)
 {
     prefill_state *st = stp;
-#ifdef KVM_WITH_CUDA
-    kvm_cuda_model_free(&st->dm);
-#endif
+    kvm_devmodel_deinit(&st->dev);
     kvm_worker_model_free(&st->wm);
 }
 

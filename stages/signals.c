@@ -11,6 +11,7 @@
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,11 @@ static int setup(void *st, const kvm_stage_args *a)
 {
     ((signals_state *)st)->wm.override = a->model;
     ((signals_state *)st)->device = a->device;
-    return kvm_stage_solver_device(a);
+    int rc = kvm_stage_solver_device(a), cuda = -1;
+    if (!rc && !kvm_device_parse(a->device, &cuda) && cuda >= 0)
+        kvm_log(KVM_LOG_INFO, "forward_device", NULL, 0, "the signals' forward passes run on the CPU: each applies "
+                "an eviction pattern to one layer through the host forward's hooks, which the device forward has not");
+    return rc;
 }
 
 static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable)

@@ -3,15 +3,21 @@
  * outputs and statistics), and (2) a float64 reference that builds each head's probability
  * matrix explicitly and reduces every statistic from it. Problems are random: GQA groups,
  * ragged KV heads with distilled (KVM_POS_NONE) entries carrying a logit bias β, evicted
- * positions, causal prefill blocks and decode rows, heads that see nothing. */
+ * positions, causal prefill blocks and decode rows, heads that see nothing. The entropy, which
+ * the per-layer kernel takes from its softmax sums (kvm_fb_entropy_finish) and the per-head
+ * kernel from a log per weight, agrees within 1e-5 nats, also on rows with one dominant score,
+ * uniform rows, −inf-masked entries and a real stories260K capture. */
 #include "kernels/kvm_kernels.h"
 #include "kernels/cpu/kvm_cpu_attn_ref.h"
 #include "common/kvm_error.h"
+#include "model/kvm_capture.h"
+#include "model/kvm_forward.h"
 
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,7 +130,7 @@ enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 static int64_t head_rows(const kvm_attn_layer *a, int h) { return a->n_e[h / (a->n_heads / a->n_kv_heads)]; }
 
 /* new vs the per-head kernel it replaced: the same bits for outputs and statistics (LSE, which
- * the old kernel never produced, against its float64 recomputation). */
+ * the old kernel never produced, against its float64 recomputation; the entropy within 1e-5). */
 START_TEST(test_layer_equals_per_head_kernel)
 {
     const kvm_kernels *k = kvm_kernels_cpu();
@@ -144,7 +150,10 @@ START_TEST(test_layer_equals_per_head_kernel)
             for (int h = 0; with && h < a.n_heads; h++) {
                 ck_assert_msg(memcmp(a.mass + h * a.ld_e, r.mass + h * r.ld_e, (size_t)a.ld_e * 4) == 0,
                               "shape %d head %d: mass differs", s, h);
-                ck_assert_int_eq(memcmp(a.entropy + h * a.n_q, r.entropy + h * r.n_q, (size_t)a.n_q * 4), 0);
+                for (int64_t i = 0; i < a.n_q; i++) /* one pass of sums against a log per weight */
+                    ck_assert_msg(fabsf(a.entropy[h * a.n_q + i] - r.entropy[h * r.n_q + i]) <= 1e-5f,
+                                  "shape %d head %d query %lld: entropy %.9g vs %.9g", s, h, (long long)i,
+                                  a.entropy[h * a.n_q + i], r.entropy[h * r.n_q + i]);
                 ck_assert_int_eq(memcmp(a.obs + h * a.n_obs * a.ld_e, r.obs + h * r.n_obs * r.ld_e,
                                         (size_t)(a.n_obs * a.ld_e) * 4), 0);
                 for (int64_t i = 0; i < a.n_q; i++) {
@@ -261,6 +270,108 @@ START_TEST(test_stats_and_threads_do_not_change_results)
 }
 END_TEST
 
+/* Rows built to stress the one-pass entropy: n entries of one KV head with zero keys, so each
+ * score is its bias: one dominant score (margins 8, 30, 100), uniform rows (H = ln n), rows
+ * with −inf-masked entries (H = ln of the unmasked count when those are uniform), random
+ * scores; prefill blocks (n_q = 3) and decode rows (n_q = 1), n from 1 to 2,000 (the SIMD
+ * lanes and their tail). The per-layer kernel's entropy against the per-head kernel's −Σ p ln p
+ * in double, within 1e-5 nats. */
+START_TEST(test_entropy_edge_rows)
+{
+    const kvm_kernels *k = kvm_kernels_cpu();
+    const int64_t ns[] = {1, 7, 16, 33, 300, 2000};
+    enum { D = 8, KINDS = 7 };
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (int kind = 0; kind < KINDS; kind++)
+            for (int n_q = 1; n_q <= 3; n_q += 2) {
+                const int64_t n = ns[ni];
+                float *kv = calloc((size_t)(n * D), sizeof *kv), *bias = malloc((size_t)n * sizeof *bias);
+                int32_t *pos = malloc((size_t)n * sizeof *pos), qpos[3];
+                float q[3 * D];
+                int64_t masked = 0;
+                for (int64_t e = 0; e < n; e++) {
+                    pos[e] = KVM_POS_NONE; /* all visible to every query */
+                    const float dom[] = {8.0f, 30.0f, 100.0f};
+                    bias[e] = kind < 3 ? (e == n / 2 ? dom[kind] : 0.0f) /* one dominant score */
+                            : kind == 3 ? 0.0f                               /* uniform */
+                            : kind == 4 ? (e % 3 == 1 ? -INFINITY : 0.0f)   /* masked, the rest uniform */
+                            : kind == 5 ? (e % 2 ? -INFINITY : 5.0f * frand()) /* masked, the rest random */
+                                        : 20.0f * frand();                  /* random, wide */
+                    masked += isinf(bias[e]) != 0;
+                }
+                for (int i = 0; i < 3; i++) qpos[i] = i;
+                for (int i = 0; i < 3 * D; i++) q[i] = frand();
+                const float *kp = kv, *bp = bias;
+                const int32_t *pp = pos;
+                float out[2][3 * D], ent[2][3];
+                kvm_attn_layer a = {.n_heads = 1, .n_kv_heads = 1, .head_dim = D, .scale = 0.5f, .q = q, .ldq = D,
+                                    .qpos = qpos, .n_q = n_q, .k = &kp, .v = &kp, .pos = &pp, .bias = &bp, .n_e = &n,
+                                    .ldo = D, .stats = KVM_ATTN_STAT_ENTROPY};
+                a.out = out[0], a.entropy = ent[0];
+                ck_assert_int_eq(k->attention(&a), 0);
+                a.out = out[1], a.entropy = ent[1];
+                ck_assert_int_eq(kvm_cpu_attention_ref(&a), 0);
+                for (int i = 0; i < n_q; i++) {
+                    ck_assert_msg(isfinite(ent[0][i]) && fabsf(ent[0][i] - ent[1][i]) <= 1e-5f,
+                                  "n %lld kind %d n_q %d query %d: entropy %.9g, per weight %.9g", (long long)n, kind,
+                                  n_q, i, ent[0][i], ent[1][i]);
+                    if (kind == 3 || kind == 4)
+                        ck_assert_msg(fabs(ent[0][i] - log((double)(n - masked))) <= 1e-5, "n %lld kind %d: %.9g vs "
+                                      "ln %lld", (long long)n, kind, ent[0][i], (long long)(n - masked));
+                }
+                free(kv);
+                free(bias);
+                free(pos);
+            }
+}
+END_TEST
+
+/* A real capture: stories260K's prefill of the golden sequence through the capture hooks, on
+ * the CPU table and on a copy of it whose attention is the per-head kernel (a log per weight):
+ * every layer's entropy rows agree within 1e-5 nats, the received mass bit for bit. */
+START_TEST(test_entropy_real_capture)
+{
+    static kvm_kernels old_k;
+    old_k = *kvm_kernels_cpu();
+    old_k.attention = kvm_cpu_attention_ref;
+    const kvm_kernels *ks[2] = {kvm_kernels_cpu(), &old_k};
+    int32_t ids[256];
+    kvm_test_golden_ids(ids);
+    kvm_capture *cap[2] = {NULL, NULL};
+    kvm_model *m[2] = {NULL, NULL}; /* weights are prepared per table: one model each */
+    for (int s = 0; s < 2; s++) {
+        kvm_forward *f = NULL;
+        kvm_kvcache *c = NULL;
+        kvm_capture_opts co = {.want_stats = 1};
+        ck_assert_msg(kvm_model_open(kvm_test_data_path("models/stories260K.bin"), &m[s]) == 0, "%s", kvm_errmsg());
+        ck_assert_int_eq(kvm_capture_new(&m[s]->cfg, 256, &co, &cap[s]), 0);
+        ck_assert_int_eq(kvm_forward_new(m[s], ks[s], 256, &f), 0);
+        ck_assert_int_eq(kvm_forward_add_hooks(f, kvm_capture_hooks(cap[s])), 0);
+        ck_assert_int_eq(kvm_forward_cache_new(m[s], 256, &c), 0);
+        ck_assert_msg(kvm_forward_prefill(f, c, ids, 256, NULL, KVM_LOGITS_NONE) == 0, "%s", kvm_errmsg());
+        kvm_kvcache_free(&c);
+        kvm_forward_free(&f);
+    }
+    const kvm_model_config *c = &m[0]->cfg;
+    float worst = 0, hmax = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const kvm_capture_layer *x = kvm_capture_layer_get(cap[0], l), *y = kvm_capture_layer_get(cap[1], l);
+        for (int64_t i = 0; i < (int64_t)c->n_heads * 256; i++) {
+            worst = fmaxf(worst, fabsf(x->entropy[i] - y->entropy[i]));
+            hmax = fmaxf(hmax, y->entropy[i]);
+        }
+        ck_assert_int_eq(memcmp(x->mass, y->mass, (size_t)c->n_heads * 256 * sizeof(float)), 0);
+    }
+    printf("stories260K capture: entropy up to %.3f nats, max |one pass - per weight| %.3g\n", hmax, worst);
+    ck_assert_float_gt(hmax, 1.0f); /* rows that are far from one-hot are in it */
+    ck_assert_float_le(worst, 1e-5f);
+    for (int s = 0; s < 2; s++) {
+        kvm_capture_free(&cap[s]);
+        kvm_model_close(&m[s]);
+    }
+}
+END_TEST
+
 /* Each bad argument is a KVM_EINVAL naming the field, never a crash. */
 START_TEST(test_bad_arguments)
 {
@@ -303,6 +414,8 @@ static Suite *attn_layer_suite(void)
         {"layer_equals_per_head_kernel", test_layer_equals_per_head_kernel},
         {"stats_match_explicit_probabilities", test_stats_match_explicit_probabilities},
         {"stats_and_threads_do_not_change_results", test_stats_and_threads_do_not_change_results},
+        {"entropy_edge_rows", test_entropy_edge_rows},
+        {"entropy_real_capture", test_entropy_real_capture},
         {"bad_arguments", test_bad_arguments}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -330,12 +330,13 @@ END_TEST
 static double run_kl(const char *dir, const char *device)
 {
     char cfg[4300], text[12000], cmd[16384], *out, *err;
-    snprintf(cfg, sizeof cfg, "%s/%s.ini", dir, device);
+    const char *tag = kvm_test_device_tag(device); /* cuda0: no ':' in the run directory's ipc:// paths */
+    snprintf(cfg, sizeof cfg, "%s/%s.ini", dir, tag);
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nratio = 0.3\n[eval]\nenabled = true\n"
              "continuation = 32\n[store]\npath = %s/store-%s\n[run]\nrun_dir = %s/run-%s\n[stages]\nbin_dir = %s\n"
              "compress_devices = %s\n",
-             kvm_test_data_path("models/stories260K.bin"), dir, device, dir, device, kvm_test_bin(), device);
+             kvm_test_data_path("models/stories260K.bin"), dir, tag, dir, tag, kvm_test_bin(), device);
     ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
              kvm_test_data_path("corpus"));

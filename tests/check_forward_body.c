@@ -122,20 +122,20 @@ START_TEST(test_stats_pass_matches_cpu_probs)
     const int win0 = NQ - 8;
     float mass[NE] = {0}, mass_ref[NE] = {0}, worst = 0, o[D];
     for (int i = 0; i < NQ; i++) {
-        float lse = tiled(&h, i, o), ent = 0, ent_ref = 0, sum = 0;
+        float lse = tiled(&h, i, o), ent_ref = 0, sum = 0;
+        double z = 0, xt = 0; /* the CUDA pass's entropy sums, its row's LSE as reference */
         int64_t vis = kvm_fb_visible(h.pos, NE, h.qpos[i]);
         for (int64_t e = 0; e < NE; e++) {
-            float p = e < vis ? kvm_fb_prob(kvm_fb_score(h.q + i * D, h.k + e * D, 1.0f / sqrtf((float)D), h.bias[e], D),
-                                            lse)
-                              : 0.0f;
+            float sc = kvm_fb_score(h.q + i * D, h.k + e * D, 1.0f / sqrtf((float)D), h.bias[e], D);
+            float p = e < vis ? kvm_fb_prob(sc, lse) : 0.0f;
             worst = fmaxf(worst, fabsf(p - probs[i * NE + e]));
-            ent += kvm_fb_entropy_term(p);
+            z += p, xt += kvm_fb_entropy_acc(p, sc - lse);
             ent_ref += probs[i * NE + e] > 0 ? -probs[i * NE + e] * logf(probs[i * NE + e]) : 0.0f;
             sum += p;
             if (i >= win0) mass[e] += p, mass_ref[e] += probs[i * NE + e];
         }
         ck_assert_float_eq_tol(sum, 1.0f, 1e-5f);
-        ck_assert_float_eq_tol(ent, ent_ref, 1e-5f);
+        ck_assert_float_eq_tol(kvm_fb_entropy_finish(z, xt), ent_ref, 1e-5f); /* vs a log per weight */
     }
     for (int e = 0; e < NE; e++) ck_assert_float_eq_tol(mass[e], mass_ref[e], 1e-5f);
     ck_assert_float_le(worst, 1e-6f);
@@ -157,7 +157,9 @@ START_TEST(test_online_edge_cases)
     ck_assert_float_eq(acc_a[0], 4.0f);
     ck_assert_float_eq(kvm_fb_online_rescale(&a, 1.0f), 1.0f); /* a lower tile maximum changes nothing */
     ck_assert_float_eq_tol(kvm_fb_online_rescale(&a, 4.0f), expf(-1.0f), 1e-6f);
-    ck_assert_float_eq(kvm_fb_entropy_term(0.0f), 0.0f);
+    ck_assert_float_eq(kvm_fb_entropy_acc(0.0f, -INFINITY), 0.0f); /* a masked entry: 0, not NaN */
+    ck_assert_float_eq(kvm_fb_entropy_finish(0.0, 0.0), 0.0f);     /* nothing visible */
+    ck_assert_float_eq_tol(kvm_fb_entropy_finish(4.0, 0.0), logf(4.0f), 1e-7f); /* uniform over 4 */
     ck_assert_float_eq(kvm_fb_expf(-80.0f), 0.0f);
     ck_assert_float_eq_tol(kvm_fb_expf(1.0f), expf(1.0f), 1e-6f);
     ck_assert(isnan(kvm_fb_expf(NAN)));

@@ -86,7 +86,7 @@ START_TEST(test_search_smallest)
     kvm_kvcache *cc = NULL;
     kvm_target_result r;
     kvm_store_id mid = {{0}};
-    ck_assert_msg(kvm_target_compress(c, &in, ids + N, 2 * T, NULL, &mid, &cc, &r) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_target_compress(c, &in, ids + N, 2 * T, NULL, &mid, NULL, &cc, &r) == 0, "%s", kvm_errmsg());
     printf("target %.6f: budget %lld, KL %.6f, check %.6f, %d probes, %d nonmonotone\n", target, (long long)r.budget,
            r.kl_search, r.kl_check, r.probes, r.nonmonotone);
     ck_assert(r.reached);
@@ -102,13 +102,21 @@ START_TEST(test_search_smallest)
     ck_assert_int_eq(cc->next_pos, N);
     ck_assert_str_eq(kvm_config_str(c, "compress", "budget"), "40");
     kvm_kvcache_free(&cc);
+    /* a worker's device forward on the CPU (pipeline/kvm_devmodel.h) searches on the host: the same result */
+    kvm_devmodel cpu_dev;
+    kvm_target_result r2;
+    ck_assert_int_eq(kvm_devmodel_init(&cpu_dev, "compress", "cpu", "-", "-"), 0);
+    ck_assert_int_eq(kvm_target_compress(c, &in, ids + N, 2 * T, NULL, &mid, &cpu_dev, &cc, &r2), 0);
+    ck_assert(r2.budget == r.budget && r2.kl_search == r.kl_search && r2.kl_check == r.kl_check);
+    kvm_devmodel_deinit(&cpu_dev);
+    kvm_kvcache_free(&cc);
     /* T tokens after the context: no check part */
-    ck_assert_int_eq(kvm_target_compress(c, &in, ids + N, T, NULL, &mid, &cc, &r), 0);
+    ck_assert_int_eq(kvm_target_compress(c, &in, ids + N, T, NULL, &mid, NULL, &cc, &r), 0);
     ck_assert(isnan(r.kl_check));
     ck_assert_int_eq(entries_per_head(cc), r.budget);
     kvm_kvcache_free(&cc);
     /* none: the search runs on context N - T and its last T tokens; the budget is scaled to N */
-    ck_assert_int_eq(kvm_target_compress(c, &in, NULL, 0, NULL, &mid, &cc, &r), 0);
+    ck_assert_int_eq(kvm_target_compress(c, &in, NULL, 0, NULL, &mid, NULL, &cc, &r), 0);
     ck_assert_int_eq(r.n_ctx_search, N - T);
     ck_assert(isnan(r.kl_check));
     ck_assert_int_le(r.budget, N - 1);
@@ -117,13 +125,13 @@ START_TEST(test_search_smallest)
     kvm_kvcache_free(&cc);
     /* an unreachable target: the largest budget, reached = 0 */
     ck_assert_int_eq(kvm_config_set(c, "compress", "target_kl", "1e-12"), 0);
-    ck_assert_int_eq(kvm_target_compress(c, &in, ids + N, 2 * T, NULL, &mid, &cc, &r), 0);
+    ck_assert_int_eq(kvm_target_compress(c, &in, ids + N, 2 * T, NULL, &mid, NULL, &cc, &r), 0);
     ck_assert(!r.reached || r.kl_search <= 1e-12);
     if (!r.reached) ck_assert_int_eq(r.budget, N - 1);
     kvm_kvcache_free(&cc);
     /* target_kl off */
     ck_assert_int_eq(kvm_config_set(c, "compress", "target_kl", "0"), 0);
-    ck_assert_int_eq(kvm_target_compress(c, &in, ids + N, 2 * T, NULL, &mid, &cc, &r), KVM_EINVAL);
+    ck_assert_int_eq(kvm_target_compress(c, &in, ids + N, 2 * T, NULL, &mid, NULL, &cc, &r), KVM_EINVAL);
     ck_assert_ptr_null(cc);
     kvm_config_free(&c);
     kvm_eval_doc_free(&d);

@@ -127,6 +127,10 @@ int kvm_eval_run_ex(kvm_eval_doc *d, const kvm_method *m, const void *opts, cons
  * after them). Returns NAN before any run or for a bad range. */
 double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1);
 
+/* Mean of kl_steps[t0, t1) (per-step KL of a run of T steps, kvm_eval_score's kl_steps): NAN when
+ * kl_steps is NULL (no run yet) or for a range outside [0, T) or empty. */
+double kvm_eval_kl_steps_mean(const double *kl_steps, int64_t T, int64_t t0, int64_t t1);
+
 /* How kvm_eval_answer decodes. Zero-initialised: plain greedy decoding to max_new or EOS. */
 typedef struct kvm_eval_answer_opts {
     /* 1 when out[0, n) is a complete answer, so decoding stops there; NULL: never */

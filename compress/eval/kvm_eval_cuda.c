@@ -3,6 +3,7 @@
 
 #ifdef KVM_WITH_CUDA
 #include "common/kvm_error.h"
+#include "model/kvm_forward_cuda.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@ struct kvm_eval_cuda_doc {
     float *ref, *work; /* [T][vocab]: the full-KV reference, a compressed run */
     float *ref_dec;    /* [T][vocab]: the reference token by token (runs with a decode policy), or NULL */
     double *kl;        /* [T] scratch */
+    double *kl_steps;  /* [T] per-step KL of the last scored run (kvm_eval_cuda_kl_range) */
+    int have_kl;       /* kl_steps holds a run */
     double ppl_full, ppl_dec;
 };
 
@@ -61,7 +64,8 @@ int kvm_eval_cuda_doc_new(kvm_cuda_model *dm, const kvm_model_config *c, const i
     d->ref = malloc(TV * sizeof *d->ref);
     d->work = malloc(TV * sizeof *d->work);
     d->kl = malloc((size_t)T * sizeof *d->kl);
-    int rc = d->tokens && d->ref && d->work && d->kl ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    d->kl_steps = malloc((size_t)T * sizeof *d->kl_steps);
+    int rc = d->tokens && d->ref && d->work && d->kl && d->kl_steps ? 0 : kvm_err(KVM_ENOMEM, "eval: out of memory");
     if (!rc) {
         memcpy(d->tokens, tokens, (size_t)(N + T) * sizeof *tokens);
         rc = run(d, 0, NULL, 0, 0, d->ref, NULL);
@@ -84,6 +88,7 @@ void kvm_eval_cuda_doc_free(kvm_eval_cuda_doc **pd)
     free(d->ref_dec);
     free(d->work);
     free(d->kl);
+    free(d->kl_steps);
     free(d);
     *pd = NULL;
 }
@@ -127,14 +132,46 @@ int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, int phase
                                     .pool = p->params.pool,
                                     .recent_frac = p->params.recent_frac};
     memset(r, 0, sizeof *r);
+    d->have_kl = 0;
     int rc = phases_both ? ref_decode(d) : 0;
     if (!rc) rc = run(d, n_obs, &ep, phases_both, phases_both, d->work, &r->seconds);
     free(pat);
     if (rc) return rc;
-    kvm_eval_score(phases_both ? d->ref_dec : d->ref, d->work, d->tokens + d->N, d->T, c->vocab_size, d->kl, NULL, r);
+    kvm_eval_score(phases_both ? d->ref_dec : d->ref, d->work, d->tokens + d->N, d->T, c->vocab_size, d->kl,
+                   d->kl_steps, r);
+    d->have_kl = 1;
     r->ppl_full = phases_both ? d->ppl_dec : d->ppl_full;
     r->budget_tokens = (double)entries / (double)nh;
     r->ratio = r->budget_tokens / (double)d->N;
     return 0;
+}
+
+int kvm_eval_cuda_continue(kvm_eval_cuda_doc *d, const kvm_kvcache *compressed, kvm_eval_result *r)
+{
+    const kvm_model_config *c = d->c;
+    const int V = c->vocab_size;
+    if (compressed->n_layers != c->n_layers || compressed->n_kv_heads != c->n_kv_heads ||
+        compressed->head_dim != c->head_dim || compressed->next_pos != d->N)
+        return kvm_err(KVM_EINVAL, "eval: the compressed cache is not a %lld-token context cache of this model",
+                       (long long)d->N);
+    memset(r, 0, sizeof *r);
+    d->have_kl = 0;
+    kvm_cuda_model_decode_evict(d->dm, NULL);
+    kvm_cuda_model_reset(d->dm);
+    memcpy(d->work, d->ref, (size_t)V * sizeof *d->work);
+    int rc = kvm_kvcache_cuda_upload(d->dm, compressed);
+    if (!rc && d->T > 1) rc = kvm_cuda_model_forward(d->dm, d->tokens + d->N, d->T - 1, d->work + V, 0, NULL);
+    if (rc) return rc;
+    kvm_eval_score(d->ref, d->work, d->tokens + d->N, d->T, V, d->kl, d->kl_steps, r);
+    d->have_kl = 1;
+    r->ppl_full = d->ppl_full;
+    r->budget_tokens = (double)kvm_kvcache_entries(compressed) / ((double)c->n_layers * c->n_kv_heads);
+    r->ratio = r->budget_tokens / (double)d->N;
+    return 0;
+}
+
+double kvm_eval_cuda_kl_range(const kvm_eval_cuda_doc *d, int64_t t0, int64_t t1)
+{
+    return kvm_eval_kl_steps_mean(d->have_kl ? d->kl_steps : NULL, d->T, t0, t1);
 }
 #endif

@@ -32,6 +32,21 @@ void kvm_eval_cuda_doc_free(kvm_eval_cuda_doc **d);
  * call's wall time; bytes_compressed and decode_ms are 0. Errors: KVM_EINVAL (plan shape),
  * KVM_ENOMEM, the device's errors. */
 int kvm_eval_cuda_evict(kvm_eval_cuda_doc *d, const kvm_evict_plan *p, int phases_both, kvm_eval_result *r);
+
+/* Scores a compressed context cache made on the host (borrowed: a float32 cache of the
+ * context with next_pos == N, any method's, e.g. the compress stage's just-stored cache) on the
+ * device, as kvm_eval_continue does without a decode policy: the cache uploaded as it is
+ * (kvm_kvcache_cuda_upload: ragged heads, distilled entries, β), the continuation N..N+T−2
+ * teacher-forced in one batched call; step 0 is the reference's own (the context's last
+ * logits do not depend on the compression). Fills r as kvm_eval_continue does (KL(full ‖
+ * compressed) against the device's full-KV reference, top-1, perplexities, budget and ratio);
+ * seconds, bytes_compressed and decode_ms are 0. Errors: KVM_EINVAL (cache shape, next_pos,
+ * an f16 cache), KVM_ENOMEM, the device's errors. */
+int kvm_eval_cuda_continue(kvm_eval_cuda_doc *d, const kvm_kvcache *compressed, kvm_eval_result *r);
+
+/* Mean KL(full ‖ compressed) of steps [t0, t1) of the last kvm_eval_cuda_continue / _evict on
+ * d, as kvm_eval_kl_range on the host: NAN before any run or for a bad range. */
+double kvm_eval_cuda_kl_range(const kvm_eval_cuda_doc *d, int64_t t0, int64_t t1);
 #endif
 
 #endif

@@ -429,13 +429,18 @@ int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, cons
     return rc;
 }
 
-double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1)
+double kvm_eval_kl_steps_mean(const double *kl_steps, int64_t T, int64_t t0, int64_t t1)
 {
-    if (!d->have_kl || t0 < 0 || t1 <= t0 || t1 > d->n_cont) return NAN;
+    if (!kl_steps || t0 < 0 || t1 <= t0 || t1 > T) return NAN;
     double s = 0;
     for (int64_t i = t0; i < t1; i++)
-        s += d->kl_steps[i];
+        s += kl_steps[i];
     return s / (double)(t1 - t0);
+}
+
+double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1)
+{
+    return kvm_eval_kl_steps_mean(d->have_kl ? d->kl_steps : NULL, d->n_cont, t0, t1);
 }
 
 /* Wall ms per decode step: tokens N, N+1, ... one decode call each over a copy of c. */

@@ -106,12 +106,12 @@ typedef struct attn_job {
 } attn_job;
 
 /* The statistics of query i of head h from its probability row p[0, e_end) (zeros past the
- * visible prefix), lse its log-normaliser. */
-static void row_stats(const attn_job *j, int h, int64_t i, const float *p, int64_t vis, int64_t e_end, float lse)
+ * visible prefix), lse its log-normaliser and ent its entropy (both from the softmax pass). */
+static void row_stats(const attn_job *j, int h, int64_t i, const float *p, int64_t e_end, float lse, float ent)
 {
     const kvm_attn_layer *a = j->a;
     const unsigned st = a->stats;
-    if (st & KVM_ATTN_STAT_ENTROPY) a->entropy[(int64_t)h * a->n_q + i] = kvm__attn_entropy(p, vis);
+    if (st & KVM_ATTN_STAT_ENTROPY) a->entropy[(int64_t)h * a->n_q + i] = ent;
     if (st & KVM_ATTN_STAT_LSE) a->lse[(int64_t)h * a->n_q + i] = lse;
     if ((st & KVM_ATTN_STAT_OBS) && i >= a->n_q - a->n_obs) {
         float *o = a->obs + ((int64_t)h * a->n_obs + (i - (a->n_q - a->n_obs))) * a->ld_e;
@@ -158,19 +158,20 @@ static void attn_block(const attn_job *j, int h, int64_t blk, float *tile)
     /* rows need zeros up to e_end for the PV product. Unless a statistic reads the
      * probabilities, rows stay unnormalised and the 1/sum goes onto the head_dim outputs
      * instead of the e_end weights. */
-    float inv[KVM_ATTN_QBLOCK], lse[KVM_ATTN_QBLOCK];
-    int64_t vis[KVM_ATTN_QBLOCK];
-    const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0;
+    float inv[KVM_ATTN_QBLOCK], lse[KVM_ATTN_QBLOCK], ent[KVM_ATTN_QBLOCK];
+    const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0, want_ent = (a->stats & KVM_ATTN_STAT_ENTROPY) != 0;
     for (int64_t i = 0; i < nb; i++) {
-        vis[i] = kvm__attn_visible(pos, e_end, a->qpos[i0 + i]);
-        inv[i] = kvm__attn_softmax_row(tile + i * ld, j->bias[g], vis[i], e_end, j->normalize, want_lse ? &lse[i] : NULL);
+        const int64_t vis = kvm__attn_visible(pos, e_end, a->qpos[i0 + i]);
+        inv[i] = kvm__attn_softmax_row(tile + i * ld, j->bias[g], vis, e_end, j->normalize, want_lse ? &lse[i] : NULL,
+                                       want_ent ? &ent[i] : NULL);
     }
     kvm__cpu_gemm_packed(tile, nb, ld, &j->v[g], o, a->ldo, 1.0f, 0, d, e_end);
     if (!j->normalize)
         for (int64_t i = 0; i < nb; i++)
             for (int c = 0; c < d; c++) o[i * a->ldo + c] *= inv[i];
     if (a->stats)
-        for (int64_t i = 0; i < nb; i++) row_stats(j, h, i0 + i, tile + i * ld, vis[i], e_end, want_lse ? lse[i] : 0);
+        for (int64_t i = 0; i < nb; i++)
+            row_stats(j, h, i0 + i, tile + i * ld, e_end, want_lse ? lse[i] : 0, want_ent ? ent[i] : 0);
 }
 
 /* Decode (a few queries) of head h: direct products over the cache, no packing, since
@@ -179,10 +180,10 @@ static void attn_direct(const attn_job *j, int h, float *row)
 {
     const kvm_attn_layer *a = j->a;
     const int g = h / j->grp, d = a->head_dim;
-    const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0;
+    const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0, want_ent = (a->stats & KVM_ATTN_STAT_ENTROPY) != 0;
     for (int64_t i = 0; i < a->n_q; i++) {
         const int64_t vis = kvm__attn_visible(a->pos[g], a->n_e[g], a->qpos[i]);
-        float *o = a->out + i * a->ldo + (int64_t)h * d, lse = 0;
+        float *o = a->out + i * a->ldo + (int64_t)h * d, lse = 0, ent = 0;
         if (vis == 0) {
             block_empty(j, h, i, 1);
             continue;
@@ -190,10 +191,10 @@ static void attn_direct(const attn_job *j, int h, float *row)
         const float *q = a->q + i * a->ldq + (int64_t)h * d;
         if (a->kv_dtype == KVM_KV_F16) kvm__attn_scores_direct_f16(q, a->k16[g], vis, d, a->scale, row);
         else kvm__attn_scores_direct(q, a->k[g], vis, d, a->scale, row);
-        kvm__attn_softmax_row(row, j->bias[g], vis, vis, 1, want_lse ? &lse : NULL);
+        kvm__attn_softmax_row(row, j->bias[g], vis, vis, 1, want_lse ? &lse : NULL, want_ent ? &ent : NULL);
         if (a->kv_dtype == KVM_KV_F16) kvm__attn_pv_direct_f16(row, a->v16[g], vis, d, o);
         else kvm__attn_pv_direct(row, a->v[g], vis, d, o);
-        if (a->stats) row_stats(j, h, i, row, vis, vis, lse);
+        if (a->stats) row_stats(j, h, i, row, vis, lse, ent);
     }
 }
 

@@ -73,7 +73,7 @@ static void attn_block(void *ctx, int64_t blk, int worker)
     float inv[KVM_ATTN_QBLOCK];
     for (int64_t i = 0; i < nb; i++)
         inv[i] = kvm__attn_softmax_row(p + i * a->n_e, j->bias, kvm__attn_visible(a->pos, e_end, a->qpos[i0 + i]),
-                                       width, a->want_probs, NULL);
+                                       width, a->want_probs, NULL, NULL);
     kvm__cpu_gemm_packed(p, nb, a->n_e, j->v, o, a->ldo, 1.0f, 0, a->head_dim, e_end);
     if (!a->want_probs)
         for (int64_t i = 0; i < nb; i++)
@@ -86,7 +86,7 @@ static void attn_direct(const kvm_cpu_attn_head *a, const float *bias)
         float *p = a->probs + i * a->n_e, *o = a->out + i * a->ldo;
         const int64_t vis = kvm__attn_visible(a->pos, a->n_e, a->qpos[i]);
         kvm__attn_scores_direct(a->q + i * a->ldq, a->k, vis, a->head_dim, a->scale, p);
-        kvm__attn_softmax_row(p, bias, vis, a->want_probs ? a->n_e : vis, 1, NULL);
+        kvm__attn_softmax_row(p, bias, vis, a->want_probs ? a->n_e : vis, 1, NULL, NULL);
         kvm__attn_pv_direct(p, a->v, vis, a->head_dim, o);
     }
 }

@@ -25,10 +25,12 @@ static inline int64_t kvm__attn_visible(const int32_t *pos, int64_t n, int32_t p
  * 16-lane vectors: GCC does not vectorise the max/sum reductions without -ffast-math.
  * Returns 1/sum; the row is scaled by it only when `normalize` (else the caller scales the
  * attention output instead, which is head_dim values rather than vis). *lse_out, when not
- * NULL, receives ln Σ exp(row) = max + ln sum (−∞ for an empty row). */
+ * NULL, receives ln Σ exp(row) = max + ln sum (−∞ for an empty row); *ent_out, when not NULL,
+ * the row's entropy −Σ p ln p from the same pass (kvm_fb_entropy_acc per lane on the scores
+ * less the maximum, summed as the weights are, then kvm_fb_entropy_finish: no log per weight). */
 KVM_CLONES
 static inline float kvm__attn_softmax_row(float *row, const float *bias, int64_t vis, int64_t width, int normalize,
-                                   float *lse_out)
+                                   float *lse_out, float *ent_out)
 {
     typedef kvm__v16 v16;
     const int64_t nv = vis / 16 * 16;
@@ -48,18 +50,33 @@ static inline float kvm__attn_softmax_row(float *row, const float *bias, int64_t
         if (bias) row[e] += bias[e];
         m = row[e] > m ? row[e] : m;
     }
-    v16 vs = {0};
-    for (int64_t e = 0; e < nv; e += 16) {
-        memcpy(&x, row + e, sizeof x);
-        x = kvm__expf16(x - m);
-        vs += x;
-        memcpy(row + e, &x, sizeof x);
+    v16 vs = {0}, vxt = {0}, t;
+    if (ent_out) /* a loop of its own: the rows that ask no entropy pay nothing for it */
+        for (int64_t e = 0; e < nv; e += 16) {
+            memcpy(&t, row + e, sizeof t);
+            t -= m;
+            x = kvm__expf16(t);
+            vs += x;
+            vxt += kvm__vselect(x > 0.0f, x * t, (v16){0}); /* kvm_fb_entropy_acc per lane */
+            memcpy(row + e, &x, sizeof x);
+        }
+    else
+        for (int64_t e = 0; e < nv; e += 16) {
+            memcpy(&x, row + e, sizeof x);
+            x = kvm__expf16(x - m);
+            vs += x;
+            memcpy(row + e, &x, sizeof x);
+        }
+    float s = 0.0f, xt = 0.0f;
+    for (int l = 0; l < 16; l++) s += vs[l], xt += vxt[l];
+    for (int64_t e = nv; e < vis; e++) {
+        const float te = row[e] - m;
+        s += row[e] = kvm__expf(te);
+        xt += kvm_fb_entropy_acc(row[e], te);
     }
-    float s = 0.0f;
-    for (int l = 0; l < 16; l++) s += vs[l];
-    for (int64_t e = nv; e < vis; e++) s += row[e] = kvm__expf(row[e] - m);
     float inv = vis > 0 ? 1.0f / s : 0.0f;
     if (lse_out) *lse_out = vis > 0 ? m + logf(s) : -INFINITY;
+    if (ent_out) *ent_out = kvm_fb_entropy_finish(vis > 0 ? s : 0.0, xt);
     if (normalize)
         for (int64_t e = 0; e < vis; e++) row[e] *= inv;
     if (width > vis) memset(row + vis, 0, (size_t)(width - vis) * sizeof *row);
@@ -166,8 +183,10 @@ static inline void kvm__attn_scores_direct_f16(const float *q, const uint16_t *k
     kvm__attn_scores_body(q, NULL, kh, vis, d, scale, p);
 }
 
-/* −Σ p ln p over row[0, n) in double (zeros skipped), as the capture computed it before the
- * kernel did. */
+/* −Σ p ln p over row[0, n) in double (zeros skipped), a log per weight: the formula the
+ * per-layer kernel used before it took the entropy from its softmax pass
+ * (kvm_fb_entropy_finish), kept in the per-head reference (kvm_cpu_attn_ref.c), which
+ * tests/check_attn_layer.c checks the per-layer kernel's entropies against (1e-5 nats). */
 static inline float kvm__attn_entropy(const float *row, int64_t n)
 {
     double h = 0.0;

@@ -66,7 +66,8 @@ int kvm_cuda_dequantize(int device, float *dst, const void *raw, int type, int64
  * pass that recomputes each score against its row's LSE:
  *   MASS     mass[n_heads][ld_e]       Σ p_i[e] over queries with qpos in [mass_p0, mass_p1)
  *                                      (H2O accumulated attention; SnapKV/PyramidKV window votes)
- *   ENTROPY  entropy[n_heads][n_q]     −Σ p ln p, nats, accumulated in double
+ *   ENTROPY  entropy[n_heads][n_q]     −Σ p ln p, nats, from sums accumulated in double
+ *                                      (kvm_fb_entropy_finish: no log per weight)
  *   LSE      lse[n_heads][n_q]         ln Σ exp(score), −inf when nothing is visible
  *   OBS      obs[n_heads][n_obs][ld_e] probability rows of the last n_obs queries (TOVA: n_obs 1)
  * Rows of mass/obs are ld_e ≥ max n_e[g] floats; entries past a head's n_e are 0. Unlike the CPU's

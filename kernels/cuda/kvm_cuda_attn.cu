@@ -136,15 +136,16 @@ template <int MAXD> __global__ void k_attn_stats(attn_p p)
     const float lse = p.lse[(int64_t)h * p.n_q + i];
     const bool in_win = p.mass && p.qpos[i] >= p.mass_p0 && p.qpos[i] < p.mass_p1;
     float *obs = p.obs && i >= p.n_q - p.n_obs ? p.obs + ((int64_t)h * p.n_obs + (i - (p.n_q - p.n_obs))) * p.ld_e : NULL;
-    double ent = 0.0;
+    double z = 0.0, xt = 0.0; // the entropy's sums with the row's LSE as reference (kvm_fb_entropy_finish)
     for (int64_t e = 0; e < vis; e++) {
-        float pr = kvm_fb_prob(kvm_fb_score(q, K + e * d, p.scale, B ? B[e] : 0.0f, d), lse);
-        ent += kvm_fb_entropy_term(pr);
+        const float sc = kvm_fb_score(q, K + e * d, p.scale, B ? B[e] : 0.0f, d), pr = kvm_fb_prob(sc, lse);
+        z += pr;
+        xt += kvm_fb_entropy_acc(pr, sc - lse);
         if (in_win) atomicAdd(&p.mass[(int64_t)h * p.ld_e + e], pr);
         if (obs) obs[e] = pr;
         if (p.probs) p.probs[i * p.ld_e + e] = pr;
     }
-    if (p.entropy) p.entropy[(int64_t)h * p.n_q + i] = (float)ent;
+    if (p.entropy) p.entropy[(int64_t)h * p.n_q + i] = kvm_fb_entropy_finish(z, xt);
 }
 
 template <int MAXD> int launch(int dev, const attn_p &p)

@@ -90,6 +90,17 @@ const char *kvm_test_data_path(const char *rel)
     return b;
 }
 
+const char *kvm_test_device_tag(const char *device)
+{
+    static char buf[4][64];
+    static unsigned next;
+    char *b = buf[next++ % 4], *o = b;
+    for (const char *c = device; *c && o < b + sizeof buf[0] - 1; c++)
+        if (*c != ':') *o++ = *c;
+    *o = '\0';
+    return b;
+}
+
 const char *kvm_test_bin(void)
 {
     const char *s = getenv("KVMILL_BIN");

@@ -33,6 +33,10 @@ void kvm_test_skip(const char *why);
 const char *kvm_test_data_path(const char *rel);
 /* The embedded data folder itself ("<source tree>/data"), in a static buffer; never NULL. */
 const char *kvm_test_data(void);
+/* A device name as part of a file or folder name: "cuda:0" -> "cuda0" (its ':' removed; a colon
+ * in a run directory lands in ipc:// endpoint paths, legal there but broken in some tools), in
+ * one of 4 static buffers used in turn. */
+const char *kvm_test_device_tag(const char *device);
 /* $KVMILL_BIN or "bin"; the folder holding the kvmill binaries. */
 const char *kvm_test_bin(void);
 /* mkdtemp under $TMPDIR (or /tmp); returns a malloc'ed path the caller frees. */
