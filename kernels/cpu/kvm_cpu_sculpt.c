@@ -197,6 +197,22 @@ static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt,
     }
 }
 
+/* The output error of one query at head dim 8 as one 8-lane vector (kvm_sb_out_err per lane):
+ * e = pc·(ohc·iz) + pr·o_ret − o_full; returns ⟨Ô, e⟩ and *ei = ‖e‖², both summed in float as
+ * a fixed tree (no serial chain over the 8 elements). */
+static inline float out_err8(float pc, float pr, float iz, const float *ohc, const float *orr, const float *o, float *e,
+                             double *ei)
+{
+    v8f c, r, f;
+    memcpy(&c, ohc, 32);
+    memcpy(&r, orr, 32);
+    memcpy(&f, o, 32);
+    const v8f oh = pc * (c * iz) + pr * r, ev = oh - f;
+    memcpy(e, &ev, 32);
+    *ei = v8_hsum(ev * ev);
+    return v8_hsum(oh * ev);
+}
+
 /* One query's output rows and scalars; returns ⟨Ô, e⟩ and adds to *mse, *lse; b1, b2 out. */
 static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, const float *ohc, float *e, double a1,
                        double a2, float *b1, float *b2, double *mse, double *lse)
@@ -207,7 +223,8 @@ static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, 
     const float *o = p->o_full + i * d, *orr = p->o_ret + i * d;
     double ei = 0;
     float oe = 0;
-    for (int t = 0; t < d; t++) {
+    if (d == 8) oe = out_err8(s.pc, s.pr, iz, ohc, orr, o, e, &ei);
+    for (int t = 0; d != 8 && t < d; t++) {
         float oh;
         e[t] = kvm_sb_out_err(s.pc, ohc[t] * iz, s.pr, orr[t], o[t], &oh);
         ei += (double)e[t] * e[t];

@@ -51,6 +51,12 @@ static inline float v8_hmax(v8f m)
     return mx;
 }
 
+/* The sum of the 8 lanes as a fixed tree. */
+static inline float v8_hsum(v8f a)
+{
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
 /* The exponentiation half of a softmax row: s_j ← exp(s_j − mx) in place (v8_expf) for j < kp
  * (a multiple of 16), mx the row's maximum. Returns the row's LSE mx + ln Σ_j s_j and
  * *iz = 1/Σ_j s_j (two 8-lane accumulators, then a fixed tree). */
@@ -68,8 +74,7 @@ static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
         a0 += x0;
         a1 += x1;
     }
-    v8f a = a0 + a1;
-    float z = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    float z = v8_hsum(a0 + a1);
     *iz = 1.0f / z;
     return mx + logf(z);
 }
