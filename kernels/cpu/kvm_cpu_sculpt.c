@@ -378,7 +378,8 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
         score_rows(p, i0, nb, k, b0, &w, lc, iz);
         for (int b = 0; b < nb; b++) {
             const int64_t i = i0 + b;
-            kvm_sb_query s = kvm_sb_query_shares(lc[b], p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
+            kvm_sb_query s =
+                kvm_sb_query_shares(lc[b], p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
             const float c = s.pc * iz[b];
             for (int64_t j = 0; j < k; j++) P[i * k + j] = c * w.S[b * kp + j];
             pr[i] = s.pr;
