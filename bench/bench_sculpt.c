@@ -9,7 +9,7 @@
  *                [--ratios 0.1,0.3,0.5,0.7] [--seeds 1,2]
  *                [--variants selectfit:uniform,joint-fixed:uniform,sculpt:uniform,...]
  *                [--S 2048 --rounds 4 --iters 25 --lambda 0.1 --alpha 1e-3 --vcap 1 --kcap 0 --threads 1]
- *                [--carry-history 1 --tolerance 0 --round-tolerance 0]   (the convergence settings, as in kvmill sculpt)
+ *                [--carry-history 1 --tolerance 0 --round-tolerance 0.2]   (the convergence settings, as in kvmill sculpt)
  *                [--ridge-f32 1]   (the ridge's normal equations in float32 blocks; 0: float64)
  *                [--gradient-tolerance 0]   (L-BFGS stop |g| <= this * the first round's |g0|; 0: absolute rule)
  *                [--oracle 1]   (keys fitted by liblbfgs, the test oracle, instead of kvmill's L-BFGS)
@@ -102,7 +102,9 @@ int main(int argc, char **argv)
     base.lbfgs_iters = atoi(arg(argc, argv, "--iters", iters_def));
     base.carry_history = atoi(arg(argc, argv, "--carry-history", base.carry_history ? "1" : "0"));
     base.lbfgs_tolerance = atof(arg(argc, argv, "--tolerance", "0"));
-    base.round_tolerance = atof(arg(argc, argv, "--round-tolerance", "0"));
+    char rtdef[32]; /* the solver's default unless given */
+    snprintf(rtdef, sizeof rtdef, "%.17g", base.round_tolerance);
+    base.round_tolerance = atof(arg(argc, argv, "--round-tolerance", rtdef));
     base.lambda = atof(arg(argc, argv, "--lambda", "0.1"));
     base.ridge_alpha = atof(arg(argc, argv, "--alpha", "1e-3"));
     base.ridge_f32 = atoi(arg(argc, argv, "--ridge-f32", base.ridge_f32 ? "1" : "0"));

@@ -4,7 +4,7 @@
  *
  *   bench_solver --model M --doc FILE [--ctx 384 --cont 16 --retain 32 --ratio 0.3 --S 2048]
  *                [--reps 5] [--solve 1] [--gemm 1] [--iters 25 --carry-history 1] [--ridge-f32 1]
- *                [--gradient-tolerance 0]
+ *                [--gradient-tolerance 0] [--round-tolerance 0.2]
  *                [--precision-problems 4]
  *
  * Sections (one CSV-ish line each, "section,name,value..."):
@@ -405,6 +405,9 @@ int main(int argc, char **argv)
     char gdef[32];
     snprintf(gdef, sizeof gdef, "%.17g", o.lbfgs_gtol);
     o.lbfgs_gtol = atof(arg(argc, argv, "--gradient-tolerance", gdef));
+    char rtdef[32];
+    snprintf(rtdef, sizeof rtdef, "%.17g", o.round_tolerance);
+    o.round_tolerance = atof(arg(argc, argv, "--round-tolerance", rtdef));
     if (!model_path || !doc_path || reps < 1) {
         fprintf(stderr, "usage: see the comment at the top of bench/bench_solver.c\n");
         return 2;

@@ -35,7 +35,8 @@ typedef struct kvm_sculpt_eval {
 
 /* CPU backend, one problem, k ≥ 1 distilled entries kc, vc [k][d], beta [k] (NULL = 0):
  * scores S = scale·Q·Kcᵀ + β, softmax rows, Ôc = W·Vc, output error rows, E·Vcᵀ, ∂score rows,
- * gradient Gᵀ = Qᵀ·U, in blocks of 64 queries (kvmill's own packed GEMM, kvm_cpu_gemm.h).
+ * gradient Gᵀ = Qᵀ·U, in blocks of 64 queries (kvmill's own packed GEMM, kvm_cpu_gemm.h; at head
+ * dim 8 inlined fixed-size tiles on blocks of 32 queries, Gᵀ summed block by block).
  * grad_k [k][d] and grad_b [k] may be NULL (then only the loss is computed). Single-threaded
  * and deterministic: the result depends on nothing but the arguments. Returns 0, KVM_EINVAL
  * (k < 1 or d > 512), KVM_ENOMEM. */

@@ -117,16 +117,18 @@ END_TEST
 
 /* The solver's convergence settings and ridge_f32 at their off values (the solve before them)
  * write no line into the canonical config text, so such configs keep the ids they had before the
- * settings existed; each one on (carry_history and ridge_f32 by default) gives another id. */
+ * settings existed; each one on (carry_history, ridge_f32 and round_tolerance by default) gives
+ * another id. */
 START_TEST(test_convergence_settings_config_id)
 {
-    const char *extra[] = {"carry_history = 0\nridge_f32 = 0",
+    const char *extra[] = {"carry_history = 0\nround_tolerance = 0\nridge_f32 = 0",
                            "carry_history = 0\ntolerance = 0\nround_tolerance = 0\nridge_f32 = 0",
                            "carry_history = 0\ntolerance = 0.01\nridge_f32 = 0",
                            "carry_history = 0\nround_tolerance = 0.01\nridge_f32 = 0", "carry_history = 0",
-                           "carry_history = 0\nridge_f32 = 0\ngradient_tolerance = 0.001"};
-    kvm_store_id id[6];
-    for (int i = 0; i < 6; i++) {
+                           "carry_history = 0\nridge_f32 = 0\ngradient_tolerance = 0.001",
+                           "carry_history = 0\nridge_f32 = 0"}; /* round_tolerance at its default 0.2 */
+    kvm_store_id id[7];
+    for (int i = 0; i < 7; i++) {
         char text[512];
         snprintf(text, sizeof text, "[model]\npath = x\n[compress]\n%s\n", extra[i]);
         kvm_config *c = NULL;
@@ -145,7 +147,7 @@ START_TEST(test_convergence_settings_config_id)
         kvm_config_free(&c);
     }
     ck_assert_int_eq(memcmp(&id[0], &id[1], sizeof id[0]), 0);
-    for (int i = 2; i < 6; i++) ck_assert_int_ne(memcmp(&id[0], &id[i], sizeof id[0]), 0);
+    for (int i = 2; i < 7; i++) ck_assert_int_ne(memcmp(&id[0], &id[i], sizeof id[0]), 0);
 }
 END_TEST
 

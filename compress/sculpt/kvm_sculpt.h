@@ -86,7 +86,8 @@ typedef struct kvm_sculpt_opts {
                                  (kvm_sculpt_lbfgs_gtol); 0 = the absolute rule (default 0) */
     double round_tolerance;   /* a problem leaves the rounds when a round's ridge-refit loss is
                                  below its best so far by less than this fraction of it
-                                 (kvm_sculpt_round_converged); 0 = off (default 0) */
+                                 (kvm_sculpt_round_converged); 0 = off (default 0.2: bench/RESULTS.md,
+                                 "Solver speed, part 6") */
     int bias;                 /* 1: each distilled entry gets a logit bias β, optimised with the
                                  keys (Attention Matching, arXiv 2602.16284) */
     kvm_sculpt_alloc alloc;   /* budget allocation (default uniform) */

@@ -69,9 +69,9 @@ KVM_SCULPT_SETTING(gradient_tolerance, F64, lbfgs_gtol, 0, 1, 1, "0", "",
 KVM_SCULPT_SETTING(carry_history, INT, carry_history, 0, 1, 1, "1", "",
                    "1: each alternating round's L-BFGS starts with the previous round's memory; 0 = off (an empty one, "
                    "the solve before it)", NULL)
-KVM_SCULPT_SETTING(round_tolerance, F64, round_tolerance, 0, 1, 1, "0", "",
+KVM_SCULPT_SETTING(round_tolerance, F64, round_tolerance, 0, 1, 1, "0.2", "",
                    "a (layer, KV head) problem leaves the rounds when a round improved its best loss by less than "
-                   "this fraction; 0 = off", NULL)
+                   "this fraction; 0 = off (every round runs, the solve before it)", NULL)
 KVM_SCULPT_SETTING(bias, BOOL, bias, 0, 1, 1, "false", "",
                    "a logit bias beta per distilled entry, fitted with the keys (Attention Matching)", NULL)
 KVM_SCULPT_SETTING(alloc, ALLOC, alloc, 0, 0, 1, "uniform", "",

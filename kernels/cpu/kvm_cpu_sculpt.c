@@ -1,7 +1,10 @@
 /* kvm_cpu_sculpt.c: the KVSculpt loss and gradient of one problem on the CPU as query-blocked
  * GEMMs (kvmill's packed microkernel) with fused row kernels between them, and the ridge design
  * probabilities; the per-element math is kernels/kvm_sculpt_body.h. Entries are padded to a
- * multiple of NR = 16 and every row loop runs over whole blocks of 16 lanes. */
+ * multiple of NR = 16 and every row loop runs over whole blocks of 16 lanes. At head dim 8 the
+ * GEMMs are inlined fixed-size tiles and a block of QB8 queries goes through every pass (scores
+ * with β and row maxima, exponentials, W·Vc, ∂score, Qᵀ·U into the key gradient) while its
+ * scores and ∂score rows stay in L1; no [nq][k] array exists. */
 #include "kernels/kvm_sculpt_kernels.h"
 #include "kernels/cpu/kvm_cpu_sculpt_rows.h"
 #include "common/kvm_error.h"
@@ -11,17 +14,19 @@
 #include <string.h>
 
 enum { QB = KVM_SB_QB, NR = KVM_GEMM_NR };
+enum { QB8 = 32 }; /* queries per block at head dim 8: S and U of a block (2·16·kp floats) stay in L1 */
 
 /* Scratch of one evaluation (one allocation). kp = k rounded up to NR. */
 typedef struct sb_work {
     int64_t kp;
     kvm_cpu_packed kpk, vpk, vtpk; /* Kc (out k, in d), Vc as (out d, in k), Vc as (out k, in d) */
-    kvm_cpu_packed upk;            /* ∂score U of every query, already in panel layout [kp/NR][nq][NR] */
+    kvm_cpu_packed upk;            /* ∂score U of every query, already in panel layout [kp/NR][nq][NR]
+                                      (d ≠ 8; at d = 8 the block's U is R, [kp/NR][QB8][NR]) */
     float *S;                      /* [QB][kp] scores, then softmax weights W */
     float *oh, *E;                 /* [QB][d] distilled-part output, then the output error */
     float *R;                      /* [QB][kp] E·Vcᵀ */
     const float *qt;               /* [d][nq] Qᵀ: the view's, or built in the scratch */
-    float *gt;                     /* [d][kp] Qᵀ·U */
+    float *gt;                     /* [d][kp] Qᵀ·U (d = 8: summed block by block, unscaled) */
     float *gb;                     /* [kp] Σ_i U */
     const float *vc;               /* the caller's Vc [k][d] (borrowed) */
 } sb_work;
@@ -80,7 +85,7 @@ static void wv_rows8(const float *restrict w, int nb, int64_t kp, const float *r
 
 /* The K = 8 inner product of up to 4 rows x0..x3 [8] with one 16-entry panel pp [8][NR]:
  * acc[r][0|1] = Σ_t x_r[t]·pp[t][0..8 | 8..16], one FMA per term in t order (the packed
- * GEMM's order). Shared by gemm_k8 and dscore_k8, so both sum alike. */
+ * GEMM's order). Shared by scores_k8 and dscore_k8, so both sum alike. */
 static inline __attribute__((always_inline)) void k8_panel(const float *x0, const float *x1, const float *x2,
                                                            const float *x3, const float *pp, v8f acc[4][2])
 {
@@ -101,65 +106,111 @@ static inline __attribute__((always_inline)) void k8_panel(const float *x0, cons
     acc[2][0] = a2, acc[2][1] = c2, acc[3][0] = a3, acc[3][1] = c3;
 }
 
-/* y[b][j] = alpha·Σ_{t<8} x[b][t]·P[t][j] for b < nb, j < kp (row strides 8 and kp) with P
- * packed [kp/16][8][16] (kvm__cpu_pack, zero beyond its columns): the scores at head dim 8
- * (P = Kc; dscore_k8 repeats the loop for E·Vcᵀ). Four rows × 16 columns per step with the sums over t in
- * order, one FMA each, then the scaling: the operations of the packed GEMM's tile4, so the
- * stored columns are bit-identical to kvm__cpu_gemm_packed(x, nb, 8, P, y, kp, alpha, 0, k, 8)
- * and the padding columns get 0; inlined with K fixed, it avoids a tile call per 64 FMAs. */
+/* The scores of nb ≤ QB rows at head dim 8: y[b][j] = alpha·Σ_{t<8} x[b][t]·P[t][j] + β_j for j <
+ * kp (row strides 8 and kp) with P = Kc packed [kp/16][8][16] (kvm__cpu_pack, zero beyond its
+ * columns) and β [kp] (−1e30 on padding), and each row's maximum into mx[b]. Four rows × 16
+ * columns per step (k8_panel), the scaling and β in one FMA; inlined with K fixed, it avoids a
+ * GEMM tile call per 64 FMAs and the softmax's separate β-and-maximum pass over the row. */
 SB_CLONES
-static void gemm_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, int64_t kp, float alpha,
-                    float *restrict y)
+static void scores_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, int64_t kp, float alpha,
+                      const float *restrict beta, float *restrict y, float *restrict mx)
 {
     for (int b0 = 0; b0 < nb; b0 += 4) {
         const int mr = nb - b0 < 4 ? nb - b0 : 4;
         const float *x0 = x + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
         const float *x3 = x0 + (mr > 3 ? 24 : 0);
+        const v8f ninf = (v8f){0} - INFINITY;
+        v8f m[4] = {ninf, ninf, ninf, ninf};
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
-            const float *pp = P->p + j0 * 8;
-            v8f acc[4][2];
-            k8_panel(x0, x1, x2, x3, pp, acc);
-            for (int r = 0; r < mr; r++) {
-                v8f l = acc[r][0] * alpha, h = acc[r][1] * alpha;
+            v8f acc[4][2], bl, bh;
+            k8_panel(x0, x1, x2, x3, P->p + j0 * 8, acc);
+            memcpy(&bl, beta + j0, 32);
+            memcpy(&bh, beta + j0 + 8, 32);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) { /* a constant trip count keeps acc and m in registers */
+                v8f l = acc[r][0] * alpha + bl, h = acc[r][1] * alpha + bh;
+                m[r] = v8_max(m[r], v8_max(l, h));
+                if (r >= mr) continue;
                 memcpy(y + (b0 + r) * kp + j0, &l, 32);
                 memcpy(y + (b0 + r) * kp + j0 + 8, &h, 32);
             }
         }
+        for (int r = 0; r < mr; r++) mx[b0 + r] = v8_hmax(m[r]);
     }
 }
 
-/* The ∂score rows of nb queries from i0 at head dim 8 with E·Vcᵀ fused in: per 4 rows × 16
- * entries r = Σ_{t<8} e[b][t]·Vc[j][t] (gemm_k8's sums), then u_j = (w_j·iz)·(b1·(r_j − oe) +
- * b2) into upk and gb += u row by row, as dscore_row does; bit-identical to gemm_k8 followed by
- * dscore_row (r is never stored). w [nb][kp] are the exponentiated scores, iz, oe, b1, b2 [nb]. */
+/* The key gradient's block term at head dim 8: gt[t][j] += Σ_{b<nb} x[b][t]·u[b][j] for t < 8,
+ * j < kp, u a block's ∂score rows in panel layout [kp/16][nb][16] (dscore_k8's output).
+ * Per half panel the 8 sums are held in registers over the block's rows, in row order, so the
+ * gradient is summed over the queries in order whatever the block size. */
+SB_CLONES
+static void grad_k8(const float *restrict x, int nb, const float *restrict u, int64_t kp, float *restrict gt)
+{
+    for (int64_t j0 = 0; j0 < kp; j0 += NR)
+        for (int h = 0; h < NR; h += 8) {
+            v8f g[8], uv;
+            for (int t = 0; t < 8; t++) memcpy(&g[t], gt + t * kp + j0 + h, 32);
+            const float *up = u + (j0 / NR) * nb * NR + h;
+            for (int b = 0; b < nb; b++) {
+                memcpy(&uv, up + b * NR, 32);
+                for (int t = 0; t < 8; t++) g[t] += x[b * 8 + t] * uv;
+            }
+            for (int t = 0; t < 8; t++) memcpy(gt + t * kp + j0 + h, &g[t], 32);
+        }
+}
+
+/* The ∂score rows of nb queries at head dim 8 with E·Vcᵀ fused in: per 4 rows × 16 entries
+ * r = Σ_{t<8} e[b][t]·Vc[j][t] (k8_panel's sums), then u_j = w_j·(c1·(r_j − oe) + c2) with
+ * c1 = iz·b1, c2 = iz·b2 (kvm_sb_dscore with the softmax's 1/Σ folded into the row's two
+ * coefficients) into the block's panels u [kp/16][nb][16], and gb += u row by row. w [nb][kp]
+ * are the exponentiated scores; oe, c1, c2 [nb]. */
 SB_CLONES
 static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt, int64_t kp, const float *restrict w,
-                      const float *iz, const float *oe, const float *b1, const float *b2, int64_t nq, int64_t i0,
-                      float *restrict upk, float *restrict gb)
+                      const float *oe, const float *c1, const float *c2, float *restrict u, float *restrict gb)
 {
     for (int b0 = 0; b0 < nb; b0 += 4) {
         const int mr = nb - b0 < 4 ? nb - b0 : 4;
         const float *x0 = e + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
         const float *x3 = x0 + (mr > 3 ? 24 : 0);
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
-            const float *pp = Vt->p + j0 * 8;
-            v8f acc[4][2], g[2], wv, uv;
-            k8_panel(x0, x1, x2, x3, pp, acc);
-            memcpy(g, gb + j0, 64);
-            for (int r = 0; r < mr; r++) {
+            v8f acc[4][2], g0, g1, w0, w1;
+            k8_panel(x0, x1, x2, x3, Vt->p + j0 * 8, acc);
+            memcpy(&g0, gb + j0, 32);
+            memcpy(&g1, gb + j0 + 8, 32);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) { /* a constant trip count keeps acc and g in registers */
+                if (r >= mr) continue;
                 const int b = b0 + r;
-                float *u = upk + (j0 / NR) * nq * NR + (i0 + b) * NR;
-                for (int h = 0; h < 2; h++) {
-                    memcpy(&wv, w + b * kp + j0 + 8 * h, 32);
-                    wv = wv * iz[b];
-                    uv = wv * (b1[b] * (acc[r][h] - oe[b]) + b2[b]);
-                    g[h] += uv;
-                    memcpy(u + 8 * h, &uv, 32);
-                }
+                float *ub = u + (j0 / NR) * nb * NR + b * NR;
+                memcpy(&w0, w + b * kp + j0, 32);
+                memcpy(&w1, w + b * kp + j0 + 8, 32);
+                const v8f u0 = w0 * (c1[b] * (acc[r][0] - oe[b]) + c2[b]);
+                const v8f u1 = w1 * (c1[b] * (acc[r][1] - oe[b]) + c2[b]);
+                g0 += u0;
+                g1 += u1;
+                memcpy(ub, &u0, 32);
+                memcpy(ub + 8, &u1, 32);
             }
-            memcpy(gb + j0, g, 64);
+            memcpy(gb + j0, &g0, 32);
+            memcpy(gb + j0 + 8, &g1, 32);
         }
     }
+}
+
+/* The output error of one query at head dim 8 as one 8-lane vector (kvm_sb_out_err per lane):
+ * e = pc·(ohc·iz) + pr·o_ret − o_full; returns ⟨Ô, e⟩ and *ei = ‖e‖², both summed in float as
+ * a fixed tree (no serial chain over the 8 elements). */
+static inline float out_err8(float pc, float pr, float iz, const float *ohc, const float *orr, const float *o, float *e,
+                             double *ei)
+{
+    v8f c, r, f;
+    memcpy(&c, ohc, 32);
+    memcpy(&r, orr, 32);
+    memcpy(&f, o, 32);
+    const v8f oh = pc * (c * iz) + pr * r, ev = oh - f;
+    memcpy(e, &ev, 32);
+    *ei = v8_hsum(ev * ev);
+    return v8_hsum(oh * ev);
 }
 
 /* One query's output rows and scalars; returns ⟨Ô, e⟩ and adds to *mse, *lse; b1, b2 out. */
@@ -172,7 +223,8 @@ static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, 
     const float *o = p->o_full + i * d, *orr = p->o_ret + i * d;
     double ei = 0;
     float oe = 0;
-    for (int t = 0; t < d; t++) {
+    if (d == 8) oe = out_err8(s.pc, s.pr, iz, ohc, orr, o, e, &ei);
+    for (int t = 0; d != 8 && t < d; t++) {
         float oh;
         e[t] = kvm_sb_out_err(s.pc, ohc[t] * iz, s.pr, orr[t], o[t], &oh);
         ei += (double)e[t] * e[t];
@@ -185,23 +237,44 @@ static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, 
     return oe;
 }
 
-/* One block of nb queries from i0: the forward pass and (when want_grad) the ∂score rows. */
+/* The exponentiated softmax rows of nb queries from i0 into w->S (biases b0 [kp]), their LSEs
+ * lc[nb] and inverse sums iz[nb]. */
+static void score_rows(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const float *b0, sb_work *w,
+                       float *lc, float *iz)
+{
+    const int d = p->d;
+    const int64_t kp = w->kp;
+    if (d == 8) {
+        float mx[QB];
+        scores_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
+        for (int b = 0; b < nb; b++) lc[b] = exp_row(w->S + b * kp, kp, mx[b], &iz[b]);
+        return;
+    }
+    kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w->kpk, w->S, kp, p->scale, 0, k, d);
+    for (int b = 0; b < nb; b++) lc[b] = softmax_row(w->S + b * kp, b0, kp, &iz[b]);
+}
+
+/* One block of nb queries from i0: the forward pass and (when want_grad) the ∂score rows and,
+ * at head dim 8, their term of the key gradient. */
 static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const float *b0, double a1, double a2,
                   int want_grad, sb_work *w, double *mse, double *lse)
 {
     const int d = p->d;
     const int64_t kp = w->kp;
     float lc[QB], iz[QB], oe[QB], b1[QB], b2[QB];
-    if (d == 8) gemm_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, w->S);
-    else kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w->kpk, w->S, kp, p->scale, 0, k, d);
-    for (int b = 0; b < nb; b++) lc[b] = softmax_row(w->S + b * kp, b0, kp, &iz[b]);
+    score_rows(p, i0, nb, k, b0, w, lc, iz);
     if (d == 8) wv_rows8(w->S, nb, kp, w->vc, k, w->oh);
     else kvm__cpu_gemm_packed(w->S, nb, kp, &w->vpk, w->oh, d, 1.0f, 0, d, k);
     for (int b = 0; b < nb; b++)
         oe[b] = query_row(p, i0 + b, lc[b], iz[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b], mse, lse);
     if (!want_grad) return;
     if (d == 8) {
-        dscore_k8(w->E, nb, &w->vtpk, kp, w->S, iz, oe, b1, b2, p->nq, i0, w->upk.p, w->gb);
+        for (int b = 0; b < nb; b++) {
+            b1[b] *= iz[b];
+            b2[b] *= iz[b];
+        }
+        dscore_k8(w->E, nb, &w->vtpk, kp, w->S, oe, b1, b2, w->R, w->gb);
+        grad_k8(p->q + i0 * d, nb, w->R, kp, w->gt);
         return;
     }
     kvm__cpu_gemm_packed(w->E, nb, d, &w->vtpk, w->R, kp, 1.0f, 0, k, d);
@@ -226,7 +299,7 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
     memset(w, 0, sizeof *w);
     w->kp = kp;
     w->vc = vc;
-    const int build_qt = grad && !p->qt;
+    const int full_u = grad && d != 8, build_qt = full_u && !p->qt; /* d = 8: U per block, in R */
     size_t nf = (size_t)kp * (2 * QB + d + 2) + (size_t)(2 * QB * d) + (build_qt ? (size_t)(d * nq) : 0);
     w->S = calloc(nf, sizeof *w->S);
     if (!w->S || kvm__cpu_pack(&w->kpk, kc, k, d, d, 1) || kvm__cpu_pack(&w->vpk, vc, d, k, 1, d) ||
@@ -240,7 +313,7 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
     w->E = w->oh + QB * d;
     float *qt = w->E + QB * d;
     w->qt = build_qt ? qt : p->qt;
-    if (grad) {
+    if (full_u) {
         size_t bytes = ((size_t)(kp * nq) * sizeof(float) + 63) & ~(size_t)63;
         if (!(w->upk.p = aligned_alloc(64, bytes ? bytes : 64))) goto fail;
         /* every slot of U is written by the ∂score rows: no clearing */
@@ -269,13 +342,16 @@ int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const flo
     for (int64_t j = 0; j < kp; j++) b0[j] = j < k ? (beta ? beta[j] : 0.0f) : -1e30f;
     const double a1 = 2.0 / ((double)nq * p->out_ms), a2 = 2.0 * lambda / (double)nq;
     double mse = 0, lse = 0;
-    for (int64_t i0 = 0; i0 < nq; i0 += QB)
-        block(p, i0, nq - i0 < QB ? (int)(nq - i0) : QB, k, b0, a1, a2, grad, &w, &mse, &lse);
+    const int qb = d == 8 ? QB8 : QB;
+    for (int64_t i0 = 0; i0 < nq; i0 += qb)
+        block(p, i0, nq - i0 < qb ? (int)(nq - i0) : qb, k, b0, a1, a2, grad, &w, &mse, &lse);
     if (grad) {
-        kvm__cpu_gemm_packed(w.qt, d, nq, &w.upk, w.gt, kp, p->scale, 0, k, nq);
+        /* d = 8: the blocks summed Qᵀ·U unscaled; otherwise one GEMM over all queries now */
+        const float gs = d == 8 ? p->scale : 1.0f;
+        if (d != 8) kvm__cpu_gemm_packed(w.qt, d, nq, &w.upk, w.gt, kp, p->scale, 0, k, nq);
         if (grad_k)
             for (int64_t j = 0; j < k; j++)
-                for (int t = 0; t < d; t++) grad_k[j * d + t] = w.gt[t * kp + j];
+                for (int t = 0; t < d; t++) grad_k[j * d + t] = gs * w.gt[t * kp + j];
         if (grad_b) memcpy(grad_b, w.gb, (size_t)k * sizeof *grad_b);
     }
     out->mse_sum = mse;
@@ -298,13 +374,13 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
     for (int64_t j = 0; j < kp; j++) b0[j] = j < k ? (beta ? beta[j] : 0.0f) : -1e30f;
     for (int64_t i0 = 0; i0 < nq; i0 += QB) {
         const int nb = nq - i0 < QB ? (int)(nq - i0) : QB;
-        if (d == 8) gemm_k8(p->q + i0 * d, nb, &w.kpk, kp, p->scale, w.S);
-        else kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w.kpk, w.S, kp, p->scale, 0, k, d);
+        float lc[QB], iz[QB];
+        score_rows(p, i0, nb, k, b0, &w, lc, iz);
         for (int b = 0; b < nb; b++) {
             const int64_t i = i0 + b;
-            float iz, lc = softmax_row(w.S + b * kp, b0, kp, &iz);
-            kvm_sb_query s = kvm_sb_query_shares(lc, p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
-            const float c = s.pc * iz;
+            kvm_sb_query s =
+                kvm_sb_query_shares(lc[b], p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
+            const float c = s.pc * iz[b];
             for (int64_t j = 0; j < k; j++) P[i * k + j] = c * w.S[b * kp + j];
             pr[i] = s.pr;
         }

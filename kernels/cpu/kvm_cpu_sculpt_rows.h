@@ -36,6 +36,49 @@ static inline v8f v8_expf(v8f x)
     return p * (v8f)bits;
 }
 
+/* Lanewise max(a, b): one compare and one blend (a where a ≥ b, else b). */
+static inline v8f v8_max(v8f a, v8f b)
+{
+    const v8i ge = a >= b;
+    return (v8f)(((v8i)a & ge) | ((v8i)b & ~ge));
+}
+
+/* The largest of the 8 lanes. */
+static inline float v8_hmax(v8f m)
+{
+    float mx = -INFINITY;
+    for (int l = 0; l < 8; l++) mx = m[l] > mx ? m[l] : mx;
+    return mx;
+}
+
+/* The sum of the 8 lanes as a fixed tree. */
+static inline float v8_hsum(v8f a)
+{
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* The exponentiation half of a softmax row: s_j ← exp(s_j − mx) in place (v8_expf) for j < kp
+ * (a multiple of 16), mx the row's maximum. Returns the row's LSE mx + ln Σ_j s_j and
+ * *iz = 1/Σ_j s_j (two 8-lane accumulators, then a fixed tree). */
+SB_CLONES
+static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
+{
+    v8f a0 = {0}, a1 = {0}, x0, x1;
+    for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {
+        memcpy(&x0, s + j, 32);
+        memcpy(&x1, s + j + 8, 32);
+        x0 = v8_expf(x0 - mx);
+        x1 = v8_expf(x1 - mx);
+        memcpy(s + j, &x0, 32);
+        memcpy(s + j + 8, &x1, 32);
+        a0 += x0;
+        a1 += x1;
+    }
+    float z = v8_hsum(a0 + a1);
+    *iz = 1.0f / z;
+    return mx + logf(z);
+}
+
 /* Exponentials of one score row s[0..kp) (+ beta; padding beyond k is −1e30) in place,
  * unnormalised: s_j ← exp(s_j + β_j − max). Returns the row's LSE; *iz = 1/Σ_j s_j. */
 SB_CLONES
@@ -51,29 +94,10 @@ static inline float softmax_row(float *restrict s, const float *restrict b0, int
         x1 += y1;
         memcpy(s + j, &x0, 32);
         memcpy(s + j + 8, &x1, 32);
-        m0 = (v8f)(((v8i)m0 & (m0 >= x0)) | ((v8i)x0 & ~(m0 >= x0)));
-        m1 = (v8f)(((v8i)m1 & (m1 >= x1)) | ((v8i)x1 & ~(m1 >= x1)));
+        m0 = v8_max(m0, x0);
+        m1 = v8_max(m1, x1);
     }
-    float mx = -INFINITY;
-    for (int l = 0; l < 8; l++) {
-        mx = m0[l] > mx ? m0[l] : mx;
-        mx = m1[l] > mx ? m1[l] : mx;
-    }
-    v8f a0 = {0}, a1 = {0};
-    for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {
-        memcpy(&x0, s + j, 32);
-        memcpy(&x1, s + j + 8, 32);
-        x0 = v8_expf(x0 - mx);
-        x1 = v8_expf(x1 - mx);
-        memcpy(s + j, &x0, 32);
-        memcpy(s + j + 8, &x1, 32);
-        a0 += x0;
-        a1 += x1;
-    }
-    v8f a = a0 + a1;
-    float z = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-    *iz = 1.0f / z;
-    return mx + logf(z);
+    return exp_row(s, kp, v8_hmax(v8_max(m0, m1)), iz);
 }
 
 #endif
