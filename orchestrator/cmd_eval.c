@@ -720,6 +720,13 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc)
         rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
                        &n_jobs);
+    for (int j = 0; !rc && budget && j < n_jobs; j++) /* as run refuses [compress] budget >= [model] context */
+        if (strcmp(jobs[j].m->name, "full") && jobs[j].budget.tokens >= N) {
+            fprintf(stderr, "kvmill " CMD ": --budget %lld is not below --context %lld: the \"compressed\" cache would "
+                            "be as large as the full one (the budget would be clamped to the context); lower --budget "
+                            "(or use --method full)\n", (long long)jobs[j].budget.tokens, (long long)N);
+            rc = 2;
+        }
     int any_sculpt = 0;
     for (int j = 0; j < n_jobs; j++) any_sculpt |= sculpt_family(jobs[j].m);
     if (!rc && sculpt_flag && !any_sculpt) { /* it would apply to none: the run would ignore it unsaid */
