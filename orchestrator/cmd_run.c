@@ -59,7 +59,7 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     if (s->store_down)
         printf("store down: %lld documents were not processed (the store service did not answer; start it and run "
                "again: stored ones are skipped)\n", (long long)s->pending);
-    if (s->evicted > 0)
+    if (s->evicted > 0 && !s->bytes_unknown)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
     if (s->claimed)
@@ -71,16 +71,17 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
            (long long)(docs > 0 ? s->wire_out_bytes / docs : 0), kvm_config_str(cfg, "run", "wire_dtype"));
     printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
            (long long)s->prefetch_peak);
-    char full[32] = "unknown", stored[32] = "unknown"; /* not 0: the service holding them was not asked */
+    /* not 0: the service holding them was not asked (evictions come from the same probes) */
+    char full[32] = "unknown", stored[32] = "unknown", evicted[32] = "unknown";
     if (!s->bytes_unknown) {
         snprintf(full, sizeof full, "%lld", (long long)s->bytes_full);
         snprintf(stored, sizeof stored, "%lld", (long long)s->bytes_compressed);
+        snprintf(evicted, sizeof evicted, "%lld", (long long)s->evicted);
     }
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%s bytes_compressed=%s "
-           "seconds=%.3f claimed=%lld evicted=%lld wire_in_bytes=%lld wire_out_bytes=%lld\n",
+           "seconds=%.3f claimed=%lld evicted=%s wire_in_bytes=%lld wire_out_bytes=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated, full, stored,
-           s->seconds, (long long)s->claimed, (long long)s->evicted, (long long)s->wire_in_bytes,
-           (long long)s->wire_out_bytes);
+           s->seconds, (long long)s->claimed, evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes);
 }
 
 

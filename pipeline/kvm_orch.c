@@ -1310,7 +1310,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     int quick = hard || sum->store_down;
     if (o.cli && !rc && sum->compressed > 0 && (quick || sum_remote(&o))) { /* partial sums are no figure either */
         sum->bytes_unknown = 1;
-        sum->bytes_full = sum->bytes_compressed = 0;
+        sum->bytes_full = sum->bytes_compressed = sum->evicted = sum->evicted_own = 0;
     }
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     if (o.cli && o.owner[0] &&
