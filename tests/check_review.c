@@ -850,6 +850,21 @@ START_TEST(test_data_path_buffers)
 }
 END_TEST
 
+/* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
+ * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
+START_TEST(test_generate_device_message)
+{
+    char *out, *err, args[8000];
+    snprintf(args, sizeof args, "generate --model '%s' --prompt x -n 2 --device cuda:abc",
+             kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill generate: --device cuda:abc: not cpu or cuda:N") && !strstr(err, "--device:"),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* make test's runner: a suite that dies before its "Checks:" line is named as crashed, with
  * its exit status, in the summary line (it was one anonymous failure before). */
 START_TEST(test_runner_names_crash)
@@ -916,6 +931,7 @@ static Suite *review_suite(void)
         {"store_serve_bind_error_json", test_store_serve_bind_error_json},
         {"eval_task_context_too_short", test_eval_task_context_too_short},
         {"data_path_buffers", test_data_path_buffers},
+        {"generate_device_message", test_generate_device_message},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
