@@ -40,7 +40,8 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * with a method that distils no layers (eviction patterns, polykv, full) or with sculpt
  * settings it does not go with (kvm_sculpt_opts_check_combination). Returns 0 or KVM_EINVAL
  * (KVM_ENOTSUP for on_policy with alloc other than uniform) with a message naming the
- * setting, its value and the context. */
+ * setting, its value and the context. Also [store] service or service_bind that is not a tcp:// or
+ * ipc:// endpoint (kvm_serve_endpoint_check), KVM_EINVAL. */
 int kvm_jobcfg_check(const kvm_config *c);
 
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:

@@ -850,6 +850,49 @@ START_TEST(test_data_path_buffers)
 }
 END_TEST
 
+/* Writes c.ini (embedded model, context 64, streaming, store in tmp) with `extra` appended and runs
+ * `timeout 60 kvmill CMD --config c.ini ARGS`; returns the exit status. */
+static int with_config(const char *cmd, const char *extra, const char *args, char **out, char **err)
+{
+    char cfg[4400], text[8192], line[16384];
+    snprintf(cfg, sizeof cfg, "%s/c.ini", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = streaming\nratio = 0.5\n[serve]\nbind = "
+             "ipc://%s/front\n%s",
+             kvm_test_data_path("models/stories260K.bin"), tmp, extra);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(line, sizeof line, "timeout 60 '%s/kvmill' %s --config '%s' %s", kvm_test_bin(), cmd, cfg, args);
+    return kvm_test_run(line, out, err);
+}
+
+/* [store] service that is not an endpoint: serve's decode workers took it for an LMDB directory
+ * and made a new, empty store of that name, and run accepted it; [store] service_bind that is not
+ * one exited 1 once the store service it started failed. Both are refused at start now (exit 2),
+ * before any process starts. */
+START_TEST(test_store_endpoint_settings)
+{
+    char extra[8192], args[8192], *out, *err, typo[4400];
+    snprintf(typo, sizeof typo, "%s/typo", tmp);
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\nservice = %s\n", tmp, typo);
+    ck_assert_int_eq(with_config("serve", extra, "--workers 1 --compute-missing", &out, &err), 2);
+    ck_assert_msg(strstr(err, "[store] service = ") && strstr(err, "is not a store service endpoint"), "%s", err);
+    ck_assert_msg(access(typo, F_OK) != 0, "serve created %s", typo);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "--corpus '%s'", kvm_test_data_path("corpus"));
+    ck_assert_int_eq(with_config("run", extra, args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "is not a store service endpoint") && !strstr(out, "summary:"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\nservice_bind = tcp://127.0.0.1:99999\n", tmp);
+    ck_assert_int_eq(with_config("run", extra, args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "[store] service_bind 'tcp://127.0.0.1:99999': the port") && !strstr(err, "exited"),
+                  "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -932,6 +975,7 @@ static Suite *review_suite(void)
         {"eval_task_context_too_short", test_eval_task_context_too_short},
         {"data_path_buffers", test_data_path_buffers},
         {"generate_device_message", test_generate_device_message},
+        {"store_endpoint_settings", test_store_endpoint_settings},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
