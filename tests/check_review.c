@@ -893,6 +893,31 @@ START_TEST(test_store_endpoint_settings)
 }
 END_TEST
 
+/* [run] run_dir whose parent is missing, or that is a file: a configuration mistake, exit 2 (it
+ * was 1, as for a failed run). */
+START_TEST(test_run_dir_refused)
+{
+    char extra[8192], args[8192], *out, *err, file[4400];
+    snprintf(args, sizeof args, "--corpus '%s'", kvm_test_data_path("corpus"));
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\n[run]\nrun_dir = %s/no/such\n", tmp, tmp);
+    ck_assert_int_eq(with_config("run", extra, args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "[run] run_dir ") && strstr(err, "No such file or directory"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(file, sizeof file, "%s/f", tmp);
+    ck_assert_int_eq(kvm_test_write_file(file, "x", 1), 0);
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\n[run]\nrun_dir = %s\n", tmp, file);
+    ck_assert_int_eq(with_config("run", extra, args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "Not a directory"), "%s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(with_config("serve", extra, "--workers 1 --compute-missing", &out, &err), 2);
+    ck_assert_msg(strstr(err, "Not a directory"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -976,6 +1001,7 @@ static Suite *review_suite(void)
         {"data_path_buffers", test_data_path_buffers},
         {"generate_device_message", test_generate_device_message},
         {"store_endpoint_settings", test_store_endpoint_settings},
+        {"run_dir_refused", test_run_dir_refused},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
