@@ -127,15 +127,15 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
                      const kvm_model_config *c, eval_job **jobs, int *n_jobs)
 {
     char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
-    int rc = 0, nm = 0, nb = 0;
-    if (!ms || !bs) rc = 1;
+    int rc = 0, nm = 0, nb = 0, oom = !ms || !bs;
+    if (oom) rc = 1;
     if (!rc && ((nm = split(ms, mv, 32)) <= 0 || (nb = split(bs, bv, 32)) <= 0)) {
         fprintf(stderr, "kvmill " CMD ": --method and --%s take 1 to 32 comma-separated values\n",
                 is_ratio ? "ratio" : "budget");
         rc = 2;
     }
     eval_job *j = rc ? NULL : calloc((size_t)(nm * nb), sizeof *j);
-    if (!rc && !j) rc = 1;
+    if (!rc && !j) rc = oom = 1;
     int n = 0;
     for (int a = 0; !rc && a < nm; a++)
         for (int b = 0; !rc && b < nb; b++) {
@@ -175,14 +175,14 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
             int s = e->m->opts_new(arg, &e->budget, c, &e->opts);
             if (s) {
                 fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", mv[a], kvm_errmsg());
-                rc = s == KVM_ENOMEM || s == KVM_EIO ? 1 : 2;
+                rc = s == KVM_ENOMEM || s == KVM_EIO ? 1 : 2; /* said above, with the reason */
                 break;
             }
             n++;
         }
     free(ms);
     free(bs);
-    if (rc == 1) fprintf(stderr, "kvmill " CMD ": out of memory\n");
+    if (oom) fprintf(stderr, "kvmill " CMD ": out of memory\n"); /* not for a file that could not be read */
     *jobs = j;
     *n_jobs = n;
     return rc;

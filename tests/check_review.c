@@ -918,6 +918,21 @@ START_TEST(test_run_dir_refused)
 }
 END_TEST
 
+/* eval --method polykv:FILE where FILE cannot be read (a directory) said "out of memory" after the
+ * read error: every KVM_EIO of a method's options was reported as one. */
+START_TEST(test_eval_unreadable_strategy_not_oom)
+{
+    char args[12000], *out, *err;
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --method polykv:%s --budget 16",
+             kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"), tmp);
+    int rc = kvmill(args, &out, &err);
+    ck_assert_msg(rc == 1 || rc == 2, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, tmp) && !strstr(err, "out of memory"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1002,6 +1017,7 @@ static Suite *review_suite(void)
         {"generate_device_message", test_generate_device_message},
         {"store_endpoint_settings", test_store_endpoint_settings},
         {"run_dir_refused", test_run_dir_refused},
+        {"eval_unreadable_strategy_not_oom", test_eval_unreadable_strategy_not_oom},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
