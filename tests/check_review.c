@@ -933,6 +933,21 @@ START_TEST(test_eval_unreadable_strategy_not_oom)
 }
 END_TEST
 
+/* A model folder without config.json (a Hugging Face download that lost it, the wrong folder) was
+ * "is a directory, not a model file", which does not say what a model folder needs. */
+START_TEST(test_model_folder_without_config)
+{
+    char args[8000], *out, *err, st[4400];
+    snprintf(st, sizeof st, "%s/model.safetensors", tmp);
+    ck_assert_int_eq(kvm_test_write_file(st, "x", 1), 0);
+    snprintf(args, sizeof args, "info --model '%s'", tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "is a directory without config.json: not a Hugging Face checkpoint folder"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1018,6 +1033,7 @@ static Suite *review_suite(void)
         {"store_endpoint_settings", test_store_endpoint_settings},
         {"run_dir_refused", test_run_dir_refused},
         {"eval_unreadable_strategy_not_oom", test_eval_unreadable_strategy_not_oom},
+        {"model_folder_without_config", test_model_folder_without_config},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
