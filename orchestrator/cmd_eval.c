@@ -515,7 +515,7 @@ int kvm_cmd_eval(int argc, char **argv)
         {"docs", 1, "documents: a folder of *.txt, a file, or a comma-separated list", NULL},
         {"method", 1, method_help, NULL},
         {"budget", 1, "entries kept per (layer, KV head), B (comma-separated list allowed)", NULL},
-        {"ratio", 1, "budget as a share r of the context, b = r*N, in (0, 1] (list allowed)", NULL},
+        {"ratio", 1, "budget as a share r of the context, b = r*N, in (0, 1) (list allowed)", NULL},
         {"context", 1, "context tokens N, BOS included (default 384)", NULL},
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
         {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
@@ -720,11 +720,15 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc)
         rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
                        &n_jobs);
-    for (int j = 0; !rc && budget && j < n_jobs; j++) /* as run refuses [compress] budget >= [model] context */
-        if (strcmp(jobs[j].m->name, "full") && jobs[j].budget.tokens >= N) {
-            fprintf(stderr, "kvmill " CMD ": --budget %lld is not below --context %lld: the \"compressed\" cache would "
-                            "be as large as the full one (the budget would be clamped to the context); lower --budget "
-                            "(or use --method full)\n", (long long)jobs[j].budget.tokens, (long long)N);
+    for (int j = 0; !rc && !target && j < n_jobs; j++) /* as run refuses [compress] budget >= context, ratio = 1 */
+        if (strcmp(jobs[j].m->name, "full") && (budget ? jobs[j].budget.tokens >= N : jobs[j].budget.ratio >= 1)) {
+            if (budget)
+                fprintf(stderr, "kvmill " CMD ": --budget %lld is not below --context %lld: the \"compressed\" cache "
+                                "would be as large as the full one (the budget would be clamped to the context); lower "
+                                "--budget (or use --method full)\n", (long long)jobs[j].budget.tokens, (long long)N);
+            else
+                fprintf(stderr, "kvmill " CMD ": --ratio 1 keeps every entry: the \"compressed\" cache would be as "
+                                "large as the full one; lower --ratio (or use --method full)\n");
             rc = 2;
         }
     int any_sculpt = 0;

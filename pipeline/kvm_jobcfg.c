@@ -153,6 +153,10 @@ int kvm_jobcfg_check(const kvm_config *c)
                        kvm_config_path(c), (long long)kvm_target_lowest_budget(c),
                        (long long)kvm_config_int(c, "compress", "target_step"), sculpt ? " above retain" : "",
                        (long long)ctx, sculpt ? " or retain" : "");
+    if (!target && budget == 0 && kvm_config_float(c, "compress", "ratio") >= 1) /* b = N: as budget >= context */
+        return kvm_err(KVM_EINVAL, "%s: [compress] ratio = 1 keeps every entry of every document: the \"compressed\" "
+                                   "cache would be as large as the full one or larger; lower ratio (or use method = full)",
+                       kvm_config_path(c));
     if (!target && budget >= ctx) /* with target_kl the search sets the budget: this one is unused */
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
                                    "cache would be as large as the full one or larger; lower budget (or use method = full)",

@@ -948,6 +948,30 @@ START_TEST(test_model_folder_without_config)
 }
 END_TEST
 
+/* [compress] ratio = 1 keeps every entry (b = N; a sculpt method distils N - retain entries beside the
+ * retain zone): the "compressed" caches were as large as the full ones or larger, where budget at or
+ * above the context is refused. Now refused too, exit 2 before any stage starts; with method full the
+ * ratio is unused. */
+START_TEST(test_ratio_one_refused)
+{
+    char args[8192], *out, *err;
+    snprintf(args, sizeof args, "--corpus '%s'", kvm_test_data_path("corpus"));
+    const char *methods[] = {"h2o", "sculpt"};
+    for (int i = 0; i < 2; i++) { /* its own file: with_config's [compress] sets ratio already */
+        char cfg[4400], body[8192], line[16384];
+        snprintf(cfg, sizeof cfg, "%s/r.ini", tmp);
+        snprintf(body, sizeof body, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = %s\nratio = 1\n[store]\npath = "
+                 "%s/st.lmdb\n", kvm_test_data_path("models/stories260K.bin"), methods[i], tmp);
+        ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
+        snprintf(line, sizeof line, "timeout 60 '%s/kvmill' run --config '%s' %s", kvm_test_bin(), cfg, args);
+        ck_assert_int_eq(kvm_test_run(line, &out, &err), 2);
+        ck_assert_msg(strstr(err, "[compress] ratio = 1 keeps every entry") && !strstr(out, "summary:"), "%s", err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1034,6 +1058,7 @@ static Suite *review_suite(void)
         {"run_dir_refused", test_run_dir_refused},
         {"eval_unreadable_strategy_not_oom", test_eval_unreadable_strategy_not_oom},
         {"model_folder_without_config", test_model_folder_without_config},
+        {"ratio_one_refused", test_ratio_one_refused},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
