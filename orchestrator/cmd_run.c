@@ -30,9 +30,10 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     if (s->bytes_unknown)
         printf("bytes: unknown (the store service holding the caches did not answer), method %s\n",
                kvm_config_str(cfg, "compress", "method"));
-    else
-        printf("bytes: %lld full f32 KV -> %lld stored (%.2fx smaller), method %s\n", (long long)s->bytes_full,
-               (long long)s->bytes_compressed, ratio, kvm_config_str(cfg, "compress", "method"));
+    else /* method full stores each entry's position and bias beside it: larger than the f32 KV */
+        printf("bytes: %lld full f32 KV -> %lld stored (%.2fx %s), method %s\n", (long long)s->bytes_full,
+               (long long)s->bytes_compressed, ratio >= 1 || ratio == 0 ? ratio : 1 / ratio,
+               ratio >= 1 || ratio == 0 ? "smaller" : "larger", kvm_config_str(cfg, "compress", "method"));
     printf("time: %.2f s wall; compute per stage: prefill %.2f s, compress %.2f s; %.0f tokens/s\n", s->seconds,
            s->stage_ms[0] / 1000.0, s->stage_ms[1] / 1000.0, s->seconds > 0 ? (double)s->tokens / s->seconds : 0);
     double compute = s->stage_ms[0] + s->stage_ms[1];

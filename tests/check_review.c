@@ -972,6 +972,30 @@ START_TEST(test_ratio_one_refused)
 }
 END_TEST
 
+/* method full stores each entry's position and bias beside its key and value, so its caches are
+ * larger than the f32 KV: the bytes line said "(0.88x smaller)". */
+START_TEST(test_bytes_line_larger)
+{
+    char extra[8192], args[8192], *out, *err;
+    snprintf(args, sizeof args, "--corpus '%s'", kvm_test_data_path("corpus"));
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\n", tmp);
+    ck_assert_int_eq(with_config("run", extra, args, &out, &err), 0);
+    ck_assert_msg(strstr(out, "x smaller), method streaming"), "%s", out); /* streaming at ratio 0.5 */
+    free(out);
+    free(err);
+    char cfg[4400], body[8192], line[16384];
+    snprintf(cfg, sizeof cfg, "%s/f.ini", tmp);
+    snprintf(body, sizeof body, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = full\n[store]\npath = %s/st.lmdb\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
+    snprintf(line, sizeof line, "timeout 60 '%s/kvmill' run --config '%s' %s", kvm_test_bin(), cfg, args);
+    ck_assert_int_eq(kvm_test_run(line, &out, &err), 0);
+    ck_assert_msg(strstr(out, "x larger), method full") && !strstr(out, "x smaller"), "%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1059,6 +1083,7 @@ static Suite *review_suite(void)
         {"eval_unreadable_strategy_not_oom", test_eval_unreadable_strategy_not_oom},
         {"model_folder_without_config", test_model_folder_without_config},
         {"ratio_one_refused", test_ratio_one_refused},
+        {"bytes_line_larger", test_bytes_line_larger},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
