@@ -996,6 +996,44 @@ START_TEST(test_bytes_line_larger)
 }
 END_TEST
 
+/* [security] key files that are missing or not keys, and an authorized_keys that is a file: serve
+ * exited 1 (as for a runtime failure) and said the file "does not exist"; a hand-started stage
+ * given such a --server-key exited 1. Configuration and usage mistakes exit 2. */
+START_TEST(test_key_files_exit_2)
+{
+    char kp[4400], args[12000], extra[16384], *out, *err;
+    snprintf(kp, sizeof kp, "%s/s", tmp);
+    snprintf(args, sizeof args, "keygen --out '%s'", kp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 0);
+    free(out);
+    free(err);
+    const char *cases[][3] = {{"/nosuch.secret", "", "No such file or directory"},
+                              {".public", "", "is not the public half"},
+                              {".secret", "/s.public", "is not a folder"}};
+    for (int i = 0; i < 3; i++) {
+        char sk[4500], auth[4500];
+        snprintf(sk, sizeof sk, "%s%s", i == 0 ? tmp : kp, cases[i][0]);
+        snprintf(auth, sizeof auth, "%s%s", tmp, cases[i][1]);
+        snprintf(extra, sizeof extra,
+                 "[store]\npath = %s/st.lmdb\n[security]\nserver_secret_key = %s\nserver_public_key = %s.public\n"
+                 "authorized_keys = %s\nclient_public_key = %s.public\nclient_secret_key = %s.secret\n",
+                 tmp, sk, kp, auth, kp, kp);
+        ck_assert_int_eq(with_config("serve", extra, "--workers 0 --compute-missing", &out, &err), 2);
+        ck_assert_msg(strstr(err, cases[i][2]), "case %d: %s", i, err);
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args,
+             "timeout 20 '%s/kvmill-compress' --connect tcp://127.0.0.1:1 --store '%s/st.lmdb' --server-key "
+             "'%s/nosuch.public' --client-public '%s.public' --client-secret '%s.secret'",
+             kvm_test_bin(), tmp, tmp, kp, kp);
+    ck_assert_int_eq(kvm_test_run(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "nosuch.public: No such file or directory"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1084,6 +1122,7 @@ static Suite *review_suite(void)
         {"model_folder_without_config", test_model_folder_without_config},
         {"ratio_one_refused", test_ratio_one_refused},
         {"bytes_line_larger", test_bytes_line_larger},
+        {"key_files_exit_2", test_key_files_exit_2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
