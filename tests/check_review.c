@@ -1034,6 +1034,31 @@ START_TEST(test_key_files_exit_2)
 }
 END_TEST
 
+/* store ls --config with a polykv config whose strategy is not stored listed every cache of it as
+ * other-config or stale-strategy without a word why; it says so now (still exit 0). */
+START_TEST(test_store_ls_strategy_missing)
+{
+    char store[4400], extra[8192], *out, *err;
+    snprintf(store, sizeof store, "%s/st.lmdb", tmp);
+    kvm_store_opts so = {0};
+    kvm_store *st = NULL;
+    ck_assert_int_eq(kvm_store_open(store, &so, &st), 0);
+    kvm_store_close(&st);
+    snprintf(extra, sizeof extra, "[store]\npath = %s\n[compress]\nmethod = polykv\nstrategy = nosuch\nbudget = 16\n", store);
+    /* with_config's [compress] sets method and ratio: its own file */
+    char cfg[4400], body[8192], line[16384];
+    snprintf(cfg, sizeof cfg, "%s/p.ini", tmp);
+    snprintf(body, sizeof body, "[model]\npath = %s\ncontext = 64\n%s", kvm_test_data_path("models/stories260K.bin"), extra);
+    ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
+    snprintf(line, sizeof line, "'%s/kvmill' store ls --config '%s'", kvm_test_bin(), cfg);
+    ck_assert_int_eq(kvm_test_run(line, &out, &err), 0);
+    ck_assert_msg(strstr(err, "no PolyKV strategy 'nosuch' is stored") && strstr(err, "states compare with no strategy"),
+                  "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1123,6 +1148,7 @@ static Suite *review_suite(void)
         {"ratio_one_refused", test_ratio_one_refused},
         {"bytes_line_larger", test_bytes_line_larger},
         {"key_files_exit_2", test_key_files_exit_2},
+        {"store_ls_strategy_missing", test_store_ls_strategy_missing},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
