@@ -182,7 +182,16 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    int64_t T2 = 2 * kvm_config_int(cfg, "eval", "continuation");
+    int64_t T1 = kvm_config_int(cfg, "eval", "continuation");
+    if (kvm_config_bool(cfg, "eval", "enabled") && kvm_config_float(cfg, "compress", "target_kl") <= 0 &&
+        ctx + T1 > m->cfg.seq_len) { /* every evaluation would fail in the worker: "over 0 documents" */
+        fprintf(stderr, "kvmill run: %s: [eval] enabled scores the %lld tokens after the context ([eval] continuation): "
+                        "context %lld + %lld exceeds the model's window of %d tokens\n",
+                kvm_config_path(cfg), (long long)T1, (long long)ctx, (long long)T1, m->cfg.seq_len);
+        status = 2;
+        goto done;
+    }
+    int64_t T2 = 2 * T1;
     if (kvm_config_float(cfg, "compress", "target_kl") > 0 && ctx + T2 > m->cfg.seq_len) {
         fprintf(stderr, "kvmill run: %s: [compress] target_kl searches on the %lld tokens after the context (2 x [eval] "
                         "continuation): context %lld + %lld exceeds the model's window of %d tokens\n",

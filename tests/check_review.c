@@ -1059,6 +1059,29 @@ START_TEST(test_store_ls_strategy_missing)
 }
 END_TEST
 
+/* [eval] enabled = true with context + continuation past the model's window: every document's
+ * evaluation failed in its compress worker (a warning in the run directory's log, removed after the
+ * run) and the summary said "mean KL 0.00000 nats over 0 documents", exit 0. Refused at start now. */
+START_TEST(test_eval_past_window_refused)
+{
+    char args[8192], *out, *err, cfg[4400], body[8192], line[16384];
+    snprintf(args, sizeof args, "--corpus '%s'", kvm_test_data_path("corpus"));
+    snprintf(cfg, sizeof cfg, "%s/e.ini", tmp);
+    snprintf(body, sizeof body,
+             "[model]\npath = %s\ncontext = 500\n[compress]\nmethod = h2o\nratio = 0.5\n[store]\npath = %s/st.lmdb\n"
+             "[eval]\nenabled = true\ncontinuation = 64\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
+    snprintf(line, sizeof line, "timeout 60 '%s/kvmill' run --config '%s' %s", kvm_test_bin(), cfg, args);
+    ck_assert_int_eq(kvm_test_run(line, &out, &err), 2);
+    ck_assert_msg(strstr(err, "[eval] enabled scores the 64 tokens after the context") &&
+                      strstr(err, "context 500 + 64 exceeds the model's window of 512 tokens") && !strstr(out, "summary:"),
+                  "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1149,6 +1172,7 @@ static Suite *review_suite(void)
         {"bytes_line_larger", test_bytes_line_larger},
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},
+        {"eval_past_window_refused", test_eval_past_window_refused},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
