@@ -1082,6 +1082,29 @@ START_TEST(test_eval_past_window_refused)
 }
 END_TEST
 
+/* serve with [model] context past the model's window left it to the decode workers, which failed
+ * three times before serve gave up, exit 1, naming serve's resolved copy of the config; refused at
+ * start now, exit 2, naming the user's file. */
+START_TEST(test_serve_context_past_window)
+{
+    char extra[8192], *out, *err;
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\n", tmp);
+    /* with_config says context = 64: its own file */
+    char cfg[4400], body[8192], line[16384];
+    snprintf(cfg, sizeof cfg, "%s/w.ini", tmp);
+    snprintf(body, sizeof body, "[model]\npath = %s\ncontext = 600\n[compress]\nmethod = h2o\nratio = 0.5\n%s[serve]\nbind = "
+             "ipc://%s/front\n", kvm_test_data_path("models/stories260K.bin"), extra, tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
+    snprintf(line, sizeof line, "timeout 60 '%s/kvmill' serve --config '%s' --workers 1 --compute-missing", kvm_test_bin(),
+             cfg);
+    ck_assert_int_eq(kvm_test_run(line, &out, &err), 2);
+    ck_assert_msg(strstr(err, "w.ini: [model] context = 600 exceeds the model's window of 512 tokens") &&
+                      !strstr(err, "setup failed"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1173,6 +1196,7 @@ static Suite *review_suite(void)
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},
         {"eval_past_window_refused", test_eval_past_window_refused},
+        {"serve_context_past_window", test_serve_context_past_window},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
