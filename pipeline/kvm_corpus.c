@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,10 +16,30 @@
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* Opens a document for reading, which must be a regular file: a FIFO named *.txt blocked the run
+ * in open until a writer came (forever), a device read without end. NULL with errno set. */
+static FILE *open_regular(const char *path, const char *mode)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* O_NONBLOCK: a FIFO does not block the open */
+    struct stat st;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, mode);
+    if (!f) close(fd);
+    return f;
+}
+
 /* Reads at most max bytes of a file (NUL-terminated); *at_end = 1 when that is all of it. */
 static char *read_prefix(const char *path, size_t max, size_t *len, int *at_end)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = open_regular(path, "rb");
     if (!f) return NULL;
     char *buf = malloc(max + 2);
     size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
@@ -129,8 +150,10 @@ static int parse_line(const char *path, int64_t line, const char *text, kvm_doc 
 
 static int read_jsonl(const char *path, kvm_corpus *c)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    FILE *f = open_regular(path, "r");
+    if (!f)
+        return kvm_err(errno == EINVAL ? KVM_EINVAL : KVM_EIO, "%s: %s", path,
+                       errno == EINVAL ? "not a regular file (a FIFO, socket or device)" : strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     int64_t lineno = 0, dcap = 0;
@@ -315,7 +338,8 @@ static int load_file(kvm_doc *d, const kvm_tokenizer *tok, const char *frame, in
         int at_end = 0, more = 0;
         free(d->text);
         if (!(d->text = read_prefix(d->path, max, &d->text_len, &at_end)))
-            return kvm_err(KVM_EIO, "%s: cannot read: %s", d->path, strerror(errno));
+            return kvm_err(KVM_EIO, "%s: cannot read: %s", d->path,
+                       errno == EINVAL ? "not a regular file (a FIFO, socket or device)" : strerror(errno));
         int rc = prepare_text(d, tok, frame, at_end, n_keep, &more);
         if (rc || !more) return rc;
         max *= 2;

@@ -1105,6 +1105,35 @@ START_TEST(test_serve_context_past_window)
 }
 END_TEST
 
+/* A FIFO named *.txt in a corpus folder blocked the run in open() until a writer came, forever; a
+ * FIFO given as the .jsonl corpus blocked the scan. The FIFO fails alone now (the other document is
+ * compressed, exit 1), and a FIFO corpus is refused (exit 2). */
+START_TEST(test_corpus_fifo)
+{
+    char dir[4400], p[4500], extra[8192], args[8192], *out, *err;
+    snprintf(dir, sizeof dir, "%s/corp", tmp);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/a.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, "Once upon a time there was a dog.", 33), 0);
+    snprintf(p, sizeof p, "%s/f.txt", dir);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\n", tmp);
+    snprintf(args, sizeof args, "--corpus '%s'", dir);
+    ck_assert_int_eq(with_config("run", extra, args, &out, &err), 1); /* timeout 60: 124 when it hangs */
+    ck_assert_msg(strstr(err, "f.txt: cannot read: not a regular file") && strstr(out, "compressed=1 ") &&
+                      strstr(out, "failed=1 "), "%s\n%s", out, err);
+    free(out);
+    free(err);
+    snprintf(p, sizeof p, "%s/c.jsonl", tmp);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    snprintf(args, sizeof args, "--corpus '%s'", p);
+    ck_assert_int_eq(with_config("run", extra, args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "c.jsonl: not a regular file"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1197,6 +1226,7 @@ static Suite *review_suite(void)
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},
         {"eval_past_window_refused", test_eval_past_window_refused},
         {"serve_context_past_window", test_serve_context_past_window},
+        {"corpus_fifo", test_corpus_fifo},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
