@@ -2,6 +2,7 @@
  * (tokenise, truncate, hash). */
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_doctok.h"
+#include "pipeline/kvm_idxset.h"
 #include "common/kvm_error.h"
 
 #include <dirent.h>
@@ -148,8 +149,21 @@ static int parse_line(const char *path, int64_t line, const char *text, kvm_doc 
     return rc;
 }
 
+/* A JSONL id looked up among the documents read so far. */
+typedef struct name_probe {
+    const kvm_corpus *c;
+    const char *name;
+} name_probe;
+
+static int same_name(void *user, int64_t idx)
+{
+    const name_probe *p = user;
+    return !strcmp(p->c->docs[idx].name, p->name);
+}
+
 static int read_jsonl(const char *path, kvm_corpus *c)
 {
+    kvm_idxset names = {0}; /* ids seen: each line checked against all earlier ones was quadratic */
     FILE *f = open_regular(path, "r");
     if (!f)
         return kvm_err(errno == EINVAL ? KVM_EINVAL : KVM_EIO, "%s: %s", path,
@@ -167,11 +181,10 @@ static int read_jsonl(const char *path, kvm_corpus *c)
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
         if ((rc = parse_line(path, lineno, line, &d)) == 0) {
-            for (int64_t i = 0; i < c->n; i++)
-                if (!strcmp(c->docs[i].name, d.name)) {
-                    rc = kvm_err(KVM_EINVAL, "%s:%lld: duplicate id \"%s\"", path, (long long)lineno, d.name);
-                    break;
-                }
+            name_probe np = {c, d.name};
+            if (kvm_idxset_find(&names, kvm_idxset_hash_str(d.name), same_name, &np) >= 0)
+                rc = kvm_err(KVM_EINVAL, "%s:%lld: duplicate id \"%s\"", path, (long long)lineno, d.name);
+            else rc = kvm_idxset_add(&names, kvm_idxset_hash_str(d.name), c->n); /* its index once pushed */
         }
         free(d.text); /* kept: where the line is; loaded again by kvm_corpus_load */
         free(d.tokens);
@@ -183,6 +196,7 @@ static int read_jsonl(const char *path, kvm_corpus *c)
     }
     free(line);
     fclose(f);
+    kvm_idxset_free(&names);
     if (!rc && c->n == 0) rc = kvm_err(KVM_EINVAL, "%s: no documents", path);
     return rc;
 }
