@@ -27,7 +27,8 @@ int64_t kvm_idxset_find(const kvm_idxset *s, uint64_t hash, kvm_idxset_match_fn 
 static void put(kvm_idxset_slot *slot, uint64_t cap, uint64_t hash, int64_t idx)
 {
     uint64_t i = mix(hash) & (cap - 1);
-    while (slot[i].idx >= 0) i = (i + 1) & (cap - 1);
+    while (slot[i].idx >= 0)
+        i = (i + 1) & (cap - 1);
     slot[i] = (kvm_idxset_slot){.hash = hash, .idx = idx};
 }
 
@@ -37,7 +38,8 @@ int kvm_idxset_add(kvm_idxset *s, uint64_t hash, int64_t idx)
         uint64_t cap = s->cap ? 2 * s->cap : 64;
         kvm_idxset_slot *slot = malloc(cap * sizeof *slot);
         if (!slot) return kvm_err(KVM_ENOMEM, "out of memory (index set of %lld items)", (long long)s->n + 1);
-        for (uint64_t i = 0; i < cap; i++) slot[i].idx = -1;
+        for (uint64_t i = 0; i < cap; i++)
+            slot[i].idx = -1;
         for (uint64_t i = 0; i < s->cap; i++)
             if (s->slot[i].idx >= 0) put(slot, cap, s->slot[i].hash, s->slot[i].idx);
         free(s->slot);
@@ -58,6 +60,7 @@ void kvm_idxset_free(kvm_idxset *s)
 uint64_t kvm_idxset_hash_str(const char *s)
 {
     uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     return h;
 }

@@ -15,7 +15,7 @@ typedef struct kvm_idxset_slot {
 typedef struct kvm_idxset {
     kvm_idxset_slot *slot; /* cap slots, cap a power of two; NULL until the first add */
     uint64_t cap;
-    int64_t n;             /* indices stored */
+    int64_t n; /* indices stored */
 } kvm_idxset;
 
 /* Is item idx of the caller's array the one being looked for? (user: the caller's context) */
