@@ -1192,6 +1192,25 @@ START_TEST(test_scan_duplicates)
 }
 END_TEST
 
+/* kvmill sculpt --doc naming a file that does not exist exited 1, and a folder was read as an empty
+ * document ("retain 32 not in [0, N = 1]"); both are the user's mistake, named, exit 2. sculpt now
+ * reads its document as eval does (cmd_eval_docs_encode). */
+START_TEST(test_sculpt_doc_missing_or_folder)
+{
+    char args[12000], *out, *err;
+    const char *docs[2] = {"/nonexistent/d.txt", tmp};
+    const char *want[2] = {"/nonexistent/d.txt: No such file or directory", ": Is a directory"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'",
+                 kvm_test_data_path("models/stories260K.bin"), docs[i], tmp);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, want[i]) && !strstr(err, "retain"), "%s", err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1287,6 +1306,7 @@ static Suite *review_suite(void)
         {"corpus_fifo", test_corpus_fifo},
         {"idxset", test_idxset},
         {"scan_duplicates", test_scan_duplicates},
+        {"sculpt_doc_missing_or_folder", test_sculpt_doc_missing_or_folder},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
