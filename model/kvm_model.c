@@ -20,7 +20,10 @@ static int map_file(const char *path, void **map, size_t *bytes)
     struct stat st;
     if (stat(path, &st) != 0)
         return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
-    if (S_ISDIR(st.st_mode)) return kvm_err(KVM_EFORMAT, "%s: is a directory, not a model file", path);
+    if (S_ISDIR(st.st_mode)) /* kvm_hf_is_folder said no: a folder is a model only with its config.json */
+        return kvm_err(KVM_EFORMAT, "%s: is a directory without config.json: not a Hugging Face checkpoint folder "
+                                    "(a model is a llama2.c or .gguf file, or a folder with config.json and "
+                                    "model.safetensors)", path);
     if (!S_ISREG(st.st_mode)) return kvm_err(KVM_EFORMAT, "%s: not a regular file", path);
     if (st.st_size == 0) return kvm_err(KVM_EFORMAT, "%s: empty file", path);
     int fd = open(path, O_RDONLY);

@@ -127,15 +127,15 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
                      const kvm_model_config *c, eval_job **jobs, int *n_jobs)
 {
     char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
-    int rc = 0, nm = 0, nb = 0;
-    if (!ms || !bs) rc = 1;
+    int rc = 0, nm = 0, nb = 0, oom = !ms || !bs;
+    if (oom) rc = 1;
     if (!rc && ((nm = split(ms, mv, 32)) <= 0 || (nb = split(bs, bv, 32)) <= 0)) {
         fprintf(stderr, "kvmill " CMD ": --method and --%s take 1 to 32 comma-separated values\n",
                 is_ratio ? "ratio" : "budget");
         rc = 2;
     }
     eval_job *j = rc ? NULL : calloc((size_t)(nm * nb), sizeof *j);
-    if (!rc && !j) rc = 1;
+    if (!rc && !j) rc = oom = 1;
     int n = 0;
     for (int a = 0; !rc && a < nm; a++)
         for (int b = 0; !rc && b < nb; b++) {
@@ -175,14 +175,14 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
             int s = e->m->opts_new(arg, &e->budget, c, &e->opts);
             if (s) {
                 fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", mv[a], kvm_errmsg());
-                rc = s == KVM_ENOMEM || s == KVM_EIO ? 1 : 2;
+                rc = s == KVM_ENOMEM || s == KVM_EIO ? 1 : 2; /* said above, with the reason */
                 break;
             }
             n++;
         }
     free(ms);
     free(bs);
-    if (rc == 1) fprintf(stderr, "kvmill " CMD ": out of memory\n");
+    if (oom) fprintf(stderr, "kvmill " CMD ": out of memory\n"); /* not for a file that could not be read */
     *jobs = j;
     *n_jobs = n;
     return rc;
@@ -515,7 +515,7 @@ int kvm_cmd_eval(int argc, char **argv)
         {"docs", 1, "documents: a folder of *.txt, a file, or a comma-separated list", NULL},
         {"method", 1, method_help, NULL},
         {"budget", 1, "entries kept per (layer, KV head), B (comma-separated list allowed)", NULL},
-        {"ratio", 1, "budget as a share r of the context, b = r*N, in (0, 1] (list allowed)", NULL},
+        {"ratio", 1, "budget as a share r of the context, b = r*N, in (0, 1) (list allowed)", NULL},
         {"context", 1, "context tokens N, BOS included (default 384)", NULL},
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
         {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
@@ -720,6 +720,17 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc)
         rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
                        &n_jobs);
+    for (int j = 0; !rc && !target && j < n_jobs; j++) /* as run refuses [compress] budget >= context, ratio = 1 */
+        if (strcmp(jobs[j].m->name, "full") && (budget ? jobs[j].budget.tokens >= N : jobs[j].budget.ratio >= 1)) {
+            if (budget)
+                fprintf(stderr, "kvmill " CMD ": --budget %lld is not below --context %lld: the \"compressed\" cache "
+                                "would be as large as the full one (the budget would be clamped to the context); lower "
+                                "--budget (or use --method full)\n", (long long)jobs[j].budget.tokens, (long long)N);
+            else
+                fprintf(stderr, "kvmill " CMD ": --ratio 1 keeps every entry: the \"compressed\" cache would be as "
+                                "large as the full one; lower --ratio (or use --method full)\n");
+            rc = 2;
+        }
     int any_sculpt = 0;
     for (int j = 0; j < n_jobs; j++) any_sculpt |= sculpt_family(jobs[j].m);
     if (!rc && sculpt_flag && !any_sculpt) { /* it would apply to none: the run would ignore it unsaid */

@@ -116,9 +116,15 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
     *ids_out = NULL;
     *n_out = 0;
     FILE *f = fopen(path, "rb");
-    if (!f) {
+    struct stat st;
+    if (f && fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen takes a folder; its read then fails */
+        fclose(f);
+        f = NULL;
+        errno = EISDIR;
+    }
+    if (!f) { /* the user named a file that is not there or not a file: usage */
         fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, strerror(errno));
-        return 1;
+        return 2;
     }
     size_t cap = (1 << 16) + fl, n = fl;
     char *text = malloc(cap);

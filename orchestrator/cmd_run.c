@@ -30,9 +30,10 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     if (s->bytes_unknown)
         printf("bytes: unknown (the store service holding the caches did not answer), method %s\n",
                kvm_config_str(cfg, "compress", "method"));
-    else
-        printf("bytes: %lld full f32 KV -> %lld stored (%.2fx smaller), method %s\n", (long long)s->bytes_full,
-               (long long)s->bytes_compressed, ratio, kvm_config_str(cfg, "compress", "method"));
+    else /* method full stores each entry's position and bias beside it: larger than the f32 KV */
+        printf("bytes: %lld full f32 KV -> %lld stored (%.2fx %s), method %s\n", (long long)s->bytes_full,
+               (long long)s->bytes_compressed, ratio >= 1 || ratio == 0 ? ratio : 1 / ratio,
+               ratio >= 1 || ratio == 0 ? "smaller" : "larger", kvm_config_str(cfg, "compress", "method"));
     printf("time: %.2f s wall; compute per stage: prefill %.2f s, compress %.2f s; %.0f tokens/s\n", s->seconds,
            s->stage_ms[0] / 1000.0, s->stage_ms[1] / 1000.0, s->seconds > 0 ? (double)s->tokens / s->seconds : 0);
     double compute = s->stage_ms[0] + s->stage_ms[1];
@@ -59,7 +60,7 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     if (s->store_down)
         printf("store down: %lld documents were not processed (the store service did not answer; start it and run "
                "again: stored ones are skipped)\n", (long long)s->pending);
-    if (s->evicted > 0)
+    if (s->evicted > 0 && !s->bytes_unknown)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
     if (s->claimed)
@@ -71,16 +72,17 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
            (long long)(docs > 0 ? s->wire_out_bytes / docs : 0), kvm_config_str(cfg, "run", "wire_dtype"));
     printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
            (long long)s->prefetch_peak);
-    char full[32] = "unknown", stored[32] = "unknown"; /* not 0: the service holding them was not asked */
+    /* not 0: the service holding them was not asked (evictions come from the same probes) */
+    char full[32] = "unknown", stored[32] = "unknown", evicted[32] = "unknown";
     if (!s->bytes_unknown) {
         snprintf(full, sizeof full, "%lld", (long long)s->bytes_full);
         snprintf(stored, sizeof stored, "%lld", (long long)s->bytes_compressed);
+        snprintf(evicted, sizeof evicted, "%lld", (long long)s->evicted);
     }
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%s bytes_compressed=%s "
-           "seconds=%.3f claimed=%lld evicted=%lld wire_in_bytes=%lld wire_out_bytes=%lld\n",
+           "seconds=%.3f claimed=%lld evicted=%s wire_in_bytes=%lld wire_out_bytes=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated, full, stored,
-           s->seconds, (long long)s->claimed, (long long)s->evicted, (long long)s->wire_in_bytes,
-           (long long)s->wire_out_bytes);
+           s->seconds, (long long)s->claimed, evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes);
 }
 
 
@@ -180,7 +182,16 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    int64_t T2 = 2 * kvm_config_int(cfg, "eval", "continuation");
+    int64_t T1 = kvm_config_int(cfg, "eval", "continuation");
+    if (kvm_config_bool(cfg, "eval", "enabled") && kvm_config_float(cfg, "compress", "target_kl") <= 0 &&
+        ctx + T1 > m->cfg.seq_len) { /* every evaluation would fail in the worker: "over 0 documents" */
+        fprintf(stderr, "kvmill run: %s: [eval] enabled scores the %lld tokens after the context ([eval] continuation): "
+                        "context %lld + %lld exceeds the model's window of %d tokens\n",
+                kvm_config_path(cfg), (long long)T1, (long long)ctx, (long long)T1, m->cfg.seq_len);
+        status = 2;
+        goto done;
+    }
+    int64_t T2 = 2 * T1;
     if (kvm_config_float(cfg, "compress", "target_kl") > 0 && ctx + T2 > m->cfg.seq_len) {
         fprintf(stderr, "kvmill run: %s: [compress] target_kl searches on the %lld tokens after the context (2 x [eval] "
                         "continuation): context %lld + %lld exceeds the model's window of %d tokens\n",

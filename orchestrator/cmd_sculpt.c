@@ -5,6 +5,7 @@
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
+#include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "model/kvm_capture.h"
 #include "common/kvm_error.h"
@@ -15,28 +16,6 @@
 #include <string.h>
 
 enum { MAX_OPTS = 64 };
-
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *s = malloc(cap + 1);
-    size_t got;
-    while (s && (got = fread(s + n, 1, cap - n, f)) > 0) {
-        n += got;
-        if (n == cap) {
-            char *t = realloc(s, 2 * cap + 1);
-            if (!t) { free(s); s = NULL; break; }
-            s = t;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (s) s[n] = 0;
-    *len = n;
-    return s;
-}
 
 /* Prefill + capture + compress + write. Prints a one-line summary to stdout. Returns the exit
  * status: 0, 2 for settings the context refuses (KVM_EINVAL), 1 for any other failure. */
@@ -127,18 +106,10 @@ int kvm_cmd_sculpt(int argc, char **argv)
     kvm_tokenizer *tok;
     int ost = kvm_cli_open_model("sculpt", model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok);
     if (ost) return ost;
-    size_t len;
-    char *text = read_text(doc, &len);
     int32_t *ids = NULL;
     int64_t n = 0;
-    int rc = 0;
-    if (!text) {
-        fprintf(stderr, "kvmill sculpt: --doc %s: %s\n", doc, strerror(errno));
-        rc = 1;
-    } else if (kvm_tokenizer_encode(tok, text, len, 1, 0, &ids, &n)) {
-        fprintf(stderr, "kvmill sculpt: %s\n", kvm_cli_errmsg("sculpt"));
-        rc = 1;
-    } else {
+    int rc = cmd_eval_docs_encode("sculpt", tok, NULL, doc, &ids, &n); /* BOS first, as eval reads a document */
+    if (!rc) {
         int64_t N = ctx > 0 ? ctx : n;
         if (ctx > m->cfg.seq_len) { /* a cut the user did not ask for would compress another context */
             fprintf(stderr, "kvmill sculpt: --context %lld is past the model's window of %d tokens\n", (long long)ctx,
@@ -157,7 +128,6 @@ int kvm_cmd_sculpt(int argc, char **argv)
             rc = run(m, kk, tok, ids, N, &o, out);
         }
     }
-    free(text);
     free(ids);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);

@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 /* What every decode worker checks at setup (settings that do not go together, kvm_jobcfg_check;
- * a model or tokenizer that does not open; [model] chat = true with a model whose tokenizer has
- * no chat template) is refused here, naming the user's file, rather than by every worker (which
+ * a model or tokenizer that does not open; a context past the model's window; [model] chat = true
+ * with a model whose tokenizer has no chat template) is refused here, naming the user's file, rather than by every worker (which
  * would name serve's resolved copy) until serve gives up. The model is opened only when this
  * host starts workers or frames chats: workers started by hand on other hosts may hold it at a
  * path this host lacks. Returns 0, or nonzero with the message printed. */
@@ -32,6 +32,11 @@ static int check_config(const kvm_config *cfg)
     const char *tp = kvm_config_str(cfg, "model", "tokenizer");
     int rc = kvm_cli_open_model("serve", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok);
     char *open = NULL, *close_ = NULL;
+    if (!rc && kvm_config_int(cfg, "model", "context") > m->cfg.seq_len) { /* as every worker's setup would */
+        fprintf(stderr, "kvmill serve: %s: [model] context = %lld exceeds the model's window of %d tokens\n",
+                kvm_config_path(cfg), (long long)kvm_config_int(cfg, "model", "context"), m->cfg.seq_len);
+        rc = KVM_EINVAL;
+    }
     if (!rc && chat && (rc = kvm_chatcfg_frame(cfg, tok, &open, &close_)))
         fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg());
     free(open);

@@ -109,7 +109,10 @@ static int cfg_now_init(const char *cmd, const kvm_config *c, kvm_store *s, cfg_
     now->on = 1;
     int st = kvm_store_model_id(s, kvm_config_str(c, "model", "path"), &now->model_id);
     if (st == 0) st = kvm_jobcfg_config_id_in(c, s, &now->model_id, &id, &now->canon, &now->canon_n);
-    if (st == KVM_ENOTFOUND) st = kvm_jobcfg_config_id(c, NULL, &id, &now->canon, &now->canon_n);
+    if (st == KVM_ENOTFOUND) { /* said: else every cache of the strategy reads other-config or stale-* unexplained */
+        fprintf(stderr, "kvmill %s: --config: %s; states compare with no strategy\n", cmd, kvm_errmsg());
+        st = kvm_jobcfg_config_id(c, NULL, &id, &now->canon, &now->canon_n);
+    }
     if (st) fprintf(stderr, "kvmill %s: --config: %s\n", cmd, kvm_errmsg());
     return st;
 }

@@ -39,8 +39,8 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
 /* Reads a document and encodes it with BOS first: *ids (caller frees) of *n tokens. With a
  * chat frame (kvm_chat_frame's prefix; NULL: none) the text encoded is frame + document, BOS
  * only when the tokenizer adds one, as `kvmill run` with [model] chat = true frames it
- * (pipeline/kvm_corpus.h). Prints "kvmill CMD: ..." and returns 1 when unreadable or not
- * encodable, else 0. */
+ * (pipeline/kvm_corpus.h). Prints "kvmill CMD: PATH: ..." and returns 2 when PATH does not open
+ * or is a directory, 1 when it cannot be read or encoded, else 0. */
 int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *frame, const char *path,
                          int32_t **ids, int64_t *n);
 

@@ -67,6 +67,6 @@ int kvm_cli_setup_device(const char *cmd, const char *device, const char *thread
         kvm_kernels_cpu_set_threads((int)n);
     }
     int rc = kvm_kernels_select(device ? device : "cpu", k);
-    if (rc) fprintf(stderr, "kvmill %s: --device: %s\n", cmd, kvm_errmsg());
+    if (rc) fprintf(stderr, "kvmill %s: --device %s\n", cmd, kvm_errmsg());
     return rc;
 }

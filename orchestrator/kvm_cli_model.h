@@ -34,7 +34,8 @@ int kvm_cli_kv_dtype(const char *cmd, const char *value, kvm_kv_dtype *out);
     "element type of the in-memory KV cache on the CPU: f32 (default) or f16 (half the memory, widened to float32 "  \
     "by attention as it reads it) ([model] kv_dtype)"
 
-/* Applies --device and --threads values (either may be NULL). Prints errors as above. */
+/* Applies --device and --threads values (either may be NULL). Prints "kvmill CMD: --device cuda:abc: <detail>"
+ * (the value once, as the stages and eval say it) or --threads as above. */
 int kvm_cli_setup_device(const char *cmd, const char *device, const char *threads, const kvm_kernels **k);
 
 #endif

@@ -2,10 +2,12 @@
  * (tokenise, truncate, hash). */
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_doctok.h"
+#include "pipeline/kvm_idxset.h"
 #include "common/kvm_error.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,10 +17,30 @@
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
+/* Opens a document for reading, which must be a regular file: a FIFO named *.txt blocked the run
+ * in open until a writer came (forever), a device read without end. NULL with errno set. */
+static FILE *open_regular(const char *path, const char *mode)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* O_NONBLOCK: a FIFO does not block the open */
+    struct stat st;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, mode);
+    if (!f) close(fd);
+    return f;
+}
+
 /* Reads at most max bytes of a file (NUL-terminated); *at_end = 1 when that is all of it. */
 static char *read_prefix(const char *path, size_t max, size_t *len, int *at_end)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = open_regular(path, "rb");
     if (!f) return NULL;
     char *buf = malloc(max + 2);
     size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
@@ -127,10 +149,25 @@ static int parse_line(const char *path, int64_t line, const char *text, kvm_doc 
     return rc;
 }
 
+/* A JSONL id looked up among the documents read so far. */
+typedef struct name_probe {
+    const kvm_corpus *c;
+    const char *name;
+} name_probe;
+
+static int same_name(void *user, int64_t idx)
+{
+    const name_probe *p = user;
+    return !strcmp(p->c->docs[idx].name, p->name);
+}
+
 static int read_jsonl(const char *path, kvm_corpus *c)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    kvm_idxset names = {0}; /* ids seen: each line checked against all earlier ones was quadratic */
+    FILE *f = open_regular(path, "r");
+    if (!f)
+        return kvm_err(errno == EINVAL ? KVM_EINVAL : KVM_EIO, "%s: %s", path,
+                       errno == EINVAL ? "not a regular file (a FIFO, socket or device)" : strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     int64_t lineno = 0, dcap = 0;
@@ -144,11 +181,10 @@ static int read_jsonl(const char *path, kvm_corpus *c)
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
         if ((rc = parse_line(path, lineno, line, &d)) == 0) {
-            for (int64_t i = 0; i < c->n; i++)
-                if (!strcmp(c->docs[i].name, d.name)) {
-                    rc = kvm_err(KVM_EINVAL, "%s:%lld: duplicate id \"%s\"", path, (long long)lineno, d.name);
-                    break;
-                }
+            name_probe np = {c, d.name};
+            if (kvm_idxset_find(&names, kvm_idxset_hash_str(d.name), same_name, &np) >= 0)
+                rc = kvm_err(KVM_EINVAL, "%s:%lld: duplicate id \"%s\"", path, (long long)lineno, d.name);
+            else rc = kvm_idxset_add(&names, kvm_idxset_hash_str(d.name), c->n); /* its index once pushed */
         }
         free(d.text); /* kept: where the line is; loaded again by kvm_corpus_load */
         free(d.tokens);
@@ -160,6 +196,7 @@ static int read_jsonl(const char *path, kvm_corpus *c)
     }
     free(line);
     fclose(f);
+    kvm_idxset_free(&names);
     if (!rc && c->n == 0) rc = kvm_err(KVM_EINVAL, "%s: no documents", path);
     return rc;
 }
@@ -315,7 +352,8 @@ static int load_file(kvm_doc *d, const kvm_tokenizer *tok, const char *frame, in
         int at_end = 0, more = 0;
         free(d->text);
         if (!(d->text = read_prefix(d->path, max, &d->text_len, &at_end)))
-            return kvm_err(KVM_EIO, "%s: cannot read: %s", d->path, strerror(errno));
+            return kvm_err(KVM_EIO, "%s: cannot read: %s", d->path,
+                       errno == EINVAL ? "not a regular file (a FIFO, socket or device)" : strerror(errno));
         int rc = prepare_text(d, tok, frame, at_end, n_keep, &more);
         if (rc || !more) return rc;
         max *= 2;

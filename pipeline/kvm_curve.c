@@ -145,8 +145,11 @@ int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char
     int rc = kvm_curve_read_key(secret_file, sec);
     if (rc) return rc;
     struct stat st;
-    if (!authorized_dir || stat(authorized_dir, &st) || !S_ISDIR(st.st_mode))
+    if (!authorized_dir || stat(authorized_dir, &st))
         return kvm_err(KVM_ENOTFOUND, "authorized_keys folder %s does not exist", authorized_dir ? authorized_dir : "(unset)");
+    if (!S_ISDIR(st.st_mode))
+        return kvm_err(KVM_EFORMAT, "authorized_keys %s is not a folder (it holds the clients' .public files)",
+                       authorized_dir);
     pthread_mutex_lock(&zap_mu);
     if (!zap_started) {
         snprintf(zap_dir, sizeof zap_dir, "%s", authorized_dir);

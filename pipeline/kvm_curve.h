@@ -32,7 +32,8 @@ int kvm_curve_client(void *sock, const char *server_key_file, const char *public
  * against the *.public files in authorized_dir by the process's ZAP handler (started on
  * first use in zmq context zctx; stops with the context), which gives each accepted
  * connection the client's public key in Z85 as its user id (kvm_msg_user_id of what it
- * sends). Errors as read_key, KVM_EIO. */
+ * sends). Errors as read_key, KVM_ENOTFOUND (no authorized_dir), KVM_EFORMAT (authorized_dir
+ * is not a folder), KVM_EIO. */
 int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char *authorized_dir);
 
 #endif

@@ -2,6 +2,8 @@
 #include "pipeline/kvm_jobcfg.h"
 #include "common/kvm_error.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_target.h"
 #include "pipeline/kvm_worker.h"
 
@@ -93,8 +95,28 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out)
     return rc;
 }
 
+/* [store] service and service_bind: endpoints or empty. A service that is not one was taken for an LMDB
+ * directory of that name by serve's decode workers (a new, empty store in the working directory); a bad
+ * service_bind was found only when the store service it starts exited (exit 1). */
+static int check_store_endpoints(const kvm_config *c)
+{
+    const char *keys[] = {"service", "service_bind"};
+    for (int i = 0; i < 2; i++) {
+        const char *v = kvm_config_str(c, "store", keys[i]);
+        char what[64];
+        snprintf(what, sizeof what, "[store] %s", keys[i]);
+        if (*v && !kvm_serve_remote_is_endpoint(v))
+            return kvm_err(KVM_EINVAL, "%s: %s = %s is not a store service endpoint (tcp://HOST:PORT or ipc://PATH); "
+                                       "an LMDB directory is [store] path", kvm_config_path(c), what, v);
+        if (*v && kvm_serve_endpoint_check(v, what))
+            return kvm_err(KVM_EINVAL, "%s: %s", kvm_config_path(c), kvm_errmsg());
+    }
+    return 0;
+}
+
 int kvm_jobcfg_check(const kvm_config *c)
 {
+    if (check_store_endpoints(c)) return KVM_EINVAL;
     const char *method = kvm_config_str(c, "compress", "method");
     int64_t ctx = kvm_config_int(c, "model", "context"), budget = kvm_config_int(c, "compress", "budget");
     int64_t retain = kvm_config_int(c, "compress", "retain");
@@ -131,6 +153,10 @@ int kvm_jobcfg_check(const kvm_config *c)
                        kvm_config_path(c), (long long)kvm_target_lowest_budget(c),
                        (long long)kvm_config_int(c, "compress", "target_step"), sculpt ? " above retain" : "",
                        (long long)ctx, sculpt ? " or retain" : "");
+    if (!target && budget == 0 && kvm_config_float(c, "compress", "ratio") >= 1) /* b = N: as budget >= context */
+        return kvm_err(KVM_EINVAL, "%s: [compress] ratio = 1 keeps every entry of every document: the \"compressed\" "
+                                   "cache would be as large as the full one or larger; lower ratio (or use method = full)",
+                       kvm_config_path(c));
     if (!target && budget >= ctx) /* with target_kl the search sets the budget: this one is unused */
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
                                    "cache would be as large as the full one or larger; lower budget (or use method = full)",

@@ -34,13 +34,15 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * without chat = true (the message would be ignored), [compress] target_kl with method full
  * or polykv (no budget to choose) or with a smallest budget searched at or above [model] context
  * (kvm_target_lowest_budget: target_step, or retain for sculpt methods, too large), [compress] budget
- * at or above [model] context (any method but full; unused, so not checked, with target_kl),
+ * at or above [model] context or, without budget, ratio = 1 (any method but full; unused, so not
+ * checked, with target_kl),
  * or retain at or above the context
  * (sculpt methods: the retain zone alone would hold every token), [compress] on_policy = true
  * with a method that distils no layers (eviction patterns, polykv, full) or with sculpt
  * settings it does not go with (kvm_sculpt_opts_check_combination). Returns 0 or KVM_EINVAL
  * (KVM_ENOTSUP for on_policy with alloc other than uniform) with a message naming the
- * setting, its value and the context. */
+ * setting, its value and the context. Also [store] service or service_bind that is not a tcp:// or
+ * ipc:// endpoint (kvm_serve_endpoint_check), KVM_EINVAL. */
 int kvm_jobcfg_check(const kvm_config *c);
 
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:

@@ -8,6 +8,7 @@
 #include "common/kvm_log.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_idxset.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_rundir.h"
@@ -82,6 +83,7 @@ typedef struct orch {
     kvm_corpus *corpus;
     job *jobs;
     int64_t n_jobs, n_open;
+    kvm_idxset by_hash;     /* jobs by document hash: the first of each set of identical documents */
     uint64_t next_id;
     worker workers[MAX_WORKERS];
     int n_workers;
@@ -986,22 +988,41 @@ static int start_stages(orch *o)
     return 0;
 }
 
+/* A document hash looked up in o->by_hash. */
+typedef struct hash_probe {
+    const orch *o;
+    const kvm_store_id *hash;
+} hash_probe;
+
+static int same_hash(void *user, int64_t idx)
+{
+    const hash_probe *p = user;
+    return !memcmp(&p->o->jobs[idx].doc->hash, p->hash, sizeof *p->hash);
+}
+
+static uint64_t hash_key(const kvm_store_id *h)
+{
+    uint64_t k;
+    memcpy(&k, h->b, sizeof k); /* BLAKE2b bytes: any 8 are uniform */
+    return k;
+}
+
 static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
 {
     orch *o = arg;
     if (status || memcmp(&key->model_id, &o->model_id, sizeof o->model_id) ||
         memcmp(&key->config_id, &o->config_id, sizeof o->config_id))
         return 0;
-    for (int64_t i = 0; i < o->n_jobs; i++)
-        if (o->jobs[i].state == J_DONE && !memcmp(&key->doc_hash, &o->jobs[i].doc->hash, sizeof key->doc_hash)) {
-            o->sum->bytes_full += m->full_bytes;
-            o->sum->bytes_compressed += m->stored_bytes;
-            if (!o->sum->entries_docs || m->n_entries < o->sum->entries_min) o->sum->entries_min = m->n_entries;
-            if (!o->sum->entries_docs || m->n_entries > o->sum->entries_max) o->sum->entries_max = m->n_entries;
-            o->sum->entries_sum += m->n_entries;
-            o->sum->entries_docs++;
-            break;
-        }
+    hash_probe p = {o, &key->doc_hash};
+    int64_t i = kvm_idxset_find(&o->by_hash, hash_key(&key->doc_hash), same_hash, &p); /* only the first is done */
+    if (i >= 0 && o->jobs[i].state == J_DONE) {
+        o->sum->bytes_full += m->full_bytes;
+        o->sum->bytes_compressed += m->stored_bytes;
+        if (!o->sum->entries_docs || m->n_entries < o->sum->entries_min) o->sum->entries_min = m->n_entries;
+        if (!o->sum->entries_docs || m->n_entries > o->sum->entries_max) o->sum->entries_max = m->n_entries;
+        o->sum->entries_sum += m->n_entries;
+        o->sum->entries_docs++;
+    }
     return 0;
 }
 
@@ -1047,8 +1068,9 @@ static int mark_skipped(orch *o, kvm_store *store)
         o->sum->truncated += j->doc->truncated;
         int found = 0, rc = cache_stored(o, store, j, &found);
         if (rc) return rc;
-        for (int64_t k = 0; k < i && !found; k++) /* the same tokens twice: one cache */
-            found = o->jobs[k].state != J_FAILED && !memcmp(&o->jobs[k].doc->hash, &j->doc->hash, sizeof j->doc->hash);
+        hash_probe p = {o, &j->doc->hash}; /* the same tokens twice: one cache (a loaded job is never failed here) */
+        if (kvm_idxset_find(&o->by_hash, hash_key(&j->doc->hash), same_hash, &p) >= 0) found = 1;
+        else if ((rc = kvm_idxset_add(&o->by_hash, hash_key(&j->doc->hash), i))) return rc;
         if (o->corpus->on_demand) kvm_doc_release(j->doc);
         if (found) {
             j->state = J_SKIPPED;
@@ -1310,7 +1332,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     int quick = hard || sum->store_down;
     if (o.cli && !rc && sum->compressed > 0 && (quick || sum_remote(&o))) { /* partial sums are no figure either */
         sum->bytes_unknown = 1;
-        sum->bytes_full = sum->bytes_compressed = 0;
+        sum->bytes_full = sum->bytes_compressed = sum->evicted = sum->evicted_own = 0;
     }
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     if (o.cli && o.owner[0] &&
@@ -1321,6 +1343,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
     if (!rc) write_metrics(&o, hard || sum->interrupted ? "interrupted" : "done", 1);
     free(o.jobs);
+    kvm_idxset_free(&o.by_hash);
     if (o.ctl) zmq_close(o.ctl);
     if (o.data) zmq_close(o.data);
     if (o.zctx) zmq_ctx_term(o.zctx);

@@ -30,8 +30,10 @@ typedef struct kvm_orch_summary {
     int64_t evicted_own;                            /* of those, caches this run wrote */
     int store_full;                                 /* 1: stopped feeding: no space left on the store's device */
     int store_down;                                 /* 1: stopped feeding: the store service did not answer */
-    int bytes_unknown;                              /* 1: bytes_full, bytes_compressed not known (0): the store
-                                                       service that holds the caches was not asked or did not answer */
+    int bytes_unknown;                              /* 1: bytes_full, bytes_compressed and evicted not known (0):
+                                                       the store service that holds the caches was not asked or
+                                                       did not answer (a remote run counts evictions by the same
+                                                       probes that sum the bytes) */
     int64_t wire_in_bytes;                          /* message bytes the orchestrator received on its data socket
                                                        (prefill's kv messages, workers' ready credits) */
     int64_t requeues;                               /* jobs sent again (dead or silent worker, retryable error) */

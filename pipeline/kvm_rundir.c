@@ -94,8 +94,12 @@ int kvm_rundir_make(const char *configured, const char *prefix, char *buf, size_
     *own = 0;
     if (configured && *configured) {
         snprintf(buf, size, "%s", configured);
-        if (mkdir(configured, 0700) && errno != EEXIST)
-            return kvm_err(KVM_EIO, "[run] run_dir %s: %s", configured, strerror(errno));
+        struct stat st;
+        int e = mkdir(configured, 0700) && errno != EEXIST ? errno : 0;
+        if (!e && (stat(configured, &st) || !S_ISDIR(st.st_mode))) e = ENOTDIR;
+        if (e) /* a folder that cannot be there is the config's mistake (exit 2), not the run's */
+            return kvm_err(e == ENOENT || e == ENOTDIR || e == EACCES ? KVM_EINVAL : KVM_EIO, "[run] run_dir %s: %s",
+                           configured, strerror(e));
         return 0;
     }
     kvm_rundir_sweep();

@@ -9,8 +9,9 @@
 /* Uses `configured` ([run] run_dir) when not empty (created if missing), else first
  * removes stale temporary entries (kvm_rundir_sweep) and makes a fresh
  * $TMPDIR/kvmill-PREFIX.P<pid>-S<start>.XXXXXX. Writes the path to buf and *own = 1 when this
- * call created a temporary one (the caller removes it with kvm_rundir_remove). Returns 0 or
- * KVM_EIO. */
+ * call created a temporary one (the caller removes it with kvm_rundir_remove). Returns 0,
+ * KVM_EINVAL for a configured folder whose parent is missing or not searchable, or that is not a
+ * directory (the config's mistake), or KVM_EIO. */
 int kvm_rundir_make(const char *configured, const char *prefix, char *buf, size_t size, int *own);
 
 /* Writes the mkstemp/mkdtemp template $TMPDIR/kvmill-PREFIX.P<pid>-S<start>.XXXXXX for this

@@ -88,6 +88,13 @@ int kvm_serve_endpoint_check(const char *endpoint, const char *what)
     return 0;
 }
 
+/* A [security] key file that is missing, not a key, not the public half of the secret one, or an
+ * authorized_keys that is not a folder is the config's mistake: KVM_EINVAL (exit 2), message kept. */
+static int key_error(int rc)
+{
+    return rc == KVM_ENOTFOUND || rc == KVM_EFORMAT || rc == KVM_EMISMATCH ? kvm_err(KVM_EINVAL, "%s", kvm_errmsg()) : rc;
+}
+
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
                    const char *what)
 {
@@ -104,8 +111,8 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
     if (!local || (curve_if_keyed && *sec)) {
         if (!*auth) return kvm_err(KVM_EINVAL, "[security] server_secret_key is set but authorized_keys is not");
         const char *pub = kvm_config_str(cfg, "security", "server_public_key");
-        if (*pub && (rc = kvm_curve_check_pair(sec, pub))) return rc; /* clients get pub: it must match */
-        if ((rc = kvm_curve_server(zctx, sock, sec, auth))) return rc;
+        if (*pub && (rc = kvm_curve_check_pair(sec, pub))) return key_error(rc); /* clients get pub: it must match */
+        if ((rc = kvm_curve_server(zctx, sock, sec, auth))) return key_error(rc);
     }
     /* ZeroMQ binds to interfaces and numeric addresses only: "localhost" would be taken for an
      * interface name ("No such device"), and a bracketed IPv6 address needs ZMQ_IPV6 */

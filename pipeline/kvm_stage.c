@@ -484,7 +484,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     }
     if ((rc = connect_sockets(&rt)) != 0) {
         log_line(&rt, "%s", kvm_errmsg());
-        rc = 1;
+        rc = rc == KVM_EIO || rc == KVM_ENOMEM ? 1 : 2; /* --connect or a --server-key/--client-* file: usage */
     } else {
         kvm_log_field f[] = {KVM_LOG_S("connect", rt.a.connect), KVM_LOG_S("device", rt.a.device),
                              KVM_LOG_I("threads", rt.a.threads)};

@@ -277,6 +277,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     int64_t max = o.map_max_bytes ? o.map_max_bytes : KVM_STORE__DEFAULT_MAX;
     if (max < map) max = map;
     st = store_prepare_dir(path, o.read_only, o.must_exist);
+    if (st == 0) st = kvm_store__check_fs(path);
     if (st == 0) st = kvm_store__check_file(path);
     if (st) return st;
 

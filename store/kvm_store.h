@@ -165,7 +165,7 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
 /* Opens (read-write: creating the directory, one level, and the databases if missing, unless
  * must_exist) the LMDB environment directory `path`. opts may be NULL (defaults). Clears stale
  * reader slots of dead processes (mdb_reader_check). *out is set on success, NULL on failure.
- * Errors: KVM_EINVAL (bad opts), KVM_ENOTFOUND (read_only or must_exist, and no store at
+ * Errors: KVM_EINVAL (bad opts; path on a network filesystem, kvm_store__check_fs), KVM_ENOTFOUND (read_only or must_exist, and no store at
  * path: no directory, or one without data.mdb; nothing is created), KVM_EFORMAT (path is not
  * an LMDB environment directory, or not a kvmill store, or its data.mdb is shorter than its
  * meta pages say: checked with pread before mapping, the message names the file, its size and

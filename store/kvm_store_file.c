@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "common/kvm_error.h"
@@ -119,4 +120,31 @@ int kvm_store__check_file(const char *dir)
         st = check_once(dir, &young);
     }
     return st;
+}
+
+const char *kvm_store__network_fs(unsigned long f_type)
+{
+    static const struct {
+        unsigned long magic; /* linux/magic.h, or the filesystem's own source where it has none there */
+        const char *name;
+    } fs[] = {{0x6969, "nfs"},        {0xFF534D42, "cifs"},   {0xFE534D42, "smb2"},  {0x517B, "smb"},
+              {0x5346414F, "afs"},    {0x6B414653, "kafs"},   {0x00C36400, "ceph"},  {0x0BD00BD0, "lustre"},
+              {0x47504653, "gpfs"},   {0x73757245, "coda"},   {0x564C, "ncp"},       {0x01161970, "gfs2"},
+              {0x7461636F, "ocfs2"}};
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
+        if ((f_type & 0xFFFFFFFFul) == fs[i].magic) return fs[i].name;
+    return NULL;
+}
+
+int kvm_store__check_fs(const char *dir)
+{
+    struct statfs sf;
+    if (statfs(dir, &sf) != 0) return 0;
+    const char *name = kvm_store__network_fs((unsigned long)sf.f_type);
+    if (!name) return 0;
+    return kvm_err(KVM_EINVAL,
+                   "store %s is on a network filesystem (%s): LMDB's locks and memory map do not work there (lmdb.h, "
+                   "caveats), so caches could be corrupted or read half-written; keep the store on a local disk and "
+                   "let other hosts use it through the store service (kvmill store serve)",
+                   dir, name);
 }

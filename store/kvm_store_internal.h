@@ -102,6 +102,17 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what);
  * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);
 
+/* The name of the network or cluster filesystem whose statfs f_type is `f_type` (nfs, cifs, smb2,
+ * afs, ceph, lustre, gpfs, gfs2, ocfs2, ...), or NULL for any other (local disks, tmpfs, overlay;
+ * FUSE and 9p are not counted: they also carry local filesystems). */
+const char *kvm_store__network_fs(unsigned long f_type);
+
+/* Refuses a store directory DIR on a network filesystem (kvm_store__network_fs of statfs(DIR)):
+ * LMDB's locks and shared memory map do not work there, between hosts or even within one
+ * (lmdb.h, caveats), so two writers could corrupt it and a reader see half a commit. A DIR
+ * statfs cannot read is left to the open. Errors: KVM_EINVAL naming DIR and the filesystem. */
+int kvm_store__check_fs(const char *dir);
+
 /* Key encoders. */
 void kvm_store__cache_key(const kvm_store_cache_key *k, uint32_t layer, uint8_t out[KVM_STORE__CACHE_KEY_BYTES]);
 void kvm_store__prefix(const kvm_store_cache_key *k, uint8_t out[KVM_STORE__PREFIX_BYTES]);

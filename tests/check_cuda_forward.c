@@ -42,7 +42,7 @@ START_TEST(test_no_device_fails_cleanly)
              kvm_test_data_path("models/stories260K.bin"));
     int st = kvm_test_run(cmd, &out, &err);
     ck_assert_int_eq(st, 2);
-    ck_assert_msg(strstr(err, "--device: cuda:0") && (strstr(err, "no CUDA device") || strstr(err, "without CUDA")),
+    ck_assert_msg(strstr(err, "--device cuda:0") && (strstr(err, "no CUDA device") || strstr(err, "without CUDA")),
                   "stderr: %s", err);
     free(out);
     free(err);

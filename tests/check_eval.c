@@ -547,6 +547,10 @@ START_TEST(test_cli_errors)
 {
     expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
     expect_usage_error("--method h2o --budget 8 --ratio 0.5", "exactly one of --budget and --ratio");
+    /* at or above the context every document keeps everything: refused as run refuses it (it was clamped unsaid) */
+    expect_usage_error("--method full,h2o --budget 16,70", "--budget 70 is not below --context 64");
+    expect_usage_error("--method sculpt --budget 64", "--budget 64 is not below --context 64");
+    expect_usage_error("--method h2o --ratio 0.5,1", "--ratio 1 keeps every entry");
     expect_usage_error("--method h2o", "exactly one of --budget and --ratio");
     expect_usage_error("--method bogus --budget 8", "unknown method 'bogus'");
     expect_usage_error("--method polykv --budget 8", "needs ':ARG'");

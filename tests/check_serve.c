@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -501,17 +502,43 @@ START_TEST(test_devices_refused)
 }
 END_TEST
 
+/* Decode workers whose setup fails every time: serve gives up after three exits before connecting
+ * (exit 1). The workers are a stand-in that fails at once ([stages] bin_dir): a setting every worker
+ * would refuse, such as a context past the model's window, serve now refuses itself at start (exit 2,
+ * naming the user's config), before any worker starts. */
 START_TEST(test_worker_setup_failure)
 {
     write_config(NULL, NULL);
     char *text = kvm_test_read_file(g_cfg, NULL), *ctx = text ? strstr(text, "context = 128\n") : NULL;
     ck_assert_ptr_nonnull(ctx); /* set once: a key set twice is a config error */
-    memcpy(ctx, "context = 999", 13); /* beyond the model's 512: every worker's setup fails */
+    memcpy(ctx, "context = 999", 13); /* beyond the model's 512 */
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
     free(text);
-    ck_assert_int_eq(start_serve(NULL), 1);
+    ck_assert_int_eq(start_serve(NULL), 2);
     char *log = kvm_test_read_file(g_log, NULL);
-    assert_contains(log, "exceeds the model's window");
+    assert_contains(log, "test.ini: [model] context = 999 exceeds the model's window");
+    ck_assert_msg(!strstr(log, "before connecting"), "%s", log);
+    free(log);
+    char bin[4200], exe[4300];
+    snprintf(bin, sizeof bin, "%s/fakebin", g_dir);
+    ck_assert_int_eq(mkdir(bin, 0755), 0);
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", bin);
+    const char *script = "#!/bin/sh\necho 'kvmill-decode: setup failed (the test stand-in)' >&2\nexit 1\n";
+    ck_assert_int_eq(kvm_test_write_file(exe, script, strlen(script)), 0);
+    ck_assert_int_eq(chmod(exe, 0755), 0);
+    char line[4400];
+    snprintf(line, sizeof line, "bin_dir = %s", bin);
+    write_config(NULL, NULL);
+    text = kvm_test_read_file(g_cfg, NULL);
+    char *bd = text ? strstr(text, "bin_dir = ") : NULL, *end = bd ? strchr(bd, '\n') : NULL;
+    ck_assert_ptr_nonnull(end);
+    char fixed[16384];
+    snprintf(fixed, sizeof fixed, "%.*s%s%s", (int)(bd - text), text, line, end);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, fixed, strlen(fixed)), 0);
+    free(text);
+    ck_assert_int_eq(start_serve(NULL), 1);
+    log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "setup failed (the test stand-in)");
     assert_contains(log, "before connecting");
     free(log);
 }

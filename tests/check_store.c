@@ -981,6 +981,25 @@ START_TEST(test_mismatch)
 }
 END_TEST
 
+/* A store on a network filesystem is refused before LMDB opens it (README: "never point --store at an
+ * LMDB directory on a network filesystem"): nothing checked it, so two hosts could write one store
+ * through NFS and corrupt it. statfs magics of such filesystems are named; local ones are not. */
+START_TEST(test_network_fs)
+{
+    ck_assert_str_eq(kvm_store__network_fs(0x6969), "nfs");
+    ck_assert_str_eq(kvm_store__network_fs(0xFF534D42ul), "cifs");
+    ck_assert_str_eq(kvm_store__network_fs(0xFE534D42ul), "smb2");
+    ck_assert_str_eq(kvm_store__network_fs(0x00C36400), "ceph");
+    ck_assert_str_eq(kvm_store__network_fs(0x0BD00BD0), "lustre");
+    ck_assert_ptr_null(kvm_store__network_fs(0xEF53));       /* ext2/3/4 */
+    ck_assert_ptr_null(kvm_store__network_fs(0x01021994));   /* tmpfs */
+    ck_assert_ptr_null(kvm_store__network_fs(0x58465342));   /* xfs */
+    ck_assert_ptr_null(kvm_store__network_fs(0x794C7630));   /* overlayfs */
+    ck_assert_ptr_null(kvm_store__network_fs(0x65735546));   /* fuse: local ones too */
+    ck_assert_int_eq(kvm_store__check_fs("/nonexistent/kvmill-store"), 0); /* left to the open, which names it */
+}
+END_TEST
+
 /* ---- CLI ---- */
 
 START_TEST(test_cli_missing_path)
@@ -1202,6 +1221,7 @@ int main(void)
     suite_add_tcase(su, tcase("map_growth", test_map_growth, 120));
     suite_add_tcase(su, tcase("evict", test_evict, 60));
     suite_add_tcase(su, tcase("mismatch", test_mismatch, 30));
+    suite_add_tcase(su, tcase("network_fs", test_network_fs, 30));
     suite_add_tcase(su, tcase("cli_missing_path", test_cli_missing_path, 60));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
