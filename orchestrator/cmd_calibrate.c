@@ -34,10 +34,17 @@ typedef struct calib_args {
  * its sculpt / kvzip rows are kept only with --sculpt / --kvzip and only when the file records
  * that they were measured with this run's sculpt options (else they are measured again, said on
  * stderr; the others are measured).
- * Returns 0, 1 (unreadable file: kvm_errmsg says why) or 2 (a mismatch, message printed). */
+ * Returns 0, 1 (the file could not be read, e.g. out of memory: kvm_errmsg says why, for the caller
+ * to print) or 2 (a mismatch, or a file that is missing, a folder or not a signals CSV: a usage
+ * error like any other bad argument; message printed). */
 static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
 {
-    if (kvm_polykv_signals_read(a->reuse, sig)) return 1;
+    int rrc = kvm_polykv_signals_read(a->reuse, sig);
+    if (rrc == KVM_ENOTFOUND || rrc == KVM_EFORMAT) {
+        fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD)); /* "signals PATH: why" */
+        return 2;
+    }
+    if (rrc) return 1;
     const int has_decode = !sig->prefill_only, wants_decode = a->decode != KVM_POLYKV_DECODE_NONE;
     const char *why = sig->budget != a->B            ? "its budget is not --budget's"
                       : has_decode && !wants_decode ? "it has decode-phase rows (use --phases both)"

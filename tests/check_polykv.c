@@ -794,7 +794,7 @@ static void expect_reuse(const char *dir, const char *first)
     snprintf(args, sizeof args, "--budget 13 --context 40 --continuation 8 --out %s/r.bin --signals %s", dir, sig);
     expect_calib(args, 2, "(budget 12): its budget is not --budget's");
     snprintf(args, sizeof args, run, dir, "/nonexistent/s.csv", "");
-    expect_calib(args, 1, "signals /nonexistent/s.csv: No such file");
+    expect_calib(args, 2, "signals /nonexistent/s.csv: No such file"); /* a bad argument, as a bad budget is */
 }
 
 START_TEST(test_cli)

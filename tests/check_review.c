@@ -927,10 +927,40 @@ START_TEST(test_eval_unreadable_strategy_not_oom)
     snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 64 --continuation 8 --method polykv:%s --budget 16",
              kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"), tmp);
     int rc = kvmill(args, &out, &err);
-    ck_assert_msg(rc == 1 || rc == 2, "exit %d: %s", rc, err);
-    ck_assert_msg(strstr(err, tmp) && !strstr(err, "out of memory"), "stderr: %s", err);
+    /* a folder is a bad argument (exit 2) named as one, not a "read error" of the runtime (exit 1) */
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, tmp) && strstr(err, "is a directory, not a strategy file") &&
+                      !strstr(err, "out of memory") && !strstr(err, "read error"),
+                  "stderr: %s", err);
     free(out);
     free(err);
+}
+END_TEST
+
+/* calibrate --signals FILE with a file that is missing, a folder or not a signals CSV exited 1
+ * (the runtime's status; a folder said "read failed"): they are bad arguments, exit 2, named. */
+START_TEST(test_calibrate_signals_bad_file_exit_2)
+{
+    char args[16000], *out, *err, bad[4200], fifo[4200];
+    snprintf(bad, sizeof bad, "%s/bad.csv", tmp);
+    snprintf(fifo, sizeof fifo, "%s/fifo.csv", tmp);
+    ck_assert_int_eq(kvm_test_write_file(bad, "garbage\n", 8), 0);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0); /* opening it for reading would block without a writer */
+    const char *files[4] = {"/nonexistent/s.csv", tmp, bad, fifo};
+    const char *want[4] = {"No such file or directory", "is a directory, not a signals file",
+                           "not the header written by --dump-signals", "not a regular file"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(args, sizeof args,
+                 "calibrate --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 --signals '%s' "
+                 "--out '%s/s.bin'",
+                 kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"), files[i],
+                 tmp);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, files[i]) && strstr(err, want[i]) && !strstr(err, "read failed"), "%s: %s",
+                      files[i], err);
+        free(out);
+        free(err);
+    }
 }
 END_TEST
 
@@ -1307,6 +1337,7 @@ static Suite *review_suite(void)
         {"idxset", test_idxset},
         {"scan_duplicates", test_scan_duplicates},
         {"sculpt_doc_missing_or_folder", test_sculpt_doc_missing_or_folder},
+        {"calibrate_signals_bad_file_exit_2", test_calibrate_signals_bad_file_exit_2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

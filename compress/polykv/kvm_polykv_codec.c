@@ -1,6 +1,7 @@
 /* kvm_polykv_codec.c: the strategy value: allocation, canonical encoding (version 1, and 2 with
  * the sculpt/kvzip layers' options) with a strict decoder, files, and the table print. */
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 
@@ -203,8 +204,9 @@ int kvm_strategy_decode(const uint8_t *b, size_t n, kvm_strategy **out)
 int kvm_strategy_read(const char *path, kvm_strategy **out)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
+    FILE *f;
+    int ost = kvm_file_open_regular(path, "rb", "strategy", &f); /* a folder or FIFO: named, not "read error" */
+    if (ost) return ost;
     const size_t cap = HDR_BYTES + LAYER_BYTES * MAX_READ_LAYERS + OPTS_LEN_BYTES + KVM_SCULPT_OPTS_CANONICAL_MAX;
     uint8_t *buf = malloc(cap);
     if (!buf) {

@@ -2,6 +2,7 @@
  * that a calibration can reuse the signals of an earlier run (they are most of its cost: on
  * SmolLM2 at N = 2048, ≈ 1,500 of 1,844 CPU s) and only measure what it adds (kvzip, sculpt). */
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 
@@ -160,8 +161,9 @@ static int complete(reader *r)
 int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s)
 {
     const int L = s->n_layers;
-    FILE *f = fopen(path, "r");
-    if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "signals %s: %s", path, strerror(errno));
+    FILE *f;
+    int ost = kvm_file_open_regular(path, "r", "signals", &f); /* a folder or FIFO: named, not "read failed" */
+    if (ost) return ost;
     reader r = {.path = path, .s = s, .budget = -1};
     s->sculpt_opts_known = 0;
     r.ev = calloc((size_t)2 * L * KVM_PATTERN_COUNT, 1);
