@@ -103,6 +103,12 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
     int rc = kvm_serve_endpoint_check(endpoint, what);
     if (rc) return rc;
     int local = kvm_curve_is_local(endpoint);
+    if (*auth && !*sec) /* on a local bind nothing would check the clients' keys, and nobody would know */
+        return kvm_err(KVM_EINVAL,
+                       "%s %s: [security] authorized_keys is set but server_secret_key is not: clients' keys are "
+                       "checked only by a CurveZMQ server (make its key pair with kvmill keygen), or drop "
+                       "authorized_keys",
+                       what, endpoint);
     if (!local && (!*sec || !*auth))
         return kvm_err(KVM_EINVAL,
                        "%s %s is not local: set [security] server_secret_key and authorized_keys "

@@ -58,10 +58,11 @@ int kvm_serve_endpoint_check(const char *endpoint, const char *what);
  * `what` names the setting in messages ("[serve] bind in FILE", "--bind"). tcp://localhost:PORT
  * binds 127.0.0.1; a bracketed IPv6 address (tcp://[::1]:PORT) turns on ZMQ_IPV6. Call before
  * any connection.
- * Errors: KVM_EINVAL (kvm_serve_endpoint_check's; non-local without keys: the message names [security] and kvmill
- * keygen; a key file missing or not a key, a server_public_key that is not the secret key's half,
- * an authorized_keys that is no folder: kvm_curve_server's and kvm_curve_check_pair's messages), KVM_EIO
- * (bind failed: names the endpoint and ZeroMQ's reason; CurveZMQ setup). */
+ * Errors: KVM_EINVAL (kvm_serve_endpoint_check's; non-local without keys, or authorized_keys
+ * without server_secret_key on any bind (it would check no client): the message names [security]
+ * and kvmill keygen; a key file missing or not a key, a server_public_key that is not the secret
+ * key's half, an authorized_keys that is no folder: kvm_curve_server's and kvm_curve_check_pair's
+ * messages), KVM_EIO (bind failed: names the endpoint and ZeroMQ's reason; CurveZMQ setup). */
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
                    const char *what);
 

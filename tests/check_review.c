@@ -1065,6 +1065,19 @@ START_TEST(test_key_files_exit_2)
 }
 END_TEST
 
+/* [security] authorized_keys without server_secret_key on a local bind was ignored: the service
+ * started without CurveZMQ and took every client, while its config said which keys to accept. */
+START_TEST(test_authorized_keys_without_server_key)
+{
+    char extra[8192], *out, *err;
+    snprintf(extra, sizeof extra, "[store]\npath = %s/st.lmdb\n[security]\nauthorized_keys = %s\n", tmp, tmp);
+    ck_assert_int_eq(with_config("serve", extra, "--workers 0 --compute-missing", &out, &err), 2);
+    ck_assert_msg(strstr(err, "authorized_keys is set but server_secret_key is not"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* store ls --config with a polykv config whose strategy is not stored listed every cache of it as
  * other-config or stale-strategy without a word why; it says so now (still exit 0). */
 START_TEST(test_store_ls_strategy_missing)
@@ -1338,6 +1351,7 @@ static Suite *review_suite(void)
         {"scan_duplicates", test_scan_duplicates},
         {"sculpt_doc_missing_or_folder", test_sculpt_doc_missing_or_folder},
         {"calibrate_signals_bad_file_exit_2", test_calibrate_signals_bad_file_exit_2},
+        {"authorized_keys_without_server_key", test_authorized_keys_without_server_key},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
