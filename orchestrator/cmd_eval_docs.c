@@ -1,5 +1,6 @@
 /* cmd_eval_docs.c: document lists and loading shared by `kvmill eval` and `kvmill calibrate`. */
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
@@ -115,15 +116,10 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
     size_t fl = frame ? strlen(frame) : 0;
     *ids_out = NULL;
     *n_out = 0;
-    FILE *f = fopen(path, "rb");
-    struct stat st;
-    if (f && fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { /* fopen takes a folder; its read then fails */
-        fclose(f);
-        f = NULL;
-        errno = EISDIR;
-    }
-    if (!f) { /* the user named a file that is not there or not a file: usage */
-        fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, strerror(errno));
+    FILE *f;
+    int ost = kvm_file_open_regular(path, "rb", "document", &f); /* a folder, or a FIFO that would block */
+    if (ost) { /* the user named a file that is not there or not a file: usage */
+        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
         return 2;
     }
     size_t cap = (1 << 16) + fl, n = fl;

@@ -1175,6 +1175,13 @@ START_TEST(test_corpus_fifo)
     ck_assert_msg(strstr(err, "c.jsonl: not a regular file"), "%s", err);
     free(out);
     free(err);
+    /* eval --docs FOLDER read the FIFO too, and blocked until the timeout */
+    snprintf(args, sizeof args, "timeout 60 '%s/kvmill' eval --model '%s' --docs '%s' --context 6 --continuation 4 "
+             "--decode-steps 0 --method h2o --budget 3", kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), dir);
+    int rc = kvm_test_run(args, &out, &err); /* the other document is scored; the run fails (1) */
+    ck_assert_msg(rc == 1 && strstr(err, "f.txt: not a regular file"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -1242,7 +1249,7 @@ START_TEST(test_sculpt_doc_missing_or_folder)
 {
     char args[12000], *out, *err;
     const char *docs[2] = {"/nonexistent/d.txt", tmp};
-    const char *want[2] = {"/nonexistent/d.txt: No such file or directory", ": Is a directory"};
+    const char *want[2] = {"/nonexistent/d.txt: No such file or directory", ": is a directory, not a document file"};
     for (int i = 0; i < 2; i++) {
         snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'",
                  kvm_test_data_path("models/stories260K.bin"), docs[i], tmp);
