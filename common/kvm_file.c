@@ -7,7 +7,7 @@
 
 #include "common/kvm_error.h"
 
-int kvm_file_open_regular(const char *path, const char *mode, const char *what, FILE **out)
+int kvm_file_open_input(const char *path, const char *mode, const char *what, FILE **out)
 {
     *out = NULL;
     struct stat st;
@@ -15,8 +15,6 @@ int kvm_file_open_regular(const char *path, const char *mode, const char *what, 
         return kvm_err(errno == ENOENT || errno == ENOTDIR ? KVM_ENOTFOUND : KVM_EIO, "%s %s: %s", what, path,
                        strerror(errno));
     if (S_ISDIR(st.st_mode)) return kvm_err(KVM_EFORMAT, "%s %s: is a directory, not a %s file", what, path, what);
-    if (!S_ISREG(st.st_mode))
-        return kvm_err(KVM_EFORMAT, "%s %s: not a regular file (a FIFO, socket or device)", what, path);
     FILE *f = fopen(path, mode);
     if (!f)
         return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s %s: %s", what, path, strerror(errno));

@@ -65,7 +65,13 @@ static int add_dir(const char *cmd, cmd_eval_docset *d, const char *dir)
     for (int i = 0; !rc && i < n; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        rc = add_doc(d, path);
+        struct stat st; /* a FIFO named *.txt would block the read until a writer came */
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+            fprintf(stderr, "kvmill %s: --docs %s: %s: not a regular file (a FIFO, socket, device or folder)\n", cmd,
+                    dir, names[i]);
+            rc = 2;
+        } else
+            rc = add_doc(d, path);
     }
     for (int i = 0; i < n; i++)
         free(names[i]);
@@ -117,7 +123,7 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
     *ids_out = NULL;
     *n_out = 0;
     FILE *f;
-    int ost = kvm_file_open_regular(path, "rb", "document", &f); /* a folder, or a FIFO that would block */
+    int ost = kvm_file_open_input(path, "rb", "document", &f); /* a folder: named, not "read error" */
     if (ost) { /* the user named a file that is not there or not a file: usage */
         fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
         return 2;

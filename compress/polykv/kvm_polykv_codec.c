@@ -205,7 +205,7 @@ int kvm_strategy_read(const char *path, kvm_strategy **out)
 {
     *out = NULL;
     FILE *f;
-    int ost = kvm_file_open_regular(path, "rb", "strategy", &f); /* a folder or FIFO: named, not "read error" */
+    int ost = kvm_file_open_input(path, "rb", "strategy", &f); /* a folder: named, not "read error" */
     if (ost) return ost;
     const size_t cap = HDR_BYTES + LAYER_BYTES * MAX_READ_LAYERS + OPTS_LEN_BYTES + KVM_SCULPT_OPTS_CANONICAL_MAX;
     uint8_t *buf = malloc(cap);

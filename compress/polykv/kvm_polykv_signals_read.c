@@ -162,7 +162,7 @@ int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s)
 {
     const int L = s->n_layers;
     FILE *f;
-    int ost = kvm_file_open_regular(path, "r", "signals", &f); /* a folder or FIFO: named, not "read failed" */
+    int ost = kvm_file_open_input(path, "r", "signals", &f); /* a folder: named, not "read failed" */
     if (ost) return ost;
     reader r = {.path = path, .s = s, .budget = -1};
     s->sculpt_opts_known = 0;
