@@ -355,7 +355,7 @@ static int bench_batch(int argc, char **argv, const char *dev)
     printf("batch,%s,lossgrad,problems,%d,s,%.4f,tflops,%.3f\n", dev, np, med, fl * np / med / 1e12);
     double lb, rg;
     t0 = bench_wall_s();
-    if (kvm_sculpt_solve_batch(pp, np, &o, kk, o.rounds, o.lbfgs_iters, be, kc, vc, beta, st, &lb, &rg)) {
+    if (kvm_sculpt_solve_batch(pp, np, &o, kk, o.rounds, o.lbfgs_iters, be, kc, vc, beta, st, &lb, &rg, NULL)) {
         fprintf(stderr, "bench_solver: %s\n", kvm_errmsg());
         return 1;
     }

@@ -243,9 +243,9 @@ START_TEST(test_solve)
     float *kc = malloc((size_t)(tot * (2 * d + 1)) * sizeof *kc), *vc = kc + tot * d, *beta = vc + tot * d;
     kvm_sculpt_head_stats s1[64], s2[64];
     double lb, rg, ratio[64];
-    ck_assert_int_eq(kvm_sculpt_solve_batch(pp, np, &o, k, o.rounds, o.lbfgs_iters, NULL, kc, vc, beta, s1, &lb, &rg),
+    ck_assert_int_eq(kvm_sculpt_solve_batch(pp, np, &o, k, o.rounds, o.lbfgs_iters, NULL, kc, vc, beta, s1, &lb, &rg, NULL),
                      0);
-    ck_assert_msg(kvm_sculpt_solve_batch(pp, np, &o, k, o.rounds, o.lbfgs_iters, gpu, kc, vc, beta, s2, &lb, &rg) == 0,
+    ck_assert_msg(kvm_sculpt_solve_batch(pp, np, &o, k, o.rounds, o.lbfgs_iters, gpu, kc, vc, beta, s2, &lb, &rg, NULL) == 0,
                   "%s", kvm_errmsg());
     for (int i = 0; i < np; i++) ratio[i] = s2[i].loss / s1[i].loss;
     for (int a = 0; a < np; a++)

@@ -611,6 +611,14 @@ START_TEST(test_progress_within_document)
     int rc = run_kvmill(NULL, &out, &err);
     ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
     ck_assert_msg(strstr(err, "0/1 documents in compress: doc_000.txt "), "stderr: %s", err);
+    /* the batched solver reports each problem as it ends, not all of them when the batch returns
+     * (it showed 0/20 until then); several seconds of solving against 100 ms heartbeats */
+    int partial = 0;
+    for (const char *q = strstr(err, "doc_000.txt "); q; q = strstr(q + 1, "doc_000.txt ")) {
+        int a, b;
+        if (sscanf(q + 12, "%d/%d", &a, &b) == 2 && a > 0 && a < b) partial = 1;
+    }
+    if (!kvm_test_quick()) ck_assert_msg(partial, "no progress line between 0 and all problems: %s", err);
     ck_assert_msg(!strstr(err, "0/1 documents, ") || !strstr(strstr(err, "0/1 documents, "), "ETA"), "stderr: %s", err);
     /* no two progress lines alike but for the clock */
     char prev[512] = "";

@@ -8,6 +8,7 @@
 #include "compress/sculpt/kvm_sculpt_lbfgs.h"
 #include "compress/eval/kvm_eval.h"
 #include "common/kvm_error.h"
+#include "common/kvm_progress.h"
 #include "kernels/kvm_fpmode.h"
 #include "kernels/kvm_sculpt_kernels.h"
 #include "tests/util/kvm_test.h"
@@ -1192,9 +1193,12 @@ static void batch_solve(const kvm_sculpt_problem *const *ps, const int *which, i
         kk[t] = batch_k(which[t]);
     }
     double lb, rg;
-    ck_assert_int_eq(kvm_sculpt_solve_batch(pp, n, o, kk, o->rounds, o->lbfgs_iters, NULL, kc, vc, beta, st, &lb, &rg),
+    kvm_progress pr = {0};
+    ck_assert_int_eq(kvm_sculpt_solve_batch(pp, n, o, kk, o->rounds, o->lbfgs_iters, NULL, kc, vc, beta, st, &lb, &rg, &pr),
                      0);
     ck_assert(lb >= 0 && rg >= 0);
+    /* one step per problem, whichever path solved it (one at a time per thread, or lockstep) */
+    ck_assert_int_eq(atomic_load(&pr.done), n);
 }
 
 START_TEST(test_batch_equals_per_problem)
@@ -1271,7 +1275,7 @@ START_TEST(test_batch_equals_per_problem)
     int64_t kk[2] = {4, P[1].nc + 1};
     double lb, rg;
     kvm_sculpt_opts o = quick_opts();
-    ck_assert_int_eq(kvm_sculpt_solve_batch(ps, 2, &o, kk, 1, 1, NULL, kc, vc, beta, st, &lb, &rg), KVM_EINVAL);
+    ck_assert_int_eq(kvm_sculpt_solve_batch(ps, 2, &o, kk, 1, 1, NULL, kc, vc, beta, st, &lb, &rg, NULL), KVM_EINVAL);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "problem 1"));
     for (int i = 0; i < np; i++) kvm_sculpt_problem_free(&P[i]);
     kvm_eval_doc_free(&doc);

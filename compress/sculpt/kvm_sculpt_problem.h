@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 struct kvm_sculpt_backend;
+struct kvm_progress; /* common/kvm_progress.h */
 
 /* A problem: zone/retain tensors are borrowed (valid while the source capture lives), the
  * query and reference arrays are owned (kvm_sculpt_problem_free). */
@@ -166,11 +167,15 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
  * st[n] per problem (lbfgs_s and ridge_s are 0 there: the batched phases' wall seconds go to
  * *lbfgs_s and *ridge_s). o->lbfgs_oracle is ignored (the oracle is per problem:
  * kvm_sculpt_solve_head). Each problem's result is bit-identical to kvm_sculpt_solve_head's
- * with the same inputs, whatever the batch or the thread count. Returns 0, KVM_EINVAL (k out of
- * range, head dims differ), KVM_ENOMEM, KVM_ERANGE (the message names the problem). */
+ * with the same inputs, whatever the batch or the thread count. `progress` (may be NULL) gets one
+ * step per problem as that problem's solve ends, from the thread that solved it (one at a time
+ * per thread on the CPU; the whole batch at its end in lockstep and on a device), so that a
+ * supervisor sees a long batch advance. Returns 0, KVM_EINVAL (k out of range, head dims
+ * differ), KVM_ENOMEM, KVM_ERANGE (the message names the problem). */
 int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm_sculpt_opts *o, const int64_t *k,
                            int rounds, int iters, const struct kvm_sculpt_backend *be, float *kc, float *vc,
-                           float *beta, kvm_sculpt_head_stats *st, double *lbfgs_s, double *ridge_s);
+                           float *beta, kvm_sculpt_head_stats *st, double *lbfgs_s, double *ridge_s,
+                           struct kvm_progress *progress);
 /* The baselines' per-problem solvers (kvm_sculpt_solve_head calls them for o->mode AM / KVZIP;
  * rounds and iterations do not apply). Outputs as kvm_sculpt_solve_head: kc, vc [k][d], beta [k];
  * st->mse and st->loss (λ = o->lambda) of the result.

@@ -10,6 +10,7 @@
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/sculpt/kvm_sculpt_lbfgs.h"
 #include "common/kvm_error.h"
+#include "common/kvm_progress.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
 #include <math.h>
@@ -389,6 +390,7 @@ typedef struct one_by_one {
     kvm_sculpt_head_stats *bst;
     double *lb, *rg; /* [nb] phase seconds per problem */
     int *rc;         /* [nb] */
+    kvm_progress *progress; /* one step per solved problem, or NULL */
     char (*msg)[256];
     pthread_mutex_t lock;
     int next;
@@ -406,6 +408,7 @@ static void *one_worker(void *arg)
         w->rc[i] = solve_group(w->be, w->bps + i, w->views + i, w->kb + i, 1, w->o, 1, w->rounds, w->iters,
                                w->map + i, w->kcb + o * d, w->vcb + o * d, w->bb + o, w->bst + i, &w->lb[i], &w->rg[i]);
         if (w->rc[i]) snprintf(w->msg[i], sizeof w->msg[i], "%s", kvm_errmsg());
+        else kvm_progress_step(w->progress);
     }
     return NULL;
 }
@@ -442,7 +445,7 @@ done:
 
 int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm_sculpt_opts *o, const int64_t *k,
                            int rounds, int iters, const kvm_sculpt_backend *be, float *kc, float *vc, float *beta,
-                           kvm_sculpt_head_stats *st, double *lbfgs_s, double *ridge_s)
+                           kvm_sculpt_head_stats *st, double *lbfgs_s, double *ridge_s, kvm_progress *progress)
 {
     if (!be) be = kvm_sculpt_backend_cpu();
     *lbfgs_s = *ridge_s = 0;
@@ -472,6 +475,7 @@ int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm
     for (int i = 0; i < n; i++) {
         if (k[i] == 0) { /* nothing to fit: the retain zone alone, solved on its own */
             if ((rc = kvm_sculpt_solve_head(ps[i], o, 0, rounds, iters, kc, vc, beta, &st[i]))) goto done;
+            kvm_progress_step(progress);
             continue;
         }
         const kvm_sculpt_problem *p = ps[i];
@@ -495,11 +499,13 @@ int kvm_sculpt_solve_batch(const kvm_sculpt_problem *const *ps, int n, const kvm
     }
     if (be == kvm_sculpt_backend_cpu() && !o->lockstep && nb > 1) {
         one_by_one w = {.be = be, .bps = bps, .views = views, .kb = kb, .offb = offb, .o = o, .nb = nb,
-                        .rounds = rounds, .iters = iters, .map = map, .kcb = kcb, .vcb = vcb, .bb = bb, .bst = bst};
+                        .rounds = rounds, .iters = iters, .map = map, .kcb = kcb, .vcb = vcb, .bb = bb, .bst = bst,
+                        .progress = progress};
         rc = solve_one_by_one(&w, o->threads, lbfgs_s, ridge_s);
     } else {
         rc = solve_group(be, bps, views, kb, nb, o, o->threads, rounds, iters, map, kcb, vcb, bb, bst, lbfgs_s,
                          ridge_s);
+        for (int i = 0; !rc && i < nb; i++) kvm_progress_step(progress); /* lockstep: all end together */
     }
     if (rc) goto done;
     for (int i = 0; i < nb; i++) { /* the best points, at the caller's offsets */

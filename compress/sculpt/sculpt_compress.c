@@ -225,7 +225,9 @@ static int solve_batched(pass *ps, int k2)
         rc = kvm_err(KVM_EDEVICE, "sculpt solver: %s", kvm_errmsg());
         goto done;
     }
-    if (n) rc = kvm_sculpt_solve_batch(pp, n, ps->o, kk, ps->rounds, ps->iters, be, kc, vc, beta, hs, &lb, &rg);
+    if (n) /* the pilot's half budgets (k2) are not the pass's units */
+        rc = kvm_sculpt_solve_batch(pp, n, ps->o, kk, ps->rounds, ps->iters, be, kc, vc, beta, hs, &lb, &rg,
+                                    k2 ? NULL : ps->in->progress);
     if (rc) { /* name the (layer, KV head) */
         char why[200];
         snprintf(why, sizeof why, "%s", kvm_errmsg());
@@ -249,7 +251,6 @@ static int solve_batched(pass *ps, int k2)
             memcpy(jb->vc, vc + off * d, (size_t)(kk[t] * d) * sizeof *vc);
             memcpy(jb->beta, beta + off, (size_t)kk[t] * sizeof *beta);
         }
-        if (!k2) kvm_progress_step(ps->in->progress);
         off += kk[t];
     }
     goto done;
