@@ -131,7 +131,11 @@ def main():
     w = weights(r, n_head, n_kv)
     cfg = config(r, "lm_head.weight" not in w)
     os.makedirs(out, exist_ok=True)
-    save_file(w, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    st = os.path.join(out, "model.safetensors")
+    save_file(w, st, metadata={"format": "pt"})
+    umask = os.umask(0)  # save_file writes through a private (0600) temporary: give it the umask's
+    os.umask(umask)      # mode, as the folder's other files get, so others who read the folder can load it
+    os.chmod(st, 0o666 & ~umask)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     with open(os.path.join(out, "generation_config.json"), "w") as f:

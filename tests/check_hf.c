@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define GGUF_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define REF_DIR "tests/data/smollm2"
@@ -185,6 +186,14 @@ START_TEST(test_smol_info)
     ck_assert_ptr_nonnull(strstr(out, "parameters:  134515008"));
     free(out);
     free(err);
+    /* the weights are as readable as the folder's other files (safetensors wrote them 0600) */
+    char p1[4200], p2[4200];
+    struct stat s1, s2;
+    snprintf(p1, sizeof p1, "%s/model.safetensors", hf_dir());
+    snprintf(p2, sizeof p2, "%s/config.json", hf_dir());
+    ck_assert(stat(p1, &s1) == 0 && stat(p2, &s2) == 0);
+    ck_assert_msg((s1.st_mode & 0777) == (s2.st_mode & 0777), "model.safetensors mode %o, config.json %o",
+                  (unsigned)(s1.st_mode & 0777), (unsigned)(s2.st_mode & 0777));
     /* --model DIR: the folder's own tokenizer.json and chat template */
     snprintf(cmd, sizeof cmd,
              "%s/kvmill generate --model %s --chat --prompt 'What is the capital of France?' -n 64 --temperature 0",
