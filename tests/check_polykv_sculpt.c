@@ -64,6 +64,20 @@ static kvm_strategy *strategy_of(const kvm_pattern *p, int64_t B)
     return s;
 }
 
+/* Scoring st on doc with the sculpt options already set gives the same positive KL without the
+ * memo, on the memo's first call and from the memo; then restores the default options. */
+static void assert_memo_neutral(kvm_eval_doc *doc, const kvm_strategy *st)
+{
+    double kl0, kl1, kl2;
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl0), 0);
+    kvm_polykv_memo_begin();
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl1), 0);
+    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl2), 0);
+    kvm_polykv_memo_end();
+    kvm_polykv_score_sculpt_opts(NULL);
+    ck_assert(kl0 == kl1 && kl1 == kl2 && kl0 > 0);
+}
+
 START_TEST(test_not_an_eviction_pattern)
 {
     ck_assert_str_eq(kvm_pattern_name(KVM_PATTERN_SCULPT), "sculpt");
@@ -466,14 +480,7 @@ START_TEST(test_kvzip_pattern)
     ck_assert(!heads_equal(ref_s, ref_z, 2)); /* the two methods differ, so the test tells them apart */
     ck_assert_int_eq(kvm_kvcache_head(mix, 1, 0)->n, 20);
     kvm_polykv_score_sculpt_opts(&q);
-    double kl0, kl1, kl2;
-    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl0), 0);
-    kvm_polykv_memo_begin();
-    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl1), 0);
-    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl2), 0);
-    kvm_polykv_memo_end();
-    kvm_polykv_score_sculpt_opts(NULL);
-    ck_assert(kl0 == kl1 && kl1 == kl2 && kl0 > 0);
+    assert_memo_neutral(doc, st);
     kvm_polykv_method_opts_free(o_all);
     kvm_polykv_method_opts_free(o_mix);
     kvm_strategy_free(&s_all);
@@ -557,14 +564,7 @@ START_TEST(test_head_split_distilled)
         kvm_evict_plan_free(&plan);
     }
     kvm_polykv_score_sculpt_opts(&q); /* memo-neutral with split heads */
-    double kl0, kl1, kl2;
-    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl0), 0);
-    kvm_polykv_memo_begin();
-    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl1), 0);
-    ck_assert_int_eq(kvm_polykv_score(&doc, 1, st, NULL, &kl2), 0);
-    kvm_polykv_memo_end();
-    kvm_polykv_score_sculpt_opts(NULL);
-    ck_assert(kl0 == kl1 && kl1 == kl2 && kl0 > 0);
+    assert_memo_neutral(doc, st);
     /* the pilot allocation: the strategy still compresses (one budget per layer), while
      * unequal heads are refused by kvm_sculpt_compress_heads */
     kvm_sculpt_opts qa = q;
