@@ -43,6 +43,20 @@ typedef struct kvm_sculpt_eval {
 int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const float *vc, const float *beta, int64_t k,
                             double lambda, float *grad_k, float *grad_b, kvm_sculpt_eval *out);
 
+/* Buffers of the CPU loss kernel kept between evaluations (packed entries, score and ∂score
+ * tiles, U): one per thread that evaluates, owned by the caller (kvm_cpu_sculpt_scratch_new,
+ * NULL with KVM_ENOMEM set; kvm_cpu_sculpt_scratch_free, NULL accepted). They grow to the
+ * largest problem seen and are not shared between threads. */
+typedef struct kvm_cpu_sculpt_scratch kvm_cpu_sculpt_scratch;
+kvm_cpu_sculpt_scratch *kvm_cpu_sculpt_scratch_new(void);
+void kvm_cpu_sculpt_scratch_free(kvm_cpu_sculpt_scratch *ws);
+
+/* kvm_cpu_sculpt_lossgrad working in ws (NULL: allocate for this call alone); the result is
+ * bit-identical either way. */
+int kvm_cpu_sculpt_lossgrad_ws(kvm_cpu_sculpt_scratch *ws, const kvm_sculpt_view *p, const float *kc, const float *vc,
+                               const float *beta, int64_t k, double lambda, float *grad_k, float *grad_b,
+                               kvm_sculpt_eval *out);
+
 /* CPU backend, the ridge design (KVSculpt §3 value step): P [nq][k] (row-major, float32),
  * P_ij = the probability query i puts on distilled entry j under the softmax over the k
  * entries (scores scale·q·kc + β, beta NULL = 0) and its visible retain entries, and pr [nq]

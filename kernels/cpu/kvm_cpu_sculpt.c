@@ -16,7 +16,16 @@
 enum { QB = KVM_SB_QB, NR = KVM_GEMM_NR };
 enum { QB8 = 32 }; /* queries per block at head dim 8: S and U of a block (2·16·kp floats) stay in L1 */
 
-/* Scratch of one evaluation (one allocation). kp = k rounded up to NR. */
+/* The buffers an evaluation works in, kept between evaluations by a kvm_cpu_sculpt_scratch so
+ * that each call does not allocate and fault in fresh pages (at SmolLM2's shape U alone is 5 MB
+ * per evaluation, and the page clearing showed as ≈ 9% system time). */
+struct kvm_cpu_sculpt_scratch {
+    kvm_cpu_packed kpk, vpk, vtpk, upk;
+    float *buf;    /* S, R, gt, gb, β row, oh, E and (when built) Qᵀ, 64-byte aligned */
+    size_t cap;    /* floats allocated in buf */
+};
+
+/* Scratch of one evaluation. kp = k rounded up to NR. */
 typedef struct sb_work {
     int64_t kp;
     kvm_cpu_packed kpk, vpk, vtpk; /* Kc (out k, in d), Vc as (out d, in k), Vc as (out k, in d) */
@@ -29,6 +38,8 @@ typedef struct sb_work {
     float *gt;                     /* [d][kp] Qᵀ·U (d = 8: summed block by block, unscaled) */
     float *gb;                     /* [kp] Σ_i U */
     const float *vc;               /* the caller's Vc [k][d] (borrowed) */
+    kvm_cpu_sculpt_scratch *ws;    /* where the buffers live; owned when own_ws */
+    int own_ws;
 } sb_work;
 
 /* ∂score row: u_j = w_j·(b1·(r_j − oe) + b2) with w_j = e_j·iz (kvm_sb_dscore on 8 lanes, the
@@ -39,17 +50,15 @@ static void dscore_row(const float *restrict w, float iz, const float *restrict 
 {
     for (int64_t j0 = 0; j0 < kp; j0 += NR) {
         float *restrict u = upk + (j0 / NR) * nq * NR + i * NR;
-        for (int h = 0; h < NR; h += 8) {
-            v8f wv, rv, g, uv;
-            memcpy(&wv, w + j0 + h, 32);
-            memcpy(&rv, r + j0 + h, 32);
-            memcpy(&g, gb + j0 + h, 32);
-            wv = wv * iz;
-            uv = wv * (b1 * (rv - oe) + b2);
-            g += uv;
-            memcpy(u + h, &uv, 32);
-            memcpy(gb + j0 + h, &g, 32);
-        }
+        v16f wv, rv, g, uv;
+        memcpy(&wv, w + j0, 64);
+        memcpy(&rv, r + j0, 64);
+        memcpy(&g, gb + j0, 64);
+        wv = wv * iz;
+        uv = wv * (b1 * (rv - oe) + b2);
+        g += uv;
+        memcpy(u, &uv, 64);
+        memcpy(gb + j0, &g, 64);
     }
 }
 
@@ -84,26 +93,20 @@ static void wv_rows8(const float *restrict w, int nb, int64_t kp, const float *r
 }
 
 /* The K = 8 inner product of up to 4 rows x0..x3 [8] with one 16-entry panel pp [8][NR]:
- * acc[r][0|1] = Σ_t x_r[t]·pp[t][0..8 | 8..16], one FMA per term in t order (the packed
- * GEMM's order). Shared by scores_k8 and dscore_k8, so both sum alike. */
+ * acc[r] = Σ_t x_r[t]·pp[t][0..16], one FMA per term in t order (the packed GEMM's order), one
+ * 16-lane vector per row. Shared by scores_k8 and dscore_k8, so both sum alike. */
 static inline __attribute__((always_inline)) void k8_panel(const float *x0, const float *x1, const float *x2,
-                                                           const float *x3, const float *pp, v8f acc[4][2])
+                                                           const float *x3, const float *pp, v16f acc[4])
 {
-    v8f a0 = {0}, c0 = {0}, a1 = {0}, c1 = {0}, a2 = {0}, c2 = {0}, a3 = {0}, c3 = {0}, lo, hi;
+    v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, v;
     for (int t = 0; t < 8; t++) {
-        memcpy(&lo, pp + t * NR, 32);
-        memcpy(&hi, pp + t * NR + 8, 32);
-        a0 += x0[t] * lo;
-        c0 += x0[t] * hi;
-        a1 += x1[t] * lo;
-        c1 += x1[t] * hi;
-        a2 += x2[t] * lo;
-        c2 += x2[t] * hi;
-        a3 += x3[t] * lo;
-        c3 += x3[t] * hi;
+        memcpy(&v, pp + t * NR, 64);
+        a0 += x0[t] * v;
+        a1 += x1[t] * v;
+        a2 += x2[t] * v;
+        a3 += x3[t] * v;
     }
-    acc[0][0] = a0, acc[0][1] = c0, acc[1][0] = a1, acc[1][1] = c1;
-    acc[2][0] = a2, acc[2][1] = c2, acc[3][0] = a3, acc[3][1] = c3;
+    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
 }
 
 /* The scores of nb ≤ QB rows at head dim 8: y[b][j] = alpha·Σ_{t<8} x[b][t]·P[t][j] + β_j for j <
@@ -119,23 +122,21 @@ static void scores_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, 
         const int mr = nb - b0 < 4 ? nb - b0 : 4;
         const float *x0 = x + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
         const float *x3 = x0 + (mr > 3 ? 24 : 0);
-        const v8f ninf = (v8f){0} - INFINITY;
-        v8f m[4] = {ninf, ninf, ninf, ninf};
+        const v16f ninf = (v16f){0} - INFINITY;
+        v16f m[4] = {ninf, ninf, ninf, ninf};
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
-            v8f acc[4][2], bl, bh;
+            v16f acc[4], bv;
             k8_panel(x0, x1, x2, x3, P->p + j0 * 8, acc);
-            memcpy(&bl, beta + j0, 32);
-            memcpy(&bh, beta + j0 + 8, 32);
+            memcpy(&bv, beta + j0, 64);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) { /* a constant trip count keeps acc and m in registers */
-                v8f l = acc[r][0] * alpha + bl, h = acc[r][1] * alpha + bh;
-                m[r] = v8_max(m[r], v8_max(l, h));
+                const v16f l = acc[r] * alpha + bv;
+                m[r] = v16_max(m[r], l);
                 if (r >= mr) continue;
-                memcpy(y + (b0 + r) * kp + j0, &l, 32);
-                memcpy(y + (b0 + r) * kp + j0 + 8, &h, 32);
+                memcpy(y + (b0 + r) * kp + j0, &l, 64);
             }
         }
-        for (int r = 0; r < mr; r++) mx[b0 + r] = v8_hmax(m[r]);
+        for (int r = 0; r < mr; r++) mx[b0 + r] = v16_hmax(m[r]);
     }
 }
 
@@ -146,17 +147,16 @@ static void scores_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, 
 SB_CLONES
 static void grad_k8(const float *restrict x, int nb, const float *restrict u, int64_t kp, float *restrict gt)
 {
-    for (int64_t j0 = 0; j0 < kp; j0 += NR)
-        for (int h = 0; h < NR; h += 8) {
-            v8f g[8], uv;
-            for (int t = 0; t < 8; t++) memcpy(&g[t], gt + t * kp + j0 + h, 32);
-            const float *up = u + (j0 / NR) * nb * NR + h;
-            for (int b = 0; b < nb; b++) {
-                memcpy(&uv, up + b * NR, 32);
-                for (int t = 0; t < 8; t++) g[t] += x[b * 8 + t] * uv;
-            }
-            for (int t = 0; t < 8; t++) memcpy(gt + t * kp + j0 + h, &g[t], 32);
+    for (int64_t j0 = 0; j0 < kp; j0 += NR) {
+        v16f g[8], uv;
+        for (int t = 0; t < 8; t++) memcpy(&g[t], gt + t * kp + j0, 64);
+        const float *up = u + (j0 / NR) * nb * NR;
+        for (int b = 0; b < nb; b++) {
+            memcpy(&uv, up + b * NR, 64);
+            for (int t = 0; t < 8; t++) g[t] += x[b * 8 + t] * uv;
         }
+        for (int t = 0; t < 8; t++) memcpy(gt + t * kp + j0, &g[t], 64);
+    }
 }
 
 /* The ∂score rows of nb queries at head dim 8 with E·Vcᵀ fused in: per 4 rows × 16 entries
@@ -173,26 +173,19 @@ static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt,
         const float *x0 = e + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
         const float *x3 = x0 + (mr > 3 ? 24 : 0);
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
-            v8f acc[4][2], g0, g1, w0, w1;
+            v16f acc[4], g, wv;
             k8_panel(x0, x1, x2, x3, Vt->p + j0 * 8, acc);
-            memcpy(&g0, gb + j0, 32);
-            memcpy(&g1, gb + j0 + 8, 32);
+            memcpy(&g, gb + j0, 64);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) { /* a constant trip count keeps acc and g in registers */
                 if (r >= mr) continue;
                 const int b = b0 + r;
-                float *ub = u + (j0 / NR) * nb * NR + b * NR;
-                memcpy(&w0, w + b * kp + j0, 32);
-                memcpy(&w1, w + b * kp + j0 + 8, 32);
-                const v8f u0 = w0 * (c1[b] * (acc[r][0] - oe[b]) + c2[b]);
-                const v8f u1 = w1 * (c1[b] * (acc[r][1] - oe[b]) + c2[b]);
-                g0 += u0;
-                g1 += u1;
-                memcpy(ub, &u0, 32);
-                memcpy(ub + 8, &u1, 32);
+                memcpy(&wv, w + b * kp + j0, 64);
+                const v16f uv = wv * (c1[b] * (acc[r] - oe[b]) + c2[b]);
+                g += uv;
+                memcpy(u + (j0 / NR) * nb * NR + b * NR, &uv, 64);
             }
-            memcpy(gb + j0, &g0, 32);
-            memcpy(gb + j0 + 8, &g1, 32);
+            memcpy(gb + j0, &g, 64);
         }
     }
 }
@@ -282,29 +275,64 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
         dscore_row(w->S + b * kp, iz[b], w->R + b * kp, oe[b], b1[b], b2[b], kp, p->nq, i0 + b, w->upk.p, w->gb);
 }
 
-static void work_free(sb_work *w)
+kvm_cpu_sculpt_scratch *kvm_cpu_sculpt_scratch_new(void)
 {
-    kvm__cpu_packed_free(&w->kpk);
-    kvm__cpu_packed_free(&w->vpk);
-    kvm__cpu_packed_free(&w->vtpk);
-    kvm__cpu_packed_free(&w->upk);
-    free(w->S);
+    kvm_cpu_sculpt_scratch *ws = calloc(1, sizeof *ws);
+    if (!ws) kvm_err(KVM_ENOMEM, "sculpt kernel: out of memory (scratch)");
+    return ws;
 }
 
-/* Packs the entries and allocates the scratch (zeroed: padding columns stay 0). */
-static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const float *vc, int64_t k, int grad)
+void kvm_cpu_sculpt_scratch_free(kvm_cpu_sculpt_scratch *ws)
+{
+    if (!ws) return;
+    kvm__cpu_packed_free(&ws->kpk);
+    kvm__cpu_packed_free(&ws->vpk);
+    kvm__cpu_packed_free(&ws->vtpk);
+    kvm__cpu_packed_free(&ws->upk);
+    free(ws->buf);
+    free(ws);
+}
+
+static void work_free(sb_work *w)
+{
+    if (w->own_ws) kvm_cpu_sculpt_scratch_free(w->ws);
+}
+
+/* Room for n floats in ws->buf, zeroed (padding columns and the accumulators start at 0). */
+static int scratch_room(kvm_cpu_sculpt_scratch *ws, size_t n)
+{
+    if (n > ws->cap) {
+        free(ws->buf);
+        ws->buf = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+        ws->cap = ws->buf ? n : 0;
+        if (!ws->buf) return KVM_ENOMEM;
+    }
+    memset(ws->buf, 0, n * sizeof(float));
+    return 0;
+}
+
+/* Packs the entries and lays out the scratch in ws (NULL: a fresh one, freed by work_free). */
+static int work_new(sb_work *w, kvm_cpu_sculpt_scratch *ws, const kvm_sculpt_view *p, const float *kc,
+                    const float *vc, int64_t k, int grad)
 {
     const int d = p->d;
     const int64_t kp = (k + NR - 1) / NR * NR, nq = p->nq;
     memset(w, 0, sizeof *w);
     w->kp = kp;
     w->vc = vc;
+    w->own_ws = ws == NULL;
+    w->ws = ws ? ws : kvm_cpu_sculpt_scratch_new();
+    if (!w->ws) goto fail;
+    ws = w->ws;
     const int full_u = grad && d != 8, build_qt = full_u && !p->qt; /* d = 8: U per block, in R */
     size_t nf = (size_t)kp * (2 * QB + d + 2) + (size_t)(2 * QB * d) + (build_qt ? (size_t)(d * nq) : 0);
-    w->S = calloc(nf, sizeof *w->S);
-    if (!w->S || kvm__cpu_pack(&w->kpk, kc, k, d, d, 1) || kvm__cpu_pack(&w->vpk, vc, d, k, 1, d) ||
-        kvm__cpu_pack(&w->vtpk, vc, k, d, d, 1))
+    if (scratch_room(ws, nf) || kvm__cpu_pack(&ws->kpk, kc, k, d, d, 1) ||
+        kvm__cpu_pack(&ws->vpk, vc, d, k, 1, d) || kvm__cpu_pack(&ws->vtpk, vc, k, d, d, 1))
         goto fail;
+    w->kpk = ws->kpk;
+    w->vpk = ws->vpk;
+    w->vtpk = ws->vtpk;
+    w->S = ws->buf;
     w->R = w->S + QB * kp;
     w->gt = w->R + QB * kp;
     w->gb = w->gt + (int64_t)d * kp;
@@ -314,12 +342,17 @@ static int work_new(sb_work *w, const kvm_sculpt_view *p, const float *kc, const
     float *qt = w->E + QB * d;
     w->qt = build_qt ? qt : p->qt;
     if (full_u) {
-        size_t bytes = ((size_t)(kp * nq) * sizeof(float) + 63) & ~(size_t)63;
-        if (!(w->upk.p = aligned_alloc(64, bytes ? bytes : 64))) goto fail;
         /* every slot of U is written by the ∂score rows: no clearing */
-        w->upk.out = k;
-        w->upk.in = nq;
-        w->upk.cap = kp * nq;
+        if (kp * nq > ws->upk.cap) {
+            free(ws->upk.p);
+            size_t bytes = ((size_t)(kp * nq) * sizeof(float) + 63) & ~(size_t)63;
+            ws->upk.p = aligned_alloc(64, bytes ? bytes : 64);
+            ws->upk.cap = ws->upk.p ? kp * nq : 0;
+            if (!ws->upk.p) goto fail;
+        }
+        ws->upk.out = k;
+        ws->upk.in = nq;
+        w->upk = ws->upk;
         for (int64_t i = 0; build_qt && i < nq; i++)
             for (int t = 0; t < d; t++) qt[t * nq + i] = p->q[i * d + t];
     }
@@ -332,10 +365,17 @@ fail:
 int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const float *vc, const float *beta, int64_t k,
                             double lambda, float *grad_k, float *grad_b, kvm_sculpt_eval *out)
 {
+    return kvm_cpu_sculpt_lossgrad_ws(NULL, p, kc, vc, beta, k, lambda, grad_k, grad_b, out);
+}
+
+int kvm_cpu_sculpt_lossgrad_ws(kvm_cpu_sculpt_scratch *ws, const kvm_sculpt_view *p, const float *kc, const float *vc,
+                               const float *beta, int64_t k, double lambda, float *grad_k, float *grad_b,
+                               kvm_sculpt_eval *out)
+{
     const int d = p->d, grad = grad_k != NULL || grad_b != NULL;
     if (k < 1 || d < 1 || d > 512) return kvm_err(KVM_EINVAL, "sculpt kernel: k = %lld, d = %d", (long long)k, d);
     sb_work w;
-    int rc = work_new(&w, p, kc, vc, k, grad);
+    int rc = work_new(&w, ws, p, kc, vc, k, grad);
     if (rc) return rc;
     const int64_t kp = w.kp, nq = p->nq;
     float *b0 = w.gb + kp;
@@ -367,7 +407,7 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
     const int d = p->d;
     if (k < 1 || d < 1 || d > 512) return kvm_err(KVM_EINVAL, "sculpt kernel: k = %lld, d = %d", (long long)k, d);
     sb_work w;
-    int rc = work_new(&w, p, kc, kc, k, 0);
+    int rc = work_new(&w, NULL, p, kc, kc, k, 0);
     if (rc) return rc;
     const int64_t kp = w.kp, nq = p->nq;
     float *b0 = w.gb + kp;

@@ -18,6 +18,7 @@ struct kvm_sculpt_batch {
     float *kc, *vc, *beta;     /* [Σk][d], [Σk][d], [Σk] */
     float *gk, *gb;            /* [Σk][d], [Σk] */
     float *qt;                 /* Qᵀ of every problem, [d][nq_i] each (built once, not per evaluation) */
+    kvm_cpu_sculpt_scratch **ws; /* [threads] the loss kernel's buffers, one per worker, kept across calls */
 };
 
 static void cpu_batch_free(kvm_sculpt_batch *b)
@@ -33,6 +34,8 @@ static void cpu_batch_free(kvm_sculpt_batch *b)
     free(b->gk);
     free(b->gb);
     free(b->qt);
+    for (int t = 0; b->ws && t < b->threads; t++) kvm_cpu_sculpt_scratch_free(b->ws[t]);
+    free(b->ws);
     free(b);
 }
 
@@ -66,7 +69,16 @@ static int cpu_batch_new(const kvm_sculpt_backend *be, const kvm_sculpt_view *vi
     b->gk = malloc((size_t)(tot * d) * sizeof *b->gk);
     b->gb = malloc((size_t)tot * sizeof *b->gb);
     b->qt = malloc((size_t)(totq > 0 ? totq : 1) * sizeof *b->qt);
-    if (!b->views || !b->k || !b->off || !b->offA || !b->kc || !b->vc || !b->beta || !b->gk || !b->gb || !b->qt) {
+    b->ws = calloc((size_t)threads, sizeof *b->ws);
+    for (int t = 0; b->ws && t < threads; t++)
+        if (!(b->ws[t] = kvm_cpu_sculpt_scratch_new())) {
+            for (int u = 0; u < t; u++) kvm_cpu_sculpt_scratch_free(b->ws[u]);
+            free(b->ws);
+            b->ws = NULL;
+            break;
+        }
+    if (!b->views || !b->k || !b->off || !b->offA || !b->kc || !b->vc || !b->beta || !b->gk || !b->gb || !b->qt ||
+        !b->ws) {
         cpu_batch_free(b);
         return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory (%d problems, %lld entries)", n, (long long)tot);
     }
@@ -144,14 +156,15 @@ typedef struct call {
 
 static void lossgrad_task(void *ctx, int64_t t, int worker)
 {
-    (void)worker;
     call *c = ctx;
     const kvm_sculpt_batch *b = c->b;
     const int i = c->idx[t], d = b->d;
     const int64_t o = b->off[i];
-    c->rc[t] = kvm_cpu_sculpt_lossgrad(&b->views[i], b->kc + o * d, b->vc + o * d, c->use_beta ? b->beta + o : NULL,
-                                       b->k[i], c->lambda, c->want_gk ? b->gk + o * d : NULL,
-                                       c->want_gb ? b->gb + o : NULL, &c->evals[t]);
+    kvm_cpu_sculpt_scratch *ws = worker >= 0 && worker < b->threads ? b->ws[worker] : NULL;
+    c->rc[t] = kvm_cpu_sculpt_lossgrad_ws(ws, &b->views[i], b->kc + o * d, b->vc + o * d,
+                                          c->use_beta ? b->beta + o : NULL, b->k[i], c->lambda,
+                                          c->want_gk ? b->gk + o * d : NULL, c->want_gb ? b->gb + o : NULL,
+                                          &c->evals[t]);
     if (c->rc[t]) snprintf(c->msg[t], sizeof c->msg[t], "%s", kvm_errmsg());
 }
 

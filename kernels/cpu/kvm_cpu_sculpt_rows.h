@@ -16,14 +16,22 @@
 #else
 #define SB_CLONES
 #endif
+/* The vector helpers below are always inlined: called out of line from a clone they would pass
+ * 512-bit vectors by a different ABI than the clone expects (GCC's -Wpsabi note). */
+#define SB_INLINE __attribute__((always_inline))
 enum { KVM_SB_QB = 64 }; /* queries per block of the blocked kernels */
 
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
+/* One 16-entry panel column block (NR = 16 lanes): a single zmm register in the x86-64-v4 clone,
+ * two ymm in the v3 clone, four xmm in the baseline one. Every operation on it is lanewise, so the
+ * three clones compute each lane with the same operations in the same order (bit-identical). */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* kvm_sb_expf on 8 lanes: the same operations in the same order, so each lane is bit-identical
  * to the scalar body (GCC does not vectorise the body's bit cast by itself). */
-static inline v8f v8_expf(v8f x)
+static inline SB_INLINE v8f v8_expf(v8f x)
 {
     const v8f lo = (v8f){0} - 87.0f;
     const v8i keep = x >= lo;
@@ -36,15 +44,35 @@ static inline v8f v8_expf(v8f x)
     return p * (v8f)bits;
 }
 
+/* kvm_sb_expf on 16 lanes: v8_expf's operations, lane for lane. */
+static inline SB_INLINE v16f v16_expf(v16f x)
+{
+    const v16f lo = (v16f){0} - 87.0f;
+    const v16i keep = x >= lo;
+    x = (v16f)(((v16i)x & keep) | ((v16i)lo & ~keep));
+    v16f t = x * 1.44269504088896341f;
+    v16f r = (t + 12582912.0f) - 12582912.0f;
+    v16f f = (t - r) * 0.693147180559945309f;
+    v16f p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
+    v16i bits = (__builtin_convertvector(r, v16i) + 127) << 23;
+    return p * (v16f)bits;
+}
+
 /* Lanewise max(a, b): one compare and one blend (a where a ≥ b, else b). */
-static inline v8f v8_max(v8f a, v8f b)
+static inline SB_INLINE v8f v8_max(v8f a, v8f b)
 {
     const v8i ge = a >= b;
     return (v8f)(((v8i)a & ge) | ((v8i)b & ~ge));
 }
 
+static inline SB_INLINE v16f v16_max(v16f a, v16f b)
+{
+    const v16i ge = a >= b;
+    return (v16f)(((v16i)a & ge) | ((v16i)b & ~ge));
+}
+
 /* The largest of the 8 lanes. */
-static inline float v8_hmax(v8f m)
+static inline SB_INLINE float v8_hmax(v8f m)
 {
     float mx = -INFINITY;
     for (int l = 0; l < 8; l++) mx = m[l] > mx ? m[l] : mx;
@@ -52,29 +80,48 @@ static inline float v8_hmax(v8f m)
 }
 
 /* The sum of the 8 lanes as a fixed tree. */
-static inline float v8_hsum(v8f a)
+static inline SB_INLINE float v8_hsum(v8f a)
 {
     return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
-/* The exponentiation half of a softmax row: s_j ← exp(s_j − mx) in place (v8_expf) for j < kp
+/* Lanes 0–7 and 8–15 of a 16-lane vector. */
+static inline SB_INLINE v8f v16_lo(v16f a)
+{
+    return __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+static inline SB_INLINE v8f v16_hi(v16f a)
+{
+    return __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+/* The largest of the 16 lanes; the sum of the 16 lanes as lo + hi, then v8_hsum's tree (the
+ * order the two-accumulator 8-lane loops summed in). */
+static inline SB_INLINE float v16_hmax(v16f m)
+{
+    return v8_hmax(v8_max(v16_lo(m), v16_hi(m)));
+}
+
+static inline SB_INLINE float v16_hsum(v16f a)
+{
+    return v8_hsum(v16_lo(a) + v16_hi(a));
+}
+
+/* The exponentiation half of a softmax row: s_j ← exp(s_j − mx) in place (v16_expf) for j < kp
  * (a multiple of 16), mx the row's maximum. Returns the row's LSE mx + ln Σ_j s_j and
- * *iz = 1/Σ_j s_j (two 8-lane accumulators, then a fixed tree). */
+ * *iz = 1/Σ_j s_j (one 16-lane accumulator, then v16_hsum's fixed tree). */
 SB_CLONES
 static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
 {
-    v8f a0 = {0}, a1 = {0}, x0, x1;
+    v16f a = {0}, x;
     for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {
-        memcpy(&x0, s + j, 32);
-        memcpy(&x1, s + j + 8, 32);
-        x0 = v8_expf(x0 - mx);
-        x1 = v8_expf(x1 - mx);
-        memcpy(s + j, &x0, 32);
-        memcpy(s + j + 8, &x1, 32);
-        a0 += x0;
-        a1 += x1;
+        memcpy(&x, s + j, 64);
+        x = v16_expf(x - mx);
+        memcpy(s + j, &x, 64);
+        a += x;
     }
-    float z = v8_hsum(a0 + a1);
+    float z = v16_hsum(a);
     *iz = 1.0f / z;
     return mx + logf(z);
 }
@@ -84,20 +131,15 @@ static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
 SB_CLONES
 static inline float softmax_row(float *restrict s, const float *restrict b0, int64_t kp, float *iz)
 {
-    v8f m0 = (v8f){0} - INFINITY, m1 = m0, x0, x1, y0, y1;
+    v16f m = (v16f){0} - INFINITY, x, y;
     for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {
-        memcpy(&x0, s + j, 32);
-        memcpy(&x1, s + j + 8, 32);
-        memcpy(&y0, b0 + j, 32);
-        memcpy(&y1, b0 + j + 8, 32);
-        x0 += y0;
-        x1 += y1;
-        memcpy(s + j, &x0, 32);
-        memcpy(s + j + 8, &x1, 32);
-        m0 = v8_max(m0, x0);
-        m1 = v8_max(m1, x1);
+        memcpy(&x, s + j, 64);
+        memcpy(&y, b0 + j, 64);
+        x += y;
+        memcpy(s + j, &x, 64);
+        m = v16_max(m, x);
     }
-    return exp_row(s, kp, v8_hmax(v8_max(m0, m1)), iz);
+    return exp_row(s, kp, v16_hmax(m), iz);
 }
 
 #endif
