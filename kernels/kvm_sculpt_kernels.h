@@ -83,6 +83,15 @@ typedef struct kvm_sculpt_refs_in {
 int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_ret, float *lse_zone, float *lse_ret,
                         double *mass, double *out_sq);
 
+/* CPU backend, the ridge solve (KVSculpt §3 value step, float64): A [k][k] row-major holding
+ * the symmetric positive definite matrix in its upper triangle (the lower one is not read) is
+ * factored in place as A = UᵀU (U upper, in the upper triangle: LAPACK dpotrf's row-major 'U'
+ * result, so U[j][j]² is pivot j), and B [k][d] row-major is overwritten by A⁻¹B. Blocked
+ * right-looking, sums in a fixed order (deterministic; within rounding of LAPACKE_dposv, not bit
+ * for bit). Returns 0, or j + 1 when pivot j is not positive and finite (A not positive definite;
+ * A partly factored, B untouched). */
+int64_t kvm_cpu_dposv_upper(int64_t k, int d, double *A, double *B);
+
 /* CPU backend, the ridge normal equations of one problem (KVSculpt §3 value step): with P, pr
  * from kvm_cpu_sculpt_probs and T_i = o_full,i − pr_i·o_ret,i, A = PᵀP [k][k] (float64, upper
  * triangle written, row-major) and B = PᵀT [k][d] (float64). p->ridge_f32 = 0: by OpenBLAS

@@ -2,13 +2,17 @@
  * (kernels/kvm_ridge_body.h: the per-column and per-row bodies the device kernel calls, in its
  * order), against the CPU backend's solve (kvm_sculpt_ridge_solve: LAPACKE_dposv) on random
  * normal equations of the solver's sizes, with the value-norm guard on and off; a matrix that is
- * not positive definite is refused with the values left as they were. */
+ * not positive definite is refused with the values left as they were. The CPU backend's blocked
+ * Cholesky (kvm_cpu_dposv_upper) against LAPACKE_dposv itself, at sizes around its panel edges
+ * and SmolLM2's k ≈ 600. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_ridge_body.h"
+#include "kernels/kvm_sculpt_kernels.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <lapacke.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,12 +113,82 @@ START_TEST(test_refuses_indefinite)
 }
 END_TEST
 
+/* kvm_cpu_dposv_upper vs LAPACKE_dposv (row-major, 'U') on the same ridge normal equations: k
+ * from 1 through panel edges (47, 48, 49, 97) to SmolLM2's size, head dims 8, 64 and an odd 13;
+ * only the upper triangle is given (the lower holds garbage that must not be read). The factor's
+ * diagonal (the pivots the float32 path's conditioning check reads) and the solution agree within
+ * 1e-9 relative; the solve is deterministic (a second call gives the same bits). */
+START_TEST(test_blocked_cholesky_vs_dposv)
+{
+    const struct {
+        int64_t nq, k;
+        int d;
+    } cases[] = {{30, 1, 8}, {80, 17, 13}, {200, 47, 64}, {200, 48, 8}, {220, 49, 64}, {300, 97, 64}, {640, 595, 64}};
+    double worst = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t k = cases[c].k, nq = cases[c].nq;
+        const int d = cases[c].d;
+        const size_t na = (size_t)(k * k), nb = (size_t)(k * d);
+        double *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *A1 = malloc(na * sizeof *A);
+        double *B1 = malloc(nb * sizeof *B), *A2 = malloc(na * sizeof *A), *B2 = malloc(nb * sizeof *B);
+        float *v = malloc(nb * sizeof *v);
+        ck_assert(A && B && A1 && B1 && A2 && B2 && v);
+        make(nq, k, d, A, B, v);
+        const double alpha = kvm_rb_alpha(A, k, 1e-3);
+        for (int64_t j = 0; j < k; j++) A[j * k + j] += alpha;
+        memcpy(A1, A, na * sizeof *A);
+        memcpy(B1, B, nb * sizeof *B);
+        for (int64_t r = 1; r < k; r++) /* garbage below the diagonal: never read */
+            for (int64_t q = 0; q < r; q++) A[r * k + q] = NAN;
+        memcpy(A2, A, na * sizeof *A);
+        memcpy(B2, B, nb * sizeof *B);
+        ck_assert_int_eq(LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, A1, (lapack_int)k, B1, d), 0);
+        ck_assert_int_eq(kvm_cpu_dposv_upper(k, d, A, B), 0);
+        double num = 0, den = 0, piv = 0;
+        for (size_t i = 0; i < nb; i++) {
+            num += (B[i] - B1[i]) * (B[i] - B1[i]);
+            den += B1[i] * B1[i];
+        }
+        for (int64_t j = 0; j < k; j++)
+            piv = fmax(piv, fabs(A[j * k + j] - A1[j * k + j]) / A1[j * k + j]);
+        const double r = sqrt(num / den);
+        worst = fmax(worst, fmax(r, piv));
+        ck_assert_msg(r < 1e-9 && piv < 1e-9, "k = %lld, d = %d: solution %g, pivots %g from dposv", (long long)k,
+                      d, r, piv);
+        ck_assert_int_eq(kvm_cpu_dposv_upper(k, d, A2, B2), 0);
+        ck_assert_int_eq(memcmp(A, A2, na * sizeof *A), 0);
+        ck_assert_int_eq(memcmp(B, B2, nb * sizeof *B), 0);
+        free(A), free(B), free(A1), free(B1), free(A2), free(B2), free(v);
+    }
+    printf("blocked Cholesky vs LAPACKE_dposv over 7 sizes (k 1..595): worst relative %.2g\n", worst);
+}
+END_TEST
+
+/* Not positive definite: the failing pivot's index + 1 (here the third, after two good ones, and
+ * a NaN pivot in the second panel), B untouched. */
+START_TEST(test_blocked_cholesky_refuses)
+{
+    double A[9] = {4, 2, 0, 0, 1, 0, 0, 0, 1}, B[3] = {1, 2, 3};
+    ck_assert_int_eq(kvm_cpu_dposv_upper(3, 1, A, B), 2); /* 1 − 2²/4 = 0: pivot 1 */
+    ck_assert(B[0] == 1 && B[1] == 2 && B[2] == 3);
+    const int64_t k = 60;
+    double *M = calloc((size_t)(k * k), sizeof *M), b[60] = {0};
+    ck_assert(M);
+    for (int64_t j = 0; j < k; j++) M[j * k + j] = 1;
+    M[55 * k + 55] = NAN;
+    ck_assert_int_eq(kvm_cpu_dposv_upper(k, 1, M, b), 56);
+    free(M);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ridge_body");
     TCase *tc = tcase_create("ridge_body");
     tcase_add_test(tc, test_equals_dposv);
     tcase_add_test(tc, test_refuses_indefinite);
+    tcase_add_test(tc, test_blocked_cholesky_vs_dposv);
+    tcase_add_test(tc, test_blocked_cholesky_refuses);
     suite_add_tcase(s, tc);
     return kvm_test_run_suite(s);
 }

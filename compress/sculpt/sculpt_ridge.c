@@ -3,13 +3,13 @@
  * a least-squares problem; solved as ridge regression shrinking toward the current values
  * (normal equations by Cholesky in float64, the equations built in float32 blocks or float64),
  * followed by the value-norm guard. The α and the guard are kernels/kvm_ridge_body.h's, which
- * the CUDA backend's batched solve runs too; the Cholesky is LAPACKE's. */
+ * the CUDA backend's batched solve runs too; the Cholesky is the CPU backend's blocked one
+ * (kvm_cpu_dposv_upper: LAPACKE_dposv's result within rounding, without its row-major transposes). */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
 #include "kernels/kvm_ridge_body.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
-#include <lapacke.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,11 +55,11 @@ static int solve(const kvm_sculpt_problem *p, double *A, double *B, int64_t k, d
         dmax = fmax(dmax, A[j * k + j]);
         for (int t = 0; t < d; t++) B[j * d + t] += alpha * vc[j * d + t];
     }
-    lapack_int info = LAPACKE_dposv(LAPACK_ROW_MAJOR, 'U', (lapack_int)k, d, A, (lapack_int)k, B, d);
+    const int64_t info = kvm_cpu_dposv_upper(k, d, A, B);
     if (info != 0 && isfinite(pivot_limit)) return KVM_SCULPT_RIDGE_F64;
     if (info != 0)
-        return kvm_err(KVM_ERANGE, "sculpt ridge: normal matrix not positive definite (dposv info %d, k = %lld)",
-                       (int)info, (long long)k);
+        return kvm_err(KVM_ERANGE, "sculpt ridge: normal matrix not positive definite (pivot %lld, k = %lld)",
+                       (long long)info, (long long)k);
     if (isfinite(pivot_limit)) /* A = UᵀU: U_jj² is pivot j, what is left of A_jj after the cancellation */
         for (int64_t j = 0; j < k; j++)
             if (!(A[j * k + j] * A[j * k + j] * pivot_limit >= dmax)) return KVM_SCULPT_RIDGE_F64;
