@@ -92,44 +92,51 @@ static void wv_rows8(const float *restrict w, int nb, int64_t kp, const float *r
     }
 }
 
-/* The K = 8 inner product of up to 4 rows x0..x3 [8] with one 16-entry panel pp [8][NR]:
- * acc[r] = Σ_t x_r[t]·pp[t][0..16], one FMA per term in t order (the packed GEMM's order), one
- * 16-lane vector per row. Shared by scores_k8 and dscore_k8, so both sum alike. */
-static inline __attribute__((always_inline)) void k8_panel(const float *x0, const float *x1, const float *x2,
-                                                           const float *x3, const float *pp, v16f acc[4])
+/* Row b's 8 elements broadcast over 16 lanes (x[t] in every lane of xb[t]): held in registers
+ * across a row pair's panels, so the panel loop loads each panel vector once for two FMAs and no
+ * broadcast. */
+static inline SB_INLINE void k8_bcast(const float *x, v16f xb[8])
 {
-    v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, v;
+    for (int t = 0; t < 8; t++) xb[t] = (v16f){0} + x[t];
+}
+
+/* The K = 8 inner product of two rows (broadcast in x0b, x1b) with one 16-entry panel pp
+ * [8][NR]: acc[r] = Σ_t x_r[t]·pp[t][0..16], one FMA per term in t order (the packed GEMM's
+ * order). Shared by scores_k8 and dscore_k8, so both sum alike. */
+static inline SB_INLINE void k8_panel(const v16f x0b[8], const v16f x1b[8], const float *pp, v16f acc[2])
+{
+    v16f a0 = {0}, a1 = {0}, v;
     for (int t = 0; t < 8; t++) {
         memcpy(&v, pp + t * NR, 64);
-        a0 += x0[t] * v;
-        a1 += x1[t] * v;
-        a2 += x2[t] * v;
-        a3 += x3[t] * v;
+        a0 += x0b[t] * v;
+        a1 += x1b[t] * v;
     }
-    acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+    acc[0] = a0, acc[1] = a1;
 }
 
 /* The scores of nb ≤ QB rows at head dim 8: y[b][j] = alpha·Σ_{t<8} x[b][t]·P[t][j] + β_j for j <
  * kp (row strides 8 and kp) with P = Kc packed [kp/16][8][16] (kvm__cpu_pack, zero beyond its
- * columns) and β [kp] (−1e30 on padding), and each row's maximum into mx[b]. Four rows × 16
- * columns per step (k8_panel), the scaling and β in one FMA; inlined with K fixed, it avoids a
+ * columns) and β [kp] (−1e30 on padding), and each row's maximum into mx[b]. Two rows (their
+ * elements broadcast once, in registers) × 16 columns per step (k8_panel), the scaling and β in
+ * one FMA; inlined with K fixed, it avoids a
  * GEMM tile call per 64 FMAs and the softmax's separate β-and-maximum pass over the row. */
 SB_CLONES
 static void scores_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, int64_t kp, float alpha,
                       const float *restrict beta, float *restrict y, float *restrict mx)
 {
-    for (int b0 = 0; b0 < nb; b0 += 4) {
-        const int mr = nb - b0 < 4 ? nb - b0 : 4;
-        const float *x0 = x + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
-        const float *x3 = x0 + (mr > 3 ? 24 : 0);
+    for (int b0 = 0; b0 < nb; b0 += 2) {
+        const int mr = nb - b0 < 2 ? nb - b0 : 2;
+        v16f x0b[8], x1b[8];
+        k8_bcast(x + b0 * 8, x0b);
+        k8_bcast(x + b0 * 8 + (mr > 1 ? 8 : 0), x1b);
         const v16f ninf = (v16f){0} - INFINITY;
-        v16f m[4] = {ninf, ninf, ninf, ninf};
+        v16f m[2] = {ninf, ninf};
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
-            v16f acc[4], bv;
-            k8_panel(x0, x1, x2, x3, P->p + j0 * 8, acc);
+            v16f acc[2], bv;
+            k8_panel(x0b, x1b, P->p + j0 * 8, acc);
             memcpy(&bv, beta + j0, 64);
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) { /* a constant trip count keeps acc and m in registers */
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++) { /* a constant trip count keeps acc and m in registers */
                 const v16f l = acc[r] * alpha + bv;
                 m[r] = v16_max(m[r], l);
                 if (r >= mr) continue;
@@ -142,12 +149,33 @@ static void scores_k8(const float *restrict x, int nb, const kvm_cpu_packed *P, 
 
 /* The key gradient's block term at head dim 8: gt[t][j] += Σ_{b<nb} x[b][t]·u[b][j] for t < 8,
  * j < kp, u a block's ∂score rows in panel layout [kp/16][nb][16] (dscore_k8's output).
- * Per half panel the 8 sums are held in registers over the block's rows, in row order, so the
- * gradient is summed over the queries in order whatever the block size. */
+ * Per panel (two at a time) the 8 sums are held in registers over the block's rows, in row
+ * order, so the gradient is summed over the queries in order whatever the block size. */
 SB_CLONES
 static void grad_k8(const float *restrict x, int nb, const float *restrict u, int64_t kp, float *restrict gt)
 {
-    for (int64_t j0 = 0; j0 < kp; j0 += NR) {
+    int64_t j0 = 0;
+    for (; j0 + 2 * NR <= kp; j0 += 2 * NR) { /* two panels: each broadcast x[b][t] feeds two FMAs */
+        v16f g[8], h[8], uv, wv;
+        for (int t = 0; t < 8; t++) {
+            memcpy(&g[t], gt + t * kp + j0, 64);
+            memcpy(&h[t], gt + t * kp + j0 + NR, 64);
+        }
+        const float *up = u + (j0 / NR) * nb * NR, *wp = up + nb * NR;
+        for (int b = 0; b < nb; b++) {
+            memcpy(&uv, up + b * NR, 64);
+            memcpy(&wv, wp + b * NR, 64);
+            for (int t = 0; t < 8; t++) {
+                g[t] += x[b * 8 + t] * uv;
+                h[t] += x[b * 8 + t] * wv;
+            }
+        }
+        for (int t = 0; t < 8; t++) {
+            memcpy(gt + t * kp + j0, &g[t], 64);
+            memcpy(gt + t * kp + j0 + NR, &h[t], 64);
+        }
+    }
+    for (; j0 < kp; j0 += NR) {
         v16f g[8], uv;
         for (int t = 0; t < 8; t++) memcpy(&g[t], gt + t * kp + j0, 64);
         const float *up = u + (j0 / NR) * nb * NR;
@@ -159,7 +187,7 @@ static void grad_k8(const float *restrict x, int nb, const float *restrict u, in
     }
 }
 
-/* The ∂score rows of nb queries at head dim 8 with E·Vcᵀ fused in: per 4 rows × 16 entries
+/* The ∂score rows of nb queries at head dim 8 with E·Vcᵀ fused in: per 2 rows × 16 entries
  * r = Σ_{t<8} e[b][t]·Vc[j][t] (k8_panel's sums), then u_j = w_j·(c1·(r_j − oe) + c2) with
  * c1 = iz·b1, c2 = iz·b2 (kvm_sb_dscore with the softmax's 1/Σ folded into the row's two
  * coefficients) into the block's panels u [kp/16][nb][16], and gb += u row by row. w [nb][kp]
@@ -168,16 +196,17 @@ SB_CLONES
 static void dscore_k8(const float *restrict e, int nb, const kvm_cpu_packed *Vt, int64_t kp, const float *restrict w,
                       const float *oe, const float *c1, const float *c2, float *restrict u, float *restrict gb)
 {
-    for (int b0 = 0; b0 < nb; b0 += 4) {
-        const int mr = nb - b0 < 4 ? nb - b0 : 4;
-        const float *x0 = e + b0 * 8, *x1 = x0 + (mr > 1 ? 8 : 0), *x2 = x0 + (mr > 2 ? 16 : 0);
-        const float *x3 = x0 + (mr > 3 ? 24 : 0);
+    for (int b0 = 0; b0 < nb; b0 += 2) {
+        const int mr = nb - b0 < 2 ? nb - b0 : 2;
+        v16f x0b[8], x1b[8];
+        k8_bcast(e + b0 * 8, x0b);
+        k8_bcast(e + b0 * 8 + (mr > 1 ? 8 : 0), x1b);
         for (int64_t j0 = 0; j0 < kp; j0 += NR) {
-            v16f acc[4], g, wv;
-            k8_panel(x0, x1, x2, x3, Vt->p + j0 * 8, acc);
+            v16f acc[2], g, wv;
+            k8_panel(x0b, x1b, Vt->p + j0 * 8, acc);
             memcpy(&g, gb + j0, 64);
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) { /* a constant trip count keeps acc and g in registers */
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++) { /* a constant trip count keeps acc and g in registers */
                 if (r >= mr) continue;
                 const int b = b0 + r;
                 memcpy(&wv, w + b * kp + j0, 64);
@@ -240,7 +269,7 @@ static void score_rows(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, 
     if (d == 8) {
         float mx[QB];
         scores_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
-        for (int b = 0; b < nb; b++) lc[b] = exp_row(w->S + b * kp, kp, mx[b], &iz[b]);
+        exp_rows(w->S, nb, kp, mx, lc, iz);
         return;
     }
     kvm__cpu_gemm_packed(p->q + i0 * d, nb, d, &w->kpk, w->S, kp, p->scale, 0, k, d);

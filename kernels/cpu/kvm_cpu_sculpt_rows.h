@@ -111,8 +111,7 @@ static inline SB_INLINE float v16_hsum(v16f a)
 /* The exponentiation half of a softmax row: s_j ← exp(s_j − mx) in place (v16_expf) for j < kp
  * (a multiple of 16), mx the row's maximum. Returns the row's LSE mx + ln Σ_j s_j and
  * *iz = 1/Σ_j s_j (one 16-lane accumulator, then v16_hsum's fixed tree). */
-SB_CLONES
-static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
+static inline SB_INLINE float exp_row_body(float *restrict s, int64_t kp, float mx, float *iz)
 {
     v16f a = {0}, x;
     for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {
@@ -124,6 +123,21 @@ static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
     float z = v16_hsum(a);
     *iz = 1.0f / z;
     return mx + logf(z);
+}
+
+SB_CLONES
+static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
+{
+    return exp_row_body(s, kp, mx, iz);
+}
+
+/* exp_row over nb rows s [nb][kp] (maxima mx [nb]) in one cloned call, so the polynomial's
+ * constants are set up once per block instead of once per row: LSEs into lse [nb], inverse sums
+ * into iz [nb]. */
+SB_CLONES
+static inline void exp_rows(float *restrict s, int nb, int64_t kp, const float *mx, float *lse, float *iz)
+{
+    for (int b = 0; b < nb; b++) lse[b] = exp_row_body(s + b * kp, kp, mx[b], &iz[b]);
 }
 
 /* Exponentials of one score row s[0..kp) (+ beta; padding beyond k is −1e30) in place,
