@@ -545,6 +545,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 o->jobs[i].worker = -1;
                 job_set(o, &o->jobs[i], J_DONE);
                 o->sum->compressed++;
+                o->sum->truncated += o->jobs[i].doc->truncated;
                 o->sum->tokens += o->jobs[i].doc->n_tokens;
             }
             o->workers[w].job = -1;
@@ -564,6 +565,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 j->worker = -1;
                 job_set(o, j, J_DONE);
                 o->sum->compressed++;
+                o->sum->truncated += j->doc->truncated; /* of the documents compressed: not skipped or left ones */
                 o->sum->tokens += j->doc->n_tokens;
             }
         }
@@ -1123,7 +1125,6 @@ static int mark_skipped(orch *o, kvm_store *store)
     for (int64_t i = 0; i < o->n_jobs; i++) {
         job *j = &o->jobs[i];
         if (job_load(o, j)) continue;
-        o->sum->truncated += j->doc->truncated;
         int found = 0, rc = cache_stored(o, store, j, &found);
         if (rc) return rc;
         hash_probe p = {o, &j->doc->hash}; /* the same tokens twice: one cache (a loaded job is never failed here) */
@@ -1352,7 +1353,6 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
             free(o.jobs);
             return 1;
         }
-        if (mode == MODE_CALIBRATE) sum->truncated += corpus->docs[i].truncated; /* run: counted by the scan */
     }
     struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
     sigemptyset(&sa.sa_mask);

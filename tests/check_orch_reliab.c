@@ -352,6 +352,49 @@ START_TEST(test_ctrl_c_only_in_flight)
     ck_assert_msg(done >= 0 && done <= 2 && left >= 4 && summary_field(out, "failed") == 0,
                   "compressed %lld, left %lld after a Ctrl-C during the first compress\nstdout: %s\nstderr: %s", done, left,
                   out, err);
+    /* every document is longer than the context; only the compressed ones count as truncated */
+    ck_assert_msg(summary_field(out, "truncated") == done, "truncated %lld of %lld compressed: %s",
+                  summary_field(out, "truncated"), done, out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* truncated= counts the documents this run compressed that were longer than the context:
+ * not the ones skipped as stored (a rerun after a Ctrl-C or a killed run), nor failed ones. */
+START_TEST(test_truncated_counts_compressed_only)
+{
+    make_docs(5); /* TinyStories documents: each longer than context 128 */
+    char p[4400];
+    for (int i = 3; i < 5; i++) { /* the first run sees three of them */
+        snprintf(p, sizeof p, "%s/doc_%03d.txt", docs, i);
+        char q[4500];
+        snprintf(q, sizeof q, "%s.later", p);
+        ck_assert_int_eq(rename(p, q), 0);
+    }
+    write_config(STREAMING, "", NULL);
+    char *out, *err;
+    int rc = run_kvmill(NULL, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(summary_field(out, "compressed") == 3 && summary_field(out, "truncated") == 3, "stdout: %s", out);
+    free(out);
+    free(err);
+    for (int i = 3; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/doc_%03d.txt", docs, i);
+        char q[4500];
+        snprintf(q, sizeof q, "%s.later", p);
+        ck_assert_int_eq(rename(q, p), 0);
+    }
+    /* and one that cannot be processed: it fails, not counted either */
+    snprintf(p, sizeof p, "%s/doc_009.txt", docs);
+    ck_assert_int_eq(kvm_test_write_file(p, "", 0), 0);
+    rc = run_kvmill(NULL, &out, &err);
+    ck_assert_msg(rc == 1, "exit %d\n%s", rc, err);
+    ck_assert_msg(summary_field(out, "skipped") == 3 && summary_field(out, "compressed") == 2 &&
+                      summary_field(out, "failed") == 1 && summary_field(out, "truncated") == 2,
+                  "3 stored, 2 compressed, 1 failed: stdout: %s", out);
+    ck_assert_msg(strstr(out, "2 compressed, 3 skipped (already stored), 1 failed, 2 truncated to 128 tokens"), "stdout: %s",
+                  out);
     free(out);
     free(err);
 }
@@ -767,6 +810,7 @@ static Suite *orch_reliab_suite(void)
                  {"progress_within_document", test_progress_within_document, 240},
                  {"messages", test_messages, 120},
                  {"joblist_order", test_joblist_order, 30},
+                 {"truncated_counts_compressed_only", test_truncated_counts_compressed_only, 120},
                  {"many_docs_per_event_work", test_many_docs_per_event_work, 240}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
