@@ -790,6 +790,73 @@ START_TEST(test_many_docs_per_event_work)
 }
 END_TEST
 
+/* Every line of err is one JSON object of level error and event "refused" whose msg holds
+ * `want`; none is a plain "kvmill ..." line. */
+static void assert_json_refusal(const char *what, const char *err, const char *want)
+{
+    int lines = 0, found = 0;
+    for (const char *l = err; l && *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t ll = nl ? (size_t)(nl - l) : strlen(l);
+        if (ll) {
+            lines++;
+            ck_assert_msg(l[0] == '{' && l[ll - 1] == '}' && find_in(l, ll, "\"level\":\"error\"") &&
+                              find_in(l, ll, "\"event\":\"refused\""),
+                          "%s: not a JSON refusal: %.*s", what, (int)ll, l);
+            found |= find_in(l, ll, want) != NULL;
+        }
+        l = nl ? nl + 1 : NULL;
+    }
+    ck_assert_msg(lines >= 1 && found, "%s: no JSON refusal saying '%s' in: %s", what, want, err);
+}
+
+/* With [run] log_format = json, refusals once the config is read are JSON lines (run, serve,
+ * calibrate: settings, the model's window, an output folder, the model file); errors before
+ * the config is read (it does not exist) stay plain text. */
+START_TEST(test_refusals_follow_log_format)
+{
+    make_docs(1);
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    struct {
+        const char *cmd, *cfg, *want;
+    } cases[] = {
+        {"run", "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nratio = 0\nbudget = 0\n", "keep nothing"},
+        {"run", "[model]\npath = %s\ncontext = 100000\n[compress]\nmethod = streaming\nbudget = 8\n", "exceeds the model's window"},
+        {"run", "[model]\npath = %s.missing\n[compress]\nmethod = streaming\nbudget = 8\n", ".missing"},
+        {"run", "[model]\npath = %s\n[compress]\nmethod = streaming\nbudget = 8\n[run]\nmetrics = /nonexistent-dir/m.json\n",
+         "metrics file /nonexistent-dir/m.json"},
+        {"serve", "[model]\npath = %s\n[compress]\nmethod = streaming\nbudget = 8\n[serve]\nworkers = 1\n",
+         "does not exist: make its caches with kvmill run first"},
+        {"calibrate", "[model]\npath = %s\n[compress]\nmethod = polykv\nbudget = 0\n", "set [compress] budget"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[4096], body[3000];
+        snprintf(body, sizeof body, cases[i].cfg, model);
+        /* [run] log_format first: the section may be repeated below */
+        snprintf(text, sizeof text, "%s[store]\npath = %s\n[stages]\nbin_dir = %s\n[run]\nlog_format = json\n", body,
+                 store, kvm_test_bin());
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        char cmd[12000], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s' %s '%s'", kvm_test_bin(), cases[i].cmd, cfg_path,
+                 !strcmp(cases[i].cmd, "serve") ? "--bind" : !strcmp(cases[i].cmd, "run") ? "--corpus" : "--docs",
+                 !strcmp(cases[i].cmd, "serve") ? "tcp://127.0.0.1:47991" : docs);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2, "%s case %zu: exit %d: %s", cases[i].cmd, i, rc, err);
+        char what[64];
+        snprintf(what, sizeof what, "%s case %zu", cases[i].cmd, i);
+        assert_json_refusal(what, err, cases[i].want);
+        free(out);
+        free(err);
+    }
+    /* no config to read: no format known, a plain line */
+    char cmd[12000], *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/none.ini' --corpus '%s'", kvm_test_bin(), tmp, docs);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+    ck_assert_msg(!strncmp(err, "kvmill run: ", 12), "stderr: %s", err);
+    free(err);
+}
+END_TEST
+
 static Suite *orch_reliab_suite(void)
 {
     Suite *s = suite_create("orch_reliab");
@@ -811,6 +878,7 @@ static Suite *orch_reliab_suite(void)
                  {"messages", test_messages, 120},
                  {"joblist_order", test_joblist_order, 30},
                  {"truncated_counts_compressed_only", test_truncated_counts_compressed_only, 120},
+                 {"refusals_follow_log_format", test_refusals_follow_log_format, 120},
                  {"many_docs_per_event_work", test_many_docs_per_event_work, 240}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
