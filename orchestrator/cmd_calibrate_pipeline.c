@@ -39,7 +39,7 @@ static int report(const kvm_config *cfg, const char *out)
         rc = kvm_strategy_write(s, out);
         if (!rc) printf("wrote %s\n", out);
     }
-    if (rc) fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate"));
+    if (rc) kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
     kvm_strategy_free(&s);
     free(buf);
     kvm_store_close(&st);
@@ -63,6 +63,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     kvm_config *cfg;
     if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg))
         return fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate")), 2;
+    kvm_cli_log_config("calibrate", "orchestrator", cfg); /* refusals from here on follow [run] log_format */
     int status = 2;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
@@ -71,11 +72,11 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     const char *store = kvm_cli_get(opts, "store"), *tp = kvm_config_str(cfg, "model", "tokenizer");
     int64_t ctx = kvm_config_int(cfg, "model", "context"), cont = kvm_config_int(cfg, "eval", "continuation");
     if (store && kvm_config_set(cfg, "store", "path", store)) {
-        fprintf(stderr, "kvmill calibrate: --store: %s\n", kvm_errmsg());
+        kvm_cli_refuse("calibrate", "--store: %s\n", kvm_errmsg());
         goto done;
     }
     if (kvm_config_int(cfg, "compress", "budget") <= 0) {
-        fprintf(stderr, "kvmill calibrate: %s: set [compress] budget, the average entries per KV head to calibrate for\n",
+        kvm_cli_refuse("calibrate", "%s: set [compress] budget, the average entries per KV head to calibrate for\n",
                 kvm_config_path(cfg));
         goto done;
     }
@@ -83,16 +84,16 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done; /* 2: a bad file, 1: out of memory or I/O */
     status = 2; /* the checks below refuse bad settings and documents */
     if (ctx + cont > m->cfg.seq_len) {
-        fprintf(stderr, "kvmill calibrate: context %lld + continuation %lld exceeds the model's window of %d tokens\n",
+        kvm_cli_refuse("calibrate", "context %lld + continuation %lld exceeds the model's window of %d tokens\n",
                 (long long)ctx, (long long)cont, m->cfg.seq_len);
         goto done;
     }
     if (kvm_corpus_read(docs, &corpus)) {
-        fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate"));
+        kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
         goto done;
     }
     if (kvm_chatcfg_frame(cfg, tok, &chat_open, &chat_close)) { /* calibrate on documents framed as run frames them */
-        fprintf(stderr, "kvmill calibrate: %s\n", kvm_errmsg());
+        kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
         status = 2;
         goto done;
     }
@@ -101,11 +102,11 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         kvm_doc *d = &corpus->docs[i];
         /* calibration corpora are small: every document is loaded and kept, continuation included */
         if (kvm_corpus_load(corpus, d, tok, m->cfg.vocab_size, m->cfg.bos_id, ctx, ctx + cont)) {
-            fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate"));
+            kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
             goto done;
         }
         if (d->n_original <= d->n_tokens) { /* signals are measured on the tokens after the context */
-            fprintf(stderr, "kvmill calibrate: document %s has %lld tokens: calibration needs more than the context "
+            kvm_cli_refuse("calibrate", "document %s has %lld tokens: calibration needs more than the context "
                             "of %lld ([model] context) to score a continuation ([eval] continuation = %lld)\n",
                     d->name, (long long)d->n_original, (long long)ctx, (long long)cont);
             goto done;
@@ -122,7 +123,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
                (long long)sum.compressed, (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
                sum.stage_ms[3] / 1000.0);
         status = sum.compressed > 0 ? report(cfg, kvm_cli_get(opts, "out")) : 1;
-        if (sum.compressed == 0) fprintf(stderr, "kvmill calibrate: no calibration document succeeded\n");
+        if (sum.compressed == 0) kvm_cli_refuse("calibrate", "no calibration document succeeded\n");
     }
 done:
     kvm_corpus_free(&corpus);

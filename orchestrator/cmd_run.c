@@ -112,21 +112,22 @@ int kvm_cmd_run(int argc, char **argv)
     if (!cpath) return fprintf(stderr, "kvmill run: --config is required\n"), 2;
     kvm_config *cfg;
     if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run")), 2;
+    kvm_cli_log_config("run", "orchestrator", cfg); /* refusals from here on follow [run] log_format */
     const char *store = kvm_cli_get(opts, "store");
     if (store && kvm_config_set(cfg, "store", "path", store)) {
-        fprintf(stderr, "kvmill run: --store: %s\n", kvm_errmsg());
+        kvm_cli_refuse("run", "--store: %s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;
     }
     const char *bind = kvm_cli_get(opts, "bind");
     if (bind && kvm_config_set(cfg, "run", "bind", bind)) {
-        fprintf(stderr, "kvmill run: --bind: %s\n", kvm_errmsg());
+        kvm_cli_refuse("run", "--bind: %s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;
     }
     const char *metrics = kvm_cli_get(opts, "metrics");
     if (metrics && kvm_config_set(cfg, "run", "metrics", metrics)) {
-        fprintf(stderr, "kvmill run: --metrics: %s\n", kvm_errmsg());
+        kvm_cli_refuse("run", "--metrics: %s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;
     }
@@ -141,7 +142,7 @@ int kvm_cmd_run(int argc, char **argv)
     }
     if (!corpus_path) {
         kvm_config_free(&cfg);
-        return fprintf(stderr, "kvmill run: --corpus is required\n"), 2;
+        return kvm_cli_refuse("run", "--corpus is required\n"), 2;
     }
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
@@ -153,31 +154,31 @@ int kvm_cmd_run(int argc, char **argv)
     if (status) goto done;
     status = 1;
     if (kvm_corpus_read(corpus_path, &corpus)) {
-        fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run"));
+        kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
         status = 2;
         goto done;
     }
     int64_t ctx = kvm_config_int(cfg, "model", "context");
     if (kvm_config_int(cfg, "compress", "budget") == 0 && kvm_config_float(cfg, "compress", "ratio") <= 0 &&
         strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
-        fprintf(stderr, "kvmill run: %s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
+        kvm_cli_refuse("run", "%s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
                 kvm_config_path(cfg));
         status = 2;
         goto done;
     }
     if (kvm_jobcfg_check(cfg)) {
-        fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run"));
+        kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
         status = 2;
         goto done;
     }
     kvm_sculpt_opts so; /* the sculpt-family [compress] keys (query_source, ...) parse here, not in every job */
     if (kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) {
-        fprintf(stderr, "kvmill run: %s: [compress]: %s\n", kvm_config_path(cfg), kvm_errmsg());
+        kvm_cli_refuse("run", "%s: [compress]: %s\n", kvm_config_path(cfg), kvm_errmsg());
         status = 2;
         goto done;
     }
     if (ctx > m->cfg.seq_len) {
-        fprintf(stderr, "kvmill run: %s: [model] context = %lld exceeds the model's window of %d tokens\n",
+        kvm_cli_refuse("run", "%s: [model] context = %lld exceeds the model's window of %d tokens\n",
                 kvm_config_path(cfg), (long long)ctx, m->cfg.seq_len);
         status = 2;
         goto done;
@@ -185,7 +186,7 @@ int kvm_cmd_run(int argc, char **argv)
     int64_t T1 = kvm_config_int(cfg, "eval", "continuation");
     if (kvm_config_bool(cfg, "eval", "enabled") && kvm_config_float(cfg, "compress", "target_kl") <= 0 &&
         ctx + T1 > m->cfg.seq_len) { /* every evaluation would fail in the worker: "over 0 documents" */
-        fprintf(stderr, "kvmill run: %s: [eval] enabled scores the %lld tokens after the context ([eval] continuation): "
+        kvm_cli_refuse("run", "%s: [eval] enabled scores the %lld tokens after the context ([eval] continuation): "
                         "context %lld + %lld exceeds the model's window of %d tokens\n",
                 kvm_config_path(cfg), (long long)T1, (long long)ctx, (long long)T1, m->cfg.seq_len);
         status = 2;
@@ -193,14 +194,14 @@ int kvm_cmd_run(int argc, char **argv)
     }
     int64_t T2 = 2 * T1;
     if (kvm_config_float(cfg, "compress", "target_kl") > 0 && ctx + T2 > m->cfg.seq_len) {
-        fprintf(stderr, "kvmill run: %s: [compress] target_kl searches on the %lld tokens after the context (2 x [eval] "
+        kvm_cli_refuse("run", "%s: [compress] target_kl searches on the %lld tokens after the context (2 x [eval] "
                         "continuation): context %lld + %lld exceeds the model's window of %d tokens\n",
                 kvm_config_path(cfg), (long long)T2, (long long)ctx, (long long)T2, m->cfg.seq_len);
         status = 2;
         goto done;
     }
     if (kvm_chatcfg_frame(cfg, tok, &chat_open, &chat_close)) { /* [model] chat: documents open the user's turn */
-        fprintf(stderr, "kvmill run: %s\n", kvm_errmsg());
+        kvm_cli_refuse("run", "%s\n", kvm_errmsg());
         status = 2;
         goto done;
     }

@@ -24,7 +24,7 @@
  * path this host lacks. Returns 0, or nonzero with the message printed. */
 static int check_config(const kvm_config *cfg)
 {
-    if (kvm_jobcfg_check(cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()), KVM_EINVAL;
+    if (kvm_jobcfg_check(cfg)) return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
     const int chat = kvm_config_bool(cfg, "model", "chat");
     if (!chat && kvm_config_int(cfg, "serve", "workers") == 0) return 0;
     kvm_model *m = NULL;
@@ -33,12 +33,12 @@ static int check_config(const kvm_config *cfg)
     int rc = kvm_cli_open_model("serve", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok);
     char *open = NULL, *close_ = NULL;
     if (!rc && kvm_config_int(cfg, "model", "context") > m->cfg.seq_len) { /* as every worker's setup would */
-        fprintf(stderr, "kvmill serve: %s: [model] context = %lld exceeds the model's window of %d tokens\n",
+        kvm_cli_refuse("serve", "%s: [model] context = %lld exceeds the model's window of %d tokens\n",
                 kvm_config_path(cfg), (long long)kvm_config_int(cfg, "model", "context"), m->cfg.seq_len);
         rc = KVM_EINVAL;
     }
     if (!rc && chat && (rc = kvm_chatcfg_frame(cfg, tok, &open, &close_)))
-        fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg());
+        kvm_cli_refuse("serve", "%s\n", kvm_errmsg());
     free(open);
     free(close_);
     kvm_tokenizer_close(&tok);
@@ -80,23 +80,24 @@ int kvm_cmd_serve(int argc, char **argv)
     kvm_config *cfg;
     char resolved[4096] = "";
     if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_cli_errmsg("serve")), 2;
+    kvm_cli_log_config("serve", "serve", cfg); /* refusals from here on follow [run] log_format */
     int status = 2;
     /* an endpoint names the store service on another host (decode workers fetch with get_cache) */
     if (store && kvm_config_set(cfg, "store", kvm_serve_remote_is_endpoint(store) ? "service" : "path", store)) {
-        fprintf(stderr, "kvmill serve: --store: %s\n", kvm_errmsg());
+        kvm_cli_refuse("serve", "--store: %s\n", kvm_errmsg());
         goto done;
     }
     /* the command line overrides the file: --dump-config and the workers see the result */
     if ((s = kvm_cli_get(opts, "bind")) && kvm_config_set(cfg, "serve", "bind", s)) {
-        fprintf(stderr, "kvmill serve: --bind: %s\n", kvm_errmsg());
+        kvm_cli_refuse("serve", "--bind: %s\n", kvm_errmsg());
         goto done;
     }
     if ((s = kvm_cli_get(opts, "workers")) && kvm_config_set(cfg, "serve", "workers", s)) {
-        fprintf(stderr, "kvmill serve: --workers: %s\n", kvm_errmsg());
+        kvm_cli_refuse("serve", "--workers: %s\n", kvm_errmsg());
         goto done;
     }
     if (kvm_cli_get(opts, "compute-missing") && kvm_config_set(cfg, "serve", "compute_missing", "true")) {
-        fprintf(stderr, "kvmill serve: --compute-missing: %s\n", kvm_errmsg());
+        kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg());
         goto done;
     }
     if (kvm_cli_get(opts, "dump-config")) {
@@ -111,7 +112,7 @@ int kvm_cmd_serve(int argc, char **argv)
      * service, or a path = tcp://HOST:PORT as kvmill run takes it) is the service's to check */
     const char *sp = kvm_config_str(cfg, "store", "path"), *svc = kvm_config_str(cfg, "store", "service");
     if ((*svc || kvm_serve_remote_is_endpoint(sp)) && kvm_orch_remote_check(cfg, *svc ? svc : sp)) {
-        fprintf(stderr, "kvmill serve: %s\n", kvm_errmsg()); /* service_bind would be ignored */
+        kvm_cli_refuse("serve", "%s\n", kvm_errmsg()); /* service_bind would be ignored */
         goto done;
     }
     if (!*svc && !kvm_serve_remote_is_endpoint(sp)) {
@@ -120,10 +121,10 @@ int kvm_cmd_serve(int argc, char **argv)
         int sst = kvm_store_open(sp, &so, &st);
         if (sst == 0) kvm_store_close(&st);
         else if (sst != KVM_ENOTFOUND) {
-            fprintf(stderr, "kvmill serve: cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
+            kvm_cli_refuse("serve", "cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
             goto done;
         } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
-            fprintf(stderr, "kvmill serve: store %s does not exist: make its caches with kvmill run first, or give "
+            kvm_cli_refuse("serve", "store %s does not exist: make its caches with kvmill run first, or give "
                             "--compute-missing to compress documents on demand into a new store\n", sp);
             goto done;
         }
@@ -135,7 +136,7 @@ int kvm_cmd_serve(int argc, char **argv)
     int fd = mkstemp(resolved);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (!f) {
-        fprintf(stderr, "kvmill serve: cannot write the resolved configuration %s\n", resolved);
+        kvm_cli_refuse("serve", "cannot write the resolved configuration %s\n", resolved);
         if (fd >= 0) close(fd);
         resolved[0] = '\0';
         status = 1;

@@ -1,12 +1,15 @@
 /* kvm_cli.c: the option parser shared by every kvmill subcommand. */
 #include "orchestrator/kvm_cli.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "common/kvm_number.h"
+#include "pipeline/kvm_config.h"
 #include "compress/eval/kvm_eval.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -154,11 +157,11 @@ int kvm_cli_check_writable(const char *cmd, const char *what, const char *path)
     else if (!S_ISDIR(st.st_mode)) why = "not a directory";
     else if (access(dir, W_OK | X_OK)) why = strerror(errno);
     if (why) {
-        fprintf(stderr, "kvmill %s: %s %s: folder %s: %s\n", cmd, what, path, dir, why);
+        kvm_cli_refuse(cmd, "%s %s: folder %s: %s\n", what, path, dir, why);
         return -1;
     }
     if (!stat(path, &st) && S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "kvmill %s: %s %s is a directory\n", cmd, what, path);
+        kvm_cli_refuse(cmd, "%s %s is a directory\n", what, path);
         return -1;
     }
     return 0;
@@ -179,6 +182,26 @@ const char *kvm_cli_errmsg(const char *cmd)
     if (full && !strncmp(m, cmd, full) && m[full] == ':' && m[full + 1] == ' ') return m + full + 2;
     if (word && !strncmp(m, cmd, word) && m[word] == ':' && m[word + 1] == ' ') return m + word + 2;
     return m;
+}
+
+void kvm_cli_log_config(const char *cmd, const char *stage, const kvm_config *cfg)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "kvmill %s: ", cmd);
+    kvm_log_setup(stage, prefix, kvm_config_str(cfg, "run", "log_format")); /* a validated choice */
+}
+
+void kvm_cli_refuse(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (kvm_log_format_get() == KVM_LOG_JSON) {
+        kvm_logv(KVM_LOG_ERROR, "refused", NULL, 0, fmt, ap);
+    } else {
+        fprintf(stderr, "kvmill %s: ", cmd);
+        vfprintf(stderr, fmt, ap);
+    }
+    va_end(ap);
 }
 
 const char *kvm_cli_methods(void)

@@ -68,6 +68,19 @@ int kvm_cli_check_writable(const char *cmd, const char *what, const char *path);
  * the next kvm_err on this thread); never NULL. */
 const char *kvm_cli_errmsg(const char *cmd);
 
+struct kvm_config;
+
+/* Once a command has parsed its config: its start-up messages (kvm_cli_refuse) follow [run]
+ * log_format: text lines "kvmill CMD: ..." as before, or one JSON object per line of stage
+ * `stage` (common/kvm_log.h). Messages before this call (usage, an unreadable config) stay
+ * plain text: no format is known yet. */
+void kvm_cli_log_config(const char *cmd, const char *stage, const struct kvm_config *cfg);
+
+/* A start-up refusal or problem of command cmd on stderr: "kvmill CMD: " + the formatted
+ * message (fmt ends with "\n") in text, or, once kvm_cli_log_config chose json, a JSON line of
+ * level error, event "refused", msg the message. */
+void kvm_cli_refuse(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Every compression method of compress/eval/kvm_methods.c as one help phrase:
  * "full|streaming|...|polykv:FILE|sculpt[:OPTS]|..." (static, read-only). */
 const char *kvm_cli_methods(void);

@@ -21,19 +21,19 @@ int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_
     *model = NULL;
     if (tok) *tok = NULL;
     if (!model_path || !*model_path) {
-        fprintf(stderr, "kvmill %s: the model path is empty\n", cmd);
+        kvm_cli_refuse(cmd, "the model path is empty\n");
         return 2;
     }
     int rc = kvm_model_open(model_path, model);
     if (rc) {
-        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
+        kvm_cli_refuse(cmd, "%s\n", kvm_cli_errmsg(cmd));
         return open_exit_status(rc);
     }
     if (!tok) return 0;
     char path[4096];
     rc = kvm_tokenizer_open_for_model(*model, model_path, tok_path, tok, path, sizeof path);
     if (rc && (required || tok_path)) {
-        fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
+        kvm_cli_refuse(cmd, "%s\n", kvm_cli_errmsg(cmd));
         kvm_model_close(model);
         return open_exit_status(rc);
     }
@@ -46,7 +46,7 @@ int kvm_cli_weight_dtype(const char *cmd, const char *value, kvm_model *m)
     kvm_model_weight_dtype d;
     int rc = kvm_model_weight_dtype_parse(value, &d);
     if (!rc) rc = kvm_model_set_weight_dtype(m, d);
-    if (rc) fprintf(stderr, "kvmill %s: --weight-dtype: %s\n", cmd, kvm_errmsg());
+    if (rc) kvm_cli_refuse(cmd, "--weight-dtype: %s\n", kvm_errmsg());
     return rc;
 }
 
@@ -55,7 +55,7 @@ int kvm_cli_kv_dtype(const char *cmd, const char *value, kvm_kv_dtype *out)
     *out = KVM_KV_F32;
     if (!value) return 0;
     int rc = kvm_kvcache_dtype_parse(value, out);
-    if (rc) fprintf(stderr, "kvmill %s: --kv-dtype: %s\n", cmd, kvm_errmsg());
+    if (rc) kvm_cli_refuse(cmd, "--kv-dtype: %s\n", kvm_errmsg());
     return rc;
 }
 
@@ -67,6 +67,6 @@ int kvm_cli_setup_device(const char *cmd, const char *device, const char *thread
         kvm_kernels_cpu_set_threads((int)n);
     }
     int rc = kvm_kernels_select(device ? device : "cpu", k);
-    if (rc) fprintf(stderr, "kvmill %s: --device %s\n", cmd, kvm_errmsg());
+    if (rc) kvm_cli_refuse(cmd, "--device %s\n", kvm_errmsg());
     return rc;
 }

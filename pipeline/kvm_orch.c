@@ -10,6 +10,7 @@
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_idxset.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_joblist.h"
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve_remote.h"
@@ -43,7 +44,7 @@ static const char *const stage_names[N_STAGES] = {"prefill", "compress", "signal
  * (signals per document, then one strategy build over all of them). */
 enum { MODE_RUN = 0, MODE_CALIBRATE = 1 };
 
-typedef enum job_state { J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS, J_DONE, J_FAILED, J_SKIPPED } job_state;
+typedef enum job_state { J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS, J_DONE, J_FAILED, J_SKIPPED, N_JOB_STATES } job_state;
 
 typedef struct job {
     kvm_doc *doc;
@@ -84,6 +85,10 @@ typedef struct orch {
     job *jobs;
     int64_t n_jobs, n_open;
     kvm_idxset by_hash;     /* jobs by document hash: the first of each set of identical documents */
+    kvm_idxset by_id;       /* jobs by attempt id (a requeue adds the new one; stale ones do not match) */
+    kvm_joblist lists;      /* jobs by state, each list in the order jobs entered it (job_move) */
+    int64_t visited;        /* jobs the current loop iteration looked at (scheduling, health, draining) */
+    int64_t visited_max;    /* the most of any iteration: independent of the corpus size (metrics) */
     uint64_t next_id;
     worker workers[MAX_WORKERS];
     int n_workers;
@@ -118,6 +123,11 @@ typedef struct orch {
     kvm_svcproc svc;          /* the store service started for remote workers ([store] service_bind) */
     int metrics_failed;       /* a metrics write failed (said once) */
 } orch;
+
+typedef struct job_by_id_probe {
+    const orch *o;
+    uint64_t id;
+} job_by_id_probe;
 
 static volatile sig_atomic_t interrupts;
 static const char *orch_cmd = "run"; /* "run" or "calibrate", for messages */
@@ -226,10 +236,20 @@ static void job_drop_kv(job *j)
     j->n_kv = 0;
 }
 
+/* Sets a job's state and moves it to that state's list: at the back, so the lists of jobs in
+ * workers are in the order they were sent (oldest first: timeouts stop at the first that has
+ * not timed out); a job back in the queue goes to its front (it was sent before every job still
+ * queued, as the corpus order has it). */
+static void job_move(orch *o, job *j, job_state s)
+{
+    j->state = s;
+    kvm_joblist_move(&o->lists, j - o->jobs, s, s == J_QUEUED);
+}
+
 static void job_set(orch *o, job *j, job_state s)
 {
     if ((j->state == J_DONE || j->state == J_FAILED) != (s == J_DONE || s == J_FAILED)) o->n_open--;
-    j->state = s;
+    job_move(o, j, s);
     j->since_ms = kvm_now_ms();
     /* a document's tokens live only while it is in a worker or waiting for compress */
     if (o->corpus->on_demand && (s == J_QUEUED || s == J_DONE || s == J_FAILED)) kvm_doc_release(j->doc);
@@ -281,6 +301,11 @@ static void requeue(orch *o, job *j, const char *why)
                          KVM_LOG_S("reason", why)};
     kvm_log(KVM_LOG_WARN, "job_requeued", f, 4, "requeueing %s (attempt %d): %s", j->doc->name, j->attempt + 1, why);
     j->id = o->next_id++;
+    if (kvm_idxset_add(&o->by_id, j->id, j - o->jobs)) { /* its messages could not be found */
+        snprintf(j->reason, sizeof j->reason, "%s (then: %s)", why, kvm_errmsg());
+        job_set(o, j, J_FAILED);
+        return;
+    }
     job_set(o, j, J_QUEUED);
 }
 
@@ -319,18 +344,29 @@ static void store_stop(orch *o, job *j, const char *why, int down)
 static void store_abandon(orch *o, const char *why)
 {
     store_mark(o, why, 1);
-    for (int64_t i = 0; i < o->n_jobs; i++)
-        if (o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS) {
+    const job_state busy[2] = {J_PREFILL, J_COMPRESS};
+    for (int b = 0; b < 2; b++)
+        for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {
+            next = kvm_joblist_next(&o->lists, i);
+            o->visited++;
             store_stop(o, &o->jobs[i], why, 1);
             o->abandoned++;
         }
 }
 
+/* A job id looked up in o->by_id: the job's current attempt, not a skipped one. */
+static int same_id(void *user, int64_t idx)
+{
+    const job_by_id_probe *p = user;
+    return p->o->jobs[idx].id == p->id && p->o->jobs[idx].state != J_SKIPPED;
+}
+
+/* The job whose current attempt is id, or NULL (a stale attempt, a skipped job, not ours). */
 static job *job_by_id(orch *o, uint64_t id)
 {
-    for (int64_t i = 0; i < o->n_jobs; i++)
-        if (o->jobs[i].id == id && o->jobs[i].state != J_SKIPPED) return &o->jobs[i];
-    return NULL;
+    job_by_id_probe p = {o, id};
+    int64_t i = kvm_idxset_find(&o->by_id, id, same_id, &p);
+    return i >= 0 ? &o->jobs[i] : NULL;
 }
 
 /* ---- workers ---- */
@@ -395,13 +431,17 @@ static void check_stages_alive(orch *o)
             if (o->slots[s].stage == st) configured++, gave_up += o->slots[s].gave_up;
         for (int w = 0; w < o->n_workers; w++) alive += o->workers[w].alive && o->workers[w].stage == st;
         if (configured == 0 || gave_up < configured || alive) continue;
-        for (int64_t i = 0; i < o->n_jobs; i++) {
-            job *j = &o->jobs[i];
-            if (j->state == J_DONE || j->state == J_FAILED || j->state == J_SKIPPED) continue;
-            snprintf(j->reason, sizeof j->reason, "no kvmill-%s worker is left (see the logs in %s)", stage_names[st], o->run_dir);
-            job_drop_kv(j);
-            job_set(o, j, J_FAILED);
-        }
+        const job_state open[4] = {J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS};
+        for (int b = 0; b < 4; b++)
+            for (int64_t i = kvm_joblist_first(&o->lists, open[b]), next; i >= 0; i = next) {
+                next = kvm_joblist_next(&o->lists, i);
+                job *j = &o->jobs[i];
+                o->visited++;
+                snprintf(j->reason, sizeof j->reason, "no kvmill-%s worker is left (see the logs in %s)", stage_names[st],
+                         o->run_dir);
+                job_drop_kv(j);
+                job_set(o, j, J_FAILED);
+            }
         orch_log("no kvmill-%s worker is left: the remaining documents failed\n", stage_names[st]);
     }
 }
@@ -420,8 +460,10 @@ static void worker_dead(orch *o, int w, const char *why)
         requeue(o, j, msg);
     }
     if (w == o->reduce_worker) { /* the strategy build goes back to waiting for a worker */
-        for (int64_t i = 0; i < o->n_jobs; i++)
-            if (o->jobs[i].state == J_COMPRESS) o->jobs[i].worker = -1, job_set(o, &o->jobs[i], J_KV_READY);
+        for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS), next; i >= 0; i = next) {
+            next = kvm_joblist_next(&o->lists, i);
+            o->jobs[i].worker = -1, job_set(o, &o->jobs[i], J_KV_READY);
+        }
         o->reduce_worker = -1;
     }
     wk->job = -1;
@@ -498,13 +540,14 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 hj->prog_done = (int64_t)c.progress_done, hj->prog_total = (int64_t)c.progress_total;
         }
         if (t == KVM_PROTO_ACK && o->mode == MODE_CALIBRATE && c.job_id == o->reduce_id && o->reduce_worker == w) {
-            for (int64_t i = 0; i < o->n_jobs; i++)
-                if (o->jobs[i].state == J_COMPRESS) {
-                    o->jobs[i].worker = -1;
-                    job_set(o, &o->jobs[i], J_DONE);
-                    o->sum->compressed++;
-                    o->sum->tokens += o->jobs[i].doc->n_tokens;
-                }
+            for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS), next; i >= 0; i = next) {
+                next = kvm_joblist_next(&o->lists, i);
+                o->jobs[i].worker = -1;
+                job_set(o, &o->jobs[i], J_DONE);
+                o->sum->compressed++;
+                o->sum->truncated += o->jobs[i].doc->truncated;
+                o->sum->tokens += o->jobs[i].doc->n_tokens;
+            }
             o->workers[w].job = -1;
             o->reduce_worker = -1;
             return;
@@ -522,6 +565,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 j->worker = -1;
                 job_set(o, j, J_DONE);
                 o->sum->compressed++;
+                o->sum->truncated += j->doc->truncated; /* of the documents compressed: not skipped or left ones */
                 o->sum->tokens += j->doc->n_tokens;
             }
         }
@@ -675,12 +719,11 @@ static int send_copy(orch *o, const char *id, const kvm_msg *m)
  * build request "calibrate:N" and the N (job, stats) pairs. */
 static void dispatch_reduce(orch *o)
 {
-    int64_t ready = 0;
-    for (int64_t i = 0; i < o->n_jobs; i++) {
-        job_state s = o->jobs[i].state;
-        if (s == J_KV_READY) ready++;
-        else if (s != J_FAILED && s != J_SKIPPED) return; /* signals still running */
-    }
+    const kvm_joblist *l = &o->lists;
+    if (kvm_joblist_count(l, J_QUEUED) + kvm_joblist_count(l, J_PREFILL) + kvm_joblist_count(l, J_COMPRESS) +
+            kvm_joblist_count(l, J_DONE) > 0)
+        return; /* signals still running (or the build is sent) */
+    int64_t ready = kvm_joblist_count(l, J_KV_READY);
     int w = ready > 0 && o->reduce_worker < 0 ? idle_worker(o, ST_STRATEGY) : -1;
     if (w < 0) return;
     job req = {.doc = NULL, .id = o->reduce_id = o->next_id++};
@@ -694,9 +737,9 @@ static void dispatch_reduce(orch *o)
     o->mode = MODE_RUN; /* the request itself carries no continuation */
     int rc = job_message(o, &req, &m) || send_to(o, o->workers[w].id, &m);
     o->mode = mode;
-    for (int64_t i = 0; !rc && i < o->n_jobs; i++) {
+    for (int64_t i = kvm_joblist_first(l, J_KV_READY), next; !rc && i >= 0; i = next) { /* once per calibration */
+        next = kvm_joblist_next(l, i);
         job *j = &o->jobs[i];
-        if (j->state != J_KV_READY) continue;
         kvm_msg *jm = NULL;
         rc = job_message(o, j, &jm) || send_to(o, o->workers[w].id, &jm) || send_copy(o, o->workers[w].id, j->kv[0]);
         if (!rc) j->worker = w, job_set(o, j, J_COMPRESS);
@@ -747,7 +790,7 @@ static int claim_job(orch *o, job *j)
     if (!o->cli && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
     if (found || !taken) {
         if (!found) orch_log("%s is being compressed by %s on %s: left to it\n", j->doc->name, holder.owner, holder.host);
-        j->state = J_SKIPPED;
+        job_move(o, j, J_SKIPPED);
         o->n_open--;
         if (found) o->sum->skipped++;
         else o->sum->claimed++;
@@ -771,9 +814,7 @@ static int64_t prefetch_limit(const orch *o)
 
 static int64_t prefetch_used(const orch *o)
 {
-    int64_t n = 0;
-    for (int64_t i = 0; i < o->n_jobs; i++) n += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_KV_READY;
-    return n;
+    return kvm_joblist_count(&o->lists, J_PREFILL) + kvm_joblist_count(&o->lists, J_KV_READY);
 }
 
 /* A queued document to a prefill (run) or signals (calibrate) worker, if one is idle.
@@ -820,11 +861,26 @@ static void dispatch(orch *o)
 {
     if (interrupts || o->store_full) return;
     if (o->mode == MODE_CALIBRATE) dispatch_reduce(o);
-    for (int64_t i = 0; i < o->n_jobs; i++) /* compress first: it returns prefetch credits */
-        if (o->jobs[i].state == J_KV_READY && o->mode == MODE_RUN) dispatch_compress(o, &o->jobs[i], i);
+    /* compress first: it returns prefetch credits; each job tried leaves the list (sent, or
+     * requeued), so this ends */
+    for (int64_t i; o->mode == MODE_RUN && (i = kvm_joblist_first(&o->lists, J_KV_READY)) >= 0 &&
+                    idle_worker(o, ST_COMPRESS) >= 0;) {
+        o->visited++;
+        dispatch_compress(o, &o->jobs[i], i);
+    }
     int64_t used = prefetch_used(o), limit = o->mode == MODE_RUN ? prefetch_limit(o) : INT64_MAX;
-    for (int64_t i = 0; i < o->n_jobs && used < limit && !o->store_full; i++) /* a claim may find the store down */
-        if (o->jobs[i].state == J_QUEUED) used += dispatch_first(o, &o->jobs[i], i);
+    int first_stage = o->mode == MODE_CALIBRATE ? ST_SIGNALS : ST_PREFILL;
+    /* the queue in order, while a worker is idle: a job not sent (left to another run, stored
+     * meanwhile, unreadable) has left the queue; one whose send failed went back to its front
+     * (the rest wait for the next event); a claim may find the store down */
+    for (int64_t i = kvm_joblist_first(&o->lists, J_QUEUED), next;
+         i >= 0 && used < limit && !o->store_full && idle_worker(o, first_stage) >= 0; i = next) {
+        next = kvm_joblist_next(&o->lists, i);
+        o->visited++;
+        int sent = dispatch_first(o, &o->jobs[i], i);
+        if (!sent && o->jobs[i].state == J_QUEUED) break;
+        used += sent;
+    }
     if (used > o->sum->prefetch_peak) o->sum->prefetch_peak = used;
 }
 
@@ -865,11 +921,14 @@ static void check_health(orch *o)
     check_stages_alive(o);
     for (int w = 0; w < o->n_workers; w++)
         if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");
-    for (int64_t i = 0; i < o->n_jobs; i++) {
-        job *j = &o->jobs[i];
-        if ((j->state == J_PREFILL || j->state == J_COMPRESS) && now - j->since_ms > o->job_timeout_ms)
-            requeue(o, j, "timed out");
-    }
+    const job_state busy[2] = {J_PREFILL, J_COMPRESS};
+    for (int b = 0; b < 2; b++) /* each list is oldest first: the first job not timed out ends it */
+        for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {
+            next = kvm_joblist_next(&o->lists, i);
+            o->visited++;
+            if (now - o->jobs[i].since_ms <= o->job_timeout_ms) break;
+            requeue(o, &o->jobs[i], "timed out");
+        }
 }
 
 /* ---- progress ---- */
@@ -880,9 +939,9 @@ static void inflight_progress(const orch *o, char *buf, size_t n)
 {
     size_t at = 0;
     buf[0] = '\0';
-    for (int64_t i = 0; i < o->n_jobs && at + 1 < n; i++) {
+    for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS); i >= 0 && at + 1 < n; i = kvm_joblist_next(&o->lists, i)) {
         const job *j = &o->jobs[i];
-        if (j->state != J_COMPRESS || j->prog_total <= 0) continue;
+        if (j->prog_total <= 0) continue;
         int w = snprintf(buf + at, n - at, "%s %s %lld/%lld", at ? "," : " in compress:", j->doc->name,
                          (long long)j->prog_done, (long long)j->prog_total);
         if (w < 0) break;
@@ -905,12 +964,14 @@ static void write_metrics(orch *o, const char *state, int force)
                           .wire_out_bytes = s->wire_out_bytes, .tokens = s->tokens, .prefill_s = s->stage_ms[ST_PREFILL] / 1000.0,
                           .compress_s = s->stage_ms[ST_COMPRESS] / 1000.0, .transport_s = s->transport_ms / 1000.0,
                           .store_s = s->store_ms / 1000.0};
+    m.sched_jobs_max = o->visited_max;
     if (force) m.elapsed_s = s->seconds, m.documents_failed = s->failed, m.documents_pending = s->pending;
-    else
-        for (int64_t i = 0; i < o->n_jobs; i++) {
-            m.documents_failed += o->jobs[i].state == J_FAILED;
-            m.documents_pending += o->jobs[i].state != J_FAILED && o->jobs[i].state != J_DONE && o->jobs[i].state != J_SKIPPED;
-        }
+    else {
+        const kvm_joblist *l = &o->lists;
+        m.documents_failed = kvm_joblist_count(l, J_FAILED);
+        m.documents_pending = o->n_jobs - kvm_joblist_count(l, J_FAILED) - kvm_joblist_count(l, J_DONE) -
+                              kvm_joblist_count(l, J_SKIPPED);
+    }
     if (kvm_orch_metrics_write(path, &m) && !o->metrics_failed) {
         o->metrics_failed = 1;
         orch_log("%s\n", kvm_errmsg());
@@ -921,8 +982,7 @@ static void progress(orch *o, int final)
 {
     if (!final) write_metrics(o, "running", 0);
     if (!kvm_orch_progress_due(&o->prog, final)) return;
-    int64_t failed = 0;
-    for (int64_t i = 0; i < o->n_jobs; i++) failed += o->jobs[i].state == J_FAILED;
+    int64_t failed = kvm_joblist_count(&o->lists, J_FAILED);
     char inflight[512];
     inflight_progress(o, inflight, sizeof inflight);
     kvm_orch_progress_print(&o->prog, o->sum->compressed + failed, o->n_jobs - o->sum->skipped - o->sum->claimed,
@@ -1065,7 +1125,6 @@ static int mark_skipped(orch *o, kvm_store *store)
     for (int64_t i = 0; i < o->n_jobs; i++) {
         job *j = &o->jobs[i];
         if (job_load(o, j)) continue;
-        o->sum->truncated += j->doc->truncated;
         int found = 0, rc = cache_stored(o, store, j, &found);
         if (rc) return rc;
         hash_probe p = {o, &j->doc->hash}; /* the same tokens twice: one cache (a loaded job is never failed here) */
@@ -1073,7 +1132,7 @@ static int mark_skipped(orch *o, kvm_store *store)
         else if ((rc = kvm_idxset_add(&o->by_hash, hash_key(&j->doc->hash), i))) return rc;
         if (o->corpus->on_demand) kvm_doc_release(j->doc);
         if (found) {
-            j->state = J_SKIPPED;
+            job_move(o, j, J_SKIPPED);
             o->sum->skipped++;
             o->n_open--;
         }
@@ -1202,10 +1261,9 @@ static void loop(orch *o)
             if (interrupts >= 2) return;
         }
         if (interrupts || o->store_full) { /* draining: only the jobs in a worker finish; the rest are left */
-            int busy = 0;
-            for (int64_t i = 0; i < o->n_jobs; i++) busy += o->jobs[i].state == J_PREFILL || o->jobs[i].state == J_COMPRESS;
-            if (!busy) return;
+            if (kvm_joblist_count(&o->lists, J_PREFILL) + kvm_joblist_count(&o->lists, J_COMPRESS) == 0) return;
         }
+        o->visited = 0;
         zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
         zmq_poll(items, 2, 100);
         double t0 = kvm_now_ms();
@@ -1229,6 +1287,7 @@ static void loop(orch *o)
             }
         }
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
+        if (o->visited > o->visited_max) o->visited_max = o->visited;
         progress(o, 0);
     }
 }
@@ -1280,13 +1339,20 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     o.n_jobs = corpus->n;
     o.n_open = corpus->n;
     o.jobs = calloc((size_t)(corpus->n > 0 ? corpus->n : 1), sizeof *o.jobs);
-    if (!o.jobs) {
-        orch_log("out of memory\n");
+    if (!o.jobs || kvm_joblist_init(&o.lists, corpus->n, N_JOB_STATES, J_QUEUED)) { /* all queued, in corpus order */
+        orch_log("out of memory (%lld documents)\n", (long long)corpus->n);
+        free(o.jobs);
         return 1;
     }
     for (int64_t i = 0; i < corpus->n; i++) {
         o.jobs[i] = (job){.doc = &corpus->docs[i], .state = J_QUEUED, .id = o.next_id++, .worker = -1, .since_ms = o.t0};
-        if (mode == MODE_CALIBRATE) sum->truncated += corpus->docs[i].truncated; /* run: counted by the scan */
+        if (kvm_idxset_add(&o.by_id, o.jobs[i].id, i)) {
+            orch_log("%s\n", kvm_errmsg());
+            kvm_joblist_deinit(&o.lists);
+            kvm_idxset_free(&o.by_id);
+            free(o.jobs);
+            return 1;
+        }
     }
     struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
     sigemptyset(&sa.sa_mask);
@@ -1344,6 +1410,8 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (!rc) write_metrics(&o, hard || sum->interrupted ? "interrupted" : "done", 1);
     free(o.jobs);
     kvm_idxset_free(&o.by_hash);
+    kvm_idxset_free(&o.by_id);
+    kvm_joblist_deinit(&o.lists);
     if (o.ctl) zmq_close(o.ctl);
     if (o.data) zmq_close(o.data);
     if (o.zctx) zmq_ctx_term(o.zctx);

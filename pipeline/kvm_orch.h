@@ -13,7 +13,10 @@
 #include <stdint.h>
 
 typedef struct kvm_orch_summary {
-    int64_t compressed, skipped, failed, truncated; /* documents */
+    int64_t compressed, skipped, failed;            /* documents */
+    int64_t truncated;                              /* of the documents compressed in this run, those longer than
+                                                       [model] context (truncated to it); documents skipped as
+                                                       stored, failed or left by a Ctrl-C are not counted */
     int64_t bytes_full, bytes_compressed;           /* of the documents compressed in this run */
     double seconds;                                 /* wall time of the run */
     double stage_ms[4];                             /* compute time per stage: prefill, compress, signals, strategy */

@@ -18,7 +18,7 @@ static json_t *metrics_json(const kvm_orch_metrics *m)
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return json_pack("{s:i, s:s, s:s, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I}",
+    return json_pack("{s:i, s:s, s:s, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:I}",
                      "version", 1, "state", m->state ? m->state : "running", "updated", when, "elapsed_s", m->elapsed_s,
                      "documents_total", (json_int_t)m->documents_total, "documents_done", (json_int_t)m->documents_done,
                      "documents_failed", (json_int_t)m->documents_failed, "documents_skipped",
@@ -26,7 +26,7 @@ static json_t *metrics_json(const kvm_orch_metrics *m)
                      (json_int_t)m->requeues, "store_commits", (json_int_t)m->store_commits, "wire_in_bytes",
                      (json_int_t)m->wire_in_bytes, "wire_out_bytes", (json_int_t)m->wire_out_bytes, "prefill_s",
                      m->prefill_s, "compress_s", m->compress_s, "transport_s", m->transport_s, "store_s", m->store_s,
-                     "tokens", (json_int_t)m->tokens);
+                     "tokens", (json_int_t)m->tokens, "sched_jobs_max", (json_int_t)m->sched_jobs_max);
 }
 
 int kvm_orch_metrics_write(const char *path, const kvm_orch_metrics *m)

@@ -54,6 +54,7 @@ typedef struct decode_state {
     int keyed;                                      /* the front end authenticates client keys */
     char *chat_open, *chat_close; /* [model] chat: before each document / after each prompt; NULL: none */
     kvm_kv_dtype kv_dtype;                          /* [model] kv_dtype: the cache while decoding */
+    int said_name_scan;                             /* the name index was found incomplete (said once) */
 #ifdef KVM_WITH_CUDA
     kvm_cuda_model *dm; /* --device cuda:N: the device forward every ask runs on */
 #endif
@@ -235,41 +236,10 @@ done:
     return rc;
 }
 
-/* Caches of this server's model and config, for finding a document by name. */
-typedef struct name_scan {
-    const kvm_store_id *config_id, *tok_id;
-    kvm_store_id *docs; /* doc hashes of matching caches */
-    int64_t n, cap;
-    int oom;
-} name_scan;
-
-static int name_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
-{
-    name_scan *ns = arg;
-    if (!m || memcmp(&k->config_id, ns->config_id, sizeof k->config_id) ||
-        memcmp(&m->tokenizer_id, ns->tok_id, sizeof m->tokenizer_id))
-        return 0;
-    if (ns->n == ns->cap) {
-        int64_t cap = ns->cap ? 2 * ns->cap : 64;
-        kvm_store_id *d = realloc(ns->docs, (size_t)cap * sizeof *d);
-        if (!d) return ns->oom = 1;
-        ns->docs = d;
-        ns->cap = cap;
-    }
-    ns->docs[ns->n++] = k->doc_hash;
-    return 0;
-}
-
-/* 1 when a stored document's name `source` is `name`, or ends in "/" + name. */
-static int name_matches(const char *source, const char *name, size_t len)
-{
-    size_t n = strlen(source);
-    if (n == len && !memcmp(source, name, len)) return 1;
-    return n > len && source[n - len - 1] == '/' && !memcmp(source + n - len, name, len);
-}
-
 /* The document an ask names with doc_hash or doc_name, as its hash. A name must match
- * exactly one document that has a cache for this server's model and config. */
+ * exactly one document that has a cache for this server's model and config (and tokenizer).
+ * The store's name index finds the documents of that name (kvm_store_find_docs); a store
+ * whose index is not complete (written by an older build) is scanned instead, said once. */
 static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_id *hash)
 {
     if (ask->has_doc_hash) {
@@ -281,23 +251,34 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
                                     "(--doc-hash) or send them (--doc)");
     char name[KVM_PROTO_MAX_NAME_BYTES + 1];
     snprintf(name, sizeof name, "%.*s", (int)ask->doc_name.len, ask->doc_name.ptr);
-    name_scan ns = {.config_id = &st->config_id, .tok_id = &st->wm.tok_id};
-    int rc = kvm_store_list_caches(st->store, &st->wm.model_id, name_visit, &ns);
-    if (ns.oom) rc = kvm_err(KVM_ENOMEM, "out of memory listing the stored documents");
-    int64_t found = 0;
+    kvm_store_doc_match *docs = NULL;
+    int64_t n = 0, found = 0;
+    int scanned = 0;
+    /* sources are stored truncated to 255 bytes: a longer name matches none */
+    int rc = ask->doc_name.len > 255 ? 0 : kvm_store_find_docs(st->store, name, ask->doc_name.len, &docs, &n, &scanned);
+    if (scanned && !st->said_name_scan) {
+        st->said_name_scan = 1;
+        kvm_log(KVM_LOG_WARN, "name_index_incomplete", NULL, 0,
+                "the store's document-name index is incomplete (documents written by an older kvmill): --doc-name "
+                "reads every stored document until a process of this build opens the store for writing (a decode "
+                "worker starting, kvmill run) and rebuilds the index");
+    }
     char list[2048] = "";
     size_t o = 0;
-    for (int64_t i = 0; !rc && i < ns.n; i++) {
-        kvm_store_doc_meta dm;
-        if (kvm_store_get_doc(st->store, &ns.docs[i], &dm) || !name_matches(dm.source, name, ask->doc_name.len))
-            continue;
-        if (found++ == 0) *hash = ns.docs[i];
+    for (int64_t i = 0; !rc && i < n; i++) {
+        kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = docs[i].doc_hash, .config_id = st->config_id};
+        int has = 0;
+        int hrc = kvm_store_has_cache(st->store, &key, &st->wm.tok_id, &has);
+        if (hrc == KVM_ESTATE || hrc == KVM_EIO || hrc == KVM_ENOMEM) rc = hrc;
+        if (hrc || !has) continue; /* no cache, or one of another tokenizer, or a corrupt one */
+        if (found++ == 0) *hash = docs[i].doc_hash;
         char h[KVM_STORE_ID_HEX + 1];
         if (o < sizeof list - 1)
             o += (size_t)snprintf(list + o, sizeof list - o, "%s%s (%s, %lld tokens)", found > 1 ? "; " : "",
-                                  kvm_store_id_hex(&ns.docs[i], h), dm.source, (long long)dm.n_tokens);
+                                  kvm_store_id_hex(&docs[i].doc_hash, h), docs[i].meta.source,
+                                  (long long)docs[i].meta.n_tokens);
     }
-    free(ns.docs);
+    free(docs);
     if (rc) return rc;
     char mh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
     if (found == 0)

@@ -20,7 +20,7 @@
 #define KVM_STORE__MAX_READERS 510
 
 static const char *const kvm_store__db_names[KVM_STORE__DB_COUNT] = {
-    "meta", "models", "docs", "strategies", "caches", "atime", "lru", "files", "claims",
+    "meta", "models", "docs", "strategies", "caches", "atime", "lru", "files", "claims", "docnames",
 };
 
 /* A write that failed with ENOSPC, or with EIO on a device with (almost) nothing free, is a
@@ -198,6 +198,7 @@ static int store_init_fn(kvm_store *s, MDB_txn *txn, void *arg)
         st = store_check_version(s, version);
     }
     if (st) return st;
+    if ((st = kvm_store__docnames_sync(s, txn))) return st;
     if (a->cap_bytes > 0) st = kvm_store__meta_set(s, txn, "cap_bytes", a->cap_bytes);
     else if (a->cap_bytes == KVM_STORE_CAP_NONE) st = kvm_store__meta_set(s, txn, "cap_bytes", 0);
     return st;
@@ -213,6 +214,10 @@ static int store_init_readonly(kvm_store *s)
         int rc = mdb_dbi_open(txn, kvm_store__db_names[i], 0, &s->dbi[i]);
         if (rc == MDB_NOTFOUND && i == KVM_STORE__DB_CLAIMS) { /* an older store: no claims yet */
             s->no_claims = 1;
+            continue;
+        }
+        if (rc == MDB_NOTFOUND && i == KVM_STORE__DB_DOCNAMES) { /* an older store: names are found by a scan */
+            s->no_docnames = 1;
             continue;
         }
         if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE)

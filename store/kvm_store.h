@@ -264,9 +264,31 @@ int kvm_store_rm_strategy(kvm_store *s, const kvm_store_id *model_id, const char
  * KVM_EFULL, KVM_ESTATE, KVM_EIO. */
 int kvm_store_put_model(kvm_store *s, const kvm_store_id *model_id, const kvm_store_model_meta *meta);
 int kvm_store_get_model(kvm_store *s, const kvm_store_id *model_id, kvm_store_model_meta *out);
-/* Document metadata put / get, as for models. */
+/* Document metadata put / get, as for models. The put also writes the document's entry in
+ * the name index (`docnames` db: BLAKE2b-256 of the last '/'-part of meta->source + doc hash),
+ * in the same transaction, replacing the entry of the source it replaces. */
 int kvm_store_put_doc(kvm_store *s, const kvm_store_id *doc_hash, const kvm_store_doc_meta *meta);
 int kvm_store_get_doc(kvm_store *s, const kvm_store_id *doc_hash, kvm_store_doc_meta *out);
+
+/* A document found by name (kvm_store_find_docs). */
+typedef struct kvm_store_doc_match {
+    kvm_store_id doc_hash;   /* the document */
+    kvm_store_doc_meta meta; /* its stored metadata (source: the name it was stored under) */
+} kvm_store_doc_match;
+
+/* The documents whose stored source is name[0, len) or ends in "/" + name (names are the
+ * corpus file names or JSONL ids kvmill run stored), in one read txn, through the name index:
+ * a range lookup of the name's last '/'-part, each candidate checked against its docs record;
+ * cost independent of the number of stored documents. The index is not used, and every docs
+ * record is read instead (*scanned = 1, for the caller to say so), when it cannot be trusted: a
+ * read-only open of a store no writer of this build opened (no `docnames` db), or a store an
+ * older build added documents to since (the two dbs' counts differ; this build's next writable
+ * open rebuilds the index: kvm_store_open). Corrupt docs records are skipped (verify names them).
+ * *out: malloc'ed array of *n matches (NULL when none), the caller frees it; scanned may be NULL.
+ * Errors: KVM_EINVAL (NULL outputs, len 0 or > 255, a NUL in the name), KVM_ENOMEM, KVM_ESTATE,
+ * KVM_EIO; *out is NULL and *n 0 on error. Thread-safe (the handle's lock). */
+int kvm_store_find_docs(kvm_store *s, const char *name, size_t len, kvm_store_doc_match **out, int64_t *n,
+                        int *scanned);
 
 /* Model id of a checkpoint file: BLAKE2b-256 of its bytes, remembered in the store per
  * (absolute path, size, mtime, inode), so an unchanged file is hashed once per store; a

@@ -22,6 +22,10 @@ enum kvm_store__db {
     KVM_STORE__DB_FILES,      /* "files": BLAKE2b(abs path) -> model-id memo record */
     KVM_STORE__DB_CLAIMS,     /* "claims": model + doc + config -> claim record (a lease);
                                  absent in stores no writer of this build opened yet */
+    KVM_STORE__DB_DOCNAMES,   /* "docnames": BLAKE2b-256(last '/'-part of a doc's source) + doc hash
+                                 -> "" (the --doc-name index: one entry per docs record, written in
+                                 its transaction; absent in stores no writer of this build opened,
+                                 rebuilt on a writable open when its count differs from docs') */
     KVM_STORE__DB_COUNT
 };
 
@@ -67,6 +71,7 @@ struct kvm_store {
     char *path;                       /* directory, owned */
     int read_only;                    /* opened MDB_RDONLY */
     int no_claims;                    /* read-only open of a store without the claims db */
+    int no_docnames;                  /* read-only open of a store without the docnames db */
     int64_t map_max_bytes;            /* growth limit */
     int64_t atime_granularity_ns;     /* see kvm_store_opts.atime_granularity_ms; < 0 always */
     pid_t pid;                        /* process that opened the env */
@@ -112,6 +117,19 @@ const char *kvm_store__network_fs(unsigned long f_type);
  * (lmdb.h, caveats), so two writers could corrupt it and a reader see half a commit. A DIR
  * statfs cannot read is left to the open. Errors: KVM_EINVAL naming DIR and the filesystem. */
 int kvm_store__check_fs(const char *dir);
+
+/* The docnames index (store/kvm_store_docnames.c). */
+#define KVM_STORE__DOCNAME_KEY_BYTES (2 * KVM_STORE_ID_BYTES)
+/* The index key of a document whose source is source[0, len): BLAKE2b-256 of its last
+ * '/'-separated part, then the doc hash. */
+void kvm_store__docname_key(const char *source, size_t len, const kvm_store_id *doc_hash,
+                            uint8_t out[KVM_STORE__DOCNAME_KEY_BYTES]);
+/* In a write txn: puts the doc record (part 0: DOC_FIXED bytes) under doc_hash and its index
+ * entry, removing the entry of the source it replaces. Returns a kvm status. */
+int kvm_store__doc_put(kvm_store *s, MDB_txn *txn, const kvm_store_id *doc_hash, const uint8_t *fixed, size_t n);
+/* In the open's write txn: rebuilds the docnames index from the docs records when their
+ * counts differ (a store an older build wrote documents to). Returns a kvm status. */
+int kvm_store__docnames_sync(kvm_store *s, MDB_txn *txn);
 
 /* Key encoders. */
 void kvm_store__cache_key(const kvm_store_cache_key *k, uint32_t layer, uint8_t out[KVM_STORE__CACHE_KEY_BYTES]);

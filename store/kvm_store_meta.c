@@ -213,16 +213,30 @@ int kvm_store_get_model(kvm_store *s, const kvm_store_id *model_id, kvm_store_mo
     return 0;
 }
 
+typedef struct doc_arg {
+    const kvm_store_id *doc_hash; /* the record's key */
+    uint8_t fixed[DOC_FIXED];     /* its one part: n_tokens, source */
+} doc_arg;
+
+/* The doc record and its name-index entry, in one transaction. */
+static int put_doc_fn(kvm_store *s, MDB_txn *txn, void *arg)
+{
+    const doc_arg *a = arg;
+    return kvm_store__doc_put(s, txn, a->doc_hash, a->fixed, sizeof a->fixed);
+}
+
 int kvm_store_put_doc(kvm_store *s, const kvm_store_id *doc_hash, const kvm_store_doc_meta *meta)
 {
     if (!doc_hash || !meta || !str_ok(meta->source, sizeof meta->source) || meta->n_tokens < 0)
         return kvm_err(KVM_EINVAL, "doc meta: NULL argument, negative n_tokens or unterminated source");
-    uint8_t b[DOC_FIXED] = {0};
-    kvm_store__put_u64(b, (uint64_t)meta->n_tokens);
-    memcpy(b + 8, meta->source, strlen(meta->source));
-    one_arg a = {KVM_STORE__DB_DOCS, {KVM_STORE_ID_BYTES, (void *)doc_hash->b}, KVM_STORE__KIND_DOC, {b, sizeof b},
-                 "doc meta"};
-    return put_one(s, &a);
+    doc_arg a = {doc_hash, {0}};
+    kvm_store__put_u64(a.fixed, (uint64_t)meta->n_tokens);
+    memcpy(a.fixed + 8, meta->source, strlen(meta->source));
+    int st = kvm_store__lock(s);
+    if (st) return st;
+    st = kvm_store__write(s, put_doc_fn, &a);
+    kvm_store__unlock(s);
+    return st;
 }
 
 int kvm_store_get_doc(kvm_store *s, const kvm_store_id *doc_hash, kvm_store_doc_meta *out)

@@ -3,9 +3,11 @@
  * byte-level BPE), the prefetch bound on prefilled documents, Ctrl-C finishing only the jobs
  * in workers, a corrupt manifest compressed again, evictions reported, stale temporary
  * directories of killed runs removed, a failed document keeping its run directory, a full
- * store device stopping the feed, progress within a document, and reworded messages. */
+ * store device stopping the feed, progress within a document, reworded messages, and the
+ * broker's work per event independent of the corpus size (jobs by state, in order). */
 #include "model/kvm_tokenizer.h"
 #include "pipeline/kvm_doctok.h"
+#include "pipeline/kvm_joblist.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
 #include "common/kvm_error.h"
@@ -350,6 +352,49 @@ START_TEST(test_ctrl_c_only_in_flight)
     ck_assert_msg(done >= 0 && done <= 2 && left >= 4 && summary_field(out, "failed") == 0,
                   "compressed %lld, left %lld after a Ctrl-C during the first compress\nstdout: %s\nstderr: %s", done, left,
                   out, err);
+    /* every document is longer than the context; only the compressed ones count as truncated */
+    ck_assert_msg(summary_field(out, "truncated") == done, "truncated %lld of %lld compressed: %s",
+                  summary_field(out, "truncated"), done, out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* truncated= counts the documents this run compressed that were longer than the context:
+ * not the ones skipped as stored (a rerun after a Ctrl-C or a killed run), nor failed ones. */
+START_TEST(test_truncated_counts_compressed_only)
+{
+    make_docs(5); /* TinyStories documents: each longer than context 128 */
+    char p[4400];
+    for (int i = 3; i < 5; i++) { /* the first run sees three of them */
+        snprintf(p, sizeof p, "%s/doc_%03d.txt", docs, i);
+        char q[4500];
+        snprintf(q, sizeof q, "%s.later", p);
+        ck_assert_int_eq(rename(p, q), 0);
+    }
+    write_config(STREAMING, "", NULL);
+    char *out, *err;
+    int rc = run_kvmill(NULL, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(summary_field(out, "compressed") == 3 && summary_field(out, "truncated") == 3, "stdout: %s", out);
+    free(out);
+    free(err);
+    for (int i = 3; i < 5; i++) {
+        snprintf(p, sizeof p, "%s/doc_%03d.txt", docs, i);
+        char q[4500];
+        snprintf(q, sizeof q, "%s.later", p);
+        ck_assert_int_eq(rename(q, p), 0);
+    }
+    /* and one that cannot be processed: it fails, not counted either */
+    snprintf(p, sizeof p, "%s/doc_009.txt", docs);
+    ck_assert_int_eq(kvm_test_write_file(p, "", 0), 0);
+    rc = run_kvmill(NULL, &out, &err);
+    ck_assert_msg(rc == 1, "exit %d\n%s", rc, err);
+    ck_assert_msg(summary_field(out, "skipped") == 3 && summary_field(out, "compressed") == 2 &&
+                      summary_field(out, "failed") == 1 && summary_field(out, "truncated") == 2,
+                  "3 stored, 2 compressed, 1 failed: stdout: %s", out);
+    ck_assert_msg(strstr(out, "2 compressed, 3 skipped (already stored), 1 failed, 2 truncated to 128 tokens"), "stdout: %s",
+                  out);
     free(out);
     free(err);
 }
@@ -660,6 +705,158 @@ START_TEST(test_messages)
 }
 END_TEST
 
+/* ---- scheduling cost ---- */
+
+/* The job lists keep each state's order (back pushes; a front push jumps the queue), counts,
+ * and every item in exactly one list. */
+START_TEST(test_joblist_order)
+{
+    enum { N = 1000, Q = 0, BUSY = 1, DONE = 2 };
+    kvm_joblist l;
+    ck_assert_int_eq(kvm_joblist_init(&l, N, 3, Q), 0);
+    ck_assert_int_eq(kvm_joblist_count(&l, Q), N);
+    for (int64_t i = 0; i < N; i += 2) kvm_joblist_move(&l, i, BUSY, 0); /* evens busy, in order */
+    kvm_joblist_move(&l, 500, Q, 1);                                      /* back to the queue's front */
+    int64_t want = 500, n = 0;
+    for (int64_t i = kvm_joblist_first(&l, Q); i >= 0; i = kvm_joblist_next(&l, i), n++) {
+        ck_assert_msg(i == want, "queue item %lld is %lld, not %lld", (long long)n, (long long)i, (long long)want);
+        want = n == 0 ? 1 : want + 2;
+    }
+    ck_assert_int_eq(n, N / 2 + 1);
+    ck_assert_int_eq(kvm_joblist_count(&l, Q), N / 2 + 1);
+    n = 0;
+    for (int64_t i = kvm_joblist_first(&l, BUSY), next; i >= 0; i = next, n++) { /* moving the walked item */
+        next = kvm_joblist_next(&l, i);
+        ck_assert_int_eq(i % 2, 0);
+        kvm_joblist_move(&l, i, DONE, 0);
+    }
+    ck_assert_int_eq(n, N / 2 - 1);
+    ck_assert_int_eq(kvm_joblist_count(&l, BUSY), 0);
+    ck_assert_int_eq(kvm_joblist_first(&l, BUSY), -1);
+    ck_assert_int_eq(kvm_joblist_count(&l, DONE), N / 2 - 1);
+    kvm_joblist_deinit(&l);
+    kvm_joblist_deinit(&l); /* twice: zeroed */
+    ck_assert_int_eq(kvm_joblist_init(&l, 5, KVM_JOBLIST_MAX_STATES + 1, 0), KVM_EINVAL);
+    ck_assert_ptr_null(l.next);
+}
+END_TEST
+
+/* A long corpus of tiny documents: every one is compressed once, in corpus order (one prefill
+ * and one compress worker commit in the order sent), and no iteration of the broker loop
+ * looks at more than a handful of jobs (the metrics file's sched_jobs_max; the loop used to
+ * scan every job of the corpus several times per event, a run quadratic in its size). */
+START_TEST(test_many_docs_per_event_work)
+{
+    int n = kvm_test_quick() ? 150 : 600;
+    snprintf(docs, sizeof docs, "%s/c.jsonl", tmp);
+    char *text = malloc((size_t)n * 64);
+    ck_assert_ptr_nonnull(text);
+    size_t at = 0;
+    for (int i = 0; i < n; i++)
+        at += (size_t)sprintf(text + at, "{\"id\": \"d%d\", \"tokens\": [1, %d, %d, %d]}\n", i, 5 + i % 400,
+                              5 + i / 400, 7 + i % 7);
+    ck_assert_int_eq(kvm_test_write_file(docs, text, at), 0);
+    free(text);
+    char run[4500], metrics[4300];
+    snprintf(metrics, sizeof metrics, "%s/metrics.json", tmp);
+    snprintf(run, sizeof run, "log_format = json\nmetrics = %s", metrics);
+    write_config("method = streaming\nbudget = 4", run, NULL);
+    char *out, *err;
+    int rc = run_kvmill(NULL, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(summary_field(out, "compressed") == n && summary_field(out, "failed") == 0, "stdout: %s", out);
+    int next = 0;
+    for (const char *q = strstr(err, "\"event\":\"job_done\""); q; q = strstr(q + 1, "\"event\":\"job_done\"")) {
+        const char *d = strstr(q, "\"doc\":\"d");
+        ck_assert_ptr_nonnull(d);
+        int got = atoi(d + 8);
+        ck_assert_msg(got == next, "document d%d committed where d%d was due", got, next);
+        next++;
+    }
+    ck_assert_msg(next == n, "%d job_done events for %d documents", next, n);
+    char *m = kvm_test_read_file(metrics, NULL);
+    ck_assert_ptr_nonnull(m);
+    const char *k = strstr(m, "\"sched_jobs_max\": ");
+    ck_assert_msg(k, "no sched_jobs_max in the metrics: %s", m);
+    long long visited = atoll(k + strlen("\"sched_jobs_max\": "));
+    printf("scheduling: at most %lld jobs looked at in one event over %d documents\n", visited, n);
+    /* one prefill and one compress worker: a job to each, a timeout check of each, a few more */
+    ck_assert_msg(visited >= 1 && visited <= 8, "an event looked at %lld jobs of %d (metrics: %s)", visited, n, m);
+    const char *sc = strstr(m, "\"store_commits\": ");
+    ck_assert_msg(sc && atoll(sc + strlen("\"store_commits\": ")) == n, "metrics: %s", m);
+    free(m);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* Every line of err is one JSON object of level error and event "refused" whose msg holds
+ * `want`; none is a plain "kvmill ..." line. */
+static void assert_json_refusal(const char *what, const char *err, const char *want)
+{
+    int lines = 0, found = 0;
+    for (const char *l = err; l && *l;) {
+        const char *nl = strchr(l, '\n');
+        size_t ll = nl ? (size_t)(nl - l) : strlen(l);
+        if (ll) {
+            lines++;
+            ck_assert_msg(l[0] == '{' && l[ll - 1] == '}' && find_in(l, ll, "\"level\":\"error\"") &&
+                              find_in(l, ll, "\"event\":\"refused\""),
+                          "%s: not a JSON refusal: %.*s", what, (int)ll, l);
+            found |= find_in(l, ll, want) != NULL;
+        }
+        l = nl ? nl + 1 : NULL;
+    }
+    ck_assert_msg(lines >= 1 && found, "%s: no JSON refusal saying '%s' in: %s", what, want, err);
+}
+
+/* With [run] log_format = json, refusals once the config is read are JSON lines (run, serve,
+ * calibrate: settings, the model's window, an output folder, the model file); errors before
+ * the config is read (it does not exist) stay plain text. */
+START_TEST(test_refusals_follow_log_format)
+{
+    make_docs(1);
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    struct {
+        const char *cmd, *cfg, *want;
+    } cases[] = {
+        {"run", "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nratio = 0\nbudget = 0\n", "keep nothing"},
+        {"run", "[model]\npath = %s\ncontext = 100000\n[compress]\nmethod = streaming\nbudget = 8\n", "exceeds the model's window"},
+        {"run", "[model]\npath = %s.missing\n[compress]\nmethod = streaming\nbudget = 8\n", ".missing"},
+        {"run", "[model]\npath = %s\n[compress]\nmethod = streaming\nbudget = 8\n[run]\nmetrics = /nonexistent-dir/m.json\n",
+         "metrics file /nonexistent-dir/m.json"},
+        {"serve", "[model]\npath = %s\n[compress]\nmethod = streaming\nbudget = 8\n[serve]\nworkers = 1\n",
+         "does not exist: make its caches with kvmill run first"},
+        {"calibrate", "[model]\npath = %s\n[compress]\nmethod = polykv\nbudget = 0\n", "set [compress] budget"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[4096], body[3000];
+        snprintf(body, sizeof body, cases[i].cfg, model);
+        /* [run] log_format first: the section may be repeated below */
+        snprintf(text, sizeof text, "%s[store]\npath = %s\n[stages]\nbin_dir = %s\n[run]\nlog_format = json\n", body,
+                 store, kvm_test_bin());
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        char cmd[12000], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s' %s '%s'", kvm_test_bin(), cases[i].cmd, cfg_path,
+                 !strcmp(cases[i].cmd, "serve") ? "--bind" : !strcmp(cases[i].cmd, "run") ? "--corpus" : "--docs",
+                 !strcmp(cases[i].cmd, "serve") ? "tcp://127.0.0.1:47991" : docs);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2, "%s case %zu: exit %d: %s", cases[i].cmd, i, rc, err);
+        char what[64];
+        snprintf(what, sizeof what, "%s case %zu", cases[i].cmd, i);
+        assert_json_refusal(what, err, cases[i].want);
+        free(out);
+        free(err);
+    }
+    /* no config to read: no format known, a plain line */
+    char cmd[12000], *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/none.ini' --corpus '%s'", kvm_test_bin(), tmp, docs);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+    ck_assert_msg(!strncmp(err, "kvmill run: ", 12), "stderr: %s", err);
+    free(err);
+}
+END_TEST
+
 static Suite *orch_reliab_suite(void)
 {
     Suite *s = suite_create("orch_reliab");
@@ -678,7 +875,11 @@ static Suite *orch_reliab_suite(void)
                  {"stale_dirs_removed", test_stale_dirs_removed, 240},
                  {"failed_document_keeps_run_dir", test_failed_document_keeps_run_dir, 120},
                  {"progress_within_document", test_progress_within_document, 240},
-                 {"messages", test_messages, 120}};
+                 {"messages", test_messages, 120},
+                 {"joblist_order", test_joblist_order, 30},
+                 {"truncated_counts_compressed_only", test_truncated_counts_compressed_only, 120},
+                 {"refusals_follow_log_format", test_refusals_follow_log_format, 120},
+                 {"many_docs_per_event_work", test_many_docs_per_event_work, 240}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

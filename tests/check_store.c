@@ -1,6 +1,7 @@
 /* check_store.c: the LMDB store (store/) and `kvmill store` (orchestrator/cmd_store.c):
  * round trips, concurrent writer and reader processes, a writer killed mid-transaction,
- * corruption detection, map growth, the cap's LRU eviction, compatibility refusal, CLI. */
+ * corruption detection, map growth, the cap's LRU eviction, compatibility refusal, CLI, and
+ * the document-name index (found without reading every document; older stores). */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1199,6 +1200,147 @@ START_TEST(test_cli_binary)
 }
 END_TEST
 
+/* ---- the document-name index ---- */
+
+/* Puts n documents named "dir/doc_I.txt" (doc hashes from tokens {I, 777}). */
+static void put_named_docs(kvm_store *s, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        kvm_store_id h;
+        int32_t toks[2] = {i, 777};
+        ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &h), 0);
+        kvm_store_doc_meta dm = {.n_tokens = 10 + i};
+        snprintf(dm.source, sizeof dm.source, "%s/doc_%d.txt", i % 2 ? "a" : "b/c", i);
+        ck_assert_msg(kvm_store_put_doc(s, &h, &dm) == 0, "%s", kvm_errmsg());
+    }
+}
+
+/* kvm_store_find_docs of name: the number of matches, *tokens the first's n_tokens. */
+static int64_t find_named(kvm_store *s, const char *name, int *scanned, int64_t *tokens)
+{
+    kvm_store_doc_match *m = NULL;
+    int64_t n = -1;
+    int st = kvm_store_find_docs(s, name, strlen(name), &m, &n, scanned);
+    ck_assert_msg(st == 0, "find %s: %s", name, kvm_errmsg());
+    if (tokens) *tokens = n > 0 ? m[0].meta.n_tokens : -1;
+    free(m);
+    return n;
+}
+
+/* Drops the docnames db with raw LMDB: the store as a build before the index wrote it. */
+static void drop_docnames(const char *path)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    mdb_env_set_maxdbs(env, 32);
+    ck_assert_int_eq(mdb_env_open(env, path, 0, 0664), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "docnames", 0, &dbi), 0);
+    ck_assert_int_eq(mdb_drop(txn, dbi, 1), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* A name is found through the index (no scan of the documents), by its whole stored source or
+ * its last part; a renamed document moves in the index; a long name or another name finds
+ * nothing; verify passes. */
+START_TEST(test_docnames_index)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    put_named_docs(s, 0, 300);
+    int scanned = -1;
+    int64_t tokens;
+    ck_assert_int_eq(find_named(s, "doc_17.txt", &scanned, &tokens), 1);
+    ck_assert_int_eq(scanned, 0); /* the index, not every document */
+    ck_assert_int_eq(tokens, 27);
+    ck_assert_int_eq(find_named(s, "a/doc_17.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(find_named(s, "c/doc_18.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(find_named(s, "b/c/doc_18.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(find_named(s, "x/doc_18.txt", &scanned, NULL), 0);
+    ck_assert_int_eq(find_named(s, "oc_18.txt", &scanned, NULL), 0); /* a whole part, not a suffix */
+    ck_assert_int_eq(find_named(s, "doc_300.txt", &scanned, NULL), 0);
+    /* the same document stored again under another name: found under the new one only */
+    kvm_store_id h;
+    int32_t toks[2] = {17, 777};
+    ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &h), 0);
+    kvm_store_doc_meta dm = {.n_tokens = 27};
+    snprintf(dm.source, sizeof dm.source, "renamed.txt");
+    ck_assert_int_eq(kvm_store_put_doc(s, &h, &dm), 0);
+    ck_assert_int_eq(find_named(s, "doc_17.txt", &scanned, NULL), 0);
+    ck_assert_int_eq(find_named(s, "renamed.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(scanned, 0);
+    /* two documents of one name in two folders */
+    snprintf(dm.source, sizeof dm.source, "z/doc_19.txt");
+    int32_t t2[2] = {1000, 777};
+    ck_assert_int_eq(kvm_store_doc_hash(t2, 2, &h), 0);
+    ck_assert_int_eq(kvm_store_put_doc(s, &h, &dm), 0);
+    ck_assert_int_eq(find_named(s, "doc_19.txt", &scanned, NULL), 2);
+    kvm_store_doc_match *m = (void *)1;
+    int64_t n = 5;
+    ck_assert_int_eq(kvm_store_find_docs(s, "", 0, &m, &n, NULL), KVM_EINVAL);
+    ck_assert_ptr_null(m);
+    ck_assert_int_eq(n, 0);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* A store written before the index (no docnames db): a read-only open finds names by reading
+ * every document (and says so through *scanned); the first writable open indexes it, nothing
+ * lost; documents an older build adds later (no entry) make the lookup scan again until the
+ * next writable open; verify passes throughout. */
+START_TEST(test_docnames_older_store)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    put_named_docs(s, 0, 50);
+    kvm_store_close(&s);
+    drop_docnames(g_path);
+    kvm_store_opts ro = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_path, &ro, &s), 0);
+    int scanned = -1;
+    ck_assert_int_eq(find_named(s, "doc_7.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(scanned, 1);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+    s = open_store(g_path, 0, 0, 0, 0); /* indexes it */
+    ck_assert_int_eq(find_named(s, "doc_7.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(scanned, 0);
+    kvm_store_stats ss;
+    ck_assert_int_eq(kvm_store_stats_get(s, &ss), 0);
+    ck_assert_int_eq(ss.n_docs, 50);
+    for (int i = 0; i < 50; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "doc_%d.txt", i);
+        ck_assert_msg(find_named(s, name, &scanned, NULL) == 1 && !scanned, "%s", name);
+    }
+    ck_assert_int_eq(verify_problems(s), 0);
+    /* an older build adds a document: a docs record without an index entry */
+    MDB_txn *txn;
+    ck_assert_int_eq(mdb_txn_begin(s->env, NULL, 0, &txn), 0);
+    kvm_store_id h;
+    int32_t toks[2] = {5000, 777};
+    ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &h), 0);
+    uint8_t fixed[8 + 256] = {0};
+    memcpy(fixed + 8, "old/late.txt", 12);
+    kvm_frame part = {fixed, sizeof fixed};
+    MDB_val key = {KVM_STORE_ID_BYTES, h.b};
+    ck_assert_int_eq(kvm_store__rec_put(txn, s->dbi[KVM_STORE__DB_DOCS], &key, KVM_STORE__KIND_DOC, &part, 1), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    ck_assert_int_eq(find_named(s, "late.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(scanned, 1);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+    s = open_store(g_path, 0, 0, 0, 0); /* indexed again */
+    ck_assert_int_eq(find_named(s, "late.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(scanned, 0);
+    ck_assert_int_eq(find_named(s, "doc_7.txt", &scanned, NULL), 1);
+    ck_assert_int_eq(verify_problems(s), 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -1225,6 +1367,8 @@ int main(void)
     suite_add_tcase(su, tcase("cli_missing_path", test_cli_missing_path, 60));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
+    suite_add_tcase(su, tcase("docnames_index", test_docnames_index, 60));
+    suite_add_tcase(su, tcase("docnames_older_store", test_docnames_older_store, 60));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
