@@ -83,6 +83,13 @@ typedef struct kvm_sculpt_refs_in {
 int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_ret, float *lse_zone, float *lse_ret,
                         double *mass, double *out_sq);
 
+/* Host float64 vector operations of the L-BFGS (compress/sculpt/sculpt_lbfgs.c), n ≥ 0:
+ * kvm_cpu_ddot = Σ_i a_i·b_i as 32 interleaved partial sums (i mod 32) added in a fixed tree,
+ * then the tail (i ≥ 32·⌊n/32⌋) in order; kvm_cpu_daxpy: y_i += a·x_i. Deterministic on a given
+ * machine (the AVX-512/AVX2 clones fuse the multiply-add, the baseline one does not). */
+double kvm_cpu_ddot(const double *a, const double *b, int64_t n);
+void kvm_cpu_daxpy(double *y, double a, const double *x, int64_t n);
+
 /* CPU backend, the ridge solve (KVSculpt §3 value step, float64): A [k][k] row-major holding
  * the symmetric positive definite matrix in its upper triangle (the lower one is not read) is
  * factored in place as A = UᵀU (U upper, in the upper triangle: LAPACK dpotrf's row-major 'U'

@@ -1,6 +1,7 @@
 /* sculpt_lbfgs.c: reverse-communication L-BFGS with a strong-Wolfe line search (Nocedal &
  * Wright Alg. 7.4, 3.5, 3.6); see kvm_sculpt_lbfgs.h. float64 throughout. */
 #include "compress/sculpt/kvm_sculpt_lbfgs.h"
+#include "kernels/kvm_sculpt_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,43 +31,11 @@ kvm_sculpt_lbfgs_params kvm_sculpt_lbfgs_params_default(void)
     return p;
 }
 
-typedef double v2d __attribute__((vector_size(16)));
+/* ⟨a, b⟩ and y += a·x on the CPU backend's cloned vector code (kernels/kvm_sculpt_kernels.h):
+ * the two-loop recursion is ~40 of each per iteration over the k·d variables. */
+static double dot(const double *a, const double *b, int64_t n) { return kvm_cpu_ddot(a, b, n); }
 
-/* ⟨a, b⟩ as four interleaved partial sums added in a fixed order ((s0 + s1) + (s2 + s3)):
- * four independent chains instead of one (the two-loop recursion is ~40 dots per iteration),
- * held as two 2-lane vectors (GCC at -O2 leaves such loops scalar), and the same value whatever
- * else runs. */
-static double dot(const double *a, const double *b, int64_t n)
-{
-    v2d s01 = {0, 0}, s23 = {0, 0}, x, y;
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        memcpy(&x, a + i, 16);
-        memcpy(&y, b + i, 16);
-        s01 += x * y;
-        memcpy(&x, a + i + 2, 16);
-        memcpy(&y, b + i + 2, 16);
-        s23 += x * y;
-    }
-    double s0 = s01[0], s1 = s01[1], s2 = s23[0], s3 = s23[1];
-    for (; i < n; i++) s0 += a[i] * b[i];
-    return (s0 + s1) + (s2 + s3);
-}
-
-/* y[i] = y[i] + a·x[i] (one rounding for the product, one for the sum, as the scalar loop),
- * two lanes at a time. */
-static void axpy(double *restrict y, double a, const double *restrict x, int64_t n)
-{
-    v2d u, v;
-    int64_t i = 0;
-    for (; i + 2 <= n; i += 2) {
-        memcpy(&u, y + i, 16);
-        memcpy(&v, x + i, 16);
-        u += a * v;
-        memcpy(y + i, &u, 16);
-    }
-    for (; i < n; i++) y[i] += a * x[i];
-}
+static void axpy(double *restrict y, double a, const double *restrict x, int64_t n) { kvm_cpu_daxpy(y, a, x, n); }
 
 kvm_sculpt_lbfgs *kvm_sculpt_lbfgs_new(int64_t n, const double *x0, const kvm_sculpt_lbfgs_params *p)
 {
