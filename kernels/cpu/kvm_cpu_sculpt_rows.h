@@ -1,6 +1,6 @@
 /* kvm_cpu_sculpt_rows.h: the CPU backend's row kernel shared by the KVSculpt loss
  * (kvm_cpu_sculpt.c) and the references (kvm_cpu_sculpt_refs.c): the exponentiated softmax row
- * in explicit 256-bit vectors, with the 8-lane form of kvm_sb_expf. Internal. */
+ * in explicit 16-lane vectors, with the 16-lane form of kvm_sb_expf. Internal. */
 #ifndef KVM_CPU_SCULPT_ROWS_H
 #define KVM_CPU_SCULPT_ROWS_H
 
@@ -29,22 +29,8 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 
-/* kvm_sb_expf on 8 lanes: the same operations in the same order, so each lane is bit-identical
+/* kvm_sb_expf on 16 lanes: the same operations in the same order, so each lane is bit-identical
  * to the scalar body (GCC does not vectorise the body's bit cast by itself). */
-static inline SB_INLINE v8f v8_expf(v8f x)
-{
-    const v8f lo = (v8f){0} - 87.0f;
-    const v8i keep = x >= lo;
-    x = (v8f)(((v8i)x & keep) | ((v8i)lo & ~keep)); /* x < −87 ? −87 : x, one blend */
-    v8f t = x * 1.44269504088896341f;
-    v8f r = (t + 12582912.0f) - 12582912.0f;
-    v8f f = (t - r) * 0.693147180559945309f;
-    v8f p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-    v8i bits = (__builtin_convertvector(r, v8i) + 127) << 23;
-    return p * (v8f)bits;
-}
-
-/* kvm_sb_expf on 16 lanes: v8_expf's operations, lane for lane. */
 static inline SB_INLINE v16f v16_expf(v16f x)
 {
     const v16f lo = (v16f){0} - 87.0f;
