@@ -227,12 +227,14 @@ int kvm_store_rm_cache(kvm_store *s, const kvm_store_cache_key *key);
 typedef int (*kvm_store_cache_visit_fn)(const kvm_store_cache_key *key, const kvm_store_manifest *m,
                                         int status, void *arg);
 /* Calls fn for every cache manifest (key order), in one read transaction; model_id may be
- * NULL (all models). Errors: fn's nonzero return, KVM_ESTATE, KVM_EIO. */
+ * NULL (all models). Errors: fn's nonzero return, KVM_ESTATE, KVM_EIO, KVM_ECORRUPT (the caches
+ * db's keys out of order: a damaged B-tree, where a re-seek would visit caches again forever). */
 int kvm_store_list_caches(kvm_store *s, const kvm_store_id *model_id, kvm_store_cache_visit_fn fn, void *arg);
 
 /* Resolves "MODEL:DOC:CONFIG", each part 1..64 hex digits (a unique prefix of the id), to
  * the one cache it names. Errors: KVM_EINVAL (syntax; or the prefixes match several caches:
- * the message says "ambiguous" and how many), KVM_ENOTFOUND (no cache matches). */
+ * the message says "ambiguous" and how many), KVM_ENOTFOUND (no cache matches), KVM_ECORRUPT
+ * (keys out of order, as for kvm_store_list_caches). */
 int kvm_store_find_cache(kvm_store *s, const char *text, kvm_store_cache_key *out);
 
 /* ---- strategies, models, documents (store/kvm_store_meta.c) ---- */

@@ -1341,6 +1341,58 @@ START_TEST(test_docnames_older_store)
 }
 END_TEST
 
+/* Orders keys by memcmp reversed: written with it, the caches db holds keys that are out of
+ * order for the store's own (memcmp) reads, as a damaged B-tree page does. */
+static int cmp_reversed(const MDB_val *a, const MDB_val *b)
+{
+    size_t n = a->mv_size < b->mv_size ? a->mv_size : b->mv_size;
+    int c = memcmp(a->mv_data, b->mv_data, n);
+    if (c == 0) c = a->mv_size < b->mv_size ? -1 : a->mv_size > b->mv_size;
+    return -c;
+}
+
+static int count_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    return ++*(int64_t *)arg > 1000 ? KVM_EINVAL : 0; /* a bound: the old listing never ended */
+}
+
+/* A caches db whose keys are out of order (a manifest of cache A stored before a layer key of
+ * cache C < A): the listing's re-seek from C's layer to C's manifest landed on A's manifest
+ * again, so `kvmill store ls` (and the end of `kvmill run`, and `store show KEY`) visited the
+ * two keys forever. Now both listings stop with KVM_ECORRUPT. */
+START_TEST(test_keys_out_of_order)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_close(&s);
+    kvm_store_cache_key a, c;
+    memset(&a, 0, sizeof a);
+    memset(&c, 0, sizeof c);
+    memset(a.model_id.b, 0xaa, sizeof a.model_id.b);
+    memset(c.model_id.b, 0x11, sizeof c.model_id.b);
+    uint8_t ka[KVM_STORE__CACHE_KEY_BYTES], kc[KVM_STORE__CACHE_KEY_BYTES], v[16] = {0};
+    kvm_store__cache_key(&a, KVM_STORE__MANIFEST, ka);
+    kvm_store__cache_key(&c, 0, kc);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    raw_open(&env, &txn, &dbi, "caches");
+    ck_assert_int_eq(mdb_set_compare(txn, dbi, cmp_reversed), 0);
+    MDB_val k1 = {sizeof ka, ka}, k2 = {sizeof kc, kc}, val = {sizeof v, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &k1, &val, 0), 0);
+    ck_assert_int_eq(mdb_put(txn, dbi, &k2, &val, 0), 0);
+    raw_close(env, txn);
+    kvm_store_opts ro = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_path, &ro, &s), 0);
+    int64_t n = 0;
+    int st = kvm_store_list_caches(s, NULL, count_visit, &n);
+    ck_assert_msg(st == KVM_ECORRUPT, "list_caches: %d (%s) after %lld visits", st, kvm_errmsg(), (long long)n);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "out of order"));
+    kvm_store_cache_key out;
+    ck_assert_int_eq(kvm_store_find_cache(s, "11:0:0", &out), KVM_ECORRUPT);
+    kvm_store_close(&s);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -1369,6 +1421,7 @@ int main(void)
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("docnames_index", test_docnames_index, 60));
     suite_add_tcase(su, tcase("docnames_older_store", test_docnames_older_store, 60));
+    suite_add_tcase(su, tcase("keys_out_of_order", test_keys_out_of_order, 30));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */
