@@ -286,8 +286,10 @@ typedef struct kvm_store_doc_match {
  * read-only open of a store no writer of this build opened (no `docnames` db), or a store an
  * older build added documents to since (the two dbs' counts differ; this build's next writable
  * open rebuilds the index: kvm_store_open). Corrupt docs records are skipped (verify names them).
+ * A source is stored as its first 255 bytes (kvm_store_doc_meta.source), so a longer name is
+ * matched by its first 255 bytes, as a longer JSONL id was stored.
  * *out: malloc'ed array of *n matches (NULL when none), the caller frees it; scanned may be NULL.
- * Errors: KVM_EINVAL (NULL outputs, len 0 or > 255, a NUL in the name), KVM_ENOMEM, KVM_ESTATE,
+ * Errors: KVM_EINVAL (NULL outputs, len 0, a NUL in the name), KVM_ENOMEM, KVM_ESTATE,
  * KVM_EIO; *out is NULL and *n 0 on error. Thread-safe (the handle's lock). */
 int kvm_store_find_docs(kvm_store *s, const char *name, size_t len, kvm_store_doc_match **out, int64_t *n,
                         int *scanned);
