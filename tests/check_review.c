@@ -866,6 +866,42 @@ static int with_config(const char *cmd, const char *extra, const char *args, cha
     return kvm_test_run(line, out, err);
 }
 
+/* With [run] log_format = json, kvmill run's refusals from opening the store (a --store that
+ * is a regular file; a store service endpoint with a port past 65535) and kvmill serve's (a
+ * bind beyond loopback without keys) came out as level info, event "message", although they
+ * exit 2: a log collector looking for "refused" missed them. They are level error, event
+ * "refused" now, as the commands' own refusals. */
+START_TEST(test_run_store_refusal_json)
+{
+    char extra[8192], args[8192], file[4400], corp[4400], p[4500], *out, *err;
+    snprintf(file, sizeof file, "%s/plain", tmp);
+    ck_assert_int_eq(kvm_test_write_file(file, "x", 1), 0);
+    snprintf(corp, sizeof corp, "%s/corp", tmp);
+    ck_assert_int_eq(mkdir(corp, 0755), 0);
+    snprintf(p, sizeof p, "%s/a.txt", corp);
+    ck_assert_int_eq(kvm_test_write_file(p, "Once upon a time there was a dog.", 33), 0);
+    snprintf(extra, sizeof extra, "[run]\nlog_format = json\n");
+    const char *stores[2] = {file, "tcp://127.0.0.1:99999"};
+    const char *says[2] = {"not an LMDB environment directory", "the port is not a number"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "--corpus '%s' --store '%s'", corp, stores[i]);
+        ck_assert_int_eq(with_config("run", extra, args, &out, &err), 2);
+        ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\",\"event\":\"refused\"") &&
+                          strstr(err, says[i]) && !strstr(err, "\"event\":\"message\""),
+                      "%s", err);
+        free(out);
+        free(err);
+    }
+    /* serve's refusal of a bind beyond loopback without keys: the same */
+    ck_assert_int_eq(with_config("serve", extra, "--workers 1 --bind tcp://0.0.0.0:0", &out, &err), 2);
+    ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\",\"event\":\"refused\"") &&
+                      strstr(err, "is not local") && !strstr(err, "\"event\":\"message\""),
+                  "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* [store] service that is not an endpoint: serve's decode workers took it for an LMDB directory
  * and made a new, empty store of that name, and run accepted it; [store] service_bind that is not
  * one exited 1 once the store service it started failed. Both are refused at start now (exit 2),
@@ -1357,6 +1393,7 @@ static Suite *review_suite(void)
         {"sculpt_doc_missing_or_folder", test_sculpt_doc_missing_or_folder},
         {"calibrate_signals_bad_file_exit_2", test_calibrate_signals_bad_file_exit_2},
         {"authorized_keys_without_server_key", test_authorized_keys_without_server_key},
+        {"run_store_refusal_json", test_run_store_refusal_json},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
