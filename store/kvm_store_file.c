@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -110,6 +111,23 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
     }
     if (copy_bytes) *copy_bytes = stat(data, &st) == 0 ? (int64_t)st.st_size : 0;
     return 0;
+}
+
+int kvm_store__check_lock_space(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/lock.mdb", dir);
+    struct stat st;
+    int64_t need = KVM_STORE__LOCK_FILE_BYTES; /* LMDB is about to create it */
+    if (stat(path, &st) == 0) need = (int64_t)st.st_size - (int64_t)st.st_blocks * 512;
+    else if (errno != ENOENT) return 0; /* mdb_env_open says why */
+    struct statvfs vs;
+    if (need <= 0 || statvfs(dir, &vs) != 0) return 0;
+    int64_t avail = (int64_t)(geteuid() == 0 ? vs.f_bfree : vs.f_bavail) * (int64_t)vs.f_frsize;
+    if (avail >= need) return 0;
+    return kvm_err(KVM_EFULL, "store %s: no space left on the store's device for its lock file lock.mdb (%lld KiB "
+                              "free, %lld KiB needed): free space and open it again",
+                   dir, (long long)avail / 1024, (long long)(need + 1023) / 1024);
 }
 
 int kvm_store__check_file(const char *dir)
