@@ -1295,6 +1295,25 @@ START_TEST(test_sculpt_doc_missing_or_folder)
 }
 END_TEST
 
+/* kvmill sculpt --doc with an empty or very short document said "retain 32 not in [0, N = 1]",
+ * which names neither the document nor what to change: now the message says the retain zone
+ * is longer than the context and what to give instead (exit 2 as before). */
+START_TEST(test_sculpt_short_doc_message)
+{
+    char args[12000], doc[4400], *out, *err;
+    snprintf(doc, sizeof doc, "%s/empty.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(doc, "", 0), 0);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'",
+             kvm_test_data_path("models/stories260K.bin"), doc, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "retain zone of 32 tokens is longer than the context of 1 token(s)") &&
+                      strstr(err, "give a longer document"),
+                  "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1394,6 +1413,7 @@ static Suite *review_suite(void)
         {"calibrate_signals_bad_file_exit_2", test_calibrate_signals_bad_file_exit_2},
         {"authorized_keys_without_server_key", test_authorized_keys_without_server_key},
         {"run_store_refusal_json", test_run_store_refusal_json},
+        {"sculpt_short_doc_message", test_sculpt_short_doc_message},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
