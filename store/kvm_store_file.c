@@ -118,8 +118,9 @@ int kvm_store__check_lock_space(const char *dir)
     char path[4200];
     snprintf(path, sizeof path, "%s/lock.mdb", dir);
     struct stat st;
-    int64_t need = KVM_STORE__LOCK_FILE_BYTES; /* LMDB is about to create it */
-    if (stat(path, &st) == 0) need = (int64_t)st.st_size - (int64_t)st.st_blocks * 512;
+    long page = sysconf(_SC_PAGESIZE);
+    int64_t need = page > 0 ? page : 4096; /* the page LMDB writes at open: header and first reader slots */
+    if (stat(path, &st) == 0) need -= (int64_t)st.st_blocks * 512; /* blocks come first page first */
     else if (errno != ENOENT) return 0; /* mdb_env_open says why */
     struct statvfs vs;
     if (need <= 0 || statvfs(dir, &vs) != 0) return 0;

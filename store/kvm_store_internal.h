@@ -107,16 +107,14 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what);
  * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);
 
-/* Bytes of the lock file LMDB makes for KVM_STORE__MAX_READERS (510) readers: 64 per reader
- * slot after the first plus a 192-byte header (lmdb/mdb.c, mdb_env_setup_locks). */
-#define KVM_STORE__LOCK_FILE_BYTES 32768
-
 /* LMDB gives DIR/lock.mdb its size with ftruncate and maps it, so its pages get disk blocks
- * only when first written; on a full device that write, inside mdb_env_open, kills the
- * process with SIGBUS. This refuses the open when the device has fewer free bytes than the
- * lock file still lacks (all of KVM_STORE__LOCK_FILE_BYTES when there is none yet). It only
- * stats: opening and closing lock.mdb here would drop the fcntl locks LMDB holds on it in this
- * process. Errors: KVM_EFULL naming the store and the lock file. */
+ * only when first written; on a full device the write of its first page (header and the
+ * first 60 reader slots), inside mdb_env_open, kills the process with SIGBUS. This refuses
+ * the open when that page has no blocks yet (no lock file, or one made on a full device) and
+ * the device has no room for it. A lock file whose first page exists is left alone (as
+ * before: a full store stays readable). It only stats: opening and closing lock.mdb here would
+ * drop the fcntl locks LMDB holds on it in this process. Errors: KVM_EFULL naming the store
+ * and the lock file. */
 int kvm_store__check_lock_space(const char *dir);
 
 /* The name of the network or cluster filesystem whose statfs f_type is `f_type` (nfs, cifs, smb2,
