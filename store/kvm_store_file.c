@@ -94,7 +94,10 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
     struct stat st;
     if (!dst || !*dst) return kvm_err(KVM_EINVAL, "store compact: empty destination");
     if (stat(dst, &st) == 0) return kvm_err(KVM_EINVAL, "store compact: %s already exists: name a new directory", dst);
-    if (mkdir(dst, 0775) != 0) return kvm_err(KVM_EIO, "store compact: cannot create %s: %s", dst, strerror(errno));
+    if (mkdir(dst, 0775) != 0) { /* a missing, unwritable or non-folder parent is the caller's path: EINVAL */
+        int e = errno, bad_path = e == ENOENT || e == ENOTDIR || e == EACCES || e == EROFS || e == ENAMETOOLONG;
+        return kvm_err(bad_path ? KVM_EINVAL : KVM_EIO, "store compact: cannot create %s: %s", dst, strerror(e));
+    }
     int rc = kvm_store__lock(s);
     if (rc) {
         rmdir(dst);

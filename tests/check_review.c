@@ -1314,6 +1314,24 @@ START_TEST(test_sculpt_short_doc_message)
 }
 END_TEST
 
+/* kvmill store compact --out in a folder that does not exist exited 1 ("input/output error"),
+ * although a bad output path is the user's mistake (sculpt --out, run --metrics exit 2): now
+ * exit 2, naming the path. */
+START_TEST(test_compact_out_missing_folder)
+{
+    char args[12000], store[4400], *out, *err;
+    snprintf(store, sizeof store, "%s/st", tmp);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(store, NULL, &s), 0);
+    kvm_store_close(&s);
+    snprintf(args, sizeof args, "store compact --store '%s' --out '%s/no/such/x'", store, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "/no/such/x: No such file or directory"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1414,6 +1432,7 @@ static Suite *review_suite(void)
         {"authorized_keys_without_server_key", test_authorized_keys_without_server_key},
         {"run_store_refusal_json", test_run_store_refusal_json},
         {"sculpt_short_doc_message", test_sculpt_short_doc_message},
+        {"compact_out_missing_folder", test_compact_out_missing_folder},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
