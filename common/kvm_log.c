@@ -53,6 +53,47 @@ static void kvm_log__time(char *buf, size_t n)
     snprintf(buf + k, n - k, ".%03ldZ", ts.tv_nsec / 1000000L);
 }
 
+/* Length of the well-formed UTF-8 sequence at p[0, n) (RFC 3629: no overlongs, surrogates or
+ * code points past U+10FFFF), or 0 when the bytes there do not form one. */
+static size_t kvm_log__utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (len == 0 || len > n || (len == 2 && c < 0xC2) || (len == 4 && c > 0xF4)) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((p[i] & 0xC0) != 0x80) return 0;
+    if (len == 3 && ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0))) return 0;
+    if (len == 4 && ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] >= 0x90))) return 0;
+    return len;
+}
+
+/* A JSON string of s[0, n), each byte that is not part of a UTF-8 character (a path or a name
+ * in latin-1, say) replaced by U+FFFD, so the rest of the message survives. NULL when out of
+ * memory. */
+static json_t *kvm_log__string(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *t = malloc(3 * n + 1);
+    if (!t) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = kvm_log__utf8_len((const unsigned char *)s + i, n - i);
+        if (len == 0 || (len == 1 && s[i] == '\0')) {
+            memcpy(t + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        } else {
+            memcpy(t + o, s + i, len);
+            o += len;
+            i += len;
+        }
+    }
+    j = json_stringn(t, o);
+    free(t);
+    return j;
+}
+
 static json_t *kvm_log__value(const kvm_log_field *f)
 {
     if (f->kind == 'i') return json_integer((json_int_t)f->i);
@@ -83,8 +124,8 @@ void kvm_logv(kvm_log_level level, const char *event, const kvm_log_field *field
     json_object_set_new(o, "pid", json_integer((json_int_t)getpid()));
     json_object_set_new(o, "level", json_string(kvm_log__levels[level >= 0 && level <= KVM_LOG_ERROR ? level : 1]));
     json_object_set_new(o, "event", json_string(event ? event : "message"));
-    json_t *js = json_stringn(m, len); /* NULL for bytes that are not UTF-8 */
-    json_object_set_new(o, "msg", js ? js : json_string("(message is not valid UTF-8)"));
+    json_t *js = kvm_log__string(m, len);
+    json_object_set_new(o, "msg", js ? js : json_string("(out of memory)"));
     for (int i = 0; i < n_fields; i++)
         if (fields[i].key) json_object_set_new(o, fields[i].key, kvm_log__value(&fields[i]));
     char *line = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);

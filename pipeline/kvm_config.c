@@ -238,7 +238,14 @@ static int prescan(const char *name, const char *text)
         const char *q = p;
         while (q < p + len && (*q == ' ' || *q == '\t')) q++;
         if (len >= 199) rc = kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198", name, line, len);
-        else if (q < p + len && *q == '[') {
+        else if (after_key && q > p && q < p + len && *q != ';' && *q != '#' && *q != '\r') {
+            /* libinih takes an indented line after a key as a continuation and sets the key
+             * again to that line alone: `path = a.bin` then `  b` silently made path b */
+            const char *dot = strchr(key, '.');
+            rc = kvm_err(KVM_EINVAL, "%s:%d: an indented line after [%.*s] %s continues its value, which is not "
+                                     "supported: write it without leading blanks (one key = value per line)",
+                         name, line, (int)(dot - key), key, dot + 1);
+        } else if (q < p + len && *q == '[') {
             const char *close = memchr(q, ']', (size_t)(p + len - q));
             if (!close) rc = kvm_err(KVM_EINVAL, "%s:%d: section header without ']'", name, line);
             else snprintf(section, sizeof section, "%.*s", (int)(close - q - 1), q + 1);

@@ -1362,8 +1362,9 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_store *store = NULL;
     int rc = prepare(&o, &store), status = 0;
     if (rc) {
-        orch_log("%s\n", kvm_errmsg());
         status = rc == KVM_EINVAL || rc == KVM_EFORMAT ? 2 : 1; /* EFORMAT: the store is not one (truncated, foreign) */
+        /* a refusal to start (README, "Seeing a run": event "refused"), as the command's own are */
+        kvm_log(KVM_LOG_ERROR, status == 2 ? "refused" : "message", NULL, 0, "%s\n", kvm_errmsg());
     } else {
         if (mode == MODE_CALIBRATE) /* calibration measures every document: none is skipped as stored */
             orch_log("%lld calibration documents, each measured, run directory %s\n", (long long)o.n_jobs, o.run_dir);

@@ -915,8 +915,9 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     interrupts = 0;
     int rc = prepare(&s), status = 0;
     if (rc) {
-        log_line("%s", kvm_errmsg());
         status = rc == KVM_EINVAL ? 2 : 1;
+        /* a refusal to start (README, "Seeing a run": event "refused"), as the command's own are */
+        kvm_log(KVM_LOG_ERROR, status == 2 ? "refused" : "message", NULL, 0, "%s", kvm_errmsg());
     } else {
         if (s.n_slots == 0) log_line("ready: front end %s, no decode workers started; back end %s", s.front_ep, s.base);
         while (!interrupts && !s.fatal) {

@@ -254,8 +254,8 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     kvm_store_doc_match *docs = NULL;
     int64_t n = 0, found = 0;
     int scanned = 0;
-    /* sources are stored truncated to 255 bytes: a longer name matches none */
-    int rc = ask->doc_name.len > 255 ? 0 : kvm_store_find_docs(st->store, name, ask->doc_name.len, &docs, &n, &scanned);
+    /* sources are stored as their first 255 bytes: a longer name is matched by those */
+    int rc = kvm_store_find_docs(st->store, name, ask->doc_name.len, &docs, &n, &scanned);
     if (scanned && !st->said_name_scan) {
         st->said_name_scan = 1;
         kvm_log(KVM_LOG_WARN, "name_index_incomplete", NULL, 0,

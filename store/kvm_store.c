@@ -284,6 +284,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     st = store_prepare_dir(path, o.read_only, o.must_exist);
     if (st == 0) st = kvm_store__check_fs(path);
     if (st == 0) st = kvm_store__check_file(path);
+    if (st == 0) st = kvm_store__check_lock_space(path);
     if (st) return st;
 
     if (sodium_init() < 0) return kvm_err(KVM_EIO, "store %s: libsodium failed to initialize", path);

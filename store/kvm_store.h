@@ -227,12 +227,14 @@ int kvm_store_rm_cache(kvm_store *s, const kvm_store_cache_key *key);
 typedef int (*kvm_store_cache_visit_fn)(const kvm_store_cache_key *key, const kvm_store_manifest *m,
                                         int status, void *arg);
 /* Calls fn for every cache manifest (key order), in one read transaction; model_id may be
- * NULL (all models). Errors: fn's nonzero return, KVM_ESTATE, KVM_EIO. */
+ * NULL (all models). Errors: fn's nonzero return, KVM_ESTATE, KVM_EIO, KVM_ECORRUPT (the caches
+ * db's keys out of order: a damaged B-tree, where a re-seek would visit caches again forever). */
 int kvm_store_list_caches(kvm_store *s, const kvm_store_id *model_id, kvm_store_cache_visit_fn fn, void *arg);
 
 /* Resolves "MODEL:DOC:CONFIG", each part 1..64 hex digits (a unique prefix of the id), to
  * the one cache it names. Errors: KVM_EINVAL (syntax; or the prefixes match several caches:
- * the message says "ambiguous" and how many), KVM_ENOTFOUND (no cache matches). */
+ * the message says "ambiguous" and how many), KVM_ENOTFOUND (no cache matches), KVM_ECORRUPT
+ * (keys out of order, as for kvm_store_list_caches). */
 int kvm_store_find_cache(kvm_store *s, const char *text, kvm_store_cache_key *out);
 
 /* ---- strategies, models, documents (store/kvm_store_meta.c) ---- */
@@ -284,8 +286,10 @@ typedef struct kvm_store_doc_match {
  * read-only open of a store no writer of this build opened (no `docnames` db), or a store an
  * older build added documents to since (the two dbs' counts differ; this build's next writable
  * open rebuilds the index: kvm_store_open). Corrupt docs records are skipped (verify names them).
+ * A source is stored as its first 255 bytes (kvm_store_doc_meta.source), so a longer name is
+ * matched by its first 255 bytes, as a longer JSONL id was stored.
  * *out: malloc'ed array of *n matches (NULL when none), the caller frees it; scanned may be NULL.
- * Errors: KVM_EINVAL (NULL outputs, len 0 or > 255, a NUL in the name), KVM_ENOMEM, KVM_ESTATE,
+ * Errors: KVM_EINVAL (NULL outputs, len 0, a NUL in the name), KVM_ENOMEM, KVM_ESTATE,
  * KVM_EIO; *out is NULL and *n 0 on error. Thread-safe (the handle's lock). */
 int kvm_store_find_docs(kvm_store *s, const char *name, size_t len, kvm_store_doc_match **out, int64_t *n,
                         int *scanned);
@@ -324,8 +328,9 @@ int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_
  * the copy): LMDB never shrinks data.mdb, the copy holds only the pages in use
  * (mdb_env_copy2 with MDB_CP_COMPACT). The store itself is left as it is; swapping the copy
  * in is the caller's business (no process may have the store open then). *copy_bytes (may
- * be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or is empty),
- * KVM_EIO (cannot create or write dst; a partial copy is removed), KVM_ESTATE. */
+ * be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or is empty, or its
+ * parent is missing, not a folder or not writable), KVM_EIO (cannot create or write dst
+ * otherwise; a partial copy is removed), KVM_ESTATE. */
 int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes);
 
 /* ---- verify (store/kvm_store_verify.c) ---- */

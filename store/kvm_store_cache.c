@@ -309,6 +309,22 @@ int kvm_store_rm_cache(kvm_store *s, const kvm_store_cache_key *key)
 
 /* ---- listing ---- */
 
+/* A listing that re-seeks (MDB_SET_RANGE past a cache's keys) terminates only if each key it
+ * lands on sorts after the last one: LMDB's binary search in a damaged page whose keys are out
+ * of order can land before it, and the listing would visit the same caches forever. `last`
+ * holds the previous cache key (have_last: whether there is one). KVM_ECORRUPT when the key
+ * at `key` does not sort after it. */
+static int key_advances(kvm_store *s, const MDB_val *key, uint8_t last[KVM_STORE__CACHE_KEY_BYTES], int *have_last)
+{
+    if (key->mv_size != KVM_STORE__CACHE_KEY_BYTES) return 0;
+    if (*have_last && memcmp(key->mv_data, last, KVM_STORE__CACHE_KEY_BYTES) <= 0)
+        return kvm_err(KVM_ECORRUPT, "store %s: caches db: keys out of order (a damaged B-tree page); run kvmill store "
+                                     "verify", s->path);
+    memcpy(last, key->mv_data, KVM_STORE__CACHE_KEY_BYTES);
+    *have_last = 1;
+    return 0;
+}
+
 /* Positions cur past every key of the cache whose key cur is on. */
 static int skip_cache(MDB_cursor *cur, const uint8_t *prefix, MDB_val *key, MDB_val *val)
 {
@@ -333,12 +349,15 @@ int kvm_store_list_caches(kvm_store *s, const kvm_store_id *model_id, kvm_store_
     int rc = st ? 0 : mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CACHES], &cur);
     if (rc) st = kvm_store__mdb(s, rc, "cursor");
     MDB_val key, val;
+    uint8_t last[KVM_STORE__CACHE_KEY_BYTES];
+    int have_last = 0;
     if (st == 0) {
         key = (MDB_val){model_id ? KVM_STORE_ID_BYTES : 0, model_id ? (void *)model_id->b : NULL};
         rc = mdb_cursor_get(cur, &key, &val, model_id ? MDB_SET_RANGE : MDB_FIRST);
     }
     while (st == 0 && rc == 0) {
         const uint8_t *kp = key.mv_data;
+        if ((st = key_advances(s, &key, last, &have_last))) break;
         if (key.mv_size != KVM_STORE__CACHE_KEY_BYTES) { /* not a cache key: verify reports it */
             rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
             continue;
@@ -402,8 +421,11 @@ int kvm_store_find_cache(kvm_store *s, const char *text, kvm_store_cache_key *ou
     int rc = st ? 0 : mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CACHES], &cur);
     if (rc) st = kvm_store__mdb(s, rc, "cursor");
     MDB_val key, val;
+    uint8_t last[KVM_STORE__CACHE_KEY_BYTES];
+    int have_last = 0;
     if (st == 0) rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST);
     while (st == 0 && rc == 0) {
+        if ((st = key_advances(s, &key, last, &have_last))) break;
         if (key.mv_size != KVM_STORE__CACHE_KEY_BYTES) {
             rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
             continue;

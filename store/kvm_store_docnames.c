@@ -212,8 +212,9 @@ int kvm_store_find_docs(kvm_store *s, const char *name, size_t len, kvm_store_do
     if (out) *out = NULL;
     if (n_out) *n_out = 0;
     if (scanned) *scanned = 0;
-    if (!out || !n_out || !name || len == 0 || len > 255 || memchr(name, '\0', len))
-        return kvm_err(KVM_EINVAL, "store: find documents: a name of 1 to 255 bytes without NUL and outputs are needed");
+    if (!out || !n_out || !name || len == 0 || memchr(name, '\0', len))
+        return kvm_err(KVM_EINVAL, "store: find documents: a name without NUL and outputs are needed");
+    if (len > DOC_FIXED - 8 - 1) len = DOC_FIXED - 8 - 1; /* a source is stored as its first 255 bytes */
     int st = kvm_store__lock(s);
     if (st) return st;
     MDB_txn *txn;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -93,7 +94,10 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
     struct stat st;
     if (!dst || !*dst) return kvm_err(KVM_EINVAL, "store compact: empty destination");
     if (stat(dst, &st) == 0) return kvm_err(KVM_EINVAL, "store compact: %s already exists: name a new directory", dst);
-    if (mkdir(dst, 0775) != 0) return kvm_err(KVM_EIO, "store compact: cannot create %s: %s", dst, strerror(errno));
+    if (mkdir(dst, 0775) != 0) { /* a missing, unwritable or non-folder parent is the caller's path: EINVAL */
+        int e = errno, bad_path = e == ENOENT || e == ENOTDIR || e == EACCES || e == EROFS || e == ENAMETOOLONG;
+        return kvm_err(bad_path ? KVM_EINVAL : KVM_EIO, "store compact: cannot create %s: %s", dst, strerror(e));
+    }
     int rc = kvm_store__lock(s);
     if (rc) {
         rmdir(dst);
@@ -110,6 +114,24 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
     }
     if (copy_bytes) *copy_bytes = stat(data, &st) == 0 ? (int64_t)st.st_size : 0;
     return 0;
+}
+
+int kvm_store__check_lock_space(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/lock.mdb", dir);
+    struct stat st;
+    long page = sysconf(_SC_PAGESIZE);
+    int64_t need = page > 0 ? page : 4096; /* the page LMDB writes at open: header and first reader slots */
+    if (stat(path, &st) == 0) need -= (int64_t)st.st_blocks * 512; /* blocks come first page first */
+    else if (errno != ENOENT) return 0; /* mdb_env_open says why */
+    struct statvfs vs;
+    if (need <= 0 || statvfs(dir, &vs) != 0) return 0;
+    int64_t avail = (int64_t)(geteuid() == 0 ? vs.f_bfree : vs.f_bavail) * (int64_t)vs.f_frsize;
+    if (avail >= need) return 0;
+    return kvm_err(KVM_EFULL, "store %s: no space left on the store's device for its lock file lock.mdb (%lld KiB "
+                              "free, %lld KiB needed): free space and open it again",
+                   dir, (long long)avail / 1024, (long long)(need + 1023) / 1024);
 }
 
 int kvm_store__check_file(const char *dir)

@@ -107,6 +107,16 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what);
  * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);
 
+/* LMDB gives DIR/lock.mdb its size with ftruncate and maps it, so its pages get disk blocks
+ * only when first written; on a full device the write of its first page (header and the
+ * first 60 reader slots), inside mdb_env_open, kills the process with SIGBUS. This refuses
+ * the open when that page has no blocks yet (no lock file, or one made on a full device) and
+ * the device has no room for it. A lock file whose first page exists is left alone (as
+ * before: a full store stays readable). It only stats: opening and closing lock.mdb here would
+ * drop the fcntl locks LMDB holds on it in this process. Errors: KVM_EFULL naming the store
+ * and the lock file. */
+int kvm_store__check_lock_space(const char *dir);
+
 /* The name of the network or cluster filesystem whose statfs f_type is `f_type` (nfs, cifs, smb2,
  * afs, ceph, lustre, gpfs, gfs2, ocfs2, ...), or NULL for any other (local disks, tmpfs, overlay;
  * FUSE and 9p are not counted: they also carry local filesystems). */

@@ -105,6 +105,23 @@ START_TEST(test_file_errors)
 }
 END_TEST
 
+/* libinih joins an indented line after a key as a continuation and sets the key again to that
+ * line alone: `path = /m` then `  /other` silently gave path = /other (and `ratio = 0.3`
+ * then `   0.5` a ratio of 0.5), although a key set twice is refused. Now refused, naming
+ * the line and the key; indented comments and blank lines are still fine. */
+START_TEST(test_indented_continuation_refused)
+{
+    expect_bad("[model]\npath = /m\n  /other\n", "t.ini:3: an indented line after [model] path continues its value");
+    expect_bad("[model]\npath = /m\n[compress]\nratio = 0.3\n\n   0.5\n",
+               "t.ini:6: an indented line after [compress] ratio continues its value");
+    kvm_config *c = NULL;
+    ck_assert_msg(kvm_config_parse("[model]\npath = /m\n  ; a comment\n   \n\t# another\n", "t.ini", &c) == 0, "%s",
+                  kvm_errmsg());
+    ck_assert_str_eq(kvm_config_str(c, "model", "path"), "/m");
+    kvm_config_free(&c);
+}
+END_TEST
+
 START_TEST(test_canonical_encoding)
 {
     kvm_config *a, *b, *d;
@@ -160,7 +177,8 @@ static Suite *config_suite(void)
     struct { const char *name; const TTest *fn; } cases[] = {
         {"defaults_and_values", test_defaults_and_values}, {"errors_name_line_and_key", test_errors_name_line_and_key},
         {"file_errors", test_file_errors}, {"canonical_encoding", test_canonical_encoding},
-        {"dump_reads_back", test_dump_reads_back}};
+        {"dump_reads_back", test_dump_reads_back},
+        {"indented_continuation_refused", test_indented_continuation_refused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

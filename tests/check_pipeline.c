@@ -301,6 +301,15 @@ START_TEST(test_log_json_escaping)
     ck_assert(json_is_null(json_object_get(o, "bad")) && json_is_null(json_object_get(o, "nan")));
     json_decref(o);
     ck_assert_int_eq(check_json_lines(json, "kvm_log", NULL, "job_failed"), 1);
+    /* a message with bytes that are not UTF-8 (a latin-1 path, say) keeps its text, each such
+     * byte as U+FFFD; it was replaced whole by "(message is not valid UTF-8)" */
+    const char *line = strstr(json, "\"job_failed\"");
+    ck_assert_ptr_nonnull(line);
+    while (line > json && line[-1] != '\n') line--;
+    o = json_loadb(line, strcspn(line, "\n"), 0, NULL);
+    ck_assert_ptr_nonnull(o);
+    ck_assert_str_eq(json_string_value(json_object_get(o, "msg")), "bytes \xEF\xBF\xBD(");
+    json_decref(o);
     free(t);
 }
 END_TEST

@@ -866,6 +866,42 @@ static int with_config(const char *cmd, const char *extra, const char *args, cha
     return kvm_test_run(line, out, err);
 }
 
+/* With [run] log_format = json, kvmill run's refusals from opening the store (a --store that
+ * is a regular file; a store service endpoint with a port past 65535) and kvmill serve's (a
+ * bind beyond loopback without keys) came out as level info, event "message", although they
+ * exit 2: a log collector looking for "refused" missed them. They are level error, event
+ * "refused" now, as the commands' own refusals. */
+START_TEST(test_run_store_refusal_json)
+{
+    char extra[8192], args[8192], file[4400], corp[4400], p[4500], *out, *err;
+    snprintf(file, sizeof file, "%s/plain", tmp);
+    ck_assert_int_eq(kvm_test_write_file(file, "x", 1), 0);
+    snprintf(corp, sizeof corp, "%s/corp", tmp);
+    ck_assert_int_eq(mkdir(corp, 0755), 0);
+    snprintf(p, sizeof p, "%s/a.txt", corp);
+    ck_assert_int_eq(kvm_test_write_file(p, "Once upon a time there was a dog.", 33), 0);
+    snprintf(extra, sizeof extra, "[run]\nlog_format = json\n");
+    const char *stores[2] = {file, "tcp://127.0.0.1:99999"};
+    const char *says[2] = {"not an LMDB environment directory", "the port is not a number"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "--corpus '%s' --store '%s'", corp, stores[i]);
+        ck_assert_int_eq(with_config("run", extra, args, &out, &err), 2);
+        ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\",\"event\":\"refused\"") &&
+                          strstr(err, says[i]) && !strstr(err, "\"event\":\"message\""),
+                      "%s", err);
+        free(out);
+        free(err);
+    }
+    /* serve's refusal of a bind beyond loopback without keys: the same */
+    ck_assert_int_eq(with_config("serve", extra, "--workers 1 --bind tcp://0.0.0.0:0", &out, &err), 2);
+    ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\",\"event\":\"refused\"") &&
+                      strstr(err, "is not local") && !strstr(err, "\"event\":\"message\""),
+                  "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* [store] service that is not an endpoint: serve's decode workers took it for an LMDB directory
  * and made a new, empty store of that name, and run accepted it; [store] service_bind that is not
  * one exited 1 once the store service it started failed. Both are refused at start now (exit 2),
@@ -1259,6 +1295,43 @@ START_TEST(test_sculpt_doc_missing_or_folder)
 }
 END_TEST
 
+/* kvmill sculpt --doc with an empty or very short document said "retain 32 not in [0, N = 1]",
+ * which names neither the document nor what to change: now the message says the retain zone
+ * is longer than the context and what to give instead (exit 2 as before). */
+START_TEST(test_sculpt_short_doc_message)
+{
+    char args[12000], doc[4400], *out, *err;
+    snprintf(doc, sizeof doc, "%s/empty.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(doc, "", 0), 0);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'",
+             kvm_test_data_path("models/stories260K.bin"), doc, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "retain zone of 32 tokens is longer than the context of 1 token(s)") &&
+                      strstr(err, "give a longer document"),
+                  "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* kvmill store compact --out in a folder that does not exist exited 1 ("input/output error"),
+ * although a bad output path is the user's mistake (sculpt --out, run --metrics exit 2): now
+ * exit 2, naming the path. */
+START_TEST(test_compact_out_missing_folder)
+{
+    char args[12000], store[4400], *out, *err;
+    snprintf(store, sizeof store, "%s/st", tmp);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(store, NULL, &s), 0);
+    kvm_store_close(&s);
+    snprintf(args, sizeof args, "store compact --store '%s' --out '%s/no/such/x'", store, tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "/no/such/x: No such file or directory"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* generate's --device error put a colon after the option (`--device: cuda:abc: ...`), unlike the
  * stages' and eval's `--device cuda:7: ...`: now the value follows the option as there. */
 START_TEST(test_generate_device_message)
@@ -1357,6 +1430,9 @@ static Suite *review_suite(void)
         {"sculpt_doc_missing_or_folder", test_sculpt_doc_missing_or_folder},
         {"calibrate_signals_bad_file_exit_2", test_calibrate_signals_bad_file_exit_2},
         {"authorized_keys_without_server_key", test_authorized_keys_without_server_key},
+        {"run_store_refusal_json", test_run_store_refusal_json},
+        {"sculpt_short_doc_message", test_sculpt_short_doc_message},
+        {"compact_out_missing_folder", test_compact_out_missing_folder},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1287,6 +1288,29 @@ START_TEST(test_docnames_index)
 }
 END_TEST
 
+/* A JSONL id longer than 255 bytes is stored as its first 255 (the compress stage truncates
+ * it into kvm_store_doc_meta.source, here in the middle of a two-byte character): asked by the
+ * id kvmill run took, the document is found by those bytes. The old lookup refused names
+ * over 255 bytes and the decode worker answered "no stored document named ...". */
+START_TEST(test_docnames_long_name)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    char id[512] = "dir/";
+    for (int i = 0; i < 200; i++) strcat(id, "\xc3\xa9"); /* 4 + 400 bytes */
+    kvm_store_id h;
+    int32_t toks[2] = {42, 777};
+    ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &h), 0);
+    kvm_store_doc_meta dm = {.n_tokens = 9};
+    snprintf(dm.source, sizeof dm.source, "%.*s", 255, id); /* as stages/compress.c stores it */
+    ck_assert_int_eq(kvm_store_put_doc(s, &h, &dm), 0);
+    int scanned = -1;
+    ck_assert_int_eq(find_named(s, id, &scanned, NULL), 1);
+    ck_assert_int_eq(scanned, 0);
+    ck_assert_int_eq(find_named(s, "dir/\xc3\xa9", &scanned, NULL), 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
 /* A store written before the index (no docnames db): a read-only open finds names by reading
  * every document (and says so through *scanned); the first writable open indexes it, nothing
  * lost; documents an older build adds later (no entry) make the lookup scan again until the
@@ -1341,6 +1365,94 @@ START_TEST(test_docnames_older_store)
 }
 END_TEST
 
+/* LMDB gives lock.mdb its size with ftruncate and maps it: its pages get disk blocks only when
+ * first written, so on a full device `kvmill store ls` (and run, serve) died with SIGBUS
+ * inside mdb_env_open (found on a full 6 MiB tmpfs). The open now refuses such a device with
+ * KVM_EFULL naming lock.mdb. Needs a small tmpfs of its own (root); SKIP elsewhere. */
+START_TEST(test_lock_file_full_device)
+{
+    char mnt[4300], fill[4400], lock[4400];
+    snprintf(mnt, sizeof mnt, "%s/tmpfs", g_dir);
+    ck_assert_int_eq(mkdir(mnt, 0755), 0);
+    if (geteuid() != 0 || mount("tmpfs", mnt, "tmpfs", 0, "size=1m") != 0) {
+        printf("SKIP: lock_file_full_device: cannot mount a tmpfs (needs root)\n");
+        return;
+    }
+    char store[4400];
+    snprintf(store, sizeof store, "%s/st", mnt);
+    kvm_store *s = open_store(store, 0, 0, 0, 0);
+    kvm_store_close(&s);
+    snprintf(lock, sizeof lock, "%s/lock.mdb", store);
+    ck_assert_int_eq(unlink(lock), 0);
+    snprintf(fill, sizeof fill, "%s/fill", mnt);
+    int fd = open(fill, O_WRONLY | O_CREAT, 0644);
+    ck_assert_int_ge(fd, 0);
+    static char block[4096];
+    while (write(fd, block, sizeof block) > 0) {
+    }
+    close(fd);
+    kvm_store_opts ro = {.read_only = 1};
+    int st = kvm_store_open(store, &ro, &s); /* the old code died here with SIGBUS */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    umount2(mnt, MNT_DETACH);
+    ck_assert_msg(st == KVM_EFULL && strstr(msg, "lock.mdb"), "open: %d %s", st, msg);
+}
+END_TEST
+
+/* Orders keys by memcmp reversed: written with it, the caches db holds keys that are out of
+ * order for the store's own (memcmp) reads, as a damaged B-tree page does. */
+static int cmp_reversed(const MDB_val *a, const MDB_val *b)
+{
+    size_t n = a->mv_size < b->mv_size ? a->mv_size : b->mv_size;
+    int c = memcmp(a->mv_data, b->mv_data, n);
+    if (c == 0) c = a->mv_size < b->mv_size ? -1 : a->mv_size > b->mv_size;
+    return -c;
+}
+
+static int count_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
+{
+    return ++*(int64_t *)arg > 1000 ? KVM_EINVAL : 0; /* a bound: the old listing never ended */
+}
+
+/* A caches db whose keys are out of order (a manifest of cache A stored before a layer key of
+ * cache C < A): the listing's re-seek from C's layer to C's manifest landed on A's manifest
+ * again, so `kvmill store ls` (and the end of `kvmill run`, and `store show KEY`) visited the
+ * two keys forever. Now both listings stop with KVM_ECORRUPT. */
+START_TEST(test_keys_out_of_order)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_close(&s);
+    kvm_store_cache_key a, c;
+    memset(&a, 0, sizeof a);
+    memset(&c, 0, sizeof c);
+    memset(a.model_id.b, 0xaa, sizeof a.model_id.b);
+    memset(c.model_id.b, 0x11, sizeof c.model_id.b);
+    uint8_t ka[KVM_STORE__CACHE_KEY_BYTES], kc[KVM_STORE__CACHE_KEY_BYTES], v[16] = {0};
+    kvm_store__cache_key(&a, KVM_STORE__MANIFEST, ka);
+    kvm_store__cache_key(&c, 0, kc);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    raw_open(&env, &txn, &dbi, "caches");
+    ck_assert_int_eq(mdb_set_compare(txn, dbi, cmp_reversed), 0);
+    MDB_val k1 = {sizeof ka, ka}, k2 = {sizeof kc, kc}, val = {sizeof v, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &k1, &val, 0), 0);
+    ck_assert_int_eq(mdb_put(txn, dbi, &k2, &val, 0), 0);
+    raw_close(env, txn);
+    kvm_store_opts ro = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_path, &ro, &s), 0);
+    int64_t n = 0;
+    int st = kvm_store_list_caches(s, NULL, count_visit, &n);
+    ck_assert_msg(st == KVM_ECORRUPT, "list_caches: %d (%s) after %lld visits", st, kvm_errmsg(), (long long)n);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "out of order"));
+    kvm_store_cache_key out;
+    ck_assert_int_eq(kvm_store_find_cache(s, "11:0:0", &out), KVM_ECORRUPT);
+    kvm_store_close(&s);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -1369,6 +1481,9 @@ int main(void)
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("docnames_index", test_docnames_index, 60));
     suite_add_tcase(su, tcase("docnames_older_store", test_docnames_older_store, 60));
+    suite_add_tcase(su, tcase("docnames_long_name", test_docnames_long_name, 30));
+    suite_add_tcase(su, tcase("lock_file_full_device", test_lock_file_full_device, 30));
+    suite_add_tcase(su, tcase("keys_out_of_order", test_keys_out_of_order, 30));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV); /* CK_VERBOSITY=verbose lists every test */

@@ -307,8 +307,12 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
                        (long long)kvm_capture_n_tokens(in->cap), (long long)N);
     if (in->full->n_layers != c->n_layers || in->full->n_kv_heads != c->n_kv_heads || in->full->head_dim != c->head_dim)
         return kvm_err(KVM_EINVAL, "sculpt: full cache shape is not the model's");
-    if (o->retain_tokens < 0 || o->retain_tokens > N)
-        return kvm_err(KVM_EINVAL, "sculpt: retain %lld not in [0, N = %lld]", (long long)o->retain_tokens, (long long)N);
+    if (o->retain_tokens < 0)
+        return kvm_err(KVM_EINVAL, "sculpt: retain %lld is negative", (long long)o->retain_tokens);
+    if (o->retain_tokens > N) /* a short or empty document: say which, not only the numbers */
+        return kvm_err(KVM_EINVAL, "sculpt: the retain zone of %lld tokens is longer than the context of %lld token(s) "
+                                   "(BOS included): give a longer document or context, or a smaller retain",
+                       (long long)o->retain_tokens, (long long)N);
     if (check_budget && o->k_entries <= 0 && !(o->ratio > 0 && o->ratio <= 1))
         return kvm_err(KVM_EINVAL, "sculpt: ratio %g not in (0, 1]", o->ratio);
     if (check_budget && o->k_entries > N - o->retain_tokens)
