@@ -114,8 +114,10 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 -MMD -MP -MF $@.d $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
 
-# make test: every suite runs even if one fails (tests/run-suites.sh); the last line sums them
-# up and names any suite that crashed before reporting. TESTS="check_cli check_store" runs only
+# make test: every suite runs even if one fails (tests/run-suites.sh: twice as many at a time as
+# there are cores, the slowest first, each one's output shown whole when it ends;
+# KVMILL_TEST_JOBS=1 runs them one after the other); the last line sums them up and names any
+# suite that crashed before reporting. TESTS="check_cli check_store" runs only
 # those suites (.ci/run's fresh-clone pass runs the suites that read KVMILL_SHARED). Under SAN=1
 # the suites see KVMILL_TEST_QUICK=1 (tests/util/kvm_test.h: the slowest integration cases on
 # fewer inputs; KVMILL_TEST_QUICK=0 in the environment runs them whole there too).
@@ -160,13 +162,18 @@ FUZZ_RUNS  ?= 20000
 fuzz: $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus/$$n; \
 	    echo "== $$n"; $$f -runs=$(FUZZ_RUNS) build-fuzz/corpus/$$n proto/fuzz/corpus/$$n || exit 1; done
-# CI's short pass: FUZZ_SECONDS split evenly over the targets
+# CI's short pass: FUZZ_SECONDS split evenly over the targets, FUZZ_JOBS of them at a time (each
+# on its own corpus folder and log; a failure's log tail is shown once all have ended)
 FUZZ_SECONDS ?= 60
+FUZZ_JOBS  ?= $(shell nproc 2>/dev/null || echo 1)
 fuzz-ci: $(FUZZ_BIN)
 	@n=$$(echo $(FUZZ_BIN) | wc -w); per=$$(( $(FUZZ_SECONDS) / (n > 0 ? n : 1) )); [ $$per -ge 1 ] || per=1; \
-	for f in $(FUZZ_BIN); do b=$$(basename $$f); mkdir -p build-fuzz/corpus/$$b; \
-	    echo "== fuzz $$b for $${per}s"; $$f -max_total_time=$$per build-fuzz/corpus/$$b proto/fuzz/corpus/$$b \
-	      >build-fuzz/$$b.log 2>&1 || { tail -50 build-fuzz/$$b.log; exit 1; }; done
+	for f in $(FUZZ_BIN); do mkdir -p build-fuzz/corpus/$$(basename $$f); rm -f $$f.failed; done; \
+	printf '%s\n' $(FUZZ_BIN) | xargs -r -P $(FUZZ_JOBS) -n 1 sh -c 'b=$$(basename "$$2"); echo "== fuzz $$b for $$1s"; \
+	    "$$2" -max_total_time=$$1 build-fuzz/corpus/$$b proto/fuzz/corpus/$$b >build-fuzz/$$b.log 2>&1 || touch "$$2.failed"' \
+	    fuzz $$per; \
+	fail=0; for f in $(FUZZ_BIN); do [ ! -e $$f.failed ] || { echo "== fuzz $$(basename $$f) failed:"; \
+	    tail -50 build-fuzz/$$(basename $$f).log; rm -f $$f.failed; fail=1; }; done; exit $$fail
 # replays the saved corpus (seeds + every input that ever crashed a decoder)
 fuzz-replay: $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$$(basename $$f); \

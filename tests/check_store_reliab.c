@@ -97,9 +97,36 @@ static void put_caches(const char *path, int n, size_t payload)
 
 /* ---- item 5: a truncated data.mdb ---- */
 
+/* Starts `kvmill store SUB --store DIR [a:b:c]` with stdout and stderr in <dir>.out and
+ * <dir>.err; returns its pid. */
+static pid_t store_cmd_start(const char *sub, const char *dir, int with_key)
+{
+    char out[4400], err[4400], exe[4200];
+    snprintf(out, sizeof out, "%s.out", dir);
+    snprintf(err, sizeof err, "%s.err", dir);
+    snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "r", stdin) || !freopen(out, "w", stdout) || !freopen(err, "w", stderr)) _exit(126);
+        execl(exe, exe, "store", sub, "--store", dir, with_key ? "a:b:c" : (char *)NULL, (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_gt(pid, 0);
+    return pid;
+}
+
+/* Its exit status (0..255, 128+signal), once it has ended. */
+static int wait_status(pid_t pid)
+{
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
 START_TEST(test_truncated_data_file)
 {
-    char good[4300], data[4400], cut[4300], cutdata[4400];
+    char good[4300], data[4400];
     snprintf(good, sizeof good, "%s/good.lmdb", g_dir);
     snprintf(data, sizeof data, "%s/data.mdb", good);
     put_caches(good, 12, 20000);
@@ -109,31 +136,70 @@ START_TEST(test_truncated_data_file)
     ck_assert_uint_gt(n, 8 * 4096);
     /* empty, a few bytes, mid first meta, mid second meta, mid data, one page short */
     const size_t lens[] = {0, 5, 100, 4096 + 60, n / 2, n - 4096};
-    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
-        snprintf(cut, sizeof cut, "%s/cut%zu.lmdb", g_dir, i);
-        snprintf(cutdata, sizeof cutdata, "%s/data.mdb", cut);
-        ck_assert_int_eq(mkdir(cut, 0700), 0);
-        ck_assert_int_eq(kvm_test_write_file(cutdata, bytes, lens[i]), 0);
-        char want[64];
-        snprintf(want, sizeof want, "truncated: %zu bytes, expected at least", lens[i]);
-        const char *subs[] = {"verify", "ls", "stats", "show", "rm"};
-        size_t n_subs = i == 0 || i >= 4 ? 5 : 2; /* each open of a file without its meta pages waits 1 s */
-        for (size_t k = 0; k < n_subs; k++) {
-            char *out = NULL, *err = NULL;
-            int rc = kvmill(&out, &err, "store %s --store '%s' %s", subs[k], cut, k >= 3 ? "a:b:c" : "");
-            ck_assert_msg(rc == 2, "store %s, %zu bytes: exit %d\n%s", subs[k], lens[i], rc, err);
-            ck_assert_msg(strstr(err, cutdata) && strstr(err, want), "store %s, %zu bytes: %s", subs[k], lens[i], err);
-            free(out);
-            free(err);
+    enum { N_LENS = sizeof lens / sizeof lens[0], N_SUBS = 5 };
+    const char *subs[N_SUBS] = {"verify", "ls", "stats", "show", "rm"};
+    /* each open of a file without its meta pages waits 3 s (a store being created looks like
+     * that for a moment): every command and the library's open get their own copy of the cut
+     * file and all run at once, so that the waits overlap (one after the other, with only verify
+     * and ls on the three lengths that wait, they took 45 s; now every command sees every length) */
+    char cut[N_LENS][N_SUBS + 1][4300];
+    pid_t cmd[N_LENS][N_SUBS], lib[N_LENS];
+    for (size_t i = 0; i < N_LENS; i++) {
+        for (size_t k = 0; k <= N_SUBS; k++) { /* k == N_SUBS: the library's copy */
+            char cutdata[4400];
+            snprintf(cut[i][k], sizeof cut[i][k], "%s/cut%zu_%zu.lmdb", g_dir, i, k);
+            snprintf(cutdata, sizeof cutdata, "%s/data.mdb", cut[i][k]);
+            ck_assert_int_eq(mkdir(cut[i][k], 0700), 0);
+            ck_assert_int_eq(kvm_test_write_file(cutdata, bytes, lens[i]), 0);
         }
-        /* the library refuses it too, read-write included, and leaves the file alone */
-        kvm_store *s = NULL;
-        ck_assert_int_eq(kvm_store_open(cut, NULL, &s), KVM_EFORMAT);
-        struct stat st;
-        ck_assert_int_eq(stat(cutdata, &st), 0);
-        ck_assert_int_eq((long long)st.st_size, (long long)lens[i]);
     }
     free(bytes);
+    for (size_t i = 0; i < N_LENS; i++) {
+        for (size_t k = 0; k < N_SUBS; k++) cmd[i][k] = store_cmd_start(subs[k], cut[i][k], k >= 3);
+        /* the library refuses it too, read-write included (in a child of its own, which writes
+         * kvm_store_open's return value and message into <dir>.lib) */
+        fflush(NULL);
+        lib[i] = fork();
+        if (lib[i] == 0) {
+            kvm_store *s = NULL;
+            int rc = kvm_store_open(cut[i][N_SUBS], NULL, &s);
+            char path[4400], text[8192];
+            snprintf(path, sizeof path, "%s.lib", cut[i][N_SUBS]);
+            int len = snprintf(text, sizeof text, "%d %s", rc, rc ? kvm_errmsg() : "");
+            _exit(kvm_test_write_file(path, text, (size_t)len) == 0 ? 0 : 1);
+        }
+        ck_assert_int_gt(lib[i], 0);
+    }
+    for (size_t i = 0; i < N_LENS; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "truncated: %zu bytes, expected at least", lens[i]);
+        for (size_t k = 0; k < N_SUBS; k++) {
+            char cutdata[4400], errp[4400];
+            snprintf(cutdata, sizeof cutdata, "%s/data.mdb", cut[i][k]);
+            snprintf(errp, sizeof errp, "%s.err", cut[i][k]);
+            int rc = wait_status(cmd[i][k]);
+            char *err = kvm_test_read_file(errp, NULL);
+            ck_assert_ptr_nonnull(err);
+            ck_assert_msg(rc == 2, "store %s, %zu bytes: exit %d\n%s", subs[k], lens[i], rc, err);
+            ck_assert_msg(strstr(err, cutdata) && strstr(err, want), "store %s, %zu bytes: %s", subs[k], lens[i], err);
+            free(err);
+        }
+        char libp[4400];
+        snprintf(libp, sizeof libp, "%s.lib", cut[i][N_SUBS]);
+        ck_assert_int_eq(wait_status(lib[i]), 0);
+        char *text = kvm_test_read_file(libp, NULL);
+        ck_assert_ptr_nonnull(text);
+        ck_assert_msg(atoi(text) == KVM_EFORMAT, "kvm_store_open, %zu bytes: %s", lens[i], text);
+        free(text);
+        /* ... and neither they nor the library touched the file */
+        for (size_t k = 0; k <= N_SUBS; k++) {
+            char cutdata[4400];
+            snprintf(cutdata, sizeof cutdata, "%s/data.mdb", cut[i][k]);
+            struct stat st;
+            ck_assert_int_eq(stat(cutdata, &st), 0);
+            ck_assert_int_eq((long long)st.st_size, (long long)lens[i]);
+        }
+    }
     /* the whole file still opens and verifies */
     char *out = NULL;
     ck_assert_int_eq(kvmill(&out, NULL, "store verify --store '%s'", good), 0);
