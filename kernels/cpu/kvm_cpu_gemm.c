@@ -421,6 +421,11 @@ void kvm__cpu_gemm_packed(const float *x, int64_t m, int64_t ldx, const kvm_cpu_
                 const float *p0 = w->p + (c / NR) * w->in * NR, *p1 = p0 + w->in * NR;
                 for (int64_t r = r0; r < r1; r += KVM_GEMM_MR) {
                     int mr = (int)(r1 - r < KVM_GEMM_MR ? r1 - r : KVM_GEMM_MR);
+                    if (mr == 1) { /* a last tile of one row is tile1's, as in panel_rows and gemm_h */
+                        tile1(K, x + r * ldx, p0, y + r * ldy + c, (int)NR, alpha);
+                        tile1(K, x + r * ldx, p1, y + r * ldy + c + NR, (int)NR, alpha);
+                        continue;
+                    }
                     tile2(K, x + r * ldx, ldx, mr, p0, p1, y + r * ldy + c, ldy, alpha, 0);
                 }
             }
