@@ -115,7 +115,7 @@ $(BUILD)/bench/%: bench/%.c $(LIB)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 -MMD -MP -MF $@.d $< $(LIB) -o $@ $(LDFLAGS) $(LDLIBS)
 
 # make test: every suite runs even if one fails (tests/run-suites.sh: twice as many at a time as
-# there are cores, the slowest first, each one's output shown whole when it ends;
+# there are cores, at most 8, the slowest first, each one's output shown whole when it ends;
 # KVMILL_TEST_JOBS=1 runs them one after the other); the last line sums them up and names any
 # suite that crashed before reporting. TESTS="check_cli check_store" runs only
 # those suites (.ci/run's fresh-clone pass runs the suites that read KVMILL_SHARED). Under SAN=1

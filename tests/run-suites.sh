@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run-suites.sh LOGDIR SUITE...: what `make test` runs. The Check suites run KVMILL_TEST_JOBS at a
-# time (default: twice the number of cores, as the suites spend most of their time waiting on
-# servers, stages, timeouts and heartbeats: 155 s of CPU in 416 s, measured; KVMILL_TEST_JOBS=1
+# time (default: twice the number of cores, at most 8, as the suites spend most of their time
+# waiting on servers, stages, timeouts and heartbeats: 155 s of CPU in 416 s, measured; KVMILL_TEST_JOBS=1
 # runs them one after the other), every one even if an earlier one failed. Each suite's output
 # goes to LOGDIR/<suite>.log and is shown whole when the suite ends (suites never interleave),
 # under a line "== SUITE (N s, CPU C s)". The slowest start first, so that the last ones to end
@@ -15,8 +15,11 @@ set -u
 logdir=$1
 shift
 mkdir -p "$logdir"
+# at most 8 by default: some suites hold a 540 MB float32 model folder each, so a many-core
+# machine running every suite at once could run short of memory
 jobs=${KVMILL_TEST_JOBS:-$((2 * $(nproc 2>/dev/null || echo 1)))}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || jobs=1
+[ -n "${KVMILL_TEST_JOBS:-}" ] || [ "$jobs" -le 8 ] || jobs=8
 hints=$(dirname "$0")/suite-seconds
 
 # the order to start them in: estimated seconds, highest first (ties: the order given)
