@@ -55,6 +55,15 @@ static int sculpt(const char *extra, char **out, char **err)
 /* --context past the model's window (stories260K: 512) was cut to the window without a word:
  * now refused (exit 2) naming the window; a document longer than the window without --context
  * is cut, and the command says so. */
+/* An empty kvmill store at tmp/NAME, its path into path (n bytes). */
+static void make_store(char *path, size_t n, const char *name)
+{
+    snprintf(path, n, "%s/%s", tmp, name);
+    kvm_store *st = NULL;
+    ck_assert_msg(kvm_store_open(path, NULL, &st) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&st);
+}
+
 START_TEST(test_sculpt_context_past_window)
 {
     char *out, *err;
@@ -233,11 +242,7 @@ START_TEST(test_refusals_exit_2_prefix_once)
     free(err);
     /* store compact onto an existing folder: named once, exit 2 */
     char store[4400];
-    snprintf(store, sizeof store, "%s/store", tmp);
-    kvm_store_opts so = {0};
-    kvm_store *st = NULL;
-    ck_assert_int_eq(kvm_store_open(store, &so, &st), 0);
-    kvm_store_close(&st);
+    make_store(store, sizeof store, "store");
     snprintf(args, sizeof args, "store compact --store '%s' --out '%s'", store, tmp);
     ck_assert_int_eq(kvmill(args, &out, &err), 2);
     ck_assert_msg(strstr(err, "kvmill store compact: ") && strstr(err, "already exists") &&
@@ -898,10 +903,7 @@ START_TEST(test_run_store_refusal_json)
     /* serve's refusal of a bind beyond loopback without keys: the same (on a store that exists,
      * made here: the store check comes first, and the working folder may have none) */
     char store[4400];
-    snprintf(store, sizeof store, "%s/serve.lmdb", tmp);
-    kvm_store *st = NULL;
-    ck_assert_msg(kvm_store_open(store, NULL, &st) == 0, "%s", kvm_errmsg());
-    kvm_store_close(&st);
+    make_store(store, sizeof store, "serve.lmdb");
     snprintf(args, sizeof args, "--store '%s' --workers 1 --bind tcp://0.0.0.0:0", store);
     ck_assert_int_eq(with_config("serve", extra, args, &out, &err), 2);
     ck_assert_msg(err[0] == '{' && strstr(err, "\"level\":\"error\",\"event\":\"refused\"") &&
@@ -1127,11 +1129,7 @@ END_TEST
 START_TEST(test_store_ls_strategy_missing)
 {
     char store[4400], extra[8192], *out, *err;
-    snprintf(store, sizeof store, "%s/st.lmdb", tmp);
-    kvm_store_opts so = {0};
-    kvm_store *st = NULL;
-    ck_assert_int_eq(kvm_store_open(store, &so, &st), 0);
-    kvm_store_close(&st);
+    make_store(store, sizeof store, "st.lmdb");
     snprintf(extra, sizeof extra, "[store]\npath = %s\n[compress]\nmethod = polykv\nstrategy = nosuch\nbudget = 16\n", store);
     /* with_config's [compress] sets method and ratio: its own file */
     char cfg[4400], body[8192], line[16384];
@@ -1330,10 +1328,7 @@ END_TEST
 START_TEST(test_compact_out_missing_folder)
 {
     char args[12000], store[4400], *out, *err;
-    snprintf(store, sizeof store, "%s/st", tmp);
-    kvm_store *s = NULL;
-    ck_assert_int_eq(kvm_store_open(store, NULL, &s), 0);
-    kvm_store_close(&s);
+    make_store(store, sizeof store, "st");
     snprintf(args, sizeof args, "store compact --store '%s' --out '%s/no/such/x'", store, tmp);
     ck_assert_int_eq(kvmill(args, &out, &err), 2);
     ck_assert_msg(strstr(err, "/no/such/x: No such file or directory"), "%s", err);

@@ -1311,6 +1311,13 @@ START_TEST(test_docnames_long_name)
 }
 END_TEST
 
+/* name is found once in s, by the index (want_scan 0) or by reading every document (1). */
+static void assert_named(kvm_store *s, const char *name, int want_scan)
+{
+    int scanned = -1;
+    ck_assert_msg(find_named(s, name, &scanned, NULL) == 1 && scanned == want_scan, "%s: scanned %d", name, scanned);
+}
+
 /* A store written before the index (no docnames db): a read-only open finds names by reading
  * every document (and says so through *scanned); the first writable open indexes it, nothing
  * lost; documents an older build adds later (no entry) make the lookup scan again until the
@@ -1323,21 +1330,18 @@ START_TEST(test_docnames_older_store)
     drop_docnames(g_path);
     kvm_store_opts ro = {.read_only = 1};
     ck_assert_int_eq(kvm_store_open(g_path, &ro, &s), 0);
-    int scanned = -1;
-    ck_assert_int_eq(find_named(s, "doc_7.txt", &scanned, NULL), 1);
-    ck_assert_int_eq(scanned, 1);
+    assert_named(s, "doc_7.txt", 1);
     ck_assert_int_eq(verify_problems(s), 0);
     kvm_store_close(&s);
     s = open_store(g_path, 0, 0, 0, 0); /* indexes it */
-    ck_assert_int_eq(find_named(s, "doc_7.txt", &scanned, NULL), 1);
-    ck_assert_int_eq(scanned, 0);
+    assert_named(s, "doc_7.txt", 0);
     kvm_store_stats ss;
     ck_assert_int_eq(kvm_store_stats_get(s, &ss), 0);
     ck_assert_int_eq(ss.n_docs, 50);
     for (int i = 0; i < 50; i++) {
         char name[32];
         snprintf(name, sizeof name, "doc_%d.txt", i);
-        ck_assert_msg(find_named(s, name, &scanned, NULL) == 1 && !scanned, "%s", name);
+        assert_named(s, name, 0);
     }
     ck_assert_int_eq(verify_problems(s), 0);
     /* an older build adds a document: a docs record without an index entry */
@@ -1352,14 +1356,12 @@ START_TEST(test_docnames_older_store)
     MDB_val key = {KVM_STORE_ID_BYTES, h.b};
     ck_assert_int_eq(kvm_store__rec_put(txn, s->dbi[KVM_STORE__DB_DOCS], &key, KVM_STORE__KIND_DOC, &part, 1), 0);
     ck_assert_int_eq(mdb_txn_commit(txn), 0);
-    ck_assert_int_eq(find_named(s, "late.txt", &scanned, NULL), 1);
-    ck_assert_int_eq(scanned, 1);
+    assert_named(s, "late.txt", 1);
     ck_assert_int_eq(verify_problems(s), 0);
     kvm_store_close(&s);
     s = open_store(g_path, 0, 0, 0, 0); /* indexed again */
-    ck_assert_int_eq(find_named(s, "late.txt", &scanned, NULL), 1);
-    ck_assert_int_eq(scanned, 0);
-    ck_assert_int_eq(find_named(s, "doc_7.txt", &scanned, NULL), 1);
+    assert_named(s, "late.txt", 0);
+    assert_named(s, "doc_7.txt", 0);
     ck_assert_int_eq(verify_problems(s), 0);
     kvm_store_close(&s);
 }
