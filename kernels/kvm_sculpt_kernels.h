@@ -83,7 +83,9 @@ typedef struct kvm_sculpt_refs_in {
 int kvm_cpu_sculpt_refs(const kvm_sculpt_refs_in *in, float *o_full, float *o_ret, float *lse_zone, float *lse_ret,
                         double *mass, double *out_sq);
 
-/* Host float64 vector operations of the L-BFGS (compress/sculpt/sculpt_lbfgs.c), n ≥ 0:
+/* Host float64 vector operations of the L-BFGS two-loop recursion (Nocedal & Wright, Numerical
+ * Optimization, Alg. 7.4; compress/sculpt/sculpt_lbfgs.c) over arrays of n ≥ 0 doubles (borrowed;
+ * y is updated in place and must not overlap x; no errors):
  * kvm_cpu_ddot = Σ_i a_i·b_i as 32 interleaved partial sums (i mod 32) added in a fixed tree,
  * then the tail (i ≥ 32·⌊n/32⌋) in order; kvm_cpu_daxpy: y_i += a·x_i. Deterministic on a given
  * machine (the AVX-512/AVX2 clones fuse the multiply-add, the baseline one does not). */
