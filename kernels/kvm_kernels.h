@@ -198,7 +198,8 @@ void kvm_f16_round(uint16_t *dst, const float *src, int64_t n);
 /* dst[i] = src[i] (IEEE binary16 bits) widened to float32, exact, for i in [0, n): host memory. */
 void kvm_f16_widen(float *dst, const uint16_t *src, int64_t n);
 
-/* Sets the number of threads the CPU backend uses for its kernels and BLAS (≥ 1). */
+/* Sets the number of threads the CPU backend's pool uses for its kernels (≥ 1). OpenBLAS stays
+ * single-threaded (kernels/cpu/kvm_cpu.c: its idle server threads spin on a core). */
 void kvm_kernels_cpu_set_threads(int n);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "tests/util/kvm_test.h"
 
+#include <cblas.h>
 #include <check.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -328,6 +329,18 @@ START_TEST(test_pool_runs_every_task_once)
 }
 END_TEST
 
+/* OpenBLAS stays single-threaded whatever the pool's count: its idle server threads would spin
+ * on the pool's cores (kernels/cpu/kvm_cpu.c). */
+START_TEST(test_blas_single_threaded)
+{
+    ck_assert_int_eq(openblas_get_num_threads(), 1);
+    kvm_kernels_cpu_set_threads(2);
+    ck_assert_int_eq(openblas_get_num_threads(), 1);
+    kvm_kernels_cpu_set_threads(1);
+    ck_assert_int_eq(openblas_get_num_threads(), 1);
+}
+END_TEST
+
 START_TEST(test_select_device)
 {
     const kvm_kernels *k;
@@ -350,7 +363,8 @@ static Suite *kernels_suite(void)
         {"weight_f16_range", test_weight_f16_range},
         {"attention_decode_path", test_attention_decode_path}, {"attention_blocked_path", test_attention_blocked_path},
         {"attention_nothing_visible", test_attention_nothing_visible}, {"rope_pairings", test_rope_pairings},
-        {"pool_runs_every_task_once", test_pool_runs_every_task_once}, {"select_device", test_select_device}};
+        {"pool_runs_every_task_once", test_pool_runs_every_task_once}, {"select_device", test_select_device},
+        {"blas_single_threaded", test_blas_single_threaded}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

@@ -9,7 +9,6 @@
 #include "kernels/kvm_fpmode.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -450,8 +449,6 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
     if (rc) return rc;
     ps.qs = in->qcache ? in->qcache : &own;
     st->qprefill_s = ps.qs->seconds;
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
     rc = o->alloc != KVM_SCULPT_ALLOC_UNIFORM ? pilot(&ps, c, st) : 0;
     if (!rc) {
         ps.rounds = o->rounds;
@@ -466,7 +463,6 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
     }
     st->lbfgs_s += ps.lbfgs_s;
     st->ridge_s += ps.ridge_s;
-    openblas_set_num_threads(blas_threads);
     if (!in->qcache) kvm_sculpt_qsets_free(&own);
     if (!rc) rc = assemble(in, jobs, dst);
     return rc;

@@ -176,8 +176,24 @@ static const kvm_kernels kvm__cpu_table = {
 
 const kvm_kernels *kvm_kernels_cpu(void) { return &kvm__cpu_table; }
 
+/* OpenBLAS's server threads, when the library has them (weak: the serial and OpenMP builds of
+ * libopenblas do not export it). */
+extern void blas_thread_shutdown_(void) __attribute__((weak));
+
+/* OpenBLAS runs single-threaded inside kvmill, from load time on. kvmill's own pool (and the
+ * solver's per-problem workers) do the parallel work; what still calls BLAS (the float64 ridge
+ * with ridge_f32 = 0, am, kvzip, the table's sgemm) runs inside those workers. An OpenBLAS
+ * server thread that is not needed still spins in sched_yield for 2^28 TSC cycles after it
+ * starts and after every threaded call (≈ 0.12 s of CPU per process here, 7.6% of a
+ * stories260K `kvmill sculpt`, taking the second core from the pool's worker), so the server
+ * threads are shut down; a threaded call would start them again, and none is made. */
+__attribute__((constructor)) static void cpu_blas_single_thread(void)
+{
+    openblas_set_num_threads(1);
+    if (blas_thread_shutdown_) blas_thread_shutdown_();
+}
+
 void kvm_kernels_cpu_set_threads(int n)
 {
-    openblas_set_num_threads(n < 1 ? 1 : n);
     kvm__cpu_set_pool_threads(n);
 }
