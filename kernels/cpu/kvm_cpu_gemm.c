@@ -380,27 +380,53 @@ static void panel_rows(const float *x, int64_t ldx, int64_t r0, int64_t r1, cons
     }
 }
 
-/* The 16-bit path: a single row streams the panel (tile1_h); row tiles take the panel KC rows
- * at a time, widened once into a stack buffer and reused by every row tile of the block. */
+/* The row tiles [r0, rt) of one panel's (pair == 0) or two adjacent full panels' (pair == 1)
+ * columns from c: the panels KC rows at a time, widened once into buf ([KC][NR] per panel) and
+ * reused by every row tile of the block, the tiles after the first block starting from the raw
+ * sums the block before stored (alpha on the last block only: every sum over k in order). Two
+ * panels go through tile2 (each broadcast of x feeds two FMAs), as the float32 path does. */
+static void h_rows(const float *x, int64_t ldx, int64_t r0, int64_t rt, const kvm_cpu_packed *w, int64_t c, int nr,
+                   int pair, float *y, int64_t ldy, float alpha, int64_t K, float *buf)
+{
+    const int64_t NR = KVM_GEMM_NR;
+    const uint16_t *p0 = w->h + (c / NR) * w->in * NR, *p1 = p0 + w->in * NR;
+    for (int64_t k0 = 0; rt > r0 && (k0 < K || k0 == 0); k0 += KVM_GEMM_KC) {
+        const int64_t kc = K - k0 < KVM_GEMM_KC ? K - k0 : KVM_GEMM_KC;
+        const float a = k0 + kc >= K ? alpha : 1.0f;
+        float *b1 = buf + KVM_GEMM_KC * NR;
+        widen_block(p0, w->dtype, k0, kc, buf);
+        if (!pair) {
+            panel_rows(x + k0, ldx, r0, rt, buf, kc, y + c, ldy, nr, a, k0 > 0);
+            continue;
+        }
+        widen_block(p1, w->dtype, k0, kc, b1);
+        for (int64_t r = r0; r < rt; r += KVM_GEMM_MR) {
+            const int mr = (int)(rt - r < KVM_GEMM_MR ? rt - r : KVM_GEMM_MR);
+            tile2(kc, x + r * ldx + k0, ldx, mr, buf, b1, y + r * ldy + c, ldy, a, k0 > 0);
+        }
+    }
+}
+
+/* The 16-bit path: a single row streams the panel (tile1_h); row tiles take the panels KC rows
+ * at a time (h_rows), two full panels at once where the processor has AVX-512. */
 static void gemm_h(const float *x, int64_t m, int64_t ldx, const kvm_cpu_packed *w, float *y, int64_t ldy, float alpha,
                    int64_t col0, int64_t col1, int64_t K)
 {
     const int64_t NR = KVM_GEMM_NR;
-    float buf[KVM_GEMM_KC * KVM_GEMM_NR] __attribute__((aligned(64)));
+    float buf[2 * KVM_GEMM_KC * KVM_GEMM_NR] __attribute__((aligned(64)));
     for (int64_t r0 = 0; r0 < m; r0 += KVM_GEMM_MC) {
         int64_t r1 = r0 + KVM_GEMM_MC < m ? r0 + KVM_GEMM_MC : m;
-        for (int64_t c = col0; c < col1; c += NR) {
-            const uint16_t *panel = w->h + (c / NR) * w->in * NR;
-            int nr = (int)(col1 - c < NR ? col1 - c : NR);
-            /* a last tile of one row is tile1's job in the float32 path: the same here */
-            int64_t rt = (r1 - r0) % KVM_GEMM_MR == 1 ? r1 - 1 : r1;
-            if (rt < r1) tile1_h(K, x + rt * ldx, panel, w->dtype, y + rt * ldy + c, nr, alpha);
-            for (int64_t k0 = 0; rt > r0 && (k0 < K || k0 == 0); k0 += KVM_GEMM_KC) {
-                int64_t kc = K - k0 < KVM_GEMM_KC ? K - k0 : KVM_GEMM_KC;
-                widen_block(panel, w->dtype, k0, kc, buf);
-                int last = k0 + kc >= K;
-                panel_rows(x + k0, ldx, r0, rt, buf, kc, y + c, ldy, nr, last ? alpha : 1.0f, k0 > 0);
+        /* a last tile of one row is tile1's job in the float32 path: the same here */
+        const int64_t rt = (r1 - r0) % KVM_GEMM_MR == 1 ? r1 - 1 : r1;
+        for (int64_t c = col0; c < col1;) {
+            const int nr = (int)(col1 - c < NR ? col1 - c : NR);
+            const int pair = wide_tiles() && c + 2 * NR <= col1 && rt - r0 > 1;
+            for (int64_t p = 0; rt < r1 && p <= pair; p++) {
+                const uint16_t *panel = w->h + (c / NR + p) * w->in * NR;
+                tile1_h(K, x + rt * ldx, panel, w->dtype, y + rt * ldy + c + p * NR, pair ? (int)NR : nr, alpha);
             }
+            h_rows(x, ldx, r0, rt, w, c, nr, pair, y, ldy, alpha, K, buf);
+            c += pair ? 2 * NR : NR;
         }
     }
 }
