@@ -37,7 +37,6 @@ typedef struct sb_work {
     const float *qt;               /* [d][nq] Qᵀ: the view's, or built in the scratch */
     float *gt;                     /* [d][kp] Qᵀ·U (d = 8: summed block by block, unscaled) */
     float *gb;                     /* [kp] Σ_i U */
-    const float *vc;               /* the caller's Vc [k][d] (borrowed) */
     kvm_cpu_sculpt_scratch *ws;    /* where the buffers live; owned when own_ws */
     int own_ws;
 } sb_work;
@@ -62,33 +61,59 @@ static void dscore_row(const float *restrict w, float iz, const float *restrict 
     }
 }
 
-/* Ôc = W·Vc for head dim 8 (one 256-bit vector per output row): oh[b] = Σ_{j<k} w[b][j]·vc[j]
- * for b < nb, eight rows at a time. Per row the sums run over j in order with one FMA each, the
- * operations of the packed GEMM's tile4 on the same operands, so the result is bit-identical to
- * kvm__cpu_gemm_packed(w, nb, kp, Vc, oh, 8, 1, 0, 8, k); it avoids the GEMM's padding of the
- * 8 outputs to a 16-lane panel. */
-SB_CLONES
-static void wv_rows8(const float *restrict w, int nb, int64_t kp, const float *restrict vc, int64_t k,
-                     float *restrict oh)
+/* The eight 16-lane sums of acc [8] into out [8] (out[t] = Σ_l acc[t][l]) as a fixed tree of
+ * half-vector shuffles: lanes l and l + 8 first, then l and l + 4, l + 2, l + 1. */
+static inline SB_INLINE void v16_hsum8(const v16f acc[8], float out[8])
 {
-    for (int b0 = 0; b0 < nb; b0 += 8) {
-        const int mr = nb - b0 < 8 ? nb - b0 : 8;
-        const float *x[8];
-        for (int r = 0; r < 8; r++) x[r] = w + (int64_t)(b0 + (r < mr ? r : 0)) * kp;
-        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0}, v;
-        for (int64_t j = 0; j < k; j++) {
-            memcpy(&v, vc + j * 8, 32);
-            a0 += x[0][j] * v;
-            a1 += x[1][j] * v;
-            a2 += x[2][j] * v;
-            a3 += x[3][j] * v;
-            a4 += x[4][j] * v;
-            a5 += x[5][j] * v;
-            a6 += x[6][j] * v;
-            a7 += x[7][j] * v;
+    v16f s[4], u[2];
+    for (int i = 0; i < 4; i++) {
+        const v16f a = acc[2 * i], b = acc[2 * i + 1];
+        s[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    for (int i = 0; i < 2; i++) {
+        const v16f a = s[2 * i], b = s[2 * i + 1];
+        u[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    }
+    const v16f w = __builtin_shufflevector(u[0], u[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                   __builtin_shufflevector(u[0], u[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    const v8f r = __builtin_shufflevector(w, w, 0, 2, 4, 6, 8, 10, 12, 14) +
+                  __builtin_shufflevector(w, w, 1, 3, 5, 7, 9, 11, 13, 15);
+    memcpy(out, &r, 32);
+}
+
+/* The exponentials of nb score rows at head dim 8 with Ôc = W·Vc fused in: per row s_j ←
+ * exp(s_j − mx) in place (exp_row_body's operations, so the exponentials, the LSE into lse[b]
+ * and 1/Σ into iz[b] are bit for bit exp_rows'), and while each 16-entry panel of exponentials
+ * is in a register, acc_t += panel · Vt[panel][t] for the 8 output elements, Vt = Vc packed
+ * [kp/16][8][16] (zero beyond k, so padding adds nothing); oh[b][t] = the 16 lanes of acc_t
+ * summed by v16_hsum8's tree. One pass over the row instead of two, 16-lane FMAs instead of
+ * wv_rows8's 8-lane ones; the sums of Ôc run over the panel lanes, then the tree (not j in order
+ * as wv_rows8's: the loss changes in the last bits). */
+SB_CLONES
+static void exp_wv8(float *restrict s, int nb, int64_t kp, const float *mx, const kvm_cpu_packed *Vt,
+                    float *restrict oh, float *lse, float *iz)
+{
+    for (int b = 0; b < nb; b++) {
+        float *restrict row = s + b * kp;
+        v16f a = {0}, x, acc[8] = {{0}}, v;
+        for (int64_t j0 = 0; j0 < kp; j0 += NR) {
+            memcpy(&x, row + j0, 64);
+            x = v16_expf(x - mx[b]);
+            memcpy(row + j0, &x, 64);
+            a += x;
+            const float *vp = Vt->p + j0 * 8;
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                memcpy(&v, vp + t * NR, 64);
+                acc[t] += x * v;
+            }
         }
-        v8f acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-        for (int r = 0; r < mr; r++) memcpy(oh + (int64_t)(b0 + r) * 8, &acc[r], 32);
+        const float z = v16_hsum(a);
+        iz[b] = 1.0f / z;
+        lse[b] = mx[b] + logf(z);
+        v16_hsum8(acc, oh + b * 8);
     }
 }
 
@@ -284,9 +309,14 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
     const int d = p->d;
     const int64_t kp = w->kp;
     float lc[QB], iz[QB], oe[QB], b1[QB], b2[QB];
-    score_rows(p, i0, nb, k, b0, w, lc, iz);
-    if (d == 8) wv_rows8(w->S, nb, kp, w->vc, k, w->oh);
-    else kvm__cpu_gemm_packed(w->S, nb, kp, &w->vpk, w->oh, d, 1.0f, 0, d, k);
+    if (d == 8) {
+        float mx[QB];
+        scores_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
+        exp_wv8(w->S, nb, kp, mx, &w->vtpk, w->oh, lc, iz);
+    } else {
+        score_rows(p, i0, nb, k, b0, w, lc, iz);
+        kvm__cpu_gemm_packed(w->S, nb, kp, &w->vpk, w->oh, d, 1.0f, 0, d, k);
+    }
     for (int b = 0; b < nb; b++)
         oe[b] = query_row(p, i0 + b, lc[b], iz[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b], mse, lse);
     if (!want_grad) return;
@@ -348,7 +378,6 @@ static int work_new(sb_work *w, kvm_cpu_sculpt_scratch *ws, const kvm_sculpt_vie
     const int64_t kp = (k + NR - 1) / NR * NR, nq = p->nq;
     memset(w, 0, sizeof *w);
     w->kp = kp;
-    w->vc = vc;
     w->own_ws = ws == NULL;
     w->ws = ws ? ws : kvm_cpu_sculpt_scratch_new();
     if (!w->ws) goto fail;
@@ -431,8 +460,9 @@ int kvm_cpu_sculpt_lossgrad_ws(kvm_cpu_sculpt_scratch *ws, const kvm_sculpt_view
 }
 
 int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, float *P,
-                         double *pr)
+                         int64_t ldp, double *pr)
 {
+    if (ldp < k) return kvm_err(KVM_EINVAL, "sculpt kernel: P row stride %lld < k = %lld", (long long)ldp, (long long)k);
     const int d = p->d;
     if (k < 1 || d < 1 || d > 512) return kvm_err(KVM_EINVAL, "sculpt kernel: k = %lld, d = %d", (long long)k, d);
     sb_work w;
@@ -450,7 +480,7 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
             kvm_sb_query s =
                 kvm_sb_query_shares(lc[b], p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
             const float c = s.pc * iz[b];
-            for (int64_t j = 0; j < k; j++) P[i * k + j] = c * w.S[b * kp + j];
+            for (int64_t j = 0; j < k; j++) P[i * ldp + j] = c * w.S[b * kp + j];
             pr[i] = s.pr;
         }
     }
