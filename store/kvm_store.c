@@ -110,10 +110,15 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
             continue;
         }
         if (rc) return kvm_store__mdb(s, rc, "begin write transaction");
-        int st = fn(s, txn, arg);
+        uint64_t txnid = (uint64_t)mdb_txn_id(txn);
+        int st = kvm_store__tree_check(s, txn, 1); /* no write on pages that fail it */
+        if (st == 0) st = fn(s, txn, arg);
         if (st == 0) {
             rc = mdb_txn_commit(txn);
-            if (rc == 0) return 0;
+            if (rc == 0) {
+                kvm_store__tree_ok(s, txnid);
+                return 0;
+            }
             st = kvm_store__mdb(s, rc, "commit");
         } else {
             mdb_txn_abort(txn);
@@ -137,7 +142,12 @@ int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
             *txn = NULL;
             return kvm_store__mdb(s, rc, "begin read transaction");
         }
-        return 0;
+        int st = kvm_store__tree_check(s, *txn, 0);
+        if (st == 0) return 0;
+        mdb_txn_abort(*txn);
+        *txn = NULL;
+        if (st != KVM_STORE__TREE_RETRY || resized++ >= 16)
+            return st == KVM_STORE__TREE_RETRY ? kvm_err(KVM_EIO, "store %s: writers kept moving past the read", s->path) : st;
     }
 }
 

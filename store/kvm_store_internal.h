@@ -7,6 +7,7 @@
 #include <lmdb.h>
 #include <pthread.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "store/kvm_store.h"
 
@@ -77,6 +78,10 @@ struct kvm_store {
     pid_t pid;                        /* process that opened the env */
     pthread_mutex_t mu;               /* serializes every call on the handle */
     int mdb_rc;                       /* raw LMDB code of the last failure in a write txn */
+    int tree_ok;                      /* 1: snapshot tree_ok_txnid passed kvm_store__tree_check */
+    uint64_t tree_ok_txnid;           /* last snapshot checked (or committed by this handle) */
+    int64_t tree_ok_size;             /* data.mdb's size then, bytes */
+    struct timespec tree_ok_mtime;    /* and its mtime */
     void (*txn_hook)(void *arg);      /* tests: called inside put's txn before the manifest */
     void *txn_hook_arg;               /* argument of txn_hook */
 };
@@ -91,13 +96,39 @@ typedef int (*kvm_store__write_fn)(kvm_store *s, MDB_txn *txn, void *arg);
 int kvm_store__lock(kvm_store *s);
 void kvm_store__unlock(kvm_store *s);
 /* Runs fn in a write transaction and commits; on MDB_MAP_FULL (in fn or at commit) aborts,
- * doubles the map (up to map_max_bytes) and runs fn again. Handle must be locked. */
+ * doubles the map (up to map_max_bytes) and runs fn again. Before fn, the last commit's pages
+ * pass kvm_store__tree_check (KVM_ECORRUPT: fn is not run, nothing is written). Handle must be
+ * locked. */
 int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg);
-/* Begins a read txn, adopting a map grown by another process (MDB_MAP_RESIZED). */
+/* Begins a read txn, adopting a map grown by another process (MDB_MAP_RESIZED), whose
+ * snapshot's pages pass kvm_store__tree_check. Errors: KVM_ECORRUPT (then *txn is NULL),
+ * LMDB's, mapped by kvm_store__mdb. */
 int kvm_store__read_begin(kvm_store *s, MDB_txn **txn);
 /* Maps an LMDB code to a kvm status with a message "store PATH: WHAT: mdb error"; records
  * the raw code in s->mdb_rc. */
 int kvm_store__mdb(kvm_store *s, int rc, const char *what);
+
+/* The structural check of data.mdb's B-tree pages (store/kvm_store_tree.c), run on the
+ * snapshot a transaction sees before anything reads or writes through LMDB: LMDB has no page
+ * checksums, and one damaged page header or node made it read or write outside the page
+ * (SIGSEGV, SIGBUS, an assert inside mdb_cursor_del) or loop. Walks the free db, the main db
+ * and every named db from the meta page LMDB uses for the snapshot (txn's, or for a write txn
+ * the last commit's), with every offset bounds-checked before it is followed: each page's own
+ * number, flags for its level, node offsets, key and value sizes within the page and packed as
+ * LMDB packs them, keys ascending and within their parent's range, child and overflow page
+ * numbers within the snapshot and each page reached once, depth and counts equal to the db's
+ * record, free-page lists in range, sorted, and disjoint from pages in use. Passes at once for
+ * a snapshot already checked by this handle, or committed by it (its own writes come from
+ * checked pages). Handle locked. Errors: KVM_ECORRUPT naming the store, the db, the page, the
+ * byte of data.mdb and what is wrong; KVM_ENOMEM (bitmaps of 2 bits per page); and, for a read
+ * txn only, KVM_STORE__TREE_RETRY when writers overwrote the meta page of its snapshot meanwhile
+ * (abort it and begin another). */
+#define KVM_STORE__TREE_RETRY 1
+int kvm_store__tree_check(kvm_store *s, MDB_txn *txn, int write);
+/* Records that snapshot txnid, just committed by this handle, needs no check: LMDB wrote it
+ * from checked pages. A later change to data.mdb by anything but a commit (its mtime or size
+ * differs) has the next transaction check it again. */
+void kvm_store__tree_ok(kvm_store *s, uint64_t txnid);
 
 /* Checks DIR/data.mdb (when it exists) against its meta pages, read with pread: a file
  * shorter than the pages its newest meta says are in use would be mapped and kill the
