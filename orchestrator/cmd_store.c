@@ -288,7 +288,7 @@ static int cmd_verify(int argc, char **argv)
     kvm_store *s = NULL;
     rc = open_ro("store verify", path, &s, 0);
     kvm_config_free(&cfg);
-    if (rc) return 2;
+    if (rc) return rc == KVM_ECORRUPT ? 1 : 2; /* damaged pages, named by open_ro: corruption */
     int64_t n_records = 0, n_problems = 0;
     int st = kvm_store_verify(s, verify_report, NULL, &n_records, &n_problems);
     kvm_store_close(&s);

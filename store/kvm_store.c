@@ -110,15 +110,11 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
             continue;
         }
         if (rc) return kvm_store__mdb(s, rc, "begin write transaction");
-        uint64_t txnid = (uint64_t)mdb_txn_id(txn);
         int st = kvm_store__tree_check(s, txn, 1); /* no write on pages that fail it */
         if (st == 0) st = fn(s, txn, arg);
         if (st == 0) {
             rc = mdb_txn_commit(txn);
-            if (rc == 0) {
-                kvm_store__tree_ok(s, txnid);
-                return 0;
-            }
+            if (rc == 0) return 0;
             st = kvm_store__mdb(s, rc, "commit");
         } else {
             mdb_txn_abort(txn);

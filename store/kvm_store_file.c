@@ -103,6 +103,14 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
         rmdir(dst);
         return rc;
     }
+    MDB_txn *txn = NULL; /* the copy walks every page: they pass the check first */
+    rc = kvm_store__read_begin(s, &txn);
+    if (txn) mdb_txn_abort(txn);
+    if (rc) {
+        kvm_store__unlock(s);
+        rmdir(dst);
+        return rc;
+    }
     int mrc = mdb_env_copy2(s->env, dst, MDB_CP_COMPACT);
     kvm_store__unlock(s);
     char data[4200];

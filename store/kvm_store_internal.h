@@ -79,7 +79,7 @@ struct kvm_store {
     pthread_mutex_t mu;               /* serializes every call on the handle */
     int mdb_rc;                       /* raw LMDB code of the last failure in a write txn */
     int tree_ok;                      /* 1: snapshot tree_ok_txnid passed kvm_store__tree_check */
-    uint64_t tree_ok_txnid;           /* last snapshot checked (or committed by this handle) */
+    uint64_t tree_ok_txnid;           /* last snapshot checked */
     int64_t tree_ok_size;             /* data.mdb's size then, bytes */
     struct timespec tree_ok_mtime;    /* and its mtime */
     void (*txn_hook)(void *arg);      /* tests: called inside put's txn before the manifest */
@@ -118,17 +118,16 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what);
  * LMDB packs them, keys ascending and within their parent's range, child and overflow page
  * numbers within the snapshot and each page reached once, depth and counts equal to the db's
  * record, free-page lists in range, sorted, and disjoint from pages in use. Passes at once for
- * a snapshot already checked by this handle, or committed by it (its own writes come from
- * checked pages). Handle locked. Errors: KVM_ECORRUPT naming the store, the db, the page, the
+ * the snapshot this handle checked last while data.mdb keeps that size and mtime (a file
+ * changed by anything but a commit is checked again); a snapshot this handle committed is
+ * checked again too (LMDB commits nothing for a txn that changed nothing, so its id could
+ * become another process's commit). Cost: one read of every branch and leaf page (overflow
+ * pages: their header), 2 bits of memory per page of the file. Handle locked. Errors: KVM_ECORRUPT naming the store, the db, the page, the
  * byte of data.mdb and what is wrong; KVM_ENOMEM (bitmaps of 2 bits per page); and, for a read
  * txn only, KVM_STORE__TREE_RETRY when writers overwrote the meta page of its snapshot meanwhile
  * (abort it and begin another). */
 #define KVM_STORE__TREE_RETRY 1
 int kvm_store__tree_check(kvm_store *s, MDB_txn *txn, int write);
-/* Records that snapshot txnid, just committed by this handle, needs no check: LMDB wrote it
- * from checked pages. A later change to data.mdb by anything but a commit (its mtime or size
- * differs) has the next transaction check it again. */
-void kvm_store__tree_ok(kvm_store *s, uint64_t txnid);
 
 /* Checks DIR/data.mdb (when it exists) against its meta pages, read with pread: a file
  * shorter than the pages its newest meta says are in use would be mapped and kill the

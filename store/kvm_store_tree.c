@@ -366,16 +366,6 @@ static int file_unchanged(const kvm_store *s, uint64_t txnid, const struct stat 
            s->tree_ok_mtime.tv_sec == st->st_mtim.tv_sec && s->tree_ok_mtime.tv_nsec == st->st_mtim.tv_nsec;
 }
 
-void kvm_store__tree_ok(kvm_store *s, uint64_t txnid)
-{
-    int fd;
-    struct stat st;
-    s->tree_ok = file_stat(s, &fd, &st) == 0;
-    s->tree_ok_txnid = txnid;
-    s->tree_ok_size = (int64_t)st.st_size;
-    s->tree_ok_mtime = st.st_mtim;
-}
-
 /* The snapshot's meta page (m, page meta_pg) within a file of file_bytes, then every tree. */
 static int check_snapshot(tree_ctx *c, const uint8_t *m, uint64_t meta_pg, size_t file_bytes)
 {

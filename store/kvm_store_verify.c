@@ -264,7 +264,12 @@ int kvm_store_verify(kvm_store *s, kvm_store_report_fn report, void *arg, int64_
     if (st) return st;
     verify_ctx v = {.s = s, .report = report, .arg = arg};
     st = kvm_store__read_begin(s, &v.txn);
-    if (st == 0) st = verify_caches(&v);
+    if (st == KVM_ECORRUPT) { /* damaged pages: walking the records through LMDB is not safe */
+        problem(&v, "%s", kvm_errmsg());
+        st = 0;
+    } else if (st == 0) {
+        st = verify_caches(&v);
+    }
     if (st == 0) st = verify_records(&v, KVM_STORE__DB_STRATEGIES, KVM_STORE__KIND_STRATEGY, "strategy",
                                      KVM_STORE_ID_BYTES + 1, KVM_STORE_ID_BYTES + KVM_STORE_MAX_NAME);
     if (st == 0) st = verify_records(&v, KVM_STORE__DB_MODELS, KVM_STORE__KIND_MODEL, "model", KVM_STORE_ID_BYTES,
