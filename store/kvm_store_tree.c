@@ -87,9 +87,9 @@ __attribute__((format(printf, 4, 5))) static int bad(const tree_ctx *c, uint64_t
     va_end(ap);
     unsigned long long at = (unsigned long long)pgno * c->psize + off;
     return kvm_err(KVM_ECORRUPT,
-                   "store %s: data.mdb is damaged: %s, page %llu (byte %llu of the file): %s; nothing was read or "
-                   "written past this check: kvmill store verify reports it, then restore the store from a copy or "
-                   "move it aside (its caches are compressed again by the next run)",
+                   "store %s: data.mdb is damaged: %s, page %llu (byte %llu of the file): %s; refused before LMDB "
+                   "read or wrote through it: restore the store from a copy, or move it aside and run again (its "
+                   "documents are compressed again); kvmill store verify checks a store",
                    c->s->path, c->db, (unsigned long long)pgno, at, what);
 }
 
