@@ -23,21 +23,24 @@
 #include "common/kvm_error.h"
 
 _Static_assert(sizeof(size_t) == 8, "the page layout below is LMDB's on 64-bit builds (pgno_t = size_t)");
+#if MDB_VERSION_MAJOR != 0 || MDB_VERSION_MINOR != 9
+#error "kvm_store_tree.c reads LMDB 0.9's page layout (LMDB 1.0 pages carry a txnid): check it against mdb.c"
+#endif
 
-#define PG_HDR 16           /* page header bytes (PAGEHDRSZ) */
-#define P_BRANCH 0x01       /* page flags */
+#define PG_HDR 16     /* page header bytes (PAGEHDRSZ) */
+#define P_BRANCH 0x01 /* page flags */
 #define P_LEAF 0x02
 #define P_OVERFLOW 0x04
-#define NODE_HDR 8          /* node header bytes (NODESIZE) */
-#define F_BIGDATA 0x01      /* leaf node flags: value on overflow pages */
-#define F_SUBDATA 0x02      /* value is a named db record (main db only) */
-#define DB_REC 48           /* bytes of an MDB_db record */
+#define NODE_HDR 8             /* node header bytes (NODESIZE) */
+#define F_BIGDATA 0x01         /* leaf node flags: value on overflow pages */
+#define F_SUBDATA 0x02         /* value is a named db record (main db only) */
+#define DB_REC 48              /* bytes of an MDB_db record */
 #define META_DBS (PG_HDR + 24) /* offset of the meta's two MDB_db records: free, main */
 #define META_LAST_PG (META_DBS + 2 * DB_REC)
 #define META_TXNID (META_LAST_PG + 8)
-#define MAX_DEPTH 32        /* LMDB's cursor stack (CURSOR_STACK) */
-#define MAX_KEY 511         /* LMDB's largest key */
-#define MAX_NAMED 64        /* named dbs looked at; a kvmill store has KVM_STORE__DB_COUNT */
+#define MAX_DEPTH 32             /* LMDB's cursor stack (CURSOR_STACK) */
+#define MAX_KEY 511              /* LMDB's largest key */
+#define MAX_NAMED 64             /* named dbs looked at; a kvmill store has KVM_STORE__DB_COUNT */
 #define P_INVALID (~(uint64_t)0) /* root of an empty db */
 
 /* An MDB_db record: one B-tree's root and counts. */
@@ -59,19 +62,19 @@ typedef struct tree_key {
 
 /* State of one check. */
 typedef struct tree_ctx {
-    kvm_store *s;          /* the store (path for messages) */
-    const uint8_t *map;    /* LMDB's map of data.mdb */
-    size_t psize;          /* page size, bytes */
-    uint64_t n_pages;      /* pages [0, n_pages) belong to the snapshot */
-    uint64_t *used;        /* bitmap: pages of a tree (and the two meta pages) */
-    uint64_t *freed;       /* bitmap: pages listed in the free db */
-    char db[80];           /* db being walked, for messages */
-    int free_db;           /* 1 in the free db: integer keys, values are page lists */
-    int main_db;           /* 1 in the main db: values are named db records */
-    tree_db counted;       /* what the walk found in the current db */
-    tree_db named[MAX_NAMED]; /* named db records seen in the main db */
+    kvm_store *s;              /* the store (path for messages) */
+    const uint8_t *map;        /* LMDB's map of data.mdb */
+    size_t psize;              /* page size, bytes */
+    uint64_t n_pages;          /* pages [0, n_pages) belong to the snapshot */
+    uint64_t *used;            /* bitmap: pages of a tree (and the two meta pages) */
+    uint64_t *freed;           /* bitmap: pages listed in the free db */
+    char db[80];               /* db being walked, for messages */
+    int free_db;               /* 1 in the free db: integer keys, values are page lists */
+    int main_db;               /* 1 in the main db: values are named db records */
+    tree_db counted;           /* what the walk found in the current db */
+    tree_db named[MAX_NAMED];  /* named db records seen in the main db */
     char names[MAX_NAMED][64]; /* their printable names */
-    int n_named;           /* entries of named[] */
+    int n_named;               /* entries of named[] */
 } tree_ctx;
 
 static uint16_t u16_at(const uint8_t *p) { return kvm_store__get_u16(p); }
@@ -128,13 +131,13 @@ static int key_cmp(const tree_ctx *c, const uint8_t *a, size_t an, const uint8_t
 static int page_claim(tree_ctx *c, uint64_t from, uint64_t pgno, const char *what)
 {
     if (pgno < 2 || pgno >= c->n_pages)
-        return bad(c, from, 0, "%s page number %llu outside the file's pages [2, %llu)", what,
-                   (unsigned long long)pgno, (unsigned long long)c->n_pages);
+        return bad(c, from, 0, "%s page number %llu outside the file's pages [2, %llu)", what, (unsigned long long)pgno,
+                   (unsigned long long)c->n_pages);
     if (bit_test_set(c->used, pgno))
-        return bad(c, from, 0, "%s page %llu is reached twice (a loop or a shared page)", what, (unsigned long long)pgno);
+        return bad(c, from, 0, "%s page %llu is reached twice (a loop or a shared page)", what,
+                   (unsigned long long)pgno);
     const uint8_t *p = c->map + pgno * c->psize;
-    if (u64_at(p) != pgno)
-        return bad(c, pgno, 0, "its header says page %llu", (unsigned long long)u64_at(p));
+    if (u64_at(p) != pgno) return bad(c, pgno, 0, "its header says page %llu", (unsigned long long)u64_at(p));
     return 0;
 }
 
@@ -151,7 +154,8 @@ static int overflow_check(tree_ctx *c, uint64_t from, uint64_t pgno, uint64_t ds
         return bad(c, pgno, 12, "%u overflow pages for a %llu-byte value (needs %llu, file has %llu pages)", n,
                    (unsigned long long)dsize, (unsigned long long)need, (unsigned long long)c->n_pages);
     for (uint64_t i = 1; i < n; i++)
-        if (bit_test_set(c->used, pgno + i)) return bad(c, pgno, 12, "overflow run overlaps page %llu", (unsigned long long)(pgno + i));
+        if (bit_test_set(c->used, pgno + i))
+            return bad(c, pgno, 12, "overflow run overlaps page %llu", (unsigned long long)(pgno + i));
     c->counted.n_overflow += n;
     return 0;
 }
@@ -160,13 +164,16 @@ static int overflow_check(tree_ctx *c, uint64_t from, uint64_t pgno, uint64_t ds
 static int free_list_check(tree_ctx *c, uint64_t pgno, const uint8_t *v, uint64_t n)
 {
     uint64_t count = n >= 8 ? u64_at(v) : 0;
-    if (n < 8 || count > n / 8 - 1) return bad(c, pgno, 0, "a free-page list of %llu bytes says %llu pages", (unsigned long long)n, (unsigned long long)count);
+    if (n < 8 || count > n / 8 - 1)
+        return bad(c, pgno, 0, "a free-page list of %llu bytes says %llu pages", (unsigned long long)n,
+                   (unsigned long long)count);
     for (uint64_t i = 0; i < count; i++) {
         uint64_t id = u64_at(v + 8 + 8 * i);
         if (id < 2 || id >= c->n_pages || (i && id >= u64_at(v + 8 * i)))
             return bad(c, pgno, 0, "free-page list entry %llu: page %llu out of range or order", (unsigned long long)i,
                        (unsigned long long)id);
-        if (bit_test_set(c->freed, id)) return bad(c, pgno, 0, "page %llu is listed free twice", (unsigned long long)id);
+        if (bit_test_set(c->freed, id))
+            return bad(c, pgno, 0, "page %llu is listed free twice", (unsigned long long)id);
     }
     return 0;
 }
@@ -177,7 +184,8 @@ static int named_keep(tree_ctx *c, uint64_t pgno, const uint8_t *key, size_t kn,
     if (c->n_named == MAX_NAMED) return bad(c, pgno, 0, "more than %d named databases", MAX_NAMED);
     char *name = c->names[c->n_named];
     size_t i = 0;
-    for (; i < kn && i < sizeof c->names[0] - 1; i++) name[i] = key[i] >= 0x20 && key[i] < 0x7f ? (char)key[i] : '?';
+    for (; i < kn && i < sizeof c->names[0] - 1; i++)
+        name[i] = key[i] >= 0x20 && key[i] < 0x7f ? (char)key[i] : '?';
     name[i] = '\0';
     db_decode(v, &c->named[c->n_named++]);
     return 0;
@@ -192,7 +200,8 @@ static int leaf_node(tree_ctx *c, uint64_t pgno, const uint8_t *p, size_t off)
     const uint8_t *v = nd + NODE_HDR + kn;
     int sub_ok = c->main_db && flags == F_SUBDATA;
     if (flags != 0 && flags != F_BIGDATA && !sub_ok) return bad(c, pgno, off + 4, "node flags 0x%x", flags);
-    if (sub_ok && dsize != DB_REC) return bad(c, pgno, off, "a named db record of %llu bytes", (unsigned long long)dsize);
+    if (sub_ok && dsize != DB_REC)
+        return bad(c, pgno, off, "a named db record of %llu bytes", (unsigned long long)dsize);
     c->counted.n_entries++;
     if (flags == F_BIGDATA) {
         int st = overflow_check(c, pgno, u64_at(v), dsize);
@@ -223,10 +232,12 @@ static int page_layout(tree_ctx *c, uint64_t pgno, const uint8_t *p, int leaf, c
     size_t min_ptr = c->psize, sum = 0;
     const uint8_t *prev = NULL;
     size_t prev_n = 0;
-    if (*n == 0 || (!leaf && *n < 2 && !c->free_db)) return bad(c, pgno, 12, "%zu keys in a %s page", *n, leaf ? "leaf" : "branch");
+    if (*n == 0 || (!leaf && *n < 2 && !c->free_db))
+        return bad(c, pgno, 12, "%zu keys in a %s page", *n, leaf ? "leaf" : "branch");
     for (size_t i = 0; i < *n; i++) {
         size_t off = u16_at(p + PG_HDR + 2 * i);
-        if (off < upper || off + NODE_HDR > c->psize) return bad(c, pgno, PG_HDR + 2 * i, "node %zu at offset %zu", i, off);
+        if (off < upper || off + NODE_HDR > c->psize)
+            return bad(c, pgno, PG_HDR + 2 * i, "node %zu at offset %zu", i, off);
         const uint8_t *nd = p + off, *k = nd + NODE_HDR;
         size_t kn = u16_at(nd + 6), sz = node_bytes(nd, leaf);
         if (kn > MAX_KEY || off + sz > c->psize)
@@ -245,7 +256,8 @@ static int page_layout(tree_ctx *c, uint64_t pgno, const uint8_t *p, int leaf, c
     return 0;
 }
 
-static int walk_page(tree_ctx *c, uint64_t from, uint64_t pgno, int depth, int want, const tree_key *lo, const tree_key *hi);
+static int walk_page(tree_ctx *c, uint64_t from, uint64_t pgno, int depth, int want, const tree_key *lo,
+                     const tree_key *hi);
 
 /* The children of branch page p, each with its key range. */
 static int walk_children(tree_ctx *c, uint64_t pgno, const uint8_t *p, size_t n, int depth, int want,
@@ -268,7 +280,8 @@ static int walk_children(tree_ctx *c, uint64_t pgno, const uint8_t *p, size_t n,
 
 /* Checks page pgno (reached from page `from`) at depth (1 = root) of a tree of `want` levels,
  * and everything under it. */
-static int walk_page(tree_ctx *c, uint64_t from, uint64_t pgno, int depth, int want, const tree_key *lo, const tree_key *hi)
+static int walk_page(tree_ctx *c, uint64_t from, uint64_t pgno, int depth, int want, const tree_key *lo,
+                     const tree_key *hi)
 {
     int st = page_claim(c, from, pgno, depth == 1 ? "root" : "child");
     if (st) return st;
@@ -276,7 +289,8 @@ static int walk_page(tree_ctx *c, uint64_t from, uint64_t pgno, int depth, int w
     uint16_t flags = u16_at(p + 10);
     int leaf = depth == want;
     if (flags != (leaf ? P_LEAF : P_BRANCH))
-        return bad(c, pgno, 10, "flags 0x%x at depth %d of %d, expected a %s page", flags, depth, want, leaf ? "leaf" : "branch");
+        return bad(c, pgno, 10, "flags 0x%x at depth %d of %d, expected a %s page", flags, depth, want,
+                   leaf ? "leaf" : "branch");
     size_t n = 0;
     if ((st = page_layout(c, pgno, p, leaf, lo, hi, &n))) return st;
     if (!leaf) {
@@ -284,7 +298,8 @@ static int walk_page(tree_ctx *c, uint64_t from, uint64_t pgno, int depth, int w
         return walk_children(c, pgno, p, n, depth, want, lo, hi);
     }
     c->counted.n_leaf++;
-    for (size_t i = 0; i < n && st == 0; i++) st = leaf_node(c, pgno, p, u16_at(p + PG_HDR + 2 * i));
+    for (size_t i = 0; i < n && st == 0; i++)
+        st = leaf_node(c, pgno, p, u16_at(p + PG_HDR + 2 * i));
     return st;
 }
 
@@ -301,11 +316,14 @@ static int walk_db(tree_ctx *c, const tree_db *d, uint64_t rec_page)
     int st = walk_page(c, rec_page, d->root, 1, d->depth, &none, &none);
     if (st) return st;
     const tree_db *w = &c->counted;
-    if (w->n_branch != d->n_branch || w->n_leaf != d->n_leaf || w->n_overflow != d->n_overflow || w->n_entries != d->n_entries)
-        return bad(c, rec_page, 0, "holds %llu/%llu/%llu branch/leaf/overflow pages and %llu entries, its record says "
-                   "%llu/%llu/%llu and %llu", (unsigned long long)w->n_branch, (unsigned long long)w->n_leaf,
-                   (unsigned long long)w->n_overflow, (unsigned long long)w->n_entries, (unsigned long long)d->n_branch,
-                   (unsigned long long)d->n_leaf, (unsigned long long)d->n_overflow, (unsigned long long)d->n_entries);
+    if (w->n_branch != d->n_branch || w->n_leaf != d->n_leaf || w->n_overflow != d->n_overflow ||
+        w->n_entries != d->n_entries)
+        return bad(c, rec_page, 0,
+                   "holds %llu/%llu/%llu branch/leaf/overflow pages and %llu entries, its record says "
+                   "%llu/%llu/%llu and %llu",
+                   (unsigned long long)w->n_branch, (unsigned long long)w->n_leaf, (unsigned long long)w->n_overflow,
+                   (unsigned long long)w->n_entries, (unsigned long long)d->n_branch, (unsigned long long)d->n_leaf,
+                   (unsigned long long)d->n_overflow, (unsigned long long)d->n_entries);
     return 0;
 }
 
@@ -326,13 +344,15 @@ static int walk_all(tree_ctx *c, const uint8_t *m, uint64_t meta_pg)
     c->main_db = 0;
     for (int i = 0; st == 0 && i < c->n_named; i++) {
         snprintf(c->db, sizeof c->db, "db '%s'", c->names[i]);
-        st = c->named[i].flags ? bad(c, main_db.root, 0, "db flags 0x%x", c->named[i].flags) : walk_db(c, &c->named[i], main_db.root);
+        st = c->named[i].flags ? bad(c, main_db.root, 0, "db flags 0x%x", c->named[i].flags)
+                               : walk_db(c, &c->named[i], main_db.root);
     }
     for (uint64_t w = 0; st == 0 && w < (c->n_pages + 63) / 64; w++)
         if (c->used[w] & c->freed[w]) {
             uint64_t pg = w * 64 + (uint64_t)__builtin_ctzll(c->used[w] & c->freed[w]);
             snprintf(c->db, sizeof c->db, "the free-page db");
-            st = bad(c, pg, 0, "page %llu is in use and also listed free (a write would reuse it)", (unsigned long long)pg);
+            st = bad(c, pg, 0, "page %llu is in use and also listed free (a write would reuse it)",
+                     (unsigned long long)pg);
         }
     return st;
 }
@@ -378,7 +398,8 @@ static int check_snapshot(tree_ctx *c, const uint8_t *m, uint64_t meta_pg, size_
     c->used = calloc((c->n_pages + 63) / 64, 8);
     c->freed = calloc((c->n_pages + 63) / 64, 8);
     if (!c->used || !c->freed)
-        return kvm_err(KVM_ENOMEM, "store %s: out of memory for a %llu-page check", c->s->path, (unsigned long long)c->n_pages);
+        return kvm_err(KVM_ENOMEM, "store %s: out of memory for a %llu-page check", c->s->path,
+                       (unsigned long long)c->n_pages);
     c->used[0] |= 3; /* the two meta pages */
     return walk_all(c, m, meta_pg);
 }
@@ -399,13 +420,16 @@ int kvm_store__tree_check(kvm_store *s, MDB_txn *txn, int write)
     size_t bytes = (size_t)fst.st_size;
     void *map = bytes >= 2 * c->psize ? mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
     uint8_t m[META_TXNID + 8];
-    if (bytes < 2 * c->psize) st = kvm_err(KVM_ECORRUPT, "store %s: data.mdb is damaged: %zu bytes", s->path, bytes);
-    else if (map == MAP_FAILED) st = kvm_err(KVM_EIO, "store %s: cannot map data.mdb: %s", s->path, strerror(errno));
+    if (bytes < 2 * c->psize)
+        st = kvm_err(KVM_ECORRUPT, "store %s: data.mdb is damaged: %zu bytes", s->path, bytes);
+    else if (map == MAP_FAILED)
+        st = kvm_err(KVM_EIO, "store %s: cannot map data.mdb: %s", s->path, strerror(errno));
     c->map = map == MAP_FAILED ? NULL : map;
     if (st == 0 && !meta_copy(c->map, c->psize, txnid, m, sizeof m))
-        st = write ? kvm_err(KVM_ECORRUPT, "store %s: data.mdb is damaged: meta page %llu does not hold transaction %llu",
-                             s->path, (unsigned long long)(txnid & 1), (unsigned long long)txnid)
-                   : KVM_STORE__TREE_RETRY;
+        st = write
+                 ? kvm_err(KVM_ECORRUPT, "store %s: data.mdb is damaged: meta page %llu does not hold transaction %llu",
+                           s->path, (unsigned long long)(txnid & 1), (unsigned long long)txnid)
+                 : KVM_STORE__TREE_RETRY;
     if (st == 0) st = check_snapshot(c, m, txnid & 1, bytes);
     if (c->map) munmap(map, bytes);
     free(c->used);

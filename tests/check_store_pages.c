@@ -20,13 +20,13 @@
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
-#define N_CACHES 24  /* caches in the fixture store (those % 4 == 0 on overflow pages) */
-#define N_REMOVED 4  /* caches [16, 20) removed again: the free db gets page lists */
-#define N_LAYERS 3   /* layers per cache */
+#define N_CACHES 24 /* caches in the fixture store (those % 4 == 0 on overflow pages) */
+#define N_REMOVED 4 /* caches [16, 20) removed again: the free db gets page lists */
+#define N_LAYERS 3  /* layers per cache */
 
-static char *g_dir;          /* this test's temporary directory */
-static char g_orig[4200];    /* the undamaged fixture store */
-static char g_work[4200];    /* a damaged copy */
+static char *g_dir;       /* this test's temporary directory */
+static char g_orig[4200]; /* the undamaged fixture store */
+static char g_work[4200]; /* a damaged copy */
 
 /* ---- the fixture store ---- */
 
@@ -58,7 +58,8 @@ static void fc_make(fcache *f, int i)
         size_t n = i % 4 == 0 ? 6000 : 40 + (size_t)i; /* 6000 bytes: two overflow pages */
         f->payload[l] = malloc(n);
         ck_assert_ptr_nonnull(f->payload[l]);
-        for (size_t j = 0; j < n; j++) f->payload[l][j] = (uint8_t)(j * 7 + (size_t)i * 13 + (size_t)l);
+        for (size_t j = 0; j < n; j++)
+            f->payload[l][j] = (uint8_t)(j * 7 + (size_t)i * 13 + (size_t)l);
         f->frames[l] = (kvm_frame){f->payload[l], n};
         f->layers[l] = (kvm_store_layer){&f->frames[l], 1};
     }
@@ -66,10 +67,14 @@ static void fc_make(fcache *f, int i)
 
 static void fc_free(fcache *f)
 {
-    for (int l = 0; l < N_LAYERS; l++) free(f->payload[l]);
+    for (int l = 0; l < N_LAYERS; l++)
+        free(f->payload[l]);
 }
 
-static kvm_store_cache_key fc_key(const fcache *f) { return (kvm_store_cache_key){f->m.model_id, f->m.doc_hash, f->m.config_id}; }
+static kvm_store_cache_key fc_key(const fcache *f)
+{
+    return (kvm_store_cache_key){f->m.model_id, f->m.doc_hash, f->m.config_id};
+}
 
 /* Caches, documents (with their name index), a strategy, a claim, and removed caches. */
 static void make_fixture(const char *path)
@@ -139,7 +144,8 @@ static uint8_t *read_data(const char *store, size_t *n)
 static uint64_t le64(const uint8_t *p)
 {
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
     return v;
 }
 
@@ -227,7 +233,8 @@ static void flip(const char *store, const site *st)
 static void copy_fixture(void)
 {
     char cmd[9000];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir '%s' && cp '%s/data.mdb' '%s/data.mdb'", g_work, g_work, g_orig, g_work);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir '%s' && cp '%s/data.mdb' '%s/data.mdb'", g_work, g_work, g_orig,
+             g_work);
     ck_assert_int_eq(system(cmd), 0);
 }
 
@@ -371,8 +378,8 @@ static int check_site(const site *st, char *why, size_t why_n)
     if (WIFEXITED(ws) && WEXITSTATUS(ws) == 0) return 0;
     size_t len = strlen(why);
     if (WIFSIGNALED(ws))
-        snprintf(why + len, why_n - len, "\n  page %lld byte %d (%s): killed by signal %d%s", (long long)st->pgno, st->off,
-                 st->what, WTERMSIG(ws), WTERMSIG(ws) == SIGALRM ? " (a loop)" : "");
+        snprintf(why + len, why_n - len, "\n  page %lld byte %d (%s): killed by signal %d%s", (long long)st->pgno,
+                 st->off, st->what, WTERMSIG(ws), WTERMSIG(ws) == SIGALRM ? " (a loop)" : "");
     else
         snprintf(why + len, why_n - len, "\n  page %lld byte %d (%s): check %d failed", (long long)st->pgno, st->off,
                  st->what, WEXITSTATUS(ws));
@@ -393,7 +400,8 @@ START_TEST(test_damaged_pages_refused)
         n_bad += check_site(&sites[i], why, 1 << 16);
     }
     ck_assert_msg(pages_seen[0] > 0 && pages_seen[1] > 0 && pages_seen[2] > 0,
-                  "fixture lacks leaf (%d), branch (%d) or overflow (%d) sites", pages_seen[0], pages_seen[1], pages_seen[2]);
+                  "fixture lacks leaf (%d), branch (%d) or overflow (%d) sites", pages_seen[0], pages_seen[1],
+                  pages_seen[2]);
     ck_assert_msg(n_bad == 0, "%d of %d damaged copies not refused cleanly:%.4000s", n_bad, n, why);
     free(why);
     free(sites);
