@@ -138,12 +138,15 @@ int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
             *txn = NULL;
             return kvm_store__mdb(s, rc, "begin read transaction");
         }
+        uint64_t txnid = (uint64_t)mdb_txn_id(*txn);
         int st = kvm_store__tree_check(s, *txn, 0);
         if (st == 0) return 0;
         mdb_txn_abort(*txn);
         *txn = NULL;
-        if (st != KVM_STORE__TREE_RETRY || resized++ >= 16)
-            return st == KVM_STORE__TREE_RETRY ? kvm_err(KVM_EIO, "store %s: writers kept moving past the read", s->path) : st;
+        if (st != KVM_STORE__TREE_RETRY) return st;
+        if (resized++ >= 16) /* not writers moving on: the meta page is not the one LMDB picked */
+            return kvm_err(KVM_ECORRUPT, "store %s: data.mdb is damaged: meta page %llu does not hold transaction %llu",
+                           s->path, (unsigned long long)(txnid & 1), (unsigned long long)txnid);
     }
 }
 

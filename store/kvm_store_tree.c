@@ -65,7 +65,8 @@ typedef struct tree_ctx {
     kvm_store *s;              /* the store (path for messages) */
     const uint8_t *map;        /* LMDB's map of data.mdb */
     size_t psize;              /* page size, bytes */
-    uint64_t n_pages;          /* pages [0, n_pages) belong to the snapshot */
+    uint64_t n_pages;          /* pages [0, n_pages) belong to the snapshot (mm_last_pg + 1) */
+    uint64_t file_pages;       /* of which [0, file_pages) are in data.mdb: the others can only be free */
     uint64_t *used;            /* bitmap: pages of a tree (and the two meta pages) */
     uint64_t *freed;           /* bitmap: pages listed in the free db */
     char db[80];               /* db being walked, for messages */
@@ -130,9 +131,9 @@ static int key_cmp(const tree_ctx *c, const uint8_t *a, size_t an, const uint8_t
  * reached twice is a loop or two trees sharing a page: a write through one rewrites the other). */
 static int page_claim(tree_ctx *c, uint64_t from, uint64_t pgno, const char *what)
 {
-    if (pgno < 2 || pgno >= c->n_pages)
+    if (pgno < 2 || pgno >= c->file_pages)
         return bad(c, from, 0, "%s page number %llu outside the file's pages [2, %llu)", what, (unsigned long long)pgno,
-                   (unsigned long long)c->n_pages);
+                   (unsigned long long)c->file_pages);
     if (bit_test_set(c->used, pgno))
         return bad(c, from, 0, "%s page %llu is reached twice (a loop or a shared page)", what,
                    (unsigned long long)pgno);
@@ -150,9 +151,9 @@ static int overflow_check(tree_ctx *c, uint64_t from, uint64_t pgno, uint64_t ds
     uint32_t n = kvm_store__get_u32(p + 12);
     uint64_t need = (PG_HDR - 1 + dsize) / c->psize + 1;
     if (u16_at(p + 10) != P_OVERFLOW) return bad(c, pgno, 10, "flags 0x%x, expected an overflow page", u16_at(p + 10));
-    if (n < need || pgno + n > c->n_pages)
+    if (n < need || pgno + n > c->file_pages)
         return bad(c, pgno, 12, "%u overflow pages for a %llu-byte value (needs %llu, file has %llu pages)", n,
-                   (unsigned long long)dsize, (unsigned long long)need, (unsigned long long)c->n_pages);
+                   (unsigned long long)dsize, (unsigned long long)need, (unsigned long long)c->file_pages);
     for (uint64_t i = 1; i < n; i++)
         if (bit_test_set(c->used, pgno + i))
             return bad(c, pgno, 12, "overflow run overlaps page %llu", (unsigned long long)(pgno + i));
@@ -386,15 +387,18 @@ static int file_unchanged(const kvm_store *s, uint64_t txnid, const struct stat 
            s->tree_ok_mtime.tv_sec == st->st_mtim.tv_sec && s->tree_ok_mtime.tv_nsec == st->st_mtim.tv_nsec;
 }
 
-/* The snapshot's meta page (m, page meta_pg) within a file of file_bytes, then every tree. */
-static int check_snapshot(tree_ctx *c, const uint8_t *m, uint64_t meta_pg, size_t file_bytes)
+/* The snapshot's meta page (m, page meta_pg) within a file of file_bytes and a map of
+ * map_bytes, then every tree. The file may end before the meta's last page: LMDB never writes
+ * a page a transaction took and freed again (a loose page), which the free db then lists. */
+static int check_snapshot(tree_ctx *c, const uint8_t *m, uint64_t meta_pg, size_t file_bytes, size_t map_bytes)
 {
     uint64_t last = u64_at(m + META_LAST_PG);
     snprintf(c->db, sizeof c->db, "the meta page");
-    if (kvm_store__get_u32(m + META_DBS) != c->psize || last < 1 || last >= file_bytes / c->psize)
-        return bad(c, meta_pg, META_LAST_PG, "page size %u (LMDB uses %zu), last page %llu of a %zu-page file",
-                   kvm_store__get_u32(m + META_DBS), c->psize, (unsigned long long)last, file_bytes / c->psize);
+    if (kvm_store__get_u32(m + META_DBS) != c->psize || last < 1 || last >= map_bytes / c->psize)
+        return bad(c, meta_pg, META_LAST_PG, "page size %u (LMDB uses %zu), last page %llu of a %zu-page map",
+                   kvm_store__get_u32(m + META_DBS), c->psize, (unsigned long long)last, map_bytes / c->psize);
     c->n_pages = last + 1;
+    c->file_pages = file_bytes / c->psize < c->n_pages ? file_bytes / c->psize : c->n_pages;
     c->used = calloc((c->n_pages + 63) / 64, 8);
     c->freed = calloc((c->n_pages + 63) / 64, 8);
     if (!c->used || !c->freed)
@@ -410,7 +414,9 @@ int kvm_store__tree_check(kvm_store *s, MDB_txn *txn, int write)
     int fd;
     struct stat fst;
     MDB_stat es;
+    MDB_envinfo info;
     int st = file_stat(s, &fd, &fst), rc = st ? 0 : mdb_env_stat(s->env, &es);
+    if (rc == 0 && st == 0) rc = mdb_env_info(s->env, &info);
     if (st || rc) return st ? st : kvm_store__mdb(s, rc, "env stat");
     if (file_unchanged(s, txnid, &fst)) return 0;
     tree_ctx *c = calloc(1, sizeof *c);
@@ -430,7 +436,7 @@ int kvm_store__tree_check(kvm_store *s, MDB_txn *txn, int write)
                  ? kvm_err(KVM_ECORRUPT, "store %s: data.mdb is damaged: meta page %llu does not hold transaction %llu",
                            s->path, (unsigned long long)(txnid & 1), (unsigned long long)txnid)
                  : KVM_STORE__TREE_RETRY;
-    if (st == 0) st = check_snapshot(c, m, txnid & 1, bytes);
+    if (st == 0) st = check_snapshot(c, m, txnid & 1, bytes, info.me_mapsize);
     if (c->map) munmap(map, bytes);
     free(c->used);
     free(c->freed);
