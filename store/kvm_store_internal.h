@@ -134,7 +134,9 @@ int kvm_store__tree_check(kvm_store *s, MDB_txn *txn, int write);
  * process with SIGBUS on the first read past its end. A file without its two meta pages
  * gets up to 1 s to grow them (another process may be creating the store right now; LMDB
  * writes them as it creates the file). Errors: KVM_EFORMAT (truncated: the
- * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
+ * message names the file, its size and the size expected), KVM_ECORRUPT (a meta page with
+ * LMDB's magic gives an invalid page size, or the two give different ones: LMDB would map the
+ * file with it and read past its end), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);
 
 /* LMDB gives DIR/lock.mdb its size with ftruncate and maps it, so its pages get disk blocks

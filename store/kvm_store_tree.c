@@ -336,7 +336,9 @@ static int walk_all(tree_ctx *c, const uint8_t *m, uint64_t meta_pg)
     db_decode(m + META_DBS + DB_REC, &main_db);
     snprintf(c->db, sizeof c->db, "the free-page db");
     c->free_db = 1;
-    int st = walk_db(c, &free_db, meta_pg);
+    int st = 0; /* LMDB runs its cursors by the flags stored here: integer keys, nothing else */
+    if (free_db.flags != MDB_INTEGERKEY) st = bad(c, meta_pg, META_DBS + 4, "db flags 0x%x", free_db.flags);
+    if (st == 0) st = walk_db(c, &free_db, meta_pg);
     c->free_db = 0;
     c->main_db = 1;
     snprintf(c->db, sizeof c->db, "the main db");

@@ -408,6 +408,62 @@ START_TEST(test_damaged_pages_refused)
 }
 END_TEST
 
+/* In a child: both opens of the damaged copy are refused naming the store. */
+static int meta_child(void)
+{
+    alarm(60);
+    kvm_store *w = NULL, *ro = NULL;
+    kvm_store_opts o = {.no_sync = 1}, oro = {.read_only = 1};
+    int r = first(refused(kvm_store_open(g_work, &o, &w), 1), refused(kvm_store_open(g_work, &oro, &ro), 2));
+    kvm_store_close(&ro);
+    kvm_store_close(&w);
+    return r;
+}
+
+/* The meta pages (0 and 1): LMDB maps the file with the newer one's page size and finds page 1
+ * at page 0's, so a flipped page size byte in either made the old code die with SIGBUS inside
+ * mdb_env_open; the free db's flags (LMDB's free-page cursor asserted on DUPSORT) and the roots
+ * and depth of the newer one, which every transaction starts from. */
+START_TEST(test_damaged_meta_refused)
+{
+    size_t n;
+    uint8_t *b = read_data(g_orig, &n);
+    size_t psize = le16(b + 16 + 24) | (size_t)le16(b + 16 + 26) << 16;
+    int64_t cur = le64(b + psize + 16 + 128) > le64(b + 16 + 128); /* the meta with the higher txnid */
+    free(b);
+    const site sites[] = {
+        {0, 40, "meta 0 page size"},     {0, 41, "meta 0 page size"}, {0, 42, "meta 0 page size"},
+        {0, 43, "meta 0 page size"},     {1, 40, "meta 1 page size"}, {1, 41, "meta 1 page size"},
+        {1, 42, "meta 1 page size"},     {1, 43, "meta 1 page size"}, {cur, 44, "free db flags"},
+        {cur, 56, "free db leaf pages"}, {cur, 80, "free db root"},   {cur, 94, "main db depth"},
+        {cur, 120, "main db entries"},   {cur, 128, "main db root"},
+    }; /* the meta: 16-byte page header, then u32 magic, u32 version, address, map size, and two
+        * 48-byte db records (free at byte 40, main at 88: u32 pad = page size in the free db's,
+        * u16 flags, u16 depth, u64 branch, leaf, overflow pages, entries, root) */
+    char why[4096] = "";
+    int n_bad = 0;
+    for (size_t i = 0; i < sizeof sites / sizeof sites[0]; i++) {
+        copy_fixture();
+        flip(g_work, &sites[i]);
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) _exit(meta_child());
+        int ws = 0;
+        ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+        if (WIFEXITED(ws) && WEXITSTATUS(ws) == 0) continue;
+        size_t len = strlen(why);
+        snprintf(why + len, sizeof why - len, "\n  page %lld byte %d (%s): %s %d", (long long)sites[i].pgno,
+                 sites[i].off, sites[i].what, WIFSIGNALED(ws) ? "killed by signal" : "not refused by open",
+                 WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws));
+        n_bad++;
+    }
+    ck_assert_msg(n_bad == 0, "%d of %zu damaged meta pages not refused cleanly:%s", n_bad,
+                  sizeof sites / sizeof sites[0], why);
+}
+END_TEST
+
 /* The undamaged fixture: every operation works and returns what was stored (the check finds
  * nothing wrong in pages LMDB wrote: branch and leaf pages, overflow runs, free-page lists). */
 START_TEST(test_undamaged_store_works)
@@ -506,6 +562,11 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_damaged_pages_refused);
+    suite_add_tcase(su, tc);
+    tc = tcase_create("damaged_meta_refused");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_damaged_meta_refused);
     suite_add_tcase(su, tc);
     tc = tcase_create("undamaged_store_works");
     tcase_add_checked_fixture(tc, setup, teardown);
