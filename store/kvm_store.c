@@ -110,10 +110,14 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
             continue;
         }
         if (rc) return kvm_store__mdb(s, rc, "begin write transaction");
+        uint64_t txnid = (uint64_t)mdb_txn_id(txn);
         int st = kvm_store__tree_check(s, txn, 1); /* no write on pages that fail it */
+        s->txn_wrote = 0;
         if (st == 0) st = fn(s, txn, arg);
         if (st == 0) {
             rc = mdb_txn_commit(txn);
+            /* a txn that changed nothing commits nothing: its id may become another process's */
+            if (rc == 0 && s->txn_wrote) kvm_store__tree_ok(s, txnid);
             if (rc == 0) return 0;
             st = kvm_store__mdb(s, rc, "commit");
         } else {
@@ -168,6 +172,7 @@ int kvm_store__meta_set(kvm_store *s, MDB_txn *txn, const char *name, int64_t v)
     kvm_store__put_u64(b, (uint64_t)v);
     MDB_val k = {strlen(name), (void *)name}, d = {8, b};
     int rc = mdb_put(txn, s->dbi[KVM_STORE__DB_META], &k, &d, 0);
+    if (rc == 0) s->txn_wrote = 1; /* the commit takes a new id (put, rm and evict all come here) */
     return rc ? kvm_store__mdb(s, rc, name) : 0;
 }
 
@@ -359,6 +364,7 @@ void kvm_store_close(kvm_store **sp)
     *sp = NULL;
     /* In a forked child the environment belongs to the parent: leave LMDB alone. */
     if (s->env && s->pid == getpid()) mdb_env_close(s->env);
+    kvm_store__tree_unmap(s);
     pthread_mutex_destroy(&s->mu);
     free(s->path);
     free(s);

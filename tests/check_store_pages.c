@@ -464,6 +464,54 @@ START_TEST(test_damaged_meta_refused)
 }
 END_TEST
 
+/* In a child: a writer's own commit spares its next transaction the check, but a page damaged
+ * after it (the main db's root, which every transaction reads) is still caught. */
+static int own_commit_child(void)
+{
+    alarm(60);
+    kvm_store *w = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    fcache f, g;
+    fc_make(&f, 77);
+    fc_make(&g, 5);
+    int r = kvm_store_open(g_work, &o, &w) || kvm_store_put_cache(w, &f.m, f.layers) ? 1 : 0;
+    size_t n;
+    uint8_t *b = read_data(g_work, &n);
+    size_t psize = le16(b + 16 + 24) | (size_t)le16(b + 16 + 26) << 16;
+    int64_t cur = le64(b + psize + 16 + 128) > le64(b + 16 + 128);
+    site root = {(int64_t)le64(b + cur * (int64_t)psize + 128), 10, "main db root flags"};
+    free(b);
+    flip(g_work, &root);
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {1, 0}};
+    char p[4300];
+    snprintf(p, sizeof p, "%s/data.mdb", g_work);
+    if (!r && utimensat(AT_FDCWD, p, ts, 0)) r = 2;
+    kvm_store_cache_key k = fc_key(&g);
+    kvm_store_cache *c = NULL;
+    r = first(r, refused(kvm_store_get_cache(w, &k, NULL, &c), 3));
+    r = first(r, refused(kvm_store_put_cache(w, &g.m, g.layers), 4));
+    kvm_store_cache_free(&c);
+    kvm_store_close(&w);
+    fc_free(&f);
+    fc_free(&g);
+    return r;
+}
+
+START_TEST(test_damage_after_own_commit)
+{
+    copy_fixture();
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) _exit(own_commit_child());
+    int ws = 0;
+    ck_assert_int_eq(waitpid(pid, &ws, 0), pid);
+    ck_assert_msg(!WIFSIGNALED(ws), "killed by signal %d", WTERMSIG(ws));
+    ck_assert_msg(WEXITSTATUS(ws) == 0, "check %d failed", WEXITSTATUS(ws));
+}
+END_TEST
+
 /* The undamaged fixture: every operation works and returns what was stored (the check finds
  * nothing wrong in pages LMDB wrote: branch and leaf pages, overflow runs, free-page lists). */
 START_TEST(test_undamaged_store_works)
@@ -567,6 +615,11 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_damaged_meta_refused);
+    suite_add_tcase(su, tc);
+    tc = tcase_create("damage_after_own_commit");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_damage_after_own_commit);
     suite_add_tcase(su, tc);
     tc = tcase_create("undamaged_store_works");
     tcase_add_checked_fixture(tc, setup, teardown);
