@@ -5,7 +5,10 @@
  * process (SIGSEGV, SIGBUS, an assert) or looping, and a delete could rewrite other pages.
  * This walk reads the snapshot the transaction sees, from the meta page down, with every
  * offset bounds-checked before it is followed, and refuses the store (KVM_ECORRUPT) unless
- * every page LMDB can reach is as LMDB writes it. Layout (lmdb/mdb.c 0.9, 64-bit builds):
+ * every page LMDB can reach is as LMDB writes it. Checking first is the sound way: a SIGSEGV
+ * handler cannot undo what LMDB did before the fault (a write through a bad page rewrites other
+ * records, its locks and half-made txn stay), and reads in a forked child cost a fork each and
+ * still leave writes unguarded. Layout (lmdb/mdb.c 0.9, 64-bit builds):
  * a page is a 16-byte header (u64 pgno, u16 pad, u16 flags, u16 lower, u16 upper; an
  * overflow page holds u32 page count instead of lower/upper), then u16 node offsets; a node
  * is u16 lo, u16 hi, u16 flags, u16 key size, the key, then the value (leaf) or nothing
@@ -63,7 +66,7 @@ typedef struct tree_key {
 /* State of one check. */
 typedef struct tree_ctx {
     kvm_store *s;              /* the store (path for messages) */
-    const uint8_t *map;        /* LMDB's map of data.mdb */
+    const uint8_t *map;        /* the handle's read-only map of data.mdb (kvm_store.tree_map) */
     size_t psize;              /* page size, bytes */
     uint64_t n_pages;          /* pages [0, n_pages) belong to the snapshot (mm_last_pg + 1) */
     uint64_t file_pages;       /* of which [0, file_pages) are in data.mdb: the others can only be free */
