@@ -279,16 +279,26 @@ static int cmd_verify(int argc, char **argv)
     kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT, {NULL, 0, NULL, NULL}};
     int n_pos;
     int rc = parse("store verify",
-                   "check every checksum and manifest; exit 0 all pass, 1 corruption, 2 store cannot be opened", argc,
-                   argv, opts, NULL, 0, &n_pos);
+                   "check every B-tree page, checksum and manifest; exit 0 all pass, 1 corruption, 2 store cannot be "
+                   "opened",
+                   argc, argv, opts, NULL, 0, &n_pos);
     if (rc >= 0) return rc;
     kvm_config *cfg = NULL;
     const char *path;
     if (store_of("store verify", opts, &cfg, &path)) return 2;
     kvm_store *s = NULL;
-    rc = open_ro("store verify", path, &s, 0);
+    kvm_store_opts o = {.read_only = 1};
+    rc = kvm_store_open(path, &o, &s);
     kvm_config_free(&cfg);
-    if (rc) return 2;
+    if (rc == KVM_ECORRUPT) { /* damaged B-tree pages: the open refuses the store, verify reports why */
+        verify_report(kvm_errmsg(), NULL);
+        printf("0 records checked, 1 problem(s)\n");
+        return 1;
+    }
+    if (rc) {
+        fprintf(stderr, "kvmill store verify: cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(rc));
+        return 2;
+    }
     int64_t n_records = 0, n_problems = 0;
     int st = kvm_store_verify(s, verify_report, NULL, &n_records, &n_problems);
     kvm_store_close(&s);

@@ -110,9 +110,14 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
             continue;
         }
         if (rc) return kvm_store__mdb(s, rc, "begin write transaction");
-        int st = fn(s, txn, arg);
+        uint64_t txnid = (uint64_t)mdb_txn_id(txn);
+        int st = kvm_store__tree_check(s, txn, 1); /* no write on pages that fail it */
+        s->txn_wrote = 0;
+        if (st == 0) st = fn(s, txn, arg);
         if (st == 0) {
             rc = mdb_txn_commit(txn);
+            /* a txn that changed nothing commits nothing: its id may become another process's */
+            if (rc == 0 && s->txn_wrote) kvm_store__tree_ok(s, txnid);
             if (rc == 0) return 0;
             st = kvm_store__mdb(s, rc, "commit");
         } else {
@@ -137,7 +142,15 @@ int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
             *txn = NULL;
             return kvm_store__mdb(s, rc, "begin read transaction");
         }
-        return 0;
+        uint64_t txnid = (uint64_t)mdb_txn_id(*txn);
+        int st = kvm_store__tree_check(s, *txn, 0);
+        if (st == 0) return 0;
+        mdb_txn_abort(*txn);
+        *txn = NULL;
+        if (st != KVM_STORE__TREE_RETRY) return st;
+        if (resized++ >= 16) /* not writers moving on: the meta page is not the one LMDB picked */
+            return kvm_err(KVM_ECORRUPT, "store %s: data.mdb is damaged: meta page %llu does not hold transaction %llu",
+                           s->path, (unsigned long long)(txnid & 1), (unsigned long long)txnid);
     }
 }
 
@@ -159,6 +172,7 @@ int kvm_store__meta_set(kvm_store *s, MDB_txn *txn, const char *name, int64_t v)
     kvm_store__put_u64(b, (uint64_t)v);
     MDB_val k = {strlen(name), (void *)name}, d = {8, b};
     int rc = mdb_put(txn, s->dbi[KVM_STORE__DB_META], &k, &d, 0);
+    if (rc == 0) s->txn_wrote = 1; /* the commit takes a new id (put, rm and evict all come here) */
     return rc ? kvm_store__mdb(s, rc, name) : 0;
 }
 
@@ -350,6 +364,7 @@ void kvm_store_close(kvm_store **sp)
     *sp = NULL;
     /* In a forked child the environment belongs to the parent: leave LMDB alone. */
     if (s->env && s->pid == getpid()) mdb_env_close(s->env);
+    kvm_store__tree_unmap(s);
     pthread_mutex_destroy(&s->mu);
     free(s->path);
     free(s);

@@ -165,11 +165,18 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
 /* Opens (read-write: creating the directory, one level, and the databases if missing, unless
  * must_exist) the LMDB environment directory `path`. opts may be NULL (defaults). Clears stale
  * reader slots of dead processes (mdb_reader_check). *out is set on success, NULL on failure.
+ * Every transaction of the handle, the open's first, begins with a structural check of the
+ * data.mdb pages it can reach (LMDB has no page checksums: a damaged page made it crash or
+ * loop); a snapshot committed by another process since is checked again, so every function
+ * taking a kvm_store * may also return KVM_ECORRUPT for damaged pages, without having read or
+ * written anything through them.
  * Errors: KVM_EINVAL (bad opts; path on a network filesystem, kvm_store__check_fs), KVM_ENOTFOUND (read_only or must_exist, and no store at
  * path: no directory, or one without data.mdb; nothing is created), KVM_EFORMAT (path is not
  * an LMDB environment directory, or not a kvmill store, or its data.mdb is shorter than its
  * meta pages say: checked with pread before mapping, the message names the file, its size and
- * the size expected),
+ * the size expected), KVM_ECORRUPT (damaged B-tree pages: the message names the store, the db,
+ * the page and the byte of data.mdb, and what is wrong; or meta pages giving bad page sizes;
+ * nothing is written),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
@@ -330,7 +337,8 @@ int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_
  * in is the caller's business (no process may have the store open then). *copy_bytes (may
  * be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or is empty, or its
  * parent is missing, not a folder or not writable), KVM_EIO (cannot create or write dst
- * otherwise; a partial copy is removed), KVM_ESTATE. */
+ * otherwise; a partial copy is removed), KVM_ECORRUPT (damaged pages: the copy walks every
+ * page, so nothing is copied and dst is removed), KVM_ESTATE. */
 int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes);
 
 /* ---- verify (store/kvm_store_verify.c) ---- */
@@ -342,8 +350,10 @@ typedef void (*kvm_store_report_fn)(const char *problem, void *arg);
  * every db; every manifest: fields valid, ids equal to its key, layers [0, n_layers) all
  * present and valid, stored_bytes equal to the layers' frame bytes; no orphan layers (no
  * manifest, or index >= n_layers); access-time bookkeeping consistent; recorded cache
- * bytes equal to the sum of cache values. Reports each problem through report (may be
- * NULL) and counts them in *n_problems; *n_records counts records checked.
+ * bytes equal to the sum of cache values. A snapshot whose B-tree pages are damaged (the
+ * check every transaction passes first; a store damaged so is refused by kvm_store_open) is
+ * one problem, naming the page, and no record is read. Reports each problem through report
+ * (may be NULL) and counts them in *n_problems; *n_records counts records checked.
  * Returns 0 when the check ran (whatever it found); errors: KVM_ESTATE, KVM_EIO. */
 int kvm_store_verify(kvm_store *s, kvm_store_report_fn report, void *arg, int64_t *n_records,
                      int64_t *n_problems);

@@ -29,7 +29,8 @@
 
 /* One meta page as read from the file. */
 typedef struct meta_page {
-    int ok;            /* 1 when the page was read whole and carries the magic */
+    int magic;         /* 1 when the page was read whole and carries the magic */
+    int ok;            /* 1 when it also gives a valid page size */
     uint32_t psize;    /* page size, bytes */
     uint64_t last_pg;  /* last page in use */
     uint64_t txnid;    /* transaction that wrote it */
@@ -41,6 +42,7 @@ static void meta_read(int fd, off_t at, int64_t file_bytes, meta_page *m)
     memset(m, 0, sizeof *m);
     if (at + (int64_t)sizeof b > file_bytes || pread(fd, b, sizeof b, at) != (ssize_t)sizeof b) return;
     if (kvm_store__get_u32(b + META_OFF) != META_MAGIC) return;
+    m->magic = 1;
     m->psize = kvm_store__get_u32(b + META_PSIZE);
     m->last_pg = kvm_store__get_u64(b + META_LAST_PG);
     m->txnid = kvm_store__get_u64(b + META_TXNID);
@@ -72,6 +74,17 @@ static int check_once(const char *dir, int *young)
     if (fstat(fd, &st) == 0) size = (int64_t)st.st_size;
     close(fd);
     *young = !m0.ok || !m1.ok;
+    /* LMDB takes the page size of the newer meta page and finds page 1 at page 0's size: one
+     * damaged size and it maps the file with another page size, reading past its end (SIGBUS).
+     * A size of 0 may be a page being written as the store is created: looked at again. */
+    if ((m0.magic && !m0.ok) || (m1.magic && (!m1.ok || m1.psize != m0.psize))) {
+        *young = (m0.magic && m0.psize == 0) || (m1.magic && m1.psize == 0);
+        return kvm_err(KVM_ECORRUPT,
+                       "store %s: data.mdb is damaged: its meta pages, page 0 and page 1, give page sizes %u and %u; "
+                       "restore the store from a copy, or move it aside and run again (its documents are compressed "
+                       "again)",
+                       dir, m0.psize, m1.psize);
+    }
     if (!m0.ok) {
         if (size >= 2 * MIN_PAGE) return *young = 0; /* not LMDB's magic: mdb_env_open says "not an LMDB environment" */
         return kvm_err(KVM_EFORMAT,
@@ -100,6 +113,14 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
     }
     int rc = kvm_store__lock(s);
     if (rc) {
+        rmdir(dst);
+        return rc;
+    }
+    MDB_txn *txn = NULL; /* the copy walks every page: they pass the check first */
+    rc = kvm_store__read_begin(s, &txn);
+    if (txn) mdb_txn_abort(txn);
+    if (rc) {
+        kvm_store__unlock(s);
         rmdir(dst);
         return rc;
     }

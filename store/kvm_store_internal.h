@@ -7,6 +7,7 @@
 #include <lmdb.h>
 #include <pthread.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "store/kvm_store.h"
 
@@ -77,6 +78,13 @@ struct kvm_store {
     pid_t pid;                        /* process that opened the env */
     pthread_mutex_t mu;               /* serializes every call on the handle */
     int mdb_rc;                       /* raw LMDB code of the last failure in a write txn */
+    int tree_ok;                      /* 1: snapshot tree_ok_txnid passed kvm_store__tree_check */
+    uint64_t tree_ok_txnid;           /* last snapshot checked */
+    int64_t tree_ok_size;             /* data.mdb's size then, bytes */
+    struct timespec tree_ok_mtime;    /* and its mtime */
+    int txn_wrote;                    /* 1: the write txn in progress changed something */
+    void *tree_map;                   /* the check's read-only map of data.mdb, or NULL */
+    size_t tree_map_bytes;            /* its length */
     void (*txn_hook)(void *arg);      /* tests: called inside put's txn before the manifest */
     void *txn_hook_arg;               /* argument of txn_hook */
 };
@@ -91,20 +99,53 @@ typedef int (*kvm_store__write_fn)(kvm_store *s, MDB_txn *txn, void *arg);
 int kvm_store__lock(kvm_store *s);
 void kvm_store__unlock(kvm_store *s);
 /* Runs fn in a write transaction and commits; on MDB_MAP_FULL (in fn or at commit) aborts,
- * doubles the map (up to map_max_bytes) and runs fn again. Handle must be locked. */
+ * doubles the map (up to map_max_bytes) and runs fn again. Before fn, the last commit's pages
+ * pass kvm_store__tree_check (KVM_ECORRUPT: fn is not run, nothing is written). Handle must be
+ * locked. */
 int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg);
-/* Begins a read txn, adopting a map grown by another process (MDB_MAP_RESIZED). */
+/* Begins a read txn, adopting a map grown by another process (MDB_MAP_RESIZED), whose
+ * snapshot's pages pass kvm_store__tree_check. Errors: KVM_ECORRUPT (then *txn is NULL),
+ * LMDB's, mapped by kvm_store__mdb. */
 int kvm_store__read_begin(kvm_store *s, MDB_txn **txn);
 /* Maps an LMDB code to a kvm status with a message "store PATH: WHAT: mdb error"; records
  * the raw code in s->mdb_rc. */
 int kvm_store__mdb(kvm_store *s, int rc, const char *what);
+
+/* The structural check of data.mdb's B-tree pages (store/kvm_store_tree.c), run on the
+ * snapshot a transaction sees before anything reads or writes through LMDB: LMDB has no page
+ * checksums, and one damaged page header or node made it read or write outside the page
+ * (SIGSEGV, SIGBUS, an assert inside mdb_cursor_del) or loop. Walks the free db, the main db
+ * and every named db from the meta page LMDB uses for the snapshot (txn's, or for a write txn
+ * the last commit's), with every offset bounds-checked before it is followed: each page's own
+ * number, flags for its level, node offsets, key and value sizes within the page and packed as
+ * LMDB packs them, keys ascending and within their parent's range, child and overflow page
+ * numbers within the snapshot and each page reached once, depth and counts equal to the db's
+ * record, free-page lists in range, sorted, and disjoint from pages in use. Passes at once for
+ * the snapshot this handle checked last, or committed with a change (kvm_store__tree_ok), while
+ * data.mdb keeps that size and mtime (a file changed by anything but a commit is checked
+ * again). Cost: one read of every branch and leaf page (overflow pages: their header), 2 bits
+ * of memory per page of the file (14 ms for 4000 caches of 4 layers). Handle locked. Errors: KVM_ECORRUPT naming the store, the db, the page, the
+ * byte of data.mdb and what is wrong; KVM_ENOMEM (bitmaps of 2 bits per page); and, for a read
+ * txn only, KVM_STORE__TREE_RETRY when writers overwrote the meta page of its snapshot meanwhile
+ * (abort it and begin another). */
+#define KVM_STORE__TREE_RETRY 1
+int kvm_store__tree_check(kvm_store *s, MDB_txn *txn, int write);
+/* Records that snapshot txnid, which this handle's write txn just committed with a change
+ * (s->txn_wrote: LMDB gave it that id), needs no check: LMDB made it from pages that passed
+ * one. data.mdb's size and mtime are taken now: a later change by anything but a commit, or
+ * another process's commit, has the next transaction check again. */
+void kvm_store__tree_ok(kvm_store *s, uint64_t txnid);
+/* Unmaps the check's map of data.mdb (kvm_store_close). */
+void kvm_store__tree_unmap(kvm_store *s);
 
 /* Checks DIR/data.mdb (when it exists) against its meta pages, read with pread: a file
  * shorter than the pages its newest meta says are in use would be mapped and kill the
  * process with SIGBUS on the first read past its end. A file without its two meta pages
  * gets up to 1 s to grow them (another process may be creating the store right now; LMDB
  * writes them as it creates the file). Errors: KVM_EFORMAT (truncated: the
- * message names the file, its size and the size expected), KVM_EIO (cannot read it). */
+ * message names the file, its size and the size expected), KVM_ECORRUPT (a meta page with
+ * LMDB's magic gives an invalid page size, or the two give different ones: LMDB would map the
+ * file with it and read past its end), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);
 
 /* LMDB gives DIR/lock.mdb its size with ftruncate and maps it, so its pages get disk blocks

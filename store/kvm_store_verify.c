@@ -258,26 +258,39 @@ static int verify_bookkeeping(verify_ctx *v)
     return 0;
 }
 
+/* Every db's records, in the read txn v->txn. */
+static int verify_all(verify_ctx *v)
+{
+    kvm_store *s = v->s;
+    int st = verify_caches(v);
+    if (st == 0) st = verify_records(v, KVM_STORE__DB_STRATEGIES, KVM_STORE__KIND_STRATEGY, "strategy",
+                                     KVM_STORE_ID_BYTES + 1, KVM_STORE_ID_BYTES + KVM_STORE_MAX_NAME);
+    if (st == 0) st = verify_records(v, KVM_STORE__DB_MODELS, KVM_STORE__KIND_MODEL, "model", KVM_STORE_ID_BYTES,
+                                     KVM_STORE_ID_BYTES);
+    if (st == 0)
+        st = verify_records(v, KVM_STORE__DB_DOCS, KVM_STORE__KIND_DOC, "doc", KVM_STORE_ID_BYTES, KVM_STORE_ID_BYTES);
+    if (st == 0) st = verify_records(v, KVM_STORE__DB_FILES, KVM_STORE__KIND_FILE, "model id memo",
+                                     KVM_STORE_ID_BYTES, KVM_STORE_ID_BYTES);
+    if (st == 0 && !s->no_claims)
+        st = verify_records(v, KVM_STORE__DB_CLAIMS, KVM_STORE__KIND_CLAIM, "claim", KVM_STORE__PREFIX_BYTES,
+                            KVM_STORE__PREFIX_BYTES);
+    if (st == 0 && !s->no_docnames) st = verify_docnames(v);
+    if (st == 0) st = verify_bookkeeping(v);
+    return st;
+}
+
 int kvm_store_verify(kvm_store *s, kvm_store_report_fn report, void *arg, int64_t *n_records, int64_t *n_problems)
 {
     int st = kvm_store__lock(s);
     if (st) return st;
     verify_ctx v = {.s = s, .report = report, .arg = arg};
     st = kvm_store__read_begin(s, &v.txn);
-    if (st == 0) st = verify_caches(&v);
-    if (st == 0) st = verify_records(&v, KVM_STORE__DB_STRATEGIES, KVM_STORE__KIND_STRATEGY, "strategy",
-                                     KVM_STORE_ID_BYTES + 1, KVM_STORE_ID_BYTES + KVM_STORE_MAX_NAME);
-    if (st == 0) st = verify_records(&v, KVM_STORE__DB_MODELS, KVM_STORE__KIND_MODEL, "model", KVM_STORE_ID_BYTES,
-                                     KVM_STORE_ID_BYTES);
-    if (st == 0)
-        st = verify_records(&v, KVM_STORE__DB_DOCS, KVM_STORE__KIND_DOC, "doc", KVM_STORE_ID_BYTES, KVM_STORE_ID_BYTES);
-    if (st == 0) st = verify_records(&v, KVM_STORE__DB_FILES, KVM_STORE__KIND_FILE, "model id memo",
-                                     KVM_STORE_ID_BYTES, KVM_STORE_ID_BYTES);
-    if (st == 0 && !s->no_claims)
-        st = verify_records(&v, KVM_STORE__DB_CLAIMS, KVM_STORE__KIND_CLAIM, "claim", KVM_STORE__PREFIX_BYTES,
-                            KVM_STORE__PREFIX_BYTES);
-    if (st == 0 && !s->no_docnames) st = verify_docnames(&v);
-    if (st == 0) st = verify_bookkeeping(&v);
+    if (st == 0) {
+        st = verify_all(&v);
+    } else if (st == KVM_ECORRUPT) { /* damaged pages: reading the records through LMDB is not safe */
+        problem(&v, "%s", kvm_errmsg());
+        st = 0;
+    }
     if (v.txn) mdb_txn_abort(v.txn);
     free(v.layers);
     free(v.layer_bytes);
