@@ -1415,7 +1415,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_joblist_deinit(&o.lists);
     if (o.ctl) zmq_close(o.ctl);
     if (o.data) zmq_close(o.data);
-    if (o.zctx) zmq_ctx_term(o.zctx);
+    kvm_curve_ctx_term(o.zctx); /* joins the ZAP handler of a keyed [run] bind too */
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) kvm_rundir_remove(o.run_dir);
