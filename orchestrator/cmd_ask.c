@@ -313,7 +313,7 @@ done:
     if (mon) zmq_close(mon);
     if (sock && mon) zmq_socket_monitor(sock, NULL, 0);
     if (sock) zmq_close(sock);
-    if (zctx) zmq_ctx_term(zctx);
+    kvm_curve_ctx_term(zctx); /* restarted after a signal: no I/O thread outlives the command */
     free(text);
     free(ptext);
     return status;

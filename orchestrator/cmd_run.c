@@ -34,6 +34,11 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
         printf("bytes: %lld full f32 KV -> %lld stored (%.2fx %s), method %s\n", (long long)s->bytes_full,
                (long long)s->bytes_compressed, ratio >= 1 || ratio == 0 ? ratio : 1 / ratio,
                ratio >= 1 || ratio == 0 ? "smaller" : "larger", kvm_config_str(cfg, "compress", "method"));
+    if (s->kept_full > 0) /* why a short document's cache is no smaller than its f32 KV */
+        printf("kept whole: %lld documents too short for compression to save an entry were stored with their full KV "
+               "unchanged (a stored entry carries a position and a logit bias beside its key and value, so these "
+               "caches are larger than their f32 KV)\n",
+               (long long)s->kept_full);
     printf("time: %.2f s wall; compute per stage: prefill %.2f s, compress %.2f s; %.0f tokens/s\n", s->seconds,
            s->stage_ms[0] / 1000.0, s->stage_ms[1] / 1000.0, s->seconds > 0 ? (double)s->tokens / s->seconds : 0);
     double compute = s->stage_ms[0] + s->stage_ms[1];
@@ -73,16 +78,17 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
            (long long)s->prefetch_peak);
     /* not 0: the service holding them was not asked (evictions come from the same probes) */
-    char full[32] = "unknown", stored[32] = "unknown", evicted[32] = "unknown";
+    char full[32] = "unknown", stored[32] = "unknown", evicted[32] = "unknown", kept[32] = "unknown";
     if (!s->bytes_unknown) {
         snprintf(full, sizeof full, "%lld", (long long)s->bytes_full);
         snprintf(stored, sizeof stored, "%lld", (long long)s->bytes_compressed);
         snprintf(evicted, sizeof evicted, "%lld", (long long)s->evicted);
     }
+    if (s->kept_full >= 0) snprintf(kept, sizeof kept, "%lld", (long long)s->kept_full);
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%s bytes_compressed=%s "
-           "seconds=%.3f claimed=%lld evicted=%s wire_in_bytes=%lld wire_out_bytes=%lld\n",
+           "seconds=%.3f claimed=%lld evicted=%s wire_in_bytes=%lld wire_out_bytes=%lld kept_full=%s\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated, full, stored,
-           s->seconds, (long long)s->claimed, evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes);
+           s->seconds, (long long)s->claimed, evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes, kept);
 }
 
 

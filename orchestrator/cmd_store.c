@@ -117,37 +117,96 @@ static int cfg_now_init(const char *cmd, const kvm_config *c, kvm_store *s, cfg_
     return st;
 }
 
+/* One cache as ls prints it (what --names keeps until the listing's read transaction is over). */
+typedef struct ls_row {
+    kvm_store_cache_key k;
+    kvm_store_manifest m; /* scalars only: the config frame is not kept */
+    const char *state;    /* --config: the cache's state name (static), else NULL */
+} ls_row;
+
 typedef struct ls_ctx {
     const char *model_prefix; /* --model, or NULL */
     int csv;                  /* --csv */
+    int names;                /* --names: rows are kept, printed with their names after the listing */
     const cfg_now *now;       /* --config: print each cache's state */
-    int64_t n_rows;           /* caches printed */
+    int64_t n_rows;           /* caches printed (or kept) */
     int64_t n_bad;            /* manifests that failed their checks */
+    ls_row *rows;             /* --names: the rows, n_rows of them */
+    int64_t cap;              /* rows allocated */
 } ls_ctx;
+
+/* A CSV field: quoted (RFC 4180) when it holds a comma, a quote or a line break. */
+static void csv_field(const char *v)
+{
+    if (!v[strcspn(v, ",\"\r\n")]) {
+        fputs(v, stdout);
+        return;
+    }
+    putchar('"');
+    for (const char *p = v; *p; p++) {
+        if (*p == '"') putchar('"');
+        putchar(*p);
+    }
+    putchar('"');
+}
+
+/* Prints a row; name: --names' column (NULL without it). */
+static void ls_print(const ls_ctx *c, const ls_row *r, const char *name)
+{
+    char a[KVM_STORE_ID_HEX + 1], b[KVM_STORE_ID_HEX + 1], d[KVM_STORE_ID_HEX + 1];
+    const kvm_store_manifest *m = &r->m;
+    kvm_store_id_hex(&r->k.model_id, a);
+    kvm_store_id_hex(&r->k.doc_hash, b);
+    kvm_store_id_hex(&r->k.config_id, d);
+    if (c->csv) {
+        printf("%s,%s,%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.3f,%s%s%s", a, b, d, m->n_tokens, m->n_entries,
+               m->stored_bytes, ratio_of(m), m->dtype, r->state ? "," : "", r->state ? r->state : "");
+        if (name) putchar(','), csv_field(name);
+    } else {
+        printf("%-12.12s %-12.12s %-12.12s %9" PRId64 " %10" PRId64 " %12" PRId64 " %7.2f %-*s%-*s", a, b, d,
+               m->n_tokens, m->n_entries, m->stored_bytes, ratio_of(m), r->state || name ? 6 : 0, m->dtype,
+               r->state && name ? 15 : 0, r->state ? r->state : "");
+        if (name) printf(" %s", name);
+    }
+    putchar('\n');
+}
 
 static int ls_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
 {
     ls_ctx *c = arg;
-    char a[KVM_STORE_ID_HEX + 1], b[KVM_STORE_ID_HEX + 1], d[KVM_STORE_ID_HEX + 1];
     if (c->model_prefix && !kvm_store_id_has_prefix(&k->model_id, c->model_prefix)) return 0;
-    kvm_store_id_hex(&k->model_id, a);
-    kvm_store_id_hex(&k->doc_hash, b);
-    kvm_store_id_hex(&k->config_id, d);
     if (!m) {
         fprintf(stderr, "kvmill store ls: %s (%s); run kvmill store verify\n", kvm_cli_errmsg("store ls"),
                 kvm_strerror(status));
         c->n_bad++;
         return 0;
     }
-    const char *state = c->now->on ? kvm_jobcfg_state_name(state_of(c->now, k, m)) : NULL;
-    if (c->csv)
-        printf("%s,%s,%s,%" PRId64 ",%" PRId64 ",%" PRId64 ",%.3f,%s%s%s\n", a, b, d, m->n_tokens, m->n_entries,
-               m->stored_bytes, ratio_of(m), m->dtype, state ? "," : "", state ? state : "");
-    else
-        printf("%-12.12s %-12.12s %-12.12s %9" PRId64 " %10" PRId64 " %12" PRId64 " %7.2f %-*s%s\n", a, b, d,
-               m->n_tokens, m->n_entries, m->stored_bytes, ratio_of(m), state ? 6 : 0, m->dtype, state ? state : "");
-    c->n_rows++;
+    ls_row r = {.k = *k, .m = *m, .state = c->now->on ? kvm_jobcfg_state_name(state_of(c->now, k, m)) : NULL};
+    r.m.config = (kvm_frame){0}; /* borrowed from the read transaction */
+    if (!c->names) {
+        ls_print(c, &r, NULL);
+        c->n_rows++;
+        return 0;
+    }
+    if (c->n_rows == c->cap) { /* the names are read after the listing: its lock is held during this call */
+        int64_t cap = c->cap ? 2 * c->cap : 64;
+        ls_row *g = realloc(c->rows, (size_t)cap * sizeof *g);
+        if (!g) return kvm_err(KVM_ENOMEM, "store ls: out of memory for %lld rows", (long long)cap);
+        c->rows = g, c->cap = cap;
+    }
+    c->rows[c->n_rows++] = r;
     return 0;
+}
+
+/* --names: prints the kept rows, each with the name its document was stored under (the name
+ * kvmill ask --doc-name takes), or "-" when the store has no record of the document. */
+static void ls_print_named(kvm_store *s, const ls_ctx *c)
+{
+    for (int64_t i = 0; i < c->n_rows; i++) {
+        kvm_store_doc_meta dm;
+        int st = kvm_store_get_doc(s, &c->rows[i].k.doc_hash, &dm);
+        ls_print(c, &c->rows[i], st == 0 && dm.source[0] ? dm.source : "-");
+    }
 }
 
 static int check_hex_prefix(const char *cmd, const char *opt, const char *v)
@@ -167,14 +226,18 @@ static int cmd_ls(int argc, char **argv)
         {"config", 1, "pipeline config: its [store] path (unless --store), and a state column: ok, stale-strategy "
                       "(made with another PolyKV strategy), stale-algorithm (by an older kvmill), other-config", NULL},
         {"model", 1, "only caches of this model id (hex, a prefix is enough)", NULL},
-        {"csv", 0, "print CSV: model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype[,state]", NULL},
+        {"csv", 0, "print CSV: model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype[,state][,name]", NULL},
+        {"names", 0, "add a NAME column: the name each cache's document was stored under (its corpus file name or "
+                     "JSONL id), which kvmill ask --doc-name takes; - when the store has no record of the document",
+         NULL},
         {NULL, 0, NULL, NULL},
     };
     int n_pos;
     int rc = parse("store ls", "list caches: tokens, entries, stored bytes, compression ratio (full f32 / stored)",
                    argc, argv, opts, NULL, 0, &n_pos);
     if (rc >= 0) return rc;
-    ls_ctx c = {.model_prefix = kvm_cli_get(opts, "model"), .csv = kvm_cli_get(opts, "csv") != NULL};
+    ls_ctx c = {.model_prefix = kvm_cli_get(opts, "model"), .csv = kvm_cli_get(opts, "csv") != NULL,
+                .names = kvm_cli_get(opts, "names") != NULL};
     if (c.model_prefix && check_hex_prefix("store ls", "model", c.model_prefix)) return 2;
     kvm_config *cfg = NULL;
     const char *path;
@@ -188,14 +251,20 @@ static int cmd_ls(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
-    if (c.csv) printf("model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype%s\n", now.on ? ",state" : "");
-    else printf("%-12s %-12s %-12s %9s %10s %12s %7s %-*s%s\n", "MODEL", "DOC", "CONFIG", "TOKENS", "ENTRIES", "BYTES",
-                "RATIO", now.on ? 6 : 0, "DTYPE", now.on ? "STATE" : "");
+    if (c.csv)
+        printf("model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype%s%s\n", now.on ? ",state" : "",
+               c.names ? ",name" : "");
+    else
+        printf("%-12s %-12s %-12s %9s %10s %12s %7s %-*s%-*s%s\n", "MODEL", "DOC", "CONFIG", "TOKENS", "ENTRIES", "BYTES",
+               "RATIO", now.on || c.names ? 6 : 0, "DTYPE", now.on && c.names ? 15 : 0, now.on ? "STATE" : "",
+               c.names ? " NAME" : "");
     st = kvm_store_list_caches(s, NULL, ls_visit, &c);
     if (st) fprintf(stderr, "kvmill store ls: %s (%s)\n", kvm_cli_errmsg("store ls"), kvm_strerror(st));
+    else if (c.names) ls_print_named(s, &c);
     kvm_store_close(&s);
     kvm_config_free(&cfg);
     free(now.canon);
+    free(c.rows);
     return st ? 1 : c.n_bad ? 1 : 0;
 }
 

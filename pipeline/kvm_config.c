@@ -41,43 +41,105 @@ static int known_section(const char *section)
     return 0;
 }
 
-/* Expands ${VAR} and ${VAR:-default}; returns malloc'ed text or NULL with *why set. */
-static char *expand(const char *v, const char **why)
+/* ${...} may nest in a default (${A:-${B:-x}}) this deep: deeper is surely a mistake, and the
+ * recursion stays bounded whatever a file holds. */
+enum { EXPAND_MAX_DEPTH = 8 };
+
+/* One value being expanded: the output so far and the first error. */
+typedef struct expander {
+    const char *value; /* the raw value, quoted in messages */
+    char *out;         /* malloc'ed result, NUL-terminated at len */
+    size_t len, cap;
+    char *why;         /* error message (caller's buffer) */
+    size_t why_n;
+} expander;
+
+static int expand_text(expander *e, const char **p, int depth, int emit);
+
+/* Appends n bytes when emitting (a default not taken is only parsed, not written). */
+static int expand_put(expander *e, const char *s, size_t n, int emit)
 {
-    size_t cap = strlen(v) + 1, len = 0;
-    char *out = malloc(cap);
-    static _Thread_local char msg[256];
-    for (const char *p = v; out && *p;) {
-        const char *add = p;
-        size_t n = 1;
-        char name[128], *val = NULL;
-        if (p[0] == '$' && p[1] == '{') {
-            const char *end = strchr(p, '}');
-            if (!end) { snprintf(msg, sizeof msg, "unterminated ${ in '%s'", v); *why = msg; free(out); return NULL; }
-            const char *body = p + 2, *dflt = strstr(body, ":-");
-            if (dflt && dflt > end) dflt = NULL;
-            size_t nl = (size_t)((dflt ? dflt : end) - body);
-            if (nl == 0 || nl >= sizeof name) { snprintf(msg, sizeof msg, "bad variable reference in '%s'", v); *why = msg; free(out); return NULL; }
-            memcpy(name, body, nl);
-            name[nl] = '\0';
-            val = getenv(name);
-            if (val && *val) { add = val; n = strlen(val); }
-            else if (dflt) { add = dflt + 2; n = (size_t)(end - (dflt + 2)); }
-            else { snprintf(msg, sizeof msg, "environment variable %s is not set and has no default", name); *why = msg; free(out); return NULL; }
-            p = end + 1;
-        } else
-            p++;
-        if (len + n + 1 > cap) {
-            char *o = realloc(out, cap = 2 * (len + n + 1));
-            if (!o) { free(out); return NULL; }
-            out = o;
-        }
-        memcpy(out + len, add, n);
-        len += n;
+    if (!emit) return 0;
+    if (e->len + n + 1 > e->cap) {
+        size_t cap = 2 * (e->len + n + 1);
+        char *o = realloc(e->out, cap);
+        if (!o) return snprintf(e->why, e->why_n, "out of memory"), -1;
+        e->out = o, e->cap = cap;
     }
-    if (out) out[len] = '\0';
-    else *why = "out of memory";
-    return out;
+    memcpy(e->out + e->len, s, n);
+    e->len += n;
+    e->out[e->len] = '\0';
+    return 0;
+}
+
+static int expand_fail(expander *e, const char *at, const char *what)
+{
+    snprintf(e->why, e->why_n, "%s at column %d of '%s'", what, (int)(at - e->value) + 1, e->value);
+    return -1;
+}
+
+/* One reference at *p ("${"): ${VAR} or ${VAR:-default}, the default itself text with
+ * references. A variable set to the empty string counts as unset, as the shell's :- does.
+ * emit = 0 parses without expanding (the default of a set variable is not evaluated, so its
+ * unset variables are no error). Leaves *p past the closing '}'. */
+static int expand_ref(expander *e, const char **p, int depth, int emit)
+{
+    const char *start = *p, *name = *p + 2, *q = name;
+    if (depth > EXPAND_MAX_DEPTH) {
+        char what[64];
+        snprintf(what, sizeof what, "more than %d nested ${...}", EXPAND_MAX_DEPTH);
+        return expand_fail(e, start, what);
+    }
+    while (*q == '_' || (*q >= 'A' && *q <= 'Z') || (*q >= 'a' && *q <= 'z') || (q > name && *q >= '0' && *q <= '9'))
+        q++;
+    if (!*q) return expand_fail(e, start, "unterminated ${ (no closing '}')");
+    if (q == name || (*q != '}' && (q[0] != ':' || q[1] != '-')))
+        return expand_fail(e, start, "bad variable reference (write ${NAME} or ${NAME:-default}, NAME of letters, "
+                                     "digits and _)");
+    char var[128];
+    if ((size_t)(q - name) >= sizeof var) return expand_fail(e, start, "variable name too long");
+    snprintf(var, sizeof var, "%.*s", (int)(q - name), name);
+    const char *val = emit ? getenv(var) : NULL;
+    int set = val && *val;
+    if (*q == ':') {
+        *p = q + 2;
+        if (expand_text(e, p, depth, emit && !set)) return -1;
+        if (**p != '}') return expand_fail(e, start, "unterminated ${ (no closing '}')");
+    } else {
+        if (emit && !set) {
+            snprintf(e->why, e->why_n, "environment variable %s is not set and has no default", var);
+            return -1;
+        }
+        *p = q;
+    }
+    (*p)++;
+    return set ? expand_put(e, val, strlen(val), emit) : 0;
+}
+
+/* Text up to the '}' closing a reference of this depth (depth 0: the whole value); a '$' not
+ * followed by '{', and a '}' outside any reference, are kept as they are. */
+static int expand_text(expander *e, const char **p, int depth, int emit)
+{
+    while (**p && !(depth > 0 && **p == '}')) {
+        if ((*p)[0] == '$' && (*p)[1] == '{') {
+            if (expand_ref(e, p, depth + 1, emit)) return -1;
+        } else if (expand_put(e, (*p)++, 1, emit))
+            return -1;
+    }
+    return 0;
+}
+
+/* Expands ${VAR} and ${VAR:-default} (defaults nest); returns malloc'ed text, or NULL with the
+ * reason in why (the caller adds file, line and key). */
+static char *expand(const char *v, char *why, size_t why_n)
+{
+    expander e = {.value = v, .why = why, .why_n = why_n};
+    const char *p = v;
+    if (expand_put(&e, "", 0, 1) || expand_text(&e, &p, 0, 1)) {
+        free(e.out);
+        return NULL;
+    }
+    return e.out;
 }
 
 /* Checks `v` against setting s; on success may rewrite *v (absolute path). */
@@ -141,10 +203,9 @@ static int set_value(kvm_config *c, const char *section, const char *key, const 
         else snprintf(why, why_n, "[%s] %s: unknown key", section, key);
         return -1;
     }
-    const char *ew = NULL;
-    char *v = expand(raw, &ew);
-    if (!v) return snprintf(why, why_n, "[%s] %s: %s", section, key, ew), -1;
-    char w[256];
+    char w[400];
+    char *v = expand(raw, w, sizeof w);
+    if (!v) return snprintf(why, why_n, "[%s] %s: %s", section, key, w), -1;
     if (validate(&kvm_cfg_settings[i], &v, w, sizeof w)) {
         snprintf(why, why_n, "[%s] %s: %s", section, key, w);
         free(v);

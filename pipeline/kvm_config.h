@@ -1,7 +1,8 @@
 /* kvm_config.h: pipeline configuration. One table of settings (section, key, type, default,
  * bounds, unit, help — pipeline/kvm_config_table.c) drives INI parsing (libinih),
  * validation, `--dump-config` and the comments of the configs/ files, as Redis's config table
- * does. Values may use ${VAR} and ${VAR:-default}; relative paths resolve against the
+ * does. Values may use ${VAR} and ${VAR:-default} (VAR unset or empty: the default, which may
+ * itself hold references, up to 8 deep: ${A:-${B:-x}}); relative paths resolve against the
  * working directory. A loaded config is validated once, then read-only (thread-safe to read). */
 #ifndef KVM_CONFIG_H
 #define KVM_CONFIG_H

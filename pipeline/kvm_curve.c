@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,11 +82,12 @@ int kvm_curve_client(void *sock, const char *server_key_file, const char *public
     return 0;
 }
 
-/* ---- ZAP handler (RFC 27): one per process ---- */
+/* ---- ZAP handler (RFC 27): one per process, for one ZeroMQ context at a time ---- */
 
 static pthread_mutex_t zap_mu = PTHREAD_MUTEX_INITIALIZER;
-static int zap_started;
-static char zap_dir[4096];
+static void *zap_ctx;      /* the context the handler serves; NULL when none runs */
+static pthread_t zap_th;   /* its thread: joined by kvm_curve_ctx_term, never detached */
+static char zap_dir[4096]; /* the authorized_keys folder it checks */
 
 /* 1 when a *.public file in zap_dir holds the Z85 form of this 32-byte key. */
 static int key_authorized(const uint8_t *key32)
@@ -114,10 +116,12 @@ static void *zap_thread(void *sock)
         int n = 0, more = 1;
         while (more && n < 8) {
             zmq_msg_init(&part[n]);
-            if (zmq_msg_recv(&part[n], sock, 0) < 0) {
+            int got;
+            while ((got = zmq_msg_recv(&part[n], sock, 0)) < 0 && errno == EINTR) {}
+            if (got < 0) {
                 for (int i = 0; i <= n; i++) zmq_msg_close(&part[i]);
-                zmq_close(sock);
-                return NULL; /* context terminated */
+                zmq_close(sock); /* lets zmq_ctx_term end; kvm_curve_ctx_term then joins this thread */
+                return NULL;     /* context terminated */
             }
             more = zmq_msg_more(&part[n]);
             n++;
@@ -139,6 +143,32 @@ static void *zap_thread(void *sock)
     }
 }
 
+/* Starts the handler for zctx (zap_mu held). Its thread blocks every signal, as libzmq's own
+ * threads do, so a SIGINT or SIGTERM meant for the process's handler is not taken there, and
+ * it is joinable: a detached handler could still be running when `kvmill serve` returned from
+ * main, a thread LeakSanitizer's exit check had to stop too. */
+static int zap_start(void *zctx, const char *authorized_dir)
+{
+    snprintf(zap_dir, sizeof zap_dir, "%s", authorized_dir);
+    void *zap = zmq_socket(zctx, ZMQ_REP);
+    if (!zap || zmq_bind(zap, "inproc://zeromq.zap.01")) {
+        int e = errno;
+        if (zap) zmq_close(zap); /* left open, it would keep zmq_ctx_term waiting forever */
+        return kvm_err(KVM_EIO, "cannot start the ZAP handler: %s", zmq_strerror(e));
+    }
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int e = pthread_create(&zap_th, NULL, zap_thread, zap);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (e) {
+        zmq_close(zap);
+        return kvm_err(KVM_EIO, "cannot start the ZAP handler thread: %s", strerror(e));
+    }
+    zap_ctx = zctx;
+    return 0;
+}
+
 int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char *authorized_dir)
 {
     char sec[41];
@@ -151,20 +181,28 @@ int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char
         return kvm_err(KVM_EFORMAT, "authorized_keys %s is not a folder (it holds the clients' .public files)",
                        authorized_dir);
     pthread_mutex_lock(&zap_mu);
-    if (!zap_started) {
-        snprintf(zap_dir, sizeof zap_dir, "%s", authorized_dir);
-        void *zap = zmq_socket(zctx, ZMQ_REP);
-        pthread_t th;
-        if (!zap || zmq_bind(zap, "inproc://zeromq.zap.01") || pthread_create(&th, NULL, zap_thread, zap)) {
-            pthread_mutex_unlock(&zap_mu);
-            return kvm_err(KVM_EIO, "cannot start the ZAP handler: %s", zmq_strerror(errno));
-        }
-        pthread_detach(th);
-        zap_started = 1;
-    }
+    if (!zap_ctx)
+        rc = zap_start(zctx, authorized_dir);
+    else if (zap_ctx != zctx)
+        rc = kvm_err(KVM_ESTATE, "the ZAP handler serves another ZeroMQ context: end it with kvm_curve_ctx_term first");
     pthread_mutex_unlock(&zap_mu);
+    if (rc) return rc;
     int one = 1;
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof one) || zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 40))
         return kvm_err(KVM_EIO, "CurveZMQ server setup: %s", zmq_strerror(errno));
     return 0;
+}
+
+int kvm_curve_ctx_term(void *zctx)
+{
+    if (!zctx) return 0;
+    int rc;
+    while ((rc = zmq_ctx_term(zctx)) != 0 && errno == EINTR) {} /* a signal: its threads still run */
+    pthread_mutex_lock(&zap_mu);
+    int served = zap_ctx == zctx;
+    pthread_t th = zap_th;
+    if (served) zap_ctx = NULL;
+    pthread_mutex_unlock(&zap_mu);
+    if (served) pthread_join(th, NULL); /* it closed its socket, which zmq_ctx_term waited for */
+    return rc ? kvm_err(KVM_EIO, "zmq_ctx_term: %s", zmq_strerror(errno)) : 0;
 }

@@ -29,11 +29,20 @@ int kvm_curve_is_local(const char *endpoint);
 int kvm_curve_client(void *sock, const char *server_key_file, const char *public_file, const char *secret_file);
 
 /* Makes `sock` a CURVE server with the secret key in secret_file; clients are authorised
- * against the *.public files in authorized_dir by the process's ZAP handler (started on
- * first use in zmq context zctx; stops with the context), which gives each accepted
- * connection the client's public key in Z85 as its user id (kvm_msg_user_id of what it
- * sends). Errors as read_key, KVM_ENOTFOUND (no authorized_dir), KVM_EFORMAT (authorized_dir
- * is not a folder), KVM_EIO. */
+ * against the *.public files in authorized_dir by the process's ZAP handler (a thread started
+ * on first use in zmq context zctx, with authorized_dir as then given; one context at a time),
+ * which gives each accepted connection the client's public key in Z85 as its user id
+ * (kvm_msg_user_id of what it sends). The context must be ended with kvm_curve_ctx_term, which
+ * joins the handler. Errors as read_key, KVM_ENOTFOUND (no authorized_dir), KVM_EFORMAT
+ * (authorized_dir is not a folder), KVM_ESTATE (the handler serves another context not yet
+ * ended), KVM_EIO. */
 int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char *authorized_dir);
+
+/* Ends zmq context zctx as zmq_ctx_term does (its sockets must be closed), restarting it when
+ * a signal interrupts it (EINTR would leave its I/O threads running), then joins the ZAP
+ * handler kvm_curve_server started for it, if any: when it returns no thread of the context
+ * runs, and a later context can start a handler of its own. NULL: nothing. Returns 0, or
+ * KVM_EIO (zctx not a context). */
+int kvm_curve_ctx_term(void *zctx);
 
 #endif

@@ -111,6 +111,8 @@ typedef struct orch {
     int reduce_worker;        /* calibrate: strategy worker holding it, or -1 */
     int own_run_dir;     /* created by this run: removed at the end unless something failed */
     int n_layers;
+    int64_t kv_heads;         /* layers x KV heads of the model, from prefill's kv messages: a full cache's
+                                 entries per token (0 until one came) */
     double hb_ms, dead_ms, job_timeout_ms;
     int max_retries;
     int store_full;           /* the store takes no more caches (full, or its service does not answer): no
@@ -657,6 +659,7 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
     }
     job *j = job_by_id(o, kv.job_id);
     if (!j || j->state != J_PREFILL || kv.layer != j->n_kv || kv.n_layers > 4096) return; /* stale attempt */
+    o->kv_heads = kv.n_layers * kv.n_kv_heads;
     if (!j->kv && !(j->kv = calloc((size_t)kv.n_layers, sizeof *j->kv))) return;
     j->kv[j->n_kv++] = NULL;
     kvm_msg *copy = NULL;
@@ -1082,6 +1085,7 @@ static int sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m
         if (!o->sum->entries_docs || m->n_entries > o->sum->entries_max) o->sum->entries_max = m->n_entries;
         o->sum->entries_sum += m->n_entries;
         o->sum->entries_docs++;
+        if (o->kv_heads > 0 && m->n_entries >= m->n_tokens * o->kv_heads) o->sum->kept_full++;
     }
     return 0;
 }
@@ -1401,6 +1405,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         sum->bytes_unknown = 1;
         sum->bytes_full = sum->bytes_compressed = sum->evicted = sum->evicted_own = 0;
     }
+    if (o.cli) sum->kept_full = -1;
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) orch_log("%s\n", kvm_errmsg());
     if (o.cli && o.owner[0] &&
         kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
@@ -1415,7 +1420,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_joblist_deinit(&o.lists);
     if (o.ctl) zmq_close(o.ctl);
     if (o.data) zmq_close(o.data);
-    if (o.zctx) zmq_ctx_term(o.zctx);
+    kvm_curve_ctx_term(o.zctx); /* joins the ZAP handler of a keyed [run] bind too */
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) kvm_rundir_remove(o.run_dir);

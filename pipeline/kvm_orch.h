@@ -47,6 +47,10 @@ typedef struct kvm_orch_summary {
     int64_t entries_sum, entries_min, entries_max;  /* KV entries (all layers and KV heads) of the caches
                                                        compressed in this run: sum, smallest, largest */
     int64_t entries_docs;                           /* caches those count */
+    int64_t kept_full;                              /* of those, caches that keep every entry of their document's
+                                                       full KV (too short for compression to save one: stored
+                                                       unchanged); -1: not known (a store service: its probes
+                                                       give sizes only) */
 } kvm_orch_summary;
 
 /* Runs the pipeline over a corpus: prepared (kvm_doc_prepare done), or with on_demand set,

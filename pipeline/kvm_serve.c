@@ -947,7 +947,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     if (s.front) zmq_close(s.front);
     if (s.ctl) zmq_close(s.ctl);
     if (s.data) zmq_close(s.data);
-    if (s.zctx) zmq_ctx_term(s.zctx);
+    kvm_curve_ctx_term(s.zctx); /* joins the ZAP handler too: no thread outlives the return */
     if (s.own_run_dir) kvm_rundir_remove(s.run_dir);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

@@ -497,7 +497,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     drop_inputs(&rt.job);
     if (rt.ctl) zmq_close(rt.ctl);
     if (rt.data) zmq_close(rt.data);
-    if (rt.zctx) zmq_ctx_term(rt.zctx);
+    kvm_curve_ctx_term(rt.zctx); /* restarted after a signal: no I/O thread outlives the stage */
     if (ops->teardown) ops->teardown(state);
     return rc;
 }

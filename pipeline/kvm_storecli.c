@@ -83,7 +83,7 @@ void kvm_storecli_close(kvm_storecli **c)
 {
     if (!c || !*c) return;
     if ((*c)->sock) zmq_close((*c)->sock);
-    if ((*c)->zctx) zmq_ctx_term((*c)->zctx);
+    kvm_curve_ctx_term((*c)->zctx); /* restarted after a signal: no I/O thread outlives the close */
     free(*c);
     *c = NULL;
 }

@@ -2,6 +2,7 @@
 #include "pipeline/kvm_storesvc.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
+#include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_storesvc_claim.h"
 #include "pipeline/kvm_storew.h"
@@ -451,7 +452,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     status = rc ? 1 : 0;
 done:
     if (sock) zmq_close(sock);
-    if (zctx) zmq_ctx_term(zctx);
+    kvm_curve_ctx_term(zctx); /* joins the ZAP handler too: no thread outlives the return */
     kvm_store_close(&store);
     return status;
 }

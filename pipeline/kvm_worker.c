@@ -161,6 +161,11 @@ static int compress_from(const kvm_config *c, const kvm_compress_input *in, kvm_
         /* a document no longer than the retain zone has nothing to distil: keep it whole */
         if (o.retain_tokens > in->n_tokens) o.retain_tokens = in->n_tokens;
         if (o.k_entries > in->n_tokens - o.retain_tokens) o.k_entries = in->n_tokens - o.retain_tokens;
+        /* nor one whose cache would save no entry (retain + k = N: a compress zone of one token,
+         * as k is at least 1, or a budget of the whole document): its full KV, exact, is stored
+         * unchanged rather than the same number of entries distilled (the summary's kept_full) */
+        if (!rc && o.retain_tokens + kvm_sculpt_k(&o, in->n_tokens) >= in->n_tokens)
+            return kvm_kvcache_clone(in->full, out);
         return rc ? rc : kvm_sculpt_compress(in, &o, out, NULL);
     }
     return evict(c, method, in, store, model_id, given, out);

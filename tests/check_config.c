@@ -171,6 +171,68 @@ START_TEST(test_dump_reads_back)
 }
 END_TEST
 
+/* [serve] bind (a plain string) from `raw`, with the environment as the case sets it. */
+static const char *bind_of(kvm_config **c, const char *raw)
+{
+    char text[512];
+    snprintf(text, sizeof text, "[model]\npath = /m\n[serve]\nbind = %s\n", raw);
+    ck_assert_msg(kvm_config_parse(text, "t.ini", c) == 0, "'%s': %s", raw, kvm_errmsg());
+    return kvm_config_str(*c, "serve", "bind");
+}
+
+/* A default may itself hold a reference: ${A:-${B:-x}} was kept as "${B:-x}" followed by a
+ * literal '}' (the first '}' ended the outer reference). It expands as the shell does: A, else
+ * B, else x; the default of a set variable is not evaluated (its unset variables are no error). */
+START_TEST(test_nested_defaults)
+{
+    static const struct {
+        const char *a, *b, *raw, *want;
+    } cases[] = {
+        {NULL, NULL, "${KVMTEST_A:-${KVMTEST_B:-x}}", "x"},
+        {NULL, "bee", "${KVMTEST_A:-${KVMTEST_B:-x}}", "bee"},
+        {"ay", "bee", "${KVMTEST_A:-${KVMTEST_B:-x}}", "ay"},
+        {"ay", NULL, "${KVMTEST_A:-${KVMTEST_B}}", "ay"},
+        {"", NULL, "tcp://${KVMTEST_A:-${KVMTEST_B:-h}:${KVMTEST_B:-1}}/z", "tcp://h:1/z"},
+        {NULL, NULL, "${KVMTEST_A:-${KVMTEST_B:-${KVMTEST_A:-deep}}}-}", "deep-}"},
+        {NULL, NULL, "${KVMTEST_A:-}$x", "$x"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].a) setenv("KVMTEST_A", cases[i].a, 1);
+        else unsetenv("KVMTEST_A");
+        if (cases[i].b) setenv("KVMTEST_B", cases[i].b, 1);
+        else unsetenv("KVMTEST_B");
+        kvm_config *c = NULL;
+        const char *got = bind_of(&c, cases[i].raw);
+        ck_assert_msg(!strcmp(got, cases[i].want), "'%s' (A=%s B=%s): '%s', want '%s'", cases[i].raw,
+                      cases[i].a ? cases[i].a : "unset", cases[i].b ? cases[i].b : "unset", got, cases[i].want);
+        kvm_config_free(&c);
+    }
+    unsetenv("KVMTEST_A");
+    unsetenv("KVMTEST_B");
+    /* malformed: each message names file, line, key and where in the value */
+    expect_bad("[model]\npath = /m\n[serve]\nbind = ${KVMTEST_A:-${KVMTEST_B:-x}\n",
+               "t.ini:4: [serve] bind: unterminated ${ (no closing '}') at column 1 of '${KVMTEST_A:-${KVMTEST_B:-x}'");
+    expect_bad("[model]\npath = /m\n[serve]\nbind = a${KVMTEST_A\n", "t.ini:4: [serve] bind: unterminated ${");
+    expect_bad("[model]\npath = /m\n[serve]\nbind = ${KVMTEST_A-x}\n", "t.ini:4: [serve] bind: bad variable reference");
+    expect_bad("[model]\npath = /m\n[serve]\nbind = ${:-x}\n", "bad variable reference (write ${NAME}");
+    expect_bad("[model]\npath = /m\n[serve]\nbind = ${KVMTEST_A:-${KVMTEST_B}}\n",
+               "t.ini:4: [serve] bind: environment variable KVMTEST_B is not set and has no default");
+    char deep[200] = "", *d = deep;
+    for (int i = 0; i < 9; i++) d += sprintf(d, "${V%d:-", i);
+    d += sprintf(d, "x");
+    for (int i = 0; i < 9; i++) *d++ = '}';
+    *d = '\0';
+    char text[400];
+    snprintf(text, sizeof text, "[model]\npath = /m\n[serve]\nbind = %s\n", deep);
+    expect_bad(text, "t.ini:4: [serve] bind: more than 8 nested ${...} at column 49");
+    deep[strlen(deep) - 1] = '\0'; /* 8 deep is allowed */
+    memmove(deep, deep + 6, strlen(deep + 6) + 1);
+    kvm_config *c = NULL;
+    ck_assert_str_eq(bind_of(&c, deep), "x");
+    kvm_config_free(&c);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -178,7 +240,8 @@ static Suite *config_suite(void)
         {"defaults_and_values", test_defaults_and_values}, {"errors_name_line_and_key", test_errors_name_line_and_key},
         {"file_errors", test_file_errors}, {"canonical_encoding", test_canonical_encoding},
         {"dump_reads_back", test_dump_reads_back},
-        {"indented_continuation_refused", test_indented_continuation_refused}};
+        {"indented_continuation_refused", test_indented_continuation_refused},
+        {"nested_defaults", test_nested_defaults}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

@@ -119,6 +119,28 @@ static long long summary_value(const char *out, const char *key)
     return p ? atoll(p + strlen(k)) : -1;
 }
 
+/* A document too short for compression to save an entry (here fewer tokens than the retain
+ * zone of 32) is stored with its full KV, and the summary says so: a "kept whole:" line and
+ * kept_full= (its cache is larger than its f32 KV, bytes_compressed > bytes_full, which read as
+ * compression gone wrong with nothing said). */
+START_TEST(test_short_document_kept_full)
+{
+    const char *text = "Once upon a time, there was a cat.";
+    char path[4400];
+    snprintf(path, sizeof path, "%s/doc_short.txt", docs);
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    write_config(NULL);
+    char *out, *err;
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(summary_value(out, "compressed") == 6 && summary_value(out, "kept_full") == 1, "stdout: %s", out);
+    ck_assert_msg(strstr(out, "kept whole: 1 documents too short for compression to save an entry were stored with "
+                              "their full KV unchanged"),
+                  "stdout: %s", out);
+    free(out); free(err);
+}
+END_TEST
+
 /* [run] wire_dtype = f16: keys, values and queries cross prefill -> orchestrator -> compress
  * in 16 bit. The bytes saved are exactly those tensors' halves (stories260K: 5 layers, 8
  * heads, 4 KV heads, head_dim 8; 5 documents of 128 tokens); the caches get their own
@@ -1052,7 +1074,7 @@ static Suite *pipeline_suite(void)
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},
         {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}, {"calibrate_then_polykv", test_calibrate_then_polykv},
         {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
-        {"dying_stage_gives_up", test_dying_stage_gives_up}};
+        {"dying_stage_gives_up", test_dying_stage_gives_up}, {"short_document_kept_full", test_short_document_kept_full}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -1204,6 +1204,52 @@ END_TEST
 /* ---- the document-name index ---- */
 
 /* Puts n documents named "dir/doc_I.txt" (doc hashes from tokens {I, 777}). */
+/* Nothing listed the names --doc-name takes (the docs db's sources): `store ls --names` adds
+ * each cache's document name, "-" for a document the store has no record of; in CSV a last
+ * name column, quoted when it holds a comma or a quote. */
+START_TEST(test_cli_ls_names)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache t[3];
+    const char *names[3] = {"doc_000.txt", "a,\"b\".txt", NULL};
+    for (uint32_t i = 0; i < 3; i++) {
+        tc_make(&t[i], 8, 0, i, 2, 100, 0);
+        put_ok(s, &t[i]);
+        if (!names[i]) continue;
+        kvm_store_doc_meta dm = {.n_tokens = 100};
+        snprintf(dm.source, sizeof dm.source, "%s", names[i]);
+        ck_assert_msg(kvm_store_put_doc(s, &t[i].m.doc_hash, &dm) == 0, "%s", kvm_errmsg());
+    }
+    kvm_store_close(&s);
+    const char *csv_name[3] = {",doc_000.txt\n", ",\"a,\"\"b\"\".txt\"\n", ",-\n"};
+    const char *table_name[3] = {" doc_000.txt\n", " a,\"b\".txt\n", " -\n"};
+    char *out = NULL, want[512], d[65];
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--csv", "--names", NULL), 0);
+    ck_assert_int_eq(count_lines(out), 4);
+    ck_assert_ptr_eq(strstr(out, "model_id,doc_hash,config_id,tokens,entries,bytes,ratio,dtype,name\n"), out);
+    for (int i = 0; i < 3; i++) {
+        const char *row = strstr(out, kvm_store_id_hex(&t[i].m.doc_hash, d));
+        ck_assert_msg(row, "no row for doc %d in:\n%s", i, out);
+        size_t len = strcspn(row, "\n") + 1, nl = strlen(csv_name[i]);
+        ck_assert_msg(len >= nl && !strncmp(row + len - nl, csv_name[i], nl), "row %.*s: want the name %s", (int)len,
+                      row, csv_name[i]);
+    }
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--names", NULL), 0);
+    ck_assert_msg(strstr(out, " DTYPE  NAME\n"), "header: %s", out);
+    for (int i = 0; i < 3; i++) {
+        snprintf(want, sizeof want, "%.12s", kvm_store_id_hex(&t[i].m.doc_hash, d));
+        const char *row = strstr(out, want);
+        ck_assert_msg(row, "no row for doc %d in:\n%s", i, out);
+        size_t len = strcspn(row, "\n") + 1, nl = strlen(table_name[i]);
+        ck_assert_msg(len >= nl && !strncmp(row + len - nl, table_name[i], nl), "row %.*s: want the name %s",
+                      (int)len, row, table_name[i]);
+    }
+    free(out);
+    for (int i = 0; i < 3; i++) tc_free(&t[i]);
+}
+END_TEST
+
 static void put_named_docs(kvm_store *s, int from, int to)
 {
     for (int i = from; i < to; i++) {
@@ -1475,6 +1521,7 @@ int main(void)
     suite_add_tcase(su, tcase("cli_missing_path", test_cli_missing_path, 60));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
+    suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
     suite_add_tcase(su, tcase("docnames_index", test_docnames_index, 60));
     suite_add_tcase(su, tcase("docnames_older_store", test_docnames_older_store, 60));
     suite_add_tcase(su, tcase("docnames_long_name", test_docnames_long_name, 30));

@@ -90,7 +90,7 @@ static void svc_stop(svc_thread *t)
     t->stop = 1;
     pthread_join(t->th, NULL);
     zmq_close(t->sock);
-    zmq_ctx_term(t->zctx);
+    kvm_curve_ctx_term(t->zctx); /* as kvm_storesvc_main ends: the ZAP handler is joined */
     kvm_store_close(&t->store);
     kvm_config_free(&t->cfg);
 }
@@ -606,6 +606,58 @@ START_TEST(test_client_without_key_refused)
 }
 END_TEST
 
+/* Threads of this process (/proc/self/task). */
+static int count_threads(void)
+{
+    char cmd[64], *out = NULL;
+    snprintf(cmd, sizeof cmd, "ls /proc/%ld/task | wc -l", (long)getpid());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    int n = atoi(out);
+    free(out);
+    return n;
+}
+
+/* A keyed service's ZAP handler ends with its context: kvm_curve_ctx_term joins it (it was a
+ * detached thread, possibly still running when a `kvmill serve` or `store serve` returned from
+ * main), and a second keyed context in the process gets a handler of its own. The handler was started once per process: the second context had none,
+ * and libzmq then let any client key in (the stranger's upload committed). */
+START_TEST(test_zap_handler_per_context)
+{
+    char auth[4400], cmd[9000], sec[12000], who[12000];
+    keygen("server");
+    keygen("client");
+    keygen("stranger");
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/client.public' '%s/'", auth, g_dir, auth);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "authorized_keys = %s\n",
+             g_dir, g_dir, auth);
+    snprintf(who, sizeof who, "%sclient_secret_key = %s/stranger.secret\nclient_public_key = %s/stranger.public\n", sec,
+             g_dir, g_dir);
+    kvm_config *stranger = config(who);
+    kvm_serve_cache_enc e;
+    make_cache(4, &e);
+    const int threads_before = count_threads();
+    for (int round = 1; round <= 2; round++) {
+        svc_thread t;
+        svc_start(&t, sec, 0);
+        kvm_storecli *c = NULL;
+        ck_assert_int_eq(kvm_storecli_open(KEYS(stranger), g_ep, &c), 0);
+        int rc = kvm_storecli_put(c, &e, 1, NULL, 800, 1, NULL);
+        ck_assert_msg(rc == KVM_EIO, "round %d: a key not in authorized_keys got %d (%s)", round, rc,
+                      rc ? kvm_errmsg() : "stored");
+        kvm_storecli_close(&c);
+        svc_stop(&t);
+        ck_assert_int_eq(count_caches(), 0);
+        ck_assert_int_eq(count_threads(), threads_before); /* the ZAP handler and libzmq's threads are gone */
+    }
+    kvm_serve_cache_enc_free(&e);
+    kvm_config_free(&stranger);
+}
+END_TEST
+
 /* The service goes away after one commit and comes back on the same port while a client
  * uploads: the committed cache is intact and the client's retry commits the second. */
 typedef struct restart_arg {
@@ -681,6 +733,7 @@ static Suite *storesvc_suite(void)
                  {"layers_mismatch_refused", test_layers_mismatch_refused},
                  {"truncated_upload_refused", test_truncated_upload_refused},
                  {"client_without_key_refused", test_client_without_key_refused},
+                 {"zap_handler_per_context", test_zap_handler_per_context},
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
                  {"get_strategy", test_get_strategy},

@@ -205,6 +205,91 @@ START_TEST(test_calib_wire)
 }
 END_TEST
 
+/* The first n golden tokens' full KV and capture (what a compress worker gets for a document
+ * of n tokens). */
+static void prefill_short(int64_t n, kvm_capture **c, kvm_kvcache **kv)
+{
+    kvm_forward *fw;
+    kvm_capture_opts co = {.want_queries = 1, .want_stats = 1};
+    ck_assert_int_eq(kvm_capture_new(&model->cfg, n, &co, c), 0);
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &fw), 0);
+    ck_assert_int_eq(kvm_forward_add_hooks(fw, kvm_capture_hooks(*c)), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, n, kv), 0);
+    ck_assert_int_eq(kvm_forward_prefill(fw, *kv, ids, n, NULL, KVM_LOGITS_NONE), 0);
+    kvm_forward_free(&fw);
+}
+
+/* 1 when every head of a holds b's entries: keys, values, positions and biases. */
+static int same_cache(const kvm_kvcache *a, const kvm_kvcache *b)
+{
+    if (a->n_layers != b->n_layers || a->n_kv_heads != b->n_kv_heads || a->next_pos != b->next_pos) return 0;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int g = 0; g < a->n_kv_heads; g++) {
+            const kvm_kv_head *x = kvm_kvcache_head(a, l, g), *y = kvm_kvcache_head(b, l, g);
+            size_t nd = (size_t)x->n * (size_t)a->head_dim * sizeof(float);
+            if (x->n != y->n || memcmp(x->k, y->k, nd) || memcmp(x->v, y->v, nd) ||
+                memcmp(x->pos, y->pos, (size_t)x->n * sizeof *x->pos) ||
+                memcmp(x->bias, y->bias, (size_t)x->n * sizeof *x->bias))
+                return 0;
+        }
+    return 1;
+}
+
+/* A document too short for its compressed cache to save an entry is stored with its full KV
+ * unchanged. With retain 8, a 9-token document's compress zone of 1 token was distilled into 1
+ * entry (k is at least 1), and budget 24 on a 20-token document distilled its 12-token zone into
+ * 12 entries: as many entries as the full KV, approximate where it is exact (and stored larger
+ * than the f32 KV, each entry carrying a position and a logit bias). */
+START_TEST(test_short_document_kept_full)
+{
+    static const struct {
+        int64_t n;
+        const char *extra;
+    } docs[] = {{9, ""}, {20, "budget = 24\n"}, {8, ""}, {5, ""}};
+    const char *methods[] = {"sculpt", "selectfit", "joint-fixed", "snapkv"};
+    for (size_t d = 0; d < sizeof docs / sizeof docs[0]; d++) {
+        kvm_capture *c = NULL;
+        kvm_kvcache *kv = NULL;
+        prefill_short(docs[d].n, &c, &kv);
+        kvm_compress_input in = {.model = model, .full = kv, .cap = c, .n_tokens = docs[d].n};
+        for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+            if (!strcmp(methods[i], "snapkv") && !*docs[d].extra) continue; /* b = ratio·N < N: it evicts */
+            char text[1024];
+            snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = %s\nratio = 0.3\n"
+                     "queries = 32\niterations = 2\nrounds = 1\nretain = 8\n%s",
+                     kvm_test_data_path("models/stories260K.bin"), methods[i], docs[d].extra);
+            kvm_config *cfg;
+            ck_assert_int_eq(kvm_config_parse(text, "t.ini", &cfg), 0);
+            kvm_kvcache *out = NULL;
+            int rc = kvm_worker_compress(cfg, &in, NULL, NULL, &out);
+            ck_assert_msg(rc == 0, "%s, %lld tokens: %s", methods[i], (long long)docs[d].n, kvm_errmsg());
+            ck_assert_msg(same_cache(out, kv), "%s, %lld tokens %s: %lld entries, not the full KV's %lld unchanged",
+                          methods[i], (long long)docs[d].n, docs[d].extra, (long long)kvm_kvcache_entries(out),
+                          (long long)kvm_kvcache_entries(kv));
+            kvm_kvcache_free(&out);
+            kvm_config_free(&cfg);
+        }
+        kvm_kvcache_free(&kv);
+        kvm_capture_free(&c);
+    }
+    /* one token more than retain + k: distilled, fewer entries than the full KV */
+    kvm_capture *c = NULL;
+    kvm_kvcache *kv = NULL;
+    prefill_short(12, &c, &kv); /* zone 4: k = round(1.2) = 1, 9 entries of 12 */
+    kvm_compress_input in = {.model = model, .full = kv, .cap = c, .n_tokens = 12};
+    kvm_config *cfg = config("sculpt");
+    ck_assert_int_eq(kvm_config_set(cfg, "compress", "budget", "0"), 0);
+    ck_assert_int_eq(kvm_config_set(cfg, "compress", "ratio", "0.3"), 0);
+    kvm_kvcache *out = NULL;
+    ck_assert_msg(kvm_worker_compress(cfg, &in, NULL, NULL, &out) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_kvcache_entries(out), 9 * 5 * 4);
+    kvm_kvcache_free(&out);
+    kvm_config_free(&cfg);
+    kvm_kvcache_free(&kv);
+    kvm_capture_free(&c);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -214,6 +299,10 @@ static Suite *worker_suite(void)
     TCase *tc = tcase_create("every_method");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_every_method);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("short_document_kept_full");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_short_document_kept_full);
     suite_add_tcase(s, tc);
     tc = tcase_create("decode_policy_keeps_budget");
     tcase_add_checked_fixture(tc, setup, teardown);

@@ -137,6 +137,11 @@ kvm_sculpt_opts kvm_sculpt_opts_default(void);
 int kvm_sculpt_mode_parse(const char *s, kvm_sculpt_mode *out);
 int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out);
 
+/* k, the distilled entries per KV head kvm_sculpt_compress makes of a context of n_tokens:
+ * o->k_entries, else round(o->ratio · (n_tokens − m)) and at least 1, capped at n_tokens − m
+ * (0 when the compress zone is empty); m = o->retain_tokens. */
+int64_t kvm_sculpt_k(const kvm_sculpt_opts *o, int64_t n_tokens);
+
 /* Compresses in->full with method o->mode (KVSculpt arXiv 2603.27819 §3; Select+Fit and the
  * joint-fixed ablation; β per Attention Matching arXiv 2602.16284). Needs in->cap captured with
  * want_queries = 1 over the same N = in->n_tokens context tokens. Per (layer, KV head) the result

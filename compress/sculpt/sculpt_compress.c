@@ -506,6 +506,14 @@ static void jobs_free(job *jobs, int n)
     free(jobs);
 }
 
+int64_t kvm_sculpt_k(const kvm_sculpt_opts *o, int64_t n_tokens)
+{
+    const int64_t nc = n_tokens - o->retain_tokens;
+    int64_t ku = o->k_entries > 0 ? o->k_entries : (int64_t)llround(o->ratio * (double)nc);
+    if (nc > 0 && ku < 1) ku = 1;
+    return ku > nc ? (nc > 0 ? nc : 0) : ku;
+}
+
 int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, kvm_kvcache **out,
                         kvm_sculpt_stats *stats)
 {
@@ -515,10 +523,7 @@ int kvm_sculpt_compress(const kvm_compress_input *in, const kvm_sculpt_opts *o, 
     if (rc) return rc;
     const kvm_model_config *c = &in->model->cfg;
     const int n = c->n_layers * c->n_kv_heads;
-    const int64_t N = in->n_tokens, m = o->retain_tokens, nc = N - m;
-    int64_t ku = o->k_entries > 0 ? o->k_entries : (int64_t)llround(o->ratio * (double)nc);
-    if (nc > 0 && ku < 1) ku = 1;
-    if (ku > nc) ku = nc;
+    const int64_t N = in->n_tokens, m = o->retain_tokens, nc = N - m, ku = kvm_sculpt_k(o, N);
     kvm_sculpt_stats st = {0};
     job *jobs = calloc((size_t)n, sizeof *jobs);
     if (!jobs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");

@@ -45,7 +45,10 @@ char *kvm_test_tmpdir(void);
 void kvm_test_rmtree(const char *path);
 /* Runs `cmd` with /bin/sh, stdout captured into *out (malloc'ed, NUL-terminated, may be
  * NULL to discard) and stderr into *err likewise. Returns the exit status (0..255), or
- * 128+signal. */
+ * 128+signal. A command meant to be stopped by `timeout` runs under `timeout --foreground`:
+ * without it timeout follows its signal with SIGCONT, and a SIGCONT that arrives while
+ * LeakSanitizer's exit check stops the process (PTRACE_ATTACH's SIGSTOP, which SIGCONT
+ * discards) leaves that check waiting forever (SAN=1). */
 int kvm_test_run(const char *cmd, char **out, char **err);
 
 /* Caches in the store at `store`, as `kvmill store ls --csv` (of the binaries under test) lists
