@@ -432,7 +432,7 @@ done:
 }
 
 /* Solves the active jobs (m, k set; pilot first when o->alloc is not uniform) and writes them
- * into dst. Sets OpenBLAS to one thread while the workers run. */
+ * into dst. */
 static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job *jobs, kvm_kvcache *dst,
                     kvm_sculpt_stats *st)
 {
