@@ -112,8 +112,44 @@ static void exp_wv8(float *restrict s, int nb, int64_t kp, const float *mx, cons
         }
         const float z = v16_hsum(a);
         iz[b] = 1.0f / z;
-        lse[b] = mx[b] + logf(z);
+        lse[b] = z; /* ln z below, 16 rows at a time */
         v16_hsum8(acc, oh + b * 8);
+    }
+    for (int b0 = 0; b0 < nb; b0 += NR) {
+        v16f z = (v16f){0} + 1.0f, m = {0};
+        const int n = nb - b0 < NR ? nb - b0 : NR;
+        memcpy(&z, lse + b0, (size_t)n * sizeof *lse);
+        memcpy(&m, mx + b0, (size_t)n * sizeof *mx);
+        const v16f l = m + v16_logf(z);
+        memcpy(lse + b0, &l, (size_t)n * sizeof *lse);
+    }
+}
+
+/* kvm_sb_shares for nb queries (has_c = 1) 16 lanes at a time, lanewise its operations: pc, pr
+ * [nb] from the distilled LSEs lc [nb], the retain LSEs lr [nb] and nvis [nb] (retain entries
+ * visible). One vector exponential and two vector divisions per 16 queries instead of a
+ * library expf and two scalar divisions per query. */
+SB_CLONES
+static void shares_rows(const float *lc, const float *lr, const int64_t *nvis, int nb, float *pc, float *pr)
+{
+    for (int b0 = 0; b0 < nb; b0 += NR) {
+        const int n = nb - b0 < NR ? nb - b0 : NR;
+        v16f c = {0}, r = {0};
+        v16i has_r = {0};
+        memcpy(&c, lc + b0, (size_t)n * sizeof *lc);
+        memcpy(&r, lr + b0, (size_t)n * sizeof *lr);
+        for (int l = 0; l < n; l++) has_r[l] = nvis[b0 + l] > 0 ? -1 : 0;
+        const v16i gt = c > r;
+        const v16f mm = (v16f)(((v16i)c & gt) | ((v16i)r & ~gt));
+        const v16f x = (v16f)(((v16i)(r - mm) & gt) | ((v16i)(c - mm) & ~gt));
+        const v16f e = v16_expf(x), one = (v16f){0} + 1.0f;
+        const v16f ac = (v16f)(((v16i)one & gt) | ((v16i)e & ~gt));
+        const v16f ar = (v16f)((((v16i)e & gt) | ((v16i)one & ~gt)) & has_r);
+        const v16f zz = ac + ar;
+        const v16i pos = zz > 0;
+        const v16f vc = (v16f)((v16i)(ac / zz) & pos), vr = (v16f)((v16i)(ar / zz) & pos);
+        memcpy(pc + b0, &vc, (size_t)n * sizeof *pc);
+        memcpy(pr + b0, &vr, (size_t)n * sizeof *pr);
     }
 }
 
@@ -260,27 +296,28 @@ static inline float out_err8(float pc, float pr, float iz, const float *ohc, con
     return v8_hsum(oh * ev);
 }
 
-/* One query's output rows and scalars; returns ⟨Ô, e⟩ and adds to *mse, *lse; b1, b2 out. */
-static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float iz, const float *ohc, float *e, double a1,
-                       double a2, float *b1, float *b2, double *mse, double *lse)
+/* One query's output rows and scalars from its shares pc, pr (shares_rows); returns ⟨Ô, e⟩
+ * and adds to *mse, *lse; b1, b2 out. */
+static float query_row(const kvm_sculpt_view *p, int64_t i, float lc, float pc, float pr, float iz, const float *ohc,
+                       float *e, double a1, double a2, float *b1, float *b2, double *mse, double *lse)
 {
     const int d = p->d;
-    kvm_sb_query s = kvm_sb_query_shares(lc, p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0,
-                                         p->lse_mass_weight);
+    double dl, wz;
+    kvm_sb_lse_terms(lc, p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, p->lse_mass_weight, &dl, &wz);
     const float *o = p->o_full + i * d, *orr = p->o_ret + i * d;
     double ei = 0;
     float oe = 0;
-    if (d == 8) oe = out_err8(s.pc, s.pr, iz, ohc, orr, o, e, &ei);
+    if (d == 8) oe = out_err8(pc, pr, iz, ohc, orr, o, e, &ei);
     for (int t = 0; d != 8 && t < d; t++) {
         float oh;
-        e[t] = kvm_sb_out_err(s.pc, ohc[t] * iz, s.pr, orr[t], o[t], &oh);
+        e[t] = kvm_sb_out_err(pc, ohc[t] * iz, pr, orr[t], o[t], &oh);
         ei += (double)e[t] * e[t];
         oe += oh * e[t];
     }
     *mse += ei;
-    *lse += s.wz * s.dl * s.dl;
-    *b1 = (float)(a1 * s.pc);
-    *b2 = (float)(a2 * s.wz * s.dl);
+    *lse += wz * dl * dl;
+    *b1 = (float)(a1 * pc);
+    *b2 = (float)(a2 * wz * dl);
     return oe;
 }
 
@@ -317,8 +354,11 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
         score_rows(p, i0, nb, k, b0, w, lc, iz);
         kvm__cpu_gemm_packed(w->S, nb, kp, &w->vpk, w->oh, d, 1.0f, 0, d, k);
     }
+    float pc[QB], pr[QB];
+    shares_rows(lc, p->lse_ret + i0, p->n_vis + i0, nb, pc, pr);
     for (int b = 0; b < nb; b++)
-        oe[b] = query_row(p, i0 + b, lc[b], iz[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b], mse, lse);
+        oe[b] = query_row(p, i0 + b, lc[b], pc[b], pr[b], iz[b], w->oh + b * d, w->E + b * d, a1, a2, &b1[b], &b2[b],
+                          mse, lse);
     if (!want_grad) return;
     if (d == 8) {
         for (int b = 0; b < nb; b++) {

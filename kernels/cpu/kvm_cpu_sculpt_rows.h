@@ -44,6 +44,21 @@ static inline SB_INLINE v16f v16_expf(v16f x)
     return p * (v16f)bits;
 }
 
+/* kvm_sb_logf on 16 lanes: the same operations in the same order (z normal and > 0). */
+static inline SB_INLINE v16f v16_logf(v16f z)
+{
+    const v16i bits = (v16i)z;
+    v16i e = ((bits >> 23) & 255) - 127;
+    v16f m = (v16f)((bits & 0x7fffff) | 0x3f800000);
+    const v16i big = m > 1.41421356f; /* −1 where m > √2 */
+    m = (v16f)(((v16i)(m * 0.5f) & big) | ((v16i)m & ~big));
+    e -= big;
+    const v16f s = (m - 1.0f) / (m + 1.0f), s2 = s * s;
+    const v16f q = s2 * (1.0f / 3 + s2 * (1.0f / 5 + s2 * (1.0f / 7 + s2 * (1.0f / 9))));
+    const v16f ef = __builtin_convertvector(e, v16f);
+    return ef * 0.693145751953125f + ((2.0f * s + 2.0f * s * q) + ef * 1.42860677e-6f);
+}
+
 /* Lanewise max(a, b): one compare and one blend (a where a ≥ b, else b). */
 static inline SB_INLINE v8f v8_max(v8f a, v8f b)
 {
@@ -108,7 +123,7 @@ static inline SB_INLINE float exp_row_body(float *restrict s, int64_t kp, float 
     }
     float z = v16_hsum(a);
     *iz = 1.0f / z;
-    return mx + logf(z);
+    return mx + kvm_sb_logf(z);
 }
 
 SB_CLONES

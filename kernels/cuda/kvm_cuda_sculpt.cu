@@ -153,7 +153,7 @@ __global__ void k_softmax(float *S, const float *beta, int64_t nq, int64_t k, fl
     }
     z = block_sum(z, sh);
     if (threadIdx.x == 0) {
-        lc[blockIdx.x] = m + logf(z);
+        lc[blockIdx.x] = m + kvm_sb_logf(z);
         iz[blockIdx.x] = 1.0f / z;
     }
 }
