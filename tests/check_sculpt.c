@@ -11,7 +11,6 @@
 #include "common/kvm_progress.h"
 #include "kernels/kvm_fpmode.h"
 #include "kernels/kvm_sculpt_kernels.h"
-#include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/kvm_sculpt_body.h"
 #include "tests/util/kvm_test.h"
 
@@ -646,76 +645,6 @@ START_TEST(test_ridge_f32)
         for (int f = 0; f < 3; f++) free(A[f]), free(B[f]);
     }
     toy_free(&t);
-}
-END_TEST
-
-/* The float32 normal equations as kvmill's GEMM computes them (the formulation before the
- * register tiles read P in place): per block of 128 queries Y = Pᵀ·P and Yb = Pᵀ·T by
- * kvm__cpu_gemm_packed on a transposed copy and packed panels, added to A (upper) and B in
- * float64. Both sum every entry over the block's queries in order with one FMA per term. */
-static void normal_by_gemm(const float *P, const float *Tf, int64_t nq, int64_t k, int d, double *A, double *B)
-{
-    float *Pt = malloc((size_t)(k * 128) * sizeof *Pt), *Y = malloc((size_t)(k * k) * sizeof *Y);
-    float *Yb = malloc((size_t)(k * d) * sizeof *Yb);
-    kvm_cpu_packed pp = {0}, tp = {0};
-    memset(A, 0, (size_t)(k * k) * sizeof *A);
-    memset(B, 0, (size_t)(k * d) * sizeof *B);
-    for (int64_t i0 = 0; i0 < nq; i0 += 128) {
-        const int64_t nb = nq - i0 < 128 ? nq - i0 : 128;
-        for (int64_t j = 0; j < k; j++)
-            for (int64_t b = 0; b < nb; b++) Pt[j * 128 + b] = P[(i0 + b) * k + j];
-        ck_assert_int_eq(kvm__cpu_pack(&pp, P + i0 * k, k, nb, 1, k), 0);
-        ck_assert_int_eq(kvm__cpu_pack(&tp, Tf + i0 * d, d, nb, 1, d), 0);
-        kvm__cpu_gemm_packed(Pt, k, 128, &pp, Y, k, 1.0f, 0, k, nb);
-        kvm__cpu_gemm_packed(Pt, k, 128, &tp, Yb, d, 1.0f, 0, d, nb);
-        for (int64_t r = 0; r < k; r++)
-            for (int64_t c = r; c < k; c++) A[r * k + c] += Y[r * k + c];
-        for (int64_t i = 0; i < k * d; i++) B[i] += Yb[i];
-    }
-    kvm__cpu_packed_free(&pp);
-    kvm__cpu_packed_free(&tp);
-    free(Pt), free(Y), free(Yb);
-}
-
-/* ridge_f32_tiles: the float32 normal equations' register tiles (P and T read in place) give bit
- * for bit the GEMM formulation's A and B, at head dims 64 and 8 and at k with partial row tiles
- * and column panels (k mod 8 ≠ 1: the GEMM gives a lone last row of a row block to its
- * one-row tile, which sums in four partial chains). */
-START_TEST(test_ridge_f32_tiles)
-{
-    const int ds[2] = {64, 8};
-    const int64_t ks[4] = {2, 18, 70, 106};
-    for (int di = 0; di < 2; di++) {
-        toy t;
-        const int d = ds[di];
-        toy_new_d(&t, d, 120, 8, 300, 1.0f, 0);
-        const kvm_sculpt_problem *p = &t.p;
-        const int64_t nq = p->nq;
-        for (int ki = 0; ki < 4; ki++) {
-            const int64_t k = ks[ki];
-            float *kc = malloc((size_t)(k * d) * sizeof *kc), *beta = malloc((size_t)k * sizeof *beta);
-            float *P = malloc((size_t)(nq * k) * sizeof *P), *Tf = malloc((size_t)(nq * d) * sizeof *Tf);
-            double *A = malloc((size_t)(k * k) * sizeof *A), *B = malloc((size_t)(k * d) * sizeof *B);
-            double *Ar = malloc((size_t)(k * k) * sizeof *Ar), *Br = malloc((size_t)(k * d) * sizeof *Br);
-            double *pr = malloc((size_t)nq * sizeof *pr);
-            for (int64_t i = 0; i < k * d; i++) kc[i] = 1.5f * frand();
-            for (int64_t j = 0; j < k; j++) beta[j] = 0.2f * frand();
-            kvm_sculpt_view v = view_of(p, 1);
-            ck_assert_int_eq(kvm_cpu_sculpt_normal(&v, kc, beta, k, A, B), 0);
-            ck_assert_int_eq(kvm_cpu_sculpt_probs(&v, kc, beta, k, P, k, pr), 0);
-            for (int64_t i = 0; i < nq; i++)
-                for (int u = 0; u < d; u++)
-                    Tf[i * d + u] = (float)((double)p->o_full[i * d + u] - pr[i] * p->o_ret[i * d + u]);
-            normal_by_gemm(P, Tf, nq, k, d, Ar, Br);
-            for (int64_t r = 0; r < k; r++)
-                for (int64_t c = r; c < k; c++)
-                    ck_assert_msg(A[r * k + c] == Ar[r * k + c], "d %d k %lld: A[%lld][%lld] %.17g, GEMM %.17g", d,
-                                  (long long)k, (long long)r, (long long)c, A[r * k + c], Ar[r * k + c]);
-            ck_assert_msg(!memcmp(B, Br, (size_t)(k * d) * sizeof *B), "d %d k %lld: B differs", d, (long long)k);
-            free(kc), free(beta), free(P), free(Tf), free(A), free(B), free(Ar), free(Br), free(pr);
-        }
-        toy_free(&t);
-    }
 }
 END_TEST
 
@@ -1538,7 +1467,6 @@ static Suite *suite(void)
     tcase_add_test(tc, test_lbfgs_gradient_tolerance);
     tcase_add_test(tc, test_ridge_normal_equations);
     tcase_add_test(tc, test_ridge_f32);
-    tcase_add_test(tc, test_ridge_f32_tiles);
     tcase_add_test(tc, test_ridge_f32_ill_conditioned);
     tcase_add_test(tc, test_logf_body);
     tcase_add_test(tc, test_lse_zero_when_masses_match);
