@@ -257,6 +257,32 @@ START_TEST(test_ask_bad_endpoint)
 }
 END_TEST
 
+/* A corpus file that cannot be read when the folder is scanned (a dangling link, no read
+ * permission, removed since the listing) stopped the whole run (exit 2, nothing compressed),
+ * while a FIFO or a folder named *.txt failed alone: it fails alone now, named, and the other
+ * documents are compressed (exit 1). */
+START_TEST(test_corpus_dangling_link_fails_alone)
+{
+    char store[4300], cfg[4300], corp[4400], p[4500], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(corp, sizeof corp, "%s/corp", dir);
+    ck_assert_int_eq(mkdir(corp, 0755), 0);
+    snprintf(p, sizeof p, "%s/a.txt", corp);
+    ck_assert_int_eq(kvm_test_write_file(p, "Once upon a time there was a dog.", 33), 0);
+    snprintf(p, sizeof p, "%s/b.txt", corp);
+    ck_assert_int_eq(symlink("/nonexistent/kvmill-no-such-file", p), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corp);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    ck_assert_msg(strstr(err, "b.txt: cannot read: No such file or directory") && strstr(out, "compressed=1 ") &&
+                      strstr(out, "failed=1 "),
+                  "stdout: %s\nstderr: %s", out, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -273,6 +299,7 @@ static Suite *suite(void)
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
         {"ask_bad_endpoint", test_ask_bad_endpoint},
+        {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
