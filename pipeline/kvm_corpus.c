@@ -176,6 +176,10 @@ static int read_jsonl(const char *path, kvm_corpus *c)
         lineno++;
         kvm_doc d = {.offset = (int64_t)at, .size = (int64_t)len};
         at += len;
+        if (lineno == 1 && len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) { /* a UTF-8 byte-order mark: skipped */
+            memmove(line, line + 3, (size_t)(len -= 3) + 1);
+            d.offset += 3, d.size -= 3;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
         if ((rc = parse_line(path, lineno, line, &d)) == 0) {
