@@ -308,6 +308,27 @@ START_TEST(test_jsonl_bom)
 }
 END_TEST
 
+/* A decode worker started by hand (`kvmill-decode --connect BACKEND --config FILE --store PATH`)
+ * with a mistyped --store created an empty store there and joined, answering every ask "no
+ * cache", where kvmill serve refuses a store that does not exist: the worker refuses it too
+ * (unless [serve] compute_missing lets it make a new one), and creates nothing. */
+START_TEST(test_decode_worker_missing_store)
+{
+    char store[4300], cfg[4300], none[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(none, sizeof none, "%s/no-such-store", dir);
+    snprintf(cmd, sizeof cmd, "timeout 20 %s/kvmill-decode --connect 'ipc://%s/backend' --config '%s' --store '%s'",
+             kvm_test_bin(), dir, cfg, none);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 1 && strstr(err, "no-such-store: no such directory"), "exit %d, stderr: %s", rc, err);
+    ck_assert_int_ne(access(none, F_OK), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -326,6 +347,7 @@ static Suite *suite(void)
         {"ask_bad_endpoint", test_ask_bad_endpoint},
         {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
         {"jsonl_bom", test_jsonl_bom},
+        {"decode_worker_missing_store", test_decode_worker_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
