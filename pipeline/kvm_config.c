@@ -107,8 +107,9 @@ static int expand_ref(expander *e, const char **p, int depth, int emit)
         if (**p != '}') return expand_fail(e, start, "unterminated ${ (no closing '}')");
     } else {
         if (emit && !set) {
-            snprintf(e->why, e->why_n, "environment variable %s is not set and has no default", var);
-            return -1;
+            char what[192];
+            snprintf(what, sizeof what, "environment variable %s is not set and has no default", var);
+            return expand_fail(e, start, what);
         }
         *p = q;
     }
