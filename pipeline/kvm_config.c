@@ -299,7 +299,10 @@ static int prescan(const char *name, const char *text)
         size_t len = end ? (size_t)(end - p) : strlen(p);
         const char *q = p;
         while (q < p + len && (*q == ' ' || *q == '\t')) q++;
-        if (len >= 199) rc = kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198", name, line, len);
+        if (len >= 199) /* libinih's buffer; values are expanded after parsing, so a long path fits in a variable */
+            rc = kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198 (for a longer value, "
+                                     "such as a deep path, write key = ${VAR} and set the environment variable VAR)",
+                         name, line, len);
         else if (after_key && q > p && q < p + len && *q != ';' && *q != '#' && *q != '\r') {
             /* libinih takes an indented line after a key as a continuation and sets the key
              * again to that line alone: `path = a.bin` then `  b` silently made path b */
