@@ -121,7 +121,10 @@ int kvm_cmd_ask(int argc, char **argv)
         {"doc-name", 1, "instead of --doc: a stored document, by the name kvmill run stored (its corpus file name)",
          NULL},
         {"prompt", 1, "text appended after the document", NULL},
-        {"prompt-file", 1, "read the prompt from this file instead of --prompt (its bytes as they are)", NULL},
+        {"prompt-file", 1,
+         "read the prompt from this file instead of --prompt (UTF-8 text, its bytes as they are; a prompt that is not "
+         "UTF-8 is refused)",
+         NULL},
         {"n", 1, "new tokens to generate (default 64)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 0)", NULL},
         {"timeout", 1, "seconds to wait for the answer (default 30)", NULL},

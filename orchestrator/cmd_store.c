@@ -150,6 +150,15 @@ static void csv_field(const char *v)
     putchar('"');
 }
 
+/* A name in the table: control bytes (a line break, ESC of a terminal sequence, from a JSONL
+ * id) as \xNN, so that a row stays one line and a name cannot drive the terminal. */
+static void table_field(const char *v)
+{
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) printf("\\x%02x", *p);
+        else putchar(*p);
+}
+
 /* Prints a row; name: --names' column (NULL without it). */
 static void ls_print(const ls_ctx *c, const ls_row *r, const char *name)
 {
@@ -166,7 +175,7 @@ static void ls_print(const ls_ctx *c, const ls_row *r, const char *name)
         printf("%-12.12s %-12.12s %-12.12s %9" PRId64 " %10" PRId64 " %12" PRId64 " %7.2f %-*s%-*s", a, b, d,
                m->n_tokens, m->n_entries, m->stored_bytes, ratio_of(m), r->state || name ? 6 : 0, m->dtype,
                r->state && name ? 15 : 0, r->state ? r->state : "");
-        if (name) printf(" %s", name);
+        if (name) putchar(' '), table_field(name);
     }
     putchar('\n');
 }

@@ -107,8 +107,9 @@ static int expand_ref(expander *e, const char **p, int depth, int emit)
         if (**p != '}') return expand_fail(e, start, "unterminated ${ (no closing '}')");
     } else {
         if (emit && !set) {
-            snprintf(e->why, e->why_n, "environment variable %s is not set and has no default", var);
-            return -1;
+            char what[192];
+            snprintf(what, sizeof what, "environment variable %s is not set and has no default", var);
+            return expand_fail(e, start, what);
         }
         *p = q;
     }
@@ -298,7 +299,10 @@ static int prescan(const char *name, const char *text)
         size_t len = end ? (size_t)(end - p) : strlen(p);
         const char *q = p;
         while (q < p + len && (*q == ' ' || *q == '\t')) q++;
-        if (len >= 199) rc = kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198", name, line, len);
+        if (len >= 199) /* libinih's buffer; values are expanded after parsing, so a long path fits in a variable */
+            rc = kvm_err(KVM_EINVAL, "%s:%d: line of %zu characters: lines are limited to 198 (for a longer value, "
+                                     "such as a deep path, write key = ${VAR} and set the environment variable VAR)",
+                         name, line, len);
         else if (after_key && q > p && q < p + len && *q != ';' && *q != '#' && *q != '\r') {
             /* libinih takes an indented line after a key as a continuation and sets the key
              * again to that line alone: `path = a.bin` then `  b` silently made path b */

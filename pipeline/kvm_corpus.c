@@ -92,12 +92,10 @@ static int read_dir(const char *path, kvm_corpus *c)
         snprintf(full, sizeof full, "%s/%s", path, names[i]);
         kvm_doc d = {0};
         struct stat st;
-        if (stat(full, &st) != 0 || access(full, R_OK) != 0) {
-            rc = kvm_err(KVM_EIO, "%s: cannot read: %s", full, strerror(errno));
-            break;
-        }
+        /* a file that cannot be read (a dangling link, no read permission, removed since the
+         * listing) fails alone when it is loaded, as a FIFO does: it does not stop the run */
         if (!(d.path = strdup(full))) { rc = kvm_err(KVM_ENOMEM, "corpus: out of memory"); break; }
-        d.size = (int64_t)st.st_size;
+        d.size = stat(full, &st) == 0 ? (int64_t)st.st_size : 0;
         d.name = names[i];
         names[i] = NULL;
         if ((rc = push_doc(c, &dcap, d))) { free(d.path); free(d.name); }
@@ -178,6 +176,10 @@ static int read_jsonl(const char *path, kvm_corpus *c)
         lineno++;
         kvm_doc d = {.offset = (int64_t)at, .size = (int64_t)len};
         at += len;
+        if (lineno == 1 && len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3)) { /* a UTF-8 byte-order mark: skipped */
+            memmove(line, line + 3, (size_t)(len -= 3) + 1);
+            d.offset += 3, d.size -= 3;
+        }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
         if ((rc = parse_line(path, lineno, line, &d)) == 0) {

@@ -44,7 +44,8 @@ typedef struct kvm_corpus {
 /* Reads a folder of *.txt (name order) or a .jsonl file: names, paths, line offsets and
  * sizes only (every JSON line is parsed and checked here, its text not kept; load with
  * kvm_corpus_load). Errors name the file and line:
- * KVM_ENOTFOUND (missing), KVM_EIO (unreadable), KVM_EINVAL (not a folder or .jsonl, an
+ * KVM_ENOTFOUND (missing), KVM_EIO (unreadable; a folder's file that cannot be read is
+ * listed all the same and fails alone in kvm_corpus_load), KVM_EINVAL (not a folder or .jsonl, an
  * empty corpus, a JSON line that is not an object with a string "id" and exactly one of
  * string "text" / array of non-negative integer "tokens", duplicate ids), KVM_ENOMEM. */
 int kvm_corpus_read(const char *path, kvm_corpus **out);

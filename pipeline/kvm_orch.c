@@ -791,6 +791,12 @@ static int claim_job(orch *o, job *j)
         found = 0;
     }
     if (!o->cli && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
+    if (!o->cli && found) { /* stored: only when its layers pass their checksums, as in cache_stored (a
+                             * corrupt cache found before the run would be skipped here otherwise) */
+        kvm_store_cache *c = NULL;
+        if (kvm_store_get_cache(o->store, &key, &o->tok_id, &c)) found = 0;
+        kvm_store_cache_free(&c);
+    }
     if (found || !taken) {
         if (!found) orch_log("%s is being compressed by %s on %s: left to it\n", j->doc->name, holder.owner, holder.host);
         job_move(o, j, J_SKIPPED);

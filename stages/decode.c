@@ -96,7 +96,13 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (rc) return rc;
     st->wm.override = a->model;
     kvm_storecli_keys keys = kvm_storecli_keys_of(st->cfg, a->server_key, a->client_public, a->client_secret);
-    if ((rc = svc ? kvm_storecli_open(&keys, svc, &st->svc) : kvm_storew_open(st->cfg, NULL, 0, &st->store)) ||
+    kvm_store_opts so;
+    kvm_storew_opts(st->cfg, 0, &so);
+    /* as kvmill serve: a store that does not exist is refused unless this worker may compress
+     * documents into a new one (a mistyped --store would answer every ask "no cache") */
+    so.must_exist = !kvm_config_bool(st->cfg, "serve", "compute_missing");
+    if ((rc = svc ? kvm_storecli_open(&keys, svc, &st->svc)
+                  : kvm_store_open(kvm_config_str(st->cfg, "store", "path"), &so, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
     st->tok = st->wm.tok;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -77,6 +78,19 @@ int kvm_store__lock(kvm_store *s)
 
 void kvm_store__unlock(kvm_store *s) { pthread_mutex_unlock(&s->mu); }
 
+/* Whether a map of this many bytes fits the process's address space: LMDB's
+ * mdb_env_set_mapsize unmaps the old map before it maps the new one, and when that fails
+ * leaves the environment without a map (the next transaction dies with SIGSEGV); a new
+ * data.mdb keeps the size its meta pages were written with even when mapping it failed. So
+ * a size is tried first as an address-space reservation that costs nothing. */
+static int map_fits(int64_t bytes)
+{
+    void *p = mmap(NULL, (size_t)bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return 0;
+    munmap(p, (size_t)bytes);
+    return 1;
+}
+
 /* Doubles this process's map, up to map_max_bytes. No transaction may be active. */
 static int store_grow(kvm_store *s)
 {
@@ -92,6 +106,11 @@ static int store_grow(kvm_store *s)
     int dead = 0;
     mdb_reader_check(s->env, &dead); /* stale readers pin pages that could be reused */
     int64_t next = cur > s->map_max_bytes / 2 ? s->map_max_bytes : 2 * cur;
+    if (!map_fits(next))
+        return kvm_err(KVM_EFULL,
+                       "store %s: map full at %lld bytes, and a map of %lld bytes does not fit this process's address "
+                       "space (lower map_max_mb); this write was not stored, everything committed before is intact",
+                       s->path, (long long)cur, (long long)next);
     rc = mdb_env_set_mapsize(s->env, (size_t)next);
     if (rc) return kvm_store__mdb(s, rc, "grow map");
     return 0;
@@ -295,6 +314,9 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     map = (map + KVM_STORE__MAP_ALIGN - 1) / KVM_STORE__MAP_ALIGN * KVM_STORE__MAP_ALIGN;
     int64_t max = o.map_max_bytes ? o.map_max_bytes : KVM_STORE__DEFAULT_MAX;
     if (max < map) max = map;
+    if (!o.read_only && !map_fits(map)) /* before anything is created or mapped */
+        return kvm_err(KVM_EINVAL, "store %s: a map of %lld MiB (map_size_mb) does not fit this process's address space: "
+                       "lower map_size_mb", path, (long long)(map >> 20));
     st = store_prepare_dir(path, o.read_only, o.must_exist);
     if (st == 0) st = kvm_store__check_fs(path);
     if (st == 0) st = kvm_store__check_file(path);
@@ -341,8 +363,11 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     int dead = 0;
     mdb_reader_check(s->env, &dead); /* free slots of readers that died */
     MDB_envinfo info;
-    if (!s->read_only && !fresh && mdb_env_info(s->env, &info) == 0 && (int64_t)info.me_mapsize < map)
-        mdb_env_set_mapsize(s->env, (size_t)map); /* no txn is active yet */
+    if (!s->read_only && !fresh && mdb_env_info(s->env, &info) == 0 && (int64_t)info.me_mapsize < map &&
+        (rc = mdb_env_set_mapsize(s->env, (size_t)map))) { /* no txn is active yet */
+        st = kvm_store__mdb(s, rc, "map size"); /* the environment has no map left: closed */
+        goto fail;
+    }
     if (s->read_only) {
         st = store_init_readonly(s);
     } else {

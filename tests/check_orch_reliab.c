@@ -402,8 +402,9 @@ END_TEST
 
 /* ---- store faults ---- */
 
-/* Flips a byte in the middle of the first manifest record (key ends in FF FF FF FF). */
-static void corrupt_first_manifest(void)
+/* Flips a byte in the middle of the first manifest record (key ends in FF FF FF FF), or with
+ * layer = 1 of the first layer record. */
+static void corrupt_first_record(int layer)
 {
     MDB_env *env;
     MDB_txn *txn;
@@ -418,7 +419,7 @@ static void corrupt_first_manifest(void)
     MDB_val k, v;
     int found = 0;
     for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
-        if ((found = k.mv_size >= 4 && !memcmp((char *)k.mv_data + k.mv_size - 4, "\xff\xff\xff\xff", 4))) break;
+        if ((found = k.mv_size >= 4 && (memcmp((char *)k.mv_data + k.mv_size - 4, "\xff\xff\xff\xff", 4) != 0) == layer)) break;
     ck_assert(found);
     uint8_t *copy = malloc(v.mv_size), kb[512];
     memcpy(copy, v.mv_data, v.mv_size);
@@ -431,6 +432,8 @@ static void corrupt_first_manifest(void)
     mdb_env_close(env);
     free(copy);
 }
+
+static void corrupt_first_manifest(void) { corrupt_first_record(0); }
 
 START_TEST(test_corrupt_manifest_recompressed)
 {
@@ -454,6 +457,31 @@ START_TEST(test_corrupt_manifest_recompressed)
     ck_assert_msg(strstr(out, "summary: compressed=0 skipped=3 failed=0"), "stdout: %s", out);
     free(out);
     free(err);
+}
+END_TEST
+
+/* A cache whose manifest is sound but one layer fails its checksum: the scan said "is corrupt:
+ * compressing it again", yet the claim before prefill checked only the manifest, found the
+ * cache and skipped it (compressed=0 skipped=3; store verify still failed on every rerun). */
+START_TEST(test_corrupt_layer_recompressed)
+{
+    make_docs(3);
+    write_config(STREAMING, "", NULL);
+    char *out, *err;
+    ck_assert_int_eq(run_kvmill(NULL, &out, &err), 0);
+    free(out);
+    free(err);
+    corrupt_first_record(1);
+    char cmd[8000];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store verify --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 1);
+    int rc = run_kvmill(NULL, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "summary: compressed=1 skipped=2 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(strstr(err, "is corrupt"), "stderr: %s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
 }
 END_TEST
 
@@ -870,6 +898,7 @@ static Suite *orch_reliab_suite(void)
                  {"prefetch_bound", test_prefetch_bound, 240},
                  {"ctrl_c_only_in_flight", test_ctrl_c_only_in_flight, 240},
                  {"corrupt_manifest_recompressed", test_corrupt_manifest_recompressed, 120},
+                 {"corrupt_layer_recompressed", test_corrupt_layer_recompressed, 120},
                  {"evictions_reported", test_evictions_reported, 120},
                  {"full_disk_stops_feeding", test_full_disk_stops_feeding, 120},
                  {"stale_dirs_removed", test_stale_dirs_removed, 240},

@@ -1250,6 +1250,58 @@ START_TEST(test_cli_ls_names)
 }
 END_TEST
 
+/* A JSONL id may hold a line break or a terminal escape: the table of `store ls --names` printed
+ * it raw, so one row took two lines and ESC[31m recoloured the terminal. Control bytes are
+ * \xNN there now (CSV keeps the bytes, quoted). */
+START_TEST(test_cli_ls_names_control_bytes)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache t;
+    tc_make(&t, 8, 0, 5, 2, 100, 0);
+    put_ok(s, &t);
+    kvm_store_doc_meta dm = {.n_tokens = 100};
+    snprintf(dm.source, sizeof dm.source, "%s", "new\nline\x1b[31mred");
+    ck_assert_msg(kvm_store_put_doc(s, &t.m.doc_hash, &dm) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    char *out = NULL;
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--names", NULL), 0);
+    ck_assert_int_eq(count_lines(out), 2);
+    ck_assert_msg(strstr(out, " new\\x0aline\\x1b[31mred\n") && !strchr(out, 0x1b), "table: %s", out);
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--names", "--csv", NULL), 0);
+    ck_assert_msg(strstr(out, ",\"new\nline\x1b[31mred\"\n"), "csv: %s", out);
+    free(out);
+    tc_free(&t);
+}
+END_TEST
+
+/* A map larger than the address space ([store] map_size_mb = 1073741824, the config's upper
+ * bound): on an existing store LMDB's mdb_env_set_mapsize unmapped the store and could not map
+ * it again, and the first transaction died with SIGSEGV in mdb_txn_begin (`kvmill run` exit
+ * 139); a new store was created with that size in its meta pages, so every later open failed
+ * with "Cannot allocate memory". Such a size is refused before anything is created or mapped. */
+START_TEST(test_map_beyond_address_space)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache t;
+    tc_make(&t, 8, 0, 1, 2, 100, 0);
+    put_ok(s, &t);
+    kvm_store_close(&s);
+    kvm_store_opts o = {.map_size_bytes = (int64_t)1 << 50, .no_sync = 1};
+    ck_assert_int_ne(kvm_store_open(g_path, &o, &s), 0);
+    ck_assert_msg(strstr(kvm_errmsg(), "map_size_mb"), "%s", kvm_errmsg());
+    ck_assert_ptr_null(s);
+    s = open_store(g_path, 0, 0, 0, 0); /* the store is as it was */
+    ck_assert_int_eq(get_cmp(s, &t), 0);
+    kvm_store_close(&s);
+    char fresh[4300];
+    snprintf(fresh, sizeof fresh, "%s/fresh", g_dir);
+    ck_assert_int_ne(kvm_store_open(fresh, &o, &s), 0);
+    ck_assert_int_ne(access(fresh, F_OK), 0); /* nothing created */
+    tc_free(&t);
+}
+END_TEST
+
 static void put_named_docs(kvm_store *s, int from, int to)
 {
     for (int i = from; i < to; i++) {
@@ -1522,6 +1574,8 @@ int main(void)
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
+    suite_add_tcase(su, tcase("cli_ls_names_control_bytes", test_cli_ls_names_control_bytes, 30));
+    suite_add_tcase(su, tcase("map_beyond_address_space", test_map_beyond_address_space, 30));
     suite_add_tcase(su, tcase("docnames_index", test_docnames_index, 60));
     suite_add_tcase(su, tcase("docnames_older_store", test_docnames_older_store, 60));
     suite_add_tcase(su, tcase("docnames_long_name", test_docnames_long_name, 30));
