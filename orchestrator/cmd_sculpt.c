@@ -54,6 +54,26 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *t
     return rc == KVM_EINVAL ? 2 : rc ? 1 : 0; /* EINVAL: settings this context cannot take (a usage error) */
 }
 
+/* Settings under which the "compressed" cache would hold every entry of the context (as run and
+ * eval refuse them): the retain zone covers the context, or the budget (entries per KV head,
+ * retain zone included) is not below it, or --ratio 1. Says which on stderr; returns 1 then. */
+static int refuse_no_compression(const kvm_sculpt_opts *o, int64_t N)
+{
+    if (o->retain_tokens >= N)
+        fprintf(stderr, "kvmill sculpt: --retain %lld is not below the context's %lld tokens: nothing is left to "
+                        "compress; lower --retain\n", (long long)o->retain_tokens, (long long)N);
+    else if (o->k_entries > 0 && o->k_entries + o->retain_tokens >= N)
+        fprintf(stderr, "kvmill sculpt: --budget %lld is not below the context's %lld tokens: the \"compressed\" "
+                        "cache would be as large as the full one; lower --budget\n",
+                (long long)(o->k_entries + o->retain_tokens), (long long)N);
+    else if (o->k_entries == 0 && o->ratio >= 1)
+        fprintf(stderr, "kvmill sculpt: --ratio 1 keeps every entry: the \"compressed\" cache would be as large as "
+                        "the full one; lower --ratio\n");
+    else
+        return 0;
+    return 1;
+}
+
 int kvm_cmd_sculpt(int argc, char **argv)
 {
     kvm_cli_opt opts[MAX_OPTS] = {
@@ -125,7 +145,7 @@ int kvm_cmd_sculpt(int argc, char **argv)
                         (long long)n, m->cfg.seq_len);
                 N = m->cfg.seq_len;
             }
-            rc = run(m, kk, tok, ids, N, &o, out);
+            rc = refuse_no_compression(&o, N) ? 2 : run(m, kk, tok, ids, N, &o, out);
         }
     }
     free(ids);

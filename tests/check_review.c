@@ -52,9 +52,6 @@ static int sculpt(const char *extra, char **out, char **err)
     return kvmill(args, out, err);
 }
 
-/* --context past the model's window (stories260K: 512) was cut to the window without a word:
- * now refused (exit 2) naming the window; a document longer than the window without --context
- * is cut, and the command says so. */
 /* An empty kvmill store at tmp/NAME, its path into path (n bytes). */
 static void make_store(char *path, size_t n, const char *name)
 {
@@ -64,6 +61,30 @@ static void make_store(char *path, size_t n, const char *name)
     kvm_store_close(&st);
 }
 
+/* sculpt with settings that keep every entry (retain zone ≥ context, budget ≥ context, ratio 1)
+ * wrote a full-size "compressed" cache without a word, where run and eval refuse them: now
+ * refused (exit 2) naming the setting, and no output file is written. */
+START_TEST(test_sculpt_no_compression_refused)
+{
+    const char *cases[3][2] = {{"--context 64 --retain 64", "--retain 64 is not below the context's 64 tokens"},
+                               {"--context 64 --budget 64", "--budget 64 is not below the context's 64 tokens"},
+                               {"--context 64 --ratio 1", "--ratio 1 keeps every entry"}};
+    for (int c = 0; c < 3; c++) {
+        char *out, *err, path[4200];
+        snprintf(path, sizeof path, "%s/c.kvs", tmp);
+        unlink(path);
+        ck_assert_int_eq(sculpt(cases[c][0], &out, &err), 2);
+        ck_assert_msg(strstr(err, cases[c][1]), "%s: stderr: %s", cases[c][0], err);
+        ck_assert_int_ne(access(path, F_OK), 0);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
+/* --context past the model's window (stories260K: 512) was cut to the window without a word:
+ * now refused (exit 2) naming the window; a document longer than the window without --context
+ * is cut, and the command says so. */
 START_TEST(test_sculpt_context_past_window)
 {
     char *out, *err;
@@ -1398,6 +1419,7 @@ static Suite *review_suite(void)
         const TTest *fn;
     } cases[] = {
         {"sculpt_context_past_window", test_sculpt_context_past_window},
+        {"sculpt_no_compression_refused", test_sculpt_no_compression_refused},
         {"continuation_cut_said", test_continuation_cut_said},
         {"strict_decimal", test_strict_decimal},
         {"refusals_exit_2_prefix_once", test_refusals_exit_2_prefix_once},
