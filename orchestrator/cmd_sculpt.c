@@ -55,11 +55,13 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *t
 }
 
 /* Settings under which the "compressed" cache would hold every entry of the context (as run and
- * eval refuse them): the retain zone covers the context, or the budget (entries per KV head,
+ * eval refuse them): the retain zone is the whole context, or the budget (entries per KV head,
  * retain zone included) is not below it, or --ratio 1. Says which on stderr; returns 1 then. */
 static int refuse_no_compression(const kvm_sculpt_opts *o, int64_t N)
 {
-    if (o->retain_tokens >= N)
+    if (o->retain_tokens > N) /* a document shorter than the retain zone: run's own message names it */
+        return 0;
+    if (o->retain_tokens == N)
         fprintf(stderr, "kvmill sculpt: --retain %lld is not below the context's %lld tokens: nothing is left to "
                         "compress; lower --retain\n", (long long)o->retain_tokens, (long long)N);
     else if (o->k_entries > 0 && o->k_entries + o->retain_tokens >= N)
