@@ -154,7 +154,7 @@ static void bench_ridge_precision(const kvm_sculpt_problem *p, int64_t k, double
     kvm_sculpt_view v = {.d = d, .scale = p->scale, .nq = nq, .nc = p->nc, .q = p->q, .o_full = p->o_full,
                          .o_ret = p->o_ret, .lse_zone = p->lse_zone, .lse_ret = p->lse_ret, .n_vis = p->n_vis,
                          .out_ms = p->out_ms};
-    kvm_cpu_sculpt_probs(&v, kc, NULL, k, P, k, pr);
+    kvm_cpu_sculpt_probs(&v, kc, NULL, k, P, pr);
     double ratio = 0, dmax = 0;
     int info[2];
     for (int f = 0; f < 2; f++) {

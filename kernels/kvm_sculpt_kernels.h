@@ -57,14 +57,13 @@ int kvm_cpu_sculpt_lossgrad_ws(kvm_cpu_sculpt_scratch *ws, const kvm_sculpt_view
                                const float *beta, int64_t k, double lambda, float *grad_k, float *grad_b,
                                kvm_sculpt_eval *out);
 
-/* CPU backend, the ridge design (KVSculpt §3 value step): P [nq][ldp] (row-major, float32,
- * ldp ≥ k; columns k..ldp − 1 are not written),
+/* CPU backend, the ridge design (KVSculpt §3 value step): P [nq][k] (row-major, float32),
  * P_ij = the probability query i puts on distilled entry j under the softmax over the k
  * entries (scores scale·q·kc + β, beta NULL = 0) and its visible retain entries, and pr [nq]
  * (float64) the retain share; the same blocked GEMM and row bodies as the loss. Returns 0,
  * KVM_EINVAL (k < 1 or d > 512), KVM_ENOMEM. */
 int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, float *P,
-                         int64_t ldp, double *pr);
+                         double *pr);
 
 /* The full-cache references of one problem (KVSculpt §3 targets), CPU backend: for queries q
  * [nq][d] (scale), zone keys/values kz, vz [nc][d] and retain kr, vr [m][d] of which query i

@@ -607,7 +607,7 @@ START_TEST(test_ridge_f32)
         kvm_sculpt_view v32 = view_of(p, 1), v64 = view_of(p, 0);
         ck_assert_int_eq(kvm_cpu_sculpt_normal(&v32, kc, beta, k, A[0], B[0]), 0);
         ck_assert_int_eq(kvm_cpu_sculpt_normal(&v64, kc, beta, k, A[1], B[1]), 0);
-        ck_assert_int_eq(kvm_cpu_sculpt_probs(&v64, kc, beta, k, P, k, pr), 0); /* the fit before, spelled out */
+        ck_assert_int_eq(kvm_cpu_sculpt_probs(&v64, kc, beta, k, P, pr), 0); /* the fit before, spelled out */
         for (int64_t i = 0; i < nq * k; i++) Pd[i] = P[i];
         for (int64_t i = 0; i < nq; i++)
             for (int u = 0; u < d; u++) T[i * d + u] = (double)p->o_full[i * d + u] - pr[i] * p->o_ret[i * d + u];

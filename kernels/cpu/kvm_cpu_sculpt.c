@@ -500,9 +500,8 @@ int kvm_cpu_sculpt_lossgrad_ws(kvm_cpu_sculpt_scratch *ws, const kvm_sculpt_view
 }
 
 int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float *beta, int64_t k, float *P,
-                         int64_t ldp, double *pr)
+                         double *pr)
 {
-    if (ldp < k) return kvm_err(KVM_EINVAL, "sculpt kernel: P row stride %lld < k = %lld", (long long)ldp, (long long)k);
     const int d = p->d;
     if (k < 1 || d < 1 || d > 512) return kvm_err(KVM_EINVAL, "sculpt kernel: k = %lld, d = %d", (long long)k, d);
     sb_work w;
@@ -520,7 +519,7 @@ int kvm_cpu_sculpt_probs(const kvm_sculpt_view *p, const float *kc, const float 
             kvm_sb_query s =
                 kvm_sb_query_shares(lc[b], p->lse_ret[i], 1, p->n_vis[i] > 0, p->lse_zone[i], p->nc > 0, 0);
             const float c = s.pc * iz[b];
-            for (int64_t j = 0; j < k; j++) P[i * ldp + j] = c * w.S[b * kp + j];
+            for (int64_t j = 0; j < k; j++) P[i * k + j] = c * w.S[b * kp + j];
             pr[i] = s.pr;
         }
     }

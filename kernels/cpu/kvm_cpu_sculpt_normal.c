@@ -82,7 +82,7 @@ int kvm_cpu_sculpt_normal(const kvm_sculpt_view *p, const float *kc, const float
         goto done;
     }
     /* probabilities in float32 (scores are well scaled: the ridge loses nothing), T in float64 */
-    if ((rc = kvm_cpu_sculpt_probs(p, kc, beta, k, Pf, k, pr))) goto done;
+    if ((rc = kvm_cpu_sculpt_probs(p, kc, beta, k, Pf, pr))) goto done;
     for (int64_t i = 0; i < nq; i++)
         for (int t = 0; t < d; t++) T[i * d + t] = (double)p->o_full[i * d + t] - pr[i] * p->o_ret[i * d + t];
     if (p->ridge_f32) {
