@@ -80,7 +80,8 @@ typedef struct pass {
     int n_jobs, next;
     double lbfgs_s, ridge_s;   /* wall seconds of the batched solves' phases */
     int build_only;            /* 1: workers only build the problems into probs (batched solve) */
-    kvm_sculpt_problem *probs; /* [n_jobs] when build_only */
+    kvm_sculpt_problem *probs; /* [n_jobs]: built by run_pass's batched path, NULL otherwise */
+    int keep_probs;            /* 1: run_pass leaves probs built for the next pass (the pilot's, same problems) */
     pthread_mutex_t lock;
 } pass;
 
@@ -266,6 +267,14 @@ done:
     return rc;
 }
 
+/* Frees the built problems of ps, if any. */
+static void probs_free(pass *ps)
+{
+    for (int i = 0; ps->probs && i < ps->n_jobs; i++) kvm_sculpt_problem_free(&ps->probs[i]);
+    free(ps->probs);
+    ps->probs = NULL;
+}
+
 /* Runs every job of ps on `threads` threads: per job with liblbfgs (o->lbfgs_oracle), else all
  * problems built in parallel, then solved as one batch (kvm_sculpt_solve_batch; with the gain
  * pilot's half budgets as a batch first). Returns the first failing job's status with its
@@ -280,16 +289,17 @@ static int run_pass(pass *ps, int threads)
         return run_workers(ps, threads);
     if (ps->o->cuda && !kvm_sculpt_backend_cuda(ps->o->cuda_device)) /* before building anything */
         return kvm_err(KVM_EDEVICE, "sculpt solver: %s", kvm_errmsg());
-    ps->probs = calloc((size_t)ps->n_jobs, sizeof *ps->probs);
-    if (!ps->probs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
-    ps->build_only = 1;
-    int rc = run_workers(ps, threads);
-    ps->build_only = 0;
+    int rc = 0;
+    if (!ps->probs) { /* else built by the pilot's pass: the problems do not depend on the budget */
+        ps->probs = calloc((size_t)ps->n_jobs, sizeof *ps->probs);
+        if (!ps->probs) return kvm_err(KVM_ENOMEM, "sculpt: out of memory");
+        ps->build_only = 1;
+        rc = run_workers(ps, threads);
+        ps->build_only = 0;
+    }
     if (!rc) rc = solve_batched(ps, 1);
     if (!rc) rc = solve_batched(ps, 0);
-    for (int i = 0; i < ps->n_jobs; i++) kvm_sculpt_problem_free(&ps->probs[i]);
-    free(ps->probs);
-    ps->probs = NULL;
+    if (rc || !ps->keep_probs) probs_free(ps);
     return rc;
 }
 
@@ -393,7 +403,9 @@ static int pilot(pass *ps, const kvm_model_config *c, kvm_sculpt_stats *st)
     ps->rounds = o->pilot_rounds;
     ps->iters = o->pilot_iters;
     ps->keep = 0;
+    ps->keep_probs = 1; /* the main pass solves the same problems at the new budgets */
     rc = run_pass(ps, o->threads);
+    ps->keep_probs = 0;
     st->pilot_s = now_s() - tp;
     if (rc) goto done;
     st->mse_min = st->layer_mse_min = INFINITY;
@@ -463,6 +475,7 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
     }
     st->lbfgs_s += ps.lbfgs_s;
     st->ridge_s += ps.ridge_s;
+    probs_free(&ps); /* the pilot's, when it failed before the main pass */
     if (!in->qcache) kvm_sculpt_qsets_free(&own);
     if (!rc) rc = assemble(in, jobs, dst);
     return rc;
