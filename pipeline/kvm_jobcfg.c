@@ -199,6 +199,12 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
         n = drop_lines(comp, n, "compress.ratio=");
     }
     if (!kvm_config_bool(c, "compress", "on_policy")) n = drop_lines(comp, n, "compress.on_policy=");
+    /* uniform budgets run no pilot: its settings do not change the cache, so not in the id (a
+     * change of their defaults keeps the uniform configs' caches) */
+    if (!strcmp(kvm_config_str(c, "compress", "alloc"), "uniform")) {
+        n = drop_lines(comp, n, "compress.pilot_");
+        n = drop_lines(comp, n, "compress.power=");
+    }
     /* the solver's convergence settings when off (today's solve, bit for bit): the old ids */
     if (!(kvm_config_float(c, "compress", "tolerance") > 0)) n = drop_lines(comp, n, "compress.tolerance=");
     if (!(kvm_config_float(c, "compress", "round_tolerance") > 0)) n = drop_lines(comp, n, "compress.round_tolerance=");

@@ -151,6 +151,36 @@ START_TEST(test_convergence_settings_config_id)
 }
 END_TEST
 
+/* Uniform budgets run no pilot: the pilot's settings (pilot_rounds, pilot_iterations, power)
+ * write no line into the canonical text and leave the id alone; with alloc = head each changes
+ * the id (the pilot's MSEs set the budgets). */
+START_TEST(test_pilot_settings_config_id)
+{
+    const char *extra[] = {"alloc = uniform", "alloc = uniform\npilot_rounds = 2\npilot_iterations = 3\npower = 1",
+                           "alloc = head", "alloc = head\npilot_rounds = 2", "alloc = head\npilot_iterations = 3",
+                           "alloc = head\npower = 1"};
+    kvm_store_id id[6];
+    for (int i = 0; i < 6; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "[model]\npath = x\n[compress]\n%s\n", extra[i]);
+        kvm_config *c = NULL;
+        ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
+        char *canon;
+        size_t len;
+        ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &id[i], &canon, &len), 0);
+        char *z = strndup(canon, len);
+        ck_assert_ptr_nonnull(z);
+        if (i < 2) ck_assert_msg(!strstr(z, "pilot_") && !strstr(z, "power="), "%s", z);
+        else ck_assert_msg(strstr(z, "compress.pilot_rounds=") && strstr(z, "compress.power="), "%s", z);
+        free(z);
+        free(canon);
+        kvm_config_free(&c);
+    }
+    ck_assert_int_eq(memcmp(&id[0], &id[1], sizeof id[0]), 0);
+    for (int i = 3; i < 6; i++) ck_assert_int_ne(memcmp(&id[2], &id[i], sizeof id[0]), 0);
+}
+END_TEST
+
 /* Old option-string names set the same fields as the new ones; '-' and '_' are one name; the
  * size is the last of budget/ratio/entries, resolved against the final retain zone. */
 START_TEST(test_old_option_names)
@@ -553,6 +583,7 @@ static Suite *suite(void)
         {"table_is_the_config", test_table_is_the_config},
         {"config_keys_equal_option_names", test_config_keys_equal_option_names},
         {"convergence_settings_config_id", test_convergence_settings_config_id},
+        {"pilot_settings_config_id", test_pilot_settings_config_id},
         {"old_option_names", test_old_option_names},
         {"old_config_key", test_old_config_key},
         {"old_sculpt_flags", test_old_sculpt_flags},

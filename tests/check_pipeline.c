@@ -1054,7 +1054,8 @@ START_TEST(test_dying_stage_gives_up)
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, docs);
     char *out, *err;
-    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 1, "exit %d, stderr: %s", rc, err);
     ck_assert_msg(strstr(err, "not restarting it") && strstr(err, "no kvmill-compress worker is left"), "stderr: %s", err);
     ck_assert_msg(strstr(out, "summary: compressed=0 skipped=0 failed=5"), "stdout: %s", out);
     free(out); free(err);

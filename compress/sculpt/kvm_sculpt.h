@@ -92,7 +92,10 @@ typedef struct kvm_sculpt_opts {
                                  keys (Attention Matching, arXiv 2602.16284) */
     kvm_sculpt_alloc alloc;   /* budget allocation (default uniform) */
     double alloc_power;       /* p of the MSE^p rule (default 0.5) */
-    int pilot_rounds;         /* alternating rounds of the allocation pilot (default 1) */
+    int pilot_rounds;         /* alternating rounds of the allocation pilot; 0 (default): the
+                                 MSE of each problem's Select+Fit start, no L-BFGS (as good a
+                                 signal on SmolLM2, 15-19 s less: bench/RESULTS.md, "Solver
+                                 speed, part 9") */
     int pilot_iters;          /* L-BFGS iterations per pilot round (default 10) */
     uint64_t seed;            /* seed of the synthetic queries and of the model-query sampling (default 1) */
     kvm_sculpt_qsource query_source; /* training-query sources (default synthetic only) */

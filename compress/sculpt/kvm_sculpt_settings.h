@@ -78,7 +78,8 @@ KVM_SCULPT_SETTING(alloc, ALLOC, alloc, 0, 0, 1, "uniform", "",
                    "KVSculpt budget allocation over layers/heads: uniform | layer | head (pilot MSE^p, paper) | "
                    "gain (marginal-gain water-filling)", NULL)
 KVM_SCULPT_SETTING(power, F64, alloc_power, 0, 100, 1, "0.5", "", "p of the MSE^p allocation rule", NULL)
-KVM_SCULPT_SETTING(pilot_rounds, INT, pilot_rounds, 0, 1000, 1, "1", "", "alternating rounds of the allocation pilot", NULL)
+KVM_SCULPT_SETTING(pilot_rounds, INT, pilot_rounds, 0, 1000, 1, "0", "",
+                   "alternating rounds of the allocation pilot (0: the Select+Fit start's MSE)", NULL)
 KVM_SCULPT_SETTING(pilot_iterations, INT, pilot_iters, 0, 100000, 1, "10", "", "L-BFGS iterations per pilot round", NULL)
 KVM_SCULPT_SETTING(pilot_iters, INT, pilot_iters, 0, 100000, 0, "10", "", "L-BFGS iterations per pilot round",
                    "pilot_iterations")

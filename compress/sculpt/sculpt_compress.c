@@ -29,7 +29,7 @@ kvm_sculpt_opts kvm_sculpt_opts_default(void)
         .mode = KVM_SCULPT_FULL, .retain_tokens = 32, .ratio = 0.3, .k_entries = 0, .n_synth = 2048,
         .future_tokens = 0, .lambda = 0.1, .ridge_alpha = 1e-3, .ridge_f32 = 1, .vnorm_cap = 1.0, .rounds = 4,
         .lbfgs_iters = 25, .lbfgs_history = 20, .carry_history = 1, .round_tolerance = 0.2, .bias = 0,
-        .alloc = KVM_SCULPT_ALLOC_UNIFORM, .alloc_power = 0.5, .pilot_rounds = 1, .pilot_iters = 10, .seed = 1,
+        .alloc = KVM_SCULPT_ALLOC_UNIFORM, .alloc_power = 0.5, .pilot_rounds = 0, .pilot_iters = 10, .seed = 1,
         .threads = 1,
         .query_source = {{[KVM_SCULPT_QSRC_SYNTHETIC] = 1}},
     };
