@@ -54,6 +54,20 @@ else
 CU_SRC     :=
 endif
 
+# ---- the flags a build tree was built with (build/.flags): a change of them (CUDA=0 after a
+# CUDA build, another CC or CFLAGS) rebuilds the tree, whose objects would otherwise link the
+# other configuration's library ----
+BUILD_FLAGS := $(strip CUDA=$(CUDA) $(CC) $(CPPFLAGS) $(CFLAGS) $(NVFLAGS))
+FLAGS_STAMP := $(BUILD)/.flags
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+ifneq ($(BUILD_FLAGS),$(strip $(shell cat $(FLAGS_STAMP) 2>/dev/null)))
+$(shell mkdir -p $(BUILD) && printf '%s\n' '$(BUILD_FLAGS)' > $(FLAGS_STAMP))
+endif
+endif
+$(FLAGS_STAMP):
+	@mkdir -p $(@D)
+	printf '%s\n' '$(BUILD_FLAGS)' > $@
+
 # ---- sources ----
 LIB_SRC    := $(wildcard common/*.c kernels/*.c kernels/cpu/*.c model/*.c compress/*.c compress/*/*.c \
                          proto/*.c store/*.c pipeline/*.c orchestrator/*.c)
@@ -80,17 +94,17 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
 # the CPU kernels need -O3 for GCC 12 to vectorise their loops; -Wno-psabi: their 512-bit
 # vector helpers are static inline, so the AVX-512 argument-passing ABI note does not apply
-$(BUILD)/kernels/cpu/%.o: kernels/cpu/%.c
+$(BUILD)/kernels/cpu/%.o: kernels/cpu/%.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(if $(filter 1,$(SAN)),,-O3) -Wno-psabi -MMD -MP -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 

@@ -12,8 +12,8 @@
 # selectfit with synthetic queries): ratio of mean KLs (BASE / method, > 1 = method better),
 # geometric mean of per-document ratios, wins; only documents both have count.
 # Environment: KVMILL (bin/kvmill), KVMILL_SHARED (../shared), MODEL, DOCDIR, DOCS (numbers),
-# RATIOS, CTX, CONT, RETAIN, S (queries), ROUNDS, ITERS, THREADS, METHODS (comma-separated specs),
-# BASE, CSV.
+# RATIOS, CTX, CONT, RETAIN, S (queries), ROUNDS, ITERS, THREADS, SEED (of the synthetic queries,
+# default 1: one CSV per seed), METHODS (comma-separated specs), BASE, CSV.
 set -euo pipefail
 KVMILL=${KVMILL:-bin/kvmill}
 SHARED=${KVMILL_SHARED:-../shared}
@@ -28,6 +28,7 @@ S=${S:-1024}
 ROUNDS=${ROUNDS:-2}
 ITERS=${ITERS:-15}
 THREADS=${THREADS:-1}
+SEED=${SEED:-1}
 Q=query_source
 METHODS=${METHODS:-selectfit:$Q=synthetic,selectfit:$Q=repeat,selectfit:$Q=continuation,am:$Q=synthetic,am:$Q=repeat,am:$Q=continuation,kvzip:$Q=synthetic,kvzip:$Q=repeat,kvzip:$Q=continuation,sculpt:$Q=synthetic,sculpt:$Q=repeat,sculpt:$Q=continuation}
 BASE=${BASE:-selectfit:$Q=synthetic}
@@ -50,7 +51,7 @@ if [ -z "${SUMMARY_ONLY:-}" ]; then
         tmp=$(mktemp)
         echo "$(date -u +%H:%M:%S) $name: $missing (load $(cut -d' ' -f1-3 /proc/loadavg))" >&2
         nice "$KVMILL" eval --model "$MODEL" --docs "$doc" --context "$CTX" --continuation "$CONT" --ratio "$RATIOS" \
-            --retain "$RETAIN" --queries "$S" --rounds "$ROUNDS" --iterations "$ITERS" --threads "$THREADS" \
+            --retain "$RETAIN" --queries "$S" --rounds "$ROUNDS" --iterations "$ITERS" --threads "$THREADS" --seed "$SEED" \
             --method "$missing" --csv "$tmp" >&2
         # only the rows this CSV lacks (a re-run of a partly finished document repeats some)
         tail -n +2 "$tmp" | while IFS= read -r row; do
