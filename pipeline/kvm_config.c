@@ -207,6 +207,13 @@ static int set_value(kvm_config *c, const char *section, const char *key, const 
     char w[400];
     char *v = expand(raw, w, sizeof w);
     if (!v) return snprintf(why, why_n, "[%s] %s: %s", section, key, w), -1;
+    if (kvm_cfg_settings[i].type == KVM_CFG_PATH && kvm_cfg_settings[i].lo >= 1 && !*v) {
+        /* say where the empty value came from: a ${VAR:-} whose VAR is unset reads as nothing */
+        if (strcmp(raw, v)) snprintf(why, why_n, "[%s] %s: '%s' expands to an empty path", section, key, raw);
+        else snprintf(why, why_n, "[%s] %s: empty path", section, key);
+        free(v);
+        return -1;
+    }
     if (validate(&kvm_cfg_settings[i], &v, w, sizeof w)) {
         snprintf(why, why_n, "[%s] %s: %s", section, key, w);
         free(v);

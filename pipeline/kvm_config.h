@@ -25,7 +25,7 @@ typedef struct kvm_cfg_setting {
     const char *key;     /* key within it, e.g. "ratio" */
     kvm_cfg_type type;
     const char *def;     /* default value as text; NULL = required */
-    double lo, hi;       /* bounds for INT/FLOAT */
+    double lo, hi;       /* bounds for INT/FLOAT; PATH: lo = 1 refuses an empty value */
     const char *choices; /* ENUM: "a|b|c" */
     const char *unit;    /* "tokens", "ms", "bytes", ... or "" */
     const char *help;    /* one line */

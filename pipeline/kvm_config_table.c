@@ -34,7 +34,7 @@ const kvm_cfg_alias kvm_cfg_aliases[] = {
 };
 
 const kvm_cfg_setting kvm_cfg_settings[] = {
-    {"model", "path", P, NULL, 0, 0, NULL, "", "model: llama2.c checkpoint, .gguf file, or Hugging Face folder"},
+    {"model", "path", P, NULL, 1, 0, NULL, "", "model: llama2.c checkpoint, .gguf file, or Hugging Face folder"},
     {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
     {"model", "context", I, "384", 1, 1 << 20, NULL, "tokens", "documents are truncated to this many tokens (BOS included)"},
     {"model", "chat", B, "false", 0, 0, NULL, "", "chat framing (ChatML or Llama-3 templates): each cached document opens the user's turn (the template up to the user's content, then the document); serve appends the prompt, the end of the turn and the assistant marker"},
@@ -42,7 +42,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"model", "weight_dtype", E, "auto", 0, 0, "auto|f32|bf16|f16", "", "how the CPU stores weight matrices, widened to float32 inside the GEMM: auto = bf16 for BF16 files, f32 for F32 files, f16 for F16 and quantised GGUF; f32 for parity runs. Stage workers on cuda:N: bf16/f16 weights with float32 accumulation, auto/f32 float32"},
     {"model", "kv_dtype", E, "f32", 0, 0, "f32|f16", "", "element type of the in-memory KV cache of decoding on the CPU (serve's decode workers; generate's --kv-dtype): f16 halves it, attention widens entries as it reads them; compression and stored caches are unaffected"},
 
-    {"store", "path", P, "./kvmill.lmdb", 0, 0, NULL, "", "LMDB environment directory, or the store service's endpoint (tcp://HOST:PORT) for a run on another host"},
+    {"store", "path", P, "./kvmill.lmdb", 1, 0, NULL, "", "LMDB environment directory, or the store service's endpoint (tcp://HOST:PORT) for a run on another host"},
     {"store", "map_size_mb", I, "64", 1, 1 << 30, NULL, "MiB", "initial LMDB map size"},
     {"store", "map_max_mb", I, "1048576", 1, 1 << 30, NULL, "MiB", "the map grows up to this size, then writes fail"},
     {"store", "cap_mb", I, "0", 0, 1 << 30, NULL, "MiB", "cap on stored cache bytes, least recently served evicted first; 0 = none"},

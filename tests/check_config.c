@@ -57,6 +57,11 @@ START_TEST(test_errors_name_line_and_key)
     expect_bad("[model]\npath = /m\n[compress]\nbias = maybe\n", "not a boolean");
     expect_bad("[model]\npath = ${KVMTEST_NOPE_NOT_SET}\n", "KVMTEST_NOPE_NOT_SET is not set");
     expect_bad("[model]\ncontext = 5\n", "[model] path: required key is missing");
+    /* an empty store or model path (a ${VAR:-} whose VAR is unset) is named where it is, not
+     * later as "store: empty path" without file or key */
+    expect_bad("[model]\npath = /m\n[store]\npath = ${KVMTEST_NOPE_NOT_SET:-}\n",
+               "t.ini:4: [store] path: '${KVMTEST_NOPE_NOT_SET:-}' expands to an empty path");
+    expect_bad("[model]\npath =\n", "t.ini:2: [model] path: empty path");
     expect_bad("[model]\npath = /m\nthis line has no equals\n", "t.ini:3");
     expect_bad("[model\npath = /m\n", "t.ini:1: section header without ']'");
     char long_line[400];
