@@ -116,6 +116,11 @@ int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, in
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
+    if (errno == ERANGE && end != s && *end == '\0' && !isspace((unsigned char)*s)) { /* digits beyond 64 bits */
+        fprintf(stderr, "kvmill %s: %s%s: %s is outside [%lld, %lld]\n", cmd, dashes(name), name, s, (long long)lo,
+                (long long)hi);
+        return -1;
+    }
     if (errno || end == s || *end != '\0' || isspace((unsigned char)*s)) {
         fprintf(stderr, "kvmill %s: %s%s: '%s' is not an integer\n", cmd, dashes(name), name, s);
         return -1;

@@ -151,6 +151,8 @@ static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
     case KVM_CFG_INT: {
         errno = 0;
         long long x = strtoll(*v, &end, 10);
+        if (errno == ERANGE && end != *v && !*end) /* digits, but beyond 64 bits */
+            return snprintf(why, why_n, "%s is outside [%.0f, %.0f]", *v, s->lo, s->hi), -1;
         if (errno || end == *v || *end) return snprintf(why, why_n, "'%s' is not an integer", *v), -1;
         if (x < s->lo || x > s->hi) return snprintf(why, why_n, "%lld is outside [%.0f, %.0f]", x, s->lo, s->hi), -1;
         return 0;

@@ -52,6 +52,8 @@ START_TEST(test_errors_name_line_and_key)
     expect_bad("[model]\npath = /m\n[compres]\nratio = 0.3\n", "unknown section 'compres'");
     expect_bad("[model]\npath = /m\ncontext = big\n", "t.ini:3: [model] context: 'big' is not an integer");
     expect_bad("[model]\npath = /m\ncontext = 0\n", "0 is outside [1,");
+    expect_bad("[model]\npath = /m\ncontext = 99999999999999999999\n",
+               "t.ini:3: [model] context: 99999999999999999999 is outside [1,"); /* not "not an integer" */
     expect_bad("[model]\npath = /m\n[compress]\nratio = 1.5\n", "1.5 is outside [0, 1]");
     expect_bad("[model]\npath = /m\n[compress]\nmethod = magic\n", "'magic' is not one of sculpt|");
     expect_bad("[model]\npath = /m\n[compress]\nbias = maybe\n", "not a boolean");

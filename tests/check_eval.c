@@ -548,6 +548,7 @@ static void expect_usage_error(const char *args, const char *msg)
 START_TEST(test_cli_errors)
 {
     expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
+    expect_usage_error("--method h2o --budget 99999999999999999999", "--budget: 99999999999999999999 is outside"); /* not "not an integer" */
     expect_usage_error("--method h2o --budget 8 --ratio 0.5", "exactly one of --budget and --ratio");
     /* at or above the context every document keeps everything: refused as run refuses it (it was clamped unsaid) */
     expect_usage_error("--method full,h2o --budget 16,70", "--budget 70 is not below --context 64");
