@@ -1115,6 +1115,50 @@ START_TEST(test_blocked_loss_real)
 }
 END_TEST
 
+/* The AVX-512 exponential loop at head dim 8 (exp_wv8_v4: vmaxps and vscalefps) gives the
+ * generic loop's bits: loss, MSE, LSE term and both gradients, on the 20 real problems with and
+ * without β, and under flush-to-zero as the solver threads run it. */
+START_TEST(test_avx512_exp_loop_same_bits)
+{
+    if (!kvm__cpu_sculpt_v4_set(1) && !kvm__cpu_sculpt_v4()) {
+        printf("SKIP: no AVX-512 (x86-64-v4) on this processor: one loop only\n");
+        return;
+    }
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    const kvm_model_config *c = &model->cfg;
+    kvm_fpmode fm = kvm_fpmode_flush_enter();
+    for (int i = 0; i < c->n_layers * c->n_kv_heads; i++) {
+        kvm_sculpt_problem p;
+        ck_assert_int_eq(kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads, i % c->n_kv_heads,
+                                                  16, 200, 32, 5, &p), 0);
+        const int64_t k = 1 + (i * 7) % p.nc, d = p.d;
+        float *beta = malloc((size_t)k * sizeof *beta), *g[2];
+        for (int64_t j = 0; j < k; j++) beta[j] = 0.2f * frand();
+        const kvm_sculpt_view v = {.d = p.d, .scale = p.scale, .nq = p.nq, .nc = p.nc, .q = p.q, .o_full = p.o_full,
+                                   .o_ret = p.o_ret, .lse_zone = p.lse_zone, .lse_ret = p.lse_ret, .n_vis = p.n_vis,
+                                   .out_ms = p.out_ms};
+        kvm_sculpt_eval ev[2];
+        for (int on = 0; on < 2; on++) {
+            kvm__cpu_sculpt_v4_set(on);
+            g[on] = malloc((size_t)(k * (d + 1)) * sizeof *g[on]);
+            ck_assert_int_eq(kvm_cpu_sculpt_lossgrad(&v, p.kz, p.vz, i % 2 ? beta : NULL, k, 0.1, g[on], g[on] + k * d,
+                                                     &ev[on]), 0);
+        }
+        ck_assert_msg(ev[0].loss == ev[1].loss && ev[0].mse_sum == ev[1].mse_sum && ev[0].lse_sum == ev[1].lse_sum,
+                      "problem %d: loss %.9g vs %.9g", i, ev[0].loss, ev[1].loss);
+        ck_assert_msg(!memcmp(g[0], g[1], (size_t)(k * (d + (i % 2))) * sizeof *g[0]), "problem %d: gradients differ", i);
+        free(g[0]);
+        free(g[1]);
+        free(beta);
+        kvm_sculpt_problem_free(&p);
+    }
+    kvm_fpmode_restore(fm);
+    kvm__cpu_sculpt_v4_set(1);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 /* The solver's threads and the forward flush subnormals while they compute and leave the
  * caller's floating-point mode as it was, whether it flushed or not. */
 START_TEST(test_fpmode_restored)
@@ -1487,6 +1531,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_solver_improves_on_selectfit);
     tcase_add_test(tm, test_round_tolerance);
     tcase_add_test(tm, test_blocked_loss_real);
+    tcase_add_test(tm, test_avx512_exp_loop_same_bits);
     tcase_add_test(tm, test_fpmode_restored);
     tcase_add_test(tm, test_lbfgs_vs_liblbfgs);
     tcase_add_test(tm, test_batch_equals_per_problem);
