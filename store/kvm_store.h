@@ -176,8 +176,9 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * an LMDB environment directory, or not a kvmill store, or its data.mdb is shorter than its
  * meta pages say: checked with pread before mapping, the message names the file, its size and
  * the size expected), KVM_ECORRUPT (damaged B-tree pages: the message names the store, the db,
- * the page and the byte of data.mdb, and what is wrong; or meta pages giving bad page sizes;
- * nothing is written),
+ * the page and the byte of data.mdb, and what is wrong; or a damaged meta page: bad page
+ * size, magic, meta flag, data version or page number, the message naming the page, its
+ * bytes and the file; nothing is written),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);

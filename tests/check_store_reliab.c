@@ -333,6 +333,60 @@ START_TEST(test_store_cli_readonly_lock)
 }
 END_TEST
 
+/* A damaged meta page (one of the two pages LMDB starts every open from) is the store's
+ * damage, named with its page and bytes: `store verify` exits 1 as for any damaged page, the
+ * other commands 2. Meta page 0 without its magic read "not an LMDB environment" (exit 2);
+ * a flipped page number was not noticed at all. */
+START_TEST(test_verify_meta_page_damage)
+{
+    put_caches(g_store, 2, 100);
+    char data[4400];
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(data, &n);
+    ck_assert_ptr_nonnull(bytes);
+    ck_assert_uint_ge(n, 2 * 4096);
+    const struct {
+        int page, off;    /* meta page (of 4096 bytes) and byte in it to overwrite */
+        const char *what; /* what the message says */
+    } sites[] = {
+        {0, 0, "page number"},  {0, 10, "meta page (flags"}, {0, 16, "magic number"}, {0, 20, "data version"},
+        {0, 40, "page size"},   {1, 16, "magic number"},     {1, 20, "data version"},
+    };
+    for (size_t i = 0; i < sizeof sites / sizeof sites[0]; i++) {
+        char dir[4400], cut[4500], want[64], *out = NULL, *err = NULL;
+        snprintf(dir, sizeof dir, "%s/meta%zu.lmdb", g_dir, i);
+        snprintf(cut, sizeof cut, "%s/data.mdb", dir);
+        ck_assert_int_eq(mkdir(dir, 0700), 0);
+        size_t at = (size_t)sites[i].page * 4096 + (size_t)sites[i].off;
+        char keep[4];
+        memcpy(keep, bytes + at, 4);
+        memset(bytes + at, sites[i].off == 10 ? 0 : 0xA5, 4); /* flags: clearing P_META is what LMDB checks */
+        ck_assert_int_eq(kvm_test_write_file(cut, bytes, n), 0);
+        memcpy(bytes + at, keep, 4);
+        snprintf(want, sizeof want, "meta page, page %d (bytes %d-", sites[i].page, sites[i].page * 4096);
+        int rc = kvmill(&out, &err, "store verify --store '%s'", dir);
+        ck_assert_msg(rc == 1, "verify, meta page %d byte %d: exit %d\n%s%s", sites[i].page, sites[i].off, rc, out,
+                      err);
+        ck_assert_msg(strstr(err, "data.mdb is damaged") && strstr(err, want) && strstr(err, cut) &&
+                          strstr(err, sites[i].what) && !strstr(err, "not an LMDB"),
+                      "verify, meta page %d byte %d: %s", sites[i].page, sites[i].off, err);
+        ck_assert_msg(strstr(out, "1 problem(s)"), "%s", out);
+        free(out);
+        free(err);
+        rc = kvmill(&out, &err, "store ls --store '%s'", dir);
+        ck_assert_msg(rc == 2 && strstr(err, want), "ls, meta page %d byte %d: exit %d\n%s", sites[i].page,
+                      sites[i].off, rc, err);
+        free(out);
+        free(err);
+    }
+    free(bytes);
+    char *out = NULL; /* the intact store still verifies */
+    ck_assert_int_eq(kvmill(&out, NULL, "store verify --store '%s'", g_store), 0);
+    free(out);
+}
+END_TEST
+
 /* ---- item 13: config files ---- */
 
 START_TEST(test_config_duplicate_and_empty)
@@ -926,6 +980,7 @@ int main(void)
     suite_add_tcase(su, tcase("truncated_run", test_truncated_run, 120));
     suite_add_tcase(su, tcase("store_cli_missing_and_config", test_store_cli_missing_and_config, 60));
     suite_add_tcase(su, tcase("store_cli_readonly_lock", test_store_cli_readonly_lock, 60));
+    suite_add_tcase(su, tcase("verify_meta_page_damage", test_verify_meta_page_damage, 60));
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
