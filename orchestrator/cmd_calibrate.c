@@ -138,8 +138,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
     for (int i = 1; i < argc; i++) /* --config: calibration through the pipeline stages */
         if (!strcmp(argv[i], "--config") || !strncmp(argv[i], "--config=", 9)) return kvm_cmd_calibrate_pipeline(argc, argv);
     kvm_cli_opt opts[] = {
-        {"config", 1, "run through the stage processes with this pipeline configuration; then only --docs, --out and "
-                      "--store apply (the rest comes from the config)", NULL},
+        {"config", 1, "run through the stage processes with this pipeline configuration; then only --docs, --out, "
+                      "--store, --layer-alloc, --sculpt, --kvzip and --phases apply (overriding its [calibrate] keys; "
+                      "the rest comes from the config)", NULL},
         {"model", 1, KVM_CLI_MODEL_HELP, NULL},
         {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
         {"docs", 1, "calibration documents: a folder of *.txt, a file, or a comma-separated list", NULL},
