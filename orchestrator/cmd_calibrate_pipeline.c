@@ -11,6 +11,7 @@
 #include "pipeline/kvm_orch.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,8 +150,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     kvm_orch_summary sum;
     status = kvm_orch_calibrate(cfg, corpus, self, &sum);
     if (status == 0) {
-        printf("calibration: %lld documents, %lld failed, %.2f s (signals %.2f s, strategy %.2f s of compute)\n",
-               (long long)sum.compressed, (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
+        printf("calibration: %lld document%s, %lld failed, %.2f s (signals %.2f s, strategy %.2f s of compute)\n",
+               (long long)sum.compressed, kvm_plural(sum.compressed, "", "s"), (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
                sum.stage_ms[3] / 1000.0);
         status = sum.compressed > 0 ? report(cfg, kvm_cli_get(opts, "out")) : 1;
         if (sum.compressed == 0) kvm_cli_refuse("calibrate", "no calibration document succeeded\n");

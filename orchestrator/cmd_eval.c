@@ -1,6 +1,7 @@
 /* cmd_eval.c: `kvmill eval`: compares compression methods with full KV on documents
  * (compress/eval/kvm_eval.h): a table per document, the mean, and an optional CSV. */
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "compress/eval/kvm_eval_cuda.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "model/kvm_chat.h"
@@ -236,7 +237,7 @@ static void job_done(eval_job *job, const char *doc, const kvm_eval_result *r, c
 
 static void print_means(eval_job *jobs, int n_jobs, int n_docs)
 {
-    printf("== mean over %d documents\n", n_docs);
+    printf("== mean over %d document%s\n", n_docs, kvm_plural(n_docs, "", "s"));
     print_header();
     for (int j = 0; j < n_jobs; j++) {
         scale_result(&jobs[j].sum, 1.0 / jobs[j].n);
@@ -485,9 +486,9 @@ static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
         fflush(stdout);
     }
     if (!rc) {
-        printf("== over %d documents: chosen budgets (min / median / max), mean KL on the check part, documents "
+        printf("== over %d document%s: chosen budgets (min / median / max), mean KL on the check part, documents "
                "whose check KL is within the target, documents where KL rose with the budget\n",
-               docs->n);
+               docs->n, kvm_plural(docs->n, "", "s"));
         for (int j = 0; j < n_jobs; j++) {
             int64_t *b = chosen + (size_t)j * (size_t)docs->n;
             qsort(b, (size_t)docs->n, sizeof *b, cmp_i64);
