@@ -130,6 +130,9 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
     char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
     int rc = 0, nm = 0, nb = 0, oom = !ms || !bs;
     if (oom) rc = 1;
+    const char *bflag = is_ratio ? "ratio" : "budget";
+    if (!rc && (kvm_cli_list_check(CMD, "method", methods, 32) < 0 || kvm_cli_list_check(CMD, bflag, budgets, 32) < 0))
+        rc = 2;
     if (!rc && ((nm = split(ms, mv, 32)) <= 0 || (nb = split(bs, bv, 32)) <= 0)) {
         fprintf(stderr, "kvmill " CMD ": --method and --%s take 1 to 32 comma-separated values\n",
                 is_ratio ? "ratio" : "budget");
