@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -414,8 +415,11 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
     }
     if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;
     /* stages that do not read the config (prefill, signals) would take a mistyped one silently */
-    if (a->config && access(a->config, R_OK) != 0)
+    struct stat cst;
+    if (a->config && (stat(a->config, &cst) != 0 || access(a->config, R_OK) != 0))
         return fprintf(stderr, "kvmill-%s: --config %s: %s\n", stage, a->config, strerror(errno)), 2;
+    if (a->config && !S_ISREG(cst.st_mode))
+        return fprintf(stderr, "kvmill-%s: --config %s: not a regular file\n", stage, a->config), 2;
     if (a->device && !strcmp(a->device, "slurm")) { /* deploy/slurm: one GPU per task */
         static char dev[32];
         if (kvm_slurm_device(NULL, dev, sizeof dev))

@@ -560,14 +560,15 @@ START_TEST(test_stage_usage_exit_2)
             {"%s --threads", "option '--threads' needs a value"},
             {"%s stray", "unexpected argument 'stray'"},
             {"%s --config /nonexistent/k.ini", "/nonexistent/k.ini"},
+            {"%s --config /", "--config /: not a regular file"},
         };
         for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
             char fmt[512];
             snprintf(fmt, sizeof fmt, "timeout 20 '%%s/kvmill-%s' %s", stages[i], bad[k].args);
             int rc;
             char *err, *out = run(fmt, ep, NULL, &rc, &err);
-            ck_assert_msg(rc == 2 && strstr(err, bad[k].want), "kvmill-%s %s: exit %d: %s", stages[i], bad[k].args, rc,
-                          err);
+            ck_assert_msg(rc == 2 && strstr(err, bad[k].want), "kvmill-%s (%s): exit %d: %s", stages[i], bad[k].want,
+                          rc, err);
             free(out);
             free(err);
         }
