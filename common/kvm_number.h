@@ -14,4 +14,8 @@
  * setting). `s` may be NULL (refused). Thread-safe. */
 int kvm_parse_decimal(const char *s, double *out);
 
+/* The word for a count in a message: `one` when n is 1, else `many` ("1 document", "0
+ * documents"; kvm_plural(n, "", "s") for a plural ending, kvm_plural(n, "was", "were")). */
+static inline const char *kvm_plural(long long n, const char *one, const char *many) { return n == 1 ? one : many; }
+
 #endif

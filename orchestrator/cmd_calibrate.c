@@ -2,6 +2,7 @@
  * signals, builds and scores the candidate strategies, writes the best one's canonical
  * encoding (compress/polykv/kvm_polykv.h). */
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
@@ -110,7 +111,8 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         }
         kvm_polykv_score_sculpt_opts(a->sculpt || a->kvzip ? &a->so : NULL);
         kvm_polykv_build_dump_dir(a->cand);
-        printf("\ncandidates on %d calibration documents (%d windows) at B = %lld, b_min = %lld:\n", ds->n, nd,
+        printf("\ncandidates on %d calibration document%s (%d window%s) at B = %lld, b_min = %lld:\n", ds->n,
+               kvm_plural(ds->n, "", "s"), nd, kvm_plural(nd, "", "s"),
                (long long)a->B, (long long)a->b_min);
         if (kvm_polykv_build_best(docs, nd, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine, stdout, &best)) {
             fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
@@ -138,8 +140,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
     for (int i = 1; i < argc; i++) /* --config: calibration through the pipeline stages */
         if (!strcmp(argv[i], "--config") || !strncmp(argv[i], "--config=", 9)) return kvm_cmd_calibrate_pipeline(argc, argv);
     kvm_cli_opt opts[] = {
-        {"config", 1, "run through the stage processes with this pipeline configuration; then only --docs, --out and "
-                      "--store apply (the rest comes from the config)", NULL},
+        {"config", 1, "run through the stage processes with this pipeline configuration; then only --docs, --out, "
+                      "--store, --layer-alloc, --sculpt, --kvzip and --phases apply (overriding its [calibrate] keys; "
+                      "the rest comes from the config)", NULL},
         {"model", 1, KVM_CLI_MODEL_HELP, NULL},
         {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
         {"docs", 1, "calibration documents: a folder of *.txt, a file, or a comma-separated list", NULL},

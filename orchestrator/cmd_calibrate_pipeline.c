@@ -11,9 +11,11 @@
 #include "pipeline/kvm_orch.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* Reads the stored strategy back, prints it and writes it to `out` (may be NULL). */
@@ -46,6 +48,28 @@ static int report(const kvm_config *cfg, const char *out)
     return rc ? 1 : 0;
 }
 
+/* The flags that have a [calibrate] key override it, as flags override config keys elsewhere;
+ * the value is checked like the key's, naming the flag. Returns 0, or 2 after saying why. */
+static int flags_override(const kvm_cli_opt *opts, kvm_config *cfg)
+{
+    static const struct {
+        const char *flag, *key; /* flag name, [calibrate] key */
+        int is_switch;          /* 1: a flag without a value, setting the key to true */
+    } map[] = {{"layer-alloc", "layer_alloc", 0}, {"alloc", "layer_alloc", 0}, {"sculpt", "sculpt", 1},
+               {"kvzip", "kvzip", 1},             {"phases", "phases", 0}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        const char *v = kvm_cli_get(opts, map[i].flag);
+        if (!v) continue;
+        kvm_polykv_alloc a; /* the key also takes "all", which the flag (one allocation) does not */
+        if ((!strcmp(map[i].key, "layer_alloc") && kvm_polykv_alloc_parse(v, &a)) ||
+            kvm_config_set(cfg, "calibrate", map[i].key, map[i].is_switch ? "true" : v)) {
+            kvm_cli_refuse("calibrate", "--%s: %s\n", map[i].flag, kvm_errmsg());
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int kvm_cmd_calibrate_pipeline(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
@@ -53,6 +77,12 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         {"docs", 1, "calibration documents: a folder of *.txt or a .jsonl file", NULL},
         {"out", 1, "also write the strategy's canonical encoding to this file", NULL},
         {"store", 1, "LMDB store directory (overrides [store] path)", NULL},
+        {"layer-alloc", 1, "only this PolyKV layer-budget allocation: entropy|ppl|uniform (overrides [calibrate] "
+                           "layer_alloc)", NULL},
+        {"alloc", 1, KVM_CLI_DEPRECATED "layer-alloc (KVSculpt's own alloc is [compress] alloc)", NULL},
+        {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (sets [calibrate] sculpt)", NULL},
+        {"kvzip", 0, "add KVzip scoring to the per-layer design space (sets [calibrate] kvzip)", NULL},
+        {"phases", 1, "signals measured in: both or prefill (overrides [calibrate] phases)", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse("calibrate", "PolyKV calibration through the stage processes; stores the strategy.", argc, argv,
@@ -75,6 +105,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         kvm_cli_refuse("calibrate", "--store: %s\n", kvm_errmsg());
         goto done;
     }
+    if (flags_override(opts, cfg)) goto done;
     if (kvm_config_int(cfg, "compress", "budget") <= 0) {
         kvm_cli_refuse("calibrate", "%s: set [compress] budget, the average entries per KV head to calibrate for\n",
                 kvm_config_path(cfg));
@@ -119,8 +150,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     kvm_orch_summary sum;
     status = kvm_orch_calibrate(cfg, corpus, self, &sum);
     if (status == 0) {
-        printf("calibration: %lld documents, %lld failed, %.2f s (signals %.2f s, strategy %.2f s of compute)\n",
-               (long long)sum.compressed, (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
+        printf("calibration: %lld document%s, %lld failed, %.2f s (signals %.2f s, strategy %.2f s of compute)\n",
+               (long long)sum.compressed, kvm_plural(sum.compressed, "", "s"), (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
                sum.stage_ms[3] / 1000.0);
         status = sum.compressed > 0 ? report(cfg, kvm_cli_get(opts, "out")) : 1;
         if (sum.compressed == 0) kvm_cli_refuse("calibrate", "no calibration document succeeded\n");

@@ -1,6 +1,7 @@
 /* cmd_eval.c: `kvmill eval`: compares compression methods with full KV on documents
  * (compress/eval/kvm_eval.h): a table per document, the mean, and an optional CSV. */
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "compress/eval/kvm_eval_cuda.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "model/kvm_chat.h"
@@ -129,6 +130,9 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
     char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
     int rc = 0, nm = 0, nb = 0, oom = !ms || !bs;
     if (oom) rc = 1;
+    const char *bflag = is_ratio ? "ratio" : "budget";
+    if (!rc && (kvm_cli_list_check(CMD, "method", methods, 32) < 0 || kvm_cli_list_check(CMD, bflag, budgets, 32) < 0))
+        rc = 2;
     if (!rc && ((nm = split(ms, mv, 32)) <= 0 || (nb = split(bs, bv, 32)) <= 0)) {
         fprintf(stderr, "kvmill " CMD ": --method and --%s take 1 to 32 comma-separated values\n",
                 is_ratio ? "ratio" : "budget");
@@ -236,7 +240,7 @@ static void job_done(eval_job *job, const char *doc, const kvm_eval_result *r, c
 
 static void print_means(eval_job *jobs, int n_jobs, int n_docs)
 {
-    printf("== mean over %d documents\n", n_docs);
+    printf("== mean over %d document%s\n", n_docs, kvm_plural(n_docs, "", "s"));
     print_header();
     for (int j = 0; j < n_jobs; j++) {
         scale_result(&jobs[j].sum, 1.0 / jobs[j].n);
@@ -485,9 +489,9 @@ static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
         fflush(stdout);
     }
     if (!rc) {
-        printf("== over %d documents: chosen budgets (min / median / max), mean KL on the check part, documents "
+        printf("== over %d document%s: chosen budgets (min / median / max), mean KL on the check part, documents "
                "whose check KL is within the target, documents where KL rose with the budget\n",
-               docs->n);
+               docs->n, kvm_plural(docs->n, "", "s"));
         for (int j = 0; j < n_jobs; j++) {
             int64_t *b = chosen + (size_t)j * (size_t)docs->n;
             qsort(b, (size_t)docs->n, sizeof *b, cmp_i64);

@@ -83,6 +83,7 @@ static int add_dir(const char *cmd, cmd_eval_docset *d, const char *dir)
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
 {
     memset(out, 0, sizeof *out);
+    if (kvm_cli_list_check(cmd, "docs", spec, 0) < 0) return 2;
     char *s = strdup(spec), *save = NULL;
     if (!s) return 1;
     int rc = 0;

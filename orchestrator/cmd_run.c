@@ -9,6 +9,7 @@
 #include "pipeline/kvm_orch.h"
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,48 +36,55 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
                (long long)s->bytes_compressed, ratio >= 1 || ratio == 0 ? ratio : 1 / ratio,
                ratio >= 1 || ratio == 0 ? "smaller" : "larger", kvm_config_str(cfg, "compress", "method"));
     if (s->kept_full > 0) /* why a short document's cache is no smaller than its f32 KV */
-        printf("kept whole: %lld documents too short for compression to save an entry were stored with their full KV "
-               "unchanged (a stored entry carries a position and a logit bias beside its key and value, so these "
-               "caches are larger than their f32 KV)\n",
-               (long long)s->kept_full);
+        printf("kept whole: %lld document%s too short for compression to save an entry %s stored with %s full KV "
+               "unchanged (a stored entry carries a position and a logit bias beside its key and value, so %s "
+               "larger than %s f32 KV)\n",
+               (long long)s->kept_full, kvm_plural(s->kept_full, "", "s"), kvm_plural(s->kept_full, "was", "were"),
+               kvm_plural(s->kept_full, "its", "their"), kvm_plural(s->kept_full, "its cache is", "these caches are"),
+               kvm_plural(s->kept_full, "its", "their"));
     printf("time: %.2f s wall; compute per stage: prefill %.2f s, compress %.2f s; %.0f tokens/s\n", s->seconds,
            s->stage_ms[0] / 1000.0, s->stage_ms[1] / 1000.0, s->seconds > 0 ? (double)s->tokens / s->seconds : 0);
     double compute = s->stage_ms[0] + s->stage_ms[1];
     printf("transport: %.3f s of ZeroMQ/MessagePack encode, decode, copy and send (%.1f%% of stage compute)\n",
            s->transport_ms / 1000.0, compute > 0 ? 100.0 * s->transport_ms / compute : 0);
     if (kvm_config_bool(cfg, "eval", "enabled"))
-        printf("evaluation: mean KL(full || compressed) %.5f nats over %lld documents (continuation of %lld tokens)\n",
+        printf("evaluation: mean KL(full || compressed) %.5f nats over %lld document%s (continuation of %lld tokens)\n",
                s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
+               kvm_plural(s->evaluated, "", "s"),
                (long long)kvm_config_int(cfg, "eval", "continuation"));
     double target = kvm_config_float(cfg, "compress", "target_kl");
     if (target > 0 && s->entries_docs > 0 && n_heads > 0) /* the budgets the search chose */
-        printf("target_kl: %g nats: budget per KV head %.1f / %.1f / %.1f (min / mean / max over %lld documents); mean "
-               "KL on the check part %.5f nats over %lld documents (the %lld tokens after the search part)\n",
+        printf("target_kl: %g nats: budget per KV head %.1f / %.1f / %.1f (min / mean / max over %lld document%s); "
+               "mean KL on the check part %.5f nats over %lld document%s (the %lld tokens after the search part)\n",
                target, (double)s->entries_min / (double)n_heads,
                (double)s->entries_sum / (double)s->entries_docs / (double)n_heads, (double)s->entries_max / (double)n_heads,
-               (long long)s->entries_docs, s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
+               (long long)s->entries_docs, kvm_plural(s->entries_docs, "", "s"),
+               s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
+               kvm_plural(s->evaluated, "", "s"),
                (long long)kvm_config_int(cfg, "eval", "continuation"));
     if (s->interrupted)
-        printf("interrupted: %lld documents were not processed (run again to finish: stored ones are skipped)\n",
-               (long long)s->pending);
+        printf("interrupted: %lld document%s %s not processed (run again to finish: stored ones are skipped)\n",
+               (long long)s->pending, kvm_plural(s->pending, "", "s"), kvm_plural(s->pending, "was", "were"));
     if (s->store_full)
-        printf("store full: %lld documents were not processed (no space left on the store's device; free space and "
-               "run again)\n", (long long)s->pending);
+        printf("store full: %lld document%s %s not processed (no space left on the store's device; free space and "
+               "run again)\n", (long long)s->pending, kvm_plural(s->pending, "", "s"), kvm_plural(s->pending, "was", "were"));
     if (s->store_down)
-        printf("store down: %lld documents were not processed (the store service did not answer; start it and run "
-               "again: stored ones are skipped)\n", (long long)s->pending);
+        printf("store down: %lld document%s %s not processed (the store service did not answer; start it and run "
+               "again: stored ones are skipped)\n", (long long)s->pending, kvm_plural(s->pending, "", "s"),
+               kvm_plural(s->pending, "was", "were"));
     if (s->evicted > 0 && !s->bytes_unknown)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
     if (s->claimed)
-        printf("claimed: %lld documents were being compressed by another run on this store and were left to it\n",
-               (long long)s->claimed);
+        printf("claimed: %lld document%s %s being compressed by another run on this store and %s left to it\n",
+               (long long)s->claimed, kvm_plural(s->claimed, "", "s"), kvm_plural(s->claimed, "was", "were"),
+               kvm_plural(s->claimed, "was", "were"));
     int64_t docs = s->compressed + s->failed;
     printf("wire: %lld bytes received from prefill, %lld bytes sent to workers (%lld per document), KV as %s "
            "([run] wire_dtype)\n", (long long)s->wire_in_bytes, (long long)s->wire_out_bytes,
            (long long)(docs > 0 ? s->wire_out_bytes / docs : 0), kvm_config_str(cfg, "run", "wire_dtype"));
-    printf("prefetch: at most %lld documents were prefilled and waiting for compress at once\n",
-           (long long)s->prefetch_peak);
+    printf("prefetch: at most %lld document%s %s prefilled and waiting for compress at once\n",
+           (long long)s->prefetch_peak, kvm_plural(s->prefetch_peak, "", "s"), kvm_plural(s->prefetch_peak, "was", "were"));
     /* not 0: the service holding them was not asked (evictions come from the same probes) */
     char full[32] = "unknown", stored[32] = "unknown", evicted[32] = "unknown", kept[32] = "unknown";
     if (!s->bytes_unknown) {

@@ -61,6 +61,16 @@ static int store_of(const char *cmd, const kvm_cli_opt *opts, kvm_config **cfg, 
 
 #define CONFIG_OPT {"config", 1, "pipeline config: its [store] path (unless --store) and settings", NULL}
 
+/* Says on stderr when the handle reads without LMDB's lock (its lock.mdb cannot be written):
+ * what it reads is then not protected from a writer working on the store meanwhile. */
+static void say_lock_note(const char *cmd, const kvm_store *s)
+{
+    const char *why = kvm_store_lock_note(s);
+    if (why)
+        fprintf(stderr, "kvmill %s: note: %s; reading without a lock (MDB_NOLOCK): a run writing to this store "
+                        "meanwhile can change what is read\n", cmd, why);
+}
+
 /* Opens read-only; prints why not on stderr. */
 static int open_ro(const char *cmd, const char *path, kvm_store **s, int quiet_missing)
 {
@@ -68,6 +78,7 @@ static int open_ro(const char *cmd, const char *path, kvm_store **s, int quiet_m
     int st = kvm_store_open(path, &o, s);
     if (st && !(quiet_missing && st == KVM_ENOTFOUND))
         fprintf(stderr, "kvmill %s: cannot open store: %s (%s)\n", cmd, kvm_errmsg(), kvm_strerror(st));
+    if (st == 0) say_lock_note(cmd, *s);
     return st;
 }
 
@@ -377,6 +388,7 @@ static int cmd_verify(int argc, char **argv)
         fprintf(stderr, "kvmill store verify: cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(rc));
         return 2;
     }
+    say_lock_note("store verify", s);
     int64_t n_records = 0, n_problems = 0;
     int st = kvm_store_verify(s, verify_report, NULL, &n_records, &n_problems);
     kvm_store_close(&s);

@@ -172,6 +172,26 @@ int kvm_cli_check_writable(const char *cmd, const char *what, const char *path)
     return 0;
 }
 
+int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max)
+{
+    int n = 0;
+    for (const char *p = s;; p++) {
+        size_t len = strcspn(p, ",");
+        n++;
+        if (len == 0) {
+            fprintf(stderr, "kvmill %s: --%s '%s': item %d is empty (a list is values separated by single commas)\n",
+                    cmd, flag, s, n);
+            return -1;
+        }
+        if (max > 0 && n > max) {
+            fprintf(stderr, "kvmill %s: --%s '%s': more than %d comma-separated values\n", cmd, flag, s, max);
+            return -1;
+        }
+        p += len;
+        if (!*p) return n;
+    }
+}
+
 int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
 {
     char what[80];

@@ -57,6 +57,13 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
  * error, found in a moment rather than after minutes of calibration); 0 otherwise. */
 int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);
 
+/* Checks the comma-separated list `s` of option --FLAG (--budget 16,32, --method, --docs)
+ * before it is split: an empty item ("16,,32", a leading or trailing comma) would be dropped
+ * by the split and a value silently not run. Returns the number of items, or -1 after printing
+ * "kvmill CMD: --FLAG 'S': item K is empty ..." (or, max > 0, that it has more than max items)
+ * to stderr: a usage error (exit 2). */
+int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max);
+
 /* The same check with the file named by `what` (e.g. "metrics file" for a path that may come
  * from a config key rather than a flag): prints "kvmill CMD: WHAT PATH: folder DIR: REASON" or
  * "kvmill CMD: WHAT PATH is a directory" and returns -1; 0 when PATH is NULL, empty or fine. */

@@ -68,6 +68,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"calibrate", "sculpt", B, "false", 0, 0, NULL, "", "PolyKV calibration offers KVSculpt ([compress] sculpt settings) to every layer"},
     {"calibrate", "kvzip", B, "false", 0, 0, NULL, "", "PolyKV calibration offers KVzip scoring (a pattern of its own; [compress] retain, queries, query_source) to every layer"},
     {"calibrate", "phases", E, "both", 0, 0, "both|prefill", "", "phases whose signals are measured; prefill: decode patterns = prefill patterns (about half the time)"},
+    {"calibrate", "layer_alloc", E, "all", 0, 0, "all|entropy|ppl|uniform", "", "only this PolyKV layer-budget allocation among the candidate strategies; all: every one, the best kept"},
 
     {"eval", "enabled", B, "false", 0, 0, NULL, "", "measure KL on a held-out continuation after compressing"},
     {"eval", "continuation", I, "64", 1, 1 << 20, NULL, "tokens", "continuation length for the KL evaluation"},

@@ -20,6 +20,7 @@
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1350,7 +1351,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     o.n_open = corpus->n;
     o.jobs = calloc((size_t)(corpus->n > 0 ? corpus->n : 1), sizeof *o.jobs);
     if (!o.jobs || kvm_joblist_init(&o.lists, corpus->n, N_JOB_STATES, J_QUEUED)) { /* all queued, in corpus order */
-        orch_log("out of memory (%lld documents)\n", (long long)corpus->n);
+        orch_log("out of memory (%lld document%s)\n", (long long)corpus->n, kvm_plural(corpus->n, "", "s"));
         free(o.jobs);
         return 1;
     }
@@ -1377,9 +1378,11 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         kvm_log(KVM_LOG_ERROR, status == 2 ? "refused" : "message", NULL, 0, "%s\n", kvm_errmsg());
     } else {
         if (mode == MODE_CALIBRATE) /* calibration measures every document: none is skipped as stored */
-            orch_log("%lld calibration documents, each measured, run directory %s\n", (long long)o.n_jobs, o.run_dir);
+            orch_log("%lld calibration document%s, each measured, run directory %s\n", (long long)o.n_jobs,
+                     kvm_plural(o.n_jobs, "", "s"), o.run_dir);
         else
-            orch_log("%lld documents (%lld already stored), run directory %s\n", (long long)o.n_jobs,
+            orch_log("%lld document%s (%lld already stored), run directory %s\n", (long long)o.n_jobs,
+                     kvm_plural(o.n_jobs, "", "s"),
                      (long long)sum->skipped, o.run_dir);
         loop(&o);
         /* results trail acks by a message: collect them for the per-stage times */

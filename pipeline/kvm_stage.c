@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -368,13 +369,30 @@ static void usage(const char *stage)
            stage);
 }
 
+/* 1 when k is one of the options usage() lists (each takes a value). */
+static int known_option(const char *k)
+{
+    static const char *const names[] = {"--connect",       "--device",        "--store",         "--model",
+                                        "--config",        "--id",            "--server-key",    "--client-public",
+                                        "--client-secret", "--log-format",    "--threads",       "--heartbeat-ms",
+                                        "--grace-s",       "--parent-pid"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(k, names[i])) return 1;
+    return 0;
+}
+
+/* Usage errors return 2, as kvmill's own commands do (README: exit 2 for usage). */
 static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *a)
 {
     *a = (kvm_stage_args){.device = "cpu", .threads = 1, .heartbeat_ms = 1000, .grace_s = 30};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) return usage(stage), 3;
-        if (i + 1 >= argc) return fprintf(stderr, "kvmill-%s: %s needs a value (or unknown option)\n", stage, k), 2;
+        if (strncmp(k, "--", 2))
+            return fprintf(stderr, "kvmill-%s: unexpected argument '%s' (see kvmill-%s --help)\n", stage, k, stage), 2;
+        if (!known_option(k))
+            return fprintf(stderr, "kvmill-%s: unknown option '%s' (see kvmill-%s --help)\n", stage, k, stage), 2;
+        if (i + 1 >= argc) return fprintf(stderr, "kvmill-%s: option '%s' needs a value\n", stage, k), 2;
         const char *v = argv[++i];
         char *end;
         long n = strtol(v, &end, 10);
@@ -396,6 +414,12 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         else return fprintf(stderr, "kvmill-%s: bad option or value: %s %s (see --help)\n", stage, k, v), 2;
     }
     if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;
+    /* stages that do not read the config (prefill, signals) would take a mistyped one silently */
+    struct stat cst;
+    if (a->config && (stat(a->config, &cst) != 0 || access(a->config, R_OK) != 0))
+        return fprintf(stderr, "kvmill-%s: --config %s: %s\n", stage, a->config, strerror(errno)), 2;
+    if (a->config && !S_ISREG(cst.st_mode))
+        return fprintf(stderr, "kvmill-%s: --config %s: not a regular file\n", stage, a->config), 2;
     if (a->device && !strcmp(a->device, "slurm")) { /* deploy/slurm: one GPU per task */
         static char dev[32];
         if (kvm_slurm_device(NULL, dev, sizeof dev))
@@ -480,7 +504,9 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     signal(SIGPIPE, SIG_IGN);
     if ((rc = ops->setup(state, &rt.a)) != 0) {
         log_line(&rt, "setup failed: %s", kvm_errmsg());
-        return 1;
+        /* a required option missing, or a --config, --model or --store that is missing or not
+         * one, is the command line's error (exit 2, as kvmill run says of the same files) */
+        return rc == KVM_EINVAL || rc == KVM_ENOTFOUND || rc == KVM_EFORMAT ? 2 : 1;
     }
     if ((rc = connect_sockets(&rt)) != 0) {
         log_line(&rt, "%s", kvm_errmsg());

@@ -124,7 +124,14 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && distilled && !(rc = kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) && st->device)
         rc = kvm_sculpt_opts_set(&so, "device", st->device);
     if (!rc && distilled) kvm_polykv_score_sculpt_opts(&so);
-    if (!rc) rc = kvm_polykv_build_best(docs, n, sig, B, B / 4 > 1 ? B / 4 : 1, -1, -1, 0, stderr, &best);
+    int alloc = -1; /* [calibrate] layer_alloc: "all" (every candidate) or one allocation */
+    const char *la = kvm_config_str(cfg, "calibrate", "layer_alloc");
+    kvm_polykv_alloc av;
+    if (!rc && strcmp(la, "all")) {
+        if ((rc = kvm_polykv_alloc_parse(la, &av))) *retryable = 0;
+        alloc = (int)av;
+    }
+    if (!rc) rc = kvm_polykv_build_best(docs, n, sig, B, B / 4 > 1 ? B / 4 : 1, -1, alloc, 0, stderr, &best);
     kvm_polykv_score_sculpt_opts(NULL);
     if (!rc) rc = kvm_strategy_encode(best, &buf, &len);
     if (!rc) rc = kvm_store_put_strategy(st->store, &st->wm.model_id, kvm_config_str(cfg, "compress", "strategy"), buf, len);

@@ -4,6 +4,7 @@
 #include "store/kvm_store_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -301,6 +302,29 @@ static int store_prepare_dir(const char *path, int read_only, int must_exist)
     return 0;
 }
 
+/* A reader's slot lives in lock.mdb, so LMDB opens it read-write even for MDB_RDONLY and
+ * fails when it cannot (a store copied read-only, a lock file owned by someone else). A
+ * read-only open then reads without a lock (MDB_NOLOCK) rather than not at all. Returns
+ * NULL when lock.mdb can be used, else why not (malloc'd; NULL as well when out of memory,
+ * and then the open simply fails as before). */
+static char *store_lock_unusable(const char *path)
+{
+    char lock[4200], why[4400];
+    snprintf(lock, sizeof lock, "%s/lock.mdb", path);
+    int fd = open(lock, O_RDWR | O_CLOEXEC);
+    if (fd >= 0) {
+        close(fd);
+        return NULL;
+    }
+    int e = errno;
+    if (e == ENOENT && access(path, W_OK) == 0) return NULL; /* LMDB creates it */
+    if (e == ENOENT)
+        snprintf(why, sizeof why, "store %s: no lock file lock.mdb, and the directory is not writable", path);
+    else
+        snprintf(why, sizeof why, "store %s: lock file %s cannot be opened for writing (%s)", path, lock, strerror(e));
+    return strdup(why);
+}
+
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out)
 {
     kvm_store_opts o = {0};
@@ -351,6 +375,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     int fresh = stat(data, &dst) != 0;
     if (!s->read_only && fresh) mdb_env_set_mapsize(s->env, (size_t)map); /* else adopt the stored size */
     unsigned flags = MDB_NOTLS | (s->read_only ? MDB_RDONLY : 0) | (o.no_sync ? MDB_NOSYNC : 0);
+    if (s->read_only && (s->lock_note = store_lock_unusable(path))) flags |= MDB_NOLOCK;
     rc = mdb_env_open(s->env, path, flags, 0664);
     if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == ENOTDIR) {
         st = kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment (%s)", path, mdb_strerror(rc));
@@ -391,11 +416,14 @@ void kvm_store_close(kvm_store **sp)
     if (s->env && s->pid == getpid()) mdb_env_close(s->env);
     kvm_store__tree_unmap(s);
     pthread_mutex_destroy(&s->mu);
+    free(s->lock_note);
     free(s->path);
     free(s);
 }
 
 const char *kvm_store_path(const kvm_store *s) { return s ? s->path : ""; }
+
+const char *kvm_store_lock_note(const kvm_store *s) { return s ? s->lock_note : NULL; }
 
 static int store_entries(kvm_store *s, MDB_txn *txn, int db, int64_t *n)
 {

@@ -120,7 +120,8 @@ typedef struct kvm_store_opts {
                                    store's recorded cap (none when never set) */
     int64_t atime_granularity_ms; /* a read re-records a cache's access time only when the
                                      recorded one is older than this; 0 = 1000; < 0 = always */
-    int read_only;              /* 1: MDB_RDONLY; nothing is created or written */
+    int read_only;              /* 1: MDB_RDONLY; nothing is created or written; without
+                                   a writable lock.mdb, MDB_NOLOCK (kvm_store_lock_note) */
     int must_exist;             /* 1: read-write, but a store missing at path is KVM_ENOTFOUND
                                    instead of being created (a mistyped path fails) */
     int no_sync;                /* 1: MDB_NOSYNC: commits survive a process crash, not an OS
@@ -175,8 +176,9 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * an LMDB environment directory, or not a kvmill store, or its data.mdb is shorter than its
  * meta pages say: checked with pread before mapping, the message names the file, its size and
  * the size expected), KVM_ECORRUPT (damaged B-tree pages: the message names the store, the db,
- * the page and the byte of data.mdb, and what is wrong; or meta pages giving bad page sizes;
- * nothing is written),
+ * the page and the byte of data.mdb, and what is wrong; or a damaged meta page: bad page
+ * size, magic, meta flag, data version or page number, the message naming the page, its
+ * bytes and the file; nothing is written),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
@@ -186,6 +188,12 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
 void kvm_store_close(kvm_store **s);
 /* The directory the store was opened on; valid until kvm_store_close. */
 const char *kvm_store_path(const kvm_store *s);
+/* NULL for a handle that takes LMDB's reader lock. A read_only open whose lock.mdb cannot be
+ * opened for writing (read-only files or directory, a lock file that is not a file) reads
+ * without one (MDB_NOLOCK) instead of failing: then the reason, for the caller to say that
+ * the reader takes no lock (a writer working on the store meanwhile may reuse pages it
+ * reads). Valid until kvm_store_close. */
+const char *kvm_store_lock_note(const kvm_store *s);
 /* Fills *out. Errors: KVM_ESTATE (used after fork), KVM_EIO / KVM_ECORRUPT (LMDB). */
 int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out);
 

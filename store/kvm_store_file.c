@@ -1,6 +1,7 @@
 /* kvm_store_file.c: checks an existing data.mdb against its own meta pages before LMDB maps
  * it. A file cut short (a failed copy, a full disk, a truncate) would otherwise be mapped
- * and the first read past its end kills the process with SIGBUS. The two meta pages are
+ * and the first read past its end kills the process with SIGBUS; a damaged meta page made
+ * LMDB call the whole file "not an LMDB file", or went unnoticed. The two meta pages are
  * read with pread, never through a map. Layout (lmdb/mdb.c, 64-bit builds): a page opens
  * with a 16-byte header; the meta that follows holds u32 magic 0xBEEFC0DE, u32 version,
  * the address and map size, two 48-byte db records (the first's u32 md_pad is the page
@@ -18,6 +19,10 @@
 
 #include "common/kvm_error.h"
 
+#define PAGE_FLAGS 10                   /* u16 mp_flags in the page header */
+#define P_META 0x08                     /* LMDB's meta page flag */
+#define DATA_VERSION 1                  /* MDB_DATA_VERSION */
+#define META_VERSION (META_OFF + 4)     /* u32 mm_version */
 #define META_OFF 16                     /* meta after the page header */
 #define META_MAGIC 0xBEEFC0DEu          /* MDB_MAGIC */
 #define META_PSIZE (META_OFF + 24)      /* mm_dbs[FREE_DBI].md_pad: the page size */
@@ -29,24 +34,65 @@
 
 /* One meta page as read from the file. */
 typedef struct meta_page {
+    int read;          /* 1 when the page's meta bytes were read whole */
+    uint32_t raw_magic; /* what stands where the magic belongs */
     int magic;         /* 1 when the page was read whole and carries the magic */
     int ok;            /* 1 when it also gives a valid page size */
+    char bad[96];      /* with the magic: what else is wrong in its header ("" when nothing) */
     uint32_t psize;    /* page size, bytes */
     uint64_t last_pg;  /* last page in use */
     uint64_t txnid;    /* transaction that wrote it */
 } meta_page;
 
-static void meta_read(int fd, off_t at, int64_t file_bytes, meta_page *m)
+/* Reads meta page `pgno` at byte `at`. LMDB refuses the whole environment ("not an LMDB
+ * file") when either meta page lacks the meta flag or the magic, or gives another data
+ * version; the page number in the header is written once, at creation, and never again. */
+static void meta_read(int fd, off_t at, uint64_t pgno, int64_t file_bytes, meta_page *m)
 {
     uint8_t b[META_BYTES];
     memset(m, 0, sizeof *m);
     if (at + (int64_t)sizeof b > file_bytes || pread(fd, b, sizeof b, at) != (ssize_t)sizeof b) return;
-    if (kvm_store__get_u32(b + META_OFF) != META_MAGIC) return;
+    m->read = 1;
+    m->raw_magic = kvm_store__get_u32(b + META_OFF);
+    if (m->raw_magic != META_MAGIC) return;
     m->magic = 1;
     m->psize = kvm_store__get_u32(b + META_PSIZE);
     m->last_pg = kvm_store__get_u64(b + META_LAST_PG);
     m->txnid = kvm_store__get_u64(b + META_TXNID);
     m->ok = m->psize >= MIN_PAGE && m->psize <= MAX_PAGE && (m->psize & (m->psize - 1)) == 0;
+    uint16_t flags = kvm_store__get_u16(b + PAGE_FLAGS);
+    uint32_t version = kvm_store__get_u32(b + META_VERSION);
+    uint64_t no = kvm_store__get_u64(b);
+    if (!(flags & P_META))
+        snprintf(m->bad, sizeof m->bad, "is not flagged as a meta page (flags 0x%04x at byte %d)", flags, PAGE_FLAGS);
+    else if (version != DATA_VERSION)
+        snprintf(m->bad, sizeof m->bad, "gives data version %u, not %d (byte %d)", version, DATA_VERSION, META_VERSION);
+    else if (no != pgno)
+        snprintf(m->bad, sizeof m->bad, "gives page number %llu, not %llu (byte 0)", (unsigned long long)no,
+                 (unsigned long long)pgno);
+}
+
+/* Meta page 0 without the magic: damage when an intact meta page 1 stands one page further
+ * (at any LMDB page size), else not an LMDB file. Returns the page size, or 0. */
+static uint32_t meta1_without_meta0(int fd, int64_t file_bytes)
+{
+    for (uint32_t psize = MIN_PAGE; psize <= MAX_PAGE; psize *= 2) {
+        meta_page m1;
+        meta_read(fd, (off_t)psize, 1, file_bytes, &m1);
+        if (m1.magic && m1.ok && m1.psize == psize && !m1.bad[0]) return psize;
+    }
+    return 0;
+}
+
+/* KVM_ECORRUPT naming meta page `pgno` of data.mdb, its bytes and what is wrong with it. */
+static int meta_damaged(const char *dir, const char *path, int pgno, uint32_t psize, const char *what)
+{
+    return kvm_err(KVM_ECORRUPT,
+                   "store %s: data.mdb is damaged: its %s meta page, page %d (bytes %lld-%lld of %s), %s, so LMDB "
+                   "cannot open it; restore the store from a copy, or move it aside and run again (its documents are "
+                   "compressed again)",
+                   dir, pgno ? "second" : "first", pgno, (long long)pgno * psize, (long long)(pgno + 1) * psize - 1, path,
+                   what);
 }
 
 /* One look at the file; *young = 1 when it failed for lack of its two meta pages (a store
@@ -66,14 +112,26 @@ static int check_once(const char *dir, int *young)
     }
     int64_t size = (int64_t)st.st_size;
     meta_page m0, m1 = {0};
-    meta_read(fd, 0, size, &m0);
-    if (m0.ok) meta_read(fd, (off_t)m0.psize, size, &m1);
+    meta_read(fd, 0, 0, size, &m0);
+    if (m0.ok) meta_read(fd, (off_t)m0.psize, 1, size, &m1);
+    uint32_t psize1 = m0.read && !m0.ok ? meta1_without_meta0(fd, size) : 0;
     /* the size to compare is taken after the meta pages were read: a writer in another process
      * may commit in between, and LMDB writes a commit's pages before its meta page, so a size
      * read first could be older than the meta page and look truncated */
     if (fstat(fd, &st) == 0) size = (int64_t)st.st_size;
     close(fd);
     *young = !m0.ok || !m1.ok;
+    char what[160];
+    if (psize1) { /* meta page 1 is intact: page 0 is damaged, not a store being created */
+        *young = m0.magic && m0.psize == 0;
+        if (m0.magic)
+            snprintf(what, sizeof what, "gives page size %u (bytes %d-%d), not %u as meta page 1 does", m0.psize,
+                     META_PSIZE, META_PSIZE + 3, psize1);
+        else
+            snprintf(what, sizeof what, "does not hold LMDB's magic number (bytes %d-%d read 0x%08x, not 0x%08x)",
+                     META_OFF, META_OFF + 3, m0.raw_magic, META_MAGIC);
+        return meta_damaged(dir, path, 0, psize1, what);
+    }
     /* LMDB takes the page size of the newer meta page and finds page 1 at page 0's size: one
      * damaged size and it maps the file with another page size, reading past its end (SIGBUS).
      * A size of 0 may be a page being written as the store is created: looked at again. */
@@ -84,6 +142,14 @@ static int check_once(const char *dir, int *young)
                        "restore the store from a copy, or move it aside and run again (its documents are compressed "
                        "again)",
                        dir, m0.psize, m1.psize);
+    }
+    if (m0.ok && m0.bad[0]) return meta_damaged(dir, path, 0, m0.psize, m0.bad);
+    if (m1.ok && m1.bad[0]) return meta_damaged(dir, path, 1, m0.psize, m1.bad);
+    if (m0.ok && m1.read && !m1.magic) {
+        *young = m1.raw_magic == 0; /* a store being created may not have written it yet */
+        snprintf(what, sizeof what, "does not hold LMDB's magic number (bytes %d-%d read 0x%08x, not 0x%08x)",
+                 META_OFF, META_OFF + 3, m1.raw_magic, META_MAGIC);
+        return meta_damaged(dir, path, 1, m0.psize, what);
     }
     if (!m0.ok) {
         if (size >= 2 * MIN_PAGE) return *young = 0; /* not LMDB's magic: mdb_env_open says "not an LMDB environment" */

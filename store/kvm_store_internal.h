@@ -71,6 +71,7 @@ struct kvm_store {
     MDB_dbi dbi[KVM_STORE__DB_COUNT]; /* named db handles */
     char *path;                       /* directory, owned */
     int read_only;                    /* opened MDB_RDONLY */
+    char *lock_note;                  /* read-only open without lock.mdb (MDB_NOLOCK): why, owned; else NULL */
     int no_claims;                    /* read-only open of a store without the claims db */
     int no_docnames;                  /* read-only open of a store without the docnames db */
     int64_t map_max_bytes;            /* growth limit */

@@ -154,12 +154,48 @@ START_TEST(test_info_and_make_model)
 }
 END_TEST
 
+/* A comma-separated list flag with an empty item ("16,,32", a leading or trailing comma) is
+ * a usage error naming the flag and the item: the split dropped the item and ran the rest. */
+START_TEST(test_list_flags_refuse_empty_items)
+{
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    char doc[4200], base[8400];
+    snprintf(doc, sizeof doc, "%s", kvm_test_data_path("corpus/doc_000.txt"));
+    snprintf(base, sizeof base, "eval --model '%s' --context 64 --continuation 16", model);
+    const struct {
+        const char *args; /* after base; %s: the document */
+        const char *want; /* in stderr */
+    } bad[] = {
+        {"--docs '%s' --method h2o --budget 16,,32", "--budget '16,,32': item 2 is empty"},
+        {"--docs '%s' --method h2o --ratio 0.25,", "--ratio '0.25,': item 2 is empty"},
+        {"--docs '%s' --method ,h2o --budget 16", "--method ',h2o': item 1 is empty"},
+        {"--docs '%s,,' --method h2o --budget 16", "item 2 is empty"},
+    };
+    char *out, *err, fmt[9000];
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(fmt, sizeof fmt, "%%s %s", bad[i].args);
+        int rc = kvmill(&out, &err, fmt, base, doc);
+        ck_assert_msg(rc == 2 && strstr(err, bad[i].want), "%s: exit %d\n%s", cmd, rc, err);
+        free(out); free(err);
+    }
+    snprintf(fmt, sizeof fmt, "calibrate --model '%s' --docs '%%s,' --budget 16 --out /dev/null", model);
+    int rc = kvmill(&out, &err, fmt, doc, "");
+    ck_assert_msg(rc == 2 && strstr(err, "--docs") && strstr(err, "item 2 is empty"), "%s: exit %d\n%s", cmd, rc, err);
+    free(out); free(err);
+    /* a well-formed list still runs every item */
+    rc = kvmill(&out, &err, "%s --docs '%s' --method h2o --budget 16,32", base, doc);
+    ck_assert_msg(rc == 0 && strstr(out, "16.00") && strstr(out, "32.00"), "%s: exit %d\n%s\n%s", cmd, rc, out, err);
+    free(out); free(err);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"generate_golden", test_generate_golden}, {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
-        {"help_and_usage_errors", test_help_and_usage_errors}, {"info_and_make_model", test_info_and_make_model}};
+        {"help_and_usage_errors", test_help_and_usage_errors}, {"info_and_make_model", test_info_and_make_model},
+        {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

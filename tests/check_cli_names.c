@@ -573,6 +573,49 @@ START_TEST(test_device_setting)
 }
 END_TEST
 
+/* The stage programs exit 2 on usage errors, as kvmill does: an unknown option (it said
+ * "needs a value (or unknown option)"), a missing value, a stray argument, a required option
+ * missing (exit 1 before: "setup failed") and a --config that does not exist (prefill and
+ * signals, which do not read it, connected and waited). */
+START_TEST(test_stage_usage_exit_2)
+{
+    const char *stages[] = {"prefill", "compress", "decode", "signals", "strategy"};
+    const char *ep = "--connect ipc:///nonexistent/kvm";
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+        const struct {
+            const char *args; /* after the program; %s: --connect ... */
+            const char *want; /* in stderr */
+        } bad[] = {
+            {"%s --bogus 1", "unknown option '--bogus'"},
+            {"%s --threads", "option '--threads' needs a value"},
+            {"%s stray", "unexpected argument 'stray'"},
+            {"%s --config /nonexistent/k.ini", "/nonexistent/k.ini"},
+            {"%s --config /", "--config /: not a regular file"},
+        };
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            char fmt[512];
+            snprintf(fmt, sizeof fmt, "timeout 20 '%%s/kvmill-%s' %s", stages[i], bad[k].args);
+            int rc;
+            char *err, *out = run(fmt, ep, NULL, &rc, &err);
+            ck_assert_msg(rc == 2 && strstr(err, bad[k].want), "kvmill-%s (%s): exit %d: %s", stages[i], bad[k].want,
+                          rc, err);
+            free(out);
+            free(err);
+        }
+    }
+    const char *need[][2] = {{"compress", "needs --store"}, {"decode", "needs --config"}, {"strategy", "needs --store"}};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) { /* a required option missing */
+        char fmt[512];
+        snprintf(fmt, sizeof fmt, "timeout 20 '%%s/kvmill-%s' %%s%%s", need[i][0]);
+        int rc;
+        char *err, *out = run(fmt, ep, NULL, &rc, &err);
+        ck_assert_msg(rc == 2 && strstr(err, need[i][1]), "kvmill-%s: exit %d: %s", need[i][0], rc, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cli_names");
@@ -592,6 +635,7 @@ static Suite *suite(void)
         {"help_lists_methods", test_help_lists_methods},
         {"ask_prompt_file", test_ask_prompt_file},
         {"device_setting", test_device_setting},
+        {"stage_usage_exit_2", test_stage_usage_exit_2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

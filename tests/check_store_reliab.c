@@ -277,6 +277,116 @@ START_TEST(test_store_cli_missing_and_config)
 }
 END_TEST
 
+/* A store whose lock.mdb cannot be opened for writing (copied read-only, or the lock file
+ * owned by someone else) is still read: LMDB's MDB_RDONLY still writes a reader slot in
+ * lock.mdb, so the read-only commands fall back to MDB_NOLOCK and say so. A directory in
+ * lock.mdb's place fails its open even for root (for whom chmod stops no write). */
+START_TEST(test_store_cli_readonly_lock)
+{
+    put_caches(g_store, 2, 100);
+    char data[4400], lock[4400], *out = NULL, *err = NULL;
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    snprintf(lock, sizeof lock, "%s/lock.mdb", g_store);
+    size_t n_before = 0, n_after = 0;
+    char *before = kvm_test_read_file(data, &n_before);
+    ck_assert_ptr_nonnull(before);
+    ck_assert_int_eq(unlink(lock), 0);
+    ck_assert_int_eq(mkdir(lock, 0555), 0);
+    ck_assert_int_eq(chmod(data, 0444), 0);
+    ck_assert_int_eq(chmod(g_store, 0555), 0);
+    const char *subs[] = {"ls", "stats", "verify"};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        int rc = kvmill(&out, &err, "store %s --store '%s'", subs[i], g_store);
+        ck_assert_msg(rc == 0, "store %s on a store without a writable lock.mdb: exit %d\n%s", subs[i], rc, err);
+        ck_assert_msg(strstr(err, "lock.mdb") && strstr(err, "reading without a lock"), "store %s: %s", subs[i], err);
+        free(out);
+        free(err);
+    }
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --csv --store '%s'", g_store), 0);
+    int rows = 0;
+    for (char *p = strstr(out, ",f32\n"); p; p = strstr(p + 1, ",f32\n")) rows++;
+    ck_assert_msg(rows == 2, "%s", out);
+    free(out);
+    free(err);
+    kvm_store *s = NULL; /* the library: a read-only open falls back, a writable one does not */
+    kvm_store_opts ro = {.read_only = 1}, rw = {.must_exist = 1};
+    ck_assert_msg(kvm_store_open(g_store, &ro, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_ptr_nonnull(kvm_store_lock_note(s));
+    kvm_store_stats stats;
+    ck_assert_int_eq(kvm_store_stats_get(s, &stats), 0);
+    ck_assert_int_eq(stats.n_caches, 2);
+    kvm_store_close(&s);
+    ck_assert_int_ne(kvm_store_open(g_store, &rw, &s), 0);
+    ck_assert_ptr_null(s);
+    char *after = kvm_test_read_file(data, &n_after);
+    ck_assert_ptr_nonnull(after);
+    ck_assert_msg(n_after == n_before && memcmp(before, after, n_before) == 0, "data.mdb changed: %zu -> %zu bytes",
+                  n_before, n_after);
+    free(before);
+    free(after);
+    chmod(g_store, 0775); /* for teardown's removal */
+    rmdir(lock);
+    /* with a usable lock file the handle takes the lock and says nothing */
+    ck_assert_msg(kvm_store_open(g_store, &ro, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_ptr_null(kvm_store_lock_note(s));
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* A damaged meta page (one of the two pages LMDB starts every open from) is the store's
+ * damage, named with its page and bytes: `store verify` exits 1 as for any damaged page, the
+ * other commands 2. Meta page 0 without its magic read "not an LMDB environment" (exit 2);
+ * a flipped page number was not noticed at all. */
+START_TEST(test_verify_meta_page_damage)
+{
+    put_caches(g_store, 2, 100);
+    char data[4400];
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(data, &n);
+    ck_assert_ptr_nonnull(bytes);
+    ck_assert_uint_ge(n, 2 * 4096);
+    const struct {
+        int page, off;    /* meta page (of 4096 bytes) and byte in it to overwrite */
+        const char *what; /* what the message says */
+    } sites[] = {
+        {0, 0, "page number"},  {0, 10, "meta page (flags"}, {0, 16, "magic number"}, {0, 20, "data version"},
+        {0, 40, "page size"},   {1, 16, "magic number"},     {1, 20, "data version"},
+    };
+    for (size_t i = 0; i < sizeof sites / sizeof sites[0]; i++) {
+        char dir[4400], cut[4500], want[64], *out = NULL, *err = NULL;
+        snprintf(dir, sizeof dir, "%s/meta%zu.lmdb", g_dir, i);
+        snprintf(cut, sizeof cut, "%s/data.mdb", dir);
+        ck_assert_int_eq(mkdir(dir, 0700), 0);
+        size_t at = (size_t)sites[i].page * 4096 + (size_t)sites[i].off;
+        char keep[4];
+        memcpy(keep, bytes + at, 4);
+        memset(bytes + at, sites[i].off == 10 ? 0 : 0xA5, 4); /* flags: clearing P_META is what LMDB checks */
+        ck_assert_int_eq(kvm_test_write_file(cut, bytes, n), 0);
+        memcpy(bytes + at, keep, 4);
+        snprintf(want, sizeof want, "meta page, page %d (bytes %d-", sites[i].page, sites[i].page * 4096);
+        int rc = kvmill(&out, &err, "store verify --store '%s'", dir);
+        ck_assert_msg(rc == 1, "verify, meta page %d byte %d: exit %d\n%s%s", sites[i].page, sites[i].off, rc, out,
+                      err);
+        ck_assert_msg(strstr(err, "data.mdb is damaged") && strstr(err, want) && strstr(err, cut) &&
+                          strstr(err, sites[i].what) && !strstr(err, "not an LMDB"),
+                      "verify, meta page %d byte %d: %s", sites[i].page, sites[i].off, err);
+        ck_assert_msg(strstr(out, "1 problem(s)"), "%s", out);
+        free(out);
+        free(err);
+        rc = kvmill(&out, &err, "store ls --store '%s'", dir);
+        ck_assert_msg(rc == 2 && strstr(err, want), "ls, meta page %d byte %d: exit %d\n%s", sites[i].page,
+                      sites[i].off, rc, err);
+        free(out);
+        free(err);
+    }
+    free(bytes);
+    char *out = NULL; /* the intact store still verifies */
+    ck_assert_int_eq(kvmill(&out, NULL, "store verify --store '%s'", g_store), 0);
+    free(out);
+}
+END_TEST
+
 /* ---- item 13: config files ---- */
 
 START_TEST(test_config_duplicate_and_empty)
@@ -869,6 +979,8 @@ int main(void)
     suite_add_tcase(su, tcase("truncated_data_file", test_truncated_data_file, 120));
     suite_add_tcase(su, tcase("truncated_run", test_truncated_run, 120));
     suite_add_tcase(su, tcase("store_cli_missing_and_config", test_store_cli_missing_and_config, 60));
+    suite_add_tcase(su, tcase("store_cli_readonly_lock", test_store_cli_readonly_lock, 60));
+    suite_add_tcase(su, tcase("verify_meta_page_damage", test_verify_meta_page_damage, 60));
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));

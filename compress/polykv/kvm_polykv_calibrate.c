@@ -8,6 +8,7 @@
  * (kvm_forward_attend), and one batched continuation with the replayed outputs substituted
  * at layer l gives what the token-by-token run gives, up to float rounding. */
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 
@@ -235,7 +236,9 @@ int kvm_polykv_calibrate(kvm_eval_doc *const *docs, int n_docs, int64_t B, kvm_p
 
 int kvm_polykv_calibrate_phases(kvm_eval_doc *const *docs, int n_docs, int64_t B, int decode, kvm_polykv_signals *s)
 {
-    if (B < 1 || n_docs < 1) return kvm_err(KVM_EINVAL, "calibrate: budget %lld, %d documents", (long long)B, n_docs);
+    if (B < 1 || n_docs < 1)
+        return kvm_err(KVM_EINVAL, "calibrate: budget %lld, %d document%s", (long long)B, n_docs,
+                       kvm_plural(n_docs, "", "s"));
     if (decode < KVM_POLYKV_DECODE_NONE || decode > KVM_POLYKV_DECODE_STEPWISE)
         return kvm_err(KVM_EINVAL, "calibrate: decode-phase mode %d", decode);
     const int L = s->n_layers, P = KVM_PATTERN_COUNT;
@@ -310,7 +313,8 @@ static int distilled_signals(kvm_eval_doc *const *docs, int n_docs, int64_t B, c
                              const kvm_polykv_signals *s, const char *what, double *cos, double *ppl, double *kl)
 {
     if (B < 1 || n_docs < 1)
-        return kvm_err(KVM_EINVAL, "calibrate %s: budget %lld, %d documents", what, (long long)B, n_docs);
+        return kvm_err(KVM_EINVAL, "calibrate %s: budget %lld, %d document%s", what, (long long)B, n_docs,
+                       kvm_plural(n_docs, "", "s"));
     const int L = s->n_layers;
     if (kvm_eval_doc_input(docs[0])->model->cfg.n_layers != L)
         return kvm_err(KVM_EINVAL, "calibrate %s: signals for %d layers, model has %d", what, L,

@@ -4,6 +4,7 @@
  * best is kept (a heterogeneous mix only when it beats the best single pattern beyond
  * noise), so the result is never worse there than any single-pattern candidate. */
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
 
 #include <math.h>
@@ -181,9 +182,9 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
         int keep = kvm_polykv_mix_significant(bs_d, best_d, n_docs, &t);
         if (table)
             fprintf(table,
-                    "best heterogeneous vs best single pattern: paired t = %.2f over %d documents, critical %.2f "
+                    "best heterogeneous vs best single pattern: paired t = %.2f over %d document%s, critical %.2f "
                     "(%s)\n",
-                    t, n_docs, kvm_polykv_t_crit(n_docs - 1),
+                    t, n_docs, kvm_plural(n_docs, "", "s"), kvm_polykv_t_crit(n_docs - 1),
                     keep ? "significant: keep the mix" : "not significant: keep the single pattern");
         if (!keep) {
             kvm_strategy_free(&best);
@@ -225,7 +226,8 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     if (table) {
         char name[64];
         describe(best, name, sizeof name);
-        fprintf(table, "best: %s, mean KL %.6f on %d calibration documents\n", name, best_kl, n_docs);
+        fprintf(table, "best: %s, mean KL %.6f on %d calibration document%s\n", name, best_kl, n_docs,
+                kvm_plural(n_docs, "", "s"));
     }
     *out = best;
     return 0;
