@@ -210,7 +210,8 @@ static int set_value(kvm_config *c, const char *section, const char *key, const 
     char *v = expand(raw, w, sizeof w);
     if (!v) return snprintf(why, why_n, "[%s] %s: %s", section, key, w), -1;
     if (kvm_cfg_settings[i].type == KVM_CFG_PATH && kvm_cfg_settings[i].lo >= 1 && !*v) {
-        /* say where the empty value came from: a ${VAR:-} whose VAR is unset reads as nothing */
+        /* say where the empty value came from: a ${VAR:-} whose VAR is unset reads as nothing (a
+         * required key's emptiness is checked after the file, as "required key is empty") */
         if (strcmp(raw, v)) snprintf(why, why_n, "[%s] %s: '%s' expands to an empty path", section, key, raw);
         else snprintf(why, why_n, "[%s] %s: empty path", section, key);
         free(v);

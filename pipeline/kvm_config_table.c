@@ -34,7 +34,7 @@ const kvm_cfg_alias kvm_cfg_aliases[] = {
 };
 
 const kvm_cfg_setting kvm_cfg_settings[] = {
-    {"model", "path", P, NULL, 1, 0, NULL, "", "model: llama2.c checkpoint, .gguf file, or Hugging Face folder"},
+    {"model", "path", P, NULL, 0, 0, NULL, "", "model: llama2.c checkpoint, .gguf file, or Hugging Face folder"},
     {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
     {"model", "context", I, "384", 1, 1 << 20, NULL, "tokens", "documents are truncated to this many tokens (BOS included)"},
     {"model", "chat", B, "false", 0, 0, NULL, "", "chat framing (ChatML or Llama-3 templates): each cached document opens the user's turn (the template up to the user's content, then the document); serve appends the prompt, the end of the turn and the assistant marker"},
