@@ -791,6 +791,7 @@ static kvm_sculpt_opts quick_opts(void)
     return o;
 }
 
+/* k = N − m, the whole compress zone: the cache is the full one (exact), as every mode keeps it. */
 START_TEST(test_exact_at_full_k)
 {
     kvm_eval_doc *doc;
@@ -798,10 +799,21 @@ START_TEST(test_exact_at_full_k)
     kvm_sculpt_opts o = quick_opts();
     o.k_entries = 96 - 16;
     kvm_sculpt_mode modes[3] = {KVM_SCULPT_FULL, KVM_SCULPT_SELECTFIT, KVM_SCULPT_JOINT_FIXED};
+    const kvm_kvcache *full = kvm_eval_doc_input(doc)->full;
     for (int i = 0; i < 3; i++) {
         o.mode = modes[i];
         kvm_kvcache *c;
-        ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, NULL), 0);
+        kvm_sculpt_stats st;
+        ck_assert_int_eq(kvm_sculpt_compress(kvm_eval_doc_input(doc), &o, &c, &st), 0);
+        /* a budget of the whole zone keeps the original entries, bit for bit, and solves nothing */
+        ck_assert(st.lbfgs_s == 0 && st.ridge_s == 0);
+        for (int l = 0; l < c->n_layers; l++)
+            for (int g = 0; g < c->n_kv_heads; g++) {
+                const kvm_kv_head *h = kvm_kvcache_head(c, l, g), *f = kvm_kvcache_head((kvm_kvcache *)full, l, g);
+                const size_t nd = (size_t)(96 * c->head_dim) * sizeof(float);
+                ck_assert_int_eq(h->n, 96);
+                ck_assert(!memcmp(h->k, f->k, nd) && !memcmp(h->v, f->v, nd) && !memcmp(h->pos, f->pos, 96 * 4));
+            }
         kvm_eval_result r;
         ck_assert_int_eq(kvm_eval_continue(doc, c, NULL, NULL, &r), 0);
         printf("k = N - m, mode %d: KL %.3g top1 %.3f\n", i, r.kl_mean, r.top1);

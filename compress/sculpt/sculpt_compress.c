@@ -60,6 +60,8 @@ int kvm_sculpt_alloc_parse(const char *s, kvm_sculpt_alloc *out)
 /* One (layer, KV head) job of a pass. */
 typedef struct job {
     int active;             /* 0: this head is not distilled in this call */
+    int whole;              /* 1: its budget is its whole compress zone: the original entries are
+                               kept as they are (exact; nothing is solved) */
     int64_t m;              /* its retain zone */
     int64_t k, k2;          /* budget; k2 > 0: also solve at k2 (gain pilot), keeping only its MSE */
     float *kc, *vc, *beta;  /* results [k][d], [k][d], [k] (full pass only) */
@@ -352,6 +354,21 @@ static int assemble(const kvm_compress_input *in, const job *jobs, kvm_kvcache *
             if (!jb->active) continue;
             kvm_kv_head *h = kvm_kvcache_head(dst, l, g);
             const kvm_kv_head *f = kvm_kvcache_head(in->full, l, g);
+            if (jb->whole) { /* the zone and the retain zone: every position of the context, as they are */
+                int rc = kvm_kvcache_keep(h, d, NULL, 0);
+                if (!rc) rc = kvm_kvcache_reserve(h, d, in->n_tokens);
+                int64_t kept = 0;
+                for (int64_t e = 0; !rc && e < f->n; e++)
+                    if (f->pos[e] != KVM_POS_NONE && f->pos[e] >= 0 && f->pos[e] < in->n_tokens) {
+                        rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]);
+                        kept++;
+                    }
+                if (rc) return rc;
+                if (kept != in->n_tokens)
+                    return kvm_err(KVM_EINVAL, "sculpt: full cache layer %d head %d holds %lld of the %lld context positions",
+                                   l, g, (long long)kept, (long long)in->n_tokens);
+                continue;
+            }
             int rc = kvm_kvcache_keep(h, d, NULL, 0);
             if (!rc) rc = kvm_kvcache_reserve(h, d, jb->k + jb->m);
             for (int64_t j = 0; !rc && j < jb->k; j++)
@@ -462,11 +479,20 @@ static int run_jobs(const kvm_compress_input *in, const kvm_sculpt_opts *o, job 
     ps.qs = in->qcache ? in->qcache : &own;
     st->qprefill_s = ps.qs->seconds;
     rc = o->alloc != KVM_SCULPT_ALLOC_UNIFORM ? pilot(&ps, c, st) : 0;
+    /* A head whose budget is its whole compress zone (per-head allocation gives some heads
+     * that: 10 of SmolLM2's 90 at r = 0.3) keeps its original entries, which are exact; its
+     * problem, the batch's largest, is not solved. */
+    for (int i = 0; i < n; i++) {
+        jobs[i].whole = jobs[i].active && jobs[i].k >= in->n_tokens - jobs[i].m;
+        if (jobs[i].whole) jobs[i].active = 0;
+    }
     if (!rc) {
         ps.rounds = o->rounds;
         ps.iters = o->lbfgs_iters;
         ps.keep = 1;
         rc = run_pass(&ps, o->threads);
+        for (int i = 0; i < n; i++)
+            if (jobs[i].whole) jobs[i].active = 1;
         for (int i = 0; i < n; i++) {
             st->query_s += jobs[i].query_s;
             st->lbfgs_s += jobs[i].lbfgs_s;
