@@ -189,13 +189,35 @@ START_TEST(test_list_flags_refuse_empty_items)
 }
 END_TEST
 
+/* --tokens names a file the user made: a folder is refused by name (it read as "no token ids",
+ * exit 1), and a line longer than the read buffer is an error, not split into several ids. */
+START_TEST(test_generate_tokens_file_errors)
+{
+    char *tmp = kvm_test_tmpdir(), path[4096], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    int rc = kvmill(&out, &err, "generate --model '%s' -n 5 --tokens '%s'", model, tmp);
+    ck_assert_msg(rc == 2 && strstr(err, "is a directory"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    snprintf(path, sizeof path, "%s/ids.txt", tmp);
+    char line[256];
+    int k = snprintf(line, sizeof line, "1%*s\n2\n", 150, ""); /* "1", 150 blanks: one line, one id */
+    ck_assert_int_eq(kvm_test_write_file(path, line, (size_t)k), 0);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 5 --tokens '%s'", model, path);
+    ck_assert_msg(rc == 1 && strstr(err, "ids.txt:1") && strstr(err, "longer than"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"generate_golden", test_generate_golden}, {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
         {"help_and_usage_errors", test_help_and_usage_errors}, {"info_and_make_model", test_info_and_make_model},
-        {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items}};
+        {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
+        {"generate_tokens_file_errors", test_generate_tokens_file_errors}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
