@@ -264,6 +264,14 @@ int kvm_cmd_calibrate(int argc, char **argv)
         }
     }
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
+    /* as eval refuses --budget >= --context: every pattern would keep every entry, all signals
+     * would tie at KL 0 and the "best" strategy would be an arbitrary pick */
+    if (a.B >= a.N) {
+        fprintf(stderr, "kvmill " CMD ": --budget %lld is not below --context %lld: every pattern would keep the whole "
+                        "context and the calibration could not tell them apart; lower --budget\n", (long long)a.B,
+                (long long)a.N);
+        return 2;
+    }
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
     if (a.so.cuda)
