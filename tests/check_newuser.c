@@ -308,6 +308,47 @@ START_TEST(test_jsonl_bom)
 }
 END_TEST
 
+/* A document's name goes into the job as UTF-8 of at most 1024 bytes: a corpus file named in
+ * latin-1 ("caf\xe9.txt") or a JSONL id of 2000 bytes failed every attempt with "encode job:
+ * field 'doc_id': invalid UTF-8" (or "2000 bytes, allowed 1..1024") and was never compressed.
+ * Both are compressed now: the bad byte stored as U+FFFD, the long id as its first 255 bytes. */
+START_TEST(test_corpus_names_not_utf8_or_long)
+{
+    char store[4300], cfg[4300], p[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(p, sizeof p, "%s/corpus", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/corpus/caf\xe9.txt", dir);
+    const char *text = "Once upon a time there was a dog. It liked to run in the park with its ball.";
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s/corpus'", kvm_test_bin(), cfg, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(out, "compressed=1 ") && strstr(out, "failed=0 "), "stdout: %s\nstderr: %s", out, err);
+    free(out);
+    free(err);
+    static char line[4096];
+    int k = snprintf(line, sizeof line, "{\"id\": \"");
+    for (int i = 0; i < 2000; i++) line[k++] = 'L';
+    snprintf(line + k, sizeof line - (size_t)k, "\", \"text\": \"Once upon a time there was a cat.\"}\n");
+    snprintf(p, sizeof p, "%s/c.jsonl", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, line, strlen(line)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, p);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(out, "compressed=1 ") && strstr(out, "failed=0 "), "stdout: %s\nstderr: %s", out, err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill store ls --store '%s' --names", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    char l255[300];
+    memset(l255, 'L', 255);
+    strcpy(l255 + 255, "\n");
+    ck_assert_msg(strstr(out, " caf\xEF\xBF\xBD.txt\n") && strstr(out, l255) && !strstr(out, "LLLLL\xEF"), "%s", out);
+    free(out);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A decode worker started by hand (`kvmill-decode --connect BACKEND --config FILE --store PATH`)
  * with a mistyped --store created an empty store there and joined, answering every ask "no
  * cache", where kvmill serve refuses a store that does not exist: the worker refuses it too
@@ -348,6 +389,7 @@ static Suite *suite(void)
         {"ask_bad_endpoint", test_ask_bad_endpoint},
         {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
         {"jsonl_bom", test_jsonl_bom},
+        {"corpus_names_not_utf8_or_long", test_corpus_names_not_utf8_or_long},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
