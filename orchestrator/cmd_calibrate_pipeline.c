@@ -8,6 +8,7 @@
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
@@ -106,6 +107,10 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done;
     }
     if (flags_override(opts, cfg)) goto done;
+    if (kvm_jobcfg_check_text(cfg)) { /* a setting the jobs cannot carry failed every document */
+        kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
+        goto done;
+    }
     if (kvm_config_int(cfg, "compress", "budget") <= 0) {
         kvm_cli_refuse("calibrate", "%s: set [compress] budget, the average entries per KV head to calibrate for\n",
                 kvm_config_path(cfg));

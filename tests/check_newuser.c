@@ -349,6 +349,47 @@ START_TEST(test_corpus_names_not_utf8_or_long)
 }
 END_TEST
 
+/* Every setting a job carries to the stages travels as UTF-8: a [model] path in latin-1 (a model
+ * file named "m\xe9.bin") or a [compress] strategy name with such a byte made every job fail to
+ * encode ("encode job: field 'settings value': invalid UTF-8 or NUL at byte 8"), each document
+ * after 3 requeues, exit 1. run and calibrate --config refuse it at start, exit 2, naming the key. */
+START_TEST(test_config_text_not_utf8)
+{
+    char store[4300], cfg[4300], p[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    size_t n;
+    char *bytes = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n);
+    snprintf(p, sizeof p, "%s/m\xe9.bin", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, bytes, n), 0);
+    free(bytes);
+    bytes = kvm_test_read_file(kvm_test_data_path("models/tok512.bin"), &n);
+    snprintf(p, sizeof p, "%s/tok512.bin", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, bytes, n), 0);
+    free(bytes);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s/m\xe9.bin\ncontext = 64\n[compress]\nmethod = streaming\nbudget = 16\n"
+             "[store]\npath = %s\n", dir, store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[model] path = ") && strstr(err, "is not UTF-8 text"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = polykv\nstrategy = caf\xe9\n"
+             "budget = 16\n[store]\npath = %s\n", kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill calibrate --config '%s' --docs '%s' --phases prefill", kvm_test_bin(),
+             cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[compress] strategy = ") && strstr(err, "(at byte 3)"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A decode worker started by hand (`kvmill-decode --connect BACKEND --config FILE --store PATH`)
  * with a mistyped --store created an empty store there and joined, answering every ask "no
  * cache", where kvmill serve refuses a store that does not exist: the worker refuses it too
@@ -390,6 +431,7 @@ static Suite *suite(void)
         {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
         {"jsonl_bom", test_jsonl_bom},
         {"corpus_names_not_utf8_or_long", test_corpus_names_not_utf8_or_long},
+        {"config_text_not_utf8", test_config_text_not_utf8},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
