@@ -591,6 +591,9 @@ START_TEST(test_stage_usage_exit_2)
             {"%s stray", "unexpected argument 'stray'"},
             {"%s --config /nonexistent/k.ini", "/nonexistent/k.ini"},
             {"%s --config /", "--config /: not a regular file"},
+            /* an id its ready messages cannot carry: it connected and waited for work forever */
+            {"%s --id ''", "--id '': expected 1 to 255 bytes of UTF-8 text"},
+            {"%s --id \"$(printf 'w\\377')\"", "expected 1 to 255 bytes of UTF-8 text"},
         };
         for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
             char fmt[512];
