@@ -549,6 +549,18 @@ START_TEST(test_bad_config_and_missing_binary)
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "is a directory"), "stderr: %s", err);
     free(out); free(err);
+    /* --metrics replaces its file: pointed at the config (or the store's data.mdb, a document) it
+     * destroyed it; a file that is not an earlier run's metrics is refused, and left as it was */
+    size_t before_n, after_n;
+    char *before = kvm_test_read_file(cfg_path, &before_n);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s' --metrics '%s'", kvm_test_bin(), cfg_path,
+             docs, cfg_path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "exists and is not a metrics file kvmill wrote"), "stderr: %s", err);
+    free(out); free(err);
+    char *after = kvm_test_read_file(cfg_path, &after_n);
+    ck_assert(after && before_n == after_n && !memcmp(before, after, before_n));
+    free(before); free(after);
 }
 END_TEST
 
