@@ -203,6 +203,12 @@ int kvm_cmd_calibrate(int argc, char **argv)
         return 2;
     }
     if (kvm_cli_check_out(CMD, "out", a.out) || kvm_cli_check_out(CMD, "dump-signals", a.dump)) return 2;
+    for (int i = 0; i < 2; i++) /* written over the model, a document or --signals, that input was lost */
+        if (kvm_cli_check_out_model(CMD, i ? "dump-signals" : "out", i ? a.dump : a.out, model_path,
+                                    kvm_cli_get(opts, "tokenizer"), "--docs", docs_s) ||
+            kvm_cli_check_out_inputs(CMD, i ? "dump-signals" : "out", i ? a.dump : a.out,
+                                     (const char *const[]){"--signals"}, (const char *const[]){a.reuse}, 1))
+            return 2;
     struct stat sb;
     if (a.cand && (stat(a.cand, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(a.cand, W_OK) != 0)) {
         fprintf(stderr, "kvmill " CMD ": --dump-candidates %s: not a writable folder\n", a.cand);

@@ -751,6 +751,9 @@ int kvm_cmd_eval(int argc, char **argv)
             rc = 2;
         }
     if (!rc && kvm_cli_check_out(CMD, "csv", csv_path)) rc = 2;
+    if (!rc && kvm_cli_check_out_model(CMD, "csv", csv_path, model_path, kvm_cli_get(opts, "tokenizer"), "--docs",
+                                       docs_s))
+        rc = 2; /* fopen "w" emptied it */
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
         rc = 1;

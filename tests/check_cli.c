@@ -210,6 +210,50 @@ START_TEST(test_generate_tokens_file_errors)
 }
 END_TEST
 
+/* An output that names one of the command's inputs replaced it: `sculpt --out` given the model
+ * file wrote the cache over the model, `eval --csv` given a document emptied it before reading.
+ * Both are refused before any work (exit 2), the input left as it was. */
+START_TEST(test_out_is_an_input)
+{
+    char *tmp = kvm_test_tmpdir(), model[4096], tok[4096], doc[4096], args[16384], *out, *err;
+    size_t nm, nt, nd;
+    char *mb = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &nm);
+    char *tb = kvm_test_read_file(kvm_test_data_path("models/tok512.bin"), &nt);
+    char *db = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &nd);
+    snprintf(model, sizeof model, "%s/m.bin", tmp);
+    snprintf(tok, sizeof tok, "%s/tok512.bin", tmp);
+    snprintf(doc, sizeof doc, "%s/d.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(model, mb, nm), 0);
+    ck_assert_int_eq(kvm_test_write_file(tok, tb, nt), 0);
+    ck_assert_int_eq(kvm_test_write_file(doc, db, nd), 0);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --iterations 1 --rounds 1 --out %%s%%s", model, doc);
+    int rc = kvmill(&out, &err, args, model, "");
+    ck_assert_msg(rc == 2 && strstr(err, "is the --model file"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    rc = kvmill(&out, &err, args, tok, "");
+    ck_assert_msg(rc == 2 && strstr(err, "is the tokenizer (beside the model) file"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --method streaming --budget 8 --context 64 "
+             "--continuation 8 --csv %%s%%s", model, doc);
+    rc = kvmill(&out, &err, args, doc, "");
+    ck_assert_msg(rc == 2 && strstr(err, "--csv") && strstr(err, "is the --docs file"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    size_t n;
+    char *now = kvm_test_read_file(model, &n);
+    ck_assert(now && n == nm && !memcmp(now, mb, n));
+    free(now);
+    now = kvm_test_read_file(tok, &n);
+    ck_assert(now && n == nt && !memcmp(now, tb, n));
+    free(now);
+    now = kvm_test_read_file(doc, &n);
+    ck_assert(now && n == nd && !memcmp(now, db, n));
+    free(now);
+    free(mb); free(tb); free(db);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -217,7 +261,7 @@ static Suite *cli_suite(void)
         {"generate_golden", test_generate_golden}, {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
         {"help_and_usage_errors", test_help_and_usage_errors}, {"info_and_make_model", test_info_and_make_model},
         {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
-        {"generate_tokens_file_errors", test_generate_tokens_file_errors}};
+        {"generate_tokens_file_errors", test_generate_tokens_file_errors}, {"out_is_an_input", test_out_is_an_input}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
