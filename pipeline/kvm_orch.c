@@ -1034,7 +1034,8 @@ static int bind_sockets(orch *o)
     for (int i = 0; i < 2; i++) {
         zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
-        if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, "[run] bind"))) return rc;
+        if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, *bind ? "[run] bind" : "run directory endpoint")))
+            return rc;
     }
     return 0;
 }

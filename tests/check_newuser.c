@@ -390,6 +390,38 @@ START_TEST(test_config_text_not_utf8)
 }
 END_TEST
 
+/* The run directory's ipc:// endpoints are Unix socket paths (at most 107 bytes): under a deep
+ * TMPDIR (or [run] run_dir) run and serve failed with "[run] bind: cannot bind ipc://...: File
+ * name too long", exit 1, naming a setting the user never set. Now: exit 2, saying the path is
+ * too long and which folder to shorten, and the temporary run directory is removed. */
+START_TEST(test_long_tmpdir)
+{
+    char store[4300], cfg[4300], deep[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(deep, sizeof deep, "%s/", dir);
+    for (int i = 0; i < 130; i++) strcat(deep, "t");
+    ck_assert_int_eq(mkdir(deep, 0700), 0);
+    const char *cmds[] = {"run --config '%s' --corpus '%s'",
+                          "serve --config '%s' --workers 0 --bind tcp://127.0.0.1:0%.0s"};
+    for (int i = 0; i < 2; i++) {
+        char args[9000];
+        snprintf(args, sizeof args, cmds[i], cfg, kvm_test_data_path("corpus"));
+        snprintf(cmd, sizeof cmd, "TMPDIR='%s' timeout 20 %s/kvmill %s", deep, kvm_test_bin(), args);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "a Unix socket path takes") && strstr(err, "TMPDIR"), "%s: exit %d: %s",
+                      cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", deep);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(atoi(out) == 0, "left in TMPDIR: %s", out);
+    free(out);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A decode worker started by hand (`kvmill-decode --connect BACKEND --config FILE --store PATH`)
  * with a mistyped --store created an empty store there and joined, answering every ask "no
  * cache", where kvmill serve refuses a store that does not exist: the worker refuses it too
@@ -432,6 +464,7 @@ static Suite *suite(void)
         {"jsonl_bom", test_jsonl_bom},
         {"corpus_names_not_utf8_or_long", test_corpus_names_not_utf8_or_long},
         {"config_text_not_utf8", test_config_text_not_utf8},
+        {"long_tmpdir", test_long_tmpdir},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
