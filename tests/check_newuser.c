@@ -422,6 +422,44 @@ START_TEST(test_long_tmpdir)
 }
 END_TEST
 
+/* README: a value longer than libinih's 198-character line, "such as a deep path, goes into an
+ * environment variable (path = ${MODEL})". A model so named went to the stages in each job and
+ * was parsed there as one line "path = ...": every document failed ("job settings:2: line of
+ * 269 characters"). dir gets a copy of the model and tokenizer under a folder path longer than
+ * that; the config (dir/c.ini, store dir/store) names it through ${KVM_TEST_DEEP_MODEL}. */
+static void deep_model_config(const char *dir, const char *store, const char *cfg)
+{
+    char deep[4400], p[4500], cmd[9000];
+    snprintf(deep, sizeof deep, "%s", dir);
+    for (int i = 0; i < 12; i++) strcat(deep, "/ddddddddddddddddddddd");
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s' '%s/'", deep, kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("models/tok512.bin"), deep);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(p, sizeof p, "%s/stories260K.bin", deep);
+    ck_assert_int_gt((int)strlen(p), 200);
+    ck_assert_int_eq(setenv("KVM_TEST_DEEP_MODEL", p, 1), 0);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = ${KVM_TEST_DEEP_MODEL}\ncontext = 64\n[compress]\nmethod = streaming\n"
+             "budget = 16\n[store]\npath = %s\n", store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+}
+
+START_TEST(test_deep_model_path_run)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    deep_model_config(dir, store, cfg);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "compressed=6 ") && strstr(out, "failed=0 "), "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A decode worker started by hand (`kvmill-decode --connect BACKEND --config FILE --store PATH`)
  * with a mistyped --store created an empty store there and joined, answering every ask "no
  * cache", where kvmill serve refuses a store that does not exist: the worker refuses it too
@@ -465,6 +503,7 @@ static Suite *suite(void)
         {"corpus_names_not_utf8_or_long", test_corpus_names_not_utf8_or_long},
         {"config_text_not_utf8", test_config_text_not_utf8},
         {"long_tmpdir", test_long_tmpdir},
+        {"deep_model_path_run", test_deep_model_path_run},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
