@@ -460,6 +460,35 @@ START_TEST(test_deep_model_path_run)
 }
 END_TEST
 
+/* The same deep model path for kvmill serve: its decode workers read the resolved configuration
+ * from a file, where the path was written as one line of over 198 characters, which each worker
+ * refused ("line of 269 characters: lines are limited to 198"); three such exits stopped the
+ * server. The value now reaches the workers in the environment, and an ask is answered. */
+START_TEST(test_deep_model_path_serve)
+{
+    char store[4300], cfg[4300], log[4400], front[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    deep_model_config(dir, store, cfg);
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    snprintf(front, sizeof front, "ipc://%s/front", dir);
+    const char *args[] = {"--config", cfg, "--bind", front, "--workers", "1", "--compute-missing", NULL};
+    pid_t pid = 0;
+    ck_assert_msg(kvm_test_serve_start(args, log, 30, &pid) == -1, "kvmill serve exited before ready");
+    snprintf(cmd, sizeof cmd, "%s/kvmill ask --connect '%s' --doc '%s' --prompt ' Then' -n 4 --timeout 30", kvm_test_bin(),
+             front, kvm_test_data_path("corpus/doc_000.txt"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    char *serve_log = kvm_test_read_file(log, NULL);
+    ck_assert_msg(rc == 0, "ask exit %d: %s\nserve log:\n%s", rc, err, serve_log ? serve_log : "");
+    free(serve_log);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A decode worker started by hand (`kvmill-decode --connect BACKEND --config FILE --store PATH`)
  * with a mistyped --store created an empty store there and joined, answering every ask "no
  * cache", where kvmill serve refuses a store that does not exist: the worker refuses it too
@@ -504,6 +533,7 @@ static Suite *suite(void)
         {"config_text_not_utf8", test_config_text_not_utf8},
         {"long_tmpdir", test_long_tmpdir},
         {"deep_model_path_run", test_deep_model_path_run},
+        {"deep_model_path_serve", test_deep_model_path_serve},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
