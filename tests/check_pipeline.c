@@ -837,14 +837,16 @@ START_TEST(test_jsonl_corpus)
                        "\n{\"id\": \"b\", \"tokens\": [1, 403, 300, 290, 301]}\n"
                        "{\"id\": \"c\", \"tokens\": [403, 300, 290, 301]}\n" /* = b once BOS is added: one cache */
                        "{\"id\": \"d\", \"tokens\": [1, 99999]}\n"            /* outside the vocabulary: fails alone */
-                       "{\"id\": \"e\", \"text\": \"\"}\n";                  /* empty: fails alone */
+                       "{\"id\": \"e\", \"text\": \"\"}\n"                   /* empty: fails alone */
+                       "{\"id\": \"f\", \"tokens\": []}\n";                /* so does this one (it refused the corpus) */
     ck_assert_int_eq(kvm_test_write_file(path, good, strlen(good)), 0);
     char cmd[12000], *out, *err;
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, path);
     int rc = kvm_test_run(cmd, &out, &err);
     ck_assert_msg(rc == 1, "exit %d: %s", rc, err); /* some documents failed */
-    ck_assert_msg(strstr(out, "summary: compressed=2 skipped=1 failed=2 truncated=0 "), "stdout: %s", out);
-    ck_assert_msg(strstr(err, "document d: token 1 has id 99999") && strstr(err, "document e is empty"), "stderr: %s", err);
+    ck_assert_msg(strstr(out, "summary: compressed=2 skipped=1 failed=3 truncated=0 "), "stdout: %s", out);
+    ck_assert_msg(strstr(err, "document d: token 1 has id 99999") && strstr(err, "document e is empty") &&
+                  strstr(err, "document f is empty"), "stderr: %s", err);
     free(out); free(err);
     const char *bad[] = {"{\"id\": \"a\"}\n", "{\"id\": 5, \"text\": \"x\"}\n", "not json\n",
                          "{\"id\": \"a\", \"tokens\": [1, -2]}\n", "{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}\n"};
