@@ -237,6 +237,20 @@ int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, 
     return kvm_cli_check_out_inputs(cmd, flag, out, flags, paths, docs ? 5 : 4);
 }
 
+void kvm_cli_csv_field(FILE *f, const char *v)
+{
+    if (!v[strcspn(v, ",\"\r\n")]) {
+        fputs(v, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *p = v; *p; p++) {
+        if (*p == '"') fputc('"', f);
+        fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
 const char *kvm_cli_errmsg(const char *cmd)
 {
     const char *m = kvm_errmsg();

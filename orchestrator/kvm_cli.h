@@ -66,6 +66,10 @@ int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);
 int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out, const char *const *in_flags,
                              const char *const *inputs, int n);
 
+/* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
+ * quote or a line break (a document named a,b.txt split its row), else as it is. */
+void kvm_cli_csv_field(FILE *f, const char *v);
+
 /* kvm_cli_check_out_inputs for a command reading a model: its --model, --tokenizer (or, without
  * one, tok512.bin and tokenizer.bin beside the model) and, docs not NULL, what docs_flag names. */
 int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, const char *model,
