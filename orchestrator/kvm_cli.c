@@ -216,6 +216,21 @@ int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out,
                                     "file\n", flag, out, in_flags[i], path);
                 return -1;
             }
+            /* a folder of documents: its *.txt are inputs too */
+            size_t ol = strlen(out);
+            int txt = ol > 4 && !strcmp(out + ol - 4, ".txt");
+            if (txt && len < sizeof path && !stat(path, &si) && S_ISDIR(si.st_mode)) {
+                char dir[4096];
+                const char *slash = strrchr(out, '/');
+                if (!slash) snprintf(dir, sizeof dir, ".");
+                else snprintf(dir, sizeof dir, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+                struct stat sd;
+                if (!stat(dir, &sd) && sd.st_dev == si.st_dev && sd.st_ino == si.st_ino) {
+                    kvm_cli_refuse(cmd, "--%s %s is a document of the %s folder %s: writing it would destroy that "
+                                        "input; name another file\n", flag, out, in_flags[i], path);
+                    return -1;
+                }
+            }
             p += len;
             if (*p) p++;
         }

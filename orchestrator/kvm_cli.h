@@ -59,7 +59,8 @@ int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);
 
 /* An output file that already exists must not be one of the command's inputs: `sculpt --out`
  * given the --model file (or eval --csv a document) replaced it with the output. inputs[i]
- * (NULL skipped; a comma-separated list is checked item by item) is what in_flags[i] names
+ * (NULL skipped; a comma-separated list is checked item by item; a folder's *.txt count as
+ * its documents) is what in_flags[i] names
  * ("--model", "tokenizer beside the model"). Same file = same device and inode, so links and
  * other spellings are caught. On a match prints "kvmill CMD: --FLAG OUT is the WHAT file
  * PATH: ..." (kvm_cli_refuse) and returns -1 (exit 2); 0 otherwise. */

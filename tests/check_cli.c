@@ -238,6 +238,11 @@ START_TEST(test_out_is_an_input)
     rc = kvmill(&out, &err, args, doc, "");
     ck_assert_msg(rc == 2 && strstr(err, "--csv") && strstr(err, "is the --docs file"), "exit %d: %s", rc, err);
     free(out); free(err);
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --method streaming --budget 8 --context 64 "
+             "--continuation 8 --csv %%s%%s", model, tmp); /* a document of a --docs folder */
+    rc = kvmill(&out, &err, args, doc, "");
+    ck_assert_msg(rc == 2 && strstr(err, "is a document of the --docs folder"), "exit %d: %s", rc, err);
+    free(out); free(err);
     size_t n;
     char *now = kvm_test_read_file(model, &n);
     ck_assert(now && n == nm && !memcmp(now, mb, n));

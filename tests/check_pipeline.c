@@ -1121,6 +1121,26 @@ START_TEST(test_calibrate_config_flags)
     ck_assert_msg(rc == 2 && strstr(err, "--phases") && strstr(err, "sometimes"), "exit %d: %s", rc, err);
     free(out);
     free(err);
+    /* --out was written only after the whole calibration: a missing folder failed then (exit 1),
+     * and --out naming the config replaced it; both are refused before anything starts */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s/none/s.bin'", kvm_test_bin(),
+             cfg_path, docs, tmp);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "--out") && strstr(err, "/none/s.bin: folder"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    size_t before_n, after_n;
+    char *before = kvm_test_read_file(cfg_path, &before_n);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s'", kvm_test_bin(), cfg_path,
+             docs, cfg_path);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "is the --config file"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    char *after = kvm_test_read_file(cfg_path, &after_n);
+    ck_assert(after && before_n == after_n && !memcmp(before, after, before_n));
+    free(before);
+    free(after);
 }
 END_TEST
 
