@@ -201,6 +201,14 @@ START_TEST(test_keygen_makes_folder)
     ck_assert_int_eq(st.st_mode & 077, 0);
     free(out);
     free(err);
+    /* a folder as the prefix ("keys/") wrote the hidden keys/.public and keys/.secret: refused */
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --out %s/keys/", kvm_test_bin(), dir);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "names a folder, not a PREFIX"), "exit %d: %s", rc, err);
+    snprintf(path, sizeof path, "%s/keys/.secret", dir);
+    ck_assert_int_ne(stat(path, &st), 0);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
