@@ -194,6 +194,10 @@ int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max
 
 int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
 {
+    if (path && !*path) { /* given but empty: the write failed after the work, exit 1 */
+        kvm_cli_refuse(cmd, "--%s is empty: name the file to write\n", flag);
+        return -1;
+    }
     char what[80];
     snprintf(what, sizeof what, "--%s", flag);
     return kvm_cli_check_writable(cmd, what, path);

@@ -52,7 +52,8 @@ int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, in
 int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 
 /* An output file the command writes only after its work (a strategy, a cache file) is checked
- * before the work: its folder must exist and take new files, and `path` must not be a folder.
+ * before the work: its folder must exist and take new files, and `path` must not be a folder
+ * nor empty (NULL: not given, fine).
  * On failure prints "kvmill CMD: --FLAG PATH: ..." to stderr and returns -1 (exit 2: a usage
  * error, found in a moment rather than after minutes of calibration); 0 otherwise. */
 int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);

@@ -233,6 +233,9 @@ START_TEST(test_out_is_an_input)
     rc = kvmill(&out, &err, args, tok, "");
     ck_assert_msg(rc == 2 && strstr(err, "is the tokenizer (beside the model) file"), "exit %d: %s", rc, err);
     free(out); free(err);
+    rc = kvmill(&out, &err, args, "''", ""); /* empty: the write failed after the work, exit 1 */
+    ck_assert_msg(rc == 2 && strstr(err, "--out is empty"), "exit %d: %s", rc, err);
+    free(out); free(err);
     snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --method streaming --budget 8 --context 64 "
              "--continuation 8 --csv %%s%%s", model, doc);
     rc = kvmill(&out, &err, args, doc, "");
