@@ -23,6 +23,15 @@
 
 /* Reads a whole document file, any bytes, of at most KVM_PROTO_MAX_DOC_BYTES. Prints errors;
  * returns 0/2. */
+/* Where valid UTF-8 ends in s[0, n): the first byte of the first bad sequence. */
+static size_t utf8_bad_at(const char *s, size_t n)
+{
+    size_t ok = 0;
+    for (size_t k = 1; k <= n; k++)
+        if (kvm_utf8_valid(s, k)) ok = k;
+    return ok;
+}
+
 static int read_doc(const char *path, char **text, size_t *len)
 {
     struct stat sb;
@@ -158,6 +167,11 @@ int kvm_cmd_ask(int argc, char **argv)
         return fprintf(stderr, "kvmill ask: --doc-name: give 1 to %d bytes of UTF-8\n", KVM_PROTO_MAX_NAME_BYTES), 2;
     if (prompt && !*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
     if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES) return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
+    /* the prompt travels as UTF-8 text: said here rather than as "encode ask: field 'prompt': ..." */
+    if (prompt && !kvm_utf8_valid(prompt, strlen(prompt))) {
+        fprintf(stderr, "kvmill ask: --prompt is not UTF-8 text (at byte %zu)\n", utf8_bad_at(prompt, strlen(prompt)));
+        return 2;
+    }
     int64_t n_new = 64;
     double temperature = 0, timeout_s = 30;
     if ((s = kvm_cli_get(opts, "n"))) { /* -n: kvm_cli_int would call it --n */
@@ -190,7 +204,8 @@ int kvm_cmd_ask(int argc, char **argv)
         if (ptext) plen = fread(ptext, 1, (size_t)KVM_PROTO_MAX_TEXT_BYTES + 1, f);
         if (!why) why = !ptext ? "out of memory" : ferror(f) ? "read error (a folder?)" : plen == 0 ? "is empty"
                       : plen > KVM_PROTO_MAX_TEXT_BYTES ? "is longer than 8 MiB"
-                      : memchr(ptext, 0, plen) ? "contains a NUL byte" : NULL;
+                      : memchr(ptext, 0, plen) ? "contains a NUL byte"
+                      : !kvm_utf8_valid(ptext, plen) ? "is not UTF-8 text" : NULL;
         if (f) fclose(f);
         if (why) {
             fprintf(stderr, "kvmill ask: --prompt-file %s: %s\n", pfile, why);

@@ -203,6 +203,12 @@ int kvm_cmd_calibrate(int argc, char **argv)
         return 2;
     }
     if (kvm_cli_check_out(CMD, "out", a.out) || kvm_cli_check_out(CMD, "dump-signals", a.dump)) return 2;
+    for (int i = 0; i < 2; i++) /* written over the model, a document or --signals, that input was lost */
+        if (kvm_cli_check_out_model(CMD, i ? "dump-signals" : "out", i ? a.dump : a.out, model_path,
+                                    kvm_cli_get(opts, "tokenizer"), "--docs", docs_s) ||
+            kvm_cli_check_out_inputs(CMD, i ? "dump-signals" : "out", i ? a.dump : a.out,
+                                     (const char *const[]){"--signals"}, (const char *const[]){a.reuse}, 1))
+            return 2;
     struct stat sb;
     if (a.cand && (stat(a.cand, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(a.cand, W_OK) != 0)) {
         fprintf(stderr, "kvmill " CMD ": --dump-candidates %s: not a writable folder\n", a.cand);
@@ -264,6 +270,14 @@ int kvm_cmd_calibrate(int argc, char **argv)
         }
     }
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
+    /* as eval refuses --budget >= --context: every pattern would keep every entry, all signals
+     * would tie at KL 0 and the "best" strategy would be an arbitrary pick */
+    if (a.B >= a.N) {
+        fprintf(stderr, "kvmill " CMD ": --budget %lld is not below --context %lld: every pattern would keep the whole "
+                        "context and the calibration could not tell them apart; lower --budget\n", (long long)a.B,
+                (long long)a.N);
+        return 2;
+    }
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
     if (a.so.cuda)

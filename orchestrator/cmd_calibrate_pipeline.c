@@ -8,6 +8,7 @@
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
@@ -106,6 +107,19 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done;
     }
     if (flags_override(opts, cfg)) goto done;
+    if (kvm_jobcfg_check_text(cfg)) { /* a setting the jobs cannot carry failed every document */
+        kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
+        goto done;
+    }
+    /* --out is written after the whole calibration: a folder, a missing folder or an input (the
+     * config, a document, the model) was found only then (exit 1), or overwritten */
+    const char *out = kvm_cli_get(opts, "out");
+    if (kvm_cli_check_out("calibrate", "out", out) ||
+        kvm_cli_check_out_model("calibrate", "out", out, kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, "--docs",
+                                docs) ||
+        kvm_cli_check_out_inputs("calibrate", "out", out, (const char *const[]){"--config"},
+                                 (const char *const[]){kvm_cli_get(opts, "config")}, 1))
+        goto done;
     if (kvm_config_int(cfg, "compress", "budget") <= 0) {
         kvm_cli_refuse("calibrate", "%s: set [compress] budget, the average entries per KV head to calibrate for\n",
                 kvm_config_path(cfg));

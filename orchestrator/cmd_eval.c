@@ -232,8 +232,9 @@ static void job_done(eval_job *job, const char *doc, const kvm_eval_result *r, c
     print_row(job->spec, r);
     add_result(&job->sum, r);
     job->n++;
+    if (csv) kvm_cli_csv_field(csv, doc); /* a document's file name may hold a comma or a quote */
     if (csv)
-        fprintf(csv, "%s,%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", doc, job->spec,
+        fprintf(csv, ",%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", job->spec,
                 r->budget_tokens, r->ratio, r->kl_mean, r->kl_median, r->kl_p99, r->top1, r->ppl_full, r->ppl_compressed,
                 r->seconds, dt, (long long)r->bytes_compressed, r->decode_ms);
 }
@@ -480,8 +481,9 @@ static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
             printf("%-28s %8lld %7.4f %10.6f %10.6f %7s %6d %11d\n", jobs[j].spec, (long long)tr.budget,
                    (double)tr.budget / (double)N, tr.kl, check, tr.reached ? "yes" : "no", tr.n_probes,
                    tr.n_nonmonotone);
+            if (csv) kvm_cli_csv_field(csv, docs->names[d]);
             if (csv)
-                fprintf(csv, "%s,%s,%.9g,%lld,%lld,%.6f,%.9g,%.9g,%d,%d,%d,%s\n", docs->names[d], jobs[j].spec,
+                fprintf(csv, ",%s,%.9g,%lld,%lld,%.6f,%.9g,%.9g,%d,%d,%d,%s\n", jobs[j].spec,
                         es->target_kl, (long long)N, (long long)tr.budget, (double)tr.budget / (double)N, tr.kl,
                         check, tr.reached, tr.n_probes, tr.n_nonmonotone, dt);
         }
@@ -751,6 +753,9 @@ int kvm_cmd_eval(int argc, char **argv)
             rc = 2;
         }
     if (!rc && kvm_cli_check_out(CMD, "csv", csv_path)) rc = 2;
+    if (!rc && kvm_cli_check_out_model(CMD, "csv", csv_path, model_path, kvm_cli_get(opts, "tokenizer"), "--docs",
+                                       docs_s))
+        rc = 2; /* fopen "w" emptied it */
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
         rc = 1;

@@ -6,6 +6,7 @@
 #include "common/kvm_error.h"
 #include "model/kvm_chat.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
+#include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 
 #include <errno.h>
@@ -271,9 +272,12 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             right[n_jobs] += ok;
             printf("case %4d %-10s depth %.2f context %5lld  answer %-12s  full %d", i, docs->names[di], tc.depth,
                    (long long)nc, tc.answer, ok);
-            if (a->csv)
-                fprintf(a->csv, "%d,%s,%s,%.4f,%lld,full,%.2f,%d,%s,\"%s\"\n", i, kvm_task_name(a->kind),
-                        docs->names[di], tc.depth, (long long)nc, budget, ok, tc.answer, gen);
+            if (a->csv) {
+                fprintf(a->csv, "%d,%s,", i, kvm_task_name(a->kind));
+                kvm_cli_csv_field(a->csv, docs->names[di]); /* a file name may hold a comma or a quote */
+                fprintf(a->csv, ",%.4f,%lld,full,%.2f,%d,%s,\"%s\"\n", tc.depth, (long long)nc, budget, ok, tc.answer,
+                        gen);
+            }
         }
         for (int j = 0; !rc && j < n_jobs; j++) {
             int okj;
@@ -283,9 +287,12 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             lost[j] += ok && !okj;
             gained[j] += !ok && okj;
             printf(" %d", okj);
-            if (a->csv)
-                fprintf(a->csv, "%d,%s,%s,%.4f,%lld,%s,%.2f,%d,%s,\"%s\"\n", i, kvm_task_name(a->kind),
-                        docs->names[di], tc.depth, (long long)nc, jobs[j].spec, budget, okj, tc.answer, gen);
+            if (a->csv) {
+                fprintf(a->csv, "%d,%s,", i, kvm_task_name(a->kind));
+                kvm_cli_csv_field(a->csv, docs->names[di]);
+                fprintf(a->csv, ",%.4f,%lld,%s,%.2f,%d,%s,\"%s\"\n", tc.depth, (long long)nc, jobs[j].spec, budget, okj,
+                        tc.answer, gen);
+            }
         }
         if (!rc) {
             printf("\n");

@@ -9,6 +9,7 @@
 #include "model/kvm_forward_cuda.h"
 #include "model/kvm_sampler.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -23,13 +24,16 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Reads token ids, one decimal per line, each in [0, vocab). Prints errors naming file:line. */
+/* Reads token ids, one decimal per line, each in [0, vocab). Prints errors naming file:line.
+ * Returns 2 for a file that is missing or a folder (a usage error, as sculpt --doc), 1 for a
+ * file whose contents are not token ids. */
 static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *n)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "kvmill generate: --tokens %s: %s\n", path, strerror(errno));
-        return 1;
+    FILE *f;
+    /* a folder opens on Linux and its first read fails: it read as "no token ids" */
+    if (kvm_file_open_input(path, "r", "--tokens", &f)) {
+        fprintf(stderr, "kvmill generate: %s\n", kvm_errmsg());
+        return 2;
     }
     int64_t cap = 256, cnt = 0, line = 0;
     int32_t *v = malloc((size_t)cap * sizeof *v);
@@ -37,6 +41,13 @@ static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *
     int rc = 0;
     while (v && fgets(buf, sizeof buf, f)) {
         line++;
+        /* fgets splits a longer line: its pieces read as several ids ("1", spaces, "2" as 1 and 2) */
+        if (!strchr(buf, '\n') && !feof(f)) {
+            fprintf(stderr, "kvmill generate: %s:%lld: line longer than %d characters: one token id per line\n", path,
+                    (long long)line, (int)sizeof buf - 2);
+            rc = 1;
+            break;
+        }
         char *s = buf, *end;
         while (*s == ' ' || *s == '\t') s++;
         if (*s == '\n' || *s == '\0') continue;

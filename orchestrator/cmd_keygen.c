@@ -23,6 +23,11 @@ int kvm_cmd_keygen(int argc, char **argv)
         return help ? 0 : 2;
     const char *prefix = kvm_cli_get(opts, "out");
     if (!prefix || !*prefix) return fprintf(stderr, "kvmill keygen: --out PREFIX is required\n"), 2;
+    /* a folder ("keys/") as the prefix wrote the hidden files keys/.public and keys/.secret */
+    const char *base = strrchr(prefix, '/') ? strrchr(prefix, '/') + 1 : prefix;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return fprintf(stderr, "kvmill keygen: --out %s names a folder, not a PREFIX: give the key pair's name in it "
+                               "(e.g. --out %s%sserver)\n", prefix, prefix, *base ? "/" : ""), 2;
     char pub[4096], sec[4096];
     snprintf(pub, sizeof pub, "%s.public", prefix);
     snprintf(sec, sizeof sec, "%s.secret", prefix);

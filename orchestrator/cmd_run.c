@@ -14,12 +14,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void self_path(char *buf, size_t n)
 {
     ssize_t r = readlink("/proc/self/exe", buf, n - 1);
     buf[r > 0 ? r : 0] = '\0';
+}
+
+/* 1 when path names an existing file that is not empty and is not a counters file kvmill
+ * wrote (a JSON object whose first key is "version", kvm_orch_metrics_write): --metrics
+ * replaces its file, and one pointed at the store's data.mdb, the config or a document
+ * destroyed it. A missing or empty file, or an earlier run's metrics, is fine. */
+static int metrics_would_clobber(const char *path)
+{
+    struct stat st; /* only a regular file: opening a FIFO would wait for a writer */
+    if (!path || !*path || stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char head[32] = {0};
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    if (n == 0) return 0;
+    size_t i = head[0] == '{' ? 1 : n;
+    while (i < n && (head[i] == ' ' || head[i] == '\n' || head[i] == '\r' || head[i] == '\t')) i++;
+    return i >= n || strncmp(head + i, "\"version\"", 9) != 0;
 }
 
 static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int64_t n_heads)
@@ -149,6 +169,12 @@ int kvm_cmd_run(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
+    if (!kvm_cli_get(opts, "dump-config") && metrics_would_clobber(kvm_config_str(cfg, "run", "metrics"))) {
+        kvm_cli_refuse("run", "metrics file %s exists and is not a metrics file kvmill wrote: the run would replace it; "
+                              "name a new file (or remove that one)\n", kvm_config_str(cfg, "run", "metrics"));
+        kvm_config_free(&cfg);
+        return 2;
+    }
     if (kvm_cli_get(opts, "dump-config")) {
         kvm_config_dump(cfg, stdout);
         kvm_config_free(&cfg);
@@ -180,7 +206,7 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    if (kvm_jobcfg_check(cfg)) {
+    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
         kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
         status = 2;
         goto done;

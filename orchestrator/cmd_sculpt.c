@@ -108,7 +108,9 @@ int kvm_cmd_sculpt(int argc, char **argv)
         fprintf(stderr, "kvmill sculpt: --model, --doc and --out are required\n");
         return 2;
     }
-    if (kvm_cli_check_out("sculpt", "out", out)) return 2;
+    if (kvm_cli_check_out("sculpt", "out", out) ||
+        kvm_cli_check_out_model("sculpt", "out", out, model_path, kvm_cli_get(opts, "tokenizer"), "--doc", doc))
+        return 2;
     kvm_sculpt_opts o = kvm_sculpt_opts_default();
     for (int i = 0; i < n_set; i++) /* table order: retain before budget */
         if ((s = kvm_cli_get(opts, set[i].flag)) && kvm_sculpt_opts_set(&o, set[i].name, s)) {

@@ -142,8 +142,14 @@ int kvm_cmd_serve(int argc, char **argv)
         status = 1;
         goto done;
     }
-    kvm_config_dump(cfg, f);
-    fclose(f);
+    /* values a file cannot carry (a deep path from ${VAR}: a line over 198 characters, which every
+     * decode worker refused) go to the workers in the environment */
+    int drc = kvm_config_dump_env(cfg, f);
+    if (fclose(f) || drc) {
+        kvm_cli_refuse("serve", "cannot write the resolved configuration %s\n", resolved);
+        status = 1;
+        goto done;
+    }
     o.config_path = resolved;
     o.store_path = *kvm_config_str(cfg, "store", "service") ? kvm_config_str(cfg, "store", "service")
                                                            : kvm_config_str(cfg, "store", "path");

@@ -194,9 +194,80 @@ int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max
 
 int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
 {
+    if (path && !*path) { /* given but empty: the write failed after the work, exit 1 */
+        kvm_cli_refuse(cmd, "--%s is empty: name the file to write\n", flag);
+        return -1;
+    }
     char what[80];
     snprintf(what, sizeof what, "--%s", flag);
     return kvm_cli_check_writable(cmd, what, path);
+}
+
+int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out, const char *const *in_flags,
+                             const char *const *inputs, int n)
+{
+    struct stat so;
+    if (!out || !*out || stat(out, &so) != 0 || !S_ISREG(so.st_mode)) return 0; /* a new file: nothing to lose */
+    for (int i = 0; i < n; i++) {
+        /* an item of a comma-separated list (--docs a,b) or a file beside a model (its tokenizer) */
+        for (const char *p = inputs[i]; p && *p;) {
+            size_t len = strcspn(p, ",");
+            char path[4096];
+            struct stat si;
+            snprintf(path, sizeof path, "%.*s", (int)len, p);
+            if (len < sizeof path && !stat(path, &si) && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+                kvm_cli_refuse(cmd, "--%s %s is the %s file %s: writing it would destroy that input; name another "
+                                    "file\n", flag, out, in_flags[i], path);
+                return -1;
+            }
+            /* a folder of documents: its *.txt are inputs too */
+            size_t ol = strlen(out);
+            int txt = ol > 4 && !strcmp(out + ol - 4, ".txt");
+            if (txt && len < sizeof path && !stat(path, &si) && S_ISDIR(si.st_mode)) {
+                char dir[4096];
+                const char *slash = strrchr(out, '/');
+                if (!slash) snprintf(dir, sizeof dir, ".");
+                else snprintf(dir, sizeof dir, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+                struct stat sd;
+                if (!stat(dir, &sd) && sd.st_dev == si.st_dev && sd.st_ino == si.st_ino) {
+                    kvm_cli_refuse(cmd, "--%s %s is a document of the %s folder %s: writing it would destroy that "
+                                        "input; name another file\n", flag, out, in_flags[i], path);
+                    return -1;
+                }
+            }
+            p += len;
+            if (*p) p++;
+        }
+    }
+    return 0;
+}
+
+int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, const char *model,
+                            const char *tokenizer, const char *docs_flag, const char *docs)
+{
+    char dir[4096], tok1[4200], tok2[4200];
+    const char *slash = model ? strrchr(model, '/') : NULL;
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - model) : 1, slash ? model : ".");
+    snprintf(tok1, sizeof tok1, "%s/tok512.bin", dir); /* found beside the model without --tokenizer */
+    snprintf(tok2, sizeof tok2, "%s/tokenizer.bin", dir);
+    const char *beside = "tokenizer (beside the model)";
+    const char *flags[] = {"--model", "--tokenizer", beside, beside, docs_flag};
+    const char *paths[] = {model, tokenizer, tokenizer ? NULL : tok1, tokenizer ? NULL : tok2, docs};
+    return kvm_cli_check_out_inputs(cmd, flag, out, flags, paths, docs ? 5 : 4);
+}
+
+void kvm_cli_csv_field(FILE *f, const char *v)
+{
+    if (!v[strcspn(v, ",\"\r\n")]) {
+        fputs(v, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *p = v; *p; p++) {
+        if (*p == '"') fputc('"', f);
+        fputc(*p, f);
+    }
+    fputc('"', f);
 }
 
 const char *kvm_cli_errmsg(const char *cmd)

@@ -52,10 +52,30 @@ int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, in
 int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 
 /* An output file the command writes only after its work (a strategy, a cache file) is checked
- * before the work: its folder must exist and take new files, and `path` must not be a folder.
+ * before the work: its folder must exist and take new files, and `path` must not be a folder
+ * nor empty (NULL: not given, fine).
  * On failure prints "kvmill CMD: --FLAG PATH: ..." to stderr and returns -1 (exit 2: a usage
  * error, found in a moment rather than after minutes of calibration); 0 otherwise. */
 int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);
+
+/* An output file that already exists must not be one of the command's inputs: `sculpt --out`
+ * given the --model file (or eval --csv a document) replaced it with the output. inputs[i]
+ * (NULL skipped; a comma-separated list is checked item by item; a folder's *.txt count as
+ * its documents) is what in_flags[i] names
+ * ("--model", "tokenizer beside the model"). Same file = same device and inode, so links and
+ * other spellings are caught. On a match prints "kvmill CMD: --FLAG OUT is the WHAT file
+ * PATH: ..." (kvm_cli_refuse) and returns -1 (exit 2); 0 otherwise. */
+int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out, const char *const *in_flags,
+                             const char *const *inputs, int n);
+
+/* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
+ * quote or a line break (a document named a,b.txt split its row), else as it is. */
+void kvm_cli_csv_field(FILE *f, const char *v);
+
+/* kvm_cli_check_out_inputs for a command reading a model: its --model, --tokenizer (or, without
+ * one, tok512.bin and tokenizer.bin beside the model) and, docs not NULL, what docs_flag names. */
+int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, const char *model,
+                            const char *tokenizer, const char *docs_flag, const char *docs);
 
 /* Checks the comma-separated list `s` of option --FLAG (--budget 16,32, --method, --docs)
  * before it is split: an empty item ("16,,32", a leading or trailing comma) would be dropped

@@ -4,6 +4,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <ini.h>
 #include <math.h>
@@ -522,6 +523,39 @@ static void dump_comment(FILE *f, const char *text)
         n -= take;
         while (n > 0 && *text == ' ') text++, n--;
     }
+}
+
+/* 1 when the line "key = v" reads back as v: within libinih's 198 characters, no blanks at
+ * either end (stripped), no ';' after a blank (an inline comment), no line break, no "${"
+ * (expanded again). */
+static int reads_back(const char *key, const char *v)
+{
+    size_t n = strlen(v);
+    if (strlen(key) + 3 + n >= 199 || strpbrk(v, "\n\r") || strstr(v, "${")) return 0;
+    if (n && (v[0] == ' ' || v[0] == '\t' || v[n - 1] == ' ' || v[n - 1] == '\t')) return 0;
+    for (const char *p = strchr(v, ';'); p; p = strchr(p + 1, ';'))
+        if (p == v || p[-1] == ' ' || p[-1] == '\t') return 0;
+    return 1;
+}
+
+int kvm_config_dump_env(const kvm_config *c, FILE *f)
+{
+    const char *sec = "";
+    for (int i = 0; kvm_cfg_settings[i].section; i++) {
+        const kvm_cfg_setting *s = &kvm_cfg_settings[i];
+        if (strcmp(sec, s->section)) fprintf(f, "%s[%s]\n", i ? "\n" : "", sec = s->section);
+        const char *v = raw(c, i);
+        if (reads_back(s->key, v)) {
+            fprintf(f, "%s = %s\n", s->key, v);
+            continue;
+        }
+        char var[128];
+        snprintf(var, sizeof var, "KVMILL_CFG_%s_%s", s->section, s->key);
+        for (char *p = var; *p; p++) *p = (char)toupper((unsigned char)*p);
+        if (setenv(var, v, 1)) return kvm_err(KVM_ENOMEM, "cannot set %s: %s", var, strerror(errno));
+        fprintf(f, "%s = ${%s}\n", s->key, var);
+    }
+    return ferror(f) ? kvm_err(KVM_EIO, "cannot write the configuration") : 0;
 }
 
 void kvm_config_dump(const kvm_config *c, FILE *f)

@@ -80,6 +80,13 @@ int kvm_config_canonical(const kvm_config *c, const char *section, char **out, s
 /* Prints the resolved configuration as INI with each key's help and unit (--dump-config). */
 void kvm_config_dump(const kvm_config *c, FILE *f);
 
+/* The resolved configuration as INI for another process to load (serve's decode workers): a
+ * value that would not read back as itself (longer than libinih's 198-character line, as a deep
+ * path given through ${VAR} is; a ';' after a blank; blanks at an end; "${") is written as a
+ * reference ${KVMILL_CFG_SECTION_KEY} to an environment variable this call sets, which the
+ * processes started afterwards inherit. Returns 0, KVM_ENOMEM (setenv) or KVM_EIO. */
+int kvm_config_dump_env(const kvm_config *c, FILE *f);
+
 /* The file the config was loaded from ("<string>" for kvm_config_parse). */
 const char *kvm_config_path(const kvm_config *c);
 

@@ -124,8 +124,8 @@ static int parse_line(const char *path, int64_t line, const char *text, kvm_doc 
         rc = kvm_err(KVM_EINVAL, "%s:%lld: give exactly one of \"text\" and \"tokens\"", path, (long long)line);
     else if (tx && !json_is_string(tx))
         rc = kvm_err(KVM_EINVAL, "%s:%lld: \"text\" must be a string", path, (long long)line);
-    else if (tk && (!json_is_array(tk) || json_array_size(tk) == 0))
-        rc = kvm_err(KVM_EINVAL, "%s:%lld: \"tokens\" must be a non-empty array of token ids", path, (long long)line);
+    else if (tk && !json_is_array(tk)) /* an empty one is an empty document, failed alone as "text": "" is */
+        rc = kvm_err(KVM_EINVAL, "%s:%lld: \"tokens\" must be an array of token ids", path, (long long)line);
     if (!rc && !(d->name = strdup(json_string_value(id)))) rc = kvm_err(KVM_ENOMEM, "corpus: out of memory");
     if (!rc && tx) {
         d->text_len = json_string_length(tx);
@@ -134,7 +134,7 @@ static int parse_line(const char *path, int64_t line, const char *text, kvm_doc 
     }
     if (!rc && tk) {
         size_t n = json_array_size(tk);
-        if (!(d->tokens = malloc(n * sizeof *d->tokens))) rc = kvm_err(KVM_ENOMEM, "corpus: out of memory");
+        if (!(d->tokens = malloc((n ? n : 1) * sizeof *d->tokens))) rc = kvm_err(KVM_ENOMEM, "corpus: out of memory");
         for (size_t i = 0; !rc && i < n; i++) {
             json_t *v = json_array_get(tk, i);
             if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)

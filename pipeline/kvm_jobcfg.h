@@ -45,6 +45,13 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * ipc:// endpoint (kvm_serve_endpoint_check), KVM_EINVAL. */
 int kvm_jobcfg_check(const kvm_config *c);
 
+/* For the commands that send jobs (kvmill run, kvmill calibrate --config): each setting a job
+ * carries (kvm_jobcfg_pack) must be UTF-8 of at most KVM_PROTO_MAX_NAME_BYTES, or every job
+ * fails to encode ("field 'settings value': invalid UTF-8") and every document fails after its
+ * retries. (kvmill serve hands its workers a config file, not a job: not needed there.)
+ * Returns 0 or KVM_EINVAL naming the file, [section] key and the byte where the text goes bad. */
+int kvm_jobcfg_check_text(const kvm_config *c);
+
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:
  * the manifest's config bytes) of everything that changes a stored cache, one
  * "name=value\n" line each, in this order: kvmill.algorithm (KVM_JOBCFG_ALGORITHM_VERSION),

@@ -17,6 +17,7 @@
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
+#include "model/kvm_utf8.h"
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
@@ -508,8 +509,22 @@ static int job_message(orch *o, job *j, kvm_msg **out)
     size_t n = 0;
     int rc = kvm_jobcfg_pack(o->cfg, &mp, &n);
     if (rc) return rc;
-    kvm_proto_job pj = {.job_id = j->id, .attempt = j->attempt, .doc_id = kvm_proto_str_c(j->doc->name),
-                        .doc_name = kvm_proto_str_c(j->doc->name), .n_ctx = kvm_config_int(o->cfg, "model", "context"),
+    /* The name on the wire is 1..KVM_PROTO_MAX_NAME_BYTES of UTF-8: a file name in latin-1 or a
+     * JSONL id longer than that failed to encode at every attempt and the document was never
+     * compressed. Bad bytes become U+FFFD and a longer name is cut at a character (the store
+     * keeps a name's first 255 bytes anyway); the corpus and the logs keep the name as it is. */
+    const char *name = j->doc->name ? j->doc->name : "";
+    char *wire = NULL;
+    size_t wn = 0;
+    rc = kvm_utf8_sanitize(name, strlen(name), &wire, &wn, NULL);
+    if (rc) {
+        free(mp);
+        return rc;
+    }
+    wn = kvm_utf8_cut(wire, wn, KVM_PROTO_MAX_NAME_BYTES);
+    kvm_proto_str wname = {wire, wn};
+    kvm_proto_job pj = {.job_id = j->id, .attempt = j->attempt, .doc_id = wname,
+                        .doc_name = wname, .n_ctx = kvm_config_int(o->cfg, "model", "context"),
                         .n_tokens = j->doc->n_tokens, .tokens = j->doc->tokens, .settings = mp, .settings_bytes = n};
     if (continuation_tokens(o) > 0) { /* held-out continuation */
         int64_t t = continuation_tokens(o), avail = j->doc->n_original - j->doc->n_tokens;
@@ -518,6 +533,7 @@ static int job_message(orch *o, job *j, kvm_msg **out)
     }
     rc = kvm_proto_job_encode(&pj, out);
     free(mp);
+    free(wire);
     return rc;
 }
 
@@ -1018,7 +1034,8 @@ static int bind_sockets(orch *o)
     for (int i = 0; i < 2; i++) {
         zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
-        if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, "[run] bind"))) return rc;
+        if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, *bind ? "[run] bind" : "run directory endpoint")))
+            return rc;
     }
     return 0;
 }

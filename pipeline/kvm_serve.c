@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -85,6 +86,13 @@ int kvm_serve_endpoint_check(const char *endpoint, const char *what)
     if (!strncmp(endpoint, "tcp://", 6) && !tcp_port_ok(endpoint))
         return kvm_err(KVM_EINVAL, "%s '%s': the port is not a number in [0, 65535] or '*' (tcp://HOST:PORT)", what,
                        endpoint);
+    /* a Unix socket path holds sizeof sun_path - 1 bytes (107 on Linux): a deep [run] run_dir or
+     * TMPDIR failed as "cannot bind ...: File name too long", naming neither limit nor folder */
+    size_t max_path = sizeof(((struct sockaddr_un *)0)->sun_path) - 1;
+    if (!strncmp(endpoint, "ipc://", 6) && strlen(endpoint + 6) > max_path)
+        return kvm_err(KVM_EINVAL, "%s '%s': the socket path is %zu bytes, more than the %zu a Unix socket path "
+                                   "takes: use a shorter folder ([run] run_dir, or TMPDIR for a temporary run directory)",
+                       what, endpoint, strlen(endpoint + 6), max_path);
     return 0;
 }
 
@@ -831,8 +839,8 @@ static int prepare(srv *s)
         snprintf(what, sizeof what, "[serve] bind in %s", kvm_config_path(cfg));
     s->front_curve = !kvm_curve_is_local(s->front_ep) || *kvm_config_str(cfg, "security", "server_secret_key");
     if ((rc = kvm_serve_bind(s->zctx, s->front, s->front_ep, cfg, 1, what)) ||
-        (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 1, "[serve] backend")) ||
-        (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 1, "[serve] backend")))
+        (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")) ||
+        (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")))
         return rc;
     /* the ready line shows what was bound: a :0 or :* port as the port the system chose */
     char bound[1024];

@@ -7,6 +7,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "kernels/kvm_kernels.h"
+#include "model/kvm_utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -414,6 +415,11 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         else return fprintf(stderr, "kvmill-%s: bad option or value: %s %s (see --help)\n", stage, k, v), 2;
     }
     if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;
+    /* the id goes into every ready and heartbeat as UTF-8 (worker_id, PROTOCOL.md): an empty or
+     * latin-1 one failed to encode, so the worker said "connected" and then waited for work forever */
+    size_t id_len = a->worker_id ? strlen(a->worker_id) : 1;
+    if (id_len == 0 || id_len > 255 || (a->worker_id && !kvm_utf8_valid(a->worker_id, id_len)))
+        return fprintf(stderr, "kvmill-%s: --id '%s': expected 1 to 255 bytes of UTF-8 text\n", stage, a->worker_id), 2;
     /* stages that do not read the config (prefill, signals) would take a mistyped one silently */
     struct stat cst;
     if (a->config && (stat(a->config, &cst) != 0 || access(a->config, R_OK) != 0))

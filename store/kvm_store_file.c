@@ -102,13 +102,19 @@ static int check_once(const char *dir, int *young)
     *young = 0;
     char path[4200];
     snprintf(path, sizeof path, "%s/data.mdb", dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a data.mdb that is a FIFO made this open (and every store command, run and
+     * serve) wait for a writer forever; regular files ignore the flag */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return errno == ENOENT ? 0 : kvm_err(KVM_EIO, "store %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return kvm_err(KVM_EIO, "store %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kvm_err(KVM_EFORMAT, "store %s: %s is not a regular file (a FIFO, socket, device or folder)", dir, path);
     }
     int64_t size = (int64_t)st.st_size;
     meta_page m0, m1 = {0};

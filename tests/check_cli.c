@@ -189,13 +189,87 @@ START_TEST(test_list_flags_refuse_empty_items)
 }
 END_TEST
 
+/* --tokens names a file the user made: a folder is refused by name (it read as "no token ids",
+ * exit 1), and a line longer than the read buffer is an error, not split into several ids. */
+START_TEST(test_generate_tokens_file_errors)
+{
+    char *tmp = kvm_test_tmpdir(), path[4096], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    int rc = kvmill(&out, &err, "generate --model '%s' -n 5 --tokens '%s'", model, tmp);
+    ck_assert_msg(rc == 2 && strstr(err, "is a directory"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    snprintf(path, sizeof path, "%s/ids.txt", tmp);
+    char line[256];
+    int k = snprintf(line, sizeof line, "1%*s\n2\n", 150, ""); /* "1", 150 blanks: one line, one id */
+    ck_assert_int_eq(kvm_test_write_file(path, line, (size_t)k), 0);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 5 --tokens '%s'", model, path);
+    ck_assert_msg(rc == 1 && strstr(err, "ids.txt:1") && strstr(err, "longer than"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
+/* An output that names one of the command's inputs replaced it: `sculpt --out` given the model
+ * file wrote the cache over the model, `eval --csv` given a document emptied it before reading.
+ * Both are refused before any work (exit 2), the input left as it was. */
+START_TEST(test_out_is_an_input)
+{
+    char *tmp = kvm_test_tmpdir(), model[4096], tok[4096], doc[4096], args[16384], *out, *err;
+    size_t nm, nt, nd;
+    char *mb = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &nm);
+    char *tb = kvm_test_read_file(kvm_test_data_path("models/tok512.bin"), &nt);
+    char *db = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &nd);
+    snprintf(model, sizeof model, "%s/m.bin", tmp);
+    snprintf(tok, sizeof tok, "%s/tok512.bin", tmp);
+    snprintf(doc, sizeof doc, "%s/d.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(model, mb, nm), 0);
+    ck_assert_int_eq(kvm_test_write_file(tok, tb, nt), 0);
+    ck_assert_int_eq(kvm_test_write_file(doc, db, nd), 0);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --iterations 1 --rounds 1 --out %%s%%s", model, doc);
+    int rc = kvmill(&out, &err, args, model, "");
+    ck_assert_msg(rc == 2 && strstr(err, "is the --model file"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    rc = kvmill(&out, &err, args, tok, "");
+    ck_assert_msg(rc == 2 && strstr(err, "is the tokenizer (beside the model) file"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    rc = kvmill(&out, &err, args, "''", ""); /* empty: the write failed after the work, exit 1 */
+    ck_assert_msg(rc == 2 && strstr(err, "--out is empty"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --method streaming --budget 8 --context 64 "
+             "--continuation 8 --csv %%s%%s", model, doc);
+    rc = kvmill(&out, &err, args, doc, "");
+    ck_assert_msg(rc == 2 && strstr(err, "--csv") && strstr(err, "is the --docs file"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --method streaming --budget 8 --context 64 "
+             "--continuation 8 --csv %%s%%s", model, tmp); /* a document of a --docs folder */
+    rc = kvmill(&out, &err, args, doc, "");
+    ck_assert_msg(rc == 2 && strstr(err, "is a document of the --docs folder"), "exit %d: %s", rc, err);
+    free(out); free(err);
+    size_t n;
+    char *now = kvm_test_read_file(model, &n);
+    ck_assert(now && n == nm && !memcmp(now, mb, n));
+    free(now);
+    now = kvm_test_read_file(tok, &n);
+    ck_assert(now && n == nt && !memcmp(now, tb, n));
+    free(now);
+    now = kvm_test_read_file(doc, &n);
+    ck_assert(now && n == nd && !memcmp(now, db, n));
+    free(now);
+    free(mb); free(tb); free(db);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
     struct { const char *name; const TTest *fn; } cases[] = {
         {"generate_golden", test_generate_golden}, {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
         {"help_and_usage_errors", test_help_and_usage_errors}, {"info_and_make_model", test_info_and_make_model},
-        {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items}};
+        {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
+        {"generate_tokens_file_errors", test_generate_tokens_file_errors}, {"out_is_an_input", test_out_is_an_input}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

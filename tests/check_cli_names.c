@@ -426,6 +426,22 @@ START_TEST(test_ask_prompt_file)
     ck_assert_msg(strstr(err, "not both"), "stderr: %s", err);
     free(out);
     free(err);
+    /* a prompt that is not UTF-8 was refused as "encode ask: field 'prompt': invalid UTF-8 or NUL
+     * at byte 3", naming neither flag nor file */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --prompt \"$(printf 'caf\\351')\"",
+             kvm_test_bin(), front, doc);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--prompt is not UTF-8 text (at byte 3)"), "stderr: %s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvm_test_write_file(pf, "caf\xe9", 4), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --prompt-file '%s'", kvm_test_bin(), front, doc,
+             pf);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "prompt.txt: is not UTF-8 text"), "stderr: %s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvm_test_write_file(pf, "Then the little", 15), 0);
     const char *sargs[] = {"--config", cfg, "--bind", front, NULL};
     pid_t pid = 0;
     ck_assert_msg(kvm_test_serve_start(sargs, log, 10, &pid) == -1, "kvmill serve did not start");
@@ -591,6 +607,9 @@ START_TEST(test_stage_usage_exit_2)
             {"%s stray", "unexpected argument 'stray'"},
             {"%s --config /nonexistent/k.ini", "/nonexistent/k.ini"},
             {"%s --config /", "--config /: not a regular file"},
+            /* an id its ready messages cannot carry: it connected and waited for work forever */
+            {"%s --id ''", "--id '': expected 1 to 255 bytes of UTF-8 text"},
+            {"%s --id \"$(printf 'w\\377')\"", "expected 1 to 255 bytes of UTF-8 text"},
         };
         for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
             char fmt[512];

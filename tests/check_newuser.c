@@ -201,6 +201,14 @@ START_TEST(test_keygen_makes_folder)
     ck_assert_int_eq(st.st_mode & 077, 0);
     free(out);
     free(err);
+    /* a folder as the prefix ("keys/") wrote the hidden keys/.public and keys/.secret: refused */
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --out %s/keys/", kvm_test_bin(), dir);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "names a folder, not a PREFIX"), "exit %d: %s", rc, err);
+    snprintf(path, sizeof path, "%s/keys/.secret", dir);
+    ck_assert_int_ne(stat(path, &st), 0);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
@@ -308,6 +316,187 @@ START_TEST(test_jsonl_bom)
 }
 END_TEST
 
+/* A document's name goes into the job as UTF-8 of at most 1024 bytes: a corpus file named in
+ * latin-1 ("caf\xe9.txt") or a JSONL id of 2000 bytes failed every attempt with "encode job:
+ * field 'doc_id': invalid UTF-8" (or "2000 bytes, allowed 1..1024") and was never compressed.
+ * Both are compressed now: the bad byte stored as U+FFFD, the long id as its first 255 bytes. */
+START_TEST(test_corpus_names_not_utf8_or_long)
+{
+    char store[4300], cfg[4300], p[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(p, sizeof p, "%s/corpus", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/corpus/caf\xe9.txt", dir);
+    const char *text = "Once upon a time there was a dog. It liked to run in the park with its ball.";
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s/corpus'", kvm_test_bin(), cfg, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(out, "compressed=1 ") && strstr(out, "failed=0 "), "stdout: %s\nstderr: %s", out, err);
+    free(out);
+    free(err);
+    static char line[4096];
+    int k = snprintf(line, sizeof line, "{\"id\": \"");
+    for (int i = 0; i < 2000; i++) line[k++] = 'L';
+    snprintf(line + k, sizeof line - (size_t)k, "\", \"text\": \"Once upon a time there was a cat.\"}\n");
+    snprintf(p, sizeof p, "%s/c.jsonl", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, line, strlen(line)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, p);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(out, "compressed=1 ") && strstr(out, "failed=0 "), "stdout: %s\nstderr: %s", out, err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill store ls --store '%s' --names", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    char l255[300];
+    memset(l255, 'L', 255);
+    strcpy(l255 + 255, "\n");
+    ck_assert_msg(strstr(out, " caf\xEF\xBF\xBD.txt\n") && strstr(out, l255) && !strstr(out, "LLLLL\xEF"), "%s", out);
+    free(out);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Every setting a job carries to the stages travels as UTF-8: a [model] path in latin-1 (a model
+ * file named "m\xe9.bin") or a [compress] strategy name with such a byte made every job fail to
+ * encode ("encode job: field 'settings value': invalid UTF-8 or NUL at byte 8"), each document
+ * after 3 requeues, exit 1. run and calibrate --config refuse it at start, exit 2, naming the key. */
+START_TEST(test_config_text_not_utf8)
+{
+    char store[4300], cfg[4300], p[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    size_t n;
+    char *bytes = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n);
+    snprintf(p, sizeof p, "%s/m\xe9.bin", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, bytes, n), 0);
+    free(bytes);
+    bytes = kvm_test_read_file(kvm_test_data_path("models/tok512.bin"), &n);
+    snprintf(p, sizeof p, "%s/tok512.bin", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, bytes, n), 0);
+    free(bytes);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = %s/m\xe9.bin\ncontext = 64\n[compress]\nmethod = streaming\nbudget = 16\n"
+             "[store]\npath = %s\n", dir, store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[model] path = ") && strstr(err, "is not UTF-8 text"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = polykv\nstrategy = caf\xe9\n"
+             "budget = 16\n[store]\npath = %s\n", kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill calibrate --config '%s' --docs '%s' --phases prefill", kvm_test_bin(),
+             cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[compress] strategy = ") && strstr(err, "(at byte 3)"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The run directory's ipc:// endpoints are Unix socket paths (at most 107 bytes): under a deep
+ * TMPDIR (or [run] run_dir) run and serve failed with "[run] bind: cannot bind ipc://...: File
+ * name too long", exit 1, naming a setting the user never set. Now: exit 2, saying the path is
+ * too long and which folder to shorten, and the temporary run directory is removed. */
+START_TEST(test_long_tmpdir)
+{
+    char store[4300], cfg[4300], deep[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(deep, sizeof deep, "%s/", dir);
+    for (int i = 0; i < 130; i++) strcat(deep, "t");
+    ck_assert_int_eq(mkdir(deep, 0700), 0);
+    const char *cmds[] = {"run --config '%s' --corpus '%s'",
+                          "serve --config '%s' --workers 0 --bind tcp://127.0.0.1:0%.0s"};
+    for (int i = 0; i < 2; i++) {
+        char args[9000];
+        snprintf(args, sizeof args, cmds[i], cfg, kvm_test_data_path("corpus"));
+        snprintf(cmd, sizeof cmd, "TMPDIR='%s' timeout 20 %s/kvmill %s", deep, kvm_test_bin(), args);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "a Unix socket path takes") && strstr(err, "TMPDIR"), "%s: exit %d: %s",
+                      cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", deep);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(atoi(out) == 0, "left in TMPDIR: %s", out);
+    free(out);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* README: a value longer than libinih's 198-character line, "such as a deep path, goes into an
+ * environment variable (path = ${MODEL})". A model so named went to the stages in each job and
+ * was parsed there as one line "path = ...": every document failed ("job settings:2: line of
+ * 269 characters"). dir gets a copy of the model and tokenizer under a folder path longer than
+ * that; the config (dir/c.ini, store dir/store) names it through ${KVM_TEST_DEEP_MODEL}. */
+static void deep_model_config(const char *dir, const char *store, const char *cfg)
+{
+    char deep[4400], p[4500], cmd[9000];
+    snprintf(deep, sizeof deep, "%s", dir);
+    for (int i = 0; i < 12; i++) strcat(deep, "/ddddddddddddddddddddd");
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s' '%s/'", deep, kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("models/tok512.bin"), deep);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(p, sizeof p, "%s/stories260K.bin", deep);
+    ck_assert_int_gt((int)strlen(p), 200);
+    ck_assert_int_eq(setenv("KVM_TEST_DEEP_MODEL", p, 1), 0);
+    char text[8192];
+    snprintf(text, sizeof text, "[model]\npath = ${KVM_TEST_DEEP_MODEL}\ncontext = 64\n[compress]\nmethod = streaming\n"
+             "budget = 16\n[store]\npath = %s\n", store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+}
+
+START_TEST(test_deep_model_path_run)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    deep_model_config(dir, store, cfg);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "compressed=6 ") && strstr(out, "failed=0 "), "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The same deep model path for kvmill serve: its decode workers read the resolved configuration
+ * from a file, where the path was written as one line of over 198 characters, which each worker
+ * refused ("line of 269 characters: lines are limited to 198"); three such exits stopped the
+ * server. The value now reaches the workers in the environment, and an ask is answered. */
+START_TEST(test_deep_model_path_serve)
+{
+    char store[4300], cfg[4300], log[4400], front[4400], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    deep_model_config(dir, store, cfg);
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    snprintf(front, sizeof front, "ipc://%s/front", dir);
+    const char *args[] = {"--config", cfg, "--bind", front, "--workers", "1", "--compute-missing", NULL};
+    pid_t pid = 0;
+    ck_assert_msg(kvm_test_serve_start(args, log, 30, &pid) == -1, "kvmill serve exited before ready");
+    snprintf(cmd, sizeof cmd, "%s/kvmill ask --connect '%s' --doc '%s' --prompt ' Then' -n 4 --timeout 30", kvm_test_bin(),
+             front, kvm_test_data_path("corpus/doc_000.txt"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    kill(pid, SIGTERM);
+    waitpid(pid, NULL, 0);
+    char *serve_log = kvm_test_read_file(log, NULL);
+    ck_assert_msg(rc == 0, "ask exit %d: %s\nserve log:\n%s", rc, err, serve_log ? serve_log : "");
+    free(serve_log);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A decode worker started by hand (`kvmill-decode --connect BACKEND --config FILE --store PATH`)
  * with a mistyped --store created an empty store there and joined, answering every ask "no
  * cache", where kvmill serve refuses a store that does not exist: the worker refuses it too
@@ -348,6 +537,11 @@ static Suite *suite(void)
         {"ask_bad_endpoint", test_ask_bad_endpoint},
         {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
         {"jsonl_bom", test_jsonl_bom},
+        {"corpus_names_not_utf8_or_long", test_corpus_names_not_utf8_or_long},
+        {"config_text_not_utf8", test_config_text_not_utf8},
+        {"long_tmpdir", test_long_tmpdir},
+        {"deep_model_path_run", test_deep_model_path_run},
+        {"deep_model_path_serve", test_deep_model_path_serve},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -549,6 +549,18 @@ START_TEST(test_bad_config_and_missing_binary)
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "is a directory"), "stderr: %s", err);
     free(out); free(err);
+    /* --metrics replaces its file: pointed at the config (or the store's data.mdb, a document) it
+     * destroyed it; a file that is not an earlier run's metrics is refused, and left as it was */
+    size_t before_n, after_n;
+    char *before = kvm_test_read_file(cfg_path, &before_n);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s' --metrics '%s'", kvm_test_bin(), cfg_path,
+             docs, cfg_path);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "exists and is not a metrics file kvmill wrote"), "stderr: %s", err);
+    free(out); free(err);
+    char *after = kvm_test_read_file(cfg_path, &after_n);
+    ck_assert(after && before_n == after_n && !memcmp(before, after, before_n));
+    free(before); free(after);
 }
 END_TEST
 
@@ -825,14 +837,16 @@ START_TEST(test_jsonl_corpus)
                        "\n{\"id\": \"b\", \"tokens\": [1, 403, 300, 290, 301]}\n"
                        "{\"id\": \"c\", \"tokens\": [403, 300, 290, 301]}\n" /* = b once BOS is added: one cache */
                        "{\"id\": \"d\", \"tokens\": [1, 99999]}\n"            /* outside the vocabulary: fails alone */
-                       "{\"id\": \"e\", \"text\": \"\"}\n";                  /* empty: fails alone */
+                       "{\"id\": \"e\", \"text\": \"\"}\n"                   /* empty: fails alone */
+                       "{\"id\": \"f\", \"tokens\": []}\n";                /* so does this one (it refused the corpus) */
     ck_assert_int_eq(kvm_test_write_file(path, good, strlen(good)), 0);
     char cmd[12000], *out, *err;
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, path);
     int rc = kvm_test_run(cmd, &out, &err);
     ck_assert_msg(rc == 1, "exit %d: %s", rc, err); /* some documents failed */
-    ck_assert_msg(strstr(out, "summary: compressed=2 skipped=1 failed=2 truncated=0 "), "stdout: %s", out);
-    ck_assert_msg(strstr(err, "document d: token 1 has id 99999") && strstr(err, "document e is empty"), "stderr: %s", err);
+    ck_assert_msg(strstr(out, "summary: compressed=2 skipped=1 failed=3 truncated=0 "), "stdout: %s", out);
+    ck_assert_msg(strstr(err, "document d: token 1 has id 99999") && strstr(err, "document e is empty") &&
+                  strstr(err, "document f is empty"), "stderr: %s", err);
     free(out); free(err);
     const char *bad[] = {"{\"id\": \"a\"}\n", "{\"id\": 5, \"text\": \"x\"}\n", "not json\n",
                          "{\"id\": \"a\", \"tokens\": [1, -2]}\n", "{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}\n"};
@@ -1107,6 +1121,26 @@ START_TEST(test_calibrate_config_flags)
     ck_assert_msg(rc == 2 && strstr(err, "--phases") && strstr(err, "sometimes"), "exit %d: %s", rc, err);
     free(out);
     free(err);
+    /* --out was written only after the whole calibration: a missing folder failed then (exit 1),
+     * and --out naming the config replaced it; both are refused before anything starts */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s/none/s.bin'", kvm_test_bin(),
+             cfg_path, docs, tmp);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "--out") && strstr(err, "/none/s.bin: folder"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    size_t before_n, after_n;
+    char *before = kvm_test_read_file(cfg_path, &before_n);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s'", kvm_test_bin(), cfg_path,
+             docs, cfg_path);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "is the --config file"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    char *after = kvm_test_read_file(cfg_path, &after_n);
+    ck_assert(after && before_n == after_n && !memcmp(before, after, before_n));
+    free(before);
+    free(after);
 }
 END_TEST
 

@@ -807,6 +807,9 @@ START_TEST(test_cli)
     expect_calib("--budget 8 --phases decode --out /tmp/x", 2, "--phases 'decode' is not both or prefill");
     expect_calib("--budget 8 --dump-candidates /nonexistent/dir --out /tmp/x", 2,
                  "--dump-candidates /nonexistent/dir: not a writable folder");
+    /* a budget the context does not exceed keeps everything: refused as eval refuses it (it
+     * wrote a strategy of arbitrary patterns, all at KL 0) */
+    expect_calib("--budget 64 --context 64 --continuation 8 --out /tmp/x", 2, "--budget 64 is not below --context 64");
     char *dir = kvm_test_tmpdir(), args[1024], path[512];
     snprintf(path, sizeof path, "%s/s.bin", dir);
     snprintf(args, sizeof args,

@@ -207,6 +207,36 @@ START_TEST(test_truncated_data_file)
 }
 END_TEST
 
+/* A data.mdb that is not a regular file: a FIFO made the first look at it (open before the
+ * pread of the meta pages) wait for a writer, so store ls, run and serve hung forever; a
+ * device (a link to /dev/zero) read as "truncated: 0 bytes". Both are refused by name, exit 2,
+ * and the library's open says KVM_EFORMAT. */
+START_TEST(test_data_file_not_regular)
+{
+    char fifo[4300], data[4400], dev[4300];
+    snprintf(fifo, sizeof fifo, "%s/fifo.lmdb", g_dir);
+    snprintf(data, sizeof data, "%s/data.mdb", fifo);
+    ck_assert_int_eq(mkdir(fifo, 0700), 0);
+    ck_assert_int_eq(mkfifo(data, 0600), 0);
+    snprintf(dev, sizeof dev, "%s/dev.lmdb", g_dir);
+    ck_assert_int_eq(mkdir(dev, 0700), 0);
+    char link[4400];
+    snprintf(link, sizeof link, "%s/data.mdb", dev);
+    ck_assert_int_eq(symlink("/dev/zero", link), 0);
+    const char *dirs[] = {fifo, dev};
+    for (int i = 0; i < 2; i++) {
+        char *out = NULL, *err = NULL;
+        int rc = kvmill(&out, &err, "store ls --store '%s'", dirs[i]);
+        ck_assert_msg(rc == 2 && strstr(err, "data.mdb is not a regular file"), "%s: exit %d: %s", dirs[i], rc, err);
+        free(out);
+        free(err);
+        kvm_store *s = NULL;
+        ck_assert_int_eq(kvm_store_open(dirs[i], NULL, &s), KVM_EFORMAT);
+        ck_assert_ptr_null(s);
+    }
+}
+END_TEST
+
 START_TEST(test_truncated_run)
 {
     if (skip_without_shared("truncated_run")) return;
@@ -983,6 +1013,7 @@ int main(void)
     if (sodium_init() < 0) return 1;
     Suite *su = suite_create("store_reliab");
     suite_add_tcase(su, tcase("truncated_data_file", test_truncated_data_file, 120));
+    suite_add_tcase(su, tcase("data_file_not_regular", test_data_file_not_regular, 60));
     suite_add_tcase(su, tcase("truncated_run", test_truncated_run, 120));
     suite_add_tcase(su, tcase("store_cli_missing_and_config", test_store_cli_missing_and_config, 60));
     suite_add_tcase(su, tcase("store_cli_readonly_lock", test_store_cli_readonly_lock, 60));
