@@ -34,7 +34,8 @@ int kvm_parse_decimal(const char *s, double *out)
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (end != p || !isfinite(v) || errno == ERANGE) return KVM_EINVAL; /* 1e999, and 1e-400 read as 0 */
+    if (end != p) return KVM_EINVAL;
+    if (!isfinite(v) || errno == ERANGE) return KVM_ERANGE; /* 1e999, and 1e-400 read as 0 */
     *out = v;
     return 0;
 }

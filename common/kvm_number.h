@@ -9,9 +9,9 @@
  * (at least one digit in all: "1", "1.", ".5", "-0.25"), and an optional exponent ("2e-5",
  * "1E3"); nothing else (no whitespace, hexadecimal, inf or nan). On success writes the value
  * to *out and returns 0 (one that overflows a double, or underflows it to zero or a
- * subnormal, is refused: "1e-400" is not what its writer meant by 0); otherwise
- * returns KVM_EINVAL and leaves *out alone, with no detail message (the caller names the
- * setting). `s` may be NULL (refused). Thread-safe. */
+ * subnormal, is refused with KVM_ERANGE: "1e-400" is not what its writer meant by 0); other
+ * text returns KVM_EINVAL; either way *out is left alone, with no detail message (the caller
+ * names the setting). `s` may be NULL (refused). Thread-safe. */
 int kvm_parse_decimal(const char *s, double *out);
 
 /* The word for a count in a message: `one` when n is 1, else `many` ("1 document", "0

@@ -137,7 +137,13 @@ int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, in
 int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out)
 {
     double v = 0;
-    if (kvm_parse_decimal(s, &v)) {
+    const int prc = kvm_parse_decimal(s, &v);
+    if (prc == KVM_ERANGE) {
+        fprintf(stderr, "kvmill %s: %s%s: %s is outside [%g, %g] (beyond a double's range)\n", cmd, dashes(name), name, s,
+                lo, hi);
+        return -1;
+    }
+    if (prc) {
         fprintf(stderr, "kvmill %s: %s%s: '%s' is not a number\n", cmd, dashes(name), name, s);
         return -1;
     }

@@ -160,7 +160,10 @@ static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
     }
     case KVM_CFG_FLOAT: {
         double x = 0;
-        if (kvm_parse_decimal(*v, &x)) return snprintf(why, why_n, "'%s' is not a number", *v), -1;
+        const int prc = kvm_parse_decimal(*v, &x);
+        if (prc == KVM_ERANGE) /* a number, but beyond a double */
+            return snprintf(why, why_n, "%s is outside [%g, %g] (beyond a double's range)", *v, s->lo, s->hi), -1;
+        if (prc) return snprintf(why, why_n, "'%s' is not a number", *v), -1;
         if (x < s->lo || x > s->hi) return snprintf(why, why_n, "%g is outside [%g, %g]", x, s->lo, s->hi), -1;
         return 0;
     }
@@ -373,6 +376,7 @@ int kvm_config_load(const char *path, kvm_config **out)
 {
     *out = NULL;
     struct stat st;
+    if (!path || !*path) return kvm_err(KVM_ENOTFOUND, "configuration file: empty path");
     if (stat(path, &st) != 0)
         return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return kvm_err(KVM_EIO, "%s: not a regular file", path);

@@ -55,6 +55,7 @@ START_TEST(test_errors_name_line_and_key)
     expect_bad("[model]\npath = /m\ncontext = 99999999999999999999\n",
                "t.ini:3: [model] context: 99999999999999999999 is outside [1,"); /* not "not an integer" */
     expect_bad("[model]\npath = /m\n[compress]\nratio = 1.5\n", "1.5 is outside [0, 1]");
+    expect_bad("[model]\npath = /m\n[compress]\nratio = 1e400\n", "t.ini:4: [compress] ratio: 1e400 is outside [0, 1]");
     expect_bad("[model]\npath = /m\n[compress]\nmethod = magic\n", "'magic' is not one of sculpt|");
     expect_bad("[model]\npath = /m\n[compress]\nbias = maybe\n", "not a boolean");
     expect_bad("[model]\npath = ${KVMTEST_NOPE_NOT_SET}\n", "KVMTEST_NOPE_NOT_SET is not set");
@@ -77,6 +78,8 @@ START_TEST(test_file_errors)
     ck_assert_int_eq(kvm_config_load("/nonexistent/x.ini", &c), KVM_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "/nonexistent/x.ini"));
     ck_assert_int_eq(kvm_config_load("/tmp", &c), KVM_EIO);
+    ck_assert_int_eq(kvm_config_load("", &c), KVM_ENOTFOUND); /* --config '': was ": No such file or directory" */
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "configuration file: empty path"));
     char *dir = kvm_test_tmpdir(), path[4200];
     snprintf(path, sizeof path, "%s/c.ini", dir);
     const char *text = "[model]\npath = /m\n\n[run]\nheartbeat_ms = 5\n";

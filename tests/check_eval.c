@@ -560,6 +560,7 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method polykv --budget 8", "needs ':ARG'");
     expect_usage_error("--method polykv:/nonexistent/s.bin --budget 8", "/nonexistent/s.bin");
     expect_usage_error("--method h2o --ratio 1.5", "--ratio: 1.5 is outside");
+    expect_usage_error("--method h2o --ratio 1e-400", "--ratio: 1e-400 is outside"); /* not "not a number" */
     expect_usage_error("--method h2o --budget 8 --phases decode", "--phases: 'decode'");
     expect_usage_error("--method h2o --budget 8 --context 500 --continuation 100", "exceeds the model's window");
     expect_usage_error("--method h2o --budget 8 --bogus", "unknown option '--bogus'");
