@@ -313,27 +313,33 @@ static void requeue(orch *o, job *j, const char *why)
     job_set(o, j, J_QUEUED);
 }
 
-/* The store takes no more caches: its device is full, or (a run whose store is the store
- * service) the service does not answer, so every upload and claim would wait out its
- * timeouts. Said once; no more documents are fed. */
-static void store_mark(orch *o, const char *why, int down)
+/* Why the store takes no more caches (store_mark). */
+enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2 };
+
+/* The store takes no more caches: its device is full, its map reached [store] map_max_mb (no
+ * later write can fit either: retrying each document would only fail again), or (a run whose
+ * store is the store service) the service does not answer, so every upload and claim would
+ * wait out its timeouts. Said once; no more documents are fed. */
+static void store_mark(orch *o, const char *why, int kind)
 {
-    if (!o->store_full)
-        orch_log(down ? "%s\nkvmill %s: the store service does not answer: feeding no more documents (start it and run "
-                        "again: stored ones are skipped)\n"
-                      : "%s\nkvmill %s: no space left on the store's device: feeding no more documents (free space on it "
-                        "and run again: stored ones are skipped)\n",
-                 why, orch_cmd);
+    static const char *const what[3] = {
+        "no space left on the store's device: feeding no more documents (free space on it and run again: stored ones "
+        "are skipped)",
+        "the store service does not answer: feeding no more documents (start it and run again: stored ones are "
+        "skipped)",
+        "the store's map is full at [store] map_max_mb: feeding no more documents (raise map_max_mb, or set [store] "
+        "cap_mb so that old caches make room, and run again: stored ones are skipped)"};
+    if (!o->store_full) orch_log("%s\nkvmill %s: %s\n", why, orch_cmd, what[kind]);
     o->store_full = 1;
-    if (down) o->sum->store_down = 1;
-    else o->sum->store_full = 1;
+    if (kind == STORE_DOWN) o->sum->store_down = 1;
+    else o->sum->store_full = kind == STORE_MAP_FULL ? 2 : 1;
 }
 
 /* store_mark, and job j goes back to the queue (not an attempt: it is not the document's
  * fault). */
-static void store_stop(orch *o, job *j, const char *why, int down)
+static void store_stop(orch *o, job *j, const char *why, int kind)
 {
-    store_mark(o, why, down);
+    store_mark(o, why, kind);
     if (j->worker >= 0) o->workers[j->worker].job = -1;
     j->worker = -1;
     job_drop_kv(j);
@@ -347,13 +353,13 @@ static void store_stop(orch *o, job *j, const char *why, int down)
  * period) and no more documents are fed. */
 static void store_abandon(orch *o, const char *why)
 {
-    store_mark(o, why, 1);
+    store_mark(o, why, STORE_DOWN);
     const job_state busy[2] = {J_PREFILL, J_COMPRESS};
     for (int b = 0; b < 2; b++)
         for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {
             next = kvm_joblist_next(&o->lists, i);
             o->visited++;
-            store_stop(o, &o->jobs[i], why, 1);
+            store_stop(o, &o->jobs[i], why, STORE_DOWN);
             o->abandoned++;
         }
 }
@@ -608,8 +614,10 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
             char why[600];
             snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len, r.message.ptr);
-            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device")) store_stop(o, j, why, 0);
-            else if (o->cli && r.status == KVM_EIO && strstr(why, "store service")) store_stop(o, j, why, 1);
+            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device"))
+                store_stop(o, j, why, STORE_DEVICE_FULL);
+            else if (r.status == KVM_EFULL && strstr(why, "map full at")) store_stop(o, j, why, STORE_MAP_FULL);
+            else if (o->cli && r.status == KVM_EIO && strstr(why, "store service")) store_stop(o, j, why, STORE_DOWN);
             else if (r.retryable) requeue(o, j, why);
             else {
                 if (j->worker >= 0) o->workers[j->worker].job = -1;
@@ -799,7 +807,7 @@ static int claim_job(orch *o, job *j)
     int rc = o->cli ? claim_remote(o, &key, &taken, &found, &holder)
                     : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder);
     if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
-        store_stop(o, j, kvm_errmsg(), 1);
+        store_stop(o, j, kvm_errmsg(), STORE_DOWN);
         return 1;
     }
     if (rc) {
