@@ -293,7 +293,7 @@ static int run_device(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
         int32_t *ids = NULL;
         int64_t n_ids = 0;
         kvm_eval_cuda_doc *doc = NULL;
-        if (cmd_eval_docs_encode(CMD, es->tok, es->frame, docs->paths[d], &ids, &n_ids)) rc = 1;
+        if (cmd_eval_docs_encode(CMD, es->tok, es->frame, docs->paths[d], es->N + es->T, &ids, &n_ids)) rc = 1;
         else if (n_ids < es->N + es->T) {
             fprintf(stderr, "kvmill " CMD ": %s: %lld tokens, fewer than context %lld + continuation %lld\n",
                     docs->paths[d], (long long)n_ids, (long long)es->N, (long long)es->T);
@@ -393,7 +393,7 @@ static int target_load(eval_setup *es, const char *path, const char *name, kvm_e
 {
     int32_t *ids;
     int64_t n;
-    if (cmd_eval_docs_encode(CMD, es->tok, es->frame, path, &ids, &n)) return 1;
+    if (cmd_eval_docs_encode(CMD, es->tok, es->frame, path, es->N + 2 * es->T, &ids, &n)) return 1;
     int64_t N = es->N, T2 = 2 * es->T;
     if (n < N + T2) {
         N = n - T2;

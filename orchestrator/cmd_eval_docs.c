@@ -3,6 +3,7 @@
 #include "common/kvm_file.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
+#include "pipeline/kvm_doctok.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 
 #include <dirent.h>
@@ -117,8 +118,19 @@ void cmd_eval_docs_free(cmd_eval_docset *d)
     memset(d, 0, sizeof *d);
 }
 
+/* Tokenises the document read so far (text[0, n), eof: all of it): with n_want > 0 only as
+ * far as its first n_want ids need (kvm_doctok_encode; *more = 1: read more text first). */
+static int encode_read(const kvm_tokenizer *tok, const char *text, size_t n, int eof, int bos, int64_t n_want,
+                       int32_t **ids, int64_t *n_ids, int *more)
+{
+    *more = 0;
+    if (n_want > 0) return kvm_doctok_encode(tok, text, n, eof, bos, n_want, ids, n_ids, more);
+    if (!eof) return *more = 1, 0;
+    return kvm_tokenizer_encode(tok, text, n, bos, 0, ids, n_ids);
+}
+
 int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *frame, const char *path,
-                         int32_t **ids_out, int64_t *n_out)
+                         int64_t n_want, int32_t **ids_out, int64_t *n_out)
 {
     size_t fl = frame ? strlen(frame) : 0;
     *ids_out = NULL;
@@ -129,28 +141,28 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
         fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_errmsg());
         return 2;
     }
+    const int bos = frame ? kvm_tokenizer_add_bos(tok) : 1;
     size_t cap = (1 << 16) + fl, n = fl;
     char *text = malloc(cap);
     if (text && fl) memcpy(text, frame, fl); /* frame + document, one string */
-    while (text) {
+    int rc = 0, more = 1, err = 0, oom = !text;
+    while (!oom && more) { /* a 200 MB document with n_want ids reads and tokenises only what they need */
         n += fread(text + n, 1, cap - n, f);
-        if (n < cap) break;
+        const int eof = n < cap;
+        if ((err = eof && ferror(f))) break;
+        if ((rc = encode_read(tok, text, n, eof, bos, n_want, ids_out, n_out, &more)) || !more) break;
         char *t = realloc(text, cap *= 2);
-        if (!t) {
-            free(text);
-            text = NULL;
-        } else
-            text = t;
+        if (!t) oom = 1;
+        else text = t;
     }
-    int err = ferror(f);
     fclose(f);
-    if (!text || err) {
+    free(text);
+    if (oom || err) {
         fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, err ? "read error" : "out of memory");
-        free(text);
+        free(*ids_out);
+        *ids_out = NULL;
         return 1;
     }
-    int rc = kvm_tokenizer_encode(tok, text, n, frame ? kvm_tokenizer_add_bos(tok) : 1, 0, ids_out, n_out);
-    free(text);
     if (rc) {
         fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, kvm_errmsg());
         return 1;
@@ -165,7 +177,8 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
     *out = NULL;
     int32_t *ids = NULL;
     int64_t n_ids = 0;
-    if (cmd_eval_docs_encode(cmd, tok, frame, path, &ids, &n_ids)) return 1;
+    /* one window: its N + T tokens; several spread over the document: all of it */
+    if (cmd_eval_docs_encode(cmd, tok, frame, path, n_windows > 1 ? 0 : n_ctx + n_cont, &ids, &n_ids)) return 1;
     int rc = 0;
     if (n_ids < n_ctx + n_cont)
         rc = kvm_err(KVM_EINVAL, "%s: %lld tokens, fewer than context %lld + continuation %lld", path, (long long)n_ids,

@@ -132,7 +132,10 @@ int kvm_cmd_sculpt(int argc, char **argv)
     if (ost) return ost;
     int32_t *ids = NULL;
     int64_t n = 0;
-    int rc = cmd_eval_docs_encode("sculpt", tok, NULL, doc, &ids, &n); /* BOS first, as eval reads a document */
+    /* BOS first, as eval reads a document; with --context only the ids it needs are read and
+     * tokenised (a document shorter than that is still named with its length) */
+    int64_t want = ctx > 0 ? ctx : 0;
+    int rc = cmd_eval_docs_encode("sculpt", tok, NULL, doc, want, &ids, &n);
     if (!rc) {
         int64_t N = ctx > 0 ? ctx : n;
         if (ctx > m->cfg.seq_len) { /* a cut the user did not ask for would compress another context */

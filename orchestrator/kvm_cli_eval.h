@@ -39,10 +39,13 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
 /* Reads a document and encodes it with BOS first: *ids (caller frees) of *n tokens. With a
  * chat frame (kvm_chat_frame's prefix; NULL: none) the text encoded is frame + document, BOS
  * only when the tokenizer adds one, as `kvmill run` with [model] chat = true frames it
- * (pipeline/kvm_corpus.h). Prints "kvmill CMD: PATH: ..." and returns 2 when PATH does not open
- * or is a directory, 1 when it cannot be read or encoded, else 0. */
+ * (pipeline/kvm_corpus.h). n_want > 0: only the first n_want ids (*n = fewer when the document
+ * is shorter), the same as the whole text's first n_want, for reading and tokenising only the
+ * text they need (kvm_doctok_encode: a 200 MB document with --context 64 took 4 GB); 0: all.
+ * Prints "kvmill CMD: PATH: ..." and returns 2 when PATH does not open or is a directory, 1
+ * when it cannot be read or encoded, else 0. */
 int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *frame, const char *path,
-                         int32_t **ids, int64_t *n);
+                         int64_t n_want, int32_t **ids, int64_t *n);
 
 /* Parses --context / --continuation (defaults 384 / 64) against the model's window later;
  * here only the syntax and ranges [1, 1<<20]. Returns 0 or 2 after printing. */

@@ -1418,6 +1418,39 @@ START_TEST(test_batch_backend_cpu)
 }
 END_TEST
 
+/* sculpt and eval read and tokenise a document only as far as --context (+ continuation)
+ * needs: a 40 MB document under a 500 MB address-space limit (it was tokenised whole: 4 GB for
+ * 200 MB, "cannot allocate merge state for 40000002 tokens" here). */
+START_TEST(test_cli_long_document)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    printf("SKIP: cli_long_document: AddressSanitizer needs more address space than the limit\n");
+    return;
+#endif
+    char *dir = kvm_test_tmpdir(), cmd[4096], doc[512];
+    snprintf(doc, sizeof doc, "%s/long.txt", dir);
+    FILE *f = fopen(doc, "w");
+    ck_assert_ptr_nonnull(f);
+    static char block[1 << 16];
+    memset(block, 'a', sizeof block);
+    for (int i = 0; i < 40000000 / (int)sizeof block; i++) ck_assert_int_eq(fwrite(block, 1, sizeof block, f), sizeof block);
+    ck_assert_int_eq(fclose(f), 0);
+    const char *mp = kvm_test_data_path("models/stories260K.bin");
+    snprintf(cmd, sizeof cmd,
+             "ulimit -v 500000 && '%s/kvmill' sculpt --model '%s' --doc '%s' --context 64 --retain 8 --ratio 0.5 "
+             "--queries 32 --rounds 1 --iterations 3 --out '%s/l.kvs' && '%s/kvmill' eval --model '%s' --docs '%s' "
+             "--method h2o --budget 32 --context 64 --continuation 16 --decode-steps 0",
+             kvm_test_bin(), mp, doc, dir, kvm_test_bin(), mp, doc);
+    char *out = NULL, *err = NULL;
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "h2o"), "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_cli)
 {
     char *dir = kvm_test_tmpdir(), cmd[2048], path[512];
@@ -1548,6 +1581,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_lbfgs_vs_liblbfgs);
     tcase_add_test(tm, test_batch_equals_per_problem);
     tcase_add_test(tm, test_cli);
+    tcase_add_test(tm, test_cli_long_document);
     suite_add_tcase(s, tm);
     return s;
 }
