@@ -343,7 +343,8 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
 }
 
 /* Replaces the heads of dst whose job is active by the job's distilled entries followed by the
- * job's retain zone (the last m positions of in->full). */
+ * job's retain zone (the last m positions of in->full), or, for a whole-zone job, by every
+ * position of in->full's head. */
 static int assemble(const kvm_compress_input *in, const job *jobs, kvm_kvcache *dst)
 {
     const kvm_model_config *c = &in->model->cfg;
@@ -354,35 +355,23 @@ static int assemble(const kvm_compress_input *in, const job *jobs, kvm_kvcache *
             if (!jb->active) continue;
             kvm_kv_head *h = kvm_kvcache_head(dst, l, g);
             const kvm_kv_head *f = kvm_kvcache_head(in->full, l, g);
-            if (jb->whole) { /* the zone and the retain zone: every position of the context, as they are */
-                int rc = kvm_kvcache_keep(h, d, NULL, 0);
-                if (!rc) rc = kvm_kvcache_reserve(h, d, in->n_tokens);
-                int64_t kept = 0;
-                for (int64_t e = 0; !rc && e < f->n; e++)
-                    if (f->pos[e] != KVM_POS_NONE && f->pos[e] >= 0 && f->pos[e] < in->n_tokens) {
-                        rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]);
-                        kept++;
-                    }
-                if (rc) return rc;
-                if (kept != in->n_tokens)
-                    return kvm_err(KVM_EINVAL, "sculpt: full cache layer %d head %d holds %lld of the %lld context positions",
-                                   l, g, (long long)kept, (long long)in->n_tokens);
-                continue;
-            }
+            /* a whole-zone head keeps every position of the context as it is: no distilled
+             * entries, and a "retain zone" of all N positions */
+            const int64_t k = jb->whole ? 0 : jb->k, span = jb->whole ? in->n_tokens : jb->m;
             int rc = kvm_kvcache_keep(h, d, NULL, 0);
-            if (!rc) rc = kvm_kvcache_reserve(h, d, jb->k + jb->m);
-            for (int64_t j = 0; !rc && j < jb->k; j++)
+            if (!rc) rc = kvm_kvcache_reserve(h, d, k + span);
+            for (int64_t j = 0; !rc && j < k; j++)
                 rc = kvm_kvcache_append(h, d, jb->kc + j * d, jb->vc + j * d, KVM_POS_NONE, jb->beta[j]);
             int64_t kept = 0;
             for (int64_t e = 0; !rc && e < f->n; e++)
-                if (f->pos[e] != KVM_POS_NONE && f->pos[e] >= in->n_tokens - jb->m && f->pos[e] < in->n_tokens) {
+                if (f->pos[e] != KVM_POS_NONE && f->pos[e] >= in->n_tokens - span && f->pos[e] < in->n_tokens) {
                     rc = kvm_kvcache_append(h, d, f->k + e * d, f->v + e * d, f->pos[e], f->bias[e]);
                     kept++;
                 }
             if (rc) return rc;
-            if (kept != jb->m)
-                return kvm_err(KVM_EINVAL, "sculpt: full cache layer %d head %d holds %lld of the %lld retain positions",
-                               l, g, (long long)kept, (long long)jb->m);
+            if (kept != span)
+                return kvm_err(KVM_EINVAL, "sculpt: full cache layer %d head %d holds %lld of the %lld %s positions", l, g,
+                               (long long)kept, (long long)span, jb->whole ? "context" : "retain");
         }
     return 0;
 }
