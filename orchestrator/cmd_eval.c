@@ -256,7 +256,8 @@ static int run(eval_setup *es, const cmd_eval_docset *docs, eval_job *jobs, int 
     kvm_eval_opts eo = eval_opts_of(es);
     for (int d = 0; d < docs->n; d++) {
         kvm_eval_doc *doc;
-        if (cmd_eval_docs_load(CMD, es->m, es->k, es->tok, es->frame, docs->paths[d], es->N, es->T, 0, 1, &doc)) return 1;
+        int lrc = cmd_eval_docs_load(CMD, es->m, es->k, es->tok, es->frame, docs->paths[d], es->N, es->T, 0, 1, &doc);
+        if (lrc) return lrc; /* 2: a document that does not open, as sculpt's --doc */
         printf("== %s (context %lld, continuation %lld, stored as %s%s)\n", docs->names[d], (long long)es->N,
                (long long)es->T, dt, es->frame ? ", chat framing" : "");
         print_header();
@@ -293,7 +294,8 @@ static int run_device(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
         int32_t *ids = NULL;
         int64_t n_ids = 0;
         kvm_eval_cuda_doc *doc = NULL;
-        if (cmd_eval_docs_encode(CMD, es->tok, es->frame, docs->paths[d], es->N + es->T, &ids, &n_ids)) rc = 1;
+        int erc = cmd_eval_docs_encode(CMD, es->tok, es->frame, docs->paths[d], es->N + es->T, &ids, &n_ids);
+        if (erc) rc = erc;
         else if (n_ids < es->N + es->T) {
             fprintf(stderr, "kvmill " CMD ": %s: %lld tokens, fewer than context %lld + continuation %lld\n",
                     docs->paths[d], (long long)n_ids, (long long)es->N, (long long)es->T);
@@ -393,7 +395,8 @@ static int target_load(eval_setup *es, const char *path, const char *name, kvm_e
 {
     int32_t *ids;
     int64_t n;
-    if (cmd_eval_docs_encode(CMD, es->tok, es->frame, path, es->N + 2 * es->T, &ids, &n)) return 1;
+    int erc = cmd_eval_docs_encode(CMD, es->tok, es->frame, path, es->N + 2 * es->T, &ids, &n);
+    if (erc) return erc;
     int64_t N = es->N, T2 = 2 * es->T;
     if (n < N + T2) {
         N = n - T2;
@@ -452,10 +455,7 @@ static int run_target(eval_setup *es, const cmd_eval_docset *docs, eval_job *job
     for (int d = 0; !rc && d < docs->n; d++) {
         kvm_eval_doc *doc;
         int64_t N;
-        if (target_load(es, docs->paths[d], docs->names[d], &doc, &N)) {
-            rc = 1;
-            break;
-        }
+        if ((rc = target_load(es, docs->paths[d], docs->names[d], &doc, &N))) break;
         printf("== %s: target KL %g on tokens [%lld, %lld), check on [%lld, %lld), stored as %s\n", docs->names[d],
                es->target_kl, (long long)N, (long long)(N + es->T), (long long)(N + es->T),
                (long long)(N + 2 * es->T), dt);

@@ -178,7 +178,8 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
     int32_t *ids = NULL;
     int64_t n_ids = 0;
     /* one window: its N + T tokens; several spread over the document: all of it */
-    if (cmd_eval_docs_encode(cmd, tok, frame, path, n_windows > 1 ? 0 : n_ctx + n_cont, &ids, &n_ids)) return 1;
+    int erc = cmd_eval_docs_encode(cmd, tok, frame, path, n_windows > 1 ? 0 : n_ctx + n_cont, &ids, &n_ids);
+    if (erc) return erc; /* 2: the path does not open (usage), as sculpt says it */
     int rc = 0;
     if (n_ids < n_ctx + n_cont)
         rc = kvm_err(KVM_EINVAL, "%s: %lld tokens, fewer than context %lld + continuation %lld", path, (long long)n_ids,

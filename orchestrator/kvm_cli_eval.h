@@ -31,7 +31,8 @@ void cmd_eval_docs_free(cmd_eval_docset *d);
  * over the document (window 0 at the start, the last at the end), each after the first
  * beginning with BOS in place of its first token. The document's repeat prompt (query_source
  * repeat) is KVzip's instruction (kvm_sculpt_repeat_prompt; in the chat turn when frame is set).
- * Prints "kvmill CMD: ..." and returns 1 on failure (unreadable, shorter than N + T tokens). */
+ * Prints "kvmill CMD: ..." and returns 2 when the path does not open (missing, a folder, no
+ * permission), 1 on other failures (unreadable, shorter than N + T tokens). */
 int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
                        const char *frame, const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows,
                        kvm_eval_doc **out);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 START_TEST(test_kl_quantile)
 {
@@ -551,6 +552,20 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
     expect_usage_error("--method h2o --budget 99999999999999999999", "--budget: 99999999999999999999 is outside"); /* not "not an integer" */
     expect_usage_error("--method h2o --budget 8 --ratio 0.5", "exactly one of --budget and --ratio");
+    { /* a listed document that does not open (a dangling link named *.txt) is a usage error, as
+       * sculpt's --doc says it: eval exited 1 */
+        char *dir = kvm_test_tmpdir(), sub[4200], full[8192];
+        snprintf(sub, sizeof sub, "%s/bad.txt", dir);
+        ck_assert_int_eq(symlink("/nonexistent/kvmill-doc", sub), 0);
+        snprintf(full, sizeof full, EVAL "--docs %s --method h2o --budget 16", kvm_test_bin(), kvm_test_data(), dir);
+        char *out = NULL, *err = NULL;
+        int st = kvm_test_run(full, &out, &err);
+        ck_assert_msg(st == 2 && strstr(err, "bad.txt"), "exit %d, stderr %s", st, err);
+        free(out);
+        free(err);
+        kvm_test_rmtree(dir);
+        free(dir);
+    }
     /* at or above the context every document keeps everything: refused as run refuses it (it was clamped unsaid) */
     expect_usage_error("--method full,h2o --budget 16,70", "--budget 70 is not below --context 64");
     expect_usage_error("--method sculpt --budget 64", "--budget 64 is not below --context 64");
