@@ -381,6 +381,12 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
         st = kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment (%s)", path, mdb_strerror(rc));
         goto fail;
     }
+    char *lock_why = rc && !s->read_only ? store_lock_unusable(path) : NULL;
+    if (lock_why) { /* a command that writes needs the lock file: say which file and why */
+        st = kvm_err(KVM_EIO, "%s; this command writes to the store and needs it (the store is unchanged)", lock_why);
+        free(lock_why);
+        goto fail;
+    }
     if (rc) {
         st = kvm_store__mdb(s, rc, "open environment");
         goto fail;
