@@ -94,9 +94,12 @@ context = 96
 [compress]
 method = sculpt
 ratio = 0.3
-queries = 256
+queries = 512
 iterations = 200
 rounds = 4
+; every round runs: the jobs must last past c1's 3 s outage (with the solver's round stop they
+; all ended first, and c1 found no job when its link came back)
+round_tolerance = 0
 [store]
 upload_timeout_ms = 2000
 EOF
@@ -171,8 +174,9 @@ RC=$?
 grep -q "summary: compressed=12 skipped=0 failed=0" "$T/orch/run.out" || fail "summary: $(grep summary "$T/orch/run.out")"
 grep -q "requeueing" "$T/orch/run.err" || fail "no job was requeued after c1's link went down"
 grep -q "worker c1 went silent" "$T/orch/run.err" || fail "c1 was not declared silent while its link was down"
-[ "$(grep -c "^\[compress c1\] job" "$T/c1/worker.err")" -gt "$C1_DONE" ] ||
-    fail "c1 finished no job after its link came back (not accepted again)"
+C1_AFTER=$(($(grep -c "^\[compress c1\] job" "$T/c1/worker.err") - C1_DONE))
+echo "c1 finished $C1_AFTER of 12 jobs after its link came back"
+[ "$C1_AFTER" -gt 0 ] || fail "c1 finished no job after its link came back (not accepted again)"
 N=$(inns orch "$BIN/kvmill" store ls --store "$T/orch/store.lmdb" --csv | tail -n +2 | wc -l)
 [ "$N" = 12 ] || fail "$N caches in the store, expected 12"
 inns orch "$BIN/kvmill" store verify --store "$T/orch/store.lmdb" >/dev/null || fail "store verify"
