@@ -382,6 +382,21 @@ static int known_option(const char *k)
     return 0;
 }
 
+/* An integer option's value in [lo, hi] into *out; else says which option, the value and the
+ * range (it said "bad option or value"), and returns -1. */
+static int int_option(const char *stage, const char *k, const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    const long n = strtol(v, &end, 10);
+    if (!*v || *end || errno || n < lo || n > hi) {
+        fprintf(stderr, "kvmill-%s: %s: '%s' is not an integer in [%ld, %ld]\n", stage, k, v, lo, hi);
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
 /* Usage errors return 2, as kvmill's own commands do (README: exit 2 for usage). */
 static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *a)
 {
@@ -395,9 +410,7 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
             return fprintf(stderr, "kvmill-%s: unknown option '%s' (see kvmill-%s --help)\n", stage, k, stage), 2;
         if (i + 1 >= argc) return fprintf(stderr, "kvmill-%s: option '%s' needs a value\n", stage, k), 2;
         const char *v = argv[++i];
-        char *end;
-        long n = strtol(v, &end, 10);
-        int is_num = *v && !*end;
+        long n = 0;
         if (!strcmp(k, "--connect")) a->connect = v;
         else if (!strcmp(k, "--device")) a->device = v;
         else if (!strcmp(k, "--store")) a->store = v;
@@ -408,11 +421,20 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         else if (!strcmp(k, "--client-public")) a->client_public = v;
         else if (!strcmp(k, "--client-secret")) a->client_secret = v;
         else if (!strcmp(k, "--log-format")) a->log_format = v;
-        else if (!strcmp(k, "--threads") && is_num && n >= 1 && n <= 256) a->threads = (int)n;
-        else if (!strcmp(k, "--heartbeat-ms") && is_num && n >= 10 && n <= 3600000) a->heartbeat_ms = (int)n;
-        else if (!strcmp(k, "--grace-s") && is_num && n >= 0 && n <= 86400) a->grace_s = (int)n;
-        else if (!strcmp(k, "--parent-pid") && is_num && n >= 1) a->parent_pid = n;
-        else return fprintf(stderr, "kvmill-%s: bad option or value: %s %s (see --help)\n", stage, k, v), 2;
+        else if (!strcmp(k, "--threads")) {
+            if (int_option(stage, k, v, 1, 256, &n)) return 2;
+            a->threads = (int)n;
+        } else if (!strcmp(k, "--heartbeat-ms")) {
+            if (int_option(stage, k, v, 10, 3600000, &n)) return 2;
+            a->heartbeat_ms = (int)n;
+        } else if (!strcmp(k, "--grace-s")) {
+            if (int_option(stage, k, v, 0, 86400, &n)) return 2;
+            a->grace_s = (int)n;
+        } else if (!strcmp(k, "--parent-pid")) {
+            if (int_option(stage, k, v, 1, INT32_MAX, &n)) return 2;
+            a->parent_pid = n;
+        } else
+            return fprintf(stderr, "kvmill-%s: unknown option '%s' (see kvmill-%s --help)\n", stage, k, stage), 2;
     }
     if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;
     /* the id goes into every ready and heartbeat as UTF-8 (worker_id, PROTOCOL.md): an empty or

@@ -604,6 +604,8 @@ START_TEST(test_stage_usage_exit_2)
         } bad[] = {
             {"%s --bogus 1", "unknown option '--bogus'"},
             {"%s --threads", "option '--threads' needs a value"},
+            {"%s --threads -1", "--threads: '-1' is not an integer in [1, 256]"}, /* was "bad option or value" */
+            {"%s --heartbeat-ms 1e3", "--heartbeat-ms: '1e3' is not an integer in [10, 3600000]"},
             {"%s stray", "unexpected argument 'stray'"},
             {"%s --config /nonexistent/k.ini", "/nonexistent/k.ini"},
             {"%s --config /", "--config /: not a regular file"},
