@@ -115,6 +115,24 @@ START_TEST(test_config_keys_equal_option_names)
 }
 END_TEST
 
+/* The config id of "[model] path = x" with `compress_lines` in [compress], into *id; returns
+ * the canonical text the id hashes (caller frees). */
+static char *config_id_of(const char *compress_lines, kvm_store_id *id)
+{
+    char text[512];
+    snprintf(text, sizeof text, "[model]\npath = x\n[compress]\n%s\n", compress_lines);
+    kvm_config *c = NULL;
+    ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
+    char *canon;
+    size_t len;
+    ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, id, &canon, &len), 0);
+    char *z = strndup(canon, len);
+    ck_assert_ptr_nonnull(z);
+    free(canon);
+    kvm_config_free(&c);
+    return z;
+}
+
 /* The solver's convergence settings and ridge_f32 at their off values (the solve before them)
  * write no line into the canonical config text, so such configs keep the ids they had before the
  * settings existed; each one on (carry_history, ridge_f32 and round_tolerance by default) gives
@@ -129,22 +147,12 @@ START_TEST(test_convergence_settings_config_id)
                            "carry_history = 0\nridge_f32 = 0"}; /* round_tolerance at its default 0.2 */
     kvm_store_id id[7];
     for (int i = 0; i < 7; i++) {
-        char text[512];
-        snprintf(text, sizeof text, "[model]\npath = x\n[compress]\n%s\n", extra[i]);
-        kvm_config *c = NULL;
-        ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
-        char *canon;
-        size_t len;
-        ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &id[i], &canon, &len), 0);
-        char *z = strndup(canon, len); /* the canonical text: no line of a setting that is off */
-        ck_assert_ptr_nonnull(z);
+        char *z = config_id_of(extra[i], &id[i]); /* the canonical text: no line of a setting that is off */
         if (i < 2) ck_assert_ptr_null(strstr(z, "tolerance"));
         if (i < 2) ck_assert_ptr_null(strstr(z, "carry_history"));
         if (i < 2) ck_assert_ptr_null(strstr(z, "ridge_f32"));
         if (i < 2) ck_assert_ptr_null(strstr(z, "gradient_tolerance"));
         free(z);
-        free(canon);
-        kvm_config_free(&c);
     }
     ck_assert_int_eq(memcmp(&id[0], &id[1], sizeof id[0]), 0);
     for (int i = 2; i < 7; i++) ck_assert_int_ne(memcmp(&id[0], &id[i], sizeof id[0]), 0);
@@ -161,20 +169,10 @@ START_TEST(test_pilot_settings_config_id)
                            "alloc = head\npower = 1"};
     kvm_store_id id[6];
     for (int i = 0; i < 6; i++) {
-        char text[512];
-        snprintf(text, sizeof text, "[model]\npath = x\n[compress]\n%s\n", extra[i]);
-        kvm_config *c = NULL;
-        ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s", kvm_errmsg());
-        char *canon;
-        size_t len;
-        ck_assert_int_eq(kvm_jobcfg_config_id(c, NULL, &id[i], &canon, &len), 0);
-        char *z = strndup(canon, len);
-        ck_assert_ptr_nonnull(z);
+        char *z = config_id_of(extra[i], &id[i]);
         if (i < 2) ck_assert_msg(!strstr(z, "pilot_") && !strstr(z, "power="), "%s", z);
         else ck_assert_msg(strstr(z, "compress.pilot_rounds=") && strstr(z, "compress.power="), "%s", z);
         free(z);
-        free(canon);
-        kvm_config_free(&c);
     }
     ck_assert_int_eq(memcmp(&id[0], &id[1], sizeof id[0]), 0);
     for (int i = 3; i < 6; i++) ck_assert_int_ne(memcmp(&id[2], &id[i], sizeof id[0]), 0);
