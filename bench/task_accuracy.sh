@@ -7,7 +7,8 @@
 # usage: bench/task_accuracy.sh [OUT_DIR] ; env TASKS, FIRST (first case, default 0), CASES (up
 # to case FIRST + CASES), CHUNK, N, METHODS, RATIOS, THREADS, KVMILL (the binary, default
 # bin/kvmill), NICE (default 10), TAG (in the CSV names, to run other METHODS on the same cases
-# beside: bench/task_table.sh pairs them with either run's full KV)
+# beside: bench/task_table.sh pairs them with either run's full KV), BUDGETS (entries per KV head
+# including the retain zone, e.g. 512 for 25% of N = 2048; replaces RATIOS when set)
 set -eu
 OUT=${1:-bench/out/task}
 SHARED=${KVMILL_SHARED:-../shared}
@@ -22,13 +23,14 @@ THREADS=${THREADS:-2}
 KVMILL=${KVMILL:-bin/kvmill}
 DOCS=${DOCS:-$SHARED/data/long2k}
 mkdir -p "$OUT"
+if [ -n "${BUDGETS:-}" ]; then size="--budget $BUDGETS"; else size="--ratio $RATIOS"; fi
 for task in $TASKS; do
     first=${FIRST:-0}
     while [ "$first" -lt "$((${FIRST:-0} + CASES))" ]; do
         f="$OUT/$task.N$N${TAG:+.$TAG}.c$first.csv"
         if [ ! -s "$f" ]; then
             nice -n "${NICE:-10}" "$KVMILL" eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
-                --first-case "$first" --cases "$CHUNK" --method "$METHODS" --ratio "$RATIOS" --threads "$THREADS" \
+                --first-case "$first" --cases "$CHUNK" --method "$METHODS" $size --threads "$THREADS" \
                 --csv "$f.part" > "$f.log"
             mv "$f.part" "$f"
             echo "$f $(uptime | sed 's/.*load average: //')"

@@ -178,7 +178,9 @@ int kvm_cmd_run(int argc, char **argv)
         return 2;
     }
     if (kvm_cli_get(opts, "dump-config")) {
-        kvm_config_dump(cfg, stdout);
+        if (kvm_config_dump(cfg, stdout, stderr))
+            fprintf(stderr, "kvmill run: --dump-config: values that do not fit an INI line are read from the environment "
+                            "in the dump: run the export lines above before loading it as a config file\n");
         kvm_config_free(&cfg);
         return 0;
     }

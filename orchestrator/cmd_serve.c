@@ -101,7 +101,9 @@ int kvm_cmd_serve(int argc, char **argv)
         goto done;
     }
     if (kvm_cli_get(opts, "dump-config")) {
-        kvm_config_dump(cfg, stdout);
+        if (kvm_config_dump(cfg, stdout, stderr))
+            fprintf(stderr, "kvmill serve: --dump-config: values that do not fit an INI line are read from the environment "
+                            "in the dump: run the export lines above before loading it as a config file\n");
         status = 0;
         goto done;
     }

@@ -542,6 +542,23 @@ static int reads_back(const char *key, const char *v)
     return 1;
 }
 
+/* KVMILL_CFG_SECTION_KEY: the environment variable a value that does not read back goes through. */
+static void env_name(const kvm_cfg_setting *s, char *var, size_t cap)
+{
+    snprintf(var, cap, "KVMILL_CFG_%s_%s", s->section, s->key);
+    for (char *p = var; *p; p++) *p = (char)toupper((unsigned char)*p);
+}
+
+/* The shell word 'v' (each ' as '\''), for the export line --dump-config prints to stderr. */
+static void put_shell_quoted(FILE *f, const char *v)
+{
+    fputc('\'', f);
+    for (; *v; v++)
+        if (*v == '\'') fputs("'\\''", f);
+        else fputc(*v, f);
+    fputc('\'', f);
+}
+
 int kvm_config_dump_env(const kvm_config *c, FILE *f)
 {
     const char *sec = "";
@@ -554,25 +571,41 @@ int kvm_config_dump_env(const kvm_config *c, FILE *f)
             continue;
         }
         char var[128];
-        snprintf(var, sizeof var, "KVMILL_CFG_%s_%s", s->section, s->key);
-        for (char *p = var; *p; p++) *p = (char)toupper((unsigned char)*p);
+        env_name(s, var, sizeof var);
         if (setenv(var, v, 1)) return kvm_err(KVM_ENOMEM, "cannot set %s: %s", var, strerror(errno));
         fprintf(f, "%s = ${%s}\n", s->key, var);
     }
     return ferror(f) ? kvm_err(KVM_EIO, "cannot write the configuration") : 0;
 }
 
-void kvm_config_dump(const kvm_config *c, FILE *f)
+int kvm_config_dump(const kvm_config *c, FILE *f, FILE *notes)
 {
     const char *sec = "";
+    int moved = 0;
     for (int i = 0; kvm_cfg_settings[i].section; i++) {
         const kvm_cfg_setting *s = &kvm_cfg_settings[i];
         if (strcmp(sec, s->section)) fprintf(f, "%s[%s]\n", i ? "\n" : "", sec = s->section);
         char help[1024];
         snprintf(help, sizeof help, "%s%s%s%s", s->help, *s->unit ? " (" : "", s->unit, *s->unit ? ")" : "");
         dump_comment(f, help);
-        fprintf(f, "%s = %s\n", s->key, c ? raw(c, i) : (s->def ? s->def : "<required>"));
+        const char *v = c ? raw(c, i) : (s->def ? s->def : "<required>");
+        if (!c || reads_back(s->key, v)) {
+            fprintf(f, "%s = %s\n", s->key, v);
+            continue;
+        }
+        /* printed as it is, the line would read back as another value (or not at all) */
+        char var[128];
+        env_name(s, var, sizeof var);
+        fprintf(f, "; the value does not fit an INI line (over 198 characters, a line break, a ';' after a blank,\n"
+                   "; blanks at an end or \"${\"): it is read from the environment\n%s = ${%s}\n", s->key, var);
+        if (notes) {
+            fprintf(notes, "export %s=", var);
+            put_shell_quoted(notes, v);
+            fputc('\n', notes);
+        }
+        moved++;
     }
+    return moved;
 }
 
 const char *kvm_config_path(const kvm_config *c) { return c->path; }

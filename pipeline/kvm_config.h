@@ -77,8 +77,12 @@ int kvm_config_set(kvm_config *c, const char *section, const char *key, const ch
  * the canonical encoding the config id is hashed from (resolved values, defaults included). */
 int kvm_config_canonical(const kvm_config *c, const char *section, char **out, size_t *len);
 
-/* Prints the resolved configuration as INI with each key's help and unit (--dump-config). */
-void kvm_config_dump(const kvm_config *c, FILE *f);
+/* Prints the resolved configuration as INI with each key's help and unit (--dump-config); c
+ * NULL prints the defaults. A value that would not read back as itself (see
+ * kvm_config_dump_env) is written as ${KVMILL_CFG_SECTION_KEY} with a comment saying why, and
+ * its "export KVMILL_CFG_SECTION_KEY='value'" line (shell-quoted) goes to `notes` (NULL: none).
+ * Returns how many values were written so. */
+int kvm_config_dump(const kvm_config *c, FILE *f, FILE *notes);
 
 /* The resolved configuration as INI for another process to load (serve's decode workers): a
  * value that would not read back as itself (longer than libinih's 198-character line, as a deep

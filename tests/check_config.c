@@ -163,7 +163,7 @@ START_TEST(test_dump_reads_back)
     size_t n = 0;
     FILE *f = open_memstream(&text, &n);
     ck_assert_ptr_nonnull(f);
-    kvm_config_dump(c, f);
+    ck_assert_int_eq(kvm_config_dump(c, f, NULL), 0);
     fclose(f);
     for (const char *l = text; *l;) {
         size_t len = strcspn(l, "\n");
@@ -177,6 +177,48 @@ START_TEST(test_dump_reads_back)
     kvm_config_free(&back);
     kvm_config_free(&c);
     free(text);
+}
+END_TEST
+
+/* A value that does not fit an INI line (an inline-comment ';' after a blank, "${", over 198
+ * characters) is dumped as ${KVMILL_CFG_...} with its export line on the notes stream; with the
+ * variable set, the dump reads back as the same values (it read back cut or expanded before). */
+START_TEST(test_dump_moves_unwritable_values)
+{
+    char longpath[400];
+    memset(longpath, 'd', sizeof longpath - 1);
+    longpath[0] = '/';
+    longpath[sizeof longpath - 1] = 0;
+    setenv("KVT_TAG", "/a ;b", 1);
+    setenv("KVT_LONG", longpath, 1);
+    setenv("KVT_REF", "/x${y}", 1);
+    kvm_config *c;
+    ck_assert_msg(kvm_config_parse("[model]\npath = ${KVT_LONG}\ntokenizer = ${KVT_REF}\n[run]\nmetrics = ${KVT_TAG}\n",
+                                   "t.ini", &c) == 0, "%s", kvm_errmsg());
+    char *text = NULL, *notes = NULL;
+    size_t n = 0, nn = 0;
+    FILE *f = open_memstream(&text, &n), *g = open_memstream(&notes, &nn);
+    ck_assert_int_eq(kvm_config_dump(c, f, g), 3);
+    fclose(f);
+    fclose(g);
+    ck_assert_msg(strstr(notes, "export KVMILL_CFG_RUN_METRICS='/a ;b'\n"), "%s", notes);
+    ck_assert_msg(strstr(notes, "export KVMILL_CFG_MODEL_TOKENIZER='/x${y}'\n"), "%s", notes);
+    ck_assert_ptr_nonnull(strstr(text, "path = ${KVMILL_CFG_MODEL_PATH}\n"));
+    setenv("KVMILL_CFG_RUN_METRICS", "/a ;b", 1);
+    setenv("KVMILL_CFG_MODEL_TOKENIZER", "/x${y}", 1);
+    setenv("KVMILL_CFG_MODEL_PATH", longpath, 1);
+    kvm_config *back;
+    ck_assert_msg(kvm_config_parse(text, "dump.ini", &back) == 0, "%s", kvm_errmsg());
+    ck_assert_str_eq(kvm_config_str(back, "run", "metrics"), "/a ;b");
+    ck_assert_str_eq(kvm_config_str(back, "model", "tokenizer"), "/x${y}");
+    ck_assert_str_eq(kvm_config_str(back, "model", "path"), longpath);
+    unsetenv("KVMILL_CFG_RUN_METRICS");
+    unsetenv("KVMILL_CFG_MODEL_TOKENIZER");
+    unsetenv("KVMILL_CFG_MODEL_PATH");
+    kvm_config_free(&back);
+    kvm_config_free(&c);
+    free(text);
+    free(notes);
 }
 END_TEST
 
@@ -261,6 +303,7 @@ static Suite *config_suite(void)
         {"defaults_and_values", test_defaults_and_values}, {"errors_name_line_and_key", test_errors_name_line_and_key},
         {"file_errors", test_file_errors}, {"canonical_encoding", test_canonical_encoding},
         {"dump_reads_back", test_dump_reads_back},
+        {"dump_moves_unwritable_values", test_dump_moves_unwritable_values},
         {"indented_continuation_refused", test_indented_continuation_refused},
         {"nested_defaults", test_nested_defaults}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
