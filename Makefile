@@ -3,7 +3,7 @@
 #   make test       build and run every Check suite (tests/check_*.c)
 #   make SAN=1 test the same suites under AddressSanitizer + UBSan (CPU only)
 #   make bench      benchmarks (bench/run.sh), not part of the tests
-#   make fuzz       libFuzzer targets (clang) for every wire decoder
+#   make fuzz       libFuzzer targets (clang) for every wire decoder and file reader
 #   make CUDA=0     CPU-only build even when nvcc is present
 #   make deps       install the Debian packages (scripts/install-deps.sh)
 
@@ -86,7 +86,7 @@ FUZZ_SRC   := $(wildcard proto/fuzz/fuzz_*.c)
 FUZZ_BIN   := $(FUZZ_SRC:proto/fuzz/%.c=build-fuzz/%)
 DEPFILES   := $(LIB_OBJ:.o=.d) $(TEST_BIN:=.d) $(BENCH_BIN:=.d)
 
-.PHONY: all test test-multihost bench fuzz fuzz-ci fuzz-replay deps clean run lint model
+.PHONY: all test test-multihost bench fuzz fuzz-ci fuzz-replay fuzz-seeds deps clean run lint model
 all: $(KVMILL) $(STAGE_BIN)
 
 # static library of every non-stage, non-main object
@@ -155,27 +155,50 @@ test-multihost: all
 	@fail=0; for t in tests/multihost/*.sh; do echo "== $$t"; \
 	    KVMILL_BIN=$(abspath $(BINDIR)) timeout 600 bash $$t || fail=1; done; exit $$fail
 
-# ---- fuzzers (clang, libFuzzer + ASan), one per wire decoder ----
+# ---- fuzzers (clang, libFuzzer + ASan): proto/fuzz/fuzz_<type>.c, one per wire decoder, and
+# fuzz/fuzz_file_<format>.c, one per reader of a file a user hands kvmill (GGUF, safetensors,
+# config.json, tokenizer.json, llama2.c checkpoint and tokenizer, .kvs, strategy file). Each
+# target's seeds are in corpus/<target>/ beside its source ----
 comma      := ,
 FUZZ_CC    := clang
 FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(CFLAGS_PKG)
 FUZZ_LIBSRC:= common/kvm_error.c $(wildcard proto/*.c)
-# the decoders are compiled once (instrumented, no fuzzer main) into one archive that every
-# target links, rather than once per target
+# the file readers' archive holds model/, compress/ and the CPU kernels (no CUDA: KVM_WITH_CUDA
+# unset); the readers do not run the kernels, which clang 14 cannot compile (no _Float16 on x86):
+# $(CC) builds them uninstrumented, as for the library
+FFUZZ_SRC  := $(wildcard fuzz/fuzz_file_*.c)
+FFUZZ_LIBSRC := $(wildcard common/*.c kernels/*.c kernels/cpu/*.c model/*.c compress/*/*.c proto/*.c)
+# the decoders are compiled once (instrumented, no fuzzer main) into one archive per family that
+# every target of it links, rather than once per target
 FUZZ_LIBOBJ:= $(FUZZ_LIBSRC:%.c=build-fuzz/obj/%.o)
+FFUZZ_LIBOBJ := $(FFUZZ_LIBSRC:%.c=build-fuzz/obj/%.o)
 FUZZ_LIB   := build-fuzz/libkvmill-proto.a
-build-fuzz/obj/%.o: %.c $(wildcard proto/*.h) common/kvm_error.h
+FFUZZ_LIB  := build-fuzz/libkvmill-files.a
+FUZZ_SRC   += $(FFUZZ_SRC)
+FUZZ_BIN   += $(FFUZZ_SRC:fuzz/%.c=build-fuzz/%)
+build-fuzz/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(FUZZ_CC) $(subst fuzzer$(comma),fuzzer-no-link$(comma),$(FUZZ_FLAGS)) -c $< -o $@
+	$(FUZZ_CC) $(subst fuzzer$(comma),fuzzer-no-link$(comma),$(FUZZ_FLAGS)) -MMD -MP -c $< -o $@
+build-fuzz/obj/kernels/cpu/%.o: kernels/cpu/%.c
+	@mkdir -p $(@D)
+	$(CC) $(filter-out -DKVM_WITH_CUDA=1,$(CPPFLAGS)) $(CFLAGS) -O3 -Wno-psabi -MMD -MP -c $< -o $@
 $(FUZZ_LIB): $(FUZZ_LIBOBJ)
+	rm -f $@ && ar rcs $@ $^
+$(FFUZZ_LIB): $(FFUZZ_LIBOBJ)
 	rm -f $@ && ar rcs $@ $^
 build-fuzz/%: proto/fuzz/%.c proto/fuzz/fuzz_common.h $(wildcard proto/*.h) $(FUZZ_LIB)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_LIB) -o $@ $(LIBS_PKG) -lm
+build-fuzz/%: fuzz/%.c fuzz/fuzz_file.h $(FFUZZ_LIB)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -MMD -MP -MF $@.d $< $(FFUZZ_LIB) -o $@ -pthread $(LIBS_PKG) -lm
+# a target's seed folder: corpus/<name>/ beside its source
+fuzz_seeds  = $(dir $(filter %/$(notdir $(1)).c,$(FUZZ_SRC)))corpus/$(notdir $(1))
+FUZZ_PAIRS := $(foreach b,$(FUZZ_BIN),$(b):$(call fuzz_seeds,$(b)))
 FUZZ_RUNS  ?= 20000
 fuzz: $(FUZZ_BIN)
-	@for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus/$$n; \
-	    echo "== $$n"; $$f -runs=$(FUZZ_RUNS) build-fuzz/corpus/$$n proto/fuzz/corpus/$$n || exit 1; done
+	@for p in $(FUZZ_PAIRS); do f=$${p%%:*}; s=$${p#*:}; n=$$(basename $$f); mkdir -p build-fuzz/corpus/$$n; \
+	    echo "== $$n"; $$f -runs=$(FUZZ_RUNS) build-fuzz/corpus/$$n $$s || exit 1; done
 # CI's short pass: FUZZ_SECONDS split evenly over the targets, FUZZ_JOBS of them at a time (each
 # on its own corpus folder and log; a failure's log tail is shown once all have ended)
 FUZZ_SECONDS ?= 60
@@ -183,16 +206,23 @@ FUZZ_JOBS  ?= $(shell nproc 2>/dev/null || echo 1)
 fuzz-ci: $(FUZZ_BIN)
 	@n=$$(echo $(FUZZ_BIN) | wc -w); per=$$(( $(FUZZ_SECONDS) / (n > 0 ? n : 1) )); [ $$per -ge 1 ] || per=1; \
 	for f in $(FUZZ_BIN); do mkdir -p build-fuzz/corpus/$$(basename $$f); rm -f $$f.failed; done; \
-	printf '%s\n' $(FUZZ_BIN) | xargs -r -P $(FUZZ_JOBS) -n 1 sh -c 'b=$$(basename "$$2"); echo "== fuzz $$b for $$1s"; \
-	    "$$2" -max_total_time=$$1 build-fuzz/corpus/$$b proto/fuzz/corpus/$$b >build-fuzz/$$b.log 2>&1 || touch "$$2.failed"' \
+	printf '%s\n' $(FUZZ_PAIRS) | xargs -r -P $(FUZZ_JOBS) -n 1 sh -c 'f=$${2%%:*}; s=$${2#*:}; b=$$(basename "$$f"); \
+	    echo "== fuzz $$b for $$1s"; "$$f" -max_total_time=$$1 build-fuzz/corpus/$$b "$$s" >build-fuzz/$$b.log 2>&1 || touch "$$f.failed"' \
 	    fuzz $$per; \
 	fail=0; for f in $(FUZZ_BIN); do [ ! -e $$f.failed ] || { echo "== fuzz $$(basename $$f) failed:"; \
 	    tail -50 build-fuzz/$$(basename $$f).log; rm -f $$f.failed; fail=1; }; done; exit $$fail
 # replays the saved corpus (seeds + every input that ever crashed a decoder)
 fuzz-replay: $(FUZZ_BIN)
-	@for f in $(FUZZ_BIN); do n=$$(basename $$f); \
-	    echo "== replay $$n"; $$f -runs=0 proto/fuzz/corpus/$$n >/dev/null 2>build-fuzz/$$n.replay.log \
+	@for p in $(FUZZ_PAIRS); do f=$${p%%:*}; s=$${p#*:}; n=$$(basename $$f); \
+	    echo "== replay $$n"; $$f -runs=0 $$s >/dev/null 2>build-fuzz/$$n.replay.log \
 	      || { cat build-fuzz/$$n.replay.log; exit 1; }; done
+# rewrites the file fuzzers' seeds (fuzz/corpus/) from the writers in the library (fuzz/gen_corpus.c)
+fuzz-seeds: $(LIB)
+	@mkdir -p $(BUILD)/fuzz
+	$(CC) $(CPPFLAGS) $(CFLAGS) fuzz/gen_corpus.c $(LIB) -o $(BUILD)/fuzz/gen_corpus $(LDFLAGS) $(LDLIBS)
+	$(BUILD)/fuzz/gen_corpus fuzz/corpus
+
+-include $(wildcard build-fuzz/obj/*/*.d build-fuzz/obj/*/*/*.d build-fuzz/*.d)
 
 deps:
 	bash scripts/install-deps.sh

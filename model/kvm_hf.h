@@ -4,6 +4,8 @@
 #ifndef KVM_HF_H
 #define KVM_HF_H
 
+#include <stddef.h>
+
 struct kvm_model;
 
 /* 1 when path is a directory holding a config.json (a Hugging Face folder), else 0. */
@@ -40,5 +42,9 @@ int kvm__hf_load(struct kvm_model *m, const char *dir);
 struct kvm_model_config;
 int kvm__hf_config(const char *path, struct kvm_model_config *c, char *arch, unsigned arch_size, int *tied,
                    int *o_bias);
+/* The same for a config.json held in memory at json[0, len) (not NUL-terminated); `name` labels
+ * the messages. */
+int kvm__hf_config_mem(const char *name, const char *json, size_t len, struct kvm_model_config *c, char *arch,
+                       unsigned arch_size, int *tied, int *o_bias);
 
 #endif

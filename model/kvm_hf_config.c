@@ -187,15 +187,29 @@ static int parse(const char *f, const json_t *root, kvm_model_config *c, int *ar
     return 0;
 }
 
+static int from_root(const char *f, json_t *root, const json_error_t *je, kvm_model_config *c, char *arch_out,
+                     unsigned arch_size, int *tied, int *o_bias)
+{
+    if (!root) return kvm_err(KVM_EFORMAT, "%s: %s (line %d, column %d)", f, je->text, je->line, je->column);
+    *c = (kvm_model_config){0};
+    int arch = 0;
+    int rc = parse(f, root, c, &arch, tied, o_bias);
+    if (!rc) snprintf(arch_out, arch_size, "%s", arch_names[arch]);
+    json_decref(root);
+    return rc;
+}
+
 int kvm__hf_config(const char *path, kvm_model_config *c, char *arch_out, unsigned arch_size, int *tied, int *o_bias)
 {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return kvm_err(KVM_EFORMAT, "%s: %s (line %d, column %d)", path, je.text, je.line, je.column);
-    *c = (kvm_model_config){0};
-    int arch = 0;
-    int rc = parse(path, root, c, &arch, tied, o_bias);
-    if (!rc) snprintf(arch_out, arch_size, "%s", arch_names[arch]);
-    json_decref(root);
-    return rc;
+    return from_root(path, root, &je, c, arch_out, arch_size, tied, o_bias);
+}
+
+int kvm__hf_config_mem(const char *name, const char *json, size_t len, kvm_model_config *c, char *arch_out,
+                       unsigned arch_size, int *tied, int *o_bias)
+{
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    return from_root(name, root, &je, c, arch_out, arch_size, tied, o_bias);
 }

@@ -24,6 +24,7 @@ typedef struct st_file {
     size_t bytes;        /* file size */
     const uint8_t *data; /* first byte after the header */
     uint64_t data_bytes; /* bytes of the data section */
+    int borrowed;        /* 1: map is the caller's memory (kvm_st_open_mem), not ours to unmap */
 } st_file;
 
 struct kvm_st {
@@ -50,15 +51,21 @@ void kvm_st_to_f32(kvm_st_dtype t, const uint8_t *src, float *dst, int64_t n)
     }
 }
 
+static int check_size(const char *path, long long bytes)
+{
+    if (bytes < 8)
+        return kvm_err(KVM_EFORMAT, "%s: %lld bytes: too short for a safetensors header length", path, bytes);
+    return 0;
+}
+
 static int map_file(const char *path, st_file *f)
 {
     struct stat st;
     if (stat(path, &st) != 0)
         return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return kvm_err(KVM_EIO, "%s: not a regular file", path);
-    if (st.st_size < 8)
-        return kvm_err(KVM_EFORMAT, "%s: %lld bytes: too short for a safetensors header length", path,
-                       (long long)st.st_size);
+    int rc = check_size(path, (long long)st.st_size);
+    if (rc) return rc;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
@@ -250,15 +257,23 @@ static int build_index(kvm_st *s)
     return 0;
 }
 
+static kvm_st *st_new(int n_files)
+{
+    kvm_st *s = calloc(1, sizeof *s);
+    if (!s || !(s->files = calloc((size_t)n_files, sizeof *s->files))) {
+        free(s);
+        kvm_err(KVM_ENOMEM, "safetensors: out of memory");
+        return NULL;
+    }
+    return s;
+}
+
 int kvm_st_open_files(const char *const *paths, int n, kvm_st **out)
 {
     *out = NULL;
     if (n < 1 || n > KVM_ST_MAX_FILES) return kvm_err(KVM_EINVAL, "safetensors: %d files (1..%d)", n, KVM_ST_MAX_FILES);
-    kvm_st *s = calloc(1, sizeof *s);
-    if (!s || !(s->files = calloc((size_t)n, sizeof *s->files))) {
-        free(s);
-        return kvm_err(KVM_ENOMEM, "safetensors: out of memory");
-    }
+    kvm_st *s = st_new(n);
+    if (!s) return KVM_ENOMEM;
     int rc = 0;
     for (int i = 0; !rc && i < n; i++) {
         s->n_files = i + 1;
@@ -275,12 +290,35 @@ int kvm_st_open_files(const char *const *paths, int n, kvm_st **out)
     return 0;
 }
 
+int kvm_st_open_mem(const char *name, const uint8_t *buf, size_t bytes, kvm_st **out)
+{
+    *out = NULL;
+    kvm_st *s = st_new(1);
+    if (!s) return KVM_ENOMEM;
+    s->n_files = 1;
+    s->files[0].borrowed = 1;
+    int rc = (s->files[0].path = strdup(name)) ? check_size(name, (long long)bytes)
+                                                : kvm_err(KVM_ENOMEM, "safetensors: out of memory");
+    if (!rc) {
+        s->files[0].map = buf;
+        s->files[0].bytes = bytes;
+        rc = parse_file(s, 0);
+    }
+    if (!rc) rc = build_index(s);
+    if (rc) {
+        kvm_st_close(&s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
 void kvm_st_close(kvm_st **ps)
 {
     if (!ps || !*ps) return;
     kvm_st *s = *ps;
     for (int i = 0; i < s->n_files; i++) {
-        if (s->files[i].map) munmap((void *)s->files[i].map, s->files[i].bytes);
+        if (s->files[i].map && !s->files[i].borrowed) munmap((void *)s->files[i].map, s->files[i].bytes);
         free(s->files[i].path);
     }
     for (int64_t i = 0; i < s->n_t; i++)
@@ -310,6 +348,6 @@ void kvm_st_release(const kvm_st *s, const kvm_st_tensor *t)
 {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)t->data, b = a + t->bytes;
     uintptr_t lo = (a + page - 1) & ~(page - 1), hi = b & ~(page - 1);
-    (void)s;
+    if (s->files[t->file].borrowed) return; /* the caller's memory: dropping its pages would zero them */
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }

@@ -53,6 +53,13 @@ int kvm_st_open_dir(const char *dir, kvm_st **out);
  * than F32, F16, BF16: named), KVM_ENOMEM. */
 int kvm_st_open_files(const char *const *paths, int n, kvm_st **out);
 
+/* Parses one safetensors file held in memory at buf[0, bytes) (a file read by other means, a
+ * fuzzer's input), with the checks of kvm_st_open_files; `name` labels the messages and is
+ * kvm_st_file_path(s, 0). The set borrows buf: keep it until kvm_st_close, which does not free
+ * it (and kvm_st_release leaves it alone). Errors as kvm_st_open_files's but KVM_ENOTFOUND and
+ * KVM_EIO. *out is a new set (kvm_st_close). */
+int kvm_st_open_mem(const char *name, const uint8_t *buf, size_t bytes, kvm_st **out);
+
 /* Unmaps and frees. Accepts NULL and *s == NULL; sets *s = NULL. */
 void kvm_st_close(kvm_st **s);
 
@@ -69,7 +76,8 @@ int kvm_st_n_files(const kvm_st *s);
 const char *kvm_st_file_path(const kvm_st *s, int i);
 
 /* Releases the pages of file i's mapping that hold tensor t (MADV_DONTNEED; the mapping
- * stays valid and refaults on a later read). For loaders that have copied t out. */
+ * stays valid and refaults on a later read). For loaders that have copied t out. Does nothing
+ * to kvm_st_open_mem's memory. */
 void kvm_st_release(const kvm_st *s, const kvm_st_tensor *t);
 
 /* "F32", "F16", "BF16". */

@@ -265,11 +265,8 @@ static int parse_raw_byte(const char *piece)
 
 int kvm_tokenizer_open_llama2c(const char *path, int vocab_size, kvm_tokenizer **out)
 {
-    int rc;
     unsigned char *file = NULL;
-    int64_t size = 0, blob = 0;
-    int32_t max_len = 0;
-    kvm_tokenizer *t = NULL;
+    int64_t size = 0;
 
     if (!out) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_llama2c: out is NULL");
     *out = NULL;
@@ -278,7 +275,25 @@ int kvm_tokenizer_open_llama2c(const char *path, int vocab_size, kvm_tokenizer *
         return kvm_err(KVM_EINVAL,
                        "%s: vocab_size %d below %d (unk, BOS, EOS and 256 byte-fallback tokens)",
                        path, vocab_size, KVM_L2C_MIN_VOCAB);
-    if ((rc = read_file(path, &file, &size)) != KVM_OK) goto fail;
+    int rc = read_file(path, &file, &size);
+    if (rc == KVM_OK) rc = kvm__tokenizer_llama2c_mem(path, file, size, vocab_size, out);
+    free(file);
+    return rc;
+}
+
+int kvm__tokenizer_llama2c_mem(const char *path, const unsigned char *file, int64_t size, int vocab_size,
+                               kvm_tokenizer **out)
+{
+    int rc;
+    int64_t blob = 0;
+    int32_t max_len = 0;
+    kvm_tokenizer *t = NULL;
+
+    if (!out) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_llama2c: out is NULL");
+    *out = NULL;
+    if (vocab_size < KVM_L2C_MIN_VOCAB)
+        return kvm_err(KVM_EINVAL, "%s: vocab_size %d below %d (unk, BOS, EOS and 256 byte-fallback tokens)", path,
+                       vocab_size, KVM_L2C_MIN_VOCAB);
     if ((rc = l2c_validate(path, file, size, vocab_size, &max_len, &blob)) != KVM_OK) goto fail;
 
     if (!(t = calloc(1, sizeof *t))) goto nomem;
@@ -313,13 +328,11 @@ int kvm_tokenizer_open_llama2c(const char *path, int vocab_size, kvm_tokenizer *
     }
     if ((rc = build_lookup(t)) != KVM_OK) goto fail;
     t->llama2c.space_id = lookup1(t, " ", 1);
-    free(file);
     *out = t;
     return KVM_OK;
 nomem:
     rc = kvm_err(KVM_ENOMEM, "%s: cannot allocate the vocabulary (%d tokens)", path, vocab_size);
 fail:
-    free(file);
     kvm_tokenizer_close(&t);
     return rc;
 }
@@ -638,30 +651,12 @@ static int open_gguf_bpe(kvm_tokenizer *t, const kvm_gguf *g, int spm)
     return KVM_OK;
 }
 
-int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out)
+int kvm__tokenizer_gguf_mem(const char *path, const uint8_t *map, size_t bytes, kvm_tokenizer **out)
 {
-    if (!out) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_gguf: out is NULL");
     *out = NULL;
-    if (!path) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_gguf: path is NULL");
     int rc;
-    void *map = MAP_FAILED;
-    size_t bytes = 0;
     kvm_gguf *g = NULL;
     kvm_tokenizer *t = NULL;
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: cannot open: %s", path, strerror(errno));
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
-        rc = kvm_err(KVM_EIO, "%s: not a non-empty regular file", path);
-        goto fail;
-    }
-    bytes = (size_t)st.st_size;
-    map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) {
-        rc = kvm_err(KVM_EIO, "%s: mmap: %s", path, strerror(errno));
-        goto fail;
-    }
     if ((rc = kvm_gguf_parse(path, map, bytes, &g)) != KVM_OK) goto fail;
     kvm_gguf_str model = {0}, tmpl = {0};
     if ((rc = kvm_gguf_get_str(g, "tokenizer.ggml.model", &model)) != KVM_OK) {
@@ -688,13 +683,38 @@ int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out)
         t->chat_template[tmpl.len] = '\0';
     }
     kvm_gguf_free(&g);
-    munmap(map, bytes);
-    close(fd);
     *out = t;
     return KVM_OK;
 fail:
     kvm_tokenizer_close(&t);
     kvm_gguf_free(&g);
+    return rc;
+}
+
+int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out)
+{
+    if (!out) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_gguf: out is NULL");
+    *out = NULL;
+    if (!path) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_gguf: path is NULL");
+    int rc;
+    void *map = MAP_FAILED;
+    size_t bytes = 0;
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        rc = kvm_err(KVM_EIO, "%s: not a non-empty regular file", path);
+        goto fail;
+    }
+    bytes = (size_t)st.st_size;
+    map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        rc = kvm_err(KVM_EIO, "%s: mmap: %s", path, strerror(errno));
+        goto fail;
+    }
+    rc = kvm__tokenizer_gguf_mem(path, map, bytes, out);
+fail:
     if (map != MAP_FAILED) munmap(map, bytes);
     close(fd);
     return rc;

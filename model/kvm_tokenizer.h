@@ -33,6 +33,12 @@ typedef struct kvm_tokenizer kvm_tokenizer;
  *   KVM_ENOMEM    allocation failed. */
 int kvm_tokenizer_open_llama2c(const char *path, int vocab_size, kvm_tokenizer **out);
 
+/* Internal (model/, fuzzers): the same for a tokenizer file's bytes file[0, size) (copied;
+ * `path` labels the messages). Errors as kvm_tokenizer_open_llama2c's but KVM_ENOTFOUND and
+ * KVM_EIO. */
+int kvm__tokenizer_llama2c_mem(const char *path, const unsigned char *file, int64_t size, int vocab_size,
+                               kvm_tokenizer **out);
+
 /* Frees the tokenizer and everything it owns, then sets *t to NULL. Accepts t == NULL and
  * *t == NULL. Pointers returned by kvm_tokenizer_piece become invalid. */
 void kvm_tokenizer_close(kvm_tokenizer **t);
@@ -98,6 +104,11 @@ int kvm_tokenizer_decode(const kvm_tokenizer *t, const int32_t *ids, int64_t n, 
  * KVM_ENOTSUP (another tokenizer model or an unknown pre-tokenizer), KVM_ENOMEM. Handles are
  * read-only after open: any number of threads may encode/decode with one. */
 int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out);
+
+/* Internal (model/, fuzzers): the same for a GGUF file's bytes map[0, bytes) (the tokenizer
+ * copies what it keeps; `path` labels the messages). Errors as kvm_tokenizer_open_gguf's but
+ * KVM_EINVAL, KVM_ENOTFOUND and KVM_EIO. */
+int kvm__tokenizer_gguf_mem(const char *path, const uint8_t *map, size_t bytes, kvm_tokenizer **out);
 
 /* Reads a Hugging Face tokenizer.json (model/kvm_tokenizer_json.h lists what is supported:
  * byte-level BPE as GPT-2, Llama-3 and Qwen use, and the SentencePiece-style BPE of

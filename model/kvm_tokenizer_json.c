@@ -426,15 +426,11 @@ static void hf_free(kvm_bpe_hf *h)
     memset(h, 0, sizeof *h);
 }
 
-int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_tokjson_info *info)
+/* The tokenizer of root (consumed), and tokenizer_config.json beside `path` when config is 1. */
+static int from_root(const char *path, json_t *root, const json_error_t *je, int config, int32_t min_vocab,
+                     kvm_bpe **bpe, kvm_tokjson_info *info)
 {
-    *bpe = NULL;
-    *info = (kvm_tokjson_info){-1, -1, 0, NULL};
-    struct stat st;
-    if (stat(path, &st) != 0) return kvm_err(KVM_ENOTFOUND, "%s: no such file", path);
-    json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!root) return kvm_err(KVM_EFORMAT, "%s: %s (line %d, column %d)", path, je.text, je.line, je.column);
+    if (!root) return kvm_err(KVM_EFORMAT, "%s: %s (line %d, column %d)", path, je->text, je->line, je->column);
     tj t = {.f = path};
     t.h.unk_id = -1;
     int rc = read_model(&t, root, min_vocab);
@@ -443,7 +439,7 @@ int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_to
     if (!rc) {
         t.h.byte_level = t.has_byte_level;
         read_post(&t, json_object_get(root, "post_processor"), info);
-        rc = read_config(&t, path, info);
+        if (config) rc = read_config(&t, path, info);
     }
     free(t.tok), free(t.tok_len);
     json_decref(root);
@@ -452,4 +448,25 @@ int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_to
     free(info->chat_template);
     info->chat_template = NULL;
     return rc;
+}
+
+int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_tokjson_info *info)
+{
+    *bpe = NULL;
+    *info = (kvm_tokjson_info){-1, -1, 0, NULL};
+    struct stat st;
+    if (stat(path, &st) != 0) return kvm_err(KVM_ENOTFOUND, "%s: no such file", path);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    return from_root(path, root, &je, 1, min_vocab, bpe, info);
+}
+
+int kvm__tokjson_parse_mem(const char *name, const char *json, size_t len, int32_t min_vocab, kvm_bpe **bpe,
+                           kvm_tokjson_info *info)
+{
+    *bpe = NULL;
+    *info = (kvm_tokjson_info){-1, -1, 0, NULL};
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    return from_root(name, root, &je, 0, min_vocab, bpe, info);
 }

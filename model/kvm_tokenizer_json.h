@@ -31,4 +31,10 @@ typedef struct kvm_tokjson_info {
  * KVM_ENOMEM. */
 int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_tokjson_info *info);
 
+/* The same for a tokenizer.json held in memory at json[0, len) (not NUL-terminated), without a
+ * tokenizer_config.json (info has only what the file says); `name` labels the messages. Errors
+ * as kvm__tokjson_open's but KVM_ENOTFOUND. */
+int kvm__tokjson_parse_mem(const char *name, const char *json, size_t len, int32_t min_vocab, kvm_bpe **bpe,
+                           kvm_tokjson_info *info);
+
 #endif

@@ -283,6 +283,30 @@ START_TEST(test_small_vocab)
 }
 END_TEST
 
+/* kvm__tokenizer_gguf_mem on a GGUF file's bytes: the vocabulary the file gives, and a cut copy
+ * refused naming the label it was given. */
+START_TEST(test_mem)
+{
+    char *dir = kvm_test_tmpdir();
+    char *path = write_vocab(dir, "gpt2", "smollm", toks, 11, types, 11, merges, 4);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(path, &n);
+    ck_assert_ptr_nonnull(bytes);
+    kvm_tokenizer *t = NULL;
+    ck_assert_msg(kvm__tokenizer_gguf_mem("mem.gguf", (const uint8_t *)bytes, n, &t) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_tokenizer_vocab_size(t), 11);
+    expect_ids(t, "ab c", (int32_t[]){6, 8}, 2);
+    kvm_tokenizer_close(&t);
+    ck_assert_int_eq(kvm__tokenizer_gguf_mem("cut.gguf", (const uint8_t *)bytes, n / 2, &t), KVM_EFORMAT);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(kvm_errmsg(), "cut.gguf"), "%s", kvm_errmsg());
+    free(bytes);
+    free(path);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static void expect_open_error(const char *model, const char *pre, int n_types, const char **m, int n_m, int rc_want,
                               const char *frag)
 {
@@ -456,6 +480,7 @@ static Suite *gguf_tokenizer_suite(void)
     } cases[] = {{"smol_ids", test_smol_ids},
                  {"smol_long_doc", test_smol_long_doc},
                  {"small_vocab", test_small_vocab},
+                 {"mem", test_mem},
                  {"bad_vocab", test_bad_vocab},
                  {"spm_matches_llama2c", test_spm_matches_llama2c},
                  {"llama2c_unchanged", test_llama2c_unchanged}};

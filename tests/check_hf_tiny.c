@@ -709,6 +709,35 @@ START_TEST(test_bad_config)
 }
 END_TEST
 
+/* kvm__hf_config_mem on config.json's bytes: the config the file gives, and malformed text
+ * refused naming the label it was given. */
+START_TEST(test_config_mem)
+{
+    static const char *names[] = {"llama_f32", "llama3_rope", "mistral_window", "qwen2_bias", "qwen3_qknorm"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char p[4096];
+        snprintf(p, sizeof p, TINY_DIR "/%s/config.json", names[i]);
+        size_t n;
+        char *text = kvm_test_read_file(p, &n);
+        ck_assert_ptr_nonnull(text);
+        kvm_model_config a, b;
+        char arch_a[64], arch_b[64];
+        int tied_a, tied_b, ob_a, ob_b;
+        ck_assert_msg(kvm__hf_config(p, &a, arch_a, sizeof arch_a, &tied_a, &ob_a) == 0, "%s", kvm_errmsg());
+        ck_assert_msg(kvm__hf_config_mem("mem.json", text, n, &b, arch_b, sizeof arch_b, &tied_b, &ob_b) == 0, "%s",
+                      kvm_errmsg());
+        ck_assert_int_eq(memcmp(&a, &b, sizeof a), 0);
+        ck_assert_str_eq(arch_a, arch_b);
+        ck_assert_int_eq(tied_a, tied_b);
+        ck_assert_int_eq(ob_a, ob_b);
+        ck_assert_int_eq(kvm__hf_config_mem("cut.json", text, n / 2, &b, arch_b, sizeof arch_b, &tied_b, &ob_b),
+                         KVM_EFORMAT);
+        ck_assert_msg(strstr(kvm_errmsg(), "cut.json") && strstr(kvm_errmsg(), "line"), "%s", kvm_errmsg());
+        free(text);
+    }
+}
+END_TEST
+
 START_TEST(test_bad_tensors)
 {
     tset s = {0};
@@ -776,6 +805,7 @@ static Suite *tiny_suite(void)
                 {"model_id", test_model_id},
                 {"llama3_chat", test_llama3_chat},
                 {"bad_config", test_bad_config},
+                {"config_mem", test_config_mem},
                 {"bad_tensors", test_bad_tensors}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);

@@ -7,6 +7,7 @@
  * Metaspace with byte fallback); decoding; and each malformed tokenizer.json refused by name. */
 #include "common/kvm_error.h"
 #include "model/kvm_tokenizer.h"
+#include "model/kvm_tokenizer_json.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -164,6 +165,40 @@ START_TEST(test_malformed)
 }
 END_TEST
 
+/* kvm__tokjson_parse_mem on a tokenizer.json's bytes: the ids kvm_tokenizer_open_hf's tokenizer
+ * gives, and a cut copy refused naming the label it was given. */
+START_TEST(test_mem)
+{
+    const char text[] = "Hello world 123, \xc3\xa9t\xc3\xa9 \xe4\xb8\xad <|endoftext|>  x";
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char p[512];
+        snprintf(p, sizeof p, TOK_DIR "/%s/tokenizer.json", names[i]);
+        size_t n;
+        char *json = kvm_test_read_file(p, &n);
+        ck_assert_ptr_nonnull(json);
+        kvm_tokenizer *t;
+        ck_assert_msg(kvm_tokenizer_open_hf(p, 0, &t) == 0, "%s", kvm_errmsg());
+        kvm_bpe *b = NULL;
+        kvm_tokjson_info info;
+        ck_assert_msg(kvm__tokjson_parse_mem("mem.json", json, n, 0, &b, &info) == 0, "%s", kvm_errmsg());
+        int32_t *a = NULL, *c = NULL;
+        int64_t na = 0, nc = 0;
+        ck_assert_int_eq(kvm_tokenizer_encode(t, text, sizeof text - 1, 0, 0, &a, &na), 0);
+        ck_assert_int_eq(kvm__bpe_encode_new(b, text, sizeof text - 1, &c, &nc), 0);
+        ck_assert_msg(na == nc, "%s: %lld ids from the file, %lld from memory", names[i], (long long)na, (long long)nc);
+        for (int64_t k = 0; k < na; k++)
+            ck_assert_int_eq(a[k], c[k]);
+        free(a), free(c), free(info.chat_template);
+        kvm__bpe_free(&b);
+        kvm_tokenizer_close(&t);
+        ck_assert_int_eq(kvm__tokjson_parse_mem("cut.json", json, n - 2, 0, &b, &info), KVM_EFORMAT);
+        ck_assert_ptr_null(b);
+        ck_assert_msg(strstr(kvm_errmsg(), "cut.json"), "%s", kvm_errmsg());
+        free(json);
+    }
+}
+END_TEST
+
 static Suite *tok_suite(void)
 {
     Suite *s = suite_create("hf_tokenizer");
@@ -173,7 +208,7 @@ static Suite *tok_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } more[] = {{"smol", test_smol}, {"decode", test_decode}, {"malformed", test_malformed}};
+    } more[] = {{"smol", test_smol}, {"decode", test_decode}, {"malformed", test_malformed}, {"mem", test_mem}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);
         tcase_add_test(tc, more[i].fn);

@@ -156,6 +156,49 @@ START_TEST(test_malformed)
 }
 END_TEST
 
+/* kvm_st_open_mem on a file's bytes: the same tensors as kvm_st_open_files, its name in the
+ * messages, and kvm_st_release leaves the caller's memory alone. */
+START_TEST(test_open_mem)
+{
+    const char *path = in_dir("m.safetensors");
+    enum { NA = 4096 }; /* 16 KiB: whole pages, which kvm_st_release would drop from a mapping */
+    float *a = malloc(NA * sizeof *a), b[2] = {4, 5};
+    for (int i = 0; i < NA; i++)
+        a[i] = (float)(i + 1);
+    kvm_test_st_tensor ts[] = {{"a", "F32", 1, {NA}, a}, {"b", "F32", 1, {2}, b}};
+    ck_assert_int_eq(kvm_test_st_write(path, ts, 2), 0);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(path, &n);
+    ck_assert_ptr_nonnull(bytes);
+    kvm_st *s = NULL;
+    ck_assert_msg(kvm_st_open_mem("mem.safetensors", (const uint8_t *)bytes, n, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_st_n_tensors(s), 2);
+    ck_assert_str_eq(kvm_st_file_path(s, 0), "mem.safetensors");
+    const kvm_st_tensor *t = kvm_st_find(s, "a");
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(t->n_elems, NA);
+    ck_assert_msg(t->data >= (const uint8_t *)bytes && t->data + t->bytes <= (const uint8_t *)bytes + n,
+                  "tensor data outside the buffer");
+    /* release must not drop the pages of the caller's memory (they would read back as zeros) */
+    kvm_st_release(s, t);
+    float *back = malloc(NA * sizeof *back);
+    kvm_st_to_f32(t->dtype, t->data, back, NA);
+    for (int i = 0; i < NA; i++)
+        ck_assert_msg(back[i] == a[i], "a[%d] = %g after release, want %g", i, back[i], a[i]);
+    kvm_st_close(&s);
+    ck_assert_ptr_null(s);
+    ck_assert_int_eq(memcmp(bytes + n - 8, b, 8), 0); /* the buffer is the caller's: intact after close */
+    ck_assert_int_eq(kvm_st_open_mem("short.safetensors", (const uint8_t *)bytes, 7, &s), KVM_EFORMAT);
+    ck_assert_ptr_null(s);
+    ck_assert_msg(strstr(kvm_errmsg(), "short.safetensors") && strstr(kvm_errmsg(), "too short"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_st_open_mem("cut.safetensors", (const uint8_t *)bytes, n - 1, &s), KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "cut.safetensors"), "%s", kvm_errmsg());
+    free(back);
+    free(bytes);
+    free(a);
+}
+END_TEST
+
 /* A valid two-tensor file cut at every length is refused, never read past. */
 START_TEST(test_truncated)
 {
@@ -266,6 +309,7 @@ static Suite *st_suite(void)
     } cases[] = {{"values", test_values},
                  {"malformed", test_malformed},
                  {"truncated", test_truncated},
+                 {"open_mem", test_open_mem},
                  {"sharded", test_sharded}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

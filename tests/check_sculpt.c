@@ -905,6 +905,13 @@ START_TEST(test_compress_decode_positions_and_file)
     kvm_kvcache_free(&d);
     size_t n;
     uint8_t *bytes = (uint8_t *)kvm_test_read_file(path, &n);
+    /* the same bytes in memory (kvm_sculpt_cache_decode) */
+    ck_assert_int_eq(kvm_sculpt_cache_decode("mem.kvs", bytes, n, &d), 0);
+    ck_assert(caches_equal(c, d));
+    kvm_kvcache_free(&d);
+    ck_assert_int_eq(kvm_sculpt_cache_decode("cut.kvs", bytes, n - 1, &d), KVM_EFORMAT);
+    ck_assert_ptr_null(d);
+    ck_assert_msg(strstr(kvm_errmsg(), "cut.kvs"), "message: %s", kvm_errmsg());
     bytes[n / 2] ^= 1;
     kvm_test_write_file(path, bytes, n);
     ck_assert_int_eq(kvm_sculpt_cache_read(path, &d), KVM_ECORRUPT);

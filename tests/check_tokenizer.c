@@ -799,6 +799,33 @@ START_TEST(duplicate_piece_lower_id)
 }
 END_TEST
 
+/* kvm__tokenizer_llama2c_mem on tok512's bytes: the tokenizer the file gives (same ids for a
+ * text), and a cut copy refused naming the label it was given. */
+START_TEST(mem_matches_file)
+{
+    size_t n = 0;
+    char *bytes = read_data(TOK512, &n);
+    kvm_tokenizer *t = NULL;
+    ck_assert_msg(kvm__tokenizer_llama2c_mem("mem.bin", (const unsigned char *)bytes, (int64_t)n, VOCAB, &t) == 0,
+                  "%s", kvm_errmsg());
+    const char text[] = "Once upon a time, a little girl named Lily \xc3\xbc.";
+    int32_t *a = NULL, *b = NULL;
+    int64_t na = 0, nb = 0;
+    ck_assert_int_eq(kvm_tokenizer_encode(tok, text, sizeof text - 1, 1, 0, &a, &na), 0);
+    ck_assert_int_eq(kvm_tokenizer_encode(t, text, sizeof text - 1, 1, 0, &b, &nb), 0);
+    ck_assert_int_eq(na, nb);
+    for (int64_t i = 0; i < na; i++)
+        ck_assert_int_eq(a[i], b[i]);
+    free(a), free(b);
+    kvm_tokenizer_close(&t);
+    ck_assert_int_eq(kvm__tokenizer_llama2c_mem("cut.bin", (const unsigned char *)bytes, (int64_t)n - 1, VOCAB, &t),
+                     KVM_EFORMAT);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(kvm_errmsg(), "cut.bin") && strstr(kvm_errmsg(), "record 511"), "%s", kvm_errmsg());
+    free(bytes);
+}
+END_TEST
+
 /* ---- suite ---- */
 
 static Suite *tokenizer_suite(void)
@@ -820,6 +847,7 @@ static Suite *tokenizer_suite(void)
         {"empty_text", empty_text, 1},
         {"long_document", long_document, 1},
         {"bad_arguments", bad_arguments, 1},
+        {"mem_matches_file", mem_matches_file, 1},
         {"bad_file_missing_or_directory", bad_file_missing_or_directory, 2},
         {"bad_file_truncated", bad_file_truncated, 2},
         {"bad_file_fields", bad_file_fields, 2},

@@ -28,4 +28,8 @@ int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c);
  * float), KVM_ENOMEM; the message names the file and the field. On error *out = NULL. */
 int kvm_sculpt_cache_read(const char *path, kvm_kvcache **out);
 
+/* The same for a file's bytes p[0, n) (copied into *out); `path` labels the messages. Errors as
+ * kvm_sculpt_cache_read's but KVM_ENOTFOUND and KVM_EIO. */
+int kvm_sculpt_cache_decode(const char *path, const uint8_t *p, size_t n, kvm_kvcache **out);
+
 #endif

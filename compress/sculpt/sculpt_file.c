@@ -116,9 +116,10 @@ static int all_finite(const uint8_t *p, size_t n_floats)
     return 1;
 }
 
-/* Validates and decodes bytes p[0, n) into *out. */
-static int decode(const char *path, const uint8_t *p, size_t n, kvm_kvcache **out)
+int kvm_sculpt_cache_decode(const char *path, const uint8_t *p, size_t n, kvm_kvcache **out)
 {
+    *out = NULL;
+    if (!host_is_le()) return kvm_err(KVM_ENOTSUP, "%s: big-endian hosts are not supported", path);
     const size_t hdr = 32;
     if (n < hdr + 8 || memcmp(p, MAGIC, 8)) return kvm_err(KVM_EFORMAT, "%s: not a KVMSCULP file (magic)", path);
     uint32_t ver = get_u32(p + 8), d = get_u32(p + 12), nl = get_u32(p + 16), nkv = get_u32(p + 20);
@@ -180,7 +181,6 @@ fail:
 int kvm_sculpt_cache_read(const char *path, kvm_kvcache **out)
 {
     *out = NULL;
-    if (!host_is_le()) return kvm_err(KVM_ENOTSUP, "%s: big-endian hosts are not supported", path);
     FILE *f = fopen(path, "rb");
     if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
     uint8_t *p = NULL;
@@ -191,7 +191,7 @@ int kvm_sculpt_cache_read(const char *path, kvm_kvcache **out)
     else if (!(p = malloc(sz > 0 ? (size_t)sz : 1))) rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
     else if (fread(p, 1, (size_t)sz, f) != (size_t)sz) rc = kvm_err(KVM_EIO, "%s: read failed", path);
     fclose(f);
-    if (!rc) rc = decode(path, p, (size_t)sz, out);
+    if (!rc) rc = kvm_sculpt_cache_decode(path, p, (size_t)sz, out);
     free(p);
     return rc;
 }
