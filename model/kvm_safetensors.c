@@ -166,7 +166,8 @@ static int cmp_data(const void *a, const void *b)
  * each starting where the previous ended, the last ending at the section's end. */
 static int check_tiling(const kvm_st *s, const st_file *f, int64_t first)
 {
-    qsort(s->t + first, (size_t)(s->n_t - first), sizeof *s->t, cmp_data);
+    if (s->n_t > first) /* a header without tensors leaves s->t NULL: qsort(NULL, 0) is undefined */
+        qsort(s->t + first, (size_t)(s->n_t - first), sizeof *s->t, cmp_data);
     const uint8_t *at = f->data;
     for (int64_t i = first; i < s->n_t; i++) {
         const kvm_st_tensor *t = &s->t[i];
