@@ -157,8 +157,8 @@ test-multihost: all
 
 # ---- fuzzers (clang, libFuzzer + ASan): proto/fuzz/fuzz_<type>.c, one per wire decoder, and
 # fuzz/fuzz_file_<format>.c, one per reader of a file a user hands kvmill (GGUF, safetensors,
-# config.json, tokenizer.json, llama2.c checkpoint and tokenizer, .kvs, strategy file). Each
-# target's seeds are in corpus/<target>/ beside its source ----
+# config.json, tokenizer.json, llama2.c checkpoint and tokenizer, .kvs, strategy and signals
+# files). Each target's seeds are in corpus/<target>/ beside its source ----
 comma      := ,
 FUZZ_CC    := clang
 FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(CFLAGS_PKG)

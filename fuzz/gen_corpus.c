@@ -1,9 +1,9 @@
 /* gen_corpus.c: writes the seed corpus of the file fuzzers (fuzz/fuzz_file_*.c) into
  * fuzz/corpus/fuzz_file_<format>/: small valid files of every format, written by the library's
- * own writers where it has one (llama2.c checkpoints, .kvs, strategies) and by hand after the
- * specs otherwise (GGUF, safetensors), plus copies of the repository's small valid files
- * (data/models/tok512.bin; tests/data/hf's config.json and tokenizer.json files). Each seed is
- * under 64 KB. Not part of the build: `make fuzz-seeds` compiles and runs it. */
+ * own writers where it has one (llama2.c checkpoints, .kvs, strategies, signals CSVs) and by
+ * hand after the specs otherwise (GGUF, safetensors), plus copies of the repository's small
+ * valid files (data/models/tok512.bin; tests/data/hf's config.json and tokenizer.json files).
+ * Each seed is under 64 KB. Not part of the build: `make fuzz-seeds` compiles and runs it. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -333,6 +333,48 @@ static void sculpt(const char *seed, int n_layers, int n_kv, int head_dim, int n
     kvm_kvcache_free(&c);
 }
 
+/* ---- signals CSVs (kvm_polykv_signals_csv), for a model of n_layers (the seed's first byte) ---- */
+static void signals(const char *seed, int n_layers, int prefill_only, int distilled, int opts)
+{
+    kvm_polykv_signals *s = NULL;
+    if (kvm_polykv_signals_new(n_layers, &s) != 0) die("signals");
+    const int L = n_layers, P = KVM_PATTERN_COUNT;
+    for (int ph = 0; ph < 2; ph++)
+        for (int l = 0; l < L; l++) {
+            double worst = 0;
+            for (int r = 0; r < P; r++) {
+                s->cosine[(ph * L + l) * P + r] = r == (l + ph) % 4 ? 0.99 : 0.9 - 0.01 * r;
+                s->ppl_delta[(ph * L + l) * P + r] = r == 3 - l % 4 ? 0.01 : 0.5 + 0.1 * r;
+                s->kl[(ph * L + l) * P + r] = 0.001 * (r + 1);
+                if (s->ppl_delta[(ph * L + l) * P + r] > worst) worst = s->ppl_delta[(ph * L + l) * P + r];
+            }
+            s->worst_ppl[ph * L + l] = worst;
+        }
+    for (int l = 0; l < L; l++) {
+        s->entropy[l] = 1.0 + l;
+        s->sculpt_cosine[l] = s->kvzip_cosine[l] = 0.97;
+        s->sculpt_ppl[l] = s->kvzip_ppl[l] = 0.05;
+        s->sculpt_kl[l] = s->kvzip_kl[l] = 0.002;
+    }
+    s->budget = 16;
+    s->prefill_only = prefill_only;
+    s->has_sculpt = s->has_kvzip = distilled;
+    if (opts) {
+        s->sculpt_opts_known = 1;
+        s->sculpt_opts = kvm_sculpt_opts_default();
+    }
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) die("open_memstream");
+    fputc(n_layers - 1, f);
+    if (kvm_polykv_signals_csv(s, f) != 0) die("signals csv");
+    fclose(f);
+    write_seed("signals", seed, text, n);
+    free(text);
+    kvm_polykv_signals_free(&s);
+}
+
 /* ---- strategies (kvm_strategy_encode) ---- */
 static void strategy(const char *seed, int n_layers, const kvm_pattern *pat, int distilled_known)
 {
@@ -411,6 +453,8 @@ int main(int argc, char **argv)
     sculpt("empty_heads", 1, 3, 2, 0, 0);
     const kvm_pattern evict[4] = {KVM_PATTERN_STREAMING, KVM_PATTERN_H2O, KVM_PATTERN_TOVA, KVM_PATTERN_SNAPKV};
     const kvm_pattern mixed[3] = {KVM_PATTERN_SCULPT, KVM_PATTERN_H2O, KVM_PATTERN_KVZIP};
+    signals("both_phases", 2, 0, 0, 0);
+    signals("prefill_distilled_opts", 3, 1, 1, 1);
     strategy("v1", 4, evict, 0);
     strategy("v2_sculpt", 3, mixed, 1);
     return 0;

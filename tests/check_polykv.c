@@ -368,6 +368,20 @@ START_TEST(test_signals_read)
     }
     size_t n;
     good = kvm_test_read_file(path, &n); /* prefill only: header, 25 eviction rows, 5 kvzip rows */
+    /* the same bytes from a stream (kvm_polykv_signals_read_stream), the label in its messages */
+    FILE *mf = fmemopen(good, n, "r");
+    ck_assert_ptr_nonnull(mf);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+    ck_assert_int_eq(kvm_polykv_signals_read_stream(mf, "mem.csv", t), 0);
+    fclose(mf);
+    ck_assert(t->budget == 20 && t->prefill_only && t->has_kvzip && t->entropy[4] == s->entropy[4]);
+    kvm_polykv_signals_free(&t);
+    mf = fmemopen(good, n / 2, "r");
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+    ck_assert_int_eq(kvm_polykv_signals_read_stream(mf, "cut.csv", t), KVM_EFORMAT);
+    fclose(mf);
+    ck_assert_msg(strstr(kvm_errmsg(), "cut.csv"), "%s", kvm_errmsg());
+    kvm_polykv_signals_free(&t);
     expect_bad(dir, good, 0, "phase,layer,pattern", "not the header");
     expect_bad(dir, good, 1, "prefill,0,h2o,20,0.9,0.5", "not 9 comma-separated fields");
     expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,1,0.1,7", "not 9 comma-separated fields");

@@ -185,6 +185,9 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
  * (header, options line, field count, phase, layer ≥ L, pattern, non-finite number, duplicate or
  * missing row, budgets), KVM_ENOMEM. */
 int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s);
+/* The same from an open stream f (read to its end, not closed; a file's bytes in memory through
+ * fmemopen), `path` labelling the messages. Errors as kvm_polykv_signals_read's but KVM_ENOTFOUND. */
+int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals *s);
 
 /* Builds a strategy from signals: per (layer, phase) the pattern with the best preference
  * score (select COSINE: highest cosine; PPL: lowest ppl_delta; ties to the earlier pattern;

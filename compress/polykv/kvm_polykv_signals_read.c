@@ -160,10 +160,17 @@ static int complete(reader *r)
 
 int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s)
 {
-    const int L = s->n_layers;
     FILE *f;
     int ost = kvm_file_open_input(path, "r", "signals", &f); /* a folder: named, not "read failed" */
     if (ost) return ost;
+    int rc = kvm_polykv_signals_read_stream(f, path, s);
+    fclose(f);
+    return rc;
+}
+
+int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals *s)
+{
+    const int L = s->n_layers;
     reader r = {.path = path, .s = s, .budget = -1};
     s->sculpt_opts_known = 0;
     r.ev = calloc((size_t)2 * L * KVM_PATTERN_COUNT, 1);
@@ -199,7 +206,6 @@ int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s)
     if (!rc && ferror(f)) rc = kvm_err(KVM_EIO, "signals %s: read failed", path);
     if (!rc && r.line < header_line) rc = kvm_err(KVM_EFORMAT, "signals %s: empty file", path);
     if (!rc) rc = complete(&r);
-    fclose(f);
     free(r.ev);
     free(r.dist);
     free(r.layer_set);
