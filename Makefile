@@ -161,7 +161,20 @@ test-multihost: all
 # files). Each target's seeds are in corpus/<target>/ beside its source ----
 comma      := ,
 FUZZ_CC    := clang
-FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(CFLAGS_PKG)
+# -fno-sanitize-recover: undefined behaviour stops the run like an ASan report (UBSan's default
+# prints one line and goes on, so fuzz-ci passed over it)
+FUZZ_FLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
+              -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE $(CFLAGS_PKG)
+# build-fuzz/.flags: a change of FUZZ_FLAGS (or CC for the kernels) rebuilds every fuzz object
+FUZZ_STAMP := build-fuzz/.flags
+ifeq ($(filter clean,$(MAKECMDGOALS)),)
+ifneq ($(strip $(FUZZ_FLAGS) $(CC) $(CFLAGS)),$(strip $(shell cat $(FUZZ_STAMP) 2>/dev/null)))
+$(shell mkdir -p build-fuzz && printf '%s\n' '$(strip $(FUZZ_FLAGS) $(CC) $(CFLAGS))' > $(FUZZ_STAMP))
+endif
+endif
+$(FUZZ_STAMP):
+	@mkdir -p $(@D)
+	printf '%s\n' '$(strip $(FUZZ_FLAGS) $(CC) $(CFLAGS))' > $@
 FUZZ_LIBSRC:= common/kvm_error.c $(wildcard proto/*.c)
 # the file readers' archive holds model/, compress/ and the CPU kernels (no CUDA: KVM_WITH_CUDA
 # unset); the readers do not run the kernels, which clang 14 cannot compile (no _Float16 on x86):
@@ -176,20 +189,20 @@ FUZZ_LIB   := build-fuzz/libkvmill-proto.a
 FFUZZ_LIB  := build-fuzz/libkvmill-files.a
 FUZZ_SRC   += $(FFUZZ_SRC)
 FUZZ_BIN   += $(FFUZZ_SRC:fuzz/%.c=build-fuzz/%)
-build-fuzz/obj/%.o: %.c
+build-fuzz/obj/%.o: %.c $(FUZZ_STAMP)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(subst fuzzer$(comma),fuzzer-no-link$(comma),$(FUZZ_FLAGS)) -MMD -MP -c $< -o $@
-build-fuzz/obj/kernels/cpu/%.o: kernels/cpu/%.c
+build-fuzz/obj/kernels/cpu/%.o: kernels/cpu/%.c $(FUZZ_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(filter-out -DKVM_WITH_CUDA=1,$(CPPFLAGS)) $(CFLAGS) -O3 -Wno-psabi -MMD -MP -c $< -o $@
 $(FUZZ_LIB): $(FUZZ_LIBOBJ)
 	rm -f $@ && ar rcs $@ $^
 $(FFUZZ_LIB): $(FFUZZ_LIBOBJ)
 	rm -f $@ && ar rcs $@ $^
-build-fuzz/%: proto/fuzz/%.c proto/fuzz/fuzz_common.h $(wildcard proto/*.h) $(FUZZ_LIB)
+build-fuzz/%: proto/fuzz/%.c proto/fuzz/fuzz_common.h $(wildcard proto/*.h) $(FUZZ_LIB) $(FUZZ_STAMP)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $< $(FUZZ_LIB) -o $@ $(LIBS_PKG) -lm
-build-fuzz/%: fuzz/%.c fuzz/fuzz_file.h $(FFUZZ_LIB)
+build-fuzz/%: fuzz/%.c fuzz/fuzz_file.h $(FFUZZ_LIB) $(FUZZ_STAMP)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -MMD -MP -MF $@.d $< $(FFUZZ_LIB) -o $@ -pthread $(LIBS_PKG) -lm
 # a target's seed folder: corpus/<name>/ beside its source
