@@ -1,15 +1,17 @@
 #!/bin/sh
 # task_table.sh: accuracy per (task, context, method, budget) over the CSVs of
-# bench/task_accuracy.sh, with the Wilson 95% interval and the exact McNemar p against full KV
+# bench/task_accuracy.sh, with the Wilson 95% interval and the exact McNemar p against full KV,
+# the accuracy as a share of full KV's (vs_full) and a paired non-inferiority bound (ni95_lo)
 # on the same cases (a method's cell pairs each of its cases with full KV's answer to the same
 # case, so cells of different runs over the same cases combine). usage: bench/task_table.sh OUT_DIR
 set -eu
-printf "%-10s %-24s %6s %8s %17s %6s %6s %9s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p
+printf "%-10s %-24s %6s %8s %17s %6s %6s %9s %8s %8s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p vs_full ni95_lo
 # a chunk still running (.csv.part) counts with the cases it has finished so far
 cat "${1:-bench/out/task}"/*.csv "${1:-bench/out/task}"/*.csv.part 2>/dev/null | awk -F, '
 $1 == "case" { next }
-# the budget as a share of the context, to the nearest 1/200 (budgets are whole entries)
-{ key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", int($7 / $5 * 200 + 0.5) / 200)) }
+# the budget as a share of the context, to the nearest 1/40: a fixed --budget (512 = 25% of N = 2,048)
+# over cases whose context is 2,006-2,048 tokens is one cell, as the --ratio cells are
+{ key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", int($7 / $5 * 40 + 0.5) / 40)) }
 $6 == "full" { full[key] = $8 }
 { ok[key, m] = $8; seen[key] = 1; cells[$2 "|" m] = 1 }
 END {
@@ -27,6 +29,14 @@ END {
         nn = b + g; k0 = b < g ? b : g; t = 0
         for (i = 0; i <= k0; i++) { lc = 0; for (j = 1; j <= nn; j++) lc += log(j); for (j = 1; j <= i; j++) lc -= log(j); for (j = 1; j <= nn - i; j++) lc -= log(j); t += exp(lc - nn * log(2)) }
         pv = nn == 0 ? 1 : (2 * t < 1 ? 2 * t : 1)
-        printf "%-10s %-24s %6d %8.3f   [%5.3f, %5.3f] %6d %6d %9.3g\n", task, m, n, p, lo, hi, b, g, pv
+        # the target "95% of the accuracy of full KV" as a paired non-inferiority bound: per case
+        # D = right(method) - 0.95 right(full KV) (0.05 both right, -0.95 lost, 1 gained, 0
+        # neither); ni95_lo, the one-sided 95% lower bound of mean D, > 0 means the
+        # method reaches >= 95% of the accuracy of full KV on these cases at that confidence
+        a = r - g; f = a + b; mu = (0.05 * a - 0.95 * b + g) / n
+        var = n > 1 ? (a * (0.05 - mu) ^ 2 + b * (-0.95 - mu) ^ 2 + g * (1 - mu) ^ 2 + (n - a - b - g) * mu ^ 2) / (n - 1) : 0
+        ni = mu - 1.645 * sqrt(var / n)
+        printf "%-10s %-24s %6d %8.3f   [%5.3f, %5.3f] %6d %6d %9.3g %8s %8.3f\n", task, m, n, p, lo, hi, b, g, pv,
+               (f > 0 ? sprintf("%.3f", r / f) : "-"), ni
     }
 }' | sort
