@@ -227,6 +227,7 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
         n = drop_lines(comp, n, "compress.ratio=");
     }
     if (!kvm_config_bool(c, "compress", "on_policy")) n = drop_lines(comp, n, "compress.on_policy=");
+    if (!kvm_config_bool(c, "compress", "am_start")) n = drop_lines(comp, n, "compress.am_start=");
     /* uniform budgets run no pilot: its settings do not change the cache, so not in the id (a
      * change of their defaults keeps the uniform configs' caches) */
     if (!strcmp(kvm_config_str(c, "compress", "alloc"), "uniform")) {

@@ -159,6 +159,33 @@ START_TEST(test_convergence_settings_config_id)
 }
 END_TEST
 
+/* am_start = false writes no line into the canonical config text (ids from before the setting
+ * stay), true does and changes the id; the sculpt options' canonical text (strategy files)
+ * likewise records it only when set. */
+START_TEST(test_am_start_config_id)
+{
+    kvm_store_id id[3];
+    const char *extra[] = {"alloc = uniform", "am_start = false", "am_start = true"};
+    for (int i = 0; i < 3; i++) {
+        char *z = config_id_of(extra[i], &id[i]);
+        if (i < 2) ck_assert_msg(!strstr(z, "am_start"), "%s", z);
+        else ck_assert_msg(strstr(z, "compress.am_start=true"), "%s", z);
+        free(z);
+    }
+    ck_assert_int_eq(memcmp(&id[0], &id[1], sizeof id[0]), 0);
+    ck_assert_int_ne(memcmp(&id[0], &id[2], sizeof id[0]), 0);
+    kvm_sculpt_opts o = kvm_sculpt_opts_default(), back;
+    char text[KVM_SCULPT_OPTS_CANONICAL_MAX];
+    ck_assert_int_eq(kvm_sculpt_opts_canonical(&o, text, sizeof text), 0);
+    ck_assert_ptr_null(strstr(text, "am_start"));
+    o.am_start = 1;
+    ck_assert_int_eq(kvm_sculpt_opts_canonical(&o, text, sizeof text), 0);
+    ck_assert_ptr_nonnull(strstr(text, "am_start=true"));
+    ck_assert_int_eq(kvm_sculpt_opts_from_canonical(text, strlen(text), &back), 0);
+    ck_assert_int_eq(back.am_start, 1);
+}
+END_TEST
+
 /* Uniform budgets run no pilot: the pilot's settings (pilot_rounds, pilot_iterations, power)
  * write no line into the canonical text and leave the id alone; with alloc = head each changes
  * the id (the pilot's MSEs set the budgets). */
@@ -646,6 +673,7 @@ static Suite *suite(void)
         {"config_keys_equal_option_names", test_config_keys_equal_option_names},
         {"convergence_settings_config_id", test_convergence_settings_config_id},
         {"pilot_settings_config_id", test_pilot_settings_config_id},
+        {"am_start_config_id", test_am_start_config_id},
         {"old_option_names", test_old_option_names},
         {"old_config_key", test_old_config_key},
         {"old_sculpt_flags", test_old_sculpt_flags},

@@ -1079,6 +1079,36 @@ START_TEST(test_solver_improves_on_selectfit)
 }
 END_TEST
 
+/* am_start: the solve starts at Attention Matching's point: am's keys and β, its values refit
+ * once more by the ridge (shrunk towards am's values: the output error, so the loss, can only
+ * fall), descends from it, and differs from the Select+Fit start. */
+START_TEST(test_am_start)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    kvm_sculpt_problem p;
+    ck_assert_int_eq(kvm_sculpt_problem_build(&model->cfg, kvm_eval_doc_input(doc)->cap, 1, 2, 16, 128, 32, 3, &p), 0);
+    kvm_sculpt_opts o = quick_opts();
+    o.bias = 1;
+    float kc[3][16 * 8], vc[3][16 * 8], beta[3][16];
+    kvm_sculpt_head_stats st[3];
+    o.mode = KVM_SCULPT_AM;
+    ck_assert_int_eq(kvm_sculpt_solve_head(&p, &o, 16, 2, 15, kc[0], vc[0], beta[0], &st[0]), 0);
+    o.mode = KVM_SCULPT_FULL;
+    ck_assert_int_eq(kvm_sculpt_solve_head(&p, &o, 16, 2, 15, kc[1], vc[1], beta[1], &st[1]), 0);
+    o.am_start = 1;
+    ck_assert_int_eq(kvm_sculpt_solve_head(&p, &o, 16, 2, 15, kc[2], vc[2], beta[2], &st[2]), 0);
+    printf("am_start, k = 16: am loss %.4g; Select+Fit start %.4g -> %.4g; am start %.4g -> %.4g\n", st[0].loss,
+           st[1].loss0, st[1].loss, st[2].loss0, st[2].loss);
+    ck_assert_double_le(st[2].loss0, st[0].loss * (1 + 1e-6));
+    ck_assert_double_gt(st[2].loss0, 0.9 * st[0].loss);
+    ck_assert_double_lt(st[2].loss, st[2].loss0);
+    ck_assert(st[2].loss0 != st[1].loss0);
+    kvm_sculpt_problem_free(&p);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 /* round_tolerance: a problem leaves the rounds when a round improved its best loss by less
  * than the fraction; at 1 (no round improves by 100%) the solve is the one-round solve bit for
  * bit, with 0 every round runs (the 4-round solve), and a value in between stops in between. */
@@ -1304,12 +1334,13 @@ START_TEST(test_batch_equals_per_problem)
     int all[BN], sub[BN], ns = 0;
     for (int i = 0; i < np; i++) all[i] = i;
     for (int i = np - 1; i >= 0; i -= 2) sub[ns++] = i; /* every other problem, reversed */
-    const struct { kvm_sculpt_mode mode; int bias; } V[5] = {{KVM_SCULPT_FULL, 0},
-        {KVM_SCULPT_FULL, 1}, {KVM_SCULPT_JOINT_FIXED, 0}, {KVM_SCULPT_SELECTFIT, 0}, {KVM_SCULPT_FULL, 0}};
-    for (int v = 0; v < 5; v++) {
+    const struct { kvm_sculpt_mode mode; int bias; } V[6] = {{KVM_SCULPT_FULL, 0}, {KVM_SCULPT_FULL, 1},
+        {KVM_SCULPT_JOINT_FIXED, 0}, {KVM_SCULPT_SELECTFIT, 0}, {KVM_SCULPT_FULL, 0}, {KVM_SCULPT_FULL, 1}};
+    for (int v = 0; v < 6; v++) {
         kvm_sculpt_opts o = quick_opts();
         o.mode = V[v].mode;
         o.bias = V[v].bias;
+        o.am_start = v == 5; /* from Attention Matching's point */
         o.knorm_cap = v == 1 ? 1.0 : 0; /* the key-norm guard between rounds, too */
         if (v == 4) { /* the convergence settings: problems leave at different steps */
             o.rounds = 4;
@@ -1331,7 +1362,7 @@ START_TEST(test_batch_equals_per_problem)
             ck_assert(!memcmp(g, beta + off, (size_t)k * sizeof *g));
             ck_assert(h.loss == st[i].loss && h.loss0 == st[i].loss0 && h.mse == st[i].mse);
             ck_assert_int_eq(h.lbfgs_calls, st[i].lbfgs_calls);
-            if (v < 3) ck_assert_double_lt(st[i].loss, st[i].loss0 * (1 + 1e-12));
+            if (v < 3 || v == 5) ck_assert_double_lt(st[i].loss, st[i].loss0 * (1 + 1e-12));
             off += k;
         }
         o.threads = 2; /* another thread count and another batch, on both CPU schedules */
@@ -1352,7 +1383,7 @@ START_TEST(test_batch_equals_per_problem)
             }
         }
     }
-    printf("batched solver: 20 problems (k 1..40) x 4 methods (and sculpt with the convergence settings) bit-identical to the per-problem solver, "
+    printf("batched solver: 20 problems (k 1..40) x 4 methods (and sculpt with the convergence settings, and from am's start) bit-identical to the per-problem solver, "
            "with 1 and 2 threads, in two batch compositions, one problem at a time and in lockstep\n");
     /* bad budgets: named */
     int64_t kk[2] = {4, P[1].nc + 1};
@@ -1582,6 +1613,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_compress_layers);
     tcase_add_test(tm, test_solver_improves_on_selectfit);
     tcase_add_test(tm, test_round_tolerance);
+    tcase_add_test(tm, test_am_start);
     tcase_add_test(tm, test_blocked_loss_real);
     tcase_add_test(tm, test_avx512_exp_loop_same_bits);
     tcase_add_test(tm, test_fpmode_restored);

@@ -201,7 +201,7 @@ static int opts_equal(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b)
            a->vnorm_cap == b->vnorm_cap && a->knorm_cap == b->knorm_cap && a->rounds == b->rounds &&
            a->lbfgs_iters == b->lbfgs_iters && a->lbfgs_history == b->lbfgs_history && a->bias == b->bias &&
            a->lbfgs_tolerance == b->lbfgs_tolerance && a->round_tolerance == b->round_tolerance &&
-           a->carry_history == b->carry_history &&
+           a->carry_history == b->carry_history && a->am_start == b->am_start &&
            a->alloc == b->alloc && a->alloc_power == b->alloc_power && a->pilot_rounds == b->pilot_rounds &&
            a->pilot_iters == b->pilot_iters && a->seed == b->seed && a->lbfgs_oracle == b->lbfgs_oracle &&
            a->cuda == b->cuda && a->cuda_device == b->cuda_device && a->lbfgs_no_stop == b->lbfgs_no_stop &&

@@ -90,6 +90,12 @@ typedef struct kvm_sculpt_opts {
                                  "Solver speed, part 6") */
     int bias;                 /* 1: each distilled entry gets a logit bias β, optimised with the
                                  keys (Attention Matching, arXiv 2602.16284) */
+    int am_start;             /* 1: each problem starts from Attention Matching's point (keys chosen
+                                 by attention mass and OMP, β by NNLS, values by least squares:
+                                 kvm_sculpt_am_head) instead of Select+Fit's (the top-k keys by
+                                 attention, β = 0, ridge values); the rounds then descend from it
+                                 (ours; default 0: bench/RESULTS.md, "Attention Matching as
+                                 KVSculpt's start") */
     kvm_sculpt_alloc alloc;   /* budget allocation (default uniform) */
     double alloc_power;       /* p of the MSE^p rule (default 0.5) */
     int pilot_rounds;         /* alternating rounds of the allocation pilot; 0 (default): the

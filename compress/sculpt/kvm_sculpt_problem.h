@@ -137,6 +137,14 @@ int kvm_sculpt_round_converged(double before, double after, double tol);
  * sorted increasing, into idx[k]. Returns 0, KVM_EINVAL (k not in [0, nc]), KVM_ENOMEM. */
 int kvm_sculpt_select(const kvm_sculpt_problem *p, int64_t k, int64_t *idx);
 
+/* The start of a KVSculpt / joint-fixed solve of k entries: Select+Fit's (the kvm_sculpt_select
+ * tokens' own keys and values, β = 0), or with o->am_start Attention Matching's point
+ * (kvm_sculpt_am_head: keys by attention mass and OMP, β by NNLS, ridge values). sel[k] is
+ * scratch; kc, vc [k][d] and beta [k] receive the point (the caller refits the values). Returns 0,
+ * KVM_EINVAL (k not in [0, nc]), KVM_ENOMEM or KVM_ERANGE (am's non-finite loss). */
+int kvm_sculpt_start(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, int64_t *sel, float *kc,
+                     float *vc, float *beta);
+
 /* Per-problem timing and outcome. */
 typedef struct kvm_sculpt_head_stats {
     double lbfgs_s, ridge_s;  /* seconds spent */

@@ -207,7 +207,7 @@ static int solve(drv *D, int rounds, int iters, const int *map, double *lbfgs_s,
     int rc = 0, *rcs = malloc((size_t)nb * sizeof *rcs);
     if (!rcs) return kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
     int64_t *sel = NULL;
-    for (int i = 0; i < nb; i++) { /* Select+Fit start */
+    for (int i = 0; i < nb; i++) { /* Select+Fit's start, or Attention Matching's (am_start) */
         const kvm_sculpt_problem *p = D->ps[i];
         const int64_t o = D->off[i];
         free(sel);
@@ -215,12 +215,8 @@ static int solve(drv *D, int rounds, int iters, const int *map, double *lbfgs_s,
             rc = kvm_err(KVM_ENOMEM, "sculpt batch: out of memory");
             goto done;
         }
-        if ((rc = kvm_sculpt_select(p, D->k[i], sel))) goto done;
-        for (int64_t j = 0; j < D->k[i]; j++) {
-            memcpy(D->kc + (o + j) * d, p->kz + sel[j] * d, (size_t)d * sizeof *D->kc);
-            memcpy(D->vc + (o + j) * d, p->vz + sel[j] * d, (size_t)d * sizeof *D->vc);
-            D->beta[o + j] = 0;
-        }
+        if ((rc = kvm_sculpt_start(p, D->o, D->k[i], sel, D->kc + o * d, D->vc + o * d, D->beta + o))) goto done;
+        if (!D->use_bias) memset(D->beta + o, 0, (size_t)D->k[i] * sizeof *D->beta); /* am's β unused */
         D->idx[i] = i;
     }
     if ((rc = D->be->upload(D->b, D->idx, nb, D->kc, D->vc, D->beta))) goto done;

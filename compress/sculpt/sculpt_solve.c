@@ -178,6 +178,22 @@ int kvm_sculpt_round_converged(double before, double after, double tol)
     return tol > 0 && !(before - after >= tol * fabs(before));
 }
 
+int kvm_sculpt_start(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, int64_t *sel, float *kc,
+                     float *vc, float *beta)
+{
+    if (o->am_start) {
+        kvm_sculpt_head_stats st;
+        return kvm_sculpt_am_head(p, o, k, kc, vc, beta, &st);
+    }
+    int rc = kvm_sculpt_select(p, k, sel);
+    for (int64_t j = 0; !rc && j < k; j++) {
+        memcpy(kc + j * p->d, p->kz + sel[j] * p->d, (size_t)p->d * sizeof *kc);
+        memcpy(vc + j * p->d, p->vz + sel[j] * p->d, (size_t)p->d * sizeof *vc);
+        beta[j] = 0;
+    }
+    return rc;
+}
+
 int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, int64_t k, int rounds, int iters,
                           float *kc, float *vc, float *beta, kvm_sculpt_head_stats *st)
 {
@@ -196,20 +212,16 @@ int kvm_sculpt_solve_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         rc = kvm_err(KVM_ENOMEM, "sculpt: out of memory (k = %lld)", (long long)k);
         goto done;
     }
-    if ((rc = kvm_sculpt_select(p, k, idx))) goto done;
-    for (int64_t j = 0; j < k; j++) {
-        memcpy(kc + j * d, p->kz + idx[j] * d, (size_t)d * sizeof *kc);
-        memcpy(vc + j * d, p->vz + idx[j] * d, (size_t)d * sizeof *vc);
-        beta[j] = 0;
-    }
-    double t0 = now_s();
-    rc = kvm_sculpt_ridge(p, kc, NULL, k, o->ridge_alpha, o->vnorm_cap, o->ridge_f32, vc);
-    st->ridge_s += now_s() - t0;
-    if (rc) goto done;
+    if ((rc = kvm_sculpt_start(p, o, k, idx, kc, vc, beta))) goto done;
     /* joint-fixed: the keys stay the selected tokens' keys; their logit biases and values are fitted
      * on the KVSculpt objective instead (an Attention Matching-style fit, arXiv 2602.16284) */
     const int use_bias = o->bias || o->mode == KVM_SCULPT_JOINT_FIXED;
+    if (!use_bias) memset(beta, 0, (size_t)k * sizeof *beta); /* am's β unused: its keys, refit values */
     const float *bp = use_bias ? beta : NULL;
+    double t0 = now_s();
+    rc = kvm_sculpt_ridge(p, kc, bp, k, o->ridge_alpha, o->vnorm_cap, o->ridge_f32, vc);
+    st->ridge_s += now_s() - t0;
+    if (rc) goto done;
     double best = kvm_sculpt_loss(p, kc, vc, bp, k, o->lambda, NULL, NULL, &st->mse, NULL);
     st->loss0 = best;
     float *best_k = bk, *best_v = bk + k * d, *best_b = bk + 2 * k * d;
