@@ -987,6 +987,23 @@ START_TEST(test_threads_deterministic_and_alloc)
     ck_assert_int_eq(st.base.entries, 20 * (16 + 16)); /* total budget kept: 20 heads × (k 16 + m 16) */
     ck_assert(st.mse_max >= st.mse_min && st.mse_min >= 0);
     printf("pilot MSE spread over heads %.3g .. %.3g\n", st.mse_min, st.mse_max);
+    kvm_kvcache_free(&b);
+    /* am_start changes the solve's start, not the pilot's: the same per-head budgets */
+    o.alloc = KVM_SCULPT_ALLOC_HEAD;
+    o.am_start = 1;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &b, NULL), 0);
+    o.am_start = 0;
+    kvm_kvcache *c;
+    ck_assert_int_eq(kvm_sculpt_compress(in, &o, &c, NULL), 0);
+    int differ = 0;
+    for (int l = 0; l < b->n_layers; l++)
+        for (int h = 0; h < b->n_kv_heads; h++) {
+            ck_assert_int_eq(b->heads[l * b->n_kv_heads + h].n, c->heads[l * c->n_kv_heads + h].n);
+            differ |= b->heads[l * b->n_kv_heads + h].n != b->heads[0].n;
+        }
+    ck_assert_msg(differ, "alloc = head gave every head the same budget: the check shows nothing");
+    ck_assert(!caches_equal(b, c));
+    kvm_kvcache_free(&c);
     kvm_kvcache_free(&a);
     kvm_kvcache_free(&b);
     kvm_eval_doc_free(&doc);

@@ -93,7 +93,8 @@ typedef struct kvm_sculpt_opts {
     int am_start;             /* 1: each problem starts from Attention Matching's point (keys chosen
                                  by attention mass and OMP, β by NNLS, values by least squares:
                                  kvm_sculpt_am_head) instead of Select+Fit's (the top-k keys by
-                                 attention, β = 0, ridge values); the rounds then descend from it
+                                 attention, β = 0, ridge values); the rounds then descend from it;
+                                 the allocation pilot keeps Select+Fit's start
                                  (ours; default 0: bench/RESULTS.md, "Attention Matching as
                                  KVSculpt's start") */
     kvm_sculpt_alloc alloc;   /* budget allocation (default uniform) */

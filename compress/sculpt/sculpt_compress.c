@@ -410,7 +410,13 @@ static int pilot(pass *ps, const kvm_model_config *c, kvm_sculpt_stats *st)
     ps->iters = o->pilot_iters;
     ps->keep = 0;
     ps->keep_probs = 1; /* the main pass solves the same problems at the new budgets */
+    /* the budgets come from Select+Fit's start whatever the solve's start (am_start): the
+     * allocation signal stays the one measured, and am's point is not fitted twice */
+    kvm_sculpt_opts po = *o;
+    po.am_start = 0;
+    ps->o = &po;
     rc = run_pass(ps, o->threads);
+    ps->o = o;
     ps->keep_probs = 0;
     st->pilot_s = now_s() - tp;
     if (rc) goto done;
