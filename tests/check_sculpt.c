@@ -1078,12 +1078,20 @@ START_TEST(test_compress_layers)
 }
 END_TEST
 
+/* The problem of layer 1, KV head 2 of a 128-token context (retain m = 16, 128 synthetic queries
+ * at future positions up to 32, seed 3): the
+ * one-head solver tests' problem; the caller frees both. */
+static void head_problem(kvm_eval_doc **doc, kvm_sculpt_problem *p)
+{
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, doc), 0);
+    ck_assert_int_eq(kvm_sculpt_problem_build(&model->cfg, kvm_eval_doc_input(*doc)->cap, 1, 2, 16, 128, 32, 3, p), 0);
+}
+
 START_TEST(test_solver_improves_on_selectfit)
 {
     kvm_eval_doc *doc;
-    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
     kvm_sculpt_problem p;
-    ck_assert_int_eq(kvm_sculpt_problem_build(&model->cfg, kvm_eval_doc_input(doc)->cap, 1, 2, 16, 128, 32, 3, &p), 0);
+    head_problem(&doc, &p);
     kvm_sculpt_opts o = quick_opts();
     float kc[16 * 8], vc[16 * 8], beta[16];
     kvm_sculpt_head_stats st;
@@ -1102,9 +1110,8 @@ END_TEST
 START_TEST(test_am_start)
 {
     kvm_eval_doc *doc;
-    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
     kvm_sculpt_problem p;
-    ck_assert_int_eq(kvm_sculpt_problem_build(&model->cfg, kvm_eval_doc_input(doc)->cap, 1, 2, 16, 128, 32, 3, &p), 0);
+    head_problem(&doc, &p);
     kvm_sculpt_opts o = quick_opts();
     o.bias = 1;
     float kc[3][16 * 8], vc[3][16 * 8], beta[3][16];
@@ -1132,9 +1139,8 @@ END_TEST
 START_TEST(test_round_tolerance)
 {
     kvm_eval_doc *doc;
-    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
     kvm_sculpt_problem p;
-    ck_assert_int_eq(kvm_sculpt_problem_build(&model->cfg, kvm_eval_doc_input(doc)->cap, 1, 2, 16, 128, 32, 3, &p), 0);
+    head_problem(&doc, &p);
     kvm_sculpt_opts o = quick_opts();
     float kc[3][16 * 8], vc[3][16 * 8], beta[3][16];
     kvm_sculpt_head_stats st[3];
