@@ -1079,8 +1079,8 @@ START_TEST(test_compress_layers)
 END_TEST
 
 /* The problem of layer 1, KV head 2 of a 128-token context (retain m = 16, 128 synthetic queries
- * at future positions up to 32, seed 3): the
- * one-head solver tests' problem; the caller frees both. */
+ * at future positions up to 32, seed 3): the one-head solver tests' problem; the caller frees
+ * both. */
 static void head_problem(kvm_eval_doc **doc, kvm_sculpt_problem *p)
 {
     ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, doc), 0);
