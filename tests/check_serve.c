@@ -679,6 +679,48 @@ START_TEST(test_worker_respawn)
 }
 END_TEST
 
+/* A second server on the same back end ([run] run_dir) or front end: ZeroMQ unlinks an ipc://
+ * path before binding it, so the second one took the first's sockets and answered for it; the
+ * first one's respawned worker then joined the second, and the first answered nothing again.
+ * Now the second is refused (exit 1, naming the socket) and the first keeps serving. */
+START_TEST(test_second_server_same_endpoint)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char log2[4300], front2[4300];
+    snprintf(log2, sizeof log2, "%s/serve2.log", g_dir);
+    snprintf(front2, sizeof front2, "ipc://%s/front2", g_dir);
+    const char *fronts[2] = {front2, g_front}; /* same run_dir, then the same front end too */
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--config", g_cfg, "--bind", fronts[i], NULL};
+        pid_t p2 = 0;
+        int rc = kvm_test_serve_start(args, log2, 10, &p2);
+        if (p2 > 0) kill(p2, SIGTERM), waitpid(p2, NULL, 0);
+        ck_assert_int_eq(rc, 1);
+        char *log = kvm_test_read_file(log2, NULL);
+        assert_contains(log, "another process is listening on that socket");
+        assert_contains(log, i == 0 ? "/run/ctl" : fronts[i]);
+        free(log);
+    }
+    /* the first server still answers, also from a respawned worker */
+    pid_t w = worker_pid();
+    ck_assert_int_gt(w, 0);
+    ck_assert_int_eq(kill(w, SIGKILL), 0);
+    char *err = NULL;
+    int rc = 1;
+    for (int i = 0; i < 40 && rc; i++) {
+        free(err);
+        err = NULL;
+        usleep(100000);
+        if (worker_pid() > 0 && worker_pid() != w) rc = ask(g_doc, "Then", 4, NULL, NULL, &err);
+    }
+    ck_assert_msg(rc == 0, "the first server stopped answering: %s", err ? err : "");
+    free(err);
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
 START_TEST(test_usage)
 {
     char cmd[4200];
@@ -720,6 +762,7 @@ int main(void)
     suite_add_tcase(su, tcase("worker_setup_failure", test_worker_setup_failure));
     suite_add_tcase(su, tcase("curve_keys", test_curve_keys));
     suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
+    suite_add_tcase(su, tcase("second_server_same_endpoint", test_second_server_same_endpoint));
     suite_add_tcase(su, tcase("usage", test_usage));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
