@@ -60,6 +60,20 @@ int kvm_curve_check_pair(const char *secret_file, const char *public_file)
     return 0;
 }
 
+int kvm_curve_check_client_pair(const char *secret_file, const char *public_file)
+{
+    char sec[41], pub[41], derived[41];
+    int rc;
+    if ((rc = kvm_curve_read_key(secret_file, sec)) || (rc = kvm_curve_read_key(public_file, pub))) return rc;
+    if (zmq_curve_public(derived, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_public: %s", zmq_strerror(errno));
+    if (strcmp(derived, pub))
+        return kvm_err(KVM_EMISMATCH,
+                       "client public key %s is not the public half of client secret key %s (use the .public and "
+                       ".secret files of one kvmill keygen)",
+                       public_file, secret_file);
+    return 0;
+}
+
 int kvm_curve_is_local(const char *ep)
 {
     return !strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9) || !strncmp(ep, "tcp://127.", 10) ||
@@ -76,6 +90,9 @@ int kvm_curve_client(void *sock, const char *server_key_file, const char *public
     if ((rc = kvm_curve_read_key(server_key_file, srv)) || (rc = kvm_curve_read_key(public_file, pub)) ||
         (rc = kvm_curve_read_key(secret_file, sec)))
         return rc;
+    /* a public key that is not the secret key's half (two pairs mixed up) failed every
+     * handshake without a word: ask blamed the server's key, decode workers never joined */
+    if ((rc = kvm_curve_check_client_pair(secret_file, public_file))) return rc;
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, srv, 40) || zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, 40) ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 40))
         return kvm_err(KVM_EIO, "CurveZMQ client setup: %s", zmq_strerror(errno));

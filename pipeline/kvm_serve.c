@@ -837,6 +837,10 @@ static int prepare(srv *s)
                                "decode workers started here need [security] %s (a key pair from kvmill keygen "
                                "whose .public is in authorized_keys, and the server's public key)",
                                s->base, need[i]);
+        /* a mixed-up pair made every worker fail its handshake in silence: serve never got ready */
+        if ((rc = kvm_curve_check_client_pair(kvm_config_str(cfg, "security", "client_secret_key"),
+                                              kvm_config_str(cfg, "security", "client_public_key"))))
+            return kvm_err(KVM_EINVAL, "[security] client_public_key, client_secret_key: %s", kvm_errmsg());
     }
     char exe[2048];
     snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);

@@ -642,6 +642,44 @@ START_TEST(test_curve_keys)
 }
 END_TEST
 
+/* A client pair whose .public is not the .secret's half (two keygen pairs mixed up): every
+ * handshake failed without a word; ask blamed the server's key (exit 1) and serve's decode
+ * workers never joined, so serve sat there never ready. Both now refuse the pair (exit 2),
+ * naming the two files. */
+START_TEST(test_curve_mixed_pair)
+{
+    keygen("server");
+    keygen("client");
+    keygen("worker");
+    keygen("other");
+    char auth[4200], cmd[9000];
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    char sec[9000];
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/other.secret\nauthorized_keys = %s\n",
+             g_dir, g_dir, g_dir, g_dir, auth);
+    write_config(NULL, sec);
+    ck_assert_int_eq(start_serve(NULL), 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "worker.public is not the public half of client secret key");
+    assert_contains(log, "other.secret");
+    free(log);
+    char keys[9000], *out = NULL, *err = NULL;
+    snprintf(keys, sizeof keys,
+             "--server-key '%s/server.public' --client-public '%s/client.public' --client-secret '%s/other.secret' "
+             "--timeout 2",
+             g_dir, g_dir, g_dir);
+    int rc = ask(g_doc, "Then", 8, keys, &out, &err);
+    ck_assert_int_eq(rc, 2);
+    assert_contains(err, "client.public is not the public half of client secret key");
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* pid of the serve process's only child (its decode worker), from /proc. */
 static pid_t worker_pid(void)
 {
@@ -761,6 +799,7 @@ int main(void)
     suite_add_tcase(su, tcase("nonlocal_without_keys", test_nonlocal_without_keys));
     suite_add_tcase(su, tcase("worker_setup_failure", test_worker_setup_failure));
     suite_add_tcase(su, tcase("curve_keys", test_curve_keys));
+    suite_add_tcase(su, tcase("curve_mixed_pair", test_curve_mixed_pair));
     suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
     suite_add_tcase(su, tcase("second_server_same_endpoint", test_second_server_same_endpoint));
     suite_add_tcase(su, tcase("usage", test_usage));
