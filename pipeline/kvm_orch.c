@@ -1242,7 +1242,9 @@ static int prepare(orch *o, kvm_store **store)
         o->config_id = config_id;
         if ((rc = mark_skipped(o, NULL)) == KVM_EIO) { /* no reply to the first probe: nothing claimed yet */
             o->sum->store_down = 1;                 /* so the end makes one short release try only */
-            return kvm_err(rc, "%s: is kvmill store serve running and reachable there?", kvm_errmsg());
+            return kvm_storecli_rejected(o->cli)
+                       ? rc
+                       : kvm_err(rc, "%s: is kvmill store serve running and reachable there?", kvm_errmsg());
         }
         if (rc || (rc = bind_sockets(o))) return rc;
         orch_log("store service %s: this run opens no LMDB, its claims and caches go through the service\n",

@@ -19,6 +19,7 @@
 #include "common/kvm_error.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_storecli.h"
 #include "pipeline/kvm_storesvc.h"
 #include "proto/kvm_proto.h"
@@ -606,6 +607,50 @@ START_TEST(test_client_without_key_refused)
 }
 END_TEST
 
+/* A client whose key the service does not know: the service refuses the handshake, which then
+ * happens before the client's first request (the connection is gone by the time it sends). A
+ * send waited for ever there: `kvmill run` with such a key hung at its end releasing its claims,
+ * after "no reply" messages that did not say why. Now every request says the key was rejected,
+ * names the key file, and comes back at once, without being sent again. */
+START_TEST(test_unknown_key_said_at_once)
+{
+    char auth[4400], cmd[9000], sec[12000], who[12000];
+    keygen("server");
+    keygen("client");
+    keygen("stranger");
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s/client.public' '%s/'", auth, g_dir, auth);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "authorized_keys = %s\n",
+             g_dir, g_dir, auth);
+    snprintf(who, sizeof who, "%sclient_secret_key = %s/stranger.secret\nclient_public_key = %s/stranger.public\n", sec,
+             g_dir, g_dir);
+    kvm_config *stranger = config(who);
+    svc_thread t;
+    svc_start(&t, sec, 0);
+    kvm_serve_cache_enc e;
+    make_cache(4, &e);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(stranger), g_ep, &c), 0);
+    usleep(500000); /* the handshake is refused before the first request */
+    double t0 = kvm_now_ms();
+    ck_assert_int_eq(kvm_storecli_renew(c, "run:test", 0, 1, 500, 1, NULL), KVM_EIO);
+    ck_assert_msg(strstr(kvm_errmsg(), "rejected this client's key") && strstr(kvm_errmsg(), "stranger.public"), "%s",
+                  kvm_errmsg());
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 1, NULL, 800, 3, NULL), KVM_EIO);
+    ck_assert_msg(strstr(kvm_errmsg(), "rejected this client's key"), "%s", kvm_errmsg());
+    double ms = kvm_now_ms() - t0;
+    ck_assert_msg(ms < 2000, "the refused requests took %.0f ms", ms);
+    kvm_storecli_close(&c);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 0);
+    kvm_serve_cache_enc_free(&e);
+    kvm_config_free(&stranger);
+}
+END_TEST
+
 /* Threads of this process (/proc/self/task). */
 static int count_threads(void)
 {
@@ -734,6 +779,7 @@ static Suite *storesvc_suite(void)
                  {"truncated_upload_refused", test_truncated_upload_refused},
                  {"client_without_key_refused", test_client_without_key_refused},
                  {"zap_handler_per_context", test_zap_handler_per_context},
+                 {"unknown_key_said_at_once", test_unknown_key_said_at_once},
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
                  {"get_strategy", test_get_strategy},
