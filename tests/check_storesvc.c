@@ -768,6 +768,22 @@ START_TEST(test_nonlocal_needs_keys)
 }
 END_TEST
 
+/* kvmill store serve --store tcp://... (the service's own endpoint, or another's): it said "no
+ * such directory: give --create", and --create then failed with "cannot create directory". Now it
+ * says the path is a store service endpoint (exit 2), with or without --create. */
+START_TEST(test_store_is_endpoint)
+{
+    for (int create = 0; create <= 1; create++) {
+        char cmd[9000], *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' store serve --store tcp://127.0.0.1:5560 --bind tcp://127.0.0.1:0 %s",
+                 kvm_test_bin(), create ? "--create" : "");
+        ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+        ck_assert_msg(err && strstr(err, "store tcp://127.0.0.1:5560 is a store service endpoint"), "%s", err);
+        free(err);
+    }
+}
+END_TEST
+
 static Suite *storesvc_suite(void)
 {
     Suite *s = suite_create("storesvc");
@@ -782,6 +798,7 @@ static Suite *storesvc_suite(void)
                  {"unknown_key_said_at_once", test_unknown_key_said_at_once},
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
+                 {"store_is_endpoint", test_store_is_endpoint},
                  {"get_strategy", test_get_strategy},
                  {"claims", test_claims},
                  {"claim_malformed_refused", test_claim_malformed_refused}};
