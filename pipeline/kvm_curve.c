@@ -18,20 +18,40 @@
 int kvm_curve_keygen(const char *prefix)
 {
     if (!zmq_has("curve")) return kvm_err(KVM_ENOTSUP, "this libzmq has no CURVE support");
-    char pub[41], sec[41], path[4096];
+    char pub[41], sec[41], path[2][4096], tmp[2][4200];
     if (zmq_curve_keypair(pub, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_keypair: %s", zmq_strerror(errno));
     const char *keys[2] = {pub, sec}, *ext[2] = {"public", "secret"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(path, sizeof path, "%s.%s", prefix, ext[i]);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, i ? 0600 : 0644);
-        if (fd < 0) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    /* Both files are written beside their names first and renamed over them only when both are
+     * complete: opening the names themselves (O_TRUNC) kept an existing secret file's mode, so
+     * --force over a world-readable one wrote the new secret key world-readable, and a failed
+     * write (a full disk) left an empty file or a new public half beside the old secret one. */
+    mode_t um = umask(0);
+    umask(um);
+    int made[2] = {0, 0}, rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        snprintf(path[i], sizeof path[i], "%s.%s", prefix, ext[i]);
+        snprintf(tmp[i], sizeof tmp[i], "%s.XXXXXX", path[i]);
+        int fd = mkstemp(tmp[i]); /* mode 0600 */
+        if (fd < 0) {
+            rc = kvm_err(KVM_EIO, "%s: %s", path[i], strerror(errno));
+            break;
+        }
+        made[i] = 1;
         char line[42];
         snprintf(line, sizeof line, "%s\n", keys[i]);
         ssize_t w = write(fd, line, 41);
-        close(fd);
-        if (w != 41) return kvm_err(KVM_EIO, "%s: write failed", path);
+        int e = w < 0 ? errno : w != 41 ? ENOSPC : 0;
+        if (!e && i == 0 && fchmod(fd, 0644 & ~um)) e = errno;
+        if (!e && fsync(fd)) e = errno;
+        if (close(fd) && !e) e = errno;
+        if (e) rc = kvm_err(KVM_EIO, "%s: write failed: %s", path[i], strerror(e));
     }
-    return 0;
+    for (int i = 1; i >= 0 && !rc; i--) /* the secret half first: a public file always has its secret */
+        if (rename(tmp[i], path[i])) rc = kvm_err(KVM_EIO, "%s: %s", path[i], strerror(errno));
+        else made[i] = 0;
+    for (int i = 0; i < 2; i++)
+        if (made[i]) unlink(tmp[i]);
+    return rc;
 }
 
 int kvm_curve_read_key(const char *path, char key[41])
