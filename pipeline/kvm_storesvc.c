@@ -440,8 +440,10 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
         kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "cannot make a socket: %s", zmq_strerror(errno));
         goto done;
     }
-    if (kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "--bind")) {
+    int brc = kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "--bind");
+    if (brc) {
         kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "%s", kvm_errmsg());
+        status = brc == KVM_EIO ? 1 : 2; /* an endpoint in use is the host's state, as for kvmill serve */
         goto done;
     }
     char bound[1100];

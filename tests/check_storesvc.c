@@ -784,6 +784,23 @@ START_TEST(test_store_is_endpoint)
 }
 END_TEST
 
+/* kvmill store serve --bind on an endpoint another process holds: a runtime error, exit 1 as
+ * for kvmill serve (it exited 2, the status of a usage error); a malformed one stays exit 2. */
+START_TEST(test_bind_in_use_exit_1)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    char cmd[9000], *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store serve --store '%s' --bind '%s'", kvm_test_bin(), g_store, g_ep);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 1 && err && strstr(err, "Address already in use"), "exit %d: %s", rc, err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store serve --store '%s' --bind tcp://127.0.0.1:70000", kvm_test_bin(), g_store);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
+    svc_stop(&t);
+}
+END_TEST
+
 static Suite *storesvc_suite(void)
 {
     Suite *s = suite_create("storesvc");
@@ -799,6 +816,7 @@ static Suite *storesvc_suite(void)
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
                  {"store_is_endpoint", test_store_is_endpoint},
+                 {"bind_in_use_exit_1", test_bind_in_use_exit_1},
                  {"get_strategy", test_get_strategy},
                  {"claims", test_claims},
                  {"claim_malformed_refused", test_claim_malformed_refused}};
