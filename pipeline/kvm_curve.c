@@ -127,11 +127,31 @@ static pthread_t zap_th;   /* its thread: joined by kvm_curve_ctx_term, never de
 static char zap_dir[4096]; /* the authorized_keys folder it checks */
 
 /* 1 when a *.public file in zap_dir holds the Z85 form of this 32-byte key. */
+static int key_in_dir(const char *dir, const char *z85);
+
 static int key_authorized(const uint8_t *key32)
 {
     char z85[41];
     if (!zmq_z85_encode(z85, key32, 32)) return 0;
-    DIR *d = opendir(zap_dir);
+    return key_in_dir(zap_dir, z85);
+}
+
+int kvm_curve_check_authorized(const char *public_file, const char *authorized_dir)
+{
+    char pub[41];
+    int rc = kvm_curve_read_key(public_file, pub);
+    if (rc) return rc;
+    if (!key_in_dir(authorized_dir, pub))
+        return kvm_err(KVM_EMISMATCH, "%s is not in authorized_keys %s: copy it there (a key is authorized by a "
+                                      "*.public file holding it)",
+                       public_file, authorized_dir);
+    return 0;
+}
+
+/* 1 when a *.public file in dir holds the Z85 key z85. */
+static int key_in_dir(const char *dir, const char *z85)
+{
+    DIR *d = opendir(dir);
     if (!d) return 0;
     struct dirent *e;
     int ok = 0;
@@ -139,7 +159,7 @@ static int key_authorized(const uint8_t *key32)
         size_t l = strlen(e->d_name);
         if (l < 8 || strcmp(e->d_name + l - 7, ".public")) continue;
         char path[8192], k[41];
-        snprintf(path, sizeof path, "%s/%s", zap_dir, e->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         ok = kvm_curve_read_key(path, k) == 0 && !strcmp(k, z85);
     }
     closedir(d);

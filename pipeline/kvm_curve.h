@@ -23,6 +23,11 @@ int kvm_curve_check_pair(const char *secret_file, const char *public_file);
  * client_public_key / client_secret_key): KVM_EMISMATCH names both files. */
 int kvm_curve_check_client_pair(const char *secret_file, const char *public_file);
 
+/* Checks that the key in public_file is authorized: a *.public file in authorized_dir holds it
+ * (what the ZAP handler checks at each handshake). Returns 0, KVM_EMISMATCH (naming both), or
+ * read_key's errors. */
+int kvm_curve_check_authorized(const char *public_file, const char *authorized_dir);
+
 /* 1 when binding `endpoint` keeps traffic on this machine (ipc://, inproc://, tcp://127.*,
  * tcp://localhost, tcp://[::1]), else 0. */
 int kvm_curve_is_local(const char *endpoint);

@@ -841,6 +841,13 @@ static int prepare(srv *s)
         if ((rc = kvm_curve_check_client_pair(kvm_config_str(cfg, "security", "client_secret_key"),
                                               kvm_config_str(cfg, "security", "client_public_key"))))
             return kvm_err(KVM_EINVAL, "[security] client_public_key, client_secret_key: %s", kvm_errmsg());
+        /* and one the server does not list: the workers it starts were refused, and it never got ready */
+        const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
+        struct stat ast; /* a folder that is missing or no folder is said when the front end binds */
+        if (*kvm_config_str(cfg, "security", "server_secret_key") && *auth && !stat(auth, &ast) && S_ISDIR(ast.st_mode) &&
+            (rc = kvm_curve_check_authorized(kvm_config_str(cfg, "security", "client_public_key"), auth)))
+            return kvm_err(KVM_EINVAL, "[security] client_public_key (the key of the decode workers serve starts): %s",
+                           kvm_errmsg());
     }
     char exe[2048];
     snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);

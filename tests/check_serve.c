@@ -680,6 +680,37 @@ START_TEST(test_curve_mixed_pair)
 }
 END_TEST
 
+/* A keyed server whose own decode workers' key ([security] client_public_key) is not in its
+ * authorized_keys: every worker it started was refused, and serve sat there, never ready,
+ * saying nothing. Now it is refused at start (exit 2), naming the key file and the folder. */
+START_TEST(test_curve_worker_not_authorized)
+{
+    keygen("server");
+    keygen("client");
+    keygen("worker");
+    char auth[4200], cmd[9000];
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/'", auth, g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    char sec[9000];
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s\n",
+             g_dir, g_dir, g_dir, g_dir, auth);
+    write_config(NULL, sec);
+    ck_assert_int_eq(start_serve(NULL), 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "worker.public is not in authorized_keys");
+    assert_contains(log, auth);
+    free(log);
+    /* listed, it starts */
+    snprintf(cmd, sizeof cmd, "cp '%s/worker.public' '%s/'", g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
 /* pid of the serve process's only child (its decode worker), from /proc. */
 static pid_t worker_pid(void)
 {
@@ -800,6 +831,7 @@ int main(void)
     suite_add_tcase(su, tcase("worker_setup_failure", test_worker_setup_failure));
     suite_add_tcase(su, tcase("curve_keys", test_curve_keys));
     suite_add_tcase(su, tcase("curve_mixed_pair", test_curve_mixed_pair));
+    suite_add_tcase(su, tcase("curve_worker_not_authorized", test_curve_worker_not_authorized));
     suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
     suite_add_tcase(su, tcase("second_server_same_endpoint", test_second_server_same_endpoint));
     suite_add_tcase(su, tcase("usage", test_usage));
