@@ -75,11 +75,18 @@ static int cli_rejected(kvm_storecli *c)
                      "service's [security] authorized_keys",
                      c->endpoint, c->cpk, (unsigned)value);
             c->rejected = 1;
-        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && *c->spk) {
             snprintf(c->why, sizeof c->why,
                      "store service %s: the security handshake failed: a wrong server public key (%s), or the "
                      "service uses no CurveZMQ keys",
                      c->endpoint, c->spk);
+            c->rejected = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+            snprintf(c->why, sizeof c->why,
+                     "store service %s: the security handshake failed: the service uses CurveZMQ keys: set [security] "
+                     "server_public_key, client_public_key and client_secret_key (or give the worker --server-key, "
+                     "--client-public, --client-secret)",
+                     c->endpoint);
             c->rejected = 1;
         }
     }
@@ -135,13 +142,14 @@ static int cli_connect(kvm_storecli *c)
                        "client_secret_key (or give the worker --server-key, --client-public, --client-secret)",
                        c->endpoint);
     if (*spk && (rc = kvm_curve_client(c->sock, spk, *cpk ? cpk : NULL, *csk ? csk : NULL))) return rc;
-    if (*spk) { /* to say so when the service refuses this key, instead of "no reply" */
+    { /* to say so when the service refuses this key (or needs one), instead of "no reply" */
         static unsigned n_mon;
         char mon_ep[96];
         snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-storecli-monitor-%ld-%u", (long)getpid(), ++n_mon);
-        if (zmq_socket_monitor(c->sock, mon_ep,
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+        /* not HANDSHAKE_FAILED_NO_DETAIL: that is also a connection lost while it was being made
+         * (a service restarting), which the requests' retries are there for */
+        if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ==
+            0) {
             c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
             if (c->mon && zmq_connect(c->mon, mon_ep)) zmq_close(c->mon), c->mon = NULL;
             if (!c->mon) zmq_socket_monitor(c->sock, NULL, 0);
