@@ -159,6 +159,14 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
         if (zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one))
             return kvm_err(KVM_EIO, "%s: cannot enable IPv6 for %s: %s", what, endpoint, zmq_strerror(errno));
     }
+    struct stat ist; /* ZeroMQ unlinks the path first: a file there (a run_dir holding a file named
+                      * "data" or "ctl") was deleted without a word */
+    if (!strncmp(endpoint, "ipc://", 6) && endpoint[6] != '@' && lstat(endpoint + 6, &ist) == 0 &&
+        !S_ISSOCK(ist.st_mode))
+        return kvm_err(KVM_EINVAL,
+                       "%s: cannot bind %s: %s exists and is not a socket (binding would delete it): choose another "
+                       "endpoint or [run] run_dir, or move it away",
+                       what, endpoint, endpoint + 6);
     if (ipc_in_use(endpoint))
         return kvm_err(KVM_EIO,
                        "%s: cannot bind %s: another process is listening on that socket (a second kvmill serve, "

@@ -790,6 +790,36 @@ START_TEST(test_second_server_same_endpoint)
 }
 END_TEST
 
+/* An ipc:// endpoint whose path is a file: ZeroMQ unlinks the path before binding, so a [run]
+ * run_dir holding a file named "data" (or --bind naming the config) lost that file without a
+ * word. Now it is refused (exit 2), naming the file, which is left as it was. */
+START_TEST(test_ipc_path_not_socket)
+{
+    write_config(NULL, NULL);
+    char run[4300], data[4400];
+    snprintf(run, sizeof run, "%s/run", g_dir);
+    snprintf(data, sizeof data, "%s/data", run);
+    ck_assert_int_eq(mkdir(run, 0700), 0);
+    ck_assert_int_eq(kvm_test_write_file(data, "user data\n", 10), 0);
+    ck_assert_int_eq(start_serve(NULL), 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "/run/data exists and is not a socket");
+    free(log);
+    char *left = kvm_test_read_file(data, NULL);
+    ck_assert_ptr_nonnull(left);
+    ck_assert_str_eq(left, "user data\n");
+    free(left);
+    ck_assert_int_eq(unlink(data), 0);
+    /* the front end too: --bind naming the config file */
+    char front[4300];
+    snprintf(front, sizeof front, "ipc://%s", g_cfg);
+    ck_assert_int_eq(start_serve(front), 2);
+    struct stat st;
+    ck_assert_int_eq(stat(g_cfg, &st), 0);
+    ck_assert(S_ISREG(st.st_mode));
+}
+END_TEST
+
 START_TEST(test_usage)
 {
     char cmd[4200];
@@ -834,6 +864,7 @@ int main(void)
     suite_add_tcase(su, tcase("curve_worker_not_authorized", test_curve_worker_not_authorized));
     suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
     suite_add_tcase(su, tcase("second_server_same_endpoint", test_second_server_same_endpoint));
+    suite_add_tcase(su, tcase("ipc_path_not_socket", test_ipc_path_not_socket));
     suite_add_tcase(su, tcase("usage", test_usage));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
