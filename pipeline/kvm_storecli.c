@@ -16,7 +16,7 @@
 
 struct kvm_storecli {
     void *zctx, *sock;
-    void *mon;        /* PAIR socket receiving sock's handshake failures (CurveZMQ only), or NULL */
+    void *mon;        /* PAIR socket receiving sock's security handshake failures, or NULL */
     int rejected;     /* the service refused this connection's handshake: retrying cannot help */
     char why[1600];   /* what the refusal said */
     char spk[1100], cpk[1100], csk[1100]; /* [security] key files, copied at open */
@@ -144,8 +144,8 @@ static int cli_connect(kvm_storecli *c)
     if (*spk && (rc = kvm_curve_client(c->sock, spk, *cpk ? cpk : NULL, *csk ? csk : NULL))) return rc;
     { /* to say so when the service refuses this key (or needs one), instead of "no reply" */
         static unsigned n_mon;
-        char mon_ep[96];
-        snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-storecli-monitor-%ld-%u", (long)getpid(), ++n_mon);
+        char mon_ep[128];
+        snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-storecli-monitor-%ld-%p-%u", (long)getpid(), (void *)c, ++n_mon);
         /* not HANDSHAKE_FAILED_NO_DETAIL: that is also a connection lost while it was being made
          * (a service restarting), which the requests' retries are there for */
         if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ==
