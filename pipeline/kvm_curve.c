@@ -18,20 +18,40 @@
 int kvm_curve_keygen(const char *prefix)
 {
     if (!zmq_has("curve")) return kvm_err(KVM_ENOTSUP, "this libzmq has no CURVE support");
-    char pub[41], sec[41], path[4096];
+    char pub[41], sec[41], path[2][4096], tmp[2][4200];
     if (zmq_curve_keypair(pub, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_keypair: %s", zmq_strerror(errno));
     const char *keys[2] = {pub, sec}, *ext[2] = {"public", "secret"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(path, sizeof path, "%s.%s", prefix, ext[i]);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, i ? 0600 : 0644);
-        if (fd < 0) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    /* Both files are written beside their names first and renamed over them only when both are
+     * complete: opening the names themselves (O_TRUNC) kept an existing secret file's mode, so
+     * --force over a world-readable one wrote the new secret key world-readable, and a failed
+     * write (a full disk) left an empty file or a new public half beside the old secret one. */
+    mode_t um = umask(0);
+    umask(um);
+    int made[2] = {0, 0}, rc = 0;
+    for (int i = 0; i < 2 && !rc; i++) {
+        snprintf(path[i], sizeof path[i], "%s.%s", prefix, ext[i]);
+        snprintf(tmp[i], sizeof tmp[i], "%s.XXXXXX", path[i]);
+        int fd = mkstemp(tmp[i]); /* mode 0600 */
+        if (fd < 0) {
+            rc = kvm_err(KVM_EIO, "%s: %s", path[i], strerror(errno));
+            break;
+        }
+        made[i] = 1;
         char line[42];
         snprintf(line, sizeof line, "%s\n", keys[i]);
         ssize_t w = write(fd, line, 41);
-        close(fd);
-        if (w != 41) return kvm_err(KVM_EIO, "%s: write failed", path);
+        int e = w < 0 ? errno : w != 41 ? ENOSPC : 0;
+        if (!e && i == 0 && fchmod(fd, 0644 & ~um)) e = errno;
+        if (!e && fsync(fd)) e = errno;
+        if (close(fd) && !e) e = errno;
+        if (e) rc = kvm_err(KVM_EIO, "%s: write failed: %s", path[i], strerror(e));
     }
-    return 0;
+    for (int i = 1; i >= 0 && !rc; i--) /* the secret half first: a public file always has its secret */
+        if (rename(tmp[i], path[i])) rc = kvm_err(KVM_EIO, "%s: %s", path[i], strerror(errno));
+        else made[i] = 0;
+    for (int i = 0; i < 2; i++)
+        if (made[i]) unlink(tmp[i]);
+    return rc;
 }
 
 int kvm_curve_read_key(const char *path, char key[41])
@@ -60,6 +80,20 @@ int kvm_curve_check_pair(const char *secret_file, const char *public_file)
     return 0;
 }
 
+int kvm_curve_check_client_pair(const char *secret_file, const char *public_file)
+{
+    char sec[41], pub[41], derived[41];
+    int rc;
+    if ((rc = kvm_curve_read_key(secret_file, sec)) || (rc = kvm_curve_read_key(public_file, pub))) return rc;
+    if (zmq_curve_public(derived, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_public: %s", zmq_strerror(errno));
+    if (strcmp(derived, pub))
+        return kvm_err(KVM_EMISMATCH,
+                       "client public key %s is not the public half of client secret key %s (use the .public and "
+                       ".secret files of one kvmill keygen)",
+                       public_file, secret_file);
+    return 0;
+}
+
 int kvm_curve_is_local(const char *ep)
 {
     return !strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9) || !strncmp(ep, "tcp://127.", 10) ||
@@ -76,6 +110,9 @@ int kvm_curve_client(void *sock, const char *server_key_file, const char *public
     if ((rc = kvm_curve_read_key(server_key_file, srv)) || (rc = kvm_curve_read_key(public_file, pub)) ||
         (rc = kvm_curve_read_key(secret_file, sec)))
         return rc;
+    /* a public key that is not the secret key's half (two pairs mixed up) failed every
+     * handshake without a word: ask blamed the server's key, decode workers never joined */
+    if ((rc = kvm_curve_check_client_pair(secret_file, public_file))) return rc;
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, srv, 40) || zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, 40) ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, 40))
         return kvm_err(KVM_EIO, "CurveZMQ client setup: %s", zmq_strerror(errno));
@@ -90,11 +127,31 @@ static pthread_t zap_th;   /* its thread: joined by kvm_curve_ctx_term, never de
 static char zap_dir[4096]; /* the authorized_keys folder it checks */
 
 /* 1 when a *.public file in zap_dir holds the Z85 form of this 32-byte key. */
+static int key_in_dir(const char *dir, const char *z85);
+
 static int key_authorized(const uint8_t *key32)
 {
     char z85[41];
     if (!zmq_z85_encode(z85, key32, 32)) return 0;
-    DIR *d = opendir(zap_dir);
+    return key_in_dir(zap_dir, z85);
+}
+
+int kvm_curve_check_authorized(const char *public_file, const char *authorized_dir)
+{
+    char pub[41];
+    int rc = kvm_curve_read_key(public_file, pub);
+    if (rc) return rc;
+    if (!key_in_dir(authorized_dir, pub))
+        return kvm_err(KVM_EMISMATCH, "%s is not in authorized_keys %s: copy it there (a key is authorized by a "
+                                      "*.public file holding it)",
+                       public_file, authorized_dir);
+    return 0;
+}
+
+/* 1 when a *.public file in dir holds the Z85 key z85. */
+static int key_in_dir(const char *dir, const char *z85)
+{
+    DIR *d = opendir(dir);
     if (!d) return 0;
     struct dirent *e;
     int ok = 0;
@@ -102,7 +159,7 @@ static int key_authorized(const uint8_t *key32)
         size_t l = strlen(e->d_name);
         if (l < 8 || strcmp(e->d_name + l - 7, ".public")) continue;
         char path[8192], k[41];
-        snprintf(path, sizeof path, "%s/%s", zap_dir, e->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         ok = kvm_curve_read_key(path, k) == 0 && !strcmp(k, z85);
     }
     closedir(d);

@@ -19,13 +19,22 @@ int kvm_curve_read_key(const char *path, char key[41]);
  * (naming both files), or read_key's errors. */
 int kvm_curve_check_pair(const char *secret_file, const char *public_file);
 
+/* The same check for a client's pair (--client-public / --client-secret, [security]
+ * client_public_key / client_secret_key): KVM_EMISMATCH names both files. */
+int kvm_curve_check_client_pair(const char *secret_file, const char *public_file);
+
+/* Checks that the key in public_file is authorized: a *.public file in authorized_dir holds it
+ * (what the ZAP handler checks at each handshake). Returns 0, KVM_EMISMATCH (naming both), or
+ * read_key's errors. */
+int kvm_curve_check_authorized(const char *public_file, const char *authorized_dir);
+
 /* 1 when binding `endpoint` keeps traffic on this machine (ipc://, inproc://, tcp://127.*,
  * tcp://localhost, tcp://[::1]), else 0. */
 int kvm_curve_is_local(const char *endpoint);
 
 /* Makes `sock` a CURVE client of the server whose public key is in server_key_file, with
  * this side's key pair. All three NULL: plain socket (returns 0). Errors as read_key,
- * KVM_EINVAL (only some given). */
+ * KVM_EINVAL (only some given), KVM_EMISMATCH (public_file is not secret_file's half). */
 int kvm_curve_client(void *sock, const char *server_key_file, const char *public_file, const char *secret_file);
 
 /* Makes `sock` a CURVE server with the secret key in secret_file; clients are authorised

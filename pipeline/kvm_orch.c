@@ -1048,8 +1048,33 @@ static int bind_sockets(orch *o)
     return 0;
 }
 
+/* The stages this run starts authenticate to a keyed ([run] bind off-host) orchestrator with
+ * [security] client_public_key / client_secret_key: without them, with a mixed-up pair or with
+ * a key its authorized_keys does not list, each was refused at its handshake and the run waited
+ * for ever at "0/N documents", saying nothing. Refused before any stage starts (exit 2). */
+static int check_stage_keys(orch *o)
+{
+    if (kvm_curve_is_local(o->base)) return 0;
+    const char *need[3] = {"server_public_key", "client_public_key", "client_secret_key"};
+    for (int i = 0; i < 3; i++)
+        if (!*kvm_config_str(o->cfg, "security", need[i]))
+            return kvm_err(KVM_EINVAL,
+                           "[run] bind %s is not local, so it uses CurveZMQ: the stages this run starts need "
+                           "[security] %s (a key pair from kvmill keygen whose .public is in authorized_keys, and "
+                           "the server's public key)",
+                           o->base, need[i]);
+    const char *cpk = kvm_config_str(o->cfg, "security", "client_public_key");
+    int rc = kvm_curve_check_client_pair(kvm_config_str(o->cfg, "security", "client_secret_key"), cpk);
+    if (!rc) rc = kvm_curve_check_authorized(cpk, kvm_config_str(o->cfg, "security", "authorized_keys"));
+    if (rc == KVM_EMISMATCH || rc == KVM_EFORMAT || rc == KVM_ENOTFOUND)
+        return kvm_err(KVM_EINVAL, "[security] client_public_key (the key of the stages this run starts): %s",
+                       kvm_errmsg());
+    return rc;
+}
+
 static int start_stages(orch *o)
 {
+    int any = 0;
     const char *keys[N_STAGES][2] = {{"prefill_workers", "prefill_devices"}, {"compress_workers", "compress_devices"},
                                      {"signals_workers", "prefill_devices"}, {"strategy_workers", "compress_devices"}};
     for (int st = 0; st < N_STAGES; st++) {
@@ -1062,7 +1087,10 @@ static int start_stages(orch *o)
         if (n == 0)
             orch_log("[stages] %s = 0: waiting for kvmill-%s workers started by hand (kvmill-%s --connect %s ...)\n",
                      keys[st][0], stage_names[st], stage_names[st], o->base);
+        any += n > 0;
     }
+    int krc = any ? check_stage_keys(o) : 0;
+    if (krc) return krc;
     for (int st = 0; st < N_STAGES; st++) {
         if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
         char exe[2048];
@@ -1242,7 +1270,9 @@ static int prepare(orch *o, kvm_store **store)
         o->config_id = config_id;
         if ((rc = mark_skipped(o, NULL)) == KVM_EIO) { /* no reply to the first probe: nothing claimed yet */
             o->sum->store_down = 1;                 /* so the end makes one short release try only */
-            return kvm_err(rc, "%s: is kvmill store serve running and reachable there?", kvm_errmsg());
+            return kvm_storecli_rejected(o->cli)
+                       ? rc
+                       : kvm_err(rc, "%s: is kvmill store serve running and reachable there?", kvm_errmsg());
         }
         if (rc || (rc = bind_sockets(o))) return rc;
         orch_log("store service %s: this run opens no LMDB, its claims and caches go through the service\n",

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -103,6 +104,26 @@ static int key_error(int rc)
     return rc == KVM_ENOTFOUND || rc == KVM_EFORMAT || rc == KVM_EMISMATCH ? kvm_err(KVM_EINVAL, "%s", kvm_errmsg()) : rc;
 }
 
+/* 1 when endpoint is ipc://PATH and a process accepts connections on PATH. ZeroMQ unlinks the
+ * path before it binds, so a second server on the same ipc endpoint (or the same [run] run_dir)
+ * silently took the socket: the first one's workers, when respawned, joined the second, and the
+ * first answered no request again. A path nobody listens on (left by a process that died) is
+ * bound as before. */
+static int ipc_in_use(const char *endpoint)
+{
+    if (strncmp(endpoint, "ipc://", 6) || endpoint[6] == '@') return 0; /* '@': abstract, never unlinked */
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (strlen(endpoint + 6) >= sizeof a.sun_path) return 0;
+    memcpy(a.sun_path, endpoint + 6, strlen(endpoint + 6));
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    int up = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return up;
+}
+
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
                    const char *what)
 {
@@ -138,6 +159,19 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
         if (zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one))
             return kvm_err(KVM_EIO, "%s: cannot enable IPv6 for %s: %s", what, endpoint, zmq_strerror(errno));
     }
+    struct stat ist; /* ZeroMQ unlinks the path first: a file there (a run_dir holding a file named
+                      * "data" or "ctl") was deleted without a word */
+    if (!strncmp(endpoint, "ipc://", 6) && endpoint[6] != '@' && lstat(endpoint + 6, &ist) == 0 &&
+        !S_ISSOCK(ist.st_mode))
+        return kvm_err(KVM_EINVAL,
+                       "%s: cannot bind %s: %s exists and is not a socket (binding would delete it): choose another "
+                       "endpoint or [run] run_dir, or move it away",
+                       what, endpoint, endpoint + 6);
+    if (ipc_in_use(endpoint))
+        return kvm_err(KVM_EIO,
+                       "%s: cannot bind %s: another process is listening on that socket (a second kvmill serve, "
+                       "run or store service with the same endpoint or [run] run_dir?); stop it or choose another",
+                       what, endpoint);
     if (zmq_bind(sock, ep)) return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
     return 0;
 }
@@ -811,6 +845,17 @@ static int prepare(srv *s)
                                "decode workers started here need [security] %s (a key pair from kvmill keygen "
                                "whose .public is in authorized_keys, and the server's public key)",
                                s->base, need[i]);
+        /* a mixed-up pair made every worker fail its handshake in silence: serve never got ready */
+        if ((rc = kvm_curve_check_client_pair(kvm_config_str(cfg, "security", "client_secret_key"),
+                                              kvm_config_str(cfg, "security", "client_public_key"))))
+            return kvm_err(KVM_EINVAL, "[security] client_public_key, client_secret_key: %s", kvm_errmsg());
+        /* and one the server does not list: the workers it starts were refused, and it never got ready */
+        const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
+        struct stat ast; /* a folder that is missing or no folder is said when the front end binds */
+        if (*kvm_config_str(cfg, "security", "server_secret_key") && *auth && !stat(auth, &ast) && S_ISDIR(ast.st_mode) &&
+            (rc = kvm_curve_check_authorized(kvm_config_str(cfg, "security", "client_public_key"), auth)))
+            return kvm_err(KVM_EINVAL, "[security] client_public_key (the key of the decode workers serve starts): %s",
+                           kvm_errmsg());
     }
     char exe[2048];
     snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);

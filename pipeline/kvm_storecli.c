@@ -11,10 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 struct kvm_storecli {
     void *zctx, *sock;
+    void *mon;        /* PAIR socket receiving sock's security handshake failures, or NULL */
+    int rejected;     /* the service refused this connection's handshake: retrying cannot help */
+    char why[1600];   /* what the refusal said */
     char spk[1100], cpk[1100], csk[1100]; /* [security] key files, copied at open */
     char endpoint[1100];
     uint64_t next_request;
@@ -28,13 +32,108 @@ static void cli_log_retry(const kvm_storecli *c)
     kvm_log(KVM_LOG_WARN, "store_retry", &f, 1, "%s; sending it again", kvm_errmsg());
 }
 
+/* Longest a send may wait for a connection to take it. With the service down a DEALER queues
+ * the request on the pending connection at once; a send waits only when the connection is gone,
+ * as after the service refused the handshake (an unknown client key): then, without a limit, the
+ * send waited for ever and a run whose key the service did not know hung at its end. */
+enum { CLI_SEND_TIMEOUT_MS = 3000 };
+
+static void cli_close_sock(kvm_storecli *c)
+{
+    if (c->mon) {
+        zmq_socket_monitor(c->sock, NULL, 0);
+        zmq_close(c->mon);
+        c->mon = NULL;
+    }
+    if (c->sock) zmq_close(c->sock);
+    c->sock = NULL;
+}
+
+/* Reads the monitor's events; 1 (with the error set, naming the service and what to do) when the
+ * service refused the handshake, else 0. */
+static int cli_rejected(kvm_storecli *c)
+{
+    if (c->rejected) return kvm_err(KVM_EIO, "%s", c->why), 1;
+    for (int i = 0; c->mon && !c->rejected && i < 16; i++) {
+        zmq_msg_t ev, ep;
+        zmq_msg_init(&ev);
+        zmq_msg_init(&ep);
+        uint16_t event = 0;
+        uint32_t value = 0;
+        int got = zmq_msg_recv(&ev, c->mon, ZMQ_DONTWAIT) >= 0;
+        if (got && zmq_msg_size(&ev) >= 6) {
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+        }
+        if (got && zmq_msg_more(&ev)) zmq_msg_recv(&ep, c->mon, 0);
+        zmq_msg_close(&ev);
+        zmq_msg_close(&ep);
+        if (!got) break;
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+            snprintf(c->why, sizeof c->why,
+                     "store service %s rejected this client's key %s (ZAP status %u): add that .public file to the "
+                     "service's [security] authorized_keys",
+                     c->endpoint, c->cpk, (unsigned)value);
+            c->rejected = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && *c->spk) {
+            snprintf(c->why, sizeof c->why,
+                     "store service %s: the security handshake failed: a wrong server public key (%s), or the "
+                     "service uses no CurveZMQ keys",
+                     c->endpoint, c->spk);
+            c->rejected = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
+            snprintf(c->why, sizeof c->why,
+                     "store service %s: the security handshake failed: the service uses CurveZMQ keys: set [security] "
+                     "server_public_key, client_public_key and client_secret_key (or give the worker --server-key, "
+                     "--client-public, --client-secret)",
+                     c->endpoint);
+            c->rejected = 1;
+        }
+    }
+    if (c->rejected) kvm_err(KVM_EIO, "%s", c->why);
+    return c->rejected;
+}
+
+int kvm_storecli_rejected(const kvm_storecli *c)
+{
+    return c && c->rejected;
+}
+
+/* kvm_msg_send bounded by CLI_SEND_TIMEOUT_MS; a refused handshake is said as such. */
+static int cli_send(kvm_storecli *c, kvm_msg **m)
+{
+    /* wait until the socket takes the message, or the monitor says the service refused us (the
+     * refusal may come before the first send: then the connection is gone already) */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        if (cli_rejected(c)) {
+            kvm_msg_free(m);
+            return KVM_EIO;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        long left = CLI_SEND_TIMEOUT_MS - ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+        zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLOUT}, {.socket = c->mon, .events = ZMQ_POLLIN}};
+        int pr = left > 0 ? zmq_poll(it, c->mon ? 2 : 1, left) : 0;
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0 || (it[0].revents & ZMQ_POLLOUT)) break;
+    }
+    int rc = kvm_msg_send(c->sock, m, 0);
+    if (rc && errno == EAGAIN && !cli_rejected(c))
+        rc = kvm_err(KVM_EIO, "store service %s: no connection took the request within %d ms", c->endpoint,
+                     CLI_SEND_TIMEOUT_MS);
+    return rc;
+}
+
 static int cli_connect(kvm_storecli *c)
 {
-    if (c->sock) zmq_close(c->sock);
+    cli_close_sock(c);
+    c->rejected = 0;
     c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
     if (!c->sock) return kvm_err(KVM_EIO, "store service client: socket: %s", zmq_strerror(errno));
-    int linger = 0;
+    int linger = 0, sndtimeo = CLI_SEND_TIMEOUT_MS;
     zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
     const char *spk = c->spk, *cpk = c->cpk, *csk = c->csk;
     int rc;
     if (!*spk && !kvm_curve_is_local(c->endpoint))
@@ -43,6 +142,19 @@ static int cli_connect(kvm_storecli *c)
                        "client_secret_key (or give the worker --server-key, --client-public, --client-secret)",
                        c->endpoint);
     if (*spk && (rc = kvm_curve_client(c->sock, spk, *cpk ? cpk : NULL, *csk ? csk : NULL))) return rc;
+    { /* to say so when the service refuses this key (or needs one), instead of "no reply" */
+        static unsigned n_mon;
+        char mon_ep[128];
+        snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-storecli-monitor-%ld-%p-%u", (long)getpid(), (void *)c, ++n_mon);
+        /* not HANDSHAKE_FAILED_NO_DETAIL: that is also a connection lost while it was being made
+         * (a service restarting), which the requests' retries are there for */
+        if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ==
+            0) {
+            c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
+            if (c->mon && zmq_connect(c->mon, mon_ep)) zmq_close(c->mon), c->mon = NULL;
+            if (!c->mon) zmq_socket_monitor(c->sock, NULL, 0);
+        }
+    }
     if (zmq_connect(c->sock, c->endpoint))
         return kvm_err(KVM_EIO, "store service client: cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
     return 0;
@@ -82,7 +194,7 @@ int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_s
 void kvm_storecli_close(kvm_storecli **c)
 {
     if (!c || !*c) return;
-    if ((*c)->sock) zmq_close((*c)->sock);
+    cli_close_sock(*c);
     kvm_curve_ctx_term((*c)->zctx); /* restarted after a signal: no I/O thread outlives the close */
     free(*c);
     *c = NULL;
@@ -98,11 +210,13 @@ static int cli_wait(kvm_storecli *c, uint64_t req, int timeout_ms, kvm_msg **m, 
         clock_gettime(CLOCK_MONOTONIC, &t1);
         long left = timeout_ms - ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
         if (left <= 0) return 0;
-        zmq_pollitem_t it = {.socket = c->sock, .events = ZMQ_POLLIN};
-        int pr = zmq_poll(&it, 1, left);
+        zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLIN}, {.socket = c->mon, .events = ZMQ_POLLIN}};
+        int pr = zmq_poll(it, c->mon ? 2 : 1, left);
         if (pr < 0 && errno == EINTR) continue;
         if (pr < 0) return kvm_err(KVM_EIO, "store service client: poll: %s", zmq_strerror(errno));
         if (pr == 0) return 0;
+        if (c->mon && (it[1].revents & ZMQ_POLLIN) && cli_rejected(c)) return KVM_EIO;
+        if (!(it[0].revents & ZMQ_POLLIN)) continue;
         kvm_msg_free(m);
         if (kvm_msg_recv(c->sock, m, ZMQ_DONTWAIT)) continue;
         kvm_proto_type t;
@@ -122,7 +236,7 @@ static int cli_send_copy(kvm_storecli *c, const kvm_msg *m, int64_t *bytes)
         rc = kvm_msg_add_copy(cp, fr.data, fr.size);
         if (bytes) *bytes += (int64_t)fr.size;
     }
-    if (!rc) return kvm_msg_send(c->sock, &cp, 0);
+    if (!rc) return cli_send(c, &cp);
     kvm_msg_free(&cp);
     return rc;
 }
@@ -155,7 +269,7 @@ int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job
         kvm_proto_store_reply r;
         if ((rc = kvm_proto_put_cache_encode(&p, &h))) return rc;
         if (bytes) *bytes += (int64_t)kvm_msg_frame(h, 0).size;
-        rc = kvm_msg_send(c->sock, &h, 0);
+        rc = cli_send(c, &h);
         for (int l = 0; !rc && l < e->n_layers; l++)
             rc = cli_send_copy(c, e->msgs[l], bytes);
         if (!rc) rc = cli_wait(c, p.request_id, timeout_ms, &reply, &r);
@@ -164,7 +278,7 @@ int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job
             rc = kvm_err(KVM_EIO, "store service %s: no reply to the upload within %d ms (attempt %d of %d)",
                          c->endpoint, timeout_ms, a + 1, attempts);
         kvm_msg_free(&reply);
-        if (rc != KVM_EIO) return rc;
+        if (rc != KVM_EIO || c->rejected) return rc;
         if (a + 1 < attempts) cli_log_retry(c);
     }
     return rc;
@@ -182,7 +296,7 @@ int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeou
     kvm_msg *m = NULL;
     kvm_proto_store_reply r;
     int rc = kvm_proto_get_cache_encode(&g, &m);
-    if (!rc) rc = kvm_msg_send(c->sock, &m, 0);
+    if (!rc) rc = cli_send(c, &m);
     if (!rc) rc = cli_wait(c, g.request_id, timeout_ms, &m, &r);
     if (rc == 0) rc = kvm_err(KVM_EIO, "store service %s: no reply within %d ms", c->endpoint, timeout_ms);
     if (rc == 1) rc = r.status < 0 ? cli_status(&r) : 0;
@@ -224,7 +338,7 @@ int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, con
         kvm_msg *m = NULL;
         kvm_proto_store_reply r;
         rc = kvm_proto_get_strategy_encode(&g, &m);
-        if (!rc) rc = kvm_msg_send(c->sock, &m, 0);
+        if (!rc) rc = cli_send(c, &m);
         if (!rc) rc = cli_wait(c, g.request_id, timeout_ms, &m, &r);
         if (rc == 0)
             rc = kvm_err(KVM_EIO, "store service %s: no reply to get_strategy within %d ms (attempt %d of %d)", c->endpoint,
@@ -238,7 +352,7 @@ int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, con
             if (!rc) memcpy(*data, r.strategy.ptr, r.strategy.len), *len = r.strategy.len;
         }
         kvm_msg_free(&m);
-        if (rc != KVM_EIO) return rc;
+        if (rc != KVM_EIO || c->rejected) return rc;
         if (a + 1 < attempts) cli_log_retry(c);
     }
     return rc;
@@ -257,14 +371,14 @@ static int cli_request(kvm_storecli *c, const char *what, cli_encode_fn enc, con
         uint64_t id = ++c->next_request;
         kvm_msg *m = NULL;
         rc = enc(req, id, &m);
-        if (!rc) rc = kvm_msg_send(c->sock, &m, 0);
+        if (!rc) rc = cli_send(c, &m);
         kvm_msg_free(&m);
         if (!rc) rc = cli_wait(c, id, timeout_ms, reply, r);
         if (rc == 1) return r->status < 0 ? cli_status(r) : 1;
         if (rc == 0)
             rc = kvm_err(KVM_EIO, "store service %s: no reply to %s within %d ms (attempt %d of %d)", c->endpoint, what,
                          timeout_ms, a + 1, attempts);
-        if (rc != KVM_EIO) return rc;
+        if (rc != KVM_EIO || c->rejected) return rc;
         if (a + 1 < attempts) cli_log_retry(c);
     }
     return rc;

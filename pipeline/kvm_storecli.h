@@ -40,6 +40,10 @@ int kvm_storecli_open(const kvm_storecli_keys *keys, const char *endpoint, kvm_s
 /* Closes the socket and frees the client; accepts NULL and *c == NULL; sets *c = NULL. */
 void kvm_storecli_close(kvm_storecli **c);
 
+/* 1 when the service refused this client's CurveZMQ handshake (a key not in its authorized_keys,
+ * a wrong server key): the requests' errors say so, and they are not sent again. */
+int kvm_storecli_rejected(const kvm_storecli *c);
+
 /* Uploads e (its manifest and layer messages, which stay the caller's) as put_cache + one
  * `cache` message per layer, job_id and doc_name (may be NULL) in the header, and waits up to
  * timeout_ms for the reply. When no reply comes (service down, restarting, link cut) the

@@ -4,6 +4,7 @@
 #include "common/kvm_log.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storesvc_claim.h"
 #include "pipeline/kvm_storew.h"
 #include "proto/kvm_proto.h"
@@ -415,6 +416,13 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     kvm_storew_opts(cfg, 0, &so);
     so.must_exist = !create; /* a mistyped path would take uploads into a store no run reads */
     const char *sp = path ? path : kvm_config_str(cfg, "store", "path");
+    if (kvm_serve_remote_is_endpoint(sp)) { /* was "no such directory: give --create", which then failed too */
+        kvm_log(KVM_LOG_ERROR, "open_failed", NULL, 0,
+                "store %s is a store service endpoint: the store service opens the LMDB directory itself, so give "
+                "--store (or [store] path) the store's directory on this host",
+                sp);
+        return 2;
+    }
     int orc = kvm_store_open(sp, &so, &store);
     if (orc == KVM_ENOTFOUND) {
         kvm_log(KVM_LOG_ERROR, "open_failed", NULL, 0,
@@ -432,8 +440,10 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
         kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "cannot make a socket: %s", zmq_strerror(errno));
         goto done;
     }
-    if (kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "--bind")) {
+    int brc = kvm_serve_bind(zctx, sock, endpoint, cfg, 1, "--bind");
+    if (brc) {
         kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "%s", kvm_errmsg());
+        status = brc == KVM_EIO ? 1 : 2; /* an endpoint in use is the host's state, as for kvmill serve */
         goto done;
     }
     char bound[1100];

@@ -6,6 +6,7 @@
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_stage.h"
 #include "store/kvm_store.h"
+#include "pipeline/kvm_curve.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -182,6 +183,46 @@ START_TEST(test_old_and_new_flag_together)
     ck_assert_msg(strstr(err, "--iters is deprecated: use --iterations") && !strstr(err, "same setting"), "stderr: %s", err);
     free(out);
     free(err);
+}
+END_TEST
+
+/* keygen --force over a secret key file that others can read (copied with the wrong mode, made
+ * by hand): the new secret key went into that file with its old mode, world-readable, since
+ * the file was opened with O_TRUNC and its mode kept. Now both files are written anew and
+ * renamed over the old ones: the secret is 0600 whatever the old file's mode, and the pair
+ * matches. */
+START_TEST(test_keygen_force_secret_private)
+{
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL, sec[4400], pub[4400];
+    snprintf(sec, sizeof sec, "%s/k.secret", dir);
+    snprintf(pub, sizeof pub, "%s/k.public", dir);
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --out %s/k", kvm_test_bin(), dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    char *old = kvm_test_read_file(sec, NULL);
+    ck_assert_ptr_nonnull(old);
+    ck_assert_int_eq(chmod(sec, 0644), 0);
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --force --out %s/k", kvm_test_bin(), dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    struct stat st;
+    ck_assert_int_eq(stat(sec, &st), 0);
+    ck_assert_msg((st.st_mode & 077) == 0, "the new secret key file has mode %o", (unsigned)(st.st_mode & 0777));
+    char *now = kvm_test_read_file(sec, NULL);
+    ck_assert_ptr_nonnull(now);
+    ck_assert_str_ne(old, now); /* a new key */
+    ck_assert_msg(kvm_curve_check_pair(sec, pub) == 0, "%s", kvm_errmsg());
+    /* nothing else is left in the folder */
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_int_eq(atoi(out), 2);
+    free(out);
+    free(old);
+    free(now);
+    kvm_test_rmtree(dir);
+    free(dir);
 }
 END_TEST
 
@@ -532,6 +573,7 @@ static Suite *suite(void)
         {"serve_kill9_workers_stop", test_serve_kill9_workers_stop},
         {"old_and_new_flag_together", test_old_and_new_flag_together},
         {"keygen_makes_folder", test_keygen_makes_folder},
+        {"keygen_force_secret_private", test_keygen_force_secret_private},
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
         {"ask_bad_endpoint", test_ask_bad_endpoint},

@@ -4,6 +4,7 @@
  * the stage keeps working, and bad configurations or a missing stage binary fail clearly. */
 #include "compress/polykv/kvm_polykv.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
 #include "proto/kvm_proto.h"
@@ -1144,6 +1145,46 @@ START_TEST(test_calibrate_config_flags)
 }
 END_TEST
 
+/* A keyed run ([run] bind off-host) whose own stages' key pair is mixed up, or whose key its
+ * authorized_keys does not list: each stage it started was refused at its handshake, and the
+ * run waited at "0/5 documents" for ever, saying nothing. Refused before any stage starts
+ * (exit 2), naming the key. */
+START_TEST(test_keyed_bind_stage_keys)
+{
+    const char *names[3] = {"server", "worker", "other"};
+    for (int i = 0; i < 3; i++) {
+        char prefix[4400];
+        snprintf(prefix, sizeof prefix, "%s/%s", tmp, names[i]);
+        ck_assert_msg(kvm_curve_keygen(prefix) == 0, "%s", kvm_errmsg());
+    }
+    char auth[4400];
+    snprintf(auth, sizeof auth, "%s/authorized", tmp);
+    ck_assert_int_eq(mkdir(auth, 0700), 0);
+    struct { const char *secret, *want; } cases[2] = {
+        {"worker", "worker.public is not in authorized_keys"},                      /* not listed */
+        {"other", "worker.public is not the public half of client secret key"}}; /* mixed-up pair */
+    for (int c = 0; c < 2; c++) {
+        char extra[9000], cmd[12000], *out = NULL, *err = NULL;
+        snprintf(extra, sizeof extra,
+                 "[run]\nbind = tcp://0.0.0.0:45917\n[security]\nserver_secret_key = %s/server.secret\n"
+                 "server_public_key = %s/server.public\nclient_public_key = %s/worker.public\n"
+                 "client_secret_key = %s/%s.secret\nauthorized_keys = %s\n",
+                 tmp, tmp, tmp, tmp, cases[c].secret, auth);
+        write_config(extra);
+        snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path,
+                 docs);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, cases[c].want), "case %d: exit %d: %s", c, rc, err);
+        free(out);
+        free(err);
+        if (c == 0) { /* listed now: the mixed-up pair is next */
+            snprintf(cmd, sizeof cmd, "cp '%s/worker.public' '%s/'", tmp, auth);
+            ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+        }
+    }
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -1157,7 +1198,8 @@ static Suite *pipeline_suite(void)
         {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},
         {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}, {"calibrate_then_polykv", test_calibrate_then_polykv},
         {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv}, {"calibrate_config_flags", test_calibrate_config_flags},
-        {"dying_stage_gives_up", test_dying_stage_gives_up}, {"short_document_kept_full", test_short_document_kept_full}};
+        {"dying_stage_gives_up", test_dying_stage_gives_up}, {"short_document_kept_full", test_short_document_kept_full},
+        {"keyed_bind_stage_keys", test_keyed_bind_stage_keys}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -642,6 +642,75 @@ START_TEST(test_curve_keys)
 }
 END_TEST
 
+/* A client pair whose .public is not the .secret's half (two keygen pairs mixed up): every
+ * handshake failed without a word; ask blamed the server's key (exit 1) and serve's decode
+ * workers never joined, so serve sat there never ready. Both now refuse the pair (exit 2),
+ * naming the two files. */
+START_TEST(test_curve_mixed_pair)
+{
+    keygen("server");
+    keygen("client");
+    keygen("worker");
+    keygen("other");
+    char auth[4200], cmd[9000];
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    char sec[9000];
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/other.secret\nauthorized_keys = %s\n",
+             g_dir, g_dir, g_dir, g_dir, auth);
+    write_config(NULL, sec);
+    ck_assert_int_eq(start_serve(NULL), 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "worker.public is not the public half of client secret key");
+    assert_contains(log, "other.secret");
+    free(log);
+    char keys[9000], *out = NULL, *err = NULL;
+    snprintf(keys, sizeof keys,
+             "--server-key '%s/server.public' --client-public '%s/client.public' --client-secret '%s/other.secret' "
+             "--timeout 2",
+             g_dir, g_dir, g_dir);
+    int rc = ask(g_doc, "Then", 8, keys, &out, &err);
+    ck_assert_int_eq(rc, 2);
+    assert_contains(err, "client.public is not the public half of client secret key");
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A keyed server whose own decode workers' key ([security] client_public_key) is not in its
+ * authorized_keys: every worker it started was refused, and serve sat there, never ready,
+ * saying nothing. Now it is refused at start (exit 2), naming the key file and the folder. */
+START_TEST(test_curve_worker_not_authorized)
+{
+    keygen("server");
+    keygen("client");
+    keygen("worker");
+    char auth[4200], cmd[9000];
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/'", auth, g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    char sec[9000];
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s\n",
+             g_dir, g_dir, g_dir, g_dir, auth);
+    write_config(NULL, sec);
+    ck_assert_int_eq(start_serve(NULL), 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "worker.public is not in authorized_keys");
+    assert_contains(log, auth);
+    free(log);
+    /* listed, it starts */
+    snprintf(cmd, sizeof cmd, "cp '%s/worker.public' '%s/'", g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
 /* pid of the serve process's only child (its decode worker), from /proc. */
 static pid_t worker_pid(void)
 {
@@ -676,6 +745,78 @@ START_TEST(test_worker_respawn)
     char *log = kvm_test_read_file(g_log, NULL);
     assert_contains(log, "exited (signal 9)");
     free(log);
+}
+END_TEST
+
+/* A second server on the same back end ([run] run_dir) or front end: ZeroMQ unlinks an ipc://
+ * path before binding it, so the second one took the first's sockets and answered for it; the
+ * first one's respawned worker then joined the second, and the first answered nothing again.
+ * Now the second is refused (exit 1, naming the socket) and the first keeps serving. */
+START_TEST(test_second_server_same_endpoint)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char log2[4300], front2[4300];
+    snprintf(log2, sizeof log2, "%s/serve2.log", g_dir);
+    snprintf(front2, sizeof front2, "ipc://%s/front2", g_dir);
+    const char *fronts[2] = {front2, g_front}; /* same run_dir, then the same front end too */
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--config", g_cfg, "--bind", fronts[i], NULL};
+        pid_t p2 = 0;
+        int rc = kvm_test_serve_start(args, log2, 10, &p2);
+        if (p2 > 0) kill(p2, SIGTERM), waitpid(p2, NULL, 0);
+        ck_assert_int_eq(rc, 1);
+        char *log = kvm_test_read_file(log2, NULL);
+        assert_contains(log, "another process is listening on that socket");
+        assert_contains(log, i == 0 ? "/run/ctl" : fronts[i]);
+        free(log);
+    }
+    /* the first server still answers, also from a respawned worker */
+    pid_t w = worker_pid();
+    ck_assert_int_gt(w, 0);
+    ck_assert_int_eq(kill(w, SIGKILL), 0);
+    char *err = NULL;
+    int rc = 1;
+    for (int i = 0; i < 40 && rc; i++) {
+        free(err);
+        err = NULL;
+        usleep(100000);
+        if (worker_pid() > 0 && worker_pid() != w) rc = ask(g_doc, "Then", 4, NULL, NULL, &err);
+    }
+    ck_assert_msg(rc == 0, "the first server stopped answering: %s", err ? err : "");
+    free(err);
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
+/* An ipc:// endpoint whose path is a file: ZeroMQ unlinks the path before binding, so a [run]
+ * run_dir holding a file named "data" (or --bind naming the config) lost that file without a
+ * word. Now it is refused (exit 2), naming the file, which is left as it was. */
+START_TEST(test_ipc_path_not_socket)
+{
+    write_config(NULL, NULL);
+    char run[4300], data[4400];
+    snprintf(run, sizeof run, "%s/run", g_dir);
+    snprintf(data, sizeof data, "%s/data", run);
+    ck_assert_int_eq(mkdir(run, 0700), 0);
+    ck_assert_int_eq(kvm_test_write_file(data, "user data\n", 10), 0);
+    ck_assert_int_eq(start_serve(NULL), 2);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "/run/data exists and is not a socket");
+    free(log);
+    char *left = kvm_test_read_file(data, NULL);
+    ck_assert_ptr_nonnull(left);
+    ck_assert_str_eq(left, "user data\n");
+    free(left);
+    ck_assert_int_eq(unlink(data), 0);
+    /* the front end too: --bind naming the config file */
+    char front[4300];
+    snprintf(front, sizeof front, "ipc://%s", g_cfg);
+    ck_assert_int_eq(start_serve(front), 2);
+    struct stat st;
+    ck_assert_int_eq(stat(g_cfg, &st), 0);
+    ck_assert(S_ISREG(st.st_mode));
 }
 END_TEST
 
@@ -719,7 +860,11 @@ int main(void)
     suite_add_tcase(su, tcase("nonlocal_without_keys", test_nonlocal_without_keys));
     suite_add_tcase(su, tcase("worker_setup_failure", test_worker_setup_failure));
     suite_add_tcase(su, tcase("curve_keys", test_curve_keys));
+    suite_add_tcase(su, tcase("curve_mixed_pair", test_curve_mixed_pair));
+    suite_add_tcase(su, tcase("curve_worker_not_authorized", test_curve_worker_not_authorized));
     suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
+    suite_add_tcase(su, tcase("second_server_same_endpoint", test_second_server_same_endpoint));
+    suite_add_tcase(su, tcase("ipc_path_not_socket", test_ipc_path_not_socket));
     suite_add_tcase(su, tcase("usage", test_usage));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
