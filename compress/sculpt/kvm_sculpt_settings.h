@@ -76,7 +76,7 @@ KVM_SCULPT_SETTING(bias, BOOL, bias, 0, 1, 1, "false", "",
                    "a logit bias beta per distilled entry, fitted with the keys (Attention Matching)", NULL)
 KVM_SCULPT_SETTING(am_start, BOOL, am_start, 0, 1, 1, "false", "",
                    "start each problem from Attention Matching's keys, beta and values (the am method) instead of "
-                   "Select+Fit's (KVSculpt, joint-fixed)", NULL)
+                   "Select+Fit's (sculpt, joint-fixed; selectfit then keeps am's keys)", NULL)
 KVM_SCULPT_SETTING(alloc, ALLOC, alloc, 0, 0, 1, "uniform", "",
                    "KVSculpt budget allocation over layers/heads: uniform | layer | head (pilot MSE^p, paper) | "
                    "gain (marginal-gain water-filling)", NULL)
