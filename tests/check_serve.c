@@ -722,15 +722,13 @@ static pid_t worker_pid(void)
     return p;
 }
 
-START_TEST(test_worker_respawn)
+/* Kills the serving decode worker (SIGKILL) and asks until a respawned one answers (4 s at most):
+ * the broker notices, starts a new worker, and answers again; fails with `what` otherwise. */
+static void kill_worker_and_ask(const char *what)
 {
-    write_config(NULL, NULL);
-    populate(g_doc);
-    ck_assert_int_eq(start_serve(NULL), -1);
     pid_t w = worker_pid();
     ck_assert_int_gt(w, 0);
     ck_assert_int_eq(kill(w, SIGKILL), 0);
-    /* the broker notices, starts a new worker, and answers again */
     char *err = NULL;
     int rc = 1;
     for (int i = 0; i < 40 && rc; i++) {
@@ -739,8 +737,16 @@ START_TEST(test_worker_respawn)
         usleep(100000);
         if (worker_pid() > 0 && worker_pid() != w) rc = ask(g_doc, "Then", 4, NULL, NULL, &err);
     }
-    ck_assert_msg(rc == 0, "no answer after the worker was killed: %s", err ? err : "");
+    ck_assert_msg(rc == 0, "%s: %s", what, err ? err : "");
     free(err);
+}
+
+START_TEST(test_worker_respawn)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    kill_worker_and_ask("no answer after the worker was killed");
     ck_assert_int_eq(stop_serve(), 0);
     char *log = kvm_test_read_file(g_log, NULL);
     assert_contains(log, "exited (signal 9)");
@@ -773,19 +779,7 @@ START_TEST(test_second_server_same_endpoint)
         free(log);
     }
     /* the first server still answers, also from a respawned worker */
-    pid_t w = worker_pid();
-    ck_assert_int_gt(w, 0);
-    ck_assert_int_eq(kill(w, SIGKILL), 0);
-    char *err = NULL;
-    int rc = 1;
-    for (int i = 0; i < 40 && rc; i++) {
-        free(err);
-        err = NULL;
-        usleep(100000);
-        if (worker_pid() > 0 && worker_pid() != w) rc = ask(g_doc, "Then", 4, NULL, NULL, &err);
-    }
-    ck_assert_msg(rc == 0, "the first server stopped answering: %s", err ? err : "");
-    free(err);
+    kill_worker_and_ask("the first server stopped answering");
     ck_assert_int_eq(stop_serve(), 0);
 }
 END_TEST
