@@ -35,7 +35,8 @@ int kvm_cmd_store_serve(int argc, char **argv)
     const char *cp = kvm_cli_get(opts, "config"), *path = kvm_cli_get(opts, "store");
     if (!cp && !path) return fprintf(stderr, "kvmill store serve: --store PATH or --config FILE is required\n"), 2;
     kvm_config *cfg = NULL;
-    if (cp ? kvm_config_load(cp, &cfg) : default_config(&cfg))
+    static const char *const read_here[] = {"store", "security", NULL}; /* not [model]: a store host has none */
+    if (cp ? kvm_config_load_sections(cp, read_here, &cfg) : default_config(&cfg))
         return fprintf(stderr, "kvmill store serve: --config: %s\n", kvm_errmsg()), 2;
     const char *bind = kvm_cli_get(opts, "bind");
     int st = kvm_storesvc_main(cfg, path, bind ? bind : "tcp://127.0.0.1:5560", kvm_cli_get(opts, "create") != NULL);

@@ -19,6 +19,7 @@ struct kvm_config {
     int n;             /* settings in the table */
     char **value;      /* [n] resolved value, or NULL = default */
     char *first_error; /* first handler error, reported with inih's line number */
+    const char *const *needed; /* sections whose required keys must be set; NULL = all */
 };
 
 static int n_settings(void)
@@ -349,13 +350,22 @@ static int prescan(const char *name, const char *text)
     return rc;
 }
 
+/* 1 when the program loading c reads `section` (kvm_config_load_sections). */
+static int needed(const kvm_config *c, const char *section)
+{
+    if (!c->needed) return 1;
+    for (const char *const *s = c->needed; *s; s++)
+        if (!strcmp(*s, section)) return 1;
+    return 0;
+}
+
 static int finish(kvm_config *c, int rc)
 {
     if (rc == -2) return kvm_err(KVM_ENOMEM, "%s: out of memory", c->path);
     if (rc > 0)
         return kvm_err(KVM_EINVAL, "%s:%d: %s", c->path, rc, c->first_error ? c->first_error : "syntax error (expected key = value or [section])");
     for (int i = 0; kvm_cfg_settings[i].section; i++)
-        if (!kvm_cfg_settings[i].def && (!c->value[i] || !*c->value[i]))
+        if (!kvm_cfg_settings[i].def && (!c->value[i] || !*c->value[i]) && needed(c, kvm_cfg_settings[i].section))
             return kvm_err(KVM_EINVAL, "%s: [%s] %s: required key is %s", c->path, kvm_cfg_settings[i].section,
                            kvm_cfg_settings[i].key, c->value[i] ? "empty" : "missing");
     return 0;
@@ -372,7 +382,9 @@ static kvm_config *config_new(const char *name)
     return c;
 }
 
-int kvm_config_load(const char *path, kvm_config **out)
+int kvm_config_load(const char *path, kvm_config **out) { return kvm_config_load_sections(path, NULL, out); }
+
+int kvm_config_load_sections(const char *path, const char *const *sections, kvm_config **out)
 {
     *out = NULL;
     struct stat st;
@@ -400,6 +412,7 @@ int kvm_config_load(const char *path, kvm_config **out)
     rc = prescan(path, text);
     kvm_config *c = rc ? NULL : config_new(path);
     if (!rc && !c) rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
+    if (c) c->needed = sections;
     if (!rc) rc = finish(c, ini_parse_string(text, on_pair, c));
     free(text);
     if (rc) kvm_config_free(&c);

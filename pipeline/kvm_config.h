@@ -53,6 +53,13 @@ typedef struct kvm_config kvm_config;
  * (content; message in kvm_errmsg()), KVM_ENOMEM. Free with kvm_config_free. */
 int kvm_config_load(const char *path, kvm_config **out);
 
+/* kvm_config_load for a program that reads only `sections` (a NULL-terminated list, kept by
+ * pointer while the config lives; NULL = every section): required keys of other sections may be
+ * missing (kvmill store serve reads [store] and [security]; a store host needs no [model] path).
+ * Their getters then return the table's default, NULL for a required string. Errors as
+ * kvm_config_load's. */
+int kvm_config_load_sections(const char *path, const char *const *sections, kvm_config **out);
+
 /* Same from a string; `name` stands for the file name in messages. */
 int kvm_config_parse(const char *text, const char *name, kvm_config **out);
 

@@ -109,6 +109,21 @@ START_TEST(test_file_errors)
     ck_assert_int_eq(kvm_config_int(c, "run", "heartbeat_ms"), 50);
     kvm_config_free(&c);
     expect_bad("\xEF\xBB\xBF[model]\npath = /m\npath = /n\n", "t.ini:3: [model] path is set again (first set on line 2)");
+    /* a program reading only [store] and [security] (kvmill store serve) loads a file without
+     * [model] path; one that reads [model] does not, nor is any other check relaxed */
+    static const char *const store_only[] = {"store", "security", NULL}, *const with_model[] = {"store", "model", NULL};
+    text = "[store]\npath = /s.lmdb\n";
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    ck_assert_int_eq(kvm_config_load(path, &c), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "[model] path: required key is missing"));
+    ck_assert_int_eq(kvm_config_load_sections(path, with_model, &c), KVM_EINVAL);
+    ck_assert_msg(kvm_config_load_sections(path, store_only, &c) == 0, "%s", kvm_errmsg());
+    ck_assert_str_eq(kvm_config_str(c, "store", "path"), "/s.lmdb");
+    kvm_config_free(&c);
+    text = "[store]\npath = /s.lmdb\nmap_max_mb = x\n";
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    ck_assert_int_eq(kvm_config_load_sections(path, store_only, &c), KVM_EINVAL);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "map_max_mb"));
     kvm_test_rmtree(dir);
     free(dir);
 }
