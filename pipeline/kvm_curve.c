@@ -60,7 +60,9 @@ int kvm_curve_read_key(const char *path, char key[41])
     if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "key file %s: %s", path, strerror(errno));
     char buf[128] = {0};
     size_t n = fread(buf, 1, sizeof buf - 1, f);
+    const int e = ferror(f) ? errno : 0; /* a directory opens, then fails to read (EISDIR) */
     fclose(f);
+    if (e) return kvm_err(KVM_EIO, "key file %s: %s", path, strerror(e));
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';
     uint8_t raw[32];
     if (n != 40 || !zmq_z85_decode(raw, buf)) return kvm_err(KVM_EFORMAT, "key file %s: not a 40-character Z85 CurveZMQ key", path);

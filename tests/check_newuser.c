@@ -191,6 +191,16 @@ END_TEST
  * the file was opened with O_TRUNC and its mode kept. Now both files are written anew and
  * renamed over the old ones: the secret is 0600 whatever the old file's mode, and the pair
  * matches. */
+/* A key setting naming a directory: "Is a directory" (it read "not a 40-character Z85 key"). */
+START_TEST(test_key_file_directory)
+{
+    char *dir = kvm_test_tmpdir(), key[41];
+    ck_assert_int_eq(kvm_curve_read_key(dir, key), KVM_EIO);
+    ck_assert_msg(strstr(kvm_errmsg(), "Is a directory") && strstr(kvm_errmsg(), dir), "%s", kvm_errmsg());
+    kvm_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_keygen_force_secret_private)
 {
     char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL, sec[4400], pub[4400];
@@ -574,6 +584,7 @@ static Suite *suite(void)
         {"old_and_new_flag_together", test_old_and_new_flag_together},
         {"keygen_makes_folder", test_keygen_makes_folder},
         {"keygen_force_secret_private", test_keygen_force_secret_private},
+        {"key_file_directory", test_key_file_directory},
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
         {"ask_bad_endpoint", test_ask_bad_endpoint},
