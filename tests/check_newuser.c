@@ -198,6 +198,7 @@ START_TEST(test_key_file_directory)
     ck_assert_int_eq(kvm_curve_read_key(dir, key), KVM_EIO);
     ck_assert_msg(strstr(kvm_errmsg(), "Is a directory") && strstr(kvm_errmsg(), dir), "%s", kvm_errmsg());
     kvm_test_rmtree(dir);
+    free(dir);
 }
 END_TEST
 
