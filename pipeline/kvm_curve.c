@@ -70,30 +70,35 @@ int kvm_curve_read_key(const char *path, char key[41])
     return 0;
 }
 
-int kvm_curve_check_pair(const char *secret_file, const char *public_file)
+/* 1 when public_file holds the public half of secret_file's key, 0 when it does not, or the
+ * error (< 0, message set) of a file that does not read as a key. */
+static int pair_matches(const char *secret_file, const char *public_file)
 {
     char sec[41], pub[41], derived[41];
     int rc;
     if ((rc = kvm_curve_read_key(secret_file, sec)) || (rc = kvm_curve_read_key(public_file, pub))) return rc;
     if (zmq_curve_public(derived, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_public: %s", zmq_strerror(errno));
-    if (strcmp(derived, pub))
+    return !strcmp(derived, pub);
+}
+
+int kvm_curve_check_pair(const char *secret_file, const char *public_file)
+{
+    int rc = pair_matches(secret_file, public_file);
+    if (rc == 0)
         return kvm_err(KVM_EMISMATCH, "[security] server_public_key %s is not the public half of server_secret_key %s",
                        public_file, secret_file);
-    return 0;
+    return rc < 0 ? rc : 0;
 }
 
 int kvm_curve_check_client_pair(const char *secret_file, const char *public_file)
 {
-    char sec[41], pub[41], derived[41];
-    int rc;
-    if ((rc = kvm_curve_read_key(secret_file, sec)) || (rc = kvm_curve_read_key(public_file, pub))) return rc;
-    if (zmq_curve_public(derived, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_public: %s", zmq_strerror(errno));
-    if (strcmp(derived, pub))
+    int rc = pair_matches(secret_file, public_file);
+    if (rc == 0)
         return kvm_err(KVM_EMISMATCH,
                        "client public key %s is not the public half of client secret key %s (use the .public and "
                        ".secret files of one kvmill keygen)",
                        public_file, secret_file);
-    return 0;
+    return rc < 0 ? rc : 0;
 }
 
 int kvm_curve_is_local(const char *ep)

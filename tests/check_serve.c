@@ -590,6 +590,28 @@ static int external_worker(const char *name, int ms)
     return joined;
 }
 
+/* The keyed server's config: an authorized_keys folder auth (g_dir/authorized) holding the
+ * .public files of the space-separated key names `listed`, and a [security] section with the
+ * server's pair and, for its decode workers, worker_pub.public and worker_sec.secret (mixed up
+ * when they differ); written by write_config. */
+static void keyed_config(const char *listed, const char *worker_pub, const char *worker_sec, char *auth, size_t n)
+{
+    char cmd[9000], sec[9000], names[256];
+    snprintf(auth, n, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s'", auth);
+    ck_assert_int_eq(system(cmd), 0);
+    snprintf(names, sizeof names, "%s", listed);
+    for (char *save = NULL, *k = strtok_r(names, " ", &save); k; k = strtok_r(NULL, " ", &save)) {
+        snprintf(cmd, sizeof cmd, "cp '%s/%s.public' '%s/'", g_dir, k, auth);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/%s.public\nclient_secret_key = %s/%s.secret\nauthorized_keys = %s\n",
+             g_dir, g_dir, g_dir, worker_pub, g_dir, worker_sec, auth);
+    write_config(NULL, sec);
+}
+
 START_TEST(test_curve_keys)
 {
     keygen("server");
@@ -597,18 +619,10 @@ START_TEST(test_curve_keys)
     keygen("stranger");
     keygen("worker");
     char auth[4200], cmd[9000];
-    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
-    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);
-    ck_assert_int_eq(system(cmd), 0);
+    keyed_config("client worker", "worker", "worker", auth, sizeof auth);
     /* keygen refuses to overwrite (a usage error: --force says replace) */
     snprintf(cmd, sizeof cmd, "'%s' keygen --out '%s/client'", kvmill(), g_dir);
     ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 2);
-    char sec[9000];
-    snprintf(sec, sizeof sec,
-             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
-             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s\n",
-             g_dir, g_dir, g_dir, g_dir, auth);
-    write_config(NULL, sec);
     populate(g_doc);
     ck_assert_int_eq(start_serve(NULL), -1);
     char keys[9000], *out = NULL, *err = NULL;
@@ -652,16 +666,8 @@ START_TEST(test_curve_mixed_pair)
     keygen("client");
     keygen("worker");
     keygen("other");
-    char auth[4200], cmd[9000];
-    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
-    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);
-    ck_assert_int_eq(system(cmd), 0);
-    char sec[9000];
-    snprintf(sec, sizeof sec,
-             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
-             "client_public_key = %s/worker.public\nclient_secret_key = %s/other.secret\nauthorized_keys = %s\n",
-             g_dir, g_dir, g_dir, g_dir, auth);
-    write_config(NULL, sec);
+    char auth[4200];
+    keyed_config("client worker", "worker", "other", auth, sizeof auth);
     ck_assert_int_eq(start_serve(NULL), 2);
     char *log = kvm_test_read_file(g_log, NULL);
     assert_contains(log, "worker.public is not the public half of client secret key");
@@ -689,15 +695,7 @@ START_TEST(test_curve_worker_not_authorized)
     keygen("client");
     keygen("worker");
     char auth[4200], cmd[9000];
-    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
-    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/'", auth, g_dir, auth);
-    ck_assert_int_eq(system(cmd), 0);
-    char sec[9000];
-    snprintf(sec, sizeof sec,
-             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
-             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s\n",
-             g_dir, g_dir, g_dir, g_dir, auth);
-    write_config(NULL, sec);
+    keyed_config("client", "worker", "worker", auth, sizeof auth);
     ck_assert_int_eq(start_serve(NULL), 2);
     char *log = kvm_test_read_file(g_log, NULL);
     assert_contains(log, "worker.public is not in authorized_keys");
