@@ -325,6 +325,21 @@ static char *store_lock_unusable(const char *path)
     return strdup(why);
 }
 
+int kvm_store_unwritable(const char *path, char *why, size_t why_size)
+{
+    if (!path || !why || why_size == 0) return 0;
+    static const char *const names[] = {"", "/data.mdb", "/lock.mdb"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char f[4200];
+        snprintf(f, sizeof f, "%s%s", path, names[i]);
+        if (access(f, F_OK) != 0) continue; /* what does not exist is created, or refused, by the open */
+        if (access(f, W_OK) == 0) continue;
+        snprintf(why, why_size, "store %s: %s is not writable (%s)", path, i ? f : "the directory", strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out)
 {
     kvm_store_opts o = {0};

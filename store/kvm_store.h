@@ -182,6 +182,13 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
+/* 1 when a read-write open of the store at `path` would fail for want of write permission:
+ * the directory, its data.mdb or its lock.mdb exists and access(2) says it cannot be written
+ * (a read-only filesystem, a copy owned by someone else); *why (why_size bytes) then names
+ * the file and the reason. 0 otherwise, also where nothing exists yet (the open creates it,
+ * or refuses it under must_exist). Lets a process that only reads unless asked to write
+ * (kvmill serve's decode workers) open such a store read_only instead of failing. */
+int kvm_store_unwritable(const char *path, char *why, size_t why_size);
 /* Closes the environment and frees the handle; accepts NULL and *s == NULL; sets *s = NULL.
  * Must not race with other calls on the same handle. Called from a forked child it only
  * frees this process's memory (the parent's environment is left alone). */

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -34,6 +35,7 @@
 static char *g_dir;
 static char g_cfg[4096], g_front[4200], g_log[4200], g_doc[4096];
 static pid_t g_serve;
+static char g_ro_mount[4200]; /* a read-only bind mount for teardown to undo, or "" */
 
 static const char *kvmill(void)
 {
@@ -80,6 +82,8 @@ static void teardown(void)
         kill(g_serve, SIGTERM);
         waitpid(g_serve, NULL, 0);
     }
+    if (g_ro_mount[0]) umount2(g_ro_mount, MNT_DETACH);
+    g_ro_mount[0] = '\0';
     kvm_test_rmtree(g_dir);
     free(g_dir);
 }
@@ -812,6 +816,53 @@ START_TEST(test_ipc_path_not_socket)
 }
 END_TEST
 
+/* A store the server may not write (a read-only mount, a copy owned by someone else): the
+ * decode workers opened it read-write and exited at setup until serve gave up, answering
+ * nothing. They now open it read-only, say so, and answer as from a writable store. As root
+ * the store is bind-mounted read-only onto itself (SKIP where that is refused); as another
+ * user its files and folder lose their write bits. */
+START_TEST(test_read_only_store)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    char *want = reference(g_doc, "Then the", 16);
+    char sp[4200], f[4400];
+    snprintf(sp, sizeof sp, "%s/store", g_dir);
+    if (geteuid() == 0) {
+        if (mount(sp, sp, NULL, MS_BIND, NULL) != 0) {
+            printf("SKIP: read_only_store: cannot bind-mount the store (%s)\n", strerror(errno));
+            free(want);
+            return;
+        }
+        snprintf(g_ro_mount, sizeof g_ro_mount, "%s", sp);
+        ck_assert_msg(mount(NULL, sp, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) == 0, "remount: %s", strerror(errno));
+    } else {
+        snprintf(f, sizeof f, "%s/data.mdb", sp);
+        ck_assert_int_eq(chmod(f, 0444), 0);
+        snprintf(f, sizeof f, "%s/lock.mdb", sp);
+        ck_assert_int_eq(chmod(f, 0444), 0);
+        ck_assert_int_eq(chmod(sp, 0555), 0);
+    }
+    char why[4400] = "";
+    ck_assert_int_eq(kvm_store_unwritable(sp, why, sizeof why), 1);
+    ck_assert_msg(strstr(why, sp) != NULL, "%s", why);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *out = NULL, *err = NULL;
+    int rc = ask(g_doc, "Then the", 16, NULL, &out, &err);
+    ck_assert_msg(rc == 0, "ask exited %d: %s", rc, err);
+    out[strlen(out) - 1] = '\0';
+    ck_assert_str_eq(out, want);
+    ck_assert_int_eq(stop_serve(), 0);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "serving it read-only");
+    free(log);
+    free(want);
+    free(out);
+    free(err);
+    if (geteuid() != 0) chmod(sp, 0775); /* for teardown's removal */
+}
+END_TEST
+
 START_TEST(test_usage)
 {
     char cmd[4200];
@@ -857,6 +908,7 @@ int main(void)
     suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
     suite_add_tcase(su, tcase("second_server_same_endpoint", test_second_server_same_endpoint));
     suite_add_tcase(su, tcase("ipc_path_not_socket", test_ipc_path_not_socket));
+    suite_add_tcase(su, tcase("read_only_store", test_read_only_store));
     suite_add_tcase(su, tcase("usage", test_usage));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
