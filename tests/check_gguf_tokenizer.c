@@ -170,7 +170,7 @@ static char *write_vocab(const char *dir, const char *model, const char *pre, co
     gw_put(&w, "GGUF", 4);
     gw_u32(&w, 3);
     gw_u64(&w, 0);
-    gw_u64(&w, (uint64_t)(3 + (model != NULL) + (pre != NULL) + (n_types > 0)));
+    gw_u64(&w, (uint64_t)(4 + (model != NULL) + (pre != NULL) + (n_types > 0)));
     if (model) {
         gw_str(&w, "tokenizer.ggml.model");
         gw_u32(&w, 8);
