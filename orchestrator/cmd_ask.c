@@ -88,8 +88,18 @@ static int read_doc(const char *path, char **text, size_t *len)
     return 0;
 }
 
-/* A handshake event from the monitor socket: 1 when it means the server refused us. */
-static int handshake_failed(void *mon, char *why, size_t n)
+/* How far the connection to the server got, from the monitor socket's events: a silent
+ * timeout then says whether nothing accepted the connection, something that is not a ZeroMQ
+ * peer accepted it, or a ZeroMQ peer took the request and did not answer. */
+typedef struct ask_link {
+    int tcp_connected; /* ZMQ_EVENT_CONNECTED seen */
+    int greeted;       /* ZMQ_EVENT_HANDSHAKE_SUCCEEDED seen: a ZeroMQ peer of a fitting type */
+    int keyed;         /* CurveZMQ keys given */
+} ask_link;
+
+/* Reads one monitor event into *l; returns 1 (why filled) when it means the connection
+ * cannot work: the server rejected the key, or the ZeroMQ handshake failed. */
+static int link_event(void *mon, ask_link *l, char *why, size_t n)
 {
     zmq_msg_t ev, ep;
     zmq_msg_init(&ev);
@@ -101,22 +111,53 @@ static int handshake_failed(void *mon, char *why, size_t n)
         memcpy(&event, zmq_msg_data(&ev), 2);
         memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
         if (zmq_msg_more(&ev)) zmq_msg_recv(&ep, mon, 0);
+        if (event == ZMQ_EVENT_CONNECTED) l->tcp_connected = 1;
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) l->greeted = 1;
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
             snprintf(why, n,
                      "the server rejected this client's key (ZAP status %u): ask its operator to add your "
                      ".public file to [security] authorized_keys",
                      (unsigned)value);
             failed = 1;
+        } else if ((event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) &&
+                   l->keyed) {
+            snprintf(why, n,
+                     "the security handshake with the server failed: a wrong --server-key, or not kvmill "
+                     "serve's front end there");
+            failed = 1;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
             snprintf(why, n,
-                     "the security handshake with the server failed: a wrong --server-key, or the server "
-                     "needs CurveZMQ keys (--server-key, --client-public, --client-secret)");
+                     "the ZeroMQ handshake failed: the server needs CurveZMQ keys (--server-key, "
+                     "--client-public, --client-secret), or the endpoint is a ZeroMQ socket of another "
+                     "kind than kvmill serve's front end");
             failed = 1;
         }
     }
     zmq_msg_close(&ev);
     zmq_msg_close(&ep);
     return failed;
+}
+
+/* The timeout's message for what the connection reached (ask_link). */
+static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, int monitored)
+{
+    if (monitored && !l->tcp_connected)
+        fprintf(stderr,
+                "kvmill ask: nothing accepted a connection at %s within %g s: is kvmill serve running "
+                "there (its \"ready\" line names the front end)?\n",
+                ep, timeout_s);
+    else if (monitored && !l->greeted)
+        fprintf(stderr,
+                "kvmill ask: %s accepted the connection but no ZeroMQ handshake with it completed within %g s: "
+                "it is not kvmill serve's front end (a program that does not speak ZeroMQ, or a ZeroMQ "
+                "socket of another kind)\n",
+                ep, timeout_s);
+    else
+        fprintf(stderr,
+                "kvmill ask: no answer from %s within %g s (%sis it kvmill serve's front end, and is the "
+                "server busy? a request larger than its [serve] max_message_bytes is cut off without an "
+                "answer: name a stored document with --doc-name or --doc-hash instead of sending it)\n",
+                ep, timeout_s, monitored ? "the request was delivered to a ZeroMQ peer; " : "");
 }
 
 int kvm_cmd_ask(int argc, char **argv)
@@ -240,9 +281,10 @@ int kvm_cmd_ask(int argc, char **argv)
     }
     char mon_ep[64];
     snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-ask-monitor-%d", (int)getpid());
+    ask_link link = {.keyed = sk != NULL};
     if (zmq_socket_monitor(sock, mon_ep,
-                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
         mon = zmq_socket(zctx, ZMQ_PAIR);
         if (mon && zmq_connect(mon, mon_ep)) zmq_close(mon), mon = NULL;
     }
@@ -286,17 +328,13 @@ int kvm_cmd_ask(int argc, char **argv)
     for (;;) {
         double left = deadline - kvm_now_ms();
         if (left <= 0) {
-            fprintf(stderr,
-                    "kvmill ask: no answer from %s within %g s (is kvmill serve running there? a request "
-                    "larger than its [serve] max_message_bytes is cut off without an answer: name a stored "
-                    "document with --doc-name or --doc-hash instead of sending it)\n",
-                    ep, timeout_s);
+            say_no_answer(ep, timeout_s, &link, mon != NULL);
             goto done;
         }
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
         if (zmq_poll(items, mon ? 2 : 1, (long)(left < 100 ? left + 1 : 100)) < 0 && errno != EINTR) break;
         char why[512];
-        if (mon && (items[1].revents & ZMQ_POLLIN) && handshake_failed(mon, why, sizeof why)) {
+        if (mon && (items[1].revents & ZMQ_POLLIN) && link_event(mon, &link, why, sizeof why)) {
             fprintf(stderr, "kvmill ask: %s: %s\n", ep, why);
             goto done;
         }

@@ -25,6 +25,8 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -648,10 +650,11 @@ START_TEST(test_curve_keys)
     ck_assert_str_eq(out, "");
     free(out);
     free(err);
-    /* no keys at all: the handshake fails, no answer */
+    /* no keys at all: the handshake fails, no answer; said as such */
     rc = ask(g_doc, "Then", 8, "--timeout 2", &out, &err);
     ck_assert_int_eq(rc, 1);
     ck_assert_str_eq(out, "");
+    assert_contains(err, "CurveZMQ");
     free(out);
     free(err);
     /* workers authenticate too: a decode worker with an unknown key never joins, a listed one does */
@@ -863,6 +866,45 @@ START_TEST(test_read_only_store)
 }
 END_TEST
 
+/* kvmill ask against what is not kvmill serve's front end said "no answer ... is kvmill serve
+ * running there?" whatever was there. It now tells apart nothing listening, a listener that
+ * is not ZeroMQ, a ZeroMQ socket of another kind, and a ZeroMQ peer that takes the request and
+ * never answers. */
+START_TEST(test_ask_wrong_peer)
+{
+    char ep[4300], path[4300], *out = NULL, *err = NULL;
+    snprintf(path, sizeof path, "%s/peer", g_dir);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt hi --timeout 1", kvmill(), ep, g_doc);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1); /* nothing there */
+    assert_contains(err, "nothing accepted a connection");
+    free(out), free(err);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0); /* a listener that never speaks */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(fd, 4), 0);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    assert_contains(err, "no ZeroMQ handshake with it completed");
+    free(out), free(err);
+    close(fd);
+    unlink(path);
+    void *zc = zmq_ctx_new();
+    int kinds[2] = {ZMQ_PUB, ZMQ_ROUTER};
+    const char *said[2] = {"no ZeroMQ handshake with it completed", "the request was delivered to a ZeroMQ peer"};
+    for (int i = 0; i < 2; i++) {
+        void *peer = zmq_socket(zc, kinds[i]);
+        ck_assert_int_eq(zmq_bind(peer, ep), 0);
+        ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+        assert_contains(err, said[i]);
+        free(out), free(err);
+        zmq_close(peer);
+    }
+    zmq_ctx_term(zc);
+}
+END_TEST
+
 START_TEST(test_usage)
 {
     char cmd[4200];
@@ -909,6 +951,7 @@ int main(void)
     suite_add_tcase(su, tcase("second_server_same_endpoint", test_second_server_same_endpoint));
     suite_add_tcase(su, tcase("ipc_path_not_socket", test_ipc_path_not_socket));
     suite_add_tcase(su, tcase("read_only_store", test_read_only_store));
+    suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
     suite_add_tcase(su, tcase("usage", test_usage));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
