@@ -19,6 +19,9 @@ struct kvm_storecli {
     void *mon;        /* PAIR socket receiving sock's security handshake failures, or NULL */
     int rejected;     /* the service refused this connection's handshake: retrying cannot help */
     char why[1600];   /* what the refusal said */
+    int greeted;      /* a handshake of this connection succeeded */
+    int n_no_detail;  /* handshakes of this connection that failed without a reason */
+    char hint[1400];  /* cli_no_reply_hint's text */
     char spk[1100], cpk[1100], csk[1100]; /* [security] key files, copied at open */
     char endpoint[1100];
     uint64_t next_request;
@@ -69,6 +72,8 @@ static int cli_rejected(kvm_storecli *c)
         zmq_msg_close(&ev);
         zmq_msg_close(&ep);
         if (!got) break;
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) c->greeted = 1;
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) c->n_no_detail++;
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
             snprintf(c->why, sizeof c->why,
                      "store service %s rejected this client's key %s (ZAP status %u): add that .public file to the "
@@ -92,6 +97,22 @@ static int cli_rejected(kvm_storecli *c)
     }
     if (c->rejected) kvm_err(KVM_EIO, "%s", c->why);
     return c->rejected;
+}
+
+/* What to add to a "no reply" error: with CurveZMQ keys, handshakes that failed without a
+ * reason and none that succeeded mean the service could not open them, which is what a wrong
+ * server public key looks like (a restarting service too, so it is a hint, and the requests'
+ * retries go on). "" otherwise. */
+static const char *cli_no_reply_hint(kvm_storecli *c)
+{
+    c->hint[0] = '\0';
+    if (cli_rejected(c)) return c->hint; /* said by the caller's check of c->rejected */
+    if (*c->spk && c->n_no_detail > 0 && !c->greeted)
+        snprintf(c->hint, sizeof c->hint,
+                 "; its CurveZMQ handshake failed %d time(s) without a reason and never succeeded: a wrong server "
+                 "public key (%s)?",
+                 c->n_no_detail, c->spk);
+    return c->hint;
 }
 
 int kvm_storecli_rejected(const kvm_storecli *c)
@@ -129,6 +150,8 @@ static int cli_connect(kvm_storecli *c)
 {
     cli_close_sock(c);
     c->rejected = 0;
+    c->greeted = 0;
+    c->n_no_detail = 0;
     c->sock = zmq_socket(c->zctx, ZMQ_DEALER);
     if (!c->sock) return kvm_err(KVM_EIO, "store service client: socket: %s", zmq_strerror(errno));
     int linger = 0, sndtimeo = CLI_SEND_TIMEOUT_MS;
@@ -146,10 +169,12 @@ static int cli_connect(kvm_storecli *c)
         static unsigned n_mon;
         char mon_ep[128];
         snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-storecli-monitor-%ld-%p-%u", (long)getpid(), (void *)c, ++n_mon);
-        /* not HANDSHAKE_FAILED_NO_DETAIL: that is also a connection lost while it was being made
-         * (a service restarting), which the requests' retries are there for */
-        if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) ==
-            0) {
+        /* HANDSHAKE_FAILED_NO_DETAIL is not a refusal: it is also a connection lost while it was
+         * being made (a service restarting), which the requests' retries are there for; it only
+         * adds a hint to "no reply" (cli_no_reply_hint) */
+        if (zmq_socket_monitor(c->sock, mon_ep,
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
             c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
             if (c->mon && zmq_connect(c->mon, mon_ep)) zmq_close(c->mon), c->mon = NULL;
             if (!c->mon) zmq_socket_monitor(c->sock, NULL, 0);
@@ -275,8 +300,8 @@ int kvm_storecli_put(kvm_storecli *c, const kvm_serve_cache_enc *e, uint64_t job
         if (!rc) rc = cli_wait(c, p.request_id, timeout_ms, &reply, &r);
         if (rc == 1) rc = r.status < 0 ? cli_status(&r) : 0;
         else if (rc == 0)
-            rc = kvm_err(KVM_EIO, "store service %s: no reply to the upload within %d ms (attempt %d of %d)",
-                         c->endpoint, timeout_ms, a + 1, attempts);
+            rc = kvm_err(KVM_EIO, "store service %s: no reply to the upload within %d ms (attempt %d of %d)%s",
+                         c->endpoint, timeout_ms, a + 1, attempts, cli_no_reply_hint(c));
         kvm_msg_free(&reply);
         if (rc != KVM_EIO || c->rejected) return rc;
         if (a + 1 < attempts) cli_log_retry(c);
@@ -298,7 +323,8 @@ int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeou
     int rc = kvm_proto_get_cache_encode(&g, &m);
     if (!rc) rc = cli_send(c, &m);
     if (!rc) rc = cli_wait(c, g.request_id, timeout_ms, &m, &r);
-    if (rc == 0) rc = kvm_err(KVM_EIO, "store service %s: no reply within %d ms", c->endpoint, timeout_ms);
+    if (rc == 0)
+        rc = kvm_err(KVM_EIO, "store service %s: no reply within %d ms%s", c->endpoint, timeout_ms, cli_no_reply_hint(c));
     if (rc == 1) rc = r.status < 0 ? cli_status(&r) : 0;
     int64_t n = rc ? 0 : r.n_layers;
     kvm_msg_free(&m);
@@ -341,8 +367,8 @@ int kvm_storecli_get_strategy(kvm_storecli *c, const kvm_store_id *model_id, con
         if (!rc) rc = cli_send(c, &m);
         if (!rc) rc = cli_wait(c, g.request_id, timeout_ms, &m, &r);
         if (rc == 0)
-            rc = kvm_err(KVM_EIO, "store service %s: no reply to get_strategy within %d ms (attempt %d of %d)", c->endpoint,
-                         timeout_ms, a + 1, attempts);
+            rc = kvm_err(KVM_EIO, "store service %s: no reply to get_strategy within %d ms (attempt %d of %d)%s",
+                         c->endpoint, timeout_ms, a + 1, attempts, cli_no_reply_hint(c));
         else if (rc == 1 && r.status < 0)
             rc = cli_status(&r);
         else if (rc == 1 && r.strategy.len == 0)
@@ -376,8 +402,8 @@ static int cli_request(kvm_storecli *c, const char *what, cli_encode_fn enc, con
         if (!rc) rc = cli_wait(c, id, timeout_ms, reply, r);
         if (rc == 1) return r->status < 0 ? cli_status(r) : 1;
         if (rc == 0)
-            rc = kvm_err(KVM_EIO, "store service %s: no reply to %s within %d ms (attempt %d of %d)", c->endpoint, what,
-                         timeout_ms, a + 1, attempts);
+            rc = kvm_err(KVM_EIO, "store service %s: no reply to %s within %d ms (attempt %d of %d)%s", c->endpoint,
+                         what, timeout_ms, a + 1, attempts, cli_no_reply_hint(c));
         if (rc != KVM_EIO || c->rejected) return rc;
         if (a + 1 < attempts) cli_log_retry(c);
     }

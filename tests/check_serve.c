@@ -650,6 +650,18 @@ START_TEST(test_curve_keys)
     ck_assert_str_eq(out, "");
     free(out);
     free(err);
+    /* the wrong server key (the stranger's public key): the server cannot open the handshake
+     * and closes the connection; said as such rather than "no answer" */
+    snprintf(keys, sizeof keys,
+             "--server-key '%s/stranger.public' --client-public '%s/client.public' --client-secret '%s/client.secret' "
+             "--timeout 2",
+             g_dir, g_dir, g_dir);
+    rc = ask(g_doc, "Then", 8, keys, &out, &err);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_str_eq(out, "");
+    assert_contains(err, "a wrong --server-key");
+    free(out);
+    free(err);
     /* no keys at all: the handshake fails, no answer; said as such */
     rc = ask(g_doc, "Then", 8, "--timeout 2", &out, &err);
     ck_assert_int_eq(rc, 1);

@@ -633,6 +633,37 @@ START_TEST(test_client_without_key_refused)
 }
 END_TEST
 
+/* A client given the wrong server public key (another pair's): the service cannot open its
+ * handshake, and libzmq tells the client no reason (as it does when a restarting service drops
+ * a connection mid-handshake, so the request still waits for its timeout). It read only "no
+ * reply to the upload"; now the message adds the failed handshakes and names the key file,
+ * and nothing is stored. */
+START_TEST(test_wrong_server_key_said)
+{
+    char sec[12000], cli[8000];
+    keyed_service(sec, sizeof sec);
+    snprintf(cli, sizeof cli,
+             "[security]\nserver_public_key = %s/stranger.public\nclient_secret_key = %s/client.secret\n"
+             "client_public_key = %s/client.public\n",
+             g_dir, g_dir, g_dir);
+    kvm_config *wrong = config(cli);
+    svc_thread t;
+    svc_start(&t, sec, 0);
+    kvm_serve_cache_enc e;
+    make_cache(4, &e);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(wrong), g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 1, NULL, 5000, 1, NULL), KVM_EIO);
+    ck_assert_msg(strstr(kvm_errmsg(), "a wrong server public key") && strstr(kvm_errmsg(), "stranger.public"), "%s",
+                  kvm_errmsg());
+    kvm_storecli_close(&c);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 0);
+    kvm_serve_cache_enc_free(&e);
+    kvm_config_free(&wrong);
+}
+END_TEST
+
 /* A client whose key the service does not know: the service refuses the handshake, which then
  * happens before the client's first request (the connection is gone by the time it sends). A
  * send waited for ever there: `kvmill run` with such a key hung at its end releasing its claims,
@@ -819,6 +850,7 @@ static Suite *storesvc_suite(void)
                  {"client_without_key_refused", test_client_without_key_refused},
                  {"zap_handler_per_context", test_zap_handler_per_context},
                  {"unknown_key_said_at_once", test_unknown_key_said_at_once},
+                 {"wrong_server_key_said", test_wrong_server_key_said},
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
                  {"store_is_endpoint", test_store_is_endpoint},
