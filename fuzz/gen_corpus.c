@@ -305,6 +305,21 @@ static void safetensors(void)
     st_seed("empty", "{}", 0);
 }
 
+/* model.safetensors.index.json for the shards fuzz_file_st_index.c writes (a, b in shard 1, c in
+ * shard 2): as transformers saves it, without metadata, and naming the symlink to shard 2. */
+static void st_index(void)
+{
+    static const char *const seeds[][2] = {
+        {"two_shards", "{\"metadata\": {\"total_size\": 44},\n \"weight_map\": {\"a\": "
+                       "\"model-00001-of-00002.safetensors\", \"b\": \"model-00001-of-00002.safetensors\", "
+                       "\"c\": \"model-00002-of-00002.safetensors\"}}\n"},
+        {"no_metadata", "{\"weight_map\":{\"c\":\"model-00002-of-00002.safetensors\"}}"},
+        {"symlink", "{\"weight_map\":{\"c\":\"link.safetensors\"}}"},
+    };
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++)
+        write_seed("st_index", seeds[i][0], seeds[i][1], strlen(seeds[i][1]));
+}
+
 /* ---- llama2.c checkpoints and tokenizers ---- */
 static void llama2c(const char *seed, kvm_make_model_opts o)
 {
@@ -415,6 +430,7 @@ int main(int argc, char **argv)
     gguf_tiny_llama("llama_spm", 1);
     gguf_kquants();
     safetensors();
+    st_index();
     llama2c("shared", (kvm_make_model_opts){8, 16, 1, 2, 1, 32, 8, 0, 1});
     llama2c("separate_gqa", (kvm_make_model_opts){16, 24, 2, 4, 2, 24, 4, 1, 2});
     /* tok512.bin for a vocabulary of 512: the fuzzer's first two bytes give 259 + u16 % 1024 */
