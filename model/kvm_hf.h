@@ -8,7 +8,8 @@
 
 struct kvm_model;
 
-/* 1 when path is a directory holding a config.json (a Hugging Face folder), else 0. */
+/* 1 when path is a directory with an entry named config.json (a Hugging Face folder; a broken
+ * link or a directory of that name too, which kvm__hf_load then refuses by name), else 0. */
 int kvm_hf_is_folder(const char *path);
 
 /* The files whose bytes identify a Hugging Face model, in hashing order: dir/config.json, then
@@ -29,7 +30,8 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
  * architecture needs, dtype F32/F16/BF16, converted to float32 into m->owned and the files
  * unmapped. Ignored by rule: "*.rotary_emb.inv_freq" (RoPE buffers older exports carry) and
  * an "lm_head.weight" equal to the tied embedding. Errors (message names the file and the key
- * or tensor): KVM_ENOTFOUND (config.json, weights), KVM_EFORMAT (malformed JSON, a missing or
+ * or tensor): KVM_ENOTFOUND (config.json, weights), KVM_EFORMAT (config.json or a weight file
+ * not a regular file or a broken symbolic link (kvm__st_entry), malformed JSON, a missing or
  * mistyped key, bad values, a missing, unknown, or wrongly shaped tensor, a tied lm_head that
  * differs from the embedding), KVM_ENOTSUP (another architecture, rope_scaling type, hidden_act,
  * mlp_bias, partial rotary: each named), KVM_ENOMEM. */

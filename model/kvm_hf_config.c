@@ -105,7 +105,9 @@ static int get_rope_scaling(const char *f, const json_t *root, kvm_rope_scaling 
 /* Refuses settings the forward does not implement: activation, MLP biases, partial rotary. */
 static int check_unsupported(const char *f, const json_t *root)
 {
-    const char *act = json_string_value(json_object_get(root, "hidden_act"));
+    const json_t *a = json_object_get(root, "hidden_act");
+    const char *act = json_string_value(a);
+    if (a && !json_is_null(a) && !act) return kvm_err(KVM_EFORMAT, "%s: key 'hidden_act' is not a string", f);
     if (act && strcmp(act, "silu") != 0)
         return kvm_err(KVM_ENOTSUP, "%s: hidden_act '%.32s' is not supported (silu is)", f, act);
     int mlp_bias;
@@ -113,6 +115,8 @@ static int check_unsupported(const char *f, const json_t *root)
     if (rc) return rc;
     if (mlp_bias) return kvm_err(KVM_ENOTSUP, "%s: mlp_bias = true is not supported", f);
     const json_t *prf = json_object_get(root, "partial_rotary_factor");
+    if (prf && !json_is_null(prf) && !json_is_number(prf))
+        return kvm_err(KVM_EFORMAT, "%s: key 'partial_rotary_factor' is not a number", f);
     if (prf && !json_is_null(prf) && json_number_value(prf) != 1.0)
         return kvm_err(KVM_ENOTSUP, "%s: partial_rotary_factor = %g is not supported", f, json_number_value(prf));
     return 0;

@@ -19,7 +19,7 @@ int kvm_hf_is_folder(const char *path)
     char p[4096];
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
     snprintf(p, sizeof p, "%s/config.json", path);
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    return lstat(p, &st) == 0; /* whatever it is: kvm__hf_load says what is wrong with it */
 }
 
 /* Loading state: the set, which tensors were used, where floats go. */
@@ -32,6 +32,15 @@ typedef struct hf_load {
 
 static int st_mat_type(kvm_st_dtype d) { return d == KVM_ST_BF16 ? KVM_MAT_BF16 : d == KVM_ST_F16 ? KVM_MAT_F16 : KVM_MAT_F32; }
 
+/* "[d0, d1, ...]" of n dims ("[]": a scalar) into buf[size]. */
+static void shape_str(const int64_t *d, int n, char *buf, size_t size)
+{
+    size_t at = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < n && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%lld", i ? ", " : "", (long long)d[i]);
+    if (at < size) snprintf(buf + at, size - at, "]");
+}
+
 /* Claims tensor `name` of shape [d0] (d1 == 0) or [d0][d1]. A vector is converted to float32
  * at L->at into *vec (counted only while L->at is NULL); a matrix (mat != NULL) stays in its
  * file's mapping. */
@@ -41,10 +50,13 @@ static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const floa
     if (!t) return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing", kvm_st_file_path(L->st, 0), name);
     const char *f = kvm_st_file_path(L->st, t->file);
     int want = d1 ? 2 : 1;
-    if (t->n_dims != want || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
-        return kvm_err(KVM_EFORMAT, "%s: tensor '%s' has shape [%lld%s%lld%s], the config needs [%lld%s%lld]", f, name,
-                       (long long)t->shape[0], t->n_dims > 1 ? ", " : "", t->n_dims > 1 ? (long long)t->shape[1] : 0LL,
-                       t->n_dims > 2 ? ", ..." : "", (long long)d0, d1 ? ", " : "", (long long)d1);
+    if (t->n_dims != want || t->shape[0] != d0 || (d1 && t->shape[1] != d1)) {
+        char have[96], need[64];
+        int64_t dims[2] = {d0, d1};
+        shape_str(t->shape, t->n_dims, have, sizeof have);
+        shape_str(dims, want, need, sizeof need);
+        return kvm_err(KVM_EFORMAT, "%s: tensor '%s' has shape %s, the config needs %s", f, name, have, need);
+    }
     L->used[t - kvm_st_tensor_at(L->st, 0)] = 1;
     if (mat) {
         *mat = (kvm_mat){t->data, st_mat_type(t->dtype)};
@@ -163,7 +175,8 @@ int kvm__hf_load(kvm_model *m, const char *dir)
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     int tied = 0, o_bias = 0;
-    int rc = kvm__hf_config(cpath, &m->cfg, m->arch, sizeof m->arch, &tied, &o_bias);
+    int rc = kvm__st_entry(cpath); /* a broken link or a FIFO, not a JSON syntax error (or a hang) */
+    if (!rc) rc = kvm__hf_config(cpath, &m->cfg, m->arch, sizeof m->arch, &tied, &o_bias);
     if (rc) return rc;
     kvm_st *st = NULL;
     hf_load L = {0};

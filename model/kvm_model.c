@@ -18,8 +18,9 @@
 static int map_file(const char *path, void **map, size_t *bytes)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
+    if (stat(path, &st) != 0) /* a link loop or a file used as a folder is a bad path, not an I/O failure */
+        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : errno == ELOOP || errno == ENOTDIR ? KVM_EFORMAT : KVM_EIO,
+                       "%s: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) /* kvm_hf_is_folder said no: a folder is a model only with its config.json */
         return kvm_err(KVM_EFORMAT, "%s: is a directory without config.json: not a Hugging Face checkpoint folder "
                                     "(a model is a llama2.c or .gguf file, or a folder with config.json and "

@@ -124,7 +124,8 @@ typedef struct kvm_model {
  * kvm_model_prepare packs them; norm and bias vectors are float32 (converted into m->owned
  * where the file's are not). On success *out owns everything; release with kvm_model_close.
  * Errors (message names the file and the field): KVM_ENOTFOUND missing file, KVM_EIO
- * unreadable or a directory, KVM_EFORMAT bad header (zero/negative dimensions, heads not
+ * unreadable, KVM_EFORMAT a directory without config.json, a symbolic link loop or a path
+ * through a file, not a regular file, bad header (zero/negative dimensions, heads not
  * dividing dim, kv heads not dividing heads, odd head_dim, file size different from what the
  * header implies, truncated), KVM_ENOMEM. */
 int kvm_model_open(const char *path, kvm_model **out);

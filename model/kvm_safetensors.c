@@ -61,10 +61,10 @@ static int check_size(const char *path, long long bytes)
 static int map_file(const char *path, st_file *f)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return kvm_err(KVM_EIO, "%s: not a regular file", path);
-    int rc = check_size(path, (long long)st.st_size);
+    int rc = kvm__st_entry(path);
+    if (rc) return rc;
+    if (stat(path, &st) != 0) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
+    rc = check_size(path, (long long)st.st_size);
     if (rc) return rc;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));

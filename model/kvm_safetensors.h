@@ -36,11 +36,20 @@ typedef struct kvm_st kvm_st;
  * (its "weight_map" {tensor: file}; the files are taken in sorted name order, which is shard
  * order for model-0000K-of-0000N names), else dir/model.safetensors. Each file is mapped and
  * parsed as kvm_st_open_files does; with an index, every tensor the index lists must be in the
- * file it names and every tensor of a file must be listed, and file names may not contain '/'.
+ * file it names and every tensor of a file must be listed, and file names may not contain '/'
+ * or be "." or "..". Symbolic links are followed (the Hugging Face cache links to its blobs).
  * Errors (message names the file, and the tensor or key): KVM_ENOTFOUND (no weights, a file
  * the index names is absent), KVM_EFORMAT (malformed index, a tensor in the wrong file or
- * unlisted), plus those of kvm_st_open_files. *out is a new set (kvm_st_close). */
+ * unlisted; the index or model.safetensors a broken symbolic link, a link loop, or not a
+ * regular file), plus those of kvm_st_open_files. *out is a new set (kvm_st_close). */
 int kvm_st_open_dir(const char *dir, kvm_st **out);
+
+/* Internal (model/): checks that `path`, an entry of a Hugging Face folder, is a regular file
+ * once symbolic links are followed (what opening it then reads is a file, not a FIFO that would
+ * block). Returns 0, or: KVM_ENOTFOUND (no entry of that name), KVM_EFORMAT (a symbolic link
+ * to nothing, naming its target; a link loop; a directory, FIFO, device or socket), KVM_EIO
+ * (another stat failure, e.g. permission). The message names path. */
+int kvm__st_entry(const char *path);
 
 /* Opens and parses n files (paths copied). Per file, checks: at least 8 bytes; header length
  * N with 2 <= N <= min(file bytes - 8, 100 MiB); the header a JSON object (duplicate keys
@@ -49,8 +58,8 @@ int kvm_st_open_dir(const char *dir, kvm_st **out);
  * begin <= end within the data section (the bytes after the header), end - begin equal to the
  * element count times the dtype size, tensors not overlapping and covering the data section
  * without holes; names unique across all files. Errors: KVM_ENOTFOUND / KVM_EIO (a file),
- * KVM_EFORMAT (every check above, naming the file and the tensor), KVM_ENOTSUP (a dtype other
- * than F32, F16, BF16: named), KVM_ENOMEM. */
+ * KVM_EFORMAT (a file that kvm__st_entry refuses; every check above, naming the file and the
+ * tensor), KVM_ENOTSUP (a dtype other than F32, F16, BF16: named), KVM_ENOMEM. */
 int kvm_st_open_files(const char *const *paths, int n, kvm_st **out);
 
 /* Parses one safetensors file held in memory at buf[0, bytes) (a file read by other means, a

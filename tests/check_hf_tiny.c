@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define TINY_DIR "tests/data/hf/tiny"
 #define MAX_T 160
@@ -695,6 +696,9 @@ START_TEST(test_bad_config)
         {"bos_token_id", "-1", KVM_EFORMAT, "bos_token_id", NULL},
         {"tie_word_embeddings", "1", KVM_EFORMAT, "tie_word_embeddings", "boolean"},
         {"head_dim", "15", KVM_EFORMAT, "head_dim", "odd"},
+        /* were accepted as silu, and refused as "partial_rotary_factor = 0" */
+        {"hidden_act", "3", KVM_EFORMAT, "hidden_act", "not a string"},
+        {"partial_rotary_factor", "\"0.5\"", KVM_EFORMAT, "partial_rotary_factor", "not a number"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *cfg = config_with(cases[i].key, cases[i].value);
@@ -763,6 +767,13 @@ START_TEST(test_bad_tensors)
     s.t[k].shape[0] = c.dim, s.t[k].shape[1] = c.n_kv_heads * c.head_dim; /* transposed */
     expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.0.self_attn.k_proj.weight'", "shape");
     s.t[k].shape[0] = c.n_kv_heads * c.head_dim, s.t[k].shape[1] = c.dim;
+    /* the shapes in the message are the tensor's and the config's (a vector's read "[640]") */
+    k = tset_find(&s, "model.norm.weight");
+    s.t[k].n_dims = 2, s.t[k].shape[1] = 1;
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.norm.weight' has shape [64, 1]", "needs [64]");
+    s.t[k].n_dims = 0, s.t[k].shape[0] = 1;
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.norm.weight' has shape []", "needs [64]");
+    s.t[k].n_dims = 1, s.t[k].shape[0] = c.dim;
     /* a bias the architecture does not have */
     tset_add(&s, "model.layers.0.self_attn.q_proj.bias", "F32", c.n_heads * c.head_dim, 0);
     expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.0.self_attn.q_proj.bias'", "not part of");
@@ -790,6 +801,54 @@ START_TEST(test_bad_tensors)
 }
 END_TEST
 
+/* Folder entries that are not plain files: config.json or model.safetensors as a symbolic link
+ * loop, a link to a missing blob (the Hugging Face cache's layout) or a directory are refused
+ * naming the entry (they read as "a directory without config.json" or "no model.safetensors");
+ * `kvmill info` exits 2 on them, on a --model that is a link loop and on an index naming "."
+ * (both exited 1, as for an I/O failure). */
+START_TEST(test_bad_entries)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    make_folder("llama_f32", &s, &r, &c, &tied);
+    free(r.logits);
+    char p[4096], cmd[8192];
+    const char *dir = folder_with(NULL, &s);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(symlink("../../blobs/c0ffee", p), 0);
+    expect_open(dir, KVM_EFORMAT, "config.json: a symbolic link to '../../blobs/c0ffee'", "does not exist");
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    expect_open(dir, KVM_EFORMAT, "config.json: not a regular file", NULL);
+    dir = folder_with(NULL, NULL);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    ck_assert_int_eq(symlink("model.safetensors", p), 0);
+    expect_open(dir, KVM_EFORMAT, "model.safetensors: ", "symbolic links");
+    char *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill info --model %s", kvm_test_bin(), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+    free(err);
+    snprintf(p, sizeof p, "%s/loop", g_tmp);
+    ck_assert_int_eq(symlink("loop", p), 0);
+    snprintf(cmd, sizeof cmd, "%s/kvmill info --model %s", kvm_test_bin(), p);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+    ck_assert_msg(strstr(err, "symbolic links"), "%s", err);
+    free(err);
+    dir = folder_with(NULL, &s);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    static const char idx[] = "{\"weight_map\": {\"model.norm.weight\": \".\"}}";
+    ck_assert_int_eq(kvm_test_write_file(p, idx, strlen(idx)), 0);
+    snprintf(cmd, sizeof cmd, "%s/kvmill info --model %s", kvm_test_bin(), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+    ck_assert_msg(strstr(err, "index.json") && strstr(err, "'model.norm.weight'"), "%s", err);
+    free(err);
+    tset_free(&s);
+}
+END_TEST
+
 static Suite *tiny_suite(void)
 {
     Suite *s = suite_create("hf_tiny");
@@ -806,7 +865,8 @@ static Suite *tiny_suite(void)
                 {"llama3_chat", test_llama3_chat},
                 {"bad_config", test_bad_config},
                 {"config_mem", test_config_mem},
-                {"bad_tensors", test_bad_tensors}};
+                {"bad_tensors", test_bad_tensors},
+                {"bad_entries", test_bad_entries}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

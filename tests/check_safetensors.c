@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static char *g_dir;
 
@@ -325,6 +327,43 @@ START_TEST(test_sharded)
 }
 END_TEST
 
+/* What the folder's entries are, not only their names: the index or model.safetensors as a
+ * FIFO (json_load_file blocked on it: a hang), a directory, a symbolic link loop or a link to a
+ * missing blob (taken for an absent file: "no model.safetensors"), and a shard named "." or
+ * naming a subfolder (KVM_EIO, exit 1) are each refused as a bad folder naming the entry; a
+ * shard that is a symbolic link (the Hugging Face cache's layout) is followed. */
+START_TEST(test_entries)
+{
+    write_shards();
+    static const char idx[] = "{\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\","
+                              "\"b\":\"model-00001-of-00002.safetensors\",\"c\":\"%s\"}}";
+    char text[512];
+    ck_assert_int_eq(mkfifo(in_dir("model.safetensors.index.json"), 0644), 0);
+    expect_dir(KVM_EFORMAT, "model.safetensors.index.json", "FIFO");
+    ck_assert_int_eq(unlink(in_dir("model.safetensors.index.json")), 0);
+    ck_assert_int_eq(mkdir(in_dir("model.safetensors.index.json"), 0755), 0);
+    expect_dir(KVM_EFORMAT, "model.safetensors.index.json", "not a regular file (a directory)");
+    ck_assert_int_eq(rmdir(in_dir("model.safetensors.index.json")), 0);
+    ck_assert_int_eq(symlink("model.safetensors.index.json", in_dir("model.safetensors.index.json")), 0);
+    expect_dir(KVM_EFORMAT, "model.safetensors.index.json", "symbolic links");
+    ck_assert_int_eq(unlink(in_dir("model.safetensors.index.json")), 0);
+    ck_assert_int_eq(symlink("../../blobs/0123abcd", in_dir("model.safetensors")), 0);
+    expect_dir(KVM_EFORMAT, "model.safetensors: a symbolic link to '../../blobs/0123abcd'", "does not exist");
+    ck_assert_int_eq(unlink(in_dir("model.safetensors")), 0);
+    snprintf(text, sizeof text, idx, ".");
+    write_index(text);
+    expect_dir(KVM_EFORMAT, "weight_map['c'] = '.'", "not a file name");
+    ck_assert_int_eq(mkdir(in_dir("sub"), 0755), 0);
+    snprintf(text, sizeof text, idx, "sub");
+    write_index(text);
+    expect_dir(KVM_EFORMAT, "sub", "not a regular file");
+    ck_assert_int_eq(symlink("model-00002-of-00002.safetensors", in_dir("link.safetensors")), 0);
+    snprintf(text, sizeof text, idx, "link.safetensors");
+    write_index(text);
+    expect_dir(0, NULL, NULL);
+}
+END_TEST
+
 static Suite *st_suite(void)
 {
     Suite *s = suite_create("safetensors");
@@ -336,7 +375,8 @@ static Suite *st_suite(void)
                  {"truncated", test_truncated},
                  {"open_mem", test_open_mem},
                  {"no_tensors", test_no_tensors},
-                 {"sharded", test_sharded}};
+                 {"sharded", test_sharded},
+                 {"entries", test_entries}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
