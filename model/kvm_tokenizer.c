@@ -92,7 +92,7 @@ static int read_file(const char *path, unsigned char **buf, int64_t *size)
     *buf = NULL;
     *size = 0;
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO: refused below, not waited on */
     if (fd < 0) {
         if (errno == ENOENT)
             return kvm_err(KVM_ENOTFOUND, "%s: tokenizer file not found", path);

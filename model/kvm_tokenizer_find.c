@@ -21,7 +21,7 @@ static int is_file(const char *p)
 static int is_gguf(const char *p)
 {
     char magic[4];
-    FILE *f = fopen(p, "rb");
+    FILE *f = is_file(p) ? fopen(p, "rb") : NULL; /* a FIFO would block the read */
     int yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
     if (f) fclose(f);
     return yes;
@@ -45,7 +45,7 @@ int kvm_tokenizer_find_for_model(const char *model_path, const char *explicit_pa
     const char *names[] = {"tokenizer.json", "tok512.bin", "tokenizer.bin"};
     for (size_t i = kvm_hf_is_folder(model_path) ? 0 : 1; i < sizeof names / sizeof names[0]; i++) {
         snprintf(buf, buf_size, "%s/%s", dir, names[i]);
-        if (is_file(buf)) return 0;
+        if (i == 0 ? lstat(buf, &st) == 0 : is_file(buf)) return 0; /* a broken tokenizer.json: opening says how */
     }
     return kvm_err(KVM_ENOTFOUND, "no tokenizer found beside %s (looked for tokenizer.json, tok512.bin, tokenizer.bin); pass --tokenizer",
                    model_path);

@@ -9,8 +9,9 @@
 #include <stddef.h>
 
 /* Finds the tokenizer for a model: `explicit_path` when given, else tokenizer.json inside a
- * Hugging Face folder, else tok512.bin then tokenizer.bin in the model file's folder (or
- * inside the model path when it is a folder).
+ * Hugging Face folder (any entry of that name: opening a broken link or a directory says
+ * what is wrong), else tok512.bin then tokenizer.bin in the model file's folder (or inside the
+ * model path when it is a folder).
  * Writes the path into buf and returns 0, or KVM_ENOTFOUND when none exists. */
 int kvm_tokenizer_find_for_model(const char *model_path, const char *explicit_path, char *buf, size_t buf_size);
 

@@ -2,6 +2,7 @@
  * serialisation) into the BPE engine's arrays: the vocabulary with added tokens, the merges by
  * rank, the normalizer and pre-tokenizer pipeline as steps and PCRE2 regexes. JSON via jansson. */
 #include "model/kvm_tokenizer_json.h"
+#include "model/kvm_safetensors.h"
 #include "common/kvm_error.h"
 
 #include <jansson.h>
@@ -9,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define KVM_TOKJSON_MAX_VOCAB (1 << 24)
 /* tokenizers' ByteLevel(use_regex = true) pattern (pre_tokenizers/byte_level.rs) */
@@ -352,8 +352,9 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     char tmp[4096], p[4096];
     snprintf(tmp, sizeof tmp, "%s", path);
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dirname(tmp));
-    struct stat st;
-    if (stat(p, &st) != 0) return 0;
+    int rc = kvm__st_entry(p); /* a FIFO would block json_load_file; a broken link loses the template */
+    if (rc == KVM_ENOTFOUND) return 0;
+    if (rc) return rc;
     json_error_t je;
     json_t *c = json_load_file(p, 0, &je);
     if (!c) return kvm_err(KVM_EFORMAT, "%s: %s (line %d)", p, je.text, je.line);
@@ -368,7 +369,6 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     if (json_is_array(tm))
         json_array_foreach(tm, i, v) if (!tmpl && strcmp(json_string_value(json_object_get(v, "name")) ? json_string_value(json_object_get(v, "name")) : "", "default") == 0) tmpl =
             json_string_value(json_object_get(v, "template"));
-    int rc = 0;
     if (tmpl && !(info->chat_template = strdup(tmpl))) rc = kvm_err(KVM_ENOMEM, "%s: out of memory", p);
     json_decref(c);
     return rc;
@@ -454,8 +454,8 @@ int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_to
 {
     *bpe = NULL;
     *info = (kvm_tokjson_info){-1, -1, 0, NULL};
-    struct stat st;
-    if (stat(path, &st) != 0) return kvm_err(KVM_ENOTFOUND, "%s: no such file", path);
+    int rc = kvm__st_entry(path); /* absent; a FIFO (json_load_file would block), a broken link */
+    if (rc) return rc;
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     return from_root(path, root, &je, 1, min_vocab, bpe, info);

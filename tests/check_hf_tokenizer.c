@@ -7,6 +7,7 @@
  * Metaspace with byte fallback); decoding; and each malformed tokenizer.json refused by name. */
 #include "common/kvm_error.h"
 #include "model/kvm_tokenizer.h"
+#include "model/kvm_tokenizer_find.h"
 #include "model/kvm_tokenizer_json.h"
 #include "tests/util/kvm_test.h"
 
@@ -15,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define TOK_DIR "tests/data/hf/tokenizers"
 
@@ -199,6 +202,56 @@ START_TEST(test_mem)
 }
 END_TEST
 
+/* Expects kvm_tokenizer_open_hf (llama2c: 0) on `path` to fail with `want`, naming each needle. */
+static void expect_open(const char *path, int llama2c, int want, const char *n1, const char *n2)
+{
+    kvm_tokenizer *t = NULL;
+    int rc = llama2c ? kvm_tokenizer_open_llama2c(path, 512, &t) : kvm_tokenizer_open_hf(path, 0, &t);
+    ck_assert_msg(rc == want, "%s: got %d (%s), want %d", path, rc, kvm_errmsg(), want);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(kvm_errmsg(), n1) && (!n2 || strstr(kvm_errmsg(), n2)), "message '%s' lacks '%s' or '%s'",
+                  kvm_errmsg(), n1, n2 ? n2 : "");
+}
+
+/* Tokenizer files that are not plain files: a FIFO as tokenizer.json, tokenizer_config.json or
+ * a llama2.c tokenizer (each blocked the open or read forever), a broken symbolic link as
+ * tokenizer_config.json (silently skipped: no BOS, no chat template) or as a Hugging Face
+ * folder's tokenizer.json ("no tokenizer found"), each refused naming the file. */
+START_TEST(test_entries)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], q[4096];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    expect_open(p, 0, KVM_EFORMAT, "tokenizer.json: not a regular file", "FIFO");
+    snprintf(q, sizeof q, "%s/tok.bin", dir);
+    ck_assert_int_eq(mkfifo(q, 0644), 0);
+    expect_open(q, 1, KVM_EFORMAT, "tok.bin: not a regular file", NULL);
+    ck_assert_int_eq(unlink(p), 0);
+    size_t n;
+    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
+    ck_assert_int_eq(kvm_test_write_file(p, src, n), 0);
+    free(src);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    ck_assert_int_eq(mkfifo(q, 0644), 0);
+    expect_open(p, 0, KVM_EFORMAT, "tokenizer_config.json: not a regular file", "FIFO");
+    ck_assert_int_eq(unlink(q), 0);
+    ck_assert_int_eq(symlink("../../blobs/77aa", q), 0);
+    expect_open(p, 0, KVM_EFORMAT, "tokenizer_config.json: a symbolic link to '../../blobs/77aa'", "does not exist");
+    ck_assert_int_eq(unlink(q), 0);
+    /* a Hugging Face folder (config.json) whose tokenizer.json is a link to a missing blob */
+    snprintf(q, sizeof q, "%s/config.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(q, "{}", 2), 0);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(symlink("../../blobs/99bb", p), 0);
+    char found[4096];
+    ck_assert_msg(kvm_tokenizer_find_for_model(dir, NULL, found, sizeof found) == 0, "%s", kvm_errmsg());
+    ck_assert_str_eq(found, p);
+    expect_open(found, 0, KVM_EFORMAT, "tokenizer.json: a symbolic link to '../../blobs/99bb'", NULL);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *tok_suite(void)
 {
     Suite *s = suite_create("hf_tokenizer");
@@ -208,7 +261,8 @@ static Suite *tok_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } more[] = {{"smol", test_smol}, {"decode", test_decode}, {"malformed", test_malformed}, {"mem", test_mem}};
+    } more[] = {{"smol", test_smol}, {"decode", test_decode}, {"malformed", test_malformed}, {"mem", test_mem},
+                 {"entries", test_entries}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);
         tcase_add_test(tc, more[i].fn);
