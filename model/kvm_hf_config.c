@@ -5,6 +5,7 @@
 #include "model/kvm_model.h"
 #include "common/kvm_error.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,7 +39,8 @@ static int get_int(const char *f, const json_t *o, const char *key, int64_t def,
     return 0;
 }
 
-/* Positive finite number key; def when absent or null. */
+/* Positive number key that stays positive and finite as a float32 (the forward's type: 1e-300
+ * would be 0, 1e300 infinity, and the logits NaN); def when absent or null. */
 static int get_num(const char *f, const json_t *o, const char *key, double def, double *out)
 {
     const json_t *v = json_object_get(o, key);
@@ -48,6 +50,9 @@ static int get_num(const char *f, const json_t *o, const char *key, double def, 
         x = json_number_value(v);
     }
     if (!(x > 0) || !isfinite(x)) return kvm_err(KVM_EFORMAT, "%s: key '%s' = %g must be positive", f, key, x);
+    if (x < FLT_MIN || x > FLT_MAX)
+        return kvm_err(KVM_EFORMAT, "%s: key '%s' = %g is outside float32's normal range [%g, %g]", f, key, x,
+                       (double)FLT_MIN, (double)FLT_MAX);
     *out = x;
     return 0;
 }
@@ -97,7 +102,7 @@ static int get_rope_scaling(const char *f, const json_t *root, kvm_rope_scaling 
         (rc = get_num(f, o, "high_freq_factor", -1, &hi)) ||
         (rc = get_int(f, o, "original_max_position_embeddings", -1, 1, KVM_HF_MAX_SEQ, &omax)))
         return kvm_err(rc, "%s (in rope_scaling)", kvm_errmsg());
-    if (!(hi > lo)) return kvm_err(KVM_EFORMAT, "%s: rope_scaling high_freq_factor %g must exceed low_freq_factor %g", f, hi, lo);
+    if (!((float)hi > (float)lo)) return kvm_err(KVM_EFORMAT, "%s: rope_scaling high_freq_factor %g must exceed low_freq_factor %g", f, hi, lo);
     *rs = (kvm_rope_scaling){1, (float)factor, (float)lo, (float)hi, omax};
     return 0;
 }

@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #define KVM_ST_MAX_HEADER ((uint64_t)100 << 20) /* the Rust reader's limit */
-#define KVM_ST_MAX_FILES 4096
 
 typedef struct st_file {
     char *path;          /* as opened */

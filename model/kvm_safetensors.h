@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #define KVM_ST_MAX_DIMS 4
+#define KVM_ST_MAX_FILES 4096 /* files in one set (shards of an index) */
 
 /* Element types kvmill loads (others are refused by name). */
 typedef enum kvm_st_dtype {
@@ -39,8 +40,8 @@ typedef struct kvm_st kvm_st;
  * file it names and every tensor of a file must be listed, and file names may not contain '/'
  * or be "." or "..". Symbolic links are followed (the Hugging Face cache links to its blobs).
  * Errors (message names the file, and the tensor or key): KVM_ENOTFOUND (no weights, a file
- * the index names is absent), KVM_EFORMAT (malformed index, a tensor in the wrong file or
- * unlisted; the index or model.safetensors a broken symbolic link, a link loop, or not a
+ * the index names is absent), KVM_EFORMAT (malformed index, more than KVM_ST_MAX_FILES files,
+ * a tensor in the wrong file or unlisted; the index or model.safetensors a broken symbolic link, a link loop, or not a
  * regular file), plus those of kvm_st_open_files. *out is a new set (kvm_st_close). */
 int kvm_st_open_dir(const char *dir, kvm_st **out);
 

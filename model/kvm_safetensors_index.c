@@ -62,6 +62,8 @@ static int index_files(const char *ipath, const char *dir, const json_t *wm, cha
     for (size_t i = 0; i < k; i++)
         if (i == 0 || strcmp(names[i], names[i - 1]) != 0) names[u++] = names[i];
     if (!rc && u == 0) rc = kvm_err(KVM_EFORMAT, "%s: weight_map is empty", ipath);
+    if (!rc && u > KVM_ST_MAX_FILES)
+        rc = kvm_err(KVM_EFORMAT, "%s: weight_map names %zu files (at most %d)", ipath, u, KVM_ST_MAX_FILES);
     char **p = rc ? NULL : calloc(u, sizeof *p);
     if (!rc && !p) rc = kvm_err(KVM_ENOMEM, "%s: out of memory", ipath);
     for (size_t i = 0; !rc && i < u; i++) {

@@ -699,6 +699,9 @@ START_TEST(test_bad_config)
         /* were accepted as silu, and refused as "partial_rotary_factor = 0" */
         {"hidden_act", "3", KVM_EFORMAT, "hidden_act", "not a string"},
         {"partial_rotary_factor", "\"0.5\"", KVM_EFORMAT, "partial_rotary_factor", "not a number"},
+        /* 0 and infinity as float32: were accepted, the logits NaN */
+        {"rope_theta", "1e-300", KVM_EFORMAT, "rope_theta", "float32"},
+        {"rms_norm_eps", "1e300", KVM_EFORMAT, "rms_norm_eps", "float32"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *cfg = config_with(cases[i].key, cases[i].value);

@@ -350,6 +350,16 @@ START_TEST(test_entries)
     ck_assert_int_eq(symlink("../../blobs/0123abcd", in_dir("model.safetensors")), 0);
     expect_dir(KVM_EFORMAT, "model.safetensors: a symbolic link to '../../blobs/0123abcd'", "does not exist");
     ck_assert_int_eq(unlink(in_dir("model.safetensors")), 0);
+    /* more files than a set holds: was "safetensors: 4097 files (1..4096)", naming no file */
+    size_t cap = 64 + 40 * (KVM_ST_MAX_FILES + 1), n = 0;
+    char *big = malloc(cap);
+    n += (size_t)snprintf(big, cap, "{\"weight_map\":{");
+    for (int i = 0; i <= KVM_ST_MAX_FILES; i++)
+        n += (size_t)snprintf(big + n, cap - n, "%s\"t%d\":\"f%d.safetensors\"", i ? "," : "", i, i);
+    snprintf(big + n, cap - n, "}}");
+    write_index(big);
+    free(big);
+    expect_dir(KVM_EFORMAT, "model.safetensors.index.json", "names 4097 files");
     snprintf(text, sizeof text, idx, ".");
     write_index(text);
     expect_dir(KVM_EFORMAT, "weight_map['c'] = '.'", "not a file name");
