@@ -37,6 +37,31 @@ static int map_file(const char *path, void **map, size_t *bytes)
     return 0;
 }
 
+/* A safetensors file (an 8-byte header length that fits the file, then '{') or a .json file
+ * given as the model: a part of a Hugging Face folder, which the llama2.c reader would misread
+ * ("header field 'dim' = 1768432251"). Returns 0 for other files, else KVM_EFORMAT naming the
+ * folder to pass instead. */
+static int hf_part(const char *path, const uint8_t *map, size_t n)
+{
+    size_t l = strlen(path);
+    uint64_t h = 0;
+    for (int k = 7; n >= 9 && k >= 0; k--)
+        h = h << 8 | map[k];
+    int st = n >= 10 && h >= 2 && h <= n - 8 && map[8] == '{', json = l >= 5 && strcmp(path + l - 5, ".json") == 0;
+    if (!st && !json) return 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    if (kvm_hf_is_folder(dir))
+        return kvm_err(KVM_EFORMAT, "%s: a file of the Hugging Face folder %s: give the folder as the model (--model %s)",
+                       path, dir, dir);
+    return kvm_err(KVM_EFORMAT, "%s: a %s file, not a model: a Hugging Face checkpoint is read as its folder "
+                                "(config.json, model.safetensors or its shards, tokenizer.json)",
+                   path, st ? "safetensors" : "JSON");
+}
+
 int kvm_model_open(const char *path, kvm_model **out)
 {
     *out = NULL;
@@ -49,7 +74,7 @@ int kvm_model_open(const char *path, kvm_model **out)
         rc = kvm__hf_load(m, path);
     } else {
         rc = map_file(path, &m->map, &m->map_bytes);
-        if (rc) goto fail;
+        if (rc || (rc = hf_part(path, m->map, m->map_bytes))) goto fail;
         if (m->map_bytes >= 4 && memcmp(m->map, "GGUF", 4) == 0) rc = kvm__gguf_load(m, m->map, m->map_bytes);
         else rc = kvm__llama2c_load(m, m->map, m->map_bytes);
         if (!m->arch[0]) snprintf(m->arch, sizeof m->arch, "llama");

@@ -125,7 +125,8 @@ typedef struct kvm_model {
  * where the file's are not). On success *out owns everything; release with kvm_model_close.
  * Errors (message names the file and the field): KVM_ENOTFOUND missing file, KVM_EIO
  * unreadable, KVM_EFORMAT a directory without config.json, a symbolic link loop or a path
- * through a file, not a regular file, bad header (zero/negative dimensions, heads not
+ * through a file, not a regular file, a safetensors or .json file (a part of a Hugging Face
+ * folder: the message names the folder to pass), bad header (zero/negative dimensions, heads not
  * dividing dim, kv heads not dividing heads, odd head_dim, file size different from what the
  * header implies, truncated), KVM_ENOMEM. */
 int kvm_model_open(const char *path, kvm_model **out);

@@ -808,7 +808,8 @@ END_TEST
  * loop, a link to a missing blob (the Hugging Face cache's layout) or a directory are refused
  * naming the entry (they read as "a directory without config.json" or "no model.safetensors");
  * `kvmill info` exits 2 on them, on a --model that is a link loop and on an index naming "."
- * (both exited 1, as for an I/O failure). */
+ * (both exited 1, as for an I/O failure). A file of a folder given as the model is refused
+ * naming the folder to give. */
 START_TEST(test_bad_entries)
 {
     tset s = {0};
@@ -848,6 +849,16 @@ START_TEST(test_bad_entries)
     ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
     ck_assert_msg(strstr(err, "index.json") && strstr(err, "'model.norm.weight'"), "%s", err);
     free(err);
+    /* a file of the folder as the model: was read as a llama2.c checkpoint ("header field 'dim'") */
+    static const char *const parts[] = {"model.safetensors", "config.json", "model.safetensors.index.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, parts[i]);
+        expect_open(p, KVM_EFORMAT, "a file of the Hugging Face folder", "give the folder as the model");
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(cmd, sizeof cmd, "%s/lone.safetensors", g_tmp);
+    ck_assert_int_eq(rename(p, cmd), 0);
+    expect_open(cmd, KVM_EFORMAT, "lone.safetensors: a safetensors file, not a model", "folder");
     tset_free(&s);
 }
 END_TEST
