@@ -137,8 +137,17 @@ int kvm_st_open_dir(const char *dir, kvm_st **out)
     if (rc != KVM_ENOTFOUND) return rc;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     rc = kvm__st_entry(path);
-    if (rc == KVM_ENOTFOUND)
-        return kvm_err(KVM_ENOTFOUND, "%s: no model.safetensors or model.safetensors.index.json in the folder", dir);
+    if (rc == KVM_ENOTFOUND) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
+        int pt = stat(path, &st) == 0;
+        snprintf(path, sizeof path, "%s/pytorch_model.bin.index.json", dir);
+        pt |= stat(path, &st) == 0;
+        return kvm_err(KVM_ENOTFOUND, "%s: no model.safetensors or model.safetensors.index.json in the folder%s", dir,
+                       pt ? " (its pytorch_model.bin weights are PyTorch pickles, which kvmill does not read: "
+                            "convert them to safetensors)"
+                          : "");
+    }
     if (rc) return rc;
     const char *p = path;
     return kvm_st_open_files(&p, 1, out);

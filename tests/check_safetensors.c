@@ -331,9 +331,13 @@ END_TEST
  * FIFO (json_load_file blocked on it: a hang), a directory, a symbolic link loop or a link to a
  * missing blob (taken for an absent file: "no model.safetensors"), and a shard named "." or
  * naming a subfolder (KVM_EIO, exit 1) are each refused as a bad folder naming the entry; a
- * shard that is a symbolic link (the Hugging Face cache's layout) is followed. */
+ * shard that is a symbolic link (the Hugging Face cache's layout) is followed. A folder of PyTorch
+ * weights says they are not read. */
 START_TEST(test_entries)
 {
+    /* PyTorch weights only: said "no model.safetensors" without saying why the .bin is not read */
+    ck_assert_int_eq(kvm_test_write_file(in_dir("pytorch_model.bin"), "PK", 2), 0);
+    expect_dir(KVM_ENOTFOUND, "no model.safetensors", "pytorch_model.bin weights are PyTorch pickles");
     write_shards();
     static const char idx[] = "{\"weight_map\":{\"a\":\"model-00001-of-00002.safetensors\","
                               "\"b\":\"model-00001-of-00002.safetensors\",\"c\":\"%s\"}}";
