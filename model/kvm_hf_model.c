@@ -24,6 +24,7 @@ int kvm_hf_is_folder(const char *path)
 
 /* Loading state: the set, which tensors were used, where floats go. */
 typedef struct hf_load {
+    const char *dir; /* the folder, for messages */
     const kvm_st *st;
     char *used; /* [n_tensors] 1 once claimed */
     float *at;  /* next free float of the buffer (NULL while counting) */
@@ -47,6 +48,9 @@ static void shape_str(const int64_t *d, int n, char *buf, size_t size)
 static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const float **vec, kvm_mat *mat)
 {
     const kvm_st_tensor *t = kvm_st_find(L->st, name);
+    if (!t && kvm_st_n_files(L->st) > 1) /* not "shard 1 lacks it": no shard has it */
+        return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing (in none of the %d files model.safetensors.index.json "
+                                    "lists)", L->dir, name, kvm_st_n_files(L->st));
     if (!t) return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing", kvm_st_file_path(L->st, 0), name);
     const char *f = kvm_st_file_path(L->st, t->file);
     int want = d1 ? 2 : 1;
@@ -183,6 +187,7 @@ int kvm__hf_load(kvm_model *m, const char *dir)
     float *buf = NULL;
     if ((rc = kvm_st_open_dir(dir, &st))) return rc;
     L.st = st;
+    L.dir = dir;
     m->layers = calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
     L.used = calloc((size_t)kvm_st_n_tensors(st) + 1, 1);
     if (!m->layers || !L.used) goto nomem;

@@ -756,6 +756,10 @@ START_TEST(test_bad_tensors)
     /* missing */
     tset_drop(&s, "model.layers.1.mlp.up_proj.weight");
     expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.1.mlp.up_proj.weight'", "missing");
+    const char *sharded = folder_with(NULL, NULL); /* named the first shard, which need not hold it */
+    tset_write(&s, sharded, 3);
+    expect_open(sharded, KVM_EFORMAT, "'model.layers.1.mlp.up_proj.weight' is missing", "none of the 3 files");
+    ck_assert_ptr_null(strstr(kvm_errmsg(), "model-00001-of-00003"));
     tset_add(&s, "model.layers.1.mlp.up_proj.weight", "F32", c.hidden_dim, c.dim);
     /* unknown */
     tset_add(&s, "model.layers.0.self_attn.extra.weight", "F32", 4, 0);
