@@ -102,7 +102,8 @@ static int get_rope_scaling(const char *f, const json_t *root, kvm_rope_scaling 
         (rc = get_num(f, o, "high_freq_factor", -1, &hi)) ||
         (rc = get_int(f, o, "original_max_position_embeddings", -1, 1, KVM_HF_MAX_SEQ, &omax)))
         return kvm_err(rc, "%s (in rope_scaling)", kvm_errmsg());
-    if (!((float)hi > (float)lo)) return kvm_err(KVM_EFORMAT, "%s: rope_scaling high_freq_factor %g must exceed low_freq_factor %g", f, hi, lo);
+    if (!((float)hi > (float)lo)) /* as float32, which the forward divides by */
+        return kvm_err(KVM_EFORMAT, "%s: rope_scaling high_freq_factor %g must exceed low_freq_factor %g", f, hi, lo);
     *rs = (kvm_rope_scaling){1, (float)factor, (float)lo, (float)hi, omax};
     return 0;
 }

@@ -55,8 +55,8 @@ static int hf_part(const char *path, const uint8_t *map, size_t n)
     if (slash) *slash = '\0';
     else snprintf(dir, sizeof dir, ".");
     if (kvm_hf_is_folder(dir))
-        return kvm_err(KVM_EFORMAT, "%s: a file of the Hugging Face folder %s: give the folder as the model (--model %s)",
-                       path, dir, dir);
+        return kvm_err(KVM_EFORMAT, "%s: a file of the Hugging Face folder %s: give the folder as the model "
+                                    "(--model %s)", path, dir, dir);
     return kvm_err(KVM_EFORMAT, "%s: a %s file, not a model: a Hugging Face checkpoint is read as its folder "
                                 "(config.json, model.safetensors or its shards, tokenizer.json)",
                    path, st ? "safetensors" : "JSON");
