@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/kvm_error.h"
 
@@ -20,4 +21,25 @@ int kvm_file_open_input(const char *path, const char *mode, const char *what, FI
         return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s %s: %s", what, path, strerror(errno));
     *out = f;
     return 0;
+}
+
+int kvm_file_check_found(const char *path)
+{
+    struct stat st, lst;
+    if (stat(path, &st) == 0) {
+        if (S_ISREG(st.st_mode)) return 0;
+        const char *kind = S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "device or socket";
+        return kvm_err(KVM_EFORMAT, "%s: not a regular file (a %s)", path, kind);
+    }
+    int e = errno;
+    if (e == ENOENT && lstat(path, &lst) == 0) {
+        char to[1024];
+        ssize_t n = readlink(path, to, sizeof to - 1);
+        to[n > 0 ? n : 0] = '\0';
+        return kvm_err(KVM_EFORMAT, "%s: a symbolic link to '%s', which does not exist (an unfinished download?)", path,
+                       to);
+    }
+    if (e == ENOENT) return kvm_err(KVM_ENOTFOUND, "%s: no such file", path);
+    return kvm_err(e == ELOOP || e == ENOTDIR || e == ENAMETOOLONG ? KVM_EFORMAT : KVM_EIO, "%s: %s", path,
+                   strerror(e));
 }

@@ -2,7 +2,7 @@
  * folder is refused by name before any read: fopen() of a folder succeeds on Linux and its first
  * read fails with an unhelpful "read error". A FIFO or device the user named is read (/dev/stdin,
  * a shell's <(...)); code that finds files itself (a folder's *.txt) must check for regular
- * files, since opening a FIFO blocks until a writer appears. */
+ * files, since opening a FIFO blocks until a writer appears (kvm_file_check_found). */
 #ifndef KVM_FILE_H
 #define KVM_FILE_H
 
@@ -15,5 +15,14 @@
  * KVM_EIO (stat or fopen failed otherwise, e.g. permission). Thread-safe (kvm_err's message is
  * per thread). */
 int kvm_file_open_input(const char *path, const char *mode, const char *what, FILE **out);
+
+/* Checks that `path`, a file the code looked for itself (a Hugging Face folder's config.json,
+ * weights, tokenizer.json), is a regular file once symbolic links are followed, before it is
+ * opened (a FIFO would block the open or the read). Returns 0, or, with kvm_errmsg naming path:
+ * KVM_ENOTFOUND (no entry of that name), KVM_EFORMAT (a symbolic link to nothing, naming its
+ * target, as the Hugging Face cache leaves after an unfinished download; a link loop; a path
+ * through a file; a directory, FIFO, device or socket), KVM_EIO (another stat failure, e.g.
+ * permission). Thread-safe. */
+int kvm_file_check_found(const char *path);
 
 #endif

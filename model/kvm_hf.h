@@ -31,7 +31,7 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
  * unmapped. Ignored by rule: "*.rotary_emb.inv_freq" (RoPE buffers older exports carry) and
  * an "lm_head.weight" equal to the tied embedding. Errors (message names the file and the key
  * or tensor): KVM_ENOTFOUND (config.json, weights), KVM_EFORMAT (config.json or a weight file
- * not a regular file or a broken symbolic link (kvm__st_entry), malformed JSON, a missing or
+ * not a regular file or a broken symbolic link (kvm_file_check_found), malformed JSON, a missing or
  * mistyped key, bad values, a missing, unknown, or wrongly shaped tensor, a tied lm_head that
  * differs from the embedding), KVM_ENOTSUP (another architecture, rope_scaling type, hidden_act,
  * mlp_bias, partial rotary: each named), KVM_ENOMEM. */

@@ -7,6 +7,7 @@
 #include "model/kvm_model.h"
 #include "model/kvm_safetensors.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,7 +180,7 @@ int kvm__hf_load(kvm_model *m, const char *dir)
     char cpath[4096];
     snprintf(cpath, sizeof cpath, "%s/config.json", dir);
     int tied = 0, o_bias = 0;
-    int rc = kvm__st_entry(cpath); /* a broken link or a FIFO, not a JSON syntax error (or a hang) */
+    int rc = kvm_file_check_found(cpath); /* a broken link or a FIFO, not a JSON syntax error (or a hang) */
     if (!rc) rc = kvm__hf_config(cpath, &m->cfg, m->arch, sizeof m->arch, &tied, &o_bias);
     if (rc) return rc;
     kvm_st *st = NULL;

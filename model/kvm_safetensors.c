@@ -4,6 +4,7 @@
 #include "model/kvm_safetensors.h"
 #include "model/kvm_gguf.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -60,7 +61,7 @@ static int check_size(const char *path, long long bytes)
 static int map_file(const char *path, st_file *f)
 {
     struct stat st;
-    int rc = kvm__st_entry(path);
+    int rc = kvm_file_check_found(path);
     if (rc) return rc;
     if (stat(path, &st) != 0) return kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
     rc = check_size(path, (long long)st.st_size);

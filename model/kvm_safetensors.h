@@ -45,13 +45,6 @@ typedef struct kvm_st kvm_st;
  * regular file), plus those of kvm_st_open_files. *out is a new set (kvm_st_close). */
 int kvm_st_open_dir(const char *dir, kvm_st **out);
 
-/* Internal (model/): checks that `path`, an entry of a Hugging Face folder, is a regular file
- * once symbolic links are followed (what opening it then reads is a file, not a FIFO that would
- * block). Returns 0, or: KVM_ENOTFOUND (no entry of that name), KVM_EFORMAT (a symbolic link
- * to nothing, naming its target; a link loop; a directory, FIFO, device or socket), KVM_EIO
- * (another stat failure, e.g. permission). The message names path. */
-int kvm__st_entry(const char *path);
-
 /* Opens and parses n files (paths copied). Per file, checks: at least 8 bytes; header length
  * N with 2 <= N <= min(file bytes - 8, 100 MiB); the header a JSON object (duplicate keys
  * refused) whose members other than "__metadata__" (an object of strings) are tensors
@@ -59,7 +52,7 @@ int kvm__st_entry(const char *path);
  * begin <= end within the data section (the bytes after the header), end - begin equal to the
  * element count times the dtype size, tensors not overlapping and covering the data section
  * without holes; names unique across all files. Errors: KVM_ENOTFOUND / KVM_EIO (a file),
- * KVM_EFORMAT (a file that kvm__st_entry refuses; every check above, naming the file and the
+ * KVM_EFORMAT (a file that kvm_file_check_found refuses; every check above, naming the file and the
  * tensor), KVM_ENOTSUP (a dtype other than F32, F16, BF16: named), KVM_ENOMEM. */
 int kvm_st_open_files(const char *const *paths, int n, kvm_st **out);
 

@@ -3,6 +3,7 @@
  * tensors the shards hold. */
 #include "model/kvm_safetensors.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -10,28 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
-int kvm__st_entry(const char *path)
-{
-    struct stat st, lst;
-    if (stat(path, &st) == 0) {
-        if (S_ISREG(st.st_mode)) return 0;
-        const char *kind = S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "FIFO" : "device or socket";
-        return kvm_err(KVM_EFORMAT, "%s: not a regular file (a %s)", path, kind);
-    }
-    int e = errno;
-    if (e == ENOENT && lstat(path, &lst) == 0) {
-        char to[1024];
-        ssize_t n = readlink(path, to, sizeof to - 1);
-        to[n > 0 ? n : 0] = '\0';
-        return kvm_err(KVM_EFORMAT, "%s: a symbolic link to '%s', which does not exist (an unfinished download?)", path,
-                       to);
-    }
-    if (e == ENOENT) return kvm_err(KVM_ENOTFOUND, "%s: no such file", path);
-    return kvm_err(e == ELOOP || e == ENOTDIR || e == ENAMETOOLONG ? KVM_EFORMAT : KVM_EIO, "%s: %s", path,
-                   strerror(e));
-}
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
@@ -132,11 +111,11 @@ int kvm_st_open_dir(const char *dir, kvm_st **out)
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    int rc = kvm__st_entry(path); /* a FIFO would block json_load_file; a broken link is no absent index */
+    int rc = kvm_file_check_found(path); /* a FIFO would block json_load_file; a broken link is no absent index */
     if (rc == 0) return open_indexed(dir, path, out);
     if (rc != KVM_ENOTFOUND) return rc;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    rc = kvm__st_entry(path);
+    rc = kvm_file_check_found(path);
     if (rc == KVM_ENOTFOUND) {
         struct stat st;
         snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);

@@ -2,8 +2,8 @@
  * serialisation) into the BPE engine's arrays: the vocabulary with added tokens, the merges by
  * rank, the normalizer and pre-tokenizer pipeline as steps and PCRE2 regexes. JSON via jansson. */
 #include "model/kvm_tokenizer_json.h"
-#include "model/kvm_safetensors.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 #include <jansson.h>
 #include <libgen.h>
@@ -352,7 +352,7 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     char tmp[4096], p[4096];
     snprintf(tmp, sizeof tmp, "%s", path);
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dirname(tmp));
-    int rc = kvm__st_entry(p); /* a FIFO would block json_load_file; a broken link loses the template */
+    int rc = kvm_file_check_found(p); /* a FIFO would block json_load_file; a broken link loses the template */
     if (rc == KVM_ENOTFOUND) return 0;
     if (rc) return rc;
     json_error_t je;
@@ -454,7 +454,7 @@ int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_to
 {
     *bpe = NULL;
     *info = (kvm_tokjson_info){-1, -1, 0, NULL};
-    int rc = kvm__st_entry(path); /* absent; a FIFO (json_load_file would block), a broken link */
+    int rc = kvm_file_check_found(path); /* absent; a FIFO (json_load_file would block), a broken link */
     if (rc) return rc;
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);

@@ -27,7 +27,7 @@ typedef struct kvm_tokjson_info {
  * is refused by name. On success *bpe is a new vocabulary and *info filled (free
  * info->chat_template). Errors (message names the file and the key, token or merge index):
  * KVM_ENOTFOUND, KVM_EFORMAT (either file not a regular file or a broken symbolic link
- * (kvm__st_entry), malformed JSON, mistyped keys, ids out of range or clashing, a merge whose
+ * (kvm_file_check_found), malformed JSON, mistyped keys, ids out of range or clashing, a merge whose
  * parts or result are not tokens), KVM_ENOTSUP, KVM_EINVAL (a regex PCRE2 rejects),
  * KVM_ENOMEM. */
 int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_tokjson_info *info);
