@@ -34,7 +34,7 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
  * not a regular file or a broken symbolic link (kvm_file_check_found), malformed JSON, a missing or
  * mistyped key, bad values, a missing, unknown, or wrongly shaped tensor, a tied lm_head that
  * differs from the embedding), KVM_ENOTSUP (another architecture, rope_scaling type, hidden_act,
- * mlp_bias, partial rotary: each named), KVM_ENOMEM. */
+ * mlp_bias, quantization_config, partial rotary: each named), KVM_ENOMEM. */
 int kvm__hf_load(struct kvm_model *m, const char *dir);
 
 /* Internal (model/): config.json at `path` into *c (every field of kvm_model_config; vocab_size

@@ -108,7 +108,8 @@ static int get_rope_scaling(const char *f, const json_t *root, kvm_rope_scaling 
     return 0;
 }
 
-/* Refuses settings the forward does not implement: activation, MLP biases, partial rotary. */
+/* Refuses settings the forward does not implement: activation, MLP biases, quantized weights,
+ * partial rotary. */
 static int check_unsupported(const char *f, const json_t *root)
 {
     const json_t *a = json_object_get(root, "hidden_act");
@@ -120,6 +121,12 @@ static int check_unsupported(const char *f, const json_t *root)
     int rc = get_bool(f, root, "mlp_bias", 0, &mlp_bias);
     if (rc) return rc;
     if (mlp_bias) return kvm_err(KVM_ENOTSUP, "%s: mlp_bias = true is not supported", f);
+    const json_t *q = json_object_get(root, "quantization_config"); /* GPTQ, AWQ, bitsandbytes, FP8 */
+    if (q && !json_is_null(q)) {
+        const char *qm = json_string_value(json_object_get(q, "quant_method"));
+        return kvm_err(KVM_ENOTSUP, "%s: quantization_config (quant_method '%.32s') is not supported: kvmill reads "
+                                    "F32, F16 and BF16 weights", f, qm ? qm : "?");
+    }
     const json_t *prf = json_object_get(root, "partial_rotary_factor");
     if (prf && !json_is_null(prf) && !json_is_number(prf))
         return kvm_err(KVM_EFORMAT, "%s: key 'partial_rotary_factor' is not a number", f);

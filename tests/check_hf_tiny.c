@@ -702,6 +702,9 @@ START_TEST(test_bad_config)
         /* 0 and infinity as float32: were accepted, the logits NaN */
         {"rope_theta", "1e-300", KVM_EFORMAT, "rope_theta", "float32"},
         {"rms_norm_eps", "1e300", KVM_EFORMAT, "rms_norm_eps", "float32"},
+        /* a quantized checkpoint: was refused later, at its first I32 or F8 tensor */
+        {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4}", KVM_ENOTSUP, "quantization_config",
+         "'gptq'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *cfg = config_with(cases[i].key, cases[i].value);
