@@ -47,8 +47,13 @@ int kvm_tokenizer_find_for_model(const char *model_path, const char *explicit_pa
         snprintf(buf, buf_size, "%s/%s", dir, names[i]);
         if (i == 0 ? lstat(buf, &st) == 0 : is_file(buf)) return 0; /* a broken tokenizer.json: opening says how */
     }
-    return kvm_err(KVM_ENOTFOUND, "no tokenizer found beside %s (looked for tokenizer.json, tok512.bin, tokenizer.bin); pass --tokenizer",
-                   model_path);
+    snprintf(buf, buf_size, "%s/tokenizer.model", dir);
+    const char *spm = is_file(buf) ? " (the folder's tokenizer.model, SentencePiece's format, is not read; a "
+                                     "tokenizer.json of the same model is)"
+                                   : "";
+    return kvm_err(KVM_ENOTFOUND,
+                   "no tokenizer found beside %s (looked for tokenizer.json, tok512.bin, tokenizer.bin); pass --tokenizer%s",
+                   model_path, spm);
 }
 
 int kvm_tokenizer_open_for_model(const kvm_model *m, const char *model_path, const char *tok_path, kvm_tokenizer **tok,

@@ -216,7 +216,8 @@ static void expect_open(const char *path, int llama2c, int want, const char *n1,
 /* Tokenizer files that are not plain files: a FIFO as tokenizer.json, tokenizer_config.json or
  * a llama2.c tokenizer (each blocked the open or read forever), a broken symbolic link as
  * tokenizer_config.json (silently skipped: no BOS, no chat template) or as a Hugging Face
- * folder's tokenizer.json ("no tokenizer found"), each refused naming the file. */
+ * folder's tokenizer.json ("no tokenizer found"), each refused naming the file; a folder with
+ * only tokenizer.model is told that format is not read. */
 START_TEST(test_entries)
 {
     char *dir = kvm_test_tmpdir(), p[4096], q[4096];
@@ -247,6 +248,12 @@ START_TEST(test_entries)
     ck_assert_msg(kvm_tokenizer_find_for_model(dir, NULL, found, sizeof found) == 0, "%s", kvm_errmsg());
     ck_assert_str_eq(found, p);
     expect_open(found, 0, KVM_EFORMAT, "tokenizer.json: a symbolic link to '../../blobs/99bb'", NULL);
+    /* only a SentencePiece tokenizer.model: "no tokenizer found" did not say why it is not used */
+    ck_assert_int_eq(unlink(p), 0);
+    snprintf(q, sizeof q, "%s/tokenizer.model", dir);
+    ck_assert_int_eq(kvm_test_write_file(q, "\n\x0e", 2), 0);
+    ck_assert_int_eq(kvm_tokenizer_find_for_model(dir, NULL, found, sizeof found), KVM_ENOTFOUND);
+    ck_assert_msg(strstr(kvm_errmsg(), "tokenizer.model, SentencePiece's format, is not read"), "%s", kvm_errmsg());
     kvm_test_rmtree(dir);
     free(dir);
 }
