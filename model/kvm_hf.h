@@ -24,7 +24,8 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
  * intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
  * heads), head_dim (default hidden_size / heads), vocab_size, max_position_embeddings,
  * rms_norm_eps (default 1e-6), rope_theta (default 10000), rope_scaling (null, "default" or
- * "llama3"), tie_word_embeddings (default false), attention_bias, bos_token_id, eos_token_id
+ * "llama3") or transformers 5's rope_parameters (the same and rope_theta in one object; a
+ * top-level key that disagrees with it is an error), tie_word_embeddings (default false), attention_bias, bos_token_id, eos_token_id
  * (an id or a list of ids), sliding_window (Mistral; Qwen2 with use_sliding_window).
  * Weights (kvm_safetensors.h) are checked against it name by name: shape [out][in] as the
  * architecture needs, dtype F32/F16/BF16, converted to float32 into m->owned and the files

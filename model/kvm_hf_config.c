@@ -48,6 +48,8 @@ static int get_num(const char *f, const json_t *o, const char *key, double def, 
     if (v && !json_is_null(v)) {
         if (!json_is_number(v)) return kvm_err(KVM_EFORMAT, "%s: key '%s' is not a number", f, key);
         x = json_number_value(v);
+    } else if (def <= 0) {
+        return kvm_err(KVM_EFORMAT, "%s: key '%s' is missing", f, key);
     }
     if (!(x > 0) || !isfinite(x)) return kvm_err(KVM_EFORMAT, "%s: key '%s' = %g must be positive", f, key, x);
     if (x < FLT_MIN || x > FLT_MAX)
@@ -83,28 +85,69 @@ static int get_arch(const char *f, const json_t *root, int *arch)
                    f, s);
 }
 
-static int get_rope_scaling(const char *f, const json_t *root, kvm_rope_scaling *rs)
+/* The rope type of o (rope_scaling or rope_parameters, named `where`) into *rs: "default"
+ * (also when o is absent, or has no type and `typed` is 0), or "llama3" with its factors. */
+static int get_rope_scaling(const char *f, const json_t *o, const char *where, int typed, kvm_rope_scaling *rs)
 {
-    const json_t *o = json_object_get(root, "rope_scaling");
     *rs = (kvm_rope_scaling){0};
     if (!o || json_is_null(o)) return 0;
-    if (!json_is_object(o)) return kvm_err(KVM_EFORMAT, "%s: key 'rope_scaling' is not an object", f);
+    if (!json_is_object(o)) return kvm_err(KVM_EFORMAT, "%s: key '%s' is not an object", f, where);
     const char *t = json_string_value(json_object_get(o, "rope_type"));
     if (!t) t = json_string_value(json_object_get(o, "type"));
-    if (!t) return kvm_err(KVM_EFORMAT, "%s: rope_scaling has no 'rope_type'", f);
-    if (strcmp(t, "default") == 0) return 0;
+    if (!t && typed) return kvm_err(KVM_EFORMAT, "%s: %s has no 'rope_type'", f, where);
+    if (!t || strcmp(t, "default") == 0) return 0;
     if (strcmp(t, "llama3") != 0)
-        return kvm_err(KVM_ENOTSUP, "%s: rope_scaling type '%.32s' is not supported (llama3 is)", f, t);
+        return kvm_err(KVM_ENOTSUP, "%s: %s type '%.32s' is not supported (llama3 is)", f, where, t);
     double factor, lo, hi;
     int omax;
     int rc;
     if ((rc = get_num(f, o, "factor", -1, &factor)) || (rc = get_num(f, o, "low_freq_factor", -1, &lo)) ||
         (rc = get_num(f, o, "high_freq_factor", -1, &hi)) ||
         (rc = get_int(f, o, "original_max_position_embeddings", -1, 1, KVM_HF_MAX_SEQ, &omax)))
-        return kvm_err(rc, "%s (in rope_scaling)", kvm_errmsg());
+        return kvm_err(rc, "%s (in %s)", kvm_errmsg(), where);
     if (!((float)hi > (float)lo)) /* as float32, which the forward divides by */
-        return kvm_err(KVM_EFORMAT, "%s: rope_scaling high_freq_factor %g must exceed low_freq_factor %g", f, hi, lo);
+        return kvm_err(KVM_EFORMAT, "%s: %s high_freq_factor %g must exceed low_freq_factor %g", f, where, hi, lo);
     *rs = (kvm_rope_scaling){1, (float)factor, (float)lo, (float)hi, omax};
+    return 0;
+}
+
+/* partial_rotary_factor of o (`where`: "" or " in rope_parameters"): absent, null or 1. */
+static int check_partial_rotary(const char *f, const json_t *o, const char *where)
+{
+    const json_t *prf = json_object_get(o, "partial_rotary_factor");
+    if (prf && !json_is_null(prf) && !json_is_number(prf))
+        return kvm_err(KVM_EFORMAT, "%s: key 'partial_rotary_factor'%s is not a number", f, where);
+    if (prf && !json_is_null(prf) && json_number_value(prf) != 1.0)
+        return kvm_err(KVM_ENOTSUP, "%s: partial_rotary_factor = %g%s is not supported", f, json_number_value(prf),
+                       where);
+    return 0;
+}
+
+/* RoPE: rope_theta (default 10000) and rope_scaling, or transformers 5's rope_parameters, which
+ * holds rope_type, rope_theta and the factors in one object (read without it, its rope_theta
+ * would silently become 10000). rope_parameters per layer type is refused. */
+static int get_rope(const char *f, const json_t *root, kvm_model_config *c)
+{
+    double theta, t2;
+    int rc = get_num(f, root, "rope_theta", 10000, &theta);
+    const json_t *rp = json_object_get(root, "rope_parameters"), *rs = json_object_get(root, "rope_scaling");
+    c->rope_theta = (float)theta;
+    if (rc || !rp || json_is_null(rp)) return rc ? rc : get_rope_scaling(f, rs, "rope_scaling", 1, &c->rope_scaling);
+    if (!json_is_object(rp)) return kvm_err(KVM_EFORMAT, "%s: key 'rope_parameters' is not an object", f);
+    if (json_is_object(json_object_get(rp, "full_attention")) || json_is_object(json_object_get(rp, "sliding_attention")))
+        return kvm_err(KVM_ENOTSUP, "%s: rope_parameters per layer type is not supported", f);
+    if ((rc = get_num(f, rp, "rope_theta", theta, &t2))) return kvm_err(rc, "%s (in rope_parameters)", kvm_errmsg());
+    const json_t *top = json_object_get(root, "rope_theta");
+    if (top && !json_is_null(top) && t2 != theta)
+        return kvm_err(KVM_EFORMAT, "%s: rope_theta = %g and rope_parameters' rope_theta = %g disagree", f, theta, t2);
+    c->rope_theta = (float)t2;
+    kvm_rope_scaling a;
+    if ((rc = check_partial_rotary(f, rp, " in rope_parameters")) ||
+        (rc = get_rope_scaling(f, rs, "rope_scaling", 1, &a)) ||
+        (rc = get_rope_scaling(f, rp, "rope_parameters", 0, &c->rope_scaling)))
+        return rc;
+    if (rs && !json_is_null(rs) && memcmp(&a, &c->rope_scaling, sizeof a) != 0)
+        return kvm_err(KVM_EFORMAT, "%s: rope_scaling and rope_parameters disagree", f);
     return 0;
 }
 
@@ -127,12 +170,7 @@ static int check_unsupported(const char *f, const json_t *root)
         return kvm_err(KVM_ENOTSUP, "%s: quantization_config (quant_method '%.32s') is not supported: kvmill reads "
                                     "F32, F16 and BF16 weights", f, qm ? qm : "?");
     }
-    const json_t *prf = json_object_get(root, "partial_rotary_factor");
-    if (prf && !json_is_null(prf) && !json_is_number(prf))
-        return kvm_err(KVM_EFORMAT, "%s: key 'partial_rotary_factor' is not a number", f);
-    if (prf && !json_is_null(prf) && json_number_value(prf) != 1.0)
-        return kvm_err(KVM_ENOTSUP, "%s: partial_rotary_factor = %g is not supported", f, json_number_value(prf));
-    return 0;
+    return check_partial_rotary(f, root, "");
 }
 
 /* eos_token_id: an id or a list of ids, each in [0, vocab). */
@@ -178,15 +216,14 @@ static int get_shapes(const char *f, const json_t *root, kvm_model_config *c)
 static int parse(const char *f, const json_t *root, kvm_model_config *c, int *arch, int *tied, int *o_bias)
 {
     int rc;
-    double eps, theta;
+    double eps;
     if (!json_is_object(root)) return kvm_err(KVM_EFORMAT, "%s: not a JSON object", f);
     if ((rc = get_arch(f, root, arch)) || (rc = check_unsupported(f, root)) || (rc = get_shapes(f, root, c)) ||
-        (rc = get_num(f, root, "rms_norm_eps", 1e-6, &eps)) || (rc = get_num(f, root, "rope_theta", 10000, &theta)) ||
-        (rc = get_rope_scaling(f, root, &c->rope_scaling)) || (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) ||
+        (rc = get_num(f, root, "rms_norm_eps", 1e-6, &eps)) || (rc = get_rope(f, root, c)) ||
+        (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) ||
         (rc = get_eos(f, root, c)) || (rc = get_int(f, root, "bos_token_id", c->eos_id, 0, c->vocab_size - 1, &c->bos_id)))
         return rc;
     c->norm_eps = (float)eps;
-    c->rope_theta = (float)theta;
     c->rope_style = KVM_ROPE_HALF;
     c->shared_classifier = *tied;
     c->qk_norm = *arch == HF_QWEN3;

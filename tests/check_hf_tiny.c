@@ -748,6 +748,48 @@ START_TEST(test_config_mem)
 }
 END_TEST
 
+/* transformers 5's rope_parameters (rope_type, rope_theta and the factors in one object, no
+ * top-level rope_theta): its theta and type are used (rope_theta was silently 10000), and what
+ * kvmill cannot run, or a top-level key that disagrees with it, is refused by name. */
+START_TEST(test_rope_parameters)
+{
+    static const char l3[] = "\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                             "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 32";
+    char v[512];
+    struct {
+        const char *theta, *params;
+        int want;
+        const char *n1;
+    } cases[] = {
+        {"null", "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", 0, NULL},
+        {"null", "{\"rope_theta\": 500000.0}", 0, NULL},
+        {"500000.0", "{\"rope_theta\": 500000.0, %s}", 1, NULL},
+        {"10000.0", "{\"rope_type\": \"default\", \"rope_theta\": 1e6}", KVM_EFORMAT, "disagree"},
+        {"null", "{\"full_attention\": {\"rope_theta\": 1e6}}", KVM_ENOTSUP, "per layer type"},
+        {"null", "{\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"factor\": 4.0}", KVM_ENOTSUP,
+         "rope_parameters type 'yarn'"},
+        {"null", "{\"rope_theta\": 1e6, \"partial_rotary_factor\": 0.5}", KVM_ENOTSUP, "partial_rotary_factor"},
+        {"null", "[]", KVM_EFORMAT, "'rope_parameters' is not an object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char params[256];
+        snprintf(params, sizeof params, cases[i].params, l3);
+        snprintf(v, sizeof v, "%s, \"rope_parameters\": %s", cases[i].theta, params);
+        char *cfg = config_with("rope_theta", v), arch[64];
+        kvm_model_config c;
+        int tied, ob;
+        int rc = kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &ob);
+        int want = cases[i].want == 1 ? 0 : cases[i].want;
+        ck_assert_msg(rc == want, "case %zu: got %d (%s), want %d", i, rc, kvm_errmsg(), want);
+        if (cases[i].n1) ck_assert_msg(strstr(kvm_errmsg(), cases[i].n1), "case %zu: %s", i, kvm_errmsg());
+        if (!rc) ck_assert_float_eq(c.rope_theta, 500000.0f);
+        if (!rc) ck_assert_int_eq(c.rope_scaling.type, cases[i].want == 1);
+        if (cases[i].want == 1) ck_assert_float_eq(c.rope_scaling.factor, 8.0f);
+        free(cfg);
+    }
+}
+END_TEST
+
 START_TEST(test_bad_tensors)
 {
     tset s = {0};
@@ -886,6 +928,7 @@ static Suite *tiny_suite(void)
                 {"llama3_chat", test_llama3_chat},
                 {"bad_config", test_bad_config},
                 {"config_mem", test_config_mem},
+                {"rope_parameters", test_rope_parameters},
                 {"bad_tensors", test_bad_tensors},
                 {"bad_entries", test_bad_entries}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
