@@ -4,7 +4,6 @@
  * a file that is not a safetensors file, a subfolder, a symlink to a shard and a symlink loop.
  * On a folder it accepts, every tensor is found by name in a file of that folder, its first and
  * last byte are read, and kvm_hf_model_files lists the same files. */
-#define _DEFAULT_SOURCE /* mkdtemp, symlink */
 #include "fuzz/fuzz_file.h"
 #include "model/kvm_hf.h"
 #include "model/kvm_safetensors.h"

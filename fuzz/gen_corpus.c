@@ -458,6 +458,13 @@ int main(int argc, char **argv)
         snprintf(src, sizeof src, "tests/data/hf/tiny/%s/config.json", configs[i]);
         copy_seed("hf_config", configs[i], src, NULL, 0);
     }
+    static const char rope_parameters[] = /* transformers 5: theta and llama3 factors in rope_parameters */
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"intermediate_size\": 96, "
+        "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 97, "
+        "\"max_position_embeddings\": 64, \"eos_token_id\": [2, 3], \"rope_parameters\": {\"rope_type\": "
+        "\"llama3\", \"rope_theta\": 500000.0, \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+        "\"original_max_position_embeddings\": 32}}\n";
+    write_seed("hf_config", "rope_parameters", rope_parameters, sizeof rope_parameters - 1);
     static const char *toks[] = {"llama3_style", "metaspace_style", "qwen_style", "spm_style"};
     for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
         char src[256];
