@@ -134,7 +134,8 @@ static int get_rope(const char *f, const json_t *root, kvm_model_config *c)
     c->rope_theta = (float)theta;
     if (rc || !rp || json_is_null(rp)) return rc ? rc : get_rope_scaling(f, rs, "rope_scaling", 1, &c->rope_scaling);
     if (!json_is_object(rp)) return kvm_err(KVM_EFORMAT, "%s: key 'rope_parameters' is not an object", f);
-    if (json_is_object(json_object_get(rp, "full_attention")) || json_is_object(json_object_get(rp, "sliding_attention")))
+    if (json_is_object(json_object_get(rp, "full_attention")) ||
+        json_is_object(json_object_get(rp, "sliding_attention")))
         return kvm_err(KVM_ENOTSUP, "%s: rope_parameters per layer type is not supported", f);
     if ((rc = get_num(f, rp, "rope_theta", theta, &t2))) return kvm_err(rc, "%s (in rope_parameters)", kvm_errmsg());
     const json_t *top = json_object_get(root, "rope_theta");
@@ -213,6 +214,35 @@ static int get_shapes(const char *f, const json_t *root, kvm_model_config *c)
     return 0;
 }
 
+/* The sliding window: Mistral's sliding_window, Qwen2's and Qwen3's when use_sliding_window (Qwen3
+ * was read as never sliding); where layer_types (transformers 5) names each layer's attention,
+ * it decides: all "full_attention" is no window, any "sliding_attention" needs sliding_window.
+ * A window mixed with full layers is applied to all: positions past it are then refused (the
+ * forward's rule), never computed differently from transformers. */
+static int get_window(const char *f, const json_t *root, int arch, kvm_model_config *c)
+{
+    int use_sw = arch == HF_MISTRAL, rc, sw = 0, slid = 0;
+    if ((arch == HF_QWEN2 || arch == HF_QWEN3) && (rc = get_bool(f, root, "use_sliding_window", 0, &use_sw))) return rc;
+    const json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layers)
+            return kvm_err(KVM_EFORMAT, "%s: key 'layer_types' is not a list of num_hidden_layers = %d names", f,
+                           c->n_layers);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const char *s = json_string_value(json_array_get(lt, i));
+            if (s && strcmp(s, "sliding_attention") == 0) slid++;
+            else if (!s || strcmp(s, "full_attention") != 0)
+                return kvm_err(KVM_ENOTSUP, "%s: layer_types[%zu] = '%.32s' is not supported (full_attention and "
+                                            "sliding_attention are)", f, i, s ? s : "(not a string)");
+        }
+        use_sw = slid > 0;
+    }
+    if (!use_sw) return 0;
+    if ((rc = get_int(f, root, "sliding_window", slid ? -1 : 0, slid ? 1 : 0, KVM_HF_MAX_SEQ, &sw))) return rc;
+    c->sliding_window = sw >= c->seq_len ? 0 : sw; /* a window at least the context long never slides */
+    return 0;
+}
+
 static int parse(const char *f, const json_t *root, kvm_model_config *c, int *arch, int *tied, int *o_bias)
 {
     int rc;
@@ -227,18 +257,11 @@ static int parse(const char *f, const json_t *root, kvm_model_config *c, int *ar
     c->rope_style = KVM_ROPE_HALF;
     c->shared_classifier = *tied;
     c->qk_norm = *arch == HF_QWEN3;
-    int bias = 0, use_sw = *arch == HF_MISTRAL;
+    int bias = 0;
     if ((rc = get_bool(f, root, "attention_bias", 0, &bias))) return rc;
     c->attn_bias = *arch == HF_QWEN2 || bias;
     *o_bias = *arch != HF_QWEN2 && bias;
-    if (*arch == HF_QWEN2 && (rc = get_bool(f, root, "use_sliding_window", 0, &use_sw))) return rc;
-    if (use_sw) {
-        int sw = 0;
-        if ((rc = get_int(f, root, "sliding_window", 0, 0, KVM_HF_MAX_SEQ, &sw))) return rc;
-        /* a window at least the context long never slides */
-        c->sliding_window = sw >= c->seq_len ? 0 : sw;
-    }
-    return 0;
+    return get_window(f, root, *arch, c);
 }
 
 static int from_root(const char *f, json_t *root, const json_error_t *je, kvm_model_config *c, char *arch_out,

@@ -790,6 +790,43 @@ START_TEST(test_rope_parameters)
 }
 END_TEST
 
+/* The sliding window from layer_types (transformers 5) and Qwen3's use_sliding_window: both were
+ * ignored (full attention past the window, unlike transformers; a Mistral whose layer_types are
+ * all full was still windowed); layer types kvmill cannot run are refused by name. */
+START_TEST(test_layer_types)
+{
+    struct {
+        const char *key, *value;
+        int want, window;
+        const char *n1;
+    } cases[] = {
+        {"layer_types", "[\"sliding_attention\", \"sliding_attention\"], \"sliding_window\": 16", 0, 16, NULL},
+        {"layer_types", "[\"sliding_attention\", \"full_attention\"], \"sliding_window\": 16", 0, 16, NULL},
+        {"layer_types", "[\"full_attention\", \"full_attention\"]", 0, 0, NULL},
+        {"architectures", "[\"Qwen3ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": 16", 0, 16,
+         NULL},
+        {"architectures", "[\"MistralForCausalLM\"], \"sliding_window\": 16, \"layer_types\": "
+                          "[\"full_attention\", \"full_attention\"]", 0, 0, NULL},
+        {"layer_types", "[\"sliding_attention\", \"sliding_attention\"]", KVM_EFORMAT, 0,
+         "'sliding_window' is missing"},
+        {"layer_types", "[\"full_attention\"]", KVM_EFORMAT, 0, "num_hidden_layers = 2"},
+        {"layer_types", "[\"linear_attention\", \"full_attention\"]", KVM_ENOTSUP, 0,
+         "layer_types[0] = 'linear_attention'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *cfg = config_with(cases[i].key, cases[i].value), arch[64];
+        kvm_model_config c;
+        int tied, ob;
+        int rc = kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &ob);
+        ck_assert_msg(rc == cases[i].want, "case %zu: got %d (%s), want %d", i, rc, kvm_errmsg(), cases[i].want);
+        if (cases[i].n1) ck_assert_msg(strstr(kvm_errmsg(), cases[i].n1), "case %zu: %s", i, kvm_errmsg());
+        if (!rc) ck_assert_msg(c.sliding_window == cases[i].window, "case %zu: window %d, want %d", i, c.sliding_window,
+                               cases[i].window);
+        free(cfg);
+    }
+}
+END_TEST
+
 START_TEST(test_bad_tensors)
 {
     tset s = {0};
@@ -929,6 +966,7 @@ static Suite *tiny_suite(void)
                 {"bad_config", test_bad_config},
                 {"config_mem", test_config_mem},
                 {"rope_parameters", test_rope_parameters},
+                {"layer_types", test_layer_types},
                 {"bad_tensors", test_bad_tensors},
                 {"bad_entries", test_bad_entries}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
