@@ -128,9 +128,13 @@ static int parse_entry(const st_file *f, const char *name, const json_t *v, kvm_
             return kvm_err(KVM_EFORMAT, "%s: tensor '%s': more than 2^48 elements", p, name);
         n *= d;
     }
-    if ((rc = json_u64(p, name, "data_offsets[0]", json_array_get(off, 0), f->data_bytes, &b)) ||
-        (rc = json_u64(p, name, "data_offsets[1]", json_array_get(off, 1), f->data_bytes, &e)))
-        return kvm_err(rc, "%s (the data section holds %llu bytes)", kvm_errmsg(), (unsigned long long)f->data_bytes);
+    if ((rc = json_u64(p, name, "data_offsets[0]", json_array_get(off, 0), UINT64_MAX >> 1, &b)) ||
+        (rc = json_u64(p, name, "data_offsets[1]", json_array_get(off, 1), UINT64_MAX >> 1, &e)))
+        return rc;
+    if (b > f->data_bytes || e > f->data_bytes) /* the usual cause: a download that stopped part way */
+        return kvm_err(KVM_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end past the data section's %llu "
+                                    "bytes: the file is cut short (an unfinished download?)", p, name,
+                       (unsigned long long)b, (unsigned long long)e, (unsigned long long)f->data_bytes);
     if (e < b) return kvm_err(KVM_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin", p, name,
                               (unsigned long long)b, (unsigned long long)e);
     t->n_elems = (int64_t)n;
@@ -194,9 +198,10 @@ static int parse_file(kvm_st *s, int fi)
     for (int k = 7; k >= 0; k--)
         n = n << 8 | f->map[k];
     if (n < 2 || n > f->bytes - 8 || n > KVM_ST_MAX_HEADER)
-        return kvm_err(KVM_EFORMAT, "%s: header length %llu is outside [2, %llu] (file of %zu bytes)", f->path,
-                       (unsigned long long)n, (unsigned long long)(f->bytes - 8 < KVM_ST_MAX_HEADER ? f->bytes - 8 : KVM_ST_MAX_HEADER),
-                       f->bytes);
+        return kvm_err(KVM_EFORMAT, "%s: header length %llu is outside [2, %llu] (file of %zu bytes%s)", f->path,
+                       (unsigned long long)n,
+                       (unsigned long long)(f->bytes - 8 < KVM_ST_MAX_HEADER ? f->bytes - 8 : KVM_ST_MAX_HEADER),
+                       f->bytes, n > f->bytes - 8 && n <= KVM_ST_MAX_HEADER ? ": cut short?" : "");
     f->data = f->map + 8 + n;
     f->data_bytes = f->bytes - 8 - n;
     json_error_t je;
