@@ -97,7 +97,8 @@ static int open_indexed(const char *dir, const char *ipath, kvm_st **out)
     int n = 0, rc;
     if (!json_is_object(wm)) rc = kvm_err(KVM_EFORMAT, "%s: 'weight_map' is missing or not an object", ipath);
     else rc = index_files(ipath, dir, wm, &paths, &n);
-    if (!rc) rc = kvm_st_open_files((const char *const *)paths, n, out);
+    if (!rc && (rc = kvm_st_open_files((const char *const *)paths, n, out)) == KVM_ENOTFOUND)
+        rc = kvm_err(rc, "%s (a shard %s lists)", kvm_errmsg(), ipath); /* an unfinished or partial download */
     if (!rc && (rc = check_map(ipath, wm, *out))) kvm_st_close(out);
     for (int i = 0; i < n; i++)
         free(paths[i]);

@@ -306,7 +306,8 @@ START_TEST(test_sharded)
     expect_dir(KVM_EFORMAT, "'b'", "not listed");
     /* an absent shard */
     write_index("{\"weight_map\":{\"a\":\"model-00003-of-00003.safetensors\"}}");
-    expect_dir(KVM_ENOTFOUND, "model-00003-of-00003", NULL);
+    expect_dir(KVM_ENOTFOUND, "model-00003-of-00003.safetensors: no such file", "(a shard ");
+    ck_assert_msg(strstr(kvm_errmsg(), "model.safetensors.index.json lists)"), "%s", kvm_errmsg());
     /* a path outside the folder */
     write_index("{\"weight_map\":{\"a\":\"../x.safetensors\"}}");
     expect_dir(KVM_EFORMAT, "'a'", "not a file name");
