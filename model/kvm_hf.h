@@ -16,7 +16,8 @@ int kvm_hf_is_folder(const char *path);
  * the weight files (model.safetensors, or the shards of model.safetensors.index.json in sorted
  * name order, which is index order for model-0000K-of-0000N names). On success *paths is a
  * malloc'ed array of *n malloc'ed paths (free each, then the array). Errors: KVM_ENOTFOUND (no
- * config.json or no weights), KVM_EFORMAT (a malformed index), KVM_ENOMEM. */
+ * config.json or no weights), KVM_EFORMAT (a malformed index; config.json or a weight file that
+ * kvm_file_check_found refuses), KVM_ENOMEM. */
 int kvm_hf_model_files(const char *dir, char ***paths, int *n);
 
 /* Internal (model/): fills m (m->path = dir) from a Hugging Face folder (kvm_model_open's

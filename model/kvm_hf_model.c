@@ -218,7 +218,10 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n)
     *paths = NULL;
     *n = 0;
     kvm_st *st = NULL;
-    int rc = kvm_st_open_dir(dir, &st);
+    char cpath[4096];
+    snprintf(cpath, sizeof cpath, "%s/config.json", dir);
+    int rc = kvm_file_check_found(cpath); /* hashing a FIFO would block */
+    if (!rc) rc = kvm_st_open_dir(dir, &st);
     if (rc) return rc;
     int nf = kvm_st_n_files(st);
     char **p = calloc((size_t)nf + 1, sizeof *p);

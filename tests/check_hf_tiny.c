@@ -913,6 +913,12 @@ START_TEST(test_bad_entries)
     ck_assert_int_eq(unlink(p), 0);
     ck_assert_int_eq(mkdir(p, 0755), 0);
     expect_open(dir, KVM_EFORMAT, "config.json: not a regular file", NULL);
+    ck_assert_int_eq(rmdir(p), 0);
+    ck_assert_int_eq(mkfifo(p, 0644), 0); /* the model id hashes config.json: never a blocking read */
+    expect_open(dir, KVM_EFORMAT, "config.json: not a regular file (a FIFO)", NULL);
+    kvm_store_id id;
+    ck_assert_int_eq(kvm_store_hash_file(dir, &id), KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "config.json: not a regular file"), "%s", kvm_errmsg());
     dir = folder_with(NULL, NULL);
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     ck_assert_int_eq(symlink("model.safetensors", p), 0);
