@@ -159,7 +159,12 @@ static int take_all(hf_load *L, kvm_model *m, int o_bias)
     if ((rc = take(L, "model.embed_tokens.weight", V, D, NULL, &m->tok_emb)) ||
         (rc = take(L, "model.norm.weight", D, 0, &m->rms_final, NULL)))
         return rc;
-    if (!c->shared_classifier && (rc = take(L, "lm_head.weight", V, D, NULL, &m->wcls))) return rc;
+    if (!c->shared_classifier && (rc = take(L, "lm_head.weight", V, D, NULL, &m->wcls))) {
+        if (!kvm_st_find(L->st, "lm_head.weight"))
+            kvm_err(rc, "%s (tie_word_embeddings is false: a model that shares model.embed_tokens.weight sets it true)",
+                    kvm_errmsg());
+        return rc;
+    }
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = take_layer(L, c, o_bias, l, &m->layers[l]))) return rc;
     if (c->shared_classifier) m->wcls = m->tok_emb;

@@ -885,7 +885,7 @@ START_TEST(test_bad_tensors)
     free(cfg);
     /* untied without lm_head */
     tset_drop(&s, "lm_head.weight");
-    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'lm_head.weight'", "missing");
+    expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'lm_head.weight' is missing", "tie_word_embeddings is false");
     tset_free(&s);
 }
 END_TEST
