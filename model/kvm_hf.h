@@ -26,10 +26,10 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
  * heads), head_dim (default hidden_size / heads), vocab_size, max_position_embeddings,
  * rms_norm_eps (default 1e-6), rope_theta (default 10000), rope_scaling (null, "default" or
  * "llama3") or transformers 5's rope_parameters (the same and rope_theta in one object; a
- * top-level key that disagrees with it is an error), tie_word_embeddings (default false), attention_bias, bos_token_id, eos_token_id
- * (an id or a list of ids), sliding_window (Mistral; Qwen2 and Qwen3 with use_sliding_window;
- * any architecture whose layer_types names a sliding_attention layer; none when layer_types are
- * all full_attention).
+ * top-level key that disagrees with it is an error), tie_word_embeddings (default false),
+ * attention_bias, bos_token_id, eos_token_id (an id or a list of ids), sliding_window
+ * (Mistral; Qwen2 and Qwen3 with use_sliding_window; any architecture whose layer_types names
+ * a sliding_attention layer; none when layer_types are all full_attention).
  * Weights (kvm_safetensors.h) are checked against it name by name: shape [out][in] as the
  * architecture needs, dtype F32/F16/BF16, converted to float32 into m->owned and the files
  * unmapped. Ignored by rule: "*.rotary_emb.inv_freq" (RoPE buffers older exports carry) and

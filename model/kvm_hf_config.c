@@ -168,8 +168,10 @@ static int check_unsupported(const char *f, const json_t *root)
     const json_t *q = json_object_get(root, "quantization_config"); /* GPTQ, AWQ, bitsandbytes, FP8 */
     if (q && !json_is_null(q)) {
         const char *qm = json_string_value(json_object_get(q, "quant_method"));
-        return kvm_err(KVM_ENOTSUP, "%s: quantization_config (quant_method '%.32s') is not supported: kvmill reads "
-                                    "F32, F16 and BF16 weights", f, qm ? qm : "?");
+        return kvm_err(KVM_ENOTSUP,
+                       "%s: quantization_config (quant_method '%.32s') is not supported: kvmill reads "
+                       "F32, F16 and BF16 weights",
+                       f, qm ? qm : "?");
     }
     return check_partial_rotary(f, root, "");
 }
@@ -230,10 +232,13 @@ static int get_window(const char *f, const json_t *root, int arch, kvm_model_con
                            c->n_layers);
         for (size_t i = 0; i < json_array_size(lt); i++) {
             const char *s = json_string_value(json_array_get(lt, i));
-            if (s && strcmp(s, "sliding_attention") == 0) slid++;
+            if (s && strcmp(s, "sliding_attention") == 0)
+                slid++;
             else if (!s || strcmp(s, "full_attention") != 0)
-                return kvm_err(KVM_ENOTSUP, "%s: layer_types[%zu] = '%.32s' is not supported (full_attention and "
-                                            "sliding_attention are)", f, i, s ? s : "(not a string)");
+                return kvm_err(KVM_ENOTSUP,
+                               "%s: layer_types[%zu] = '%.32s' is not supported (full_attention and "
+                               "sliding_attention are)",
+                               f, i, s ? s : "(not a string)");
         }
         use_sw = slid > 0;
     }
@@ -250,8 +255,8 @@ static int parse(const char *f, const json_t *root, kvm_model_config *c, int *ar
     if (!json_is_object(root)) return kvm_err(KVM_EFORMAT, "%s: not a JSON object", f);
     if ((rc = get_arch(f, root, arch)) || (rc = check_unsupported(f, root)) || (rc = get_shapes(f, root, c)) ||
         (rc = get_num(f, root, "rms_norm_eps", 1e-6, &eps)) || (rc = get_rope(f, root, c)) ||
-        (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) ||
-        (rc = get_eos(f, root, c)) || (rc = get_int(f, root, "bos_token_id", c->eos_id, 0, c->vocab_size - 1, &c->bos_id)))
+        (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) || (rc = get_eos(f, root, c)) ||
+        (rc = get_int(f, root, "bos_token_id", c->eos_id, 0, c->vocab_size - 1, &c->bos_id)))
         return rc;
     c->norm_eps = (float)eps;
     c->rope_style = KVM_ROPE_HALF;

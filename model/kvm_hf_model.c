@@ -50,8 +50,10 @@ static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const floa
 {
     const kvm_st_tensor *t = kvm_st_find(L->st, name);
     if (!t && kvm_st_n_files(L->st) > 1) /* not "shard 1 lacks it": no shard has it */
-        return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing (in none of the %d files model.safetensors.index.json "
-                                    "lists)", L->dir, name, kvm_st_n_files(L->st));
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%s' is missing (in none of the %d files model.safetensors.index.json "
+                       "lists)",
+                       L->dir, name, kvm_st_n_files(L->st));
     if (!t) return kvm_err(KVM_EFORMAT, "%s: tensor '%s' is missing", kvm_st_file_path(L->st, 0), name);
     const char *f = kvm_st_file_path(L->st, t->file);
     int want = d1 ? 2 : 1;

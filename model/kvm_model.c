@@ -19,7 +19,9 @@ static int map_file(const char *path, void **map, size_t *bytes)
 {
     struct stat st;
     if (stat(path, &st) != 0) /* a link loop or a file used as a folder is a bad path, not an I/O failure */
-        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : errno == ELOOP || errno == ENOTDIR ? KVM_EFORMAT : KVM_EIO,
+        return kvm_err(errno == ENOENT                      ? KVM_ENOTFOUND
+                       : errno == ELOOP || errno == ENOTDIR ? KVM_EFORMAT
+                                                            : KVM_EIO,
                        "%s: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode)) /* kvm_hf_is_folder said no: a folder is a model only with its config.json */
         return kvm_err(KVM_EFORMAT, "%s: is a directory without config.json: not a Hugging Face checkpoint folder "
@@ -52,13 +54,18 @@ static int hf_part(const char *path, const uint8_t *map, size_t n)
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = '\0';
-    else snprintf(dir, sizeof dir, ".");
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(dir, sizeof dir, ".");
     if (kvm_hf_is_folder(dir))
-        return kvm_err(KVM_EFORMAT, "%s: a file of the Hugging Face folder %s: give the folder as the model "
-                                    "(--model %s)", path, dir, dir);
-    return kvm_err(KVM_EFORMAT, "%s: a %s file, not a model: a Hugging Face checkpoint is read as its folder "
-                                "(config.json, model.safetensors or its shards, tokenizer.json)",
+        return kvm_err(KVM_EFORMAT,
+                       "%s: a file of the Hugging Face folder %s: give the folder as the model "
+                       "(--model %s)",
+                       path, dir, dir);
+    return kvm_err(KVM_EFORMAT,
+                   "%s: a %s file, not a model: a Hugging Face checkpoint is read as its folder "
+                   "(config.json, model.safetensors or its shards, tokenizer.json)",
                    path, st ? "safetensors" : "JSON");
 }
 

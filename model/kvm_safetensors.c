@@ -132,9 +132,10 @@ static int parse_entry(const st_file *f, const char *name, const json_t *v, kvm_
         (rc = json_u64(p, name, "data_offsets[1]", json_array_get(off, 1), UINT64_MAX >> 1, &e)))
         return rc;
     if (b > f->data_bytes || e > f->data_bytes) /* the usual cause: a download that stopped part way */
-        return kvm_err(KVM_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end past the data section's %llu "
-                                    "bytes: the file is cut short (an unfinished download?)", p, name,
-                       (unsigned long long)b, (unsigned long long)e, (unsigned long long)f->data_bytes);
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%s': data_offsets [%llu, %llu] end past the data section's %llu "
+                       "bytes: the file is cut short (an unfinished download?)",
+                       p, name, (unsigned long long)b, (unsigned long long)e, (unsigned long long)f->data_bytes);
     if (e < b) return kvm_err(KVM_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin", p, name,
                               (unsigned long long)b, (unsigned long long)e);
     t->n_elems = (int64_t)n;

@@ -51,9 +51,10 @@ int kvm_tokenizer_find_for_model(const char *model_path, const char *explicit_pa
     const char *spm = is_file(buf) ? " (the folder's tokenizer.model, SentencePiece's format, is not read; a "
                                      "tokenizer.json of the same model is)"
                                    : "";
-    return kvm_err(KVM_ENOTFOUND,
-                   "no tokenizer found beside %s (looked for tokenizer.json, tok512.bin, tokenizer.bin); pass --tokenizer%s",
-                   model_path, spm);
+    return kvm_err(
+        KVM_ENOTFOUND,
+        "no tokenizer found beside %s (looked for tokenizer.json, tok512.bin, tokenizer.bin); pass --tokenizer%s",
+        model_path, spm);
 }
 
 int kvm_tokenizer_open_for_model(const kvm_model *m, const char *model_path, const char *tok_path, kvm_tokenizer **tok,

@@ -181,7 +181,10 @@ int kvm_cmd_generate(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
         {"model", 1, KVM_CLI_MODEL_HELP, NULL},
-        {"tokenizer", 1, "tokenizer (default: a GGUF model's own, a Hugging Face folder's tokenizer.json, else tok512.bin or tokenizer.bin beside the model)", NULL},
+        {"tokenizer", 1,
+         "tokenizer (default: a GGUF model's own, a Hugging Face folder's tokenizer.json, else tok512.bin or "
+         "tokenizer.bin beside the model)",
+         NULL},
         {"prompt", 1, "prompt text", NULL},
         {"chat", 0, "wrap --prompt in the model's chat template (ChatML: system, user, assistant turns)", NULL},
         {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},

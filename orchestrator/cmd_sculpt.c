@@ -80,7 +80,10 @@ int kvm_cmd_sculpt(int argc, char **argv)
 {
     kvm_cli_opt opts[MAX_OPTS] = {
         {"model", 1, KVM_CLI_MODEL_HELP, NULL},
-        {"tokenizer", 1, "tokenizer (default: a GGUF model's own, a Hugging Face folder's tokenizer.json, else tok512.bin or tokenizer.bin beside the model)", NULL},
+        {"tokenizer", 1,
+         "tokenizer (default: a GGUF model's own, a Hugging Face folder's tokenizer.json, else tok512.bin or "
+         "tokenizer.bin beside the model)",
+         NULL},
         {"doc", 1, "document text file (encoded with BOS)", NULL},
         {"context", 1,
          "context tokens N: the document's first N tokens, at most the model's window (default: all, cut to the "

@@ -687,7 +687,8 @@ START_TEST(test_bad_config)
         {"rms_norm_eps", "-1", KVM_EFORMAT, "rms_norm_eps", NULL},
         {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", KVM_ENOTSUP, "yarn", "rope_scaling"},
         {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", KVM_ENOTSUP, "dynamic", NULL},
-        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", KVM_EFORMAT, "low_freq_factor", "rope_scaling"},
+        {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", KVM_EFORMAT, "low_freq_factor",
+         "rope_scaling"},
         {"hidden_act", "\"gelu\"", KVM_ENOTSUP, "hidden_act", "gelu"},
         {"mlp_bias", "true", KVM_ENOTSUP, "mlp_bias", NULL},
         {"partial_rotary_factor", "0.5", KVM_ENOTSUP, "partial_rotary_factor", NULL},
@@ -803,10 +804,11 @@ START_TEST(test_layer_types)
         {"layer_types", "[\"sliding_attention\", \"sliding_attention\"], \"sliding_window\": 16", 0, 16, NULL},
         {"layer_types", "[\"sliding_attention\", \"full_attention\"], \"sliding_window\": 16", 0, 16, NULL},
         {"layer_types", "[\"full_attention\", \"full_attention\"]", 0, 0, NULL},
-        {"architectures", "[\"Qwen3ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": 16", 0, 16,
-         NULL},
-        {"architectures", "[\"MistralForCausalLM\"], \"sliding_window\": 16, \"layer_types\": "
-                          "[\"full_attention\", \"full_attention\"]", 0, 0, NULL},
+        {"architectures", "[\"Qwen3ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": 16", 0, 16, NULL},
+        {"architectures",
+         "[\"MistralForCausalLM\"], \"sliding_window\": 16, \"layer_types\": "
+         "[\"full_attention\", \"full_attention\"]",
+         0, 0, NULL},
         {"layer_types", "[\"sliding_attention\", \"sliding_attention\"]", KVM_EFORMAT, 0,
          "'sliding_window' is missing"},
         {"layer_types", "[\"full_attention\"]", KVM_EFORMAT, 0, "num_hidden_layers = 2"},
@@ -820,8 +822,9 @@ START_TEST(test_layer_types)
         int rc = kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &ob);
         ck_assert_msg(rc == cases[i].want, "case %zu: got %d (%s), want %d", i, rc, kvm_errmsg(), cases[i].want);
         if (cases[i].n1) ck_assert_msg(strstr(kvm_errmsg(), cases[i].n1), "case %zu: %s", i, kvm_errmsg());
-        if (!rc) ck_assert_msg(c.sliding_window == cases[i].window, "case %zu: window %d, want %d", i, c.sliding_window,
-                               cases[i].window);
+        if (!rc)
+            ck_assert_msg(c.sliding_window == cases[i].window, "case %zu: window %d, want %d", i, c.sliding_window,
+                          cases[i].window);
         free(cfg);
     }
 }
@@ -965,7 +968,8 @@ static Suite *tiny_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } more[] = {{"vs_llama2c_gguf", test_vs_llama2c_gguf}, {"eos_ids", test_eos_ids},
+    } more[] = {{"vs_llama2c_gguf", test_vs_llama2c_gguf},
+                {"eos_ids", test_eos_ids},
                 {"window", test_window},
                 {"model_id", test_model_id},
                 {"llama3_chat", test_llama3_chat},

@@ -268,8 +268,11 @@ static Suite *tok_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } more[] = {{"smol", test_smol}, {"decode", test_decode}, {"malformed", test_malformed}, {"mem", test_mem},
-                 {"entries", test_entries}};
+    } more[] = {{"smol", test_smol},
+                {"decode", test_decode},
+                {"malformed", test_malformed},
+                {"mem", test_mem},
+                {"entries", test_entries}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);
         tcase_add_test(tc, more[i].fn);

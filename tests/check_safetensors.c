@@ -124,7 +124,8 @@ START_TEST(test_malformed)
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, KVM_EFORMAT, "'w'", "data_offsets"},
         {"{\"w\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, KVM_ENOTSUP, "'w'", "I64"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, KVM_EFORMAT, "'w'", "shape"},
-        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, KVM_ENOTSUP, "'w'", "dimensions"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, KVM_ENOTSUP, "'w'",
+         "dimensions"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, KVM_EFORMAT, "'w'", "end before"},
         /* said "data_offsets[1] must be an integer in [0, 4]" for what is a truncated file */
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, KVM_EFORMAT, "'w'", "cut short"},
@@ -386,12 +387,8 @@ static Suite *st_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } cases[] = {{"values", test_values},
-                 {"malformed", test_malformed},
-                 {"truncated", test_truncated},
-                 {"open_mem", test_open_mem},
-                 {"no_tensors", test_no_tensors},
-                 {"sharded", test_sharded},
+    } cases[] = {{"values", test_values},     {"malformed", test_malformed},   {"truncated", test_truncated},
+                 {"open_mem", test_open_mem}, {"no_tensors", test_no_tensors}, {"sharded", test_sharded},
                  {"entries", test_entries}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
