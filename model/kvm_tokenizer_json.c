@@ -366,9 +366,12 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     const char *tmpl = json_string_value(tm);
     size_t i;
     json_t *v;
-    if (json_is_array(tm))
-        json_array_foreach(tm, i, v) if (!tmpl && strcmp(json_string_value(json_object_get(v, "name")) ? json_string_value(json_object_get(v, "name")) : "", "default") == 0) tmpl =
-            json_string_value(json_object_get(v, "template"));
+    if (json_is_array(tm)) {
+        json_array_foreach(tm, i, v) { /* [{"name": ..., "template": ...}]: the one named "default" */
+            const char *name = json_string_value(json_object_get(v, "name"));
+            if (!tmpl && name && !strcmp(name, "default")) tmpl = json_string_value(json_object_get(v, "template"));
+        }
+    }
     if (tmpl && !(info->chat_template = strdup(tmpl))) rc = kvm_err(KVM_ENOMEM, "%s: out of memory", p);
     json_decref(c);
     return rc;

@@ -324,7 +324,8 @@ int kvm_storecli_get(kvm_storecli *c, const kvm_store_cache_key *key, int timeou
     if (!rc) rc = cli_send(c, &m);
     if (!rc) rc = cli_wait(c, g.request_id, timeout_ms, &m, &r);
     if (rc == 0)
-        rc = kvm_err(KVM_EIO, "store service %s: no reply within %d ms%s", c->endpoint, timeout_ms, cli_no_reply_hint(c));
+        rc = kvm_err(KVM_EIO, "store service %s: no reply within %d ms%s", c->endpoint, timeout_ms,
+                     cli_no_reply_hint(c));
     if (rc == 1) rc = r.status < 0 ? cli_status(&r) : 0;
     int64_t n = rc ? 0 : r.n_layers;
     kvm_msg_free(&m);

@@ -105,7 +105,8 @@ static int setup(void *stp, const kvm_stage_args *a)
      * owned by someone else) read-only: it then records no access times for the cap's LRU
      * order, which is all it would have written */
     char ro_why[4400];
-    if (!svc && so.must_exist && kvm_store_unwritable(kvm_config_str(st->cfg, "store", "path"), ro_why, sizeof ro_why)) {
+    if (!svc && so.must_exist &&
+        kvm_store_unwritable(kvm_config_str(st->cfg, "store", "path"), ro_why, sizeof ro_why)) {
         kvm_storew_opts(st->cfg, 1, &so);
         kvm_log(KVM_LOG_INFO, "store_read_only", NULL, 0,
                 "%s: serving it read-only (no access times recorded for the cap's LRU order)", ro_why);
@@ -115,7 +116,8 @@ static int setup(void *stp, const kvm_stage_args *a)
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
     if (st->store && kvm_store_lock_note(st->store))
-        kvm_log(KVM_LOG_WARN, "store_no_lock", NULL, 0, "%s: reading without LMDB's reader lock", kvm_store_lock_note(st->store));
+        kvm_log(KVM_LOG_WARN, "store_no_lock", NULL, 0, "%s: reading without LMDB's reader lock",
+                kvm_store_lock_note(st->store));
     st->tok = st->wm.tok;
     if (!st->tok && !strcmp(st->wm.model->format, "gguf")) {
         if ((rc = kvm_tokenizer_open_gguf(st->wm.path, &st->tok_own))) return rc;

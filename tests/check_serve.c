@@ -850,7 +850,8 @@ START_TEST(test_read_only_store)
             return;
         }
         snprintf(g_ro_mount, sizeof g_ro_mount, "%s", sp);
-        ck_assert_msg(mount(NULL, sp, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) == 0, "remount: %s", strerror(errno));
+        ck_assert_msg(mount(NULL, sp, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) == 0, "remount: %s",
+                      strerror(errno));
     } else {
         snprintf(f, sizeof f, "%s/data.mdb", sp);
         ck_assert_int_eq(chmod(f, 0444), 0);
