@@ -259,6 +259,39 @@ START_TEST(test_entries)
 }
 END_TEST
 
+/* tokenizer_config.json's chat_template as a list of named templates (as some checkpoints ship
+ * it, with a tool-use variant): the one named "default" is the chat template; entries without a
+ * name, or whose name is not a string, are skipped; without a "default" there is none. */
+START_TEST(test_template_list)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], q[4096];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    size_t n;
+    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
+    ck_assert_int_eq(kvm_test_write_file(p, src, n), 0);
+    free(src);
+    static const char *const cfg[2] = {
+        "{\"chat_template\": [{\"template\": \"N\"}, {\"name\": 3, \"template\": \"X\"}, "
+        "{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"default\", \"template\": \"D\"}]}",
+        "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}]}"};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(kvm_test_write_file(q, cfg[i], strlen(cfg[i])), 0);
+        kvm_bpe *b = NULL;
+        kvm_tokjson_info info;
+        ck_assert_msg(kvm__tokjson_open(p, 0, &b, &info) == 0, "%s", kvm_errmsg());
+        if (i == 0)
+            ck_assert_str_eq(info.chat_template, "D");
+        else
+            ck_assert_ptr_null(info.chat_template);
+        free(info.chat_template);
+        kvm__bpe_free(&b);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *tok_suite(void)
 {
     Suite *s = suite_create("hf_tokenizer");
@@ -268,11 +301,10 @@ static Suite *tok_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } more[] = {{"smol", test_smol},
-                {"decode", test_decode},
-                {"malformed", test_malformed},
-                {"mem", test_mem},
-                {"entries", test_entries}};
+    } more[] = {
+        {"smol", test_smol}, {"decode", test_decode},   {"malformed", test_malformed},
+        {"mem", test_mem},   {"entries", test_entries}, {"template_list", test_template_list},
+    };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);
         tcase_add_test(tc, more[i].fn);
