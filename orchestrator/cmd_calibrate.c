@@ -294,6 +294,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N, (long long)a.T, m->cfg.seq_len);
         rc = 2;
     }
+    char need[128];
+    snprintf(need, sizeof need, "context %lld + continuation %lld (--context, --continuation)", (long long)a.N,
+             (long long)a.T);
+    if (!rc) rc = cmd_eval_docs_check(CMD, tok, NULL, &docs, a.N + a.T, a.N + a.T, need); /* before any prefill */
     if (!rc) rc = calibrate(m, k, tok, &docs, &a);
     cmd_eval_docs_free(&docs);
     kvm_tokenizer_close(&tok);

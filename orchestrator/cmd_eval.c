@@ -756,6 +756,19 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc && kvm_cli_check_out_model(CMD, "csv", csv_path, model_path, kvm_cli_get(opts, "tokenizer"), "--docs",
                                        docs_s))
         rc = 2; /* fopen "w" emptied it */
+    if (!rc && !task) { /* every document long enough, before the first prefill and before --csv is emptied */
+        char need[160];
+        if (target)
+            snprintf(need, sizeof need,
+                     "2 x continuation %lld + 1 (--target-kl's search and check parts and a context "
+                     "token; --continuation)",
+                     (long long)T);
+        else
+            snprintf(need, sizeof need, "context %lld + continuation %lld (--context, --continuation)", (long long)N,
+                     (long long)T);
+        rc = cmd_eval_docs_check(CMD, tok, es.frame, &docs, target ? N + 2 * T : N + T, target ? 2 * T + 1 : N + T,
+                                 need);
+    }
     if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
         fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
         rc = 1;

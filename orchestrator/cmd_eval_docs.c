@@ -1,6 +1,7 @@
 /* cmd_eval_docs.c: document lists and loading shared by `kvmill eval` and `kvmill calibrate`. */
 #include "common/kvm_error.h"
 #include "common/kvm_file.h"
+#include "common/kvm_number.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "pipeline/kvm_doctok.h"
@@ -166,6 +167,25 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
     if (rc) {
         fprintf(stderr, "kvmill %s: %s: %s\n", cmd, path, kvm_errmsg());
         return 1;
+    }
+    return 0;
+}
+
+int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *frame, const cmd_eval_docset *ds,
+                        int64_t n_want, int64_t n_min, const char *need)
+{
+    for (int d = 0; d < ds->n; d++) {
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        int rc = cmd_eval_docs_encode(cmd, tok, frame, ds->paths[d], n_want, &ids, &n);
+        free(ids);
+        if (rc) return rc;
+        if (n < n_min) {
+            fprintf(stderr,
+                    "kvmill %s: --docs %s: %lld token%s, fewer than %s; lower them, or leave the document out\n", cmd,
+                    ds->paths[d], (long long)n, kvm_plural(n, "", "s"), need);
+            return 2;
+        }
     }
     return 0;
 }

@@ -37,6 +37,16 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
                        const char *frame, const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows,
                        kvm_eval_doc **out);
 
+/* Checks, before any work (a prefill, or opening an output such as --csv, whose old contents
+ * would be lost), that every document of ds has at least n_min tokens among its first n_want
+ * (encoded as cmd_eval_docs_encode does, under `frame` when not NULL). `need` says what n_min is
+ * for the message, e.g. "context 128 + continuation 16 (--context, --continuation)". Prints
+ * "kvmill CMD: --docs PATH: K tokens, fewer than NEED; ..." and returns 2 for a document too
+ * short (an input that does not fit the arguments: a usage error, as sculpt --context says it),
+ * cmd_eval_docs_encode's status for one that does not open or read; 0 when all fit. */
+int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *frame, const cmd_eval_docset *ds,
+                        int64_t n_want, int64_t n_min, const char *need);
+
 /* Reads a document and encodes it with BOS first: *ids (caller frees) of *n tokens. With a
  * chat frame (kvm_chat_frame's prefix; NULL: none) the text encoded is frame + document, BOS
  * only when the tokenizer adds one, as `kvmill run` with [model] chat = true frames it

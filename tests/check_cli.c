@@ -262,14 +262,60 @@ START_TEST(test_out_is_an_input)
 }
 END_TEST
 
+/* A document shorter than context + continuation is refused (exit 2, naming it and the lengths)
+ * before any prefill and before --csv is opened: a run whose second document was short emptied
+ * an existing CSV and exited 1 after computing the first. calibrate refuses it the same way. */
+START_TEST(test_short_doc_keeps_csv)
+{
+    char *tmp = kvm_test_tmpdir(), shortd[4096], csv[4096], docs[9000], args[16384], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    snprintf(shortd, sizeof shortd, "%s/short.txt", tmp);
+    snprintf(csv, sizeof csv, "%s/old.csv", tmp);
+    ck_assert_int_eq(kvm_test_write_file(shortd, "Once upon a time.", 17), 0);
+    ck_assert_int_eq(kvm_test_write_file(csv, "keep\n", 5), 0);
+    snprintf(docs, sizeof docs, "%s,%s", kvm_test_data_path("corpus/doc_000.txt"), shortd);
+    const char *modes[] = {"--budget 8", "--target-kl 0.1"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "eval --model '%%s' --docs '%%s' --method streaming %s --context 64 "
+                 "--continuation 8 --threads 1 --csv '%s'",
+                 modes[i], csv);
+        int rc = kvmill(&out, &err, args, model, docs);
+        ck_assert_msg(rc == 2 && strstr(err, "short.txt: 6 tokens, fewer than"), "%s: exit %d: %s", modes[i], rc, err);
+        ck_assert_msg(!strstr(out, "doc_000"), "%s: the first document was run: %s", modes[i], out);
+        char *now = kvm_test_read_file(csv, NULL);
+        ck_assert_msg(now && !strcmp(now, "keep\n"), "%s: --csv was rewritten: %s", modes[i], now);
+        free(now);
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args,
+             "calibrate --model '%%s' --docs '%%s' --budget 8 --context 64 --continuation 8 "
+             "--threads 1 --phases prefill --out '%s/s.bin'",
+             tmp);
+    int rc = kvmill(&out, &err, args, model, docs);
+    ck_assert_msg(rc == 2 && strstr(err, "short.txt: 6 tokens, fewer than context 64"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"generate_golden", test_generate_golden}, {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
-        {"help_and_usage_errors", test_help_and_usage_errors}, {"info_and_make_model", test_info_and_make_model},
-        {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
-        {"generate_tokens_file_errors", test_generate_tokens_file_errors}, {"out_is_an_input", test_out_is_an_input}};
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {{"generate_golden", test_generate_golden},
+                 {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
+                 {"help_and_usage_errors", test_help_and_usage_errors},
+                 {"info_and_make_model", test_info_and_make_model},
+                 {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
+                 {"generate_tokens_file_errors", test_generate_tokens_file_errors},
+                 {"out_is_an_input", test_out_is_an_input},
+                 {"short_doc_keeps_csv", test_short_doc_keeps_csv}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
