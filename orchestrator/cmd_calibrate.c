@@ -264,6 +264,14 @@ int kvm_cmd_calibrate(int argc, char **argv)
             fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt or --kvzip\n");
             return 2;
         }
+        const char *size = kvm_sculpt_opts_find_size(s, ",");
+        if (size) { /* each layer is distilled at its own budget: the option was ignored */
+            fprintf(stderr,
+                    "kvmill " CMD ": --sculpt-opts: '%.*s' sizes the cache, and each sculpt or kvzip layer is "
+                    "sized by the strategy's per-layer budget (from --budget); remove it\n",
+                    (int)strcspn(size, ","), size);
+            return 2;
+        }
         if (kvm_sculpt_opts_parse(&a.so, s)) {
             fprintf(stderr, "kvmill " CMD ": --sculpt-opts: %s\n", kvm_errmsg());
             return 2;

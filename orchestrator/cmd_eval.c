@@ -121,10 +121,11 @@ static void scale_result(kvm_eval_result *s, double f)
     s->decode_ms *= f;
 }
 
-/* Builds the jobs from --method and --budget/--ratio lists; `flags` ("name=value:..."
- * from the sculpt flags, may be "") go before each sculpt-family method's own options, which
- * override them. Returns 0, 2 (bad option), 1. */
-static int make_jobs(const char *methods, const char *budgets, int is_ratio, const char *flags,
+/* Builds the jobs from --method and --budget/--ratio lists (target: --target-kl's search, with
+ * `budgets` a placeholder); `flags` ("name=value:..." from the sculpt flags, may be "") go before
+ * each sculpt-family method's own options, which override them, except the size (budget, ratio,
+ * entries: refused in a method's options, the columns set it). Returns 0, 2 (bad option), 1. */
+static int make_jobs(const char *methods, const char *budgets, int is_ratio, int target, const char *flags,
                      const kvm_model_config *c, eval_job **jobs, int *n_jobs)
 {
     char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
@@ -162,6 +163,23 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, con
                 break;
             }
             char full[2048];
+            const char *own_opts = arg && !strcmp(e->m->name, "polykv") ? strchr(arg, ':') : arg; /* after FILE */
+            const char *size = sculpt_family(e->m) ? kvm_sculpt_opts_find_size(own_opts, ":") : NULL;
+            if (size) { /* it overrode the column's size (a --target-kl search probed one budget), or polykv ignored it
+                         */
+                fprintf(stderr,
+                        "kvmill " CMD ": --method %s: option '%.*s' sizes the cache, which is %s's to set "
+                        "(%s); remove it from the method and give the size there\n",
+                        mv[a], (int)strcspn(size, ":"), size,
+                        target     ? "--target-kl"
+                        : is_ratio ? "--ratio"
+                                   : "--budget",
+                        target                          ? "it searches the budget per document"
+                        : !strcmp(e->m->name, "polykv") ? "the strategy's per-layer budgets are rescaled to it"
+                                                        : "one column per value");
+                rc = 2;
+                break;
+            }
             if (sculpt_family(e->m) && arg) warn_deprecated(mv[a], arg);
             if (sculpt_family(e->m) && *flags) {
                 if (!strcmp(e->m->name, "polykv")) { /* FILE, then the flags, then its own options */
@@ -724,8 +742,11 @@ int kvm_cmd_eval(int argc, char **argv)
             at += (size_t)snprintf(flags + at, sizeof flags - at, "%s%s=%s", at ? ":" : "", set[i].name, v);
     }
     if (!rc)
-        rc = make_jobs(method, target ? n_buf : budget ? budget : ratio, !target && !budget, flags, &m->cfg, &jobs,
-                       &n_jobs);
+        rc = make_jobs(method,
+                       target   ? n_buf
+                       : budget ? budget
+                                : ratio,
+                       !target && !budget, target != NULL, flags, &m->cfg, &jobs, &n_jobs);
     for (int j = 0; !rc && !target && j < n_jobs; j++) /* as run refuses [compress] budget >= context, ratio = 1 */
         if (strcmp(jobs[j].m->name, "full") && (budget ? jobs[j].budget.tokens >= N : jobs[j].budget.ratio >= 1)) {
             if (budget)

@@ -302,6 +302,43 @@ START_TEST(test_short_doc_keeps_csv)
 }
 END_TEST
 
+/* A size (budget, ratio, entries) among a method's own options, or in calibrate's --sculpt-opts,
+ * was obeyed over --budget / --ratio (a --target-kl search then probed only that budget and
+ * reported another) or ignored (polykv, calibrate): refused, exit 2, naming the option. */
+START_TEST(test_size_in_method_options)
+{
+    char args[16384], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    const char *cases[][2] = {
+        {"--method sculpt:budget=48:iterations=1 --ratio 0.2", "'budget=48' sizes the cache, which is --ratio's"},
+        {"--method kvzip:iterations=1:Ratio=0.5 --budget 40", "no option 'Ratio'"},
+        {"--method am:entries=8 --budget 40", "'entries=8' sizes the cache, which is --budget's"},
+        {"--method sculpt:budget=48 --target-kl 0.001", "'budget=48' sizes the cache, which is --target-kl's"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 %s",
+                 cases[i][0]);
+        int rc = kvmill(&out, &err, args, model, doc);
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    char *tmp = kvm_test_tmpdir();
+    snprintf(args, sizeof args,
+             "calibrate --model '%%s' --docs '%%s' --budget 16 --context 64 --continuation 8 "
+             "--threads 1 --phases prefill --kvzip --sculpt-opts iterations=1,ratio=0.5 --out '%s/s.bin'",
+             tmp);
+    int rc = kvmill(&out, &err, args, model, doc);
+    ck_assert_msg(rc == 2 && strstr(err, "--sculpt-opts: 'ratio=0.5' sizes the cache"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -315,7 +352,8 @@ static Suite *cli_suite(void)
                  {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
                  {"generate_tokens_file_errors", test_generate_tokens_file_errors},
                  {"out_is_an_input", test_out_is_an_input},
-                 {"short_doc_keeps_csv", test_short_doc_keeps_csv}};
+                 {"short_doc_keeps_csv", test_short_doc_keeps_csv},
+                 {"size_in_method_options", test_size_in_method_options}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

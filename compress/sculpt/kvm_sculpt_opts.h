@@ -47,6 +47,13 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
  * 0 or the first error of kvm_sculpt_opts_set. NULL or "" changes nothing. */
 int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg);
 
+/* The first item of the option list `list` (items separated by any character of `seps`, e.g.
+ * ",:" for a method ARG) that sets the cache's size (budget, ratio or entries, in any spelling
+ * kvm_sculpt_setting_find accepts), as a pointer into list (the item runs to the next separator);
+ * NULL when none does, or list is NULL. For callers whose size comes from elsewhere (eval's
+ * --budget / --ratio, calibrate's per-layer budgets), where such an item would be ignored. */
+const char *kvm_sculpt_opts_find_size(const char *list, const char *seps);
+
 /* Applies a harness budget (compress/kvm_compress.h): ratio r means k = r·(N−m) (o->ratio);
  * tokens b means b entries per KV head including the retain zone, k = b − m (o->k_entries).
  * Call after the retain size is final. Returns 0 or KVM_EINVAL (b ≤ m, or neither set). */

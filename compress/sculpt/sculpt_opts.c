@@ -174,6 +174,17 @@ static size_t device_tail(const row *r, const char *value, const char *rest)
     return n && (rest[1 + n] == ',' || !rest[1 + n]) ? 1 + n : 0;
 }
 
+const char *kvm_sculpt_opts_find_size(const char *list, const char *seps)
+{
+    for (const char *t = list; t && *t;) {
+        size_t len = strcspn(t, seps), name = strcspn(t, "=");
+        if (is_size(find_row(t, name < len ? name : len))) return t;
+        t += len;
+        if (*t) t++;
+    }
+    return NULL;
+}
+
 int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg)
 {
     if (!arg || !*arg) return 0;
