@@ -114,6 +114,11 @@ int kvm_cmd_sculpt(int argc, char **argv)
     if (kvm_cli_check_out("sculpt", "out", out) ||
         kvm_cli_check_out_model("sculpt", "out", out, model_path, kvm_cli_get(opts, "tokenizer"), "--doc", doc))
         return 2;
+    const char *sized = kvm_cli_get(opts, "budget") ? "budget" : kvm_cli_get(opts, "entries") ? "entries" : NULL;
+    if (sized && strcmp(kvm_cli_get(opts, sized), "0") && kvm_cli_get(opts, "ratio")) { /* the budget won, unsaid */
+        fprintf(stderr, "kvmill sculpt: --ratio and --%s both size the cache: give one of them\n", sized);
+        return 2;
+    }
     kvm_sculpt_opts o = kvm_sculpt_opts_default();
     for (int i = 0; i < n_set; i++) /* table order: retain before budget */
         if ((s = kvm_cli_get(opts, set[i].flag)) && kvm_sculpt_opts_set(&o, set[i].name, s)) {

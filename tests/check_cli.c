@@ -304,7 +304,8 @@ END_TEST
 
 /* A size (budget, ratio, entries) among a method's own options, or in calibrate's --sculpt-opts,
  * was obeyed over --budget / --ratio (a --target-kl search then probed only that budget and
- * reported another) or ignored (polykv, calibrate): refused, exit 2, naming the option. */
+ * reported another) or ignored (polykv, calibrate): refused, exit 2, naming the option. So are
+ * sculpt's --ratio with --budget (or --entries), where the budget won unsaid. */
 START_TEST(test_size_in_method_options)
 {
     char args[16384], *out, *err;
@@ -326,6 +327,19 @@ START_TEST(test_size_in_method_options)
         free(err);
     }
     char *tmp = kvm_test_tmpdir();
+    /* kvmill sculpt: --budget won over --ratio, unsaid */
+    const char *both[] = {"--ratio 0.3 --budget 64", "--budget 64 --ratio 0.3", "--entries 10 --ratio 0.3"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(args, sizeof args,
+                 "sculpt --model '%%s' --doc '%%s' --context 128 --threads 1 --iterations 1 %s "
+                 "--out '%s/c.bin'",
+                 both[i], tmp);
+        int rc = kvmill(&out, &err, args, model, doc);
+        ck_assert_msg(rc == 2 && strstr(err, "--ratio and --") && strstr(err, "give one of them"), "%s: exit %d: %s",
+                      both[i], rc, err);
+        free(out);
+        free(err);
+    }
     snprintf(args, sizeof args,
              "calibrate --model '%%s' --docs '%%s' --budget 16 --context 64 --continuation 8 "
              "--threads 1 --phases prefill --kvzip --sculpt-opts iterations=1,ratio=0.5 --out '%s/s.bin'",
