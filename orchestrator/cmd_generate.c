@@ -25,8 +25,8 @@ static double now_s(void)
 }
 
 /* Reads token ids, one decimal per line, each in [0, vocab). Prints errors naming file:line.
- * Returns 2 for a file that is missing or a folder (a usage error, as sculpt --doc), 1 for a
- * file whose contents are not token ids. */
+ * Returns 2 for a file that is missing, a folder, or whose contents are not token ids (a usage
+ * error: the file the user named is not one, as a bad --model is), 1 when out of memory. */
 static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *n)
 {
     FILE *f;
@@ -45,7 +45,7 @@ static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *
         if (!strchr(buf, '\n') && !feof(f)) {
             fprintf(stderr, "kvmill generate: %s:%lld: line longer than %d characters: one token id per line\n", path,
                     (long long)line, (int)sizeof buf - 2);
-            rc = 1;
+            rc = 2;
             break;
         }
         char *s = buf, *end;
@@ -57,7 +57,7 @@ static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *
         if (errno || end == s || *end || id < 0 || id >= vocab) {
             fprintf(stderr, "kvmill generate: %s:%lld: '%.*s' is not a token id in [0, %d)\n", path, (long long)line,
                     (int)strcspn(buf, "\r\n"), buf, vocab);
-            rc = 1;
+            rc = 2;
             break;
         }
         if (cnt == cap) {
@@ -69,7 +69,10 @@ static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *
     }
     fclose(f);
     if (!v) { fprintf(stderr, "kvmill generate: out of memory\n"); return 1; }
-    if (!rc && cnt == 0) { fprintf(stderr, "kvmill generate: %s: no token ids\n", path); rc = 1; }
+    if (!rc && cnt == 0) {
+        fprintf(stderr, "kvmill generate: %s: no token ids\n", path);
+        rc = 2;
+    }
     if (rc) { free(v); return rc; }
     *ids = v;
     *n = cnt;
@@ -234,7 +237,6 @@ int kvm_cmd_generate(int argc, char **argv)
         kvm_model_close(&m);
         return 2;
     }
-    if (a.steps == 0 || a.steps > m->cfg.seq_len) a.steps = m->cfg.seq_len;
     int32_t *p = NULL;
     int64_t np = 0;
     int rc = 0;
@@ -258,6 +260,15 @@ int kvm_cmd_generate(int argc, char **argv)
         }
     }
     free(chat_text);
+    if (!rc && np > m->cfg.seq_len) { /* cut to the window, nothing generated, exit 0 */
+        fprintf(stderr, "kvmill generate: the prompt is %lld tokens%s, more than the model's window of %d positions\n",
+                (long long)np, tokens ? "" : " (BOS and any chat template included)", m->cfg.seq_len);
+        rc = 2;
+    }
+    if (!rc && a.steps > m->cfg.seq_len) /* run.c's -n clamps as well; said, not silent */
+        fprintf(stderr, "kvmill generate: -n %lld is past the model's window: running its %d positions\n",
+                (long long)a.steps, m->cfg.seq_len);
+    if (a.steps == 0 || a.steps > m->cfg.seq_len) a.steps = m->cfg.seq_len;
     int cuda_device = -1;
     (void)kvm_device_parse(dev, &cuda_device); /* validated by kvm_cli_setup_device above */
     if (!rc) rc = generate(m, k, cuda_device, tok, p, np, &a) ? 1 : 0;

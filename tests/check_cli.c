@@ -83,11 +83,11 @@ START_TEST(test_generate_tokens_and_no_tokenizer)
     ck_assert_int_ne(rc, 0);
     ck_assert_ptr_nonnull(strstr(err, "tokenizer"));
     free(out); free(err);
-    /* a bad id names file and line */
+    /* a bad id names file and line (exit 2: the file is not a --tokens file) */
     ck_assert_int_eq(kvm_test_write_file(path, "1\n403\n9999\n", 11), 0);
     rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 20 --tokens '%s'",
                 kvm_test_data_path("models/stories260K.bin"), path);
-    ck_assert_int_eq(rc, 1);
+    ck_assert_int_eq(rc, 2);
     ck_assert_msg(strstr(err, "ids.txt:3"), "stderr: %s", err);
     free(out); free(err); free(ids);
     kvm_test_rmtree(tmp);
@@ -190,7 +190,9 @@ START_TEST(test_list_flags_refuse_empty_items)
 END_TEST
 
 /* --tokens names a file the user made: a folder is refused by name (it read as "no token ids",
- * exit 1), and a line longer than the read buffer is an error, not split into several ids. */
+ * exit 1), and a line longer than the read buffer is an error, not split into several ids; a
+ * file that is not token ids is a usage error (exit 2); a prompt longer than the model's window
+ * is refused, and -n past it is said. */
 START_TEST(test_generate_tokens_file_errors)
 {
     char *tmp = kvm_test_tmpdir(), path[4096], *out, *err;
@@ -203,7 +205,35 @@ START_TEST(test_generate_tokens_file_errors)
     int k = snprintf(line, sizeof line, "1%*s\n2\n", 150, ""); /* "1", 150 blanks: one line, one id */
     ck_assert_int_eq(kvm_test_write_file(path, line, (size_t)k), 0);
     rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 5 --tokens '%s'", model, path);
-    ck_assert_msg(rc == 1 && strstr(err, "ids.txt:1") && strstr(err, "longer than"), "exit %d: %s", rc, err);
+    ck_assert_msg(rc == 2 && strstr(err, "ids.txt:1") && strstr(err, "longer than"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* contents that are not token ids: the file named is not a --tokens file, exit 2 (was 1) */
+    const char *bad[][2] = {{"1\n600\n", "ids.txt:2: '600' is not a token id in [0, 512)"},
+                            {"", "ids.txt: no token ids"}};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(kvm_test_write_file(path, bad[i][0], strlen(bad[i][0])), 0);
+        rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 5 --tokens '%s'", model, path);
+        ck_assert_msg(rc == 2 && strstr(err, bad[i][1]), "%s: exit %d: %s", bad[i][1], rc, err);
+        free(out);
+        free(err);
+    }
+    /* a prompt past the model's window was cut to it and nothing generated, exit 0 */
+    char *many = malloc(600 * 2 + 1);
+    for (int i = 0; i < 600; i++)
+        memcpy(many + 2 * i, "5\n", 2);
+    ck_assert_int_eq(kvm_test_write_file(path, many, 1200), 0);
+    free(many);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 0 --tokens '%s'", model, path);
+    ck_assert_msg(rc == 2 && strstr(err, "the prompt is 600 tokens, more than the model's window of 512"),
+                  "exit %d: %s", rc, err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+    /* -n past the window runs the window, as run.c's -n does, and says so */
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 100000 --prompt %s", model, "hi");
+    ck_assert_msg(rc == 0 && strstr(err, "-n 100000 is past the model's window: running its 512 positions"),
+                  "exit %d: %s", rc, err);
     free(out); free(err);
     kvm_test_rmtree(tmp);
     free(tmp);
