@@ -210,7 +210,7 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
+    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_size(cfg) || kvm_jobcfg_check_text(cfg)) {
         kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
         status = 2;
         goto done;

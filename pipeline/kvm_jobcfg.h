@@ -45,6 +45,12 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * ipc:// endpoint (kvm_serve_endpoint_check), KVM_EINVAL. */
 int kvm_jobcfg_check(const kvm_config *c);
 
+/* For the user's own file (kvmill run, kvmill serve; not a resolved copy such as serve hands its
+ * workers, which sets every key): [compress] budget > 0 with ratio set too, where the budget
+ * would replace the ratio unsaid (not checked with target_kl > 0 or method full, which use
+ * neither). Returns 0 or KVM_EINVAL naming the file and both values. */
+int kvm_jobcfg_check_size(const kvm_config *c);
+
 /* For the commands that send jobs (kvmill run, kvmill calibrate --config): each setting a job
  * carries (kvm_jobcfg_pack) must be UTF-8 of at most KVM_PROTO_MAX_NAME_BYTES, or every job
  * fails to encode ("field 'settings value': invalid UTF-8") and every document fails after its

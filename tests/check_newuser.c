@@ -7,6 +7,7 @@
 #include "pipeline/kvm_stage.h"
 #include "store/kvm_store.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -571,6 +572,55 @@ START_TEST(test_decode_worker_missing_store)
 }
 END_TEST
 
+/* [compress] budget > 0 with ratio set too: budget replaced the ratio unsaid (a default.ini
+ * copy with budget = 64 added ran at 64, its ratio = 0.3 ignored). kvm_jobcfg_check_size refuses
+ * it, naming both, and run and serve call it on the user's file (not the decode stage, whose
+ * resolved copy sets every key); budget = 0 (use the ratio) and target_kl (both unused) pass. */
+START_TEST(test_budget_and_ratio_both_set)
+{
+    static const struct {
+        const char *compress;
+        int rc;
+    } cases[] = {
+        {"method = h2o\nratio = 0.5\nbudget = 32", KVM_EINVAL},
+        {"method = sculpt\nbudget = 48\nratio = 0.3", KVM_EINVAL},
+        {"method = h2o\nbudget = 32", 0},
+        {"method = h2o\nratio = 0.5\nbudget = 0", 0},
+        {"method = h2o\nratio = 0.5\nbudget = 32\ntarget_kl = 0.1", 0},
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 128\n[compress]\n%s\n", cases[i].compress);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        int rc = kvm_jobcfg_check_size(c);
+        ck_assert_msg(rc == cases[i].rc, "%s: %d %s", cases[i].compress, rc, kvm_errmsg());
+        if (rc)
+            ck_assert_msg(strstr(kvm_errmsg(), "t.ini: [compress] budget = ") &&
+                              strstr(kvm_errmsg(), "both size the caches") && strstr(kvm_errmsg(), "ratio = 0."),
+                          "%s", kvm_errmsg());
+        kvm_config_free(&c);
+    }
+    /* the command: exit 2 naming the user's file, nothing compressed */
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[compress]\nmethod = h2o\nratio = 0.5\nbudget = 32\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "c.ini: [compress] budget = 32 and ratio = 0.5 both size the caches"),
+                  "exit %d: %s", rc, err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -597,6 +647,7 @@ static Suite *suite(void)
         {"deep_model_path_run", test_deep_model_path_run},
         {"deep_model_path_serve", test_deep_model_path_serve},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
+        {"budget_and_ratio_both_set", test_budget_and_ratio_both_set},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
