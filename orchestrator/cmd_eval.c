@@ -202,6 +202,20 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, int
             }
             n++;
         }
+    for (int x = 0; !rc && x < n; x++) /* an item twice ran twice: a column repeated */
+        for (int y = 0; !rc && y < x; y++)
+            if (!strcmp(j[x].spec, j[y].spec) && j[x].budget.tokens == j[y].budget.tokens &&
+                j[x].budget.ratio == j[y].budget.ratio) {
+                if (target)
+                    fprintf(stderr, "kvmill " CMD ": --method %s is given twice (--method '%s'): name each once\n",
+                            j[x].spec, methods);
+                else
+                    fprintf(stderr,
+                            "kvmill " CMD ": --method %s at --%s %s is given twice (--method '%s', --%s '%s'): "
+                            "name each once\n",
+                            j[x].spec, bflag, bv[x % nb], methods, bflag, budgets);
+                rc = 2;
+            }
     free(ms);
     free(bs);
     if (oom) fprintf(stderr, "kvmill " CMD ": out of memory\n"); /* not for a file that could not be read */

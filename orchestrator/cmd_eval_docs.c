@@ -100,6 +100,17 @@ int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
             fprintf(stderr, "kvmill %s: out of memory\n", cmd);
     }
     free(s);
+    for (int i = 0; !rc && i < out->n; i++) /* one file twice (a folder and one of its files): it counted twice */
+        for (int j = 0; !rc && j < i; j++) {
+            struct stat a, b;
+            if (!stat(out->paths[i], &a) && !stat(out->paths[j], &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+                fprintf(stderr,
+                        "kvmill %s: --docs %s: %s and %s are the same document, which would count twice in "
+                        "the mean; name it once\n",
+                        cmd, spec, out->paths[j], out->paths[i]);
+                rc = 2;
+            }
+        }
     if (!rc && out->n == 0) {
         fprintf(stderr, "kvmill %s: --docs %s: no documents (*.txt)\n", cmd, spec);
         rc = 2;

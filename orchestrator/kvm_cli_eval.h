@@ -21,7 +21,8 @@ typedef struct cmd_eval_docset {
 
 /* Expands --docs: a folder (its *.txt files, sorted by name), a file, or a comma-separated
  * list of either. Prints "kvmill CMD: ..." and returns 2 on a bad value (missing path, no
- * documents), 1 when out of memory; 0 on success. */
+ * documents, one file twice: same device and inode, e.g. a folder and one of its files), 1 when
+ * out of memory; 0 on success. */
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);
 void cmd_eval_docs_free(cmd_eval_docset *d);
 

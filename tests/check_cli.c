@@ -383,6 +383,49 @@ START_TEST(test_size_in_method_options)
 }
 END_TEST
 
+/* An item given twice ran twice: --docs naming one file twice (a folder and one of its files)
+ * counted it twice in the mean (calibrate: in the calibration), and a (method, budget) column
+ * repeated by --method h2o,h2o or --budget 16,16 (or --ratio 0.3,0.30) was computed twice. Each
+ * is refused, exit 2, naming the item. */
+START_TEST(test_list_duplicates)
+{
+    char docs[9000], args[16384], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    const char *cases[][2] = {
+        {"--method h2o,h2o --budget 16", "--method h2o at --budget 16 is given twice"},
+        {"--method h2o --budget 16,16", "--method h2o at --budget 16 is given twice"},
+        {"--method streaming --ratio 0.3,0.30", "--method streaming at --ratio 0.30 is given twice"},
+        {"--method h2o,h2o --target-kl 0.1", "--method h2o is given twice"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 %s",
+                 cases[i][0]);
+        int rc = kvmill(&out, &err, args, model, doc);
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    snprintf(docs, sizeof docs, "%s,%s", kvm_test_data_path("corpus"), doc);
+    char *tmp = kvm_test_tmpdir(), cal[4400];
+    snprintf(cal, sizeof cal,
+             "calibrate --model '%%s' --docs '%%s' --budget 16 --context 64 --continuation 8 --out "
+             "'%s/s.bin'",
+             tmp);
+    const char *cmds[] = {"eval --model '%s' --docs '%s' --method h2o --budget 16 --context 64 --continuation 8", cal};
+    for (int i = 0; i < 2; i++) {
+        int rc = kvmill(&out, &err, cmds[i], model, docs);
+        ck_assert_msg(rc == 2 && strstr(err, "doc_000.txt are the same document"), "%s: exit %d: %s", cmds[i], rc, err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -397,7 +440,8 @@ static Suite *cli_suite(void)
                  {"generate_tokens_file_errors", test_generate_tokens_file_errors},
                  {"out_is_an_input", test_out_is_an_input},
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
-                 {"size_in_method_options", test_size_in_method_options}};
+                 {"size_in_method_options", test_size_in_method_options},
+                 {"list_duplicates", test_list_duplicates}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
