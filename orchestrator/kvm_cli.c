@@ -36,13 +36,14 @@ int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, k
 {
     *n_pos = 0;
     *help_shown = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    for (int i = 1; i < argc; i++) /* anywhere, also after an unknown option: the user asks how to fix it */
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             print_usage(cmd, summary, opts);
             *help_shown = 1;
             return 2;
         }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
         if (a[0] == '-' && a[1] != '\0' && !(a[1] >= '0' && a[1] <= '9')) {
             const char *name = a + (a[1] == '-' ? 2 : 1);
             char buf[64];
@@ -64,6 +65,17 @@ int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, k
                 fprintf(stderr, "kvmill %s: --%s is deprecated: use --%.*s\n", cmd, o->name, (int)strcspn(nw, " ,;)"), nw);
             }
             if (o->has_arg) {
+                const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+                char nb[64];
+                snprintf(nb, sizeof nb, "%.*s", (int)strcspn(next ? next + 2 : "", "="), next ? next + 2 : "");
+                if (!inline_val && next && !strncmp(next, "--", 2) && find_opt(opts, nb)) {
+                    /* `--out --sculpt`: the value forgotten, the next option taken for it and so not set */
+                    fprintf(stderr,
+                            "kvmill %s: option '%s' needs a value, and the next argument is the option '%s' "
+                            "(a value that begins with '--' is given as %s=VALUE)\n",
+                            cmd, a, next, a);
+                    return 2;
+                }
                 if (inline_val) o->value = inline_val;
                 else if (i + 1 < argc) o->value = argv[++i];
                 else {

@@ -32,10 +32,12 @@ typedef struct kvm_cli_opt {
 } kvm_cli_opt;
 
 /* Parses argv[1..argc) against opts (terminated by an entry with name == NULL). Short
- * aliases: "-n" maps to an option named "n" if the table has one. An option whose help begins
+ * aliases: "-n" maps to an option named "n" if the table has one. A value taken from the next
+ * argument may not be one of the command's own long options ("--out --sculpt" is refused
+ * naming both: the value was forgotten; "--out=--x" gives such a value). An option whose help begins
  * with KVM_CLI_DEPRECATED ("deprecated: use --NEW ...") still works and prints one line
  * "kvmill CMD: --OLD is deprecated: use --NEW" to stderr (once per option). Returns 0, or 2 after
- * printing usage to stdout when --help/-h is given (*help_shown = 1), or 2 after printing
+ * printing usage to stdout when --help/-h is given anywhere (*help_shown = 1), or 2 after printing
  * an error naming the bad argument to stderr. Positional arguments are collected into
  * pos[0..*n_pos) (at most max_pos; more is an error). */
 int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, kvm_cli_opt *opts,

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* paths are short; a cut one fails loudly */
 
@@ -426,6 +427,51 @@ START_TEST(test_list_duplicates)
 }
 END_TEST
 
+/* A value forgotten: `generate --prompt --chat` took "--chat" as the prompt (chat not set), and
+ * `calibrate --out --sculpt` wrote the strategy to a file named --sculpt without KVSculpt: a value
+ * that is one of the command's options is refused, naming both (--prompt=--chat still gives it).
+ * --help after an unknown option, or as the value of one (`eval ... --csv --help` ran the whole
+ * evaluation into a file named --help), shows the usage. */
+START_TEST(test_value_is_an_option)
+{
+    char *tmp = kvm_test_tmpdir(), args[16384], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    int rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 4 --prompt --chat%s", model, "");
+    ck_assert_msg(rc == 2 &&
+                      strstr(err, "option '--prompt' needs a value, and the next argument is the option '--chat'"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 4 --prompt=--chat%s", model, "");
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args,
+             "calibrate --model '%%s' --docs '%%s' --budget 16 --context 64 --continuation 8 "
+             "--phases prefill --out --sculpt");
+    rc = kvmill(&out, &err, args, model, kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "'--out' needs a value"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args,
+             "cd '%s' && '%s/kvmill' eval --model '%s' --docs '%s' --method h2o --budget 8 "
+             "--context 64 --continuation 8 --csv --help",
+             tmp, kvm_test_bin(), model, kvm_test_data_path("corpus/doc_000.txt"));
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "usage: kvmill eval"), "exit %d: %s", rc, err);
+    snprintf(args, sizeof args, "%s/--help", tmp);
+    ck_assert_msg(access(args, F_OK) != 0, "a file named --help was written");
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "eval --bogus --help%s%s", "", "");
+    ck_assert_msg(rc == 0 && strstr(out, "usage: kvmill eval"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -441,7 +487,8 @@ static Suite *cli_suite(void)
                  {"out_is_an_input", test_out_is_an_input},
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
                  {"size_in_method_options", test_size_in_method_options},
-                 {"list_duplicates", test_list_duplicates}};
+                 {"list_duplicates", test_list_duplicates},
+                 {"value_is_an_option", test_value_is_an_option}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
