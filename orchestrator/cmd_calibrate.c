@@ -264,6 +264,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
             fprintf(stderr, "kvmill " CMD ": --sculpt-opts needs --sculpt or --kvzip\n");
             return 2;
         }
+        if (kvm_cli_list_check(CMD, "sculpt-opts", s, 0) < 0) return 2; /* "a=1,,b=2": an item dropped unsaid */
         const char *size = kvm_sculpt_opts_find_size(s, ",");
         if (size) { /* each layer is distilled at its own budget: the option was ignored */
             fprintf(stderr,

@@ -152,6 +152,14 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, int
                 rc = 2;
                 break;
             }
+            if (arg && (strstr(mv[a], "::") || mv[a][strlen(mv[a]) - 1] == ':')) { /* an option dropped unsaid */
+                fprintf(stderr,
+                        "kvmill " CMD ": --method '%s': an option is empty (a method's options are name=value "
+                        "items joined by single ':')\n",
+                        mv[a]);
+                rc = 2;
+                break;
+            }
             snprintf(e->spec, sizeof e->spec, "%s", mv[a]);
             if (is_ratio) {
                 if (kvm_cli_float(CMD, "ratio", bv[b], 1e-9, 1.0, &e->budget.ratio)) {

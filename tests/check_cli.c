@@ -171,6 +171,10 @@ START_TEST(test_list_flags_refuse_empty_items)
         {"--docs '%s' --method h2o --ratio 0.25,", "--ratio '0.25,': item 2 is empty"},
         {"--docs '%s' --method ,h2o --budget 16", "--method ',h2o': item 1 is empty"},
         {"--docs '%s,,' --method h2o --budget 16", "item 2 is empty"},
+        /* a method's own ':'-joined options, and calibrate's --sculpt-opts: dropped unsaid before */
+        {"--docs '%s' --method sculpt:iterations=1: --budget 40",
+         "--method 'sculpt:iterations=1:': an option is empty"},
+        {"--docs '%s' --method kvzip:iterations=1::seed=2 --budget 40", "'kvzip:iterations=1::seed=2': an option is"},
     };
     char *out, *err, fmt[9000];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -183,6 +187,15 @@ START_TEST(test_list_flags_refuse_empty_items)
     int rc = kvmill(&out, &err, fmt, doc, "");
     ck_assert_msg(rc == 2 && strstr(err, "--docs") && strstr(err, "item 2 is empty"), "%s: exit %d\n%s", cmd, rc, err);
     free(out); free(err);
+    snprintf(fmt, sizeof fmt,
+             "calibrate --model '%s' --docs '%%s' --budget 16 --out /dev/null --kvzip --sculpt-opts "
+             "iterations=1,,seed=2",
+             model);
+    rc = kvmill(&out, &err, fmt, doc, "");
+    ck_assert_msg(rc == 2 && strstr(err, "--sculpt-opts 'iterations=1,,seed=2': item 2 is empty"), "%s: exit %d\n%s",
+                  cmd, rc, err);
+    free(out);
+    free(err);
     /* a well-formed list still runs every item */
     rc = kvmill(&out, &err, "%s --docs '%s' --method h2o --budget 16,32", base, doc);
     ck_assert_msg(rc == 0 && strstr(out, "16.00") && strstr(out, "32.00"), "%s: exit %d\n%s\n%s", cmd, rc, out, err);
