@@ -653,6 +653,16 @@ int kvm_cmd_eval(int argc, char **argv)
         fprintf(stderr, "kvmill " CMD ": --cases, --first-case and --answer-tokens need --task\n");
         return 2;
     }
+    /* settings of the KL runs that --task (answers after the context) or --target-kl (its probes are
+     * not timed) do not use: said, not ignored unsaid (a base command line may carry them, so not refused) */
+    const char *unused[] = {task ? "continuation" : NULL, task ? "phases" : NULL,
+                            task || target ? "decode-steps" : NULL};
+    for (int i = 0; i < 3; i++)
+        if (unused[i] && kvm_cli_get(opts, unused[i]))
+            fprintf(stderr, "kvmill " CMD ": --%s does not apply with %s (%s): ignored\n", unused[i],
+                    task ? "--task" : "--target-kl",
+                    task ? "a case's context is --context, its answer --answer-tokens greedy tokens over the cache"
+                         : "the search's probes are not timed");
     if (ta.system && !ta.chat) {
         fprintf(stderr, "kvmill " CMD ": --system needs --chat\n");
         return 2;
