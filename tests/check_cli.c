@@ -485,6 +485,41 @@ START_TEST(test_value_is_an_option)
 }
 END_TEST
 
+/* A strategy file of another model (layer count) was refused naming "FILE:threads=1", options
+ * eval appends that the user never wrote: the message names the file and says what is wrong. */
+START_TEST(test_polykv_wrong_model)
+{
+    char *tmp = kvm_test_tmpdir(), args[16384], *out, *err;
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    snprintf(args, sizeof args,
+             "calibrate --model '%%s' --docs '%%s' --budget 16 --context 64 --continuation 8 "
+             "--threads 1 --phases prefill --layer-alloc uniform --out '%s/s.bin'",
+             tmp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"), doc);
+    ck_assert_msg(rc == 0, "calibrate: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args,
+             "make-model --dim 64 --layers 2 --heads 8 --kv-heads 4 --hidden 172 --vocab 512 "
+             "--seq-len 512 --seed 1 --out '%s/m2.bin'%%s%%s",
+             tmp);
+    ck_assert_int_eq(kvmill(&out, &err, args, "", ""), 0);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args,
+             "eval --model '%s/m2.bin' --tokenizer '%%s' --docs '%%s' --context 64 --continuation 8 "
+             "--threads 1 --budget 16 --method polykv:%s/s.bin",
+             tmp, tmp);
+    rc = kvmill(&out, &err, args, kvm_test_data_path("models/tok512.bin"), doc);
+    ck_assert_msg(rc == 2 && strstr(err, "/s.bin has 5 layers, the model 2") && !strstr(err, "threads="), "exit %d: %s",
+                  rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -501,7 +536,8 @@ static Suite *cli_suite(void)
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
                  {"size_in_method_options", test_size_in_method_options},
                  {"list_duplicates", test_list_duplicates},
-                 {"value_is_an_option", test_value_is_an_option}};
+                 {"value_is_an_option", test_value_is_an_option},
+                 {"polykv_wrong_model", test_polykv_wrong_model}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

@@ -137,7 +137,10 @@ int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const 
     }
     if (!rc) say_options(file, s, &so, list != NULL);
     if (!rc && s->n_layers != c->n_layers)
-        rc = kvm_err(KVM_EMISMATCH, "polykv: %s has %d layers, the model %d", arg, s->n_layers, c->n_layers);
+        rc = kvm_err(KVM_EMISMATCH,
+                     "polykv: strategy %s has %d layers, the model %d: it was calibrated for another "
+                     "model (kvmill calibrate makes one for this one)",
+                     file, s->n_layers, c->n_layers);
     if (!rc) rc = kvm_polykv_method_opts_from(s, budget, opts);
     free(file);
     free(list);
