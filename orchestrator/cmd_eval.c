@@ -809,6 +809,20 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc && kvm_cli_check_out_model(CMD, "csv", csv_path, model_path, kvm_cli_get(opts, "tokenizer"), "--docs",
                                        docs_s))
         rc = 2; /* fopen "w" emptied it */
+    es.m = m;   /* target_lo makes each method's options for the model */
+    for (int j = 0; !rc && target && j < n_jobs; j++) { /* as [compress] target_step refuses it (kvm_jobcfg_check) */
+        const int64_t step = es.target_step < N ? es.target_step : N, lo = target_lo(&es, &jobs[j], step, N);
+        const int retains = sculpt_family(jobs[j].m) && strcmp(jobs[j].m->name, "polykv"); /* a retain zone */
+        if (lo >= N) {
+            fprintf(stderr,
+                    "kvmill " CMD ": --target-kl: method %s: no budget below --context %lld is searched "
+                    "(multiples of --target-step %lld%s): the search would keep the whole context; lower "
+                    "--target-step%s\n",
+                    jobs[j].spec, (long long)N, (long long)es.target_step, retains ? " above the retain zone" : "",
+                    retains ? " or --retain" : "");
+            rc = 2;
+        }
+    }
     if (!rc && !task) { /* every document long enough, before the first prefill and before --csv is emptied */
         char need[160];
         if (target)

@@ -520,6 +520,32 @@ START_TEST(test_polykv_wrong_model)
 }
 END_TEST
 
+/* --target-kl with --target-step at or above --context (or, for a sculpt-family method, no multiple
+ * between its retain zone and the context) searched no budget below the context: one probe at
+ * the whole context, "reached", a "compressed" cache as large as the full one, exit 0. Refused as
+ * [compress] target_step is (exit 2). */
+START_TEST(test_target_step_past_context_cli)
+{
+    char args[16384], *out, *err;
+    const char *cases[][2] = {
+        {"--method h2o --target-step 64", "method h2o: no budget below --context 64 is searched"},
+        {"--method sculpt --target-step 32 --retain 40", "lower --target-step or --retain"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 "
+                 "--target-kl 0.1 %s",
+                 cases[i][0]);
+        int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
+                        kvm_test_data_path("corpus/doc_000.txt"));
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -537,7 +563,8 @@ static Suite *cli_suite(void)
                  {"size_in_method_options", test_size_in_method_options},
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
-                 {"polykv_wrong_model", test_polykv_wrong_model}};
+                 {"polykv_wrong_model", test_polykv_wrong_model},
+                 {"target_step_past_context", test_target_step_past_context_cli}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
