@@ -45,6 +45,11 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *t
                (long long)n, (long long)st.base.entries, (long long)kvm_kvcache_entries(full),
                (long long)kvm_kvcache_bytes(c), (long long)kvm_kvcache_bytes(full), st.base.seconds, st.query_s,
                st.lbfgs_s, st.ridge_s, st.pilot_s, out_path);
+    if (!rc && st.base.entries >= kvm_kvcache_entries(full)) /* as run's "kept whole" line says it */
+        fprintf(stderr,
+                "kvmill sculpt: %s: %lld tokens are too few for the retain zone (%lld) and the distilled "
+                "entries to save an entry: the cache holds the full KV\n",
+                out_path, (long long)n, (long long)o->retain_tokens);
     if (rc) fprintf(stderr, "kvmill sculpt: %s\n", kvm_cli_errmsg("sculpt"));
     free(rp);
     kvm_kvcache_free(&c);

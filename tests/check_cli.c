@@ -546,6 +546,27 @@ START_TEST(test_target_step_past_context_cli)
 }
 END_TEST
 
+/* kvmill sculpt on a context just past the retain zone distils no entry and writes the full KV,
+ * exit 0: said on stderr now, as run's "kept whole" line says it, not only in the entry counts. */
+START_TEST(test_sculpt_kept_whole_said)
+{
+    char *tmp = kvm_test_tmpdir(), args[16384], *out, *err;
+    snprintf(args, sizeof args,
+             "sculpt --model '%%s' --doc '%%s' --context 9 --retain 8 --iterations 1 --threads 1 "
+             "--out '%s/c.bin'",
+             tmp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
+                    kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 0 && strstr(err, "9 tokens are too few for the retain zone (8)") &&
+                      strstr(err, "the cache holds the full KV"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -564,7 +585,8 @@ static Suite *cli_suite(void)
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
                  {"polykv_wrong_model", test_polykv_wrong_model},
-                 {"target_step_past_context", test_target_step_past_context_cli}};
+                 {"target_step_past_context", test_target_step_past_context_cli},
+                 {"sculpt_kept_whole_said", test_sculpt_kept_whole_said}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
