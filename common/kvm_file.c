@@ -2,6 +2,7 @@
 #include "common/kvm_file.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,9 +17,17 @@ int kvm_file_open_input(const char *path, const char *mode, const char *what, FI
         return kvm_err(errno == ENOENT || errno == ENOTDIR ? KVM_ENOTFOUND : KVM_EIO, "%s %s: %s", what, path,
                        strerror(errno));
     if (S_ISDIR(st.st_mode)) return kvm_err(KVM_EFORMAT, "%s %s: is a directory, not a %s file", what, path, what);
-    FILE *f = fopen(path, mode);
-    if (!f)
-        return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s %s: %s", what, path, strerror(errno));
+    /* O_NONBLOCK: a FIFO with no writer blocked the open for ever; opened so, it reads as empty (its
+     * writer, as a shell's <(...), already there is read as before); cleared for the reads */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s %s: %s", what, path, strerror(errno));
+    int fl = fcntl(fd, F_GETFL);
+    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, mode) : NULL;
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return kvm_err(KVM_EIO, "%s %s: %s", what, path, strerror(e));
+    }
     *out = f;
     return 0;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* paths are short; a cut one fails loudly */
@@ -567,6 +568,42 @@ START_TEST(test_sculpt_kept_whole_said)
 }
 END_TEST
 
+/* A FIFO the user names (--docs, --tokens, polykv:FILE) with no writer blocked the open for ever
+ * (the command hung, no message): it reads as empty now and is refused as such (exit 2); a
+ * shell's <(...) with its writer is still read. */
+START_TEST(test_fifo_without_writer)
+{
+    char *tmp = kvm_test_tmpdir(), fifo[4200], args[16384], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    snprintf(fifo, sizeof fifo, "%s/f.txt", tmp);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const char *cmds[][2] = {
+        {"generate --model '%s' -n 4 --tokens '%s'", "f.txt: no token ids"},
+        {"eval --model '%s' --docs '%s' --method h2o --budget 8 --context 64 --continuation 8", "1 token, fewer than"},
+        {"sculpt --model '%s' --doc '%s' --out /dev/null", "context of 1 token"},
+    };
+    for (int i = 0; i < 3; i++) {
+        char inner[9000];
+        snprintf(inner, sizeof inner, cmds[i][0], model, fifo);
+        snprintf(args, sizeof args, "timeout 30 '%s/kvmill' %s", kvm_test_bin(), inner);
+        int rc = kvm_test_run(args, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, cmds[i][1]), "%s: exit %d: %s", inner, rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args,
+             "bash -c \"'%s/kvmill' generate --model '%s' --temperature 0 -n 6 --tokens <(printf "
+             "'1\\n403\\n')\"",
+             kvm_test_bin(), model);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 0 && strlen(out) > 0, "<(...): exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -586,7 +623,8 @@ static Suite *cli_suite(void)
                  {"value_is_an_option", test_value_is_an_option},
                  {"polykv_wrong_model", test_polykv_wrong_model},
                  {"target_step_past_context", test_target_step_past_context_cli},
-                 {"sculpt_kept_whole_said", test_sculpt_kept_whole_said}};
+                 {"sculpt_kept_whole_said", test_sculpt_kept_whole_said},
+                 {"fifo_without_writer", test_fifo_without_writer}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
