@@ -91,9 +91,10 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     if (srs == 1) fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
     if (srs) rc = srs;
     if (!rc && a->dump) {
-        FILE *f = fopen(a->dump, "w");
-        if (!f || kvm_polykv_signals_csv(sig, f) || fclose(f)) {
-            fprintf(stderr, "kvmill " CMD ": --dump-signals %s: %s\n", a->dump, f ? "write failed" : strerror(errno));
+        FILE *f;
+        rc = kvm_cli_open_out(CMD, "dump-signals", a->dump, &f);
+        if (!rc && (kvm_polykv_signals_csv(sig, f) | fclose(f))) {
+            fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed\n", a->dump);
             rc = 1;
         }
     }

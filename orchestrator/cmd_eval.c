@@ -836,10 +836,7 @@ int kvm_cmd_eval(int argc, char **argv)
         rc = cmd_eval_docs_check(CMD, tok, es.frame, &docs, target ? N + 2 * T : N + T, target ? 2 * T + 1 : N + T,
                                  need);
     }
-    if (!rc && csv_path && !(csv = fopen(csv_path, "w"))) {
-        fprintf(stderr, "kvmill " CMD ": --csv %s: %s\n", csv_path, strerror(errno));
-        rc = 1;
-    }
+    if (!rc && csv_path) rc = kvm_cli_open_out(CMD, "csv", csv_path, &csv);
     es.m = m;
     es.k = k;
     es.tok = tok;

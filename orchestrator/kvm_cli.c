@@ -8,6 +8,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -187,6 +188,26 @@ int kvm_cli_check_writable(const char *cmd, const char *what, const char *path)
         kvm_cli_refuse(cmd, "%s %s is a directory\n", what, path);
         return -1;
     }
+    return 0;
+}
+
+int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE **out)
+{
+    /* O_NONBLOCK: a FIFO with no reader blocked fopen(path, "w") for ever; so it fails with ENXIO */
+    *out = NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == ENXIO) {
+        kvm_cli_refuse(cmd, "--%s %s: a FIFO that no process is reading; start its reader first\n", flag, path);
+        return 2;
+    }
+    int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        kvm_cli_refuse(cmd, "--%s %s: %s\n", flag, path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return 1;
+    }
+    *out = f;
     return 0;
 }
 

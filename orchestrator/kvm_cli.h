@@ -70,6 +70,14 @@ int kvm_cli_check_out(const char *cmd, const char *flag, const char *path);
 int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out, const char *const *in_flags,
                              const char *const *inputs, int n);
 
+/* fopen(path, "w") of an output the user names with --FLAG (--csv, --dump-signals), without
+ * blocking: a FIFO with no reader is refused at once (fopen waited for one for ever); one with a
+ * reader (a shell's >(...), /dev/stdout on a pipe) and other files open as fopen opens them.
+ * Returns 0 with *out the stream (the caller fcloses it), or *out = NULL after printing "kvmill
+ * CMD: --FLAG PATH: ..." (kvm_cli_refuse): 2 for a FIFO without a reader (a usage error), 1
+ * when the open fails otherwise. */
+int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE **out);
+
 /* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
  * quote or a line break (a document named a,b.txt split its row), else as it is. */
 void kvm_cli_csv_field(FILE *f, const char *v);

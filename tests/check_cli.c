@@ -570,7 +570,7 @@ END_TEST
 
 /* A FIFO the user names (--docs, --tokens, polykv:FILE) with no writer blocked the open for ever
  * (the command hung, no message): it reads as empty now and is refused as such (exit 2); a
- * shell's <(...) with its writer is still read. */
+ * shell's <(...) with its writer is still read. An output FIFO (--csv) with no reader: exit 2. */
 START_TEST(test_fifo_without_writer)
 {
     char *tmp = kvm_test_tmpdir(), fifo[4200], args[16384], *out, *err;
@@ -581,10 +581,20 @@ START_TEST(test_fifo_without_writer)
         {"generate --model '%s' -n 4 --tokens '%s'", "f.txt: no token ids"},
         {"eval --model '%s' --docs '%s' --method h2o --budget 8 --context 64 --continuation 8", "1 token, fewer than"},
         {"sculpt --model '%s' --doc '%s' --out /dev/null", "context of 1 token"},
+        /* an output FIFO with no reader: fopen(..., "w") waited for one for ever */
+        {"eval --model '%s' --docs DOC --method h2o --budget 8 --context 64 --continuation 8 --csv '%s'",
+         "f.txt: a FIFO that no process is reading"},
     };
-    for (int i = 0; i < 3; i++) {
-        char inner[9000];
-        snprintf(inner, sizeof inner, cmds[i][0], model, fifo);
+    for (int i = 0; i < 4; i++) {
+        char inner[9000], fmt[9000];
+        snprintf(fmt, sizeof fmt, "%s", cmds[i][0]);
+        char *at = strstr(fmt, "DOC"); /* the document's path, fixed before the format */
+        if (at) {
+            char rest[9000];
+            snprintf(rest, sizeof rest, "%s", at + 3);
+            snprintf(at, sizeof fmt - (size_t)(at - fmt), "'%s'%s", kvm_test_data_path("corpus/doc_000.txt"), rest);
+        }
+        snprintf(inner, sizeof inner, fmt, model, fifo);
         snprintf(args, sizeof args, "timeout 30 '%s/kvmill' %s", kvm_test_bin(), inner);
         int rc = kvm_test_run(args, &out, &err);
         ck_assert_msg(rc == 2 && strstr(err, cmds[i][1]), "%s: exit %d: %s", inner, rc, err);
