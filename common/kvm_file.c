@@ -52,3 +52,21 @@ int kvm_file_check_found(const char *path)
     return kvm_err(e == ELOOP || e == ENOTDIR || e == ENAMETOOLONG ? KVM_EFORMAT : KVM_EIO, "%s: %s", path,
                    strerror(e));
 }
+
+int kvm_file_open_output(const char *path, const char *mode, const char *what, FILE **out)
+{
+    *out = NULL;
+    /* O_NONBLOCK: fopen of a FIFO with no reader waited for one for ever; here it fails with ENXIO */
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == ENXIO)
+        return kvm_err(KVM_EINVAL, "%s %s: a FIFO that no process is reading; start its reader first", what, path);
+    int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, mode) : NULL;
+    if (!f) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        return kvm_err(KVM_EIO, "%s %s: %s", what, path, strerror(e));
+    }
+    *out = f;
+    return 0;
+}

@@ -26,4 +26,13 @@ int kvm_file_open_input(const char *path, const char *mode, const char *what, FI
  * permission). Thread-safe. */
 int kvm_file_check_found(const char *path);
 
+/* fopen(path, mode) for writing ("w" or "wb": created, or emptied) an output the user names
+ * (`what` its role in messages: "--csv", "strategy"), without blocking: a FIFO with no reader
+ * is refused at once (fopen waited for one for ever); one with a reader (a shell's >(...),
+ * /dev/stdout on a pipe) and other files open as fopen opens them. Returns 0 with *out the
+ * stream (the caller fcloses it), else *out = NULL and KVM_EINVAL (a FIFO without a reader:
+ * "WHAT PATH: a FIFO that no process is reading; ...") or KVM_EIO (the open failed: its reason),
+ * kvm_errmsg naming what and path. Thread-safe. */
+int kvm_file_open_output(const char *path, const char *mode, const char *what, FILE **out);
+
 #endif

@@ -122,9 +122,10 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     }
     if (!rc) {
         kvm_strategy_print(best, stdout);
-        if (kvm_strategy_write(best, a->out)) {
+        int wrc = kvm_strategy_write(best, a->out);
+        if (wrc) {
             fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
-            rc = 1;
+            rc = wrc == KVM_EINVAL ? 2 : 1; /* a FIFO no process reads: the --out named is not one to write */
         } else
             printf("wrote %s\n", a->out);
     }

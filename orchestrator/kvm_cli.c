@@ -1,6 +1,7 @@
 /* kvm_cli.c: the option parser shared by every kvmill subcommand. */
 #include "orchestrator/kvm_cli.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "common/kvm_log.h"
 #include "common/kvm_number.h"
 #include "pipeline/kvm_config.h"
@@ -193,22 +194,11 @@ int kvm_cli_check_writable(const char *cmd, const char *what, const char *path)
 
 int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE **out)
 {
-    /* O_NONBLOCK: a FIFO with no reader blocked fopen(path, "w") for ever; so it fails with ENXIO */
-    *out = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
-    if (fd < 0 && errno == ENXIO) {
-        kvm_cli_refuse(cmd, "--%s %s: a FIFO that no process is reading; start its reader first\n", flag, path);
-        return 2;
-    }
-    int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
-    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, "w") : NULL;
-    if (!f) {
-        kvm_cli_refuse(cmd, "--%s %s: %s\n", flag, path, strerror(errno));
-        if (fd >= 0) close(fd);
-        return 1;
-    }
-    *out = f;
-    return 0;
+    char what[80];
+    snprintf(what, sizeof what, "--%s", flag);
+    int rc = kvm_file_open_output(path, "w", what, out);
+    if (rc) kvm_cli_refuse(cmd, "%s\n", kvm_errmsg());
+    return rc == KVM_EINVAL ? 2 : rc ? 1 : 0;
 }
 
 int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max)

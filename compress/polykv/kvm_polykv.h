@@ -259,7 +259,8 @@ int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len);
 int kvm_strategy_decode(const uint8_t *buf, size_t len, kvm_strategy **out);
 
 /* Reads / writes a strategy file (its canonical encoding). Errors: KVM_ENOTFOUND, KVM_EIO,
- * KVM_EFORMAT (message names the file), KVM_ENOMEM. */
+ * KVM_EFORMAT (message names the file), KVM_ENOMEM; writing, KVM_EINVAL for a FIFO that no
+ * process is reading (kvm_file_open_output: refused rather than waited for). */
 int kvm_strategy_read(const char *path, kvm_strategy **out);
 int kvm_strategy_write(const kvm_strategy *s, const char *path);
 

@@ -229,10 +229,8 @@ int kvm_strategy_write(const kvm_strategy *s, const char *path)
     size_t n;
     int rc = kvm_strategy_encode(s, &b, &n);
     if (rc) return rc;
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        rc = kvm_err(KVM_EIO, "%s: %s", path, strerror(errno));
-    else {
+    FILE *f;
+    if (!(rc = kvm_file_open_output(path, "wb", "strategy", &f))) {
         if (fwrite(b, 1, n, f) != n) rc = kvm_err(KVM_EIO, "%s: write failed", path);
         if (fclose(f) && !rc) rc = kvm_err(KVM_EIO, "%s: close failed", path);
     }

@@ -17,8 +17,9 @@
 
 #define KVM_SCULPT_FILE_VERSION 1u
 
-/* Writes cache c to path (created or truncated). Returns 0, KVM_EINVAL (c breaks the entry
- * order, a position is negative other than KVM_POS_NONE), KVM_EIO (message names the path). */
+/* Writes cache c to path (created or truncated; kvm_file_open_output). Returns 0, KVM_EINVAL (c
+ * breaks the entry order, a position is negative other than KVM_POS_NONE; or path is a FIFO no
+ * process is reading, refused rather than waited for), KVM_EIO (message names the path). */
 int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c);
 
 /* Reads and validates a file written by kvm_sculpt_cache_write: magic, version, shapes (each in

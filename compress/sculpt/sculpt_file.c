@@ -2,6 +2,7 @@
  * (format in kvm_sculpt_file.h). The whole file is built/read in memory: caches are small. */
 #include "compress/sculpt/kvm_sculpt_file.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 #include <errno.h>
 #include <math.h>
@@ -95,9 +96,14 @@ int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c)
         free(b.p);
         return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
     }
-    FILE *f = fopen(path, "wb");
-    int ok = f && fwrite(b.p, 1, b.n, f) == b.n;
-    if (f && fclose(f)) ok = 0;
+    FILE *f;
+    int orc = kvm_file_open_output(path, "wb", "cache file", &f); /* a FIFO with no reader: refused, not waited for */
+    if (orc) {
+        free(b.p);
+        return orc;
+    }
+    int ok = fwrite(b.p, 1, b.n, f) == b.n;
+    if (fclose(f)) ok = 0;
     free(b.p);
     if (!ok) return kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(errno));
     return 0;
