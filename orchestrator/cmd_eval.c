@@ -790,6 +790,25 @@ int kvm_cmd_eval(int argc, char **argv)
                                 "large as the full one; lower --ratio (or use --method full)\n");
             rc = 2;
         }
+    for (int j = 0; !rc && !target && j < n_jobs; j++) {
+        const int distils = sculpt_family(jobs[j].m) && strcmp(jobs[j].m->name, "polykv"); /* opts: kvm_sculpt_opts */
+        const int64_t retain = distils ? ((const kvm_sculpt_opts *)jobs[j].opts)->retain_tokens : 0;
+        if (distils && retain >= N) { /* each document failed after its prefill, exit 1 (sculpt refuses it: 2) */
+            fprintf(stderr,
+                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens is not below --context %lld: "
+                    "nothing is left to compress; lower --retain or raise --context\n",
+                    jobs[j].spec, (long long)retain, (long long)N);
+            rc = 2;
+        } else if (!distils && !budget && strcmp(jobs[j].m->name, "full") &&
+                   kvm_budget_resolve(&jobs[j].budget, N) >= N) { /* r·N rounded up to a whole entry */
+            fprintf(stderr,
+                    "kvmill " CMD ": --ratio %g of --context %lld keeps %lld entr%s, the whole context: the "
+                    "\"compressed\" cache would be as large as the full one; lower --ratio or raise --context\n",
+                    jobs[j].budget.ratio, (long long)N, (long long)kvm_budget_resolve(&jobs[j].budget, N),
+                    kvm_plural(kvm_budget_resolve(&jobs[j].budget, N), "y", "ies"));
+            rc = 2;
+        }
+    }
     int any_sculpt = 0;
     for (int j = 0; j < n_jobs; j++) any_sculpt |= sculpt_family(jobs[j].m);
     if (!rc && sculpt_flag && !any_sculpt) { /* it would apply to none: the run would ignore it unsaid */

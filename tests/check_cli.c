@@ -620,6 +620,31 @@ START_TEST(test_fifo_without_writer)
 }
 END_TEST
 
+/* Settings under which eval's "compressed" cache is the whole context, or a method cannot run:
+ * --ratio whose r·N rounds up to N (--context 1 --ratio 0.5 reported KL 0, exit 0), and a
+ * sculpt-family method whose retain zone is not below --context (each document failed after its
+ * prefill, exit 1). Refused before any work, exit 2, as sculpt and run refuse them. */
+START_TEST(test_eval_no_compression)
+{
+    char args[16384], *out, *err;
+    const char *cases[][2] = {
+        {"--context 1 --ratio 0.5 --method h2o", "--ratio 0.5 of --context 1 keeps 1 entry, the whole context"},
+        {"--context 128 --ratio 0.999 --method tova", "keeps 128 entries, the whole context"},
+        {"--context 16 --ratio 0.5 --method sculpt", "--method sculpt: the retain zone of 32 tokens is not below"},
+        {"--context 16 --ratio 0.5 --method kvzip --retain 16", "retain zone of 16 tokens is not below --context 16"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --continuation 8 --threads 1 %s", cases[i][0]);
+        int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
+                        kvm_test_data_path("corpus/doc_000.txt"));
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -640,7 +665,8 @@ static Suite *cli_suite(void)
                  {"polykv_wrong_model", test_polykv_wrong_model},
                  {"target_step_past_context", test_target_step_past_context_cli},
                  {"sculpt_kept_whole_said", test_sculpt_kept_whole_said},
-                 {"fifo_without_writer", test_fifo_without_writer}};
+                 {"fifo_without_writer", test_fifo_without_writer},
+                 {"eval_no_compression", test_eval_no_compression}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
