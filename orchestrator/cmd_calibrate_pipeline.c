@@ -85,6 +85,44 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         {"kvzip", 0, "add KVzip scoring to the per-layer design space (sets [calibrate] kvzip)", NULL},
         {"phases", 1, "signals measured in: both or prefill (overrides [calibrate] phases)", NULL},
         {NULL, 0, NULL, NULL}};
+    /* options of calibrate without --config: "unknown option" (and a --help without them) left the
+     * user guessing where the setting went; each is named with its config key, or as not applying */
+    static const struct {
+        const char *flag, *key;
+    } own[] = {{"model", "[model] path"},
+               {"tokenizer", "[model] tokenizer"},
+               {"budget", "[compress] budget"},
+               {"context", "[model] context"},
+               {"continuation", "[eval] continuation"},
+               {"sculpt-opts", "the [compress] sculpt keys"},
+               {"device", "[stages] prefill_devices and compress_devices"},
+               {"threads", "[stages] threads"},
+               {"select", NULL},
+               {"bmin", NULL},
+               {"refine", NULL},
+               {"windows", NULL},
+               {"dump-signals", NULL},
+               {"signals", NULL},
+               {"dump-candidates", NULL}};
+    int asks_help = 0;
+    for (int i = 1; i < argc; i++)
+        asks_help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+    for (int i = 1; i < argc && !asks_help; i++)
+        for (size_t j = 0; j < sizeof own / sizeof own[0]; j++) {
+            size_t fl = strlen(own[j].flag);
+            if (strncmp(argv[i], "--", 2) || strncmp(argv[i] + 2, own[j].flag, fl) ||
+                (argv[i][2 + fl] && argv[i][2 + fl] != '='))
+                continue;
+            if (own[j].key)
+                fprintf(stderr, "kvmill calibrate: --%s does not combine with --config: set %s in the config file\n",
+                        own[j].flag, own[j].key);
+            else
+                fprintf(stderr,
+                        "kvmill calibrate: --%s is an option of calibrate without --config (one process, "
+                        "--model ...); it has no --config counterpart\n",
+                        own[j].flag);
+            return 2;
+        }
     int n_pos, help;
     if (kvm_cli_parse("calibrate", "PolyKV calibration through the stage processes; stores the strategy.", argc, argv,
                       opts, NULL, 0, &n_pos, &help))

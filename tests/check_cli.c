@@ -645,6 +645,30 @@ START_TEST(test_eval_no_compression)
 }
 END_TEST
 
+/* calibrate --config with an option of calibrate without it (--budget, --context, ...) said
+ * "unknown option", though calibrate --help lists it: now it names the config key to set, or
+ * says it has no --config counterpart (exit 2 either way); --help still shows the usage. */
+START_TEST(test_calibrate_config_own_options)
+{
+    char *out, *err;
+    const char *cases[][2] = {
+        {"--budget 16", "--budget does not combine with --config: set [compress] budget in the config file"},
+        {"--context=64", "--context does not combine with --config: set [model] context"},
+        {"--windows 2", "--windows is an option of calibrate without --config"},
+    };
+    for (size_t i = 0; i < 3; i++) {
+        int rc = kvmill(&out, &err, "calibrate --config /nonexistent.ini --docs /nonexistent %s%s", cases[i][0], "");
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
+        free(out);
+        free(err);
+    }
+    int rc = kvmill(&out, &err, "calibrate --config /nonexistent.ini --budget 16 --help%s%s", "", "");
+    ck_assert_msg(rc == 0 && strstr(out, "usage: kvmill calibrate"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -666,7 +690,8 @@ static Suite *cli_suite(void)
                  {"target_step_past_context", test_target_step_past_context_cli},
                  {"sculpt_kept_whole_said", test_sculpt_kept_whole_said},
                  {"fifo_without_writer", test_fifo_without_writer},
-                 {"eval_no_compression", test_eval_no_compression}};
+                 {"eval_no_compression", test_eval_no_compression},
+                 {"calibrate_config_own_options", test_calibrate_config_own_options}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
