@@ -210,7 +210,9 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
-    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_size(cfg) || kvm_jobcfg_check_text(cfg)) {
+    char size_note[8400];
+    if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill run: %s\n", size_note);
+    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
         kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
         status = 2;
         goto done;

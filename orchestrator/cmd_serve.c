@@ -24,8 +24,9 @@
  * path this host lacks. Returns 0, or nonzero with the message printed. */
 static int check_config(const kvm_config *cfg)
 {
-    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_size(cfg))
-        return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
+    char size_note[8400];
+    if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill serve: %s\n", size_note);
+    if (kvm_jobcfg_check(cfg)) return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
     const int chat = kvm_config_bool(cfg, "model", "chat");
     if (!chat && kvm_config_int(cfg, "serve", "workers") == 0) return 0;
     kvm_model *m = NULL;

@@ -197,17 +197,17 @@ int kvm_jobcfg_check(const kvm_config *c)
     return 0;
 }
 
-int kvm_jobcfg_check_size(const kvm_config *c)
+int kvm_jobcfg_size_note(const kvm_config *c, char *out, size_t n)
 {
     int64_t budget = kvm_config_int(c, "compress", "budget");
     if (kvm_config_float(c, "compress", "target_kl") > 0 || !strcmp(kvm_config_str(c, "compress", "method"), "full"))
-        return 0;                                                /* neither size is used */
-    if (budget > 0 && kvm_config_is_set(c, "compress", "ratio")) /* the budget won, the ratio unsaid */
-        return kvm_err(KVM_EINVAL,
-                       "%s: [compress] budget = %lld and ratio = %s both size the caches (budget replaces "
-                       "ratio, which would be ignored): remove one of them",
-                       kvm_config_path(c), (long long)budget, kvm_config_str(c, "compress", "ratio"));
-    return 0;
+        return 0; /* neither size is used */
+    if (budget <= 0 || !kvm_config_is_set(c, "compress", "ratio")) return 0;
+    snprintf(out, n,
+             "%s: [compress] budget = %lld replaces ratio = %s (budget overrides ratio; remove one to "
+             "silence this)",
+             kvm_config_path(c), (long long)budget, kvm_config_str(c, "compress", "ratio"));
+    return 1;
 }
 
 /* Removes the lines of text[0, n) that start with prefix; returns the new length. */

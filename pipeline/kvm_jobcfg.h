@@ -46,10 +46,12 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
 int kvm_jobcfg_check(const kvm_config *c);
 
 /* For the user's own file (kvmill run, kvmill serve; not a resolved copy such as serve hands its
- * workers, which sets every key): [compress] budget > 0 with ratio set too, where the budget
- * would replace the ratio unsaid (not checked with target_kl > 0 or method full, which use
- * neither). Returns 0 or KVM_EINVAL naming the file and both values. */
-int kvm_jobcfg_check_size(const kvm_config *c);
+ * workers, which sets every key): with [compress] budget > 0 and ratio set too, the budget
+ * replaces the ratio (the settings table's rule; a copy of configs/default.ini, which sets
+ * ratio, with a budget added is a natural config), so it is said rather than refused. Returns 1
+ * with the note (naming the file and both values) in out[0, n), else 0 (also with target_kl >
+ * 0 or method full, which use neither). */
+int kvm_jobcfg_size_note(const kvm_config *c, char *out, size_t n);
 
 /* For the commands that send jobs (kvmill run, kvmill calibrate --config): each setting a job
  * carries (kvm_jobcfg_pack) must be UTF-8 of at most KVM_PROTO_MAX_NAME_BYTES, or every job
