@@ -347,6 +347,24 @@ START_TEST(test_short_doc_keeps_csv)
 }
 END_TEST
 
+/* Runs `kvmill eval` on stories260K and corpus doc_000 (context 64, continuation 8) with each
+ * cases[i][0] appended; each must exit 2, print nothing on stdout and say cases[i][1]. */
+static void expect_eval_refused(const char *(*cases)[2], size_t n)
+{
+    char args[16384], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    for (size_t i = 0; i < n; i++) {
+        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 %s",
+                 cases[i][0]);
+        int rc = kvmill(&out, &err, args, model, doc);
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+}
+
 /* A size (budget, ratio, entries) among a method's own options, or in calibrate's --sculpt-opts,
  * was obeyed over --budget / --ratio (a --target-kl search then probed only that budget and
  * reported another) or ignored (polykv, calibrate): refused, exit 2, naming the option. So are
@@ -362,15 +380,7 @@ START_TEST(test_size_in_method_options)
         {"--method am:entries=8 --budget 40", "'entries=8' sizes the cache, which is --budget's"},
         {"--method sculpt:budget=48 --target-kl 0.001", "'budget=48' sizes the cache, which is --target-kl's"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 %s",
-                 cases[i][0]);
-        int rc = kvmill(&out, &err, args, model, doc);
-        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
-        ck_assert_str_eq(out, "");
-        free(out);
-        free(err);
-    }
+    expect_eval_refused(cases, sizeof cases / sizeof cases[0]);
     char *tmp = kvm_test_tmpdir();
     /* kvmill sculpt: --budget won over --ratio, unsaid */
     const char *both[] = {"--ratio 0.3 --budget 64", "--budget 64 --ratio 0.3", "--entries 10 --ratio 0.3"};
@@ -404,7 +414,7 @@ END_TEST
  * is refused, exit 2, naming the item. */
 START_TEST(test_list_duplicates)
 {
-    char docs[9000], args[16384], *out, *err;
+    char docs[9000], *out, *err;
     const char *model = kvm_test_data_path("models/stories260K.bin");
     const char *doc = kvm_test_data_path("corpus/doc_000.txt");
     const char *cases[][2] = {
@@ -413,15 +423,7 @@ START_TEST(test_list_duplicates)
         {"--method streaming --ratio 0.3,0.30", "--method streaming at --ratio 0.30 is given twice"},
         {"--method h2o,h2o --target-kl 0.1", "--method h2o is given twice"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 %s",
-                 cases[i][0]);
-        int rc = kvmill(&out, &err, args, model, doc);
-        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
-        ck_assert_str_eq(out, "");
-        free(out);
-        free(err);
-    }
+    expect_eval_refused(cases, sizeof cases / sizeof cases[0]);
     snprintf(docs, sizeof docs, "%s,%s", kvm_test_data_path("corpus"), doc);
     char *tmp = kvm_test_tmpdir(), cal[4400];
     snprintf(cal, sizeof cal,
