@@ -23,11 +23,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sched.h> /* CLONE_NEWNS, without _GNU_SOURCE */
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -834,8 +836,8 @@ END_TEST
 /* A store the server may not write (a read-only mount, a copy owned by someone else): the
  * decode workers opened it read-write and exited at setup until serve gave up, answering
  * nothing. They now open it read-only, say so, and answer as from a writable store. As root
- * the store is bind-mounted read-only onto itself (SKIP where that is refused); as another
- * user its files and folder lose their write bits. */
+ * the store is bind-mounted read-only onto itself in a mount namespace of the test's own
+ * (SKIP where that is refused); as another user its files and folder lose their write bits. */
 START_TEST(test_read_only_store)
 {
     write_config(NULL, NULL);
@@ -844,7 +846,11 @@ START_TEST(test_read_only_store)
     char sp[4200], f[4400];
     snprintf(sp, sizeof sp, "%s/store", g_dir);
     if (geteuid() == 0) {
-        if (mount(sp, sp, NULL, MS_BIND, NULL) != 0) {
+        /* in a mount namespace of this test's process (Check forks one per test), inherited by
+         * serve and its workers: the read-only mount goes with them even when a failed
+         * assertion ends the process before teardown */
+        if (syscall(SYS_unshare, CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+            mount(sp, sp, NULL, MS_BIND, NULL) != 0) {
             printf("SKIP: read_only_store: cannot bind-mount the store (%s)\n", strerror(errno));
             free(want);
             return;
