@@ -9,6 +9,22 @@
 
 #include "common/kvm_error.h"
 
+/* The stream of fd, opened with O_NONBLOCK (so that a FIFO without its other end does not
+ * block the open), with O_NONBLOCK cleared for the reads or writes that follow. On failure fd
+ * is closed and KVM_EIO set, naming what and path. */
+static int stream_of(int fd, const char *mode, const char *what, const char *path, FILE **out)
+{
+    int fl = fcntl(fd, F_GETFL);
+    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, mode) : NULL;
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return kvm_err(KVM_EIO, "%s %s: %s", what, path, strerror(e));
+    }
+    *out = f;
+    return 0;
+}
+
 int kvm_file_open_input(const char *path, const char *mode, const char *what, FILE **out)
 {
     *out = NULL;
@@ -21,15 +37,7 @@ int kvm_file_open_input(const char *path, const char *mode, const char *what, FI
      * writer, as a shell's <(...), already there is read as before); cleared for the reads */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "%s %s: %s", what, path, strerror(errno));
-    int fl = fcntl(fd, F_GETFL);
-    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, mode) : NULL;
-    if (!f) {
-        int e = errno;
-        close(fd);
-        return kvm_err(KVM_EIO, "%s %s: %s", what, path, strerror(e));
-    }
-    *out = f;
-    return 0;
+    return stream_of(fd, mode, what, path, out);
 }
 
 int kvm_file_check_found(const char *path)
@@ -60,13 +68,6 @@ int kvm_file_open_output(const char *path, const char *mode, const char *what, F
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
     if (fd < 0 && errno == ENXIO)
         return kvm_err(KVM_EINVAL, "%s %s: a FIFO that no process is reading; start its reader first", what, path);
-    int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
-    FILE *f = fl >= 0 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0 ? fdopen(fd, mode) : NULL;
-    if (!f) {
-        int e = errno;
-        if (fd >= 0) close(fd);
-        return kvm_err(KVM_EIO, "%s %s: %s", what, path, strerror(e));
-    }
-    *out = f;
-    return 0;
+    if (fd < 0) return kvm_err(KVM_EIO, "%s %s: %s", what, path, strerror(errno));
+    return stream_of(fd, mode, what, path, out);
 }

@@ -347,15 +347,16 @@ START_TEST(test_short_doc_keeps_csv)
 }
 END_TEST
 
-/* Runs `kvmill eval` on stories260K and corpus doc_000 (context 64, continuation 8) with each
- * cases[i][0] appended; each must exit 2, print nothing on stdout and say cases[i][1]. */
-static void expect_eval_refused(const char *(*cases)[2], size_t n)
+/* Runs `kvmill eval` on stories260K and corpus doc_000 (continuation 8, one thread) with the
+ * options `fixed` then each cases[i][0]; each must exit 2, print nothing on stdout and say
+ * cases[i][1]. */
+static void expect_eval_refused(const char *fixed, const char *(*cases)[2], size_t n)
 {
     char args[16384], *out, *err;
     const char *model = kvm_test_data_path("models/stories260K.bin");
     const char *doc = kvm_test_data_path("corpus/doc_000.txt");
     for (size_t i = 0; i < n; i++) {
-        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 %s",
+        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --continuation 8 --threads 1 %s %s", fixed,
                  cases[i][0]);
         int rc = kvmill(&out, &err, args, model, doc);
         ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
@@ -380,7 +381,7 @@ START_TEST(test_size_in_method_options)
         {"--method am:entries=8 --budget 40", "'entries=8' sizes the cache, which is --budget's"},
         {"--method sculpt:budget=48 --target-kl 0.001", "'budget=48' sizes the cache, which is --target-kl's"},
     };
-    expect_eval_refused(cases, sizeof cases / sizeof cases[0]);
+    expect_eval_refused("--context 64", cases, sizeof cases / sizeof cases[0]);
     char *tmp = kvm_test_tmpdir();
     /* kvmill sculpt: --budget won over --ratio, unsaid */
     const char *both[] = {"--ratio 0.3 --budget 64", "--budget 64 --ratio 0.3", "--entries 10 --ratio 0.3"};
@@ -423,7 +424,7 @@ START_TEST(test_list_duplicates)
         {"--method streaming --ratio 0.3,0.30", "--method streaming at --ratio 0.30 is given twice"},
         {"--method h2o,h2o --target-kl 0.1", "--method h2o is given twice"},
     };
-    expect_eval_refused(cases, sizeof cases / sizeof cases[0]);
+    expect_eval_refused("--context 64", cases, sizeof cases / sizeof cases[0]);
     snprintf(docs, sizeof docs, "%s,%s", kvm_test_data_path("corpus"), doc);
     char *tmp = kvm_test_tmpdir(), cal[4400];
     snprintf(cal, sizeof cal,
@@ -529,23 +530,11 @@ END_TEST
  * [compress] target_step is (exit 2). */
 START_TEST(test_target_step_past_context_cli)
 {
-    char args[16384], *out, *err;
     const char *cases[][2] = {
         {"--method h2o --target-step 64", "method h2o: no budget below --context 64 is searched"},
         {"--method sculpt --target-step 32 --retain 40", "lower --target-step or --retain"},
     };
-    for (size_t i = 0; i < 2; i++) {
-        snprintf(args, sizeof args,
-                 "eval --model '%%s' --docs '%%s' --context 64 --continuation 8 --threads 1 "
-                 "--target-kl 0.1 %s",
-                 cases[i][0]);
-        int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
-                        kvm_test_data_path("corpus/doc_000.txt"));
-        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
-        ck_assert_str_eq(out, "");
-        free(out);
-        free(err);
-    }
+    expect_eval_refused("--context 64 --target-kl 0.1", cases, 2);
 }
 END_TEST
 
@@ -628,22 +617,13 @@ END_TEST
  * prefill, exit 1). Refused before any work, exit 2, as sculpt and run refuse them. */
 START_TEST(test_eval_no_compression)
 {
-    char args[16384], *out, *err;
     const char *cases[][2] = {
         {"--context 1 --ratio 0.5 --method h2o", "--ratio 0.5 of --context 1 keeps 1 entry, the whole context"},
         {"--context 128 --ratio 0.999 --method tova", "keeps 128 entries, the whole context"},
         {"--context 16 --ratio 0.5 --method sculpt", "--method sculpt: the retain zone of 32 tokens is not below"},
         {"--context 16 --ratio 0.5 --method kvzip --retain 16", "retain zone of 16 tokens is not below --context 16"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(args, sizeof args, "eval --model '%%s' --docs '%%s' --continuation 8 --threads 1 %s", cases[i][0]);
-        int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
-                        kvm_test_data_path("corpus/doc_000.txt"));
-        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
-        ck_assert_str_eq(out, "");
-        free(out);
-        free(err);
-    }
+    expect_eval_refused("", cases, sizeof cases / sizeof cases[0]);
 }
 END_TEST
 
