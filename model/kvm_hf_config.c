@@ -195,8 +195,10 @@ static int get_eos(const char *f, const json_t *root, kvm_model_config *c)
     return 0;
 }
 
-/* The shape keys and their consistency. */
-static int get_shapes(const char *f, const json_t *root, kvm_model_config *c)
+/* The shape keys and their consistency. head_dim defaults to hidden_size / num_attention_heads,
+ * except for Qwen3, whose configuration class defaults it to 128 whatever the hidden size
+ * (transformers' Qwen3Config), so a Qwen3 config.json without the key means 128. */
+static int get_shapes(const char *f, const json_t *root, int arch, kvm_model_config *c)
 {
     int rc;
     if ((rc = get_int(f, root, "hidden_size", -1, 1, KVM_HF_MAX_DIM, &c->dim)) ||
@@ -210,26 +212,46 @@ static int get_shapes(const char *f, const json_t *root, kvm_model_config *c)
     if (c->n_heads % c->n_kv_heads)
         return kvm_err(KVM_EFORMAT, "%s: num_attention_heads = %d is not a multiple of num_key_value_heads = %d", f,
                        c->n_heads, c->n_kv_heads);
-    int def_hd = c->dim % c->n_heads == 0 ? c->dim / c->n_heads : -1;
+    int def_hd = arch == HF_QWEN3 ? 128 : c->dim % c->n_heads == 0 ? c->dim / c->n_heads : -1;
     if ((rc = get_int(f, root, "head_dim", def_hd, 1, KVM_HF_MAX_DIM, &c->head_dim))) return rc;
     if (c->head_dim % 2) return kvm_err(KVM_EFORMAT, "%s: head_dim = %d is odd; RoPE needs pairs", f, c->head_dim);
     return 0;
 }
 
-/* The sliding window: Mistral's sliding_window, Qwen2's and Qwen3's when use_sliding_window (Qwen3
- * was read as never sliding); where layer_types (transformers 5) names each layer's attention,
- * it decides: all "full_attention" is no window, any "sliding_attention" needs sliding_window.
- * A window mixed with full layers is applied to all: positions past it are then refused (the
- * forward's rule), never computed differently from transformers. */
+/* Qwen2's and Qwen3's layers without layer_types, as their configuration classes derive them:
+ * layer i slides when use_sliding_window, sliding_window is not null and i ≥ max_window_layers
+ * (default 28: the first max_window_layers layers attend fully). Sets *use_sw, *slid (sliding
+ * layers: 0, or −1 when sliding_window is absent and takes the class default 4096). */
+static int qwen_window(const char *f, const json_t *root, const kvm_model_config *c, int *use_sw, int *slid)
+{
+    int rc, mwl;
+    if ((rc = get_bool(f, root, "use_sliding_window", 0, use_sw)) ||
+        (rc = get_int(f, root, "max_window_layers", 28, 0, KVM_HF_MAX_LAYERS, &mwl)))
+        return rc;
+    const json_t *sw = json_object_get(root, "sliding_window");
+    if (sw && json_is_null(sw)) *use_sw = 0; /* None: no layer slides */
+    if (*use_sw) *use_sw = c->n_layers > mwl;
+    *slid = *use_sw && !sw ? -1 : 0;
+    return 0;
+}
+
+/* The sliding window: Mistral's sliding_window (absent: 4096, null: none, as MistralConfig
+ * reads them), Qwen2's and Qwen3's (qwen_window); where
+ * layer_types (transformers 5) names each layer's attention, it decides: all "full_attention"
+ * is no window, any "sliding_attention" needs sliding_window. A window mixed with full layers is
+ * applied to all: positions past it are then refused (the forward's rule), never computed
+ * differently from transformers. */
 static int get_window(const char *f, const json_t *root, int arch, kvm_model_config *c)
 {
     int use_sw = arch == HF_MISTRAL, rc, sw = 0, slid = 0;
-    if ((arch == HF_QWEN2 || arch == HF_QWEN3) && (rc = get_bool(f, root, "use_sliding_window", 0, &use_sw))) return rc;
+    if ((arch == HF_QWEN2 || arch == HF_QWEN3) && (rc = qwen_window(f, root, c, &use_sw, &slid))) return rc;
+    if (arch == HF_MISTRAL && !json_object_get(root, "sliding_window")) slid = -1; /* MistralConfig's 4096 */
     const json_t *lt = json_object_get(root, "layer_types");
     if (lt && !json_is_null(lt)) {
         if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layers)
             return kvm_err(KVM_EFORMAT, "%s: key 'layer_types' is not a list of num_hidden_layers = %d names", f,
                            c->n_layers);
+        slid = 0; /* the list replaces max_window_layers' rule */
         for (size_t i = 0; i < json_array_size(lt); i++) {
             const char *s = json_string_value(json_array_get(lt, i));
             if (s && strcmp(s, "sliding_attention") == 0)
@@ -243,7 +265,8 @@ static int get_window(const char *f, const json_t *root, int arch, kvm_model_con
         use_sw = slid > 0;
     }
     if (!use_sw) return 0;
-    if ((rc = get_int(f, root, "sliding_window", slid ? -1 : 0, slid ? 1 : 0, KVM_HF_MAX_SEQ, &sw))) return rc;
+    const int def = slid < 0 ? 4096 : slid ? -1 : 0;
+    if ((rc = get_int(f, root, "sliding_window", def, slid ? 1 : 0, KVM_HF_MAX_SEQ, &sw))) return rc;
     c->sliding_window = sw >= c->seq_len ? 0 : sw; /* a window at least the context long never slides */
     return 0;
 }
@@ -253,7 +276,7 @@ static int parse(const char *f, const json_t *root, kvm_model_config *c, int *ar
     int rc;
     double eps;
     if (!json_is_object(root)) return kvm_err(KVM_EFORMAT, "%s: not a JSON object", f);
-    if ((rc = get_arch(f, root, arch)) || (rc = check_unsupported(f, root)) || (rc = get_shapes(f, root, c)) ||
+    if ((rc = get_arch(f, root, arch)) || (rc = check_unsupported(f, root)) || (rc = get_shapes(f, root, *arch, c)) ||
         (rc = get_num(f, root, "rms_norm_eps", 1e-6, &eps)) || (rc = get_rope(f, root, c)) ||
         (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) || (rc = get_eos(f, root, c)) ||
         (rc = get_int(f, root, "bos_token_id", c->eos_id, 0, c->vocab_size - 1, &c->bos_id)))

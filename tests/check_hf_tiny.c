@@ -651,10 +651,11 @@ static void expect_open(const char *dir, int want, const char *n1, const char *n
 }
 
 /* The fixture's config with one "key": value replaced (or added when absent). */
-static char *config_with(const char *key, const char *value)
+/* fix (malloc'd, freed here) with key's value replaced by the text value, or key: value added
+ * first; a new malloc'd string. */
+static char *config_edit(char *fix, const char *key, const char *value)
 {
-    size_t n;
-    char *fix = kvm_test_read_file(TINY_DIR "/llama_f32/config.json", &n);
+    const size_t n = strlen(fix);
     char *out = malloc(n + 512), pat[128];
     snprintf(pat, sizeof pat, "\"%s\": ", key);
     char *at = strstr(fix, pat);
@@ -669,6 +670,12 @@ static char *config_with(const char *key, const char *value)
     }
     free(fix);
     return out;
+}
+
+static char *config_with(const char *key, const char *value)
+{
+    size_t n;
+    return config_edit(kvm_test_read_file(TINY_DIR "/llama_f32/config.json", &n), key, value);
 }
 
 START_TEST(test_bad_config)
@@ -793,30 +800,56 @@ END_TEST
 
 /* The sliding window from layer_types (transformers 5) and Qwen3's use_sliding_window: both were
  * ignored (full attention past the window, unlike transformers; a Mistral whose layer_types are
- * all full was still windowed); layer types kvmill cannot run are refused by name. */
+ * all full was still windowed); layer types kvmill cannot run are refused by name. Qwen2/Qwen3's
+ * max_window_layers was ignored (every layer slid where transformers slides none), and an absent
+ * sliding_window was no window where transformers' classes default it to 4096. */
 START_TEST(test_layer_types)
 {
     struct {
         const char *key, *value;
         int want, window;
         const char *n1;
+        int long_window; /* 1: max_position_embeddings 8192, so that a 4096 window slides */
     } cases[] = {
-        {"layer_types", "[\"sliding_attention\", \"sliding_attention\"], \"sliding_window\": 16", 0, 16, NULL},
-        {"layer_types", "[\"sliding_attention\", \"full_attention\"], \"sliding_window\": 16", 0, 16, NULL},
-        {"layer_types", "[\"full_attention\", \"full_attention\"]", 0, 0, NULL},
-        {"architectures", "[\"Qwen3ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": 16", 0, 16, NULL},
+        {"layer_types", "[\"sliding_attention\", \"sliding_attention\"], \"sliding_window\": 16", 0, 16, NULL, 0},
+        {"layer_types", "[\"sliding_attention\", \"full_attention\"], \"sliding_window\": 16", 0, 16, NULL, 0},
+        {"layer_types", "[\"full_attention\", \"full_attention\"]", 0, 0, NULL, 0},
+        /* Qwen2/Qwen3 as their configuration classes: layer i slides when i >= max_window_layers
+           (default 28, more than these 2 layers: none slides), null sliding_window is none,
+           an absent one 4096 (here with a window of 8192 positions, so that it slides) */
+        {"architectures", "[\"Qwen3ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": 16", 0, 0, NULL,
+         0},
+        {"architectures",
+         "[\"Qwen3ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 1", 0,
+         16, NULL, 0},
+        {"architectures",
+         "[\"Qwen2ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 0", 0,
+         16, NULL, 0},
+        {"architectures",
+         "[\"Qwen2ForCausalLM\"], \"use_sliding_window\": true, \"sliding_window\": null, \"max_window_layers\": 0", 0,
+         0, NULL, 0},
+        {"architectures", "[\"Qwen2ForCausalLM\"], \"use_sliding_window\": true, \"max_window_layers\": 0", 0, 4096,
+         NULL, 1},
+        {"architectures",
+         "[\"Qwen2ForCausalLM\"], \"use_sliding_window\": false, \"sliding_window\": 16, \"max_window_layers\": 0", 0,
+         0, NULL, 0},
+        {"architectures", "[\"Qwen2ForCausalLM\"], \"use_sliding_window\": true, \"max_window_layers\": -1",
+         KVM_EFORMAT, 0, "'max_window_layers' = -1", 0},
+        {"architectures", "[\"MistralForCausalLM\"]", 0, 4096, NULL, 1},
+        {"architectures", "[\"MistralForCausalLM\"], \"sliding_window\": null", 0, 0, NULL, 1},
         {"architectures",
          "[\"MistralForCausalLM\"], \"sliding_window\": 16, \"layer_types\": "
          "[\"full_attention\", \"full_attention\"]",
-         0, 0, NULL},
-        {"layer_types", "[\"sliding_attention\", \"sliding_attention\"]", KVM_EFORMAT, 0,
-         "'sliding_window' is missing"},
-        {"layer_types", "[\"full_attention\"]", KVM_EFORMAT, 0, "num_hidden_layers = 2"},
+         0, 0, NULL, 0},
+        {"layer_types", "[\"sliding_attention\", \"sliding_attention\"]", KVM_EFORMAT, 0, "'sliding_window' is missing",
+         0},
+        {"layer_types", "[\"full_attention\"]", KVM_EFORMAT, 0, "num_hidden_layers = 2", 0},
         {"layer_types", "[\"linear_attention\", \"full_attention\"]", KVM_ENOTSUP, 0,
-         "layer_types[0] = 'linear_attention'"},
+         "layer_types[0] = 'linear_attention'", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *cfg = config_with(cases[i].key, cases[i].value), arch[64];
+        if (cases[i].long_window) cfg = config_edit(cfg, "max_position_embeddings", "8192");
         kvm_model_config c;
         int tied, ob;
         int rc = kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &ob);
@@ -825,6 +858,27 @@ START_TEST(test_layer_types)
         if (!rc)
             ck_assert_msg(c.sliding_window == cases[i].window, "case %zu: window %d, want %d", i, c.sliding_window,
                           cases[i].window);
+        free(cfg);
+    }
+}
+END_TEST
+
+/* head_dim absent: hidden_size / num_attention_heads, except for Qwen3, whose configuration class
+ * defaults it to 128 (it was read as 64 / 4 = 16 here, a model with other shapes than
+ * transformers builds). */
+START_TEST(test_head_dim_default)
+{
+    const struct {
+        const char *arch;
+        int want;
+    } cases[] = {{"[\"LlamaForCausalLM\"]", 16}, {"[\"Qwen2ForCausalLM\"]", 16}, {"[\"Qwen3ForCausalLM\"]", 128}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *cfg = config_with("architectures", cases[i].arch), arch[64];
+        kvm_model_config c;
+        int tied, ob;
+        ck_assert_int_eq(kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &ob), 0);
+        ck_assert_msg(c.head_dim == cases[i].want, "%s: head_dim %d, want %d", cases[i].arch, c.head_dim,
+                      cases[i].want);
         free(cfg);
     }
 }
@@ -977,6 +1031,7 @@ static Suite *tiny_suite(void)
                 {"config_mem", test_config_mem},
                 {"rope_parameters", test_rope_parameters},
                 {"layer_types", test_layer_types},
+                {"head_dim_default", test_head_dim_default},
                 {"bad_tensors", test_bad_tensors},
                 {"bad_entries", test_bad_entries}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
