@@ -208,7 +208,9 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
 {
     struct stat st;
     if (!dst || !*dst) return kvm_err(KVM_EINVAL, "store compact: empty destination");
-    if (stat(dst, &st) == 0) return kvm_err(KVM_EINVAL, "store compact: %s already exists: name a new directory", dst);
+    if (lstat(dst, &st) == 0) /* lstat: a dangling symbolic link exists too (mkdir would fail "as I/O") */
+        return kvm_err(KVM_EINVAL, "store compact: %s already exists%s: name a new directory", dst,
+                       S_ISLNK(st.st_mode) ? " (a symbolic link)" : "");
     int in = dst_outside_store(s, dst);
     if (in) return in;
     if (mkdir(dst, 0775) != 0) { /* a missing, unwritable or non-folder parent is the caller's path: EINVAL */

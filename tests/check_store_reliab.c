@@ -670,6 +670,12 @@ START_TEST(test_compact)
      * mv failed and no store was left. Refused (exit 2), however the path is spelled; nothing is
      * created in the store. */
     char link[4300];
+    snprintf(link, sizeof link, "%s/dangling", g_dir); /* was "cannot create: File exists", exit 1 (I/O) */
+    ck_assert_int_eq(symlink("/nonexistent/kvmill", link), 0);
+    rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, link);
+    ck_assert_msg(rc == 2 && strstr(err, "already exists (a symbolic link)"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
     snprintf(link, sizeof link, "%s/store-link", g_dir);
     ck_assert_int_eq(symlink(g_store, link), 0);
     char insides[4][4400];
