@@ -616,6 +616,32 @@ START_TEST(test_config_id_covers)
 }
 END_TEST
 
+/* --store naming the store's data.mdb (or lock.mdb) rather than its folder, as a new user may:
+ * it said "not an LMDB environment directory", which does not say what to give instead. Every
+ * store command now names the folder, exit 2 as before. */
+START_TEST(test_store_cli_file_of_store)
+{
+    put_caches(g_store, 2, 100);
+    const char *subs[] = {"ls", "verify", "show a:b:c", "rm a:b:c", "compact", "stats"};
+    for (int f = 0; f < 2; f++)
+        for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+            char file[4400], want[4600], *out = NULL, *err = NULL;
+            snprintf(file, sizeof file, "%s/%s", g_store, f ? "lock.mdb" : "data.mdb");
+            int rc = kvmill(&out, &err, "store %s --store '%s'", subs[i], file);
+            snprintf(want, sizeof want, "is a file of the store: name its folder, %s, instead", g_store);
+            ck_assert_msg(rc == 2 && strstr(err, want), "store %s --store %s: exit %d: %s", subs[i], file, rc, err);
+            free(out);
+            free(err);
+        }
+    char other[4300], *out = NULL, *err = NULL; /* any other file: as before */
+    snprintf(other, sizeof other, "%s/plain.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(other, "x", 1), 0);
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --store '%s'", other), 2);
+    ck_assert_msg(strstr(err, "not an LMDB environment directory") && !strstr(err, "name its folder"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
 
 /* ---- item 13: compaction ---- */
 
@@ -1107,6 +1133,7 @@ int main(void)
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
+    suite_add_tcase(su, tcase("store_cli_file_of_store", test_store_cli_file_of_store, 60));
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
