@@ -391,7 +391,9 @@ static void signals(const char *seed, int n_layers, int prefill_only, int distil
 }
 
 /* ---- strategies (kvm_strategy_encode) ---- */
-static void strategy(const char *seed, int n_layers, const kvm_pattern *pat, int distilled_known)
+/* distilled_known: the options of its sculpt/kvzip layers recorded (v2); with_model: a model id
+ * recorded too (v3). */
+static void strategy(const char *seed, int n_layers, const kvm_pattern *pat, int distilled_known, int with_model)
 {
     kvm_strategy *s = NULL;
     if (kvm_strategy_new(n_layers, &s) != 0) die("strategy");
@@ -409,6 +411,10 @@ static void strategy(const char *seed, int n_layers, const kvm_pattern *pat, int
         s->sculpt_known = 1;
         s->sculpt = kvm_sculpt_opts_default();
     }
+    uint8_t id[KVM_STRATEGY_MODEL_ID_BYTES];
+    for (int i = 0; i < KVM_STRATEGY_MODEL_ID_BYTES; i++)
+        id[i] = (uint8_t)(31 * i + 5);
+    if (with_model) kvm_strategy_set_model(s, id);
     uint8_t *b = NULL;
     size_t n = 0;
     if (kvm_strategy_encode(s, &b, &n) != 0) die("strategy encode");
@@ -478,7 +484,10 @@ int main(int argc, char **argv)
     const kvm_pattern mixed[3] = {KVM_PATTERN_SCULPT, KVM_PATTERN_H2O, KVM_PATTERN_KVZIP};
     signals("both_phases", 2, 0, 0, 0);
     signals("prefill_distilled_opts", 3, 1, 1, 1);
-    strategy("v1", 4, evict, 0);
-    strategy("v2_sculpt", 3, mixed, 1);
+    strategy("v1", 4, evict, 0, 0);
+    strategy("v2_sculpt", 3, mixed, 1, 0);
+    strategy("v3", 4, evict, 0, 1);
+    strategy("v3_sculpt", 3, mixed, 1, 1);
+    strategy("v3_sculpt_unknown_opts", 3, mixed, 0, 1);
     return 0;
 }

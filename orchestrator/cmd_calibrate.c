@@ -8,6 +8,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
+#include "store/kvm_store.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -29,7 +30,10 @@ typedef struct calib_args {
     int kvzip;             /* 1: KVzip scoring is in the design space (a pattern of its own) */
     int decode;            /* kvm_polykv_decode: how the decode-phase signals are measured */
     kvm_sculpt_opts so;    /* its options */
+    kvm_store_id model_id; /* the model's (the store's id): recorded in the strategy files (KVST v3) */
 } calib_args;
+
+_Static_assert(KVM_STORE_ID_BYTES == KVM_STRATEGY_MODEL_ID_BYTES, "a strategy records the store's model id");
 
 /* --signals: the earlier run's signals into sig, checked against this run's budget and phases;
  * its sculpt / kvzip rows are kept only with --sculpt / --kvzip and only when the file records
@@ -111,7 +115,7 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
             for (int l = 0; l < m->cfg.n_layers; l++) printf(" %.4f", sig->kvzip_cosine[l]);
         }
         kvm_polykv_score_sculpt_opts(a->sculpt || a->kvzip ? &a->so : NULL);
-        kvm_polykv_build_dump_dir(a->cand);
+        kvm_polykv_build_dump_dir(a->cand, a->model_id.b);
         printf("\ncandidates on %d calibration document%s (%d window%s) at B = %lld, b_min = %lld:\n", ds->n,
                kvm_plural(ds->n, "", "s"), nd, kvm_plural(nd, "", "s"),
                (long long)a->B, (long long)a->b_min);
@@ -121,6 +125,7 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         }
     }
     if (!rc) {
+        kvm_strategy_set_model(best, a->model_id.b); /* used on another model, the file is refused */
         kvm_strategy_print(best, stdout);
         int wrc = kvm_strategy_write(best, a->out);
         if (wrc) {
@@ -309,6 +314,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
     snprintf(need, sizeof need, "context %lld + continuation %lld (--context, --continuation)", (long long)a.N,
              (long long)a.T);
     if (!rc) rc = cmd_eval_docs_check(CMD, tok, NULL, &docs, a.N + a.T, a.N + a.T, need); /* before any prefill */
+    if (!rc && kvm_store_hash_file(model_path, &a.model_id)) { /* read a moment ago: the machine failed */
+        fprintf(stderr, "kvmill " CMD ": --model %s: %s\n", model_path, kvm_errmsg());
+        rc = 1;
+    }
     if (!rc) rc = calibrate(m, k, tok, &docs, &a);
     cmd_eval_docs_free(&docs);
     kvm_tokenizer_close(&tok);

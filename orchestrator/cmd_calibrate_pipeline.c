@@ -19,7 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Reads the stored strategy back, prints it and writes it to `out` (may be NULL). */
+/* Reads the stored strategy back, prints it and writes it to `out` (may be NULL) with the
+ * model's id, which the stored record (keyed by it) does not carry. */
 static int report(const kvm_config *cfg, const char *out)
 {
     kvm_store *st = NULL;
@@ -39,6 +40,7 @@ static int report(const kvm_config *cfg, const char *out)
                kvm_store_id_hex(&mid, hex), kvm_config_str(cfg, "store", "path"));
     }
     if (!rc && out) {
+        kvm_strategy_set_model(s, mid.b); /* the store's key holds it; the file must carry it (KVST v3) */
         rc = kvm_strategy_write(s, out);
         if (!rc) printf("wrote %s\n", out);
     }

@@ -3,6 +3,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
 #include "compress/eval/kvm_eval_cuda.h"
+#include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "model/kvm_chat.h"
 #ifdef KVM_WITH_CUDA
@@ -13,6 +14,7 @@
 #include "orchestrator/kvm_cli_model.h"
 #include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_chatcfg.h"
+#include "store/kvm_store.h"
 
 #include <errno.h>
 #include <math.h>
@@ -121,13 +123,44 @@ static void scale_result(kvm_eval_result *s, double f)
     s->decode_ms *= f;
 }
 
+_Static_assert(KVM_STORE_ID_BYTES == KVM_STRATEGY_MODEL_ID_BYTES, "a strategy records the store's model id");
+
+/* The model id a polykv job's strategy file is checked against (KVST v3 records the one it was
+ * calibrated on): the store's (kvm_store_hash_file), computed on the first file that records
+ * one, since hashing a checkpoint costs seconds per GB. */
+typedef struct model_ident {
+    const char *path; /* --model */
+    int known;        /* id computed */
+    kvm_store_id id;
+} model_ident;
+
+/* Refuses polykv job e whose strategy was calibrated on another model than mi's (a v1/v2 file
+ * passes with a note). Returns 0, 2 (another model), 1 (the model could not be read) after
+ * saying why. */
+static int strategy_model_ok(const eval_job *e, model_ident *mi)
+{
+    if (kvm_polykv_method_needs_model_id(e->opts) && !mi->known) {
+        int rc = kvm_store_hash_file(mi->path, &mi->id);
+        if (rc) {
+            fprintf(stderr, "kvmill " CMD ": --model %s: %s\n", mi->path, kvm_errmsg());
+            return rc == KVM_ENOMEM || rc == KVM_EIO ? 1 : 2;
+        }
+        mi->known = 1;
+    }
+    if (!kvm_polykv_method_check_model(e->opts, mi->known ? mi->id.b : NULL, mi->path)) return 0;
+    fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", e->spec, kvm_errmsg());
+    return 2;
+}
+
 /* Builds the jobs from --method and --budget/--ratio lists (target: --target-kl's search, with
  * `budgets` a placeholder); `flags` ("name=value:..." from the sculpt flags, may be "") go before
  * each sculpt-family method's own options, which override them, except the size (budget, ratio,
- * entries: refused in a method's options, the columns set it). Returns 0, 2 (bad option), 1. */
+ * entries: refused in a method's options, the columns set it); a polykv strategy file of another
+ * model than model_path's is refused (strategy_model_ok). Returns 0, 2 (bad option), 1. */
 static int make_jobs(const char *methods, const char *budgets, int is_ratio, int target, const char *flags,
-                     const kvm_model_config *c, eval_job **jobs, int *n_jobs)
+                     const kvm_model_config *c, const char *model_path, eval_job **jobs, int *n_jobs)
 {
+    model_ident mi = {.path = model_path};
     char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
     int rc = 0, nm = 0, nb = 0, oom = !ms || !bs;
     if (oom) rc = 1;
@@ -209,6 +242,7 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, int
                 break;
             }
             n++;
+            if (!strcmp(e->m->name, "polykv")) rc = strategy_model_ok(e, &mi);
         }
     for (int x = 0; !rc && x < n; x++) /* an item twice ran twice: a column repeated */
         for (int y = 0; !rc && y < x; y++)
@@ -778,7 +812,7 @@ int kvm_cmd_eval(int argc, char **argv)
                        target   ? n_buf
                        : budget ? budget
                                 : ratio,
-                       !target && !budget, target != NULL, flags, &m->cfg, &jobs, &n_jobs);
+                       !target && !budget, target != NULL, flags, &m->cfg, model_path, &jobs, &n_jobs);
     for (int j = 0; !rc && !target && j < n_jobs; j++) /* as run refuses [compress] budget >= context, ratio = 1 */
         if (strcmp(jobs[j].m->name, "full") && (budget ? jobs[j].budget.tokens >= N : jobs[j].budget.ratio >= 1)) {
             if (budget)

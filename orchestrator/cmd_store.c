@@ -3,6 +3,7 @@
  * and print usage of an LMDB cache store. Opens read-only except for `rm`; never creates a
  * store. Exit status: 0 ok, 1 failure (corruption, not found), 2 usage or unopenable store. */
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -515,6 +516,39 @@ static int64_t file_bytes(const char *dir)
     return stat(p, &st) == 0 ? (int64_t)st.st_size : 0;
 }
 
+/* path quoted for a POSIX shell into out[cap] ('...', each ' as '\''), so that the swap line
+ * store compact prints can be pasted whatever the path holds; cut short (and still quoted)
+ * only past cap. */
+static const char *sh_quoted(const char *path, char *out, size_t cap)
+{
+    size_t k = 0;
+    out[k++] = '\'';
+    for (const char *p = path; *p && k + 6 < cap; p++) {
+        if (*p == '\'') {
+            memcpy(out + k, "'\\''", 4);
+            k += 4;
+        } else
+            out[k++] = *p;
+    }
+    out[k++] = '\'';
+    out[k] = '\0';
+    return out;
+}
+
+/* The store path compact names: `path` without trailing slashes, resolved (realpath) when its
+ * last part is "." or "..", since "STORE.compact" and "mv STORE STORE.old" need the folder's
+ * own name ("..compact" would be a folder inside the store, and mv cannot move "."). */
+static void compact_store_path(const char *path, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", path);
+    size_t len = strlen(out);
+    while (len > 1 && out[len - 1] == '/')
+        out[--len] = '\0';
+    const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    char real[PATH_MAX];
+    if ((!strcmp(base, ".") || !strcmp(base, "..")) && realpath(out, real)) snprintf(out, cap, "%s", real);
+}
+
 static int cmd_compact(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT,
@@ -528,9 +562,7 @@ static int cmd_compact(int argc, char **argv)
     const char *path;
     if (store_of("store compact", opts, &cfg, &path)) return 2;
     char store[4096], out[4200];
-    snprintf(store, sizeof store, "%s", path);
-    size_t len = strlen(store);
-    while (len > 1 && store[len - 1] == '/') store[--len] = '\0';
+    compact_store_path(path, store, sizeof store);
     snprintf(out, sizeof out, "%s", kvm_cli_get(opts, "out") ? kvm_cli_get(opts, "out") : store);
     if (!kvm_cli_get(opts, "out")) strncat(out, ".compact", sizeof out - strlen(out) - 1);
     kvm_config_free(&cfg);
@@ -545,8 +577,12 @@ static int cmd_compact(int argc, char **argv)
     }
     printf("compacted copy of %s in %s: data.mdb %lld bytes (was %lld)\n", store, out, (long long)copy,
            (long long)file_bytes(store));
+    char old[4200], q[4][8500];
+    snprintf(old, sizeof old, "%s.old", store);
     printf("to use it: stop every process that has the store open (kvmill run, serve, stage workers), then\n"
-           "  mv '%s' '%s.old' && mv '%s' '%s'\n", store, store, out, store);
+           "  mv %s %s && mv %s %s\n",
+           sh_quoted(store, q[0], sizeof q[0]), sh_quoted(old, q[1], sizeof q[1]), sh_quoted(out, q[2], sizeof q[2]),
+           sh_quoted(store, q[3], sizeof q[3]));
     return 0;
 }
 

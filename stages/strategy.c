@@ -133,6 +133,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     }
     if (!rc) rc = kvm_polykv_build_best(docs, n, sig, B, B / 4 > 1 ? B / 4 : 1, -1, alloc, 0, stderr, &best);
     kvm_polykv_score_sculpt_opts(NULL);
+    /* without a model id (v1/v2): the record's key has it, and its bytes hash into config ids */
     if (!rc) rc = kvm_strategy_encode(best, &buf, &len);
     if (!rc) rc = kvm_store_put_strategy(st->store, &st->wm.model_id, kvm_config_str(cfg, "compress", "strategy"), buf, len);
     if (rc) goto done;

@@ -282,6 +282,20 @@ static int store_check_opts(const kvm_store_opts *o)
 }
 
 /* Checks what is at path; creates the directory for a writable open. */
+/* The error for a store path that is not a directory: KVM_EFORMAT. A store's own data.mdb or
+ * lock.mdb (what a user may take for "the store file") is named as such, with the folder to give. */
+static int not_a_dir(const char *path)
+{
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (strcmp(base, "data.mdb") && strcmp(base, "lock.mdb"))
+        return kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment directory", path);
+    int dir_len = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
+    return kvm_err(KVM_EFORMAT,
+                   "store %s: not an LMDB environment directory: %s is a file of the store: name its "
+                   "folder, %.*s, instead",
+                   path, base, dir_len, slash ? path : ".");
+}
+
 static int store_prepare_dir(const char *path, int read_only, int must_exist)
 {
     struct stat st;
@@ -292,7 +306,7 @@ static int store_prepare_dir(const char *path, int read_only, int must_exist)
             return kvm_err(KVM_EIO, "store %s: cannot create directory: %s", path, strerror(errno));
         return 0;
     }
-    if (!S_ISDIR(st.st_mode)) return kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment directory", path);
+    if (!S_ISDIR(st.st_mode)) return not_a_dir(path);
     if (read_only || must_exist) {
         char data[4200];
         snprintf(data, sizeof data, "%s/data.mdb", path);

@@ -350,8 +350,9 @@ int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_
  * the copy): LMDB never shrinks data.mdb, the copy holds only the pages in use
  * (mdb_env_copy2 with MDB_CP_COMPACT). The store itself is left as it is; swapping the copy
  * in is the caller's business (no process may have the store open then). *copy_bytes (may
- * be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or is empty, or its
- * parent is missing, not a folder or not writable), KVM_EIO (cannot create or write dst
+ * be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or is empty, lies
+ * inside the store's directory (resolved: "..", symbolic links), or its parent is missing, not a
+ * folder or not writable), KVM_EIO (cannot create or write dst
  * otherwise; a partial copy is removed), KVM_ECORRUPT (damaged pages: the copy walks every
  * page, so nothing is copied and dst is removed), KVM_ESTATE. */
 int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes);

@@ -10,7 +10,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -174,11 +176,43 @@ static int check_once(const char *dir, int *young)
     return 0;
 }
 
+/* Refuses a destination inside the store's own directory: LMDB's directory would hold a second
+ * environment, and the swap a caller prints (mv STORE STORE.old && mv DST STORE) would move the
+ * copy away with the store, leaving none. dst's parent and the store are compared resolved
+ * (realpath: "..", ".", symbolic links); a parent that does not resolve is left to mkdir to
+ * refuse. Returns 0 or KVM_EINVAL. */
+static int dst_outside_store(const kvm_store *s, const char *dst)
+{
+    char parent[PATH_MAX], rp[PATH_MAX], rs[PATH_MAX];
+    int n = snprintf(parent, sizeof parent, "%s", dst);
+    if (n < 0 || (size_t)n >= sizeof parent) return 0; /* mkdir says ENAMETOOLONG */
+    while (n > 1 && parent[n - 1] == '/')
+        parent[--n] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else if (slash == parent)
+        parent[1] = '\0'; /* "/x": the root */
+    else
+        *slash = '\0';
+    if (!realpath(parent, rp) || !realpath(s->path, rs)) return 0;
+    size_t ls = strlen(rs);
+    if (strncmp(rp, rs, ls) != 0 || (rp[ls] != '\0' && rp[ls] != '/')) return 0;
+    return kvm_err(KVM_EINVAL,
+                   "store compact: %s is inside the store %s: the copy would sit in LMDB's directory and be moved "
+                   "away with the store when swapped in; name a directory outside it (default: %s.compact)",
+                   dst, s->path, s->path);
+}
+
 int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
 {
     struct stat st;
     if (!dst || !*dst) return kvm_err(KVM_EINVAL, "store compact: empty destination");
-    if (stat(dst, &st) == 0) return kvm_err(KVM_EINVAL, "store compact: %s already exists: name a new directory", dst);
+    if (lstat(dst, &st) == 0) /* lstat: a dangling symbolic link exists too (mkdir would fail "as I/O") */
+        return kvm_err(KVM_EINVAL, "store compact: %s already exists%s: name a new directory", dst,
+                       S_ISLNK(st.st_mode) ? " (a symbolic link)" : "");
+    int in = dst_outside_store(s, dst);
+    if (in) return in;
     if (mkdir(dst, 0775) != 0) { /* a missing, unwritable or non-folder parent is the caller's path: EINVAL */
         int e = errno, bad_path = e == ENOENT || e == ENOTDIR || e == EACCES || e == EROFS || e == ENAMETOOLONG;
         return kvm_err(bad_path ? KVM_EINVAL : KVM_EIO, "store compact: cannot create %s: %s", dst, strerror(e));

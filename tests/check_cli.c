@@ -1,6 +1,9 @@
 /* check_cli.c: the kvmill binary as a user runs it: generate reproduces run.c's greedy
  * golden texts byte for byte, --tokens, a model with no tokenizer, info, make-model, and
  * clear errors with the right exit codes for bad arguments and files. */
+#include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -524,6 +527,94 @@ START_TEST(test_polykv_wrong_model)
 }
 END_TEST
 
+/* The number of times needle occurs in hay. */
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Issue 15: a strategy file of another model with the same layer count was used silently (its
+ * per-layer patterns and budgets are the other model's). calibrate records the model's id
+ * (KVST v3); eval refuses the file on another model, exit 2, naming the file, the recorded and
+ * the actual model; on its own model it runs. A v1 or v2 file (no id) still runs, with one note
+ * on stderr (not one per budget) that it cannot be checked. */
+START_TEST(test_polykv_other_model_same_layers)
+{
+    char *tmp = kvm_test_tmpdir(), args[16384], *out, *err, path[4200];
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt"), *own = kvm_test_data_path("models/stories260K.bin");
+    const char *tok = kvm_test_data_path("models/tok512.bin");
+    snprintf(args, sizeof args,
+             "calibrate --model '%%s' --docs '%%s' --budget 16 --context 64 --continuation 8 "
+             "--threads 1 --phases prefill --layer-alloc uniform --out '%s/s.bin'",
+             tmp);
+    int rc = kvmill(&out, &err, args, own, doc);
+    ck_assert_msg(rc == 0, "calibrate: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, /* stories260K's shape: 5 layers, random weights */
+             "make-model --dim 64 --layers 5 --heads 8 --kv-heads 4 --hidden 172 --vocab 512 "
+             "--seq-len 512 --seed 3 --out '%s/m5.bin'%%s%%s",
+             tmp);
+    ck_assert_int_eq(kvmill(&out, &err, args, "", ""), 0);
+    free(out);
+    free(err);
+    kvm_store_id id_own, id_other;
+    char hex_own[KVM_STORE_ID_HEX + 1], hex_other[KVM_STORE_ID_HEX + 1], want[16384];
+    snprintf(path, sizeof path, "%s/m5.bin", tmp);
+    ck_assert_int_eq(kvm_store_hash_file(own, &id_own), 0);
+    ck_assert_int_eq(kvm_store_hash_file(path, &id_other), 0);
+    kvm_store_id_hex(&id_own, hex_own);
+    kvm_store_id_hex(&id_other, hex_other);
+    const char *eval = "eval --model '%s' --tokenizer '%s' --docs '%s' --context 64 --continuation 8 --threads 1 "
+                       "--budget 16,8 --method polykv:%s/%s";
+    snprintf(args, sizeof args, eval, path, tok, doc, tmp, "s.bin");
+    rc = kvmill(&out, &err, "%s%s", args, "");
+    snprintf(want, sizeof want, "strategy %s/s.bin was calibrated on model %s, not on %s (model %s)", tmp, hex_own,
+             path, hex_other);
+    ck_assert_msg(rc == 2 && strstr(err, want) && !strstr(out, "kl_mean"), "exit %d: %s\nwanted: %s", rc, err, want);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, eval, own, tok, doc, tmp, "s.bin"); /* its own model */
+    rc = kvmill(&out, &err, "%s%s", args, "");
+    ck_assert_msg(rc == 0 && !strstr(err, "polykv:") && strstr(out, "kl_mean"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* files written before version 3: eviction only (v1), and kvzip layers with their options (v2) */
+    kvm_strategy *st;
+    snprintf(path, sizeof path, "%s/s.bin", tmp);
+    ck_assert_int_eq(kvm_strategy_read(path, &st), 0);
+    st->model_known = 0;
+    snprintf(path, sizeof path, "%s/v1.bin", tmp);
+    ck_assert_int_eq(kvm_strategy_write(st, path), 0);
+    for (int l = 0; l < st->n_layers; l++)
+        st->layers[l].pattern[0] = st->layers[l].pattern[1] = KVM_PATTERN_KVZIP;
+    ck_assert_int_eq(kvm_sculpt_opts_parse(&st->sculpt, "queries=16"), 0);
+    st->sculpt_known = 1;
+    snprintf(path, sizeof path, "%s/v2.bin", tmp);
+    ck_assert_int_eq(kvm_strategy_write(st, path), 0);
+    kvm_strategy_free(&st);
+    for (int v = 1; v <= 2; v++) {
+        char name[16], note[4400];
+        snprintf(name, sizeof name, "v%d.bin", v);
+        snprintf(path, sizeof path, "%s/m5.bin", tmp);
+        snprintf(args, sizeof args, eval, path, tok, doc, tmp, name);
+        rc = kvmill(&out, &err, "%s%s", args, "");
+        snprintf(note, sizeof note,
+                 "polykv: %s/%s is a version-%d strategy: it does not record the model it was "
+                 "calibrated on, so it cannot be checked against %s",
+                 tmp, name, v, path);
+        ck_assert_msg(rc == 0 && count_of(err, note) == 1 && strstr(out, "kl_mean"), "v%d: exit %d: %s", v, rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* --target-kl with --target-step at or above --context (or, for a sculpt-family method, no multiple
  * between its retain zone and the context) searched no budget below the context: one probe at
  * the whole context, "reached", a "compressed" cache as large as the full one, exit 0. Refused as
@@ -669,6 +760,7 @@ static Suite *cli_suite(void)
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
                  {"polykv_wrong_model", test_polykv_wrong_model},
+                 {"polykv_other_model_same_layers", test_polykv_other_model_same_layers},
                  {"target_step_past_context", test_target_step_past_context_cli},
                  {"sculpt_kept_whole_said", test_sculpt_kept_whole_said},
                  {"fifo_without_writer", test_fifo_without_writer},

@@ -462,9 +462,10 @@ START_TEST(test_codec)
         size_t off;
         uint8_t val;
         const char *msg;
-    } bad[] = {{0, 'X', "magic"},     {4, 3, "version"},     {16, 9, "select"},   {17, 9, "alloc"},
-               {18, 3, "head_split"}, {19, 1, "reserved"},   {24, 7, "pattern"},  {26, 1, "reserved"},
-               {28, 0, "budget"},     {28 + 8, 0xff, "sum"}, {12, 0xff, "b_min"}, {6, 0, "layers"}};
+    } bad[] = {{0, 'X', "magic"},     {4, 3, "version"},   {16, 9, "select"},     {17, 9, "alloc"},
+               {18, 3, "head_split"}, {19, 1, "reserved"}, {24, 7, "pattern"},    {26, 1, "reserved"},
+               {4, 4, "version 4"},   {28, 0, "budget"},   {28 + 8, 0xff, "sum"}, {12, 0xff, "b_min"},
+               {6, 0, "layers"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         uint8_t *c = malloc(n);
         memcpy(c, b, n);
@@ -597,7 +598,8 @@ START_TEST(test_codec_v2)
         const char *msg;
     } bad[] = {{at, 0, "sculpt options length 0 at offset 64"},
                {at + 4 + 7, 'X', "sculpt options at offset 68: "},
-               {4, 3, "version 3 at offset 4"}};
+               {4, 4, "version 4 at offset 4"},
+               {4, 3, "(version 3)"}}; /* v2 bytes read as v3: no room for the model id */
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memcpy(c, b, n);
         c[bad[i].off] = bad[i].val;
@@ -633,6 +635,139 @@ START_TEST(test_codec_v2)
     free(dir);
     free(b);
     kvm_strategy_free(&st);
+}
+END_TEST
+
+/* Every truncation of b[0, n) is refused and every byte changed to a few values is refused or
+ * decodes to a strategy that encodes (never a crash, never a value the encoder rejects). */
+static void expect_strict(const uint8_t *b, size_t n)
+{
+    kvm_strategy *back;
+    uint8_t *b2, *c = malloc(n + 1);
+    size_t n2;
+    for (size_t cut = 0; cut < n; cut++) {
+        ck_assert_msg(kvm_strategy_decode(b, cut, &back) == KVM_EFORMAT, "cut at %zu", cut);
+        ck_assert_ptr_null(back);
+    }
+    static const uint8_t junk[] = {0, 1, 3, 'X', ',', '=', '9', 0xff};
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < sizeof junk; j++) {
+            memcpy(c, b, n);
+            c[i] = junk[j];
+            int rc = kvm_strategy_decode(c, n, &back);
+            ck_assert_msg(rc == 0 || rc == KVM_EFORMAT, "byte %zu = %u: status %d", i, junk[j], rc);
+            if (!rc) {
+                ck_assert_msg(kvm_strategy_encode(back, &b2, &n2) == 0, "byte %zu = %u: %s", i, junk[j], kvm_errmsg());
+                free(b2);
+            }
+            kvm_strategy_free(&back);
+        }
+    memcpy(c, b, n);
+    c[n] = 0; /* one byte more than the layout says */
+    ck_assert_int_eq(kvm_strategy_decode(c, n + 1, &back), KVM_EFORMAT);
+    free(c);
+}
+
+/* KVST v3 (issue 15): a strategy with a model id records it after the layers, then the options'
+ * length (0: none) and text; it decodes to the same id and re-encodes to the same bytes; without
+ * the id the same strategy is its v1/v2 bytes again (what the store keeps, so the config ids of
+ * caches do not change); strict against truncation and changed bytes; kvm_strategy_check_model
+ * passes the recorded model, refuses another naming the file and both ids, and passes a strategy
+ * without an id. */
+START_TEST(test_codec_v3)
+{
+    uint8_t id[KVM_STRATEGY_MODEL_ID_BYTES], other[KVM_STRATEGY_MODEL_ID_BYTES];
+    for (int i = 0; i < KVM_STRATEGY_MODEL_ID_BYTES; i++)
+        id[i] = (uint8_t)(7 * i + 1), other[i] = (uint8_t)(5 * i);
+    const size_t at = 24 + 8 * 5;          /* after the layers */
+    for (int kind = 0; kind < 3; kind++) { /* eviction only; kvzip with options; kvzip with unknown options */
+        kvm_strategy *st = kvzip_strategy(), *back;
+        if (kind == 0)
+            for (int l = 0; l < 5; l++)
+                st->layers[l].pattern[0] = st->layers[l].pattern[1] = KVM_PATTERN_SNAPKV;
+        if (kind == 2) st->sculpt_known = 0;
+        uint8_t *plain, *b, *b2;
+        size_t np, n, n2;
+        ck_assert_int_eq(kvm_strategy_encode(st, &plain, &np), 0); /* no id: v1 or v2, as before */
+        ck_assert_uint_eq(plain[4], kind == 1 ? 2 : 1);
+        kvm_strategy_set_model(st, id);
+        ck_assert_int_eq(kvm_strategy_version(st), 3);
+        ck_assert_int_eq(kvm_strategy_encode(st, &b, &n), 0);
+        char text[KVM_SCULPT_OPTS_CANONICAL_MAX] = "";
+        if (kind == 1) ck_assert_int_eq(kvm_sculpt_opts_canonical(&st->sculpt, text, sizeof text), 0);
+        ck_assert_uint_eq(b[4], 3);
+        ck_assert_uint_eq(n, at + 32 + 4 + strlen(text));
+        ck_assert_mem_eq(b, plain, 4); /* the header and layers are v1's but for the version */
+        ck_assert_mem_eq(b + 6, plain + 6, at - 6);
+        ck_assert_mem_eq(b + at, id, 32);
+        ck_assert_uint_eq(b[at + 32] | b[at + 33] << 8 | b[at + 34] << 16 | (uint32_t)b[at + 35] << 24, strlen(text));
+        ck_assert_mem_eq(b + at + 36, text, strlen(text));
+        ck_assert_int_eq(kvm_strategy_decode(b, n, &back), 0);
+        ck_assert_int_eq(back->model_known, 1);
+        ck_assert_mem_eq(back->model_id, id, 32);
+        ck_assert_int_eq(back->sculpt_known, kind == 1);
+        ck_assert_int_eq(kvm_strategy_encode(back, &b2, &n2), 0);
+        ck_assert_uint_eq(n2, n);
+        ck_assert_mem_eq(b2, b, n); /* canonical */
+        free(b2);
+        back->model_known = 0; /* the content without the id: the v1/v2 bytes exactly */
+        ck_assert_int_eq(kvm_strategy_encode(back, &b2, &n2), 0);
+        ck_assert_uint_eq(n2, np);
+        ck_assert_mem_eq(b2, plain, np);
+        free(b2);
+        kvm_strategy_free(&back);
+        expect_strict(b, n);
+        /* the model check: the recorded model passes, another is refused naming both */
+        ck_assert_int_eq(kvm_strategy_decode(b, n, &back), 0);
+        ck_assert_int_eq(kvm_strategy_check_model(back, "dir/s.bin", id, "m.bin"), 0);
+        ck_assert_int_eq(kvm_strategy_check_model(back, "dir/s.bin", other, "other.bin"), KVM_EMISMATCH);
+        ck_assert_msg(strstr(kvm_errmsg(), "strategy dir/s.bin was calibrated on model 01080f161d") &&
+                          strstr(kvm_errmsg(), "not on other.bin (model 00050a0f14"),
+                      "%s", kvm_errmsg());
+        kvm_strategy_free(&back);
+        ck_assert_int_eq(kvm_strategy_decode(plain, np, &back), 0); /* no id: not comparable, passes */
+        ck_assert_int_eq(back->model_known, 0);
+        ck_assert_int_eq(kvm_strategy_check_model(back, "dir/old.bin", NULL, "other.bin"), 0);
+        kvm_strategy_free(&back);
+        if (kind == 1) { /* options beside eviction-only layers are not canonical; a version past 3 is unknown */
+            uint8_t *c = malloc(n);
+            memcpy(c, b, n);
+            for (int l = 0; l < 5; l++)
+                c[24 + 8 * l] = c[25 + 8 * l] = KVM_PATTERN_H2O;
+            ck_assert_int_eq(kvm_strategy_decode(c, n, &back), KVM_EFORMAT);
+            ck_assert_msg(
+                strstr(kvm_errmsg(), "version 3 at offset 4 with sculpt options but without a sculpt or kvzip"), "%s",
+                kvm_errmsg());
+            memcpy(c, b, n);
+            c[at + 32 + 4 + 2] = 'X';
+            ck_assert_int_eq(kvm_strategy_decode(c, n, &back), KVM_EFORMAT);
+            ck_assert_msg(strstr(kvm_errmsg(), "sculpt options at offset 100: "), "%s", kvm_errmsg());
+            memcpy(c, b, n);
+            c[4] = 4;
+            ck_assert_int_eq(kvm_strategy_decode(c, n, &back), KVM_EFORMAT);
+            ck_assert_msg(strstr(kvm_errmsg(), "version 4 at offset 4, expected 1, 2 or 3"), "%s", kvm_errmsg());
+            free(c);
+        }
+        if (kind == 0) { /* the file keeps the id, and the table print names it */
+            char *dir = kvm_test_tmpdir(), path[512], *txt = NULL;
+            snprintf(path, sizeof path, "%s/s.bin", dir);
+            ck_assert_int_eq(kvm_strategy_write(st, path), 0);
+            ck_assert_int_eq(kvm_strategy_read(path, &back), 0);
+            ck_assert_mem_eq(back->model_id, id, 32);
+            size_t tn = 0;
+            FILE *mf = open_memstream(&txt, &tn);
+            kvm_strategy_print(back, mf);
+            fclose(mf);
+            ck_assert_msg(strstr(txt, "calibrated on model 01080f161d"), "%s", txt);
+            free(txt);
+            kvm_strategy_free(&back);
+            kvm_test_rmtree(dir);
+            free(dir);
+        }
+        free(plain);
+        free(b);
+        kvm_strategy_free(&st);
+    }
 }
 END_TEST
 
@@ -868,6 +1003,7 @@ static Suite *polykv_suite(void)
                  {"mix_rule", test_mix_rule, 0},
                  {"codec", test_codec, 0},
                  {"codec_v2", test_codec_v2, 0},
+                 {"codec_v3", test_codec_v3, 0},
                  {"opts_canonical", test_opts_canonical, 0},
                  {"strategy_sculpt_opts", test_strategy_sculpt_opts, 0},
                  {"signals_read", test_signals_read, 0},

@@ -616,6 +616,32 @@ START_TEST(test_config_id_covers)
 }
 END_TEST
 
+/* --store naming the store's data.mdb (or lock.mdb) rather than its folder, as a new user may:
+ * it said "not an LMDB environment directory", which does not say what to give instead. Every
+ * store command now names the folder, exit 2 as before. */
+START_TEST(test_store_cli_file_of_store)
+{
+    put_caches(g_store, 2, 100);
+    const char *subs[] = {"ls", "verify", "show a:b:c", "rm a:b:c", "compact", "stats"};
+    for (int f = 0; f < 2; f++)
+        for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+            char file[4400], want[4600], *out = NULL, *err = NULL;
+            snprintf(file, sizeof file, "%s/%s", g_store, f ? "lock.mdb" : "data.mdb");
+            int rc = kvmill(&out, &err, "store %s --store '%s'", subs[i], file);
+            snprintf(want, sizeof want, "is a file of the store: name its folder, %s, instead", g_store);
+            ck_assert_msg(rc == 2 && strstr(err, want), "store %s --store %s: exit %d: %s", subs[i], file, rc, err);
+            free(out);
+            free(err);
+        }
+    char other[4300], *out = NULL, *err = NULL; /* any other file: as before */
+    snprintf(other, sizeof other, "%s/plain.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(other, "x", 1), 0);
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --store '%s'", other), 2);
+    ck_assert_msg(strstr(err, "not an LMDB environment directory") && !strstr(err, "name its folder"), "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
 
 /* ---- item 13: compaction ---- */
 
@@ -665,6 +691,82 @@ START_TEST(test_compact)
     struct stat a2;
     ck_assert_int_eq(stat(data, &a2), 0);
     ck_assert_int_eq((long long)a2.st_size, (long long)a.st_size);
+    /* a copy inside the store's own directory was written, and the swap printed with it
+     * (mv STORE STORE.old && mv STORE/sub STORE) moved the copy away with the store: the second
+     * mv failed and no store was left. Refused (exit 2), however the path is spelled; nothing is
+     * created in the store. */
+    char link[4300];
+    snprintf(link, sizeof link, "%s/dangling", g_dir); /* was "cannot create: File exists", exit 1 (I/O) */
+    ck_assert_int_eq(symlink("/nonexistent/kvmill", link), 0);
+    rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, link);
+    ck_assert_msg(rc == 2 && strstr(err, "already exists (a symbolic link)"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(link, sizeof link, "%s/store-link", g_dir);
+    ck_assert_int_eq(symlink(g_store, link), 0);
+    char insides[4][4400];
+    snprintf(insides[0], sizeof insides[0], "%s/sub", g_store);
+    snprintf(insides[1], sizeof insides[1], "%s/./sub/", g_store);
+    snprintf(insides[2], sizeof insides[2], "%s/../store.lmdb/sub", g_store);
+    snprintf(insides[3], sizeof insides[3], "%s/sub", link); /* through a symbolic link to the store */
+    for (int i = 0; i < 4; i++) {
+        const char *inside = insides[i];
+        rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, inside);
+        ck_assert_msg(rc == 2 && strstr(err, "is inside the store"), "%s: exit %d: %s", inside, rc, err);
+        ck_assert_msg(!strstr(out, "mv '"), "%s", out);
+        free(out);
+        free(err);
+        char sub[4400];
+        snprintf(sub, sizeof sub, "%s/sub", g_store);
+        ck_assert_msg(access(sub, F_OK) != 0, "%s was created", sub);
+    }
+}
+END_TEST
+
+/* Runs the swap line ("  mv ... && mv ...") that store compact printed in out, from folder cwd,
+ * and returns its exit status. */
+static int run_swap(const char *out, const char *cwd)
+{
+    const char *mv = strstr(out, "\n  mv ");
+    ck_assert_msg(mv != NULL, "no swap line in: %s", out);
+    char line[8192], cmd[9000];
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(mv + 1, "\n"), mv + 1);
+    snprintf(cmd, sizeof cmd, "cd '%s' && %s", cwd, line);
+    return system(cmd);
+}
+
+/* The swap store compact prints works as printed: for --store . (the default copy was
+ * "..compact", inside the store, and "mv '.' '..old'" cannot move the current folder) and for a
+ * store whose path holds a quote (the printed 'quoting' broke). Afterwards the store holds the
+ * compacted copy and verifies, the old one is beside it. */
+START_TEST(test_compact_swap_as_printed)
+{
+    char quoted[4300], cmd[9000], *out = NULL, *err = NULL;
+    snprintf(quoted, sizeof quoted, "%s/it's store", g_dir);
+    const char *stores[] = {g_store, quoted};
+    for (int i = 0; i < 2; i++) {
+        put_caches(stores[i], 3, 2000);
+        if (i == 0)
+            snprintf(cmd, sizeof cmd, "cd '%s' && '%s/kvmill' store compact --store .", g_store, kvm_test_bin());
+        else
+            snprintf(cmd, sizeof cmd, "'%s/kvmill' store compact --store \"%s\"", kvm_test_bin(), quoted);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 0, "%s: exit %d: %s", cmd, rc, err);
+        ck_assert_msg(run_swap(out, i == 0 ? g_store : g_dir) == 0, "the swap failed: %s", out);
+        free(out);
+        free(err);
+        char old[4400];
+        snprintf(old, sizeof old, "%s.old/data.mdb", stores[i]);
+        ck_assert_msg(access(old, F_OK) == 0, "%s missing", old);
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store \"%s\"", kvm_test_bin(), stores[i]);
+        ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+        int lines = 0;
+        for (char *p = out; *p; p++)
+            lines += *p == '\n';
+        ck_assert_msg(lines == 4, "%s", out);
+        free(out);
+        free(err);
+    }
 }
 END_TEST
 
@@ -1031,7 +1133,9 @@ int main(void)
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
+    suite_add_tcase(su, tcase("store_cli_file_of_store", test_store_cli_file_of_store, 60));
     suite_add_tcase(su, tcase("compact", test_compact, 60));
+    suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
     suite_add_tcase(su, tcase("recalibration_invalidates", test_recalibration_invalidates, 240));
     suite_add_tcase(su, tcase("other_tokenizer_recompressed", test_other_tokenizer_recompressed, 240));

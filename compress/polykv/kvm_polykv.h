@@ -41,6 +41,10 @@ typedef enum kvm_polykv_alloc {
 
 enum { KVM_POLYKV_PHASES = 2 }; /* index 0 = prefill, 1 = decode (kvm_phase) */
 
+/* Bytes of a model id recorded in a strategy: the store's KVM_STORE_ID_BYTES (compress/ does not
+ * depend on store/; the users that hold both check that they agree). */
+enum { KVM_STRATEGY_MODEL_ID_BYTES = 32 };
+
 /* One layer of a strategy. */
 typedef struct kvm_strategy_layer {
     kvm_pattern pattern[KVM_POLYKV_PHASES]; /* pattern in prefill and in decode */
@@ -65,6 +69,10 @@ typedef struct kvm_strategy {
                                    recorded (a version-1 file, a strategy made by hand) */
     kvm_sculpt_opts sculpt;     /* those options (kvm_sculpt_opts_canonical's settings; threads and
                                    device are the reader's own); kvzip layers use them in kvzip mode */
+    int model_known;            /* 1: model_id names the model the strategy was calibrated on (a KVST v3
+                                   file); 0: not recorded (a v1/v2 file, a store record: its key has it) */
+    uint8_t model_id[KVM_STRATEGY_MODEL_ID_BYTES]; /* that model's id: BLAKE2b-256 of its checkpoint bytes,
+                                   the store's model id (kvm_store_hash_file) */
 } kvm_strategy;
 
 /* Calibration signals over n_docs documents (means over documents and continuation steps).
@@ -234,10 +242,12 @@ int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_head
 int kvm_polykv_head_split(const kvm_model_config *c, const kvm_capture *cap, int mode, kvm_evict_plan *plan);
 
 /* Canonical encoding, little-endian (deterministic: equal strategies give equal bytes).
- * Version 1 (every strategy without sculpt or kvzip layers, and one with them whose options are
- * not known, sculpt_known = 0) and version 2 (a strategy with sculpt or kvzip layers and
- * sculpt_known = 1; issue 14: the file carries what the calibration scored them with):
- *   0  "KVST"  magic (4 bytes)          4  u16 version (1 or 2)  6  u16 L (≥ 1)
+ * Without a model id (model_known = 0): version 1 (every strategy without sculpt or kvzip layers,
+ * and one with them whose options are not known, sculpt_known = 0) and version 2 (a strategy with
+ * sculpt or kvzip layers and sculpt_known = 1; issue 14: the file carries what the calibration
+ * scored them with). With one (model_known = 1): version 3, the same with the model's id, so that
+ * a strategy file is not used on another model with the same layer count (issue 15):
+ *   0  "KVST"  magic (4 bytes)          4  u16 version (1, 2, 3)  6  u16 L (≥ 1)
  *   8  u32 B (≥ 1)                      12 u32 b_min (≤ B)      16 u8 select  17 u8 alloc
  *   18 u8 head_split (0..2)  19 u8 reserved = 0                 20 u32 round(alloc_power·1000)
  *   24 + 8·l: u8 prefill pattern, u8 decode pattern (kvm_pattern: eviction 0-4, or sculpt = 5 or
@@ -246,25 +256,50 @@ int kvm_polykv_head_split(const kvm_model_config *c, const kvm_capture *cap, int
  *   24 + 8·L: u32 n (1 .. KVM_SCULPT_OPTS_CANONICAL_MAX − 1)
  *   28 + 8·L: n bytes of ASCII, kvm_sculpt_opts_canonical of `sculpt` ("method=sculpt,retain=32,
  *             queries=2048,query_source=repeat,...", no NUL)
- * Total 24 + 8·L bytes (v1), 28 + 8·L + n (v2). Eviction-only strategies keep their v1 bytes, so
- * their hashes (and the config ids of their caches) are unchanged. *buf malloc'ed, owned by the
- * caller. Returns 0, KVM_EINVAL (a field out of range), KVM_ENOMEM. */
+ * version 3 only:
+ *   24 + 8·L: the model id (KVM_STRATEGY_MODEL_ID_BYTES raw bytes)
+ *   56 + 8·L: u32 n: 0 where version 2's part would be absent (options unknown, or no sculpt or
+ *             kvzip layer), else as version 2 (1 .. KVM_SCULPT_OPTS_CANONICAL_MAX − 1)
+ *   60 + 8·L: n bytes of options text, as version 2
+ * Total 24 + 8·L bytes (v1), 28 + 8·L + n (v2), 60 + 8·L + n (v3). Eviction-only strategies
+ * without a model id keep their v1 bytes, so their hashes (and the config ids of their caches)
+ * are unchanged; the store's records are written without the id (their key holds it). *buf
+ * malloc'ed, owned by the caller. Returns 0, KVM_EINVAL (a field out of range), KVM_ENOMEM. */
 int kvm_strategy_encode(const kvm_strategy *s, uint8_t **buf, size_t *len);
 
 /* Decodes and validates everything (magic, version, size, ranges, patterns, reserved bytes,
  * each budget ≥ max(1, b_min), budgets summing to L·B; version 2: at least one sculpt or kvzip
- * layer, the options' length, and their text by kvm_sculpt_opts_from_canonical); bad input is
- * KVM_EFORMAT with a message naming the field and offset, never a crash. A version-1 strategy
- * gets sculpt_known = 0 and default options. *out owned by the caller. Also KVM_ENOMEM. */
+ * layer, the options' length, and their text by kvm_sculpt_opts_from_canonical; version 3: the
+ * same for its options when n > 0, n = 0 or a sculpt or kvzip layer); bad input is KVM_EFORMAT
+ * with a message naming the field and offset, never a crash. A strategy without options
+ * (version 1, version 3 with n = 0) gets sculpt_known = 0 and default options; version 3 sets
+ * model_known = 1 and model_id. *out owned by the caller. Also KVM_ENOMEM. */
 int kvm_strategy_decode(const uint8_t *buf, size_t len, kvm_strategy **out);
 
-/* Reads / writes a strategy file (its canonical encoding). Errors: KVM_ENOTFOUND, KVM_EIO,
- * KVM_EFORMAT (message names the file), KVM_ENOMEM; writing, KVM_EINVAL for a FIFO that no
- * process is reading (kvm_file_open_output: refused rather than waited for). */
+/* The version kvm_strategy_encode writes s as: 3 with a model id, else 2 when the options of its
+ * sculpt or kvzip layers are known (they matter), else 1. */
+int kvm_strategy_version(const kvm_strategy *s);
+
+/* Reads / writes a strategy file (its canonical encoding: version 3 when s->model_known). Errors:
+ * KVM_ENOTFOUND, KVM_EIO, KVM_EFORMAT (message names the file), KVM_ENOMEM; writing, KVM_EINVAL
+ * for a FIFO that no process is reading (kvm_file_open_output: refused rather than waited for). */
 int kvm_strategy_read(const char *path, kvm_strategy **out);
 int kvm_strategy_write(const kvm_strategy *s, const char *path);
 
-/* Prints the strategy as a table: one row per layer with both phases' patterns and the budget. */
+/* Records model_id (KVM_STRATEGY_MODEL_ID_BYTES bytes: the store's model id of the model s was
+ * calibrated on, kvm_store_hash_file) in s, so that kvm_strategy_write writes version 3. */
+void kvm_strategy_set_model(kvm_strategy *s, const uint8_t *model_id);
+
+/* Checks that strategy s, read from `file` (named in messages), may be used on the model `model`
+ * (its path, for messages) whose id is model_id (KVM_STRATEGY_MODEL_ID_BYTES bytes; may be NULL
+ * when s->model_known = 0, since it is then not compared). A strategy without a recorded id (a
+ * v1/v2 file) passes, with one stderr note per file (kvm_log warning; not repeated for the same
+ * file) that it cannot be checked against the model. Returns 0, or KVM_EMISMATCH when the
+ * recorded id differs, the message naming the file, the recorded id and the model with its id. */
+int kvm_strategy_check_model(const kvm_strategy *s, const char *file, const uint8_t *model_id, const char *model);
+
+/* Prints the strategy as a table: one row per layer with both phases' patterns and the budget,
+ * after the model id when one is recorded. */
 void kvm_strategy_print(const kvm_strategy *s, FILE *f);
 
 /* Mean KL(full ‖ compressed) of strategy s (prefill phase, at its own average budget) over
@@ -279,8 +314,10 @@ void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o);
 /* When dir is not NULL, kvm_polykv_build_best also writes every candidate it scores to
  * dir/NAME.bin (NAME: the candidate's table name, e.g. "cosine/ppl+heads", with '/', '+' and
  * '^' as '_'), so that held-out evaluations can compare candidates; the directory must exist.
- * Process-wide, borrowed until reset with NULL; not thread-safe: set it before building. */
-void kvm_polykv_build_dump_dir(const char *dir);
+ * model_id (KVM_STRATEGY_MODEL_ID_BYTES bytes, copied; may be NULL) is the calibrated model's,
+ * recorded in every such file (KVST v3). Process-wide, dir borrowed until reset with NULL; not
+ * thread-safe: set it before building. */
+void kvm_polykv_build_dump_dir(const char *dir, const uint8_t *model_id);
 
 /* The builder: scores every candidate on the calibration documents and returns the best
  * (lowest mean KL; ties keep the earlier candidate) in *out (caller owns). Candidates:
@@ -353,6 +390,14 @@ int kvm_polykv_method_decode_new(const kvm_compress_input *in, const void *opts,
  * differ from the recorded ones and are not used. No errors. */
 void kvm_polykv_strategy_sculpt_opts(const kvm_strategy *s, const kvm_sculpt_opts *own, const char *own_name,
                                      kvm_sculpt_opts *out);
+
+/* Checks the strategy that kvm_polykv_method_opts_new read against the model it will run on
+ * (kvm_strategy_check_model, naming the file): model_id (KVM_STRATEGY_MODEL_ID_BYTES bytes) may be
+ * NULL when kvm_polykv_method_needs_model_id(opts) is 0. Returns 0 or KVM_EMISMATCH. */
+int kvm_polykv_method_check_model(const void *opts, const uint8_t *model_id, const char *model);
+/* 1 when the strategy of opts (from kvm_polykv_method_opts_new) records a model id to compare,
+ * so that the caller computes the model's (hashing a checkpoint costs seconds per GB). */
+int kvm_polykv_method_needs_model_id(const void *opts);
 
 /* The same method over a strategy in memory (borrowed; must outlive the opts): what the
  * builder uses to evaluate candidates. */

@@ -15,6 +15,7 @@ typedef struct polykv_opts {
     const kvm_strategy *s; /* the strategy */
     kvm_budget budget;     /* requested average budget */
     kvm_sculpt_opts sculpt; /* for the sculpt layers */
+    char *file;             /* owned: the file `owned` was read from (kvm_polykv_method_check_model's messages) */
 } polykv_opts;
 
 int kvm_polykv_method_opts_from(const kvm_strategy *s, const kvm_budget *budget, void **opts)
@@ -68,9 +69,9 @@ static void say_options(const char *file, const kvm_strategy *s, const kvm_sculp
     const int nd = kvm_strategy_distilled(s);
     if (nd && !s->sculpt_known)
         snprintf(msg, sizeof msg,
-                 "polykv: %s is a version-1 strategy: it does not record the options its %d sculpt/kvzip layers were "
-                 "calibrated with, so they use the KVSculpt defaults%s (a calibration by this build records them)",
-                 file, nd, given ? " changed by the options after the file" : "");
+                 "polykv: %s is a version-%d strategy: it does not record the options its %d sculpt/kvzip layers "
+                 "were calibrated with, so they use the KVSculpt defaults%s (a calibration by this build records them)",
+                 file, kvm_strategy_version(s), nd, given ? " changed by the options after the file" : "");
     else if (nd && given && !kvm_sculpt_opts_diff(used, &s->sculpt, "recorded", d, sizeof d))
         snprintf(msg, sizeof msg, "polykv: %s: the options after the file override the strategy's for its %d "
                                   "sculpt/kvzip layers: %s", file, nd, d);
@@ -142,22 +143,32 @@ int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const 
                      "model (kvmill calibrate makes one for this one)",
                      file, s->n_layers, c->n_layers);
     if (!rc) rc = kvm_polykv_method_opts_from(s, budget, opts);
-    free(file);
     free(list);
     if (rc) {
+        free(file);
         kvm_strategy_free(&s);
         return rc;
     }
     ((polykv_opts *)*opts)->owned = s;
     ((polykv_opts *)*opts)->sculpt = so;
+    ((polykv_opts *)*opts)->file = file;
     return 0;
 }
+
+int kvm_polykv_method_check_model(const void *opts, const uint8_t *model_id, const char *model)
+{
+    const polykv_opts *o = opts;
+    return kvm_strategy_check_model(o->s, o->file ? o->file : "(the strategy in memory)", model_id, model);
+}
+
+int kvm_polykv_method_needs_model_id(const void *opts) { return ((const polykv_opts *)opts)->s->model_known; }
 
 void kvm_polykv_method_opts_free(void *opts)
 {
     polykv_opts *o = opts;
     if (!o) return;
     kvm_strategy_free(&o->owned);
+    free(o->file);
     free(o);
 }
 

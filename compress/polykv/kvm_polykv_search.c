@@ -14,8 +14,15 @@
 static kvm_sculpt_opts score_sculpt;
 static int score_sculpt_set;
 static const char *dump_dir; /* kvm_polykv_build_dump_dir */
+static int dump_model_known; /* ... and the model id its candidates record */
+static uint8_t dump_model[KVM_STRATEGY_MODEL_ID_BYTES];
 
-void kvm_polykv_build_dump_dir(const char *dir) { dump_dir = dir; }
+void kvm_polykv_build_dump_dir(const char *dir, const uint8_t *model_id)
+{
+    dump_dir = dir;
+    dump_model_known = model_id != NULL;
+    if (model_id) memcpy(dump_model, model_id, sizeof dump_model);
+}
 
 void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o)
 {
@@ -100,7 +107,9 @@ static int dump_candidate(const kvm_strategy *s, const char *name)
     if (n < 0 || (size_t)n >= sizeof path) return kvm_err(KVM_EINVAL, "polykv: candidate path under '%s' too long", dump_dir);
     for (char *c = path + strlen(dump_dir) + 1; *c; c++)
         if (*c == '/' || *c == '+' || *c == '^') *c = '_';
-    return kvm_strategy_write(s, path);
+    kvm_strategy file = *s; /* a shallow copy (the layers shared) to record the model in */
+    if (dump_model_known) kvm_strategy_set_model(&file, dump_model);
+    return kvm_strategy_write(&file, path);
 }
 
 static void print_budgets(const kvm_strategy *s, FILE *f)
