@@ -2,6 +2,7 @@
  * defaults (transformers' LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) and every
  * setting the forward cannot reproduce refused by name. */
 #include "model/kvm_hf.h"
+#include "model/kvm_json.h"
 #include "model/kvm_model.h"
 #include "common/kvm_error.h"
 
@@ -284,7 +285,7 @@ static int from_root(const char *f, json_t *root, const json_error_t *je, kvm_mo
 int kvm__hf_config(const char *path, kvm_model_config *c, char *arch_out, unsigned arch_size, int *tied, int *o_bias)
 {
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = kvm__json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     return from_root(path, root, &je, c, arch_out, arch_size, tied, o_bias);
 }
 
@@ -292,6 +293,6 @@ int kvm__hf_config_mem(const char *name, const char *json, size_t len, kvm_model
                        unsigned arch_size, int *tied, int *o_bias)
 {
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = kvm__json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     return from_root(name, root, &je, c, arch_out, arch_size, tied, o_bias);
 }

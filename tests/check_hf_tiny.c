@@ -958,6 +958,52 @@ START_TEST(test_bad_entries)
 }
 END_TEST
 
+/* Prepends a UTF-8 byte-order mark to the file at path. */
+static void add_bom(const char *path)
+{
+    size_t n;
+    char *text = kvm_test_read_file(path, &n), *marked = malloc(n + 3);
+    ck_assert_ptr_nonnull(text);
+    memcpy(marked, "\xEF\xBB\xBF", 3);
+    memcpy(marked + 3, text, n);
+    ck_assert_int_eq(kvm_test_write_file(path, marked, n + 3), 0);
+    free(text);
+    free(marked);
+}
+
+/* config.json and model.safetensors.index.json that start with a UTF-8 byte-order mark (as
+ * Windows editors save them) load as without it; jansson's "'[' or '{' expected near" refused
+ * them. kvm__hf_config_mem skips the mark too. */
+START_TEST(test_bom)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder("llama_bf16_sharded", &s, &r, &c, &tied);
+    tset_write(&s, dir, 3);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    add_bom(p);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    add_bom(p);
+    kvm_model *m = NULL;
+    ck_assert_msg(kvm_model_open(dir, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(memcmp(&m->cfg, &c, sizeof c), 0);
+    kvm_model_close(&m);
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *text = kvm_test_read_file(p, &n), arch[64];
+    kvm_model_config b;
+    int tb, ob;
+    ck_assert_msg(kvm__hf_config_mem("mem.json", text, n, &b, arch, sizeof arch, &tb, &ob) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(memcmp(&b, &c, sizeof c), 0);
+    free(text);
+    free(r.logits);
+    tset_free(&s);
+}
+END_TEST
+
 static Suite *tiny_suite(void)
 {
     Suite *s = suite_create("hf_tiny");
@@ -978,7 +1024,8 @@ static Suite *tiny_suite(void)
                 {"rope_parameters", test_rope_parameters},
                 {"layer_types", test_layer_types},
                 {"bad_tensors", test_bad_tensors},
-                {"bad_entries", test_bad_entries}};
+                {"bad_entries", test_bad_entries},
+                {"bom", test_bom}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
