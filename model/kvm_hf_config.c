@@ -125,8 +125,8 @@ static int check_partial_rotary(const char *f, const json_t *o, const char *wher
     return 0;
 }
 
-/* RoPE: rope_theta (default 10000) and rope_scaling, or transformers 5's rope_parameters, which
- * holds rope_type, rope_theta and the factors in one object (read without it, its rope_theta
+/* RoPE: rope_theta (default 10000; > 1, kvm__model_check_rope_theta) and rope_scaling, or transformers 5's
+ * rope_parameters, which holds rope_type, rope_theta and the factors in one object (read without it, its rope_theta
  * would silently become 10000). rope_parameters per layer type is refused. */
 static int get_rope(const char *f, const json_t *root, kvm_model_config *c)
 {
@@ -134,12 +134,14 @@ static int get_rope(const char *f, const json_t *root, kvm_model_config *c)
     int rc = get_num(f, root, "rope_theta", 10000, &theta);
     const json_t *rp = json_object_get(root, "rope_parameters"), *rs = json_object_get(root, "rope_scaling");
     c->rope_theta = (float)theta;
+    if (!rc) rc = kvm__model_check_rope_theta(f, "rope_theta", theta);
     if (rc || !rp || json_is_null(rp)) return rc ? rc : get_rope_scaling(f, rs, "rope_scaling", 1, &c->rope_scaling);
     if (!json_is_object(rp)) return kvm_err(KVM_EFORMAT, "%s: key 'rope_parameters' is not an object", f);
     if (json_is_object(json_object_get(rp, "full_attention")) ||
         json_is_object(json_object_get(rp, "sliding_attention")))
         return kvm_err(KVM_ENOTSUP, "%s: rope_parameters per layer type is not supported", f);
-    if ((rc = get_num(f, rp, "rope_theta", theta, &t2))) return kvm_err(rc, "%s (in rope_parameters)", kvm_errmsg());
+    if ((rc = get_num(f, rp, "rope_theta", theta, &t2)) || (rc = kvm__model_check_rope_theta(f, "rope_theta", t2)))
+        return kvm_err(rc, "%s (in rope_parameters)", kvm_errmsg());
     const json_t *top = json_object_get(root, "rope_theta");
     if (top && !json_is_null(top) && t2 != theta)
         return kvm_err(KVM_EFORMAT, "%s: rope_theta = %g and rope_parameters' rope_theta = %g disagree", f, theta, t2);

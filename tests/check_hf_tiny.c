@@ -709,6 +709,10 @@ START_TEST(test_bad_config)
         {"partial_rotary_factor", "\"0.5\"", KVM_EFORMAT, "partial_rotary_factor", "not a number"},
         /* 0 and infinity as float32: were accepted, the logits NaN */
         {"rope_theta", "1e-300", KVM_EFORMAT, "rope_theta", "float32"},
+        /* a RoPE base of at most 1 (frequencies rising with the pair index, or all equal): was accepted */
+        {"rope_theta", "0.5", KVM_EFORMAT, "rope_theta = 0.5", "must be > 1"},
+        {"rope_theta", "1", KVM_EFORMAT, "rope_theta = 1", "must be > 1"},
+        {"rope_theta", "-10000", KVM_EFORMAT, "rope_theta", NULL},
         {"rms_norm_eps", "1e300", KVM_EFORMAT, "rms_norm_eps", "float32"},
         /* a quantized checkpoint: was refused later, at its first I32 or F8 tensor */
         {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4}", KVM_ENOTSUP, "quantization_config",
@@ -778,6 +782,7 @@ START_TEST(test_rope_parameters)
          "rope_parameters type 'yarn'"},
         {"null", "{\"rope_theta\": 1e6, \"partial_rotary_factor\": 0.5}", KVM_ENOTSUP, "partial_rotary_factor"},
         {"null", "[]", KVM_EFORMAT, "'rope_parameters' is not an object"},
+        {"null", "{\"rope_theta\": 0.5}", KVM_EFORMAT, "rope_theta = 0.5 must be > 1 and at most"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char params[256];
