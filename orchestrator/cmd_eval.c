@@ -725,6 +725,7 @@ int kvm_cmd_eval(int argc, char **argv)
     kvm_tokenizer *tok = NULL;
     eval_job *jobs = NULL;
     int n_jobs = 0;
+    kvm_cli_staged out = {0}; /* --csv, renamed into place only when every document is done */
     FILE *csv = NULL;
     rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok);
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
@@ -855,7 +856,7 @@ int kvm_cmd_eval(int argc, char **argv)
         rc = cmd_eval_docs_check(CMD, tok, es.frame, &docs, target ? N + 2 * T : N + T, target ? 2 * T + 1 : N + T,
                                  need);
     }
-    if (!rc && csv_path) rc = kvm_cli_open_out(CMD, "csv", csv_path, &csv);
+    if (!rc && csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", csv_path, &out))) csv = out.f;
     es.m = m;
     es.k = k;
     es.tok = tok;
@@ -895,10 +896,7 @@ int kvm_cmd_eval(int argc, char **argv)
 #endif
     } else if (!rc)
         rc = target ? run_target(&es, &docs, jobs, n_jobs, csv) : run(&es, &docs, jobs, n_jobs, csv);
-    if (csv && fclose(csv) && !rc) {
-        fprintf(stderr, "kvmill " CMD ": --csv %s: write failed\n", csv_path);
-        rc = 1;
-    }
+    if (kvm_cli_staged_close(CMD, "csv", &out, rc == 0)) rc = 1;
     free_jobs(jobs, n_jobs);
     free(chat_open);
     free(chat_close);
