@@ -221,6 +221,7 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
 int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok)
 {
     if (!s->f) return 0;
+    const int empty = s->part && ftell(s->f) == 0; /* opened before the work, which failed before writing */
     int failed = fclose(s->f) != 0, rc = 0;
     const char *why = failed ? strerror(errno) : NULL;
     s->f = NULL;
@@ -229,6 +230,8 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
         kvm_cli_refuse(cmd, "--%s %s: write failed (%s)\n", flag, s->path, why);
         if (s->part) unlink(s->part); /* cut short: no rows worth keeping */
         rc = 1;
+    } else if (!ok && empty) {
+        unlink(s->part);
     } else if (!ok && s->part) {
         kvm_cli_refuse(cmd,
                        "--%s %s was not written (the command failed); the rows written before the failure are "

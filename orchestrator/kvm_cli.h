@@ -78,10 +78,12 @@ int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out,
  * when the open fails otherwise. */
 int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE **out);
 
-/* An output written whole or not at all (eval's --csv): rows go to PATH.part, renamed over PATH
- * when the command succeeds, so a command that fails after some rows (a later document that
- * cannot be used, a kill) leaves no PATH that looks finished, and an existing PATH as it was.
- * A PATH that exists and is not a regular file (a FIFO, /dev/stdout) is written in place. */
+/* An output written whole or not at all (eval's --csv, calibrate's --out and --dump-signals),
+ * opened before the command's work so that a path that cannot be written (a FIFO without a
+ * reader, a folder that takes no new file) is refused before it: rows go to PATH.part, renamed
+ * over PATH when the command succeeds, so a command that fails after some rows (a later document
+ * that cannot be used, a kill) leaves no PATH that looks finished, and an existing PATH as it
+ * was. A PATH that exists and is not a regular file (a FIFO, /dev/stdout) is written in place. */
 typedef struct kvm_cli_staged {
     FILE *f;          /* the stream to write */
     const char *path; /* the file the user named (not owned) */
@@ -94,8 +96,9 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
 
 /* Closes s (nothing to do when s->f is NULL). ok = 1 (the command succeeded): PATH.part is
  * renamed over PATH; a write or rename that fails removes PATH.part, prints "kvmill CMD: --FLAG
- * PATH: write failed ..." and returns 1. ok = 0: PATH is not touched, PATH.part keeps the rows
- * written (named on stderr, with the fact that PATH was not written); returns 0. Frees s->part. */
+ * PATH: write failed ..." and returns 1. ok = 0: PATH is not touched; PATH.part is removed when
+ * nothing was written to it, else it keeps the rows written (named on stderr, with the fact that
+ * PATH was not written); returns 0. Frees s->part. */
 int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok);
 
 /* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a

@@ -264,6 +264,11 @@ int kvm_strategy_decode(const uint8_t *buf, size_t len, kvm_strategy **out);
 int kvm_strategy_read(const char *path, kvm_strategy **out);
 int kvm_strategy_write(const kvm_strategy *s, const char *path);
 
+/* Writes s's canonical encoding to the open stream f (an output the caller opened before its
+ * work, so that a path that cannot be written is refused before it); `name` labels the messages.
+ * Returns 0, KVM_EIO (a short write), KVM_ENOMEM. f stays open. */
+int kvm_strategy_write_stream(const kvm_strategy *s, FILE *f, const char *name);
+
 /* Prints the strategy as a table: one row per layer with both phases' patterns and the budget. */
 void kvm_strategy_print(const kvm_strategy *s, FILE *f);
 
