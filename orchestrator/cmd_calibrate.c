@@ -278,6 +278,12 @@ int kvm_cmd_calibrate(int argc, char **argv)
             fprintf(stderr, "kvmill " CMD ": --sculpt-opts: %s\n", kvm_errmsg());
             return 2;
         }
+        kvm_sculpt_opts z = a.so; /* --kvzip alone: only kvzip layers read them */
+        z.mode = KVM_SCULPT_KVZIP;
+        char names[512];
+        if (!a.sculpt && kvm_sculpt_opts_unused(&z, s, ",", names, sizeof names) > 0)
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts: note: %s not read by kvzip layers (no --sculpt); ignored\n",
+                    names);
     }
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
     /* as eval refuses --budget >= --context: every pattern would keep every entry, all signals

@@ -55,6 +55,16 @@ static void warn_deprecated(const char *spec, const char *arg)
     }
 }
 
+/* Notes on stderr the options of `arg` (':'-joined, the flags' and the method's own) that the
+ * method of o never reads (kvm_sculpt_opts_unused): they are accepted, as strategy files and
+ * configs share one option set, but tuning them for this method changes nothing. */
+static void note_unused(const char *spec, const char *arg, const kvm_sculpt_opts *o)
+{
+    char names[512];
+    if (kvm_sculpt_opts_unused(o, arg, ":", names, sizeof names) > 0)
+        fprintf(stderr, "kvmill " CMD ": --method %s: note: %s not read by this method; ignored\n", spec, names);
+}
+
 /* One (method, budget) column of the run. */
 typedef struct eval_job {
     const kvm_method *m;
@@ -208,6 +218,8 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, int
                 rc = s == KVM_ENOMEM || s == KVM_EIO ? 1 : 2; /* said above, with the reason */
                 break;
             }
+            if (b == 0 && sculpt_family(e->m) && strcmp(e->m->name, "polykv")) /* polykv: its layers' methods vary */
+                note_unused(mv[a], arg, e->opts);
             n++;
         }
     for (int x = 0; !rc && x < n; x++) /* an item twice ran twice: a column repeated */
