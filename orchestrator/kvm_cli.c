@@ -204,17 +204,24 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s)
 {
     *s = (kvm_cli_staged){.path = path};
-    struct stat st;
+    struct stat st, lst;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a FIFO or /dev/stdout: no file to rename over */
         return kvm_cli_open_out(cmd, flag, path, &s->f);
-    size_t n = strlen(path) + sizeof ".part";
-    if (!(s->part = malloc(n))) {
-        kvm_cli_refuse(cmd, "--%s %s: out of memory\n", flag, path);
+    /* a link to a file: the file is replaced, beside it, as writing through the link did (not the link) */
+    if (!lstat(path, &lst) && S_ISLNK(lst.st_mode) && !(s->target = realpath(path, NULL))) {
+        kvm_cli_refuse(cmd, "--%s %s: %s\n", flag, path, strerror(errno));
         return 1;
     }
-    snprintf(s->part, n, "%s.part", path);
+    const char *file = s->target ? s->target : path;
+    size_t n = strlen(file) + sizeof ".part";
+    if (!(s->part = malloc(n))) {
+        kvm_cli_refuse(cmd, "--%s %s: out of memory\n", flag, path);
+        free(s->target), s->target = NULL;
+        return 1;
+    }
+    snprintf(s->part, n, "%s.part", file);
     int rc = kvm_cli_open_out(cmd, flag, s->part, &s->f);
-    if (rc) free(s->part), s->part = NULL;
+    if (rc) free(s->part), s->part = NULL, free(s->target), s->target = NULL;
     return rc;
 }
 
@@ -225,7 +232,8 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
     int failed = fclose(s->f) != 0, rc = 0;
     const char *why = failed ? strerror(errno) : NULL;
     s->f = NULL;
-    if (ok && !failed && s->part && rename(s->part, s->path) != 0) failed = 1, why = strerror(errno);
+    if (ok && !failed && s->part && rename(s->part, s->target ? s->target : s->path) != 0)
+        failed = 1, why = strerror(errno);
     if (ok && failed) {
         kvm_cli_refuse(cmd, "--%s %s: write failed (%s)\n", flag, s->path, why);
         if (s->part) unlink(s->part); /* cut short: no rows worth keeping */
@@ -239,7 +247,8 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
                        flag, s->path, s->part);
     }
     free(s->part);
-    s->part = NULL;
+    free(s->target);
+    s->part = s->target = NULL;
     return rc;
 }
 

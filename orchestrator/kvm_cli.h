@@ -83,11 +83,14 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
  * reader, a folder that takes no new file) is refused before it: rows go to PATH.part, renamed
  * over PATH when the command succeeds, so a command that fails after some rows (a later document
  * that cannot be used, a kill) leaves no PATH that looks finished, and an existing PATH as it
- * was. A PATH that exists and is not a regular file (a FIFO, /dev/stdout) is written in place. */
+ * was. A PATH that exists and is not a regular file (a FIFO, /dev/stdout) is written in place;
+ * one that is a symbolic link to a file has that file replaced. */
 typedef struct kvm_cli_staged {
     FILE *f;          /* the stream to write */
     const char *path; /* the file the user named (not owned) */
     char *part;       /* PATH.part (malloc'ed), or NULL when written in place */
+    char *target;     /* PATH's file when PATH is a symbolic link to one (malloc'ed), else NULL: the
+                         file is replaced (TARGET.part beside it), the link kept */
 } kvm_cli_staged;
 
 /* Opens s for --FLAG PATH (kvm_cli_open_out on PATH.part, or on PATH in place). Returns 0, or

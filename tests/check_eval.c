@@ -731,6 +731,21 @@ START_TEST(test_cli_csv_failed)
     ck_assert_int_ne(access(part, F_OK), 0);
     free(out);
     free(err);
+    /* --csv a link to a file: the file gets the rows, the link stays (as writing through it did) */
+    char real[600];
+    snprintf(real, sizeof real, "%s/real.csv", dir);
+    ck_assert_int_eq(kvm_test_write_file(real, "old\n", 4), 0);
+    ck_assert_int_eq(unlink(csv), 0);
+    ck_assert_int_eq(symlink(real, csv), 0);
+    st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    struct stat sb;
+    ck_assert(lstat(csv, &sb) == 0 && S_ISLNK(sb.st_mode));
+    text = kvm_test_read_file(real, NULL);
+    ck_assert_msg(text && !strncmp(text, "case,task,doc,", 14), "%s", text);
+    free(text);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
