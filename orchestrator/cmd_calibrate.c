@@ -24,7 +24,8 @@ typedef struct calib_args {
     int64_t refine;  /* refinement rounds (0 = none) */
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump, *cand; /* --out, --dump-signals, --dump-candidates */
-    FILE *out_f, *dump_f;          /* --out and --dump-signals, opened before the work (NULL: no --dump-signals) */
+    FILE *out_f;                   /* --out, opened before the work */
+    kvm_cli_staged *dump_s;        /* --dump-signals, opened before the work (its f NULL: none) */
     const char *reuse;     /* --signals: an earlier run's --dump-signals, or NULL */
     int sculpt;            /* 1: KVSculpt is in the design space */
     int kvzip;             /* 1: KVzip scoring is in the design space (a pattern of its own) */
@@ -91,10 +92,12 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         srs = 1;
     if (srs == 1) fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
     if (srs) rc = srs;
-    if (!rc && a->dump_f && (kvm_polykv_signals_csv(sig, a->dump_f) || fflush(a->dump_f))) {
+    if (!rc && a->dump_s->f && (kvm_polykv_signals_csv(sig, a->dump_s->f) || fflush(a->dump_s->f))) {
         fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed\n", a->dump);
         rc = 1;
     }
+    /* in place now: the signals cost most of the work, and --signals reuses them if what follows fails */
+    if (!rc && kvm_cli_staged_close(CMD, "dump-signals", a->dump_s, 1)) rc = 1;
     if (!rc) {
         printf("layer entropy (nats):");
         for (int l = 0; l < m->cfg.n_layers; l++)
@@ -309,7 +312,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
     if (!rc && a.dump) rc = kvm_cli_staged_open(CMD, "dump-signals", a.dump, &dump_s);
     if (rc) rc = 2; /* an output that cannot be opened, found before any work: a usage error as a missing folder is */
     a.out_f = out_s.f;
-    a.dump_f = dump_s.f;
+    a.dump_s = &dump_s;
     if (!rc) rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok); /* 2: bad file */
     if (!rc && a.N + a.T > m->cfg.seq_len) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
