@@ -158,9 +158,9 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
     if (((rc = kvm_gguf_get_f64(g, "llama.rope.freq_base", &theta)) && rc != KVM_ENOTFOUND) ||
         ((rc = kvm_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps)) && rc != KVM_ENOTFOUND))
         goto fail;
-    if (!(theta > 0) || !(eps > 0) || !isfinite(theta) || !isfinite(eps)) {
-        rc = kvm_err(KVM_EFORMAT, "%s: llama.rope.freq_base = %g and layer_norm_rms_epsilon = %g must be positive", f,
-                     theta, eps);
+    if ((rc = kvm__model_check_rope_theta(f, "llama.rope.freq_base", theta))) goto fail;
+    if (!(eps > 0) || !isfinite(eps)) {
+        rc = kvm_err(KVM_EFORMAT, "%s: llama.attention.layer_norm_rms_epsilon = %g must be positive", f, eps);
         goto fail;
     }
     const kvm_gguf_tensor *emb = kvm_gguf_find_tensor(g, "token_embd.weight");

@@ -27,7 +27,9 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
  * rms_norm_eps (default 1e-6), rope_theta (default 10000), rope_scaling (null, "default" or
  * "llama3") or transformers 5's rope_parameters (the same and rope_theta in one object; a
  * top-level key that disagrees with it is an error), tie_word_embeddings (default false),
- * attention_bias, bos_token_id, eos_token_id (an id or a list of ids), sliding_window
+ * attention_bias, bos_token_id, eos_token_id (an id or a list of ids; generation_config.json's,
+ * when the folder has one, are added: generation stops at any; one of the two files must have
+ * the key), sliding_window
  * (Mistral; Qwen2 and Qwen3 with use_sliding_window; any architecture whose layer_types names
  * a sliding_attention layer; none when layer_types are all full_attention).
  * Weights (kvm_safetensors.h) are checked against it name by name: shape [out][in] as the
@@ -42,14 +44,16 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
 int kvm__hf_load(struct kvm_model *m, const char *dir);
 
 /* Internal (model/): config.json at `path` into *c (every field of kvm_model_config; vocab_size
- * from the key), the architecture name into arch[arch_size], *tied = tie_word_embeddings and
- * *o_bias = 1 when o_proj has a bias too (attention_bias on Llama/Mistral/Qwen3). Errors as
- * kvm__hf_load's for config.json. */
+ * from the key; eos_ids with those of generation_config.json in the same folder), the
+ * architecture name into arch[arch_size], *tied = tie_word_embeddings and *o_bias = 1 when
+ * o_proj has a bias too (attention_bias on Llama/Mistral/Qwen3). Errors as kvm__hf_load's for
+ * config.json, and for generation_config.json (malformed, not an object, not a regular file,
+ * a bad eos_token_id: KVM_EFORMAT naming it). */
 struct kvm_model_config;
 int kvm__hf_config(const char *path, struct kvm_model_config *c, char *arch, unsigned arch_size, int *tied,
                    int *o_bias);
 /* The same for a config.json held in memory at json[0, len) (not NUL-terminated); `name` labels
- * the messages. */
+ * the messages. No generation_config.json is read: eos_token_id must be in json. */
 int kvm__hf_config_mem(const char *name, const char *json, size_t len, struct kvm_model_config *c, char *arch,
                        unsigned arch_size, int *tied, int *o_bias);
 

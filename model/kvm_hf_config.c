@@ -2,8 +2,10 @@
  * defaults (transformers' LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config) and every
  * setting the forward cannot reproduce refused by name. */
 #include "model/kvm_hf.h"
+#include "model/kvm_json.h"
 #include "model/kvm_model.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 #include <float.h>
 #include <jansson.h>
@@ -123,8 +125,8 @@ static int check_partial_rotary(const char *f, const json_t *o, const char *wher
     return 0;
 }
 
-/* RoPE: rope_theta (default 10000) and rope_scaling, or transformers 5's rope_parameters, which
- * holds rope_type, rope_theta and the factors in one object (read without it, its rope_theta
+/* RoPE: rope_theta (default 10000; > 1, kvm__model_check_rope_theta) and rope_scaling, or transformers 5's
+ * rope_parameters, which holds rope_type, rope_theta and the factors in one object (read without it, its rope_theta
  * would silently become 10000). rope_parameters per layer type is refused. */
 static int get_rope(const char *f, const json_t *root, kvm_model_config *c)
 {
@@ -132,12 +134,14 @@ static int get_rope(const char *f, const json_t *root, kvm_model_config *c)
     int rc = get_num(f, root, "rope_theta", 10000, &theta);
     const json_t *rp = json_object_get(root, "rope_parameters"), *rs = json_object_get(root, "rope_scaling");
     c->rope_theta = (float)theta;
+    if (!rc) rc = kvm__model_check_rope_theta(f, "rope_theta", theta);
     if (rc || !rp || json_is_null(rp)) return rc ? rc : get_rope_scaling(f, rs, "rope_scaling", 1, &c->rope_scaling);
     if (!json_is_object(rp)) return kvm_err(KVM_EFORMAT, "%s: key 'rope_parameters' is not an object", f);
     if (json_is_object(json_object_get(rp, "full_attention")) ||
         json_is_object(json_object_get(rp, "sliding_attention")))
         return kvm_err(KVM_ENOTSUP, "%s: rope_parameters per layer type is not supported", f);
-    if ((rc = get_num(f, rp, "rope_theta", theta, &t2))) return kvm_err(rc, "%s (in rope_parameters)", kvm_errmsg());
+    if ((rc = get_num(f, rp, "rope_theta", theta, &t2)) || (rc = kvm__model_check_rope_theta(f, "rope_theta", t2)))
+        return kvm_err(rc, "%s (in rope_parameters)", kvm_errmsg());
     const json_t *top = json_object_get(root, "rope_theta");
     if (top && !json_is_null(top) && t2 != theta)
         return kvm_err(KVM_EFORMAT, "%s: rope_theta = %g and rope_parameters' rope_theta = %g disagree", f, theta, t2);
@@ -176,21 +180,43 @@ static int check_unsupported(const char *f, const json_t *root)
     return check_partial_rotary(f, root, "");
 }
 
-/* eos_token_id: an id or a list of ids, each in [0, vocab). */
-static int get_eos(const char *f, const json_t *root, kvm_model_config *c)
+/* Appends the ids of v, file f's eos_token_id (an id or a list of ids, each in [0, vocab)),
+ * to c->eos_ids, each once: at most KVM_MODEL_MAX_EOS in all. */
+static int add_eos(const char *f, const json_t *v, kvm_model_config *c)
 {
-    const json_t *v = json_object_get(root, "eos_token_id");
-    if (!v || json_is_null(v)) return kvm_err(KVM_EFORMAT, "%s: key 'eos_token_id' is missing", f);
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
-    if (n < 1 || n > KVM_MODEL_MAX_EOS)
-        return kvm_err(KVM_EFORMAT, "%s: eos_token_id lists %zu ids (1..%d)", f, n, KVM_MODEL_MAX_EOS);
+    if (n < 1) return kvm_err(KVM_EFORMAT, "%s: eos_token_id is an empty list", f);
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
         if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= c->vocab_size)
             return kvm_err(KVM_EFORMAT, "%s: eos_token_id entry %zu is not an id in [0, %d)", f, i, c->vocab_size);
-        c->eos_ids[i] = (int32_t)json_integer_value(e);
+        int32_t id = (int32_t)json_integer_value(e);
+        int seen = 0;
+        for (int k = 0; k < c->n_eos; k++)
+            seen |= c->eos_ids[k] == id;
+        if (seen) continue;
+        if (c->n_eos == KVM_MODEL_MAX_EOS)
+            return kvm_err(KVM_EFORMAT, "%s: eos_token_id makes more than %d end-of-sequence ids", f,
+                           KVM_MODEL_MAX_EOS);
+        c->eos_ids[c->n_eos++] = id;
     }
-    c->n_eos = (int)n;
+    return 0;
+}
+
+/* The end-of-sequence ids: config.json's eos_token_id, then those of generation_config.json
+ * (gen, file gf; NULL when absent) not already listed. transformers' generate() stops at
+ * generation_config.json's, which often lists more (Llama-3 and Qwen2.5 instruct models add
+ * their end-of-turn token there) or is the only one to have the key; stopping at the union
+ * keeps config.json's too. Either may lack the key; both lacking it is an error. */
+static int get_eos(const char *f, const json_t *root, const char *gf, const json_t *gen, kvm_model_config *c)
+{
+    const json_t *v = json_object_get(root, "eos_token_id"), *g = json_object_get(gen, "eos_token_id");
+    int has_v = v && !json_is_null(v), has_g = g && !json_is_null(g), rc;
+    if (!has_v && !has_g)
+        return kvm_err(KVM_EFORMAT, "%s: key 'eos_token_id' is missing%s%s%s", f, gf ? " (and " : "", gf ? gf : "",
+                       gf ? " has none)" : "");
+    c->n_eos = 0;
+    if ((has_v && (rc = add_eos(f, v, c))) || (has_g && (rc = add_eos(gf, g, c)))) return rc;
     c->eos_id = c->eos_ids[0];
     return 0;
 }
@@ -271,14 +297,16 @@ static int get_window(const char *f, const json_t *root, int arch, kvm_model_con
     return 0;
 }
 
-static int parse(const char *f, const json_t *root, kvm_model_config *c, int *arch, int *tied, int *o_bias)
+/* config.json's root (file f) into c; gen is generation_config.json's (file gf), or NULL. */
+static int parse(const char *f, const json_t *root, const char *gf, const json_t *gen, kvm_model_config *c, int *arch,
+                 int *tied, int *o_bias)
 {
     int rc;
     double eps;
     if (!json_is_object(root)) return kvm_err(KVM_EFORMAT, "%s: not a JSON object", f);
     if ((rc = get_arch(f, root, arch)) || (rc = check_unsupported(f, root)) || (rc = get_shapes(f, root, *arch, c)) ||
         (rc = get_num(f, root, "rms_norm_eps", 1e-6, &eps)) || (rc = get_rope(f, root, c)) ||
-        (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) || (rc = get_eos(f, root, c)) ||
+        (rc = get_bool(f, root, "tie_word_embeddings", 0, tied)) || (rc = get_eos(f, root, gf, gen, c)) ||
         (rc = get_int(f, root, "bos_token_id", c->eos_id, 0, c->vocab_size - 1, &c->bos_id)))
         return rc;
     c->norm_eps = (float)eps;
@@ -292,29 +320,54 @@ static int parse(const char *f, const json_t *root, kvm_model_config *c, int *ar
     return get_window(f, root, *arch, c);
 }
 
-static int from_root(const char *f, json_t *root, const json_error_t *je, kvm_model_config *c, char *arch_out,
-                     unsigned arch_size, int *tied, int *o_bias)
+static int from_root(const char *f, json_t *root, const json_error_t *je, const char *gf, const json_t *gen,
+                     kvm_model_config *c, char *arch_out, unsigned arch_size, int *tied, int *o_bias)
 {
     if (!root) return kvm_err(KVM_EFORMAT, "%s: %s (line %d, column %d)", f, je->text, je->line, je->column);
     *c = (kvm_model_config){0};
     int arch = 0;
-    int rc = parse(f, root, c, &arch, tied, o_bias);
+    int rc = parse(f, root, gf, gen, c, &arch, tied, o_bias);
     if (!rc) snprintf(arch_out, arch_size, "%s", arch_names[arch]);
     json_decref(root);
     return rc;
 }
 
+/* generation_config.json beside the config.json at path: its path into gf[size], its root into
+ * *gen (NULL when the folder has none; the caller json_decrefs it). Errors name gf. */
+static int load_generation(const char *path, char *gf, size_t size, json_t **gen)
+{
+    *gen = NULL;
+    const char *slash = strrchr(path, '/');
+    snprintf(gf, size, "%.*sgeneration_config.json", slash ? (int)(slash - path + 1) : 0, path);
+    int rc = kvm_file_check_found(gf); /* a FIFO would block the load; a broken link would lose its stop ids */
+    if (rc == KVM_ENOTFOUND) return 0;
+    if (rc) return rc;
+    json_error_t je;
+    if (!(*gen = kvm__json_load_file(gf, JSON_REJECT_DUPLICATES, &je)))
+        return kvm_err(KVM_EFORMAT, "%s: %s (line %d, column %d)", gf, je.text, je.line, je.column);
+    if (json_is_object(*gen)) return 0;
+    json_decref(*gen);
+    *gen = NULL;
+    return kvm_err(KVM_EFORMAT, "%s: not a JSON object", gf);
+}
+
 int kvm__hf_config(const char *path, kvm_model_config *c, char *arch_out, unsigned arch_size, int *tied, int *o_bias)
 {
+    char gf[4200];
+    json_t *gen;
+    int rc = load_generation(path, gf, sizeof gf, &gen);
+    if (rc) return rc;
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    return from_root(path, root, &je, c, arch_out, arch_size, tied, o_bias);
+    json_t *root = kvm__json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    rc = from_root(path, root, &je, gen ? gf : NULL, gen, c, arch_out, arch_size, tied, o_bias);
+    json_decref(gen);
+    return rc;
 }
 
 int kvm__hf_config_mem(const char *name, const char *json, size_t len, kvm_model_config *c, char *arch_out,
                        unsigned arch_size, int *tied, int *o_bias)
 {
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
-    return from_root(name, root, &je, c, arch_out, arch_size, tied, o_bias);
+    json_t *root = kvm__json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    return from_root(name, root, &je, NULL, NULL, c, arch_out, arch_size, tied, o_bias);
 }

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,15 @@ int kvm_model_open(const char *path, kvm_model **out)
 fail:
     kvm_model_close(&m);
     return rc;
+}
+
+/* Why > 1: pair i rotates at theta^(-2i/head_dim) per position; at 1 every pair rotates alike
+ * and below 1 the frequencies rise instead of fall, so positions alias: no checkpoint is
+ * trained so, and such a value is a typo (0.5 for 5e5) that would give wrong logits silently. */
+int kvm__model_check_rope_theta(const char *f, const char *key, double theta)
+{
+    if (theta > 1 && theta <= FLT_MAX) return 0; /* false for NaN too */
+    return kvm_err(KVM_EFORMAT, "%s: %s = %g must be > 1 and at most %g (float32)", f, key, theta, (double)FLT_MAX);
 }
 
 float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats)

@@ -185,6 +185,11 @@ int64_t kvm_model_kv_bytes(const kvm_model_config *c, int64_t n_tokens);
  * the vectors a loader converts (norms, biases). Returns the memory or NULL (KVM_ENOMEM set). */
 float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats);
 
+/* Internal (model/): 0 when theta, a checkpoint's RoPE base (file f, key `key`: config.json's
+ * rope_theta, GGUF's llama.rope.freq_base), is > 1 and finite as float32 (the forward's type);
+ * else KVM_EFORMAT, kvm_errmsg naming f, key and the value. One rule for every loader. */
+int kvm__model_check_rope_theta(const char *f, const char *key, double theta);
+
 /* Internal (model/): parse and validate a llama2.c checkpoint mapped at map[0, bytes). */
 int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes);
 

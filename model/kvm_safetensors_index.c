@@ -4,6 +4,7 @@
 #include "model/kvm_safetensors.h"
 #include "common/kvm_error.h"
 #include "common/kvm_file.h"
+#include "model/kvm_json.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -90,7 +91,7 @@ static int check_map(const char *ipath, const json_t *wm, const kvm_st *s)
 static int open_indexed(const char *dir, const char *ipath, kvm_st **out)
 {
     json_error_t je;
-    json_t *root = json_load_file(ipath, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = kvm__json_load_file(ipath, JSON_REJECT_DUPLICATES, &je);
     if (!root) return kvm_err(KVM_EFORMAT, "%s: %s (line %d)", ipath, je.text, je.line);
     const json_t *wm = json_object_get(root, "weight_map");
     char **paths = NULL;

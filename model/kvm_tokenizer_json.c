@@ -4,6 +4,7 @@
 #include "model/kvm_tokenizer_json.h"
 #include "common/kvm_error.h"
 #include "common/kvm_file.h"
+#include "model/kvm_json.h"
 
 #include <jansson.h>
 #include <libgen.h>
@@ -356,7 +357,7 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     if (rc == KVM_ENOTFOUND) return 0;
     if (rc) return rc;
     json_error_t je;
-    json_t *c = json_load_file(p, 0, &je);
+    json_t *c = kvm__json_load_file(p, 0, &je);
     if (!c) return kvm_err(KVM_EFORMAT, "%s: %s (line %d)", p, je.text, je.line);
     const char *bos = token_entry(json_object_get(c, "bos_token")), *eos = token_entry(json_object_get(c, "eos_token"));
     if (eos) info->eos_id = find_text(t, eos);
@@ -460,7 +461,7 @@ int kvm__tokjson_open(const char *path, int32_t min_vocab, kvm_bpe **bpe, kvm_to
     int rc = kvm_file_check_found(path); /* absent; a FIFO (json_load_file would block), a broken link */
     if (rc) return rc;
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = kvm__json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     return from_root(path, root, &je, 1, min_vocab, bpe, info);
 }
 
@@ -470,6 +471,6 @@ int kvm__tokjson_parse_mem(const char *name, const char *json, size_t len, int32
     *bpe = NULL;
     *info = (kvm_tokjson_info){-1, -1, 0, NULL};
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = kvm__json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
     return from_root(name, root, &je, 0, min_vocab, bpe, info);
 }

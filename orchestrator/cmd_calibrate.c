@@ -25,6 +25,8 @@ typedef struct calib_args {
     int64_t refine;  /* refinement rounds (0 = none) */
     int64_t windows; /* context+continuation windows per document */
     const char *out, *dump, *cand; /* --out, --dump-signals, --dump-candidates */
+    FILE *out_f;                   /* --out, opened before the work */
+    kvm_cli_staged *dump_s;        /* --dump-signals, opened before the work (its f NULL: none) */
     const char *reuse;     /* --signals: an earlier run's --dump-signals, or NULL */
     int sculpt;            /* 1: KVSculpt is in the design space */
     int kvzip;             /* 1: KVzip scoring is in the design space (a pattern of its own) */
@@ -94,14 +96,12 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         srs = 1;
     if (srs == 1) fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
     if (srs) rc = srs;
-    if (!rc && a->dump) {
-        FILE *f;
-        rc = kvm_cli_open_out(CMD, "dump-signals", a->dump, &f);
-        if (!rc && (kvm_polykv_signals_csv(sig, f) | fclose(f))) {
-            fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed\n", a->dump);
-            rc = 1;
-        }
+    if (!rc && a->dump_s->f && (kvm_polykv_signals_csv(sig, a->dump_s->f) || fflush(a->dump_s->f))) {
+        fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed\n", a->dump);
+        rc = 1;
     }
+    /* in place now: the signals cost most of the work, and --signals reuses them if what follows fails */
+    if (!rc && kvm_cli_staged_close(CMD, "dump-signals", a->dump_s, 1)) rc = 1;
     if (!rc) {
         printf("layer entropy (nats):");
         for (int l = 0; l < m->cfg.n_layers; l++)
@@ -127,12 +127,10 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     if (!rc) {
         kvm_strategy_set_model(best, a->model_id.b); /* used on another model, the file is refused */
         kvm_strategy_print(best, stdout);
-        int wrc = kvm_strategy_write(best, a->out);
-        if (wrc) {
-            fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
-            rc = wrc == KVM_EINVAL ? 2 : 1; /* a FIFO no process reads: the --out named is not one to write */
-        } else
-            printf("wrote %s\n", a->out);
+        if (kvm_strategy_write_stream(best, a->out_f, a->out)) {
+            fprintf(stderr, "kvmill " CMD ": --out %s\n", kvm_cli_errmsg(CMD));
+            rc = 1;
+        }
     }
     kvm_strategy_free(&best);
     kvm_polykv_signals_free(&sig);
@@ -210,6 +208,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
         return 2;
     }
     if (kvm_cli_check_out(CMD, "out", a.out) || kvm_cli_check_out(CMD, "dump-signals", a.dump)) return 2;
+    if (a.dump && !strcmp(a.dump, a.out)) { /* both written in turn, the strategy over the signals */
+        fprintf(stderr, "kvmill " CMD ": --dump-signals and --out name the same file %s; name two files\n", a.out);
+        return 2;
+    }
     for (int i = 0; i < 2; i++) /* written over the model, a document or --signals, that input was lost */
         if (kvm_cli_check_out_model(CMD, i ? "dump-signals" : "out", i ? a.dump : a.out, model_path,
                                     kvm_cli_get(opts, "tokenizer"), "--docs", docs_s) ||
@@ -284,6 +286,12 @@ int kvm_cmd_calibrate(int argc, char **argv)
             fprintf(stderr, "kvmill " CMD ": --sculpt-opts: %s\n", kvm_errmsg());
             return 2;
         }
+        kvm_sculpt_opts z = a.so; /* --kvzip alone: only kvzip layers read them */
+        z.mode = KVM_SCULPT_KVZIP;
+        char names[512];
+        if (!a.sculpt && kvm_sculpt_opts_unused(&z, s, ",", names, sizeof names) > 0)
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts: note: %s not read by kvzip layers (no --sculpt); ignored\n",
+                    names);
     }
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &a.N, &a.T)) return 2;
     /* as eval refuses --budget >= --context: every pattern would keep every entry, all signals
@@ -304,7 +312,13 @@ int kvm_cmd_calibrate(int argc, char **argv)
     if (rc) return rc;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
-    rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok); /* 2: bad file */
+    kvm_cli_staged out_s = {0}, dump_s = {0}; /* opened now: a FIFO without a reader was refused after the work */
+    rc = kvm_cli_staged_open(CMD, "out", a.out, &out_s);
+    if (!rc && a.dump) rc = kvm_cli_staged_open(CMD, "dump-signals", a.dump, &dump_s);
+    if (rc) rc = 2; /* an output that cannot be opened, found before any work: a usage error as a missing folder is */
+    a.out_f = out_s.f;
+    a.dump_s = &dump_s;
+    if (!rc) rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok); /* 2: bad file */
     if (!rc && a.N + a.T > m->cfg.seq_len) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
                 (long long)a.N, (long long)a.T, m->cfg.seq_len);
@@ -319,6 +333,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
         rc = 1;
     }
     if (!rc) rc = calibrate(m, k, tok, &docs, &a);
+    if (kvm_cli_staged_close(CMD, "dump-signals", &dump_s, rc == 0)) rc = 1;
+    if (kvm_cli_staged_close(CMD, "out", &out_s, rc == 0)) rc = 1;
+    if (!rc) printf("wrote %s\n", a.out);
     cmd_eval_docs_free(&docs);
     kvm_tokenizer_close(&tok);
     kvm_model_close(&m);

@@ -19,9 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Reads the stored strategy back, prints it and writes it to `out` (may be NULL) with the
- * model's id, which the stored record (keyed by it) does not carry. */
-static int report(const kvm_config *cfg, const char *out)
+/* Reads the stored strategy back, prints it and writes it to out_f (--out `out`, opened before
+ * the calibration; NULL: none) with the model's id, which the stored record (keyed by it) does
+ * not carry. */
+static int report(const kvm_config *cfg, FILE *out_f, const char *out)
 {
     kvm_store *st = NULL;
     kvm_store_opts so = {.read_only = 1};
@@ -39,10 +40,9 @@ static int report(const kvm_config *cfg, const char *out)
         printf("stored strategy '%s' for model %s in %s\n", kvm_config_str(cfg, "compress", "strategy"),
                kvm_store_id_hex(&mid, hex), kvm_config_str(cfg, "store", "path"));
     }
-    if (!rc && out) {
+    if (!rc && out_f) {
         kvm_strategy_set_model(s, mid.b); /* the store's key holds it; the file must carry it (KVST v3) */
-        rc = kvm_strategy_write(s, out);
-        if (!rc) printf("wrote %s\n", out);
+        if ((rc = kvm_strategy_write_stream(s, out_f, out)) == 0) printf("wrote %s\n", out);
     }
     if (rc) kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
     kvm_strategy_free(&s);
@@ -136,6 +136,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         return fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate")), 2;
     kvm_cli_log_config("calibrate", "orchestrator", cfg); /* refusals from here on follow [run] log_format */
     int status = 2;
+    kvm_cli_staged out_s = {0}; /* --out */
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
     char *chat_open = NULL, *chat_close = NULL;
@@ -165,6 +166,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
                 kvm_config_path(cfg));
         goto done;
     }
+    if (out && kvm_cli_staged_open("calibrate", "out", out, &out_s)) /* now: a FIFO without a reader, a file */
+        goto done; /* that cannot be created, were refused after the whole calibration (status 2) */
     if ((status = kvm_cli_open_model("calibrate", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok)))
         goto done; /* 2: a bad file, 1: out of memory or I/O */
     status = 2; /* the checks below refuse bad settings and documents */
@@ -207,10 +210,11 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         printf("calibration: %lld document%s, %lld failed, %.2f s (signals %.2f s, strategy %.2f s of compute)\n",
                (long long)sum.compressed, kvm_plural(sum.compressed, "", "s"), (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
                sum.stage_ms[3] / 1000.0);
-        status = sum.compressed > 0 ? report(cfg, kvm_cli_get(opts, "out")) : 1;
+        status = sum.compressed > 0 ? report(cfg, out_s.f, out) : 1;
         if (sum.compressed == 0) kvm_cli_refuse("calibrate", "no calibration document succeeded\n");
     }
 done:
+    if (kvm_cli_staged_close("calibrate", "out", &out_s, status == 0)) status = 1;
     kvm_corpus_free(&corpus);
     free(chat_open);
     free(chat_close);

@@ -57,6 +57,16 @@ static void warn_deprecated(const char *spec, const char *arg)
     }
 }
 
+/* Notes on stderr the options of `arg` (':'-joined, the flags' and the method's own) that the
+ * method of o never reads (kvm_sculpt_opts_unused): they are accepted, as strategy files and
+ * configs share one option set, but tuning them for this method changes nothing. */
+static void note_unused(const char *spec, const char *arg, const kvm_sculpt_opts *o)
+{
+    char names[512];
+    if (kvm_sculpt_opts_unused(o, arg, ":", names, sizeof names) > 0)
+        fprintf(stderr, "kvmill " CMD ": --method %s: note: %s not read by this method; ignored\n", spec, names);
+}
+
 /* One (method, budget) column of the run. */
 typedef struct eval_job {
     const kvm_method *m;
@@ -241,6 +251,8 @@ static int make_jobs(const char *methods, const char *budgets, int is_ratio, int
                 rc = s == KVM_ENOMEM || s == KVM_EIO ? 1 : 2; /* said above, with the reason */
                 break;
             }
+            if (b == 0 && sculpt_family(e->m) && strcmp(e->m->name, "polykv")) /* polykv: its layers' methods vary */
+                note_unused(mv[a], arg, e->opts);
             n++;
             if (!strcmp(e->m->name, "polykv")) rc = strategy_model_ok(e, &mi);
         }
@@ -759,6 +771,7 @@ int kvm_cmd_eval(int argc, char **argv)
     kvm_tokenizer *tok = NULL;
     eval_job *jobs = NULL;
     int n_jobs = 0;
+    kvm_cli_staged out = {0}; /* --csv, renamed into place only when every document is done */
     FILE *csv = NULL;
     rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok);
     if (!rc && kvm_cli_weight_dtype(CMD, kvm_cli_get(opts, "weight-dtype"), m)) rc = 2;
@@ -889,7 +902,7 @@ int kvm_cmd_eval(int argc, char **argv)
         rc = cmd_eval_docs_check(CMD, tok, es.frame, &docs, target ? N + 2 * T : N + T, target ? 2 * T + 1 : N + T,
                                  need);
     }
-    if (!rc && csv_path) rc = kvm_cli_open_out(CMD, "csv", csv_path, &csv);
+    if (!rc && csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", csv_path, &out))) csv = out.f;
     es.m = m;
     es.k = k;
     es.tok = tok;
@@ -929,10 +942,7 @@ int kvm_cmd_eval(int argc, char **argv)
 #endif
     } else if (!rc)
         rc = target ? run_target(&es, &docs, jobs, n_jobs, csv) : run(&es, &docs, jobs, n_jobs, csv);
-    if (csv && fclose(csv) && !rc) {
-        fprintf(stderr, "kvmill " CMD ": --csv %s: write failed\n", csv_path);
-        rc = 1;
-    }
+    if (kvm_cli_staged_close(CMD, "csv", &out, rc == 0)) rc = 1;
     free_jobs(jobs, n_jobs);
     free(chat_open);
     free(chat_close);

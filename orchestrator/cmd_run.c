@@ -121,17 +121,49 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
            s->seconds, (long long)s->claimed, evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes, kept);
 }
 
+/* The refusals a run makes from the configuration alone, before any model or corpus is opened:
+ * run and --dump-config share them, so that a dumped configuration is one run accepts (what
+ * needs the model, [model] context against its window and the chat template, is checked by run
+ * only). Returns 0, or 1 after printing the refusal (the caller exits with status 2); prints
+ * the note that [compress] budget replaces ratio. */
+static int check_config(const kvm_config *cfg)
+{
+    if (kvm_config_int(cfg, "compress", "budget") == 0 && kvm_config_float(cfg, "compress", "ratio") <= 0 &&
+        strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
+        kvm_cli_refuse("run", "%s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
+                       kvm_config_path(cfg));
+        return 1;
+    }
+    char size_note[8400];
+    if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill run: %s\n", size_note);
+    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
+        kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
+        return 1;
+    }
+    kvm_sculpt_opts so; /* the sculpt-family [compress] keys (query_source, ...) parse here, not in every job */
+    if (kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) {
+        kvm_cli_refuse("run", "%s: [compress]: %s\n", kvm_config_path(cfg), kvm_errmsg());
+        return 1;
+    }
+    return 0;
+}
 
 int kvm_cmd_run(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
         {"config", 1, "pipeline configuration (INI), e.g. configs/default.ini", NULL},
         {"corpus", 1, "a folder of *.txt documents or a .jsonl file (id + text or tokens per line)", NULL},
-        {"store", 1, "LMDB store directory, or a store service on another host (tcp://HOST:PORT; overrides [store] path)", NULL},
-        {"bind", 1, "tcp://HOST:PORT base external workers connect to (overrides [run] bind; off-host needs [security] keys)",
+        {"store", 1,
+         "LMDB store directory, or a store service on another host (tcp://HOST:PORT; overrides [store] path)", NULL},
+        {"bind", 1,
+         "tcp://HOST:PORT base external workers connect to (overrides [run] bind; off-host needs [security] keys)",
          NULL},
-        {"metrics", 1, "counters file (JSON) kept current during the run, replaced atomically (overrides [run] metrics)", NULL},
-        {"dump-config", 0, "print the resolved configuration and exit", NULL},
+        {"metrics", 1,
+         "counters file (JSON) kept current during the run, replaced atomically (overrides [run] metrics)", NULL},
+        {"dump-config", 0,
+         "print the resolved configuration and exit (refused, exit 2, where run would refuse it "
+         "without opening the model)",
+         NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     char summary[1024];
@@ -177,6 +209,10 @@ int kvm_cmd_run(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
+    if (check_config(cfg)) { /* before --dump-config too: a dump is a config this run accepts */
+        kvm_config_free(&cfg);
+        return 2;
+    }
     if (kvm_cli_get(opts, "dump-config")) {
         if (kvm_config_dump(cfg, stdout, stderr))
             fprintf(stderr, "kvmill run: --dump-config: values that do not fit an INI line are read from the environment "
@@ -203,26 +239,6 @@ int kvm_cmd_run(int argc, char **argv)
         goto done;
     }
     int64_t ctx = kvm_config_int(cfg, "model", "context");
-    if (kvm_config_int(cfg, "compress", "budget") == 0 && kvm_config_float(cfg, "compress", "ratio") <= 0 &&
-        strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
-        kvm_cli_refuse("run", "%s: [compress] ratio = 0 and budget = 0 keep nothing: set one of them\n",
-                kvm_config_path(cfg));
-        status = 2;
-        goto done;
-    }
-    char size_note[8400];
-    if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill run: %s\n", size_note);
-    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
-        kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
-        status = 2;
-        goto done;
-    }
-    kvm_sculpt_opts so; /* the sculpt-family [compress] keys (query_source, ...) parse here, not in every job */
-    if (kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) {
-        kvm_cli_refuse("run", "%s: [compress]: %s\n", kvm_config_path(cfg), kvm_errmsg());
-        status = 2;
-        goto done;
-    }
     if (ctx > m->cfg.seq_len) {
         kvm_cli_refuse("run", "%s: [model] context = %lld exceeds the model's window of %d tokens\n",
                 kvm_config_path(cfg), (long long)ctx, m->cfg.seq_len);

@@ -130,6 +130,13 @@ int kvm_cmd_sculpt(int argc, char **argv)
             fprintf(stderr, "kvmill %s\n", kvm_errmsg());
             return 2;
         }
+    char given[1024] = "", names[512];
+    for (int i = 0, at = 0; i < n_set && at < (int)sizeof given;
+         i++) /* a note, not a refusal: see kvm_sculpt_opts_unused */
+        if (kvm_cli_get(opts, set[i].flag)) at += snprintf(given + at, sizeof given - (size_t)at, "%s:", set[i].name);
+    if (kvm_sculpt_opts_unused(&o, given, ":", names, sizeof names) > 0)
+        fprintf(stderr, "kvmill sculpt: note: --method %s does not read %s; ignored\n",
+                kvm_cli_get(opts, "method") ? kvm_cli_get(opts, "method") : "sculpt", names);
     int64_t ctx = 0;
     if ((s = kvm_cli_get(opts, "context")) && kvm_cli_int("sculpt", "context", s, 1, INT32_MAX, &ctx)) return 2;
     const kvm_kernels *kk;

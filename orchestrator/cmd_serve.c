@@ -16,17 +16,25 @@
 #include <string.h>
 #include <unistd.h>
 
-/* What every decode worker checks at setup (settings that do not go together, kvm_jobcfg_check;
- * a model or tokenizer that does not open; a context past the model's window; [model] chat = true
- * with a model whose tokenizer has no chat template) is refused here, naming the user's file, rather than by every worker (which
- * would name serve's resolved copy) until serve gives up. The model is opened only when this
- * host starts workers or frames chats: workers started by hand on other hosts may hold it at a
- * path this host lacks. Returns 0, or nonzero with the message printed. */
-static int check_config(const kvm_config *cfg)
+/* Settings that do not go together (kvm_jobcfg_check), which every decode worker would refuse at
+ * setup: refused before --dump-config too, so that a dump is a config serve accepts as far as
+ * the file alone decides. Prints the note that budget replaces ratio. Returns 0, or nonzero
+ * with the refusal printed. */
+static int check_settings(const kvm_config *cfg)
 {
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill serve: %s\n", size_note);
     if (kvm_jobcfg_check(cfg)) return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
+    return 0;
+}
+
+/* What else every decode worker checks at setup (a model or tokenizer that does not open; a context past the model's
+ * window; [model] chat = true with a model whose tokenizer has no chat template) is refused here, naming the user's
+ * file, rather than by every worker (which would name serve's resolved copy) until serve gives up. The model is opened
+ * only when this host starts workers or frames chats: workers started by hand on other hosts may hold it at a path this
+ * host lacks. Returns 0, or nonzero with the message printed. */
+static int check_config(const kvm_config *cfg)
+{
     const int chat = kvm_config_bool(cfg, "model", "chat");
     if (!chat && kvm_config_int(cfg, "serve", "workers") == 0) return 0;
     kvm_model *m = NULL;
@@ -102,6 +110,7 @@ int kvm_cmd_serve(int argc, char **argv)
         kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg());
         goto done;
     }
+    if (check_settings(cfg)) goto done;
     if (kvm_cli_get(opts, "dump-config")) {
         if (kvm_config_dump(cfg, stdout, stderr))
             fprintf(stderr, "kvmill serve: --dump-config: values that do not fit an INI line are read from the environment "

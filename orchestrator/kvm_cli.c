@@ -201,6 +201,57 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
     return rc == KVM_EINVAL ? 2 : rc ? 1 : 0;
 }
 
+int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s)
+{
+    *s = (kvm_cli_staged){.path = path};
+    struct stat st, lst;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a FIFO or /dev/stdout: no file to rename over */
+        return kvm_cli_open_out(cmd, flag, path, &s->f);
+    /* a link to a file: the file is replaced, beside it, as writing through the link did (not the link) */
+    if (!lstat(path, &lst) && S_ISLNK(lst.st_mode) && !(s->target = realpath(path, NULL))) {
+        kvm_cli_refuse(cmd, "--%s %s: %s\n", flag, path, strerror(errno));
+        return 1;
+    }
+    const char *file = s->target ? s->target : path;
+    size_t n = strlen(file) + sizeof ".part";
+    if (!(s->part = malloc(n))) {
+        kvm_cli_refuse(cmd, "--%s %s: out of memory\n", flag, path);
+        free(s->target), s->target = NULL;
+        return 1;
+    }
+    snprintf(s->part, n, "%s.part", file);
+    int rc = kvm_cli_open_out(cmd, flag, s->part, &s->f);
+    if (rc) free(s->part), s->part = NULL, free(s->target), s->target = NULL;
+    return rc;
+}
+
+int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok)
+{
+    if (!s->f) return 0;
+    const int empty = s->part && ftell(s->f) == 0; /* opened before the work, which failed before writing */
+    int failed = fclose(s->f) != 0, rc = 0;
+    const char *why = failed ? strerror(errno) : NULL;
+    s->f = NULL;
+    if (ok && !failed && s->part && rename(s->part, s->target ? s->target : s->path) != 0)
+        failed = 1, why = strerror(errno);
+    if (ok && failed) {
+        kvm_cli_refuse(cmd, "--%s %s: write failed (%s)\n", flag, s->path, why);
+        if (s->part) unlink(s->part); /* cut short: no rows worth keeping */
+        rc = 1;
+    } else if (!ok && empty) {
+        unlink(s->part);
+    } else if (!ok && s->part) {
+        kvm_cli_refuse(cmd,
+                       "--%s %s was not written (the command failed); the rows written before the failure are "
+                       "in %s\n",
+                       flag, s->path, s->part);
+    }
+    free(s->part);
+    free(s->target);
+    s->part = s->target = NULL;
+    return rc;
+}
+
 int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max)
 {
     int n = 0;

@@ -78,6 +78,32 @@ int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out,
  * when the open fails otherwise. */
 int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE **out);
 
+/* An output written whole or not at all (eval's --csv, calibrate's --out and --dump-signals),
+ * opened before the command's work so that a path that cannot be written (a FIFO without a
+ * reader, a folder that takes no new file) is refused before it: rows go to PATH.part, renamed
+ * over PATH when the command succeeds, so a command that fails after some rows (a later document
+ * that cannot be used, a kill) leaves no PATH that looks finished, and an existing PATH as it
+ * was. A PATH that exists and is not a regular file (a FIFO, /dev/stdout) is written in place;
+ * one that is a symbolic link to a file has that file replaced. */
+typedef struct kvm_cli_staged {
+    FILE *f;          /* the stream to write */
+    const char *path; /* the file the user named (not owned) */
+    char *part;       /* PATH.part (malloc'ed), or NULL when written in place */
+    char *target;     /* PATH's file when PATH is a symbolic link to one (malloc'ed), else NULL: the
+                         file is replaced (TARGET.part beside it), the link kept */
+} kvm_cli_staged;
+
+/* Opens s for --FLAG PATH (kvm_cli_open_out on PATH.part, or on PATH in place). Returns 0, or
+ * kvm_cli_open_out's 2 or 1 after printing the refusal (s->f NULL). */
+int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s);
+
+/* Closes s (nothing to do when s->f is NULL). ok = 1 (the command succeeded): PATH.part is
+ * renamed over PATH; a write or rename that fails removes PATH.part, prints "kvmill CMD: --FLAG
+ * PATH: write failed ..." and returns 1. ok = 0: PATH is not touched; PATH.part is removed when
+ * nothing was written to it, else it keeps the rows written (named on stderr, with the fact that
+ * PATH was not written); returns 0. Frees s->part. */
+int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok);
+
 /* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
  * quote or a line break (a document named a,b.txt split its row), else as it is. */
 void kvm_cli_csv_field(FILE *f, const char *v);

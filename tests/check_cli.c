@@ -670,7 +670,7 @@ START_TEST(test_fifo_without_writer)
         {"sculpt --model '%s' --doc DOC --context 64 --iterations 1 --threads 1 --out '%s'", "cache file /"},
         {"calibrate --model '%s' --docs DOC --budget 8 --context 64 --continuation 8 --phases prefill --threads 1 "
          "--out '%s'",
-         "strategy /"},
+         "--out /"}, /* refused before the calibration now, naming the flag */
     };
     for (int i = 0; i < 6; i++) {
         char inner[9000], fmt[9000];
@@ -742,6 +742,55 @@ START_TEST(test_calibrate_config_own_options)
 }
 END_TEST
 
+/* `run --dump-config` printed (exit 0) configurations that `run` then refused at start (exit 2):
+ * settings that do not go together ([compress] budget not below the context, ratio = 0 with
+ * budget = 0, on_policy with a query source it cannot use, [model] system without chat). The
+ * dump now refuses each with run's message and exit status; so does serve's dump, for the
+ * settings its workers refuse. A valid config still dumps. */
+START_TEST(test_dump_config_refuses_what_run_refuses)
+{
+    char *tmp = kvm_test_tmpdir(), ini[4096], text[8192], *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *corpus = kvm_test_data_path("corpus");
+    const char *cases[][2] = {
+        {"[compress]\nbudget = 1000\n", "[compress] budget = 1000 is not below [model] context = 384"},
+        {"[compress]\nratio = 0\nbudget = 0\n", "[compress] ratio = 0 and budget = 0 keep nothing"},
+        {"[compress]\non_policy = true\nalloc = head\n", "on_policy takes its queries from forward passes"},
+        {"system = Be brief.\n", "[model] system is set but chat = false"},
+    };
+    snprintf(ini, sizeof ini, "%s/c.ini", tmp);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int n = snprintf(text, sizeof text, "[model]\npath = %s\n%s", model, cases[i][0]); /* [model] keys first */
+        ck_assert_int_eq(kvm_test_write_file(ini, text, (size_t)n), 0);
+        int rc = kvmill(&out, &err, "run --config '%s' --dump-config%s", ini, "");
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: dump: exit %d: %s", cases[i][0], rc, err);
+        ck_assert_str_eq(out, "");
+        char *dump_err = err;
+        free(out);
+        char store[4200];
+        snprintf(store, sizeof store, "%s/store", tmp);
+        snprintf(text, sizeof text, "run --config '%s' --corpus '%%s' --store '%s'", ini, store);
+        rc = kvmill(&out, &err, text, corpus, "");
+        ck_assert_msg(rc == 2 && !strcmp(err, dump_err), "%s: run: exit %d: '%s', dump said '%s'", cases[i][0], rc, err,
+                      dump_err);
+        free(out);
+        free(err);
+        free(dump_err);
+    }
+    int rc = kvmill(&out, &err, "serve --config '%s' --dump-config%s", ini, ""); /* the last case */
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill serve:") && strstr(err, cases[3][1]), "serve: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    int n = snprintf(text, sizeof text, "[model]\npath = %s\n[compress]\nbudget = 64\n", model);
+    ck_assert_int_eq(kvm_test_write_file(ini, text, (size_t)n), 0);
+    rc = kvmill(&out, &err, "run --config '%s' --dump-config%s", ini, "");
+    ck_assert_msg(rc == 0 && strstr(out, "budget = 64"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -765,7 +814,8 @@ static Suite *cli_suite(void)
                  {"sculpt_kept_whole_said", test_sculpt_kept_whole_said},
                  {"fifo_without_writer", test_fifo_without_writer},
                  {"eval_no_compression", test_eval_no_compression},
-                 {"calibrate_config_own_options", test_calibrate_config_own_options}};
+                 {"calibrate_config_own_options", test_calibrate_config_own_options},
+                 {"dump_config_refuses_what_run_refuses", test_dump_config_refuses_what_run_refuses}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

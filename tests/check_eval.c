@@ -685,6 +685,117 @@ START_TEST(test_cli_csv)
 }
 END_TEST
 
+/* An eval that fails after rows were written (here --task's tenth case, on an empty second
+ * document, exit 2) left them as --csv, a file that looked finished: rows now go to CSV.part,
+ * renamed over CSV only on success, so the old CSV stays as it was and stderr names the .part
+ * with the rows done. */
+START_TEST(test_cli_csv_failed)
+{
+    char *dir = kvm_test_tmpdir(), csv[512], part[600], empty[512], cmd[4096], *out = NULL, *err = NULL;
+    snprintf(csv, sizeof csv, "%s/r.csv", dir);
+    snprintf(part, sizeof part, "%s.part", csv);
+    snprintf(empty, sizeof empty, "%s/empty.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(empty, "", 0), 0);
+    ck_assert_int_eq(kvm_test_write_file(csv, "keep\n", 5), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 128 --docs %s/corpus/doc_000.txt,%s "
+             "--task passkey --cases 12 --method h2o --budget 32 --threads 1 --csv %s",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), empty, csv);
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "task case 9 (empty)"), "exit %d: %s", st, err);
+    ck_assert_msg(strstr(err, "--csv ") && strstr(err, "r.csv was not written") && strstr(err, "r.csv.part"), "%s",
+                  err);
+    char *text = kvm_test_read_file(csv, NULL);
+    ck_assert_msg(text && !strcmp(text, "keep\n"), "--csv was rewritten: %s", text);
+    free(text);
+    size_t n;
+    text = kvm_test_read_file(part, &n);
+    ck_assert_ptr_nonnull(text);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++)
+        lines += text[i] == '\n';
+    ck_assert_int_eq(lines, 1 + 9 * 2); /* the header, then full and h2o for cases 0-8 */
+    free(text);
+    free(out);
+    free(err);
+    /* the same without the empty document: CSV replaced, no .part left */
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 128 --docs %s/corpus/doc_000.txt "
+             "--task passkey --cases 2 --method h2o --budget 32 --threads 1 --csv %s",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), csv);
+    st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    text = kvm_test_read_file(csv, &n);
+    ck_assert_msg(text && !strncmp(text, "case,task,doc,", 14), "%s", text);
+    free(text);
+    ck_assert_int_ne(access(part, F_OK), 0);
+    free(out);
+    free(err);
+    /* --csv a link to a file: the file gets the rows, the link stays (as writing through it did) */
+    char real[600];
+    snprintf(real, sizeof real, "%s/real.csv", dir);
+    ck_assert_int_eq(kvm_test_write_file(real, "old\n", 4), 0);
+    ck_assert_int_eq(unlink(csv), 0);
+    ck_assert_int_eq(symlink(real, csv), 0);
+    st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    struct stat sb;
+    ck_assert(lstat(csv, &sb) == 0 && S_ISLNK(sb.st_mode));
+    text = kvm_test_read_file(real, NULL);
+    ck_assert_msg(text && !strncmp(text, "case,task,doc,", 14), "%s", text);
+    free(text);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Options a sculpt-family method never reads were accepted silently: kvzip:iterations=10 (kvzip
+ * runs no L-BFGS), am's bias (always fitted), joint-fixed's kcap (its keys never move). They are
+ * still accepted (strategy files and configs share one option set) with one stderr note per
+ * method naming them; options the method reads get none, and neither does kvmill sculpt's
+ * --method sculpt. kvmill sculpt notes its flags the same way. */
+START_TEST(test_cli_unused_options)
+{
+    const char *cases[][2] = {
+        {"kvzip:iterations=10", "--method kvzip:iterations=10: note: iterations not read by this method; ignored"},
+        {"am:iterations=10:bias:ridge=0.01", "--method am:iterations=10:bias:ridge=0.01: note: iterations, bias not"},
+        {"joint-fixed:kcap=2:bias", "note: kcap, bias not read"},
+        {"selectfit:rounds=3", "--method selectfit:rounds=3: note: rounds not read"},
+        {"sculpt:iterations=3:kcap=2", NULL},
+        {"selectfit:rounds=3:bias", NULL},
+        {"kvzip:queries=64:retain=16", NULL},
+    };
+    char args[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL, *err = NULL;
+        snprintf(args, sizeof args, "--docs %s/corpus/doc_000.txt --method %s --budget 40 --threads 1", kvm_test_data(),
+                 cases[i][0]);
+        int st = kvm_test_run(cmdbuf(EVAL "%s", args, NULL), &out, &err);
+        ck_assert_msg(st == 0, "%s: exit %d: %s", cases[i][0], st, err);
+        if (cases[i][1])
+            ck_assert_msg(strstr(err, cases[i][1]), "%s: stderr '%s' lacks '%s'", cases[i][0], err, cases[i][1]);
+        else
+            ck_assert_msg(!strstr(err, "note:"), "%s: %s", cases[i][0], err);
+        free(out);
+        free(err);
+    }
+    char *dir = kvm_test_tmpdir(), cmd[4096], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill sculpt --model %s/models/stories260K.bin --doc %s/corpus/doc_000.txt --context 64 "
+             "--budget 40 --threads 1 --method kvzip --iterations 3 --rounds 2 --queries 64 --out %s/c.kvs",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), dir);
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0 && strstr(err, "note: --method kvzip does not read rounds, iterations; ignored"),
+                  "exit %d: %s", st, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* Full-KV accuracy of SmolLM2 on committed cases (data/corpus/doc_000.txt, chat framing,
  * context 384): measured 9/9 on passkey and recall (cases 0-8), 4/9 on multikey (bench/RESULTS.md,
  * issue 14); cases 0-3 of passkey and recall are asserted within one case of that (4/4).
@@ -864,7 +975,9 @@ static Suite *eval_suite(void)
                  {"cli_target", test_cli_target, 0},
                  {"task_cases", test_task_cases, 0},
                  {"cli_task", test_cli_task, 0},
-                 {"cli_csv", test_cli_csv, 0}};
+                 {"cli_csv", test_cli_csv, 0},
+                 {"cli_csv_failed", test_cli_csv_failed, 0},
+                 {"cli_unused_options", test_cli_unused_options, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);

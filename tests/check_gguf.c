@@ -231,6 +231,7 @@ typedef struct tiny_opts {
     int skip_block_count; /* omit llama.block_count */
     int64_t attn_k_rows;  /* rows of blk.0.attn_k (T_KV * 64 when right) */
     int drop_ffn_up;      /* omit blk.0.ffn_up.weight */
+    float rope_theta;     /* llama.rope.freq_base; 0: 50000 */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -283,7 +284,7 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     gw_kv_u32(&kv, "llama.feed_forward_length", T_HID), n_kv++;
     gw_kv_u32(&kv, "llama.attention.head_count", T_HEADS), n_kv++;
     gw_kv_u32(&kv, "llama.attention.head_count_kv", T_KV), n_kv++;
-    gw_kv_f32(&kv, "llama.rope.freq_base", 50000.0f), n_kv++;
+    gw_kv_f32(&kv, "llama.rope.freq_base", o->rope_theta ? o->rope_theta : 50000.0f), n_kv++;
     gw_kv_f32(&kv, "llama.attention.layer_norm_rms_epsilon", 1e-6f), n_kv++;
     gw_kv_u32(&kv, "tokenizer.ggml.bos_token_id", 3), n_kv++;
     gw_kv_u32(&kv, "tokenizer.ggml.eos_token_id", 4), n_kv++;
@@ -292,7 +293,7 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -417,6 +418,13 @@ START_TEST(test_model_errors)
     o = tiny_ok;
     o.arch = "gpt2";
     expect_model_error(&o, KVM_ENOTSUP, "general.architecture", "gpt2");
+    /* a RoPE base of at most 1 (frequencies rising, or all equal): was accepted, as config.json's */
+    static const float bad_theta[] = {0.5f, 1.0f, -2.0f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad_theta / sizeof bad_theta[0]; i++) {
+        o = tiny_ok;
+        o.rope_theta = bad_theta[i];
+        expect_model_error(&o, KVM_EFORMAT, "llama.rope.freq_base", "must be > 1");
+    }
 }
 END_TEST
 

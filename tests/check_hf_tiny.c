@@ -464,9 +464,10 @@ static int generate_ids(const char *cmd, int32_t *ids, int max)
     return n;
 }
 
-/* Generation stops at any of config.json's eos_token_id entries, not only the first: greedy
- * decoding of the Llama folder, then the same with a later generated id added as a second EOS
- * id stops right before it. */
+/* Generation stops at any of the eos_token_id entries, not only the first: greedy decoding of
+ * the Llama folder, then the same with a later generated id added as a second EOS id stops
+ * right before it; loop 0 lists it in config.json, loop 1 in generation_config.json (which
+ * transformers' generate() stops at, and which was not read). */
 START_TEST(test_eos_ids)
 {
     tset s = {0};
@@ -489,14 +490,20 @@ START_TEST(test_eos_ids)
         if (!seen) stop = i;
     }
     ck_assert_msg(stop > 0, "no fresh id among %d generated", na - 3);
-    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
-    char *cfg = kvm_test_read_file(cfgp, NULL), *at = strstr(cfg, "\"eos_token_id\": 2");
-    ck_assert_ptr_nonnull(at);
     char fixed[8192];
-    snprintf(fixed, sizeof fixed, "%.*s\"eos_token_id\": [2, %d]%s", (int)(at - cfg), cfg, a[stop],
-             at + strlen("\"eos_token_id\": 2"));
+    if (_i == 0) {
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+        char *cfg = kvm_test_read_file(cfgp, NULL), *at = strstr(cfg, "\"eos_token_id\": 2");
+        ck_assert_ptr_nonnull(at);
+        snprintf(fixed, sizeof fixed, "%.*s\"eos_token_id\": [2, %d]%s", (int)(at - cfg), cfg, a[stop],
+                 at + strlen("\"eos_token_id\": 2"));
+        free(cfg);
+    } else {
+        snprintf(cfgp, sizeof cfgp, "%s/generation_config.json", dir);
+        snprintf(fixed, sizeof fixed, "{\"bos_token_id\": 1, \"eos_token_id\": [2, %d], \"do_sample\": false}",
+                 a[stop]);
+    }
     ck_assert_int_eq(kvm_test_write_file(cfgp, fixed, strlen(fixed)), 0);
-    free(cfg);
     int nb = generate_ids(cmd, b, 64);
     ck_assert_msg(nb == stop, "with EOS ids [2, %d]: %d ids printed, want %d", a[stop], nb, stop);
     ck_assert(memcmp(a, b, (size_t)nb * sizeof *a) == 0);
@@ -709,6 +716,10 @@ START_TEST(test_bad_config)
         {"partial_rotary_factor", "\"0.5\"", KVM_EFORMAT, "partial_rotary_factor", "not a number"},
         /* 0 and infinity as float32: were accepted, the logits NaN */
         {"rope_theta", "1e-300", KVM_EFORMAT, "rope_theta", "float32"},
+        /* a RoPE base of at most 1 (frequencies rising with the pair index, or all equal): was accepted */
+        {"rope_theta", "0.5", KVM_EFORMAT, "rope_theta = 0.5", "must be > 1"},
+        {"rope_theta", "1", KVM_EFORMAT, "rope_theta = 1", "must be > 1"},
+        {"rope_theta", "-10000", KVM_EFORMAT, "rope_theta", NULL},
         {"rms_norm_eps", "1e300", KVM_EFORMAT, "rms_norm_eps", "float32"},
         /* a quantized checkpoint: was refused later, at its first I32 or F8 tensor */
         {"quantization_config", "{\"quant_method\": \"gptq\", \"bits\": 4}", KVM_ENOTSUP, "quantization_config",
@@ -778,6 +789,7 @@ START_TEST(test_rope_parameters)
          "rope_parameters type 'yarn'"},
         {"null", "{\"rope_theta\": 1e6, \"partial_rotary_factor\": 0.5}", KVM_ENOTSUP, "partial_rotary_factor"},
         {"null", "[]", KVM_EFORMAT, "'rope_parameters' is not an object"},
+        {"null", "{\"rope_theta\": 0.5}", KVM_EFORMAT, "rope_theta = 0.5 must be > 1 and at most"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char params[256];
@@ -1012,6 +1024,112 @@ START_TEST(test_bad_entries)
 }
 END_TEST
 
+/* generation_config.json's eos_token_id (an id or a list) where config.json has none: it was
+ * refused as "key 'eos_token_id' is missing"; its ids are added after config.json's, each once;
+ * neither file having the key, a bad id or malformed generation_config.json is refused naming
+ * the file. */
+START_TEST(test_generation_config)
+{
+    char *cfg = config_with("eos_token_id", "null"), p[4096];
+    const char *dir = folder_with(cfg, NULL);
+    free(cfg);
+    snprintf(p, sizeof p, "%s/generation_config.json", dir);
+    struct {
+        const char *gen;
+        int rc, n_eos, eos0, eos1;
+        const char *n1, *n2;
+    } cases[] = {
+        {"{\"eos_token_id\": 2}", 0, 1, 2, -1, NULL, NULL},
+        {"{\"eos_token_id\": [7, 2, 7]}", 0, 2, 7, 2, NULL, NULL},
+        {"{\"do_sample\": true}", KVM_EFORMAT, 0, 0, 0, "'eos_token_id' is missing", "generation_config.json has none"},
+        {"{\"eos_token_id\": [2, 1000]}", KVM_EFORMAT, 0, 0, 0, "generation_config.json: eos_token_id entry 1", NULL},
+        {"{\"eos_token_id\": []}", KVM_EFORMAT, 0, 0, 0, "generation_config.json: eos_token_id", "empty"},
+        {"{\"eos_token_id\": 2", KVM_EFORMAT, 0, 0, 0, "generation_config.json: ", "line 1"},
+        {"[2]", KVM_EFORMAT, 0, 0, 0, "generation_config.json: not a JSON object", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ck_assert_int_eq(kvm_test_write_file(p, cases[i].gen, strlen(cases[i].gen)), 0);
+        snprintf(p + strlen(dir), sizeof p - strlen(dir), "/config.json");
+        kvm_model_config c;
+        char arch[64];
+        int tied, o_bias, rc = kvm__hf_config(p, &c, arch, sizeof arch, &tied, &o_bias);
+        snprintf(p + strlen(dir), sizeof p - strlen(dir), "/generation_config.json");
+        ck_assert_msg(rc == cases[i].rc, "%s: got %d (%s)", cases[i].gen, rc, kvm_errmsg());
+        if (rc) {
+            ck_assert_msg(strstr(kvm_errmsg(), cases[i].n1) && (!cases[i].n2 || strstr(kvm_errmsg(), cases[i].n2)),
+                          "%s: %s", cases[i].gen, kvm_errmsg());
+            continue;
+        }
+        ck_assert_int_eq(c.n_eos, cases[i].n_eos);
+        ck_assert_int_eq(c.eos_id, cases[i].eos0);
+        ck_assert_int_eq(c.eos_ids[0], cases[i].eos0);
+        if (c.n_eos > 1) ck_assert_int_eq(c.eos_ids[1], cases[i].eos1);
+    }
+    /* config.json's id first, then generation_config.json's new ones */
+    cfg = config_with("eos_token_id", "[2, 5]");
+    dir = folder_with(cfg, NULL);
+    free(cfg);
+    snprintf(p, sizeof p, "%s/generation_config.json", dir);
+    static const char gen[] = "{\"eos_token_id\": [5, 9]}";
+    ck_assert_int_eq(kvm_test_write_file(p, gen, strlen(gen)), 0);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    kvm_model_config c;
+    char arch[64];
+    int tied, o_bias;
+    ck_assert_msg(kvm__hf_config(p, &c, arch, sizeof arch, &tied, &o_bias) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(c.n_eos, 3);
+    ck_assert_int_eq(c.eos_ids[0], 2);
+    ck_assert_int_eq(c.eos_ids[1], 5);
+    ck_assert_int_eq(c.eos_ids[2], 9);
+}
+END_TEST
+
+/* Prepends a UTF-8 byte-order mark to the file at path. */
+static void add_bom(const char *path)
+{
+    size_t n;
+    char *text = kvm_test_read_file(path, &n), *marked = malloc(n + 3);
+    ck_assert_ptr_nonnull(text);
+    memcpy(marked, "\xEF\xBB\xBF", 3);
+    memcpy(marked + 3, text, n);
+    ck_assert_int_eq(kvm_test_write_file(path, marked, n + 3), 0);
+    free(text);
+    free(marked);
+}
+
+/* config.json and model.safetensors.index.json that start with a UTF-8 byte-order mark (as
+ * Windows editors save them) load as without it; jansson's "'[' or '{' expected near" refused
+ * them. kvm__hf_config_mem skips the mark too. */
+START_TEST(test_bom)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    const char *dir = make_folder("llama_bf16_sharded", &s, &r, &c, &tied);
+    tset_write(&s, dir, 3);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    add_bom(p);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    add_bom(p);
+    kvm_model *m = NULL;
+    ck_assert_msg(kvm_model_open(dir, &m) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(memcmp(&m->cfg, &c, sizeof c), 0);
+    kvm_model_close(&m);
+    size_t n;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *text = kvm_test_read_file(p, &n), arch[64];
+    kvm_model_config b;
+    int tb, ob;
+    ck_assert_msg(kvm__hf_config_mem("mem.json", text, n, &b, arch, sizeof arch, &tb, &ob) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(memcmp(&b, &c, sizeof c), 0);
+    free(text);
+    free(r.logits);
+    tset_free(&s);
+}
+END_TEST
+
 static Suite *tiny_suite(void)
 {
     Suite *s = suite_create("hf_tiny");
@@ -1019,11 +1137,14 @@ static Suite *tiny_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_loop_test(tc, test_reference, 0, (int)(sizeof tiny_cases / sizeof tiny_cases[0]));
     suite_add_tcase(s, tc);
+    tc = tcase_create("eos_ids");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_loop_test(tc, test_eos_ids, 0, 2);
+    suite_add_tcase(s, tc);
     struct {
         const char *name;
         const TTest *fn;
     } more[] = {{"vs_llama2c_gguf", test_vs_llama2c_gguf},
-                {"eos_ids", test_eos_ids},
                 {"window", test_window},
                 {"model_id", test_model_id},
                 {"llama3_chat", test_llama3_chat},
@@ -1033,7 +1154,9 @@ static Suite *tiny_suite(void)
                 {"layer_types", test_layer_types},
                 {"head_dim_default", test_head_dim_default},
                 {"bad_tensors", test_bad_tensors},
-                {"bad_entries", test_bad_entries}};
+                {"bad_entries", test_bad_entries},
+                {"bom", test_bom},
+                {"generation_config", test_generation_config}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

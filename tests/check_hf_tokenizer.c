@@ -292,6 +292,36 @@ START_TEST(test_template_list)
 }
 END_TEST
 
+/* tokenizer.json and tokenizer_config.json that start with a UTF-8 byte-order mark are read as
+ * without it (jansson refused them: "'[' or '{' expected near"). */
+START_TEST(test_bom)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], q[4096];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    size_t n;
+    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n), *marked = malloc(n + 3);
+    ck_assert_ptr_nonnull(src);
+    memcpy(marked, "\xEF\xBB\xBF", 3);
+    memcpy(marked + 3, src, n);
+    ck_assert_int_eq(kvm_test_write_file(p, marked, n + 3), 0);
+    static const char cfg[] = "\xEF\xBB\xBF{\"chat_template\": \"D\"}";
+    ck_assert_int_eq(kvm_test_write_file(q, cfg, strlen(cfg)), 0);
+    kvm_bpe *b = NULL;
+    kvm_tokjson_info info;
+    ck_assert_msg(kvm__tokjson_open(p, 0, &b, &info) == 0, "%s", kvm_errmsg());
+    ck_assert_str_eq(info.chat_template, "D");
+    free(info.chat_template);
+    kvm__bpe_free(&b);
+    ck_assert_msg(kvm__tokjson_parse_mem("mem.json", marked, n + 3, 0, &b, &info) == 0, "%s", kvm_errmsg());
+    kvm__bpe_free(&b);
+    free(src);
+    free(marked);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *tok_suite(void)
 {
     Suite *s = suite_create("hf_tokenizer");
@@ -304,6 +334,7 @@ static Suite *tok_suite(void)
     } more[] = {
         {"smol", test_smol}, {"decode", test_decode},   {"malformed", test_malformed},
         {"mem", test_mem},   {"entries", test_entries}, {"template_list", test_template_list},
+        {"bom", test_bom},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);

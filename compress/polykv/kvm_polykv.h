@@ -298,6 +298,11 @@ void kvm_strategy_set_model(kvm_strategy *s, const uint8_t *model_id);
  * recorded id differs, the message naming the file, the recorded id and the model with its id. */
 int kvm_strategy_check_model(const kvm_strategy *s, const char *file, const uint8_t *model_id, const char *model);
 
+/* Writes s's canonical encoding to the open stream f (an output the caller opened before its
+ * work, so that a path that cannot be written is refused before it); `name` labels the messages.
+ * Returns 0, KVM_EIO (a short write), KVM_ENOMEM. f stays open. */
+int kvm_strategy_write_stream(const kvm_strategy *s, FILE *f, const char *name);
+
 /* Prints the strategy as a table: one row per layer with both phases' patterns and the budget,
  * after the model id when one is recorded. */
 void kvm_strategy_print(const kvm_strategy *s, FILE *f);

@@ -278,6 +278,17 @@ int kvm_strategy_read(const char *path, kvm_strategy **out)
     return rc;
 }
 
+int kvm_strategy_write_stream(const kvm_strategy *s, FILE *f, const char *name)
+{
+    uint8_t *b;
+    size_t n;
+    int rc = kvm_strategy_encode(s, &b, &n);
+    if (rc) return rc;
+    if (fwrite(b, 1, n, f) != n || fflush(f)) rc = kvm_err(KVM_EIO, "%s: write failed", name);
+    free(b);
+    return rc;
+}
+
 int kvm_strategy_write(const kvm_strategy *s, const char *path)
 {
     uint8_t *b;

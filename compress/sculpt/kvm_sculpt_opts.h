@@ -94,6 +94,17 @@ int kvm_sculpt_opts_diff(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b, con
  * the error with a message naming the settings. */
 int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o);
 
+/* The items of the option list `list` (items "name[=value]" separated by any character of
+ * `seps`, e.g. ":" for a method ARG) that o's method never reads, given o's other settings:
+ * am and kvzip run no L-BFGS (rounds, iterations, history, tolerance, gradient_tolerance,
+ * carry_history, round_tolerance, kcap, bias, am_start, pilot_rounds, pilot_iterations;
+ * kvzip also fits no values: ridge, ridge_f32, vcap); selectfit and joint-fixed never move keys
+ * (kcap); joint-fixed always fits biases (bias); selectfit without bias runs no L-BFGS rounds.
+ * Writes their names as given, ", "-separated, into out[n] (truncated to fit); returns how
+ * many. Unknown names are not counted (the parser refuses them). For a note, not a refusal:
+ * strategy files and configs share one option set across methods. */
+int kvm_sculpt_opts_unused(const kvm_sculpt_opts *o, const char *list, const char *seps, char *out, size_t n);
+
 /* Prints "  --FLAG  help" lines for every current (not deprecated) setting to f. */
 void kvm_sculpt_opts_help(FILE *f);
 

@@ -238,6 +238,47 @@ int kvm_sculpt_opts_set_budget(kvm_sculpt_opts *o, const kvm_budget *b)
     return 0;
 }
 
+/* 1 when setting `name` (the table's current name) is never read by o's method (see
+ * kvm_sculpt_opts_unused). The solvers decide: sculpt_solve.c and sculpt_batch.c run L-BFGS
+ * rounds only when keys move (sculpt) or biases are fitted (bias, joint-fixed); am and kvzip
+ * return before (sculpt_am.c, sculpt_kvzip.c), and kvzip keeps the original values. */
+static int unused_by(const kvm_sculpt_opts *o, const char *name)
+{
+    static const char *const rounds[] = {
+        "rounds",        "iterations",      "history",      "tolerance",        "gradient_tolerance",
+        "carry_history", "round_tolerance", "pilot_rounds", "pilot_iterations", NULL};
+    static const char *const values[] = {"ridge", "ridge_f32", "vcap", NULL};
+    const int baseline = o->mode == KVM_SCULPT_AM || o->mode == KVM_SCULPT_KVZIP;
+    const int no_rounds = baseline || (o->mode == KVM_SCULPT_SELECTFIT && !o->bias);
+    for (int i = 0; no_rounds && rounds[i]; i++)
+        if (!strcmp(name, rounds[i])) return 1;
+    for (int i = 0; o->mode == KVM_SCULPT_KVZIP && values[i]; i++)
+        if (!strcmp(name, values[i])) return 1;
+    if (!strcmp(name, "kcap")) return o->mode != KVM_SCULPT_FULL;
+    if (!strcmp(name, "bias")) return baseline || o->mode == KVM_SCULPT_JOINT_FIXED;
+    if (!strcmp(name, "am_start")) return baseline;
+    return 0;
+}
+
+int kvm_sculpt_opts_unused(const kvm_sculpt_opts *o, const char *list, const char *seps, char *out, size_t n)
+{
+    int count = 0;
+    size_t at = 0;
+    if (n) out[0] = '\0';
+    for (const char *t = list; t && *t; t += strcspn(t, seps), t += *t != '\0') {
+        size_t len = strcspn(t, seps), name_len = strcspn(t, "=");
+        const row *r = find_row(t, name_len < len ? name_len : len);
+        if (!r) continue;
+        const char *name = r->replaced_by ? r->replaced_by : r->name; /* iters is iterations */
+        if (!unused_by(o, name)) continue;
+        if (at < n)
+            at += (size_t)snprintf(out + at, n - at, "%s%.*s", count ? ", " : "",
+                                   (int)(name_len < len ? name_len : len), t);
+        count++;
+    }
+    return count;
+}
+
 void kvm_sculpt_opts_help(FILE *f)
 {
     int n;
