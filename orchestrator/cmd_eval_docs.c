@@ -201,6 +201,19 @@ int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *f
     return 0;
 }
 
+/* Says on stderr, once per document, when its n_windows windows of w tokens overlap (the
+ * document has fewer than n_windows·w tokens): the calibration then counts the shared tokens
+ * once per window, and its windows are not the independent samples --windows suggests. */
+static void note_overlap(const char *cmd, const char *path, int64_t n_ids, int64_t w, int n_windows)
+{
+    if (n_ids >= w * n_windows) return;
+    const int64_t stride = (n_ids - w) / (n_windows - 1);
+    fprintf(stderr,
+            "kvmill %s: note: %s: %lld tokens hold %lld windows of %lld tokens (context + continuation) without "
+            "overlap; its %d windows start about %lld tokens apart and overlap\n",
+            cmd, path, (long long)n_ids, (long long)(n_ids / w), (long long)w, n_windows, (long long)stride);
+}
+
 int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok,
                        const char *frame, const char *path, int64_t n_ctx, int64_t n_cont, int window, int n_windows,
                        kvm_eval_doc **out)
@@ -219,6 +232,7 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
     if (!rc && n_windows > 1) { /* evenly spaced windows; a window after the start begins with BOS */
         off = (int64_t)window * (n_ids - (n_ctx + n_cont)) / (n_windows - 1);
         if (off > 0) ids[off] = m->cfg.bos_id;
+        if (window == 0) note_overlap(cmd, path, n_ids, n_ctx + n_cont, n_windows);
     }
     if (!rc) rc = kvm_eval_doc_new(m, k, ids + off, n_ctx + n_cont, n_ctx, n_cont, out);
     free(ids);

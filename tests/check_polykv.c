@@ -994,6 +994,30 @@ START_TEST(test_cli)
 }
 END_TEST
 
+/* --windows spread over a document too short for them without overlap: the windows share
+ * tokens, so they are not the independent samples the flag suggests, and nothing said so. Now
+ * one note per document names how many windows its tokens hold; windows that fit say nothing. */
+START_TEST(test_cli_windows_overlap)
+{
+    char *dir = kvm_test_tmpdir(), args[1024], full[4096], *out = NULL, *err = NULL;
+    const int windows[2] = {3, 8}; /* doc_000: 1,092 tokens, windows of 208 */
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "--context 200 --continuation 8 --budget 40 --windows %d --phases prefill --threads 1 --out %s/w.bin",
+                 windows[i], dir);
+        snprintf(full, sizeof full, CAL "%s", kvm_test_bin(), kvm_test_data(), kvm_test_data(), args);
+        ck_assert_int_eq(kvm_test_run(full, &out, &err), 0);
+        const char *note = strstr(err, "doc_000.txt: 1092 tokens hold 5 windows of 208 tokens");
+        if (i == 0) ck_assert_msg(!strstr(err, "overlap"), "%s", err);
+        else ck_assert_msg(note && strstr(note, "its 8 windows start about 126 tokens apart and overlap"), "%s", err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* --out and --dump-signals that cannot be written, a FIFO no process reads or a file in a
  * folder that takes none (/proc), were refused only after the whole calibration; they are now
  * refused (exit 2) before the model is opened, as a missing folder already was: a --model that
@@ -1079,6 +1103,7 @@ static Suite *polykv_suite(void)
                  {"head_split", test_head_split, 1},
                  {"cli", test_cli, 0},
                  {"cli_outputs", test_cli_outputs, 0},
+                 {"cli_windows_overlap", test_cli_windows_overlap, 0},
                  {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
