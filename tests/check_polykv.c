@@ -1008,8 +1008,10 @@ START_TEST(test_cli_windows_overlap)
         snprintf(full, sizeof full, CAL "%s", kvm_test_bin(), kvm_test_data(), kvm_test_data(), args);
         ck_assert_int_eq(kvm_test_run(full, &out, &err), 0);
         const char *note = strstr(err, "doc_000.txt: 1092 tokens hold 5 windows of 208 tokens");
-        if (i == 0) ck_assert_msg(!strstr(err, "overlap"), "%s", err);
-        else ck_assert_msg(note && strstr(note, "its 8 windows start about 126 tokens apart and overlap"), "%s", err);
+        if (i == 0)
+            ck_assert_msg(!strstr(err, "overlap"), "%s", err);
+        else
+            ck_assert_msg(note && strstr(note, "its 8 windows start about 126 tokens apart and overlap"), "%s", err);
         free(out);
         free(err);
     }
