@@ -518,6 +518,36 @@ static kvm_strategy *kvzip_strategy(void)
     return st;
 }
 
+/* Every truncation of b[0, n) is refused and every byte changed to a few values is refused or
+ * decodes to a strategy that encodes (never a crash, never a value the encoder rejects). */
+static void expect_strict(const uint8_t *b, size_t n)
+{
+    kvm_strategy *back;
+    uint8_t *b2, *c = malloc(n + 1);
+    size_t n2;
+    for (size_t cut = 0; cut < n; cut++) {
+        ck_assert_msg(kvm_strategy_decode(b, cut, &back) == KVM_EFORMAT, "cut at %zu", cut);
+        ck_assert_ptr_null(back);
+    }
+    static const uint8_t junk[] = {0, 1, 3, 'X', ',', '=', '9', 0xff};
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < sizeof junk; j++) {
+            memcpy(c, b, n);
+            c[i] = junk[j];
+            int rc = kvm_strategy_decode(c, n, &back);
+            ck_assert_msg(rc == 0 || rc == KVM_EFORMAT, "byte %zu = %u: status %d", i, junk[j], rc);
+            if (!rc) {
+                ck_assert_msg(kvm_strategy_encode(back, &b2, &n2) == 0, "byte %zu = %u: %s", i, junk[j], kvm_errmsg());
+                free(b2);
+            }
+            kvm_strategy_free(&back);
+        }
+    memcpy(c, b, n);
+    c[n] = 0; /* one byte more than the layout says */
+    ck_assert_int_eq(kvm_strategy_decode(c, n + 1, &back), KVM_EFORMAT);
+    free(c);
+}
+
 /* KVST v2: a strategy with distilled layers carries their options (canonical text after the
  * layers), decoded exactly and re-encoded to the same bytes; other options give other bytes
  * (so another hash and config id); eviction-only strategies and unknown options stay v1; bad
@@ -576,24 +606,8 @@ START_TEST(test_codec_v2)
     ck_assert_uint_eq(b2[4], 1);
     ck_assert_uint_eq(n2, at);
     free(b2);
-    for (size_t cut = 0; cut < n; cut++) { /* every truncation */
-        ck_assert_int_eq(kvm_strategy_decode(b, cut, &back), KVM_EFORMAT);
-        ck_assert_ptr_null(back);
-    }
+    expect_strict(b, n); /* every truncation and changed byte */
     uint8_t *c = malloc(n + 1);
-    static const uint8_t junk[] = {0, 'X', ',', '=', '9', 0xff};
-    for (size_t i = 0; i < n; i++) /* every byte changed: refused, or a valid strategy that encodes */
-        for (size_t j = 0; j < sizeof junk; j++) {
-            memcpy(c, b, n);
-            c[i] = junk[j];
-            int rc = kvm_strategy_decode(c, n, &back);
-            ck_assert_msg(rc == 0 || rc == KVM_EFORMAT, "byte %zu = %u: status %d", i, junk[j], rc);
-            if (!rc) {
-                ck_assert_msg(kvm_strategy_encode(back, &b2, &n2) == 0, "byte %zu = %u: %s", i, junk[j], kvm_errmsg());
-                free(b2);
-            }
-            kvm_strategy_free(&back);
-        }
     struct {
         size_t off;
         uint8_t val;
@@ -640,35 +654,6 @@ START_TEST(test_codec_v2)
 }
 END_TEST
 
-/* Every truncation of b[0, n) is refused and every byte changed to a few values is refused or
- * decodes to a strategy that encodes (never a crash, never a value the encoder rejects). */
-static void expect_strict(const uint8_t *b, size_t n)
-{
-    kvm_strategy *back;
-    uint8_t *b2, *c = malloc(n + 1);
-    size_t n2;
-    for (size_t cut = 0; cut < n; cut++) {
-        ck_assert_msg(kvm_strategy_decode(b, cut, &back) == KVM_EFORMAT, "cut at %zu", cut);
-        ck_assert_ptr_null(back);
-    }
-    static const uint8_t junk[] = {0, 1, 3, 'X', ',', '=', '9', 0xff};
-    for (size_t i = 0; i < n; i++)
-        for (size_t j = 0; j < sizeof junk; j++) {
-            memcpy(c, b, n);
-            c[i] = junk[j];
-            int rc = kvm_strategy_decode(c, n, &back);
-            ck_assert_msg(rc == 0 || rc == KVM_EFORMAT, "byte %zu = %u: status %d", i, junk[j], rc);
-            if (!rc) {
-                ck_assert_msg(kvm_strategy_encode(back, &b2, &n2) == 0, "byte %zu = %u: %s", i, junk[j], kvm_errmsg());
-                free(b2);
-            }
-            kvm_strategy_free(&back);
-        }
-    memcpy(c, b, n);
-    c[n] = 0; /* one byte more than the layout says */
-    ck_assert_int_eq(kvm_strategy_decode(c, n + 1, &back), KVM_EFORMAT);
-    free(c);
-}
 
 /* KVST v3 (issue 15): a strategy with a model id records it after the layers, then the options'
  * length (0: none) and text; it decodes to the same id and re-encodes to the same bytes; without
