@@ -171,16 +171,19 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * loop); a snapshot committed by another process since is checked again, so every function
  * taking a kvm_store * may also return KVM_ECORRUPT for damaged pages, without having read or
  * written anything through them.
- * Errors: KVM_EINVAL (bad opts; path on a network filesystem, kvm_store__check_fs), KVM_ENOTFOUND (read_only or must_exist, and no store at
- * path: no directory, or one without data.mdb; nothing is created), KVM_EFORMAT (path is not
- * an LMDB environment directory, or not a kvmill store, or its data.mdb is shorter than its
- * meta pages say: checked with pread before mapping, the message names the file, its size and
- * the size expected), KVM_ECORRUPT (damaged B-tree pages: the message names the store, the db,
- * the page and the byte of data.mdb, and what is wrong; or a damaged meta page: bad page
- * size, magic, meta flag, data version or page number, the message naming the page, its
+ * Errors: KVM_EINVAL (bad opts; path on a network filesystem, kvm_store__check_fs), KVM_ENOTFOUND (read_only or
+ * must_exist, and no store at path: no directory, or one without data.mdb; nothing is created), KVM_EFORMAT (path is
+ * not an LMDB environment directory, or its data.mdb is not an LMDB file (no LMDB magic in its first meta page: the
+ * message names the file and the bytes read), or not a kvmill store, or its data.mdb is shorter than its meta pages
+ * say: checked with pread before mapping, the message names the file, its size and the size expected), KVM_ECORRUPT
+ * (damaged B-tree pages: the message names the store, the db, the page and the byte of data.mdb, and what is wrong; or
+ * a damaged meta page: bad page size, magic, meta flag, data version or page number, the message naming the page, its
  * bytes and the file; nothing is written),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
- * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM. */
+ * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM.
+ * A read_only open that fails creates nothing: a lock.mdb that LMDB created on the way (it
+ * makes the lock file before it reads data.mdb) is removed again, unless another process has
+ * the environment open meanwhile; a lock.mdb that was there before is never removed. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
 /* 1 when a read-write open of the store at `path` would fail for want of write permission:
  * the directory, its data.mdb or its lock.mdb exists and access(2) says it cannot be written

@@ -159,8 +159,17 @@ static int check_once(const char *dir, int *young)
                  META_OFF, META_OFF + 3, m1.raw_magic, META_MAGIC);
         return meta_damaged(dir, path, 1, m0.psize, what);
     }
+    if (m0.read && !m0.magic && (size >= 2 * MIN_PAGE || m0.raw_magic != 0)) {
+        /* said here, not by mdb_env_open: it creates lock.mdb before it reads data.mdb, and a
+         * read-only command that fails must leave the user's folder as it found it; a page of
+         * zeros too short for two meta pages may be a store being created, looked at again */
+        *young = 0;
+        return kvm_err(KVM_EFORMAT,
+                       "store %s: not an LMDB environment: %s is not an LMDB file (bytes %d-%d read 0x%08x, not "
+                       "LMDB's magic number 0x%08x); name the folder of a kvmill store",
+                       dir, path, META_OFF, META_OFF + 3, m0.raw_magic, META_MAGIC);
+    }
     if (!m0.ok) {
-        if (size >= 2 * MIN_PAGE) return *young = 0; /* not LMDB's magic: mdb_env_open says "not an LMDB environment" */
         return kvm_err(KVM_EFORMAT,
                        "store %s: truncated: %lld bytes, expected at least 2 meta pages (%d bytes at a %d-byte page size)",
                        path, (long long)size, 2 * 4096, 4096);

@@ -144,7 +144,10 @@ void kvm_store__tree_unmap(kvm_store *s);
  * process with SIGBUS on the first read past its end. A file without its two meta pages
  * gets up to 1 s to grow them (another process may be creating the store right now; LMDB
  * writes them as it creates the file). Errors: KVM_EFORMAT (truncated: the
- * message names the file, its size and the size expected), KVM_ECORRUPT (a meta page with
+ * message names the file, its size and the size expected; not an LMDB file: its first meta
+ * page lacks LMDB's magic and no intact second meta page follows, the message names the file
+ * and the bytes read; said here because mdb_env_open creates lock.mdb before it reads
+ * data.mdb), KVM_ECORRUPT (a meta page with
  * LMDB's magic gives an invalid page size, or the two give different ones: LMDB would map the
  * file with it and read past its end), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);

@@ -3,6 +3,7 @@
  * corruption detection, map growth, the cap's LRU eviction, compatibility refusal, CLI, and
  * the document-name index (found without reading every document; older stores). */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <lmdb.h>
@@ -1073,6 +1074,103 @@ START_TEST(test_cli_missing_path)
 }
 END_TEST
 
+/* Names in folder dir (without "." and ".."), joined by ' ' into buf. */
+static const char *dir_names(const char *dir, char *buf, size_t size)
+{
+    buf[0] = '\0';
+    DIR *dp = opendir(dir);
+    ck_assert_ptr_nonnull(dp);
+    for (struct dirent *e; (e = readdir(dp));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            snprintf(buf + strlen(buf), size - strlen(buf), "%s%s", buf[0] ? " " : "", e->d_name);
+    closedir(dp);
+    return buf;
+}
+
+/* The read-only store commands on a folder that holds no store leave it as they found it. A
+ * data.mdb that is not an LMDB file (garbage, text) was refused only by mdb_env_open, which
+ * had created lock.mdb first: the failed inspection left a new file in the user's folder. It
+ * is now refused before LMDB opens anything, naming the file; a lock.mdb that LMDB makes on
+ * the way to another refusal (an LMDB environment of another program) is removed again; one
+ * that was there before is kept. A folder without data.mdb gets neither file. */
+START_TEST(test_cli_readonly_leaves_no_files)
+{
+    const char *subs[][3] = {
+        {"ls", NULL, NULL}, {"stats", NULL, NULL}, {"verify", NULL, NULL}, {"show", "a:b:c", NULL}};
+    char data[4300], lock[4300], names[512], *err = NULL;
+    snprintf(data, sizeof data, "%s/data.mdb", g_path);
+    snprintf(lock, sizeof lock, "%s/lock.mdb", g_path);
+    ck_assert_int_eq(mkdir(g_path, 0775), 0);
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) { /* no data.mdb */
+        int rc = run_cli(NULL, &err, subs[i][0], "--store", g_path, subs[i][1], NULL);
+        ck_assert_msg(rc == 2 && strstr(err, "no data.mdb"), "store %s: exit %d: %s", subs[i][0], rc, err);
+        ck_assert_msg(!strcmp(dir_names(g_path, names, sizeof names), ""), "store %s left: %s", subs[i][0], names);
+        free(err);
+    }
+    char junk[8192], text[600];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (char)(i * 7 + 3);
+    memset(text, 'x', sizeof text);
+    const struct {
+        const char *bytes;
+        size_t n;
+    } files[] = {{junk, sizeof junk}, {text, sizeof text}};
+    for (size_t f = 0; f < 2; f++) {
+        ck_assert_int_eq(kvm_test_write_file(data, files[f].bytes, files[f].n), 0);
+        for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+            int rc = run_cli(NULL, &err, subs[i][0], "--store", g_path, subs[i][1], NULL);
+            ck_assert_msg(rc == 2 && strstr(err, data) && strstr(err, "is not an LMDB file") &&
+                              strstr(err, "not an LMDB environment"),
+                          "store %s, %zu bytes: exit %d: %s", subs[i][0], files[f].n, rc, err);
+            ck_assert_msg(!strcmp(dir_names(g_path, names, sizeof names), "data.mdb"), "store %s left: %s", subs[i][0],
+                          names);
+            free(err);
+        }
+        kvm_store *s = NULL; /* the library as well */
+        kvm_store_opts ro = {.read_only = 1};
+        ck_assert_int_eq(kvm_store_open(g_path, &ro, &s), KVM_EFORMAT);
+        ck_assert_ptr_null(s);
+        ck_assert_msg(!strcmp(dir_names(g_path, names, sizeof names), "data.mdb"), "open left: %s", names);
+    }
+    ck_assert_int_eq(kvm_test_write_file(lock, "held", 4), 0); /* another's lock file: never removed */
+    ck_assert_int_eq(run_cli(NULL, NULL, "ls", "--store", g_path, NULL), 2);
+    size_t n = 0;
+    char *kept = kvm_test_read_file(lock, &n);
+    ck_assert_msg(kept && n == 4 && !memcmp(kept, "held", 4), "lock.mdb was removed or changed");
+    free(kept);
+
+    /* an LMDB environment of another program, without its lock.mdb: LMDB makes one before the
+     * store is found not to be kvmill's; the refusal removes it, and keeps one that was there */
+    kvm_test_rmtree(g_path);
+    ck_assert_int_eq(mkdir(g_path, 0775), 0);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_path, 0, 0664), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    MDB_val key = {3, "key"}, val = {1, "v"};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    raw_close(env, txn);
+    for (int with_lock = 0; with_lock < 2; with_lock++) {
+        if (!with_lock) ck_assert_int_eq(unlink(lock), 0);
+        for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+            int rc = run_cli(NULL, &err, subs[i][0], "--store", g_path, subs[i][1], NULL);
+            ck_assert_msg(rc == 2 && strstr(err, "not a kvmill store"), "store %s: exit %d: %s", subs[i][0], rc, err);
+            free(err);
+            const char *want = with_lock ? "data.mdb lock.mdb" : "data.mdb";
+            char got[512];
+            dir_names(g_path, got, sizeof got);
+            int same = !strcmp(got, want) || (with_lock && !strcmp(got, "lock.mdb data.mdb"));
+            ck_assert_msg(same, "store %s, %s lock.mdb before: the folder holds %s", subs[i][0], with_lock ? "a" : "no",
+                          got);
+        }
+        if (!with_lock) ck_assert_int_eq(kvm_test_write_file(lock, "", 0), 0);
+    }
+}
+END_TEST
+
 START_TEST(test_cli_commands)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
@@ -1571,6 +1669,7 @@ int main(void)
     suite_add_tcase(su, tcase("mismatch", test_mismatch, 30));
     suite_add_tcase(su, tcase("network_fs", test_network_fs, 30));
     suite_add_tcase(su, tcase("cli_missing_path", test_cli_missing_path, 60));
+    suite_add_tcase(su, tcase("cli_readonly_leaves_no_files", test_cli_readonly_leaves_no_files, 60));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
