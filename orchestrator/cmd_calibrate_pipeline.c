@@ -5,6 +5,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "pipeline/kvm_calib.h"
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
@@ -48,6 +49,43 @@ static int report(const kvm_config *cfg, FILE *out_f, const char *out)
     kvm_strategy_free(&s);
     free(buf);
     kvm_store_close(&st);
+    return rc ? 1 : 0;
+}
+
+/* Calibrates on each distinct document of the loaded corpus once (kvm_calib_dedup, as calibrate
+ * without --config does): the ids a job carries to the signals stage (the context and the
+ * continuation after it, at most n_keep) are hashed as the store hashes documents; a repeat is
+ * named on stderr and dropped from the corpus, which keeps its first. Returns 0, or 1 after
+ * saying why (out of memory). */
+static int drop_repeats(kvm_corpus *c, int64_t n_keep)
+{
+    kvm_store_id *hash = calloc((size_t)c->n, sizeof *hash);
+    int64_t *dup_of = calloc((size_t)c->n, sizeof *dup_of);
+    const char **names = calloc((size_t)c->n, sizeof *names);
+    int rc = hash && dup_of && names ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
+    for (int64_t i = 0; rc == 0 && i < c->n; i++) {
+        const kvm_doc *d = &c->docs[i];
+        names[i] = d->path ? d->path : d->name; /* a folder's file, or a JSON line's id */
+        rc = kvm_store_doc_hash(d->tokens, d->n_original < n_keep ? d->n_original : n_keep, &hash[i]);
+    }
+    if (rc == 0 && kvm_calib_dedup("calibrate", hash, names, c->n, stderr, dup_of) < 0) rc = 1;
+    int64_t kept = 0;
+    for (int64_t i = 0; rc == 0 && i < c->n; i++) {
+        kvm_doc *d = &c->docs[i];
+        if (dup_of[i] >= 0) { /* what kvm_corpus_free frees of a document */
+            free(d->name);
+            free(d->path);
+            free(d->text);
+            free(d->tokens);
+            continue;
+        }
+        c->docs[kept++] = *d;
+    }
+    if (rc == 0) c->n = kept;
+    free(hash);
+    free(dup_of);
+    free(names);
+    if (rc) kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
     return rc ? 1 : 0;
 }
 
@@ -200,6 +238,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
             goto done;
         }
     }
+    if ((status = drop_repeats(corpus, ctx + cont))) goto done;
     kvm_model_close(&m);
     char self[4096];
     ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -1070,6 +1070,119 @@ START_TEST(test_cli_sculpt_opts_note)
 }
 END_TEST
 
+/* Writes dst = the bytes of src, then those of `more` (NULL: none). */
+static void copy_doc(const char *src, const char *more, const char *dst)
+{
+    size_t n = 0, m = 0;
+    char *a = kvm_test_read_file(src, &n), *b = more ? kvm_test_read_file(more, &m) : NULL;
+    ck_assert_ptr_nonnull(a);
+    char *all = malloc(n + m + 1);
+    memcpy(all, a, n);
+    if (b) memcpy(all + n, b, m);
+    ck_assert_int_eq(kvm_test_write_file(dst, all, n + m), 0);
+    free(all);
+    free(a);
+    free(b);
+}
+
+/* Occurrences of `what` in s. */
+static int count_of(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p++)
+        n++;
+    return n;
+}
+
+/* The same document under two names (a copy, two identical files in a folder) was calibrated
+ * on twice, its signals and scores weighted double, unsaid. Each distinct content is now used
+ * once, with one note per repeat naming both files: the signals and the strategy are those of
+ * the distinct documents alone, in-process and through the stages (calibrate --config). What
+ * counts is what calibration reads: a document that repeats another's first N + T tokens is a
+ * repeat with one window, not with --windows 2, whose last window reads its own end. */
+START_TEST(test_cli_repeated_docs)
+{
+    char *dir = kvm_test_tmpdir(), docs[600], a[700], b[700], c[700], d[700], full[8192], *out = NULL, *err = NULL;
+    snprintf(docs, sizeof docs, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(docs, 0755), 0);
+    snprintf(a, sizeof a, "%s/a.txt", docs);
+    snprintf(b, sizeof b, "%s/b.txt", docs);
+    snprintf(c, sizeof c, "%s/c.txt", docs);
+    snprintf(d, sizeof d, "%s/d.txt", dir);
+    copy_doc(kvm_test_data_path("corpus/doc_000.txt"), NULL, a);
+    copy_doc(a, NULL, b);
+    copy_doc(kvm_test_data_path("corpus/doc_001.txt"), NULL, c);
+    copy_doc(a, kvm_test_data_path("corpus/doc_002.txt"), d); /* a's text, then more */
+    const char *run = "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s --budget 12 --context 40 "
+                      "--continuation 8 --phases prefill --threads 1 %s --out %s/%s.bin --dump-signals %s/%s.csv";
+    char note[2048], two[1400];
+    snprintf(note, sizeof note, "kvmill calibrate: note: %s has the same content as %s; calibrating on it once\n", b,
+             a);
+    snprintf(two, sizeof two, "%s,%s", a, c);
+    snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), two, "", dir, "ac", dir, "ac");
+    ck_assert_int_eq(kvm_test_run(full, &out, &err), 0); /* the distinct documents alone */
+    ck_assert_msg(!strstr(err, "note:"), "%s", err);
+    free(out);
+    free(err);
+    char list[4000];
+    snprintf(list, sizeof list, "%s,%s,%s", a, b, c);
+    const char *specs[] = {docs, list}; /* a folder holding a copy; a list naming one */
+    for (int i = 0; i < 2; i++) {
+        char name[8], bin[700], csv[700], bin0[700], csv0[700];
+        snprintf(name, sizeof name, "x%d", i);
+        snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), specs[i], "", dir, name, dir, name);
+        int rc = kvm_test_run(full, &out, &err);
+        ck_assert_msg(rc == 0, "--docs %s: exit %d: %s", specs[i], rc, err);
+        ck_assert_msg(strstr(err, note) && count_of(err, "note:") == 1, "--docs %s: stderr lacks one '%s': %s",
+                      specs[i], note, err);
+        ck_assert_msg(strstr(out, "candidates on 2 calibration documents"), "--docs %s: %s", specs[i], out);
+        snprintf(bin, sizeof bin, "%s/%s.bin", dir, name);
+        snprintf(csv, sizeof csv, "%s/%s.csv", dir, name);
+        snprintf(bin0, sizeof bin0, "%s/ac.bin", dir);
+        snprintf(csv0, sizeof csv0, "%s/ac.csv", dir);
+        ck_assert_msg(same_file(csv, csv0) && same_file(bin, bin0),
+                      "--docs %s: signals or strategy differ from a and c's", specs[i]);
+        free(out);
+        free(err);
+    }
+    /* d repeats a's first 48 tokens: a repeat for one window, a document of its own for two */
+    snprintf(list, sizeof list, "%s,%s", a, d);
+    for (int windows = 1; windows <= 2; windows++) {
+        char extra[32], want[2048];
+        snprintf(extra, sizeof extra, "--windows %d", windows);
+        snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), list, extra, dir, "ad", dir, "ad");
+        int rc = kvm_test_run(full, &out, &err);
+        ck_assert_msg(rc == 0, "--windows %d: exit %d: %s", windows, rc, err);
+        snprintf(want, sizeof want, "note: %s has the same content as %s;", d, a);
+        ck_assert_msg(windows == 1 ? strstr(err, want) != NULL : !strstr(err, "same content"), "--windows %d: %s",
+                      windows, err);
+        free(out);
+        free(err);
+    }
+
+    /* through the stages: one job per distinct document */
+    char ini[700], text[4096];
+    snprintf(ini, sizeof ini, "%s/c.ini", dir);
+    int n = snprintf(text, sizeof text,
+                     "[model]\npath = %s/models/stories260K.bin\ncontext = 40\n[compress]\nmethod = polykv\nbudget = "
+                     "12\n[eval]\ncontinuation = 8\n[store]\npath = %s/store\n[run]\nrun_dir = %s/run\n[stages]\n"
+                     "bin_dir = %s\n",
+                     kvm_test_data(), dir, dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(ini, text, (size_t)n), 0);
+    snprintf(full, sizeof full, "timeout 120 %s/kvmill calibrate --config %s --docs %s --phases prefill",
+             kvm_test_bin(), ini, docs);
+    int rc = kvm_test_run(full, &out, &err);
+    ck_assert_msg(rc == 0, "calibrate --config: exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, note) && count_of(err, "note:") == 1, "calibrate --config: stderr lacks one '%s': %s",
+                  note, err);
+    ck_assert_msg(strstr(out, "calibration: 2 documents, 0 failed"), "calibrate --config: %s", out);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *polykv_suite(void)
 {
     Suite *s = suite_create("polykv");
@@ -1091,7 +1204,8 @@ static Suite *polykv_suite(void)
                  {"cli", test_cli, 0},
                  {"cli_outputs", test_cli_outputs, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
-                 {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0}};
+                 {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0},
+                 {"cli_repeated_docs", test_cli_repeated_docs, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);
