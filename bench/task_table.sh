@@ -3,9 +3,11 @@
 # bench/task_accuracy.sh, with the Wilson 95% interval and the exact McNemar p against full KV,
 # the accuracy as a share of full KV's (vs_full) and a paired non-inferiority bound (ni95_lo)
 # on the same cases (a method's cell pairs each of its cases with full KV's answer to the same
-# case, so cells of different runs over the same cases combine). usage: bench/task_table.sh OUT_DIR
+# case, so cells of different runs over the same cases combine), and nll_ans: the mean over the
+# cases full KV answers right of the answer_nll column (the NLL per token, nats, of full KV's
+# answer under the method's cache; CSVs without the column give "-"). usage: bench/task_table.sh OUT_DIR
 set -eu
-printf "%-10s %-24s %6s %8s %17s %6s %6s %9s %8s %8s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p vs_full ni95_lo
+printf "%-10s %-24s %6s %8s %17s %6s %6s %9s %8s %8s %8s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p vs_full ni95_lo nll_ans
 # a chunk still running (.csv.part) counts with the cases it has finished so far
 cat "${1:-bench/out/task}"/*.csv "${1:-bench/out/task}"/*.csv.part 2>/dev/null | awk -F, '
 $1 == "case" { next }
@@ -13,14 +15,15 @@ $1 == "case" { next }
 # over cases whose context is 2,006-2,048 tokens is one cell, as the --ratio cells are
 { key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", int($7 / $5 * 40 + 0.5) / 40)) }
 $6 == "full" { full[key] = $8 }
-{ ok[key, m] = $8; seen[key] = 1; cells[$2 "|" m] = 1 }
+{ ok[key, m] = $8; seen[key] = 1; cells[$2 "|" m] = 1; if (NF >= 11 && $11 != "") nll[key, m] = $11 }
 END {
     for (c in cells) {
         split(c, tm, "|"); task = tm[1]; m = tm[2]; split(m, mr, "@")
-        n = 0; r = 0; b = 0; g = 0
+        n = 0; r = 0; b = 0; g = 0; sn = 0; nn_ = 0
         for (k in seen) {
             split(k, kk, ","); if (kk[1] != task || !((k, m) in ok)) continue
             n++; r += ok[k, m]; b += full[k] && !ok[k, m]; g += !full[k] && ok[k, m]
+            if (full[k] && (k, m) in nll) { sn += nll[k, m]; nn_++ }
         }
         if (n == 0) continue
         p = r / n; z = 1.96; d = 1 + z * z / n; mid = (p + z * z / (2 * n)) / d
@@ -36,7 +39,7 @@ END {
         a = r - g; f = a + b; mu = (0.05 * a - 0.95 * b + g) / n
         var = n > 1 ? (a * (0.05 - mu) ^ 2 + b * (-0.95 - mu) ^ 2 + g * (1 - mu) ^ 2 + (n - a - b - g) * mu ^ 2) / (n - 1) : 0
         ni = mu - 1.645 * sqrt(var / n)
-        printf "%-10s %-24s %6d %8.3f   [%5.3f, %5.3f] %6d %6d %9.3g %8s %8.3f\n", task, m, n, p, lo, hi, b, g, pv,
-               (f > 0 ? sprintf("%.3f", r / f) : "-"), ni
+        printf "%-10s %-24s %6d %8.3f   [%5.3f, %5.3f] %6d %6d %9.3g %8s %8.3f %8s\n", task, m, n, p, lo, hi, b, g, pv,
+               (f > 0 ? sprintf("%.3f", r / f) : "-"), ni, (nn_ > 0 ? sprintf("%.4f", sn / nn_) : "-")
     }
 }' | sort

@@ -10,6 +10,7 @@
 #include "orchestrator/kvm_cli_eval.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,9 +160,11 @@ static int answer_done(void *user, const int32_t *out, int n)
     return kvm_task_answered(dc->tc->answer, buf, len);
 }
 
-/* One method's answer to the case over cache c (m NULL: the full cache); appended to *ans. */
+/* One method's answer to the case over cache c (m NULL: the full cache); appended to *ans.
+ * *nll: the mean NLL of full KV's answer (the first in *ans) over this cache, NAN when full KV
+ * answered nothing. */
 static int answer(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_method *m, const void *opts, int *correct,
-                  const kvm_task_case *tc, char *text, size_t cap, double *budget, answers *ans)
+                  const kvm_task_case *tc, char *text, size_t cap, double *budget, answers *ans, double *nll)
 {
     kvm_kvcache *cc = NULL, *served = NULL;
     int32_t *out = malloc((size_t)a->answer_tokens * sizeof *out);
@@ -192,9 +195,20 @@ static int answer(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_method
         ans->len[ans->n++] = n;
         out = NULL;
     }
+    *nll = NAN;
+    if (!rc && ans->len[0] > 0) rc = kvm_eval_answer_nll(d, use, ans->tok[0], ans->len[0], nll);
     kvm_kvcache_free(&cc);
     free(out);
     return rc;
+}
+
+/* The answer_nll field and the end of the row: empty when full KV answered nothing. */
+static void csv_nll(FILE *f, double nll)
+{
+    if (isfinite(nll))
+        fprintf(f, "%.4f\n", nll);
+    else
+        fprintf(f, "\n");
 }
 
 /* Forgets a case's answers (keeps the counters). */
@@ -234,7 +248,8 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     int64_t *right = calloc((size_t)n_jobs + 1, sizeof *right), *lost = calloc((size_t)n_jobs, sizeof *lost),
             *gained = calloc((size_t)n_jobs, sizeof *gained);
     if (!rc && (!right || !lost || !gained)) rc = kvm_err(KVM_ENOMEM, "out of memory");
-    if (a->csv) fprintf(a->csv, "case,task,doc,depth,context,method,budget_tokens,correct,answer,generated\n");
+    if (a->csv)
+        fprintf(a->csv, "case,task,doc,depth,context,method,budget_tokens,correct,answer,generated,answer_nll\n");
     printf("== task %s: %d cases, context <= %lld tokens%s; columns: full KV, then each method (1 = right)\n",
            kvm_task_name(a->kind), a->cases, (long long)a->n_ctx, a->chat ? ", chat framing" : "");
     answers ans = {.tok = calloc((size_t)n_jobs + 1, sizeof *ans.tok), .len = calloc((size_t)n_jobs + 1, sizeof *ans.len)};
@@ -266,8 +281,8 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             reused_tokens += reused;
         }
         int ok;
-        double budget;
-        if (!rc) rc = answer(a, d, NULL, NULL, &ok, &tc, gen, sizeof gen, &budget, &ans);
+        double budget, nll;
+        if (!rc) rc = answer(a, d, NULL, NULL, &ok, &tc, gen, sizeof gen, &budget, &ans, &nll);
         if (!rc) {
             right[n_jobs] += ok;
             printf("case %4d %-10s depth %.2f context %5lld  answer %-12s  full %d", i, docs->names[di], tc.depth,
@@ -275,13 +290,14 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             if (a->csv) {
                 fprintf(a->csv, "%d,%s,", i, kvm_task_name(a->kind));
                 kvm_cli_csv_field(a->csv, docs->names[di]); /* a file name may hold a comma or a quote */
-                fprintf(a->csv, ",%.4f,%lld,full,%.2f,%d,%s,\"%s\"\n", tc.depth, (long long)nc, budget, ok, tc.answer,
+                fprintf(a->csv, ",%.4f,%lld,full,%.2f,%d,%s,\"%s\",", tc.depth, (long long)nc, budget, ok, tc.answer,
                         gen);
+                csv_nll(a->csv, nll);
             }
         }
         for (int j = 0; !rc && j < n_jobs; j++) {
             int okj;
-            rc = answer(a, d, jobs[j].m, jobs[j].opts, &okj, &tc, gen, sizeof gen, &budget, &ans);
+            rc = answer(a, d, jobs[j].m, jobs[j].opts, &okj, &tc, gen, sizeof gen, &budget, &ans, &nll);
             if (rc) break;
             right[j] += okj;
             lost[j] += ok && !okj;
@@ -290,8 +306,9 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             if (a->csv) {
                 fprintf(a->csv, "%d,%s,", i, kvm_task_name(a->kind));
                 kvm_cli_csv_field(a->csv, docs->names[di]);
-                fprintf(a->csv, ",%.4f,%lld,%s,%.2f,%d,%s,\"%s\"\n", tc.depth, (long long)nc, jobs[j].spec, budget, okj,
+                fprintf(a->csv, ",%.4f,%lld,%s,%.2f,%d,%s,\"%s\",", tc.depth, (long long)nc, jobs[j].spec, budget, okj,
                         tc.answer, gen);
+                csv_nll(a->csv, nll);
             }
         }
         if (!rc) {

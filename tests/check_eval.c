@@ -238,6 +238,76 @@ START_TEST(test_answer_drafts)
 }
 END_TEST
 
+/* −log softmax(x)[t] in float64. */
+static double nll_of(const float *x, int V, int32_t t)
+{
+    double mx = x[0], z = 0;
+    for (int v = 1; v < V; v++)
+        mx = x[v] > mx ? x[v] : mx;
+    for (int v = 0; v < V; v++)
+        z += exp(x[v] - mx);
+    return log(z) + mx - x[t];
+}
+
+/* kvm_eval_answer_nll equals token-by-token teacher forcing over a copy of the cache (question
+ * prefilled, then one decode per answer token); a wrong third token costs more than the greedy
+ * one on the same prefix; bad arguments are refused. */
+START_TEST(test_answer_nll)
+{
+    kvm_eval_doc *d;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, &d), 0);
+    const kvm_method *m = kvm_method_find("h2o");
+    kvm_budget b = {.ratio = 0.25};
+    void *o;
+    kvm_kvcache *c;
+    ck_assert_int_eq(m->opts_new(NULL, &b, &model->cfg, &o), 0);
+    ck_assert_int_eq(m->compress(kvm_eval_doc_input(d), o, &c), 0);
+    enum { MAX = 8 };
+    const int V = model->cfg.vocab_size;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    const kvm_kvcache *caches[2] = {kvm_eval_doc_full(d), c};
+    double got[2];
+    int32_t plain[MAX];
+    int n;
+    ck_assert_int_eq(kvm_eval_answer(d, caches[0], MAX, NULL, plain, &n, NULL), 0);
+    ck_assert_int_ge(n, 4);
+    for (int ci = 0; ci < 2; ci++) {
+        ck_assert_int_eq(kvm_eval_answer_nll(d, caches[ci], plain, n, &got[ci]), 0);
+        kvm_kvcache *c2;
+        ck_assert_int_eq(kvm_kvcache_clone(caches[ci], &c2), 0);
+        kvm_forward *f = kvm_eval_doc_forward(d);
+        ck_assert_int_eq(kvm_forward_prefill(f, c2, ids + N, T, lg, KVM_LOGITS_LAST), 0);
+        double want = 0;
+        for (int i = 0; i < n; i++) {
+            want += nll_of(lg, V, plain[i]);
+            ck_assert_int_eq(kvm_forward_decode(f, c2, plain[i], lg), 0);
+        }
+        want /= n;
+        kvm_kvcache_free(&c2);
+        ck_assert_msg(isfinite(got[ci]) && got[ci] >= 0 && fabs(got[ci] - want) <= 1e-4 * (1 + want),
+                      "cache %d: %.7f, token by token %.7f", ci, got[ci], want);
+    }
+    /* full KV's greedy tokens: a wrong third token is less likely than its argmax */
+    int32_t wrong[3] = {plain[0], plain[1], (plain[2] + 1) % V};
+    double right3, wrong3;
+    ck_assert_int_eq(kvm_eval_answer_nll(d, caches[0], plain, 3, &right3), 0);
+    ck_assert_int_eq(kvm_eval_answer_nll(d, caches[0], wrong, 3, &wrong3), 0);
+    ck_assert_msg(wrong3 > right3, "wrong %.6f, greedy %.6f", wrong3, right3);
+    double x;
+    ck_assert_int_eq(kvm_eval_answer_nll(d, caches[0], plain, 0, &x), KVM_EINVAL);
+    ck_assert(isnan(x));
+    kvm_kvcache *moved;
+    ck_assert_int_eq(kvm_kvcache_clone(caches[0], &moved), 0);
+    moved->next_pos++;
+    ck_assert_int_eq(kvm_eval_answer_nll(d, moved, plain, n, &x), KVM_EINVAL);
+    kvm_kvcache_free(&moved);
+    free(lg);
+    kvm_kvcache_free(&c);
+    m->opts_free(o);
+    kvm_eval_doc_free(&d);
+}
+END_TEST
+
 /* Largest |a − b| over n floats (NULL pairs: 0). */
 static double max_diff(const float *a, const float *b, size_t n)
 {
@@ -727,6 +797,23 @@ START_TEST(test_cli_csv_failed)
     ck_assert_msg(st == 0, "exit %d: %s", st, err);
     text = kvm_test_read_file(csv, &n);
     ck_assert_msg(text && !strncmp(text, "case,task,doc,", 14), "%s", text);
+    /* the last column: the mean NLL of full KV's answer under each cache (empty when full KV
+     * answered nothing), full KV's own answer the likeliest of all under its own cache */
+    ck_assert_ptr_nonnull(strstr(text, ",generated,answer_nll\n"));
+    double nll_full = -1, nll_h2o = -1;
+    for (char *line = strchr(text, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+        char *end = strchr(line + 1, '\n'), *last = end;
+        while (last > line && last[-1] != ',')
+            last--;
+        ck_assert_ptr_nonnull(end);
+        double v = end > last ? strtod(last, NULL) : -1;
+        if (strstr(line, ",full,") && strstr(line, ",full,") < end)
+            nll_full = v;
+        else
+            nll_h2o = v;
+        ck_assert_msg(end == last || (v >= 0 && v < 50), "answer_nll %.*s", (int)(end - line), line + 1);
+    }
+    ck_assert_msg(nll_full >= 0 && nll_h2o >= 0, "%s", text);
     free(text);
     ck_assert_int_ne(access(part, F_OK), 0);
     free(out);
@@ -968,6 +1055,7 @@ static Suite *eval_suite(void)
                  {"small_budget", test_small_budget, 1},
                  {"batched_equals_token_by_token", test_batched_equals_token_by_token, 1},
                  {"answer_drafts", test_answer_drafts, 1},
+                 {"answer_nll", test_answer_nll, 1},
                  {"prefix_reuse", test_prefix_reuse, 1},
                  {"target_budget", test_target_budget, 0},
                  {"store_dtype", test_store_dtype, 1},

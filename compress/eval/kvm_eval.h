@@ -159,6 +159,15 @@ typedef struct kvm_eval_answer_opts {
 int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, const kvm_eval_answer_opts *o,
                     int32_t *out, int *n_out, int *forward_calls);
 
+/* How well a cache keeps a given answer: the question (the continuation tokens [N, N+T), as
+ * kvm_eval_answer) is prefilled over a copy of `cache` (borrowed; next_pos == N), then ref
+ * [n_ref] (an answer, e.g. full KV's greedy one) is teacher-forced; *nll gets the mean over
+ * its tokens of −log p(ref[i] | question, ref[0, i)) in nats (the answer's log-likelihood
+ * under that cache: a continuous companion of exact match, which moves by whole cases). A
+ * cache that answers ref greedily has a small *nll; one that lost the fact a large one. n_ref
+ * ≥ 1. Returns 0, KVM_EINVAL (cache shape, n_ref < 1), KVM_ENOMEM, a forward error. */
+int kvm_eval_answer_nll(kvm_eval_doc *d, const kvm_kvcache *cache, const int32_t *ref, int n_ref, double *nll);
+
 /* The forward d runs its continuations with (borrowed, valid while d lives; no hooks are
  * registered between calls): for callers that replay single layers (kvm_forward_attend). */
 kvm_forward *kvm_eval_doc_forward(kvm_eval_doc *d);

@@ -429,6 +429,40 @@ int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, cons
     return rc;
 }
 
+int kvm_eval_answer_nll(kvm_eval_doc *d, const kvm_kvcache *cache, const int32_t *ref, int n_ref, double *nll)
+{
+    const kvm_model_config *c = &d->m->cfg;
+    const int64_t V = c->vocab_size;
+    *nll = NAN;
+    if (n_ref < 1 || cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads ||
+        cache->head_dim != c->head_dim || cache->next_pos != d->n_ctx)
+        return kvm_err(KVM_EINVAL,
+                       "eval: answer NLL: not a %lld-token context cache of this model, or %d answer tokens",
+                       (long long)d->n_ctx, n_ref);
+    kvm_kvcache *c2 = NULL;
+    float *logits = malloc((size_t)n_ref * (size_t)V * sizeof *logits); /* row i predicts ref[i] */
+    int rc = logits ? kvm_kvcache_clone(cache, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
+    if (!rc) rc = kvm_forward_prefill(d->f, c2, d->tokens + d->n_ctx, d->n_cont, logits, KVM_LOGITS_LAST);
+    if (!rc && n_ref > 1) rc = kvm_forward_prefill(d->f, c2, ref, n_ref - 1, logits + V, KVM_LOGITS_ALL);
+    if (!rc) {
+        double s = 0;
+        for (int i = 0; i < n_ref; i++) {
+            const float *x = logits + (size_t)i * (size_t)V;
+            float mx = x[0];
+            for (int64_t v = 1; v < V; v++)
+                mx = x[v] > mx ? x[v] : mx;
+            double z = 0;
+            for (int64_t v = 0; v < V; v++)
+                z += exp((double)(x[v] - mx));
+            s += log(z) + mx - x[ref[i]];
+        }
+        *nll = s / n_ref;
+    }
+    kvm_kvcache_free(&c2);
+    free(logits);
+    return rc;
+}
+
 double kvm_eval_kl_steps_mean(const double *kl_steps, int64_t T, int64_t t0, int64_t t1)
 {
     if (!kl_steps || t0 < 0 || t1 <= t0 || t1 > T) return NAN;
