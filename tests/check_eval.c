@@ -189,16 +189,23 @@ static int stop_at_3(void *user, const int32_t *out, int n)
     return n >= 3;
 }
 
-START_TEST(test_answer_drafts)
+/* The document of ids (context N, continuation T) and its cache compressed by H2O to a quarter. */
+static void h2o_quarter(kvm_eval_doc **d, kvm_kvcache **c)
 {
-    kvm_eval_doc *d;
-    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, &d), 0);
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, d), 0);
     const kvm_method *m = kvm_method_find("h2o");
     kvm_budget b = {.ratio = 0.25};
     void *o;
-    kvm_kvcache *c;
     ck_assert_int_eq(m->opts_new(NULL, &b, &model->cfg, &o), 0);
-    ck_assert_int_eq(m->compress(kvm_eval_doc_input(d), o, &c), 0);
+    ck_assert_int_eq(m->compress(kvm_eval_doc_input(*d), o, c), 0);
+    m->opts_free(o);
+}
+
+START_TEST(test_answer_drafts)
+{
+    kvm_eval_doc *d;
+    kvm_kvcache *c;
+    h2o_quarter(&d, &c);
     enum { MAX = 12 };
     const kvm_kvcache *caches[2] = {kvm_eval_doc_full(d), c};
     for (int ci = 0; ci < 2; ci++) {
@@ -233,7 +240,6 @@ START_TEST(test_answer_drafts)
         ck_assert_int_eq(calls, 2);
     }
     kvm_kvcache_free(&c);
-    m->opts_free(o);
     kvm_eval_doc_free(&d);
 }
 END_TEST
@@ -255,13 +261,8 @@ static double nll_of(const float *x, int V, int32_t t)
 START_TEST(test_answer_nll)
 {
     kvm_eval_doc *d;
-    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, &d), 0);
-    const kvm_method *m = kvm_method_find("h2o");
-    kvm_budget b = {.ratio = 0.25};
-    void *o;
     kvm_kvcache *c;
-    ck_assert_int_eq(m->opts_new(NULL, &b, &model->cfg, &o), 0);
-    ck_assert_int_eq(m->compress(kvm_eval_doc_input(d), o, &c), 0);
+    h2o_quarter(&d, &c);
     enum { MAX = 8 };
     const int V = model->cfg.vocab_size;
     float *lg = malloc((size_t)V * sizeof *lg);
@@ -303,7 +304,6 @@ START_TEST(test_answer_nll)
     kvm_kvcache_free(&moved);
     free(lg);
     kvm_kvcache_free(&c);
-    m->opts_free(o);
     kvm_eval_doc_free(&d);
 }
 END_TEST
@@ -1015,13 +1015,8 @@ static int count_calls(void *user, kvm_attn_site *site)
 START_TEST(test_batched_equals_token_by_token)
 {
     kvm_eval_doc *d;
-    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 256, N, T, &d), 0);
-    const kvm_method *m = kvm_method_find("h2o");
-    kvm_budget b = {.ratio = 0.25};
-    void *o;
     kvm_kvcache *c;
-    ck_assert_int_eq(m->opts_new(NULL, &b, &model->cfg, &o), 0);
-    ck_assert_int_eq(m->compress(kvm_eval_doc_input(d), o, &c), 0);
+    h2o_quarter(&d, &c);
     int calls = 0;
     kvm_decode_policy *pol = calloc(1, sizeof *pol);
     pol->hooks = (kvm_hooks){.user = &calls, .cache_update = count_calls};
@@ -1036,7 +1031,6 @@ START_TEST(test_batched_equals_token_by_token)
     ck_assert_double_eq(rb.top1, rt.top1);
     kvm_decode_policy_free(&pol);
     kvm_kvcache_free(&c);
-    m->opts_free(o);
     kvm_eval_doc_free(&d);
 }
 END_TEST
