@@ -31,8 +31,7 @@ for task in $TASKS; do
         if [ ! -s "$f" ]; then
             nice -n "${NICE:-10}" "$KVMILL" eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
                 --first-case "$first" --cases "$CHUNK" --method "$METHODS" $size --threads "$THREADS" \
-                --csv "$f.part" > "$f.log"
-            mv "$f.part" "$f"
+                --csv "$f" > "$f.log"   # rows go to $f.part, renamed to $f when the chunk is done
             echo "$f $(uptime | sed 's/.*load average: //')"
         fi
         first=$((first + CHUNK))
