@@ -902,6 +902,15 @@ int kvm_cmd_eval(int argc, char **argv)
         rc = cmd_eval_docs_check(CMD, tok, es.frame, &docs, target ? N + 2 * T : N + T, target ? 2 * T + 1 : N + T,
                                  need);
     }
+    /* each distinct document once, before any prefill: two documents are one when the ids eval
+     * reads from them are (KL: the framed first N + T; --target-kl: N + 2T; --task: the whole text
+     * its cases are made from, as its cases cycle over the distinct documents) */
+    if (!rc)
+        rc = cmd_eval_docs_dedup(CMD, tok, es.frame, &docs,
+                                 task     ? 0
+                                 : target ? N + 2 * T
+                                          : N + T,
+                                 "evaluating it once");
     if (!rc && csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", csv_path, &out))) csv = out.f;
     es.m = m;
     es.k = k;

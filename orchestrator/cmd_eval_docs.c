@@ -4,7 +4,9 @@
 #include "common/kvm_number.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
+#include "pipeline/kvm_docdedup.h"
 #include "pipeline/kvm_doctok.h"
+#include "store/kvm_store.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 
 #include <dirent.h>
@@ -199,6 +201,39 @@ int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *f
         }
     }
     return 0;
+}
+
+int cmd_eval_docs_dedup(const char *cmd, const kvm_tokenizer *tok, const char *frame, cmd_eval_docset *ds,
+                        int64_t n_want, const char *action)
+{
+    kvm_store_id *hash = calloc((size_t)ds->n, sizeof *hash);
+    int64_t *dup_of = calloc((size_t)ds->n, sizeof *dup_of);
+    int rc = hash && dup_of ? 0 : kvm_err(KVM_ENOMEM, "out of memory"), erc = 0;
+    for (int i = 0; rc == 0 && !erc && i < ds->n; i++) {
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        erc = cmd_eval_docs_encode(cmd, tok, frame, ds->paths[i], n_want, &ids, &n); /* says why itself */
+        if (!erc) rc = kvm_store_doc_hash(ids, n, &hash[i]);
+        free(ids);
+    }
+    if (rc == 0 && !erc &&
+        kvm_docdedup_find(cmd, action, hash, (const char *const *)ds->paths, ds->n, stderr, dup_of) < 0)
+        rc = kvm_err(KVM_ENOMEM, "out of memory");
+    int kept = 0;
+    for (int i = 0; rc == 0 && !erc && i < ds->n; i++) {
+        if (dup_of[i] >= 0) {
+            free(ds->paths[i]);
+            free(ds->names[i]);
+            continue;
+        }
+        ds->paths[kept] = ds->paths[i];
+        ds->names[kept++] = ds->names[i];
+    }
+    if (rc == 0 && !erc) ds->n = kept;
+    free(hash);
+    free(dup_of);
+    if (rc) fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
+    return erc ? erc : rc ? 1 : 0;
 }
 
 /* Says on stderr, once per document, when its n_windows windows of w tokens overlap (the
