@@ -791,6 +791,41 @@ START_TEST(test_dump_config_refuses_what_run_refuses)
 }
 END_TEST
 
+/* A command whose stdout could not be written (a full disk: /dev/full; a closed descriptor) lost
+ * its tables and summaries under exit 0, unsaid: `kvmill eval ... > results.txt` on a full device
+ * looked like a finished run. It now exits 1 naming the command and stdout; a command that
+ * failed keeps its own status. */
+START_TEST(test_stdout_write_error)
+{
+    if (access("/dev/full", W_OK) != 0) {
+        kvm_test_skip("/dev/full absent: a failed write to stdout not checked");
+        return;
+    }
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *doc = kvm_test_data_path("corpus/doc_000.txt");
+    char *out = NULL, *err = NULL;
+    const char *cases[][2] = {
+        {"info --model '%s' %s> /dev/full", "kvmill info: writing to stdout failed: No space left on device"},
+        {"generate --model '%s' -n 40 --temperature 0 --prompt hi %s>&-", "kvmill generate: writing to stdout failed"},
+        {"eval --model '%s' --docs '%s' --method h2o --budget 16 --context 64 --continuation 8 --threads 1 > /dev/full",
+         "kvmill eval: writing to stdout failed: No space left on device: the output is incomplete"},
+    };
+    for (int i = 0; i < 3; i++) {
+        int rc = kvmill(&out, &err, cases[i][0], model, i == 2 ? doc : "");
+        ck_assert_msg(rc == 1 && strstr(err, cases[i][1]), "%s: exit %d: %s", cmd, rc, err);
+        free(out);
+        free(err);
+    }
+    int rc = kvmill(&out, &err, "info --model '%s/none.bin' > /dev/full%s", kvm_test_data(), "");
+    ck_assert_msg(rc == 2 && !strstr(err, "stdout"), "%s: exit %d: %s", cmd, rc, err); /* its own status */
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "info --model '%s'%s", model, ""); /* written: as before */
+    ck_assert_msg(rc == 0 && strstr(out, "model:") && !*err, "%s: exit %d: %s", cmd, rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -815,7 +850,8 @@ static Suite *cli_suite(void)
                  {"fifo_without_writer", test_fifo_without_writer},
                  {"eval_no_compression", test_eval_no_compression},
                  {"calibrate_config_own_options", test_calibrate_config_own_options},
-                 {"dump_config_refuses_what_run_refuses", test_dump_config_refuses_what_run_refuses}};
+                 {"dump_config_refuses_what_run_refuses", test_dump_config_refuses_what_run_refuses},
+                 {"stdout_write_error", test_stdout_write_error}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
