@@ -98,7 +98,13 @@ int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
             rc = 2;
         } else if (S_ISDIR(st.st_mode))
             rc = add_dir(cmd, out, t);
-        else if ((rc = add_doc(out, t)))
+        else if (!S_ISREG(st.st_mode)) { /* a pipe's second read (after the length check) found it empty */
+            fprintf(stderr,
+                    "kvmill %s: --docs %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
+                    "device): %s reads each document more than once; save it to a file and name that\n",
+                    cmd, t, cmd);
+            rc = 2;
+        } else if ((rc = add_doc(out, t)))
             fprintf(stderr, "kvmill %s: out of memory\n", cmd);
     }
     free(s);

@@ -21,8 +21,9 @@ typedef struct cmd_eval_docset {
 
 /* Expands --docs: a folder (its *.txt files, sorted by name), a file, or a comma-separated
  * list of either. Prints "kvmill CMD: ..." and returns 2 on a bad value (missing path, no
- * documents, one file twice: same device and inode, e.g. a folder and one of its files), 1 when
- * out of memory; 0 on success. */
+ * documents, one file twice: same device and inode, e.g. a folder and one of its files; a path
+ * that is not a regular file or folder, such as a FIFO: eval and calibrate read each document
+ * more than once, and a pipe's second read is empty), 1 when out of memory; 0 on success. */
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);
 void cmd_eval_docs_free(cmd_eval_docset *d);
 

@@ -662,7 +662,8 @@ START_TEST(test_fifo_without_writer)
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     const char *cmds[][2] = {
         {"generate --model '%s' -n 4 --tokens '%s'", "f.txt: no token ids"},
-        {"eval --model '%s' --docs '%s' --method h2o --budget 8 --context 64 --continuation 8", "1 token, fewer than"},
+        {"eval --model '%s' --docs '%s' --method h2o --budget 8 --context 64 --continuation 8",
+         "f.txt: not a regular file (a FIFO"}, /* docs_from_a_pipe */
         {"sculpt --model '%s' --doc '%s' --out /dev/null", "context of 1 token"},
         /* an output FIFO with no reader: fopen(..., "w") waited for one for ever */
         {"eval --model '%s' --docs DOC --method h2o --budget 8 --context 64 --continuation 8 --csv '%s'",
@@ -699,6 +700,43 @@ START_TEST(test_fifo_without_writer)
     free(err);
     kvm_test_rmtree(tmp);
     free(tmp);
+}
+END_TEST
+
+/* `--docs <(...)` (a pipe whose writer is there) was read once by the length check and found
+ * empty by the run: "/dev/fd/63: 1 tokens, fewer than context 64 + continuation 8", exit 1, about
+ * a document that has hundreds; eval and calibrate read each document more than once. A path that
+ * is not a regular file or a folder is now refused at once, naming it and why (exit 2), as a
+ * folder's FIFO named *.txt was; the same document as a file runs. */
+START_TEST(test_docs_from_a_pipe)
+{
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *doc = kvm_test_data_path("corpus/doc_000.txt");
+    const char *cmds[] = {
+        "eval --model '%s' --docs %s --method h2o --budget 8 --context 64 --continuation 8 --threads 1",
+        "calibrate --model '%s' --docs %s --budget 8 --context 40 --continuation 8 --phases prefill --threads 1 "
+        "--out /dev/null",
+    };
+    for (int i = 0; i < 2; i++) {
+        char pipe[4200], file[4200], inner[9000], args[16384], *out = NULL, *err = NULL;
+        snprintf(pipe, sizeof pipe, "<(cat '%s')", doc);
+        snprintf(inner, sizeof inner, cmds[i], model, pipe);
+        snprintf(args, sizeof args, "bash -c \"timeout 60 '%s/kvmill' %s\"", kvm_test_bin(), inner);
+        int rc = kvm_test_run(args, &out, &err);
+        ck_assert_msg(
+            rc == 2 && strstr(err, "/dev/fd/") &&
+                strstr(err, ": not a regular file (a FIFO, such as the shell's <(...), a socket or a device): ") &&
+                strstr(err, "save it to a file"),
+            "%s: exit %d: %s", inner, rc, err);
+        free(out);
+        free(err);
+        snprintf(file, sizeof file, "'%s'", doc);
+        snprintf(inner, sizeof inner, cmds[i], model, file);
+        snprintf(args, sizeof args, "timeout 60 '%s/kvmill' %s", kvm_test_bin(), inner);
+        rc = kvm_test_run(args, &out, &err);
+        ck_assert_msg(rc == 0, "%s: exit %d: %s", inner, rc, err);
+        free(out);
+        free(err);
+    }
 }
 END_TEST
 
@@ -851,7 +889,8 @@ static Suite *cli_suite(void)
                  {"eval_no_compression", test_eval_no_compression},
                  {"calibrate_config_own_options", test_calibrate_config_own_options},
                  {"dump_config_refuses_what_run_refuses", test_dump_config_refuses_what_run_refuses},
-                 {"stdout_write_error", test_stdout_write_error}};
+                 {"stdout_write_error", test_stdout_write_error},
+                 {"docs_from_a_pipe", test_docs_from_a_pipe}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
