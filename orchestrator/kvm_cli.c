@@ -252,6 +252,17 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
     return rc;
 }
 
+void kvm_cli_staged_abort(kvm_cli_staged *s)
+{
+    if (!s->f) return;
+    fclose(s->f); /* the failure is the caller's to say */
+    s->f = NULL;
+    if (s->part) unlink(s->part);
+    free(s->part);
+    free(s->target);
+    s->part = s->target = NULL;
+}
+
 int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max)
 {
     int n = 0;

@@ -104,6 +104,12 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
  * PATH was not written); returns 0. Frees s->part. */
 int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok);
 
+/* Closes s after a failure and removes PATH.part whatever it holds, for an output that is worth
+ * nothing cut short (make-model's checkpoint; eval's rows are kept by kvm_cli_staged_close).
+ * PATH is not touched; a PATH written in place (a FIFO, a device) keeps what reached it. Frees
+ * s->part. Nothing to do when s->f is NULL. */
+void kvm_cli_staged_abort(kvm_cli_staged *s);
+
 /* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
  * quote or a line break (a document named a,b.txt split its row), else as it is. */
 void kvm_cli_csv_field(FILE *f, const char *v);

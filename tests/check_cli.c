@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* paths are short; a cut one fails loudly */
@@ -864,6 +865,57 @@ START_TEST(test_stdout_write_error)
 }
 END_TEST
 
+/* make-model wrote OUT.partial and renamed it over OUT, whatever OUT was: a FIFO without a reader
+ * or a device node became a regular file, exit 0 "wrote" (as root, --out /dev/null replaced
+ * /dev/null, and /dev/full "took" the checkpoint), and a link to a file became a file. --out is
+ * now written as eval's --csv is (kvm_cli_staged): a FIFO without a reader is refused (exit 2),
+ * a device is written in place (a full one: "write failed", exit 1, no OUT.part left), a link's
+ * file is replaced and the link kept. The devices here are made in a temporary folder (mknod,
+ * root only; skipped otherwise), never the machine's own. */
+START_TEST(test_make_model_out_kinds)
+{
+    char *tmp = kvm_test_tmpdir(), path[4300], part[4400], real[4300], *out = NULL, *err = NULL;
+    const char *mm = "make-model --dim 64 --layers 1 --heads 4 --hidden 64 --vocab 512 --seq-len 64 --out '%s'%s";
+    struct stat st;
+    snprintf(path, sizeof path, "%s/m.fifo", tmp);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    int rc = kvmill(&out, &err, mm, path, "");
+    ck_assert_msg(rc == 2 && strstr(err, "m.fifo: a FIFO that no process is reading"), "%s: exit %d: %s", cmd, rc, err);
+    ck_assert_msg(lstat(path, &st) == 0 && S_ISFIFO(st.st_mode), "%s: the FIFO was replaced", cmd);
+    free(out);
+    free(err);
+    snprintf(path, sizeof path, "%s/full", tmp);
+    if (mknod(path, S_IFCHR | 0666, makedev(1, 7)) != 0) { /* the kernel's /dev/full, under another name */
+        kvm_test_skip("mknod not permitted: make-model --out on a full device not checked");
+    } else {
+        rc = kvmill(&out, &err, mm, path, "");
+        ck_assert_msg(rc == 1 && strstr(err, "full: write failed: No space left on device") && !strstr(err, "wrote"),
+                      "%s: exit %d: %s", cmd, rc, err);
+        ck_assert_msg(lstat(path, &st) == 0 && S_ISCHR(st.st_mode), "%s: the device was replaced", cmd);
+        snprintf(part, sizeof part, "%s.part", path);
+        ck_assert_int_ne(access(part, F_OK), 0);
+        free(out);
+        free(err);
+    }
+    snprintf(real, sizeof real, "%s/real.bin", tmp);
+    snprintf(path, sizeof path, "%s/link.bin", tmp);
+    ck_assert_int_eq(kvm_test_write_file(real, "old", 3), 0);
+    ck_assert_int_eq(symlink(real, path), 0);
+    rc = kvmill(&out, &err, mm, path, "");
+    ck_assert_msg(rc == 0 && strstr(err, "wrote"), "%s: exit %d: %s", cmd, rc, err);
+    ck_assert_msg(lstat(path, &st) == 0 && S_ISLNK(st.st_mode), "%s: the link was replaced by a file", cmd);
+    ck_assert_msg(stat(real, &st) == 0 && st.st_size > 1000, "%s: the link's file was not written", cmd);
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "info --model '%s'%s", real, "");
+    ck_assert_msg(rc == 0 && strstr(out, "dim"), "%s: exit %d: %s", cmd, rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -890,7 +942,8 @@ static Suite *cli_suite(void)
                  {"calibrate_config_own_options", test_calibrate_config_own_options},
                  {"dump_config_refuses_what_run_refuses", test_dump_config_refuses_what_run_refuses},
                  {"stdout_write_error", test_stdout_write_error},
-                 {"docs_from_a_pipe", test_docs_from_a_pipe}};
+                 {"docs_from_a_pipe", test_docs_from_a_pipe},
+                 {"make_model_out_kinds", test_make_model_out_kinds}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
