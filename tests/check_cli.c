@@ -312,6 +312,41 @@ START_TEST(test_out_is_an_input)
     rc = kvmill(&out, &err, args, doc, "");
     ck_assert_msg(rc == 2 && strstr(err, "is a document of the --docs folder"), "exit %d: %s", rc, err);
     free(out); free(err);
+    /* a polykv method's strategy file (a calibration's result) as --csv: the CSV was renamed over
+     * it, exit 0; refused now (also with options after the file, and another method first) */
+    char strat[4200];
+    snprintf(strat, sizeof strat, "%s/s.bin", tmp);
+    snprintf(args, sizeof args,
+             "calibrate --model '%s' --docs '%s' --budget 12 --context 40 --continuation 8 "
+             "--phases prefill --threads 1 --out %%s%%s",
+             model, doc);
+    rc = kvmill(&out, &err, args, strat, "");
+    ck_assert_msg(rc == 0, "calibrate: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    size_t ns;
+    char *sb = kvm_test_read_file(strat, &ns);
+    ck_assert_ptr_nonnull(sb);
+    const char *methods[] = {"polykv:%s", "h2o,polykv:%s:threads=1"};
+    for (int i = 0; i < 2; i++) {
+        char method[4400], line[16384];
+        snprintf(method, sizeof method, methods[i], strat);
+        snprintf(line, sizeof line,
+                 "eval --model '%s' --docs '%s' --method %s --budget 12 --context 40 "
+                 "--continuation 8 --threads 1 --csv %%s%%s",
+                 model, doc, method);
+        rc = kvmill(&out, &err, line, strat, "");
+        ck_assert_msg(rc == 2 && strstr(err, "--csv") && strstr(err, "is the --method polykv file") &&
+                          strstr(err, "s.bin: writing it would destroy that input"),
+                      "--method %s: exit %d: %s", method, rc, err);
+        free(out);
+        free(err);
+        size_t n2;
+        char *now2 = kvm_test_read_file(strat, &n2);
+        ck_assert_msg(now2 && n2 == ns && !memcmp(now2, sb, ns), "--method %s: the strategy file changed", method);
+        free(now2);
+    }
+    free(sb);
     size_t n;
     char *now = kvm_test_read_file(model, &n);
     ck_assert(now && n == nm && !memcmp(now, mb, n));
