@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -751,6 +753,49 @@ START_TEST(test_cli_csv_failed)
 }
 END_TEST
 
+/* Two evals given one --csv shared CSV.part: each emptied and wrote the other's file, and the
+ * first to finish renamed it into place, exit 0, holding the other run's rows (the other then
+ * failed, or also exited 0). CSV.part is now written under an exclusive lock: while another
+ * process holds it (here this test) eval is refused, exit 2, and neither CSV nor CSV.part is
+ * touched; once it is free the run writes CSV as before. */
+START_TEST(test_cli_csv_locked)
+{
+    char *dir = kvm_test_tmpdir(), csv[512], part[600], args[2048], *out = NULL, *err = NULL;
+    snprintf(csv, sizeof csv, "%s/r.csv", dir);
+    snprintf(part, sizeof part, "%s.part", csv);
+    ck_assert_int_eq(kvm_test_write_file(csv, "keep\n", 5), 0);
+    ck_assert_int_eq(kvm_test_write_file(part, "other run\n", 10), 0);
+    int fd = open(part, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0); /* another writer at work */
+    snprintf(args, sizeof args, "%s/corpus/doc_000.txt --csv %s", kvm_test_data(), csv);
+    int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 16 --threads 1", args, NULL), &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "r.csv: another process is writing it (") &&
+                      strstr(err, "r.csv.part is locked"),
+                  "exit %d: %s", st, err);
+    free(out);
+    free(err);
+    char *text = kvm_test_read_file(csv, NULL);
+    ck_assert_msg(text && !strcmp(text, "keep\n"), "--csv was rewritten: %s", text);
+    free(text);
+    text = kvm_test_read_file(part, NULL);
+    ck_assert_msg(text && !strcmp(text, "other run\n"), "the other writer's .part was touched: %s", text);
+    free(text);
+    close(fd); /* the other writer is done: the name is free */
+    ck_assert_int_eq(unlink(part), 0);
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 16 --threads 1", args, NULL), &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    free(out);
+    free(err);
+    text = kvm_test_read_file(csv, NULL);
+    ck_assert_msg(text && !strncmp(text, KVM_EVAL_CSV_HEADER "\n", strlen(KVM_EVAL_CSV_HEADER) + 1), "%s", text);
+    free(text);
+    ck_assert_int_ne(access(part, F_OK), 0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* Options a sculpt-family method never reads were accepted silently: kvzip:iterations=10 (kvzip
  * runs no L-BFGS), am's bias (always fitted), joint-fixed's kcap (its keys never move). They are
  * still accepted (strategy files and configs share one option set) with one stderr note per
@@ -1108,7 +1153,8 @@ static Suite *eval_suite(void)
                  {"cli_csv", test_cli_csv, 0},
                  {"cli_csv_failed", test_cli_csv_failed, 0},
                  {"cli_unused_options", test_cli_unused_options, 0},
-                 {"cli_repeated_docs", test_cli_repeated_docs, 0}};
+                 {"cli_repeated_docs", test_cli_repeated_docs, 0},
+                 {"cli_csv_locked", test_cli_csv_locked, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);
