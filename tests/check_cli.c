@@ -721,7 +721,7 @@ START_TEST(test_fifo_without_writer)
         /* an output FIFO with no reader: fopen(..., "w") waited for one for ever */
         {"eval --model '%s' --docs DOC --method h2o --budget 8 --context 64 --continuation 8 --csv '%s'",
          "f.txt: a FIFO that no process is reading"},
-        {"sculpt --model '%s' --doc DOC --context 64 --iterations 1 --threads 1 --out '%s'", "cache file /"},
+        {"sculpt --model '%s' --doc DOC --context 64 --iterations 1 --threads 1 --out '%s'", "--out /"},
         {"calibrate --model '%s' --docs DOC --budget 8 --context 64 --continuation 8 --phases prefill --threads 1 "
          "--out '%s'",
          "--out /"}, /* refused before the calibration now, naming the flag */
@@ -1007,6 +1007,44 @@ START_TEST(test_docs_list_many)
 }
 END_TEST
 
+/* sculpt wrote its cache straight into --out: a write that failed part-way (a full disk; here
+ * the file size limit, `ulimit -f`) left OUT truncated, the cache it held before lost, and a run
+ * killed while writing left a truncated OUT. The cache now goes to OUT.part, renamed over OUT when
+ * whole: OUT keeps its old bytes and no .part is left; a run that succeeds replaces it. */
+START_TEST(test_sculpt_out_kept_on_failure)
+{
+    char *tmp = kvm_test_tmpdir(), out_path[4200], part[4300], args[16384], *out = NULL, *err = NULL;
+    snprintf(out_path, sizeof out_path, "%s/c.kvs", tmp);
+    snprintf(part, sizeof part, "%s.part", out_path);
+    const char *old = "an earlier cache";
+    ck_assert_int_eq(kvm_test_write_file(out_path, old, strlen(old)), 0);
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *doc = kvm_test_data_path("corpus/doc_000.txt");
+    snprintf(args, sizeof args,
+             "sh -c \"trap '' XFSZ; ulimit -f 8; '%s/kvmill' sculpt --model '%s' --doc '%s' --context 64 --budget 40 "
+             "--threads 1 --out '%s'\"",
+             kvm_test_bin(), model, doc, out_path);
+    int rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 1 && strstr(err, "c.kvs: write failed: File too large"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    char *now = kvm_test_read_file(out_path, NULL);
+    ck_assert_msg(now && !strcmp(now, old), "--out was replaced by a cut-short cache (%s)", now ? "bytes" : "gone");
+    free(now);
+    ck_assert_int_ne(access(part, F_OK), 0);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --context 64 --budget 40 --threads 1 --out '%%s'%%s",
+             model, doc);
+    rc = kvmill(&out, &err, args, out_path, "");
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    struct stat st;
+    ck_assert(stat(out_path, &st) == 0 && st.st_size > 1000);
+    ck_assert_int_ne(access(part, F_OK), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -1035,7 +1073,8 @@ static Suite *cli_suite(void)
                  {"stdout_write_error", test_stdout_write_error},
                  {"docs_from_a_pipe", test_docs_from_a_pipe},
                  {"make_model_out_kinds", test_make_model_out_kinds},
-                 {"docs_list_many", test_docs_list_many}};
+                 {"docs_list_many", test_docs_list_many},
+                 {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
