@@ -96,8 +96,10 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         srs = 1;
     if (srs == 1) fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
     if (srs) rc = srs;
+    errno = 0;
     if (!rc && a->dump_s->f && (kvm_polykv_signals_csv(sig, a->dump_s->f) || fflush(a->dump_s->f))) {
-        fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed\n", a->dump);
+        fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed: %s\n", a->dump,
+                errno ? strerror(errno) : "stream error");
         rc = 1;
     }
     /* in place now: the signals cost most of the work, and --signals reuses them if what follows fails */

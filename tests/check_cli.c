@@ -1045,6 +1045,40 @@ START_TEST(test_sculpt_out_kept_on_failure)
 }
 END_TEST
 
+/* calibrate's --out and --dump-signals on a full device said "write failed" and nothing more (a
+ * full disk and a cut network link read alike); the reason is said now. The full device is made
+ * with mknod in a temporary folder (root only; skipped otherwise). */
+START_TEST(test_calibrate_write_error_says_why)
+{
+    char *tmp = kvm_test_tmpdir(), full[4200], sig[4300], args[16384], *out = NULL, *err = NULL;
+    snprintf(full, sizeof full, "%s/full", tmp);
+    if (mknod(full, S_IFCHR | 0666, makedev(1, 7)) != 0) {
+        kvm_test_skip("mknod not permitted: calibrate's write errors on a full device not checked");
+        kvm_test_rmtree(tmp);
+        free(tmp);
+        return;
+    }
+    snprintf(sig, sizeof sig, "%s/s.bin", tmp);
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *doc = kvm_test_data_path("corpus/doc_000.txt");
+    const char *outs[][2] = {{"--out '%s'%s", "--out "}, {"--out '%s' --dump-signals '%s'", "--dump-signals "}};
+    for (int i = 0; i < 2; i++) {
+        char flags[9000];
+        snprintf(flags, sizeof flags, outs[i][0], i ? sig : full, i ? full : "");
+        snprintf(args, sizeof args,
+                 "calibrate --model '%%s' --docs '%%s' --budget 12 --context 40 --continuation 8 --phases prefill "
+                 "--threads 1 %s",
+                 flags);
+        int rc = kvmill(&out, &err, args, model, doc);
+        ck_assert_msg(rc == 1 && strstr(err, outs[i][1]) && strstr(err, "full: write failed: No space left on device"),
+                      "%s: exit %d: %s", flags, rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -1074,7 +1108,8 @@ static Suite *cli_suite(void)
                  {"docs_from_a_pipe", test_docs_from_a_pipe},
                  {"make_model_out_kinds", test_make_model_out_kinds},
                  {"docs_list_many", test_docs_list_many},
-                 {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure}};
+                 {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure},
+                 {"calibrate_write_error_says_why", test_calibrate_write_error_says_why}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
