@@ -64,6 +64,34 @@ static int check_shapes(const kvm_make_model_opts *o)
     return 0;
 }
 
+int kvm_make_model_fwrite(FILE *f, const char *name, const kvm_make_model_opts *o)
+{
+    int rc = check_shapes(o);
+    if (rc) return rc;
+    int64_t D = o->dim, H = o->hidden_dim, L = o->n_layers, hd = o->dim / o->n_heads;
+    int64_t kv = (int64_t)o->n_kv_heads * hd;
+    int32_t hdr[7] = {o->dim, o->hidden_dim, o->n_layers, o->n_heads, o->n_kv_heads,
+                      o->separate_classifier ? -o->vocab_size : o->vocab_size, o->seq_len};
+    uint64_t rng = o->seed;
+    float a_in = 1.0f / sqrtf((float)D), a_hid = 1.0f / sqrtf((float)H);
+    errno = 0;
+    int bad = fwrite(hdr, sizeof hdr, 1, f) != 1 || write_floats(f, &rng, (int64_t)o->vocab_size * D, 1.0f, 0) ||
+              write_floats(f, &rng, L * D, 1.0f, 1) ||          /* rms_att */
+              write_floats(f, &rng, L * D * D, a_in, 0) ||      /* wq */
+              write_floats(f, &rng, 2 * L * kv * D, a_in, 0) || /* wk, wv */
+              write_floats(f, &rng, L * D * D, a_in, 0) ||      /* wo */
+              write_floats(f, &rng, L * D, 1.0f, 1) ||          /* rms_ffn */
+              write_floats(f, &rng, L * H * D, a_in, 0) ||      /* w1 */
+              write_floats(f, &rng, L * D * H, a_hid, 0) ||     /* w2 */
+              write_floats(f, &rng, L * H * D, a_in, 0) ||      /* w3 */
+              write_floats(f, &rng, D, 1.0f, 1) ||              /* rms_final */
+              write_rope_tables(f, o->seq_len, (int)hd) ||
+              (o->separate_classifier && write_floats(f, &rng, (int64_t)o->vocab_size * D, a_in, 0)) ||
+              fflush(f) != 0; /* a full device says so here, not only at fclose */
+    if (bad) return kvm_err(KVM_EIO, "%s: write failed: %s", name, errno ? strerror(errno) : "stream error");
+    return 0;
+}
+
 int kvm_make_model_write(const char *path, const kvm_make_model_opts *o)
 {
     int rc = check_shapes(o);
@@ -74,30 +102,9 @@ int kvm_make_model_write(const char *path, const kvm_make_model_opts *o)
     snprintf(tmp, sizeof tmp, "%s.partial", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) return kvm_err(KVM_EIO, "%s: %s", tmp, strerror(errno));
-    int64_t D = o->dim, H = o->hidden_dim, L = o->n_layers, hd = o->dim / o->n_heads;
-    int64_t kv = (int64_t)o->n_kv_heads * hd;
-    int32_t hdr[7] = {o->dim, o->hidden_dim, o->n_layers, o->n_heads, o->n_kv_heads,
-                      o->separate_classifier ? -o->vocab_size : o->vocab_size, o->seq_len};
-    uint64_t rng = o->seed;
-    float a_in = 1.0f / sqrtf((float)D), a_hid = 1.0f / sqrtf((float)H);
-    int bad = fwrite(hdr, sizeof hdr, 1, f) != 1 || write_floats(f, &rng, (int64_t)o->vocab_size * D, 1.0f, 0) ||
-              write_floats(f, &rng, L * D, 1.0f, 1) ||           /* rms_att */
-              write_floats(f, &rng, L * D * D, a_in, 0) ||       /* wq */
-              write_floats(f, &rng, 2 * L * kv * D, a_in, 0) ||  /* wk, wv */
-              write_floats(f, &rng, L * D * D, a_in, 0) ||       /* wo */
-              write_floats(f, &rng, L * D, 1.0f, 1) ||           /* rms_ffn */
-              write_floats(f, &rng, L * H * D, a_in, 0) ||       /* w1 */
-              write_floats(f, &rng, L * D * H, a_hid, 0) ||      /* w2 */
-              write_floats(f, &rng, L * H * D, a_in, 0) ||       /* w3 */
-              write_floats(f, &rng, D, 1.0f, 1) ||               /* rms_final */
-              write_rope_tables(f, o->seq_len, (int)hd) ||
-              (o->separate_classifier && write_floats(f, &rng, (int64_t)o->vocab_size * D, a_in, 0));
-    if (fclose(f) != 0) bad = 1;
-    if (!bad && rename(tmp, path) != 0) bad = 1;
-    if (bad) {
-        int e = errno;
-        remove(tmp);
-        return kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(e));
-    }
-    return 0;
+    rc = kvm_make_model_fwrite(f, path, o);
+    if (fclose(f) != 0 && !rc) rc = kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(errno));
+    if (!rc && rename(tmp, path) != 0) rc = kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(errno));
+    if (rc) remove(tmp);
+    return rc;
 }

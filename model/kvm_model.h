@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KVM_MODEL_MAX_EOS 8
 
@@ -202,7 +203,16 @@ typedef struct kvm_make_model_opts {
 
 /* Writes a llama2.c checkpoint with random weights: matrices uniform in ±1/sqrt(in), RMSNorm
  * weights 1, RoPE legacy tables filled as llama2.c's export does. Shapes are validated like
- * the loader's. Returns 0, KVM_EINVAL (bad shape, message names it), KVM_EIO (write failed). */
+ * the loader's. Written as PATH.partial, renamed over PATH when whole (so over whatever PATH is:
+ * a file, not a FIFO or device; kvmill make-model writes through kvm_make_model_fwrite).
+ * Returns 0, KVM_EINVAL (bad shape, message names it), KVM_EIO (write failed). */
 int kvm_make_model_write(const char *path, const kvm_make_model_opts *o);
+
+/* The same checkpoint written to an open stream f (borrowed: not closed; the caller decides where
+ * the bytes go and what a failure leaves, as kvmill make-model's --out does), flushed at the end.
+ * name: how messages call the output. Shapes are validated before anything is written. Returns
+ * 0, KVM_EINVAL (bad shape, nothing written), KVM_EIO ("NAME: write failed: REASON": a short
+ * write or flush, e.g. a full device; f then holds part of the checkpoint). */
+int kvm_make_model_fwrite(FILE *f, const char *name, const kvm_make_model_opts *o);
 
 #endif

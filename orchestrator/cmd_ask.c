@@ -4,6 +4,7 @@
  * the server tokenises and hashes the document. A server that rejects this client's CurveZMQ
  * key is reported at once (socket monitor). */
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "model/kvm_utf8.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_curve.h"
@@ -48,8 +49,8 @@ static int read_doc(const char *path, char **text, size_t *len)
                        "name it with --doc-name NAME or --doc-hash HEX instead\n",
                        path, (long long)sb.st_size, (unsigned)KVM_PROTO_MAX_DOC_BYTES),
                2;
-    FILE *f = fopen(path, "rb");
-    if (!f) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
+    FILE *f; /* not fopen: a FIFO with no writer blocked the open for ever; it reads as empty now */
+    if (kvm_file_open_input(path, "rb", "--doc", &f)) return fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg()), 2;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     int rc = buf ? 0 : 2, err = 0;
@@ -239,15 +240,21 @@ int kvm_cmd_ask(int argc, char **argv)
     size_t text_len = 0, plen = 0;
     int status = 0;
     if (pfile) { /* the file's bytes; the limits and checks of --prompt */
-        FILE *f = fopen(pfile, "rb");
-        const char *why = f ? NULL : strerror(errno);
+        FILE *f = NULL; /* not fopen: a FIFO with no writer blocked the open for ever; it reads as empty */
+        const char *why = kvm_file_open_input(pfile, "rb", "--prompt-file", &f) ? kvm_errmsg() : NULL;
         ptext = f ? malloc((size_t)KVM_PROTO_MAX_TEXT_BYTES + 2) : NULL;
         if (ptext) plen = fread(ptext, 1, (size_t)KVM_PROTO_MAX_TEXT_BYTES + 1, f);
         if (!why) why = !ptext ? "out of memory" : ferror(f) ? "read error (a folder?)" : plen == 0 ? "is empty"
                       : plen > KVM_PROTO_MAX_TEXT_BYTES ? "is longer than 8 MiB"
                       : memchr(ptext, 0, plen) ? "contains a NUL byte"
                       : !kvm_utf8_valid(ptext, plen) ? "is not UTF-8 text" : NULL;
+        const int opened = f != NULL;
         if (f) fclose(f);
+        if (why && !opened) { /* kvm_file_open_input's message names the flag and the file */
+            fprintf(stderr, "kvmill ask: %s\n", why);
+            free(ptext);
+            return 2;
+        }
         if (why) {
             fprintf(stderr, "kvmill ask: --prompt-file %s: %s\n", pfile, why);
             free(ptext);

@@ -8,7 +8,6 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
-#include "pipeline/kvm_calib.h"
 #include "store/kvm_store.h"
 
 #include <errno.h>
@@ -78,46 +77,6 @@ static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
     return 0;
 }
 
-/* Calibrates on each distinct document once (pipeline/kvm_calib.h kvm_calib_dedup): the ids
- * calibration reads from each document (n_want: its first N + T; 0: all of them, for
- * --windows) are hashed as the store hashes documents; a repeat is named on stderr and dropped
- * from ds, which keeps its first. Returns 0, 2 (a document that does not open) or 1 (out of
- * memory, a read error), said on stderr. */
-static int drop_repeats(const kvm_tokenizer *tok, cmd_eval_docset *ds, int64_t n_want)
-{
-    kvm_store_id *hash = calloc((size_t)ds->n, sizeof *hash);
-    int64_t *dup_of = calloc((size_t)ds->n, sizeof *dup_of);
-    int rc = hash && dup_of ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
-    for (int i = 0; rc == 0 && i < ds->n; i++) {
-        int32_t *ids = NULL;
-        int64_t n = 0;
-        int erc = cmd_eval_docs_encode(CMD, tok, NULL, ds->paths[i], n_want, &ids, &n); /* says why itself */
-        if (!erc) rc = kvm_store_doc_hash(ids, n, &hash[i]);
-        free(ids);
-        if (erc) {
-            free(hash);
-            free(dup_of);
-            return erc;
-        }
-    }
-    if (rc == 0 && kvm_calib_dedup(CMD, hash, (const char *const *)ds->paths, ds->n, stderr, dup_of) < 0) rc = 1;
-    int kept = 0;
-    for (int i = 0; rc == 0 && i < ds->n; i++) {
-        if (dup_of[i] >= 0) {
-            free(ds->paths[i]);
-            free(ds->names[i]);
-            continue;
-        }
-        ds->paths[kept] = ds->paths[i];
-        ds->names[kept++] = ds->names[i];
-    }
-    if (rc == 0) ds->n = kept;
-    free(hash);
-    free(dup_of);
-    if (rc) fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
-    return rc ? 1 : 0;
-}
-
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
                      const calib_args *a)
 {
@@ -137,8 +96,10 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         srs = 1;
     if (srs == 1) fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
     if (srs) rc = srs;
+    errno = 0;
     if (!rc && a->dump_s->f && (kvm_polykv_signals_csv(sig, a->dump_s->f) || fflush(a->dump_s->f))) {
-        fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed\n", a->dump);
+        fprintf(stderr, "kvmill " CMD ": --dump-signals %s: write failed: %s\n", a->dump,
+                errno ? strerror(errno) : "stream error");
         rc = 1;
     }
     /* in place now: the signals cost most of the work, and --signals reuses them if what follows fails */
@@ -369,7 +330,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
     snprintf(need, sizeof need, "context %lld + continuation %lld (--context, --continuation)", (long long)a.N,
              (long long)a.T);
     if (!rc) rc = cmd_eval_docs_check(CMD, tok, NULL, &docs, a.N + a.T, a.N + a.T, need); /* before any prefill */
-    if (!rc) rc = drop_repeats(tok, &docs, a.windows > 1 ? 0 : a.N + a.T);
+    if (!rc) /* each distinct sample once: the ids calibration reads (all of them with --windows, which reach the end)
+              */
+        rc = cmd_eval_docs_dedup(CMD, tok, NULL, &docs, a.windows > 1 ? 0 : a.N + a.T, "calibrating on it once");
     if (!rc && kvm_store_hash_file(model_path, &a.model_id)) { /* read a moment ago: the machine failed */
         fprintf(stderr, "kvmill " CMD ": --model %s: %s\n", model_path, kvm_errmsg());
         rc = 1;

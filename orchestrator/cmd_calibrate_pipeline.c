@@ -5,7 +5,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "compress/polykv/kvm_polykv.h"
-#include "pipeline/kvm_calib.h"
+#include "pipeline/kvm_docdedup.h"
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_corpus.h"
@@ -52,7 +52,7 @@ static int report(const kvm_config *cfg, FILE *out_f, const char *out)
     return rc ? 1 : 0;
 }
 
-/* Calibrates on each distinct document of the loaded corpus once (kvm_calib_dedup, as calibrate
+/* Calibrates on each distinct document of the loaded corpus once (kvm_docdedup_find, as calibrate
  * without --config does): the ids a job carries to the signals stage (the context and the
  * continuation after it, at most n_keep) are hashed as the store hashes documents; a repeat is
  * named on stderr and dropped from the corpus, which keeps its first. Returns 0, or 1 after
@@ -68,7 +68,8 @@ static int drop_repeats(kvm_corpus *c, int64_t n_keep)
         names[i] = d->path ? d->path : d->name; /* a folder's file, or a JSON line's id */
         rc = kvm_store_doc_hash(d->tokens, d->n_original < n_keep ? d->n_original : n_keep, &hash[i]);
     }
-    if (rc == 0 && kvm_calib_dedup("calibrate", hash, names, c->n, stderr, dup_of) < 0) rc = 1;
+    if (rc == 0 && kvm_docdedup_find("calibrate", "calibrating on it once", hash, names, c->n, stderr, dup_of) < 0)
+        rc = 1;
     int64_t kept = 0;
     for (int64_t i = 0; rc == 0 && i < c->n; i++) {
         kvm_doc *d = &c->docs[i];

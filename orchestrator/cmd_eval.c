@@ -162,6 +162,17 @@ static int strategy_model_ok(const eval_job *e, model_ident *mi)
     return 2;
 }
 
+/* The strategy FILE of a "polykv:FILE[:OPTS]" method spec into buf: up to the first ':' that
+ * starts a sculpt option (as make_jobs splits it), so a path holding ':' stays whole. */
+static const char *strategy_file(const char *spec, char *buf, size_t size)
+{
+    const char *f = spec + strlen("polykv:"), *end = NULL;
+    for (const char *q = strchr(f, ':'); q && !end; q = strchr(q + 1, ':'))
+        if (kvm_sculpt_setting_find(q + 1, strcspn(q + 1, ":="))) end = q;
+    snprintf(buf, size, "%.*s", (int)(end ? end - f : (long)strlen(f)), f);
+    return buf;
+}
+
 /* Builds the jobs from --method and --budget/--ratio lists (target: --target-kl's search, with
  * `budgets` a placeholder); `flags` ("name=value:..." from the sculpt flags, may be "") go before
  * each sculpt-family method's own options, which override them, except the size (budget, ratio,
@@ -875,6 +886,12 @@ int kvm_cmd_eval(int argc, char **argv)
     if (!rc && kvm_cli_check_out_model(CMD, "csv", csv_path, model_path, kvm_cli_get(opts, "tokenizer"), "--docs",
                                        docs_s))
         rc = 2; /* fopen "w" emptied it */
+    for (int j = 0; !rc && j < n_jobs; j++) /* the CSV was renamed over a calibration's strategy file */
+        if (!strcmp(jobs[j].m->name, "polykv")) {
+            char file[sizeof jobs[j].spec];
+            const char *in_flag = "--method polykv", *in = strategy_file(jobs[j].spec, file, sizeof file);
+            if (kvm_cli_check_out_inputs(CMD, "csv", csv_path, &in_flag, &in, 1)) rc = 2;
+        }
     es.m = m;   /* target_lo makes each method's options for the model */
     for (int j = 0; !rc && target && j < n_jobs; j++) { /* as [compress] target_step refuses it (kvm_jobcfg_check) */
         const int64_t step = es.target_step < N ? es.target_step : N, lo = target_lo(&es, &jobs[j], step, N);
@@ -902,6 +919,15 @@ int kvm_cmd_eval(int argc, char **argv)
         rc = cmd_eval_docs_check(CMD, tok, es.frame, &docs, target ? N + 2 * T : N + T, target ? 2 * T + 1 : N + T,
                                  need);
     }
+    /* each distinct document once, before any prefill: two documents are one when the ids eval
+     * reads from them are (KL: the framed first N + T; --target-kl: N + 2T; --task: the whole text
+     * its cases are made from, as its cases cycle over the distinct documents) */
+    if (!rc)
+        rc = cmd_eval_docs_dedup(CMD, tok, es.frame, &docs,
+                                 task     ? 0
+                                 : target ? N + 2 * T
+                                          : N + T,
+                                 "evaluating it once");
     if (!rc && csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", csv_path, &out))) csv = out.f;
     es.m = m;
     es.k = k;

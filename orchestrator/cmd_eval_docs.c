@@ -4,7 +4,10 @@
 #include "common/kvm_number.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
+#include "pipeline/kvm_docdedup.h"
 #include "pipeline/kvm_doctok.h"
+#include "pipeline/kvm_idxset.h"
+#include "store/kvm_store.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 
 #include <dirent.h>
@@ -82,6 +85,56 @@ static int add_dir(const char *cmd, cmd_eval_docset *d, const char *dir)
     return rc;
 }
 
+/* A file's identity, looked up among the documents' (kvm_idxset over (device, inode)). */
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+} file_id;
+
+typedef struct file_probe {
+    const file_id *ids; /* [n] each document's */
+    file_id want;
+} file_probe;
+
+static int same_file_id(void *user, int64_t idx)
+{
+    const file_probe *p = user;
+    return p->ids[idx].dev == p->want.dev && p->ids[idx].ino == p->want.ino;
+}
+
+/* One file twice in d (a folder and one of its files, two links to it): it counted twice in the
+ * mean. Each path is stat'ed once and its (device, inode) looked up in a hash set: comparing
+ * every pair stat'ed each path once per other path, 70 s of stat calls for 12,000 documents
+ * before any work (quadratic; 100,000: hours). Returns 0; 2 after naming the first repeat (the
+ * earlier path first); 1 when out of memory (said). A path that does not stat is skipped here
+ * (reading it says why). */
+static int same_file_twice(const char *cmd, const char *spec, const cmd_eval_docset *d)
+{
+    file_id *ids = calloc((size_t)d->n + 1, sizeof *ids);
+    kvm_idxset seen = {0};
+    int rc = ids ? 0 : 1;
+    for (int i = 0; !rc && i < d->n; i++) {
+        struct stat st;
+        if (stat(d->paths[i], &st)) continue;
+        ids[i] = (file_id){st.st_dev, st.st_ino};
+        const uint64_t key = ((uint64_t)st.st_dev * 0x9E3779B97F4A7C15ull) ^ (uint64_t)st.st_ino;
+        file_probe p = {ids, ids[i]};
+        const int64_t j = kvm_idxset_find(&seen, key, same_file_id, &p);
+        if (j >= 0) {
+            fprintf(stderr,
+                    "kvmill %s: --docs %s: %s and %s are the same document, which would count twice in the mean; "
+                    "name it once\n",
+                    cmd, spec, d->paths[j], d->paths[i]);
+            rc = 2;
+        } else if (kvm_idxset_add(&seen, key, i))
+            rc = 1;
+    }
+    if (rc == 1) fprintf(stderr, "kvmill %s: out of memory\n", cmd);
+    kvm_idxset_free(&seen);
+    free(ids);
+    return rc;
+}
+
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
 {
     memset(out, 0, sizeof *out);
@@ -96,21 +149,17 @@ int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
             rc = 2;
         } else if (S_ISDIR(st.st_mode))
             rc = add_dir(cmd, out, t);
-        else if ((rc = add_doc(out, t)))
+        else if (!S_ISREG(st.st_mode)) { /* a pipe's second read (after the length check) found it empty */
+            fprintf(stderr,
+                    "kvmill %s: --docs %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
+                    "device): %s reads each document more than once; save it to a file and name that\n",
+                    cmd, t, cmd);
+            rc = 2;
+        } else if ((rc = add_doc(out, t)))
             fprintf(stderr, "kvmill %s: out of memory\n", cmd);
     }
     free(s);
-    for (int i = 0; !rc && i < out->n; i++) /* one file twice (a folder and one of its files): it counted twice */
-        for (int j = 0; !rc && j < i; j++) {
-            struct stat a, b;
-            if (!stat(out->paths[i], &a) && !stat(out->paths[j], &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
-                fprintf(stderr,
-                        "kvmill %s: --docs %s: %s and %s are the same document, which would count twice in "
-                        "the mean; name it once\n",
-                        cmd, spec, out->paths[j], out->paths[i]);
-                rc = 2;
-            }
-        }
+    if (!rc) rc = same_file_twice(cmd, spec, out);
     if (!rc && out->n == 0) {
         fprintf(stderr, "kvmill %s: --docs %s: no documents (*.txt)\n", cmd, spec);
         rc = 2;
@@ -199,6 +248,39 @@ int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *f
         }
     }
     return 0;
+}
+
+int cmd_eval_docs_dedup(const char *cmd, const kvm_tokenizer *tok, const char *frame, cmd_eval_docset *ds,
+                        int64_t n_want, const char *action)
+{
+    kvm_store_id *hash = calloc((size_t)ds->n, sizeof *hash);
+    int64_t *dup_of = calloc((size_t)ds->n, sizeof *dup_of);
+    int rc = hash && dup_of ? 0 : kvm_err(KVM_ENOMEM, "out of memory"), erc = 0;
+    for (int i = 0; rc == 0 && !erc && i < ds->n; i++) {
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        erc = cmd_eval_docs_encode(cmd, tok, frame, ds->paths[i], n_want, &ids, &n); /* says why itself */
+        if (!erc) rc = kvm_store_doc_hash(ids, n, &hash[i]);
+        free(ids);
+    }
+    if (rc == 0 && !erc &&
+        kvm_docdedup_find(cmd, action, hash, (const char *const *)ds->paths, ds->n, stderr, dup_of) < 0)
+        rc = kvm_err(KVM_ENOMEM, "out of memory");
+    int kept = 0;
+    for (int i = 0; rc == 0 && !erc && i < ds->n; i++) {
+        if (dup_of[i] >= 0) {
+            free(ds->paths[i]);
+            free(ds->names[i]);
+            continue;
+        }
+        ds->paths[kept] = ds->paths[i];
+        ds->names[kept++] = ds->names[i];
+    }
+    if (rc == 0 && !erc) ds->n = kept;
+    free(hash);
+    free(dup_of);
+    if (rc) fprintf(stderr, "kvmill %s: %s\n", cmd, kvm_cli_errmsg(cmd));
+    return erc ? erc : rc ? 1 : 0;
 }
 
 /* Says on stderr, once per document, when its n_windows windows of w tokens overlap (the

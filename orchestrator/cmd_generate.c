@@ -25,7 +25,9 @@ static double now_s(void)
 }
 
 /* Reads token ids, one decimal per line, each in [0, vocab). Prints errors naming file:line.
- * Returns 2 for a file that is missing, a folder, or whose contents are not token ids (a usage
+ * A UTF-8 byte-order mark before the first id is skipped (it was refused as "'1' is not a token
+ * id", the mark invisible in the message). Returns 2 for a file that is missing, a folder, or
+ * whose contents are not token ids (a usage
  * error: the file the user named is not one, as a bad --model is), 1 when out of memory. */
 static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *n)
 {
@@ -49,6 +51,8 @@ static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *
             break;
         }
         char *s = buf, *end;
+        if (line == 1 && !memcmp(s, "\xEF\xBB\xBF", 3))
+            s += 3; /* a UTF-8 byte-order mark (an editor's), as configs skip it */
         while (*s == ' ' || *s == '\t') s++;
         if (*s == '\n' || *s == '\0') continue;
         errno = 0;

@@ -35,11 +35,19 @@ int kvm_cmd_make_model(int argc, char **argv)
                              .seed = (uint64_t)v[7], .separate_classifier = kvm_cli_get(opts, "separate-classifier") != NULL};
     const char *out = kvm_cli_get(opts, "out");
     if (kvm_cli_check_out("make-model", "out", out)) return 2;
-    int rc = kvm_make_model_write(out, &o);
-    if (rc) {
-        fprintf(stderr, "kvmill make-model: %s\n", kvm_cli_errmsg("make-model"));
+    /* OUT.part renamed over OUT when whole; a FIFO without a reader refused, a device (/dev/null)
+     * or a FIFO with one written in place: OUT.partial was renamed over whatever OUT was, a
+     * device node included, and a write to /dev/full "succeeded" into that file */
+    kvm_cli_staged s;
+    int rc = kvm_cli_staged_open("make-model", "out", out, &s);
+    if (rc) return rc;
+    rc = kvm_make_model_fwrite(s.f, out, &o);
+    if (rc) fprintf(stderr, "kvmill make-model: %s\n", kvm_cli_errmsg("make-model"));
+    if (rc) { /* a cut-short checkpoint is worth nothing: no OUT.part left */
+        kvm_cli_staged_abort(&s);
         return rc == KVM_EINVAL ? 2 : 1;
     }
+    if (kvm_cli_staged_close("make-model", "out", &s, 1)) return 1;
     fprintf(stderr, "kvmill make-model: wrote %s\n", out);
     return 0;
 }

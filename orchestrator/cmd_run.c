@@ -203,6 +203,16 @@ int kvm_cmd_run(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
+    const char *mpath = kvm_config_str(cfg, "run", "metrics");
+    struct stat mst; /* rename(2) put a regular file in place of a FIFO or device (as root: /dev/null) */
+    if (!kvm_cli_get(opts, "dump-config") && mpath && *mpath && !stat(mpath, &mst) && !S_ISREG(mst.st_mode)) {
+        kvm_cli_refuse("run",
+                       "metrics file %s is not a regular file (a FIFO, socket or device): the run replaces the file "
+                       "it names at each update, which would replace that; name a regular file\n",
+                       mpath);
+        kvm_config_free(&cfg);
+        return 2;
+    }
     if (!kvm_cli_get(opts, "dump-config") && metrics_would_clobber(kvm_config_str(cfg, "run", "metrics"))) {
         kvm_cli_refuse("run", "metrics file %s exists and is not a metrics file kvmill wrote: the run would replace it; "
                               "name a new file (or remove that one)\n", kvm_config_str(cfg, "run", "metrics"));

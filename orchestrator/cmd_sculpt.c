@@ -22,6 +22,12 @@ enum { MAX_OPTS = 64 };
 static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *tok, const int32_t *ids, int64_t n,
                const kvm_sculpt_opts *o, const char *out_path)
 {
+    /* OUT.part (locked) renamed over OUT when whole, opened before the work: a cache written in
+     * place left OUT truncated, the old file lost, when the write failed (a full disk) or the run
+     * was killed during it */
+    kvm_cli_staged so;
+    int src = kvm_cli_staged_open("sculpt", "out", out_path, &so);
+    if (src) return src;
     kvm_forward *f = NULL;
     kvm_kvcache *full = NULL, *c = NULL;
     kvm_capture *cap = NULL;
@@ -38,14 +44,18 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *t
     kvm_compress_input in = {.model = m, .full = full, .cap = cap, .n_tokens = n, .n_future = 0, .tokens = ids,
                              .repeat_prompt = rp, .n_repeat_prompt = n_rp};
     if (!rc) rc = kvm_sculpt_compress(&in, o, &c, &st);
-    if (!rc) rc = kvm_sculpt_cache_write(out_path, c);
-    if (!rc)
+    if (!rc) rc = kvm_sculpt_cache_fwrite(so.f, out_path, c);
+    if (rc)
+        kvm_cli_staged_abort(&so); /* a cut-short cache is worth nothing: no OUT.part left */
+    else if (kvm_cli_staged_close("sculpt", "out", &so, 1))
+        src = 1; /* said */
+    if (!rc && !src)
         printf("sculpt: N=%lld entries=%lld (full %lld) bytes=%lld (full %lld) seconds=%.2f query_s=%.2f "
                "lbfgs_s=%.2f ridge_s=%.2f pilot_s=%.2f out=%s\n",
                (long long)n, (long long)st.base.entries, (long long)kvm_kvcache_entries(full),
                (long long)kvm_kvcache_bytes(c), (long long)kvm_kvcache_bytes(full), st.base.seconds, st.query_s,
                st.lbfgs_s, st.ridge_s, st.pilot_s, out_path);
-    if (!rc && st.base.entries >= kvm_kvcache_entries(full)) /* as run's "kept whole" line says it */
+    if (!rc && !src && st.base.entries >= kvm_kvcache_entries(full)) /* as run's "kept whole" line says it */
         fprintf(stderr,
                 "kvmill sculpt: %s: %lld tokens are too few for the retain zone (%lld) and the distilled "
                 "entries to save an entry: the cache holds the full KV\n",
@@ -56,7 +66,7 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *t
     kvm_kvcache_free(&full);
     kvm_forward_free(&f);
     kvm_capture_free(&cap);
-    return rc == KVM_EINVAL ? 2 : rc ? 1 : 0; /* EINVAL: settings this context cannot take (a usage error) */
+    return rc == KVM_EINVAL ? 2 : rc || src ? 1 : 0; /* EINVAL: settings this context cannot take (usage) */
 }
 
 /* Settings under which the "compressed" cache would hold every entry of the context (as run and

@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -201,6 +202,45 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
     return rc == KVM_EINVAL ? 2 : rc ? 1 : 0;
 }
 
+/* Opens PATH.part for writing under an exclusive lock (flock), emptied only once the lock is held.
+ * Two commands given one output (two evals with the same --csv) shared PATH.part: each emptied
+ * and wrote the other's file, the first to finish renamed it into place, exit 0, holding the
+ * other's rows. The lock is held until the stream is closed, after the rename; a second
+ * command is refused (exit 2) while the first writes. Returns 0, 2 (locked; a FIFO without a
+ * reader) or 1, after saying why. */
+static int open_part(const char *cmd, const char *flag, const char *path, const char *part, FILE **out)
+{
+    *out = NULL;
+    int fd = open(part, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666); /* no O_TRUNC before the lock */
+    if (fd < 0 && errno == ENXIO) {
+        kvm_cli_refuse(cmd, "--%s %s: %s: a FIFO that no process is reading; start its reader first\n", flag, path,
+                       part);
+        return 2;
+    }
+    if (fd < 0) {
+        kvm_cli_refuse(cmd, "--%s %s: %s: %s\n", flag, path, part, strerror(errno));
+        return 1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+        close(fd);
+        kvm_cli_refuse(cmd,
+                       "--%s %s: another process is writing it (%s is locked): wait for it to end, or name another "
+                       "file\n",
+                       flag, path, part);
+        return 2;
+    } /* a filesystem without flock: written unlocked, as before */
+    struct stat st;
+    int fl = fcntl(fd, F_GETFL);
+    if ((fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) || fl < 0 ||
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 || !(*out = fdopen(fd, "w"))) {
+        const int e = errno;
+        close(fd);
+        kvm_cli_refuse(cmd, "--%s %s: %s: %s\n", flag, path, part, strerror(e));
+        return 1;
+    }
+    return 0;
+}
+
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s)
 {
     *s = (kvm_cli_staged){.path = path};
@@ -220,7 +260,7 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
         return 1;
     }
     snprintf(s->part, n, "%s.part", file);
-    int rc = kvm_cli_open_out(cmd, flag, s->part, &s->f);
+    int rc = open_part(cmd, flag, path, s->part, &s->f);
     if (rc) free(s->part), s->part = NULL, free(s->target), s->target = NULL;
     return rc;
 }
@@ -229,18 +269,20 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
 {
     if (!s->f) return 0;
     const int empty = s->part && ftell(s->f) == 0; /* opened before the work, which failed before writing */
-    int failed = fclose(s->f) != 0, rc = 0;
+    /* renamed (or removed) before fclose releases PATH.part's lock: another command may take the
+     * name as soon as it is free */
+    int failed = fflush(s->f) != 0 || ferror(s->f), rc = 0;
     const char *why = failed ? strerror(errno) : NULL;
-    s->f = NULL;
     if (ok && !failed && s->part && rename(s->part, s->target ? s->target : s->path) != 0)
         failed = 1, why = strerror(errno);
+    if (ok && failed && s->part) unlink(s->part); /* cut short: no rows worth keeping */
+    if (!ok && empty) unlink(s->part);
+    if (fclose(s->f) != 0 && !failed) failed = 1, why = strerror(errno);
+    s->f = NULL;
     if (ok && failed) {
         kvm_cli_refuse(cmd, "--%s %s: write failed (%s)\n", flag, s->path, why);
-        if (s->part) unlink(s->part); /* cut short: no rows worth keeping */
         rc = 1;
-    } else if (!ok && empty) {
-        unlink(s->part);
-    } else if (!ok && s->part) {
+    } else if (!ok && s->part && !empty) {
         kvm_cli_refuse(cmd,
                        "--%s %s was not written (the command failed); the rows written before the failure are "
                        "in %s\n",
@@ -250,6 +292,17 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
     free(s->target);
     s->part = s->target = NULL;
     return rc;
+}
+
+void kvm_cli_staged_abort(kvm_cli_staged *s)
+{
+    if (!s->f) return;
+    if (s->part) unlink(s->part); /* before fclose releases its lock */
+    fclose(s->f);                 /* the failure is the caller's to say */
+    s->f = NULL;
+    free(s->part);
+    free(s->target);
+    s->part = s->target = NULL;
 }
 
 int kvm_cli_list_check(const char *cmd, const char *flag, const char *s, int max)

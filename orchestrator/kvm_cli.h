@@ -83,8 +83,11 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
  * reader, a folder that takes no new file) is refused before it: rows go to PATH.part, renamed
  * over PATH when the command succeeds, so a command that fails after some rows (a later document
  * that cannot be used, a kill) leaves no PATH that looks finished, and an existing PATH as it
- * was. A PATH that exists and is not a regular file (a FIFO, /dev/stdout) is written in place;
- * one that is a symbolic link to a file has that file replaced. */
+ * was. PATH.part is written under an exclusive lock (flock), taken before it is emptied and held
+ * until it is renamed: a second command given the same PATH meanwhile is refused (exit 2), where
+ * both wrote one PATH.part and one exited 0 with the other's rows. A PATH that exists and is not
+ * a regular file (a FIFO, /dev/stdout) is written in place; one that is a symbolic link to a file
+ * has that file replaced. */
 typedef struct kvm_cli_staged {
     FILE *f;          /* the stream to write */
     const char *path; /* the file the user named (not owned) */
@@ -93,8 +96,9 @@ typedef struct kvm_cli_staged {
                          file is replaced (TARGET.part beside it), the link kept */
 } kvm_cli_staged;
 
-/* Opens s for --FLAG PATH (kvm_cli_open_out on PATH.part, or on PATH in place). Returns 0, or
- * kvm_cli_open_out's 2 or 1 after printing the refusal (s->f NULL). */
+/* Opens s for --FLAG PATH (PATH.part, locked, or PATH in place by kvm_cli_open_out). Returns 0,
+ * or after printing the refusal (s->f NULL) 2 (a FIFO without a reader; PATH.part locked by
+ * another process) or 1 (the open failed otherwise). */
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s);
 
 /* Closes s (nothing to do when s->f is NULL). ok = 1 (the command succeeded): PATH.part is
@@ -103,6 +107,12 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
  * nothing was written to it, else it keeps the rows written (named on stderr, with the fact that
  * PATH was not written); returns 0. Frees s->part. */
 int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok);
+
+/* Closes s after a failure and removes PATH.part whatever it holds, for an output that is worth
+ * nothing cut short (make-model's checkpoint; eval's rows are kept by kvm_cli_staged_close).
+ * PATH is not touched; a PATH written in place (a FIFO, a device) keeps what reached it. Frees
+ * s->part. Nothing to do when s->f is NULL. */
+void kvm_cli_staged_abort(kvm_cli_staged *s);
 
 /* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
  * quote or a line break (a document named a,b.txt split its row), else as it is. */

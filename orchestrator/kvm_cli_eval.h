@@ -21,8 +21,9 @@ typedef struct cmd_eval_docset {
 
 /* Expands --docs: a folder (its *.txt files, sorted by name), a file, or a comma-separated
  * list of either. Prints "kvmill CMD: ..." and returns 2 on a bad value (missing path, no
- * documents, one file twice: same device and inode, e.g. a folder and one of its files), 1 when
- * out of memory; 0 on success. */
+ * documents, one file twice: same device and inode, e.g. a folder and one of its files; a path
+ * that is not a regular file or folder, such as a FIFO: eval and calibrate read each document
+ * more than once, and a pipe's second read is empty), 1 when out of memory; 0 on success. */
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);
 void cmd_eval_docs_free(cmd_eval_docset *d);
 
@@ -58,6 +59,18 @@ int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *f
  * when it cannot be read or encoded, else 0. */
 int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *frame, const char *path,
                          int64_t n_want, int32_t **ids, int64_t *n);
+
+/* Keeps each distinct document of ds once: a document whose ids, as the command reads them
+ * (cmd_eval_docs_encode under `frame`, its first n_want; 0: all), equal an earlier one's (the
+ * same content under two names: a copy, two identical files in a folder) counted twice in the
+ * command's means, unsaid. Hashes them as the store hashes documents (kvm_store_doc_hash) and
+ * drops each repeat from ds (freeing its path and name), keeping the first in order; one line
+ * per repeat on stderr (kvm_docdedup_find): "kvmill CMD: note: PATH has the same content as
+ * FIRST; ACTION". ds keeps at least one document when it had one. Returns 0,
+ * cmd_eval_docs_encode's status (2: a document that does not open; 1: a read error) after it
+ * said why, or 1 after "kvmill CMD: out of memory"; ds is unchanged on failure. */
+int cmd_eval_docs_dedup(const char *cmd, const kvm_tokenizer *tok, const char *frame, cmd_eval_docset *ds,
+                        int64_t n_want, const char *action);
 
 /* Parses --context / --continuation (defaults 384 / 64) against the model's window later;
  * here only the syntax and ranges [1, 1<<20]. Returns 0 or 2 after printing. */

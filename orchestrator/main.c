@@ -2,6 +2,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,6 +34,20 @@ static void usage(FILE *f)
         fprintf(f, "  %-12s %s\n", kvm_commands[i].name, kvm_commands[i].summary);
 }
 
+/* A command's stdout that could not be written (a full disk, a closed descriptor: `kvmill eval ...
+ * > results.txt` on a full device) lost its output, tables and summaries, under exit 0. Flushes
+ * stdout and says so on stderr, naming the command; returns rc, or 1 in place of 0 when the
+ * output is incomplete. */
+static int finish_stdout(const char *cmd, int rc)
+{
+    errno = 0;
+    const int flush_failed = fflush(stdout) != 0, e = errno;
+    if (!flush_failed && !ferror(stdout)) return rc;
+    fprintf(stderr, "kvmill%s%s: writing to stdout failed%s%s: the output is incomplete\n", cmd ? " " : "",
+            cmd ? cmd : "", flush_failed && e ? ": " : "", flush_failed && e ? strerror(e) : "");
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -41,10 +56,11 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
-        return 0;
+        return finish_stdout(NULL, 0);
     }
     for (size_t i = 0; i < sizeof kvm_commands / sizeof kvm_commands[0]; i++)
-        if (strcmp(argv[1], kvm_commands[i].name) == 0) return kvm_commands[i].fn(argc - 1, argv + 1);
+        if (strcmp(argv[1], kvm_commands[i].name) == 0)
+            return finish_stdout(kvm_commands[i].name, kvm_commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "kvmill: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

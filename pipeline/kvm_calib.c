@@ -1,7 +1,6 @@
 /* kvm_calib.c: PolyKV signals <-> proto `stats` messages, and their average over documents. */
 #include "pipeline/kvm_calib.h"
 #include "common/kvm_error.h"
-#include "pipeline/kvm_idxset.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -131,42 +130,4 @@ void kvm_calib_finish(kvm_polykv_signals *acc)
                 if (acc->ppl_delta[(ph * L + l) * P + r] > w) w = acc->ppl_delta[(ph * L + l) * P + r];
             acc->worst_ppl[ph * L + l] = w;
         }
-}
-
-/* A document hash looked up among the first of each set of equal ones. */
-typedef struct dedup_probe {
-    const kvm_store_id *hash; /* [n] every document's */
-    const kvm_store_id *want; /* the one looked for */
-} dedup_probe;
-
-static int dedup_same(void *user, int64_t idx)
-{
-    const dedup_probe *p = user;
-    return !memcmp(p->hash[idx].b, p->want->b, sizeof p->want->b);
-}
-
-int64_t kvm_calib_dedup(const char *cmd, const kvm_store_id *hash, const char *const *names, int64_t n, FILE *notes,
-                        int64_t *dup_of)
-{
-    kvm_idxset firsts = {0};
-    int64_t distinct = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint64_t key;
-        memcpy(&key, hash[i].b, sizeof key); /* BLAKE2b bytes: any 8 are uniform */
-        dedup_probe p = {hash, &hash[i]};
-        dup_of[i] = kvm_idxset_find(&firsts, key, dedup_same, &p);
-        if (dup_of[i] >= 0) {
-            if (notes)
-                fprintf(notes, "kvmill %s: note: %s has the same content as %s; calibrating on it once\n", cmd,
-                        names[i], names[dup_of[i]]);
-            continue;
-        }
-        if (kvm_idxset_add(&firsts, key, i)) {
-            kvm_idxset_free(&firsts);
-            return KVM_ENOMEM;
-        }
-        distinct++;
-    }
-    kvm_idxset_free(&firsts);
-    return distinct;
 }

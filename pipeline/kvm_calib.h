@@ -8,9 +8,6 @@
 
 #include "compress/polykv/kvm_polykv.h"
 #include "proto/kvm_proto.h"
-#include "store/kvm_store.h"
-
-#include <stdio.h>
 
 /* Encodes signals s measured on n_tokens context tokens as a `stats` message for job_id.
  * Layout: cos_sim / ppl_delta [L][2][P], entropy [L][2] (the layer's entropy in both
@@ -27,19 +24,5 @@ int kvm_calib_accumulate(kvm_polykv_signals *acc, const kvm_msg *msg);
 
 /* Turns the sums in acc into means over acc->n_docs and recomputes worst_ppl. */
 void kvm_calib_finish(kvm_polykv_signals *acc);
-
-/* Finds the calibration documents that repeat an earlier one: the same document under two
- * names (a copy, or two identical files in a folder) was measured twice, its signals weighted
- * double in the means (kvm_calib_finish) and in the candidates' scores, unsaid. Two documents
- * are the same when the token ids calibration reads from them are (context + continuation, or
- * all of them with several windows): hash[i] is kvm_store_doc_hash of document i's ids (the
- * store's document key, over those ids). names: [n] how the note calls each (a path).
- * Writes one line per repeat to `notes` (NULL: none): "kvmill CMD: note: NAME has the same
- * content as FIRST; calibrating on it once". dup_of: [n] out: the index j < i of the first
- * document with document i's ids, or -1 when i is the first; the caller drops those with
- * dup_of[i] >= 0. Returns the number of distinct documents (at least 1 when n >= 1), or
- * KVM_ENOMEM (negative). Not thread-safe only as `notes` is. */
-int64_t kvm_calib_dedup(const char *cmd, const kvm_store_id *hash, const char *const *names, int64_t n, FILE *notes,
-                        int64_t *dup_of);
 
 #endif

@@ -56,6 +56,10 @@ int kvm_curve_keygen(const char *prefix)
 
 int kvm_curve_read_key(const char *path, char key[41])
 {
+    struct stat st; /* fopen of a FIFO waited for a writer for ever (ask, a stage; the ZAP thread
+                     * reading authorized_keys/x.public stalled every client's handshake) */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+        return kvm_err(KVM_EFORMAT, "key file %s: not a regular file (a FIFO, socket or device)", path);
     FILE *f = fopen(path, "r");
     if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "key file %s: %s", path, strerror(errno));
     char buf[128] = {0};

@@ -11,7 +11,8 @@
 int kvm_curve_keygen(const char *prefix);
 
 /* Reads a 40-character Z85 key from a file into key[41]. Errors: KVM_ENOTFOUND, KVM_EIO,
- * KVM_EFORMAT (not a Z85 key; names the file). */
+ * KVM_EFORMAT (not a Z85 key, or not a regular file: a FIFO is refused, not waited on; names
+ * the file). */
 int kvm_curve_read_key(const char *path, char key[41]);
 
 /* Checks that public_file holds the public key of the secret key in secret_file (a swapped or

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -449,6 +450,31 @@ START_TEST(test_ask_prompt_file)
              front, doc, pf);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "not both"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* a FIFO with no writer as --prompt-file or --doc: fopen waited for a writer for ever; it reads
+     * as empty now, refused as such (a FIFO with a writer, a shell's <(...), is read) */
+    char fifo[4300];
+    snprintf(fifo, sizeof fifo, "%s/f.fifo", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    const char *fifo_cases[][2] = {{"--doc '%s' --prompt-file '%s'", "--prompt-file %s: is empty"},
+                                   {"--doc '%s' --prompt x%s", "--doc %s is empty"}};
+    for (int i = 0; i < 2; i++) {
+        char args[9000], want[4400];
+        snprintf(args, sizeof args, fifo_cases[i][0], i ? fifo : doc, i ? "" : fifo);
+        snprintf(want, sizeof want, fifo_cases[i][1], fifo);
+        snprintf(cmd, sizeof cmd, "timeout 20 '%s/kvmill' ask --connect '%s' %s", kvm_test_bin(), front, args);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, want), "%s: exit %d (124: waited for a writer): %s", args, rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(cmd, sizeof cmd,
+             "bash -c \"timeout 20 '%s/kvmill' ask --connect '%s' --doc '%s' --prompt-file <(printf x) "
+             "--timeout 0.2\"",
+             kvm_test_bin(), front, doc);
+    ck_assert_int_ne(kvm_test_run(cmd, &out, &err), 124); /* read; then no server answers (exit 1) */
+    ck_assert_msg(!strstr(err, "--prompt-file"), "stderr: %s", err);
     free(out);
     free(err);
     /* a prompt that is not UTF-8 was refused as "encode ask: field 'prompt': invalid UTF-8 or NUL

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -838,6 +840,49 @@ START_TEST(test_cli_csv_failed)
 }
 END_TEST
 
+/* Two evals given one --csv shared CSV.part: each emptied and wrote the other's file, and the
+ * first to finish renamed it into place, exit 0, holding the other run's rows (the other then
+ * failed, or also exited 0). CSV.part is now written under an exclusive lock: while another
+ * process holds it (here this test) eval is refused, exit 2, and neither CSV nor CSV.part is
+ * touched; once it is free the run writes CSV as before. */
+START_TEST(test_cli_csv_locked)
+{
+    char *dir = kvm_test_tmpdir(), csv[512], part[600], args[2048], *out = NULL, *err = NULL;
+    snprintf(csv, sizeof csv, "%s/r.csv", dir);
+    snprintf(part, sizeof part, "%s.part", csv);
+    ck_assert_int_eq(kvm_test_write_file(csv, "keep\n", 5), 0);
+    ck_assert_int_eq(kvm_test_write_file(part, "other run\n", 10), 0);
+    int fd = open(part, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0); /* another writer at work */
+    snprintf(args, sizeof args, "%s/corpus/doc_000.txt --csv %s", kvm_test_data(), csv);
+    int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 16 --threads 1", args, NULL), &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "r.csv: another process is writing it (") &&
+                      strstr(err, "r.csv.part is locked"),
+                  "exit %d: %s", st, err);
+    free(out);
+    free(err);
+    char *text = kvm_test_read_file(csv, NULL);
+    ck_assert_msg(text && !strcmp(text, "keep\n"), "--csv was rewritten: %s", text);
+    free(text);
+    text = kvm_test_read_file(part, NULL);
+    ck_assert_msg(text && !strcmp(text, "other run\n"), "the other writer's .part was touched: %s", text);
+    free(text);
+    close(fd); /* the other writer is done: the name is free */
+    ck_assert_int_eq(unlink(part), 0);
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 16 --threads 1", args, NULL), &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    free(out);
+    free(err);
+    text = kvm_test_read_file(csv, NULL);
+    ck_assert_msg(text && !strncmp(text, KVM_EVAL_CSV_HEADER "\n", strlen(KVM_EVAL_CSV_HEADER) + 1), "%s", text);
+    free(text);
+    ck_assert_int_ne(access(part, F_OK), 0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* Options a sculpt-family method never reads were accepted silently: kvzip:iterations=10 (kvzip
  * runs no L-BFGS), am's bias (always fitted), joint-fixed's kcap (its keys never move). They are
  * still accepted (strategy files and configs share one option set) with one stderr note per
@@ -876,6 +921,136 @@ START_TEST(test_cli_unused_options)
     int st = kvm_test_run(cmd, &out, &err);
     ck_assert_msg(st == 0 && strstr(err, "note: --method kvzip does not read rounds, iterations; ignored"),
                   "exit %d: %s", st, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Writes dst = the bytes of src, then those of `more` (NULL: none). */
+static void copy_doc(const char *src, const char *more, const char *dst)
+{
+    size_t n = 0, m = 0;
+    char *a = kvm_test_read_file(src, &n), *b = more ? kvm_test_read_file(more, &m) : NULL;
+    ck_assert_ptr_nonnull(a);
+    char *all = malloc(n + m + 1);
+    memcpy(all, a, n);
+    if (b) memcpy(all + n, b, m);
+    ck_assert_int_eq(kvm_test_write_file(dst, all, n + m), 0);
+    free(all);
+    free(a);
+    free(b);
+}
+
+/* Occurrences of `what` in s. */
+static int count_of(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p++)
+        n++;
+    return n;
+}
+
+/* An eval CSV's rows without the timings (seconds and what follows): doc, method, budget, ratio,
+ * KL, top-1 and perplexities, which two runs over the same documents give alike. Caller frees. */
+static char *csv_scores(const char *path)
+{
+    char *text = kvm_test_read_file(path, NULL);
+    ck_assert_msg(text != NULL, "%s: not written", path);
+    char *out = malloc(strlen(text) + 1), *w = out;
+    for (const char *line = text; *line;) {
+        const char *end = strchr(line, '\n');
+        if (!end) end = line + strlen(line);
+        int commas = 0;
+        for (const char *p = line; p < end && commas < 10; p++) {
+            commas += *p == ',';
+            if (commas < 10) *w++ = *p;
+        }
+        *w++ = '\n';
+        line = *end ? end + 1 : end;
+    }
+    *w = '\0';
+    free(text);
+    return out;
+}
+
+/* The same document under two names (a copy in the folder, a list naming a copy) was evaluated
+ * twice and counted twice in the means, unsaid. Each distinct content is now evaluated once, with
+ * one note per repeat naming both files, in each mode: the KL table's rows and means are those of
+ * the distinct documents alone; --target-kl's summary counts them; --task's cases cycle over
+ * them. What counts is what the mode reads: a document repeating another's first N + T tokens is
+ * a repeat for KL, not for --task, whose cases are made from the whole text. */
+START_TEST(test_cli_repeated_docs)
+{
+    char *dir = kvm_test_tmpdir(), docs[600], a[700], b[700], c[700], d[700], csv[700], csv0[700], args[4000];
+    char *out = NULL, *err = NULL;
+    snprintf(docs, sizeof docs, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(docs, 0755), 0);
+    snprintf(a, sizeof a, "%s/a.txt", docs);
+    snprintf(b, sizeof b, "%s/b.txt", docs);
+    snprintf(c, sizeof c, "%s/c.txt", docs);
+    snprintf(d, sizeof d, "%s/d.txt", dir);
+    snprintf(csv, sizeof csv, "%s/x.csv", dir);
+    snprintf(csv0, sizeof csv0, "%s/ac.csv", dir);
+    copy_doc(kvm_test_data_path("corpus/doc_000.txt"), NULL, a);
+    copy_doc(a, NULL, b);
+    copy_doc(kvm_test_data_path("corpus/doc_001.txt"), NULL, c);
+    copy_doc(a, kvm_test_data_path("corpus/doc_002.txt"), d); /* a's text, then more */
+    char note[2048];
+    snprintf(note, sizeof note, "kvmill eval: note: %s has the same content as %s; evaluating it once\n", b, a);
+    snprintf(args, sizeof args, "%s,%s --csv %s", a, c, csv0);
+    int st = kvm_test_run(cmdbuf(EVAL "--docs %s --method full,h2o --budget 16 --threads 1", args, NULL), &out, &err);
+    ck_assert_msg(st == 0 && !strstr(err, "note:"), "exit %d: %s", st, err); /* the distinct documents alone */
+    free(out);
+    free(err);
+    char *want = csv_scores(csv0), list[2200];
+    snprintf(list, sizeof list, "%s,%s,%s", a, b, c);
+    const char *specs[] = {docs, list}; /* a folder holding a copy; a list naming one */
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s --csv %s", specs[i], csv);
+        st = kvm_test_run(cmdbuf(EVAL "--docs %s --method full,h2o --budget 16 --threads 1", args, NULL), &out, &err);
+        ck_assert_msg(st == 0, "--docs %s: exit %d: %s", specs[i], st, err);
+        ck_assert_msg(strstr(err, note) && count_of(err, "note:") == 1, "--docs %s: stderr lacks one '%s': %s",
+                      specs[i], note, err);
+        ck_assert_msg(strstr(out, "== mean over 2 documents") && !strstr(out, "== b "), "--docs %s: %s", specs[i], out);
+        char *got = csv_scores(csv);
+        ck_assert_msg(!strcmp(got, want), "--docs %s: rows\n%s\ndiffer from a and c's\n%s", specs[i], got, want);
+        free(got);
+        free(out);
+        free(err);
+    }
+    free(want);
+    /* --target-kl: the summary is over the distinct documents */
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --target-kl 0.05 --target-step 8 --threads 1", docs, NULL),
+                      &out, &err);
+    ck_assert_msg(st == 0 && strstr(err, note) && count_of(err, "note:") == 1, "--target-kl: exit %d: %s", st, err);
+    ck_assert_msg(strstr(out, "== over 2 documents") && !strstr(out, "== b:"), "--target-kl: %s", out);
+    free(out);
+    free(err);
+    /* --task: case 9 is made from the second distinct document (c), not from a's copy */
+    const char *task = "%s/kvmill eval --model %s/models/stories260K.bin --context 128 --docs %s --task passkey "
+                       "--cases 10 --method h2o --budget 16 --threads 1";
+    char full[8192];
+    snprintf(full, sizeof full, task, kvm_test_bin(), kvm_test_data(), list);
+    st = kvm_test_run(full, &out, &err);
+    ck_assert_msg(st == 0 && strstr(err, note) && count_of(err, "note:") == 1, "--task: exit %d: %s", st, err);
+    ck_assert_msg(strstr(out, "case    9 c ") && !strstr(out, " b "), "--task: %s", out);
+    free(out);
+    free(err);
+    /* d repeats a's first N + T tokens: one document for KL, two for --task */
+    char ad[1500], dnote[2048];
+    snprintf(ad, sizeof ad, "%s,%s", a, d);
+    snprintf(dnote, sizeof dnote, "kvmill eval: note: %s has the same content as %s; evaluating it once\n", d, a);
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 16 --threads 1", ad, NULL), &out, &err);
+    ck_assert_msg(st == 0 && strstr(err, dnote) && strstr(out, "== mean over 1 document\n"), "KL: exit %d: %s%s", st,
+                  err, out);
+    free(out);
+    free(err);
+    snprintf(full, sizeof full, task, kvm_test_bin(), kvm_test_data(), ad);
+    st = kvm_test_run(full, &out, &err);
+    ck_assert_msg(st == 0 && !strstr(err, "note:") && strstr(out, "case    9 d "), "--task: exit %d: %s%s", st, err,
+                  out);
     free(out);
     free(err);
     kvm_test_rmtree(dir);
@@ -1059,7 +1234,9 @@ static Suite *eval_suite(void)
                  {"cli_task", test_cli_task, 0},
                  {"cli_csv", test_cli_csv, 0},
                  {"cli_csv_failed", test_cli_csv_failed, 0},
-                 {"cli_unused_options", test_cli_unused_options, 0}};
+                 {"cli_unused_options", test_cli_unused_options, 0},
+                 {"cli_repeated_docs", test_cli_repeated_docs, 0},
+                 {"cli_csv_locked", test_cli_csv_locked, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);

@@ -203,6 +203,32 @@ START_TEST(test_key_file_directory)
 }
 END_TEST
 
+/* A key setting naming a FIFO (--server-key, [security] keys, a *.public in authorized_keys):
+ * fopen waited for a writer for ever: ask and the stages hung before connecting, and the ZAP
+ * thread reading authorized_keys stalled every client's handshake. Refused now, naming the file;
+ * an authorized_keys folder holding one just does not match through it. */
+START_TEST(test_key_file_fifo)
+{
+    char *dir = kvm_test_tmpdir(), fifo[4400], pub[4400], auth[4400], key[41], cmd[9000], *out = NULL, *err = NULL;
+    snprintf(fifo, sizeof fifo, "%s/x.public", dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    alarm(20); /* the old code blocked in fopen: fail in seconds, not at the case's timeout */
+    ck_assert_int_eq(kvm_curve_read_key(fifo, key), KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "x.public: not a regular file (a FIFO"), "%s", kvm_errmsg());
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --out %s/k/c", kvm_test_bin(), dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(pub, sizeof pub, "%s/k/c.public", dir);
+    ck_assert_int_eq(kvm_curve_check_authorized(pub, dir), KVM_EMISMATCH); /* dir: only the FIFO */
+    snprintf(auth, sizeof auth, "%s/k", dir);
+    ck_assert_msg(kvm_curve_check_authorized(pub, auth) == 0, "%s", kvm_errmsg());
+    alarm(0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_keygen_force_secret_private)
 {
     char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL, sec[4400], pub[4400];
@@ -635,6 +661,7 @@ static Suite *suite(void)
         {"keygen_makes_folder", test_keygen_makes_folder},
         {"keygen_force_secret_private", test_keygen_force_secret_private},
         {"key_file_directory", test_key_file_directory},
+        {"key_file_fifo", test_key_file_fifo},
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
         {"ask_bad_endpoint", test_ask_bad_endpoint},

@@ -562,6 +562,20 @@ START_TEST(test_bad_config_and_missing_binary)
     char *after = kvm_test_read_file(cfg_path, &after_n);
     ck_assert(after && before_n == after_n && !memcmp(before, after, before_n));
     free(before); free(after);
+    /* a FIFO (or a device: as root `--metrics /dev/null` replaced /dev/null) was replaced by the
+     * run's regular file, exit 0: refused now, and left a FIFO */
+    char fifo[4300];
+    snprintf(fifo, sizeof fifo, "%s/m.fifo", tmp);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' run --config '%s' --corpus '%s' --metrics '%s'", kvm_test_bin(),
+             cfg_path, docs, fifo);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "m.fifo is not a regular file (a FIFO, socket or device)"), "exit %d: %s", rc,
+                  err);
+    free(out);
+    free(err);
+    struct stat fs;
+    ck_assert_msg(lstat(fifo, &fs) == 0 && S_ISFIFO(fs.st_mode), "--metrics replaced the FIFO %s", fifo);
 }
 END_TEST
 

@@ -284,7 +284,9 @@ int kvm_strategy_write_stream(const kvm_strategy *s, FILE *f, const char *name)
     size_t n;
     int rc = kvm_strategy_encode(s, &b, &n);
     if (rc) return rc;
-    if (fwrite(b, 1, n, f) != n || fflush(f)) rc = kvm_err(KVM_EIO, "%s: write failed", name);
+    errno = 0; /* the reason said: "write failed" alone did not tell a full disk from a cut link */
+    if (fwrite(b, 1, n, f) != n || fflush(f))
+        rc = kvm_err(KVM_EIO, "%s: write failed: %s", name, errno ? strerror(errno) : "stream error");
     free(b);
     return rc;
 }
@@ -297,8 +299,10 @@ int kvm_strategy_write(const kvm_strategy *s, const char *path)
     if (rc) return rc;
     FILE *f;
     if (!(rc = kvm_file_open_output(path, "wb", "strategy", &f))) {
-        if (fwrite(b, 1, n, f) != n) rc = kvm_err(KVM_EIO, "%s: write failed", path);
-        if (fclose(f) && !rc) rc = kvm_err(KVM_EIO, "%s: close failed", path);
+        errno = 0;
+        if (fwrite(b, 1, n, f) != n)
+            rc = kvm_err(KVM_EIO, "%s: write failed: %s", path, errno ? strerror(errno) : "stream error");
+        if (fclose(f) && !rc) rc = kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(errno));
     }
     free(b);
     return rc;

@@ -15,12 +15,21 @@
 
 #include "model/kvm_kvcache.h"
 
+#include <stdio.h>
+
 #define KVM_SCULPT_FILE_VERSION 1u
 
 /* Writes cache c to path (created or truncated; kvm_file_open_output). Returns 0, KVM_EINVAL (c
  * breaks the entry order, a position is negative other than KVM_POS_NONE; or path is a FIFO no
  * process is reading, refused rather than waited for), KVM_EIO (message names the path). */
 int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c);
+
+/* The same file written to an open stream f (borrowed, not closed; flushed at the end), so the
+ * caller decides where the bytes go and what a failure leaves (kvmill sculpt --out writes
+ * OUT.part and renames it). path: how messages name the output. Returns 0, KVM_EINVAL (c breaks
+ * the entry order; nothing written), KVM_ENOMEM, KVM_ENOTSUP (an f16 cache, big-endian host),
+ * KVM_EIO ("PATH: write failed: REASON"; f then holds part of the file). */
+int kvm_sculpt_cache_fwrite(FILE *f, const char *path, const kvm_kvcache *c);
 
 /* Reads and validates a file written by kvm_sculpt_cache_write: magic, version, shapes (each in
  * [1, 65536]), exact file size, entry kinds, order and positions, finite floats, checksum. On

@@ -52,7 +52,7 @@ static void put(buf *b, const void *src, size_t n)
 static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }
 static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
 
-int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c)
+int kvm_sculpt_cache_fwrite(FILE *f, const char *path, const kvm_kvcache *c)
 {
     if (!host_is_le()) return kvm_err(KVM_ENOTSUP, "%s: big-endian hosts are not supported", path);
     if (kvm_kvcache_need_f32(c, "the sculpt cache file writer")) return kvm_err(KVM_ENOTSUP, "%s: %s", path, kvm_errmsg());
@@ -96,17 +96,22 @@ int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c)
         free(b.p);
         return kvm_err(KVM_ENOMEM, "%s: out of memory", path);
     }
-    FILE *f;
-    int orc = kvm_file_open_output(path, "wb", "cache file", &f); /* a FIFO with no reader: refused, not waited for */
-    if (orc) {
-        free(b.p);
-        return orc;
-    }
-    int ok = fwrite(b.p, 1, b.n, f) == b.n;
-    if (fclose(f)) ok = 0;
+    errno = 0;
+    const int ok = fwrite(b.p, 1, b.n, f) == b.n && fflush(f) == 0;
+    const int e = errno;
     free(b.p);
-    if (!ok) return kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(errno));
+    if (!ok) return kvm_err(KVM_EIO, "%s: write failed: %s", path, e ? strerror(e) : "stream error");
     return 0;
+}
+
+int kvm_sculpt_cache_write(const char *path, const kvm_kvcache *c)
+{
+    FILE *f;
+    int rc = kvm_file_open_output(path, "wb", "cache file", &f); /* a FIFO with no reader: refused, not waited for */
+    if (rc) return rc;
+    rc = kvm_sculpt_cache_fwrite(f, path, c);
+    if (fclose(f) != 0 && !rc) rc = kvm_err(KVM_EIO, "%s: write failed: %s", path, strerror(errno));
+    return rc;
 }
 
 static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
