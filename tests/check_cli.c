@@ -580,15 +580,6 @@ START_TEST(test_polykv_wrong_model)
 }
 END_TEST
 
-/* The number of times needle occurs in hay. */
-static int count_of(const char *hay, const char *needle)
-{
-    int n = 0;
-    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
-        n++;
-    return n;
-}
-
 /* Issue 15: a strategy file of another model with the same layer count was used silently (its
  * per-layer patterns and budgets are the other model's). calibrate records the model's id
  * (KVST v3); eval refuses the file on another model, exit 2, naming the file, the recorded and
@@ -659,7 +650,8 @@ START_TEST(test_polykv_other_model_same_layers)
                  "polykv: %s/%s is a version-%d strategy: it does not record the model it was "
                  "calibrated on, so it cannot be checked against %s",
                  tmp, name, v, path);
-        ck_assert_msg(rc == 0 && count_of(err, note) == 1 && strstr(out, "kl_mean"), "v%d: exit %d: %s", v, rc, err);
+        ck_assert_msg(rc == 0 && kvm_test_count(err, note) == 1 && strstr(out, "kl_mean"), "v%d: exit %d: %s", v, rc,
+                      err);
         free(out);
         free(err);
     }

@@ -928,30 +928,6 @@ START_TEST(test_cli_unused_options)
 }
 END_TEST
 
-/* Writes dst = the bytes of src, then those of `more` (NULL: none). */
-static void copy_doc(const char *src, const char *more, const char *dst)
-{
-    size_t n = 0, m = 0;
-    char *a = kvm_test_read_file(src, &n), *b = more ? kvm_test_read_file(more, &m) : NULL;
-    ck_assert_ptr_nonnull(a);
-    char *all = malloc(n + m + 1);
-    memcpy(all, a, n);
-    if (b) memcpy(all + n, b, m);
-    ck_assert_int_eq(kvm_test_write_file(dst, all, n + m), 0);
-    free(all);
-    free(a);
-    free(b);
-}
-
-/* Occurrences of `what` in s. */
-static int count_of(const char *s, const char *what)
-{
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, what)); p++)
-        n++;
-    return n;
-}
-
 /* An eval CSV's rows without the timings (seconds and what follows): doc, method, budget, ratio,
  * KL, top-1 and perplexities, which two runs over the same documents give alike. Caller frees. */
 static char *csv_scores(const char *path)
@@ -993,10 +969,10 @@ START_TEST(test_cli_repeated_docs)
     snprintf(d, sizeof d, "%s/d.txt", dir);
     snprintf(csv, sizeof csv, "%s/x.csv", dir);
     snprintf(csv0, sizeof csv0, "%s/ac.csv", dir);
-    copy_doc(kvm_test_data_path("corpus/doc_000.txt"), NULL, a);
-    copy_doc(a, NULL, b);
-    copy_doc(kvm_test_data_path("corpus/doc_001.txt"), NULL, c);
-    copy_doc(a, kvm_test_data_path("corpus/doc_002.txt"), d); /* a's text, then more */
+    kvm_test_concat_file(kvm_test_data_path("corpus/doc_000.txt"), NULL, a);
+    kvm_test_concat_file(a, NULL, b);
+    kvm_test_concat_file(kvm_test_data_path("corpus/doc_001.txt"), NULL, c);
+    kvm_test_concat_file(a, kvm_test_data_path("corpus/doc_002.txt"), d); /* a's text, then more */
     char note[2048];
     snprintf(note, sizeof note, "kvmill eval: note: %s has the same content as %s; evaluating it once\n", b, a);
     snprintf(args, sizeof args, "%s,%s --csv %s", a, c, csv0);
@@ -1011,7 +987,7 @@ START_TEST(test_cli_repeated_docs)
         snprintf(args, sizeof args, "%s --csv %s", specs[i], csv);
         st = kvm_test_run(cmdbuf(EVAL "--docs %s --method full,h2o --budget 16 --threads 1", args, NULL), &out, &err);
         ck_assert_msg(st == 0, "--docs %s: exit %d: %s", specs[i], st, err);
-        ck_assert_msg(strstr(err, note) && count_of(err, "note:") == 1, "--docs %s: stderr lacks one '%s': %s",
+        ck_assert_msg(strstr(err, note) && kvm_test_count(err, "note:") == 1, "--docs %s: stderr lacks one '%s': %s",
                       specs[i], note, err);
         ck_assert_msg(strstr(out, "== mean over 2 documents") && !strstr(out, "== b "), "--docs %s: %s", specs[i], out);
         char *got = csv_scores(csv);
@@ -1024,7 +1000,8 @@ START_TEST(test_cli_repeated_docs)
     /* --target-kl: the summary is over the distinct documents */
     st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --target-kl 0.05 --target-step 8 --threads 1", docs, NULL),
                       &out, &err);
-    ck_assert_msg(st == 0 && strstr(err, note) && count_of(err, "note:") == 1, "--target-kl: exit %d: %s", st, err);
+    ck_assert_msg(st == 0 && strstr(err, note) && kvm_test_count(err, "note:") == 1, "--target-kl: exit %d: %s", st,
+                  err);
     ck_assert_msg(strstr(out, "== over 2 documents") && !strstr(out, "== b:"), "--target-kl: %s", out);
     free(out);
     free(err);
@@ -1034,7 +1011,7 @@ START_TEST(test_cli_repeated_docs)
     char full[8192];
     snprintf(full, sizeof full, task, kvm_test_bin(), kvm_test_data(), list);
     st = kvm_test_run(full, &out, &err);
-    ck_assert_msg(st == 0 && strstr(err, note) && count_of(err, "note:") == 1, "--task: exit %d: %s", st, err);
+    ck_assert_msg(st == 0 && strstr(err, note) && kvm_test_count(err, "note:") == 1, "--task: exit %d: %s", st, err);
     ck_assert_msg(strstr(out, "case    9 c ") && !strstr(out, " b "), "--task: %s", out);
     free(out);
     free(err);

@@ -1070,30 +1070,6 @@ START_TEST(test_cli_sculpt_opts_note)
 }
 END_TEST
 
-/* Writes dst = the bytes of src, then those of `more` (NULL: none). */
-static void copy_doc(const char *src, const char *more, const char *dst)
-{
-    size_t n = 0, m = 0;
-    char *a = kvm_test_read_file(src, &n), *b = more ? kvm_test_read_file(more, &m) : NULL;
-    ck_assert_ptr_nonnull(a);
-    char *all = malloc(n + m + 1);
-    memcpy(all, a, n);
-    if (b) memcpy(all + n, b, m);
-    ck_assert_int_eq(kvm_test_write_file(dst, all, n + m), 0);
-    free(all);
-    free(a);
-    free(b);
-}
-
-/* Occurrences of `what` in s. */
-static int count_of(const char *s, const char *what)
-{
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, what)); p++)
-        n++;
-    return n;
-}
-
 /* The same document under two names (a copy, two identical files in a folder) was calibrated
  * on twice, its signals and scores weighted double, unsaid. Each distinct content is now used
  * once, with one note per repeat naming both files: the signals and the strategy are those of
@@ -1109,10 +1085,10 @@ START_TEST(test_cli_repeated_docs)
     snprintf(b, sizeof b, "%s/b.txt", docs);
     snprintf(c, sizeof c, "%s/c.txt", docs);
     snprintf(d, sizeof d, "%s/d.txt", dir);
-    copy_doc(kvm_test_data_path("corpus/doc_000.txt"), NULL, a);
-    copy_doc(a, NULL, b);
-    copy_doc(kvm_test_data_path("corpus/doc_001.txt"), NULL, c);
-    copy_doc(a, kvm_test_data_path("corpus/doc_002.txt"), d); /* a's text, then more */
+    kvm_test_concat_file(kvm_test_data_path("corpus/doc_000.txt"), NULL, a);
+    kvm_test_concat_file(a, NULL, b);
+    kvm_test_concat_file(kvm_test_data_path("corpus/doc_001.txt"), NULL, c);
+    kvm_test_concat_file(a, kvm_test_data_path("corpus/doc_002.txt"), d); /* a's text, then more */
     const char *run = "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s --budget 12 --context 40 "
                       "--continuation 8 --phases prefill --threads 1 %s --out %s/%s.bin --dump-signals %s/%s.csv";
     char note[2048], two[1400];
@@ -1133,7 +1109,7 @@ START_TEST(test_cli_repeated_docs)
         snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), specs[i], "", dir, name, dir, name);
         int rc = kvm_test_run(full, &out, &err);
         ck_assert_msg(rc == 0, "--docs %s: exit %d: %s", specs[i], rc, err);
-        ck_assert_msg(strstr(err, note) && count_of(err, "note:") == 1, "--docs %s: stderr lacks one '%s': %s",
+        ck_assert_msg(strstr(err, note) && kvm_test_count(err, "note:") == 1, "--docs %s: stderr lacks one '%s': %s",
                       specs[i], note, err);
         ck_assert_msg(strstr(out, "candidates on 2 calibration documents"), "--docs %s: %s", specs[i], out);
         snprintf(bin, sizeof bin, "%s/%s.bin", dir, name);
@@ -1173,8 +1149,8 @@ START_TEST(test_cli_repeated_docs)
              kvm_test_bin(), ini, docs);
     int rc = kvm_test_run(full, &out, &err);
     ck_assert_msg(rc == 0, "calibrate --config: exit %d: %s", rc, err);
-    ck_assert_msg(strstr(err, note) && count_of(err, "note:") == 1, "calibrate --config: stderr lacks one '%s': %s",
-                  note, err);
+    ck_assert_msg(strstr(err, note) && kvm_test_count(err, "note:") == 1,
+                  "calibrate --config: stderr lacks one '%s': %s", note, err);
     ck_assert_msg(strstr(out, "calibration: 2 documents, 0 failed"), "calibrate --config: %s", out);
     free(out);
     free(err);

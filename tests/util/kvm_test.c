@@ -281,3 +281,27 @@ char *kvm_test_stderr_of(void (*fn)(void *), void *arg)
     free(dir);
     return text;
 }
+
+void kvm_test_concat_file(const char *src, const char *more, const char *dst)
+{
+    size_t n = 0, m = 0;
+    char *a = kvm_test_read_file(src, &n), *b = more ? kvm_test_read_file(more, &m) : NULL;
+    ck_assert_ptr_nonnull(a);
+    ck_assert(!more || b);
+    char *all = malloc(n + m + 1);
+    ck_assert_ptr_nonnull(all);
+    memcpy(all, a, n);
+    if (b) memcpy(all + n, b, m);
+    ck_assert_int_eq(kvm_test_write_file(dst, all, n + m), 0);
+    free(all);
+    free(a);
+    free(b);
+}
+
+int kvm_test_count(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}

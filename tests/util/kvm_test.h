@@ -72,6 +72,11 @@ char *kvm_test_stderr_of(void (*fn)(void *), void *arg);
 char *kvm_test_read_file(const char *path, size_t *n);
 /* Writes bytes to a file; returns 0 on success. */
 int kvm_test_write_file(const char *path, const void *data, size_t n);
+/* Writes dst = the bytes of src, then those of `more` (NULL: none); fails the current test
+ * when src cannot be read or dst written. */
+void kvm_test_concat_file(const char *src, const char *more, const char *dst);
+/* The number of non-overlapping occurrences of needle (non-empty) in hay. */
+int kvm_test_count(const char *hay, const char *needle);
 
 /* The golden 256-token sequence (the ids of ../shared/golden/seq256.ids.txt: BOS and the
  * first 255 tok512 tokens of the first TinyStories story) into ids[256], computed from the
