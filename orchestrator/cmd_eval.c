@@ -952,7 +952,7 @@ int kvm_cmd_eval(int argc, char **argv)
         cmd_eval_task_job *tj = calloc((size_t)n_jobs + 1, sizeof *tj);
         if (!tj) rc = 1;
         for (int i = 0; tj && i < n_jobs; i++)
-            tj[i] = (cmd_eval_task_job){jobs[i].m, jobs[i].opts, jobs[i].spec};
+            tj[i] = (cmd_eval_task_job){jobs[i].m, jobs[i].opts, jobs[i].spec, jobs[i].budget};
         ta.m = m;
         ta.k = k;
         ta.tok = tok;

@@ -327,8 +327,14 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     if (!rc && done) {
         printf("== accuracy over %d cases, exact match, Wilson 95%% interval\n", done);
         summary("full", right[n_jobs], done, 0, 0, right[n_jobs], 1);
-        for (int j = 0; j < n_jobs; j++)
-            summary(jobs[j].spec, right[j], done, lost[j], gained[j], right[n_jobs], 0);
+        for (int j = 0; j < n_jobs; j++) {
+            char name[600]; /* the method and its budget: one method at several budgets is several rows */
+            if (jobs[j].budget.tokens > 0)
+                snprintf(name, sizeof name, "%s @ %lld", jobs[j].spec, (long long)jobs[j].budget.tokens);
+            else
+                snprintf(name, sizeof name, "%s @ r %g", jobs[j].spec, jobs[j].budget.ratio);
+            summary(name, right[j], done, lost[j], gained[j], right[n_jobs], 0);
+        }
     }
     fprintf(stderr,
             "kvmill " CMD ": task: %d cases; context %lld tokens, %lld of them taken from their document's prefix; "

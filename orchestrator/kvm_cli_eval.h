@@ -81,6 +81,7 @@ typedef struct cmd_eval_task_job {
     const kvm_method *m;
     const void *opts; /* from m->opts_new, borrowed */
     const char *spec; /* as given on the command line */
+    kvm_budget budget; /* as requested (--budget or --ratio): names the column in the summary */
 } cmd_eval_task_job;
 
 /* What `kvmill eval --task` runs (orchestrator/cmd_eval_task.c). */

@@ -1071,7 +1071,7 @@ START_TEST(test_cli_task)
     free(err);
     /* --first-case 1: the same case 1, alone */
     size_t at = strlen(cmd);
-    snprintf(cmd + at, sizeof cmd - at, " --first-case 1 --cases 1");
+    snprintf(cmd + at, sizeof cmd - at, ",24 --first-case 1 --cases 1"); /* two budgets: a summary row each */
     char *out1 = NULL;
     st = kvm_test_run(cmd, &out1, &err);
     ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
@@ -1080,6 +1080,7 @@ START_TEST(test_cli_task)
     ck_assert_ptr_nonnull(strstr(out1, "== accuracy over 1 cases"));
     out = out1;
     ck_assert_ptr_nonnull(strstr(out, "McNemar p = "));
+    ck_assert_msg(strstr(out, "\nh2o @ 16 ") && strstr(out, "\nh2o @ 24 "), "summary names no budget: %s", out);
     free(out);
     free(err);
     const char *smol = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
