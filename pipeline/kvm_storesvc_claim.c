@@ -13,7 +13,7 @@ static void key_of(const kvm_proto_claim *c, kvm_store_cache_key *k, kvm_store_i
     memcpy(tok->b, c->tokenizer_id, sizeof tok->b);
 }
 
-/* The orchestrator's "already stored?" rule (kvm_orch.c, cache_stored): a verified manifest
+/* The orchestrator's "already stored?" rule (kvm_orch_store.c, cache_stored): a verified manifest
  * for this tokenizer and layers that pass their checksums; another tokenizer's cache or a
  * corrupt one is not stored (the next put replaces it). */
 static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id *tok, kvm_storesvc_claim_out *out)

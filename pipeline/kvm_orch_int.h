@@ -1,0 +1,189 @@
+/* kvm_orch_int.h: what the orchestrator's files (kvm_orch*.c) share: the job table, the
+ * workers and stage slots, the run's state, and the functions that cross those files. The
+ * files call one way: kvm_orch.c (the loop) -> receive -> dispatch -> store -> jobs, and
+ * stages -> jobs. Not part of the public API (kvm_orch.h). */
+#ifndef KVM_ORCH_INT_H
+#define KVM_ORCH_INT_H
+
+#include "pipeline/kvm_orch.h"
+#include "pipeline/kvm_corpus.h"
+#include "pipeline/kvm_idxset.h"
+#include "pipeline/kvm_joblist.h"
+#include "pipeline/kvm_orch_progress.h"
+#include "pipeline/kvm_storecli.h"
+#include "pipeline/kvm_svcproc.h"
+#include "proto/kvm_proto.h"
+#include "store/kvm_store.h"
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum { ST_PREFILL = 0, ST_COMPRESS = 1, ST_SIGNALS = 2, ST_STRATEGY = 3, N_STAGES = 4, MAX_WORKERS = 256 };
+
+/* What the run does: compress a corpus (prefill -> compress), or calibrate PolyKV
+ * (signals per document, then one strategy build over all of them). */
+enum { MODE_RUN = 0, MODE_CALIBRATE = 1 };
+
+typedef enum orch_job_state {
+    J_QUEUED,
+    J_PREFILL,
+    J_KV_READY,
+    J_COMPRESS,
+    J_DONE,
+    J_FAILED,
+    J_SKIPPED,
+    N_JOB_STATES
+} orch_job_state;
+
+typedef struct orch_job {
+    kvm_doc *doc;
+    orch_job_state state;
+    uint64_t id; /* id of the current attempt (unique in the run) */
+    int attempt;
+    int worker;                    /* index in workers[] while in prefill/compress, else -1 */
+    double since_ms;               /* entered the current state */
+    kvm_msg **kv;                  /* [n_layers] buffered kv messages of the current attempt */
+    int64_t prog_done, prog_total; /* progress its compress worker last reported (heartbeat) */
+    int n_kv;
+    int claimed;      /* this run holds the document's claim in the store */
+    char reason[512]; /* why it failed */
+} orch_job;
+
+typedef struct orch_worker {
+    char id[256];
+    int stage; /* ST_* or -1 until known */
+    double last_seen;
+    int idle; /* has sent a credit and holds no orch_job */
+    int job;  /* index in jobs[] or -1 */
+    int alive;
+    int slot; /* spawned slot, or -1 for an external orch_worker */
+} orch_worker;
+
+typedef struct orch_slot {
+    int stage;
+    char device[64];
+    pid_t pid;
+    int respawns;
+    int gave_up; /* exited too often: not restarted any more */
+    char id[256];
+} orch_slot;
+
+typedef struct orch {
+    const kvm_config *cfg;
+    kvm_corpus *corpus;
+    orch_job *jobs;
+    int64_t n_jobs, n_open;
+    kvm_idxset by_hash;  /* jobs by document hash: the first of each set of identical documents */
+    kvm_idxset by_id;    /* jobs by attempt id (a requeue adds the new one; stale ones do not match) */
+    kvm_joblist lists;   /* jobs by state, each list in the order jobs entered it (kvm_orch__job_move) */
+    int64_t visited;     /* jobs the current loop iteration looked at (scheduling, health, draining) */
+    int64_t visited_max; /* the most of any iteration: independent of the corpus size (metrics) */
+    uint64_t next_id;
+    orch_worker workers[MAX_WORKERS];
+    int n_workers;
+    orch_slot slots[MAX_WORKERS];
+    int n_slots;
+    void *zctx, *ctl, *data;
+    char base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
+    int64_t compress_results;         /* results received from compress workers */
+    kvm_store_id model_id, config_id; /* the caches this run writes */
+    kvm_store_id tok_id;              /* tokenizer the stages record in their manifests */
+    kvm_store *store;                 /* the store (claims, the "stored meanwhile?" check) */
+    kvm_storecli *cli;                /* or, with [store] path an endpoint, the store service (kvm_orch_remote.h) */
+    char owner[192], host[64];        /* this run's claims: kvm_storew_owner */
+    double last_renew;                /* when the claims were last renewed, ms */
+    int renew_failing;                /* the last renewal failed (said once) */
+    double renewed_ok;                /* when the claims were last renewed with success (or the run began), ms */
+    int64_t abandoned;                /* jobs in workers given up when the store service was found down */
+    int mode;                         /* MODE_RUN or MODE_CALIBRATE */
+    uint64_t reduce_id;               /* calibrate: id of the strategy build request */
+    int reduce_worker;                /* calibrate: strategy worker holding it, or -1 */
+    int own_run_dir;                  /* created by this run: removed at the end unless something failed */
+    int n_layers;
+    int64_t kv_heads; /* layers x KV heads of the model, from prefill's kv messages: a full cache's
+                         entries per token (0 until one came) */
+    double hb_ms, dead_ms, job_timeout_ms;
+    int max_retries;
+    int store_full;   /* the store takes no more caches (full, or its service does not answer): no
+                         more documents are fed */
+    int64_t evicted0; /* the store's eviction count when the run started */
+    kvm_orch_summary *sum;
+    double t0;
+    kvm_orch_progress prog;                  /* the progress line */
+    double last_metrics;                     /* when the metrics file was last written, ms */
+    kvm_svcproc svc;                         /* the store service started for remote workers ([store] service_bind) */
+    int metrics_failed;                      /* a metrics write failed (said once) */
+    const char *cmd;                         /* "run" or "calibrate", for messages */
+    const volatile sig_atomic_t *interrupts; /* Ctrl-C / SIGTERM count (kvm_orch.c's handler) */
+} orch;
+
+/* Why the store takes no more caches (kvm_orch__store_stop). */
+enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2 };
+
+/* ---- kvm_orch_jobs.c: the job table ---- */
+
+/* A line on stderr prefixed with the command: "kvmill run: ..." */
+void kvm_orch__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Frees the job's buffered kv messages. */
+void kvm_orch__job_drop_kv(orch_job *j);
+/* Moves j to state s's list (no timestamps, no counts). */
+void kvm_orch__job_move(orch *o, orch_job *j, orch_job_state s);
+/* Moves j to state s, counting open jobs and stamping the time. */
+void kvm_orch__job_set(orch *o, orch_job *j, orch_job_state s);
+/* Tokens after the context a job carries. */
+int64_t kvm_orch__continuation_tokens(const orch *o);
+/* Loads an on-demand document's tokens; fails the job alone when it cannot. 0 when loaded. */
+int kvm_orch__job_load(orch *o, orch_job *j);
+/* Puts a job back in the queue (a new attempt), or fails it after max_retries. */
+void kvm_orch__requeue(orch *o, orch_job *j, const char *why);
+/* The job whose current attempt is id, or NULL. */
+orch_job *kvm_orch__job_by_id(orch *o, uint64_t id);
+
+/* ---- kvm_orch_store.c: claims, skips and the store's sums ---- */
+
+/* The store takes no more caches (why, kind STORE_*); j goes back to the queue. */
+void kvm_orch__store_stop(orch *o, orch_job *j, const char *why, int kind);
+/* Claims j's document before it is sent. Returns 1 when j is not to be sent. */
+int kvm_orch__claim_job(orch *o, orch_job *j);
+/* Renews this run's claims when due (t0: now, ms); abandons the jobs in workers when the store
+ * service answered no renewal for longer than the lease. */
+void kvm_orch__renew_claims(orch *o, double t0);
+/* Before the run: skips stored and repeated documents. */
+int kvm_orch__mark_skipped(orch *o, kvm_store *store);
+/* kvm_store_list_caches callback: the summary's bytes and entries of this run's caches. */
+int kvm_orch__sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg);
+/* Caches the store's cap evicted during the run. */
+void kvm_orch__count_evictions(orch *o, kvm_store *store);
+/* The summary's bytes with a remote store. Returns 1 when the service did not answer. */
+int kvm_orch__sum_remote(orch *o);
+
+/* ---- kvm_orch_stages.c: stage processes and workers ---- */
+
+/* Sends sig to every started stage process. */
+void kvm_orch__stop_children(orch *o, int sig);
+/* Waits up to ms for every child to exit; SIGKILLs the rest. */
+void kvm_orch__reap_all(orch *o, double ms);
+/* The worker behind routing id idf (added when new), or -1 when the table is full. */
+int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage);
+/* ST_* of a stage name, or -1. */
+int kvm_orch__stage_of(kvm_proto_str s);
+/* Child exits, silent workers, dead stages, timed-out jobs. */
+void kvm_orch__check_health(orch *o);
+/* Checks the stage settings and starts the configured stage processes. */
+int kvm_orch__start_stages(orch *o);
+
+/* ---- kvm_orch_dispatch.c: sending jobs ---- */
+
+/* Bytes of a message's frames (routing ids excluded). */
+int64_t kvm_orch__msg_bytes(const kvm_msg *m);
+/* Sends queued and prefilled jobs to idle workers. */
+void kvm_orch__dispatch(orch *o);
+
+/* ---- kvm_orch_receive.c: messages from the stages ---- */
+
+/* Handles up to 1000 waiting messages of the control (is_ctl) or data socket. */
+void kvm_orch__receive(orch *o, void *sock, int is_ctl);
+
+#endif

@@ -1,0 +1,200 @@
+/* kvm_orch_receive.c: the orchestrator's incoming messages: control (ready, heartbeat, ack,
+ * result, error) and data (ready credits, kv, stats) from the stage workers, and the job state
+ * changes they bring. */
+#include "pipeline/kvm_orch_int.h"
+#include "pipeline/kvm_stage.h"
+#include "common/kvm_log.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
+{
+    kvm_proto_type t;
+    if (kvm_proto_peek(m, &t)) {
+        kvm_orch__log("dropped a malformed control message: %s\n", kvm_errmsg());
+        return;
+    }
+    if (t == KVM_PROTO_READY || t == KVM_PROTO_HEARTBEAT || t == KVM_PROTO_ACK) {
+        kvm_proto_ctl c;
+        int rc = t == KVM_PROTO_READY       ? kvm_proto_ready_decode(m, &c)
+                 : t == KVM_PROTO_HEARTBEAT ? kvm_proto_heartbeat_decode(m, &c)
+                                            : kvm_proto_ack_decode(m, &c);
+        if (rc) {
+            kvm_orch__log("dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg());
+            return;
+        }
+        int w = kvm_orch__worker_get(o, idf, kvm_orch__stage_of(c.stage));
+        if (w < 0) return;
+        o->workers[w].last_seen = kvm_now_ms();
+        o->workers[w].alive = 1;
+        if (t == KVM_PROTO_HEARTBEAT && c.job_id && c.progress_total > 0) {
+            orch_job *hj = kvm_orch__job_by_id(o, c.job_id);
+            if (hj && hj->state == J_COMPRESS && hj->worker == w)
+                hj->prog_done = (int64_t)c.progress_done, hj->prog_total = (int64_t)c.progress_total;
+        }
+        if (t == KVM_PROTO_ACK && o->mode == MODE_CALIBRATE && c.job_id == o->reduce_id && o->reduce_worker == w) {
+            for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS), next; i >= 0; i = next) {
+                next = kvm_joblist_next(&o->lists, i);
+                o->jobs[i].worker = -1;
+                kvm_orch__job_set(o, &o->jobs[i], J_DONE);
+                o->sum->compressed++;
+                o->sum->truncated += o->jobs[i].doc->truncated;
+                o->sum->tokens += o->jobs[i].doc->n_tokens;
+            }
+            o->workers[w].job = -1;
+            o->reduce_worker = -1;
+            return;
+        }
+        if (t == KVM_PROTO_ACK) {
+            orch_job *j = kvm_orch__job_by_id(o, c.job_id);
+            if (o->mode == MODE_RUN) o->sum->store_commits++;
+            if (j && j->state == J_COMPRESS &&
+                kvm_log_format_get() == KVM_LOG_JSON) { /* text: the progress line says it */
+                kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id),
+                                     KVM_LOG_S("worker", o->workers[w].id), KVM_LOG_I("tokens", j->doc->n_tokens)};
+                kvm_log(KVM_LOG_INFO, "job_done", f, 4, "%s committed by %s", j->doc->name, o->workers[w].id);
+            }
+            if (j && j->state == J_COMPRESS) {
+                if (j->worker >= 0) o->workers[j->worker].job = -1;
+                j->worker = -1;
+                kvm_orch__job_set(o, j, J_DONE);
+                o->sum->compressed++;
+                o->sum->truncated += j->doc->truncated; /* of the documents compressed: not skipped or left ones */
+                o->sum->tokens += j->doc->n_tokens;
+            }
+        }
+        return;
+    }
+    if (t == KVM_PROTO_RESULT || t == KVM_PROTO_ERROR) {
+        kvm_proto_result r;
+        if ((t == KVM_PROTO_RESULT ? kvm_proto_result_decode(m, &r) : kvm_proto_error_decode(m, &r))) {
+            kvm_orch__log("dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg());
+            return;
+        }
+        int st = kvm_orch__stage_of(r.stage);
+        if (t == KVM_PROTO_RESULT && st >= 0) o->sum->stage_ms[st] += r.compute_ms;
+        if (t == KVM_PROTO_RESULT && st == ST_COMPRESS) o->compress_results++;
+        if (t == KVM_PROTO_RESULT) o->sum->transport_ms += r.transport_ms, o->sum->store_ms += r.store_ms;
+        if (t == KVM_PROTO_RESULT && r.evaluated) {
+            o->sum->evaluated++;
+            o->sum->kl_sum += r.kl_mean;
+        }
+        orch_job *j = kvm_orch__job_by_id(o, r.job_id);
+        if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
+            char why[600];
+            snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len,
+                     r.message.ptr);
+            if (r.status == KVM_EFULL && strstr(why, "no space left on the store's device"))
+                kvm_orch__store_stop(o, j, why, STORE_DEVICE_FULL);
+            else if (r.status == KVM_EFULL && strstr(why, "map full at"))
+                kvm_orch__store_stop(o, j, why, STORE_MAP_FULL);
+            else if (o->cli && r.status == KVM_EIO && strstr(why, "store service"))
+                kvm_orch__store_stop(o, j, why, STORE_DOWN);
+            else if (r.retryable)
+                kvm_orch__requeue(o, j, why);
+            else {
+                if (j->worker >= 0) o->workers[j->worker].job = -1;
+                j->worker = -1;
+                snprintf(j->reason, sizeof j->reason, "%s", why);
+                kvm_orch__job_set(o, j, J_FAILED);
+                kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id),
+                                     KVM_LOG_S("reason", why)};
+                kvm_log(KVM_LOG_ERROR, "job_failed", f, 3, "%s failed: %s", j->doc->name, why);
+            }
+        }
+        return;
+    }
+    kvm_orch__log("dropped an unexpected %s on the control socket\n", kvm_proto_type_name(t));
+}
+
+static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
+{
+    kvm_proto_type t;
+    if (kvm_proto_peek(m, &t)) {
+        kvm_orch__log("dropped a malformed data message: %s\n", kvm_errmsg());
+        return;
+    }
+    if (t == KVM_PROTO_READY) {
+        kvm_proto_ready c;
+        if (kvm_proto_ready_decode(m, &c)) return;
+        int w = kvm_orch__worker_get(o, idf, kvm_orch__stage_of(c.stage));
+        if (w < 0) return;
+        orch_worker *wk = &o->workers[w];
+        wk->last_seen = kvm_now_ms();
+        wk->alive = 1;
+        if (wk->job < 0) wk->idle = 1;
+        return;
+    }
+    if (t == KVM_PROTO_STATS && o->mode == MODE_CALIBRATE) {
+        kvm_proto_stats sm;
+        if (kvm_proto_stats_decode(m, &sm)) {
+            kvm_log(KVM_LOG_WARN, "message", NULL, 0, "dropped a bad stats message: %s", kvm_errmsg());
+            return;
+        }
+        orch_job *j = kvm_orch__job_by_id(o, sm.job_id);
+        if (!j || j->state != J_PREFILL) return; /* stale attempt */
+        kvm_msg *copy = NULL;
+        if (!j->kv && !(j->kv = calloc(1, sizeof *j->kv))) return;
+        if (kvm_msg_new(&copy)) return;
+        for (size_t f = 0; f < kvm_msg_nframes(m); f++) {
+            kvm_frame fr = kvm_msg_frame(m, f);
+            if (kvm_msg_add_copy(copy, fr.data, fr.size)) break;
+        }
+        j->kv[0] = copy;
+        j->n_kv = 1;
+        if (j->worker >= 0) o->workers[j->worker].job = -1;
+        j->worker = -1;
+        kvm_orch__job_set(o, j, J_KV_READY);
+        return;
+    }
+    if (t != KVM_PROTO_KV || o->mode != MODE_RUN) {
+        kvm_orch__log("dropped an unexpected %s on the data socket\n", kvm_proto_type_name(t));
+        return;
+    }
+    kvm_proto_kv kv;
+    if (kvm_proto_kv_decode(m, &kv)) {
+        kvm_orch__log("dropped a bad kv message: %s\n", kvm_errmsg());
+        return;
+    }
+    orch_job *j = kvm_orch__job_by_id(o, kv.job_id);
+    if (!j || j->state != J_PREFILL || kv.layer != j->n_kv || kv.n_layers > 4096) return; /* stale attempt */
+    o->kv_heads = kv.n_layers * kv.n_kv_heads;
+    if (!j->kv && !(j->kv = calloc((size_t)kv.n_layers, sizeof *j->kv))) return;
+    j->kv[j->n_kv++] = NULL;
+    kvm_msg *copy = NULL;
+    if (kvm_msg_new(&copy) == 0) {
+        for (size_t f = 0; f < kvm_msg_nframes(m); f++) {
+            kvm_frame fr = kvm_msg_frame(m, f);
+            if (kvm_msg_add_copy(copy, fr.data, fr.size)) break;
+        }
+    }
+    j->kv[j->n_kv - 1] = copy;
+    if (j->n_kv == kv.n_layers) {
+        if (j->worker >= 0) o->workers[j->worker].job = -1;
+        j->worker = -1;
+        kvm_orch__job_set(o, j, J_KV_READY);
+    }
+}
+
+void kvm_orch__receive(orch *o, void *sock, int is_ctl)
+{
+    for (int k = 0; k < 1000; k++) {
+        kvm_msg *m = NULL, *env = NULL;
+        if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
+        if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
+            kvm_frame idf = kvm_msg_frame(env, 0);
+            if (is_ctl)
+                on_ctl(o, m, &idf);
+            else {
+                o->sum->wire_in_bytes += kvm_orch__msg_bytes(m);
+                on_data(o, m, &idf);
+            }
+        }
+        kvm_msg_free(&env);
+        kvm_msg_free(&m);
+    }
+}

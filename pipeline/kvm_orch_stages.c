@@ -1,0 +1,324 @@
+/* kvm_orch_stages.c: the orchestrator's stage processes and workers: starting the configured
+ * stage processes, knowing the workers that connect (started or external), restarting dead
+ * ones, failing the open jobs of a stage with no worker left, and the health checks. */
+#include "pipeline/kvm_orch_int.h"
+#include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_stage.h"
+#include "common/kvm_log.h"
+#include "common/kvm_error.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static const char *const stage_names[N_STAGES] = {"prefill", "compress", "signals", "strategy"};
+
+static int spawn_slot(orch *o, int s)
+{
+    orch_slot *sl = &o->slots[s];
+    char exe[2048], hb[32], grace[32], threads[32], logp[2048], ppid[32];
+    snprintf(exe, sizeof exe, "%s/kvmill-%s", o->bin_dir, stage_names[sl->stage]);
+    snprintf(sl->id, sizeof sl->id, "%s-%d-r%d", stage_names[sl->stage], s, sl->respawns);
+    snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(o->cfg, "run", "heartbeat_ms"));
+    snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(o->cfg, "run", "grace_s"));
+    snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(o->cfg, "stages", "threads"));
+    snprintf(logp, sizeof logp, "%s/%s.log", o->run_dir, sl->id);
+    snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
+    /* clang-format off */
+    char *argv[] = {exe, "--connect", o->base, "--device", sl->device, "--store", o->store_path, "--threads", threads,
+                    "--heartbeat-ms", hb, "--grace-s", grace, "--id", sl->id, "--parent-pid", ppid, NULL, NULL, NULL,
+                    NULL, NULL, NULL, NULL};
+    /* clang-format on */
+    /* a keyed orchestrator ([run] bind off-host: kvm_serve_bind uses CurveZMQ only there): its
+     * own stages authenticate like external ones, and use the same keys for the store service */
+    const char *spk = kvm_config_str(o->cfg, "security", "server_public_key");
+    char **k = &argv[17];
+    if (*spk && !kvm_curve_is_local(o->base)) {
+        k[0] = "--server-key", k[1] = (char *)spk;
+        k[2] = "--client-public", k[3] = (char *)kvm_config_str(o->cfg, "security", "client_public_key");
+        k[4] = "--client-secret", k[5] = (char *)kvm_config_str(o->cfg, "security", "client_secret_key");
+    } else if (*spk && o->cli && sl->stage == ST_COMPRESS) {
+        /* a local bind with a remote store: the keys are the store service's only; the worker
+         * reads them from the config ([security]), and connects to this run in the clear */
+        k[0] = "--config", k[1] = (char *)kvm_config_path(o->cfg);
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    sigset_t def;
+    sigemptyset(&def);
+    sigaddset(&def, SIGINT);
+    posix_spawnattr_setsigdefault(&at, &def);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches us only */
+    int rc = posix_spawn(&sl->pid, exe, &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (rc) {
+        sl->pid = 0;
+        return kvm_err(KVM_EIO, "cannot start %s: %s", exe, strerror(rc));
+    }
+    return 0;
+}
+
+static int find_slot_by_pid(orch *o, pid_t pid)
+{
+    for (int s = 0; s < o->n_slots; s++)
+        if (o->slots[s].pid == pid) return s;
+    return -1;
+}
+
+void kvm_orch__stop_children(orch *o, int sig)
+{
+    for (int s = 0; s < o->n_slots; s++)
+        if (o->slots[s].pid > 0) kill(o->slots[s].pid, sig);
+}
+
+/* Waits up to ms for every child to exit; SIGKILLs the rest. */
+void kvm_orch__reap_all(orch *o, double ms)
+{
+    double end = kvm_now_ms() + ms;
+    for (;;) {
+        int left = 0;
+        for (int s = 0; s < o->n_slots; s++) {
+            if (o->slots[s].pid <= 0) continue;
+            if (waitpid(o->slots[s].pid, NULL, WNOHANG) == o->slots[s].pid)
+                o->slots[s].pid = 0;
+            else
+                left++;
+        }
+        if (!left) return;
+        if (kvm_now_ms() > end) {
+            kvm_orch__stop_children(o, SIGKILL);
+            for (int s = 0; s < o->n_slots; s++)
+                if (o->slots[s].pid > 0) waitpid(o->slots[s].pid, NULL, 0), o->slots[s].pid = 0;
+            return;
+        }
+        usleep(20000);
+    }
+}
+
+int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage)
+{
+    char id[256];
+    size_t n = idf->size < sizeof id - 1 ? idf->size : sizeof id - 1;
+    memcpy(id, idf->data, n);
+    id[n] = '\0';
+    for (int w = 0; w < o->n_workers; w++)
+        if (!strcmp(o->workers[w].id, id)) {
+            if (o->workers[w].stage < 0) o->workers[w].stage = stage;
+            return w;
+        }
+    if (o->n_workers == MAX_WORKERS) return -1;
+    orch_worker *w = &o->workers[o->n_workers];
+    *w = (orch_worker){.stage = stage, .job = -1, .alive = 1, .slot = -1, .last_seen = kvm_now_ms()};
+    snprintf(w->id, sizeof w->id, "%s", id);
+    for (int s = 0; s < o->n_slots; s++)
+        if (!strcmp(o->slots[s].id, id)) w->slot = s;
+    if (stage >= 0 && w->slot < 0) kvm_orch__log("external %s worker %s joined\n", stage_names[stage], id);
+    return o->n_workers++;
+}
+
+int kvm_orch__stage_of(kvm_proto_str s)
+{
+    for (int i = 0; i < N_STAGES; i++)
+        if (kvm_proto_str_eq(s, stage_names[i])) return i;
+    return -1;
+}
+
+/* A process the orchestrator started is gone (or silent): restart it, a bounded number of
+ * times; past that the slot is given up and the log says where to look. */
+static void slot_died(orch *o, int s)
+{
+    orch_slot *sl = &o->slots[s];
+    if (sl->pid > 0) {
+        kill(sl->pid, SIGKILL);
+        waitpid(sl->pid, NULL, 0);
+        sl->pid = 0;
+    }
+    if (*o->interrupts || sl->gave_up) return;
+    if (sl->respawns >= 2 * o->max_retries + 2) {
+        sl->gave_up = 1;
+        kvm_orch__log("%s exited %d times; not restarting it (log: %s/%s.log)\n", stage_names[sl->stage],
+                      sl->respawns + 1, o->run_dir, sl->id);
+        return;
+    }
+    sl->respawns++;
+    if (spawn_slot(o, s)) kvm_orch__log("%s\n", kvm_errmsg());
+}
+
+/* Fails every open job when a stage it needs has no worker left: every started one gave
+ * up and none joined from outside (a stage with no configured workers waits for external
+ * ones). */
+static void check_stages_alive(orch *o)
+{
+    for (int st = 0; st < N_STAGES; st++) {
+        int configured = 0, gave_up = 0, alive = 0;
+        for (int s = 0; s < o->n_slots; s++)
+            if (o->slots[s].stage == st) configured++, gave_up += o->slots[s].gave_up;
+        for (int w = 0; w < o->n_workers; w++)
+            alive += o->workers[w].alive && o->workers[w].stage == st;
+        if (configured == 0 || gave_up < configured || alive) continue;
+        const orch_job_state open[4] = {J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS};
+        for (int b = 0; b < 4; b++)
+            for (int64_t i = kvm_joblist_first(&o->lists, open[b]), next; i >= 0; i = next) {
+                next = kvm_joblist_next(&o->lists, i);
+                orch_job *j = &o->jobs[i];
+                o->visited++;
+                snprintf(j->reason, sizeof j->reason, "no kvmill-%s worker is left (see the logs in %s)",
+                         stage_names[st], o->run_dir);
+                kvm_orch__job_drop_kv(j);
+                kvm_orch__job_set(o, j, J_FAILED);
+            }
+        kvm_orch__log("no kvmill-%s worker is left: the remaining documents failed\n", stage_names[st]);
+    }
+}
+
+static void worker_dead(orch *o, int w, const char *why)
+{
+    orch_worker *wk = &o->workers[w];
+    if (!wk->alive) return;
+    wk->alive = 0;
+    wk->idle = 0;
+    kvm_orch__log("worker %s %s\n", wk->id, why);
+    if (wk->job >= 0 && w != o->reduce_worker) {
+        orch_job *j = &o->jobs[wk->job];
+        char msg[400];
+        snprintf(msg, sizeof msg, "worker %s %s", wk->id, why);
+        kvm_orch__requeue(o, j, msg);
+    }
+    if (w == o->reduce_worker) { /* the strategy build goes back to waiting for a orch_worker */
+        for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS), next; i >= 0; i = next) {
+            next = kvm_joblist_next(&o->lists, i);
+            o->jobs[i].worker = -1, kvm_orch__job_set(o, &o->jobs[i], J_KV_READY);
+        }
+        o->reduce_worker = -1;
+    }
+    wk->job = -1;
+    if (wk->slot >= 0) {
+        slot_died(o, wk->slot);
+        wk->slot = -1;
+    }
+}
+
+void kvm_orch__check_health(orch *o)
+{
+    double now = kvm_now_ms();
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (o->svc.pid > 0 && pid == o->svc.pid) { /* workers retry their uploads meanwhile */
+            o->svc.pid = 0;
+            kvm_log_field f[] = {KVM_LOG_S("bind", o->svc.bind), KVM_LOG_I("restarts", o->svc.restarts + 1)};
+            kvm_log(KVM_LOG_WARN, "store_service_restart", f, 2, "the store service exited (%s %d): starting it again",
+                    WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            if (o->svc.restarts >= 20 || kvm_svcproc_restart(&o->svc, 10000))
+                kvm_orch__log("the store service cannot be restarted (%s): uploads from other hosts fail\n",
+                              o->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
+            continue;
+        }
+        int s = find_slot_by_pid(o, pid);
+        if (s < 0) continue;
+        o->slots[s].pid = 0;
+        int registered = 0;
+        for (int w = 0; w < o->n_workers; w++)
+            if (o->workers[w].slot == s && o->workers[w].alive) {
+                char why[128];
+                snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
+                         WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+                worker_dead(o, w, why);
+                registered = 1;
+            }
+        if (!registered) { /* died before it ever reported */
+            kvm_orch__log("%s exited with %s %d before joining\n", o->slots[s].id,
+                          WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            slot_died(o, s);
+        }
+    }
+    check_stages_alive(o);
+    for (int w = 0; w < o->n_workers; w++)
+        if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");
+    const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS};
+    for (int b = 0; b < 2; b++) /* each list is oldest first: the first job not timed out ends it */
+        for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {
+            next = kvm_joblist_next(&o->lists, i);
+            o->visited++;
+            if (now - o->jobs[i].since_ms <= o->job_timeout_ms) break;
+            kvm_orch__requeue(o, &o->jobs[i], "timed out");
+        }
+}
+
+/* The stages this run starts authenticate to a keyed ([run] bind off-host) orchestrator with
+ * [security] client_public_key / client_secret_key: without them, with a mixed-up pair or with
+ * a key its authorized_keys does not list, each was refused at its handshake and the run waited
+ * for ever at "0/N documents", saying nothing. Refused before any stage starts (exit 2). */
+static int check_stage_keys(orch *o)
+{
+    if (kvm_curve_is_local(o->base)) return 0;
+    const char *need[3] = {"server_public_key", "client_public_key", "client_secret_key"};
+    for (int i = 0; i < 3; i++)
+        if (!*kvm_config_str(o->cfg, "security", need[i]))
+            return kvm_err(KVM_EINVAL,
+                           "[run] bind %s is not local, so it uses CurveZMQ: the stages this run starts need "
+                           "[security] %s (a key pair from kvmill keygen whose .public is in authorized_keys, and "
+                           "the server's public key)",
+                           o->base, need[i]);
+    const char *cpk = kvm_config_str(o->cfg, "security", "client_public_key");
+    int rc = kvm_curve_check_client_pair(kvm_config_str(o->cfg, "security", "client_secret_key"), cpk);
+    if (!rc) rc = kvm_curve_check_authorized(cpk, kvm_config_str(o->cfg, "security", "authorized_keys"));
+    if (rc == KVM_EMISMATCH || rc == KVM_EFORMAT || rc == KVM_ENOTFOUND)
+        return kvm_err(KVM_EINVAL, "[security] client_public_key (the key of the stages this run starts): %s",
+                       kvm_errmsg());
+    return rc;
+}
+
+int kvm_orch__start_stages(orch *o)
+{
+    int any = 0;
+    const char *keys[N_STAGES][2] = {{"prefill_workers", "prefill_devices"},
+                                     {"compress_workers", "compress_devices"},
+                                     {"signals_workers", "prefill_devices"},
+                                     {"strategy_workers", "compress_devices"}};
+    for (int st = 0; st < N_STAGES; st++) {
+        if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
+        int64_t n = kvm_config_int(o->cfg, "stages", keys[st][0]);
+        char key[64];
+        snprintf(key, sizeof key, "[stages] %s", keys[st][1]);
+        int rc = n > 0 ? kvm_stage_check_devices(key, kvm_config_str(o->cfg, "stages", keys[st][1])) : 0;
+        if (rc) return rc;
+        if (n == 0)
+            kvm_orch__log(
+                "[stages] %s = 0: waiting for kvmill-%s workers started by hand (kvmill-%s --connect %s ...)\n",
+                keys[st][0], stage_names[st], stage_names[st], o->base);
+        any += n > 0;
+    }
+    int krc = any ? check_stage_keys(o) : 0;
+    if (krc) return krc;
+    for (int st = 0; st < N_STAGES; st++) {
+        if ((o->mode == MODE_RUN) != (st == ST_PREFILL || st == ST_COMPRESS)) continue;
+        char exe[2048];
+        snprintf(exe, sizeof exe, "%s/kvmill-%s", o->bin_dir, stage_names[st]);
+        int64_t n = kvm_config_int(o->cfg, "stages", keys[st][0]);
+        if (n > 0 && access(exe, X_OK) != 0)
+            return kvm_err(KVM_EINVAL,
+                           "stage binary %s is missing or not executable (build with make, or set [stages] bin_dir)",
+                           exe);
+        const char *devs = kvm_config_str(o->cfg, "stages", keys[st][1]);
+        for (int64_t i = 0; i < n; i++) {
+            if (o->n_slots == MAX_WORKERS) return kvm_err(KVM_EINVAL, "too many workers (at most %d)", MAX_WORKERS);
+            orch_slot *sl = &o->slots[o->n_slots];
+            *sl = (orch_slot){.stage = st};
+            kvm_stage_device_at(devs, i, sl->device, sizeof sl->device); /* the i-th device, cycling */
+            int rc = spawn_slot(o, o->n_slots++);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,288 @@
+/* kvm_orch_store.c: the orchestrator and the store: claims on documents (local LMDB or the
+ * store service), skipping stored documents, renewing the claims, stopping when the store takes
+ * no more caches, and the summary's sums of what was stored. */
+#include "pipeline/kvm_orch_int.h"
+#include "pipeline/kvm_orch_remote.h"
+#include "pipeline/kvm_storew.h"
+#include "common/kvm_log.h"
+#include "common/kvm_error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The store takes no more caches: its device is full, its map reached [store] map_max_mb (no
+ * later write can fit either: retrying each document would only fail again), or (a run whose
+ * store is the store service) the service does not answer, so every upload and claim would
+ * wait out its timeouts. Said once; no more documents are fed. */
+static void store_mark(orch *o, const char *why, int kind)
+{
+    static const char *const what[3] = {
+        "no space left on the store's device: feeding no more documents (free space on it and run again: stored ones "
+        "are skipped)",
+        "the store service does not answer: feeding no more documents (start it and run again: stored ones are "
+        "skipped)",
+        "the store's map is full at [store] map_max_mb: feeding no more documents (raise map_max_mb, or set [store] "
+        "cap_mb so that old caches make room, and run again: stored ones are skipped)"};
+    if (!o->store_full) kvm_orch__log("%s\nkvmill %s: %s\n", why, o->cmd, what[kind]);
+    o->store_full = 1;
+    if (kind == STORE_DOWN)
+        o->sum->store_down = 1;
+    else
+        o->sum->store_full = kind == STORE_MAP_FULL ? 2 : 1;
+}
+
+/* store_mark, and job j goes back to the queue (not an attempt: it is not the document's
+ * fault). */
+void kvm_orch__store_stop(orch *o, orch_job *j, const char *why, int kind)
+{
+    store_mark(o, why, kind);
+    if (j->worker >= 0) o->workers[j->worker].job = -1;
+    j->worker = -1;
+    kvm_orch__job_drop_kv(j);
+    kvm_orch__job_set(o, j, J_QUEUED);
+}
+
+/* The claims' renewals have had no reply for longer than the lease (a run whose store is the
+ * store service): the claims have lapsed and the uploads of the jobs in workers would each wait
+ * out 3 x [store] upload_timeout_ms, so the store is down now. The jobs in workers are
+ * abandoned (counted not processed; their workers are stopped at the end without the grace
+ * period) and no more documents are fed. */
+static void store_abandon(orch *o, const char *why)
+{
+    store_mark(o, why, STORE_DOWN);
+    const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS};
+    for (int b = 0; b < 2; b++)
+        for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {
+            next = kvm_joblist_next(&o->lists, i);
+            o->visited++;
+            kvm_orch__store_stop(o, &o->jobs[i], why, STORE_DOWN);
+            o->abandoned++;
+        }
+}
+
+/* The claim through the store service: its reply says taken, held (by holder) or stored. */
+static int claim_remote(orch *o, const kvm_store_cache_key *key, int *taken, int *found, kvm_store_claim *holder)
+{
+    kvm_storecli_claim_state st;
+    kvm_storecli_claim_info info;
+    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, (int64_t)o->dead_ms, 0,
+                                kvm_orch_remote_timeout_ms(o->cfg), 2, &st, &info);
+    if (rc) return rc;
+    *taken = st == KVM_STORECLI_TAKEN;
+    *found = st == KVM_STORECLI_STORED;
+    *holder = info.holder;
+    return 0;
+}
+
+/* A document another live run is compressing is left to it (counted as claimed) and one
+ * stored meanwhile is skipped; else this run claims it (a lease renewed in the loop).
+ * Returns 1 when j is not to be sent. */
+int kvm_orch__claim_job(orch *o, orch_job *j)
+{
+    if (j->claimed || (!o->store && !o->cli) || o->mode != MODE_RUN) return 0;
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    kvm_store_claim holder;
+    int taken = 0, found = 0;
+    int rc = o->cli ? claim_remote(o, &key, &taken, &found, &holder)
+                    : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder);
+    if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
+        kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_DOWN);
+        return 1;
+    }
+    if (rc) {
+        kvm_orch__log("could not claim %s (%s): compressing it anyway\n", j->doc->name, kvm_errmsg());
+        taken = 1;
+        found = 0;
+    }
+    if (!o->cli && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
+    if (!o->cli && found) { /* stored: only when its layers pass their checksums, as in cache_stored (a
+                             * corrupt cache found before the run would be skipped here otherwise) */
+        kvm_store_cache *c = NULL;
+        if (kvm_store_get_cache(o->store, &key, &o->tok_id, &c)) found = 0;
+        kvm_store_cache_free(&c);
+    }
+    if (found || !taken) {
+        if (!found)
+            kvm_orch__log("%s is being compressed by %s on %s: left to it\n", j->doc->name, holder.owner, holder.host);
+        kvm_orch__job_move(o, j, J_SKIPPED);
+        o->n_open--;
+        if (found)
+            o->sum->skipped++;
+        else
+            o->sum->claimed++;
+        return 1;
+    }
+    j->claimed = 1;
+    return 0;
+}
+
+/* The claims live while the jobs do: renewed every [run] heartbeat_ms x liveness / 4 (t0: now,
+ * ms). A store service that answered no renewal for longer than the lease has let them lapse:
+ * it is down (store_abandon). */
+void kvm_orch__renew_claims(orch *o, double t0)
+{
+    if (!o->owner[0] || t0 - o->last_renew <= o->dead_ms / 4) return;
+    int rr = o->cli ? kvm_storecli_renew(o->cli, o->owner, (int64_t)o->dead_ms, 0,
+                                         kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
+                    : kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms);
+    if (rr && !o->renew_failing)
+        kvm_orch__log("%s (said once until a renewal succeeds)\n", kvm_errmsg());
+    else if (!rr && o->renew_failing)
+        kvm_orch__log("claims renewed again\n");
+    o->renew_failing = rr != 0; /* one line per outage, not one per try (every heartbeat_ms x liveness / 4) */
+    o->last_renew = t0;
+    if (!rr)
+        o->renewed_ok = t0;
+    else if (o->cli && t0 - o->renewed_ok > o->dead_ms) { /* the claims have lapsed: so has the service */
+        char why[600];
+        snprintf(why, sizeof why,
+                 "the store service %s answered no renewal of the claims for %.1f s, more "
+                 "than their lease ([run] heartbeat_ms x liveness)",
+                 o->store_path, (t0 - o->renewed_ok) / 1000.0);
+        store_abandon(o, why);
+    }
+}
+
+/* A document hash looked up in o->by_hash. */
+typedef struct hash_probe {
+    const orch *o;
+    const kvm_store_id *hash;
+} hash_probe;
+
+static int same_hash(void *user, int64_t idx)
+{
+    const hash_probe *p = user;
+    return !memcmp(&p->o->jobs[idx].doc->hash, p->hash, sizeof *p->hash);
+}
+
+static uint64_t hash_key(const kvm_store_id *h)
+{
+    uint64_t k;
+    memcpy(&k, h->b, sizeof k); /* BLAKE2b bytes: any 8 are uniform */
+    return k;
+}
+
+int kvm_orch__sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
+{
+    orch *o = arg;
+    if (status || memcmp(&key->model_id, &o->model_id, sizeof o->model_id) ||
+        memcmp(&key->config_id, &o->config_id, sizeof o->config_id))
+        return 0;
+    hash_probe p = {o, &key->doc_hash};
+    int64_t i = kvm_idxset_find(&o->by_hash, hash_key(&key->doc_hash), same_hash, &p); /* only the first is done */
+    if (i >= 0 && o->jobs[i].state == J_DONE) {
+        o->sum->bytes_full += m->full_bytes;
+        o->sum->bytes_compressed += m->stored_bytes;
+        if (!o->sum->entries_docs || m->n_entries < o->sum->entries_min) o->sum->entries_min = m->n_entries;
+        if (!o->sum->entries_docs || m->n_entries > o->sum->entries_max) o->sum->entries_max = m->n_entries;
+        o->sum->entries_sum += m->n_entries;
+        o->sum->entries_docs++;
+        if (o->kv_heads > 0 && m->n_entries >= m->n_tokens * o->kv_heads) o->sum->kept_full++;
+    }
+    return 0;
+}
+
+/* Whether a document's cache is stored: a stored cache (or manifest) that fails its
+ * checksums is a corrupt cache, compressed again (the put replaces it). */
+static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found)
+{
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    if (o->cli) { /* the service applies the same rule (kvm_storesvc_claim.h) */
+        kvm_storecli_claim_state st;
+        int rc = kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1,
+                                    kvm_orch_remote_timeout_ms(o->cfg), 2, &st, NULL);
+        *found = !rc && st == KVM_STORECLI_STORED;
+        return rc;
+    }
+    int rc = kvm_store_has_cache(store, &key, &o->tok_id, found);
+    if (rc == KVM_EMISMATCH) { /* made from another tokenizer's ids: compressed again (the put replaces it) */
+        kvm_orch__log("the stored cache of %s is refused (%s): compressing it again\n", j->doc->name, kvm_errmsg());
+        *found = 0;
+        return 0;
+    }
+    if (rc == 0 && *found) {
+        kvm_store_cache *c = NULL;
+        rc = kvm_store_get_cache(store, &key, &o->tok_id, &c);
+        kvm_store_cache_free(&c);
+    }
+    if (rc == KVM_ECORRUPT) {
+        kvm_orch__log("the stored cache of %s is corrupt (%s): compressing it again\n", j->doc->name, kvm_errmsg());
+        *found = 0;
+        return 0;
+    }
+    return rc == KVM_EMISMATCH ? 0 : rc;
+}
+
+/* Before the run: each document is loaded (tokenised, hashed) one at a time and released
+ * again, so the scan holds no corpus; stored and repeated ones are skipped, unreadable
+ * ones fail alone. */
+int kvm_orch__mark_skipped(orch *o, kvm_store *store)
+{
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        orch_job *j = &o->jobs[i];
+        if (kvm_orch__job_load(o, j)) continue;
+        int found = 0, rc = cache_stored(o, store, j, &found);
+        if (rc) return rc;
+        hash_probe p = {o, &j->doc->hash}; /* the same tokens twice: one cache (a loaded job is never failed here) */
+        if (kvm_idxset_find(&o->by_hash, hash_key(&j->doc->hash), same_hash, &p) >= 0)
+            found = 1;
+        else if ((rc = kvm_idxset_add(&o->by_hash, hash_key(&j->doc->hash), i)))
+            return rc;
+        if (o->corpus->on_demand) kvm_doc_release(j->doc);
+        if (found) {
+            kvm_orch__job_move(o, j, J_SKIPPED);
+            o->sum->skipped++;
+            o->n_open--;
+        }
+    }
+    return 0;
+}
+
+/* Caches the store's cap evicted during the run (by any process), and a warning when some
+ * of them were written by this run: a rerun would compress them again. */
+void kvm_orch__count_evictions(orch *o, kvm_store *store)
+{
+    kvm_store_stats ss;
+    if (kvm_store_stats_get(store, &ss)) return;
+    o->sum->evicted = ss.n_evicted - o->evicted0;
+    int64_t own = 0, written = 0;
+    for (int64_t i = 0; i < o->n_jobs && o->sum->evicted > 0; i++) {
+        if (o->jobs[i].state != J_DONE) continue;
+        kvm_store_cache_key key = {
+            .model_id = o->model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = o->config_id};
+        int found = 1;
+        written++;
+        if (kvm_store_has_cache(store, &key, &o->tok_id, &found) == 0 && !found) own++;
+    }
+    o->sum->evicted_own = own;
+    if (own > 0)
+        kvm_orch__log(
+            "warning: the store's cap ([store] cap_mb = %lld) evicted %lld of the %lld caches this run wrote; "
+            "raise cap_mb, or every rerun compresses them again\n",
+            (long long)(ss.cap_bytes >> 20), (long long)own, (long long)written);
+}
+
+/* The summary's bytes with a remote store: each cache this run wrote, probed on the
+ * service (its manifest's sizes). One that is gone was evicted by the store's cap; the
+ * store's own eviction counter is not on the wire, so evicted counts this run's only.
+ * Returns 1 when the service did not answer (said). */
+int kvm_orch__sum_remote(orch *o)
+{
+    for (int64_t i = 0; i < o->n_jobs; i++) {
+        if (o->jobs[i].state != J_DONE) continue;
+        kvm_store_cache_key key = {
+            .model_id = o->model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = o->config_id};
+        kvm_storecli_claim_state st;
+        kvm_storecli_claim_info info;
+        if (kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 1,
+                               &st, &info)) {
+            kvm_orch__log("could not read the stored sizes: %s\n", kvm_errmsg());
+            return 1;
+        }
+        if (st == KVM_STORECLI_STORED)
+            o->sum->bytes_full += info.full_bytes, o->sum->bytes_compressed += info.stored_bytes;
+        else
+            o->sum->evicted++, o->sum->evicted_own++;
+    }
+    return 0;
+}
