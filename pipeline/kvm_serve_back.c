@@ -1,0 +1,209 @@
+/* kvm_serve_back.c: the serving broker's back end: decode workers joining, their answers and
+ * errors relayed to the waiting clients, a dead worker's client told, and queued requests
+ * handed to idle workers. */
+#include "pipeline/kvm_serve_int.h"
+#include "common/kvm_error.h"
+#include "pipeline/kvm_stage.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <zmq.h>
+
+/* ---- workers ---- */
+
+static int worker_find(srv *s, const kvm_frame *idf, int create)
+{
+    char id[256];
+    size_t n = idf->size < sizeof id - 1 ? idf->size : sizeof id - 1;
+    memcpy(id, idf->data, n);
+    id[n] = '\0';
+    for (int w = 0; w < s->n_workers; w++)
+        if (!strcmp(s->workers[w].id, id)) return w;
+    if (!create) return -1;
+    int w = -1;
+    for (int k = 0; k < s->n_workers && w < 0; k++) /* reuse the entry of a dead worker */
+        if (!s->workers[k].alive && !s->workers[k].busy) w = k;
+    if (w < 0) {
+        if (s->n_workers == MAX_WORKERS) return -1;
+        w = s->n_workers++;
+    }
+    srv_worker *wk = &s->workers[w];
+    *wk = (srv_worker){.alive = 1, .slot = -1, .last_seen = kvm_now_ms()};
+    snprintf(wk->id, sizeof wk->id, "%s", id);
+    for (int i = 0; i < s->n_slots; i++)
+        if (!strcmp(s->slots[i].id, id)) wk->slot = i, s->slots[i].early_exits = 0;
+    if (wk->slot >= 0)
+        kvm_serve__log("decode worker %s joined (started by this server)", id);
+    else
+        kvm_serve__log("external decode worker %s joined", id);
+    return w;
+}
+
+/* The worker is gone: its client gets an error; a spawned one is restarted. */
+void kvm_serve__worker_dead(srv *s, int w, const char *why)
+{
+    srv_worker *wk = &s->workers[w];
+    if (!wk->alive && !wk->busy) return;
+    kvm_serve__log("decode worker %s %s", wk->id, why);
+    if (wk->busy && wk->env) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "decode worker %s %s while answering; try again", wk->id, why);
+        kvm_serve__reply_error(s, &wk->env, wk->request_id, KVM_EIO, msg);
+    }
+    kvm_msg_free(&wk->env);
+    kvm_serve__grant_done(s, wk, 0);
+    wk->alive = wk->idle = wk->busy = 0;
+    if (wk->slot >= 0 && !*s->interrupts) {
+        srv_slot *sl = &s->slots[wk->slot];
+        if (sl->pid > 0) {
+            kill(sl->pid, SIGKILL);
+            waitpid(sl->pid, NULL, 0);
+            sl->pid = 0;
+        }
+        /* a process that dies right after starting is restarted after a pause, not in a loop */
+        double now = kvm_now_ms();
+        sl->respawn_at = now - sl->started_ms < 5000 ? now + 2000 : now;
+        sl->respawns++;
+    }
+    wk->slot = -1;
+}
+
+/* ---- back end ---- */
+
+static void on_worker_data(srv *s, int w, kvm_msg **m)
+{
+    srv_worker *wk = &s->workers[w];
+    kvm_proto_type t;
+    if (kvm_proto_peek(*m, &t)) {
+        kvm_serve__log("dropped a malformed message from worker %s: %s", wk->id, kvm_errmsg());
+        return;
+    }
+    if (t == KVM_PROTO_READY) {
+        if (!wk->busy) wk->idle = 1;
+        return;
+    }
+    if (t != KVM_PROTO_ANSWER) {
+        kvm_serve__log("dropped an unexpected %s from worker %s", kvm_proto_type_name(t), wk->id);
+        return;
+    }
+    kvm_proto_answer a;
+    int ok = kvm_proto_answer_decode(*m, &a) == 0;
+    if (!wk->busy || (ok && a.request_id != wk->request_id)) {
+        kvm_serve__log("dropped an answer from worker %s that no client waits for", wk->id);
+        return;
+    }
+    wk->busy = 0;
+    kvm_serve__grant_done(s, wk, ok && a.new_cache);
+    double ms = kvm_now_ms() - wk->t_sent;
+    if (!wk->env) {
+        kvm_serve__log("request %llu: answer from %s arrived after the client's timeout (%.0f ms); dropped",
+                       (unsigned long long)wk->request_id, wk->id, ms);
+        return;
+    }
+    if (!ok) {
+        char why[600];
+        snprintf(why, sizeof why, "decode worker %s sent a malformed answer: %s", wk->id, kvm_errmsg());
+        kvm_serve__log("request %llu: %s", (unsigned long long)wk->request_id, why);
+        kvm_serve__reply_error(s, &wk->env, wk->request_id, KVM_EPROTO, why);
+        return;
+    }
+    if (a.status == 0)
+        s->served++;
+    else
+        s->failed++;
+    kvm_serve__log("request %llu answered by %s: %s, %lld tokens, %.1f ms%s%.*s", (unsigned long long)a.request_id,
+                   wk->id, a.status ? kvm_strerror(a.status) : "ok", (long long)a.n_tokens, ms, a.status ? ": " : "",
+                   a.status ? (int)a.message.len : 0, a.message.ptr ? a.message.ptr : "");
+    kvm_serve__reply(s, &wk->env, m);
+}
+
+static void on_worker_ctl(srv *s, int w, kvm_msg *m)
+{
+    srv_worker *wk = &s->workers[w];
+    kvm_proto_type t;
+    if (kvm_proto_peek(m, &t)) {
+        kvm_serve__log("dropped a malformed control message from %s: %s", wk->id, kvm_errmsg());
+        return;
+    }
+    if (t != KVM_PROTO_ERROR) return; /* ready, heartbeat, result: liveness only */
+    kvm_proto_error e;
+    if (kvm_proto_error_decode(m, &e)) {
+        kvm_serve__log("dropped a bad error message from %s: %s", wk->id, kvm_errmsg());
+        return;
+    }
+    if (!wk->busy) return;
+    wk->busy = 0;
+    kvm_serve__grant_done(s, wk, 0);
+    if (!wk->env) return;
+    char why[1024];
+    snprintf(why, sizeof why, "decode worker %s failed: %.*s", wk->id, (int)(e.message.len < 900 ? e.message.len : 900),
+             e.message.ptr ? e.message.ptr : "");
+    kvm_serve__log("request %llu: %s", (unsigned long long)wk->request_id, why);
+    kvm_serve__reply_error(s, &wk->env, wk->request_id, e.status < 0 ? e.status : KVM_EIO, why);
+}
+
+void kvm_serve__receive_back(srv *s, void *sock, int is_ctl)
+{
+    for (int k = 0; k < 1000; k++) {
+        kvm_msg *m = NULL, *env = NULL;
+        if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
+        if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
+            kvm_frame idf = kvm_msg_frame(env, 0);
+            int w = worker_find(s, &idf, 1);
+            if (w >= 0) {
+                srv_worker *wk = &s->workers[w];
+                wk->last_seen = kvm_now_ms();
+                wk->alive = 1;
+                if (is_ctl)
+                    on_worker_ctl(s, w, m);
+                else
+                    on_worker_data(s, w, &m);
+            }
+        }
+        kvm_msg_free(&env);
+        kvm_msg_free(&m);
+    }
+}
+
+void kvm_serve__dispatch(srv *s)
+{
+    while (s->n_queue > 0) {
+        int w = -1;
+        for (int k = 0; k < s->n_workers && w < 0; k++)
+            if (s->workers[k].alive && s->workers[k].idle && !s->workers[k].busy) w = k;
+        if (w < 0) return;
+        srv_worker *wk = &s->workers[w];
+        srv_request r = s->queue[0];
+        kvm_serve__queue_remove(s, 0);
+        int client = -1, grant = 0, rc = 0;
+        if ((rc = kvm_serve__with_grant(s, &r, &grant, &client))) {
+            if (grant) kvm_serve__grant_release_unused(s, client);
+            kvm_serve__reply_error(s, &r.env, r.request_id, rc, kvm_errmsg());
+            kvm_msg_free(&r.msg);
+            continue;
+        }
+        kvm_msg *env = NULL;
+        rc = kvm_msg_new(&env);
+        if (!rc) rc = kvm_msg_add_copy(env, wk->id, strlen(wk->id));
+        if (!rc) rc = kvm_msg_join(env, &r.msg);
+        if (!rc) rc = kvm_msg_send(s->data, &env, ZMQ_DONTWAIT);
+        kvm_msg_free(&env);
+        kvm_msg_free(&r.msg);
+        wk->idle = 0;
+        wk->grant = grant;
+        wk->grant_client = client;
+        wk->request_id = r.request_id;
+        if (rc) {
+            kvm_serve__worker_dead(s, w, "could not be reached");
+            kvm_serve__reply_error(s, &r.env, r.request_id, KVM_EIO,
+                                   "the decode worker could not be reached; try again");
+            continue;
+        }
+        wk->busy = 1;
+        wk->env = r.env;
+        wk->request_id = r.request_id;
+        wk->t_sent = kvm_now_ms();
+    }
+}

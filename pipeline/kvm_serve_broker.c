@@ -1,0 +1,195 @@
+/* kvm_serve_broker.c: the serving broker (kvm_serve_run): setup (run directory, store service,
+ * keys, sockets, decode worker processes) and the loop. One thread; every wait is a zmq_poll of
+ * at most 100 ms so heartbeats, timeouts, child exits and signals are handled promptly. Clients,
+ * decode workers, their processes and the allowance are kvm_serve_{front,back,slots,grant}.c. */
+#include "pipeline/kvm_serve_int.h"
+#include "common/kvm_error.h"
+#include "common/kvm_log.h"
+#include "pipeline/kvm_svcproc.h"
+#include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_rundir.h"
+#include "pipeline/kvm_stage.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+static volatile sig_atomic_t interrupts;
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupts++;
+}
+
+/* ---- setup ---- */
+
+static int prepare(srv *s)
+{
+    const kvm_config *cfg = s->cfg;
+    /* a device this host cannot use is refused before anything starts */
+    if (s->n_slots > 0 && kvm_stage_check_devices("[serve] devices", kvm_config_str(cfg, "serve", "devices")))
+        return KVM_EINVAL;
+    int rc0 =
+        kvm_rundir_make(kvm_config_str(cfg, "run", "run_dir"), "serve", s->run_dir, sizeof s->run_dir, &s->own_run_dir);
+    if (rc0) return rc0;
+    const char *sb = kvm_config_str(cfg, "store", "service_bind");
+    if (*sb && strncmp(s->store_path, "tcp://", 6) && strncmp(s->store_path, "ipc://", 6)) { /* the store's host */
+        char log[2200];
+        snprintf(log, sizeof log, "%s/store.log", s->run_dir);
+        if ((rc0 = kvm_svcproc_start(&s->svc, s->bin_dir, s->store_path, sb, kvm_config_path(cfg), log, 10000)))
+            return rc0;
+        kvm_serve__log("store service on %s (pid %ld, log %s)", sb, (long)s->svc.pid, log);
+    }
+    const char *be = kvm_config_str(cfg, "serve", "backend");
+    if (*be)
+        snprintf(s->base, sizeof s->base, "%s", be);
+    else
+        snprintf(s->base, sizeof s->base, "ipc://%s", s->run_dir);
+    char ctl_ep[1100], data_ep[1100];
+    int rc = kvm_stage_endpoints(s->base, ctl_ep, data_ep, sizeof ctl_ep);
+    if (rc) return kvm_err(KVM_EINVAL, "[serve] backend: %s", kvm_errmsg());
+    /* the back end follows the front end's rule: keyed server => every worker authenticates */
+    s->backend_curve = !kvm_curve_is_local(ctl_ep) || !kvm_curve_is_local(data_ep) ||
+                       *kvm_config_str(cfg, "security", "server_secret_key");
+    if (s->backend_curve && s->n_slots > 0) {
+        const char *need[3] = {"server_public_key", "client_public_key", "client_secret_key"};
+        for (int i = 0; i < 3; i++)
+            if (!*kvm_config_str(cfg, "security", need[i]))
+                return kvm_err(KVM_EINVAL,
+                               "[serve] backend %s uses CurveZMQ (a server key is set, or it is not local): the "
+                               "decode workers started here need [security] %s (a key pair from kvmill keygen "
+                               "whose .public is in authorized_keys, and the server's public key)",
+                               s->base, need[i]);
+        /* a mixed-up pair made every worker fail its handshake in silence: serve never got ready */
+        if ((rc = kvm_curve_check_client_pair(kvm_config_str(cfg, "security", "client_secret_key"),
+                                              kvm_config_str(cfg, "security", "client_public_key"))))
+            return kvm_err(KVM_EINVAL, "[security] client_public_key, client_secret_key: %s", kvm_errmsg());
+        /* and one the server does not list: the workers it starts were refused, and it never got ready */
+        const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
+        struct stat ast; /* a folder that is missing or no folder is said when the front end binds */
+        if (*kvm_config_str(cfg, "security", "server_secret_key") && *auth && !stat(auth, &ast) &&
+            S_ISDIR(ast.st_mode) &&
+            (rc = kvm_curve_check_authorized(kvm_config_str(cfg, "security", "client_public_key"), auth)))
+            return kvm_err(KVM_EINVAL, "[security] client_public_key (the key of the decode workers serve starts): %s",
+                           kvm_errmsg());
+    }
+    char exe[2048];
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);
+    if (s->n_slots > 0 && access(exe, X_OK) != 0)
+        return kvm_err(
+            KVM_EINVAL,
+            "decode worker binary %s is missing or not executable (build with make, or set [stages] bin_dir)", exe);
+    s->zctx = zmq_ctx_new();
+    s->front = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->ctl = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
+    if (!s->zctx || !s->front || !s->ctl || !s->data) return kvm_err(KVM_EIO, "zmq_socket: %s", zmq_strerror(errno));
+    int linger = 0, mandatory = 1;
+    int64_t maxmsg = s->max_msg_bytes;
+    void *socks[3] = {s->front, s->ctl, s->data};
+    for (int i = 0; i < 3; i++) {
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    }
+    if (zmq_setsockopt(s->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg))
+        return kvm_err(KVM_EIO, "ZMQ_MAXMSGSIZE: %s", zmq_strerror(errno));
+    char what[1200];
+    if (s->o->bind)
+        snprintf(what, sizeof what, "--bind");
+    else
+        snprintf(what, sizeof what, "[serve] bind in %s", kvm_config_path(cfg));
+    s->front_curve = !kvm_curve_is_local(s->front_ep) || *kvm_config_str(cfg, "security", "server_secret_key");
+    if ((rc = kvm_serve_bind(s->zctx, s->front, s->front_ep, cfg, 1, what)) ||
+        (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")) ||
+        (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")))
+        return rc;
+    /* the ready line shows what was bound: a :0 or :* port as the port the system chose */
+    char bound[1024];
+    if (kvm_serve_bound_endpoint(s->front, s->front_ep, bound, sizeof bound))
+        snprintf(s->front_ep, sizeof s->front_ep, "%s", bound);
+    for (int i = 0; i < s->n_slots; i++)
+        if ((rc = kvm_serve__spawn_slot(s, i))) return rc;
+    return 0;
+}
+
+int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
+{
+    static srv s;
+    memset(&s, 0, sizeof s);
+    const char *lf = kvm_config_str(cfg, "run", "log_format");
+    kvm_log_setup("serve", "kvmill serve: ", lf);
+    setenv("KVMILL_LOG_FORMAT", lf, 1); /* the decode workers it starts log alike */
+    s.cfg = cfg;
+    s.o = o;
+    snprintf(s.front_ep, sizeof s.front_ep, "%s", o->bind ? o->bind : kvm_config_str(cfg, "serve", "bind"));
+    snprintf(s.store_path, sizeof s.store_path, "%s",
+             o->store_path ? o->store_path : kvm_config_str(cfg, "store", "path"));
+    const char *bd = o->bin_dir ? o->bin_dir : kvm_config_str(cfg, "stages", "bin_dir");
+    snprintf(s.bin_dir, sizeof s.bin_dir, "%s", *bd ? bd : ".");
+    int64_t nw = o->workers >= 0 ? o->workers : kvm_config_int(cfg, "serve", "workers");
+    s.n_slots = (int)(nw < MAX_WORKERS ? nw : MAX_WORKERS);
+    s.hb_ms = (double)kvm_config_int(cfg, "run", "heartbeat_ms");
+    s.dead_ms = s.hb_ms * (double)kvm_config_int(cfg, "run", "liveness");
+    s.timeout_ms = 1000.0 * (double)kvm_config_int(cfg, "serve", "request_timeout_s");
+    s.max_queue = kvm_config_int(cfg, "serve", "max_queue");
+    s.max_msg_bytes = kvm_config_int(cfg, "serve", "max_message_bytes");
+    s.compute_missing = kvm_config_bool(cfg, "serve", "compute_missing");
+    s.max_new = kvm_config_int(cfg, "serve", "max_new_caches");
+    s.max_new_per_key = kvm_config_int(cfg, "serve", "max_new_caches_per_key");
+    s.announced = s.n_slots == 0;
+    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    signal(SIGPIPE, SIG_IGN);
+    interrupts = 0;
+    s.interrupts = &interrupts;
+    int rc = prepare(&s), status = 0;
+    if (rc) {
+        status = rc == KVM_EINVAL ? 2 : 1;
+        /* a refusal to start (README, "Seeing a run": event "refused"), as the command's own are */
+        kvm_log(KVM_LOG_ERROR, status == 2 ? "refused" : "message", NULL, 0, "%s", kvm_errmsg());
+    } else {
+        if (s.n_slots == 0)
+            kvm_serve__log("ready: front end %s, no decode workers started; back end %s", s.front_ep, s.base);
+        while (!interrupts && !s.fatal) {
+            zmq_pollitem_t items[3] = {
+                {s.front, 0, ZMQ_POLLIN, 0}, {s.ctl, 0, ZMQ_POLLIN, 0}, {s.data, 0, ZMQ_POLLIN, 0}};
+            zmq_poll(items, 3, 100);
+            if (items[1].revents & ZMQ_POLLIN) kvm_serve__receive_back(&s, s.ctl, 1);
+            if (items[2].revents & ZMQ_POLLIN) kvm_serve__receive_back(&s, s.data, 0);
+            if (items[0].revents & ZMQ_POLLIN) kvm_serve__receive_front(&s);
+            kvm_serve__check_health(&s);
+            kvm_serve__dispatch(&s);
+        }
+        if (s.fatal) {
+            kvm_serve__log(
+                "decode workers exit %d times in a row before connecting (see their messages above): stopping",
+                MAX_EARLY_EXITS);
+            status = 1;
+        } else
+            kvm_serve__log("stopping (%s): %llu answered, %llu errors",
+                           interrupts >= 2 ? "now" : "letting workers finish", (unsigned long long)s.served,
+                           (unsigned long long)s.failed);
+    }
+    kvm_serve__shutdown_workers(&s, interrupts >= 2 || rc);
+    kvm_svcproc_stop(&s.svc, 5000);
+    for (int w = 0; w < s.n_workers; w++)
+        kvm_msg_free(&s.workers[w].env);
+    free(s.queue);
+    free(s.clients);
+    if (s.front) zmq_close(s.front);
+    if (s.ctl) zmq_close(s.ctl);
+    if (s.data) zmq_close(s.data);
+    kvm_curve_ctx_term(s.zctx); /* joins the ZAP handler too: no thread outlives the return */
+    if (s.own_run_dir) kvm_rundir_remove(s.run_dir);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (!rc && !s.fatal) kvm_serve__log("stopped");
+    return interrupts >= 2 ? 130 : status;
+}

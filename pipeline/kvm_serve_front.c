@@ -1,0 +1,144 @@
+/* kvm_serve_front.c: the serving broker's front end: client requests checked and queued,
+ * answers and error answers sent back. */
+#include "pipeline/kvm_serve_int.h"
+#include "common/kvm_error.h"
+#include "common/kvm_log.h"
+#include "pipeline/kvm_stage.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+void kvm_serve__log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    kvm_logv(KVM_LOG_INFO, "message", NULL, 0, fmt, ap); /* "kvmill serve: ..." or JSON ([run] log_format) */
+    va_end(ap);
+}
+
+/* ---- replies to clients ---- */
+
+/* Sends *answer to the client behind *env (takes both). */
+void kvm_serve__reply(srv *s, kvm_msg **env, kvm_msg **answer)
+{
+    int rc = kvm_msg_join(*env, answer);
+    if (!rc) rc = kvm_msg_send(s->front, env, ZMQ_DONTWAIT);
+    if (rc) kvm_serve__log("could not send an answer: client gone (%s)", zmq_strerror(errno));
+    kvm_msg_free(env);
+    kvm_msg_free(answer);
+}
+
+void kvm_serve__reply_error(srv *s, kvm_msg **env, uint64_t request_id, int status, const char *why)
+{
+    kvm_msg *a = NULL;
+    s->failed++;
+    if (kvm_serve_error_answer(request_id, status, why, &a)) {
+        kvm_msg_free(env);
+        return;
+    }
+    kvm_serve__reply(s, env, &a);
+}
+
+/* ---- the queue ---- */
+
+static int queue_push(srv *s, srv_request r)
+{
+    if (s->n_queue >= s->max_queue) return KVM_EFULL;
+    if (s->n_queue == s->cap_queue) {
+        int64_t cap = s->cap_queue ? 2 * s->cap_queue : 16;
+        srv_request *q = realloc(s->queue, (size_t)cap * sizeof *q);
+        if (!q) return KVM_ENOMEM;
+        s->queue = q;
+        s->cap_queue = cap;
+    }
+    s->queue[s->n_queue++] = r;
+    return 0;
+}
+
+void kvm_serve__queue_remove(srv *s, int64_t i)
+{
+    memmove(&s->queue[i], &s->queue[i + 1], (size_t)(s->n_queue - i - 1) * sizeof *s->queue);
+    s->n_queue--;
+}
+
+/* ---- front end ---- */
+
+static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
+{
+    size_t bytes = 0;
+    for (size_t f = 0; f < kvm_msg_nframes(*m); f++)
+        bytes += kvm_msg_frame(*m, f).size;
+    uint64_t rid = 0;
+    int has_id = kvm_serve_request_id(*m, &rid);
+    char why[1024];
+    int status = 0;
+    kvm_proto_type t;
+    kvm_proto_ask ask;
+    if ((int64_t)bytes > s->max_msg_bytes) {
+        status = KVM_ERANGE;
+        snprintf(why, sizeof why, "request of %zu bytes exceeds [serve] max_message_bytes = %lld", bytes,
+                 (long long)s->max_msg_bytes);
+    } else if (kvm_proto_peek(*m, &t)) {
+        status = KVM_EPROTO;
+        snprintf(why, sizeof why, "malformed request: %s", kvm_errmsg());
+    } else if (t != KVM_PROTO_ASK) {
+        status = KVM_ENOTSUP;
+        snprintf(why, sizeof why, "unexpected %s message: this server answers ask", kvm_proto_type_name(t));
+    } else if (kvm_proto_ask_decode(*m, &ask)) {
+        status = KVM_EPROTO;
+        snprintf(why, sizeof why, "malformed ask: %s", kvm_errmsg());
+    } else
+        rid = ask.request_id;
+    if (status) {
+        if (has_id) {
+            kvm_serve__log("request %llu refused: %s", (unsigned long long)rid, why);
+            kvm_serve__reply_error(s, env, rid, status, why);
+        } else
+            kvm_serve__log("dropped a message from a client: %s", why);
+        kvm_msg_free(env);
+        kvm_msg_free(m);
+        return;
+    }
+    srv_request r = {.env = *env, .msg = *m, .request_id = rid, .t_recv = kvm_now_ms()};
+    const char *uid = kvm_msg_user_id(*m);
+    snprintf(r.key, sizeof r.key, "%s", uid ? uid : "");
+    if (queue_push(s, r)) {
+        snprintf(why, sizeof why, "server busy: %lld requests are waiting ([serve] max_queue); try again later",
+                 (long long)s->n_queue);
+        kvm_serve__reply_error(s, env, rid, KVM_EFULL, why);
+        kvm_msg_free(m);
+        return;
+    }
+    *env = *m = NULL;
+}
+
+void kvm_serve__receive_front(srv *s)
+{
+    for (int k = 0; k < 1000; k++) {
+        kvm_msg *m = NULL, *env = NULL;
+        if (kvm_msg_recv(s->front, &m, ZMQ_DONTWAIT)) {
+            if (errno != EAGAIN && errno != EINTR) kvm_serve__log("dropped a message from a client: %s", kvm_errmsg());
+            return;
+        }
+        size_t nf = kvm_msg_nframes(m);
+        /* a REQ client puts an empty delimiter after its routing id: keep it in the envelope */
+        size_t ne = nf >= 3 && kvm_msg_frame(m, 1).size == 0 ? 2 : 1;
+        if (nf <= ne || kvm_msg_split(m, ne, &env)) {
+            kvm_serve__log("dropped an empty message from a client");
+            kvm_msg_free(&m);
+            continue;
+        }
+        if (*s->interrupts) {
+            uint64_t rid = 0;
+            kvm_serve_request_id(m, &rid);
+            kvm_serve__reply_error(s, &env, rid, KVM_ESTATE, "server is stopping");
+            kvm_msg_free(&m);
+            continue;
+        }
+        on_request(s, &env, &m);
+    }
+}

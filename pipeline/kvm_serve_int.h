@@ -1,0 +1,123 @@
+/* kvm_serve_int.h: what the serving broker's files share: the broker's state (worker slots,
+ * workers, client allowances, the request queue) and the functions that cross those files. They
+ * call one way: kvm_serve_broker.c (the loop) -> slots -> back end -> grant -> front end, all
+ * over kvm_serve.c (binding, answer helpers). Not part of the public API (kvm_serve.h). */
+#ifndef KVM_SERVE_INT_H
+#define KVM_SERVE_INT_H
+
+#include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_svcproc.h"
+
+#include <signal.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum { MAX_WORKERS = 256, MAX_EARLY_EXITS = 3 };
+
+typedef struct srv_slot {
+    pid_t pid;         /* running process, 0 when none */
+    int respawns;      /* times restarted */
+    char id[256];      /* worker id of the current process */
+    double started_ms; /* when the current process was spawned */
+    double respawn_at; /* when to start it again (0: not waiting) */
+    int early_exits;   /* consecutive exits before the process ever connected */
+} srv_slot;
+
+/* New caches [serve] compute_missing added (or is adding) for one client key. */
+typedef struct srv_client {
+    char key[48]; /* the client's CurveZMQ public key, Z85 */
+    int64_t made; /* caches added for it this server run */
+    int64_t out;  /* grants held by requests in flight */
+} srv_client;
+
+typedef struct srv_worker {
+    char id[256];        /* routing id (= --id) */
+    int alive;           /* heard from within the liveness window */
+    int idle;            /* sent a credit and holds no request */
+    int busy;            /* holds a request (answer not received yet) */
+    int slot;            /* spawned slot, or -1 for an external worker */
+    double last_seen;    /* last message, ms */
+    kvm_msg *env;        /* envelope of the client waiting for the busy request; NULL when
+                            the client already got an error answer (timeout) */
+    uint64_t request_id; /* of the busy request */
+    double t_sent;       /* when it was handed to the worker */
+    int grant;           /* the busy request may add a cache (compute_grant): one grant held */
+    int grant_client;    /* index in srv.clients of the grant's client key, or -1 */
+} srv_worker;
+
+typedef struct srv_request {
+    kvm_msg *env;        /* client envelope (routing id, and the empty delimiter of a REQ) */
+    kvm_msg *msg;        /* the ask */
+    uint64_t request_id; /* its request id */
+    double t_recv;       /* arrival, ms */
+    char key[48];        /* the client's CurveZMQ key (the message's User-Id), "" without CurveZMQ */
+} srv_request;
+
+typedef struct srv {
+    const kvm_config *cfg;
+    const kvm_serve_opts *o;
+    void *zctx, *front, *ctl, *data;
+    char front_ep[1024], base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
+    int own_run_dir, backend_curve, announced;
+    int fatal;       /* a worker slot keeps failing before it connects: stop serving */
+    kvm_svcproc svc; /* the store service for decode workers on other hosts ([store] service_bind) */
+    srv_slot slots[MAX_WORKERS];
+    int n_slots;
+    srv_worker workers[MAX_WORKERS];
+    int n_workers;
+    srv_request *queue;
+    int64_t n_queue, cap_queue, max_queue;
+    double hb_ms, dead_ms, timeout_ms;
+    int64_t max_msg_bytes;
+    uint64_t served, failed;
+    int front_curve;                  /* the front end authenticates clients (CurveZMQ) */
+    int compute_missing;              /* [serve] compute_missing */
+    int64_t max_new, max_new_per_key; /* [serve] max_new_caches, max_new_caches_per_key */
+    int64_t new_made, new_out;        /* caches added this run; grants held by requests in flight */
+    int new_full_logged;              /* the "allowance used up" line was logged */
+    srv_client *clients;              /* per client key, when front_curve */
+    int n_clients, cap_clients;
+    const volatile sig_atomic_t *interrupts; /* Ctrl-C / SIGTERM count (kvm_serve_broker.c's handler) */
+} srv;
+
+/* ---- kvm_serve_front.c: clients ---- */
+
+/* A line on stderr: "kvmill serve: ..." or JSON ([run] log_format). */
+void kvm_serve__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Sends *answer to the client behind *env (takes both). */
+void kvm_serve__reply(srv *s, kvm_msg **env, kvm_msg **answer);
+/* Sends an error answer to the client behind *env (takes it), counting it as failed. */
+void kvm_serve__reply_error(srv *s, kvm_msg **env, uint64_t request_id, int status, const char *why);
+/* Removes the queue's i-th request (the caller took it). */
+void kvm_serve__queue_remove(srv *s, int64_t i);
+/* Handles up to 1000 waiting client messages: each is queued or answered with an error. */
+void kvm_serve__receive_front(srv *s);
+
+/* ---- kvm_serve_grant.c: the [serve] compute_missing allowance ---- */
+
+/* The request that held worker wk's grant ended; new_cache: it added a cache. */
+void kvm_serve__grant_done(srv *s, srv_worker *wk, int new_cache);
+/* Gives back a grant taken for a request that never reached a worker. */
+void kvm_serve__grant_release_unused(srv *s, int client);
+/* Sets the request's compute_grant field to whether it may add a cache. */
+int kvm_serve__with_grant(srv *s, srv_request *r, int *grant, int *client);
+
+/* ---- kvm_serve_back.c: decode workers ---- */
+
+/* The worker is gone: its client gets an error; a spawned one is restarted. */
+void kvm_serve__worker_dead(srv *s, int w, const char *why);
+/* Handles up to 1000 waiting messages of the control (is_ctl) or data socket. */
+void kvm_serve__receive_back(srv *s, void *sock, int is_ctl);
+/* Hands queued requests to idle workers. */
+void kvm_serve__dispatch(srv *s);
+
+/* ---- kvm_serve_slots.c: decode worker processes ---- */
+
+/* Starts the decode worker process of slot i. */
+int kvm_serve__spawn_slot(srv *s, int i);
+/* Child exits, silent workers, restarts, request timeouts, the ready line. */
+void kvm_serve__check_health(srv *s);
+/* Lets the workers finish what they hold (relaying their answers), then stops them. */
+void kvm_serve__shutdown_workers(srv *s, int hard);
+
+#endif

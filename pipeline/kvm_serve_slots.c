@@ -1,0 +1,180 @@
+/* kvm_serve_slots.c: the serving broker's decode worker processes: starting them, the health
+ * checks (exits, silence, restarts, request timeouts, the ready line) and the shutdown that lets
+ * them finish what they hold. */
+#include "pipeline/kvm_serve_int.h"
+#include "common/kvm_error.h"
+#include "pipeline/kvm_stage.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+extern char **environ;
+
+/* ---- processes ---- */
+
+int kvm_serve__spawn_slot(srv *s, int i)
+{
+    srv_slot *sl = &s->slots[i];
+    char exe[2048], hb[32], grace[32], threads[32], ppid[32], dev[64];
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", s->bin_dir);
+    kvm_stage_device_at(kvm_config_str(s->cfg, "serve", "devices"), i, dev, sizeof dev); /* [serve] devices, cycled */
+    snprintf(ppid, sizeof ppid, "%ld", (long)getpid()); /* a worker outliving a kill -9 of serve stops */
+    snprintf(sl->id, sizeof sl->id, "decode-%d-r%d-%d", i, sl->respawns, (int)getpid());
+    snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(s->cfg, "run", "heartbeat_ms"));
+    snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(s->cfg, "run", "grace_s"));
+    snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(s->cfg, "stages", "threads"));
+    /* clang-format off */
+    char *argv[28] = {exe,       "--connect",   s->base,     "--config", (char *)s->o->config_path,
+                      "--store", s->store_path, "--threads", threads,    "--heartbeat-ms",
+                      hb,        "--grace-s",   grace,       "--id",     sl->id, "--parent-pid", ppid,
+                      "--device", dev};
+    /* clang-format on */
+    int n = 19;
+    if (s->backend_curve) {
+        argv[n++] = "--server-key";
+        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "server_public_key");
+        argv[n++] = "--client-public";
+        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "client_public_key");
+        argv[n++] = "--client-secret";
+        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "client_secret_key");
+    }
+    argv[n] = NULL;
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    sigset_t def;
+    sigemptyset(&def);
+    sigaddset(&def, SIGINT);
+    sigaddset(&def, SIGTERM);
+    posix_spawnattr_setsigdefault(&at, &def);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches the broker only */
+    int rc = posix_spawn(&sl->pid, exe, NULL, &at, argv, environ);
+    posix_spawnattr_destroy(&at);
+    sl->respawn_at = 0;
+    sl->started_ms = kvm_now_ms();
+    if (rc) {
+        sl->pid = 0;
+        return kvm_err(KVM_EIO, "cannot start %s: %s", exe, strerror(rc));
+    }
+    return 0;
+}
+
+static void stop_children(srv *s, int sig)
+{
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].pid > 0) kill(s->slots[i].pid, sig);
+}
+
+void kvm_serve__check_health(srv *s)
+{
+    double now = kvm_now_ms();
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (s->svc.pid > 0 && pid == s->svc.pid) {
+            s->svc.pid = 0;
+            kvm_serve__log("the store service exited (%s %d): starting it again", WIFSIGNALED(st) ? "signal" : "status",
+                           WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            if (s->svc.restarts >= 20 || kvm_svcproc_restart(&s->svc, 10000))
+                kvm_serve__log("the store service cannot be restarted: %s",
+                               s->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
+            continue;
+        }
+        for (int i = 0; i < s->n_slots; i++) {
+            if (s->slots[i].pid != pid) continue;
+            s->slots[i].pid = 0;
+            char why[128];
+            snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
+                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            int found = 0;
+            for (int w = 0; w < s->n_workers; w++)
+                if (s->workers[w].slot == i) kvm_serve__worker_dead(s, w, why), found = 1;
+            if (!found && !*s->interrupts) { /* died before it ever said ready */
+                kvm_serve__log("decode worker %s %s before connecting", s->slots[i].id, why);
+                s->slots[i].respawn_at = now + 1000;
+                s->slots[i].respawns++;
+                if (++s->slots[i].early_exits >= MAX_EARLY_EXITS) s->fatal = 1;
+            }
+        }
+    }
+    for (int w = 0; w < s->n_workers; w++)
+        if ((s->workers[w].alive || s->workers[w].busy) && now - s->workers[w].last_seen > s->dead_ms)
+            kvm_serve__worker_dead(s, w, "went silent");
+    for (int i = 0; i < s->n_slots && !*s->interrupts; i++)
+        if (s->slots[i].pid == 0 && s->slots[i].respawn_at > 0 && now >= s->slots[i].respawn_at &&
+            kvm_serve__spawn_slot(s, i))
+            kvm_serve__log("%s", kvm_errmsg());
+    /* requests past their deadline, queued or in flight */
+    for (int64_t i = 0; i < s->n_queue;) {
+        if (now - s->queue[i].t_recv > s->timeout_ms) {
+            srv_request r = s->queue[i];
+            kvm_serve__queue_remove(s, i);
+            kvm_serve__log("request %llu timed out waiting for a free decode worker", (unsigned long long)r.request_id);
+            kvm_serve__reply_error(s, &r.env, r.request_id, KVM_EIO,
+                                   "timed out waiting for a free decode worker ([serve] request_timeout_s)");
+            kvm_msg_free(&r.msg);
+        } else
+            i++;
+    }
+    for (int w = 0; w < s->n_workers; w++) {
+        srv_worker *wk = &s->workers[w];
+        if (wk->busy && wk->env && now - wk->t_sent > s->timeout_ms) {
+            kvm_serve__log("request %llu timed out on worker %s", (unsigned long long)wk->request_id, wk->id);
+            kvm_serve__reply_error(s, &wk->env, wk->request_id, KVM_EIO,
+                                   "the decode worker did not answer in time ([serve] request_timeout_s)");
+        }
+    }
+    if (!s->announced) {
+        int up = 0;
+        for (int w = 0; w < s->n_workers; w++)
+            up += s->workers[w].alive && s->workers[w].slot >= 0;
+        if (up >= s->n_slots) {
+            s->announced = 1;
+            kvm_serve__log("ready: front end %s, %d decode worker(s), back end %s", s->front_ep, up, s->base);
+        }
+    }
+}
+
+/* Lets the workers finish what they hold (relaying their answers), then stops them. */
+void kvm_serve__shutdown_workers(srv *s, int hard)
+{
+    stop_children(s, hard ? SIGKILL : SIGTERM);
+    double end = kvm_now_ms() + (hard ? 200 : 1000.0 * (double)kvm_config_int(s->cfg, "run", "grace_s") + 2000);
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < s->n_slots; i++) {
+            if (s->slots[i].pid <= 0) continue;
+            if (waitpid(s->slots[i].pid, NULL, WNOHANG) == s->slots[i].pid)
+                s->slots[i].pid = 0;
+            else
+                left++;
+        }
+        if (!left || *s->interrupts >= 2) break;
+        if (kvm_now_ms() > end) {
+            stop_children(s, SIGKILL);
+            break;
+        }
+        zmq_pollitem_t items[2] = {{s->ctl, 0, ZMQ_POLLIN, 0}, {s->data, 0, ZMQ_POLLIN, 0}};
+        zmq_poll(items, 2, 50);
+        if (items[0].revents & ZMQ_POLLIN) kvm_serve__receive_back(s, s->ctl, 1);
+        if (items[1].revents & ZMQ_POLLIN) kvm_serve__receive_back(s, s->data, 0);
+    }
+    stop_children(s, SIGKILL);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].pid > 0) waitpid(s->slots[i].pid, NULL, 0), s->slots[i].pid = 0;
+    /* whoever still waits gets told */
+    for (int w = 0; w < s->n_workers; w++)
+        if (s->workers[w].busy && s->workers[w].env)
+            kvm_serve__reply_error(s, &s->workers[w].env, s->workers[w].request_id, KVM_ESTATE,
+                                   "server stopped before answering");
+    while (s->n_queue > 0) {
+        srv_request r = s->queue[0];
+        kvm_serve__queue_remove(s, 0);
+        kvm_serve__reply_error(s, &r.env, r.request_id, KVM_ESTATE, "server stopped before answering");
+        kvm_msg_free(&r.msg);
+    }
+}
