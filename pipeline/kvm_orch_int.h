@@ -44,7 +44,9 @@ typedef struct orch_job {
     int attempt;
     int worker;                    /* index in workers[] while in prefill/compress, else -1 */
     double since_ms;               /* entered the current state */
-    kvm_msg **kv;                  /* [n_layers] buffered kv messages of the current attempt */
+    kvm_msg **kv;                  /* [kv_cap] buffered kv messages of the current attempt */
+    int kv_cap;                    /* slots allocated in kv (kept across attempts) */
+    int64_t kv_layers;             /* the layer count the attempt's first kv message named */
     int64_t prog_done, prog_total; /* progress its compress worker last reported (heartbeat) */
     int n_kv;
     int claimed;      /* this run holds the document's claim in the store */

@@ -111,6 +111,58 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
     kvm_orch__log("dropped an unexpected %s on the control socket\n", kvm_proto_type_name(t));
 }
 
+/* A copy of every frame of m (the receive loop frees m), or NULL when out of memory. */
+static kvm_msg *copy_msg(const kvm_msg *m)
+{
+    kvm_msg *copy = NULL;
+    if (kvm_msg_new(&copy)) return NULL;
+    for (size_t f = 0; f < kvm_msg_nframes(m); f++) {
+        kvm_frame fr = kvm_msg_frame(m, f);
+        if (kvm_msg_add_copy(copy, fr.data, fr.size)) {
+            kvm_msg_free(&copy);
+            return NULL;
+        }
+    }
+    return copy;
+}
+
+/* Makes j->kv hold at least n messages; 0 or KVM_ENOMEM (j->kv unchanged). */
+static int kv_reserve(orch_job *j, int64_t n)
+{
+    if (n <= j->kv_cap) return 0;
+    kvm_msg **kv = realloc(j->kv, (size_t)n * sizeof *kv);
+    if (!kv) return KVM_ENOMEM;
+    j->kv = kv;
+    j->kv_cap = (int)n;
+    return 0;
+}
+
+/* Keeps layer kv.layer (== j->n_kv) of the attempt. The first layer's n_layers sizes j->kv; a
+ * later layer naming another count (a stage's bug or a hostile peer) would write past it, so
+ * the attempt is requeued instead, as it is when the copy cannot be made (a partial copy would
+ * reach the compress stage). Returns 0 when kept, else 1 (the job was requeued). */
+static int kv_accept(orch *o, orch_job *j, const kvm_proto_kv *kv, const kvm_msg *m)
+{
+    char why[200];
+    if (j->n_kv > 0 && kv->n_layers != j->kv_layers) {
+        snprintf(why, sizeof why, "the prefill stage's kv message for layer %lld names %lld layers, its layer 0 %lld",
+                 (long long)kv->layer, (long long)kv->n_layers, (long long)j->kv_layers);
+        kvm_orch__requeue(o, j, why);
+        return 1;
+    }
+    kvm_msg *copy = copy_msg(m);
+    if (!copy || kv_reserve(j, kv->n_layers)) {
+        kvm_msg_free(&copy);
+        snprintf(why, sizeof why, "out of memory keeping the kv message of layer %lld", (long long)kv->layer);
+        kvm_orch__requeue(o, j, why);
+        return 1;
+    }
+    if (j->n_kv == 0) j->kv_layers = kv->n_layers;
+    o->kv_heads = kv->n_layers * kv->n_kv_heads;
+    j->kv[j->n_kv++] = copy;
+    return 0;
+}
+
 static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
 {
     kvm_proto_type t;
@@ -137,12 +189,11 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         }
         orch_job *j = kvm_orch__job_by_id(o, sm.job_id);
         if (!j || j->state != J_PREFILL) return; /* stale attempt */
-        kvm_msg *copy = NULL;
-        if (!j->kv && !(j->kv = calloc(1, sizeof *j->kv))) return;
-        if (kvm_msg_new(&copy)) return;
-        for (size_t f = 0; f < kvm_msg_nframes(m); f++) {
-            kvm_frame fr = kvm_msg_frame(m, f);
-            if (kvm_msg_add_copy(copy, fr.data, fr.size)) break;
+        kvm_msg *copy = copy_msg(m);
+        if (!copy || kv_reserve(j, 1)) {
+            kvm_msg_free(&copy);
+            kvm_orch__requeue(o, j, "out of memory keeping a stats message");
+            return;
         }
         j->kv[0] = copy;
         j->n_kv = 1;
@@ -161,18 +212,8 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         return;
     }
     orch_job *j = kvm_orch__job_by_id(o, kv.job_id);
-    if (!j || j->state != J_PREFILL || kv.layer != j->n_kv || kv.n_layers > 4096) return; /* stale attempt */
-    o->kv_heads = kv.n_layers * kv.n_kv_heads;
-    if (!j->kv && !(j->kv = calloc((size_t)kv.n_layers, sizeof *j->kv))) return;
-    j->kv[j->n_kv++] = NULL;
-    kvm_msg *copy = NULL;
-    if (kvm_msg_new(&copy) == 0) {
-        for (size_t f = 0; f < kvm_msg_nframes(m); f++) {
-            kvm_frame fr = kvm_msg_frame(m, f);
-            if (kvm_msg_add_copy(copy, fr.data, fr.size)) break;
-        }
-    }
-    j->kv[j->n_kv - 1] = copy;
+    if (!j || j->state != J_PREFILL || kv.layer != j->n_kv) return; /* stale attempt */
+    if (kv_accept(o, j, &kv, m)) return;
     if (j->n_kv == kv.n_layers) {
         if (j->worker >= 0) o->workers[j->worker].job = -1;
         j->worker = -1;

@@ -1220,21 +1220,146 @@ START_TEST(test_keyed_bind_stage_keys)
 }
 END_TEST
 
+/* A prefill worker joined by hand, its two DEALER sockets named `id`, connected to the run's
+ * ipc endpoints; sends its hello and a credit. */
+typedef struct peer {
+    void *zctx, *ctl, *data;
+} peer;
+
+static void peer_send(void *sock, kvm_msg **m) { ck_assert_int_eq(kvm_msg_send(sock, m, 0), 0); }
+
+static void peer_credit(peer *p, const char *id)
+{
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(id),
+                       .stage = kvm_proto_str_c("prefill"),
+                       .pid = getpid(),
+                       .device = kvm_proto_str_c("cpu")};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    peer_send(p->data, &m);
+}
+
+static void peer_start(peer *p, const char *id)
+{
+    char base[4400], ctl[4500], data[4500];
+    snprintf(base, sizeof base, "ipc://%s", run_dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+    p->zctx = zmq_ctx_new();
+    p->ctl = zmq_socket(p->zctx, ZMQ_DEALER);
+    p->data = zmq_socket(p->zctx, ZMQ_DEALER);
+    int linger = 0;
+    void *socks[2] = {p->ctl, p->data};
+    for (int i = 0; i < 2; i++) {
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(socks[i], ZMQ_ROUTING_ID, id, strlen(id));
+    }
+    ck_assert_int_eq(zmq_connect(p->ctl, ctl), 0);
+    ck_assert_int_eq(zmq_connect(p->data, data), 0);
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(id),
+                       .stage = kvm_proto_str_c("prefill"),
+                       .pid = getpid(),
+                       .device = kvm_proto_str_c("cpu")};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    peer_send(p->ctl, &m);
+    peer_credit(p, id);
+}
+
+/* Receives a job on the peer's data socket within ms; returns its id (0: none came). */
+static uint64_t peer_job(peer *p, int ms)
+{
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end;) {
+        zmq_pollitem_t it = {p->data, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 100) <= 0) continue;
+        kvm_msg *m = NULL;
+        ck_assert_int_eq(kvm_msg_recv(p->data, &m, 0), 0);
+        kvm_proto_job j;
+        uint64_t id = kvm_proto_job_decode(m, &j) == 0 ? j.job_id : 0;
+        kvm_msg_free(&m);
+        if (id) return id;
+    }
+    return 0;
+}
+
+/* One layer's kv message of n_tokens tokens, one head of size 1. */
+static void peer_kv(peer *p, uint64_t job, int64_t layer, int64_t n_layers, int64_t n_tokens)
+{
+    float *x = calloc((size_t)n_tokens, sizeof *x);
+    kvm_proto_kv kv = {.job_id = job,
+                       .layer = layer,
+                       .n_layers = n_layers,
+                       .n_tokens = n_tokens,
+                       .n_heads = 1,
+                       .n_kv_heads = 1,
+                       .head_dim = 1,
+                       .dtype = KVM_PROTO_F32,
+                       .keys = x,
+                       .values = x,
+                       .entropy = x,
+                       .attn_mass = x};
+    kvm_msg *m = NULL;
+    ck_assert_msg(kvm_proto_kv_encode(&kv, &m) == 0, "%s", kvm_errmsg());
+    peer_send(p->data, &m);
+    free(x);
+}
+
+/* A prefill stage whose kv messages of one attempt disagree on the layer count (layer 0 says 2
+ * layers, later ones 5): the orchestrator sized its buffer by the first and wrote past it.
+ * Now the attempt is requeued, naming both counts, and the next attempt is sent out. */
+START_TEST(test_kv_layer_count_changes)
+{
+    write_config("prefill_workers = 0\n");
+    pid_t run = run_background(docs);
+    peer p;
+    peer_start(&p, "by-hand-prefill");
+    uint64_t job = peer_job(&p, 20000);
+    ck_assert_msg(job != 0, "no job for the prefill worker joined by hand");
+    peer_kv(&p, job, 0, 2, 8);
+    peer_kv(&p, job, 1, 5, 8);
+    peer_kv(&p, job, 2, 5, 8);
+    peer_credit(&p, "by-hand-prefill");
+    uint64_t again = peer_job(&p, 20000);
+    kill(run, SIGINT);
+    usleep(200000);
+    kill(run, SIGINT);
+    int st;
+    ck_assert_int_eq(waitpid(run, &st, 0), run);
+    char *err = tmp_file("err.txt");
+    ck_assert_msg(again != 0 && again != job, "no second attempt after job %llu; stderr: %s", (unsigned long long)job,
+                  err);
+    ck_assert_msg(strstr(err, "kv message for layer 1 names 5 layers, its layer 0 2"), "stderr: %s", err);
+    free(err);
+    zmq_close(p.ctl);
+    zmq_close(p.data);
+    zmq_ctx_term(p.zctx);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"run_then_skip", test_run_then_skip}, {"wire_dtype", test_wire_dtype},
-        {"json_logs_and_metrics", test_json_logs_and_metrics}, {"log_json_escaping", test_log_json_escaping},
-        {"run_starts_store_service", test_run_starts_store_service},
-        {"remote_worker_polykv", test_remote_worker_polykv}, {"compress_worker_killed", test_compress_worker_killed},
-        {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
-        {"garbage_to_each_stage", test_garbage_to_each_stage}, {"external_worker_joins", test_external_worker_joins},
-        {"ctrl_c", test_ctrl_c}, {"jsonl_corpus", test_jsonl_corpus}, {"eval_matches_harness", test_eval_matches_harness},
-        {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back}, {"calibrate_then_polykv", test_calibrate_then_polykv},
-        {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv}, {"calibrate_config_flags", test_calibrate_config_flags},
-        {"dying_stage_gives_up", test_dying_stage_gives_up}, {"short_document_kept_full", test_short_document_kept_full},
-        {"keyed_bind_stage_keys", test_keyed_bind_stage_keys}};
+    struct { const char *name; const TTest *fn;
+    } cases[] = {{"run_then_skip", test_run_then_skip},
+                 {"wire_dtype", test_wire_dtype},
+                 {"json_logs_and_metrics", test_json_logs_and_metrics},
+                 {"log_json_escaping", test_log_json_escaping},
+                 {"run_starts_store_service", test_run_starts_store_service},
+                 {"remote_worker_polykv", test_remote_worker_polykv},
+                 {"compress_worker_killed", test_compress_worker_killed},
+                 {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
+                 {"garbage_to_each_stage", test_garbage_to_each_stage},
+                 {"external_worker_joins", test_external_worker_joins},
+                 {"ctrl_c", test_ctrl_c},
+                 {"jsonl_corpus", test_jsonl_corpus},
+                 {"eval_matches_harness", test_eval_matches_harness},
+                 {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back},
+                 {"calibrate_then_polykv", test_calibrate_then_polykv},
+                 {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
+                 {"calibrate_config_flags", test_calibrate_config_flags},
+                 {"dying_stage_gives_up", test_dying_stage_gives_up},
+                 {"short_document_kept_full", test_short_document_kept_full},
+                 {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
+                 {"kv_layer_count_changes", test_kv_layer_count_changes}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
