@@ -85,6 +85,7 @@ typedef struct orch {
     uint64_t next_id;
     orch_worker workers[MAX_WORKERS];
     int n_workers;
+    int workers_full_said; /* the "too many workers" line was logged */
     orch_slot slots[MAX_WORKERS];
     int n_slots;
     void *zctx, *ctl, *data;

@@ -116,14 +116,22 @@ int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage)
             if (o->workers[w].stage < 0) o->workers[w].stage = stage;
             return w;
         }
-    if (o->n_workers == MAX_WORKERS) return -1;
-    orch_worker *w = &o->workers[o->n_workers];
+    int at = o->n_workers < MAX_WORKERS ? o->n_workers : -1;
+    for (int w = 0; at < 0 && w < o->n_workers; w++) /* a long run's restarts and joins outnumber the table: */
+        if (!o->workers[w].alive && o->workers[w].job < 0 && w != o->reduce_worker) at = w; /* reuse a dead one */
+    if (at < 0) {
+        if (!o->workers_full_said++)
+            kvm_orch__log("%d workers are alive: worker %s is ignored until one of them leaves\n", MAX_WORKERS, id);
+        return -1;
+    }
+    orch_worker *w = &o->workers[at];
     *w = (orch_worker){.stage = stage, .job = -1, .alive = 1, .slot = -1, .last_seen = kvm_now_ms()};
     snprintf(w->id, sizeof w->id, "%s", id);
     for (int s = 0; s < o->n_slots; s++)
         if (!strcmp(o->slots[s].id, id)) w->slot = s;
     if (stage >= 0 && w->slot < 0) kvm_orch__log("external %s worker %s joined\n", stage_names[stage], id);
-    return o->n_workers++;
+    if (at == o->n_workers) o->n_workers++;
+    return at;
 }
 
 int kvm_orch__stage_of(kvm_proto_str s)

@@ -1335,6 +1335,56 @@ START_TEST(test_kv_layer_count_changes)
 }
 END_TEST
 
+/* More workers than the orchestrator's table holds (256) over a run: ones that went silent
+ * gave their entries up to none, so a worker joining after them was ignored without a word
+ * and the run waited for ever. Dead workers' entries are reused now. */
+START_TEST(test_worker_table_reused)
+{
+    write_config("prefill_workers = 0\n"); /* heartbeat 100 ms, liveness 20: silent 2 s = dead */
+    pid_t run = run_background(docs);
+    char base[4400], ctl[4500], data[4500];
+    snprintf(base, sizeof base, "ipc://%s", run_dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+    void *zctx = zmq_ctx_new(), *ghosts[256];
+    zmq_ctx_set(zctx, ZMQ_MAX_SOCKETS, 1024);
+    for (int i = 0; i < 256; i++) { /* each says hello once, then goes silent */
+        char id[32];
+        snprintf(id, sizeof id, "ghost-%d", i);
+        ck_assert_ptr_nonnull(ghosts[i] = zmq_socket(zctx, ZMQ_DEALER));
+        int linger = 0;
+        zmq_setsockopt(ghosts[i], ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(ghosts[i], ZMQ_ROUTING_ID, id, strlen(id));
+        ck_assert_int_eq(zmq_connect(ghosts[i], ctl), 0);
+        kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(id),
+                           .stage = kvm_proto_str_c("prefill"),
+                           .pid = getpid(),
+                           .device = kvm_proto_str_c("cpu")};
+        kvm_msg *m = NULL;
+        ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+        peer_send(ghosts[i], &m);
+    }
+    sleep(4); /* every ghost is past its 2 s liveness */
+    peer p;
+    peer_start(&p, "late-prefill");
+    uint64_t job = peer_job(&p, 20000);
+    kill(run, SIGINT);
+    usleep(200000);
+    kill(run, SIGINT);
+    int st;
+    ck_assert_int_eq(waitpid(run, &st, 0), run);
+    char *err = tmp_file("err.txt");
+    ck_assert_msg(job != 0, "the worker that joined after 256 silent ones got no job; stderr: %.3000s", err);
+    ck_assert_msg(strstr(err, "external prefill worker late-prefill joined"), "stderr: %.3000s", err);
+    free(err);
+    for (int i = 0; i < 256; i++)
+        zmq_close(ghosts[i]);
+    zmq_close(p.ctl);
+    zmq_close(p.data);
+    zmq_ctx_term(p.zctx);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
@@ -1359,7 +1409,8 @@ static Suite *pipeline_suite(void)
                  {"dying_stage_gives_up", test_dying_stage_gives_up},
                  {"short_document_kept_full", test_short_document_kept_full},
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
-                 {"kv_layer_count_changes", test_kv_layer_count_changes}};
+                 {"kv_layer_count_changes", test_kv_layer_count_changes},
+                 {"worker_table_reused", test_worker_table_reused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
