@@ -3,10 +3,12 @@
  * clear errors with the right exit codes for bad arguments and files. */
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "orchestrator/kvm_cli.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -674,6 +676,40 @@ START_TEST(test_target_step_past_context_cli)
 }
 END_TEST
 
+/* A read error in generate's --tokens file (EIO; here a folder's stream, whose read fails with
+ * EISDIR) ended fgets as the end of the file did: the ids before it made the prompt (exit 0) or
+ * "no token ids". It is a runtime failure now (1), naming the file and the line it followed. */
+typedef struct tokens_read {
+    const char *path;
+    int rc;
+} tokens_read;
+
+static void read_tokens_of_folder(void *arg)
+{
+    tokens_read *t = arg;
+    int fd = open(t->path, O_RDONLY);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    ck_assert_ptr_nonnull(f);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    t->rc = kvm_cli_read_token_ids("generate", f, t->path, 512, &ids, &n);
+    ck_assert_ptr_null(ids);
+    fclose(f);
+}
+
+START_TEST(test_generate_tokens_read_error)
+{
+    char *tmp = kvm_test_tmpdir();
+    tokens_read t = {tmp, -1};
+    char *err = kvm_test_stderr_of(read_tokens_of_folder, &t), want[4400];
+    snprintf(want, sizeof want, "kvmill generate: %s: read error after line 0: ", tmp);
+    ck_assert_msg(t.rc == 1 && strstr(err, want) && !strstr(err, "no token ids"), "status %d: %s", t.rc, err);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* kvmill sculpt on a context just past the retain zone distils no entry and writes the full KV,
  * exit 0: said on stderr now, as run's "kept whole" line says it, not only in the entry counts. */
 START_TEST(test_sculpt_kept_whole_said)
@@ -1083,6 +1119,7 @@ static Suite *cli_suite(void)
                  {"info_and_make_model", test_info_and_make_model},
                  {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
                  {"generate_tokens_file_errors", test_generate_tokens_file_errors},
+                 {"generate_tokens_read_error", test_generate_tokens_read_error},
                  {"out_is_an_input", test_out_is_an_input},
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
                  {"size_in_method_options", test_size_in_method_options},
