@@ -710,6 +710,62 @@ START_TEST(test_generate_tokens_read_error)
 }
 END_TEST
 
+/* `sculpt --out` naming standard output (/dev/stdout, or the FIFO, pipe or file stdout goes to)
+ * got the summary line too: mixed into the binary cache on a pipe or FIFO, lost with the file
+ * the cache replaced otherwise. The summary goes to stderr then; the output is the cache alone. */
+/* 1 when the n bytes at p hold the text s. */
+static int holds(const char *p, size_t n, const char *s)
+{
+    size_t k = strlen(s);
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(p + i, s, k)) return 1;
+    return 0;
+}
+
+START_TEST(test_sculpt_out_is_stdout)
+{
+    char *tmp = kvm_test_tmpdir(), args[16384], *out = NULL, *err = NULL;
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *doc = kvm_test_data_path("corpus/doc_000.txt");
+    const char *sculpt = "sculpt --model '%s' --doc '%s' --context 48 --retain 8 --iterations 1 --rounds 1 --threads 1";
+    char base[8400];
+    snprintf(base, sizeof base, sculpt, model, doc);
+    /* a FIFO (as /dev/stdout on a pipe): its reader gets exactly what was written to it */
+    snprintf(args, sizeof args,
+             "cd '%s' && mkfifo f && { cat f > got & } && '%s/kvmill' %s --out f > f 2> err; rc=$?; wait; "
+             "cat err >&2; exit $rc",
+             tmp, kvm_test_bin(), base);
+    int rc = kvm_test_run(args, &out, &err);
+    char got[4300], file[4300];
+    snprintf(got, sizeof got, "%s/got", tmp);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(got, &n);
+    ck_assert_msg(rc == 0 && strstr(err, "sculpt: N=48 "), "fifo: exit %d: %s", rc, err);
+    ck_assert_msg(bytes && n > 8 && !memcmp(bytes, "KVMSCULP", 8), "fifo: %zu bytes read from it", n);
+    ck_assert_msg(!holds(bytes, n, "sculpt: N="), "fifo: the summary is among the cache's %zu bytes", n);
+    free(bytes);
+    free(out);
+    free(err);
+    /* a file that stdout goes to as well: the summary is not lost with the file the cache replaced */
+    snprintf(file, sizeof file, "%s/c.bin", tmp);
+    snprintf(args, sizeof args, "'%s/kvmill' %s --out '%s' > '%s'", kvm_test_bin(), base, file, file);
+    rc = kvm_test_run(args, &out, &err);
+    bytes = kvm_test_read_file(file, &n);
+    ck_assert_msg(rc == 0 && strstr(err, "sculpt: N=48 "), "file: exit %d: %s", rc, err);
+    ck_assert_msg(bytes && n > 8 && !memcmp(bytes, "KVMSCULP", 8), "file: %zu bytes", n);
+    free(bytes);
+    free(out);
+    free(err);
+    /* another --out: the summary stays on stdout */
+    snprintf(args, sizeof args, "'%s/kvmill' %s --out '%s/d.bin'", kvm_test_bin(), base, tmp);
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "sculpt: N=48 ") && !strstr(err, "sculpt: N="), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* kvmill sculpt on a context just past the retain zone distils no entry and writes the full KV,
  * exit 0: said on stderr now, as run's "kept whole" line says it, not only in the entry counts. */
 START_TEST(test_sculpt_kept_whole_said)
@@ -1129,6 +1185,7 @@ static Suite *cli_suite(void)
                  {"polykv_other_model_same_layers", test_polykv_other_model_same_layers},
                  {"target_step_past_context", test_target_step_past_context_cli},
                  {"sculpt_kept_whole_said", test_sculpt_kept_whole_said},
+                 {"sculpt_out_is_stdout", test_sculpt_out_is_stdout},
                  {"fifo_without_writer", test_fifo_without_writer},
                  {"eval_no_compression", test_eval_no_compression},
                  {"calibrate_config_own_options", test_calibrate_config_own_options},
