@@ -1422,6 +1422,48 @@ START_TEST(test_cli_ls_names_control_bytes)
 }
 END_TEST
 
+/* store ls --names printed a name that is not UTF-8 (a Latin-1 file name, a JSONL id's bytes)
+ * raw: the terminal showed garbage, or joined the bytes with what followed, and a C1 control
+ * (U+009B, CSI) could drive it. The table escapes such bytes as \xNN and keeps UTF-8 text (é,
+ * CJK, emoji) as it is; --csv keeps every byte as stored. */
+START_TEST(test_cli_ls_names_not_utf8)
+{
+    const char *names[] = {"caf\xe9.txt", "\xff\xfe-bom.txt", "ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt",
+                           "csi\xc2\x9b"
+                           "31m.txt",
+                           "cut\xe6\x96.txt"};
+    const char *shown[] = {" caf\\xe9.txt\n", " \\xff\\xfe-bom.txt\n",
+                           " ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt\n", " csi\\xc2\\x9b31m.txt\n",
+                           " cut\\xe6\\x96.txt\n"};
+    enum { N = sizeof names / sizeof names[0] };
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache t[N];
+    for (int i = 0; i < N; i++) {
+        tc_make(&t[i], 8, 0, (uint32_t)(20 + i), 2, 100, 0);
+        put_ok(s, &t[i]);
+        kvm_store_doc_meta dm = {.n_tokens = 100};
+        snprintf(dm.source, sizeof dm.source, "%s", names[i]);
+        ck_assert_msg(kvm_store_put_doc(s, &t[i].m.doc_hash, &dm) == 0, "%s", kvm_errmsg());
+    }
+    kvm_store_close(&s);
+    char *out = NULL;
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--names", NULL), 0);
+    ck_assert_int_eq(count_lines(out), N + 1);
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(strstr(out, shown[i]), "table lacks '%s':\n%s", shown[i], out);
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--names", "--csv", NULL), 0);
+    for (int i = 0; i < N; i++) {
+        char want[128];
+        snprintf(want, sizeof want, ",%s\n", names[i]);
+        ck_assert_msg(strstr(out, want), "csv lacks '%s':\n%s", names[i], out);
+    }
+    free(out);
+    for (int i = 0; i < N; i++)
+        tc_free(&t[i]);
+}
+END_TEST
+
 /* A map larger than the address space ([store] map_size_mb = 1073741824, the config's upper
  * bound): on an existing store LMDB's mdb_env_set_mapsize unmapped the store and could not map
  * it again, and the first transaction died with SIGSEGV in mdb_txn_begin (`kvmill run` exit
@@ -1724,6 +1766,7 @@ int main(void)
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
     suite_add_tcase(su, tcase("cli_ls_names_control_bytes", test_cli_ls_names_control_bytes, 30));
+    suite_add_tcase(su, tcase("cli_ls_names_not_utf8", test_cli_ls_names_not_utf8, 30));
     suite_add_tcase(su, tcase("map_beyond_address_space", test_map_beyond_address_space, 30));
     suite_add_tcase(su, tcase("docnames_index", test_docnames_index, 60));
     suite_add_tcase(su, tcase("docnames_older_store", test_docnames_older_store, 60));
