@@ -405,6 +405,48 @@ START_TEST(test_short_doc_keeps_csv)
 }
 END_TEST
 
+/* eval --csv named each document by its file name alone: x/a/doc.txt, y/a/doc.txt and z/doc.txt
+ * (different texts) were three rows named "doc". Colliding names become the shortest path
+ * suffixes that tell them apart (x/a/doc, y/a/doc, z/doc), in the CSV and the headings; a name
+ * no other document has stays as it was. */
+START_TEST(test_eval_csv_names_distinct)
+{
+    char *tmp = kvm_test_tmpdir(), path[4400], docs[16384], args[20000], csvp[4400], *out, *err;
+    const char *rel[] = {"x/a/doc.txt", "y/a/doc.txt", "z/doc.txt", "w/other.txt"};
+    const char *dirs[] = {"x", "x/a", "y", "y/a", "z", "w"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, dirs[i]);
+        ck_assert_int_eq(mkdir(path, 0755), 0);
+    }
+    int at = 0;
+    for (int i = 0; i < 4; i++) { /* different texts: eval drops a document whose text repeats another's */
+        char src[64];
+        snprintf(src, sizeof src, "corpus/doc_00%d.txt", i);
+        snprintf(path, sizeof path, "%s/%s", tmp, rel[i]);
+        kvm_test_concat_file(kvm_test_data_path(src), NULL, path);
+        at += snprintf(docs + at, sizeof docs - (size_t)at, "%s%s", i ? "," : "", path);
+    }
+    snprintf(csvp, sizeof csvp, "%s/out.csv", tmp);
+    snprintf(args, sizeof args,
+             "eval --model '%%s' --docs '%%s' --method streaming --budget 16 --context 64 --continuation 8 "
+             "--threads 1 --csv '%s'",
+             csvp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"), docs);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    char *csv = kvm_test_read_file(csvp, NULL);
+    ck_assert_ptr_nonnull(csv);
+    const char *rows[] = {"\nx/a/doc,streaming,", "\ny/a/doc,streaming,", "\nz/doc,streaming,", "\nother,streaming,"};
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(strstr(csv, rows[i]), "no row '%s' in:\n%s", rows[i] + 1, csv);
+    ck_assert_msg(strstr(out, "== x/a/doc (") && strstr(out, "== other ("), "headings: %s", out);
+    free(csv);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* Runs `kvmill eval` on stories260K and corpus doc_000 (continuation 8, one thread) with the
  * options `fixed` then each cases[i][0]; each must exit 2, print nothing on stdout and say
  * cases[i][1]. */
@@ -1178,6 +1220,7 @@ static Suite *cli_suite(void)
                  {"generate_tokens_read_error", test_generate_tokens_read_error},
                  {"out_is_an_input", test_out_is_an_input},
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
+                 {"eval_csv_names_distinct", test_eval_csv_names_distinct},
                  {"size_in_method_options", test_size_in_method_options},
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
