@@ -434,7 +434,7 @@ int kvm_cli_read_token_ids(const char *cmd, FILE *f, const char *path, int vocab
     /* fgets says NULL for a read error as for the end: the ids before it were taken for the
      * whole prompt (or "no token ids"), exit 0 on a cut-short prompt */
     if (v && !rc && ferror(f)) {
-        kvm_cli_refuse(cmd, "%s: read error after line %lld: %s\n", path, (long long)line, strerror(errno));
+        kvm_cli_refuse(cmd, "%s:%lld: read error: %s\n", path, (long long)line + 1, strerror(errno));
         rc = 1;
     }
     if (!v) {

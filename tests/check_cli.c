@@ -744,7 +744,7 @@ START_TEST(test_generate_tokens_read_error)
     char *tmp = kvm_test_tmpdir();
     tokens_read t = {tmp, -1};
     char *err = kvm_test_stderr_of(read_tokens_of_folder, &t), want[4400];
-    snprintf(want, sizeof want, "kvmill generate: %s: read error after line 0: ", tmp);
+    snprintf(want, sizeof want, "kvmill generate: %s:1: read error: ", tmp);
     ck_assert_msg(t.rc == 1 && strstr(err, want) && !strstr(err, "no token ids"), "status %d: %s", t.rc, err);
     free(err);
     kvm_test_rmtree(tmp);
