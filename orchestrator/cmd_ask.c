@@ -24,13 +24,22 @@
 
 /* Reads a whole document file, any bytes, of at most KVM_PROTO_MAX_DOC_BYTES. Prints errors;
  * returns 0/2. */
-/* Where valid UTF-8 ends in s[0, n): the first byte of the first bad sequence. */
-static size_t utf8_bad_at(const char *s, size_t n)
+/* Puts the prompt into the ask. One that is not UTF-8 (latin-1, say) was refused, where kvmill
+ * generate takes any bytes (the tokenizers are byte-level, or fall back to bytes): it goes as
+ * prompt_bytes (revision 7), which servers tokenise as they are, and as prompt with U+FFFD in
+ * place of its bad bytes (cut to the limit), which is what an older server reads. *fallback is
+ * malloc'ed (or NULL for a UTF-8 prompt) and must outlive the encode. Returns 0 or KVM_ENOMEM. */
+static int set_prompt(kvm_proto_ask *ask, const char *prompt, char **fallback)
 {
-    size_t ok = 0;
-    for (size_t k = 1; k <= n; k++)
-        if (kvm_utf8_valid(s, k)) ok = k;
-    return ok;
+    size_t n = strlen(prompt), len = 0;
+    *fallback = NULL;
+    ask->prompt = (kvm_proto_str){prompt, n};
+    if (kvm_utf8_valid(prompt, n)) return 0;
+    int rc = kvm_utf8_sanitize(prompt, n, fallback, &len, NULL);
+    if (rc) return rc;
+    ask->prompt = (kvm_proto_str){*fallback, kvm_utf8_cut(*fallback, len, KVM_PROTO_MAX_TEXT_BYTES)};
+    ask->prompt_bytes = (kvm_proto_bytes){(const uint8_t *)prompt, n};
+    return 0;
 }
 
 static int read_doc(const char *path, char **text, size_t *len)
@@ -171,11 +180,12 @@ int kvm_cmd_ask(int argc, char **argv)
         {"doc-hash", 1, "instead of --doc: a stored document, by its 64-hex-digit hash (kvmill store ls --csv)", NULL},
         {"doc-name", 1, "instead of --doc: a stored document, by the name kvmill run stored (its corpus file name)",
          NULL},
-        {"prompt", 1, "text appended after the document", NULL},
-        {"prompt-file", 1,
-         "read the prompt from this file instead of --prompt (UTF-8 text, its bytes as they are; a prompt that is not "
-         "UTF-8 is refused)",
+        {"prompt", 1,
+         "text appended after the document, its bytes as they are, as kvmill generate takes them (bytes that are not "
+         "UTF-8 reach a server of kvmill before protocol revision 7 as U+FFFD)",
          NULL},
+        {"prompt-file", 1,
+         "read the prompt from this file instead of --prompt (its bytes as they are, as --prompt; no NUL byte)", NULL},
         {"n", 1, "new tokens to generate (default 64)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 0)", NULL},
         {"timeout", 1, "seconds to wait for the answer (default 30)", NULL},
@@ -208,12 +218,8 @@ int kvm_cmd_ask(int argc, char **argv)
                      !kvm_utf8_valid(doc_name, strlen(doc_name))))
         return fprintf(stderr, "kvmill ask: --doc-name: give 1 to %d bytes of UTF-8\n", KVM_PROTO_MAX_NAME_BYTES), 2;
     if (prompt && !*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
-    if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES) return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
-    /* the prompt travels as UTF-8 text: said here rather than as "encode ask: field 'prompt': ..." */
-    if (prompt && !kvm_utf8_valid(prompt, strlen(prompt))) {
-        fprintf(stderr, "kvmill ask: --prompt is not UTF-8 text (at byte %zu)\n", utf8_bad_at(prompt, strlen(prompt)));
-        return 2;
-    }
+    if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES)
+        return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
     int64_t n_new = 64;
     double temperature = 0, timeout_s = 30;
     if ((s = kvm_cli_get(opts, "n"))) { /* -n: kvm_cli_int would call it --n */
@@ -236,7 +242,7 @@ int kvm_cmd_ask(int argc, char **argv)
     if ((sk || cp || cs) && !(sk && cp && cs))
         return fprintf(stderr, "kvmill ask: CurveZMQ needs all of --server-key, --client-public and --client-secret\n"),
                2;
-    char *text = NULL, *ptext = NULL;
+    char *text = NULL, *ptext = NULL, *fallback = NULL;
     size_t text_len = 0, plen = 0;
     int status = 0;
     if (pfile) { /* the file's bytes; the limits and checks of --prompt */
@@ -244,10 +250,13 @@ int kvm_cmd_ask(int argc, char **argv)
         const char *why = kvm_file_open_input(pfile, "rb", "--prompt-file", &f) ? kvm_errmsg() : NULL;
         ptext = f ? malloc((size_t)KVM_PROTO_MAX_TEXT_BYTES + 2) : NULL;
         if (ptext) plen = fread(ptext, 1, (size_t)KVM_PROTO_MAX_TEXT_BYTES + 1, f);
-        if (!why) why = !ptext ? "out of memory" : ferror(f) ? "read error (a folder?)" : plen == 0 ? "is empty"
-                      : plen > KVM_PROTO_MAX_TEXT_BYTES ? "is longer than 8 MiB"
-                      : memchr(ptext, 0, plen) ? "contains a NUL byte"
-                      : !kvm_utf8_valid(ptext, plen) ? "is not UTF-8 text" : NULL;
+        if (!why)
+            why = !ptext                            ? "out of memory"
+                  : ferror(f)                       ? "read error (a folder?)"
+                  : plen == 0                       ? "is empty"
+                  : plen > KVM_PROTO_MAX_TEXT_BYTES ? "is longer than 8 MiB"
+                  : memchr(ptext, 0, plen)          ? "contains a NUL byte"
+                                                    : NULL;
         const int opened = f != NULL;
         if (f) fclose(f);
         if (why && !opened) { /* kvm_file_open_input's message names the flag and the file */
@@ -307,10 +316,11 @@ int kvm_cmd_ask(int argc, char **argv)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t rid = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
-    kvm_proto_ask ask = {.request_id = rid,
-                         .prompt = kvm_proto_str_c(prompt),
-                         .max_new_tokens = n_new,
-                         .temperature = temperature};
+    kvm_proto_ask ask = {.request_id = rid, .max_new_tokens = n_new, .temperature = temperature};
+    if (set_prompt(&ask, prompt, &fallback)) {
+        fprintf(stderr, "kvmill ask: out of memory\n");
+        goto done;
+    }
     /* a UTF-8 text file goes as doc_text, which servers of every revision read; any other
      * file (binary, latin-1, NUL bytes, over 8 MiB) as its bytes, doc_bytes (revision 2) */
     if (text && text_len <= KVM_PROTO_MAX_TEXT_BYTES && kvm_utf8_valid(text, text_len))
@@ -379,5 +389,6 @@ done:
     kvm_curve_ctx_term(zctx); /* restarted after a signal: no I/O thread outlives the command */
     free(text);
     free(ptext);
+    free(fallback);
     return status;
 }

@@ -207,7 +207,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     }
     if (out && kvm_cli_staged_open("calibrate", "out", out, &out_s)) /* now: a FIFO without a reader, a file */
         goto done; /* that cannot be created, were refused after the whole calibration (status 2) */
-    if ((status = kvm_cli_open_model("calibrate", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok)))
+    if ((status = kvm_cli_open_model_config("calibrate", cfg, 1, &m, &tok)))
         goto done; /* 2: a bad file, 1: out of memory or I/O */
     status = 2; /* the checks below refuse bad settings and documents */
     if (ctx + cont > m->cfg.seq_len) {

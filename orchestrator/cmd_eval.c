@@ -622,34 +622,44 @@ int kvm_cmd_eval(int argc, char **argv)
         {"context", 1, "context tokens N, BOS included (default 384)", NULL},
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
         {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
-        {"csv", 1, "write one row per (document, method, budget) to this CSV file", NULL},
-        {"device", 1, "cpu or cuda:N (refused at once where there is no such device): the eviction methods run "
-                      "wholly there (prefill, selection, --phases both's decode policy, continuation, scoring); other "
-                      "methods, --task, --target-kl and --dtype run on the CPU, with the sculpt-family solver there "
-                      "(default cpu)",
+        {"csv", 1,
+         "write one row per (document, method, budget) to this CSV file (doc: the file's name without .txt; "
+         "documents sharing a name get the shortest path suffixes telling them apart, a/doc and b/doc)",
          NULL},
-        {"threads", 1, "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
-                       "threads (default 1)",
+        {"device", 1,
+         "cpu or cuda:N (refused at once where there is no such device): the eviction methods run "
+         "wholly there (prefill, selection, --phases both's decode policy, continuation, scoring); other "
+         "methods, --task, --target-kl and --dtype run on the CPU, with the sculpt-family solver there "
+         "(default cpu)",
          NULL},
-        {"dtype", 1, "f32 (default), f16 or bf16: score each cache as the store serves it in this [store] dtype "
-                     "(round trip through the store's encoding; bytes = its stored bytes)",
+        {"threads", 1,
+         "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
+         "threads (default 1)",
          NULL},
-        {"decode-steps", 1, "decode steps timed over each compressed cache for decode_ms (default 8; 0: none; at most "
-                            "the continuation)",
+        {"dtype", 1,
+         "f32 (default), f16 or bf16: score each cache as the store serves it in this [store] dtype "
+         "(round trip through the store's encoding; bytes = its stored bytes)",
          NULL},
-        {"target-kl", 1, "per document, the smallest budget whose mean KL on tokens [N, N+T) is <= this (nats), by "
-                         "bisection; tokens [N+T, N+2T) are the check (replaces --budget/--ratio)",
+        {"decode-steps", 1,
+         "decode steps timed over each compressed cache for decode_ms (default 8; 0: none; at most "
+         "the continuation)",
+         NULL},
+        {"target-kl", 1,
+         "per document, the smallest budget whose mean KL on tokens [N, N+T) is <= this (nats), by "
+         "bisection; tokens [N+T, N+2T) are the check (replaces --budget/--ratio)",
          NULL},
         {"target-step", 1, "--target-kl: budgets searched are multiples of this (tokens, default 16)", NULL},
-        {"task", 1, "passkey, recall or multikey: task accuracy instead of KL; the context (--context tokens at most) "
-                    "is a document with a fact inserted at depth 0.1..0.9, the question is asked over the cache",
+        {"task", 1,
+         "passkey, recall or multikey: task accuracy instead of KL; the context (--context tokens at most) "
+         "is a document with a fact inserted at depth 0.1..0.9, the question is asked over the cache",
          NULL},
         {"cases", 1, "--task: cases (default 9: one document at the nine depths; case i uses document (i/9) mod D)",
          NULL},
         {"first-case", 1, "--task: index of the first case (default 0), so a long run can go in pieces", NULL},
         {"answer-tokens", 1, "--task: greedy tokens per answer at most (default 16)", NULL},
-        {"chat", 0, "chat framing, as [model] chat = true: the cached context opens the user's turn (template, then "
-                    "the document); --task: question, end of turn and assistant marker are appended at ask time",
+        {"chat", 0,
+         "chat framing, as [model] chat = true: the cached context opens the user's turn (template, then "
+         "the document); --task: question, end of turn and assistant marker are appended at ask time",
          NULL},
         {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
         {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},

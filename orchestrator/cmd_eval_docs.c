@@ -135,6 +135,85 @@ static int same_file_twice(const char *cmd, const char *spec, const cmd_eval_doc
     return rc;
 }
 
+/* The last k components of path without its ".txt" (k = 1: the file's name), or the whole
+ * path when it has fewer. malloc'ed; NULL when out of memory. */
+static char *path_suffix(const char *path, int k)
+{
+    size_t len = strlen(path), at;
+    if (len > 4 && !strcmp(path + len - 4, ".txt")) len -= 4;
+    for (at = len; at > 0; at--)
+        if (path[at - 1] == '/' && --k == 0) break;
+    return strndup(path + at, len - at);
+}
+
+typedef struct named {
+    char *name;      /* a candidate name, owned */
+    int doc;         /* its document */
+    int shared_next; /* 1 when the next one (sorted) has the same name */
+} named;
+
+static int cmp_named(const void *a, const void *b)
+{
+    return strcmp(((const named *)a)->name, ((const named *)b)->name);
+}
+
+/* Renames the n documents idx[] that share one name: each gets its path's shortest suffix (in
+ * whole components) that no other of them shares at that length. Suffixes of distinct files end
+ * distinct at the latest when they become whole paths. Returns 0 or 1 (out of memory). */
+static int rename_group(cmd_eval_docset *d, const int *idx, int n)
+{
+    named *c = calloc((size_t)n, sizeof *c);
+    int left = n, rc = c ? 0 : 1;
+    for (int i = 0; c && i < n; i++)
+        c[i].doc = idx[i];
+    for (int k = 2; !rc && left > 0; k++) {
+        for (int i = 0; i < left && !rc; i++)
+            if (!(c[i].name = path_suffix(d->paths[c[i].doc], k))) rc = 1;
+        if (rc) break;
+        qsort(c, (size_t)left, sizeof *c, cmp_named);
+        for (int i = 0; i < left; i++) /* shared with the next one: marked before any is moved */
+            c[i].shared_next = i + 1 < left && !strcmp(c[i].name, c[i + 1].name);
+        int kept = 0;
+        for (int i = 0; i < left; i++) {
+            if ((c[i].shared_next || (i > 0 && c[i - 1].shared_next)) && k < 4096) {
+                free(c[i].name); /* still ambiguous: one component more next round */
+                c[kept].doc = c[i].doc, c[kept].shared_next = c[i].shared_next, c[kept++].name = NULL;
+                continue;
+            }
+            free(d->names[c[i].doc]);
+            d->names[c[i].doc] = c[i].name;
+        }
+        left = kept;
+    }
+    for (int i = 0; c && rc && i < left; i++)
+        free(c[i].name);
+    free(c);
+    return rc;
+}
+
+/* Names that collide (a/doc.txt and b/doc.txt were both "doc": one name for two rows of --csv's
+ * doc column and two "== doc" headings) become the shortest path suffixes that tell them apart
+ * ("a/doc", "b/doc"); a name no other document has is kept as it was. Returns 0 or 1 (out of
+ * memory). */
+static int distinct_names(cmd_eval_docset *d)
+{
+    named *byname = calloc((size_t)d->n + 1, sizeof *byname);
+    int *group = calloc((size_t)d->n + 1, sizeof *group), rc = byname && group ? 0 : 1;
+    for (int i = 0; !rc && i < d->n; i++)
+        byname[i] = (named){d->names[i], i, 0}; /* names borrowed */
+    if (!rc) qsort(byname, (size_t)d->n, sizeof *byname, cmp_named);
+    for (int i = 0; !rc && i < d->n;) {
+        int j = i;
+        while (j < d->n && !strcmp(byname[j].name, byname[i].name))
+            group[j - i] = byname[j].doc, j++;
+        if (j - i > 1) rc = rename_group(d, group, j - i); /* renames after the group was read whole */
+        i = j;
+    }
+    free(byname);
+    free(group);
+    return rc;
+}
+
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
 {
     memset(out, 0, sizeof *out);
@@ -160,6 +239,10 @@ int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
     }
     free(s);
     if (!rc) rc = same_file_twice(cmd, spec, out);
+    if (!rc && distinct_names(out)) {
+        fprintf(stderr, "kvmill %s: out of memory\n", cmd);
+        rc = 1;
+    }
     if (!rc && out->n == 0) {
         fprintf(stderr, "kvmill %s: --docs %s: no documents (*.txt)\n", cmd, spec);
         rc = 2;

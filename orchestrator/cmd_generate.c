@@ -24,11 +24,8 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Reads token ids, one decimal per line, each in [0, vocab). Prints errors naming file:line.
- * A UTF-8 byte-order mark before the first id is skipped (it was refused as "'1' is not a token
- * id", the mark invisible in the message). Returns 2 for a file that is missing, a folder, or
- * whose contents are not token ids (a usage
- * error: the file the user named is not one, as a bad --model is), 1 when out of memory. */
+/* Reads the --tokens file (kvm_cli_read_token_ids). Returns 2 for a file that is missing or a
+ * folder (a usage error, as a bad --model is), else kvm_cli_read_token_ids's status. */
 static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *n)
 {
     FILE *f;
@@ -37,50 +34,9 @@ static int read_token_file(const char *path, int vocab, int32_t **ids, int64_t *
         fprintf(stderr, "kvmill generate: %s\n", kvm_errmsg());
         return 2;
     }
-    int64_t cap = 256, cnt = 0, line = 0;
-    int32_t *v = malloc((size_t)cap * sizeof *v);
-    char buf[128];
-    int rc = 0;
-    while (v && fgets(buf, sizeof buf, f)) {
-        line++;
-        /* fgets splits a longer line: its pieces read as several ids ("1", spaces, "2" as 1 and 2) */
-        if (!strchr(buf, '\n') && !feof(f)) {
-            fprintf(stderr, "kvmill generate: %s:%lld: line longer than %d characters: one token id per line\n", path,
-                    (long long)line, (int)sizeof buf - 2);
-            rc = 2;
-            break;
-        }
-        char *s = buf, *end;
-        if (line == 1 && !memcmp(s, "\xEF\xBB\xBF", 3))
-            s += 3; /* a UTF-8 byte-order mark (an editor's), as configs skip it */
-        while (*s == ' ' || *s == '\t') s++;
-        if (*s == '\n' || *s == '\0') continue;
-        errno = 0;
-        long id = strtol(s, &end, 10);
-        while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n') end++;
-        if (errno || end == s || *end || id < 0 || id >= vocab) {
-            fprintf(stderr, "kvmill generate: %s:%lld: '%.*s' is not a token id in [0, %d)\n", path, (long long)line,
-                    (int)strcspn(buf, "\r\n"), buf, vocab);
-            rc = 2;
-            break;
-        }
-        if (cnt == cap) {
-            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
-            if (!nv) { free(v); v = NULL; break; }
-            v = nv;
-        }
-        v[cnt++] = (int32_t)id;
-    }
+    int rc = kvm_cli_read_token_ids("generate", f, path, vocab, ids, n);
     fclose(f);
-    if (!v) { fprintf(stderr, "kvmill generate: out of memory\n"); return 1; }
-    if (!rc && cnt == 0) {
-        fprintf(stderr, "kvmill generate: %s: no token ids\n", path);
-        rc = 2;
-    }
-    if (rc) { free(v); return rc; }
-    *ids = v;
-    *n = cnt;
-    return 0;
+    return rc;
 }
 
 /* Prints token `next` following `prev`: its piece (run.c safe_printf; raw = 1 prints every

@@ -239,8 +239,7 @@ int kvm_cmd_run(int argc, char **argv)
     kvm_corpus *corpus = NULL;
     char *chat_open = NULL, *chat_close = NULL;
     int status = 1;
-    const char *tp = kvm_config_str(cfg, "model", "tokenizer");
-    status = kvm_cli_open_model("run", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 0, &m, &tok);
+    status = kvm_cli_open_model_config("run", cfg, 0, &m, &tok);
     if (status) goto done;
     status = 1;
     if (kvm_corpus_read(corpus_path, &corpus)) {

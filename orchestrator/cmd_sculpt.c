@@ -14,14 +14,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 enum { MAX_OPTS = 64 };
 
-/* Prefill + capture + compress + write. Prints a one-line summary to stdout. Returns the exit
- * status: 0, 2 for settings the context refuses (KVM_EINVAL), 1 for any other failure. */
+/* 1 when path is the file standard output writes to (/dev/stdout, the pipe, FIFO or file stdout
+ * was sent to): the summary printed to stdout went into the binary cache (a pipe, a FIFO), or
+ * into the file the cache replaced (lost). Asked before the cache is written. */
+static int out_is_stdout(const char *path)
+{
+    struct stat so, sp;
+    return fstat(STDOUT_FILENO, &so) == 0 && stat(path, &sp) == 0 && so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
+}
+
+/* Prefill + capture + compress + write. Prints a one-line summary to stdout, or to stderr when
+ * --out is standard output. Returns the exit status: 0, 2 for settings the context refuses
+ * (KVM_EINVAL), 1 for any other failure. */
 static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *tok, const int32_t *ids, int64_t n,
                const kvm_sculpt_opts *o, const char *out_path)
 {
+    FILE *summary = out_is_stdout(out_path) ? stderr : stdout;
     /* OUT.part (locked) renamed over OUT when whole, opened before the work: a cache written in
      * place left OUT truncated, the old file lost, when the write failed (a full disk) or the run
      * was killed during it */
@@ -50,11 +63,12 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *t
     else if (kvm_cli_staged_close("sculpt", "out", &so, 1))
         src = 1; /* said */
     if (!rc && !src)
-        printf("sculpt: N=%lld entries=%lld (full %lld) bytes=%lld (full %lld) seconds=%.2f query_s=%.2f "
-               "lbfgs_s=%.2f ridge_s=%.2f pilot_s=%.2f out=%s\n",
-               (long long)n, (long long)st.base.entries, (long long)kvm_kvcache_entries(full),
-               (long long)kvm_kvcache_bytes(c), (long long)kvm_kvcache_bytes(full), st.base.seconds, st.query_s,
-               st.lbfgs_s, st.ridge_s, st.pilot_s, out_path);
+        fprintf(summary,
+                "sculpt: N=%lld entries=%lld (full %lld) bytes=%lld (full %lld) seconds=%.2f query_s=%.2f "
+                "lbfgs_s=%.2f ridge_s=%.2f pilot_s=%.2f out=%s\n",
+                (long long)n, (long long)st.base.entries, (long long)kvm_kvcache_entries(full),
+                (long long)kvm_kvcache_bytes(c), (long long)kvm_kvcache_bytes(full), st.base.seconds, st.query_s,
+                st.lbfgs_s, st.ridge_s, st.pilot_s, out_path);
     if (!rc && !src && st.base.entries >= kvm_kvcache_entries(full)) /* as run's "kept whole" line says it */
         fprintf(stderr,
                 "kvmill sculpt: %s: %lld tokens are too few for the retain zone (%lld) and the distilled "
@@ -104,7 +118,10 @@ int kvm_cmd_sculpt(int argc, char **argv)
          "context tokens N: the document's first N tokens, at most the model's window (default: all, cut to the "
          "window)",
          NULL},
-        {"out", 1, "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h)", NULL},
+        {"out", 1,
+         "output cache file (KVMSCULP format, compress/sculpt/kvm_sculpt_file.h); when it is standard output "
+         "(/dev/stdout, or the file or pipe stdout goes to) the summary line goes to stderr",
+         NULL},
     };
     int n_fixed = 0, n_set;
     while (opts[n_fixed].name) n_fixed++; /* the entries above, counted */

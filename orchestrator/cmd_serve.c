@@ -39,8 +39,7 @@ static int check_config(const kvm_config *cfg)
     if (!chat && kvm_config_int(cfg, "serve", "workers") == 0) return 0;
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
-    const char *tp = kvm_config_str(cfg, "model", "tokenizer");
-    int rc = kvm_cli_open_model("serve", kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, 1, &m, &tok);
+    int rc = kvm_cli_open_model_config("serve", cfg, 1, &m, &tok);
     char *open = NULL, *close_ = NULL;
     if (!rc && kvm_config_int(cfg, "model", "context") > m->cfg.seq_len) { /* as every worker's setup would */
         kvm_cli_refuse("serve", "%s: [model] context = %lld exceeds the model's window of %d tokens\n",

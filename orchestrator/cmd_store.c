@@ -15,6 +15,7 @@
 #include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
 #include "store/kvm_store.h"
+#include "model/kvm_utf8.h"
 
 typedef struct store_sub {
     const char *name;                 /* subcommand */
@@ -162,13 +163,33 @@ static void csv_field(const char *v)
     putchar('"');
 }
 
+/* The bytes of the UTF-8 character at p that the table prints as they are: 1 to 4, or 0 for a
+ * byte to escape: a control (C0, DEL, and C1 such as U+009B, a terminal's CSI) or a byte of no
+ * valid UTF-8 sequence (a name from a Latin-1 file name or JSONL id, which the terminal showed
+ * as garbage or took for part of a character). */
+static size_t table_char_len(const unsigned char *p)
+{
+    if (*p < 0x80) return *p < 0x20 || *p == 0x7f ? 0 : 1;
+    if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) return 0; /* U+0080..U+009F */
+    for (size_t k = 2; k <= 4; k++) {
+        size_t have = strnlen((const char *)p, k); /* a NUL ends the name: no read past it */
+        if (have == k && kvm_utf8_valid(p, k)) return k;
+    }
+    return 0;
+}
+
 /* A name in the table: control bytes (a line break, ESC of a terminal sequence, from a JSONL
- * id) as \xNN, so that a row stays one line and a name cannot drive the terminal. */
+ * id) and bytes that are not UTF-8 as \xNN, so that a row stays one line of text and a name
+ * cannot drive the terminal. --csv keeps the bytes as they are. */
 static void table_field(const char *v)
 {
-    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
-        if (*p < 0x20 || *p == 0x7f) printf("\\x%02x", *p);
-        else putchar(*p);
+    for (const unsigned char *p = (const unsigned char *)v; *p;) {
+        size_t k = table_char_len(p);
+        if (k == 0)
+            printf("\\x%02x", *p++);
+        else
+            fwrite(p, 1, k, stdout), p += k;
+    }
 }
 
 /* Prints a row; name: --names' column (NULL without it). */

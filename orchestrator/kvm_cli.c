@@ -389,6 +389,71 @@ int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, 
     return kvm_cli_check_out_inputs(cmd, flag, out, flags, paths, docs ? 5 : 4);
 }
 
+int kvm_cli_read_token_ids(const char *cmd, FILE *f, const char *path, int vocab, int32_t **ids, int64_t *n)
+{
+    int64_t cap = 256, cnt = 0, line = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    char buf[128];
+    int rc = 0;
+    while (v && fgets(buf, sizeof buf, f)) {
+        line++;
+        /* fgets splits a longer line: its pieces read as several ids ("1", spaces, "2" as 1 and 2) */
+        if (!strchr(buf, '\n') && !feof(f)) {
+            kvm_cli_refuse(cmd, "%s:%lld: line longer than %d characters: one token id per line\n", path,
+                           (long long)line, (int)sizeof buf - 2);
+            rc = 2;
+            break;
+        }
+        char *s = buf, *end;
+        if (line == 1 && !memcmp(s, "\xEF\xBB\xBF", 3))
+            s += 3; /* a UTF-8 byte-order mark (an editor's), as configs skip it */
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (*s == '\n' || *s == '\0') continue;
+        errno = 0;
+        long id = strtol(s, &end, 10);
+        while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')
+            end++;
+        if (errno || end == s || *end || id < 0 || id >= vocab) {
+            kvm_cli_refuse(cmd, "%s:%lld: '%.*s' is not a token id in [0, %d)\n", path, (long long)line,
+                           (int)strcspn(buf, "\r\n"), buf, vocab);
+            rc = 2;
+            break;
+        }
+        if (cnt == cap) {
+            int32_t *nv = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+            if (!nv) {
+                free(v);
+                v = NULL;
+                break;
+            }
+            v = nv;
+        }
+        v[cnt++] = (int32_t)id;
+    }
+    /* fgets says NULL for a read error as for the end: the ids before it were taken for the
+     * whole prompt (or "no token ids"), exit 0 on a cut-short prompt */
+    if (v && !rc && ferror(f)) {
+        kvm_cli_refuse(cmd, "%s:%lld: read error: %s\n", path, (long long)line + 1, strerror(errno));
+        rc = 1;
+    }
+    if (!v) {
+        kvm_cli_refuse(cmd, "out of memory\n");
+        return 1;
+    }
+    if (!rc && cnt == 0) {
+        kvm_cli_refuse(cmd, "%s: no token ids\n", path);
+        rc = 2;
+    }
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    *ids = v;
+    *n = cnt;
+    return 0;
+}
+
 void kvm_cli_csv_field(FILE *f, const char *v)
 {
     if (!v[strcspn(v, ",\"\r\n")]) {

@@ -114,6 +114,15 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
  * s->part. Nothing to do when s->f is NULL. */
 void kvm_cli_staged_abort(kvm_cli_staged *s);
 
+/* Reads token ids from f, one decimal per line, each in [0, vocab) (generate's --tokens; path
+ * names f in messages). A UTF-8 byte-order mark before the first id is skipped (it was refused
+ * as "'1' is not a token id", the mark invisible in the message). On success *ids (malloc'ed,
+ * the caller frees it) holds *n > 0 ids; returns 0. Else prints "kvmill CMD: PATH:LINE: ..."
+ * (kvm_cli_refuse) and returns 2 when the contents are not token ids (none, a line too long, a
+ * value out of range: a usage error), 1 for a read error (EIO; named with the line being read)
+ * or out of memory. */
+int kvm_cli_read_token_ids(const char *cmd, FILE *f, const char *path, int vocab, int32_t **ids, int64_t *n);
+
 /* Writes v as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
  * quote or a line break (a document named a,b.txt split its row), else as it is. */
 void kvm_cli_csv_field(FILE *f, const char *v);

@@ -12,7 +12,8 @@
 int kvm_cmd_eval(int argc, char **argv);
 int kvm_cmd_calibrate(int argc, char **argv);
 
-/* A list of documents: paths and display names (file name without ".txt"). */
+/* A list of documents: paths and display names (file name without ".txt"; where several
+ * documents share one, the shortest path suffix that tells each apart: a/doc, b/doc). */
 typedef struct cmd_eval_docset {
     int n;        /* documents */
     char **paths; /* [n] malloc'ed */
@@ -23,7 +24,8 @@ typedef struct cmd_eval_docset {
  * list of either. Prints "kvmill CMD: ..." and returns 2 on a bad value (missing path, no
  * documents, one file twice: same device and inode, e.g. a folder and one of its files; a path
  * that is not a regular file or folder, such as a FIFO: eval and calibrate read each document
- * more than once, and a pipe's second read is empty), 1 when out of memory; 0 on success. */
+ * more than once, and a pipe's second read is empty), 1 when out of memory; 0 on success.
+ * Names that would collide are made distinct (see cmd_eval_docset). */
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);
 void cmd_eval_docs_free(cmd_eval_docset *d);
 

@@ -15,29 +15,50 @@
  * truncated or does not match (README: 2 for usage, 1 for runtime failures). */
 static int open_exit_status(int st) { return st == KVM_ENOMEM || st == KVM_EIO ? 1 : 2; }
 
-int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_path, int required,
-                       kvm_model **model, kvm_tokenizer **tok)
+/* kvm_cli_open_model, each refusal opened by where the path came from: model_from for the
+ * model's, tok_from for the tokenizer's when tok_path is given ("" when the user typed it). */
+static int open_model(const char *cmd, const char *model_path, const char *tok_path, int required, kvm_model **model,
+                      kvm_tokenizer **tok, const char *model_from, const char *tok_from)
 {
     *model = NULL;
     if (tok) *tok = NULL;
     if (!model_path || !*model_path) {
-        kvm_cli_refuse(cmd, "the model path is empty\n");
+        kvm_cli_refuse(cmd, "%sthe model path is empty\n", model_from);
         return 2;
     }
     int rc = kvm_model_open(model_path, model);
     if (rc) {
-        kvm_cli_refuse(cmd, "%s\n", kvm_cli_errmsg(cmd));
+        kvm_cli_refuse(cmd, "%s%s\n", model_from, kvm_cli_errmsg(cmd));
         return open_exit_status(rc);
     }
     if (!tok) return 0;
     char path[4096];
     rc = kvm_tokenizer_open_for_model(*model, model_path, tok_path, tok, path, sizeof path);
     if (rc && (required || tok_path)) {
-        kvm_cli_refuse(cmd, "%s\n", kvm_cli_errmsg(cmd));
+        kvm_cli_refuse(cmd, "%s%s\n", tok_path ? tok_from : model_from, kvm_cli_errmsg(cmd));
         kvm_model_close(model);
         return open_exit_status(rc);
     }
     return 0;
+}
+
+int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_path, int required, kvm_model **model,
+                       kvm_tokenizer **tok)
+{
+    return open_model(cmd, model_path, tok_path, required, model, tok, "", "");
+}
+
+int kvm_cli_open_model_config(const char *cmd, const kvm_config *cfg, int required, kvm_model **model,
+                              kvm_tokenizer **tok)
+{
+    /* the path alone (resolved against the working directory) left the user to guess which file
+     * and which key to fix */
+    char model_from[4200], tok_from[4200];
+    snprintf(model_from, sizeof model_from, "%s: [model] path: ", kvm_config_path(cfg));
+    snprintf(tok_from, sizeof tok_from, "%s: [model] tokenizer: ", kvm_config_path(cfg));
+    const char *tp = kvm_config_str(cfg, "model", "tokenizer");
+    return open_model(cmd, kvm_config_str(cfg, "model", "path"), *tp ? tp : NULL, required, model, tok, model_from,
+                      tok_from);
 }
 
 int kvm_cli_weight_dtype(const char *cmd, const char *value, kvm_model *m)

@@ -7,6 +7,7 @@
 #include "kernels/kvm_kernels.h"
 #include "model/kvm_model.h"
 #include "model/kvm_tokenizer.h"
+#include "pipeline/kvm_config.h"
 
 /* Opens the model, and the tokenizer when `tok` is not NULL (required = 1 makes a missing
  * tokenizer an error; otherwise *tok may come back NULL). A GGUF model uses its embedded
@@ -17,6 +18,13 @@
  * the machine failed (out of memory, read or mmap errors); 0 on success. */
 int kvm_cli_open_model(const char *cmd, const char *model_path, const char *tok_path, int required,
                        kvm_model **model, kvm_tokenizer **tok);
+
+/* kvm_cli_open_model for a command configured by a file (run, serve, calibrate --config): the
+ * model is [model] path and the tokenizer [model] tokenizer (empty: found as without one), and
+ * each refusal names the file and the key it came from ("kvmill CMD: FILE: [model] path:
+ * <detail>"). Same exit statuses. */
+int kvm_cli_open_model_config(const char *cmd, const kvm_config *cfg, int required, kvm_model **model,
+                              kvm_tokenizer **tok);
 
 /* Applies a --weight-dtype value (auto|f32|bf16|f16; NULL keeps the model's auto) to m before
  * it is prepared. Prints "kvmill CMD: --weight-dtype: <detail>" and returns KVM_EINVAL on a bad value. */

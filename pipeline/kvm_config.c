@@ -203,6 +203,31 @@ static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
     return 0;
 }
 
+/* 1 when [section] key holds a ZeroMQ endpoint (a bind, a connect, or a store that may be one). */
+static int endpoint_key(const char *section, const char *key)
+{
+    static const char *const keys[][2] = {{"run", "bind"},      {"serve", "bind"},         {"serve", "backend"},
+                                          {"store", "service"}, {"store", "service_bind"}, {"store", "path"}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strcmp(section, keys[i][0]) && !strcmp(key, keys[i][1])) return 1;
+    return 0;
+}
+
+/* An endpoint's scheme with no address after it, or tcp:// without a port: [run] bind = ipc://
+ * named the run's sockets /ctl and /data (the root folder), and tcp:// failed only once the run
+ * came to bind it, naming neither file nor line. Refused where the file (or a flag) sets it.
+ * Returns 0, or -1 with why. */
+static int endpoint_hollow(const char *v, char *why, size_t why_n)
+{
+    if (!strncmp(v, "ipc://", 6) && !v[6]) return snprintf(why, why_n, "'%s' names no socket path (ipc://PATH)", v), -1;
+    if (strncmp(v, "tcp://", 6)) return 0;
+    const char *host = v + 6, *close = *host == '[' ? strchr(host, ']') : NULL; /* [IPv6]:PORT */
+    const char *colon = strrchr(close ? close : host, ':');
+    if (!*host) return snprintf(why, why_n, "'%s' names no host and no port (tcp://HOST:PORT)", v), -1;
+    if (!colon || !colon[1]) return snprintf(why, why_n, "'%s' names no port (tcp://HOST:PORT)", v), -1;
+    return 0; /* an empty host (tcp://:PORT) is refused, naming the endpoint, before any bind or connect */
+}
+
 static int set_value(kvm_config *c, const char *section, const char *key, const char *raw, char *why, size_t why_n)
 {
     int i = find(section, key);
@@ -222,7 +247,8 @@ static int set_value(kvm_config *c, const char *section, const char *key, const 
         free(v);
         return -1;
     }
-    if (validate(&kvm_cfg_settings[i], &v, w, sizeof w)) {
+    if (validate(&kvm_cfg_settings[i], &v, w, sizeof w) ||
+        (endpoint_key(section, key) && endpoint_hollow(v, w, sizeof w))) {
         snprintf(why, why_n, "[%s] %s: %s", section, key, w);
         free(v);
         return -1;

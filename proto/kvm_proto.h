@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 6                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 7                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -335,6 +335,11 @@ typedef struct kvm_proto_ask {
     bool compute_grant;        /* "compute_grant" bool, optional: set by kvmill serve on the request
                                   it hands to a decode worker (the client's value is replaced):
                                   the worker may add one cache under [serve] compute_missing */
+    /* revision 7 */
+    kvm_proto_bytes prompt_bytes; /* "prompt_bytes" bin, optional: the prompt's bytes when they are
+                                  not UTF-8 (latin-1, say: a byte-level tokenizer takes any); read
+                                  instead of prompt, which then holds them with U+FFFD for older
+                                  readers; 0..MAX_TEXT_BYTES; written when len > 0 */
 } kvm_proto_ask;
 /* ask codec. Checks: exactly one of doc_text (non-empty), doc_bytes (non-empty), doc_tokens
  * (n_doc_tokens > 0), doc_hash (has_doc_hash) and doc_name (non-empty); token ids >= 0.

@@ -36,6 +36,7 @@ static const kvm_proto__field kvm_ask__fields[] = {
     KVM_F_ID32_OPT(kvm_proto_ask, doc_hash, has_doc_hash),
     KVM_F_STR(kvm_proto_ask, doc_name, 0, 0, KVM_PROTO_MAX_NAME_BYTES),
     KVM_F_BOOL(kvm_proto_ask, compute_grant, 0),
+    KVM_F_BIN(kvm_proto_ask, prompt_bytes, 0, 0, KVM_PROTO_MAX_TEXT_BYTES),
 };
 static const kvm_proto__tensor kvm_ask__tensors[] = {
     KVM_T(kvm_proto_ask, doc_tokens, I32, -1, 0, "n_doc_tokens", 1, offsetof(kvm_proto_ask, n_doc_tokens)),

@@ -312,16 +312,19 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
 }
 
 /* The ask's prompt as ids, followed by the chat frame's close text when [model] chat is on
- * (tokenised as one string, as the chat template renders it). */
+ * (tokenised as one string, as the chat template renders it). A prompt that is not UTF-8 comes
+ * as prompt_bytes (revision 7) and is tokenised as those bytes, as kvmill generate does. */
 static int encode_prompt(const decode_state *st, const kvm_proto_ask *ask, int32_t **ids, int64_t *n)
 {
-    if (!st->chat_close) return kvm_tokenizer_encode(st->tok, ask->prompt.ptr, ask->prompt.len, 0, 0, ids, n);
+    const char *p = ask->prompt_bytes.len ? (const char *)ask->prompt_bytes.ptr : ask->prompt.ptr;
+    size_t len = ask->prompt_bytes.len ? ask->prompt_bytes.len : ask->prompt.len;
+    if (!st->chat_close) return kvm_tokenizer_encode(st->tok, p, len, 0, 0, ids, n);
     size_t lc = strlen(st->chat_close);
-    char *s = malloc(ask->prompt.len + lc + 1);
+    char *s = malloc(len + lc + 1);
     if (!s) return kvm_err(KVM_ENOMEM, "out of memory for the prompt");
-    memcpy(s, ask->prompt.ptr, ask->prompt.len);
-    memcpy(s + ask->prompt.len, st->chat_close, lc + 1);
-    int rc = kvm_tokenizer_encode(st->tok, s, ask->prompt.len + lc, 0, 0, ids, n);
+    memcpy(s, p, len);
+    memcpy(s + len, st->chat_close, lc + 1);
+    int rc = kvm_tokenizer_encode(st->tok, s, len + lc, 0, 0, ids, n);
     free(s);
     return rc;
 }
@@ -359,7 +362,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
                      (long long)T, (long long)st->max_new);
         goto done;
     }
-    if (ask->prompt.len == 0) {
+    if (ask->prompt.len == 0 && ask->prompt_bytes.len == 0) {
         rc = kvm_err(KVM_EINVAL, "the prompt is empty: give at least one token to append to the document");
         goto done;
     }

@@ -348,8 +348,8 @@ static int lock_exists(const char *path)
     return lstat(lock, &st) == 0 || errno != ENOENT;
 }
 
-/* Removes the lock.mdb a failed read-only open made (mdb_env_open creates it before it reads
- * data.mdb), after mdb_env_close: an inspection that fails leaves the folder as it found it.
+/* Removes the lock.mdb a failed open made (mdb_env_open creates it before it reads data.mdb),
+ * after mdb_env_close: a command that fails, read-only or not, leaves the lock file as it found it.
  * Not when another process holds it: every process with the environment open keeps a POSIX
  * record lock on its byte 0 (lmdb mdb.c, mdb_env_excl_lock), so taking that byte exclusively
  * shows nobody does (a writer creating the store at the same moment keeps its lock file). The
@@ -412,7 +412,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     int64_t gran = o.atime_granularity_ms ? o.atime_granularity_ms : 1000;
     s->atime_granularity_ns = gran < 0 ? -1 : gran * 1000000;
     pthread_mutex_init(&s->mu, NULL);
-    int made_lock = 0; /* 1: a read-only open with no lock.mdb before it (LMDB makes one) */
+    int made_lock = 0; /* 1: an open with no lock.mdb before it (LMDB makes one) */
     if (!s->path) {
         st = kvm_err(KVM_ENOMEM, "store %s: out of memory", path);
         goto fail;
@@ -432,7 +432,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     if (!s->read_only && fresh) mdb_env_set_mapsize(s->env, (size_t)map); /* else adopt the stored size */
     unsigned flags = MDB_NOTLS | (s->read_only ? MDB_RDONLY : 0) | (o.no_sync ? MDB_NOSYNC : 0);
     if (s->read_only && (s->lock_note = store_lock_unusable(path))) flags |= MDB_NOLOCK;
-    made_lock = s->read_only && !(flags & MDB_NOLOCK) && !lock_exists(path);
+    made_lock = !(flags & MDB_NOLOCK) && !lock_exists(path);
     rc = mdb_env_open(s->env, path, flags, 0664);
     if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == ENOTDIR) {
         st = kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment (%s)", path, mdb_strerror(rc));

@@ -3,10 +3,12 @@
  * clear errors with the right exit codes for bad arguments and files. */
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "orchestrator/kvm_cli.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,6 +405,48 @@ START_TEST(test_short_doc_keeps_csv)
 }
 END_TEST
 
+/* eval --csv named each document by its file name alone: x/a/doc.txt, y/a/doc.txt and z/doc.txt
+ * (different texts) were three rows named "doc". Colliding names become the shortest path
+ * suffixes that tell them apart (x/a/doc, y/a/doc, z/doc), in the CSV and the headings; a name
+ * no other document has stays as it was. */
+START_TEST(test_eval_csv_names_distinct)
+{
+    char *tmp = kvm_test_tmpdir(), path[4400], docs[16384], args[20000], csvp[4400], *out, *err;
+    const char *rel[] = {"x/a/doc.txt", "y/a/doc.txt", "z/doc.txt", "w/other.txt"};
+    const char *dirs[] = {"x", "x/a", "y", "y/a", "z", "w"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, dirs[i]);
+        ck_assert_int_eq(mkdir(path, 0755), 0);
+    }
+    int at = 0;
+    for (int i = 0; i < 4; i++) { /* different texts: eval drops a document whose text repeats another's */
+        char src[64];
+        snprintf(src, sizeof src, "corpus/doc_00%d.txt", i);
+        snprintf(path, sizeof path, "%s/%s", tmp, rel[i]);
+        kvm_test_concat_file(kvm_test_data_path(src), NULL, path);
+        at += snprintf(docs + at, sizeof docs - (size_t)at, "%s%s", i ? "," : "", path);
+    }
+    snprintf(csvp, sizeof csvp, "%s/out.csv", tmp);
+    snprintf(args, sizeof args,
+             "eval --model '%%s' --docs '%%s' --method streaming --budget 16 --context 64 --continuation 8 "
+             "--threads 1 --csv '%s'",
+             csvp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"), docs);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    char *csv = kvm_test_read_file(csvp, NULL);
+    ck_assert_ptr_nonnull(csv);
+    const char *rows[] = {"\nx/a/doc,streaming,", "\ny/a/doc,streaming,", "\nz/doc,streaming,", "\nother,streaming,"};
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(strstr(csv, rows[i]), "no row '%s' in:\n%s", rows[i] + 1, csv);
+    ck_assert_msg(strstr(out, "== x/a/doc (") && strstr(out, "== other ("), "headings: %s", out);
+    free(csv);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* Runs `kvmill eval` on stories260K and corpus doc_000 (continuation 8, one thread) with the
  * options `fixed` then each cases[i][0]; each must exit 2, print nothing on stdout and say
  * cases[i][1]. */
@@ -671,6 +715,96 @@ START_TEST(test_target_step_past_context_cli)
         {"--method sculpt --target-step 32 --retain 40", "lower --target-step or --retain"},
     };
     expect_eval_refused("--context 64 --target-kl 0.1", cases, 2);
+}
+END_TEST
+
+/* A read error in generate's --tokens file (EIO; here a folder's stream, whose read fails with
+ * EISDIR) ended fgets as the end of the file did: the ids before it made the prompt (exit 0) or
+ * "no token ids". It is a runtime failure now (1), naming the file and the line it followed. */
+typedef struct tokens_read {
+    const char *path;
+    int rc;
+} tokens_read;
+
+static void read_tokens_of_folder(void *arg)
+{
+    tokens_read *t = arg;
+    int fd = open(t->path, O_RDONLY);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    ck_assert_ptr_nonnull(f);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    t->rc = kvm_cli_read_token_ids("generate", f, t->path, 512, &ids, &n);
+    ck_assert_ptr_null(ids);
+    fclose(f);
+}
+
+START_TEST(test_generate_tokens_read_error)
+{
+    char *tmp = kvm_test_tmpdir();
+    tokens_read t = {tmp, -1};
+    char *err = kvm_test_stderr_of(read_tokens_of_folder, &t), want[4400];
+    snprintf(want, sizeof want, "kvmill generate: %s:1: read error: ", tmp);
+    ck_assert_msg(t.rc == 1 && strstr(err, want) && !strstr(err, "no token ids"), "status %d: %s", t.rc, err);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
+/* `sculpt --out` naming standard output (/dev/stdout, or the FIFO, pipe or file stdout goes to)
+ * got the summary line too: mixed into the binary cache on a pipe or FIFO, lost with the file
+ * the cache replaced otherwise. The summary goes to stderr then; the output is the cache alone. */
+/* 1 when the n bytes at p hold the text s. */
+static int holds(const char *p, size_t n, const char *s)
+{
+    size_t k = strlen(s);
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(p + i, s, k)) return 1;
+    return 0;
+}
+
+START_TEST(test_sculpt_out_is_stdout)
+{
+    char *tmp = kvm_test_tmpdir(), args[16384], *out = NULL, *err = NULL;
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *doc = kvm_test_data_path("corpus/doc_000.txt");
+    const char *sculpt = "sculpt --model '%s' --doc '%s' --context 48 --retain 8 --iterations 1 --rounds 1 --threads 1";
+    char base[8400];
+    snprintf(base, sizeof base, sculpt, model, doc);
+    /* a FIFO (as /dev/stdout on a pipe): its reader gets exactly what was written to it */
+    snprintf(args, sizeof args,
+             "cd '%s' && mkfifo f && { cat f > got & } && '%s/kvmill' %s --out f > f 2> err; rc=$?; wait; "
+             "cat err >&2; exit $rc",
+             tmp, kvm_test_bin(), base);
+    int rc = kvm_test_run(args, &out, &err);
+    char got[4300], file[4300];
+    snprintf(got, sizeof got, "%s/got", tmp);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(got, &n);
+    ck_assert_msg(rc == 0 && strstr(err, "sculpt: N=48 "), "fifo: exit %d: %s", rc, err);
+    ck_assert_msg(bytes && n > 8 && !memcmp(bytes, "KVMSCULP", 8), "fifo: %zu bytes read from it", n);
+    ck_assert_msg(!holds(bytes, n, "sculpt: N="), "fifo: the summary is among the cache's %zu bytes", n);
+    free(bytes);
+    free(out);
+    free(err);
+    /* a file that stdout goes to as well: the summary is not lost with the file the cache replaced */
+    snprintf(file, sizeof file, "%s/c.bin", tmp);
+    snprintf(args, sizeof args, "'%s/kvmill' %s --out '%s' > '%s'", kvm_test_bin(), base, file, file);
+    rc = kvm_test_run(args, &out, &err);
+    bytes = kvm_test_read_file(file, &n);
+    ck_assert_msg(rc == 0 && strstr(err, "sculpt: N=48 "), "file: exit %d: %s", rc, err);
+    ck_assert_msg(bytes && n > 8 && !memcmp(bytes, "KVMSCULP", 8), "file: %zu bytes", n);
+    free(bytes);
+    free(out);
+    free(err);
+    /* another --out: the summary stays on stdout */
+    snprintf(args, sizeof args, "'%s/kvmill' %s --out '%s/d.bin'", kvm_test_bin(), base, tmp);
+    rc = kvm_test_run(args, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "sculpt: N=48 ") && !strstr(err, "sculpt: N="), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
 }
 END_TEST
 
@@ -1083,8 +1217,10 @@ static Suite *cli_suite(void)
                  {"info_and_make_model", test_info_and_make_model},
                  {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
                  {"generate_tokens_file_errors", test_generate_tokens_file_errors},
+                 {"generate_tokens_read_error", test_generate_tokens_read_error},
                  {"out_is_an_input", test_out_is_an_input},
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
+                 {"eval_csv_names_distinct", test_eval_csv_names_distinct},
                  {"size_in_method_options", test_size_in_method_options},
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
@@ -1092,6 +1228,7 @@ static Suite *cli_suite(void)
                  {"polykv_other_model_same_layers", test_polykv_other_model_same_layers},
                  {"target_step_past_context", test_target_step_past_context_cli},
                  {"sculpt_kept_whole_said", test_sculpt_kept_whole_said},
+                 {"sculpt_out_is_stdout", test_sculpt_out_is_stdout},
                  {"fifo_without_writer", test_fifo_without_writer},
                  {"eval_no_compression", test_eval_no_compression},
                  {"calibrate_config_own_options", test_calibrate_config_own_options},

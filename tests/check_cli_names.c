@@ -477,19 +477,21 @@ START_TEST(test_ask_prompt_file)
     ck_assert_msg(!strstr(err, "--prompt-file"), "stderr: %s", err);
     free(out);
     free(err);
-    /* a prompt that is not UTF-8 was refused as "encode ask: field 'prompt': invalid UTF-8 or NUL
-     * at byte 3", naming neither flag nor file */
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --prompt \"$(printf 'caf\\351')\"",
+    /* a prompt that is not UTF-8 was refused ("--prompt is not UTF-8 text"), where kvmill generate
+     * takes its bytes: it is sent now (as prompt_bytes; its answer: check_serve's
+     * answer_prompt_not_utf8), so here, with no server, the ask waits and gets no answer (exit 1) */
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill' ask --connect '%s' --doc '%s' --timeout 0.2 --prompt \"$(printf 'caf\\351')\"",
              kvm_test_bin(), front, doc);
-    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
-    ck_assert_msg(strstr(err, "--prompt is not UTF-8 text (at byte 3)"), "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    ck_assert_msg(!strstr(err, "UTF-8"), "stderr: %s", err);
     free(out);
     free(err);
     ck_assert_int_eq(kvm_test_write_file(pf, "caf\xe9", 4), 0);
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --prompt-file '%s'", kvm_test_bin(), front, doc,
-             pf);
-    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
-    ck_assert_msg(strstr(err, "prompt.txt: is not UTF-8 text"), "stderr: %s", err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --doc '%s' --timeout 0.2 --prompt-file '%s'",
+             kvm_test_bin(), front, doc, pf);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    ck_assert_msg(!strstr(err, "UTF-8"), "stderr: %s", err);
     free(out);
     free(err);
     ck_assert_int_eq(kvm_test_write_file(pf, "Then the little", 15), 0);

@@ -311,16 +311,56 @@ START_TEST(test_nested_defaults)
 }
 END_TEST
 
+/* An endpoint key holding a scheme and no address ([run] bind = ipc://, tcp:// without host or
+ * port) was accepted: ipc:// put the run's sockets in the root folder, tcp:// failed only at the
+ * bind. Refused at load, naming file, line and key; a full endpoint (IPv6 included) still loads,
+ * and an override (--bind) is refused the same way. */
+START_TEST(test_endpoint_without_address)
+{
+    const struct {
+        const char *section, *key, *value, *why;
+    } bad[] = {{"run", "bind", "ipc://", "names no socket path"},
+               {"run", "bind", "tcp://", "names no host and no port"},
+               {"run", "bind", "tcp://127.0.0.1", "names no port"},
+               {"run", "bind", "tcp://[::1]", "names no port"},
+               {"serve", "bind", "tcp://localhost:", "names no port"},
+               {"serve", "backend", "ipc://", "names no socket path"},
+               {"store", "service", "tcp://", "names no host and no port"},
+               {"store", "service_bind", "ipc://", "names no socket path"},
+               {"store", "path", "tcp://", "names no host and no port"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[256], want[256];
+        snprintf(text, sizeof text, "[model]\npath = /m\n\n[%s]\n%s = %s\n", bad[i].section, bad[i].key, bad[i].value);
+        snprintf(want, sizeof want, "t.ini:5: [%s] %s: '%s' %s", bad[i].section, bad[i].key, bad[i].value, bad[i].why);
+        expect_bad(text, want);
+    }
+    const char *good[] = {"ipc:///tmp/kvmill-run", "tcp://127.0.0.1:5555", "tcp://*:5555", "tcp://[::1]:5555"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "[model]\npath = /m\n[run]\nbind = %s\n", good[i]);
+        kvm_config *c = NULL;
+        ck_assert_msg(kvm_config_parse(text, "t.ini", &c) == 0, "%s: %s", good[i], kvm_errmsg());
+        ck_assert_str_eq(kvm_config_str(c, "run", "bind"), good[i]);
+        ck_assert_int_eq(kvm_config_set(c, "run", "bind", "ipc://"), KVM_EINVAL);
+        ck_assert_msg(strstr(kvm_errmsg(), "[run] bind: 'ipc://' names no socket path"), "%s", kvm_errmsg());
+        kvm_config_free(&c);
+    }
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"defaults_and_values", test_defaults_and_values}, {"errors_name_line_and_key", test_errors_name_line_and_key},
-        {"file_errors", test_file_errors}, {"canonical_encoding", test_canonical_encoding},
-        {"dump_reads_back", test_dump_reads_back},
-        {"dump_moves_unwritable_values", test_dump_moves_unwritable_values},
-        {"indented_continuation_refused", test_indented_continuation_refused},
-        {"nested_defaults", test_nested_defaults}};
+    struct { const char *name; const TTest *fn;
+    } cases[] = {{"defaults_and_values", test_defaults_and_values},
+                 {"errors_name_line_and_key", test_errors_name_line_and_key},
+                 {"file_errors", test_file_errors},
+                 {"canonical_encoding", test_canonical_encoding},
+                 {"dump_reads_back", test_dump_reads_back},
+                 {"dump_moves_unwritable_values", test_dump_moves_unwritable_values},
+                 {"indented_continuation_refused", test_indented_continuation_refused},
+                 {"nested_defaults", test_nested_defaults},
+                 {"endpoint_without_address", test_endpoint_without_address}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

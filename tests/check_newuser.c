@@ -646,6 +646,43 @@ START_TEST(test_budget_and_ratio_both_set)
 }
 END_TEST
 
+/* run and serve on a missing model named only the resolved path ("/abs/m.bin: No such file"):
+ * the user was left to find which file and which key gave it. The refusal names the config
+ * file and [model] path (or [model] tokenizer), exit 2. */
+START_TEST(test_missing_model_names_config_key)
+{
+    char store[4200], cfg[4200], text[8192], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    const struct {
+        const char *key, *lines;
+    } cases[] = {{"[model] path", "[model]\npath = %s/gone/m.bin\n"},
+                 {"[model] tokenizer", "[model]\npath = %s\ntokenizer = %s/gone/tok.bin\n"}};
+    for (int c = 0; c < 2; c++) {
+        char lines[4600];
+        if (c == 0)
+            snprintf(lines, sizeof lines, cases[c].lines, dir);
+        else
+            snprintf(lines, sizeof lines, cases[c].lines, kvm_test_data_path("models/stories260K.bin"), dir);
+        snprintf(text, sizeof text, "%s[store]\npath = %s\n[serve]\nbind = ipc://%s/front\n", lines, store, dir);
+        ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+        const char *cmds[] = {"run --config '%s' --corpus '%s'", "serve --config '%s'"};
+        for (int k = 0; k < 2; k++) {
+            char args[8400];
+            snprintf(args, sizeof args, cmds[k], cfg, kvm_test_data_path("corpus"));
+            snprintf(cmd, sizeof cmd, "'%s/kvmill' %s", kvm_test_bin(), args);
+            int rc = kvm_test_run(cmd, &out, &err);
+            char want[4400];
+            snprintf(want, sizeof want, "%s: %s: %s/gone/", cfg, cases[c].key, dir);
+            ck_assert_msg(rc == 2 && strstr(err, want), "%s: exit %d, wanted '%s' in: %s", args, rc, want, err);
+            free(out);
+            free(err);
+        }
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -674,6 +711,7 @@ static Suite *suite(void)
         {"deep_model_path_serve", test_deep_model_path_serve},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
         {"budget_and_ratio_both_set", test_budget_and_ratio_both_set},
+        {"missing_model_names_config_key", test_missing_model_names_config_key},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -1016,6 +1016,46 @@ START_TEST(test_roundtrip_serve_revision2)
 }
 END_TEST
 
+/* 1 when the n bytes at p hold the text t. */
+static int frame_holds(const uint8_t *p, size_t n, const char *t)
+{
+    size_t k = strlen(t);
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(p + i, t, k)) return 1;
+    return 0;
+}
+
+/* Revision 7 of ask: prompt_bytes, a prompt that is not UTF-8 (kvmill ask refused one that
+ * kvmill generate takes): its bytes travel as they are; an ask without it is written as before
+ * (no prompt_bytes key), and it has the text limit. */
+START_TEST(test_roundtrip_ask_prompt_bytes)
+{
+    static const uint8_t latin1[] = {'c', 'a', 'f', 0xe9, ' ', 0xff, 0x80};
+    kvm_proto_ask a = {.request_id = 31,
+                       .doc_name = kvm_proto_str_c("doc_000.txt"),
+                       .prompt = kvm_proto_str_c("caf\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd"),
+                       .prompt_bytes = {latin1, sizeof latin1},
+                       .max_new_tokens = 2};
+    kvm_msg *m = NULL;
+    ck_assert_msg(kvm_proto_ask_encode(&a, &m) == 0, "%s", kvm_errmsg());
+    kvm_proto_ask d;
+    ck_assert_msg(kvm_proto_ask_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert_uint_eq(d.prompt_bytes.len, sizeof latin1);
+    assert_bytes_eq(d.prompt_bytes.ptr, latin1, sizeof latin1, "prompt_bytes");
+    assert_str_eq(d.prompt, "caf\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd");
+    kvm_msg_free(&m);
+    a.prompt_bytes.len = 0; /* a UTF-8 prompt: the message of revision 6 */
+    ck_assert_msg(kvm_proto_ask_encode(&a, &m) == 0, "%s", kvm_errmsg());
+    kvm_frame f0 = kvm_msg_frame(m, 0);
+    ck_assert_msg(!frame_holds(f0.data, f0.size, "prompt_bytes"), "an empty prompt_bytes was written");
+    ck_assert_msg(kvm_proto_ask_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert_uint_eq(d.prompt_bytes.len, 0);
+    kvm_msg_free(&m);
+    a.prompt_bytes = (kvm_proto_bytes){latin1, (size_t)KVM_PROTO_MAX_TEXT_BYTES + 1};
+    ASSERT_FAILS(kvm_proto_ask_encode(&a, &m), KVM_EINVAL, "field 'prompt_bytes': 8388609 bytes, allowed 0..8388608");
+}
+END_TEST
+
 /* A string that declares more bytes than it may have, or than are left: the detail says which,
  * and names the limit. */
 START_TEST(test_malformed_long_strings)
@@ -2002,6 +2042,7 @@ static Suite *proto_suite(void)
         {"roundtrip_control", test_roundtrip_control},
         {"roundtrip_serve", test_roundtrip_serve},
         {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},
+        {"roundtrip_ask_prompt_bytes", test_roundtrip_ask_prompt_bytes},
         {"roundtrip_get_strategy", test_roundtrip_get_strategy},
         {"roundtrip_claim", test_roundtrip_claim},
         {"malformed_long_strings", test_malformed_long_strings},

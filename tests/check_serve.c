@@ -268,6 +268,43 @@ START_TEST(test_answer_equals_inprocess)
 }
 END_TEST
 
+/* kvmill ask refused a prompt that is not UTF-8 ("--prompt is not UTF-8 text", exit 2) where
+ * kvmill generate takes its bytes (the tokenizer falls back to bytes): the bytes now reach the
+ * worker as they are (prompt_bytes), and the answer is the in-process decode of that prompt,
+ * from --prompt and from --prompt-file alike. */
+START_TEST(test_answer_prompt_not_utf8)
+{
+    write_config(NULL, NULL);
+    populate(g_doc);
+    const char *prompt = "Then caf\xe9 the";
+    char *want = reference(g_doc, prompt, 24), *lossy = reference(g_doc, "Then caf\xef\xbf\xbd the", 24);
+    printf("prompt not UTF-8: its answer %s the one with U+FFFD in its place\n",
+           strcmp(want, lossy) ? "differs from" : "equals");
+    char pf[4300], extra[4400];
+    snprintf(pf, sizeof pf, "%s/prompt.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(pf, prompt, strlen(prompt)), 0);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    for (int from_file = 0; from_file < 2; from_file++) {
+        char *out = NULL, *err = NULL, cmd[8192];
+        snprintf(extra, sizeof extra, "--prompt-file '%s'", pf);
+        snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' %s%s%s -n 24 --timeout 10", kvmill(), g_front,
+                 g_doc, from_file ? extra : "--prompt '", from_file ? "" : prompt, from_file ? "" : "'");
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 0, "ask (%s) exited %d: %s", from_file ? "--prompt-file" : "--prompt", rc, err);
+        size_t n = strlen(out);
+        ck_assert_msg(n > 0 && out[n - 1] == '\n', "answer not newline-terminated: '%s'", out);
+        out[n - 1] = '\0';
+        ck_assert_str_eq(out, want);
+        free(out);
+        free(err);
+    }
+    ck_assert_msg(strlen(want) > 0, "the reference generated nothing");
+    free(want);
+    free(lossy);
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
 /* [model] kv_dtype = f16 on a cache stored in f16 ([store] dtype): the worker keeps it 16-bit
  * while decoding and answers as the in-process decode over an f16 cache does; a bad value
  * stops serve before it is ready, naming the key. */
@@ -953,6 +990,7 @@ int main(void)
 {
     Suite *su = suite_create("serve");
     suite_add_tcase(su, tcase("answer_equals_inprocess", test_answer_equals_inprocess));
+    suite_add_tcase(su, tcase("answer_prompt_not_utf8", test_answer_prompt_not_utf8));
     suite_add_tcase(su, tcase("answer_f16_cache", test_answer_f16_cache));
     suite_add_tcase(su, tcase("run_then_serve", test_run_then_serve));
     suite_add_tcase(su, tcase("devices_refused", test_devices_refused));

@@ -1171,6 +1171,55 @@ START_TEST(test_cli_readonly_leaves_no_files)
 }
 END_TEST
 
+/* A failed read-write open (run, the library's) left the lock.mdb LMDB made on the way (the
+ * read-only commands already removed theirs): an LMDB environment of another program, refused
+ * after mdb_env_open, keeps its folder as it was, and a lock.mdb that was there is kept. */
+START_TEST(test_writable_open_leaves_no_lock)
+{
+    char lock[4300], names[512], *err = NULL;
+    snprintf(lock, sizeof lock, "%s/lock.mdb", g_path);
+    ck_assert_int_eq(mkdir(g_path, 0775), 0);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_path, 0, 0664), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    for (int i = 0; i < 64; i++) { /* more keys than a kvmill store's databases: another program's */
+        char k[16];
+        snprintf(k, sizeof k, "key%02d", i);
+        MDB_val key = {strlen(k), k}, val = {1, "v"};
+        ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    }
+    raw_close(env, txn);
+    ck_assert_int_eq(unlink(lock), 0);
+    char cfg[4300], text[9000], cmd[13000];
+    snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
+    snprintf(text, sizeof text, "[model]\npath = %s\n[store]\npath = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), g_path);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    for (int with_lock = 0; with_lock < 2; with_lock++) {
+        const char *want = with_lock ? "data.mdb lock.mdb" : "data.mdb";
+        int rc = kvm_test_run(cmd, NULL, &err); /* run opens the store read-write */
+        ck_assert_msg(rc != 0 && strstr(err, "another program, not a kvmill store"), "run: exit %d: %s", rc, err);
+        free(err);
+        dir_names(g_path, names, sizeof names);
+        ck_assert_msg(!strcmp(names, want) || (with_lock && !strcmp(names, "lock.mdb data.mdb")),
+                      "run, %s lock.mdb before: the folder holds %s", with_lock ? "a" : "no", names);
+        kvm_store *s = NULL; /* the library's read-write open as well */
+        ck_assert_int_eq(kvm_store_open(g_path, NULL, &s), KVM_EFORMAT);
+        ck_assert_ptr_null(s);
+        dir_names(g_path, names, sizeof names);
+        ck_assert_msg(!strcmp(names, want) || (with_lock && !strcmp(names, "lock.mdb data.mdb")),
+                      "kvm_store_open, %s lock.mdb before: the folder holds %s", with_lock ? "a" : "no", names);
+        if (!with_lock) ck_assert_int_eq(kvm_test_write_file(lock, "", 0), 0);
+    }
+}
+END_TEST
+
 START_TEST(test_cli_commands)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
@@ -1370,6 +1419,48 @@ START_TEST(test_cli_ls_names_control_bytes)
     ck_assert_msg(strstr(out, ",\"new\nline\x1b[31mred\"\n"), "csv: %s", out);
     free(out);
     tc_free(&t);
+}
+END_TEST
+
+/* store ls --names printed a name that is not UTF-8 (a Latin-1 file name, a JSONL id's bytes)
+ * raw: the terminal showed garbage, or joined the bytes with what followed, and a C1 control
+ * (U+009B, CSI) could drive it. The table escapes such bytes as \xNN and keeps UTF-8 text (é,
+ * CJK, emoji) as it is; --csv keeps every byte as stored. */
+START_TEST(test_cli_ls_names_not_utf8)
+{
+    const char *names[] = {"caf\xe9.txt", "\xff\xfe-bom.txt", "ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt",
+                           "csi\xc2\x9b"
+                           "31m.txt",
+                           "cut\xe6\x96.txt"};
+    const char *shown[] = {" caf\\xe9.txt\n", " \\xff\\xfe-bom.txt\n",
+                           " ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt\n", " csi\\xc2\\x9b31m.txt\n",
+                           " cut\\xe6\\x96.txt\n"};
+    enum { N = sizeof names / sizeof names[0] };
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache t[N];
+    for (int i = 0; i < N; i++) {
+        tc_make(&t[i], 8, 0, (uint32_t)(20 + i), 2, 100, 0);
+        put_ok(s, &t[i]);
+        kvm_store_doc_meta dm = {.n_tokens = 100};
+        snprintf(dm.source, sizeof dm.source, "%s", names[i]);
+        ck_assert_msg(kvm_store_put_doc(s, &t[i].m.doc_hash, &dm) == 0, "%s", kvm_errmsg());
+    }
+    kvm_store_close(&s);
+    char *out = NULL;
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--names", NULL), 0);
+    ck_assert_int_eq(count_lines(out), N + 1);
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(strstr(out, shown[i]), "table lacks '%s':\n%s", shown[i], out);
+    free(out);
+    ck_assert_int_eq(run_cli(&out, NULL, "ls", "--store", g_path, "--names", "--csv", NULL), 0);
+    for (int i = 0; i < N; i++) {
+        char want[128];
+        snprintf(want, sizeof want, ",%s\n", names[i]);
+        ck_assert_msg(strstr(out, want), "csv lacks '%s':\n%s", names[i], out);
+    }
+    free(out);
+    for (int i = 0; i < N; i++)
+        tc_free(&t[i]);
 }
 END_TEST
 
@@ -1670,10 +1761,12 @@ int main(void)
     suite_add_tcase(su, tcase("network_fs", test_network_fs, 30));
     suite_add_tcase(su, tcase("cli_missing_path", test_cli_missing_path, 60));
     suite_add_tcase(su, tcase("cli_readonly_leaves_no_files", test_cli_readonly_leaves_no_files, 60));
+    suite_add_tcase(su, tcase("writable_open_leaves_no_lock", test_writable_open_leaves_no_lock, 60));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
     suite_add_tcase(su, tcase("cli_ls_names_control_bytes", test_cli_ls_names_control_bytes, 30));
+    suite_add_tcase(su, tcase("cli_ls_names_not_utf8", test_cli_ls_names_not_utf8, 30));
     suite_add_tcase(su, tcase("map_beyond_address_space", test_map_beyond_address_space, 30));
     suite_add_tcase(su, tcase("docnames_index", test_docnames_index, 60));
     suite_add_tcase(su, tcase("docnames_older_store", test_docnames_older_store, 60));

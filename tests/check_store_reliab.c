@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/kvm_error.h"
@@ -234,6 +235,68 @@ START_TEST(test_data_file_not_regular)
         ck_assert_int_eq(kvm_store_open(dirs[i], NULL, &s), KVM_EFORMAT);
         ck_assert_ptr_null(s);
     }
+}
+END_TEST
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A zero-byte data.mdb waited 3 s before "truncated" (the wait is for a store another process
+ * is creating, which holds lock.mdb's record lock meanwhile): with no lock.mdb, or one nobody
+ * holds, the refusal comes at once, from the commands and the library (read-write too); with
+ * the lock held by another process the open still waits for the creator to finish. */
+START_TEST(test_zero_byte_data_file_at_once)
+{
+    char data[4400], lock[4400];
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    snprintf(lock, sizeof lock, "%s/lock.mdb", g_store);
+    ck_assert_int_eq(mkdir(g_store, 0700), 0);
+    ck_assert_int_eq(kvm_test_write_file(data, "", 0), 0);
+    for (int with_lock = 0; with_lock < 2; with_lock++) { /* a lock.mdb that nobody holds */
+        if (with_lock) ck_assert_int_eq(kvm_test_write_file(lock, "", 0), 0);
+        char *out = NULL, *err = NULL;
+        double t0 = now_s();
+        int rc = kvmill(&out, &err, "store ls --store '%s'", g_store);
+        double ls_s = now_s() - t0;
+        ck_assert_msg(rc == 2 && strstr(err, data) && strstr(err, "truncated: 0 bytes"), "exit %d: %s", rc, err);
+        ck_assert_msg(ls_s < 1.5, "store ls took %.2f s to refuse a zero-byte data.mdb (lock.mdb: %d)", ls_s,
+                      with_lock);
+        free(out);
+        free(err);
+        kvm_store *s = NULL;
+        t0 = now_s();
+        ck_assert_int_eq(kvm_store_open(g_store, NULL, &s), KVM_EFORMAT);
+        double open_s = now_s() - t0;
+        ck_assert_msg(open_s < 1.5, "kvm_store_open took %.2f s (lock.mdb: %d)", open_s, with_lock);
+        ck_assert_ptr_null(s);
+    }
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    fflush(NULL);
+    pid_t holder = fork(); /* holds lock.mdb as a process creating the store does */
+    if (holder == 0) {
+        int fd = open(lock, O_RDWR);
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+        if (fd < 0 || fcntl(fd, F_SETLK, &fl) != 0 || write(ready[1], "1", 1) != 1) _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    kvm_store *s = NULL;
+    double t0 = now_s();
+    int rc = kvm_store_open(g_store, NULL, &s);
+    double held_s = now_s() - t0;
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(ready[0]);
+    close(ready[1]);
+    ck_assert_int_eq(rc, KVM_EFORMAT);
+    ck_assert_msg(held_s > 2.0, "with lock.mdb held the open waited only %.2f s for the store's creator", held_s);
 }
 END_TEST
 
@@ -1126,6 +1189,7 @@ int main(void)
     Suite *su = suite_create("store_reliab");
     suite_add_tcase(su, tcase("truncated_data_file", test_truncated_data_file, 120));
     suite_add_tcase(su, tcase("data_file_not_regular", test_data_file_not_regular, 60));
+    suite_add_tcase(su, tcase("zero_byte_data_file_at_once", test_zero_byte_data_file_at_once, 60));
     suite_add_tcase(su, tcase("truncated_run", test_truncated_run, 120));
     suite_add_tcase(su, tcase("store_cli_missing_and_config", test_store_cli_missing_and_config, 60));
     suite_add_tcase(su, tcase("store_cli_readonly_lock", test_store_cli_readonly_lock, 60));

@@ -233,6 +233,12 @@ static void gen_control_serve(void)
     a.has_doc_hash = false;
     a.doc_name = kvm_proto_str_c("doc_000.txt");
     EMIT(ask, "name", a);
+    /* revision 7: a prompt that is not UTF-8, its bytes beside the U+FFFD text older readers take */
+    static const uint8_t latin1[] = {'c', 'a', 'f', 0xe9, '?'};
+    a.prompt = kvm_proto_str_c("caf\xef\xbf\xbd?");
+    a.prompt_bytes = (kvm_proto_bytes){latin1, sizeof latin1};
+    EMIT(ask, "prompt_bytes", a);
+    a.prompt_bytes = (kvm_proto_bytes){NULL, 0};
     kvm_proto_answer an = {
         .request_id = 6, .text = kvm_proto_str_c(" A cat."), .n_tokens = 3, .tokens = ibuf, .total_ms = 9};
     EMIT(answer, "a", an);
