@@ -351,7 +351,9 @@ END_TEST
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
-    struct { const char *name; const TTest *fn;
+    struct {
+        const char *name;
+        const TTest *fn;
     } cases[] = {{"defaults_and_values", test_defaults_and_values},
                  {"errors_name_line_and_key", test_errors_name_line_and_key},
                  {"file_errors", test_file_errors},

@@ -1388,7 +1388,9 @@ END_TEST
 static Suite *pipeline_suite(void)
 {
     Suite *s = suite_create("pipeline");
-    struct { const char *name; const TTest *fn;
+    struct {
+        const char *name;
+        const TTest *fn;
     } cases[] = {{"run_then_skip", test_run_then_skip},
                  {"wire_dtype", test_wire_dtype},
                  {"json_logs_and_metrics", test_json_logs_and_metrics},
