@@ -1228,7 +1228,8 @@ typedef struct peer {
 
 static void peer_send(void *sock, kvm_msg **m) { ck_assert_int_eq(kvm_msg_send(sock, m, 0), 0); }
 
-static void peer_credit(peer *p, const char *id)
+/* A prefill worker's ready message (its hello on ctl, a credit on data). */
+static kvm_msg *prefill_ready(const char *id)
 {
     kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(id),
                        .stage = kvm_proto_str_c("prefill"),
@@ -1236,6 +1237,12 @@ static void peer_credit(peer *p, const char *id)
                        .device = kvm_proto_str_c("cpu")};
     kvm_msg *m = NULL;
     ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    return m;
+}
+
+static void peer_credit(peer *p, const char *id)
+{
+    kvm_msg *m = prefill_ready(id);
     peer_send(p->data, &m);
 }
 
@@ -1255,12 +1262,7 @@ static void peer_start(peer *p, const char *id)
     }
     ck_assert_int_eq(zmq_connect(p->ctl, ctl), 0);
     ck_assert_int_eq(zmq_connect(p->data, data), 0);
-    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(id),
-                       .stage = kvm_proto_str_c("prefill"),
-                       .pid = getpid(),
-                       .device = kvm_proto_str_c("cpu")};
-    kvm_msg *m = NULL;
-    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    kvm_msg *m = prefill_ready(id);
     peer_send(p->ctl, &m);
     peer_credit(p, id);
 }
@@ -1303,6 +1305,24 @@ static void peer_kv(peer *p, uint64_t job, int64_t layer, int64_t n_layers, int6
     free(x);
 }
 
+/* Stops a run_background run at once (Ctrl-C twice) and returns its stderr (free it). */
+static char *stop_run(pid_t run)
+{
+    kill(run, SIGINT);
+    usleep(200000);
+    kill(run, SIGINT);
+    int st;
+    ck_assert_int_eq(waitpid(run, &st, 0), run);
+    return tmp_file("err.txt");
+}
+
+static void peer_close(peer *p)
+{
+    zmq_close(p->ctl);
+    zmq_close(p->data);
+    zmq_ctx_term(p->zctx);
+}
+
 /* A prefill stage whose kv messages of one attempt disagree on the layer count (layer 0 says 2
  * layers, later ones 5): the orchestrator sized its buffer by the first and wrote past it.
  * Now the attempt is requeued, naming both counts, and the next attempt is sent out. */
@@ -1319,19 +1339,12 @@ START_TEST(test_kv_layer_count_changes)
     peer_kv(&p, job, 2, 5, 8);
     peer_credit(&p, "by-hand-prefill");
     uint64_t again = peer_job(&p, 20000);
-    kill(run, SIGINT);
-    usleep(200000);
-    kill(run, SIGINT);
-    int st;
-    ck_assert_int_eq(waitpid(run, &st, 0), run);
-    char *err = tmp_file("err.txt");
+    char *err = stop_run(run);
     ck_assert_msg(again != 0 && again != job, "no second attempt after job %llu; stderr: %s", (unsigned long long)job,
                   err);
     ck_assert_msg(strstr(err, "kv message for layer 1 names 5 layers, its layer 0 2"), "stderr: %s", err);
     free(err);
-    zmq_close(p.ctl);
-    zmq_close(p.data);
-    zmq_ctx_term(p.zctx);
+    peer_close(&p);
 }
 END_TEST
 
@@ -1355,32 +1368,20 @@ START_TEST(test_worker_table_reused)
         zmq_setsockopt(ghosts[i], ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(ghosts[i], ZMQ_ROUTING_ID, id, strlen(id));
         ck_assert_int_eq(zmq_connect(ghosts[i], ctl), 0);
-        kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(id),
-                           .stage = kvm_proto_str_c("prefill"),
-                           .pid = getpid(),
-                           .device = kvm_proto_str_c("cpu")};
-        kvm_msg *m = NULL;
-        ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+        kvm_msg *m = prefill_ready(id);
         peer_send(ghosts[i], &m);
     }
     sleep(4); /* every ghost is past its 2 s liveness */
     peer p;
     peer_start(&p, "late-prefill");
     uint64_t job = peer_job(&p, 20000);
-    kill(run, SIGINT);
-    usleep(200000);
-    kill(run, SIGINT);
-    int st;
-    ck_assert_int_eq(waitpid(run, &st, 0), run);
-    char *err = tmp_file("err.txt");
+    char *err = stop_run(run);
     ck_assert_msg(job != 0, "the worker that joined after 256 silent ones got no job; stderr: %.3000s", err);
     ck_assert_msg(strstr(err, "external prefill worker late-prefill joined"), "stderr: %.3000s", err);
     free(err);
     for (int i = 0; i < 256; i++)
         zmq_close(ghosts[i]);
-    zmq_close(p.ctl);
-    zmq_close(p.data);
-    zmq_ctx_term(p.zctx);
+    peer_close(&p);
     zmq_ctx_term(zctx);
 }
 END_TEST

@@ -252,6 +252,27 @@ static void raw_close(MDB_env *env, MDB_txn *txn)
     mdb_env_close(env);
 }
 
+/* Makes `path` an LMDB environment of another program: its unnamed database holds n_keys keys
+ * ("key00", ...) and no kvmill database. */
+static void foreign_lmdb(const char *path, int n_keys)
+{
+    ck_assert_int_eq(mkdir(path, 0775), 0);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_open(env, path, 0, 0664), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    for (int i = 0; i < n_keys; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "key%02d", i);
+        MDB_val key = {strlen(k), k}, val = {1, "v"};
+        ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    }
+    raw_close(env, txn);
+}
+
 /* Rewrites the value of one cache key through `edit`. */
 static void raw_edit(const tcache *t, uint32_t layer, void (*edit)(uint8_t *v, size_t n, const MDB_val *key))
 {
@@ -1050,21 +1071,7 @@ START_TEST(test_cli_missing_path)
 
     /* an LMDB environment of another program: refused, left untouched */
     kvm_test_rmtree(g_path);
-    mkdir(g_path, 0775);
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    ck_assert_int_eq(mdb_env_create(&env), 0);
-    ck_assert_int_eq(mdb_env_open(env, g_path, 0, 0664), 0);
-    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
-    for (int i = 0; i < 20; i++) {
-        char k[16];
-        snprintf(k, sizeof k, "key%02d", i);
-        MDB_val key = {strlen(k), k}, val = {1, "v"};
-        ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
-    }
-    raw_close(env, txn);
+    foreign_lmdb(g_path, 20);
     kvm_store *s = NULL;
     ck_assert_int_eq(kvm_store_open(g_path, NULL, &s), KVM_EFORMAT);
     ck_assert_int_eq(run_cli(NULL, &err, "verify", "--store", g_path, NULL), 2);
@@ -1142,17 +1149,7 @@ START_TEST(test_cli_readonly_leaves_no_files)
     /* an LMDB environment of another program, without its lock.mdb: LMDB makes one before the
      * store is found not to be kvmill's; the refusal removes it, and keeps one that was there */
     kvm_test_rmtree(g_path);
-    ck_assert_int_eq(mkdir(g_path, 0775), 0);
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    ck_assert_int_eq(mdb_env_create(&env), 0);
-    ck_assert_int_eq(mdb_env_open(env, g_path, 0, 0664), 0);
-    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
-    MDB_val key = {3, "key"}, val = {1, "v"};
-    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
-    raw_close(env, txn);
+    foreign_lmdb(g_path, 1);
     for (int with_lock = 0; with_lock < 2; with_lock++) {
         if (!with_lock) ck_assert_int_eq(unlink(lock), 0);
         for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
@@ -1178,21 +1175,7 @@ START_TEST(test_writable_open_leaves_no_lock)
 {
     char lock[4300], names[512], *err = NULL;
     snprintf(lock, sizeof lock, "%s/lock.mdb", g_path);
-    ck_assert_int_eq(mkdir(g_path, 0775), 0);
-    MDB_env *env;
-    MDB_txn *txn;
-    MDB_dbi dbi;
-    ck_assert_int_eq(mdb_env_create(&env), 0);
-    ck_assert_int_eq(mdb_env_open(env, g_path, 0, 0664), 0);
-    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
-    for (int i = 0; i < 64; i++) { /* more keys than a kvmill store's databases: another program's */
-        char k[16];
-        snprintf(k, sizeof k, "key%02d", i);
-        MDB_val key = {strlen(k), k}, val = {1, "v"};
-        ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
-    }
-    raw_close(env, txn);
+    foreign_lmdb(g_path, 64); /* more keys than a kvmill store's databases: another program's */
     ck_assert_int_eq(unlink(lock), 0);
     char cfg[4300], text[9000], cmd[13000];
     snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
