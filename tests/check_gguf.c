@@ -594,6 +594,24 @@ START_TEST(test_malformed)
 }
 END_TEST
 
+/* A metadata key given twice: the first was taken and the second dropped without a word (a
+ * second llama.context_length, an eos_token_id); llama.cpp refuses such a file. */
+START_TEST(test_duplicate_key)
+{
+    static float a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    tspec ts[1] = {{"a", 1, {8, 1, 1, 1}, KVM_GGML_F32, a, 32}};
+    gw kv = {0};
+    gw_kv_str(&kv, "general.name", "small");
+    gw_kv_u32(&kv, "llama.context_length", 2048);
+    gw_kv_u32(&kv, "general.alignment", 32);
+    gw_kv_u32(&kv, "llama.context_length", 4096);
+    gw f = gguf_build(&kv, 4, ts, 1);
+    expect_parse_error(f.b, f.n, KVM_EFORMAT, "metadata key 'llama.context_length' appears twice", "entries 1 and 3");
+    free(f.b);
+    free(kv.b);
+}
+END_TEST
+
 /* Every truncation of the tiny llama fails cleanly through kvm_model_open too. */
 START_TEST(test_model_truncated)
 {
@@ -952,17 +970,12 @@ static Suite *gguf_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } cases[] = {{"dequant_types", test_dequant_types},
-                 {"tiny_llama", test_tiny_llama},
-                 {"model_errors", test_model_errors},
-                 {"malformed", test_malformed},
-                 {"model_truncated", test_model_truncated},
-                 {"smol_dequant", test_smol_dequant},
-                 {"smol_logits", test_smol_logits},
-                 {"smol_logits_f16", test_smol_logits_f16},
-                 {"smol_greedy", test_smol_greedy},
-                 {"smol_greedy_f16", test_smol_greedy_f16},
-                 {"smol_cli", test_smol_cli}};
+    } cases[] = {{"dequant_types", test_dequant_types},     {"tiny_llama", test_tiny_llama},
+                 {"model_errors", test_model_errors},       {"malformed", test_malformed},
+                 {"duplicate_key", test_duplicate_key},     {"model_truncated", test_model_truncated},
+                 {"smol_dequant", test_smol_dequant},       {"smol_logits", test_smol_logits},
+                 {"smol_logits_f16", test_smol_logits_f16}, {"smol_greedy", test_smol_greedy},
+                 {"smol_greedy_f16", test_smol_greedy_f16}, {"smol_cli", test_smol_cli}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_timeout(tc, 120);
