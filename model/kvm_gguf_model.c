@@ -183,8 +183,10 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
         goto fail;
     }
     int64_t bos = 1, eos = 2;
-    kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos);
-    kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos);
+    /* absent: llama2's 1 and 2; present but not an integer is an error, not those ids */
+    if (((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos)) && rc != KVM_ENOTFOUND) ||
+        ((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos)) && rc != KVM_ENOTFOUND))
+        goto fail;
     if (bos < 0 || bos >= vocab || eos < 0 || eos >= vocab) {
         rc = kvm_err(KVM_EFORMAT, "%s: bos_token_id %lld / eos_token_id %lld outside the vocabulary [0, %d)", f,
                      (long long)bos, (long long)eos, vocab);

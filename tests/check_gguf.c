@@ -232,6 +232,7 @@ typedef struct tiny_opts {
     int64_t attn_k_rows;  /* rows of blk.0.attn_k (T_KV * 64 when right) */
     int drop_ffn_up;      /* omit blk.0.ffn_up.weight */
     float rope_theta;     /* llama.rope.freq_base; 0: 50000 */
+    int eos_as_string;    /* tokenizer.ggml.eos_token_id written as the string "4" */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -287,13 +288,16 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     gw_kv_f32(&kv, "llama.rope.freq_base", o->rope_theta ? o->rope_theta : 50000.0f), n_kv++;
     gw_kv_f32(&kv, "llama.attention.layer_norm_rms_epsilon", 1e-6f), n_kv++;
     gw_kv_u32(&kv, "tokenizer.ggml.bos_token_id", 3), n_kv++;
-    gw_kv_u32(&kv, "tokenizer.ggml.eos_token_id", 4), n_kv++;
+    if (o->eos_as_string)
+        gw_kv_str(&kv, "tokenizer.ggml.eos_token_id", "4"), n_kv++;
+    else
+        gw_kv_u32(&kv, "tokenizer.ggml.eos_token_id", 4), n_kv++;
     gw file = gguf_build(&kv, n_kv, ts, nt);
     free(kv.b);
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -425,6 +429,10 @@ START_TEST(test_model_errors)
         o.rope_theta = bad_theta[i];
         expect_model_error(&o, KVM_EFORMAT, "llama.rope.freq_base", "must be > 1");
     }
+    /* an id of another type was taken as absent: eos 2 (llama2's) used instead of the file's */
+    o = tiny_ok;
+    o.eos_as_string = 1;
+    expect_model_error(&o, KVM_EFORMAT, "'tokenizer.ggml.eos_token_id' has type 8", "expected an integer");
 }
 END_TEST
 

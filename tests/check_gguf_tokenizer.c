@@ -332,6 +332,23 @@ START_TEST(test_bad_vocab)
     expect_open_error(NULL, "smollm", 11, merges, 4, KVM_EFORMAT, "tokenizer.ggml.model");
     expect_open_error("gpt2", "smollm", 11, bad_merge, 1, KVM_EFORMAT, "merges[0]");
     expect_open_error("gpt2", "smollm", 7, merges, 4, KVM_EFORMAT, "token_type");
+    /* eos_token_id stored as a float (the file's last entry: its type, then 4 value bytes) was
+     * taken as absent: the tokenizer ran without an end-of-sequence id */
+    char *dir = kvm_test_tmpdir(), *path = write_vocab(dir, "gpt2", "smollm", toks, 11, types, 11, merges, 4);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(path, &n);
+    ck_assert_ptr_nonnull(bytes);
+    bytes[n - 8] = 6; /* KVM_GGUF_F32: value 0.0f */
+    ck_assert_int_eq(kvm_test_write_file(path, bytes, n), 0);
+    kvm_tokenizer *te = (kvm_tokenizer *)1;
+    ck_assert_int_eq(kvm_tokenizer_open_gguf(path, &te), KVM_EFORMAT);
+    ck_assert_ptr_null(te);
+    ck_assert_msg(strstr(kvm_errmsg(), "'tokenizer.ggml.eos_token_id' has type 6, expected an integer"), "%s",
+                  kvm_errmsg());
+    free(bytes);
+    free(path);
+    kvm_test_rmtree(dir);
+    free(dir);
     kvm_tokenizer *t = (kvm_tokenizer *)1;
     ck_assert_int_eq(kvm_tokenizer_open_gguf("/nonexistent/x.gguf", &t), KVM_ENOTFOUND);
     ck_assert_ptr_null(t);
