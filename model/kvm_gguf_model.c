@@ -94,7 +94,8 @@ static int check_unsupported(const kvm_gguf *g, int head_dim)
                        f, (long long)v, head_dim);
     if (kvm_gguf_get_str(g, "llama.rope.scaling.type", &s) == 0 && !str_is(s, "none")) {
         double factor = 1.0;
-        kvm_gguf_get_f64(g, "llama.rope.scaling.factor", &factor);
+        int rc = kvm_gguf_get_f64(g, "llama.rope.scaling.factor", &factor);
+        if (rc && rc != KVM_ENOTFOUND) return rc; /* an integer factor was taken as 1: linear scaling let through */
         if (!(str_is(s, "linear") && factor == 1.0))
             return kvm_err(KVM_ENOTSUP, "%s: llama.rope.scaling.type '%.*s' (factor %g) is not supported", f,
                            (int)s.len, s.ptr, factor);

@@ -233,6 +233,7 @@ typedef struct tiny_opts {
     int drop_ffn_up;      /* omit blk.0.ffn_up.weight */
     float rope_theta;     /* llama.rope.freq_base; 0: 50000 */
     int eos_as_string;    /* tokenizer.ggml.eos_token_id written as the string "4" */
+    int rope_scale_u32;   /* llama.rope.scaling.type "linear", its factor the u32 4 */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -292,12 +293,16 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
         gw_kv_str(&kv, "tokenizer.ggml.eos_token_id", "4"), n_kv++;
     else
         gw_kv_u32(&kv, "tokenizer.ggml.eos_token_id", 4), n_kv++;
+    if (o->rope_scale_u32) {
+        gw_kv_str(&kv, "llama.rope.scaling.type", "linear"), n_kv++;
+        gw_kv_u32(&kv, "llama.rope.scaling.factor", 4), n_kv++;
+    }
     gw file = gguf_build(&kv, n_kv, ts, nt);
     free(kv.b);
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -433,6 +438,10 @@ START_TEST(test_model_errors)
     o = tiny_ok;
     o.eos_as_string = 1;
     expect_model_error(&o, KVM_EFORMAT, "'tokenizer.ggml.eos_token_id' has type 8", "expected an integer");
+    /* linear RoPE scaling with an integer factor: the factor was taken as 1 and the model run unscaled */
+    o = tiny_ok;
+    o.rope_scale_u32 = 1;
+    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.scaling.factor' has type 4", "expected a float");
 }
 END_TEST
 
