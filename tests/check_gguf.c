@@ -234,6 +234,7 @@ typedef struct tiny_opts {
     float rope_theta;     /* llama.rope.freq_base; 0: 50000 */
     int eos_as_string;    /* tokenizer.ggml.eos_token_id written as the string "4" */
     int rope_scale_u32;   /* llama.rope.scaling.type "linear", its factor the u32 4 */
+    int rope_dim_f32;     /* llama.rope.dimension_count the f32 32 (half the head) */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -297,12 +298,13 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
         gw_kv_str(&kv, "llama.rope.scaling.type", "linear"), n_kv++;
         gw_kv_u32(&kv, "llama.rope.scaling.factor", 4), n_kv++;
     }
+    if (o->rope_dim_f32) gw_kv_f32(&kv, "llama.rope.dimension_count", 32.0f), n_kv++;
     gw file = gguf_build(&kv, n_kv, ts, nt);
     free(kv.b);
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -442,6 +444,10 @@ START_TEST(test_model_errors)
     o = tiny_ok;
     o.rope_scale_u32 = 1;
     expect_model_error(&o, KVM_EFORMAT, "'llama.rope.scaling.factor' has type 4", "expected a float");
+    /* a float rotary width was taken as absent: partial rotary run as full */
+    o = tiny_ok;
+    o.rope_dim_f32 = 1;
+    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.dimension_count' has type 6", "expected an integer");
 }
 END_TEST
 
