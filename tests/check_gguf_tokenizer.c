@@ -163,6 +163,8 @@ static void gw_str(gw *w, const char *s)
 }
 
 /* A tokenizer-only GGUF: model and pre strings (NULL: key absent), tokens, types, merges. */
+static int g_pre_u32; /* write_vocab writes tokenizer.ggml.pre as the u32 7, not the string pre */
+
 static char *write_vocab(const char *dir, const char *model, const char *pre, const char **tokens, int n_tok,
                          const int32_t *types, int n_types, const char **merges, int n_merges)
 {
@@ -178,8 +180,11 @@ static char *write_vocab(const char *dir, const char *model, const char *pre, co
     }
     if (pre) {
         gw_str(&w, "tokenizer.ggml.pre");
-        gw_u32(&w, 8);
-        gw_str(&w, pre);
+        gw_u32(&w, g_pre_u32 ? 4 : 8);
+        if (g_pre_u32)
+            gw_u32(&w, 7);
+        else
+            gw_str(&w, pre);
     }
     gw_str(&w, "tokenizer.ggml.tokens");
     gw_u32(&w, 9);
@@ -332,6 +337,10 @@ START_TEST(test_bad_vocab)
     expect_open_error(NULL, "smollm", 11, merges, 4, KVM_EFORMAT, "tokenizer.ggml.model");
     expect_open_error("gpt2", "smollm", 11, bad_merge, 1, KVM_EFORMAT, "merges[0]");
     expect_open_error("gpt2", "smollm", 7, merges, 4, KVM_EFORMAT, "token_type");
+    g_pre_u32 = 1; /* a pre-tokenizer that is not a string was named as 'default' */
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT,
+                      "'tokenizer.ggml.pre' has type 4, expected a string");
+    g_pre_u32 = 0;
     /* eos_token_id stored as a float (the file's last entry: its type, then 4 value bytes) was
      * taken as absent: the tokenizer ran without an end-of-sequence id */
     char *dir = kvm_test_tmpdir(), *path = write_vocab(dir, "gpt2", "smollm", toks, 11, types, 11, merges, 4);
