@@ -675,7 +675,10 @@ int kvm__tokenizer_gguf_mem(const char *path, const uint8_t *map, size_t bytes, 
                      (int)(model.len > 64 ? 64 : model.len), model.ptr);
     }
     if (rc) goto fail;
-    if (kvm_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == KVM_OK) {
+    if ((rc = kvm_gguf_get_str(g, "tokenizer.chat_template", &tmpl)) && rc != KVM_ENOTFOUND)
+        goto fail; /* not a string: --chat said the model has no template */
+    rc = KVM_OK;
+    if (tmpl.ptr) {
         if (!(t->chat_template = malloc(tmpl.len + 1))) {
             rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
             goto fail;
