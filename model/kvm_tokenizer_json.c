@@ -387,6 +387,11 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     const char *bos = token_entry(json_object_get(c, "bos_token")), *eos = token_entry(json_object_get(c, "eos_token"));
     if (eos) info->eos_id = find_text(t, eos);
     if (bos && info->bos_id < 0) info->bos_id = find_text(t, bos);
+    if (json_is_true(json_object_get(c, "add_bos_token")) && info->bos_id < 0 && bos) { /* was: no BOS, no word */
+        rc = kvm_err(KVM_EFORMAT, "%s: add_bos_token is true but bos_token '%.64s' is not a token of %s", p, bos, t->f);
+        json_decref(c);
+        return rc;
+    }
     if (!info->add_bos && json_is_true(json_object_get(c, "add_bos_token")) && info->bos_id >= 0) info->add_bos = 1;
     const json_t *tm = json_object_get(c, "chat_template");
     const char *tmpl = json_string_value(tm);

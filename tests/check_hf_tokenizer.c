@@ -306,7 +306,10 @@ START_TEST(test_config_types)
     static const char *const bad[][2] = {{"{\"add_bos_token\": \"true\"}", "key 'add_bos_token'"},
                                          {"{\"chat_template\": 5}", "key 'chat_template'"},
                                          {"{\"bos_token\": {\"content\": 1}}", "key 'bos_token'"},
-                                         {"{\"eos_token\": 2}", "key 'eos_token'"}};
+                                         {"{\"eos_token\": 2}", "key 'eos_token'"},
+                                         /* a BOS asked for that the vocabulary lacks: none was added */
+                                         {"{\"bos_token\": \"<nope>\", \"add_bos_token\": true}",
+                                          "add_bos_token is true but bos_token '<nope>' is not a token of"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(kvm_test_write_file(q, bad[i][0], strlen(bad[i][0])), 0);
         expect_open(p, 0, KVM_EFORMAT, "tokenizer_config.json", bad[i][1]);
