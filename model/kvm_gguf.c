@@ -220,6 +220,35 @@ static int parse_kvs(kvm_gguf *g, rd *r)
     return 0;
 }
 
+static int cmp_key(const void *a, const void *b)
+{
+    const kvm_gguf_kv *x = *(const kvm_gguf_kv *const *)a, *y = *(const kvm_gguf_kv *const *)b;
+    uint64_t n = x->key.len < y->key.len ? x->key.len : y->key.len;
+    int c = memcmp(x->key.ptr, y->key.ptr, n);
+    return c ? c : (x->key.len > y->key.len) - (x->key.len < y->key.len);
+}
+
+/* A key given twice is refused, as llama.cpp's reader does: kvm_gguf_find took the first, so
+ * a second llama.context_length or eos_token_id was dropped without a word. */
+static int check_keys(const kvm_gguf *g)
+{
+    if (g->n_kv < 2) return 0;
+    const kvm_gguf_kv **s = malloc((size_t)g->n_kv * sizeof *s);
+    if (!s) return kvm_err(KVM_ENOMEM, "%s: out of memory", g->name);
+    for (int64_t i = 0; i < g->n_kv; i++)
+        s[i] = &g->kv[i];
+    qsort(s, (size_t)g->n_kv, sizeof *s, cmp_key);
+    int rc = 0;
+    for (int64_t i = 1; !rc && i < g->n_kv; i++)
+        if (cmp_key(&s[i - 1], &s[i]) == 0)
+            rc = kvm_err(KVM_EFORMAT, "%s: metadata key '%.*s' appears twice (entries %lld and %lld)", g->name,
+                         (int)(s[i]->key.len > 120 ? 120 : s[i]->key.len), s[i]->key.ptr,
+                         (long long)(s[i - 1] < s[i] ? s[i - 1] - g->kv : s[i] - g->kv),
+                         (long long)(s[i - 1] < s[i] ? s[i] - g->kv : s[i - 1] - g->kv));
+    free(s);
+    return rc;
+}
+
 static const char *const type_names[] = {"F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
                                          "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
                                          "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
@@ -381,7 +410,7 @@ int kvm_gguf_parse(const char *name, const uint8_t *map, size_t bytes, kvm_gguf 
         rc = kvm_err(KVM_ENOMEM, "%s: out of memory for %llu entries", g->name, (unsigned long long)(n_kv + n_t));
         goto fail;
     }
-    if ((rc = parse_kvs(g, &r))) goto fail;
+    if ((rc = parse_kvs(g, &r)) || (rc = check_keys(g))) goto fail;
     const kvm_gguf_kv *al = kvm_gguf_find(g, "general.alignment");
     if (al) {
         if (al->type != KVM_GGUF_U32 || al->v.u == 0 || (al->v.u & (al->v.u - 1))) {

@@ -85,16 +85,19 @@ static int str_is(kvm_gguf_str s, const char *z) { return s.len == strlen(z) && 
 static int check_unsupported(const kvm_gguf *g, int head_dim)
 {
     const char *f = kvm_gguf_name(g);
-    int64_t v;
+    int64_t v = head_dim;
     kvm_gguf_str s;
-    if (kvm_gguf_get_i64(g, "llama.rope.dimension_count", &v) == 0 && v != head_dim)
+    int rc = kvm_gguf_get_i64(g, "llama.rope.dimension_count", &v);
+    if (rc && rc != KVM_ENOTFOUND) return rc; /* a float 32.0 was taken as absent: full rotary, not partial */
+    if (v != head_dim)
         return kvm_err(KVM_ENOTSUP,
                        "%s: llama.rope.dimension_count = %lld: partial rotary (head size %d) is not "
                        "supported",
                        f, (long long)v, head_dim);
     if (kvm_gguf_get_str(g, "llama.rope.scaling.type", &s) == 0 && !str_is(s, "none")) {
         double factor = 1.0;
-        kvm_gguf_get_f64(g, "llama.rope.scaling.factor", &factor);
+        rc = kvm_gguf_get_f64(g, "llama.rope.scaling.factor", &factor);
+        if (rc && rc != KVM_ENOTFOUND) return rc; /* an integer factor was taken as 1: linear scaling let through */
         if (!(str_is(s, "linear") && factor == 1.0))
             return kvm_err(KVM_ENOTSUP, "%s: llama.rope.scaling.type '%.*s' (factor %g) is not supported", f,
                            (int)s.len, s.ptr, factor);
@@ -183,8 +186,10 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
         goto fail;
     }
     int64_t bos = 1, eos = 2;
-    kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos);
-    kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos);
+    /* absent: llama2's 1 and 2; present but not an integer is an error, not those ids */
+    if (((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos)) && rc != KVM_ENOTFOUND) ||
+        ((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos)) && rc != KVM_ENOTFOUND))
+        goto fail;
     if (bos < 0 || bos >= vocab || eos < 0 || eos >= vocab) {
         rc = kvm_err(KVM_EFORMAT, "%s: bos_token_id %lld / eos_token_id %lld outside the vocabulary [0, %d)", f,
                      (long long)bos, (long long)eos, vocab);

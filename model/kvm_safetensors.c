@@ -161,10 +161,13 @@ static int push_tensor(kvm_st *s, const kvm_st_tensor *t)
     return 0;
 }
 
+/* By [begin, end), as the Rust reader sorts: a tensor of no elements sharing its begin with
+ * the next one comes first, not after it as an "overlap" when the header lists it later. */
 static int cmp_data(const void *a, const void *b)
 {
     const kvm_st_tensor *x = a, *y = b;
-    return (x->data > y->data) - (x->data < y->data);
+    if (x->data != y->data) return (x->data > y->data) - (x->data < y->data);
+    return (x->bytes > y->bytes) - (x->bytes < y->bytes);
 }
 
 /* Checks that the file's tensors [first, s->n_t) tile its data section: sorted by offset,

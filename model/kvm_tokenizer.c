@@ -639,8 +639,9 @@ static int open_gguf_bpe(kvm_tokenizer *t, const kvm_gguf *g, int spm)
     t->vocab_size = kvm__bpe_vocab_size(t->bpe);
     int64_t bos = -1, eos = -1;
     int add_bos = spm; /* llama.cpp's defaults without the key: SentencePiece yes, BPE no */
-    kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos);
-    kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos);
+    if (((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos)) && rc != KVM_ENOTFOUND) ||
+        ((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &eos)) && rc != KVM_ENOTFOUND))
+        return rc; /* a string or float id was taken as absent */
     if (bos < -1 || bos >= t->vocab_size || eos < -1 || eos >= t->vocab_size)
         return kvm_err(KVM_EFORMAT, "%s: bos_token_id %lld / eos_token_id %lld outside the vocabulary [0, %d)",
                        kvm_gguf_name(g), (long long)bos, (long long)eos, t->vocab_size);
@@ -674,7 +675,10 @@ int kvm__tokenizer_gguf_mem(const char *path, const uint8_t *map, size_t bytes, 
                      (int)(model.len > 64 ? 64 : model.len), model.ptr);
     }
     if (rc) goto fail;
-    if (kvm_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == KVM_OK) {
+    if ((rc = kvm_gguf_get_str(g, "tokenizer.chat_template", &tmpl)) && rc != KVM_ENOTFOUND)
+        goto fail; /* not a string: --chat said the model has no template */
+    rc = KVM_OK;
+    if (tmpl.ptr) {
         if (!(t->chat_template = malloc(tmpl.len + 1))) {
             rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);
             goto fail;

@@ -258,7 +258,8 @@ int kvm__bpe_compile(kvm_bpe *b, const char *name, const char *const *re, int n)
 static int compile_pre(kvm_bpe *b, const kvm_gguf *g)
 {
     kvm_gguf_str pre = {"default", 7};
-    kvm_gguf_get_str(g, "tokenizer.ggml.pre", &pre);
+    int rc = kvm_gguf_get_str(g, "tokenizer.ggml.pre", &pre);
+    if (rc && rc != KVM_ENOTFOUND) return rc; /* not a string: was told "'default' is not supported" */
     const struct pre_def *d = NULL;
     for (size_t i = 0; !d && i < sizeof pre_defs / sizeof pre_defs[0]; i++) {
         const char *s = pre_defs[i].names;

@@ -348,6 +348,27 @@ static const char *token_entry(const json_t *v)
     return json_is_string(v) ? json_string_value(v) : json_string_value(json_object_get(v, "content"));
 }
 
+/* The keys read_config uses, of a type it reads: a string "true" as add_bos_token, or a
+ * number as chat_template or bos_token, was taken as absent (no BOS, no template) while
+ * transformers goes by the value's truth or refuses it. */
+static int check_config_types(const char *p, const json_t *c)
+{
+    static const char *const tokens[] = {"bos_token", "eos_token"};
+    const json_t *v = json_object_get(c, "add_bos_token");
+    if (v && !json_is_boolean(v) && !json_is_null(v))
+        return kvm_err(KVM_EFORMAT, "%s: key 'add_bos_token' is not true, false or null", p);
+    v = json_object_get(c, "chat_template");
+    if (v && !json_is_string(v) && !json_is_array(v) && !json_is_null(v))
+        return kvm_err(KVM_EFORMAT, "%s: key 'chat_template' is not a string or a list of named templates", p);
+    for (int i = 0; i < 2; i++) {
+        v = json_object_get(c, tokens[i]);
+        if (v && !json_is_null(v) && !token_entry(v))
+            return kvm_err(KVM_EFORMAT, "%s: key '%s' is not a string or an object with a 'content' string", p,
+                           tokens[i]);
+    }
+    return 0;
+}
+
 static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
 {
     char tmp[4096], p[4096];
@@ -359,9 +380,18 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     json_error_t je;
     json_t *c = kvm__json_load_file(p, 0, &je);
     if (!c) return kvm_err(KVM_EFORMAT, "%s: %s (line %d)", p, je.text, je.line);
+    if ((rc = check_config_types(p, c))) {
+        json_decref(c);
+        return rc;
+    }
     const char *bos = token_entry(json_object_get(c, "bos_token")), *eos = token_entry(json_object_get(c, "eos_token"));
     if (eos) info->eos_id = find_text(t, eos);
     if (bos && info->bos_id < 0) info->bos_id = find_text(t, bos);
+    if (json_is_true(json_object_get(c, "add_bos_token")) && info->bos_id < 0 && bos) { /* was: no BOS, no word */
+        rc = kvm_err(KVM_EFORMAT, "%s: add_bos_token is true but bos_token '%.64s' is not a token of %s", p, bos, t->f);
+        json_decref(c);
+        return rc;
+    }
     if (!info->add_bos && json_is_true(json_object_get(c, "add_bos_token")) && info->bos_id >= 0) info->add_bos = 1;
     const json_t *tm = json_object_get(c, "chat_template");
     const char *tmpl = json_string_value(tm);

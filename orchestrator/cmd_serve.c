@@ -11,6 +11,7 @@
 #include "pipeline/kvm_serve_remote.h"
 #include "store/kvm_store.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,14 +145,13 @@ int kvm_cmd_serve(int argc, char **argv)
     if (check_config(cfg)) goto done;
     /* the decode workers read the resolved configuration, command-line overrides included */
     kvm_rundir_sweep(); /* leftovers of a kvmill that was killed */
-    kvm_rundir_template("serve-config", resolved, sizeof resolved);
-    int fd = mkstemp(resolved);
+    int fd = -1, trc = kvm_rundir_mkstemp("serve-config", resolved, sizeof resolved, &fd);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!f) {
-        kvm_cli_refuse("serve", "cannot write the resolved configuration %s\n", resolved);
-        if (fd >= 0) close(fd);
+    if (!f) { /* a TMPDIR that is missing or too long is the environment's mistake (exit 2) */
+        kvm_cli_refuse("serve", "cannot write the resolved configuration: %s\n", trc ? kvm_errmsg() : strerror(errno));
+        if (fd >= 0) close(fd), unlink(resolved);
         resolved[0] = '\0';
-        status = 1;
+        status = trc == KVM_EINVAL ? 2 : 1;
         goto done;
     }
     /* values a file cannot carry (a deep path from ${VAR}: a line over 198 characters, which every

@@ -325,6 +325,21 @@ static int check_bom(const char *name, const unsigned char *t, size_t n)
     return 0;
 }
 
+/* libinih ignores whatever follows a section header's ']', so `[compress] ratio = 0.5` on one
+ * line dropped the setting without a word: only blanks or a comment may follow. */
+static int header_tail(const char *name, int line, const char *t, const char *end)
+{
+    while (t < end && (*t == ' ' || *t == '\t' || *t == '\r'))
+        t++;
+    if (t == end || *t == ';' || *t == '#') return 0;
+    while (end > t && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+        end--;
+    return kvm_err(KVM_EINVAL,
+                   "%s:%d: '%.*s' after the section header's ']' would be ignored: put a key = value on "
+                   "a line of its own",
+                   name, line, (int)(end - t), t);
+}
+
 /* What libinih reports badly: lines longer than its 200-byte buffer (it splits them and
  * blames a later line), section headers without ']' (it keeps going with the previous
  * section) and a key set twice (it keeps the last). Checked first so the message names
@@ -353,8 +368,9 @@ static int prescan(const char *name, const char *text)
                          name, line, (int)(dot - key), key, dot + 1);
         } else if (q < p + len && *q == '[') {
             const char *close = memchr(q, ']', (size_t)(p + len - q));
-            if (!close) rc = kvm_err(KVM_EINVAL, "%s:%d: section header without ']'", name, line);
-            else snprintf(section, sizeof section, "%.*s", (int)(close - q - 1), q + 1);
+            rc = close ? header_tail(name, line, close + 1, p + len)
+                       : kvm_err(KVM_EINVAL, "%s:%d: section header without ']'", name, line);
+            if (close) snprintf(section, sizeof section, "%.*s", (int)(close - q - 1), q + 1);
             after_key = 0;
         } else if (line_key(p, len, section, after_key, key, sizeof key)) {
             /* an old name and its new one are one key: `queries` then `synthetic_queries` is

@@ -89,6 +89,32 @@ int kvm_rundir_sweep(void)
     return removed;
 }
 
+#define RUN_DIR_HINT ", or [run] run_dir" /* a run directory may be configured instead */
+
+/* The template for prefix; one cut short by a long TMPDIR (mkdtemp said only "Invalid
+ * argument", after a path that ended part way) is refused naming TMPDIR. */
+static int tmp_template(const char *prefix, char *buf, size_t size, const char *hint)
+{
+    kvm_rundir_template(prefix, buf, size);
+    size_t n = strlen(buf);
+    if (n >= 6 && strcmp(buf + n - 6, "XXXXXX") == 0) return 0;
+    return kvm_err(KVM_EINVAL,
+                   "TMPDIR (%zu bytes) is too long for a temporary path of at most %zu bytes: set a "
+                   "shorter TMPDIR%s",
+                   strlen(tmp_dir()), size - 1, hint);
+}
+
+/* mkdtemp's or mkstemp's failure e on path: a TMPDIR that is missing, not a folder or not writable is the
+ * environment's mistake (exit 2) and named as TMPDIR, not only by the path made from it. */
+static int tmp_fail(const char *path, int e, const char *hint)
+{
+    const char *t = getenv("TMPDIR");
+    if (t && *t && (e == ENOENT || e == ENOTDIR || e == EACCES || e == EROFS))
+        return kvm_err(KVM_EINVAL, "cannot create %s in TMPDIR=%s: %s (set TMPDIR to a writable folder%s)",
+                       strrchr(path, '/') ? strrchr(path, '/') + 1 : path, t, strerror(e), hint);
+    return kvm_err(KVM_EIO, "cannot create %s: %s", path, strerror(e));
+}
+
 int kvm_rundir_make(const char *configured, const char *prefix, char *buf, size_t size, int *own)
 {
     *own = 0;
@@ -103,10 +129,19 @@ int kvm_rundir_make(const char *configured, const char *prefix, char *buf, size_
         return 0;
     }
     kvm_rundir_sweep();
-    kvm_rundir_template(prefix, buf, size);
-    if (!mkdtemp(buf)) return kvm_err(KVM_EIO, "cannot create a run directory %s: %s", buf, strerror(errno));
+    int rc = tmp_template(prefix, buf, size, RUN_DIR_HINT);
+    if (rc) return rc;
+    if (!mkdtemp(buf)) return tmp_fail(buf, errno, RUN_DIR_HINT);
     *own = 1;
     return 0;
+}
+
+int kvm_rundir_mkstemp(const char *prefix, char *buf, size_t size, int *fd)
+{
+    int rc = tmp_template(prefix, buf, size, "");
+    if (rc) return rc;
+    *fd = mkstemp(buf);
+    return *fd < 0 ? tmp_fail(buf, errno, "") : 0;
 }
 
 void kvm_rundir_remove(const char *dir)

@@ -11,8 +11,13 @@
  * $TMPDIR/kvmill-PREFIX.P<pid>-S<start>.XXXXXX. Writes the path to buf and *own = 1 when this
  * call created a temporary one (the caller removes it with kvm_rundir_remove). Returns 0,
  * KVM_EINVAL for a configured folder whose parent is missing or not searchable, or that is not a
- * directory (the config's mistake), or KVM_EIO. */
+ * directory (the config's mistake), or a TMPDIR as kvm_rundir_mkstemp refuses it, or KVM_EIO. */
 int kvm_rundir_make(const char *configured, const char *prefix, char *buf, size_t size, int *own);
+
+/* A temporary file $TMPDIR/kvmill-PREFIX.P<pid>-S<start>.XXXXXX made by mkstemp: its path in
+ * buf, its descriptor in *fd. Returns 0, KVM_EINVAL for a TMPDIR that is too long, missing, not
+ * a folder or not writable (named as TMPDIR), or KVM_EIO. */
+int kvm_rundir_mkstemp(const char *prefix, char *buf, size_t size, int *fd);
 
 /* Writes the mkstemp/mkdtemp template $TMPDIR/kvmill-PREFIX.P<pid>-S<start>.XXXXXX for this
  * process into buf (size bytes; truncated names are the caller's problem: use 4096). */

@@ -507,8 +507,10 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     }
     char prefix[320];
     snprintf(prefix, sizeof prefix, "[%s %s] ", ops->stage, rt.worker_id);
-    if (kvm_log_setup(ops->stage, prefix, rt.a.log_format))
-        return fprintf(stderr, "kvmill-%s: --log-format: %s\n", ops->stage, kvm_errmsg()), 2;
+    if (kvm_log_setup(ops->stage, prefix, rt.a.log_format)) /* without the flag: the environment's value */
+        return fprintf(stderr, "kvmill-%s: %s: %s\n", ops->stage,
+                       rt.a.log_format ? "--log-format" : "environment variable KVMILL_LOG_FORMAT", kvm_errmsg()),
+               2;
     kvm_kernels_cpu_set_threads(rt.a.threads);
     const char *why = ops->device_refusal && rt.a.device && strncmp(rt.a.device, "cuda:", 5) == 0
                           ? ops->device_refusal(&rt.a)

@@ -630,6 +630,23 @@ START_TEST(test_device_setting)
         free(out);
         free(err);
     }
+    /* a bad KVMILL_LOG_FORMAT (the stages read it without --log-format) was blamed on --log-format,
+     * a flag not given */
+    {
+        char *err, *out = run("KVMILL_LOG_FORMAT=xml '%s/kvmill-decode' --connect ipc:///nonexistent/kvm%s%s", NULL,
+                              NULL, &rc, &err);
+        ck_assert_msg(rc == 2 &&
+                          strstr(err, "kvmill-decode: environment variable KVMILL_LOG_FORMAT: log format 'xml'") &&
+                          !strstr(err, "--log-format"),
+                      "kvmill-decode: exit %d: %s", rc, err);
+        free(out);
+        free(err);
+        out = run("KVMILL_LOG_FORMAT=json '%s/kvmill-decode' --connect ipc:///nonexistent/kvm --log-format xml%s%s",
+                  NULL, NULL, &rc, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "kvmill-decode: --log-format: log format 'xml'"), "exit %d: %s", rc, err);
+        free(out);
+        free(err);
+    }
     /* a device name that is not one: the option and value once */
     {
         char *err, *out = run("'%s/kvmill-compress' --connect ipc:///nonexistent/kvm --store /nonexistent --device "

@@ -66,6 +66,16 @@ START_TEST(test_errors_name_line_and_key)
                "t.ini:4: [store] path: '${KVMTEST_NOPE_NOT_SET:-}' expands to an empty path");
     expect_bad("[model]\npath = /m\nthis line has no equals\n", "t.ini:3");
     expect_bad("[model\npath = /m\n", "t.ini:1: section header without ']'");
+    /* libinih ignored the rest of a header line: the ratio was dropped without a word */
+    expect_bad("[model]\npath = /m\n[compress] ratio = 0.5\n",
+               "t.ini:3: 'ratio = 0.5' after the section header's ']' would be ignored");
+    expect_bad("[model]\npath = /m\n[compress]]\r\n", "t.ini:3: ']' after the section header's ']'");
+    kvm_config *ok = NULL; /* a comment or blanks after ']' are fine */
+    ck_assert_msg(kvm_config_parse("[model] ; the model\r\npath = /m\n[compress]\t# c\nratio = 0.5\n", "t.ini", &ok) ==
+                      0,
+                  "%s", kvm_errmsg());
+    ck_assert_double_eq(kvm_config_float(ok, "compress", "ratio"), 0.5);
+    kvm_config_free(&ok);
     char long_line[400];
     snprintf(long_line, sizeof long_line, "[model]\npath = /m\n[run]\nrun_dir = /tmp/%0250d\n", 0);
     expect_bad(long_line, "t.ini:4: line of 265 characters");

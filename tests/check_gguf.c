@@ -232,6 +232,9 @@ typedef struct tiny_opts {
     int64_t attn_k_rows;  /* rows of blk.0.attn_k (T_KV * 64 when right) */
     int drop_ffn_up;      /* omit blk.0.ffn_up.weight */
     float rope_theta;     /* llama.rope.freq_base; 0: 50000 */
+    int eos_as_string;    /* tokenizer.ggml.eos_token_id written as the string "4" */
+    int rope_scale_u32;   /* llama.rope.scaling.type "linear", its factor the u32 4 */
+    int rope_dim_f32;     /* llama.rope.dimension_count the f32 32 (half the head) */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -287,13 +290,21 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     gw_kv_f32(&kv, "llama.rope.freq_base", o->rope_theta ? o->rope_theta : 50000.0f), n_kv++;
     gw_kv_f32(&kv, "llama.attention.layer_norm_rms_epsilon", 1e-6f), n_kv++;
     gw_kv_u32(&kv, "tokenizer.ggml.bos_token_id", 3), n_kv++;
-    gw_kv_u32(&kv, "tokenizer.ggml.eos_token_id", 4), n_kv++;
+    if (o->eos_as_string)
+        gw_kv_str(&kv, "tokenizer.ggml.eos_token_id", "4"), n_kv++;
+    else
+        gw_kv_u32(&kv, "tokenizer.ggml.eos_token_id", 4), n_kv++;
+    if (o->rope_scale_u32) {
+        gw_kv_str(&kv, "llama.rope.scaling.type", "linear"), n_kv++;
+        gw_kv_u32(&kv, "llama.rope.scaling.factor", 4), n_kv++;
+    }
+    if (o->rope_dim_f32) gw_kv_f32(&kv, "llama.rope.dimension_count", 32.0f), n_kv++;
     gw file = gguf_build(&kv, n_kv, ts, nt);
     free(kv.b);
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -425,6 +436,18 @@ START_TEST(test_model_errors)
         o.rope_theta = bad_theta[i];
         expect_model_error(&o, KVM_EFORMAT, "llama.rope.freq_base", "must be > 1");
     }
+    /* an id of another type was taken as absent: eos 2 (llama2's) used instead of the file's */
+    o = tiny_ok;
+    o.eos_as_string = 1;
+    expect_model_error(&o, KVM_EFORMAT, "'tokenizer.ggml.eos_token_id' has type 8", "expected an integer");
+    /* linear RoPE scaling with an integer factor: the factor was taken as 1 and the model run unscaled */
+    o = tiny_ok;
+    o.rope_scale_u32 = 1;
+    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.scaling.factor' has type 4", "expected a float");
+    /* a float rotary width was taken as absent: partial rotary run as full */
+    o = tiny_ok;
+    o.rope_dim_f32 = 1;
+    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.dimension_count' has type 6", "expected an integer");
 }
 END_TEST
 
@@ -591,6 +614,24 @@ START_TEST(test_malformed)
 #undef RESET
     free(b);
     free(f.b);
+}
+END_TEST
+
+/* A metadata key given twice: the first was taken and the second dropped without a word (a
+ * second llama.context_length, an eos_token_id); llama.cpp refuses such a file. */
+START_TEST(test_duplicate_key)
+{
+    static float a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    tspec ts[1] = {{"a", 1, {8, 1, 1, 1}, KVM_GGML_F32, a, 32}};
+    gw kv = {0};
+    gw_kv_str(&kv, "general.name", "small");
+    gw_kv_u32(&kv, "llama.context_length", 2048);
+    gw_kv_u32(&kv, "general.alignment", 32);
+    gw_kv_u32(&kv, "llama.context_length", 4096);
+    gw f = gguf_build(&kv, 4, ts, 1);
+    expect_parse_error(f.b, f.n, KVM_EFORMAT, "metadata key 'llama.context_length' appears twice", "entries 1 and 3");
+    free(f.b);
+    free(kv.b);
 }
 END_TEST
 
@@ -952,17 +993,12 @@ static Suite *gguf_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } cases[] = {{"dequant_types", test_dequant_types},
-                 {"tiny_llama", test_tiny_llama},
-                 {"model_errors", test_model_errors},
-                 {"malformed", test_malformed},
-                 {"model_truncated", test_model_truncated},
-                 {"smol_dequant", test_smol_dequant},
-                 {"smol_logits", test_smol_logits},
-                 {"smol_logits_f16", test_smol_logits_f16},
-                 {"smol_greedy", test_smol_greedy},
-                 {"smol_greedy_f16", test_smol_greedy_f16},
-                 {"smol_cli", test_smol_cli}};
+    } cases[] = {{"dequant_types", test_dequant_types},     {"tiny_llama", test_tiny_llama},
+                 {"model_errors", test_model_errors},       {"malformed", test_malformed},
+                 {"duplicate_key", test_duplicate_key},     {"model_truncated", test_model_truncated},
+                 {"smol_dequant", test_smol_dequant},       {"smol_logits", test_smol_logits},
+                 {"smol_logits_f16", test_smol_logits_f16}, {"smol_greedy", test_smol_greedy},
+                 {"smol_greedy_f16", test_smol_greedy_f16}, {"smol_cli", test_smol_cli}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_timeout(tc, 120);

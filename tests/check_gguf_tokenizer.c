@@ -163,6 +163,9 @@ static void gw_str(gw *w, const char *s)
 }
 
 /* A tokenizer-only GGUF: model and pre strings (NULL: key absent), tokens, types, merges. */
+static int g_pre_u32;  /* write_vocab writes tokenizer.ggml.pre as the u32 7, not the string pre */
+static int g_tmpl_u32; /* write_vocab adds tokenizer.chat_template as the u32 1 */
+
 static char *write_vocab(const char *dir, const char *model, const char *pre, const char **tokens, int n_tok,
                          const int32_t *types, int n_types, const char **merges, int n_merges)
 {
@@ -170,7 +173,12 @@ static char *write_vocab(const char *dir, const char *model, const char *pre, co
     gw_put(&w, "GGUF", 4);
     gw_u32(&w, 3);
     gw_u64(&w, 0);
-    gw_u64(&w, (uint64_t)(4 + (model != NULL) + (pre != NULL) + (n_types > 0)));
+    gw_u64(&w, (uint64_t)(4 + (model != NULL) + (pre != NULL) + (n_types > 0) + g_tmpl_u32));
+    if (g_tmpl_u32) {
+        gw_str(&w, "tokenizer.chat_template");
+        gw_u32(&w, 4);
+        gw_u32(&w, 1);
+    }
     if (model) {
         gw_str(&w, "tokenizer.ggml.model");
         gw_u32(&w, 8);
@@ -178,8 +186,11 @@ static char *write_vocab(const char *dir, const char *model, const char *pre, co
     }
     if (pre) {
         gw_str(&w, "tokenizer.ggml.pre");
-        gw_u32(&w, 8);
-        gw_str(&w, pre);
+        gw_u32(&w, g_pre_u32 ? 4 : 8);
+        if (g_pre_u32)
+            gw_u32(&w, 7);
+        else
+            gw_str(&w, pre);
     }
     gw_str(&w, "tokenizer.ggml.tokens");
     gw_u32(&w, 9);
@@ -332,6 +343,30 @@ START_TEST(test_bad_vocab)
     expect_open_error(NULL, "smollm", 11, merges, 4, KVM_EFORMAT, "tokenizer.ggml.model");
     expect_open_error("gpt2", "smollm", 11, bad_merge, 1, KVM_EFORMAT, "merges[0]");
     expect_open_error("gpt2", "smollm", 7, merges, 4, KVM_EFORMAT, "token_type");
+    g_pre_u32 = 1; /* a pre-tokenizer that is not a string was named as 'default' */
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT,
+                      "'tokenizer.ggml.pre' has type 4, expected a string");
+    g_pre_u32 = 0;
+    g_tmpl_u32 = 1; /* a chat template that is not a string was taken as none */
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT, "'tokenizer.chat_template' has type 4");
+    g_tmpl_u32 = 0;
+    /* eos_token_id stored as a float (the file's last entry: its type, then 4 value bytes) was
+     * taken as absent: the tokenizer ran without an end-of-sequence id */
+    char *dir = kvm_test_tmpdir(), *path = write_vocab(dir, "gpt2", "smollm", toks, 11, types, 11, merges, 4);
+    size_t n = 0;
+    char *bytes = kvm_test_read_file(path, &n);
+    ck_assert_ptr_nonnull(bytes);
+    bytes[n - 8] = 6; /* KVM_GGUF_F32: value 0.0f */
+    ck_assert_int_eq(kvm_test_write_file(path, bytes, n), 0);
+    kvm_tokenizer *te = (kvm_tokenizer *)1;
+    ck_assert_int_eq(kvm_tokenizer_open_gguf(path, &te), KVM_EFORMAT);
+    ck_assert_ptr_null(te);
+    ck_assert_msg(strstr(kvm_errmsg(), "'tokenizer.ggml.eos_token_id' has type 6, expected an integer"), "%s",
+                  kvm_errmsg());
+    free(bytes);
+    free(path);
+    kvm_test_rmtree(dir);
+    free(dir);
     kvm_tokenizer *t = (kvm_tokenizer *)1;
     ck_assert_int_eq(kvm_tokenizer_open_gguf("/nonexistent/x.gguf", &t), KVM_ENOTFOUND);
     ck_assert_ptr_null(t);

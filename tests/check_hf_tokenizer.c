@@ -292,6 +292,39 @@ START_TEST(test_template_list)
 }
 END_TEST
 
+/* tokenizer_config.json keys of a type the reader does not take: each was skipped as absent
+ * (a string "true" as add_bos_token gave no BOS, where transformers adds one). */
+START_TEST(test_config_types)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], q[4096];
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    size_t n;
+    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
+    ck_assert_int_eq(kvm_test_write_file(p, src, n), 0);
+    free(src);
+    static const char *const bad[][2] = {{"{\"add_bos_token\": \"true\"}", "key 'add_bos_token'"},
+                                         {"{\"chat_template\": 5}", "key 'chat_template'"},
+                                         {"{\"bos_token\": {\"content\": 1}}", "key 'bos_token'"},
+                                         {"{\"eos_token\": 2}", "key 'eos_token'"},
+                                         /* a BOS asked for that the vocabulary lacks: none was added */
+                                         {"{\"bos_token\": \"<nope>\", \"add_bos_token\": true}",
+                                          "add_bos_token is true but bos_token '<nope>' is not a token of"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(kvm_test_write_file(q, bad[i][0], strlen(bad[i][0])), 0);
+        expect_open(p, 0, KVM_EFORMAT, "tokenizer_config.json", bad[i][1]);
+    }
+    static const char ok[] = "{\"add_bos_token\": null, \"chat_template\": null, \"bos_token\": null, "
+                             "\"eos_token\": {\"content\": \"x\"}}";
+    ck_assert_int_eq(kvm_test_write_file(q, ok, strlen(ok)), 0);
+    kvm_tokenizer *t = NULL;
+    ck_assert_msg(kvm_tokenizer_open_hf(p, 0, &t) == 0, "%s", kvm_errmsg());
+    kvm_tokenizer_close(&t);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* tokenizer.json and tokenizer_config.json that start with a UTF-8 byte-order mark are read as
  * without it (jansson refused them: "'[' or '{' expected near"). */
 START_TEST(test_bom)
@@ -332,9 +365,14 @@ static Suite *tok_suite(void)
         const char *name;
         const TTest *fn;
     } more[] = {
-        {"smol", test_smol}, {"decode", test_decode},   {"malformed", test_malformed},
-        {"mem", test_mem},   {"entries", test_entries}, {"template_list", test_template_list},
+        {"smol", test_smol},
+        {"decode", test_decode},
+        {"malformed", test_malformed},
+        {"mem", test_mem},
+        {"entries", test_entries},
+        {"template_list", test_template_list},
         {"bom", test_bom},
+        {"config_types", test_config_types},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);

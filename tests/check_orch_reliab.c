@@ -667,6 +667,38 @@ START_TEST(test_failed_document_keeps_run_dir)
 }
 END_TEST
 
+/* A TMPDIR that does not exist (or is too long for a path) was reported as "cannot create a run
+ * directory /missing/kvmill-run.P..: No such file or directory" (exit 1) by run, and by serve as
+ * "cannot write the resolved configuration PATH" without the reason; both name TMPDIR, exit 2. */
+START_TEST(test_tmpdir_named)
+{
+    make_docs(1);
+    write_config(STREAMING, "", NULL);
+    char env[4400], cmd[12000], *out, *err;
+    snprintf(env, sizeof env, "TMPDIR='%s/missing'", tmp);
+    ck_assert_int_eq(run_kvmill(env, &out, &err), 2);
+    ck_assert_msg(strstr(err, "TMPDIR=") && strstr(err, "/missing: No such file or directory"), "stderr: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s '%s/kvmill' serve --config '%s' --compute-missing --bind 'ipc://%s/front'", env,
+             kvm_test_bin(), cfg_path, tmp);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "resolved configuration: cannot create kvmill-serve-config.") && strstr(err, "TMPDIR="),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+    char deep[3000];
+    int n = snprintf(deep, sizeof deep, "TMPDIR='%s", tmp);
+    while (n < 2000)
+        n += snprintf(deep + n, sizeof deep - (size_t)n, "/%s", "0123456789abcdef");
+    snprintf(deep + n, sizeof deep - (size_t)n, "'");
+    ck_assert_int_eq(run_kvmill(deep, &out, &err), 2);
+    ck_assert_msg(strstr(err, "TMPDIR (") && strstr(err, "is too long"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ---- progress and messages ---- */
 
 /* A compress job reports its solved problems in heartbeats: the progress line shows them
@@ -903,6 +935,7 @@ static Suite *orch_reliab_suite(void)
                  {"full_disk_stops_feeding", test_full_disk_stops_feeding, 120},
                  {"stale_dirs_removed", test_stale_dirs_removed, 240},
                  {"failed_document_keeps_run_dir", test_failed_document_keeps_run_dir, 120},
+                 {"tmpdir_named", test_tmpdir_named, 60},
                  {"progress_within_document", test_progress_within_document, 240},
                  {"messages", test_messages, 120},
                  {"joblist_order", test_joblist_order, 30},

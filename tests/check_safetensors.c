@@ -381,15 +381,33 @@ START_TEST(test_entries)
 }
 END_TEST
 
+/* A tensor of no elements shares its offset with the next one; listed after it in the header,
+ * the file was refused as "'zero' at data offset 0 overlaps 'w'" (the Rust reader sorts by
+ * [begin, end) and reads it). */
+START_TEST(test_empty_tensor_order)
+{
+    const char *p = in_dir("z.safetensors");
+    static const char hdr[] = "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                              "\"zero\":{\"dtype\":\"F32\",\"shape\":[2,0],\"data_offsets\":[0,0]}}";
+    ck_assert_int_eq(kvm_test_st_write_raw(p, strlen(hdr), hdr, 8), 0);
+    kvm_st *s = NULL;
+    ck_assert_msg(kvm_st_open_files(&p, 1, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_st_find(s, "zero")->n_elems, 0);
+    ck_assert_int_eq(kvm_st_find(s, "w")->n_elems, 2);
+    kvm_st_close(&s);
+}
+END_TEST
+
 static Suite *st_suite(void)
 {
     Suite *s = suite_create("safetensors");
     struct {
         const char *name;
         const TTest *fn;
-    } cases[] = {{"values", test_values},     {"malformed", test_malformed},   {"truncated", test_truncated},
-                 {"open_mem", test_open_mem}, {"no_tensors", test_no_tensors}, {"sharded", test_sharded},
-                 {"entries", test_entries}};
+    } cases[] = {{"values", test_values},         {"malformed", test_malformed},
+                 {"truncated", test_truncated},   {"open_mem", test_open_mem},
+                 {"no_tensors", test_no_tensors}, {"sharded", test_sharded},
+                 {"entries", test_entries},       {"empty_tensor_order", test_empty_tensor_order}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
