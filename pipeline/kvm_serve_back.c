@@ -95,6 +95,7 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
         return;
     }
     wk->busy = 0;
+    if (ok && a.status == 0) kvm_serve__doc_release(s, wk, a.new_cache);
     kvm_serve__grant_done(s, wk, ok && a.new_cache);
     double ms = kvm_now_ms() - wk->t_sent;
     if (!wk->env) {
@@ -167,16 +168,26 @@ void kvm_serve__receive_back(srv *s, void *sock, int is_ctl)
     }
 }
 
+/* The oldest queued request that does not wait for its document, or -1. Waiting ones are
+ * skipped, not blocking: requests for other documents go on. */
+static int64_t next_request(const srv *s)
+{
+    for (int64_t i = 0; i < s->n_queue; i++)
+        if (!kvm_serve__doc_held(s, &s->queue[i])) return i;
+    return -1;
+}
+
 void kvm_serve__dispatch(srv *s)
 {
-    while (s->n_queue > 0) {
+    int64_t i;
+    while ((i = next_request(s)) >= 0) {
         int w = -1;
         for (int k = 0; k < s->n_workers && w < 0; k++)
             if (s->workers[k].alive && s->workers[k].idle && !s->workers[k].busy) w = k;
         if (w < 0) return;
         srv_worker *wk = &s->workers[w];
-        srv_request r = s->queue[0];
-        kvm_serve__queue_remove(s, 0);
+        srv_request r = s->queue[i];
+        kvm_serve__queue_remove(s, i);
         int client = -1, grant = 0, rc = 0;
         if ((rc = kvm_serve__with_grant(s, &r, &grant, &client))) {
             if (grant) kvm_serve__grant_release_unused(s, client);
@@ -194,6 +205,7 @@ void kvm_serve__dispatch(srv *s)
         wk->idle = 0;
         wk->grant = grant;
         wk->grant_client = client;
+        wk->doc = r.doc;
         wk->request_id = r.request_id;
         if (rc) {
             kvm_serve__worker_dead(s, w, "could not be reached");

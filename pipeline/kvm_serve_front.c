@@ -106,6 +106,7 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
     srv_request r = {.env = *env, .msg = *m, .request_id = rid, .t_recv = kvm_now_ms()};
     const char *uid = kvm_msg_user_id(*m);
     snprintf(r.key, sizeof r.key, "%s", uid ? uid : "");
+    kvm_serve__doc_key(s, &ask, &r.doc);
     if (queue_push(s, r)) {
         snprintf(why, sizeof why, "server busy: %lld requests are waiting ([serve] max_queue); try again later",
                  (long long)s->n_queue);

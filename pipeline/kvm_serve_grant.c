@@ -3,6 +3,7 @@
  * the grants held by requests in flight. */
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
+#include "store/kvm_store.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,11 +99,55 @@ int kvm_serve__with_grant(srv *s, srv_request *r, int *grant, int *client)
     if (rc) return rc;
     if (!s->compute_missing && !ask.compute_grant) return 0; /* nothing to grant, nothing to overwrite */
     /* a stored document named by hash or name is never computed: no grant to hold */
-    if (!ask.has_doc_hash && ask.doc_name.len == 0) *grant = grant_take(s, r->key, client);
+    /* nor is one whose document a request answered before it stored (released == 2) */
+    if (!ask.has_doc_hash && ask.doc_name.len == 0 && r->released != 2) *grant = grant_take(s, r->key, client);
     ask.compute_grant = *grant != 0;
     kvm_msg *m = NULL;
     if ((rc = kvm_proto_ask_encode(&ask, &m))) return rc;
     kvm_msg_free(&r->msg);
     r->msg = m;
     return 0;
+}
+
+/* ---- one computation per document: a request waits while its document is being computed ---- */
+
+void kvm_serve__doc_key(const srv *s, const kvm_proto_ask *ask, srv_doc_key *out)
+{
+    kvm_store_id id;
+    memset(out, 0, sizeof *out);
+    if (!s->compute_missing) return; /* no grants, so no computation to wait for */
+    if (ask->doc_bytes.len || ask->doc_text.len) {
+        /* text and bytes are tokenised alike (stages/decode.c): one key for both */
+        int b = ask->doc_bytes.len > 0;
+        kvm_store_hash_bytes(b ? (const void *)ask->doc_bytes.ptr : ask->doc_text.ptr,
+                             b ? ask->doc_bytes.len : ask->doc_text.len, &id);
+        out->kind = 1;
+    } else if (ask->n_doc_tokens > 0) {
+        kvm_store_hash_bytes(ask->doc_tokens, (size_t)ask->n_doc_tokens * sizeof *ask->doc_tokens, &id);
+        out->kind = 2;
+    } else
+        return;
+    memcpy(out->hash, id.b, sizeof out->hash);
+}
+
+static int doc_same(const srv_doc_key *a, const srv_doc_key *b)
+{
+    return a->kind && a->kind == b->kind && !memcmp(a->hash, b->hash, sizeof a->hash);
+}
+
+/* A second computation of the same cache would be wasted work and would count twice against
+ * max_new_caches: a request waits while a granted one for its document is in flight. */
+int kvm_serve__doc_held(const srv *s, const srv_request *r)
+{
+    if (!r->doc.kind || r->released) return 0;
+    for (int w = 0; w < s->n_workers; w++)
+        if (s->workers[w].busy && s->workers[w].grant && doc_same(&s->workers[w].doc, &r->doc)) return 1;
+    return 0;
+}
+
+void kvm_serve__doc_release(srv *s, const srv_worker *wk, int new_cache)
+{
+    if (!wk->grant || !wk->doc.kind) return;
+    for (int64_t i = 0; i < s->n_queue; i++)
+        if (doc_same(&s->queue[i].doc, &wk->doc)) s->queue[i].released = new_cache ? 2 : 1;
 }

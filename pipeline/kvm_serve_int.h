@@ -30,6 +30,14 @@ typedef struct srv_client {
     int64_t out;  /* grants held by requests in flight */
 } srv_client;
 
+/* A document an ask sends (text, bytes or tokens), as the broker can tell it without a
+ * tokenizer: requests with equal keys compute the same cache (one model and config per server). */
+typedef struct srv_doc_key {
+    int kind;         /* 0: none (named by hash or name, or compute_missing off); 1: text or bytes
+                         (tokenised alike); 2: token ids */
+    uint8_t hash[32]; /* BLAKE2b-256 of the text/bytes, or of the token ids as sent */
+} srv_doc_key;
+
 typedef struct srv_worker {
     char id[256];        /* routing id (= --id) */
     int alive;           /* heard from within the liveness window */
@@ -43,6 +51,7 @@ typedef struct srv_worker {
     double t_sent;       /* when it was handed to the worker */
     int grant;           /* the busy request may add a cache (compute_grant): one grant held */
     int grant_client;    /* index in srv.clients of the grant's client key, or -1 */
+    srv_doc_key doc;     /* the busy request's document, when it sends one */
 } srv_worker;
 
 typedef struct srv_request {
@@ -51,6 +60,9 @@ typedef struct srv_request {
     uint64_t request_id; /* its request id */
     double t_recv;       /* arrival, ms */
     char key[48];        /* the client's CurveZMQ key (the message's User-Id), "" without CurveZMQ */
+    srv_doc_key doc;     /* its document, when it sends one under compute_missing */
+    int released;        /* a granted request for the same document answered while this one waited:
+                            1: ok (not held again); 2: it stored the cache (no grant needed) */
 } srv_request;
 
 typedef struct srv {
@@ -101,6 +113,14 @@ void kvm_serve__grant_done(srv *s, srv_worker *wk, int new_cache);
 void kvm_serve__grant_release_unused(srv *s, int client);
 /* Sets the request's compute_grant field to whether it may add a cache. */
 int kvm_serve__with_grant(srv *s, srv_request *r, int *grant, int *client);
+/* The key of the document the ask sends (kind 0 when it names a stored one, or without
+ * [serve] compute_missing: nothing to compute). */
+void kvm_serve__doc_key(const srv *s, const kvm_proto_ask *ask, srv_doc_key *out);
+/* Whether queued request r waits for a granted request for its document in flight. */
+int kvm_serve__doc_held(const srv *s, const srv_request *r);
+/* Worker wk's granted request answered with status 0: the requests waiting for its document
+ * go on (new_cache: without a grant, as the cache is stored). */
+void kvm_serve__doc_release(srv *s, const srv_worker *wk, int new_cache);
 
 /* ---- kvm_serve_back.c: decode workers ---- */
 

@@ -730,6 +730,75 @@ START_TEST(test_max_new_caches_per_key)
 }
 END_TEST
 
+/* Occurrences of needle in hay. */
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Clients asking at once about the same new document: it is computed once and counted once
+ * against max_new_caches (they were each granted and computed it, counting it again each time,
+ * and with the allowance used up the others were refused), while another document is computed
+ * beside it. The document comes as text and as bytes: one cache either way. */
+START_TEST(test_new_cache_once)
+{
+    if (!have_shared("one computation per new document")) return;
+    write_config(NULL, 256, "compute_missing = true\nmax_new_caches = 2\nworkers = 3", NULL);
+    ck_assert_int_eq(start_serve(), -1);
+    const char *doc_a = "Once upon a time there was a little girl named Lily. She liked to play in the park with "
+                        "her dog Max. One day the sun was hot, so they sat under a big tree and ate apples. Then a "
+                        "bird came down and sang a happy song, and Lily laughed and clapped her hands.";
+    enum { N = 5 };
+    void *ctx = zmq_ctx_new(), *sk[N];
+    for (int i = 0; i < N; i++) {
+        int linger = 0;
+        sk[i] = zmq_socket(ctx, ZMQ_DEALER);
+        zmq_setsockopt(sk[i], ZMQ_LINGER, &linger, sizeof linger);
+        ck_assert_int_eq(zmq_connect(sk[i], g_front), 0);
+    }
+    usleep(300 * 1000); /* all connected: the asks arrive together */
+    for (int i = 0; i < N; i++) {
+        kvm_proto_ask a = {.request_id = 500u + (uint64_t)i, .prompt = kvm_proto_str_c(" Then"), .max_new_tokens = 4};
+        if (i == N - 1)
+            a.doc_text = kvm_proto_str_c("A cat sat on a red mat all day.");
+        else if (i == 2)
+            a.doc_bytes = (kvm_proto_bytes){(const uint8_t *)doc_a, strlen(doc_a)};
+        else
+            a.doc_text = kvm_proto_str_c(doc_a);
+        kvm_msg *m = NULL;
+        ck_assert_msg(kvm_proto_ask_encode(&a, &m) == 0, "%s", kvm_errmsg());
+        ck_assert_int_eq(kvm_msg_send(sk[i], &m, 0), 0);
+    }
+    int new_a = 0;
+    for (int i = 0; i < N; i++) {
+        zmq_pollitem_t it = {sk[i], 0, ZMQ_POLLIN, 0};
+        ck_assert_msg(zmq_poll(&it, 1, g_answer_wait_s * 1000L) == 1, "no answer to ask %d", i);
+        kvm_msg *m = NULL;
+        kvm_proto_answer ans;
+        ck_assert_int_eq(kvm_msg_recv(sk[i], &m, 0), 0);
+        ck_assert_msg(kvm_proto_answer_decode(m, &ans) == 0, "%s", kvm_errmsg());
+        ck_assert_msg(ans.status == 0, "ask %d: %s: %.*s", i, kvm_strerror(ans.status), (int)ans.message.len,
+                      ans.message.ptr ? ans.message.ptr : "");
+        if (i == N - 1)
+            ck_assert_msg(ans.new_cache, "the other document was not computed beside the first");
+        else
+            new_a += ans.new_cache;
+        kvm_msg_free(&m);
+        zmq_close(sk[i]);
+    }
+    zmq_ctx_term(ctx);
+    ck_assert_msg(new_a == 1, "the shared document was computed and stored %d times, want 1", new_a);
+    ck_assert_int_eq(stop_serve(), 0);
+    char *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_int_eq(count_of(log, "added a cache:"), 2);
+    assert_lacks(log, "added a cache: 3 of");
+    free(log);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- items 13, 15: config and binds */
 
 START_TEST(test_dump_config_overrides)
@@ -876,6 +945,7 @@ int main(void)
     suite_add_tcase(su, tcase("large_document", test_large_document, 300));
     suite_add_tcase(su, tcase("max_new_caches", test_max_new_caches, 120));
     suite_add_tcase(su, tcase("max_new_caches_per_key", test_max_new_caches_per_key, 120));
+    suite_add_tcase(su, tcase("new_cache_once", test_new_cache_once, 120));
     suite_add_tcase(su, tcase("dump_config_overrides", test_dump_config_overrides, 30));
     suite_add_tcase(su, tcase("bind_forms", test_bind_forms, 120));
     suite_add_tcase(su, tcase("messages", test_messages, 120));
