@@ -22,12 +22,27 @@
 #include <unistd.h>
 #include <zmq.h>
 
-/* Reads a whole document file, any bytes, of at most KVM_PROTO_MAX_DOC_BYTES. Prints errors;
- * returns 0/2. */
+/* Each U+FFFD (3 bytes) of a sanitized prompt as '?', in place; returns the new length. */
+static size_t replacement_to_question(char *s, size_t n)
+{
+    size_t w = 0;
+    for (size_t r = 0; r < n; r++) {
+        if (r + 2 < n && (unsigned char)s[r] == 0xEF && (unsigned char)s[r + 1] == 0xBF &&
+            (unsigned char)s[r + 2] == 0xBD) {
+            s[w++] = '?';
+            r += 2;
+        } else
+            s[w++] = s[r];
+    }
+    return w;
+}
+
 /* Puts the prompt into the ask. One that is not UTF-8 (latin-1, say) was refused, where kvmill
  * generate takes any bytes (the tokenizers are byte-level, or fall back to bytes): it goes as
- * prompt_bytes (revision 7), which servers tokenise as they are, and as prompt with U+FFFD in
- * place of its bad bytes (cut to the limit), which is what an older server reads. *fallback is
+ * prompt_bytes (revision 7), which servers tokenise as they are, and as prompt with '?' in
+ * place of its bad bytes (cut to the limit), which is what an older server reads: '?', not
+ * U+FFFD's three bytes, so the ask carries the prompt at most twice, not four times ([serve]
+ * max_message_bytes refused a latin-1 prompt a quarter of the size of a UTF-8 one). *fallback is
  * malloc'ed (or NULL for a UTF-8 prompt) and must outlive the encode. Returns 0 or KVM_ENOMEM. */
 static int set_prompt(kvm_proto_ask *ask, const char *prompt, char **fallback)
 {
@@ -37,11 +52,14 @@ static int set_prompt(kvm_proto_ask *ask, const char *prompt, char **fallback)
     if (kvm_utf8_valid(prompt, n)) return 0;
     int rc = kvm_utf8_sanitize(prompt, n, fallback, &len, NULL);
     if (rc) return rc;
+    len = replacement_to_question(*fallback, len);
     ask->prompt = (kvm_proto_str){*fallback, kvm_utf8_cut(*fallback, len, KVM_PROTO_MAX_TEXT_BYTES)};
     ask->prompt_bytes = (kvm_proto_bytes){(const uint8_t *)prompt, n};
     return 0;
 }
 
+/* Reads a whole document file, any bytes, of at most KVM_PROTO_MAX_DOC_BYTES. Prints errors;
+ * returns 0/2. */
 static int read_doc(const char *path, char **text, size_t *len)
 {
     struct stat sb;

@@ -225,7 +225,7 @@ static int endpoint_hollow(const char *v, char *why, size_t why_n)
     const char *colon = strrchr(close ? close : host, ':');
     if (!*host) return snprintf(why, why_n, "'%s' names no host and no port (tcp://HOST:PORT)", v), -1;
     if (!colon || !colon[1]) return snprintf(why, why_n, "'%s' names no port (tcp://HOST:PORT)", v), -1;
-    return 0; /* an empty host (tcp://:PORT) is refused, naming the endpoint, before any bind or connect */
+    return 0; /* an empty host (tcp://:PORT) passes here: the endpoint checks at bind and connect refuse it by name */
 }
 
 static int set_value(kvm_config *c, const char *section, const char *key, const char *raw, char *why, size_t why_n)

@@ -120,10 +120,12 @@ int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage)
     for (int w = 0; at < 0 && w < o->n_workers; w++) /* a long run's restarts and joins outnumber the table: */
         if (!o->workers[w].alive && o->workers[w].job < 0 && w != o->reduce_worker) at = w; /* reuse a dead one */
     if (at < 0) {
-        if (!o->workers_full_said++)
+        if (!o->workers_full_said)
             kvm_orch__log("%d workers are alive: worker %s is ignored until one of them leaves\n", MAX_WORKERS, id);
+        o->workers_full_said = 1;
         return -1;
     }
+    o->workers_full_said = 0; /* said again the next time the table fills */
     orch_worker *w = &o->workers[at];
     *w = (orch_worker){.stage = stage, .job = -1, .alive = 1, .slot = -1, .last_seen = kvm_now_ms()};
     snprintf(w->id, sizeof w->id, "%s", id);

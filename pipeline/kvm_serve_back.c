@@ -179,12 +179,12 @@ static int64_t next_request(const srv *s)
 
 void kvm_serve__dispatch(srv *s)
 {
-    int64_t i;
-    while ((i = next_request(s)) >= 0) {
-        int w = -1;
+    for (;;) {
+        int w = -1; /* an idle worker first: with every worker busy the queue is not scanned */
         for (int k = 0; k < s->n_workers && w < 0; k++)
             if (s->workers[k].alive && s->workers[k].idle && !s->workers[k].busy) w = k;
-        if (w < 0) return;
+        int64_t i = w < 0 ? -1 : next_request(s);
+        if (i < 0) return;
         srv_worker *wk = &s->workers[w];
         srv_request r = s->queue[i];
         kvm_serve__queue_remove(s, i);

@@ -338,7 +338,7 @@ typedef struct kvm_proto_ask {
     /* revision 7 */
     kvm_proto_bytes prompt_bytes; /* "prompt_bytes" bin, optional: the prompt's bytes when they are
                                   not UTF-8 (latin-1, say: a byte-level tokenizer takes any); read
-                                  instead of prompt, which then holds them with U+FFFD for older
+                                  instead of prompt, which then holds them as '?' for older
                                   readers; 0..MAX_TEXT_BYTES; written when len > 0 */
 } kvm_proto_ask;
 /* ask codec. Checks: exactly one of doc_text (non-empty), doc_bytes (non-empty), doc_tokens

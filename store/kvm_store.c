@@ -349,11 +349,11 @@ static int lock_exists(const char *path)
 }
 
 /* Removes the lock.mdb a failed open made (mdb_env_open creates it before it reads data.mdb),
- * after mdb_env_close: a command that fails, read-only or not, leaves the lock file as it found it.
- * Not when another process holds it: every process with the environment open keeps a POSIX
- * record lock on its byte 0 (lmdb mdb.c, mdb_env_excl_lock), so taking that byte exclusively
- * shows nobody does (a writer creating the store at the same moment keeps its lock file). The
- * unlink happens while the lock is held. */
+ * after mdb_env_close: an inspection that fails, or a writer refused because the folder is no
+ * kvmill store, leaves the lock file as it found it. Not when another process holds it: every
+ * process with the environment open keeps a POSIX record lock on its byte 0 (lmdb mdb.c,
+ * mdb_env_excl_lock), so taking that byte exclusively shows nobody does now. A process that has
+ * opened lock.mdb but not yet locked it is not seen; the unlink happens while the lock is held. */
 static void drop_created_lock(const char *path)
 {
     char lock[4200];
@@ -467,7 +467,12 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     return 0;
 fail:
     kvm_store_close(&s);
-    if (made_lock) drop_created_lock(path);
+    /* A writer removes the lock file only when the folder is no kvmill store (another program's
+     * LMDB environment, not LMDB at all): no kvmill process shares it. After any other failure
+     * (map full, permissions) a second kvmill process may be between LMDB's open of lock.mdb and
+     * its record lock on it, and would go on with an unlinked lock file beside a third process's
+     * new one: two writers without a common mutex over one data.mdb. */
+    if (made_lock && (o.read_only || st == KVM_EFORMAT)) drop_created_lock(path);
     return st;
 }
 

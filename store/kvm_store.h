@@ -181,10 +181,12 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * bytes and the file; nothing is written),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM.
- * A read_only open that fails creates nothing. An open that fails, read_only or not, leaves no
- * lock.mdb it made: one that LMDB created on the way (it makes the lock file before it reads
- * data.mdb) is removed again, unless another process has the environment open meanwhile; a
- * lock.mdb that was there before is never removed. */
+ * A read_only open that fails creates nothing, and a read-write open refused with KVM_EFORMAT
+ * (no kvmill store) leaves no lock.mdb it made: one that LMDB created on the way (it makes the
+ * lock file before it reads data.mdb) is removed again, unless another process has the
+ * environment open meanwhile; a lock.mdb that was there before is never removed. A read-write
+ * open failing otherwise keeps its lock.mdb: another kvmill process may be opening the same
+ * store at that moment. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
 /* 1 when a read-write open of the store at `path` would fail for want of write permission:
  * the directory, its data.mdb or its lock.mdb exists and access(2) says it cannot be written
