@@ -480,6 +480,15 @@ const kvm_gguf_tensor *kvm_gguf_find_tensor(const kvm_gguf *g, const char *name)
     return NULL;
 }
 
+/* The GGUF spec's name of a metadata value type (gguf.md: GGUF_METADATA_VALUE_TYPE_*), for
+ * errors that name a key's type: "type 8 (string)" says more than "type 8". */
+static const char *meta_type_name(int type)
+{
+    static const char *const names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+                                        "bool", "string", "array", "u64", "i64", "f64"};
+    return type >= 0 && type < (int)(sizeof names / sizeof names[0]) ? names[type] : "unknown";
+}
+
 int kvm_gguf_get_i64(const kvm_gguf *g, const char *key, int64_t *v)
 {
     const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
@@ -499,7 +508,8 @@ int kvm_gguf_get_i64(const kvm_gguf *g, const char *key, int64_t *v)
         *v = kv->v.i;
         return 0;
     default:
-        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected an integer", g->name, key, kv->type);
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d (%s), expected an integer", g->name, key, kv->type,
+                       meta_type_name(kv->type));
     }
     return kvm_err(KVM_EFORMAT, "%s: metadata '%s' = %llu is out of range", g->name, key, (unsigned long long)kv->v.u);
 }
@@ -509,7 +519,8 @@ int kvm_gguf_get_f64(const kvm_gguf *g, const char *key, double *v)
     const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
     if (!kv) return KVM_ENOTFOUND;
     if (kv->type != KVM_GGUF_F32 && kv->type != KVM_GGUF_F64)
-        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected a float", g->name, key, kv->type);
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d (%s), expected a float", g->name, key, kv->type,
+                       meta_type_name(kv->type));
     *v = kv->v.f;
     return 0;
 }
@@ -519,7 +530,8 @@ int kvm_gguf_get_bool(const kvm_gguf *g, const char *key, int *v)
     const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
     if (!kv) return KVM_ENOTFOUND;
     if (kv->type != KVM_GGUF_BOOL)
-        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected a bool", g->name, key, kv->type);
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d (%s), expected a bool", g->name, key, kv->type,
+                       meta_type_name(kv->type));
     *v = kv->v.u != 0;
     return 0;
 }
@@ -529,7 +541,8 @@ int kvm_gguf_get_str(const kvm_gguf *g, const char *key, kvm_gguf_str *v)
     const kvm_gguf_kv *kv = kvm_gguf_find(g, key);
     if (!kv) return KVM_ENOTFOUND;
     if (kv->type != KVM_GGUF_STRING)
-        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d, expected a string", g->name, key, kv->type);
+        return kvm_err(KVM_EFORMAT, "%s: metadata '%s' has type %d (%s), expected a string", g->name, key, kv->type,
+                       meta_type_name(kv->type));
     *v = kv->v.s;
     return 0;
 }

@@ -405,7 +405,7 @@ int kvm_cli_read_token_ids(const char *cmd, FILE *f, const char *path, int vocab
             break;
         }
         char *s = buf, *end;
-        if (line == 1 && !memcmp(s, "\xEF\xBB\xBF", 3))
+        if (line == 1 && !strncmp(s, "\xEF\xBB\xBF", 3))
             s += 3; /* a UTF-8 byte-order mark (an editor's), as configs skip it */
         while (*s == ' ' || *s == '\t')
             s++;

@@ -439,15 +439,15 @@ START_TEST(test_model_errors)
     /* an id of another type was taken as absent: eos 2 (llama2's) used instead of the file's */
     o = tiny_ok;
     o.eos_as_string = 1;
-    expect_model_error(&o, KVM_EFORMAT, "'tokenizer.ggml.eos_token_id' has type 8", "expected an integer");
+    expect_model_error(&o, KVM_EFORMAT, "'tokenizer.ggml.eos_token_id' has type 8 (string)", "expected an integer");
     /* linear RoPE scaling with an integer factor: the factor was taken as 1 and the model run unscaled */
     o = tiny_ok;
     o.rope_scale_u32 = 1;
-    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.scaling.factor' has type 4", "expected a float");
+    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.scaling.factor' has type 4 (u32)", "expected a float");
     /* a float rotary width was taken as absent: partial rotary run as full */
     o = tiny_ok;
     o.rope_dim_f32 = 1;
-    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.dimension_count' has type 6", "expected an integer");
+    expect_model_error(&o, KVM_EFORMAT, "'llama.rope.dimension_count' has type 6 (f32)", "expected an integer");
 }
 END_TEST
 

@@ -345,10 +345,10 @@ START_TEST(test_bad_vocab)
     expect_open_error("gpt2", "smollm", 7, merges, 4, KVM_EFORMAT, "token_type");
     g_pre_u32 = 1; /* a pre-tokenizer that is not a string was named as 'default' */
     expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT,
-                      "'tokenizer.ggml.pre' has type 4, expected a string");
+                      "'tokenizer.ggml.pre' has type 4 (u32), expected a string");
     g_pre_u32 = 0;
     g_tmpl_u32 = 1; /* a chat template that is not a string was taken as none */
-    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT, "'tokenizer.chat_template' has type 4");
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT, "'tokenizer.chat_template' has type 4 (u32)");
     g_tmpl_u32 = 0;
     /* eos_token_id stored as a float (the file's last entry: its type, then 4 value bytes) was
      * taken as absent: the tokenizer ran without an end-of-sequence id */
@@ -361,7 +361,7 @@ START_TEST(test_bad_vocab)
     kvm_tokenizer *te = (kvm_tokenizer *)1;
     ck_assert_int_eq(kvm_tokenizer_open_gguf(path, &te), KVM_EFORMAT);
     ck_assert_ptr_null(te);
-    ck_assert_msg(strstr(kvm_errmsg(), "'tokenizer.ggml.eos_token_id' has type 6, expected an integer"), "%s",
+    ck_assert_msg(strstr(kvm_errmsg(), "'tokenizer.ggml.eos_token_id' has type 6 (f32), expected an integer"), "%s",
                   kvm_errmsg());
     free(bytes);
     free(path);

@@ -1407,17 +1407,26 @@ END_TEST
 
 /* store ls --names printed a name that is not UTF-8 (a Latin-1 file name, a JSONL id's bytes)
  * raw: the terminal showed garbage, or joined the bytes with what followed, and a C1 control
- * (U+009B, CSI) could drive it. The table escapes such bytes as \xNN and keeps UTF-8 text (é,
- * CJK, emoji) as it is; --csv keeps every byte as stored. */
+ * (U+009B, CSI) could drive it. The table escapes such bytes as \xNN, and a backslash and the
+ * bidirectional controls as well, and keeps UTF-8 text (é, CJK, emoji) as it is; --csv keeps
+ * every byte as stored. */
 START_TEST(test_cli_ls_names_not_utf8)
 {
-    const char *names[] = {"caf\xe9.txt", "\xff\xfe-bom.txt", "ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt",
+    const char *names[] = {"caf\xe9.txt",
+                           "\xff\xfe-bom.txt",
+                           "ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt",
                            "csi\xc2\x9b"
                            "31m.txt",
-                           "cut\xe6\x96.txt"};
-    const char *shown[] = {" caf\\xe9.txt\n", " \\xff\\xfe-bom.txt\n",
-                           " ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt\n", " csi\\xc2\\x9b31m.txt\n",
-                           " cut\\xe6\\x96.txt\n"};
+                           "cut\xe6\x96.txt",
+                           "lit\\xe9.txt", /* a backslash of the name: escaped too, so \xNN always means a byte */
+                           "rlo\xe2\x80\xaetxt.exe"}; /* U+202E, a bidi override, would reorder the line */
+    const char *shown[] = {" caf\\xe9.txt\n",
+                           " \\xff\\xfe-bom.txt\n",
+                           " ok-caf\xc3\xa9-\xe6\x96\x87-\xf0\x9f\x98\x80.txt\n",
+                           " csi\\xc2\\x9b31m.txt\n",
+                           " cut\\xe6\\x96.txt\n",
+                           " lit\\x5cxe9.txt\n",
+                           " rlo\\xe2\\x80\\xaetxt.exe\n"};
     enum { N = sizeof names / sizeof names[0] };
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
     tcache t[N];
