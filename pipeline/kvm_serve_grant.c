@@ -99,8 +99,9 @@ int kvm_serve__with_grant(srv *s, srv_request *r, int *grant, int *client)
     if (rc) return rc;
     if (!s->compute_missing && !ask.compute_grant) return 0; /* nothing to grant, nothing to overwrite */
     /* a stored document named by hash or name is never computed: no grant to hold */
-    /* nor is one whose document a request answered before it stored (released == 2) */
-    if (!ask.has_doc_hash && ask.doc_name.len == 0 && r->released != 2) *grant = grant_take(s, r->key, client);
+    /* nor is one whose document a request answered before it stored */
+    if (!ask.has_doc_hash && ask.doc_name.len == 0 && r->released != SRV_RELEASED_STORED)
+        *grant = grant_take(s, r->key, client);
     ask.compute_grant = *grant != 0;
     kvm_msg *m = NULL;
     if ((rc = kvm_proto_ask_encode(&ask, &m))) return rc;
@@ -121,10 +122,10 @@ void kvm_serve__doc_key(const srv *s, const kvm_proto_ask *ask, srv_doc_key *out
         int b = ask->doc_bytes.len > 0;
         kvm_store_hash_bytes(b ? (const void *)ask->doc_bytes.ptr : ask->doc_text.ptr,
                              b ? ask->doc_bytes.len : ask->doc_text.len, &id);
-        out->kind = 1;
+        out->kind = SRV_DOC_TEXT;
     } else if (ask->n_doc_tokens > 0) {
         kvm_store_hash_bytes(ask->doc_tokens, (size_t)ask->n_doc_tokens * sizeof *ask->doc_tokens, &id);
-        out->kind = 2;
+        out->kind = SRV_DOC_TOKENS;
     } else
         return;
     memcpy(out->hash, id.b, sizeof out->hash);
@@ -149,5 +150,5 @@ void kvm_serve__doc_release(srv *s, const srv_worker *wk, int new_cache)
 {
     if (!wk->grant || !wk->doc.kind) return;
     for (int64_t i = 0; i < s->n_queue; i++)
-        if (doc_same(&s->queue[i].doc, &wk->doc)) s->queue[i].released = new_cache ? 2 : 1;
+        if (doc_same(&s->queue[i].doc, &wk->doc)) s->queue[i].released = new_cache ? SRV_RELEASED_STORED : SRV_RELEASED;
 }

@@ -1,7 +1,8 @@
 /* kvm_serve_int.h: what the serving broker's files share: the broker's state (worker slots,
- * workers, client allowances, the request queue) and the functions that cross those files. They
- * call one way: kvm_serve_broker.c (the loop) -> slots -> back end -> grant -> front end, all
- * over kvm_serve.c (binding, answer helpers). Not part of the public API (kvm_serve.h). */
+ * workers, client allowances, the request queue) and the functions that cross those files:
+ * kvm_serve_broker.c (the loop) over the slots, the back end and the front end, which share the
+ * allowance and the per-document holds of kvm_serve_grant.c, all over kvm_serve.c (binding,
+ * answer helpers). Not part of the public API (kvm_serve.h). */
 #ifndef KVM_SERVE_INT_H
 #define KVM_SERVE_INT_H
 
@@ -32,9 +33,21 @@ typedef struct srv_client {
 
 /* A document an ask sends (text, bytes or tokens), as the broker can tell it without a
  * tokenizer: requests with equal keys compute the same cache (one model and config per server). */
+typedef enum srv_doc_kind {
+    SRV_DOC_NONE = 0, /* named by hash or name, or compute_missing off: never computed here */
+    SRV_DOC_TEXT,     /* text or bytes (tokenised alike) */
+    SRV_DOC_TOKENS    /* token ids */
+} srv_doc_kind;
+
+/* What a held request learnt when the granted request for its document answered. */
+typedef enum srv_release {
+    SRV_HELD = 0,       /* nothing yet: held while a granted request for its document runs */
+    SRV_RELEASED,       /* that one answered without storing: not held again, takes a grant */
+    SRV_RELEASED_STORED /* that one stored the cache: not held, needs no grant */
+} srv_release;
+
 typedef struct srv_doc_key {
-    int kind;         /* 0: none (named by hash or name, or compute_missing off); 1: text or bytes
-                         (tokenised alike); 2: token ids */
+    srv_doc_kind kind;
     uint8_t hash[32]; /* BLAKE2b-256 of the text/bytes, or of the token ids as sent */
 } srv_doc_key;
 
@@ -61,8 +74,7 @@ typedef struct srv_request {
     double t_recv;       /* arrival, ms */
     char key[48];        /* the client's CurveZMQ key (the message's User-Id), "" without CurveZMQ */
     srv_doc_key doc;     /* its document, when it sends one under compute_missing */
-    int released;        /* a granted request for the same document answered while this one waited:
-                            1: ok (not held again); 2: it stored the cache (no grant needed) */
+    srv_release released; /* a granted request for the same document answered while this one waited */
 } srv_request;
 
 typedef struct srv {
