@@ -170,8 +170,8 @@ static void csv_field(const char *v)
 static size_t table_char_len(const unsigned char *p)
 {
     if (*p < 0x80) return *p < 0x20 || *p == 0x7f || *p == '\\' ? 0 : 1; /* \\ too: \xNN is always a byte */
-    if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) return 0; /* U+0080..U+009F */
-    if (p[0] == 0xd8 && p[1] == 0x9c) return 0;                 /* U+061C, the Arabic letter mark (bidirectional) */
+    if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) return 0;          /* U+0080..U+009F */
+    if (p[0] == 0xd8 && p[1] == 0x9c) return 0; /* U+061C, the Arabic letter mark (bidirectional) */
     if (p[0] == 0xe2 && ((p[1] == 0x80 && ((p[2] >= 0x8e && p[2] <= 0x8f) || (p[2] >= 0xa8 && p[2] <= 0xae))) ||
                          (p[1] == 0x81 && p[2] >= 0xa6 && p[2] <= 0xa9)))
         return 0; /* bidirectional marks, overrides, isolates and line/paragraph separators: they reorder a row */

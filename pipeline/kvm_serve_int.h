@@ -68,12 +68,12 @@ typedef struct srv_worker {
 } srv_worker;
 
 typedef struct srv_request {
-    kvm_msg *env;        /* client envelope (routing id, and the empty delimiter of a REQ) */
-    kvm_msg *msg;        /* the ask */
-    uint64_t request_id; /* its request id */
-    double t_recv;       /* arrival, ms */
-    char key[48];        /* the client's CurveZMQ key (the message's User-Id), "" without CurveZMQ */
-    srv_doc_key doc;     /* its document, when it sends one under compute_missing */
+    kvm_msg *env;         /* client envelope (routing id, and the empty delimiter of a REQ) */
+    kvm_msg *msg;         /* the ask */
+    uint64_t request_id;  /* its request id */
+    double t_recv;        /* arrival, ms */
+    char key[48];         /* the client's CurveZMQ key (the message's User-Id), "" without CurveZMQ */
+    srv_doc_key doc;      /* its document, when it sends one under compute_missing */
     srv_release released; /* a granted request for the same document answered while this one waited */
 } srv_request;
 
