@@ -259,18 +259,26 @@ START_TEST(test_entries)
 }
 END_TEST
 
+/* A new folder holding qwen_style's tokenizer.json (its path in p) and the path of a
+ * tokenizer_config.json beside it, not written yet (in q); returns the folder (free it). */
+static char *qwen_folder(char p[4096], char q[4096])
+{
+    char *dir = kvm_test_tmpdir();
+    snprintf(p, 4096, "%s/tokenizer.json", dir);
+    snprintf(q, 4096, "%s/tokenizer_config.json", dir);
+    size_t n;
+    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
+    ck_assert_int_eq(kvm_test_write_file(p, src, n), 0);
+    free(src);
+    return dir;
+}
+
 /* tokenizer_config.json's chat_template as a list of named templates (as some checkpoints ship
  * it, with a tool-use variant): the one named "default" is the chat template; entries without a
  * name, or whose name is not a string, are skipped; without a "default" there is none. */
 START_TEST(test_template_list)
 {
-    char *dir = kvm_test_tmpdir(), p[4096], q[4096];
-    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
-    size_t n;
-    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
-    ck_assert_int_eq(kvm_test_write_file(p, src, n), 0);
-    free(src);
+    char p[4096], q[4096], *dir = qwen_folder(p, q);
     static const char *const cfg[2] = {
         "{\"chat_template\": [{\"template\": \"N\"}, {\"name\": 3, \"template\": \"X\"}, "
         "{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"default\", \"template\": \"D\"}]}",
@@ -296,13 +304,7 @@ END_TEST
  * (a string "true" as add_bos_token gave no BOS, where transformers adds one). */
 START_TEST(test_config_types)
 {
-    char *dir = kvm_test_tmpdir(), p[4096], q[4096];
-    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
-    size_t n;
-    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
-    ck_assert_int_eq(kvm_test_write_file(p, src, n), 0);
-    free(src);
+    char p[4096], q[4096], *dir = qwen_folder(p, q);
     static const char *const bad[][2] = {{"{\"add_bos_token\": \"true\"}", "key 'add_bos_token'"},
                                          {"{\"chat_template\": 5}", "key 'chat_template'"},
                                          {"{\"bos_token\": {\"content\": 1}}", "key 'bos_token'"},
