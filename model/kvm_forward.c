@@ -194,9 +194,10 @@ static int append_kv(kvm_kvcache *cache, int layer, const float *kk, const float
     return 0;
 }
 
-/* One attention call over every query head of site->cache's layer, then the post_attn
- * hooks once with its outputs and statistics. */
-static int attend(kvm_forward *f, kvm_attn_site *site)
+/* One attention call over every query head of site->cache's layer for site's queries (rows of
+ * the call's scratch), outputs to out, then the post_attn hooks once with its outputs and
+ * statistics. */
+static int attend(kvm_forward *f, kvm_attn_site *site, float *out)
 {
     const kvm_model_config *c = &f->m->cfg;
     const int d = c->head_dim;
@@ -217,10 +218,10 @@ static int attend(kvm_forward *f, kvm_attn_site *site)
     int rc = f->stats ? ensure_stats(f, max_e, n_obs) : 0;
     if (rc) return rc;
     kvm_attn_layer a = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = d,
-                        .scale = 1.0f / sqrtf((float)d), .q = f->q, .ldq = ld, .qpos = f->qpos, .n_q = n,
+                        .scale = 1.0f / sqrtf((float)d), .q = site->q, .ldq = ld, .qpos = site->qpos, .n_q = n,
                         .k = f->kv_k, .v = f->kv_v, .kv_dtype = site->cache->dtype, .k16 = f->kv_k16,
                         .v16 = f->kv_v16, .pos = f->kv_pos, .bias = f->kv_bias, .n_e = f->kv_n,
-                        .out = f->att, .ldo = ld, .stats = f->stats, .mass_p0 = f->mass_p0, .mass_p1 = f->mass_p1,
+                        .out = out, .ldo = ld, .stats = f->stats, .mass_p0 = f->mass_p0, .mass_p1 = f->mass_p1,
                         .n_obs = n_obs, .ld_e = f->st_ld_e, .mass = f->st_mass, .entropy = f->st_entropy,
                         .lse = f->st_lse, .obs = f->st_obs};
     if ((rc = f->k->attention(&a))) return rc;
@@ -231,16 +232,18 @@ static int attend(kvm_forward *f, kvm_attn_site *site)
     return rc;
 }
 
-/* The attention step of layer l on this call's post-RoPE f->q, f->kk, f->vv at positions
- * f->qpos[0..n): cache append, the cache_update and pre_attn hooks, the kernel and post_attn;
- * the outputs are left in f->att. */
-static int attend_step(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n, kvm_phase phase)
+/* The attention step of layer l for rows [r0, r0 + n) of this call's post-RoPE f->q, f->kk,
+ * f->vv at positions f->qpos[r0..r0 + n), over cache: cache append, the cache_update and
+ * pre_attn hooks, the kernel and post_attn; the outputs are left in those rows of f->att. */
+static int attend_step(kvm_forward *f, kvm_kvcache *cache, int l, int64_t r0, int64_t n, kvm_phase phase)
 {
+    const kvm_model_config *c = &f->m->cfg;
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     int rc;
-    if ((rc = append_kv(cache, l, f->kk, f->vv, f->qpos, n))) return rc;
-    kvm_attn_site site = {.layer = l, .phase = phase, .kernels = f->k, .n_q = n, .qpos = f->qpos, .q = f->q,
-                          .q_pre = f->want_q_pre ? f->q_pre : NULL, .k_new = f->kk, .v_new = f->vv,
-                          .cache = cache};
+    if ((rc = append_kv(cache, l, f->kk + r0 * kvd, f->vv + r0 * kvd, f->qpos + r0, n))) return rc;
+    kvm_attn_site site = {.layer = l, .phase = phase, .kernels = f->k, .n_q = n, .qpos = f->qpos + r0,
+                          .q = f->q + r0 * qd, .q_pre = f->want_q_pre ? f->q_pre + r0 * qd : NULL,
+                          .k_new = f->kk + r0 * kvd, .v_new = f->vv + r0 * kvd, .cache = cache};
     for (int i = 0; i < f->n_hooks; i++)
         if (f->hooks[i].cache_update && (rc = f->hooks[i].cache_update(f->hooks[i].user, &site))) return rc;
     for (int i = 0; i < f->n_hooks; i++)
@@ -248,7 +251,7 @@ static int attend_step(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n, kvm
     if (site.cache->n_layers != cache->n_layers || site.cache->n_kv_heads != cache->n_kv_heads ||
         site.cache->head_dim != cache->head_dim)
         return kvm_err(KVM_EINVAL, "forward: layer %d: a pre_attn hook substituted a cache of another shape", l);
-    return attend(f, &site);
+    return attend(f, &site, f->att + r0 * qd);
 }
 
 /* y[i][:] += b for each of n rows of width w (a projection's bias). */
@@ -258,9 +261,17 @@ static void add_bias(const kvm_kernels *k, float *y, const float *b, int64_t n, 
         k->add(y + i * w, b, w);
 }
 
-/* One layer's attention block: norm, QKV (+ biases, QK-norm), RoPE, cache append, hooks,
- * attention, output. */
-static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n, kvm_phase phase)
+/* The sequences of one call: sequence s owns rows [row0[s], row0[s + 1]) of the scratch and
+ * attends over, and appends to, caches[s] alone. A plain prefill is one sequence. */
+typedef struct fw_seqs {
+    kvm_kvcache *const *caches;
+    const int64_t *row0; /* [n + 1] */
+    int n;
+} fw_seqs;
+
+/* One layer's attention block over the call's n rows: norm, QKV (+ biases, QK-norm), RoPE,
+ * then each sequence's cache append, hooks and attention, then the output projection. */
+static int attention_block(kvm_forward *f, const fw_seqs *sq, int l, int64_t n, kvm_phase phase)
 {
     const kvm_model_config *c = &f->m->cfg;
     const kvm_layer_weights *w = &f->m->layers[l];
@@ -280,7 +291,8 @@ static int attention_block(kvm_forward *f, kvm_kvcache *cache, int l, int64_t n,
     if (f->want_q_pre) memcpy(f->q_pre, f->q, (size_t)(n * qd) * sizeof(float));
     k->rope(f->q, n, qd, c->n_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
     k->rope(f->kk, n, kvd, c->n_kv_heads, c->head_dim, f->cos_t, f->sin_t, c->rope_style);
-    if ((rc = attend_step(f, cache, l, n, phase))) return rc;
+    for (int s = 0; s < sq->n; s++)
+        if ((rc = attend_step(f, sq->caches[s], l, sq->row0[s], sq->row0[s + 1] - sq->row0[s], phase))) return rc;
     if ((rc = k->matmul(f->att, n, qd, pw->wo, f->xb, c->dim))) return rc;
     if (w->bo) add_bias(k, f->xb, w->bo, n, c->dim);
     k->add(f->x, f->xb, n * c->dim);
@@ -304,28 +316,48 @@ static int ffn_block(kvm_forward *f, int l, int64_t n)
     return 0;
 }
 
+/* Rows [r0, r0 + n) of the scratch: the embeddings of tok[n] at positions cache->next_pos + i. */
+static void fill_rows(kvm_forward *f, const kvm_kvcache *cache, const int32_t *tok, int64_t r0, int64_t n)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    for (int64_t i = 0; i < n; i++) {
+        kvm_model_embed(f->m, tok[i], f->x + (r0 + i) * c->dim);
+        f->qpos[r0 + i] = cache->next_pos + (int32_t)i;
+    }
+}
+
+/* Every layer over the call's n rows (filled by fill_rows), then each sequence's next_pos
+ * advanced past its rows. */
+static int run_layers(kvm_forward *f, const fw_seqs *sq, int64_t n, kvm_phase phase)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    kvm_model_rope_table(c, f->qpos, n, f->cos_t, f->sin_t);
+    int rc;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((rc = attention_block(f, sq, l, n, phase)) || (rc = ffn_block(f, l, n))) return rc;
+    for (int s = 0; s < sq->n; s++)
+        sq->caches[s]->next_pos += (int32_t)(sq->row0[s + 1] - sq->row0[s]);
+    return 0;
+}
+
 /* One chunk of at most max_batch tokens. logits: rows for this chunk per mode. */
 static int run_chunk(kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int64_t n, float *logits,
                      kvm_logits_mode mode, kvm_phase phase)
 {
     const kvm_model_config *c = &f->m->cfg;
-    for (int64_t i = 0; i < n; i++) {
-        kvm_model_embed(f->m, tok[i], f->x + i * c->dim);
-        f->qpos[i] = cache->next_pos + (int32_t)i;
-    }
-    kvm_model_rope_table(c, f->qpos, n, f->cos_t, f->sin_t);
-    int rc;
-    for (int l = 0; l < c->n_layers; l++)
-        if ((rc = attention_block(f, cache, l, n, phase)) || (rc = ffn_block(f, l, n))) return rc;
-    cache->next_pos += (int32_t)n;
-    if (mode == KVM_LOGITS_NONE || !logits) return 0;
+    const int64_t row0[2] = {0, n};
+    const fw_seqs sq = {&cache, row0, 1};
+    fill_rows(f, cache, tok, 0, n);
+    int rc = run_layers(f, &sq, n, phase);
+    if (rc || mode == KVM_LOGITS_NONE || !logits) return rc;
     int64_t first = mode == KVM_LOGITS_LAST ? n - 1 : 0, rows = n - first;
     f->k->rmsnorm(f->xb, f->x + first * c->dim, f->m->rms_final, rows, c->dim, c->norm_eps);
     return f->k->matmul(f->xb, rows, c->dim, f->w->wcls, logits, c->vocab_size);
 }
 
-static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_t n, float *logits,
-               kvm_logits_mode mode, kvm_phase phase)
+/* The checks a call makes before it touches cache: its shape, positions, the model's window,
+ * token ids. */
+static int check_tokens(const kvm_forward *f, const kvm_kvcache *cache, const int32_t *tokens, int64_t n)
 {
     const kvm_model_config *c = &f->m->cfg;
     if (n <= 0) return kvm_err(KVM_EINVAL, "forward: %lld tokens", (long long)n);
@@ -343,17 +375,24 @@ static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return kvm_err(KVM_EINVAL, "forward: token %lld has id %d outside [0, %d)", (long long)i, tokens[i],
                            c->vocab_size);
-    for (int64_t i0 = 0; i0 < n; i0 += f->max_batch) {
+    return 0;
+}
+
+static int run(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_t n, float *logits,
+               kvm_logits_mode mode, kvm_phase phase)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    int rc = check_tokens(f, cache, tokens, n);
+    for (int64_t i0 = 0; !rc && i0 < n; i0 += f->max_batch) {
         int64_t nb = n - i0 < f->max_batch ? n - i0 : f->max_batch;
         int last = i0 + nb == n;
         float *lg = NULL;
         kvm_logits_mode md = KVM_LOGITS_NONE;
         if (mode == KVM_LOGITS_ALL) { lg = logits ? logits + i0 * c->vocab_size : NULL; md = mode; }
         else if (mode == KVM_LOGITS_LAST && last) { lg = logits; md = mode; }
-        int rc = run_chunk(f, cache, tokens + i0, nb, lg, md, phase);
-        if (rc) return rc;
+        rc = run_chunk(f, cache, tokens + i0, nb, lg, md, phase);
     }
-    return 0;
+    return rc;
 }
 
 int kvm_forward_prefill(kvm_forward *f, kvm_kvcache *cache, const int32_t *tokens, int64_t n, float *logits,
@@ -370,6 +409,62 @@ int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float 
     kvm_fpmode fm = kvm_fpmode_flush_enter();
     int rc = run(f, cache, &token, 1, logits, logits ? KVM_LOGITS_LAST : KVM_LOGITS_NONE, KVM_PHASE_DECODE);
     kvm_fpmode_restore(fm);
+    return rc;
+}
+
+/* kvm_forward_multi's checks, all before any cache changes; *rows gets the call's row count. */
+static int check_multi(const kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens,
+                       const int64_t *n, int n_seq, const int64_t *n_logits, int64_t *rows)
+{
+    if (n_seq < 1) return kvm_err(KVM_EINVAL, "forward: multi: %d sequences", n_seq);
+    if (f->n_hooks)
+        return kvm_err(KVM_EINVAL, "forward: multi: %d hook sets registered (hooks see one cache a call)",
+                       f->n_hooks);
+    int64_t r = 0;
+    for (int s = 0; s < n_seq; s++) {
+        int rc = check_tokens(f, caches[s], tokens[s], n[s]);
+        if (rc) return kvm_err(rc, "forward: multi: sequence %d: %s", s, kvm_errmsg());
+        if (n_logits && (n_logits[s] < 0 || n_logits[s] > n[s]))
+            return kvm_err(KVM_EINVAL, "forward: multi: sequence %d asks for %lld logits rows of %lld tokens", s,
+                           (long long)n_logits[s], (long long)n[s]);
+        for (int t = 0; t < s; t++)
+            if (caches[t] == caches[s])
+                return kvm_err(KVM_EINVAL, "forward: multi: sequences %d and %d share one cache", t, s);
+        r += n[s];
+    }
+    if (r > f->max_batch)
+        return kvm_err(KVM_EINVAL, "forward: multi: %lld tokens in one call, more than the batch of %lld",
+                       (long long)r, (long long)f->max_batch);
+    *rows = r;
+    return 0;
+}
+
+int kvm_forward_multi(kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens, const int64_t *n,
+                      int n_seq, const int64_t *n_logits, float *logits)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    int64_t rows = 0, out_rows = 0;
+    int rc = check_multi(f, caches, tokens, n, n_seq, n_logits, &rows);
+    int64_t *row0 = rc ? NULL : malloc(((size_t)n_seq + 1) * sizeof *row0);
+    if (!rc && !row0) rc = kvm_err(KVM_ENOMEM, "forward: multi: out of memory");
+    if (rc) return rc;
+    row0[0] = 0;
+    for (int s = 0; s < n_seq; s++) {
+        fill_rows(f, caches[s], tokens[s], row0[s], n[s]);
+        row0[s + 1] = row0[s] + n[s];
+    }
+    const fw_seqs sq = {caches, row0, n_seq};
+    kvm_fpmode fm = kvm_fpmode_flush_enter();
+    rc = run_layers(f, &sq, rows, KVM_PHASE_PREFILL);
+    for (int s = 0; !rc && logits && n_logits && s < n_seq; s++) { /* the rows asked for, packed in xb */
+        const int64_t first = row0[s + 1] - n_logits[s];
+        f->k->rmsnorm(f->xb + out_rows * c->dim, f->x + first * c->dim, f->m->rms_final, n_logits[s], c->dim,
+                      c->norm_eps);
+        out_rows += n_logits[s];
+    }
+    if (!rc && out_rows > 0) rc = f->k->matmul(f->xb, out_rows, c->dim, f->w->wcls, logits, c->vocab_size);
+    kvm_fpmode_restore(fm);
+    free(row0);
     return rc;
 }
 
@@ -392,7 +487,7 @@ int kvm_forward_attend(kvm_forward *f, kvm_kvcache *cache, int layer, kvm_phase 
     memcpy(f->vv, v_new, (size_t)(n * kvd) * sizeof *v_new);
     memcpy(f->qpos, qpos, (size_t)n * sizeof *qpos);
     kvm_fpmode fm = kvm_fpmode_flush_enter();
-    int rc = attend_step(f, cache, layer, n, phase);
+    int rc = attend_step(f, cache, layer, 0, n, phase);
     kvm_fpmode_restore(fm);
     if (!rc) memcpy(out, f->att, (size_t)(n * qd) * sizeof *out);
     return rc;

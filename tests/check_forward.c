@@ -1,6 +1,7 @@
 /* check_forward.c: the CPU forward against llama2.c's run.c golden dumps (logits, K/V
  * caches), batched prefill vs token-by-token decode vs chunked prefill, ragged caches,
- * hooks, and one layer's step replayed alone (kvm_forward_attend). */
+ * hooks, one layer's step replayed alone (kvm_forward_attend), and several caches' sequences in
+ * one call (kvm_forward_multi). */
 #include "model/kvm_forward.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
@@ -363,6 +364,115 @@ START_TEST(test_attend_replay)
 }
 END_TEST
 
+/* The caches of test_multi: A a 100-token prefix, B a 60-token prefix with a different
+ * subset kept per head (ragged), C empty. */
+static void multi_caches(kvm_forward *f, kvm_kvcache *c[3])
+{
+    ck_assert_int_eq(kvm_forward_cache_new(model, 128, &c[0]), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, c[0], ids, 100, NULL, KVM_LOGITS_NONE), 0);
+    ck_assert_int_eq(kvm_forward_cache_new(model, 64, &c[1]), 0);
+    ck_assert_int_eq(kvm_forward_prefill(f, c[1], ids, 60, NULL, KVM_LOGITS_NONE), 0);
+    int64_t keep[60];
+    for (int l = 0; l < 5; l++)
+        for (int g = 0; g < 4; g++) {
+            int64_t nk = 0;
+            for (int t = 0; t < 60; t++)
+                if (t < 2 || t % (2 + (l + g) % 3) == 0) keep[nk++] = t;
+            ck_assert_int_eq(kvm_kvcache_keep(kvm_kvcache_head(c[1], l, g), 8, keep, nk), 0);
+        }
+    ck_assert_int_eq(kvm_forward_cache_new(model, 8, &c[2]), 0);
+}
+
+/* 1 when every head of a and b holds the same entries, positions and next_pos. */
+static int same_entries(const kvm_kvcache *a, const kvm_kvcache *b)
+{
+    if (a->next_pos != b->next_pos) return 0;
+    for (int l = 0; l < 5; l++)
+        for (int g = 0; g < 4; g++) {
+            const kvm_kv_head *x = kvm_kvcache_head(a, l, g), *y = kvm_kvcache_head(b, l, g);
+            if (x->n != y->n || memcmp(x->pos, y->pos, (size_t)x->n * sizeof *x->pos) ||
+                max_abs_diff(x->k, y->k, x->n * 8) > 1e-5f || max_abs_diff(x->v, y->v, x->n * 8) > 1e-5f)
+                return 0;
+        }
+    return 1;
+}
+
+static int on_nothing(void *u, kvm_attn_site *s)
+{
+    (void)u;
+    (void)s;
+    return 0;
+}
+
+/* kvm_forward_multi: three sequences over three caches (a long one, a ragged one, an empty one)
+ * give each sequence's logits rows and cache what it gives run alone; every refused call leaves
+ * every cache as it was. */
+START_TEST(test_multi)
+{
+    kvm_forward *f, *small;
+    kvm_kvcache *c[3], *alone[3];
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 0, &f), 0);
+    multi_caches(f, c);
+    const int32_t *tok[3] = {ids + 100, ids + 60, ids};
+    const int64_t n[3] = {5, 1, 8}, nl[3] = {5, 1, 2};
+    float *got = malloc(8 * 512 * sizeof *got), *want = malloc(8 * 512 * sizeof *want);
+    int64_t row = 0;
+    for (int s = 0; s < 3; s++) { /* each sequence alone, on a copy */
+        float *lg = malloc((size_t)n[s] * 512 * sizeof *lg);
+        ck_assert_int_eq(kvm_kvcache_clone(c[s], &alone[s]), 0);
+        ck_assert_int_eq(kvm_forward_prefill(f, alone[s], tok[s], n[s], lg, KVM_LOGITS_ALL), 0);
+        memcpy(want + row * 512, lg + (n[s] - nl[s]) * 512, (size_t)nl[s] * 512 * sizeof *lg);
+        row += nl[s];
+        free(lg);
+    }
+    /* refused calls first: nothing may change */
+    kvm_kvcache *shared[2] = {c[0], c[0]};
+    ck_assert_int_eq(kvm_forward_multi(f, shared, tok, n, 2, nl, got), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "sequences 0 and 1 share one cache"), "%s", kvm_errmsg());
+    const int64_t too_many[3] = {5, 2, 2};
+    ck_assert_int_eq(kvm_forward_multi(f, c, tok, n, 3, too_many, got), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "sequence 1 asks for 2 logits rows of 1 tokens"), "%s", kvm_errmsg());
+    int32_t bad[8];
+    memcpy(bad, ids, sizeof bad);
+    bad[7] = 512;
+    const int32_t *bad_tok[3] = {tok[0], tok[1], bad};
+    ck_assert_int_eq(kvm_forward_multi(f, c, bad_tok, n, 3, nl, got), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "sequence 2: forward: token 7 has id 512"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_forward_multi(f, c, tok, n, 0, nl, got), KVM_EINVAL);
+    ck_assert_int_eq(kvm_forward_new(model, NULL, 13, &small), 0);
+    ck_assert_int_eq(kvm_forward_multi(small, c, tok, n, 3, nl, got), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "14 tokens in one call, more than the batch of 13"), "%s", kvm_errmsg());
+    kvm_forward_free(&small);
+    kvm_hooks h = {.pre_attn = on_nothing};
+    ck_assert_int_eq(kvm_forward_add_hooks(f, &h), 0);
+    ck_assert_int_eq(kvm_forward_multi(f, c, tok, n, 3, nl, got), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "hook"), "%s", kvm_errmsg());
+    kvm_forward_clear_hooks(f);
+    ck_assert_int_eq(c[0]->next_pos, 100);
+    ck_assert_int_eq(c[1]->next_pos, 60);
+    ck_assert_int_eq(c[2]->next_pos, 0);
+    ck_assert_int_eq(kvm_kvcache_head(c[0], 4, 3)->n, 100);
+    ck_assert_int_eq(kvm_kvcache_head(c[2], 0, 0)->n, 0);
+    /* the call */
+    ck_assert_int_eq(kvm_forward_multi(f, c, tok, n, 3, nl, got), 0);
+    float scale = 0;
+    for (int i = 0; i < 8 * 512; i++) scale = fmaxf(scale, fabsf(want[i]));
+    float d = max_abs_diff(got, want, 8 * 512);
+    ck_assert_msg(d <= 1e-5f * scale, "multi vs alone: max|dlogit| %g of %g", d, scale);
+    for (int s = 0; s < 3; s++) ck_assert_msg(same_entries(c[s], alone[s]), "sequence %d's cache", s);
+    /* and no logits at all */
+    ck_assert_int_eq(kvm_forward_multi(f, c, tok, n, 1, NULL, NULL), 0);
+    ck_assert_int_eq(c[0]->next_pos, 110);
+    for (int s = 0; s < 3; s++) {
+        kvm_kvcache_free(&c[s]);
+        kvm_kvcache_free(&alone[s]);
+    }
+    free(got);
+    free(want);
+    kvm_forward_free(&f);
+}
+END_TEST
+
 static Suite *forward_suite(void)
 {
     Suite *s = suite_create("forward");
@@ -370,7 +480,7 @@ static Suite *forward_suite(void)
         {"prefill_golden", test_prefill_golden}, {"prefill_chunked_golden", test_prefill_chunked_golden},
         {"decode_golden", test_decode_golden}, {"bad_inputs", test_bad_inputs},
         {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks},
-        {"hook_stats_requests", test_hook_stats_requests}, {"attend_replay", test_attend_replay}};
+        {"hook_stats_requests", test_hook_stats_requests}, {"attend_replay", test_attend_replay}, {"multi", test_multi}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, load_golden, free_golden);
