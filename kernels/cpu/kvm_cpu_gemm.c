@@ -30,7 +30,7 @@ static inline uint16_t f32_to_bf16(float f)
 }
 
 /* One NR-wide panel row of 16-bit values as float32. */
-static inline v16 widen(const uint16_t *src, int dtype)
+static inline __attribute__((always_inline)) v16 widen(const uint16_t *src, int dtype)
 {
     v16 f;
     if (dtype == KVM_GEMM_BF16) {
@@ -165,7 +165,7 @@ void kvm__cpu_packed_free(kvm_cpu_packed *dst)
 }
 
 /* Row r of Y's tile as the starting sums (load) or zero; columns past nr are zero. */
-static inline v16 acc_start(int load, const float *y, int nr)
+static inline __attribute__((always_inline)) v16 acc_start(int load, const float *y, int nr)
 {
     v16 a = {0};
     if (!load) return a;
