@@ -432,39 +432,77 @@ static int check_multi(const kvm_forward *f, kvm_kvcache *const *caches, const i
                 return kvm_err(KVM_EINVAL, "forward: multi: sequences %d and %d share one cache", t, s);
         r += n[s];
     }
-    if (r > f->max_batch)
-        return kvm_err(KVM_EINVAL, "forward: multi: %lld tokens in one call, more than the batch of %lld",
-                       (long long)r, (long long)f->max_batch);
     *rows = r;
     return 0;
+}
+
+/* A chunk of kvm_forward_multi's rows: the parts of sequences it holds. */
+typedef struct multi_chunk {
+    kvm_kvcache **caches; /* [parts] */
+    int64_t *row0;        /* [parts + 1], rows within the chunk */
+    int *seq;             /* [parts] the sequence of each part */
+    int parts;
+} multi_chunk;
+
+/* Rows [i0, i1) of the call (R0: each sequence's first row in it): fills the scratch with the
+ * parts of the sequences they cut, runs every layer, and writes the logits rows asked for that
+ * fall in the chunk at logits + *out_row rows (advanced). */
+static int multi_rows(kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens, int n_seq,
+                      const int64_t *R0, const int64_t *n_logits, float *logits, int64_t i0, int64_t i1,
+                      multi_chunk *ch, int64_t *out_row)
+{
+    const kvm_model_config *c = &f->m->cfg;
+    ch->parts = 0;
+    ch->row0[0] = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const int64_t a = R0[s] > i0 ? R0[s] : i0, b = R0[s + 1] < i1 ? R0[s + 1] : i1;
+        if (a >= b) continue;
+        fill_rows(f, caches[s], tokens[s] + (a - R0[s]), a - i0, b - a);
+        ch->caches[ch->parts] = caches[s];
+        ch->seq[ch->parts] = s;
+        ch->row0[ch->parts + 1] = ch->row0[ch->parts] + (b - a);
+        ch->parts++;
+    }
+    const fw_seqs sq = {ch->caches, ch->row0, ch->parts};
+    int rc = run_layers(f, &sq, i1 - i0, KVM_PHASE_PREFILL);
+    int64_t rows = 0;
+    for (int p = 0; !rc && logits && n_logits && p < ch->parts; p++) { /* the rows asked for, packed in xb */
+        const int s = ch->seq[p];
+        const int64_t b = i0 + ch->row0[p + 1], want = R0[s + 1] - n_logits[s], a = i0 + ch->row0[p];
+        const int64_t first = want > a ? want : a;
+        if (first >= b) continue;
+        f->k->rmsnorm(f->xb + rows * c->dim, f->x + (first - i0) * c->dim, f->m->rms_final, b - first, c->dim,
+                      c->norm_eps);
+        rows += b - first;
+    }
+    if (!rc && rows > 0)
+        rc = f->k->matmul(f->xb, rows, c->dim, f->w->wcls, logits + *out_row * c->vocab_size, c->vocab_size);
+    *out_row += rows;
+    return rc;
 }
 
 int kvm_forward_multi(kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens, const int64_t *n,
                       int n_seq, const int64_t *n_logits, float *logits)
 {
-    const kvm_model_config *c = &f->m->cfg;
-    int64_t rows = 0, out_rows = 0;
+    int64_t rows = 0, out_row = 0;
     int rc = check_multi(f, caches, tokens, n, n_seq, n_logits, &rows);
-    int64_t *row0 = rc ? NULL : malloc(((size_t)n_seq + 1) * sizeof *row0);
-    if (!rc && !row0) rc = kvm_err(KVM_ENOMEM, "forward: multi: out of memory");
     if (rc) return rc;
-    row0[0] = 0;
-    for (int s = 0; s < n_seq; s++) {
-        fill_rows(f, caches[s], tokens[s], row0[s], n[s]);
-        row0[s + 1] = row0[s] + n[s];
-    }
-    const fw_seqs sq = {caches, row0, n_seq};
+    int64_t *R0 = malloc(((size_t)n_seq + 1) * sizeof *R0), *row0 = malloc(((size_t)n_seq + 1) * sizeof *row0);
+    kvm_kvcache **cs = malloc((size_t)n_seq * sizeof *cs);
+    int *seq = malloc((size_t)n_seq * sizeof *seq);
+    if (!R0 || !row0 || !cs || !seq) rc = kvm_err(KVM_ENOMEM, "forward: multi: out of memory");
+    for (int s = 0; !rc && s <= n_seq; s++)
+        R0[s] = s ? R0[s - 1] + n[s - 1] : 0;
+    multi_chunk ch = {cs, row0, seq, 0};
     kvm_fpmode fm = kvm_fpmode_flush_enter();
-    rc = run_layers(f, &sq, rows, KVM_PHASE_PREFILL);
-    for (int s = 0; !rc && logits && n_logits && s < n_seq; s++) { /* the rows asked for, packed in xb */
-        const int64_t first = row0[s + 1] - n_logits[s];
-        f->k->rmsnorm(f->xb + out_rows * c->dim, f->x + first * c->dim, f->m->rms_final, n_logits[s], c->dim,
-                      c->norm_eps);
-        out_rows += n_logits[s];
-    }
-    if (!rc && out_rows > 0) rc = f->k->matmul(f->xb, out_rows, c->dim, f->w->wcls, logits, c->vocab_size);
+    for (int64_t i0 = 0; !rc && i0 < rows; i0 += f->max_batch) /* chunks may cut a sequence: its rest follows */
+        rc = multi_rows(f, caches, tokens, n_seq, R0, n_logits, logits, i0,
+                        rows - i0 < f->max_batch ? rows : i0 + f->max_batch, &ch, &out_row);
     kvm_fpmode_restore(fm);
+    free(R0);
     free(row0);
+    free(cs);
+    free(seq);
     return rc;
 }
 

@@ -109,14 +109,15 @@ int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float 
  * read once per call rather than once per sequence: what makes answering one question over
  * many compressed caches cheap where the forward is bound by reading weights (small batches on
  * a CPU). logits (may be NULL) gets the last n_logits[s] rows of each sequence (0 ≤
- * n_logits[s] ≤ n[s]; n_logits NULL: none), sequence-major, [Σ n_logits][vocab]. A row's
- * logits equal those of the sequence run alone up to float32 rounding (a row's sums depend on
- * its place in the GEMM's register tiles). Runs as a prefill (phase PREFILL). The caches
- * (distinct) and tokens are borrowed. Errors, all before any cache changes: KVM_EINVAL (n_seq
- * < 1, a hook set registered — hooks see one cache per call —, two sequences on one cache,
- * Σ n[s] > max_batch, an n_logits outside [0, n[s]], and per sequence what prefill refuses,
- * naming the sequence), KVM_ERANGE, KVM_ENOTSUP (the model's window); then KVM_ENOMEM or a
- * kernel's status, after which the caches may hold a partial step. */
+ * n_logits[s] ≤ n[s]; n_logits NULL: none), sequence-major, [Σ n_logits][vocab]. The rows
+ * run in chunks of max_batch, which may cut a sequence (its rest runs in the next chunk, over
+ * its cache holding the part before). A row's logits equal those of the sequence run alone up
+ * to float32 rounding (a row's sums depend on its place in the GEMM's register tiles). Runs as
+ * a prefill (phase PREFILL). The caches (distinct) and tokens are borrowed. Errors, all before
+ * any cache changes: KVM_EINVAL (n_seq < 1, a hook set registered — hooks see one cache per
+ * call —, two sequences on one cache, an n_logits outside [0, n[s]], and per sequence what
+ * prefill refuses, naming the sequence), KVM_ERANGE, KVM_ENOTSUP (the model's window); then
+ * KVM_ENOMEM or a kernel's status, after which the caches may hold a partial step. */
 int kvm_forward_multi(kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens, const int64_t *n,
                       int n_seq, const int64_t *n_logits, float *logits);
 
