@@ -138,67 +138,106 @@ static size_t answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, cha
     return w;
 }
 
-/* The answers given so far to a case: the drafts of lookup decoding (kvm_eval_answer_opts). */
-typedef struct answers {
-    int32_t **tok; /* [jobs + 1]: full KV's, then each job's */
-    int *len;
-    int n;
+/* A case's answers: [0] full KV's, then each job's. */
+typedef struct case_answers {
+    int32_t *tok;   /* [jobs + 1][max_new] */
+    int *len;       /* [jobs + 1] */
+    int *ok;        /* [jobs + 1] 1: exact match */
+    double *budget; /* [jobs + 1] entries per KV head of the cache answered over */
+    double *nll;    /* [jobs + 1] full KV's answer's mean NLL over each cache (NAN: none) */
+    char (*text)[512];
     int64_t tokens, calls; /* answered tokens and forward calls after the questions, all cases */
-} answers;
+} case_answers;
 
-/* kvm_eval_answer_opts.done: the answer is complete once the expected one is in it, closed. */
+/* Jobs whose caches are answered over together: one batched call per decode step for all of
+ * them (their compressed caches live at once). */
+enum { TASK_GROUP = 32 };
+
+/* kvm_eval_answers_opts.done: an answer is complete once the expected one is in it, closed. */
 typedef struct done_ctx {
     const cmd_eval_task_args *a;
     const kvm_task_case *tc;
 } done_ctx;
 
-static int answer_done(void *user, const int32_t *out, int n)
+static int answer_done(void *user, int i, const int32_t *out, int n)
 {
+    (void)i;
     const done_ctx *dc = user;
     char buf[512];
     size_t len = answer_text(dc->a->tok, out, n, buf, sizeof buf);
     return kvm_task_answered(dc->tc->answer, buf, len);
 }
 
-/* One method's answer to the case over cache c (m NULL: the full cache); appended to *ans.
- * *nll: the mean NLL of full KV's answer (the first in *ans) over this cache, NAN when full KV
- * answered nothing. */
-static int answer(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_method *m, const void *opts, int *correct,
-                  const kvm_task_case *tc, char *text, size_t cap, double *budget, answers *ans, double *nll)
+/* Answer slot r's text (one CSV field, one line), match and budget over cache c. */
+static void score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_answers *ca, int r, const kvm_kvcache *c)
 {
-    kvm_kvcache *cc = NULL, *served = NULL;
-    int32_t *out = malloc((size_t)a->answer_tokens * sizeof *out);
-    int n = 0, calls = 0, rc = out ? 0 : kvm_err(KVM_ENOMEM, "out of memory");
-    const kvm_kvcache *use = kvm_eval_doc_full(d);
-    int64_t bytes;
-    if (!rc && m) rc = m->compress(kvm_eval_doc_input(d), opts, &cc);
-    if (!rc && cc && a->roundtrip) rc = a->roundtrip(a->user, cc, kvm_eval_doc_full(d)->next_pos, &served, &bytes);
-    if (served) {
-        kvm_kvcache_free(&cc);
-        cc = served;
+    char *text = ca->text[r];
+    size_t len = answer_text(a->tok, ca->tok + (size_t)r * a->answer_tokens, ca->len[r], text, sizeof ca->text[r]);
+    ca->ok[r] = kvm_task_match(tc->answer, text, len);
+    const kvm_model_config *m = &a->m->cfg;
+    ca->budget[r] = (double)kvm_kvcache_entries(c) / ((double)m->n_layers * m->n_kv_heads);
+    for (char *p = text; *p; p++)
+        if (*p == '\n' || *p == '\r' || *p == '"' || *p == ',') *p = ' ';
+    ca->tokens += ca->len[r];
+}
+
+/* Jobs [j0, j1): each compresses (and round-trips) the context, then all answer in one batch
+ * with full KV's answer as the reference (and full KV again first in the batch of j0 = 0, for
+ * its own NLL). */
+static int answer_group(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_task_case *tc,
+                        const cmd_eval_task_job *jobs, int j0, int j1, case_answers *ca)
+{
+    const int with_full = j0 == 0, n = j1 - j0 + with_full;
+    kvm_kvcache *cc[TASK_GROUP + 1] = {0};
+    const kvm_kvcache *use[TASK_GROUP + 1];
+    int rc = 0;
+    if (with_full) use[0] = kvm_eval_doc_full(d);
+    for (int j = j0; !rc && j < j1; j++) {
+        kvm_kvcache **c = &cc[j - j0 + with_full], *served = NULL;
+        int64_t bytes;
+        rc = jobs[j].m->compress(kvm_eval_doc_input(d), jobs[j].opts, c);
+        if (!rc && *c && a->roundtrip) rc = a->roundtrip(a->user, *c, kvm_eval_doc_full(d)->next_pos, &served, &bytes);
+        if (served) {
+            kvm_kvcache_free(c);
+            *c = served;
+        }
+        use[j - j0 + with_full] = *c ? *c : kvm_eval_doc_full(d);
     }
-    if (cc) use = cc;
     done_ctx dc = {a, tc};
-    kvm_eval_answer_opts ao = {.done = answer_done, .user = &dc, .drafts = (const int32_t *const *)ans->tok,
-                               .draft_len = ans->len, .n_drafts = ans->n};
-    if (!rc) rc = kvm_eval_answer(d, use, a->answer_tokens, &ao, out, &n, &calls);
-    if (!rc) {
-        size_t len = answer_text(a->tok, out, n, text, cap);
-        *correct = kvm_task_match(tc->answer, text, len);
-        const kvm_model_config *c = &a->m->cfg;
-        *budget = (double)kvm_kvcache_entries(use) / ((double)c->n_layers * c->n_kv_heads);
-        for (char *p = text; *p; p++) /* one CSV field, one line */
-            if (*p == '\n' || *p == '\r' || *p == '"' || *p == ',') *p = ' ';
-        ans->tokens += n;
-        ans->calls += calls;
-        ans->tok[ans->n] = out;
-        ans->len[ans->n++] = n;
-        out = NULL;
+    kvm_eval_answers_opts ao = {
+        .done = answer_done, .user = &dc, .ref = ca->len[0] ? ca->tok : NULL, .n_ref = ca->len[0]};
+    const int r0 = 1 + j0 - with_full; /* answer slot of use[0] */
+    int32_t *tok = malloc((size_t)n * a->answer_tokens * sizeof *tok);
+    int *len = malloc((size_t)n * sizeof *len), calls = 0;
+    if (!rc && (!tok || !len)) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    if (!rc) rc = kvm_eval_answers(d, use, n, a->answer_tokens, &ao, tok, len, ca->nll + r0, &calls);
+    for (int i = with_full; !rc && i < n; i++) { /* full KV's own answer is the first call's */
+        memcpy(ca->tok + (size_t)(r0 + i) * a->answer_tokens, tok + (size_t)i * a->answer_tokens,
+               (size_t)a->answer_tokens * sizeof *tok);
+        ca->len[r0 + i] = len[i];
+        score(a, tc, ca, r0 + i, use[i]);
     }
-    *nll = NAN;
-    if (!rc && ans->len[0] > 0) rc = kvm_eval_answer_nll(d, use, ans->tok[0], ans->len[0], nll);
-    kvm_kvcache_free(&cc);
-    free(out);
+    ca->calls += calls;
+    for (int i = 0; i < n; i++)
+        kvm_kvcache_free(&cc[i]);
+    free(tok);
+    free(len);
+    return rc;
+}
+
+/* Full KV's answer to the case, then every job's in groups of TASK_GROUP. */
+static int answer_case(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_task_case *tc,
+                       const cmd_eval_task_job *jobs, int n_jobs, case_answers *ca)
+{
+    done_ctx dc = {a, tc};
+    kvm_eval_answers_opts ao = {.done = answer_done, .user = &dc};
+    const kvm_kvcache *full = kvm_eval_doc_full(d);
+    int calls = 0, rc = kvm_eval_answers(d, &full, 1, a->answer_tokens, &ao, ca->tok, &ca->len[0], NULL, &calls);
+    ca->calls += calls;
+    ca->nll[0] = NAN;
+    if (!rc) score(a, tc, ca, 0, full);
+    for (int j0 = 0; !rc && j0 < n_jobs; j0 += TASK_GROUP)
+        rc = answer_group(a, d, tc, jobs, j0, j0 + TASK_GROUP < n_jobs ? j0 + TASK_GROUP : n_jobs, ca);
     return rc;
 }
 
@@ -211,12 +250,59 @@ static void csv_nll(FILE *f, double nll)
         fprintf(f, "\n");
 }
 
-/* Forgets a case's answers (keeps the counters). */
-static void answers_clear(answers *ans)
+/* A case's CSV row for answer slot r (0: full KV). */
+static void csv_row(const cmd_eval_task_args *a, int i, const char *doc, const kvm_task_case *tc, int64_t nc,
+                    const char *spec, const case_answers *ca, int r)
 {
-    for (int i = 0; i < ans->n; i++)
-        free(ans->tok[i]);
-    ans->n = 0;
+    fprintf(a->csv, "%d,%s,", i, kvm_task_name(a->kind));
+    kvm_cli_csv_field(a->csv, doc); /* a file name may hold a comma or a quote */
+    fprintf(a->csv, ",%.4f,%lld,%s,%.2f,%d,%s,\"%s\",", tc->depth, (long long)nc, spec, ca->budget[r], ca->ok[r],
+            tc->answer, ca->text[r]);
+    csv_nll(a->csv, ca->nll[r]);
+}
+
+static void case_answers_free(case_answers *ca)
+{
+    free(ca->tok);
+    free(ca->len);
+    free(ca->ok);
+    free(ca->budget);
+    free(ca->nll);
+    free(ca->text);
+}
+
+static int case_answers_new(int n_jobs, int answer_tokens, case_answers *ca)
+{
+    const size_t n = (size_t)n_jobs + 1;
+    *ca = (case_answers){.tok = malloc(n * (size_t)answer_tokens * sizeof *ca->tok),
+                         .len = calloc(n, sizeof *ca->len),
+                         .ok = calloc(n, sizeof *ca->ok),
+                         .budget = calloc(n, sizeof *ca->budget),
+                         .nll = calloc(n, sizeof *ca->nll),
+                         .text = calloc(n, sizeof *ca->text)};
+    if (ca->tok && ca->len && ca->ok && ca->budget && ca->nll && ca->text) return 0;
+    case_answers_free(ca);
+    return kvm_err(KVM_ENOMEM, "out of memory");
+}
+
+/* The case's line (full KV, then each job: 1 = right), its CSV rows and the counts. */
+static void print_case(const cmd_eval_task_args *a, int i, const char *doc, const kvm_task_case *tc, int64_t nc,
+                       const cmd_eval_task_job *jobs, int n_jobs, const case_answers *ca, int64_t *right, int64_t *lost,
+                       int64_t *gained)
+{
+    const int ok = ca->ok[0];
+    right[n_jobs] += ok;
+    printf("case %4d %-10s depth %.2f context %5lld  answer %-12s  full %d", i, doc, tc->depth, (long long)nc,
+           tc->answer, ok);
+    if (a->csv) csv_row(a, i, doc, tc, nc, "full", ca, 0);
+    for (int j = 0; j < n_jobs; j++) {
+        const int okj = ca->ok[j + 1];
+        right[j] += okj;
+        lost[j] += ok && !okj;
+        gained[j] += !ok && okj;
+        printf(" %d", okj);
+        if (a->csv) csv_row(a, i, doc, tc, nc, jobs[j].spec, ca, j + 1);
+    }
 }
 
 static void summary(const char *name, int64_t right, int64_t n, int64_t b, int64_t c, int64_t full_right, int is_full)
@@ -252,14 +338,14 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         fprintf(a->csv, "case,task,doc,depth,context,method,budget_tokens,correct,answer,generated,answer_nll\n");
     printf("== task %s: %d cases, context <= %lld tokens%s; columns: full KV, then each method (1 = right)\n",
            kvm_task_name(a->kind), a->cases, (long long)a->n_ctx, a->chat ? ", chat framing" : "");
-    answers ans = {.tok = calloc((size_t)n_jobs + 1, sizeof *ans.tok), .len = calloc((size_t)n_jobs + 1, sizeof *ans.len)};
-    if (!rc && (!ans.tok || !ans.len)) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    case_answers ca = {0};
+    if (!rc) rc = case_answers_new(n_jobs, a->answer_tokens, &ca);
     int done = 0, pre_doc = -1;
     kvm_eval_prefix *pre = NULL;
     int64_t ctx_tokens = 0, reused_tokens = 0;
     for (int i = a->first_case; !rc && i < a->first_case + a->cases; i++) {
         int di = (i / KVM_TASK_DEPTHS) % docs->n;
-        char *text = NULL, gen[512];
+        char *text = NULL;
         size_t len = 0;
         kvm_task_case tc = {0};
         int32_t *ids = NULL;
@@ -280,37 +366,8 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             ctx_tokens += nc;
             reused_tokens += reused;
         }
-        int ok;
-        double budget, nll;
-        if (!rc) rc = answer(a, d, NULL, NULL, &ok, &tc, gen, sizeof gen, &budget, &ans, &nll);
-        if (!rc) {
-            right[n_jobs] += ok;
-            printf("case %4d %-10s depth %.2f context %5lld  answer %-12s  full %d", i, docs->names[di], tc.depth,
-                   (long long)nc, tc.answer, ok);
-            if (a->csv) {
-                fprintf(a->csv, "%d,%s,", i, kvm_task_name(a->kind));
-                kvm_cli_csv_field(a->csv, docs->names[di]); /* a file name may hold a comma or a quote */
-                fprintf(a->csv, ",%.4f,%lld,full,%.2f,%d,%s,\"%s\",", tc.depth, (long long)nc, budget, ok, tc.answer,
-                        gen);
-                csv_nll(a->csv, nll);
-            }
-        }
-        for (int j = 0; !rc && j < n_jobs; j++) {
-            int okj;
-            rc = answer(a, d, jobs[j].m, jobs[j].opts, &okj, &tc, gen, sizeof gen, &budget, &ans, &nll);
-            if (rc) break;
-            right[j] += okj;
-            lost[j] += ok && !okj;
-            gained[j] += !ok && okj;
-            printf(" %d", okj);
-            if (a->csv) {
-                fprintf(a->csv, "%d,%s,", i, kvm_task_name(a->kind));
-                kvm_cli_csv_field(a->csv, docs->names[di]);
-                fprintf(a->csv, ",%.4f,%lld,%s,%.2f,%d,%s,\"%s\",", tc.depth, (long long)nc, jobs[j].spec, budget, okj,
-                        tc.answer, gen);
-                csv_nll(a->csv, nll);
-            }
-        }
+        if (!rc) rc = answer_case(a, d, &tc, jobs, n_jobs, &ca);
+        if (!rc) print_case(a, i, docs->names[di], &tc, nc, jobs, n_jobs, &ca, right, lost, gained);
         if (!rc) {
             printf("\n");
             fflush(stdout);
@@ -318,7 +375,6 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
             done++;
         } else
             fprintf(stderr, "kvmill " CMD ": task case %d (%s): %s\n", i, docs->names[di], kvm_errmsg());
-        answers_clear(&ans);
         kvm_eval_doc_free(&d);
         free(ids);
         kvm_task_case_deinit(&tc);
@@ -339,10 +395,9 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     fprintf(stderr,
             "kvmill " CMD ": task: %d cases; context %lld tokens, %lld of them taken from their document's prefix; "
             "answers %lld tokens in %lld forward calls after the questions\n",
-            done, (long long)ctx_tokens, (long long)reused_tokens, (long long)ans.tokens, (long long)ans.calls);
+            done, (long long)ctx_tokens, (long long)reused_tokens, (long long)ca.tokens, (long long)ca.calls);
     kvm_eval_prefix_free(&pre);
-    free(ans.tok);
-    free(ans.len);
+    case_answers_free(&ca);
     free(right);
     free(lost);
     free(gained);

@@ -182,11 +182,10 @@ START_TEST(test_small_budget)
 }
 END_TEST
 
-/* Lookup decoding gives greedy decoding's answer whatever the drafts (right, wrong from the
- * third token, shorter), with fewer forward calls when a draft is right; `done` stops it. */
-static int stop_at_3(void *user, const int32_t *out, int n)
+static int stop_at_3(void *user, int i, const int32_t *out, int n)
 {
     (void)user;
+    (void)i;
     (void)out;
     return n >= 3;
 }
@@ -203,49 +202,6 @@ static void h2o_quarter(kvm_eval_doc **d, kvm_kvcache **c)
     m->opts_free(o);
 }
 
-START_TEST(test_answer_drafts)
-{
-    kvm_eval_doc *d;
-    kvm_kvcache *c;
-    h2o_quarter(&d, &c);
-    enum { MAX = 12 };
-    const kvm_kvcache *caches[2] = {kvm_eval_doc_full(d), c};
-    for (int ci = 0; ci < 2; ci++) {
-        int32_t plain[MAX], got[MAX], wrong[MAX];
-        int n0, n, calls0, calls;
-        ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, NULL, plain, &n0, &calls0), 0);
-        ck_assert_int_ge(n0, 4); /* stories260K goes on for the 12 tokens here */
-        ck_assert_int_eq(calls0, n0 == MAX ? n0 - 1 : n0);
-        memcpy(wrong, plain, sizeof wrong);
-        wrong[2] = (plain[2] + 1) % model->cfg.vocab_size;
-        const int32_t *drafts[3] = {wrong, plain, plain};
-        const int lens[3] = {n0, n0, 2};
-        struct {
-            int first, count, max_calls; /* drafts[first, first + count) */
-        } runs[] = {{1, 1, 2}, {0, 1, MAX}, {2, 1, MAX}, {0, 3, 2}};
-        for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-            kvm_eval_answer_opts ao = {.drafts = drafts + runs[r].first, .draft_len = lens + runs[r].first,
-                                       .n_drafts = runs[r].count};
-            ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, &ao, got, &n, &calls), 0);
-            ck_assert_int_eq(n, n0);
-            ck_assert_mem_eq(got, plain, (size_t)n0 * sizeof *got);
-            ck_assert_msg(calls <= runs[r].max_calls, "cache %d, run %zu: %d forward calls", ci, r, calls);
-        }
-        kvm_eval_answer_opts ao = {.done = stop_at_3, .drafts = drafts + 1, .draft_len = lens + 1, .n_drafts = 1};
-        ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, &ao, got, &n, &calls), 0);
-        ck_assert_int_eq(n, 3);
-        ck_assert_mem_eq(got, plain, 3 * sizeof *got);
-        ao.drafts = NULL;
-        ao.n_drafts = 0;
-        ck_assert_int_eq(kvm_eval_answer(d, caches[ci], MAX, &ao, got, &n, &calls), 0);
-        ck_assert_int_eq(n, 3);
-        ck_assert_int_eq(calls, 2);
-    }
-    kvm_kvcache_free(&c);
-    kvm_eval_doc_free(&d);
-}
-END_TEST
-
 /* −log softmax(x)[t] in float64. */
 static double nll_of(const float *x, int V, int32_t t)
 {
@@ -257,54 +213,117 @@ static double nll_of(const float *x, int V, int32_t t)
     return log(z) + mx - x[t];
 }
 
-/* kvm_eval_answer_nll equals token-by-token teacher forcing over a copy of the cache (question
- * prefilled, then one decode per answer token); a wrong third token costs more than the greedy
- * one on the same prefix; bad arguments are refused. */
-START_TEST(test_answer_nll)
+static int32_t argmax_of(const float *x, int V)
+{
+    int32_t b = 0;
+    for (int v = 1; v < V; v++)
+        b = x[v] > x[b] ? v : b;
+    return b;
+}
+
+/* By hand, one token a call over a copy of c: the greedy answer (up to max tokens, EOS ends it)
+ * in plain[*n] and, for ref[n_ref], its mean NLL under c (ref NULL: not computed). */
+static void by_hand(kvm_eval_doc *d, const kvm_kvcache *c, int max, int32_t *plain, int *n, const int32_t *ref,
+                    int n_ref, double *nll)
+{
+    const int V = model->cfg.vocab_size;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    kvm_forward *f = kvm_eval_doc_forward(d);
+    kvm_kvcache *c2;
+    for (int pass = 0; pass < 2; pass++) { /* 0: greedy, 1: teacher-forced ref */
+        if (pass == 1 && !ref) break;
+        ck_assert_int_eq(kvm_kvcache_clone(c, &c2), 0);
+        ck_assert_int_eq(kvm_forward_prefill(f, c2, ids + N, T, lg, KVM_LOGITS_LAST), 0);
+        double sum = 0;
+        for (int i = 0; i < (pass ? n_ref : max); i++) {
+            int32_t t = pass ? ref[i] : argmax_of(lg, V);
+            if (pass)
+                sum += nll_of(lg, V, t);
+            else if (kvm_model_is_eos(&model->cfg, t))
+                break;
+            else
+                plain[(*n = i + 1) - 1] = t;
+            ck_assert_int_eq(kvm_forward_decode(f, c2, t, lg), 0);
+        }
+        if (pass) *nll = sum / n_ref;
+        kvm_kvcache_free(&c2);
+    }
+    free(lg);
+}
+
+/* kvm_eval_answers over the full cache and an H2O quarter at once gives each cache's greedy
+ * answer, one decode step a call for all of them, whatever the reference (none, right, wrong from
+ * the third token, shorter); the reference's NLL equals token-by-token teacher forcing (a wrong
+ * third token costs more); `done` stops an answer; bad arguments are refused. */
+START_TEST(test_answers)
 {
     kvm_eval_doc *d;
     kvm_kvcache *c;
     h2o_quarter(&d, &c);
-    enum { MAX = 8 };
-    const int V = model->cfg.vocab_size;
-    float *lg = malloc((size_t)V * sizeof *lg);
-    const kvm_kvcache *caches[2] = {kvm_eval_doc_full(d), c};
-    double got[2];
-    int32_t plain[MAX];
-    int n;
-    ck_assert_int_eq(kvm_eval_answer(d, caches[0], MAX, NULL, plain, &n, NULL), 0);
-    ck_assert_int_ge(n, 4);
-    for (int ci = 0; ci < 2; ci++) {
-        ck_assert_int_eq(kvm_eval_answer_nll(d, caches[ci], plain, n, &got[ci]), 0);
-        kvm_kvcache *c2;
-        ck_assert_int_eq(kvm_kvcache_clone(caches[ci], &c2), 0);
-        kvm_forward *f = kvm_eval_doc_forward(d);
-        ck_assert_int_eq(kvm_forward_prefill(f, c2, ids + N, T, lg, KVM_LOGITS_LAST), 0);
-        double want = 0;
-        for (int i = 0; i < n; i++) {
-            want += nll_of(lg, V, plain[i]);
-            ck_assert_int_eq(kvm_forward_decode(f, c2, plain[i], lg), 0);
+    enum { MAX = 12 };
+    const kvm_kvcache *caches[3] = {kvm_eval_doc_full(d), c, kvm_eval_doc_full(d)};
+    int32_t plain[2][MAX], got[3][MAX];
+    int n0[2] = {0, 0}, n[3], calls;
+    double want_nll[2], nll[3];
+    for (int ci = 0; ci < 2; ci++)
+        by_hand(d, caches[ci], MAX, plain[ci], &n0[ci], NULL, 0, NULL);
+    ck_assert_int_ge(n0[0], 4); /* stories260K goes on for the 12 tokens here */
+    int32_t wrong[MAX];
+    memcpy(wrong, plain[0], sizeof wrong);
+    wrong[2] = (plain[0][2] + 1) % model->cfg.vocab_size;
+    struct {
+        const int32_t *ref;
+        int n_ref;
+    } runs[] = {{NULL, 0}, {plain[0], n0[0]}, {wrong, n0[0]}, {plain[0], 2}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        kvm_eval_answers_opts ao = {.ref = runs[r].ref, .n_ref = runs[r].n_ref};
+        ck_assert_int_eq(kvm_eval_answers(d, caches, 3, MAX, &ao, &got[0][0], n, nll, &calls), 0);
+        for (int i = 0; i < 3; i++) {
+            ck_assert_int_eq(n[i], n0[i % 2]);
+            ck_assert_mem_eq(got[i], plain[i % 2], (size_t)n[i] * sizeof **got);
         }
-        want /= n;
-        kvm_kvcache_free(&c2);
-        ck_assert_msg(isfinite(got[ci]) && got[ci] >= 0 && fabs(got[ci] - want) <= 1e-4 * (1 + want),
-                      "cache %d: %.7f, token by token %.7f", ci, got[ci], want);
+        int longest = n0[0] > n0[1] ? n0[0] : n0[1];
+        ck_assert_msg(calls <= longest - 1, "run %zu: %d calls for answers of %d tokens", r, calls, longest);
+        if (!runs[r].ref) {
+            ck_assert(isnan(nll[0]) && isnan(nll[1]));
+            continue;
+        }
+        for (int ci = 0; ci < 2; ci++) {
+            int unused;
+            int32_t scratch[MAX];
+            by_hand(d, caches[ci], 0, scratch, &unused, runs[r].ref, runs[r].n_ref, &want_nll[ci]);
+            ck_assert_msg(fabs(nll[ci] - want_nll[ci]) <= 1e-4 * (1 + want_nll[ci]),
+                          "run %zu cache %d: %.7f, by hand %.7f", r, ci, nll[ci], want_nll[ci]);
+        }
     }
-    /* full KV's greedy tokens: a wrong third token is less likely than its argmax */
-    int32_t wrong[3] = {plain[0], plain[1], (plain[2] + 1) % V};
-    double right3, wrong3;
-    ck_assert_int_eq(kvm_eval_answer_nll(d, caches[0], plain, 3, &right3), 0);
-    ck_assert_int_eq(kvm_eval_answer_nll(d, caches[0], wrong, 3, &wrong3), 0);
-    ck_assert_msg(wrong3 > right3, "wrong %.6f, greedy %.6f", wrong3, right3);
-    double x;
-    ck_assert_int_eq(kvm_eval_answer_nll(d, caches[0], plain, 0, &x), KVM_EINVAL);
-    ck_assert(isnan(x));
+    /* full KV answers its own answer with no decode step at all */
+    kvm_eval_answers_opts ao = {.ref = plain[0], .n_ref = n0[0]};
+    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, n0[0], &ao, &got[0][0], n, nll, &calls), 0);
+    ck_assert_int_eq(calls, 0);
+    ck_assert_int_eq(n[0], n0[0]);
+    double right_nll = nll[0];
+    ao.ref = wrong;
+    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, n0[0], &ao, &got[0][0], n, nll, &calls), 0);
+    ck_assert_msg(nll[0] > right_nll, "wrong %.6f, greedy %.6f", nll[0], right_nll);
+    /* done */
+    kvm_eval_answers_opts stop = {.done = stop_at_3, .ref = plain[0], .n_ref = n0[0]};
+    ck_assert_int_eq(kvm_eval_answers(d, caches, 2, MAX, &stop, &got[0][0], n, NULL, &calls), 0);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(n[i], 3);
+        ck_assert_mem_eq(got[i], plain[i], 3 * sizeof **got);
+    }
+    /* refused */
+    ck_assert_int_eq(kvm_eval_answers(d, caches, 0, MAX, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, 0, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    ao = (kvm_eval_answers_opts){.ref = plain[0], .n_ref = MAX + 1};
+    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, MAX, &ao, &got[0][0], n, NULL, NULL), KVM_EINVAL);
     kvm_kvcache *moved;
     ck_assert_int_eq(kvm_kvcache_clone(caches[0], &moved), 0);
     moved->next_pos++;
-    ck_assert_int_eq(kvm_eval_answer_nll(d, moved, plain, n, &x), KVM_EINVAL);
+    const kvm_kvcache *bad[2] = {caches[0], moved};
+    ck_assert_int_eq(kvm_eval_answers(d, bad, 2, MAX, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "cache 1 is not"), "%s", kvm_errmsg());
     kvm_kvcache_free(&moved);
-    free(lg);
     kvm_kvcache_free(&c);
     kvm_eval_doc_free(&d);
 }
@@ -1201,8 +1220,7 @@ static Suite *eval_suite(void)
                  {"full_budget_exact", test_full_budget_exact, 1},
                  {"small_budget", test_small_budget, 1},
                  {"batched_equals_token_by_token", test_batched_equals_token_by_token, 1},
-                 {"answer_drafts", test_answer_drafts, 1},
-                 {"answer_nll", test_answer_nll, 1},
+                 {"answers", test_answers, 1},
                  {"prefix_reuse", test_prefix_reuse, 1},
                  {"target_budget", test_target_budget, 0},
                  {"store_dtype", test_store_dtype, 1},

@@ -131,42 +131,38 @@ double kvm_eval_kl_range(const kvm_eval_doc *d, int64_t t0, int64_t t1);
  * kl_steps is NULL (no run yet) or for a range outside [0, T) or empty. */
 double kvm_eval_kl_steps_mean(const double *kl_steps, int64_t T, int64_t t0, int64_t t1);
 
-/* How kvm_eval_answer decodes. Zero-initialised: plain greedy decoding to max_new or EOS. */
-typedef struct kvm_eval_answer_opts {
-    /* 1 when out[0, n) is a complete answer, so decoding stops there; NULL: never */
-    int (*done)(void *user, const int32_t *out, int n);
+/* How kvm_eval_answers decodes. Zero-initialised: plain greedy decoding to max_new or EOS. */
+typedef struct kvm_eval_answers_opts {
+    /* 1 when out[0, n) is a complete answer of cache i, so its decoding stops there; NULL: never */
+    int (*done)(void *user, int i, const int32_t *out, int n);
     void *user; /* for done */
-    /* Draft answers (other caches' answers to the same question), lookup decoding: when the
-     * tokens so far begin draft i, its next tokens (up to max_new) are run in one batched call
-     * with the last token and accepted while each equals the greedy choice; the first that
-     * does not is replaced by it and the rejected entries are dropped from the cache. Greedy
-     * speculative decoding (Leviathan et al., arXiv 2211.17192, with earlier answers as the
-     * draft, as prompt-lookup decoding does): the answer is greedy decoding's, up to the float
-     * rounding of a batched call against single-token ones. NULL / 0: none. */
-    const int32_t *const *drafts;
-    const int *draft_len;
-    int n_drafts;
-} kvm_eval_answer_opts;
+    /* A reference answer (e.g. full KV's greedy one; NULL / 0: none), teacher-forced after the
+     * question in the first call: its rows give each cache's NLL of it, and each greedy answer
+     * follows it while it agrees (greedy speculative decoding with the reference as the draft,
+     * Leviathan et al., arXiv 2211.17192), so an answer that equals it costs no decode step.
+     * n_ref ≤ max_new. */
+    const int32_t *ref;
+    int n_ref;
+} kvm_eval_answers_opts;
 
-/* Answers a question over a cache (task accuracy, compress/eval/kvm_task.h): the document's
- * continuation tokens [N, N+T) (the question and the assistant marker, appended at ask time)
- * are prefilled over a copy of `cache` (borrowed; a cache of the context, next_pos == N),
- * then up to max_new tokens are decoded greedily (o may be NULL: kvm_eval_answer_opts); an
- * EOS token ends the answer and is not stored. out[max_new] gets the tokens, *n_out their
- * count, *forward_calls (may be NULL) the forward calls after the question's (decode steps
- * and batched draft checks). Returns 0, KVM_EINVAL (cache shape, max_new < 1), KVM_ENOMEM,
- * a forward error. */
-int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, const kvm_eval_answer_opts *o,
-                    int32_t *out, int *n_out, int *forward_calls);
+/* Answers one question over n caches at once (task accuracy, compress/eval/kvm_task.h): the
+ * document's continuation tokens [N, N+T) (the question and the assistant marker, appended at
+ * ask time) are prefilled over a copy of each cache (borrowed; caches of the context,
+ * next_pos == N), then each answer is decoded greedily to max_new tokens, EOS (not stored) or
+ * o->done; every step is one forward call over all the answers still going
+ * (kvm_forward_multi), so n caches cost about one cache's weight reads. out [n][max_new] gets
+ * the tokens, n_out[n] their counts; nll[n] (may be NULL) the mean over the reference's tokens
+ * of −log p(ref[j] | question, ref[0, j)) in nats under each cache (NAN without a reference: a
+ * continuous companion of exact match, which moves by whole cases); *forward_calls (may be
+ * NULL) the calls after the first. An answer is greedy decoding's up to the float rounding of
+ * batched calls against single-token ones. Returns 0, KVM_EINVAL (n < 1, max_new < 1, n_ref
+ * outside [0, max_new], a cache of another shape or length, naming it), KVM_ENOMEM, a forward
+ * error. */
+int kvm_eval_answers(kvm_eval_doc *d, const kvm_kvcache *const *caches, int n, int max_new,
+                     const kvm_eval_answers_opts *o, int32_t *out, int *n_out, double *nll, int *forward_calls);
 
-/* How well a cache keeps a given answer: the question (the continuation tokens [N, N+T), as
- * kvm_eval_answer) is prefilled over a copy of `cache` (borrowed; next_pos == N), then ref
- * [n_ref] (an answer, e.g. full KV's greedy one) is teacher-forced; *nll gets the mean over
- * its tokens of −log p(ref[i] | question, ref[0, i)) in nats (the answer's log-likelihood
- * under that cache: a continuous companion of exact match, which moves by whole cases). A
- * cache that answers ref greedily has a small *nll; one that lost the fact a large one. n_ref
- * ≥ 1. Returns 0, KVM_EINVAL (cache shape, n_ref < 1), KVM_ENOMEM, a forward error. */
-int kvm_eval_answer_nll(kvm_eval_doc *d, const kvm_kvcache *cache, const int32_t *ref, int n_ref, double *nll);
+/* The document's continuation tokens [N, N+T) (the question of a task case): *n = T; owned by d. */
+const int32_t *kvm_eval_doc_continuation(const kvm_eval_doc *d, int64_t *n);
 
 /* The forward d runs its continuations with (borrowed, valid while d lives; no hooks are
  * registered between calls): for callers that replay single layers (kvm_forward_attend). */

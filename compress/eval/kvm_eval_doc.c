@@ -361,106 +361,10 @@ const kvm_kvcache *kvm_eval_doc_full(const kvm_eval_doc *d) { return d->full; }
 
 kvm_forward *kvm_eval_doc_forward(kvm_eval_doc *d) { return d->f; }
 
-/* The longest draft continuing out[0, n): *at = its tokens [n, n + L) with L ≤ max_new − n. */
-static int draft_after(const kvm_eval_answer_opts *o, const int32_t *out, int n, int max_new, const int32_t **at)
+const int32_t *kvm_eval_doc_continuation(const kvm_eval_doc *d, int64_t *n)
 {
-    int best = 0;
-    for (int i = 0; o && i < o->n_drafts; i++) {
-        int len = o->draft_len[i] < max_new ? o->draft_len[i] : max_new;
-        if (len - n > best && !memcmp(o->drafts[i], out, (size_t)n * sizeof *out)) {
-            best = len - n;
-            *at = o->drafts[i] + n;
-        }
-    }
-    return best;
-}
-
-int kvm_eval_answer(kvm_eval_doc *d, const kvm_kvcache *cache, int max_new, const kvm_eval_answer_opts *o,
-                    int32_t *out, int *n_out, int *forward_calls)
-{
-    const kvm_model_config *c = &d->m->cfg;
-    const int V = c->vocab_size;
-    *n_out = 0;
-    if (forward_calls) *forward_calls = 0;
-    if (max_new < 1 || cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads ||
-        cache->head_dim != c->head_dim || cache->next_pos != d->n_ctx)
-        return kvm_err(KVM_EINVAL, "eval: answer: not a %lld-token context cache of this model, or max_new %d < 1",
-                       (long long)d->n_ctx, max_new);
-    kvm_kvcache *c2 = NULL;
-    float *logits = malloc((size_t)(max_new + 1) * (size_t)V * sizeof *logits); /* a draft check's rows */
-    int32_t *feed = malloc((size_t)(max_new + 1) * sizeof *feed);
-    int rc = logits && feed ? kvm_kvcache_clone(cache, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
-    if (!rc) rc = kvm_forward_prefill(d->f, c2, d->tokens + d->n_ctx, d->n_cont, logits, KVM_LOGITS_LAST);
-    const float *row = logits; /* predicts out[n] */
-    int n = 0, calls = 0;
-    while (!rc && n < max_new) {
-        int32_t next = kvm_argmax(row, V);
-        if (kvm_model_is_eos(c, next)) break;
-        out[n++] = next;
-        if (n == max_new || (o && o->done && o->done(o->user, out, n))) break;
-        const int32_t *dr = NULL;
-        int L = draft_after(o, out, n, max_new, &dr), j = 0, stop = 0;
-        calls++;
-        if (L == 0) {
-            rc = kvm_forward_decode(d->f, c2, next, logits);
-            row = logits;
-            continue;
-        }
-        feed[0] = next; /* row i of the call predicts the token after feed[i] */
-        memcpy(feed + 1, dr, (size_t)L * sizeof *feed);
-        if ((rc = kvm_forward_prefill(d->f, c2, feed, L + 1, logits, KVM_LOGITS_ALL))) break;
-        while (!stop && j < L && !kvm_model_is_eos(c, dr[j]) && kvm_argmax(logits + (size_t)j * V, V) == dr[j]) {
-            out[n++] = dr[j++];
-            stop = n == max_new || (o->done && o->done(o->user, out, n));
-        }
-        if (stop) break;
-        for (int l = 0; l < c2->n_layers; l++) /* drop the rejected draft tokens' entries */
-            for (int h = 0; h < c2->n_kv_heads; h++)
-                for (int e = j; e < L; e++)
-                    kvm_kvcache_drop(kvm_kvcache_head(c2, l, h), c2->head_dim, kvm_kvcache_head(c2, l, h)->n - 1);
-        c2->next_pos -= L - j;
-        row = logits + (size_t)j * V;
-    }
-    *n_out = n;
-    if (forward_calls) *forward_calls = calls;
-    kvm_kvcache_free(&c2);
-    free(logits);
-    free(feed);
-    return rc;
-}
-
-int kvm_eval_answer_nll(kvm_eval_doc *d, const kvm_kvcache *cache, const int32_t *ref, int n_ref, double *nll)
-{
-    const kvm_model_config *c = &d->m->cfg;
-    const int64_t V = c->vocab_size;
-    *nll = NAN;
-    if (n_ref < 1 || cache->n_layers != c->n_layers || cache->n_kv_heads != c->n_kv_heads ||
-        cache->head_dim != c->head_dim || cache->next_pos != d->n_ctx)
-        return kvm_err(KVM_EINVAL,
-                       "eval: answer NLL: not a %lld-token context cache of this model, or %d answer tokens",
-                       (long long)d->n_ctx, n_ref);
-    kvm_kvcache *c2 = NULL;
-    float *logits = malloc((size_t)n_ref * (size_t)V * sizeof *logits); /* row i predicts ref[i] */
-    int rc = logits ? kvm_kvcache_clone(cache, &c2) : kvm_err(KVM_ENOMEM, "eval: out of memory");
-    if (!rc) rc = kvm_forward_prefill(d->f, c2, d->tokens + d->n_ctx, d->n_cont, logits, KVM_LOGITS_LAST);
-    if (!rc && n_ref > 1) rc = kvm_forward_prefill(d->f, c2, ref, n_ref - 1, logits + V, KVM_LOGITS_ALL);
-    if (!rc) {
-        double s = 0;
-        for (int i = 0; i < n_ref; i++) {
-            const float *x = logits + (size_t)i * (size_t)V;
-            float mx = x[0];
-            for (int64_t v = 1; v < V; v++)
-                mx = x[v] > mx ? x[v] : mx;
-            double z = 0;
-            for (int64_t v = 0; v < V; v++)
-                z += exp((double)(x[v] - mx));
-            s += log(z) + mx - x[ref[i]];
-        }
-        *nll = s / n_ref;
-    }
-    kvm_kvcache_free(&c2);
-    free(logits);
-    return rc;
+    *n = d->n_cont;
+    return d->tokens + d->n_ctx;
 }
 
 double kvm_eval_kl_steps_mean(const double *kl_steps, int64_t T, int64_t t0, int64_t t1)
