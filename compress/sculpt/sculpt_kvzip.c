@@ -30,7 +30,8 @@ int kvm_sculpt_kvzip_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         rc = kvm_err(KVM_ENOMEM, "kvzip: out of memory");
         goto done;
     }
-    for (int64_t j = 0; j < nc; j++) score[j] = 0;
+    for (int64_t j = 0; j < nc; j++)
+        score[j] = -INFINITY; /* max over queries of the log-probability */
     for (int64_t i0 = 0; nc > 0 && i0 < nq; i0 += KVZIP_BLOCK) {
         int64_t nb = nq - i0 < KVZIP_BLOCK ? nq - i0 : KVZIP_BLOCK;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nc, d, p->scale, p->q + i0 * d, d, p->kz, d,
@@ -38,9 +39,12 @@ int kvm_sculpt_kvzip_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         for (int64_t i = 0; i < nb; i++) {
             double lz = p->lse_zone[i0 + i], lr = p->lse_ret[i0 + i];
             double hi = fmax(lz, lr), lse = hi + log(exp(lz - hi) + exp(lr - hi)); /* full softmax denominator */
-            for (int64_t j = 0; j < nc; j++) score[j] = fmaxf(score[j], expf(S[i * nc + j] - (float)lse));
+            for (int64_t j = 0; j < nc; j++)
+                score[j] = fmaxf(score[j], S[i * nc + j] - (float)lse);
         }
     }
+    for (int64_t j = 0; j < nc; j++) /* exp is monotonic: the max of the probabilities, one exp per entry */
+        score[j] = expf(score[j]);
     for (int64_t a = 0; a < k; a++) { /* top k, ties to the lower index */
         int64_t best = -1;
         for (int64_t j = 0; j < nc; j++)
