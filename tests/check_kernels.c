@@ -7,6 +7,7 @@
 #include "kernels/cpu/kvm_cpu_pool.h"
 #include "common/kvm_error.h"
 
+#include "kernels/kvm_sculpt_kernels.h"
 #include "tests/util/kvm_test.h"
 
 #include <cblas.h>
@@ -88,15 +89,19 @@ static float round_f16(float x) { return (float)(_Float16)x; }
 
 /* 16-bit panels (bf16 and f16) give bit for bit the float32 panels' product when both hold the
  * same values: odd and panel-tail sizes, single rows (decode), row tails of 1, shared dimensions
- * past one widened block (KC = 256), threads splitting columns; and the rounding itself is to
- * nearest (16-bit panels of unrounded values stay within the dtype's relative error). */
+ * past one widened block (KC = 256), threads splitting columns, f16 widened by the clones'
+ * integer ops and by AVX-512's vcvtph2ps (x86-64-v4, where the processor has it); and the
+ * rounding itself is to nearest (16-bit panels of unrounded values stay within the dtype's
+ * relative error). */
 START_TEST(test_gemm_16bit_panels)
 {
     const kvm_kernels *k = kvm_kernels_cpu();
     const int64_t ms[] = {1, 2, 5, 9, 17, 130}, outs[] = {1, 15, 17, 40}, ins[] = {1, 7, 256, 257, 600};
     const kvm_weight_dtype dts[] = {KVM_WEIGHT_BF16, KVM_WEIGHT_F16};
-    for (int th = 1; th <= 2; th++) {
+    for (int run = 0; run < 4; run++) {
+        const int th = 1 + run % 2, v4 = run / 2; /* v4 = 1 where unsupported runs the clones again */
         kvm_kernels_cpu_set_threads(th);
+        kvm__cpu_sculpt_v4_set(v4);
         for (size_t d = 0; d < 2; d++)
             for (size_t a = 0; a < 6; a++)
                 for (size_t b = 0; b < 4; b++)
@@ -114,8 +119,8 @@ START_TEST(test_gemm_16bit_panels)
                         ck_assert_int_eq(k->matmul(x, m, ldx, k16, y16, ldy), 0);
                         ck_assert_int_eq(k->matmul(x, m, ldx, ku, yu, ldy), 0);
                         ck_assert_msg(memcmp(y32, y16, (size_t)(m * ldy) * 4) == 0,
-                                      "%s m=%lld out=%lld in=%lld threads=%d: 16-bit panels differ from float32",
-                                      d ? "f16" : "bf16", (long long)m, (long long)out, (long long)in, th);
+                                      "%s m=%lld out=%lld in=%lld threads=%d v4=%d: 16-bit panels differ from float32",
+                                      d ? "f16" : "bf16", (long long)m, (long long)out, (long long)in, th, v4);
                         for (int64_t i = 0; i < m * ldy; i++) /* the same panels as rounding by hand */
                             ck_assert_float_eq(yu[i], y16[i]);
                         k->weight_free(k32);
@@ -125,6 +130,7 @@ START_TEST(test_gemm_16bit_panels)
                     }
     }
     kvm_kernels_cpu_set_threads(1);
+    kvm__cpu_sculpt_v4_set(1);
 }
 END_TEST
 
