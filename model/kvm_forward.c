@@ -217,13 +217,33 @@ static int attend(kvm_forward *f, kvm_attn_site *site, float *out)
     const int64_t n_obs = f->n_obs < n ? f->n_obs : n;
     int rc = f->stats ? ensure_stats(f, max_e, n_obs) : 0;
     if (rc) return rc;
-    kvm_attn_layer a = {.n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = d,
-                        .scale = 1.0f / sqrtf((float)d), .q = site->q, .ldq = ld, .qpos = site->qpos, .n_q = n,
-                        .k = f->kv_k, .v = f->kv_v, .kv_dtype = site->cache->dtype, .k16 = f->kv_k16,
-                        .v16 = f->kv_v16, .pos = f->kv_pos, .bias = f->kv_bias, .n_e = f->kv_n,
-                        .out = out, .ldo = ld, .stats = f->stats, .mass_p0 = f->mass_p0, .mass_p1 = f->mass_p1,
-                        .n_obs = n_obs, .ld_e = f->st_ld_e, .mass = f->st_mass, .entropy = f->st_entropy,
-                        .lse = f->st_lse, .obs = f->st_obs};
+    kvm_attn_layer a = {.n_heads = c->n_heads,
+                        .n_kv_heads = c->n_kv_heads,
+                        .head_dim = d,
+                        .scale = 1.0f / sqrtf((float)d),
+                        .q = site->q,
+                        .ldq = ld,
+                        .qpos = site->qpos,
+                        .n_q = n,
+                        .k = f->kv_k,
+                        .v = f->kv_v,
+                        .kv_dtype = site->cache->dtype,
+                        .k16 = f->kv_k16,
+                        .v16 = f->kv_v16,
+                        .pos = f->kv_pos,
+                        .bias = f->kv_bias,
+                        .n_e = f->kv_n,
+                        .out = out,
+                        .ldo = ld,
+                        .stats = f->stats,
+                        .mass_p0 = f->mass_p0,
+                        .mass_p1 = f->mass_p1,
+                        .n_obs = n_obs,
+                        .ld_e = f->st_ld_e,
+                        .mass = f->st_mass,
+                        .entropy = f->st_entropy,
+                        .lse = f->st_lse,
+                        .obs = f->st_obs};
     if ((rc = f->k->attention(&a))) return rc;
     site->attn = &a;
     for (int i = 0; i < f->n_hooks; i++)
@@ -241,9 +261,16 @@ static int attend_step(kvm_forward *f, kvm_kvcache *cache, int l, int64_t r0, in
     const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     int rc;
     if ((rc = append_kv(cache, l, f->kk + r0 * kvd, f->vv + r0 * kvd, f->qpos + r0, n))) return rc;
-    kvm_attn_site site = {.layer = l, .phase = phase, .kernels = f->k, .n_q = n, .qpos = f->qpos + r0,
-                          .q = f->q + r0 * qd, .q_pre = f->want_q_pre ? f->q_pre + r0 * qd : NULL,
-                          .k_new = f->kk + r0 * kvd, .v_new = f->vv + r0 * kvd, .cache = cache};
+    kvm_attn_site site = {.layer = l,
+                          .phase = phase,
+                          .kernels = f->k,
+                          .n_q = n,
+                          .qpos = f->qpos + r0,
+                          .q = f->q + r0 * qd,
+                          .q_pre = f->want_q_pre ? f->q_pre + r0 * qd : NULL,
+                          .k_new = f->kk + r0 * kvd,
+                          .v_new = f->vv + r0 * kvd,
+                          .cache = cache};
     for (int i = 0; i < f->n_hooks; i++)
         if (f->hooks[i].cache_update && (rc = f->hooks[i].cache_update(f->hooks[i].user, &site))) return rc;
     for (int i = 0; i < f->n_hooks; i++)
@@ -413,13 +440,12 @@ int kvm_forward_decode(kvm_forward *f, kvm_kvcache *cache, int32_t token, float 
 }
 
 /* kvm_forward_multi's checks, all before any cache changes; *rows gets the call's row count. */
-static int check_multi(const kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens,
-                       const int64_t *n, int n_seq, const int64_t *n_logits, int64_t *rows)
+static int check_multi(const kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens, const int64_t *n,
+                       int n_seq, const int64_t *n_logits, int64_t *rows)
 {
     if (n_seq < 1) return kvm_err(KVM_EINVAL, "forward: multi: %d sequences", n_seq);
     if (f->n_hooks)
-        return kvm_err(KVM_EINVAL, "forward: multi: %d hook sets registered (hooks see one cache a call)",
-                       f->n_hooks);
+        return kvm_err(KVM_EINVAL, "forward: multi: %d hook sets registered (hooks see one cache a call)", f->n_hooks);
     int64_t r = 0;
     for (int s = 0; s < n_seq; s++) {
         int rc = check_tokens(f, caches[s], tokens[s], n[s]);

@@ -464,10 +464,12 @@ START_TEST(test_multi)
     /* the call */
     ck_assert_int_eq(kvm_forward_multi(f, c, tok, n, 3, nl, got), 0);
     float scale = 0;
-    for (int i = 0; i < 8 * 512; i++) scale = fmaxf(scale, fabsf(want[i]));
+    for (int i = 0; i < 8 * 512; i++)
+        scale = fmaxf(scale, fabsf(want[i]));
     float d = max_abs_diff(got, want, 8 * 512);
     ck_assert_msg(d <= 1e-5f * scale, "multi vs alone: max|dlogit| %g of %g", d, scale);
-    for (int s = 0; s < 3; s++) ck_assert_msg(same_entries(c[s], alone[s]), "sequence %d's cache", s);
+    for (int s = 0; s < 3; s++)
+        ck_assert_msg(same_entries(c[s], alone[s]), "sequence %d's cache", s);
     /* the same in chunks of 3 rows, which cut sequences 0 and 2 (and run 1 with both) */
     kvm_kvcache *again[3];
     for (int s = 0; s < 3; s++) {
@@ -500,11 +502,16 @@ END_TEST
 static Suite *forward_suite(void)
 {
     Suite *s = suite_create("forward");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"prefill_golden", test_prefill_golden}, {"prefill_chunked_golden", test_prefill_chunked_golden},
-        {"decode_golden", test_decode_golden}, {"bad_inputs", test_bad_inputs},
-        {"ragged_equals_masked", test_ragged_equals_masked}, {"hooks", test_hooks},
-        {"hook_stats_requests", test_hook_stats_requests}, {"attend_replay", test_attend_replay}, {"multi", test_multi}};
+    struct { const char *name; const TTest *fn;
+    } cases[] = {{"prefill_golden", test_prefill_golden},
+                 {"prefill_chunked_golden", test_prefill_chunked_golden},
+                 {"decode_golden", test_decode_golden},
+                 {"bad_inputs", test_bad_inputs},
+                 {"ragged_equals_masked", test_ragged_equals_masked},
+                 {"hooks", test_hooks},
+                 {"hook_stats_requests", test_hook_stats_requests},
+                 {"attend_replay", test_attend_replay},
+                 {"multi", test_multi}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, load_golden, free_golden);
