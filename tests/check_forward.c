@@ -502,7 +502,9 @@ END_TEST
 static Suite *forward_suite(void)
 {
     Suite *s = suite_create("forward");
-    struct { const char *name; const TTest *fn;
+    struct {
+        const char *name;
+        const TTest *fn;
     } cases[] = {{"prefill_golden", test_prefill_golden},
                  {"prefill_chunked_golden", test_prefill_chunked_golden},
                  {"decode_golden", test_decode_golden},
