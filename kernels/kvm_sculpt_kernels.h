@@ -43,13 +43,6 @@ typedef struct kvm_sculpt_eval {
 int kvm_cpu_sculpt_lossgrad(const kvm_sculpt_view *p, const float *kc, const float *vc, const float *beta, int64_t k,
                             double lambda, float *grad_k, float *grad_b, kvm_sculpt_eval *out);
 
-/* Whether the CPU loss runs its AVX-512 (x86-64-v4) exponential loop (kernels/cpu/
- * kvm_cpu_sculpt.c, exp_wv8_v4): 1 where the processor has it, unless KVMILL_NO_AVX512 is set
- * (not "0"). The two loops give the same bits; _set (tests: on = 0 or 1, 1 where unsupported
- * stays 0) returns the previous state. Not thread-safe: set it before evaluating. */
-int kvm__cpu_sculpt_v4(void);
-int kvm__cpu_sculpt_v4_set(int on);
-
 /* Buffers of the CPU loss kernel kept between evaluations (packed entries, score and ∂score
  * tiles, U): one per thread that evaluates, owned by the caller (kvm_cpu_sculpt_scratch_new,
  * NULL with KVM_ENOMEM set; kvm_cpu_sculpt_scratch_free, NULL accepted). They grow to the

@@ -7,7 +7,8 @@
 #include "kernels/cpu/kvm_cpu_pool.h"
 #include "common/kvm_error.h"
 
-#include "kernels/kvm_sculpt_kernels.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
+#include "proto/kvm_half.h"
 #include "tests/util/kvm_test.h"
 
 #include <cblas.h>
@@ -98,10 +99,12 @@ START_TEST(test_gemm_16bit_panels)
     const kvm_kernels *k = kvm_kernels_cpu();
     const int64_t ms[] = {1, 2, 5, 9, 17, 130}, outs[] = {1, 15, 17, 40}, ins[] = {1, 7, 256, 257, 600};
     const kvm_weight_dtype dts[] = {KVM_WEIGHT_BF16, KVM_WEIGHT_F16};
-    for (int run = 0; run < 4; run++) {
-        const int th = 1 + run % 2, v4 = run / 2; /* v4 = 1 where unsupported runs the clones again */
+    const int v4_was = kvm__cpu_v4_set(1), has_v4 = kvm__cpu_v4();
+    if (!has_v4) printf("SKIP: no AVX-512 (x86-64-v4) on this processor: the clones' f16 widening only\n");
+    for (int run = 0; run < (has_v4 ? 4 : 2); run++) {
+        const int th = 1 + run % 2, v4 = run / 2;
         kvm_kernels_cpu_set_threads(th);
-        kvm__cpu_sculpt_v4_set(v4);
+        kvm__cpu_v4_set(v4);
         for (size_t d = 0; d < 2; d++)
             for (size_t a = 0; a < 6; a++)
                 for (size_t b = 0; b < 4; b++)
@@ -130,7 +133,49 @@ START_TEST(test_gemm_16bit_panels)
                     }
     }
     kvm_kernels_cpu_set_threads(1);
-    kvm__cpu_sculpt_v4_set(1);
+    kvm__cpu_v4_set(v4_was);
+}
+END_TEST
+
+/* Every finite f16 value, subnormals and signed zeros included, comes out of an f16 panel as
+ * the portable converter widens it: through the block widening (8-row tiles) and the streaming
+ * one (single rows), with the clones' integer widening and, where the processor has it,
+ * AVX-512's vcvtph2ps. y = X·Wᵀ with X's rows the unit vectors reads W back. */
+START_TEST(test_f16_panels_every_value)
+{
+    enum { IN = 4096, OUT = 16 }; /* 65,536 weights: weight (o, i) holds the bit pattern o·IN + i */
+    const kvm_kernels *k = kvm_kernels_cpu();
+    float *w = malloc((size_t)OUT * IN * sizeof *w), *x = calloc((size_t)IN * IN, sizeof *x);
+    float *y = malloc((size_t)IN * OUT * sizeof *y);
+    for (int i = 0; i < OUT * IN; i++) /* inf and NaN (exponent 31) would poison the sums: 0 */
+        w[i] = (i & 0x7c00) == 0x7c00 ? 0.0f : kvm_half_f16_to_f32((uint16_t)i);
+    for (int i = 0; i < IN; i++)
+        x[(size_t)i * IN + i] = 1.0f;
+    kvm_weight *k16 = NULL;
+    rows_src src = {w, IN};
+    ck_assert_int_eq(k->weight_new_rows(rows_of, &src, OUT, IN, KVM_WEIGHT_F16, &k16), 0);
+    kvm_kernels_cpu_set_threads(1);
+    const int v4_was = kvm__cpu_v4_set(1), paths = kvm__cpu_v4() ? 2 : 1;
+    for (int v4 = 0; v4 < paths; v4++) {
+        kvm__cpu_v4_set(v4);
+        for (int single = 0; single < 2; single++) {
+            if (single) /* one row a call: the streaming widening */
+                for (int r = 0; r < IN; r++)
+                    ck_assert_int_eq(k->matmul(x + (size_t)r * IN, 1, IN, k16, y + r * OUT, OUT), 0);
+            else
+                ck_assert_int_eq(k->matmul(x, IN, IN, k16, y, OUT), 0);
+            for (int r = 0; r < IN; r++)
+                for (int o = 0; o < OUT; o++)
+                    ck_assert_msg(y[r * OUT + o] == w[o * IN + r],
+                                  "f16 0x%04x (v4 %d, single rows %d): %a, portable %a", o * IN + r, v4, single,
+                                  (double)y[r * OUT + o], (double)w[o * IN + r]);
+        }
+    }
+    kvm__cpu_v4_set(v4_was);
+    k->weight_free(k16);
+    free(w);
+    free(x);
+    free(y);
 }
 END_TEST
 
@@ -363,14 +408,22 @@ END_TEST
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"matmul_shapes", test_matmul_shapes}, {"gemm_k_prefix_and_transposed_pack", test_gemm_k_prefix_and_transposed_pack},
-        {"gemm_16bit_panels", test_gemm_16bit_panels}, {"gemm_16bit_prefix_alpha", test_gemm_16bit_prefix_alpha},
-        {"weight_f16_range", test_weight_f16_range},
-        {"attention_decode_path", test_attention_decode_path}, {"attention_blocked_path", test_attention_blocked_path},
-        {"attention_nothing_visible", test_attention_nothing_visible}, {"rope_pairings", test_rope_pairings},
-        {"pool_runs_every_task_once", test_pool_runs_every_task_once}, {"select_device", test_select_device},
-        {"blas_single_threaded", test_blas_single_threaded}};
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {{"matmul_shapes", test_matmul_shapes},
+                 {"gemm_k_prefix_and_transposed_pack", test_gemm_k_prefix_and_transposed_pack},
+                 {"gemm_16bit_panels", test_gemm_16bit_panels},
+                 {"f16_panels_every_value", test_f16_panels_every_value},
+                 {"gemm_16bit_prefix_alpha", test_gemm_16bit_prefix_alpha},
+                 {"weight_f16_range", test_weight_f16_range},
+                 {"attention_decode_path", test_attention_decode_path},
+                 {"attention_blocked_path", test_attention_blocked_path},
+                 {"attention_nothing_visible", test_attention_nothing_visible},
+                 {"rope_pairings", test_rope_pairings},
+                 {"pool_runs_every_task_once", test_pool_runs_every_task_once},
+                 {"select_device", test_select_device},
+                 {"blas_single_threaded", test_blas_single_threaded}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

@@ -11,4 +11,12 @@
 #define KVM_CLONES
 #endif
 
+/* Whether the hand-written x86-64-v4 (AVX-512) loops run (the loss's exponential at head dim 8,
+ * the f16 panels' widening): 1 where the processor has x86-64-v4, unless KVMILL_NO_AVX512 is set
+ * (not "0"). Each gives the bits of its generic loop. Decided on the first call, from any
+ * thread (kernels/cpu/kvm_cpu_v4.c). _set (tests: on = 0 or 1; 1 where unsupported stays 0)
+ * returns the previous state; set it while no kernel runs. */
+int kvm__cpu_v4(void);
+int kvm__cpu_v4_set(int on);
+
 #endif

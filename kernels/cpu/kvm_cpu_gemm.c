@@ -4,11 +4,10 @@
  * load time, so weights can be packed once and small-K products (head size 8) stay fast.
  * Weights may be packed in 16 bits (bf16 or f16) and are widened to float32 per panel here:
  * bf16 → f32 is a 16-bit shift, f16 → f32 integer ops in the clones (kvm_cpu_half.h) and one
- * vcvtph2ps (AVX-512) where the processor runs x86-64-v4 code (kvm__cpu_sculpt_v4's switch). */
+ * vcvtph2ps (AVX-512) where the processor runs x86-64-v4 code (kvm__cpu_v4's switch). */
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/cpu/kvm_cpu_clones.h"
 #include "kernels/cpu/kvm_cpu_half.h"
-#include "kernels/kvm_sculpt_kernels.h"
 #include "common/kvm_error.h"
 
 #include <stdlib.h>
@@ -293,41 +292,48 @@ static void tile1(int64_t K, const float *x, const float *panel, float *y, int n
 /* tile1 on a 16-bit panel, widened as it streams (decode is bound by the bytes it reads, so
  * reading half of them is the point); the same sums as tile1. WIDEN(p) widens 16 values. */
 #define TILE1_H_BODY(WIDEN)                                                                                            \
-    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                                                        \
-    int64_t k = 0;                                                                                                     \
-    for (; k + 4 <= K; k += 4) {                                                                                       \
-        v16 b0 = WIDEN(panel + (k + 0) * KVM_GEMM_NR), b1 = WIDEN(panel + (k + 1) * KVM_GEMM_NR);                      \
-        v16 b2 = WIDEN(panel + (k + 2) * KVM_GEMM_NR), b3 = WIDEN(panel + (k + 3) * KVM_GEMM_NR);                      \
-        a0 += x[k] * b0;                                                                                               \
-        a1 += x[k + 1] * b1;                                                                                           \
-        a2 += x[k + 2] * b2;                                                                                           \
-        a3 += x[k + 3] * b3;                                                                                           \
-    }                                                                                                                  \
-    for (; k < K; k++)                                                                                                 \
-        a0 += x[k] * WIDEN(panel + k * KVM_GEMM_NR);                                                                   \
-    v16 acc = ((a0 + a1) + (a2 + a3)) * alpha;                                                                         \
-    if (nr == KVM_GEMM_NR)                                                                                             \
-        memcpy(y, &acc, sizeof acc);                                                                                   \
-    else                                                                                                               \
-        for (int j = 0; j < nr; j++)                                                                                   \
-            y[j] = acc[j];
+    do {                                                                                                               \
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                                                    \
+        int64_t k = 0;                                                                                                 \
+        for (; k + 4 <= K; k += 4) {                                                                                   \
+            v16 b0 = WIDEN(panel + (k + 0) * KVM_GEMM_NR), b1 = WIDEN(panel + (k + 1) * KVM_GEMM_NR);                  \
+            v16 b2 = WIDEN(panel + (k + 2) * KVM_GEMM_NR), b3 = WIDEN(panel + (k + 3) * KVM_GEMM_NR);                  \
+            a0 += x[k] * b0;                                                                                           \
+            a1 += x[k + 1] * b1;                                                                                       \
+            a2 += x[k + 2] * b2;                                                                                       \
+            a3 += x[k + 3] * b3;                                                                                       \
+        }                                                                                                              \
+        for (; k < K; k++)                                                                                             \
+            a0 += x[k] * WIDEN(panel + k * KVM_GEMM_NR);                                                               \
+        v16 acc = ((a0 + a1) + (a2 + a3)) * alpha;                                                                     \
+        if (nr == KVM_GEMM_NR)                                                                                         \
+            memcpy(y, &acc, sizeof acc);                                                                               \
+        else                                                                                                           \
+            for (int j = 0; j < nr; j++)                                                                               \
+                y[j] = acc[j];                                                                                         \
+    } while (0)
 
 /* Widens rows [k0, k0 + kc) of a 16-bit panel into buf [kc][NR]. */
 #define WIDEN_BLOCK_BODY(WIDEN)                                                                                        \
-    for (int64_t k = 0; k < kc; k++) {                                                                                 \
-        v16 f = WIDEN(panel + (k0 + k) * KVM_GEMM_NR);                                                                 \
-        memcpy(buf + k * KVM_GEMM_NR, &f, sizeof f);                                                                   \
-    }
+    do {                                                                                                               \
+        for (int64_t k = 0; k < kc; k++) {                                                                             \
+            v16 f = WIDEN(panel + (k0 + k) * KVM_GEMM_NR);                                                             \
+            memcpy(buf + k * KVM_GEMM_NR, &f, sizeof f);                                                               \
+        }                                                                                                              \
+    } while (0)
 
 #define WIDEN_DT(p) widen(p, dtype)
 
 KVM_CLONES
-static void tile1_h_any(int64_t K, const float *x, const uint16_t *panel, int dtype, float *y, int nr,
-                        float alpha){TILE1_H_BODY(WIDEN_DT)}
-
-KVM_CLONES static void widen_block_any(const uint16_t *panel, int dtype, int64_t k0, int64_t kc, float *buf)
+static void tile1_h_any(int64_t K, const float *x, const uint16_t *panel, int dtype, float *y, int nr, float alpha)
 {
-    WIDEN_BLOCK_BODY(WIDEN_DT)
+    TILE1_H_BODY(WIDEN_DT);
+}
+
+KVM_CLONES
+static void widen_block_any(const uint16_t *panel, int dtype, int64_t k0, int64_t kc, float *buf)
+{
+    WIDEN_BLOCK_BODY(WIDEN_DT);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -337,15 +343,17 @@ KVM_CLONES static void widen_block_any(const uint16_t *panel, int dtype, int64_t
  * values as the integer widening, which the clones compile to about 20 instructions). */
 #define WIDEN_F16_V4(p) ((v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
 
-GEMM_V4 static void tile1_f16_v4(int64_t K, const float *x, const uint16_t *panel, float *y, int nr,
-                                 float alpha){TILE1_H_BODY(WIDEN_F16_V4)}
+GEMM_V4 static void tile1_f16_v4(int64_t K, const float *x, const uint16_t *panel, float *y, int nr, float alpha)
+{
+    TILE1_H_BODY(WIDEN_F16_V4);
+}
 
 GEMM_V4 static void widen_block_f16_v4(const uint16_t *panel, int64_t k0, int64_t kc, float *buf)
 {
-    WIDEN_BLOCK_BODY(WIDEN_F16_V4)
+    WIDEN_BLOCK_BODY(WIDEN_F16_V4);
 }
 
-static int f16_v4(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_sculpt_v4(); }
+static int f16_v4(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v4(); }
 #endif
 
 static void tile1_h(int64_t K, const float *x, const uint16_t *panel, int dtype, float *y, int nr, float alpha)

@@ -36,8 +36,9 @@ typedef uint16_t kvm__u16x16 __attribute__((vector_size(32)));
 typedef uint32_t kvm__u32x8 __attribute__((vector_size(32)));
 typedef uint32_t kvm__u32x16 __attribute__((vector_size(64)));
 
-/* NAME(src): src[0, lanes) f16 widened to float32 lanes, exactly (kvm__f16_float's values; a NaN
- * keeps its payload unquieted). In integer vector ops, because GCC 12 turns a _Float16 vector
+/* NAME(src): src[0, lanes) f16 widened to float32 lanes, exactly: kvm__f16_float's values, but a
+ * signalling NaN stays signalling (its payload kept, the quiet bit clear) where vcvtph2ps quiets
+ * it. In integer vector ops, because GCC 12 turns a _Float16 vector
  * conversion into one vpinsrw + vcvtph2ps per lane where AVX512-FP16 is absent (a fifth of a
  * 16-bit GEMM's time went there): the exponent is rebiased (inf/NaN kept at the top), and a
  * subnormal becomes 2^-14·(1 + m/1024) − 2^-14 = m·2^-24, one exact float subtraction. */

@@ -7,6 +7,7 @@
  * scores and ∂score rows stay in L1; no [nq][k] array exists. */
 #include "kernels/kvm_sculpt_kernels.h"
 #include "kernels/cpu/kvm_cpu_sculpt_rows.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
 #include "common/kvm_error.h"
 
 #include <math.h>
@@ -137,35 +138,6 @@ SB_V4 static void exp_wv8_v4(float *restrict s, int nb, int64_t kp, const float 
 {
     EXP_WV8_BODY(v16_expf_v4)
 }
-
-/* 1 when the processor runs x86-64-v4 code (AVX-512 F, BW, CD, DQ, VL) */
-static int v4_supported(void)
-{
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512cd");
-}
-
-static int v4_on = -1; /* -1: not decided yet */
-
-int kvm__cpu_sculpt_v4(void)
-{
-    if (v4_on < 0) {
-        const char *off = getenv("KVMILL_NO_AVX512");
-        v4_on = !(off && *off && strcmp(off, "0")) && v4_supported();
-    }
-    return v4_on;
-}
-
-int kvm__cpu_sculpt_v4_set(int on)
-{
-    const int was = kvm__cpu_sculpt_v4();
-    v4_on = on && v4_supported();
-    return was;
-}
-#else
-int kvm__cpu_sculpt_v4(void) { return 0; }
-int kvm__cpu_sculpt_v4_set(int on) { return 0; }
 #endif
 
 /* kvm_sb_shares for nb queries (has_c = 1) 16 lanes at a time, lanewise its operations: pc, pr
@@ -393,7 +365,8 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
         float mx[QB];
         scores_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
 #ifdef SB_HAVE_V4
-        if (kvm__cpu_sculpt_v4()) exp_wv8_v4(w->S, nb, kp, mx, &w->vtpk, w->oh, lc, iz);
+        if (kvm__cpu_v4())
+            exp_wv8_v4(w->S, nb, kp, mx, &w->vtpk, w->oh, lc, iz);
         else
 #endif
             exp_wv8(w->S, nb, kp, mx, &w->vtpk, w->oh, lc, iz);
