@@ -34,6 +34,11 @@ struct kvm_forward {
     float *st_mass, *st_entropy, *st_lse, *st_obs;
     int64_t st_ld_e;      /* entries per mass/obs row they hold */
     int64_t st_n_obs;     /* obs rows they hold */
+    /* kvm_forward_multi's per-sequence scratch, grown on demand (not per call: decode steps) */
+    int64_t *mu_R0, *mu_row0; /* [mu_cap + 1] */
+    kvm_kvcache **mu_caches;  /* [mu_cap] */
+    int *mu_seq;              /* [mu_cap] */
+    int mu_cap;
 };
 
 int kvm_forward_new(const kvm_model *m, const kvm_kernels *k, int64_t max_batch, kvm_forward **out)
@@ -95,6 +100,10 @@ void kvm_forward_free(kvm_forward **pf)
     free(f->hb); free(f->hb2); free(f->cos_t); free(f->sin_t); free(f->qpos);
     free(f->kv_k); free(f->kv_v); free(f->kv_k16); free(f->kv_v16); free(f->kv_bias); free(f->kv_pos); free(f->kv_n);
     f->k->free(f->st_mass); f->k->free(f->st_entropy); f->k->free(f->st_lse); f->k->free(f->st_obs);
+    free(f->mu_R0);
+    free(f->mu_row0);
+    free(f->mu_caches);
+    free(f->mu_seq);
     free(f);
     *pf = NULL;
 }
@@ -507,28 +516,39 @@ static int multi_rows(kvm_forward *f, kvm_kvcache *const *caches, const int32_t 
     return rc;
 }
 
+/* Room in f's multi scratch for n sequences. */
+static int multi_room(kvm_forward *f, int n)
+{
+    if (n <= f->mu_cap) return 0;
+    int64_t *R0 = realloc(f->mu_R0, ((size_t)n + 1) * sizeof *R0);
+    if (R0) f->mu_R0 = R0;
+    int64_t *row0 = realloc(f->mu_row0, ((size_t)n + 1) * sizeof *row0);
+    if (row0) f->mu_row0 = row0;
+    kvm_kvcache **cs = realloc(f->mu_caches, (size_t)n * sizeof *cs);
+    if (cs) f->mu_caches = cs;
+    int *seq = realloc(f->mu_seq, (size_t)n * sizeof *seq);
+    if (seq) f->mu_seq = seq;
+    if (!R0 || !row0 || !cs || !seq) return kvm_err(KVM_ENOMEM, "forward: multi: out of memory for %d sequences", n);
+    f->mu_cap = n;
+    return 0;
+}
+
 int kvm_forward_multi(kvm_forward *f, kvm_kvcache *const *caches, const int32_t *const *tokens, const int64_t *n,
                       int n_seq, const int64_t *n_logits, float *logits)
 {
     int64_t rows = 0, out_row = 0;
     int rc = check_multi(f, caches, tokens, n, n_seq, n_logits, &rows);
+    if (!rc) rc = multi_room(f, n_seq);
     if (rc) return rc;
-    int64_t *R0 = malloc(((size_t)n_seq + 1) * sizeof *R0), *row0 = malloc(((size_t)n_seq + 1) * sizeof *row0);
-    kvm_kvcache **cs = malloc((size_t)n_seq * sizeof *cs);
-    int *seq = malloc((size_t)n_seq * sizeof *seq);
-    if (!R0 || !row0 || !cs || !seq) rc = kvm_err(KVM_ENOMEM, "forward: multi: out of memory");
-    for (int s = 0; !rc && s <= n_seq; s++)
+    int64_t *R0 = f->mu_R0;
+    for (int s = 0; s <= n_seq; s++)
         R0[s] = s ? R0[s - 1] + n[s - 1] : 0;
-    multi_chunk ch = {cs, row0, seq, 0};
+    multi_chunk ch = {f->mu_caches, f->mu_row0, f->mu_seq, 0};
     kvm_fpmode fm = kvm_fpmode_flush_enter();
     for (int64_t i0 = 0; !rc && i0 < rows; i0 += f->max_batch) /* chunks may cut a sequence: its rest follows */
         rc = multi_rows(f, caches, tokens, n_seq, R0, n_logits, logits, i0,
                         rows - i0 < f->max_batch ? rows : i0 + f->max_batch, &ch, &out_row);
     kvm_fpmode_restore(fm);
-    free(R0);
-    free(row0);
-    free(cs);
-    free(seq);
     return rc;
 }
 

@@ -470,7 +470,8 @@ START_TEST(test_multi)
     ck_assert_msg(d <= 1e-5f * scale, "multi vs alone: max|dlogit| %g of %g", d, scale);
     for (int s = 0; s < 3; s++)
         ck_assert_msg(same_entries(c[s], alone[s]), "sequence %d's cache", s);
-    /* the same in chunks of 3 rows, which cut sequences 0 and 2 (and run 1 with both) */
+    /* the same in chunks of 3 rows, which cut sequences 0 and 2 (and run 1 with both), asking
+     * for no logits of sequence 1 */
     kvm_kvcache *again[3];
     for (int s = 0; s < 3; s++) {
         ck_assert_int_eq(kvm_kvcache_clone(alone[s], &again[s]), 0);
@@ -478,9 +479,10 @@ START_TEST(test_multi)
     }
     multi_caches(f, alone);
     ck_assert_int_eq(kvm_forward_new(model, NULL, 3, &small), 0);
-    ck_assert_int_eq(kvm_forward_multi(small, alone, tok, n, 3, nl, want), 0);
+    const int64_t nl_mid0[3] = {5, 0, 2}; /* and no row of the middle sequence */
+    ck_assert_int_eq(kvm_forward_multi(small, alone, tok, n, 3, nl_mid0, want), 0);
     kvm_forward_free(&small);
-    d = max_abs_diff(got, want, 8 * 512);
+    d = fmaxf(max_abs_diff(got, want, 5 * 512), max_abs_diff(got + 6 * 512, want + 5 * 512, 2 * 512));
     ck_assert_msg(d <= 1e-5f * scale, "chunks of 3 vs one call: max|dlogit| %g of %g", d, scale);
     for (int s = 0; s < 3; s++) {
         ck_assert_msg(same_entries(alone[s], again[s]), "sequence %d's cache in chunks", s);
