@@ -150,8 +150,17 @@ typedef struct case_answers {
 } case_answers;
 
 /* Jobs whose caches are answered over together: one batched call per decode step for all of
- * them (their compressed caches live at once). */
+ * them (their compressed caches live at once), at most TASK_GROUP and as many as keep the first
+ * call's logits (answer tokens + 1 rows of the vocabulary per cache) within TASK_LOGITS bytes. */
 enum { TASK_GROUP = 32 };
+#define TASK_LOGITS (256.0 * 1024 * 1024)
+
+static int group_size(const cmd_eval_task_args *a)
+{
+    double per = (double)(a->answer_tokens + 1) * a->m->cfg.vocab_size * sizeof(float);
+    int g = (int)(TASK_LOGITS / per) - 1; /* one slot for full KV's copy in the first group */
+    return g < 1 ? 1 : g > TASK_GROUP ? TASK_GROUP : g;
+}
 
 /* kvm_eval_answers_opts.done: an answer is complete once the expected one is in it, closed. */
 typedef struct done_ctx {
@@ -168,14 +177,14 @@ static int answer_done(void *user, int i, const int32_t *out, int n)
     return kvm_task_answered(dc->tc->answer, buf, len);
 }
 
-/* Answer slot r's text (one CSV field, one line), match and budget over cache c. */
-static void score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_answers *ca, int r, const kvm_kvcache *c)
+/* Answer slot r's text (one CSV field, one line), its match and the budget (entries per KV
+ * head) of the cache it answered over. */
+static void score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_answers *ca, int r, double budget)
 {
     char *text = ca->text[r];
     size_t len = answer_text(a->tok, ca->tok + (size_t)r * a->answer_tokens, ca->len[r], text, sizeof ca->text[r]);
     ca->ok[r] = kvm_task_match(tc->answer, text, len);
-    const kvm_model_config *m = &a->m->cfg;
-    ca->budget[r] = (double)kvm_kvcache_entries(c) / ((double)m->n_layers * m->n_kv_heads);
+    ca->budget[r] = budget;
     for (char *p = text; *p; p++)
         if (*p == '\n' || *p == '\r' || *p == '"' || *p == ',') *p = ' ';
     ca->tokens += ca->len[r];
@@ -183,15 +192,14 @@ static void score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_ans
 
 /* Jobs [j0, j1): each compresses (and round-trips) the context, then all answer in one batch
  * with full KV's answer as the reference (and full KV again first in the batch of j0 = 0, for
- * its own NLL). */
+ * its own NLL). The caches are this batch's to spend (kvm_eval_answers appends to them). */
 static int answer_group(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_task_case *tc,
                         const cmd_eval_task_job *jobs, int j0, int j1, case_answers *ca)
 {
     const int with_full = j0 == 0, n = j1 - j0 + with_full;
     kvm_kvcache *cc[TASK_GROUP + 1] = {0};
-    const kvm_kvcache *use[TASK_GROUP + 1];
-    int rc = 0;
-    if (with_full) use[0] = kvm_eval_doc_full(d);
+    double budget[TASK_GROUP + 1];
+    int rc = with_full ? kvm_kvcache_clone(kvm_eval_doc_full(d), &cc[0]) : 0;
     for (int j = j0; !rc && j < j1; j++) {
         kvm_kvcache **c = &cc[j - j0 + with_full], *served = NULL;
         int64_t bytes;
@@ -201,21 +209,24 @@ static int answer_group(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_
             kvm_kvcache_free(c);
             *c = served;
         }
-        use[j - j0 + with_full] = *c ? *c : kvm_eval_doc_full(d);
+        if (!rc && !*c) rc = kvm_kvcache_clone(kvm_eval_doc_full(d), c); /* a method that keeps it all */
     }
+    const kvm_model_config *m = &a->m->cfg;
+    for (int i = 0; !rc && i < n; i++) /* before the answers are appended */
+        budget[i] = (double)kvm_kvcache_entries(cc[i]) / ((double)m->n_layers * m->n_kv_heads);
     done_ctx dc = {a, tc};
     kvm_eval_answers_opts ao = {
         .done = answer_done, .user = &dc, .ref = ca->len[0] ? ca->tok : NULL, .n_ref = ca->len[0]};
-    const int r0 = 1 + j0 - with_full; /* answer slot of use[0] */
+    const int r0 = 1 + j0 - with_full; /* answer slot of cc[0] */
     int32_t *tok = malloc((size_t)n * a->answer_tokens * sizeof *tok);
     int *len = malloc((size_t)n * sizeof *len), calls = 0;
     if (!rc && (!tok || !len)) rc = kvm_err(KVM_ENOMEM, "out of memory");
-    if (!rc) rc = kvm_eval_answers(d, use, n, a->answer_tokens, &ao, tok, len, ca->nll + r0, &calls);
+    if (!rc) rc = kvm_eval_answers(d, cc, n, a->answer_tokens, &ao, tok, len, ca->nll + r0, &calls);
     for (int i = with_full; !rc && i < n; i++) { /* full KV's own answer is the first call's */
         memcpy(ca->tok + (size_t)(r0 + i) * a->answer_tokens, tok + (size_t)i * a->answer_tokens,
                (size_t)a->answer_tokens * sizeof *tok);
         ca->len[r0 + i] = len[i];
-        score(a, tc, ca, r0 + i, use[i]);
+        score(a, tc, ca, r0 + i, budget[i]);
     }
     ca->calls += calls;
     for (int i = 0; i < n; i++)
@@ -225,19 +236,24 @@ static int answer_group(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_
     return rc;
 }
 
-/* Full KV's answer to the case, then every job's in groups of TASK_GROUP. */
+/* Full KV's answer to the case, then every job's in groups (group_size). */
 static int answer_case(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_task_case *tc,
                        const cmd_eval_task_job *jobs, int n_jobs, case_answers *ca)
 {
     done_ctx dc = {a, tc};
     kvm_eval_answers_opts ao = {.done = answer_done, .user = &dc};
-    const kvm_kvcache *full = kvm_eval_doc_full(d);
-    int calls = 0, rc = kvm_eval_answers(d, &full, 1, a->answer_tokens, &ao, ca->tok, &ca->len[0], NULL, &calls);
+    kvm_kvcache *full = NULL;
+    int calls = 0, rc = kvm_kvcache_clone(kvm_eval_doc_full(d), &full);
+    if (!rc) rc = kvm_eval_answers(d, &full, 1, a->answer_tokens, &ao, ca->tok, &ca->len[0], NULL, &calls);
+    kvm_kvcache_free(&full);
     ca->calls += calls;
     ca->nll[0] = NAN;
-    if (!rc) score(a, tc, ca, 0, full);
-    for (int j0 = 0; !rc && j0 < n_jobs; j0 += TASK_GROUP)
-        rc = answer_group(a, d, tc, jobs, j0, j0 + TASK_GROUP < n_jobs ? j0 + TASK_GROUP : n_jobs, ca);
+    const kvm_model_config *m = &a->m->cfg;
+    const double per_head = (double)m->n_layers * m->n_kv_heads;
+    if (!rc) score(a, tc, ca, 0, (double)kvm_kvcache_entries(kvm_eval_doc_full(d)) / per_head);
+    const int g = group_size(a);
+    for (int j0 = 0; !rc && (j0 < n_jobs || j0 == 0); j0 += g) /* no jobs: full KV's NLL alone */
+        rc = answer_group(a, d, tc, jobs, j0, j0 + g < n_jobs ? j0 + g : n_jobs, ca);
     return rc;
 }
 

@@ -251,14 +251,28 @@ static void by_hand(kvm_eval_doc *d, const kvm_kvcache *c, int max, int32_t *pla
     free(lg);
 }
 
+/* Copies of caches[0, n) for one kvm_eval_answers call (which spends them). */
+static void copies(const kvm_kvcache *const *caches, int n, kvm_kvcache **out)
+{
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(kvm_kvcache_clone(caches[i], &out[i]), 0);
+}
+
+static void free_copies(kvm_kvcache **c, int n)
+{
+    for (int i = 0; i < n; i++)
+        kvm_kvcache_free(&c[i]);
+}
+
 /* kvm_eval_answers over the full cache and an H2O quarter at once gives each cache's greedy
  * answer, one decode step a call for all of them, whatever the reference (none, right, wrong from
- * the third token, shorter); the reference's NLL equals token-by-token teacher forcing (a wrong
- * third token costs more); `done` stops an answer; bad arguments are refused. */
+ * the third or the first token, shorter); the reference's NLL equals token-by-token teacher forcing (a wrong
+ * third token costs more); `done` stops an answer; bad arguments are refused before any cache
+ * changes. */
 START_TEST(test_answers)
 {
     kvm_eval_doc *d;
-    kvm_kvcache *c;
+    kvm_kvcache *c, *cp[3];
     h2o_quarter(&d, &c);
     enum { MAX = 12 };
     const kvm_kvcache *caches[3] = {kvm_eval_doc_full(d), c, kvm_eval_doc_full(d)};
@@ -268,16 +282,20 @@ START_TEST(test_answers)
     for (int ci = 0; ci < 2; ci++)
         by_hand(d, caches[ci], MAX, plain[ci], &n0[ci], NULL, 0, NULL);
     ck_assert_int_ge(n0[0], 4); /* stories260K goes on for the 12 tokens here */
-    int32_t wrong[MAX];
+    int32_t wrong[MAX], wrong0[MAX];
     memcpy(wrong, plain[0], sizeof wrong);
     wrong[2] = (plain[0][2] + 1) % model->cfg.vocab_size;
+    memcpy(wrong0, plain[0], sizeof wrong0); /* rejected at once: every reference entry dropped */
+    wrong0[0] = (plain[0][0] + 1) % model->cfg.vocab_size;
     struct {
         const int32_t *ref;
         int n_ref;
-    } runs[] = {{NULL, 0}, {plain[0], n0[0]}, {wrong, n0[0]}, {plain[0], 2}};
+    } runs[] = {{NULL, 0}, {plain[0], n0[0]}, {wrong, n0[0]}, {plain[0], 2}, {wrong0, n0[0]}};
     for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
         kvm_eval_answers_opts ao = {.ref = runs[r].ref, .n_ref = runs[r].n_ref};
-        ck_assert_int_eq(kvm_eval_answers(d, caches, 3, MAX, &ao, &got[0][0], n, nll, &calls), 0);
+        copies(caches, 3, cp);
+        ck_assert_int_eq(kvm_eval_answers(d, cp, 3, MAX, &ao, &got[0][0], n, nll, &calls), 0);
+        free_copies(cp, 3);
         for (int i = 0; i < 3; i++) {
             ck_assert_int_eq(n[i], n0[i % 2]);
             ck_assert_mem_eq(got[i], plain[i % 2], (size_t)n[i] * sizeof **got);
@@ -298,32 +316,42 @@ START_TEST(test_answers)
     }
     /* full KV answers its own answer with no decode step at all */
     kvm_eval_answers_opts ao = {.ref = plain[0], .n_ref = n0[0]};
-    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, n0[0], &ao, &got[0][0], n, nll, &calls), 0);
+    copies(caches, 1, cp);
+    ck_assert_int_eq(kvm_eval_answers(d, cp, 1, n0[0], &ao, &got[0][0], n, nll, &calls), 0);
+    ck_assert_int_ge(cp[0]->next_pos, N + T); /* the question (and the answer) appended in place */
+    free_copies(cp, 1);
     ck_assert_int_eq(calls, 0);
     ck_assert_int_eq(n[0], n0[0]);
     double right_nll = nll[0];
     ao.ref = wrong;
-    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, n0[0], &ao, &got[0][0], n, nll, &calls), 0);
+    copies(caches, 1, cp);
+    ck_assert_int_eq(kvm_eval_answers(d, cp, 1, n0[0], &ao, &got[0][0], n, nll, &calls), 0);
+    free_copies(cp, 1);
     ck_assert_msg(nll[0] > right_nll, "wrong %.6f, greedy %.6f", nll[0], right_nll);
     /* done */
     kvm_eval_answers_opts stop = {.done = stop_at_3, .ref = plain[0], .n_ref = n0[0]};
-    ck_assert_int_eq(kvm_eval_answers(d, caches, 2, MAX, &stop, &got[0][0], n, NULL, &calls), 0);
+    copies(caches, 2, cp);
+    ck_assert_int_eq(kvm_eval_answers(d, cp, 2, MAX, &stop, &got[0][0], n, NULL, &calls), 0);
+    free_copies(cp, 2);
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(n[i], 3);
         ck_assert_mem_eq(got[i], plain[i], 3 * sizeof **got);
     }
-    /* refused */
-    ck_assert_int_eq(kvm_eval_answers(d, caches, 0, MAX, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
-    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, 0, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    /* refused, every cache left as it was */
+    copies(caches, 2, cp);
+    ck_assert_int_eq(kvm_eval_answers(d, cp, 0, MAX, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    ck_assert_int_eq(kvm_eval_answers(d, cp, 1, 0, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
     ao = (kvm_eval_answers_opts){.ref = plain[0], .n_ref = MAX + 1};
-    ck_assert_int_eq(kvm_eval_answers(d, caches, 1, MAX, &ao, &got[0][0], n, NULL, NULL), KVM_EINVAL);
-    kvm_kvcache *moved;
-    ck_assert_int_eq(kvm_kvcache_clone(caches[0], &moved), 0);
-    moved->next_pos++;
-    const kvm_kvcache *bad[2] = {caches[0], moved};
-    ck_assert_int_eq(kvm_eval_answers(d, bad, 2, MAX, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    ck_assert_int_eq(kvm_eval_answers(d, cp, 1, MAX, &ao, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    kvm_kvcache *twice[2] = {cp[0], cp[0]};
+    ck_assert_int_eq(kvm_eval_answers(d, twice, 2, MAX, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "caches 0 and 1 are one cache"), "%s", kvm_errmsg());
+    cp[1]->next_pos++;
+    ck_assert_int_eq(kvm_eval_answers(d, cp, 2, MAX, NULL, &got[0][0], n, NULL, NULL), KVM_EINVAL);
     ck_assert_msg(strstr(kvm_errmsg(), "cache 1 is not"), "%s", kvm_errmsg());
-    kvm_kvcache_free(&moved);
+    ck_assert_int_eq(cp[0]->next_pos, N);
+    ck_assert_int_eq(kvm_kvcache_entries(cp[0]), kvm_kvcache_entries(caches[0]));
+    free_copies(cp, 2);
     kvm_kvcache_free(&c);
     kvm_eval_doc_free(&d);
 }

@@ -147,19 +147,23 @@ typedef struct kvm_eval_answers_opts {
 
 /* Answers one question over n caches at once (task accuracy, compress/eval/kvm_task.h): the
  * document's continuation tokens [N, N+T) (the question and the assistant marker, appended at
- * ask time) are prefilled over a copy of each cache (borrowed; caches of the context,
- * next_pos == N), then each answer is decoded greedily to max_new tokens, EOS (not stored) or
- * o->done; every step is one forward call over all the answers still going
+ * ask time) are prefilled over each cache (caches of the context, next_pos == N, distinct; the
+ * caller's to spend: the question and the answer are appended to them in place, so pass copies
+ * of caches to keep), then each answer is decoded greedily to max_new tokens, EOS (not stored)
+ * or o->done; every step is one forward call over all the answers still going
  * (kvm_forward_multi), so n caches cost about one cache's weight reads. out [n][max_new] gets
  * the tokens, n_out[n] their counts; nll[n] (may be NULL) the mean over the reference's tokens
  * of −log p(ref[j] | question, ref[0, j)) in nats under each cache (NAN without a reference: a
  * continuous companion of exact match, which moves by whole cases); *forward_calls (may be
  * NULL) the calls after the first. An answer is greedy decoding's up to the float rounding of
- * batched calls against single-token ones. Returns 0, KVM_EINVAL (n < 1, max_new < 1, n_ref
- * outside [0, max_new], a cache of another shape or length, naming it), KVM_ENOMEM, a forward
- * error. */
-int kvm_eval_answers(kvm_eval_doc *d, const kvm_kvcache *const *caches, int n, int max_new,
-                     const kvm_eval_answers_opts *o, int32_t *out, int *n_out, double *nll, int *forward_calls);
+ * batched calls against single-token ones. Memory: logits of n·(n_ref + 1) rows of the
+ * vocabulary for the first call (callers bound n). Uses d's forward: one call at a time per
+ * document. Returns 0, KVM_EINVAL (n < 1, max_new < 1, n_ref outside [0, max_new], a cache of
+ * another shape or length, naming it, one cache twice; before any cache changes; a reference
+ * token outside the vocabulary is the forward's "sequence i: token T + j"), KVM_ENOMEM, a
+ * forward error; after an error out, n_out and nll hold nothing to read. */
+int kvm_eval_answers(kvm_eval_doc *d, kvm_kvcache *const *caches, int n, int max_new, const kvm_eval_answers_opts *o,
+                     int32_t *out, int *n_out, double *nll, int *forward_calls);
 
 /* The document's continuation tokens [N, N+T) (the question of a task case): *n = T; owned by d. */
 const int32_t *kvm_eval_doc_continuation(const kvm_eval_doc *d, int64_t *n);

@@ -13,7 +13,7 @@
 
 /* One cache's answer in progress. */
 typedef struct ans_seq {
-    kvm_kvcache *c; /* a copy of the caller's cache, question and answer appended */
+    kvm_kvcache *c; /* the caller's cache, question and answer appended */
     int32_t tok;    /* the token to feed next */
     int active;     /* 0: the answer is complete */
 } ans_seq;
@@ -43,8 +43,8 @@ static int take(const kvm_model_config *c, const float *row, const kvm_eval_answ
 
 /* After the first call: answer i's NLL of the reference (rows 0..n_ref-1 of lg predict ref),
  * then its greedy tokens while they follow the reference; at the first that does not, the
- * entries of the reference's rejected tokens are dropped from the cache and the token becomes
- * the next to feed. */
+ * entries of the reference's rejected tokens (the positions from the first rejected one on)
+ * are dropped from the cache and the token becomes the next to feed. */
 static void after_first(const kvm_model_config *c, const float *lg, const kvm_eval_answers_opts *o, int i, int max_new,
                         ans_seq *s, int32_t *out, int *n, double *nll)
 {
@@ -62,16 +62,18 @@ static void after_first(const kvm_model_config *c, const float *lg, const kvm_ev
         j++;
         s->active = take(c, lg + (size_t)j * V, o, i, max_new, out, n);
     }
-    for (int l = 0; l < s->c->n_layers; l++) /* the rejected reference tokens' entries */
-        for (int h = 0; h < s->c->n_kv_heads; h++)
-            for (int e = j; e < n_ref; e++)
-                kvm_kvcache_drop(kvm_kvcache_head(s->c, l, h), s->c->head_dim, kvm_kvcache_head(s->c, l, h)->n - 1);
     s->c->next_pos -= n_ref - j;
+    for (int l = 0; l < s->c->n_layers; l++) /* the rejected reference tokens' entries: positions past it */
+        for (int h = 0; h < s->c->n_kv_heads; h++) {
+            kvm_kv_head *kh = kvm_kvcache_head(s->c, l, h);
+            while (kh->n > 0 && kh->pos[kh->n - 1] >= s->c->next_pos)
+                kvm_kvcache_drop(kh, s->c->head_dim, kh->n - 1);
+        }
     if (s->active) s->tok = out[*n - 1];
 }
 
-/* Checks the arguments; the copies of the caches are made by the caller after. */
-static int check_answers(const kvm_eval_doc *d, const kvm_kvcache *const *caches, int n, int max_new,
+/* Checks the arguments, before any cache changes. */
+static int check_answers(const kvm_eval_doc *d, kvm_kvcache *const *caches, int n, int max_new,
                          const kvm_eval_answers_opts *o)
 {
     const kvm_model_config *c = &kvm_eval_doc_input(d)->model->cfg;
@@ -84,6 +86,10 @@ static int check_answers(const kvm_eval_doc *d, const kvm_kvcache *const *caches
             caches[i]->head_dim != c->head_dim || caches[i]->next_pos != N)
             return kvm_err(KVM_EINVAL, "eval: answers: cache %d is not a %lld-token context cache of this model", i,
                            (long long)N);
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < i; t++)
+            if (caches[t] == caches[i])
+                return kvm_err(KVM_EINVAL, "eval: answers: caches %d and %d are one cache", t, i);
     return 0;
 }
 
@@ -124,8 +130,8 @@ static int decode_steps(kvm_eval_doc *d, ans_seq *s, int n, int max_new, const k
     return rc;
 }
 
-int kvm_eval_answers(kvm_eval_doc *d, const kvm_kvcache *const *caches, int n, int max_new,
-                     const kvm_eval_answers_opts *o, int32_t *out, int *n_out, double *nll, int *forward_calls)
+int kvm_eval_answers(kvm_eval_doc *d, kvm_kvcache *const *caches, int n, int max_new, const kvm_eval_answers_opts *o,
+                     int32_t *out, int *n_out, double *nll, int *forward_calls)
 {
     int calls = 0, rc = check_answers(d, caches, n, max_new, o);
     if (rc) return rc;
@@ -139,7 +145,7 @@ int kvm_eval_answers(kvm_eval_doc *d, const kvm_kvcache *const *caches, int n, i
     const int32_t **tok = malloc((size_t)n * sizeof *tok);
     int64_t *len = malloc((size_t)n * sizeof *len), *n_lg = malloc((size_t)n * sizeof *n_lg);
     int32_t *qa = malloc((size_t)first * sizeof *qa);
-    float *lg = malloc((size_t)(rows > n ? rows : n) * (size_t)c->vocab_size * sizeof *lg);
+    float *lg = malloc((size_t)rows * (size_t)c->vocab_size * sizeof *lg); /* rows ≥ n: the steps' too */
     if (!s || !cs || !tok || !len || !n_lg || !qa || !lg) rc = kvm_err(KVM_ENOMEM, "eval: answers: out of memory");
     if (!rc) {
         memcpy(qa, question, (size_t)T * sizeof *qa);
@@ -147,8 +153,7 @@ int kvm_eval_answers(kvm_eval_doc *d, const kvm_kvcache *const *caches, int n, i
     }
     for (int i = 0; !rc && i < n; i++) {
         n_out[i] = 0;
-        rc = kvm_kvcache_clone(caches[i], &s[i].c);
-        cs[i] = s[i].c;
+        cs[i] = s[i].c = caches[i];
         tok[i] = qa;
         len[i] = first;
         n_lg[i] = n_ref + 1;
@@ -159,8 +164,6 @@ int kvm_eval_answers(kvm_eval_doc *d, const kvm_kvcache *const *caches, int n, i
                     &n_out[i], nll ? &nll[i] : NULL);
     if (!rc) rc = decode_steps(d, s, n, max_new, o, out, n_out, lg, &calls);
     if (forward_calls) *forward_calls = calls;
-    for (int i = 0; s && i < n; i++)
-        kvm_kvcache_free(&s[i].c);
     free(s);
     free(cs);
     free(tok);
