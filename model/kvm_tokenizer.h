@@ -100,7 +100,8 @@ int kvm_tokenizer_decode(const kvm_tokenizer *t, const int32_t *ids, int64_t n, 
  * decodes with the added leading space).
  * On success *out is a new handle (kvm_tokenizer_close). Errors: KVM_EINVAL (NULL
  * arguments), KVM_ENOTFOUND / KVM_EIO (the file), KVM_EFORMAT (a malformed file, or no
- * tokenizer.ggml.model, or inconsistent tokenizer arrays; the message names the key),
+ * tokenizer.ggml.model, or inconsistent tokenizer arrays, or a bos/eos/unknown_token_id that
+ * is not an integer id of the vocabulary; the message names the key),
  * KVM_ENOTSUP (another tokenizer model or an unknown pre-tokenizer), KVM_ENOMEM. Handles are
  * read-only after open: any number of threads may encode/decode with one. */
 int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out);
