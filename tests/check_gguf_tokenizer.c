@@ -165,6 +165,7 @@ static void gw_str(gw *w, const char *s)
 /* A tokenizer-only GGUF: model and pre strings (NULL: key absent), tokens, types, merges. */
 static int g_pre_u32;  /* write_vocab writes tokenizer.ggml.pre as the u32 7, not the string pre */
 static int g_tmpl_u32; /* write_vocab adds tokenizer.chat_template as the u32 1 */
+static int g_tmpl_nul; /* write_vocab adds tokenizer.chat_template as a string with a NUL at offset 7 */
 static uint32_t g_unk_type; /* nonzero: write_vocab adds tokenizer.ggml.unknown_token_id of this GGUF type */
 static uint32_t g_unk_val;  /* its 4 value bytes */
 
@@ -175,7 +176,15 @@ static char *write_vocab(const char *dir, const char *model, const char *pre, co
     gw_put(&w, "GGUF", 4);
     gw_u32(&w, 3);
     gw_u64(&w, 0);
-    gw_u64(&w, (uint64_t)(4 + (model != NULL) + (pre != NULL) + (n_types > 0) + g_tmpl_u32 + (g_unk_type != 0)));
+    gw_u64(&w, (uint64_t)(4 + (model != NULL) + (pre != NULL) + (n_types > 0) + g_tmpl_u32 + g_tmpl_nul +
+                          (g_unk_type != 0)));
+    if (g_tmpl_nul) {
+        static const char t[] = "{{ a }}\0{{ b }}";
+        gw_str(&w, "tokenizer.chat_template");
+        gw_u32(&w, 8);
+        gw_u64(&w, sizeof t - 1);
+        gw_put(&w, t, sizeof t - 1);
+    }
     if (g_unk_type) {
         gw_str(&w, "tokenizer.ggml.unknown_token_id");
         gw_u32(&w, g_unk_type);
@@ -357,6 +366,10 @@ START_TEST(test_bad_vocab)
     g_tmpl_u32 = 1; /* a chat template that is not a string was taken as none */
     expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT, "'tokenizer.chat_template' has type 4 (u32)");
     g_tmpl_u32 = 0;
+    g_tmpl_nul = 1; /* a template with a NUL byte was cut there without a word */
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT,
+                      "'tokenizer.chat_template' holds a NUL byte at offset 7 (of 15)");
+    g_tmpl_nul = 0;
     /* unknown_token_id as a float, or outside the vocabulary, was taken as absent (no unknown
      * token) while a bos/eos id of a wrong type or value is refused */
     g_unk_type = 6, g_unk_val = 0; /* KVM_GGUF_F32 0.0f */
