@@ -8,11 +8,13 @@
 #include "model/kvm_tokenizer.h"
 #include "model/kvm_utf8.h"
 #include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_serve_int.h"
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -922,6 +924,37 @@ START_TEST(test_messages)
 }
 END_TEST
 
+/* A child of the process that the server did not start (a program embedding it started one),
+ * exited when the health check runs: waitpid(-1) reaped it and its own waitpid found no child,
+ * the exit status lost. Now only the store service's and the slots' pids are reaped: a slot's
+ * exited process still is (and its restart planned), the other child is left to its parent. */
+START_TEST(test_health_reaps_own_children)
+{
+    srv *s = calloc(1, sizeof *s);
+    ck_assert_ptr_nonnull(s);
+    static const volatile sig_atomic_t running = 0;
+    s->interrupts = &running;
+    s->announced = 1;
+    pid_t other = fork(), worker = other ? fork() : 0;
+    if (other == 0) _exit(7);
+    if (worker == 0) _exit(3);
+    siginfo_t si;
+    ck_assert_int_eq(waitid(P_PID, (id_t)other, &si, WEXITED | WNOWAIT), 0); /* exited, not reaped */
+    ck_assert_int_eq(waitid(P_PID, (id_t)worker, &si, WEXITED | WNOWAIT), 0);
+    s->n_slots = 1;
+    s->slots[0].pid = worker;
+    kvm_serve__check_health(s);
+    ck_assert_int_eq(s->slots[0].pid, 0);
+    ck_assert_int_eq(s->slots[0].early_exits, 1);
+    int st = 0;
+    ck_assert_msg(waitpid(other, &st, 0) == other, "the other child was reaped by the health check: %s",
+                  strerror(errno));
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+    ck_assert_int_eq(waitpid(worker, NULL, WNOHANG), -1); /* the slot's: reaped */
+    free(s);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -949,6 +982,7 @@ int main(void)
     suite_add_tcase(su, tcase("dump_config_overrides", test_dump_config_overrides, 30));
     suite_add_tcase(su, tcase("bind_forms", test_bind_forms, 120));
     suite_add_tcase(su, tcase("messages", test_messages, 120));
+    suite_add_tcase(su, tcase("health_reaps_own_children", test_health_reaps_own_children, 30));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
