@@ -21,7 +21,8 @@ int kvm_hf_is_folder(const char *path);
 int kvm_hf_model_files(const char *dir, char ***paths, int *n);
 
 /* Internal (model/): fills m (m->path = dir) from a Hugging Face folder (kvm_model_open's
- * folder branch). config.json gives: architectures[0] (one of the four above), hidden_size,
+ * folder branch). config.json gives: architectures[0] (one of the four above; model_type, when
+ * present and not null, must be its own: llama, mistral, qwen2, qwen3), hidden_size,
  * intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
  * heads), head_dim (default hidden_size / heads), vocab_size, max_position_embeddings,
  * rms_norm_eps (default 1e-6), rope_theta (default 10000), rope_scaling (null, "default" or
@@ -38,7 +39,8 @@ int kvm_hf_model_files(const char *dir, char ***paths, int *n);
  * an "lm_head.weight" equal to the tied embedding. Errors (message names the file and the key
  * or tensor): KVM_ENOTFOUND (config.json, weights), KVM_EFORMAT (config.json or a weight file
  * not a regular file or a broken symbolic link (kvm_file_check_found), malformed JSON, a missing or
- * mistyped key, bad values, a missing, unknown, or wrongly shaped tensor, a tied lm_head that
+ * mistyped key, bad values, a model_type and architectures[0] that disagree (both named), a
+ * missing, unknown, or wrongly shaped tensor, a tied lm_head that
  * differs from the embedding), KVM_ENOTSUP (another architecture, rope_scaling type, hidden_act,
  * mlp_bias, quantization_config, partial rotary: each named), KVM_ENOMEM. */
 int kvm__hf_load(struct kvm_model *m, const char *dir);

@@ -21,6 +21,8 @@
 enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_QWEN3 };
 static const char *const arch_names[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                          "Qwen3ForCausalLM"};
+/* the model_type of each (transformers' LlamaConfig.model_type, ...) */
+static const char *const model_types[] = {"llama", "mistral", "qwen2", "qwen3"};
 
 /* Integer key in [lo, hi]; def used when absent or null and def >= lo (else required). */
 static int get_int(const char *f, const json_t *o, const char *key, int64_t def, int64_t lo, int64_t hi, int *out)
@@ -71,6 +73,22 @@ static int get_bool(const char *f, const json_t *o, const char *key, int def, in
     return 0;
 }
 
+/* model_type, when given, names the same architecture as architectures[0] (the class `name`,
+ * index arch): transformers' AutoModelForCausalLM builds the model from model_type, so "llama"
+ * with Qwen2ForCausalLM would run as Llama there (no QKV biases) and as Qwen2 here, unsaid. */
+static int check_model_type(const char *f, const json_t *root, int arch, const char *name)
+{
+    const json_t *v = json_object_get(root, "model_type");
+    if (!v || json_is_null(v)) return 0;
+    const char *t = json_string_value(v);
+    if (!t) return kvm_err(KVM_EFORMAT, "%s: key 'model_type' is not a string", f);
+    if (strcmp(t, model_types[arch]) == 0) return 0;
+    return kvm_err(KVM_EFORMAT,
+                   "%s: model_type '%.64s' and architectures[0] '%s' disagree (%s is model_type '%s'): which model "
+                   "the checkpoint holds is unclear",
+                   f, t, name, name, model_types[arch]);
+}
+
 static int get_arch(const char *f, const json_t *root, int *arch)
 {
     const json_t *a = json_object_get(root, "architectures");
@@ -79,7 +97,7 @@ static int get_arch(const char *f, const json_t *root, int *arch)
     for (int i = 0; i < 4; i++)
         if (strcmp(s, arch_names[i]) == 0) {
             *arch = i;
-            return 0;
+            return check_model_type(f, root, i, s);
         }
     return kvm_err(KVM_ENOTSUP,
                    "%s: architecture '%.64s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
@@ -165,7 +183,7 @@ static int check_unsupported(const char *f, const json_t *root)
     if (a && !json_is_null(a) && !act) return kvm_err(KVM_EFORMAT, "%s: key 'hidden_act' is not a string", f);
     if (act && strcmp(act, "silu") != 0)
         return kvm_err(KVM_ENOTSUP, "%s: hidden_act '%.32s' is not supported (silu is)", f, act);
-    int mlp_bias;
+    int mlp_bias = 0; /* get_bool sets it; GCC 12 cannot tell once get_arch grew */
     int rc = get_bool(f, root, "mlp_bias", 0, &mlp_bias);
     if (rc) return rc;
     if (mlp_bias) return kvm_err(KVM_ENOTSUP, "%s: mlp_bias = true is not supported", f);

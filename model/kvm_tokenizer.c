@@ -678,6 +678,12 @@ int kvm__tokenizer_gguf_mem(const char *path, const uint8_t *map, size_t bytes, 
     if ((rc = kvm_gguf_get_str(g, "tokenizer.chat_template", &tmpl)) && rc != KVM_ENOTFOUND)
         goto fail; /* not a string: --chat said the model has no template */
     rc = KVM_OK;
+    if (tmpl.ptr && memchr(tmpl.ptr, '\0', tmpl.len)) { /* was cut there: the rest of the template lost unsaid */
+        rc = kvm_err(KVM_EFORMAT, "%s: metadata 'tokenizer.chat_template' holds a NUL byte at offset %zu (of %llu)",
+                     path, (size_t)((const char *)memchr(tmpl.ptr, '\0', tmpl.len) - (const char *)tmpl.ptr),
+                     (unsigned long long)tmpl.len);
+        goto fail;
+    }
     if (tmpl.ptr) {
         if (!(t->chat_template = malloc(tmpl.len + 1))) {
             rc = kvm_err(KVM_ENOMEM, "%s: out of memory", path);

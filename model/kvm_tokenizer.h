@@ -100,7 +100,9 @@ int kvm_tokenizer_decode(const kvm_tokenizer *t, const int32_t *ids, int64_t n, 
  * decodes with the added leading space).
  * On success *out is a new handle (kvm_tokenizer_close). Errors: KVM_EINVAL (NULL
  * arguments), KVM_ENOTFOUND / KVM_EIO (the file), KVM_EFORMAT (a malformed file, or no
- * tokenizer.ggml.model, or inconsistent tokenizer arrays; the message names the key),
+ * tokenizer.ggml.model, or inconsistent tokenizer arrays, or a bos/eos/unknown_token_id that
+ * is not an integer id of the vocabulary, or a tokenizer.chat_template holding a NUL byte; the
+ * message names the key),
  * KVM_ENOTSUP (another tokenizer model or an unknown pre-tokenizer), KVM_ENOMEM. Handles are
  * read-only after open: any number of threads may encode/decode with one. */
 int kvm_tokenizer_open_gguf(const char *path, kvm_tokenizer **out);
@@ -119,7 +121,8 @@ int kvm__tokenizer_gguf_mem(const char *path, const uint8_t *map, size_t bytes, 
  * with the GGUF vocabularies). The vocabulary spans at least min_vocab ids (a model's embedding
  * may have more rows than the tokenizer has tokens; the extra ids are unused). BOS comes from
  * the post-processor's template. On success *out is a new handle. Errors as
- * kvm_tokenizer_open_gguf's, naming the file and the key. */
+ * kvm_tokenizer_open_gguf's, naming the file and the key (tokenizer_config.json's chat_template,
+ * bos_token or eos_token holding a NUL, "\u0000", is KVM_EFORMAT). */
 int kvm_tokenizer_open_hf(const char *path, int min_vocab, kvm_tokenizer **out);
 
 /* 1 when prompts should start with BOS (llama2.c: always; GGUF: tokenizer.ggml.add_bos_token,

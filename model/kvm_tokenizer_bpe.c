@@ -409,9 +409,16 @@ int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out)
         if ((rc = kvm_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b->add_space_prefix)) && rc != KVM_ENOTFOUND)
             goto fail;
     }
+    /* absent: no unknown token; of another type or outside the vocabulary it is refused, as
+     * bos/eos ids are (it was taken as absent without a word) */
     int64_t unk = -1;
-    kvm_gguf_get_i64(g, "tokenizer.ggml.unknown_token_id", &unk);
-    b->unk_id = unk >= 0 && unk < (int64_t)n_tok ? (int32_t)unk : -1;
+    if ((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.unknown_token_id", &unk)) && rc != KVM_ENOTFOUND) goto fail;
+    if (unk < -1 || unk >= (int64_t)n_tok) {
+        rc = kvm_err(KVM_EFORMAT, "%s: tokenizer.ggml.unknown_token_id %lld outside the vocabulary [0, %llu)", f,
+                     (long long)unk, (unsigned long long)n_tok);
+        goto fail;
+    }
+    b->unk_id = (int32_t)unk;
     rc = kvm_gguf_get_arr(g, "tokenizer.ggml.token_type", KVM_GGUF_I32, &n_types, &p_types);
     if (rc == KVM_ENOTFOUND) {
         memset(b->type, KVM_TOKEN_NORMAL, n_tok);

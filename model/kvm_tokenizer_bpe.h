@@ -30,7 +30,8 @@ typedef struct kvm_bpe kvm_bpe;
 /* Builds the vocabulary from g's tokenizer.ggml.{model, tokens, token_type, and merges + pre
  * (gpt2) or scores + add_space_prefix (llama), unknown_token_id}. Copies everything it keeps
  * (g may be freed after). Errors: KVM_EFORMAT (missing or mistyped arrays, counts that
- * disagree, a merge without a space, a token type outside 1..6),
+ * disagree, a merge without a space, a token type outside 1..6, an unknown_token_id that is
+ * not an integer in [-1, tokens)),
  * KVM_ENOTSUP (a pre-tokenizer kvmill does not know, naming it), KVM_ENOMEM. */
 int kvm__bpe_new(const kvm_gguf *g, kvm_bpe **out);
 

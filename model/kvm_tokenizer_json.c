@@ -348,9 +348,33 @@ static const char *token_entry(const json_t *v)
     return json_is_string(v) ? json_string_value(v) : json_string_value(json_object_get(v, "content"));
 }
 
+/* KVM_EFORMAT naming file p and key `key` when v is a string holding a NUL ("\u0000"): read as
+ * a C string it would end there, a template or token cut short without a word. */
+static int check_no_nul(const char *p, const char *key, const json_t *v)
+{
+    if (!json_is_string(v) || strlen(json_string_value(v)) == json_string_length(v)) return 0;
+    return kvm_err(KVM_EFORMAT, "%s: key '%s' holds a NUL character (\\u0000) at offset %zu", p, key,
+                   strlen(json_string_value(v)));
+}
+
+/* The chat template's strings, as a string or as a list of named templates, free of NULs. */
+static int check_template_nul(const char *p, const json_t *tm)
+{
+    int rc = check_no_nul(p, "chat_template", tm);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(tm, i, v) {
+        if ((rc = check_no_nul(p, "chat_template", json_object_get(v, "name"))) ||
+            (rc = check_no_nul(p, "chat_template", json_object_get(v, "template"))))
+            return rc;
+    }
+    return rc;
+}
+
 /* The keys read_config uses, of a type it reads: a string "true" as add_bos_token, or a
  * number as chat_template or bos_token, was taken as absent (no BOS, no template) while
- * transformers goes by the value's truth or refuses it. */
+ * transformers goes by the value's truth or refuses it; a string of them holding a NUL is
+ * refused too (the file is loaded with JSON_ALLOW_NUL so that the message can name the key). */
 static int check_config_types(const char *p, const json_t *c)
 {
     static const char *const tokens[] = {"bos_token", "eos_token"};
@@ -360,13 +384,15 @@ static int check_config_types(const char *p, const json_t *c)
     v = json_object_get(c, "chat_template");
     if (v && !json_is_string(v) && !json_is_array(v) && !json_is_null(v))
         return kvm_err(KVM_EFORMAT, "%s: key 'chat_template' is not a string or a list of named templates", p);
-    for (int i = 0; i < 2; i++) {
+    int rc = check_template_nul(p, v);
+    for (int i = 0; i < 2 && !rc; i++) {
         v = json_object_get(c, tokens[i]);
         if (v && !json_is_null(v) && !token_entry(v))
             return kvm_err(KVM_EFORMAT, "%s: key '%s' is not a string or an object with a 'content' string", p,
                            tokens[i]);
+        if (!(rc = check_no_nul(p, tokens[i], v))) rc = check_no_nul(p, tokens[i], json_object_get(v, "content"));
     }
-    return 0;
+    return rc;
 }
 
 static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
@@ -378,7 +404,7 @@ static int read_config(const tj *t, const char *path, kvm_tokjson_info *info)
     if (rc == KVM_ENOTFOUND) return 0;
     if (rc) return rc;
     json_error_t je;
-    json_t *c = kvm__json_load_file(p, 0, &je);
+    json_t *c = kvm__json_load_file(p, JSON_ALLOW_NUL, &je); /* check_config_types refuses a NUL by key */
     if (!c) return kvm_err(KVM_EFORMAT, "%s: %s (line %d)", p, je.text, je.line);
     if ((rc = check_config_types(p, c))) {
         json_decref(c);

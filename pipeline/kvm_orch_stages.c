@@ -68,13 +68,6 @@ static int spawn_slot(orch *o, int s)
     return 0;
 }
 
-static int find_slot_by_pid(orch *o, pid_t pid)
-{
-    for (int s = 0; s < o->n_slots; s++)
-        if (o->slots[s].pid == pid) return s;
-    return -1;
-}
-
 void kvm_orch__stop_children(orch *o, int sig)
 {
     for (int s = 0; s < o->n_slots; s++)
@@ -218,40 +211,46 @@ static void worker_dead(orch *o, int w, const char *why)
     }
 }
 
+/* 1 when child pid (> 0) has exited, its status into *st (reaped). By pid, never waitpid(-1):
+ * that reaps any child of the process, one a program embedding the orchestrator started as
+ * well, whose own waitpid then found no child and lost its exit status. */
+static int child_exited(pid_t pid, int *st) { return pid > 0 && waitpid(pid, st, WNOHANG) == pid; }
+
+/* Slot s's stage process exited with status st: its worker is dead, or it never joined. */
+static void slot_exited(orch *o, int s, int st)
+{
+    o->slots[s].pid = 0;
+    int registered = 0;
+    for (int w = 0; w < o->n_workers; w++)
+        if (o->workers[w].slot == s && o->workers[w].alive) {
+            char why[128];
+            snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
+                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+            worker_dead(o, w, why);
+            registered = 1;
+        }
+    if (!registered) { /* died before it ever reported */
+        kvm_orch__log("%s exited with %s %d before joining\n", o->slots[s].id, WIFSIGNALED(st) ? "signal" : "status",
+                      WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+        slot_died(o, s);
+    }
+}
+
 void kvm_orch__check_health(orch *o)
 {
     double now = kvm_now_ms();
     int st;
-    pid_t pid;
-    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-        if (o->svc.pid > 0 && pid == o->svc.pid) { /* workers retry their uploads meanwhile */
-            o->svc.pid = 0;
-            kvm_log_field f[] = {KVM_LOG_S("bind", o->svc.bind), KVM_LOG_I("restarts", o->svc.restarts + 1)};
-            kvm_log(KVM_LOG_WARN, "store_service_restart", f, 2, "the store service exited (%s %d): starting it again",
-                    WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-            if (o->svc.restarts >= 20 || kvm_svcproc_restart(&o->svc, 10000))
-                kvm_orch__log("the store service cannot be restarted (%s): uploads from other hosts fail\n",
-                              o->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
-            continue;
-        }
-        int s = find_slot_by_pid(o, pid);
-        if (s < 0) continue;
-        o->slots[s].pid = 0;
-        int registered = 0;
-        for (int w = 0; w < o->n_workers; w++)
-            if (o->workers[w].slot == s && o->workers[w].alive) {
-                char why[128];
-                snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
-                         WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-                worker_dead(o, w, why);
-                registered = 1;
-            }
-        if (!registered) { /* died before it ever reported */
-            kvm_orch__log("%s exited with %s %d before joining\n", o->slots[s].id,
-                          WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-            slot_died(o, s);
-        }
+    if (child_exited(o->svc.pid, &st)) { /* workers retry their uploads meanwhile */
+        o->svc.pid = 0;
+        kvm_log_field f[] = {KVM_LOG_S("bind", o->svc.bind), KVM_LOG_I("restarts", o->svc.restarts + 1)};
+        kvm_log(KVM_LOG_WARN, "store_service_restart", f, 2, "the store service exited (%s %d): starting it again",
+                WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+        if (o->svc.restarts >= 20 || kvm_svcproc_restart(&o->svc, 10000))
+            kvm_orch__log("the store service cannot be restarted (%s): uploads from other hosts fail\n",
+                          o->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
     }
+    for (int s = 0; s < o->n_slots; s++) /* slot_died may start a slot again: its new pid is not looked at */
+        if (child_exited(o->slots[s].pid, &st)) slot_exited(o, s, st);
     check_stages_alive(o);
     for (int w = 0; w < o->n_workers; w++)
         if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");

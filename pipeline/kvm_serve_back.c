@@ -3,6 +3,7 @@
  * handed to idle workers. */
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "pipeline/kvm_stage.h"
 
 #include <signal.h>
@@ -53,6 +54,7 @@ void kvm_serve__worker_dead(srv *s, int w, const char *why)
         kvm_serve__reply_error(s, &wk->env, wk->request_id, KVM_EIO, msg);
     }
     kvm_msg_free(&wk->env);
+    kvm_serve__doc_release(s, wk, SRV_END_UNSTORED, why);
     kvm_serve__grant_done(s, wk, 0);
     wk->alive = wk->idle = wk->busy = 0;
     if (wk->slot >= 0 && !*s->interrupts) {
@@ -95,7 +97,14 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
         return;
     }
     wk->busy = 0;
-    if (ok && a.status == 0) kvm_serve__doc_release(s, wk, a.new_cache);
+    /* an answer without new_cache stored nothing: found in the store, unless it computed */
+    srv_doc_end end = ok && a.new_cache                    ? SRV_END_STORED
+                      : ok && a.status == 0 && !a.computed ? SRV_END_FOUND
+                                                           : SRV_END_UNSTORED;
+    kvm_serve__doc_release(s, wk, end,
+                           !ok             ? "a malformed answer"
+                           : a.status != 0 ? kvm_strerror(a.status)
+                                           : "the store write failed");
     kvm_serve__grant_done(s, wk, ok && a.new_cache);
     double ms = kvm_now_ms() - wk->t_sent;
     if (!wk->env) {
@@ -136,6 +145,7 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
     }
     if (!wk->busy) return;
     wk->busy = 0;
+    kvm_serve__doc_release(s, wk, SRV_END_UNSTORED, "the decode worker failed");
     kvm_serve__grant_done(s, wk, 0);
     if (!wk->env) return;
     char why[1024];
@@ -169,11 +179,23 @@ void kvm_serve__receive_back(srv *s, void *sock, int is_ctl)
 }
 
 /* The oldest queued request that does not wait for its document, or -1. Waiting ones are
- * skipped, not blocking: requests for other documents go on. */
-static int64_t next_request(const srv *s)
+ * skipped, not blocking: requests for other documents go on. Each is logged (info) the first
+ * time it is found held, naming its document key and the request that computes it. */
+static int64_t next_request(srv *s)
 {
-    for (int64_t i = 0; i < s->n_queue; i++)
-        if (!kvm_serve__doc_held(s, &s->queue[i])) return i;
+    for (int64_t i = 0; i < s->n_queue; i++) {
+        srv_request *r = &s->queue[i];
+        int w = kvm_serve__doc_holder(s, r);
+        if (w < 0) return i;
+        if (r->held_logged) continue;
+        r->held_logged = 1;
+        char name[80];
+        kvm_serve__doc_name(&r->doc, name);
+        kvm_log_field f[] = {KVM_LOG_S("doc", name), KVM_LOG_I("request_id", r->request_id),
+                             KVM_LOG_I("computing_request_id", s->workers[w].request_id)};
+        kvm_log(KVM_LOG_INFO, "request_held", f, 3, "request %llu held: document %s is being computed by request %llu",
+                (unsigned long long)r->request_id, name, (unsigned long long)s->workers[w].request_id);
+    }
     return -1;
 }
 

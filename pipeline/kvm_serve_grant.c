@@ -3,6 +3,7 @@
  * the grants held by requests in flight. */
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "store/kvm_store.h"
 
 #include <stdio.h>
@@ -138,17 +139,61 @@ static int doc_same(const srv_doc_key *a, const srv_doc_key *b)
 
 /* A second computation of the same cache would be wasted work and would count twice against
  * max_new_caches: a request waits while a granted one for its document is in flight. */
-int kvm_serve__doc_held(const srv *s, const srv_request *r)
+int kvm_serve__doc_holder(const srv *s, const srv_request *r)
 {
-    if (!r->doc.kind || r->released) return 0;
+    if (!r->doc.kind || r->released) return -1;
     for (int w = 0; w < s->n_workers; w++)
-        if (s->workers[w].busy && s->workers[w].grant && doc_same(&s->workers[w].doc, &r->doc)) return 1;
-    return 0;
+        if (s->workers[w].busy && s->workers[w].grant && doc_same(&s->workers[w].doc, &r->doc)) return w;
+    return -1;
 }
 
-void kvm_serve__doc_release(srv *s, const srv_worker *wk, int new_cache)
+void kvm_serve__doc_name(const srv_doc_key *k, char out[80])
+{
+    static const char hex[] = "0123456789abcdef";
+    int n = snprintf(out, 80, "%s:", k->kind == SRV_DOC_TOKENS ? "tokens" : "text");
+    for (size_t i = 0; i < sizeof k->hash && n + 2 < 80; i++, n += 2)
+        out[n] = hex[k->hash[i] >> 4], out[n + 1] = hex[k->hash[i] & 15];
+    out[n] = '\0';
+}
+
+/* One line at info level on the requests held for document `doc` that request_id's end
+ * released (n of them) or left held. */
+static void log_release(const srv_doc_key *doc, uint64_t request_id, srv_doc_end end, const char *why, int64_t n)
+{
+    char name[80];
+    kvm_serve__doc_name(doc, name);
+    kvm_log_field f[] = {KVM_LOG_S("doc", name), KVM_LOG_I("request_id", request_id), KVM_LOG_I("held", n)};
+    if (end == SRV_END_STORED)
+        kvm_log(KVM_LOG_INFO, "held_released", f, 3,
+                "document %s: request %llu stored its cache: %lld held request(s) released, served from the store",
+                name, (unsigned long long)request_id, (long long)n);
+    else if (end == SRV_END_FOUND)
+        kvm_log(KVM_LOG_INFO, "held_released", f, 3,
+                "document %s: request %llu found its cache stored: %lld held request(s) released", name,
+                (unsigned long long)request_id, (long long)n);
+    else
+        kvm_log(KVM_LOG_INFO, "held_handed_on", f, 3,
+                "document %s: request %llu ended without storing its cache (%s): the oldest of %lld held request(s) "
+                "computes it, the others stay held",
+                name, (unsigned long long)request_id, why ? why : "failed", (long long)n);
+}
+
+/* Without a stored cache every held request used to be let go, each with a grant of its own,
+ * and each computed the same cache: now they stay held (SRV_HELD), and the first the dispatch
+ * reaches (the oldest) takes a grant and holds the others again. */
+void kvm_serve__doc_release(srv *s, const srv_worker *wk, srv_doc_end end, const char *why)
 {
     if (!wk->grant || !wk->doc.kind) return;
-    for (int64_t i = 0; i < s->n_queue; i++)
-        if (doc_same(&s->queue[i].doc, &wk->doc)) s->queue[i].released = new_cache ? SRV_RELEASED_STORED : SRV_RELEASED;
+    int64_t n = 0;
+    for (int64_t i = 0; i < s->n_queue; i++) {
+        srv_request *r = &s->queue[i];
+        if (!doc_same(&r->doc, &wk->doc)) continue;
+        n += r->released == SRV_HELD;
+        r->held_logged = 0;
+        if (end == SRV_END_STORED) /* also those a FOUND end let go: no grant needed now */
+            r->released = SRV_RELEASED_STORED;
+        else if (end == SRV_END_FOUND && r->released == SRV_HELD)
+            r->released = SRV_RELEASED;
+    }
+    if (n) log_release(&wk->doc, wk->request_id, end, why, n);
 }

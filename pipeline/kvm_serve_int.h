@@ -41,10 +41,19 @@ typedef enum srv_doc_kind {
 
 /* What a held request learnt when the granted request for its document answered. */
 typedef enum srv_release {
-    SRV_HELD = 0,       /* nothing yet: held while a granted request for its document runs */
-    SRV_RELEASED,       /* that one answered without storing: not held again, takes a grant */
+    SRV_HELD = 0,       /* nothing yet, or that one ended without storing the cache: held while a
+                           granted request for its document runs (the oldest held one computes next) */
+    SRV_RELEASED,       /* that one found the cache stored, computing nothing: not held again */
     SRV_RELEASED_STORED /* that one stored the cache: not held, needs no grant */
 } srv_release;
+
+/* How a granted request for a document ended (kvm_serve__doc_release). */
+typedef enum srv_doc_end {
+    SRV_END_STORED,  /* it computed and stored the cache: the held requests are served from the store */
+    SRV_END_FOUND,   /* it found the cache stored, computing nothing: the held requests go on */
+    SRV_END_UNSTORED /* it failed, or computed the cache without storing it: one held request
+                        computes it next, the others stay held */
+} srv_doc_end;
 
 typedef struct srv_doc_key {
     srv_doc_kind kind;
@@ -75,6 +84,7 @@ typedef struct srv_request {
     char key[48];         /* the client's CurveZMQ key (the message's User-Id), "" without CurveZMQ */
     srv_doc_key doc;      /* its document, when it sends one under compute_missing */
     srv_release released; /* a granted request for the same document answered while this one waited */
+    int held_logged;      /* "held" was logged since it was last released (kvm_serve__doc_holder) */
 } srv_request;
 
 typedef struct srv {
@@ -128,11 +138,17 @@ int kvm_serve__with_grant(srv *s, srv_request *r, int *grant, int *client);
 /* The key of the document the ask sends (kind 0 when it names a stored one, or without
  * [serve] compute_missing: nothing to compute). */
 void kvm_serve__doc_key(const srv *s, const kvm_proto_ask *ask, srv_doc_key *out);
-/* Whether queued request r waits for a granted request for its document in flight. */
-int kvm_serve__doc_held(const srv *s, const srv_request *r);
-/* Worker wk's granted request answered with status 0: the requests waiting for its document
- * go on (new_cache: without a grant, as the cache is stored). */
-void kvm_serve__doc_release(srv *s, const srv_worker *wk, int new_cache);
+/* The worker whose granted request in flight computes queued request r's document (r waits for
+ * it), or -1 when r need not wait. */
+int kvm_serve__doc_holder(const srv *s, const srv_request *r);
+/* "text:<64 hex digits>" (or "tokens:...") naming a document key in the log, into out. */
+void kvm_serve__doc_name(const srv_doc_key *k, char out[80]);
+/* Worker wk's granted request ended as `end` says (why: the reason when it stored nothing, or
+ * NULL): the requests held for its document are released (STORED: served from the store, no
+ * grant; FOUND: go on), or (UNSTORED) stay held but for the oldest, which computes the cache
+ * next. Logged at info level, naming the document key, when any request was held. Call before
+ * kvm_serve__grant_done. */
+void kvm_serve__doc_release(srv *s, const srv_worker *wk, srv_doc_end end, const char *why);
 
 /* ---- kvm_serve_back.c: decode workers ---- */
 

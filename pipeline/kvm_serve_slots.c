@@ -69,38 +69,43 @@ static void stop_children(srv *s, int sig)
         if (s->slots[i].pid > 0) kill(s->slots[i].pid, sig);
 }
 
+/* 1 when child pid (> 0) has exited, its status into *st (reaped). By pid, never waitpid(-1):
+ * that reaps any child of the process, one a program embedding the server started as well,
+ * whose own waitpid then found no child and lost its exit status. */
+static int child_exited(pid_t pid, int *st) { return pid > 0 && waitpid(pid, st, WNOHANG) == pid; }
+
+/* Slot i's process exited with status st: its worker is dead, or it never connected. */
+static void slot_exited(srv *s, int i, int st, double now)
+{
+    s->slots[i].pid = 0;
+    char why[128];
+    snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
+             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    int found = 0;
+    for (int w = 0; w < s->n_workers; w++)
+        if (s->workers[w].slot == i) kvm_serve__worker_dead(s, w, why), found = 1;
+    if (!found && !*s->interrupts) { /* died before it ever said ready */
+        kvm_serve__log("decode worker %s %s before connecting", s->slots[i].id, why);
+        s->slots[i].respawn_at = now + 1000;
+        s->slots[i].respawns++;
+        if (++s->slots[i].early_exits >= MAX_EARLY_EXITS) s->fatal = 1;
+    }
+}
+
 void kvm_serve__check_health(srv *s)
 {
     double now = kvm_now_ms();
     int st;
-    pid_t pid;
-    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-        if (s->svc.pid > 0 && pid == s->svc.pid) {
-            s->svc.pid = 0;
-            kvm_serve__log("the store service exited (%s %d): starting it again", WIFSIGNALED(st) ? "signal" : "status",
-                           WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-            if (s->svc.restarts >= 20 || kvm_svcproc_restart(&s->svc, 10000))
-                kvm_serve__log("the store service cannot be restarted: %s",
-                               s->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
-            continue;
-        }
-        for (int i = 0; i < s->n_slots; i++) {
-            if (s->slots[i].pid != pid) continue;
-            s->slots[i].pid = 0;
-            char why[128];
-            snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
-                     WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-            int found = 0;
-            for (int w = 0; w < s->n_workers; w++)
-                if (s->workers[w].slot == i) kvm_serve__worker_dead(s, w, why), found = 1;
-            if (!found && !*s->interrupts) { /* died before it ever said ready */
-                kvm_serve__log("decode worker %s %s before connecting", s->slots[i].id, why);
-                s->slots[i].respawn_at = now + 1000;
-                s->slots[i].respawns++;
-                if (++s->slots[i].early_exits >= MAX_EARLY_EXITS) s->fatal = 1;
-            }
-        }
+    if (child_exited(s->svc.pid, &st)) {
+        s->svc.pid = 0;
+        kvm_serve__log("the store service exited (%s %d): starting it again", WIFSIGNALED(st) ? "signal" : "status",
+                       WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+        if (s->svc.restarts >= 20 || kvm_svcproc_restart(&s->svc, 10000))
+            kvm_serve__log("the store service cannot be restarted: %s",
+                           s->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
     }
+    for (int i = 0; i < s->n_slots; i++)
+        if (child_exited(s->slots[i].pid, &st)) slot_exited(s, i, st, now);
     for (int w = 0; w < s->n_workers; w++)
         if ((s->workers[w].alive || s->workers[w].busy) && now - s->workers[w].last_seen > s->dead_ms)
             kvm_serve__worker_dead(s, w, "went silent");

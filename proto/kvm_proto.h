@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 7                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 8                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -362,6 +362,9 @@ typedef struct kvm_proto_answer {
     kvm_proto_str message; /* "message" str: error detail when status < 0; 0..MAX_MESSAGE_BYTES */
     bool new_cache;        /* "new_cache" bool, optional (revision 2): the worker computed the
                               document's cache for this answer and stored it (compute_missing) */
+    bool computed;         /* "computed" bool, optional (revision 8): the worker computed (or tried
+                              to compute) the document's cache for this answer, stored or not:
+                              with new_cache false, the cache is not in the store */
 } kvm_proto_answer;
 /* answer codec. Checks: token ids >= 0; text is valid UTF-8 without NUL (a worker replaces
  * what is not: model/kvm_utf8.h). 1 tensor frame (empty when n_tokens == 0). */

@@ -80,6 +80,7 @@ static const kvm_proto__field kvm_answer__fields[] = {
     KVM_F_F64(kvm_proto_answer, total_ms, 0, 0.0, KVM_PROTO_MAX_MS),
     KVM_F_STR(kvm_proto_answer, message, 0, 0, KVM_PROTO_MAX_MESSAGE_BYTES),
     KVM_F_BOOL(kvm_proto_answer, new_cache, 0),
+    KVM_F_BOOL(kvm_proto_answer, computed, 0),
 };
 static const kvm_proto__tensor kvm_answer__tensors[] = {
     KVM_T(kvm_proto_answer, tokens, I32, -1, 1, "n_tokens", 1, offsetof(kvm_proto_answer, n_tokens)),

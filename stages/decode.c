@@ -193,6 +193,7 @@ typedef struct reply {
     size_t text_len;
     double load_ms, prefill_ms, decode_ms;
     int new_cache; /* the document's cache was computed and stored for this answer */
+    int computed;  /* its computation was tried for this answer (stored or not: new_cache says) */
 } reply;
 
 /* The stored cache under key, from the LMDB store or the store service. */
@@ -429,6 +430,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     if (!by_key) {
         rc = load_cache(st, &key, n_prompt + T, &cache, &n_stored);
         if (rc == KVM_ENOTFOUND && st->compute_missing && ask->compute_grant) {
+            r->computed = 1;
             rc = compute_cache(st, &d, n_prompt + T, &cache, &r->new_cache);
             n_stored = d.n_tokens;
         } else if (rc == KVM_ENOTFOUND && st->compute_missing) {
@@ -545,7 +547,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
             kvm_proto_answer e = {.request_id = rid,
                                   .status = status,
                                   .message = {why, kvm_utf8_cut(why, n, KVM_PROTO_MAX_MESSAGE_BYTES)},
-                                  .new_cache = r.new_cache != 0};
+                                  .new_cache = r.new_cache != 0,
+                                  .computed = r.computed != 0};
             rc = kvm_proto_answer_encode(&e, &out->data[0]);
         }
         free(why);
@@ -559,7 +562,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
                               .prefill_ms = r.prefill_ms,
                               .decode_ms = r.decode_ms,
                               .total_ms = kvm_now_ms() - t0,
-                              .new_cache = r.new_cache != 0};
+                              .new_cache = r.new_cache != 0,
+                              .computed = r.computed != 0};
         rc = kvm_proto_answer_encode(&a, &out->data[0]);
     }
     if (!rc) out->n_data = 1;

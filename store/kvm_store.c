@@ -3,6 +3,7 @@
  * by another process (MDB_MAP_RESIZED), LMDB error mapping, bookkeeping values and stats. */
 #include "store/kvm_store_internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sodium.h>
@@ -296,13 +297,17 @@ static int not_a_dir(const char *path)
                    path, base, dir_len, slash ? path : ".");
 }
 
-static int store_prepare_dir(const char *path, int read_only, int must_exist)
+/* *made_dir = 1 when this call created the directory. */
+static int store_prepare_dir(const char *path, int read_only, int must_exist, int *made_dir)
 {
     struct stat st;
+    *made_dir = 0;
     if (stat(path, &st) != 0) {
         if (errno != ENOENT) return kvm_err(KVM_EIO, "store %s: %s", path, strerror(errno));
         if (read_only || must_exist) return kvm_err(KVM_ENOTFOUND, "store %s: no such directory", path);
-        if (mkdir(path, 0775) != 0 && errno != EEXIST)
+        if (mkdir(path, 0775) == 0)
+            *made_dir = 1;
+        else if (errno != EEXIST)
             return kvm_err(KVM_EIO, "store %s: cannot create directory: %s", path, strerror(errno));
         return 0;
     }
@@ -365,6 +370,50 @@ static void drop_created_lock(const char *path)
     close(fd);
 }
 
+/* 1 when the directory holds nothing but lock.mdb. */
+static int only_lock_left(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int other = 0;
+    for (struct dirent *e; (e = readdir(d)) && !other;)
+        other = strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "lock.mdb");
+    closedir(d);
+    return !other;
+}
+
+/* Takes back what a failed read-write open of a new store (no data.mdb before it) created, after
+ * mdb_env_close: a full disk or a file size limit left a data.mdb with no commit (even a
+ * zero-byte one, which every later open refused as damaged), and the lock.mdb and directory it
+ * made. Only while no process has the environment open: each holds a record lock on lock.mdb's
+ * byte 0, taken before it opens data.mdb (drop_created_lock). data.mdb goes only when it holds
+ * no committed transaction (kvm_store__data_uncommitted): a store another process created
+ * between this open's look and LMDB's open keeps what it stored. lock.mdb goes only with a
+ * directory this open made, when nothing else is in it, and the directory then too: in a
+ * directory that was there, a process between LMDB's open of lock.mdb and its record lock would
+ * go on with an unlinked lock file beside a later process's new one (two writers without a
+ * common mutex); in a removed directory it finds no data.mdb to open. Nothing that existed
+ * before the open is removed. */
+static void undo_created(const char *path, int made_lock, int made_dir)
+{
+    char lock[4200], data[4200];
+    snprintf(lock, sizeof lock, "%s/lock.mdb", path);
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    int fd = open(lock, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno != ENOENT) return;
+    if (fd >= 0) {
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+        if (fcntl(fd, F_SETLK, &fl) != 0) { /* another process has it open: everything stays */
+            close(fd);
+            return;
+        }
+        if (kvm_store__data_uncommitted(path)) unlink(data);
+        if (made_lock && made_dir && only_lock_left(path)) unlink(lock);
+        close(fd);
+    }
+    if (made_dir) rmdir(path); /* refused unless empty */
+}
+
 int kvm_store_unwritable(const char *path, char *why, size_t why_size)
 {
     if (!path || !why || why_size == 0) return 0;
@@ -396,15 +445,22 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     if (!o.read_only && !map_fits(map)) /* before anything is created or mapped */
         return kvm_err(KVM_EINVAL, "store %s: a map of %lld MiB (map_size_mb) does not fit this process's address space: "
                        "lower map_size_mb", path, (long long)(map >> 20));
-    st = store_prepare_dir(path, o.read_only, o.must_exist);
+    int made_dir = 0, made_lock = 0, fresh = 0; /* what this open creates: taken back when it fails */
+    kvm_store *s = NULL;
+    st = store_prepare_dir(path, o.read_only, o.must_exist, &made_dir);
     if (st == 0) st = kvm_store__check_fs(path);
     if (st == 0) st = kvm_store__check_file(path);
     if (st == 0) st = kvm_store__check_lock_space(path);
-    if (st) return st;
+    if (st) goto fail;
 
-    if (sodium_init() < 0) return kvm_err(KVM_EIO, "store %s: libsodium failed to initialize", path);
-    kvm_store *s = calloc(1, sizeof *s);
-    if (!s) return kvm_err(KVM_ENOMEM, "store %s: out of memory", path);
+    if (sodium_init() < 0) {
+        st = kvm_err(KVM_EIO, "store %s: libsodium failed to initialize", path);
+        goto fail;
+    }
+    if (!(s = calloc(1, sizeof *s))) {
+        st = kvm_err(KVM_ENOMEM, "store %s: out of memory", path);
+        goto fail;
+    }
     s->path = strdup(path);
     s->pid = getpid();
     s->read_only = o.read_only != 0;
@@ -412,7 +468,6 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     int64_t gran = o.atime_granularity_ms ? o.atime_granularity_ms : 1000;
     s->atime_granularity_ns = gran < 0 ? -1 : gran * 1000000;
     pthread_mutex_init(&s->mu, NULL);
-    int made_lock = 0; /* 1: an open with no lock.mdb before it (LMDB makes one) */
     if (!s->path) {
         st = kvm_err(KVM_ENOMEM, "store %s: out of memory", path);
         goto fail;
@@ -428,11 +483,11 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     char data[4200];
     struct stat dst;
     snprintf(data, sizeof data, "%s/data.mdb", path);
-    int fresh = stat(data, &dst) != 0;
+    fresh = stat(data, &dst) != 0;
     if (!s->read_only && fresh) mdb_env_set_mapsize(s->env, (size_t)map); /* else adopt the stored size */
     unsigned flags = MDB_NOTLS | (s->read_only ? MDB_RDONLY : 0) | (o.no_sync ? MDB_NOSYNC : 0);
     if (s->read_only && (s->lock_note = store_lock_unusable(path))) flags |= MDB_NOLOCK;
-    made_lock = !(flags & MDB_NOLOCK) && !lock_exists(path);
+    made_lock = !(flags & MDB_NOLOCK) && !lock_exists(path); /* LMDB makes one */
     rc = mdb_env_open(s->env, path, flags, 0664);
     if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH || rc == ENOTDIR) {
         st = kvm_err(KVM_EFORMAT, "store %s: not an LMDB environment (%s)", path, mdb_strerror(rc));
@@ -471,8 +526,12 @@ fail:
      * LMDB environment, not LMDB at all): no kvmill process shares it. After any other failure
      * (map full, permissions) a second kvmill process may be between LMDB's open of lock.mdb and
      * its record lock on it, and would go on with an unlinked lock file beside a third process's
-     * new one: two writers without a common mutex over one data.mdb. */
-    if (made_lock && (o.read_only || st == KVM_EFORMAT)) drop_created_lock(path);
+     * new one: two writers without a common mutex over one data.mdb. A writer that was creating
+     * the store takes back what it made (undo_created). */
+    if (!o.read_only && (fresh || made_dir))
+        undo_created(path, made_lock, made_dir);
+    else if (made_lock && (o.read_only || st == KVM_EFORMAT))
+        drop_created_lock(path);
     return st;
 }
 

@@ -186,7 +186,11 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * lock file before it reads data.mdb) is removed again, unless another process has the
  * environment open meanwhile; a lock.mdb that was there before is never removed. A read-write
  * open failing otherwise keeps its lock.mdb: another kvmill process may be opening the same
- * store at that moment. */
+ * store at that moment. A read-write open that was to create the store (no data.mdb before it)
+ * and fails (a full disk, a file size limit) removes the data.mdb it made when no process has
+ * the environment open and the file holds no commit, and a directory it made together with its
+ * lock.mdb when nothing else is in it: the folder is left as it was found, never losing a file
+ * that existed before the open. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
 /* 1 when a read-write open of the store at `path` would fail for want of write permission:
  * the directory, its data.mdb or its lock.mdb exists and access(2) says it cannot be written

@@ -185,6 +185,24 @@ static int check_once(const char *dir, int *young)
     return 0;
 }
 
+int kvm_store__data_uncommitted(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return 0;
+    struct stat st;
+    int empty = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        meta_page m0, m1 = {0};
+        meta_read(fd, 0, 0, (int64_t)st.st_size, &m0);
+        if (m0.ok) meta_read(fd, (off_t)m0.psize, 1, (int64_t)st.st_size, &m1);
+        empty = !m0.read || (m0.ok && m0.txnid == 0 && (!m1.read || (m1.magic && m1.txnid == 0)));
+    }
+    close(fd);
+    return empty;
+}
+
 /* Refuses a destination inside the store's own directory: LMDB's directory would hold a second
  * environment, and the swap a caller prints (mv STORE STORE.old && mv DST STORE) would move the
  * copy away with the store, leaving none. dst's parent and the store are compared resolved

@@ -152,6 +152,13 @@ void kvm_store__tree_unmap(kvm_store *s);
  * file with it and read past its end), KVM_EIO (cannot read it). */
 int kvm_store__check_file(const char *dir);
 
+/* 1 when DIR/data.mdb is a regular file that holds no committed transaction: empty, shorter
+ * than a meta page, or two meta pages that both give transaction 0 (LMDB writes them so when it
+ * creates the file; the first commit writes 1). Removing such a file loses no data; the caller
+ * must hold lock.mdb's byte 0 exclusively so that no process is creating or using it. 0 for
+ * anything else (no file, a link, unreadable, not LMDB's). */
+int kvm_store__data_uncommitted(const char *dir);
+
 /* LMDB gives DIR/lock.mdb its size with ftruncate and maps it, so its pages get disk blocks
  * only when first written; on a full device the write of its first page (header and the
  * first 60 reader slots), inside mdb_env_open, kills the process with SIGBUS. This refuses

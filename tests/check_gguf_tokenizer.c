@@ -165,6 +165,9 @@ static void gw_str(gw *w, const char *s)
 /* A tokenizer-only GGUF: model and pre strings (NULL: key absent), tokens, types, merges. */
 static int g_pre_u32;  /* write_vocab writes tokenizer.ggml.pre as the u32 7, not the string pre */
 static int g_tmpl_u32; /* write_vocab adds tokenizer.chat_template as the u32 1 */
+static int g_tmpl_nul; /* write_vocab adds tokenizer.chat_template as a string with a NUL at offset 7 */
+static uint32_t g_unk_type; /* nonzero: write_vocab adds tokenizer.ggml.unknown_token_id of this GGUF type */
+static uint32_t g_unk_val;  /* its 4 value bytes */
 
 static char *write_vocab(const char *dir, const char *model, const char *pre, const char **tokens, int n_tok,
                          const int32_t *types, int n_types, const char **merges, int n_merges)
@@ -173,7 +176,20 @@ static char *write_vocab(const char *dir, const char *model, const char *pre, co
     gw_put(&w, "GGUF", 4);
     gw_u32(&w, 3);
     gw_u64(&w, 0);
-    gw_u64(&w, (uint64_t)(4 + (model != NULL) + (pre != NULL) + (n_types > 0) + g_tmpl_u32));
+    gw_u64(&w, (uint64_t)(4 + (model != NULL) + (pre != NULL) + (n_types > 0) + g_tmpl_u32 + g_tmpl_nul +
+                          (g_unk_type != 0)));
+    if (g_tmpl_nul) {
+        static const char t[] = "{{ a }}\0{{ b }}";
+        gw_str(&w, "tokenizer.chat_template");
+        gw_u32(&w, 8);
+        gw_u64(&w, sizeof t - 1);
+        gw_put(&w, t, sizeof t - 1);
+    }
+    if (g_unk_type) {
+        gw_str(&w, "tokenizer.ggml.unknown_token_id");
+        gw_u32(&w, g_unk_type);
+        gw_u32(&w, g_unk_val);
+    }
     if (g_tmpl_u32) {
         gw_str(&w, "tokenizer.chat_template");
         gw_u32(&w, 4);
@@ -350,6 +366,27 @@ START_TEST(test_bad_vocab)
     g_tmpl_u32 = 1; /* a chat template that is not a string was taken as none */
     expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT, "'tokenizer.chat_template' has type 4 (u32)");
     g_tmpl_u32 = 0;
+    g_tmpl_nul = 1; /* a template with a NUL byte was cut there without a word */
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT,
+                      "'tokenizer.chat_template' holds a NUL byte at offset 7 (of 15)");
+    g_tmpl_nul = 0;
+    /* unknown_token_id as a float, or outside the vocabulary, was taken as absent (no unknown
+     * token) while a bos/eos id of a wrong type or value is refused */
+    g_unk_type = 6, g_unk_val = 0; /* KVM_GGUF_F32 0.0f */
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT,
+                      "'tokenizer.ggml.unknown_token_id' has type 6 (f32), expected an integer");
+    g_unk_type = 4, g_unk_val = 11; /* u32, one past the last token */
+    expect_open_error("gpt2", "smollm", 11, merges, 4, KVM_EFORMAT,
+                      "tokenizer.ggml.unknown_token_id 11 outside the vocabulary [0, 11)");
+    g_unk_val = 3; /* in range: read */
+    char *udir = kvm_test_tmpdir(), *upath = write_vocab(udir, "gpt2", "smollm", toks, 11, types, 11, merges, 4);
+    kvm_tokenizer *tu = NULL;
+    ck_assert_msg(kvm_tokenizer_open_gguf(upath, &tu) == 0, "%s", kvm_errmsg());
+    kvm_tokenizer_close(&tu);
+    free(upath);
+    kvm_test_rmtree(udir);
+    free(udir);
+    g_unk_type = 0;
     /* eos_token_id stored as a float (the file's last entry: its type, then 4 value bytes) was
      * taken as absent: the tokenizer ran without an end-of-sequence id */
     char *dir = kvm_test_tmpdir(), *path = write_vocab(dir, "gpt2", "smollm", toks, 11, types, 11, merges, 4);

@@ -694,6 +694,10 @@ START_TEST(test_bad_config)
     } cases[] = {
         {"architectures", "[\"GPT2LMHeadModel\"]", KVM_ENOTSUP, "GPT2LMHeadModel", "not supported"},
         {"architectures", "\"LlamaForCausalLM\"", KVM_EFORMAT, "architectures", NULL},
+        /* model_type and architectures naming two models: was read as architectures says, unsaid */
+        {"model_type", "\"qwen2\"", KVM_EFORMAT, "model_type 'qwen2' and architectures[0] 'LlamaForCausalLM' disagree",
+         NULL},
+        {"model_type", "7", KVM_EFORMAT, "model_type", "not a string"},
         {"hidden_size", "null", KVM_EFORMAT, "hidden_size", "missing"},
         {"hidden_size", "\"64\"", KVM_EFORMAT, "hidden_size", "not an integer"},
         {"num_hidden_layers", "0", KVM_EFORMAT, "num_hidden_layers", "outside"},
@@ -735,6 +739,31 @@ START_TEST(test_bad_config)
     expect_open(folder_with("[]", NULL), KVM_EFORMAT, "config.json", "not a JSON object");
     /* a valid config without weights */
     expect_open(folder_with(NULL, NULL), KVM_ENOTFOUND, "model.safetensors", NULL);
+    /* each supported architecture with its own model_type, or none, is read */
+    static const char *const pairs[][2] = {
+        {"[\"LlamaForCausalLM\"], \"model_type\": \"llama\"", "LlamaForCausalLM"},
+        {"[\"MistralForCausalLM\"], \"model_type\": \"mistral\"", "MistralForCausalLM"},
+        {"[\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\"", "Qwen2ForCausalLM"},
+        {"[\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\"", "Qwen3ForCausalLM"},
+        {"[\"Qwen2ForCausalLM\"], \"model_type\": null", "Qwen2ForCausalLM"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char *cfg = config_with("architectures", pairs[i][0]), arch[64];
+        kvm_model_config c;
+        int tied, o_bias;
+        ck_assert_msg(kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &o_bias) == 0,
+                      "%s: %s", pairs[i][0], kvm_errmsg());
+        ck_assert_str_eq(arch, pairs[i][1]);
+        free(cfg);
+    }
+    char *swapped = config_with("architectures", "[\"Qwen2ForCausalLM\"], \"model_type\": \"llama\"");
+    kvm_model_config c;
+    char arch[64];
+    int tied, o_bias;
+    ck_assert_int_eq(kvm__hf_config_mem("config.json", swapped, strlen(swapped), &c, arch, sizeof arch, &tied, &o_bias),
+                     KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "model_type 'llama' and architectures[0] 'Qwen2ForCausalLM' disagree"), "%s",
+                  kvm_errmsg());
+    free(swapped);
 }
 END_TEST
 

@@ -305,13 +305,19 @@ END_TEST
 START_TEST(test_config_types)
 {
     char p[4096], q[4096], *dir = qwen_folder(p, q);
-    static const char *const bad[][2] = {{"{\"add_bos_token\": \"true\"}", "key 'add_bos_token'"},
-                                         {"{\"chat_template\": 5}", "key 'chat_template'"},
-                                         {"{\"bos_token\": {\"content\": 1}}", "key 'bos_token'"},
-                                         {"{\"eos_token\": 2}", "key 'eos_token'"},
-                                         /* a BOS asked for that the vocabulary lacks: none was added */
-                                         {"{\"bos_token\": \"<nope>\", \"add_bos_token\": true}",
-                                          "add_bos_token is true but bos_token '<nope>' is not a token of"}};
+    static const char *const bad[][2] = {
+        {"{\"add_bos_token\": \"true\"}", "key 'add_bos_token'"},
+        {"{\"chat_template\": 5}", "key 'chat_template'"},
+        {"{\"bos_token\": {\"content\": 1}}", "key 'bos_token'"},
+        {"{\"eos_token\": 2}", "key 'eos_token'"},
+        /* a NUL in a string read was cut there (jansson's refusal named no key) */
+        {"{\"chat_template\": \"{{ a }}\\u0000{{ b }}\"}", "key 'chat_template' holds a NUL"},
+        {"{\"chat_template\": [{\"name\": \"default\", \"template\": \"A\\u0000\"}]}",
+         "key 'chat_template' holds a NUL"},
+        {"{\"bos_token\": {\"content\": \"<s>\\u0000\"}}", "key 'bos_token' holds a NUL"},
+        /* a BOS asked for that the vocabulary lacks: none was added */
+        {"{\"bos_token\": \"<nope>\", \"add_bos_token\": true}",
+         "add_bos_token is true but bos_token '<nope>' is not a token of"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_int_eq(kvm_test_write_file(q, bad[i][0], strlen(bad[i][0])), 0);
         expect_open(p, 0, KVM_EFORMAT, "tokenizer_config.json", bad[i][1]);

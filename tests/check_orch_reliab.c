@@ -8,6 +8,7 @@
 #include "model/kvm_tokenizer.h"
 #include "pipeline/kvm_doctok.h"
 #include "pipeline/kvm_joblist.h"
+#include "pipeline/kvm_orch_int.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
 #include "common/kvm_error.h"
@@ -917,6 +918,37 @@ START_TEST(test_refusals_follow_log_format)
 }
 END_TEST
 
+/* A child of the process that the orchestrator did not start (a program embedding it started
+ * one), exited when the health check runs: waitpid(-1) reaped it and its own waitpid found no
+ * child, the exit status lost. Now only the store service's and the slots' pids are reaped: a
+ * slot's exited process still is (its pid cleared), the other child is left to its parent. */
+START_TEST(test_health_reaps_own_children)
+{
+    orch *o = calloc(1, sizeof *o);
+    ck_assert_ptr_nonnull(o);
+    static const volatile sig_atomic_t stopping = 1; /* slot_died restarts nothing */
+    o->interrupts = &stopping;
+    ck_assert_int_eq(kvm_joblist_init(&o->lists, 0, N_JOB_STATES, J_QUEUED), 0);
+    pid_t other = fork(), stage = other ? fork() : 0;
+    if (other == 0) _exit(7);
+    if (stage == 0) _exit(3);
+    siginfo_t si;
+    ck_assert_int_eq(waitid(P_PID, (id_t)other, &si, WEXITED | WNOWAIT), 0); /* exited, not reaped */
+    ck_assert_int_eq(waitid(P_PID, (id_t)stage, &si, WEXITED | WNOWAIT), 0);
+    o->n_slots = 1;
+    o->slots[0].pid = stage;
+    kvm_orch__check_health(o);
+    ck_assert_int_eq(o->slots[0].pid, 0);
+    int st = 0;
+    ck_assert_msg(waitpid(other, &st, 0) == other, "the other child was reaped by the health check: %s",
+                  strerror(errno));
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+    ck_assert_int_eq(waitpid(stage, NULL, WNOHANG), -1); /* the slot's: reaped */
+    kvm_joblist_deinit(&o->lists);
+    free(o);
+}
+END_TEST
+
 static Suite *orch_reliab_suite(void)
 {
     Suite *s = suite_create("orch_reliab");
@@ -941,7 +973,8 @@ static Suite *orch_reliab_suite(void)
                  {"joblist_order", test_joblist_order, 30},
                  {"truncated_counts_compressed_only", test_truncated_counts_compressed_only, 120},
                  {"refusals_follow_log_format", test_refusals_follow_log_format, 120},
-                 {"many_docs_per_event_work", test_many_docs_per_event_work, 240}};
+                 {"many_docs_per_event_work", test_many_docs_per_event_work, 240},
+                 {"health_reaps_own_children", test_health_reaps_own_children, 30}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

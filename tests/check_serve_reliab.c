@@ -8,11 +8,14 @@
 #include "model/kvm_tokenizer.h"
 #include "model/kvm_utf8.h"
 #include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_serve_int.h"
+#include "pipeline/kvm_stage.h"
 #include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -922,6 +925,228 @@ START_TEST(test_messages)
 }
 END_TEST
 
+/* ---- one computation per document, in the broker alone (kvm_serve_back.c, kvm_serve_grant.c) ---- */
+
+/* Queues the ask `id` for document text `doc` on s, as the front end does. */
+static void queue_ask(srv *s, uint64_t id, const char *doc)
+{
+    kvm_proto_ask a = {
+        .request_id = id, .prompt = kvm_proto_str_c(" Then"), .max_new_tokens = 4, .doc_text = kvm_proto_str_c(doc)};
+    srv_request r = {.request_id = id, .t_recv = kvm_now_ms()};
+    ck_assert_int_eq(kvm_proto_ask_encode(&a, &r.msg), 0);
+    ck_assert_int_eq(kvm_msg_new(&r.env), 0);
+    ck_assert_int_eq(kvm_msg_add_copy(r.env, "client", 6), 0);
+    kvm_serve__doc_key(s, &a, &r.doc);
+    ck_assert_int_lt(s->n_queue, s->cap_queue);
+    s->queue[s->n_queue++] = r;
+}
+
+/* Worker w0 (a DEALER on s->data) answers request id; the broker reads it. */
+static void answer_from(srv *s, void *w0, uint64_t id, int status, int new_cache, int computed)
+{
+    kvm_proto_answer a = {.request_id = id,
+                          .status = status,
+                          .new_cache = new_cache,
+                          .computed = computed,
+                          .message = kvm_proto_str_c(status ? "store full" : "")};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_answer_encode(&a, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(w0, &m, 0), 0);
+    zmq_pollitem_t it = {s->data, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_serve__receive_back(s, s->data, 0);
+}
+
+/* Workers busy with a grant for doc (each computing it). */
+static int computing(const srv *s, const srv_doc_key *doc)
+{
+    int n = 0;
+    for (int w = 0; w < s->n_workers; w++)
+        n += s->workers[w].busy && s->workers[w].grant && !memcmp(s->workers[w].doc.hash, doc->hash, 32);
+    return n;
+}
+
+/* Requests held for a new document while one computes it (new_cache_once): when that one ended
+ * without storing the cache (here its store write failed: status 0, computed, no new_cache),
+ * every held request was let go with a grant of its own and each computed the same cache. Now
+ * one held request (the oldest) computes it and the others stay held; holding and releasing are
+ * logged at info level naming the document key. An answer that computed nothing (the cache was
+ * found stored) still lets every held request go at once, and a stored cache serves them with
+ * no grant. */
+START_TEST(test_held_computation_handed_to_one)
+{
+    char logp[4300];
+    snprintf(logp, sizeof logp, "%s/broker.log", g_dir);
+    fflush(stderr);
+    int saved = dup(2), lfd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(lfd, 0);
+    ck_assert_int_ge(dup2(lfd, 2), 0);
+    srv *s = calloc(1, sizeof *s);
+    static const volatile sig_atomic_t running = 0;
+    *s = (srv){.compute_missing = 1,
+               .max_new = 100,
+               .max_new_per_key = 100,
+               .interrupts = &running,
+               .announced = 1,
+               .timeout_ms = 1e9,
+               .dead_ms = 1e9,
+               .max_queue = 16,
+               .cap_queue = 16};
+    s->queue = calloc(16, sizeof *s->queue);
+    s->zctx = zmq_ctx_new();
+    s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->front = zmq_socket(s->zctx, ZMQ_ROUTER); /* answers to "client" are dropped: no such peer */
+    ck_assert_int_eq(zmq_bind(s->data, "inproc://held-data"), 0);
+    ck_assert_int_eq(zmq_bind(s->front, "inproc://held-front"), 0);
+    void *w0 = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(w0, ZMQ_ROUTING_ID, "w0", 2), 0);
+    ck_assert_int_eq(zmq_connect(w0, "inproc://held-data"), 0);
+    s->n_workers = 4;
+    for (int w = 0; w < 4; w++) {
+        s->workers[w] = (srv_worker){.alive = 1, .idle = 1, .slot = -1, .last_seen = kvm_now_ms()};
+        snprintf(s->workers[w].id, sizeof s->workers[w].id, "w%d", w);
+    }
+    const char *doc = "Once upon a time there was a little girl named Lily.";
+    for (uint64_t id = 1; id <= 4; id++)
+        queue_ask(s, id, doc);
+    srv_doc_key key = s->queue[0].doc;
+    char name[80];
+    kvm_serve__doc_name(&key, name);
+    kvm_serve__dispatch(s); /* request 1 computes, 2-4 are held */
+    ck_assert_int_eq(s->n_queue, 3);
+    ck_assert_int_eq(computing(s, &key), 1);
+    ck_assert(s->workers[0].busy && s->workers[0].request_id == 1);
+
+    answer_from(s, w0, 1, 0, 0, 1); /* computed, not stored */
+    kvm_serve__dispatch(s);
+    ck_assert_msg(computing(s, &key) == 1, "%d requests compute the document after a failed store, want 1",
+                  computing(s, &key));
+    ck_assert_int_eq(s->n_queue, 2);
+
+    s->workers[0].idle = 1; /* w0 is free again: request 3 stays held behind request 2 */
+    kvm_serve__dispatch(s);
+    ck_assert_int_eq(s->n_queue, 2);
+    int w2 = -1;
+    for (int w = 0; w < 4; w++)
+        if (s->workers[w].busy && s->workers[w].request_id == 2) w2 = w;
+    ck_assert_int_ge(w2, 0);
+    /* request 2 computes and stores it (answered by a DEALER with its worker's id) */
+    void *wk2 = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(wk2, ZMQ_ROUTING_ID, s->workers[w2].id, strlen(s->workers[w2].id)), 0);
+    ck_assert_int_eq(zmq_connect(wk2, "inproc://held-data"), 0);
+    answer_from(s, wk2, 2, 0, 1, 1);
+    kvm_serve__dispatch(s); /* 3 and 4 from the store: no grant, nobody computes */
+    ck_assert_int_eq(s->n_queue, 0);
+    ck_assert_int_eq(computing(s, &key), 0);
+    ck_assert_int_eq(s->new_made, 1);
+
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(lfd);
+    char *log = kvm_test_read_file(logp, NULL);
+    printf("%s", log);
+    char want[200];
+    snprintf(want, sizeof want, "request 2 held: document %s is being computed by request 1", name);
+    assert_contains(log, want);
+    snprintf(want, sizeof want, "document %s: request 1 ended without storing its cache", name);
+    assert_contains(log, want);
+    assert_contains(log, "the oldest of 3 held request(s) computes it, the others stay held");
+    snprintf(want, sizeof want, "request 3 held: document %s is being computed by request 2", name);
+    assert_contains(log, want);
+    snprintf(want, sizeof want, "document %s: request 2 stored its cache: 2 held request(s) released", name);
+    assert_contains(log, want);
+    free(log);
+    for (int w = 0; w < 4; w++)
+        kvm_msg_free(&s->workers[w].env);
+    zmq_close(w0);
+    zmq_close(wk2);
+    zmq_close(s->data);
+    zmq_close(s->front);
+    zmq_ctx_term(s->zctx);
+    free(s->queue);
+    free(s);
+}
+END_TEST
+
+/* The cache found stored by the granted request (it computed nothing): every held request goes
+ * at once, as before. */
+START_TEST(test_held_released_when_found)
+{
+    srv *s = calloc(1, sizeof *s);
+    static const volatile sig_atomic_t running = 0;
+    *s = (srv){.compute_missing = 1,
+               .max_new = 100,
+               .max_new_per_key = 100,
+               .interrupts = &running,
+               .announced = 1,
+               .timeout_ms = 1e9,
+               .dead_ms = 1e9,
+               .max_queue = 16,
+               .cap_queue = 16};
+    s->queue = calloc(16, sizeof *s->queue);
+    s->zctx = zmq_ctx_new();
+    s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->front = zmq_socket(s->zctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(s->data, "inproc://found-data"), 0);
+    ck_assert_int_eq(zmq_bind(s->front, "inproc://found-front"), 0);
+    void *w0 = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(w0, ZMQ_ROUTING_ID, "w0", 2), 0);
+    ck_assert_int_eq(zmq_connect(w0, "inproc://found-data"), 0);
+    s->n_workers = 4;
+    for (int w = 0; w < 4; w++) {
+        s->workers[w] = (srv_worker){.alive = 1, .idle = 1, .slot = -1, .last_seen = kvm_now_ms()};
+        snprintf(s->workers[w].id, sizeof s->workers[w].id, "w%d", w);
+    }
+    for (uint64_t id = 1; id <= 4; id++)
+        queue_ask(s, id, "A cat sat on a red mat all day.");
+    kvm_serve__dispatch(s);
+    ck_assert_int_eq(s->n_queue, 3);
+    answer_from(s, w0, 1, 0, 0, 0);
+    kvm_serve__dispatch(s);
+    ck_assert_int_eq(s->n_queue, 0);
+    for (int w = 0; w < 4; w++)
+        kvm_msg_free(&s->workers[w].env);
+    zmq_close(w0);
+    zmq_close(s->data);
+    zmq_close(s->front);
+    zmq_ctx_term(s->zctx);
+    free(s->queue);
+    free(s);
+}
+END_TEST
+
+/* A child of the process that the server did not start (a program embedding it started one),
+ * exited when the health check runs: waitpid(-1) reaped it and its own waitpid found no child,
+ * the exit status lost. Now only the store service's and the slots' pids are reaped: a slot's
+ * exited process still is (and its restart planned), the other child is left to its parent. */
+START_TEST(test_health_reaps_own_children)
+{
+    srv *s = calloc(1, sizeof *s);
+    ck_assert_ptr_nonnull(s);
+    static const volatile sig_atomic_t running = 0;
+    s->interrupts = &running;
+    s->announced = 1;
+    pid_t other = fork(), worker = other ? fork() : 0;
+    if (other == 0) _exit(7);
+    if (worker == 0) _exit(3);
+    siginfo_t si;
+    ck_assert_int_eq(waitid(P_PID, (id_t)other, &si, WEXITED | WNOWAIT), 0); /* exited, not reaped */
+    ck_assert_int_eq(waitid(P_PID, (id_t)worker, &si, WEXITED | WNOWAIT), 0);
+    s->n_slots = 1;
+    s->slots[0].pid = worker;
+    kvm_serve__check_health(s);
+    ck_assert_int_eq(s->slots[0].pid, 0);
+    ck_assert_int_eq(s->slots[0].early_exits, 1);
+    int st = 0;
+    ck_assert_msg(waitpid(other, &st, 0) == other, "the other child was reaped by the health check: %s",
+                  strerror(errno));
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+    ck_assert_int_eq(waitpid(worker, NULL, WNOHANG), -1); /* the slot's: reaped */
+    free(s);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -949,6 +1174,9 @@ int main(void)
     suite_add_tcase(su, tcase("dump_config_overrides", test_dump_config_overrides, 30));
     suite_add_tcase(su, tcase("bind_forms", test_bind_forms, 120));
     suite_add_tcase(su, tcase("messages", test_messages, 120));
+    suite_add_tcase(su, tcase("health_reaps_own_children", test_health_reaps_own_children, 30));
+    suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
+    suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1203,6 +1204,73 @@ START_TEST(test_writable_open_leaves_no_lock)
 }
 END_TEST
 
+/* Opens g_path read-write in a child whose files may not grow past fsize_bytes (SIGXFSZ
+ * ignored: writes past it fail with EFBIG). Returns the open's status; its message in msg. */
+static int open_limited(rlim_t fsize_bytes, char *msg, size_t size)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        struct rlimit rl = {fsize_bytes, fsize_bytes};
+        signal(SIGXFSZ, SIG_IGN);
+        kvm_store *s = NULL;
+        int st = setrlimit(RLIMIT_FSIZE, &rl) ? 99 : -kvm_store_open(g_path, NULL, &s);
+        const char *m = kvm_errmsg();
+        if (write(fds[1], m, strlen(m)) < 0) st = 98;
+        kvm_store_close(&s);
+        _exit(st);
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], msg, size - 1);
+    msg[n > 0 ? n : 0] = '\0';
+    close(fds[0]);
+    int wst = 0;
+    ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
+    ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) != 98 && WEXITSTATUS(wst) != 99, "child: %d", wst);
+    return -WEXITSTATUS(wst);
+}
+
+/* A read-write open that creates a store and fails (here a file size limit; a full disk does
+ * the same) left what it created: LMDB writes data.mdb's two meta pages, the first commit
+ * fails, and the folder kept a data.mdb holding no store (a later open took it for one, or,
+ * cut shorter, refused it as damaged), with the lock.mdb and the directory the open made. Now
+ * the folder is as the open found it; a lock.mdb that was there stays. */
+START_TEST(test_failed_create_leaves_folder)
+{
+    char msg[1024], names[512], lock[4300];
+    snprintf(lock, sizeof lock, "%s/lock.mdb", g_path);
+    /* a folder holding only a lock.mdb (its store moved away): 12 KiB holds the meta pages only */
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_close(&s);
+    char data[4300];
+    snprintf(data, sizeof data, "%s/data.mdb", g_path);
+    ck_assert_int_eq(unlink(data), 0);
+    int st = open_limited(12288, msg, sizeof msg);
+    printf("failed creation: %d %s\n", st, msg);
+    ck_assert_msg(st != 0 && strstr(msg, g_path), "open: %d %s", st, msg);
+    ck_assert_msg(!strcmp(dir_names(g_path, names, sizeof names), "lock.mdb"), "the folder holds %s", names);
+    /* a new directory: the lock file cannot get its size, the open fails before data.mdb */
+    kvm_test_rmtree(g_path);
+    st = open_limited(12288, msg, sizeof msg);
+    ck_assert_msg(st != 0 && strstr(msg, g_path), "open: %d %s", st, msg);
+    struct stat sb;
+    ck_assert_msg(stat(g_path, &sb) != 0 && errno == ENOENT, "the new directory was left: %s",
+                  dir_names(g_path, names, sizeof names));
+    /* an existing store is kept whatever fails: the limit below its size */
+    s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_close(&s);
+    st = open_limited(4096, msg, sizeof msg);
+    printf("existing store under a 4 KiB limit: %d %s\n", st, msg);
+    ck_assert_int_eq(stat(data, &sb), 0);
+    ck_assert_int_eq(stat(lock, &sb), 0);
+    s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
 START_TEST(test_cli_commands)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
@@ -1754,6 +1822,7 @@ int main(void)
     suite_add_tcase(su, tcase("cli_missing_path", test_cli_missing_path, 60));
     suite_add_tcase(su, tcase("cli_readonly_leaves_no_files", test_cli_readonly_leaves_no_files, 60));
     suite_add_tcase(su, tcase("writable_open_leaves_no_lock", test_writable_open_leaves_no_lock, 60));
+    suite_add_tcase(su, tcase("failed_create_leaves_folder", test_failed_create_leaves_folder, 60));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
