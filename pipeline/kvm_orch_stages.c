@@ -3,18 +3,16 @@
  * ones, failing the open jobs of a stage with no worker left, and the health checks. */
 #include "pipeline/kvm_orch_int.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_stage.h"
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
 
-#include <fcntl.h>
-#include <spawn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-extern char **environ;
 
 static const char *const stage_names[N_STAGES] = {"prefill", "compress", "signals", "strategy"};
 
@@ -39,33 +37,14 @@ static int spawn_slot(orch *o, int s)
     const char *spk = kvm_config_str(o->cfg, "security", "server_public_key");
     char **k = &argv[17];
     if (*spk && !kvm_curve_is_local(o->base)) {
-        k[0] = "--server-key", k[1] = (char *)spk;
-        k[2] = "--client-public", k[3] = (char *)kvm_config_str(o->cfg, "security", "client_public_key");
-        k[4] = "--client-secret", k[5] = (char *)kvm_config_str(o->cfg, "security", "client_secret_key");
+        kvm_spawn_curve_args(k, o->cfg);
     } else if (*spk && o->cli && sl->stage == ST_COMPRESS) {
         /* a local bind with a remote store: the keys are the store service's only; the worker
          * reads them from the config ([security]), and connects to this run in the clear */
         k[0] = "--config", k[1] = (char *)kvm_config_path(o->cfg);
     }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, logp, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    sigset_t def;
-    sigemptyset(&def);
-    sigaddset(&def, SIGINT);
-    posix_spawnattr_setsigdefault(&at, &def);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches us only */
-    int rc = posix_spawn(&sl->pid, exe, &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    if (rc) {
-        sl->pid = 0;
-        return kvm_err(KVM_EIO, "cannot start %s: %s", exe, strerror(rc));
-    }
-    return 0;
+    const kvm_spawn_opts so = {logp, KVM_SPAWN_DEFAULT_SIGINT, NULL};
+    return kvm_spawn_start(&sl->pid, exe, argv, &so);
 }
 
 void kvm_orch__stop_children(orch *o, int sig)
@@ -82,10 +61,7 @@ void kvm_orch__reap_all(orch *o, double ms)
         int left = 0;
         for (int s = 0; s < o->n_slots; s++) {
             if (o->slots[s].pid <= 0) continue;
-            if (waitpid(o->slots[s].pid, NULL, WNOHANG) == o->slots[s].pid)
-                o->slots[s].pid = 0;
-            else
-                left++;
+            if (!kvm_spawn_reaped(&o->slots[s].pid)) left++;
         }
         if (!left) return;
         if (kvm_now_ms() > end) {

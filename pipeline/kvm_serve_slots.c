@@ -3,17 +3,15 @@
  * them finish what they hold. */
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
+#include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_stage.h"
 
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
-
-extern char **environ;
 
 /* ---- processes ---- */
 
@@ -35,32 +33,14 @@ int kvm_serve__spawn_slot(srv *s, int i)
                       "--device", dev};
     /* clang-format on */
     int n = 19;
-    if (s->backend_curve) {
-        argv[n++] = "--server-key";
-        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "server_public_key");
-        argv[n++] = "--client-public";
-        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "client_public_key");
-        argv[n++] = "--client-secret";
-        argv[n++] = (char *)kvm_config_str(s->cfg, "security", "client_secret_key");
-    }
+    if (s->backend_curve) n += kvm_spawn_curve_args(&argv[n], s->cfg);
     argv[n] = NULL;
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    sigset_t def;
-    sigemptyset(&def);
-    sigaddset(&def, SIGINT);
-    sigaddset(&def, SIGTERM);
-    posix_spawnattr_setsigdefault(&at, &def);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches the broker only */
-    int rc = posix_spawn(&sl->pid, exe, NULL, &at, argv, environ);
-    posix_spawnattr_destroy(&at);
+    /* SIGTERM too: the broker stops its workers with it, after a start that ignored it */
+    const kvm_spawn_opts so = {NULL, KVM_SPAWN_DEFAULT_SIGINT | KVM_SPAWN_DEFAULT_SIGTERM, NULL};
+    int rc = kvm_spawn_start(&sl->pid, exe, argv, &so);
     sl->respawn_at = 0;
     sl->started_ms = kvm_now_ms();
-    if (rc) {
-        sl->pid = 0;
-        return kvm_err(KVM_EIO, "cannot start %s: %s", exe, strerror(rc));
-    }
-    return 0;
+    return rc;
 }
 
 static void stop_children(srv *s, int sig)
@@ -153,10 +133,7 @@ void kvm_serve__shutdown_workers(srv *s, int hard)
         int left = 0;
         for (int i = 0; i < s->n_slots; i++) {
             if (s->slots[i].pid <= 0) continue;
-            if (waitpid(s->slots[i].pid, NULL, WNOHANG) == s->slots[i].pid)
-                s->slots[i].pid = 0;
-            else
-                left++;
+            if (!kvm_spawn_reaped(&s->slots[i].pid)) left++;
         }
         if (!left || *s->interrupts >= 2) break;
         if (kvm_now_ms() > end) {

@@ -1,19 +1,16 @@
 /* kvm_svcproc.c: starting, restarting and stopping the store service child (kvm_svcproc.h). */
 #include "pipeline/kvm_svcproc.h"
+#include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_stage.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-extern char **environ;
 
 /* Bytes of the log from offset `from`: does it hold "ready on"? Also its last line, for errors. */
 static int log_ready(const char *path, long from, char *last, size_t n)
@@ -41,20 +38,11 @@ static int spawn(kvm_svcproc *p, double timeout_ms)
     FILE *lf = fopen(p->log, "a");
     long from = lf ? ftell(lf) : 0;
     if (lf) fclose(lf);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP); /* Ctrl-C reaches the parent only, which stops it */
-    int rc = posix_spawn(&p->pid, p->exe, &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    if (rc) {
-        p->pid = 0;
-        return kvm_err(KVM_EIO, "cannot start the store service %s: %s", p->exe, strerror(rc));
-    }
+    char what[2100];
+    snprintf(what, sizeof what, "the store service %s", p->exe);
+    const kvm_spawn_opts so = {p->log, 0, what};
+    int rc = kvm_spawn_start(&p->pid, p->exe, argv, &so);
+    if (rc) return rc;
     char last[1024] = "(no output)";
     for (double end = kvm_now_ms() + timeout_ms; kvm_now_ms() < end; usleep(20000)) {
         if (log_ready(p->log, from, last, sizeof last)) return 0;

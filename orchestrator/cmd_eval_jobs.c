@@ -1,0 +1,300 @@
+/* cmd_eval_jobs.c: `kvmill eval`'s jobs, one per (method, budget) column: building them from
+ * --method and --budget/--ratio with the sculpt flags, and the checks that refuse, before any
+ * document, a job that cannot be what the command line asks for. */
+#include "common/kvm_error.h"
+#include "common/kvm_number.h"
+#include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
+#include "orchestrator/cmd_eval_int.h"
+#include "orchestrator/kvm_cli.h"
+#include "store/kvm_store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CMD "eval"
+
+/* 1 for the methods the sculpt flags apply to: sculpt, selectfit, joint-fixed, am, kvzip (ARG =
+ * sculpt options) and polykv (its sculpt layers; options after the file). */
+int cmd_eval__sculpt_family(const kvm_method *m)
+{
+    return !strcmp(m->name, "sculpt") || !strcmp(m->name, "selectfit") || !strcmp(m->name, "joint-fixed") ||
+           !strcmp(m->name, "am") || !strcmp(m->name, "kvzip") || !strcmp(m->name, "polykv");
+}
+
+/* One warning per deprecated option name in a method's ':'-joined sculpt options. */
+static void warn_deprecated(const char *spec, const char *arg)
+{
+    for (const char *t = arg; t && *t;) {
+        size_t len = strcspn(t, ":=");
+        const kvm_sculpt_setting *s = kvm_sculpt_setting_find(t, len);
+        if (s && s->replaced_by)
+            fprintf(stderr, "kvmill " CMD ": --method %s: option '%.*s' is deprecated: use '%s'\n", spec, (int)len, t,
+                    s->replaced_by);
+        t = strchr(t, ':');
+        if (t) t++;
+    }
+}
+
+/* Notes on stderr the options of `arg` (':'-joined, the flags' and the method's own) that the
+ * method of o never reads (kvm_sculpt_opts_unused): they are accepted, as strategy files and
+ * configs share one option set, but tuning them for this method changes nothing. */
+static void note_unused(const char *spec, const char *arg, const kvm_sculpt_opts *o)
+{
+    char names[512];
+    if (kvm_sculpt_opts_unused(o, arg, ":", names, sizeof names) > 0)
+        fprintf(stderr, "kvmill " CMD ": --method %s: note: %s not read by this method; ignored\n", spec, names);
+}
+
+/* Splits a comma-separated list in place; returns the count (≤ max) or -1 when too many. */
+static int split(char *s, char **items, int max)
+{
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == max) return -1;
+        items[n++] = t;
+    }
+    return n;
+}
+
+_Static_assert(KVM_STORE_ID_BYTES == KVM_STRATEGY_MODEL_ID_BYTES, "a strategy records the store's model id");
+
+/* The model id a polykv job's strategy file is checked against (KVST v3 records the one it was
+ * calibrated on): the store's (kvm_store_hash_file), computed on the first file that records
+ * one, since hashing a checkpoint costs seconds per GB. */
+typedef struct model_ident {
+    const char *path; /* --model */
+    int known;        /* id computed */
+    kvm_store_id id;
+} model_ident;
+
+/* Refuses polykv job e whose strategy was calibrated on another model than mi's (a v1/v2 file
+ * passes with a note). Returns 0, 2 (another model), 1 (the model could not be read) after
+ * saying why. */
+static int strategy_model_ok(const cmd_eval_job *e, model_ident *mi)
+{
+    if (kvm_polykv_method_needs_model_id(e->opts) && !mi->known) {
+        int rc = kvm_store_hash_file(mi->path, &mi->id);
+        if (rc) {
+            fprintf(stderr, "kvmill " CMD ": --model %s: %s\n", mi->path, kvm_errmsg());
+            return rc == KVM_ENOMEM || rc == KVM_EIO ? 1 : 2;
+        }
+        mi->known = 1;
+    }
+    if (!kvm_polykv_method_check_model(e->opts, mi->known ? mi->id.b : NULL, mi->path)) return 0;
+    fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", e->spec, kvm_errmsg());
+    return 2;
+}
+
+/* The strategy FILE of a "polykv:FILE[:OPTS]" method spec into buf: up to the first ':' that
+ * starts a sculpt option (as cmd_eval__make_jobs splits it), so a path holding ':' stays whole. */
+const char *cmd_eval__strategy_file(const char *spec, char *buf, size_t size)
+{
+    const char *f = spec + strlen("polykv:"), *end = NULL;
+    for (const char *q = strchr(f, ':'); q && !end; q = strchr(q + 1, ':'))
+        if (kvm_sculpt_setting_find(q + 1, strcspn(q + 1, ":="))) end = q;
+    snprintf(buf, size, "%.*s", (int)(end ? end - f : (long)strlen(f)), f);
+    return buf;
+}
+
+/* Parses one (method, budget) item into e: its method (*arg: the method's options, or NULL), spec
+ * and budget (a ratio when is_ratio). Returns 0, or 2 after printing why. */
+static int job_parse(cmd_eval_job *e, const char *spec, const char *item, int is_ratio, const char **arg)
+{
+    char name[64];
+    if (kvm_eval_method_parse(spec, name, sizeof name, &e->m, arg)) {
+        fprintf(stderr, "kvmill " CMD ": --method: %s\n", kvm_errmsg());
+        return 2;
+    }
+    if (*arg && (strstr(spec, "::") || spec[strlen(spec) - 1] == ':')) { /* an option dropped unsaid */
+        fprintf(stderr,
+                "kvmill " CMD ": --method '%s': an option is empty (a method's options are name=value "
+                "items joined by single ':')\n",
+                spec);
+        return 2;
+    }
+    snprintf(e->spec, sizeof e->spec, "%s", spec);
+    if (is_ratio) {
+        if (kvm_cli_float(CMD, "ratio", item, 1e-9, 1.0, &e->budget.ratio)) return 2;
+    } else if (kvm_cli_int(CMD, "budget", item, 1, INT32_MAX, &e->budget.tokens))
+        return 2;
+    return 0;
+}
+
+/* Refuses a sculpt-family method's own option that sizes the cache (budget, ratio, entries): the
+ * column sets the size (target: --target-kl searches it). Returns 0, or 2 after printing why. */
+static int job_size_refused(const cmd_eval_job *e, const char *spec, const char *arg, int is_ratio, int target)
+{
+    const char *own_opts = arg && !strcmp(e->m->name, "polykv") ? strchr(arg, ':') : arg; /* after FILE */
+    const char *size = cmd_eval__sculpt_family(e->m) ? kvm_sculpt_opts_find_size(own_opts, ":") : NULL;
+    if (!size) return 0;
+    /* it overrode the column's size (a --target-kl search probed one budget), or polykv ignored it */
+    fprintf(stderr,
+            "kvmill " CMD ": --method %s: option '%.*s' sizes the cache, which is %s's to set "
+            "(%s); remove it from the method and give the size there\n",
+            spec, (int)strcspn(size, ":"), size,
+            target     ? "--target-kl"
+            : is_ratio ? "--ratio"
+                       : "--budget",
+            target                          ? "it searches the budget per document"
+            : !strcmp(e->m->name, "polykv") ? "the strategy's per-layer budgets are rescaled to it"
+                                            : "one column per value");
+    return 2;
+}
+
+/* The options a sculpt-family method is made from when sculpt flags are given: the flags, then
+ * the method's own, which override them (polykv: FILE first), written to full (size bytes);
+ * otherwise arg as it is. */
+static const char *job_options(const cmd_eval_job *e, const char *arg, const char *flags, char *full, size_t size)
+{
+    if (!cmd_eval__sculpt_family(e->m) || !*flags) return arg;
+    if (!strcmp(e->m->name, "polykv")) { /* FILE, then the flags, then its own options */
+        const char *own = NULL;
+        for (const char *q = strchr(arg, ':'); q && !own; q = strchr(q + 1, ':'))
+            if (kvm_sculpt_setting_find(q + 1, strcspn(q + 1, ":="))) own = q;
+        snprintf(full, size, "%.*s:%s%s", (int)(own ? own - arg : (long)strlen(arg)), arg, flags, own ? own : "");
+    } else
+        snprintf(full, size, "%s%s%s", flags, arg ? ":" : "", arg ? arg : "");
+    return full;
+}
+
+/* Makes job e of method spec `spec` at budget item `item` (first: the method's first column,
+ * where unused options are noted). Returns 0, 2 (bad option) or 1 after printing why. */
+static int make_job(cmd_eval_job *e, const char *spec, const char *item, int first, int is_ratio, int target,
+                    const char *flags, const kvm_model_config *c)
+{
+    const char *arg;
+    if (job_parse(e, spec, item, is_ratio, &arg) || job_size_refused(e, spec, arg, is_ratio, target)) return 2;
+    if (cmd_eval__sculpt_family(e->m) && arg) warn_deprecated(spec, arg);
+    char full[2048];
+    arg = job_options(e, arg, flags, full, sizeof full);
+    e->has_arg = arg != NULL;
+    snprintf(e->arg, sizeof e->arg, "%s", arg ? arg : "");
+    int s = e->m->opts_new(arg, &e->budget, c, &e->opts);
+    if (s) {
+        fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", spec, kvm_errmsg());
+        return s == KVM_ENOMEM || s == KVM_EIO ? 1 : 2; /* said above, with the reason */
+    }
+    if (first && cmd_eval__sculpt_family(e->m) && strcmp(e->m->name, "polykv")) /* polykv: its layers' methods vary */
+        note_unused(spec, arg, e->opts);
+    return 0;
+}
+
+int cmd_eval__make_jobs(const char *methods, const char *budgets, int is_ratio, int target, const char *flags,
+                        const kvm_model_config *c, const char *model_path, cmd_eval_job **jobs, int *n_jobs)
+{
+    model_ident mi = {.path = model_path};
+    char *ms = strdup(methods), *bs = strdup(budgets), *mv[32], *bv[32];
+    int rc = 0, nm = 0, nb = 0, oom = !ms || !bs;
+    if (oom) rc = 1;
+    const char *bflag = is_ratio ? "ratio" : "budget";
+    if (!rc && (kvm_cli_list_check(CMD, "method", methods, 32) < 0 || kvm_cli_list_check(CMD, bflag, budgets, 32) < 0))
+        rc = 2;
+    if (!rc && ((nm = split(ms, mv, 32)) <= 0 || (nb = split(bs, bv, 32)) <= 0)) {
+        fprintf(stderr, "kvmill " CMD ": --method and --%s take 1 to 32 comma-separated values\n",
+                is_ratio ? "ratio" : "budget");
+        rc = 2;
+    }
+    cmd_eval_job *j = rc ? NULL : calloc((size_t)(nm * nb), sizeof *j);
+    if (!rc && !j) rc = oom = 1;
+    int n = 0;
+    for (int a = 0; !rc && a < nm; a++)
+        for (int b = 0; !rc && b < nb; b++) {
+            if ((rc = make_job(&j[n], mv[a], bv[b], b == 0, is_ratio, target, flags, c))) break;
+            n++;
+            if (!strcmp(j[n - 1].m->name, "polykv")) rc = strategy_model_ok(&j[n - 1], &mi);
+        }
+    for (int x = 0; !rc && x < n; x++) /* an item twice ran twice: a column repeated */
+        for (int y = 0; !rc && y < x; y++)
+            if (!strcmp(j[x].spec, j[y].spec) && j[x].budget.tokens == j[y].budget.tokens &&
+                j[x].budget.ratio == j[y].budget.ratio) {
+                if (target)
+                    fprintf(stderr, "kvmill " CMD ": --method %s is given twice (--method '%s'): name each once\n",
+                            j[x].spec, methods);
+                else
+                    fprintf(stderr,
+                            "kvmill " CMD ": --method %s at --%s %s is given twice (--method '%s', --%s '%s'): "
+                            "name each once\n",
+                            j[x].spec, bflag, bv[x % nb], methods, bflag, budgets);
+                rc = 2;
+            }
+    free(ms);
+    free(bs);
+    if (oom) fprintf(stderr, "kvmill " CMD ": out of memory\n"); /* not for a file that could not be read */
+    *jobs = j;
+    *n_jobs = n;
+    return rc;
+}
+
+void cmd_eval__free_jobs(cmd_eval_job *j, int n)
+{
+    for (int i = 0; i < n; i++)
+        j[i].m->opts_free(j[i].opts);
+    free(j);
+}
+
+/* Budgets and ratios of the fixed-budget columns that keep the whole context of N tokens: a
+ * "compressed" cache as large as the full one. Returns 0 or 2 after printing why. */
+static int check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N)
+{
+    int rc = 0;
+    for (int j = 0; !rc && j < n_jobs; j++) /* as run refuses [compress] budget >= context, ratio = 1 */
+        if (strcmp(jobs[j].m->name, "full") && (is_budget ? jobs[j].budget.tokens >= N : jobs[j].budget.ratio >= 1)) {
+            if (is_budget)
+                fprintf(stderr,
+                        "kvmill " CMD ": --budget %lld is not below --context %lld: the \"compressed\" cache "
+                        "would be as large as the full one (the budget would be clamped to the context); lower "
+                        "--budget (or use --method full)\n",
+                        (long long)jobs[j].budget.tokens, (long long)N);
+            else
+                fprintf(stderr, "kvmill " CMD ": --ratio 1 keeps every entry: the \"compressed\" cache would be as "
+                                "large as the full one; lower --ratio (or use --method full)\n");
+            rc = 2;
+        }
+    for (int j = 0; !rc && j < n_jobs; j++) {
+        const int distils =
+            cmd_eval__sculpt_family(jobs[j].m) && strcmp(jobs[j].m->name, "polykv"); /* opts: kvm_sculpt_opts */
+        const int64_t retain = distils ? ((const kvm_sculpt_opts *)jobs[j].opts)->retain_tokens : 0;
+        if (distils && retain >= N) { /* each document failed after its prefill, exit 1 (sculpt refuses it: 2) */
+            fprintf(stderr,
+                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens is not below --context %lld: "
+                    "nothing is left to compress; lower --retain or raise --context\n",
+                    jobs[j].spec, (long long)retain, (long long)N);
+            rc = 2;
+        } else if (!distils && !is_budget && strcmp(jobs[j].m->name, "full") &&
+                   kvm_budget_resolve(&jobs[j].budget, N) >= N) { /* r·N rounded up to a whole entry */
+            fprintf(stderr,
+                    "kvmill " CMD ": --ratio %g of --context %lld keeps %lld entr%s, the whole context: the "
+                    "\"compressed\" cache would be as large as the full one; lower --ratio or raise --context\n",
+                    jobs[j].budget.ratio, (long long)N, (long long)kvm_budget_resolve(&jobs[j].budget, N),
+                    kvm_plural(kvm_budget_resolve(&jobs[j].budget, N), "y", "ies"));
+            rc = 2;
+        }
+    }
+    return rc;
+}
+
+int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int64_t N,
+                         const char *sculpt_flag, const char *method)
+{
+    int rc = target ? 0 : check_sizes(jobs, n_jobs, is_budget, N);
+    int any_sculpt = 0;
+    for (int j = 0; j < n_jobs; j++)
+        any_sculpt |= cmd_eval__sculpt_family(jobs[j].m);
+    if (!rc && sculpt_flag && !any_sculpt) { /* it would apply to none: the run would ignore it unsaid */
+        fprintf(stderr,
+                "kvmill " CMD ": --%s is a sculpt option, and --method %s has no method it applies to "
+                "(sculpt, selectfit, joint-fixed, am, kvzip, polykv:FILE); drop it or add one\n",
+                sculpt_flag, method);
+        rc = 2;
+    }
+    for (int j = 0; !rc && target && j < n_jobs; j++)
+        if (!strcmp(jobs[j].m->name, "full")) { /* as [compress] target_kl refuses it (kvm_jobcfg_check) */
+            fprintf(stderr, "kvmill " CMD ": --target-kl chooses a budget per document, which method full does not "
+                            "take (it keeps every entry: KL 0, the reference the others are scored against); leave "
+                            "full out of --method\n");
+            rc = 2;
+        }
+    return rc;
+}
