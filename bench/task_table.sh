@@ -6,14 +6,16 @@
 # case, so cells of different runs over the same cases combine), and nll_ans: the mean over the
 # cases full KV answers right of the answer_nll column (the NLL per token, nats, of full KV's
 # answer under the method's cache; CSVs without the column give "-"). usage: bench/task_table.sh OUT_DIR
+# env BINS (default 40): budgets are binned to the nearest 1/BINS of the case's context; BINS=8
+# puts a fixed --budget 1024 over contexts of 1,950-2,048 tokens (50-52.5%) in one 50% cell
 set -eu
 printf "%-10s %-24s %6s %8s %17s %6s %6s %9s %8s %8s %8s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p vs_full ni95_lo nll_ans
 # a chunk still running (.csv.part) counts with the cases it has finished so far
-cat "${1:-bench/out/task}"/*.csv "${1:-bench/out/task}"/*.csv.part 2>/dev/null | awk -F, '
+cat "${1:-bench/out/task}"/*.csv "${1:-bench/out/task}"/*.csv.part 2>/dev/null | awk -F, -v bins="${BINS:-40}" '
 $1 == "case" { next }
-# the budget as a share of the context, to the nearest 1/40: a fixed --budget (512 = 25% of N = 2,048)
+# the budget as a share of the context, to the nearest 1/bins: a fixed --budget (512 = 25% of N = 2,048)
 # over cases whose context is 2,006-2,048 tokens is one cell, as the --ratio cells are
-{ key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", int($7 / $5 * 40 + 0.5) / 40)) }
+{ key = $2 "," $5 "," $1; m = $6 "@" ($6 == "full" ? "1" : sprintf("%.3f", int($7 / $5 * bins + 0.5) / bins)) }
 $6 == "full" { full[key] = $8 }
 { ok[key, m] = $8; seen[key] = 1; cells[$2 "|" m] = 1; if (NF >= 11 && $11 != "") nll[key, m] = $11 }
 END {
