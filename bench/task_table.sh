@@ -7,7 +7,7 @@
 # cases full KV answers right of the answer_nll column (the NLL per token, nats, of full KV's
 # answer under the method's cache; CSVs without the column give "-"). usage: bench/task_table.sh OUT_DIR
 # env BINS (default 40): budgets are binned to the nearest 1/BINS of the case's context; BINS=8
-# puts a fixed --budget 1024 over contexts of 1,950-2,048 tokens (50-52.5%) in one 50% cell
+# puts a fixed --budget 1024 over contexts of 1,988-2,048 tokens (50-51.5%) in one 50% cell
 set -eu
 printf "%-10s %-24s %6s %8s %17s %6s %6s %9s %8s %8s %8s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p vs_full ni95_lo nll_ans
 # a chunk still running (.csv.part) counts with the cases it has finished so far
