@@ -966,6 +966,54 @@ static int computing(const srv *s, const srv_doc_key *doc)
     return n;
 }
 
+/* An in-process broker for the held-request tests: compute_missing, four idle workers w0-w3, its
+ * data and front sockets bound to inproc://TAG-data and inproc://TAG-front (answers to
+ * "client" are dropped: no such peer), and *w0 a DEALER connected as worker w0. */
+static srv *held_broker(const char *tag, void **w0)
+{
+    srv *s = calloc(1, sizeof *s);
+    static const volatile sig_atomic_t running = 0;
+    *s = (srv){.compute_missing = 1,
+               .max_new = 100,
+               .max_new_per_key = 100,
+               .interrupts = &running,
+               .announced = 1,
+               .timeout_ms = 1e9,
+               .dead_ms = 1e9,
+               .max_queue = 16,
+               .cap_queue = 16};
+    s->queue = calloc(16, sizeof *s->queue);
+    s->zctx = zmq_ctx_new();
+    s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
+    s->front = zmq_socket(s->zctx, ZMQ_ROUTER);
+    char data[64], front[64];
+    snprintf(data, sizeof data, "inproc://%s-data", tag);
+    snprintf(front, sizeof front, "inproc://%s-front", tag);
+    ck_assert_int_eq(zmq_bind(s->data, data), 0);
+    ck_assert_int_eq(zmq_bind(s->front, front), 0);
+    *w0 = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(*w0, ZMQ_ROUTING_ID, "w0", 2), 0);
+    ck_assert_int_eq(zmq_connect(*w0, data), 0);
+    s->n_workers = 4;
+    for (int w = 0; w < 4; w++) {
+        s->workers[w] = (srv_worker){.alive = 1, .idle = 1, .slot = -1, .last_seen = kvm_now_ms()};
+        snprintf(s->workers[w].id, sizeof s->workers[w].id, "w%d", w);
+    }
+    return s;
+}
+
+static void held_broker_free(srv *s, void *w0)
+{
+    for (int w = 0; w < 4; w++)
+        kvm_msg_free(&s->workers[w].env);
+    zmq_close(w0);
+    zmq_close(s->data);
+    zmq_close(s->front);
+    zmq_ctx_term(s->zctx);
+    free(s->queue);
+    free(s);
+}
+
 /* Requests held for a new document while one computes it (new_cache_once): when that one ended
  * without storing the cache (here its store write failed: status 0, computed, no new_cache),
  * every held request was let go with a grant of its own and each computed the same cache. Now
@@ -981,31 +1029,8 @@ START_TEST(test_held_computation_handed_to_one)
     int saved = dup(2), lfd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ck_assert_int_ge(lfd, 0);
     ck_assert_int_ge(dup2(lfd, 2), 0);
-    srv *s = calloc(1, sizeof *s);
-    static const volatile sig_atomic_t running = 0;
-    *s = (srv){.compute_missing = 1,
-               .max_new = 100,
-               .max_new_per_key = 100,
-               .interrupts = &running,
-               .announced = 1,
-               .timeout_ms = 1e9,
-               .dead_ms = 1e9,
-               .max_queue = 16,
-               .cap_queue = 16};
-    s->queue = calloc(16, sizeof *s->queue);
-    s->zctx = zmq_ctx_new();
-    s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
-    s->front = zmq_socket(s->zctx, ZMQ_ROUTER); /* answers to "client" are dropped: no such peer */
-    ck_assert_int_eq(zmq_bind(s->data, "inproc://held-data"), 0);
-    ck_assert_int_eq(zmq_bind(s->front, "inproc://held-front"), 0);
-    void *w0 = zmq_socket(s->zctx, ZMQ_DEALER);
-    ck_assert_int_eq(zmq_setsockopt(w0, ZMQ_ROUTING_ID, "w0", 2), 0);
-    ck_assert_int_eq(zmq_connect(w0, "inproc://held-data"), 0);
-    s->n_workers = 4;
-    for (int w = 0; w < 4; w++) {
-        s->workers[w] = (srv_worker){.alive = 1, .idle = 1, .slot = -1, .last_seen = kvm_now_ms()};
-        snprintf(s->workers[w].id, sizeof s->workers[w].id, "w%d", w);
-    }
+    void *w0;
+    srv *s = held_broker("held", &w0);
     const char *doc = "Once upon a time there was a little girl named Lily.";
     for (uint64_t id = 1; id <= 4; id++)
         queue_ask(s, id, doc);
@@ -1057,15 +1082,8 @@ START_TEST(test_held_computation_handed_to_one)
     snprintf(want, sizeof want, "document %s: request 2 stored its cache: 2 held request(s) released", name);
     assert_contains(log, want);
     free(log);
-    for (int w = 0; w < 4; w++)
-        kvm_msg_free(&s->workers[w].env);
-    zmq_close(w0);
     zmq_close(wk2);
-    zmq_close(s->data);
-    zmq_close(s->front);
-    zmq_ctx_term(s->zctx);
-    free(s->queue);
-    free(s);
+    held_broker_free(s, w0);
 }
 END_TEST
 
@@ -1073,31 +1091,8 @@ END_TEST
  * at once, as before. */
 START_TEST(test_held_released_when_found)
 {
-    srv *s = calloc(1, sizeof *s);
-    static const volatile sig_atomic_t running = 0;
-    *s = (srv){.compute_missing = 1,
-               .max_new = 100,
-               .max_new_per_key = 100,
-               .interrupts = &running,
-               .announced = 1,
-               .timeout_ms = 1e9,
-               .dead_ms = 1e9,
-               .max_queue = 16,
-               .cap_queue = 16};
-    s->queue = calloc(16, sizeof *s->queue);
-    s->zctx = zmq_ctx_new();
-    s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
-    s->front = zmq_socket(s->zctx, ZMQ_ROUTER);
-    ck_assert_int_eq(zmq_bind(s->data, "inproc://found-data"), 0);
-    ck_assert_int_eq(zmq_bind(s->front, "inproc://found-front"), 0);
-    void *w0 = zmq_socket(s->zctx, ZMQ_DEALER);
-    ck_assert_int_eq(zmq_setsockopt(w0, ZMQ_ROUTING_ID, "w0", 2), 0);
-    ck_assert_int_eq(zmq_connect(w0, "inproc://found-data"), 0);
-    s->n_workers = 4;
-    for (int w = 0; w < 4; w++) {
-        s->workers[w] = (srv_worker){.alive = 1, .idle = 1, .slot = -1, .last_seen = kvm_now_ms()};
-        snprintf(s->workers[w].id, sizeof s->workers[w].id, "w%d", w);
-    }
+    void *w0;
+    srv *s = held_broker("found", &w0);
     for (uint64_t id = 1; id <= 4; id++)
         queue_ask(s, id, "A cat sat on a red mat all day.");
     kvm_serve__dispatch(s);
@@ -1105,14 +1100,7 @@ START_TEST(test_held_released_when_found)
     answer_from(s, w0, 1, 0, 0, 0);
     kvm_serve__dispatch(s);
     ck_assert_int_eq(s->n_queue, 0);
-    for (int w = 0; w < 4; w++)
-        kvm_msg_free(&s->workers[w].env);
-    zmq_close(w0);
-    zmq_close(s->data);
-    zmq_close(s->front);
-    zmq_ctx_term(s->zctx);
-    free(s->queue);
-    free(s);
+    held_broker_free(s, w0);
 }
 END_TEST
 
