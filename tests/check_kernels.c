@@ -91,7 +91,8 @@ static float round_f16(float x) { return (float)(_Float16)x; }
 /* 16-bit panels (bf16 and f16) give bit for bit the float32 panels' product when both hold the
  * same values: odd and panel-tail sizes, single rows (decode), row tails of 1, shared dimensions
  * past one widened block (KC = 256), threads splitting columns, f16 widened by the clones'
- * integer ops and by AVX-512's vcvtph2ps (x86-64-v4, where the processor has it); and the
+ * integer ops, by F16C (x86-64-v3) and by AVX-512's vcvtph2ps (x86-64-v4), where the processor
+ * has them; and the
  * rounding itself is to nearest (16-bit panels of unrounded values stay within the dtype's
  * relative error). */
 START_TEST(test_gemm_16bit_panels)
@@ -99,12 +100,15 @@ START_TEST(test_gemm_16bit_panels)
     const kvm_kernels *k = kvm_kernels_cpu();
     const int64_t ms[] = {1, 2, 5, 9, 17, 130}, outs[] = {1, 15, 17, 40}, ins[] = {1, 7, 256, 257, 600};
     const kvm_weight_dtype dts[] = {KVM_WEIGHT_BF16, KVM_WEIGHT_F16};
-    const int v4_was = kvm__cpu_v4_set(1), has_v4 = kvm__cpu_v4();
-    if (!has_v4) printf("SKIP: no AVX-512 (x86-64-v4) on this processor: the clones' f16 widening only\n");
-    for (int run = 0; run < (has_v4 ? 4 : 2); run++) {
-        const int th = 1 + run % 2, v4 = run / 2;
+    const int v4_was = kvm__cpu_v4_set(1), has_v4 = kvm__cpu_v4(), v3_was = kvm__cpu_v3_set(1), has_v3 = kvm__cpu_v3();
+    if (!has_v4) printf("SKIP: no AVX-512 (x86-64-v4) on this processor: its f16 widening is not run\n");
+    if (!has_v3) printf("SKIP: no x86-64-v3 (F16C) on this processor: its f16 widening is not run\n");
+    for (int run = 0; run < 6; run++) { /* widening: the clones' integer ops, F16C, AVX-512 */
+        const int th = 1 + run % 2, level = run / 2, v4 = level == 2, v3 = level == 1;
+        if ((v4 && !has_v4) || (v3 && !has_v3)) continue;
         kvm_kernels_cpu_set_threads(th);
         kvm__cpu_v4_set(v4);
+        kvm__cpu_v3_set(v3);
         for (size_t d = 0; d < 2; d++)
             for (size_t a = 0; a < 6; a++)
                 for (size_t b = 0; b < 4; b++)
@@ -134,13 +138,14 @@ START_TEST(test_gemm_16bit_panels)
     }
     kvm_kernels_cpu_set_threads(1);
     kvm__cpu_v4_set(v4_was);
+    kvm__cpu_v3_set(v3_was);
 }
 END_TEST
 
 /* Every finite f16 value, subnormals and signed zeros included, comes out of an f16 panel as
  * the portable converter widens it: through the block widening (8-row tiles) and the streaming
- * one (single rows), with the clones' integer widening and, where the processor has it,
- * AVX-512's vcvtph2ps. y = X·Wᵀ with X's rows the unit vectors reads W back. */
+ * one (single rows), with the clones' integer widening and, where the processor has them,
+ * F16C's and AVX-512's vcvtph2ps. y = X·Wᵀ with X's rows the unit vectors reads W back. */
 START_TEST(test_f16_panels_every_value)
 {
     enum { IN = 4096, OUT = 16 }; /* 65,536 weights: weight (o, i) holds the bit pattern o·IN + i */
@@ -155,9 +160,12 @@ START_TEST(test_f16_panels_every_value)
     rows_src src = {w, IN};
     ck_assert_int_eq(k->weight_new_rows(rows_of, &src, OUT, IN, KVM_WEIGHT_F16, &k16), 0);
     kvm_kernels_cpu_set_threads(1);
-    const int v4_was = kvm__cpu_v4_set(1), paths = kvm__cpu_v4() ? 2 : 1;
-    for (int v4 = 0; v4 < paths; v4++) {
+    const int v4_was = kvm__cpu_v4_set(1), has_v4 = kvm__cpu_v4(), v3_was = kvm__cpu_v3_set(1), has_v3 = kvm__cpu_v3();
+    for (int level = 0; level < 3; level++) { /* the clones' integer ops, F16C, AVX-512 */
+        const int v4 = level == 2, v3 = level == 1;
+        if ((v4 && !has_v4) || (v3 && !has_v3)) continue;
         kvm__cpu_v4_set(v4);
+        kvm__cpu_v3_set(v3);
         for (int single = 0; single < 2; single++) {
             if (single) /* one row a call: the streaming widening */
                 for (int r = 0; r < IN; r++)
@@ -167,11 +175,12 @@ START_TEST(test_f16_panels_every_value)
             for (int r = 0; r < IN; r++)
                 for (int o = 0; o < OUT; o++)
                     ck_assert_msg(y[r * OUT + o] == w[o * IN + r],
-                                  "f16 0x%04x (v4 %d, single rows %d): %a, portable %a", o * IN + r, v4, single,
-                                  (double)y[r * OUT + o], (double)w[o * IN + r]);
+                                  "f16 0x%04x (v4 %d, v3 %d, single rows %d): %a, portable %a", o * IN + r, v4, v3,
+                                  single, (double)y[r * OUT + o], (double)w[o * IN + r]);
         }
     }
     kvm__cpu_v4_set(v4_was);
+    kvm__cpu_v3_set(v3_was);
     k->weight_free(k16);
     free(w);
     free(x);

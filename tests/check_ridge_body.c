@@ -9,6 +9,7 @@
 #include "common/kvm_error.h"
 #include "kernels/kvm_ridge_body.h"
 #include "kernels/kvm_sculpt_kernels.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -62,6 +63,9 @@ START_TEST(test_equals_dposv)
         double cap;
     } cases[] = {{40, 1, 8, 0}, {200, 7, 16, 0}, {300, 64, 64, 0}, {600, 120, 64, 1.5}, {96, 160, 32, 0}};
     double worst = 0;
+    const int v4_was = kvm__cpu_v4_set(1), paths = kvm__cpu_v4() ? 2 : 1;
+    kvm__cpu_v4_set(v4_was);
+    if (paths == 1) printf("SKIP: no AVX-512 (x86-64-v4) on this processor: the AVX2 blocks only\n");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t k = cases[c].k, nq = cases[c].nq;
         const int d = cases[c].d;
@@ -117,7 +121,8 @@ END_TEST
  * from 1 through panel edges (47, 48, 49, 97) to SmolLM2's size, head dims 8, 64 and an odd 13;
  * only the upper triangle is given (the lower holds garbage that must not be read). The factor's
  * diagonal (the pivots the float32 path's conditioning check reads) and the solution agree within
- * 1e-9 relative; the solve is deterministic (a second call gives the same bits). */
+ * 1e-9 relative; the solve is deterministic (a second call gives the same bits), and the AVX2
+ * block shapes give the AVX-512 ones' bits where the processor has both. */
 START_TEST(test_blocked_cholesky_vs_dposv)
 {
     const struct {
@@ -125,6 +130,9 @@ START_TEST(test_blocked_cholesky_vs_dposv)
         int d;
     } cases[] = {{30, 1, 8}, {80, 17, 13}, {200, 47, 64}, {200, 48, 8}, {220, 49, 64}, {300, 97, 64}, {640, 595, 64}};
     double worst = 0;
+    const int v4_was = kvm__cpu_v4_set(1), paths = kvm__cpu_v4() ? 2 : 1;
+    kvm__cpu_v4_set(v4_was);
+    if (paths == 1) printf("SKIP: no AVX-512 (x86-64-v4) on this processor: the AVX2 blocks only\n");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t k = cases[c].k, nq = cases[c].nq;
         const int d = cases[c].d;
@@ -155,9 +163,15 @@ START_TEST(test_blocked_cholesky_vs_dposv)
         worst = fmax(worst, fmax(r, piv));
         ck_assert_msg(r < 1e-9 && piv < 1e-9, "k = %lld, d = %d: solution %g, pivots %g from dposv", (long long)k,
                       d, r, piv);
-        ck_assert_int_eq(kvm_cpu_dposv_upper(k, d, A2, B2), 0);
-        ck_assert_int_eq(memcmp(A, A2, na * sizeof *A), 0);
-        ck_assert_int_eq(memcmp(B, B2, nb * sizeof *B), 0);
+        for (int narrow = 0; narrow < paths; narrow++) { /* again, and by the other path's block shapes */
+            memcpy(A1, A2, na * sizeof *A);
+            memcpy(B1, B2, nb * sizeof *B);
+            kvm__cpu_v4_set(!narrow);
+            ck_assert_int_eq(kvm_cpu_dposv_upper(k, d, A1, B1), 0);
+            kvm__cpu_v4_set(v4_was);
+            ck_assert_msg(!memcmp(A, A1, na * sizeof *A) && !memcmp(B, B1, nb * sizeof *B),
+                          "k = %lld, d = %d: the %s blocks differ", (long long)k, d, narrow ? "AVX2" : "AVX-512");
+        }
         free(A), free(B), free(A1), free(B1), free(A2), free(B2), free(v);
     }
     printf("blocked Cholesky vs LAPACKE_dposv over 7 sizes (k 1..595): worst relative %.2g\n", worst);

@@ -82,11 +82,12 @@ static void fit_mass(const kvm_sculpt_problem *p, const float *A, const int64_t 
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)ns, (int)nq, 1.0f, AS, (int)ns, 0.0f, Gf, (int)ns);
     for (int64_t a = 0; a < ns; a++) {
         for (int64_t b = a; b < ns; b++) G[a * ns + b] = G[b * ns + a] = Gf[a * ns + b];
-        double s = 0;
-        for (int64_t i = 0; i < nq; i++) s += AS[i * ns + a];
-        h[a] = s;
+        h[a] = 0;
         w[a] = 1; /* start from the tokens as they are (β = 0): exact when every token is kept */
     }
+    for (int64_t i = 0; i < nq; i++) /* row by row (each h[a] still sums over i in order) */
+        for (int64_t a = 0; a < ns; a++)
+            h[a] += AS[i * ns + a];
     kvm_sculpt_nnls(G, h, ns, 1e-6, AM_NNLS_SWEEPS, w);
 }
 
@@ -139,11 +140,13 @@ int kvm_sculpt_am_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o, in
     }
     if (k == 0) goto fit;
     zone_softmax(p, A);
-    for (int64_t j = 0; j < nc; j++) {
-        double s = 0;
-        for (int64_t i = 0; i < nq; i++) s += (double)A[i * nc + j] * A[i * nc + j];
-        cnorm[j] = sqrt(s);
-    }
+    for (int64_t j = 0; j < nc; j++)
+        cnorm[j] = 0;
+    for (int64_t i = 0; i < nq; i++) /* row by row: A is [nq][nc], a column walk misses the cache */
+        for (int64_t j = 0; j < nc; j++)
+            cnorm[j] += (double)A[i * nc + j] * A[i * nc + j];
+    for (int64_t j = 0; j < nc; j++)
+        cnorm[j] = sqrt(cnorm[j]);
     /* the first half by attention mass, the rest by OMP blocks */
     int64_t ns = (k + 1) / 2;
     if ((rc = kvm_sculpt_select(p, ns, sel))) goto done;

@@ -19,4 +19,10 @@
 int kvm__cpu_v4(void);
 int kvm__cpu_v4_set(int on);
 
+/* The same for the hand-written x86-64-v3 (AVX2, FMA, F16C) loops (the f16 panels' widening by
+ * F16C where kvm__cpu_v4 is off): 1 where the processor has x86-64-v3. No environment switch:
+ * the loops give their generic loop's bits. */
+int kvm__cpu_v3(void);
+int kvm__cpu_v3_set(int on);
+
 #endif
