@@ -1188,14 +1188,16 @@ START_TEST(test_blocked_loss_real)
 }
 END_TEST
 
-/* The AVX-512 exponential loop at head dim 8 (exp_wv8_v4: vmaxps and vscalefps) gives the
- * generic loop's bits: loss, MSE, LSE term and both gradients, on the 20 real problems with and
- * without β, and under flush-to-zero as the solver threads run it. */
+/* The head-dim-8 loops in AVX-512's shape (64-byte sums in 32 registers; the exponential
+ * exp_wv8_v4 with vmaxps and vscalefps) give the bits of the 16-register shape that AVX2 and
+ * baseline processors run (kernels/cpu/kvm_cpu_sculpt_k8n.c): loss, MSE, LSE term and both
+ * gradients, on the 20 real problems with and without β, and under flush-to-zero as the solver
+ * threads run it. */
 START_TEST(test_avx512_exp_loop_same_bits)
 {
     const int v4_was = kvm__cpu_v4_set(1);
     if (!kvm__cpu_v4()) {
-        printf("SKIP: no AVX-512 (x86-64-v4) on this processor: one loop only\n");
+        printf("SKIP: no AVX-512 (x86-64-v4) on this processor: the 16-register loops only\n");
         return;
     }
     kvm_eval_doc *doc;

@@ -7,6 +7,7 @@
  * scores and ∂score rows stay in L1; no [nq][k] array exists. */
 #include "kernels/kvm_sculpt_kernels.h"
 #include "kernels/cpu/kvm_cpu_sculpt_rows.h"
+#include "kernels/cpu/kvm_cpu_sculpt_k8n.h"
 #include "kernels/cpu/kvm_cpu_clones.h"
 #include "common/kvm_error.h"
 
@@ -60,28 +61,6 @@ static void dscore_row(const float *restrict w, float iz, const float *restrict 
         memcpy(u, &uv, 64);
         memcpy(gb + j0, &g, 64);
     }
-}
-
-/* The eight 16-lane sums of acc [8] into out [8] (out[t] = Σ_l acc[t][l]) as a fixed tree of
- * half-vector shuffles: lanes l and l + 8 first, then l and l + 4, l + 2, l + 1. */
-static inline SB_INLINE void v16_hsum8(const v16f acc[8], float out[8])
-{
-    v16f s[4], u[2];
-    for (int i = 0; i < 4; i++) {
-        const v16f a = acc[2 * i], b = acc[2 * i + 1];
-        s[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-               __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    }
-    for (int i = 0; i < 2; i++) {
-        const v16f a = s[2 * i], b = s[2 * i + 1];
-        u[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-               __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    }
-    const v16f w = __builtin_shufflevector(u[0], u[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-                   __builtin_shufflevector(u[0], u[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    const v8f r = __builtin_shufflevector(w, w, 0, 2, 4, 6, 8, 10, 12, 14) +
-                  __builtin_shufflevector(w, w, 1, 3, 5, 7, 9, 11, 13, 15);
-    memcpy(out, &r, 32);
 }
 
 /* The exponentials of nb score rows at head dim 8 with Ôc = W·Vc fused in: per row s_j ←
@@ -345,7 +324,10 @@ static void score_rows(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, 
     const int64_t kp = w->kp;
     if (d == 8) {
         float mx[QB];
-        scores_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
+        if (kvm__cpu_v4())
+            scores_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
+        else
+            kvm__sb_scores_k8n(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
         exp_rows(w->S, nb, kp, mx, lc, iz);
         return;
     }
@@ -361,7 +343,11 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
     const int d = p->d;
     const int64_t kp = w->kp;
     float lc[QB], iz[QB], oe[QB], b1[QB], b2[QB];
-    if (d == 8) {
+    if (d == 8 && !kvm__cpu_v4()) { /* 16 registers (AVX2, baseline): kvm_cpu_sculpt_k8n.c */
+        float mx[QB];
+        kvm__sb_scores_k8n(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
+        kvm__sb_exp_wv8n(w->S, nb, kp, mx, &w->vtpk, w->oh, lc, iz);
+    } else if (d == 8) {
         float mx[QB];
         scores_k8(p->q + i0 * d, nb, &w->kpk, kp, p->scale, b0, w->S, mx);
 #ifdef SB_HAVE_V4
@@ -384,6 +370,11 @@ static void block(const kvm_sculpt_view *p, int64_t i0, int nb, int64_t k, const
         for (int b = 0; b < nb; b++) {
             b1[b] *= iz[b];
             b2[b] *= iz[b];
+        }
+        if (!kvm__cpu_v4()) {
+            kvm__sb_dscore_k8n(w->E, nb, &w->vtpk, kp, w->S, oe, b1, b2, w->R, w->gb);
+            kvm__sb_grad_k8n(p->q + i0 * d, nb, w->R, kp, w->gt);
+            return;
         }
         dscore_k8(w->E, nb, &w->vtpk, kp, w->S, oe, b1, b2, w->R, w->gb);
         grad_k8(p->q + i0 * d, nb, w->R, kp, w->gt);

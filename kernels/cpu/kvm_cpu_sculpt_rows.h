@@ -44,6 +44,21 @@ static inline SB_INLINE v16f v16_expf(v16f x)
     return p * (v16f)bits;
 }
 
+/* v16_expf on 8 lanes (the same operations, so the same bits): GCC lowers v16_expf's integer
+ * conversion and shift on AVX2 through 128-bit pieces and the stack. */
+static inline SB_INLINE v8f v8_expf(v8f x)
+{
+    const v8f lo = (v8f){0} - 87.0f;
+    const v8i keep = x >= lo;
+    x = (v8f)(((v8i)x & keep) | ((v8i)lo & ~keep));
+    v8f t = x * 1.44269504088896341f;
+    v8f r = (t + 12582912.0f) - 12582912.0f;
+    v8f f = (t - r) * 0.693147180559945309f;
+    v8f p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
+    v8i bits = (__builtin_convertvector(r, v8i) + 127) << 23;
+    return p * (v8f)bits;
+}
+
 /* kvm_sb_logf on 16 lanes: the same operations in the same order (z normal and > 0). */
 static inline SB_INLINE v16f v16_logf(v16f z)
 {
@@ -92,6 +107,28 @@ SB_V4 static inline SB_INLINE v16f v16_expf_v4(v16f x)
 }
 
 #endif
+
+/* The eight 16-lane sums of acc [8] into out [8] (out[t] = Σ_l acc[t][l]) as a fixed tree of
+ * half-vector shuffles: lanes l and l + 8 first, then l and l + 4, l + 2, l + 1. */
+static inline SB_INLINE void v16_hsum8(const v16f acc[8], float out[8])
+{
+    v16f s[4], u[2];
+    for (int i = 0; i < 4; i++) {
+        const v16f a = acc[2 * i], b = acc[2 * i + 1];
+        s[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    for (int i = 0; i < 2; i++) {
+        const v16f a = s[2 * i], b = s[2 * i + 1];
+        u[i] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    }
+    const v16f w = __builtin_shufflevector(u[0], u[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                   __builtin_shufflevector(u[0], u[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    const v8f r = __builtin_shufflevector(w, w, 0, 2, 4, 6, 8, 10, 12, 14) +
+                  __builtin_shufflevector(w, w, 1, 3, 5, 7, 9, 11, 13, 15);
+    memcpy(out, &r, 32);
+}
 
 /* The largest of the 8 lanes. */
 static inline SB_INLINE float v8_hmax(v8f m)
