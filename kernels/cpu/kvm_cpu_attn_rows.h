@@ -19,6 +19,74 @@ enum { KVM_ATTN_QBLOCK = 64 };
  * kvm_fb_visible (kernels/kvm_forward_body.h), the body the CUDA kernels run. */
 static inline int64_t kvm__attn_visible(const int32_t *pos, int64_t n, int32_t p) { return kvm_fb_visible(pos, n, p); }
 
+/* kvm__attn_softmax_row's body over the compare LT (kvm__v16i mask of a < b) and the 16-lane
+ * exponential EXPF (kvm_fb_entropy_acc per lane in the entropy loop). */
+#define KVM__ATTN_SOFTMAX_BODY(LT, EXPF)                                                                               \
+    typedef kvm__v16 v16;                                                                                              \
+    const int64_t nv = vis / 16 * 16;                                                                                  \
+    v16 vm = (v16){0} - INFINITY, x, b;                                                                                \
+    for (int64_t e = 0; e < nv; e += 16) {                                                                             \
+        memcpy(&x, row + e, sizeof x);                                                                                 \
+        if (bias) {                                                                                                    \
+            memcpy(&b, bias + e, sizeof b);                                                                            \
+            x += b;                                                                                                    \
+            memcpy(row + e, &x, sizeof x);                                                                             \
+        }                                                                                                              \
+        vm = kvm__vselect(LT(vm, x), x, vm);                                                                           \
+    }                                                                                                                  \
+    float m = -INFINITY;                                                                                               \
+    for (int l = 0; l < 16; l++)                                                                                       \
+        m = vm[l] > m ? vm[l] : m;                                                                                     \
+    for (int64_t e = nv; e < vis; e++) {                                                                               \
+        if (bias) row[e] += bias[e];                                                                                   \
+        m = row[e] > m ? row[e] : m;                                                                                   \
+    }                                                                                                                  \
+    v16 vs = {0}, vxt = {0}, t;                                                                                        \
+    if (ent_out) /* a loop of its own: rows asking no entropy pay nothing */                                           \
+        for (int64_t e = 0; e < nv; e += 16) {                                                                         \
+            memcpy(&t, row + e, sizeof t);                                                                             \
+            t -= m;                                                                                                    \
+            x = EXPF(t);                                                                                               \
+            vs += x;                                                                                                   \
+            vxt += kvm__vselect(LT((v16){0}, x), x * t, (v16){0});                                                     \
+            memcpy(row + e, &x, sizeof x);                                                                             \
+        }                                                                                                              \
+    else                                                                                                               \
+        for (int64_t e = 0; e < nv; e += 16) {                                                                         \
+            memcpy(&x, row + e, sizeof x);                                                                             \
+            x = EXPF(x - m);                                                                                           \
+            vs += x;                                                                                                   \
+            memcpy(row + e, &x, sizeof x);                                                                             \
+        }                                                                                                              \
+    float s = 0.0f, xt = 0.0f;                                                                                         \
+    for (int l = 0; l < 16; l++)                                                                                       \
+        s += vs[l], xt += vxt[l];                                                                                      \
+    for (int64_t e = nv; e < vis; e++) {                                                                               \
+        const float te = row[e] - m;                                                                                   \
+        s += row[e] = kvm__expf(te);                                                                                   \
+        xt += kvm_fb_entropy_acc(row[e], te);                                                                          \
+    }                                                                                                                  \
+    float inv = vis > 0 ? 1.0f / s : 0.0f;                                                                             \
+    if (lse_out) *lse_out = vis > 0 ? m + logf(s) : -INFINITY;                                                         \
+    if (ent_out) *ent_out = kvm_fb_entropy_finish(vis > 0 ? s : 0.0, xt);                                              \
+    if (normalize)                                                                                                     \
+        for (int64_t e = 0; e < vis; e++)                                                                              \
+            row[e] *= inv;                                                                                             \
+    if (width > vis) memset(row + vis, 0, (size_t)(width - vis) * sizeof *row);                                        \
+    return inv;
+
+KVM_CLONES
+static inline float kvm__attn_softmax_row16(float *row, const float *bias, int64_t vis, int64_t width, int normalize,
+                                            float *lse_out,
+                                            float *ent_out){KVM__ATTN_SOFTMAX_BODY(KVM__LT16, kvm__expf16)}
+
+/* The same with 8-lane compares (same bits): GCC scalarises 16-lane compares without AVX-512. */
+KVM_CLONES static inline float kvm__attn_softmax_row16h(float *row, const float *bias, int64_t vis, int64_t width,
+                                                        int normalize, float *lse_out, float *ent_out)
+{
+    KVM__ATTN_SOFTMAX_BODY(KVM__LT16H, kvm__expf16h)
+}
+
 /* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width): the SIMD form of
  * kvm_fb_softmax_row (kernels/kvm_forward_body.h) with the same per-element operations (bias add,
  * max, kvm_fb_expf per lane, 1/Σ); the sum is taken over 16 lanes, then across them. Explicit
@@ -28,59 +96,11 @@ static inline int64_t kvm__attn_visible(const int32_t *pos, int64_t n, int32_t p
  * NULL, receives ln Σ exp(row) = max + ln sum (−∞ for an empty row); *ent_out, when not NULL,
  * the row's entropy −Σ p ln p from the same pass (kvm_fb_entropy_acc per lane on the scores
  * less the maximum, summed as the weights are, then kvm_fb_entropy_finish: no log per weight). */
-KVM_CLONES
 static inline float kvm__attn_softmax_row(float *row, const float *bias, int64_t vis, int64_t width, int normalize,
                                    float *lse_out, float *ent_out)
 {
-    typedef kvm__v16 v16;
-    const int64_t nv = vis / 16 * 16;
-    v16 vm = (v16){0} - INFINITY, x, b;
-    for (int64_t e = 0; e < nv; e += 16) {
-        memcpy(&x, row + e, sizeof x);
-        if (bias) {
-            memcpy(&b, bias + e, sizeof b);
-            x += b;
-            memcpy(row + e, &x, sizeof x);
-        }
-        vm = kvm__vselect(x > vm, x, vm);
-    }
-    float m = -INFINITY;
-    for (int l = 0; l < 16; l++) m = vm[l] > m ? vm[l] : m;
-    for (int64_t e = nv; e < vis; e++) {
-        if (bias) row[e] += bias[e];
-        m = row[e] > m ? row[e] : m;
-    }
-    v16 vs = {0}, vxt = {0}, t;
-    if (ent_out) /* a loop of its own: the rows that ask no entropy pay nothing for it */
-        for (int64_t e = 0; e < nv; e += 16) {
-            memcpy(&t, row + e, sizeof t);
-            t -= m;
-            x = kvm__expf16(t);
-            vs += x;
-            vxt += kvm__vselect(x > 0.0f, x * t, (v16){0}); /* kvm_fb_entropy_acc per lane */
-            memcpy(row + e, &x, sizeof x);
-        }
-    else
-        for (int64_t e = 0; e < nv; e += 16) {
-            memcpy(&x, row + e, sizeof x);
-            x = kvm__expf16(x - m);
-            vs += x;
-            memcpy(row + e, &x, sizeof x);
-        }
-    float s = 0.0f, xt = 0.0f;
-    for (int l = 0; l < 16; l++) s += vs[l], xt += vxt[l];
-    for (int64_t e = nv; e < vis; e++) {
-        const float te = row[e] - m;
-        s += row[e] = kvm__expf(te);
-        xt += kvm_fb_entropy_acc(row[e], te);
-    }
-    float inv = vis > 0 ? 1.0f / s : 0.0f;
-    if (lse_out) *lse_out = vis > 0 ? m + logf(s) : -INFINITY;
-    if (ent_out) *ent_out = kvm_fb_entropy_finish(vis > 0 ? s : 0.0, xt);
-    if (normalize)
-        for (int64_t e = 0; e < vis; e++) row[e] *= inv;
-    if (width > vis) memset(row + vis, 0, (size_t)(width - vis) * sizeof *row);
-    return inv;
+    return kvm__cpu_v4() ? kvm__attn_softmax_row16(row, bias, vis, width, normalize, lse_out, ent_out)
+                         : kvm__attn_softmax_row16h(row, bias, vis, width, normalize, lse_out, ent_out);
 }
 
 typedef float kvm__v8 __attribute__((vector_size(32)));

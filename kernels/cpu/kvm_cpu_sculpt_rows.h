@@ -6,6 +6,7 @@
 
 #include "kernels/kvm_sculpt_body.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -31,18 +32,18 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 
 /* kvm_sb_expf on 16 lanes: the same operations in the same order, so each lane is bit-identical
  * to the scalar body (GCC does not vectorise the body's bit cast by itself). */
-static inline SB_INLINE v16f v16_expf(v16f x)
-{
-    const v16f lo = (v16f){0} - 87.0f;
-    const v16i keep = x >= lo;
-    x = (v16f)(((v16i)x & keep) | ((v16i)lo & ~keep));
-    v16f t = x * 1.44269504088896341f;
-    v16f r = (t + 12582912.0f) - 12582912.0f;
-    v16f f = (t - r) * 0.693147180559945309f;
-    v16f p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));
-    v16i bits = (__builtin_convertvector(r, v16i) + 127) << 23;
+#define V16_EXPF_BODY(KEEP)                                                                                            \
+    const v16f lo = (v16f){0} - 87.0f;                                                                                 \
+    const v16i keep = KEEP;                                                                                            \
+    x = (v16f)(((v16i)x & keep) | ((v16i)lo & ~keep));                                                                 \
+    v16f t = x * 1.44269504088896341f;                                                                                 \
+    v16f r = (t + 12582912.0f) - 12582912.0f;                                                                          \
+    v16f f = (t - r) * 0.693147180559945309f;                                                                          \
+    v16f p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24 + f * (1.0f / 120 + f * (1.0f / 720))))));  \
+    v16i bits = (__builtin_convertvector(r, v16i) + 127) << 23;                                                        \
     return p * (v16f)bits;
-}
+
+static inline SB_INLINE v16f v16_expf(v16f x) { V16_EXPF_BODY(x >= lo) }
 
 /* v16_expf on 8 lanes (the same operations, so the same bits): GCC lowers v16_expf's integer
  * conversion and shift on AVX2 through 128-bit pieces and the stack. */
@@ -86,6 +87,29 @@ static inline SB_INLINE v16f v16_max(v16f a, v16f b)
     const v16i ge = a >= b;
     return (v16f)(((v16i)a & ge) | ((v16i)b & ~ge));
 }
+
+/* a >= b per lane as two 8-lane compares: GCC 12 turns a 16-lane compare into 16 scalar
+ * vcomiss where AVX-512 is absent (exact either way: the same masks). */
+static inline SB_INLINE v16i v16_ge_h(v16f a, v16f b)
+{
+    v8f al, ah, bl, bh;
+    memcpy(&al, &a, 32), memcpy(&ah, (const float *)&a + 8, 32);
+    memcpy(&bl, &b, 32), memcpy(&bh, (const float *)&b + 8, 32);
+    const v8i l = al >= bl, h = ah >= bh;
+    v16i m;
+    memcpy(&m, &l, 32), memcpy((int32_t *)&m + 8, &h, 32);
+    return m;
+}
+
+/* v16_max with v16_ge_h (the same bits, for processors without AVX-512). */
+static inline SB_INLINE v16f v16_max_h(v16f a, v16f b)
+{
+    const v16i ge = v16_ge_h(a, b);
+    return (v16f)(((v16i)a & ge) | ((v16i)b & ~ge));
+}
+
+/* v16_expf with v16_ge_h (the same bits). */
+static inline SB_INLINE v16f v16_expf_h(v16f x) { V16_EXPF_BODY(v16_ge_h(x, lo)) }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -170,24 +194,30 @@ static inline SB_INLINE float v16_hsum(v16f a)
 /* The exponentiation half of a softmax row: s_j ← exp(s_j − mx) in place (v16_expf) for j < kp
  * (a multiple of 16), mx the row's maximum. Returns the row's LSE mx + ln Σ_j s_j and
  * *iz = 1/Σ_j s_j (one 16-lane accumulator, then v16_hsum's fixed tree). */
+#define EXP_ROW_BODY(EXPF)                                                                                             \
+    v16f a = {0}, x;                                                                                                   \
+    for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {                                                                    \
+        memcpy(&x, s + j, 64);                                                                                         \
+        x = EXPF(x - mx);                                                                                              \
+        memcpy(s + j, &x, 64);                                                                                         \
+        a += x;                                                                                                        \
+    }                                                                                                                  \
+    float z = v16_hsum(a);                                                                                             \
+    *iz = 1.0f / z;                                                                                                    \
+    return mx + kvm_sb_logf(z);
+
 static inline SB_INLINE float exp_row_body(float *restrict s, int64_t kp, float mx, float *iz)
 {
-    v16f a = {0}, x;
-    for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {
-        memcpy(&x, s + j, 64);
-        x = v16_expf(x - mx);
-        memcpy(s + j, &x, 64);
-        a += x;
-    }
-    float z = v16_hsum(a);
-    *iz = 1.0f / z;
-    return mx + kvm_sb_logf(z);
+    EXP_ROW_BODY(v16_expf)
 }
 
-SB_CLONES
-static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
+/* exp_row_body with v16_expf_h (the same bits; processors without AVX-512, kvm__cpu_v4 off). */
+static inline SB_INLINE float exp_row_body_h(float *restrict s, int64_t kp, float mx,
+                                             float *iz){EXP_ROW_BODY(v16_expf_h)}
+
+SB_CLONES static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
 {
-    return exp_row_body(s, kp, mx, iz);
+    return kvm__cpu_v4() ? exp_row_body(s, kp, mx, iz) : exp_row_body_h(s, kp, mx, iz);
 }
 
 /* exp_row over nb rows s [nb][kp] (maxima mx [nb]) in one cloned call, so the polynomial's
@@ -196,7 +226,12 @@ static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
 SB_CLONES
 static inline void exp_rows(float *restrict s, int nb, int64_t kp, const float *mx, float *lse, float *iz)
 {
-    for (int b = 0; b < nb; b++) lse[b] = exp_row_body(s + b * kp, kp, mx[b], &iz[b]);
+    if (kvm__cpu_v4())
+        for (int b = 0; b < nb; b++)
+            lse[b] = exp_row_body(s + b * kp, kp, mx[b], &iz[b]);
+    else
+        for (int b = 0; b < nb; b++)
+            lse[b] = exp_row_body_h(s + b * kp, kp, mx[b], &iz[b]);
 }
 
 /* Exponentials of one score row s[0..kp) (+ beta; padding beyond k is −1e30) in place,
@@ -204,15 +239,17 @@ static inline void exp_rows(float *restrict s, int nb, int64_t kp, const float *
 SB_CLONES
 static inline float softmax_row(float *restrict s, const float *restrict b0, int64_t kp, float *iz)
 {
+    const int v4 = kvm__cpu_v4();
     v16f m = (v16f){0} - INFINITY, x, y;
     for (int64_t j = 0; j < kp; j += KVM_GEMM_NR) {
         memcpy(&x, s + j, 64);
         memcpy(&y, b0 + j, 64);
         x += y;
         memcpy(s + j, &x, 64);
-        m = v16_max(m, x);
+        m = v4 ? v16_max(m, x) : v16_max_h(m, x);
     }
-    return exp_row(s, kp, v16_hmax(m), iz);
+    const float mx = v16_hmax(m);
+    return v4 ? exp_row_body(s, kp, mx, iz) : exp_row_body_h(s, kp, mx, iz);
 }
 
 #endif
