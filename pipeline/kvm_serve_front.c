@@ -67,6 +67,31 @@ void kvm_serve__queue_remove(srv *s, int64_t i)
 
 /* ---- front end ---- */
 
+/* Why a request of `bytes` over [serve] max_message_bytes is refused, into why[n]: the part of it
+ * that is large (an ask's document or prompt, by field and size, as the client sent them) and
+ * what to do instead. Decoding only reads the message (the protocol's own limits hold). */
+static void oversize_why(const srv *s, const kvm_msg *m, size_t bytes, char *why, size_t n)
+{
+    kvm_proto_ask a;
+    int o = snprintf(why, n, "request of %zu bytes exceeds this server's [serve] max_message_bytes = %lld", bytes,
+                     (long long)s->max_msg_bytes);
+    if (o < 0 || (size_t)o >= n || kvm_proto_ask_decode(m, &a)) return;
+    const char *field = a.doc_text.len    ? "doc_text"
+                        : a.doc_bytes.len ? "doc_bytes"
+                        : a.n_doc_tokens  ? "doc_tokens"
+                                          : NULL;
+    size_t doc = a.doc_text.len + a.doc_bytes.len + (size_t)a.n_doc_tokens * sizeof(int32_t);
+    size_t prompt = a.prompt.len + a.prompt_bytes.len;
+    if (field && doc >= prompt)
+        snprintf(why + o, n - (size_t)o,
+                 ": the document sent with it is %zu bytes (%s%s); ask about a document kvmill run stored by "
+                 "name or hash instead of sending it (kvmill ask --doc-name, --doc-hash), or raise [serve] "
+                 "max_message_bytes",
+                 doc, field, a.n_doc_tokens ? ", token ids" : "");
+    else
+        snprintf(why + o, n - (size_t)o, ": the prompt is %zu bytes; send a shorter one", prompt);
+}
+
 static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
 {
     size_t bytes = 0;
@@ -80,8 +105,7 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
     kvm_proto_ask ask;
     if ((int64_t)bytes > s->max_msg_bytes) {
         status = KVM_ERANGE;
-        snprintf(why, sizeof why, "request of %zu bytes exceeds [serve] max_message_bytes = %lld", bytes,
-                 (long long)s->max_msg_bytes);
+        oversize_why(s, *m, bytes, why, sizeof why);
     } else if (kvm_proto_peek(*m, &t)) {
         status = KVM_EPROTO;
         snprintf(why, sizeof why, "malformed request: %s", kvm_errmsg());
