@@ -843,7 +843,7 @@ START_TEST(test_fifo_without_writer)
         {"generate --model '%s' -n 4 --tokens '%s'", "f.txt: no token ids"},
         {"eval --model '%s' --docs '%s' --method h2o --budget 8 --context 64 --continuation 8",
          "f.txt: not a regular file (a FIFO"}, /* docs_from_a_pipe */
-        {"sculpt --model '%s' --doc '%s' --out /dev/null", "context of 1 token"},
+        {"sculpt --model '%s' --doc '%s' --out /dev/null", "is empty: it has no tokens besides BOS"},
         /* an output FIFO with no reader: fopen(..., "w") waited for one for ever */
         {"eval --model '%s' --docs DOC --method h2o --budget 8 --context 64 --continuation 8 --csv '%s'",
          "f.txt: a FIFO that no process is reading"},
