@@ -183,8 +183,8 @@ static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, i
     else
         fprintf(stderr,
                 "kvmill ask: no answer from %s within %g s (%sis it kvmill serve's front end, and is the "
-                "server busy? a request larger than its [serve] max_message_bytes is cut off without an "
-                "answer: name a stored document with --doc-name or --doc-hash instead of sending it)\n",
+                "server busy, or computing the document's cache for longer than --timeout? a server of an "
+                "older kvmill cuts off a request larger than its [serve] max_message_bytes without an answer)\n",
                 ep, timeout_s, monitored ? "the request was delivered to a ZeroMQ peer; " : "");
 }
 
@@ -385,8 +385,9 @@ int kvm_cmd_ask(int argc, char **argv)
             continue;
         }
         if (a.status != 0) {
-            fprintf(stderr, "kvmill ask: error from the server (%s): %.*s\n", kvm_strerror(a.status),
-                    (int)a.message.len, a.message.ptr ? a.message.ptr : "");
+            /* the server knows the document by its bytes only: name the file it came from */
+            fprintf(stderr, "kvmill ask: error from the server (%s)%s%s: %.*s\n", kvm_strerror(a.status),
+                    doc ? " about --doc " : "", doc ? doc : "", (int)a.message.len, a.message.ptr ? a.message.ptr : "");
             goto done;
         }
         fwrite(a.text.ptr ? a.text.ptr : "", 1, a.text.len, stdout);

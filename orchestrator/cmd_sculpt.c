@@ -185,7 +185,10 @@ int kvm_cmd_sculpt(int argc, char **argv)
     int rc = cmd_eval_docs_encode("sculpt", tok, NULL, doc, want, &ids, &n);
     if (!rc) {
         int64_t N = ctx > 0 ? ctx : n;
-        if (ctx > m->cfg.seq_len) { /* a cut the user did not ask for would compress another context */
+        if (n <= 1) { /* BOS alone: a "cache" of nothing, which run, serve and eval refuse */
+            fprintf(stderr, "kvmill sculpt: --doc %s is empty: it has no tokens besides BOS\n", doc);
+            rc = 2;
+        } else if (ctx > m->cfg.seq_len) { /* a cut the user did not ask for would compress another context */
             fprintf(stderr, "kvmill sculpt: --context %lld is past the model's window of %d tokens\n", (long long)ctx,
                     m->cfg.seq_len);
             rc = 2;

@@ -341,6 +341,16 @@ int kvm_doc_prepare_n(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int3
     return rc ? rc : finish(d, from_text, tok, frame, vocab_size, bos, n_ctx);
 }
 
+int kvm_doc_prepare_begin(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, const char *frame,
+                          int64_t n_ctx, int64_t n_keep, int *need_more)
+{
+    *need_more = 0;
+    if (n_keep < n_ctx) n_keep = n_ctx;
+    if (!d->text) return kvm_err(KVM_EINVAL, "kvm_doc_prepare_begin: the document has no text");
+    int rc = prepare_text(d, tok, frame, 0, n_keep, need_more);
+    return rc || *need_more ? rc : finish(d, 1, tok, frame, vocab_size, bos, n_ctx);
+}
+
 int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, int64_t n_ctx)
 {
     return kvm_doc_prepare_n(d, tok, vocab_size, bos, NULL, n_ctx, n_ctx);

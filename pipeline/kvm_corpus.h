@@ -71,6 +71,14 @@ int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_
 int kvm_doc_prepare_n(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, const char *frame,
                       int64_t n_ctx, int64_t n_keep);
 
+/* kvm_doc_prepare_n for a d->text that is only the beginning of a longer document whose other
+ * bytes are not at hand (kvmill serve cut an ask's document to fit [serve] max_message_bytes):
+ * when that beginning settles the first n_keep + 1 ids (kvm_doctok_encode with at_end 0), d
+ * is prepared exactly as from the whole document (same ids, truncation and hash; truncated is
+ * 1), else *need_more is set to 1 and d holds no tokens. Errors: as kvm_doc_prepare_n. */
+int kvm_doc_prepare_begin(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_t bos, const char *frame,
+                          int64_t n_ctx, int64_t n_keep, int *need_more);
+
 /* Loads document d of corpus c (a folder file: only the beginning that n_keep tokens need;
  * a JSONL line: parsed again) and prepares it as kvm_doc_prepare_n, with c->frame. The text is freed
  * before returning; d->tokens stay until kvm_doc_release. Errors: KVM_EIO (the file or

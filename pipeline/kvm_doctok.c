@@ -26,6 +26,12 @@ static int keep_first(int32_t **ids, int64_t *n, int64_t n_want)
     return 0;
 }
 
+/* The first prefix kvm_doctok_encode tokenises for n_want ids, and the check prefix after L. */
+static size_t first_bytes(int64_t n_want) { return (size_t)n_want * BYTES_PER_ID + FIRST_BYTES; }
+static size_t check_bytes(size_t L) { return L + L / 4 + FIRST_BYTES; }
+
+size_t kvm_doctok_begin_bytes(int64_t n_want) { return check_bytes(first_bytes(n_want)) + 1; }
+
 int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, int at_end, int add_bos,
                       int64_t n_want, int32_t **ids, int64_t *n_ids, int *need_more)
 {
@@ -34,7 +40,7 @@ int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, in
     *ids = NULL;
     *n_ids = 0;
     if (need_more) *need_more = 0;
-    size_t L = (size_t)n_want * BYTES_PER_ID + FIRST_BYTES;
+    size_t L = first_bytes(n_want);
     for (;;) {
         if (L >= len) {
             if (!at_end) return *need_more = 1, 0;
@@ -45,7 +51,7 @@ int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, in
         int64_t na = 0, nb = 0;
         int rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, L), add_bos, 0, &a, &na);
         if (rc) return rc;
-        size_t L2 = L + L / 4 + FIRST_BYTES; /* the check prefix (tokenisers can be superlinear: not 2L) */
+        size_t L2 = check_bytes(L);      /* the check prefix (tokenisers can be superlinear: not 2L) */
         if (na >= n_want + MARGIN_IDS) { /* far enough past the cut: check against a longer prefix */
             if (L2 >= len && !at_end) {
                 free(a);

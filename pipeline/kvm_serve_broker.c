@@ -90,7 +90,13 @@ static int prepare(srv *s)
     s->data = zmq_socket(s->zctx, ZMQ_ROUTER);
     if (!s->zctx || !s->front || !s->ctl || !s->data) return kvm_err(KVM_EIO, "zmq_socket: %s", zmq_strerror(errno));
     int linger = 0, mandatory = 1;
-    int64_t maxmsg = s->max_msg_bytes;
+    /* ZeroMQ drops a frame over ZMQ_MAXMSGSIZE with its connection, unanswered: the client waited
+     * for its timeout. So the front end takes every frame a valid ask can have (its header, which
+     * carries the document and the prompt, is at most KVM_PROTO_MAX_HEADER_BYTES) and
+     * on_request refuses what is over max_message_bytes with an error answer naming it, at
+     * once; such a request is freed before the next one is read, never queued */
+    int64_t maxmsg =
+        s->max_msg_bytes > (int64_t)KVM_PROTO_MAX_HEADER_BYTES ? s->max_msg_bytes : (int64_t)KVM_PROTO_MAX_HEADER_BYTES;
     void *socks[3] = {s->front, s->ctl, s->data};
     for (int i = 0; i < 3; i++) {
         zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);

@@ -3,6 +3,7 @@
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
+#include "model/kvm_utf8.h"
 #include "pipeline/kvm_stage.h"
 
 #include <errno.h>
@@ -67,11 +68,77 @@ void kvm_serve__queue_remove(srv *s, int64_t i)
 
 /* ---- front end ---- */
 
-static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
+/* Why a request of `bytes` over [serve] max_message_bytes that cut_document could not make fit
+ * is refused, into why[n]: the part of it that is large (a document's token ids, else the prompt,
+ * by size, as the client sent them) and what to do instead. */
+static void oversize_why(const srv *s, const kvm_msg *m, size_t bytes, char *why, size_t n)
+{
+    kvm_proto_ask a;
+    int o = snprintf(why, n, "request of %zu bytes exceeds this server's [serve] max_message_bytes = %lld", bytes,
+                     (long long)s->max_msg_bytes);
+    if (o < 0 || (size_t)o >= n || kvm_proto_ask_decode(m, &a)) return;
+    size_t ids = (size_t)a.n_doc_tokens * sizeof(int32_t), prompt = a.prompt.len + a.prompt_bytes.len;
+    if (ids >= prompt && ids > 0)
+        snprintf(why + o, n - (size_t)o,
+                 ": the document sent with it is %lld token ids (%zu bytes); send its first [model] context ids, "
+                 "ask about a document kvmill run stored by name or hash instead (kvmill ask --doc-name, "
+                 "--doc-hash), or raise [serve] max_message_bytes",
+                 (long long)a.n_doc_tokens, ids);
+    else
+        snprintf(why + o, n - (size_t)o, ": the prompt is %zu bytes%s; send a shorter one", prompt,
+                 a.doc_text.len + a.doc_bytes.len ? " (no beginning of the document fits beside it)" : "");
+}
+
+static size_t msg_bytes(const kvm_msg *m)
 {
     size_t bytes = 0;
-    for (size_t f = 0; f < kvm_msg_nframes(*m); f++)
-        bytes += kvm_msg_frame(*m, f).size;
+    for (size_t f = 0; f < kvm_msg_nframes(m); f++)
+        bytes += kvm_msg_frame(m, f).size;
+    return bytes;
+}
+
+/* An ask of *bytes over [serve] max_message_bytes whose document (text or bytes) is what makes
+ * it large becomes, in *m, the same ask with the document's beginning that fits, doc_size
+ * saying how long the whole is (revision 9): a decode worker needs only as much of a document
+ * as its first [model] context ids take, and answers with an error naming the document's
+ * tokens and the limit when that beginning does not settle them (stages/decode.c). Returns 1
+ * when *m was replaced (*bytes updated), 0 when no beginning of a document makes it fit (a
+ * large prompt, token ids, a non-ask, out of memory): *m is unchanged. */
+static int cut_document(const srv *s, kvm_msg **m, size_t *bytes)
+{
+    kvm_proto_ask a;
+    if (kvm_proto_ask_decode(*m, &a)) return 0;
+    const size_t doc = a.doc_text.len + a.doc_bytes.len, rest = *bytes - doc;
+    const size_t slack = 64; /* the doc_size entry and a wider length prefix in the new encoding */
+    if (doc == 0 || rest + slack >= (size_t)s->max_msg_bytes) return 0;
+    const size_t keep = (size_t)s->max_msg_bytes - rest - slack;
+    kvm_proto_ask c = a;
+    if (a.doc_text.len) /* still UTF-8 text: cut at a character boundary */
+        c.doc_text.len = kvm_utf8_cut(a.doc_text.ptr, a.doc_text.len, keep);
+    else
+        c.doc_bytes.len = keep;
+    c.doc_size = a.doc_size ? a.doc_size : (int64_t)doc;
+    kvm_msg *cut = NULL;
+    if (c.doc_text.len + c.doc_bytes.len == 0 || kvm_proto_ask_encode(&c, &cut)) return 0;
+    const size_t cut_bytes = msg_bytes(cut);
+    if ((int64_t)cut_bytes > s->max_msg_bytes) {
+        kvm_msg_free(&cut);
+        return 0;
+    }
+    kvm_serve__log("request %llu: its document of %lld bytes makes it %zu bytes, over [serve] max_message_bytes = "
+                   "%lld: a decode worker gets the document's first %zu bytes",
+                   (unsigned long long)a.request_id, (long long)c.doc_size, *bytes, (long long)s->max_msg_bytes,
+                   c.doc_text.len + c.doc_bytes.len);
+    kvm_msg_free(m);
+    *m = cut;
+    *bytes = cut_bytes;
+    return 1;
+}
+
+static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
+{
+    size_t bytes = msg_bytes(*m);
+    if ((int64_t)bytes > s->max_msg_bytes) cut_document(s, m, &bytes);
     uint64_t rid = 0;
     int has_id = kvm_serve_request_id(*m, &rid);
     char why[1024];
@@ -80,8 +147,7 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
     kvm_proto_ask ask;
     if ((int64_t)bytes > s->max_msg_bytes) {
         status = KVM_ERANGE;
-        snprintf(why, sizeof why, "request of %zu bytes exceeds [serve] max_message_bytes = %lld", bytes,
-                 (long long)s->max_msg_bytes);
+        oversize_why(s, *m, bytes, why, sizeof why);
     } else if (kvm_proto_peek(*m, &t)) {
         status = KVM_EPROTO;
         snprintf(why, sizeof why, "malformed request: %s", kvm_errmsg());

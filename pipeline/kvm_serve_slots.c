@@ -72,6 +72,29 @@ static void slot_exited(srv *s, int i, int st, double now)
     }
 }
 
+/* Queued request i is past [serve] request_timeout_s: its client gets an error answer saying
+ * what it waited for: a free decode worker, or (held: kvm_serve__doc_holder) the request that
+ * computes its document's cache, which a worker may be free for all along. */
+static void queue_timeout(srv *s, int64_t i)
+{
+    const int holder = kvm_serve__doc_holder(s, &s->queue[i]);
+    srv_request r = s->queue[i];
+    kvm_serve__queue_remove(s, i);
+    char why[400];
+    if (holder >= 0) {
+        char name[80];
+        kvm_serve__doc_name(&r.doc, name);
+        snprintf(why, sizeof why,
+                 "timed out waiting for request %llu, which computes this document's cache (%s), to store it "
+                 "([serve] request_timeout_s); once stored it answers at once: ask again",
+                 (unsigned long long)s->workers[holder].request_id, name);
+    } else
+        snprintf(why, sizeof why, "timed out waiting for a free decode worker ([serve] request_timeout_s)");
+    kvm_serve__log("request %llu %s", (unsigned long long)r.request_id, why);
+    kvm_serve__reply_error(s, &r.env, r.request_id, KVM_EIO, why);
+    kvm_msg_free(&r.msg);
+}
+
 void kvm_serve__check_health(srv *s)
 {
     double now = kvm_now_ms();
@@ -95,14 +118,9 @@ void kvm_serve__check_health(srv *s)
             kvm_serve__log("%s", kvm_errmsg());
     /* requests past their deadline, queued or in flight */
     for (int64_t i = 0; i < s->n_queue;) {
-        if (now - s->queue[i].t_recv > s->timeout_ms) {
-            srv_request r = s->queue[i];
-            kvm_serve__queue_remove(s, i);
-            kvm_serve__log("request %llu timed out waiting for a free decode worker", (unsigned long long)r.request_id);
-            kvm_serve__reply_error(s, &r.env, r.request_id, KVM_EIO,
-                                   "timed out waiting for a free decode worker ([serve] request_timeout_s)");
-            kvm_msg_free(&r.msg);
-        } else
+        if (now - s->queue[i].t_recv > s->timeout_ms)
+            queue_timeout(s, i);
+        else
             i++;
     }
     for (int w = 0; w < s->n_workers; w++) {

@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 8                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 9                   /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -340,9 +340,15 @@ typedef struct kvm_proto_ask {
                                   not UTF-8 (latin-1, say: a byte-level tokenizer takes any); read
                                   instead of prompt, which then holds them as '?' for older
                                   readers; 0..MAX_TEXT_BYTES; written when len > 0 */
+    /* revision 9 */
+    int64_t doc_size; /* "doc_size" uint, optional: the whole document's bytes when doc_text
+                      or doc_bytes hold only its beginning (kvmill serve cut a document over
+                      [serve] max_message_bytes to what fits); 0 = they hold all of it;
+                      else [1, 2^62] and more than the bytes given */
 } kvm_proto_ask;
 /* ask codec. Checks: exactly one of doc_text (non-empty), doc_bytes (non-empty), doc_tokens
- * (n_doc_tokens > 0), doc_hash (has_doc_hash) and doc_name (non-empty); token ids >= 0.
+ * (n_doc_tokens > 0), doc_hash (has_doc_hash) and doc_name (non-empty); token ids >= 0;
+ * doc_size 0, or more than the bytes of doc_text / doc_bytes (KVM_EPROTO otherwise).
  * 0 or 1 tensor frame. */
 int kvm_proto_ask_encode(const kvm_proto_ask *in, kvm_msg **out);
 int kvm_proto_ask_decode(const kvm_msg *msg, kvm_proto_ask *out);

@@ -37,6 +37,7 @@ static const kvm_proto__field kvm_ask__fields[] = {
     KVM_F_STR(kvm_proto_ask, doc_name, 0, 0, KVM_PROTO_MAX_NAME_BYTES),
     KVM_F_BOOL(kvm_proto_ask, compute_grant, 0),
     KVM_F_BIN(kvm_proto_ask, prompt_bytes, 0, 0, KVM_PROTO_MAX_TEXT_BYTES),
+    KVM_F_I64(kvm_proto_ask, doc_size, 0, 0, 1LL << 62),
 };
 static const kvm_proto__tensor kvm_ask__tensors[] = {
     KVM_T(kvm_proto_ask, doc_tokens, I32, -1, 0, "n_doc_tokens", 1, offsetof(kvm_proto_ask, n_doc_tokens)),
@@ -55,6 +56,13 @@ static int kvm_ask__check_tensors(const void *v)
                                "%s of 'doc_text', 'doc_bytes', 'doc_tokens', 'doc_hash' and 'doc_name' given: exactly "
                                "one names the document",
                                given ? "several" : "none");
+    /* a beginning is of a document given as text or bytes, and shorter than the document */
+    const size_t len = a->doc_text.len + a->doc_bytes.len;
+    if (a->doc_size != 0 && (len == 0 || (uint64_t)a->doc_size <= len))
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_ASK,
+                               "field 'doc_size' = %lld with %zu bytes of 'doc_text'/'doc_bytes': it must exceed "
+                               "them (0: they are the whole document)",
+                               (long long)a->doc_size, len);
     return kvm_proto__check_i32(KVM_PROTO_ASK, "doc_tokens", a->doc_tokens, a->n_doc_tokens, 0, INT32_MAX);
 }
 

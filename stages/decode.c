@@ -19,6 +19,7 @@
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_devmodel.h"
+#include "pipeline/kvm_doctok.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_serve.h"
@@ -330,6 +331,34 @@ static int encode_prompt(const decode_state *st, const kvm_proto_ask *ask, int32
     return rc;
 }
 
+/* Tokenises, truncates and hashes the ask's document d as kvmill run does (under the chat frame
+ * when [model] chat is on). A document kvmill serve cut to fit [serve] max_message_bytes
+ * (doc_size: its whole length) is only its beginning: enough when that settles the ids the
+ * cache is made of ([model] context: the same ids, so the same hash, as the whole document's),
+ * else an error (KVM_ERANGE) naming the document's bytes, the bytes received, their tokens and
+ * the limits. Errors: those of kvm_doc_prepare_n. */
+static int prepare_doc(const decode_state *st, const kvm_proto_ask *ask, kvm_doc *d)
+{
+    const kvm_model_config *mc = &st->wm.model->cfg;
+    if (ask->doc_size == 0 || !d->text)
+        return kvm_doc_prepare_n(d, st->tok, mc->vocab_size, mc->bos_id, st->chat_open, st->ctx, st->ctx);
+    int more = 0;
+    int rc = kvm_doc_prepare_begin(d, st->tok, mc->vocab_size, mc->bos_id, st->chat_open, st->ctx, st->ctx, &more);
+    if (rc || !more) return rc;
+    int32_t *ids = NULL; /* the beginning's tokens, for the message */
+    int64_t n = 0;
+    if ((rc = kvm_tokenizer_encode(st->tok, d->text, d->text_len, 1, 0, &ids, &n))) return rc;
+    free(ids);
+    return kvm_err(KVM_ERANGE,
+                   "the document is %lld bytes, more than this server's [serve] max_message_bytes takes: its first "
+                   "%zu bytes came (%lld tokens, BOS included), and fixing the first %lld tokens ([model] context) "
+                   "its cache is made of takes a beginning of at least %zu bytes (room after them for the "
+                   "tokenizer's merges); ask about it by name or hash once kvmill run stored it (kvmill ask "
+                   "--doc-name, --doc-hash), or raise [serve] max_message_bytes",
+                   (long long)ask->doc_size, d->text_len, (long long)n, (long long)st->ctx,
+                   kvm_doctok_begin_bytes(st->ctx + 1));
+}
+
 /* One forward call of the ask: the prompt (a batched prefill) or one generated token, logits
  * of the last into logits; on the device forward when the worker has one. */
 static int step(decode_state *st, kvm_forward *f, kvm_kvcache *cache, const int32_t *tok, int64_t n, int prompt,
@@ -393,8 +422,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     }
     /* [model] chat: the document opens the user's turn as kvmill run framed it; the prompt is
      * closed with the end of the turn and the assistant marker (pipeline/kvm_chatcfg.h) */
-    if (!by_key && (rc = kvm_doc_prepare_n(&d, st->tok, mc->vocab_size, mc->bos_id, st->chat_open, st->ctx, st->ctx)))
-        goto done;
+    if (!by_key && (rc = prepare_doc(st, ask, &d))) goto done;
     if ((rc = encode_prompt(st, ask, &prompt, &n_prompt))) goto done;
     if (n_prompt > st->max_prompt) {
         rc = kvm_err(KVM_ERANGE,

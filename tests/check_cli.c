@@ -843,7 +843,7 @@ START_TEST(test_fifo_without_writer)
         {"generate --model '%s' -n 4 --tokens '%s'", "f.txt: no token ids"},
         {"eval --model '%s' --docs '%s' --method h2o --budget 8 --context 64 --continuation 8",
          "f.txt: not a regular file (a FIFO"}, /* docs_from_a_pipe */
-        {"sculpt --model '%s' --doc '%s' --out /dev/null", "context of 1 token"},
+        {"sculpt --model '%s' --doc '%s' --out /dev/null", "is empty: it has no tokens besides BOS"},
         /* an output FIFO with no reader: fopen(..., "w") waited for one for ever */
         {"eval --model '%s' --docs DOC --method h2o --budget 8 --context 64 --continuation 8 --csv '%s'",
          "f.txt: a FIFO that no process is reading"},
@@ -1205,6 +1205,28 @@ START_TEST(test_calibrate_write_error_says_why)
 }
 END_TEST
 
+/* `sculpt --doc` of an empty file (with --retain 0, which the retain zone's check let through)
+ * wrote a cache of the BOS token alone and exited 0; run, serve and eval refuse an empty
+ * document. Now it is refused (exit 2) naming the file, and --out is not written. */
+START_TEST(test_sculpt_empty_doc)
+{
+    char *tmp = kvm_test_tmpdir(), doc[4096], outp[4096], args[16384], *out, *err;
+    snprintf(doc, sizeof doc, "%s/empty.txt", tmp);
+    snprintf(outp, sizeof outp, "%s/o.cache", tmp);
+    ck_assert_int_eq(kvm_test_write_file(doc, "", 0), 0);
+    snprintf(args, sizeof args, "sculpt --model '%%s' --doc '%%s' --retain 0 --iterations 1 --rounds 1 --out '%s'",
+             outp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"), doc);
+    ck_assert_msg(rc == 2 && strstr(err, "is empty: it has no tokens besides BOS") && strstr(err, doc), "exit %d: %s",
+                  rc, err);
+    ck_assert_int_ne(access(outp, F_OK), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -1238,7 +1260,8 @@ static Suite *cli_suite(void)
                  {"make_model_out_kinds", test_make_model_out_kinds},
                  {"docs_list_many", test_docs_list_many},
                  {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure},
-                 {"calibrate_write_error_says_why", test_calibrate_write_error_says_why}};
+                 {"calibrate_write_error_says_why", test_calibrate_write_error_says_why},
+                 {"sculpt_empty_doc", test_sculpt_empty_doc}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

@@ -1104,6 +1104,47 @@ START_TEST(test_held_released_when_found)
 }
 END_TEST
 
+/* A request held while another computes its document's cache, past [serve] request_timeout_s,
+ * was told "timed out waiting for a free decode worker" with workers free all along; now its
+ * error answer names the request that computes the cache and the document key. */
+START_TEST(test_held_timeout_names_computation)
+{
+    void *w0;
+    srv *s = held_broker("htimeout", &w0);
+    void *client = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(client, ZMQ_ROUTING_ID, "client", 6), 0);
+    ck_assert_int_eq(zmq_connect(client, "inproc://htimeout-front"), 0);
+    const char *doc = "A dog ran to the park with a ball.";
+    queue_ask(s, 1, doc);
+    queue_ask(s, 2, doc);
+    char name[80];
+    kvm_serve__doc_name(&s->queue[0].doc, name);
+    kvm_serve__dispatch(s); /* request 1 computes on w0, request 2 is held */
+    ck_assert_int_eq(s->n_queue, 1);
+    s->timeout_ms = 50;
+    usleep(100 * 1000);
+    s->workers[0].t_sent = kvm_now_ms(); /* request 1 itself is not late */
+    kvm_serve__check_health(s);
+    ck_assert_int_eq(s->n_queue, 0);
+    zmq_pollitem_t it = {client, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_msg_recv(client, &m, 0), 0);
+    kvm_proto_answer a;
+    ck_assert_msg(kvm_proto_answer_decode(m, &a) == 0, "%s", kvm_errmsg());
+    ck_assert_uint_eq(a.request_id, 2);
+    ck_assert_int_eq(a.status, KVM_EIO);
+    char want[300], *got = strndup(a.message.ptr, a.message.len);
+    snprintf(want, sizeof want, "timed out waiting for request 1, which computes this document's cache (%s)", name);
+    assert_contains(got, want);
+    assert_lacks(got, "free decode worker");
+    free(got);
+    kvm_msg_free(&m);
+    zmq_close(client);
+    held_broker_free(s, w0);
+}
+END_TEST
+
 /* A child of the process that the server did not start (a program embedding it started one),
  * exited when the health check runs: waitpid(-1) reaped it and its own waitpid found no child,
  * the exit status lost. Now only the store service's and the slots' pids are reaped: a slot's
@@ -1165,6 +1206,7 @@ int main(void)
     suite_add_tcase(su, tcase("health_reaps_own_children", test_health_reaps_own_children, 30));
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
+    suite_add_tcase(su, tcase("held_timeout_names_computation", test_held_timeout_names_computation, 30));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
