@@ -77,14 +77,17 @@ static inline int64_t kvm__attn_visible(const int32_t *pos, int64_t n, int32_t p
 
 KVM_CLONES
 static inline float kvm__attn_softmax_row16(float *row, const float *bias, int64_t vis, int64_t width, int normalize,
-                                            float *lse_out,
-                                            float *ent_out){KVM__ATTN_SOFTMAX_BODY(KVM__LT16, kvm__expf16)}
+                                            float *lse_out, float *ent_out)
+{
+    KVM__ATTN_SOFTMAX_BODY(kvm__lt16, kvm__expf16);
+}
 
 /* The same with 8-lane compares (same bits): GCC scalarises 16-lane compares without AVX-512. */
-KVM_CLONES static inline float kvm__attn_softmax_row16h(float *row, const float *bias, int64_t vis, int64_t width,
-                                                        int normalize, float *lse_out, float *ent_out)
+KVM_CLONES
+static inline float kvm__attn_softmax_row16h(float *row, const float *bias, int64_t vis, int64_t width, int normalize,
+                                             float *lse_out, float *ent_out)
 {
-    KVM__ATTN_SOFTMAX_BODY(KVM__LT16H, kvm__expf16h)
+    KVM__ATTN_SOFTMAX_BODY(kvm__lt16h, kvm__expf16h);
 }
 
 /* In-place softmax of row[0, vis) (scores, bias added), zero on [vis, width): the SIMD form of
@@ -102,8 +105,6 @@ static inline float kvm__attn_softmax_row(float *row, const float *bias, int64_t
     return kvm__cpu_v4() ? kvm__attn_softmax_row16(row, bias, vis, width, normalize, lse_out, ent_out)
                          : kvm__attn_softmax_row16h(row, bias, vis, width, normalize, lse_out, ent_out);
 }
-
-typedef float kvm__v8 __attribute__((vector_size(32)));
 
 /* 8 values of a row of V at element offset off: float32 (v), or f16 widened (vh, when v is NULL). */
 static inline __attribute__((always_inline)) kvm__v8 kvm__attn_load8(const float *v, const uint16_t *vh, int64_t off)

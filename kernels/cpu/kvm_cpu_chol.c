@@ -230,15 +230,15 @@ static void solve_rows(const double *A, int64_t k, double *B, int d, int wide)
             const int nr = k - n < TR ? (int)(k - n) : TR;
             const int64_t i = fwd ? n : k - n - nr;
             int t = 0;
-            if (wide)
+            if (wide) {
                 for (; t + 32 <= d; t += 32)
                     solve_block(A, k, B, d, i, nr, t, fwd, 4);
-            if (wide)
                 for (; t + 8 <= d; t += 8)
                     solve_block(A, k, B, d, i, nr, t, fwd, 1);
-            else
+            } else {
                 for (; t + 8 <= d; t += 8)
                     solve_block_narrow(A, k, B, d, i, nr, t, fwd);
+            }
             if (t < d) solve_block_any(A, k, B, d, i, nr, t, d, fwd);
             solve_diag(A, k, B, d, i, nr, fwd);
         }

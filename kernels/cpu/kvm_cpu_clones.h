@@ -11,17 +11,21 @@
 #define KVM_CLONES
 #endif
 
-/* Whether the hand-written x86-64-v4 (AVX-512) loops run (the loss's exponential at head dim 8,
- * the f16 panels' widening): 1 where the processor has x86-64-v4, unless KVMILL_NO_AVX512 is set
- * (not "0"). Each gives the bits of its generic loop. Decided on the first call, from any
- * thread (kernels/cpu/kvm_cpu_v4.c). _set (tests: on = 0 or 1; 1 where unsupported stays 0)
- * returns the previous state; set it while no kernel runs. */
+/* Whether the x86-64-v4 (AVX-512) shapes run — the loss's exponential at head dim 8, the f16
+ * panels' widening by one vcvtph2ps, 64-byte blocks of sums (the Cholesky's, the head-dim-8
+ * loss kernels') and 16-lane compares — rather than the 16-register shapes (8-column and
+ * one-row blocks, 8-lane compares; kernels/LAYOUT.md): 1 where the processor has x86-64-v4,
+ * unless KVMILL_NO_AVX512 is set (not "0"); always 0 off GCC on x86-64. Both shapes give the
+ * same bits. Decided on the first call, from any thread (kernels/cpu/kvm_cpu_v4.c). _set
+ * (tests: on = 0 or 1; 1 where unsupported stays 0) returns the previous state; set it while no
+ * kernel runs. */
 int kvm__cpu_v4(void);
 int kvm__cpu_v4_set(int on);
 
 /* The same for the hand-written x86-64-v3 (AVX2, FMA, F16C) loops (the f16 panels' widening by
  * F16C where kvm__cpu_v4 is off): 1 where the processor has x86-64-v3. No environment switch:
- * the loops give their generic loop's bits. */
+ * the loops give their generic loop's values (a signalling NaN comes out quiet, as with
+ * vcvtph2ps on AVX-512; the GEMM's sums are the same). */
 int kvm__cpu_v3(void);
 int kvm__cpu_v3_set(int on);
 

@@ -25,16 +25,17 @@ static inline __attribute__((always_inline)) kvm__v16 kvm__vselect(kvm__v16i mas
     return (kvm__v16)(((kvm__v16i)a & mask) | ((kvm__v16i)b & ~mask));
 }
 
-/* a < b per lane, as the 16-lane compare (KVM__LT16) or as two 8-lane ones (KVM__LT16H): GCC 12
+/* a < b per lane, as the 16-lane compare (kvm__lt16) or as two 8-lane ones (kvm__lt16h): GCC 12
  * turns a 16-lane compare into 16 scalar vcomiss where AVX-512 is absent, and the 8-lane form
  * into one vcmpps per half. Compares are exact, so both give the same masks; kernels pick the
  * form by kvm__cpu_v4 (the 16-lane one is a single instruction with AVX-512). */
-typedef float kvm__v8f __attribute__((vector_size(32)));
+typedef float kvm__v8 __attribute__((vector_size(32)));
 typedef int32_t kvm__v8i __attribute__((vector_size(32)));
-#define KVM__LT16(a, b) ((a) < (b))
-static inline __attribute__((always_inline)) kvm__v16i KVM__LT16H(kvm__v16 a, kvm__v16 b)
+static inline __attribute__((always_inline)) kvm__v16i kvm__lt16(kvm__v16 a, kvm__v16 b) { return a < b; }
+
+static inline __attribute__((always_inline)) kvm__v16i kvm__lt16h(kvm__v16 a, kvm__v16 b)
 {
-    kvm__v8f al, ah, bl, bh;
+    kvm__v8 al, ah, bl, bh;
     memcpy(&al, &a, 32), memcpy(&ah, (const float *)&a + 8, 32);
     memcpy(&bl, &b, 32), memcpy(&bh, (const float *)&b + 8, 32);
     const kvm__v8i l = al < bl, h = ah < bh;
@@ -59,9 +60,9 @@ static inline __attribute__((always_inline)) kvm__v16i KVM__LT16H(kvm__v16 a, kv
     kvm__v16i bits = (__builtin_convertvector(n, kvm__v16i) + 127) << 23;                                              \
     return kvm__vselect(LT(x, (kvm__v16){0} - 69.0f), (kvm__v16){0}, p * (kvm__v16)bits);
 
-static inline __attribute__((always_inline)) kvm__v16 kvm__expf16(kvm__v16 x) { KVM__EXPF16_BODY(KVM__LT16) }
+static inline __attribute__((always_inline)) kvm__v16 kvm__expf16(kvm__v16 x) { KVM__EXPF16_BODY(kvm__lt16); }
 
 /* kvm__expf16 with the 8-lane compares (the same bits; for processors without AVX-512). */
-static inline __attribute__((always_inline)) kvm__v16 kvm__expf16h(kvm__v16 x) { KVM__EXPF16_BODY(KVM__LT16H) }
+static inline __attribute__((always_inline)) kvm__v16 kvm__expf16h(kvm__v16 x) { KVM__EXPF16_BODY(kvm__lt16h); }
 
 #endif

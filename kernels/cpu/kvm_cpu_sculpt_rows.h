@@ -43,7 +43,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
     v16i bits = (__builtin_convertvector(r, v16i) + 127) << 23;                                                        \
     return p * (v16f)bits;
 
-static inline SB_INLINE v16f v16_expf(v16f x) { V16_EXPF_BODY(x >= lo) }
+static inline SB_INLINE v16f v16_expf(v16f x) { V16_EXPF_BODY(x >= lo); }
 
 /* v16_expf on 8 lanes (the same operations, so the same bits): GCC lowers v16_expf's integer
  * conversion and shift on AVX2 through 128-bit pieces and the stack. */
@@ -109,7 +109,7 @@ static inline SB_INLINE v16f v16_max_h(v16f a, v16f b)
 }
 
 /* v16_expf with v16_ge_h (the same bits). */
-static inline SB_INLINE v16f v16_expf_h(v16f x) { V16_EXPF_BODY(v16_ge_h(x, lo)) }
+static inline SB_INLINE v16f v16_expf_h(v16f x) { V16_EXPF_BODY(v16_ge_h(x, lo)); }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
@@ -208,16 +208,13 @@ static inline SB_INLINE float v16_hsum(v16f a)
 
 static inline SB_INLINE float exp_row_body(float *restrict s, int64_t kp, float mx, float *iz)
 {
-    EXP_ROW_BODY(v16_expf)
+    EXP_ROW_BODY(v16_expf);
 }
 
 /* exp_row_body with v16_expf_h (the same bits; processors without AVX-512, kvm__cpu_v4 off). */
-static inline SB_INLINE float exp_row_body_h(float *restrict s, int64_t kp, float mx,
-                                             float *iz){EXP_ROW_BODY(v16_expf_h)}
-
-SB_CLONES static inline float exp_row(float *restrict s, int64_t kp, float mx, float *iz)
+static inline SB_INLINE float exp_row_body_h(float *restrict s, int64_t kp, float mx, float *iz)
 {
-    return kvm__cpu_v4() ? exp_row_body(s, kp, mx, iz) : exp_row_body_h(s, kp, mx, iz);
+    EXP_ROW_BODY(v16_expf_h);
 }
 
 /* exp_row over nb rows s [nb][kp] (maxima mx [nb]) in one cloned call, so the polynomial's
