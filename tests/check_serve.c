@@ -238,6 +238,11 @@ static void assert_contains(const char *hay, const char *needle)
     ck_assert_msg(hay && strstr(hay, needle), "expected \"%s\" in:\n%s", needle, hay ? hay : "(null)");
 }
 
+static void assert_lacks(const char *hay, const char *needle)
+{
+    ck_assert_msg(hay && !strstr(hay, needle), "did not expect \"%s\" in:\n%s", needle, hay ? hay : "(null)");
+}
+
 /* ---- tests ---- */
 
 START_TEST(test_answer_equals_inprocess)
@@ -536,7 +541,8 @@ START_TEST(test_message_too_large)
     ck_assert_msg(rc == 1 && secs < 20, "ask exited %d after %.1f s (an error answer expected): %s", rc, secs, err);
     assert_contains(err, "more than this server's [serve] max_message_bytes takes: its first");
     free(err);
-    /* a small document still gets answered (its cache is missing: an error answer, exit 1 with a reason) */
+    /* a small document still gets answered (its cache is missing: an error answer, exit 1 with
+     * a reason naming the --doc file, which the server knows by its bytes only) */
     char small[4200];
     snprintf(small, sizeof small, "%s/small.txt", g_dir);
     ck_assert_int_eq(kvm_test_write_file(small, "Once upon a time", 16), 0);
@@ -544,6 +550,8 @@ START_TEST(test_message_too_large)
     rc = ask_timed(args, &err, &secs);
     ck_assert_msg(rc == 1, "ask exited %d after %.1f s (an error answer expected): %s", rc, secs, err);
     assert_contains(err, "no compressed cache");
+    assert_contains(err, "about --doc ");
+    assert_contains(err, small);
     free(err);
     /* a latin-1 prompt of 600 bytes fits too: sent as its bytes and a same-length '?' copy for
      * older servers (a U+FFFD copy, 1,800 bytes, made the ask 2.4 KiB: cut off, no answer) */
@@ -556,6 +564,7 @@ START_TEST(test_message_too_large)
     ck_assert_msg(rc == 1 && !strstr(err, "no answer"), "the latin-1 prompt's ask (exit %d after %.1f s): %s", rc, secs,
                   err);
     assert_contains(err, "the prompt has 601 tokens"); /* the decode worker's answer: the ask fit */
+    assert_lacks(err, "about --doc");                  /* the prompt, not the document, is at fault */
     free(err);
 }
 END_TEST
