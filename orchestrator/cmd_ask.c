@@ -166,6 +166,26 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
     return failed;
 }
 
+/* Whether msg[0, len) holds needle. */
+static int mentions(const char *msg, size_t len, const char *needle)
+{
+    const size_t n = strlen(needle);
+    for (size_t i = 0; msg && i + n <= len; i++)
+        if (!memcmp(msg + i, needle, n)) return 1;
+    return 0;
+}
+
+/* Whether an error answer is about the document itself, which the server knows by its bytes
+ * only (so ask names the --doc file it came from): its beginning that fits [serve]
+ * max_message_bytes is too short (a decode worker's KVM_ERANGE, "the document is N bytes"), or
+ * its cache is missing (KVM_ENOTFOUND, "no compressed cache for this document"). Not an answer
+ * about the server (busy, timed out, stopping) or the prompt (too large, too many tokens). */
+static int about_document(int32_t status, const char *msg, size_t len)
+{
+    return (status == KVM_ERANGE && mentions(msg, len, "the document is ")) ||
+           (status == KVM_ENOTFOUND && mentions(msg, len, "no compressed cache for this document"));
+}
+
 /* The timeout's message for what the connection reached (ask_link). */
 static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, int monitored)
 {
@@ -385,9 +405,10 @@ int kvm_cmd_ask(int argc, char **argv)
             continue;
         }
         if (a.status != 0) {
-            /* the server knows the document by its bytes only: name the file it came from */
+            const int named = doc && about_document(a.status, a.message.ptr, a.message.len);
             fprintf(stderr, "kvmill ask: error from the server (%s)%s%s: %.*s\n", kvm_strerror(a.status),
-                    doc ? " about --doc " : "", doc ? doc : "", (int)a.message.len, a.message.ptr ? a.message.ptr : "");
+                    named ? " about --doc " : "", named ? doc : "", (int)a.message.len,
+                    a.message.ptr ? a.message.ptr : "");
             goto done;
         }
         fwrite(a.text.ptr ? a.text.ptr : "", 1, a.text.len, stdout);

@@ -99,7 +99,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"serve", "devices", S, "cpu", 0, 0, NULL, "", "comma-separated devices, one per decode worker (cycled); cuda:N serves caches of full and the sculpt family from the device forward"},
     {"serve", "max_prompt_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "longer prompts get an error answer"},
     {"serve", "max_new_tokens", I, "256", 1, 1 << 20, NULL, "tokens", "larger requests get an error answer"},
-    {"serve", "max_message_bytes", I, "1048576", 1024, 1LL << 34, NULL, "bytes", "larger messages are rejected"},
+    {"serve", "max_message_bytes", I, "1048576", 1024, 1LL << 34, NULL, "bytes", "largest request taken whole (all frames); a larger --doc ask is served from the document's beginning that fits when that fixes its [model] context tokens, any other larger request gets an error answer"},
     {"serve", "compute_missing", B, "false", 0, 0, NULL, "", "compress a document on demand when its cache is missing"},
     {"serve", "max_new_caches", I, "64", 0, 1 << 20, NULL, "caches", "most caches compute_missing adds in one server run, all clients together"},
     {"serve", "max_new_caches_per_key", I, "16", 0, 1 << 20, NULL, "caches", "most caches compute_missing adds in one server run for one CurveZMQ client key (when the front end uses keys)"},

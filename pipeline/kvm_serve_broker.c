@@ -28,6 +28,19 @@ static void on_signal(int sig)
 
 /* ---- setup ---- */
 
+/* Bytes of requests ZeroMQ may queue per front-end connection before on_request reads them, per
+ * frame of each request (the front end's ZMQ_RCVHWM is this over its ZMQ_MAXMSGSIZE, at least
+ * 1): 1 GiB, as 1000 requests (ZeroMQ's default mark) of 1 MiB frames were before the front end
+ * took frames of KVM_PROTO_MAX_HEADER_BYTES. A connection at its mark is not read further (TCP
+ * back-pressure on that client); nothing is dropped. */
+#define FRONT_QUEUED_BYTES ((int64_t)1 << 30)
+
+int kvm_serve__front_rcvhwm(int64_t max_frame_bytes)
+{
+    const int64_t n = FRONT_QUEUED_BYTES / (max_frame_bytes > 0 ? max_frame_bytes : 1);
+    return n < 1 ? 1 : n > 1000 ? 1000 : (int)n; /* 1000: ZeroMQ's default, never raised */
+}
+
 static int prepare(srv *s)
 {
     const kvm_config *cfg = s->cfg;
@@ -93,10 +106,13 @@ static int prepare(srv *s)
     /* ZeroMQ drops a frame over ZMQ_MAXMSGSIZE with its connection, unanswered: the client waited
      * for its timeout. So the front end takes every frame a valid ask can have (its header, which
      * carries the document and the prompt, is at most KVM_PROTO_MAX_HEADER_BYTES) and
-     * on_request refuses what is over max_message_bytes with an error answer naming it, at
-     * once; such a request is freed before the next one is read, never queued */
+     * on_request cuts or refuses what is over max_message_bytes at once, before it reads the
+     * next request. Until on_request reads them ZeroMQ queues up to ZMQ_RCVHWM messages per
+     * client connection (1000 by default: 32 GiB of 32 MiB frames), so the front end's mark
+     * is lower: 32 messages of 32 MiB frames, the bytes of 1000 under the old 1 MiB limit */
     int64_t maxmsg =
         s->max_msg_bytes > (int64_t)KVM_PROTO_MAX_HEADER_BYTES ? s->max_msg_bytes : (int64_t)KVM_PROTO_MAX_HEADER_BYTES;
+    int rcvhwm = kvm_serve__front_rcvhwm(maxmsg);
     void *socks[3] = {s->front, s->ctl, s->data};
     for (int i = 0; i < 3; i++) {
         zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
@@ -104,6 +120,8 @@ static int prepare(srv *s)
     }
     if (zmq_setsockopt(s->front, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg))
         return kvm_err(KVM_EIO, "ZMQ_MAXMSGSIZE: %s", zmq_strerror(errno));
+    if (zmq_setsockopt(s->front, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm)) /* before the bind: it applies to new pipes */
+        return kvm_err(KVM_EIO, "ZMQ_RCVHWM: %s", zmq_strerror(errno));
     char what[1200];
     if (s->o->bind)
         snprintf(what, sizeof what, "--bind");

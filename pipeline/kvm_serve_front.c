@@ -137,6 +137,12 @@ static int cut_document(const srv *s, kvm_msg **m, size_t *bytes)
 
 static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
 {
+    /* the client's key first: ZeroMQ gave the received message its User-Id, which a message
+     * rebuilt by cut_document lacks (a keyed front end would then find no client for the
+     * compute_missing grant) */
+    char key[sizeof((srv_request *)0)->key];
+    const char *uid = kvm_msg_user_id(*m);
+    snprintf(key, sizeof key, "%s", uid ? uid : "");
     size_t bytes = msg_bytes(*m);
     if ((int64_t)bytes > s->max_msg_bytes) cut_document(s, m, &bytes);
     uint64_t rid = 0;
@@ -170,8 +176,7 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
         return;
     }
     srv_request r = {.env = *env, .msg = *m, .request_id = rid, .t_recv = kvm_now_ms()};
-    const char *uid = kvm_msg_user_id(*m);
-    snprintf(r.key, sizeof r.key, "%s", uid ? uid : "");
+    memcpy(r.key, key, sizeof r.key);
     kvm_serve__doc_key(s, &ask, &r.doc);
     if (queue_push(s, r)) {
         snprintf(why, sizeof why, "server busy: %lld requests are waiting ([serve] max_queue); try again later",

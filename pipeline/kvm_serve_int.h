@@ -114,6 +114,13 @@ typedef struct srv {
     const volatile sig_atomic_t *interrupts; /* Ctrl-C / SIGTERM count (kvm_serve_broker.c's handler) */
 } srv;
 
+/* ---- kvm_serve_broker.c: setup ---- */
+
+/* The front end's ZMQ_RCVHWM for frames of at most max_frame_bytes (its ZMQ_MAXMSGSIZE, >= 1):
+ * how many requests ZeroMQ may hold unread per client connection, so that they take some 1 GiB
+ * per frame (32 for the default 32 MiB frames; at least 1). Pure; thread-safe. */
+int kvm_serve__front_rcvhwm(int64_t max_frame_bytes);
+
 /* ---- kvm_serve_front.c: clients ---- */
 
 /* A line on stderr: "kvmill serve: ..." or JSON ([run] log_format). */

@@ -238,6 +238,11 @@ static void assert_contains(const char *hay, const char *needle)
     ck_assert_msg(hay && strstr(hay, needle), "expected \"%s\" in:\n%s", needle, hay ? hay : "(null)");
 }
 
+static void assert_lacks(const char *hay, const char *needle)
+{
+    ck_assert_msg(hay && !strstr(hay, needle), "did not expect \"%s\" in:\n%s", needle, hay ? hay : "(null)");
+}
+
 /* ---- tests ---- */
 
 START_TEST(test_answer_equals_inprocess)
@@ -499,27 +504,54 @@ START_TEST(test_garbage)
 }
 END_TEST
 
+/* Monotonic seconds, for how long an ask took. */
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* `kvmill ask --connect g_front --timeout 30 ARGS`, stderr into *err; *secs: how long it took. A
+ * generous --timeout: an answer must come (under SAN=1 or load a round trip can take seconds),
+ * and one that came "at once" is told from none by *secs and by ask's "no answer". */
+static int ask_timed(const char *args, char **err, double *secs)
+{
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --timeout 30 %s", kvmill(), g_front, args);
+    const double t0 = mono_s();
+    int rc = kvm_test_run(cmd, NULL, err);
+    *secs = mono_s() - t0;
+    return rc;
+}
+
 START_TEST(test_message_too_large)
 {
     write_config("max_message_bytes = 2048", NULL);
     populate(g_doc);
     ck_assert_int_eq(start_serve(NULL), -1);
     char *err = NULL;
+    double secs = 0;
     /* the document is over 2 KiB, and its beginning that fits is too short to settle the first
      * [model] context tokens: an error answer at once naming the limit (ZeroMQ's own size
      * limit, which cut the connection and left ask waiting, is the protocol's 32 MiB header) */
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt Then -n 4 --timeout 1.5", kvmill(), g_front,
-             g_doc);
-    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 1);
+    char args[12000];
+    snprintf(args, sizeof args, "--doc '%s' --prompt Then -n 4", g_doc);
+    int rc = ask_timed(args, &err, &secs);
+    ck_assert_msg(rc == 1 && secs < 20, "ask exited %d after %.1f s (an error answer expected): %s", rc, secs, err);
     assert_contains(err, "more than this server's [serve] max_message_bytes takes: its first");
     free(err);
-    /* a small document still gets answered (its cache is missing: an error answer, exit 1 with a reason) */
+    /* a small document still gets answered (its cache is missing: an error answer, exit 1 with
+     * a reason naming the --doc file, which the server knows by its bytes only) */
     char small[4200];
     snprintf(small, sizeof small, "%s/small.txt", g_dir);
     ck_assert_int_eq(kvm_test_write_file(small, "Once upon a time", 16), 0);
-    ck_assert_int_eq(ask(small, "Then", 4, NULL, NULL, &err), 1);
+    snprintf(args, sizeof args, "--doc '%s' --prompt Then -n 4", small);
+    rc = ask_timed(args, &err, &secs);
+    ck_assert_msg(rc == 1, "ask exited %d after %.1f s (an error answer expected): %s", rc, secs, err);
     assert_contains(err, "no compressed cache");
+    assert_contains(err, "about --doc ");
+    assert_contains(err, small);
     free(err);
     /* a latin-1 prompt of 600 bytes fits too: sent as its bytes and a same-length '?' copy for
      * older servers (a U+FFFD copy, 1,800 bytes, made the ask 2.4 KiB: cut off, no answer) */
@@ -527,10 +559,12 @@ START_TEST(test_message_too_large)
     snprintf(pf, sizeof pf, "%s/latin1.txt", g_dir);
     memset(latin1, 0xe9, sizeof latin1);
     ck_assert_int_eq(kvm_test_write_file(pf, latin1, sizeof latin1), 0);
-    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt-file '%s' -n 4 --timeout 1.5", kvmill(),
-             g_front, small, pf);
-    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 1);
-    ck_assert_msg(!strstr(err, "no answer"), "the latin-1 prompt's ask was cut off: %s", err);
+    snprintf(args, sizeof args, "--doc '%s' --prompt-file '%s' -n 4", small, pf);
+    rc = ask_timed(args, &err, &secs);
+    ck_assert_msg(rc == 1 && !strstr(err, "no answer"), "the latin-1 prompt's ask (exit %d after %.1f s): %s", rc, secs,
+                  err);
+    assert_contains(err, "the prompt has 601 tokens"); /* the decode worker's answer: the ask fit */
+    assert_lacks(err, "about --doc");                  /* the prompt, not the document, is at fault */
     free(err);
 }
 END_TEST
@@ -1013,7 +1047,9 @@ int main(void)
     suite_add_tcase(su, tcase("too_many_new_tokens", test_too_many_new_tokens));
     suite_add_tcase(su, tcase("window_overflow", test_window_overflow));
     suite_add_tcase(su, tcase("garbage", test_garbage));
-    suite_add_tcase(su, tcase("message_too_large", test_message_too_large));
+    TCase *too_large = tcase("message_too_large", test_message_too_large);
+    tcase_set_timeout(too_large, 120); /* three asks, each allowed --timeout 30 */
+    suite_add_tcase(su, too_large);
     suite_add_tcase(su, tcase("nonlocal_without_keys", test_nonlocal_without_keys));
     suite_add_tcase(su, tcase("worker_setup_failure", test_worker_setup_failure));
     suite_add_tcase(su, tcase("curve_keys", test_curve_keys));

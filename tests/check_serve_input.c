@@ -106,6 +106,11 @@ static void assert_contains(const char *hay, const char *needle)
     ck_assert_msg(hay && strstr(hay, needle), "expected \"%s\" in:\n%s", needle, hay ? hay : "(null)");
 }
 
+static void assert_lacks(const char *hay, const char *needle)
+{
+    ck_assert_msg(hay && !strstr(hay, needle), "did not expect \"%s\" in:\n%s", needle, hay ? hay : "(null)");
+}
+
 /* `kvmill run --config g_cfg --corpus corpus` (method full: every document's cache stored). */
 static void run_corpus(const char *corpus)
 {
@@ -153,7 +158,9 @@ START_TEST(test_document_over_max_message_bytes)
     rc = ask(args, NULL, &err, &secs);
     ck_assert_msg(rc == 1 && secs < 20, "ask exited %d after %.1f s (an error answer at once expected): %s", rc, secs,
                   err);
-    assert_contains(err, "error from the server (value out of range) about --doc ");
+    /* the prompt, not the --doc file, is at fault: the file is not named */
+    assert_contains(err, "error from the server (value out of range): request of ");
+    assert_lacks(err, "about --doc");
     assert_contains(err, "[serve] max_message_bytes = 65536: the prompt is 100000 bytes");
     free(err);
 }
@@ -180,6 +187,56 @@ START_TEST(test_document_beginning_too_short)
     assert_contains(err, "tokens, BOS included), and fixing the first 384 tokens ([model] context) its cache is "
                          "made of takes a beginning of at least 5192 bytes");
     free(err);
+}
+END_TEST
+
+/* `kvmill keygen --out g_dir/name`. */
+static void keygen(const char *name)
+{
+    char cmd[8192], *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' keygen --out '%s/%s'", kvm_test_bin(), g_dir, name);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "keygen: %s", err);
+    free(err);
+}
+
+/* A cut document on a CurveZMQ front end with compute_missing: its missing cache is computed
+ * under the client key's allowance and the question answered. Before, the message rebuilt with
+ * the document's beginning lost ZeroMQ's User-Id (the client key), so the broker found no client
+ * for the grant, never granted it, and the worker answered that the cache is missing. */
+START_TEST(test_cut_document_keyed_compute_missing)
+{
+    keygen("server");
+    keygen("client");
+    keygen("worker");
+    char auth[4200], cmd[9000], serve[12000], big[4300];
+    snprintf(auth, sizeof auth, "%s/authorized", g_dir);
+    snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);
+    ck_assert_int_eq(system(cmd), 0);
+    /* [security] follows [serve], the config's last section */
+    snprintf(serve, sizeof serve,
+             "max_message_bytes = 65536\ncompute_missing = true\nmax_new_caches_per_key = 1\n"
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s",
+             g_dir, g_dir, g_dir, g_dir, auth);
+    write_config(128, serve);
+    story_file("big.txt", 200000, big);
+    start_serve();
+    char args[9000], *out = NULL, *err = NULL;
+    double secs = 0;
+    snprintf(args, sizeof args,
+             "--doc '%s' --prompt ' Then' -n 8 --server-key '%s/server.public' --client-public '%s/client.public' "
+             "--client-secret '%s/client.secret'",
+             big, g_dir, g_dir, g_dir);
+    int rc = ask(args, &out, &err, &secs);
+    ck_assert_msg(rc == 0, "keyed ask --doc of 200000 bytes (missing cache) exited %d after %.1f s: %s", rc, secs, err);
+    ck_assert_int_gt((int)strlen(out), 0);
+    free(out);
+    free(err);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "a decode worker gets the document's first");
+    assert_contains(log, "of max_new_caches_per_key = 1 for client key");
+    free(log);
 }
 END_TEST
 
@@ -219,6 +276,7 @@ int main(void)
     Suite *su = suite_create("serve_input");
     add(su, "document_over_max_message_bytes", test_document_over_max_message_bytes, 240);
     add(su, "document_beginning_too_short", test_document_beginning_too_short, 120);
+    add(su, "cut_document_keyed_compute_missing", test_cut_document_keyed_compute_missing, 240);
     add(su, "doc_size_codec", test_doc_size_codec, 10);
     return kvm_test_run_suite(su);
 }

@@ -1145,6 +1145,20 @@ START_TEST(test_held_timeout_names_computation)
 }
 END_TEST
 
+/* The front end's ZMQ_RCVHWM: its frames grew from [serve] max_message_bytes (1 MiB) to
+ * KVM_PROTO_MAX_HEADER_BYTES (32 MiB), and at ZeroMQ's default mark of 1000 unread requests a
+ * client connection could hold 32 GiB in the server; the mark keeps it near 1 GiB per frame. */
+START_TEST(test_front_rcvhwm)
+{
+    ck_assert_int_eq(kvm_serve__front_rcvhwm(KVM_PROTO_MAX_HEADER_BYTES), 32);
+    ck_assert_int_eq(kvm_serve__front_rcvhwm((int64_t)64 << 20), 16);  /* max_message_bytes of 64 MiB */
+    ck_assert_int_eq(kvm_serve__front_rcvhwm((int64_t)1 << 34), 1);    /* the setting's maximum, 16 GiB */
+    ck_assert_int_eq(kvm_serve__front_rcvhwm((int64_t)1 << 20), 1000); /* never above ZeroMQ's default */
+    ck_assert_int_le((int64_t)kvm_serve__front_rcvhwm(KVM_PROTO_MAX_HEADER_BYTES) * KVM_PROTO_MAX_HEADER_BYTES,
+                     (int64_t)1 << 30);
+}
+END_TEST
+
 /* A child of the process that the server did not start (a program embedding it started one),
  * exited when the health check runs: waitpid(-1) reaped it and its own waitpid found no child,
  * the exit status lost. Now only the store service's and the slots' pids are reaped: a slot's
@@ -1204,6 +1218,7 @@ int main(void)
     suite_add_tcase(su, tcase("bind_forms", test_bind_forms, 120));
     suite_add_tcase(su, tcase("messages", test_messages, 120));
     suite_add_tcase(su, tcase("health_reaps_own_children", test_health_reaps_own_children, 30));
+    suite_add_tcase(su, tcase("front_rcvhwm", test_front_rcvhwm, 10));
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     suite_add_tcase(su, tcase("held_timeout_names_computation", test_held_timeout_names_computation, 30));
