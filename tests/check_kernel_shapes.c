@@ -8,6 +8,8 @@
  * generic vector code, so this runs wherever the tests run (the head-dim-8 loss kernels and the
  * Cholesky, whose wide shapes need AVX-512's registers only for speed, are compared in
  * check_sculpt and check_ridge_body where the processor has AVX-512). */
+/* the kernels' vector helpers are always inlined; kernels/cpu is compiled with -Wno-psabi */
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/cpu/kvm_cpu_attn_rows.h"
 #include "kernels/cpu/kvm_cpu_sculpt_rows.h"
 #include "tests/util/kvm_test.h"
@@ -73,6 +75,13 @@ START_TEST(test_sculpt_row_shapes)
     v16f m1 = v16_max(x, y), m2 = v16_max_h(x, y);
     ck_assert_msg(!memcmp(&e1, &e2, sizeof e1), "v16_expf_h differs from v16_expf at the edge values");
     ck_assert_msg(!memcmp(&m1, &m2, sizeof m1), "v16_max_h differs from v16_max at the edge values");
+    v16f pz = {0}, nz; /* +0 and −0 in every lane */
+    for (int l = 0; l < 16; l++)
+        nz[l] = -0.0f;
+    v16f z1 = v16_max(pz, nz), z2 = v16_max_h(pz, nz); /* a tie: the first argument's zero */
+    ck_assert_msg(!memcmp(&z1, &z2, sizeof z1), "v16_max_h breaks a tie of +0 and -0 unlike v16_max");
+    z1 = v16_max(nz, pz), z2 = v16_max_h(nz, pz);
+    ck_assert_msg(!memcmp(&z1, &z2, sizeof z1), "v16_max_h breaks a tie of -0 and +0 unlike v16_max");
     for (int t = 0; t < 200; t++) {
         float a[64], b[64], mx = -INFINITY, iz1, iz2;
         const int64_t kp = 16 * (1 + t % 4);
