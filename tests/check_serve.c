@@ -636,16 +636,6 @@ START_TEST(test_worker_setup_failure)
 }
 END_TEST
 
-static void keygen(const char *name)
-{
-    char cmd[8192], *out = NULL, *err = NULL;
-    snprintf(cmd, sizeof cmd, "'%s' keygen --out '%s/%s'", kvmill(), g_dir, name);
-    int rc = kvm_test_run(cmd, &out, &err);
-    ck_assert_msg(rc == 0, "keygen: %s", err);
-    free(out);
-    free(err);
-}
-
 /* Starts kvmill-decode by hand with key pair NAME against the back end; 1 when the broker
  * reports it joined within ms. The worker is stopped either way. */
 static int external_worker(const char *name, int ms)
@@ -706,10 +696,10 @@ static void keyed_config(const char *listed, const char *worker_pub, const char 
 
 START_TEST(test_curve_keys)
 {
-    keygen("server");
-    keygen("client");
-    keygen("stranger");
-    keygen("worker");
+    kvm_test_keygen(g_dir, "server");
+    kvm_test_keygen(g_dir, "client");
+    kvm_test_keygen(g_dir, "stranger");
+    kvm_test_keygen(g_dir, "worker");
     char auth[4200], cmd[9000];
     keyed_config("client worker", "worker", "worker", auth, sizeof auth);
     /* keygen refuses to overwrite (a usage error: --force says replace) */
@@ -767,10 +757,10 @@ END_TEST
  * naming the two files. */
 START_TEST(test_curve_mixed_pair)
 {
-    keygen("server");
-    keygen("client");
-    keygen("worker");
-    keygen("other");
+    kvm_test_keygen(g_dir, "server");
+    kvm_test_keygen(g_dir, "client");
+    kvm_test_keygen(g_dir, "worker");
+    kvm_test_keygen(g_dir, "other");
     char auth[4200];
     keyed_config("client worker", "worker", "other", auth, sizeof auth);
     ck_assert_int_eq(start_serve(NULL), 2);
@@ -796,9 +786,9 @@ END_TEST
  * saying nothing. Now it is refused at start (exit 2), naming the key file and the folder. */
 START_TEST(test_curve_worker_not_authorized)
 {
-    keygen("server");
-    keygen("client");
-    keygen("worker");
+    kvm_test_keygen(g_dir, "server");
+    kvm_test_keygen(g_dir, "client");
+    kvm_test_keygen(g_dir, "worker");
     char auth[4200], cmd[9000];
     keyed_config("client", "worker", "worker", auth, sizeof auth);
     ck_assert_int_eq(start_serve(NULL), 2);

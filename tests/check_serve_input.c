@@ -190,25 +190,15 @@ START_TEST(test_document_beginning_too_short)
 }
 END_TEST
 
-/* `kvmill keygen --out g_dir/name`. */
-static void keygen(const char *name)
-{
-    char cmd[8192], *err = NULL;
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' keygen --out '%s/%s'", kvm_test_bin(), g_dir, name);
-    int rc = kvm_test_run(cmd, NULL, &err);
-    ck_assert_msg(rc == 0, "keygen: %s", err);
-    free(err);
-}
-
 /* A cut document on a CurveZMQ front end with compute_missing: its missing cache is computed
  * under the client key's allowance and the question answered. Before, the message rebuilt with
  * the document's beginning lost ZeroMQ's User-Id (the client key), so the broker found no client
  * for the grant, never granted it, and the worker answered that the cache is missing. */
 START_TEST(test_cut_document_keyed_compute_missing)
 {
-    keygen("server");
-    keygen("client");
-    keygen("worker");
+    kvm_test_keygen(g_dir, "server");
+    kvm_test_keygen(g_dir, "client");
+    kvm_test_keygen(g_dir, "worker");
     char auth[4200], cmd[9000], serve[12000], big[4300];
     snprintf(auth, sizeof auth, "%s/authorized", g_dir);
     snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/client.public' '%s/worker.public' '%s/'", auth, g_dir, g_dir, auth);

@@ -681,23 +681,14 @@ START_TEST(test_max_new_caches)
 }
 END_TEST
 
-static void keygen(const char *name)
-{
-    char cmd[8192], *err = NULL;
-    snprintf(cmd, sizeof cmd, "'%s' keygen --out '%s/%s'", kvmill(), g_dir, name);
-    int rc = kvm_test_run(cmd, NULL, &err);
-    ck_assert_msg(rc == 0, "keygen: %s", err);
-    free(err);
-}
-
 /* With CurveZMQ keys each client key has its own allowance. */
 START_TEST(test_max_new_caches_per_key)
 {
     if (!have_shared("[serve] max_new_caches_per_key")) return;
-    keygen("server");
-    keygen("alice");
-    keygen("bob");
-    keygen("worker");
+    kvm_test_keygen(g_dir, "server");
+    kvm_test_keygen(g_dir, "alice");
+    kvm_test_keygen(g_dir, "bob");
+    kvm_test_keygen(g_dir, "worker");
     char auth[4200], cmd[9000];
     snprintf(auth, sizeof auth, "%s/authorized", g_dir);
     snprintf(cmd, sizeof cmd, "mkdir '%s' && cp '%s/alice.public' '%s/bob.public' '%s/worker.public' '%s/'", auth,

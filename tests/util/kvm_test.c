@@ -305,3 +305,12 @@ int kvm_test_count(const char *hay, const char *needle)
         n++;
     return n;
 }
+
+void kvm_test_keygen(const char *dir, const char *name)
+{
+    char cmd[8192], *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' keygen --out '%s/%s'", kvm_test_bin(), dir, name);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "keygen: %s", err ? err : "");
+    free(err);
+}

@@ -39,6 +39,9 @@ const char *kvm_test_data(void);
 const char *kvm_test_device_tag(const char *device);
 /* $KVMILL_BIN or "bin"; the folder holding the kvmill binaries. */
 const char *kvm_test_bin(void);
+/* `kvmill keygen --out dir/name` (a CurveZMQ key pair dir/name.public, dir/name.secret); a failure
+ * fails the test with keygen's stderr. */
+void kvm_test_keygen(const char *dir, const char *name);
 /* mkdtemp under $TMPDIR (or /tmp); returns a malloc'ed path the caller frees. */
 char *kvm_test_tmpdir(void);
 /* Removes a directory tree (rm -rf). */
