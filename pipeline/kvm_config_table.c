@@ -33,6 +33,8 @@ const kvm_cfg_alias kvm_cfg_aliases[] = {
     {NULL, NULL, NULL},
 };
 
+/* one setting per line, as --dump-config and configs/ list them */
+/* clang-format off */
 const kvm_cfg_setting kvm_cfg_settings[] = {
     {"model", "path", P, NULL, 0, 0, NULL, "", "model: llama2.c checkpoint, .gguf file, or Hugging Face folder"},
     {"model", "tokenizer", P, "", 0, 0, NULL, "", "tokenizer file; empty = the one beside the model"},
@@ -115,3 +117,4 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"security", "authorized_keys", P, "", 0, 0, NULL, "", "folder of client public key files the server accepts"},
     {NULL, NULL, 0, NULL, 0, 0, NULL, NULL, NULL},
 };
+/* clang-format on */
