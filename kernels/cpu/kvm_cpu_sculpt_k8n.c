@@ -20,6 +20,24 @@ static inline SB_INLINE v16f join(v8f lo, v8f hi)
     return r;
 }
 
+/* v16_hsum8 on the sums held as halves (acc[t] = lo[t] ‖ hi[t]): the same tree (lanes l and l + 8,
+ * then l and l + 4, l + 2, l + 1) in 8-lane shuffles, without building the 16-lane vectors. */
+static inline SB_INLINE void hsum8_halves(const v8f lo[8], const v8f hi[8], float out[8])
+{
+    v8f x[8], p[4], q[2];
+    for (int t = 0; t < 8; t++)
+        x[t] = lo[t] + hi[t];
+    for (int i = 0; i < 4; i++)
+        p[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(x[2 * i], x[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int j = 0; j < 2; j++)
+        q[j] = __builtin_shufflevector(p[2 * j], p[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(p[2 * j], p[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    const v8f r = __builtin_shufflevector(q[0], q[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                  __builtin_shufflevector(q[0], q[1], 1, 3, 5, 7, 9, 11, 13, 15);
+    memcpy(out, &r, 32);
+}
+
 /* Σ_{t<8} xb[t]·pp[t][h·8 .. h·8 + 8], one FMA per t in order from 0 (k8_panel's sums). */
 static inline SB_INLINE v8f panel_half(const v8f xb[8], const float *pp, int h)
 {
@@ -74,8 +92,6 @@ void kvm__sb_exp_wv8n(float *restrict s, int nb, int64_t kp, const float *mx, co
             memcpy(row + j0 + H, &x, 32);
             ah8 += x;
         }
-        const v16f a = join(al, ah8);
-        v16f acc[8];
         v8f ah[2][8];
         for (int h = 0; h < 2; h++) { /* then W·Vc, 8 lanes of every panel at a time */
             v8f c[8] = {{0}}, e, v;
@@ -89,12 +105,10 @@ void kvm__sb_exp_wv8n(float *restrict s, int nb, int64_t kp, const float *mx, co
             }
             memcpy(ah[h], c, sizeof c);
         }
-        for (int t = 0; t < 8; t++)
-            acc[t] = join(ah[0][t], ah[1][t]);
-        const float z = v16_hsum(a);
+        const float z = v8_hsum(al + ah8); /* v16_hsum's tree */
         iz[b] = 1.0f / z;
         lse[b] = z; /* ln z below, 16 rows at a time */
-        v16_hsum8(acc, oh + b * 8);
+        hsum8_halves(ah[0], ah[1], oh + b * 8);
     }
     for (int b0 = 0; b0 < nb; b0 += NR) {
         v16f z = (v16f){0} + 1.0f, m = {0};
