@@ -1329,21 +1329,28 @@ START_TEST(test_sculpt_doc_missing_or_folder)
 END_TEST
 
 /* kvmill sculpt --doc with an empty or very short document said "retain 32 not in [0, N = 1]",
- * which names neither the document nor what to change: now the message says the retain zone
- * is longer than the context and what to give instead (exit 2 as before). */
+ * which names neither the document nor what to change: now a short document's message says the
+ * retain zone is longer than the context and what to give instead, and an empty one is refused
+ * as empty, naming the file (exit 2 for both). */
 START_TEST(test_sculpt_short_doc_message)
 {
     char args[12000], doc[4400], *out, *err;
-    snprintf(doc, sizeof doc, "%s/empty.txt", tmp);
-    ck_assert_int_eq(kvm_test_write_file(doc, "", 0), 0);
-    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'",
-             kvm_test_data_path("models/stories260K.bin"), doc, tmp);
-    ck_assert_int_eq(kvmill(args, &out, &err), 2);
-    ck_assert_msg(strstr(err, "retain zone of 32 tokens is longer than the context of 1 token(s)") &&
-                      strstr(err, "give a longer document"),
-                  "%s", err);
-    free(out);
-    free(err);
+    const char *texts[2] = {"", "Hi."};
+    for (int i = 0; i < 2; i++) {
+        snprintf(doc, sizeof doc, "%s/short%d.txt", tmp, i);
+        ck_assert_int_eq(kvm_test_write_file(doc, texts[i], strlen(texts[i])), 0);
+        snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'",
+                 kvm_test_data_path("models/stories260K.bin"), doc, tmp);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        if (i == 0)
+            ck_assert_msg(strstr(err, doc) && strstr(err, "is empty: it has no tokens besides BOS"), "%s", err);
+        else
+            ck_assert_msg(strstr(err, "retain zone of 32 tokens is longer than the context of") &&
+                              strstr(err, "give a longer document"),
+                          "%s", err);
+        free(out);
+        free(err);
+    }
 }
 END_TEST
 
