@@ -72,24 +72,21 @@ static void write_config(const char *serve_extra, const char *extra)
 
 static void setup(void)
 {
-    g_dir = kvm_test_tmpdir();
-    ck_assert_ptr_nonnull(g_dir);
-    snprintf(g_front, sizeof g_front, "ipc://%s/front", g_dir);
-    snprintf(g_log, sizeof g_log, "%s/serve.log", g_dir);
+    kvm_test_serve_dirs(&g_dir, g_front, sizeof g_front, g_log, sizeof g_log);
     snprintf(g_doc, sizeof g_doc, "%s", kvm_test_data_path("corpus/doc_000.txt"));
     g_serve = 0;
 }
 
 static void teardown(void)
 {
-    if (g_serve > 0) {
+    if (g_serve > 0) { /* stopped before the read-only mount goes */
         kill(g_serve, SIGTERM);
         waitpid(g_serve, NULL, 0);
+        g_serve = 0;
     }
     if (g_ro_mount[0]) umount2(g_ro_mount, MNT_DETACH);
     g_ro_mount[0] = '\0';
-    kvm_test_rmtree(g_dir);
-    free(g_dir);
+    kvm_test_serve_cleanup(g_serve, g_dir);
 }
 
 /* The model, tokenizer, ids and store a test needs in-process. */

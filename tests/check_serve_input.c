@@ -22,22 +22,11 @@ static pid_t g_serve;
 
 static void setup(void)
 {
-    g_dir = kvm_test_tmpdir();
-    ck_assert_ptr_nonnull(g_dir);
-    snprintf(g_front, sizeof g_front, "ipc://%s/front", g_dir);
-    snprintf(g_log, sizeof g_log, "%s/serve.log", g_dir);
+    kvm_test_serve_dirs(&g_dir, g_front, sizeof g_front, g_log, sizeof g_log);
     g_serve = 0;
 }
 
-static void teardown(void)
-{
-    if (g_serve > 0) {
-        kill(g_serve, SIGTERM);
-        waitpid(g_serve, NULL, 0);
-    }
-    kvm_test_rmtree(g_dir);
-    free(g_dir);
-}
+static void teardown(void) { kvm_test_serve_cleanup(g_serve, g_dir); }
 
 /* A config of the embedded stories260K at `context` (method full) with `serve_extra` lines in
  * [serve], and an empty store. */

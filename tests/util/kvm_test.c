@@ -314,3 +314,21 @@ void kvm_test_keygen(const char *dir, const char *name)
     ck_assert_msg(rc == 0, "keygen: %s", err ? err : "");
     free(err);
 }
+
+void kvm_test_serve_dirs(char **dir, char *front, size_t nf, char *log, size_t nl)
+{
+    *dir = kvm_test_tmpdir();
+    ck_assert_ptr_nonnull(*dir);
+    snprintf(front, nf, "ipc://%s/front", *dir);
+    snprintf(log, nl, "%s/serve.log", *dir);
+}
+
+void kvm_test_serve_cleanup(pid_t pid, char *dir)
+{
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        waitpid(pid, NULL, 0);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}

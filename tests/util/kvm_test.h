@@ -68,6 +68,13 @@ void kvm_test_store_create(const char *path);
  * Returns -1 with *pid set once ready; the exit status (0..255, 128+signal) when serve exits
  * first (its log then printed to stderr); aborts the test on timeout, after SIGKILL. */
 int kvm_test_serve_start(const char *const *args, const char *log, int timeout_s, pid_t *pid);
+/* A serve test's folders: *dir a fresh temporary folder (kvm_test_tmpdir; the caller frees it
+ * through kvm_test_serve_cleanup), front = "ipc://DIR/front" and log = "DIR/serve.log" in
+ * buffers of nf and nl bytes. A failure fails the test. */
+void kvm_test_serve_dirs(char **dir, char *front, size_t nf, char *log, size_t nl);
+/* Stops a server started by kvm_test_serve_start when pid > 0 (SIGTERM, waited for), then
+ * removes dir and frees it. */
+void kvm_test_serve_cleanup(pid_t pid, char *dir);
 /* Runs fn(arg) with this process's stderr going to a temporary file and returns what it
  * wrote (malloc'ed, NUL-terminated); fails the current test when the redirection fails. */
 char *kvm_test_stderr_of(void (*fn)(void *), void *arg);
