@@ -7,7 +7,8 @@
 # under a line "== SUITE (N s, CPU C s)". The slowest start first, so that the last ones to end
 # are short: tests/suite-seconds lists what each took (a suite not listed starts after those
 # listed, in the order given). The last line sums them up, over the suites in the order given:
-# "tests: P passed, F failed", followed, when a suite ended without its "Checks:" line (a crash,
+# "tests: P passed, F failed[ in SUITE, ...]" (after the failing suites' first failure lines
+# again, so that a log's tail names them), followed, when a suite ended without its "Checks:" line (a crash,
 # an abort, a sanitizer report, a missing binary), by "(NAME crashed before reporting: exit
 # status S, ...)" for each such suite, counted as one failure. Exit status 0 when every suite
 # exited 0, else 1. The environment (KVMILL_BIN, KVMILL_SHARED, CK_*) is passed on.
@@ -78,7 +79,7 @@ for i in $order; do
 done
 while [ "${#running[@]}" -gt 0 ]; do reap; done
 
-fail=0 pass=0 bad=0 crashed=""
+fail=0 pass=0 bad=0 crashed="" failed="" faillines=""
 for t in "${suites[@]}"; do
     name=$(basename "$t")
     log=$logdir/$name.log
@@ -90,6 +91,12 @@ for t in "${suites[@]}"; do
         set -- $n
         pass=$((pass + $1 - $2 - $3))
         bad=$((bad + $2 + $3))
+        # a suite whose checks failed: its failing lines again at the end, where a CI log's
+        # tail shows them (Check prints "file:line:F:case:test:0: message" or ":E:")
+        if [ "$(($2 + $3))" -gt 0 ] || [ "$rc" -ne 0 ]; then
+            failed="$failed${failed:+, }$name"
+            faillines="$faillines$(grep -E '^[^ ]+:[0-9]+:[EF]:' "$log" | head -5)"$'\n'
+        fi
     else
         why="exit status $rc"
         [ "$rc" -gt 128 ] && why="$why: killed by signal $((rc - 128))"
@@ -99,5 +106,6 @@ for t in "${suites[@]}"; do
         crashed="$crashed${crashed:+, }$name crashed before reporting: $why"
     fi
 done
-echo "tests: $pass passed, $bad failed${crashed:+ ($crashed)}"
+[ -z "$failed" ] || printf '== failed suites: %s\n%s' "$failed" "$faillines"
+echo "tests: $pass passed, $bad failed${failed:+ in $failed}${crashed:+ ($crashed)}"
 exit $fail
