@@ -226,7 +226,10 @@ int kvm_cmd_ask(int argc, char **argv)
          "read the prompt from this file instead of --prompt (its bytes as they are, as --prompt; no NUL byte)", NULL},
         {"n", 1, "new tokens to generate (default 64)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 0)", NULL},
-        {"timeout", 1, "seconds to wait for the answer (default 30)", NULL},
+        {"timeout", 1,
+         "seconds to wait for the answer (default 90: longer than [serve] request_timeout_s's 60, so a late request "
+         "gets the server's own reason)",
+         NULL},
         {"server-key", 1, "CurveZMQ: the server's .public key file", NULL},
         {"client-public", 1, "CurveZMQ: this client's .public key file", NULL},
         {"client-secret", 1, "CurveZMQ: this client's .secret key file", NULL},
@@ -259,7 +262,10 @@ int kvm_cmd_ask(int argc, char **argv)
     if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES)
         return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
     int64_t n_new = 64;
-    double temperature = 0, timeout_s = 30;
+    /* 90 s: above [serve] request_timeout_s's default of 60, so that a request the server cannot
+     * answer in time (its cache computed on demand, a held request) gets the server's error
+     * answer saying why, not ask's "no answer" while the server is still working on it */
+    double temperature = 0, timeout_s = 90;
     if ((s = kvm_cli_get(opts, "n"))) { /* -n: kvm_cli_int would call it --n */
         char *end;
         errno = 0;

@@ -4,6 +4,7 @@
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
+#include "pipeline/kvm_config.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
@@ -1227,6 +1228,28 @@ START_TEST(test_sculpt_empty_doc)
 }
 END_TEST
 
+/* kvmill ask waited 30 s by default while [serve] request_timeout_s defaults to 60: a request
+ * whose cache the server computed on demand (about 50 s for SmolLM2 at 2,048 tokens) ended in
+ * ask's "no answer" while the server was still working, and the server's own answer (the cache,
+ * or its error saying why) was lost. Now ask's default waits longer than the server's. */
+START_TEST(test_ask_timeout_above_request_timeout)
+{
+    char *out, *err;
+    ck_assert_int_eq(kvmill(&out, &err, "ask --help", NULL, NULL), 0);
+    const char *h = strstr(out, "--timeout");
+    ck_assert_msg(h && strstr(h, "(default "), "ask --help: %s", out);
+    const double ask_default = atof(strstr(h, "(default ") + strlen("(default "));
+    double serve_default = -1;
+    for (const kvm_cfg_setting *c = kvm_cfg_settings; c->section; c++)
+        if (!strcmp(c->section, "serve") && !strcmp(c->key, "request_timeout_s")) serve_default = atof(c->def);
+    ck_assert_msg(serve_default > 0 && ask_default > serve_default,
+                  "ask's default --timeout %g s is not above [serve] request_timeout_s's default %g s", ask_default,
+                  serve_default);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -1261,7 +1284,8 @@ static Suite *cli_suite(void)
                  {"docs_list_many", test_docs_list_many},
                  {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure},
                  {"calibrate_write_error_says_why", test_calibrate_write_error_says_why},
-                 {"sculpt_empty_doc", test_sculpt_empty_doc}};
+                 {"sculpt_empty_doc", test_sculpt_empty_doc},
+                 {"ask_timeout_above_request_timeout", test_ask_timeout_above_request_timeout}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
