@@ -750,6 +750,9 @@ static pid_t run_background(const char *corpus)
     char out_path[4300], err_path[4300];
     snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
     snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
+    /* an earlier run's files go first: a wait for a line in them must not find that run's */
+    unlink(out_path);
+    unlink(err_path);
     pid_t pid = fork();
     if (pid == 0) {
         freopen(out_path, "w", stdout);
@@ -767,6 +770,19 @@ static char *tmp_file(const char *name)
     char p[4300];
     snprintf(p, sizeof p, "%s/%s", tmp, name);
     return kvm_test_read_file(p, NULL);
+}
+
+/* Waits up to ms for tmp/NAME to hold at least `times` occurrences of needle; returns 1 when it
+ * does, 0 on timeout. */
+static int wait_for_file(const char *name, const char *needle, int times, int ms)
+{
+    for (double end = kvm_now_ms() + ms;; usleep(20000)) {
+        char *text = tmp_file(name);
+        int n = text ? kvm_test_count(text, needle) : 0;
+        free(text);
+        if (n >= times) return 1;
+        if (kvm_now_ms() >= end) return 0;
+    }
 }
 
 START_TEST(test_external_worker_joins)
@@ -830,7 +846,10 @@ START_TEST(test_ctrl_c)
     /* second Ctrl-C: stop at once, exit 130 (a fresh store, so there is work to interrupt) */
     kvm_test_rmtree(store);
     run = run_background(docs);
-    usleep(300000);
+    /* not a fixed 300 ms after the fork: a SIGINT before `kvmill run` installs its handler kills
+     * it (status 2, not 130), and a loaded machine running sanitized binaries can take that
+     * long to get there; the line naming the run directory comes after the handler */
+    ck_assert_msg(wait_for_file("err.txt", ", run directory ", 1, 60000), "the run never started");
     kill(run, SIGINT);
     usleep(100000);
     kill(run, SIGINT);
