@@ -1367,6 +1367,24 @@ START_TEST(test_kv_layer_count_changes)
 }
 END_TEST
 
+/* Lines of text holding a, and b after it. */
+static int lines_with(const char *text, const char *a, const char *b)
+{
+    int n = 0;
+    size_t na = strlen(a), nb = strlen(b);
+    for (const char *l = text; l && *l;) {
+        const char *nl = strchr(l, '\n'), *end = nl ? nl : l + strlen(l), *p = NULL;
+        for (const char *c = l; !p && c + na <= end; c++)
+            if (!strncmp(c, a, na)) p = c + na;
+        int found = 0;
+        for (const char *c = p; c && !found && c + nb <= end; c++)
+            found = !strncmp(c, b, nb);
+        n += found;
+        l = nl ? nl + 1 : NULL;
+    }
+    return n;
+}
+
 /* More workers than the orchestrator's table holds (256) over a run: ones that went silent
  * gave their entries up to none, so a worker joining after them was ignored without a word
  * and the run waited for ever. Dead workers' entries are reused now. */
@@ -1374,6 +1392,7 @@ START_TEST(test_worker_table_reused)
 {
     write_config("prefill_workers = 0\n"); /* heartbeat 100 ms, liveness 20: silent 2 s = dead */
     pid_t run = run_background(docs);
+    ck_assert_msg(wait_for_file("err.txt", ", run directory ", 1, 60000), "the run never started");
     char base[4400], ctl[4500], data[4500];
     snprintf(base, sizeof base, "ipc://%s", run_dir);
     ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
@@ -1390,7 +1409,16 @@ START_TEST(test_worker_table_reused)
         kvm_msg *m = prefill_ready(id);
         peer_send(ghosts[i], &m);
     }
-    sleep(4); /* every ghost is past its 2 s liveness */
+    /* every ghost that joined has gone silent (the run's own words, not a fixed 4 s: the ghosts'
+     * 2 s of liveness count from when the run read their hellos, later on a loaded machine) */
+    int joined = 0, silent = 0;
+    for (double end = kvm_now_ms() + 60000; kvm_now_ms() < end && (joined == 0 || silent < joined); usleep(50000)) {
+        char *err = tmp_file("err.txt");
+        joined = lines_with(err, "external prefill worker ghost-", " joined");
+        silent = lines_with(err, "worker ghost-", " went silent");
+        free(err);
+    }
+    ck_assert_msg(joined > 0 && silent == joined, "%d ghosts joined, %d went silent", joined, silent);
     peer p;
     peer_start(&p, "late-prefill");
     uint64_t job = peer_job(&p, 20000);
