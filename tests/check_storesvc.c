@@ -460,10 +460,12 @@ START_TEST(test_claims)
     ck_assert_int_eq(claim(b, &k1, "run:b", 60000, 1, NULL), KVM_STORECLI_STORED);
     ck_assert_int_eq(kvm_storecli_renew(a, "run:a", 0, 1, 3000, 1, &n), 0); /* release */
     ck_assert_int_eq(n, 2);
-    ck_assert_int_eq(claim(b, &k2, "run:b", 300, 0, NULL), KVM_STORECLI_TAKEN);
+    /* a lease of 1 s: short enough to wait out, long enough that the next request's round trip
+     * through the service (a 300 ms lease before) cannot outlast it on a loaded machine */
+    ck_assert_int_eq(claim(b, &k2, "run:b", 1000, 0, NULL), KVM_STORECLI_TAKEN);
     ck_assert_int_eq(claim(a, &k2, "run:a", 60000, 0, holder), KVM_STORECLI_HELD);
     ck_assert_str_eq(holder, "run:b");
-    usleep(500000); /* run:b "dies": its 300 ms lease lapses */
+    usleep(1200000); /* run:b "dies": its 1 s lease lapses */
     ck_assert_int_eq(claim(a, &k2, "run:a", 60000, 0, NULL), KVM_STORECLI_TAKEN);
     ck_assert_int_eq(kvm_storecli_renew(b, "run:b", 1000, 0, 3000, 1, &n), 0);
     ck_assert_int_eq(n, 0); /* the lapsed claim was taken over: run:b holds none */
