@@ -360,7 +360,7 @@ START_TEST(test_run_starts_store_service)
      * sanitizers but 70 ms in the plain build (the AVX2 solver), a margin of 0.3 s that a
      * loaded machine can eat; 300 (0.33 s a job) give the plain build 1.3 s */
     setenv("KVM_SLOW_COMPRESS", kvm_test_quick() ? "40" : "300", 1);
-    int port = 20000 + (int)(getpid() % 20000);
+    int port = kvm_test_tcp_port(0);
     char extra[512], outp[4300], errp[4300], werr[4300], cmd[16000], slog[4300];
     snprintf(extra, sizeof extra, "[store]\nservice_bind = tcp://127.0.0.1:%d\n[stages]\ncompress_workers = 0\n", port);
     write_config(extra);
@@ -409,7 +409,7 @@ END_TEST
  * the config id the store's own strategy gives (a local run afterwards skips them all). */
 START_TEST(test_remote_worker_polykv)
 {
-    int port = 20000 + (int)((getpid() + 7919) % 20000);
+    int port = kvm_test_tcp_port(1);
     char text[8192], outp[4300], errp[4300], werr[4300], cmd[16000];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n"
