@@ -355,8 +355,12 @@ static pid_t spawn_sh(const char *cmd)
  * its upload, and every document is stored once. */
 START_TEST(test_run_starts_store_service)
 {
-    setenv("KVM_SLOW_COMPRESS", "40", 1); /* jobs long enough that the kill lands mid-run */
-    int port = 20000 + (int)(getpid() % 20000);
+    /* jobs long enough that the kill lands mid-run: after the first commit the other four jobs
+     * must outlast the test's noticing it. 40 iterations take about 0.5 s a job under the
+     * sanitizers but 70 ms in the plain build (the AVX2 solver), a margin of 0.3 s that a
+     * loaded machine can eat; 300 (0.33 s a job) give the plain build 1.3 s */
+    setenv("KVM_SLOW_COMPRESS", kvm_test_quick() ? "40" : "300", 1);
+    int port = kvm_test_tcp_port(0);
     char extra[512], outp[4300], errp[4300], werr[4300], cmd[16000], slog[4300];
     snprintf(extra, sizeof extra, "[store]\nservice_bind = tcp://127.0.0.1:%d\n[stages]\ncompress_workers = 0\n", port);
     write_config(extra);
@@ -405,7 +409,7 @@ END_TEST
  * the config id the store's own strategy gives (a local run afterwards skips them all). */
 START_TEST(test_remote_worker_polykv)
 {
-    int port = 20000 + (int)((getpid() + 7919) % 20000);
+    int port = kvm_test_tcp_port(1);
     char text[8192], outp[4300], errp[4300], werr[4300], cmd[16000];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n"
@@ -750,6 +754,9 @@ static pid_t run_background(const char *corpus)
     char out_path[4300], err_path[4300];
     snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
     snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
+    /* an earlier run's files go first: a wait for a line in them must not find that run's */
+    unlink(out_path);
+    unlink(err_path);
     pid_t pid = fork();
     if (pid == 0) {
         freopen(out_path, "w", stdout);
@@ -767,6 +774,19 @@ static char *tmp_file(const char *name)
     char p[4300];
     snprintf(p, sizeof p, "%s/%s", tmp, name);
     return kvm_test_read_file(p, NULL);
+}
+
+/* Waits up to ms for tmp/NAME to hold at least `times` occurrences of needle; returns 1 when it
+ * does, 0 on timeout. */
+static int wait_for_file(const char *name, const char *needle, int times, int ms)
+{
+    for (double end = kvm_now_ms() + ms;; usleep(20000)) {
+        char *text = tmp_file(name);
+        int n = text ? kvm_test_count(text, needle) : 0;
+        free(text);
+        if (n >= times) return 1;
+        if (kvm_now_ms() >= end) return 0;
+    }
 }
 
 START_TEST(test_external_worker_joins)
@@ -827,12 +847,22 @@ START_TEST(test_ctrl_c)
     /* how many documents were already past prefill when the signal came depends on timing;
      * what must hold is that the run stopped cleanly with nothing failed or half-stored */
     free(out); free(err);
-    /* second Ctrl-C: stop at once, exit 130 (a fresh store, so there is work to interrupt) */
+    /* second Ctrl-C: stop at once, exit 130 (a fresh store, so there is work to interrupt).
+     * Each Ctrl-C waits for what it needs, not for fixed 300 and 100 ms: the first for a job in
+     * compress (progress_s = 0: a progress line at each change) and the second for the first's
+     * drain, which that job keeps going for minutes (2,048 queries). A SIGINT before the run
+     * installs its handler killed it (status 2, not 130), and so did a second one after a drain
+     * with nothing in flight had ended the run and its handler was put back as it exited;
+     * both happened on a loaded machine */
     kvm_test_rmtree(store);
+    setenv("KVM_SLOW_COMPRESS", "2000", 1);
+    write_config("[run]\nprogress_s = 0\n");
+    unsetenv("KVM_SLOW_COMPRESS");
     run = run_background(docs);
-    usleep(300000);
+    ck_assert_msg(wait_for_file("err.txt", " in compress: ", 1, 120000), "no document reached compress");
     kill(run, SIGINT);
-    usleep(100000);
+    ck_assert_msg(wait_for_file("err.txt", "interrupted: finishing the jobs in flight", 1, 60000),
+                  "the first Ctrl-C was not taken");
     kill(run, SIGINT);
     ck_assert_int_eq(waitpid(run, &st, 0), run);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d", st);
@@ -1348,6 +1378,24 @@ START_TEST(test_kv_layer_count_changes)
 }
 END_TEST
 
+/* Lines of text holding a, and b after it. */
+static int lines_with(const char *text, const char *a, const char *b)
+{
+    int n = 0;
+    size_t na = strlen(a), nb = strlen(b);
+    for (const char *l = text; l && *l;) {
+        const char *nl = strchr(l, '\n'), *end = nl ? nl : l + strlen(l), *p = NULL;
+        for (const char *c = l; !p && c + na <= end; c++)
+            if (!strncmp(c, a, na)) p = c + na;
+        int found = 0;
+        for (const char *c = p; c && !found && c + nb <= end; c++)
+            found = !strncmp(c, b, nb);
+        n += found;
+        l = nl ? nl + 1 : NULL;
+    }
+    return n;
+}
+
 /* More workers than the orchestrator's table holds (256) over a run: ones that went silent
  * gave their entries up to none, so a worker joining after them was ignored without a word
  * and the run waited for ever. Dead workers' entries are reused now. */
@@ -1355,6 +1403,7 @@ START_TEST(test_worker_table_reused)
 {
     write_config("prefill_workers = 0\n"); /* heartbeat 100 ms, liveness 20: silent 2 s = dead */
     pid_t run = run_background(docs);
+    ck_assert_msg(wait_for_file("err.txt", ", run directory ", 1, 60000), "the run never started");
     char base[4400], ctl[4500], data[4500];
     snprintf(base, sizeof base, "ipc://%s", run_dir);
     ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
@@ -1371,7 +1420,16 @@ START_TEST(test_worker_table_reused)
         kvm_msg *m = prefill_ready(id);
         peer_send(ghosts[i], &m);
     }
-    sleep(4); /* every ghost is past its 2 s liveness */
+    /* every ghost that joined has gone silent (the run's own words, not a fixed 4 s: the ghosts'
+     * 2 s of liveness count from when the run read their hellos, later on a loaded machine) */
+    int joined = 0, silent = 0;
+    for (double end = kvm_now_ms() + 60000; kvm_now_ms() < end && (joined == 0 || silent < joined); usleep(50000)) {
+        char *err = tmp_file("err.txt");
+        joined = lines_with(err, "external prefill worker ghost-", " joined");
+        silent = lines_with(err, "worker ghost-", " went silent");
+        free(err);
+    }
+    ck_assert_msg(joined > 0 && silent == joined, "%d ghosts joined, %d went silent", joined, silent);
     peer p;
     peer_start(&p, "late-prefill");
     uint64_t job = peer_job(&p, 20000);

@@ -844,26 +844,30 @@ START_TEST(test_claim_lease)
     memset(&k, 7, sizeof k);
     int taken = -1;
     kvm_store_claim h;
-    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", 300, &taken, &h), 0);
+    /* a lease of 1 s, not 300 ms: each check that it still holds comes one LMDB write after a
+     * take or renewal, and a test process stalled 300 ms there (2 cores shared with 3 other
+     * sanitized suites) would see it lapse */
+    const int64_t lease = 1000;
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", lease, &taken, &h), 0);
     ck_assert_int_eq(taken, 1);
-    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", lease, &taken, &h), 0);
     ck_assert_int_eq(taken, 0);
     ck_assert_str_eq(h.owner, "run:a");
     ck_assert_str_eq(h.host, "hostA");
-    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", 300, &taken, &h), 0); /* its own: renewed */
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", lease, &taken, &h), 0); /* its own: renewed */
     ck_assert_int_eq(taken, 1);
     /* renewed while the job lives: b cannot take it past the first lease's end */
-    for (int i = 0; i < 6; i++) {
+    for (double t0 = now_s(); now_s() - t0 < (double)(lease + 300) / 1000;) {
         usleep(100000);
         int64_t n = 0;
-        ck_assert_int_eq(kvm_store_claim_renew(s, "run:a", 300, &n), 0);
+        ck_assert_int_eq(kvm_store_claim_renew(s, "run:a", lease, &n), 0);
         ck_assert_int_eq(n, 1);
     }
-    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", lease, &taken, &h), 0);
     ck_assert_int_eq(taken, 0);
     /* a run that died stops renewing: its lease lapses and another run takes over */
-    usleep(400000);
-    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", 300, &taken, &h), 0);
+    usleep((useconds_t)(lease + 200) * 1000);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:b", "hostB", lease, &taken, &h), 0);
     ck_assert_int_eq(taken, 1);
     kvm_store_claim got;
     ck_assert_int_eq(kvm_store_claim_get(s, &k, &got), 0);

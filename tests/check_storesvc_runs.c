@@ -40,7 +40,7 @@ static void setup(void)
         ck_assert_int_eq(kvm_test_write_file(dst, t, n), 0);
         free(t);
     }
-    port = 20000 + (int)((getpid() * 7 + 13) % 20000);
+    port = kvm_test_tcp_port(2);
 }
 
 static void teardown(void)

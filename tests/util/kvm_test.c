@@ -4,13 +4,17 @@
 #include "model/kvm_tokenizer.h"
 #include "store/kvm_store.h"
 
+#include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -331,4 +335,26 @@ void kvm_test_serve_cleanup(pid_t pid, char *dir)
     }
     kvm_test_rmtree(dir);
     free(dir);
+}
+
+int kvm_test_tcp_port(unsigned salt)
+{
+    /* below Linux's default ephemeral range (32768-60999), whose ports connect() hands out (the
+     * tests' 20000 + pid % 20000 reached into it: a service could then find its port taken by
+     * some client connection's own end); from a pid-derived start, the first one free now */
+    const int lo = 20000, span = 12000;
+    int start = (int)(((unsigned)getpid() * 7919u + salt * 104729u) % (unsigned)span);
+    for (int i = 0; i < span; i++) {
+        int port = lo + (start + i) % span, fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        ck_assert_msg(fd >= 0, "socket: %s", strerror(errno));
+        /* as ZeroMQ binds: a port whose old connections wait in TIME_WAIT counts as free */
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        struct sockaddr_in a = {
+            .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) return port;
+    }
+    ck_abort_msg("no free TCP port in %d..%d", lo, lo + span - 1);
+    return -1;
 }

@@ -54,6 +54,12 @@ void kvm_test_rmtree(const char *path);
  * discards) leaves that check waiting forever (SAN=1). */
 int kvm_test_run(const char *cmd, char **out, char **err);
 
+/* A TCP port on 127.0.0.1 that nothing is bound to now, for a service a test starts on a port it
+ * names: in 20000..31999 (below the ephemeral range that connect() takes its local ports from),
+ * starting from one derived from the pid and salt (tests of one process that need different
+ * ports pass different salts). Fails the test when none is free. */
+int kvm_test_tcp_port(unsigned salt);
+
 /* Caches in the store at `store`, as `kvmill store ls --csv` (of the binaries under test) lists
  * them: its data rows, the header not counted. Fails the current test when the command fails. */
 int kvm_test_store_caches(const char *store);
