@@ -208,9 +208,8 @@ static void finish_job(stage_rt *rt)
         kvm_msg_free(&j->out.ctl[i]);
     }
     j->out.n_data = j->out.n_ctl = 0;
-    /* the job's log line before its result: the orchestrator acts on the result (the next job,
-     * the next document's prefill), and a log read as the run's witness must not show those
-     * consequences before the job that caused them */
+    send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv, &j->out);
+    j->out = (kvm_stage_out){0};
     if (j->rc) {
         kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_I("retryable", j->retryable), KVM_LOG_S("error", j->err)};
         log_ev(rt, KVM_LOG_ERROR, "job_failed", f, 3, "job %llu failed (%s): %s", (unsigned long long)id,
@@ -220,8 +219,6 @@ static void finish_job(stage_rt *rt)
         log_ev(rt, KVM_LOG_INFO, "job_done", f, 3, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id,
                rt->ops->stage, compute, bytes);
     }
-    send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv, &j->out);
-    j->out = (kvm_stage_out){0};
     drop_inputs(j);
     rt->last_credit = 0; /* ask for work now */
 }
