@@ -1,5 +1,5 @@
 /* cmd_ask.c: `kvmill ask`: a client of `kvmill serve`: sends a document (a file's bytes, or
- * the hash or name of a document the store holds) and a prompt, waits for the answer (30 s by
+ * the hash or name of a document the store holds) and a prompt, waits for the answer (90 s by
  * default), prints the generated text to stdout and the timings to stderr. Needs no config:
  * the server tokenises and hashes the document. A server that rejects this client's CurveZMQ
  * key is reported at once (socket monitor). */
@@ -227,8 +227,9 @@ int kvm_cmd_ask(int argc, char **argv)
         {"n", 1, "new tokens to generate (default 64)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 0)", NULL},
         {"timeout", 1,
-         "seconds to wait for the answer (default 90: longer than [serve] request_timeout_s's 60, so a late request "
-         "gets the server's own reason)",
+         "seconds to wait for the answer (default " KVM_CLI_STR(
+             KVM_ASK_TIMEOUT_S) ": longer than [serve] "
+                                "request_timeout_s's default, so a late request gets the server's own reason)",
          NULL},
         {"server-key", 1, "CurveZMQ: the server's .public key file", NULL},
         {"client-public", 1, "CurveZMQ: this client's .public key file", NULL},
@@ -262,10 +263,7 @@ int kvm_cmd_ask(int argc, char **argv)
     if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES)
         return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
     int64_t n_new = 64;
-    /* 90 s: above [serve] request_timeout_s's default of 60, so that a request the server cannot
-     * answer in time (its cache computed on demand, a held request) gets the server's error
-     * answer saying why, not ask's "no answer" while the server is still working on it */
-    double temperature = 0, timeout_s = 90;
+    double temperature = 0, timeout_s = KVM_ASK_TIMEOUT_S; /* kvm_cli.h says why */
     if ((s = kvm_cli_get(opts, "n"))) { /* -n: kvm_cli_int would call it --n */
         char *end;
         errno = 0;

@@ -7,6 +7,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* `kvmill ask`'s default --timeout, seconds: above [serve] request_timeout_s's default (60), so
+ * that a request the server cannot answer in time gets the server's error answer saying why
+ * (the server counts that timeout from the request's arrival), not ask's "no answer" while the
+ * server still works on it (tests/check_cli compares the two defaults). */
+#define KVM_ASK_TIMEOUT_S 90
+#define KVM_CLI_STR_(x) #x
+#define KVM_CLI_STR(x) KVM_CLI_STR_(x)
 int kvm_cmd_ask(int argc, char **argv);
 int kvm_cmd_generate(int argc, char **argv);
 int kvm_cmd_info(int argc, char **argv);

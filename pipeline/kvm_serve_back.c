@@ -239,5 +239,6 @@ void kvm_serve__dispatch(srv *s)
         wk->env = r.env;
         wk->request_id = r.request_id;
         wk->t_sent = kvm_now_ms();
+        wk->t_recv = r.t_recv;
     }
 }

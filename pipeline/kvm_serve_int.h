@@ -71,6 +71,7 @@ typedef struct srv_worker {
                             the client already got an error answer (timeout) */
     uint64_t request_id; /* of the busy request */
     double t_sent;       /* when it was handed to the worker */
+    double t_recv;       /* when the server received it: [serve] request_timeout_s counts from here */
     int grant;           /* the busy request may add a cache (compute_grant): one grant held */
     int grant_client;    /* index in srv.clients of the grant's client key, or -1 */
     srv_doc_key doc;     /* the busy request's document, when it sends one */

@@ -43,7 +43,7 @@ int kvm_serve_remote_load(kvm_storecli *svc, const kvm_config *cfg, const kvm_st
     kvm_kvcache *c = NULL;
     kvm_proto_cache pc = {0};
     /* a reply is a few messages read from LMDB, not an upload: wait as long as for a claim, so a
-     * service that is down is an error answer well within the client's timeout (30 s) */
+     * service that is down is an error answer well within kvmill ask's default timeout (90 s) */
     int rc = kvm_storecli_get(svc, key, kvm_orch_remote_timeout_ms(cfg), &layers, &n);
     if (rc) return rc;
     if (n != m->cfg.n_layers) rc = kvm_err(KVM_EMISMATCH, "the served cache has %d layers, the model %d", n, m->cfg.n_layers);

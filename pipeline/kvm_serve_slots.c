@@ -125,10 +125,19 @@ void kvm_serve__check_health(srv *s)
     }
     for (int w = 0; w < s->n_workers; w++) {
         srv_worker *wk = &s->workers[w];
-        if (wk->busy && wk->env && now - wk->t_sent > s->timeout_ms) {
-            kvm_serve__log("request %llu timed out on worker %s", (unsigned long long)wk->request_id, wk->id);
-            kvm_serve__reply_error(s, &wk->env, wk->request_id, KVM_EIO,
-                                   "the decode worker did not answer in time ([serve] request_timeout_s)");
+        /* from the request's arrival, as for queued ones: counted from its hand-over a request
+         * that had queued could wait up to twice request_timeout_s for its error answer, past
+         * the client's own timeout (kvmill ask's default is 90 s against the default 60) */
+        if (wk->busy && wk->env && now - wk->t_recv > s->timeout_ms) {
+            kvm_serve__log("request %llu timed out on worker %s (%.1f s after it arrived, %.1f s on the worker)",
+                           (unsigned long long)wk->request_id, wk->id, (now - wk->t_recv) / 1000,
+                           (now - wk->t_sent) / 1000);
+            char why[200];
+            snprintf(why, sizeof why,
+                     "the decode worker did not answer in time ([serve] request_timeout_s: %.1f s after the request "
+                     "arrived, %.1f s of them in the queue)",
+                     (now - wk->t_recv) / 1000, (wk->t_sent - wk->t_recv) / 1000);
+            kvm_serve__reply_error(s, &wk->env, wk->request_id, KVM_EIO, why);
         }
     }
     if (!s->announced) {

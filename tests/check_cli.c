@@ -1238,7 +1238,8 @@ START_TEST(test_ask_timeout_above_request_timeout)
     ck_assert_int_eq(kvmill(&out, &err, "ask --help", NULL, NULL), 0);
     const char *h = strstr(out, "--timeout");
     ck_assert_msg(h && strstr(h, "(default "), "ask --help: %s", out);
-    const double ask_default = atof(strstr(h, "(default ") + strlen("(default "));
+    const double ask_default = KVM_ASK_TIMEOUT_S; /* the code's default, which --help shows */
+    ck_assert_int_eq((int)atof(strstr(h, "(default ") + strlen("(default ")), KVM_ASK_TIMEOUT_S);
     double serve_default = -1;
     for (const kvm_cfg_setting *c = kvm_cfg_settings; c->section; c++)
         if (!strcmp(c->section, "serve") && !strcmp(c->key, "request_timeout_s")) serve_default = atof(c->def);

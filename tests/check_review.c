@@ -805,7 +805,7 @@ START_TEST(test_eval_sculpt_flag_without_sculpt_method)
 END_TEST
 
 /* serve over a store service that does not answer: a decode worker waited for get_cache as long
- * as for an upload ([store] upload_timeout_ms, 60 s), so `kvmill ask` (30 s) got no answer and a
+ * as for an upload ([store] upload_timeout_ms, 60 s), so `kvmill ask` (then 30 s) got no answer and a
  * hint that serve was not running. It waits as for a claim ([run] heartbeat_ms x liveness) and
  * answers with the error: here 1 s. */
 START_TEST(test_serve_remote_store_down_answers)

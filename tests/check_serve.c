@@ -1042,7 +1042,9 @@ int main(void)
     suite_add_tcase(su, too_large);
     suite_add_tcase(su, tcase("nonlocal_without_keys", test_nonlocal_without_keys));
     suite_add_tcase(su, tcase("worker_setup_failure", test_worker_setup_failure));
-    suite_add_tcase(su, tcase("curve_keys", test_curve_keys));
+    TCase *curve = tcase("curve_keys", test_curve_keys);
+    tcase_set_timeout(curve, 90); /* a server start and three asks, two of them allowed --timeout 20 */
+    suite_add_tcase(su, curve);
     suite_add_tcase(su, tcase("curve_mixed_pair", test_curve_mixed_pair));
     suite_add_tcase(su, tcase("curve_worker_not_authorized", test_curve_worker_not_authorized));
     suite_add_tcase(su, tcase("worker_respawn", test_worker_respawn));
