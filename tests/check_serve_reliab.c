@@ -1088,6 +1088,27 @@ START_TEST(test_held_released_when_found)
 }
 END_TEST
 
+/* A client DEALER ("client") on held_broker(tag)'s front end. */
+static void *front_client(srv *s, const char *tag)
+{
+    void *client = zmq_socket(s->zctx, ZMQ_DEALER);
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://%s-front", tag);
+    ck_assert_int_eq(zmq_setsockopt(client, ZMQ_ROUTING_ID, "client", 6), 0);
+    ck_assert_int_eq(zmq_connect(client, ep), 0);
+    return client;
+}
+
+/* The answer the client gets within 2 s (none fails the test, naming `what`): *a decoded
+ * from *m, which the caller frees. */
+static void client_answer(void *client, const char *what, kvm_msg **m, kvm_proto_answer *a)
+{
+    zmq_pollitem_t it = {client, 0, ZMQ_POLLIN, 0};
+    ck_assert_msg(zmq_poll(&it, 1, 2000) == 1, "no answer: %s", what);
+    ck_assert_int_eq(kvm_msg_recv(client, m, 0), 0);
+    ck_assert_msg(kvm_proto_answer_decode(*m, a) == 0, "%s", kvm_errmsg());
+}
+
 /* A request held while another computes its document's cache, past [serve] request_timeout_s,
  * was told "timed out waiting for a free decode worker" with workers free all along; now its
  * error answer names the request that computes the cache and the document key. */
@@ -1095,9 +1116,7 @@ START_TEST(test_held_timeout_names_computation)
 {
     void *w0;
     srv *s = held_broker("htimeout", &w0);
-    void *client = zmq_socket(s->zctx, ZMQ_DEALER);
-    ck_assert_int_eq(zmq_setsockopt(client, ZMQ_ROUTING_ID, "client", 6), 0);
-    ck_assert_int_eq(zmq_connect(client, "inproc://htimeout-front"), 0);
+    void *client = front_client(s, "htimeout");
     const char *doc = "A dog ran to the park with a ball.";
     queue_ask(s, 1, doc);
     queue_ask(s, 2, doc);
@@ -1110,12 +1129,9 @@ START_TEST(test_held_timeout_names_computation)
     s->workers[0].t_sent = s->workers[0].t_recv = kvm_now_ms(); /* request 1 itself is not late */
     kvm_serve__check_health(s);
     ck_assert_int_eq(s->n_queue, 0);
-    zmq_pollitem_t it = {client, 0, ZMQ_POLLIN, 0};
-    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
     kvm_msg *m = NULL;
-    ck_assert_int_eq(kvm_msg_recv(client, &m, 0), 0);
     kvm_proto_answer a;
-    ck_assert_msg(kvm_proto_answer_decode(m, &a) == 0, "%s", kvm_errmsg());
+    client_answer(client, "request 2 held past its timeout", &m, &a);
     ck_assert_uint_eq(a.request_id, 2);
     ck_assert_int_eq(a.status, KVM_EIO);
     char want[300], *got = strndup(a.message.ptr, a.message.len);
@@ -1137,9 +1153,7 @@ START_TEST(test_worker_timeout_counts_from_arrival)
 {
     void *w0;
     srv *s = held_broker("arrival", &w0);
-    void *client = zmq_socket(s->zctx, ZMQ_DEALER);
-    ck_assert_int_eq(zmq_setsockopt(client, ZMQ_ROUTING_ID, "client", 6), 0);
-    ck_assert_int_eq(zmq_connect(client, "inproc://arrival-front"), 0);
+    void *client = front_client(s, "arrival");
     queue_ask(s, 1, "A cat sat on the mat.");
     s->queue[0].t_recv -= 400; /* it arrived 400 ms ago and waited in the queue */
     s->timeout_ms = 500;
@@ -1147,12 +1161,9 @@ START_TEST(test_worker_timeout_counts_from_arrival)
     ck_assert_int_eq(s->n_queue, 0);
     usleep(200 * 1000); /* 600 ms since arrival, 200 ms on the worker */
     kvm_serve__check_health(s);
-    zmq_pollitem_t it = {client, 0, ZMQ_POLLIN, 0};
-    ck_assert_msg(zmq_poll(&it, 1, 2000) == 1, "no error answer 600 ms after the request arrived (timeout 500 ms)");
     kvm_msg *m = NULL;
-    ck_assert_int_eq(kvm_msg_recv(client, &m, 0), 0);
     kvm_proto_answer a;
-    ck_assert_msg(kvm_proto_answer_decode(m, &a) == 0, "%s", kvm_errmsg());
+    client_answer(client, "600 ms after the request arrived (timeout 500 ms)", &m, &a);
     ck_assert_uint_eq(a.request_id, 1);
     ck_assert_int_eq(a.status, KVM_EIO);
     char *got = strndup(a.message.ptr, a.message.len);
