@@ -33,9 +33,10 @@ typedef struct kvm_serve_opts {
  * gets an error answer at once naming the size of its large part; ZMQ_MAXMSGSIZE on the front
  * end is the larger of the setting and KVM_PROTO_MAX_HEADER_BYTES, the largest frame of a valid
  * ask, so only a larger frame drops the sending connection unanswered; its ZMQ_RCVHWM holds a
- * connection's unread requests to some 1 GiB per frame), max_queue and request_timeout_s,
- * and bounds what
- * compute_missing may add: each request handed to a worker carries compute_grant, true only
+ * connection's unread requests to some 1 GiB per frame), max_queue and request_timeout_s
+ * (counted from the request's arrival, its time queued included: a request queued for a worker
+ * and one on a worker get their error answer request_timeout_s after they arrived), and bounds
+ * what compute_missing may add: each request handed to a worker carries compute_grant, true only
  * while fewer than [serve] max_new_caches caches were added this run (and, when the front end
  * uses CurveZMQ, fewer than max_new_caches_per_key for the client's key), counting requests
  * in flight that hold a grant; the worker's answer says (new_cache) whether it used it.

@@ -2022,6 +2022,33 @@ END_TEST
 
 /* ---------------------------------------------------------------- suite */
 
+/* proto/PROTOCOL.md is what other implementations read: its title and its revisions table (§9)
+ * name KVM_PROTO_REVISION, the revision this code writes. The title said "revision 6" through
+ * three later revisions. */
+START_TEST(test_protocol_md_revision)
+{
+    const char *path = kvm_test_data_path("../proto/PROTOCOL.md");
+    size_t len = 0;
+    char *text = kvm_test_read_file(path, &len);
+    if (!text) { /* test binaries carried to a GPU host without the source tree */
+        kvm_test_skip("no proto/PROTOCOL.md beside the test data");
+        return;
+    }
+    char want[64];
+    snprintf(want, sizeof want, "(revision %d)\n", KVM_PROTO_REVISION);
+    const char *eol = strchr(text, '\n'), *at = strstr(text, want);
+    ck_assert_msg(eol && at && at + strlen(want) - 1 == eol, "%s's first line must end with \"%.*s\"", path,
+                  (int)strlen(want) - 1, want);
+    snprintf(want, sizeof want, "\n| %d | ", KVM_PROTO_REVISION);
+    ck_assert_msg(strstr(text, want) != NULL, "%s: no row for revision %d in the revisions table", path,
+                  KVM_PROTO_REVISION);
+    snprintf(want, sizeof want, "\n| %d | ", KVM_PROTO_REVISION + 1);
+    ck_assert_msg(strstr(text, want) == NULL, "%s: a row for revision %d, beyond KVM_PROTO_REVISION", path,
+                  KVM_PROTO_REVISION + 1);
+    free(text);
+}
+END_TEST
+
 static Suite *proto_suite(void)
 {
     Suite *s = suite_create("proto");
@@ -2062,6 +2089,7 @@ static Suite *proto_suite(void)
         {"zmq_ipc_router", test_zmq_ipc_router},
         {"zmq_limits", test_zmq_limits},
         {"alloc_failures", test_alloc_failures},
+        {"protocol_md_revision", test_protocol_md_revision},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -39,7 +39,9 @@ munged --force --socket="$T/munge/sock" --key-file="$T/munge/munge.key" --pid-fi
     --log-file="$T/munge.log" --seed-file="$T/munge/seed" 2>>"$T/munge.log" || skip "munged does not start"
 PIDS+=("$(cat "$T/munge/pid")")
 read -r CPUS < <(slurmd -C 2>/dev/null | grep -o 'CPUs=[0-9]*' | cut -d= -f2)
-BASE=$((20000 + $$ % 20000))
+# BASE .. BASE + 50 stay below 32000, under Linux's ephemeral ports (32768-60999), where an
+# outgoing connection of any process could hold one (tests/util's kvm_test_tcp_port: the same range)
+BASE=$((20000 + $$ % 11900))
 cat >"$T/slurm.conf" <<EOF
 ClusterName=kvmtest
 SlurmctldHost=$H
