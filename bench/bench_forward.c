@@ -349,8 +349,8 @@ int main(int argc, char **argv)
     printf("  prefill_tok_s=%.0f (%.1f ms for %lld tokens)\n", (double)n / p, p * 1e3, (long long)n);
     printf("  token_by_token_tok_s=%.0f (first %lld tokens of the same input)\n", (double)tbt_n / t, (long long)tbt_n);
     printf("  prefill_vs_token_by_token=%.1fx\n", ((double)n / p) / ((double)tbt_n / t));
-    printf("  decode_tok_s=%.0f (%lld greedy steps after %lld context tokens)\n", (double)gen / d, (long long)gen,
-           (long long)(n - gen));
+    printf("  decode_tok_s=%.1f (%.1f ms per step; %lld greedy steps after %lld context tokens)\n", (double)gen / d,
+           d * 1e3 / (double)gen, (long long)gen, (long long)(n - gen));
     printf("  prefill_gflops=%.1f sgemm_same_shapes_gflops=%.1f ratio=%.2f\n", model_gf, blas_gf, model_gf / blas_gf);
     printf("  hooks_registered_overhead=%+.1f%% (%lld no-op callbacks)\n", 100.0 * (h - p) / p, (long long)calls);
     printf("  peak_rss_mib=%.0f\n", (double)ru.ru_maxrss / 1024.0);

@@ -119,11 +119,15 @@ static void problem_free(problem *p)
 }
 
 /* The shapes every test runs: GQA prefill blocks (with a partial last block), MHA, one
- * KV head for many query heads, decode rows of one and two queries. */
+ * KV head for many query heads, decode rows of one and two queries; decode of 6 query heads per
+ * KV head (the scores' passes of 4 rows and 2, V's of 3 and 3), of 3 at a head dim that is not
+ * a multiple of 8 (scores row by row, V's strip and its last 4 columns) and of 8 over one KV
+ * head (MQA). */
 typedef struct shape { int nh, nkv, d; int64_t ctx, n_q; int decode; } shape;
 static const shape shapes[] = {
     {8, 4, 8, 200, 130, 0}, {9, 3, 64, 150, 70, 0}, {4, 4, 16, 40, 3, 0}, {6, 1, 12, 90, 90, 0},
-    {4, 2, 16, 300, 1, 1},  {6, 3, 8, 100, 2, 1},   {3, 3, 64, 1, 1, 1},
+    {4, 2, 16, 300, 1, 1},  {6, 3, 8, 100, 2, 1},   {3, 3, 64, 1, 1, 1},  {12, 2, 64, 261, 1, 1},
+    {9, 3, 12, 77, 2, 1},   {8, 1, 16, 50, 1, 1},
 };
 enum { N_SHAPES = sizeof shapes / sizeof shapes[0] };
 

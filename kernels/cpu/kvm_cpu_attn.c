@@ -94,13 +94,14 @@ static float *tile_get(size_t n)
 
 typedef struct attn_job {
     const kvm_attn_layer *a;
-    const kvm_cpu_packed *k, *v; /* [n_kv_heads], NULL on the direct (decode) path */
+    const kvm_cpu_packed *k, *v; /* [n_kv_heads]; unused on the direct (decode) path */
     const float **bias;          /* [n_kv_heads]: a->bias[g], or NULL when all zero */
     int grp;                     /* query heads per KV head */
     int64_t blocks;              /* query blocks per head */
     int64_t tile_ld;             /* floats per tile row */
     int normalize;               /* probabilities normalised before PV (a probability statistic asked) */
-    int per_head;                /* one task per query head (MASS asked, or the direct path) */
+    int per_head;                /* one task per query head (MASS asked) */
+    int chunks;                  /* direct path: tasks per KV head */
     int32_t m0, m1;              /* MASS window of positions */
     atomic_int rc;               /* first failure of a task (scratch), 0 if none */
 } attn_job;
@@ -174,28 +175,63 @@ static void attn_block(const attn_job *j, int h, int64_t blk, float *tile)
             row_stats(j, h, i0 + i, tile + i * ld, e_end, want_lse ? lse[i] : 0, want_ent ? ent[i] : 0);
 }
 
-/* Decode (a few queries) of head h: direct products over the cache, no packing, since
- * each entry is read once anyway. */
-static void attn_direct(const attn_job *j, int h, float *row)
+/* Decode (a few queries) of query heads [h0, h0 + nr) of KV head g: direct products over the
+ * cache, no packing, since each entry is read once anyway; the nr heads' rows share each
+ * read of K and V (GQA). rows holds nr score rows of tile_ld floats. */
+static void attn_direct(const attn_job *j, int g, int h0, int nr, float *rows)
 {
     const kvm_attn_layer *a = j->a;
-    const int g = h / j->grp, d = a->head_dim;
+    const int d = a->head_dim;
+    const int64_t ld = j->tile_ld;
     const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0, want_ent = (a->stats & KVM_ATTN_STAT_ENTROPY) != 0;
     for (int64_t i = 0; i < a->n_q; i++) {
         const int64_t vis = kvm__attn_visible(a->pos[g], a->n_e[g], a->qpos[i]);
-        float *o = a->out + i * a->ldo + (int64_t)h * d, lse = 0, ent = 0;
         if (vis == 0) {
-            block_empty(j, h, i, 1);
+            for (int r = 0; r < nr; r++)
+                block_empty(j, h0 + r, i, 1);
             continue;
         }
-        const float *q = a->q + i * a->ldq + (int64_t)h * d;
-        if (a->kv_dtype == KVM_KV_F16) kvm__attn_scores_direct_f16(q, a->k16[g], vis, d, a->scale, row);
-        else kvm__attn_scores_direct(q, a->k[g], vis, d, a->scale, row);
-        kvm__attn_softmax_row(row, j->bias[g], vis, vis, 1, want_lse ? &lse : NULL, want_ent ? &ent : NULL);
-        if (a->kv_dtype == KVM_KV_F16) kvm__attn_pv_direct_f16(row, a->v16[g], vis, d, o);
-        else kvm__attn_pv_direct(row, a->v[g], vis, d, o);
-        if (a->stats) row_stats(j, h, i, row, vis, lse, ent);
+        const float *q = a->q + i * a->ldq + (int64_t)h0 * d;
+        float *o = a->out + i * a->ldo + (int64_t)h0 * d;
+        if (a->kv_dtype == KVM_KV_F16)
+            kvm__attn_scores_rows_f16(q, d, nr, a->k16[g], vis, d, a->scale, rows, ld);
+        else
+            kvm__attn_scores_rows(q, d, nr, a->k[g], vis, d, a->scale, rows, ld);
+        float lse[nr], ent[nr];
+        for (int r = 0; r < nr; r++) {
+            lse[r] = ent[r] = 0;
+            kvm__attn_softmax_row(rows + r * ld, j->bias[g], vis, vis, 1, want_lse ? &lse[r] : NULL,
+                                  want_ent ? &ent[r] : NULL);
+        }
+        if (a->kv_dtype == KVM_KV_F16)
+            kvm__attn_pv_rows_f16(rows, ld, nr, a->v16[g], vis, d, o, d);
+        else
+            kvm__attn_pv_rows(rows, ld, nr, a->v[g], vis, d, o, d);
+        if (a->stats)
+            for (int r = 0; r < nr; r++)
+                row_stats(j, h0 + r, i, rows + r * ld, vis, lse[r], ent[r]);
     }
+}
+
+/* Decode task t: KV head t / chunks, its query heads split into `chunks` runs (so that a pool
+ * of several threads has tasks for all of them where KV heads are few). */
+static void direct_task(void *ctx, int64_t t, int worker)
+{
+    (void)worker;
+    attn_job *j = ctx;
+    const kvm_attn_layer *a = j->a;
+    const int g = (int)(t / j->chunks), c = (int)(t % j->chunks);
+    const int h0 = g * j->grp + j->grp * c / j->chunks, h1 = g * j->grp + j->grp * (c + 1) / j->chunks;
+    if (h1 == h0) return;
+    float *rows = tile_get((size_t)(h1 - h0) * (size_t)j->tile_ld);
+    if (!rows) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&j->rc, &zero, KVM_ENOMEM);
+        return;
+    }
+    if (a->stats & KVM_ATTN_STAT_MASS)
+        memset(a->mass + (int64_t)h0 * a->ld_e, 0, (size_t)(h1 - h0) * (size_t)a->ld_e * sizeof(float));
+    attn_direct(j, g, h0, h1 - h0, rows);
 }
 
 static void attn_task(void *ctx, int64_t t, int worker)
@@ -203,7 +239,7 @@ static void attn_task(void *ctx, int64_t t, int worker)
     (void)worker;
     attn_job *j = ctx;
     const kvm_attn_layer *a = j->a;
-    float *tile = tile_get((size_t)(j->k ? KVM_ATTN_QBLOCK : 1) * (size_t)j->tile_ld);
+    float *tile = tile_get((size_t)KVM_ATTN_QBLOCK * (size_t)j->tile_ld);
     if (!tile) {
         int zero = 0;
         atomic_compare_exchange_strong(&j->rc, &zero, KVM_ENOMEM);
@@ -211,8 +247,7 @@ static void attn_task(void *ctx, int64_t t, int worker)
     }
     const int h = j->per_head ? (int)t : (int)(t / j->blocks);
     if (a->stats & KVM_ATTN_STAT_MASS) memset(a->mass + (int64_t)h * a->ld_e, 0, (size_t)a->ld_e * sizeof(float));
-    if (!j->k) attn_direct(j, h, tile);
-    else if (j->per_head)
+    if (j->per_head)
         for (int64_t b = 0; b < j->blocks; b++) attn_block(j, h, b, tile);
     else
         attn_block(j, h, t % j->blocks, tile);
@@ -289,12 +324,16 @@ int kvm__cpu_attention(const kvm_attn_layer *a)
                   .normalize = (a->stats & (KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_OBS)) != 0,
                   .m0 = a->mass_p0, .m1 = a->mass_p1};
     atomic_init(&j.rc, 0);
-    if (a->n_q <= 2) { /* decode: one task per query head */
-        j.per_head = 1;
-        if (work * j.grp * a->n_q >= KVM_ATTN_DIRECT_PARALLEL) kvm__cpu_parallel_for(a->n_heads, attn_task, &j);
+    if (a->n_q <= 2) { /* decode: tasks of a KV head's query heads (all of them on one thread) */
+        const int par = work * j.grp * a->n_q >= KVM_ATTN_DIRECT_PARALLEL, threads = par ? kvm__cpu_threads() : 1;
+        j.chunks = threads > 1 ? (2 * threads + nkv - 1) / nkv : 1;
+        if (j.chunks > j.grp) j.chunks = j.grp;
+        if (par && threads > 1)
+            kvm__cpu_parallel_for((int64_t)nkv * j.chunks, direct_task, &j);
         else
-            for (int h = 0; h < a->n_heads; h++) attn_task(&j, h, 0);
-        return atomic_load(&j.rc) ? kvm_err(KVM_ENOMEM, "attention: out of memory for a score row") : 0;
+            for (int64_t t = 0; t < (int64_t)nkv * j.chunks; t++)
+                direct_task(&j, t, 0);
+        return atomic_load(&j.rc) ? kvm_err(KVM_ENOMEM, "attention: out of memory for score rows") : 0;
     }
     attn_scratch *sc = scratch_get();
     if (!sc) return kvm_err(KVM_ENOMEM, "attention: out of memory");

@@ -121,39 +121,111 @@ static inline __attribute__((always_inline)) float kvm__attn_load1(const float *
     return v ? v[off] : kvm__f16_float(vh[off]);
 }
 
-/* o[0, d) = Σ_e p[e] · V[e][0, d) over float32 V (v) or f16 V (vh): 8 columns at a time with
- * four accumulators over e, so consecutive entries do not wait on each other's FMA. The two
- * element types run the same operations in the same order (f16 widened as it is read). */
-static inline __attribute__((always_inline)) void kvm__attn_pv_body(const float *p, const float *v, const uint16_t *vh,
-                                                                    int64_t n, int d, float *o)
+/* o[0, 8) = Σ_e p[e] · V[e][c0, c0 + 8) over float32 V (v) or f16 V (vh), four accumulators
+ * over e so that consecutive entries do not wait on each other's FMA. The two element types run
+ * the same operations in the same order (f16 widened as it is read). */
+static inline __attribute__((always_inline)) void kvm__attn_pv_strip(const float *p, const float *v, const uint16_t *vh,
+                                                                     int64_t n, int d, int c0, float *o)
 {
     typedef kvm__v8 v8;
-    int c0 = 0;
-    for (; c0 + 8 <= d; c0 += 8) {
-        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x0, x1, x2, x3;
-        int64_t e = 0;
-        for (; e + 4 <= n; e += 4) {
-            x0 = kvm__attn_load8(v, vh, (e + 0) * d + c0);
-            x1 = kvm__attn_load8(v, vh, (e + 1) * d + c0);
-            x2 = kvm__attn_load8(v, vh, (e + 2) * d + c0);
-            x3 = kvm__attn_load8(v, vh, (e + 3) * d + c0);
-            a0 += p[e] * x0;
-            a1 += p[e + 1] * x1;
-            a2 += p[e + 2] * x2;
-            a3 += p[e + 3] * x3;
-        }
-        for (; e < n; e++) {
-            x0 = kvm__attn_load8(v, vh, e * d + c0);
-            a0 += p[e] * x0;
-        }
-        v8 sum = (a0 + a1) + (a2 + a3);
-        memcpy(o + c0, &sum, sizeof sum);
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x0, x1, x2, x3;
+    int64_t e = 0;
+    for (; e + 4 <= n; e += 4) {
+        x0 = kvm__attn_load8(v, vh, (e + 0) * d + c0);
+        x1 = kvm__attn_load8(v, vh, (e + 1) * d + c0);
+        x2 = kvm__attn_load8(v, vh, (e + 2) * d + c0);
+        x3 = kvm__attn_load8(v, vh, (e + 3) * d + c0);
+        a0 += p[e] * x0;
+        a1 += p[e + 1] * x1;
+        a2 += p[e + 2] * x2;
+        a3 += p[e + 3] * x3;
     }
-    for (; c0 < d; c0++) {
+    for (; e < n; e++) {
+        x0 = kvm__attn_load8(v, vh, e * d + c0);
+        a0 += p[e] * x0;
+    }
+    v8 sum = (a0 + a1) + (a2 + a3);
+    memcpy(o, &sum, sizeof sum);
+}
+
+/* Column c of o = Σ_e p[e] · V[e][c] for the columns past the last multiple of 8. */
+static inline __attribute__((always_inline)) void kvm__attn_pv_tail(const float *p, const float *v, const uint16_t *vh,
+                                                                    int64_t n, int d, float *o)
+{
+    for (int c0 = d / 8 * 8; c0 < d; c0++) {
         float acc = 0.0f;
         for (int64_t e = 0; e < n; e++) acc += p[e] * kvm__attn_load1(v, vh, e * d + c0);
         o[c0] = acc;
     }
+}
+
+/* o[0, d) = Σ_e p[e] · V[e][0, d) over float32 V (v) or f16 V (vh): 8 columns at a time
+ * (kvm__attn_pv_strip), then the rest. */
+static inline __attribute__((always_inline)) void kvm__attn_pv_body(const float *p, const float *v, const uint16_t *vh,
+                                                                    int64_t n, int d, float *o)
+{
+    for (int c0 = 0; c0 + 8 <= d; c0 += 8)
+        kvm__attn_pv_strip(p, v, vh, n, d, c0, o + c0);
+    kvm__attn_pv_tail(p, v, vh, n, d, o);
+}
+
+/* Probability rows one pass over V serves at once: 4 sums of 8 columns each per row stay in
+ * registers (12 of AVX2's 16 with 3 rows). */
+enum { KVM_ATTN_PV_ROWS = 3 };
+
+/* kvm__attn_pv_strip for NR (≤ KVM_ATTN_PV_ROWS, a constant) rows p + r·ldp into o + r·ldo:
+ * each 8 values of V loaded once for every row, each row's four sums the strip's own (the
+ * same operations in the same order per row, so the same bits). */
+static inline __attribute__((always_inline)) void kvm__attn_pv_strip_n(const float *p, int64_t ldp, const int NR,
+                                                                       const float *v, const uint16_t *vh, int64_t n,
+                                                                       int d, int c0, float *o, int64_t ldo)
+{
+    typedef kvm__v8 v8;
+    v8 a[KVM_ATTN_PV_ROWS][4] = {{{0}}}, x;
+    int64_t e = 0;
+    for (; e + 4 <= n; e += 4)
+        for (int u = 0; u < 4; u++) {
+            x = kvm__attn_load8(v, vh, (e + u) * d + c0);
+            for (int r = 0; r < NR; r++)
+                a[r][u] += p[r * ldp + e + u] * x;
+        }
+    for (; e < n; e++) {
+        x = kvm__attn_load8(v, vh, e * d + c0);
+        for (int r = 0; r < NR; r++)
+            a[r][0] += p[r * ldp + e] * x;
+    }
+    for (int r = 0; r < NR; r++) {
+        v8 sum = (a[r][0] + a[r][1]) + (a[r][2] + a[r][3]);
+        memcpy(o + r * ldo + c0, &sum, sizeof sum);
+    }
+}
+
+/* kvm__attn_pv_body for nr probability rows p + r·ldp into o + r·ldo, the rows of one KV head
+ * (GQA): per row and column the same operations, so the same bits, with each strip of V (8
+ * columns) read once for up to KVM_ATTN_PV_ROWS rows. */
+static inline __attribute__((always_inline)) void kvm__attn_pv_rows_body(const float *p, int64_t ldp, int nr,
+                                                                         const float *v, const uint16_t *vh, int64_t n,
+                                                                         int d, float *o, int64_t ldo)
+{
+    for (int r0 = 0; r0 < nr; r0 += KVM_ATTN_PV_ROWS) {
+        const float *pr = p + r0 * ldp;
+        float *orow = o + r0 * ldo;
+        const int rn = nr - r0 < KVM_ATTN_PV_ROWS ? nr - r0 : KVM_ATTN_PV_ROWS;
+        for (int c0 = 0; c0 + 8 <= d; c0 += 8)
+            switch (rn) {
+            case 1:
+                kvm__attn_pv_strip_n(pr, ldp, 1, v, vh, n, d, c0, orow, ldo);
+                break;
+            case 2:
+                kvm__attn_pv_strip_n(pr, ldp, 2, v, vh, n, d, c0, orow, ldo);
+                break;
+            default:
+                kvm__attn_pv_strip_n(pr, ldp, 3, v, vh, n, d, c0, orow, ldo);
+                break;
+            }
+    }
+    for (int r = 0; r < nr; r++)
+        kvm__attn_pv_tail(p + r * ldp, v, vh, n, d, o + r * ldo);
 }
 
 KVM_CLONES
@@ -202,6 +274,129 @@ static inline void kvm__attn_scores_direct_f16(const float *q, const uint16_t *k
                                                float *p)
 {
     kvm__attn_scores_body(q, NULL, kh, vis, d, scale, p);
+}
+
+/* The 8 × 8 floats r[e][c] transposed in registers: r[c][e] afterwards. */
+static inline __attribute__((always_inline)) void kvm__attn_tr8(kvm__v8 r[8])
+{
+    typedef kvm__v8 v8;
+    v8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) { /* rows i, i+1 interleaved: lanes 0 1 of each 128-bit half */
+        t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4) { /* four rows' column c in lanes 0-3 and c + 4 in lanes 4-7 */
+        u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int c = 0; c < 4; c++) { /* rows 0-3 and 4-7 of columns c and c + 4 */
+        r[c] = __builtin_shufflevector(u[c], u[4 + c], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[c + 4] = __builtin_shufflevector(u[c], u[4 + c], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+
+/* Query rows one pass over the keys serves at once (their sums stay in registers). */
+enum { KVM_ATTN_ROWS = 4 };
+
+/* kvm__attn_scores_body for NR (≤ KVM_ATTN_ROWS, a constant) rows q + r·ldq into p + r·ldp,
+ * head_dim d a multiple of 8: 8 entries at a time, their keys loaded once as 8 rows of 8 and
+ * transposed, so that column c of the 8 entries is one vector multiplied into every row's
+ * sums. Each score is the same chain of operations as in kvm__attn_scores_body (0, then
+ * + (q[c]·scale)·K[e][c] for c in order), so the same bits. */
+static inline __attribute__((always_inline)) void kvm__attn_scores_rows_n(const float *q, int64_t ldq, const int NR,
+                                                                          const float *k, const uint16_t *kh,
+                                                                          int64_t vis, int d, float scale, float *p,
+                                                                          int64_t ldp)
+{
+    typedef kvm__v8 v8;
+    int64_t e0 = 0;
+    for (; e0 + 8 <= vis; e0 += 8) {
+        v8 acc[KVM_ATTN_ROWS] = {{0}};
+        for (int c0 = 0; c0 < d; c0 += 8) {
+            v8 col[8];
+            for (int e = 0; e < 8; e++)
+                col[e] = kvm__attn_load8(k, kh, (e0 + e) * d + c0);
+            kvm__attn_tr8(col);
+            for (int c = 0; c < 8; c++)
+                for (int r = 0; r < NR; r++)
+                    acc[r] += (q[r * ldq + c0 + c] * scale) * col[c];
+        }
+        for (int r = 0; r < NR; r++)
+            memcpy(p + r * ldp + e0, &acc[r], sizeof acc[r]);
+    }
+    if (e0 < vis) /* the last vis % 8 entries as kvm__attn_scores_body runs them (a sum over c as
+                     the inner loop would be vectorised as products rounded, then added: not FMAs) */
+        for (int r = 0; r < NR; r++)
+            kvm__attn_scores_body(q + r * ldq, k ? k + e0 * d : NULL, kh ? kh + e0 * d : NULL, vis - e0, d, scale,
+                                  p + r * ldp + e0);
+}
+
+/* Scores of nr query rows q + r·ldq (the query heads of one KV head, GQA) against entries
+ * [0, vis) of float32 K (k) or f16 K (kh) into p + r·ldp: bit for bit kvm__attn_scores_body
+ * row by row, with each key read once for up to KVM_ATTN_ROWS rows (decode). */
+static inline __attribute__((always_inline)) void kvm__attn_scores_rows_body(const float *q, int64_t ldq, int nr,
+                                                                             const float *k, const uint16_t *kh,
+                                                                             int64_t vis, int d, float scale, float *p,
+                                                                             int64_t ldp)
+{
+    if (d % 8) {
+        for (int r = 0; r < nr; r++)
+            kvm__attn_scores_body(q + r * ldq, k, kh, vis, d, scale, p + r * ldp);
+        return;
+    }
+    for (int r0 = 0; r0 < nr; r0 += KVM_ATTN_ROWS) {
+        const float *qr = q + r0 * ldq;
+        float *pr = p + r0 * ldp;
+        switch (nr - r0 < KVM_ATTN_ROWS ? nr - r0 : KVM_ATTN_ROWS) {
+        case 1:
+            kvm__attn_scores_rows_n(qr, ldq, 1, k, kh, vis, d, scale, pr, ldp);
+            break;
+        case 2:
+            kvm__attn_scores_rows_n(qr, ldq, 2, k, kh, vis, d, scale, pr, ldp);
+            break;
+        case 3:
+            kvm__attn_scores_rows_n(qr, ldq, 3, k, kh, vis, d, scale, pr, ldp);
+            break;
+        default:
+            kvm__attn_scores_rows_n(qr, ldq, 4, k, kh, vis, d, scale, pr, ldp);
+            break;
+        }
+    }
+}
+
+/* Decode's attention for the nr query heads of one KV head (rows q + r·ldq, d apart in a
+ * query row): scores into p + r·ldp (kvm__attn_scores_rows_body); the softmax and
+ * kvm__attn_pv_rows are the caller's, between. Float32 keys (k) or f16 (kh). */
+KVM_CLONES
+static inline void kvm__attn_scores_rows(const float *q, int64_t ldq, int nr, const float *k, int64_t vis, int d,
+                                         float scale, float *p, int64_t ldp)
+{
+    kvm__attn_scores_rows_body(q, ldq, nr, k, NULL, vis, d, scale, p, ldp);
+}
+
+KVM_CLONES
+static inline void kvm__attn_scores_rows_f16(const float *q, int64_t ldq, int nr, const uint16_t *kh, int64_t vis,
+                                             int d, float scale, float *p, int64_t ldp)
+{
+    kvm__attn_scores_rows_body(q, ldq, nr, NULL, kh, vis, d, scale, p, ldp);
+}
+
+/* o + r·ldo [0, d) = Σ_e p[r·ldp + e] · V[e] for nr rows over float32 V (v) or f16 V (vh):
+ * bit for bit kvm__attn_pv_direct row by row (kvm__attn_pv_rows_body). */
+KVM_CLONES
+static inline void kvm__attn_pv_rows(const float *p, int64_t ldp, int nr, const float *v, int64_t n, int d, float *o,
+                                     int64_t ldo)
+{
+    kvm__attn_pv_rows_body(p, ldp, nr, v, NULL, n, d, o, ldo);
+}
+
+KVM_CLONES
+static inline void kvm__attn_pv_rows_f16(const float *p, int64_t ldp, int nr, const uint16_t *vh, int64_t n, int d,
+                                         float *o, int64_t ldo)
+{
+    kvm__attn_pv_rows_body(p, ldp, nr, NULL, vh, n, d, o, ldo);
 }
 
 /* −Σ p ln p over row[0, n) in double (zeros skipped), a log per weight: the formula the
