@@ -360,24 +360,50 @@ static int f16_v4(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v4(); }
 /* The same where the processor runs x86-64-v3 but not v4 (AVX2 machines: the integer widening
  * in 512-bit generic vectors is about 40 instructions per 16 values there, and a GGUF model's
  * decode ran at a third of its float32 panels' speed): two F16C vcvtph2ps of 8 values each. */
-GEMM_V3 static inline __attribute__((always_inline)) v16 widen_f16_v3(const uint16_t *p)
+/* 8 values at p widened (F16C). */
+GEMM_V3 static inline __attribute__((always_inline)) __m256 cvt8_v3(const uint16_t *p)
 {
-    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
-    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)));
-    v16 f;
-    memcpy(&f, &lo, sizeof lo);
-    memcpy((float *)&f + 8, &hi, sizeof hi);
-    return f;
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
 }
 
+/* TILE1_H_BODY written in 256-bit halves: the 16-lane generic vectors of the body, built from
+ * two widened halves, went through the stack on AVX2 (spills and vpinsrq around every FMA: the
+ * decode GEMV read its f16 panels at 6 GB/s where the core streams 15). Each lane's operations
+ * and their order are the body's (a_u = fma(x[k + u], b, a_u), then ((a0 + a1) + (a2 + a3)) ·
+ * alpha), so the same bits. */
 GEMM_V3 static void tile1_f16_v3(int64_t K, const float *x, const uint16_t *panel, float *y, int nr, float alpha)
 {
-    TILE1_H_BODY(widen_f16_v3);
+    __m256 a[4][2];
+    for (int u = 0; u < 4; u++)
+        a[u][0] = a[u][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4)
+        for (int u = 0; u < 4; u++) {
+            const uint16_t *row = panel + (k + u) * KVM_GEMM_NR;
+            const __m256 xv = _mm256_broadcast_ss(x + k + u);
+            a[u][0] = _mm256_fmadd_ps(xv, cvt8_v3(row), a[u][0]);
+            a[u][1] = _mm256_fmadd_ps(xv, cvt8_v3(row + 8), a[u][1]);
+        }
+    for (; k < K; k++) {
+        const __m256 xv = _mm256_broadcast_ss(x + k);
+        a[0][0] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR), a[0][0]);
+        a[0][1] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR + 8), a[0][1]);
+    }
+    const __m256 al = _mm256_set1_ps(alpha);
+    float acc[KVM_GEMM_NR];
+    for (int h = 0; h < 2; h++)
+        _mm256_storeu_ps(
+            acc + 8 * h,
+            _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(a[0][h], a[1][h]), _mm256_add_ps(a[2][h], a[3][h])), al));
+    memcpy(y, acc, (size_t)nr * sizeof *y);
 }
 
 GEMM_V3 static void widen_block_f16_v3(const uint16_t *panel, int64_t k0, int64_t kc, float *buf)
 {
-    WIDEN_BLOCK_BODY(widen_f16_v3);
+    for (int64_t k = 0; k < kc; k++) { /* two halves, stored as they are widened (see tile1_f16_v3) */
+        _mm256_storeu_ps(buf + k * KVM_GEMM_NR, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR));
+        _mm256_storeu_ps(buf + k * KVM_GEMM_NR + 8, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR + 8));
+    }
 }
 
 static int f16_v3(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v3(); }
