@@ -357,21 +357,23 @@ GEMM_V4 static void widen_block_f16_v4(const uint16_t *panel, int64_t k0, int64_
 static int f16_v4(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v4(); }
 
 #define GEMM_V3 __attribute__((target("arch=x86-64-v3")))
-/* The same where the processor runs x86-64-v3 but not v4 (AVX2 machines: the integer widening
- * in 512-bit generic vectors is about 40 instructions per 16 values there, and a GGUF model's
- * decode ran at a third of its float32 panels' speed): two F16C vcvtph2ps of 8 values each. */
-/* 8 values at p widened (F16C). */
-GEMM_V3 static inline __attribute__((always_inline)) __m256 cvt8_v3(const uint16_t *p)
+/* 16-bit panels where the processor runs x86-64-v3 but not v4 (AVX2 machines), in 256-bit
+ * halves: f16 by two F16C vcvtph2ps of 8 values each (the integer widening in 512-bit generic
+ * vectors is about 40 instructions per 16 values there), bf16 by a zero extension and a shift.
+ * Written with intrinsics because GCC kept the 16-lane generic vectors of TILE1_H_BODY, built
+ * from two widened halves, on the stack (spills and vpinsrq around every FMA: the decode GEMV
+ * read f16 panels at 6 GB/s and bf16 ones at 3 where the core streams 15). Each lane's
+ * operations and their order are the body's (a_u = fma(x[k + u], b, a_u), then ((a0 + a1) +
+ * (a2 + a3)) · alpha), so the same bits as float32 panels holding the widened values. */
+GEMM_V3 static inline __attribute__((always_inline)) __m256 cvt8_v3(const uint16_t *p, const int bf16)
 {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
 }
 
-/* TILE1_H_BODY written in 256-bit halves: the 16-lane generic vectors of the body, built from
- * two widened halves, went through the stack on AVX2 (spills and vpinsrq around every FMA: the
- * decode GEMV read its f16 panels at 6 GB/s where the core streams 15). Each lane's operations
- * and their order are the body's (a_u = fma(x[k + u], b, a_u), then ((a0 + a1) + (a2 + a3)) ·
- * alpha), so the same bits. */
-GEMM_V3 static void tile1_f16_v3(int64_t K, const float *x, const uint16_t *panel, float *y, int nr, float alpha)
+GEMM_V3 static inline __attribute__((always_inline)) void tile1_h_v3(int64_t K, const float *x, const uint16_t *panel,
+                                                                     float *y, int nr, float alpha, const int bf16)
 {
     __m256 a[4][2];
     for (int u = 0; u < 4; u++)
@@ -381,13 +383,13 @@ GEMM_V3 static void tile1_f16_v3(int64_t K, const float *x, const uint16_t *pane
         for (int u = 0; u < 4; u++) {
             const uint16_t *row = panel + (k + u) * KVM_GEMM_NR;
             const __m256 xv = _mm256_broadcast_ss(x + k + u);
-            a[u][0] = _mm256_fmadd_ps(xv, cvt8_v3(row), a[u][0]);
-            a[u][1] = _mm256_fmadd_ps(xv, cvt8_v3(row + 8), a[u][1]);
+            a[u][0] = _mm256_fmadd_ps(xv, cvt8_v3(row, bf16), a[u][0]);
+            a[u][1] = _mm256_fmadd_ps(xv, cvt8_v3(row + 8, bf16), a[u][1]);
         }
     for (; k < K; k++) {
         const __m256 xv = _mm256_broadcast_ss(x + k);
-        a[0][0] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR), a[0][0]);
-        a[0][1] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR + 8), a[0][1]);
+        a[0][0] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR, bf16), a[0][0]);
+        a[0][1] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR + 8, bf16), a[0][1]);
     }
     const __m256 al = _mm256_set1_ps(alpha);
     float acc[KVM_GEMM_NR];
@@ -398,14 +400,37 @@ GEMM_V3 static void tile1_f16_v3(int64_t K, const float *x, const uint16_t *pane
     memcpy(y, acc, (size_t)nr * sizeof *y);
 }
 
-GEMM_V3 static void widen_block_f16_v3(const uint16_t *panel, int64_t k0, int64_t kc, float *buf)
+GEMM_V3 static void tile1_f16_v3(int64_t K, const float *x, const uint16_t *panel, float *y, int nr, float alpha)
 {
-    for (int64_t k = 0; k < kc; k++) { /* two halves, stored as they are widened (see tile1_f16_v3) */
-        _mm256_storeu_ps(buf + k * KVM_GEMM_NR, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR));
-        _mm256_storeu_ps(buf + k * KVM_GEMM_NR + 8, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR + 8));
+    tile1_h_v3(K, x, panel, y, nr, alpha, 0);
+}
+
+GEMM_V3 static void tile1_bf16_v3(int64_t K, const float *x, const uint16_t *panel, float *y, int nr, float alpha)
+{
+    tile1_h_v3(K, x, panel, y, nr, alpha, 1);
+}
+
+GEMM_V3 static inline __attribute__((always_inline)) void widen_block_v3(const uint16_t *panel, int64_t k0, int64_t kc,
+                                                                         float *buf, const int bf16)
+{
+    for (int64_t k = 0; k < kc; k++) { /* two halves, stored as they are widened */
+        _mm256_storeu_ps(buf + k * KVM_GEMM_NR, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR, bf16));
+        _mm256_storeu_ps(buf + k * KVM_GEMM_NR + 8, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR + 8, bf16));
     }
 }
 
+GEMM_V3 static void widen_block_f16_v3(const uint16_t *panel, int64_t k0, int64_t kc, float *buf)
+{
+    widen_block_v3(panel, k0, kc, buf, 0);
+}
+
+GEMM_V3 static void widen_block_bf16_v3(const uint16_t *panel, int64_t k0, int64_t kc, float *buf)
+{
+    widen_block_v3(panel, k0, kc, buf, 1);
+}
+
+/* bf16 on x86-64-v3 only: where v4 runs, the generic body's 16 lanes are one AVX-512 register. */
+static int bf16_v3(int dtype) { return dtype == KVM_GEMM_BF16 && kvm__cpu_v3() && !kvm__cpu_v4(); }
 static int f16_v3(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v3(); }
 #endif
 
@@ -418,6 +443,10 @@ static void tile1_h(int64_t K, const float *x, const uint16_t *panel, int dtype,
     }
     if (f16_v3(dtype)) {
         tile1_f16_v3(K, x, panel, y, nr, alpha);
+        return;
+    }
+    if (bf16_v3(dtype)) {
+        tile1_bf16_v3(K, x, panel, y, nr, alpha);
         return;
     }
 #endif
@@ -433,6 +462,10 @@ static void widen_block(const uint16_t *panel, int dtype, int64_t k0, int64_t kc
     }
     if (f16_v3(dtype)) {
         widen_block_f16_v3(panel, k0, kc, buf);
+        return;
+    }
+    if (bf16_v3(dtype)) {
+        widen_block_bf16_v3(panel, k0, kc, buf);
         return;
     }
 #endif
