@@ -138,8 +138,9 @@ static int64_t head_rows(const kvm_attn_layer *a, int h) { return a->n_e[h / (a-
 START_TEST(test_layer_equals_per_head_kernel)
 {
     const kvm_kernels *k = kvm_kernels_cpu();
-    for (int s = 0; s < N_SHAPES; s++)
-        for (int with = 0; with < 2; with++) {
+    for (int run = 0; run < 2 * N_SHAPES; run++) /* 1 thread and 3: decode's heads together or split */
+        for (int with = 0, s = run % N_SHAPES; with < 2; with++) {
+            if (with == 0) kvm_kernels_cpu_set_threads(run < N_SHAPES ? 1 : 3);
             const shape *sh = &shapes[s];
             problem p;
             problem_make(&p, sh->nh, sh->nkv, sh->d, sh->ctx, sh->n_q, sh->decode);
@@ -270,6 +271,38 @@ START_TEST(test_stats_and_threads_do_not_change_results)
         buffers_free(&b);
         problem_free(&p);
     }
+    kvm_kernels_cpu_set_threads(2);
+}
+END_TEST
+
+/* Decode above the pool's threshold gives the same bits with one thread and several: a score
+ * biased to −46 weights a value of 1e-20 into a subnormal product, which the pool's threads
+ * (flush-to-zero) make 0; run on the calling thread instead with one thread, it stayed
+ * subnormal (the review of the GQA decode path). */
+START_TEST(test_decode_threads_flush_alike)
+{
+    const kvm_kernels *k = kvm_kernels_cpu();
+    problem p;
+    problem_make(&p, 2, 1, 64, 900, 1, 1);
+    ck_assert_int_ge(p.n_e[0] * 64 * 2, 1 << 16); /* on the pool (kvm_cpu_attn.c's threshold) */
+    for (int64_t i = 0; i < p.a.ldq; i++)
+        p.q[i] = 0.1f;
+    for (int64_t e = 0; e < p.n_e[0] * 64; e++)
+        p.k[0][e] = p.v[0][e] = 0.0f;
+    p.v[0][5 * 64 + 3] = 1e-20f;
+    p.bias[0][5] = -46.0f;
+    kvm_attn_layer a1, a3;
+    buffers_new(&p, &a1, 0);
+    buffers_new(&p, &a3, 0);
+    kvm_kernels_cpu_set_threads(1);
+    ck_assert_int_eq(k->attention(&a1), 0);
+    kvm_kernels_cpu_set_threads(3);
+    ck_assert_int_eq(k->attention(&a3), 0);
+    ck_assert_msg(memcmp(a1.out, a3.out, (size_t)(2 * 64) * 4) == 0, "1 thread %a, 3 threads %a", (double)a1.out[3],
+                  (double)a3.out[3]);
+    buffers_free(&a1);
+    buffers_free(&a3);
+    problem_free(&p);
     kvm_kernels_cpu_set_threads(2);
 }
 END_TEST
@@ -414,13 +447,14 @@ END_TEST
 static Suite *attn_layer_suite(void)
 {
     Suite *s = suite_create("attn_layer");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"layer_equals_per_head_kernel", test_layer_equals_per_head_kernel},
-        {"stats_match_explicit_probabilities", test_stats_match_explicit_probabilities},
-        {"stats_and_threads_do_not_change_results", test_stats_and_threads_do_not_change_results},
-        {"entropy_edge_rows", test_entropy_edge_rows},
-        {"entropy_real_capture", test_entropy_real_capture},
-        {"bad_arguments", test_bad_arguments}};
+    struct { const char *name; const TTest *fn;
+    } cases[] = {{"layer_equals_per_head_kernel", test_layer_equals_per_head_kernel},
+                 {"stats_match_explicit_probabilities", test_stats_match_explicit_probabilities},
+                 {"stats_and_threads_do_not_change_results", test_stats_and_threads_do_not_change_results},
+                 {"decode_threads_flush_alike", test_decode_threads_flush_alike},
+                 {"entropy_edge_rows", test_entropy_edge_rows},
+                 {"entropy_real_capture", test_entropy_real_capture},
+                 {"bad_arguments", test_bad_arguments}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

@@ -142,6 +142,51 @@ START_TEST(test_gemm_16bit_panels)
 }
 END_TEST
 
+/* The AVX2 single-row GEMV (float32, bf16 and f16 panels, written with intrinsics in 256-bit
+ * halves) gives bit for bit what the generic 16-lane body gives: rows of 1 (decode) and a
+ * batch whose last row tile is a single row, K past one widened block and not a multiple of 4,
+ * partial panels. Skipped without x86-64-v3. */
+START_TEST(test_gemm_v3_single_rows_equal_generic)
+{
+    const kvm_kernels *k = kvm_kernels_cpu();
+    const int v4_was = kvm__cpu_v4_set(0), v3_was = kvm__cpu_v3_set(1);
+    if (!kvm__cpu_v3()) {
+        printf("SKIP: no x86-64-v3 on this processor: its single-row GEMV is not run\n");
+        kvm__cpu_v3_set(v3_was);
+        kvm__cpu_v4_set(v4_was);
+        return;
+    }
+    const int64_t ms[] = {1, 5}, outs[] = {7, 16, 40}, ins[] = {3, 258, 601};
+    const kvm_weight_dtype dts[] = {KVM_WEIGHT_F32, KVM_WEIGHT_BF16, KVM_WEIGHT_F16};
+    kvm_kernels_cpu_set_threads(1);
+    for (size_t d = 0; d < 3; d++)
+        for (size_t a = 0; a < 2; a++)
+            for (size_t b = 0; b < 3; b++)
+                for (size_t c = 0; c < 3; c++) {
+                    const int64_t m = ms[a], out = outs[b], in = ins[c], ldx = in + 1, ldy = out + 3;
+                    float *x = rand_buf(m * ldx), *w = rand_buf(out * in);
+                    float *yg = calloc((size_t)(m * ldy), 4), *yv = calloc((size_t)(m * ldy), 4);
+                    rows_src src = {w, in};
+                    kvm_weight *kw = NULL;
+                    ck_assert_int_eq(k->weight_new_rows(rows_of, &src, out, in, dts[d], &kw), 0);
+                    kvm__cpu_v3_set(0);
+                    ck_assert_int_eq(k->matmul(x, m, ldx, kw, yg, ldy), 0);
+                    kvm__cpu_v3_set(1);
+                    ck_assert_int_eq(k->matmul(x, m, ldx, kw, yv, ldy), 0);
+                    ck_assert_msg(memcmp(yg, yv, (size_t)(m * ldy) * 4) == 0,
+                                  "dtype %d m=%lld out=%lld in=%lld: the AVX2 GEMV differs from the generic body",
+                                  (int)dts[d], (long long)m, (long long)out, (long long)in);
+                    k->weight_free(kw);
+                    free(x);
+                    free(w);
+                    free(yg);
+                    free(yv);
+                }
+    kvm__cpu_v3_set(v3_was);
+    kvm__cpu_v4_set(v4_was);
+}
+END_TEST
+
 /* Every finite f16 value, subnormals and signed zeros included, comes out of an f16 panel as
  * the portable converter widens it: through the block widening (8-row tiles) and the streaming
  * one (single rows), with the clones' integer widening and, where the processor has them,
@@ -423,6 +468,7 @@ static Suite *kernels_suite(void)
     } cases[] = {{"matmul_shapes", test_matmul_shapes},
                  {"gemm_k_prefix_and_transposed_pack", test_gemm_k_prefix_and_transposed_pack},
                  {"gemm_16bit_panels", test_gemm_16bit_panels},
+                 {"gemm_v3_single_rows_equal_generic", test_gemm_v3_single_rows_equal_generic},
                  {"f16_panels_every_value", test_f16_panels_every_value},
                  {"gemm_16bit_prefix_alpha", test_gemm_16bit_prefix_alpha},
                  {"weight_f16_range", test_weight_f16_range},

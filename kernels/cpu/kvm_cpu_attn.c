@@ -328,7 +328,9 @@ int kvm__cpu_attention(const kvm_attn_layer *a)
         const int par = work * j.grp * a->n_q >= KVM_ATTN_DIRECT_PARALLEL, threads = par ? kvm__cpu_threads() : 1;
         j.chunks = threads > 1 ? (2 * threads + nkv - 1) / nkv : 1;
         if (j.chunks > j.grp) j.chunks = j.grp;
-        if (par && threads > 1)
+        /* on the pool whenever above the threshold, with one thread or several: the pool
+         * computes with flush-to-zero, so a direct loop here would give other bits */
+        if (par)
             kvm__cpu_parallel_for((int64_t)nkv * j.chunks, direct_task, &j);
         else
             for (int64_t t = 0; t < (int64_t)nkv * j.chunks; t++)

@@ -264,7 +264,7 @@ static void tile4(int64_t K, const float *x, int64_t ldx, int mr, const float *p
 /* A single row (decode): four partial sums over k hide the FMA latency that one
  * accumulator would expose, instead of computing eight copies of the row. */
 KVM_CLONES
-static void tile1(int64_t K, const float *x, const float *panel, float *y, int nr, float alpha)
+static void tile1_any(int64_t K, const float *x, const float *panel, float *y, int nr, float alpha)
 {
     v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     int64_t k = 0;
@@ -365,31 +365,34 @@ static int f16_v4(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v4(); }
  * read f16 panels at 6 GB/s and bf16 ones at 3 where the core streams 15). Each lane's
  * operations and their order are the body's (a_u = fma(x[k + u], b, a_u), then ((a0 + a1) +
  * (a2 + a3)) · alpha), so the same bits as float32 panels holding the widened values. */
-GEMM_V3 static inline __attribute__((always_inline)) __m256 cvt8_v3(const uint16_t *p, const int bf16)
+/* The 8 values at element i of a panel widened: mode 0 f16, 1 bf16, 2 float32 (a load). */
+enum { V3_F16, V3_BF16, V3_F32 };
+GEMM_V3 static inline __attribute__((always_inline)) __m256 load8_v3(const void *panel, int64_t i, const int mode)
 {
-    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
-    if (bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    if (mode == V3_F32) return _mm256_loadu_ps((const float *)panel + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)panel + i));
+    if (mode == V3_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     return _mm256_cvtph_ps(h);
 }
 
-GEMM_V3 static inline __attribute__((always_inline)) void tile1_h_v3(int64_t K, const float *x, const uint16_t *panel,
-                                                                     float *y, int nr, float alpha, const int bf16)
+GEMM_V3 static inline __attribute__((always_inline)) void tile1_v3(int64_t K, const float *x, const void *panel,
+                                                                   float *y, int nr, float alpha, const int mode)
 {
+    const int64_t NR = KVM_GEMM_NR;
     __m256 a[4][2];
     for (int u = 0; u < 4; u++)
         a[u][0] = a[u][1] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + 4 <= K; k += 4)
         for (int u = 0; u < 4; u++) {
-            const uint16_t *row = panel + (k + u) * KVM_GEMM_NR;
             const __m256 xv = _mm256_broadcast_ss(x + k + u);
-            a[u][0] = _mm256_fmadd_ps(xv, cvt8_v3(row, bf16), a[u][0]);
-            a[u][1] = _mm256_fmadd_ps(xv, cvt8_v3(row + 8, bf16), a[u][1]);
+            a[u][0] = _mm256_fmadd_ps(xv, load8_v3(panel, (k + u) * NR, mode), a[u][0]);
+            a[u][1] = _mm256_fmadd_ps(xv, load8_v3(panel, (k + u) * NR + 8, mode), a[u][1]);
         }
     for (; k < K; k++) {
         const __m256 xv = _mm256_broadcast_ss(x + k);
-        a[0][0] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR, bf16), a[0][0]);
-        a[0][1] = _mm256_fmadd_ps(xv, cvt8_v3(panel + k * KVM_GEMM_NR + 8, bf16), a[0][1]);
+        a[0][0] = _mm256_fmadd_ps(xv, load8_v3(panel, k * NR, mode), a[0][0]);
+        a[0][1] = _mm256_fmadd_ps(xv, load8_v3(panel, k * NR + 8, mode), a[0][1]);
     }
     const __m256 al = _mm256_set1_ps(alpha);
     float acc[KVM_GEMM_NR];
@@ -400,39 +403,56 @@ GEMM_V3 static inline __attribute__((always_inline)) void tile1_h_v3(int64_t K, 
     memcpy(y, acc, (size_t)nr * sizeof *y);
 }
 
+GEMM_V3 static void tile1_f32_v3(int64_t K, const float *x, const float *panel, float *y, int nr, float alpha)
+{
+    tile1_v3(K, x, panel, y, nr, alpha, V3_F32);
+}
+
 GEMM_V3 static void tile1_f16_v3(int64_t K, const float *x, const uint16_t *panel, float *y, int nr, float alpha)
 {
-    tile1_h_v3(K, x, panel, y, nr, alpha, 0);
+    tile1_v3(K, x, panel, y, nr, alpha, V3_F16);
 }
 
 GEMM_V3 static void tile1_bf16_v3(int64_t K, const float *x, const uint16_t *panel, float *y, int nr, float alpha)
 {
-    tile1_h_v3(K, x, panel, y, nr, alpha, 1);
+    tile1_v3(K, x, panel, y, nr, alpha, V3_BF16);
 }
 
 GEMM_V3 static inline __attribute__((always_inline)) void widen_block_v3(const uint16_t *panel, int64_t k0, int64_t kc,
-                                                                         float *buf, const int bf16)
+                                                                         float *buf, const int mode)
 {
     for (int64_t k = 0; k < kc; k++) { /* two halves, stored as they are widened */
-        _mm256_storeu_ps(buf + k * KVM_GEMM_NR, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR, bf16));
-        _mm256_storeu_ps(buf + k * KVM_GEMM_NR + 8, cvt8_v3(panel + (k0 + k) * KVM_GEMM_NR + 8, bf16));
+        _mm256_storeu_ps(buf + k * KVM_GEMM_NR, load8_v3(panel, (k0 + k) * KVM_GEMM_NR, mode));
+        _mm256_storeu_ps(buf + k * KVM_GEMM_NR + 8, load8_v3(panel, (k0 + k) * KVM_GEMM_NR + 8, mode));
     }
 }
 
 GEMM_V3 static void widen_block_f16_v3(const uint16_t *panel, int64_t k0, int64_t kc, float *buf)
 {
-    widen_block_v3(panel, k0, kc, buf, 0);
+    widen_block_v3(panel, k0, kc, buf, V3_F16);
 }
 
 GEMM_V3 static void widen_block_bf16_v3(const uint16_t *panel, int64_t k0, int64_t kc, float *buf)
 {
-    widen_block_v3(panel, k0, kc, buf, 1);
+    widen_block_v3(panel, k0, kc, buf, V3_BF16);
 }
 
 /* bf16 on x86-64-v3 only: where v4 runs, the generic body's 16 lanes are one AVX-512 register. */
 static int bf16_v3(int dtype) { return dtype == KVM_GEMM_BF16 && kvm__cpu_v3() && !kvm__cpu_v4(); }
 static int f16_v3(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v3(); }
 #endif
+
+/* tile1 (float32 panels): the AVX2 halves where the processor runs x86-64-v3 but not v4. */
+static void tile1(int64_t K, const float *x, const float *panel, float *y, int nr, float alpha)
+{
+#ifdef GEMM_V4
+    if (kvm__cpu_v3() && !kvm__cpu_v4()) {
+        tile1_f32_v3(K, x, panel, y, nr, alpha);
+        return;
+    }
+#endif
+    tile1_any(K, x, panel, y, nr, alpha);
+}
 
 static void tile1_h(int64_t K, const float *x, const uint16_t *panel, int dtype, float *y, int nr, float alpha)
 {
