@@ -447,7 +447,9 @@ END_TEST
 static Suite *attn_layer_suite(void)
 {
     Suite *s = suite_create("attn_layer");
-    struct { const char *name; const TTest *fn;
+    struct {
+        const char *name;
+        const TTest *fn;
     } cases[] = {{"layer_equals_per_head_kernel", test_layer_equals_per_head_kernel},
                  {"stats_match_explicit_probabilities", test_stats_match_explicit_probabilities},
                  {"stats_and_threads_do_not_change_results", test_stats_and_threads_do_not_change_results},
