@@ -683,6 +683,52 @@ START_TEST(test_missing_model_names_config_key)
 }
 END_TEST
 
+/* A device list with an empty item: `compress_devices = cpu,` passed the check (only a doubled
+ * comma was refused), and the worker the cycle gave the empty item exited 2 at each of its
+ * restarts until the run gave it up, which then ended 0; --dump-config (run's and serve's) printed
+ * `gpu` or `cpu,` as a config run accepts. Now each is refused at once, exit 2, naming the item. */
+START_TEST(test_device_list_empty_item)
+{
+    static const char *const bad[] = {"cpu,", ",cpu", "cpu,,cpu"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(kvm_stage_check_devices("[stages] compress_devices", bad[i]) != 0, "%s accepted", bad[i]);
+        ck_assert_msg(strstr(kvm_errmsg(), "is empty"), "%s: %s", bad[i], kvm_errmsg());
+    }
+    ck_assert_int_eq(kvm_stage_check_devices("[stages] compress_devices", "cpu,cpu"), 0);
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[compress]\nmethod = h2o\nbudget = 16\n[stages]\ncompress_workers = 2\ncompress_devices = cpu,\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[stages] compress_devices = cpu,: item 2 is empty"), "exit %d: %s", rc, err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill run --config '%s' --dump-config", kvm_test_bin(), cfg);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "item 2 is empty") && !strstr(out, "[model]"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* serve's [serve] devices, by its --dump-config */
+    char text[16384];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[serve]\nworkers = 1\ndevices = gpu\n",
+             kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "%s/kvmill serve --config '%s' --dump-config", kvm_test_bin(), cfg);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[serve] devices: gpu: not cpu or cuda:N"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -712,6 +758,7 @@ static Suite *suite(void)
         {"decode_worker_missing_store", test_decode_worker_missing_store},
         {"budget_and_ratio_both_set", test_budget_and_ratio_both_set},
         {"missing_model_names_config_key", test_missing_model_names_config_key},
+        {"device_list_empty_item", test_device_list_empty_item},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
