@@ -729,6 +729,37 @@ START_TEST(test_device_list_empty_item)
 }
 END_TEST
 
+/* A compress or strategy worker started by hand with a --store that is no store: the store
+ * opened with the first job's settings was created at the mistyped path, the caches went there
+ * and the run reported them compressed (bytes_compressed=0) while its own store stayed empty.
+ * README: the stages exit 2 for a --store that is missing or not one; now they do, creating
+ * nothing, before they connect. */
+START_TEST(test_stage_store_missing)
+{
+    char *dir = kvm_test_tmpdir(), cmd[16384], path[4300], *out = NULL, *err = NULL;
+    static const char *const stages[] = {"compress", "strategy"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/typo.lmdb", dir);
+        snprintf(cmd, sizeof cmd, "timeout 10 '%s/kvmill-%s' --connect 'ipc://%s/none' --store '%s'", kvm_test_bin(),
+                 stages[i], dir, path);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "typo.lmdb: no such store"), "%s: exit %d: %s", stages[i], rc, err);
+        ck_assert_int_ne(access(path, F_OK), 0); /* nothing made */
+        free(out);
+        free(err);
+        /* a folder without data.mdb, the folder above the store, say */
+        snprintf(cmd, sizeof cmd, "timeout 10 '%s/kvmill-%s' --connect 'ipc://%s/none' --store '%s'", kvm_test_bin(),
+                 stages[i], dir, dir);
+        rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "holds no store (no data.mdb)"), "%s: exit %d: %s", stages[i], rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -759,6 +790,7 @@ static Suite *suite(void)
         {"budget_and_ratio_both_set", test_budget_and_ratio_both_set},
         {"missing_model_names_config_key", test_missing_model_names_config_key},
         {"device_list_empty_item", test_device_list_empty_item},
+        {"stage_store_missing", test_stage_store_missing},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

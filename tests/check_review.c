@@ -1125,6 +1125,12 @@ START_TEST(test_key_files_exit_2)
         free(out);
         free(err);
     }
+    /* a store that exists: the stage refuses one that does not before it reads its keys */
+    char stp[4400];
+    snprintf(stp, sizeof stp, "%s/st.lmdb", tmp);
+    kvm_store *st = NULL;
+    ck_assert_msg(kvm_store_open(stp, NULL, &st) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&st);
     snprintf(args, sizeof args,
              "timeout 20 '%s/kvmill-compress' --connect tcp://127.0.0.1:1 --store '%s/st.lmdb' --server-key "
              "'%s/nosuch.public' --client-public '%s.public' --client-secret '%s.secret'",
