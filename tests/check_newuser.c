@@ -760,6 +760,29 @@ START_TEST(test_stage_store_missing)
 }
 END_TEST
 
+/* A document name with a terminal escape (a JSONL id, or a file name, holding ESC): run's log
+ * line "document NAME is empty: not processed" wrote it raw, so the terminal took it as a command
+ * (colours, cursor moves that rewrite what was shown). Control bytes of text log lines are written
+ * as \\xHH now, as store ls shows such names. */
+START_TEST(test_log_name_control_bytes)
+{
+    char store[4300], cfg[4300], cmd[16384], corpus[4400], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(corpus, sizeof corpus, "%s/c.jsonl", dir);
+    const char *jl = "{\"id\": \"red\\u001b[31mdoc\\rx\", \"text\": \"\"}\n";
+    ck_assert_int_eq(kvm_test_write_file(corpus, jl, strlen(jl)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corpus);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 1 && strstr(err, "document red\\x1b[31mdoc\\x0dx is empty") && !strchr(err, '\x1b') &&
+                      !strchr(err, '\r'),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -791,6 +814,7 @@ static Suite *suite(void)
         {"missing_model_names_config_key", test_missing_model_names_config_key},
         {"device_list_empty_item", test_device_list_empty_item},
         {"stage_store_missing", test_stage_store_missing},
+        {"log_name_control_bytes", test_log_name_control_bytes},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
