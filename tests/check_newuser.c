@@ -783,6 +783,37 @@ START_TEST(test_log_name_control_bytes)
 }
 END_TEST
 
+/* calibrate --config with --docs naming one document, or a comma-separated list (what --docs takes
+ * without --config, as calibrate --help says): refused as "corpus doc_000.txt: expected a folder of
+ * *.txt or a .jsonl file" or "corpus a.txt,b.txt: No such file or directory", naming neither --docs
+ * nor that --config makes it a corpus. Now both are said (exit 2 as before). */
+START_TEST(test_calibrate_config_docs_file)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[compress]\nmethod = polykv\nbudget = 16\n[eval]\ncontinuation = 8\n");
+    fclose(f);
+    char one[4400], two[9000];
+    snprintf(one, sizeof one, "%s", kvm_test_data_path("corpus/doc_000.txt"));
+    snprintf(two, sizeof two, "%s,%s", one, kvm_test_data_path("corpus/doc_001.txt"));
+    const char *docs[] = {one, two};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg,
+                 docs[i]);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "kvmill calibrate: --docs ") &&
+                          strstr(err, "with --config, --docs is a corpus as kvmill run takes it"),
+                      "%s: exit %d: %s", docs[i], rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -815,6 +846,7 @@ static Suite *suite(void)
         {"device_list_empty_item", test_device_list_empty_item},
         {"stage_store_missing", test_stage_store_missing},
         {"log_name_control_bytes", test_log_name_control_bytes},
+        {"calibrate_config_docs_file", test_calibrate_config_docs_file},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
