@@ -188,6 +188,17 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done;
     }
     if (flags_override(opts, cfg)) goto done;
+    /* the name the strategy is stored under: an empty one was found only when the strategy worker
+     * stored it, and every document then timed out and was requeued, the command never ending
+     * (run refuses it at start) */
+    size_t sn = strlen(kvm_config_str(cfg, "compress", "strategy"));
+    if (sn == 0 || sn > KVM_STORE_MAX_NAME) {
+        kvm_cli_refuse("calibrate",
+                       "%s: [compress] strategy: the name to store the strategy under must be 1 to %d bytes "
+                       "(it is %zu)\n",
+                       kvm_config_path(cfg), KVM_STORE_MAX_NAME, sn);
+        goto done;
+    }
     if (kvm_jobcfg_check_text(cfg)) { /* a setting the jobs cannot carry failed every document */
         kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
         goto done;

@@ -814,6 +814,30 @@ START_TEST(test_calibrate_config_docs_file)
 }
 END_TEST
 
+/* calibrate --config with [compress] strategy = (empty): run refuses it at start, calibrate found it
+ * only when the strategy worker stored the strategy; every document then timed out and was
+ * requeued, and the command did not end (SIGTERM only made it wait for those jobs). Refused at once
+ * now, exit 2, naming the key. */
+START_TEST(test_calibrate_empty_strategy_name)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[compress]\nmethod = polykv\nstrategy =\nbudget = 16\n[eval]\ncontinuation = 8\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "timeout -k 2 20 %s/kvmill calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[compress] strategy: the name to store the strategy under must be 1 to 255"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -847,6 +871,7 @@ static Suite *suite(void)
         {"stage_store_missing", test_stage_store_missing},
         {"log_name_control_bytes", test_log_name_control_bytes},
         {"calibrate_config_docs_file", test_calibrate_config_docs_file},
+        {"calibrate_empty_strategy_name", test_calibrate_empty_strategy_name},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
