@@ -109,7 +109,20 @@ void kvm_logv(kvm_log_level level, const char *event, const kvm_log_field *field
     const char *m = msg;
     if (kvm_log__g.format == KVM_LOG_TEXT) {
         if (*m == '\n') fputc(*m++, stderr);
-        fprintf(stderr, "%s%s%s", kvm_log__g.prefix, m, m[0] && m[strlen(m) - 1] == '\n' ? "" : "\n");
+        /* messages quote untrusted names (a corpus file's, a JSONL id): a terminal escape, a
+         * carriage return or another control byte in one went to the terminal raw (coloured or
+         * rewrote the lines shown); written as \xHH, as store ls shows names. Newlines and tabs
+         * stay: some messages hold several lines. */
+        char safe[4 * sizeof msg + 1];
+        size_t k = 0;
+        for (const unsigned char *p = (const unsigned char *)m; *p; p++) {
+            if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f)
+                k += (size_t)sprintf(safe + k, "\\x%02x", *p);
+            else
+                safe[k++] = (char)*p;
+        }
+        safe[k] = '\0';
+        fprintf(stderr, "%s%s%s", kvm_log__g.prefix, safe, k && safe[k - 1] == '\n' ? "" : "\n");
         return;
     }
     while (*m == '\n') m++;

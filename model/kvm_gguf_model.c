@@ -241,6 +241,41 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
             (rc = load_matrix(g, n[8], D, H, &w->w3)))
             goto fail;
     }
+    /* every tensor of the file is one the forward reads: a block_count below the file's blk.N
+     * tensors dropped the last layers without a word (SmolLM2 with llama.block_count = 29 answered
+     * "capital of the E" for "Paris."), and tensors the forward has no use for (attention biases,
+     * say) would be ignored alike; llama.cpp refuses such files too ("wrong number of tensors") */
+    int64_t used = 2 + !shared + 9 * L;
+    if (kvm_gguf_n_tensors(g) != used) {
+        for (int64_t i = 0; i < kvm_gguf_n_tensors(g); i++) {
+            const kvm_gguf_str nm = kvm_gguf_tensor_at(g, i)->name;
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)(nm.len < 127 ? nm.len : 127), nm.ptr);
+            int layer = -1, end = 0;
+            char part[32] = "";
+            int known = !strcmp(name, "token_embd.weight") || !strcmp(name, "output_norm.weight") ||
+                        (!shared && !strcmp(name, "output.weight"));
+            if (!known && sscanf(name, "blk.%d.%31[a-z_].weight%n", &layer, part, &end) == 2 && !name[end] &&
+                layer >= 0 && layer < n_layers && nm.len < 127) {
+                static const char *const parts[9] = {"attn_norm", "attn_q",   "attn_k",   "attn_v", "attn_output",
+                                                     "ffn_norm",  "ffn_gate", "ffn_down", "ffn_up"};
+                char canon[128];
+                snprintf(canon, sizeof canon, "blk.%d.%s.weight", layer, part);
+                for (int k = 0; k < 9; k++)
+                    known |= !strcmp(part, parts[k]) && !strcmp(canon, name);
+            }
+            if (!known) {
+                rc = kvm_err(KVM_EFORMAT,
+                             "%s: tensor '%s' is not part of the llama architecture of llama.block_count = %d layers "
+                             "(%lld tensors, the architecture has %lld)",
+                             f, name, n_layers, (long long)kvm_gguf_n_tensors(g), (long long)used);
+                goto fail;
+            }
+        }
+        rc = kvm_err(KVM_EFORMAT, "%s: %lld tensors, the llama architecture of llama.block_count = %d layers has %lld",
+                     f, (long long)kvm_gguf_n_tensors(g), n_layers, (long long)used);
+        goto fail;
+    }
     /* the matrices' common block type, or "mixed" */
     snprintf(m->dtype, sizeof m->dtype, "%s", kvm_ggml_type_name(m->layers[0].wq.type));
     for (int l = 0; l < n_layers; l++) {

@@ -588,7 +588,15 @@ int kvm__bpe_regex_split(const pcre2_code *re, const char *text, const frag_list
         while (!rc && pos < n) {
             int m = pcre2_match(re, subj, n, pos, 0, md, NULL);
             if (m == PCRE2_ERROR_NOMATCH) break;
-            if (m < 0) return kvm_err(KVM_EINVAL, "tokenizer encode: PCRE2 match error %d", m);
+            if (m < 0) { /* said only "PCRE2 match error -47": name the regex's failure and where */
+                PCRE2_UCHAR msg[256];
+                pcre2_get_error_message(m, msg, sizeof msg);
+                return kvm_err(
+                    KVM_EFORMAT,
+                    "tokenizer encode: the tokenizer's pre-tokenizer regex failed at byte %lld of the text it splits: "
+                    "%s (PCRE2 error %d: a regex that backtracks without bound?)",
+                    (long long)(f.off + (int64_t)pos), (const char *)msg, m);
+            }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             if (ov[0] > last) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(ov[0] - last), -1});
             if (!rc && ov[1] > ov[0]) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)ov[0], (int64_t)(ov[1] - ov[0]), -1});

@@ -147,12 +147,17 @@ int kvm_cmd_calibrate(int argc, char **argv)
     for (int i = 1; i < argc; i++) /* --config: calibration through the pipeline stages */
         if (!strcmp(argv[i], "--config") || !strncmp(argv[i], "--config=", 9)) return kvm_cmd_calibrate_pipeline(argc, argv);
     kvm_cli_opt opts[] = {
-        {"config", 1, "run through the stage processes with this pipeline configuration; then only --docs, --out, "
-                      "--store, --layer-alloc, --sculpt, --kvzip and --phases apply (overriding its [calibrate] keys; "
-                      "the rest comes from the config)", NULL},
+        {"config", 1,
+         "run through the stage processes with this pipeline configuration; then only --docs, --out, "
+         "--store, --layer-alloc, --sculpt, --kvzip and --phases apply (overriding its [calibrate] keys; "
+         "the rest comes from the config)",
+         NULL},
         {"model", 1, KVM_CLI_MODEL_HELP, NULL},
         {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
-        {"docs", 1, "calibration documents: a folder of *.txt, a file, or a comma-separated list", NULL},
+        {"docs", 1,
+         "calibration documents: a folder of *.txt, a file, or a comma-separated list (with --config: a corpus, as "
+         "kvmill run takes it, a folder of *.txt or a .jsonl file)",
+         NULL},
         {"budget", 1, "average budget B per layer (entries per KV head); layers sum to L*B", NULL},
         {"context", 1, "context tokens N, BOS included (default 384)", NULL},
         {"continuation", 1, "continuation tokens T (default 64)", NULL},
@@ -167,27 +172,44 @@ int kvm_cmd_calibrate(int argc, char **argv)
         {"windows", 1, "context+continuation windows per document, evenly spaced (default 1: the first N+T tokens)",
          NULL},
         {"dump-signals", 1, "write every calibration signal as CSV to this file", NULL},
-        {"signals", 1, "reuse the signals an earlier calibrate wrote with --dump-signals instead of measuring them "
-                       "(same model, documents, context, continuation and windows: the file cannot tell; its budget "
-                       "and phases must be this run's); only --sculpt / --kvzip signals it lacks, or that it records "
-                       "with other --sculpt-opts (or none), are measured", NULL},
-        {"phases", 1, "signals measured in: both (prefill and decode, default; each decode-phase run replays the "
-                      "compressed layer token by token and carries it through the model in one batched call) or "
-                      "prefill (decode patterns = prefill patterns; about half the time)", NULL},
-        {"sculpt", 0, "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
-                      "layer may be routed to it)", NULL},
-        {"kvzip", 0, "add KVzip scoring (each entry's largest attention from the reconstruction queries, top "
-                     "entries kept) to the per-layer design space as a pattern of its own", NULL},
-        {"sculpt-opts", 1, "KVSculpt settings for those layers (and the kvzip layers' retain, queries, query_source), "
-                           "name=value,... with the names of kvmill sculpt --help and the [compress] keys (e.g. "
-                           "iterations=10,alloc=head)", NULL},
+        {"signals", 1,
+         "reuse the signals an earlier calibrate wrote with --dump-signals instead of measuring them "
+         "(same model, documents, context, continuation and windows: the file cannot tell; its budget "
+         "and phases must be this run's); only --sculpt / --kvzip signals it lacks, or that it records "
+         "with other --sculpt-opts (or none), are measured",
+         NULL},
+        {"phases", 1,
+         "signals measured in: both (prefill and decode, default; each decode-phase run replays the "
+         "compressed layer token by token and carries it through the model in one batched call) or "
+         "prefill (decode patterns = prefill patterns; about half the time)",
+         NULL},
+        {"sculpt", 0,
+         "add KVSculpt distillation to the per-layer design space (its signals are measured and any "
+         "layer may be routed to it)",
+         NULL},
+        {"kvzip", 0,
+         "add KVzip scoring (each entry's largest attention from the reconstruction queries, top "
+         "entries kept) to the per-layer design space as a pattern of its own",
+         NULL},
+        {"sculpt-opts", 1,
+         "KVSculpt settings for those layers (and the kvzip layers' retain, queries, query_source), "
+         "name=value,... with the names of kvmill sculpt --help and the [compress] keys (e.g. "
+         "iterations=10,alloc=head)",
+         NULL},
         {"out", 1, "write the strategy's canonical encoding to this file", NULL},
-        {"dump-candidates", 1, "also write every candidate strategy the builder scores to this existing folder, as "
-                               "NAME.bin (e.g. cosine_ppl_heads.bin), for held-out comparisons", NULL},
-        {"device", 1, "cpu or cuda:N: the KVSculpt solver's device for --sculpt layers; the prefill and the signals "
-                      "run on the CPU (default cpu)", NULL},
-        {"threads", 1, "compute threads: the CPU kernels' (default: every core) and KVSculpt's solver threads (default 1; --sculpt-opts "
-                       "threads= overrides the latter)", NULL},
+        {"dump-candidates", 1,
+         "also write every candidate strategy the builder scores to this existing folder, as "
+         "NAME.bin (e.g. cosine_ppl_heads.bin), for held-out comparisons",
+         NULL},
+        {"device", 1,
+         "cpu or cuda:N: the KVSculpt solver's device for --sculpt layers; the prefill and the signals "
+         "run on the CPU (default cpu)",
+         NULL},
+        {"threads", 1,
+         "compute threads: the CPU kernels' (default: every core) and KVSculpt's solver threads (default 1; "
+         "--sculpt-opts "
+         "threads= overrides the latter)",
+         NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
     if (kvm_cli_parse(CMD, "PolyKV calibration: signals per layer/phase/pattern, then the best per-layer strategy.",

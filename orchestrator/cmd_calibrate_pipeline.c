@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Reads the stored strategy back, prints it and writes it to out_f (--out `out`, opened before
@@ -187,6 +188,17 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done;
     }
     if (flags_override(opts, cfg)) goto done;
+    /* the name the strategy is stored under: an empty one was found only when the strategy worker
+     * stored it, and every document then timed out and was requeued, the command never ending
+     * (run refuses it at start) */
+    size_t sn = strlen(kvm_config_str(cfg, "compress", "strategy"));
+    if (sn == 0 || sn > KVM_STORE_MAX_NAME) {
+        kvm_cli_refuse("calibrate",
+                       "%s: [compress] strategy: the name to store the strategy under must be 1 to %d bytes "
+                       "(it is %zu)\n",
+                       kvm_config_path(cfg), KVM_STORE_MAX_NAME, sn);
+        goto done;
+    }
     if (kvm_jobcfg_check_text(cfg)) { /* a setting the jobs cannot carry failed every document */
         kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
         goto done;
@@ -216,7 +228,19 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done;
     }
     if (kvm_corpus_read(docs, &corpus)) {
-        kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
+        /* a document file or a comma-separated list, which --docs takes without --config, was
+         * refused as "corpus doc.txt: expected a folder of *.txt or a .jsonl file", or "corpus
+         * a.txt,b.txt: No such file or directory", naming neither --docs nor why */
+        struct stat dst;
+        size_t dl = strlen(docs);
+        int corpus_like = (!stat(docs, &dst) && S_ISDIR(dst.st_mode)) || (dl > 6 && !strcmp(docs + dl - 6, ".jsonl"));
+        if (corpus_like)
+            kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
+        else
+            kvm_cli_refuse("calibrate",
+                           "--docs %s: with --config, --docs is a corpus as kvmill run takes it (a folder of *.txt or "
+                           "a .jsonl file; put single documents in a folder): %s\n",
+                           docs, kvm_cli_errmsg("calibrate"));
         goto done;
     }
     if (kvm_chatcfg_frame(cfg, tok, &chat_open, &chat_close)) { /* calibrate on documents framed as run frames them */

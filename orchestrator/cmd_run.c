@@ -7,6 +7,7 @@
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
+#include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
@@ -139,6 +140,17 @@ static int check_config(const kvm_config *cfg)
     if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
         kvm_cli_refuse("run", "%s\n", kvm_cli_errmsg("run"));
         return 1;
+    }
+    /* the device lists' syntax: a dump run would refuse was printed as a config it accepts */
+    const char *dev_keys[2][2] = {{"prefill_workers", "prefill_devices"}, {"compress_workers", "compress_devices"}};
+    for (int i = 0; i < 2; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "[stages] %s", dev_keys[i][1]);
+        if (kvm_config_int(cfg, "stages", dev_keys[i][0]) > 0 &&
+            kvm_stage_parse_devices(key, kvm_config_str(cfg, "stages", dev_keys[i][1]))) {
+            kvm_cli_refuse("run", "%s: %s\n", kvm_config_path(cfg), kvm_errmsg());
+            return 1;
+        }
     }
     kvm_sculpt_opts so; /* the sculpt-family [compress] keys (query_source, ...) parse here, not in every job */
     if (kvm_worker_sculpt_opts(cfg, KVM_SCULPT_FULL, &so)) {

@@ -9,6 +9,7 @@
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_remote.h"
+#include "pipeline/kvm_stage.h"
 #include "store/kvm_store.h"
 
 #include <errno.h>
@@ -26,6 +27,10 @@ static int check_settings(const kvm_config *cfg)
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill serve: %s\n", size_note);
     if (kvm_jobcfg_check(cfg)) return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
+    /* the device list's syntax (an empty item gave a worker no device: it exited 2 at every restart) */
+    if (kvm_config_int(cfg, "serve", "workers") > 0 &&
+        kvm_stage_parse_devices("[serve] devices", kvm_config_str(cfg, "serve", "devices")))
+        return kvm_cli_refuse("serve", "%s: %s\n", kvm_config_path(cfg), kvm_errmsg()), KVM_EINVAL;
     return 0;
 }
 

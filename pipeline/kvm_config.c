@@ -109,8 +109,14 @@ static int expand_ref(expander *e, const char **p, int depth, int emit)
         if (**p != '}') return expand_fail(e, start, "unterminated ${ (no closing '}')");
     } else {
         if (emit && !set) {
-            char what[192];
-            snprintf(what, sizeof what, "environment variable %s is not set and has no default", var);
+            char what[320];
+            /* set to "" is not unset: saying "not set" sent users looking for a missing export */
+            if (val)
+                snprintf(what, sizeof what,
+                         "environment variable %s is empty and has no default (write ${%s:-DEFAULT} for one)", var,
+                         var);
+            else
+                snprintf(what, sizeof what, "environment variable %s is not set and has no default", var);
             return expand_fail(e, start, what);
         }
         *p = q;

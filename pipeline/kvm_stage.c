@@ -457,9 +457,34 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
     return 0;
 }
 
-int kvm_stage_check_devices(const char *key, const char *devs)
+int kvm_stage_parse_devices(const char *key, const char *devs)
 {
     if (!*devs) return kvm_err(KVM_EINVAL, "%s is empty: name at least one device (cpu, cuda:N)", key);
+    int item = 1;
+    for (const char *p = devs;; item++) {
+        size_t len = strcspn(p, ",");
+        /* a trailing comma passed the loop below, and the worker the cycle gave that empty item
+         * exited 2 at every restart until the run gave it up */
+        if (len == 0)
+            return kvm_err(KVM_EINVAL, "%s = %s: item %d is empty (a leading, trailing or doubled comma)", key, devs,
+                           item);
+        char dev[64];
+        snprintf(dev, sizeof dev, "%.*s", (int)len, p);
+        int cuda;
+        if (kvm_device_parse(dev, &cuda)) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", kvm_errmsg()); /* kvm_err reuses that buffer */
+            return kvm_err(KVM_EINVAL, "%s: %s", key, why);
+        }
+        if (!p[len]) return 0;
+        p += len + 1;
+    }
+}
+
+int kvm_stage_check_devices(const char *key, const char *devs)
+{
+    int rc = kvm_stage_parse_devices(key, devs);
+    if (rc) return rc;
     for (const char *p = devs; *p;) {
         char dev[64];
         size_t len = strcspn(p, ",");

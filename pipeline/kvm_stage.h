@@ -78,6 +78,11 @@ typedef struct kvm_stage_ops {
 int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in);
 uint64_t kvm_stage_job_id(void *state, kvm_msg *const *in, int n_in);
 
+/* The syntax of a comma-separated device list alone (no device is opened, so --dump-config can
+ * check it on a host without the GPUs): 0, or KVM_EINVAL naming `key` and the empty item's
+ * position or the device that is not cpu or cuda:N. */
+int kvm_stage_parse_devices(const char *key, const char *devs);
+
 /* Every device of a comma-separated list (cpu, cuda:N) must be usable (kvm_kernels_select):
  * 0, or KVM_EINVAL naming `key` (e.g. "[stages] prefill_devices") and the device, so that a run
  * or a server is refused up front rather than watching every worker die. */

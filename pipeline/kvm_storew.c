@@ -2,8 +2,10 @@
 #include "pipeline/kvm_storew.h"
 #include "common/kvm_error.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,6 +23,25 @@ int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_st
     kvm_store_opts o;
     kvm_storew_opts(c, read_only, &o);
     return kvm_store_open(path ? path : kvm_config_str(c, "store", "path"), &o, out);
+}
+
+int kvm_storew_must_exist(const char *what, const char *path)
+{
+    struct stat sb;
+    char data[4200];
+    if (stat(path, &sb) != 0)
+        return kvm_err(KVM_ENOTFOUND, "%s %s: no such store (%s): the run that sends the jobs made its store; name it",
+                       what, path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return kvm_err(KVM_EFORMAT, "%s %s: not a store directory (an LMDB store is a folder holding data.mdb)", what,
+                       path);
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    if (stat(data, &sb) != 0)
+        return kvm_err(KVM_ENOTFOUND,
+                       "%s %s: the directory holds no store (no data.mdb): the run that sends the jobs made its "
+                       "store; name it",
+                       what, path);
+    return 0;
 }
 
 void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size)

@@ -21,6 +21,13 @@ void kvm_storew_opts(const kvm_config *c, int read_only, kvm_store_opts *o);
  * kvm_store_open (the message names the path). */
 int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_store **out);
 
+/* For a worker started with --store PATH (compress, strategy): 0 when PATH is a store (a
+ * directory holding data.mdb), else KVM_ENOTFOUND or KVM_EFORMAT naming `what` (e.g. "--store")
+ * and PATH. Nothing is opened: the worker opens the store with the first job's settings, and
+ * that open created a store at a mistyped path, where the caches went unread while the run
+ * counted them compressed. */
+int kvm_storew_must_exist(const char *what, const char *path);
+
 /* Who holds claims: "run:HOST:PID:START_MS", unique per process start. Written into
  * out[size]; host into host[host_size]. */
 void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size);

@@ -121,9 +121,14 @@ static int setup(void *stp, const kvm_stage_args *a)
                                "full-KV reference and continuation over the stored cache, and target_kl's probes; "
                                "query construction's forward passes stay on the CPU");
     if (rc) return rc;
-    if (!a->config) return 0;
+    /* a --store that is no store is refused here (exit 2), not created by the first job's open */
+    if (!a->config) return kvm_serve_remote_endpoint(a->store, NULL) ? 0 : kvm_storew_must_exist("--store", a->store);
     rc = kvm_config_load(a->config, &st->own_cfg);
-    if (!rc && !kvm_serve_remote_endpoint(a->store, st->own_cfg)) rc = kvm_storew_open(st->own_cfg, a->store, 0, &st->store);
+    if (!rc && !kvm_serve_remote_endpoint(a->store, st->own_cfg)) {
+        rc = a->store ? kvm_storew_must_exist("--store", a->store)
+                      : kvm_storew_must_exist("[store] path", kvm_config_str(st->own_cfg, "store", "path"));
+        if (!rc) rc = kvm_storew_open(st->own_cfg, a->store, 0, &st->store);
+    }
     return rc;
 }
 

@@ -6,6 +6,7 @@
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_worker.h"
 #include "compress/eval/kvm_eval.h"
@@ -33,6 +34,11 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (rc) return rc;
     if (!a->store) return kvm_err(KVM_EINVAL, "kvmill-strategy needs --store PATH");
     st->store_path = a->store;
+    /* a --store that is no store is refused here (exit 2), not created by the first request's open */
+    if (kvm_serve_remote_is_endpoint(a->store))
+        return kvm_err(KVM_EINVAL, "--store %s: kvmill-strategy runs on the store's host and opens its LMDB directory",
+                       a->store);
+    if ((rc = kvm_storew_must_exist("--store", a->store))) return rc;
     if (!a->config) return 0;
     kvm_config *cfg = NULL;
     rc = kvm_config_load(a->config, &cfg);

@@ -201,8 +201,19 @@ typedef struct store_init_arg {
     int64_t cap_bytes; /* opts.cap_bytes */
 } store_init_arg;
 
+/* Versions count up by one per format change; a value far past any is no version but damage. */
+#define STORE_VERSION_PLAUSIBLE 65536
+
 static int store_check_version(kvm_store *s, int64_t version)
 {
+    /* a damaged meta value read as "store format version 8955095580320447181, this build reads
+     * version 1 (mismatched model, tokenizer or config)", and store verify exited 2 (unopenable)
+     * instead of reporting a damaged store */
+    if (version < 0 || version > STORE_VERSION_PLAUSIBLE)
+        return kvm_err(KVM_ECORRUPT,
+                       "store %s: db meta: format_version holds %lld, which is no store format version: data.mdb is "
+                       "damaged (restore the store from a copy, or move it aside)",
+                       s->path, (long long)version);
     if (version != (int64_t)KVM_STORE_FORMAT_VERSION)
         return kvm_err(KVM_EMISMATCH, "store %s: store format version %lld, this build reads version %u", s->path,
                        (long long)version, KVM_STORE_FORMAT_VERSION);

@@ -113,13 +113,21 @@ static int check_compat(const kvm_store_cache_key *k, const kvm_store_manifest *
 {
     char name[48], a[KVM_STORE_ID_HEX + 1], b[KVM_STORE_ID_HEX + 1];
     kvm_store__key_name(k, name);
-    if (!key_eq(&m->model_id, &k->model_id) || !key_eq(&m->doc_hash, &k->doc_hash) ||
-        !key_eq(&m->config_id, &k->config_id))
-        return kvm_err(KVM_EMISMATCH, "cache %s: manifest belongs to %.12s:%.12s:%.12s, refused", name,
-                       kvm_store_id_hex(&m->model_id, a), kvm_store_id_hex(&m->doc_hash, b),
-                       kvm_store_id_hex(&m->config_id, (char[KVM_STORE_ID_HEX + 1]){0}));
+    /* the ids in full: ids that differ past their first 12 hex digits were printed as the same
+     * ("manifest belongs to 3e77c0b76962:...", the cache's own name; "built with tokenizer
+     * 83ad61f1ef3e, expected tokenizer 83ad61f1ef3e") */
+    const struct {
+        const char *what;
+        const kvm_store_id *in_manifest, *in_key;
+    } ids[3] = {{"model id", &m->model_id, &k->model_id},
+                {"document hash", &m->doc_hash, &k->doc_hash},
+                {"config id", &m->config_id, &k->config_id}};
+    for (int i = 0; i < 3; i++)
+        if (!key_eq(ids[i].in_manifest, ids[i].in_key))
+            return kvm_err(KVM_EMISMATCH, "cache %s: its manifest names %s %s, its key %s; refused", name, ids[i].what,
+                           kvm_store_id_hex(ids[i].in_manifest, a), kvm_store_id_hex(ids[i].in_key, b));
     if (tok && !key_eq(&m->tokenizer_id, tok))
-        return kvm_err(KVM_EMISMATCH, "cache %s: built with tokenizer %.12s, expected tokenizer %.12s; refused", name,
+        return kvm_err(KVM_EMISMATCH, "cache %s: built with tokenizer %s, expected tokenizer %s; refused", name,
                        kvm_store_id_hex(&m->tokenizer_id, a), kvm_store_id_hex(tok, b));
     return 0;
 }

@@ -294,6 +294,12 @@ START_TEST(test_nested_defaults)
     expect_bad("[model]\npath = /m\n[serve]\nbind = ${KVMTEST_A:-${KVMTEST_B}}\n",
                "t.ini:4: [serve] bind: environment variable KVMTEST_B is not set and has no default at column 14 of "
                "'${KVMTEST_A:-${KVMTEST_B}}'"); /* the column, as README says (the message gave none) */
+    /* set but empty: said so, not "not set" (the variable is exported; its value is empty) */
+    setenv("KVMTEST_B", "", 1);
+    expect_bad("[model]\npath = /m\n[serve]\nbind = ${KVMTEST_B}\n",
+               "t.ini:4: [serve] bind: environment variable KVMTEST_B is empty and has no default (write "
+               "${KVMTEST_B:-DEFAULT} for one) at column 1");
+    unsetenv("KVMTEST_B");
     /* a line past libinih's 198 characters (a deep path) is refused, naming the way around it:
      * the value in an environment variable, expanded after parsing */
     char longline[400];

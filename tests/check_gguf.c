@@ -235,6 +235,7 @@ typedef struct tiny_opts {
     int eos_as_string;    /* tokenizer.ggml.eos_token_id written as the string "4" */
     int rope_scale_u32;   /* llama.rope.scaling.type "linear", its factor the u32 4 */
     int rope_dim_f32;     /* llama.rope.dimension_count the f32 32 (half the head) */
+    const char *extra;    /* one more F32 vector [T_DIM] of this name, or NULL */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -259,15 +260,15 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     tspec ts[16];
     size_t total = 0;
     int nt = 0;
-    for (int i = 0; i < n; i++) {
-        if (o->drop_ffn_up && strcmp(layout[i].name, "blk.0.ffn_up.weight") == 0) continue;
+    for (int i = 0; i < n + (o->extra != NULL); i++) {
+        if (i < n && o->drop_ffn_up && strcmp(layout[i].name, "blk.0.ffn_up.weight") == 0) continue;
         tspec *t = &ts[nt++];
-        snprintf(t->name, sizeof t->name, "%s", layout[i].name);
-        int64_t ne1 = layout[i].ne1 < 0 ? o->attn_k_rows : layout[i].ne1;
+        snprintf(t->name, sizeof t->name, "%s", i < n ? layout[i].name : o->extra);
+        int64_t ne1 = i == n ? 0 : layout[i].ne1 < 0 ? o->attn_k_rows : layout[i].ne1;
         t->n_dims = ne1 ? 2 : 1;
-        t->ne[0] = layout[i].ne0;
+        t->ne[0] = i < n ? layout[i].ne0 : T_DIM;
         t->ne[1] = ne1 ? ne1 : 1;
-        t->type = layout[i].type;
+        t->type = i < n ? layout[i].type : KVM_GGML_F32;
         t->bytes = tensor_bytes(t);
         total += t->bytes;
     }
@@ -304,7 +305,7 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0, NULL};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -448,6 +449,15 @@ START_TEST(test_model_errors)
     o = tiny_ok;
     o.rope_dim_f32 = 1;
     expect_model_error(&o, KVM_EFORMAT, "'llama.rope.dimension_count' has type 6 (f32)", "expected an integer");
+    /* tensors the forward does not read were ignored: a layer past llama.block_count (the model ran
+     * with a layer less, SmolLM2 at block_count 29 answering "capital of the E" for "Paris."), or an
+     * attention bias the architecture has no place for */
+    static const char *const extra[] = {"blk.1.attn_norm.weight", "blk.0.attn_q.bias"};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        o = tiny_ok;
+        o.extra = extra[i];
+        expect_model_error(&o, KVM_EFORMAT, extra[i], "is not part of the llama architecture");
+    }
 }
 END_TEST
 

@@ -168,6 +168,44 @@ START_TEST(test_malformed)
 }
 END_TEST
 
+/* A pre-tokenizer regex that backtracks without bound (a hostile or broken tokenizer.json) ran
+ * into PCRE2's match limit while encoding, said as "tokenizer encode: PCRE2 match error -47". The
+ * message now says what failed, where in the text, and PCRE2's own words. */
+START_TEST(test_regex_match_limit)
+{
+    size_t n;
+    char *src = kvm_test_read_file(TOK_DIR "/qwen_style/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(src);
+    const char *from = "\"Regex\": \"";
+    char *at = strstr(src, from);
+    ck_assert_ptr_nonnull(at);
+    char *dir = kvm_test_tmpdir(), path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fwrite(src, 1, (size_t)(at - src) + strlen(from), f);
+    fputs("(a+)+$|", f); /* tried first at every position: exponential on a run of a's not at the end */
+    fputs(at + strlen(from), f);
+    fclose(f);
+    kvm_tokenizer *t = NULL;
+    ck_assert_msg(kvm_tokenizer_open_hf(path, 0, &t) == 0, "%s", kvm_errmsg());
+    char text[64];
+    memset(text, 'a', 40);
+    snprintf(text + 40, sizeof text - 40, "!");
+    int32_t *ids = NULL;
+    int64_t nid = 0;
+    int rc = kvm_tokenizer_encode(t, text, strlen(text), 0, 0, &ids, &nid);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_msg(strstr(kvm_errmsg(), "pre-tokenizer regex failed at byte 0") && strstr(kvm_errmsg(), "match limit"),
+                  "%s", kvm_errmsg());
+    free(ids);
+    kvm_tokenizer_close(&t);
+    kvm_test_rmtree(dir);
+    free(dir);
+    free(src);
+}
+END_TEST
+
 /* kvm__tokjson_parse_mem on a tokenizer.json's bytes: the ids kvm_tokenizer_open_hf's tokenizer
  * gives, and a cut copy refused naming the label it was given. */
 START_TEST(test_mem)
@@ -381,6 +419,7 @@ static Suite *tok_suite(void)
         {"template_list", test_template_list},
         {"bom", test_bom},
         {"config_types", test_config_types},
+        {"regex_match_limit", test_regex_match_limit},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);

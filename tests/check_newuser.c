@@ -683,6 +683,161 @@ START_TEST(test_missing_model_names_config_key)
 }
 END_TEST
 
+/* A device list with an empty item: `compress_devices = cpu,` passed the check (only a doubled
+ * comma was refused), and the worker the cycle gave the empty item exited 2 at each of its
+ * restarts until the run gave it up, which then ended 0; --dump-config (run's and serve's) printed
+ * `gpu` or `cpu,` as a config run accepts. Now each is refused at once, exit 2, naming the item. */
+START_TEST(test_device_list_empty_item)
+{
+    static const char *const bad[] = {"cpu,", ",cpu", "cpu,,cpu"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_msg(kvm_stage_check_devices("[stages] compress_devices", bad[i]) != 0, "%s accepted", bad[i]);
+        ck_assert_msg(strstr(kvm_errmsg(), "is empty"), "%s: %s", bad[i], kvm_errmsg());
+    }
+    ck_assert_int_eq(kvm_stage_check_devices("[stages] compress_devices", "cpu,cpu"), 0);
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[compress]\nmethod = h2o\nbudget = 16\n[stages]\ncompress_workers = 2\ncompress_devices = cpu,\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[stages] compress_devices = cpu,: item 2 is empty"), "exit %d: %s", rc, err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill run --config '%s' --dump-config", kvm_test_bin(), cfg);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "item 2 is empty") && !strstr(out, "[model]"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* serve's [serve] devices, by its --dump-config */
+    char text[16384];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[serve]\nworkers = 1\ndevices = gpu\n",
+             kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "%s/kvmill serve --config '%s' --dump-config", kvm_test_bin(), cfg);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[serve] devices: gpu: not cpu or cuda:N"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A compress or strategy worker started by hand with a --store that is no store: the store
+ * opened with the first job's settings was created at the mistyped path, the caches went there
+ * and the run reported them compressed (bytes_compressed=0) while its own store stayed empty.
+ * README: the stages exit 2 for a --store that is missing or not one; now they do, creating
+ * nothing, before they connect. */
+START_TEST(test_stage_store_missing)
+{
+    char *dir = kvm_test_tmpdir(), cmd[16384], path[4300], *out = NULL, *err = NULL;
+    static const char *const stages[] = {"compress", "strategy"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/typo.lmdb", dir);
+        snprintf(cmd, sizeof cmd, "timeout 10 '%s/kvmill-%s' --connect 'ipc://%s/none' --store '%s'", kvm_test_bin(),
+                 stages[i], dir, path);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "typo.lmdb: no such store"), "%s: exit %d: %s", stages[i], rc, err);
+        ck_assert_int_ne(access(path, F_OK), 0); /* nothing made */
+        free(out);
+        free(err);
+        /* a folder without data.mdb, the folder above the store, say */
+        snprintf(cmd, sizeof cmd, "timeout 10 '%s/kvmill-%s' --connect 'ipc://%s/none' --store '%s'", kvm_test_bin(),
+                 stages[i], dir, dir);
+        rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "holds no store (no data.mdb)"), "%s: exit %d: %s", stages[i], rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A document name with a terminal escape (a JSONL id, or a file name, holding ESC): run's log
+ * line "document NAME is empty: not processed" wrote it raw, so the terminal took it as a command
+ * (colours, cursor moves that rewrite what was shown). Control bytes of text log lines are written
+ * as \\xHH now, as store ls shows such names. */
+START_TEST(test_log_name_control_bytes)
+{
+    char store[4300], cfg[4300], cmd[16384], corpus[4400], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(corpus, sizeof corpus, "%s/c.jsonl", dir);
+    const char *jl = "{\"id\": \"red\\u001b[31mdoc\\rx\", \"text\": \"\"}\n";
+    ck_assert_int_eq(kvm_test_write_file(corpus, jl, strlen(jl)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corpus);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 1 && strstr(err, "document red\\x1b[31mdoc\\x0dx is empty") && !strchr(err, '\x1b') &&
+                      !strchr(err, '\r'),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* calibrate --config with --docs naming one document, or a comma-separated list (what --docs takes
+ * without --config, as calibrate --help says): refused as "corpus doc_000.txt: expected a folder of
+ * *.txt or a .jsonl file" or "corpus a.txt,b.txt: No such file or directory", naming neither --docs
+ * nor that --config makes it a corpus. Now both are said (exit 2 as before). */
+START_TEST(test_calibrate_config_docs_file)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[compress]\nmethod = polykv\nbudget = 16\n[eval]\ncontinuation = 8\n");
+    fclose(f);
+    char one[4400], two[9000];
+    snprintf(one, sizeof one, "%s", kvm_test_data_path("corpus/doc_000.txt"));
+    snprintf(two, sizeof two, "%s,%s", one, kvm_test_data_path("corpus/doc_001.txt"));
+    const char *docs[] = {one, two};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg,
+                 docs[i]);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "kvmill calibrate: --docs ") &&
+                          strstr(err, "with --config, --docs is a corpus as kvmill run takes it"),
+                      "%s: exit %d: %s", docs[i], rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* calibrate --config with [compress] strategy = (empty): run refuses it at start, calibrate found it
+ * only when the strategy worker stored the strategy; every document then timed out and was
+ * requeued, and the command did not end (SIGTERM only made it wait for those jobs). Refused at once
+ * now, exit 2, naming the key. */
+START_TEST(test_calibrate_empty_strategy_name)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[compress]\nmethod = polykv\nstrategy =\nbudget = 16\n[eval]\ncontinuation = 8\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "timeout -k 2 20 %s/kvmill calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[compress] strategy: the name to store the strategy under must be 1 to 255"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -712,6 +867,11 @@ static Suite *suite(void)
         {"decode_worker_missing_store", test_decode_worker_missing_store},
         {"budget_and_ratio_both_set", test_budget_and_ratio_both_set},
         {"missing_model_names_config_key", test_missing_model_names_config_key},
+        {"device_list_empty_item", test_device_list_empty_item},
+        {"stage_store_missing", test_stage_store_missing},
+        {"log_name_control_bytes", test_log_name_control_bytes},
+        {"calibrate_config_docs_file", test_calibrate_config_docs_file},
+        {"calibrate_empty_strategy_name", test_calibrate_empty_strategy_name},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -867,6 +867,18 @@ START_TEST(test_eval_task_context_too_short)
                   "exit %d: %s%s", rc, out, err);
     free(out);
     free(err);
+    /* recall at 30 tokens: the cut converged too slowly for its 12 tries and said "task case 0 (doc_000):
+     * task case 0: the document does not fit 30 tokens" (the case named twice, the reason wrong) */
+    snprintf(args, sizeof args,
+             "eval --model '%s' --docs '%s' --context 30 --budget 4 --method h2o --task recall "
+             "--cases 1",
+             model, kvm_test_data_path("corpus/doc_000.txt"));
+    rc = kvmill(args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "task case 0 (doc_000): --context 30 leaves no room for the document") &&
+                      !strstr(err, "does not fit"),
+                  "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -1125,6 +1137,12 @@ START_TEST(test_key_files_exit_2)
         free(out);
         free(err);
     }
+    /* a store that exists: the stage refuses one that does not before it reads its keys */
+    char stp[4400];
+    snprintf(stp, sizeof stp, "%s/st.lmdb", tmp);
+    kvm_store *st = NULL;
+    ck_assert_msg(kvm_store_open(stp, NULL, &st) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&st);
     snprintf(args, sizeof args,
              "timeout 20 '%s/kvmill-compress' --connect tcp://127.0.0.1:1 --store '%s/st.lmdb' --server-key "
              "'%s/nosuch.public' --client-public '%s.public' --client-secret '%s.secret'",

@@ -312,6 +312,17 @@ static void edit_version2(uint8_t *v, size_t n, const MDB_val *key)
     crypto_generichash_final(&h, v + n - KVM_STORE__REC_SUM, KVM_STORE__REC_SUM);
 }
 
+/* Flips the last byte of the manifest's model id (part 0 at 64 + 31) and re-seals the checksum. */
+static void edit_model_id_last(uint8_t *v, size_t n, const MDB_val *key)
+{
+    v[KVM_STORE__REC_HEADER + 8 * 2 + 64 + 31] ^= 1;
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, KVM_STORE__REC_SUM);
+    crypto_generichash_update(&h, key->mv_data, key->mv_size);
+    crypto_generichash_update(&h, v, n - KVM_STORE__REC_SUM);
+    crypto_generichash_final(&h, v + n - KVM_STORE__REC_SUM, KVM_STORE__REC_SUM);
+}
+
 static void raw_del(const tcache *t, uint32_t layer)
 {
     MDB_env *env;
@@ -978,7 +989,29 @@ START_TEST(test_mismatch)
     int found = -1;
     ck_assert_int_eq(kvm_store_has_cache(s, &k, &other, &found), KVM_EMISMATCH);
     ck_assert_int_eq(found, 0);
+    /* ids that differ only past their first 12 hex digits: the message shows both in full (it
+     * printed "built with tokenizer X, expected tokenizer X" with the same 12 digits twice) */
+    kvm_store_id near = a.m.tokenizer_id;
+    near.b[31] ^= 1;
+    char hex_stored[KVM_STORE_ID_HEX + 1], hex_near[KVM_STORE_ID_HEX + 1];
+    kvm_store_id_hex(&a.m.tokenizer_id, hex_stored);
+    kvm_store_id_hex(&near, hex_near);
+    ck_assert_int_eq(kvm_store_get_cache(s, &k, &near, &c), KVM_EMISMATCH);
+    ck_assert_msg(strstr(kvm_errmsg(), hex_stored) && strstr(kvm_errmsg(), hex_near), "%s", kvm_errmsg());
     kvm_store_close(&s);
+    /* a manifest (valid checksum) naming another model id, differing in its last byte */
+    raw_edit(&a, KVM_STORE__MANIFEST, edit_model_id_last);
+    s = open_store(g_path, 0, 0, 0, 0);
+    ck_assert_int_eq(kvm_store_get_cache(s, &k, &a.m.tokenizer_id, &c), KVM_EMISMATCH);
+    kvm_store_id moved = a.m.model_id;
+    moved.b[31] ^= 1;
+    kvm_store_id_hex(&moved, hex_near);
+    kvm_store_id_hex(&a.m.model_id, hex_stored);
+    ck_assert_msg(strstr(kvm_errmsg(), "model id") && strstr(kvm_errmsg(), hex_stored) &&
+                      strstr(kvm_errmsg(), hex_near),
+                  "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    raw_edit(&a, KVM_STORE__MANIFEST, edit_model_id_last); /* back, for what follows */
 
     /* a manifest of another store format version (valid checksum): refused, not misread */
     raw_edit(&b, KVM_STORE__MANIFEST, edit_version2);

@@ -5,6 +5,7 @@
  * effect in the stage processes, compaction, and two concurrent runs sharing the work
  * through claims. Tests that need ../shared print one SKIP line and pass without it. */
 #include <check.h>
+#include <lmdb.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -481,6 +482,42 @@ START_TEST(test_verify_meta_page_damage)
     char *out = NULL; /* the intact store still verifies */
     ck_assert_int_eq(kvmill(&out, NULL, "store verify --store '%s'", g_store), 0);
     free(out);
+}
+END_TEST
+
+/* A damaged meta value: format_version read from bytes no build wrote was reported as "store
+ * format version 8955095580320447181, this build reads version 1 (mismatched model, tokenizer or
+ * config)", and store verify exited 2 (unopenable) rather than reporting a damaged store. */
+START_TEST(test_meta_version_damage)
+{
+    put_caches(g_store, 1, 100);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_store, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    uint8_t v[8] = {0xcd, 0x7a, 0x10, 0x5e, 0x93, 0x22, 0x47, 0x7c}; /* little-endian 8955...: no version */
+    MDB_val key = {14, "format_version"}, val = {8, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    kvm_store *st = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, &(kvm_store_opts){.read_only = 1}, &st), KVM_ECORRUPT);
+    char *out = NULL, *err = NULL;
+    int rc = kvmill(&out, &err, "store verify --store '%s'", g_store);
+    ck_assert_msg(rc == 1 && strstr(err, "format_version holds") && strstr(err, "data.mdb is damaged") &&
+                      strstr(out, "1 problem(s)"),
+                  "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "store ls --store '%s'", g_store);
+    ck_assert_msg(rc == 2 && strstr(err, "data.mdb is damaged") && !strstr(err, "mismatched model"), "exit %d: %s", rc,
+                  err);
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -1198,6 +1235,7 @@ int main(void)
     suite_add_tcase(su, tcase("store_cli_missing_and_config", test_store_cli_missing_and_config, 60));
     suite_add_tcase(su, tcase("store_cli_readonly_lock", test_store_cli_readonly_lock, 60));
     suite_add_tcase(su, tcase("verify_meta_page_damage", test_verify_meta_page_damage, 60));
+    suite_add_tcase(su, tcase("meta_version_damage", test_meta_version_damage, 60));
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
