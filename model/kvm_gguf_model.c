@@ -243,8 +243,10 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
     }
     /* every tensor of the file is one the forward reads: a block_count below the file's blk.N
      * tensors dropped the last layers without a word (SmolLM2 with llama.block_count = 29 answered
-     * "capital of the E" for "Paris."), and tensors the forward has no use for (attention biases,
-     * say) would be ignored alike; llama.cpp refuses such files too ("wrong number of tensors") */
+     * "capital of the E" for "Paris."; llama.cpp refuses that file: "wrong number of tensors"),
+     * and tensors this loader does not read would be ignored alike. Attention biases, which
+     * llama.cpp's llama architecture applies, are not read from GGUF here (a Hugging Face folder
+     * with attention_bias is): refused as not supported rather than dropped. */
     int64_t used = 2 + !shared + 9 * L;
     if (kvm_gguf_n_tensors(g) != used) {
         for (int64_t i = 0; i < kvm_gguf_n_tensors(g); i++) {
@@ -263,6 +265,15 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
                 snprintf(canon, sizeof canon, "blk.%d.%s.weight", layer, part);
                 for (int k = 0; k < 9; k++)
                     known |= !strcmp(part, parts[k]) && !strcmp(canon, name);
+            }
+            int bias_end = 0;
+            if (!known && sscanf(name, "blk.%*d.attn_%*[a-z].bias%n", &bias_end) == 0 && bias_end > 0 &&
+                !name[bias_end]) {
+                rc = kvm_err(KVM_ENOTSUP,
+                             "%s: tensor '%s': attention biases in a GGUF file are not supported (a Hugging Face "
+                             "folder with attention_bias is)",
+                             f, name);
+                goto fail;
             }
             if (!known) {
                 rc = kvm_err(KVM_EFORMAT,

@@ -797,7 +797,9 @@ START_TEST(test_external_worker_joins)
 {
     write_config("compress_workers = 0\n"); /* appended to [stages]: nobody compresses... */
     pid_t run = run_background(docs);
-    usleep(300000);
+    /* the worker names the run's store, which the run makes before it says its run directory
+     * (a worker refuses a --store that is no store: a fixed 300 ms could come before it) */
+    if (!wait_for_file("err.txt", ", run directory ", 1, 60000)) kill(run, SIGKILL);
     char base[4400], exe[4200];
     snprintf(base, sizeof base, "ipc://%s", run_dir);
     snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
