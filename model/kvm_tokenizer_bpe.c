@@ -594,8 +594,11 @@ int kvm__bpe_regex_split(const pcre2_code *re, const char *text, const frag_list
                 return kvm_err(
                     KVM_EFORMAT,
                     "tokenizer encode: the tokenizer's pre-tokenizer regex failed at byte %lld of the text it splits: "
-                    "%s (PCRE2 error %d: a regex that backtracks without bound?)",
-                    (long long)(f.off + (int64_t)pos), (const char *)msg, m);
+                    "%s (PCRE2 error %d%s)",
+                    (long long)(f.off + (int64_t)pos), (const char *)msg, m,
+                    m == PCRE2_ERROR_MATCHLIMIT || m == PCRE2_ERROR_DEPTHLIMIT
+                        ? ": a regex that backtracks without bound?"
+                        : "");
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             if (ov[0] > last) rc = kvm__bpe_frag_push(out, (frag){f.off + (int64_t)last, (int64_t)(ov[0] - last), -1});
