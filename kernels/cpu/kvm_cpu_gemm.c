@@ -438,15 +438,26 @@ GEMM_V3 static void widen_block_bf16_v3(const uint16_t *panel, int64_t k0, int64
 }
 
 /* bf16 on x86-64-v3 only: where v4 runs, the generic body's 16 lanes are one AVX-512 register. */
-static int bf16_v3(int dtype) { return dtype == KVM_GEMM_BF16 && kvm__cpu_v3() && !kvm__cpu_v4(); }
-static int f16_v3(int dtype) { return dtype == KVM_GEMM_F16 && kvm__cpu_v3(); }
+/* Whether the AVX2 single-row paths above run: where the processor runs x86-64-v3, except in
+ * sanitizer builds, whose generic code is not cloned (baseline SSE2: products and sums
+ * rounded apart) while these paths' intrinsics are FMAs: one build, one arithmetic. */
+static int v3_paths(void)
+{
+#ifdef __SANITIZE_ADDRESS__
+    return 0;
+#else
+    return kvm__cpu_v3();
+#endif
+}
+static int bf16_v3(int dtype) { return dtype == KVM_GEMM_BF16 && v3_paths() && !kvm__cpu_v4(); }
+static int f16_v3(int dtype) { return dtype == KVM_GEMM_F16 && v3_paths(); }
 #endif
 
 /* tile1 (float32 panels): the AVX2 halves where the processor runs x86-64-v3 but not v4. */
 static void tile1(int64_t K, const float *x, const float *panel, float *y, int nr, float alpha)
 {
 #ifdef GEMM_V4
-    if (kvm__cpu_v3() && !kvm__cpu_v4()) {
+    if (v3_paths() && !kvm__cpu_v4()) {
         tile1_f32_v3(K, x, panel, y, nr, alpha);
         return;
     }
