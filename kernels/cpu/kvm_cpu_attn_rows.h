@@ -169,8 +169,9 @@ static inline __attribute__((always_inline)) void kvm__attn_pv_body(const float 
     kvm__attn_pv_tail(p, v, vh, n, d, o);
 }
 
-/* Probability rows one pass over V serves at once: 4 sums of 8 columns each per row stay in
- * registers (12 of AVX2's 16 with 3 rows). */
+/* Probability rows one pass over V serves at once: 4 sums of 8 columns per row, 12 with 3
+ * rows, meant for AVX2's 16 registers (GCC keeps a few on the stack there, beside the f16
+ * widening's constants). */
 enum { KVM_ATTN_PV_ROWS = 3 };
 
 /* kvm__attn_pv_strip for NR (≤ KVM_ATTN_PV_ROWS, a constant) rows p + r·ldp into o + r·ldo:
