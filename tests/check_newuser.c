@@ -37,6 +37,15 @@ static char *make_store(char *store, size_t store_n, char *cfg, size_t cfg_n)
     return dir;
 }
 
+/* Appends text (more sections and keys) to the config file cfg. */
+static void config_append(const char *cfg, const char *text)
+{
+    FILE *f = fopen(cfg, "a");
+    ck_assert_msg(f != NULL, "cannot append to %s", cfg);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
 /* `queries` and its old name `synthetic_queries` are one key: setting both is a key set
  * twice (both lines named), not a silent "last wins". */
 START_TEST(test_alias_set_twice)
@@ -118,10 +127,7 @@ START_TEST(test_serve_kill9_workers_stop)
 {
     char store[4300], cfg[4300], errp[4400], exe[4200];
     char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
-    FILE *f = fopen(cfg, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "[run]\nheartbeat_ms = 100\n");
-    fclose(f);
+    config_append(cfg, "[run]\nheartbeat_ms = 100\n");
     snprintf(errp, sizeof errp, "%s/serve.err", dir);
     snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
     pid_t pid = fork();
@@ -630,10 +636,7 @@ START_TEST(test_budget_and_ratio_both_set)
     /* the command: said on stderr, and the caches are made at the budget */
     char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
     char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
-    FILE *f = fopen(cfg, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "[compress]\nmethod = h2o\nratio = 0.5\nbudget = 32\n");
-    fclose(f);
+    config_append(cfg, "[compress]\nmethod = h2o\nratio = 0.5\nbudget = 32\n");
     snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
              kvm_test_data_path("corpus"));
     int rc = kvm_test_run(cmd, &out, &err);
@@ -697,10 +700,7 @@ START_TEST(test_device_list_empty_item)
     ck_assert_int_eq(kvm_stage_check_devices("[stages] compress_devices", "cpu,cpu"), 0);
     char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
     char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
-    FILE *f = fopen(cfg, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "[compress]\nmethod = h2o\nbudget = 16\n[stages]\ncompress_workers = 2\ncompress_devices = cpu,\n");
-    fclose(f);
+    config_append(cfg, "[compress]\nmethod = h2o\nbudget = 16\n[stages]\ncompress_workers = 2\ncompress_devices = cpu,\n");
     snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
              kvm_test_data_path("corpus"));
     int rc = kvm_test_run(cmd, &out, &err);
@@ -791,10 +791,7 @@ START_TEST(test_calibrate_config_docs_file)
 {
     char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
     char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
-    FILE *f = fopen(cfg, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "[compress]\nmethod = polykv\nbudget = 16\n[eval]\ncontinuation = 8\n");
-    fclose(f);
+    config_append(cfg, "[compress]\nmethod = polykv\nbudget = 16\n[eval]\ncontinuation = 8\n");
     char one[4400], two[9000];
     snprintf(one, sizeof one, "%s", kvm_test_data_path("corpus/doc_000.txt"));
     snprintf(two, sizeof two, "%s,%s", one, kvm_test_data_path("corpus/doc_001.txt"));
@@ -822,10 +819,7 @@ START_TEST(test_calibrate_empty_strategy_name)
 {
     char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
     char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
-    FILE *f = fopen(cfg, "a");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "[compress]\nmethod = polykv\nstrategy =\nbudget = 16\n[eval]\ncontinuation = 8\n");
-    fclose(f);
+    config_append(cfg, "[compress]\nmethod = polykv\nstrategy =\nbudget = 16\n[eval]\ncontinuation = 8\n");
     snprintf(cmd, sizeof cmd, "timeout -k 2 20 %s/kvmill calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg,
              kvm_test_data_path("corpus"));
     int rc = kvm_test_run(cmd, &out, &err);
