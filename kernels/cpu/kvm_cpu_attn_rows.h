@@ -121,34 +121,44 @@ static inline __attribute__((always_inline)) float kvm__attn_load1(const float *
     return v ? v[off] : kvm__f16_float(vh[off]);
 }
 
-/* o[0, 8) = Σ_e p[e] · V[e][c0, c0 + 8) over float32 V (v) or f16 V (vh), four accumulators
- * over e so that consecutive entries do not wait on each other's FMA. The two element types run
- * the same operations in the same order (f16 widened as it is read). */
-static inline __attribute__((always_inline)) void kvm__attn_pv_strip(const float *p, const float *v, const uint16_t *vh,
-                                                                     int64_t n, int d, int c0, float *o)
+/* o[0, d) = Σ_e p[e] · V[e][0, d) over float32 V (v) or f16 V (vh): 8 columns at a time with
+ * four accumulators over e, so consecutive entries do not wait on each other's FMA. The two
+ * element types run the same operations in the same order (f16 widened as it is read). */
+static inline __attribute__((always_inline)) void kvm__attn_pv_body(const float *p, const float *v, const uint16_t *vh,
+                                                                    int64_t n, int d, float *o)
 {
     typedef kvm__v8 v8;
-    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x0, x1, x2, x3;
-    int64_t e = 0;
-    for (; e + 4 <= n; e += 4) {
-        x0 = kvm__attn_load8(v, vh, (e + 0) * d + c0);
-        x1 = kvm__attn_load8(v, vh, (e + 1) * d + c0);
-        x2 = kvm__attn_load8(v, vh, (e + 2) * d + c0);
-        x3 = kvm__attn_load8(v, vh, (e + 3) * d + c0);
-        a0 += p[e] * x0;
-        a1 += p[e + 1] * x1;
-        a2 += p[e + 2] * x2;
-        a3 += p[e + 3] * x3;
+    int c0 = 0;
+    for (; c0 + 8 <= d; c0 += 8) {
+        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, x0, x1, x2, x3;
+        int64_t e = 0;
+        for (; e + 4 <= n; e += 4) {
+            x0 = kvm__attn_load8(v, vh, (e + 0) * d + c0);
+            x1 = kvm__attn_load8(v, vh, (e + 1) * d + c0);
+            x2 = kvm__attn_load8(v, vh, (e + 2) * d + c0);
+            x3 = kvm__attn_load8(v, vh, (e + 3) * d + c0);
+            a0 += p[e] * x0;
+            a1 += p[e + 1] * x1;
+            a2 += p[e + 2] * x2;
+            a3 += p[e + 3] * x3;
+        }
+        for (; e < n; e++) {
+            x0 = kvm__attn_load8(v, vh, e * d + c0);
+            a0 += p[e] * x0;
+        }
+        v8 sum = (a0 + a1) + (a2 + a3);
+        memcpy(o + c0, &sum, sizeof sum);
     }
-    for (; e < n; e++) {
-        x0 = kvm__attn_load8(v, vh, e * d + c0);
-        a0 += p[e] * x0;
+    for (; c0 < d; c0++) {
+        float acc = 0.0f;
+        for (int64_t e = 0; e < n; e++)
+            acc += p[e] * kvm__attn_load1(v, vh, e * d + c0);
+        o[c0] = acc;
     }
-    v8 sum = (a0 + a1) + (a2 + a3);
-    memcpy(o, &sum, sizeof sum);
 }
 
-/* Column c of o = Σ_e p[e] · V[e][c] for the columns past the last multiple of 8. */
+/* Column c of o = Σ_e p[e] · V[e][c] for the columns past the last multiple of 8, as
+ * kvm__attn_pv_body computes them. */
 static inline __attribute__((always_inline)) void kvm__attn_pv_tail(const float *p, const float *v, const uint16_t *vh,
                                                                     int64_t n, int d, float *o)
 {
@@ -159,24 +169,14 @@ static inline __attribute__((always_inline)) void kvm__attn_pv_tail(const float 
     }
 }
 
-/* o[0, d) = Σ_e p[e] · V[e][0, d) over float32 V (v) or f16 V (vh): 8 columns at a time
- * (kvm__attn_pv_strip), then the rest. */
-static inline __attribute__((always_inline)) void kvm__attn_pv_body(const float *p, const float *v, const uint16_t *vh,
-                                                                    int64_t n, int d, float *o)
-{
-    for (int c0 = 0; c0 + 8 <= d; c0 += 8)
-        kvm__attn_pv_strip(p, v, vh, n, d, c0, o + c0);
-    kvm__attn_pv_tail(p, v, vh, n, d, o);
-}
-
 /* Probability rows one pass over V serves at once: 4 sums of 8 columns per row, 12 with 3
  * rows, meant for AVX2's 16 registers (GCC keeps a few on the stack there, beside the f16
  * widening's constants). */
 enum { KVM_ATTN_PV_ROWS = 3 };
 
-/* kvm__attn_pv_strip for NR (≤ KVM_ATTN_PV_ROWS, a constant) rows p + r·ldp into o + r·ldo:
- * each 8 values of V loaded once for every row, each row's four sums the strip's own (the
- * same operations in the same order per row, so the same bits). */
+/* kvm__attn_pv_body's 8 columns [c0, c0 + 8) for NR (≤ KVM_ATTN_PV_ROWS, a constant) rows
+ * p + r·ldp into o + r·ldo: each 8 values of V loaded once for every row, each row with its own
+ * four sums (the same operations in the same order per row, so the same bits). */
 static inline __attribute__((always_inline)) void kvm__attn_pv_strip_n(const float *p, int64_t ldp, const int NR,
                                                                        const float *v, const uint16_t *vh, int64_t n,
                                                                        int d, int c0, float *o, int64_t ldo)
