@@ -700,7 +700,8 @@ START_TEST(test_device_list_empty_item)
     ck_assert_int_eq(kvm_stage_check_devices("[stages] compress_devices", "cpu,cpu"), 0);
     char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
     char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
-    config_append(cfg, "[compress]\nmethod = h2o\nbudget = 16\n[stages]\ncompress_workers = 2\ncompress_devices = cpu,\n");
+    config_append(cfg,
+                  "[compress]\nmethod = h2o\nbudget = 16\n[stages]\ncompress_workers = 2\ncompress_devices = cpu,\n");
     snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
              kvm_test_data_path("corpus"));
     int rc = kvm_test_run(cmd, &out, &err);
