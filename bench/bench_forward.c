@@ -248,7 +248,7 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *ids_path = NULL;
     int64_t n = 512, tbt_n = 0, gen = 128;
     int reps = 5, threads = 1, cmp_ref = 0, cmp_cap = 0, cmp_stats = 0;
-    const char *wdt = "auto";
+    const char *wdt = "auto", *kvdt = "f32";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model_path = argv[i + 1];
         else if (!strcmp(argv[i], "--ids")) ids_path = argv[i + 1];
@@ -261,10 +261,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--capture")) cmp_cap = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--attn-stats")) cmp_stats = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--weight-dtype")) wdt = argv[i + 1];
+        else if (!strcmp(argv[i], "--kv-dtype"))
+            kvdt = argv[i + 1];
     }
     if (!model_path || n <= gen || reps < 1 || reps > 16) {
-        fprintf(stderr, "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] "
-                        "[--threads T] [--compare-ref 1] [--capture 1] [--attn-stats 1] [--weight-dtype auto|f32|bf16|f16]\n");
+        fprintf(stderr,
+                "usage: bench_forward --model M [--ids FILE] [--tokens N] [--tbt-tokens T] [--gen G] [--reps R<=16] "
+                "[--threads T] [--compare-ref 1] [--capture 1] [--attn-stats 1] [--weight-dtype auto|f32|bf16|f16] "
+                "[--kv-dtype f32|f16]\n");
         return 2;
     }
     if (tbt_n <= 0 || tbt_n > n) tbt_n = n;
@@ -287,7 +291,9 @@ int main(int argc, char **argv)
         return rc;
     }
     kvm_model_weight_dtype wd;
-    if (kvm_model_weight_dtype_parse(wdt, &wd) || kvm_model_open(model_path, &m) || kvm_model_set_weight_dtype(m, wd)) {
+    kvm_kv_dtype kd;
+    if (kvm_model_weight_dtype_parse(wdt, &wd) || kvm_kvcache_dtype_parse(kvdt, &kd) ||
+        kvm_model_open(model_path, &m) || kvm_model_set_weight_dtype(m, wd)) {
         fprintf(stderr, "%s\n", kvm_errmsg());
         return 1;
     }
@@ -301,19 +307,19 @@ int main(int argc, char **argv)
     double tp[16], tt[16], td[16];
     for (int r = 0; r < reps; r++) {
         kvm_kvcache *cache;
-        kvm_forward_cache_new(m, n + gen, &cache);
+        kvm_forward_cache_new_dtype(m, n + gen, kd, &cache);
         double t0 = bench_wall_s();
         if (kvm_forward_prefill(f, cache, ids, n, logits, KVM_LOGITS_LAST)) { fprintf(stderr, "%s\n", kvm_errmsg()); return 1; }
         tp[r] = bench_wall_s() - t0;
         kvm_kvcache_free(&cache);
         /* token by token over the same input (first tbt_n tokens) */
-        kvm_forward_cache_new(m, n, &cache);
+        kvm_forward_cache_new_dtype(m, n, kd, &cache);
         t0 = bench_wall_s();
         for (int64_t i = 0; i < tbt_n; i++) kvm_forward_decode(f1, cache, ids[i], logits);
         tt[r] = bench_wall_s() - t0;
         kvm_kvcache_free(&cache);
         /* decode: prefill n - gen tokens, then gen greedy steps */
-        kvm_forward_cache_new(m, n, &cache);
+        kvm_forward_cache_new_dtype(m, n, kd, &cache);
         kvm_forward_prefill(f, cache, ids, n - gen, logits, KVM_LOGITS_LAST);
         t0 = bench_wall_s();
         for (int64_t i = 0; i < gen; i++) {
@@ -333,7 +339,7 @@ int main(int argc, char **argv)
     double th[16];
     for (int r = 0; r < reps; r++) {
         kvm_kvcache *cache;
-        kvm_forward_cache_new(m, n, &cache);
+        kvm_forward_cache_new_dtype(m, n, kd, &cache);
         double t0 = bench_wall_s();
         kvm_forward_prefill(fh, cache, ids, n, logits, KVM_LOGITS_LAST);
         th[r] = bench_wall_s() - t0;
@@ -344,8 +350,8 @@ int main(int argc, char **argv)
     double model_gf = prefill_flops(c, (double)n) / p / 1e9, blas_gf = sgemm_gflops(c, n, reps);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("model=%s weight_dtype=%s dim=%d layers=%d threads=%d N=%lld reps=%d\n", model_path, wdt, c->dim, c->n_layers, threads,
-           (long long)n, reps);
+    printf("model=%s weight_dtype=%s kv_dtype=%s dim=%d layers=%d threads=%d N=%lld reps=%d\n", model_path, wdt, kvdt,
+           c->dim, c->n_layers, threads, (long long)n, reps);
     printf("  prefill_tok_s=%.0f (%.1f ms for %lld tokens)\n", (double)n / p, p * 1e3, (long long)n);
     printf("  token_by_token_tok_s=%.0f (first %lld tokens of the same input)\n", (double)tbt_n / t, (long long)tbt_n);
     printf("  prefill_vs_token_by_token=%.1fx\n", ((double)n / p) / ((double)tbt_n / t));

@@ -11,7 +11,9 @@
 #include "compress/evict/kvm_evict.h"
 #include "compress/sculpt/kvm_sculpt.h"
 #include "compress/sculpt/kvm_sculpt_file.h"
+#include "kernels/cpu/kvm_cpu_attn_f16c.h"
 #include "kernels/cpu/kvm_cpu_attn_ref.h"
+#include "kernels/cpu/kvm_cpu_clones.h"
 #include "model/kvm_capture.h"
 #include "model/kvm_forward.h"
 #include "pipeline/kvm_cachecodec.h"
@@ -146,15 +148,23 @@ static float *run_attention(const rand_layer *r, kvm_kv_dtype dtype, int64_t n_q
     return o;
 }
 
+/* Both widenings of f16 (decode's F16C path where kvm__attn_f16c, and the cloned integer one)
+ * against float32 entries of the same values, bit for bit. */
 START_TEST(test_attention_f16_bitwise)
 {
     const unsigned all = KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_LSE | KVM_ATTN_STAT_OBS;
     const int dims[] = {8, 64, 128, 20}; /* stories260K's, SmolLM2's, Qwen/Llama's, one not a multiple of 8 */
+    const int grps[] = {3, 7, 6, 3};     /* query heads per KV head: decode's row blocks of 4 + 3, 4 + 2 */
     const int64_t nqs[] = {1, 2, 70, 130};
+    const int v3 = _i; /* 1: F16C where the processor and build have it; 0: the integer widening */
+    const int was = kvm__cpu_v3_set(v3);
+    if (v3 && !kvm__attn_f16c())
+        printf("SKIP: no F16C decode path in this build or processor (the integer widening runs)\n");
+    if (!v3) ck_assert_int_eq(kvm__attn_f16c(), 0); /* kvm__cpu_v3_set(0) turns it off */
     for (int di = 0; di < 4; di++) {
         rand_layer r;
         rng = 99u + (uint32_t)di;
-        rand_layer_new(&r, 3, 3, dims[di]);
+        rand_layer_new(&r, 3, grps[di], dims[di]);
         for (int qi = 0; qi < 4; qi++)
             for (int st = 0; st < 2; st++) {
                 size_t n32, n16;
@@ -178,6 +188,7 @@ START_TEST(test_attention_f16_bitwise)
             }
         rand_layer_free(&r);
     }
+    kvm__cpu_v3_set(was);
 }
 END_TEST
 
@@ -689,7 +700,10 @@ static Suite *kv16_suite(void)
         TCase *tc = tcase_create(cases[i].name);
         if (cases[i].model) tcase_add_checked_fixture(tc, load_model, free_model);
         tcase_set_timeout(tc, 300);
-        tcase_add_test(tc, cases[i].fn);
+        if (cases[i].fn == test_attention_f16_bitwise)
+            tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: F16C off, on */
+        else
+            tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
     }
     return s;

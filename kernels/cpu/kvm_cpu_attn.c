@@ -12,6 +12,7 @@
  * same operations as on float32 entries holding the widened values, so the results are bit
  * for bit those (tests/check_kv16.c). */
 #include "kernels/cpu/kvm_cpu.h"
+#include "kernels/cpu/kvm_cpu_attn_f16c.h"
 #include "kernels/cpu/kvm_cpu_attn_rows.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/cpu/kvm_cpu_pool.h"
@@ -184,6 +185,7 @@ static void attn_direct(const attn_job *j, int g, int h0, int nr, float *rows)
     const int d = a->head_dim;
     const int64_t ld = j->tile_ld;
     const int want_lse = (a->stats & KVM_ATTN_STAT_LSE) != 0, want_ent = (a->stats & KVM_ATTN_STAT_ENTROPY) != 0;
+    const int f16c = kvm__attn_f16c();
     for (int64_t i = 0; i < a->n_q; i++) {
         const int64_t vis = kvm__attn_visible(a->pos[g], a->n_e[g], a->qpos[i]);
         if (vis == 0) {
@@ -193,7 +195,9 @@ static void attn_direct(const attn_job *j, int g, int h0, int nr, float *rows)
         }
         const float *q = a->q + i * a->ldq + (int64_t)h0 * d;
         float *o = a->out + i * a->ldo + (int64_t)h0 * d;
-        if (a->kv_dtype == KVM_KV_F16)
+        if (a->kv_dtype == KVM_KV_F16 && f16c)
+            kvm__attn_scores_rows_f16c(q, d, nr, a->k16[g], vis, d, a->scale, rows, ld);
+        else if (a->kv_dtype == KVM_KV_F16)
             kvm__attn_scores_rows_f16(q, d, nr, a->k16[g], vis, d, a->scale, rows, ld);
         else
             kvm__attn_scores_rows(q, d, nr, a->k[g], vis, d, a->scale, rows, ld);
@@ -203,7 +207,9 @@ static void attn_direct(const attn_job *j, int g, int h0, int nr, float *rows)
             kvm__attn_softmax_row(rows + r * ld, j->bias[g], vis, vis, 1, want_lse ? &lse[r] : NULL,
                                   want_ent ? &ent[r] : NULL);
         }
-        if (a->kv_dtype == KVM_KV_F16)
+        if (a->kv_dtype == KVM_KV_F16 && f16c)
+            kvm__attn_pv_rows_f16c(rows, ld, nr, a->v16[g], vis, d, o, d);
+        else if (a->kv_dtype == KVM_KV_F16)
             kvm__attn_pv_rows_f16(rows, ld, nr, a->v16[g], vis, d, o, d);
         else
             kvm__attn_pv_rows(rows, ld, nr, a->v[g], vis, d, o, d);

@@ -106,12 +106,20 @@ static inline float kvm__attn_softmax_row(float *row, const float *bias, int64_t
                          : kvm__attn_softmax_row16h(row, bias, vis, width, normalize, lse_out, ent_out);
 }
 
-/* 8 values of a row of V at element offset off: float32 (v), or f16 widened (vh, when v is NULL). */
+/* 8 values of a row of V at element offset off: float32 (v), or f16 widened (vh, when v is NULL):
+ * by F16C's vcvtph2ps where the including file compiles for x86-64-v3 and sets KVM__ATTN_F16C
+ * (kvm_cpu_attn_f16c.c), else by integer operations (kvm__f16_widen8). Both give the exact
+ * float32 values (a signalling NaN comes out quiet from vcvtph2ps: the products are NaN alike). */
 static inline __attribute__((always_inline)) kvm__v8 kvm__attn_load8(const float *v, const uint16_t *vh, int64_t off)
 {
     kvm__v8 x;
     if (v) memcpy(&x, v + off, sizeof x);
+#ifdef KVM__ATTN_F16C
+    else
+        x = (kvm__v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(vh + off)));
+#else
     else x = kvm__f16_widen8(vh + off);
+#endif
     return x;
 }
 

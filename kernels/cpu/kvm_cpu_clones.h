@@ -1,11 +1,12 @@
 /* kvm_cpu_clones.h: KVM_CLONES, the function attribute that compiles a CPU kernel three times
  * (x86-64-v4, x86-64-v3, baseline) and picks one at load time by the processor's features
- * (AVX-512 / AVX2, FMA, F16C / SSE2). Empty off x86-64 and in AddressSanitizer builds (SAN=1).
+ * (AVX-512 / AVX2, FMA, F16C / SSE2). Empty off x86-64, in AddressSanitizer builds (SAN=1) and
+ * in a file that compiles for one target and says so by defining KVM_NO_CLONES first.
  * One definition for every file that clones. Internal to kernels/cpu. */
 #ifndef KVM_CPU_CLONES_H
 #define KVM_CPU_CLONES_H
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(KVM_NO_CLONES)
 #define KVM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define KVM_CLONES
