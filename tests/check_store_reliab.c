@@ -521,6 +521,51 @@ START_TEST(test_meta_version_damage)
 }
 END_TEST
 
+/* A zero-filled format_version read as "no version yet": a read-write open wrote 1 over it (the
+ * damage gone unreported) and a read-only one called it "store format version 0". 0 is no value
+ * kvmill writes: damage, naming the store and the value, and the value stays as it was. */
+START_TEST(test_meta_version_zero)
+{
+    put_caches(g_store, 1, 100);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_store, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    uint8_t v[8] = {0};
+    MDB_val key = {14, "format_version"}, val = {8, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    kvm_store *st = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &st), KVM_ECORRUPT);
+    ck_assert_ptr_null(st);
+    ck_assert_msg(strstr(kvm_errmsg(), g_store) && strstr(kvm_errmsg(), "format_version holds 0"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_open(g_store, &(kvm_store_opts){.read_only = 1}, &st), KVM_ECORRUPT);
+    ck_assert_msg(strstr(kvm_errmsg(), "format_version holds 0"), "%s", kvm_errmsg());
+    /* the read-write open left the value as it found it */
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_store, MDB_RDONLY, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    ck_assert_int_eq(mdb_get(txn, dbi, &key, &val), 0);
+    ck_assert_uint_eq(val.mv_size, 8);
+    ck_assert_msg(memcmp(val.mv_data, v, 8) == 0, "format_version was rewritten");
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    char *out = NULL, *err = NULL;
+    int rc = kvmill(&out, &err, "store verify --store '%s'", g_store);
+    ck_assert_msg(rc == 1 && strstr(err, "format_version holds 0") && strstr(out, "1 problem(s)"), "exit %d: %s%s", rc,
+                  out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ---- item 13: config files ---- */
 
 START_TEST(test_config_duplicate_and_empty)
@@ -1236,6 +1281,7 @@ int main(void)
     suite_add_tcase(su, tcase("store_cli_readonly_lock", test_store_cli_readonly_lock, 60));
     suite_add_tcase(su, tcase("verify_meta_page_damage", test_verify_meta_page_damage, 60));
     suite_add_tcase(su, tcase("meta_version_damage", test_meta_version_damage, 60));
+    suite_add_tcase(su, tcase("meta_version_zero", test_meta_version_zero, 60));
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
