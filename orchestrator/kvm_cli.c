@@ -492,8 +492,14 @@ void kvm_cli_refuse(const char *cmd, const char *fmt, ...)
     if (kvm_log_format_get() == KVM_LOG_JSON) {
         kvm_logv(KVM_LOG_ERROR, "refused", NULL, 0, fmt, ap);
     } else {
-        fprintf(stderr, "kvmill %s: ", cmd);
-        vfprintf(stderr, fmt, ap);
+        /* messages quote names (a --docs path, a document's): control bytes in one, a newline
+         * above all, went out raw and could fake a line; fmt's own newline ends the line */
+        char msg[8192], safe[4 * sizeof msg + 1];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        size_t n = strlen(msg);
+        int nl = n && msg[n - 1] == '\n';
+        if (nl) msg[n - 1] = '\0';
+        fprintf(stderr, "kvmill %s: %s%s", cmd, kvm_log_escape(msg, 0, safe, sizeof safe), nl ? "\n" : "");
     }
     va_end(ap);
 }

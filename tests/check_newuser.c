@@ -2,6 +2,7 @@
  * pass): a key set twice through its old name, store commands on a store that does not
  * exist, and the other first-contact problems listed per test. */
 #include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_stage.h"
@@ -331,6 +332,38 @@ START_TEST(test_no_eta_from_failures)
     *nl = '\0';
     ck_assert_msg(strstr(err, "2/4 documents") && !strstr(err, "ETA"), "first line: %s", err);
     ck_assert_msg(strstr(nl + 1, "3/4 documents") && strstr(nl + 1, "ETA"), "second line: %s", nl + 1);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The progress line and kvm_cli_refuse printed names raw: a document named "a\nkvmill run:
+ * done" wrote a second, fake line, and an escape sequence in one drove the terminal. They show
+ * control bytes as \xHH, as the logger does (kvm_log_escape). */
+START_TEST(test_names_escaped)
+{
+    char *dir = kvm_test_tmpdir(), path[4300];
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    fflush(stderr);
+    FILE *f = freopen(path, "w", stderr);
+    ck_assert_ptr_nonnull(f);
+    kvm_orch_progress p = {.cmd = "run", .tty = 0, .interval_ms = 0, .t0_ms = kvm_now_ms() - 1000};
+    kvm_orch_progress_print(&p, 1, 4, 64, " in compress: a\nkvmill run: done\x1b[2J 3/9", 0);
+    kvm_orch_progress tty = {.cmd = "run", .tty = 1, .interval_ms = 0, .t0_ms = kvm_now_ms() - 1000};
+    kvm_orch_progress_print(&tty, 1, 4, 64, " in compress: b\nkvmill run: done\x1b[2J 3/9", 1);
+    kvm_cli_refuse("eval", "--docs %s: no such file\n", "c\nkvmill eval: done\x07");
+    fflush(stderr);
+    char *err = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(err);
+    int lines = 0;
+    for (const char *q = err; *q; q++) lines += *q == '\n';
+    ck_assert_msg(lines == 3, "%d lines:\n%s", lines, err);
+    ck_assert_msg(strstr(err, "in compress: a\\x0akvmill run: done\\x1b[2J 3/9, ") &&
+                      strstr(err, "in compress: b\\x0akvmill run: done\\x1b[2J 3/9  ") &&
+                      strstr(err, "kvmill eval: --docs c\\x0akvmill eval: done\\x07: no such file\n"),
+                  "%s", err);
+    ck_assert_msg(!strstr(err, "\x1b[2J") && !strchr(err, '\x07'), "%s", err);
     free(err);
     kvm_test_rmtree(dir);
     free(dir);
@@ -851,6 +884,7 @@ static Suite *suite(void)
         {"key_file_fifo", test_key_file_fifo},
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
+        {"names_escaped", test_names_escaped},
         {"ask_bad_endpoint", test_ask_bad_endpoint},
         {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
         {"jsonl_bom", test_jsonl_bom},
