@@ -866,6 +866,34 @@ START_TEST(test_calibrate_empty_strategy_name)
 }
 END_TEST
 
+/* calibrate --config did not check the settings that do not go together (kvm_jobcfg_check) as run
+ * does: polykv with [compress] target_kl was calibrated and stored (exit 0), and run then refused
+ * the same config. Refused at start now, exit 2, with run's message. */
+START_TEST(test_calibrate_jobcfg_check)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = polykv\nstrategy = s\nbudget = 16\ntarget_kl = 0.1\n[eval]\n"
+                       "continuation = 8\n");
+    const char *want = "[compress] target_kl chooses a budget per document, which method polykv does not take";
+    snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, want), "run: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill calibrate --config '%s' --docs '%s' --phases prefill",
+             kvm_test_bin(), cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, want) && !strstr(out, "stored strategy"), "calibrate: exit %d: %s%s", rc, out,
+                  err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -885,6 +913,7 @@ static Suite *suite(void)
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
         {"names_escaped", test_names_escaped},
+        {"calibrate_jobcfg_check", test_calibrate_jobcfg_check},
         {"ask_bad_endpoint", test_ask_bad_endpoint},
         {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
         {"jsonl_bom", test_jsonl_bom},
