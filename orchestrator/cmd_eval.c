@@ -214,7 +214,10 @@ static int parse_modes(const eval_cli *c)
     char other[512];
     const char *needs = needs_budget(c->method, other, sizeof other);
     if (!target && !budget && !ratio && needs) { /* full alone runs without (parse_cli) */
-        fprintf(stderr, "kvmill " CMD ": --method %s needs a budget: give one of --budget and --ratio (full KV alone needs none)\n", needs);
+        fprintf(stderr,
+                "kvmill " CMD
+                ": --method %s needs a budget: give one of --budget and --ratio (full KV alone needs none)\n",
+                needs);
         return 2;
     }
     if (target ? budget || ratio : !!budget == !!ratio) {

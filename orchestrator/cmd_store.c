@@ -432,8 +432,8 @@ static int cmd_verify(int argc, char **argv)
     kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT, {NULL, 0, NULL, NULL}};
     int n_pos;
     int rc = parse("store verify",
-                   "check every B-tree page, checksum and manifest, and decode every layer; exit 0 all pass, 1 corruption, 2 store cannot be "
-                   "opened",
+                   "check every B-tree page, checksum and manifest, and decode every layer; exit 0 all pass, 1 "
+                   "corruption, 2 store cannot be opened",
                    argc, argv, opts, NULL, 0, &n_pos);
     if (rc >= 0) return rc;
     kvm_config *cfg = NULL;

@@ -19,8 +19,7 @@
 static void reduce_failed(orch *o, const kvm_proto_result *r)
 {
     char why[600];
-    snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r->stage.len, r->stage.ptr, (int)r->message.len,
-             r->message.ptr);
+    snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r->stage.len, r->stage.ptr, (int)r->message.len, r->message.ptr);
     o->workers[o->reduce_worker].job = -1;
     o->reduce_worker = -1;
     for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS), next; i >= 0; i = next) {

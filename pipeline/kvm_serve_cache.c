@@ -134,7 +134,8 @@ int kvm_serve_cache_check(kvm_store *store, const kvm_store_cache_key *key, kvm_
     int n_kv_heads = 0, head_dim = 0;
     int32_t seq_len = 0;
     int shape_rc = man->n_layers > 0 ? check_shape(store, sc, &n_kv_heads, &head_dim, &seq_len) : KVM_ECORRUPT;
-    if (shape_rc == KVM_ENOMEM) rc = shape_rc;
+    if (shape_rc == KVM_ENOMEM)
+        rc = shape_rc;
     else if (shape_rc) { /* layer 0 is no message: nothing to size the others by */
         snprintf(line, sizeof line, "cache %s layer 0 does not decode: %s", name, kvm_errmsg());
         if (report) report(line, arg);
@@ -154,7 +155,8 @@ int kvm_serve_cache_check(kvm_store *store, const kvm_store_cache_key *key, kvm_
         }
         for (int l = 0; c && !rc && l < man->n_layers; l++) {
             int lrc = kvm_serve_cache_decode_layer(sc, l, c);
-            if (lrc == KVM_ENOMEM) rc = lrc;
+            if (lrc == KVM_ENOMEM)
+                rc = lrc;
             else if (lrc) {
                 snprintf(line, sizeof line, "cache %s layer %d: %s", name, l, kvm_errmsg());
                 if (report) report(line, arg);
@@ -182,7 +184,8 @@ int kvm_serve_cache_load(kvm_store *store, const kvm_store_cache_key *key, const
         rc = kvm_err(KVM_ECORRUPT, "stored cache is for %lld tokens, outside the model's window [1, %d]",
                      (long long)man->n_tokens, m->cfg.seq_len);
     if (!rc) rc = kvm_forward_cache_new(m, extra_per_head > 0 ? extra_per_head : 1, &c);
-    for (int l = 0; !rc && l < man->n_layers; l++) rc = kvm_serve_cache_decode_layer(sc, l, c);
+    for (int l = 0; !rc && l < man->n_layers; l++)
+        rc = kvm_serve_cache_decode_layer(sc, l, c);
     /* room for the continuation: entries are appended per head as tokens are decoded */
     for (int l = 0; !rc && l < c->n_layers; l++)
         for (int g = 0; !rc && g < c->n_kv_heads; g++) {

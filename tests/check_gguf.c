@@ -475,7 +475,8 @@ START_TEST(test_model_errors)
     o = tiny_ok;
     o.vocab_meta = T_VOCAB + 1;
     char want[128];
-    snprintf(want, sizeof want, "llama.vocab_size = %d, but tensor token_embd.weight has %d rows", T_VOCAB + 1, T_VOCAB);
+    snprintf(want, sizeof want, "llama.vocab_size = %d, but tensor token_embd.weight has %d rows", T_VOCAB + 1,
+             T_VOCAB);
     expect_model_error(&o, KVM_EFORMAT, want, NULL);
     o = tiny_ok;
     o.n_tokens = T_VOCAB - 1;

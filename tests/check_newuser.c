@@ -357,7 +357,8 @@ START_TEST(test_names_escaped)
     char *err = kvm_test_read_file(path, NULL);
     ck_assert_ptr_nonnull(err);
     int lines = 0;
-    for (const char *q = err; *q; q++) lines += *q == '\n';
+    for (const char *q = err; *q; q++)
+        lines += *q == '\n';
     ck_assert_msg(lines == 3, "%d lines:\n%s", lines, err);
     ck_assert_msg(strstr(err, "in compress: a\\x0akvmill run: done\\x1b[2J 3/9, ") &&
                       strstr(err, "in compress: b\\x0akvmill run: done\\x1b[2J 3/9  ") &&

@@ -760,8 +760,10 @@ START_TEST(test_stage_error_not_retryable)
     char bad[4300], text[8192];
     snprintf(bad, sizeof bad, "%s/not-a-model.bin", tmp);
     ck_assert_int_eq(kvm_test_write_file(bad, "not a checkpoint, only text\n", 28), 0);
-    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = h2o\nbudget = 16\n"
-             "[store]\npath = %s\n", bad, store);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = h2o\nbudget = 16\n"
+             "[store]\npath = %s\n",
+             bad, store);
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     fake p = {0};
     fake_start(&p, "prefill");
@@ -1455,8 +1457,10 @@ START_TEST(test_calibrate_build_not_retried)
     kvm_msg *m = NULL;
     ck_assert_int_eq(kvm_proto_error_encode(&r, &m), 0);
     peer_send(p.ctl, &m);
-    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c("by-hand-strategy"), .stage = kvm_proto_str_c("strategy"),
-                       .pid = getpid(), .device = kvm_proto_str_c("cpu")};
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c("by-hand-strategy"),
+                       .stage = kvm_proto_str_c("strategy"),
+                       .pid = getpid(),
+                       .device = kvm_proto_str_c("cpu")};
     ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
     peer_send(p.data, &m); /* idle again: a second build would come here */
     uint64_t again = 0;
@@ -1468,7 +1472,7 @@ START_TEST(test_calibrate_build_not_retried)
         ck_assert_int_eq(kvm_msg_recv(p.data, &m, 0), 0);
         kvm_proto_job j;
         if (kvm_proto_job_decode(m, &j) == 0 && ((j.doc_id.len > 10 && !strncmp(j.doc_id.ptr, "calibrate:", 10)) ||
-                                                  (j.doc_name.len > 10 && !strncmp(j.doc_name.ptr, "calibrate:", 10))))
+                                                 (j.doc_name.len > 10 && !strncmp(j.doc_name.ptr, "calibrate:", 10))))
             again = j.job_id;
         kvm_msg_free(&m);
     }

@@ -97,19 +97,29 @@ static void tc_make_dec(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n
         ck_assert(pos && bias && values);
         for (int g = 0, row = 0; g < TC_DEC_HEADS; g++) {
             head_entries[g] = (int32_t)(ne / TC_DEC_HEADS + (g < ne % TC_DEC_HEADS));
-            for (int e = 0; e < head_entries[g]; e++) pos[row++] = e;
+            for (int e = 0; e < head_entries[g]; e++)
+                pos[row++] = e;
         }
-        kvm_proto_cache pc = {.layer = l, .n_layers = n_layers, .n_kv_heads = TC_DEC_HEADS,
-                              .head_dim = TC_DEC_HEAD_DIM, .n_tokens = t->m.n_tokens, .n_entries = ne,
-                              .dtype = KVM_PROTO_F32, .head_entries = head_entries, .keys = t->payload[l],
-                              .values = values, .positions = pos, .logit_bias = bias};
+        kvm_proto_cache pc = {.layer = l,
+                              .n_layers = n_layers,
+                              .n_kv_heads = TC_DEC_HEADS,
+                              .head_dim = TC_DEC_HEAD_DIM,
+                              .n_tokens = t->m.n_tokens,
+                              .n_entries = ne,
+                              .dtype = KVM_PROTO_F32,
+                              .head_entries = head_entries,
+                              .keys = t->payload[l],
+                              .values = values,
+                              .positions = pos,
+                              .logit_bias = bias};
         ck_assert_msg(kvm_proto_cache_encode(&pc, &t->msg[l]) == 0, "%s", kvm_errmsg());
         free(pos);
         free(bias);
         free(values);
         size_t nf = kvm_msg_nframes(t->msg[l]);
         ck_assert_uint_le(nf, 8);
-        for (size_t f = 0; f < nf; f++) t->msg_frames[l][f] = kvm_msg_frame(t->msg[l], f);
+        for (size_t f = 0; f < nf; f++)
+            t->msg_frames[l][f] = kvm_msg_frame(t->msg[l], f);
         t->layers[l] = (kvm_store_layer){t->msg_frames[l], (uint32_t)nf};
     }
 }
@@ -117,7 +127,8 @@ static void tc_make_dec(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n
 static void tc_free(tcache *t)
 {
     for (int l = 0; l < TC_MAXL; l++) free(t->payload[l]);
-    for (int l = 0; l < TC_MAXL; l++) kvm_msg_free(&t->msg[l]);
+    for (int l = 0; l < TC_MAXL; l++)
+        kvm_msg_free(&t->msg[l]);
     memset(t, 0, sizeof *t);
 }
 
@@ -1371,7 +1382,8 @@ START_TEST(test_cli_commands)
     kvm_store_id_hex(&t[0].m.config_id, c);
     int64_t bytes = 0; /* the layers' frame bytes */
     for (int l = 0; l < 2; l++)
-        for (uint32_t f = 0; f < t[0].layers[l].n_frames; f++) bytes += (int64_t)t[0].layers[l].frames[f].size;
+        for (uint32_t f = 0; f < t[0].layers[l].n_frames; f++)
+            bytes += (int64_t)t[0].layers[l].frames[f].size;
     snprintf(want, sizeof want, "%s,%s,%s,100,40,%lld,%.3f,f32\n", m, d, c, (long long)bytes,
              (double)t[0].m.full_bytes / (double)bytes);
     ck_assert_msg(strstr(out, want) != NULL, "want row %s in:\n%s", want, out);

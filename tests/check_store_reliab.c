@@ -108,7 +108,8 @@ static void put_caches(const char *path, int n, size_t payload)
     for (int l = 0; l < 2; l++) {
         size_t nf = kvm_msg_nframes(msgs[l]);
         ck_assert_uint_le(nf, 8);
-        for (size_t f = 0; f < nf; f++) fr[l][f] = kvm_msg_frame(msgs[l], f);
+        for (size_t f = 0; f < nf; f++)
+            fr[l][f] = kvm_msg_frame(msgs[l], f);
         layers[l] = (kvm_store_layer){fr[l], (uint32_t)nf};
     }
     for (int i = 0; i < n; i++) {
@@ -575,7 +576,8 @@ START_TEST(test_verify_layer_decode)
     kvm_msg *good = layer_msg(0, 1, 10);
     kvm_frame fr0[8], junk = {(const uint8_t *)"not a cache message", 19};
     size_t nf = kvm_msg_nframes(good);
-    for (size_t f = 0; f < nf; f++) fr0[f] = kvm_msg_frame(good, f);
+    for (size_t f = 0; f < nf; f++)
+        fr0[f] = kvm_msg_frame(good, f);
     kvm_store_layer layers[2] = {{fr0, (uint32_t)nf}, {&junk, 1}};
     ck_assert_msg(kvm_store_put_cache(s, &m, layers) == 0, "put: %s", kvm_errmsg());
     kvm_msg_free(&good);
