@@ -10,7 +10,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -155,16 +154,9 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
     double v = 0;
     const int prc = kvm_parse_decimal(s, &v);
     if (prc == KVM_ERANGE) {
-        /* 1e-400 is no value outside [0, hi]: it is too close to 0 for a double, which read it as 0 */
-        const int underflow = fabs(strtod(s, NULL)) < 1.0;
-        if (underflow && lo <= 0 && hi >= 0)
-            fprintf(stderr,
-                    "kvmill %s: %s%s: %s is too close to 0 for a double (it would read as 0, or lose digits): "
-                    "write 0 if 0 is meant, or a value of magnitude at least %g\n",
-                    cmd, dashes(name), name, s, DBL_MIN);
-        else
-            fprintf(stderr, "kvmill %s: %s%s: %s is outside [%g, %g] (beyond a double's range)\n", cmd, dashes(name),
-                    name, s, lo, hi);
+        char why[512];
+        fprintf(stderr, "kvmill %s: %s%s: %s\n", cmd, dashes(name), name,
+                kvm_decimal_range_why(s, lo, hi, why, sizeof why));
         return -1;
     }
     if (prc) {
