@@ -6,6 +6,8 @@
 
 static _Thread_local char kvm__errbuf[1024];
 
+int kvm_err_retryable(int status) { return status == KVM_EIO || status == KVM_ENOMEM || status == KVM_EDEVICE; }
+
 const char *kvm_strerror(int status)
 {
     switch (status) {

@@ -26,6 +26,14 @@ enum kvm_status {
 /* Short fixed description of a status code ("invalid argument", ...). Never NULL. */
 const char *kvm_strerror(int status);
 
+/* 1 when work that failed with `status` may succeed if run again with the same input, maybe on
+ * another worker: KVM_EIO (a file or socket), KVM_ENOMEM (memory), KVM_EDEVICE (a device that
+ * failed; another worker's may not). 0 for success and for every other code: bad input, a
+ * malformed file or message, stored data that fails its checks, a mismatch, a limit reached,
+ * something unsupported or missing: the same input fails the same way, so retrying it only
+ * costs time. The stages' default for a job's retryable flag (pipeline/kvm_stage.h). */
+int kvm_err_retryable(int status);
+
 /* Records a detail message for the calling thread and returns `status`, so that
  * error paths read `return kvm_err(KVM_EFORMAT, "%s: header field dim = %d", path, dim);`.
  * The message is kept until the next kvm_err on the same thread. Thread-safe. */

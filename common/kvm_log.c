@@ -102,6 +102,21 @@ static json_t *kvm_log__value(const kvm_log_field *f)
     return s ? s : json_null();
 }
 
+char *kvm_log_escape(const char *s, int keep_lines, char *out, size_t out_size)
+{
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        int raw = (*p >= 0x20 && *p != 0x7f) || (keep_lines && (*p == '\n' || *p == '\t'));
+        if (k + (raw ? 1 : 4) >= out_size) break;
+        if (raw)
+            out[k++] = (char)*p;
+        else
+            k += (size_t)snprintf(out + k, out_size - k, "\\x%02x", *p);
+    }
+    out[k] = '\0';
+    return out;
+}
+
 void kvm_logv(kvm_log_level level, const char *event, const kvm_log_field *fields, int n_fields, const char *fmt, va_list ap)
 {
     char msg[8192];
@@ -114,14 +129,8 @@ void kvm_logv(kvm_log_level level, const char *event, const kvm_log_field *field
          * rewrote the lines shown); written as \xHH, as store ls shows names. Newlines and tabs
          * stay: some messages hold several lines. */
         char safe[4 * sizeof msg + 1];
-        size_t k = 0;
-        for (const unsigned char *p = (const unsigned char *)m; *p; p++) {
-            if ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7f)
-                k += (size_t)sprintf(safe + k, "\\x%02x", *p);
-            else
-                safe[k++] = (char)*p;
-        }
-        safe[k] = '\0';
+        kvm_log_escape(m, 1, safe, sizeof safe);
+        size_t k = strlen(safe);
         fprintf(stderr, "%s%s%s", kvm_log__g.prefix, safe, k && safe[k - 1] == '\n' ? "" : "\n");
         return;
     }

@@ -12,6 +12,7 @@
 #define KVM_LOG_H
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum kvm_log_format { KVM_LOG_TEXT = 0, KVM_LOG_JSON = 1 } kvm_log_format;
@@ -39,6 +40,13 @@ int kvm_log_setup(const char *stage, const char *text_prefix, const char *format
 
 /* The format kvm_log_setup chose (KVM_LOG_TEXT before it is called). */
 kvm_log_format kvm_log_format_get(void);
+
+/* Copies s into out (out_size >= 1 bytes, always NUL-terminated; cut short at a whole byte or
+ * escape when it does not fit) with every control byte (0x00-0x1f, 0x7f) written as the four
+ * characters \xHH, so an untrusted name (a document's, a JSONL id) can neither drive the
+ * terminal nor fake a line of output. keep_lines = 1 keeps '\n' and '\t' (a message of
+ * several lines); 0 escapes them too (one name, one line). Returns out. Thread-safe. */
+char *kvm_log_escape(const char *s, int keep_lines, char *out, size_t out_size);
 
 /* Writes one line: text mode prints prefix + the formatted message (fields are not shown:
  * the message says them); JSON mode prints the object above. A message starting with '\n'

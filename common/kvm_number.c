@@ -5,7 +5,9 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* the digits at *p, skipped; returns how many */
@@ -38,4 +40,17 @@ int kvm_parse_decimal(const char *s, double *out)
     if (!isfinite(v) || errno == ERANGE) return KVM_ERANGE; /* 1e999, and 1e-400 read as 0 */
     *out = v;
     return 0;
+}
+
+const char *kvm_decimal_range_why(const char *s, double lo, double hi, char *why, size_t why_n)
+{
+    /* 1e-400 is no value outside [0, hi]: it is too close to 0 for a double, which reads it as 0 */
+    if (fabs(strtod(s, NULL)) < 1.0 && lo <= 0 && hi >= 0)
+        snprintf(why, why_n,
+                 "%s is too close to 0 for a double (it would read as 0, or lose digits): write 0 if 0 is meant, "
+                 "or a value of magnitude at least %g",
+                 s, DBL_MIN);
+    else
+        snprintf(why, why_n, "%s is outside [%g, %g] (beyond a double's range)", s, lo, hi);
+    return why;
 }

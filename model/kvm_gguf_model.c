@@ -177,6 +177,16 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
         goto fail;
     }
     int vocab = (int)emb->ne[1];
+    int64_t meta_vocab;
+    /* a vocab_size of another size than the embedding's rows was taken unsaid: the file is
+     * inconsistent (a tokenizer or embedding of another model), so which one is right is unknown */
+    if ((rc = kvm_gguf_get_i64(g, "llama.vocab_size", &meta_vocab)) && rc != KVM_ENOTFOUND) goto fail;
+    if (rc == 0 && meta_vocab != vocab) {
+        rc = kvm_err(KVM_EFORMAT, "%s: metadata llama.vocab_size = %lld, but tensor token_embd.weight has %d rows", f,
+                     (long long)meta_vocab, vocab);
+        goto fail;
+    }
+    rc = 0;
     uint64_t n_tok;
     const uint8_t *tok_data;
     if (kvm_gguf_get_arr(g, "tokenizer.ggml.tokens", KVM_GGUF_STRING, &n_tok, &tok_data) == 0 &&

@@ -199,7 +199,10 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
                        kvm_config_path(cfg), KVM_STORE_MAX_NAME, sn);
         goto done;
     }
-    if (kvm_jobcfg_check_text(cfg)) { /* a setting the jobs cannot carry failed every document */
+    /* settings that do not go together are refused as run refuses them (the same config runs
+     * next): calibrate took, say, polykv with target_kl and stored a strategy run then refused;
+     * and a setting the jobs cannot carry failed every document */
+    if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
         kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
         goto done;
     }

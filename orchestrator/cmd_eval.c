@@ -174,6 +174,22 @@ static int parse_task(eval_cli *c)
     return 0;
 }
 
+/* The first item of --method list `methods` that is not method full (its name, up to ':' or
+ * ','), or NULL when every item is full: full KV keeps every entry and needs no budget. */
+static const char *needs_budget(const char *methods, char *name, size_t size)
+{
+    for (const char *p = methods; *p;) {
+        size_t n = strcspn(p, ","), w = strcspn(p, ",:");
+        if (w != 4 || strncmp(p, "full", 4)) {
+            snprintf(name, size, "%.*s", (int)(n < size ? n : size - 1), p);
+            return name;
+        }
+        p += n;
+        if (*p) p++;
+    }
+    return NULL;
+}
+
 /* The settings that do not apply with --task or --target-kl are said (a base command line may
  * carry them); --system needs --chat; --target-kl excludes --budget and --ratio, which otherwise
  * come one of the two. Returns 0 or 2 after printing why. */
@@ -193,6 +209,15 @@ static int parse_modes(const eval_cli *c)
                          : "the search's probes are not timed");
     if (c->ta.system && !c->ta.chat) {
         fprintf(stderr, "kvmill " CMD ": --system needs --chat\n");
+        return 2;
+    }
+    char other[512];
+    const char *needs = needs_budget(c->method, other, sizeof other);
+    if (!target && !budget && !ratio && needs) { /* full alone runs without (parse_cli) */
+        fprintf(stderr,
+                "kvmill " CMD
+                ": --method %s needs a budget: give one of --budget and --ratio (full KV alone needs none)\n",
+                needs);
         return 2;
     }
     if (target ? budget || ratio : !!budget == !!ratio) {
@@ -289,6 +314,9 @@ static int eval_parse(eval_cli *c, cmd_eval_setup *es, int argc, char **argv, in
         return 2;
     }
     c->target = kvm_cli_get(opts, "target-kl"), c->task = kvm_cli_get(opts, "task");
+    char other[512];
+    if (!c->target && !c->budget && !c->ratio && !needs_budget(c->method, other, sizeof other))
+        c->ratio = "1"; /* full KV keeps every entry whatever the budget: a placeholder column */
     if (parse_task(c) || parse_modes(c) || parse_settings(c, es) || parse_device(c, es)) return 2;
     return 0;
 }

@@ -154,8 +154,9 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
     double v = 0;
     const int prc = kvm_parse_decimal(s, &v);
     if (prc == KVM_ERANGE) {
-        fprintf(stderr, "kvmill %s: %s%s: %s is outside [%g, %g] (beyond a double's range)\n", cmd, dashes(name), name, s,
-                lo, hi);
+        char why[512];
+        fprintf(stderr, "kvmill %s: %s%s: %s\n", cmd, dashes(name), name,
+                kvm_decimal_range_why(s, lo, hi, why, sizeof why));
         return -1;
     }
     if (prc) {
@@ -492,8 +493,14 @@ void kvm_cli_refuse(const char *cmd, const char *fmt, ...)
     if (kvm_log_format_get() == KVM_LOG_JSON) {
         kvm_logv(KVM_LOG_ERROR, "refused", NULL, 0, fmt, ap);
     } else {
-        fprintf(stderr, "kvmill %s: ", cmd);
-        vfprintf(stderr, fmt, ap);
+        /* messages quote names (a --docs path, a document's): control bytes in one, a newline
+         * above all, went out raw and could fake a line; fmt's own newline ends the line */
+        char msg[8192], safe[4 * sizeof msg + 1];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        size_t n = strlen(msg);
+        int nl = n && msg[n - 1] == '\n';
+        if (nl) msg[n - 1] = '\0';
+        fprintf(stderr, "kvmill %s: %s%s", cmd, kvm_log_escape(msg, 0, safe, sizeof safe), nl ? "\n" : "");
     }
     va_end(ap);
 }

@@ -166,7 +166,8 @@ struct kvm_config;
 void kvm_cli_log_config(const char *cmd, const char *stage, const struct kvm_config *cfg);
 
 /* A start-up refusal or problem of command cmd on stderr: "kvmill CMD: " + the formatted
- * message (fmt ends with "\n") in text, or, once kvm_cli_log_config chose json, a JSON line of
+ * message (fmt ends with "\n", its only newline) in text, its control bytes (a newline in a
+ * name included) written as \xHH (kvm_log_escape), or, once kvm_cli_log_config chose json, a JSON line of
  * level error, event "refused", msg the message. */
 void kvm_cli_refuse(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -169,7 +169,7 @@ static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
         double x = 0;
         const int prc = kvm_parse_decimal(*v, &x);
         if (prc == KVM_ERANGE) /* a number, but beyond a double */
-            return snprintf(why, why_n, "%s is outside [%g, %g] (beyond a double's range)", *v, s->lo, s->hi), -1;
+            return kvm_decimal_range_why(*v, s->lo, s->hi, why, why_n), -1;
         if (prc) return snprintf(why, why_n, "'%s' is not a number", *v), -1;
         if (x < s->lo || x > s->hi) return snprintf(why, why_n, "%g is outside [%g, %g]", x, s->lo, s->hi), -1;
         return 0;

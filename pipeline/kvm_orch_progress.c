@@ -22,15 +22,19 @@ void kvm_orch_progress_print(kvm_orch_progress *p, int64_t done, int64_t total, 
     if (!p->tty && !strcmp(line, p->last)) return; /* nothing new to say (the final line included) */
     p->last_ms = now;
     snprintf(p->last, sizeof p->last, "%s", line);
+    /* inflight names documents: a newline or terminal escape in one went out raw (a faked
+     * log line, a cleared screen); text lines show such bytes as \xHH, as the logger does */
+    char safe[4 * sizeof line + 1];
+    kvm_log_escape(line, 0, safe, sizeof safe);
     if (p->tty && kvm_log_format_get() == KVM_LOG_TEXT) {
         int width = 30, fill = total > 0 ? (int)(width * done / total) : width;
         fprintf(stderr, "\r[%.*s%*s] %s  %.0f tok/s%s \033[K", fill, "##############################", width - fill, "",
-                line, tps, eta);
+                safe, tps, eta);
         if (final) fputc('\n', stderr);
     } else if (kvm_log_format_get() == KVM_LOG_JSON) {
         kvm_log_field f[] = {KVM_LOG_I("documents_done", done), KVM_LOG_I("documents_total", total),
                              KVM_LOG_F("tokens_per_s", tps), KVM_LOG_F("elapsed_s", el)};
         kvm_log(KVM_LOG_INFO, "progress", f, 4, "%s, %.0f tokens/s, %.1f s elapsed%s", line, tps, el, eta);
     } else
-        fprintf(stderr, "kvmill %s: %s, %.0f tokens/s, %.1f s elapsed%s\n", p->cmd, line, tps, el, eta);
+        fprintf(stderr, "kvmill %s: %s, %.0f tokens/s, %.1f s elapsed%s\n", p->cmd, safe, tps, el, eta);
 }

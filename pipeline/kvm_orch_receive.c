@@ -11,6 +11,33 @@
 #include <string.h>
 #include <zmq.h>
 
+/* The strategy build of a calibration failed (an error for o->reduce_id): the documents it
+ * held waited in J_COMPRESS until job_timeout_s, were requeued, and the build was sent again,
+ * also for an error no retry fixes (a strategy the store refuses), up to max_retries times.
+ * Now a retryable error requeues them at once (each an attempt), and a final one fails them
+ * with its reason. */
+static void reduce_failed(orch *o, const kvm_proto_result *r)
+{
+    char why[600];
+    snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r->stage.len, r->stage.ptr, (int)r->message.len, r->message.ptr);
+    o->workers[o->reduce_worker].job = -1;
+    o->reduce_worker = -1;
+    for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS), next; i >= 0; i = next) {
+        next = kvm_joblist_next(&o->lists, i);
+        orch_job *j = &o->jobs[i];
+        j->worker = -1;
+        if (r->retryable) {
+            kvm_orch__requeue(o, j, why);
+            continue;
+        }
+        kvm_orch__job_drop_kv(j);
+        snprintf(j->reason, sizeof j->reason, "%s", why);
+        kvm_orch__job_set(o, j, J_FAILED);
+        kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id), KVM_LOG_S("reason", why)};
+        kvm_log(KVM_LOG_ERROR, "job_failed", f, 3, "%s failed: %s", j->doc->name, why);
+    }
+}
+
 static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
 {
     kvm_proto_type t;
@@ -82,6 +109,10 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (t == KVM_PROTO_RESULT && r.evaluated) {
             o->sum->evaluated++;
             o->sum->kl_sum += r.kl_mean;
+        }
+        if (t == KVM_PROTO_ERROR && o->mode == MODE_CALIBRATE && r.job_id == o->reduce_id && o->reduce_worker >= 0) {
+            reduce_failed(o, &r);
+            return;
         }
         orch_job *j = kvm_orch__job_by_id(o, r.job_id);
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {

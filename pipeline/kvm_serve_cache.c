@@ -78,13 +78,103 @@ int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_wor
     return rc;
 }
 
+int kvm_serve_cache_decode_layer(const kvm_store_cache *sc, int l, kvm_kvcache *c)
+{
+    kvm_msg *msg = NULL;
+    /* the stored frames, copied: the decoder needs them aligned for their element type */
+    int rc = kvm_msg_new(&msg);
+    for (uint32_t f = 0; !rc && f < sc->layers[l].n_frames; f++)
+        rc = kvm_msg_add_copy(msg, sc->layers[l].frames[f].data, sc->layers[l].frames[f].size);
+    if (!rc && (rc = kvm_cachecodec_decode_layer(msg, l, c)) && rc != KVM_EMISMATCH && rc != KVM_ENOMEM) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        rc = kvm_err(KVM_ECORRUPT, "stored cache layer %d does not decode: %s", l, why);
+    }
+    kvm_msg_free(&msg);
+    return rc;
+}
+
+/* The shape to decode a stored cache into: the model record's, else layer 0's own message's. */
+static int check_shape(kvm_store *store, const kvm_store_cache *sc, int *n_kv_heads, int *head_dim, int32_t *seq_len)
+{
+    kvm_store_model_meta mm;
+    *seq_len = 0;
+    if (kvm_store_get_model(store, &sc->manifest.model_id, &mm) == 0) {
+        *n_kv_heads = mm.n_kv_heads;
+        *head_dim = mm.head_dim;
+        *seq_len = mm.seq_len;
+        return 0;
+    }
+    kvm_msg *msg = NULL;
+    kvm_proto_cache pc;
+    int rc = kvm_msg_new(&msg);
+    for (uint32_t f = 0; !rc && f < sc->layers[0].n_frames; f++)
+        rc = kvm_msg_add_copy(msg, sc->layers[0].frames[f].data, sc->layers[0].frames[f].size);
+    if (!rc) rc = kvm_proto_cache_decode(msg, &pc);
+    kvm_msg_free(&msg);
+    if (rc) return rc;
+    *n_kv_heads = (int)pc.n_kv_heads;
+    *head_dim = (int)pc.head_dim;
+    return 0;
+}
+
+int kvm_serve_cache_check(kvm_store *store, const kvm_store_cache_key *key, kvm_store_report_fn report, void *arg,
+                          int64_t *n_bad)
+{
+    char a[KVM_STORE_ID_HEX + 1], b[KVM_STORE_ID_HEX + 1], d[KVM_STORE_ID_HEX + 1], name[48], line[1024];
+    snprintf(name, sizeof name, "%.12s:%.12s:%.12s", kvm_store_id_hex(&key->model_id, a),
+             kvm_store_id_hex(&key->doc_hash, b), kvm_store_id_hex(&key->config_id, d));
+    *n_bad = 0;
+    kvm_store_cache *sc = NULL;
+    kvm_kvcache *c = NULL;
+    int rc = kvm_store_get_cache(store, key, NULL, &sc);
+    if (rc == KVM_ECORRUPT || rc == KVM_EMISMATCH || rc == KVM_ENOTFOUND) return 0; /* the record checks' to report */
+    if (rc) return rc;
+    const kvm_store_manifest *man = &sc->manifest;
+    int n_kv_heads = 0, head_dim = 0;
+    int32_t seq_len = 0;
+    int shape_rc = man->n_layers > 0 ? check_shape(store, sc, &n_kv_heads, &head_dim, &seq_len) : KVM_ECORRUPT;
+    if (shape_rc == KVM_ENOMEM)
+        rc = shape_rc;
+    else if (shape_rc) { /* layer 0 is no message: nothing to size the others by */
+        snprintf(line, sizeof line, "cache %s layer 0 does not decode: %s", name, kvm_errmsg());
+        if (report) report(line, arg);
+        (*n_bad)++;
+    } else if (seq_len > 0 && (man->n_tokens < 1 || man->n_tokens > seq_len)) {
+        snprintf(line, sizeof line, "cache %s: stored for %lld tokens, outside its model's window [1, %d]", name,
+                 (long long)man->n_tokens, (int)seq_len);
+        if (report) report(line, arg);
+        (*n_bad)++;
+    } else {
+        rc = kvm_kvcache_new(man->n_layers, n_kv_heads, head_dim, 1, &c);
+        if (rc == KVM_EINVAL) { /* a model record of no valid shape */
+            snprintf(line, sizeof line, "cache %s: %s", name, kvm_errmsg());
+            if (report) report(line, arg);
+            (*n_bad)++;
+            rc = 0;
+        }
+        for (int l = 0; c && !rc && l < man->n_layers; l++) {
+            int lrc = kvm_serve_cache_decode_layer(sc, l, c);
+            if (lrc == KVM_ENOMEM)
+                rc = lrc;
+            else if (lrc) {
+                snprintf(line, sizeof line, "cache %s layer %d: %s", name, l, kvm_errmsg());
+                if (report) report(line, arg);
+                (*n_bad)++;
+            }
+        }
+    }
+    kvm_kvcache_free(&c);
+    kvm_store_cache_free(&sc);
+    return rc;
+}
+
 int kvm_serve_cache_load(kvm_store *store, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
                          const kvm_model *m, int64_t extra_per_head, kvm_kvcache **out, int64_t *n_tokens)
 {
     *out = NULL;
     kvm_store_cache *sc = NULL;
     kvm_kvcache *c = NULL;
-    kvm_msg *msg = NULL;
     int rc = kvm_store_get_cache(store, key, tokenizer_id, &sc);
     if (rc) return rc;
     const kvm_store_manifest *man = &sc->manifest;
@@ -94,18 +184,8 @@ int kvm_serve_cache_load(kvm_store *store, const kvm_store_cache_key *key, const
         rc = kvm_err(KVM_ECORRUPT, "stored cache is for %lld tokens, outside the model's window [1, %d]",
                      (long long)man->n_tokens, m->cfg.seq_len);
     if (!rc) rc = kvm_forward_cache_new(m, extra_per_head > 0 ? extra_per_head : 1, &c);
-    for (int l = 0; !rc && l < man->n_layers; l++) {
-        /* the stored frames, copied: the decoder needs them aligned for their element type */
-        if ((rc = kvm_msg_new(&msg))) break;
-        for (uint32_t f = 0; !rc && f < sc->layers[l].n_frames; f++)
-            rc = kvm_msg_add_copy(msg, sc->layers[l].frames[f].data, sc->layers[l].frames[f].size);
-        if (!rc && (rc = kvm_cachecodec_decode_layer(msg, l, c)) && rc != KVM_EMISMATCH && rc != KVM_ENOMEM) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", kvm_errmsg());
-            rc = kvm_err(KVM_ECORRUPT, "stored cache layer %d does not decode: %s", l, why);
-        }
-        kvm_msg_free(&msg);
-    }
+    for (int l = 0; !rc && l < man->n_layers; l++)
+        rc = kvm_serve_cache_decode_layer(sc, l, c);
     /* room for the continuation: entries are appended per head as tokens are decoded */
     for (int l = 0; !rc && l < c->n_layers; l++)
         for (int g = 0; !rc && g < c->n_kv_heads; g++) {

@@ -57,4 +57,22 @@ void kvm_serve_cache_enc_free(kvm_serve_cache_enc *e);
 int kvm_serve_cache_load(kvm_store *store, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
                          const kvm_model *m, int64_t extra_per_head, kvm_kvcache **out, int64_t *n_tokens);
 
+/* Decodes layer l (in [0, sc->manifest.n_layers)) of a stored cache into layer l of c, as
+ * kvm_serve_cache_load does: the frames are copied (aligned) and decoded by
+ * kvm_cachecodec_decode_layer, replacing the layer's entries. Everything is borrowed.
+ * Errors: KVM_ECORRUPT (the frames are no valid `cache` message: "stored cache layer L does
+ * not decode: why"), KVM_EMISMATCH (a message of another layer or shape than c), KVM_ENOMEM. */
+int kvm_serve_cache_decode_layer(const kvm_store_cache *sc, int l, kvm_kvcache *c);
+
+/* `store verify`'s decode check of the cache under key: reads it (no tokenizer check) and
+ * decodes every layer as kvm_serve_cache_load would, into a cache shaped by the store's
+ * record of its model (and checks the manifest's n_tokens against the model's window), or,
+ * without such a record, by layer 0's own message. Each layer that fails is reported through
+ * report (may be NULL) as "cache M:D:C layer L: why" and counted in *n_bad. A cache the
+ * store's record checks refuse (KVM_ECORRUPT, KVM_EMISMATCH, KVM_ENOTFOUND) is left to
+ * kvm_store_verify's report: 0 and *n_bad = 0. Returns 0 when the check ran; errors:
+ * KVM_ENOMEM, the store's KVM_ESTATE / KVM_EIO. */
+int kvm_serve_cache_check(kvm_store *store, const kvm_store_cache_key *key, kvm_store_report_fn report, void *arg,
+                          int64_t *n_bad);
+
 #endif

@@ -99,8 +99,11 @@ typedef struct job_slot {
 static void *job_thread(void *arg)
 {
     job_slot *j = arg;
-    j->retryable = 1;
+    j->retryable = -1; /* work sets it where it knows better than the status */
     j->rc = j->ops->work(j->state, j->in, j->n_in, &j->out, &j->retryable);
+    /* unset: by the status. It was 1: a strategy that could not be stored for bad input (an
+     * invalid name, say) was built and failed again on every attempt */
+    if (j->retryable < 0) j->retryable = kvm_err_retryable(j->rc);
     if (j->rc) snprintf(j->err, sizeof j->err, "%s", kvm_errmsg());
     atomic_store(&j->done, 1);
     char c = 'j';

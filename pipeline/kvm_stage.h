@@ -62,7 +62,8 @@ typedef struct kvm_stage_ops {
     /* The job's id, read from in[0] (for results and hand-backs). */
     uint64_t (*job_id)(void *state, kvm_msg *const *in, int n_in);
     /* Does the work on the worker thread. Takes ownership of nothing; fills out. Returns 0 or
-     * a status with kvm_errmsg() set; *retryable says whether a requeue may succeed. */
+     * a status with kvm_errmsg() set; *retryable says whether a requeue may succeed (left
+     * unset, kvm_err_retryable(status) decides: bad input is not retried). */
     int (*work)(void *state, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable);
     /* Frees what setup made (at exit). May be NULL. */
     void (*teardown)(void *state);

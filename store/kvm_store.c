@@ -209,7 +209,9 @@ static int store_check_version(kvm_store *s, int64_t version)
     /* a damaged meta value read as "store format version 8955095580320447181, this build reads
      * version 1 (mismatched model, tokenizer or config)", and store verify exited 2 (unopenable)
      * instead of reporting a damaged store */
-    if (version < 0 || version > STORE_VERSION_PLAUSIBLE)
+    /* 0 is no version either: kvmill writes 1 or more, so a zero-filled value is damage, and
+     * taking it for a new store would write 1 over it and hide the damage */
+    if (version <= 0 || version > STORE_VERSION_PLAUSIBLE)
         return kvm_err(KVM_ECORRUPT,
                        "store %s: db meta: format_version holds %lld, which is no store format version: data.mdb is "
                        "damaged (restore the store from a copy, or move it aside)",
@@ -218,6 +220,17 @@ static int store_check_version(kvm_store *s, int64_t version)
         return kvm_err(KVM_EMISMATCH, "store %s: store format version %lld, this build reads version %u", s->path,
                        (long long)version, KVM_STORE_FORMAT_VERSION);
     return 0;
+}
+
+/* Reads meta format_version into *version; *present tells a store without one (a new store)
+ * from one whose value is 0 (damage). */
+static int store_version_get(kvm_store *s, MDB_txn *txn, int64_t *version, int *present)
+{
+    MDB_val k = {strlen("format_version"), (void *)"format_version"}, d;
+    int rc = mdb_get(txn, s->dbi[KVM_STORE__DB_META], &k, &d);
+    *present = rc == 0;
+    if (rc && rc != MDB_NOTFOUND) return kvm_store__mdb(s, rc, "format_version");
+    return kvm_store__meta_get(s, txn, "format_version", version);
 }
 
 /* Creates (if needed) and opens every db, records the format version and the cap. */
@@ -229,9 +242,10 @@ static int store_init_fn(kvm_store *s, MDB_txn *txn, void *arg)
         if (rc) return kvm_store__mdb(s, rc, kvm_store__db_names[i]);
     }
     int64_t version;
-    int st = kvm_store__meta_get(s, txn, "format_version", &version);
+    int present;
+    int st = store_version_get(s, txn, &version, &present);
     if (st) return st;
-    if (version == 0) { /* new store, unless the environment already holds another program's data */
+    if (!present) { /* new store, unless the environment already holds another program's data */
         MDB_dbi main_dbi;
         MDB_stat ms;
         int rc = mdb_dbi_open(txn, NULL, 0, &main_dbi);
@@ -272,7 +286,13 @@ static int store_init_readonly(kvm_store *s)
         else if (rc) st = kvm_store__mdb(s, rc, kvm_store__db_names[i]);
     }
     int64_t version = 0;
-    if (st == 0) st = kvm_store__meta_get(s, txn, "format_version", &version);
+    int present = 0;
+    if (st == 0) st = store_version_get(s, txn, &version, &present);
+    if (st == 0 && !present)
+        st = kvm_err(KVM_ECORRUPT,
+                     "store %s: db meta holds no format_version: data.mdb is damaged (restore the store from a "
+                     "copy, or move it aside)",
+                     s->path);
     if (st == 0) st = store_check_version(s, version);
     if (st == 0) {
         int rc = mdb_txn_commit(txn); /* makes the dbi handles usable by later txns */

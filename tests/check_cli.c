@@ -124,6 +124,22 @@ START_TEST(test_help_and_usage_errors)
     free(out); free(err);
     ck_assert_int_eq(kvmill(&out, &err, "generate --model '%s' --temperature -1%s", kvm_test_data_path("models/stories260K.bin"), ""), 2);
     free(out); free(err);
+    /* a positive literal that underflows a double to 0 was called "outside [0, 1e+06]": it is inside;
+     * it is too close to 0 to represent, and 0 (greedy) is what to write if meant */
+    ck_assert_int_eq(kvmill(&out, &err, "generate --model '%s' --temperature 1e-400 --prompt x%s",
+                            kvm_test_data_path("models/stories260K.bin"), ""),
+                     2);
+    ck_assert_msg(strstr(err, "--temperature: 1e-400 is too close to 0 for a double") &&
+                      strstr(err, "write 0 if 0 is meant") && !strstr(err, "outside"),
+                  "%s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "generate --model '%s' --temperature 1e999 --prompt x%s",
+                            kvm_test_data_path("models/stories260K.bin"), ""),
+                     2);
+    ck_assert_msg(strstr(err, "--temperature: 1e999 is outside [0, 1e+06]"), "%s", err);
+    free(out);
+    free(err);
     ck_assert_int_eq(kvmill(&out, &err, "generate --model /nonexistent/m.bin --prompt x%s%s", "", ""), 2); /* usage */
     ck_assert_ptr_nonnull(strstr(err, "/nonexistent/m.bin"));
     free(out); free(err);

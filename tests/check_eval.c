@@ -666,6 +666,23 @@ static void expect_usage_error(const char *args, const char *msg)
     free(err);
 }
 
+/* `eval --method full` without --budget/--ratio was refused ("give exactly one of --budget and
+ * --ratio"), though full KV keeps every entry and needs no budget: it runs. Another method
+ * beside it still needs one, and the refusal names that method. */
+START_TEST(test_cli_full_no_budget)
+{
+    char *out = NULL, *err = NULL, full[4096];
+    snprintf(full, sizeof full, EVAL "--docs %s/corpus/doc_000.txt --method full", kvm_test_bin(), kvm_test_data(),
+             kvm_test_data());
+    int st = kvm_test_run(full, &out, &err);
+    ck_assert_msg(st == 0 && strstr(out, "\nfull ") && strstr(out, "0.000000"), "exit %d: %s%s", st, out, err);
+    free(out);
+    free(err);
+    expect_usage_error("--method full,h2o:sinks=2", "--method h2o:sinks=2 needs a budget");
+    expect_usage_error("--method full:x=1,full,sculpt", "--method sculpt needs a budget");
+}
+END_TEST
+
 START_TEST(test_cli_errors)
 {
     expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
@@ -689,7 +706,7 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method full,h2o --budget 16,70", "--budget 70 is not below --context 64");
     expect_usage_error("--method sculpt --budget 64", "--budget 64 is not below --context 64");
     expect_usage_error("--method h2o --ratio 0.5,1", "--ratio 1 keeps every entry");
-    expect_usage_error("--method h2o", "exactly one of --budget and --ratio");
+    expect_usage_error("--method h2o", "--method h2o needs a budget: give one of --budget and --ratio");
     expect_usage_error("--method bogus --budget 8", "unknown method 'bogus'");
     expect_usage_error("--method polykv --budget 8", "needs ':ARG'");
     expect_usage_error("--method polykv:/nonexistent/s.bin --budget 8", "/nonexistent/s.bin");
@@ -1253,6 +1270,7 @@ static Suite *eval_suite(void)
                  {"target_budget", test_target_budget, 0},
                  {"store_dtype", test_store_dtype, 1},
                  {"cli_errors", test_cli_errors, 0},
+                 {"cli_full_no_budget", test_cli_full_no_budget, 0},
                  {"cli_target", test_cli_target, 0},
                  {"task_cases", test_task_cases, 0},
                  {"cli_task", test_cli_task, 0},

@@ -236,6 +236,8 @@ typedef struct tiny_opts {
     int rope_scale_u32;   /* llama.rope.scaling.type "linear", its factor the u32 4 */
     int rope_dim_f32;     /* llama.rope.dimension_count the f32 32 (half the head) */
     const char *extra;    /* one more F32 vector [T_DIM] of this name, or NULL */
+    int64_t vocab_meta;   /* llama.vocab_size (u32); 0: absent */
+    int64_t n_tokens;     /* tokenizer.ggml.tokens of this many strings; 0: absent */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -300,12 +302,25 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
         gw_kv_u32(&kv, "llama.rope.scaling.factor", 4), n_kv++;
     }
     if (o->rope_dim_f32) gw_kv_f32(&kv, "llama.rope.dimension_count", 32.0f), n_kv++;
+    if (o->vocab_meta) gw_kv_u32(&kv, "llama.vocab_size", (uint32_t)o->vocab_meta), n_kv++;
+    if (o->n_tokens) {
+        gw_str(&kv, "tokenizer.ggml.tokens");
+        gw_u32(&kv, 9); /* array */
+        gw_u32(&kv, 8); /* of strings */
+        gw_u64(&kv, (uint64_t)o->n_tokens);
+        for (int64_t i = 0; i < o->n_tokens; i++) {
+            char piece[32];
+            snprintf(piece, sizeof piece, "t%lld", (long long)i);
+            gw_str(&kv, piece);
+        }
+        n_kv++;
+    }
     gw file = gguf_build(&kv, n_kv, ts, nt);
     free(kv.b);
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0, NULL};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0, NULL, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -455,6 +470,33 @@ START_TEST(test_model_errors)
     o = tiny_ok;
     o.extra = "blk.1.attn_norm.weight";
     expect_model_error(&o, KVM_EFORMAT, o.extra, "is not part of the llama architecture");
+    /* a vocabulary size in the metadata, or a tokenizer, other than token_embd's rows: the file was
+     * accepted unsaid (llama.vocab_size was not read at all) */
+    o = tiny_ok;
+    o.vocab_meta = T_VOCAB + 1;
+    char want[128];
+    snprintf(want, sizeof want, "llama.vocab_size = %d, but tensor token_embd.weight has %d rows", T_VOCAB + 1,
+             T_VOCAB);
+    expect_model_error(&o, KVM_EFORMAT, want, NULL);
+    o = tiny_ok;
+    o.n_tokens = T_VOCAB - 1;
+    snprintf(want, sizeof want, "tokenizer.ggml.tokens has %d tokens, token_embd.weight %d rows", T_VOCAB - 1, T_VOCAB);
+    expect_model_error(&o, KVM_EFORMAT, want, NULL);
+    o = tiny_ok; /* both agreeing with the rows: the model opens */
+    o.vocab_meta = o.n_tokens = T_VOCAB;
+    {
+        uint8_t *arena;
+        gw file = tiny_llama(&o, &arena);
+        kvm_model *m = NULL;
+        char *dir;
+        ck_assert_msg(open_tiny(&file, &m, &dir) == 0, "%s", kvm_errmsg());
+        ck_assert_int_eq(m->cfg.vocab_size, T_VOCAB);
+        kvm_model_close(&m);
+        kvm_test_rmtree(dir);
+        free(dir);
+        free(file.b);
+        free(arena);
+    }
     o = tiny_ok;
     o.extra = "blk.0.attn_q.bias";
     expect_model_error(&o, KVM_ENOTSUP, o.extra, "attention biases in a GGUF file are not supported");

@@ -2,6 +2,7 @@
  * pass): a key set twice through its old name, store commands on a store that does not
  * exist, and the other first-contact problems listed per test. */
 #include "common/kvm_error.h"
+#include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_orch_progress.h"
 #include "pipeline/kvm_stage.h"
@@ -331,6 +332,39 @@ START_TEST(test_no_eta_from_failures)
     *nl = '\0';
     ck_assert_msg(strstr(err, "2/4 documents") && !strstr(err, "ETA"), "first line: %s", err);
     ck_assert_msg(strstr(nl + 1, "3/4 documents") && strstr(nl + 1, "ETA"), "second line: %s", nl + 1);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The progress line and kvm_cli_refuse printed names raw: a document named "a\nkvmill run:
+ * done" wrote a second, fake line, and an escape sequence in one drove the terminal. They show
+ * control bytes as \xHH, as the logger does (kvm_log_escape). */
+START_TEST(test_names_escaped)
+{
+    char *dir = kvm_test_tmpdir(), path[4300];
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    fflush(stderr);
+    FILE *f = freopen(path, "w", stderr);
+    ck_assert_ptr_nonnull(f);
+    kvm_orch_progress p = {.cmd = "run", .tty = 0, .interval_ms = 0, .t0_ms = kvm_now_ms() - 1000};
+    kvm_orch_progress_print(&p, 1, 4, 64, " in compress: a\nkvmill run: done\x1b[2J 3/9", 0);
+    kvm_orch_progress tty = {.cmd = "run", .tty = 1, .interval_ms = 0, .t0_ms = kvm_now_ms() - 1000};
+    kvm_orch_progress_print(&tty, 1, 4, 64, " in compress: b\nkvmill run: done\x1b[2J 3/9", 1);
+    kvm_cli_refuse("eval", "--docs %s: no such file\n", "c\nkvmill eval: done\x07");
+    fflush(stderr);
+    char *err = kvm_test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(err);
+    int lines = 0;
+    for (const char *q = err; *q; q++)
+        lines += *q == '\n';
+    ck_assert_msg(lines == 3, "%d lines:\n%s", lines, err);
+    ck_assert_msg(strstr(err, "in compress: a\\x0akvmill run: done\\x1b[2J 3/9, ") &&
+                      strstr(err, "in compress: b\\x0akvmill run: done\\x1b[2J 3/9  ") &&
+                      strstr(err, "kvmill eval: --docs c\\x0akvmill eval: done\\x07: no such file\n"),
+                  "%s", err);
+    ck_assert_msg(!strstr(err, "\x1b[2J") && !strchr(err, '\x07'), "%s", err);
     free(err);
     kvm_test_rmtree(dir);
     free(dir);
@@ -833,6 +867,34 @@ START_TEST(test_calibrate_empty_strategy_name)
 }
 END_TEST
 
+/* calibrate --config did not check the settings that do not go together (kvm_jobcfg_check) as run
+ * does: polykv with [compress] target_kl was calibrated and stored (exit 0), and run then refused
+ * the same config. Refused at start now, exit 2, with run's message. */
+START_TEST(test_calibrate_jobcfg_check)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = polykv\nstrategy = s\nbudget = 16\ntarget_kl = 0.1\n[eval]\n"
+                       "continuation = 8\n");
+    const char *want = "[compress] target_kl chooses a budget per document, which method polykv does not take";
+    snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, want), "run: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill calibrate --config '%s' --docs '%s' --phases prefill",
+             kvm_test_bin(), cfg, kvm_test_data_path("corpus"));
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, want) && !strstr(out, "stored strategy"), "calibrate: exit %d: %s%s", rc, out,
+                  err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -851,6 +913,8 @@ static Suite *suite(void)
         {"key_file_fifo", test_key_file_fifo},
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
+        {"names_escaped", test_names_escaped},
+        {"calibrate_jobcfg_check", test_calibrate_jobcfg_check},
         {"ask_bad_endpoint", test_ask_bad_endpoint},
         {"corpus_dangling_link_fails_alone", test_corpus_dangling_link_fails_alone},
         {"jsonl_bom", test_jsonl_bom},

@@ -752,6 +752,39 @@ START_TEST(test_garbage_to_each_stage)
 }
 END_TEST
 
+/* A job a stage cannot do for its input (a [model] path that is no model): the stage's error said
+ * "retryable" unless the stage's code said otherwise, so the run requeued the document up to
+ * max_retries times for the same failure. Unset, the flag now follows the status: final here. */
+START_TEST(test_stage_error_not_retryable)
+{
+    char bad[4300], text[8192];
+    snprintf(bad, sizeof bad, "%s/not-a-model.bin", tmp);
+    ck_assert_int_eq(kvm_test_write_file(bad, "not a checkpoint, only text\n", 28), 0);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = h2o\nbudget = 16\n"
+             "[store]\npath = %s\n",
+             bad, store);
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    fake p = {0};
+    fake_start(&p, "prefill");
+    kvm_msg *m = fake_expect(p.data, KVM_PROTO_READY, 10000); /* the stage's credit */
+    ck_assert_ptr_nonnull(m);
+    kvm_msg_free(&m);
+    kvm_msg *job = job_msg(9);
+    fake_send_msg(&p, job);
+    kvm_msg *e = fake_expect(p.ctl, KVM_PROTO_ERROR, 20000);
+    ck_assert_ptr_nonnull(e);
+    kvm_proto_result r;
+    ck_assert_int_eq(kvm_proto_error_decode(e, &r), 0);
+    ck_assert_int_eq(r.job_id, 9);
+    ck_assert_msg(r.status != KVM_EIO && r.status != KVM_ENOMEM && r.status != 0, "status %d", (int)r.status);
+    ck_assert_msg(!r.retryable, "error %d '%.*s' said retryable", (int)r.status, (int)r.message.len, r.message.ptr);
+    kvm_msg_free(&e);
+    kvm_msg_free(&job);
+    fake_stop(&p);
+}
+END_TEST
+
 /* Spawns `kvmill run` in the background with stdout/stderr to files in tmp. */
 static pid_t run_background(const char *corpus)
 {
@@ -1282,7 +1315,12 @@ static void peer_credit(peer *p, const char *id)
     peer_send(p->data, &m);
 }
 
-static void peer_start(peer *p, const char *id)
+static void peer_start_as(peer *p, const char *id, const char *stage);
+
+static void peer_start(peer *p, const char *id) { peer_start_as(p, id, "prefill"); }
+
+/* peer_start for a worker of another stage ("strategy", ...). */
+static void peer_start_as(peer *p, const char *id, const char *stage)
 {
     char base[4400], ctl[4500], data[4500];
     snprintf(base, sizeof base, "ipc://%s", run_dir);
@@ -1298,9 +1336,15 @@ static void peer_start(peer *p, const char *id)
     }
     ck_assert_int_eq(zmq_connect(p->ctl, ctl), 0);
     ck_assert_int_eq(zmq_connect(p->data, data), 0);
-    kvm_msg *m = prefill_ready(id);
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(id),
+                       .stage = kvm_proto_str_c(stage),
+                       .pid = getpid(),
+                       .device = kvm_proto_str_c("cpu")};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
     peer_send(p->ctl, &m);
-    peer_credit(p, id);
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    peer_send(p->data, &m);
 }
 
 /* Receives a job on the peer's data socket within ms; returns its id (0: none came). */
@@ -1379,6 +1423,69 @@ START_TEST(test_kv_layer_count_changes)
     ck_assert_msg(again != 0 && again != job, "no second attempt after job %llu; stderr: %s", (unsigned long long)job,
                   err);
     ck_assert_msg(strstr(err, "kv message for layer 1 names 5 layers, its layer 0 2"), "stderr: %s", err);
+    free(err);
+    peer_close(&p);
+}
+END_TEST
+
+/* A calibration whose strategy build failed with an error no retry fixes (the strategy stage
+ * could not store it: bad input): the orchestrator ignored the error, the documents waited until
+ * job_timeout_s, were requeued and the build was sent again, up to max_retries times. Now the
+ * documents fail at once with the stage's reason, and the build is not sent again. */
+START_TEST(test_calibrate_build_not_retried)
+{
+    char text[8192], cmd[16000];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[store]\npath = %s\n"
+             "[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\njob_timeout_s = 2\n[stages]\nbin_dir = %s\n"
+             "strategy_workers = 0\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' calibrate --config '%s' --docs '%s' >'%s/out.txt' 2>'%s/err.txt'",
+             kvm_test_bin(), cfg_path, docs, tmp, tmp);
+    pid_t run = spawn_sh(cmd);
+    peer p;
+    peer_start_as(&p, "by-hand-strategy", "strategy");
+    uint64_t build = peer_job(&p, 60000); /* the build request comes first, then the documents' messages */
+    ck_assert_msg(build != 0, "no strategy build for the worker joined by hand");
+    kvm_proto_result r = {.job_id = build,
+                          .status = KVM_EINVAL,
+                          .stage = kvm_proto_str_c("strategy"),
+                          .worker_id = kvm_proto_str_c("by-hand-strategy"),
+                          .message = kvm_proto_str_c("strategy 'x': a name the store refuses"),
+                          .retryable = false};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_error_encode(&r, &m), 0);
+    peer_send(p.ctl, &m);
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c("by-hand-strategy"),
+                       .stage = kvm_proto_str_c("strategy"),
+                       .pid = getpid(),
+                       .device = kvm_proto_str_c("cpu")};
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    peer_send(p.data, &m); /* idle again: a second build would come here */
+    uint64_t again = 0;
+    int status = 0, ended = 0;
+    for (double end = kvm_now_ms() + 8000; kvm_now_ms() < end && !ended && !again;) {
+        ended = waitpid(run, &status, WNOHANG) == run;
+        zmq_pollitem_t it = {p.data, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 100) <= 0) continue;
+        ck_assert_int_eq(kvm_msg_recv(p.data, &m, 0), 0);
+        kvm_proto_job j;
+        if (kvm_proto_job_decode(m, &j) == 0 && ((j.doc_id.len > 10 && !strncmp(j.doc_id.ptr, "calibrate:", 10)) ||
+                                                 (j.doc_name.len > 10 && !strncmp(j.doc_name.ptr, "calibrate:", 10))))
+            again = j.job_id;
+        kvm_msg_free(&m);
+    }
+    if (!ended) {
+        kill(run, SIGKILL);
+        waitpid(run, &status, 0);
+    }
+    char *err = tmp_file("err.txt");
+    ck_assert_msg(!again, "the build was sent again (job %llu); stderr: %s", (unsigned long long)again, err);
+    ck_assert_msg(ended && WIFEXITED(status) && WEXITSTATUS(status) == 1, "calibrate did not fail at once; stderr: %s",
+                  err);
+    ck_assert_msg(strstr(err, "strategy stage: strategy 'x': a name the store refuses") && !strstr(err, "timed out"),
+                  "stderr: %s", err);
     free(err);
     peer_close(&p);
 }
@@ -1467,6 +1574,7 @@ static Suite *pipeline_suite(void)
                  {"compress_worker_killed", test_compress_worker_killed},
                  {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
                  {"garbage_to_each_stage", test_garbage_to_each_stage},
+                 {"stage_error_not_retryable", test_stage_error_not_retryable},
                  {"external_worker_joins", test_external_worker_joins},
                  {"ctrl_c", test_ctrl_c},
                  {"jsonl_corpus", test_jsonl_corpus},
@@ -1479,6 +1587,7 @@ static Suite *pipeline_suite(void)
                  {"short_document_kept_full", test_short_document_kept_full},
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
                  {"kv_layer_count_changes", test_kv_layer_count_changes},
+                 {"calibrate_build_not_retried", test_calibrate_build_not_retried},
                  {"worker_table_reused", test_worker_table_reused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

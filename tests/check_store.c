@@ -22,6 +22,7 @@
 
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
+#include "proto/kvm_proto.h"
 #include "store/kvm_store.h"
 #include "store/kvm_store_internal.h"
 #include "tests/util/kvm_test.h"
@@ -38,6 +39,8 @@ typedef struct tcache {
     uint8_t hdr[TC_MAXL][32];        /* per-layer header frame */
     uint8_t *payload[TC_MAXL];       /* per-layer payload, malloc'ed */
     char config[64];                 /* canonical config bytes */
+    kvm_msg *msg[TC_MAXL];           /* tc_make_dec: each layer's `cache` message, owned */
+    kvm_frame msg_frames[TC_MAXL][8]; /* tc_make_dec: its frames */
 } tcache;
 
 static void tc_make(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_layers, size_t payload, int vary)
@@ -75,9 +78,57 @@ static void tc_make(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_lay
     }
 }
 
+#define TC_DEC_HEADS 4     /* tc_make_dec: KV heads */
+#define TC_DEC_HEAD_DIM 16 /* tc_make_dec: head_dim; an entry's key is 64 payload bytes */
+
+/* tc_make with layers that decode as serve decodes them (what `store verify` checks): each
+ * layer is a `cache` message whose keys tensor holds the layer's payload (values are 0), payload
+ * rounded up to a whole number of entries, spread over TC_DEC_HEADS KV heads. */
+static void tc_make_dec(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_layers, size_t payload)
+{
+    const size_t entry = TC_DEC_HEAD_DIM * sizeof(float);
+    tc_make(t, model, w, i, n_layers, (payload + entry - 1) / entry * entry, 0);
+    snprintf(t->m.dtype, sizeof t->m.dtype, "f32");
+    for (int l = 0; l < n_layers; l++) {
+        int64_t ne = (int64_t)t->frames[l][1].size / (int64_t)entry;
+        ck_assert_int_le((ne + TC_DEC_HEADS - 1) / TC_DEC_HEADS, t->m.n_tokens);
+        int32_t head_entries[TC_DEC_HEADS], *pos = malloc((size_t)ne * sizeof *pos);
+        float *bias = calloc((size_t)ne, sizeof *bias), *values = calloc((size_t)ne * TC_DEC_HEAD_DIM, sizeof *values);
+        ck_assert(pos && bias && values);
+        for (int g = 0, row = 0; g < TC_DEC_HEADS; g++) {
+            head_entries[g] = (int32_t)(ne / TC_DEC_HEADS + (g < ne % TC_DEC_HEADS));
+            for (int e = 0; e < head_entries[g]; e++)
+                pos[row++] = e;
+        }
+        kvm_proto_cache pc = {.layer = l,
+                              .n_layers = n_layers,
+                              .n_kv_heads = TC_DEC_HEADS,
+                              .head_dim = TC_DEC_HEAD_DIM,
+                              .n_tokens = t->m.n_tokens,
+                              .n_entries = ne,
+                              .dtype = KVM_PROTO_F32,
+                              .head_entries = head_entries,
+                              .keys = t->payload[l],
+                              .values = values,
+                              .positions = pos,
+                              .logit_bias = bias};
+        ck_assert_msg(kvm_proto_cache_encode(&pc, &t->msg[l]) == 0, "%s", kvm_errmsg());
+        free(pos);
+        free(bias);
+        free(values);
+        size_t nf = kvm_msg_nframes(t->msg[l]);
+        ck_assert_uint_le(nf, 8);
+        for (size_t f = 0; f < nf; f++)
+            t->msg_frames[l][f] = kvm_msg_frame(t->msg[l], f);
+        t->layers[l] = (kvm_store_layer){t->msg_frames[l], (uint32_t)nf};
+    }
+}
+
 static void tc_free(tcache *t)
 {
     for (int l = 0; l < TC_MAXL; l++) free(t->payload[l]);
+    for (int l = 0; l < TC_MAXL; l++)
+        kvm_msg_free(&t->msg[l]);
     memset(t, 0, sizeof *t);
 }
 
@@ -758,9 +809,9 @@ START_TEST(test_corrupt)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
     tcache a, b, c;
-    tc_make(&a, 3, 0, 1, 3, 8192, 0); /* 8 KiB payloads live in overflow pages, written once */
-    tc_make(&b, 3, 0, 2, 3, 500, 0);
-    tc_make(&c, 3, 0, 3, 3, 500, 0);
+    tc_make_dec(&a, 3, 0, 1, 3, 8192); /* 8 KiB payloads live in overflow pages, written once */
+    tc_make_dec(&b, 3, 0, 2, 3, 500);
+    tc_make_dec(&c, 3, 0, 3, 3, 500);
     put_ok(s, &a);
     put_ok(s, &b);
     put_ok(s, &c);
@@ -1308,14 +1359,14 @@ START_TEST(test_cli_commands)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
     tcache t[3];
-    tc_make(&t[0], 8, 0, 0, 2, 1000, 0);
+    tc_make_dec(&t[0], 8, 0, 0, 2, 1000);
     /* two caches of model 9 whose doc hashes share their first hex digit: "X:D:C" is ambiguous */
     char h[65], h2[65];
     uint32_t i2 = 2;
-    tc_make(&t[1], 9, 0, 1, 3, 500, 0);
+    tc_make_dec(&t[1], 9, 0, 1, 3, 500);
     kvm_store_id_hex(&t[1].m.doc_hash, h);
     for (;; i2++) {
-        tc_make(&t[2], 9, 0, i2, 3, 500, 0);
+        tc_make_dec(&t[2], 9, 0, i2, 3, 500);
         if (kvm_store_id_hex(&t[2].m.doc_hash, h2)[0] == h[0]) break;
         tc_free(&t[2]);
     }
@@ -1329,8 +1380,11 @@ START_TEST(test_cli_commands)
     kvm_store_id_hex(&t[0].m.model_id, m);
     kvm_store_id_hex(&t[0].m.doc_hash, d);
     kvm_store_id_hex(&t[0].m.config_id, c);
-    int64_t bytes = 2 * (32 + 1000);
-    snprintf(want, sizeof want, "%s,%s,%s,100,40,%lld,%.3f,f16\n", m, d, c, (long long)bytes,
+    int64_t bytes = 0; /* the layers' frame bytes */
+    for (int l = 0; l < 2; l++)
+        for (uint32_t f = 0; f < t[0].layers[l].n_frames; f++)
+            bytes += (int64_t)t[0].layers[l].frames[f].size;
+    snprintf(want, sizeof want, "%s,%s,%s,100,40,%lld,%.3f,f32\n", m, d, c, (long long)bytes,
              (double)t[0].m.full_bytes / (double)bytes);
     ck_assert_msg(strstr(out, want) != NULL, "want row %s in:\n%s", want, out);
     free(out);

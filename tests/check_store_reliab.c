@@ -20,6 +20,7 @@
 
 #include "common/kvm_error.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "store/kvm_store.h"
@@ -72,16 +73,47 @@ static int kvmill(char **out, char **err, const char *fmt, ...)
     return kvm_test_run(cmd, out, err);
 }
 
-/* Puts n small caches (2 layers each) of one made-up model into a store at path. */
+/* Encodes layer `layer` of a 2-layer cache of one KV head x 8 holding n_entries entries for a
+ * document of n_tokens: a `cache` message that decodes as serve decodes it. */
+static kvm_msg *layer_msg(int layer, int64_t n_entries, int64_t n_tokens)
+{
+    kvm_kvcache *c = NULL;
+    ck_assert_int_eq(kvm_kvcache_new(2, 1, 8, n_entries, &c), 0);
+    float k[8], v[8];
+    for (int64_t e = 0; e < n_entries; e++) {
+        for (int d = 0; d < 8; d++) {
+            k[d] = (float)(e * 8 + d) * 0.01f;
+            v[d] = -k[d];
+        }
+        ck_assert_int_eq(kvm_kvcache_append(kvm_kvcache_head(c, layer, 0), 8, k, v, (int32_t)e, 0.0f), 0);
+    }
+    kvm_msg *m = NULL;
+    ck_assert_msg(kvm_cachecodec_encode_layer(c, layer, n_tokens, KVM_PROTO_F32, &m) == 0, "%s", kvm_errmsg());
+    kvm_kvcache_free(&c);
+    return m;
+}
+
+/* Puts n small caches (2 layers each, of about payload and payload / 2 frame bytes, layers that
+ * decode) of one made-up model into a store at path. */
 static void put_caches(const char *path, int n, size_t payload)
 {
     kvm_store *s = NULL;
     kvm_store_opts o = {.no_sync = 1};
     ck_assert_int_eq(kvm_store_open(path, &o, &s), 0);
-    uint8_t *bytes = malloc(payload);
-    for (size_t i = 0; i < payload; i++) bytes[i] = (uint8_t)(i * 131u + 7u);
+    int64_t n_entries = (int64_t)payload / 72 + 1; /* 72 f32 bytes an entry: key, value, position, bias */
+    int64_t n_tokens = n_entries < 10 ? 10 : n_entries;
+    kvm_msg *msgs[2] = {layer_msg(0, n_entries, n_tokens), layer_msg(1, n_entries / 2, n_tokens)};
+    kvm_frame fr[2][8];
+    kvm_store_layer layers[2];
+    for (int l = 0; l < 2; l++) {
+        size_t nf = kvm_msg_nframes(msgs[l]);
+        ck_assert_uint_le(nf, 8);
+        for (size_t f = 0; f < nf; f++)
+            fr[l][f] = kvm_msg_frame(msgs[l], f);
+        layers[l] = (kvm_store_layer){fr[l], (uint32_t)nf};
+    }
     for (int i = 0; i < n; i++) {
-        kvm_store_manifest m = {.n_layers = 2, .n_tokens = 10, .n_entries = 5, .full_bytes = 4096};
+        kvm_store_manifest m = {.n_layers = 2, .n_tokens = n_tokens, .n_entries = n_entries, .full_bytes = 4096};
         snprintf(m.dtype, sizeof m.dtype, "f32");
         kvm_store_hash_bytes("model", 5, &m.model_id);
         int32_t toks[2] = {i, 7};
@@ -89,11 +121,10 @@ static void put_caches(const char *path, int n, size_t payload)
         const char *cfg = "compress.method=test\n";
         m.config = (kvm_frame){(const uint8_t *)cfg, strlen(cfg)};
         kvm_store_hash_bytes(cfg, strlen(cfg), &m.config_id);
-        kvm_frame fr[2] = {{bytes, payload}, {bytes, payload / 2}};
-        kvm_store_layer layers[2] = {{fr, 2}, {fr, 1}};
         ck_assert_msg(kvm_store_put_cache(s, &m, layers) == 0, "put: %s", kvm_errmsg());
     }
-    free(bytes);
+    kvm_msg_free(&msgs[0]);
+    kvm_msg_free(&msgs[1]);
     kvm_store_close(&s);
 }
 
@@ -516,6 +547,92 @@ START_TEST(test_meta_version_damage)
     rc = kvmill(&out, &err, "store ls --store '%s'", g_store);
     ck_assert_msg(rc == 2 && strstr(err, "data.mdb is damaged") && !strstr(err, "mismatched model"), "exit %d: %s", rc,
                   err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A layer record rewritten with a valid checksum whose frames are no `cache` message passed
+ * store verify (every record check holds), and every ask on that document then failed. verify
+ * decodes each layer as serve does and names the cache and layer that does not. */
+START_TEST(test_verify_layer_decode)
+{
+    put_caches(g_store, 2, 100);
+    char *out = NULL, *err = NULL;
+    int rc = kvmill(&out, &err, "store verify --store '%s'", g_store);
+    ck_assert_msg(rc == 0 && strstr(out, "0 problem(s)"), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, &(kvm_store_opts){.no_sync = 1}, &s), 0);
+    kvm_store_manifest m = {.n_layers = 2, .n_tokens = 10, .n_entries = 1, .full_bytes = 4096};
+    snprintf(m.dtype, sizeof m.dtype, "f32");
+    kvm_store_hash_bytes("model", 5, &m.model_id);
+    int32_t toks[2] = {99, 7};
+    ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &m.doc_hash), 0);
+    const char *cfg = "compress.method=test\n";
+    m.config = (kvm_frame){(const uint8_t *)cfg, strlen(cfg)};
+    kvm_store_hash_bytes(cfg, strlen(cfg), &m.config_id);
+    kvm_msg *good = layer_msg(0, 1, 10);
+    kvm_frame fr0[8], junk = {(const uint8_t *)"not a cache message", 19};
+    size_t nf = kvm_msg_nframes(good);
+    for (size_t f = 0; f < nf; f++)
+        fr0[f] = kvm_msg_frame(good, f);
+    kvm_store_layer layers[2] = {{fr0, (uint32_t)nf}, {&junk, 1}};
+    ck_assert_msg(kvm_store_put_cache(s, &m, layers) == 0, "put: %s", kvm_errmsg());
+    kvm_msg_free(&good);
+    kvm_store_close(&s);
+    char hex[KVM_STORE_ID_HEX + 1], want[64];
+    snprintf(want, sizeof want, ":%.12s:", kvm_store_id_hex(&m.doc_hash, hex));
+    rc = kvmill(&out, &err, "store verify --store '%s'", g_store);
+    ck_assert_msg(rc == 1 && strstr(err, want) && strstr(err, "layer 1") && strstr(err, "does not decode") &&
+                      !strstr(err, "layer 0") && strstr(out, "1 problem(s)"),
+                  "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A zero-filled format_version read as "no version yet": a read-write open wrote 1 over it (the
+ * damage gone unreported) and a read-only one called it "store format version 0". 0 is no value
+ * kvmill writes: damage, naming the store and the value, and the value stays as it was. */
+START_TEST(test_meta_version_zero)
+{
+    put_caches(g_store, 1, 100);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_store, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    uint8_t v[8] = {0};
+    MDB_val key = {14, "format_version"}, val = {8, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    kvm_store *st = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &st), KVM_ECORRUPT);
+    ck_assert_ptr_null(st);
+    ck_assert_msg(strstr(kvm_errmsg(), g_store) && strstr(kvm_errmsg(), "format_version holds 0"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_open(g_store, &(kvm_store_opts){.read_only = 1}, &st), KVM_ECORRUPT);
+    ck_assert_msg(strstr(kvm_errmsg(), "format_version holds 0"), "%s", kvm_errmsg());
+    /* the read-write open left the value as it found it */
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_store, MDB_RDONLY, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    ck_assert_int_eq(mdb_get(txn, dbi, &key, &val), 0);
+    ck_assert_uint_eq(val.mv_size, 8);
+    ck_assert_msg(memcmp(val.mv_data, v, 8) == 0, "format_version was rewritten");
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    char *out = NULL, *err = NULL;
+    int rc = kvmill(&out, &err, "store verify --store '%s'", g_store);
+    ck_assert_msg(rc == 1 && strstr(err, "format_version holds 0") && strstr(out, "1 problem(s)"), "exit %d: %s%s", rc,
+                  out, err);
     free(out);
     free(err);
 }
@@ -1236,6 +1353,8 @@ int main(void)
     suite_add_tcase(su, tcase("store_cli_readonly_lock", test_store_cli_readonly_lock, 60));
     suite_add_tcase(su, tcase("verify_meta_page_damage", test_verify_meta_page_damage, 60));
     suite_add_tcase(su, tcase("meta_version_damage", test_meta_version_damage, 60));
+    suite_add_tcase(su, tcase("meta_version_zero", test_meta_version_zero, 60));
+    suite_add_tcase(su, tcase("verify_layer_decode", test_verify_layer_decode, 60));
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
