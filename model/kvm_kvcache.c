@@ -77,6 +77,15 @@ void kvm_kvcache_free(kvm_kvcache **pc)
     *pc = NULL;
 }
 
+void kvm_kvcache_release_layer(kvm_kvcache *c, int l)
+{
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        kvm_kv_head *h = kvm_kvcache_head(c, l, g);
+        head_free(h);
+        *h = (kvm_kv_head){.dtype = c->dtype};
+    }
+}
+
 kvm_kv_head *kvm_kvcache_head(const kvm_kvcache *c, int layer, int kv_head)
 {
     return &c->heads[(size_t)layer * (size_t)c->n_kv_heads + (size_t)kv_head];

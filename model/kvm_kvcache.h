@@ -54,6 +54,11 @@ int kvm_kvcache_new(int n_layers, int n_kv_heads, int head_dim, int64_t cap_per_
 /* Frees a cache. Accepts NULL and *c == NULL; sets *c = NULL. */
 void kvm_kvcache_free(kvm_kvcache **c);
 
+/* Frees the entries of every head of layer l (in range: caller's invariant), leaving them empty
+ * (n = cap = 0, of the cache's dtype): a reader going through a cache layer by layer holds one
+ * layer's memory at a time. */
+void kvm_kvcache_release_layer(kvm_kvcache *c, int l);
+
 /* The head (layer, kv_head); both must be in range (caller's invariant). */
 kvm_kv_head *kvm_kvcache_head(const kvm_kvcache *c, int layer, int kv_head);
 

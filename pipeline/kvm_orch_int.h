@@ -103,6 +103,7 @@ typedef struct orch {
     int mode;                         /* MODE_RUN or MODE_CALIBRATE */
     uint64_t reduce_id;               /* calibrate: id of the strategy build request */
     int reduce_worker;                /* calibrate: strategy worker holding it, or -1 */
+    int reduce_failures;              /* calibrate: retryable errors of the strategy build so far */
     int own_run_dir;                  /* created by this run: removed at the end unless something failed */
     int n_layers;
     int64_t kv_heads; /* layers x KV heads of the model, from prefill's kv messages: a full cache's

@@ -11,23 +11,35 @@
 #include <string.h>
 #include <zmq.h>
 
-/* The strategy build of a calibration failed (an error for o->reduce_id): the documents it
- * held waited in J_COMPRESS until job_timeout_s, were requeued, and the build was sent again,
- * also for an error no retry fixes (a strategy the store refuses), up to max_retries times.
- * Now a retryable error requeues them at once (each an attempt), and a final one fails them
- * with its reason. */
+/* The strategy build of a calibration failed (an error for o->reduce_id). A retryable error (a
+ * stage handing the build back at SIGTERM, a transient store error) puts the documents back in
+ * J_KV_READY with their signals kept, as a dead strategy worker does, and the build is sent
+ * again, up to max_retries times: the signals phase is the expensive part and is not run
+ * again. A final error, or one retryable error too many, fails every document with its reason
+ * (before, the documents waited in J_COMPRESS until job_timeout_s and were requeued, also for
+ * errors no retry fixes). */
 static void reduce_failed(orch *o, const kvm_proto_result *r)
 {
     char why[600];
     snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r->stage.len, r->stage.ptr, (int)r->message.len, r->message.ptr);
     o->workers[o->reduce_worker].job = -1;
     o->reduce_worker = -1;
+    const int again = r->retryable && ++o->reduce_failures <= o->max_retries;
+    if (again) {
+        kvm_log_field f[] = {KVM_LOG_I("attempt", o->reduce_failures + 1), KVM_LOG_S("reason", why)};
+        kvm_log(KVM_LOG_WARN, "strategy_build_retried", f, 2, "sending the strategy build again (attempt %d): %s",
+                o->reduce_failures + 1, why);
+    } else if (r->retryable) {
+        char more[sizeof why];
+        snprintf(more, sizeof more, "%s (after %d attempts of the strategy build)", why, o->reduce_failures);
+        memcpy(why, more, sizeof why);
+    }
     for (int64_t i = kvm_joblist_first(&o->lists, J_COMPRESS), next; i >= 0; i = next) {
         next = kvm_joblist_next(&o->lists, i);
         orch_job *j = &o->jobs[i];
         j->worker = -1;
-        if (r->retryable) {
-            kvm_orch__requeue(o, j, why);
+        if (again) {
+            kvm_orch__job_set(o, j, J_KV_READY);
             continue;
         }
         kvm_orch__job_drop_kv(j);

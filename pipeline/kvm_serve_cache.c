@@ -94,15 +94,18 @@ int kvm_serve_cache_decode_layer(const kvm_store_cache *sc, int l, kvm_kvcache *
     return rc;
 }
 
-/* The shape to decode a stored cache into: the model record's, else layer 0's own message's. */
-static int check_shape(kvm_store *store, const kvm_store_cache *sc, int *n_kv_heads, int *head_dim, int32_t *seq_len)
+/* The shape to decode a stored cache into: the model record's (and its layers, else 0), else
+ * layer 0's own message's. */
+static int check_shape(kvm_store *store, const kvm_store_cache *sc, int *n_kv_heads, int *head_dim, int32_t *seq_len,
+                       int32_t *model_layers)
 {
     kvm_store_model_meta mm;
-    *seq_len = 0;
+    *seq_len = *model_layers = 0;
     if (kvm_store_get_model(store, &sc->manifest.model_id, &mm) == 0) {
         *n_kv_heads = mm.n_kv_heads;
         *head_dim = mm.head_dim;
         *seq_len = mm.seq_len;
+        *model_layers = mm.n_layers;
         return 0;
     }
     kvm_msg *msg = NULL;
@@ -132,8 +135,9 @@ int kvm_serve_cache_check(kvm_store *store, const kvm_store_cache_key *key, kvm_
     if (rc) return rc;
     const kvm_store_manifest *man = &sc->manifest;
     int n_kv_heads = 0, head_dim = 0;
-    int32_t seq_len = 0;
-    int shape_rc = man->n_layers > 0 ? check_shape(store, sc, &n_kv_heads, &head_dim, &seq_len) : KVM_ECORRUPT;
+    int32_t seq_len = 0, model_layers = 0;
+    int shape_rc = man->n_layers > 0 ? check_shape(store, sc, &n_kv_heads, &head_dim, &seq_len, &model_layers)
+                                     : kvm_err(KVM_ECORRUPT, "its manifest says %d layers", (int)man->n_layers);
     if (shape_rc == KVM_ENOMEM)
         rc = shape_rc;
     else if (shape_rc) { /* layer 0 is no message: nothing to size the others by */
@@ -143,6 +147,11 @@ int kvm_serve_cache_check(kvm_store *store, const kvm_store_cache_key *key, kvm_
     } else if (seq_len > 0 && (man->n_tokens < 1 || man->n_tokens > seq_len)) {
         snprintf(line, sizeof line, "cache %s: stored for %lld tokens, outside its model's window [1, %d]", name,
                  (long long)man->n_tokens, (int)seq_len);
+        if (report) report(line, arg);
+        (*n_bad)++;
+    } else if (model_layers > 0 && man->n_layers != model_layers) { /* serve refuses it (KVM_EMISMATCH) */
+        snprintf(line, sizeof line, "cache %s: stored with %d layers, its model record has %d", name,
+                 (int)man->n_layers, (int)model_layers);
         if (report) report(line, arg);
         (*n_bad)++;
     } else {
@@ -162,6 +171,7 @@ int kvm_serve_cache_check(kvm_store *store, const kvm_store_cache_key *key, kvm_
                 if (report) report(line, arg);
                 (*n_bad)++;
             }
+            kvm_kvcache_release_layer(c, l); /* one decoded layer held at a time */
         }
     }
     kvm_kvcache_free(&c);

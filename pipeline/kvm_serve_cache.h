@@ -66,8 +66,9 @@ int kvm_serve_cache_decode_layer(const kvm_store_cache *sc, int l, kvm_kvcache *
 
 /* `store verify`'s decode check of the cache under key: reads it (no tokenizer check) and
  * decodes every layer as kvm_serve_cache_load would, into a cache shaped by the store's
- * record of its model (and checks the manifest's n_tokens against the model's window), or,
- * without such a record, by layer 0's own message. Each layer that fails is reported through
+ * record of its model (and checks the manifest's n_tokens against the model's window and its
+ * layer count against the model's, as serve does), or, without such a record, by layer 0's own
+ * message; one decoded layer is held at a time. Each layer that fails is reported through
  * report (may be NULL) as "cache M:D:C layer L: why" and counted in *n_bad. A cache the
  * store's record checks refuse (KVM_ECORRUPT, KVM_EMISMATCH, KVM_ENOTFOUND) is left to
  * kvm_store_verify's report: 0 and *n_bad = 0. Returns 0 when the check ran; errors:

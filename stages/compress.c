@@ -310,7 +310,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     if (remote) {
-        if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+        if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
+            *retryable = 1;
+            goto done;
+        }
         /* no strategy stored is not fixed by another attempt; no reply (KVM_EIO) may be */
         if (!strcmp(kvm_config_str(cfg, "compress", "method"), "polykv") && (rc = remote_strategy(st, cfg))) {
             *retryable = rc == KVM_EIO;
@@ -329,7 +332,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         if ((rc = upload(st, cfg, &j, cc, out))) { *retryable = rc == KVM_EIO; goto done; }
         goto evaluated;
     }
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) goto done;
+    if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) {
+        *retryable = 1;
+        goto done;
+    }
     double t0 = kvm_now_ms();
     if ((rc = load_layers(st->wm.model, in, n_in - 1, j.n_tokens, &full, &cap)) ||
         (rc = kvm_worker_repeat_prompt(cfg, &st->wm, &rp, &n_rp))) { *retryable = 0; goto done; }

@@ -108,7 +108,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
     if (rc) { *retryable = 0; goto done; }
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
+        *retryable = 1;
+        goto done;
+    }
     const kvm_model *m = st->wm.model;
     for (int64_t i = 0; i < j.n_tokens; i++)
         if (j.tokens[i] >= m->cfg.vocab_size) {

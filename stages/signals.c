@@ -48,7 +48,10 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int64_t B = cfg ? kvm_config_int(cfg, "compress", "budget") : 0;
     if (!rc && B <= 0) rc = kvm_err(KVM_EINVAL, "calibration needs [compress] budget > 0");
     if (rc) { *retryable = 0; goto done; }
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) goto done;
+    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
+        *retryable = 1;
+        goto done;
+    }
     int64_t n = j.n_tokens + j.n_continuation;
     if (!(all = malloc((size_t)n * sizeof *all))) { rc = kvm_err(KVM_ENOMEM, "signals: out of memory"); goto done; }
     memcpy(all, j.tokens, (size_t)j.n_tokens * sizeof *all);

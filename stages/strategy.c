@@ -113,8 +113,11 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     int64_t B = kvm_config_int(cfg, "compress", "budget");
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store)) || (rc = kvm_polykv_signals_new(st->wm.model->cfg.n_layers, &sig)))
+    if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) {
+        *retryable = 1;
         goto done;
+    }
+    if ((rc = kvm_polykv_signals_new(st->wm.model->cfg.n_layers, &sig))) goto done;
     double t0 = kvm_now_ms();
     for (int i = 0; !rc && i < n; i++) rc = kvm_calib_accumulate(sig, in[2 + 2 * i]);
     out->transport_ms += kvm_now_ms() - t0;

@@ -685,9 +685,19 @@ static void send_garbage(fake *f)
 
 static kvm_msg *job_msg_n(uint64_t id, int n_tokens);
 static kvm_msg *job_msg(uint64_t id) { return job_msg_n(id, 40); }
+static kvm_msg *job_msg_toks(uint64_t id, const int32_t *toks, int n_tokens);
 
 /* A job of n_tokens (<= 128) made-up token ids with the settings of cfg_path. */
 static kvm_msg *job_msg_n(uint64_t id, int n_tokens)
+{
+    int32_t toks[128];
+    for (int i = 0; i < n_tokens; i++)
+        toks[i] = i == 0 ? 1 : 259 + (i * 7) % 200;
+    return job_msg_toks(id, toks, n_tokens);
+}
+
+/* A job of the tokens toks[0, n_tokens) with the settings of cfg_path. */
+static kvm_msg *job_msg_toks(uint64_t id, const int32_t *toks, int n_tokens)
 {
     if (access(cfg_path, R_OK) != 0) write_config(NULL);
     kvm_config *c;
@@ -695,8 +705,6 @@ static kvm_msg *job_msg_n(uint64_t id, int n_tokens)
     uint8_t *mp;
     size_t n;
     ck_assert_int_eq(kvm_jobcfg_pack(c, &mp, &n), 0);
-    int32_t toks[128];
-    for (int i = 0; i < n_tokens; i++) toks[i] = i == 0 ? 1 : 259 + (i * 7) % 200;
     kvm_proto_job j = {.job_id = id, .doc_id = kvm_proto_str_c("doc"), .n_ctx = 128, .n_tokens = n_tokens, .tokens = toks,
                        .settings = mp, .settings_bytes = n};
     kvm_msg *m = NULL;
@@ -752,36 +760,47 @@ START_TEST(test_garbage_to_each_stage)
 }
 END_TEST
 
-/* A job a stage cannot do for its input (a [model] path that is no model): the stage's error said
- * "retryable" unless the stage's code said otherwise, so the run requeued the document up to
- * max_retries times for the same failure. Unset, the flag now follows the status: final here. */
+/* Whether a stage's error is retried. Unset by the stage's code, the flag follows the status
+ * (kvm_err_retryable: I/O, memory, device), where it said "retryable" for every error, so a run
+ * requeued a document up to max_retries times for the same failure. A model the worker cannot
+ * load is retryable: the orchestrator opened the same model before starting the stages, so the
+ * cause is the worker's host (a mount not up yet, a file still being copied), which another
+ * worker may not share. A token outside the vocabulary is final. */
 START_TEST(test_stage_error_not_retryable)
 {
+    ck_assert(kvm_err_retryable(KVM_EIO) && kvm_err_retryable(KVM_ENOMEM) && kvm_err_retryable(KVM_EDEVICE));
+    ck_assert(!kvm_err_retryable(KVM_EINVAL) && !kvm_err_retryable(KVM_EFORMAT) && !kvm_err_retryable(KVM_ECORRUPT));
     char bad[4300], text[8192];
     snprintf(bad, sizeof bad, "%s/not-a-model.bin", tmp);
     ck_assert_int_eq(kvm_test_write_file(bad, "not a checkpoint, only text\n", 28), 0);
-    snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = h2o\nbudget = 16\n"
-             "[store]\npath = %s\n",
-             bad, store);
-    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
-    fake p = {0};
-    fake_start(&p, "prefill");
-    kvm_msg *m = fake_expect(p.data, KVM_PROTO_READY, 10000); /* the stage's credit */
-    ck_assert_ptr_nonnull(m);
-    kvm_msg_free(&m);
-    kvm_msg *job = job_msg(9);
-    fake_send_msg(&p, job);
-    kvm_msg *e = fake_expect(p.ctl, KVM_PROTO_ERROR, 20000);
-    ck_assert_ptr_nonnull(e);
-    kvm_proto_result r;
-    ck_assert_int_eq(kvm_proto_error_decode(e, &r), 0);
-    ck_assert_int_eq(r.job_id, 9);
-    ck_assert_msg(r.status != KVM_EIO && r.status != KVM_ENOMEM && r.status != 0, "status %d", (int)r.status);
-    ck_assert_msg(!r.retryable, "error %d '%.*s' said retryable", (int)r.status, (int)r.message.len, r.message.ptr);
-    kvm_msg_free(&e);
-    kvm_msg_free(&job);
-    fake_stop(&p);
+    for (int final = 0; final < 2; final++) {
+        snprintf(text, sizeof text,
+                 "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = h2o\nbudget = 16\n"
+                 "[store]\npath = %s\n",
+                 final ? kvm_test_data_path("models/stories260K.bin") : bad, store);
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        fake p = {0};
+        fake_start(&p, "prefill");
+        kvm_msg *m = fake_expect(p.data, KVM_PROTO_READY, 10000); /* the stage's credit */
+        ck_assert_ptr_nonnull(m);
+        kvm_msg_free(&m);
+        int32_t toks[2] = {1, final ? 600 : 5}; /* 600: outside stories260K's 512 */
+        kvm_msg *job = job_msg_toks(9, toks, 2);
+        fake_send_msg(&p, job);
+        kvm_msg *e = fake_expect(p.ctl, KVM_PROTO_ERROR, 20000);
+        ck_assert_ptr_nonnull(e);
+        kvm_proto_result r;
+        ck_assert_int_eq(kvm_proto_error_decode(e, &r), 0);
+        ck_assert_int_eq(r.job_id, 9);
+        ck_assert_msg(r.retryable == !final, "error %d '%.*s': retryable %d", (int)r.status, (int)r.message.len,
+                      r.message.ptr, (int)r.retryable);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%.*s", (int)r.message.len, r.message.ptr);
+        ck_assert_msg(strstr(msg, final ? "outside the model's vocabulary" : "not-a-model.bin"), "message '%s'", msg);
+        kvm_msg_free(&e);
+        kvm_msg_free(&job);
+        fake_stop(&p);
+    }
 }
 END_TEST
 
@@ -1428,16 +1447,21 @@ START_TEST(test_kv_layer_count_changes)
 }
 END_TEST
 
-/* A calibration whose strategy build failed with an error no retry fixes (the strategy stage
- * could not store it: bad input): the orchestrator ignored the error, the documents waited until
- * job_timeout_s, were requeued and the build was sent again, up to max_retries times. Now the
- * documents fail at once with the stage's reason, and the build is not sent again. */
+/* A calibration whose strategy build failed (_i = 0: with an error no retry fixes, the strategy
+ * stage could not store it; _i = 1: with a retryable one, a stage handing the build back at
+ * SIGTERM). The orchestrator ignored such errors: the documents waited until job_timeout_s, were
+ * requeued (their signals computed again) and the build was sent again, up to max_retries times.
+ * Now a final error fails the documents at once with the stage's reason, and a retryable one
+ * sends the build again at once with the documents' signals kept (nothing requeued). The peer
+ * joined by hand sends no heartbeats: liveness and job_timeout_s are long, so a loaded machine
+ * cannot declare it dead before the build comes. */
 START_TEST(test_calibrate_build_not_retried)
 {
+    const int retryable = _i;
     char text[8192], cmd[16000];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[store]\npath = %s\n"
-             "[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\njob_timeout_s = 2\n[stages]\nbin_dir = %s\n"
+             "[run]\nheartbeat_ms = 100\nliveness = 600\nrun_dir = %s\njob_timeout_s = 120\n[stages]\nbin_dir = %s\n"
              "strategy_workers = 0\n",
              kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
@@ -1448,12 +1472,13 @@ START_TEST(test_calibrate_build_not_retried)
     peer_start_as(&p, "by-hand-strategy", "strategy");
     uint64_t build = peer_job(&p, 60000); /* the build request comes first, then the documents' messages */
     ck_assert_msg(build != 0, "no strategy build for the worker joined by hand");
-    kvm_proto_result r = {.job_id = build,
-                          .status = KVM_EINVAL,
-                          .stage = kvm_proto_str_c("strategy"),
-                          .worker_id = kvm_proto_str_c("by-hand-strategy"),
-                          .message = kvm_proto_str_c("strategy 'x': a name the store refuses"),
-                          .retryable = false};
+    kvm_proto_result r = {
+        .job_id = build,
+        .status = retryable ? KVM_ESTATE : KVM_EINVAL,
+        .stage = kvm_proto_str_c("strategy"),
+        .worker_id = kvm_proto_str_c("by-hand-strategy"),
+        .message = kvm_proto_str_c(retryable ? "handed back at SIGTERM" : "strategy 'x': a name the store refuses"),
+        .retryable = retryable};
     kvm_msg *m = NULL;
     ck_assert_int_eq(kvm_proto_error_encode(&r, &m), 0);
     peer_send(p.ctl, &m);
@@ -1465,7 +1490,7 @@ START_TEST(test_calibrate_build_not_retried)
     peer_send(p.data, &m); /* idle again: a second build would come here */
     uint64_t again = 0;
     int status = 0, ended = 0;
-    for (double end = kvm_now_ms() + 8000; kvm_now_ms() < end && !ended && !again;) {
+    for (double end = kvm_now_ms() + 20000; kvm_now_ms() < end && !ended && !again;) {
         ended = waitpid(run, &status, WNOHANG) == run;
         zmq_pollitem_t it = {p.data, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, 100) <= 0) continue;
@@ -1481,11 +1506,20 @@ START_TEST(test_calibrate_build_not_retried)
         waitpid(run, &status, 0);
     }
     char *err = tmp_file("err.txt");
-    ck_assert_msg(!again, "the build was sent again (job %llu); stderr: %s", (unsigned long long)again, err);
-    ck_assert_msg(ended && WIFEXITED(status) && WEXITSTATUS(status) == 1, "calibrate did not fail at once; stderr: %s",
-                  err);
-    ck_assert_msg(strstr(err, "strategy stage: strategy 'x': a name the store refuses") && !strstr(err, "timed out"),
-                  "stderr: %s", err);
+    if (retryable) {
+        ck_assert_msg(again && again != build, "the build was not sent again; stderr: %s", err);
+        ck_assert_msg(
+            strstr(err, "sending the strategy build again (attempt 2): strategy stage: handed back at SIGTERM") &&
+                !strstr(err, "requeueing"),
+            "stderr: %s", err);
+    } else {
+        ck_assert_msg(!again, "the build was sent again (job %llu); stderr: %s", (unsigned long long)again, err);
+        ck_assert_msg(ended && WIFEXITED(status) && WEXITSTATUS(status) == 1,
+                      "calibrate did not fail at once; stderr: %s", err);
+        ck_assert_msg(strstr(err, "strategy stage: strategy 'x': a name the store refuses") &&
+                          !strstr(err, "timed out"),
+                      "stderr: %s", err);
+    }
     free(err);
     peer_close(&p);
 }
@@ -1593,7 +1627,10 @@ static Suite *pipeline_suite(void)
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 240);
-        tcase_add_test(tc, cases[i].fn);
+        if (cases[i].fn == test_calibrate_build_not_retried)
+            tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: a final error, a retryable one */
+        else
+            tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
     }
     return s;

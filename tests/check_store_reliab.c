@@ -593,6 +593,54 @@ START_TEST(test_verify_layer_decode)
 }
 END_TEST
 
+/* A cache of 2 layers whose store's model record says 3: serve refuses it ("stored cache has 2
+ * layers, the model 3"), and verify passed it. */
+START_TEST(test_verify_layer_count)
+{
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_store, &(kvm_store_opts){.no_sync = 1}, &s), 0);
+    kvm_store_manifest m = {.n_layers = 2, .n_tokens = 10, .n_entries = 2, .full_bytes = 4096};
+    snprintf(m.dtype, sizeof m.dtype, "f32");
+    kvm_store_hash_bytes("model3", 6, &m.model_id);
+    kvm_store_model_meta mm = {.name = "three",
+                               .source = "three.bin",
+                               .dim = 16,
+                               .hidden_dim = 32,
+                               .n_layers = 3,
+                               .n_heads = 2,
+                               .n_kv_heads = 1,
+                               .head_dim = 8,
+                               .vocab_size = 512,
+                               .seq_len = 512};
+    ck_assert_int_eq(kvm_store_put_model(s, &m.model_id, &mm), 0);
+    int32_t toks[2] = {5, 6};
+    ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &m.doc_hash), 0);
+    const char *cfg = "compress.method=test\n";
+    m.config = (kvm_frame){(const uint8_t *)cfg, strlen(cfg)};
+    kvm_store_hash_bytes(cfg, strlen(cfg), &m.config_id);
+    kvm_msg *l0 = layer_msg(0, 1, 10), *l1 = layer_msg(1, 1, 10);
+    kvm_frame fr[2][8];
+    kvm_store_layer layers[2];
+    for (int l = 0; l < 2; l++) {
+        kvm_msg *msg = l ? l1 : l0;
+        size_t nf = kvm_msg_nframes(msg);
+        for (size_t f = 0; f < nf; f++)
+            fr[l][f] = kvm_msg_frame(msg, f);
+        layers[l] = (kvm_store_layer){fr[l], (uint32_t)nf};
+    }
+    ck_assert_msg(kvm_store_put_cache(s, &m, layers) == 0, "put: %s", kvm_errmsg());
+    kvm_msg_free(&l0);
+    kvm_msg_free(&l1);
+    kvm_store_close(&s);
+    char *out = NULL, *err = NULL;
+    int rc = kvmill(&out, &err, "store verify --store '%s'", g_store);
+    ck_assert_msg(rc == 1 && strstr(err, "stored with 2 layers, its model record has 3") && strstr(out, "1 problem(s)"),
+                  "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A zero-filled format_version read as "no version yet": a read-write open wrote 1 over it (the
  * damage gone unreported) and a read-only one called it "store format version 0". 0 is no value
  * kvmill writes: damage, naming the store and the value, and the value stays as it was. */
@@ -1355,6 +1403,7 @@ int main(void)
     suite_add_tcase(su, tcase("meta_version_damage", test_meta_version_damage, 60));
     suite_add_tcase(su, tcase("meta_version_zero", test_meta_version_zero, 60));
     suite_add_tcase(su, tcase("verify_layer_decode", test_verify_layer_decode, 60));
+    suite_add_tcase(su, tcase("verify_layer_count", test_verify_layer_count, 60));
     suite_add_tcase(su, tcase("config_duplicate_and_empty", test_config_duplicate_and_empty, 60));
     suite_add_tcase(su, tcase("budget_retain_vs_context", test_budget_retain_vs_context, 60));
     suite_add_tcase(su, tcase("config_id_covers", test_config_id_covers, 30));
