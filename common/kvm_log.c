@@ -106,10 +106,14 @@ char *kvm_log_escape(const char *s, int keep_lines, char *out, size_t out_size)
 {
     size_t k = 0;
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        int raw = (*p >= 0x20 && *p != 0x7f) || (keep_lines && (*p == '\n' || *p == '\t'));
-        if (k + (raw ? 1 : 4) >= out_size) break;
+        /* U+0080-U+009F (C1 controls, UTF-8 0xc2 0x80-0x9f: U+009B is a CSI to some terminals) */
+        const int c1 = p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f;
+        int raw = !c1 && ((*p >= 0x20 && *p != 0x7f) || (keep_lines && (*p == '\n' || *p == '\t')));
+        if (k + (raw ? 1 : c1 ? 8 : 4) >= out_size) break;
         if (raw)
             out[k++] = (char)*p;
+        else if (c1)
+            k += (size_t)snprintf(out + k, out_size - k, "\\x%02x\\x%02x", p[0], p[1]), p++;
         else
             k += (size_t)snprintf(out + k, out_size - k, "\\x%02x", *p);
     }

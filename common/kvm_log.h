@@ -43,7 +43,8 @@ kvm_log_format kvm_log_format_get(void);
 
 /* Copies s into out (out_size >= 1 bytes, always NUL-terminated; cut short at a whole byte or
  * escape when it does not fit) with every control byte (0x00-0x1f, 0x7f) written as the four
- * characters \xHH, so an untrusted name (a document's, a JSONL id) can neither drive the
+ * characters \xHH, and each C1 control in UTF-8 (0xc2 0x80-0x9f) as two such escapes, so an
+ * untrusted name (a document's, a JSONL id) can neither drive the
  * terminal nor fake a line of output. keep_lines = 1 keeps '\n' and '\t' (a message of
  * several lines); 0 escapes them too (one name, one line). Returns out. Thread-safe. */
 char *kvm_log_escape(const char *s, int keep_lines, char *out, size_t out_size);

@@ -189,12 +189,15 @@ int kvm__gguf_load(kvm_model *m, const uint8_t *map, size_t bytes)
     rc = 0;
     uint64_t n_tok;
     const uint8_t *tok_data;
-    if (kvm_gguf_get_arr(g, "tokenizer.ggml.tokens", KVM_GGUF_STRING, &n_tok, &tok_data) == 0 &&
-        n_tok != (uint64_t)vocab) {
+    /* present but no array of strings was skipped unsaid here (only a tokenizer load refused it) */
+    if ((rc = kvm_gguf_get_arr(g, "tokenizer.ggml.tokens", KVM_GGUF_STRING, &n_tok, &tok_data)) && rc != KVM_ENOTFOUND)
+        goto fail;
+    if (rc == 0 && n_tok != (uint64_t)vocab) {
         rc = kvm_err(KVM_EFORMAT, "%s: tokenizer.ggml.tokens has %llu tokens, token_embd.weight %d rows", f,
                      (unsigned long long)n_tok, vocab);
         goto fail;
     }
+    rc = 0;
     int64_t bos = 1, eos = 2;
     /* absent: llama2's 1 and 2; present but not an integer is an error, not those ids */
     if (((rc = kvm_gguf_get_i64(g, "tokenizer.ggml.bos_token_id", &bos)) && rc != KVM_ENOTFOUND) ||

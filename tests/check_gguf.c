@@ -238,6 +238,7 @@ typedef struct tiny_opts {
     const char *extra;    /* one more F32 vector [T_DIM] of this name, or NULL */
     int64_t vocab_meta;   /* llama.vocab_size (u32); 0: absent */
     int64_t n_tokens;     /* tokenizer.ggml.tokens of this many strings; 0: absent */
+    int tokens_as_u32;    /* tokenizer.ggml.tokens an array of n_tokens u32 instead */
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -305,13 +306,16 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     if (o->vocab_meta) gw_kv_u32(&kv, "llama.vocab_size", (uint32_t)o->vocab_meta), n_kv++;
     if (o->n_tokens) {
         gw_str(&kv, "tokenizer.ggml.tokens");
-        gw_u32(&kv, 9); /* array */
-        gw_u32(&kv, 8); /* of strings */
+        gw_u32(&kv, 9);                        /* array */
+        gw_u32(&kv, o->tokens_as_u32 ? 4 : 8); /* of u32s or strings */
         gw_u64(&kv, (uint64_t)o->n_tokens);
         for (int64_t i = 0; i < o->n_tokens; i++) {
             char piece[32];
             snprintf(piece, sizeof piece, "t%lld", (long long)i);
-            gw_str(&kv, piece);
+            if (o->tokens_as_u32)
+                gw_u32(&kv, (uint32_t)i);
+            else
+                gw_str(&kv, piece);
         }
         n_kv++;
     }
@@ -320,7 +324,7 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0, NULL, 0, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0, NULL, 0, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -482,6 +486,11 @@ START_TEST(test_model_errors)
     o.n_tokens = T_VOCAB - 1;
     snprintf(want, sizeof want, "tokenizer.ggml.tokens has %d tokens, token_embd.weight %d rows", T_VOCAB - 1, T_VOCAB);
     expect_model_error(&o, KVM_EFORMAT, want, NULL);
+    /* a token list of another element type was skipped unsaid by the model's load */
+    o = tiny_ok;
+    o.n_tokens = T_VOCAB;
+    o.tokens_as_u32 = 1;
+    expect_model_error(&o, KVM_EFORMAT, "tokenizer.ggml.tokens", NULL);
     o = tiny_ok; /* both agreeing with the rows: the model opens */
     o.vocab_meta = o.n_tokens = T_VOCAB;
     {

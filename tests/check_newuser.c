@@ -9,6 +9,7 @@
 #include "store/kvm_store.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "common/kvm_log.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -365,6 +366,13 @@ START_TEST(test_names_escaped)
                       strstr(err, "kvmill eval: --docs c\\x0akvmill eval: done\\x07: no such file\n"),
                   "%s", err);
     ck_assert_msg(!strstr(err, "\x1b[2J") && !strchr(err, '\x07'), "%s", err);
+    /* a C1 control in UTF-8 (U+009B, a CSI to some terminals) passed raw; other UTF-8 stays */
+    char esc[64];
+    ck_assert_str_eq(kvm_log_escape("a\xc2\x9b"
+                                    "2Jb\xc3\xa9\xc2\xa0\xc2",
+                                    0, esc, sizeof esc),
+                     "a\\xc2\\x9b2Jb\xc3\xa9\xc2\xa0\xc2");
+    ck_assert_str_eq(kvm_log_escape("\xc2\x80", 0, esc, 8), ""); /* no room for both escapes: cut before */
     free(err);
     kvm_test_rmtree(dir);
     free(dir);
