@@ -497,9 +497,10 @@ void kvm_cli_refuse(const char *cmd, const char *fmt, ...)
          * above all, went out raw and could fake a line; fmt's own newline ends the line */
         char msg[8192], safe[4 * sizeof msg + 1];
         vsnprintf(msg, sizeof msg, fmt, ap);
-        size_t n = strlen(msg);
-        int nl = n && msg[n - 1] == '\n';
-        if (nl) msg[n - 1] = '\0';
+        /* the newline is fmt's: a message cut at sizeof msg has lost it but still ends its line */
+        size_t n = strlen(msg), nf = strlen(fmt);
+        int nl = nf && fmt[nf - 1] == '\n';
+        if (n && msg[n - 1] == '\n') msg[n - 1] = '\0';
         fprintf(stderr, "kvmill %s: %s%s", cmd, kvm_log_escape(msg, 0, safe, sizeof safe), nl ? "\n" : "");
     }
     va_end(ap);

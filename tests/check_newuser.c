@@ -354,13 +354,16 @@ START_TEST(test_names_escaped)
     kvm_orch_progress tty = {.cmd = "run", .tty = 1, .interval_ms = 0, .t0_ms = kvm_now_ms() - 1000};
     kvm_orch_progress_print(&tty, 1, 4, 64, " in compress: b\nkvmill run: done\x1b[2J 3/9", 1);
     kvm_cli_refuse("eval", "--docs %s: no such file\n", "c\nkvmill eval: done\x07");
+    static char longname[9000]; /* cut at 8,191 bytes: its line was left unended */
+    memset(longname, 'x', sizeof longname - 1);
+    kvm_cli_refuse("eval", "--docs %s: no such file\n", longname);
     fflush(stderr);
     char *err = kvm_test_read_file(path, NULL);
     ck_assert_ptr_nonnull(err);
     int lines = 0;
     for (const char *q = err; *q; q++)
         lines += *q == '\n';
-    ck_assert_msg(lines == 3, "%d lines:\n%s", lines, err);
+    ck_assert_msg(lines == 4 && err[strlen(err) - 1] == '\n', "%d lines:\n%s", lines, err);
     ck_assert_msg(strstr(err, "in compress: a\\x0akvmill run: done\\x1b[2J 3/9, ") &&
                       strstr(err, "in compress: b\\x0akvmill run: done\\x1b[2J 3/9  ") &&
                       strstr(err, "kvmill eval: --docs c\\x0akvmill eval: done\\x07: no such file\n"),
