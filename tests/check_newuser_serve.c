@@ -1,0 +1,138 @@
+/* check_newuser_serve.c: defects found by trying kvmill serve / kvmill ask, the store service
+ * and Hugging Face folders as a new user (after rel22), one test per defect. Runs real servers
+ * on the embedded stories260K over ipc://. */
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char *g_dir;
+static char g_cfg[4096], g_front[4200], g_log[4200];
+static pid_t g_serve;
+
+static void setup(void)
+{
+    kvm_test_serve_dirs(&g_dir, g_front, sizeof g_front, g_log, sizeof g_log);
+    g_serve = 0;
+}
+
+static void teardown(void) { kvm_test_serve_cleanup(g_serve, g_dir); }
+
+/* A config of the embedded stories260K (context 64, method full) with `store_extra` lines in
+ * [store] (the store is g_dir/store) into g_cfg. */
+static void write_config(const char *store_extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n"
+             "[compress]\nmethod = full\n"
+             "[store]\npath = %s/store\nmap_size_mb = 16\n%s\n"
+             "[stages]\nbin_dir = %s\n"
+             "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 50\n",
+             kvm_test_data_path("models/stories260K.bin"), g_dir, store_extra, kvm_test_bin(), g_dir);
+    snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+}
+
+static void assert_contains(const char *hay, const char *needle)
+{
+    ck_assert_msg(hay && strstr(hay, needle), "expected \"%s\" in:\n%s", needle, hay ? hay : "(null)");
+}
+
+/* `kvmill ask --connect g_front --timeout 60 ARGS`: exit status, stderr into *err. */
+static int ask(const char *args, char **err)
+{
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 60 %s", kvm_test_bin(), g_front, args);
+    return kvm_test_run(cmd, NULL, err);
+}
+
+/* A store made with `[store] dtype = f16`, served with a config that leaves dtype at f32 (or
+ * any other setting that changes the config id): every ask said only "no compressed cache for
+ * this document ... compress it first with kvmill run, or set [serve] compute_missing = true",
+ * advice that stores a second cache of a document the store has. The error now names the
+ * config the store holds the document under, for --doc, --doc-name and --doc-hash alike. */
+START_TEST(test_cache_of_other_config_named)
+{
+    char doc[4300], corpus[4300], cmd[16384], args[8192], *out = NULL, *err = NULL;
+    snprintf(corpus, sizeof corpus, "%s/corpus", g_dir);
+    ck_assert_int_eq(mkdir(corpus, 0755), 0);
+    snprintf(doc, sizeof doc, "%s/story.txt", corpus);
+    const char *text = "Once upon a time there was a little girl named Lily. She liked to play in the park.\n";
+    ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
+    write_config("dtype = f16");
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), g_cfg, corpus);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "kvmill run exited %d: %s", rc, err);
+    free(err);
+    /* the f16 cache's document hash and config id, from store ls --csv */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s/store' --csv", kvm_test_bin(), g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char doc_hash[65] = "", config_id[65] = "";
+    const char *row = strchr(out, '\n');
+    ck_assert_msg(row && sscanf(row + 1, "%*64[0-9a-f],%64[0-9a-f],%64[0-9a-f]", doc_hash, config_id) == 2,
+                  "store ls --csv: %s", out);
+    free(out);
+    free(err);
+    char want[64];
+    snprintf(want, sizeof want, "under another config %.16s", config_id);
+
+    write_config(""); /* dtype f32: another config id */
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 1, "--doc: exit %d: %s", rc, err);
+    assert_contains(err, "no compressed cache for this document");
+    assert_contains(err, want);
+    assert_contains(err, "[store] dtype");
+    free(err);
+
+    rc = ask("--doc-name story.txt --prompt ' She' -n 4", &err);
+    ck_assert_msg(rc == 1, "--doc-name: exit %d: %s", rc, err);
+    assert_contains(err, want);
+    free(err);
+
+    snprintf(args, sizeof args, "--doc-hash %s --prompt ' She' -n 4", doc_hash);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 1, "--doc-hash: exit %d: %s", rc, err);
+    assert_contains(err, want);
+    free(err);
+
+    /* a document the store does not hold at all gets no such clause */
+    snprintf(doc, sizeof doc, "%s/other.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Tom had a big red ball.\n", 24), 0);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' He' -n 4", doc);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 1 && err && strstr(err, "no compressed cache") && !strstr(err, "under another config"),
+                  "other document: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("newuser_serve");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"cache_of_other_config_named", test_cache_of_other_config_named},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(suite()); }
