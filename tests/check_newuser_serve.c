@@ -116,6 +116,37 @@ START_TEST(test_cache_of_other_config_named)
 }
 END_TEST
 
+/* A flag's value is taken as it is: `--store 'DIR/s${HOME}x'` (a folder name with "${" in it,
+ * quoted so the shell leaves it alone) made kvmill run and kvmill serve expand ${HOME} as if the
+ * value were a config line, so run wrote (or failed to create) DIR/s/rootx and serve refused
+ * the store the user named, while kvmill store ls read the folder named. */
+START_TEST(test_flag_value_not_expanded)
+{
+    char corpus[4300], doc[4400], store[4400], cmd[16384], args[8192], *err = NULL;
+    snprintf(corpus, sizeof corpus, "%s/corpus", g_dir);
+    ck_assert_int_eq(mkdir(corpus, 0755), 0);
+    snprintf(doc, sizeof doc, "%s/story.txt", corpus);
+    const char *text = "Once upon a time there was a little girl named Lily. She liked to play in the park.\n";
+    ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
+    write_config("");
+    snprintf(store, sizeof store, "%s/s${HOME}x", g_dir);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --store '%s' --corpus '%s'", kvm_test_bin(), g_cfg, store,
+             corpus);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "kvmill run --store exited %d: %s", rc, err);
+    free(err);
+    ck_assert_msg(access(store, F_OK) == 0, "run did not write the store named: %s", store);
+    ck_assert_int_eq(kvm_test_store_caches(store), 1);
+
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--store", store, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 0, "ask: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -124,6 +155,7 @@ static Suite *suite(void)
         const TTest *fn;
     } cases[] = {
         {"cache_of_other_config_named", test_cache_of_other_config_named},
+        {"flag_value_not_expanded", test_flag_value_not_expanded},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
