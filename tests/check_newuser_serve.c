@@ -2,6 +2,7 @@
  * and Hugging Face folders as a new user (after rel22), one test per defect. Runs real servers
  * on the embedded stories260K over ipc://. */
 #include "common/kvm_error.h"
+#include "model/kvm_tokenizer.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -147,6 +148,38 @@ START_TEST(test_flag_value_not_expanded)
 }
 END_TEST
 
+/* tokenizer_config.json holding a list (`[]`, a file saved from the wrong tool) was read as
+ * an object without keys: no BOS token, no chat template, no word; config.json and
+ * generation_config.json were already refused as "not a JSON object". */
+START_TEST(test_tokenizer_config_not_object)
+{
+    char *dir = kvm_test_tmpdir(), p[4300], q[4300];
+    size_t n = 0;
+    char *tok = kvm_test_read_file("tests/data/hf/tokenizers/qwen_style/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(tok);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, tok, n), 0);
+    free(tok);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    static const char *const bad[] = {"[]", "[{\"bos_token\": \"<s>\"}]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(kvm_test_write_file(q, bad[i], strlen(bad[i])), 0);
+        kvm_tokenizer *t = NULL;
+        int rc = kvm_tokenizer_open_hf(p, 0, &t);
+        ck_assert_msg(rc == KVM_EFORMAT, "%s: got %d (%s)", bad[i], rc, kvm_errmsg());
+        ck_assert_ptr_null(t);
+        ck_assert_msg(strstr(kvm_errmsg(), "tokenizer_config.json: not a JSON object"), "%s", kvm_errmsg());
+    }
+    /* an object still loads */
+    ck_assert_int_eq(kvm_test_write_file(q, "{}", 2), 0);
+    kvm_tokenizer *t = NULL;
+    ck_assert_msg(kvm_tokenizer_open_hf(p, 0, &t) == 0, "%s", kvm_errmsg());
+    kvm_tokenizer_close(&t);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -156,6 +189,7 @@ static Suite *suite(void)
     } cases[] = {
         {"cache_of_other_config_named", test_cache_of_other_config_named},
         {"flag_value_not_expanded", test_flag_value_not_expanded},
+        {"tokenizer_config_not_object", test_tokenizer_config_not_object},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
