@@ -186,7 +186,9 @@ static int about_document(int32_t status, const char *msg, size_t len)
            (status == KVM_ENOTFOUND && mentions(msg, len, "no compressed cache for this document"));
 }
 
-/* The timeout's message for what the connection reached (ask_link). */
+/* The timeout's message for what the connection reached (ask_link). A connection accepted
+ * without a handshake is also what a stopped server gives (its listening socket still accepts,
+ * no thread of it answers): that message blamed the endpoint alone. */
 static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, int monitored)
 {
     if (monitored && !l->tcp_connected)
@@ -197,8 +199,9 @@ static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, i
     else if (monitored && !l->greeted)
         fprintf(stderr,
                 "kvmill ask: %s accepted the connection but no ZeroMQ handshake with it completed within %g s: "
-                "it is not kvmill serve's front end (a program that does not speak ZeroMQ, or a ZeroMQ "
-                "socket of another kind)\n",
+                "the server there is stopped or hung (Ctrl-Z in its terminal, SIGSTOP, a debugger: the system "
+                "accepts connections for a stopped process), or it is not kvmill serve's front end (a program "
+                "that does not speak ZeroMQ, or a ZeroMQ socket of another kind)\n",
                 ep, timeout_s);
     else
         fprintf(stderr,

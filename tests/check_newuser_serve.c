@@ -6,6 +6,7 @@
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,6 +181,31 @@ START_TEST(test_tokenizer_config_not_object)
 }
 END_TEST
 
+/* A server stopped with Ctrl-Z (SIGSTOP): its listening socket still accepts connections, so an
+ * ask timed out with "it is not kvmill serve's front end", sending the user to check the endpoint
+ * of the very server they had started. The message now names a stopped or hung server first. */
+START_TEST(test_ask_stopped_server)
+{
+    char doc[4300], store[4300], args[8192], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time.\n", 18), 0);
+    ck_assert_int_eq(kill(g_serve, SIGSTOP), 0);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 1.5 %s", kvm_test_bin(), g_front, args);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    kill(g_serve, SIGCONT);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "accepted the connection but no ZeroMQ handshake");
+    assert_contains(err, "stopped or hung");
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -190,6 +216,7 @@ static Suite *suite(void)
         {"cache_of_other_config_named", test_cache_of_other_config_named},
         {"flag_value_not_expanded", test_flag_value_not_expanded},
         {"tokenizer_config_not_object", test_tokenizer_config_not_object},
+        {"ask_stopped_server", test_ask_stopped_server},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
