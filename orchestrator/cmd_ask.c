@@ -404,7 +404,15 @@ int kvm_cmd_ask(int argc, char **argv)
         if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) continue;
         kvm_proto_answer a;
         if (kvm_proto_answer_decode(m, &a)) {
-            fprintf(stderr, "kvmill ask: the server sent a malformed answer: %s\n", kvm_errmsg());
+            const char *e = kvm_errmsg();
+            if (mentions(e, strlen(e), "got 'store_reply'")) /* the reply of a store service to a request it does not serve */
+                fprintf(stderr,
+                        "kvmill ask: %s is a store service (kvmill store serve, or the one [store] service_bind "
+                        "starts), not kvmill serve's front end: connect to the front end kvmill serve's "
+                        "\"ready\" line names\n",
+                        ep);
+            else
+                fprintf(stderr, "kvmill ask: the server sent a malformed answer: %s\n", e);
             goto done;
         }
         if (a.request_id != rid) { /* a stale answer: keep waiting for ours */

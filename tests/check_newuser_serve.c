@@ -206,6 +206,30 @@ START_TEST(test_ask_stopped_server)
 }
 END_TEST
 
+/* kvmill ask pointed at the store service's endpoint (the other port a two-host setup has):
+ * it answers with a store_reply, which ask reported as "the server sent a malformed answer:
+ * answer: expected message type 'answer', got 'store_reply'". It now says what the endpoint is. */
+START_TEST(test_ask_store_service_endpoint)
+{
+    char store[4300], doc[4300], cmd[16384], *err = NULL;
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time.\n", 18), 0);
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill' store serve --store '%s' --bind 'ipc://%s/svc' 2>/dev/null & pid=$!; "
+             "for i in $(seq 100); do [ -S '%s/svc' ] && break; sleep 0.1; done; "
+             "'%s/kvmill' ask --connect 'ipc://%s/svc' --timeout 20 --doc '%s' --prompt ' She' -n 4; rc=$?; "
+             "kill $pid; wait $pid; exit $rc",
+             kvm_test_bin(), store, g_dir, g_dir, kvm_test_bin(), g_dir, doc);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "is a store service");
+    assert_contains(err, "not kvmill serve's front end");
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -217,6 +241,7 @@ static Suite *suite(void)
         {"flag_value_not_expanded", test_flag_value_not_expanded},
         {"tokenizer_config_not_object", test_tokenizer_config_not_object},
         {"ask_stopped_server", test_ask_stopped_server},
+        {"ask_store_service_endpoint", test_ask_store_service_endpoint},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
