@@ -230,6 +230,25 @@ START_TEST(test_ask_store_service_endpoint)
 }
 END_TEST
 
+/* kvmill serve --store on an empty folder (made ahead with mkdir, or a mount point) said the
+ * store "does not exist", though ls shows the folder; store ls and kvmill-decode said "directory
+ * holds no store (no data.mdb)". serve now says what the folder lacks. */
+START_TEST(test_serve_empty_store_folder)
+{
+    char store[4300], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    ck_assert_int_eq(mkdir(store, 0755), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' serve --config '%s' --bind '%s' --workers 1", kvm_test_bin(),
+             g_cfg, g_front);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "serve: exit %d: %s", rc, err);
+    assert_contains(err, "is a folder without a store in it (no data.mdb)");
+    ck_assert_msg(!strstr(err, "does not exist"), "%s", err);
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -242,6 +261,7 @@ static Suite *suite(void)
         {"tokenizer_config_not_object", test_tokenizer_config_not_object},
         {"ask_stopped_server", test_ask_stopped_server},
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
+        {"serve_empty_store_folder", test_serve_empty_store_folder},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
