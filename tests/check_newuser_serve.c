@@ -3,6 +3,7 @@
  * on the embedded stories260K over ipc://. */
 #include "common/kvm_error.h"
 #include "model/kvm_tokenizer.h"
+#include "store/kvm_store_internal.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -249,6 +250,19 @@ START_TEST(test_serve_empty_store_folder)
 }
 END_TEST
 
+/* A store on a 9p share (a VM's or WSL2's folder of its host: QEMU/virtio 9p keeps POSIX locks in
+ * the guest, so host and guest each take LMDB's locks alone), BeeGFS or OrangeFS (cluster
+ * filesystems, as Lustre and GPFS) was opened as a local one; they are refused by name as the
+ * other network filesystems are. */
+START_TEST(test_network_fs_more)
+{
+    ck_assert_str_eq(kvm_store__network_fs(0x01021997), "9p");
+    ck_assert_str_eq(kvm_store__network_fs(0x19830326), "beegfs");
+    ck_assert_str_eq(kvm_store__network_fs(0x20030528), "orangefs");
+    ck_assert_ptr_null(kvm_store__network_fs(0x01021994)); /* tmpfs, one digit away from 9p */
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -262,6 +276,7 @@ static Suite *suite(void)
         {"ask_stopped_server", test_ask_stopped_server},
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
         {"serve_empty_store_folder", test_serve_empty_store_folder},
+        {"network_fs_more", test_network_fs_more},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
