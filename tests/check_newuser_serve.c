@@ -263,6 +263,38 @@ START_TEST(test_network_fs_more)
 }
 END_TEST
 
+/* A running server whose socket files were removed (a /tmp cleaner such as systemd-tmpfiles,
+ * which removes what has not changed for 10 days, or an rm of the run directory): connected
+ * peers kept their links, but a decode worker respawned after that never joined and clients
+ * found nothing at the front end, so every ask failed from then on with no word of why. The
+ * server now binds a removed ipc:// socket again (and says so). */
+START_TEST(test_serve_sockets_removed)
+{
+    char store[4300], doc[4300], cmd[16384], args[8192], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    const char *text = "Once upon a time there was a little girl named Lily.\n";
+    ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", "--compute-missing", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    /* the run directory (back end sockets) and the front end's socket go; the worker dies */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/run' '%s' && kill -9 $(pgrep -P %d kvmill-decode)", g_dir, g_front + 6,
+             (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    sleep(3);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 40 %s", kvm_test_bin(), g_front, args);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    char *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(rc == 0, "ask: exit %d: %s\nserver log:\n%s", rc, err, log ? log : "");
+    assert_contains(log, "was removed (a /tmp cleaner, or rm): bound it again");
+    free(log);
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -277,6 +309,7 @@ static Suite *suite(void)
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
         {"serve_empty_store_folder", test_serve_empty_store_folder},
         {"network_fs_more", test_network_fs_more},
+        {"serve_sockets_removed", test_serve_sockets_removed},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
