@@ -405,7 +405,8 @@ int kvm_cmd_ask(int argc, char **argv)
         kvm_proto_answer a;
         if (kvm_proto_answer_decode(m, &a)) {
             const char *e = kvm_errmsg();
-            if (mentions(e, strlen(e), "got 'store_reply'")) /* the reply of a store service to a request it does not serve */
+            /* a store service answers a request it does not serve with a store_reply */
+            if (mentions(e, strlen(e), "got 'store_reply'"))
                 fprintf(stderr,
                         "kvmill ask: %s is a store service (kvmill store serve, or the one [store] service_bind "
                         "starts), not kvmill serve's front end: connect to the front end kvmill serve's "

@@ -295,6 +295,34 @@ START_TEST(test_serve_sockets_removed)
 }
 END_TEST
 
+/* The store service (kvmill store serve --bind ipc://...) runs for weeks too: when its socket
+ * file went (a /tmp cleaner, an rm), workers and decode workers found nothing there from then on.
+ * It binds it again as kvmill serve does. */
+START_TEST(test_store_service_socket_removed)
+{
+    char store[4300], doc[4300], cmd[16384], *err = NULL;
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time.\n", 18), 0);
+    /* the folder and its socket go once the service is up; ask then finds the service again */
+    snprintf(cmd, sizeof cmd,
+             "mkdir '%s/sd' && { '%s/kvmill' store serve --store '%s' --bind 'ipc://%s/sd/svc' 2>'%s/svc.log' & "
+             "pid=$!; }; for i in $(seq 100); do [ -S '%s/sd/svc' ] && break; sleep 0.1; done; rm -rf '%s/sd'; "
+             "sleep 2.5; '%s/kvmill' ask --connect 'ipc://%s/sd/svc' --timeout 10 --doc '%s' --prompt ' She' -n 4; "
+             "rc=$?; kill $pid; wait $pid; exit $rc",
+             g_dir, kvm_test_bin(), store, g_dir, g_dir, g_dir, g_dir, kvm_test_bin(), g_dir, doc);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "is a store service"); /* reached it, rather than "nothing accepted a connection" */
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/svc.log", g_dir);
+    char *log = kvm_test_read_file(cmd, NULL);
+    assert_contains(log, "was removed (a /tmp cleaner, or rm): bound it again");
+    free(log);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -310,6 +338,7 @@ static Suite *suite(void)
         {"serve_empty_store_folder", test_serve_empty_store_folder},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
+        {"store_service_socket_removed", test_store_service_socket_removed},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
