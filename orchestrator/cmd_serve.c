@@ -145,9 +145,10 @@ int kvm_cmd_serve(int argc, char **argv)
         } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
             struct stat sb; /* a folder made ahead (a mount point, mkdir) is there: say what it lacks */
             const int folder = stat(sp, &sb) == 0 && S_ISDIR(sb.st_mode);
-            kvm_cli_refuse("serve", "store %s %s: make its caches with kvmill run first, or give "
-                            "--compute-missing to compress documents on demand into a new store\n", sp,
-                            folder ? "is a folder without a store in it (no data.mdb)" : "does not exist");
+            kvm_cli_refuse("serve",
+                           "store %s %s: make its caches with kvmill run first, or give "
+                           "--compute-missing to compress documents on demand into a new store\n",
+                           sp, folder ? "is a folder without a store in it (no data.mdb)" : "does not exist");
             goto done;
         }
     }
