@@ -323,6 +323,50 @@ START_TEST(test_store_service_socket_removed)
 }
 END_TEST
 
+/* kvmill run whose run directory went (a /tmp cleaner, an rm) while a stage worker died: the
+ * restart failed ("cannot start .../kvmill-compress: No such file or directory", the log file's
+ * folder being gone, not the program), the slot was left without a process and never tried
+ * again, and the run waited for ever with no compress worker. Now the orchestrator binds its
+ * sockets again, retries the start a second later, and the run completes. */
+START_TEST(test_run_dir_removed_worker_restart)
+{
+    char corpus[4300], p[4400], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    snprintf(corpus, sizeof corpus, "%s/corpus", g_dir);
+    ck_assert_int_eq(mkdir(corpus, 0755), 0);
+    for (int i = 0; i < 30; i++) {
+        char text[256];
+        snprintf(p, sizeof p, "%s/d%02d.txt", corpus, i);
+        snprintf(text, sizeof text,
+                 "Once upon a time number %d there was a little girl named Lily. She liked to play with her red "
+                 "ball in the park every day with friends.\n",
+                 i);
+        ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    }
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = sculpt\nratio = 0.3\nretain = 8\n"
+             "[store]\npath = %s/store\n[stages]\nbin_dir = %s\n[run]\nrun_dir = %s/run\n",
+             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir);
+    snprintf(cfg, sizeof cfg, "%s/r.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    /* once the compress worker is up: the run directory goes, then the worker; a run that hangs
+     * is killed after 90 s (exit 137) */
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && { '%s/kvmill' run --config r.ini --corpus corpus & rp=$!; }; "
+             "{ sleep 90 >/dev/null 2>&1; kill -9 $rp; } & wd=$!; "
+             "for i in $(seq 200); do c=$(pgrep -P $rp kvmill-compress); [ -n \"$c\" ] && [ -S run/ctl ] && "
+             "break; sleep 0.1; done; sleep 1; rm -rf run; kill -9 $c; "
+             "wait $rp; rc=$?; pkill -P $wd; kill $wd; exit $rc",
+             g_dir, kvm_test_bin());
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "run: exit %d (137: it hung)\n%s", rc, err);
+    assert_contains(out, "compressed=30");
+    assert_contains(err, "exited (signal 9)"); /* the kill came while it ran */
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser_serve");
@@ -339,6 +383,7 @@ static Suite *suite(void)
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
         {"store_service_socket_removed", test_store_service_socket_removed},
+        {"run_dir_removed_worker_restart", test_run_dir_removed_worker_restart},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
