@@ -378,6 +378,8 @@ static int check_template_nul(const char *p, const json_t *tm)
 static int check_config_types(const char *p, const json_t *c)
 {
     static const char *const tokens[] = {"bos_token", "eos_token"};
+    if (!json_is_object(c)) /* a list ([] say) read as an object without keys: no BOS, no template */
+        return kvm_err(KVM_EFORMAT, "%s: not a JSON object (its settings: bos_token, chat_template, ...)", p);
     const json_t *v = json_object_get(c, "add_bos_token");
     if (v && !json_is_boolean(v) && !json_is_null(v))
         return kvm_err(KVM_EFORMAT, "%s: key 'add_bos_token' is not true, false or null", p);

@@ -186,7 +186,9 @@ static int about_document(int32_t status, const char *msg, size_t len)
            (status == KVM_ENOTFOUND && mentions(msg, len, "no compressed cache for this document"));
 }
 
-/* The timeout's message for what the connection reached (ask_link). */
+/* The timeout's message for what the connection reached (ask_link). A connection accepted
+ * without a handshake is also what a stopped server gives (its listening socket still accepts,
+ * no thread of it answers): that message blamed the endpoint alone. */
 static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, int monitored)
 {
     if (monitored && !l->tcp_connected)
@@ -197,8 +199,9 @@ static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, i
     else if (monitored && !l->greeted)
         fprintf(stderr,
                 "kvmill ask: %s accepted the connection but no ZeroMQ handshake with it completed within %g s: "
-                "it is not kvmill serve's front end (a program that does not speak ZeroMQ, or a ZeroMQ "
-                "socket of another kind)\n",
+                "the server there is stopped or hung (Ctrl-Z in its terminal, SIGSTOP, a debugger: the system "
+                "accepts connections for a stopped process), or it is not kvmill serve's front end (a program "
+                "that does not speak ZeroMQ, or a ZeroMQ socket of another kind)\n",
                 ep, timeout_s);
     else
         fprintf(stderr,
@@ -401,7 +404,16 @@ int kvm_cmd_ask(int argc, char **argv)
         if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) continue;
         kvm_proto_answer a;
         if (kvm_proto_answer_decode(m, &a)) {
-            fprintf(stderr, "kvmill ask: the server sent a malformed answer: %s\n", kvm_errmsg());
+            const char *e = kvm_errmsg();
+            /* a store service answers a request it does not serve with a store_reply */
+            if (mentions(e, strlen(e), "got 'store_reply'"))
+                fprintf(stderr,
+                        "kvmill ask: %s is a store service (kvmill store serve, or the one [store] service_bind "
+                        "starts), not kvmill serve's front end: connect to the front end kvmill serve's "
+                        "\"ready\" line names\n",
+                        ep);
+            else
+                fprintf(stderr, "kvmill ask: the server sent a malformed answer: %s\n", e);
             goto done;
         }
         if (a.request_id != rid) { /* a stale answer: keep waiting for ours */

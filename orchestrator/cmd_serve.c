@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Settings that do not go together (kvm_jobcfg_check), which every decode worker would refuse at
@@ -142,8 +143,12 @@ int kvm_cmd_serve(int argc, char **argv)
             kvm_cli_refuse("serve", "cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
             goto done;
         } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
-            kvm_cli_refuse("serve", "store %s does not exist: make its caches with kvmill run first, or give "
-                            "--compute-missing to compress documents on demand into a new store\n", sp);
+            struct stat sb; /* a folder made ahead (a mount point, mkdir) is there: say what it lacks */
+            const int folder = stat(sp, &sb) == 0 && S_ISDIR(sb.st_mode);
+            kvm_cli_refuse("serve",
+                           "store %s %s: make its caches with kvmill run first, or give "
+                           "--compute-missing to compress documents on demand into a new store\n",
+                           sp, folder ? "is a folder without a store in it (no data.mdb)" : "does not exist");
             goto done;
         }
     }

@@ -234,7 +234,10 @@ static int endpoint_hollow(const char *v, char *why, size_t why_n)
     return 0; /* an empty host (tcp://:PORT) passes here: the endpoint checks at bind and connect refuse it by name */
 }
 
-static int set_value(kvm_config *c, const char *section, const char *key, const char *raw, char *why, size_t why_n)
+/* vars: expand ${VAR} in raw (a line of the file); 0 takes raw as it is (a flag's value, which
+ * the shell has expanded already, or job settings' values, expanded once where they were read) */
+static int set_value(kvm_config *c, const char *section, const char *key, const char *raw, int vars, char *why,
+                     size_t why_n)
 {
     int i = find(section, key);
     if (i < 0) {
@@ -243,7 +246,8 @@ static int set_value(kvm_config *c, const char *section, const char *key, const 
         return -1;
     }
     char w[400];
-    char *v = expand(raw, w, sizeof w);
+    char *v = vars ? expand(raw, w, sizeof w) : strdup(raw);
+    if (!v && !vars) return snprintf(why, why_n, "[%s] %s: out of memory", section, key), -1;
     if (!v) return snprintf(why, why_n, "[%s] %s: %s", section, key, w), -1;
     if (kvm_cfg_settings[i].type == KVM_CFG_PATH && kvm_cfg_settings[i].lo >= 1 && !*v) {
         /* say where the empty value came from: a ${VAR:-} whose VAR is unset reads as nothing (a
@@ -274,7 +278,7 @@ static int on_pair(void *user, const char *section, const char *name, const char
             name = a->key;
             break;
         }
-    if (set_value(c, section, name, value, why, sizeof why) == 0) return 1;
+    if (set_value(c, section, name, value, 1, why, sizeof why) == 0) return 1;
     if (!c->first_error) c->first_error = strdup(why);
     return 0;
 }
@@ -539,7 +543,7 @@ int kvm_config_is_set(const kvm_config *c, const char *section, const char *key)
 int kvm_config_set(kvm_config *c, const char *section, const char *key, const char *value)
 {
     char why[512];
-    if (set_value(c, section, key, value, why, sizeof why)) return kvm_err(KVM_EINVAL, "%s", why);
+    if (set_value(c, section, key, value, 0, why, sizeof why)) return kvm_err(KVM_EINVAL, "%s", why);
     return 0;
 }
 

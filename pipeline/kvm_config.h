@@ -76,8 +76,9 @@ int kvm_config_bool(const kvm_config *c, const char *section, const char *key);
 /* 1 when the file set the key explicitly. */
 int kvm_config_is_set(const kvm_config *c, const char *section, const char *key);
 
-/* Overrides a value after loading (e.g. a --store flag), validated like the file's.
- * Returns 0 or KVM_EINVAL (message names the key). */
+/* Overrides a value after loading (e.g. a --store flag), validated like the file's; taken as
+ * it is: ${VAR} is expanded only in the file's lines (a flag's value has been through the
+ * shell already, and a path may hold "${"). Returns 0 or KVM_EINVAL (message names the key). */
 int kvm_config_set(kvm_config *c, const char *section, const char *key, const char *value);
 
 /* Writes every setting of `section` (NULL = all) as "section.key=value\n" in table order:

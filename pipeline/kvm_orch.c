@@ -178,6 +178,7 @@ static int prepare(orch *o, kvm_store **store)
 static void loop(orch *o)
 {
     int seen_interrupts = 0;
+    double next_look = kvm_now_ms() + 1000;
     o->renewed_ok = kvm_now_ms(); /* no claim is older */
     while (o->n_open > 0) {
         if (interrupts != seen_interrupts) {
@@ -192,6 +193,14 @@ static void loop(orch *o)
             if (kvm_joblist_count(&o->lists, J_PREFILL) + kvm_joblist_count(&o->lists, J_COMPRESS) == 0) return;
         }
         o->visited = 0;
+        if (kvm_now_ms() >= next_look) { /* its ipc:// socket files removed: bound again (kvm_serve.h) */
+            char ctl_ep[1100], data_ep[1100];
+            next_look = kvm_now_ms() + 1000;
+            if (kvm_stage_endpoints(o->base, ctl_ep, data_ep, sizeof ctl_ep) == 0) {
+                kvm_serve_rebind_if_removed(o->ctl, ctl_ep, "orchestrator's endpoint");
+                kvm_serve_rebind_if_removed(o->data, data_ep, "orchestrator's endpoint");
+            }
+        }
         zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
         zmq_poll(items, 2, 100);
         double t0 = kvm_now_ms();

@@ -68,7 +68,8 @@ typedef struct orch_slot {
     char device[64];
     pid_t pid;
     int respawns;
-    int gave_up; /* exited too often: not restarted any more */
+    int gave_up;     /* exited too often: not restarted any more */
+    double retry_at; /* its last start failed: try again then (0: not waiting) */
     char id[256];
 } orch_slot;
 

@@ -130,7 +130,11 @@ static void slot_died(orch *o, int s)
         return;
     }
     sl->respawns++;
-    if (spawn_slot(o, s)) kvm_orch__log("%s\n", kvm_errmsg());
+    sl->retry_at = 0;
+    if (spawn_slot(o, s)) { /* was left there: no worker for the stage, and the run waited for ever */
+        kvm_orch__log("%s: trying again in 1 s\n", kvm_errmsg());
+        sl->retry_at = kvm_now_ms() + 1000;
+    }
 }
 
 /* Fails every open job when a stage it needs has no worker left: every started one gave
@@ -227,6 +231,8 @@ void kvm_orch__check_health(orch *o)
     }
     for (int s = 0; s < o->n_slots; s++) /* slot_died may start a slot again: its new pid is not looked at */
         if (child_exited(o->slots[s].pid, &st)) slot_exited(o, s, st);
+    for (int s = 0; s < o->n_slots; s++) /* a restart that failed (its log's folder gone, no more processes) */
+        if (o->slots[s].pid == 0 && o->slots[s].retry_at > 0 && now >= o->slots[s].retry_at) slot_died(o, s);
     check_stages_alive(o);
     for (int w = 0; w < o->n_workers; w++)
         if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");

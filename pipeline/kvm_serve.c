@@ -4,6 +4,7 @@
  * broker itself (kvm_serve_run) is kvm_serve_broker.c and the kvm_serve_*.c files it uses. */
 #include "pipeline/kvm_serve.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "pipeline/kvm_curve.h"
 #include "proto/kvm_mpack_internal.h"
 
@@ -176,4 +177,39 @@ int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t
     if (sock && zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, out, &len) == 0 && len > 1 && out[0]) return 1;
     snprintf(out, n, "%s", fallback ? fallback : "");
     return 0;
+}
+
+/* Binds sock at the ipc:// endpoint ep again when its socket file is gone. A /tmp cleaner
+ * (systemd-tmpfiles removes what has not changed for 10 days; the default run directory is a
+ * temporary folder) or an rm deleted the front end's or the back end's socket of a server that
+ * kept running: connected peers kept their links, but a decode worker respawned after that
+ * never joined and clients found nothing there, so every ask timed out "waiting for a free
+ * decode worker" with no word of why. The folder is made again (0700, as the run directory)
+ * when it went too. */
+void kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what)
+{
+    if (strncmp(ep, "ipc://", 6) || ep[6] == '@') return; /* tcp://, or a Linux abstract socket: no file */
+    const char *path = ep + 6;
+    struct stat st;
+    if (lstat(path, &st) == 0 || errno != ENOENT) return;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash && slash != dir) {
+        *slash = '\0';
+        if (mkdir(dir, 0700) && errno != EEXIST) {
+            kvm_log(KVM_LOG_ERROR, "socket_removed", NULL, 0,
+                    "the socket file of the %s %s was removed, and its folder %s cannot be made again: %s", what, ep,
+                    dir, strerror(errno));
+            return;
+        }
+    }
+    zmq_unbind(sock, ep); /* the listener of the removed file: its unlink finds nothing */
+    if (zmq_bind(sock, ep))
+        kvm_log(KVM_LOG_ERROR, "socket_removed", NULL, 0,
+                "the socket file of the %s %s was removed, and binding it again failed: %s", what, ep,
+                zmq_strerror(errno));
+    else
+        kvm_log(KVM_LOG_WARN, "socket_removed", NULL, 0,
+                "the socket file of the %s %s was removed (a /tmp cleaner, or rm): bound it again", what, ep);
 }

@@ -72,6 +72,13 @@ int kvm_serve_endpoint_check(const char *endpoint, const char *what);
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
                    const char *what);
 
+/* Binds sock at the ipc:// endpoint ep again when its socket file is gone (a /tmp cleaner, an
+ * rm of the run directory), making its folder again (0700) when that went too, and logs it
+ * (`what` names the socket: "front end", "back end", "store service"); anything else (the file
+ * there, tcp://, an abstract socket) is left alone. For the loops of long-running servers,
+ * about once a second. */
+void kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what);
+
 /* The endpoint sock is bound to, as ZeroMQ reports it (ZMQ_LAST_ENDPOINT): a `:0` or `:*`
  * port resolved to the port chosen, localhost as 127.0.0.1. Writes it to out[0, n) and
  * returns 1; writes `fallback` and returns 0 when ZeroMQ has none. */

@@ -181,7 +181,16 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     } else {
         if (s.n_slots == 0)
             kvm_serve__log("ready: front end %s, no decode workers started; back end %s", s.front_ep, s.base);
+        char ctl_ep[1100] = "", data_ep[1100] = "";
+        if (kvm_stage_endpoints(s.base, ctl_ep, data_ep, sizeof ctl_ep)) ctl_ep[0] = data_ep[0] = '\0';
+        double next_look = kvm_now_ms() + 1000;
         while (!interrupts && !s.fatal) {
+            if (kvm_now_ms() >= next_look) { /* a stat each second per ipc:// socket */
+                next_look = kvm_now_ms() + 1000;
+                kvm_serve_rebind_if_removed(s.front, s.front_ep, "front end");
+                if (*ctl_ep) kvm_serve_rebind_if_removed(s.ctl, ctl_ep, "back end");
+                if (*data_ep) kvm_serve_rebind_if_removed(s.data, data_ep, "back end");
+            }
             zmq_pollitem_t items[3] = {
                 {s.front, 0, ZMQ_POLLIN, 0}, {s.ctl, 0, ZMQ_POLLIN, 0}, {s.data, 0, ZMQ_POLLIN, 0}};
             zmq_poll(items, 3, 100);

@@ -3,11 +3,13 @@
 #include "pipeline/kvm_config.h"
 #include "common/kvm_error.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -38,6 +40,9 @@ int kvm_spawn_start(pid_t *pid, const char *exe, char *const argv[], const kvm_s
     posix_spawnattr_destroy(&at);
     if (rc) {
         *pid = 0;
+        if (rc == ENOENT && opts->log_path && access(exe, X_OK) == 0) /* the log file, not the program */
+            return kvm_err(KVM_EIO, "cannot start %s: cannot open its log file %s: %s", opts->what ? opts->what : exe,
+                           opts->log_path, strerror(rc));
         return kvm_err(KVM_EIO, "cannot start %s: %s", opts->what ? opts->what : exe, strerror(rc));
     }
     return 0;

@@ -379,7 +379,17 @@ int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, c
     if (!s) return kvm_err(KVM_ENOMEM, "store service: out of memory");
     *s = (svc){.store = store, .sock = sock, .log = log, .st = stats};
     int rc = 0;
+    char ep[1100] = "";
+    size_t epn = sizeof ep - 1;
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &epn)) ep[0] = '\0';
+    time_t next_look = 0;
     while (!(stop && *stop)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        if (*ep && ts.tv_sec >= next_look) { /* its ipc:// socket file removed: bound again (kvm_serve.h) */
+            next_look = ts.tv_sec + 1;
+            kvm_serve_rebind_if_removed(sock, ep, "store service");
+        }
         zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
         int pr = zmq_poll(&it, 1, 200);
         if (pr < 0 && errno != EINTR) {

@@ -204,6 +204,35 @@ static int load_cache(decode_state *st, const kvm_store_cache_key *key, int64_t 
     return kvm_serve_cache_load(st->store, key, &st->wm.tok_id, st->wm.model, extra, out, n);
 }
 
+/* Where a document has no cache under this server's config id: the config ids it is stored
+ * under for this model (a server started with other settings than the run that made the
+ * caches, a [store] dtype = f16 say), as a clause for the "no compressed cache" error, or ""
+ * (none, or a remote store, which has no such lookup). Without it the error said only to
+ * compress the document again, and compute_missing would store a second cache of it. */
+static const char *other_configs(decode_state *st, const kvm_store_cache_key *key, char *buf, size_t size)
+{
+    kvm_store_id ids[3];
+    int n = 0;
+    buf[0] = '\0';
+    if (st->svc || !st->store || kvm_store_doc_configs(st->store, &key->model_id, &key->doc_hash, ids, 3, &n) || n == 0)
+        return buf;
+    size_t len = (size_t)snprintf(buf, size, "; the store holds it under %s config%s", n == 1 ? "another" : "other",
+                                  n == 1 ? "" : "s");
+    for (int i = 0; i < n && i < 3 && len < size; i++) {
+        char h[KVM_STORE_ID_HEX + 1];
+        len += (size_t)snprintf(buf + len, size - len, "%s%.16s", i ? ", " : " ", kvm_store_id_hex(&ids[i], h));
+    }
+    if (len < size && n > 3) len += (size_t)snprintf(buf + len, size - len, " and %d more", n - 3);
+    char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
+    if (len < size)
+        snprintf(buf + len, size - len,
+                 " (made with other settings: [compress], [store] dtype, [model] context or chat, or another kvmill "
+                 "algorithm version): serve with the config that made it (kvmill store show %.12s:%.12s:%.12s)",
+                 kvm_store_id_hex(&key->model_id, mh), kvm_store_id_hex(&key->doc_hash, dh),
+                 kvm_store_id_hex(&ids[0], ch));
+    return buf;
+}
+
 /* Prefills the document with a capture, compresses it with the config's method, stores it
  * (a failure to store is logged: the answer does not depend on it; *stored says whether it
  * was). *out gets room for `extra` more entries per head. */
@@ -274,7 +303,8 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     snprintf(name, sizeof name, "%.*s", (int)ask->doc_name.len, ask->doc_name.ptr);
     kvm_store_doc_match *docs = NULL;
     int64_t n = 0, found = 0;
-    int scanned = 0;
+    int scanned = 0, missed = 0;
+    kvm_store_cache_key miss = {.model_id = st->wm.model_id, .config_id = st->config_id};
     /* sources are stored as their first 255 bytes: a longer name is matched by those */
     int rc = kvm_store_find_docs(st->store, name, ask->doc_name.len, &docs, &n, &scanned);
     if (scanned && !st->said_name_scan) {
@@ -291,6 +321,7 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
         int has = 0;
         int hrc = kvm_store_has_cache(st->store, &key, &st->wm.tok_id, &has);
         if (hrc == KVM_ESTATE || hrc == KVM_EIO || hrc == KVM_ENOMEM) rc = hrc;
+        if (!hrc && !has && !missed++) miss.doc_hash = docs[i].doc_hash; /* stored under another config? */
         if (hrc || !has) continue; /* no cache, or one of another tokenizer, or a corrupt one */
         if (found++ == 0) *hash = docs[i].doc_hash;
         char h[KVM_STORE_ID_HEX + 1];
@@ -301,12 +332,14 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     }
     free(docs);
     if (rc) return rc;
-    char mh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
+    char mh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1], hint[512] = "";
     if (found == 0)
         return kvm_err(KVM_ENOTFOUND,
                        "no stored document named '%s' has a cache for this server's model %.16s and config %.16s "
-                       "(names are the corpus file names or JSONL ids kvmill run stored; kvmill store ls lists caches)",
-                       name, kvm_store_id_hex(&st->wm.model_id, mh), kvm_store_id_hex(&st->config_id, ch));
+                       "(names are the corpus file names or JSONL ids kvmill run stored; kvmill store ls lists "
+                       "caches)%s",
+                       name, kvm_store_id_hex(&st->wm.model_id, mh), kvm_store_id_hex(&st->config_id, ch),
+                       missed ? other_configs(st, &miss, hint, sizeof hint) : "");
     if (found > 1)
         return kvm_err(KVM_EINVAL, "the name '%s' matches %lld stored documents: %s; name one with --doc-hash", name,
                        (long long)found, list);
@@ -433,7 +466,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     if ((rc = ask_config_id(st))) goto done;
     kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = d.hash, .config_id = st->config_id};
     int64_t n_stored = 0;
-    char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
+    char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1], hint[512];
     if (by_key) {
         if ((rc = resolve_stored(st, ask, &key.doc_hash))) goto done;
         d.hash = key.doc_hash;
@@ -441,9 +474,9 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         if (rc == KVM_ENOTFOUND)
             rc = kvm_err(KVM_ENOTFOUND,
                          "no compressed cache for document %.16s with this server's model %.16s and config %.16s "
-                         "(kvmill store ls --csv lists the stored document hashes)",
+                         "(kvmill store ls --csv lists the stored document hashes)%s",
                          kvm_store_id_hex(&key.doc_hash, dh), kvm_store_id_hex(&st->wm.model_id, mh),
-                         kvm_store_id_hex(&st->config_id, ch));
+                         kvm_store_id_hex(&st->config_id, ch), other_configs(st, &key, hint, sizeof hint));
         if (rc) goto done;
         d.n_tokens = n_stored;
     }
@@ -476,9 +509,9 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
         } else if (rc == KVM_ENOTFOUND) {
             rc = kvm_err(KVM_ENOTFOUND,
                          "no compressed cache for this document (%lld tokens, doc hash %.16s, model %.16s, "
-                         "config %.16s): compress it first with kvmill run, or set [serve] compute_missing = true",
+                         "config %.16s): compress it first with kvmill run, or set [serve] compute_missing = true%s",
                          (long long)d.n_tokens, kvm_store_id_hex(&d.hash, dh), kvm_store_id_hex(&st->wm.model_id, mh),
-                         kvm_store_id_hex(&st->config_id, ch));
+                         kvm_store_id_hex(&st->config_id, ch), other_configs(st, &key, hint, sizeof hint));
         }
         if (rc) goto done;
     }

@@ -263,6 +263,13 @@ typedef int (*kvm_store_cache_visit_fn)(const kvm_store_cache_key *key, const kv
  * db's keys out of order: a damaged B-tree, where a re-seek would visit caches again forever). */
 int kvm_store_list_caches(kvm_store *s, const kvm_store_id *model_id, kvm_store_cache_visit_fn fn, void *arg);
 
+/* The config ids under which the store holds a complete cache (its manifest) of doc_hash for
+ * model_id, in key order: the first `max` go to configs, *n counts them all. One range of keys
+ * (the document's own), so the cost does not grow with the store. Errors as for
+ * kvm_store_list_caches. */
+int kvm_store_doc_configs(kvm_store *s, const kvm_store_id *model_id, const kvm_store_id *doc_hash,
+                          kvm_store_id *configs, int max, int *n);
+
 /* Resolves "MODEL:DOC:CONFIG", each part 1..64 hex digits (a unique prefix of the id), to
  * the one cache it names. Errors: KVM_EINVAL (syntax; or the prefixes match several caches:
  * the message says "ambiguous" and how many), KVM_ENOTFOUND (no cache matches), KVM_ECORRUPT

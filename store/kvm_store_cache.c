@@ -459,3 +459,47 @@ int kvm_store_find_cache(kvm_store *s, const char *text, kvm_store_cache_key *ou
                        (long long)n_match);
     return 0;
 }
+
+int kvm_store_doc_configs(kvm_store *s, const kvm_store_id *model_id, const kvm_store_id *doc_hash,
+                          kvm_store_id *configs, int max, int *n)
+{
+    *n = 0;
+    int st = kvm_store__lock(s);
+    if (st) return st;
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    st = kvm_store__read_begin(s, &txn);
+    int rc = st ? 0 : mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CACHES], &cur);
+    if (rc) st = kvm_store__mdb(s, rc, "cursor");
+    uint8_t start[2 * KVM_STORE_ID_BYTES], last[KVM_STORE__CACHE_KEY_BYTES];
+    int have_last = 0;
+    MDB_val key = {sizeof start, start}, val;
+    memcpy(start, model_id->b, KVM_STORE_ID_BYTES);
+    memcpy(start + KVM_STORE_ID_BYTES, doc_hash->b, KVM_STORE_ID_BYTES);
+    if (st == 0) rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+    while (st == 0 && rc == 0) {
+        const uint8_t *kp = key.mv_data;
+        if (key.mv_size != KVM_STORE__CACHE_KEY_BYTES) { /* not a cache key: verify reports it */
+            rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
+            continue;
+        }
+        if (memcmp(kp, start, sizeof start) != 0) break; /* past this model's document */
+        if ((st = key_advances(s, &key, last, &have_last))) break;
+        if (kvm_store__key_layer(kp) != KVM_STORE__MANIFEST) { /* layers: jump to the manifest */
+            uint8_t kb[KVM_STORE__CACHE_KEY_BYTES];
+            memcpy(kb, kp, KVM_STORE__PREFIX_BYTES);
+            memset(kb + KVM_STORE__PREFIX_BYTES, 0xff, 4);
+            key = (MDB_val){sizeof kb, kb};
+            rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+            continue;
+        }
+        if (*n < max) memcpy(configs[*n].b, kp + 2 * KVM_STORE_ID_BYTES, KVM_STORE_ID_BYTES);
+        (*n)++;
+        rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
+    }
+    if (st == 0 && rc && rc != MDB_NOTFOUND) st = kvm_store__mdb(s, rc, "list a document's caches");
+    if (cur) mdb_cursor_close(cur);
+    if (txn) mdb_txn_abort(txn);
+    kvm_store__unlock(s);
+    return st;
+}

@@ -322,10 +322,10 @@ const char *kvm_store__network_fs(unsigned long f_type)
     static const struct {
         unsigned long magic; /* linux/magic.h, or the filesystem's own source where it has none there */
         const char *name;
-    } fs[] = {{0x6969, "nfs"},        {0xFF534D42, "cifs"},   {0xFE534D42, "smb2"},  {0x517B, "smb"},
-              {0x5346414F, "afs"},    {0x6B414653, "kafs"},   {0x00C36400, "ceph"},  {0x0BD00BD0, "lustre"},
-              {0x47504653, "gpfs"},   {0x73757245, "coda"},   {0x564C, "ncp"},       {0x01161970, "gfs2"},
-              {0x7461636F, "ocfs2"}};
+    } fs[] = {{0x6969, "nfs"},       {0xFF534D42, "cifs"}, {0xFE534D42, "smb2"},   {0x517B, "smb"},
+              {0x5346414F, "afs"},   {0x6B414653, "kafs"}, {0x00C36400, "ceph"},   {0x0BD00BD0, "lustre"},
+              {0x47504653, "gpfs"},  {0x73757245, "coda"}, {0x564C, "ncp"},        {0x01161970, "gfs2"},
+              {0x7461636F, "ocfs2"}, {0x01021997, "9p"},   {0x19830326, "beegfs"}, {0x20030528, "orangefs"}};
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++)
         if ((f_type & 0xFFFFFFFFul) == fs[i].magic) return fs[i].name;
     return NULL;

@@ -1,0 +1,398 @@
+/* check_newuser_serve.c: defects found by trying kvmill serve / kvmill ask, the store service
+ * and Hugging Face folders as a new user (after rel22), one test per defect. Runs real servers
+ * on the embedded stories260K over ipc://. */
+#include "common/kvm_error.h"
+#include "model/kvm_tokenizer.h"
+#include "store/kvm_store_internal.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char *g_dir;
+static char g_cfg[4096], g_front[4200], g_log[4200];
+static pid_t g_serve;
+
+static void setup(void)
+{
+    kvm_test_serve_dirs(&g_dir, g_front, sizeof g_front, g_log, sizeof g_log);
+    g_serve = 0;
+}
+
+static void teardown(void) { kvm_test_serve_cleanup(g_serve, g_dir); }
+
+/* A config of the embedded stories260K (context 64, method full) with `store_extra` lines in
+ * [store] (the store is g_dir/store) into g_cfg. */
+static void write_config(const char *store_extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n"
+             "[compress]\nmethod = full\n"
+             "[store]\npath = %s/store\nmap_size_mb = 16\n%s\n"
+             "[stages]\nbin_dir = %s\n"
+             "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 50\n",
+             kvm_test_data_path("models/stories260K.bin"), g_dir, store_extra, kvm_test_bin(), g_dir);
+    snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+}
+
+static void assert_contains(const char *hay, const char *needle)
+{
+    ck_assert_msg(hay && strstr(hay, needle), "expected \"%s\" in:\n%s", needle, hay ? hay : "(null)");
+}
+
+/* `kvmill ask --connect g_front --timeout 60 ARGS`: exit status, stderr into *err. */
+static int ask(const char *args, char **err)
+{
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 60 %s", kvm_test_bin(), g_front, args);
+    return kvm_test_run(cmd, NULL, err);
+}
+
+/* A store made with `[store] dtype = f16`, served with a config that leaves dtype at f32 (or
+ * any other setting that changes the config id): every ask said only "no compressed cache for
+ * this document ... compress it first with kvmill run, or set [serve] compute_missing = true",
+ * advice that stores a second cache of a document the store has. The error now names the
+ * config the store holds the document under, for --doc, --doc-name and --doc-hash alike. */
+START_TEST(test_cache_of_other_config_named)
+{
+    char doc[4300], corpus[4300], cmd[16384], args[8192], *out = NULL, *err = NULL;
+    snprintf(corpus, sizeof corpus, "%s/corpus", g_dir);
+    ck_assert_int_eq(mkdir(corpus, 0755), 0);
+    snprintf(doc, sizeof doc, "%s/story.txt", corpus);
+    const char *text = "Once upon a time there was a little girl named Lily. She liked to play in the park.\n";
+    ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
+    write_config("dtype = f16");
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), g_cfg, corpus);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "kvmill run exited %d: %s", rc, err);
+    free(err);
+    /* the f16 cache's document hash and config id, from store ls --csv */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s/store' --csv", kvm_test_bin(), g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char doc_hash[65] = "", config_id[65] = "";
+    const char *row = strchr(out, '\n');
+    ck_assert_msg(row && sscanf(row + 1, "%*64[0-9a-f],%64[0-9a-f],%64[0-9a-f]", doc_hash, config_id) == 2,
+                  "store ls --csv: %s", out);
+    free(out);
+    free(err);
+    char want[64];
+    snprintf(want, sizeof want, "under another config %.16s", config_id);
+
+    write_config(""); /* dtype f32: another config id */
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 1, "--doc: exit %d: %s", rc, err);
+    assert_contains(err, "no compressed cache for this document");
+    assert_contains(err, want);
+    assert_contains(err, "[store] dtype");
+    free(err);
+
+    rc = ask("--doc-name story.txt --prompt ' She' -n 4", &err);
+    ck_assert_msg(rc == 1, "--doc-name: exit %d: %s", rc, err);
+    assert_contains(err, want);
+    free(err);
+
+    snprintf(args, sizeof args, "--doc-hash %s --prompt ' She' -n 4", doc_hash);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 1, "--doc-hash: exit %d: %s", rc, err);
+    assert_contains(err, want);
+    free(err);
+
+    /* a document the store does not hold at all gets no such clause */
+    snprintf(doc, sizeof doc, "%s/other.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Tom had a big red ball.\n", 24), 0);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' He' -n 4", doc);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 1 && err && strstr(err, "no compressed cache") && !strstr(err, "under another config"),
+                  "other document: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
+/* A flag's value is taken as it is: `--store 'DIR/s${HOME}x'` (a folder name with "${" in it,
+ * quoted so the shell leaves it alone) made kvmill run and kvmill serve expand ${HOME} as if the
+ * value were a config line, so run wrote (or failed to create) DIR/s/rootx and serve refused
+ * the store the user named, while kvmill store ls read the folder named. */
+START_TEST(test_flag_value_not_expanded)
+{
+    char corpus[4300], doc[4400], store[4400], cmd[16384], args[8192], *err = NULL;
+    snprintf(corpus, sizeof corpus, "%s/corpus", g_dir);
+    ck_assert_int_eq(mkdir(corpus, 0755), 0);
+    snprintf(doc, sizeof doc, "%s/story.txt", corpus);
+    const char *text = "Once upon a time there was a little girl named Lily. She liked to play in the park.\n";
+    ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
+    write_config("");
+    snprintf(store, sizeof store, "%s/s${HOME}x", g_dir);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --store '%s' --corpus '%s'", kvm_test_bin(), g_cfg, store,
+             corpus);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "kvmill run --store exited %d: %s", rc, err);
+    free(err);
+    ck_assert_msg(access(store, F_OK) == 0, "run did not write the store named: %s", store);
+    ck_assert_int_eq(kvm_test_store_caches(store), 1);
+
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--store", store, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 0, "ask: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
+/* tokenizer_config.json holding a list (`[]`, a file saved from the wrong tool) was read as
+ * an object without keys: no BOS token, no chat template, no word; config.json and
+ * generation_config.json were already refused as "not a JSON object". */
+START_TEST(test_tokenizer_config_not_object)
+{
+    char *dir = kvm_test_tmpdir(), p[4300], q[4300];
+    size_t n = 0;
+    char *tok = kvm_test_read_file("tests/data/hf/tokenizers/qwen_style/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(tok);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, tok, n), 0);
+    free(tok);
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    static const char *const bad[] = {"[]", "[{\"bos_token\": \"<s>\"}]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(kvm_test_write_file(q, bad[i], strlen(bad[i])), 0);
+        kvm_tokenizer *t = NULL;
+        int rc = kvm_tokenizer_open_hf(p, 0, &t);
+        ck_assert_msg(rc == KVM_EFORMAT, "%s: got %d (%s)", bad[i], rc, kvm_errmsg());
+        ck_assert_ptr_null(t);
+        ck_assert_msg(strstr(kvm_errmsg(), "tokenizer_config.json: not a JSON object"), "%s", kvm_errmsg());
+    }
+    /* an object still loads */
+    ck_assert_int_eq(kvm_test_write_file(q, "{}", 2), 0);
+    kvm_tokenizer *t = NULL;
+    ck_assert_msg(kvm_tokenizer_open_hf(p, 0, &t) == 0, "%s", kvm_errmsg());
+    kvm_tokenizer_close(&t);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A server stopped with Ctrl-Z (SIGSTOP): its listening socket still accepts connections, so an
+ * ask timed out with "it is not kvmill serve's front end", sending the user to check the endpoint
+ * of the very server they had started. The message now names a stopped or hung server first. */
+START_TEST(test_ask_stopped_server)
+{
+    char doc[4300], store[4300], args[8192], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time.\n", 18), 0);
+    ck_assert_int_eq(kill(g_serve, SIGSTOP), 0);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 1.5 %s", kvm_test_bin(), g_front, args);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    kill(g_serve, SIGCONT);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "accepted the connection but no ZeroMQ handshake");
+    assert_contains(err, "stopped or hung");
+    free(err);
+}
+END_TEST
+
+/* kvmill ask pointed at the store service's endpoint (the other port a two-host setup has):
+ * it answers with a store_reply, which ask reported as "the server sent a malformed answer:
+ * answer: expected message type 'answer', got 'store_reply'". It now says what the endpoint is. */
+START_TEST(test_ask_store_service_endpoint)
+{
+    char store[4300], doc[4300], cmd[16384], *err = NULL;
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time.\n", 18), 0);
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill' store serve --store '%s' --bind 'ipc://%s/svc' 2>/dev/null & pid=$!; "
+             "for i in $(seq 100); do [ -S '%s/svc' ] && break; sleep 0.1; done; "
+             "'%s/kvmill' ask --connect 'ipc://%s/svc' --timeout 20 --doc '%s' --prompt ' She' -n 4; rc=$?; "
+             "kill $pid; wait $pid; exit $rc",
+             kvm_test_bin(), store, g_dir, g_dir, kvm_test_bin(), g_dir, doc);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "is a store service");
+    assert_contains(err, "not kvmill serve's front end");
+    free(err);
+}
+END_TEST
+
+/* kvmill serve --store on an empty folder (made ahead with mkdir, or a mount point) said the
+ * store "does not exist", though ls shows the folder; store ls and kvmill-decode said "directory
+ * holds no store (no data.mdb)". serve now says what the folder lacks. */
+START_TEST(test_serve_empty_store_folder)
+{
+    char store[4300], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    ck_assert_int_eq(mkdir(store, 0755), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' serve --config '%s' --bind '%s' --workers 1", kvm_test_bin(),
+             g_cfg, g_front);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "serve: exit %d: %s", rc, err);
+    assert_contains(err, "is a folder without a store in it (no data.mdb)");
+    ck_assert_msg(!strstr(err, "does not exist"), "%s", err);
+    free(err);
+}
+END_TEST
+
+/* A store on a 9p share (a VM's or WSL2's folder of its host: QEMU/virtio 9p keeps POSIX locks in
+ * the guest, so host and guest each take LMDB's locks alone), BeeGFS or OrangeFS (cluster
+ * filesystems, as Lustre and GPFS) was opened as a local one; they are refused by name as the
+ * other network filesystems are. */
+START_TEST(test_network_fs_more)
+{
+    ck_assert_str_eq(kvm_store__network_fs(0x01021997), "9p");
+    ck_assert_str_eq(kvm_store__network_fs(0x19830326), "beegfs");
+    ck_assert_str_eq(kvm_store__network_fs(0x20030528), "orangefs");
+    ck_assert_ptr_null(kvm_store__network_fs(0x01021994)); /* tmpfs, one digit away from 9p */
+}
+END_TEST
+
+/* A running server whose socket files were removed (a /tmp cleaner such as systemd-tmpfiles,
+ * which removes what has not changed for 10 days, or an rm of the run directory): connected
+ * peers kept their links, but a decode worker respawned after that never joined and clients
+ * found nothing at the front end, so every ask failed from then on with no word of why. The
+ * server now binds a removed ipc:// socket again (and says so). */
+START_TEST(test_serve_sockets_removed)
+{
+    char store[4300], doc[4300], cmd[16384], args[8192], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    const char *text = "Once upon a time there was a little girl named Lily.\n";
+    ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", "--compute-missing", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    /* the run directory (back end sockets) and the front end's socket go; the worker dies */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/run' '%s' && kill -9 $(pgrep -P %d kvmill-decode)", g_dir, g_front + 6,
+             (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    sleep(3);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 40 %s", kvm_test_bin(), g_front, args);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    char *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(rc == 0, "ask: exit %d: %s\nserver log:\n%s", rc, err, log ? log : "");
+    assert_contains(log, "was removed (a /tmp cleaner, or rm): bound it again");
+    free(log);
+    free(err);
+}
+END_TEST
+
+/* The store service (kvmill store serve --bind ipc://...) runs for weeks too: when its socket
+ * file went (a /tmp cleaner, an rm), workers and decode workers found nothing there from then on.
+ * It binds it again as kvmill serve does. */
+START_TEST(test_store_service_socket_removed)
+{
+    char store[4300], doc[4300], cmd[16384], *err = NULL;
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, "Once upon a time.\n", 18), 0);
+    /* the folder and its socket go once the service is up; ask then finds the service again */
+    snprintf(cmd, sizeof cmd,
+             "mkdir '%s/sd' && { '%s/kvmill' store serve --store '%s' --bind 'ipc://%s/sd/svc' 2>'%s/svc.log' & "
+             "pid=$!; }; for i in $(seq 100); do [ -S '%s/sd/svc' ] && break; sleep 0.1; done; rm -rf '%s/sd'; "
+             "sleep 2.5; '%s/kvmill' ask --connect 'ipc://%s/sd/svc' --timeout 10 --doc '%s' --prompt ' She' -n 4; "
+             "rc=$?; kill $pid; wait $pid; exit $rc",
+             g_dir, kvm_test_bin(), store, g_dir, g_dir, g_dir, g_dir, kvm_test_bin(), g_dir, doc);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "is a store service"); /* reached it, rather than "nothing accepted a connection" */
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/svc.log", g_dir);
+    char *log = kvm_test_read_file(cmd, NULL);
+    assert_contains(log, "was removed (a /tmp cleaner, or rm): bound it again");
+    free(log);
+}
+END_TEST
+
+/* kvmill run whose run directory went (a /tmp cleaner, an rm) while a stage worker died: the
+ * restart failed ("cannot start .../kvmill-compress: No such file or directory", the log file's
+ * folder being gone, not the program), the slot was left without a process and never tried
+ * again, and the run waited for ever with no compress worker. Now the orchestrator binds its
+ * sockets again, retries the start a second later, and the run completes. */
+START_TEST(test_run_dir_removed_worker_restart)
+{
+    char corpus[4300], p[4400], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    snprintf(corpus, sizeof corpus, "%s/corpus", g_dir);
+    ck_assert_int_eq(mkdir(corpus, 0755), 0);
+    for (int i = 0; i < 30; i++) {
+        char text[256];
+        snprintf(p, sizeof p, "%s/d%02d.txt", corpus, i);
+        snprintf(text, sizeof text,
+                 "Once upon a time number %d there was a little girl named Lily. She liked to play with her red "
+                 "ball in the park every day with friends.\n",
+                 i);
+        ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    }
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = sculpt\nratio = 0.3\nretain = 8\n"
+             "[store]\npath = %s/store\n[stages]\nbin_dir = %s\n[run]\nrun_dir = %s/run\n",
+             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir);
+    snprintf(cfg, sizeof cfg, "%s/r.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    /* once the compress worker is up: the run directory goes, then the worker; a run that hangs
+     * is killed after 90 s (exit 137) */
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && { '%s/kvmill' run --config r.ini --corpus corpus & rp=$!; }; "
+             "{ sleep 90 >/dev/null 2>&1; kill -9 $rp; } & wd=$!; "
+             "for i in $(seq 200); do c=$(pgrep -P $rp kvmill-compress); [ -n \"$c\" ] && [ -S run/ctl ] && "
+             "break; sleep 0.1; done; sleep 1; rm -rf run; kill -9 $c; "
+             "wait $rp; rc=$?; pkill -P $wd; kill $wd; exit $rc",
+             g_dir, kvm_test_bin());
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "run: exit %d (137: it hung)\n%s", rc, err);
+    assert_contains(out, "compressed=30");
+    assert_contains(err, "exited (signal 9)"); /* the kill came while it ran */
+    free(out);
+    free(err);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("newuser_serve");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"cache_of_other_config_named", test_cache_of_other_config_named},
+        {"flag_value_not_expanded", test_flag_value_not_expanded},
+        {"tokenizer_config_not_object", test_tokenizer_config_not_object},
+        {"ask_stopped_server", test_ask_stopped_server},
+        {"ask_store_service_endpoint", test_ask_store_service_endpoint},
+        {"serve_empty_store_folder", test_serve_empty_store_folder},
+        {"network_fs_more", test_network_fs_more},
+        {"serve_sockets_removed", test_serve_sockets_removed},
+        {"store_service_socket_removed", test_store_service_socket_removed},
+        {"run_dir_removed_worker_restart", test_run_dir_removed_worker_restart},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(suite()); }
