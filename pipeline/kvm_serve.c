@@ -184,32 +184,49 @@ int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t
  * temporary folder) or an rm deleted the front end's or the back end's socket of a server that
  * kept running: connected peers kept their links, but a decode worker respawned after that
  * never joined and clients found nothing there, so every ask timed out "waiting for a free
- * decode worker" with no word of why. The folder is made again (0700, as the run directory)
- * when it went too. */
+ * decode worker" with no word of why. The old listener is left bound: zmq_unbind would close
+ * every connection it accepted (the connected workers and clients, whose next message is
+ * lost); a second listener on the same endpoint string is what ZeroMQ allows, and the old one
+ * costs a descriptor until the socket closes. The folder is made again (0700, as the run
+ * directory) when it went too, and bound into only when it is a folder of this user that no
+ * one else may write (else another user could make it, or a link of that name, and take the
+ * jobs and prompts). A failure is logged once per endpoint and reason, not every second. */
 void kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what)
 {
+    static _Thread_local struct {
+        char ep[128];
+        int why;
+    } said[8]; /* the last failure logged per endpoint (a server loop has at most 3) */
     if (strncmp(ep, "ipc://", 6) || ep[6] == '@') return; /* tcp://, or a Linux abstract socket: no file */
     const char *path = ep + 6;
     struct stat st;
     if (lstat(path, &st) == 0 || errno != ENOENT) return;
-    char dir[1100];
+    int slot = 0;
+    while (slot < 7 && said[slot].ep[0] && strncmp(said[slot].ep, ep, sizeof said[slot].ep - 1))
+        slot++;
+    snprintf(said[slot].ep, sizeof said[slot].ep, "%s", ep);
+    char dir[1100], why[300] = "";
+    int code = 0;
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash && slash != dir) {
         *slash = '\0';
-        if (mkdir(dir, 0700) && errno != EEXIST) {
-            kvm_log(KVM_LOG_ERROR, "socket_removed", NULL, 0,
-                    "the socket file of the %s %s was removed, and its folder %s cannot be made again: %s", what, ep,
-                    dir, strerror(errno));
-            return;
-        }
+        if (mkdir(dir, 0700) && errno != EEXIST)
+            code = 1, snprintf(why, sizeof why, "its folder %s cannot be made again: %s", dir, strerror(errno));
+        else if (lstat(dir, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+            code = 2, snprintf(why, sizeof why,
+                               "%s is no folder of this user that only it may write (a link, or another user's): "
+                               "not bound there",
+                               dir);
     }
-    zmq_unbind(sock, ep); /* the listener of the removed file: its unlink finds nothing */
-    if (zmq_bind(sock, ep))
-        kvm_log(KVM_LOG_ERROR, "socket_removed", NULL, 0,
-                "the socket file of the %s %s was removed, and binding it again failed: %s", what, ep,
-                zmq_strerror(errno));
-    else
+    if (!code && ipc_in_use(ep)) code = 3, snprintf(why, sizeof why, "another process listens there now");
+    if (!code && zmq_bind(sock, ep))
+        code = 4, snprintf(why, sizeof why, "binding it again failed: %s", zmq_strerror(errno));
+    if (code && said[slot].why != code)
+        kvm_log(KVM_LOG_ERROR, "socket_removed", NULL, 0, "the socket file of the %s %s was removed, and %s", what, ep,
+                why);
+    else if (!code)
         kvm_log(KVM_LOG_WARN, "socket_removed", NULL, 0,
                 "the socket file of the %s %s was removed (a /tmp cleaner, or rm): bound it again", what, ep);
+    said[slot].why = code;
 }

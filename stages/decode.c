@@ -211,11 +211,15 @@ static int load_cache(decode_state *st, const kvm_store_cache_key *key, int64_t 
  * compress the document again, and compute_missing would store a second cache of it. */
 static const char *other_configs(decode_state *st, const kvm_store_cache_key *key, char *buf, size_t size)
 {
-    kvm_store_id ids[3];
-    int n = 0;
+    kvm_store_id ids[4];
+    int n = 0, kept = 0;
     buf[0] = '\0';
-    if (st->svc || !st->store || kvm_store_doc_configs(st->store, &key->model_id, &key->doc_hash, ids, 3, &n) || n == 0)
+    if (st->svc || !st->store || kvm_store_doc_configs(st->store, &key->model_id, &key->doc_hash, ids, 4, &n))
         return buf;
+    for (int i = 0; i < n && i < 4; i++) /* a cache stored under this config since the load failed is no other */
+        if (memcmp(&ids[i], &key->config_id, sizeof ids[i])) ids[kept++] = ids[i];
+    n -= (n < 4 ? n : 4) - kept;
+    if (n <= 0) return buf;
     size_t len = (size_t)snprintf(buf, size, "; the store holds it under %s config%s", n == 1 ? "another" : "other",
                                   n == 1 ? "" : "s");
     for (int i = 0; i < n && i < 3 && len < size; i++) {

@@ -270,7 +270,7 @@ END_TEST
  * server now binds a removed ipc:// socket again (and says so). */
 START_TEST(test_serve_sockets_removed)
 {
-    char store[4300], doc[4300], cmd[16384], args[8192], *err = NULL;
+    char store[4300], doc[4300], cmd[16384], ask[16384], args[8192], *err = NULL;
     write_config("");
     snprintf(store, sizeof store, "%s/store", g_dir);
     kvm_test_store_create(store);
@@ -279,19 +279,55 @@ START_TEST(test_serve_sockets_removed)
     ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
     const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", "--compute-missing", NULL};
     ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    /* first only the back end's socket files go, the worker living on: after they are bound
+     * again the worker still answers (the server keeps the old listener and its connections) */
+    snprintf(cmd, sizeof cmd,
+             "rm -f '%s/run/ctl' '%s/run/data' && for i in $(seq 100); do grep -q 'bound it again' '%s' && exit 0; "
+             "sleep 0.1; done; exit 1",
+             g_dir, g_dir, g_log);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
+    snprintf(ask, sizeof ask, "'%s/kvmill' ask --connect '%s' --timeout 40 %s", kvm_test_bin(), g_front, args);
+    int rc = kvm_test_run(ask, NULL, &err);
+    ck_assert_msg(rc == 0, "ask after the back end's sockets were bound again: exit %d: %s", rc, err);
+    free(err);
+    err = NULL;
     /* the run directory (back end sockets) and the front end's socket go; the worker dies */
     snprintf(cmd, sizeof cmd, "rm -rf '%s/run' '%s' && kill -9 $(pgrep -P %d kvmill-decode)", g_dir, g_front + 6,
              (int)g_serve);
     ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
     sleep(3);
-    snprintf(args, sizeof args, "--doc '%s' --prompt ' She' -n 4", doc);
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 40 %s", kvm_test_bin(), g_front, args);
-    int rc = kvm_test_run(cmd, NULL, &err);
+    rc = kvm_test_run(ask, NULL, &err);
     char *log = kvm_test_read_file(g_log, NULL);
     ck_assert_msg(rc == 0, "ask: exit %d: %s\nserver log:\n%s", rc, err, log ? log : "");
     assert_contains(log, "was removed (a /tmp cleaner, or rm): bound it again");
     free(log);
     free(err);
+}
+END_TEST
+
+/* The run directory removed, and a link (or another user's folder) of its name put there before
+ * the server binds again: it bound its sockets inside, where the link's owner could take the
+ * jobs and prompts. It binds only into a folder of its own user that no one else may write. */
+START_TEST(test_serve_rebind_not_through_link)
+{
+    char store[4300], cmd[16384];
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(cmd, sizeof cmd,
+             "mkdir '%s/open' && chmod 777 '%s/open' && rm -rf '%s/run' && ln -s '%s/open' '%s/run' && "
+             "for i in $(seq 100); do grep -q 'not bound there' '%s' && exit 0; sleep 0.1; done; exit 1",
+             g_dir, g_dir, g_dir, g_dir, g_dir, g_log);
+    int rc = kvm_test_run(cmd, NULL, NULL);
+    char *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(rc == 0, "server log:\n%s", log ? log : "");
+    assert_contains(log, "is no folder of this user that only it may write");
+    snprintf(cmd, sizeof cmd, "%s/open/ctl", g_dir);
+    ck_assert_msg(access(cmd, F_OK) != 0, "a socket was bound through the link: %s", cmd);
+    free(log);
 }
 END_TEST
 
@@ -382,6 +418,7 @@ static Suite *suite(void)
         {"serve_empty_store_folder", test_serve_empty_store_folder},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
+        {"serve_rebind_not_through_link", test_serve_rebind_not_through_link},
         {"store_service_socket_removed", test_store_service_socket_removed},
         {"run_dir_removed_worker_restart", test_run_dir_removed_worker_restart},
     };
