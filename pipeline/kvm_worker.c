@@ -11,6 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+int kvm_worker_model_retryable(int rc)
+{
+    return rc == KVM_ENOTFOUND || rc == KVM_EFORMAT || rc == KVM_EMISMATCH || kvm_err_retryable(rc);
+}
+
 int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store)
 {
     const char *path = wm->override ? wm->override : kvm_config_str(c, "model", "path");

@@ -23,11 +23,15 @@ typedef struct kvm_worker_model {
 
 /* Makes wm hold the model that config c names (or wm->override), loading it on first use
  * or when the path changes. The model id comes from the store's memo when a store is given
- * (so big models are hashed once), else from hashing the file. Returns 0, or the error. The
- * stages report its errors as retryable: the orchestrator opened the same model before any
- * stage started, so a failure here is the worker's host (a mount not up yet, a file still being
- * copied, another file at the path), and another worker may load it. */
+ * (so big models are hashed once), else from hashing the file. Returns 0, or the error. */
 int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store);
+
+/* Whether a stage retries kvm_worker_model_get's error rc: the orchestrator opened the same model
+ * before any stage started, so a model file missing, unreadable as a model or another model's
+ * here (KVM_ENOTFOUND, KVM_EFORMAT, KVM_EMISMATCH) is the worker's host (a mount not up yet, a
+ * file still being copied), and another worker may load it; and what kvm_err_retryable retries.
+ * A store's error (KVM_ECORRUPT of its model memo) is final. */
+int kvm_worker_model_retryable(int rc);
 
 /* The tokenizer id kvm_worker_model_get records for config c's model without loading the
  * model: model_id for a GGUF file read without [model] tokenizer (it embeds its own), else

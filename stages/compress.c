@@ -311,7 +311,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (rc) { *retryable = 0; goto done; }
     if (remote) {
         if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
-            *retryable = 1;
+            *retryable = kvm_worker_model_retryable(rc);
             goto done;
         }
         /* no strategy stored is not fixed by another attempt; no reply (KVM_EIO) may be */
@@ -333,7 +333,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         goto evaluated;
     }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) {
-        *retryable = 1;
+        *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }
     double t0 = kvm_now_ms();

@@ -109,7 +109,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
     if (rc) { *retryable = 0; goto done; }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
-        *retryable = 1;
+        *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }
     const kvm_model *m = st->wm.model;

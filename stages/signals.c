@@ -49,7 +49,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && B <= 0) rc = kvm_err(KVM_EINVAL, "calibration needs [compress] budget > 0");
     if (rc) { *retryable = 0; goto done; }
     if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
-        *retryable = 1;
+        *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }
     int64_t n = j.n_tokens + j.n_continuation;

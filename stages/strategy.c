@@ -114,7 +114,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (rc) { *retryable = 0; goto done; }
     int64_t B = kvm_config_int(cfg, "compress", "budget");
     if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) {
-        *retryable = 1;
+        *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }
     if ((rc = kvm_polykv_signals_new(st->wm.model->cfg.n_layers, &sig))) goto done;

@@ -52,11 +52,9 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what)
     case MDB_MAP_FULL:
     case MDB_TXN_FULL:
     case MDB_DBS_FULL:
+    case MDB_READERS_FULL:
         st = KVM_EFULL;
         break;
-    case MDB_READERS_FULL:
-        st = KVM_EIO;
-        break; /* transient: slots free as readers end, so retried */
     case MDB_CORRUPTED:
     case MDB_PAGE_NOTFOUND:
     case MDB_PANIC: st = KVM_ECORRUPT; break;

@@ -154,7 +154,7 @@ START_TEST(test_attention_f16_bitwise)
 {
     const unsigned all = KVM_ATTN_STAT_MASS | KVM_ATTN_STAT_ENTROPY | KVM_ATTN_STAT_LSE | KVM_ATTN_STAT_OBS;
     const int dims[] = {8, 64, 128, 20}; /* stories260K's, SmolLM2's, Qwen/Llama's, one not a multiple of 8 */
-    const int grps[] = {3, 7, 6, 3};     /* query heads per KV head: decode's row blocks of 4 + 3, 4 + 2 */
+    const int grps[] = {1, 7, 6, 5};     /* query heads per KV head: decode's row blocks of 1, 4 + 3, 4 + 2, 4 + 1 */
     const int64_t nqs[] = {1, 2, 70, 130};
     const int v3 = _i; /* 1: F16C where the processor and build have it; 0: the integer widening */
     const int was = kvm__cpu_v3_set(v3);

@@ -766,7 +766,7 @@ END_TEST
  * load is retryable: the orchestrator opened the same model before starting the stages, so the
  * cause is the worker's host (a mount not up yet, a file still being copied), which another
  * worker may not share. A token outside the vocabulary is final. */
-START_TEST(test_stage_error_not_retryable)
+START_TEST(test_stage_error_retryable_by_cause)
 {
     ck_assert(kvm_err_retryable(KVM_EIO) && kvm_err_retryable(KVM_ENOMEM) && kvm_err_retryable(KVM_EDEVICE));
     ck_assert(!kvm_err_retryable(KVM_EINVAL) && !kvm_err_retryable(KVM_EFORMAT) && !kvm_err_retryable(KVM_ECORRUPT));
@@ -1608,7 +1608,7 @@ static Suite *pipeline_suite(void)
                  {"compress_worker_killed", test_compress_worker_killed},
                  {"bad_config_and_missing_binary", test_bad_config_and_missing_binary},
                  {"garbage_to_each_stage", test_garbage_to_each_stage},
-                 {"stage_error_not_retryable", test_stage_error_not_retryable},
+                 {"stage_error_retryable_by_cause", test_stage_error_retryable_by_cause},
                  {"external_worker_joins", test_external_worker_joins},
                  {"ctrl_c", test_ctrl_c},
                  {"jsonl_corpus", test_jsonl_corpus},

@@ -17,13 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifdef KVM__ATTN_F16C
-#pragma GCC target("arch=x86-64-v3")
-#include <immintrin.h>
-#endif
-
-#include "kernels/cpu/kvm_cpu_attn_rows.h"
-
+/* Above the target pragma: it runs on every processor. */
 int kvm__attn_f16c(void)
 {
 #ifdef KVM__ATTN_F16C
@@ -32,6 +26,13 @@ int kvm__attn_f16c(void)
     return 0;
 #endif
 }
+
+#ifdef KVM__ATTN_F16C
+#pragma GCC target("arch=x86-64-v3")
+#include <immintrin.h>
+#endif
+
+#include "kernels/cpu/kvm_cpu_attn_rows.h"
 
 void kvm__attn_scores_rows_f16c(const float *q, int64_t ldq, int nr, const uint16_t *kh, int64_t vis, int d,
                                 float scale, float *p, int64_t ldp)
