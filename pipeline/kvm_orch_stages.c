@@ -8,13 +8,28 @@
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 static const char *const stage_names[N_STAGES] = {"prefill", "compress", "signals", "strategy"};
+
+/* 1 when the run directory can take the stages' logs. Removed while the run goes on (a /tmp
+ * cleaner, an rm), every start of a stage failed on its log file until the stage was given up
+ * (with a tcp:// [run] bind nothing else makes the folder again; with ipc:// the sockets'
+ * re-bind does): it is made again (0700) when missing. A path that then is no folder of this
+ * user (another user's, made in between) gets no log of ours: 0. */
+static int run_dir_usable(orch *o)
+{
+    struct stat st;
+    if (stat(o->run_dir, &st) && errno == ENOENT && mkdir(o->run_dir, 0700) == 0)
+        kvm_orch__log("the run directory %s was removed: made it again\n", o->run_dir);
+    return stat(o->run_dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid();
+}
 
 static int spawn_slot(orch *o, int s)
 {
@@ -25,7 +40,10 @@ static int spawn_slot(orch *o, int s)
     snprintf(hb, sizeof hb, "%lld", (long long)kvm_config_int(o->cfg, "run", "heartbeat_ms"));
     snprintf(grace, sizeof grace, "%lld", (long long)kvm_config_int(o->cfg, "run", "grace_s"));
     snprintf(threads, sizeof threads, "%lld", (long long)kvm_config_int(o->cfg, "stages", "threads"));
-    snprintf(logp, sizeof logp, "%s/%s.log", o->run_dir, sl->id);
+    if (run_dir_usable(o))
+        snprintf(logp, sizeof logp, "%s/%s.log", o->run_dir, sl->id);
+    else
+        snprintf(logp, sizeof logp, "/dev/null");
     snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
     /* clang-format off */
     char *argv[] = {exe, "--connect", o->base, "--device", sl->device, "--store", o->store_path, "--threads", threads,
@@ -225,6 +243,7 @@ void kvm_orch__check_health(orch *o)
         kvm_log_field f[] = {KVM_LOG_S("bind", o->svc.bind), KVM_LOG_I("restarts", o->svc.restarts + 1)};
         kvm_log(KVM_LOG_WARN, "store_service_restart", f, 2, "the store service exited (%s %d): starting it again",
                 WIFSIGNALED(st) ? "signal" : "status", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+        run_dir_usable(o); /* its log, run_dir/store.log, goes there */
         if (o->svc.restarts >= 20 || kvm_svcproc_restart(&o->svc, 10000))
             kvm_orch__log("the store service cannot be restarted (%s): uploads from other hosts fail\n",
                           o->svc.restarts >= 20 ? "it died 20 times" : kvm_errmsg());
