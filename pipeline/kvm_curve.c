@@ -2,6 +2,7 @@
  * accepts only listed client keys. */
 #include "pipeline/kvm_curve.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -54,19 +55,72 @@ int kvm_curve_keygen(const char *prefix)
     return rc;
 }
 
-int kvm_curve_read_key(const char *path, char key[41])
+/* The secret key files already warned about in this process (device, inode, mode): a server
+ * reads its key twice (the pair check, then the socket), and one warning says it all. */
+static pthread_mutex_t warned_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct stat warned[16];
+static int n_warned;
+
+/* 1 the first time this file, with this mode, is seen here (then recorded), else 0. */
+static int first_warning(const struct stat *st)
 {
-    struct stat st; /* fopen of a FIFO waited for a writer for ever (ask, a stage; the ZAP thread
-                     * reading authorized_keys/x.public stalled every client's handshake) */
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
-        return kvm_err(KVM_EFORMAT, "key file %s: not a regular file (a FIFO, socket or device)", path);
-    FILE *f = fopen(path, "r");
-    if (!f) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "key file %s: %s", path, strerror(errno));
+    pthread_mutex_lock(&warned_mu);
+    int seen = 0;
+    for (int i = 0; i < n_warned && !seen; i++)
+        seen = warned[i].st_dev == st->st_dev && warned[i].st_ino == st->st_ino && warned[i].st_mode == st->st_mode;
+    if (!seen && n_warned < 16) warned[n_warned++] = *st;
+    pthread_mutex_unlock(&warned_mu);
+    return !seen;
+}
+
+/* A secret key others may read is warned about, not refused: a key copied with mode 0644 (a
+ * Kubernetes secret's default mode, a hand-made file) ran before, and refusing would stop such
+ * a deployment at its next restart; the warning names the fix. One that every user may write
+ * is refused: anyone on the machine could put in a key of theirs (to read the traffic, or pass
+ * as this side), and a key in that state cannot be trusted at all. Group write alone is warned
+ * about: with Debian's user private groups (umask 002) the group is the owner alone. */
+static int secret_mode_check(const char *path, const struct stat *st)
+{
+    const unsigned mode = (unsigned)(st->st_mode & 07777);
+    if (st->st_mode & S_IWOTH)
+        return kvm_err(KVM_EINVAL,
+                       "secret key file %s is writable by every user (mode %04o): anyone on this machine could "
+                       "replace the key; refused: make a new pair with kvmill keygen, or check the key and run "
+                       "chmod 600 %s",
+                       path, mode, path);
+    if ((st->st_mode & (S_IRWXG | S_IRWXO)) && first_warning(st))
+        kvm_log(KVM_LOG_WARN, "key_file_mode", (kvm_log_field[]){KVM_LOG_S("path", path), KVM_LOG_I("mode", mode)}, 2,
+                "warning: secret key file %s has mode %04o: other users can %s it; run chmod 600 %s", path, mode,
+                st->st_mode & (S_IWGRP | S_IWOTH) ? "read or change" : "read", path);
+    return 0;
+}
+
+/* Reads a key file; secret = 1 also checks its mode (secret_mode_check). The file is opened
+ * without blocking and its type checked on the open descriptor (fstat): fopen of a FIFO waited
+ * for a writer for ever (ask, a stage; the ZAP thread reading authorized_keys/x.public stalled
+ * every client's handshake), and a check by name before the open could be raced. A symbolic
+ * link is followed and its target checked, as ssh does: mounted secrets are often links. */
+static int key_read(const char *path, char key[41], int secret)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "key file %s: %s", path, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st))
+        rc = kvm_err(KVM_EIO, "key file %s: %s", path, strerror(errno));
+    else if (S_ISDIR(st.st_mode))
+        rc = kvm_err(KVM_EIO, "key file %s: %s", path, strerror(EISDIR));
+    else if (!S_ISREG(st.st_mode))
+        rc = kvm_err(KVM_EFORMAT, "key file %s: not a regular file (a FIFO, socket or device)", path);
+    else if (secret)
+        rc = secret_mode_check(path, &st);
     char buf[128] = {0};
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    const int e = ferror(f) ? errno : 0; /* a directory opens, then fails to read (EISDIR) */
-    fclose(f);
-    if (e) return kvm_err(KVM_EIO, "key file %s: %s", path, strerror(e));
+    ssize_t n = 0;
+    while (!rc && (n = read(fd, buf, sizeof buf - 1)) < 0 && errno == EINTR) {
+    }
+    if (!rc && n < 0) rc = kvm_err(KVM_EIO, "key file %s: %s", path, strerror(errno));
+    close(fd);
+    if (rc) return rc;
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';
     uint8_t raw[32];
     if (n != 40 || !zmq_z85_decode(raw, buf)) return kvm_err(KVM_EFORMAT, "key file %s: not a 40-character Z85 CurveZMQ key", path);
@@ -74,13 +128,17 @@ int kvm_curve_read_key(const char *path, char key[41])
     return 0;
 }
 
+int kvm_curve_read_key(const char *path, char key[41]) { return key_read(path, key, 0); }
+
+int kvm_curve_read_secret_key(const char *path, char key[41]) { return key_read(path, key, 1); }
+
 /* 1 when public_file holds the public half of secret_file's key, 0 when it does not, or the
  * error (< 0, message set) of a file that does not read as a key. */
 static int pair_matches(const char *secret_file, const char *public_file)
 {
     char sec[41], pub[41], derived[41];
     int rc;
-    if ((rc = kvm_curve_read_key(secret_file, sec)) || (rc = kvm_curve_read_key(public_file, pub))) return rc;
+    if ((rc = kvm_curve_read_secret_key(secret_file, sec)) || (rc = kvm_curve_read_key(public_file, pub))) return rc;
     if (zmq_curve_public(derived, sec) != 0) return kvm_err(KVM_EIO, "zmq_curve_public: %s", zmq_strerror(errno));
     return !strcmp(derived, pub);
 }
@@ -119,7 +177,7 @@ int kvm_curve_client(void *sock, const char *server_key_file, const char *public
     char srv[41], pub[41], sec[41];
     int rc;
     if ((rc = kvm_curve_read_key(server_key_file, srv)) || (rc = kvm_curve_read_key(public_file, pub)) ||
-        (rc = kvm_curve_read_key(secret_file, sec)))
+        (rc = kvm_curve_read_secret_key(secret_file, sec)))
         return rc;
     /* a public key that is not the secret key's half (two pairs mixed up) failed every
      * handshake without a word: ask blamed the server's key, decode workers never joined */
@@ -240,7 +298,7 @@ static int zap_start(void *zctx, const char *authorized_dir)
 int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char *authorized_dir)
 {
     char sec[41];
-    int rc = kvm_curve_read_key(secret_file, sec);
+    int rc = kvm_curve_read_secret_key(secret_file, sec);
     if (rc) return rc;
     struct stat st;
     if (!authorized_dir || stat(authorized_dir, &st))

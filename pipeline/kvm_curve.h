@@ -10,14 +10,22 @@
  * (file), KVM_ENOTSUP (libzmq without CURVE). */
 int kvm_curve_keygen(const char *prefix);
 
-/* Reads a 40-character Z85 key from a file into key[41]. Errors: KVM_ENOTFOUND, KVM_EIO,
- * KVM_EFORMAT (not a Z85 key, or not a regular file: a FIFO is refused, not waited on; names
- * the file). */
+/* Reads a 40-character Z85 key from a file into key[41] (a symbolic link is followed). Errors:
+ * KVM_ENOTFOUND, KVM_EIO (a directory: "Is a directory"), KVM_EFORMAT (not a Z85 key, or not a
+ * regular file: a FIFO is refused, not waited on; names the file). */
 int kvm_curve_read_key(const char *path, char key[41]);
+
+/* read_key for a secret key file (server_secret_key, a client's secret key), which is also
+ * checked as ssh checks a private key, on the file a symbolic link leads to: one that other
+ * users may read (or only its group write) is used, with one warning per file and mode per
+ * process (kvm_log, event key_file_mode) naming the file, its mode in octal and `chmod 600
+ * FILE`; one that every user may write is refused with KVM_EINVAL (same message). Errors as
+ * read_key, and that KVM_EINVAL. Thread-safe. */
+int kvm_curve_read_secret_key(const char *path, char key[41]);
 
 /* Checks that public_file holds the public key of the secret key in secret_file (a swapped or
  * stale pair would make every client fail its handshake silently). Returns 0, KVM_EMISMATCH
- * (naming both files), or read_key's errors. */
+ * (naming both files), or read_key's and read_secret_key's errors. */
 int kvm_curve_check_pair(const char *secret_file, const char *public_file);
 
 /* The same check for a client's pair (--client-public / --client-secret, [security]
@@ -34,7 +42,7 @@ int kvm_curve_check_authorized(const char *public_file, const char *authorized_d
 int kvm_curve_is_local(const char *endpoint);
 
 /* Makes `sock` a CURVE client of the server whose public key is in server_key_file, with
- * this side's key pair. All three NULL: plain socket (returns 0). Errors as read_key,
+ * this side's key pair. All three NULL: plain socket (returns 0). Errors as read_key and read_secret_key,
  * KVM_EINVAL (only some given), KVM_EMISMATCH (public_file is not secret_file's half). */
 int kvm_curve_client(void *sock, const char *server_key_file, const char *public_file, const char *secret_file);
 
@@ -43,7 +51,7 @@ int kvm_curve_client(void *sock, const char *server_key_file, const char *public
  * on first use in zmq context zctx, with authorized_dir as then given; one context at a time),
  * which gives each accepted connection the client's public key in Z85 as its user id
  * (kvm_msg_user_id of what it sends). The context must be ended with kvm_curve_ctx_term, which
- * joins the handler. Errors as read_key, KVM_ENOTFOUND (no authorized_dir), KVM_EFORMAT
+ * joins the handler. Errors as read_secret_key, KVM_ENOTFOUND (no authorized_dir), KVM_EFORMAT
  * (authorized_dir is not a folder), KVM_ESTATE (the handler serves another context not yet
  * ended), KVM_EIO. */
 int kvm_curve_server(void *zctx, void *sock, const char *secret_file, const char *authorized_dir);

@@ -237,6 +237,73 @@ START_TEST(test_key_file_fifo)
 }
 END_TEST
 
+/* Secret key files that other users can reach, checked as ssh checks a private key: used
+ * without a word before. Readable by others (0644, a Kubernetes secret's default mode): one
+ * warning naming the file, its mode and `chmod 600 FILE`, however often the key is read; the
+ * public half may be 0644 unremarked. Writable by every user: refused (anyone could swap the
+ * key). A link is judged by its target; a FIFO is refused without waiting, a folder named. */
+struct pair_args {
+    const char *sec, *pub;
+    int rc[2];
+};
+
+static void check_pair_twice(void *arg)
+{
+    struct pair_args *a = arg;
+    for (int i = 0; i < 2; i++)
+        a->rc[i] = kvm_curve_check_pair(a->sec, a->pub);
+}
+
+START_TEST(test_secret_key_mode)
+{
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL, sec[4400], pub[4400], link[4400], want[9000];
+    snprintf(sec, sizeof sec, "%s/k.secret", dir);
+    snprintf(pub, sizeof pub, "%s/k.public", dir);
+    snprintf(cmd, sizeof cmd, "%s/kvmill keygen --out %s/k", kvm_test_bin(), dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    struct pair_args a = {sec, pub, {1, 1}};
+    char *log = kvm_test_stderr_of(check_pair_twice, &a); /* 0600 secret, 0644 public: silent */
+    ck_assert_msg(a.rc[0] == 0 && a.rc[1] == 0 && !*log, "rc %d %d: %s", a.rc[0], a.rc[1], log);
+    free(log);
+    ck_assert_int_eq(chmod(sec, 0644), 0);
+    log = kvm_test_stderr_of(check_pair_twice, &a);
+    snprintf(want, sizeof want, "secret key file %s has mode 0644: other users can read it; run chmod 600 %s", sec,
+             sec);
+    ck_assert_msg(a.rc[0] == 0 && a.rc[1] == 0, "rc %d %d: %s", a.rc[0], a.rc[1], kvm_errmsg());
+    ck_assert_msg(kvm_test_count(log, want) == 1 && kvm_test_count(log, "\n") == 1, "stderr: %s", log);
+    free(log);
+    /* through a symbolic link: the target's mode, the name the user gave */
+    snprintf(link, sizeof link, "%s/link.secret", dir);
+    ck_assert_int_eq(symlink(sec, link), 0);
+    ck_assert_int_eq(chmod(sec, 0660), 0);
+    a.sec = link;
+    log = kvm_test_stderr_of(check_pair_twice, &a);
+    snprintf(want, sizeof want, "secret key file %s has mode 0660: other users can read or change it; run chmod 600 %s",
+             link, link);
+    ck_assert_msg(a.rc[0] == 0 && kvm_test_count(log, want) == 1, "rc %d, stderr: %s", a.rc[0], log);
+    free(log);
+    ck_assert_int_eq(chmod(sec, 0666), 0);
+    ck_assert_int_eq(kvm_curve_check_pair(link, pub), KVM_EINVAL);
+    snprintf(want, sizeof want, "secret key file %s is writable by every user (mode 0666)", link);
+    ck_assert_msg(strstr(kvm_errmsg(), want) && strstr(kvm_errmsg(), "chmod 600"), "%s", kvm_errmsg());
+    char key[41];
+    ck_assert_int_eq(kvm_curve_read_key(link, key), 0); /* a public key's mode is nobody's secret */
+    /* a FIFO (not waited on) and a folder as the secret key */
+    snprintf(link, sizeof link, "%s/fifo.secret", dir);
+    ck_assert_int_eq(mkfifo(link, 0600), 0);
+    alarm(20);
+    ck_assert_int_eq(kvm_curve_check_pair(link, pub), KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "fifo.secret: not a regular file"), "%s", kvm_errmsg());
+    alarm(0);
+    ck_assert_int_eq(kvm_curve_check_pair(dir, pub), KVM_EIO);
+    ck_assert_msg(strstr(kvm_errmsg(), "Is a directory"), "%s", kvm_errmsg());
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_keygen_force_secret_private)
 {
     char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL, sec[4400], pub[4400];
@@ -922,6 +989,7 @@ static Suite *suite(void)
         {"keygen_force_secret_private", test_keygen_force_secret_private},
         {"key_file_directory", test_key_file_directory},
         {"key_file_fifo", test_key_file_fifo},
+        {"secret_key_mode", test_secret_key_mode},
         {"run_help_model_formats", test_run_help_model_formats},
         {"no_eta_from_failures", test_no_eta_from_failures},
         {"names_escaped", test_names_escaped},
