@@ -6,7 +6,10 @@
 
 static _Thread_local char kvm__errbuf[1024];
 
-int kvm_err_retryable(int status) { return status == KVM_EIO || status == KVM_ENOMEM || status == KVM_EDEVICE; }
+int kvm_err_retryable(int status)
+{
+    return status == KVM_EIO || status == KVM_ENOMEM || status == KVM_EDEVICE || status == KVM_EBUSY;
+}
 
 const char *kvm_strerror(int status)
 {
@@ -25,6 +28,8 @@ const char *kvm_strerror(int status)
     case KVM_EMISMATCH: return "mismatched model, tokenizer or config";
     case KVM_ENOTSUP: return "not supported";
     case KVM_ESTATE: return "invalid state";
+    case KVM_EBUSY:
+        return "resource busy";
     default: return "unknown error";
     }
 }

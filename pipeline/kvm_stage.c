@@ -104,6 +104,7 @@ static void *job_thread(void *arg)
     /* unset: by the status. It was 1: a strategy that could not be stored for bad input (an
      * invalid name, say) was built and failed again on every attempt */
     if (j->retryable < 0) j->retryable = kvm_err_retryable(j->rc);
+    if (j->rc == KVM_EBUSY) j->retryable = 1; /* a busy store (reader table) frees up, whichever step met it */
     if (j->rc) snprintf(j->err, sizeof j->err, "%s", kvm_errmsg());
     atomic_store(&j->done, 1);
     char c = 'j';

@@ -63,7 +63,8 @@ typedef struct kvm_stage_ops {
     uint64_t (*job_id)(void *state, kvm_msg *const *in, int n_in);
     /* Does the work on the worker thread. Takes ownership of nothing; fills out. Returns 0 or
      * a status with kvm_errmsg() set; *retryable says whether a requeue may succeed (left
-     * unset, kvm_err_retryable(status) decides: bad input is not retried). */
+     * unset, kvm_err_retryable(status) decides: bad input is not retried; KVM_EBUSY, a store
+     * whose reader table is full, is retried whatever it says). */
     int (*work)(void *state, kvm_msg *const *in, int n_in, kvm_stage_out *out, int *retryable);
     /* Frees what setup made (at exit). May be NULL. */
     void (*teardown)(void *state);

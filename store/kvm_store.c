@@ -52,9 +52,13 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what)
     case MDB_MAP_FULL:
     case MDB_TXN_FULL:
     case MDB_DBS_FULL:
-    case MDB_READERS_FULL:
         st = KVM_EFULL;
         break;
+    case MDB_READERS_FULL: /* other processes' reads hold every slot: one frees when they end */
+        return kvm_err(KVM_EBUSY,
+                       "store %s: %s: LMDB's reader table is full (%u slots, fixed by the process that created "
+                       "lock.mdb): too many processes or threads are reading the store at once; try again later",
+                       path, what, s ? s->max_readers : 0u);
     case MDB_CORRUPTED:
     case MDB_PAGE_NOTFOUND:
     case MDB_PANIC: st = KVM_ECORRUPT; break;
@@ -154,8 +158,10 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
 
 int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
 {
-    for (int resized = 0;;) {
+    for (int resized = 0, checked = 0;;) {
         int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, txn);
+        int dead = 0; /* a full table may hold slots of processes that died reading: free them, once */
+        if (rc == MDB_READERS_FULL && !checked++ && mdb_reader_check(s->env, &dead) == 0 && dead > 0) continue;
         if (rc == MDB_MAP_RESIZED && resized++ < 16) {
             rc = mdb_env_set_mapsize(s->env, 0);
             if (rc) return kvm_store__mdb(s, rc, "adopt grown map");
@@ -512,7 +518,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
         goto fail;
     }
     mdb_env_set_maxdbs(s->env, KVM_STORE__DB_COUNT + 4);
-    mdb_env_set_maxreaders(s->env, KVM_STORE__MAX_READERS);
+    mdb_env_set_maxreaders(s->env, o.max_readers > 0 ? (unsigned)o.max_readers : KVM_STORE__MAX_READERS);
     char data[4200];
     struct stat dst;
     snprintf(data, sizeof data, "%s/data.mdb", path);
@@ -538,6 +544,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     }
     int dead = 0;
     mdb_reader_check(s->env, &dead); /* free slots of readers that died */
+    mdb_env_get_maxreaders(s->env, &s->max_readers); /* an existing lock.mdb's, not ours */
     MDB_envinfo info;
     if (!s->read_only && !fresh && mdb_env_info(s->env, &info) == 0 && (int64_t)info.me_mapsize < map &&
         (rc = mdb_env_set_mapsize(s->env, (size_t)map))) { /* no txn is active yet */

@@ -7,7 +7,9 @@
  * threads; calls are serialized by a mutex inside the handle. Open a store at most once per
  * process (an LMDB rule) and never use a handle in a child after fork(): every call made
  * from another process than the opener returns KVM_ESTATE; the child opens its own.
- * Every function taking a kvm_store * also returns KVM_EINVAL for a NULL handle. Failures
+ * Every function taking a kvm_store * also returns KVM_EINVAL for a NULL handle, and KVM_EBUSY
+ * when it must read and LMDB's reader table is full (every slot held by read transactions of
+ * this and other processes at once; retryable: kvm_err_retryable). Failures
  * leave a detail message in kvm_errmsg() (store path, cache key prefix, layer, what). */
 #ifndef KVM_STORE_H
 #define KVM_STORE_H
@@ -126,6 +128,9 @@ typedef struct kvm_store_opts {
                                    instead of being created (a mistyped path fails) */
     int no_sync;                /* 1: MDB_NOSYNC: commits survive a process crash, not an OS
                                    crash (tests, scratch stores) */
+    int max_readers;            /* slots of LMDB's reader table (one per read transaction open
+                                   at once, all processes together); 0 = 510. Only the process
+                                   that creates lock.mdb sets it; the others use its size */
 } kvm_store_opts;
 
 /* Usage numbers of a store (kvm_store_stats). */

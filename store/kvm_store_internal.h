@@ -79,6 +79,7 @@ struct kvm_store {
     pid_t pid;                        /* process that opened the env */
     pthread_mutex_t mu;               /* serializes every call on the handle */
     int mdb_rc;                       /* raw LMDB code of the last failure in a write txn */
+    unsigned max_readers;             /* slots of lock.mdb's reader table (its creator set them) */
     int tree_ok;                      /* 1: snapshot tree_ok_txnid passed kvm_store__tree_check */
     uint64_t tree_ok_txnid;           /* last snapshot checked */
     int64_t tree_ok_size;             /* data.mdb's size then, bytes */

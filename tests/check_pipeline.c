@@ -765,11 +765,14 @@ END_TEST
  * requeued a document up to max_retries times for the same failure. A model the worker cannot
  * load is retryable: the orchestrator opened the same model before starting the stages, so the
  * cause is the worker's host (a mount not up yet, a file still being copied), which another
- * worker may not share. A token outside the vocabulary is final. */
+ * worker may not share. A token outside the vocabulary is final. A store whose LMDB reader
+ * table is full (KVM_EBUSY) is retried. */
 START_TEST(test_stage_error_retryable_by_cause)
 {
     ck_assert(kvm_err_retryable(KVM_EIO) && kvm_err_retryable(KVM_ENOMEM) && kvm_err_retryable(KVM_EDEVICE));
     ck_assert(!kvm_err_retryable(KVM_EINVAL) && !kvm_err_retryable(KVM_EFORMAT) && !kvm_err_retryable(KVM_ECORRUPT));
+    /* a store's full reader table frees as other reads end; a full map or disk does not */
+    ck_assert(kvm_err_retryable(KVM_EBUSY) && !kvm_err_retryable(KVM_EFULL));
     char bad[4300], text[8192];
     snprintf(bad, sizeof bad, "%s/not-a-model.bin", tmp);
     ck_assert_int_eq(kvm_test_write_file(bad, "not a checkpoint, only text\n", 28), 0);

@@ -1380,6 +1380,38 @@ START_TEST(test_two_runs_share)
 }
 END_TEST
 
+/* LMDB's reader table full (MDB_READERS_FULL: as many read transactions open at once, all
+ * processes together, as lock.mdb has slots) was KVM_EFULL, so a run failed the document as
+ * for a full disk. It is KVM_EBUSY now, retryable, its message naming the reader table and its
+ * size; the read works once a slot frees, and slots of a process that died reading are taken
+ * back at once (mdb_reader_check), not only at the next open. A full map stays KVM_EFULL. */
+START_TEST(test_readers_full_retryable)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1, .max_readers = 2};
+    ck_assert_msg(kvm_store_open(g_store, &o, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_id mid = {{1}};
+    kvm_store_model_meta mm;
+    ck_assert_int_eq(kvm_store_get_model(s, &mid, &mm), KVM_ENOTFOUND);
+    int release;
+    pid_t pid = kvm_test_readers_hold(g_store, 2, &release);
+    int rc = kvm_store_get_model(s, &mid, &mm);
+    ck_assert_msg(rc == KVM_EBUSY, "status %d (%s): %s", rc, kvm_strerror(rc), kvm_errmsg());
+    ck_assert_msg(strstr(kvm_errmsg(), "reader table is full (2 slots") && strstr(kvm_errmsg(), g_store), "%s",
+                  kvm_errmsg());
+    ck_assert(kvm_err_retryable(rc));
+    kvm_test_readers_release(pid, release);
+    ck_assert_msg(kvm_store_get_model(s, &mid, &mm) == KVM_ENOTFOUND, "%s", kvm_errmsg());
+    /* a reader killed while it held the slots: they are taken back by the next read */
+    pid = kvm_test_readers_hold(g_store, 2, &release);
+    kill(pid, SIGKILL);
+    kvm_test_readers_release(pid, release);
+    ck_assert_msg(kvm_store_get_model(s, &mid, &mm) == KVM_ENOTFOUND, "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    ck_assert(!kvm_err_retryable(KVM_EFULL)); /* a full map or disk: the same write fails again */
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -1411,6 +1443,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
+    suite_add_tcase(su, tcase("readers_full_retryable", test_readers_full_retryable, 30));
     suite_add_tcase(su, tcase("recalibration_invalidates", test_recalibration_invalidates, 240));
     suite_add_tcase(su, tcase("other_tokenizer_recompressed", test_other_tokenizer_recompressed, 240));
     suite_add_tcase(su, tcase("store_opts_in_worker", test_store_opts_in_worker, 240));

@@ -34,6 +34,7 @@ enum { L = 3, H = 2, D = 4, N = 8, PER_HEAD = 3 };
 
 static char *g_dir;
 static char g_store[4200], g_ep[1100];
+static int g_max_readers; /* the service's store: slots of its reader table (0: LMDB's default) */
 
 /* The service in a thread of this process, over its own ZeroMQ context. */
 typedef struct svc_thread {
@@ -69,7 +70,7 @@ static void svc_start(svc_thread *t, const char *security, int port)
     memset(t, 0, sizeof *t);
     t->cfg = config(security);
     t->upload_timeout_ms = 1500;
-    kvm_store_opts o = {.no_sync = 1};
+    kvm_store_opts o = {.no_sync = 1, .max_readers = g_max_readers};
     ck_assert_msg(kvm_store_open(g_store, &o, &t->store) == 0, "%s", kvm_errmsg());
     t->zctx = zmq_ctx_new();
     t->sock = zmq_socket(t->zctx, ZMQ_ROUTER);
@@ -846,6 +847,35 @@ START_TEST(test_bind_in_use_exit_1)
 }
 END_TEST
 
+/* The service's store with its reader table full (other processes reading at once): the
+ * client gets the service's KVM_EBUSY, retryable, with its reason, not KVM_EIO, which says the
+ * service did not answer (the orchestrator stops a run whose store service is down); and
+ * the same request succeeds once a slot frees. */
+START_TEST(test_readers_full_busy)
+{
+    g_max_readers = 1;
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_msg(kvm_storecli_open(KEYS(cfg), g_ep, &c) == 0, "%s", kvm_errmsg());
+    kvm_serve_cache_enc e;
+    make_cache(1, &e);
+    int release;
+    pid_t pid = kvm_test_readers_hold(g_store, 1, &release);
+    int rc = fetch(c, &e);
+    ck_assert_msg(rc == KVM_EBUSY && kvm_err_retryable(rc), "status %d: %s", rc, kvm_errmsg());
+    ck_assert_msg(strstr(kvm_errmsg(), "store service: ") && strstr(kvm_errmsg(), "reader table is full"), "%s",
+                  kvm_errmsg());
+    kvm_test_readers_release(pid, release);
+    ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND);
+    kvm_serve_cache_enc_free(&e);
+    kvm_storecli_close(&c);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+}
+END_TEST
+
 static Suite *storesvc_suite(void)
 {
     Suite *s = suite_create("storesvc");
@@ -865,7 +895,8 @@ static Suite *storesvc_suite(void)
                  {"bind_in_use_exit_1", test_bind_in_use_exit_1},
                  {"get_strategy", test_get_strategy},
                  {"claims", test_claims},
-                 {"claim_malformed_refused", test_claim_malformed_refused}};
+                 {"claim_malformed_refused", test_claim_malformed_refused},
+                 {"readers_full_busy", test_readers_full_busy}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

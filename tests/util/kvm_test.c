@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <lmdb.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -357,4 +358,52 @@ int kvm_test_tcp_port(unsigned salt)
     }
     ck_abort_msg("no free TCP port in %d..%d", lo, lo + span - 1);
     return -1;
+}
+
+/* The child of kvm_test_readers_hold: 'y' on `ready` once it holds the slots, 'n' when it
+ * could not; then it waits for EOF on `release`. */
+static void readers_child(const char *path, int n, int ready, int release)
+{
+    MDB_env *env = NULL;
+    MDB_txn *txn[64];
+    int ok = n <= 64 && mdb_env_create(&env) == 0 && mdb_env_open(env, path, MDB_NOTLS | MDB_RDONLY, 0664) == 0;
+    for (int i = 0; ok && i < n; i++)
+        ok = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn[i]) == 0;
+    char c = ok ? 'y' : 'n';
+    if (write(ready, &c, 1) != 1) _exit(1);
+    while (read(release, &c, 1) > 0 || errno == EINTR) {
+    }
+    for (int i = 0; ok && i < n; i++)
+        mdb_txn_abort(txn[i]);
+    mdb_env_close(env);
+    _exit(0);
+}
+
+pid_t kvm_test_readers_hold(const char *path, int n, int *release_fd)
+{
+    int ready[2], release[2];
+    ck_assert(pipe(ready) == 0 && pipe(release) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(ready[0]);
+        close(release[1]);
+        readers_child(path, n, ready[1], release[0]);
+    }
+    close(ready[1]);
+    close(release[0]);
+    char c = 0;
+    ssize_t r = read(ready[0], &c, 1);
+    close(ready[0]);
+    ck_assert_msg(r == 1 && c == 'y', "the reader process could not begin %d read transactions in %s", n, path);
+    *release_fd = release[1];
+    return pid;
+}
+
+void kvm_test_readers_release(pid_t pid, int release_fd)
+{
+    close(release_fd);
+    int st;
+    waitpid(pid, &st, 0);
 }

@@ -64,6 +64,14 @@ int kvm_test_tcp_port(unsigned salt);
  * them: its data rows, the header not counted. Fails the current test when the command fails. */
 int kvm_test_store_caches(const char *store);
 
+/* Forks a process that opens the LMDB environment at `path` (a store someone opened already,
+ * so its lock.mdb exists) and begins n read transactions there, holding n slots of its reader
+ * table until kvm_test_readers_release. Returns the process's pid once it holds them, with
+ * *release_fd set; fails the current test when it could not. */
+pid_t kvm_test_readers_hold(const char *path, int n, int *release_fd);
+/* Ends the transactions of kvm_test_readers_hold (closes release_fd) and waits for its process. */
+void kvm_test_readers_release(pid_t pid, int release_fd);
+
 /* Creates an empty store at `path` (a decode server refuses a store that does not exist).
  * Fails the current test on error. */
 void kvm_test_store_create(const char *path);
