@@ -93,6 +93,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"run", "max_prefetch", I, "0", 0, 1 << 20, NULL, "documents", "documents prefilled and waiting for compress at most (their KV is held in memory); 0 = 2 per live compress worker"},
     {"run", "progress_s", I, "5", 0, 86400, NULL, "s", "when stderr is not a terminal: a progress line at most this often (0: at every change), and only when something changed"},
     {"run", "job_timeout_s", I, "600", 1, 86400 * 7, NULL, "s", "a job not acknowledged in this time is requeued"},
+    {"run", "join_warn_s", I, "60", 1, 86400, NULL, "s", "a stage or decode worker this command started that has not joined (sent ready) this long after its start is named in the log, once, and again when it joins"},
     {"run", "log_format", E, "text", 0, 0, "text|json", "", "log lines of every process: text, or one JSON object per line (time, stage, pid, level, event, msg, fields)"},
     {"run", "metrics", P, "", 0, 0, NULL, "", "counters file (JSON) kept current during kvmill run, replaced atomically; empty = none"},
     {"run", "wire_dtype", E, "f32", 0, 0, "f32|f16|bf16", "", "element type of prefilled keys, values and queries on the wire to compress; 16 bit halves them, costs a little KL"},

@@ -71,6 +71,9 @@ typedef struct orch_slot {
     int gave_up;     /* exited too often: not restarted any more */
     double retry_at; /* its last start failed: try again then (0: not waiting) */
     char id[256];
+    double started_ms; /* when the current process was started */
+    int join_state;    /* the current process: 0 not joined yet, 1 logged as not joined
+                          ([run] join_warn_s), 2 joined */
 } orch_slot;
 
 typedef struct orch {

@@ -62,6 +62,8 @@ static int spawn_slot(orch *o, int s)
         k[0] = "--config", k[1] = (char *)kvm_config_path(o->cfg);
     }
     const kvm_spawn_opts so = {logp, KVM_SPAWN_DEFAULT_SIGINT, NULL};
+    sl->started_ms = kvm_now_ms();
+    sl->join_state = 0;
     return kvm_spawn_start(&sl->pid, exe, argv, &so);
 }
 
@@ -234,6 +236,40 @@ static void slot_exited(orch *o, int s, int st)
     }
 }
 
+/* 1 when the worker slot s started has joined (sent ready) and is alive. */
+static int slot_joined(const orch *o, int s)
+{
+    for (int w = 0; w < o->n_workers; w++)
+        if (o->workers[w].slot == s && o->workers[w].alive) return 1;
+    return 0;
+}
+
+/* A stage process that runs but never joins (hung loading its model, connected elsewhere) was
+ * never named: the run waited with fewer workers, or at "0/N documents". Past [run]
+ * join_warn_s it is logged once with its log file, and again if it joins after all. */
+static void check_joins(orch *o, double now)
+{
+    for (int s = 0; s < o->n_slots; s++) {
+        orch_slot *sl = &o->slots[s];
+        if (sl->pid <= 0 || sl->join_state == 2) continue;
+        const int joined = slot_joined(o, s);
+        const double age_s = (now - sl->started_ms) / 1000;
+        kvm_log_field f[] = {KVM_LOG_S("worker", sl->id), KVM_LOG_I("pid", sl->pid), KVM_LOG_F("since_start_s", age_s)};
+        if (joined && sl->join_state == 1)
+            kvm_log(KVM_LOG_INFO, "worker_joined_late", f, 3, "%s worker %s (pid %ld) joined %.0f s after its start",
+                    stage_names[sl->stage], sl->id, (long)sl->pid, age_s);
+        if (joined) {
+            sl->join_state = 2;
+        } else if (sl->join_state == 0 && age_s >= (double)kvm_config_int(o->cfg, "run", "join_warn_s")) {
+            sl->join_state = 1;
+            kvm_log(KVM_LOG_WARN, "worker_not_joined", f, 3,
+                    "%s worker %s (pid %ld) started %.0f s ago and has not joined ([run] join_warn_s): is it still "
+                    "loading, or connecting elsewhere than %s? Its log: %s/%s.log",
+                    stage_names[sl->stage], sl->id, (long)sl->pid, age_s, o->base, o->run_dir, sl->id);
+        }
+    }
+}
+
 void kvm_orch__check_health(orch *o)
 {
     double now = kvm_now_ms();
@@ -253,6 +289,7 @@ void kvm_orch__check_health(orch *o)
     for (int s = 0; s < o->n_slots; s++) /* a restart that failed (its log's folder gone, no more processes) */
         if (o->slots[s].pid == 0 && o->slots[s].retry_at > 0 && now >= o->slots[s].retry_at) slot_died(o, s);
     check_stages_alive(o);
+    if (!*o->interrupts) check_joins(o, now);
     for (int w = 0; w < o->n_workers; w++)
         if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");
     const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS};

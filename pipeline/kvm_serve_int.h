@@ -22,6 +22,8 @@ typedef struct srv_slot {
     double started_ms; /* when the current process was spawned */
     double respawn_at; /* when to start it again (0: not waiting) */
     int early_exits;   /* consecutive exits before the process ever connected */
+    int join_state;    /* the current process: 0 not joined yet, 1 logged as not joined
+                          ([run] join_warn_s), 2 joined */
 } srv_slot;
 
 /* New caches [serve] compute_missing added (or is adding) for one client key. */

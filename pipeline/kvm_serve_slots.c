@@ -3,6 +3,7 @@
  * them finish what they hold. */
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_stage.h"
 
@@ -40,6 +41,7 @@ int kvm_serve__spawn_slot(srv *s, int i)
     int rc = kvm_spawn_start(&sl->pid, exe, argv, &so);
     sl->respawn_at = 0;
     sl->started_ms = kvm_now_ms();
+    sl->join_state = 0;
     return rc;
 }
 
@@ -95,6 +97,40 @@ static void queue_timeout(srv *s, int64_t i)
     kvm_msg_free(&r.msg);
 }
 
+/* 1 when the worker slot i started has joined (sent ready) and is alive. */
+static int slot_joined(const srv *s, int i)
+{
+    for (int w = 0; w < s->n_workers; w++)
+        if (s->workers[w].slot == i && s->workers[w].alive) return 1;
+    return 0;
+}
+
+/* A worker process that runs but never joins (hung loading its model, connected to another
+ * endpoint) was never named: the server just had fewer workers. Past [run] join_warn_s it is
+ * logged once, and again if it joins after all. Its output goes to this server's stderr. */
+static void check_joins(srv *s, double now)
+{
+    for (int i = 0; i < s->n_slots; i++) {
+        srv_slot *sl = &s->slots[i];
+        if (sl->pid <= 0 || sl->join_state == 2) continue;
+        const int joined = slot_joined(s, i);
+        const double age_s = (now - sl->started_ms) / 1000;
+        kvm_log_field f[] = {KVM_LOG_S("worker", sl->id), KVM_LOG_I("pid", sl->pid), KVM_LOG_F("since_start_s", age_s)};
+        if (joined && sl->join_state == 1)
+            kvm_log(KVM_LOG_INFO, "worker_joined_late", f, 3,
+                    "decode worker %s (pid %ld) joined %.0f s after its start", sl->id, (long)sl->pid, age_s);
+        if (joined) {
+            sl->join_state = 2;
+        } else if (sl->join_state == 0 && age_s >= (double)kvm_config_int(s->cfg, "run", "join_warn_s")) {
+            sl->join_state = 1;
+            kvm_log(KVM_LOG_WARN, "worker_not_joined", f, 3,
+                    "decode worker %s (pid %ld) started %.0f s ago and has not joined ([run] join_warn_s): is it "
+                    "still loading, or connecting elsewhere than %s? Its messages are in this server's log",
+                    sl->id, (long)sl->pid, age_s, s->base);
+        }
+    }
+}
+
 void kvm_serve__check_health(srv *s)
 {
     double now = kvm_now_ms();
@@ -112,6 +148,7 @@ void kvm_serve__check_health(srv *s)
     for (int w = 0; w < s->n_workers; w++)
         if ((s->workers[w].alive || s->workers[w].busy) && now - s->workers[w].last_seen > s->dead_ms)
             kvm_serve__worker_dead(s, w, "went silent");
+    if (!*s->interrupts) check_joins(s, now);
     for (int i = 0; i < s->n_slots && !*s->interrupts; i++)
         if (s->slots[i].pid == 0 && s->slots[i].respawn_at > 0 && now >= s->slots[i].respawn_at &&
             kvm_serve__spawn_slot(s, i))

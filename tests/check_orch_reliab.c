@@ -668,6 +668,46 @@ START_TEST(test_failed_document_keeps_run_dir)
 }
 END_TEST
 
+/* A stage process that runs but does not join (hung loading its model, connected to another
+ * endpoint) was never named: the run waited. Past [run] join_warn_s (1 s here) it is named once
+ * with its pid and log file, and again when it joins: the prefill stage here is a script that
+ * waits 3 s before it runs kvmill-prefill. */
+START_TEST(test_stage_not_joined_reported)
+{
+    make_docs(1);
+    char bin[4300], path[4400], text[16384], real[4300];
+    snprintf(bin, sizeof bin, "%s/bin", tmp);
+    ck_assert_int_eq(mkdir(bin, 0700), 0);
+    ck_assert_ptr_nonnull(realpath(kvm_test_bin(), real));
+    snprintf(path, sizeof path, "%s/kvmill-compress", bin);
+    snprintf(text, sizeof text, "%s/kvmill-compress", real);
+    ck_assert_int_eq(symlink(text, path), 0);
+    snprintf(path, sizeof path, "%s/kvmill-prefill", bin);
+    snprintf(text, sizeof text, "#!/bin/sh\nsleep 3\nexec '%s/kvmill-prefill' \"$@\"\n", real);
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    ck_assert_int_eq(chmod(path, 0700), 0);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\n%s\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\n"
+             "liveness = 50\njoin_warn_s = 1\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), STREAMING, store, run_dir, bin);
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    char *out, *err;
+    ck_assert_msg(run_kvmill(NULL, &out, &err) == 0, "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(strstr(out, "summary: compressed=1 skipped=0 failed=0"), "stdout: %s", out);
+    char want[9000];
+    snprintf(want, sizeof want, "has not joined ([run] join_warn_s): is it still loading, or connecting elsewhere");
+    const char *l = strstr(err, "prefill worker prefill-0-r0 (pid ");
+    ck_assert_msg(l && kvm_test_count(err, want) == 1 && strstr(l, " s ago and has not joined"), "stderr: %s", err);
+    snprintf(want, sizeof want, "Its log: %s/prefill-0-r0.log", run_dir);
+    ck_assert_msg(strstr(err, want), "stderr: %s", err);
+    ck_assert_msg(kvm_test_count(err, "prefill worker prefill-0-r0 (pid ") == 2 && strstr(err, "s after its start"),
+                  "stderr: %s", err);
+    ck_assert_msg(!strstr(err, "compress worker compress-0-r0 (pid"), "stderr: %s", err); /* it joined at once */
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A TMPDIR that does not exist (or is too long for a path) was reported as "cannot create a run
  * directory /missing/kvmill-run.P..: No such file or directory" (exit 1) by run, and by serve as
  * "cannot write the resolved configuration PATH" without the reason; both name TMPDIR, exit 2. */
@@ -974,7 +1014,8 @@ static Suite *orch_reliab_suite(void)
                  {"truncated_counts_compressed_only", test_truncated_counts_compressed_only, 120},
                  {"refusals_follow_log_format", test_refusals_follow_log_format, 120},
                  {"many_docs_per_event_work", test_many_docs_per_event_work, 240},
-                 {"health_reaps_own_children", test_health_reaps_own_children, 30}};
+                 {"health_reaps_own_children", test_health_reaps_own_children, 30},
+                 {"stage_not_joined_reported", test_stage_not_joined_reported, 120}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -1221,6 +1221,68 @@ START_TEST(test_health_reaps_own_children)
 }
 END_TEST
 
+/* A decode worker process that runs but never joins (hangs loading, connects to another
+ * endpoint) was never reported: the server just had fewer workers. Past [run] join_warn_s it is
+ * named once, with its pid and how long since its start; when it joins after all, that is said
+ * too. The health check runs on a hand-made broker, its slot's process a sleeping child. */
+struct health_args {
+    srv *s;
+    int times;
+};
+
+static void run_health(void *arg)
+{
+    struct health_args *a = arg;
+    for (int i = 0; i < a->times; i++)
+        kvm_serve__check_health(a->s);
+}
+
+START_TEST(test_worker_not_joined_reported)
+{
+    srv *s = calloc(1, sizeof *s);
+    ck_assert_ptr_nonnull(s);
+    static const volatile sig_atomic_t running = 0;
+    kvm_config *cfg = NULL;
+    char text[4200];
+    snprintf(text, sizeof text, "[model]\npath = %s\n[run]\njoin_warn_s = 2\n",
+             kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_msg(kvm_config_parse(text, "test", &cfg) == 0, "%s", kvm_errmsg());
+    s->cfg = cfg, s->interrupts = &running, s->announced = 1, s->dead_ms = 1e9, s->timeout_ms = 1e9;
+    snprintf(s->base, sizeof s->base, "ipc:///nowhere/back");
+    pid_t worker = fork();
+    if (worker == 0) {
+        pause();
+        _exit(0);
+    }
+    s->n_slots = 1;
+    s->slots[0].pid = worker;
+    snprintf(s->slots[0].id, sizeof s->slots[0].id, "decode-0-r0-1");
+    s->slots[0].started_ms = kvm_now_ms() - 1000; /* within the bound: nothing said */
+    struct health_args a = {s, 2};
+    char *log = kvm_test_stderr_of(run_health, &a);
+    ck_assert_msg(!*log, "%s", log);
+    free(log);
+    s->slots[0].started_ms = kvm_now_ms() - 61000; /* past it: said once, however often checked */
+    a.times = 3;
+    log = kvm_test_stderr_of(run_health, &a);
+    char want[300];
+    snprintf(want, sizeof want, "decode worker decode-0-r0-1 (pid %ld) started 61 s ago and has not joined",
+             (long)worker);
+    ck_assert_msg(kvm_test_count(log, want) == 1 && strstr(log, "elsewhere than ipc:///nowhere/back"), "%s", log);
+    free(log);
+    s->n_workers = 1; /* it joins */
+    s->workers[0] = (srv_worker){.alive = 1, .slot = 0, .last_seen = kvm_now_ms()};
+    log = kvm_test_stderr_of(run_health, &a);
+    snprintf(want, sizeof want, "decode worker decode-0-r0-1 (pid %ld) joined 61 s after its start", (long)worker);
+    ck_assert_msg(kvm_test_count(log, want) == 1 && !strstr(log, "has not joined"), "%s", log);
+    free(log);
+    kill(worker, SIGKILL);
+    waitpid(worker, NULL, 0);
+    kvm_config_free(&cfg);
+    free(s);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -1249,6 +1311,7 @@ int main(void)
     suite_add_tcase(su, tcase("bind_forms", test_bind_forms, 120));
     suite_add_tcase(su, tcase("messages", test_messages, 120));
     suite_add_tcase(su, tcase("health_reaps_own_children", test_health_reaps_own_children, 30));
+    suite_add_tcase(su, tcase("worker_not_joined_reported", test_worker_not_joined_reported, 30));
     suite_add_tcase(su, tcase("front_rcvhwm", test_front_rcvhwm, 10));
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
