@@ -183,6 +183,28 @@ int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
     }
 }
 
+int kvm_store__cursor_begin(kvm_store *s, int db, MDB_txn **txn, MDB_cursor **cur)
+{
+    *txn = NULL;
+    *cur = NULL;
+    int st = kvm_store__lock(s);
+    if (st) return st;
+    st = kvm_store__read_begin(s, txn);
+    int rc = st ? 0 : mdb_cursor_open(*txn, s->dbi[db], cur);
+    if (rc) st = kvm_store__mdb(s, rc, "cursor");
+    if (st) kvm_store__cursor_end(s, txn, cur);
+    return st;
+}
+
+void kvm_store__cursor_end(kvm_store *s, MDB_txn **txn, MDB_cursor **cur)
+{
+    if (*cur) mdb_cursor_close(*cur);
+    if (*txn) mdb_txn_abort(*txn);
+    *cur = NULL;
+    *txn = NULL;
+    kvm_store__unlock(s);
+}
+
 int kvm_store__meta_get(kvm_store *s, MDB_txn *txn, const char *name, int64_t *v)
 {
     MDB_val k = {strlen(name), (void *)name}, d;

@@ -349,20 +349,14 @@ static int skip_cache(MDB_cursor *cur, const uint8_t *prefix, MDB_val *key, MDB_
 
 int kvm_store_list_caches(kvm_store *s, const kvm_store_id *model_id, kvm_store_cache_visit_fn fn, void *arg)
 {
-    int st = kvm_store__lock(s);
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    int st = kvm_store__cursor_begin(s, KVM_STORE__DB_CACHES, &txn, &cur);
     if (st) return st;
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
-    st = kvm_store__read_begin(s, &txn);
-    int rc = st ? 0 : mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CACHES], &cur);
-    if (rc) st = kvm_store__mdb(s, rc, "cursor");
-    MDB_val key, val;
+    MDB_val key = {model_id ? KVM_STORE_ID_BYTES : 0, model_id ? (void *)model_id->b : NULL}, val;
     uint8_t last[KVM_STORE__CACHE_KEY_BYTES];
     int have_last = 0;
-    if (st == 0) {
-        key = (MDB_val){model_id ? KVM_STORE_ID_BYTES : 0, model_id ? (void *)model_id->b : NULL};
-        rc = mdb_cursor_get(cur, &key, &val, model_id ? MDB_SET_RANGE : MDB_FIRST);
-    }
+    int rc = mdb_cursor_get(cur, &key, &val, model_id ? MDB_SET_RANGE : MDB_FIRST);
     while (st == 0 && rc == 0) {
         const uint8_t *kp = key.mv_data;
         if ((st = key_advances(s, &key, last, &have_last))) break;
@@ -391,9 +385,7 @@ int kvm_store_list_caches(kvm_store *s, const kvm_store_id *model_id, kvm_store_
         if (st == 0) rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
     }
     if (st == 0 && rc && rc != MDB_NOTFOUND) st = kvm_store__mdb(s, rc, "list caches");
-    if (cur) mdb_cursor_close(cur);
-    if (txn) mdb_txn_abort(txn);
-    kvm_store__unlock(s);
+    kvm_store__cursor_end(s, &txn, &cur);
     return st;
 }
 
@@ -420,18 +412,14 @@ int kvm_store_find_cache(kvm_store *s, const char *text, kvm_store_cache_key *ou
     char parts[3][KVM_STORE_ID_HEX + 1];
     int st = split_key(text ? text : "", parts);
     if (st) return st;
-    st = kvm_store__lock(s);
-    if (st) return st;
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    if ((st = kvm_store__cursor_begin(s, KVM_STORE__DB_CACHES, &txn, &cur))) return st;
     int64_t n_match = 0;
-    st = kvm_store__read_begin(s, &txn);
-    int rc = st ? 0 : mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CACHES], &cur);
-    if (rc) st = kvm_store__mdb(s, rc, "cursor");
     MDB_val key, val;
     uint8_t last[KVM_STORE__CACHE_KEY_BYTES];
     int have_last = 0;
-    if (st == 0) rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST);
+    int rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST);
     while (st == 0 && rc == 0) {
         if ((st = key_advances(s, &key, last, &have_last))) break;
         if (key.mv_size != KVM_STORE__CACHE_KEY_BYTES) {
@@ -449,9 +437,7 @@ int kvm_store_find_cache(kvm_store *s, const char *text, kvm_store_cache_key *ou
         rc = skip_cache(cur, prefix, &key, &val);
     }
     if (st == 0 && rc && rc != MDB_NOTFOUND) st = kvm_store__mdb(s, rc, "find cache");
-    if (cur) mdb_cursor_close(cur);
-    if (txn) mdb_txn_abort(txn);
-    kvm_store__unlock(s);
+    kvm_store__cursor_end(s, &txn, &cur);
     if (st) return st;
     if (n_match == 0) return kvm_err(KVM_ENOTFOUND, "key '%s': no cache in store %s matches", text, s->path);
     if (n_match > 1)
@@ -464,19 +450,16 @@ int kvm_store_doc_configs(kvm_store *s, const kvm_store_id *model_id, const kvm_
                           kvm_store_id *configs, int max, int *n)
 {
     *n = 0;
-    int st = kvm_store__lock(s);
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    int st = kvm_store__cursor_begin(s, KVM_STORE__DB_CACHES, &txn, &cur);
     if (st) return st;
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
-    st = kvm_store__read_begin(s, &txn);
-    int rc = st ? 0 : mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CACHES], &cur);
-    if (rc) st = kvm_store__mdb(s, rc, "cursor");
     uint8_t start[2 * KVM_STORE_ID_BYTES], last[KVM_STORE__CACHE_KEY_BYTES];
     int have_last = 0;
     MDB_val key = {sizeof start, start}, val;
     memcpy(start, model_id->b, KVM_STORE_ID_BYTES);
     memcpy(start + KVM_STORE_ID_BYTES, doc_hash->b, KVM_STORE_ID_BYTES);
-    if (st == 0) rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+    int rc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
     while (st == 0 && rc == 0) {
         const uint8_t *kp = key.mv_data;
         if (key.mv_size != KVM_STORE__CACHE_KEY_BYTES) { /* not a cache key: verify reports it */
@@ -498,8 +481,6 @@ int kvm_store_doc_configs(kvm_store *s, const kvm_store_id *model_id, const kvm_
         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
     }
     if (st == 0 && rc && rc != MDB_NOTFOUND) st = kvm_store__mdb(s, rc, "list a document's caches");
-    if (cur) mdb_cursor_close(cur);
-    if (txn) mdb_txn_abort(txn);
-    kvm_store__unlock(s);
+    kvm_store__cursor_end(s, &txn, &cur);
     return st;
 }

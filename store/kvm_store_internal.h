@@ -109,6 +109,15 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg);
  * snapshot's pages pass kvm_store__tree_check. Errors: KVM_ECORRUPT (then *txn is NULL),
  * LMDB's, mapped by kvm_store__mdb. */
 int kvm_store__read_begin(kvm_store *s, MDB_txn **txn);
+/* The prologue of a walk over db `db` (a KVM_STORE__DB_* index): takes the handle's lock (as
+ * kvm_store__lock), begins a read txn (kvm_store__read_begin) and opens a cursor on the db. On 0
+ * the caller holds all three and ends them with kvm_store__cursor_end. On error nothing is held
+ * (*txn and *cur are NULL, the lock is released): kvm_store__lock's, read_begin's, or the
+ * cursor's (mapped by kvm_store__mdb). */
+int kvm_store__cursor_begin(kvm_store *s, int db, MDB_txn **txn, MDB_cursor **cur);
+/* Closes the cursor, ends the read txn of kvm_store__cursor_begin and releases the lock; sets
+ * *txn and *cur to NULL. */
+void kvm_store__cursor_end(kvm_store *s, MDB_txn **txn, MDB_cursor **cur);
 /* Maps an LMDB code to a kvm status with a message "store PATH: WHAT: mdb error"; records
  * the raw code in s->mdb_rc. */
 int kvm_store__mdb(kvm_store *s, int rc, const char *what);

@@ -138,15 +138,12 @@ int kvm_store_rm_strategy(kvm_store *s, const kvm_store_id *model_id, const char
 
 int kvm_store_list_strategies(kvm_store *s, const kvm_store_id *model_id, kvm_store_strategy_visit_fn fn, void *arg)
 {
-    int st = kvm_store__lock(s);
+    MDB_txn *txn;
+    MDB_cursor *cur;
+    int st = kvm_store__cursor_begin(s, KVM_STORE__DB_STRATEGIES, &txn, &cur);
     if (st) return st;
-    MDB_txn *txn = NULL;
-    MDB_cursor *cur = NULL;
-    st = kvm_store__read_begin(s, &txn);
-    int rc = st ? 0 : mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_STRATEGIES], &cur);
-    if (rc) st = kvm_store__mdb(s, rc, "cursor");
     MDB_val key = {model_id ? KVM_STORE_ID_BYTES : 0, model_id ? (void *)model_id->b : NULL}, val;
-    if (st == 0) rc = mdb_cursor_get(cur, &key, &val, model_id ? MDB_SET_RANGE : MDB_FIRST);
+    int rc = mdb_cursor_get(cur, &key, &val, model_id ? MDB_SET_RANGE : MDB_FIRST);
     while (st == 0 && rc == 0) {
         const uint8_t *kp = key.mv_data;
         if (model_id && (key.mv_size < KVM_STORE_ID_BYTES || memcmp(kp, model_id->b, KVM_STORE_ID_BYTES) != 0)) break;
@@ -166,9 +163,7 @@ int kvm_store_list_strategies(kvm_store *s, const kvm_store_id *model_id, kvm_st
         if (st == 0) rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
     }
     if (st == 0 && rc && rc != MDB_NOTFOUND) st = kvm_store__mdb(s, rc, "list strategies");
-    if (cur) mdb_cursor_close(cur);
-    if (txn) mdb_txn_abort(txn);
-    kvm_store__unlock(s);
+    kvm_store__cursor_end(s, &txn, &cur);
     return st;
 }
 
