@@ -245,28 +245,18 @@ static int slot_joined(const orch *o, int s)
 }
 
 /* A stage process that runs but never joins (hung loading its model, connected elsewhere) was
- * never named: the run waited with fewer workers, or at "0/N documents". Past [run]
- * join_warn_s it is logged once with its log file, and again if it joins after all. */
+ * never named: the run waited with fewer workers, or at "0/N documents". */
 static void check_joins(orch *o, double now)
 {
     for (int s = 0; s < o->n_slots; s++) {
         orch_slot *sl = &o->slots[s];
         if (sl->pid <= 0 || sl->join_state == 2) continue;
-        const int joined = slot_joined(o, s);
-        const double age_s = (now - sl->started_ms) / 1000;
-        kvm_log_field f[] = {KVM_LOG_S("worker", sl->id), KVM_LOG_I("pid", sl->pid), KVM_LOG_F("since_start_s", age_s)};
-        if (joined && sl->join_state == 1)
-            kvm_log(KVM_LOG_INFO, "worker_joined_late", f, 3, "%s worker %s (pid %ld) joined %.0f s after its start",
-                    stage_names[sl->stage], sl->id, (long)sl->pid, age_s);
-        if (joined) {
-            sl->join_state = 2;
-        } else if (sl->join_state == 0 && age_s >= (double)kvm_config_int(o->cfg, "run", "join_warn_s")) {
-            sl->join_state = 1;
-            kvm_log(KVM_LOG_WARN, "worker_not_joined", f, 3,
-                    "%s worker %s (pid %ld) started %.0f s ago and has not joined ([run] join_warn_s): is it still "
-                    "loading, or connecting elsewhere than %s? Its log: %s/%s.log",
-                    stage_names[sl->stage], sl->id, (long)sl->pid, age_s, o->base, o->run_dir, sl->id);
-        }
+        char what[64], log[2400];
+        snprintf(what, sizeof what, "%s worker", stage_names[sl->stage]);
+        snprintf(log, sizeof log, "Its log: %s/%s.log", o->run_dir, sl->id);
+        const kvm_spawn_worker w = {what, sl->id, sl->pid, sl->started_ms, o->base, log};
+        kvm_spawn_join_check(&w, slot_joined(o, s), (double)kvm_config_int(o->cfg, "run", "join_warn_s"), now,
+                             &sl->join_state);
     }
 }
 

@@ -3,7 +3,6 @@
  * them finish what they hold. */
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
-#include "common/kvm_log.h"
 #include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_stage.h"
 
@@ -106,28 +105,17 @@ static int slot_joined(const srv *s, int i)
 }
 
 /* A worker process that runs but never joins (hung loading its model, connected to another
- * endpoint) was never named: the server just had fewer workers. Past [run] join_warn_s it is
- * logged once, and again if it joins after all. Its output goes to this server's stderr. */
+ * endpoint) was never named: the server just had fewer workers. Its output goes to this
+ * server's stderr. */
 static void check_joins(srv *s, double now)
 {
     for (int i = 0; i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
         if (sl->pid <= 0 || sl->join_state == 2) continue;
-        const int joined = slot_joined(s, i);
-        const double age_s = (now - sl->started_ms) / 1000;
-        kvm_log_field f[] = {KVM_LOG_S("worker", sl->id), KVM_LOG_I("pid", sl->pid), KVM_LOG_F("since_start_s", age_s)};
-        if (joined && sl->join_state == 1)
-            kvm_log(KVM_LOG_INFO, "worker_joined_late", f, 3,
-                    "decode worker %s (pid %ld) joined %.0f s after its start", sl->id, (long)sl->pid, age_s);
-        if (joined) {
-            sl->join_state = 2;
-        } else if (sl->join_state == 0 && age_s >= (double)kvm_config_int(s->cfg, "run", "join_warn_s")) {
-            sl->join_state = 1;
-            kvm_log(KVM_LOG_WARN, "worker_not_joined", f, 3,
-                    "decode worker %s (pid %ld) started %.0f s ago and has not joined ([run] join_warn_s): is it "
-                    "still loading, or connecting elsewhere than %s? Its messages are in this server's log",
-                    sl->id, (long)sl->pid, age_s, s->base);
-        }
+        const kvm_spawn_worker w = {"decode worker", sl->id,  sl->pid,
+                                    sl->started_ms,  s->base, "Its messages are in this server's log"};
+        kvm_spawn_join_check(&w, slot_joined(s, i), (double)kvm_config_int(s->cfg, "run", "join_warn_s"), now,
+                             &sl->join_state);
     }
 }
 

@@ -2,6 +2,7 @@
 #include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_config.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -61,4 +62,22 @@ int kvm_spawn_curve_args(char **argv, const kvm_config *cfg)
     argv[2] = "--client-public", argv[3] = (char *)kvm_config_str(cfg, "security", "client_public_key");
     argv[4] = "--client-secret", argv[5] = (char *)kvm_config_str(cfg, "security", "client_secret_key");
     return 6;
+}
+
+void kvm_spawn_join_check(const kvm_spawn_worker *w, int joined, double join_warn_s, double now_ms, int *state)
+{
+    const double age_s = (now_ms - w->started_ms) / 1000;
+    kvm_log_field f[] = {KVM_LOG_S("worker", w->id), KVM_LOG_I("pid", w->pid), KVM_LOG_F("since_start_s", age_s)};
+    if (joined && *state == 1)
+        kvm_log(KVM_LOG_INFO, "worker_joined_late", f, 3, "%s %s (pid %ld) joined %.0f s after its start", w->what,
+                w->id, (long)w->pid, age_s);
+    if (joined) {
+        *state = 2;
+    } else if (*state == 0 && age_s >= join_warn_s) {
+        *state = 1;
+        kvm_log(KVM_LOG_WARN, "worker_not_joined", f, 3,
+                "%s %s (pid %ld) started %.0f s ago and has not joined ([run] join_warn_s): is it still loading, or "
+                "connecting elsewhere than %s? %s",
+                w->what, w->id, (long)w->pid, age_s, w->endpoint, w->log_hint);
+    }
 }

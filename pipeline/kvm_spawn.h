@@ -41,4 +41,21 @@ int kvm_spawn_reaped(pid_t *pid);
  * from cfg: valid while cfg is open). argv must have room for six. Returns 6, the count written. */
 int kvm_spawn_curve_args(char **argv, const kvm_config *cfg);
 
+/* A worker process a command started, as kvm_spawn_join_check reports it. */
+typedef struct kvm_spawn_worker {
+    const char *what;     /* its kind in the log: "decode worker", "prefill worker" */
+    const char *id;       /* its worker id (--id) */
+    pid_t pid;            /* its process */
+    double started_ms;    /* when it was started (kvm_now_ms) */
+    const char *endpoint; /* where it was told to connect */
+    const char *log_hint; /* where its output goes, a sentence: "Its log: PATH" */
+} kvm_spawn_worker;
+
+/* Says, once, that worker w has not joined (sent ready) join_warn_s seconds ([run] join_warn_s)
+ * after its start: a warning (event worker_not_joined) naming it, its pid, the time since its
+ * start, its endpoint and w->log_hint; and, after that, that it joined (info, worker_joined_late).
+ * *state is this process's: 0 when it starts, then 1 (reported) or 2 (joined: nothing more to
+ * say); joined: whether it has joined now. Borrows w; thread-safe as kvm_log. */
+void kvm_spawn_join_check(const kvm_spawn_worker *w, int joined, double join_warn_s, double now_ms, int *state);
+
 #endif
