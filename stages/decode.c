@@ -324,7 +324,7 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
         kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = docs[i].doc_hash, .config_id = st->config_id};
         int has = 0;
         int hrc = kvm_store_has_cache(st->store, &key, &st->wm.tok_id, &has);
-        if (hrc == KVM_ESTATE || hrc == KVM_EIO || hrc == KVM_ENOMEM) rc = hrc;
+        if (hrc == KVM_ESTATE || hrc == KVM_EIO || hrc == KVM_ENOMEM || hrc == KVM_EBUSY) rc = hrc; /* not "no cache" */
         if (!hrc && !has && !missed++) miss.doc_hash = docs[i].doc_hash; /* stored under another config? */
         if (hrc || !has) continue; /* no cache, or one of another tokenizer, or a corrupt one */
         if (found++ == 0) *hash = docs[i].doc_hash;
