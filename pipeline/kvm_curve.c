@@ -88,10 +88,20 @@ static int secret_mode_check(const char *path, const struct stat *st)
                        "replace the key; refused: make a new pair with kvmill keygen, or check the key and run "
                        "chmod 600 %s",
                        path, mode, path);
-    if ((st->st_mode & (S_IRWXG | S_IRWXO)) && first_warning(st))
-        kvm_log(KVM_LOG_WARN, "key_file_mode", (kvm_log_field[]){KVM_LOG_S("path", path), KVM_LOG_I("mode", mode)}, 2,
-                "warning: secret key file %s has mode %04o: other users can %s it; run chmod 600 %s", path, mode,
-                st->st_mode & (S_IWGRP | S_IWOTH) ? "read or change" : "read", path);
+    /* execute bits alone (0610) let no one read or change the key: no warning for them */
+    const int readable = (st->st_mode & (S_IRGRP | S_IROTH)) != 0, writable = (st->st_mode & S_IWGRP) != 0;
+    if ((readable || writable) && first_warning(st)) {
+        char octal[8];
+        snprintf(octal, sizeof octal, "%04o", mode);
+        kvm_log(KVM_LOG_WARN, "key_file_mode", (kvm_log_field[]){KVM_LOG_S("path", path), KVM_LOG_S("mode", octal)}, 2,
+                "warning: secret key file %s has mode %s: other users can %s it; run chmod 600 %s (a mounted "
+                "Kubernetes secret: defaultMode 0400)",
+                path, octal,
+                readable && writable ? "read or change"
+                : readable           ? "read"
+                                     : "change",
+                path);
+    }
     return 0;
 }
 
@@ -102,6 +112,11 @@ static int secret_mode_check(const char *path, const struct stat *st)
  * link is followed and its target checked, as ssh does: mounted secrets are often links. */
 static int key_read(const char *path, char key[41], int secret)
 {
+    /* a socket, FIFO or device is refused before the open too: open fails on a socket (ENXIO,
+     * a misleading message) and opening a device (a tty, a tape) can have effects of its own */
+    struct stat pre;
+    if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode) && !S_ISDIR(pre.st_mode))
+        return kvm_err(KVM_EFORMAT, "key file %s: not a regular file (a FIFO, socket or device)", path);
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return kvm_err(errno == ENOENT ? KVM_ENOTFOUND : KVM_EIO, "key file %s: %s", path, strerror(errno));
     struct stat st;
@@ -115,10 +130,14 @@ static int key_read(const char *path, char key[41], int secret)
     else if (secret)
         rc = secret_mode_check(path, &st);
     char buf[128] = {0};
-    ssize_t n = 0;
-    while (!rc && (n = read(fd, buf, sizeof buf - 1)) < 0 && errno == EINTR) {
+    ssize_t n = 0; /* to the end of the file or a full buffer: one read may return less */
+    while (!rc && n < (ssize_t)sizeof buf - 1) {
+        ssize_t r = read(fd, buf + n, sizeof buf - 1 - (size_t)n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) rc = kvm_err(KVM_EIO, "key file %s: %s", path, strerror(errno));
+        if (r <= 0) break;
+        n += r;
     }
-    if (!rc && n < 0) rc = kvm_err(KVM_EIO, "key file %s: %s", path, strerror(errno));
     close(fd);
     if (rc) return rc;
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = '\0';

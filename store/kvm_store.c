@@ -11,8 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/statvfs.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/kvm_error.h"
@@ -158,10 +159,18 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
 
 int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
 {
-    for (int resized = 0, checked = 0;;) {
+    for (int resized = 0, busy = 0;;) {
         int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, txn);
-        int dead = 0; /* a full table may hold slots of processes that died reading: free them, once */
-        if (rc == MDB_READERS_FULL && !checked++ && mdb_reader_check(s->env, &dead) == 0 && dead > 0) continue;
+        /* a full reader table: slots of processes that died reading are freed at once; live
+         * readers end their reads within moments, so wait 10, 20, ... 320 ms (0.63 s in all)
+         * before the caller gets KVM_EBUSY: a job retried at once would meet the same table */
+        if (rc == MDB_READERS_FULL && busy < 6) {
+            int dead = 0;
+            if (mdb_reader_check(s->env, &dead) != 0 || dead == 0)
+                nanosleep(&(struct timespec){0, 10000000L << busy}, NULL);
+            busy++;
+            continue;
+        }
         if (rc == MDB_MAP_RESIZED && resized++ < 16) {
             rc = mdb_env_set_mapsize(s->env, 0);
             if (rc) return kvm_store__mdb(s, rc, "adopt grown map");

@@ -129,8 +129,9 @@ typedef struct kvm_store_opts {
     int no_sync;                /* 1: MDB_NOSYNC: commits survive a process crash, not an OS
                                    crash (tests, scratch stores) */
     int max_readers;            /* slots of LMDB's reader table (one per read transaction open
-                                   at once, all processes together); 0 = 510. Only the process
-                                   that creates lock.mdb sets it; the others use its size */
+                                   at once, all processes together); 0 = 510. Set by the process
+                                   that initialises lock.mdb (the first to open the store while
+                                   no other has it open); the others use its size */
 } kvm_store_opts;
 
 /* Usage numbers of a store (kvm_store_stats). */

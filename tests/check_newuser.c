@@ -17,7 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -284,6 +286,10 @@ START_TEST(test_secret_key_mode)
              link, link);
     ck_assert_msg(a.rc[0] == 0 && kvm_test_count(log, want) == 1, "rc %d, stderr: %s", a.rc[0], log);
     free(log);
+    ck_assert_int_eq(chmod(sec, 0610), 0); /* execute bits alone: no one else reads or changes it */
+    log = kvm_test_stderr_of(check_pair_twice, &a);
+    ck_assert_msg(a.rc[0] == 0 && !*log, "rc %d, stderr: %s", a.rc[0], log);
+    free(log);
     ck_assert_int_eq(chmod(sec, 0666), 0);
     ck_assert_int_eq(kvm_curve_check_pair(link, pub), KVM_EINVAL);
     snprintf(want, sizeof want, "secret key file %s is writable by every user (mode 0666)", link);
@@ -299,6 +305,17 @@ START_TEST(test_secret_key_mode)
     alarm(0);
     ck_assert_int_eq(kvm_curve_check_pair(dir, pub), KVM_EIO);
     ck_assert_msg(strstr(kvm_errmsg(), "Is a directory"), "%s", kvm_errmsg());
+    /* a socket: named as one, not "No such device or address" (open's ENXIO) */
+    snprintf(link, sizeof link, "%s/sock.secret", dir);
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(link) < sizeof sa.sun_path) {
+        memcpy(sa.sun_path, link, strlen(link) + 1);
+        ck_assert_int_eq(bind(sfd, (struct sockaddr *)&sa, sizeof sa), 0);
+        ck_assert_int_eq(kvm_curve_check_pair(link, pub), KVM_EFORMAT);
+        ck_assert_msg(strstr(kvm_errmsg(), "sock.secret: not a regular file"), "%s", kvm_errmsg());
+    }
+    close(sfd);
     kvm_test_rmtree(dir);
     free(dir);
 }

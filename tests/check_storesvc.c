@@ -101,6 +101,7 @@ static void setup(void)
 {
     g_dir = kvm_test_tmpdir();
     snprintf(g_store, sizeof g_store, "%s/store.lmdb", g_dir);
+    g_max_readers = 0; /* LMDB's default unless a case sets it (CK_FORK=no runs the cases in one process) */
 }
 
 static void teardown(void)

@@ -371,7 +371,8 @@ static void readers_child(const char *path, int n, int ready, int release)
         ok = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn[i]) == 0;
     char c = ok ? 'y' : 'n';
     if (write(ready, &c, 1) != 1) _exit(1);
-    while (read(release, &c, 1) > 0 || errno == EINTR) {
+    ssize_t r;
+    while ((r = read(release, &c, 1)) > 0 || (r < 0 && errno == EINTR)) {
     }
     for (int i = 0; ok && i < n; i++)
         mdb_txn_abort(txn[i]);
