@@ -62,6 +62,29 @@ static int check_config(const kvm_config *cfg)
     return rc;
 }
 
+/* The model id the decode workers compute for [model] path (kvm_worker_model_get): the store's
+ * memo when a local store exists (opened read-only: an unchanged file is not hashed again), else
+ * the file's hash; the server refuses workers whose ready names another (PROTOCOL.md §5,
+ * revision 10). Returns 0, or nonzero when it cannot be known: a server that starts no workers
+ * may lack the file that workers on other hosts hold; it then says so and accepts any worker. */
+static int serve_model_id(const kvm_config *cfg, kvm_store_id *out)
+{
+    const char *mp = kvm_config_str(cfg, "model", "path"), *sp = kvm_config_str(cfg, "store", "path");
+    kvm_store_opts so = {.read_only = 1};
+    kvm_store *st = NULL;
+    int rc = !*kvm_config_str(cfg, "store", "service") && !kvm_serve_remote_is_endpoint(sp) &&
+                     kvm_store_open(sp, &so, &st) == 0
+                 ? kvm_store_model_id(st, mp, out)
+                 : kvm_store_hash_file(mp, out);
+    kvm_store_close(&st);
+    if (rc)
+        fprintf(stderr,
+                "kvmill serve: note: the model id of [model] path cannot be computed here (%s): decode workers "
+                "of any model are accepted\n",
+                kvm_errmsg());
+    return rc;
+}
+
 int kvm_cmd_serve(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
@@ -182,6 +205,8 @@ int kvm_cmd_serve(int argc, char **argv)
     char *slash = strrchr(self, '/');
     snprintf(dir, sizeof dir, "%s", slash ? (*slash = '\0', self) : ".");
     o.bin_dir = *kvm_config_str(cfg, "stages", "bin_dir") ? NULL : dir;
+    kvm_store_id model_id;
+    if (serve_model_id(cfg, &model_id) == 0) o.model_id = model_id.b;
     status = kvm_serve_run(cfg, &o);
 done:
     if (resolved[0]) unlink(resolved);

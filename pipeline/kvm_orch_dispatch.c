@@ -79,7 +79,8 @@ static int job_message(orch *o, orch_job *j, kvm_msg **out)
 static int idle_worker(orch *o, int stage)
 {
     for (int w = 0; w < o->n_workers; w++)
-        if (o->workers[w].alive && o->workers[w].idle && o->workers[w].job < 0 && o->workers[w].stage == stage)
+        if (kvm_orch__worker_counts(o, w) && o->workers[w].idle && o->workers[w].job < 0 &&
+            o->workers[w].stage == stage)
             return w;
     return -1;
 }
@@ -145,7 +146,7 @@ static int64_t prefetch_limit(const orch *o)
     int64_t n = kvm_config_int(o->cfg, "run", "max_prefetch");
     if (n > 0) return n;
     for (int w = 0; w < o->n_workers; w++)
-        n += o->workers[w].alive && o->workers[w].stage == ST_COMPRESS;
+        n += kvm_orch__worker_counts(o, w) && o->workers[w].stage == ST_COMPRESS;
     return 2 * n;
 }
 

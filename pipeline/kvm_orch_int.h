@@ -61,6 +61,10 @@ typedef struct orch_worker {
     int job;  /* index in jobs[] or -1 */
     int alive;
     int slot; /* spawned slot, or -1 for an external orch_worker */
+    int refused;              /* its ready named another model than the run's (revision 10): never idle, gets
+                                 no job, staffs no stage (kvm_orch__worker_counts) */
+    int told;                 /* the refusal's error reached its control socket */
+    kvm_store_id other_model; /* the model its ready named, when refused */
 } orch_worker;
 
 typedef struct orch_slot {
@@ -175,6 +179,13 @@ void kvm_orch__stop_children(orch *o, int sig);
 void kvm_orch__reap_all(orch *o, double ms);
 /* The worker behind routing id idf (added when new), or -1 when the table is full. */
 int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage);
+/* Whether worker w, after its ready m, is refused: m names a model other than the run's
+ * (o->model_id; PROTOCOL.md §5, revision 10), or w was refused before and m names none. A new
+ * refusal is logged once, told to the worker (an error: it exits) and gives its job back; one of
+ * the run's own processes is restarted as a dead one is, a bounded number of times. */
+int kvm_orch__worker_refused(orch *o, int w, const kvm_msg *m);
+/* 1 when worker w counts for its stage: alive and not refused. */
+int kvm_orch__worker_counts(const orch *o, int w);
 /* ST_* of a stage name, or -1. */
 int kvm_orch__stage_of(kvm_proto_str s);
 /* Child exits, silent workers, dead stages, timed-out jobs. */

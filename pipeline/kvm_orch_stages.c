@@ -166,8 +166,8 @@ static void check_stages_alive(orch *o)
         int configured = 0, gave_up = 0, alive = 0;
         for (int s = 0; s < o->n_slots; s++)
             if (o->slots[s].stage == st) configured++, gave_up += o->slots[s].gave_up;
-        for (int w = 0; w < o->n_workers; w++)
-            alive += o->workers[w].alive && o->workers[w].stage == st;
+        for (int w = 0; w < o->n_workers; w++) /* a refused worker does no work for the stage */
+            alive += kvm_orch__worker_counts(o, w) && o->workers[w].stage == st;
         if (configured == 0 || gave_up < configured || alive) continue;
         const orch_job_state open[4] = {J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS};
         for (int b = 0; b < 4; b++)
@@ -258,6 +258,61 @@ static void check_joins(orch *o, double now)
         kvm_spawn_join_check(&w, slot_joined(o, s), (double)kvm_config_int(o->cfg, "run", "join_warn_s"), now,
                              &sl->join_state);
     }
+}
+
+int kvm_orch__worker_counts(const orch *o, int w) { return o->workers[w].alive && !o->workers[w].refused; }
+
+/* Sends refused worker w the error that stops it (once it got through). Its first credit may come
+ * on the data socket before the control socket's connection is up, when the control socket does
+ * not know its routing id yet (EHOSTUNREACH): the next ready tries again. */
+static void tell_refused(orch *o, int w)
+{
+    orch_worker *wk = &o->workers[w];
+    char gh[65], wh[65], why[1200];
+    kvm_store_id_hex(&wk->other_model, gh);
+    kvm_store_id_hex(&o->model_id, wh);
+    snprintf(why, sizeof why,
+             "this %s's model is %s (%s), this worker runs model %s: start it with the run's model (without "
+             "--model, or --model naming the same file)",
+             o->cmd, wh, kvm_config_str(o->cfg, "model", "path"), gh);
+    wk->told = kvm_stage_send_refusal(o->ctl, wk->id, o->cmd, why) == 0;
+}
+
+/* Worker w's ready named model got, not the run's: its work would be wrong (a prefill worker's KV
+ * would be compressed and stored under the run's model id), so it is refused, once. */
+static void refuse_worker(orch *o, int w, const uint8_t *got)
+{
+    orch_worker *wk = &o->workers[w];
+    memcpy(wk->other_model.b, got, sizeof wk->other_model.b);
+    char gh[65], wh[65];
+    kvm_store_id_hex(&wk->other_model, gh);
+    kvm_store_id_hex(&o->model_id, wh);
+    const char *path = kvm_config_str(o->cfg, "model", "path"), *stage = wk->stage >= 0 ? stage_names[wk->stage] : "a";
+    kvm_log_field f[] = {KVM_LOG_S("worker", wk->id), KVM_LOG_S("worker_model_id", gh), KVM_LOG_S("model_id", wh),
+                         KVM_LOG_S("model", path)};
+    kvm_log(KVM_LOG_ERROR, "worker_refused", f, 4,
+            "%s worker %s runs model %.12s… but this %s's model is %.12s… (%s): refused, no jobs go to it%s", stage,
+            wk->id, gh, o->cmd, wh, path,
+            wk->slot >= 0 ? " (started by this run: the model file changed since the run started?)" : "");
+    wk->refused = 1;
+    wk->told = 0;
+    wk->idle = 0;
+    /* its job goes back to the queue; a process of this run is restarted (bounded: slot_died) */
+    if (wk->job >= 0 || w == o->reduce_worker || wk->slot >= 0) worker_dead(o, w, "was refused (another model)");
+}
+
+int kvm_orch__worker_refused(orch *o, int w, const kvm_msg *m)
+{
+    orch_worker *wk = &o->workers[w];
+    uint8_t got[KVM_PROTO_ID_BYTES];
+    kvm_proto_ready r;
+    if (!kvm_stage_other_model(m, o->model_id.b, got)) {
+        if (wk->refused && kvm_proto_ready_decode(m, &r) == 0 && r.has_model_id) wk->refused = 0; /* restarted right */
+        return wk->refused;
+    }
+    if (!wk->refused) refuse_worker(o, w, got);
+    if (wk->refused && !wk->told) tell_refused(o, w);
+    return 1;
 }
 
 void kvm_orch__check_health(orch *o)

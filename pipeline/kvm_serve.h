@@ -24,6 +24,9 @@ typedef struct kvm_serve_opts {
     const char *bind;        /* front end endpoint ([serve] bind when NULL) */
     int workers;             /* decode workers to start ([serve] workers when < 0) */
     const char *bin_dir;     /* folder of kvmill-decode ([stages] bin_dir, else this) */
+    const uint8_t *model_id; /* 32 bytes: the model id of [model] path (the store's, as the workers
+                                compute it); a worker whose ready names another model is refused
+                                (PROTOCOL.md §5, revision 10). NULL: every worker is accepted */
 } kvm_serve_opts;
 
 /* Runs the broker until SIGTERM/SIGINT: binds the front end and the back end, starts the
@@ -40,12 +43,14 @@ typedef struct kvm_serve_opts {
  * while fewer than [serve] max_new_caches caches were added this run (and, when the front end
  * uses CurveZMQ, fewer than max_new_caches_per_key for the client's key), counting requests
  * in flight that hold a grant; the worker's answer says (new_cache) whether it used it.
- * Logs to stderr, one line
+ * With o->model_id, a worker whose ready names another model is refused (one log line, an error
+ * that stops it, no request: PROTOCOL.md §5, revision 10). Logs to stderr, one line
  * per request; prints "kvmill serve: ready ..." once every started worker has reported
  * ready. Installs its own SIGINT/SIGTERM handlers for the duration. Not reentrant (one
  * broker per process). Returns the exit status: 0 after a clean stop, 1 when a socket or
  * process could not be set up or a worker exited 3 times in a row before connecting (its
- * setup failed: bad model, store or config), 2 for a configuration problem (missing kvmill-decode,
+ * setup failed: bad model, store or config) or one it started runs another model than
+ * o->model_id (the model file changed under the server), 2 for a configuration problem (missing kvmill-decode,
  * bad endpoint, non-local endpoint without [security] keys: the message says which),
  * 130 after a second Ctrl-C. */
 int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);

@@ -5,6 +5,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_stage.h"
+#include "store/kvm_store.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -74,6 +75,76 @@ void kvm_serve__worker_dead(srv *s, int w, const char *why)
 
 /* ---- back end ---- */
 
+/* The hex of worker wk's model (its ready's) and of the server's, into gh and wh. */
+static void model_hexes(const srv *s, const srv_worker *wk, char gh[65], char wh[65])
+{
+    kvm_store_id a, b;
+    memcpy(a.b, wk->other_model, sizeof a.b);
+    memcpy(b.b, s->o->model_id, sizeof b.b);
+    kvm_store_id_hex(&a, gh);
+    kvm_store_id_hex(&b, wh);
+}
+
+/* Sends refused worker w the error that stops it (once it got through). Its first credit may come
+ * on the data socket before the control socket's connection is up, when the control socket does
+ * not know its routing id yet (EHOSTUNREACH): the next ready tries again. */
+static void tell_refused(srv *s, int w)
+{
+    srv_worker *wk = &s->workers[w];
+    char gh[65], wh[65], why[1200];
+    model_hexes(s, wk, gh, wh);
+    snprintf(why, sizeof why,
+             "this server serves model %s (%s), this worker runs model %s: start it with the server's model "
+             "([model] path of its --config, or --model)",
+             wh, kvm_config_str(s->cfg, "model", "path"), gh);
+    wk->told = kvm_stage_send_refusal(s->ctl, wk->id, "serve", why) == 0;
+}
+
+/* Worker w's ready named model `got`, not the server's (PROTOCOL.md §5, revision 10): its
+ * requests would fail ("no compressed cache": it looks caches up under its own model id), so
+ * it is refused, once: logged, told (it exits), never idle. One of the server's own workers
+ * shares its config, so its refusal means the model file changed under the server: every
+ * worker it starts would be refused and restarted in a loop, so the server stops instead. */
+static void refuse_worker(srv *s, int w, const uint8_t *got)
+{
+    srv_worker *wk = &s->workers[w];
+    char gh[65], wh[65];
+    memcpy(wk->other_model, got, sizeof wk->other_model);
+    model_hexes(s, wk, gh, wh);
+    const char *path = kvm_config_str(s->cfg, "model", "path");
+    kvm_log_field f[] = {KVM_LOG_S("worker", wk->id), KVM_LOG_S("worker_model_id", gh), KVM_LOG_S("model_id", wh),
+                         KVM_LOG_S("model", path)};
+    kvm_log(KVM_LOG_ERROR, "worker_refused", f, 4,
+            "decode worker %s runs model %.12s… but this server serves %.12s… (%s): refused, no requests go to it",
+            wk->id, gh, wh, path);
+    wk->refused = 1;
+    wk->told = 0;
+    wk->idle = 0;
+    if (wk->slot < 0) return;
+    snprintf(s->fatal_why, sizeof s->fatal_why,
+             "decode worker %s, started by this server, runs model %.12s… but the server serves %.12s… (%s): the "
+             "model file changed since the server started? Start kvmill serve again",
+             wk->id, gh, wh, path);
+    s->fatal = 1;
+}
+
+/* Whether worker w is refused after its ready m: it names another model than the server's (it
+ * is refused now, if not before), or it was refused and names none. A ready naming the
+ * server's model accepts it again (the same id restarted with the right model). */
+static int refused_after(srv *s, int w, const kvm_msg *m)
+{
+    srv_worker *wk = &s->workers[w];
+    uint8_t got[KVM_PROTO_ID_BYTES];
+    kvm_proto_ready r;
+    if (!kvm_stage_other_model(m, s->o->model_id, got)) {
+        if (wk->refused && kvm_proto_ready_decode(m, &r) == 0 && r.has_model_id) wk->refused = 0;
+        return wk->refused;
+    }
+    if (!wk->refused) refuse_worker(s, w, got);
+    if (!wk->told) tell_refused(s, w);
+    return 1;
+}
+
 static void on_worker_data(srv *s, int w, kvm_msg **m)
 {
     srv_worker *wk = &s->workers[w];
@@ -83,7 +154,7 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
         return;
     }
     if (t == KVM_PROTO_READY) {
-        if (!wk->busy) wk->idle = 1;
+        if (!refused_after(s, w, *m) && !wk->busy) wk->idle = 1;
         return;
     }
     if (t != KVM_PROTO_ANSWER) {
@@ -137,7 +208,8 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
         kvm_serve__log("dropped a malformed control message from %s: %s", wk->id, kvm_errmsg());
         return;
     }
-    if (t != KVM_PROTO_ERROR) return; /* ready, heartbeat, result: liveness only */
+    if (t == KVM_PROTO_READY) refused_after(s, w, m);
+    if (t != KVM_PROTO_ERROR) return; /* ready, heartbeat, result: liveness */
     kvm_proto_error e;
     if (kvm_proto_error_decode(m, &e)) {
         kvm_serve__log("dropped a bad error message from %s: %s", wk->id, kvm_errmsg());

@@ -200,7 +200,10 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
             kvm_serve__check_health(&s);
             kvm_serve__dispatch(&s);
         }
-        if (s.fatal) {
+        if (s.fatal && s.fatal_why[0]) {
+            kvm_log(KVM_LOG_ERROR, "message", NULL, 0, "%s: stopping", s.fatal_why);
+            status = 1;
+        } else if (s.fatal) {
             kvm_serve__log(
                 "decode workers exit %d times in a row before connecting (see their messages above): stopping",
                 MAX_EARLY_EXITS);

@@ -77,6 +77,10 @@ typedef struct srv_worker {
     int grant;           /* the busy request may add a cache (compute_grant): one grant held */
     int grant_client;    /* index in srv.clients of the grant's client key, or -1 */
     srv_doc_key doc;     /* the busy request's document, when it sends one */
+    int refused;         /* its ready named another model than the server's: never idle, gets no
+                            request (revision 10) */
+    int told;            /* the refusal's error reached its control socket */
+    uint8_t other_model[32]; /* the model its ready named, when refused */
 } srv_worker;
 
 typedef struct srv_request {
@@ -96,7 +100,8 @@ typedef struct srv {
     void *zctx, *front, *ctl, *data;
     char front_ep[1024], base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int own_run_dir, backend_curve, announced;
-    int fatal;       /* a worker slot keeps failing before it connects: stop serving */
+    int fatal;            /* a worker slot keeps failing before it connects, or runs another model: stop */
+    char fatal_why[1024]; /* why, when not the early exits: said at the stop */
     kvm_svcproc svc; /* the store service for decode workers on other hosts ([store] service_bind) */
     srv_slot slots[MAX_WORKERS];
     int n_slots;

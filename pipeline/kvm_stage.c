@@ -50,6 +50,32 @@ int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size)
     return kvm_err(KVM_EINVAL, "endpoint %s: expected ipc://DIR or tcp://HOST:PORT", base);
 }
 
+int kvm_stage_other_model(const kvm_msg *ready, const uint8_t *want, uint8_t *got)
+{
+    kvm_proto_ready r;
+    if (!want || kvm_proto_ready_decode(ready, &r) || !r.has_model_id) return 0;
+    if (!memcmp(r.model_id, want, KVM_PROTO_ID_BYTES)) return 0;
+    memcpy(got, r.model_id, KVM_PROTO_ID_BYTES);
+    return 1;
+}
+
+int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why)
+{
+    size_t n = strlen(why);
+    kvm_proto_error e = {.status = KVM_EMISMATCH,
+                         .stage = kvm_proto_str_c(from),
+                         .message = {why, n < KVM_PROTO_MAX_MESSAGE_BYTES ? n : KVM_PROTO_MAX_MESSAGE_BYTES}};
+    kvm_msg *m = NULL, *env = NULL;
+    int rc = kvm_proto_error_encode(&e, &m);
+    if (!rc) rc = kvm_msg_new(&env);
+    if (!rc) rc = kvm_msg_add_copy(env, worker_id, strlen(worker_id));
+    if (!rc) rc = kvm_msg_join(env, &m);
+    if (!rc) rc = kvm_msg_send(router, &env, ZMQ_DONTWAIT);
+    kvm_msg_free(&env);
+    kvm_msg_free(&m);
+    return rc;
+}
+
 int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in)
 {
     (void)state;
@@ -121,6 +147,7 @@ typedef struct stage_rt {
     void *zctx, *ctl, *data;
     double last_beat, last_credit;
     job_slot job;
+    int refused; /* the orchestrator sent an error on the control socket: stop, exit 1 */
 } stage_rt;
 
 /* A log line "[stage id] ..." (text) or a JSON object with the worker id (kvm_log.h). */
@@ -143,6 +170,11 @@ static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
 {
     kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id), .stage = kvm_proto_str_c(rt->ops->stage),
                        .pid = getpid(), .device = kvm_proto_str_c(rt->a.device), .job_id = job_id};
+    const uint8_t *model = type == KVM_PROTO_READY && rt->ops->model_id ? rt->ops->model_id(rt->state) : NULL;
+    if (model) { /* revision 10: a server or run of another model refuses this worker */
+        c.has_model_id = true;
+        memcpy(c.model_id, model, sizeof c.model_id);
+    }
     kvm_msg *m = NULL;
     int rc = type == KVM_PROTO_READY ? kvm_proto_ready_encode(&c, &m)
              : type == KVM_PROTO_ACK ? kvm_proto_ack_encode(&c, &m)
@@ -269,15 +301,28 @@ static void on_data(stage_rt *rt)
     }
 }
 
-/* Control messages from the orchestrator are not expected today: log and drop. */
+/* The orchestrator's control messages: an `error` refuses this worker (its ready named another
+ * model: PROTOCOL.md §5, revision 10), which stops the stage so that whoever started it by hand
+ * sees why at once, instead of a worker that waits for work that never comes; anything else is
+ * dropped (a malformed one with a line). */
 static void on_ctl(stage_rt *rt)
 {
     kvm_msg *m = NULL;
-    if (kvm_msg_recv(rt->ctl, &m, ZMQ_DONTWAIT) == 0) {
-        kvm_proto_type type;
-        if (kvm_proto_peek(m, &type)) log_warn(rt, "dropped", "dropped a malformed control message: %s", kvm_errmsg());
-        kvm_msg_free(&m);
+    if (kvm_msg_recv(rt->ctl, &m, ZMQ_DONTWAIT) != 0) return;
+    kvm_proto_type type;
+    kvm_proto_error e;
+    if (kvm_proto_peek(m, &type))
+        log_warn(rt, "dropped", "dropped a malformed control message: %s", kvm_errmsg());
+    else if (type == KVM_PROTO_ERROR && kvm_proto_error_decode(m, &e))
+        log_warn(rt, "dropped", "dropped a bad error message: %s", kvm_errmsg());
+    else if (type == KVM_PROTO_ERROR) {
+        kvm_log_field f[] = {KVM_LOG_I("status", e.status)};
+        log_ev(rt, KVM_LOG_ERROR, "refused", f, 1, "refused by %.*s (%s): %.*s: stopping", (int)e.stage.len,
+               e.stage.ptr, kvm_strerror((int)e.status), (int)e.message.len, e.message.ptr ? e.message.ptr : "");
+        rt->refused = 1;
+        stop_requested = 1; /* a job it may hold finishes or is handed back, as at SIGTERM */
     }
+    kvm_msg_free(&m);
 }
 
 static int connect_sockets(stage_rt *rt)
@@ -576,7 +621,8 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         log_ev(&rt, KVM_LOG_INFO, "connected", f, 3, "connected to %s (device %s, %d threads)", rt.a.connect, rt.a.device,
                rt.a.threads);
         serve(&rt);
-        log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0, "stopped");
+        log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0, rt.refused ? "stopped: refused by the orchestrator" : "stopped");
+        if (rt.refused) rc = 1;
     }
     if (rt.job.running) pthread_join(rt.job.thread, NULL);
     drop_inputs(&rt.job);

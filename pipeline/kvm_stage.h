@@ -4,7 +4,9 @@
  * ack, result, error). The job runs on a worker thread so heartbeats keep flowing during
  * long computations; SIGTERM stops taking work, lets the current job finish within the
  * grace period or hands it back (a retryable error), and exits 0. A malformed or unexpected
- * message is logged with the reason and dropped; the stage keeps serving. */
+ * message is logged with the reason and dropped; the stage keeps serving. An `error` on the
+ * control socket is the orchestrator refusing this worker (another model: PROTOCOL.md §5,
+ * revision 10): it is logged and the stage stops with exit status 1. */
 #ifndef KVM_STAGE_H
 #define KVM_STAGE_H
 
@@ -73,6 +75,12 @@ typedef struct kvm_stage_ops {
      * it can; a reason refuses the worker at start (exit 2) rather than run on the CPU unsaid.
      * Asked before the device itself is checked. */
     const char *(*device_refusal)(const kvm_stage_args *a);
+    /* NULL, or the id (32 bytes, BLAKE2b-256: the store's model id) of the model the stage
+     * computes with, or NULL while it has none (it takes the path from its first job): every
+     * `ready` names it (model_id, PROTOCOL.md §5, revision 10) so that a server or run refuses a
+     * worker of another model. Called on the main thread while no job runs; the pointer is the
+     * state's, read before the next job starts. */
+    const uint8_t *(*model_id)(void *state);
 } kvm_stage_ops;
 
 /* Ready-made kvm_stage_ops pieces for stages whose work starts with a `job` message:
@@ -104,7 +112,8 @@ int kvm_stage_solver_device(const kvm_stage_args *a);
 /* Runs a stage process: parses argv (--connect, --device, --store, --threads, --model,
  * --config, --heartbeat-ms, --grace-s, --id, --help), calls setup, connects, serves jobs
  * until SIGTERM/SIGINT. Returns the process exit status (0 after a clean stop, 1 on setup
- * or socket failure, 2 on bad arguments: a --connect endpoint or a key file of --server-key,
+ * or socket failure or when the orchestrator refused the worker, 2 on bad arguments: a --connect endpoint or a key file
+ * of --server-key,
  * --client-public, --client-secret that is missing or not a key included). */
 int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state);
 
@@ -112,6 +121,20 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
  * tcp://H:P (ctl), tcp://H:P+1 (data). Writes into ctl/data (size bytes each). Returns 0 or
  * KVM_EINVAL for another scheme or a bad port. */
 int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size);
+
+/* The orchestrator's side of a refusal (PROTOCOL.md §5, revision 10): whether `ready` (a
+ * received ready message) names a model other than want (32 bytes; NULL: nothing to check).
+ * Returns 1 when it does, with its model id copied into got (32 bytes); 0 when it names want,
+ * or names none (a revision-9 stage, or one without a model yet: it cannot be checked), or
+ * does not decode (the caller accepts it as before). */
+int kvm_stage_other_model(const kvm_msg *ready, const uint8_t *want, uint8_t *got);
+
+/* Tells worker `worker_id` behind the ROUTER control socket `router` that it is refused: an
+ * `error` (status KVM_EMISMATCH, job_id 0, stage `from` such as "serve" or "run", message `why`,
+ * cut to the protocol's limit) that a revision-10 stage logs before it exits 1 (a revision-9
+ * stage drops it). Returns 0, or KVM_EIO / KVM_ENOMEM when it could not be sent (the worker
+ * is gone); takes nothing. */
+int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why);
 
 /* Milliseconds on the monotonic clock. */
 double kvm_now_ms(void);

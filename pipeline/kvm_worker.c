@@ -30,13 +30,30 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
         return kvm_err(rc, "[model] %s", kvm_errmsg());
     }
     snprintf(wm->path, sizeof wm->path, "%s", path);
-    if ((rc = store ? kvm_store_model_id(store, path, &wm->model_id) : kvm_store_hash_file(path, &wm->model_id))) return rc;
+    if (wm->has_override_id && path == wm->override)
+        wm->model_id = wm->override_id; /* hashed at setup for ready: not twice */
+    else if ((rc = store ? kvm_store_model_id(store, path, &wm->model_id) : kvm_store_hash_file(path, &wm->model_id)))
+        return rc;
     const char *tp = kvm_config_str(c, "model", "tokenizer");
     char tpath[4096];
     memset(&wm->tok_id, 0, sizeof wm->tok_id);
     if (kvm_tokenizer_open_for_model(wm->model, path, *tp ? tp : NULL, &wm->tok, tpath, sizeof tpath) == 0)
         kvm_store_hash_file(tpath, &wm->tok_id); /* a GGUF's id is its file's: tokenizer and weights travel together */
     return 0;
+}
+
+void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store)
+{
+    if (!wm->override) return;
+    int rc = store ? kvm_store_model_id(store, wm->override, &wm->override_id)
+                   : kvm_store_hash_file(wm->override, &wm->override_id);
+    wm->has_override_id = rc == 0;
+}
+
+const uint8_t *kvm_worker_model_id(const kvm_worker_model *wm)
+{
+    if (wm->model) return wm->model_id.b;
+    return wm->has_override_id ? wm->override_id.b : NULL;
 }
 
 static int file_is_gguf(const char *path)

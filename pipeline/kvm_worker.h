@@ -19,7 +19,22 @@ typedef struct kvm_worker_model {
     kvm_store_id model_id;   /* BLAKE2b-256 of the file */
     kvm_store_id tok_id;     /* BLAKE2b-256 of the tokenizer file (zero when none) */
     const char *override;    /* --model flag: used instead of the job's path */
+    kvm_store_id override_id; /* model id of override, when has_override_id (kvm_worker_model_id_early) */
+    int has_override_id;      /* override_id is set: ready names it before the first job loads the model */
 } kvm_worker_model;
+
+/* For a stage that loads its model with the first job: computes the model id of its --model file
+ * (wm->override; the store's memo when store is given, else hashing the file) now, so that its
+ * `ready` names the model before any job (PROTOCOL.md §5, revision 10); kvm_worker_model_get
+ * reuses it. Without an override it does nothing. Best effort: a file that cannot be read
+ * leaves the id unset (the first job reports it, as before); returns nothing. */
+void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store);
+
+/* The id of the model wm computes with: the loaded model's, else the --model file's
+ * (kvm_worker_model_id_early), else NULL (no model yet: the path comes with the first job).
+ * Borrowed from wm: valid until wm changes (the next kvm_worker_model_get or _free); call it
+ * where no job is running (the stage runtime's main thread between jobs). */
+const uint8_t *kvm_worker_model_id(const kvm_worker_model *wm);
 
 /* Makes wm hold the model that config c names (or wm->override), loading it on first use
  * or when the path changes. The model id comes from the store's memo when a store is given

@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 9                   /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 10                  /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -283,6 +283,10 @@ typedef struct kvm_proto_ctl {
     kvm_proto_str stage;     /* "stage" str: 1..MAX_NAME_BYTES */
     int64_t pid;             /* "pid" uint: [1, 2^31) */
     kvm_proto_str device;    /* "device" str: ready only ("cpu", "cuda:0"); 0..MAX_NAME_BYTES */
+    bool has_model_id;       /* ready only, revision 10: model_id below is given ("model_id" present) */
+    uint8_t model_id[KVM_PROTO_ID_BYTES]; /* "model_id" bin 32, ready, optional: BLAKE2b-256 of the
+                                weights the stage computes with (the store's model id), so that a
+                                server or run can refuse a worker of another model */
     uint64_t job_id;         /* "job_id" uint: ack: the job now committed; heartbeat (optional):
                                 the job being worked on, 0 = none */
     uint64_t progress_done;  /* "progress_done" uint, heartbeat, optional: units of job_id done */
@@ -292,7 +296,8 @@ typedef struct kvm_proto_ctl {
 typedef kvm_proto_ctl kvm_proto_ready;
 typedef kvm_proto_ctl kvm_proto_heartbeat;
 typedef kvm_proto_ctl kvm_proto_ack;
-/* ready / heartbeat / ack codecs: same struct; ready also carries device, ack job_id,
+/* ready / heartbeat / ack codecs: same struct; ready also carries device and optionally
+ * model_id (has_model_id; exactly 32 bytes, else KVM_EPROTO naming the field), ack job_id,
  * heartbeat optionally job_id and progress_done/progress_total;
  * fields not in a type are neither written nor read (decoded as 0 / empty). No tensors. */
 int kvm_proto_ready_encode(const kvm_proto_ready *in, kvm_msg **out);

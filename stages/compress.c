@@ -106,7 +106,7 @@ static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *
 }
 
 /* The store opens with [store] settings: of --config when given, else of the first job. */
-static int setup(void *stp, const kvm_stage_args *a)
+static int setup_store(void *stp, const kvm_stage_args *a)
 {
     compress_state *st = stp;
     st->wm.override = a->model;
@@ -131,6 +131,17 @@ static int setup(void *stp, const kvm_stage_args *a)
     }
     return rc;
 }
+
+static int setup(void *stp, const kvm_stage_args *a)
+{
+    compress_state *st = stp;
+    int rc = setup_store(st, a);
+    if (!rc) kvm_worker_model_id_early(&st->wm, st->store); /* ready names a --model */
+    return rc;
+}
+
+/* The stage's model for ready (kvm_stage_ops.model_id). */
+static const uint8_t *model_id(void *stp) { return kvm_worker_model_id(&((compress_state *)stp)->wm); }
 
 static int complete(void *st, kvm_msg *const *in, int n_in)
 {
@@ -384,7 +395,12 @@ static void teardown(void *stp)
 int main(int argc, char **argv)
 {
     static compress_state st;
-    kvm_stage_ops ops = {.stage = "compress", .setup = setup, .complete = complete, .job_id = kvm_stage_job_id, .work = work,
-                         .teardown = teardown};
+    kvm_stage_ops ops = {.stage = "compress",
+                         .setup = setup,
+                         .complete = complete,
+                         .job_id = kvm_stage_job_id,
+                         .work = work,
+                         .teardown = teardown,
+                         .model_id = model_id};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -637,6 +637,9 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     return rc;
 }
 
+/* The stage's model for ready (kvm_stage_ops.model_id): loaded at setup. */
+static const uint8_t *model_id(void *stp) { return kvm_worker_model_id(&((decode_state *)stp)->wm); }
+
 static void teardown(void *stp)
 {
     decode_state *st = stp;
@@ -656,8 +659,13 @@ static void teardown(void *stp)
 int main(int argc, char **argv)
 {
     static decode_state st;
-    kvm_stage_ops ops = {
-        .stage = "decode", .setup = setup, .complete = complete, .job_id = job_id, .work = work, .teardown = teardown,
-        .device_refusal = device_refusal};
+    kvm_stage_ops ops = {.stage = "decode",
+                         .setup = setup,
+                         .complete = complete,
+                         .job_id = job_id,
+                         .work = work,
+                         .teardown = teardown,
+                         .device_refusal = device_refusal,
+                         .model_id = model_id};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -30,6 +30,7 @@ static int setup(void *stp, const kvm_stage_args *a)
 {
     prefill_state *st = stp;
     st->wm.override = a->model;
+    kvm_worker_model_id_early(&st->wm, NULL); /* ready names a --model (another model is refused) */
     /* kvm_stage_main has checked the device */
     return kvm_devmodel_init(&st->dev, "prefill", a->device, "prefill",
                              "the KV, queries and statistics downloaded once per job");
@@ -135,6 +136,9 @@ done:
     return rc;
 }
 
+/* The stage's model for ready (kvm_stage_ops.model_id). */
+static const uint8_t *model_id(void *stp) { return kvm_worker_model_id(&((prefill_state *)stp)->wm); }
+
 static void teardown(void *stp)
 {
     prefill_state *st = stp;
@@ -145,7 +149,12 @@ static void teardown(void *stp)
 int main(int argc, char **argv)
 {
     static prefill_state st;
-    kvm_stage_ops ops = {.stage = "prefill", .setup = setup, .complete = kvm_stage_one_job, .job_id = kvm_stage_job_id, .work = work,
-                         .teardown = teardown};
+    kvm_stage_ops ops = {.stage = "prefill",
+                         .setup = setup,
+                         .complete = kvm_stage_one_job,
+                         .job_id = kvm_stage_job_id,
+                         .work = work,
+                         .teardown = teardown,
+                         .model_id = model_id};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -24,6 +24,7 @@ typedef struct signals_state {
 static int setup(void *st, const kvm_stage_args *a)
 {
     ((signals_state *)st)->wm.override = a->model;
+    kvm_worker_model_id_early(&((signals_state *)st)->wm, NULL); /* ready names a --model */
     ((signals_state *)st)->device = a->device;
     int rc = kvm_stage_solver_device(a), cuda = -1;
     if (!rc && !kvm_device_parse(a->device, &cuda) && cuda >= 0)
@@ -89,12 +90,20 @@ done:
     return rc;
 }
 
+/* The stage's model for ready (kvm_stage_ops.model_id). */
+static const uint8_t *model_id(void *st) { return kvm_worker_model_id(&((signals_state *)st)->wm); }
+
 static void teardown(void *st) { kvm_worker_model_free(&((signals_state *)st)->wm); }
 
 int main(int argc, char **argv)
 {
     static signals_state st;
-    kvm_stage_ops ops = {.stage = "signals", .setup = setup, .complete = kvm_stage_one_job, .job_id = kvm_stage_job_id, .work = work,
-                         .teardown = teardown};
+    kvm_stage_ops ops = {.stage = "signals",
+                         .setup = setup,
+                         .complete = kvm_stage_one_job,
+                         .job_id = kvm_stage_job_id,
+                         .work = work,
+                         .teardown = teardown,
+                         .model_id = model_id};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

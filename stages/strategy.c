@@ -25,7 +25,7 @@ typedef struct strategy_state {
 } strategy_state;
 
 /* The store opens with [store] settings: of --config when given, else of the first request. */
-static int setup(void *stp, const kvm_stage_args *a)
+static int setup_store(void *stp, const kvm_stage_args *a)
 {
     strategy_state *st = stp;
     st->wm.override = a->model;
@@ -46,6 +46,17 @@ static int setup(void *stp, const kvm_stage_args *a)
     kvm_config_free(&cfg);
     return rc;
 }
+
+static int setup(void *stp, const kvm_stage_args *a)
+{
+    strategy_state *st = stp;
+    int rc = setup_store(st, a);
+    if (!rc) kvm_worker_model_id_early(&st->wm, st->store); /* ready names a --model */
+    return rc;
+}
+
+/* The stage's model for ready (kvm_stage_ops.model_id). */
+static const uint8_t *model_id(void *stp) { return kvm_worker_model_id(&((strategy_state *)stp)->wm); }
 
 /* N from the request's doc_id "calibrate:N", or a negative status. */
 static int64_t n_docs_of(kvm_msg *req)
@@ -170,7 +181,12 @@ static void teardown(void *stp)
 int main(int argc, char **argv)
 {
     static strategy_state st;
-    kvm_stage_ops ops = {.stage = "strategy", .setup = setup, .complete = complete, .job_id = kvm_stage_job_id, .work = work,
-                         .teardown = teardown};
+    kvm_stage_ops ops = {.stage = "strategy",
+                         .setup = setup,
+                         .complete = complete,
+                         .job_id = kvm_stage_job_id,
+                         .work = work,
+                         .teardown = teardown,
+                         .model_id = model_id};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

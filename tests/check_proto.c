@@ -166,6 +166,15 @@ static void pk_bin(msgpack_packer *pk, const void *a)
     msgpack_pack_bin_body(pk, a, 5);
 }
 
+/* A bin of 31 or 33 bytes (one short of or one past a 32-byte id): arg points to the length. */
+static void pk_bin_n(msgpack_packer *pk, const void *a)
+{
+    static const uint8_t zeros[64];
+    const size_t n = *(const size_t *)a;
+    msgpack_pack_bin(pk, n);
+    msgpack_pack_bin_body(pk, zeros, n);
+}
+
 /* Copy of frames [from, n) of src appended to dst. */
 static void copy_frames(kvm_msg *dst, const kvm_msg *src, size_t from)
 {
@@ -756,6 +765,43 @@ START_TEST(test_roundtrip_control)
     ck_assert_int_eq(kvm_proto_ack_decode(m, &d), 0);
     ck_assert_uint_eq(d.job_id, 31);
     assert_str_eq(d.worker_id, "prefill-0");
+    kvm_msg_free(&m);
+}
+END_TEST
+
+/* Revision 10: ready names the stage's model (model_id, optional bin 32), so that a server or a run
+ * can refuse a worker of another model; a ready without it (revision 9) decodes as before, and
+ * an id of another length is refused naming the field. */
+START_TEST(test_roundtrip_ready_model_id)
+{
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c("decode-1"), .stage = kvm_proto_str_c("decode"), .pid = 77};
+    kvm_msg *m = NULL;
+    kvm_proto_ctl d;
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    ck_assert_msg(kvm_proto_ready_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(!d.has_model_id);
+    kvm_msg_free(&m);
+    c.has_model_id = true;
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        c.model_id[i] = (uint8_t)(0x80 + i);
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    ck_assert_msg(kvm_proto_ready_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(d.has_model_id);
+    assert_bytes_eq(d.model_id, c.model_id, KVM_PROTO_ID_BYTES, "model_id");
+    assert_str_eq(d.worker_id, "decode-1");
+    const size_t bad[2] = {31, 33};
+    for (int i = 0; i < 2; i++) {
+        kvm_msg *t = with_field(m, "model_id", pk_bin_n, &bad[i]);
+        char want[80];
+        snprintf(want, sizeof want, "field 'model_id' has %zu bytes, expected 32", bad[i]);
+        ASSERT_FAILS(kvm_proto_ready_decode(t, &d), KVM_EPROTO, want);
+        kvm_msg_free(&t);
+    }
+    /* only ready carries it: a heartbeat or ack neither writes nor reads it */
+    kvm_msg_free(&m);
+    ck_assert_int_eq(kvm_proto_heartbeat_encode(&c, &m), 0);
+    ck_assert_int_eq(kvm_proto_heartbeat_decode(m, &d), 0);
+    ck_assert(!d.has_model_id);
     kvm_msg_free(&m);
 }
 END_TEST
@@ -2071,6 +2117,7 @@ static Suite *proto_suite(void)
         {"roundtrip_cache_empty", test_roundtrip_cache_empty},
         {"roundtrip_result_error", test_roundtrip_result_error},
         {"roundtrip_control", test_roundtrip_control},
+        {"roundtrip_ready_model_id", test_roundtrip_ready_model_id},
         {"roundtrip_serve", test_roundtrip_serve},
         {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},
         {"roundtrip_ask_prompt_bytes", test_roundtrip_ask_prompt_bytes},

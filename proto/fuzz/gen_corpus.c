@@ -201,6 +201,11 @@ static void gen_control_serve(void)
                        .device = kvm_proto_str_c("cpu"),
                        .job_id = 9};
     EMIT(ready, "a", c);
+    c.has_model_id = true; /* revision 10 */
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        c.model_id[i] = (uint8_t)(0x40 + i);
+    EMIT(ready, "model_id", c);
+    c.has_model_id = false;
     EMIT(heartbeat, "a", c);
     EMIT(ack, "a", c);
     kvm_proto_get_cache g = {.request_id = 5};

@@ -1,0 +1,328 @@
+/* check_ready_model.c: workers of another model are refused (protocol revision 10: `ready`
+ * carries the stage's model_id). A decode worker started by hand with another model's config
+ * joined a running `kvmill serve` and failed the requests handed to it ("no compressed cache");
+ * a stage worker started by hand with another --model joined `kvmill run` and got jobs (a
+ * prefill worker's KV would be stored under the run's model id). Real processes over ipc://,
+ * on ../shared's stories260K and a random model of the same shape. */
+#include "store/kvm_store.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char *g_dir;
+static char g_front[4200], g_log[4200];
+static pid_t g_serve;
+
+static void setup(void)
+{
+    kvm_test_serve_dirs(&g_dir, g_front, sizeof g_front, g_log, sizeof g_log);
+    g_serve = 0;
+}
+
+static void teardown(void) { kvm_test_serve_cleanup(g_serve, g_dir); }
+
+static void assert_contains(const char *hay, const char *needle)
+{
+    ck_assert_msg(hay && strstr(hay, needle), "expected \"%s\" in:\n%s", needle, hay ? hay : "(null)");
+}
+
+/* ../shared's stories260K.bin and tok512.bin into model and tok (4400 bytes each): 1, or 0 after
+ * the SKIP line when ../shared lacks them. */
+static int shared_model(char *model, char *tok)
+{
+    const char *p = kvm_test_shared_path("models/stories260K.bin"); /* a static buffer: copied */
+    if (!p) return 0;
+    snprintf(model, 4400, "%s", p);
+    if (!(p = kvm_test_shared_path("models/tok512.bin"))) return 0;
+    snprintf(tok, 4400, "%s", p);
+    return 1;
+}
+
+/* g_dir/other/other.bin: random weights of stories260K's shape (`kvmill make-model`), with
+ * tok512.bin beside it, so that a worker loads and tokenises exactly as with stories260K. */
+static void make_other_model(const char *tok, char *path, size_t size)
+{
+    char cmd[16384], *err = NULL;
+    snprintf(path, size, "%s/other/other.bin", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/other' && cp '%s' '%s/other/tok512.bin' && '%s/kvmill' make-model --dim 64 --layers 5 "
+             "--heads 8 --kv-heads 4 --hidden 172 --vocab 512 --seq-len 512 --seed 7 --out '%s'",
+             g_dir, tok, g_dir, kvm_test_bin(), path);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "make-model: exit %d: %s", rc, err);
+    free(err);
+}
+
+/* A config of model `model` (context tokens, method full, store g_dir/store, run directory
+ * g_dir/run: the back end ipc://g_dir/run) into path. */
+static void write_config(const char *path, const char *model, int context)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = %d\n[compress]\nmethod = full\nbudget = 16\n[store]\npath = %s/store\n"
+             "map_size_mb = 16\n[stages]\nbin_dir = %s\n[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 50\n",
+             model, context, g_dir, kvm_test_bin(), g_dir);
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+}
+
+/* Starts `cmd` (a stage started by hand) in the background under `timeout 30`: stderr into
+ * g_dir/NAME.err, its exit status into g_dir/NAME.rc when it ends. */
+static void start_by_hand(const char *name, const char *cmd)
+{
+    char sh[16384];
+    snprintf(sh, sizeof sh,
+             "(timeout 30 %s 2>'%s/%s.err' >/dev/null; echo $? >'%s/%s.rc') </dev/null >/dev/null 2>&1 &", cmd, g_dir,
+             name, g_dir, name);
+    ck_assert_int_eq(kvm_test_run(sh, NULL, NULL), 0);
+}
+
+/* Waits up to 40 s for the stage started as NAME to end: its exit status, its stderr in *err. */
+static int wait_by_hand(const char *name, char **err)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s.rc", g_dir, name);
+    char *rc_text = NULL;
+    for (int i = 0; i < 400 && !(rc_text = kvm_test_read_file(path, NULL)); i++)
+        usleep(100000);
+    ck_assert_msg(rc_text != NULL, "the %s started by hand did not end", name);
+    int rc = atoi(rc_text);
+    free(rc_text);
+    snprintf(path, sizeof path, "%s/%s.err", g_dir, name);
+    *err = kvm_test_read_file(path, NULL);
+    /* under SAN=1 a sanitizer's report exits 1 too, as a refusal does */
+    ck_assert_msg(!*err || (!strstr(*err, "Sanitizer") && !strstr(*err, "runtime error:")), "%s", *err);
+    return rc;
+}
+
+/* Waits up to 20 s for `needle` in the file at path: 1 when it came. */
+static int wait_for_line(const char *path, const char *needle)
+{
+    for (int i = 0; i < 200; i++) {
+        char *text = kvm_test_read_file(path, NULL);
+        int found = text && strstr(text, needle);
+        free(text);
+        if (found) return 1;
+        usleep(100000);
+    }
+    return 0;
+}
+
+/* kvmill serve on stories260K with its own decode worker, and a kvmill-decode started by hand
+ * against its back end with another model of the same shape: the server refuses it (one log
+ * line naming both ids and its model path), the worker exits 1 saying why, and 8 asks at once
+ * are all answered by the server's own worker. Before, the hand-started worker joined and every
+ * request handed to it failed ("no compressed cache": it looks caches up under its own model). */
+START_TEST(test_serve_refuses_other_model)
+{
+    char model[4400], tok[4400];
+    if (!shared_model(model, tok)) return;
+    char other[4400], cfg[4400], other_cfg[4400], store[4400], doc[4400], cmd[16384];
+    make_other_model(tok, other, sizeof other);
+    snprintf(cfg, sizeof cfg, "%s/serve.ini", g_dir);
+    snprintf(other_cfg, sizeof other_cfg, "%s/other.ini", g_dir);
+    write_config(cfg, model, 64);
+    write_config(other_cfg, other, 64);
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    snprintf(doc, sizeof doc, "%s/story.txt", g_dir);
+    const char *text = "Once upon a time there was a little girl named Lily. She liked to play in the park.\n";
+    ck_assert_int_eq(kvm_test_write_file(doc, text, strlen(text)), 0);
+    const char *argv[] = {"--config", cfg, "--bind", g_front, "--workers", "1", "--compute-missing", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store '%s' --id by-hand "
+             "--heartbeat-ms 100",
+             kvm_test_bin(), g_dir, other_cfg, store);
+    start_by_hand("decode", cmd);
+    ck_assert_msg(wait_for_line(g_log, "external decode worker by-hand joined"), "the worker never joined");
+    /* 8 asks at once: with two idle workers some went to the hand-started one */
+    snprintf(
+        cmd, sizeof cmd,
+        "for i in 1 2 3 4 5 6 7 8; do ('%s/kvmill' ask --connect '%s' --timeout 60 --doc '%s' --prompt ' She' -n 4 "
+        ">'%s/ask'$i'.log' 2>&1 || echo $i >>'%s/asks.failed') & done; wait",
+        kvm_test_bin(), g_front, doc, g_dir, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    char *err = NULL;
+    int rc = wait_by_hand("decode", &err);
+    char *log = kvm_test_read_file(g_log, NULL);
+    snprintf(cmd, sizeof cmd, "%s/asks.failed", g_dir);
+    char *failed = kvm_test_read_file(cmd, NULL), first[4400];
+    snprintf(first, sizeof first, "%s/ask%c.log", g_dir, failed ? failed[0] : '1');
+    char *ask_log = failed ? kvm_test_read_file(first, NULL) : NULL;
+    ck_assert_msg(!failed, "asks that failed: %s (the first said: %s)\nserver log:\n%s", failed, ask_log,
+                  log ? log : "");
+    assert_contains(log, "decode worker by-hand runs model ");
+    assert_contains(log, "but this server serves ");
+    assert_contains(log, "/stories260K.bin): refused, no requests go to it");
+    ck_assert_int_eq(kvm_test_count(log, "refused, no requests go to it"), 1); /* once, not per heartbeat */
+    ck_assert_msg(kvm_test_count(log, "answered by by-hand") == 0 && !strstr(log, "Sanitizer"), "server log:\n%s", log);
+    ck_assert_msg(rc == 1, "the refused worker: exit %d, stderr:\n%s", rc, err ? err : "");
+    assert_contains(err, "refused by serve");
+    assert_contains(err, "this server serves model ");
+    assert_contains(err, "this worker runs model ");
+    free(ask_log);
+    free(failed);
+    free(log);
+    free(err);
+}
+END_TEST
+
+/* The server's own decode worker refused: its model file was replaced by another model while the
+ * server ran, and the worker restarted (killed) loads the new one. Every worker the server
+ * starts would be refused, so it stops (exit 1) saying the file changed, rather than restart
+ * its workers in a loop (each joins before it is refused, so the early-exit count never grew). */
+START_TEST(test_serve_own_worker_other_model)
+{
+    char model[4400], tok[4400];
+    if (!shared_model(model, tok)) return;
+    char other[4400], copy[4400], cfg[4400], store[4400], cmd[16384];
+    make_other_model(tok, other, sizeof other);
+    snprintf(copy, sizeof copy, "%s/other/served.bin", g_dir); /* tok512.bin beside it too */
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", model, copy);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(cfg, sizeof cfg, "%s/serve.ini", g_dir);
+    write_config(cfg, copy, 64);
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    const char *argv[] = {"--config", cfg, "--bind", g_front, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s.new' && mv '%s.new' '%s' && kill -9 $(pgrep -P %d kvmill-decode)", other,
+             copy, copy, copy, (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    int st = -1;
+    for (int i = 0; i < 300 && waitpid(g_serve, &st, WNOHANG) != g_serve; i++)
+        usleep(100000), st = -1;
+    char *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(st != -1, "the server still runs; its log:\n%s", log ? log : "");
+    g_serve = 0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status %d; log:\n%s", st, log ? log : "");
+    assert_contains(log, "refused, no requests go to it");
+    assert_contains(log, "started by this server, runs model ");
+    assert_contains(log, "the model file changed since the server started?");
+    ck_assert_msg(!strstr(log, "Sanitizer"), "server log:\n%s", log);
+    free(log);
+}
+END_TEST
+
+/* kvm_store_hash_file's id of path, in lowercase hex (the first column of store ls --csv). */
+static void model_hex(const char *path, char hex[65])
+{
+    kvm_store_id id;
+    ck_assert_int_eq(kvm_store_hash_file(path, &id), 0);
+    kvm_store_id_hex(&id, hex);
+}
+
+/* kvmill run with its own stage workers, and a kvmill-prefill started by hand with --model
+ * naming another model of the same shape: the run refuses it (one line), the worker exits 1
+ * saying why, the run compresses every document with its own workers, and every stored cache is
+ * under the run's model id. Before, the hand-started worker joined and could be given jobs: its
+ * KV, of the other model, was compressed and stored under the run's model id. */
+START_TEST(test_run_refuses_other_model)
+{
+    char model[4400], tok[4400];
+    if (!shared_model(model, tok)) return;
+    char other[4400], cfg[4400], corpus[4400], cmd[16384], want[65], *out = NULL, *err = NULL;
+    const char *long_docs = kvm_test_shared_path("data/long");
+    if (!long_docs) return;
+    snprintf(corpus, sizeof corpus, "%s", long_docs);
+    make_other_model(tok, other, sizeof other);
+    snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
+    /* 20 documents of 256 tokens: the run lasts well past the hand-started worker's connection
+     * (its sockets retry every 100 ms until the run binds), so that it is refused and told */
+    write_config(cfg, model, 256);
+    /* started first: it connects once the run binds its run directory's sockets */
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill-prefill' --connect 'ipc://%s/run' --model '%s' --id by-hand --heartbeat-ms 20", kvm_test_bin(),
+             g_dir, other);
+    start_by_hand("prefill", cmd);
+    snprintf(cmd, sizeof cmd, "timeout 90 '%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corpus);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    char *werr = NULL;
+    int wrc = wait_by_hand("prefill", &werr);
+    ck_assert_msg(rc == 0, "kvmill run: exit %d: %s", rc, err);
+    assert_contains(err, "prefill worker by-hand runs model ");
+    assert_contains(err, "but this run's model is ");
+    assert_contains(err, "/stories260K.bin): refused, no jobs go to it");
+    ck_assert_int_eq(kvm_test_count(err, "refused, no jobs go to it"), 1);
+    ck_assert_msg(wrc == 1, "the refused worker: exit %d, stderr:\n%s", wrc, werr ? werr : "");
+    assert_contains(werr, "refused by run");
+    assert_contains(werr, "this run's model is ");
+    free(err);
+    /* every document compressed, each under the run's model id */
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s/store' --csv", kvm_test_bin(), g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    model_hex(model, want);
+    int rows = 0;
+    for (const char *row = strchr(out, '\n'); row && row[1]; row = strchr(row + 1, '\n'), rows++)
+        ck_assert_msg(strncmp(row + 1, want, 64) == 0, "a cache not under the run's model %s: %s", want, row + 1);
+    ck_assert_msg(rows == 20, "%d caches stored, want 20:\n%s", rows, out);
+    free(out);
+    free(err);
+    free(werr);
+}
+END_TEST
+
+/* The same for kvmill calibrate and a kvmill-signals started by hand with another --model: its
+ * signals would be measured on the other model and the strategy stored under the run's. */
+START_TEST(test_calibrate_refuses_other_model)
+{
+    char model[4400], tok[4400];
+    if (!shared_model(model, tok)) return;
+    char other[4400], cfg[4400], cmd[16384], hex[65], want[200], *out = NULL, *err = NULL, *werr = NULL;
+    make_other_model(tok, other, sizeof other);
+    snprintf(cfg, sizeof cfg, "%s/calibrate.ini", g_dir);
+    write_config(cfg, model, 64); /* calibration runs for seconds: past the worker's connection */
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill-signals' --connect 'ipc://%s/run' --model '%s' --id by-hand --heartbeat-ms 20", kvm_test_bin(),
+             g_dir, other);
+    start_by_hand("signals", cmd);
+    snprintf(cmd, sizeof cmd, "timeout 90 '%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg,
+             kvm_test_data_path("corpus"));
+    int rc = kvm_test_run(cmd, &out, &err);
+    int wrc = wait_by_hand("signals", &werr);
+    ck_assert_msg(rc == 0, "kvmill calibrate: exit %d: %s", rc, err);
+    assert_contains(err, "signals worker by-hand runs model ");
+    assert_contains(err, "but this calibrate's model is ");
+    ck_assert_int_eq(kvm_test_count(err, "refused, no jobs go to it"), 1);
+    model_hex(model, hex); /* the strategy is the run's model's */
+    snprintf(want, sizeof want, "stored strategy 'default' for model %s", hex);
+    assert_contains(out, want);
+    ck_assert_msg(wrc == 1, "the refused worker: exit %d, stderr:\n%s", wrc, werr ? werr : "");
+    assert_contains(werr, "refused by calibrate");
+    free(out);
+    free(err);
+    free(werr);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("ready_model");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"serve_refuses_other_model", test_serve_refuses_other_model},
+        {"serve_own_worker_other_model", test_serve_own_worker_other_model},
+        {"run_refuses_other_model", test_run_refuses_other_model},
+        {"calibrate_refuses_other_model", test_calibrate_refuses_other_model},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, 150);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(suite()); }
