@@ -65,6 +65,8 @@ typedef struct orch_worker {
                                  no job, staffs no stage (kvm_orch__worker_counts) */
     int told;                 /* the refusal's error reached its control socket */
     kvm_store_id other_model; /* the model its ready named, when refused */
+    int64_t refused_pid;      /* the refused process's pid (its ready's): another process reusing
+                                 the id is judged afresh */
 } orch_worker;
 
 typedef struct orch_slot {

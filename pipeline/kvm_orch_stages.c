@@ -280,10 +280,11 @@ static void tell_refused(orch *o, int w)
 
 /* Worker w's ready named model got, not the run's: its work would be wrong (a prefill worker's KV
  * would be compressed and stored under the run's model id), so it is refused, once. */
-static void refuse_worker(orch *o, int w, const uint8_t *got)
+static void refuse_worker(orch *o, int w, const uint8_t *got, int64_t pid)
 {
     orch_worker *wk = &o->workers[w];
     memcpy(wk->other_model.b, got, sizeof wk->other_model.b);
+    wk->refused_pid = pid;
     char gh[65], wh[65];
     kvm_store_id_hex(&wk->other_model, gh);
     kvm_store_id_hex(&o->model_id, wh);
@@ -306,11 +307,19 @@ int kvm_orch__worker_refused(orch *o, int w, const kvm_msg *m)
     orch_worker *wk = &o->workers[w];
     uint8_t got[KVM_PROTO_ID_BYTES];
     kvm_proto_ready r;
+    const int64_t pid = kvm_proto_ready_decode(m, &r) == 0 ? (int64_t)r.pid : -1;
     if (!kvm_stage_other_model(m, o->model_id.b, got)) {
-        if (wk->refused && kvm_proto_ready_decode(m, &r) == 0 && r.has_model_id) wk->refused = 0; /* restarted right */
+        /* the run's model named, or another process under the refused id that names none (one
+         * whose model follows its jobs, a revision-9 stage: it cannot be checked): accepted */
+        if (wk->refused && pid >= 0 && (r.has_model_id || pid != wk->refused_pid)) {
+            wk->refused = 0;
+            kvm_log(KVM_LOG_INFO, "worker_accepted", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
+                    "worker %s, refused before, is accepted now (%s)", wk->id,
+                    r.has_model_id ? "it names the run's model" : "a new process that names no model");
+        }
         return wk->refused;
     }
-    if (!wk->refused) refuse_worker(o, w, got);
+    if (!wk->refused || pid != wk->refused_pid) refuse_worker(o, w, got, pid);
     if (wk->refused && !wk->told) tell_refused(o, w);
     return 1;
 }

@@ -105,11 +105,12 @@ static void tell_refused(srv *s, int w)
  * it is refused, once: logged, told (it exits), never idle. One of the server's own workers
  * shares its config, so its refusal means the model file changed under the server: every
  * worker it starts would be refused and restarted in a loop, so the server stops instead. */
-static void refuse_worker(srv *s, int w, const uint8_t *got)
+static void refuse_worker(srv *s, int w, const uint8_t *got, int64_t pid)
 {
     srv_worker *wk = &s->workers[w];
     char gh[65], wh[65];
     memcpy(wk->other_model, got, sizeof wk->other_model);
+    wk->refused_pid = pid;
     model_hexes(s, wk, gh, wh);
     const char *path = kvm_config_str(s->cfg, "model", "path");
     kvm_log_field f[] = {KVM_LOG_S("worker", wk->id), KVM_LOG_S("worker_model_id", gh), KVM_LOG_S("model_id", wh),
@@ -129,18 +130,24 @@ static void refuse_worker(srv *s, int w, const uint8_t *got)
 }
 
 /* Whether worker w is refused after its ready m: it names another model than the server's (it
- * is refused now, if not before), or it was refused and names none. A ready naming the
- * server's model accepts it again (the same id restarted with the right model). */
+ * is refused now, if not before), or the same refused process names none. A ready naming the
+ * server's model, or another process under the id naming none (a revision-9 worker: it cannot
+ * be checked), accepts it again (the same id restarted with the right model). */
 static int refused_after(srv *s, int w, const kvm_msg *m)
 {
     srv_worker *wk = &s->workers[w];
     uint8_t got[KVM_PROTO_ID_BYTES];
     kvm_proto_ready r;
+    const int64_t pid = kvm_proto_ready_decode(m, &r) == 0 ? (int64_t)r.pid : -1;
     if (!kvm_stage_other_model(m, s->o->model_id, got)) {
-        if (wk->refused && kvm_proto_ready_decode(m, &r) == 0 && r.has_model_id) wk->refused = 0;
+        if (wk->refused && pid >= 0 && (r.has_model_id || pid != wk->refused_pid)) {
+            wk->refused = 0;
+            kvm_serve__log("decode worker %s, refused before, is accepted now (%s)", wk->id,
+                           r.has_model_id ? "it names this server's model" : "a new process that names no model");
+        }
         return wk->refused;
     }
-    if (!wk->refused) refuse_worker(s, w, got);
+    if (!wk->refused || pid != wk->refused_pid) refuse_worker(s, w, got, pid);
     if (!wk->told) tell_refused(s, w);
     return 1;
 }

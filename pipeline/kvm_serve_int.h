@@ -80,7 +80,8 @@ typedef struct srv_worker {
     int refused;         /* its ready named another model than the server's: never idle, gets no
                             request (revision 10) */
     int told;            /* the refusal's error reached its control socket */
-    uint8_t other_model[32]; /* the model its ready named, when refused */
+    uint8_t other_model[KVM_PROTO_ID_BYTES]; /* the model its ready named, when refused */
+    int64_t refused_pid; /* the refused process's pid: another process reusing the id is judged afresh */
 } srv_worker;
 
 typedef struct srv_request {

@@ -59,12 +59,40 @@ int kvm_stage_other_model(const kvm_msg *ready, const uint8_t *want, uint8_t *go
     return 1;
 }
 
+/* The length of a well-formed UTF-8 sequence at s (at most n bytes), or 0 (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF). */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    size_t len = s[0] < 0x80                    ? 1
+                 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
+                 : s[0] >= 0xe0 && s[0] <= 0xef ? 3
+                 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4
+                                                : 0;
+    if (!len || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f) || (s[0] == 0xf0 && s[1] < 0x90) ||
+        (s[0] == 0xf4 && s[1] > 0x8f))
+        return 0;
+    return len;
+}
+
 int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why)
 {
-    size_t n = strlen(why);
-    kvm_proto_error e = {.status = KVM_EMISMATCH,
-                         .stage = kvm_proto_str_c(from),
-                         .message = {why, n < KVM_PROTO_MAX_MESSAGE_BYTES ? n : KVM_PROTO_MAX_MESSAGE_BYTES}};
+    /* the message names a path, which is bytes (and snprintf may have cut a character): a
+     * string that is not UTF-8 would not encode, and the worker would never be told */
+    char text[2048];
+    const unsigned char *p = (const unsigned char *)why;
+    size_t n = 0, rest = strlen(why);
+    while (rest > 0 && n < sizeof text - 4) { /* room for a whole character */
+        size_t len = utf8_seq(p, rest);
+        if (len == 0)
+            text[n++] = '?', len = 1;
+        else
+            memcpy(text + n, p, len), n += len;
+        p += len, rest -= len;
+    }
+    kvm_proto_error e = {.status = KVM_EMISMATCH, .stage = kvm_proto_str_c(from), .message = {text, n}};
     kvm_msg *m = NULL, *env = NULL;
     int rc = kvm_proto_error_encode(&e, &m);
     if (!rc) rc = kvm_msg_new(&env);
@@ -315,6 +343,10 @@ static void on_ctl(stage_rt *rt)
         log_warn(rt, "dropped", "dropped a malformed control message: %s", kvm_errmsg());
     else if (type == KVM_PROTO_ERROR && kvm_proto_error_decode(m, &e))
         log_warn(rt, "dropped", "dropped a bad error message: %s", kvm_errmsg());
+    else if (type == KVM_PROTO_ERROR && (e.status != KVM_EMISMATCH || e.job_id != 0))
+        /* a refusal is a job-less mismatch: another error (a later revision's) must not stop us */
+        log_warn(rt, "dropped", "dropped an error on the control socket that is not a refusal: %s: %.*s",
+                 kvm_strerror((int)e.status), (int)e.message.len, e.message.ptr ? e.message.ptr : "");
     else if (type == KVM_PROTO_ERROR) {
         kvm_log_field f[] = {KVM_LOG_I("status", e.status)};
         log_ev(rt, KVM_LOG_ERROR, "refused", f, 1, "refused by %.*s (%s): %.*s: stopping", (int)e.stage.len,
@@ -369,7 +401,8 @@ static void serve(stage_rt *rt)
             if (!rt->job.running) return;
             if (stop_at < 0) {
                 stop_at = now + 1000.0 * rt->a.grace_s;
-                log_line(rt, "SIGTERM: finishing the current job (grace %d s)", rt->a.grace_s);
+                log_line(rt, "%s: finishing the current job (grace %d s)", rt->refused ? "refused" : "SIGTERM",
+                         rt->a.grace_s);
             }
             if (now >= stop_at) {
                 uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
@@ -378,7 +411,7 @@ static void serve(stage_rt *rt)
                 zmq_close(rt->ctl); /* linger: the hand-back still goes out */
                 zmq_close(rt->data);
                 zmq_ctx_term(rt->zctx);
-                _exit(0); /* the worker thread still runs: leave without joining it */
+                _exit(rt->refused ? 1 : 0); /* the worker thread still runs: leave without joining it */
             }
         }
         zmq_pollitem_t items[3] = {{rt->ctl, 0, ZMQ_POLLIN, 0}, {rt->data, 0, ZMQ_POLLIN, 0},

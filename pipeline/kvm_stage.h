@@ -130,10 +130,11 @@ int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size);
 int kvm_stage_other_model(const kvm_msg *ready, const uint8_t *want, uint8_t *got);
 
 /* Tells worker `worker_id` behind the ROUTER control socket `router` that it is refused: an
- * `error` (status KVM_EMISMATCH, job_id 0, stage `from` such as "serve" or "run", message `why`,
- * cut to the protocol's limit) that a revision-10 stage logs before it exits 1 (a revision-9
- * stage drops it). Returns 0, or KVM_EIO / KVM_ENOMEM when it could not be sent (the worker
- * is gone); takes nothing. */
+ * `error` (status KVM_EMISMATCH, job_id 0, stage `from` such as "serve" or "run", message `why`
+ * with each byte that is not part of a UTF-8 character as '?', cut at a character boundary
+ * within 2 KiB) that a revision-10 stage logs before it exits 1 (a revision-9 stage drops it;
+ * a revision-10 stage drops any other error on that socket). Returns 0, or KVM_EIO / KVM_ENOMEM when it could not be
+ * sent (the worker is gone); takes nothing. */
 int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why);
 
 /* Milliseconds on the monotonic clock. */

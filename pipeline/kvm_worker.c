@@ -32,8 +32,10 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
     snprintf(wm->path, sizeof wm->path, "%s", path);
     if (wm->has_override_id && path == wm->override)
         wm->model_id = wm->override_id; /* hashed at setup for ready: not twice */
-    else if ((rc = store ? kvm_store_model_id(store, path, &wm->model_id) : kvm_store_hash_file(path, &wm->model_id)))
+    else if ((rc = store ? kvm_store_model_id(store, path, &wm->model_id) : kvm_store_hash_file(path, &wm->model_id))) {
+        kvm_worker_model_free(wm); /* no model without its id: ready would name a stale one */
         return rc;
+    }
     const char *tp = kvm_config_str(c, "model", "tokenizer");
     char tpath[4096];
     memset(&wm->tok_id, 0, sizeof wm->tok_id);
@@ -52,6 +54,10 @@ void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store)
 
 const uint8_t *kvm_worker_model_id(const kvm_worker_model *wm)
 {
+    /* a model that follows the jobs is the run's by construction: its path comes with each job,
+     * and naming the last job's model would get a worker that serves run after run refused by
+     * the next run of another model */
+    if (!wm->override && !wm->pinned) return NULL;
     if (wm->model) return wm->model_id.b;
     return wm->has_override_id ? wm->override_id.b : NULL;
 }

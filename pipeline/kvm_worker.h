@@ -21,6 +21,8 @@ typedef struct kvm_worker_model {
     const char *override;    /* --model flag: used instead of the job's path */
     kvm_store_id override_id; /* model id of override, when has_override_id (kvm_worker_model_id_early) */
     int has_override_id;      /* override_id is set: ready names it before the first job loads the model */
+    int pinned;               /* the model is the worker's own ([model] path of its --config: a decode
+                                 worker), not its jobs': ready names it as it names an override */
 } kvm_worker_model;
 
 /* For a stage that loads its model with the first job: computes the model id of its --model file
@@ -30,8 +32,9 @@ typedef struct kvm_worker_model {
  * leaves the id unset (the first job reports it, as before); returns nothing. */
 void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store);
 
-/* The id of the model wm computes with: the loaded model's, else the --model file's
- * (kvm_worker_model_id_early), else NULL (no model yet: the path comes with the first job).
+/* The id of the model wm computes with, when it is the worker's own (wm->override or
+ * wm->pinned): the loaded model's, else the --model file's (kvm_worker_model_id_early); else
+ * NULL (the model follows the jobs: each job names its run's model path).
  * Borrowed from wm: valid until wm changes (the next kvm_worker_model_get or _free); call it
  * where no job is running (the stage runtime's main thread between jobs). */
 const uint8_t *kvm_worker_model_id(const kvm_worker_model *wm);

@@ -96,6 +96,7 @@ static int setup(void *stp, const kvm_stage_args *a)
     if (!rc && a->store && !svc) rc = kvm_config_set(st->cfg, "store", "path", a->store);
     if (rc) return rc;
     st->wm.override = a->model;
+    st->wm.pinned = 1; /* its config's model, loaded here, answers every request: ready names it */
     kvm_storecli_keys keys = kvm_storecli_keys_of(st->cfg, a->server_key, a->client_public, a->client_secret);
     kvm_store_opts so;
     kvm_storew_opts(st->cfg, 0, &so);

@@ -4,6 +4,11 @@
  * a stage worker started by hand with another --model joined `kvmill run` and got jobs (a
  * prefill worker's KV would be stored under the run's model id). Real processes over ipc://,
  * on ../shared's stories260K and a random model of the same shape. */
+#include "common/kvm_error.h"
+#include "pipeline/kvm_config.h"
+#include "pipeline/kvm_orch_int.h"
+#include "proto/kvm_proto.h"
+#include "pipeline/kvm_worker.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
@@ -168,6 +173,19 @@ START_TEST(test_serve_refuses_other_model)
     assert_contains(err, "refused by serve");
     assert_contains(err, "this server serves model ");
     assert_contains(err, "this worker runs model ");
+    /* the same id started again as the refusal says, with the server's model: accepted (the
+     * refusal belonged to the process, not the id: before, it stayed refused without a word) */
+    snprintf(cmd, sizeof cmd,
+             "(timeout 8 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store '%s' --id by-hand "
+             "--heartbeat-ms 100 >/dev/null 2>&1 &) </dev/null >/dev/null 2>&1",
+             kvm_test_bin(), g_dir, cfg, store);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    ck_assert_msg(wait_for_line(g_log, "decode worker by-hand, refused before, is accepted now (it names this server's "
+                                       "model)"),
+                  "the restarted worker was not accepted");
+    free(log);
+    log = kvm_test_read_file(g_log, NULL);
+    ck_assert_int_eq(kvm_test_count(log, "refused, no requests go to it"), 1);
     free(ask_log);
     free(failed);
     free(log);
@@ -303,6 +321,73 @@ START_TEST(test_calibrate_refuses_other_model)
 }
 END_TEST
 
+/* Which models a ready names: a worker's own (--model, or a decode worker's config: pinned),
+ * never one that came with a job. A stage started without --model serves run after run on an
+ * endpoint and loads each job's model; naming its last job's made the next run of another
+ * model refuse (and stop) a worker that would have loaded that run's model. */
+START_TEST(test_model_id_only_when_own)
+{
+    char model[4400], tok[4400], text[8192];
+    if (!shared_model(model, tok)) return;
+    snprintf(text, sizeof text, "[model]\npath = %s\n", model);
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+    kvm_worker_model wm = {0};
+    ck_assert_msg(kvm_worker_model_get(&wm, c, NULL) == 0, "%s", kvm_errmsg());
+    ck_assert_ptr_null(kvm_worker_model_id(&wm)); /* the job's model */
+    wm.pinned = 1;
+    ck_assert_ptr_eq(kvm_worker_model_id(&wm), wm.model_id.b);
+    wm.pinned = 0;
+    wm.override = model; /* --model */
+    ck_assert_ptr_eq(kvm_worker_model_id(&wm), wm.model_id.b);
+    kvm_worker_model_free(&wm);
+    ck_assert_ptr_null(kvm_worker_model_id(&wm)); /* --model not hashed yet (no early id): nothing to name */
+    kvm_config_free(&c);
+}
+END_TEST
+
+/* Whether the run accepts worker 0 of o after a ready from pid naming model (NULL: none). */
+static int refused_after(orch *o, int64_t pid, const uint8_t *model)
+{
+    kvm_proto_ready r = {.worker_id = kvm_proto_str_c("by-hand"),
+                         .stage = kvm_proto_str_c("prefill"),
+                         .pid = pid,
+                         .device = kvm_proto_str_c("cpu"),
+                         .has_model_id = model != NULL};
+    if (model) memcpy(r.model_id, model, sizeof r.model_id);
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&r, &m), 0);
+    int refused = kvm_orch__worker_refused(o, 0, m);
+    kvm_msg_free(&m);
+    return refused;
+}
+
+/* A refusal belongs to the process, not to the worker id. The refusal tells the user to start
+ * the worker again without --model; started so under the same --id it names no model (its
+ * model follows its jobs), and the run kept it refused for ever, without a word: a run whose
+ * only prefill worker it was waited for ever. */
+START_TEST(test_refusal_belongs_to_process)
+{
+    orch *o = calloc(1, sizeof *o);
+    ck_assert_ptr_nonnull(o);
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = run.bin\n", "t.ini", &c), 0);
+    o->cfg = c, o->cmd = "run", o->reduce_worker = -1, o->n_workers = 1;
+    memset(o->model_id.b, 1, sizeof o->model_id.b);
+    o->workers[0] = (orch_worker){.stage = 0, .job = -1, .alive = 1, .slot = -1};
+    snprintf(o->workers[0].id, sizeof o->workers[0].id, "by-hand");
+    uint8_t other[32];
+    memset(other, 2, sizeof other);
+    ck_assert_int_eq(refused_after(o, 100, other), 1);         /* another model: refused */
+    ck_assert_int_eq(refused_after(o, 100, NULL), 1);          /* the same process, naming none: still */
+    ck_assert_int_eq(refused_after(o, 101, NULL), 0);          /* a new process naming none: accepted */
+    ck_assert_int_eq(refused_after(o, 101, other), 1);         /* it names another model: refused again */
+    ck_assert_int_eq(refused_after(o, 102, o->model_id.b), 0); /* the run's model */
+    kvm_config_free(&c);
+    free(o);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ready_model");
@@ -314,6 +399,8 @@ static Suite *suite(void)
         {"serve_own_worker_other_model", test_serve_own_worker_other_model},
         {"run_refuses_other_model", test_run_refuses_other_model},
         {"calibrate_refuses_other_model", test_calibrate_refuses_other_model},
+        {"model_id_only_when_own", test_model_id_only_when_own},
+        {"refusal_belongs_to_process", test_refusal_belongs_to_process},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
