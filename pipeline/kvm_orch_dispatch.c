@@ -64,7 +64,10 @@ static int job_message(orch *o, orch_job *j, kvm_msg **out)
                         .n_tokens = j->doc->n_tokens,
                         .tokens = j->doc->tokens,
                         .settings = mp,
-                        .settings_bytes = n};
+                        .settings_bytes = n,
+                        .has_model_id = true}; /* revision 10: a worker whose file at the settings' path
+                                                  holds other weights refuses the job */
+    memcpy(pj.model_id, o->model_id.b, sizeof pj.model_id);
     if (kvm_orch__continuation_tokens(o) > 0) { /* held-out continuation */
         int64_t t = kvm_orch__continuation_tokens(o), avail = j->doc->n_original - j->doc->n_tokens;
         pj.n_continuation = t < avail ? t : avail;

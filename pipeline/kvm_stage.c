@@ -251,6 +251,18 @@ static void drop_inputs(job_slot *j)
     j->n_in = 0;
 }
 
+/* Stops the stage as refused (exit 1): by `by` (the orchestrator: its ready named another model;
+ * or its own job: the model file here is not the run's), saying why. Whoever started the worker
+ * by hand sees why at once, and no later job is taken only to fail alike. */
+static void stop_refused(stage_rt *rt, int status, kvm_proto_str by, kvm_proto_str why)
+{
+    kvm_log_field f[] = {KVM_LOG_I("status", status)};
+    log_ev(rt, KVM_LOG_ERROR, "refused", f, 1, "refused by %.*s (%s): %.*s: stopping", (int)by.len,
+           by.ptr ? by.ptr : "", kvm_strerror(status), (int)why.len, why.ptr ? why.ptr : "");
+    rt->refused = 1;
+    stop_requested = 1; /* a job it may hold finishes or is handed back, as at SIGTERM */
+}
+
 /* The worker finished: send its outputs, the result, and ask for more work. */
 static void finish_job(stage_rt *rt)
 {
@@ -273,6 +285,7 @@ static void finish_job(stage_rt *rt)
     }
     j->out.n_data = j->out.n_ctl = 0;
     send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv, &j->out);
+    const int other_model = j->rc && j->out.other_model;
     j->out = (kvm_stage_out){0};
     if (j->rc) {
         kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_I("retryable", j->retryable), KVM_LOG_S("error", j->err)};
@@ -282,6 +295,11 @@ static void finish_job(stage_rt *rt)
         kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_F("compute_ms", compute), KVM_LOG_I("bytes_out", bytes)};
         log_ev(rt, KVM_LOG_INFO, "job_done", f, 3, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id,
                rt->ops->stage, compute, bytes);
+    }
+    if (other_model) { /* the run's every job would fail here alike: the run's other workers do them */
+        char by[64];
+        snprintf(by, sizeof by, "the run of job %llu", (unsigned long long)id);
+        stop_refused(rt, j->rc, kvm_proto_str_c(by), kvm_proto_str_c(j->err));
     }
     drop_inputs(j);
     rt->last_credit = 0; /* ask for work now */
@@ -347,13 +365,8 @@ static void on_ctl(stage_rt *rt)
         /* a refusal is a job-less mismatch: another error (a later revision's) must not stop us */
         log_warn(rt, "dropped", "dropped an error on the control socket that is not a refusal: %s: %.*s",
                  kvm_strerror((int)e.status), (int)e.message.len, e.message.ptr ? e.message.ptr : "");
-    else if (type == KVM_PROTO_ERROR) {
-        kvm_log_field f[] = {KVM_LOG_I("status", e.status)};
-        log_ev(rt, KVM_LOG_ERROR, "refused", f, 1, "refused by %.*s (%s): %.*s: stopping", (int)e.stage.len,
-               e.stage.ptr, kvm_strerror((int)e.status), (int)e.message.len, e.message.ptr ? e.message.ptr : "");
-        rt->refused = 1;
-        stop_requested = 1; /* a job it may hold finishes or is handed back, as at SIGTERM */
-    }
+    else if (type == KVM_PROTO_ERROR)
+        stop_refused(rt, (int)e.status, e.stage, e.message);
     kvm_msg_free(&m);
 }
 
@@ -654,7 +667,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         log_ev(&rt, KVM_LOG_INFO, "connected", f, 3, "connected to %s (device %s, %d threads)", rt.a.connect, rt.a.device,
                rt.a.threads);
         serve(&rt);
-        log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0, rt.refused ? "stopped: refused by the orchestrator" : "stopped");
+        log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0, rt.refused ? "stopped: refused (another model)" : "stopped");
         if (rt.refused) rc = 1;
     }
     if (rt.job.running) pthread_join(rt.job.thread, NULL);

@@ -6,7 +6,8 @@
  * grace period or hands it back (a retryable error), and exits 0. A malformed or unexpected
  * message is logged with the reason and dropped; the stage keeps serving. An `error` on the
  * control socket is the orchestrator refusing this worker (another model: PROTOCOL.md §5,
- * revision 10): it is logged and the stage stops with exit status 1. */
+ * revision 10): it is logged and the stage stops with exit status 1; so does a job whose model
+ * file here is not its run's model (kvm_stage_out.other_model). */
 #ifndef KVM_STAGE_H
 #define KVM_STAGE_H
 
@@ -49,6 +50,10 @@ typedef struct kvm_stage_out {
     double store_ms;                  /* committing the cache inside work() (LMDB or store service) */
     kvm_progress progress;            /* work() may count units done / announced here (from any
                                          thread); heartbeats carry it while the job runs */
+    int other_model;                  /* work() failed because this worker's model is not the run's
+                                         (kvm_worker_model_for_job): every later job would fail
+                                         alike, so after the job's error the stage stops as a
+                                         refused one does (exit 1) */
 } kvm_stage_out;
 
 /* What a stage implements. */

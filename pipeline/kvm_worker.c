@@ -10,15 +10,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int kvm_worker_model_retryable(int rc)
 {
     return rc == KVM_ENOTFOUND || rc == KVM_EFORMAT || rc == KVM_EMISMATCH || kvm_err_retryable(rc);
 }
 
+/* The file wm loads for config c: --model, else the config's (the job's) path. */
+static const char *model_path(const kvm_worker_model *wm, const kvm_config *c)
+{
+    return wm->override ? wm->override : kvm_config_str(c, "model", "path");
+}
+
 int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store)
 {
-    const char *path = wm->override ? wm->override : kvm_config_str(c, "model", "path");
+    const char *path = model_path(wm, c);
     if (wm->model && !strcmp(path, wm->path)) return 0;
     kvm_worker_model_free(wm);
     int rc = kvm_model_open(path, &wm->model);
@@ -42,6 +49,30 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
     if (kvm_tokenizer_open_for_model(wm->model, path, *tp ? tp : NULL, &wm->tok, tpath, sizeof tpath) == 0)
         kvm_store_hash_file(tpath, &wm->tok_id); /* a GGUF's id is its file's: tokenizer and weights travel together */
     return 0;
+}
+
+int kvm_worker_model_for_job(kvm_worker_model *wm, const kvm_config *c, kvm_store *store, const uint8_t *want,
+                             int *other_model)
+{
+    *other_model = 0;
+    const int kept = wm->model && !strcmp(model_path(wm, c), wm->path);
+    int rc = kvm_worker_model_get(wm, c, store);
+    if (!rc && kept && want && memcmp(wm->model_id.b, want, sizeof wm->model_id.b)) {
+        /* kept from an earlier run's job: the file may have been replaced since (this run's new
+         * version under the same path), so it is loaded again, once, before it is called wrong */
+        kvm_worker_model_free(wm);
+        rc = kvm_worker_model_get(wm, c, store);
+    }
+    if (rc || !want || !memcmp(wm->model_id.b, want, sizeof wm->model_id.b)) return rc;
+    char host[256] = "", mine[65], run[65];
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown");
+    kvm_store_id run_id;
+    memcpy(run_id.b, want, sizeof run_id.b);
+    *other_model = 1;
+    return kvm_err(KVM_EMISMATCH,
+                   "model file %s on host %s is model %.12s, not the run's model %.12s (another model "
+                   "under the same path here: start this worker with --model naming the run's model)",
+                   wm->path, host, kvm_store_id_hex(&wm->model_id, mine), kvm_store_id_hex(&run_id, run));
 }
 
 void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store)

@@ -44,6 +44,20 @@ const uint8_t *kvm_worker_model_id(const kvm_worker_model *wm);
  * (so big models are hashed once), else from hashing the file. Returns 0, or the error. */
 int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store);
 
+/* kvm_worker_model_get for a job, then, when the job names its run's model (want: the job's
+ * model_id, 32 bytes, PROTOCOL.md §5 revision 10; NULL for a job without one), whether the model
+ * loaded is that one. A worker without --model loads the path the job's settings name on its own
+ * host, where another model may be deployed under it: its KV would be stored under the run's
+ * model id. The id compared is the one computed when the model was (re)loaded: no file is hashed
+ * again per job, except that a model kept from an earlier job that is not the run's is loaded
+ * again once (its file may have been replaced by the run's version since). *other_model is set
+ * to 1 on a mismatch, else 0. Returns 0, kvm_worker_model_get's errors, or KVM_EMISMATCH naming
+ * the file, this host, the loaded model's id and the run's (12 hex digits each): retryable
+ * (kvm_worker_model_retryable), as another worker's host may hold the right file, while every
+ * later job of the run fails here alike. */
+int kvm_worker_model_for_job(kvm_worker_model *wm, const kvm_config *c, kvm_store *store, const uint8_t *want,
+                             int *other_model);
+
 /* Whether a stage retries kvm_worker_model_get's error rc: the orchestrator opened the same model
  * before any stage started, so a model file missing, unreadable as a model or another model's
  * here (KVM_ENOTFOUND, KVM_EFORMAT, KVM_EMISMATCH) is the worker's host (a mount not up yet, a

@@ -138,9 +138,14 @@ typedef struct kvm_proto_job {
                                 context for evaluation; [0, MAX_TOKENS], 0 when absent */
     const int32_t *continuation; /* tensor "continuation": i32 [n_continuation], ids >= 0;
                                     optional: NULL when absent */
+    bool has_model_id;           /* revision 10: model_id below is given ("model_id" present) */
+    uint8_t model_id[KVM_PROTO_ID_BYTES]; /* "model_id" bin 32, optional: the run's model (BLAKE2b-256
+                                    of its weights), so that a worker that loads the settings'
+                                    model path can refuse a file of other weights on its host */
 } kvm_proto_job;
 /* job codec (contract at the top). Checks beyond the field comments: n_tokens <= n_ctx, every
- * token id >= 0, settings is a map of scalars. 1 tensor frame. */
+ * token id >= 0, settings is a map of scalars, model_id (has_model_id) exactly 32 bytes, else
+ * KVM_EPROTO naming the field. 1 tensor frame. */
 int kvm_proto_job_encode(const kvm_proto_job *in, kvm_msg **out);
 int kvm_proto_job_decode(const kvm_msg *msg, kvm_proto_job *out);
 

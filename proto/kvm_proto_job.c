@@ -14,6 +14,7 @@ static const kvm_proto__field kvm_job__fields[] = {
     KVM_F_I64(T, n_tokens, 1, 1, KVM_PROTO_MAX_TOKENS),
     KVM_F_SETTINGS(T, settings, settings_bytes),
     KVM_F_I64(T, n_continuation, 0, 0, KVM_PROTO_MAX_TOKENS),
+    KVM_F_ID32_OPT(T, model_id, has_model_id), /* revision 10: the run's model */
 };
 static const kvm_proto__tensor kvm_job__tensors[] = {
     KVM_T(T, tokens, KVM_PROTO__BIT(KVM_PROTO_I32), -1, 1, "n_tokens", 1, offsetof(T, n_tokens)),

@@ -315,13 +315,14 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = kvm_proto_job_decode(in[0], &j);
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
+    const uint8_t *run_model = !rc && j.has_model_id ? j.model_id : NULL; /* revision 10 */
     int remote = !rc && kvm_serve_remote_endpoint(st->store_path, cfg);
     /* [compress] target_kl: a budget search in place of one compression (its check part is the evaluation) */
     const int target = !rc && kvm_config_float(cfg, "compress", "target_kl") > 0;
     if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     if (remote) {
-        if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
+        if ((rc = kvm_worker_model_for_job(&st->wm, cfg, NULL, run_model, &out->other_model))) {
             *retryable = kvm_worker_model_retryable(rc);
             goto done;
         }
@@ -343,7 +344,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
         if ((rc = upload(st, cfg, &j, cc, out))) { *retryable = rc == KVM_EIO; goto done; }
         goto evaluated;
     }
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) {
+    if ((rc = kvm_worker_model_for_job(&st->wm, cfg, st->store, run_model, &out->other_model))) {
         *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }

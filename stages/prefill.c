@@ -109,7 +109,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && !j.settings) rc = kvm_err(KVM_EPROTO, "job %llu carries no settings", (unsigned long long)j.job_id);
     if (!rc) rc = kvm_jobcfg_unpack(j.settings, j.settings_bytes, &cfg);
     if (rc) { *retryable = 0; goto done; }
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
+    if ((rc = kvm_worker_model_for_job(&st->wm, cfg, NULL, j.has_model_id ? j.model_id : NULL, &out->other_model))) {
         *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }

@@ -49,7 +49,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int64_t B = cfg ? kvm_config_int(cfg, "compress", "budget") : 0;
     if (!rc && B <= 0) rc = kvm_err(KVM_EINVAL, "calibration needs [compress] budget > 0");
     if (rc) { *retryable = 0; goto done; }
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, NULL))) {
+    if ((rc = kvm_worker_model_for_job(&st->wm, cfg, NULL, j.has_model_id ? j.model_id : NULL, &out->other_model))) {
         *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }

@@ -124,7 +124,8 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
     if (rc) { *retryable = 0; goto done; }
     int64_t B = kvm_config_int(cfg, "compress", "budget");
-    if ((rc = kvm_worker_model_get(&st->wm, cfg, st->store))) {
+    if ((rc = kvm_worker_model_for_job(&st->wm, cfg, st->store, req.has_model_id ? req.model_id : NULL,
+                                       &out->other_model))) {
         *retryable = kvm_worker_model_retryable(rc);
         goto done;
     }

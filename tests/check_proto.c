@@ -806,6 +806,40 @@ START_TEST(test_roundtrip_ready_model_id)
 }
 END_TEST
 
+/* Revision 10: a job names its run's model (model_id, optional bin 32), so that a worker that loads
+ * the settings' model path can refuse other weights found there; a job without it (revision 9)
+ * decodes as before, and an id of another length is refused naming the field. */
+START_TEST(test_roundtrip_job_model_id)
+{
+    int32_t tok[2] = {1, 2};
+    kvm_proto_job j = {.job_id = 5, .doc_id = kvm_proto_str_c("d5"), .n_ctx = 4, .n_tokens = 2, .tokens = tok};
+    kvm_msg *m = NULL;
+    kvm_proto_job d;
+    ck_assert_int_eq(kvm_proto_job_encode(&j, &m), 0);
+    ck_assert_msg(kvm_proto_job_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(!d.has_model_id);
+    kvm_msg_free(&m);
+    j.has_model_id = true;
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        j.model_id[i] = (uint8_t)(0xa0 + i);
+    ck_assert_int_eq(kvm_proto_job_encode(&j, &m), 0);
+    ck_assert_msg(kvm_proto_job_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(d.has_model_id);
+    assert_bytes_eq(d.model_id, j.model_id, KVM_PROTO_ID_BYTES, "model_id");
+    assert_str_eq(d.doc_id, "d5");
+    assert_bytes_eq(d.tokens, tok, sizeof tok, "tokens");
+    const size_t bad[2] = {31, 33};
+    for (int i = 0; i < 2; i++) {
+        kvm_msg *t = with_field(m, "model_id", pk_bin_n, &bad[i]);
+        char want[80];
+        snprintf(want, sizeof want, "field 'model_id' has %zu bytes, expected 32", bad[i]);
+        ASSERT_FAILS(kvm_proto_job_decode(t, &d), KVM_EPROTO, want);
+        kvm_msg_free(&t);
+    }
+    kvm_msg_free(&m);
+}
+END_TEST
+
 START_TEST(test_roundtrip_serve)
 {
     kvm_proto_get_cache g = {.request_id = 12};
@@ -2118,6 +2152,7 @@ static Suite *proto_suite(void)
         {"roundtrip_result_error", test_roundtrip_result_error},
         {"roundtrip_control", test_roundtrip_control},
         {"roundtrip_ready_model_id", test_roundtrip_ready_model_id},
+        {"roundtrip_job_model_id", test_roundtrip_job_model_id},
         {"roundtrip_serve", test_roundtrip_serve},
         {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},
         {"roundtrip_ask_prompt_bytes", test_roundtrip_ask_prompt_bytes},

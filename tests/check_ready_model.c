@@ -13,6 +13,7 @@
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -321,6 +322,141 @@ START_TEST(test_calibrate_refuses_other_model)
 }
 END_TEST
 
+/* dir/m.bin and dir/tok512.bin: links to model and tok (absolute targets), for a config whose
+ * [model] path is /proc/self/cwd/m.bin: the same string names another file for a process
+ * started in another directory, as the same path does on another host. */
+static void link_model(const char *dir, const char *model, const char *tok)
+{
+    char cmd[16384], am[PATH_MAX], at[PATH_MAX];
+    ck_assert_ptr_nonnull(realpath(model, am));
+    ck_assert_ptr_nonnull(realpath(tok, at));
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -sf '%s' '%s/m.bin' && ln -sf '%s' '%s/tok512.bin'", dir, am, dir,
+             at, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+}
+
+/* The first 12 hex digits of path's model id into out (13 bytes), as a mismatch names it. */
+static void model_hex12(const char *path, char out[13])
+{
+    char hex[65];
+    model_hex(path, hex);
+    snprintf(out, 13, "%s", hex);
+}
+
+/* kvmill run whose [model] path names, on a worker's host, a file of other weights: a
+ * kvmill-prefill started by hand without --model (so its ready names no model and is accepted)
+ * loads the path its job names and finds the other model there. Its job fails (retryable)
+ * naming the file, both ids and the host, it stops (exit 1), and the run's own workers do every
+ * document, each stored under the run's model id. Before, it computed the KV with the other
+ * weights, stored under the run's model id, and took job after job. One host stands for two:
+ * the path goes through /proc/self/cwd and the worker runs in another directory. */
+START_TEST(test_run_job_other_model_file)
+{
+    char model[4400], tok[4400];
+    if (!shared_model(model, tok)) return;
+    const char *long_docs = kvm_test_shared_path("data/long");
+    if (!long_docs) return;
+    char corpus[PATH_MAX], bin[PATH_MAX], *dir = realpath(g_dir, NULL);
+    ck_assert_ptr_nonnull(realpath(long_docs, corpus));
+    ck_assert_ptr_nonnull(realpath(kvm_test_bin(), bin));
+    ck_assert_ptr_nonnull(dir);
+    free(g_dir);
+    g_dir = dir;
+    setenv("KVMILL_BIN", bin, 1); /* the run starts in another directory: every path absolute */
+    char other[4400], runs[4400], hands[4400], cfg[4400], cmd[16384], want[65], mine[13], theirs[13];
+    char *out = NULL, *err = NULL, *werr = NULL;
+    make_other_model(tok, other, sizeof other);
+    snprintf(runs, sizeof runs, "%s/runs", g_dir);
+    snprintf(hands, sizeof hands, "%s/hands", g_dir);
+    link_model(runs, model, tok);
+    link_model(hands, other, tok);
+    snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
+    write_config(cfg, "/proc/self/cwd/m.bin", 256);
+    /* every idle prefill worker gets a document while any is queued: the hand-started one too */
+    snprintf(cmd, sizeof cmd, "echo 'max_prefetch = 20' >>'%s'", cfg); /* the file ends in [run] */
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(cmd, sizeof cmd, "env -C '%s' '%s/kvmill-prefill' --connect 'ipc://%s/run' --id by-hand --heartbeat-ms 20",
+             hands, bin, g_dir);
+    start_by_hand("prefill", cmd);
+    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 90 '%s/kvmill' run --config '%s' --corpus '%s'", runs, bin, cfg,
+             corpus);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    int wrc = wait_by_hand("prefill", &werr);
+    ck_assert_msg(rc == 0, "kvmill run: exit %d: %s", rc, err);
+    model_hex12(model, theirs);
+    model_hex12(other, mine);
+    ck_assert_msg(wrc == 1, "the worker of the other model file: exit %d, stderr:\n%s\nrun:\n%s", wrc, werr ? werr : "",
+                  err);
+    assert_contains(werr, "refused by the run of job ");
+    assert_contains(werr, "model file /proc/self/cwd/m.bin on host ");
+    assert_contains(werr, mine);
+    assert_contains(werr, theirs);
+    ck_assert_int_eq(kvm_test_count(werr, "failed (retryable)"), 1);                 /* one job, then it stopped */
+    assert_contains(err, "prefill stage: model file /proc/self/cwd/m.bin on host "); /* requeued, said why */
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s/store' --csv", bin, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    model_hex(model, want);
+    int rows = 0;
+    for (const char *row = strchr(out, '\n'); row && row[1]; row = strchr(row + 1, '\n'), rows++)
+        ck_assert_msg(strncmp(row + 1, want, 64) == 0, "a cache not under the run's model %s: %s", want, row + 1);
+    ck_assert_msg(rows == 20, "%d caches stored, want 20:\n%s", rows, out);
+    free(out);
+    free(err);
+    free(werr);
+}
+END_TEST
+
+/* kvm_worker_model_for_job: a job naming its run's model is checked against the id computed at
+ * load (no second load or hash per job: the model stays the same object), a job naming none
+ * (revision 9) is not, a mismatch says which file, host and ids, and a model kept from an
+ * earlier job whose file was replaced since (a new version under the same path) is loaded again
+ * rather than called another model's. */
+START_TEST(test_model_for_job_checks_id)
+{
+    char model[4400], tok[4400], text[8192], hex[13], other[4400], path[4400], cmd[16384];
+    if (!shared_model(model, tok)) return;
+    make_other_model(tok, other, sizeof other);
+    snprintf(path, sizeof path, "%s/other/deployed.bin", g_dir); /* tok512.bin beside it */
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", model, path);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(text, sizeof text, "[model]\npath = %s\n", path);
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+    kvm_worker_model wm = {0};
+    uint8_t wrong[32], id[32];
+    memset(wrong, 0xab, sizeof wrong);
+    int other_model = -1;
+    ck_assert_msg(kvm_worker_model_for_job(&wm, c, NULL, NULL, &other_model) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(other_model, 0);
+    const kvm_model *loaded = wm.model;
+    memcpy(id, wm.model_id.b, sizeof id);
+    ck_assert_int_eq(kvm_worker_model_for_job(&wm, c, NULL, id, &other_model), 0);
+    ck_assert_int_eq(other_model, 0);
+    ck_assert_ptr_eq(wm.model, loaded); /* the id of the load, not a reload per job */
+    ck_assert_int_eq(kvm_worker_model_for_job(&wm, c, NULL, wrong, &other_model), KVM_EMISMATCH);
+    ck_assert_int_eq(other_model, 1);
+    ck_assert(kvm_worker_model_retryable(KVM_EMISMATCH));
+    assert_contains(kvm_errmsg(), path);
+    assert_contains(kvm_errmsg(), "not the run's model abababababab");
+    model_hex12(model, hex);
+    assert_contains(kvm_errmsg(), hex);
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    assert_contains(kvm_errmsg(), host);
+    /* the next run's version deployed under the same path: its job finds it */
+    ck_assert_int_eq(kvm_worker_model_for_job(&wm, c, NULL, id, &other_model), 0);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s.new' && mv '%s.new' '%s'", other, path, path, path);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    kvm_store_id next;
+    ck_assert_int_eq(kvm_store_hash_file(other, &next), 0);
+    ck_assert_msg(kvm_worker_model_for_job(&wm, c, NULL, next.b, &other_model) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(other_model, 0);
+    kvm_worker_model_free(&wm);
+    kvm_config_free(&c);
+}
+END_TEST
+
 /* Which models a ready names: a worker's own (--model, or a decode worker's config: pinned),
  * never one that came with a job. A stage started without --model serves run after run on an
  * endpoint and loads each job's model; naming its last job's made the next run of another
@@ -399,6 +535,8 @@ static Suite *suite(void)
         {"serve_own_worker_other_model", test_serve_own_worker_other_model},
         {"run_refuses_other_model", test_run_refuses_other_model},
         {"calibrate_refuses_other_model", test_calibrate_refuses_other_model},
+        {"run_job_other_model_file", test_run_job_other_model_file},
+        {"model_for_job_checks_id", test_model_for_job_checks_id},
         {"model_id_only_when_own", test_model_id_only_when_own},
         {"refusal_belongs_to_process", test_refusal_belongs_to_process},
     };

@@ -91,6 +91,10 @@ static void gen_job_kv(void)
     j.settings_bytes = 0;
     j.n_tokens = 1;
     EMIT(job, "plain", j);
+    j.has_model_id = true; /* revision 10 */
+    for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
+        j.model_id[i] = (uint8_t)(0x60 + i);
+    EMIT(job, "model_id", j);
     kvm_proto_kv kv = {.job_id = 3,
                        .layer = 1,
                        .n_layers = 2,
