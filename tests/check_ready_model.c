@@ -350,35 +350,45 @@ static void model_hex12(const char *path, char out[13])
  * document, each stored under the run's model id. Before, it computed the KV with the other
  * weights, stored under the run's model id, and took job after job. One host stands for two:
  * the path goes through /proc/self/cwd and the worker runs in another directory. */
+/* For a test whose run and hand-started worker see different files under one [model] path (two
+ * hosts on one): every path made absolute (g_dir, $KVMILL_BIN into bin, PATH_MAX bytes), the run's
+ * directory g_dir/runs holding model, the worker's g_dir/hands another model (into other, 4400
+ * bytes), and the config at cfg (4400 bytes) naming /proc/self/cwd/m.bin. */
+static void two_hosts(const char *model, const char *tok, int context, char *bin, char *other, char *cfg)
+{
+    char *dir = realpath(g_dir, NULL), path[4400];
+    ck_assert_ptr_nonnull(dir);
+    free(g_dir);
+    g_dir = dir;
+    ck_assert_ptr_nonnull(realpath(kvm_test_bin(), bin));
+    setenv("KVMILL_BIN", bin, 1); /* the run starts in another directory */
+    make_other_model(tok, other, 4400);
+    snprintf(path, sizeof path, "%s/runs", g_dir);
+    link_model(path, model, tok);
+    snprintf(path, sizeof path, "%s/hands", g_dir);
+    link_model(path, other, tok);
+    snprintf(cfg, 4400, "%s/run.ini", g_dir);
+    write_config(cfg, "/proc/self/cwd/m.bin", context);
+}
+
 START_TEST(test_run_job_other_model_file)
 {
     char model[4400], tok[4400];
     if (!shared_model(model, tok)) return;
     const char *long_docs = kvm_test_shared_path("data/long");
     if (!long_docs) return;
-    char corpus[PATH_MAX], bin[PATH_MAX], *dir = realpath(g_dir, NULL);
-    ck_assert_ptr_nonnull(realpath(long_docs, corpus));
-    ck_assert_ptr_nonnull(realpath(kvm_test_bin(), bin));
-    ck_assert_ptr_nonnull(dir);
-    free(g_dir);
-    g_dir = dir;
-    setenv("KVMILL_BIN", bin, 1); /* the run starts in another directory: every path absolute */
-    char other[4400], runs[4400], hands[4400], cfg[4400], cmd[16384], want[65], mine[13], theirs[13];
+    char corpus[PATH_MAX], bin[PATH_MAX], other[4400], cfg[4400], cmd[16384], want[65], mine[13], theirs[13];
     char *out = NULL, *err = NULL, *werr = NULL;
-    make_other_model(tok, other, sizeof other);
-    snprintf(runs, sizeof runs, "%s/runs", g_dir);
-    snprintf(hands, sizeof hands, "%s/hands", g_dir);
-    link_model(runs, model, tok);
-    link_model(hands, other, tok);
-    snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
-    write_config(cfg, "/proc/self/cwd/m.bin", 256);
+    ck_assert_ptr_nonnull(realpath(long_docs, corpus));
+    two_hosts(model, tok, 256, bin, other, cfg);
     /* every idle prefill worker gets a document while any is queued: the hand-started one too */
     snprintf(cmd, sizeof cmd, "echo 'max_prefetch = 20' >>'%s'", cfg); /* the file ends in [run] */
     ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
-    snprintf(cmd, sizeof cmd, "env -C '%s' '%s/kvmill-prefill' --connect 'ipc://%s/run' --id by-hand --heartbeat-ms 20",
-             hands, bin, g_dir);
+    snprintf(cmd, sizeof cmd,
+             "env -C '%s/hands' '%s/kvmill-prefill' --connect 'ipc://%s/run' --id by-hand --heartbeat-ms 20", g_dir,
+             bin, g_dir);
     start_by_hand("prefill", cmd);
-    snprintf(cmd, sizeof cmd, "cd '%s' && timeout 90 '%s/kvmill' run --config '%s' --corpus '%s'", runs, bin, cfg,
+    snprintf(cmd, sizeof cmd, "cd '%s/runs' && timeout 90 '%s/kvmill' run --config '%s' --corpus '%s'", g_dir, bin, cfg,
              corpus);
     int rc = kvm_test_run(cmd, NULL, &err);
     int wrc = wait_by_hand("prefill", &werr);
@@ -401,6 +411,41 @@ START_TEST(test_run_job_other_model_file)
     for (const char *row = strchr(out, '\n'); row && row[1]; row = strchr(row + 1, '\n'), rows++)
         ck_assert_msg(strncmp(row + 1, want, 64) == 0, "a cache not under the run's model %s: %s", want, row + 1);
     ck_assert_msg(rows == 20, "%d caches stored, want 20:\n%s", rows, out);
+    free(out);
+    free(err);
+    free(werr);
+}
+END_TEST
+
+/* The same for kvmill calibrate and a kvmill-signals started by hand without --model: its signals
+ * would be measured on the other weights and the strategy stored under the run's model id. */
+START_TEST(test_calibrate_job_other_model_file)
+{
+    char model[4400], tok[4400];
+    if (!shared_model(model, tok)) return;
+    char docs[PATH_MAX], bin[PATH_MAX], other[4400], cfg[4400], cmd[16384], hex[65], want[200], mine[13];
+    char *out = NULL, *err = NULL, *werr = NULL;
+    ck_assert_ptr_nonnull(realpath(kvm_test_data_path("corpus"), docs));
+    two_hosts(model, tok, 64, bin, other, cfg);
+    snprintf(cmd, sizeof cmd,
+             "env -C '%s/hands' '%s/kvmill-signals' --connect 'ipc://%s/run' --id by-hand --heartbeat-ms 20", g_dir,
+             bin, g_dir);
+    start_by_hand("signals", cmd);
+    snprintf(cmd, sizeof cmd, "cd '%s/runs' && timeout 90 '%s/kvmill' calibrate --config '%s' --docs '%s'", g_dir, bin,
+             cfg, docs);
+    int rc = kvm_test_run(cmd, &out, &err);
+    int wrc = wait_by_hand("signals", &werr);
+    ck_assert_msg(rc == 0, "kvmill calibrate: exit %d: %s", rc, err);
+    model_hex(model, hex); /* the strategy is the run's model's, from its own workers' signals */
+    snprintf(want, sizeof want, "stored strategy 'default' for model %s", hex);
+    assert_contains(out, want);
+    ck_assert_msg(wrc == 1, "the worker of the other model file: exit %d, stderr:\n%s\ncalibrate:\n%s", wrc,
+                  werr ? werr : "", err);
+    model_hex12(other, mine);
+    assert_contains(werr, "refused by the run of job ");
+    assert_contains(werr, mine);
+    hex[12] = '\0';
+    assert_contains(werr, hex);
     free(out);
     free(err);
     free(werr);
@@ -536,6 +581,7 @@ static Suite *suite(void)
         {"run_refuses_other_model", test_run_refuses_other_model},
         {"calibrate_refuses_other_model", test_calibrate_refuses_other_model},
         {"run_job_other_model_file", test_run_job_other_model_file},
+        {"calibrate_job_other_model_file", test_calibrate_job_other_model_file},
         {"model_for_job_checks_id", test_model_for_job_checks_id},
         {"model_id_only_when_own", test_model_id_only_when_own},
         {"refusal_belongs_to_process", test_refusal_belongs_to_process},
