@@ -77,14 +77,14 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
     return len;
 }
 
-int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why)
+/* why as a protocol string in text[cap]: each byte that is not part of a UTF-8 character as '?',
+ * cut at a character boundary. Messages name paths, which are bytes (and snprintf may have cut
+ * a character): a string that is not UTF-8 does not encode, and the message would be lost. */
+static kvm_proto_str utf8_clean(const char *why, char *text, size_t cap)
 {
-    /* the message names a path, which is bytes (and snprintf may have cut a character): a
-     * string that is not UTF-8 would not encode, and the worker would never be told */
-    char text[2048];
     const unsigned char *p = (const unsigned char *)why;
     size_t n = 0, rest = strlen(why);
-    while (rest > 0 && n < sizeof text - 4) { /* room for a whole character */
+    while (rest > 0 && n + 4 < cap) { /* room for a whole character */
         size_t len = utf8_seq(p, rest);
         if (len == 0)
             text[n++] = '?', len = 1;
@@ -92,7 +92,14 @@ int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from
             memcpy(text + n, p, len), n += len;
         p += len, rest -= len;
     }
-    kvm_proto_error e = {.status = KVM_EMISMATCH, .stage = kvm_proto_str_c(from), .message = {text, n}};
+    return (kvm_proto_str){text, n};
+}
+
+int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why)
+{
+    char text[2048];
+    kvm_proto_error e = {
+        .status = KVM_EMISMATCH, .stage = kvm_proto_str_c(from), .message = utf8_clean(why, text, sizeof text)};
     kvm_msg *m = NULL, *env = NULL;
     int rc = kvm_proto_error_encode(&e, &m);
     if (!rc) rc = kvm_msg_new(&env);
@@ -230,9 +237,15 @@ static void send_heartbeat(stage_rt *rt)
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
                         double total_ms, const kvm_stage_out *out)
 {
-    kvm_proto_result r = {.job_id = job_id, .status = status, .stage = kvm_proto_str_c(rt->ops->stage),
-                          .worker_id = kvm_proto_str_c(rt->worker_id), .compute_ms = compute_ms, .total_ms = total_ms,
-                          .message = kvm_proto_str_c(msg), .retryable = retryable != 0};
+    char text[2048];
+    kvm_proto_result r = {.job_id = job_id,
+                          .status = status,
+                          .stage = kvm_proto_str_c(rt->ops->stage),
+                          .worker_id = kvm_proto_str_c(rt->worker_id),
+                          .compute_ms = compute_ms,
+                          .total_ms = total_ms,
+                          .message = utf8_clean(msg, text, sizeof text),
+                          .retryable = retryable != 0};
     if (out && status == 0) {
         r.evaluated = out->evaluated != 0;
         r.kl_mean = out->evaluated && out->kl_mean >= 0 && out->kl_mean <= 1e6 ? out->kl_mean : 0;

@@ -69,10 +69,12 @@ int kvm_worker_model_for_job(kvm_worker_model *wm, const kvm_config *c, kvm_stor
     kvm_store_id run_id;
     memcpy(run_id.b, want, sizeof run_id.b);
     *other_model = 1;
-    return kvm_err(KVM_EMISMATCH,
-                   "model file %s on host %s is model %.12s, not the run's model %.12s (another model "
-                   "under the same path here: start this worker with --model naming the run's model)",
-                   wm->path, host, kvm_store_id_hex(&wm->model_id, mine), kvm_store_id_hex(&run_id, run));
+    /* the ids first: a long path would push them past the message's end */
+    return kvm_err(KVM_EMISMATCH, "model %.12s, not the run's model %.12s: model file %s on host %s (%s)",
+                   kvm_store_id_hex(&wm->model_id, mine), kvm_store_id_hex(&run_id, run), wm->path, host,
+                   wm->override ? "its --model names another model than the run's"
+                                : "another model under the same path here: start this worker with --model naming the "
+                                  "run's model");
 }
 
 void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store)

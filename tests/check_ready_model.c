@@ -402,7 +402,8 @@ START_TEST(test_run_job_other_model_file)
     assert_contains(werr, mine);
     assert_contains(werr, theirs);
     ck_assert_int_eq(kvm_test_count(werr, "failed (retryable)"), 1);                 /* one job, then it stopped */
-    assert_contains(err, "prefill stage: model file /proc/self/cwd/m.bin on host "); /* requeued, said why */
+    assert_contains(err, "prefill stage: model ");
+    assert_contains(err, ": model file /proc/self/cwd/m.bin on host "); /* requeued, said why */
     free(err);
     snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s/store' --csv", bin, g_dir);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
