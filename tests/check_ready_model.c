@@ -401,7 +401,7 @@ START_TEST(test_run_job_other_model_file)
     assert_contains(werr, "model file /proc/self/cwd/m.bin on host ");
     assert_contains(werr, mine);
     assert_contains(werr, theirs);
-    ck_assert_int_eq(kvm_test_count(werr, "failed (retryable)"), 1);                 /* one job, then it stopped */
+    ck_assert_int_eq(kvm_test_count(werr, "failed (retryable)"), 1); /* one job, then it stopped */
     assert_contains(err, "prefill stage: model ");
     assert_contains(err, ": model file /proc/self/cwd/m.bin on host "); /* requeued, said why */
     free(err);
