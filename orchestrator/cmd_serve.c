@@ -77,6 +77,7 @@ static int serve_model_id(const kvm_config *cfg, kvm_store_id *out)
                  ? kvm_store_model_id(st, mp, out)
                  : kvm_store_hash_file(mp, out);
     kvm_store_close(&st);
+    if (rc == KVM_EBUSY) rc = kvm_store_hash_file(mp, out); /* a busy store's memo: the file says the same */
     if (rc)
         fprintf(stderr,
                 "kvmill serve: note: the model id of [model] path cannot be computed here (%s): decode workers "

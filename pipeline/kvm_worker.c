@@ -59,7 +59,9 @@ int kvm_worker_model_for_job(kvm_worker_model *wm, const kvm_config *c, kvm_stor
     int rc = kvm_worker_model_get(wm, c, store);
     if (!rc && kept && want && memcmp(wm->model_id.b, want, sizeof wm->model_id.b)) {
         /* kept from an earlier run's job: the file may have been replaced since (this run's new
-         * version under the same path), so it is loaded again, once, before it is called wrong */
+         * version under the same path), so it is loaded and hashed again, once, before it is
+         * called wrong (a --model's id hashed at setup is not reused then) */
+        wm->has_override_id = 0;
         kvm_worker_model_free(wm);
         rc = kvm_worker_model_get(wm, c, store);
     }

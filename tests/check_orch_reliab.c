@@ -669,9 +669,9 @@ START_TEST(test_failed_document_keeps_run_dir)
 END_TEST
 
 /* A stage process that runs but does not join (hung loading its model, connected to another
- * endpoint) was never named: the run waited. Past [run] join_warn_s (1 s here) it is named once
+ * endpoint) was never named: the run waited. Past [run] join_warn_s (2 s here) it is named once
  * with its pid and log file, and again when it joins: the prefill stage here is a script that
- * waits 3 s before it runs kvmill-prefill. */
+ * waits 4 s before it runs kvmill-prefill. */
 START_TEST(test_stage_not_joined_reported)
 {
     make_docs(1);
