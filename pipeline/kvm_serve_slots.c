@@ -89,8 +89,15 @@ static void queue_timeout(srv *s, int64_t i)
                  "timed out waiting for request %llu, which computes this document's cache (%s), to store it "
                  "([serve] request_timeout_s); once stored it answers at once: ask again",
                  (unsigned long long)s->workers[holder].request_id, name);
-    } else
-        snprintf(why, sizeof why, "timed out waiting for a free decode worker ([serve] request_timeout_s)");
+    } else {
+        int usable = 0, refused = 0; /* a client told only "no free worker" cannot see that some were refused */
+        for (int w = 0; w < s->n_workers; w++)
+            if (s->workers[w].alive) s->workers[w].refused ? refused++ : usable++;
+        snprintf(why, sizeof why, "timed out waiting for a free decode worker ([serve] request_timeout_s)%s",
+                 !usable && refused ? ": the only workers connected run another model and were refused (the server's "
+                                      "log names them)"
+                                    : "");
+    }
     kvm_serve__log("request %llu %s", (unsigned long long)r.request_id, why);
     kvm_serve__reply_error(s, &r.env, r.request_id, KVM_EIO, why);
     kvm_msg_free(&r.msg);

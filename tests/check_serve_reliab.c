@@ -1176,6 +1176,36 @@ START_TEST(test_worker_timeout_counts_from_arrival)
 }
 END_TEST
 
+/* Every connected decode worker refused (another model: PROTOCOL.md revision 10): a queued
+ * request's client was told only "timed out waiting for a free decode worker", with workers
+ * connected all along; the answer now says they run another model and were refused. */
+START_TEST(test_timeout_names_refused_workers)
+{
+    void *w0;
+    srv *s = held_broker("refused", &w0);
+    void *client = front_client(s, "refused");
+    for (int w = 0; w < 4; w++)
+        s->workers[w].refused = 1, s->workers[w].idle = 0;
+    queue_ask(s, 1, "A cat sat on the mat.");
+    s->queue[0].t_recv -= 600;
+    s->timeout_ms = 500;
+    kvm_serve__dispatch(s);
+    ck_assert_int_eq(s->n_queue, 1); /* no worker took it */
+    kvm_serve__check_health(s);
+    kvm_msg *m = NULL;
+    kvm_proto_answer a;
+    client_answer(client, "request 1 past its timeout", &m, &a);
+    ck_assert_int_eq(a.status, KVM_EIO);
+    char *got = strndup(a.message.ptr, a.message.len);
+    assert_contains(got, "timed out waiting for a free decode worker");
+    assert_contains(got, "the only workers connected run another model and were refused");
+    free(got);
+    kvm_msg_free(&m);
+    zmq_close(client);
+    held_broker_free(s, w0);
+}
+END_TEST
+
 /* The front end's ZMQ_RCVHWM: its frames grew from [serve] max_message_bytes (1 MiB) to
  * KVM_PROTO_MAX_HEADER_BYTES (32 MiB), and at ZeroMQ's default mark of 1000 unread requests a
  * client connection could hold 32 GiB in the server; the mark keeps it near 1 GiB per frame. */
@@ -1321,6 +1351,7 @@ int main(void)
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     suite_add_tcase(su, tcase("held_timeout_names_computation", test_held_timeout_names_computation, 30));
     suite_add_tcase(su, tcase("worker_timeout_counts_from_arrival", test_worker_timeout_counts_from_arrival, 30));
+    suite_add_tcase(su, tcase("timeout_names_refused_workers", test_timeout_names_refused_workers, 30));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
