@@ -181,11 +181,12 @@ void kvm_orch__stop_children(orch *o, int sig);
 void kvm_orch__reap_all(orch *o, double ms);
 /* The worker behind routing id idf (added when new), or -1 when the table is full. */
 int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage);
-/* Whether worker w, after its ready m, is refused: m names a model other than the run's
- * (o->model_id; PROTOCOL.md §5, revision 10), or w was refused before and m names none. A new
+/* Whether worker w, after its decoded ready r, is refused (kvm_stage_judge_ready against
+ * o->model_id; PROTOCOL.md §5, revision 10): r names another model, or r is the refused
+ * process again naming none. A new
  * refusal is logged once, told to the worker (an error: it exits) and gives its job back; one of
  * the run's own processes is restarted as a dead one is, a bounded number of times. */
-int kvm_orch__worker_refused(orch *o, int w, const kvm_msg *m);
+int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r);
 /* 1 when worker w counts for its stage: alive and not refused. */
 int kvm_orch__worker_counts(const orch *o, int w);
 /* ST_* of a stage name, or -1. */

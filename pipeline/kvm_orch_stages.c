@@ -302,24 +302,18 @@ static void refuse_worker(orch *o, int w, const uint8_t *got, int64_t pid)
     if (wk->job >= 0 || w == o->reduce_worker || wk->slot >= 0) worker_dead(o, w, "was refused (another model)");
 }
 
-int kvm_orch__worker_refused(orch *o, int w, const kvm_msg *m)
+int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r)
 {
     orch_worker *wk = &o->workers[w];
-    uint8_t got[KVM_PROTO_ID_BYTES];
-    kvm_proto_ready r;
-    const int64_t pid = kvm_proto_ready_decode(m, &r) == 0 ? (int64_t)r.pid : -1;
-    if (!kvm_stage_other_model(m, o->model_id.b, got)) {
-        /* the run's model named, or another process under the refused id that names none (one
-         * whose model follows its jobs, a revision-9 stage: it cannot be checked): accepted */
-        if (wk->refused && pid >= 0 && (r.has_model_id || pid != wk->refused_pid)) {
-            wk->refused = 0;
-            kvm_log(KVM_LOG_INFO, "worker_accepted", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
-                    "worker %s, refused before, is accepted now (%s)", wk->id,
-                    r.has_model_id ? "it names the run's model" : "a new process that names no model");
-        }
-        return wk->refused;
+    kvm_stage_verdict v = kvm_stage_judge_ready(r, o->model_id.b, wk->refused, wk->refused_pid);
+    if (v == KVM_STAGE_ACCEPT_AGAIN) {
+        wk->refused = 0;
+        kvm_log(KVM_LOG_INFO, "worker_accepted", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
+                "worker %s, refused before, is accepted now (%s)", wk->id,
+                r->has_model_id ? "it names the run's model" : "a new process that names no model");
     }
-    if (!wk->refused || pid != wk->refused_pid) refuse_worker(o, w, got, pid);
+    if (v != KVM_STAGE_OTHER_MODEL) return wk->refused;
+    if (!wk->refused || r->pid != wk->refused_pid) refuse_worker(o, w, r->model_id, r->pid);
     if (wk->refused && !wk->told) tell_refused(o, w);
     return 1;
 }

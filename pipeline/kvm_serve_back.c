@@ -129,25 +129,22 @@ static void refuse_worker(srv *s, int w, const uint8_t *got, int64_t pid)
     s->fatal = 1;
 }
 
-/* Whether worker w is refused after its ready m: it names another model than the server's (it
- * is refused now, if not before), or the same refused process names none. A ready naming the
- * server's model, or another process under the id naming none (a revision-9 worker: it cannot
- * be checked), accepts it again (the same id restarted with the right model). */
+/* Whether worker w is refused after its ready m (kvm_stage_judge_ready against the server's
+ * model): refused now when it names another model, accepted again when it names the server's
+ * or is another process naming none; one that does not decode keeps its state. */
 static int refused_after(srv *s, int w, const kvm_msg *m)
 {
     srv_worker *wk = &s->workers[w];
-    uint8_t got[KVM_PROTO_ID_BYTES];
     kvm_proto_ready r;
-    const int64_t pid = kvm_proto_ready_decode(m, &r) == 0 ? (int64_t)r.pid : -1;
-    if (!kvm_stage_other_model(m, s->o->model_id, got)) {
-        if (wk->refused && pid >= 0 && (r.has_model_id || pid != wk->refused_pid)) {
-            wk->refused = 0;
-            kvm_serve__log("decode worker %s, refused before, is accepted now (%s)", wk->id,
-                           r.has_model_id ? "it names this server's model" : "a new process that names no model");
-        }
-        return wk->refused;
+    if (kvm_proto_ready_decode(m, &r)) return wk->refused; /* judged by its next ready */
+    kvm_stage_verdict v = kvm_stage_judge_ready(&r, s->o->model_id, wk->refused, wk->refused_pid);
+    if (v == KVM_STAGE_ACCEPT_AGAIN) {
+        wk->refused = 0;
+        kvm_serve__log("decode worker %s, refused before, is accepted now (%s)", wk->id,
+                       r.has_model_id ? "it names this server's model" : "a new process that names no model");
     }
-    if (!wk->refused || pid != wk->refused_pid) refuse_worker(s, w, got, pid);
+    if (v != KVM_STAGE_OTHER_MODEL) return wk->refused;
+    if (!wk->refused || r.pid != wk->refused_pid) refuse_worker(s, w, r.model_id, r.pid);
     if (!wk->told) tell_refused(s, w);
     return 1;
 }

@@ -50,13 +50,13 @@ int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size)
     return kvm_err(KVM_EINVAL, "endpoint %s: expected ipc://DIR or tcp://HOST:PORT", base);
 }
 
-int kvm_stage_other_model(const kvm_msg *ready, const uint8_t *want, uint8_t *got)
+kvm_stage_verdict kvm_stage_judge_ready(const kvm_proto_ready *r, const uint8_t *want, int refused, int64_t refused_pid)
 {
-    kvm_proto_ready r;
-    if (!want || kvm_proto_ready_decode(ready, &r) || !r.has_model_id) return 0;
-    if (!memcmp(r.model_id, want, KVM_PROTO_ID_BYTES)) return 0;
-    memcpy(got, r.model_id, KVM_PROTO_ID_BYTES);
-    return 1;
+    if (want && r->has_model_id && memcmp(r->model_id, want, KVM_PROTO_ID_BYTES)) return KVM_STAGE_OTHER_MODEL;
+    if (!refused) return KVM_STAGE_ACCEPT;
+    /* the model named, or another process naming none (one whose model follows its jobs, a
+     * revision-9 stage): accepted; the refused process naming none stays refused */
+    return r->has_model_id || r->pid != refused_pid ? KVM_STAGE_ACCEPT_AGAIN : KVM_STAGE_REFUSED;
 }
 
 /* The length of a well-formed UTF-8 sequence at s (at most n bytes), or 0 (RFC 3629: no

@@ -127,12 +127,23 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
  * KVM_EINVAL for another scheme or a bad port. */
 int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size);
 
-/* The orchestrator's side of a refusal (PROTOCOL.md §5, revision 10): whether `ready` (a
- * received ready message) names a model other than want (32 bytes; NULL: nothing to check).
- * Returns 1 when it does, with its model id copied into got (32 bytes); 0 when it names want,
- * or names none (a revision-9 stage, or one without a model yet: it cannot be checked), or
- * does not decode (the caller accepts it as before). */
-int kvm_stage_other_model(const kvm_msg *ready, const uint8_t *want, uint8_t *got);
+/* The verdict on a worker's ready (kvm_stage_judge_ready). */
+typedef enum kvm_stage_verdict {
+    KVM_STAGE_ACCEPT,       /* it names want, or none (it cannot be checked), and was not refused */
+    KVM_STAGE_ACCEPT_AGAIN, /* refused before, accepted now: it names want, or is another process
+                               (pid) naming none (started again as the refusal said) */
+    KVM_STAGE_REFUSED,      /* the refused process again, naming none: it stays refused */
+    KVM_STAGE_OTHER_MODEL,  /* it names another model (r->model_id): refused; a new refusal unless
+                               refused is set and r->pid is refused_pid */
+} kvm_stage_verdict;
+
+/* The server's or run's side of a refusal (PROTOCOL.md §5, revision 10), one rule for serve and
+ * run/calibrate: judges decoded ready r against want (32 bytes, the model the server serves;
+ * NULL: nothing to check, always KVM_STAGE_ACCEPT or _ACCEPT_AGAIN) and the worker's state
+ * (refused: 1 when refused before; refused_pid: the refused process's pid). A refusal belongs
+ * to the process, not the worker id. Pure; no errors. */
+kvm_stage_verdict kvm_stage_judge_ready(const kvm_proto_ready *r, const uint8_t *want, int refused,
+                                        int64_t refused_pid);
 
 /* Tells worker `worker_id` behind the ROUTER control socket `router` that it is refused: an
  * `error` (status KVM_EMISMATCH, job_id 0, stage `from` such as "serve" or "run", message `why`

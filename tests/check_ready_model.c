@@ -537,11 +537,7 @@ static int refused_after(orch *o, int64_t pid, const uint8_t *model)
                          .device = kvm_proto_str_c("cpu"),
                          .has_model_id = model != NULL};
     if (model) memcpy(r.model_id, model, sizeof r.model_id);
-    kvm_msg *m = NULL;
-    ck_assert_int_eq(kvm_proto_ready_encode(&r, &m), 0);
-    int refused = kvm_orch__worker_refused(o, 0, m);
-    kvm_msg_free(&m);
-    return refused;
+    return kvm_orch__worker_refused(o, 0, &r);
 }
 
 /* A refusal belongs to the process, not to the worker id. The refusal tells the user to start
