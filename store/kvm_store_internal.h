@@ -106,8 +106,10 @@ void kvm_store__unlock(kvm_store *s);
  * locked. */
 int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg);
 /* Begins a read txn, adopting a map grown by another process (MDB_MAP_RESIZED), whose
- * snapshot's pages pass kvm_store__tree_check. Errors: KVM_ECORRUPT (then *txn is NULL),
- * LMDB's, mapped by kvm_store__mdb. */
+ * snapshot's pages pass kvm_store__tree_check. A full reader table (MDB_READERS_FULL) frees
+ * dead readers' slots and waits up to 0.63 s for a slot (blocking the caller). Errors:
+ * KVM_ECORRUPT (then *txn is NULL), KVM_EBUSY (the table stayed full: retryable), LMDB's,
+ * mapped by kvm_store__mdb. */
 int kvm_store__read_begin(kvm_store *s, MDB_txn **txn);
 /* The prologue of a walk over db `db` (a KVM_STORE__DB_* index): takes the handle's lock (as
  * kvm_store__lock), begins a read txn (kvm_store__read_begin) and opens a cursor on the db. On 0
