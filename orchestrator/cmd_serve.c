@@ -165,6 +165,7 @@ int kvm_cmd_serve(int argc, char **argv)
         if (sst == 0) kvm_store_close(&st);
         else if (sst != KVM_ENOTFOUND) {
             kvm_cli_refuse("serve", "cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
+            if (sst == KVM_EBUSY) status = 1; /* for now, not a setting to change: starting again may work */
             goto done;
         } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
             struct stat sb; /* a folder made ahead (a mount point, mkdir) is there: say what it lacks */

@@ -63,10 +63,11 @@ typedef struct orch_worker {
     int slot; /* spawned slot, or -1 for an external orch_worker */
     int refused;              /* its ready named another model than the run's (revision 10): never idle, gets
                                  no job, staffs no stage (kvm_orch__worker_counts) */
-    int told;                 /* the refusal's error reached its control socket */
+    double told_ms;           /* when the refusal's error reached its control socket (kvm_now_ms), 0: not yet */
     kvm_store_id other_model; /* the model its ready named, when refused */
     int64_t refused_pid;      /* the refused process's pid (its ready's): another process reusing
                                  the id is judged afresh */
+    int refused_ctl_seen;     /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
 } orch_worker;
 
 typedef struct orch_slot {
@@ -183,10 +184,12 @@ void kvm_orch__reap_all(orch *o, double ms);
 int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage);
 /* Whether worker w, after its decoded ready r, is refused (kvm_stage_judge_ready against
  * o->model_id; PROTOCOL.md §5, revision 10): r names another model, or r is the refused
- * process again naming none. A new
- * refusal is logged once, told to the worker (an error: it exits) and gives its job back; one of
- * the run's own processes is restarted as a dead one is, a bounded number of times. */
-int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r);
+ * process again naming none. first: r came on the control socket, which a stage sends once, at
+ * its start (kvm_stage_judge_first). A new refusal is logged once, told to the worker (an
+ * error: it exits; told again every KVM_STAGE_RETELL_MS while it still asks for work) and gives
+ * its job back; one of the run's own processes is restarted as a dead one is, a bounded number
+ * of times. */
+int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first);
 /* 1 when worker w counts for its stage: alive and not refused. */
 int kvm_orch__worker_counts(const orch *o, int w);
 /* ST_* of a stage name, or -1. */

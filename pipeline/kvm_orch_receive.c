@@ -70,7 +70,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (w < 0) return;
         o->workers[w].last_seen = kvm_now_ms();
         o->workers[w].alive = 1;
-        if (t == KVM_PROTO_READY && kvm_orch__worker_refused(o, w, &c)) return;
+        if (t == KVM_PROTO_READY && kvm_orch__worker_refused(o, w, &c, 1)) return;
         if (t == KVM_PROTO_HEARTBEAT && c.job_id && c.progress_total > 0) {
             orch_job *hj = kvm_orch__job_by_id(o, c.job_id);
             if (hj && hj->state == J_COMPRESS && hj->worker == w)
@@ -222,7 +222,7 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         orch_worker *wk = &o->workers[w];
         wk->last_seen = kvm_now_ms();
         wk->alive = 1;
-        if (!kvm_orch__worker_refused(o, w, &c) && wk->job < 0) wk->idle = 1;
+        if (!kvm_orch__worker_refused(o, w, &c, 0) && wk->job < 0) wk->idle = 1;
         return;
     }
     if (t == KVM_PROTO_STATS && o->mode == MODE_CALIBRATE) {

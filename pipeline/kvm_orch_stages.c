@@ -275,7 +275,7 @@ static void tell_refused(orch *o, int w)
              "this %s's model is %s (%s), this worker runs model %s: start it with the run's model (without "
              "--model, or --model naming the same file)",
              o->cmd, wh, kvm_config_str(o->cfg, "model", "path"), gh);
-    wk->told = kvm_stage_send_refusal(o->ctl, wk->id, o->cmd, why) == 0;
+    wk->told_ms = kvm_stage_send_refusal(o->ctl, wk->id, o->cmd, why) == 0 ? kvm_now_ms() : 0;
 }
 
 /* Worker w's ready named model got, not the run's: its work would be wrong (a prefill worker's KV
@@ -296,15 +296,16 @@ static void refuse_worker(orch *o, int w, const uint8_t *got, int64_t pid)
             wk->id, gh, o->cmd, wh, path,
             wk->slot >= 0 ? " (started by this run: the model file changed since the run started?)" : "");
     wk->refused = 1;
-    wk->told = 0;
+    wk->told_ms = 0;
     wk->idle = 0;
     /* its job goes back to the queue; a process of this run is restarted (bounded: slot_died) */
     if (wk->job >= 0 || w == o->reduce_worker || wk->slot >= 0) worker_dead(o, w, "was refused (another model)");
 }
 
-int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r)
+int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first)
 {
     orch_worker *wk = &o->workers[w];
+    if (first) kvm_stage_judge_first(wk->refused, &wk->refused_pid, &wk->refused_ctl_seen);
     kvm_stage_verdict v = kvm_stage_judge_ready(r, o->model_id.b, wk->refused, wk->refused_pid);
     if (v == KVM_STAGE_ACCEPT_AGAIN) {
         wk->refused = 0;
@@ -313,8 +314,11 @@ int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r)
                 r->has_model_id ? "it names the run's model" : "a new process that names no model");
     }
     if (v != KVM_STAGE_OTHER_MODEL) return wk->refused;
-    if (!wk->refused || r->pid != wk->refused_pid) refuse_worker(o, w, r->model_id, r->pid);
-    if (wk->refused && !wk->told) tell_refused(o, w);
+    if (!wk->refused || r->pid != wk->refused_pid) {
+        refuse_worker(o, w, r->model_id, r->pid);
+        wk->refused_ctl_seen = first;
+    }
+    if (wk->refused && kvm_stage_tell_again(wk->told_ms, kvm_now_ms())) tell_refused(o, w);
     return 1;
 }
 

@@ -22,10 +22,10 @@
 int kvm_serve_error_answer(uint64_t request_id, int status, const char *message, kvm_msg **out)
 {
     if (status >= 0) return kvm_err(KVM_EINVAL, "error answer with status %d", status);
-    size_t n = message ? strlen(message) : 0;
-    if (n > KVM_PROTO_MAX_MESSAGE_BYTES) n = KVM_PROTO_MAX_MESSAGE_BYTES;
+    char text[4096];
     if (status < -KVM_PROTO_MAX_STATUS) status = KVM_EINVAL;
-    kvm_proto_answer a = {.request_id = request_id, .status = status, .message = {message, n}};
+    kvm_proto_answer a = {
+        .request_id = request_id, .status = status, .message = kvm_proto_str_utf8(message, text, sizeof text)};
     return kvm_proto_answer_encode(&a, out);
 }
 

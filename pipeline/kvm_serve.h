@@ -90,7 +90,9 @@ void kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what);
 int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t n);
 
 /* Builds an error `answer` for request_id: status (a kvm_status < 0) and message (a C
- * string, cut to KVM_PROTO_MAX_MESSAGE_BYTES). *out is new (caller frees or sends).
+ * string: made valid UTF-8 and cut at a character boundary below 4 KiB, kvm_proto_str_utf8,
+ * since a message naming a path, or one cut mid-character, would not encode and the client
+ * would get no answer at all). *out is new (caller frees or sends).
  * Errors: KVM_EINVAL (status >= 0), KVM_ENOMEM. */
 int kvm_serve_error_answer(uint64_t request_id, int status, const char *message, kvm_msg **out);
 

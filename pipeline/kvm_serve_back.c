@@ -97,7 +97,7 @@ static void tell_refused(srv *s, int w)
              "this server serves model %s (%s), this worker runs model %s: start it with the server's model "
              "([model] path of its --config, or --model)",
              wh, kvm_config_str(s->cfg, "model", "path"), gh);
-    wk->told = kvm_stage_send_refusal(s->ctl, wk->id, "serve", why) == 0;
+    wk->told_ms = kvm_stage_send_refusal(s->ctl, wk->id, "serve", why) == 0 ? kvm_now_ms() : 0;
 }
 
 /* Worker w's ready named model `got`, not the server's (PROTOCOL.md §5, revision 10): its
@@ -119,7 +119,7 @@ static void refuse_worker(srv *s, int w, const uint8_t *got, int64_t pid)
             "decode worker %s runs model %.12s… but this server serves %.12s… (%s): refused, no requests go to it",
             wk->id, gh, wh, path);
     wk->refused = 1;
-    wk->told = 0;
+    wk->told_ms = 0;
     wk->idle = 0;
     if (wk->slot < 0) return;
     snprintf(s->fatal_why, sizeof s->fatal_why,
@@ -131,21 +131,27 @@ static void refuse_worker(srv *s, int w, const uint8_t *got, int64_t pid)
 
 /* Whether worker w is refused after its ready m (kvm_stage_judge_ready against the server's
  * model): refused now when it names another model, accepted again when it names the server's
- * or is another process naming none; one that does not decode keeps its state. */
-static int refused_after(srv *s, int w, const kvm_msg *m)
+ * or is another process naming none; one that does not decode keeps its state. first: m came
+ * on the control socket, a process's first message (kvm_stage_judge_first). */
+static int refused_after(srv *s, int w, const kvm_msg *m, int first)
 {
     srv_worker *wk = &s->workers[w];
     kvm_proto_ready r;
     if (kvm_proto_ready_decode(m, &r)) return wk->refused; /* judged by its next ready */
+    if (first) kvm_stage_judge_first(wk->refused, &wk->refused_pid, &wk->refused_ctl_seen);
     kvm_stage_verdict v = kvm_stage_judge_ready(&r, s->o->model_id, wk->refused, wk->refused_pid);
     if (v == KVM_STAGE_ACCEPT_AGAIN) {
         wk->refused = 0;
-        kvm_serve__log("decode worker %s, refused before, is accepted now (%s)", wk->id,
-                       r.has_model_id ? "it names this server's model" : "a new process that names no model");
+        kvm_log(KVM_LOG_INFO, "worker_accepted", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
+                "decode worker %s, refused before, is accepted now (%s)", wk->id,
+                r.has_model_id ? "it names this server's model" : "a new process that names no model");
     }
     if (v != KVM_STAGE_OTHER_MODEL) return wk->refused;
-    if (!wk->refused || r.pid != wk->refused_pid) refuse_worker(s, w, r.model_id, r.pid);
-    if (!wk->told) tell_refused(s, w);
+    if (!wk->refused || r.pid != wk->refused_pid) {
+        refuse_worker(s, w, r.model_id, r.pid);
+        wk->refused_ctl_seen = first;
+    }
+    if (kvm_stage_tell_again(wk->told_ms, kvm_now_ms())) tell_refused(s, w);
     return 1;
 }
 
@@ -158,7 +164,7 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
         return;
     }
     if (t == KVM_PROTO_READY) {
-        if (!refused_after(s, w, *m) && !wk->busy) wk->idle = 1;
+        if (!refused_after(s, w, *m, 0) && !wk->busy) wk->idle = 1;
         return;
     }
     if (t != KVM_PROTO_ANSWER) {
@@ -212,7 +218,7 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
         kvm_serve__log("dropped a malformed control message from %s: %s", wk->id, kvm_errmsg());
         return;
     }
-    if (t == KVM_PROTO_READY) refused_after(s, w, m);
+    if (t == KVM_PROTO_READY) refused_after(s, w, m, 1);
     if (t != KVM_PROTO_ERROR) return; /* ready, heartbeat, result: liveness */
     kvm_proto_error e;
     if (kvm_proto_error_decode(m, &e)) {

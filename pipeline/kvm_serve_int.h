@@ -79,9 +79,10 @@ typedef struct srv_worker {
     srv_doc_key doc;     /* the busy request's document, when it sends one */
     int refused;         /* its ready named another model than the server's: never idle, gets no
                             request (revision 10) */
-    int told;            /* the refusal's error reached its control socket */
+    double told_ms;      /* when the refusal's error reached its control socket (kvm_now_ms), 0: not yet */
     uint8_t other_model[KVM_PROTO_ID_BYTES]; /* the model its ready named, when refused */
     int64_t refused_pid; /* the refused process's pid: another process reusing the id is judged afresh */
+    int refused_ctl_seen; /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
 } srv_worker;
 
 typedef struct srv_request {

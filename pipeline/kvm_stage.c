@@ -59,47 +59,19 @@ kvm_stage_verdict kvm_stage_judge_ready(const kvm_proto_ready *r, const uint8_t 
     return r->has_model_id || r->pid != refused_pid ? KVM_STAGE_ACCEPT_AGAIN : KVM_STAGE_REFUSED;
 }
 
-/* The length of a well-formed UTF-8 sequence at s (at most n bytes), or 0 (RFC 3629: no
- * overlong forms, no surrogates, nothing above U+10FFFF). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
+void kvm_stage_judge_first(int refused, int64_t *refused_pid, int *ctl_seen)
 {
-    size_t len = s[0] < 0x80                    ? 1
-                 : s[0] >= 0xc2 && s[0] <= 0xdf ? 2
-                 : s[0] >= 0xe0 && s[0] <= 0xef ? 3
-                 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4
-                                                : 0;
-    if (!len || len > n) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    if ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] > 0x9f) || (s[0] == 0xf0 && s[1] < 0x90) ||
-        (s[0] == 0xf4 && s[1] > 0x8f))
-        return 0;
-    return len;
+    if (refused && *ctl_seen) *refused_pid = -1;
+    *ctl_seen = 1;
 }
 
-/* why as a protocol string in text[cap]: each byte that is not part of a UTF-8 character as '?',
- * cut at a character boundary. Messages name paths, which are bytes (and snprintf may have cut
- * a character): a string that is not UTF-8 does not encode, and the message would be lost. */
-static kvm_proto_str utf8_clean(const char *why, char *text, size_t cap)
-{
-    const unsigned char *p = (const unsigned char *)why;
-    size_t n = 0, rest = strlen(why);
-    while (rest > 0 && n + 4 < cap) { /* room for a whole character */
-        size_t len = utf8_seq(p, rest);
-        if (len == 0)
-            text[n++] = '?', len = 1;
-        else
-            memcpy(text + n, p, len), n += len;
-        p += len, rest -= len;
-    }
-    return (kvm_proto_str){text, n};
-}
+int kvm_stage_tell_again(double told_ms, double now) { return told_ms <= 0 || now - told_ms >= KVM_STAGE_RETELL_MS; }
 
 int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why)
 {
     char text[2048];
     kvm_proto_error e = {
-        .status = KVM_EMISMATCH, .stage = kvm_proto_str_c(from), .message = utf8_clean(why, text, sizeof text)};
+        .status = KVM_EMISMATCH, .stage = kvm_proto_str_c(from), .message = kvm_proto_str_utf8(why, text, sizeof text)};
     kvm_msg *m = NULL, *env = NULL;
     int rc = kvm_proto_error_encode(&e, &m);
     if (!rc) rc = kvm_msg_new(&env);
@@ -244,7 +216,7 @@ static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *m
                           .worker_id = kvm_proto_str_c(rt->worker_id),
                           .compute_ms = compute_ms,
                           .total_ms = total_ms,
-                          .message = utf8_clean(msg, text, sizeof text),
+                          .message = kvm_proto_str_utf8(msg, text, sizeof text),
                           .retryable = retryable != 0};
     if (out && status == 0) {
         r.evaluated = out->evaluated != 0;
@@ -270,7 +242,7 @@ static void drop_inputs(job_slot *j)
 static void stop_refused(stage_rt *rt, int status, kvm_proto_str by, kvm_proto_str why)
 {
     kvm_log_field f[] = {KVM_LOG_I("status", status)};
-    log_ev(rt, KVM_LOG_ERROR, "refused", f, 1, "refused by %.*s (%s): %.*s: stopping", (int)by.len,
+    log_ev(rt, KVM_LOG_ERROR, "stopping_refused", f, 1, "refused by %.*s (%s): %.*s: stopping", (int)by.len,
            by.ptr ? by.ptr : "", kvm_strerror(status), (int)why.len, why.ptr ? why.ptr : "");
     rt->refused = 1;
     stop_requested = 1; /* a job it may hold finishes or is handed back, as at SIGTERM */

@@ -145,6 +145,25 @@ typedef enum kvm_stage_verdict {
 kvm_stage_verdict kvm_stage_judge_ready(const kvm_proto_ready *r, const uint8_t *want, int refused,
                                         int64_t refused_pid);
 
+/* Before judging a ready that came on the control socket: a stage sends that one once, when its
+ * process starts (the data socket's readies are its credits). A worker started again under the
+ * same id often has the same pid as the refused one (pid 1 in a container that its orchestrator
+ * restarts): judged by the pid alone it stayed refused without a word, or was refused again but
+ * never told. *ctl_seen: the refused process's own control ready was judged (set at the refusal:
+ * 1 when the refusal came from it; its credits may arrive first, the sockets are not ordered).
+ * A second one from the refused pid is another process: *refused_pid becomes -1 (no pid), so it
+ * is judged afresh and, refused, logged and told. Sets *ctl_seen. */
+void kvm_stage_judge_first(int refused, int64_t *refused_pid, int *ctl_seen);
+
+/* Milliseconds between two tellings of a refusal (kvm_stage_send_refusal) to a worker that
+ * still asks for work: a refused revision-10 stage stops at the first, so asking again means
+ * the error was lost (a reconnect in between). */
+#define KVM_STAGE_RETELL_MS 5000.0
+
+/* 1 when a refused worker is to be told (again): never told (told_ms 0), or told at least
+ * KVM_STAGE_RETELL_MS before now (both kvm_now_ms). */
+int kvm_stage_tell_again(double told_ms, double now);
+
 /* Tells worker `worker_id` behind the ROUTER control socket `router` that it is refused: an
  * `error` (status KVM_EMISMATCH, job_id 0, stage `from` such as "serve" or "run", message `why`
  * with each byte that is not part of a UTF-8 character as '?', cut at a character boundary

@@ -10,11 +10,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int kvm_worker_model_retryable(int rc)
 {
     return rc == KVM_ENOTFOUND || rc == KVM_EFORMAT || rc == KVM_EMISMATCH || kvm_err_retryable(rc);
+}
+
+/* The file's device, inode, size and modification time (ns) into sig; 0, or -1 when stat fails. */
+static int file_stat_sig(const char *path, long long sig[4])
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    sig[0] = (long long)st.st_dev, sig[1] = (long long)st.st_ino, sig[2] = (long long)st.st_size;
+    sig[3] = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    return 0;
 }
 
 /* The file wm loads for config c: --model, else the config's (the job's) path. */
@@ -37,8 +48,10 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
         return kvm_err(rc, "[model] %s", kvm_errmsg());
     }
     snprintf(wm->path, sizeof wm->path, "%s", path);
-    if (wm->has_override_id && path == wm->override)
-        wm->model_id = wm->override_id; /* hashed at setup for ready: not twice */
+    long long sig[4];
+    if (wm->has_override_id && path == wm->override && file_stat_sig(path, sig) == 0 &&
+        !memcmp(sig, wm->override_stat, sizeof sig))
+        wm->model_id = wm->override_id; /* hashed at setup for ready, the file unchanged since: not twice */
     else if ((rc = store ? kvm_store_model_id(store, path, &wm->model_id) : kvm_store_hash_file(path, &wm->model_id))) {
         kvm_worker_model_free(wm); /* no model without its id: ready would name a stale one */
         return rc;
@@ -82,8 +95,10 @@ int kvm_worker_model_for_job(kvm_worker_model *wm, const kvm_config *c, kvm_stor
 void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store)
 {
     if (!wm->override) return;
-    int rc = store ? kvm_store_model_id(store, wm->override, &wm->override_id)
-                   : kvm_store_hash_file(wm->override, &wm->override_id);
+    /* the file's identity before its hash: a file replaced meanwhile differs at the load */
+    int rc = file_stat_sig(wm->override, wm->override_stat) ? KVM_EIO
+             : store                                        ? kvm_store_model_id(store, wm->override, &wm->override_id)
+                                                            : kvm_store_hash_file(wm->override, &wm->override_id);
     wm->has_override_id = rc == 0;
 }
 

@@ -21,6 +21,8 @@ typedef struct kvm_worker_model {
     const char *override;    /* --model flag: used instead of the job's path */
     kvm_store_id override_id; /* model id of override, when has_override_id (kvm_worker_model_id_early) */
     int has_override_id;      /* override_id is set: ready names it before the first job loads the model */
+    long long override_stat[4]; /* the --model file's device, inode, size and mtime (ns) when override_id
+                                   was hashed: a file replaced since is hashed again at its load */
     int pinned;               /* the model is the worker's own ([model] path of its --config: a decode
                                  worker), not its jobs': ready names it as it names an override */
 } kvm_worker_model;

@@ -111,6 +111,13 @@ kvm_proto_str kvm_proto_str_c(const char *s);
 char *kvm_proto_str_dup(kvm_proto_str s);
 /* 1 when s equals the C string c byte for byte, else 0. */
 int kvm_proto_str_eq(kvm_proto_str s, const char *c);
+/* A protocol string made from text that may not be UTF-8 (a message naming a path, whose bytes
+ * are the filesystem's; one cut by snprintf in the middle of a character): s copied into
+ * buf[cap] with each byte that does not begin a valid UTF-8 character (RFC 3629, as the
+ * decoders check it) written as '?', and cut at a character boundary so that the copy and its
+ * terminating NUL fit. Returns a view of buf (NUL-terminated; length < cap), which encodes as a
+ * str field whatever s held. s NULL gives the empty string; cap 0 gives an empty view. */
+kvm_proto_str kvm_proto_str_utf8(const char *s, char *buf, size_t cap);
 
 /* Wire name of a type ("job", "get_cache", ...), or "?" outside the enum. Never NULL. */
 const char *kvm_proto_type_name(kvm_proto_type type);

@@ -94,6 +94,24 @@ static size_t kvm_proto__utf8_seq(const uint8_t *s, size_t left)
     return n;
 }
 
+kvm_proto_str kvm_proto_str_utf8(const char *s, char *buf, size_t cap)
+{
+    if (!cap) return (kvm_proto_str){buf, 0};
+    const uint8_t *p = (const uint8_t *)(s ? s : "");
+    size_t n = 0, rest = strlen((const char *)p);
+    while (rest > 0) {
+        size_t len = kvm_proto__utf8_seq(p, rest);
+        if (n + (len ? len : 1) >= cap) break; /* the whole character and the NUL, or nothing */
+        if (len == 0)
+            buf[n++] = '?', len = 1;
+        else
+            memcpy(buf + n, p, len), n += len;
+        p += len, rest -= len;
+    }
+    buf[n] = '\0';
+    return (kvm_proto_str){buf, n};
+}
+
 int kvm_proto__check_str(const char *tname, const char *field, const char *s, size_t len, int64_t min, int64_t max)
 {
     if ((int64_t)len < min || len > (uint64_t)max)

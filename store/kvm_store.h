@@ -186,7 +186,9 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * a damaged meta page: bad page size, magic, meta flag, data version or page number, the message naming the page, its
  * bytes and the file; nothing is written),
  * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
- * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM.
+ * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM, KVM_EBUSY (a
+ * read_only open whose first read found LMDB's reader table full after the wait of
+ * kvm_store__read_begin: retryable, nothing to change in the settings).
  * A read_only open that fails creates nothing, and a read-write open refused with KVM_EFORMAT
  * (no kvmill store) leaves no lock.mdb it made: one that LMDB created on the way (it makes the
  * lock file before it reads data.mdb) is removed again, unless another process has the

@@ -250,6 +250,31 @@ START_TEST(test_serve_empty_store_folder)
 }
 END_TEST
 
+/* kvmill serve on a store whose LMDB reader table is full (other processes reading at once):
+ * a condition that passes, said as such (the table, "try again later"), exit 1; it was exit 2,
+ * the status of a setting to change. */
+START_TEST(test_serve_store_readers_full)
+{
+    char store[4300], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_store_opts so = {.max_readers = 1}; /* this process sizes lock.mdb: it keeps the store open */
+    kvm_store *st = NULL;
+    ck_assert_msg(kvm_store_open(store, &so, &st) == 0, "%s", kvm_errmsg());
+    int release;
+    pid_t holder = kvm_test_readers_hold(store, 1, &release);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' serve --config '%s' --bind '%s' --workers 1", kvm_test_bin(),
+             g_cfg, g_front);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    kvm_test_readers_release(holder, release);
+    kvm_store_close(&st);
+    ck_assert_msg(rc == 1, "serve: exit %d: %s", rc, err);
+    assert_contains(err, "reader table is full");
+    assert_contains(err, "try again later");
+    free(err);
+}
+END_TEST
+
 /* A store on a 9p share (a VM's or WSL2's folder of its host: QEMU/virtio 9p keeps POSIX locks in
  * the guest, so host and guest each take LMDB's locks alone), BeeGFS or OrangeFS (cluster
  * filesystems, as Lustre and GPFS) was opened as a local one; they are refused by name as the
@@ -425,6 +450,7 @@ static Suite *suite(void)
         {"ask_stopped_server", test_ask_stopped_server},
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
         {"serve_empty_store_folder", test_serve_empty_store_folder},
+        {"serve_store_readers_full", test_serve_store_readers_full},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
         {"serve_rebind_not_through_link", test_serve_rebind_not_through_link},

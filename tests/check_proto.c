@@ -2133,6 +2133,50 @@ START_TEST(test_protocol_md_revision)
 }
 END_TEST
 
+/* kvm_proto_str_utf8: what a message holds (a path's bytes, a character cut by snprintf)
+ * becomes a str field that encodes, cut only at a character boundary. */
+START_TEST(test_str_utf8_clean)
+{
+    char buf[16];
+    kvm_proto_str v = kvm_proto_str_utf8("caf\xc3\xa9 ok", buf, sizeof buf); /* valid: kept byte for byte */
+    ck_assert_uint_eq(v.len, 8);
+    ck_assert_str_eq(buf, "caf\xc3\xa9 ok");
+    v = kvm_proto_str_utf8("a\xff\xc3(\xe2\x82", buf, sizeof buf); /* stray, lone lead, cut 3-byte */
+    ck_assert_str_eq(buf, "a?"
+                          "?("
+                          "??"); /* split: "??(" is a trigraph */
+    v = kvm_proto_str_utf8("\xed\xa0\x80\xc0\xaf\xf4\x90\x80\x80", buf,
+                           sizeof buf); /* surrogate, overlong, > U+10FFFF */
+    ck_assert_str_eq(buf, "?????????");
+    /* cap: "abcdefghijklm" (13) + a 4-byte character does not fit 16 with the NUL: cut before it */
+    v = kvm_proto_str_utf8("abcdefghijklm\xf0\x9f\x98\x80", buf, sizeof buf);
+    ck_assert_uint_eq(v.len, 13);
+    ck_assert_str_eq(buf, "abcdefghijklm");
+    v = kvm_proto_str_utf8("abcdefghijklmnopqrstuvwxyz", buf, sizeof buf);
+    ck_assert_uint_eq(v.len, 15);
+    ck_assert_uint_eq(strlen(buf), 15);
+    v = kvm_proto_str_utf8(NULL, buf, sizeof buf);
+    ck_assert_uint_eq(v.len, 0);
+    v = kvm_proto_str_utf8("x", buf, 0);
+    ck_assert_uint_eq(v.len, 0);
+    /* every cleaned string encodes: a 900-byte cut through 3-byte characters */
+    char big[2000], text[1024];
+    for (int i = 0; i < 1998; i += 3)
+        memcpy(big + i, "\xe2\x82\xac", 3);
+    big[1998] = '\0';
+    char cut[1200];
+    snprintf(cut, sizeof cut, "worker w failed: %.*s", 900, big); /* 900 is not a multiple of 3 + 17 */
+    kvm_proto_error e = {
+        .status = KVM_EIO, .stage = kvm_proto_str_c("decode"), .message = kvm_proto_str_utf8(cut, text, sizeof text)};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_error_encode(&e, &m), 0);
+    kvm_proto_error d;
+    ck_assert_int_eq(kvm_proto_error_decode(m, &d), 0);
+    ck_assert_uint_eq(d.message.len, e.message.len);
+    kvm_msg_free(&m);
+}
+END_TEST
+
 static Suite *proto_suite(void)
 {
     Suite *s = suite_create("proto");
@@ -2176,6 +2220,7 @@ static Suite *proto_suite(void)
         {"zmq_limits", test_zmq_limits},
         {"alloc_failures", test_alloc_failures},
         {"protocol_md_revision", test_protocol_md_revision},
+        {"str_utf8_clean", test_str_utf8_clean},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -7,6 +7,7 @@
 #include "common/kvm_error.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_orch_int.h"
+#include "pipeline/kvm_stage.h"
 #include "proto/kvm_proto.h"
 #include "pipeline/kvm_worker.h"
 #include "store/kvm_store.h"
@@ -21,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 static char *g_dir;
 static char g_front[4200], g_log[4200];
@@ -503,6 +505,43 @@ START_TEST(test_model_for_job_checks_id)
 }
 END_TEST
 
+/* A --model hashed at setup (so that ready names it before the first job) and replaced by other
+ * weights before the first job loads it: the load named the new weights with the old id, so its
+ * jobs passed the run's check and their caches were stored under the wrong model. The id is
+ * reused only while the file is the one hashed (device, inode, size, mtime). */
+START_TEST(test_early_id_file_replaced)
+{
+    char model[4400], tok[4400], other[4400], path[4400], cmd[16384];
+    if (!shared_model(model, tok)) return;
+    make_other_model(tok, other, sizeof other);
+    snprintf(path, sizeof path, "%s/other/deployed.bin", g_dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", model, path);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = unused.bin\n", "t.ini", &c), 0);
+    kvm_store_id mine, next;
+    ck_assert_int_eq(kvm_store_hash_file(model, &mine), 0);
+    ck_assert_int_eq(kvm_store_hash_file(other, &next), 0);
+    for (int replace = 0; replace <= 1; replace++) {
+        kvm_worker_model wm = {.override = path};
+        kvm_worker_model_id_early(&wm, NULL);
+        ck_assert_int_eq(wm.has_override_id, 1);
+        ck_assert_int_eq(memcmp(kvm_worker_model_id(&wm), mine.b, 32), 0);
+        if (replace) {
+            snprintf(cmd, sizeof cmd, "cp '%s' '%s.new' && mv '%s.new' '%s'", other, path, path, path);
+            ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+        }
+        ck_assert_msg(kvm_worker_model_get(&wm, c, NULL) == 0, "%s", kvm_errmsg());
+        ck_assert_msg(memcmp(wm.model_id.b, replace ? next.b : mine.b, 32) == 0,
+                      "replace %d: the loaded "
+                      "model's id is not its file's",
+                      replace);
+        kvm_worker_model_free(&wm);
+    }
+    kvm_config_free(&c);
+}
+END_TEST
+
 /* Which models a ready names: a worker's own (--model, or a decode worker's config: pinned),
  * never one that came with a job. A stage started without --model serves run after run on an
  * endpoint and loads each job's model; naming its last job's made the next run of another
@@ -528,8 +567,9 @@ START_TEST(test_model_id_only_when_own)
 }
 END_TEST
 
-/* Whether the run accepts worker 0 of o after a ready from pid naming model (NULL: none). */
-static int refused_after(orch *o, int64_t pid, const uint8_t *model)
+/* Whether the run refuses worker 0 of o after a ready from pid naming model (NULL: none); first:
+ * the ready of the control socket, which a stage sends once, at its start. */
+static int refused_after_ready(orch *o, int64_t pid, const uint8_t *model, int first)
 {
     kvm_proto_ready r = {.worker_id = kvm_proto_str_c("by-hand"),
                          .stage = kvm_proto_str_c("prefill"),
@@ -537,8 +577,11 @@ static int refused_after(orch *o, int64_t pid, const uint8_t *model)
                          .device = kvm_proto_str_c("cpu"),
                          .has_model_id = model != NULL};
     if (model) memcpy(r.model_id, model, sizeof r.model_id);
-    return kvm_orch__worker_refused(o, 0, &r);
+    return kvm_orch__worker_refused(o, 0, &r, first);
 }
+
+/* The same for a credit (a ready on the data socket). */
+static int refused_after(orch *o, int64_t pid, const uint8_t *model) { return refused_after_ready(o, pid, model, 0); }
 
 /* A refusal belongs to the process, not to the worker id. The refusal tells the user to start
  * the worker again without --model; started so under the same --id it names no model (its
@@ -566,6 +609,65 @@ START_TEST(test_refusal_belongs_to_process)
 }
 END_TEST
 
+/* A refused worker started again under the same id and the same pid (pid 1 of a container that
+ * its orchestrator restarts, its host name and so its default id unchanged) is a new process:
+ * its control socket's ready says so. Before, it was judged by the pid alone: naming no model
+ * (as the refusal told it to start) it stayed refused without a word, and naming the other
+ * model again it was never told, so it waited for work for ever. A worker that still asks for
+ * work after being told (the error lost on a reconnect) is told again after
+ * KVM_STAGE_RETELL_MS. */
+START_TEST(test_refusal_same_pid_restarted)
+{
+    orch *o = calloc(1, sizeof *o);
+    ck_assert_ptr_nonnull(o);
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = run.bin\n", "t.ini", &c), 0);
+    o->cfg = c, o->cmd = "run", o->reduce_worker = -1, o->n_workers = 1;
+    memset(o->model_id.b, 1, sizeof o->model_id.b);
+    o->workers[0] = (orch_worker){.stage = 0, .job = -1, .alive = 1, .slot = -1};
+    snprintf(o->workers[0].id, sizeof o->workers[0].id, "by-hand");
+    void *zctx = zmq_ctx_new(), *router = zmq_socket(zctx, ZMQ_ROUTER), *dealer = zmq_socket(zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_bind(router, "inproc://ctl"), 0);
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, "by-hand", 7);
+    ck_assert_int_eq(zmq_connect(dealer, "inproc://ctl"), 0);
+    o->ctl = router;
+    uint8_t other[32];
+    memset(other, 2, sizeof other);
+    char buf[4096];
+    int tmo = 200;
+    zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(refused_after_ready(o, 1, other, 1), 1); /* pid 1 names another model: refused, told */
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    ck_assert_int_eq(refused_after(o, 1, other), 1); /* its credit: told already, not again at once */
+    ck_assert_int_eq(zmq_recv(dealer, buf, sizeof buf, 0), -1);
+    o->workers[0].told_ms -= KVM_STAGE_RETELL_MS; /* still asking for work that long after: the error was lost */
+    ck_assert_int_eq(refused_after(o, 1, other), 1);
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    /* pid 1 started again naming the other model again: refused and told at once */
+    ck_assert_int_eq(refused_after_ready(o, 1, other, 1), 1);
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    /* a credit of the restarted pid 1 naming none may come before its control socket's ready: it
+     * waits for that one, which accepts it */
+    ck_assert_int_eq(refused_after(o, 1, NULL), 1);
+    ck_assert_int_eq(refused_after_ready(o, 1, NULL, 1), 0);
+    ck_assert_int_eq(o->workers[0].refused, 0);
+    ck_assert_int_eq(refused_after(o, 1, NULL), 0);
+    /* pid 2's credit names another model and comes before its control ready: refused and told
+     * once; that ready, the same process's, is no new start (not refused or told twice) */
+    ck_assert_int_eq(refused_after(o, 2, other), 1);
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    ck_assert_int_eq(refused_after_ready(o, 2, other, 1), 1);
+    ck_assert_int_eq(zmq_recv(dealer, buf, sizeof buf, 0), -1);
+    ck_assert_int_eq(refused_after_ready(o, 2, other, 1), 1); /* a second start as pid 2: told */
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    zmq_close(dealer);
+    zmq_close(router);
+    zmq_ctx_term(zctx);
+    kvm_config_free(&c);
+    free(o);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ready_model");
@@ -581,7 +683,9 @@ static Suite *suite(void)
         {"calibrate_job_other_model_file", test_calibrate_job_other_model_file},
         {"model_for_job_checks_id", test_model_for_job_checks_id},
         {"model_id_only_when_own", test_model_id_only_when_own},
+        {"early_id_file_replaced", test_early_id_file_replaced},
         {"refusal_belongs_to_process", test_refusal_belongs_to_process},
+        {"refusal_same_pid_restarted", test_refusal_same_pid_restarted},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -4,6 +4,7 @@
  * sizes and the limit; before, ZeroMQ dropped the request with its connection and the client
  * waited for its timeout. Runs a real server on the embedded stories260K over ipc://. */
 #include "common/kvm_error.h"
+#include "pipeline/kvm_serve.h"
 #include "proto/kvm_proto.h"
 #include "tests/util/kvm_test.h"
 
@@ -241,6 +242,34 @@ START_TEST(test_doc_size_codec)
 }
 END_TEST
 
+/* An error answer whose message is not UTF-8 (a path's bytes) or was cut mid-character (serve
+ * cuts a decode worker's error at 900 bytes) still encodes: before, the encoder refused it and
+ * the client got no answer and waited for its timeout. */
+START_TEST(test_error_answer_not_utf8)
+{
+    char why[1024], big[1500];
+    big[0] = 'x';
+    for (int i = 1; i + 3 <= (int)sizeof big - 1; i += 3)
+        memcpy(big + i, "\xe2\x82\xac", 3);
+    big[sizeof big - 1] = '\0';
+    snprintf(why, sizeof why, "decode worker w failed: %.*s", 900, big); /* 900 = 1 + 299·3 + 2: inside a character */
+    kvm_msg *m = NULL;
+    ck_assert_msg(kvm_serve_error_answer(9, KVM_EIO, why, &m) == 0, "%s", kvm_errmsg());
+    kvm_proto_answer a;
+    ck_assert_msg(kvm_proto_answer_decode(m, &a) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(a.request_id, 9);
+    ck_assert_int_eq(a.status, KVM_EIO);
+    ck_assert_uint_eq(a.message.len, strlen("decode worker w failed: ") + 900); /* the cut character's 2 bytes: '?' */
+    ck_assert_int_eq(memcmp(a.message.ptr + a.message.len - 5, "\xe2\x82\xac??", 5), 0);
+    kvm_msg_free(&m);
+    ck_assert_int_eq(kvm_serve_error_answer(10, KVM_ENOTFOUND, "no file /data/\xff\xfe.txt", &m), 0);
+    ck_assert_int_eq(kvm_proto_answer_decode(m, &a), 0);
+    ck_assert_int_eq(a.message.len, strlen("no file /data/??.txt"));
+    ck_assert_int_eq(memcmp(a.message.ptr, "no file /data/??.txt", a.message.len), 0);
+    kvm_msg_free(&m);
+}
+END_TEST
+
 static void add(Suite *su, const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -257,5 +286,6 @@ int main(void)
     add(su, "document_beginning_too_short", test_document_beginning_too_short, 120);
     add(su, "cut_document_keyed_compute_missing", test_cut_document_keyed_compute_missing, 240);
     add(su, "doc_size_codec", test_doc_size_codec, 10);
+    add(su, "error_answer_not_utf8", test_error_answer_not_utf8, 10);
     return kvm_test_run_suite(su);
 }
