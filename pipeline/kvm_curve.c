@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -79,28 +80,61 @@ static int first_warning(const struct stat *st)
  * is refused: anyone on the machine could put in a key of theirs (to read the traffic, or pass
  * as this side), and a key in that state cannot be trusted at all. Group write alone is warned
  * about: with Debian's user private groups (umask 002) the group is the owner alone. */
-static int secret_mode_check(const char *path, const struct stat *st)
+const char *kvm_curve__modeless_fs(long f_type)
+{
+    switch ((unsigned long)f_type & 0xffffffffUL) {
+    case 0x4d44UL:
+        return "vfat/FAT (no Unix permissions)";
+    case 0x2011bab0UL:
+        return "exFAT";
+    case 0x5346544eUL:
+        return "NTFS (ntfs-3g)";
+    case 0x7366746eUL:
+        return "NTFS (ntfs3)";
+    case 0x65735546UL:
+        return "a FUSE filesystem";
+    case 0xff534d42UL:
+        return "SMB/CIFS";
+    case 0xfe534d42UL:
+        return "SMB2/CIFS";
+    case 0x517bUL:
+        return "SMB";
+    case 0x01021997UL:
+        return "9p (a VM's or WSL2's share of its host's folder)";
+    default:
+        return NULL;
+    }
+}
+
+static int secret_mode_check(const char *path, int fd, const struct stat *st)
 {
     const unsigned mode = (unsigned)(st->st_mode & 07777);
+    struct statfs fs;
+    const char *modeless = fstatfs(fd, &fs) == 0 ? kvm_curve__modeless_fs((long)fs.f_type) : NULL;
+    char fix[600];
+    if (modeless) /* chmod succeeds there and changes nothing: say what does */
+        snprintf(fix, sizeof fix,
+                 "the file is on %s, which keeps no Unix permissions (chmod cannot change them there): copy the "
+                 "key to a Linux filesystem (ext4, xfs, tmpfs) with mode 600 and name that copy",
+                 modeless);
+    else
+        snprintf(fix, sizeof fix, "run chmod 600 %s", path);
     if (st->st_mode & S_IWOTH)
         return kvm_err(KVM_EINVAL,
                        "secret key file %s is writable by every user (mode %04o): anyone on this machine could "
-                       "replace the key; refused: make a new pair with kvmill keygen, or check the key and run "
-                       "chmod 600 %s",
-                       path, mode, path);
+                       "replace the key; refused: make a new pair with kvmill keygen, or check the key and %s",
+                       path, mode, fix);
     /* execute bits alone (0610) let no one read or change the key: no warning for them */
     const int readable = (st->st_mode & (S_IRGRP | S_IROTH)) != 0, writable = (st->st_mode & S_IWGRP) != 0;
     if ((readable || writable) && first_warning(st)) {
         char octal[8];
         snprintf(octal, sizeof octal, "%04o", mode);
         kvm_log(KVM_LOG_WARN, "key_file_mode", (kvm_log_field[]){KVM_LOG_S("path", path), KVM_LOG_S("mode", octal)}, 2,
-                "warning: secret key file %s has mode %s: other users can %s it; run chmod 600 %s (a mounted "
-                "Kubernetes secret: defaultMode 0400)",
-                path, octal,
+                "warning: secret key file %s has mode %s: other users can %s it; %s%s", path, octal,
                 readable && writable ? "read or change"
                 : readable           ? "read"
                                      : "change",
-                path);
+                fix, modeless ? "" : " (a mounted Kubernetes secret: defaultMode 0400)");
     }
     return 0;
 }
@@ -128,7 +162,7 @@ static int key_read(const char *path, char key[41], int secret)
     else if (!S_ISREG(st.st_mode))
         rc = kvm_err(KVM_EFORMAT, "key file %s: not a regular file (a FIFO, socket or device)", path);
     else if (secret)
-        rc = secret_mode_check(path, &st);
+        rc = secret_mode_check(path, fd, &st);
     char buf[128] = {0};
     ssize_t n = 0; /* to the end of the file or a full buffer: one read may return less */
     while (!rc && n < (ssize_t)sizeof buf - 1) {

@@ -318,6 +318,15 @@ START_TEST(test_secret_key_mode)
     close(sfd);
     kvm_test_rmtree(dir);
     free(dir);
+    /* filesystems whose modes chmod cannot change (a key on a Windows or host share): named, so the
+     * message says to copy the key instead of "chmod 600"; Linux filesystems are not */
+    ck_assert_ptr_nonnull(strstr(kvm_curve__modeless_fs(0x4d44), "FAT"));
+    ck_assert_ptr_nonnull(strstr(kvm_curve__modeless_fs(0xff534d42L), "CIFS"));
+    ck_assert_ptr_nonnull(strstr(kvm_curve__modeless_fs(0x01021997), "9p"));
+    ck_assert_ptr_nonnull(strstr(kvm_curve__modeless_fs((long)(int32_t)0xfe534d42), "SMB2")); /* f_type sign-extended */
+    ck_assert_ptr_null(kvm_curve__modeless_fs(0xef53));                                       /* ext4 */
+    ck_assert_ptr_null(kvm_curve__modeless_fs(0x01021994)); /* tmpfs, one digit from 9p */
+    ck_assert_ptr_null(kvm_curve__modeless_fs(0x58465342)); /* xfs */
 }
 END_TEST
 
