@@ -56,8 +56,10 @@ int kvm_curve_keygen(const char *prefix)
     return rc;
 }
 
-/* The secret key files already warned about in this process (device, inode, mode): a server
- * reads its key twice (the pair check, then the socket), and one warning says it all. */
+/* The secret key files already warned about in this process (device, inode, mode, change
+ * time): a server reads its key twice (the pair check, then the socket), and one warning says it
+ * all. The change time tells a new file that reuses a removed one's inode (a key made again)
+ * from the same file. */
 static pthread_mutex_t warned_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct stat warned[16];
 static int n_warned;
@@ -68,7 +70,8 @@ static int first_warning(const struct stat *st)
     pthread_mutex_lock(&warned_mu);
     int seen = 0;
     for (int i = 0; i < n_warned && !seen; i++)
-        seen = warned[i].st_dev == st->st_dev && warned[i].st_ino == st->st_ino && warned[i].st_mode == st->st_mode;
+        seen = warned[i].st_dev == st->st_dev && warned[i].st_ino == st->st_ino && warned[i].st_mode == st->st_mode &&
+               warned[i].st_ctim.tv_sec == st->st_ctim.tv_sec && warned[i].st_ctim.tv_nsec == st->st_ctim.tv_nsec;
     if (!seen && n_warned < 16) warned[n_warned++] = *st;
     pthread_mutex_unlock(&warned_mu);
     return !seen;
