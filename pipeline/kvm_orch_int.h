@@ -123,6 +123,8 @@ typedef struct orch {
     int max_retries;
     int store_full;   /* the store takes no more caches (full, or its service does not answer): no
                          more documents are fed */
+    char model_changed[512]; /* non-empty: [model] path holds other weights than when the run began
+                                (kvm_orch__model_changed): why, the reason every job left fails with */
     int64_t evicted0; /* the store's eviction count when the run started */
     kvm_orch_summary *sum;
     double t0;
@@ -190,6 +192,16 @@ int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage);
  * its job back; one of the run's own processes is restarted as a dead one is, a bounded number
  * of times. */
 int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first);
+/* After a job failed with KVM_EMISMATCH (a worker found other weights than the run's under its
+ * model path): whether the run's own [model] path now holds other weights too, the file
+ * replaced since the run hashed it at its start. Then every worker the run starts, or that
+ * loads the path again, computes with them: each would fail its job and stop, one after the
+ * other, until the run gave up restarting them, and the run's failures named the restarts, not
+ * the cause. Said once (event model_changed, both ids); the jobs not in a worker fail with that
+ * reason and so does every job that comes back (kvm_orch__requeue); jobs in workers that loaded
+ * the run's weights before the change finish. Returns 1 when changed (now or before), else 0
+ * (a file that cannot be read now: 0, the jobs' own errors say it). */
+int kvm_orch__model_changed(orch *o);
 /* 1 when worker w counts for its stage: alive and not refused. */
 int kvm_orch__worker_counts(const orch *o, int w);
 /* ST_* of a stage name, or -1. */

@@ -83,8 +83,11 @@ void kvm_orch__requeue(orch *o, orch_job *j, const char *why)
     }
     kvm_orch__job_drop_kv(j);
     j->attempt++;
-    if (j->attempt > o->max_retries) {
-        snprintf(j->reason, sizeof j->reason, "%s (after %d attempts)", why, j->attempt);
+    if (j->attempt > o->max_retries || o->model_changed[0]) {
+        if (o->model_changed[0]) /* no attempt can succeed: the workers load other weights */
+            snprintf(j->reason, sizeof j->reason, "%s", o->model_changed);
+        else
+            snprintf(j->reason, sizeof j->reason, "%s (after %d attempts)", why, j->attempt);
         kvm_orch__job_set(o, j, J_FAILED);
         kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id),
                              KVM_LOG_S("reason", j->reason)};

@@ -129,6 +129,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         }
         orch_job *j = kvm_orch__job_by_id(o, r.job_id);
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
+            if (r.status == KVM_EMISMATCH) kvm_orch__model_changed(o); /* then requeue fails it, with the cause */
             char why[600];
             snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len,
                      r.message.ptr);

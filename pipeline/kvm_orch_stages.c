@@ -322,6 +322,35 @@ int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first
     return 1;
 }
 
+int kvm_orch__model_changed(orch *o)
+{
+    if (o->model_changed[0]) return 1;
+    const char *path = kvm_config_str(o->cfg, "model", "path");
+    kvm_store_id now;
+    if (o->store ? kvm_store_model_id(o->store, path, &now) : kvm_store_hash_file(path, &now)) return 0;
+    if (!memcmp(now.b, o->model_id.b, sizeof now.b)) return 0;
+    char was[65], is[65];
+    kvm_store_id_hex(&o->model_id, was);
+    kvm_store_id_hex(&now, is);
+    snprintf(o->model_changed, sizeof o->model_changed,
+             "the model file %s changed since this %s began (model %.12s... then, %.12s... now): its workers "
+             "load other weights than the %s's; run again",
+             path, o->cmd, was, is, o->cmd);
+    kvm_log_field f[] = {KVM_LOG_S("model", path), KVM_LOG_S("model_id", was), KVM_LOG_S("now_model_id", is)};
+    kvm_log(KVM_LOG_ERROR, "model_changed", f, 3, "%s: the documents not in a worker fail", o->model_changed);
+    const orch_job_state waiting[2] = {J_QUEUED, J_KV_READY};
+    for (int b = 0; b < 2; b++)
+        for (int64_t i = kvm_joblist_first(&o->lists, waiting[b]), next; i >= 0; i = next) {
+            next = kvm_joblist_next(&o->lists, i);
+            orch_job *j = &o->jobs[i];
+            o->visited++;
+            snprintf(j->reason, sizeof j->reason, "%s", o->model_changed);
+            kvm_orch__job_drop_kv(j);
+            kvm_orch__job_set(o, j, J_FAILED);
+        }
+    return 1;
+}
+
 void kvm_orch__check_health(orch *o)
 {
     double now = kvm_now_ms();

@@ -420,6 +420,54 @@ START_TEST(test_run_job_other_model_file)
 }
 END_TEST
 
+/* The run's own [model] path replaced by other weights while it runs (a new version deployed
+ * under the same name): a worker that loads it after the change fails its job (another model),
+ * and the run re-hashes its own file, finds it changed, and fails the documents left with that
+ * cause (exit 1). Before, each job went back to the queue: the run waited for a prefill worker
+ * that would never succeed (here none of its own: it waited for ever), or restarted its own ones
+ * one after another until it gave up, naming the restarts, not the change. */
+START_TEST(test_run_model_file_changed)
+{
+    char model[4400], tok[4400];
+    if (!shared_model(model, tok)) return;
+    char corpus[PATH_MAX], other[4400], cfg[4400], cmd[16384], path[4400], *err = NULL, *werr = NULL;
+    ck_assert_ptr_nonnull(realpath(kvm_test_data_path("corpus"), corpus));
+    make_other_model(tok, other, sizeof other);
+    snprintf(path, sizeof path, "%s/runs", g_dir);
+    link_model(path, model, tok);
+    snprintf(path, sizeof path, "%s/runs/m.bin", g_dir);
+    snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
+    write_config(cfg, path, 64);
+    snprintf(cmd, sizeof cmd, "printf '[stages]\nprefill_workers = 0\n' >>'%s'", cfg); /* only by hand */
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corpus);
+    start_by_hand("run", cmd);
+    char ctl[4400];
+    snprintf(ctl, sizeof ctl, "%s/run/ctl", g_dir);
+    struct stat sb;
+    for (int i = 0; i < 300 && stat(ctl, &sb) != 0; i++)
+        usleep(100000);
+    ck_assert_msg(stat(ctl, &sb) == 0, "the run did not bind %s", ctl);
+    snprintf(cmd, sizeof cmd, "ln -sf '%s' '%s'", other, path); /* the next version, under the same name */
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill-prefill' --connect 'ipc://%s/run' --id by-hand --heartbeat-ms 20",
+             kvm_test_bin(), g_dir);
+    start_by_hand("prefill", cmd);
+    int wrc = wait_by_hand("prefill", &werr);
+    int rc = wait_by_hand("run", &err);
+    ck_assert_msg(wrc == 1, "the worker: exit %d: %s", wrc, werr ? werr : "");
+    ck_assert_msg(rc == 1, "kvmill run: exit %d (124: it waited for ever): %s", rc, err ? err : "");
+    char want[4600], hex[13];
+    snprintf(want, sizeof want, "the model file %s changed since this run began (model ", path);
+    assert_contains(err, want);
+    model_hex12(other, hex);
+    assert_contains(err, hex);
+    assert_contains(err, "run again");
+    free(err);
+    free(werr);
+}
+END_TEST
+
 /* The same for kvmill calibrate and a kvmill-signals started by hand without --model: its signals
  * would be measured on the other weights and the strategy stored under the run's model id. */
 START_TEST(test_calibrate_job_other_model_file)
@@ -680,6 +728,7 @@ static Suite *suite(void)
         {"run_refuses_other_model", test_run_refuses_other_model},
         {"calibrate_refuses_other_model", test_calibrate_refuses_other_model},
         {"run_job_other_model_file", test_run_job_other_model_file},
+        {"run_model_file_changed", test_run_model_file_changed},
         {"calibrate_job_other_model_file", test_calibrate_job_other_model_file},
         {"model_for_job_checks_id", test_model_for_job_checks_id},
         {"model_id_only_when_own", test_model_id_only_when_own},
