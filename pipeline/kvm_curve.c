@@ -87,11 +87,11 @@ const char *kvm_curve__modeless_fs(long f_type)
 {
     switch ((unsigned long)f_type & 0xffffffffUL) {
     case 0x4d44UL:
-        return "vfat/FAT (no Unix permissions)";
+        return "vfat/FAT";
     case 0x2011bab0UL:
         return "exFAT";
     case 0x5346544eUL:
-        return "NTFS (ntfs-3g)";
+        return "NTFS (the kernel's ntfs driver)";
     case 0x7366746eUL:
         return "NTFS (ntfs3)";
     case 0x65735546UL:
@@ -114,12 +114,13 @@ static int secret_mode_check(const char *path, int fd, const struct stat *st)
     const unsigned mode = (unsigned)(st->st_mode & 07777);
     struct statfs fs;
     const char *modeless = fstatfs(fd, &fs) == 0 ? kvm_curve__modeless_fs((long)fs.f_type) : NULL;
-    char fix[600];
-    if (modeless) /* chmod succeeds there and changes nothing: say what does */
+    char fix[4600];
+    if (modeless) /* chmod may succeed there and change nothing (unless the mount keeps modes): say what else */
         snprintf(fix, sizeof fix,
-                 "the file is on %s, which keeps no Unix permissions (chmod cannot change them there): copy the "
-                 "key to a Linux filesystem (ext4, xfs, tmpfs) with mode 600 and name that copy",
-                 modeless);
+                 "run chmod 600 %s; the file is on %s, which often keeps no Unix permissions of its own: if the mode "
+                 "stays as it is, copy the key to a Linux filesystem (ext4, xfs, tmpfs) with mode 600 and name "
+                 "that copy",
+                 path, modeless);
     else
         snprintf(fix, sizeof fix, "run chmod 600 %s", path);
     if (st->st_mode & S_IWOTH)

@@ -23,11 +23,11 @@ int kvm_curve_read_key(const char *path, char key[41]);
  * read_key, and that KVM_EINVAL. Thread-safe. */
 int kvm_curve_read_secret_key(const char *path, char key[41]);
 
-/* The name of a filesystem that keeps no Unix permissions of its own (FAT, exFAT, NTFS, FUSE,
- * SMB/CIFS, 9p: the modes a stat shows are the mount's, and chmod does not change them), from
- * statfs's f_type; NULL for any other. On one of these the secret key check (above) tells the
- * user to copy the key to a Linux filesystem instead of `chmod 600`, which would change
- * nothing. Pure; thread-safe. */
+/* The name of a filesystem that often keeps no Unix permissions of its own (FAT, exFAT, NTFS,
+ * FUSE, SMB/CIFS, 9p: the modes a stat shows may be the mount's, and chmod may leave them as they
+ * are; a FUSE or CIFS mount with Unix extensions, or WSL's drvfs with `metadata`, keeps them),
+ * from statfs's f_type; NULL for any other. On one of these the secret key check (above) adds,
+ * after `chmod 600`, to copy the key to a Linux filesystem if the mode stays. Pure; thread-safe. */
 const char *kvm_curve__modeless_fs(long f_type);
 
 /* Checks that public_file holds the public key of the secret key in secret_file (a swapped or

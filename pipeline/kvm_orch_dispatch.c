@@ -107,6 +107,15 @@ static int send_copy(orch *o, const char *id, const kvm_msg *m)
 static void dispatch_reduce(orch *o)
 {
     const kvm_joblist *l = &o->lists;
+    if (o->model_changed[0]) { /* signals of documents measured before the change: no strategy from a part */
+        for (int64_t i = kvm_joblist_first(l, J_KV_READY), next; i >= 0; i = next) {
+            next = kvm_joblist_next(l, i);
+            snprintf(o->jobs[i].reason, sizeof o->jobs[i].reason, "%s", o->model_changed);
+            kvm_orch__job_drop_kv(&o->jobs[i]);
+            kvm_orch__job_set(o, &o->jobs[i], J_FAILED);
+        }
+        return;
+    }
     if (kvm_joblist_count(l, J_QUEUED) + kvm_joblist_count(l, J_PREFILL) + kvm_joblist_count(l, J_COMPRESS) +
             kvm_joblist_count(l, J_DONE) >
         0)

@@ -192,16 +192,20 @@ int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage);
  * its job back; one of the run's own processes is restarted as a dead one is, a bounded number
  * of times. */
 int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first);
-/* After a job failed with KVM_EMISMATCH (a worker found other weights than the run's under its
- * model path): whether the run's own [model] path now holds other weights too, the file
- * replaced since the run hashed it at its start. Then every worker the run starts, or that
- * loads the path again, computes with them: each would fail its job and stop, one after the
- * other, until the run gave up restarting them, and the run's failures named the restarts, not
- * the cause. Said once (event model_changed, both ids); the jobs not in a worker fail with that
- * reason and so does every job that comes back (kvm_orch__requeue); jobs in workers that loaded
- * the run's weights before the change finish. Returns 1 when changed (now or before), else 0
- * (a file that cannot be read now: 0, the jobs' own errors say it). */
-int kvm_orch__model_changed(orch *o);
+/* After a job (or the strategy build) failed with KVM_EMISMATCH, its message msg[0, n): whether
+ * it is a worker's "other model" mismatch (kvm_worker_other_model_hex) and the run's own
+ * [model] path now holds that very model, the file replaced since the run hashed it at its
+ * start. Then every worker the run starts, or that loads the path again, computes with it: each
+ * would fail its job and stop, one after the other, until the run gave up restarting them, and
+ * the failures named the restarts, not the cause. Another mismatch (shapes, a tokenizer, a
+ * worker of another host whose file differs) hashes nothing and returns 0. Said once (event
+ * model_changed, both ids); the jobs not in a worker fail with that reason, and so does every
+ * job that comes back (kvm_orch__requeue), every calibration document that reaches J_KV_READY
+ * and the strategy build (no strategy from a part of the documents); jobs in workers that loaded
+ * the run's weights before the change finish. The hash runs in the event loop (seconds for a
+ * large model), once per such failure. Returns 1 when changed (now or before), else 0 (a file
+ * that cannot be read now: 0, the jobs' own errors say it). */
+int kvm_orch__model_changed(orch *o, const char *msg, size_t n);
 /* 1 when worker w counts for its stage: alive and not refused. */
 int kvm_orch__worker_counts(const orch *o, int w);
 /* ST_* of a stage name, or -1. */

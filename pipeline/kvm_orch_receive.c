@@ -24,12 +24,14 @@ static void reduce_failed(orch *o, const kvm_proto_result *r)
     snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r->stage.len, r->stage.ptr, (int)r->message.len, r->message.ptr);
     o->workers[o->reduce_worker].job = -1;
     o->reduce_worker = -1;
-    const int again = r->retryable && ++o->reduce_failures <= o->max_retries;
+    if (r->status == KVM_EMISMATCH && kvm_orch__model_changed(o, r->message.ptr, r->message.len))
+        snprintf(why, sizeof why, "%s", o->model_changed); /* no retry: every strategy worker loads it */
+    const int again = r->retryable && !o->model_changed[0] && ++o->reduce_failures <= o->max_retries;
     if (again) {
         kvm_log_field f[] = {KVM_LOG_I("attempt", o->reduce_failures + 1), KVM_LOG_S("reason", why)};
         kvm_log(KVM_LOG_WARN, "strategy_build_retried", f, 2, "sending the strategy build again (attempt %d): %s",
                 o->reduce_failures + 1, why);
-    } else if (r->retryable) {
+    } else if (r->retryable && !o->model_changed[0]) {
         char more[sizeof why];
         snprintf(more, sizeof more, "%s (after %d attempts of the strategy build)", why, o->reduce_failures);
         memcpy(why, more, sizeof why);
@@ -129,7 +131,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         }
         orch_job *j = kvm_orch__job_by_id(o, r.job_id);
         if (t == KVM_PROTO_ERROR && j && (j->state == J_PREFILL || j->state == J_COMPRESS)) {
-            if (r.status == KVM_EMISMATCH) kvm_orch__model_changed(o); /* then requeue fails it, with the cause */
+            if (r.status == KVM_EMISMATCH) /* then requeue fails it, with the cause */
+                kvm_orch__model_changed(o, r.message.ptr, r.message.len);
             char why[600];
             snprintf(why, sizeof why, "%.*s stage: %.*s", (int)r.stage.len, r.stage.ptr, (int)r.message.len,
                      r.message.ptr);

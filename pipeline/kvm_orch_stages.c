@@ -5,6 +5,7 @@
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_worker.h"
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
 
@@ -305,7 +306,7 @@ static void refuse_worker(orch *o, int w, const uint8_t *got, int64_t pid)
 int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first)
 {
     orch_worker *wk = &o->workers[w];
-    if (first) kvm_stage_judge_first(wk->refused, &wk->refused_pid, &wk->refused_ctl_seen);
+    if (first) kvm_stage_judge_first(r, wk->refused, wk->other_model.b, &wk->refused_pid, &wk->refused_ctl_seen);
     kvm_stage_verdict v = kvm_stage_judge_ready(r, o->model_id.b, wk->refused, wk->refused_pid);
     if (v == KVM_STAGE_ACCEPT_AGAIN) {
         wk->refused = 0;
@@ -322,16 +323,19 @@ int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first
     return 1;
 }
 
-int kvm_orch__model_changed(orch *o)
+int kvm_orch__model_changed(orch *o, const char *msg, size_t n)
 {
     if (o->model_changed[0]) return 1;
+    char theirs[13];
+    if (!kvm_worker_other_model_hex(msg, n, theirs)) return 0;
     const char *path = kvm_config_str(o->cfg, "model", "path");
     kvm_store_id now;
     if (o->store ? kvm_store_model_id(o->store, path, &now) : kvm_store_hash_file(path, &now)) return 0;
-    if (!memcmp(now.b, o->model_id.b, sizeof now.b)) return 0;
     char was[65], is[65];
     kvm_store_id_hex(&o->model_id, was);
     kvm_store_id_hex(&now, is);
+    /* the worker loaded what the run's path holds now: not a file of its own host */
+    if (!memcmp(now.b, o->model_id.b, sizeof now.b) || memcmp(is, theirs, 12)) return 0;
     snprintf(o->model_changed, sizeof o->model_changed,
              "the model file %s changed since this %s began (model %.12s... then, %.12s... now): its workers "
              "load other weights than the %s's; run again",

@@ -138,7 +138,7 @@ static int refused_after(srv *s, int w, const kvm_msg *m, int first)
     srv_worker *wk = &s->workers[w];
     kvm_proto_ready r;
     if (kvm_proto_ready_decode(m, &r)) return wk->refused; /* judged by its next ready */
-    if (first) kvm_stage_judge_first(wk->refused, &wk->refused_pid, &wk->refused_ctl_seen);
+    if (first) kvm_stage_judge_first(&r, wk->refused, wk->other_model, &wk->refused_pid, &wk->refused_ctl_seen);
     kvm_stage_verdict v = kvm_stage_judge_ready(&r, s->o->model_id, wk->refused, wk->refused_pid);
     if (v == KVM_STAGE_ACCEPT_AGAIN) {
         wk->refused = 0;

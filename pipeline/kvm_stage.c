@@ -59,9 +59,11 @@ kvm_stage_verdict kvm_stage_judge_ready(const kvm_proto_ready *r, const uint8_t 
     return r->has_model_id || r->pid != refused_pid ? KVM_STAGE_ACCEPT_AGAIN : KVM_STAGE_REFUSED;
 }
 
-void kvm_stage_judge_first(int refused, int64_t *refused_pid, int *ctl_seen)
+void kvm_stage_judge_first(const kvm_proto_ready *r, int refused, const uint8_t *other_model, int64_t *refused_pid,
+                           int *ctl_seen)
 {
-    if (refused && *ctl_seen) *refused_pid = -1;
+    const int names_other = r->has_model_id && !memcmp(r->model_id, other_model, KVM_PROTO_ID_BYTES);
+    if (refused && r->pid == *refused_pid && (*ctl_seen || !names_other)) *refused_pid = -1;
     *ctl_seen = 1;
 }
 

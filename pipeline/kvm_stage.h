@@ -145,15 +145,19 @@ typedef enum kvm_stage_verdict {
 kvm_stage_verdict kvm_stage_judge_ready(const kvm_proto_ready *r, const uint8_t *want, int refused,
                                         int64_t refused_pid);
 
-/* Before judging a ready that came on the control socket: a stage sends that one once, when its
+/* Before judging ready r that came on the control socket: a stage sends that one once, when its
  * process starts (the data socket's readies are its credits). A worker started again under the
  * same id often has the same pid as the refused one (pid 1 in a container that its orchestrator
  * restarts): judged by the pid alone it stayed refused without a word, or was refused again but
- * never told. *ctl_seen: the refused process's own control ready was judged (set at the refusal:
- * 1 when the refusal came from it; its credits may arrive first, the sockets are not ordered).
- * A second one from the refused pid is another process: *refused_pid becomes -1 (no pid), so it
- * is judged afresh and, refused, logged and told. Sets *ctl_seen. */
-void kvm_stage_judge_first(int refused, int64_t *refused_pid, int *ctl_seen);
+ * never told. The refused process named other_model (32 bytes) from its start, so a control
+ * ready from the refused pid that names none or another is a new process; one naming
+ * other_model is the refused process's own late ready (its credits may arrive first: the
+ * sockets are not ordered; a worker that outlived an earlier run sent its control ready to that
+ * run) unless *ctl_seen says that one was judged already. A new process: *refused_pid becomes -1
+ * (no pid), so it is judged afresh and, refused, logged and told (one restarted with the same
+ * wrong --model is told again by its credits, kvm_stage_tell_again). Sets *ctl_seen. */
+void kvm_stage_judge_first(const kvm_proto_ready *r, int refused, const uint8_t *other_model, int64_t *refused_pid,
+                           int *ctl_seen);
 
 /* Milliseconds between two tellings of a refusal (kvm_stage_send_refusal) to a worker that
  * still asks for work: a refused revision-10 stage stops at the first, so asking again means

@@ -72,8 +72,16 @@ static void svc_log(const svc *s, kvm_log_level lv, const char *event, const kvm
     va_end(ap);
 }
 
-static void svc_send_reply(svc *s, const uint8_t *env, size_t n, const kvm_proto_store_reply *r)
+/* Sends reply r to the client behind envelope env[0, n). Its message is made valid UTF-8 first
+ * (kvm_proto_str_utf8): messages name store paths and cut kvm_errmsg texts, and one that did not
+ * encode left the client without a reply until its timeout. */
+static void svc_send_reply(svc *s, const uint8_t *env, size_t n, const kvm_proto_store_reply *in)
 {
+    char text[2048];
+    char *msg = kvm_proto_str_dup(in->message); /* a str view, not NUL-terminated */
+    kvm_proto_store_reply clean = *in, *r = &clean;
+    clean.message = kvm_proto_str_utf8(msg ? msg : "", text, sizeof text);
+    free(msg);
     uint64_t req = r->request_id;
     kvm_msg *m = NULL, *e = NULL;
     if (kvm_proto_store_reply_encode(r, &m) || kvm_msg_new(&e) || kvm_msg_add_copy(e, env, n) || kvm_msg_join(e, &m) ||

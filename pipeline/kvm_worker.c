@@ -18,13 +18,16 @@ int kvm_worker_model_retryable(int rc)
     return rc == KVM_ENOTFOUND || rc == KVM_EFORMAT || rc == KVM_EMISMATCH || kvm_err_retryable(rc);
 }
 
-/* The file's device, inode, size and modification time (ns) into sig; 0, or -1 when stat fails. */
-static int file_stat_sig(const char *path, long long sig[4])
+/* The file's device, inode, size, modification and change times (ns) into sig; 0, or -1 when
+ * stat fails or path is a folder (a Hugging Face model: a shard rewritten in place leaves the
+ * folder's own stat as it was, so a folder is always hashed again, as kvm_store_model_id does). */
+static int file_stat_sig(const char *path, long long sig[5])
 {
     struct stat st;
-    if (stat(path, &st) != 0) return -1;
+    if (stat(path, &st) != 0 || S_ISDIR(st.st_mode)) return -1;
     sig[0] = (long long)st.st_dev, sig[1] = (long long)st.st_ino, sig[2] = (long long)st.st_size;
     sig[3] = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    sig[4] = (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec; /* cp -p keeps the mtime */
     return 0;
 }
 
@@ -48,7 +51,7 @@ int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *s
         return kvm_err(rc, "[model] %s", kvm_errmsg());
     }
     snprintf(wm->path, sizeof wm->path, "%s", path);
-    long long sig[4];
+    long long sig[5];
     if (wm->has_override_id && path == wm->override && file_stat_sig(path, sig) == 0 &&
         !memcmp(sig, wm->override_stat, sizeof sig))
         wm->model_id = wm->override_id; /* hashed at setup for ready, the file unchanged since: not twice */
@@ -85,20 +88,37 @@ int kvm_worker_model_for_job(kvm_worker_model *wm, const kvm_config *c, kvm_stor
     memcpy(run_id.b, want, sizeof run_id.b);
     *other_model = 1;
     /* the ids first: a long path would push them past the message's end */
-    return kvm_err(KVM_EMISMATCH, "model %.12s, not the run's model %.12s: model file %s on host %s (%s)",
+    return kvm_err(KVM_EMISMATCH, "model %.12s" KVM_WORKER_OTHER_MODEL "%.12s: model file %s on host %s (%s)",
                    kvm_store_id_hex(&wm->model_id, mine), kvm_store_id_hex(&run_id, run), wm->path, host,
                    wm->override ? "its --model names another model than the run's"
                                 : "another model under the same path here: start this worker with --model naming the "
                                   "run's model");
 }
 
+int kvm_worker_other_model_hex(const char *msg, size_t n, char hex[13])
+{
+    const size_t mark = strlen(KVM_WORKER_OTHER_MODEL);
+    for (size_t i = 18; msg && i + mark <= n; i++) { /* "model " + 12 digits before the mark */
+        if (memcmp(msg + i, KVM_WORKER_OTHER_MODEL, mark) || memcmp(msg + i - 18, "model ", 6)) continue;
+        int ok = 1;
+        for (size_t k = i - 12; k < i; k++)
+            ok &= (msg[k] >= '0' && msg[k] <= '9') || (msg[k] >= 'a' && msg[k] <= 'f');
+        if (!ok) continue;
+        memcpy(hex, msg + i - 12, 12);
+        hex[12] = '\0';
+        return 1;
+    }
+    return 0;
+}
+
 void kvm_worker_model_id_early(kvm_worker_model *wm, kvm_store *store)
 {
     if (!wm->override) return;
-    /* the file's identity before its hash: a file replaced meanwhile differs at the load */
-    int rc = file_stat_sig(wm->override, wm->override_stat) ? KVM_EIO
-             : store                                        ? kvm_store_model_id(store, wm->override, &wm->override_id)
-                                                            : kvm_store_hash_file(wm->override, &wm->override_id);
+    /* the file's identity before its hash: a file replaced meanwhile differs at the load; a
+     * folder (or a file that does not stat) gets a signature no stat equals: hashed again */
+    if (file_stat_sig(wm->override, wm->override_stat)) memset(wm->override_stat, 0xff, sizeof wm->override_stat);
+    int rc = store ? kvm_store_model_id(store, wm->override, &wm->override_id)
+                   : kvm_store_hash_file(wm->override, &wm->override_id);
     wm->has_override_id = rc == 0;
 }
 

@@ -21,8 +21,9 @@ typedef struct kvm_worker_model {
     const char *override;    /* --model flag: used instead of the job's path */
     kvm_store_id override_id; /* model id of override, when has_override_id (kvm_worker_model_id_early) */
     int has_override_id;      /* override_id is set: ready names it before the first job loads the model */
-    long long override_stat[4]; /* the --model file's device, inode, size and mtime (ns) when override_id
-                                   was hashed: a file replaced since is hashed again at its load */
+    long long override_stat[5]; /* the --model file's device, inode, size, mtime and ctime (ns) when
+                                   override_id was hashed: a file replaced since (or a folder) is
+                                   hashed again at its load */
     int pinned;               /* the model is the worker's own ([model] path of its --config: a decode
                                  worker), not its jobs': ready names it as it names an override */
 } kvm_worker_model;
@@ -45,6 +46,17 @@ const uint8_t *kvm_worker_model_id(const kvm_worker_model *wm);
  * or when the path changes. The model id comes from the store's memo when a store is given
  * (so big models are hashed once), else from hashing the file. Returns 0, or the error. */
 int kvm_worker_model_get(kvm_worker_model *wm, const kvm_config *c, kvm_store *store);
+
+/* What kvm_worker_model_for_job's mismatch message says right after the loaded model's 12 hex
+ * digits ("model 0123456789ab, not the run's model ..."): the orchestrator reads the worker's
+ * model from it (kvm_worker_other_model_hex). */
+#define KVM_WORKER_OTHER_MODEL ", not the run's model "
+
+/* The 12 hex digits of the model a worker loaded, from a job's error message (UTF-8, msg[0, n))
+ * that kvm_worker_model_for_job wrote, into hex (13 bytes, NUL-terminated): 1, or 0 when the
+ * message is not such a mismatch (another KVM_EMISMATCH: shapes, a tokenizer, a store format).
+ * Pure. */
+int kvm_worker_other_model_hex(const char *msg, size_t n, char hex[13]);
 
 /* kvm_worker_model_get for a job, then, when the job names its run's model (want: the job's
  * model_id, 32 bytes, PROTOCOL.md §5 revision 10; NULL for a job without one), whether the model

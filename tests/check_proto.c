@@ -2159,13 +2159,15 @@ START_TEST(test_str_utf8_clean)
     ck_assert_uint_eq(v.len, 0);
     v = kvm_proto_str_utf8("x", buf, 0);
     ck_assert_uint_eq(v.len, 0);
-    /* every cleaned string encodes: a 900-byte cut through 3-byte characters */
-    char big[2000], text[1024];
-    for (int i = 0; i < 1998; i += 3)
+    /* every cleaned string encodes: a 900-byte cut through 3-byte characters (after one ASCII
+     * byte: 900 = 1 + 299·3 + 2), then text's cap cutting again, before another character */
+    char big[2000], text[1023];
+    big[0] = 'x';
+    for (int i = 1; i + 3 <= 1998; i += 3)
         memcpy(big + i, "\xe2\x82\xac", 3);
     big[1998] = '\0';
     char cut[1200];
-    snprintf(cut, sizeof cut, "worker w failed: %.*s", 900, big); /* 900 is not a multiple of 3 + 17 */
+    snprintf(cut, sizeof cut, "worker w failed: %.*s", 900, big);
     kvm_proto_error e = {
         .status = KVM_EIO, .stage = kvm_proto_str_c("decode"), .message = kvm_proto_str_utf8(cut, text, sizeof text)};
     kvm_msg *m = NULL;
@@ -2173,6 +2175,13 @@ START_TEST(test_str_utf8_clean)
     kvm_proto_error d;
     ck_assert_int_eq(kvm_proto_error_decode(m, &d), 0);
     ck_assert_uint_eq(d.message.len, e.message.len);
+    ck_assert_uint_eq(e.message.len, 917); /* 17 + 900: the cut character's two bytes as "??" */
+    ck_assert_int_eq(memcmp(text + 915, "??", 2), 0);
+    char longer[1200];
+    snprintf(longer, sizeof longer, "%.1100s", big); /* 1 + 366·3 + 1 bytes */
+    v = kvm_proto_str_utf8(longer, text, sizeof text);
+    ck_assert_uint_eq(v.len, 1 + 340 * 3); /* 1021 + the next character (3) + NUL > 1023: cut before it */
+    ck_assert_ptr_null(strchr(text, '?'));
     kvm_msg_free(&m);
 }
 END_TEST

@@ -420,7 +420,7 @@ START_TEST(test_run_job_other_model_file)
 }
 END_TEST
 
-/* The run's own [model] path replaced by other weights while it runs (a new version deployed
+/* The run's (or calibration's) own [model] path replaced by other weights while it runs (a new version deployed
  * under the same name): a worker that loads it after the change fails its job (another model),
  * and the run re-hashes its own file, finds it changed, and fails the documents left with that
  * cause (exit 1). Before, each job went back to the queue: the run waited for a prefill worker
@@ -428,6 +428,8 @@ END_TEST
  * one after another until it gave up, naming the restarts, not the change. */
 START_TEST(test_run_model_file_changed)
 {
+    const int calibrate = _i; /* 0: kvmill run and a prefill worker; 1: calibrate and a signals worker */
+    const char *cmd_name = calibrate ? "calibrate" : "run", *stage = calibrate ? "signals" : "prefill";
     char model[4400], tok[4400];
     if (!shared_model(model, tok)) return;
     char corpus[PATH_MAX], other[4400], cfg[4400], cmd[16384], path[4400], *err = NULL, *werr = NULL;
@@ -438,27 +440,28 @@ START_TEST(test_run_model_file_changed)
     snprintf(path, sizeof path, "%s/runs/m.bin", g_dir);
     snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
     write_config(cfg, path, 64);
-    snprintf(cmd, sizeof cmd, "printf '[stages]\nprefill_workers = 0\n' >>'%s'", cfg); /* only by hand */
+    snprintf(cmd, sizeof cmd, "printf '[stages]\n%s_workers = 0\n' >>'%s'", stage, cfg); /* only by hand */
     ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corpus);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s' %s '%s'", kvm_test_bin(), cmd_name, cfg,
+             calibrate ? "--docs" : "--corpus", corpus);
     start_by_hand("run", cmd);
     char ctl[4400];
     snprintf(ctl, sizeof ctl, "%s/run/ctl", g_dir);
     struct stat sb;
     for (int i = 0; i < 300 && stat(ctl, &sb) != 0; i++)
         usleep(100000);
-    ck_assert_msg(stat(ctl, &sb) == 0, "the run did not bind %s", ctl);
+    ck_assert_msg(stat(ctl, &sb) == 0, "the %s did not bind %s", cmd_name, ctl);
     snprintf(cmd, sizeof cmd, "ln -sf '%s' '%s'", other, path); /* the next version, under the same name */
     ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
-    snprintf(cmd, sizeof cmd, "'%s/kvmill-prefill' --connect 'ipc://%s/run' --id by-hand --heartbeat-ms 20",
-             kvm_test_bin(), g_dir);
-    start_by_hand("prefill", cmd);
-    int wrc = wait_by_hand("prefill", &werr);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill-%s' --connect 'ipc://%s/run' --id by-hand --heartbeat-ms 20", kvm_test_bin(),
+             stage, g_dir);
+    start_by_hand(stage, cmd);
+    int wrc = wait_by_hand(stage, &werr);
     int rc = wait_by_hand("run", &err);
     ck_assert_msg(wrc == 1, "the worker: exit %d: %s", wrc, werr ? werr : "");
-    ck_assert_msg(rc == 1, "kvmill run: exit %d (124: it waited for ever): %s", rc, err ? err : "");
+    ck_assert_msg(rc == 1, "kvmill %s: exit %d (124: it waited for ever): %s", cmd_name, rc, err ? err : "");
     char want[4600], hex[13];
-    snprintf(want, sizeof want, "the model file %s changed since this run began (model ", path);
+    snprintf(want, sizeof want, "the model file %s changed since this %s began (model ", path, cmd_name);
     assert_contains(err, want);
     model_hex12(other, hex);
     assert_contains(err, hex);
@@ -540,6 +543,12 @@ START_TEST(test_model_for_job_checks_id)
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     assert_contains(kvm_errmsg(), host);
+    char theirs[13]; /* what the orchestrator reads back from the message (kvm_orch__model_changed) */
+    ck_assert_int_eq(kvm_worker_other_model_hex(kvm_errmsg(), strlen(kvm_errmsg()), theirs), 1);
+    ck_assert_str_eq(theirs, hex);
+    const char *not_ours = "prefill stage: model 0123456789ab has 5 layers, not the run's model's 6";
+    ck_assert_int_eq(kvm_worker_other_model_hex(not_ours, strlen(not_ours), theirs), 0);
+    ck_assert_int_eq(kvm_worker_other_model_hex("model 0123456789a", 17, theirs), 0);
     /* the next run's version deployed under the same path: its job finds it */
     ck_assert_int_eq(kvm_worker_model_for_job(&wm, c, NULL, id, &other_model), 0);
     snprintf(cmd, sizeof cmd, "cp '%s' '%s.new' && mv '%s.new' '%s'", other, path, path, path);
@@ -686,6 +695,7 @@ START_TEST(test_refusal_same_pid_restarted)
     zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
     ck_assert_int_eq(refused_after_ready(o, 1, other, 1), 1); /* pid 1 names another model: refused, told */
     ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    o->workers[0].told_ms = kvm_now_ms();            /* a saturated machine may have taken seconds since */
     ck_assert_int_eq(refused_after(o, 1, other), 1); /* its credit: told already, not again at once */
     ck_assert_int_eq(zmq_recv(dealer, buf, sizeof buf, 0), -1);
     o->workers[0].told_ms -= KVM_STAGE_RETELL_MS; /* still asking for work that long after: the error was lost */
@@ -704,10 +714,20 @@ START_TEST(test_refusal_same_pid_restarted)
      * once; that ready, the same process's, is no new start (not refused or told twice) */
     ck_assert_int_eq(refused_after(o, 2, other), 1);
     ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    o->workers[0].told_ms = kvm_now_ms();
     ck_assert_int_eq(refused_after_ready(o, 2, other, 1), 1);
     ck_assert_int_eq(zmq_recv(dealer, buf, sizeof buf, 0), -1);
     ck_assert_int_eq(refused_after_ready(o, 2, other, 1), 1); /* a second start as pid 2: told */
     ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    /* a worker that outlived an earlier run sent its control ready to that run: this one sees
+     * only its credits, refuses it by one, and its restart as the same pid naming no model (as
+     * it was told) sends the first control ready this run gets: a new process, accepted */
+    o->workers[0] = (orch_worker){.stage = 0, .job = -1, .alive = 1, .slot = -1};
+    snprintf(o->workers[0].id, sizeof o->workers[0].id, "by-hand");
+    ck_assert_int_eq(refused_after(o, 3, other), 1);
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    ck_assert_int_eq(refused_after_ready(o, 3, NULL, 1), 0);
+    ck_assert_int_eq(refused_after(o, 3, NULL), 0);
     zmq_close(dealer);
     zmq_close(router);
     zmq_ctx_term(zctx);
@@ -740,7 +760,10 @@ static Suite *suite(void)
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, 150);
-        tcase_add_test(tc, cases[i].fn);
+        if (cases[i].fn == test_run_model_file_changed)
+            tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: run, calibrate */
+        else
+            tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
     }
     return s;

@@ -877,6 +877,30 @@ START_TEST(test_readers_full_busy)
 }
 END_TEST
 
+/* A reply whose message names a store path that is not UTF-8 (a folder's bytes are the
+ * filesystem's): the service cleans it and the client gets the reply, ENOTFOUND naming the path
+ * with '?' for the byte; before, the reply did not encode and the client waited for its timeout
+ * and was told the service did not answer. */
+START_TEST(test_reply_path_not_utf8)
+{
+    snprintf(g_store, sizeof g_store, "%s/st\xff.lmdb", g_dir);
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_msg(kvm_storecli_open(KEYS(cfg), g_ep, &c) == 0, "%s", kvm_errmsg());
+    kvm_serve_cache_enc e;
+    make_cache(1, &e);
+    int rc = fetch(c, &e);
+    ck_assert_msg(rc == KVM_ENOTFOUND, "status %d: %s", rc, kvm_errmsg());
+    ck_assert_msg(strstr(kvm_errmsg(), "/st?.lmdb: no cache"), "%s", kvm_errmsg());
+    kvm_serve_cache_enc_free(&e);
+    kvm_storecli_close(&c);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+}
+END_TEST
+
 static Suite *storesvc_suite(void)
 {
     Suite *s = suite_create("storesvc");
@@ -897,7 +921,8 @@ static Suite *storesvc_suite(void)
                  {"get_strategy", test_get_strategy},
                  {"claims", test_claims},
                  {"claim_malformed_refused", test_claim_malformed_refused},
-                 {"readers_full_busy", test_readers_full_busy}};
+                 {"readers_full_busy", test_readers_full_busy},
+                 {"reply_path_not_utf8", test_reply_path_not_utf8}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
