@@ -231,6 +231,22 @@ START_TEST(test_ask_store_service_endpoint)
 }
 END_TEST
 
+/* kvmill serve --store tcp://127.0.0.1:1 (a store service endpoint where nothing listens)
+ * started and said ready without a word; every ask then failed after its timeout with "no
+ * reply". serve now asks the service once at start and warns, naming the endpoint, when no
+ * answer comes; it still starts (the service may start later). */
+START_TEST(test_serve_store_service_silent)
+{
+    write_config("");
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "0", "--store", "tcp://127.0.0.1:1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "warning: the store service tcp://127.0.0.1:1 does not answer");
+    assert_contains(log, "kvmill store serve running");
+    free(log);
+}
+END_TEST
+
 /* kvmill serve --store on an empty folder (made ahead with mkdir, or a mount point) said the
  * store "does not exist", though ls shows the folder; store ls and kvmill-decode said "directory
  * holds no store (no data.mdb)". serve now says what the folder lacks. */
@@ -450,6 +466,7 @@ static Suite *suite(void)
         {"ask_stopped_server", test_ask_stopped_server},
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
         {"serve_empty_store_folder", test_serve_empty_store_folder},
+        {"serve_store_service_silent", test_serve_store_service_silent},
         {"serve_store_readers_full", test_serve_store_readers_full},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
