@@ -24,8 +24,12 @@
  * setup: refused before --dump-config too, so that a dump is a config serve accepts as far as
  * the file alone decides. Prints the note that budget replaces ratio. Returns 0, or nonzero
  * with the refusal printed. */
-static int check_settings(const kvm_config *cfg)
+static int check_settings(const kvm_config *cfg, int bind_flag)
 {
+    /* the endpoints' form and the keys a non-local one needs, as the binds would find them
+     * (a bind that is no endpoint, a port past 65535, a non-local backend without keys) */
+    if (kvm_serve_check_endpoints(cfg, bind_flag ? "--bind" : NULL))
+        return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill serve: %s\n", size_note);
     if (kvm_jobcfg_check(cfg)) return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
@@ -166,7 +170,7 @@ int kvm_cmd_serve(int argc, char **argv)
         kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg());
         goto done;
     }
-    if (check_settings(cfg)) goto done;
+    if (check_settings(cfg, kvm_cli_get(opts, "bind") != NULL)) goto done;
     if (kvm_cli_get(opts, "dump-config")) {
         if (kvm_config_dump(cfg, stdout, stderr))
             fprintf(stderr, "kvmill serve: --dump-config: values that do not fit an INI line are read from the environment "

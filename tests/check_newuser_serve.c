@@ -247,6 +247,55 @@ START_TEST(test_serve_store_service_silent)
 }
 END_TEST
 
+/* kvmill serve --dump-config printed, exit 0, a config whose [serve] bind is no endpoint, has a
+ * port past 65535, or whose [serve] backend is non-local without [security] keys, all of which
+ * kvmill serve itself refuses when it binds. serve's config checks, which --dump-config shares,
+ * now refuse them, exit 2, naming the setting and the config file (--bind when it came from
+ * the command line). */
+START_TEST(test_dump_config_refuses_bad_endpoints)
+{
+    static const char *const cases[][3] = {
+        {"[serve]\nbind = garbage\n", "[serve] bind in", "is not an endpoint"},
+        {"[serve]\nbind = tcp://127.0.0.1:70000\n", "[serve] bind in", "the port is not a number"},
+        {"[serve]\nbackend = tcp://0.0.0.0:5999\n", "[serve] backend in", "is not local"},
+        {"[serve]\nbind = tcp://0.0.0.0:5999\n", "[serve] bind in", "is not local"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_config("");
+        FILE *f = fopen(g_cfg, "a");
+        ck_assert_ptr_nonnull(f);
+        fputs(cases[i][0], f);
+        ck_assert_int_eq(fclose(f), 0);
+        char cmd[16384], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' serve --config '%s' --dump-config", kvm_test_bin(), g_cfg);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2, "%s: exit %d: %s", cases[i][0], rc, err);
+        assert_contains(err, cases[i][1]);
+        assert_contains(err, cases[i][2]);
+        assert_contains(err, g_cfg);
+        free(out);
+        free(err);
+    }
+    /* --bind names itself; a local bind is dumped */
+    write_config("");
+    char cmd[16384], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' serve --config '%s' --bind tcp://127.0.0.1:99999 --dump-config",
+             kvm_test_bin(), g_cfg);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2, "--bind: exit %d: %s", rc, err);
+    assert_contains(err, "--bind 'tcp://127.0.0.1:99999'");
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' serve --config '%s' --bind tcp://127.0.0.1:5999 --dump-config",
+             kvm_test_bin(), g_cfg);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "a local bind: exit %d: %s", rc, err);
+    assert_contains(out, "tcp://127.0.0.1:5999");
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* kvmill serve --store on an empty folder (made ahead with mkdir, or a mount point) said the
  * store "does not exist", though ls shows the folder; store ls and kvmill-decode said "directory
  * holds no store (no data.mdb)". serve now says what the folder lacks. */
@@ -467,6 +516,7 @@ static Suite *suite(void)
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
         {"serve_empty_store_folder", test_serve_empty_store_folder},
         {"serve_store_service_silent", test_serve_store_service_silent},
+        {"dump_config_refuses_bad_endpoints", test_dump_config_refuses_bad_endpoints},
         {"serve_store_readers_full", test_serve_store_readers_full},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
