@@ -723,6 +723,35 @@ START_TEST(test_run_store_in_corpus_folder)
 }
 END_TEST
 
+/* Two files of the same content (a copy under another name) in one corpus, on a new store: the
+ * run said "2 documents (1 already stored)", and nothing said that the store keeps the first
+ * name only (ask --doc-name of the second finds nothing). The start line now counts it as a
+ * duplicate within the corpus, and a line names both and the name to ask by. */
+START_TEST(test_run_duplicate_in_corpus_said)
+{
+    char store[4300], cfg[4300], corp[4400], f[4500], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(corp, sizeof corp, "%s/dup", dir);
+    ck_assert_int_eq(mkdir(corp, 0700), 0);
+    const char *text = "Once upon a time there was a cat.\n";
+    snprintf(f, sizeof f, "%s/x.txt", corp);
+    ck_assert_int_eq(kvm_test_write_file(f, text, strlen(text)), 0);
+    snprintf(f, sizeof f, "%s/y.txt", corp);
+    ck_assert_int_eq(kvm_test_write_file(f, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corp);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "skipped=1 "), "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(strstr(err, "2 documents (0 already stored, 1 duplicate of another in this corpus)") &&
+                      strstr(err, "y.txt is a duplicate of x.txt within this corpus") &&
+                      strstr(err, "kvmill ask --doc-name x.txt"),
+                  "%s", err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* The same deep model path for kvmill serve: its decode workers read the resolved configuration
  * from a file, where the path was written as one line of over 198 characters, which each worker
  * refused ("line of 269 characters: lines are limited to 198"); three such exits stopped the
@@ -1060,6 +1089,7 @@ static Suite *suite(void)
         {"long_tmpdir", test_long_tmpdir},
         {"deep_model_path_run", test_deep_model_path_run},
         {"run_store_in_corpus_folder", test_run_store_in_corpus_folder},
+        {"run_duplicate_in_corpus_said", test_run_duplicate_in_corpus_said},
         {"deep_model_path_serve", test_deep_model_path_serve},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
         {"budget_and_ratio_both_set", test_budget_and_ratio_both_set},
