@@ -14,6 +14,7 @@
 #include "store/kvm_store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,11 +77,46 @@ static int read_doc(const char *path, char **text, size_t *len)
                        "name it with --doc-name NAME or --doc-hash HEX instead\n",
                        path, (long long)sb.st_size, (unsigned)KVM_PROTO_MAX_DOC_BYTES),
                2;
-    FILE *f; /* not fopen: a FIFO with no writer blocked the open for ever; it reads as empty now */
-    if (kvm_file_open_input(path, "rb", "--doc", &f)) return fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg()), 2;
+    if (!S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode)) /* /dev/null read as "is empty", /dev/zero as too long */
+        return fprintf(stderr, "kvmill ask: --doc %s is a %s, not a document file: give a regular file\n", path,
+                       S_ISCHR(sb.st_mode)    ? "character device"
+                       : S_ISBLK(sb.st_mode)  ? "block device"
+                       : S_ISSOCK(sb.st_mode) ? "socket"
+                                              : "special file"),
+               2;
+    FILE *f = NULL; /* not fopen: a FIFO with no writer blocked the open for ever */
+    char first;
+    ssize_t got = 0;
+    if (S_ISFIFO(sb.st_mode)) { /* one read that does not wait: end of file at once is a FIFO nobody writes to */
+        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
+        got = read(fd, &first, 1);
+        if (got == 0 || (got < 0 && errno != EAGAIN)) {
+            int e = errno;
+            close(fd);
+            if (got == 0)
+                fprintf(stderr,
+                        "kvmill ask: --doc %s is a FIFO (named pipe) with no process writing to it: give a regular "
+                        "file, or start its writer first\n",
+                        path);
+            else
+                fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(e));
+            return 2;
+        }
+        if (got < 0) got = 0; /* a writer with nothing written yet: the reads below wait for it */
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) || !(f = fdopen(fd, "rb"))) {
+            fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno));
+            close(fd);
+            return 2;
+        }
+    } else if (kvm_file_open_input(path, "rb", "--doc", &f)) {
+        return fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg()), 2;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     int rc = buf ? 0 : 2, err = 0;
+    if (buf && got == 1) buf[n++] = first;
     while (!rc) {
         if (n == cap) {
             if (cap > KVM_PROTO_MAX_DOC_BYTES) break;

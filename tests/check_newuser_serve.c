@@ -296,6 +296,39 @@ START_TEST(test_dump_config_refuses_bad_endpoints)
 }
 END_TEST
 
+/* kvmill ask --doc on a FIFO nobody writes to said "--doc PATH is empty", as if the file had
+ * no bytes; /dev/null said the same. Now the FIFO is refused by name, without waiting, and a
+ * device too; a pipe with a writer (bash's <(...)) is still read. */
+START_TEST(test_ask_doc_fifo_no_writer)
+{
+    char fifo[4300], cmd[16384], *err = NULL;
+    snprintf(fifo, sizeof fifo, "%s/pipe.txt", g_dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' ask --connect '%s' --timeout 5 --doc '%s' --prompt ' She' -n 4",
+             kvm_test_bin(), g_front, fifo);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "FIFO: exit %d: %s", rc, err);
+    assert_contains(err, fifo);
+    assert_contains(err, "is a FIFO (named pipe) with no process writing to it");
+    ck_assert_msg(!strstr(err, "is empty"), "%s", err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 5 --doc /dev/null --prompt ' She' -n 4",
+             kvm_test_bin(), g_front);
+    rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "/dev/null: exit %d: %s", rc, err);
+    assert_contains(err, "--doc /dev/null is a character device, not a document file");
+    free(err);
+    /* a pipe with a writer is read (then no server answers there: not a complaint about --doc) */
+    snprintf(cmd, sizeof cmd,
+             "bash -c \"timeout 60 '%s/kvmill' ask --connect '%s' --timeout 1 --doc <(printf 'Once upon a time.') "
+             "--prompt ' She' -n 4\"",
+             kvm_test_bin(), g_front);
+    rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc != 0 && rc != 2 && !strstr(err, "--doc"), "a pipe with a writer: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
 /* kvmill serve --store on an empty folder (made ahead with mkdir, or a mount point) said the
  * store "does not exist", though ls shows the folder; store ls and kvmill-decode said "directory
  * holds no store (no data.mdb)". serve now says what the folder lacks. */
@@ -517,6 +550,7 @@ static Suite *suite(void)
         {"serve_empty_store_folder", test_serve_empty_store_folder},
         {"serve_store_service_silent", test_serve_store_service_silent},
         {"dump_config_refuses_bad_endpoints", test_dump_config_refuses_bad_endpoints},
+        {"ask_doc_fifo_no_writer", test_ask_doc_fifo_no_writer},
         {"serve_store_readers_full", test_serve_store_readers_full},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
