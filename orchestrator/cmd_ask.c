@@ -159,6 +159,7 @@ typedef struct ask_link {
     int tcp_connected; /* ZMQ_EVENT_CONNECTED seen */
     int greeted;       /* ZMQ_EVENT_HANDSHAKE_SUCCEEDED seen: a ZeroMQ peer of a fitting type */
     int keyed;         /* CurveZMQ keys given */
+    int cut_short;     /* keyed handshakes that ended without a reason (the peer closed the connection) */
 } ask_link;
 
 /* Reads one monitor event into *l; returns 1 (why filled) when it means the connection
@@ -183,11 +184,23 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
                      ".public file to [security] authorized_keys",
                      (unsigned)value);
             failed = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+                   value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH &&
+                   l->keyed) { /* the greeting names the peer's mechanism: NULL, a socket without keys */
+            snprintf(why, n,
+                     "the server has no CurveZMQ keys (its front end is a plain socket, as on a local bind without "
+                     "[security] keys): ask without --server-key, --client-public and --client-secret");
+            failed = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && l->keyed && ++l->cut_short < 10) {
+            /* a server without keys closes the connection at the greeting's mechanism: when it closes
+             * before this side reads that greeting, nothing says why; ZeroMQ connects again, and the
+             * next greeting read names the mechanism (ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) */
         } else if ((event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) &&
                    l->keyed) {
             snprintf(why, n,
-                     "the security handshake with the server failed: a wrong --server-key, or not kvmill "
-                     "serve's front end there");
+                     "the security handshake with the server failed: a wrong --server-key (not the .public of the "
+                     "server's secret key), or a server without CurveZMQ keys, or not kvmill serve's front end "
+                     "there");
             failed = 1;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
             snprintf(why, n,

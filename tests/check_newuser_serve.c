@@ -329,6 +329,34 @@ START_TEST(test_ask_doc_fifo_no_writer)
 }
 END_TEST
 
+/* kvmill ask with CurveZMQ keys to a server without keys (a plain front end) said "a wrong
+ * --server-key, or not kvmill serve's front end there", sending the user after a key that is
+ * not the problem. The ZeroMQ greeting names the server's mechanism: ask now says the server has
+ * no keys and to ask without them. */
+START_TEST(test_ask_keys_to_plain_server)
+{
+    char store[4300], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    kvm_test_keygen(g_dir, "server");
+    kvm_test_keygen(g_dir, "client");
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "0", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 '%s/kvmill' ask --connect '%s' --timeout 30 --server-key '%s/server.public' "
+             "--client-public '%s/client.public' --client-secret '%s/client.secret' --doc-name story.txt "
+             "--prompt ' She' -n 4",
+             kvm_test_bin(), g_front, g_dir, g_dir, g_dir);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "the server has no CurveZMQ keys");
+    assert_contains(err, "without --server-key");
+    ck_assert_msg(!strstr(err, "a wrong --server-key"), "%s", err);
+    free(err);
+}
+END_TEST
+
 /* kvmill serve --store on an empty folder (made ahead with mkdir, or a mount point) said the
  * store "does not exist", though ls shows the folder; store ls and kvmill-decode said "directory
  * holds no store (no data.mdb)". serve now says what the folder lacks. */
@@ -551,6 +579,7 @@ static Suite *suite(void)
         {"serve_store_service_silent", test_serve_store_service_silent},
         {"dump_config_refuses_bad_endpoints", test_dump_config_refuses_bad_endpoints},
         {"ask_doc_fifo_no_writer", test_ask_doc_fifo_no_writer},
+        {"ask_keys_to_plain_server", test_ask_keys_to_plain_server},
         {"serve_store_readers_full", test_serve_store_readers_full},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
