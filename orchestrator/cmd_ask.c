@@ -14,6 +14,7 @@
 #include "store/kvm_store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,11 +77,46 @@ static int read_doc(const char *path, char **text, size_t *len)
                        "name it with --doc-name NAME or --doc-hash HEX instead\n",
                        path, (long long)sb.st_size, (unsigned)KVM_PROTO_MAX_DOC_BYTES),
                2;
-    FILE *f; /* not fopen: a FIFO with no writer blocked the open for ever; it reads as empty now */
-    if (kvm_file_open_input(path, "rb", "--doc", &f)) return fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg()), 2;
+    if (!S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode)) /* /dev/null read as "is empty", /dev/zero as too long */
+        return fprintf(stderr, "kvmill ask: --doc %s is a %s, not a document file: give a regular file\n", path,
+                       S_ISCHR(sb.st_mode)    ? "character device"
+                       : S_ISBLK(sb.st_mode)  ? "block device"
+                       : S_ISSOCK(sb.st_mode) ? "socket"
+                                              : "special file"),
+               2;
+    FILE *f = NULL; /* not fopen: a FIFO with no writer blocked the open for ever */
+    char first;
+    ssize_t got = 0;
+    if (S_ISFIFO(sb.st_mode)) { /* one read that does not wait: end of file at once is a FIFO nobody writes to */
+        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
+        got = read(fd, &first, 1);
+        if (got == 0 || (got < 0 && errno != EAGAIN)) {
+            int e = errno;
+            close(fd);
+            if (got == 0)
+                fprintf(stderr,
+                        "kvmill ask: --doc %s is a FIFO (named pipe) with no process writing to it: give a regular "
+                        "file, or start its writer first\n",
+                        path);
+            else
+                fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(e));
+            return 2;
+        }
+        if (got < 0) got = 0; /* a writer with nothing written yet: the reads below wait for it */
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) || !(f = fdopen(fd, "rb"))) {
+            fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno));
+            close(fd);
+            return 2;
+        }
+    } else if (kvm_file_open_input(path, "rb", "--doc", &f)) {
+        return fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg()), 2;
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     int rc = buf ? 0 : 2, err = 0;
+    if (buf && got == 1) buf[n++] = first;
     while (!rc) {
         if (n == cap) {
             if (cap > KVM_PROTO_MAX_DOC_BYTES) break;
@@ -123,6 +159,7 @@ typedef struct ask_link {
     int tcp_connected; /* ZMQ_EVENT_CONNECTED seen */
     int greeted;       /* ZMQ_EVENT_HANDSHAKE_SUCCEEDED seen: a ZeroMQ peer of a fitting type */
     int keyed;         /* CurveZMQ keys given */
+    int cut_short;     /* keyed handshakes that ended without a reason (the peer closed the connection) */
 } ask_link;
 
 /* Reads one monitor event into *l; returns 1 (why filled) when it means the connection
@@ -147,11 +184,23 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
                      ".public file to [security] authorized_keys",
                      (unsigned)value);
             failed = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
+                   value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH &&
+                   l->keyed) { /* the greeting names the peer's mechanism: NULL, a socket without keys */
+            snprintf(why, n,
+                     "the server has no CurveZMQ keys (its front end is a plain socket, as on a local bind without "
+                     "[security] keys): ask without --server-key, --client-public and --client-secret");
+            failed = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && l->keyed && ++l->cut_short < 10) {
+            /* a server without keys closes the connection at the greeting's mechanism: when it closes
+             * before this side reads that greeting, nothing says why; ZeroMQ connects again, and the
+             * next greeting read names the mechanism (ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) */
         } else if ((event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) &&
                    l->keyed) {
             snprintf(why, n,
-                     "the security handshake with the server failed: a wrong --server-key, or not kvmill "
-                     "serve's front end there");
+                     "the security handshake with the server failed: a wrong --server-key (not the .public of the "
+                     "server's secret key), or a server without CurveZMQ keys, or not kvmill serve's front end "
+                     "there");
             failed = 1;
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
             snprintf(why, n,

@@ -10,6 +10,7 @@
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storecli.h"
 #include "store/kvm_store.h"
 
 #include <errno.h>
@@ -23,8 +24,12 @@
  * setup: refused before --dump-config too, so that a dump is a config serve accepts as far as
  * the file alone decides. Prints the note that budget replaces ratio. Returns 0, or nonzero
  * with the refusal printed. */
-static int check_settings(const kvm_config *cfg)
+static int check_settings(const kvm_config *cfg, int bind_flag)
 {
+    /* the endpoints' form and the keys a non-local one needs, as the binds would find them
+     * (a bind that is no endpoint, a port past 65535, a non-local backend without keys) */
+    if (kvm_serve_check_endpoints(cfg, bind_flag ? "--bind" : NULL))
+        return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill serve: %s\n", size_note);
     if (kvm_jobcfg_check(cfg)) return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
@@ -86,6 +91,31 @@ static int serve_model_id(const kvm_config *cfg, kvm_store_id *out)
     return rc;
 }
 
+/* A store service that does not answer at start (nothing listening there, a host that is down,
+ * a handshake it refuses) made every ask fail after its timeout with "no reply", behind a server
+ * that said ready. It is asked once here, with a short wait (a probe for a cache that nobody
+ * stores: it only reads), and a warning names the endpoint when no answer comes. Not a refusal:
+ * the service may start after the server (the decode workers ask it again at every request). */
+static void probe_store_service(const kvm_config *cfg, const char *endpoint)
+{
+    enum { PROBE_MS = 1500 };
+    kvm_storecli_keys k = kvm_storecli_keys_of(cfg, NULL, NULL, NULL);
+    kvm_storecli *cli = NULL;
+    int rc = kvm_storecli_open(&k, endpoint, &cli);
+    if (rc == 0) {
+        kvm_store_cache_key key = {0};
+        kvm_storecli_claim_state state;
+        rc = kvm_storecli_claim(cli, &key, NULL, "kvmill-serve-probe", "", 0, 1, PROBE_MS, 1, &state, NULL);
+        if (rc != KVM_EIO) rc = 0; /* any reply (even a refusal of this probe) is a service that answers */
+    }
+    if (rc)
+        fprintf(stderr,
+                "kvmill serve: warning: the store service %s does not answer (%s): asks fail with \"no reply\" until "
+                "it does (is kvmill store serve running and reachable there?)\n",
+                endpoint, kvm_errmsg());
+    kvm_storecli_close(&cli);
+}
+
 int kvm_cmd_serve(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
@@ -140,7 +170,7 @@ int kvm_cmd_serve(int argc, char **argv)
         kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg());
         goto done;
     }
-    if (check_settings(cfg)) goto done;
+    if (check_settings(cfg, kvm_cli_get(opts, "bind") != NULL)) goto done;
     if (kvm_cli_get(opts, "dump-config")) {
         if (kvm_config_dump(cfg, stdout, stderr))
             fprintf(stderr, "kvmill serve: --dump-config: values that do not fit an INI line are read from the environment "
@@ -178,6 +208,7 @@ int kvm_cmd_serve(int argc, char **argv)
         }
     }
     if (check_config(cfg)) goto done;
+    if (*svc || kvm_serve_remote_is_endpoint(sp)) probe_store_service(cfg, *svc ? svc : sp);
     /* the decode workers read the resolved configuration, command-line overrides included */
     kvm_rundir_sweep(); /* leftovers of a kvmill that was killed */
     int fd = -1, trc = kvm_rundir_mkstemp("serve-config", resolved, sizeof resolved, &fd);

@@ -296,6 +296,11 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         if (mode == MODE_CALIBRATE) /* calibration measures every document: none is skipped as stored */
             kvm_orch__log("%lld calibration document%s, each measured, run directory %s\n", (long long)o.n_jobs,
                           kvm_plural(o.n_jobs, "", "s"), o.run_dir);
+        else if (o.repeated > 0) /* a duplicate within the corpus is not one already stored */
+            kvm_orch__log("%lld document%s (%lld already stored, %lld duplicate%s of another in this corpus), run "
+                          "directory %s\n",
+                          (long long)o.n_jobs, kvm_plural(o.n_jobs, "", "s"), (long long)(sum->skipped - o.repeated),
+                          (long long)o.repeated, kvm_plural(o.repeated, "", "s"), o.run_dir);
         else
             kvm_orch__log("%lld document%s (%lld already stored), run directory %s\n", (long long)o.n_jobs,
                           kvm_plural(o.n_jobs, "", "s"), (long long)sum->skipped, o.run_dir);

@@ -89,6 +89,7 @@ typedef struct orch {
     orch_job *jobs;
     int64_t n_jobs, n_open;
     kvm_idxset by_hash;  /* jobs by document hash: the first of each set of identical documents */
+    int64_t repeated;    /* skipped as a duplicate of an earlier document of the corpus (the same tokens) */
     kvm_idxset by_id;    /* jobs by attempt id (a requeue adds the new one; stale ones do not match) */
     kvm_joblist lists;   /* jobs by state, each list in the order jobs entered it (kvm_orch__job_move) */
     int64_t visited;     /* jobs the current loop iteration looked at (scheduling, health, draining) */

@@ -224,9 +224,14 @@ int kvm_orch__mark_skipped(orch *o, kvm_store *store)
         int found = 0, rc = cache_stored(o, store, j, &found);
         if (rc) return rc;
         hash_probe p = {o, &j->doc->hash}; /* the same tokens twice: one cache (a loaded job is never failed here) */
-        if (kvm_idxset_find(&o->by_hash, hash_key(&j->doc->hash), same_hash, &p) >= 0)
+        int64_t first = kvm_idxset_find(&o->by_hash, hash_key(&j->doc->hash), same_hash, &p);
+        if (first >= 0) { /* the store keeps the first one's name only: said, so --doc-name is not a surprise */
             found = 1;
-        else if ((rc = kvm_idxset_add(&o->by_hash, hash_key(&j->doc->hash), i)))
+            o->repeated++;
+            kvm_orch__log("%s is a duplicate of %s within this corpus (the same tokens): one cache, stored under the "
+                          "name %s only (kvmill ask --doc-name %s)\n",
+                          j->doc->name, o->jobs[first].doc->name, o->jobs[first].doc->name, o->jobs[first].doc->name);
+        } else if ((rc = kvm_idxset_add(&o->by_hash, hash_key(&j->doc->hash), i)))
             return rc;
         if (o->corpus->on_demand) kvm_doc_release(j->doc);
         if (found) {

@@ -6,6 +6,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_stage.h"
 #include "proto/kvm_mpack_internal.h"
 
 #include <errno.h>
@@ -118,25 +119,55 @@ static int ipc_in_use(const char *endpoint)
     return up;
 }
 
-int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
-                   const char *what)
+/* kvm_serve_bind's rules that the settings alone decide (no key file is read): the endpoint's
+ * form, and the keys a non-local endpoint needs. */
+static int bind_rule(const char *endpoint, const kvm_config *cfg, const char *what)
 {
     const char *sec = kvm_config_str(cfg, "security", "server_secret_key");
     const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
     int rc = kvm_serve_endpoint_check(endpoint, what);
     if (rc) return rc;
-    int local = kvm_curve_is_local(endpoint);
     if (*auth && !*sec) /* on a local bind nothing would check the clients' keys, and nobody would know */
         return kvm_err(KVM_EINVAL,
                        "%s %s: [security] authorized_keys is set but server_secret_key is not: clients' keys are "
                        "checked only by a CurveZMQ server (make its key pair with kvmill keygen), or drop "
                        "authorized_keys",
                        what, endpoint);
-    if (!local && (!*sec || !*auth))
+    if (!kvm_curve_is_local(endpoint) && (!*sec || !*auth))
         return kvm_err(KVM_EINVAL,
                        "%s %s is not local: set [security] server_secret_key and authorized_keys "
                        "(make keys with kvmill keygen), or bind ipc:// or tcp://127.0.0.1",
                        what, endpoint);
+    return 0;
+}
+
+int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
+{
+    char what[1200];
+    if (bind_what)
+        snprintf(what, sizeof what, "%s", bind_what);
+    else
+        snprintf(what, sizeof what, "[serve] bind in %s", kvm_config_path(cfg));
+    int rc = bind_rule(kvm_config_str(cfg, "serve", "bind"), cfg, what);
+    if (rc) return rc;
+    const char *be = kvm_config_str(cfg, "serve", "backend");
+    if (!*be) return 0; /* the run directory's ipc:// sockets: local */
+    char ctl_ep[1100], data_ep[1100];
+    snprintf(what, sizeof what, "[serve] backend in %s", kvm_config_path(cfg));
+    if (kvm_stage_endpoints(be, ctl_ep, data_ep, sizeof ctl_ep))
+        return kvm_err(KVM_EINVAL, "%s: %s", what, kvm_errmsg());
+    if ((rc = bind_rule(ctl_ep, cfg, what)) || (rc = bind_rule(data_ep, cfg, what))) return rc;
+    return 0;
+}
+
+int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
+                   const char *what)
+{
+    const char *sec = kvm_config_str(cfg, "security", "server_secret_key");
+    const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
+    int rc = bind_rule(endpoint, cfg, what);
+    if (rc) return rc;
+    int local = kvm_curve_is_local(endpoint);
     if (!local || (curve_if_keyed && *sec)) {
         if (!*auth) return kvm_err(KVM_EINVAL, "[security] server_secret_key is set but authorized_keys is not");
         const char *pub = kvm_config_str(cfg, "security", "server_public_key");

@@ -367,6 +367,31 @@ static int not_a_dir(const char *path)
                    path, base, dir_len, slash ? path : ".");
 }
 
+/* A writable open that creates the store (no data.mdb yet) in a directory that is there: refused
+ * when the directory holds anything but a store's own files (lock.mdb) or a fresh filesystem's
+ * lost+found, since data.mdb and lock.mdb would then sit among files that are not the store's (a
+ * corpus folder named by mistake). An empty directory (made ahead, a mount point) is used.
+ * KVM_EINVAL: a usage error. */
+static int refuse_foreign_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return 0; /* unreadable: the open says why, or works */
+    long n = 0;
+    char example[256] = "";
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *nm = e->d_name;
+        if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, "lock.mdb") || !strcmp(nm, "lost+found")) continue;
+        if (n++ == 0) snprintf(example, sizeof example, "%s", nm);
+    }
+    closedir(d);
+    if (n == 0) return 0;
+    return kvm_err(KVM_EINVAL,
+                   "store %s: the directory exists and holds %ld %s that %s not a store's (such as '%s'), and no "
+                   "data.mdb: a new store there would mix its files with those; give an empty or new folder for "
+                   "the store",
+                   path, n, n == 1 ? "entry" : "entries", n == 1 ? "is" : "are", example);
+}
+
 /* *made_dir = 1 when this call created the directory. */
 static int store_prepare_dir(const char *path, int read_only, int must_exist, int *made_dir)
 {
@@ -382,11 +407,13 @@ static int store_prepare_dir(const char *path, int read_only, int must_exist, in
         return 0;
     }
     if (!S_ISDIR(st.st_mode)) return not_a_dir(path);
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data.mdb", path);
     if (read_only || must_exist) {
-        char data[4200];
-        snprintf(data, sizeof data, "%s/data.mdb", path);
         if (stat(data, &st) != 0)
             return kvm_err(KVM_ENOTFOUND, "store %s: directory holds no store (no data.mdb)", path);
+    } else if (lstat(data, &st) != 0 && errno == ENOENT) {
+        return refuse_foreign_dir(path);
     }
     return 0;
 }

@@ -691,6 +691,67 @@ START_TEST(test_deep_model_path_run)
 }
 END_TEST
 
+/* `run --store` naming the corpus folder (a directory that is there, holding other files, and
+ * no store) created the store inside it, exit 0. Now exit 2 naming the folder, the number of
+ * entries and one, and nothing is written there. */
+START_TEST(test_run_store_in_corpus_folder)
+{
+    char store[4300], cfg[4300], corp[4400], cmd[16384], names[4400], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(corp, sizeof corp, "%s/corp", dir);
+    ck_assert_int_eq(mkdir(corp, 0700), 0);
+    for (int i = 0; i < 2; i++) {
+        snprintf(names, sizeof names, "%s/doc_%03d.txt", corp, i);
+        const char *text = i ? "Tom had a big red ball.\n" : "Once upon a time there was a cat.\n";
+        ck_assert_int_eq(kvm_test_write_file(names, text, strlen(text)), 0);
+    }
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s' --store '%s'", kvm_test_bin(), cfg,
+             corp, corp);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, corp) && strstr(err, "2 entries") && strstr(err, "doc_00") &&
+                      strstr(err, "empty or new folder"),
+                  "exit %d\n%s\n%s", rc, out, err);
+    snprintf(names, sizeof names, "%s/data.mdb", corp);
+    struct stat sb;
+    ck_assert_msg(stat(names, &sb) != 0, "data.mdb was made in the corpus folder");
+    snprintf(names, sizeof names, "%s/lock.mdb", corp);
+    ck_assert_msg(stat(names, &sb) != 0, "lock.mdb was made in the corpus folder");
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* Two files of the same content (a copy under another name) in one corpus, on a new store: the
+ * run said "2 documents (1 already stored)", and nothing said that the store keeps the first
+ * name only (ask --doc-name of the second finds nothing). The start line now counts it as a
+ * duplicate within the corpus, and a line names both and the name to ask by. */
+START_TEST(test_run_duplicate_in_corpus_said)
+{
+    char store[4300], cfg[4300], corp[4400], f[4500], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    snprintf(corp, sizeof corp, "%s/dup", dir);
+    ck_assert_int_eq(mkdir(corp, 0700), 0);
+    const char *text = "Once upon a time there was a cat.\n";
+    snprintf(f, sizeof f, "%s/x.txt", corp);
+    ck_assert_int_eq(kvm_test_write_file(f, text, strlen(text)), 0);
+    snprintf(f, sizeof f, "%s/y.txt", corp);
+    ck_assert_int_eq(kvm_test_write_file(f, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 %s/kvmill run --config '%s' --corpus '%s'", kvm_test_bin(), cfg, corp);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "skipped=1 "), "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(strstr(err, "2 documents (0 already stored, 1 duplicate of another in this corpus)") &&
+                      strstr(err, "y.txt is a duplicate of x.txt within this corpus") &&
+                      strstr(err, "kvmill ask --doc-name x.txt"),
+                  "%s", err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* The same deep model path for kvmill serve: its decode workers read the resolved configuration
  * from a file, where the path was written as one line of over 198 characters, which each worker
  * refused ("line of 269 characters: lines are limited to 198"); three such exits stopped the
@@ -1027,6 +1088,8 @@ static Suite *suite(void)
         {"config_text_not_utf8", test_config_text_not_utf8},
         {"long_tmpdir", test_long_tmpdir},
         {"deep_model_path_run", test_deep_model_path_run},
+        {"run_store_in_corpus_folder", test_run_store_in_corpus_folder},
+        {"run_duplicate_in_corpus_said", test_run_duplicate_in_corpus_said},
         {"deep_model_path_serve", test_deep_model_path_serve},
         {"decode_worker_missing_store", test_decode_worker_missing_store},
         {"budget_and_ratio_both_set", test_budget_and_ratio_both_set},

@@ -231,6 +231,132 @@ START_TEST(test_ask_store_service_endpoint)
 }
 END_TEST
 
+/* kvmill serve --store tcp://127.0.0.1:1 (a store service endpoint where nothing listens)
+ * started and said ready without a word; every ask then failed after its timeout with "no
+ * reply". serve now asks the service once at start and warns, naming the endpoint, when no
+ * answer comes; it still starts (the service may start later). */
+START_TEST(test_serve_store_service_silent)
+{
+    write_config("");
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "0", "--store", "tcp://127.0.0.1:1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "warning: the store service tcp://127.0.0.1:1 does not answer");
+    assert_contains(log, "kvmill store serve running");
+    free(log);
+}
+END_TEST
+
+/* kvmill serve --dump-config printed, exit 0, a config whose [serve] bind is no endpoint, has a
+ * port past 65535, or whose [serve] backend is non-local without [security] keys, all of which
+ * kvmill serve itself refuses when it binds. serve's config checks, which --dump-config shares,
+ * now refuse them, exit 2, naming the setting and the config file (--bind when it came from
+ * the command line). */
+START_TEST(test_dump_config_refuses_bad_endpoints)
+{
+    static const char *const cases[][3] = {
+        {"[serve]\nbind = garbage\n", "[serve] bind in", "is not an endpoint"},
+        {"[serve]\nbind = tcp://127.0.0.1:70000\n", "[serve] bind in", "the port is not a number"},
+        {"[serve]\nbackend = tcp://0.0.0.0:5999\n", "[serve] backend in", "is not local"},
+        {"[serve]\nbind = tcp://0.0.0.0:5999\n", "[serve] bind in", "is not local"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_config("");
+        FILE *f = fopen(g_cfg, "a");
+        ck_assert_ptr_nonnull(f);
+        fputs(cases[i][0], f);
+        ck_assert_int_eq(fclose(f), 0);
+        char cmd[16384], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' serve --config '%s' --dump-config", kvm_test_bin(), g_cfg);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2, "%s: exit %d: %s", cases[i][0], rc, err);
+        assert_contains(err, cases[i][1]);
+        assert_contains(err, cases[i][2]);
+        assert_contains(err, g_cfg);
+        free(out);
+        free(err);
+    }
+    /* --bind names itself; a local bind is dumped */
+    write_config("");
+    char cmd[16384], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' serve --config '%s' --bind tcp://127.0.0.1:99999 --dump-config",
+             kvm_test_bin(), g_cfg);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2, "--bind: exit %d: %s", rc, err);
+    assert_contains(err, "--bind 'tcp://127.0.0.1:99999'");
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' serve --config '%s' --bind tcp://127.0.0.1:5999 --dump-config",
+             kvm_test_bin(), g_cfg);
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "a local bind: exit %d: %s", rc, err);
+    assert_contains(out, "tcp://127.0.0.1:5999");
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* kvmill ask --doc on a FIFO nobody writes to said "--doc PATH is empty", as if the file had
+ * no bytes; /dev/null said the same. Now the FIFO is refused by name, without waiting, and a
+ * device too; a pipe with a writer (bash's <(...)) is still read. */
+START_TEST(test_ask_doc_fifo_no_writer)
+{
+    char fifo[4300], cmd[16384], *err = NULL;
+    snprintf(fifo, sizeof fifo, "%s/pipe.txt", g_dir);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' ask --connect '%s' --timeout 5 --doc '%s' --prompt ' She' -n 4",
+             kvm_test_bin(), g_front, fifo);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "FIFO: exit %d: %s", rc, err);
+    assert_contains(err, fifo);
+    assert_contains(err, "is a FIFO (named pipe) with no process writing to it");
+    ck_assert_msg(!strstr(err, "is empty"), "%s", err);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' ask --connect '%s' --timeout 5 --doc /dev/null --prompt ' She' -n 4",
+             kvm_test_bin(), g_front);
+    rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "/dev/null: exit %d: %s", rc, err);
+    assert_contains(err, "--doc /dev/null is a character device, not a document file");
+    free(err);
+    /* a pipe with a writer is read (then no server answers there: not a complaint about --doc) */
+    snprintf(cmd, sizeof cmd,
+             "bash -c \"timeout 60 '%s/kvmill' ask --connect '%s' --timeout 1 --doc <(printf 'Once upon a time.') "
+             "--prompt ' She' -n 4\"",
+             kvm_test_bin(), g_front);
+    rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc != 0 && rc != 2 && !strstr(err, "--doc"), "a pipe with a writer: exit %d: %s", rc, err);
+    free(err);
+}
+END_TEST
+
+/* kvmill ask with CurveZMQ keys to a server without keys (a plain front end) said "a wrong
+ * --server-key, or not kvmill serve's front end there", sending the user after a key that is
+ * not the problem. The ZeroMQ greeting names the server's mechanism: ask now says the server has
+ * no keys and to ask without them. */
+START_TEST(test_ask_keys_to_plain_server)
+{
+    char store[4300], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    kvm_test_keygen(g_dir, "server");
+    kvm_test_keygen(g_dir, "client");
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "0", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 '%s/kvmill' ask --connect '%s' --timeout 30 --server-key '%s/server.public' "
+             "--client-public '%s/client.public' --client-secret '%s/client.secret' --doc-name story.txt "
+             "--prompt ' She' -n 4",
+             kvm_test_bin(), g_front, g_dir, g_dir, g_dir);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 1, "ask: exit %d: %s", rc, err);
+    assert_contains(err, "the server has no CurveZMQ keys");
+    assert_contains(err, "without --server-key");
+    ck_assert_msg(!strstr(err, "a wrong --server-key"), "%s", err);
+    free(err);
+}
+END_TEST
+
 /* kvmill serve --store on an empty folder (made ahead with mkdir, or a mount point) said the
  * store "does not exist", though ls shows the folder; store ls and kvmill-decode said "directory
  * holds no store (no data.mdb)". serve now says what the folder lacks. */
@@ -450,6 +576,10 @@ static Suite *suite(void)
         {"ask_stopped_server", test_ask_stopped_server},
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
         {"serve_empty_store_folder", test_serve_empty_store_folder},
+        {"serve_store_service_silent", test_serve_store_service_silent},
+        {"dump_config_refuses_bad_endpoints", test_dump_config_refuses_bad_endpoints},
+        {"ask_doc_fifo_no_writer", test_ask_doc_fifo_no_writer},
+        {"ask_keys_to_plain_server", test_ask_keys_to_plain_server},
         {"serve_store_readers_full", test_serve_store_readers_full},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},

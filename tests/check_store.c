@@ -1355,6 +1355,48 @@ START_TEST(test_failed_create_leaves_folder)
 }
 END_TEST
 
+/* A writable open that creates a store in a directory that is there and holds other files (a
+ * corpus folder given as --store by mistake) put data.mdb and lock.mdb among them: now refused
+ * (KVM_EINVAL, a usage error: run and serve exit 2) naming the folder, how many entries and
+ * one, and the folder is left as it was (`kvmill run --store` exit 2: check_newuser). An empty folder, one holding only
+ * lost+found (a fresh filesystem), or only a lock.mdb, is used; an existing store with other files beside it opens. */
+START_TEST(test_create_in_foreign_dir)
+{
+    char f[4400], names[512];
+    ck_assert_int_eq(mkdir(g_path, 0775), 0);
+    snprintf(f, sizeof f, "%s/doc_000.txt", g_path);
+    ck_assert_int_eq(kvm_test_write_file(f, "text", 4), 0);
+    snprintf(f, sizeof f, "%s/doc_001.txt", g_path);
+    ck_assert_int_eq(kvm_test_write_file(f, "text", 4), 0);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(g_path, NULL, &s), KVM_EINVAL);
+    ck_assert_ptr_null(s);
+    const char *msg = kvm_errmsg();
+    printf("non-empty folder: %s\n", msg);
+    ck_assert_msg(strstr(msg, g_path) && strstr(msg, "2 entries") && strstr(msg, "doc_00") &&
+                      strstr(msg, "empty or new folder"),
+                  "%s", msg);
+    const char *got = dir_names(g_path, names, sizeof names);
+    ck_assert_msg(!strstr(got, "data.mdb") && !strstr(got, "lock.mdb"), "the folder now holds %s", got);
+    /* an empty folder and one holding lost+found only: used */
+    kvm_test_rmtree(g_path);
+    ck_assert_int_eq(mkdir(g_path, 0775), 0);
+    s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_close(&s);
+    kvm_test_rmtree(g_path);
+    ck_assert_int_eq(mkdir(g_path, 0775), 0);
+    snprintf(f, sizeof f, "%s/lost+found", g_path);
+    ck_assert_int_eq(mkdir(f, 0700), 0);
+    s = open_store(g_path, 0, 0, 0, 0);
+    /* an existing store with a file put beside it later still opens, read-write too */
+    kvm_store_close(&s);
+    snprintf(f, sizeof f, "%s/NOTES", g_path);
+    ck_assert_int_eq(kvm_test_write_file(f, "x", 1), 0);
+    s = open_store(g_path, 0, 0, 0, 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
 START_TEST(test_cli_commands)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
@@ -1910,6 +1952,7 @@ int main(void)
     suite_add_tcase(su, tcase("cli_readonly_leaves_no_files", test_cli_readonly_leaves_no_files, 60));
     suite_add_tcase(su, tcase("writable_open_leaves_no_lock", test_writable_open_leaves_no_lock, 60));
     suite_add_tcase(su, tcase("failed_create_leaves_folder", test_failed_create_leaves_folder, 60));
+    suite_add_tcase(su, tcase("create_in_foreign_dir", test_create_in_foreign_dir, 30));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
