@@ -368,10 +368,10 @@ static int not_a_dir(const char *path)
 }
 
 /* A writable open that creates the store (no data.mdb yet) in a directory that is there: refused
- * when the directory holds anything but a store's own files (lock.mdb) or a fresh filesystem's
- * lost+found, since data.mdb and lock.mdb would then sit among files that are not the store's (a
- * corpus folder named by mistake). An empty directory (made ahead, a mount point) is used.
- * KVM_EINVAL: a usage error. */
+ * when the directory holds anything but a store's own files (lock.mdb), a fresh filesystem's
+ * lost+found or hidden entries (.gitkeep), since data.mdb and lock.mdb would then sit among files that are not the
+ * store's (a corpus folder named by mistake). An empty directory (made ahead, a mount point) is used. KVM_EINVAL: a
+ * usage error. */
 static int refuse_foreign_dir(const char *path)
 {
     DIR *d = opendir(path);
@@ -380,7 +380,8 @@ static int refuse_foreign_dir(const char *path)
     char example[256] = "";
     for (struct dirent *e; (e = readdir(d));) {
         const char *nm = e->d_name;
-        if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, "lock.mdb") || !strcmp(nm, "lost+found")) continue;
+        /* hidden entries (.gitkeep, .snapshot) are a folder's housekeeping, not a corpus */
+        if (nm[0] == '.' || !strcmp(nm, "lock.mdb") || !strcmp(nm, "lost+found")) continue;
         if (n++ == 0) snprintf(example, sizeof example, "%s", nm);
     }
     closedir(d);

@@ -1387,6 +1387,8 @@ START_TEST(test_create_in_foreign_dir)
     ck_assert_int_eq(mkdir(g_path, 0775), 0);
     snprintf(f, sizeof f, "%s/lost+found", g_path);
     ck_assert_int_eq(mkdir(f, 0700), 0);
+    snprintf(f, sizeof f, "%s/.gitkeep", g_path); /* hidden: housekeeping, not a corpus */
+    ck_assert_int_eq(kvm_test_write_file(f, "", 0), 0);
     s = open_store(g_path, 0, 0, 0, 0);
     /* an existing store with a file put beside it later still opens, read-write too */
     kvm_store_close(&s);
