@@ -94,7 +94,10 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
  * until it is renamed: a second command given the same PATH meanwhile is refused (exit 2), where
  * both wrote one PATH.part and one exited 0 with the other's rows. A PATH that exists and is not
  * a regular file (a FIFO, /dev/stdout) is written in place; one that is a symbolic link to a file
- * has that file replaced. */
+ * has that file replaced. An existing file that is read-only (access(W_OK) fails, or no write
+ * permission bit is set: root writes any file) or an LMDB file (its magic; data.mdb or lock.mdb
+ * beside the other) is refused (exit 2): PATH.part renamed over it replaced a corpus document, a
+ * store's data.mdb, without a word. */
 typedef struct kvm_cli_staged {
     FILE *f;          /* the stream to write */
     const char *path; /* the file the user named (not owned) */
@@ -105,7 +108,7 @@ typedef struct kvm_cli_staged {
 
 /* Opens s for --FLAG PATH (PATH.part, locked, or PATH in place by kvm_cli_open_out). Returns 0,
  * or after printing the refusal (s->f NULL) 2 (a FIFO without a reader; PATH.part locked by
- * another process) or 1 (the open failed otherwise). */
+ * another process; PATH read-only or an LMDB file) or 1 (the open failed otherwise). */
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s);
 
 /* Closes s (nothing to do when s->f is NULL). ok = 1 (the command succeeded): PATH.part is
