@@ -999,6 +999,52 @@ START_TEST(test_calibrate_jobcfg_check)
 }
 END_TEST
 
+/* [compress] method = sculpt with queries = 0 and retain = 0 gives the fit no training query: run
+ * started and every document failed in the compress worker ("sculpt: no training queries", exit
+ * 1, no key named), and --dump-config exited 0. Refused at start now (exit 2) by the config check
+ * run, --dump-config, serve and calibrate share, naming both keys and the file; retain > 0 alone
+ * (the retain zone's queries) still runs. */
+START_TEST(test_no_training_queries)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = sculpt\nqueries = 0\nretain = 0\n");
+    const char *tails[] = {"--dump-config", "--corpus"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' %s %s", kvm_test_bin(), cfg, tails[i],
+                 i ? kvm_test_data_path("corpus") : "");
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "[compress] queries = 0 and retain = 0") && strstr(err, cfg) &&
+                          !strstr(err, "no training queries ("),
+                      "%s: exit %d: %s", tails[i], rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\ncontext = 64\n[compress]\nmethod = kvzip\nqueries = 0\n"
+                                      "retain = 0\n",
+                                      "t.ini", &c),
+                     0);
+    ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
+    kvm_config_free(&c);
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\ncontext = 64\n[compress]\nmethod = sculpt\nqueries = 0\n"
+                                      "retain = 4\n",
+                                      "t.ini", &c),
+                     0);
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    ck_assert_int_eq(
+        kvm_config_parse("[model]\npath = m.bin\ncontext = 64\n[compress]\nmethod = streaming\nqueries = 0\n"
+                         "retain = 0\n",
+                         "t.ini", &c),
+        0);
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -1036,6 +1082,7 @@ static Suite *suite(void)
         {"log_name_control_bytes", test_log_name_control_bytes},
         {"calibrate_config_docs_file", test_calibrate_config_docs_file},
         {"calibrate_empty_strategy_name", test_calibrate_empty_strategy_name},
+        {"no_training_queries", test_no_training_queries},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
