@@ -135,6 +135,7 @@ static int check_config(const kvm_config *cfg)
                        kvm_config_path(cfg));
         return 1;
     }
+    if (kvm_cli_check_run_bind("run", cfg)) return 1;
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill run: %s\n", size_note);
     if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
@@ -200,7 +201,9 @@ int kvm_cmd_run(int argc, char **argv)
         return 2;
     }
     const char *bind = kvm_cli_get(opts, "bind");
-    if (bind && kvm_config_set(cfg, "run", "bind", bind)) {
+    char bind_ctl[1100], bind_data[1100]; /* the form the run binds: a value refused there named no flag */
+    if (bind &&
+        (kvm_config_set(cfg, "run", "bind", bind) || kvm_stage_endpoints(bind, bind_ctl, bind_data, sizeof bind_ctl))) {
         kvm_cli_refuse("run", "--bind: %s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;

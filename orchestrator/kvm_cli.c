@@ -5,6 +5,7 @@
 #include "common/kvm_log.h"
 #include "common/kvm_number.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_stage.h"
 #include "compress/eval/kvm_eval.h"
 
 #include <ctype.h>
@@ -549,6 +550,15 @@ void kvm_cli_log_config(const char *cmd, const char *stage, const kvm_config *cf
     char prefix[64];
     snprintf(prefix, sizeof prefix, "kvmill %s: ", cmd);
     kvm_log_setup(stage, prefix, kvm_config_str(cfg, "run", "log_format")); /* a validated choice */
+}
+
+int kvm_cli_check_run_bind(const char *cmd, const kvm_config *cfg)
+{
+    const char *bind = kvm_config_str(cfg, "run", "bind");
+    char ctl_ep[1100], data_ep[1100];
+    if (!*bind || !kvm_stage_endpoints(bind, ctl_ep, data_ep, sizeof ctl_ep)) return 0;
+    kvm_cli_refuse(cmd, "%s: [run] bind = %s: %s\n", kvm_config_path(cfg), bind, kvm_errmsg());
+    return -1;
 }
 
 void kvm_cli_refuse(const char *cmd, const char *fmt, ...)

@@ -168,6 +168,13 @@ struct kvm_config;
  * plain text: no format is known yet. */
 void kvm_cli_log_config(const char *cmd, const char *stage, const struct kvm_config *cfg);
 
+/* [run] bind of cfg in the form the orchestrator binds (empty, ipc://DIR or tcp://HOST:PORT,
+ * PORT in [1, 65534]: kvm_stage_endpoints) for run and calibrate, before the model: a value
+ * refused only when the sockets were bound named neither key nor file, and run's --dump-config
+ * printed it as a config run accepts. Returns 0, or -1 after "kvmill CMD: FILE: [run] bind =
+ * VALUE: why" (kvm_cli_refuse; exit 2). */
+int kvm_cli_check_run_bind(const char *cmd, const struct kvm_config *cfg);
+
 /* A start-up refusal or problem of command cmd on stderr: "kvmill CMD: " + the formatted
  * message (fmt ends with "\n", its only newline) in text, its control bytes (a newline in a
  * name included) written as \xHH (kvm_log_escape), or, once kvm_cli_log_config chose json, a JSON line of

@@ -1045,6 +1045,49 @@ START_TEST(test_no_training_queries)
 }
 END_TEST
 
+/* [run] bind in a form the run cannot bind (garbage) passed --dump-config (exit 0) and was refused
+ * by run only when it bound its sockets, as "endpoint garbage: ..." naming neither key nor file.
+ * run, its dump and calibrate refuse it at start now (exit 2), naming [run] bind and the file; and
+ * --bind with PORT 0 or 65535, refused as "PORT in [1, 65534]" with no reason, says why. */
+START_TEST(test_run_bind_checked)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = streaming\n[run]\nbind = garbage\n");
+    char want[4400];
+    snprintf(want, sizeof want, "%s: [run] bind = garbage: endpoint garbage: expected ipc://DIR or tcp://HOST:PORT",
+             cfg);
+    const char *cmds[] = {"run --dump-config", "run --corpus", "calibrate --docs"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill %s %s --config '%s'", kvm_test_bin(), cmds[i],
+                 i ? kvm_test_data_path("corpus") : "", cfg);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, want), "%s: exit %d: %s", cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(cfg + strlen(cfg) - 4, 8, "2.ini"); /* a config without the bind, for --bind */
+    snprintf(cmd, sizeof cmd, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, cmd, strlen(cmd)), 0);
+    const struct {
+        const char *bind, *why;
+    } ports[] = {{"tcp://127.0.0.1:0", "the workers must be told the port to connect to, so it cannot be 0"},
+                 {"tcp://127.0.0.1:65535", "the data socket binds PORT+1"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' --corpus '%s' --bind %s", kvm_test_bin(),
+                 cfg, kvm_test_data_path("corpus"), ports[i].bind);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "kvmill run: --bind: ") && strstr(err, ports[i].why), "%s: exit %d: %s",
+                      ports[i].bind, rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -1083,6 +1126,7 @@ static Suite *suite(void)
         {"calibrate_config_docs_file", test_calibrate_config_docs_file},
         {"calibrate_empty_strategy_name", test_calibrate_empty_strategy_name},
         {"no_training_queries", test_no_training_queries},
+        {"run_bind_checked", test_run_bind_checked},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
