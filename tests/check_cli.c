@@ -1244,6 +1244,26 @@ START_TEST(test_sculpt_empty_doc)
 }
 END_TEST
 
+/* `sculpt --context 1` read BOS alone and said "--doc FILE is empty: it has no tokens besides BOS"
+ * of a document that has many: the context is what is too short. Refused now naming --context 1
+ * (exit 2); an empty document with a larger --context is still named as empty. */
+START_TEST(test_sculpt_context_one)
+{
+    char *tmp = kvm_test_tmpdir(), outp[4096], args[16384], *out, *err;
+    snprintf(outp, sizeof outp, "%s/o.cache", tmp);
+    snprintf(args, sizeof args, "sculpt --model '%%s' --doc '%%s' --context 1 --retain 0 --out '%s'", outp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
+                    kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "--context 1 is the BOS token alone") && !strstr(err, "is empty"),
+                  "exit %d: %s", rc, err);
+    ck_assert_int_ne(access(outp, F_OK), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* The output flags (make-model and sculpt --out, eval --csv) renamed OUT.part over whatever OUT
  * was: --out STORE/data.mdb exited 0 and the store could no longer be opened, and a read-only
  * file (a corpus document) was replaced without a word. Now an existing OUT that is an LMDB file
@@ -1406,6 +1426,7 @@ static Suite *cli_suite(void)
                  {"calibrate_write_error_says_why", test_calibrate_write_error_says_why},
                  {"sculpt_empty_doc", test_sculpt_empty_doc},
                  {"out_refuses_store_and_readonly", test_out_refuses_store_and_readonly},
+                 {"sculpt_context_one", test_sculpt_context_one},
                  {"ask_timeout_above_request_timeout", test_ask_timeout_above_request_timeout}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
