@@ -1088,6 +1088,31 @@ START_TEST(test_run_bind_checked)
 }
 END_TEST
 
+/* `run --metrics ""` was taken as "no metrics" (the key's empty value) and the run went on without
+ * a word; `--bind ""` was refused as "endpoint : ...". Both are refused now as empty (exit 2,
+ * naming the flag), before any document. */
+START_TEST(test_run_empty_flag_values)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = streaming\n");
+    const char *flags[] = {"metrics", "bind"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' --corpus '%s' --%s ''", kvm_test_bin(),
+                 cfg, kvm_test_data_path("corpus"), flags[i]);
+        int rc = kvm_test_run(cmd, &out, &err);
+        char want[64];
+        snprintf(want, sizeof want, "kvmill run: --%s is empty: name the ", flags[i]);
+        ck_assert_msg(rc == 2 && strstr(err, want) && !strstr(out, "summary:"), "--%s '': exit %d: %s%s", flags[i], rc,
+                      out, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -1127,6 +1152,7 @@ static Suite *suite(void)
         {"calibrate_empty_strategy_name", test_calibrate_empty_strategy_name},
         {"no_training_queries", test_no_training_queries},
         {"run_bind_checked", test_run_bind_checked},
+        {"run_empty_flag_values", test_run_empty_flag_values},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
