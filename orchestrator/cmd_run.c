@@ -135,6 +135,7 @@ static int check_config(const kvm_config *cfg)
                        kvm_config_path(cfg));
         return 1;
     }
+    if (kvm_cli_check_run_bind("run", cfg)) return 1;
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill run: %s\n", size_note);
     if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
@@ -199,8 +200,23 @@ int kvm_cmd_run(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
+    /* an empty value: --metrics "" wrote no metrics without a word (the key's empty = none), and
+     * --bind "" was refused as "endpoint : ..."; leaving the flag out is how to say none */
+    static const char *const valued[] = {"bind", "metrics"};
+    for (size_t i = 0; i < sizeof valued / sizeof valued[0]; i++) {
+        const char *v = kvm_cli_get(opts, valued[i]);
+        if (v && !*v) {
+            kvm_cli_refuse("run",
+                           "--%s is empty: name the %s, or leave --%s out (the config's [run] %s then applies)\n",
+                           valued[i], i ? "file to write the metrics to" : "endpoint to bind", valued[i], valued[i]);
+            kvm_config_free(&cfg);
+            return 2;
+        }
+    }
     const char *bind = kvm_cli_get(opts, "bind");
-    if (bind && kvm_config_set(cfg, "run", "bind", bind)) {
+    char bind_ctl[1100], bind_data[1100]; /* the form the run binds: a value refused there named no flag */
+    if (bind &&
+        (kvm_config_set(cfg, "run", "bind", bind) || kvm_stage_endpoints(bind, bind_ctl, bind_data, sizeof bind_ctl))) {
         kvm_cli_refuse("run", "--bind: %s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;

@@ -166,6 +166,11 @@ int kvm_cmd_sculpt(int argc, char **argv)
                 kvm_cli_get(opts, "method") ? kvm_cli_get(opts, "method") : "sculpt", names);
     int64_t ctx = 0;
     if ((s = kvm_cli_get(opts, "context")) && kvm_cli_int("sculpt", "context", s, 1, INT32_MAX, &ctx)) return 2;
+    if (ctx == 1) { /* BOS alone: was refused as the document being empty */
+        fprintf(stderr, "kvmill sculpt: --context 1 is the BOS token alone: a context needs at least 2 tokens (BOS "
+                        "and the document's first); give a larger --context, or none for the whole document\n");
+        return 2;
+    }
     const kvm_kernels *kk;
     /* --device (the sculpt table's `device`, checked above before any work) is the solver's: the
      * query capture is the host forward's (model/kvm_capture.h), so the prefill runs on the CPU */

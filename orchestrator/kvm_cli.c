@@ -5,6 +5,7 @@
 #include "common/kvm_log.h"
 #include "common/kvm_number.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_stage.h"
 #include "compress/eval/kvm_eval.h"
 
 #include <ctype.h>
@@ -242,6 +243,66 @@ static int open_part(const char *cmd, const char *flag, const char *path, const 
     return 0;
 }
 
+/* 1 when the file at fd holds LMDB's magic (0xBEEFC0DE, host order) where LMDB puts it: at byte
+ * 16 of a data file (the meta of page 0, after the page header), at byte 0 of a lock file. */
+static int lmdb_magic(int fd)
+{
+    unsigned char b[20];
+    const ssize_t n = pread(fd, b, sizeof b, 0);
+    uint32_t m0 = 0, m16 = 0;
+    if (n >= 4) memcpy(&m0, b, 4);
+    if (n >= 20) memcpy(&m16, b + 16, 4);
+    return m0 == 0xBEEFC0DEu || m16 == 0xBEEFC0DEu;
+}
+
+/* 1 when file is one of an LMDB environment's two files: data.mdb or lock.mdb in a folder that
+ * holds the other one too (a store's files before LMDB has written its magic), or FILE beside
+ * FILE-lock (an environment opened as one file). */
+static int lmdb_env_file(const char *file)
+{
+    const char *slash = strrchr(file, '/'), *base = slash ? slash + 1 : file;
+    const char *other = !strcmp(base, "data.mdb") ? "lock.mdb" : !strcmp(base, "lock.mdb") ? "data.mdb" : NULL;
+    char p[4200];
+    struct stat st; /* the folder: FILE up to its last slash ("" for /data.mdb), or "." */
+    if (other &&
+        snprintf(p, sizeof p, "%.*s/%s", slash ? (int)(slash - file) : 1, slash ? file : ".", other) < (int)sizeof p &&
+        !lstat(p, &st))
+        return 1;
+    return snprintf(p, sizeof p, "%s-lock", file) < (int)sizeof p && !lstat(p, &st);
+}
+
+/* An existing regular file that --FLAG PATH (FILE: PATH, or the file PATH links to) would be
+ * renamed over: refused when it is read-only (access(W_OK) fails, or no write permission bit is
+ * set: root may write any file, and PATH.part renamed over it replaced it without a word,
+ * a corpus document among them) or an LMDB file (a store's data.mdb or lock.mdb: the store was
+ * destroyed). Overwriting an earlier output of the same command is what --FLAG is for and goes
+ * on. Returns 0, or 2 after saying why. */
+static int refuse_existing(const char *cmd, const char *flag, const char *path, const char *file)
+{
+    struct stat st;
+    if (stat(file, &st) || !S_ISREG(st.st_mode)) return 0; /* a new file */
+    char link[4200] = "";                                  /* PATH is a link: the file it names is the one replaced */
+    if (file != path) snprintf(link, sizeof link, " (a link to %s)", file);
+    if (access(file, W_OK) || !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH))) {
+        kvm_cli_refuse(cmd,
+                       "--%s %s%s exists and is read-only: the command would replace it; name another file, "
+                       "or make it writable (chmod u+w) if it is one to replace\n",
+                       flag, path, link);
+        return 2;
+    }
+    const int fd = open(file, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    const int magic = fd >= 0 && lmdb_magic(fd);
+    if (fd >= 0) close(fd);
+    if (magic || lmdb_env_file(file)) {
+        kvm_cli_refuse(cmd,
+                       "--%s %s%s is an LMDB file (a kvmill store's data.mdb or lock.mdb): writing it "
+                       "would destroy that store; name another file\n",
+                       flag, path, link);
+        return 2;
+    }
+    return 0;
+}
+
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s)
 {
     *s = (kvm_cli_staged){.path = path};
@@ -254,6 +315,11 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
         return 1;
     }
     const char *file = s->target ? s->target : path;
+    const int erc = refuse_existing(cmd, flag, path, file);
+    if (erc) {
+        free(s->target), s->target = NULL;
+        return erc;
+    }
     size_t n = strlen(file) + sizeof ".part";
     if (!(s->part = malloc(n))) {
         kvm_cli_refuse(cmd, "--%s %s: out of memory\n", flag, path);
@@ -484,6 +550,15 @@ void kvm_cli_log_config(const char *cmd, const char *stage, const kvm_config *cf
     char prefix[64];
     snprintf(prefix, sizeof prefix, "kvmill %s: ", cmd);
     kvm_log_setup(stage, prefix, kvm_config_str(cfg, "run", "log_format")); /* a validated choice */
+}
+
+int kvm_cli_check_run_bind(const char *cmd, const kvm_config *cfg)
+{
+    const char *bind = kvm_config_str(cfg, "run", "bind");
+    char ctl_ep[1100], data_ep[1100];
+    if (!*bind || !kvm_stage_endpoints(bind, ctl_ep, data_ep, sizeof ctl_ep)) return 0;
+    kvm_cli_refuse(cmd, "%s: [run] bind = %s: %s\n", kvm_config_path(cfg), bind, kvm_errmsg());
+    return -1;
 }
 
 void kvm_cli_refuse(const char *cmd, const char *fmt, ...)

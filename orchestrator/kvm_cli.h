@@ -94,7 +94,10 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
  * until it is renamed: a second command given the same PATH meanwhile is refused (exit 2), where
  * both wrote one PATH.part and one exited 0 with the other's rows. A PATH that exists and is not
  * a regular file (a FIFO, /dev/stdout) is written in place; one that is a symbolic link to a file
- * has that file replaced. */
+ * has that file replaced. An existing file that is read-only (access(W_OK) fails, or no write
+ * permission bit is set: root writes any file) or an LMDB file (its magic; data.mdb or lock.mdb
+ * beside the other) is refused (exit 2): PATH.part renamed over it replaced a corpus document, a
+ * store's data.mdb, without a word. */
 typedef struct kvm_cli_staged {
     FILE *f;          /* the stream to write */
     const char *path; /* the file the user named (not owned) */
@@ -105,7 +108,7 @@ typedef struct kvm_cli_staged {
 
 /* Opens s for --FLAG PATH (PATH.part, locked, or PATH in place by kvm_cli_open_out). Returns 0,
  * or after printing the refusal (s->f NULL) 2 (a FIFO without a reader; PATH.part locked by
- * another process) or 1 (the open failed otherwise). */
+ * another process; PATH read-only or an LMDB file) or 1 (the open failed otherwise). */
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s);
 
 /* Closes s (nothing to do when s->f is NULL). ok = 1 (the command succeeded): PATH.part is
@@ -164,6 +167,13 @@ struct kvm_config;
  * `stage` (common/kvm_log.h). Messages before this call (usage, an unreadable config) stay
  * plain text: no format is known yet. */
 void kvm_cli_log_config(const char *cmd, const char *stage, const struct kvm_config *cfg);
+
+/* [run] bind of cfg in the form the orchestrator binds (empty, ipc://DIR or tcp://HOST:PORT,
+ * PORT in [1, 65534]: kvm_stage_endpoints) for run and calibrate, before the model: a value
+ * refused only when the sockets were bound named neither key nor file, and run's --dump-config
+ * printed it as a config run accepts. Returns 0, or -1 after "kvmill CMD: FILE: [run] bind =
+ * VALUE: why" (kvm_cli_refuse; exit 2). */
+int kvm_cli_check_run_bind(const char *cmd, const struct kvm_config *cfg);
 
 /* A start-up refusal or problem of command cmd on stderr: "kvmill CMD: " + the formatted
  * message (fmt ends with "\n", its only newline) in text, its control bytes (a newline in a

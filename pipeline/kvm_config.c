@@ -420,6 +420,15 @@ static int finish(kvm_config *c, int rc)
         if (!kvm_cfg_settings[i].def && (!c->value[i] || !*c->value[i]) && needed(c, kvm_cfg_settings[i].section))
             return kvm_err(KVM_EINVAL, "%s: [%s] %s: required key is %s", c->path, kvm_cfg_settings[i].section,
                            kvm_cfg_settings[i].key, c->value[i] ? "empty" : "missing");
+    /* the map starts at map_size_mb and grows up to map_max_mb: a maximum below the start was
+     * ignored (the store opened with a map of map_size_mb, exit 0) */
+    const int64_t map = kvm_config_int(c, "store", "map_size_mb"), max = kvm_config_int(c, "store", "map_max_mb");
+    if (needed(c, "store") && max < map)
+        return kvm_err(KVM_EINVAL,
+                       "%s: [store] map_max_mb = %lld is below map_size_mb = %lld%s: the store's map starts "
+                       "at map_size_mb and grows up to map_max_mb; raise map_max_mb or lower map_size_mb",
+                       c->path, (long long)max, (long long)map,
+                       kvm_config_is_set(c, "store", "map_size_mb") ? "" : " (its default)");
     return 0;
 }
 

@@ -194,6 +194,15 @@ int kvm_jobcfg_check(const kvm_config *c)
                                    "keep every token and the distilled entries would make the cache larger than the full "
                                    "one; lower retain",
                        kvm_config_path(c), (long long)retain, (long long)ctx);
+    /* the fit's training queries: the retain zone's own (retain per query head) and [compress]
+     * queries (split by query_source): with neither, every document failed in the compress
+     * worker ("sculpt: no training queries"), exit 1, naming no key */
+    if (sculpt && retain == 0 && kvm_config_int(c, "compress", "queries") == 0)
+        return kvm_err(KVM_EINVAL,
+                       "%s: [compress] queries = 0 and retain = 0: method %s fits its entries to training "
+                       "queries, the retain zone's and [compress] queries, and this config gives none "
+                       "(every document would fail); set queries (default 2048) or retain above 0",
+                       kvm_config_path(c), method);
     return 0;
 }
 

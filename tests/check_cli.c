@@ -1244,6 +1244,129 @@ START_TEST(test_sculpt_empty_doc)
 }
 END_TEST
 
+/* `sculpt --context 1` read BOS alone and said "--doc FILE is empty: it has no tokens besides BOS"
+ * of a document that has many: the context is what is too short. Refused now naming --context 1
+ * (exit 2); an empty document with a larger --context is still named as empty. */
+START_TEST(test_sculpt_context_one)
+{
+    char *tmp = kvm_test_tmpdir(), outp[4096], args[16384], *out, *err;
+    snprintf(outp, sizeof outp, "%s/o.cache", tmp);
+    snprintf(args, sizeof args, "sculpt --model '%%s' --doc '%%s' --context 1 --retain 0 --out '%s'", outp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
+                    kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "--context 1 is the BOS token alone") && !strstr(err, "is empty"),
+                  "exit %d: %s", rc, err);
+    ck_assert_int_ne(access(outp, F_OK), 0);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
+/* The output flags (make-model and sculpt --out, eval --csv) renamed OUT.part over whatever OUT
+ * was: --out STORE/data.mdb exited 0 and the store could no longer be opened, and a read-only
+ * file (a corpus document) was replaced without a word. Now an existing OUT that is an LMDB file
+ * (LMDB's magic; a store's data.mdb or lock.mdb beside the other, before LMDB has written it), or
+ * is read-only, is refused (exit 2, naming the flag and why) and left as it was; a command's own
+ * earlier output is replaced as before. */
+START_TEST(test_out_refuses_store_and_readonly)
+{
+    char *tmp = kvm_test_tmpdir(), store[4300], path[4400], args[16384], *out = NULL, *err = NULL;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    const char *mm = "make-model --dim 64 --layers 1 --heads 4 --hidden 64 --vocab 512 --seq-len 64 --out '%s'%s";
+    snprintf(store, sizeof store, "%s/store", tmp);
+    kvm_test_store_create(store);
+    struct stat before, after;
+    static const char *const targets[] = {"store/data.mdb", "store/lock.mdb", "copy.mdb", "fresh/data.mdb"};
+    char fresh[4400];
+    snprintf(fresh, sizeof fresh, "%s/fresh", tmp); /* data.mdb (empty: no magic yet) beside lock.mdb */
+    ck_assert_int_eq(mkdir(fresh, 0700), 0);
+    snprintf(path, sizeof path, "%s/fresh/data.mdb", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, "", 0), 0);
+    snprintf(path, sizeof path, "%s/fresh/lock.mdb", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, "", 0), 0);
+    size_t n = 0;
+    snprintf(path, sizeof path, "%s/data.mdb", store);
+    char *data = kvm_test_read_file(path, &n); /* a copy of a store's file, elsewhere: its magic */
+    snprintf(path, sizeof path, "%s/copy.mdb", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, data, n), 0);
+    free(data);
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, targets[i]);
+        ck_assert_int_eq(stat(path, &before), 0);
+        int rc = kvmill(&out, &err, mm, path, "");
+        ck_assert_msg(rc == 2 && strstr(err, "--out ") && strstr(err, "is an LMDB file") && !strstr(err, "wrote"),
+                      "%s: exit %d: %s", cmd, rc, err);
+        free(out);
+        free(err);
+        ck_assert_int_eq(stat(path, &after), 0);
+        ck_assert_msg(after.st_ino == before.st_ino && after.st_size == before.st_size, "%s: %s was replaced", cmd,
+                      path);
+    }
+    snprintf(path, sizeof path, "%s/data.mdb", store);
+    snprintf(args, sizeof args,
+             "sculpt --model '%%s' --doc '%%s' --context 48 --queries 16 --iterations 1 --rounds 1 "
+             "--out '%s'",
+             path);
+    int rc = kvmill(&out, &err, args, model, kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill sculpt: --out ") && strstr(err, "is an LMDB file"), "%s: exit %d: %s",
+                  cmd, rc, err);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args,
+             "eval --model '%%s' --docs '%%s' --context 48 --continuation 8 --method streaming "
+             "--budget 16 --csv '%s'",
+             path);
+    rc = kvmill(&out, &err, args, model, kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill eval: --csv ") && strstr(err, "is an LMDB file"), "%s: exit %d: %s",
+                  cmd, rc, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0); /* the store still opens */
+    /* a read-only file (as root too: no write permission bit) */
+    snprintf(path, sizeof path, "%s/doc.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, "Once upon a time.", 17), 0);
+    ck_assert_int_eq(chmod(path, 0444), 0);
+    rc = kvmill(&out, &err, mm, path, "");
+    ck_assert_msg(rc == 2 && strstr(err, "--out ") && strstr(err, "exists and is read-only"), "%s: exit %d: %s", cmd,
+                  rc, err);
+    free(out);
+    free(err);
+    ck_assert_msg(stat(path, &after) == 0 && after.st_size == 17, "%s: the read-only file was replaced", cmd);
+    snprintf(args, sizeof args,
+             "eval --model '%%s' --docs '%%s' --context 48 --continuation 8 --method streaming "
+             "--budget 16 --csv '%s'",
+             path);
+    rc = kvmill(&out, &err, args, model, kvm_test_data_path("corpus/doc_001.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "--csv ") && strstr(err, "exists and is read-only"), "%s: exit %d: %s", cmd,
+                  rc, err);
+    free(out);
+    free(err);
+    /* one's own output, written again: replaced as before */
+    snprintf(path, sizeof path, "%s/m.bin", tmp);
+    for (int i = 0; i < 2; i++) {
+        rc = kvmill(&out, &err, mm, path, "");
+        ck_assert_msg(rc == 0 && strstr(err, "wrote"), "%s (time %d): exit %d: %s", cmd, i + 1, rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(path, sizeof path, "%s/e.csv", tmp);
+    snprintf(args, sizeof args,
+             "eval --model '%%s' --docs '%%s' --context 48 --continuation 8 --method streaming "
+             "--budget 16 --csv '%s'",
+             path);
+    for (int i = 0; i < 2; i++) {
+        rc = kvmill(&out, &err, args, model, kvm_test_data_path("corpus/doc_000.txt"));
+        ck_assert_msg(rc == 0, "%s (time %d): exit %d: %s", cmd, i + 1, rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* kvmill ask waited 30 s by default while [serve] request_timeout_s defaults to 60: a request
  * whose cache the server computed on demand (about 50 s for SmolLM2 at 2,048 tokens) ended in
  * ask's "no answer" while the server was still working, and the server's own answer (the cache,
@@ -1302,6 +1425,8 @@ static Suite *cli_suite(void)
                  {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure},
                  {"calibrate_write_error_says_why", test_calibrate_write_error_says_why},
                  {"sculpt_empty_doc", test_sculpt_empty_doc},
+                 {"out_refuses_store_and_readonly", test_out_refuses_store_and_readonly},
+                 {"sculpt_context_one", test_sculpt_context_one},
                  {"ask_timeout_above_request_timeout", test_ask_timeout_above_request_timeout}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -367,6 +367,38 @@ START_TEST(test_endpoint_without_address)
 }
 END_TEST
 
+/* [store] map_max_mb below map_size_mb was ignored: the store opened with a map of map_size_mb
+ * (64 MiB by default for map_max_mb = 1), exit 0. Refused at load now, naming both keys and
+ * values and the file (kvmill run and its --dump-config: exit 2); equal, or max above, loads, and a
+ * program that does not read [store] is not refused for it. */
+START_TEST(test_map_max_below_map_size)
+{
+    expect_bad("[model]\npath = /m\n[store]\nmap_max_mb = 1\n",
+               "t.ini: [store] map_max_mb = 1 is below map_size_mb = 64 (its default)");
+    expect_bad("[model]\npath = /m\n[store]\nmap_size_mb = 100\nmap_max_mb = 99\n",
+               "t.ini: [store] map_max_mb = 99 is below map_size_mb = 100:");
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m\n[store]\nmap_size_mb = 2\nmap_max_mb = 2\n", "t.ini", &c),
+                     0);
+    kvm_config_free(&c);
+    char *dir = kvm_test_tmpdir(), path[4200], cmd[9000], *out = NULL, *err = NULL;
+    snprintf(path, sizeof path, "%s/c.ini", dir);
+    const char *text = "[model]\npath = /m\n[store]\nmap_max_mb = 1\n";
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    static const char *const model_only[] = {"model", NULL};
+    ck_assert_msg(kvm_config_load_sections(path, model_only, &c) == 0, "%s", kvm_errmsg());
+    kvm_config_free(&c);
+    snprintf(cmd, sizeof cmd, "%s/kvmill run --config '%s' --dump-config", kvm_test_bin(), path);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[store] map_max_mb = 1 is below map_size_mb = 64") && strstr(err, path),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -381,7 +413,8 @@ static Suite *config_suite(void)
                  {"dump_moves_unwritable_values", test_dump_moves_unwritable_values},
                  {"indented_continuation_refused", test_indented_continuation_refused},
                  {"nested_defaults", test_nested_defaults},
-                 {"endpoint_without_address", test_endpoint_without_address}};
+                 {"endpoint_without_address", test_endpoint_without_address},
+                 {"map_max_below_map_size", test_map_max_below_map_size}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

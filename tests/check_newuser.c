@@ -1060,6 +1060,120 @@ START_TEST(test_calibrate_jobcfg_check)
 }
 END_TEST
 
+/* [compress] method = sculpt with queries = 0 and retain = 0 gives the fit no training query: run
+ * started and every document failed in the compress worker ("sculpt: no training queries", exit
+ * 1, no key named), and --dump-config exited 0. Refused at start now (exit 2) by the config check
+ * run, --dump-config, serve and calibrate share, naming both keys and the file; retain > 0 alone
+ * (the retain zone's queries) still runs. */
+START_TEST(test_no_training_queries)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = sculpt\nqueries = 0\nretain = 0\n");
+    const char *tails[] = {"--dump-config", "--corpus"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' %s %s", kvm_test_bin(), cfg, tails[i],
+                 i ? kvm_test_data_path("corpus") : "");
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "[compress] queries = 0 and retain = 0") && strstr(err, cfg) &&
+                          !strstr(err, "no training queries ("),
+                      "%s: exit %d: %s", tails[i], rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\ncontext = 64\n[compress]\nmethod = kvzip\nqueries = 0\n"
+                                      "retain = 0\n",
+                                      "t.ini", &c),
+                     0);
+    ck_assert_int_eq(kvm_jobcfg_check(c), KVM_EINVAL);
+    kvm_config_free(&c);
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = m.bin\ncontext = 64\n[compress]\nmethod = sculpt\nqueries = 0\n"
+                                      "retain = 4\n",
+                                      "t.ini", &c),
+                     0);
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    ck_assert_int_eq(
+        kvm_config_parse("[model]\npath = m.bin\ncontext = 64\n[compress]\nmethod = streaming\nqueries = 0\n"
+                         "retain = 0\n",
+                         "t.ini", &c),
+        0);
+    ck_assert_int_eq(kvm_jobcfg_check(c), 0);
+    kvm_config_free(&c);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* [run] bind in a form the run cannot bind (garbage) passed --dump-config (exit 0) and was refused
+ * by run only when it bound its sockets, as "endpoint garbage: ..." naming neither key nor file.
+ * run, its dump and calibrate refuse it at start now (exit 2), naming [run] bind and the file; and
+ * --bind with PORT 0 or 65535, refused as "PORT in [1, 65534]" with no reason, says why. */
+START_TEST(test_run_bind_checked)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = streaming\n[run]\nbind = garbage\n");
+    char want[4400];
+    snprintf(want, sizeof want, "%s: [run] bind = garbage: endpoint garbage: expected ipc://DIR or tcp://HOST:PORT",
+             cfg);
+    const char *cmds[] = {"run --dump-config", "run --corpus", "calibrate --docs"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill %s %s --config '%s'", kvm_test_bin(), cmds[i],
+                 i ? kvm_test_data_path("corpus") : "", cfg);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, want), "%s: exit %d: %s", cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(cfg + strlen(cfg) - 4, 8, "2.ini"); /* a config without the bind, for --bind */
+    snprintf(cmd, sizeof cmd, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, cmd, strlen(cmd)), 0);
+    const struct {
+        const char *bind, *why;
+    } ports[] = {{"tcp://127.0.0.1:0", "the workers must be told the port to connect to, so it cannot be 0"},
+                 {"tcp://127.0.0.1:65535", "the data socket binds PORT+1"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' --corpus '%s' --bind %s", kvm_test_bin(),
+                 cfg, kvm_test_data_path("corpus"), ports[i].bind);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, "kvmill run: --bind: ") && strstr(err, ports[i].why), "%s: exit %d: %s",
+                      ports[i].bind, rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* `run --metrics ""` was taken as "no metrics" (the key's empty value) and the run went on without
+ * a word; `--bind ""` was refused as "endpoint : ...". Both are refused now as empty (exit 2,
+ * naming the flag), before any document. */
+START_TEST(test_run_empty_flag_values)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    config_append(cfg, "[compress]\nmethod = streaming\n");
+    const char *flags[] = {"metrics", "bind"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --config '%s' --corpus '%s' --%s ''", kvm_test_bin(),
+                 cfg, kvm_test_data_path("corpus"), flags[i]);
+        int rc = kvm_test_run(cmd, &out, &err);
+        char want[64];
+        snprintf(want, sizeof want, "kvmill run: --%s is empty: name the ", flags[i]);
+        ck_assert_msg(rc == 2 && strstr(err, want) && !strstr(out, "summary:"), "--%s '': exit %d: %s%s", flags[i], rc,
+                      out, err);
+        free(out);
+        free(err);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("newuser");
@@ -1099,6 +1213,9 @@ static Suite *suite(void)
         {"log_name_control_bytes", test_log_name_control_bytes},
         {"calibrate_config_docs_file", test_calibrate_config_docs_file},
         {"calibrate_empty_strategy_name", test_calibrate_empty_strategy_name},
+        {"no_training_queries", test_no_training_queries},
+        {"run_bind_checked", test_run_bind_checked},
+        {"run_empty_flag_values", test_run_empty_flag_values},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
