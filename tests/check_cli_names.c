@@ -453,12 +453,14 @@ START_TEST(test_ask_prompt_file)
     free(out);
     free(err);
     /* a FIFO with no writer as --prompt-file or --doc: fopen waited for a writer for ever; it reads
-     * as empty now, refused as such (a FIFO with a writer, a shell's <(...), is read) */
+     * as empty now, refused as such, --doc's naming the FIFO (a FIFO with a writer, a shell's
+     * <(...), is read) */
     char fifo[4300];
     snprintf(fifo, sizeof fifo, "%s/f.fifo", dir);
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
-    const char *fifo_cases[][2] = {{"--doc '%s' --prompt-file '%s'", "--prompt-file %s: is empty"},
-                                   {"--doc '%s' --prompt x%s", "--doc %s is empty"}};
+    const char *fifo_cases[][2] = {
+        {"--doc '%s' --prompt-file '%s'", "--prompt-file %s: is empty"},
+        {"--doc '%s' --prompt x%s", "--doc %s is a FIFO (named pipe) with no process writing to it"}};
     for (int i = 0; i < 2; i++) {
         char args[9000], want[4400];
         snprintf(args, sizeof args, fifo_cases[i][0], i ? fifo : doc, i ? "" : fifo);
