@@ -213,6 +213,21 @@ static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found
     return rc == KVM_EMISMATCH ? 0 : rc;
 }
 
+void kvm_orch__failed_but_stored(orch *o, kvm_store *store)
+{
+    if (o->mode != MODE_RUN || (!store && !o->cli) || o->sum->store_down) return;
+    for (int64_t i = kvm_joblist_first(&o->lists, J_FAILED), next; i >= 0; i = next) {
+        next = kvm_joblist_next(&o->lists, i);
+        orch_job *j = &o->jobs[i];
+        int found = 0;
+        if (!j->claimed || cache_stored(o, store, j, &found) || !found) continue; /* never sent: not ours */
+        kvm_orch__log("%s failed (%s), yet its cache is in the store, committed by an earlier attempt: counted "
+                      "compressed\n",
+                      j->doc->name, j->reason);
+        kvm_orch__job_committed(o, j);
+    }
+}
+
 /* Before the run: each document is loaded (tokenised, hashed) one at a time and released
  * again, so the scan holds no corpus; stored and repeated ones are skipped, unreadable
  * ones fail alone. */
