@@ -1,5 +1,8 @@
 /* check_orch_recovery.c: `kvmill run` recovering from what a new user did to it: the
- * orchestrator stopped (SIGSTOP) for longer than the workers' dead time. */
+ * orchestrator stopped (SIGSTOP) for longer than the workers' dead time, and a rerun after a
+ * `kill -9` finding the dead run's claims in the store. */
+#include "store/kvm_store.h"
+#include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -9,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char *tmp, cfg_path[4200], docs[4200], store[4200], run_dir[4200];
@@ -53,6 +57,13 @@ static void write_config(const char *method, const char *st, const char *run_ext
              "[stages]\nbin_dir = %s\nthreads = 1\n",
              kvm_test_data_path("models/stories260K.bin"), method, st, run_dir, run_extra, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+}
+
+static int run_kvmill(char **out, char **err)
+{
+    char cmd[12000];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, docs);
+    return kvm_test_run(cmd, out, err);
 }
 
 static long long summary_field(const char *out, const char *name)
@@ -125,6 +136,82 @@ START_TEST(test_paused_orchestrator)
 }
 END_TEST
 
+typedef struct keys {
+    kvm_store_cache_key k[8];
+    int n;
+} keys;
+
+static int collect_key(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
+{
+    (void)m;
+    keys *ks = arg;
+    if (!status && ks->n < 8) ks->k[ks->n++] = *key;
+    return 0;
+}
+
+/* A run killed with kill -9 leaves its claims in the store until their lease lapses ([run]
+ * heartbeat_ms x liveness, 60 s here). A rerun on the same host left those documents "to" the
+ * dead run (claimed=N, exit 0) and they were never stored. A claim whose owner names this host
+ * and a process that is not running is taken over now; one of another host keeps the lease rule. */
+START_TEST(test_dead_local_claimant)
+{
+    make_docs(4);
+    char first[4300];
+    snprintf(first, sizeof first, "%s/first.lmdb", tmp);
+    const char *method = "method = streaming\nbudget = 32";
+    write_config(method, first, "heartbeat_ms = 100\nliveness = 600");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    /* the cache keys a run makes of these documents (the same in any store: no strategy) */
+    keys ks = {.n = 0};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(first, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_key, &ks), 0);
+    kvm_store_close(&s);
+    ck_assert_int_eq(ks.n, 4);
+    /* a pid that is not running: a child that exited and was reaped */
+    pid_t gone = fork();
+    ck_assert_int_ge(gone, 0);
+    if (gone == 0) _exit(0);
+    ck_assert_int_eq(waitpid(gone, NULL, 0), gone);
+    char host[64] = "";
+    ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    /* the owners: a run of another host (its lease rules), a live run of this host (this test's
+     * parent, begun before now), its pid reused by a later process (the owner says it began in
+     * 1970), and a run of this host whose process is gone */
+    char owners[4][128], other_host[64];
+    snprintf(other_host, sizeof other_host, "elsewhere-%.40s", host);
+    snprintf(owners[0], sizeof owners[0], "run:%s:%ld:%lld", other_host, (long)gone, (long long)ts.tv_sec * 1000);
+    snprintf(owners[1], sizeof owners[1], "run:%.48s:%ld:%lld", host, (long)getppid(), (long long)ts.tv_sec * 1000);
+    snprintf(owners[2], sizeof owners[2], "run:%.48s:%ld:1000", host, (long)getppid());
+    snprintf(owners[3], sizeof owners[3], "run:%.48s:%ld:%lld", host, (long)gone, (long long)ts.tv_sec * 1000 - 5000);
+    kvm_store_opts so = {0};
+    ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
+    for (int i = 0; i < ks.n; i++) {
+        int taken = 0;
+        ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[i], owners[i], i == 0 ? other_host : host, 600000, &taken, NULL),
+                         0);
+        ck_assert_int_eq(taken, 1);
+    }
+    kvm_store_close(&s);
+    write_config(method, store, "heartbeat_ms = 100\nliveness = 600");
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "rc %d\nstdout: %s\nstderr: %s", rc, out, err);
+    /* the other host's lease and the live local run's are left to them; the gone ones taken over */
+    ck_assert_msg(summary_field(out, "compressed") == 2 && summary_field(out, "claimed") == 2 &&
+                      summary_field(out, "failed") == 0,
+                  "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(strstr(err, "which is no longer running: taking it over") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 2);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *orch_recovery_suite(void)
 {
     Suite *s = suite_create("orch_recovery");
@@ -132,7 +219,8 @@ static Suite *orch_recovery_suite(void)
         const char *name;
         const TTest *fn;
         int timeout;
-    } cases[] = {{"paused_orchestrator", test_paused_orchestrator, 240}};
+    } cases[] = {{"paused_orchestrator", test_paused_orchestrator, 240},
+                 {"dead_local_claimant", test_dead_local_claimant, 120}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
