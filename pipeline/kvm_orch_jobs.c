@@ -69,7 +69,11 @@ int kvm_orch__job_load(orch *o, orch_job *j)
     int64_t keep = ctx + kvm_orch__continuation_tokens(o);
     if (kvm_corpus_load(c, j->doc, c->tok, c->vocab_size, c->bos, ctx, keep) == 0) return 0;
     snprintf(j->reason, sizeof j->reason, "%s", kvm_errmsg());
-    kvm_orch__log("%s: not processed\n", j->reason);
+    /* a failed document, as one a stage fails (an info "message" without the doc before: a JSON
+     * log's reader looking for job_failed missed every empty or unreadable file) */
+    kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", (int64_t)j->id),
+                         KVM_LOG_S("reason", j->reason)};
+    kvm_log(KVM_LOG_ERROR, "job_failed", f, 3, "%s: not processed", j->reason);
     kvm_orch__job_set(o, j, J_FAILED);
     return -1;
 }

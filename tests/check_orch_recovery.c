@@ -1,11 +1,13 @@
 /* check_orch_recovery.c: `kvmill run` recovering from what a new user did to it: the
- * orchestrator stopped (SIGSTOP) for longer than the workers' dead time, and a rerun after a
- * `kill -9` finding the dead run's claims in the store. */
+ * orchestrator stopped (SIGSTOP) for longer than the workers' dead time, a rerun after a
+ * `kill -9` finding the dead run's claims in the store, and documents failing at read time
+ * logged as job_failed in JSON logs. */
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,6 +214,41 @@ START_TEST(test_dead_local_claimant)
 }
 END_TEST
 
+/* A document that fails when it is read (an empty file here; a FIFO, a folder named x.txt, a
+ * dangling link, a JSONL token id past the vocabulary alike) was logged as an info "message"
+ * without its name in a field, while a document a stage fails is an error "job_failed" with
+ * "doc": a JSON log's reader counting failures missed it. Now it is one too. */
+START_TEST(test_read_failure_json_event)
+{
+    make_docs(1);
+    char empty[4300];
+    snprintf(empty, sizeof empty, "%s/empty.txt", docs);
+    ck_assert_int_eq(kvm_test_write_file(empty, "", 0), 0);
+    write_config("method = streaming\nbudget = 32", store, "log_format = json");
+    char *out = NULL, *err = NULL;
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 1 && summary_field(out, "failed") == 1, "rc %d\nstdout: %s\nstderr: %s", rc, out, err);
+    int seen = 0;
+    for (char *line = err, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        json_t *o = json_loads(line, 0, NULL);
+        const char *msg = json_string_value(json_object_get(o, "msg"));
+        if (msg && strstr(msg, "empty.txt")) {
+            seen++;
+            ck_assert_str_eq(json_string_value(json_object_get(o, "level")), "error");
+            ck_assert_str_eq(json_string_value(json_object_get(o, "event")), "job_failed");
+            ck_assert_str_eq(json_string_value(json_object_get(o, "doc")), "empty.txt");
+            ck_assert_ptr_nonnull(json_string_value(json_object_get(o, "reason")));
+        }
+        json_decref(o);
+    }
+    ck_assert_msg(seen == 1, "%d lines name empty.txt", seen);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *orch_recovery_suite(void)
 {
     Suite *s = suite_create("orch_recovery");
@@ -220,7 +257,8 @@ static Suite *orch_recovery_suite(void)
         const TTest *fn;
         int timeout;
     } cases[] = {{"paused_orchestrator", test_paused_orchestrator, 240},
-                 {"dead_local_claimant", test_dead_local_claimant, 120}};
+                 {"dead_local_claimant", test_dead_local_claimant, 120},
+                 {"read_failure_json_event", test_read_failure_json_event, 60}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
