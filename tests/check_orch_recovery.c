@@ -2,6 +2,7 @@
  * orchestrator stopped (SIGSTOP) for longer than the workers' dead time, a rerun after a
  * `kill -9` finding the dead run's claims in the store, and documents failing at read time
  * logged as job_failed in JSON logs. */
+#include "pipeline/kvm_orch_int.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
@@ -16,6 +17,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 static char *tmp, cfg_path[4200], docs[4200], store[4200], run_dir[4200];
 
@@ -249,6 +251,132 @@ START_TEST(test_read_failure_json_event)
 }
 END_TEST
 
+/* ---- the broker's state, without processes ---- */
+
+typedef struct fake_run {
+    orch *o;
+    kvm_config *cfg;
+    kvm_corpus corpus;
+    kvm_doc doc;
+    int32_t tokens[4];
+    kvm_orch_summary sum;
+} fake_run;
+
+/* An orchestrator in memory with one queued document (tokens given, no store) and its ROUTER
+ * sockets (ZMQ_ROUTER_MANDATORY, as bind_sockets sets them) bound to inproc:// endpoints. */
+static void fake_start(fake_run *f)
+{
+    static const volatile sig_atomic_t no_interrupts = 0;
+    memset(f, 0, sizeof *f);
+    char text[4600];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n"
+             "[store]\npath = %s\n[run]\nmax_prefetch = 4\n",
+             kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_msg(kvm_config_parse(text, "fake.ini", &f->cfg) == 0, "%s", kvm_errmsg());
+    f->o = calloc(1, sizeof *f->o);
+    ck_assert_ptr_nonnull(f->o);
+    orch *o = f->o;
+    for (int i = 0; i < 4; i++)
+        f->tokens[i] = 1 + i;
+    f->doc = (kvm_doc){.name = "doc.txt", .tokens = f->tokens, .n_tokens = 4, .n_original = 4};
+    f->corpus = (kvm_corpus){.docs = &f->doc, .n = 1};
+    o->cfg = f->cfg;
+    o->corpus = &f->corpus;
+    o->sum = &f->sum;
+    o->interrupts = &no_interrupts;
+    o->mode = MODE_RUN;
+    o->cmd = "run";
+    o->reduce_worker = -1;
+    o->max_retries = 3;
+    o->hb_ms = 100, o->dead_ms = 500, o->job_timeout_ms = 600000;
+    o->n_jobs = o->n_open = 1;
+    o->jobs = calloc(1, sizeof *o->jobs);
+    ck_assert_ptr_nonnull(o->jobs);
+    o->jobs[0] = (orch_job){.doc = &f->doc, .state = J_QUEUED, .id = 1, .worker = -1};
+    o->next_id = 2;
+    ck_assert_int_eq(kvm_joblist_init(&o->lists, 1, N_JOB_STATES, J_QUEUED), 0);
+    ck_assert_int_eq(kvm_idxset_add(&o->by_id, 1, 0), 0);
+    o->zctx = zmq_ctx_new();
+    o->ctl = zmq_socket(o->zctx, ZMQ_ROUTER);
+    o->data = zmq_socket(o->zctx, ZMQ_ROUTER);
+    int mandatory = 1, linger = 0;
+    void *socks[2] = {o->ctl, o->data};
+    const char *eps[2] = {"inproc://fake-ctl", "inproc://fake-data"};
+    for (int i = 0; i < 2; i++) {
+        zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        ck_assert_int_eq(zmq_bind(socks[i], eps[i]), 0);
+    }
+}
+
+static void fake_end(fake_run *f)
+{
+    orch *o = f->o;
+    zmq_close(o->ctl);
+    zmq_close(o->data);
+    zmq_ctx_term(o->zctx);
+    kvm_orch__job_drop_kv(&o->jobs[0]);
+    free(o->jobs[0].kv);
+    free(o->jobs);
+    kvm_idxset_free(&o->by_id);
+    kvm_joblist_deinit(&o->lists);
+    free(o);
+    kvm_config_free(&f->cfg);
+}
+
+/* A worker the table holds as idle whose connection is gone (killed, restarted: a send to it
+ * fails with EHOSTUNREACH). Each failed send used up an attempt of the document and left the
+ * worker idle, so the next dispatch chose it again: the document failed "after 4 attempts" in
+ * four events. Now the worker is dead and the document waits, its attempt unused. */
+START_TEST(test_unreachable_worker_not_the_documents_fault)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    o->workers[0] =
+        (orch_worker){.id = "prefill-0-r0", .stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    for (int k = 0; k < 6; k++)
+        kvm_orch__dispatch(o);
+    ck_assert_int_eq(o->jobs[0].state, J_QUEUED);
+    ck_assert_int_eq(o->jobs[0].attempt, 0);
+    ck_assert_int_eq(o->workers[0].alive, 0);
+    ck_assert_int_eq(o->sum->requeues, 0);
+    fake_end(&f);
+}
+END_TEST
+
+/* An ack of an earlier attempt of a job: the job was requeued (its worker judged dead) after its
+ * worker had committed the cache. The ack was dropped as stale, and the document compressed
+ * again, or failed, though stored. Now it is done, counted compressed. */
+START_TEST(test_earlier_attempts_ack_counts)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    kvm_orch__requeue(o, &o->jobs[0], "worker compress-1-r0 went silent"); /* attempt 2, a new id */
+    ck_assert_int_eq(o->jobs[0].state, J_QUEUED);
+    ck_assert_uint_ne(o->jobs[0].id, 1);
+    void *dealer = zmq_socket(o->zctx, ZMQ_DEALER);
+    const char *id = "compress-1-r0";
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, id, strlen(id));
+    ck_assert_int_eq(zmq_connect(dealer, "inproc://fake-ctl"), 0);
+    kvm_proto_ack ack = {.worker_id = {id, strlen(id)}, .stage = {"compress", 8}, .pid = 1, .job_id = 1};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ack_encode(&ack, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(dealer, &m, 0), 0);
+    zmq_pollitem_t it = {o->ctl, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_orch__receive(o, o->ctl, 1);
+    ck_assert_int_eq(o->jobs[0].state, J_DONE);
+    ck_assert_int_eq(o->sum->compressed, 1);
+    ck_assert_int_eq(o->n_open, 0);
+    zmq_close(dealer);
+    fake_end(&f);
+}
+END_TEST
+
 static Suite *orch_recovery_suite(void)
 {
     Suite *s = suite_create("orch_recovery");
@@ -258,7 +386,9 @@ static Suite *orch_recovery_suite(void)
         int timeout;
     } cases[] = {{"paused_orchestrator", test_paused_orchestrator, 240},
                  {"dead_local_claimant", test_dead_local_claimant, 120},
-                 {"read_failure_json_event", test_read_failure_json_event, 60}};
+                 {"read_failure_json_event", test_read_failure_json_event, 60},
+                 {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
+                 {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 30}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
