@@ -90,8 +90,9 @@ static int stage_started(void)
     return yes;
 }
 
-/* The orchestrator stopped (kill -STOP, Ctrl-Z) for four times the workers' dead time
- * ([run] heartbeat_ms x liveness = 500 ms here), its workers running on. It read no heartbeat
+/* The orchestrator stopped (kill -STOP, Ctrl-Z) for three times the workers' dead time ([run]
+ * heartbeat_ms x liveness = 800 ms here: beats late by less, on a loaded machine, blame no one),
+ * its workers running on. It read no heartbeat
  * meanwhile, and its poll returned at once when it went on, the heartbeats unread: every worker
  * was declared silent and killed, the killed workers' queued credits made them idle again, and
  * every send to them failed, each one using up an attempt: documents failed "after 4 attempts"
@@ -100,9 +101,11 @@ static int stage_started(void)
 START_TEST(test_paused_orchestrator)
 {
     make_docs(4);
-    /* jobs of seconds: the run is in the middle of its work when stopped */
-    write_config("method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300", store,
-                 "heartbeat_ms = 100\nliveness = 5");
+    /* jobs of seconds (under the sanitizers, kvm_test_quick, a smaller one is as long): the run
+     * is in the middle of its work when stopped */
+    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
+                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
+                 store, "heartbeat_ms = 100\nliveness = 8");
     char out_path[4300], err_path[4300];
     snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
     snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
@@ -123,7 +126,7 @@ START_TEST(test_paused_orchestrator)
     for (int k = 0; k < 4 && !ended; k++) {
         usleep(k ? 800000 : 1400000); /* into the first compress job, its worker busy */
         ck_assert_int_eq(kill(pid, SIGSTOP), 0);
-        usleep(2000000);
+        usleep(2500000);
         ck_assert_int_eq(kill(pid, SIGCONT), 0);
         ended = waitpid(pid, &st, WNOHANG) == pid;
     }
