@@ -180,6 +180,7 @@ static void loop(orch *o)
     int seen_interrupts = 0;
     double next_look = kvm_now_ms() + 1000;
     o->renewed_ok = kvm_now_ms(); /* no claim is older */
+    double last_iter = kvm_now_ms();
     while (o->n_open > 0) {
         if (interrupts != seen_interrupts) {
             seen_interrupts = interrupts;
@@ -204,6 +205,11 @@ static void loop(orch *o)
         zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
         zmq_poll(items, 2, 100);
         double t0 = kvm_now_ms();
+        /* one iteration takes ~100 ms at most: a gap of half the workers' dead time means
+         * this process was stopped (kill -STOP, Ctrl-Z, a suspended VM) or busy, not reading the
+         * heartbeats; a poll that resumes returns at once, its timeout over, with them unread */
+        if (t0 - last_iter > o->dead_ms / 2) kvm_orch__resumed(o, t0 - last_iter, t0);
+        last_iter = t0;
         if (items[0].revents & ZMQ_POLLIN) kvm_orch__receive(o, o->ctl, 1);
         if (items[1].revents & ZMQ_POLLIN) kvm_orch__receive(o, o->data, 0);
         kvm_orch__check_health(o);
@@ -319,6 +325,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
                            : o.abandoned ? 2000
                                          : 1000.0 * (double)kvm_config_int(cfg, "run", "grace_s") + 2000);
     kvm_svcproc_stop(&o.svc, 5000); /* after the workers: their last uploads are committed */
+    if (!rc && !hard) kvm_orch__failed_but_stored(&o, store); /* the store is the truth, not the acks seen */
     for (int64_t i = 0; i < o.n_jobs; i++) {
         if (o.jobs[i].state == J_FAILED) sum->failed++;
         if (o.jobs[i].state != J_FAILED && o.jobs[i].state != J_DONE && o.jobs[i].state != J_SKIPPED) sum->pending++;

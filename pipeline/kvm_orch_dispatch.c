@@ -167,6 +167,18 @@ static int64_t prefetch_used(const orch *o)
     return kvm_joblist_count(&o->lists, J_PREFILL) + kvm_joblist_count(&o->lists, J_KV_READY);
 }
 
+/* A send to worker w failed (EHOSTUNREACH: its connection is gone, the process killed or
+ * restarted; or its queue is full). The worker's fault, not the document's: the job that was
+ * being sent keeps its attempt and stays where it was, and w is dead, so idle_worker does not
+ * hand it out again (every send failed and each used up an attempt: a document failed "after 4
+ * attempts" in a moment, all against one peer). */
+static void unreachable(orch *o, int w)
+{
+    char why[300];
+    snprintf(why, sizeof why, "could not be reached (%s)", kvm_errmsg());
+    kvm_orch__worker_dead(o, w, why);
+}
+
 /* A queued document to a prefill (run) or signals (calibrate) worker, if one is idle.
  * Returns 1 when it was sent. */
 static int dispatch_first(orch *o, orch_job *j, int64_t i)
@@ -175,8 +187,13 @@ static int dispatch_first(orch *o, orch_job *j, int64_t i)
     if (w < 0 || kvm_orch__claim_job(o, j) || kvm_orch__job_load(o, j))
         return 0; /* claim first: a document left to another run is not read */
     kvm_msg *m = NULL;
-    if (job_message(o, j, &m) || send_to(o, o->workers[w].id, &m)) {
+    if (job_message(o, j, &m)) {
         kvm_orch__requeue(o, j, kvm_errmsg());
+        return 0;
+    }
+    if (send_to(o, o->workers[w].id, &m)) {
+        unreachable(o, w);
+        if (o->corpus->on_demand) kvm_doc_release(j->doc); /* stays queued, loaded again when sent */
         return 0;
     }
     o->workers[w].idle = 0;
@@ -192,12 +209,22 @@ static void dispatch_compress(orch *o, orch_job *j, int64_t i)
     int w = idle_worker(o, ST_COMPRESS);
     if (w < 0) return;
     kvm_msg *m = NULL;
-    int rc = job_message(o, j, &m) || send_to(o, o->workers[w].id, &m);
+    if (job_message(o, j, &m)) {
+        kvm_orch__requeue(o, j, kvm_errmsg());
+        return;
+    }
+    int rc = send_to(o, o->workers[w].id, &m);
+    if (rc) { /* nothing of it reached the worker: the KV stays, for the next one */
+        unreachable(o, w);
+        return;
+    }
     for (int l = 0; !rc && l < j->n_kv; l++)
         rc = send_to(o, o->workers[w].id, &j->kv[l]);
     kvm_orch__job_drop_kv(j);
-    if (rc) {
-        kvm_orch__requeue(o, j, "could not send the job to a compress worker");
+    if (rc) { /* the KV went in part: the document is prefilled again, but not at its expense */
+        unreachable(o, w);
+        j->attempt--; /* kvm_orch__requeue counts one */
+        kvm_orch__requeue(o, j, "a compress worker could not be reached while its KV was sent");
         return;
     }
     o->workers[w].idle = 0;
@@ -214,7 +241,7 @@ void kvm_orch__dispatch(orch *o)
     if (*o->interrupts || o->store_full) return;
     if (o->mode == MODE_CALIBRATE) dispatch_reduce(o);
     /* compress first: it returns prefetch credits; each job tried leaves the list (sent, or
-     * requeued), so this ends */
+     * requeued) or its worker is dead (unreachable), so this ends */
     for (int64_t i; o->mode == MODE_RUN && (i = kvm_joblist_first(&o->lists, J_KV_READY)) >= 0 &&
                     idle_worker(o, ST_COMPRESS) >= 0;) {
         o->visited++;

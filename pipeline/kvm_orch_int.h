@@ -60,7 +60,10 @@ typedef struct orch_worker {
     int idle; /* has sent a credit and holds no orch_job */
     int job;  /* index in jobs[] or -1 */
     int alive;
-    int slot; /* spawned slot, or -1 for an external orch_worker */
+    int ended;                /* its process, one of this run's, was killed (kvm_orch__worker_dead): the messages it
+                                 had queued before are read still (an ack of a committed cache counts) but none
+                                 makes it alive or idle again: its routing id is gone, a send to it fails */
+    int slot;                 /* spawned slot, or -1 for an external orch_worker */
     int refused;              /* its ready named another model than the run's (revision 10): never idle, gets
                                  no job, staffs no stage (kvm_orch__worker_counts) */
     double told_ms;           /* when the refusal's error reached its control socket (kvm_now_ms), 0: not yet */
@@ -158,6 +161,12 @@ int kvm_orch__job_load(orch *o, orch_job *j);
 void kvm_orch__requeue(orch *o, orch_job *j, const char *why);
 /* The job whose current attempt is id, or NULL. */
 orch_job *kvm_orch__job_by_id(orch *o, uint64_t id);
+/* The job one of whose attempts, the current one or an earlier (requeued) one, was id; NULL when
+ * none of this run's was (a skipped job, a calibration's build request, another run's id). */
+orch_job *kvm_orch__job_by_any_id(orch *o, uint64_t id);
+/* Job j's document is in the store, committed by an attempt of this run ("the store is the
+ * truth"): j leaves its worker, if any, and is done, counted as compressed. */
+void kvm_orch__job_committed(orch *o, orch_job *j);
 
 /* ---- kvm_orch_store.c: claims, skips and the store's sums ---- */
 
@@ -176,6 +185,9 @@ int kvm_orch__sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest
 void kvm_orch__count_evictions(orch *o, kvm_store *store);
 /* The summary's bytes with a remote store. Returns 1 when the service did not answer. */
 int kvm_orch__sum_remote(orch *o);
+/* At the end of a run: each failed job this run had claimed whose cache is in the store after
+ * all (an earlier attempt committed it, its ack unseen) is done, counted as compressed. */
+void kvm_orch__failed_but_stored(orch *o, kvm_store *store);
 
 /* ---- kvm_orch_stages.c: stage processes and workers ---- */
 
@@ -211,6 +223,14 @@ int kvm_orch__model_changed(orch *o, const char *msg, size_t n);
 int kvm_orch__worker_counts(const orch *o, int w);
 /* ST_* of a stage name, or -1. */
 int kvm_orch__stage_of(kvm_proto_str s);
+/* Worker w is dead (why: the log's words): its job is requeued (an attempt of the document's) and
+ * a process of this run's is killed and started again (bounded). A no-op for a dead worker. */
+void kvm_orch__worker_dead(orch *o, int w, const char *why);
+/* The loop did not run for gap_ms (> a fraction of [run] heartbeat_ms x liveness; now: kvm_now_ms
+ * after it): the orchestrator itself was stopped (SIGSTOP, Ctrl-Z, a suspended VM) or busy, so
+ * it read no heartbeat meanwhile. The workers' silence and the jobs' times are judged from now:
+ * they kept working, and their queued messages are read in the next iterations. */
+void kvm_orch__resumed(orch *o, double gap_ms, double now);
 /* Child exits, silent workers, dead stages, timed-out jobs. */
 void kvm_orch__check_health(orch *o);
 /* Checks the stage settings and starts the configured stage processes. */

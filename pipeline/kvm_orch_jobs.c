@@ -69,7 +69,11 @@ int kvm_orch__job_load(orch *o, orch_job *j)
     int64_t keep = ctx + kvm_orch__continuation_tokens(o);
     if (kvm_corpus_load(c, j->doc, c->tok, c->vocab_size, c->bos, ctx, keep) == 0) return 0;
     snprintf(j->reason, sizeof j->reason, "%s", kvm_errmsg());
-    kvm_orch__log("%s: not processed\n", j->reason);
+    /* a failed document, as one a stage fails (an info "message" without the doc before: a JSON
+     * log's reader looking for job_failed missed every empty or unreadable file) */
+    kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", (int64_t)j->id),
+                         KVM_LOG_S("reason", j->reason)};
+    kvm_log(KVM_LOG_ERROR, "job_failed", f, 3, "%s: not processed", j->reason);
     kvm_orch__job_set(o, j, J_FAILED);
     return -1;
 }
@@ -112,6 +116,32 @@ static int same_id(void *user, int64_t idx)
 {
     const job_by_id_probe *p = user;
     return p->o->jobs[idx].id == p->id && p->o->jobs[idx].state != J_SKIPPED;
+}
+
+/* Any attempt's id: by_id's hash is the id itself, so a slot under it is that id's entry. */
+static int any_attempt(void *user, int64_t idx)
+{
+    const job_by_id_probe *p = user;
+    return p->o->jobs[idx].state != J_SKIPPED;
+}
+
+orch_job *kvm_orch__job_by_any_id(orch *o, uint64_t id)
+{
+    job_by_id_probe p = {o, id};
+    int64_t i = kvm_idxset_find(&o->by_id, id, any_attempt, &p);
+    return i >= 0 ? &o->jobs[i] : NULL;
+}
+
+void kvm_orch__job_committed(orch *o, orch_job *j)
+{
+    if (j->state == J_DONE) return;
+    if (j->worker >= 0) o->workers[j->worker].job = -1; /* that worker's ready makes it idle again */
+    j->worker = -1;
+    kvm_orch__job_drop_kv(j);
+    kvm_orch__job_set(o, j, J_DONE);
+    o->sum->compressed++;
+    o->sum->truncated += j->doc->truncated; /* of the documents compressed: not skipped or left ones */
+    o->sum->tokens += j->doc->n_tokens;
 }
 
 /* The job whose current attempt is id, or NULL (a stale attempt, a skipped job, not ours). */

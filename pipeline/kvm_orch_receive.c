@@ -70,8 +70,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         }
         int w = kvm_orch__worker_get(o, idf, kvm_orch__stage_of(c.stage));
         if (w < 0) return;
-        o->workers[w].last_seen = kvm_now_ms();
-        o->workers[w].alive = 1;
+        if (o->workers[w].ended && t != KVM_PROTO_ACK) return; /* queued before it was killed */
+        if (!o->workers[w].ended) o->workers[w].last_seen = kvm_now_ms(), o->workers[w].alive = 1;
         if (t == KVM_PROTO_READY && kvm_orch__worker_refused(o, w, &c, 1)) return;
         if (t == KVM_PROTO_HEARTBEAT && c.job_id && c.progress_total > 0) {
             orch_job *hj = kvm_orch__job_by_id(o, c.job_id);
@@ -100,13 +100,15 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                                      KVM_LOG_S("worker", o->workers[w].id), KVM_LOG_I("tokens", j->doc->n_tokens)};
                 kvm_log(KVM_LOG_INFO, "job_done", f, 4, "%s committed by %s", j->doc->name, o->workers[w].id);
             }
-            if (j && j->state == J_COMPRESS) {
-                if (j->worker >= 0) o->workers[j->worker].job = -1;
-                j->worker = -1;
-                kvm_orch__job_set(o, j, J_DONE);
-                o->sum->compressed++;
-                o->sum->truncated += j->doc->truncated; /* of the documents compressed: not skipped or left ones */
-                o->sum->tokens += j->doc->n_tokens;
+            if (j && j->state == J_COMPRESS) kvm_orch__job_committed(o, j);
+            if (!j && o->mode == MODE_RUN && (j = kvm_orch__job_by_any_id(o, c.job_id)) && j->state != J_DONE) {
+                /* an earlier attempt's: it was requeued (its worker judged dead, timed out) but its
+                 * cache was committed after all; the document is stored, not failed nor to redo */
+                kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", (int64_t)c.job_id),
+                                     KVM_LOG_S("worker", o->workers[w].id)};
+                kvm_log(KVM_LOG_INFO, "job_done", f, 3, "%s committed by %s (an earlier attempt's job)", j->doc->name,
+                        o->workers[w].id);
+                kvm_orch__job_committed(o, j);
             }
         }
         return;
@@ -222,7 +224,7 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         kvm_proto_ready c;
         if (kvm_proto_ready_decode(m, &c)) return;
         int w = kvm_orch__worker_get(o, idf, kvm_orch__stage_of(c.stage));
-        if (w < 0) return;
+        if (w < 0 || o->workers[w].ended) return; /* a killed process's credit: no worker to send to */
         orch_worker *wk = &o->workers[w];
         wk->last_seen = kvm_now_ms();
         wk->alive = 1;

@@ -185,7 +185,7 @@ static void check_stages_alive(orch *o)
     }
 }
 
-static void worker_dead(orch *o, int w, const char *why)
+void kvm_orch__worker_dead(orch *o, int w, const char *why)
 {
     orch_worker *wk = &o->workers[w];
     if (!wk->alive) return;
@@ -207,6 +207,7 @@ static void worker_dead(orch *o, int w, const char *why)
     }
     wk->job = -1;
     if (wk->slot >= 0) {
+        wk->ended = 1; /* killed (or exited): its heartbeats and credits still queued here are stale */
         slot_died(o, wk->slot);
         wk->slot = -1;
     }
@@ -227,7 +228,7 @@ static void slot_exited(orch *o, int s, int st)
             char why[128];
             snprintf(why, sizeof why, "exited (%s %d)", WIFSIGNALED(st) ? "signal" : "status",
                      WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-            worker_dead(o, w, why);
+            kvm_orch__worker_dead(o, w, why);
             registered = 1;
         }
     if (!registered) { /* died before it ever reported */
@@ -300,7 +301,8 @@ static void refuse_worker(orch *o, int w, const uint8_t *got, int64_t pid)
     wk->told_ms = 0;
     wk->idle = 0;
     /* its job goes back to the queue; a process of this run is restarted (bounded: slot_died) */
-    if (wk->job >= 0 || w == o->reduce_worker || wk->slot >= 0) worker_dead(o, w, "was refused (another model)");
+    if (wk->job >= 0 || w == o->reduce_worker || wk->slot >= 0)
+        kvm_orch__worker_dead(o, w, "was refused (another model)");
 }
 
 int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first)
@@ -355,6 +357,25 @@ int kvm_orch__model_changed(orch *o, const char *msg, size_t n)
     return 1;
 }
 
+void kvm_orch__resumed(orch *o, double gap_ms, double now)
+{
+    kvm_log_field f[] = {KVM_LOG_I("gap_ms", (int64_t)gap_ms)};
+    kvm_log(KVM_LOG_WARN, "run_resumed", f, 1,
+            "this %s's loop did not run for %.1f s (stopped, suspended, or in a slow call): the workers' heartbeats "
+            "are judged from now",
+            o->cmd, gap_ms / 1000.0);
+    /* without this, every worker's last heartbeat seen was older than dead_ms: each was declared
+     * silent, killed and restarted, its job requeued, though the orchestrator was the one away */
+    for (int w = 0; w < o->n_workers; w++)
+        if (o->workers[w].alive && o->workers[w].last_seen < now) o->workers[w].last_seen = now;
+    const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS}; /* their workers went on meanwhile */
+    for (int b = 0; b < 2; b++)
+        for (int64_t i = kvm_joblist_first(&o->lists, busy[b]); i >= 0; i = kvm_joblist_next(&o->lists, i)) {
+            o->visited++;
+            o->jobs[i].since_ms += gap_ms;
+        }
+}
+
 void kvm_orch__check_health(orch *o)
 {
     double now = kvm_now_ms();
@@ -376,7 +397,8 @@ void kvm_orch__check_health(orch *o)
     check_stages_alive(o);
     if (!*o->interrupts) check_joins(o, now);
     for (int w = 0; w < o->n_workers; w++)
-        if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) worker_dead(o, w, "went silent");
+        if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms)
+            kvm_orch__worker_dead(o, w, "went silent");
     const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS};
     for (int b = 0; b < 2; b++) /* each list is oldest first: the first job not timed out ends it */
         for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {

@@ -3,12 +3,15 @@
  * no more caches, and the summary's sums of what was stored. */
 #include "pipeline/kvm_orch_int.h"
 #include "pipeline/kvm_orch_remote.h"
+#include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_storew.h"
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The store takes no more caches: its device is full, its map reached [store] map_max_mb (no
  * later write can fit either: retrying each document would only fail again), or (a run whose
@@ -74,9 +77,47 @@ static int claim_remote(orch *o, const kvm_store_cache_key *key, int *taken, int
     return 0;
 }
 
+/* 1 when claim holder h is a run on this host (kvm_storew_owner's "run:HOST:PID:START_MS") whose
+ * process is gone (killed with kill -9, crashed: it released nothing, and its lease of [run]
+ * heartbeat_ms x liveness has not lapsed yet), or whose pid now belongs to a later process. A
+ * holder on another host, an owner of another shape, or this very process: 0, the lease rule. */
+static int holder_gone(const orch *o, const kvm_store_claim *h)
+{
+    if (strcmp(h->host, o->host) || strncmp(h->owner, "run:", 4)) return 0;
+    const char *ms_at = strrchr(h->owner, ':'); /* the host name holds no ':', the fields are numbers */
+    if (!ms_at || ms_at == h->owner + 3) return 0;
+    const char *pid_at = ms_at - 1;
+    while (pid_at > h->owner + 3 && *pid_at != ':')
+        pid_at--;
+    if (pid_at <= h->owner + 3) return 0;
+    char *end;
+    long pid = strtol(pid_at + 1, &end, 10);
+    if (end != ms_at || pid <= 0) return 0;
+    long long ms = strtoll(ms_at + 1, &end, 10);
+    if (*end || ms <= 0 || pid == (long)getpid()) return 0;
+    return kvm_rundir_pid_gone(pid, ms);
+}
+
+/* The claim on key, held by a dead run of this host (holder_gone), is taken over: that run's
+ * claims are released (all of them: it renews none any more) and key is claimed again. */
+static int take_over(orch *o, const kvm_store_cache_key *key, const orch_job *j, int *taken, int *found,
+                     kvm_store_claim *holder)
+{
+    kvm_orch__log("%s is claimed by run %s on this host, which is no longer running: taking it over (and the "
+                  "run's other claims)\n",
+                  j->doc->name, holder->owner);
+    char dead[sizeof holder->owner];
+    snprintf(dead, sizeof dead, "%s", holder->owner);
+    int rc = o->cli ? kvm_storecli_renew(o->cli, dead, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 2, NULL)
+                    : kvm_storew_release(o->store, dead);
+    if (rc) return rc;
+    return o->cli ? claim_remote(o, key, taken, found, holder)
+                  : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
+}
+
 /* A document another live run is compressing is left to it (counted as claimed) and one
- * stored meanwhile is skipped; else this run claims it (a lease renewed in the loop).
- * Returns 1 when j is not to be sent. */
+ * stored meanwhile is skipped; one claimed by a dead run of this host is taken over; else this
+ * run claims it (a lease renewed in the loop). Returns 1 when j is not to be sent. */
 int kvm_orch__claim_job(orch *o, orch_job *j)
 {
     if (j->claimed || (!o->store && !o->cli) || o->mode != MODE_RUN) return 0;
@@ -85,6 +126,7 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
     int taken = 0, found = 0;
     int rc = o->cli ? claim_remote(o, &key, &taken, &found, &holder)
                     : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder);
+    if (!rc && !taken && !found && holder_gone(o, &holder)) rc = take_over(o, &key, j, &taken, &found, &holder);
     if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
         kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_DOWN);
         return 1;
@@ -211,6 +253,21 @@ static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found
         return 0;
     }
     return rc == KVM_EMISMATCH ? 0 : rc;
+}
+
+void kvm_orch__failed_but_stored(orch *o, kvm_store *store)
+{
+    if (o->mode != MODE_RUN || (!store && !o->cli) || o->sum->store_down) return;
+    for (int64_t i = kvm_joblist_first(&o->lists, J_FAILED), next; i >= 0; i = next) {
+        next = kvm_joblist_next(&o->lists, i);
+        orch_job *j = &o->jobs[i];
+        int found = 0;
+        if (!j->claimed || cache_stored(o, store, j, &found) || !found) continue; /* never sent: not ours */
+        kvm_orch__log("%s failed (%s), yet its cache is in the store, committed by an earlier attempt: counted "
+                      "compressed\n",
+                      j->doc->name, j->reason);
+        kvm_orch__job_committed(o, j);
+    }
 }
 
 /* Before the run: each document is loaded (tokenised, hashed) one at a time and released

@@ -44,6 +44,45 @@ static long long start_time(long pid)
     return v;
 }
 
+/* The boot time, seconds since 1970 (/proc/stat's btime), or -1 when unknown. */
+static long long boot_time(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    char line[256];
+    long long bt = -1;
+    while (bt < 0 && fgets(line, sizeof line, f))
+        if (!strncmp(line, "btime ", 6)) bt = strtoll(line + 6, NULL, 10);
+    fclose(f);
+    return bt;
+}
+
+/* 1 when process pid has exited and waits for its parent's wait (state Z in /proc/PID/stat). */
+static int zombie(long pid)
+{
+    char p[64], buf[512];
+    snprintf(p, sizeof p, "/proc/%ld/stat", pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *s = strrchr(buf, ')');
+    return s && s[1] == ' ' && s[2] == 'Z';
+}
+
+int kvm_rundir_pid_gone(long pid, long long started_unix_ms)
+{
+    if (pid <= 0) return 0;
+    long long ticks = start_time(pid);
+    if (ticks < 0 || zombie(pid)) return 1; /* no such process, or one that exited, not yet reaped */
+    long long bt = boot_time(), hz = sysconf(_SC_CLK_TCK);
+    if (ticks == 0 || bt < 0 || hz <= 0) return 0; /* cannot tell: alive for all we know */
+    long long began_ms = bt * 1000 + ticks * 1000 / hz;
+    /* the owner named its time after its start: a process of that pid begun later is another */
+    return began_ms > started_unix_ms + 2000;
+}
+
 void kvm_rundir_template(const char *prefix, char *buf, size_t size)
 {
     long pid = (long)getpid();

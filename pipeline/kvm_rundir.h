@@ -30,6 +30,13 @@ void kvm_rundir_template(const char *prefix, char *buf, size_t size);
  * removed; errors are ignored (best effort). */
 int kvm_rundir_sweep(void);
 
+/* 1 when the process pid of this host that began at wall-clock time started_unix_ms (ms since
+ * 1970, read by the process itself after it started: a run's claim owner, kvm_storew_owner) is
+ * gone: no such process, or the pid now belongs to a process that started later (reused). 0 when
+ * it may be running (alive, or no /proc to tell: the caller keeps its other rule). The start
+ * times compare to within 2 s: /proc's boot time has whole seconds. Never blocks. */
+int kvm_rundir_pid_gone(long pid, long long started_unix_ms);
+
 /* Removes the directory's files (sockets, logs) and the directory. */
 void kvm_rundir_remove(const char *dir);
 

@@ -1,0 +1,405 @@
+/* check_orch_recovery.c: `kvmill run` recovering from what a new user did to it: the
+ * orchestrator stopped (SIGSTOP) for longer than the workers' dead time, a rerun after a
+ * `kill -9` finding the dead run's claims in the store, and documents failing at read time
+ * logged as job_failed in JSON logs. */
+#include "pipeline/kvm_orch_int.h"
+#include "store/kvm_store.h"
+#include "common/kvm_error.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+static char *tmp, cfg_path[4200], docs[4200], store[4200], run_dir[4200];
+
+static void setup(void)
+{
+    tmp = kvm_test_tmpdir();
+    snprintf(store, sizeof store, "%s/store.lmdb", tmp);
+    snprintf(run_dir, sizeof run_dir, "%s/run", tmp);
+    snprintf(cfg_path, sizeof cfg_path, "%s/t.ini", tmp);
+    snprintf(docs, sizeof docs, "%s/docs", tmp);
+    mkdir(docs, 0700);
+}
+
+static void teardown(void)
+{
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+
+/* The embedded corpus's n (<= 6) documents in tmp/docs. */
+static void make_docs(int n)
+{
+    for (int i = 0; i < n; i++) {
+        char src[64], dst[4300];
+        snprintf(src, sizeof src, "corpus/doc_%03d.txt", i);
+        snprintf(dst, sizeof dst, "%s/doc_%03d.txt", docs, i);
+        size_t len;
+        char *t = kvm_test_read_file(kvm_test_data_path(src), &len);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(kvm_test_write_file(dst, t, len), 0);
+        free(t);
+    }
+}
+
+/* A config: [model] context 128, the method lines, the store at path st, [run] with run_extra. */
+static void write_config(const char *method, const char *st, const char *run_extra)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\n%s\n[store]\npath = %s\n[run]\nrun_dir = %s\n%s\n"
+             "[stages]\nbin_dir = %s\nthreads = 1\n",
+             kvm_test_data_path("models/stories260K.bin"), method, st, run_dir, run_extra, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+}
+
+static int run_kvmill(char **out, char **err)
+{
+    char cmd[12000];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, docs);
+    return kvm_test_run(cmd, out, err);
+}
+
+static long long summary_field(const char *out, const char *name)
+{
+    const char *s = out ? strstr(out, "summary: ") : NULL;
+    char key[64];
+    snprintf(key, sizeof key, " %s=", name);
+    const char *f = s ? strstr(s, key) : NULL;
+    return f ? strtoll(f + strlen(key), NULL, 10) : -1;
+}
+
+/* 1 when a stage's log in run_dir names a job (it has begun the run's work). */
+static int stage_started(void)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/prefill-0-r0.log", run_dir);
+    char *log = kvm_test_read_file(p, NULL);
+    int yes = log && strstr(log, " stage prefill ") != NULL;
+    free(log);
+    return yes;
+}
+
+/* The orchestrator stopped (kill -STOP, Ctrl-Z) for three times the workers' dead time ([run]
+ * heartbeat_ms x liveness = 800 ms here: beats late by less, on a loaded machine, blame no one),
+ * its workers running on. It read no heartbeat
+ * meanwhile, and its poll returned at once when it went on, the heartbeats unread: every worker
+ * was declared silent and killed, the killed workers' queued credits made them idle again, and
+ * every send to them failed, each one using up an attempt: documents failed "after 4 attempts"
+ * in a moment, and one committed by a killed worker was counted failed. Now the pause is seen
+ * (event run_resumed), the workers are judged from then on, and every document is stored. */
+START_TEST(test_paused_orchestrator)
+{
+    make_docs(4);
+    /* jobs of seconds (under the sanitizers, kvm_test_quick, a smaller one is as long): the run
+     * is in the middle of its work when stopped */
+    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
+                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
+                 store, "heartbeat_ms = 100\nliveness = 8");
+    char out_path[4300], err_path[4300];
+    snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
+    snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (!freopen(out_path, "w", stdout) || !freopen(err_path, "w", stderr)) _exit(127);
+        char exe[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        execl(exe, exe, "run", "--config", cfg_path, "--corpus", docs, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 1500 && !stage_started(); i++)
+        usleep(20000);
+    /* stopped 4 times: whether its poll or its I/O thread wakes first after a stop is a race,
+     * and the old code lost it only most of the times */
+    int st, ended = 0;
+    for (int k = 0; k < 4 && !ended; k++) {
+        usleep(k ? 800000 : 1400000); /* into the first compress job, its worker busy */
+        ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+        usleep(2500000);
+        ck_assert_int_eq(kill(pid, SIGCONT), 0);
+        ended = waitpid(pid, &st, WNOHANG) == pid;
+    }
+    ck_assert_int_eq(ended || waitpid(pid, &st, 0) == pid, 1);
+    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(summary_field(out, "failed") == 0 && summary_field(out, "compressed") == 4, "stdout: %s\nstderr: %s",
+                  out, err);
+    ck_assert_msg(strstr(err, "went silent") == NULL, "stderr: %s", err);
+    ck_assert_msg(strstr(err, "did not run for") != NULL, "the pause is not said: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 4);
+    free(out);
+    free(err);
+}
+END_TEST
+
+typedef struct keys {
+    kvm_store_cache_key k[8];
+    int n;
+} keys;
+
+static int collect_key(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
+{
+    (void)m;
+    keys *ks = arg;
+    if (!status && ks->n < 8) ks->k[ks->n++] = *key;
+    return 0;
+}
+
+/* A run killed with kill -9 leaves its claims in the store until their lease lapses ([run]
+ * heartbeat_ms x liveness, 60 s here). A rerun on the same host left those documents "to" the
+ * dead run (claimed=N, exit 0) and they were never stored. A claim whose owner names this host
+ * and a process that is not running is taken over now; one of another host keeps the lease rule. */
+START_TEST(test_dead_local_claimant)
+{
+    make_docs(4);
+    char first[4300];
+    snprintf(first, sizeof first, "%s/first.lmdb", tmp);
+    const char *method = "method = streaming\nbudget = 32";
+    write_config(method, first, "heartbeat_ms = 100\nliveness = 600");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    /* the cache keys a run makes of these documents (the same in any store: no strategy) */
+    keys ks = {.n = 0};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(first, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_key, &ks), 0);
+    kvm_store_close(&s);
+    ck_assert_int_eq(ks.n, 4);
+    /* a pid that is not running: a child that exited and was reaped */
+    pid_t gone = fork();
+    ck_assert_int_ge(gone, 0);
+    if (gone == 0) _exit(0);
+    ck_assert_int_eq(waitpid(gone, NULL, 0), gone);
+    char host[64] = "";
+    ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    /* the owners: a run of another host (its lease rules), a live run of this host (this test's
+     * parent, begun before now), its pid reused by a later process (the owner says it began in
+     * 1970), and a run of this host whose process is gone */
+    char owners[4][128], other_host[64];
+    snprintf(other_host, sizeof other_host, "elsewhere-%.40s", host);
+    snprintf(owners[0], sizeof owners[0], "run:%s:%ld:%lld", other_host, (long)gone, (long long)ts.tv_sec * 1000);
+    snprintf(owners[1], sizeof owners[1], "run:%.48s:%ld:%lld", host, (long)getppid(), (long long)ts.tv_sec * 1000);
+    snprintf(owners[2], sizeof owners[2], "run:%.48s:%ld:1000", host, (long)getppid());
+    snprintf(owners[3], sizeof owners[3], "run:%.48s:%ld:%lld", host, (long)gone, (long long)ts.tv_sec * 1000 - 5000);
+    kvm_store_opts so = {0};
+    ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
+    for (int i = 0; i < ks.n; i++) {
+        int taken = 0;
+        ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[i], owners[i], i == 0 ? other_host : host, 600000, &taken, NULL),
+                         0);
+        ck_assert_int_eq(taken, 1);
+    }
+    kvm_store_close(&s);
+    write_config(method, store, "heartbeat_ms = 100\nliveness = 600");
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "rc %d\nstdout: %s\nstderr: %s", rc, out, err);
+    /* the other host's lease and the live local run's are left to them; the gone ones taken over */
+    ck_assert_msg(summary_field(out, "compressed") == 2 && summary_field(out, "claimed") == 2 &&
+                      summary_field(out, "failed") == 0,
+                  "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(strstr(err, "which is no longer running: taking it over") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 2);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A document that fails when it is read (an empty file here; a FIFO, a folder named x.txt, a
+ * dangling link, a JSONL token id past the vocabulary alike) was logged as an info "message"
+ * without its name in a field, while a document a stage fails is an error "job_failed" with
+ * "doc": a JSON log's reader counting failures missed it. Now it is one too. */
+START_TEST(test_read_failure_json_event)
+{
+    make_docs(1);
+    char empty[4300];
+    snprintf(empty, sizeof empty, "%s/empty.txt", docs);
+    ck_assert_int_eq(kvm_test_write_file(empty, "", 0), 0);
+    write_config("method = streaming\nbudget = 32", store, "log_format = json");
+    char *out = NULL, *err = NULL;
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 1 && summary_field(out, "failed") == 1, "rc %d\nstdout: %s\nstderr: %s", rc, out, err);
+    int seen = 0;
+    for (char *line = err, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        json_t *o = json_loads(line, 0, NULL);
+        const char *msg = json_string_value(json_object_get(o, "msg"));
+        if (msg && strstr(msg, "empty.txt")) {
+            seen++;
+            ck_assert_str_eq(json_string_value(json_object_get(o, "level")), "error");
+            ck_assert_str_eq(json_string_value(json_object_get(o, "event")), "job_failed");
+            ck_assert_str_eq(json_string_value(json_object_get(o, "doc")), "empty.txt");
+            ck_assert_ptr_nonnull(json_string_value(json_object_get(o, "reason")));
+        }
+        json_decref(o);
+    }
+    ck_assert_msg(seen == 1, "%d lines name empty.txt", seen);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- the broker's state, without processes ---- */
+
+typedef struct fake_run {
+    orch *o;
+    kvm_config *cfg;
+    kvm_corpus corpus;
+    kvm_doc doc;
+    int32_t tokens[4];
+    kvm_orch_summary sum;
+} fake_run;
+
+/* An orchestrator in memory with one queued document (tokens given, no store) and its ROUTER
+ * sockets (ZMQ_ROUTER_MANDATORY, as bind_sockets sets them) bound to inproc:// endpoints. */
+static void fake_start(fake_run *f)
+{
+    static const volatile sig_atomic_t no_interrupts = 0;
+    memset(f, 0, sizeof *f);
+    char text[4600];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n"
+             "[store]\npath = %s\n[run]\nmax_prefetch = 4\n",
+             kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_msg(kvm_config_parse(text, "fake.ini", &f->cfg) == 0, "%s", kvm_errmsg());
+    f->o = calloc(1, sizeof *f->o);
+    ck_assert_ptr_nonnull(f->o);
+    orch *o = f->o;
+    for (int i = 0; i < 4; i++)
+        f->tokens[i] = 1 + i;
+    f->doc = (kvm_doc){.name = "doc.txt", .tokens = f->tokens, .n_tokens = 4, .n_original = 4};
+    f->corpus = (kvm_corpus){.docs = &f->doc, .n = 1};
+    o->cfg = f->cfg;
+    o->corpus = &f->corpus;
+    o->sum = &f->sum;
+    o->interrupts = &no_interrupts;
+    o->mode = MODE_RUN;
+    o->cmd = "run";
+    o->reduce_worker = -1;
+    o->max_retries = 3;
+    o->hb_ms = 100, o->dead_ms = 500, o->job_timeout_ms = 600000;
+    o->n_jobs = o->n_open = 1;
+    o->jobs = calloc(1, sizeof *o->jobs);
+    ck_assert_ptr_nonnull(o->jobs);
+    o->jobs[0] = (orch_job){.doc = &f->doc, .state = J_QUEUED, .id = 1, .worker = -1};
+    o->next_id = 2;
+    ck_assert_int_eq(kvm_joblist_init(&o->lists, 1, N_JOB_STATES, J_QUEUED), 0);
+    ck_assert_int_eq(kvm_idxset_add(&o->by_id, 1, 0), 0);
+    o->zctx = zmq_ctx_new();
+    o->ctl = zmq_socket(o->zctx, ZMQ_ROUTER);
+    o->data = zmq_socket(o->zctx, ZMQ_ROUTER);
+    int mandatory = 1, linger = 0;
+    void *socks[2] = {o->ctl, o->data};
+    const char *eps[2] = {"inproc://fake-ctl", "inproc://fake-data"};
+    for (int i = 0; i < 2; i++) {
+        zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+        zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        ck_assert_int_eq(zmq_bind(socks[i], eps[i]), 0);
+    }
+}
+
+static void fake_end(fake_run *f)
+{
+    orch *o = f->o;
+    zmq_close(o->ctl);
+    zmq_close(o->data);
+    zmq_ctx_term(o->zctx);
+    kvm_orch__job_drop_kv(&o->jobs[0]);
+    free(o->jobs[0].kv);
+    free(o->jobs);
+    kvm_idxset_free(&o->by_id);
+    kvm_joblist_deinit(&o->lists);
+    free(o);
+    kvm_config_free(&f->cfg);
+}
+
+/* A worker the table holds as idle whose connection is gone (killed, restarted: a send to it
+ * fails with EHOSTUNREACH). Each failed send used up an attempt of the document and left the
+ * worker idle, so the next dispatch chose it again: the document failed "after 4 attempts" in
+ * four events. Now the worker is dead and the document waits, its attempt unused. */
+START_TEST(test_unreachable_worker_not_the_documents_fault)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    o->workers[0] =
+        (orch_worker){.id = "prefill-0-r0", .stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    for (int k = 0; k < 6; k++)
+        kvm_orch__dispatch(o);
+    ck_assert_int_eq(o->jobs[0].state, J_QUEUED);
+    ck_assert_int_eq(o->jobs[0].attempt, 0);
+    ck_assert_int_eq(o->workers[0].alive, 0);
+    ck_assert_int_eq(o->sum->requeues, 0);
+    fake_end(&f);
+}
+END_TEST
+
+/* An ack of an earlier attempt of a job: the job was requeued (its worker judged dead) after its
+ * worker had committed the cache. The ack was dropped as stale, and the document compressed
+ * again, or failed, though stored. Now it is done, counted compressed. */
+START_TEST(test_earlier_attempts_ack_counts)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    kvm_orch__requeue(o, &o->jobs[0], "worker compress-1-r0 went silent"); /* attempt 2, a new id */
+    ck_assert_int_eq(o->jobs[0].state, J_QUEUED);
+    ck_assert_uint_ne(o->jobs[0].id, 1);
+    void *dealer = zmq_socket(o->zctx, ZMQ_DEALER);
+    const char *id = "compress-1-r0";
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, id, strlen(id));
+    ck_assert_int_eq(zmq_connect(dealer, "inproc://fake-ctl"), 0);
+    kvm_proto_ack ack = {.worker_id = {id, strlen(id)}, .stage = {"compress", 8}, .pid = 1, .job_id = 1};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ack_encode(&ack, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(dealer, &m, 0), 0);
+    zmq_pollitem_t it = {o->ctl, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_orch__receive(o, o->ctl, 1);
+    ck_assert_int_eq(o->jobs[0].state, J_DONE);
+    ck_assert_int_eq(o->sum->compressed, 1);
+    ck_assert_int_eq(o->n_open, 0);
+    zmq_close(dealer);
+    fake_end(&f);
+}
+END_TEST
+
+static Suite *orch_recovery_suite(void)
+{
+    Suite *s = suite_create("orch_recovery");
+    struct {
+        const char *name;
+        const TTest *fn;
+        int timeout;
+    } cases[] = {{"paused_orchestrator", test_paused_orchestrator, 240},
+                 {"dead_local_claimant", test_dead_local_claimant, 120},
+                 {"read_failure_json_event", test_read_failure_json_event, 60},
+                 {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
+                 {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 30}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_set_timeout(tc, cases[i].timeout);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(orch_recovery_suite()); }
