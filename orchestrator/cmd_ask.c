@@ -96,8 +96,8 @@ static int read_doc(const char *path, char **text, size_t *len)
             close(fd);
             if (got == 0)
                 fprintf(stderr,
-                        "kvmill ask: --doc %s is a FIFO (named pipe) with no process writing to it: give a regular "
-                        "file, or start its writer first\n",
+                        "kvmill ask: --doc %s is a FIFO (named pipe) with no process writing to it (or whose "
+                        "writer ended without writing): give a regular file, or start its writer first\n",
                         path);
             else
                 fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(e));
@@ -159,7 +159,7 @@ typedef struct ask_link {
     int tcp_connected; /* ZMQ_EVENT_CONNECTED seen */
     int greeted;       /* ZMQ_EVENT_HANDSHAKE_SUCCEEDED seen: a ZeroMQ peer of a fitting type */
     int keyed;         /* CurveZMQ keys given */
-    int cut_short;     /* keyed handshakes that ended without a reason (the peer closed the connection) */
+    int no_detail;     /* a keyed handshake ended without a reason (the peer closed the connection) */
 } ask_link;
 
 /* Reads one monitor event into *l; returns 1 (why filled) when it means the connection
@@ -191,12 +191,11 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
                      "the server has no CurveZMQ keys (its front end is a plain socket, as on a local bind without "
                      "[security] keys): ask without --server-key, --client-public and --client-secret");
             failed = 1;
-        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && l->keyed && ++l->cut_short < 10) {
-            /* a server without keys closes the connection at the greeting's mechanism: when it closes
-             * before this side reads that greeting, nothing says why; ZeroMQ connects again, and the
-             * next greeting read names the mechanism (ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) */
         } else if ((event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) &&
                    l->keyed) {
+            /* a server without keys closes the connection at the greeting's mechanism: when it
+             * closes before this side reads that greeting, nothing says why (server_is_plain) */
+            l->no_detail = event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
             snprintf(why, n,
                      "the security handshake with the server failed: a wrong --server-key (not the .public of the "
                      "server's secret key), or a server without CurveZMQ keys, or not kvmill serve's front end "
@@ -213,6 +212,31 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
     zmq_msg_close(&ev);
     zmq_msg_close(&ep);
     return failed;
+}
+
+/* Whether the server at ep completes a ZeroMQ handshake without keys (within 1.5 s): after a
+ * keyed handshake that ended with no reason, it tells a server without CurveZMQ keys from a
+ * wrong --server-key, which the events alone do not (a server without keys may close the
+ * connection before its greeting, naming its mechanism, is read). 1 when it does. */
+static int server_is_plain(void *zctx, const char *ep)
+{
+    void *s = zmq_socket(zctx, ZMQ_DEALER), *mon = NULL;
+    char mon_ep[80];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-ask-plain-%d", (int)getpid());
+    int linger = 0, one = 1, plain = 0;
+    if (!s) return 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    if (!strncmp(ep, "tcp://[", 7)) zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof one);
+    if (zmq_socket_monitor(s, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0 && (mon = zmq_socket(zctx, ZMQ_PAIR)) &&
+        zmq_connect(mon, mon_ep) == 0 && zmq_connect(s, ep) == 0) {
+        zmq_pollitem_t it = {mon, 0, ZMQ_POLLIN, 0};
+        for (double end = kvm_now_ms() + 1500; !plain && kvm_now_ms() < end;)
+            plain = zmq_poll(&it, 1, 100) > 0 && (it.revents & ZMQ_POLLIN);
+    }
+    zmq_socket_monitor(s, NULL, 0);
+    if (mon) zmq_close(mon);
+    zmq_close(s);
+    return plain;
 }
 
 /* Whether msg[0, len) holds needle. */
@@ -446,6 +470,10 @@ int kvm_cmd_ask(int argc, char **argv)
         if (zmq_poll(items, mon ? 2 : 1, (long)(left < 100 ? left + 1 : 100)) < 0 && errno != EINTR) break;
         char why[512];
         if (mon && (items[1].revents & ZMQ_POLLIN) && link_event(mon, &link, why, sizeof why)) {
+            if (link.no_detail && server_is_plain(zctx, ep))
+                snprintf(why, sizeof why,
+                         "the server has no CurveZMQ keys (its front end is a plain socket, as on a local bind "
+                         "without [security] keys): ask without --server-key, --client-public and --client-secret");
             fprintf(stderr, "kvmill ask: %s: %s\n", ep, why);
             goto done;
         }

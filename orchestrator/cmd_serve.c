@@ -197,6 +197,9 @@ int kvm_cmd_serve(int argc, char **argv)
             kvm_cli_refuse("serve", "cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
             if (sst == KVM_EBUSY) status = 1; /* for now, not a setting to change: starting again may work */
             goto done;
+        } else if (kvm_config_bool(cfg, "serve", "compute_missing") && kvm_store_check_new_dir(sp)) {
+            kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg()); /* its workers would create it there */
+            goto done;
         } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
             struct stat sb; /* a folder made ahead (a mount point, mkdir) is there: say what it lacks */
             const int folder = stat(sp, &sb) == 0 && S_ISDIR(sb.st_mode);

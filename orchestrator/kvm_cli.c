@@ -5,6 +5,7 @@
 #include "common/kvm_log.h"
 #include "common/kvm_number.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_stage.h"
 #include "compress/eval/kvm_eval.h"
 
@@ -555,9 +556,16 @@ void kvm_cli_log_config(const char *cmd, const char *stage, const kvm_config *cf
 int kvm_cli_check_run_bind(const char *cmd, const kvm_config *cfg)
 {
     const char *bind = kvm_config_str(cfg, "run", "bind");
-    char ctl_ep[1100], data_ep[1100];
-    if (!*bind || !kvm_stage_endpoints(bind, ctl_ep, data_ep, sizeof ctl_ep)) return 0;
-    kvm_cli_refuse(cmd, "%s: [run] bind = %s: %s\n", kvm_config_path(cfg), bind, kvm_errmsg());
+    char ctl_ep[1100], data_ep[1100], what[1200];
+    if (!*bind) return 0;
+    if (kvm_stage_endpoints(bind, ctl_ep, data_ep, sizeof ctl_ep)) {
+        kvm_cli_refuse(cmd, "%s: [run] bind = %s: %s\n", kvm_config_path(cfg), bind, kvm_errmsg());
+        return -1;
+    }
+    /* the keys a non-local bind needs, as the bind itself checks them (the workers' sockets) */
+    snprintf(what, sizeof what, "[run] bind in %s:", kvm_config_path(cfg));
+    if (!kvm_serve_bind_rule(ctl_ep, cfg, what) && !kvm_serve_bind_rule(data_ep, cfg, what)) return 0;
+    kvm_cli_refuse(cmd, "%s\n", kvm_errmsg());
     return -1;
 }
 

@@ -85,7 +85,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"stages", "bin_dir", P, "", 0, 0, NULL, "", "folder of the kvmill-* binaries; empty = beside kvmill"},
 
     {"run", "run_dir", P, "", 0, 0, NULL, "", "folder for ipc:// endpoints and logs; empty = a fresh temporary one"},
-    {"run", "bind", S, "", 0, 0, NULL, "", "tcp://HOST:PORT base endpoint (ports PORT..PORT+3); empty = ipc:// in run_dir"},
+    {"run", "bind", S, "", 0, 0, NULL, "", "tcp://HOST:PORT base endpoint (ports PORT and PORT+1); empty = ipc:// in run_dir"},
     {"run", "heartbeat_ms", I, "1000", 10, 3600000, NULL, "ms", "stage heartbeat interval"},
     {"run", "liveness", I, "5", 1, 1000, NULL, "beats", "a stage missing this many heartbeats is declared dead"},
     {"run", "grace_s", I, "30", 0, 86400, NULL, "s", "on SIGTERM a stage finishes its job within this time, else hands it back"},

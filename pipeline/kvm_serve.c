@@ -119,9 +119,7 @@ static int ipc_in_use(const char *endpoint)
     return up;
 }
 
-/* kvm_serve_bind's rules that the settings alone decide (no key file is read): the endpoint's
- * form, and the keys a non-local endpoint needs. */
-static int bind_rule(const char *endpoint, const kvm_config *cfg, const char *what)
+int kvm_serve_bind_rule(const char *endpoint, const kvm_config *cfg, const char *what)
 {
     const char *sec = kvm_config_str(cfg, "security", "server_secret_key");
     const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
@@ -148,7 +146,7 @@ int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
         snprintf(what, sizeof what, "%s", bind_what);
     else
         snprintf(what, sizeof what, "[serve] bind in %s", kvm_config_path(cfg));
-    int rc = bind_rule(kvm_config_str(cfg, "serve", "bind"), cfg, what);
+    int rc = kvm_serve_bind_rule(kvm_config_str(cfg, "serve", "bind"), cfg, what);
     if (rc) return rc;
     const char *be = kvm_config_str(cfg, "serve", "backend");
     if (!*be) return 0; /* the run directory's ipc:// sockets: local */
@@ -156,7 +154,7 @@ int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
     snprintf(what, sizeof what, "[serve] backend in %s", kvm_config_path(cfg));
     if (kvm_stage_endpoints(be, ctl_ep, data_ep, sizeof ctl_ep))
         return kvm_err(KVM_EINVAL, "%s: %s", what, kvm_errmsg());
-    if ((rc = bind_rule(ctl_ep, cfg, what)) || (rc = bind_rule(data_ep, cfg, what))) return rc;
+    if ((rc = kvm_serve_bind_rule(ctl_ep, cfg, what)) || (rc = kvm_serve_bind_rule(data_ep, cfg, what))) return rc;
     return 0;
 }
 
@@ -165,7 +163,7 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
 {
     const char *sec = kvm_config_str(cfg, "security", "server_secret_key");
     const char *auth = kvm_config_str(cfg, "security", "authorized_keys");
-    int rc = bind_rule(endpoint, cfg, what);
+    int rc = kvm_serve_bind_rule(endpoint, cfg, what);
     if (rc) return rc;
     int local = kvm_curve_is_local(endpoint);
     if (!local || (curve_if_keyed && *sec)) {

@@ -393,6 +393,15 @@ static int refuse_foreign_dir(const char *path)
                    path, n, n == 1 ? "entry" : "entries", n == 1 ? "is" : "are", example);
 }
 
+int kvm_store_check_new_dir(const char *path)
+{
+    struct stat st;
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || lstat(data, &st) == 0) return 0;
+    return refuse_foreign_dir(path);
+}
+
 /* *made_dir = 1 when this call created the directory. */
 static int store_prepare_dir(const char *path, int read_only, int must_exist, int *made_dir)
 {

@@ -200,6 +200,14 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * lock.mdb when nothing else is in it: the folder is left as it was found, never losing a file
  * that existed before the open. */
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
+
+/* Whether a writable kvm_store_open could create a store at path, as far as the folder goes: 0
+ * when path does not exist, is not a folder (the open says why), already holds a data.mdb, or is
+ * a folder holding nothing but lock.mdb, lost+found or hidden entries; KVM_EINVAL (message naming
+ * the folder, its entries and one of them) when it holds other files, which the open refuses.
+ * For a command that creates the store later (kvmill serve --compute-missing: its decode
+ * workers do) to refuse at its start. Reads the folder only. */
+int kvm_store_check_new_dir(const char *path);
 /* 1 when a read-write open of the store at `path` would fail for want of write permission:
  * the directory, its data.mdb or its lock.mdb exists and access(2) says it cannot be written
  * (a read-only filesystem, a copy owned by someone else); *why (why_size bytes) then names

@@ -1127,6 +1127,19 @@ START_TEST(test_run_bind_checked)
         free(out);
         free(err);
     }
+    /* a non-local bind without [security] keys: the dump refuses it as the run does, naming the file */
+    char cfg3[4400];
+    snprintf(cfg3, sizeof cfg3, "%s.nonlocal.ini", cfg);
+    snprintf(cmd, sizeof cmd,
+             "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n[run]\nbind = tcp://0.0.0.0:5795\n",
+             kvm_test_data_path("models/stories260K.bin"), store);
+    ck_assert_int_eq(kvm_test_write_file(cfg3, cmd, strlen(cmd)), 0);
+    snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill run --dump-config --config '%s'", kvm_test_bin(), cfg3);
+    int rc3 = kvm_test_run(cmd, &out, &err);
+    snprintf(want, sizeof want, "[run] bind in %s: tcp://0.0.0.0:5795 is not local", cfg3);
+    ck_assert_msg(rc3 == 2 && strstr(err, want), "exit %d: %s", rc3, err);
+    free(out);
+    free(err);
     snprintf(cfg + strlen(cfg) - 4, 8, "2.ini"); /* a config without the bind, for --bind */
     snprintf(cmd, sizeof cmd, "[model]\npath = %s\ncontext = 64\n[store]\npath = %s\n",
              kvm_test_data_path("models/stories260K.bin"), store);

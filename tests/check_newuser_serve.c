@@ -376,6 +376,27 @@ START_TEST(test_serve_empty_store_folder)
 }
 END_TEST
 
+/* kvmill serve --compute-missing on a folder that holds other files and no store: its decode
+ * workers, which create the store, each failed and serve stopped after three (exit 1); it is
+ * refused at start now (exit 2), as kvmill run refuses that --store. */
+START_TEST(test_serve_compute_missing_foreign_folder)
+{
+    char store[4300], f[4400], cmd[16384], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    ck_assert_int_eq(mkdir(store, 0755), 0);
+    snprintf(f, sizeof f, "%s/a.txt", store);
+    ck_assert_int_eq(kvm_test_write_file(f, "x", 1), 0);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s/kvmill' serve --config '%s' --bind '%s' --workers 1 --compute-missing",
+             kvm_test_bin(), g_cfg, g_front);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "serve: exit %d: %s", rc, err);
+    assert_contains(err, "--compute-missing: store ");
+    assert_contains(err, "holds 1 entry that is not a store's (such as 'a.txt')");
+    free(err);
+}
+END_TEST
+
 /* kvmill serve on a store whose LMDB reader table is full (other processes reading at once):
  * a condition that passes, said as such (the table, "try again later"), exit 1; it was exit 2,
  * the status of a setting to change. */
@@ -581,6 +602,7 @@ static Suite *suite(void)
         {"ask_doc_fifo_no_writer", test_ask_doc_fifo_no_writer},
         {"ask_keys_to_plain_server", test_ask_keys_to_plain_server},
         {"serve_store_readers_full", test_serve_store_readers_full},
+        {"serve_compute_missing_foreign_folder", test_serve_compute_missing_foreign_folder},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
         {"serve_rebind_not_through_link", test_serve_rebind_not_through_link},
