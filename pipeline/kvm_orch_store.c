@@ -284,10 +284,14 @@ int kvm_orch__mark_skipped(orch *o, kvm_store *store)
         int64_t first = kvm_idxset_find(&o->by_hash, hash_key(&j->doc->hash), same_hash, &p);
         if (first >= 0) { /* the store keeps the first one's name only: said, so --doc-name is not a surprise */
             found = 1;
-            o->repeated++;
-            kvm_orch__log("%s is a duplicate of %s within this corpus (the same tokens): one cache, stored under the "
-                          "name %s only (kvmill ask --doc-name %s)\n",
-                          j->doc->name, o->jobs[first].doc->name, o->jobs[first].doc->name, o->jobs[first].doc->name);
+            /* one line each for the first ones: a JSONL corpus of repeated rows would flood the log
+             * (the start line counts them all) */
+            if (++o->repeated <= 20)
+                kvm_orch__log("%s is a duplicate of %s within this corpus (the same tokens): one cache, stored under "
+                              "the name %s only (kvmill ask --doc-name %s)%s\n",
+                              j->doc->name, o->jobs[first].doc->name, o->jobs[first].doc->name,
+                              o->jobs[first].doc->name,
+                              o->repeated == 20 ? "; further duplicates are counted, not named" : "");
         } else if ((rc = kvm_idxset_add(&o->by_hash, hash_key(&j->doc->hash), i)))
             return rc;
         if (o->corpus->on_demand) kvm_doc_release(j->doc);

@@ -45,9 +45,10 @@ int kvm_stage_endpoints(const char *base, char *ctl, char *data, size_t size)
             return kvm_err(KVM_EINVAL, "endpoint %s: expected tcp://HOST:PORT with PORT in [1, 65534]", base);
         if (port < 1 || port > 65534) /* said why: the range alone read as an arbitrary limit */
             return kvm_err(KVM_EINVAL, "endpoint %s: PORT %ld is not in [1, 65534]: %s", base, port,
-                           port < 1 ? "the workers must be told the port to connect to, so it cannot be 0 (any free "
-                                      "port, chosen at bind)"
-                                    : "the data socket binds PORT+1, which must be a port too");
+                           port == 0  ? "the workers must be told the port to connect to, so it cannot be 0 (any free "
+                                        "port, chosen at bind)"
+                           : port < 1 ? "a port is a positive number"
+                                      : "the data socket binds PORT+1, which must be a port too");
         snprintf(ctl, size, "%.*s:%ld", (int)(colon - base), base, port);
         snprintf(data, size, "%.*s:%ld", (int)(colon - base), base, port + 1);
         return 0;

@@ -747,6 +747,19 @@ START_TEST(test_run_duplicate_in_corpus_said)
                   "%s", err);
     free(out);
     free(err);
+    /* 25 copies more: the first 20 duplicates named, the rest counted (a corpus of repeated rows
+     * would flood the log) */
+    for (int i = 0; i < 25; i++) {
+        snprintf(f, sizeof f, "%s/z%02d.txt", corp, i);
+        ck_assert_int_eq(kvm_test_write_file(f, text, strlen(text)), 0);
+    }
+    rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(err, "27 documents (1 already stored, 26 duplicates of another in this corpus)"),
+                  "exit %d\n%s", rc, err);
+    ck_assert_int_eq(kvm_test_count(err, "within this corpus (the same tokens)"), 20);
+    ck_assert_int_eq(kvm_test_count(err, "further duplicates are counted, not named"), 1);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
