@@ -77,25 +77,23 @@ static int claim_remote(orch *o, const kvm_store_cache_key *key, int *taken, int
     return 0;
 }
 
-/* 1 when claim holder h is a run on this host (kvm_storew_owner's "run:HOST:PID:START_MS") whose
- * process is gone (killed with kill -9, crashed: it released nothing, and its lease of [run]
- * heartbeat_ms x liveness has not lapsed yet), or whose pid now belongs to a later process. A
- * holder on another host, an owner of another shape, or this very process: 0, the lease rule. */
+/* 1 when claim holder h is a run of this machine (kvm_storew_owner's
+ * "run:HOST:PID:START_MS:ID", ID naming the kernel boot and pid namespace, kvm_rundir_proc_id)
+ * whose process is gone (killed with kill -9, crashed: it released nothing, and its lease of
+ * [run] heartbeat_ms x liveness has not lapsed yet), or whose pid now belongs to another
+ * process. A holder on another host, in another container or boot, an owner without an ID (an
+ * earlier version's) or of another shape, or this very process: 0, the lease rule. */
 static int holder_gone(const orch *o, const kvm_store_claim *h)
 {
     if (strcmp(h->host, o->host) || strncmp(h->owner, "run:", 4)) return 0;
-    const char *ms_at = strrchr(h->owner, ':'); /* the host name holds no ':', the fields are numbers */
-    if (!ms_at || ms_at == h->owner + 3) return 0;
-    const char *pid_at = ms_at - 1;
-    while (pid_at > h->owner + 3 && *pid_at != ':')
-        pid_at--;
-    if (pid_at <= h->owner + 3) return 0;
+    const char *p = strchr(h->owner + 4, ':'); /* after the host name, which holds no ':' */
+    if (!p) return 0;
     char *end;
-    long pid = strtol(pid_at + 1, &end, 10);
-    if (end != ms_at || pid <= 0) return 0;
-    long long ms = strtoll(ms_at + 1, &end, 10);
-    if (*end || ms <= 0 || pid == (long)getpid()) return 0;
-    return kvm_rundir_pid_gone(pid, ms);
+    long pid = strtol(p + 1, &end, 10);
+    if (end == p + 1 || *end != ':' || pid <= 0 || pid == (long)getpid()) return 0;
+    strtoll(end + 1, &end, 10); /* the start time (wall clock): not used to judge */
+    if (*end != ':') return 0;
+    return kvm_rundir_pid_gone(pid, end + 1);
 }
 
 /* The claim on key, held by a dead run of this host (holder_gone), is taken over: that run's

@@ -44,19 +44,6 @@ static long long start_time(long pid)
     return v;
 }
 
-/* The boot time, seconds since 1970 (/proc/stat's btime), or -1 when unknown. */
-static long long boot_time(void)
-{
-    FILE *f = fopen("/proc/stat", "r");
-    if (!f) return -1;
-    char line[256];
-    long long bt = -1;
-    while (bt < 0 && fgets(line, sizeof line, f))
-        if (!strncmp(line, "btime ", 6)) bt = strtoll(line + 6, NULL, 10);
-    fclose(f);
-    return bt;
-}
-
 /* 1 when process pid has exited and waits for its parent's wait (state Z in /proc/PID/stat). */
 static int zombie(long pid)
 {
@@ -71,16 +58,47 @@ static int zombie(long pid)
     return s && s[1] == ' ' && s[2] == 'Z';
 }
 
-int kvm_rundir_pid_gone(long pid, long long started_unix_ms)
+/* The first 16 hex digits of the kernel's boot id (64 random bits: a claim owner has 127 bytes)
+ * into out[17]; 0, or -1 when unreadable. */
+static int boot_id(char out[17])
 {
-    if (pid <= 0) return 0;
+    char buf[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f), k = 0;
+    fclose(f);
+    for (size_t i = 0; i < n && k < 16; i++)
+        if ((buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f')) out[k++] = buf[i];
+    out[k] = '\0';
+    return k == 16 ? 0 : -1;
+}
+
+void kvm_rundir_proc_id(long pid, char *out, size_t n)
+{
+    if (n) out[0] = '\0';
+    char bid[17], ns[64];
+    struct stat st;
+    snprintf(ns, sizeof ns, "/proc/%ld/ns/pid", pid);
     long long ticks = start_time(pid);
-    if (ticks < 0 || zombie(pid)) return 1; /* no such process, or one that exited, not yet reaped */
-    long long bt = boot_time(), hz = sysconf(_SC_CLK_TCK);
-    if (ticks == 0 || bt < 0 || hz <= 0) return 0; /* cannot tell: alive for all we know */
-    long long began_ms = bt * 1000 + ticks * 1000 / hz;
-    /* the owner named its time after its start: a process of that pid begun later is another */
-    return began_ms > started_unix_ms + 2000;
+    if (pid <= 0 || boot_id(bid) || stat(ns, &st) || ticks <= 0) return;
+    snprintf(out, n, "B%sN%lluT%lld", bid, (unsigned long long)st.st_ino, ticks);
+}
+
+int kvm_rundir_pid_gone(long pid, const char *id)
+{
+    char mine[96], bid[17];
+    struct stat st;
+    if (pid <= 0 || !id || id[0] != 'B' || boot_id(bid) || stat("/proc/self/ns/pid", &st)) return 0;
+    snprintf(mine, sizeof mine, "B%sN%llu", bid, (unsigned long long)st.st_ino);
+    const size_t k = strlen(mine);
+    if (strncmp(id, mine, k) || id[k] != 'T') return 0; /* another boot or pid namespace: its pids are not ours */
+    char *end;
+    long long ticks = strtoll(id + k + 1, &end, 10);
+    if (*end || ticks <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH; /* EPERM: another user's live process */
+    if (zombie(pid)) return 1;
+    long long now = start_time(pid);
+    return now > 0 && now != ticks; /* unreadable (hidepid): alive for all we know */
 }
 
 void kvm_rundir_template(const char *prefix, char *buf, size_t size)

@@ -30,12 +30,21 @@ void kvm_rundir_template(const char *prefix, char *buf, size_t size);
  * removed; errors are ignored (best effort). */
 int kvm_rundir_sweep(void);
 
-/* 1 when the process pid of this host that began at wall-clock time started_unix_ms (ms since
- * 1970, read by the process itself after it started: a run's claim owner, kvm_storew_owner) is
- * gone: no such process, or the pid now belongs to a process that started later (reused). 0 when
- * it may be running (alive, or no /proc to tell: the caller keeps its other rule). The start
- * times compare to within 2 s: /proc's boot time has whole seconds. Never blocks. */
-int kvm_rundir_pid_gone(long pid, long long started_unix_ms);
+/* The identity of process pid as this process sees it, for a claim owner (kvm_storew_owner):
+ * "B<the kernel's boot id, its first 16 hex>N<its pid namespace's inode>T<its start, clock ticks since
+ * boot>" into out (n bytes, >= 80). Empty when /proc cannot tell (no /proc, hidepid, the process
+ * gone): an owner without an identity is never taken over. The host name alone did not tell a
+ * machine: containers sharing one (host networking) and machines of the same name have other
+ * kernels or pid namespaces, where the pid means another process. Never blocks. */
+void kvm_rundir_proc_id(long pid, char *out, size_t n);
+
+/* 1 when the process pid whose identity was id (kvm_rundir_proc_id, recorded by that process)
+ * is gone: id names this kernel boot and this process's pid namespace, and the pid is not
+ * running (kill: ESRCH), has exited unreaped (a zombie), or belongs to a process with another
+ * start (reused). 0 when it may be running or cannot be told (another boot or namespace, an
+ * empty or malformed id, EPERM, /proc unreadable): the caller keeps its lease rule. Uses no wall
+ * clock (a clock stepped after a suspend made a live run look reused). Never blocks. */
+int kvm_rundir_pid_gone(long pid, const char *id);
 
 /* Removes the directory's files (sockets, logs) and the directory. */
 void kvm_rundir_remove(const char *dir);

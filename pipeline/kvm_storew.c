@@ -1,5 +1,6 @@
 /* kvm_storew.c: the store's write path: store options from settings, and claims. */
 #include "pipeline/kvm_storew.h"
+#include "pipeline/kvm_rundir.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
@@ -52,7 +53,10 @@ void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     snprintf(host, host_size, "%s", h);
-    snprintf(out, size, "run:%.48s:%ld:%lld", h, (long)getpid(), (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    char id[96];
+    kvm_rundir_proc_id((long)getpid(), id, sizeof id);
+    snprintf(out, size, "run:%.48s:%ld:%lld%s%s", h, (long)getpid(), (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000,
+             *id ? ":" : "", id);
 }
 
 int kvm_storew_claim(kvm_store *s, const kvm_store_cache_key *key, const char *owner, const char *host, int64_t ttl_ms,

@@ -28,8 +28,10 @@ int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_st
  * counted them compressed. */
 int kvm_storew_must_exist(const char *what, const char *path);
 
-/* Who holds claims: "run:HOST:PID:START_MS", unique per process start. Written into
- * out[size]; host into host[host_size]. */
+/* Who holds claims: "run:HOST:PID:START_MS:ID", unique per process start; ID is this process's
+ * identity (kvm_rundir_proc_id: boot id, pid namespace, start ticks), left out with its ':' when
+ * /proc cannot tell, so that a run of the same machine can tell this one is gone. Written into
+ * out[size] (>= 192); host into host[host_size]. */
 void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size);
 
 /* Claims the cache key for owner for ttl_ms (a lease; see kvm_store_claim_take). *taken = 1

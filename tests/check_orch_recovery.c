@@ -4,6 +4,7 @@
  * logged as job_failed in JSON logs. */
 #include "pipeline/kvm_orch_int.h"
 #include "store/kvm_store.h"
+#include "pipeline/kvm_rundir.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -162,7 +163,7 @@ static int collect_key(const kvm_store_cache_key *key, const kvm_store_manifest 
  * and a process that is not running is taken over now; one of another host keeps the lease rule. */
 START_TEST(test_dead_local_claimant)
 {
-    make_docs(4);
+    make_docs(6);
     char first[4300];
     snprintf(first, sizeof first, "%s/first.lmdb", tmp);
     const char *method = "method = streaming\nbudget = 32";
@@ -177,7 +178,7 @@ START_TEST(test_dead_local_claimant)
     ck_assert_msg(kvm_store_open(first, NULL, &s) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_key, &ks), 0);
     kvm_store_close(&s);
-    ck_assert_int_eq(ks.n, 4);
+    ck_assert_int_eq(ks.n, 6);
     /* a pid that is not running: a child that exited and was reaped */
     pid_t gone = fork();
     ck_assert_int_ge(gone, 0);
@@ -187,15 +188,26 @@ START_TEST(test_dead_local_claimant)
     ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    /* the owners: a run of another host (its lease rules), a live run of this host (this test's
-     * parent, begun before now), its pid reused by a later process (the owner says it began in
-     * 1970), and a run of this host whose process is gone */
-    char owners[4][128], other_host[64];
+    /* the owners: a run of another host (its lease rules); a live run of this host (this test's
+     * parent, with its identity); its pid with another start (reused); a run of this host whose
+     * process is gone; the gone pid named by a run of another boot or pid namespace under the
+     * same host name (a container with host networking: its pids are not ours); and an owner of
+     * an earlier version, without an identity */
+    char owners[6][128], other_host[64], parent[96], self[96];
+    kvm_rundir_proc_id((long)getppid(), parent, sizeof parent);
+    kvm_rundir_proc_id((long)getpid(), self, sizeof self);
+    ck_assert_msg(parent[0] == 'B' && self[0] == 'B', "no /proc identity: '%s' '%s'", parent, self);
+    char *t = strrchr(self, 'T');
+    ck_assert_ptr_nonnull(t);
+    t[1] = '\0'; /* this process's boot and namespace: "B...N...T" */
+    long long ms = (long long)ts.tv_sec * 1000;
     snprintf(other_host, sizeof other_host, "elsewhere-%.40s", host);
-    snprintf(owners[0], sizeof owners[0], "run:%s:%ld:%lld", other_host, (long)gone, (long long)ts.tv_sec * 1000);
-    snprintf(owners[1], sizeof owners[1], "run:%.48s:%ld:%lld", host, (long)getppid(), (long long)ts.tv_sec * 1000);
-    snprintf(owners[2], sizeof owners[2], "run:%.48s:%ld:1000", host, (long)getppid());
-    snprintf(owners[3], sizeof owners[3], "run:%.48s:%ld:%lld", host, (long)gone, (long long)ts.tv_sec * 1000 - 5000);
+    snprintf(owners[0], sizeof owners[0], "run:%s:%ld:%lld:%s1", other_host, (long)gone, ms, self);
+    snprintf(owners[1], sizeof owners[1], "run:%.48s:%ld:%lld:%s", host, (long)getppid(), ms, parent);
+    snprintf(owners[2], sizeof owners[2], "run:%.48s:%ld:%lld:%s1", host, (long)getppid(), ms, self);
+    snprintf(owners[3], sizeof owners[3], "run:%.48s:%ld:%lld:%s1", host, (long)gone, ms, self);
+    snprintf(owners[4], sizeof owners[4], "run:%.48s:%ld:%lld:B0123456789abcdefN4026531836T1", host, (long)gone, ms);
+    snprintf(owners[5], sizeof owners[5], "run:%.48s:%ld:%lld", host, (long)gone, ms);
     kvm_store_opts so = {0};
     ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
     for (int i = 0; i < ks.n; i++) {
@@ -208,8 +220,9 @@ START_TEST(test_dead_local_claimant)
     write_config(method, store, "heartbeat_ms = 100\nliveness = 600");
     int rc = run_kvmill(&out, &err);
     ck_assert_msg(rc == 0, "rc %d\nstdout: %s\nstderr: %s", rc, out, err);
-    /* the other host's lease and the live local run's are left to them; the gone ones taken over */
-    ck_assert_msg(summary_field(out, "compressed") == 2 && summary_field(out, "claimed") == 2 &&
+    /* the other host's, the live run's, the other namespace's and the old owner's leases are left
+     * to them; the reused and the gone ones taken over */
+    ck_assert_msg(summary_field(out, "compressed") == 2 && summary_field(out, "claimed") == 4 &&
                       summary_field(out, "failed") == 0,
                   "stdout: %s\nstderr: %s", out, err);
     ck_assert_msg(strstr(err, "which is no longer running: taking it over") != NULL, "stderr: %s", err);
