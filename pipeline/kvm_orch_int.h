@@ -179,6 +179,12 @@ int kvm_orch__claim_job(orch *o, orch_job *j);
 void kvm_orch__renew_claims(orch *o, double t0);
 /* Before the run: skips stored and repeated documents. */
 int kvm_orch__mark_skipped(orch *o, kvm_store *store);
+/* 1 when j's cache (this run's model and config) is in the store now (the local store or the
+ * service's); 0 when not, or when it cannot be told (an error: said by the caller's next step).
+ * For an ack that is not the job's current attempt: job ids are numbered from 1 by every run, so
+ * an ack that another run's worker queued before this run began can name one of this run's
+ * earlier ids; only the store tells that this document's cache was committed. */
+int kvm_orch__stored_now(orch *o, const orch_job *j);
 /* kvm_store_list_caches callback: the summary's bytes and entries of this run's caches. */
 int kvm_orch__sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg);
 /* Caches the store's cap evicted during the run. */

@@ -101,7 +101,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 kvm_log(KVM_LOG_INFO, "job_done", f, 4, "%s committed by %s", j->doc->name, o->workers[w].id);
             }
             if (j && j->state == J_COMPRESS) kvm_orch__job_committed(o, j);
-            if (!j && o->mode == MODE_RUN && (j = kvm_orch__job_by_any_id(o, c.job_id)) && j->state != J_DONE) {
+            if (!j && o->mode == MODE_RUN && (j = kvm_orch__job_by_any_id(o, c.job_id)) && j->state != J_DONE &&
+                kvm_orch__stored_now(o, j)) {
                 /* an earlier attempt's: it was requeued (its worker judged dead, timed out) but its
                  * cache was committed after all; the document is stored, not failed nor to redo */
                 kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", (int64_t)c.job_id),

@@ -253,6 +253,13 @@ static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found
     return rc == KVM_EMISMATCH ? 0 : rc;
 }
 
+int kvm_orch__stored_now(orch *o, const orch_job *j)
+{
+    int found = 0;
+    if ((!o->store && !o->cli) || cache_stored(o, o->store, j, &found)) return 0;
+    return found;
+}
+
 void kvm_orch__failed_but_stored(orch *o, kvm_store *store)
 {
     if (o->mode != MODE_RUN || (!store && !o->cli) || o->sum->store_down) return;
