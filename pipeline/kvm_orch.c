@@ -180,7 +180,6 @@ static void loop(orch *o)
     int seen_interrupts = 0;
     double next_look = kvm_now_ms() + 1000;
     o->renewed_ok = kvm_now_ms(); /* no claim is older */
-    double last_iter = kvm_now_ms();
     while (o->n_open > 0) {
         if (interrupts != seen_interrupts) {
             seen_interrupts = interrupts;
@@ -205,11 +204,6 @@ static void loop(orch *o)
         zmq_pollitem_t items[2] = {{o->ctl, 0, ZMQ_POLLIN, 0}, {o->data, 0, ZMQ_POLLIN, 0}};
         zmq_poll(items, 2, 100);
         double t0 = kvm_now_ms();
-        /* one iteration takes ~100 ms at most: a gap of half the workers' dead time means
-         * this process was stopped (kill -STOP, Ctrl-Z, a suspended VM) or busy, not reading the
-         * heartbeats; a poll that resumes returns at once, its timeout over, with them unread */
-        if (t0 - last_iter > o->dead_ms / 2) kvm_orch__resumed(o, t0 - last_iter, t0);
-        last_iter = t0;
         if (items[0].revents & ZMQ_POLLIN) kvm_orch__receive(o, o->ctl, 1);
         if (items[1].revents & ZMQ_POLLIN) kvm_orch__receive(o, o->data, 0);
         kvm_orch__check_health(o);

@@ -127,6 +127,7 @@ typedef struct orch {
     int max_retries;
     int store_full;   /* the store takes no more caches (full, or its service does not answer): no
                          more documents are fed */
+    double last_health;      /* when kvm_orch__check_health last ran (kvm_now_ms), 0 before the first */
     char model_changed[512]; /* non-empty: [model] path holds other weights than when the run began
                                 (kvm_orch__model_changed): why, the reason every job left fails with */
     int64_t evicted0; /* the store's eviction count when the run started */

@@ -379,6 +379,12 @@ void kvm_orch__resumed(orch *o, double gap_ms, double now)
 void kvm_orch__check_health(orch *o)
 {
     double now = kvm_now_ms();
+    /* one loop iteration takes ~100 ms: a gap of half the workers' dead time since the last
+     * check means this process was stopped (kill -STOP, Ctrl-Z, a suspended VM) or busy, not
+     * reading the heartbeats, which are still queued (a poll that resumes returns at once; a stop
+     * may also come inside the receive before this check): judged from now, not from before */
+    if (o->last_health > 0 && now - o->last_health > o->dead_ms / 2) kvm_orch__resumed(o, now - o->last_health, now);
+    o->last_health = now;
     int st;
     if (child_exited(o->svc.pid, &st)) { /* workers retry their uploads meanwhile */
         o->svc.pid = 0;
