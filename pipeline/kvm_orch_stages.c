@@ -368,6 +368,12 @@ void kvm_orch__resumed(orch *o, double gap_ms, double now)
      * silent, killed and restarted, its job requeued, though the orchestrator was the one away */
     for (int w = 0; w < o->n_workers; w++)
         if (o->workers[w].alive && o->workers[w].last_seen < now) o->workers[w].last_seen = now;
+    /* the claims: renewed at the next chance (last_renew), and a store service that does not
+     * answer that one renewal at once is not taken for down by the pause's length (renewed_ok);
+     * claims that lapsed meanwhile may have been taken by another run, which then compresses
+     * those documents too (counted by both: the store keeps one cache) */
+    o->last_renew = 0;
+    if (o->renewed_ok < now) o->renewed_ok = now;
     const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS}; /* their workers went on meanwhile */
     for (int b = 0; b < 2; b++)
         for (int64_t i = kvm_joblist_first(&o->lists, busy[b]); i >= 0; i = kvm_joblist_next(&o->lists, i)) {

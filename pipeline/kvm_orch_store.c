@@ -268,9 +268,11 @@ void kvm_orch__failed_but_stored(orch *o, kvm_store *store)
         orch_job *j = &o->jobs[i];
         int found = 0;
         if (!j->claimed || cache_stored(o, store, j, &found) || !found) continue; /* never sent: not ours */
-        kvm_orch__log("%s failed (%s), yet its cache is in the store, committed by an earlier attempt: counted "
-                      "compressed\n",
-                      j->doc->name, j->reason);
+        kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id),
+                             KVM_LOG_S("reason", j->reason)};
+        kvm_log(KVM_LOG_INFO, "job_done", f, 3,
+                "%s failed (%s), yet its cache is in the store, committed by an earlier attempt: counted compressed",
+                j->doc->name, j->reason);
         kvm_orch__job_committed(o, j);
     }
 }
