@@ -179,6 +179,18 @@ static void unreachable(orch *o, int w)
     kvm_orch__worker_dead(o, w, why);
 }
 
+/* Nothing of a job reached worker w (EHOSTUNREACH: its connection is down, for a moment or for
+ * good). It holds no job, so it is only no longer idle: a live worker asks again once it is
+ * connected (a credit), and a gone one is found by its silent heartbeats. Killing it, as for a
+ * job sent in part, spent one of its slot's restarts on a network blip. */
+static void not_idle(orch *o, int w)
+{
+    kvm_log_field f[] = {KVM_LOG_S("worker", o->workers[w].id)};
+    kvm_log(KVM_LOG_WARN, "message", f, 1, "worker %s could not be reached (%s): waiting for it to ask again",
+            o->workers[w].id, kvm_errmsg());
+    o->workers[w].idle = 0;
+}
+
 /* A queued document to a prefill (run) or signals (calibrate) worker, if one is idle.
  * Returns 1 when it was sent. */
 static int dispatch_first(orch *o, orch_job *j, int64_t i)
@@ -192,7 +204,7 @@ static int dispatch_first(orch *o, orch_job *j, int64_t i)
         return 0;
     }
     if (send_to(o, o->workers[w].id, &m)) {
-        unreachable(o, w);
+        not_idle(o, w);
         if (o->corpus->on_demand) kvm_doc_release(j->doc); /* stays queued, loaded again when sent */
         return 0;
     }
@@ -215,7 +227,7 @@ static void dispatch_compress(orch *o, orch_job *j, int64_t i)
     }
     int rc = send_to(o, o->workers[w].id, &m);
     if (rc) { /* nothing of it reached the worker: the KV stays, for the next one */
-        unreachable(o, w);
+        not_idle(o, w);
         return;
     }
     for (int l = 0; !rc && l < j->n_kv; l++)
