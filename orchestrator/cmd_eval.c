@@ -505,8 +505,17 @@ static int run_task(eval_cli *c, cmd_eval_setup *es, eval_run *r)
 {
     cmd_eval_task_job *tj = calloc((size_t)r->n_jobs + 1, sizeof *tj);
     if (!tj) return 1;
-    for (int i = 0; i < r->n_jobs; i++)
-        tj[i] = (cmd_eval_task_job){r->jobs[i].m, r->jobs[i].opts, r->jobs[i].spec, r->jobs[i].budget};
+    int n = 0, dropped = 0;
+    for (int i = 0; i < r->n_jobs; i++) {
+        if (!strcmp(r->jobs[i].spec, "full")) { /* every case's baseline already: twice, under a budget's name */
+            dropped++;
+            continue;
+        }
+        tj[n++] = (cmd_eval_task_job){r->jobs[i].m, r->jobs[i].opts, r->jobs[i].spec, r->jobs[i].budget};
+    }
+    if (dropped)
+        fprintf(stderr, "kvmill " CMD ": --task: full KV answers every case as the baseline; --method full adds no "
+                        "column\n");
     cmd_eval_task_args *ta = &c->ta;
     ta->m = r->m;
     ta->k = es->k;
@@ -515,7 +524,7 @@ static int run_task(eval_cli *c, cmd_eval_setup *es, eval_run *r)
     ta->roundtrip = cmd_eval__store_roundtrip;
     ta->user = es;
     ta->csv = r->csv;
-    int rc = cmd_eval_task_run(ta, &r->docs, tj, r->n_jobs);
+    int rc = cmd_eval_task_run(ta, &r->docs, tj, n);
     free(tj);
     return rc;
 }

@@ -334,9 +334,12 @@ static void summary(const char *name, int64_t right, int64_t n, int64_t b, int64
     printf("%-28s %5lld/%-5lld %7.3f [%5.3f, %5.3f]", name, (long long)right, (long long)n, (double)right / n, lo, hi);
     if (is_full)
         printf("\n");
-    else
+    else if (full_right) /* full KV right on none: no share of its accuracy to give */
         printf("  vs full: %.3f of its accuracy, lost %lld, gained %lld, McNemar p = %.3g\n",
-               full_right ? (double)right / full_right : 0.0, (long long)b, (long long)c, kvm_task_mcnemar_p(b, c));
+               (double)right / full_right, (long long)b, (long long)c, kvm_task_mcnemar_p(b, c));
+    else
+        printf("  vs full: n/a (full KV answered none), lost %lld, gained %lld, McNemar p = %.3g\n", (long long)b,
+               (long long)c, kvm_task_mcnemar_p(b, c));
 }
 
 int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, const cmd_eval_task_job *jobs,

@@ -231,7 +231,8 @@ static const char *other_configs(decode_state *st, const kvm_store_cache_key *ke
     char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
     if (len < size)
         snprintf(buf + len, size - len,
-                 " (made with other settings: [compress], [store] dtype, [model] context or chat, or another kvmill "
+                 " (made with other settings: [compress], [store] dtype, [run] wire_dtype, [model] context or chat, or "
+                 "another kvmill "
                  "algorithm version): serve with the config that made it (kvmill store show %.12s:%.12s:%.12s)",
                  kvm_store_id_hex(&key->model_id, mh), kvm_store_id_hex(&key->doc_hash, dh),
                  kvm_store_id_hex(&ids[0], ch));

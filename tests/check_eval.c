@@ -1147,6 +1147,20 @@ START_TEST(test_cli_task)
     ck_assert_msg(strstr(out, "\nh2o @ 16 ") && strstr(out, "\nh2o @ 24 "), "summary names no budget: %s", out);
     free(out);
     free(err);
+    /* --method full in a task: the baseline already, not a second column under a budget's name;
+     * full KV right on no case (stories260K): "n/a", not "0.000 of its accuracy" */
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 128 --docs %s/corpus/doc_000.txt --task "
+             "passkey --cases 1 --method full,h2o --budget 16",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data());
+    st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    ck_assert_msg(!strstr(out, "full @") && strstr(out, "\nh2o @ 16 "), "stdout %s", out);
+    ck_assert_msg(strstr(err, "--method full adds no column"), "stderr %s", err);
+    if (strstr(out, "\nfull ") && strstr(out, "    0/1 ")) /* full KV missed the pass key, as expected here */
+        ck_assert_msg(strstr(out, "vs full: n/a (full KV answered none)"), "stdout %s", out);
+    free(out);
+    free(err);
     const char *smol = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 #if defined(__SANITIZE_ADDRESS__)
     printf("SKIP: SmolLM2 task accuracy not checked under the sanitizers (minutes there; the plain build runs it)\n");
