@@ -142,6 +142,23 @@ START_TEST(test_apportion_pyramid)
     ck_assert_int_eq(s, 40);
     ck_assert_int_eq(out[1], 5);
     ck_assert_int_eq(kvm_evict_apportion(w, 4, 19, 5, out), KVM_EINVAL); /* floor × n > total */
+    /* a ceiling (a KV head keeps at most the context's N tokens): the heavy part is pinned at it
+     * and its excess goes to the others by weight, not lost (PolyKV's +heads split of a layer
+     * whose budget is N kept fewer entries than its budget) */
+    double hw[4] = {1, 1, 10, 1};
+    ck_assert_int_eq(kvm_evict_apportion_capped(hw, 4, 4 * 96, 1, 96, out), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(out[i], 96);
+    ck_assert_int_eq(kvm_evict_apportion_capped(hw, 4, 200, 1, 96, out), 0);
+    ck_assert_int_eq(out[2], 96);
+    ck_assert_int_eq(out[0] + out[1] + out[3], 104);
+    ck_assert(out[0] >= 34 && out[0] <= 35 && out[1] >= 34 && out[3] >= 34);
+    ck_assert_int_eq(kvm_evict_apportion_capped(hw, 4, 500, 1, 96, out), 0); /* more than fits: 4 × 96 */
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(out[i], 96);
+    ck_assert_int_eq(kvm_evict_apportion_capped(hw, 4, 40, 5, 4, out), KVM_EINVAL); /* ceiling below the floor */
+    ck_assert_int_eq(kvm_evict_apportion_capped(w, 4, 40, 5, 0, out), 0);           /* no ceiling: as before */
+    ck_assert_int_eq(out[1], 5);
 }
 END_TEST
 

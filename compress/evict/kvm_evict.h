@@ -110,6 +110,13 @@ int kvm_evict_pyramid_budgets(int64_t B, int n_layers, int64_t *out);
  * Deterministic. Returns 0, KVM_EINVAL (n < 1, n·floor_v > total), KVM_ENOMEM. */
 int kvm_evict_apportion(const double *w, int n, int64_t total, int64_t floor_v, int64_t *out);
 
+/* kvm_evict_apportion with a ceiling too: each part also ≤ ceil_v (a KV head keeps at most the
+ * context's tokens: a share above that was lost, not given to another head), shares above it
+ * pinned at it and the rest re-split with the floor's water-filling; out[] sums to exactly
+ * min(total, n·ceil_v). ceil_v ≤ 0: no ceiling (kvm_evict_apportion). Errors: as
+ * kvm_evict_apportion, and KVM_EINVAL for 0 < ceil_v < floor_v. */
+int kvm_evict_apportion_capped(const double *w, int n, int64_t total, int64_t floor_v, int64_t ceil_v, int64_t *out);
+
 /* Which pattern and budget each (layer, KV head) gets, in one phase. */
 typedef struct kvm_evict_plan {
     int n_layers, n_kv_heads;   /* shape */

@@ -146,24 +146,33 @@ int kvm_evict_select(kvm_pattern p, const kvm_evict_params *prm, const kvm_evict
 
 int kvm_evict_apportion(const double *w, int n, int64_t total, int64_t floor_v, int64_t *out)
 {
+    return kvm_evict_apportion_capped(w, n, total, floor_v, 0, out);
+}
+
+int kvm_evict_apportion_capped(const double *w, int n, int64_t total, int64_t floor_v, int64_t ceil_v, int64_t *out)
+{
     if (n < 1 || floor_v < 0 || total < (int64_t)n * floor_v)
         return kvm_err(KVM_EINVAL, "budget: %lld entries cannot give %d layers a floor of %lld each", (long long)total,
                        n, (long long)floor_v);
-    uint8_t *pinned = calloc((size_t)n, 1);
+    if (ceil_v > 0 && ceil_v < floor_v)
+        return kvm_err(KVM_EINVAL, "budget: a ceiling of %lld below the floor of %lld", (long long)ceil_v,
+                       (long long)floor_v);
+    if (ceil_v > 0 && total > (int64_t)n * ceil_v) total = (int64_t)n * ceil_v; /* the rest has nowhere to go */
+    uint8_t *pinned = calloc((size_t)n, 1);                                     /* 1: at the floor, 2: at the ceiling */
     double *x = malloc((size_t)n * sizeof *x);
     if (!pinned || !x) {
         free(pinned);
         free(x);
         return kvm_err(KVM_ENOMEM, "budget: out of memory");
     }
-    for (int changed = 1; changed;) { /* water-filling: pin shares below the floor at it */
+    for (int changed = 1; changed;) { /* water-filling: pin shares beyond the floor or ceiling there */
         changed = 0;
         double sw = 0;
         int64_t rem = total;
         int n_free = 0;
         for (int i = 0; i < n; i++) {
             if (pinned[i])
-                rem -= floor_v;
+                rem -= pinned[i] == 1 ? floor_v : ceil_v;
             else {
                 sw += w[i] > 0 && isfinite(w[i]) ? w[i] : 0;
                 n_free++;
@@ -171,7 +180,7 @@ int kvm_evict_apportion(const double *w, int n, int64_t total, int64_t floor_v, 
         }
         for (int i = 0; i < n; i++) {
             if (pinned[i]) {
-                x[i] = (double)floor_v;
+                x[i] = (double)(pinned[i] == 1 ? floor_v : ceil_v);
                 continue;
             }
             double wi = w[i] > 0 && isfinite(w[i]) ? w[i] : 0;
@@ -181,6 +190,9 @@ int kvm_evict_apportion(const double *w, int n, int64_t total, int64_t floor_v, 
             if (!pinned[i] && x[i] < (double)floor_v) {
                 pinned[i] = 1;
                 changed = 1;
+            } else if (!pinned[i] && ceil_v > 0 && x[i] > (double)ceil_v) {
+                pinned[i] = 2;
+                changed = 1;
             }
     }
     int64_t sum = 0;
@@ -188,16 +200,17 @@ int kvm_evict_apportion(const double *w, int n, int64_t total, int64_t floor_v, 
         out[i] = (int64_t)floor(x[i] + 1e-9);
         sum += out[i];
     }
-    while (sum < total) { /* largest remainder; ties to the earlier index */
+    while (sum < total) { /* largest remainder; ties to the earlier index; never above the ceiling */
         int best = -1;
         double br = -1;
         for (int i = 0; i < n; i++) {
             double r = x[i] - (double)out[i];
-            if (r > br) {
+            if (r > br && (ceil_v <= 0 || out[i] < ceil_v)) {
                 br = r;
                 best = i;
             }
         }
+        if (best < 0) break;
         out[best]++;
         x[best] = (double)out[best] - 1.0; /* taken: its remainder is now the lowest */
         sum++;

@@ -389,7 +389,8 @@ int kvm_polykv_head_split(const kvm_model_config *c, const kvm_capture *cap, int
             total += b[i];
             w[i] = head_entropy(c, cap, l0 + i / H, i % H);
         }
-        if ((rc = kvm_evict_apportion(w, n, total, 1, out))) break;
+        /* a head keeps at most the context's tokens: a share above was lost, not another head's */
+        if ((rc = kvm_evict_apportion_capped(w, n, total, 1, kvm_capture_n_tokens(cap), out))) break;
         memcpy(b, out, (size_t)n * sizeof *out);
     }
     free(w);
