@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -304,6 +305,76 @@ static int refuse_existing(const char *cmd, const char *flag, const char *path, 
     return 0;
 }
 
+/* The PATH.part files open now (kvm_cli_staged_open until _close or _abort), for the interrupt
+ * handler: a command stopped by SIGINT or SIGTERM (make-model, sculpt, calibrate, eval) died by
+ * the signal's default action, printed nothing and left PATH.part behind. Filled and emptied
+ * with the signals blocked, read by the handler (async-signal-safe calls only). */
+#define STAGED_MAX 4
+static struct {
+    const char *part; /* s->part (borrowed until _close/_abort unregisters it) */
+    int keep_rows;    /* --csv: the rows written are kept in PATH.part, as after a failure */
+    char msg[4700];   /* the line the handler writes */
+    size_t len;
+} staged_reg[STAGED_MAX];
+static volatile sig_atomic_t staged_n;
+
+static void staged_on_signal(int sig)
+{
+    for (int i = 0; i < staged_n; i++) {
+        struct stat st;
+        const int empty = stat(staged_reg[i].part, &st) == 0 && st.st_size == 0;
+        if (!staged_reg[i].keep_rows || empty) unlink(staged_reg[i].part);
+        if (write(2, staged_reg[i].msg, staged_reg[i].len) < 0) break;
+    }
+    signal(sig, SIG_DFL); /* the exit status says which signal (130 and 143 in a shell) */
+    raise(sig);
+}
+
+static void staged_mask(int block, sigset_t *old)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(block ? SIG_BLOCK : SIG_SETMASK, block ? &set : old, block ? old : NULL);
+}
+
+static void staged_register(const char *cmd, const char *flag, const kvm_cli_staged *s)
+{
+    sigset_t old;
+    staged_mask(1, &old);
+    if (staged_n < STAGED_MAX) {
+        const int i = staged_n, keep = !strcmp(flag, "csv");
+        staged_reg[i].part = s->part;
+        staged_reg[i].keep_rows = keep;
+        snprintf(staged_reg[i].msg, sizeof staged_reg[i].msg,
+                 keep ? "kvmill %s: interrupted: --%s %s was not written; the rows written (if any) are in %s\n"
+                      : "kvmill %s: interrupted: --%s %s was not written (%s removed)\n",
+                 cmd, flag, s->path, s->part);
+        staged_reg[i].len = strlen(staged_reg[i].msg);
+        staged_n = i + 1;
+        const int sigs[2] = {SIGINT, SIGTERM}; /* only where nothing else handles it (run's orchestrator does) */
+        for (int k = 0; k < 2; k++) {
+            struct sigaction cur, sa = {.sa_handler = staged_on_signal};
+            if (sigaction(sigs[k], NULL, &cur) == 0 && cur.sa_handler == SIG_DFL) sigaction(sigs[k], &sa, NULL);
+        }
+    }
+    staged_mask(0, &old);
+}
+
+static void staged_unregister(const kvm_cli_staged *s)
+{
+    sigset_t old;
+    staged_mask(1, &old);
+    for (int i = 0; i < staged_n; i++)
+        if (staged_reg[i].part == s->part) {
+            staged_reg[i] = staged_reg[staged_n - 1];
+            staged_n = staged_n - 1;
+            break;
+        }
+    staged_mask(0, &old);
+}
+
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s)
 {
     *s = (kvm_cli_staged){.path = path};
@@ -330,12 +401,14 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
     snprintf(s->part, n, "%s.part", file);
     int rc = open_part(cmd, flag, path, s->part, &s->f);
     if (rc) free(s->part), s->part = NULL, free(s->target), s->target = NULL;
+    if (!rc) staged_register(cmd, flag, s);
     return rc;
 }
 
 int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok)
 {
     if (!s->f) return 0;
+    if (s->part) staged_unregister(s);
     const int empty = s->part && ftell(s->f) == 0; /* opened before the work, which failed before writing */
     /* renamed (or removed) before fclose releases PATH.part's lock: another command may take the
      * name as soon as it is free */
@@ -365,6 +438,7 @@ int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, i
 void kvm_cli_staged_abort(kvm_cli_staged *s)
 {
     if (!s->f) return;
+    if (s->part) staged_unregister(s);
     if (s->part) unlink(s->part); /* before fclose releases its lock */
     fclose(s->f);                 /* the failure is the caller's to say */
     s->f = NULL;

@@ -106,7 +106,10 @@ typedef struct kvm_cli_staged {
                          file is replaced (TARGET.part beside it), the link kept */
 } kvm_cli_staged;
 
-/* Opens s for --FLAG PATH (PATH.part, locked, or PATH in place by kvm_cli_open_out). Returns 0,
+/* Opens s for --FLAG PATH (PATH.part, locked, or PATH in place by kvm_cli_open_out). Until s is
+ * closed, a SIGINT or SIGTERM (where the process has no handler of its own) removes PATH.part
+ * (for --csv only when nothing was written: the rows are kept, as after a failure), says so on
+ * stderr, and ends the process by the signal (130 or 143 in a shell). Returns 0,
  * or after printing the refusal (s->f NULL) 2 (a FIFO without a reader; PATH.part locked by
  * another process; PATH read-only or an LMDB file) or 1 (the open failed otherwise). */
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s);

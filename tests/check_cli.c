@@ -16,6 +16,8 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+#include <sys/wait.h>
+#include <signal.h>
 
 #pragma GCC diagnostic ignored "-Wformat-truncation" /* paths are short; a cut one fails loudly */
 
@@ -1390,6 +1392,64 @@ START_TEST(test_ask_timeout_above_request_timeout)
 }
 END_TEST
 
+/* A process that writes --FLAG PATH through PATH.part, then gets sig: its exit status, its
+ * stderr into err (malloc'ed). rows: what it writes first. */
+static int staged_then_signal(const char *dir, const char *flag, const char *path, const char *rows, int sig,
+                              char **err)
+{
+    char errf[4400];
+    snprintf(errf, sizeof errf, "%s/err.txt", dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 2) < 0) _exit(3);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        kvm_cli_staged s;
+        if (kvm_cli_staged_open("make-model", flag, path, &s)) _exit(4);
+        fputs(rows, s.f);
+        fflush(s.f);
+        raise(sig);
+        _exit(5); /* not reached: the signal ends the process */
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    *err = kvm_test_read_file(errf, NULL);
+    return st;
+}
+
+/* make-model, sculpt, calibrate and eval stopped by Ctrl-C or SIGTERM died by the signal's
+ * default action: no word, and PATH.part left behind. Now PATH.part goes (an --out) or keeps
+ * the rows written (--csv, as after a failure), a line says so, and the process still ends by
+ * the signal (130 or 143 in a shell). */
+START_TEST(test_staged_output_interrupted)
+{
+    char *dir = kvm_test_tmpdir(), path[4300], part[4400], *err = NULL;
+    snprintf(path, sizeof path, "%s/model.bin", dir);
+    snprintf(part, sizeof part, "%s.part", path);
+    int st = staged_then_signal(dir, "out", path, "weights", SIGINT, &err);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT, "status %d", st);
+    struct stat sb;
+    ck_assert_int_ne(stat(part, &sb), 0);
+    ck_assert_int_ne(stat(path, &sb), 0);
+    ck_assert_msg(err && strstr(err, "kvmill make-model: interrupted: --out ") && strstr(err, "was not written"),
+                  "stderr: %s", err ? err : "");
+    free(err);
+    snprintf(path, sizeof path, "%s/rows.csv", dir);
+    snprintf(part, sizeof part, "%s.part", path);
+    st = staged_then_signal(dir, "csv", path, "doc,kl\nd0,0.1\n", SIGTERM, &err);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "status %d", st);
+    ck_assert_int_eq(stat(part, &sb), 0); /* the rows written, kept */
+    ck_assert_int_gt(sb.st_size, 0);
+    ck_assert_msg(err && strstr(err, "the rows written (if any) are in "), "stderr: %s", err ? err : "");
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -1427,7 +1487,8 @@ static Suite *cli_suite(void)
                  {"sculpt_empty_doc", test_sculpt_empty_doc},
                  {"out_refuses_store_and_readonly", test_out_refuses_store_and_readonly},
                  {"sculpt_context_one", test_sculpt_context_one},
-                 {"ask_timeout_above_request_timeout", test_ask_timeout_above_request_timeout}};
+                 {"ask_timeout_above_request_timeout", test_ask_timeout_above_request_timeout},
+                 {"staged_output_interrupted", test_staged_output_interrupted}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
