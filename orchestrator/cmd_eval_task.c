@@ -356,8 +356,9 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
     int32_t *rp = NULL; /* the repeat prompt (query_source repeat), in the chat turn with --chat */
     int64_t n_rp = 0;
     if (!rc) rc = kvm_sculpt_repeat_prompt(a->tok, a->chat, &rp, &n_rp);
-    int64_t *right = calloc((size_t)n_jobs + 1, sizeof *right), *lost = calloc((size_t)n_jobs, sizeof *lost),
-            *gained = calloc((size_t)n_jobs, sizeof *gained);
+    /* + 1: n_jobs may be 0 (--method full only: the baseline alone), and calloc(0) may be NULL */
+    int64_t *right = calloc((size_t)n_jobs + 1, sizeof *right), *lost = calloc((size_t)n_jobs + 1, sizeof *lost),
+            *gained = calloc((size_t)n_jobs + 1, sizeof *gained);
     if (!rc && (!right || !lost || !gained)) rc = kvm_err(KVM_ENOMEM, "out of memory");
     if (a->csv)
         fprintf(a->csv, "case,task,doc,depth,context,method,budget_tokens,correct,answer,generated,answer_nll\n");

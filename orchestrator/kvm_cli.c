@@ -15,6 +15,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -307,20 +308,23 @@ static int refuse_existing(const char *cmd, const char *flag, const char *path, 
 
 /* The PATH.part files open now (kvm_cli_staged_open until _close or _abort), for the interrupt
  * handler: a command stopped by SIGINT or SIGTERM (make-model, sculpt, calibrate, eval) died by
- * the signal's default action, printed nothing and left PATH.part behind. Filled and emptied
- * with the signals blocked, read by the handler (async-signal-safe calls only). */
+ * the signal's default action, printed nothing and left PATH.part behind. Each slot holds its
+ * own copies (nothing the handler reads is freed) and is published by `active`, set last and
+ * cleared first: the handler may run on any thread (the compute pools do not block the signals),
+ * so it skips a slot being filled instead of reading half of it. */
 #define STAGED_MAX 4
 static struct {
-    const char *part; /* s->part (borrowed until _close/_abort unregisters it) */
-    int keep_rows;    /* --csv: the rows written are kept in PATH.part, as after a failure */
-    char msg[4700];   /* the line the handler writes */
+    volatile sig_atomic_t active;
+    int keep_rows;   /* --csv: the rows written are kept in PATH.part, as after a failure */
+    char part[4400]; /* PATH.part */
+    char msg[4800];  /* the line the handler writes */
     size_t len;
 } staged_reg[STAGED_MAX];
-static volatile sig_atomic_t staged_n;
 
 static void staged_on_signal(int sig)
 {
-    for (int i = 0; i < staged_n; i++) {
+    for (int i = 0; i < STAGED_MAX; i++) {
+        if (!staged_reg[i].active) continue;
         struct stat st;
         const int empty = stat(staged_reg[i].part, &st) == 0 && st.st_size == 0;
         if (!staged_reg[i].keep_rows || empty) unlink(staged_reg[i].part);
@@ -330,49 +334,40 @@ static void staged_on_signal(int sig)
     raise(sig);
 }
 
-static void staged_mask(int block, sigset_t *old)
-{
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigprocmask(block ? SIG_BLOCK : SIG_SETMASK, block ? &set : old, block ? old : NULL);
-}
-
 static void staged_register(const char *cmd, const char *flag, const kvm_cli_staged *s)
 {
-    sigset_t old;
-    staged_mask(1, &old);
-    if (staged_n < STAGED_MAX) {
-        const int i = staged_n, keep = !strcmp(flag, "csv");
-        staged_reg[i].part = s->part;
-        staged_reg[i].keep_rows = keep;
-        snprintf(staged_reg[i].msg, sizeof staged_reg[i].msg,
-                 keep ? "kvmill %s: interrupted: --%s %s was not written; the rows written (if any) are in %s\n"
-                      : "kvmill %s: interrupted: --%s %s was not written (%s removed)\n",
-                 cmd, flag, s->path, s->part);
-        staged_reg[i].len = strlen(staged_reg[i].msg);
-        staged_n = i + 1;
-        const int sigs[2] = {SIGINT, SIGTERM}; /* only where nothing else handles it (run's orchestrator does) */
-        for (int k = 0; k < 2; k++) {
-            struct sigaction cur, sa = {.sa_handler = staged_on_signal};
-            if (sigaction(sigs[k], NULL, &cur) == 0 && cur.sa_handler == SIG_DFL) sigaction(sigs[k], &sa, NULL);
-        }
+    int i = 0;
+    while (i < STAGED_MAX && staged_reg[i].active)
+        i++;
+    if (i == STAGED_MAX) return; /* more outputs than slots: the extra ones are left as before */
+    const int keep = !strcmp(flag, "csv");
+    staged_reg[i].keep_rows = keep;
+    snprintf(staged_reg[i].part, sizeof staged_reg[i].part, "%s", s->part);
+    snprintf(staged_reg[i].msg, sizeof staged_reg[i].msg,
+             keep ? "kvmill %s: interrupted: --%s %.2000s was not written; the rows written (if any) are in %.2100s\n"
+                  : "kvmill %s: interrupted: --%s %.2000s was not written (%.2100s removed)\n",
+             cmd, flag, s->path, s->part);
+    staged_reg[i].len = strlen(staged_reg[i].msg);
+    atomic_signal_fence(memory_order_seq_cst);
+    staged_reg[i].active = 1;
+    if (keep) setvbuf(s->f, NULL, _IOLBF, 0); /* each row on the file as it is written: stat sees it */
+    const int sigs[2] = {SIGINT, SIGTERM};    /* only where nothing else handles it (run's orchestrator does) */
+    for (int k = 0; k < 2; k++) {
+        struct sigaction cur, sa = {.sa_handler = staged_on_signal};
+        sigemptyset(&sa.sa_mask);
+        sigaddset(&sa.sa_mask, SIGINT); /* one runs the handler, the other waits: one line, one status */
+        sigaddset(&sa.sa_mask, SIGTERM);
+        if (sigaction(sigs[k], NULL, &cur) == 0 && cur.sa_handler == SIG_DFL) sigaction(sigs[k], &sa, NULL);
     }
-    staged_mask(0, &old);
 }
 
 static void staged_unregister(const kvm_cli_staged *s)
 {
-    sigset_t old;
-    staged_mask(1, &old);
-    for (int i = 0; i < staged_n; i++)
-        if (staged_reg[i].part == s->part) {
-            staged_reg[i] = staged_reg[staged_n - 1];
-            staged_n = staged_n - 1;
+    for (int i = 0; i < STAGED_MAX; i++)
+        if (staged_reg[i].active && !strcmp(staged_reg[i].part, s->part)) {
+            staged_reg[i].active = 0;
             break;
         }
-    staged_mask(0, &old);
 }
 
 int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm_cli_staged *s)

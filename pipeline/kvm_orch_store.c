@@ -295,10 +295,11 @@ int kvm_orch__mark_skipped(orch *o, kvm_store *store)
              * (the start line counts them all) */
             if (++o->repeated <= 20)
                 kvm_orch__log("%s is a duplicate of %s within this corpus (the same tokens): one cache, stored under "
-                              "the name %s only (kvmill ask --doc-name %s)%s\n",
+                              "the name %s only (kvmill ask --doc-name %s)\n",
                               j->doc->name, o->jobs[first].doc->name, o->jobs[first].doc->name,
-                              o->jobs[first].doc->name,
-                              o->repeated == 20 ? "; further duplicates are counted, not named" : "");
+                              o->jobs[first].doc->name);
+            else if (o->repeated == 21)
+                kvm_orch__log("further duplicates within this corpus are counted, not named\n");
         } else if ((rc = kvm_idxset_add(&o->by_hash, hash_key(&j->doc->hash), i)))
             return rc;
         if (o->corpus->on_demand) kvm_doc_release(j->doc);

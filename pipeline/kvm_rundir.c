@@ -23,7 +23,10 @@ static const char *tmp_dir(void)
 static long long start_time(long pid)
 {
     char p[64], buf[1024];
-    snprintf(p, sizeof p, "/proc/%ld/stat", pid);
+    if (pid == (long)getpid()) /* this process: /proc may be another pid namespace's */
+        snprintf(p, sizeof p, "/proc/self/stat");
+    else
+        snprintf(p, sizeof p, "/proc/%ld/stat", pid);
     FILE *f = fopen(p, "r");
     if (!f) {
         if (access("/proc/self/stat", R_OK) != 0) return kill((pid_t)pid, 0) == 0 || errno == EPERM ? 0 : -1;
@@ -78,7 +81,10 @@ void kvm_rundir_proc_id(long pid, char *out, size_t n)
     if (n) out[0] = '\0';
     char bid[17], ns[64];
     struct stat st;
-    snprintf(ns, sizeof ns, "/proc/%ld/ns/pid", pid);
+    if (pid == (long)getpid())
+        snprintf(ns, sizeof ns, "/proc/self/ns/pid");
+    else
+        snprintf(ns, sizeof ns, "/proc/%ld/ns/pid", pid);
     long long ticks = start_time(pid);
     if (pid <= 0 || boot_id(bid) || stat(ns, &st) || ticks <= 0) return;
     snprintf(out, n, "B%sN%lluT%lld", bid, (unsigned long long)st.st_ino, ticks);

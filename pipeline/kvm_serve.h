@@ -61,17 +61,17 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o);
  * setting. Returns 0 or KVM_EINVAL naming it and the endpoint. */
 int kvm_serve_endpoint_check(const char *endpoint, const char *what);
 
-/* The checks kvm_serve_bind makes that the settings alone decide, for [serve] bind and [serve]
- * backend (both its endpoints) of cfg: the endpoint's form (kvm_serve_endpoint_check) and the
- * [security] keys a non-local one needs; no key file is read. For kvmill serve's config checks,
- * which --dump-config shares. bind_what names the bind setting ("--bind"; NULL: "[serve] bind
- * in FILE"). Returns 0 or KVM_EINVAL naming the setting, the config file and the endpoint. */
 /* kvm_serve_bind's rules that cfg's settings alone decide (no key file is read): endpoint's
  * form, and the [security] keys a non-local endpoint needs (a local one: authorized_keys only
  * with server_secret_key). what names the setting in messages ("[run] bind in FILE"). Returns 0
  * or KVM_EINVAL with the message; for config checks (--dump-config) and the binds themselves. */
 int kvm_serve_bind_rule(const char *endpoint, const kvm_config *cfg, const char *what);
 
+/* The checks kvm_serve_bind makes that the settings alone decide, for [serve] bind and [serve]
+ * backend (both its endpoints) of cfg: the endpoint's form (kvm_serve_endpoint_check) and the
+ * [security] keys a non-local one needs; no key file is read. For kvmill serve's config checks,
+ * which --dump-config shares. bind_what names the bind setting ("--bind"; NULL: "[serve] bind
+ * in FILE"). Returns 0 or KVM_EINVAL naming the setting, the config file and the endpoint. */
 int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what);
 
 /* Binds a server socket to `endpoint` with kvmill's rule: a non-local endpoint (see

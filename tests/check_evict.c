@@ -156,6 +156,14 @@ START_TEST(test_apportion_pyramid)
     ck_assert_int_eq(kvm_evict_apportion_capped(hw, 4, 500, 1, 96, out), 0); /* more than fits: 4 × 96 */
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(out[i], 96);
+    /* near-zero weights beside heavy ones (an attention-sink head): the floor's pins are undone
+     * once the heavy shares are capped, so the whole budget is given */
+    double sink[4] = {10, 0.01, 0.01, 5};
+    ck_assert_int_eq(kvm_evict_apportion_capped(sink, 4, 400, 1, 100, out), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(out[i], 100);
+    ck_assert_int_eq(kvm_evict_apportion_capped(sink, 4, 300, 1, 100, out), 0);
+    ck_assert(out[0] == 100 && out[3] == 100 && out[1] == 50 && out[2] == 50);
     ck_assert_int_eq(kvm_evict_apportion_capped(hw, 4, 40, 5, 4, out), KVM_EINVAL); /* ceiling below the floor */
     ck_assert_int_eq(kvm_evict_apportion_capped(w, 4, 40, 5, 0, out), 0);           /* no ceiling: as before */
     ck_assert_int_eq(out[1], 5);

@@ -757,7 +757,7 @@ START_TEST(test_run_duplicate_in_corpus_said)
     ck_assert_msg(rc == 0 && strstr(err, "27 documents (1 already stored, 26 duplicates of another in this corpus)"),
                   "exit %d\n%s", rc, err);
     ck_assert_int_eq(kvm_test_count(err, "within this corpus (the same tokens)"), 20);
-    ck_assert_int_eq(kvm_test_count(err, "further duplicates are counted, not named"), 1);
+    ck_assert_int_eq(kvm_test_count(err, "further duplicates within this corpus are counted, not named"), 1);
     free(out);
     free(err);
     kvm_test_rmtree(dir);

@@ -165,7 +165,10 @@ int kvm_evict_apportion_capped(const double *w, int n, int64_t total, int64_t fl
         free(x);
         return kvm_err(KVM_ENOMEM, "budget: out of memory");
     }
-    for (int changed = 1; changed;) { /* water-filling: pin shares beyond the floor or ceiling there */
+    /* water-filling: shares above the ceiling are pinned there first, and the floor's pins are
+     * undone after each new ceiling pin (the excess freed may lift them); shares below the floor
+     * are pinned only when none exceeds the ceiling. Ceiling pins never come undone: it ends. */
+    for (int changed = 1; changed;) {
         changed = 0;
         double sw = 0;
         int64_t rem = total;
@@ -187,13 +190,14 @@ int kvm_evict_apportion_capped(const double *w, int n, int64_t total, int64_t fl
             x[i] = sw > 0 ? (double)rem * wi / sw : (double)rem / n_free;
         }
         for (int i = 0; i < n; i++)
-            if (!pinned[i] && x[i] < (double)floor_v) {
-                pinned[i] = 1;
-                changed = 1;
-            } else if (!pinned[i] && ceil_v > 0 && x[i] > (double)ceil_v) {
-                pinned[i] = 2;
-                changed = 1;
-            }
+            if (!pinned[i] && ceil_v > 0 && x[i] > (double)ceil_v) pinned[i] = 2, changed = 1;
+        if (changed) {
+            for (int i = 0; i < n; i++)
+                if (pinned[i] == 1) pinned[i] = 0;
+            continue;
+        }
+        for (int i = 0; i < n; i++)
+            if (!pinned[i] && x[i] < (double)floor_v) pinned[i] = 1, changed = 1;
     }
     int64_t sum = 0;
     for (int i = 0; i < n; i++) {
