@@ -18,27 +18,44 @@ static const char *tmp_dir(void)
     return t && *t ? t : "/tmp";
 }
 
+/* /proc's file `leaf` of process pid into p[n]: /proc/self for this process (a /proc of another
+ * pid namespace would name another process by its pid). */
+static void proc_path(long pid, const char *leaf, char *p, size_t n)
+{
+    if (pid == (long)getpid())
+        snprintf(p, n, "/proc/self/%s", leaf);
+    else
+        snprintf(p, n, "/proc/%ld/%s", pid, leaf);
+}
+
+/* /proc/PID/stat of pid into buf[size]; a pointer just past the command name's ')' (the name may
+ * hold spaces and parentheses: the fields after it are the state, ...), or NULL when it cannot
+ * be opened (buf empty) or holds no ')' (buf holds what was read). */
+static const char *proc_stat(long pid, char *buf, size_t size)
+{
+    char p[64];
+    buf[0] = '\0'; /* empty: not opened */
+    proc_path(pid, "stat", p, sizeof p);
+    FILE *f = fopen(p, "r");
+    if (!f) return NULL;
+    size_t n = fread(buf, 1, size - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *s = strrchr(buf, ')');
+    return s ? s + 1 : NULL;
+}
+
 /* Start time of process pid in clock ticks since boot (/proc/PID/stat field 22), or 0 when
  * it is unknown (no /proc) and -1 when there is no such process. */
 static long long start_time(long pid)
 {
-    char p[64], buf[1024];
-    if (pid == (long)getpid()) /* this process: /proc may be another pid namespace's */
-        snprintf(p, sizeof p, "/proc/self/stat");
-    else
-        snprintf(p, sizeof p, "/proc/%ld/stat", pid);
-    FILE *f = fopen(p, "r");
-    if (!f) {
+    char buf[1024];
+    const char *s = proc_stat(pid, buf, sizeof buf);
+    if (!s) {
         if (access("/proc/self/stat", R_OK) != 0) return kill((pid_t)pid, 0) == 0 || errno == EPERM ? 0 : -1;
-        return -1;
+        return buf[0] ? 0 : -1; /* read without a name: unknown; not opened: no such process */
     }
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *s = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
     long long v = 0;
-    if (!s) return 0;
-    s++;
     for (int field = 3; field <= 22 && s; field++) { /* s points before field `field` */
         while (*s == ' ') s++;
         if (field == 22) v = strtoll(s, NULL, 10);
@@ -50,15 +67,9 @@ static long long start_time(long pid)
 /* 1 when process pid has exited and waits for its parent's wait (state Z in /proc/PID/stat). */
 static int zombie(long pid)
 {
-    char p[64], buf[512];
-    snprintf(p, sizeof p, "/proc/%ld/stat", pid);
-    FILE *f = fopen(p, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *s = strrchr(buf, ')');
-    return s && s[1] == ' ' && s[2] == 'Z';
+    char buf[512];
+    const char *s = proc_stat(pid, buf, sizeof buf);
+    return s && s[0] == ' ' && s[1] == 'Z';
 }
 
 /* The first 16 hex digits of the kernel's boot id (64 random bits: a claim owner has 127 bytes)
@@ -81,10 +92,7 @@ void kvm_rundir_proc_id(long pid, char *out, size_t n)
     if (n) out[0] = '\0';
     char bid[17], ns[64];
     struct stat st;
-    if (pid == (long)getpid())
-        snprintf(ns, sizeof ns, "/proc/self/ns/pid");
-    else
-        snprintf(ns, sizeof ns, "/proc/%ld/ns/pid", pid);
+    proc_path(pid, "ns/pid", ns, sizeof ns);
     long long ticks = start_time(pid);
     if (pid <= 0 || boot_id(bid) || stat(ns, &st) || ticks <= 0) return;
     snprintf(out, n, "B%sN%lluT%lld", bid, (unsigned long long)st.st_ino, ticks);
