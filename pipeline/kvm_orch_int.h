@@ -233,10 +233,12 @@ int kvm_orch__stage_of(kvm_proto_str s);
 /* Worker w is dead (why: the log's words): its job is requeued (an attempt of the document's) and
  * a process of this run's is killed and started again (bounded). A no-op for a dead worker. */
 void kvm_orch__worker_dead(orch *o, int w, const char *why);
-/* The loop did not run for gap_ms (> a fraction of [run] heartbeat_ms x liveness; now: kvm_now_ms
- * after it): the orchestrator itself was stopped (SIGSTOP, Ctrl-Z, a suspended VM) or busy, so
- * it read no heartbeat meanwhile. The workers' silence and the jobs' times are judged from now:
- * they kept working, and their queued messages are read in the next iterations. */
+/* No health check ran for gap_ms (> half of [run] heartbeat_ms x liveness, kvm_orch__check_health;
+ * now: kvm_now_ms after it): the orchestrator itself was stopped (SIGSTOP, Ctrl-Z, a suspended
+ * VM) or busy, so it read no heartbeat meanwhile. The workers' silence and the jobs' times are
+ * judged from now: they kept working, and their queued messages are read in the next
+ * iterations. The claims are renewed at the next chance, and a store service is not taken for
+ * down by the pause's length. Logs run_resumed (gap_ms). */
 void kvm_orch__resumed(orch *o, double gap_ms, double now);
 /* Child exits, silent workers, dead stages, timed-out jobs. */
 void kvm_orch__check_health(orch *o);
