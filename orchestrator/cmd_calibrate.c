@@ -305,8 +305,13 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     (int)strcspn(size, ","), size);
             return 2;
         }
-        if (kvm_sculpt_opts_parse(&a.so, s)) {
+        if (kvm_sculpt_opts_parse(&a.so, s) || kvm_sculpt_opts_check_combination(&a.so)) {
             fprintf(stderr, "kvmill " CMD ": --sculpt-opts: %s\n", kvm_errmsg());
+            return 2;
+        }
+        if (a.so.on_policy) { /* every candidate's distilled layers refused it after the signals (exit 1) */
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts: on_policy fits every layer in order over the layers below "
+                            "compressed, which a PolyKV strategy's per-layer methods do not do: remove it\n");
             return 2;
         }
         kvm_sculpt_opts z = a.so; /* --kvzip alone: only kvzip layers read them */

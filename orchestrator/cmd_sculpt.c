@@ -157,6 +157,10 @@ int kvm_cmd_sculpt(int argc, char **argv)
             fprintf(stderr, "kvmill %s\n", kvm_errmsg());
             return 2;
         }
+    if (kvm_sculpt_opts_check_combination(&o)) { /* before the model is read: the solver would refuse it after */
+        fprintf(stderr, "kvmill %s\n", kvm_errmsg());
+        return 2;
+    }
     char given[1024] = "", names[512];
     for (int i = 0, at = 0; i < n_set && at < (int)sizeof given;
          i++) /* a note, not a refusal: see kvm_sculpt_opts_unused */

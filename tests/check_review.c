@@ -1086,6 +1086,57 @@ START_TEST(test_ratio_one_refused)
 }
 END_TEST
 
+/* queries = 0 with retain = 0 leaves a fit no training query: eval's sculpt-family methods,
+ * a PolyKV strategy's distilled layers (options after the file), kvmill sculpt and calibrate's
+ * --sculpt-opts failed after the prefill (or the signals) with exit 1; calibrate's on_policy
+ * likewise. Now each is a usage error before any work. */
+START_TEST(test_no_training_queries_at_start)
+{
+    char strat[4200], args[12000], *out, *err;
+    snprintf(strat, sizeof strat, "%s/kz.bin", tmp);
+    const char *model = kvm_test_data_path("models/stories260K.bin"), *doc = kvm_test_data_path("corpus/doc_000.txt");
+    snprintf(args, sizeof args,
+             "calibrate --model '%s' --docs '%s' --budget 12 --context 40 --continuation 8 "
+             "--phases prefill --kvzip --sculpt-opts queries=16 --out '%s'",
+             model, doc, strat);
+    ck_assert_int_eq(kvmill(args, &out, &err), 0); /* a strategy with kvzip layers */
+    free(out);
+    free(err);
+    char m[4400];
+    snprintf(m, sizeof m, "--method polykv:%s:queries=0:retain=0", strat);
+    const char *bad[] = {"--method sculpt:queries=0:retain=0", "--method kvzip:queries=0:retain=0", m};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 40 --continuation 8 --budget 12 %s", model,
+                 doc, bad[i]);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, "queries = 0 and retain = 0 leave no training queries"), "%s: %s", bad[i], err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/x.kvc' --queries 0 --retain 0", model, doc,
+             tmp);
+    ck_assert_int_eq(kvmill(args, &out, &err), 2);
+    ck_assert_msg(strstr(err, "kvmill sculpt: queries = 0 and retain = 0"), "%s", err);
+    free(out);
+    free(err);
+    const char *cal[] = {"--kvzip --sculpt-opts queries=0,retain=0",
+                         "--sculpt --sculpt-opts on_policy=1,query_source=repeat"};
+    const char *said[] = {"queries = 0 and retain = 0", "on_policy fits every layer in order"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "calibrate --model '%s' --docs '%s' --budget 12 --context 40 --continuation 8 %s "
+                 "--out '%s/c%d.bin'",
+                 model, doc, cal[i], tmp, i);
+        ck_assert_int_eq(kvmill(args, &out, &err), 2);
+        ck_assert_msg(strstr(err, "kvmill calibrate: --sculpt-opts: ") && strstr(err, said[i]), "%s", err);
+        ck_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* method full stores each entry's position and bias beside its key and value, so its caches are
  * larger than the f32 KV: the bytes line said "(0.88x smaller)". */
 START_TEST(test_bytes_line_larger)
@@ -1475,6 +1526,7 @@ static Suite *review_suite(void)
         {"eval_unreadable_strategy_not_oom", test_eval_unreadable_strategy_not_oom},
         {"model_folder_without_config", test_model_folder_without_config},
         {"ratio_one_refused", test_ratio_one_refused},
+        {"no_training_queries_at_start", test_no_training_queries_at_start},
         {"bytes_line_larger", test_bytes_line_larger},
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},

@@ -136,6 +136,10 @@ int kvm_polykv_method_opts_new(const char *arg, const kvm_budget *budget, const 
         so = s->sculpt; /* the calibration's (v2) or the defaults (v1), the given options over them */
         rc = apply_list(&so, list, arg);
     }
+    if (!rc && kvm_strategy_distilled(s)) { /* its sculpt/kvzip layers would fail after the prefill */
+        rc = kvm_sculpt_opts_check_combination(&so);
+        if (rc) rc = kvm_err(rc, "polykv: %s: the options of its sculpt/kvzip layers: %s", file, kvm_errmsg());
+    }
     if (!rc) say_options(file, s, &so, list != NULL);
     if (!rc && s->n_layers != c->n_layers)
         rc = kvm_err(KVM_EMISMATCH,

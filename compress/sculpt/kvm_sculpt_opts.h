@@ -86,7 +86,8 @@ int kvm_sculpt_opts_from_canonical(const char *text, size_t len, kvm_sculpt_opts
  * they differ. */
 int kvm_sculpt_opts_diff(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b, const char *label, char *out, size_t n);
 
-/* Settings valid alone that do not go together: on_policy (Attention Matching's on-policy
+/* Settings valid alone that do not go together: queries = 0 with retain = 0 (KVM_EINVAL: no
+ * training query at all), on_policy (Attention Matching's on-policy
  * mode, arXiv 2602.16284) without a repeat or continuation query share (KVM_EINVAL: its
  * queries come from forward passes over the compressed layers) or with an alloc other than
  * uniform (KVM_ENOTSUP: one layer at a time, the pilot allocates across layers). Checked by

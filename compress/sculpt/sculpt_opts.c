@@ -289,6 +289,11 @@ void kvm_sculpt_opts_help(FILE *f)
 
 int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o)
 {
+    /* the fit's training queries are the retain zone's own and `queries` more (sculpt_problem.c):
+     * with neither every head fails after the prefill, so say it before any work */
+    if (o->n_synth == 0 && o->retain_tokens == 0)
+        return kvm_err(KVM_EINVAL, "sculpt: queries = 0 and retain = 0 leave no training queries (the retain zone's "
+                                   "own and `queries` more): set queries (default 2048) or retain above 0");
     if (o->on_policy && o->query_source.share[KVM_SCULPT_QSRC_REPEAT] <= 0 &&
         o->query_source.share[KVM_SCULPT_QSRC_CONTINUATION] <= 0)
         return kvm_err(KVM_EINVAL, "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
