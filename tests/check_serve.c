@@ -1014,6 +1014,33 @@ START_TEST(test_usage)
 }
 END_TEST
 
+/* README: a first SIGTERM lets the workers finish and exits 0 (a service manager's stop); a
+ * second stops at once, kills a worker that has not finished and exits 130, as a second Ctrl-C
+ * stops `kvmill run`. The worker is stopped (SIGSTOP) so the first signal's wait lasts. */
+START_TEST(test_second_signal_130)
+{
+    write_config(NULL, NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char cmd[128], *pids = NULL;
+    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, &pids, NULL), 0);
+    pid_t worker = (pid_t)atoi(pids); /* every child stopped; the first checked at the end */
+    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGSTOP);
+    free(pids);
+    ck_assert_int_gt(worker, 1);
+    int st = 0;
+    kill(g_serve, SIGTERM);
+    usleep(200000);                                      /* not at once: a pending signal is not queued twice */
+    ck_assert_int_eq(waitpid(g_serve, &st, WNOHANG), 0); /* waiting for the stopped worker */
+    kill(g_serve, SIGTERM);
+    ck_assert_int_eq(waitpid(g_serve, &st, 0), g_serve);
+    g_serve = 0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d", st);
+    ck_assert_int_eq(kill(worker, 0), -1); /* killed and reaped */
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn)
 {
     TCase *tc = tcase_create(name);
@@ -1053,6 +1080,7 @@ int main(void)
     suite_add_tcase(su, tcase("read_only_store", test_read_only_store));
     suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
     suite_add_tcase(su, tcase("usage", test_usage));
+    suite_add_tcase(su, tcase("second_signal_130", test_second_signal_130));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
