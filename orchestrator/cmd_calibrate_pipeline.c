@@ -206,7 +206,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
         goto done;
     }
-    if (kvm_cli_check_run_bind("calibrate", cfg)) goto done; /* its workers connect as run's do */
+    if (kvm_cli_check_run_bind("calibrate", cfg, 0)) goto done; /* its workers connect as run's do */
     /* --out is written after the whole calibration: a folder, a missing folder or an input (the
      * config, a document, the model) was found only then (exit 1), or overwritten */
     const char *out = kvm_cli_get(opts, "out");

@@ -125,9 +125,10 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
 /* The refusals a run makes from the configuration alone, before any model or corpus is opened:
  * run and --dump-config share them, so that a dumped configuration is one run accepts (what
  * needs the model, [model] context against its window and the chat template, is checked by run
- * only). Returns 0, or 1 after printing the refusal (the caller exits with status 2); prints
- * the note that [compress] budget replaces ratio. */
-static int check_config(const kvm_config *cfg)
+ * only). bind_flag: [run] bind is --bind's value (the refusal names the flag). Returns 0, or 1
+ * after printing the refusal (the caller exits with status 2); prints the note that [compress]
+ * budget replaces ratio. */
+static int check_config(const kvm_config *cfg, int bind_flag)
 {
     if (kvm_config_int(cfg, "compress", "budget") == 0 && kvm_config_float(cfg, "compress", "ratio") <= 0 &&
         strcmp(kvm_config_str(cfg, "compress", "method"), "full")) {
@@ -135,7 +136,7 @@ static int check_config(const kvm_config *cfg)
                        kvm_config_path(cfg));
         return 1;
     }
-    if (kvm_cli_check_run_bind("run", cfg)) return 1;
+    if (kvm_cli_check_run_bind("run", cfg, bind_flag)) return 1;
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill run: %s\n", size_note);
     if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {
@@ -247,7 +248,7 @@ int kvm_cmd_run(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
-    if (check_config(cfg)) { /* before --dump-config too: a dump is a config this run accepts */
+    if (check_config(cfg, bind != NULL)) { /* before --dump-config too: a dump is a config this run accepts */
         kvm_config_free(&cfg);
         return 2;
     }

@@ -38,6 +38,18 @@ static void print_usage(const char *cmd, const char *summary, const kvm_cli_opt 
     printf("  --help                  show this help\n");
 }
 
+/* "-" for a one-letter option (-n), "--" for the others: the spelling the user typed */
+static const char *dashes(const char *name) { return name[0] && !name[1] ? "-" : "--"; }
+
+/* 1 when `next`, the argument after an option that takes a value, is itself one of this command's
+ * options: "--NAME[=...]" (nb holds NAME) or a one-letter "-X" such as -n. Then the value was
+ * forgotten (`--prompt -n 5`), and taking the option for it would leave that option unset. */
+static int next_is_option(kvm_cli_opt *opts, const char *next, const char *nb)
+{
+    if (!strncmp(next, "--", 2)) return find_opt(opts, nb) != NULL;
+    return next[0] == '-' && next[1] && !next[2] && find_opt(opts, next + 1) != NULL;
+}
+
 int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, kvm_cli_opt *opts,
                   char **pos, int max_pos, int *n_pos, int *help_shown)
 {
@@ -75,20 +87,25 @@ int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, k
                 const char *next = i + 1 < argc ? argv[i + 1] : NULL;
                 char nb[64];
                 snprintf(nb, sizeof nb, "%.*s", (int)strcspn(next ? next + 2 : "", "="), next ? next + 2 : "");
-                if (!inline_val && next && !strncmp(next, "--", 2) && find_opt(opts, nb)) {
+                if (!inline_val && next && next_is_option(opts, next, nb)) {
                     /* `--out --sculpt`: the value forgotten, the next option taken for it and so not set */
                     fprintf(stderr,
                             "kvmill %s: option '%s' needs a value, and the next argument is the option '%s' "
-                            "(a value that begins with '--' is given as %s=VALUE)\n",
+                            "(a value that begins with '-' is given as %s=VALUE)\n",
                             cmd, a, next, a);
                     return 2;
                 }
-                if (inline_val) o->value = inline_val;
-                else if (i + 1 < argc) o->value = argv[++i];
-                else {
+                const char *v = inline_val ? inline_val : i + 1 < argc ? argv[++i] : NULL;
+                if (!v) {
                     fprintf(stderr, "kvmill %s: option '%s' needs a value\n", cmd, a);
                     return 2;
                 }
+                if (o->value) { /* the last one won, unsaid: `--corpus A --corpus B` ran B alone */
+                    fprintf(stderr, "kvmill %s: option %s%s is given twice ('%s' and '%s'): give it once\n", cmd,
+                            dashes(o->name), o->name, o->value, v);
+                    return 2;
+                }
+                o->value = v;
             } else {
                 if (inline_val) {
                     fprintf(stderr, "kvmill %s: option '--%s' takes no value\n", cmd, name);
@@ -126,9 +143,6 @@ const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name)
         if (strcmp(o->name, name) == 0) return o->value;
     return NULL;
 }
-
-/* "-" for a one-letter option (-n), "--" for the others: the spelling the user typed */
-static const char *dashes(const char *name) { return name[0] && !name[1] ? "-" : "--"; }
 
 int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -622,17 +636,40 @@ void kvm_cli_log_config(const char *cmd, const char *stage, const kvm_config *cf
     kvm_log_setup(stage, prefix, kvm_config_str(cfg, "run", "log_format")); /* a validated choice */
 }
 
-int kvm_cli_check_run_bind(const char *cmd, const kvm_config *cfg)
+int kvm_cli_check_run_bind(const char *cmd, const kvm_config *cfg, int from_flag)
 {
     const char *bind = kvm_config_str(cfg, "run", "bind");
     char ctl_ep[1100], data_ep[1100], what[1200];
     if (!*bind) return 0;
     if (kvm_stage_endpoints(bind, ctl_ep, data_ep, sizeof ctl_ep)) {
-        kvm_cli_refuse(cmd, "%s: [run] bind = %s: %s\n", kvm_config_path(cfg), bind, kvm_errmsg());
+        if (from_flag)
+            kvm_cli_refuse(cmd, "--bind %s: %s\n", bind, kvm_errmsg());
+        else
+            kvm_cli_refuse(cmd, "%s: [run] bind = %s: %s\n", kvm_config_path(cfg), bind, kvm_errmsg());
         return -1;
     }
-    /* the keys a non-local bind needs, as the bind itself checks them (the workers' sockets) */
-    snprintf(what, sizeof what, "[run] bind in %s:", kvm_config_path(cfg));
+    struct stat st; /* ipc://DIR holds the two sockets: a missing DIR failed at the bind, exit 1 */
+    const int ipc = !strncmp(bind, "ipc://", 6), found = ipc && !stat(bind + 6, &st);
+    if (ipc && (!found || !S_ISDIR(st.st_mode))) {
+        const char *why = !found ? "does not exist" : "is not a folder";
+        if (from_flag)
+            kvm_cli_refuse(cmd,
+                           "--bind %s: %s %s: the run binds its ctl and data sockets in it; make it "
+                           "first\n",
+                           bind, bind + 6, why);
+        else
+            kvm_cli_refuse(cmd,
+                           "%s: [run] bind = %s: %s %s: the run binds its ctl and data sockets in it; make "
+                           "it first\n",
+                           kvm_config_path(cfg), bind, bind + 6, why);
+        return -1;
+    }
+    /* the keys a non-local bind needs, as the bind itself checks them (the workers' sockets); a
+     * --bind value named the config file, which has no bind */
+    if (from_flag)
+        snprintf(what, sizeof what, "--bind (with the keys of %s):", kvm_config_path(cfg));
+    else
+        snprintf(what, sizeof what, "[run] bind in %s:", kvm_config_path(cfg));
     if (!kvm_serve_bind_rule(ctl_ep, cfg, what) && !kvm_serve_bind_rule(data_ep, cfg, what)) return 0;
     kvm_cli_refuse(cmd, "%s\n", kvm_errmsg());
     return -1;

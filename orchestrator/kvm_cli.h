@@ -175,8 +175,9 @@ void kvm_cli_log_config(const char *cmd, const char *stage, const struct kvm_con
  * PORT in [1, 65534]: kvm_stage_endpoints) for run and calibrate, before the model: a value
  * refused only when the sockets were bound named neither key nor file, and run's --dump-config
  * printed it as a config run accepts. Returns 0, or -1 after "kvmill CMD: FILE: [run] bind =
- * VALUE: why" (kvm_cli_refuse; exit 2). */
-int kvm_cli_check_run_bind(const char *cmd, const struct kvm_config *cfg);
+ * VALUE: why" (kvm_cli_refuse; exit 2); from_flag 1: the value is run's --bind, and the
+ * message names the flag instead of the file. */
+int kvm_cli_check_run_bind(const char *cmd, const struct kvm_config *cfg, int from_flag);
 
 /* A start-up refusal or problem of command cmd on stderr: "kvmill CMD: " + the formatted
  * message (fmt ends with "\n", its only newline) in text, its control bytes (a newline in a

@@ -104,8 +104,12 @@ static int bind_sockets(orch *o)
     for (int i = 0; i < 2; i++) {
         zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
         zmq_setsockopt(socks[i], ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
-        if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, *bind ? "[run] bind" : "run directory endpoint")))
-            return rc;
+        /* which of the two sockets: tcp://HOST:P binds P and P + 1, and a failure of the second
+         * named only an endpoint the user never wrote */
+        const char *what = !*bind ? "run directory endpoint"
+                           : i    ? "[run] bind (its data socket: port + 1, or DIR/data)"
+                                  : "[run] bind (its control socket)";
+        if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, what))) return rc;
     }
     return 0;
 }

@@ -608,6 +608,35 @@ START_TEST(test_value_is_an_option)
 }
 END_TEST
 
+/* A one-letter option forgotten as a value: `generate --prompt -n 5` said "unexpected argument
+ * '5'", and `--prompt -n --temperature 0` generated from the prompt "-n" with -n unset. An option
+ * with a value given twice kept the last one, unsaid: `run --corpus A --corpus B` ran B alone. */
+START_TEST(test_short_option_as_value_and_given_twice)
+{
+    char *out, *err;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    int rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 --prompt -n 4%s", model, "");
+    ck_assert_msg(rc == 2 && strstr(err, "option '--prompt' needs a value, and the next argument is the option '-n'"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 2 --prompt=-n%s", model, "");
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 2 --prompt A --prompt B%s", model, "");
+    ck_assert_msg(rc == 2 && strstr(err, "option --prompt is given twice ('A' and 'B'): give it once"), "exit %d: %s",
+                  rc, err);
+    ck_assert_str_eq(out, "");
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "generate --model '%s' --temperature 0 -n 2 -n 3 --prompt A%s", model, "");
+    ck_assert_msg(rc == 2 && strstr(err, "option -n is given twice ('2' and '3')"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A strategy file of another model (layer count) was refused naming "FILE:threads=1", options
  * eval appends that the user never wrote: the message names the file and says what is wrong. */
 START_TEST(test_polykv_wrong_model)
@@ -1468,6 +1497,7 @@ static Suite *cli_suite(void)
                  {"size_in_method_options", test_size_in_method_options},
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
+                 {"short_option_as_value_and_given_twice", test_short_option_as_value_and_given_twice},
                  {"polykv_wrong_model", test_polykv_wrong_model},
                  {"polykv_other_model_same_layers", test_polykv_other_model_same_layers},
                  {"target_step_past_context", test_target_step_past_context_cli},

@@ -16,11 +16,14 @@
 
 #include <check.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1137,6 +1140,44 @@ START_TEST(test_no_training_queries_at_start)
 }
 END_TEST
 
+/* run --bind: a non-local value was refused as "[run] bind in FILE" (the file has no bind), an
+ * ipc://DIR whose folder does not exist failed at the bind with exit 1, and a busy data socket
+ * (port + 1) was named by an endpoint the user never wrote. */
+START_TEST(test_run_bind_messages)
+{
+    char cfg[4400], body[8192], line[16384], *out, *err;
+    snprintf(cfg, sizeof cfg, "%s/b.ini", tmp);
+    snprintf(body, sizeof body,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = streaming\nbudget = 16\n"
+             "[store]\npath = %s/st.lmdb\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp);
+    ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0); /* a listener on the data socket's port */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    ck_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !listen(fd, 1) &&
+              !getsockname(fd, (struct sockaddr *)&a, &alen));
+    char tcp[64], ipc[4400];
+    snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%d", ntohs(a.sin_port) - 1);
+    snprintf(ipc, sizeof ipc, "ipc://%s/nodir", tmp);
+    const char *binds[] = {"tcp://0.0.0.0:5797", ipc, tcp};
+    const int status[] = {2, 2, 1};
+    char said[3][4600];
+    snprintf(said[0], sizeof said[0], "--bind (with the keys of %s): tcp://0.0.0.0:5797 is not local", cfg);
+    snprintf(said[1], sizeof said[1], "--bind %s: %s/nodir does not exist", ipc, tmp);
+    snprintf(said[2], sizeof said[2], "[run] bind (its data socket: port + 1, or DIR/data): cannot bind");
+    for (int i = 0; i < 3; i++) {
+        snprintf(line, sizeof line, "timeout 60 '%s/kvmill' run --config '%s' --corpus '%s' --bind %s", kvm_test_bin(),
+                 cfg, kvm_test_data_path("corpus"), binds[i]);
+        ck_assert_int_eq(kvm_test_run(line, &out, &err), status[i]);
+        ck_assert_msg(strstr(err, said[i]), "%s: %s", binds[i], err);
+        free(out);
+        free(err);
+    }
+    close(fd);
+}
+END_TEST
+
 /* method full stores each entry's position and bias beside its key and value, so its caches are
  * larger than the f32 KV: the bytes line said "(0.88x smaller)". */
 START_TEST(test_bytes_line_larger)
@@ -1527,6 +1568,7 @@ static Suite *review_suite(void)
         {"model_folder_without_config", test_model_folder_without_config},
         {"ratio_one_refused", test_ratio_one_refused},
         {"no_training_queries_at_start", test_no_training_queries_at_start},
+        {"run_bind_messages", test_run_bind_messages},
         {"bytes_line_larger", test_bytes_line_larger},
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},
