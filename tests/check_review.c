@@ -14,15 +14,15 @@
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
+#include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
-#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
