@@ -100,11 +100,11 @@ int kvm_cli_parse(const char *cmd, const char *summary, int argc, char **argv, k
                     fprintf(stderr, "kvmill %s: option '%s' needs a value\n", cmd, a);
                     return 2;
                 }
-                if (o->value) { /* the last one won, unsaid: `--corpus A --corpus B` ran B alone */
-                    fprintf(stderr, "kvmill %s: option %s%s is given twice ('%s' and '%s'): give it once\n", cmd,
-                            dashes(o->name), o->name, o->value, v);
-                    return 2;
-                }
+                /* the last one wins, as scripts that append an override to a base command expect,
+                 * but said: `--corpus A --corpus B` ran B alone without a word */
+                if (o->value && strcmp(o->value, v))
+                    fprintf(stderr, "kvmill %s: note: option %s%s is given twice: '%s' applies, not '%s'\n", cmd,
+                            dashes(o->name), o->name, v, o->value);
                 o->value = v;
             } else {
                 if (inline_val) {
