@@ -393,6 +393,20 @@ START_TEST(test_signals_read)
     expect_bad(dir, good, 1, "prefill,0,bogus,20,0.9,0.5,0,1,0.1", "unknown pattern 'bogus'");
     expect_bad(dir, good, 1, "prefill,0,streaming,20,nan,0.5,0,1,0.1", "not a finite number");
     expect_bad(dir, good, 1, "prefill,0,streaming,21,0.9,0.5,0,1,0.1", "a budget other than the earlier rows'");
+    /* values no measurement gives (only non-finite ones were refused): each column's range */
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,2.5,0.5,0,1,0.1", "line 2: cosine 2.5 is outside [-1, 1]");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,-1.01,0.5,0,1,0.1", "line 2: cosine -1.01 is outside [-1, 1]");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,-0.25,1,0.1", "line 2: kl -0.25 is negative");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,-5,0.1", "line 2: entropy -5 is negative");
+    /* rounding a few ulps outside is a measurement's; perplexity differences take either sign */
+    char *ok = malloc(n + 256);
+    const char *rest = strchr(strchr(good, '\n') + 1, '\n'); /* after the first row */
+    sprintf(ok, "%.*sprefill,0,streaming,20,1.0000001,-0.5,-1e-9,%.9g,%.9g%s", (int)(strchr(good, '\n') + 1 - good),
+            good, s->entropy[0], s->worst_ppl[0], rest);
+    ck_assert_msg(read_text(dir, ok, &t) == 0, "%s", kvm_errmsg());
+    ck_assert(SIG(t->ppl_delta, 0, 0, KVM_PATTERN_STREAMING) == -0.5);
+    kvm_polykv_signals_free(&t);
+    free(ok);
     expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,2,0.1", "entropy or worst_ppl differs");
     expect_bad(dir, good, 5, "prefill,0,pyramidkv,20,1,0.5,0,1,0.1", "pyramidkv budget 20 at layer 0");
     expect_bad(dir, good, 1, "+prefill,0,streaming,20,0.9,0.5,0,1,0.1", "a second row");
@@ -910,6 +924,14 @@ static void expect_reuse(const char *dir, const char *first)
     ck_assert_int_eq(kvm_test_run(cmd, &so, NULL), 0);
     ck_assert_msg(strstr(so, "layer entropy (nats): 9.8765 "), "%s", so);
     free(so);
+    char *se = NULL; /* an impossible value: refused naming the file and line, a usage error */
+    snprintf(cmd, sizeof cmd,
+             "sed -E '3s/^(([^,]*,){4})[^,]*/\\12.5/' %s > %s/bad.csv && " CAL
+             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s/t.bin --signals %s/bad.csv",
+             sig, dir, kvm_test_bin(), kvm_test_data(), kvm_test_data(), dir, dir);
+    int st = kvm_test_run(cmd, NULL, &se);
+    ck_assert_msg(st == 2 && strstr(se, "bad.csv line 3: cosine 2.5 is outside [-1, 1]"), "exit %d: %s", st, se);
+    free(se);
     snprintf(args, sizeof args, run, dir, sig, "--kvzip --dump-signals ");
     strcat(args, kz);
     expect_calib(args, 0, NULL); /* kvzip measured, the rest reused */
@@ -941,8 +963,8 @@ START_TEST(test_cli)
     expect_calib("--budget 8 --alloc bogus --out /tmp/x", 2, "unknown allocation mode 'bogus'");
     expect_calib("--budget 8", 2, "--out are required");
     expect_calib("--budget 8 --phases decode --out /tmp/x", 2, "--phases 'decode' is not both or prefill");
-    expect_calib("--budget 8 --dump-candidates /nonexistent/dir --out /tmp/x", 2,
-                 "--dump-candidates /nonexistent/dir: not a writable folder");
+    expect_calib("--budget 8 --dump-candidates /nonexistent/kvmill-none --out /tmp/x", 2,
+                 "--dump-candidates /nonexistent/kvmill-none: not a writable folder");
     /* a budget the context does not exceed keeps everything: refused as eval refuses it (it
      * wrote a strategy of arbitrary patterns, all at KL 0) */
     expect_calib("--budget 64 --context 64 --continuation 8 --out /tmp/x", 2, "--budget 64 is not below --context 64");

@@ -190,8 +190,10 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
  * unknown options). Values are the file's (%.9g, so within 1e-9
  * relative of the run's); s->n_docs = 0 (the file does not say which documents it averaged: the
  * caller vouches for them). Errors: KVM_ENOTFOUND, KVM_EIO, KVM_EFORMAT naming the file and line
- * (header, options line, field count, phase, layer ≥ L, pattern, non-finite number, duplicate or
- * missing row, budgets), KVM_ENOMEM. */
+ * (header, options line, field count, phase, layer ≥ L, pattern, non-finite number, a value outside
+ * its column's range within 1e-6 of rounding: cosine in [−1, 1], kl ≥ 0, entropy ≥ 0 — ppl_delta
+ * and worst_ppl, perplexity differences, take either sign —, duplicate or missing row, budgets),
+ * KVM_ENOMEM. */
 int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s);
 /* The same from an open stream f (read to its end, not closed; a file's bytes in memory through
  * fmemopen), `path` labelling the messages. Errors as kvm_polykv_signals_read's but KVM_ENOTFOUND. */
