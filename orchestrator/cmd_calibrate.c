@@ -77,6 +77,58 @@ static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
     return 0;
 }
 
+/* 1 when output `out` (a path given to --out or --dump-signals) names folder/file: the same file
+ * when both exist, else the same folder (by device and inode) and the same last component. */
+static int names_file(const char *out, const char *folder, const char *file, const char *path)
+{
+    struct stat so, sp, sd, sf;
+    if (!stat(out, &so) && !stat(path, &sp)) return so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
+    const char *slash = strrchr(out, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+    return !strcmp(slash ? slash + 1 : out, file) && !stat(dir, &sd) && !stat(folder, &sf) && sd.st_dev == sf.st_dev &&
+           sd.st_ino == sf.st_ino;
+}
+
+/* --dump-candidates DIR, before any work: every candidate file the builder will write there
+ * (kvm_polykv_candidate_file, with this run's filters) must not be --out or --dump-signals (the
+ * strategy or the signals, written last or first, replaced that candidate or were replaced) nor
+ * an existing file that is read-only (root may write any file: its write bits are checked too)
+ * or not a regular file, as --out itself is refused. Returns 0, or 2 after saying why. */
+static int check_candidates(const calib_args *a)
+{
+    char file[64], path[4200];
+    for (int i = 0; kvm_polykv_candidate_file(i, a->sel, a->alloc, a->sculpt, a->kvzip, file, sizeof file); i++) {
+        size_t n = strlen(a->cand);
+        while (n > 1 && a->cand[n - 1] == '/')
+            n--; /* "DIR/": DIR/NAME.bin, not DIR//NAME.bin */
+        snprintf(path, sizeof path, "%.*s/%s", (int)n, a->cand, file);
+        const char *outs[2][2] = {{"--out", a->out}, {"--dump-signals", a->dump}};
+        for (int k = 0; k < 2; k++)
+            if (outs[k][1] && names_file(outs[k][1], a->cand, file, path)) {
+                fprintf(stderr,
+                        "kvmill " CMD ": %s %s is the --dump-candidates file %s: one would replace the other; "
+                        "name another file or folder\n",
+                        outs[k][0], outs[k][1], path);
+                return 2;
+            }
+        struct stat st;
+        if (stat(path, &st)) continue; /* a new file */
+        if (!S_ISREG(st.st_mode) || access(path, W_OK) || !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH))) {
+            fprintf(stderr,
+                    "kvmill " CMD ": --dump-candidates %s: %s exists and is %s: the calibration would replace "
+                    "it; name another folder%s\n",
+                    a->cand, path, S_ISREG(st.st_mode) ? "read-only" : "not a regular file",
+                    S_ISREG(st.st_mode) ? ", or make it writable (chmod u+w) if it is one to replace" : "");
+            return 2;
+        }
+    }
+    return 0;
+}
+
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
                      const calib_args *a)
 {
@@ -330,6 +382,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N);
         return 2;
     }
+    if (a.cand && check_candidates(&a)) return 2;
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
     if (a.so.cuda)

@@ -1077,6 +1077,58 @@ START_TEST(test_cli_outputs)
 }
 END_TEST
 
+/* --dump-candidates DIR replaced a read-only file in DIR (root may write any file) and, with --out
+ * DIR/cosine_ppl.bin, wrote the strategy over that candidate unsaid. Both are now refused (exit 2)
+ * before any work, naming the flag and the file, as --out is for a read-only file. */
+START_TEST(test_cli_dump_candidates)
+{
+    char *dir = kvm_test_tmpdir(), args[2048], ro[600], cmd[4096], *out = NULL, *err = NULL;
+    snprintf(args, sizeof args,
+             "--budget 12 --context 40 --continuation 8 --phases prefill --threads 1 --out %s/s.bin "
+             "--dump-candidates %s",
+             dir, dir);
+    expect_calib(args, 0, NULL);
+    snprintf(ro, sizeof ro, "%s/h2o_uniform.bin", dir);
+    size_t n0, n1;
+    char *before = kvm_test_read_file(ro, &n0);
+    ck_assert_int_eq(chmod(ro, 0444), 0);
+    char want[1400];
+    snprintf(want, sizeof want, "--dump-candidates %s: %s exists and is read-only", dir, ro);
+    expect_calib(args, 2, want);
+    char *after = kvm_test_read_file(ro, &n1);
+    struct stat st;
+    ck_assert_int_eq(stat(ro, &st), 0);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, n0) && (st.st_mode & 0777) == 0444, "%s replaced (mode %o)", ro,
+                  st.st_mode & 0777);
+    free(before);
+    free(after);
+    ck_assert_int_eq(chmod(ro, 0644), 0);
+    /* an output that is a candidate's file: refused before the model is opened (it does not exist) */
+    const char *flags[] = {"--out", "--dump-signals"}, *files[] = {"cosine_ppl.bin", "snapkv_entropy_heads.bin"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s/kvmill calibrate --model %s/missing.bin --docs %s/corpus/doc_000.txt --budget 12 --context 40 "
+                 "--continuation 8 --out %s/o.bin %s %s/%s --dump-candidates %s/",
+                 kvm_test_bin(), dir, kvm_test_data(), dir, flags[i], dir, files[i], dir);
+        int rc = kvm_test_run(cmd, &out, &err);
+        snprintf(want, sizeof want, "%s %s/%s is the --dump-candidates file %s/%s", flags[i], dir, files[i], dir,
+                 files[i]);
+        ck_assert_msg(rc == 2 && strstr(err, want) && !strstr(err, "missing.bin"), "%s: exit %d: %s", flags[i], rc,
+                      err);
+        free(out);
+        free(err);
+    }
+    /* a name no candidate has under the filter is not one: --layer-alloc uniform writes no cosine_ppl.bin */
+    snprintf(args, sizeof args,
+             "--budget 12 --context 40 --continuation 8 --phases prefill --threads 1 --layer-alloc uniform "
+             "--out %s/cosine_ppl.bin --dump-candidates %s",
+             dir, dir);
+    expect_calib(args, 0, NULL);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* --sculpt-opts with --kvzip alone: an L-BFGS option no kvzip layer reads was accepted unsaid;
  * it is still accepted, with a note naming it (queries, which kvzip reads, is not named). */
 START_TEST(test_cli_sculpt_opts_note)
@@ -1201,6 +1253,7 @@ static Suite *polykv_suite(void)
                  {"head_split", test_head_split, 1},
                  {"cli", test_cli, 0},
                  {"cli_outputs", test_cli_outputs, 0},
+                 {"cli_dump_candidates", test_cli_dump_candidates, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
                  {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0},
                  {"cli_repeated_docs", test_cli_repeated_docs, 0}};

@@ -322,9 +322,19 @@ void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o);
  * dir/NAME.bin (NAME: the candidate's table name, e.g. "cosine/ppl+heads", with '/', '+' and
  * '^' as '_'), so that held-out evaluations can compare candidates; the directory must exist.
  * model_id (KVM_STRATEGY_MODEL_ID_BYTES bytes, copied; may be NULL) is the calibrated model's,
- * recorded in every such file (KVST v3). Process-wide, dir borrowed until reset with NULL; not
+ * recorded in every such file (KVST v3). An existing file of that name that is read-only (no write
+ * permission or no write bit set: root may write any file) or not a regular file is not replaced:
+ * the build fails with KVM_EINVAL naming it. Process-wide, dir borrowed until reset with NULL; not
  * thread-safe: set it before building. */
 void kvm_polykv_build_dump_dir(const char *dir, const uint8_t *model_id);
+
+/* The file name ("NAME.bin", e.g. "cosine_ppl_heads.bin") of the i-th candidate (from 0) that
+ * kvm_polykv_build_best scores, and so writes under kvm_polykv_build_dump_dir, with these filters
+ * (sel_only, alloc_only: as kvm_polykv_build_best's; has_sculpt, has_kvzip: the signals' flags),
+ * into buf[n] (64 bytes hold every name): what a command checks before any work, so that an
+ * output or a read-only file of the same name is refused then, not lost or failing after. Returns
+ * 1, or 0 (buf untouched) when i is past the last candidate. No errors. */
+int kvm_polykv_candidate_file(int i, int sel_only, int alloc_only, int has_sculpt, int has_kvzip, char *buf, size_t n);
 
 /* The builder: scores every candidate on the calibration documents and returns the best
  * (lowest mean KL; ties keep the earlier candidate) in *out (caller owns). Candidates:
