@@ -287,6 +287,70 @@ START_TEST(test_strategy_build)
 }
 END_TEST
 
+/* A layer's budget above the context bought nothing (eviction keeps a head of n ≤ b entries
+ * whole): the build and the rescale at eval time gave layers more than the context, and the
+ * strategy held fewer entries than L·B beside methods that held L·B. Each layer is now capped at
+ * the context, the excess re-split over the other layers by the same weights. */
+START_TEST(test_strategy_capped)
+{
+    kvm_polykv_signals *s = fake_signals(); /* entropy 1:2:3:4:10: at B = 20, 5 10 15 20 50 */
+    kvm_strategy *st;
+    ck_assert_int_eq(kvm_polykv_strategy_build_capped(s, 0, 0, KVM_POLYKV_ALLOC_ENTROPY, 1.0, 20, 1, 32, &st), 0);
+    const int64_t want[5] = {7, 14, 20, 27, 32}; /* 32 pinned; 68 over 1:2:3:4 = 6.8 13.6 20.4 27.2 */
+    for (int l = 0; l < 5; l++)
+        ck_assert_msg(st->layers[l].budget == want[l], "layer %d: %lld, want %lld", l, (long long)st->layers[l].budget,
+                      (long long)want[l]);
+    int64_t out[5], sum = 0;
+    ck_assert_int_eq(kvm_strategy_rescale_capped(st, 20, 32, out), 0); /* its own B and context: its budgets */
+    for (int l = 0; l < 5; l++)
+        ck_assert_int_eq(out[l], want[l]);
+    kvm_strategy_free(&st);
+    for (int64_t n = 20; n <= 100; n += 40) { /* every pattern and allocation fits; B = N: all at N */
+        for (int al = 0; al < 4; al++) {
+            ck_assert_int_eq(kvm_polykv_strategy_build_capped(s, 1, 0, al, 1.0, 20, 5, n, &st), 0);
+            sum = 0;
+            for (int l = 0; l < 5; l++) {
+                ck_assert_int_le(st->layers[l].budget, n);
+                ck_assert_int_ge(st->layers[l].budget, 5);
+                sum += st->layers[l].budget;
+            }
+            ck_assert_int_eq(sum, 100);
+            kvm_strategy_free(&st);
+        }
+    }
+    ck_assert_int_eq(kvm_polykv_strategy_build_capped(s, 0, 0, 1, 1.0, 20, 1, 19, &st), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "budget 20 per layer exceeds the context's 19 tokens"), "%s", kvm_errmsg());
+    /* eval time: a strategy of 5 10 15 20 50 at B = 40 (10 20 30 40 100) in a context of 64 */
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, 0, 0, KVM_POLYKV_ALLOC_ENTROPY, 1.0, 20, 1, &st), 0);
+    ck_assert_int_eq(kvm_strategy_rescale_capped(st, 40, 64, out), 0);
+    sum = 0;
+    for (int l = 0; l < 5; l++) {
+        ck_assert_int_le(out[l], 64);
+        sum += out[l];
+    }
+    ck_assert_int_eq(sum, 200);
+    ck_assert_int_eq(out[4], 64);
+    ck_assert_int_eq(out[3], 54);                                     /* 136 over 1:2:3:4: 13.6 27.2 40.8 54.4 */
+    ck_assert_int_eq(kvm_strategy_rescale_capped(st, 40, 0, out), 0); /* no context: as kvm_strategy_rescale */
+    ck_assert_int_eq(out[4], 100);
+    kvm_evict_plan *p;
+    ck_assert_int_eq(kvm_strategy_plan_capped(st, 0, 40, 64, 2, &p), 0);
+    sum = 0;
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_le(p->budget[i], 64);
+        sum += p->budget[i];
+    }
+    ck_assert_int_eq(sum, 2 * 200);
+    kvm_evict_plan_free(&p);
+    ck_assert_int_eq(kvm_strategy_plan_capped(st, 1, 70, 64, 2, &p), 0); /* more than the context holds: all of it */
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(p->budget[i], 64);
+    kvm_evict_plan_free(&p);
+    kvm_strategy_free(&st);
+    kvm_polykv_signals_free(&s);
+}
+END_TEST
+
 /* Writes text to dir/name, reads it as signals for 5 layers; returns the status (message kept). */
 static int read_text(const char *dir, const char *text, kvm_polykv_signals **out)
 {
@@ -1129,6 +1193,36 @@ START_TEST(test_cli_dump_candidates)
 }
 END_TEST
 
+/* calibrate --budget near --context with --layer-alloc ppl gave one layer 117 entries at context
+ * 40 (the others 7): the strategy held 40 + 33 entries, not 150, and was scored against
+ * candidates of 150. Every layer is now at most the context, the budgets summing to L·B. */
+START_TEST(test_cli_layer_cap)
+{
+    char *dir = kvm_test_tmpdir(), args[1024], path[600];
+    snprintf(path, sizeof path, "%s/c.bin", dir);
+    const char *allocs[] = {"ppl", "entropy"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "--budget 30 --context 40 --continuation 8 --phases prefill --threads 1 --layer-alloc %s "
+                 "--refine 2 --out %s",
+                 allocs[i], path);
+        expect_calib(args, 0, NULL);
+        kvm_strategy *st;
+        ck_assert_int_eq(kvm_strategy_read(path, &st), 0);
+        int64_t sum = 0;
+        for (int l = 0; l < st->n_layers; l++) {
+            ck_assert_msg(st->layers[l].budget <= 40, "--layer-alloc %s: layer %d budget %lld above context 40",
+                          allocs[i], l, (long long)st->layers[l].budget);
+            sum += st->layers[l].budget;
+        }
+        ck_assert_int_eq(sum, 5 * 30);
+        kvm_strategy_free(&st);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* --sculpt-opts with --kvzip alone: an L-BFGS option no kvzip layer reads was accepted unsaid;
  * it is still accepted, with a note naming it (queries, which kvzip reads, is not named). */
 START_TEST(test_cli_sculpt_opts_note)
@@ -1243,6 +1337,7 @@ static Suite *polykv_suite(void)
     } cases[] = {{"signals_exact_pattern", test_signals_exact_pattern, 1},
                  {"decode_replay", test_decode_replay, 1},
                  {"strategy_build", test_strategy_build, 0},
+                 {"strategy_capped", test_strategy_capped, 0},
                  {"mix_rule", test_mix_rule, 0},
                  {"codec", test_codec, 0},
                  {"codec_v2", test_codec_v2, 0},
@@ -1254,6 +1349,7 @@ static Suite *polykv_suite(void)
                  {"cli", test_cli, 0},
                  {"cli_outputs", test_cli_outputs, 0},
                  {"cli_dump_candidates", test_cli_dump_candidates, 0},
+                 {"cli_layer_cap", test_cli_layer_cap, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
                  {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0},
                  {"cli_repeated_docs", test_cli_repeated_docs, 0}};

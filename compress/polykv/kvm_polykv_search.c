@@ -204,6 +204,8 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     int rc = kd ? 0 : kvm_err(KVM_ENOMEM, "polykv: out of memory");
     kvm_polykv_memo_begin();
     if (table) fprintf(table, "%-28s %12s  %s\n", "candidate", "kl_mean", "layers (prefill pattern:budget)");
+    /* each layer at most the documents' context: the entries its heads can keep */
+    const int64_t n_ctx = n_docs > 0 ? kvm_eval_doc_input(docs[0])->n_tokens : 0;
     candidate *cand = malloc(CANDIDATES_MAX * sizeof *cand);
     if (!cand && !rc) rc = kvm_err(KVM_ENOMEM, "polykv: out of memory");
     const int n_cand = rc ? 0 : candidates(sel_only, alloc_only, sig->has_sculpt, sig->has_kvzip, cand);
@@ -211,8 +213,8 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
         const candidate *c = &cand[ci];
         kvm_strategy *s = NULL;
         double kl = 0;
-        rc = kvm_polykv_strategy_build(sig, (kvm_polykv_select)c->sel, (kvm_pattern)c->pat, (kvm_polykv_alloc)c->al,
-                                       powers[c->pw], B, b_min, &s);
+        rc = kvm_polykv_strategy_build_capped(sig, (kvm_polykv_select)c->sel, (kvm_pattern)c->pat,
+                                              (kvm_polykv_alloc)c->al, powers[c->pw], B, b_min, n_ctx, &s);
         if (!rc) {
             s->head_split = c->hs;
             stamp(s);
