@@ -1091,6 +1091,59 @@ START_TEST(test_cli_windows_overlap)
 }
 END_TEST
 
+/* The noise rule's paired t-test counted every --windows window as a document: 8 overlapping
+ * windows of each of 2 short documents were "16 documents" (t = 1.39 > 1.34: the mix kept), and
+ * a document too short for its windows gave dozens of identical ones. The test now runs over the
+ * documents, each its windows' mean, the log saying what n counts; repeated windows are dropped
+ * with a note; one document is never significant. */
+START_TEST(test_cli_windows_independent)
+{
+    char *dir = kvm_test_tmpdir(), full[4096], t[600], u[600], *out = NULL, *err = NULL;
+    const char *src[2] = {"corpus/doc_000.txt", "corpus/doc_001.txt"};
+    char *paths[2] = {t, u};
+    snprintf(t, sizeof t, "%s/t.txt", dir);
+    snprintf(u, sizeof u, "%s/u.txt", dir);
+    for (int i = 0; i < 2; i++) { /* 200 bytes: 84 and 88 tokens, for windows of 48 */
+        size_t n;
+        char *text = kvm_test_read_file(kvm_test_data_path(src[i]), &n);
+        ck_assert_int_ge(n, 200);
+        ck_assert_int_eq(kvm_test_write_file(paths[i], text, 200), 0);
+        free(text);
+    }
+    const char *run = "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s --context 40 --continuation 8 "
+                      "--budget 8 --phases prefill --threads 1 --windows %d --out %s/w.bin";
+    char two[1300];
+    snprintf(two, sizeof two, "%s,%s", t, u);
+    snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), two, 8, dir);
+    int rc = kvm_test_run(full, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "paired t = ") &&
+                      strstr(out, " over 2 documents (n = documents, each the mean of its windows: 16 windows in all), "
+                                  "critical 2.9") &&
+                      strstr(out, "on 16 calibration windows of 2 documents\n"),
+                  "%.400s", strstr(out, "best heterogeneous") ? strstr(out, "best heterogeneous") : out);
+    free(out);
+    free(err);
+    snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), t, 64, dir);
+    rc = kvm_test_run(full, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    char note[800];
+    snprintf(note, sizeof note,
+             "note: %s: 27 of its 64 windows repeat an earlier one (the same tokens); calibrating on "
+             "its 37 distinct windows\n",
+             t);
+    ck_assert_msg(strstr(err, note), "stderr lacks '%s': %.600s", note, err);
+    ck_assert_msg(strstr(out, "candidates on 1 calibration document (37 windows)") &&
+                      strstr(out, " over 1 document (n = documents, each the mean of its windows: 37 windows in all), "
+                                  "critical inf (not significant: keep the single pattern)"),
+                  "%.400s", strstr(out, "best heterogeneous") ? strstr(out, "best heterogeneous") : out);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* --out and --dump-signals that cannot be written, a FIFO no process reads or a file in a
  * folder that takes none (/proc), were refused only after the whole calibration; they are now
  * refused (exit 2) before the model is opened, as a missing folder already was: a --model that
@@ -1351,6 +1404,7 @@ static Suite *polykv_suite(void)
                  {"cli_dump_candidates", test_cli_dump_candidates, 0},
                  {"cli_layer_cap", test_cli_layer_cap, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
+                 {"cli_windows_independent", test_cli_windows_independent, 0},
                  {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0},
                  {"cli_repeated_docs", test_cli_repeated_docs, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

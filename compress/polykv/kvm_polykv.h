@@ -385,6 +385,21 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
                           int64_t b_min, int sel_only, int alloc_only, int refine_rounds, FILE *table,
                           kvm_strategy **out);
 
+/* kvm_polykv_build_best over calibration windows grouped into documents: doc_of[n_docs] (may be
+ * NULL: each window its own document, kvm_polykv_build_best) gives each window's document, 0 ..
+ * D − 1, every one of them with at least one window. Candidates are scored and ranked on the mean
+ * KL over all windows as before, but the noise rule's paired t-test (kvm_polykv_mix_significant)
+ * runs over the D documents, each the mean of its windows' KLs: windows of one document share its
+ * text (overlapping ones its very tokens) and are not independent samples, so 64 windows of one
+ * short document counted as 64 documents gave t = 16.5 where the evidence is one document (D = 1:
+ * never significant). The table line says what n counts when D < n_docs. The caller drops
+ * windows that repeat another of the same document (the same tokens), which would otherwise weigh
+ * that text more in the means. Errors: as kvm_polykv_build_best's, and KVM_EINVAL for n_docs < 1
+ * or a doc_of that is negative or skips a document. */
+int kvm_polykv_build_best_grouped(kvm_eval_doc *const *docs, int n_docs, const int *doc_of,
+                                  const kvm_polykv_signals *sig, int64_t B, int64_t b_min, int sel_only, int alloc_only,
+                                  int refine_rounds, FILE *table, kvm_strategy **out);
+
 /* The builder's noise rule: 1 when the heterogeneous mix's per-document calibration KLs
  * mix_kl[n] beat the best single pattern's single_kl[n] by a one-sided paired t-test at level
  * 0.10, t = mean(single − mix) / its standard error ≥ kvm_polykv_t_crit(n − 1), written to *t

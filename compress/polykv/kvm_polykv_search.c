@@ -197,7 +197,54 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
                           int64_t b_min, int sel_only, int alloc_only, int refine_rounds, FILE *table,
                           kvm_strategy **out)
 {
+    return kvm_polykv_build_best_grouped(docs, n_docs, NULL, sig, B, b_min, sel_only, alloc_only, refine_rounds, table,
+                                         out);
+}
+
+/* The number of documents doc_of[n] names (its largest entry + 1; n with doc_of NULL: each sample
+ * its own), or −1 when an entry is negative or a document in between has no sample. */
+static int count_units(const int *doc_of, int n)
+{
+    if (!doc_of) return n;
+    int units = 0;
+    for (int i = 0; i < n; i++) {
+        if (doc_of[i] < 0) return -1;
+        if (doc_of[i] + 1 > units) units = doc_of[i] + 1;
+    }
+    for (int g = 0; g < units; g++) {
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++)
+            seen = doc_of[i] == g;
+        if (!seen) return -1;
+    }
+    return units;
+}
+
+/* Per-document means of x[n] (doc_of NULL: x itself) into m[units]. */
+static void unit_means(const double *x, const int *doc_of, int n, int units, double *m, int *cnt)
+{
+    for (int g = 0; g < units; g++)
+        m[g] = 0, cnt[g] = 0;
+    for (int i = 0; i < n; i++) {
+        const int g = doc_of ? doc_of[i] : i;
+        m[g] += x[i];
+        cnt[g]++;
+    }
+    for (int g = 0; g < units; g++)
+        m[g] /= cnt[g];
+}
+
+int kvm_polykv_build_best_grouped(kvm_eval_doc *const *docs, int n_docs, const int *doc_of,
+                                  const kvm_polykv_signals *sig, int64_t B, int64_t b_min, int sel_only, int alloc_only,
+                                  int refine_rounds, FILE *table, kvm_strategy **out)
+{
     *out = NULL;
+    const int units = count_units(doc_of, n_docs);
+    if (n_docs < 1 || units < 1)
+        return kvm_err(KVM_EINVAL,
+                       "polykv: %d calibration windows, or document indices that are negative or skip a "
+                       "document",
+                       n_docs);
     kvm_strategy *best = NULL, *bs = NULL; /* best overall, best single pattern */
     double best_kl = INFINITY, bs_kl = INFINITY;
     double *kd = calloc((size_t)n_docs * 3, sizeof *kd), *best_d = kd + n_docs, *bs_d = kd + 2 * n_docs;
@@ -247,16 +294,30 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     if (!rc && !best) rc = kvm_err(KVM_EINVAL, "polykv: no candidate matches the selection/allocation filter");
     if (!rc && bs && best->select != KVM_POLYKV_SELECT_SINGLE) {
         /* A heterogeneous mix must beat the best single pattern beyond calibration noise:
-         * one-sided paired t-test of the per-document KL differences at level 0.10. */
-        double t;
-        int keep = kvm_polykv_mix_significant(bs_d, best_d, n_docs, &t);
-        if (table)
+         * one-sided paired t-test of the per-document KL differences at level 0.10. The samples
+         * are documents: a document's windows share its text (overlapping ones its tokens) and
+         * are not independent, so each document counts once, with its mean over its windows. */
+        double t = 0, *ms = malloc((size_t)units * 2 * sizeof *ms);
+        int *cnt = malloc((size_t)units * sizeof *cnt), keep = 0;
+        if (ms && cnt) {
+            unit_means(bs_d, doc_of, n_docs, units, ms, cnt);
+            unit_means(best_d, doc_of, n_docs, units, ms + units, cnt);
+            keep = kvm_polykv_mix_significant(ms, ms + units, units, &t);
+        } else
+            rc = kvm_err(KVM_ENOMEM, "polykv: out of memory");
+        free(ms);
+        free(cnt);
+        if (!rc && table) {
+            char per[96] = ""; /* what n counts, when it is not the windows scored */
+            if (units < n_docs)
+                snprintf(per, sizeof per, " (n = documents, each the mean of its windows: %d windows in all)", n_docs);
             fprintf(table,
-                    "best heterogeneous vs best single pattern: paired t = %.2f over %d document%s, critical %.2f "
+                    "best heterogeneous vs best single pattern: paired t = %.2f over %d document%s%s, critical %.2f "
                     "(%s)\n",
-                    t, n_docs, kvm_plural(n_docs, "", "s"), kvm_polykv_t_crit(n_docs - 1),
+                    t, units, kvm_plural(units, "", "s"), per, kvm_polykv_t_crit(units - 1),
                     keep ? "significant: keep the mix" : "not significant: keep the single pattern");
-        if (!keep) {
+        }
+        if (!rc && !keep) {
             kvm_strategy_free(&best);
             best = bs;
             best_kl = bs_kl;
@@ -296,8 +357,12 @@ int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polyk
     if (table) {
         char name[64];
         describe(best, name, sizeof name);
-        fprintf(table, "best: %s, mean KL %.6f on %d calibration document%s\n", name, best_kl, n_docs,
-                kvm_plural(n_docs, "", "s"));
+        if (units < n_docs)
+            fprintf(table, "best: %s, mean KL %.6f on %d calibration windows of %d document%s\n", name, best_kl, n_docs,
+                    units, kvm_plural(units, "", "s"));
+        else
+            fprintf(table, "best: %s, mean KL %.6f on %d calibration document%s\n", name, best_kl, n_docs,
+                    kvm_plural(n_docs, "", "s"));
     }
     *out = best;
     return 0;
