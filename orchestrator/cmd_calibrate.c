@@ -77,18 +77,116 @@ static int reuse_signals(const calib_args *a, kvm_polykv_signals *sig)
     return 0;
 }
 
+/* 1 when output `out` (a path given to --out or --dump-signals) names folder/file: the same file
+ * when both exist, else the same folder (by device and inode) and the same last component. */
+static int names_file(const char *out, const char *folder, const char *file, const char *path)
+{
+    struct stat so, sp, sd, sf;
+    if (!stat(out, &so) && !stat(path, &sp)) return so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
+    const char *slash = strrchr(out, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+    return !strcmp(slash ? slash + 1 : out, file) && !stat(dir, &sd) && !stat(folder, &sf) && sd.st_dev == sf.st_dev &&
+           sd.st_ino == sf.st_ino;
+}
+
+/* --dump-candidates DIR, before any work: every candidate file the builder will write there
+ * (kvm_polykv_candidate_file, with this run's filters) must not be --out or --dump-signals (the
+ * strategy or the signals, written last or first, replaced that candidate or were replaced) nor
+ * an existing file that is read-only (root may write any file: its write bits are checked too)
+ * or not a regular file, as --out itself is refused. Returns 0, or 2 after saying why. */
+static int check_candidates(const calib_args *a)
+{
+    char file[64], path[4200];
+    for (int i = 0; kvm_polykv_candidate_file(i, a->sel, a->alloc, a->sculpt, a->kvzip, file, sizeof file); i++) {
+        size_t n = strlen(a->cand);
+        while (n > 1 && a->cand[n - 1] == '/')
+            n--; /* "DIR/": DIR/NAME.bin, not DIR//NAME.bin */
+        snprintf(path, sizeof path, "%.*s/%s", (int)n, a->cand, file);
+        const char *outs[2][2] = {{"--out", a->out}, {"--dump-signals", a->dump}};
+        for (int k = 0; k < 2; k++)
+            if (outs[k][1] && names_file(outs[k][1], a->cand, file, path)) {
+                fprintf(stderr,
+                        "kvmill " CMD ": %s %s is the --dump-candidates file %s: one would replace the other; "
+                        "name another file or folder\n",
+                        outs[k][0], outs[k][1], path);
+                return 2;
+            }
+        struct stat st;
+        if (stat(path, &st)) continue; /* a new file */
+        if (!S_ISREG(st.st_mode) || access(path, W_OK) || !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH))) {
+            fprintf(stderr,
+                    "kvmill " CMD ": --dump-candidates %s: %s exists and is %s: the calibration would replace "
+                    "it; name another folder%s\n",
+                    a->cand, path, S_ISREG(st.st_mode) ? "read-only" : "not a regular file",
+                    S_ISREG(st.st_mode) ? ", or make it writable (chmod u+w) if it is one to replace" : "");
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* 1 when windows a and b hold the same context and continuation tokens. */
+static int same_window(const kvm_eval_doc *a, const kvm_eval_doc *b)
+{
+    const kvm_compress_input *ia = kvm_eval_doc_input(a), *ib = kvm_eval_doc_input(b);
+    int64_t ta, tb;
+    const int32_t *ca = kvm_eval_doc_continuation(a, &ta), *cb = kvm_eval_doc_continuation(b, &tb);
+    return ia->tokens && ib->tokens && ia->n_tokens == ib->n_tokens && ta == tb &&
+           !memcmp(ia->tokens, ib->tokens, (size_t)ia->n_tokens * sizeof *ia->tokens) &&
+           !memcmp(ca, cb, (size_t)ta * sizeof *ca);
+}
+
+/* Loads every document's --windows windows into docs[*nd] with doc_of[*nd] their document's index
+ * (docs and doc_of hold ds->n × windows), dropping a window that repeats an earlier one of its
+ * document (a document too short for its windows gives several at the same start: counted again,
+ * they weighed its text more and the builder's t-test took them for more documents), with one
+ * stderr note per such document. Returns 0 or cmd_eval_docs_load's status (said). */
+static int load_windows(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
+                        const calib_args *a, kvm_eval_doc **docs, int *doc_of, int *nd)
+{
+    const int W = (int)a->windows;
+    *nd = 0;
+    for (int doc = 0; doc < ds->n; doc++) {
+        int dups = 0;
+        for (int w = 0; w < W; w++) {
+            kvm_eval_doc *d = NULL;
+            int rc = cmd_eval_docs_load(CMD, m, k, tok, NULL, ds->paths[doc], a->N, a->T, w, W, &d);
+            if (rc) return rc;
+            int dup = 0;
+            for (int j = *nd - 1; j >= 0 && doc_of[j] == doc && !dup; j--)
+                dup = same_window(docs[j], d);
+            if (dup) {
+                kvm_eval_doc_free(&d);
+                dups++;
+                continue;
+            }
+            docs[*nd] = d;
+            doc_of[(*nd)++] = doc;
+        }
+        if (dups)
+            fprintf(stderr,
+                    "kvmill " CMD ": note: %s: %d of its %d windows repeat an earlier one (the same tokens); "
+                    "calibrating on its %d distinct window%s\n",
+                    ds->paths[doc], dups, W, W - dups, kvm_plural(W - dups, "", "s"));
+    }
+    return 0;
+}
+
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
                      const calib_args *a)
 {
-    const int nd = ds->n * (int)a->windows;
-    kvm_eval_doc **docs = calloc((size_t)nd, sizeof *docs);
+    const int nw = ds->n * (int)a->windows;
+    kvm_eval_doc **docs = calloc((size_t)nw, sizeof *docs);
+    int *doc_of = calloc((size_t)nw, sizeof *doc_of), nd = 0; /* nd: the distinct windows kept */
     kvm_polykv_signals *sig = NULL;
     kvm_strategy *best = NULL;
-    int rc = docs ? 0 : 1; /* srs: a signals error, found before the documents' prefill where it can be */
+    int rc = docs && doc_of ? 0 : 1; /* srs: a signals error, found before the documents' prefill where it can be */
     int srs = rc ? 0 : kvm_polykv_signals_new(m->cfg.n_layers, &sig) ? 1 : a->reuse ? reuse_signals(a, sig) : 0;
-    for (int i = 0; !rc && !srs && i < nd; i++)
-        rc = cmd_eval_docs_load(CMD, m, k, tok, NULL, ds->paths[i / a->windows], a->N, a->T, i % (int)a->windows,
-                                (int)a->windows, &docs[i]);
+    if (!rc && !srs) rc = load_windows(m, k, tok, ds, a, docs, doc_of, &nd);
     if (!rc && !srs &&
         ((!a->reuse && kvm_polykv_calibrate_phases(docs, nd, a->B, a->decode, sig)) ||
          (a->sculpt && !sig->has_sculpt && kvm_polykv_calibrate_sculpt(docs, nd, a->B, &a->so, sig)) ||
@@ -121,7 +219,8 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
         printf("\ncandidates on %d calibration document%s (%d window%s) at B = %lld, b_min = %lld:\n", ds->n,
                kvm_plural(ds->n, "", "s"), nd, kvm_plural(nd, "", "s"),
                (long long)a->B, (long long)a->b_min);
-        if (kvm_polykv_build_best(docs, nd, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine, stdout, &best)) {
+        if (kvm_polykv_build_best_grouped(docs, nd, doc_of, sig, a->B, a->b_min, a->sel, a->alloc, (int)a->refine,
+                                          stdout, &best)) {
             fprintf(stderr, "kvmill " CMD ": %s\n", kvm_cli_errmsg(CMD));
             rc = 1;
         }
@@ -136,9 +235,10 @@ static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokeniz
     }
     kvm_strategy_free(&best);
     kvm_polykv_signals_free(&sig);
-    for (int i = 0; docs && i < nd; i++)
+    for (int i = 0; docs && i < nw; i++)
         kvm_eval_doc_free(&docs[i]);
     free(docs);
+    free(doc_of);
     return rc;
 }
 
@@ -330,6 +430,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N);
         return 2;
     }
+    if (a.cand && check_candidates(&a)) return 2;
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
     if (a.so.cuda)

@@ -287,6 +287,70 @@ START_TEST(test_strategy_build)
 }
 END_TEST
 
+/* A layer's budget above the context bought nothing (eviction keeps a head of n ≤ b entries
+ * whole): the build and the rescale at eval time gave layers more than the context, and the
+ * strategy held fewer entries than L·B beside methods that held L·B. Each layer is now capped at
+ * the context, the excess re-split over the other layers by the same weights. */
+START_TEST(test_strategy_capped)
+{
+    kvm_polykv_signals *s = fake_signals(); /* entropy 1:2:3:4:10: at B = 20, 5 10 15 20 50 */
+    kvm_strategy *st;
+    ck_assert_int_eq(kvm_polykv_strategy_build_capped(s, 0, 0, KVM_POLYKV_ALLOC_ENTROPY, 1.0, 20, 1, 32, &st), 0);
+    const int64_t want[5] = {7, 14, 20, 27, 32}; /* 32 pinned; 68 over 1:2:3:4 = 6.8 13.6 20.4 27.2 */
+    for (int l = 0; l < 5; l++)
+        ck_assert_msg(st->layers[l].budget == want[l], "layer %d: %lld, want %lld", l, (long long)st->layers[l].budget,
+                      (long long)want[l]);
+    int64_t out[5], sum = 0;
+    ck_assert_int_eq(kvm_strategy_rescale_capped(st, 20, 32, out), 0); /* its own B and context: its budgets */
+    for (int l = 0; l < 5; l++)
+        ck_assert_int_eq(out[l], want[l]);
+    kvm_strategy_free(&st);
+    for (int64_t n = 20; n <= 100; n += 40) { /* every pattern and allocation fits; B = N: all at N */
+        for (int al = 0; al < 4; al++) {
+            ck_assert_int_eq(kvm_polykv_strategy_build_capped(s, 1, 0, al, 1.0, 20, 5, n, &st), 0);
+            sum = 0;
+            for (int l = 0; l < 5; l++) {
+                ck_assert_int_le(st->layers[l].budget, n);
+                ck_assert_int_ge(st->layers[l].budget, 5);
+                sum += st->layers[l].budget;
+            }
+            ck_assert_int_eq(sum, 100);
+            kvm_strategy_free(&st);
+        }
+    }
+    ck_assert_int_eq(kvm_polykv_strategy_build_capped(s, 0, 0, 1, 1.0, 20, 1, 19, &st), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "budget 20 per layer exceeds the context's 19 tokens"), "%s", kvm_errmsg());
+    /* eval time: a strategy of 5 10 15 20 50 at B = 40 (10 20 30 40 100) in a context of 64 */
+    ck_assert_int_eq(kvm_polykv_strategy_build(s, 0, 0, KVM_POLYKV_ALLOC_ENTROPY, 1.0, 20, 1, &st), 0);
+    ck_assert_int_eq(kvm_strategy_rescale_capped(st, 40, 64, out), 0);
+    sum = 0;
+    for (int l = 0; l < 5; l++) {
+        ck_assert_int_le(out[l], 64);
+        sum += out[l];
+    }
+    ck_assert_int_eq(sum, 200);
+    ck_assert_int_eq(out[4], 64);
+    ck_assert_int_eq(out[3], 54);                                     /* 136 over 1:2:3:4: 13.6 27.2 40.8 54.4 */
+    ck_assert_int_eq(kvm_strategy_rescale_capped(st, 40, 0, out), 0); /* no context: as kvm_strategy_rescale */
+    ck_assert_int_eq(out[4], 100);
+    kvm_evict_plan *p;
+    ck_assert_int_eq(kvm_strategy_plan_capped(st, 0, 40, 64, 2, &p), 0);
+    sum = 0;
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_le(p->budget[i], 64);
+        sum += p->budget[i];
+    }
+    ck_assert_int_eq(sum, 2 * 200);
+    kvm_evict_plan_free(&p);
+    ck_assert_int_eq(kvm_strategy_plan_capped(st, 1, 70, 64, 2, &p), 0); /* more than the context holds: all of it */
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(p->budget[i], 64);
+    kvm_evict_plan_free(&p);
+    kvm_strategy_free(&st);
+    kvm_polykv_signals_free(&s);
+}
+END_TEST
+
 /* Writes text to dir/name, reads it as signals for 5 layers; returns the status (message kept). */
 static int read_text(const char *dir, const char *text, kvm_polykv_signals **out)
 {
@@ -393,6 +457,20 @@ START_TEST(test_signals_read)
     expect_bad(dir, good, 1, "prefill,0,bogus,20,0.9,0.5,0,1,0.1", "unknown pattern 'bogus'");
     expect_bad(dir, good, 1, "prefill,0,streaming,20,nan,0.5,0,1,0.1", "not a finite number");
     expect_bad(dir, good, 1, "prefill,0,streaming,21,0.9,0.5,0,1,0.1", "a budget other than the earlier rows'");
+    /* values no measurement gives (only non-finite ones were refused): each column's range */
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,2.5,0.5,0,1,0.1", "line 2: cosine 2.5 is outside [-1, 1]");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,-1.01,0.5,0,1,0.1", "line 2: cosine -1.01 is outside [-1, 1]");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,-0.25,1,0.1", "line 2: kl -0.25 is negative");
+    expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,-5,0.1", "line 2: entropy -5 is negative");
+    /* rounding a few ulps outside is a measurement's; perplexity differences take either sign */
+    char *ok = malloc(n + 256);
+    const char *rest = strchr(strchr(good, '\n') + 1, '\n'); /* after the first row */
+    sprintf(ok, "%.*sprefill,0,streaming,20,1.0000001,-0.5,-1e-9,%.9g,%.9g%s", (int)(strchr(good, '\n') + 1 - good),
+            good, s->entropy[0], s->worst_ppl[0], rest);
+    ck_assert_msg(read_text(dir, ok, &t) == 0, "%s", kvm_errmsg());
+    ck_assert(SIG(t->ppl_delta, 0, 0, KVM_PATTERN_STREAMING) == -0.5);
+    kvm_polykv_signals_free(&t);
+    free(ok);
     expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,2,0.1", "entropy or worst_ppl differs");
     expect_bad(dir, good, 5, "prefill,0,pyramidkv,20,1,0.5,0,1,0.1", "pyramidkv budget 20 at layer 0");
     expect_bad(dir, good, 1, "+prefill,0,streaming,20,0.9,0.5,0,1,0.1", "a second row");
@@ -910,6 +988,14 @@ static void expect_reuse(const char *dir, const char *first)
     ck_assert_int_eq(kvm_test_run(cmd, &so, NULL), 0);
     ck_assert_msg(strstr(so, "layer entropy (nats): 9.8765 "), "%s", so);
     free(so);
+    char *se = NULL; /* an impossible value: refused naming the file and line, a usage error */
+    snprintf(cmd, sizeof cmd,
+             "sed -E '3s/^(([^,]*,){4})[^,]*/\\12.5/' %s > %s/bad.csv && " CAL
+             "--budget 12 --context 40 --continuation 8 --windows 2 --out %s/t.bin --signals %s/bad.csv",
+             sig, dir, kvm_test_bin(), kvm_test_data(), kvm_test_data(), dir, dir);
+    int st = kvm_test_run(cmd, NULL, &se);
+    ck_assert_msg(st == 2 && strstr(se, "bad.csv line 3: cosine 2.5 is outside [-1, 1]"), "exit %d: %s", st, se);
+    free(se);
     snprintf(args, sizeof args, run, dir, sig, "--kvzip --dump-signals ");
     strcat(args, kz);
     expect_calib(args, 0, NULL); /* kvzip measured, the rest reused */
@@ -941,8 +1027,8 @@ START_TEST(test_cli)
     expect_calib("--budget 8 --alloc bogus --out /tmp/x", 2, "unknown allocation mode 'bogus'");
     expect_calib("--budget 8", 2, "--out are required");
     expect_calib("--budget 8 --phases decode --out /tmp/x", 2, "--phases 'decode' is not both or prefill");
-    expect_calib("--budget 8 --dump-candidates /nonexistent/dir --out /tmp/x", 2,
-                 "--dump-candidates /nonexistent/dir: not a writable folder");
+    expect_calib("--budget 8 --dump-candidates /nonexistent/kvmill-none --out /tmp/x", 2,
+                 "--dump-candidates /nonexistent/kvmill-none: not a writable folder");
     /* a budget the context does not exceed keeps everything: refused as eval refuses it (it
      * wrote a strategy of arbitrary patterns, all at KL 0) */
     expect_calib("--budget 64 --context 64 --continuation 8 --out /tmp/x", 2, "--budget 64 is not below --context 64");
@@ -1005,6 +1091,59 @@ START_TEST(test_cli_windows_overlap)
 }
 END_TEST
 
+/* The noise rule's paired t-test counted every --windows window as a document: 8 overlapping
+ * windows of each of 2 short documents were "16 documents" (t = 1.39 > 1.34: the mix kept), and
+ * a document too short for its windows gave dozens of identical ones. The test now runs over the
+ * documents, each its windows' mean, the log saying what n counts; repeated windows are dropped
+ * with a note; one document is never significant. */
+START_TEST(test_cli_windows_independent)
+{
+    char *dir = kvm_test_tmpdir(), full[4096], t[600], u[600], *out = NULL, *err = NULL;
+    const char *src[2] = {"corpus/doc_000.txt", "corpus/doc_001.txt"};
+    char *paths[2] = {t, u};
+    snprintf(t, sizeof t, "%s/t.txt", dir);
+    snprintf(u, sizeof u, "%s/u.txt", dir);
+    for (int i = 0; i < 2; i++) { /* 200 bytes: 84 and 88 tokens, for windows of 48 */
+        size_t n;
+        char *text = kvm_test_read_file(kvm_test_data_path(src[i]), &n);
+        ck_assert_int_ge(n, 200);
+        ck_assert_int_eq(kvm_test_write_file(paths[i], text, 200), 0);
+        free(text);
+    }
+    const char *run = "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s --context 40 --continuation 8 "
+                      "--budget 8 --phases prefill --threads 1 --windows %d --out %s/w.bin";
+    char two[1300];
+    snprintf(two, sizeof two, "%s,%s", t, u);
+    snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), two, 8, dir);
+    int rc = kvm_test_run(full, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "paired t = ") &&
+                      strstr(out, " over 2 documents (n = documents, each the mean of its windows: 16 windows in all), "
+                                  "critical 2.9") &&
+                      strstr(out, "on 16 calibration windows of 2 documents\n"),
+                  "%.400s", strstr(out, "best heterogeneous") ? strstr(out, "best heterogeneous") : out);
+    free(out);
+    free(err);
+    snprintf(full, sizeof full, run, kvm_test_bin(), kvm_test_data(), t, 64, dir);
+    rc = kvm_test_run(full, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    char note[800];
+    snprintf(note, sizeof note,
+             "note: %s: 27 of its 64 windows repeat an earlier one (the same tokens); calibrating on "
+             "its 37 distinct windows\n",
+             t);
+    ck_assert_msg(strstr(err, note), "stderr lacks '%s': %.600s", note, err);
+    ck_assert_msg(strstr(out, "candidates on 1 calibration document (37 windows)") &&
+                      strstr(out, " over 1 document (n = documents, each the mean of its windows: 37 windows in all), "
+                                  "critical inf (not significant: keep the single pattern)"),
+                  "%.400s", strstr(out, "best heterogeneous") ? strstr(out, "best heterogeneous") : out);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* --out and --dump-signals that cannot be written, a FIFO no process reads or a file in a
  * folder that takes none (/proc), were refused only after the whole calibration; they are now
  * refused (exit 2) before the model is opened, as a missing folder already was: a --model that
@@ -1050,6 +1189,88 @@ START_TEST(test_cli_outputs)
     free(err);
     snprintf(cmd, sizeof cmd, "%s.part", sbin);
     ck_assert_int_ne(access(cmd, F_OK), 0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* --dump-candidates DIR replaced a read-only file in DIR (root may write any file) and, with --out
+ * DIR/cosine_ppl.bin, wrote the strategy over that candidate unsaid. Both are now refused (exit 2)
+ * before any work, naming the flag and the file, as --out is for a read-only file. */
+START_TEST(test_cli_dump_candidates)
+{
+    char *dir = kvm_test_tmpdir(), args[2048], ro[600], cmd[4096], *out = NULL, *err = NULL;
+    snprintf(args, sizeof args,
+             "--budget 12 --context 40 --continuation 8 --phases prefill --threads 1 --out %s/s.bin "
+             "--dump-candidates %s",
+             dir, dir);
+    expect_calib(args, 0, NULL);
+    snprintf(ro, sizeof ro, "%s/h2o_uniform.bin", dir);
+    size_t n0, n1;
+    char *before = kvm_test_read_file(ro, &n0);
+    ck_assert_int_eq(chmod(ro, 0444), 0);
+    char want[1400];
+    snprintf(want, sizeof want, "--dump-candidates %s: %s exists and is read-only", dir, ro);
+    expect_calib(args, 2, want);
+    char *after = kvm_test_read_file(ro, &n1);
+    struct stat st;
+    ck_assert_int_eq(stat(ro, &st), 0);
+    ck_assert_msg(n0 == n1 && !memcmp(before, after, n0) && (st.st_mode & 0777) == 0444, "%s replaced (mode %o)", ro,
+                  st.st_mode & 0777);
+    free(before);
+    free(after);
+    ck_assert_int_eq(chmod(ro, 0644), 0);
+    /* an output that is a candidate's file: refused before the model is opened (it does not exist) */
+    const char *flags[] = {"--out", "--dump-signals"}, *files[] = {"cosine_ppl.bin", "snapkv_entropy_heads.bin"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s/kvmill calibrate --model %s/missing.bin --docs %s/corpus/doc_000.txt --budget 12 --context 40 "
+                 "--continuation 8 --out %s/o.bin %s %s/%s --dump-candidates %s/",
+                 kvm_test_bin(), dir, kvm_test_data(), dir, flags[i], dir, files[i], dir);
+        int rc = kvm_test_run(cmd, &out, &err);
+        snprintf(want, sizeof want, "%s %s/%s is the --dump-candidates file %s/%s", flags[i], dir, files[i], dir,
+                 files[i]);
+        ck_assert_msg(rc == 2 && strstr(err, want) && !strstr(err, "missing.bin"), "%s: exit %d: %s", flags[i], rc,
+                      err);
+        free(out);
+        free(err);
+    }
+    /* a name no candidate has under the filter is not one: --layer-alloc uniform writes no cosine_ppl.bin */
+    snprintf(args, sizeof args,
+             "--budget 12 --context 40 --continuation 8 --phases prefill --threads 1 --layer-alloc uniform "
+             "--out %s/cosine_ppl.bin --dump-candidates %s",
+             dir, dir);
+    expect_calib(args, 0, NULL);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* calibrate --budget near --context with --layer-alloc ppl gave one layer 117 entries at context
+ * 40 (the others 7): the strategy held 40 + 33 entries, not 150, and was scored against
+ * candidates of 150. Every layer is now at most the context, the budgets summing to L·B. */
+START_TEST(test_cli_layer_cap)
+{
+    char *dir = kvm_test_tmpdir(), args[1024], path[600];
+    snprintf(path, sizeof path, "%s/c.bin", dir);
+    const char *allocs[] = {"ppl", "entropy"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "--budget 30 --context 40 --continuation 8 --phases prefill --threads 1 --layer-alloc %s "
+                 "--refine 2 --out %s",
+                 allocs[i], path);
+        expect_calib(args, 0, NULL);
+        kvm_strategy *st;
+        ck_assert_int_eq(kvm_strategy_read(path, &st), 0);
+        int64_t sum = 0;
+        for (int l = 0; l < st->n_layers; l++) {
+            ck_assert_msg(st->layers[l].budget <= 40, "--layer-alloc %s: layer %d budget %lld above context 40",
+                          allocs[i], l, (long long)st->layers[l].budget);
+            sum += st->layers[l].budget;
+        }
+        ck_assert_int_eq(sum, 5 * 30);
+        kvm_strategy_free(&st);
+    }
     kvm_test_rmtree(dir);
     free(dir);
 }
@@ -1169,6 +1390,7 @@ static Suite *polykv_suite(void)
     } cases[] = {{"signals_exact_pattern", test_signals_exact_pattern, 1},
                  {"decode_replay", test_decode_replay, 1},
                  {"strategy_build", test_strategy_build, 0},
+                 {"strategy_capped", test_strategy_capped, 0},
                  {"mix_rule", test_mix_rule, 0},
                  {"codec", test_codec, 0},
                  {"codec_v2", test_codec_v2, 0},
@@ -1179,7 +1401,10 @@ static Suite *polykv_suite(void)
                  {"head_split", test_head_split, 1},
                  {"cli", test_cli, 0},
                  {"cli_outputs", test_cli_outputs, 0},
+                 {"cli_dump_candidates", test_cli_dump_candidates, 0},
+                 {"cli_layer_cap", test_cli_layer_cap, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
+                 {"cli_windows_independent", test_cli_windows_independent, 0},
                  {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0},
                  {"cli_repeated_docs", test_cli_repeated_docs, 0}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -190,8 +190,10 @@ int kvm_polykv_signals_csv(const kvm_polykv_signals *s, FILE *f);
  * unknown options). Values are the file's (%.9g, so within 1e-9
  * relative of the run's); s->n_docs = 0 (the file does not say which documents it averaged: the
  * caller vouches for them). Errors: KVM_ENOTFOUND, KVM_EIO, KVM_EFORMAT naming the file and line
- * (header, options line, field count, phase, layer ≥ L, pattern, non-finite number, duplicate or
- * missing row, budgets), KVM_ENOMEM. */
+ * (header, options line, field count, phase, layer ≥ L, pattern, non-finite number, a value outside
+ * its column's range within 1e-6 of rounding: cosine in [−1, 1], kl ≥ 0, entropy ≥ 0 — ppl_delta
+ * and worst_ppl, perplexity differences, take either sign —, duplicate or missing row, budgets),
+ * KVM_ENOMEM. */
 int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s);
 /* The same from an open stream f (read to its end, not closed; a file's bytes in memory through
  * fmemopen), `path` labelling the messages. Errors as kvm_polykv_signals_read's but KVM_ENOTFOUND. */
@@ -205,10 +207,22 @@ int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals
  * everywhere, sculpt and kvzip included), and budgets by alloc with weights
  * signal^power: ENTROPY the layer entropy, PPL the prefill worst_ppl (clamped to ≥ 1e-6),
  * UNIFORM equal, PYRAMID the PyramidKV schedule; each ≥ b_min, summing to exactly L·B
- * (kvm_evict_apportion). Deterministic. *out owned by the caller. Returns 0, KVM_EINVAL
- * (B < 1, b_min < 1, b_min·L > L·B, bad mode), KVM_ENOMEM. */
+ * (kvm_evict_apportion). No ceiling: a layer may get more than a context holds (see _capped).
+ * Deterministic. *out owned by the caller. Returns 0, KVM_EINVAL (B < 1, b_min < 1,
+ * b_min·L > L·B, bad mode), KVM_ENOMEM. */
 int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel, kvm_pattern single,
                               kvm_polykv_alloc alloc, double power, int64_t B, int64_t b_min, kvm_strategy **out);
+
+/* The same for a context of n_ctx tokens (n_ctx ≤ 0: no ceiling, kvm_polykv_strategy_build):
+ * each layer's budget is also ≤ n_ctx, what the layer's KV heads can keep (eviction keeps a
+ * head of n ≤ b entries whole: a budget above n_ctx bought nothing, and the strategy held fewer
+ * entries than L·B, so candidates were compared at unequal sizes), shares above it pinned there
+ * and the rest re-split over the other layers by the same weights (kvm_evict_apportion_capped,
+ * water-filling); the budgets still sum to exactly L·B. What kvm_polykv_build_best uses, with its
+ * documents' context. Also KVM_EINVAL for B > n_ctx (L·B cannot fit). */
+int kvm_polykv_strategy_build_capped(const kvm_polykv_signals *s, kvm_polykv_select sel, kvm_pattern single,
+                                     kvm_polykv_alloc alloc, double power, int64_t B, int64_t b_min, int64_t n_ctx,
+                                     kvm_strategy **out);
 
 /* Allocates a strategy of L layers (zeroed layers). Returns 0, KVM_EINVAL, KVM_ENOMEM. */
 int kvm_strategy_new(int n_layers, kvm_strategy **out);
@@ -221,15 +235,31 @@ int kvm_strategy_clone(const kvm_strategy *s, kvm_strategy **out);
 int kvm_strategy_distilled(const kvm_strategy *s);
 
 /* Per-layer budgets of s rescaled proportionally to average B (sum exactly L·B, each ≥ 1,
- * kvm_evict_apportion); B == s->budget_avg gives s's budgets. out[n_layers]. Returns 0,
- * KVM_EINVAL (B < 1), KVM_ENOMEM. */
+ * kvm_evict_apportion); B == s->budget_avg gives s's budgets. No ceiling (see _capped).
+ * out[n_layers]. Returns 0, KVM_EINVAL (B < 1), KVM_ENOMEM. */
 int kvm_strategy_rescale(const kvm_strategy *s, int64_t B, int64_t *out);
+
+/* The same for a context of n_ctx tokens (n_ctx ≤ 0: no ceiling): each layer also ≤ n_ctx (what
+ * eviction can keep of it), the excess re-split over the other layers in proportion to s's
+ * budgets (kvm_evict_apportion_capped); the sum is exactly min(L·B, L·n_ctx). B == s->budget_avg
+ * still gives s's budgets when none of them exceeds n_ctx (a strategy built for this context,
+ * kvm_polykv_strategy_build_capped). out[n_layers]. Returns 0, KVM_EINVAL (B < 1), KVM_ENOMEM. */
+int kvm_strategy_rescale_capped(const kvm_strategy *s, int64_t B, int64_t n_ctx, int64_t *out);
 
 /* An eviction plan for phase φ (0 prefill, 1 decode) of s at average budget B for a model
  * with n_kv_heads KV heads per layer (every KV head of a layer gets the layer's pattern and
  * budget; sculpt layers get KVM_PATTERN_NONE with their budget, for the caller to distil).
- * Free with kvm_evict_plan_free. Returns 0, KVM_EINVAL, KVM_ENOMEM. */
+ * Budgets by kvm_strategy_rescale, without a ceiling: a caller that knows the context uses
+ * kvm_strategy_plan_capped. Free with kvm_evict_plan_free. Returns 0, KVM_EINVAL, KVM_ENOMEM. */
 int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_heads, kvm_evict_plan **out);
+
+/* The same for a context of n_ctx tokens (the compress input's n_tokens; ≤ 0: no ceiling): the
+ * layer budgets by kvm_strategy_rescale_capped, each ≤ n_ctx with the excess given to the other
+ * layers, so that the plan holds the L·B entries asked for (a layer rescaled above the context
+ * kept only n_ctx: an eval at budget B compared the strategy at fewer entries than the methods
+ * beside it). Same errors. */
+int kvm_strategy_plan_capped(const kvm_strategy *s, int phase, int64_t B, int64_t n_ctx, int n_kv_heads,
+                             kvm_evict_plan **out);
 
 /* Document-adaptive budgets (our extension of PolyKV's entropy allocation to KV heads and
  * to the document at hand): mode 1 splits each layer's total budget (Σ over its KV heads of
@@ -320,29 +350,55 @@ void kvm_polykv_score_sculpt_opts(const kvm_sculpt_opts *o);
  * dir/NAME.bin (NAME: the candidate's table name, e.g. "cosine/ppl+heads", with '/', '+' and
  * '^' as '_'), so that held-out evaluations can compare candidates; the directory must exist.
  * model_id (KVM_STRATEGY_MODEL_ID_BYTES bytes, copied; may be NULL) is the calibrated model's,
- * recorded in every such file (KVST v3). Process-wide, dir borrowed until reset with NULL; not
+ * recorded in every such file (KVST v3). An existing file of that name that is read-only (no write
+ * permission or no write bit set: root may write any file) or not a regular file is not replaced:
+ * the build fails with KVM_EINVAL naming it. Process-wide, dir borrowed until reset with NULL; not
  * thread-safe: set it before building. */
 void kvm_polykv_build_dump_dir(const char *dir, const uint8_t *model_id);
 
+/* The file name ("NAME.bin", e.g. "cosine_ppl_heads.bin") of the i-th candidate (from 0) that
+ * kvm_polykv_build_best scores, and so writes under kvm_polykv_build_dump_dir, with these filters
+ * (sel_only, alloc_only: as kvm_polykv_build_best's; has_sculpt, has_kvzip: the signals' flags),
+ * into buf[n] (64 bytes hold every name): what a command checks before any work, so that an
+ * output or a read-only file of the same name is refused then, not lost or failing after. Returns
+ * 1, or 0 (buf untouched) when i is past the last candidate. No errors. */
+int kvm_polykv_candidate_file(int i, int sel_only, int alloc_only, int has_sculpt, int has_kvzip, char *buf, size_t n);
+
 /* The builder: scores every candidate on the calibration documents and returns the best
- * (lowest mean KL; ties keep the earlier candidate) in *out (caller owns). Candidates:
+ * (lowest mean KL; ties keep the earlier candidate) in *out (caller owns). Each candidate's layer
+ * budgets are capped at the documents' context N (kvm_polykv_strategy_build_capped: all
+ * documents share one N; B ≤ N). Candidates:
  * every heterogeneous strategy (select cosine|ppl × alloc uniform|entropy|ppl) and every
  * single pattern under every allocation mode (uniform, entropy, ppl; PyramidKV under its
- * own schedule; sculpt and kvzip too when sig->has_sculpt / has_kvzip), each with head_split 0 (equal KV heads) and 1 (entropy within layers), and
- * with uniform allocation also head_split 2 (entropy over all heads). sel_only / alloc_only
- * (≥ 0) restrict the candidates to one mode; −1 for all. The lowest mean KL wins, except
- * that a heterogeneous winner must beat the best single-pattern candidate beyond noise
- * (kvm_polykv_mix_significant; else that single pattern is kept: calibration on a few
- * documents is noisy and a mix that only ties does not generalise). refine_rounds > 0 then refines the
- * best with kvm_polykv_refine (kept only if better on the calibration documents; it tends to
- * overfit a few documents, so it is off by default in the CLI). Every candidate (the result
- * and those written by kvm_polykv_build_dump_dir) records the options its sculpt and kvzip
- * layers were scored with (kvm_polykv_score_sculpt_opts, or the defaults: sculpt_known = 1),
- * so that its file is read with them. Prints one line per candidate to `table` (may be NULL).
- * Returns 0, KVM_EINVAL (bad budget, b_min, or no candidate left), KVM_ENOMEM, run errors. */
+ * own schedule; sculpt and kvzip too when sig->has_sculpt / has_kvzip), each with head_split 0 (equal KV heads) and 1
+ * (entropy within layers), and with uniform allocation also head_split 2 (entropy over all heads). sel_only /
+ * alloc_only (≥ 0) restrict the candidates to one mode; −1 for all. The lowest mean KL wins, except that a
+ * heterogeneous winner must beat the best single-pattern candidate beyond noise (kvm_polykv_mix_significant; else that
+ * single pattern is kept: calibration on a few documents is noisy and a mix that only ties does not generalise).
+ * refine_rounds > 0 then refines the best with kvm_polykv_refine (kept only if better on the calibration documents; it
+ * tends to overfit a few documents, so it is off by default in the CLI). Every candidate (the result and those written
+ * by kvm_polykv_build_dump_dir) records the options its sculpt and kvzip layers were scored with
+ * (kvm_polykv_score_sculpt_opts, or the defaults: sculpt_known = 1), so that its file is read with them. Prints one
+ * line per candidate to `table` (may be NULL). Returns 0, KVM_EINVAL (bad budget, b_min, or no candidate left),
+ * KVM_ENOMEM, run errors. */
 int kvm_polykv_build_best(kvm_eval_doc *const *docs, int n_docs, const kvm_polykv_signals *sig, int64_t B,
                           int64_t b_min, int sel_only, int alloc_only, int refine_rounds, FILE *table,
                           kvm_strategy **out);
+
+/* kvm_polykv_build_best over calibration windows grouped into documents: doc_of[n_docs] (may be
+ * NULL: each window its own document, kvm_polykv_build_best) gives each window's document, 0 ..
+ * D − 1, every one of them with at least one window. Candidates are scored and ranked on the mean
+ * KL over all windows as before, but the noise rule's paired t-test (kvm_polykv_mix_significant)
+ * runs over the D documents, each the mean of its windows' KLs: windows of one document share its
+ * text (overlapping ones its very tokens) and are not independent samples, so 64 windows of one
+ * short document counted as 64 documents gave t = 16.5 where the evidence is one document (D = 1:
+ * never significant). The table line says what n counts when D < n_docs. The caller drops
+ * windows that repeat another of the same document (the same tokens), which would otherwise weigh
+ * that text more in the means. Errors: as kvm_polykv_build_best's, and KVM_EINVAL for n_docs < 1
+ * or a doc_of that is negative or skips a document. */
+int kvm_polykv_build_best_grouped(kvm_eval_doc *const *docs, int n_docs, const int *doc_of,
+                                  const kvm_polykv_signals *sig, int64_t B, int64_t b_min, int sel_only, int alloc_only,
+                                  int refine_rounds, FILE *table, kvm_strategy **out);
 
 /* The builder's noise rule: 1 when the heterogeneous mix's per-document calibration KLs
  * mix_kl[n] beat the best single pattern's single_kl[n] by a one-sided paired t-test at level
@@ -361,7 +417,7 @@ double kvm_polykv_t_crit(int nu);
 
 /* Refines strategy s by coordinate descent on the mean calibration KL (kvm_polykv_score):
  * each round tries moving delta entries of budget between every ordered pair of layers
- * (keeping each ≥ s->b_min and the sum L·B) and every pattern (not PyramidKV) at every
+ * (keeping each ≥ s->b_min and ≤ the documents' context N, and the sum L·B) and every pattern (not PyramidKV) at every
  * layer (both phases), and applies the single best move if it lowers the KL; delta starts
  * at max(1, B/4) and halves when no move helps, down to max(1, B/16); at most max_rounds
  * rounds. Deterministic (ties keep the earlier move). *out (caller owns) is marked select =

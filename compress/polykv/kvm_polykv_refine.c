@@ -16,6 +16,7 @@ int kvm_polykv_refine(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy 
     const int L = s->n_layers;
     const int64_t B = s->budget_avg, dmin = B / 16 > 1 ? B / 16 : 1;
     int64_t delta = B / 4 > 1 ? B / 4 : 1;
+    const int64_t n_ctx = n_docs > 0 ? kvm_eval_doc_input(docs[0])->n_tokens : 0;
     double kl;
     int rc = kvm_strategy_clone(s, &cur);
     if (!rc) rc = kvm_strategy_clone(s, &trial);
@@ -25,7 +26,9 @@ int kvm_polykv_refine(kvm_eval_doc *const *docs, int n_docs, const kvm_strategy 
         int bi = -1, bj = -1, bl = -1, bp = -1;
         for (int i = 0; !rc && i < L; i++) /* budget moves i → j */
             for (int j = 0; !rc && j < L; j++) {
-                if (i == j || cur->layers[i].budget - delta < cur->b_min) continue;
+                if (i == j || cur->layers[i].budget - delta < cur->b_min ||
+                    (n_ctx > 0 && cur->layers[j].budget + delta > n_ctx))
+                    continue; /* a layer above the context keeps only the context: the entries were lost */
                 memcpy(trial->layers, cur->layers, (size_t)L * sizeof *trial->layers);
                 trial->layers[i].budget -= delta;
                 trial->layers[j].budget += delta;

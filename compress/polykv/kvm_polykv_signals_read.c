@@ -55,6 +55,29 @@ static int num(const char *s, double *v)
     return end != s && *end == '\0' && errno == 0 && isfinite(*v);
 }
 
+/* Rounding allowed beyond a signal's mathematical range: the CSV holds %.9g of sums of float
+ * products, and a cosine of 1 or a KL of 0 may come out a few ulps outside. */
+#define RANGE_SLACK 1e-6
+
+/* The columns' ranges (v: cosine, ppl_delta, kl, entropy, worst_ppl): a cosine lies in [−1, 1],
+ * a KL divergence and an attention entropy are ≥ 0 (PolyKV, arXiv 2606.15157, §3: the signals'
+ * definitions); ppl_delta and worst_ppl, differences of perplexities ≥ 1, take either sign
+ * (compressing a layer can lower the perplexity) and are only finite. NULL when v fits, else
+ * what does not (a static buffer, valid until the next call). */
+static const char *check_ranges(const double *v)
+{
+    static char m[160];
+    if (v[0] < -1 - RANGE_SLACK || v[0] > 1 + RANGE_SLACK)
+        snprintf(m, sizeof m, "cosine %.9g is outside [-1, 1]", v[0]);
+    else if (v[2] < -RANGE_SLACK)
+        snprintf(m, sizeof m, "kl %.9g is negative (a KL divergence is >= 0)", v[2]);
+    else if (v[3] < -RANGE_SLACK)
+        snprintf(m, sizeof m, "entropy %.9g is negative (an attention entropy is >= 0)", v[3]);
+    else
+        return NULL;
+    return m;
+}
+
 /* One data row into r->s; 0 or KVM_EFORMAT naming the line. */
 static int row(reader *r, char *text)
 {
@@ -76,6 +99,8 @@ static int row(reader *r, char *text)
     double v[5];
     for (int i = 0; i < 5; i++)
         if (!num(f[4 + i], &v[i])) return bad(r, "cosine, ppl_delta, kl, entropy or worst_ppl is not a finite number");
+    const char *range = check_ranges(v);
+    if (range) return bad(r, range);
     int k = !strcmp(f[2], "sculpt") ? 0 : !strcmp(f[2], "kvzip") ? 1 : -1;
     kvm_pattern p = KVM_PATTERN_STREAMING;
     if (k < 0 && kvm_pattern_parse(f[2], &p)) {

@@ -132,6 +132,13 @@ static void best_patterns(const kvm_polykv_signals *s, kvm_polykv_select sel, in
 int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel, kvm_pattern single,
                               kvm_polykv_alloc alloc, double power, int64_t B, int64_t b_min, kvm_strategy **out)
 {
+    return kvm_polykv_strategy_build_capped(s, sel, single, alloc, power, B, b_min, 0, out);
+}
+
+int kvm_polykv_strategy_build_capped(const kvm_polykv_signals *s, kvm_polykv_select sel, kvm_pattern single,
+                                     kvm_polykv_alloc alloc, double power, int64_t B, int64_t b_min, int64_t n_ctx,
+                                     kvm_strategy **out)
+{
     *out = NULL;
     const int L = s->n_layers;
     if (B < 1) return kvm_err(KVM_EINVAL, "strategy: budget %lld < 1", (long long)B);
@@ -139,6 +146,9 @@ int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel
     if (b_min > B)
         return kvm_err(KVM_EINVAL, "strategy: b_min %lld × %d layers exceeds the total budget %lld × %d",
                        (long long)b_min, L, (long long)B, L);
+    if (n_ctx > 0 && B > n_ctx) /* L·B would not fit under the layers' ceilings: the sum would not be L·B */
+        return kvm_err(KVM_EINVAL, "strategy: budget %lld per layer exceeds the context's %lld tokens", (long long)B,
+                       (long long)n_ctx);
     if ((unsigned)sel >= KVM_POLYKV_SELECT_COUNT || (unsigned)alloc >= KVM_POLYKV_ALLOC_COUNT ||
         sel == KVM_POLYKV_SELECT_SEARCH || alloc == KVM_POLYKV_ALLOC_SEARCH ||
         (sel == KVM_POLYKV_SELECT_SINGLE && (unsigned)single >= KVM_PATTERN_STRATEGY_COUNT) || !(power > 0))
@@ -163,7 +173,7 @@ int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel
             v = L == 1 ? 1.0 : 1.5 - (double)l / (L - 1);
         w[l] = alloc == KVM_POLYKV_ALLOC_PYRAMID ? v : pow(v > 0 ? v : 0, power);
     }
-    if (!rc) rc = kvm_evict_apportion(w, L, B * L, b_min, bud);
+    if (!rc) rc = kvm_evict_apportion_capped(w, L, B * L, b_min, n_ctx > 0 ? n_ctx : 0, bud);
     for (int l = 0; !rc && l < L; l++)
         st->layers[l].budget = bud[l];
     free(w);
@@ -183,17 +193,28 @@ int kvm_polykv_strategy_build(const kvm_polykv_signals *s, kvm_polykv_select sel
 
 int kvm_strategy_rescale(const kvm_strategy *s, int64_t B, int64_t *out)
 {
+    return kvm_strategy_rescale_capped(s, B, 0, out);
+}
+
+int kvm_strategy_rescale_capped(const kvm_strategy *s, int64_t B, int64_t n_ctx, int64_t *out)
+{
     if (B < 1) return kvm_err(KVM_EINVAL, "strategy: budget %lld < 1", (long long)B);
     double *w = malloc((size_t)s->n_layers * sizeof *w);
     if (!w) return kvm_err(KVM_ENOMEM, "strategy: out of memory");
     for (int l = 0; l < s->n_layers; l++)
         w[l] = (double)s->layers[l].budget;
-    int rc = kvm_evict_apportion(w, s->n_layers, B * s->n_layers, 1, out);
+    int rc = kvm_evict_apportion_capped(w, s->n_layers, B * s->n_layers, 1, n_ctx > 0 ? n_ctx : 0, out);
     free(w);
     return rc;
 }
 
 int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_heads, kvm_evict_plan **out)
+{
+    return kvm_strategy_plan_capped(s, phase, B, 0, n_kv_heads, out);
+}
+
+int kvm_strategy_plan_capped(const kvm_strategy *s, int phase, int64_t B, int64_t n_ctx, int n_kv_heads,
+                             kvm_evict_plan **out)
 {
     *out = NULL;
     if (phase < 0 || phase >= KVM_POLYKV_PHASES) return kvm_err(KVM_EINVAL, "strategy: phase %d", phase);
@@ -202,7 +223,7 @@ int kvm_strategy_plan(const kvm_strategy *s, int phase, int64_t B, int n_kv_head
     if (rc) return rc;
     int64_t *bud = malloc((size_t)s->n_layers * sizeof *bud);
     if (!bud) rc = kvm_err(KVM_ENOMEM, "strategy: out of memory");
-    if (!rc) rc = kvm_strategy_rescale(s, B, bud);
+    if (!rc) rc = kvm_strategy_rescale_capped(s, B, n_ctx, bud);
     for (int l = 0; !rc && l < s->n_layers; l++)
         for (int g = 0; g < n_kv_heads; g++) {
             p->pattern[l * n_kv_heads + g] =
