@@ -195,7 +195,16 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
                        "%s: cannot bind %s: another process is listening on that socket (a second kvmill serve, "
                        "run or store service with the same endpoint or [run] run_dir?); stop it or choose another",
                        what, endpoint);
-    if (zmq_bind(sock, ep)) return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
+    if (zmq_bind(sock, ep)) {
+        int e = errno;
+        if (e == EADDRINUSE) /* a process still holds it: a second service, or one whose parent was killed */
+            return kvm_err(KVM_EIO,
+                           "%s: cannot bind %s: %s: another process holds that endpoint (a second kvmill serve, "
+                           "run or store service with the same endpoint, or one left running after its parent was "
+                           "killed: ss -ltnp or fuser names it); stop it or choose another",
+                           what, endpoint, zmq_strerror(e));
+        return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(e));
+    }
     return 0;
 }
 

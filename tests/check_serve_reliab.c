@@ -1317,6 +1317,55 @@ START_TEST(test_worker_not_joined_reported)
 }
 END_TEST
 
+/* The store service that kvmill serve (or run) starts for [store] service_bind outlived a kill -9
+ * of its parent: it held the store and the port, and the next serve failed "the store service
+ * ... exited at start: ... Address already in use" without saying who held it. The service is
+ * started with --parent-pid now and stops when its parent is gone; the next serve starts. An
+ * endpoint another process holds is named as such. */
+START_TEST(test_store_service_parent_killed)
+{
+    /* the bind error first: a port this test holds */
+    void *zctx = zmq_ctx_new(), *a = zmq_socket(zctx, ZMQ_ROUTER), *b = zmq_socket(zctx, ZMQ_ROUTER);
+    int port = kvm_test_tcp_port(41), linger = 0;
+    zmq_setsockopt(a, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(b, ZMQ_LINGER, &linger, sizeof linger);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    ck_assert_int_eq(zmq_bind(a, ep), 0);
+    kvm_config *cfg = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m\n", "t.ini", &cfg), 0);
+    ck_assert_int_eq(kvm_serve_bind(zctx, b, ep, cfg, 1, "--bind"), KVM_EIO);
+    assert_contains(kvm_errmsg(), "another process holds that endpoint");
+    kvm_config_free(&cfg);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(zctx);
+    if (!have_shared("the store service after its parent's kill")) return;
+    port = kvm_test_tcp_port(43);
+    char extra[200];
+    snprintf(extra, sizeof extra, "[store]\nservice_bind = tcp://127.0.0.1:%d\n", port);
+    write_config(NULL, 64, "workers = 1", extra);
+    ck_assert_int_eq(start_serve(), -1);
+    char *log = kvm_test_read_file(g_log, NULL);
+    const char *at = log ? strstr(log, "store service on ") : NULL;
+    at = at ? strstr(at, "(pid ") : NULL;
+    ck_assert_msg(at, "no store service pid in:\n%s", log ? log : "");
+    pid_t svc = (pid_t)atol(at + 5);
+    ck_assert_int_gt(svc, 1);
+    free(log);
+    kill(g_serve, SIGKILL);
+    waitpid(g_serve, NULL, 0);
+    g_serve = 0;
+    int gone = 0;
+    for (int i = 0; i < 150 && !gone; i++, usleep(100000))
+        gone = kill(svc, 0) != 0 && errno == ESRCH;
+    if (!gone) kill(svc, SIGKILL); /* not left behind by a failing test */
+    ck_assert_msg(gone, "the store service (pid %d) still runs 15 s after its parent's kill -9", (int)svc);
+    ck_assert_msg(start_serve() == -1, "serve after the kill did not start:\n%s", kvm_test_read_file(g_log, NULL));
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -1352,6 +1401,7 @@ int main(void)
     suite_add_tcase(su, tcase("held_timeout_names_computation", test_held_timeout_names_computation, 30));
     suite_add_tcase(su, tcase("worker_timeout_counts_from_arrival", test_worker_timeout_counts_from_arrival, 30));
     suite_add_tcase(su, tcase("timeout_names_refused_workers", test_timeout_names_refused_workers, 30));
+    suite_add_tcase(su, tcase("store_service_parent_killed", test_store_service_parent_killed, 120));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
