@@ -1366,6 +1366,63 @@ START_TEST(test_store_service_parent_killed)
 }
 END_TEST
 
+/* A decode worker started by hand with another config (another [model] context: another config
+ * id) joined kvmill serve and took requests: only the model id was checked at join, so clients
+ * asking the same question got two answers. Its ready names its settings now (settings_id,
+ * PROTOCOL.md revision 11): refused at join as for another model, told why (exit 1), logged once. */
+START_TEST(test_worker_other_settings_refused)
+{
+    if (!have_shared("a worker of other settings")) return;
+    write_config(NULL, 64, "workers = 1", NULL);
+    char *text = kvm_test_read_file(g_cfg, NULL), other[4400], cmd[16384];
+    ck_assert_ptr_nonnull(text);
+    char *at = strstr(text, "context = 64\n");
+    ck_assert_ptr_nonnull(at);
+    memcpy(at, "context = 96\n", 13);
+    snprintf(other, sizeof other, "%s/other.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(other, text, strlen(text)), 0);
+    free(text);
+    ck_assert_int_eq(start_serve(), -1);
+    snprintf(cmd, sizeof cmd,
+             "(timeout 30 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store '%s/store' --id by-hand "
+             "--heartbeat-ms 100 2>'%s/hand.err' >/dev/null; echo $? >'%s/hand.rc') </dev/null >/dev/null 2>&1 &",
+             kvm_test_bin(), g_dir, other, g_dir, g_dir, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    char path[4400], *rc_text = NULL;
+    snprintf(path, sizeof path, "%s/hand.rc", g_dir);
+    for (int i = 0; i < 400 && !(rc_text = kvm_test_read_file(path, NULL)); i++)
+        usleep(100000);
+    snprintf(path, sizeof path, "%s/hand.err", g_dir);
+    char *err = kvm_test_read_file(path, NULL), *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(rc_text && atoi(rc_text) == 1,
+                  "the worker of other settings: exit %s (124: it joined and ran)\n%s\n%s",
+                  rc_text ? rc_text : "(none in 40 s)", err ? err : "", log ? log : "");
+    assert_contains(err, "refused by serve");
+    assert_contains(err, "this worker's config has ");
+    assert_contains(log, "decode worker by-hand runs with settings ");
+    ck_assert_int_eq(kvm_test_count(log, "refused, no requests go to it"), 1);
+    free(rc_text);
+    free(err);
+    free(log);
+    /* the same config as the server's: accepted */
+    snprintf(cmd, sizeof cmd,
+             "(timeout 8 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store '%s/store' --id by-hand2 "
+             "--heartbeat-ms 100 >/dev/null 2>&1 &) </dev/null >/dev/null 2>&1",
+             kvm_test_bin(), g_dir, g_cfg, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    int joined = 0;
+    for (int i = 0; i < 200 && !joined; i++, usleep(100000)) {
+        log = kvm_test_read_file(g_log, NULL);
+        joined = log && strstr(log, "external decode worker by-hand2 joined");
+        free(log);
+    }
+    ck_assert_msg(joined, "a worker with the server's config did not join");
+    log = kvm_test_read_file(g_log, NULL);
+    ck_assert_int_eq(kvm_test_count(log, "refused, no requests go to it"), 1);
+    free(log);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -1402,6 +1459,7 @@ int main(void)
     suite_add_tcase(su, tcase("worker_timeout_counts_from_arrival", test_worker_timeout_counts_from_arrival, 30));
     suite_add_tcase(su, tcase("timeout_names_refused_workers", test_timeout_names_refused_workers, 30));
     suite_add_tcase(su, tcase("store_service_parent_killed", test_store_service_parent_killed, 120));
+    suite_add_tcase(su, tcase("worker_other_settings_refused", test_worker_other_settings_refused, 120));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
