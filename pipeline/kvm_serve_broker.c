@@ -9,6 +9,7 @@
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -41,12 +42,34 @@ int kvm_serve__front_rcvhwm(int64_t max_frame_bytes)
     return n < 1 ? 1 : n > 1000 ? 1000 : (int)n; /* 1000: ZeroMQ's default, never raised */
 }
 
+/* [store] cap_mb of the server's config, recorded in a local store it can write: the server is
+ * the store's owner here (its decode workers keep the recorded cap, kvm_storew_worker_opts). A
+ * store that cannot be opened for writing is left to the workers' own checks, said once. */
+static void record_cap(srv *s)
+{
+    const kvm_config *cfg = s->cfg;
+    char why[4400];
+    if (kvm_config_int(cfg, "store", "cap_mb") <= 0 || *kvm_config_str(cfg, "store", "service") ||
+        !strncmp(s->store_path, "tcp://", 6) || !strncmp(s->store_path, "ipc://", 6) ||
+        kvm_store_unwritable(s->store_path, why, sizeof why))
+        return;
+    kvm_store_opts so;
+    kvm_storew_opts(cfg, 0, &so);
+    so.must_exist = 1; /* a store serve may create is the workers' to create */
+    kvm_store *st = NULL;
+    int rc = kvm_store_open(s->store_path, &so, &st);
+    if (rc && rc != KVM_ENOTFOUND)
+        kvm_log(KVM_LOG_WARN, "message", NULL, 0, "[store] cap_mb not recorded in %s: %s", s->store_path, kvm_errmsg());
+    kvm_store_close(&st);
+}
+
 static int prepare(srv *s)
 {
     const kvm_config *cfg = s->cfg;
     /* a device this host cannot use is refused before anything starts */
     if (s->n_slots > 0 && kvm_stage_check_devices("[serve] devices", kvm_config_str(cfg, "serve", "devices")))
         return KVM_EINVAL;
+    record_cap(s);
     int rc0 =
         kvm_rundir_make(kvm_config_str(cfg, "run", "run_dir"), "serve", s->run_dir, sizeof s->run_dir, &s->own_run_dir);
     if (rc0) return rc0;

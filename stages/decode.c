@@ -101,7 +101,7 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->wm.pinned = 1; /* its config's model, loaded here, answers every request: ready names it */
     kvm_storecli_keys keys = kvm_storecli_keys_of(st->cfg, a->server_key, a->client_public, a->client_secret);
     kvm_store_opts so;
-    kvm_storew_opts(st->cfg, 0, &so);
+    kvm_storew_worker_opts(st->cfg, 0, &so); /* kvmill serve records its cap, not its workers */
     /* as kvmill serve: a store that does not exist is refused unless this worker may compress
      * documents into a new one (a mistyped --store would answer every ask "no cache") */
     so.must_exist = !kvm_config_bool(st->cfg, "serve", "compute_missing");
@@ -119,6 +119,7 @@ static int setup(void *stp, const kvm_stage_args *a)
                   : kvm_store_open(kvm_config_str(st->cfg, "store", "path"), &so, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
+    if (st->store && !so.read_only) kvm_storew_cap_note(st->store, st->cfg);
     if (st->store && kvm_store_lock_note(st->store))
         kvm_log(KVM_LOG_WARN, "store_no_lock", NULL, 0, "%s: reading without LMDB's reader lock",
                 kvm_store_lock_note(st->store));
