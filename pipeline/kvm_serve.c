@@ -208,6 +208,24 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
     return 0;
 }
 
+void kvm_serve_ipc_note(const char *ep, kvm_serve_ipc_file *f)
+{
+    memset(f, 0, sizeof *f);
+    struct stat st;
+    if (!ep || strncmp(ep, "ipc://", 6) || ep[6] == '@' || lstat(ep + 6, &st) || !S_ISSOCK(st.st_mode)) return;
+    snprintf(f->path, sizeof f->path, "%s", ep + 6);
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
+}
+
+void kvm_serve_ipc_remove(const kvm_serve_ipc_file *f)
+{
+    struct stat st;
+    if (!f->path[0] || lstat(f->path, &st) || !S_ISSOCK(st.st_mode) || st.st_dev != f->dev || st.st_ino != f->ino)
+        return;
+    unlink(f->path);
+}
+
 int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t n)
 {
     size_t len = n;

@@ -155,6 +155,9 @@ static int prepare(srv *s)
         (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")) ||
         (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")))
         return rc;
+    kvm_serve_ipc_note(s->front_ep, &s->ipc[0]);
+    kvm_serve_ipc_note(ctl_ep, &s->ipc[1]);
+    kvm_serve_ipc_note(data_ep, &s->ipc[2]);
     /* the ready line shows what was bound: a :0 or :* port as the port the system chose */
     char bound[1024];
     if (kvm_serve_bound_endpoint(s->front, s->front_ep, bound, sizeof bound))
@@ -246,6 +249,8 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     if (s.ctl) zmq_close(s.ctl);
     if (s.data) zmq_close(s.data);
     kvm_curve_ctx_term(s.zctx); /* joins the ZAP handler too: no thread outlives the return */
+    for (int i = 0; i < 3; i++) /* the ipc:// socket files it bound, when still its own */
+        kvm_serve_ipc_remove(&s.ipc[i]);
     if (s.own_run_dir) kvm_rundir_remove(s.run_dir);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

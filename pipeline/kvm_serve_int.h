@@ -109,6 +109,7 @@ typedef struct srv {
     int settings_state;   /* settings_id: 0 not made yet, 1 made, -1 none (no config) */
     uint8_t settings_id[KVM_PROTO_ID_BYTES]; /* the config id of cfg without a PolyKV strategy: a worker's
                                                 ready naming other settings is refused */
+    kvm_serve_ipc_file ipc[3]; /* the socket files of the front end, ctl and data binds: removed at the end */
     kvm_svcproc svc; /* the store service for decode workers on other hosts ([store] service_bind) */
     srv_slot slots[MAX_WORKERS];
     int n_slots;

@@ -436,6 +436,8 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     svc_parent_pid = parent_pid;
     kvm_store *store = NULL;
     void *zctx = NULL, *sock = NULL;
+    kvm_serve_ipc_file ipc;
+    memset(&ipc, 0, sizeof ipc);
     int status = 2;
     if (kvm_log_setup("store", "kvmill-store: ", cfg ? kvm_config_str(cfg, "run", "log_format") : NULL))
         return fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg()), 2;
@@ -475,6 +477,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     }
     char bound[1100];
     kvm_serve_bound_endpoint(sock, endpoint, bound, sizeof bound);
+    kvm_serve_ipc_note(endpoint, &ipc);
     struct sigaction sa = {.sa_handler = svc_on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -490,6 +493,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
 done:
     if (sock) zmq_close(sock);
     kvm_curve_ctx_term(zctx); /* joins the ZAP handler too: no thread outlives the return */
+    kvm_serve_ipc_remove(&ipc); /* its ipc:// socket file, when still its own */
     kvm_store_close(&store);
     return status;
 }

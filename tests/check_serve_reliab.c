@@ -1423,6 +1423,83 @@ START_TEST(test_worker_other_settings_refused)
 }
 END_TEST
 
+/* Starts `kvmill store serve --store g_dir/store --bind EP` (stderr into g_dir/svc.err); waits
+ * up to 30 s for its ready line. Returns its pid. */
+static pid_t store_serve_start(const char *ep)
+{
+    char out[4400], err[4400], store[4400];
+    snprintf(out, sizeof out, "%s/svc.out", g_dir);
+    snprintf(err, sizeof err, "%s/svc.err", g_dir);
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    unlink(out); /* an earlier service's ready line is not this one's */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "r", stdin) || !freopen(out, "w", stdout) || !freopen(err, "w", stderr)) _exit(126);
+        execl(kvmill(), kvmill(), "store", "serve", "--store", store, "--bind", ep, (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_gt(pid, 0);
+    for (int i = 0; i < 300; i++, usleep(100000)) {
+        char *text = kvm_test_read_file(out, NULL);
+        int ready = text && strstr(text, "ready on");
+        free(text);
+        if (ready) return pid;
+        ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "kvmill store serve exited at start");
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("kvmill store serve was not ready within 30 s");
+    return 0;
+}
+
+/* SIGTERM to pid: its exit status. */
+static int term_status(pid_t pid)
+{
+    int st = 0;
+    kill(pid, SIGTERM);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The ipc:// socket files of kvmill store serve --bind and kvmill serve --bind were left behind
+ * after a clean stop (SIGTERM, exit 0). Each removes the files it bound now, but only while they
+ * are still its own: a socket another process bound at that path since stays. */
+START_TEST(test_ipc_files_removed)
+{
+    char ep[4400], path[4400];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/ssock", g_dir);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    snprintf(g_cfg, sizeof g_cfg, "%s/store", g_dir);
+    kvm_test_store_create(g_cfg);
+    pid_t pid = store_serve_start(ep);
+    ck_assert_int_eq(lstat(path, &st), 0);
+    ck_assert_int_eq(term_status(pid), 0);
+    ck_assert_msg(lstat(path, &st) != 0 && errno == ENOENT, "%s is left after the store service's clean stop", path);
+    /* another process's socket at the path when it stops: left alone */
+    pid = store_serve_start(ep);
+    ck_assert_int_eq(unlink(path), 0);
+    void *zctx = zmq_ctx_new(), *other = zmq_socket(zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(other, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(other, ep), 0);
+    ck_assert_int_eq(term_status(pid), 0);
+    ck_assert_msg(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode), "the store service removed another process's socket");
+    zmq_close(other);
+    zmq_ctx_term(zctx);
+    unlink(path);
+    if (!have_shared("kvmill serve's ipc socket file")) return;
+    write_config(NULL, 64, "workers = 1", NULL);
+    snprintf(path, sizeof path, "%s/fsock", g_dir);
+    snprintf(g_front, sizeof g_front, "ipc://%s", path);
+    ck_assert_int_eq(start_serve(), -1);
+    ck_assert_int_eq(lstat(path, &st), 0);
+    ck_assert_int_eq(stop_serve(), 0);
+    ck_assert_msg(lstat(path, &st) != 0 && errno == ENOENT, "%s is left after kvmill serve's clean stop", path);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -1460,6 +1537,7 @@ int main(void)
     suite_add_tcase(su, tcase("timeout_names_refused_workers", test_timeout_names_refused_workers, 30));
     suite_add_tcase(su, tcase("store_service_parent_killed", test_store_service_parent_killed, 120));
     suite_add_tcase(su, tcase("worker_other_settings_refused", test_worker_other_settings_refused, 120));
+    suite_add_tcase(su, tcase("ipc_files_removed", test_ipc_files_removed, 120));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
