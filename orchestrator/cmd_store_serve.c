@@ -5,6 +5,7 @@
 #include "pipeline/kvm_storesvc.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 /* A config holding only defaults, for a service started without --config. The model path is
  * required by the table but never read here. */
@@ -22,8 +23,10 @@ int kvm_cmd_store_serve(int argc, char **argv)
          "server_secret_key and authorized_keys in --config); default tcp://127.0.0.1:5560",
          NULL},
         {"config", 1, "config whose [store] and [security] settings apply", NULL},
-        {"create", 0, "make the store when it does not exist (else refused: a mistyped path would take uploads into a "
-                      "store no run reads)",
+        {"parent-pid", 1, "stop when process PID (the kvmill run or serve that started the service) is gone", NULL},
+        {"create", 0,
+         "make the store when it does not exist (else refused: a mistyped path would take uploads into a "
+         "store no run reads)",
          NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos, help;
@@ -38,8 +41,15 @@ int kvm_cmd_store_serve(int argc, char **argv)
     static const char *const read_here[] = {"store", "security", NULL}; /* not [model]: a store host has none */
     if (cp ? kvm_config_load_sections(cp, read_here, &cfg) : default_config(&cfg))
         return fprintf(stderr, "kvmill store serve: --config: %s\n", kvm_errmsg()), 2;
-    const char *bind = kvm_cli_get(opts, "bind");
-    int st = kvm_storesvc_main(cfg, path, bind ? bind : "tcp://127.0.0.1:5560", kvm_cli_get(opts, "create") != NULL);
+    const char *bind = kvm_cli_get(opts, "bind"), *pp = kvm_cli_get(opts, "parent-pid");
+    char *end = NULL;
+    long ppid = pp ? strtol(pp, &end, 10) : 0;
+    if (pp && (end == pp || *end || ppid <= 0)) {
+        kvm_config_free(&cfg);
+        return fprintf(stderr, "kvmill store serve: --parent-pid: '%s' is not a process id\n", pp), 2;
+    }
+    int st =
+        kvm_storesvc_main(cfg, path, bind ? bind : "tcp://127.0.0.1:5560", kvm_cli_get(opts, "create") != NULL, ppid);
     kvm_config_free(&cfg);
     return st;
 }

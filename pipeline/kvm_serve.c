@@ -195,8 +195,35 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
                        "%s: cannot bind %s: another process is listening on that socket (a second kvmill serve, "
                        "run or store service with the same endpoint or [run] run_dir?); stop it or choose another",
                        what, endpoint);
-    if (zmq_bind(sock, ep)) return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(errno));
+    if (zmq_bind(sock, ep)) {
+        int e = errno;
+        if (e == EADDRINUSE) /* a process still holds it: a second service, or one whose parent was killed */
+            return kvm_err(KVM_EIO,
+                           "%s: cannot bind %s: %s: another process holds that endpoint (a second kvmill serve, "
+                           "run or store service with the same endpoint, or one left running after its parent was "
+                           "killed: ss -ltnp or fuser names it); stop it or choose another",
+                           what, endpoint, zmq_strerror(e));
+        return kvm_err(KVM_EIO, "%s: cannot bind %s: %s", what, endpoint, zmq_strerror(e));
+    }
     return 0;
+}
+
+void kvm_serve_ipc_note(const char *ep, kvm_serve_ipc_file *f)
+{
+    memset(f, 0, sizeof *f);
+    struct stat st;
+    if (!ep || strncmp(ep, "ipc://", 6) || ep[6] == '@' || lstat(ep + 6, &st) || !S_ISSOCK(st.st_mode)) return;
+    snprintf(f->path, sizeof f->path, "%s", ep + 6);
+    f->dev = st.st_dev;
+    f->ino = st.st_ino;
+}
+
+void kvm_serve_ipc_remove(const kvm_serve_ipc_file *f)
+{
+    struct stat st;
+    if (!f->path[0] || lstat(f->path, &st) || !S_ISSOCK(st.st_mode) || st.st_dev != f->dev || st.st_ino != f->ino)
+        return;
+    unlink(f->path);
 }
 
 int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t n)

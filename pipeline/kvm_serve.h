@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* What `kvmill serve` passes in; NULL / negative fields take the config's values. */
 typedef struct kvm_serve_opts {
@@ -89,6 +90,23 @@ int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what);
  * messages), KVM_EIO (bind failed: names the endpoint and ZeroMQ's reason; CurveZMQ setup). */
 int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_config *cfg, int curve_if_keyed,
                    const char *what);
+
+/* The socket file of an ipc:// endpoint this process bound (kvm_serve_ipc_note), removed when it
+ * exits (kvm_serve_ipc_remove): a clean stop of kvmill serve or the store service left
+ * `ipc://PATH` files behind. */
+typedef struct kvm_serve_ipc_file {
+    char path[1100]; /* "" when the endpoint has no file (tcp://, an abstract socket) */
+    dev_t dev;
+    ino_t ino;
+} kvm_serve_ipc_file;
+
+/* Right after a bind of ep: notes its socket file (path, device and inode) into *f; no file
+ * (another transport, nothing there) notes none. */
+void kvm_serve_ipc_note(const char *ep, kvm_serve_ipc_file *f);
+
+/* After the socket is closed: removes f's file when it is still the one noted (a socket with the
+ * same device and inode), never one another process bound there since. */
+void kvm_serve_ipc_remove(const kvm_serve_ipc_file *f);
 
 /* Binds sock at the ipc:// endpoint ep again when its socket file is gone (a /tmp cleaner, an
  * rm of the run directory), making its folder again (0700) when that went too, and logs it

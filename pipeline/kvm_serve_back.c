@@ -4,6 +4,7 @@
 #include "pipeline/kvm_serve_int.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
 #include "store/kvm_store.h"
 
@@ -85,6 +86,26 @@ static void model_hexes(const srv *s, const srv_worker *wk, char gh[65], char wh
     kvm_store_id_hex(&b, wh);
 }
 
+/* The hex of a 32-byte settings id, into h. */
+static const char *settings_hex(const uint8_t *id, char h[65])
+{
+    kvm_store_id a;
+    memcpy(a.b, id, sizeof a.b);
+    return kvm_store_id_hex(&a, h);
+}
+
+/* The server's settings id (kvm_jobcfg_config_id of its config, no strategy), made once; NULL
+ * when it has none to compare (no config). */
+static const uint8_t *server_settings(srv *s)
+{
+    if (s->settings_state == 0) {
+        kvm_store_id id;
+        s->settings_state = s->cfg && kvm_jobcfg_config_id(s->cfg, NULL, &id, NULL, NULL) == 0 ? 1 : -1;
+        if (s->settings_state == 1) memcpy(s->settings_id, id.b, sizeof s->settings_id);
+    }
+    return s->settings_state == 1 ? s->settings_id : NULL;
+}
+
 /* Sends refused worker w the error that stops it (once it got through). Its first credit may come
  * on the data socket before the control socket's connection is up, when the control socket does
  * not know its routing id yet (EHOSTUNREACH): the next ready tries again. */
@@ -93,10 +114,17 @@ static void tell_refused(srv *s, int w)
     srv_worker *wk = &s->workers[w];
     char gh[65], wh[65], why[1200];
     model_hexes(s, wk, gh, wh);
-    snprintf(why, sizeof why,
-             "this server serves model %s (%s), this worker runs model %s: start it with the server's model "
-             "([model] path of its --config, or --model)",
-             wh, kvm_config_str(s->cfg, "model", "path"), gh);
+    if (wk->other_settings)
+        snprintf(why, sizeof why,
+                 "this server's config %s has settings %s, this worker's config has %s (other [model] context, "
+                 "[compress] or other settings that change a cache): its answers would differ; start it with the "
+                 "server's config",
+                 kvm_config_path(s->cfg), settings_hex(s->settings_id, wh), settings_hex(wk->other_settings_id, gh));
+    else
+        snprintf(why, sizeof why,
+                 "this server serves model %s (%s), this worker runs model %s: start it with the server's model "
+                 "([model] path of its --config, or --model)",
+                 wh, kvm_config_str(s->cfg, "model", "path"), gh);
     wk->told_ms = kvm_stage_send_refusal(s->ctl, wk->id, "serve", why) == 0 ? kvm_now_ms() : 0;
 }
 
@@ -119,6 +147,7 @@ static void refuse_worker(srv *s, int w, const uint8_t *got, int64_t pid)
             "decode worker %s runs model %.12s… but this server serves %.12s… (%s): refused, no requests go to it",
             wk->id, gh, wh, path);
     wk->refused = 1;
+    wk->other_settings = 0;
     wk->told_ms = 0;
     wk->idle = 0;
     if (wk->slot < 0) return;
@@ -126,6 +155,39 @@ static void refuse_worker(srv *s, int w, const uint8_t *got, int64_t pid)
              "decode worker %s, started by this server, runs model %.12s… but the server serves %.12s… (%s): the "
              "model file changed since the server started? Start kvmill serve again",
              wk->id, gh, wh, path);
+    s->fatal = 1;
+}
+
+/* Worker w's ready (r) named the server's model but other settings (PROTOCOL.md §5, revision
+ * 11): a decode worker started by hand with another config (another [model] context or
+ * [compress] method) would answer from other caches, so two clients asking the same got two
+ * answers. Refused as for another model: logged, told, never idle; one of the server's own
+ * workers so refused means its config file changed under it: the server stops. */
+static void refuse_settings(srv *s, int w, const kvm_proto_ready *r)
+{
+    srv_worker *wk = &s->workers[w];
+    char gh[65], wh[65];
+    memcpy(wk->other_model, r->model_id, sizeof wk->other_model);
+    memcpy(wk->other_settings_id, r->settings_id, sizeof wk->other_settings_id);
+    wk->refused_pid = r->pid;
+    settings_hex(r->settings_id, gh);
+    settings_hex(s->settings_id, wh);
+    const char *path = kvm_config_path(s->cfg);
+    kvm_log_field f[] = {KVM_LOG_S("worker", wk->id), KVM_LOG_S("worker_settings_id", gh), KVM_LOG_S("settings_id", wh),
+                         KVM_LOG_S("config", path)};
+    kvm_log(KVM_LOG_ERROR, "worker_refused", f, 4,
+            "decode worker %s runs with settings %.12s… (its --config) but this server's config %s has %.12s… (other "
+            "[model] context, [compress] or other settings that change a cache): refused, no requests go to it",
+            wk->id, gh, path, wh);
+    wk->refused = 1;
+    wk->other_settings = 1;
+    wk->told_ms = 0;
+    wk->idle = 0;
+    if (wk->slot < 0) return;
+    snprintf(s->fatal_why, sizeof s->fatal_why,
+             "decode worker %s, started by this server, runs with settings %.12s… but the server's config %s has "
+             "%.12s…: the config file changed since the server started? Start kvmill serve again",
+             wk->id, gh, path, wh);
     s->fatal = 1;
 }
 
@@ -140,8 +202,19 @@ static int refused_after(srv *s, int w, const kvm_msg *m, int first)
     if (kvm_proto_ready_decode(m, &r)) return wk->refused; /* judged by its next ready */
     if (first) kvm_stage_judge_first(&r, wk->refused, wk->other_model, &wk->refused_pid, &wk->refused_ctl_seen);
     kvm_stage_verdict v = kvm_stage_judge_ready(&r, s->o->model_id, wk->refused, wk->refused_pid);
+    const uint8_t *want = server_settings(s);
+    if (v != KVM_STAGE_OTHER_MODEL && want && r.has_settings_id && memcmp(r.settings_id, want, sizeof r.settings_id)) {
+        if (!wk->refused || !wk->other_settings || r.pid != wk->refused_pid ||
+            memcmp(r.settings_id, wk->other_settings_id, sizeof r.settings_id)) {
+            refuse_settings(s, w, &r);
+            wk->refused_ctl_seen = first;
+        }
+        if (kvm_stage_tell_again(wk->told_ms, kvm_now_ms())) tell_refused(s, w);
+        return 1;
+    }
     if (v == KVM_STAGE_ACCEPT_AGAIN) {
         wk->refused = 0;
+        wk->other_settings = 0;
         kvm_log(KVM_LOG_INFO, "worker_accepted", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
                 "decode worker %s, refused before, is accepted now (%s)", wk->id,
                 r.has_model_id ? "it names this server's model" : "a new process that names no model");

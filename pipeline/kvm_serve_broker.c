@@ -9,6 +9,7 @@
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_storew.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -41,12 +42,34 @@ int kvm_serve__front_rcvhwm(int64_t max_frame_bytes)
     return n < 1 ? 1 : n > 1000 ? 1000 : (int)n; /* 1000: ZeroMQ's default, never raised */
 }
 
+/* [store] cap_mb of the server's config, recorded in a local store it can write: the server is
+ * the store's owner here (its decode workers keep the recorded cap, kvm_storew_worker_opts). A
+ * store that cannot be opened for writing is left to the workers' own checks, said once. */
+static void record_cap(srv *s)
+{
+    const kvm_config *cfg = s->cfg;
+    char why[4400];
+    if (kvm_config_int(cfg, "store", "cap_mb") <= 0 || *kvm_config_str(cfg, "store", "service") ||
+        !strncmp(s->store_path, "tcp://", 6) || !strncmp(s->store_path, "ipc://", 6) ||
+        kvm_store_unwritable(s->store_path, why, sizeof why))
+        return;
+    kvm_store_opts so;
+    kvm_storew_opts(cfg, 0, &so);
+    so.must_exist = 1; /* a store serve may create is the workers' to create */
+    kvm_store *st = NULL;
+    int rc = kvm_store_open(s->store_path, &so, &st);
+    if (rc && rc != KVM_ENOTFOUND)
+        kvm_log(KVM_LOG_WARN, "message", NULL, 0, "[store] cap_mb not recorded in %s: %s", s->store_path, kvm_errmsg());
+    kvm_store_close(&st);
+}
+
 static int prepare(srv *s)
 {
     const kvm_config *cfg = s->cfg;
     /* a device this host cannot use is refused before anything starts */
     if (s->n_slots > 0 && kvm_stage_check_devices("[serve] devices", kvm_config_str(cfg, "serve", "devices")))
         return KVM_EINVAL;
+    record_cap(s);
     int rc0 =
         kvm_rundir_make(kvm_config_str(cfg, "run", "run_dir"), "serve", s->run_dir, sizeof s->run_dir, &s->own_run_dir);
     if (rc0) return rc0;
@@ -132,6 +155,9 @@ static int prepare(srv *s)
         (rc = kvm_serve_bind(s->zctx, s->ctl, ctl_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")) ||
         (rc = kvm_serve_bind(s->zctx, s->data, data_ep, cfg, 1, *be ? "[serve] backend" : "run directory endpoint")))
         return rc;
+    kvm_serve_ipc_note(s->front_ep, &s->ipc[0]);
+    kvm_serve_ipc_note(ctl_ep, &s->ipc[1]);
+    kvm_serve_ipc_note(data_ep, &s->ipc[2]);
     /* the ready line shows what was bound: a :0 or :* port as the port the system chose */
     char bound[1024];
     if (kvm_serve_bound_endpoint(s->front, s->front_ep, bound, sizeof bound))
@@ -223,6 +249,8 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     if (s.ctl) zmq_close(s.ctl);
     if (s.data) zmq_close(s.data);
     kvm_curve_ctx_term(s.zctx); /* joins the ZAP handler too: no thread outlives the return */
+    for (int i = 0; i < 3; i++) /* the ipc:// socket files it bound, when still its own */
+        kvm_serve_ipc_remove(&s.ipc[i]);
     if (s.own_run_dir) kvm_rundir_remove(s.run_dir);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

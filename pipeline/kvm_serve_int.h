@@ -81,6 +81,8 @@ typedef struct srv_worker {
                             request (revision 10) */
     double told_ms;      /* when the refusal's error reached its control socket (kvm_now_ms), 0: not yet */
     uint8_t other_model[KVM_PROTO_ID_BYTES]; /* the model its ready named, when refused */
+    int other_settings;                      /* refused for its settings (revision 11), not its model */
+    uint8_t other_settings_id[KVM_PROTO_ID_BYTES]; /* the settings its ready named, then */
     int64_t refused_pid; /* the refused process's pid: another process reusing the id is judged afresh */
     int refused_ctl_seen; /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
 } srv_worker;
@@ -104,6 +106,10 @@ typedef struct srv {
     int own_run_dir, backend_curve, announced;
     int fatal;            /* a worker slot keeps failing before it connects, or runs another model: stop */
     char fatal_why[1024]; /* why, when not the early exits: said at the stop */
+    int settings_state;   /* settings_id: 0 not made yet, 1 made, -1 none (no config) */
+    uint8_t settings_id[KVM_PROTO_ID_BYTES]; /* the config id of cfg without a PolyKV strategy: a worker's
+                                                ready naming other settings is refused */
+    kvm_serve_ipc_file ipc[3]; /* the socket files of the front end, ctl and data binds: removed at the end */
     kvm_svcproc svc; /* the store service for decode workers on other hosts ([store] service_bind) */
     srv_slot slots[MAX_WORKERS];
     int n_slots;

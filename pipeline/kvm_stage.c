@@ -190,6 +190,11 @@ static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
         c.has_model_id = true;
         memcpy(c.model_id, model, sizeof c.model_id);
     }
+    const uint8_t *settings = type == KVM_PROTO_READY && rt->ops->settings_id ? rt->ops->settings_id(rt->state) : NULL;
+    if (settings) { /* revision 11: a server of other settings refuses this worker */
+        c.has_settings_id = true;
+        memcpy(c.settings_id, settings, sizeof c.settings_id);
+    }
     kvm_msg *m = NULL;
     int rc = type == KVM_PROTO_READY ? kvm_proto_ready_encode(&c, &m)
              : type == KVM_PROTO_ACK ? kvm_proto_ack_encode(&c, &m)

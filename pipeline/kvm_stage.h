@@ -86,6 +86,11 @@ typedef struct kvm_stage_ops {
      * worker of another model. Called on the main thread while no job runs; the pointer is the
      * state's, read before the next job starts. */
     const uint8_t *(*model_id)(void *state);
+    /* NULL, or the 32-byte config id of the stage's own --config without a PolyKV strategy
+     * (kvm_jobcfg_config_id with no strategy hash), or NULL while it has none: every `ready`
+     * names it (settings_id, PROTOCOL.md §5, revision 11) so that a server refuses a decode
+     * worker of other settings (its answers would differ). As model_id for the threads. */
+    const uint8_t *(*settings_id)(void *state);
 } kvm_stage_ops;
 
 /* Ready-made kvm_stage_ops pieces for stages whose work starts with a `job` message:

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 enum { SVC_MAX_UPLOADS = 256, SVC_ENV_BYTES = 256 };
@@ -380,6 +381,8 @@ done:
     kvm_msg_free(&env);
 }
 
+static long svc_parent_pid; /* kvm_storesvc_main's parent_pid: the loop stops when it is gone */
+
 int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
                       kvm_storesvc_stats *stats, FILE *log)
 {
@@ -392,6 +395,11 @@ int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, c
     if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &epn)) ep[0] = '\0';
     time_t next_look = 0;
     while (!(stop && *stop)) {
+        if (svc_parent_pid > 0 && getppid() != (pid_t)svc_parent_pid) { /* reparented: the parent died */
+            kvm_log(KVM_LOG_WARN, "parent_gone", NULL, 0,
+                    "the process that started this service (pid %ld) is gone: stopping", svc_parent_pid);
+            break;
+        }
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         if (*ep && ts.tv_sec >= next_look) { /* its ipc:// socket file removed: bound again (kvm_serve.h) */
@@ -423,10 +431,13 @@ int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, c
 static volatile sig_atomic_t svc_stop;
 static void svc_on_signal(int sig) { (void)sig, svc_stop = 1; }
 
-int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create)
+int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create, long parent_pid)
 {
+    svc_parent_pid = parent_pid;
     kvm_store *store = NULL;
     void *zctx = NULL, *sock = NULL;
+    kvm_serve_ipc_file ipc;
+    memset(&ipc, 0, sizeof ipc);
     int status = 2;
     if (kvm_log_setup("store", "kvmill-store: ", cfg ? kvm_config_str(cfg, "run", "log_format") : NULL))
         return fprintf(stderr, "kvmill-store: %s\n", kvm_errmsg()), 2;
@@ -466,6 +477,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     }
     char bound[1100];
     kvm_serve_bound_endpoint(sock, endpoint, bound, sizeof bound);
+    kvm_serve_ipc_note(endpoint, &ipc);
     struct sigaction sa = {.sa_handler = svc_on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -481,6 +493,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
 done:
     if (sock) zmq_close(sock);
     kvm_curve_ctx_term(zctx); /* joins the ZAP handler too: no thread outlives the return */
+    kvm_serve_ipc_remove(&ipc); /* its ipc:// socket file, when still its own */
     kvm_store_close(&store);
     return status;
 }

@@ -46,8 +46,9 @@ int kvm_storesvc_loop(kvm_store *s, void *sock, int64_t upload_timeout_ms, const
  * made empty), binds a ROUTER at endpoint (the rules of kvm_serve_bind: a non-local
  * endpoint needs [security] server_secret_key and authorized_keys; keys, when set, are used on
  * local endpoints too), prints "kvmill-store: ready on ENDPOINT" (the bound endpoint, port 0
- * resolved) on stdout, and serves until SIGINT/SIGTERM. Returns a process exit status: 0 after
+ * resolved) on stdout, and serves until SIGINT/SIGTERM, or, with parent_pid > 0, until that
+ * process is no longer its parent (it died: kvm_svcproc starts the service so). Returns a process exit status: 0 after
  * a signal, 2 when the store or the endpoint cannot be opened (the reason on stderr). */
-int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create);
+int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create, long parent_pid);
 
 #endif

@@ -2,6 +2,7 @@
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_rundir.h"
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -24,6 +25,39 @@ int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_st
     kvm_store_opts o;
     kvm_storew_opts(c, read_only, &o);
     return kvm_store_open(path ? path : kvm_config_str(c, "store", "path"), &o, out);
+}
+
+void kvm_storew_worker_opts(const kvm_config *c, int read_only, kvm_store_opts *o)
+{
+    kvm_storew_opts(c, read_only, o);
+    o->cap_bytes = 0; /* the store's owner records the cap, never a worker */
+}
+
+void kvm_storew_cap_note(kvm_store *s, const kvm_config *c)
+{
+    static int said; /* once per process: a worker opens the store once, or once per job's settings */
+    int64_t want = kvm_config_int(c, "store", "cap_mb") << 20;
+    kvm_store_stats t;
+    if (said || !s || want <= 0 || kvm_store_stats_get(s, &t) || t.cap_bytes == want) return;
+    said = 1;
+    char cap[64] = "none";
+    if (t.cap_bytes > 0) snprintf(cap, sizeof cap, "%lld MiB", (long long)(t.cap_bytes >> 20));
+    kvm_log_field f[] = {KVM_LOG_S("store", kvm_store_path(s)), KVM_LOG_I("cap_bytes", t.cap_bytes),
+                         KVM_LOG_I("config_cap_bytes", want)};
+    kvm_log(KVM_LOG_WARN, "store_cap_kept", f, 3,
+            "[store] cap_mb = %lld of this worker's settings is not applied: store %s keeps its cap (%s); a cap is "
+            "set by the store's owner (kvmill run, calibrate, serve or a kvmill store command with that config), "
+            "never by a worker",
+            (long long)(want >> 20), kvm_store_path(s), cap);
+}
+
+int kvm_storew_open_worker(const kvm_config *c, const char *path, kvm_store **out)
+{
+    kvm_store_opts o;
+    kvm_storew_worker_opts(c, 0, &o);
+    int rc = kvm_store_open(path ? path : kvm_config_str(c, "store", "path"), &o, out);
+    if (!rc) kvm_storew_cap_note(*out, c);
+    return rc;
 }
 
 int kvm_storew_must_exist(const char *what, const char *path)

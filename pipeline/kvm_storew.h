@@ -21,6 +21,20 @@ void kvm_storew_opts(const kvm_config *c, int read_only, kvm_store_opts *o);
  * kvm_store_open (the message names the path). */
 int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_store **out);
 
+/* A stage worker's store options (compress, strategy, decode): kvm_storew_opts, but cap_bytes 0:
+ * a worker keeps the store's recorded cap whatever its settings say. The cap belongs to the
+ * store's owner, the command that opens it with its own config (kvmill run, calibrate, serve,
+ * the kvmill store commands, the store service): a worker started by hand with another config
+ * rewrote it, and its next put evicted the caches of other runs. */
+void kvm_storew_worker_opts(const kvm_config *c, int read_only, kvm_store_opts *o);
+
+/* After a worker's open of s: when c's [store] cap_mb is set (> 0) and is not the store's
+ * recorded cap, one warning (event store_cap_kept, once per process) says the cap is kept. */
+void kvm_storew_cap_note(kvm_store *s, const kvm_config *c);
+
+/* A worker's kvm_storew_open: kvm_storew_worker_opts, then kvm_storew_cap_note. */
+int kvm_storew_open_worker(const kvm_config *c, const char *path, kvm_store **out);
+
 /* For a worker started with --store PATH (compress, strategy): 0 when PATH is a store (a
  * directory holding data.mdb), else KVM_ENOTFOUND or KVM_EFORMAT naming `what` (e.g. "--store")
  * and PATH. Nothing is opened: the worker opens the store with the first job's settings, and

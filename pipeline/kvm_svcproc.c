@@ -33,8 +33,12 @@ static int spawn(kvm_svcproc *p, double timeout_ms)
 {
     /* --create: kvmill run has made the store already, and kvmill serve refused a missing one
      * unless the workers are to fill it (compute_missing) */
-    char *argv[] = {p->exe, "--store", p->store, "--bind", p->bind, "--create", NULL, NULL, NULL};
-    if (p->config[0]) argv[6] = "--config", argv[7] = p->config;
+    /* --parent-pid: the service stops when this process is gone (a kill -9 of kvmill run or
+     * serve left it holding the store and the endpoint, and the next run could not bind) */
+    char ppid[32];
+    snprintf(ppid, sizeof ppid, "%ld", (long)getpid());
+    char *argv[] = {p->exe, "--store", p->store, "--bind", p->bind, "--create", "--parent-pid", ppid, NULL, NULL, NULL};
+    if (p->config[0]) argv[8] = "--config", argv[9] = p->config;
     FILE *lf = fopen(p->log, "a");
     long from = lf ? ftell(lf) : 0;
     if (lf) fclose(lf);

@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 10                  /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 11                  /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -299,6 +299,11 @@ typedef struct kvm_proto_ctl {
     uint8_t model_id[KVM_PROTO_ID_BYTES]; /* "model_id" bin 32, ready, optional: BLAKE2b-256 of the
                                 weights the stage computes with (the store's model id), so that a
                                 server or run can refuse a worker of another model */
+    bool has_settings_id;                 /* ready only, revision 11: settings_id below is given */
+    uint8_t settings_id[KVM_PROTO_ID_BYTES]; /* "settings_id" bin 32, ready, optional: the config id of
+                                the stage's own --config without a PolyKV strategy (kvm_jobcfg_config_id
+                                with no strategy hash), so that a server refuses a decode worker whose
+                                caches and answers follow other settings */
     uint64_t job_id;         /* "job_id" uint: ack: the job now committed; heartbeat (optional):
                                 the job being worked on, 0 = none */
     uint64_t progress_done;  /* "progress_done" uint, heartbeat, optional: units of job_id done */

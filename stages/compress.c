@@ -127,7 +127,7 @@ static int setup_store(void *stp, const kvm_stage_args *a)
     if (!rc && !kvm_serve_remote_endpoint(a->store, st->own_cfg)) {
         rc = a->store ? kvm_storew_must_exist("--store", a->store)
                       : kvm_storew_must_exist("[store] path", kvm_config_str(st->own_cfg, "store", "path"));
-        if (!rc) rc = kvm_storew_open(st->own_cfg, a->store, 0, &st->store);
+        if (!rc) rc = kvm_storew_open_worker(st->own_cfg, a->store, &st->store);
     }
     return rc;
 }
@@ -319,7 +319,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int remote = !rc && kvm_serve_remote_endpoint(st->store_path, cfg);
     /* [compress] target_kl: a budget search in place of one compression (its check part is the evaluation) */
     const int target = !rc && kvm_config_float(cfg, "compress", "target_kl") > 0;
-    if (!rc && !remote && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
+    if (!rc && !remote && !st->store) rc = kvm_storew_open_worker(cfg, st->store_path, &st->store);
     if (rc) { *retryable = 0; goto done; }
     if (remote) {
         if ((rc = kvm_worker_model_for_job(&st->wm, cfg, NULL, run_model, &out->other_model))) {

@@ -48,6 +48,8 @@ typedef struct decode_state {
     uint8_t *strategy;      /* with svc and polykv: the strategy record fetched for the current ask */
     size_t strategy_len;
     kvm_store_id config_id; /* of cfg: the cache key's third part */
+    kvm_store_id settings_id; /* of cfg without a PolyKV strategy: ready names it (has_settings) */
+    int has_settings;
     int64_t ctx;            /* [model] context: documents are truncated to it */
     int64_t max_prompt, max_new;
     int compute_missing;
@@ -99,7 +101,7 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->wm.pinned = 1; /* its config's model, loaded here, answers every request: ready names it */
     kvm_storecli_keys keys = kvm_storecli_keys_of(st->cfg, a->server_key, a->client_public, a->client_secret);
     kvm_store_opts so;
-    kvm_storew_opts(st->cfg, 0, &so);
+    kvm_storew_worker_opts(st->cfg, 0, &so); /* kvmill serve records its cap, not its workers */
     /* as kvmill serve: a store that does not exist is refused unless this worker may compress
      * documents into a new one (a mistyped --store would answer every ask "no cache") */
     so.must_exist = !kvm_config_bool(st->cfg, "serve", "compute_missing");
@@ -117,6 +119,7 @@ static int setup(void *stp, const kvm_stage_args *a)
                   : kvm_store_open(kvm_config_str(st->cfg, "store", "path"), &so, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
         return rc;
+    if (st->store && !so.read_only) kvm_storew_cap_note(st->store, st->cfg);
     if (st->store && kvm_store_lock_note(st->store))
         kvm_log(KVM_LOG_WARN, "store_no_lock", NULL, 0, "%s: reading without LMDB's reader lock",
                 kvm_store_lock_note(st->store));
@@ -144,6 +147,7 @@ static int setup(void *stp, const kvm_stage_args *a)
     st->keyed = !kvm_curve_is_local(kvm_config_str(st->cfg, "serve", "bind")) ||
                 *kvm_config_str(st->cfg, "security", "server_secret_key");
     rc = kvm_jobcfg_check(st->cfg);
+    if (!rc && !(rc = kvm_jobcfg_config_id(st->cfg, NULL, &st->settings_id, NULL, NULL))) st->has_settings = 1;
 #ifdef KVM_WITH_CUDA
     int cuda = -1;
     if (!rc) rc = kvm_device_parse(a->device, &cuda);
@@ -642,6 +646,14 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
 /* The stage's model for ready (kvm_stage_ops.model_id): loaded at setup. */
 static const uint8_t *model_id(void *stp) { return kvm_worker_model_id(&((decode_state *)stp)->wm); }
 
+/* The stage's settings for ready (kvm_stage_ops.settings_id): a server of other settings
+ * refuses this worker. */
+static const uint8_t *settings_id(void *stp)
+{
+    const decode_state *st = stp;
+    return st->has_settings ? st->settings_id.b : NULL;
+}
+
 static void teardown(void *stp)
 {
     decode_state *st = stp;
@@ -668,6 +680,7 @@ int main(int argc, char **argv)
                          .work = work,
                          .teardown = teardown,
                          .device_refusal = device_refusal,
-                         .model_id = model_id};
+                         .model_id = model_id,
+                         .settings_id = settings_id};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

@@ -42,7 +42,7 @@ static int setup_store(void *stp, const kvm_stage_args *a)
     if (!a->config) return 0;
     kvm_config *cfg = NULL;
     rc = kvm_config_load(a->config, &cfg);
-    if (!rc) rc = kvm_storew_open(cfg, a->store, 0, &st->store);
+    if (!rc) rc = kvm_storew_open_worker(cfg, a->store, &st->store);
     kvm_config_free(&cfg);
     return rc;
 }
@@ -121,7 +121,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     int rc = docs ? kvm_proto_job_decode(in[0], &req) : kvm_err(KVM_ENOMEM, "strategy: out of memory");
     if (!rc && !req.settings) rc = kvm_err(KVM_EPROTO, "build request carries no settings");
     if (!rc) rc = kvm_jobcfg_unpack(req.settings, req.settings_bytes, &cfg);
-    if (!rc && !st->store) rc = kvm_storew_open(cfg, st->store_path, 0, &st->store);
+    if (!rc && !st->store) rc = kvm_storew_open_worker(cfg, st->store_path, &st->store);
     if (rc) { *retryable = 0; goto done; }
     int64_t B = kvm_config_int(cfg, "compress", "budget");
     if ((rc = kvm_worker_model_for_job(&st->wm, cfg, st->store, req.has_model_id ? req.model_id : NULL,

@@ -333,8 +333,10 @@ typedef struct kvm_store_doc_match {
     kvm_store_doc_meta meta; /* its stored metadata (source: the name it was stored under) */
 } kvm_store_doc_match;
 
-/* The documents whose stored source is name[0, len) or ends in "/" + name (names are the
- * corpus file names or JSONL ids kvmill run stored), in one read txn, through the name index:
+/* The documents whose stored source is name[0, len) or, when no stored source is exactly that,
+ * those whose source ends in "/" + name (names are the corpus file names or JSONL ids kvmill run
+ * stored: a document stored as "x" is found by "x" even when "a/x" is stored too), in one read
+ * txn, through the name index:
  * a range lookup of the name's last '/'-part, each candidate checked against its docs record;
  * cost independent of the number of stored documents. The index is not used, and every docs
  * record is read instead (*scanned = 1, for the caller to say so), when it cannot be trusted: a

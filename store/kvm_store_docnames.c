@@ -237,6 +237,12 @@ int kvm_store_find_docs(kvm_store *s, const char *name, size_t len, kvm_store_do
         *out = NULL;
         n = 0;
     }
+    /* a source that is the name itself wins over those that end in "/" + name */
+    int64_t n_exact = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (strlen((*out)[i].meta.source) == len && !memcmp((*out)[i].meta.source, name, len))
+            (*out)[n_exact++] = (*out)[i];
+    if (n_exact) n = n_exact;
     *n_out = n;
     return st;
 }

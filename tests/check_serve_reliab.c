@@ -1317,6 +1317,189 @@ START_TEST(test_worker_not_joined_reported)
 }
 END_TEST
 
+/* The store service that kvmill serve (or run) starts for [store] service_bind outlived a kill -9
+ * of its parent: it held the store and the port, and the next serve failed "the store service
+ * ... exited at start: ... Address already in use" without saying who held it. The service is
+ * started with --parent-pid now and stops when its parent is gone; the next serve starts. An
+ * endpoint another process holds is named as such. */
+START_TEST(test_store_service_parent_killed)
+{
+    /* the bind error first: a port this test holds */
+    void *zctx = zmq_ctx_new(), *a = zmq_socket(zctx, ZMQ_ROUTER), *b = zmq_socket(zctx, ZMQ_ROUTER);
+    int port = kvm_test_tcp_port(41), linger = 0;
+    zmq_setsockopt(a, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(b, ZMQ_LINGER, &linger, sizeof linger);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    ck_assert_int_eq(zmq_bind(a, ep), 0);
+    kvm_config *cfg = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m\n", "t.ini", &cfg), 0);
+    ck_assert_int_eq(kvm_serve_bind(zctx, b, ep, cfg, 1, "--bind"), KVM_EIO);
+    assert_contains(kvm_errmsg(), "another process holds that endpoint");
+    kvm_config_free(&cfg);
+    zmq_close(a);
+    zmq_close(b);
+    zmq_ctx_term(zctx);
+    if (!have_shared("the store service after its parent's kill")) return;
+    port = kvm_test_tcp_port(43);
+    char extra[200];
+    snprintf(extra, sizeof extra, "[store]\nservice_bind = tcp://127.0.0.1:%d\n", port);
+    write_config(NULL, 64, "workers = 1", extra);
+    ck_assert_int_eq(start_serve(), -1);
+    char *log = kvm_test_read_file(g_log, NULL);
+    const char *at = log ? strstr(log, "store service on ") : NULL;
+    at = at ? strstr(at, "(pid ") : NULL;
+    ck_assert_msg(at, "no store service pid in:\n%s", log ? log : "");
+    pid_t svc = (pid_t)atol(at + 5);
+    ck_assert_int_gt(svc, 1);
+    free(log);
+    kill(g_serve, SIGKILL);
+    waitpid(g_serve, NULL, 0);
+    g_serve = 0;
+    int gone = 0;
+    for (int i = 0; i < 150 && !gone; i++, usleep(100000))
+        gone = kill(svc, 0) != 0 && errno == ESRCH;
+    if (!gone) kill(svc, SIGKILL); /* not left behind by a failing test */
+    ck_assert_msg(gone, "the store service (pid %d) still runs 15 s after its parent's kill -9", (int)svc);
+    ck_assert_msg(start_serve() == -1, "serve after the kill did not start:\n%s", kvm_test_read_file(g_log, NULL));
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
+/* A decode worker started by hand with another config (another [model] context: another config
+ * id) joined kvmill serve and took requests: only the model id was checked at join, so clients
+ * asking the same question got two answers. Its ready names its settings now (settings_id,
+ * PROTOCOL.md revision 11): refused at join as for another model, told why (exit 1), logged once. */
+START_TEST(test_worker_other_settings_refused)
+{
+    if (!have_shared("a worker of other settings")) return;
+    write_config(NULL, 64, "workers = 1", NULL);
+    char *text = kvm_test_read_file(g_cfg, NULL), other[4400], cmd[16384];
+    ck_assert_ptr_nonnull(text);
+    char *at = strstr(text, "context = 64\n");
+    ck_assert_ptr_nonnull(at);
+    memcpy(at, "context = 96\n", 13);
+    snprintf(other, sizeof other, "%s/other.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(other, text, strlen(text)), 0);
+    free(text);
+    ck_assert_int_eq(start_serve(), -1);
+    snprintf(cmd, sizeof cmd,
+             "(timeout 30 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store '%s/store' --id by-hand "
+             "--heartbeat-ms 100 2>'%s/hand.err' >/dev/null; echo $? >'%s/hand.rc') </dev/null >/dev/null 2>&1 &",
+             kvm_test_bin(), g_dir, other, g_dir, g_dir, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    char path[4400], *rc_text = NULL;
+    snprintf(path, sizeof path, "%s/hand.rc", g_dir);
+    for (int i = 0; i < 400 && !(rc_text = kvm_test_read_file(path, NULL)); i++)
+        usleep(100000);
+    snprintf(path, sizeof path, "%s/hand.err", g_dir);
+    char *err = kvm_test_read_file(path, NULL), *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(rc_text && atoi(rc_text) == 1,
+                  "the worker of other settings: exit %s (124: it joined and ran)\n%s\n%s",
+                  rc_text ? rc_text : "(none in 40 s)", err ? err : "", log ? log : "");
+    assert_contains(err, "refused by serve");
+    assert_contains(err, "this worker's config has ");
+    assert_contains(log, "decode worker by-hand runs with settings ");
+    ck_assert_int_eq(kvm_test_count(log, "refused, no requests go to it"), 1);
+    free(rc_text);
+    free(err);
+    free(log);
+    /* the same config as the server's: accepted */
+    snprintf(cmd, sizeof cmd,
+             "(timeout 8 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store '%s/store' --id by-hand2 "
+             "--heartbeat-ms 100 >/dev/null 2>&1 &) </dev/null >/dev/null 2>&1",
+             kvm_test_bin(), g_dir, g_cfg, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    int joined = 0;
+    for (int i = 0; i < 200 && !joined; i++, usleep(100000)) {
+        log = kvm_test_read_file(g_log, NULL);
+        joined = log && strstr(log, "external decode worker by-hand2 joined");
+        free(log);
+    }
+    ck_assert_msg(joined, "a worker with the server's config did not join");
+    log = kvm_test_read_file(g_log, NULL);
+    ck_assert_int_eq(kvm_test_count(log, "refused, no requests go to it"), 1);
+    free(log);
+}
+END_TEST
+
+/* Starts `kvmill store serve --store g_dir/store --bind EP` (stderr into g_dir/svc.err); waits
+ * up to 30 s for its ready line. Returns its pid. */
+static pid_t store_serve_start(const char *ep)
+{
+    char out[4400], err[4400], store[4400];
+    snprintf(out, sizeof out, "%s/svc.out", g_dir);
+    snprintf(err, sizeof err, "%s/svc.err", g_dir);
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    unlink(out); /* an earlier service's ready line is not this one's */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "r", stdin) || !freopen(out, "w", stdout) || !freopen(err, "w", stderr)) _exit(126);
+        execl(kvmill(), kvmill(), "store", "serve", "--store", store, "--bind", ep, (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_gt(pid, 0);
+    for (int i = 0; i < 300; i++, usleep(100000)) {
+        char *text = kvm_test_read_file(out, NULL);
+        int ready = text && strstr(text, "ready on");
+        free(text);
+        if (ready) return pid;
+        ck_assert_msg(waitpid(pid, NULL, WNOHANG) == 0, "kvmill store serve exited at start");
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_abort_msg("kvmill store serve was not ready within 30 s");
+    return 0;
+}
+
+/* SIGTERM to pid: its exit status. */
+static int term_status(pid_t pid)
+{
+    int st = 0;
+    kill(pid, SIGTERM);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* The ipc:// socket files of kvmill store serve --bind and kvmill serve --bind were left behind
+ * after a clean stop (SIGTERM, exit 0). Each removes the files it bound now, but only while they
+ * are still its own: a socket another process bound at that path since stays. */
+START_TEST(test_ipc_files_removed)
+{
+    char ep[4400], path[4400];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/ssock", g_dir);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    snprintf(g_cfg, sizeof g_cfg, "%s/store", g_dir);
+    kvm_test_store_create(g_cfg);
+    pid_t pid = store_serve_start(ep);
+    ck_assert_int_eq(lstat(path, &st), 0);
+    ck_assert_int_eq(term_status(pid), 0);
+    ck_assert_msg(lstat(path, &st) != 0 && errno == ENOENT, "%s is left after the store service's clean stop", path);
+    /* another process's socket at the path when it stops: left alone */
+    pid = store_serve_start(ep);
+    ck_assert_int_eq(unlink(path), 0);
+    void *zctx = zmq_ctx_new(), *other = zmq_socket(zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(other, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(other, ep), 0);
+    ck_assert_int_eq(term_status(pid), 0);
+    ck_assert_msg(lstat(path, &st) == 0 && S_ISSOCK(st.st_mode), "the store service removed another process's socket");
+    zmq_close(other);
+    zmq_ctx_term(zctx);
+    unlink(path);
+    if (!have_shared("kvmill serve's ipc socket file")) return;
+    write_config(NULL, 64, "workers = 1", NULL);
+    snprintf(path, sizeof path, "%s/fsock", g_dir);
+    snprintf(g_front, sizeof g_front, "ipc://%s", path);
+    ck_assert_int_eq(start_serve(), -1);
+    ck_assert_int_eq(lstat(path, &st), 0);
+    ck_assert_int_eq(stop_serve(), 0);
+    ck_assert_msg(lstat(path, &st) != 0 && errno == ENOENT, "%s is left after kvmill serve's clean stop", path);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout)
 {
     TCase *tc = tcase_create(name);
@@ -1352,6 +1535,9 @@ int main(void)
     suite_add_tcase(su, tcase("held_timeout_names_computation", test_held_timeout_names_computation, 30));
     suite_add_tcase(su, tcase("worker_timeout_counts_from_arrival", test_worker_timeout_counts_from_arrival, 30));
     suite_add_tcase(su, tcase("timeout_names_refused_workers", test_timeout_names_refused_workers, 30));
+    suite_add_tcase(su, tcase("store_service_parent_killed", test_store_service_parent_killed, 120));
+    suite_add_tcase(su, tcase("worker_other_settings_refused", test_worker_other_settings_refused, 120));
+    suite_add_tcase(su, tcase("ipc_files_removed", test_ipc_files_removed, 120));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);

@@ -23,6 +23,7 @@
 #include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_storew.h"
 #include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
@@ -1412,6 +1413,127 @@ START_TEST(test_readers_full_retryable)
 }
 END_TEST
 
+/* A document stored as "x" could not be found by "x" when another stored name ended in "/x"
+ * (JSONL ids x and ../../etc/x): both matched, and kvmill ask --doc-name x said the name
+ * matches 2 stored documents. A stored source equal to the name wins; the "/" + name rule
+ * applies only when no source is the name (through the index and through a scan alike). */
+START_TEST(test_doc_name_exact_wins)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_msg(kvm_store_open(g_store, &o, &s) == 0, "%s", kvm_errmsg());
+    const char *names[3] = {"../../etc/x", "x", "a/y"};
+    kvm_store_id h[3];
+    for (int i = 0; i < 3; i++) {
+        int32_t toks[2] = {i, 9};
+        ck_assert_int_eq(kvm_store_doc_hash(toks, 2, &h[i]), 0);
+        kvm_store_doc_meta dm = {.n_tokens = 10 + i};
+        snprintf(dm.source, sizeof dm.source, "%s", names[i]);
+        ck_assert_msg(kvm_store_put_doc(s, &h[i], &dm) == 0, "%s", kvm_errmsg());
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        kvm_store_doc_match *m = NULL;
+        int64_t n = -1;
+        int scanned = -1;
+        ck_assert_msg(kvm_store_find_docs(s, "x", 1, &m, &n, &scanned) == 0, "%s", kvm_errmsg());
+        ck_assert_int_eq(scanned, pass);
+        ck_assert_msg(n == 1 && !memcmp(m[0].doc_hash.b, h[1].b, KVM_STORE_ID_BYTES) && !strcmp(m[0].meta.source, "x"),
+                      "pass %d: %lld matches for x, the first %s", pass, (long long)n, n > 0 ? m[0].meta.source : "-");
+        free(m);
+        /* no stored source is "y": the suffix rule finds a/y */
+        ck_assert_int_eq(kvm_store_find_docs(s, "y", 1, &m, &n, NULL), 0);
+        ck_assert_msg(n == 1 && !strcmp(m[0].meta.source, "a/y"), "%lld matches for y", (long long)n);
+        free(m);
+        ck_assert_int_eq(kvm_store_find_docs(s, "etc/x", 5, &m, &n, NULL), 0);
+        ck_assert_msg(n == 1 && !strcmp(m[0].meta.source, "../../etc/x"), "%lld matches for etc/x", (long long)n);
+        free(m);
+        if (pass == 0) { /* again as a store an older build wrote: no name index, every record read */
+            kvm_store_close(&s);
+            MDB_env *env;
+            MDB_txn *txn;
+            MDB_dbi dbi;
+            ck_assert_int_eq(mdb_env_create(&env), 0);
+            mdb_env_set_maxdbs(env, 32);
+            ck_assert_int_eq(mdb_env_open(env, g_store, 0, 0664), 0);
+            ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+            ck_assert_int_eq(mdb_dbi_open(txn, "docnames", 0, &dbi), 0);
+            ck_assert_int_eq(mdb_drop(txn, dbi, 1), 0);
+            ck_assert_int_eq(mdb_txn_commit(txn), 0);
+            mdb_env_close(env);
+            kvm_store_opts ro = {.read_only = 1};
+            ck_assert_msg(kvm_store_open(g_store, &ro, &s) == 0, "%s", kvm_errmsg());
+        }
+    }
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* A hand-started worker's --config set the store's cap: kvmill-compress --store S --config X with
+ * [store] cap_mb = 1 in X (a config of another store) rewrote S's cap_bytes, and the next put
+ * evicted the caches of other runs. A stage worker keeps the store's recorded cap now (the cap
+ * belongs to its owner: run, calibrate, serve, the store commands) and says that its own is not
+ * applied; the owner's open still records it. */
+START_TEST(test_worker_keeps_store_cap)
+{
+    if (skip_without_shared("worker_keeps_store_cap")) return;
+    put_caches(g_store, 16, 100000); /* 16 caches of some 150 KB: over a 1 MiB cap */
+    char text[8192], run_dir[4300], err_path[4300];
+    snprintf(text, sizeof text, "[model]\npath = %s\n[store]\npath = %s/other.lmdb\ncap_mb = 1\n",
+             kvm_test_data_path("models/stories260K.bin"), g_dir);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    snprintf(run_dir, sizeof run_dir, "%s/rd", g_dir);
+    ck_assert_int_eq(mkdir(run_dir, 0700), 0);
+    snprintf(err_path, sizeof err_path, "%s/compress.err", g_dir);
+    char exe[4200], conn[4400];
+    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+    snprintf(conn, sizeof conn, "ipc://%s", run_dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "r", stdin) || !freopen("/dev/null", "w", stdout) || !freopen(err_path, "w", stderr))
+            _exit(126);
+        execl(exe, exe, "--connect", conn, "--store", g_store, "--config", g_cfg, "--heartbeat-ms", "100",
+              (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_gt(pid, 0);
+    /* the store is opened at setup, before the worker connects: wait for its word, or its end */
+    char *err = NULL;
+    int ended = 0;
+    for (int i = 0; i < 300 && !ended; i++, usleep(100000)) {
+        free(err);
+        err = kvm_test_read_file(err_path, NULL);
+        if (err && strstr(err, "is not applied")) break;
+        ended = waitpid(pid, NULL, WNOHANG) == pid;
+    }
+    if (!ended) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    kvm_store *s = NULL;
+    kvm_store_opts ro = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &ro, &s), 0);
+    kvm_store_stats t;
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    kvm_store_close(&s);
+    ck_assert_msg(t.cap_bytes == 0, "the worker's --config set the store's cap to %lld bytes\n%s",
+                  (long long)t.cap_bytes, err ? err : "");
+    ck_assert_int_eq(t.n_caches, 16);
+    ck_assert_msg(err && strstr(err, "[store] cap_mb = 1 of this worker's settings is not applied") &&
+                      strstr(err, "keeps its cap (none)"),
+                  "%s", err ? err : "(no stderr)");
+    free(err);
+    /* the owner's open (kvmill store commands, run, serve: kvm_storew_open) records it */
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse(text, "cap.ini", &c), 0);
+    ck_assert_msg(kvm_storew_open(c, g_store, 0, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    ck_assert_int_eq(t.cap_bytes, 1 << 20);
+    kvm_store_close(&s);
+    kvm_config_free(&c);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -1444,6 +1566,8 @@ int main(void)
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
     suite_add_tcase(su, tcase("readers_full_retryable", test_readers_full_retryable, 30));
+    suite_add_tcase(su, tcase("doc_name_exact_wins", test_doc_name_exact_wins, 30));
+    suite_add_tcase(su, tcase("worker_keeps_store_cap", test_worker_keeps_store_cap, 60));
     suite_add_tcase(su, tcase("recalibration_invalidates", test_recalibration_invalidates, 240));
     suite_add_tcase(su, tcase("other_tokenizer_recompressed", test_other_tokenizer_recompressed, 240));
     suite_add_tcase(su, tcase("store_opts_in_worker", test_store_opts_in_worker, 240));
