@@ -17,6 +17,7 @@ typedef struct cmd_eval_job {
     const kvm_method *m;
     char spec[512];    /* "h2o", "polykv:FILE" as given */
     kvm_budget budget; /* as requested */
+    char item[256];    /* the --budget or --ratio item as given, for messages */
     void *opts;        /* from m->opts_new */
     char arg[2048];    /* the options opts was made from (flags and the method's own) */
     int has_arg;       /* 0: opts_new got NULL */

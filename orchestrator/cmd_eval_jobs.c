@@ -115,6 +115,7 @@ static int job_parse(cmd_eval_job *e, const char *spec, const char *item, int is
         return 2;
     }
     snprintf(e->spec, sizeof e->spec, "%s", spec);
+    snprintf(e->item, sizeof e->item, "%s", item);
     if (is_ratio) {
         if (kvm_cli_float(CMD, "ratio", item, 1e-9, 1.0, &e->budget.ratio)) return 2;
     } else if (kvm_cli_int(CMD, "budget", item, 1, INT32_MAX, &e->budget.tokens))
@@ -265,9 +266,9 @@ static int check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int6
         } else if (!distils && !is_budget && strcmp(jobs[j].m->name, "full") &&
                    kvm_budget_resolve(&jobs[j].budget, N) >= N) { /* r·N rounded up to a whole entry */
             fprintf(stderr,
-                    "kvmill " CMD ": --ratio %g of --context %lld keeps %lld entr%s, the whole context: the "
+                    "kvmill " CMD ": --ratio %s of --context %lld keeps %lld entr%s, the whole context: the "
                     "\"compressed\" cache would be as large as the full one; lower --ratio or raise --context\n",
-                    jobs[j].budget.ratio, (long long)N, (long long)kvm_budget_resolve(&jobs[j].budget, N),
+                    jobs[j].item, (long long)N, (long long)kvm_budget_resolve(&jobs[j].budget, N),
                     kvm_plural(kvm_budget_resolve(&jobs[j].budget, N), "y", "ies"));
             rc = 2;
         }

@@ -26,7 +26,7 @@ static int run_eval(const char *args, char **out, char **err)
 
 /* eval with args exits 2 with msg (and, when not NULL, msg2) on stderr, and nothing on stdout:
  * refused before any document was run. */
-static void __attribute__((unused)) expect_refused(const char *args, const char *msg, const char *msg2)
+static void expect_refused(const char *args, const char *msg, const char *msg2)
 {
     char *out = NULL, *err = NULL;
     int st = run_eval(args, &out, &err);
@@ -53,6 +53,21 @@ START_TEST(test_config_continuation_one)
 }
 END_TEST
 
+/* Messages print what was given: a ratio as typed (%g printed 0.99999999 as "--ratio 1", a ratio
+ * that was never given), an integer setting's bounds as integers (%g printed 2^24 as 1.67772e+07). */
+START_TEST(test_messages_numbers)
+{
+    expect_refused("--method h2o --ratio 0.99999999", "--ratio 0.99999999 of --context 64 keeps 64 entries", NULL);
+    expect_refused("--method sculpt --ratio 0.5 --queries 100000000",
+                   "--queries 100000000: expected an integer in "
+                   "[0, 16777216]",
+                   NULL);
+    expect_refused("--method sculpt --ratio 0.5 --future 2147483647", "expected an integer in [0, 1073741824]", NULL);
+    expect_refused("--method sculpt --ratio 0.5 --seed 1e300", "expected an integer in [0, 9007199254740992]", NULL);
+    expect_refused("--method sculpt --ratio 0.5 --lambda -1", "expected a number in [", NULL);
+}
+END_TEST
+
 static Suite *eval_review_suite(void)
 {
     Suite *s = suite_create("eval_review");
@@ -61,6 +76,7 @@ static Suite *eval_review_suite(void)
         const TTest *fn;
     } cases[] = {
         {"config_continuation_one", test_config_continuation_one},
+        {"messages_numbers", test_messages_numbers},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
