@@ -4,6 +4,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/cmd_eval_int.h"
 #include "orchestrator/kvm_cli.h"
@@ -262,6 +263,15 @@ static int check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int6
                     "kvmill " CMD ": --method %s: the retain zone of %lld tokens is not below --context %lld: "
                     "nothing is left to compress; lower --retain or raise --context\n",
                     jobs[j].spec, (long long)retain, (long long)N);
+            rc = 2;
+        } else if (distils && !is_budget && kvm_sculpt_k(jobs[j].opts, N) + retain >= N) {
+            /* k = round(r·(N − m)) distilled entries beside the m retained: the full cache, KL 0 */
+            fprintf(stderr,
+                    "kvmill " CMD ": --method %s: --ratio %s of the compress zone (--context %lld less the retain "
+                    "zone of %lld) keeps %lld distilled entries beside the %lld retained, the whole context: the "
+                    "\"compressed\" cache would be as large as the full one; lower --ratio or raise --context\n",
+                    jobs[j].spec, jobs[j].item, (long long)N, (long long)retain,
+                    (long long)kvm_sculpt_k(jobs[j].opts, N), (long long)retain);
             rc = 2;
         } else if (!distils && !is_budget && strcmp(jobs[j].m->name, "full") &&
                    kvm_budget_resolve(&jobs[j].budget, N) >= N) { /* r·N rounded up to a whole entry */

@@ -68,6 +68,28 @@ START_TEST(test_messages_numbers)
 }
 END_TEST
 
+/* A sculpt-family --ratio whose k = round(r·(N − m)) distilled entries and the m retained come
+ * to the whole context ran as a compression result (budget 64.00, KL 0); h2o's was refused. */
+START_TEST(test_sculpt_ratio_whole_context)
+{
+    expect_refused("--method sculpt,h2o --ratio 0.99", "--method sculpt: --ratio 0.99 of the compress zone",
+                   "keeps 32 distilled entries beside the 32 retained, the whole context");
+    const char *methods[] = {"am", "kvzip", "selectfit", "joint-fixed"};
+    for (int i = 0; i < 4; i++) {
+        char args[256], msg[128];
+        snprintf(args, sizeof args, "--method %s --ratio 0.999 --retain 8", methods[i]);
+        snprintf(msg, sizeof msg, "--method %s: --ratio 0.999 of the compress zone", methods[i]);
+        expect_refused(args, msg, "keeps 56 distilled entries beside the 8 retained");
+    }
+    /* just below: 31 distilled entries and 32 retained */
+    char *out = NULL, *err = NULL;
+    int st = run_eval("--method sculpt --ratio 0.97 --queries 16 --iterations 2 --rounds 1", &out, &err);
+    ck_assert_msg(st == 0 && strstr(out, "63.00"), "exit %d, stdout %s, stderr %s", st, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *eval_review_suite(void)
 {
     Suite *s = suite_create("eval_review");
@@ -77,6 +99,7 @@ static Suite *eval_review_suite(void)
     } cases[] = {
         {"config_continuation_one", test_config_continuation_one},
         {"messages_numbers", test_messages_numbers},
+        {"sculpt_ratio_whole_context", test_sculpt_ratio_whole_context},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
