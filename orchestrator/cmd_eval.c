@@ -412,7 +412,8 @@ static int build_jobs(const eval_cli *c, const cmd_eval_setup *es, eval_run *r)
                                  !target && !budget, target != NULL, flags, &r->m->cfg, c->model_path, &r->jobs,
                                  &r->n_jobs);
     if (!rc)
-        rc = cmd_eval__check_jobs(r->jobs, r->n_jobs, target != NULL, budget != NULL, es->N, sculpt_flag, c->method);
+        rc = cmd_eval__check_jobs(r->jobs, r->n_jobs, target != NULL, budget != NULL, c->task != NULL, es->N,
+                                  sculpt_flag, c->method);
     return rc;
 }
 

@@ -60,9 +60,11 @@ void cmd_eval__free_jobs(cmd_eval_job *j, int n);
 
 /* Refuses, before any document, jobs that cannot be what the command line asks for at context N:
  * a budget or ratio that keeps the whole context (is_budget: the columns are --budget), a retain
- * zone not below N, a sculpt flag (sculpt_flag, or NULL) that no method of --method `method`
- * reads, and method full under --target-kl (target). Returns 0, or 2 after printing why. */
-int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int64_t N,
+ * zone not below N, two jobs of the same method, options and entries (task: --task, whose cases
+ * may be shorter than N, compares ratios as given), a sculpt flag (sculpt_flag, or NULL) that no
+ * method of --method `method` reads, and method full under --target-kl (target). Returns 0, or 2
+ * after printing why. */
+int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N,
                          const char *sculpt_flag, const char *method);
 
 /* The strategy FILE of a "polykv:FILE[:OPTS]" method spec into buf: up to the first ':' that

@@ -10,6 +10,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "store/kvm_store.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,24 +204,11 @@ int cmd_eval__make_jobs(const char *methods, const char *budgets, int is_ratio, 
     int n = 0;
     for (int a = 0; !rc && a < nm; a++)
         for (int b = 0; !rc && b < nb; b++) {
+            if (b > 0 && !strcmp(j[n - 1].m->name, "full")) break; /* one column whatever the budgets */
             if ((rc = make_job(&j[n], mv[a], bv[b], b == 0, is_ratio, target, flags, c))) break;
             n++;
             if (!strcmp(j[n - 1].m->name, "polykv")) rc = strategy_model_ok(&j[n - 1], &mi);
         }
-    for (int x = 0; !rc && x < n; x++) /* an item twice ran twice: a column repeated */
-        for (int y = 0; !rc && y < x; y++)
-            if (!strcmp(j[x].spec, j[y].spec) && j[x].budget.tokens == j[y].budget.tokens &&
-                j[x].budget.ratio == j[y].budget.ratio) {
-                if (target)
-                    fprintf(stderr, "kvmill " CMD ": --method %s is given twice (--method '%s'): name each once\n",
-                            j[x].spec, methods);
-                else
-                    fprintf(stderr,
-                            "kvmill " CMD ": --method %s at --%s %s is given twice (--method '%s', --%s '%s'): "
-                            "name each once\n",
-                            j[x].spec, bflag, bv[x % nb], methods, bflag, budgets);
-                rc = 2;
-            }
     free(ms);
     free(bs);
     if (oom) fprintf(stderr, "kvmill " CMD ": out of memory\n"); /* not for a file that could not be read */
@@ -286,10 +274,92 @@ static int check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int6
     return rc;
 }
 
-int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int64_t N,
+/* The entries per KV head job e keeps of a context of N tokens, as its method resolves its budget
+ * (kvm_budget_resolve; the sculpt family: kvm_sculpt_k distilled entries and the retain zone);
+ * task: a case's context may be shorter than N, so a ratio is compared as given (scaled to
+ * compare as an integer). */
+static int64_t job_entries(const cmd_eval_job *e, int is_budget, int task, int64_t N)
+{
+    if (is_budget) return e->budget.tokens;
+    if (task) return (int64_t)llround(e->budget.ratio * 1e15);
+    if (cmd_eval__sculpt_family(e->m) && strcmp(e->m->name, "polykv")) {
+        const kvm_sculpt_opts *o = e->opts;
+        return kvm_sculpt_k(o, N) + o->retain_tokens;
+    }
+    return kvm_budget_resolve(&e->budget, N);
+}
+
+/* 1 when jobs a and b run the same method with the same options: the sculpt family's settings
+ * that change a result (kvm_sculpt_opts_canonical), else the options as given. */
+static int same_options(const cmd_eval_job *a, const cmd_eval_job *b)
+{
+    if (a->m != b->m) return 0;
+    if (!strcmp(a->m->name, "full")) return 1;
+    if (cmd_eval__sculpt_family(a->m) && strcmp(a->m->name, "polykv")) {
+        char ta[KVM_SCULPT_OPTS_CANONICAL_MAX], tb[KVM_SCULPT_OPTS_CANONICAL_MAX];
+        if (kvm_sculpt_opts_canonical(a->opts, ta, sizeof ta) || kvm_sculpt_opts_canonical(b->opts, tb, sizeof tb))
+            return !strcmp(a->arg, b->arg);
+        return !strcmp(ta, tb);
+    }
+    return a->has_arg == b->has_arg && !strcmp(a->arg, b->arg);
+}
+
+/* Two jobs that resolve to the same (method, options, entries) would be the same column twice
+ * (an item repeated, two ratios rounding to one budget, full at several budgets). Returns 0, or
+ * 2 after printing why, naming both items as given. */
+static int check_duplicates(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N)
+{
+    const char *bflag = is_budget ? "budget" : "ratio";
+    for (int x = 0; x < n_jobs; x++)
+        for (int y = 0; y < x; y++) {
+            const cmd_eval_job *a = &jobs[y], *b = &jobs[x];
+            if (!same_options(a, b)) continue;
+            if (!strcmp(a->m->name, "full")) {
+                fprintf(stderr, "kvmill " CMD ": --method full is given twice (full KV is one column whatever the "
+                                "budgets): name it once\n");
+                return 2;
+            }
+            if (target) {
+                if (!strcmp(a->spec, b->spec))
+                    fprintf(stderr, "kvmill " CMD ": --method %s is given twice: name each once\n", a->spec);
+                else
+                    fprintf(stderr,
+                            "kvmill " CMD ": --method %s and --method %s are the same method with the same "
+                            "options (--target-kl searches each once): name each once\n",
+                            a->spec, b->spec);
+                return 2;
+            }
+            const int64_t ea = job_entries(a, is_budget, task, N);
+            if (ea != job_entries(b, is_budget, task, N)) continue;
+            if (!strcmp(a->spec, b->spec) && !strcmp(a->item, b->item))
+                fprintf(stderr, "kvmill " CMD ": --method %s at --%s %s is given twice: name each once\n", a->spec,
+                        bflag, a->item);
+            else if (!strcmp(a->spec, b->spec) && a->budget.tokens == b->budget.tokens &&
+                     a->budget.ratio == b->budget.ratio) /* 0.3 and 0.30 */
+                fprintf(stderr,
+                        "kvmill " CMD ": --method %s at --%s %s is given twice (as %s and %s): name each once\n",
+                        a->spec, bflag, b->item, a->item, b->item);
+            else if (is_budget || task)
+                fprintf(stderr,
+                        "kvmill " CMD ": --method %s at --%s %s and --method %s at --%s %s are the same column (the "
+                        "same method, options and size): name each once\n",
+                        a->spec, bflag, a->item, b->spec, bflag, b->item);
+            else
+                fprintf(stderr,
+                        "kvmill " CMD ": --method %s at --ratio %s and --method %s at --ratio %s are the same column: "
+                        "the same method and options, both keeping %lld entries per KV head of --context %lld; "
+                        "name each once\n",
+                        a->spec, a->item, b->spec, b->item, (long long)ea, (long long)N);
+            return 2;
+        }
+    return 0;
+}
+
+int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N,
                          const char *sculpt_flag, const char *method)
 {
     int rc = target ? 0 : check_sizes(jobs, n_jobs, is_budget, N);
+    if (!rc) rc = check_duplicates(jobs, n_jobs, target, is_budget, task, N);
     int any_sculpt = 0;
     for (int j = 0; j < n_jobs; j++)
         any_sculpt |= cmd_eval__sculpt_family(jobs[j].m);

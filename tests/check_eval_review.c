@@ -90,6 +90,49 @@ START_TEST(test_sculpt_ratio_whole_context)
 }
 END_TEST
 
+/* Items that resolve to the same (method, options, entries) ran as two identical rows: two ratios
+ * rounding to one budget, full at several budgets; full,full was refused as "full at --ratio 1 is
+ * given twice (..., --ratio '1')" though no --ratio was given. */
+START_TEST(test_duplicate_columns)
+{
+    expect_refused("--method h2o --ratio 0.25,0.251",
+                   "--method h2o at --ratio 0.25 and --method h2o at --ratio "
+                   "0.251 are the same column",
+                   "both keeping 16 entries per KV head of --context 64");
+    expect_refused("--method sculpt --retain 8 --ratio 0.3,0.31",
+                   "--method sculpt at --ratio 0.3 and --method "
+                   "sculpt at --ratio 0.31 are the same column",
+                   "both keeping 25 entries");
+    expect_refused("--method sculpt:retain=8,sculpt --retain 8 --budget 16",
+                   "--method sculpt:retain=8 at --budget 16 and --method sculpt at --budget 16 are the same column",
+                   NULL);
+    char *out = NULL, *err = NULL;
+    int st = run_eval("--method full,full", &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "--method full is given twice") && !strstr(err, "ratio"), "exit %d, stderr %s",
+                  st, err);
+    free(out);
+    free(err);
+    /* full is one column whatever the budgets; the others keep theirs */
+    st = run_eval("--method full,h2o --budget 16,32", &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    const char *mean = strstr(out, "== mean");
+    ck_assert_msg(mean, "no mean table: %s", out);
+    int n_full = 0, n_h2o = 0;
+    for (const char *p = mean; (p = strstr(p, "\nfull ")); p++)
+        n_full++;
+    for (const char *p = mean; (p = strstr(p, "\nh2o ")); p++)
+        n_h2o++;
+    ck_assert_msg(n_full == 1 && n_h2o == 2, "full rows %d, h2o rows %d: %s", n_full, n_h2o, out);
+    free(out);
+    free(err);
+    /* distinct columns still run: ratios resolving to different budgets */
+    st = run_eval("--method h2o --ratio 0.25,0.26", &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *eval_review_suite(void)
 {
     Suite *s = suite_create("eval_review");
@@ -100,6 +143,7 @@ static Suite *eval_review_suite(void)
         {"config_continuation_one", test_config_continuation_one},
         {"messages_numbers", test_messages_numbers},
         {"sculpt_ratio_whole_context", test_sculpt_ratio_whole_context},
+        {"duplicate_columns", test_duplicate_columns},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
