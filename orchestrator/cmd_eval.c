@@ -466,8 +466,29 @@ static int check_docs(const eval_cli *c, const cmd_eval_setup *es, eval_run *r)
     return rc;
 }
 
+/* --task: every case's context (shorter than --context where its document is) keeps more than
+ * each job's budget, checked by making the cases (no prefill) before any work. Returns 0, or 2
+ * (1) after printing why. */
+static int check_task_cases(const eval_cli *c, const cmd_eval_setup *es, const eval_run *r)
+{
+    cmd_eval_task_args ta = c->ta;
+    ta.m = r->m, ta.k = es->k, ta.tok = r->tok, ta.n_ctx = es->N;
+    int64_t nc;
+    int ci, di;
+    int rc = cmd_eval_task_shortest(&ta, &r->docs, &nc, &ci, &di);
+    if (rc || nc >= es->N || ci < 0) return rc; /* at --context: checked with the jobs */
+    char ctx[1024];
+    snprintf(ctx, sizeof ctx,
+             "the context of task case %d (%s), %lld tokens (its document with the fact inserted, "
+             "cut to fit --context %lld)",
+             ci, r->docs.names[di], (long long)nc, (long long)es->N);
+    return cmd_eval__check_sizes(r->jobs, r->n_jobs, c->budget != NULL, nc, ctx,
+                                 "use longer documents (or drop that case: --cases, --first-case)");
+}
+
 /* Opens everything the run needs and checks it, in the order the messages come: the model, the
- * window, the jobs, --csv against the inputs, --target-step, the documents; then --csv itself.
+ * window, the jobs, --csv against the inputs, --target-step, the documents, --task's cases; then
+ * --csv itself.
  * Returns 0, or 2 (1) after printing why; r holds what was opened either way. */
 static int eval_open(const eval_cli *c, cmd_eval_setup *es, eval_run *r)
 {
@@ -477,6 +498,7 @@ static int eval_open(const eval_cli *c, cmd_eval_setup *es, eval_run *r)
     if (!rc) rc = check_csv(c, r);
     if (!rc && c->target) rc = cmd_eval__check_target_steps(es, r->jobs, r->n_jobs, es->N);
     if (!rc) rc = check_docs(c, es, r);
+    if (!rc && c->task) rc = check_task_cases(c, es, r);
     if (!rc && c->csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", c->csv_path, &r->out))) r->csv = r->out.f;
     return rc;
 }

@@ -67,6 +67,14 @@ void cmd_eval__free_jobs(cmd_eval_job *j, int n);
 int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N,
                          const char *sculpt_flag, const char *method);
 
+/* Refuses, before any document, fixed-budget jobs that keep the whole of a context of N tokens:
+ * a --budget (is_budget) not below N, --ratio 1, a ratio whose entries come to N (the sculpt
+ * family's: round(r·(N − m)) distilled beside the retain zone m), a retain zone not below N.
+ * ctx names that context in the message ("--context 64"), raise says how to grow it ("raise
+ * --context"). Returns 0, or 2 after printing why. */
+int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N, const char *ctx,
+                          const char *raise);
+
 /* The strategy FILE of a "polykv:FILE[:OPTS]" method spec into buf: up to the first ':' that
  * starts a sculpt option (as cmd_eval__make_jobs splits it), so a path holding ':' stays whole. */
 const char *cmd_eval__strategy_file(const char *spec, char *buf, size_t size);

@@ -224,19 +224,18 @@ void cmd_eval__free_jobs(cmd_eval_job *j, int n)
     free(j);
 }
 
-/* Budgets and ratios of the fixed-budget columns that keep the whole context of N tokens: a
- * "compressed" cache as large as the full one. Returns 0 or 2 after printing why. */
-static int check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N)
+int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N, const char *ctx,
+                          const char *raise)
 {
     int rc = 0;
     for (int j = 0; !rc && j < n_jobs; j++) /* as run refuses [compress] budget >= context, ratio = 1 */
         if (strcmp(jobs[j].m->name, "full") && (is_budget ? jobs[j].budget.tokens >= N : jobs[j].budget.ratio >= 1)) {
             if (is_budget)
                 fprintf(stderr,
-                        "kvmill " CMD ": --budget %lld is not below --context %lld: the \"compressed\" cache "
+                        "kvmill " CMD ": --budget %lld is not below %s: the \"compressed\" cache "
                         "would be as large as the full one (the budget would be clamped to the context); lower "
                         "--budget (or use --method full)\n",
-                        (long long)jobs[j].budget.tokens, (long long)N);
+                        (long long)jobs[j].budget.tokens, ctx);
             else
                 fprintf(stderr, "kvmill " CMD ": --ratio 1 keeps every entry: the \"compressed\" cache would be as "
                                 "large as the full one; lower --ratio (or use --method full)\n");
@@ -248,26 +247,26 @@ static int check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int6
         const int64_t retain = distils ? ((const kvm_sculpt_opts *)jobs[j].opts)->retain_tokens : 0;
         if (distils && retain >= N) { /* each document failed after its prefill, exit 1 (sculpt refuses it: 2) */
             fprintf(stderr,
-                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens is not below --context %lld: "
-                    "nothing is left to compress; lower --retain or raise --context\n",
-                    jobs[j].spec, (long long)retain, (long long)N);
+                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens is not below %s: "
+                    "nothing is left to compress; lower --retain or %s\n",
+                    jobs[j].spec, (long long)retain, ctx, raise);
             rc = 2;
         } else if (distils && !is_budget && kvm_sculpt_k(jobs[j].opts, N) + retain >= N) {
             /* k = round(r·(N − m)) distilled entries beside the m retained: the full cache, KL 0 */
             fprintf(stderr,
-                    "kvmill " CMD ": --method %s: --ratio %s of the compress zone (--context %lld less the retain "
+                    "kvmill " CMD ": --method %s: --ratio %s of the compress zone (%s less the retain "
                     "zone of %lld) keeps %lld distilled entries beside the %lld retained, the whole context: the "
-                    "\"compressed\" cache would be as large as the full one; lower --ratio or raise --context\n",
-                    jobs[j].spec, jobs[j].item, (long long)N, (long long)retain,
-                    (long long)kvm_sculpt_k(jobs[j].opts, N), (long long)retain);
+                    "\"compressed\" cache would be as large as the full one; lower --ratio or %s\n",
+                    jobs[j].spec, jobs[j].item, ctx, (long long)retain, (long long)kvm_sculpt_k(jobs[j].opts, N),
+                    (long long)retain, raise);
             rc = 2;
         } else if (!distils && !is_budget && strcmp(jobs[j].m->name, "full") &&
                    kvm_budget_resolve(&jobs[j].budget, N) >= N) { /* r·N rounded up to a whole entry */
             fprintf(stderr,
-                    "kvmill " CMD ": --ratio %s of --context %lld keeps %lld entr%s, the whole context: the "
-                    "\"compressed\" cache would be as large as the full one; lower --ratio or raise --context\n",
-                    jobs[j].item, (long long)N, (long long)kvm_budget_resolve(&jobs[j].budget, N),
-                    kvm_plural(kvm_budget_resolve(&jobs[j].budget, N), "y", "ies"));
+                    "kvmill " CMD ": --ratio %s of %s keeps %lld entr%s, the whole context: the "
+                    "\"compressed\" cache would be as large as the full one; lower --ratio or %s\n",
+                    jobs[j].item, ctx, (long long)kvm_budget_resolve(&jobs[j].budget, N),
+                    kvm_plural(kvm_budget_resolve(&jobs[j].budget, N), "y", "ies"), raise);
             rc = 2;
         }
     }
@@ -358,7 +357,9 @@ static int check_duplicates(const cmd_eval_job *jobs, int n_jobs, int target, in
 int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N,
                          const char *sculpt_flag, const char *method)
 {
-    int rc = target ? 0 : check_sizes(jobs, n_jobs, is_budget, N);
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "--context %lld", (long long)N);
+    int rc = target ? 0 : cmd_eval__check_sizes(jobs, n_jobs, is_budget, N, ctx, "raise --context");
     if (!rc) rc = check_duplicates(jobs, n_jobs, target, is_budget, task, N);
     int any_sculpt = 0;
     for (int j = 0; j < n_jobs; j++)

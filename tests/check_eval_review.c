@@ -133,6 +133,60 @@ START_TEST(test_duplicate_columns)
 }
 END_TEST
 
+/* --task: a case's context shrinks to its document; a budget at or above it ran the method
+ * uncompressed (summary "h2o @ 300", full KV's answers) or, for sculpt, failed after the work
+ * (leaving --csv's .part). Refused before any prefill, naming the case and its document. */
+START_TEST(test_task_budget_case_context)
+{
+    char *dir = kvm_test_tmpdir(), doc[4200], csv[4200], part[4300], cmd[16384];
+    snprintf(doc, sizeof doc, "%s/short.txt", dir);
+    snprintf(csv, sizeof csv, "%s/t.csv", dir);
+    snprintf(part, sizeof part, "%s.part", csv);
+    FILE *in = fopen(kvm_test_data_path("corpus/doc_000.txt"), "rb"), *out = fopen(doc, "wb");
+    ck_assert_ptr_nonnull(in);
+    ck_assert_ptr_nonnull(out);
+    char text[420];
+    ck_assert_int_eq(fread(text, 1, sizeof text, in), sizeof text);
+    ck_assert_int_eq(fwrite(text, 1, sizeof text, out), sizeof text);
+    fclose(in);
+    fclose(out);
+    const struct {
+        const char *methods, *msg;
+    } want[] = {
+        {"h2o,snapkv --budget 300", "--budget 300 is not below the context of task case 0 (short), "},
+        {"sculpt --retain 8 --budget 300", "--budget 300 is not below the context of task case 0 (short), "},
+        {"sculpt --retain 300 --ratio 0.5", "the retain zone of 300 tokens is not below the context of task case 0"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s/kvmill eval --model %s/models/stories260K.bin --docs %s --context 400 --task passkey --cases 2 "
+                 "--method %s --csv %s",
+                 kvm_test_bin(), kvm_test_data(), doc, want[i].methods, csv);
+        char *o = NULL, *e = NULL;
+        int st = kvm_test_run(cmd, &o, &e);
+        struct stat sb;
+        ck_assert_msg(st == 2 && strstr(e, want[i].msg), "%s: exit %d, stderr %s", want[i].methods, st, e);
+        ck_assert_msg(!strstr(o, "case "), "%s: a case ran before the refusal: %s", want[i].methods, o);
+        ck_assert_msg(stat(csv, &sb) != 0 && stat(part, &sb) != 0, "%s: --csv or its .part was written",
+                      want[i].methods);
+        free(o);
+        free(e);
+    }
+    /* a budget below every case's context runs */
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --docs %s --context 400 --task passkey --cases 2 "
+             "--method h2o --budget 200",
+             kvm_test_bin(), kvm_test_data(), doc);
+    char *o = NULL, *e = NULL;
+    int st = kvm_test_run(cmd, &o, &e);
+    ck_assert_msg(st == 0, "--budget 200: exit %d, stderr %s", st, e);
+    free(o);
+    free(e);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *eval_review_suite(void)
 {
     Suite *s = suite_create("eval_review");
@@ -140,10 +194,9 @@ static Suite *eval_review_suite(void)
         const char *name;
         const TTest *fn;
     } cases[] = {
-        {"config_continuation_one", test_config_continuation_one},
-        {"messages_numbers", test_messages_numbers},
-        {"sculpt_ratio_whole_context", test_sculpt_ratio_whole_context},
-        {"duplicate_columns", test_duplicate_columns},
+        {"config_continuation_one", test_config_continuation_one},       {"messages_numbers", test_messages_numbers},
+        {"sculpt_ratio_whole_context", test_sculpt_ratio_whole_context}, {"duplicate_columns", test_duplicate_columns},
+        {"task_budget_case_context", test_task_budget_case_context},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
