@@ -75,6 +75,13 @@ int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int i
 int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N, const char *ctx,
                           const char *raise);
 
+/* Refuses, before any prefill, a job whose solver (kvm_method_solver_opts) draws queries from
+ * query_source repeat, which prefills the repeat prompt (n_prompt tokens; 1 when 0) and the
+ * context again after a context of N tokens: 2N + P positions, more than the model's window.
+ * ctx names N ("--context 300"), lower how to shrink it. Returns 0, or 2 after printing why. */
+int cmd_eval__check_repeat(const cmd_eval_job *jobs, int n_jobs, int64_t N, int64_t n_prompt, int window,
+                           const char *ctx, const char *lower);
+
 /* The strategy FILE of a "polykv:FILE[:OPTS]" method spec into buf: up to the first ':' that
  * starts a sculpt option (as cmd_eval__make_jobs splits it), so a path holding ':' stays whole. */
 const char *cmd_eval__strategy_file(const char *spec, char *buf, size_t size);

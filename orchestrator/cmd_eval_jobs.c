@@ -242,14 +242,15 @@ int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, i
             rc = 2;
         }
     for (int j = 0; !rc && j < n_jobs; j++) {
-        const int distils =
-            cmd_eval__sculpt_family(jobs[j].m) && strcmp(jobs[j].m->name, "polykv"); /* opts: kvm_sculpt_opts */
-        const int64_t retain = distils ? ((const kvm_sculpt_opts *)jobs[j].opts)->retain_tokens : 0;
-        if (distils && retain >= N) { /* each document failed after its prefill, exit 1 (sculpt refuses it: 2) */
+        const kvm_sculpt_opts *so = kvm_method_solver_opts(jobs[j].m, jobs[j].opts); /* polykv: its layers' */
+        const int distils = so && strcmp(jobs[j].m->name, "polykv"); /* the solver sizes the whole cache */
+        const int64_t retain = so ? so->retain_tokens : 0;
+        if (so && retain >= N) { /* each document failed after its prefill, exit 1 (sculpt refuses it: 2) */
             fprintf(stderr,
-                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens is not below %s: "
+                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens%s is not below %s: "
                     "nothing is left to compress; lower --retain or %s\n",
-                    jobs[j].spec, (long long)retain, ctx, raise);
+                    jobs[j].spec, (long long)retain, distils ? "" : " (of its strategy's sculpt and kvzip layers)", ctx,
+                    raise);
             rc = 2;
         } else if (distils && !is_budget && kvm_sculpt_k(jobs[j].opts, N) + retain >= N) {
             /* k = round(r·(N − m)) distilled entries beside the m retained: the full cache, KL 0 */
@@ -271,6 +272,23 @@ int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, i
         }
     }
     return rc;
+}
+
+int cmd_eval__check_repeat(const cmd_eval_job *jobs, int n_jobs, int64_t N, int64_t n_prompt, int window,
+                           const char *ctx, const char *lower)
+{
+    const int64_t P = n_prompt > 0 ? n_prompt : 1; /* the BOS token alone without one (sculpt_qsource.c) */
+    for (int j = 0; j < n_jobs; j++) {
+        const kvm_sculpt_opts *so = kvm_method_solver_opts(jobs[j].m, jobs[j].opts);
+        if (!so || !(so->query_source.share[KVM_SCULPT_QSRC_REPEAT] > 0) || 2 * N + P <= window) continue;
+        fprintf(stderr,
+                "kvmill " CMD ": --method %s: query_source repeat%s needs 2N + P = %lld positions (N = %lld, %s; "
+                "the repeat prompt P = %lld) but the model's window is %d tokens: %s, or another query_source\n",
+                jobs[j].spec, strcmp(jobs[j].m->name, "polykv") ? "" : " (its strategy's sculpt and kvzip layers)",
+                (long long)(2 * N + P), (long long)N, ctx, (long long)P, window, lower);
+        return 2;
+    }
+    return 0;
 }
 
 /* The entries per KV head job e keeps of a context of N tokens, as its method resolves its budget

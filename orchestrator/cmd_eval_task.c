@@ -358,12 +358,12 @@ static int frame_new(const cmd_eval_task_args *a, frame *fr)
     return rc;
 }
 
-int cmd_eval_task_shortest(const cmd_eval_task_args *a, const cmd_eval_docset *docs, int64_t *n_ctx, int *case_index,
-                           int *doc_index)
+int cmd_eval_task_extent(const cmd_eval_task_args *a, const cmd_eval_docset *docs, int64_t *n_ctx, int *case_index,
+                         int *doc_index, int64_t *n_longest)
 {
     frame fr;
     int rc = frame_new(a, &fr);
-    *n_ctx = INT64_MAX, *case_index = -1, *doc_index = -1;
+    *n_ctx = INT64_MAX, *case_index = -1, *doc_index = -1, *n_longest = 0;
     for (int i = a->first_case; !rc && i < a->first_case + a->cases; i++) {
         int di = (i / KVM_TASK_DEPTHS) % docs->n;
         char *text = NULL;
@@ -375,8 +375,8 @@ int cmd_eval_task_shortest(const cmd_eval_task_args *a, const cmd_eval_docset *d
         if (!rc) rc = make_case(a, &fr, text, len, (uint64_t)i, &tc, &ids, &nc, &nq);
         if (rc)
             fprintf(stderr, "kvmill " CMD ": task case %d (%s): %s\n", i, docs->names[di], kvm_errmsg());
-        else if (nc < *n_ctx)
-            *n_ctx = nc, *case_index = i, *doc_index = di;
+        if (!rc && nc < *n_ctx) *n_ctx = nc, *case_index = i, *doc_index = di;
+        if (!rc && nc > *n_longest) *n_longest = nc;
         free(ids);
         kvm_task_case_deinit(&tc);
         free(text);

@@ -187,6 +187,62 @@ START_TEST(test_task_budget_case_context)
 }
 END_TEST
 
+/* Method options that cannot work at this context failed after the prefill (exit 1, every other
+ * method's results lost): a retain zone not below the context in a polykv strategy's sculpt/kvzip
+ * layers (sculpt:retain=100 was refused up front), and query_source repeat where 2N + P exceeds
+ * the model's window (known once the model is open). Refused before any prefill, exit 2. */
+START_TEST(test_solver_options_up_front)
+{
+    char *dir = kvm_test_tmpdir(), strat[4200], cmd[16384], args[8400];
+    snprintf(strat, sizeof strat, "%s/s.bin", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt --budget 12 "
+             "--context 40 --continuation 8 --phases prefill --kvzip --sculpt-opts queries=16 --out %s",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), strat);
+    char *o = NULL, *e = NULL;
+    int st = kvm_test_run(cmd, &o, &e);
+    ck_assert_msg(st == 0, "calibrate: exit %d, stderr %s", st, e);
+    free(o);
+    free(e);
+    snprintf(args, sizeof args, "--method h2o,polykv:%s:retain=100 --budget 16", strat);
+    expect_refused(args,
+                   "the retain zone of 100 tokens (of its strategy's sculpt and kvzip layers) is not below "
+                   "--context 64",
+                   NULL);
+    snprintf(args, sizeof args, "--method polykv:%s --budget 16 --retain 64", strat);
+    expect_refused(args, "the retain zone of 64 tokens (of its strategy's sculpt and kvzip layers)", NULL);
+    /* --context 64 --continuation 16 fits; 300 does not: 2 x 300 + the prompt > 512 */
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt --context 300 "
+             "--continuation 16 --method h2o,kvzip:query_source=repeat --budget 64",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data());
+    st = kvm_test_run(cmd, &o, &e);
+    ck_assert_msg(st == 2 && strstr(e, "--method kvzip:query_source=repeat: query_source repeat needs 2N + P = ") &&
+                      strstr(e, "but the model's window is 512 tokens") && !strstr(o, "== "),
+                  "exit %d, stdout %s, stderr %s", st, o, e);
+    free(o);
+    free(e);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt --context 300 "
+             "--continuation 16 --method polykv:%s:query_source=repeat --budget 64",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), strat);
+    st = kvm_test_run(cmd, &o, &e);
+    ck_assert_msg(st == 2 && strstr(e, "query_source repeat (its strategy's sculpt and kvzip layers) needs") &&
+                      !strstr(o, "== "),
+                  "exit %d, stdout %s, stderr %s", st, o, e);
+    free(o);
+    free(e);
+    /* the strategy at options that work runs */
+    snprintf(args, sizeof args, "--method polykv:%s:retain=8 --budget 16", strat);
+    st = run_eval(args, &o, &e);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, e);
+    free(o);
+    free(e);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *eval_review_suite(void)
 {
     Suite *s = suite_create("eval_review");
@@ -194,9 +250,12 @@ static Suite *eval_review_suite(void)
         const char *name;
         const TTest *fn;
     } cases[] = {
-        {"config_continuation_one", test_config_continuation_one},       {"messages_numbers", test_messages_numbers},
-        {"sculpt_ratio_whole_context", test_sculpt_ratio_whole_context}, {"duplicate_columns", test_duplicate_columns},
+        {"config_continuation_one", test_config_continuation_one},
+        {"messages_numbers", test_messages_numbers},
+        {"sculpt_ratio_whole_context", test_sculpt_ratio_whole_context},
+        {"duplicate_columns", test_duplicate_columns},
         {"task_budget_case_context", test_task_budget_case_context},
+        {"solver_options_up_front", test_solver_options_up_front},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
