@@ -184,6 +184,31 @@ static int make_job(cmd_eval_job *e, const char *spec, const char *item, int fir
     return 0;
 }
 
+/* Item b of the --budget/--ratio list items, which method full (one column) makes no job of:
+ * still a valid value, and not one an earlier item has. Returns 0, or 2 after printing why. */
+static int full_item_ok(char *const *items, int b, int is_ratio)
+{
+    double r[2] = {0, 0};
+    int64_t t[2] = {0, 0};
+    for (int i = 0; i < b; i++) {
+        int bad = is_ratio ? kvm_cli_float(CMD, "ratio", items[b], 1e-9, 1.0, &r[1]) ||
+                                 kvm_cli_float(CMD, "ratio", items[i], 1e-9, 1.0, &r[0])
+                           : kvm_cli_int(CMD, "budget", items[b], 1, INT32_MAX, &t[1]) ||
+                                 kvm_cli_int(CMD, "budget", items[i], 1, INT32_MAX, &t[0]);
+        if (bad) return 2;
+        if (r[0] == r[1] && t[0] == t[1]) {
+            if (strcmp(items[i], items[b]))
+                fprintf(stderr, "kvmill " CMD ": --%s %s is given twice (as %s and %s): name each once\n",
+                        is_ratio ? "ratio" : "budget", items[b], items[i], items[b]);
+            else
+                fprintf(stderr, "kvmill " CMD ": --%s %s is given twice: name each once\n",
+                        is_ratio ? "ratio" : "budget", items[b]);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int cmd_eval__make_jobs(const char *methods, const char *budgets, int is_ratio, int target, const char *flags,
                         const kvm_model_config *c, const char *model_path, cmd_eval_job **jobs, int *n_jobs)
 {
@@ -204,7 +229,10 @@ int cmd_eval__make_jobs(const char *methods, const char *budgets, int is_ratio, 
     int n = 0;
     for (int a = 0; !rc && a < nm; a++)
         for (int b = 0; !rc && b < nb; b++) {
-            if (b > 0 && !strcmp(j[n - 1].m->name, "full")) break; /* one column whatever the budgets */
+            if (b > 0 && !strcmp(j[n - 1].m->name, "full")) { /* one column whatever the budgets */
+                rc = full_item_ok(bv, b, is_ratio);
+                continue;
+            }
             if ((rc = make_job(&j[n], mv[a], bv[b], b == 0, is_ratio, target, flags, c))) break;
             n++;
             if (!strcmp(j[n - 1].m->name, "polykv")) rc = strategy_model_ok(&j[n - 1], &mi);

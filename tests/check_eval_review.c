@@ -112,6 +112,9 @@ START_TEST(test_duplicate_columns)
                   st, err);
     free(out);
     free(err);
+    /* full's one column still checks every item of the list */
+    expect_refused("--method full --budget 16,abc", "--budget: 'abc' is not an integer", NULL);
+    expect_refused("--method full --budget 16,16", "--budget 16 is given twice", NULL);
     /* full is one column whatever the budgets; the others keep theirs */
     st = run_eval("--method full,h2o --budget 16,32", &out, &err);
     ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
