@@ -265,8 +265,10 @@ int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, i
                         "--budget (or use --method full)\n",
                         (long long)jobs[j].budget.tokens, ctx);
             else
-                fprintf(stderr, "kvmill " CMD ": --ratio 1 keeps every entry: the \"compressed\" cache would be as "
-                                "large as the full one; lower --ratio (or use --method full)\n");
+                fprintf(stderr,
+                        "kvmill " CMD ": --ratio %s keeps every entry: the \"compressed\" cache would be as "
+                        "large as the full one; lower --ratio (or use --method full)\n",
+                        jobs[j].item);
             rc = 2;
         }
     for (int j = 0; !rc && j < n_jobs; j++) {

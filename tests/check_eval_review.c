@@ -58,6 +58,7 @@ END_TEST
 START_TEST(test_messages_numbers)
 {
     expect_refused("--method h2o --ratio 0.99999999", "--ratio 0.99999999 of --context 64 keeps 64 entries", NULL);
+    expect_refused("--method h2o --ratio 0.5,1.0", "--ratio 1.0 keeps every entry", NULL);
     expect_refused("--method sculpt --ratio 0.5 --queries 100000000",
                    "--queries 100000000: expected an integer in "
                    "[0, 16777216]",
