@@ -4,6 +4,7 @@
  * (cmd_eval_target.c) or the fixed-budget runs (cmd_eval_run.c) over the jobs (cmd_eval_jobs.c). */
 #include "common/kvm_error.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "model/kvm_chat.h"
 #include "orchestrator/cmd_eval_int.h"
 #include "orchestrator/kvm_cli.h"
@@ -394,6 +395,21 @@ static int sculpt_flags(const eval_cli *c, char *flags, size_t size, const char 
     return 0;
 }
 
+/* The jobs whose solver prefills the context again after it (query_source repeat) fit the
+ * model's window at a context of N tokens (ctx names it), with the repeat prompt (chat: in the
+ * chat turn). Returns 0, or 2 (1) after printing why. */
+static int check_repeat(const eval_run *r, int chat, int64_t N, const char *ctx)
+{
+    int32_t *rp = NULL;
+    int64_t n_rp = 0;
+    if (kvm_sculpt_repeat_prompt(r->tok, chat, &rp, &n_rp)) {
+        fprintf(stderr, "kvmill " CMD ": the repeat prompt: %s\n", kvm_errmsg());
+        return 1;
+    }
+    free(rp);
+    return cmd_eval__check_repeat(r->jobs, r->n_jobs, N, n_rp, r->m->cfg.seq_len, ctx, "lower --context");
+}
+
 /* The jobs of --method at --budget, --ratio or (--target-kl) a placeholder budget, with the
  * sculpt flags, and their checks (cmd_eval__check_jobs). Returns 0, or 2 (1) after printing why. */
 static int build_jobs(const eval_cli *c, const cmd_eval_setup *es, eval_run *r)
@@ -412,7 +428,12 @@ static int build_jobs(const eval_cli *c, const cmd_eval_setup *es, eval_run *r)
                                  !target && !budget, target != NULL, flags, &r->m->cfg, c->model_path, &r->jobs,
                                  &r->n_jobs);
     if (!rc)
-        rc = cmd_eval__check_jobs(r->jobs, r->n_jobs, target != NULL, budget != NULL, es->N, sculpt_flag, c->method);
+        rc = cmd_eval__check_jobs(r->jobs, r->n_jobs, target != NULL, budget != NULL, c->task != NULL, es->N,
+                                  sculpt_flag, c->method);
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "--context %lld", (long long)es->N);
+    if (!rc && !c->task)
+        rc = check_repeat(r, es->frame != NULL, es->N, ctx); /* --task: its cases' (check_task_cases) */
     return rc;
 }
 
@@ -465,8 +486,31 @@ static int check_docs(const eval_cli *c, const cmd_eval_setup *es, eval_run *r)
     return rc;
 }
 
+/* --task: every case's context (shorter than --context where its document is) keeps more than
+ * each job's budget, and the longest fits query_source repeat (check_repeat), checked by making
+ * the cases (no prefill) before any work. Returns 0, or 2 (1) after printing why. */
+static int check_task_cases(const eval_cli *c, const cmd_eval_setup *es, const eval_run *r)
+{
+    cmd_eval_task_args ta = c->ta;
+    ta.m = r->m, ta.k = es->k, ta.tok = r->tok, ta.n_ctx = es->N;
+    int64_t nc, longest;
+    int ci, di;
+    int rc = cmd_eval_task_extent(&ta, &r->docs, &nc, &ci, &di, &longest);
+    char ctx[1024];
+    snprintf(ctx, sizeof ctx, "the longest task case's context (--context %lld at most)", (long long)es->N);
+    if (!rc) rc = check_repeat(r, c->ta.chat, longest, ctx);
+    if (rc || nc >= es->N || ci < 0) return rc; /* at --context: checked with the jobs */
+    snprintf(ctx, sizeof ctx,
+             "the context of task case %d (%s), %lld tokens (its document with the fact inserted, "
+             "cut to fit --context %lld)",
+             ci, r->docs.names[di], (long long)nc, (long long)es->N);
+    return cmd_eval__check_sizes(r->jobs, r->n_jobs, c->budget != NULL, nc, ctx,
+                                 "use longer documents (or drop that case: --cases, --first-case)");
+}
+
 /* Opens everything the run needs and checks it, in the order the messages come: the model, the
- * window, the jobs, --csv against the inputs, --target-step, the documents; then --csv itself.
+ * window, the jobs, --csv against the inputs, --target-step, the documents, --task's cases; then
+ * --csv itself.
  * Returns 0, or 2 (1) after printing why; r holds what was opened either way. */
 static int eval_open(const eval_cli *c, cmd_eval_setup *es, eval_run *r)
 {
@@ -476,6 +520,7 @@ static int eval_open(const eval_cli *c, cmd_eval_setup *es, eval_run *r)
     if (!rc) rc = check_csv(c, r);
     if (!rc && c->target) rc = cmd_eval__check_target_steps(es, r->jobs, r->n_jobs, es->N);
     if (!rc) rc = check_docs(c, es, r);
+    if (!rc && c->task) rc = check_task_cases(c, es, r);
     if (!rc && c->csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", c->csv_path, &r->out))) r->csv = r->out.f;
     return rc;
 }

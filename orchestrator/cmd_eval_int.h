@@ -17,6 +17,7 @@ typedef struct cmd_eval_job {
     const kvm_method *m;
     char spec[512];    /* "h2o", "polykv:FILE" as given */
     kvm_budget budget; /* as requested */
+    char item[256];    /* the --budget or --ratio item as given, for messages */
     void *opts;        /* from m->opts_new */
     char arg[2048];    /* the options opts was made from (flags and the method's own) */
     int has_arg;       /* 0: opts_new got NULL */
@@ -59,10 +60,27 @@ void cmd_eval__free_jobs(cmd_eval_job *j, int n);
 
 /* Refuses, before any document, jobs that cannot be what the command line asks for at context N:
  * a budget or ratio that keeps the whole context (is_budget: the columns are --budget), a retain
- * zone not below N, a sculpt flag (sculpt_flag, or NULL) that no method of --method `method`
- * reads, and method full under --target-kl (target). Returns 0, or 2 after printing why. */
-int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int64_t N,
+ * zone not below N, two jobs of the same method, options and entries (task: --task, whose cases
+ * may be shorter than N, compares ratios as given), a sculpt flag (sculpt_flag, or NULL) that no
+ * method of --method `method` reads, and method full under --target-kl (target). Returns 0, or 2
+ * after printing why. */
+int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N,
                          const char *sculpt_flag, const char *method);
+
+/* Refuses, before any document, fixed-budget jobs that keep the whole of a context of N tokens:
+ * a --budget (is_budget) not below N, --ratio 1, a ratio whose entries come to N (the sculpt
+ * family's: round(r·(N − m)) distilled beside the retain zone m), a retain zone not below N.
+ * ctx names that context in the message ("--context 64"), raise says how to grow it ("raise
+ * --context"). Returns 0, or 2 after printing why. */
+int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N, const char *ctx,
+                          const char *raise);
+
+/* Refuses, before any prefill, a job whose solver (kvm_method_solver_opts) draws queries from
+ * query_source repeat, which prefills the repeat prompt (n_prompt tokens; 1 when 0) and the
+ * context again after a context of N tokens: 2N + P positions, more than the model's window.
+ * ctx names N ("--context 300"), lower how to shrink it. Returns 0, or 2 after printing why. */
+int cmd_eval__check_repeat(const cmd_eval_job *jobs, int n_jobs, int64_t N, int64_t n_prompt, int window,
+                           const char *ctx, const char *lower);
 
 /* The strategy FILE of a "polykv:FILE[:OPTS]" method spec into buf: up to the first ':' that
  * starts a sculpt option (as cmd_eval__make_jobs splits it), so a path holding ':' stays whole. */

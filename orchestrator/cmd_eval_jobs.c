@@ -4,11 +4,13 @@
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
+#include "compress/sculpt/kvm_sculpt.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/cmd_eval_int.h"
 #include "orchestrator/kvm_cli.h"
 #include "store/kvm_store.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +117,7 @@ static int job_parse(cmd_eval_job *e, const char *spec, const char *item, int is
         return 2;
     }
     snprintf(e->spec, sizeof e->spec, "%s", spec);
+    snprintf(e->item, sizeof e->item, "%s", item);
     if (is_ratio) {
         if (kvm_cli_float(CMD, "ratio", item, 1e-9, 1.0, &e->budget.ratio)) return 2;
     } else if (kvm_cli_int(CMD, "budget", item, 1, INT32_MAX, &e->budget.tokens))
@@ -181,6 +184,31 @@ static int make_job(cmd_eval_job *e, const char *spec, const char *item, int fir
     return 0;
 }
 
+/* Item b of the --budget/--ratio list items, which method full (one column) makes no job of:
+ * still a valid value, and not one an earlier item has. Returns 0, or 2 after printing why. */
+static int full_item_ok(char *const *items, int b, int is_ratio)
+{
+    double r[2] = {0, 0};
+    int64_t t[2] = {0, 0};
+    for (int i = 0; i < b; i++) {
+        int bad = is_ratio ? kvm_cli_float(CMD, "ratio", items[b], 1e-9, 1.0, &r[1]) ||
+                                 kvm_cli_float(CMD, "ratio", items[i], 1e-9, 1.0, &r[0])
+                           : kvm_cli_int(CMD, "budget", items[b], 1, INT32_MAX, &t[1]) ||
+                                 kvm_cli_int(CMD, "budget", items[i], 1, INT32_MAX, &t[0]);
+        if (bad) return 2;
+        if (r[0] == r[1] && t[0] == t[1]) {
+            if (strcmp(items[i], items[b]))
+                fprintf(stderr, "kvmill " CMD ": --%s %s is given twice (as %s and %s): name each once\n",
+                        is_ratio ? "ratio" : "budget", items[b], items[i], items[b]);
+            else
+                fprintf(stderr, "kvmill " CMD ": --%s %s is given twice: name each once\n",
+                        is_ratio ? "ratio" : "budget", items[b]);
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int cmd_eval__make_jobs(const char *methods, const char *budgets, int is_ratio, int target, const char *flags,
                         const kvm_model_config *c, const char *model_path, cmd_eval_job **jobs, int *n_jobs)
 {
@@ -201,24 +229,14 @@ int cmd_eval__make_jobs(const char *methods, const char *budgets, int is_ratio, 
     int n = 0;
     for (int a = 0; !rc && a < nm; a++)
         for (int b = 0; !rc && b < nb; b++) {
+            if (b > 0 && !strcmp(j[n - 1].m->name, "full")) { /* one column whatever the budgets */
+                rc = full_item_ok(bv, b, is_ratio);
+                continue;
+            }
             if ((rc = make_job(&j[n], mv[a], bv[b], b == 0, is_ratio, target, flags, c))) break;
             n++;
             if (!strcmp(j[n - 1].m->name, "polykv")) rc = strategy_model_ok(&j[n - 1], &mi);
         }
-    for (int x = 0; !rc && x < n; x++) /* an item twice ran twice: a column repeated */
-        for (int y = 0; !rc && y < x; y++)
-            if (!strcmp(j[x].spec, j[y].spec) && j[x].budget.tokens == j[y].budget.tokens &&
-                j[x].budget.ratio == j[y].budget.ratio) {
-                if (target)
-                    fprintf(stderr, "kvmill " CMD ": --method %s is given twice (--method '%s'): name each once\n",
-                            j[x].spec, methods);
-                else
-                    fprintf(stderr,
-                            "kvmill " CMD ": --method %s at --%s %s is given twice (--method '%s', --%s '%s'): "
-                            "name each once\n",
-                            j[x].spec, bflag, bv[x % nb], methods, bflag, budgets);
-                rc = 2;
-            }
     free(ms);
     free(bs);
     if (oom) fprintf(stderr, "kvmill " CMD ": out of memory\n"); /* not for a file that could not be read */
@@ -234,51 +252,163 @@ void cmd_eval__free_jobs(cmd_eval_job *j, int n)
     free(j);
 }
 
-/* Budgets and ratios of the fixed-budget columns that keep the whole context of N tokens: a
- * "compressed" cache as large as the full one. Returns 0 or 2 after printing why. */
-static int check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N)
+int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, int64_t N, const char *ctx,
+                          const char *raise)
 {
     int rc = 0;
     for (int j = 0; !rc && j < n_jobs; j++) /* as run refuses [compress] budget >= context, ratio = 1 */
         if (strcmp(jobs[j].m->name, "full") && (is_budget ? jobs[j].budget.tokens >= N : jobs[j].budget.ratio >= 1)) {
             if (is_budget)
                 fprintf(stderr,
-                        "kvmill " CMD ": --budget %lld is not below --context %lld: the \"compressed\" cache "
+                        "kvmill " CMD ": --budget %lld is not below %s: the \"compressed\" cache "
                         "would be as large as the full one (the budget would be clamped to the context); lower "
                         "--budget (or use --method full)\n",
-                        (long long)jobs[j].budget.tokens, (long long)N);
+                        (long long)jobs[j].budget.tokens, ctx);
             else
-                fprintf(stderr, "kvmill " CMD ": --ratio 1 keeps every entry: the \"compressed\" cache would be as "
-                                "large as the full one; lower --ratio (or use --method full)\n");
+                fprintf(stderr,
+                        "kvmill " CMD ": --ratio %s keeps every entry: the \"compressed\" cache would be as "
+                        "large as the full one; lower --ratio (or use --method full)\n",
+                        jobs[j].item);
             rc = 2;
         }
     for (int j = 0; !rc && j < n_jobs; j++) {
-        const int distils =
-            cmd_eval__sculpt_family(jobs[j].m) && strcmp(jobs[j].m->name, "polykv"); /* opts: kvm_sculpt_opts */
-        const int64_t retain = distils ? ((const kvm_sculpt_opts *)jobs[j].opts)->retain_tokens : 0;
-        if (distils && retain >= N) { /* each document failed after its prefill, exit 1 (sculpt refuses it: 2) */
+        const kvm_sculpt_opts *so = kvm_method_solver_opts(jobs[j].m, jobs[j].opts); /* polykv: its layers' */
+        const int distils = so && strcmp(jobs[j].m->name, "polykv"); /* the solver sizes the whole cache */
+        const int64_t retain = so ? so->retain_tokens : 0;
+        if (so && retain >= N) { /* each document failed after its prefill, exit 1 (sculpt refuses it: 2) */
             fprintf(stderr,
-                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens is not below --context %lld: "
-                    "nothing is left to compress; lower --retain or raise --context\n",
-                    jobs[j].spec, (long long)retain, (long long)N);
+                    "kvmill " CMD ": --method %s: the retain zone of %lld tokens%s is not below %s: "
+                    "nothing is left to compress; lower --retain or %s\n",
+                    jobs[j].spec, (long long)retain, distils ? "" : " (of its strategy's sculpt and kvzip layers)", ctx,
+                    raise);
+            rc = 2;
+        } else if (distils && !is_budget && kvm_sculpt_k(jobs[j].opts, N) + retain >= N) {
+            /* k = round(r·(N − m)) distilled entries beside the m retained: the full cache, KL 0 */
+            fprintf(stderr,
+                    "kvmill " CMD ": --method %s: --ratio %s of the compress zone (%s less the retain "
+                    "zone of %lld) keeps %lld distilled entries beside the %lld retained, the whole context: the "
+                    "\"compressed\" cache would be as large as the full one; lower --ratio or %s\n",
+                    jobs[j].spec, jobs[j].item, ctx, (long long)retain, (long long)kvm_sculpt_k(jobs[j].opts, N),
+                    (long long)retain, raise);
             rc = 2;
         } else if (!distils && !is_budget && strcmp(jobs[j].m->name, "full") &&
                    kvm_budget_resolve(&jobs[j].budget, N) >= N) { /* r·N rounded up to a whole entry */
             fprintf(stderr,
-                    "kvmill " CMD ": --ratio %g of --context %lld keeps %lld entr%s, the whole context: the "
-                    "\"compressed\" cache would be as large as the full one; lower --ratio or raise --context\n",
-                    jobs[j].budget.ratio, (long long)N, (long long)kvm_budget_resolve(&jobs[j].budget, N),
-                    kvm_plural(kvm_budget_resolve(&jobs[j].budget, N), "y", "ies"));
+                    "kvmill " CMD ": --ratio %s of %s keeps %lld entr%s, the whole context: the "
+                    "\"compressed\" cache would be as large as the full one; lower --ratio or %s\n",
+                    jobs[j].item, ctx, (long long)kvm_budget_resolve(&jobs[j].budget, N),
+                    kvm_plural(kvm_budget_resolve(&jobs[j].budget, N), "y", "ies"), raise);
             rc = 2;
         }
     }
     return rc;
 }
 
-int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int64_t N,
+int cmd_eval__check_repeat(const cmd_eval_job *jobs, int n_jobs, int64_t N, int64_t n_prompt, int window,
+                           const char *ctx, const char *lower)
+{
+    const int64_t P = n_prompt > 0 ? n_prompt : 1; /* the BOS token alone without one (sculpt_qsource.c) */
+    for (int j = 0; j < n_jobs; j++) {
+        const kvm_sculpt_opts *so = kvm_method_solver_opts(jobs[j].m, jobs[j].opts);
+        if (!so || !(so->query_source.share[KVM_SCULPT_QSRC_REPEAT] > 0) || 2 * N + P <= window) continue;
+        fprintf(stderr,
+                "kvmill " CMD ": --method %s: query_source repeat%s needs 2N + P = %lld positions (N = %lld, %s; "
+                "the repeat prompt P = %lld) but the model's window is %d tokens: %s, or another query_source\n",
+                jobs[j].spec, strcmp(jobs[j].m->name, "polykv") ? "" : " (its strategy's sculpt and kvzip layers)",
+                (long long)(2 * N + P), (long long)N, ctx, (long long)P, window, lower);
+        return 2;
+    }
+    return 0;
+}
+
+/* The entries per KV head job e keeps of a context of N tokens, as its method resolves its budget
+ * (kvm_budget_resolve; the sculpt family: kvm_sculpt_k distilled entries and the retain zone);
+ * task: a case's context may be shorter than N, so a ratio is compared as given (scaled to
+ * compare as an integer). */
+static int64_t job_entries(const cmd_eval_job *e, int is_budget, int task, int64_t N)
+{
+    if (is_budget) return e->budget.tokens;
+    if (task) return (int64_t)llround(e->budget.ratio * 1e15);
+    if (cmd_eval__sculpt_family(e->m) && strcmp(e->m->name, "polykv")) {
+        const kvm_sculpt_opts *o = e->opts;
+        return kvm_sculpt_k(o, N) + o->retain_tokens;
+    }
+    return kvm_budget_resolve(&e->budget, N);
+}
+
+/* 1 when jobs a and b run the same method with the same options: the sculpt family's settings
+ * that change a result (kvm_sculpt_opts_canonical), else the options as given. */
+static int same_options(const cmd_eval_job *a, const cmd_eval_job *b)
+{
+    if (a->m != b->m) return 0;
+    if (!strcmp(a->m->name, "full")) return 1;
+    if (cmd_eval__sculpt_family(a->m) && strcmp(a->m->name, "polykv")) {
+        char ta[KVM_SCULPT_OPTS_CANONICAL_MAX], tb[KVM_SCULPT_OPTS_CANONICAL_MAX];
+        if (kvm_sculpt_opts_canonical(a->opts, ta, sizeof ta) || kvm_sculpt_opts_canonical(b->opts, tb, sizeof tb))
+            return !strcmp(a->arg, b->arg);
+        return !strcmp(ta, tb);
+    }
+    return a->has_arg == b->has_arg && !strcmp(a->arg, b->arg);
+}
+
+/* Two jobs that resolve to the same (method, options, entries) would be the same column twice
+ * (an item repeated, two ratios rounding to one budget, full at several budgets). Returns 0, or
+ * 2 after printing why, naming both items as given. */
+static int check_duplicates(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N)
+{
+    const char *bflag = is_budget ? "budget" : "ratio";
+    for (int x = 0; x < n_jobs; x++)
+        for (int y = 0; y < x; y++) {
+            const cmd_eval_job *a = &jobs[y], *b = &jobs[x];
+            if (!same_options(a, b)) continue;
+            if (!strcmp(a->m->name, "full")) {
+                fprintf(stderr, "kvmill " CMD ": --method full is given twice (full KV is one column whatever the "
+                                "budgets): name it once\n");
+                return 2;
+            }
+            if (target) {
+                if (!strcmp(a->spec, b->spec))
+                    fprintf(stderr, "kvmill " CMD ": --method %s is given twice: name each once\n", a->spec);
+                else
+                    fprintf(stderr,
+                            "kvmill " CMD ": --method %s and --method %s are the same method with the same "
+                            "options (--target-kl searches each once): name each once\n",
+                            a->spec, b->spec);
+                return 2;
+            }
+            const int64_t ea = job_entries(a, is_budget, task, N);
+            if (ea != job_entries(b, is_budget, task, N)) continue;
+            if (!strcmp(a->spec, b->spec) && !strcmp(a->item, b->item))
+                fprintf(stderr, "kvmill " CMD ": --method %s at --%s %s is given twice: name each once\n", a->spec,
+                        bflag, a->item);
+            else if (!strcmp(a->spec, b->spec) && a->budget.tokens == b->budget.tokens &&
+                     a->budget.ratio == b->budget.ratio) /* 0.3 and 0.30 */
+                fprintf(stderr,
+                        "kvmill " CMD ": --method %s at --%s %s is given twice (as %s and %s): name each once\n",
+                        a->spec, bflag, b->item, a->item, b->item);
+            else if (is_budget || task)
+                fprintf(stderr,
+                        "kvmill " CMD ": --method %s at --%s %s and --method %s at --%s %s are the same column (the "
+                        "same method, options and size): name each once\n",
+                        a->spec, bflag, a->item, b->spec, bflag, b->item);
+            else
+                fprintf(stderr,
+                        "kvmill " CMD ": --method %s at --ratio %s and --method %s at --ratio %s are the same column: "
+                        "the same method and options, both keeping %lld entries per KV head of --context %lld; "
+                        "name each once\n",
+                        a->spec, a->item, b->spec, b->item, (long long)ea, (long long)N);
+            return 2;
+        }
+    return 0;
+}
+
+int cmd_eval__check_jobs(const cmd_eval_job *jobs, int n_jobs, int target, int is_budget, int task, int64_t N,
                          const char *sculpt_flag, const char *method)
 {
-    int rc = target ? 0 : check_sizes(jobs, n_jobs, is_budget, N);
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "--context %lld", (long long)N);
+    int rc = target ? 0 : cmd_eval__check_sizes(jobs, n_jobs, is_budget, N, ctx, "raise --context");
+    if (!rc) rc = check_duplicates(jobs, n_jobs, target, is_budget, task, N);
     int any_sculpt = 0;
     for (int j = 0; j < n_jobs; j++)
         any_sculpt |= cmd_eval__sculpt_family(jobs[j].m);

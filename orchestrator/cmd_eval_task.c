@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -342,17 +343,54 @@ static void summary(const char *name, int64_t right, int64_t n, int64_t b, int64
                (long long)c, kvm_task_mcnemar_p(b, c));
 }
 
+/* The task's framing (chat or plain) into *fr (free fr->open and fr->close). Returns 0 or an
+ * error, said on stderr for --chat. */
+static int frame_new(const cmd_eval_task_args *a, frame *fr)
+{
+    *fr = (frame){NULL, NULL};
+    int rc = a->chat ? kvm_chat_frame(a->tok, a->system, &fr->open, &fr->close) : 0;
+    if (rc) fprintf(stderr, "kvmill " CMD ": --chat: %s\n", kvm_errmsg());
+    if (!rc && !a->chat) {
+        fr->open = strdup("");
+        fr->close = strdup("\nAnswer:");
+        if (!fr->open || !fr->close) rc = kvm_err(KVM_ENOMEM, "out of memory");
+    }
+    return rc;
+}
+
+int cmd_eval_task_extent(const cmd_eval_task_args *a, const cmd_eval_docset *docs, int64_t *n_ctx, int *case_index,
+                         int *doc_index, int64_t *n_longest)
+{
+    frame fr;
+    int rc = frame_new(a, &fr);
+    *n_ctx = INT64_MAX, *case_index = -1, *doc_index = -1, *n_longest = 0;
+    for (int i = a->first_case; !rc && i < a->first_case + a->cases; i++) {
+        int di = (i / KVM_TASK_DEPTHS) % docs->n;
+        char *text = NULL;
+        size_t len = 0;
+        kvm_task_case tc = {0};
+        int32_t *ids = NULL;
+        int64_t nc = 0, nq = 0;
+        rc = read_text(docs->paths[di], &text, &len);
+        if (!rc) rc = make_case(a, &fr, text, len, (uint64_t)i, &tc, &ids, &nc, &nq);
+        if (rc)
+            fprintf(stderr, "kvmill " CMD ": task case %d (%s): %s\n", i, docs->names[di], kvm_errmsg());
+        if (!rc && nc < *n_ctx) *n_ctx = nc, *case_index = i, *doc_index = di;
+        if (!rc && nc > *n_longest) *n_longest = nc;
+        free(ids);
+        kvm_task_case_deinit(&tc);
+        free(text);
+    }
+    free(fr.open);
+    free(fr.close);
+    return rc == KVM_EINVAL ? 2 : rc ? 1 : 0;
+}
+
 int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, const cmd_eval_task_job *jobs,
                       int n_jobs)
 {
-    frame fr = {NULL, NULL};
-    int rc = a->chat ? kvm_chat_frame(a->tok, a->system, &fr.open, &fr.close) : 0;
-    if (rc) fprintf(stderr, "kvmill " CMD ": --chat: %s\n", kvm_errmsg());
-    if (!rc && !a->chat) {
-        fr.open = strdup("");
-        fr.close = strdup("\nAnswer:");
-        if (!fr.open || !fr.close) rc = kvm_err(KVM_ENOMEM, "out of memory");
-    }
+    frame fr;
+    int rc = frame_new(a, &fr);
     int32_t *rp = NULL; /* the repeat prompt (query_source repeat), in the chat turn with --chat */
     int64_t n_rp = 0;
     if (!rc) rc = kvm_sculpt_repeat_prompt(a->tok, a->chat, &rp, &n_rp);

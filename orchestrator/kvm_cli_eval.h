@@ -103,6 +103,14 @@ typedef struct cmd_eval_task_args {
     FILE *csv;                        /* one row per (case, method), or NULL */
 } cmd_eval_task_args;
 
+/* Makes every case of a (a->m and a->tok set; no prefill: the documents are read and tokenized)
+ * to find the shortest context among them, which a budget must stay below: *n_ctx tokens, of
+ * case *case_index, from document *doc_index (docs->names); and the longest, *n_longest tokens.
+ * Returns 0, or after printing "kvmill eval: task case N (DOC): ..." 2 when a case cannot be
+ * made (as cmd_eval_task_run), else 1. */
+int cmd_eval_task_extent(const cmd_eval_task_args *a, const cmd_eval_docset *docs, int64_t *n_ctx, int *case_index,
+                         int *doc_index, int64_t *n_longest);
+
 /* Runs the cases: full KV and each job per case, exact-match scored; prints a row per case and
  * per method the accuracy with its Wilson 95% interval and the exact McNemar test against full
  * KV. Returns 0, or after printing "kvmill eval: ..." 2 when a case cannot be made from the

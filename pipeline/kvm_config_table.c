@@ -73,7 +73,7 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
     {"calibrate", "layer_alloc", E, "all", 0, 0, "all|entropy|ppl|uniform", "", "only this PolyKV layer-budget allocation among the candidate strategies; all: every one, the best kept"},
 
     {"eval", "enabled", B, "false", 0, 0, NULL, "", "measure KL on a held-out continuation after compressing"},
-    {"eval", "continuation", I, "64", 1, 1 << 20, NULL, "tokens", "continuation length for the KL evaluation"},
+    {"eval", "continuation", I, "64", 2, 1 << 20, NULL, "tokens", "continuation length for the KL evaluation (at least 2: its first token is predicted by the context's own last row, full KV's)"},
 
     {"stages", "prefill_workers", I, "1", 0, 256, NULL, "processes", "kvmill-prefill workers started by the orchestrator"},
     {"stages", "compress_workers", I, "1", 0, 256, NULL, "processes", "kvmill-compress workers started by the orchestrator"},

@@ -229,6 +229,18 @@ void kvm_eval_score(const float *ref, const float *got, const int32_t *next, int
 struct kvm_evict_plan;
 int kvm_method_evict_plan(const kvm_method *m, const void *opts, int64_t n_tokens, struct kvm_evict_plan **plan);
 
+/* The KVSculpt solver's options under method m with opts (from m->opts_new): opts itself for
+ * sculpt, selectfit, joint-fixed, am and kvzip; a polykv strategy's sculpt and kvzip layers'
+ * (kvm_polykv_method_distilled_opts); NULL for a method that runs no solver. Borrowed: valid
+ * while opts is. What a harness checks (retain zone, query sources) before any prefill. */
+struct kvm_sculpt_opts;
+const struct kvm_sculpt_opts *kvm_method_solver_opts(const kvm_method *m, const void *opts);
+
+/* polykv's part of kvm_method_solver_opts: the options of the sculpt and kvzip layers of the
+ * strategy of opts (from kvm_polykv_method_opts_new), or NULL when it has none (kvzip layers
+ * score with mode kvzip, the rest as given). Defined in compress/polykv/kvm_polykv_method.c. */
+const struct kvm_sculpt_opts *kvm_polykv_method_distilled_opts(const void *opts);
+
 /* The CSV header the harness writes (no newline). */
 #define KVM_EVAL_CSV_HEADER \
     "doc,method,budget_tokens,ratio,kl_mean,kl_median,kl_p99,top1,ppl_full,ppl_compressed,seconds,dtype," \

@@ -180,6 +180,13 @@ int kvm_method_evict_plan(const kvm_method *m, const void *opts, int64_t n_token
     return plan_for(opts, n_tokens, plan);
 }
 
+const struct kvm_sculpt_opts *kvm_method_solver_opts(const kvm_method *m, const void *opts)
+{
+    if (m->compress == sculpt_run) return opts;
+    if (m->compress == kvm_polykv_method_compress) return kvm_polykv_method_distilled_opts(opts);
+    return NULL;
+}
+
 const kvm_method *kvm_method_table(int *n)
 {
     *n = (int)(sizeof methods / sizeof methods[0]);

@@ -165,6 +165,12 @@ int kvm_polykv_method_check_model(const void *opts, const uint8_t *model_id, con
     return kvm_strategy_check_model(o->s, o->file ? o->file : "(the strategy in memory)", model_id, model);
 }
 
+const kvm_sculpt_opts *kvm_polykv_method_distilled_opts(const void *opts)
+{
+    const polykv_opts *o = opts;
+    return kvm_strategy_distilled(o->s) ? &o->sculpt : NULL;
+}
+
 int kvm_polykv_method_needs_model_id(const void *opts) { return ((const polykv_opts *)opts)->s->model_known; }
 
 void kvm_polykv_method_opts_free(void *opts)

@@ -141,8 +141,10 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
     double v = 0;
     if (kvm_parse_decimal(value, &v) || v < r->lo || v > r->hi ||
         (r->kind != K_F64 && v != floor(v)))
-        return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected %s in [%g, %g]", name, value,
-                       r->kind == K_F64 ? "a number" : "an integer", r->lo, r->hi);
+        return r->kind == K_F64 /* an integer's bounds whole: %g printed 2^24 as 1.67772e+07 */
+                   ? kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected a number in [%g, %g]", name, value, r->lo, r->hi)
+                   : kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected an integer in [%.0f, %.0f]", name, value, r->lo,
+                             r->hi);
     switch (r->kind) {
     case K_BUDGET:
         if (v > 0 && v <= o->retain_tokens)
