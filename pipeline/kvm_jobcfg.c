@@ -269,7 +269,12 @@ int kvm_jobcfg_config_id(const kvm_config *c, const kvm_store_id *strategy_hash,
     char *text = malloc(cap);
     if (!text) { free(comp); return kvm_err(KVM_ENOMEM, "config id: out of memory"); }
     char hex[KVM_STORE_ID_HEX + 1];
-    int k = snprintf(text, cap, "kvmill.algorithm=%d\nmodel.context=%lld\nstore.dtype=%s\n", KVM_JOBCFG_ALGORITHM_VERSION,
+    char version[32]; /* polykv's own part: its caches go stale alone (KVM_JOBCFG_POLYKV_PLAN) */
+    if (strcmp(kvm_config_str(c, "compress", "method"), "polykv"))
+        snprintf(version, sizeof version, "%d", KVM_JOBCFG_ALGORITHM_VERSION);
+    else
+        snprintf(version, sizeof version, "%d.%d", KVM_JOBCFG_ALGORITHM_VERSION, KVM_JOBCFG_POLYKV_PLAN);
+    int k = snprintf(text, cap, "kvmill.algorithm=%s\nmodel.context=%lld\nstore.dtype=%s\n", version,
                      (long long)kvm_config_int(c, "model", "context"), kvm_config_str(c, "store", "dtype"));
     /* 16-bit KV on the wire changes the cache a little: its own id (f32 keeps the old ids) */
     const char *wire = kvm_config_str(c, "run", "wire_dtype");

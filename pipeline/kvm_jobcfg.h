@@ -30,6 +30,12 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * `stale-algorithm` and `kvmill store rm --stale --config F` removes them. */
 #define KVM_JOBCFG_ALGORITHM_VERSION 2 /* 2: query_source repeat puts KVzip's instruction before the copy */
 
+/* The same rule for a change to method polykv alone, so that other methods' caches keep their
+ * ids: a polykv cache's version is "VERSION.PLAN" (kvmill.algorithm=2.1). 1: a strategy's layer
+ * budgets rescaled to a document are capped at its length, the surplus given to the other
+ * layers (a layer's budget above the context had kept it whole and left the surplus unspent). */
+#define KVM_JOBCFG_POLYKV_PLAN 1
+
 /* Settings that are each valid alone but together would not compress: [model] system
  * without chat = true (the message would be ignored), [compress] target_kl with method full
  * or polykv (no budget to choose) or with a smallest budget searched at or above [model] context
@@ -62,7 +68,8 @@ int kvm_jobcfg_check_text(const kvm_config *c);
 
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:
  * the manifest's config bytes) of everything that changes a stored cache, one
- * "name=value\n" line each, in this order: kvmill.algorithm (KVM_JOBCFG_ALGORITHM_VERSION),
+ * "name=value\n" line each, in this order: kvmill.algorithm (KVM_JOBCFG_ALGORITHM_VERSION, and
+ * ".KVM_JOBCFG_POLYKV_PLAN" after it for method polykv),
  * model.context, store.dtype, run.wire_dtype and model.weight_dtype (each only when not f32),
  * model.chat=true and model.system (escaped \\, \n, \r; only with [model] chat = true, the
  * system line only when set), every [compress] setting (resolved, defaults included, but

@@ -1276,6 +1276,44 @@ START_TEST(test_cli_layer_cap)
 }
 END_TEST
 
+/* A strategy rescaled to a shorter document: a layer whose budget came out above the document's
+ * length kept it whole and left the surplus unspent (budget 40 over layers 38/10/64/24/64 at
+ * context 64, evaluated at context 32 and budget 24: 21.60 entries per head instead of 24).
+ * The plan caps each layer at the document's length and gives the surplus to the others. */
+START_TEST(test_plan_capped_at_document)
+{
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill calibrate --model %s/models/stories260K.bin --docs %s/corpus --budget 40 --context 64 "
+             "--continuation 8 --phases prefill --threads 1 --layer-alloc ppl --out %s/s.bin",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    free(out);
+    free(err);
+    kvm_strategy *st;
+    snprintf(cmd, sizeof cmd, "%s/s.bin", dir);
+    ck_assert_int_eq(kvm_strategy_read(cmd, &st), 0);
+    int64_t top = 0;
+    for (int l = 0; l < st->n_layers; l++)
+        top = st->layers[l].budget > top ? st->layers[l].budget : top;
+    kvm_strategy_free(&st);
+    ck_assert_msg(top * 24 / 40 > 32, "no layer goes above the context at budget 24: the test tests nothing");
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt --context 32 "
+             "--continuation 8 --budget 24 --method polykv:%s/s.bin",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char *row = strstr(out, "polykv:");
+    ck_assert_msg(row, "%s", out);
+    row += strcspn(row, " ");
+    ck_assert_msg(fabs(strtod(row, NULL) - 24.0) < 1e-9, "mean entries per head: %s", row);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* --sculpt-opts with --kvzip alone: an L-BFGS option no kvzip layer reads was accepted unsaid;
  * it is still accepted, with a note naming it (queries, which kvzip reads, is not named). */
 START_TEST(test_cli_sculpt_opts_note)
@@ -1403,6 +1441,7 @@ static Suite *polykv_suite(void)
                  {"cli_outputs", test_cli_outputs, 0},
                  {"cli_dump_candidates", test_cli_dump_candidates, 0},
                  {"cli_layer_cap", test_cli_layer_cap, 0},
+                 {"plan_capped_at_document", test_plan_capped_at_document, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
                  {"cli_windows_independent", test_cli_windows_independent, 0},
                  {"cli_sculpt_opts_note", test_cli_sculpt_opts_note, 0},
