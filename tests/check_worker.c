@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static kvm_model *model;
 static int32_t ids[256];
@@ -290,11 +292,40 @@ START_TEST(test_short_document_kept_full)
 }
 END_TEST
 
+/* `kvmill store rm --stale --config X` whose [model] path is missing printed the error twice and
+ * exited 1, while store ls with that config exits 2: the config's mistake, said once. */
+START_TEST(test_rm_stale_missing_model)
+{
+    char *dir = kvm_test_tmpdir(), store[4096], cfg[4096], text[8192], cmd[16384];
+    snprintf(store, sizeof store, "%s/store", dir);
+    kvm_test_store_create(store);
+    snprintf(cfg, sizeof cfg, "%s/x.ini", dir);
+    snprintf(text, sizeof text, "[model]\npath = %s/no-such-model.bin\n[store]\npath = %s\n", dir, store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --config '%s'", kvm_test_bin(), cfg);
+    int ls = kvm_test_run(cmd, &out, &err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store rm --stale --config '%s'", kvm_test_bin(), cfg);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(ls == 2 && rc == 2, "store ls exit %d, store rm --stale exit %d (want 2, 2): %s", ls, rc, err);
+    ck_assert_msg(kvm_test_count(err, "no-such-model.bin") == 1, "the error, once, naming the model: %s", err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
     TCase *tw = tcase_create("calib_wire");
     tcase_add_test(tw, test_calib_wire);
+    TCase *tr = tcase_create("rm_stale_missing_model");
+    tcase_add_test(tr, test_rm_stale_missing_model);
+    suite_add_tcase(s, tr);
     suite_add_tcase(s, tw);
     TCase *tc = tcase_create("every_method");
     tcase_add_checked_fixture(tc, setup, teardown);
