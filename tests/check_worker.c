@@ -2,6 +2,7 @@
  * a cache of the model's shape at its budget, and the decode-phase policy a decode worker
  * applies keeps every KV head within the entries it was stored with while tokens are added. */
 #include "pipeline/kvm_calib.h"
+#include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static kvm_model *model;
@@ -318,6 +320,54 @@ START_TEST(test_rm_stale_missing_model)
 }
 END_TEST
 
+/* A child process that makes a temporary run directory in tmp, writes a stage log there and
+ * leaves it: by exit (a run that failed, and kept the folder for the user) or by _exit (as
+ * kill -9 leaves one). The directory's path into dir. */
+static void run_dir_left(const char *tmp, int clean_exit, char *dir, size_t n)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char buf[4096], log[4200];
+        int own = 0;
+        setenv("TMPDIR", tmp, 1);
+        if (kvm_rundir_make(NULL, "run", buf, sizeof buf, &own) || !own) _exit(3);
+        snprintf(log, sizeof log, "%s/compress-0.log", buf);
+        if (kvm_test_write_file(log, "job 1\n", 6) || write(fds[1], buf, strlen(buf)) < 0) _exit(3);
+        if (clean_exit) exit(0);
+        _exit(0);
+    }
+    close(fds[1]);
+    ssize_t got = read(fds[0], dir, n - 1);
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ck_assert_msg(got > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's run directory (status %d)", st);
+    dir[got] = '\0';
+}
+
+/* A failed run's kept stage logs ("stage logs are in /tmp/kvmill-run.P...") were removed by the
+ * next kvmill run or serve start: its sweep took every run directory whose owner was gone. Now a
+ * directory kept by an owner that exited stays; one left by a killed owner is still swept. */
+START_TEST(test_sweep_keeps_kept_run_dir)
+{
+    char *tmp = kvm_test_tmpdir(), kept[4096], killed[4096], log[4200];
+    run_dir_left(tmp, 1, kept, sizeof kept);
+    run_dir_left(tmp, 0, killed, sizeof killed);
+    setenv("TMPDIR", tmp, 1);
+    int removed = kvm_rundir_sweep();
+    struct stat st;
+    snprintf(log, sizeof log, "%s/compress-0.log", kept);
+    ck_assert_msg(stat(log, &st) == 0, "%s: the kept stage log was swept", log);
+    ck_assert_msg(stat(killed, &st) != 0 && removed == 1, "%s: a killed run's directory was not swept (%d removed)",
+                  killed, removed);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -325,6 +375,9 @@ static Suite *worker_suite(void)
     tcase_add_test(tw, test_calib_wire);
     TCase *tr = tcase_create("rm_stale_missing_model");
     tcase_add_test(tr, test_rm_stale_missing_model);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("sweep_keeps_kept_run_dir");
+    tcase_add_test(tr, test_sweep_keeps_kept_run_dir);
     suite_add_tcase(s, tr);
     suite_add_tcase(s, tw);
     TCase *tc = tcase_create("every_method");
