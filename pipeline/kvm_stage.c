@@ -256,6 +256,21 @@ static void stop_refused(stage_rt *rt, int status, kvm_proto_str by, kvm_proto_s
     stop_requested = 1; /* a job it may hold finishes or is handed back, as at SIGTERM */
 }
 
+/* The document of the job in in[0] for its log line (its name, else its id; "-" for a message
+ * that is not a job), control characters as '?' so that the line stays one line. */
+static void job_document(const kvm_msg *const *in, int n_in, char *out, size_t size)
+{
+    kvm_proto_type t;
+    kvm_proto_job j;
+    snprintf(out, size, "-");
+    if (n_in < 1 || kvm_proto_peek(in[0], &t) || t != KVM_PROTO_JOB || kvm_proto_job_decode(in[0], &j)) return;
+    kvm_proto_str name = j.doc_name.len ? j.doc_name : j.doc_id;
+    if (!name.len || !name.ptr) return;
+    snprintf(out, size, "%.*s", (int)(name.len < size - 1 ? name.len : size - 1), name.ptr);
+    for (char *p = out; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+}
+
 /* The worker finished: send its outputs, the result, and ask for more work. */
 static void finish_job(stage_rt *rt)
 {
@@ -264,7 +279,9 @@ static void finish_job(stage_rt *rt)
     j->running = 0;
     uint64_t id = rt->ops->job_id(rt->state, j->in, j->n_in);
     double now = kvm_now_ms(), compute = now - j->t_start;
-    size_t bytes = 0;
+    size_t bytes = j->out.stored_bytes > 0 ? (size_t)j->out.stored_bytes : 0;
+    char doc[256];
+    job_document((const kvm_msg *const *)j->in, j->n_in, doc, sizeof doc);
     double t_send = kvm_now_ms();
     for (int i = 0; i < j->out.n_data; i++) {
         for (size_t f = 0; f < kvm_msg_nframes(j->out.data[i]); f++) bytes += kvm_msg_frame(j->out.data[i], f).size;
@@ -285,9 +302,10 @@ static void finish_job(stage_rt *rt)
         log_ev(rt, KVM_LOG_ERROR, "job_failed", f, 3, "job %llu failed (%s): %s", (unsigned long long)id,
                j->retryable ? "retryable" : "final", j->err);
     } else {
-        kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_F("compute_ms", compute), KVM_LOG_I("bytes_out", bytes)};
-        log_ev(rt, KVM_LOG_INFO, "job_done", f, 3, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id,
-               rt->ops->stage, compute, bytes);
+        kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_S("document", doc), KVM_LOG_F("compute_ms", compute),
+                             KVM_LOG_I("bytes_out", bytes)};
+        log_ev(rt, KVM_LOG_INFO, "job_done", f, 4, "job %llu document %s stage %s %.1f ms %zu bytes",
+               (unsigned long long)id, doc, rt->ops->stage, compute, bytes);
     }
     if (other_model) { /* the run's every job would fail here alike: the run's other workers do them */
         char by[64];

@@ -50,6 +50,10 @@ typedef struct kvm_stage_out {
     double store_ms;                  /* committing the cache inside work() (LMDB or store service) */
     kvm_progress progress;            /* work() may count units done / announced here (from any
                                          thread); heartbeats carry it while the job runs */
+    int64_t stored_bytes;             /* bytes the job stored rather than sent on (compress: the
+                                         cache's bytes as the store records them, or as uploaded
+                                         to the store service): the job's log line counts them
+                                         with the data messages' bytes */
     int other_model;                  /* work() failed because this worker's model is not the run's
                                          (kvm_worker_model_for_job): every later job would fail
                                          alike, so after the job's error the stage stops as a

@@ -368,6 +368,52 @@ START_TEST(test_sweep_keeps_kept_run_dir)
 }
 END_TEST
 
+/* README: each stage's log has one line per job: document, stage, milliseconds, bytes. The lines
+ * named no document, and compress (which sends no data: it stores the cache) always said 0
+ * bytes. Now each names the document, and compress's bytes are the stored cache's, the figure the
+ * run's summary adds up as bytes_compressed. */
+START_TEST(test_stage_log_names_document_and_bytes)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
+    snprintf(p, sizeof p, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    size_t n = 0;
+    char *doc = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
+    ck_assert_ptr_nonnull(doc);
+    snprintf(p, sizeof p, "%s/docs/story one.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, doc, n < 600 ? n : 600), 0);
+    free(doc);
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 384\n[compress]\nmethod = streaming\nratio = 0.3\n[store]\npath = "
+             "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 1\n[run]\nrun_dir = %s/rd\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/c.ini' --corpus '%s/docs'", kvm_test_bin(), dir, dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "kvmill run: %s", err);
+    const char *sum = strstr(out, "bytes_compressed=");
+    ck_assert_msg(sum, "stdout: %s", out);
+    long long stored = atoll(sum + strlen("bytes_compressed="));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "cat '%s'/rd/*.log", dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char want[256];
+    snprintf(want, sizeof want, "job 1 document story one.txt stage compress ");
+    const char *c = strstr(out, want);
+    ck_assert_msg(c, "no line \"%s...\" in the stage logs:\n%s", want, out);
+    const char *b = strstr(c, " ms ");
+    ck_assert_msg(b && stored > 0 && atoll(b + 4) == stored, "compress's bytes are not the summary's %lld:\n%s", stored,
+                  out);
+    ck_assert_msg(strstr(out, "job 1 document story one.txt stage prefill "), "the prefill line:\n%s", out);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -378,6 +424,10 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("sweep_keeps_kept_run_dir");
     tcase_add_test(tr, test_sweep_keeps_kept_run_dir);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("stage_log_names_document_and_bytes");
+    tcase_add_test(tr, test_stage_log_names_document_and_bytes);
+    tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     suite_add_tcase(s, tw);
     TCase *tc = tcase_create("every_method");
