@@ -120,8 +120,11 @@ int kvm_stage_solver_device(const kvm_stage_args *a);
 
 /* Runs a stage process: parses argv (--connect, --device, --store, --threads, --model,
  * --config, --heartbeat-ms, --grace-s, --id, --help), calls setup, connects, serves jobs
- * until SIGTERM/SIGINT. Returns the process exit status (0 after a clean stop; 1 on setup
- * or socket failure, when the orchestrator refused the worker, or after a job whose model
+ * until SIGTERM/SIGINT. Logs "connecting", then "connected" once the orchestrator completed a
+ * handshake (nothing there yet: it says it waits, and waits). Returns the process exit status
+ * (0 after a clean stop; 1 on setup or socket failure, when the orchestrator refused the worker
+ * or its CurveZMQ handshake (a client key it does not authorize, a wrong --server-key), or
+ * after a job whose model
  * file here is not the run's model; 2 on bad arguments: a --connect endpoint or a key file
  * of --server-key, --client-public, --client-secret that is missing or not a key included). */
 int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state);

@@ -8,6 +8,7 @@
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,6 +415,98 @@ START_TEST(test_stage_log_names_document_and_bytes)
 }
 END_TEST
 
+/* A stage worker said "connected to ..." right after its asynchronous connect: with nothing
+ * listening, and with CurveZMQ keys the orchestrator refused (a client key not in its
+ * authorized_keys, a wrong --server-key), it said so and then waited forever, the run at 0/N
+ * documents. Now it says "connecting", that it waits while nothing is there, and a failed
+ * handshake names the key and exits 1. */
+START_TEST(test_worker_handshake_reported)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
+    const int port = kvm_test_tcp_port(7);
+    char *out = NULL, *err = NULL;
+    /* nothing listening: connecting, waiting; never "connected" */
+    snprintf(cmd, sizeof cmd, "timeout --foreground -s TERM 3 '%s/kvmill-prefill' --connect tcp://127.0.0.1:%d",
+             kvm_test_bin(), port);
+    kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(strstr(err, "connecting to tcp://127.0.0.1:") && strstr(err, "waiting for the orchestrator") &&
+                      !strstr(err, "connected to"),
+                  "nothing listening: %s", err);
+    free(out);
+    free(err);
+
+    /* a keyed run waiting for a compress worker started by hand */
+    kvm_test_keygen(dir, "server");
+    kvm_test_keygen(dir, "worker");
+    kvm_test_keygen(dir, "rogue");
+    snprintf(p, sizeof p, "%s/auth", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    snprintf(cmd, sizeof cmd, "cp '%s/worker.public' '%s/auth/'", dir, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(p, sizeof p, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    snprintf(p, sizeof p, "%s/docs/a.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, "Once upon a time there was a cat.", 33), 0);
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nratio = 0.5\n[store]\npath = "
+             "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 0\n[run]\nbind = tcp://0.0.0.0:%d\n"
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s/auth\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, port, dir, dir, dir, dir, dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    char run_err[4200];
+    snprintf(run_err, sizeof run_err, "%s/run.err", dir);
+    pid_t run = fork();
+    ck_assert_int_ge(run, 0);
+    if (run == 0) {
+        freopen("/dev/null", "w", stdout);
+        freopen(run_err, "w", stderr);
+        char exe[4200], corpus[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        snprintf(corpus, sizeof corpus, "%s/docs", dir);
+        execl(exe, exe, "run", "--config", p, "--corpus", corpus, (char *)NULL);
+        _exit(127);
+    }
+    int waiting = 0;
+    for (int i = 0; i < 300 && !waiting; i++) {
+        usleep(100000);
+        char *t = kvm_test_read_file(run_err, NULL);
+        waiting = t && strstr(t, "waiting for kvmill-compress workers");
+        free(t);
+    }
+    ck_assert_msg(waiting, "the keyed run did not start");
+    static const struct {
+        const char *server, *client, *want;
+    } cases[] = {
+        {"server", "rogue", "rejected this worker's CurveZMQ key"},
+        {"rogue", "worker", "is not its public key"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "timeout --foreground -s KILL 20 '%s/kvmill-compress' --connect tcp://127.0.0.1:%d --store '%s/store' "
+                 "--server-key '%s/%s.public' --client-public '%s/%s.public' --client-secret '%s/%s.secret'",
+                 kvm_test_bin(), port, dir, dir, cases[i].server, dir, cases[i].client, dir, cases[i].client);
+        int rc = kvm_test_run(cmd, &out, &err);
+        char key[4200];
+        snprintf(key, sizeof key, "%s/%s.public", dir, i == 0 ? cases[i].client : cases[i].server);
+        const int ok = rc == 1 && strstr(err, cases[i].want) && strstr(err, key) && !strstr(err, "connected to");
+        free(out);
+        if (!ok) {
+            kill(run, SIGKILL);
+            waitpid(run, NULL, 0);
+        }
+        ck_assert_msg(ok, "server key %s, client key %s: exit %d (want 1, \"%s\" naming %s): %s", cases[i].server,
+                      cases[i].client, rc, cases[i].want, key, err);
+        free(err);
+    }
+    kill(run, SIGTERM);
+    waitpid(run, NULL, 0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -427,6 +520,10 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("stage_log_names_document_and_bytes");
     tcase_add_test(tr, test_stage_log_names_document_and_bytes);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("worker_handshake_reported");
+    tcase_add_test(tr, test_worker_handshake_reported);
     tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     suite_add_tcase(s, tw);
