@@ -501,8 +501,13 @@ static int rm_stale(const char *path, const kvm_config *cfg)
     cfg_now now = {0};
     stale_ctx c = {.now = &now};
     if (open_ro("store rm", path, &s, 0)) return 2;
-    int st = cfg_now_init("store rm", cfg, s, &now);
-    if (st == 0) st = kvm_store_list_caches(s, NULL, stale_visit, &c);
+    /* said by cfg_now_init, and --config's mistake as store ls says it (it was said twice, exit 1) */
+    if (cfg_now_init("store rm", cfg, s, &now)) {
+        kvm_store_close(&s);
+        free(now.canon);
+        return 2;
+    }
+    int st = kvm_store_list_caches(s, NULL, stale_visit, &c);
     kvm_store_close(&s);
     if (st == 0) st = kvm_storew_open(cfg, path, 0, &s);
     int64_t removed = 0;

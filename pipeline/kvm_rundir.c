@@ -139,6 +139,49 @@ static int stale(const char *name)
     return now < 0 || (now > 0 && st > 0 && now != st);
 }
 
+/* The temporary run directories this process made (kvm_rundir_make): one still there when the
+ * process exits was kept for the user (a failed run's stage logs, its path printed), and gets
+ * KVM_RUNDIR_KEPT so that a later start's sweep leaves it. A process killed (kill -9) writes
+ * none: its directory is swept as before. */
+#define OWNED_MAX 8
+static char owned[OWNED_MAX][4096];
+static int n_owned;
+static pid_t owned_by; /* a forked child that exits before its exec is not the owner */
+
+static void mark_kept(void)
+{
+    if (getpid() != owned_by) return;
+    for (int i = 0; i < n_owned; i++) {
+        char p[4200];
+        struct stat st;
+        if (stat(owned[i], &st) != 0 || !S_ISDIR(st.st_mode)) continue; /* removed: a clean run */
+        snprintf(p, sizeof p, "%s/%s", owned[i], KVM_RUNDIR_KEPT);
+        FILE *f = fopen(p, "w");
+        if (!f) continue;
+        fprintf(f,
+                "kept by kvmill (pid %ld) for its stage logs: later kvmill run and serve starts leave this "
+                "folder; remove it with rm -r when read\n",
+                (long)getpid());
+        fclose(f);
+    }
+}
+
+static void remember_owned(const char *dir)
+{
+    if (n_owned == 0) atexit(mark_kept);
+    owned_by = getpid();
+    if (n_owned < OWNED_MAX) snprintf(owned[n_owned++], sizeof owned[0], "%s", dir);
+}
+
+/* 1 when directory p holds KVM_RUNDIR_KEPT. */
+static int kept(const char *p)
+{
+    char m[4200];
+    struct stat st;
+    snprintf(m, sizeof m, "%s/%s", p, KVM_RUNDIR_KEPT);
+    return lstat(m, &st) == 0;
+}
+
 int kvm_rundir_sweep(void)
 {
     const char *t = tmp_dir();
@@ -152,6 +195,7 @@ int kvm_rundir_sweep(void)
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", t, e->d_name);
         if (lstat(p, &st) != 0 || st.st_uid != getuid()) continue;
+        if (S_ISDIR(st.st_mode) && kept(p)) continue; /* a failed run's logs, kept for the user */
         if (S_ISDIR(st.st_mode)) kvm_rundir_remove(p);
         else if (S_ISREG(st.st_mode)) unlink(p);
         removed += lstat(p, &st) != 0;
@@ -203,6 +247,7 @@ int kvm_rundir_make(const char *configured, const char *prefix, char *buf, size_
     int rc = tmp_template(prefix, buf, size, RUN_DIR_HINT);
     if (rc) return rc;
     if (!mkdtemp(buf)) return tmp_fail(buf, errno, RUN_DIR_HINT);
+    remember_owned(buf);
     *own = 1;
     return 0;
 }

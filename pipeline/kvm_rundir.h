@@ -26,9 +26,15 @@ void kvm_rundir_template(const char *prefix, char *buf, size_t size);
 /* Removes, in $TMPDIR (or /tmp), every kvmill-run.*, kvmill-serve.* and
  * kvmill-serve-config.* entry of this user whose name records an owner (P<pid>-S<start>)
  * that is gone: no such process, or a process of that pid with another start time (the pid
- * was reused). Entries without an owner in their name are left alone. Returns how many were
+ * was reused). Entries without an owner in their name are left alone, and so are directories
+ * kept for the user (holding KVM_RUNDIR_KEPT: a failed run's stage logs). Returns how many were
  * removed; errors are ignored (best effort). */
 int kvm_rundir_sweep(void);
+
+/* The file that marks a temporary run directory kept for the user: written, when the process
+ * that made it (kvm_rundir_make) exits normally, into each one it has not removed (a failed
+ * run's stage logs); kvm_rundir_sweep leaves a directory holding it. */
+#define KVM_RUNDIR_KEPT "KEPT"
 
 /* The identity of process pid as this process sees it, for a claim owner (kvm_storew_owner):
  * "B<the kernel's boot id, its first 16 hex>N<its pid namespace's inode>T<its start, clock ticks since

@@ -163,6 +163,12 @@ typedef struct stage_rt {
     double last_beat, last_credit;
     job_slot job;
     int refused; /* the orchestrator sent an error on the control socket: stop, exit 1 */
+    void *mon[2];     /* PAIR sockets receiving ctl's and data's connection events, or NULL */
+    int greeted;      /* a handshake with the orchestrator succeeded and "connected" was said */
+    int said_waiting; /* "waiting for the orchestrator" said since the last connection */
+    int tcp_seen;     /* a connection was accepted (ZMQ_EVENT_CONNECTED): a retry is no longer "nothing there" */
+    int n_no_detail;  /* handshakes closed without a reason since the last one that succeeded */
+    int link_failed;  /* a handshake failed for good (a rejected key, a wrong --server-key): exit 1 */
 } stage_rt;
 
 /* A log line "[stage id] ..." (text) or a JSON object with the worker id (kvm_log.h). */
@@ -261,6 +267,21 @@ static void stop_refused(stage_rt *rt, int status, kvm_proto_str by, kvm_proto_s
     stop_requested = 1; /* a job it may hold finishes or is handed back, as at SIGTERM */
 }
 
+/* The document of the job in in[0] for its log line (its name, else its id; "-" for a message
+ * that is not a job), control characters as '?' so that the line stays one line. */
+static void job_document(const kvm_msg *const *in, int n_in, char *out, size_t size)
+{
+    kvm_proto_type t;
+    kvm_proto_job j;
+    snprintf(out, size, "-");
+    if (n_in < 1 || kvm_proto_peek(in[0], &t) || t != KVM_PROTO_JOB || kvm_proto_job_decode(in[0], &j)) return;
+    kvm_proto_str name = j.doc_name.len ? j.doc_name : j.doc_id;
+    if (!name.len || !name.ptr) return;
+    snprintf(out, size, "%.*s", (int)(name.len < size - 1 ? name.len : size - 1), name.ptr);
+    for (char *p = out; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+}
+
 /* The worker finished: send its outputs, the result, and ask for more work. */
 static void finish_job(stage_rt *rt)
 {
@@ -269,7 +290,9 @@ static void finish_job(stage_rt *rt)
     j->running = 0;
     uint64_t id = rt->ops->job_id(rt->state, j->in, j->n_in);
     double now = kvm_now_ms(), compute = now - j->t_start;
-    size_t bytes = 0;
+    size_t bytes = j->out.stored_bytes > 0 ? (size_t)j->out.stored_bytes : 0;
+    char doc[256];
+    job_document((const kvm_msg *const *)j->in, j->n_in, doc, sizeof doc);
     double t_send = kvm_now_ms();
     for (int i = 0; i < j->out.n_data; i++) {
         for (size_t f = 0; f < kvm_msg_nframes(j->out.data[i]); f++) bytes += kvm_msg_frame(j->out.data[i], f).size;
@@ -290,9 +313,10 @@ static void finish_job(stage_rt *rt)
         log_ev(rt, KVM_LOG_ERROR, "job_failed", f, 3, "job %llu failed (%s): %s", (unsigned long long)id,
                j->retryable ? "retryable" : "final", j->err);
     } else {
-        kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_F("compute_ms", compute), KVM_LOG_I("bytes_out", bytes)};
-        log_ev(rt, KVM_LOG_INFO, "job_done", f, 3, "job %llu stage %s %.1f ms %zu bytes", (unsigned long long)id,
-               rt->ops->stage, compute, bytes);
+        kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_S("document", doc), KVM_LOG_F("compute_ms", compute),
+                             KVM_LOG_I("bytes_out", bytes)};
+        log_ev(rt, KVM_LOG_INFO, "job_done", f, 4, "job %llu document %s stage %s %.1f ms %zu bytes",
+               (unsigned long long)id, doc, rt->ops->stage, compute, bytes);
     }
     if (other_model) { /* the run's every job would fail here alike: the run's other workers do them */
         char by[64];
@@ -368,6 +392,18 @@ static void on_ctl(stage_rt *rt)
     kvm_msg_free(&m);
 }
 
+/* The events connect_sockets watches: zmq_connect only starts connecting, so "connected" is said
+ * when the orchestrator completed a handshake, and a failed CurveZMQ handshake, which neither side
+ * reported, is said and stops the worker (kvmill ask and the store client watch the same). */
+#define LINK_EVENTS                                                                                                    \
+    (ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |        \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+
+/* Handshakes that the orchestrator closes without a reason, none succeeding, before the worker
+ * says that its keys do not fit and stops: a server that cannot decrypt the client's hello (a
+ * wrong --server-key) closes the connection without a word, at every reconnect. */
+#define LINK_MAX_NO_DETAIL 3
+
 static int connect_sockets(stage_rt *rt)
 {
     char ctl_ep[1024], data_ep[1024];
@@ -383,10 +419,145 @@ static int connect_sockets(stage_rt *rt)
         zmq_setsockopt(socks[i], ZMQ_ROUTING_ID, rt->worker_id, strlen(rt->worker_id));
         zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
         if ((rc = kvm_curve_client(socks[i], rt->a.server_key, rt->a.client_public, rt->a.client_secret))) return rc;
+        char mon_ep[96];
+        snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-stage-monitor-%ld-%d", (long)getpid(), i);
+        if (zmq_socket_monitor(socks[i], mon_ep, LINK_EVENTS) == 0) { /* without one: "connecting" only */
+            rt->mon[i] = zmq_socket(rt->zctx, ZMQ_PAIR);
+            if (rt->mon[i] && zmq_connect(rt->mon[i], mon_ep)) zmq_close(rt->mon[i]), rt->mon[i] = NULL;
+        }
     }
     if (zmq_connect(rt->ctl, ctl_ep) || zmq_connect(rt->data, data_ep))
         return kvm_err(KVM_EIO, "connect %s: %s", rt->a.connect, zmq_strerror(errno));
     return 0;
+}
+
+/* Stops the worker after a handshake that cannot succeed with these keys (exit 1). */
+static void link_fail(stage_rt *rt, uint16_t event, uint32_t value, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void link_fail(stage_rt *rt, uint16_t event, uint32_t value, const char *fmt, ...)
+{
+    char why[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    kvm_log_field f[] = {KVM_LOG_S("connect", rt->a.connect), KVM_LOG_I("zmq_event", event),
+                         KVM_LOG_I("zmq_value", value)};
+    log_ev(rt, KVM_LOG_ERROR, "handshake_failed", f, 3, "%s: stopping", why);
+    rt->link_failed = 1;
+    stop_requested = 1;
+}
+
+/* One event of the monitor of socket i (0 ctl, 1 data); 0 when none waits. */
+static int link_event(stage_rt *rt, int i)
+{
+    zmq_msg_t ev, ep;
+    zmq_msg_init(&ev);
+    zmq_msg_init(&ep);
+    uint16_t event = 0;
+    uint32_t value = 0;
+    const int got = zmq_msg_recv(&ev, rt->mon[i], ZMQ_DONTWAIT) >= 0;
+    if (got && zmq_msg_size(&ev) >= 6) {
+        memcpy(&event, zmq_msg_data(&ev), 2);
+        memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+    }
+    if (got && zmq_msg_more(&ev)) zmq_msg_recv(&ep, rt->mon[i], 0);
+    zmq_msg_close(&ev);
+    zmq_msg_close(&ep);
+    if (!got || rt->link_failed) return got;
+    const char *ep_s = rt->a.connect, *sk = rt->a.server_key;
+    const char *cpk = rt->a.client_public ? rt->a.client_public : "(none)";
+    switch (event) {
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+        rt->n_no_detail = 0;
+        if (i == 0 && !rt->greeted) {
+            kvm_log_field f[] = {KVM_LOG_S("connect", ep_s), KVM_LOG_S("device", rt->a.device),
+                                 KVM_LOG_I("threads", rt->a.threads)};
+            log_ev(rt, KVM_LOG_INFO, "connected", f, 3, "connected to %s (device %s, %d threads)%s", ep_s, rt->a.device,
+                   rt->a.threads, sk ? ": the orchestrator accepted this worker's CurveZMQ key" : "");
+            rt->greeted = 1;
+            rt->said_waiting = 0;
+        }
+        break;
+    case ZMQ_EVENT_CONNECTED:
+        rt->tcp_seen = 1;
+        break;
+    case ZMQ_EVENT_CONNECT_RETRIED:
+        if (!rt->greeted && !rt->said_waiting && !rt->tcp_seen) {
+            kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
+            log_ev(rt, KVM_LOG_INFO, "waiting", f, 1,
+                   "nothing accepts a connection at %s yet: waiting for the orchestrator (kvmill run or serve) to "
+                   "bind it",
+                   ep_s);
+            rt->said_waiting = 1;
+        }
+        break;
+    case ZMQ_EVENT_DISCONNECTED:
+        if (i == 0 && rt->greeted) {
+            kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
+            log_ev(rt, KVM_LOG_INFO, "disconnected", f, 1,
+                   "the orchestrator at %s closed the connection: waiting for it again", ep_s);
+            rt->greeted = 0;
+            rt->said_waiting = 1; /* said here */
+        }
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        link_fail(rt, event, value,
+                  "the orchestrator at %s rejected this worker's CurveZMQ key %s (ZAP status %u): add that .public "
+                  "file to the run's [security] authorized_keys on the orchestrator's host, or give "
+                  "--client-public/--client-secret a key pair listed there",
+                  ep_s, cpk, (unsigned)value);
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if (sk && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            link_fail(rt, event, value,
+                      "the orchestrator at %s has no CurveZMQ keys (a plain socket): start this worker without "
+                      "--server-key, --client-public and --client-secret",
+                      ep_s);
+        else if (sk)
+            link_fail(rt, event, value,
+                      "the CurveZMQ handshake with %s failed (ZMTP protocol error 0x%x): --server-key %s is not the "
+                      "orchestrator's public key (the .public of its [security] server_secret_key)",
+                      ep_s, (unsigned)value, sk);
+        else
+            link_fail(rt, event, value,
+                      "the ZeroMQ handshake with %s failed (ZMTP protocol error 0x%x): the orchestrator uses CurveZMQ "
+                      "keys (give --server-key, --client-public and --client-secret), or %s is not a kvmill run or "
+                      "serve endpoint",
+                      ep_s, (unsigned)value, ep_s);
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        if (++rt->n_no_detail < LINK_MAX_NO_DETAIL) break;
+        if (sk)
+            link_fail(rt, event, value,
+                      "the orchestrator at %s closed the CurveZMQ handshake %d times without a reason: --server-key %s "
+                      "is not its public key (the .public of its [security] server_secret_key), or it has no CurveZMQ "
+                      "keys (a local bind: start this worker without --server-key, --client-public and "
+                      "--client-secret)",
+                      ep_s, rt->n_no_detail, sk);
+        else
+            link_fail(rt, event, value,
+                      "the orchestrator at %s closed the ZeroMQ handshake %d times without a reason: it uses CurveZMQ "
+                      "keys (give --server-key, --client-public and --client-secret), or %s is not a kvmill run or "
+                      "serve endpoint",
+                      ep_s, rt->n_no_detail, ep_s);
+        break;
+    default:
+        break;
+    }
+    return 1;
+}
+
+/* Stops the monitors (before their sockets close). */
+static void link_close(stage_rt *rt)
+{
+    void *socks[2] = {rt->ctl, rt->data};
+    for (int i = 0; i < 2; i++) {
+        if (!rt->mon[i]) continue;
+        zmq_socket_monitor(socks[i], NULL, 0);
+        zmq_close(rt->mon[i]);
+        rt->mon[i] = NULL;
+    }
 }
 
 static void serve(stage_rt *rt)
@@ -419,16 +590,25 @@ static void serve(stage_rt *rt)
                 uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
                 send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0, NULL);
                 log_line(rt, "grace period over: handed job %llu back", (unsigned long long)id);
+                link_close(rt);
                 zmq_close(rt->ctl); /* linger: the hand-back still goes out */
                 zmq_close(rt->data);
                 zmq_ctx_term(rt->zctx);
                 _exit(rt->refused ? 1 : 0); /* the worker thread still runs: leave without joining it */
             }
         }
-        zmq_pollitem_t items[3] = {{rt->ctl, 0, ZMQ_POLLIN, 0}, {rt->data, 0, ZMQ_POLLIN, 0},
-                                   {NULL, wake_pipe[0], ZMQ_POLLIN, 0}};
+        zmq_pollitem_t items[5] = {{rt->ctl, 0, ZMQ_POLLIN, 0},
+                                   {rt->data, 0, ZMQ_POLLIN, 0},
+                                   {NULL, wake_pipe[0], ZMQ_POLLIN, 0},
+                                   {rt->mon[0], 0, ZMQ_POLLIN, 0},
+                                   {rt->mon[1], 0, ZMQ_POLLIN, 0}};
+        const int n_items = rt->mon[0] && rt->mon[1] ? 5 : 3;
         long wait = rt->a.heartbeat_ms / 4 > 0 ? rt->a.heartbeat_ms / 4 : 1;
-        if (zmq_poll(items, 3, wait) < 0 && errno != EINTR) return;
+        if (zmq_poll(items, n_items, wait) < 0 && errno != EINTR) return;
+        for (int i = 0; i < 2 && n_items == 5; i++)
+            if (items[3 + i].revents & ZMQ_POLLIN)
+                while (link_event(rt, i)) {
+                }
         if (items[2].revents & ZMQ_POLLIN) {
             char buf[64];
             ssize_t r = read(wake_pipe[0], buf, sizeof buf);
@@ -662,14 +842,19 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     } else {
         kvm_log_field f[] = {KVM_LOG_S("connect", rt.a.connect), KVM_LOG_S("device", rt.a.device),
                              KVM_LOG_I("threads", rt.a.threads)};
-        log_ev(&rt, KVM_LOG_INFO, "connected", f, 3, "connected to %s (device %s, %d threads)", rt.a.connect, rt.a.device,
-               rt.a.threads);
+        /* "connected" once the orchestrator answers (link_event): zmq_connect only starts */
+        log_ev(&rt, KVM_LOG_INFO, "connecting", f, 3, "connecting to %s (device %s, %d threads)%s", rt.a.connect,
+               rt.a.device, rt.a.threads, rt.a.server_key ? " with CurveZMQ keys" : "");
         serve(&rt);
-        log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0, rt.refused ? "stopped: refused (another model)" : "stopped");
-        if (rt.refused) rc = 1;
+        log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0,
+               rt.refused       ? "stopped: refused (another model)"
+               : rt.link_failed ? "stopped: the handshake with the orchestrator failed"
+                                : "stopped");
+        if (rt.refused || rt.link_failed) rc = 1;
     }
     if (rt.job.running) pthread_join(rt.job.thread, NULL);
     drop_inputs(&rt.job);
+    link_close(&rt);
     if (rt.ctl) zmq_close(rt.ctl);
     if (rt.data) zmq_close(rt.data);
     kvm_curve_ctx_term(rt.zctx); /* restarted after a signal: no I/O thread outlives the stage */

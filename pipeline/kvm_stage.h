@@ -50,6 +50,10 @@ typedef struct kvm_stage_out {
     double store_ms;                  /* committing the cache inside work() (LMDB or store service) */
     kvm_progress progress;            /* work() may count units done / announced here (from any
                                          thread); heartbeats carry it while the job runs */
+    int64_t stored_bytes;             /* bytes the job stored rather than sent on (compress: the
+                                         cache's bytes as the store records them, or as uploaded
+                                         to the store service): the job's log line counts them
+                                         with the data messages' bytes */
     int other_model;                  /* work() failed because this worker's model is not the run's
                                          (kvm_worker_model_for_job): every later job would fail
                                          alike, so after the job's error the stage stops as a
@@ -121,8 +125,11 @@ int kvm_stage_solver_device(const kvm_stage_args *a);
 
 /* Runs a stage process: parses argv (--connect, --device, --store, --threads, --model,
  * --config, --heartbeat-ms, --grace-s, --id, --help), calls setup, connects, serves jobs
- * until SIGTERM/SIGINT. Returns the process exit status (0 after a clean stop; 1 on setup
- * or socket failure, when the orchestrator refused the worker, or after a job whose model
+ * until SIGTERM/SIGINT. Logs "connecting", then "connected" once the orchestrator completed a
+ * handshake (nothing there yet: it says it waits, and waits). Returns the process exit status
+ * (0 after a clean stop; 1 on setup or socket failure, when the orchestrator refused the worker
+ * or its CurveZMQ handshake (a client key it does not authorize, a wrong --server-key), or
+ * after a job whose model
  * file here is not the run's model; 2 on bad arguments: a --connect endpoint or a key file
  * of --server-key, --client-public, --client-secret that is missing or not a key included). */
 int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state);

@@ -2,14 +2,20 @@
  * a cache of the model's shape at its budget, and the decode-phase policy a decode worker
  * applies keeps every KV head within the entries it was stored with while tokens are added. */
 #include "pipeline/kvm_calib.h"
+#include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static kvm_model *model;
 static int32_t ids[256];
@@ -290,11 +296,271 @@ START_TEST(test_short_document_kept_full)
 }
 END_TEST
 
+/* `kvmill store rm --stale --config X` whose [model] path is missing printed the error twice and
+ * exited 1, while store ls with that config exits 2: the config's mistake, said once. */
+START_TEST(test_rm_stale_missing_model)
+{
+    char *dir = kvm_test_tmpdir(), store[4096], cfg[4096], text[8192], cmd[16384];
+    snprintf(store, sizeof store, "%s/store", dir);
+    kvm_test_store_create(store);
+    snprintf(cfg, sizeof cfg, "%s/x.ini", dir);
+    snprintf(text, sizeof text, "[model]\npath = %s/no-such-model.bin\n[store]\npath = %s\n", dir, store);
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --config '%s'", kvm_test_bin(), cfg);
+    int ls = kvm_test_run(cmd, &out, &err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store rm --stale --config '%s'", kvm_test_bin(), cfg);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(ls == 2 && rc == 2, "store ls exit %d, store rm --stale exit %d (want 2, 2): %s", ls, rc, err);
+    ck_assert_msg(kvm_test_count(err, "no-such-model.bin") == 1, "the error, once, naming the model: %s", err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A child process that makes a temporary run directory in tmp, writes a stage log there and
+ * leaves it: by exit (a run that failed, and kept the folder for the user) or by _exit (as
+ * kill -9 leaves one). The directory's path into dir. */
+static void run_dir_left(const char *tmp, int clean_exit, char *dir, size_t n)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char buf[4096], log[4200];
+        int own = 0;
+        setenv("TMPDIR", tmp, 1);
+        if (kvm_rundir_make(NULL, "run", buf, sizeof buf, &own) || !own) _exit(3);
+        snprintf(log, sizeof log, "%s/compress-0.log", buf);
+        if (kvm_test_write_file(log, "job 1\n", 6) || write(fds[1], buf, strlen(buf)) < 0) _exit(3);
+        if (clean_exit) exit(0);
+        _exit(0);
+    }
+    close(fds[1]);
+    ssize_t got = read(fds[0], dir, n - 1);
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ck_assert_msg(got > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child's run directory (status %d)", st);
+    dir[got] = '\0';
+}
+
+/* A failed run's kept stage logs ("stage logs are in /tmp/kvmill-run.P...") were removed by the
+ * next kvmill run or serve start: its sweep took every run directory whose owner was gone. Now a
+ * directory kept by an owner that exited stays; one left by a killed owner is still swept. */
+START_TEST(test_sweep_keeps_kept_run_dir)
+{
+    char *tmp = kvm_test_tmpdir(), kept[4096], killed[4096], log[4200];
+    run_dir_left(tmp, 1, kept, sizeof kept);
+    run_dir_left(tmp, 0, killed, sizeof killed);
+    setenv("TMPDIR", tmp, 1);
+    int removed = kvm_rundir_sweep();
+    struct stat st;
+    snprintf(log, sizeof log, "%s/compress-0.log", kept);
+    ck_assert_msg(stat(log, &st) == 0, "%s: the kept stage log was swept", log);
+    ck_assert_msg(stat(killed, &st) != 0 && removed == 1, "%s: a killed run's directory was not swept (%d removed)",
+                  killed, removed);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
+/* README: each stage's log has one line per job: document, stage, milliseconds, bytes. The lines
+ * named no document, and compress (which sends no data: it stores the cache) always said 0
+ * bytes. Now each names the document, and compress's bytes are the stored cache's, the figure the
+ * run's summary adds up as bytes_compressed. */
+START_TEST(test_stage_log_names_document_and_bytes)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
+    snprintf(p, sizeof p, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    size_t n = 0;
+    char *doc = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
+    ck_assert_ptr_nonnull(doc);
+    snprintf(p, sizeof p, "%s/docs/story one.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, doc, n < 600 ? n : 600), 0);
+    free(doc);
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 384\n[compress]\nmethod = streaming\nratio = 0.3\n[store]\npath = "
+             "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 1\n[run]\nrun_dir = %s/rd\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/c.ini' --corpus '%s/docs'", kvm_test_bin(), dir, dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "kvmill run: %s", err);
+    const char *sum = strstr(out, "bytes_compressed=");
+    ck_assert_msg(sum, "stdout: %s", out);
+    long long stored = atoll(sum + strlen("bytes_compressed="));
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "cat '%s'/rd/*.log", dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char want[256];
+    snprintf(want, sizeof want, "job 1 document story one.txt stage compress ");
+    const char *c = strstr(out, want);
+    ck_assert_msg(c, "no line \"%s...\" in the stage logs:\n%s", want, out);
+    const char *b = strstr(c, " ms ");
+    ck_assert_msg(b && stored > 0 && atoll(b + 4) == stored, "compress's bytes are not the summary's %lld:\n%s", stored,
+                  out);
+    ck_assert_msg(strstr(out, "job 1 document story one.txt stage prefill "), "the prefill line:\n%s", out);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* A stage worker said "connected to ..." right after its asynchronous connect: with nothing
+ * listening, and with CurveZMQ keys the orchestrator refused (a client key not in its
+ * authorized_keys, a wrong --server-key), it said so and then waited forever, the run at 0/N
+ * documents. Now it says "connecting", that it waits while nothing is there, and a failed
+ * handshake names the key and exits 1. */
+START_TEST(test_worker_handshake_reported)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
+    const int port = kvm_test_tcp_port(7);
+    char *out = NULL, *err = NULL;
+    /* nothing listening: connecting, waiting; never "connected" */
+    snprintf(cmd, sizeof cmd, "timeout --foreground -s TERM 3 '%s/kvmill-prefill' --connect tcp://127.0.0.1:%d",
+             kvm_test_bin(), port);
+    kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(strstr(err, "connecting to tcp://127.0.0.1:") && strstr(err, "waiting for the orchestrator") &&
+                      !strstr(err, "connected to"),
+                  "nothing listening: %s", err);
+    free(out);
+    free(err);
+
+    /* a keyed run waiting for a compress worker started by hand */
+    kvm_test_keygen(dir, "server");
+    kvm_test_keygen(dir, "worker");
+    kvm_test_keygen(dir, "rogue");
+    snprintf(p, sizeof p, "%s/auth", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    snprintf(cmd, sizeof cmd, "cp '%s/worker.public' '%s/auth/'", dir, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(p, sizeof p, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    snprintf(p, sizeof p, "%s/docs/a.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, "Once upon a time there was a cat.", 33), 0);
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nratio = 0.5\n[store]\npath = "
+             "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 0\n[run]\nbind = tcp://0.0.0.0:%d\n"
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "client_public_key = %s/worker.public\nclient_secret_key = %s/worker.secret\nauthorized_keys = %s/auth\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, port, dir, dir, dir, dir, dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    char run_err[4200];
+    snprintf(run_err, sizeof run_err, "%s/run.err", dir);
+    pid_t run = fork();
+    ck_assert_int_ge(run, 0);
+    if (run == 0) {
+        freopen("/dev/null", "w", stdout);
+        freopen(run_err, "w", stderr);
+        char exe[4200], corpus[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        snprintf(corpus, sizeof corpus, "%s/docs", dir);
+        execl(exe, exe, "run", "--config", p, "--corpus", corpus, (char *)NULL);
+        _exit(127);
+    }
+    int waiting = 0;
+    for (int i = 0; i < 300 && !waiting; i++) {
+        usleep(100000);
+        char *t = kvm_test_read_file(run_err, NULL);
+        waiting = t && strstr(t, "waiting for kvmill-compress workers");
+        free(t);
+    }
+    ck_assert_msg(waiting, "the keyed run did not start");
+    static const struct {
+        const char *server, *client, *want;
+    } cases[] = {
+        {"server", "rogue", "rejected this worker's CurveZMQ key"},
+        {"rogue", "worker", "is not its public key"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "timeout --foreground -s KILL 20 '%s/kvmill-compress' --connect tcp://127.0.0.1:%d --store '%s/store' "
+                 "--server-key '%s/%s.public' --client-public '%s/%s.public' --client-secret '%s/%s.secret'",
+                 kvm_test_bin(), port, dir, dir, cases[i].server, dir, cases[i].client, dir, cases[i].client);
+        int rc = kvm_test_run(cmd, &out, &err);
+        char key[4200];
+        snprintf(key, sizeof key, "%s/%s.public", dir, i == 0 ? cases[i].client : cases[i].server);
+        const int ok = rc == 1 && strstr(err, cases[i].want) && strstr(err, key) && !strstr(err, "connected to");
+        free(out);
+        if (!ok) {
+            kill(run, SIGKILL);
+            waitpid(run, NULL, 0);
+        }
+        ck_assert_msg(ok, "server key %s, client key %s: exit %d (want 1, \"%s\" naming %s): %s", cases[i].server,
+                      cases[i].client, rc, cases[i].want, key, err);
+        free(err);
+    }
+    kill(run, SIGTERM);
+    waitpid(run, NULL, 0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* README's multi-host example did not work as written: after `keygen --out server` and `mkdir
+ * authorized_keys`, `kvmill run --config configs/multi-gpu.ini` was refused (exit 2: "the stages
+ * this run starts need [security] client_public_key"). Its steps, followed here with cpu devices
+ * and free ports in a copy of the config, run a document through. */
+START_TEST(test_multi_gpu_example_runs)
+{
+    char *dir = kvm_test_tmpdir(), bin[4096], weights[4096], cfg[4096], cmd[32768];
+    ck_assert_ptr_nonnull(realpath(kvm_test_bin(), bin));
+    ck_assert_ptr_nonnull(realpath(kvm_test_data_path("models/stories260K.bin"), weights));
+    ck_assert_ptr_nonnull(realpath(kvm_test_data_path("../configs/multi-gpu.ini"), cfg));
+    const int port = kvm_test_tcp_port(11), store_port = kvm_test_tcp_port(13);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir configs docs && printf 'Once upon a time there was a cat.' > docs/a.txt && "
+             "sed -e 's/cuda:0,cuda:1/cpu,cpu/' -e 's/:5555/:%d/' -e 's/:5560/:%d/' "
+             "-e 's#^path = data/models/stories260K.bin#path = %s#' '%s' > configs/multi-gpu.ini && "
+             "'%s/kvmill' keygen --out server && '%s/kvmill' keygen --out worker && mkdir -p authorized_keys && "
+             "cp worker.public authorized_keys/ && "
+             "timeout --foreground -s KILL 120 '%s/kvmill' run --config configs/multi-gpu.ini --corpus docs",
+             dir, port, store_port, weights, cfg, bin, bin, bin);
+    char *out = NULL, *err = NULL;
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "compressed=1 "), "README's steps: exit %d\nstdout: %s\nstderr: %s", rc, out,
+                  err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
     TCase *tw = tcase_create("calib_wire");
     tcase_add_test(tw, test_calib_wire);
+    TCase *tr = tcase_create("rm_stale_missing_model");
+    tcase_add_test(tr, test_rm_stale_missing_model);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("sweep_keeps_kept_run_dir");
+    tcase_add_test(tr, test_sweep_keeps_kept_run_dir);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("stage_log_names_document_and_bytes");
+    tcase_add_test(tr, test_stage_log_names_document_and_bytes);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("worker_handshake_reported");
+    tcase_add_test(tr, test_worker_handshake_reported);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("multi_gpu_example_runs");
+    tcase_add_test(tr, test_multi_gpu_example_runs);
+    tcase_set_timeout(tr, 150);
+    suite_add_tcase(s, tr);
     suite_add_tcase(s, tw);
     TCase *tc = tcase_create("every_method");
     tcase_add_checked_fixture(tc, setup, teardown);
