@@ -51,10 +51,12 @@ void kvm_serve_cache_enc_free(kvm_serve_cache_enc *e)
 }
 
 int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
-                          int64_t n_tokens, const kvm_kvcache *cc)
+                          int64_t n_tokens, const kvm_kvcache *cc, int64_t *stored_bytes)
 {
     enum { MAX_FRAMES_PER_LAYER = 16 };
     kvm_serve_cache_enc e;
+    int64_t bytes = 0;
+    if (stored_bytes) *stored_bytes = 0;
     int rc = kvm_serve_cache_encode(store, NULL, 0, cfg, wm, tokens, n_tokens, cc, &e);
     if (rc) return rc;
     int L = e.n_layers;
@@ -67,11 +69,14 @@ int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_wor
             rc = kvm_err(KVM_EINVAL, "cache layer %d encodes to %zu frames (at most %d)", l, nf, MAX_FRAMES_PER_LAYER);
             break;
         }
-        for (size_t f = 0; f < nf; f++)
+        for (size_t f = 0; f < nf; f++) {
             frames[(size_t)l * MAX_FRAMES_PER_LAYER + f] = kvm_msg_frame(e.msgs[l], f);
+            bytes += (int64_t)frames[(size_t)l * MAX_FRAMES_PER_LAYER + f].size;
+        }
         layers[l] = (kvm_store_layer){.frames = &frames[(size_t)l * MAX_FRAMES_PER_LAYER], .n_frames = (uint32_t)nf};
     }
     if (!rc) rc = kvm_store_put_cache(store, &e.man, layers);
+    if (!rc && stored_bytes) *stored_bytes = bytes;
     free(layers);
     free(frames);
     kvm_serve_cache_enc_free(&e);

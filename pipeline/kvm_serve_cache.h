@@ -20,9 +20,11 @@
  * records wm->tok_id and the full f32 size of the model's cache for N tokens. Everything is
  * borrowed; frames are copied by the store. Thread-safety: the store serialises calls.
  * Errors: KVM_EINVAL (bad dtype, positions out of range), KVM_ENOMEM, and the store's
- * errors (KVM_EFULL, KVM_EIO, KVM_ESTATE, ...), all with kvm_errmsg() detail. */
+ * errors (KVM_EFULL, KVM_EIO, KVM_ESTATE, ...), all with kvm_errmsg() detail. *stored_bytes
+ * (NULL: not wanted) gets the bytes of the layers' frames stored (the manifest's stored_bytes;
+ * 0 on an error). */
 int kvm_serve_cache_store(kvm_store *store, const kvm_config *cfg, const kvm_worker_model *wm, const int32_t *tokens,
-                          int64_t n_tokens, const kvm_kvcache *cc);
+                          int64_t n_tokens, const kvm_kvcache *cc, int64_t *stored_bytes);
 
 /* A cache encoded for the store but not yet committed: what kvm_serve_cache_store writes, and
  * what a compress worker on another host uploads to the store service (kvm_storecli.h). */

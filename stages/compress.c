@@ -88,21 +88,6 @@ static int remote_strategy(compress_state *st, const kvm_config *c)
     return 0;
 }
 
-/* The bytes of cc as the store records them (a cache's stored_bytes: its layers' frames), for
- * the job's log line; 0 when it does not encode (the cache is stored already: only the figure
- * is lost). */
-static int64_t cache_bytes(compress_state *st, const kvm_config *c, const kvm_proto_job *j, const kvm_kvcache *cc)
-{
-    kvm_serve_cache_enc e;
-    int64_t n = 0;
-    if (kvm_serve_cache_encode(st->store, NULL, 0, c, &st->wm, j->tokens, j->n_tokens, cc, &e)) return 0;
-    for (int l = 0; l < e.n_layers; l++)
-        for (size_t f = 0; f < kvm_msg_nframes(e.msgs[l]); f++)
-            n += (int64_t)kvm_msg_frame(e.msgs[l], f).size;
-    kvm_serve_cache_enc_free(&e);
-    return n;
-}
-
 /* Remote store: the cache goes to the store service (its bytes sent: out->stored_bytes). */
 static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *j, const kvm_kvcache *cc,
                   kvm_stage_out *out)
@@ -377,10 +362,12 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
              : kvm_worker_compress(cfg, &ci, st->store, &st->wm.model_id, &cc);
     if (rc) { *retryable = rc == KVM_ENOMEM; goto done; }
     double ts = kvm_now_ms();
-    if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc))) goto done;
+    if ((rc = kvm_serve_cache_store(st->store, cfg, &st->wm, j.tokens, j.n_tokens, cc, &out->stored_bytes))) goto done;
     out->store_ms += kvm_now_ms() - ts;
-    if ((rc = check_strategy_kept(st, cfg, &j, &before))) { *retryable = 1; goto done; }
-    out->stored_bytes = cache_bytes(st, cfg, &j, cc);
+    if ((rc = check_strategy_kept(st, cfg, &j, &before))) {
+        *retryable = 1;
+        goto done;
+    }
     record_meta(st, &j);
 evaluated:
     if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0 && !target)

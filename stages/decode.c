@@ -276,7 +276,7 @@ static int compute_cache(decode_state *st, const kvm_doc *d, int64_t extra, kvm_
         goto done;
     if (st->svc ? kvm_serve_remote_store(st->svc, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, st->strategy,
                                          st->strategy_len, 0, NULL, NULL)
-                : kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc))
+                : kvm_serve_cache_store(st->store, st->cfg, &st->wm, d->tokens, d->n_tokens, cc, NULL))
         kvm_log(KVM_LOG_WARN, "store_failed", NULL, 0, "could not store the cache computed on demand: %s", kvm_errmsg());
     else
         *stored = 1;

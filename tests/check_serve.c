@@ -139,7 +139,7 @@ static void populate(const char *doc_path)
     ck_assert_int_eq(kvm_forward_prefill(f, full, e.doc.tokens, N, NULL, KVM_LOGITS_NONE), 0);
     kvm_compress_input ci = {.model = m, .full = full, .n_tokens = N, .n_future = 16};
     ck_assert_msg(kvm_worker_compress(e.cfg, &ci, e.store, &e.wm.model_id, &cc) == 0, "%s", kvm_errmsg());
-    ck_assert_msg(kvm_serve_cache_store(e.store, e.cfg, &e.wm, e.doc.tokens, N, cc) == 0, "%s", kvm_errmsg());
+    ck_assert_msg(kvm_serve_cache_store(e.store, e.cfg, &e.wm, e.doc.tokens, N, cc, NULL) == 0, "%s", kvm_errmsg());
     kvm_kvcache_free(&cc);
     kvm_kvcache_free(&full);
     kvm_forward_free(&f);
