@@ -187,11 +187,12 @@ static int plan_of(const kvm_compress_input *in, const polykv_opts *o, int phase
     if (o->s->n_layers != in->model->cfg.n_layers)
         return kvm_err(KVM_EMISMATCH, "polykv: strategy of %d layers for a model of %d", o->s->n_layers,
                        in->model->cfg.n_layers);
-    /* capped at the document's length: a layer's rescaled budget above it kept the layer whole and
-     * left the surplus unspent (a short document, or a budget above the calibration's);
-     * KVM_JOBCFG_POLYKV_PLAN */
-    int rc = kvm_strategy_plan_capped(o->s, phase, kvm_budget_resolve(&o->budget, in->n_tokens), in->n_tokens,
-                                      in->model->cfg.n_kv_heads, plan);
+    /* the prefill plan capped at the document's length: a layer's rescaled budget above it kept
+     * the layer whole and left the surplus unspent (a short document, or a budget above the
+     * calibration's); KVM_JOBCFG_POLYKV_PLAN. The decode plan is not: its cache grows past the
+     * context, and a budget above the length is what keeps the continuation's entries. */
+    int rc = kvm_strategy_plan_capped(o->s, phase, kvm_budget_resolve(&o->budget, in->n_tokens),
+                                      phase == 0 ? in->n_tokens : 0, in->model->cfg.n_kv_heads, plan);
     if (!rc && o->s->head_split) rc = kvm_polykv_head_split(&in->model->cfg, in->cap, o->s->head_split, *plan);
     if (rc) kvm_evict_plan_free(plan);
     return rc;
