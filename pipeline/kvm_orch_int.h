@@ -50,6 +50,7 @@ typedef struct orch_job {
     int64_t prog_done, prog_total; /* progress its compress worker last reported (heartbeat) */
     int n_kv;
     int claimed;      /* this run holds the document's claim in the store */
+    int hashed;       /* its doc->hash was computed (the run's scan): a later load must find the same */
     char reason[512]; /* why it failed */
 } orch_job;
 

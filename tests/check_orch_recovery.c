@@ -267,6 +267,56 @@ START_TEST(test_read_failure_json_event)
 }
 END_TEST
 
+/* kvmill run started in the background on cfg_path and docs, its stdout and stderr to
+ * tmp/out.txt and tmp/err.txt (paths into out_path and err_path). Returns its pid. */
+static pid_t start_kvmill(char *out_path, char *err_path, size_t n)
+{
+    snprintf(out_path, n, "%s/out.txt", tmp);
+    snprintf(err_path, n, "%s/err.txt", tmp);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (!freopen(out_path, "w", stdout) || !freopen(err_path, "w", stderr)) _exit(127);
+        char exe[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        execl(exe, exe, "run", "--config", cfg_path, "--corpus", docs, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* A document replaced on disk after the run's scan and before its dispatch was compressed
+ * silently under its new content's hash: never claimed nor checked as stored under it, and the
+ * summary's bytes left it out. Now its load at dispatch finds other tokens than the scan did and
+ * the document fails, named, with that reason (exit 1: a rerun compresses the new content). */
+START_TEST(test_doc_changed_during_run)
+{
+    make_docs(3);
+    /* compress jobs of seconds, one prefetched document: doc_002 is read again seconds after
+     * the first prefill began */
+    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
+                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
+                 store, "max_prefetch = 1");
+    char out_path[4300], err_path[4300], changed[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    for (int i = 0; i < 1500 && !stage_started(); i++)
+        usleep(20000);
+    snprintf(changed, sizeof changed, "%s/doc_002.txt", docs);
+    const char *text = "Another story now: the cat sat on the mat and looked at the moon all night long.\n";
+    ck_assert_int_eq(kvm_test_write_file(changed, text, strlen(text)), 0);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(summary_field(out, "failed") == 1 && summary_field(out, "compressed") == 2, "stdout: %s\nstderr: %s",
+                  out, err);
+    ck_assert_msg(strstr(err, "doc_002.txt changed since the run scanned it") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 2);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ---- the broker's state, without processes ---- */
 
 typedef struct fake_run {
@@ -426,7 +476,8 @@ static Suite *orch_recovery_suite(void)
                  {"dead_local_claimant", test_dead_local_claimant, 120},
                  {"read_failure_json_event", test_read_failure_json_event, 60},
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
-                 {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90}};
+                 {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
+                 {"doc_changed_during_run", test_doc_changed_during_run, 240}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
