@@ -132,6 +132,7 @@ typedef struct orch {
     char model_changed[512]; /* non-empty: [model] path holds other weights than when the run began
                                 (kvm_orch__model_changed): why, the reason every job left fails with */
     int64_t evicted0; /* the store's eviction count when the run started */
+    int64_t evicted_seen; /* ... when an ack was last checked against the store (kvm_orch__ack_stored) */
     kvm_orch_summary *sum;
     double t0;
     kvm_orch_progress prog;                  /* the progress line */
@@ -187,6 +188,13 @@ int kvm_orch__mark_skipped(orch *o, kvm_store *store);
  * an ack that another run's worker queued before this run began can name one of this run's
  * earlier ids; only the store tells that this document's cache was committed. */
 int kvm_orch__stored_now(orch *o, const orch_job *j);
+/* Worker w acked job j's current attempt: its cache is committed, it says. Only the run's store
+ * tells: a worker started by hand with another --store commits there (its ready names no store).
+ * j is done, counted compressed, when the run's store holds its cache, or when the store's cap
+ * evicted caches since the last check (said: it may have been one); else w is named as writing
+ * elsewhere and j is requeued with that reason (it fails after max_retries). One lookup per
+ * acked document, on the local store or the service. */
+void kvm_orch__ack_stored(orch *o, orch_job *j, int w);
 /* kvm_store_list_caches callback: the summary's bytes and entries of this run's caches. */
 int kvm_orch__sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg);
 /* Caches the store's cap evicted during the run. */

@@ -7,6 +7,7 @@
 #include "pipeline/kvm_storew.h"
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +259,44 @@ int kvm_orch__stored_now(orch *o, const orch_job *j)
     int found = 0;
     if ((!o->store && !o->cli) || cache_stored(o, o->store, j, &found)) return 0;
     return found;
+}
+
+/* 1 when the local store's cap evicted caches since the last check (said, for j): an acked cache
+ * missing then may be one of them, not written elsewhere. */
+static int evicted_since(orch *o, const orch_job *j)
+{
+    kvm_store_stats ss;
+    if (!o->store || kvm_store_stats_get(o->store, &ss) || ss.n_evicted <= o->evicted_seen) return 0;
+    kvm_orch__log("%s is acked but not in the store: its cap ([store] cap_mb) evicted %lld cache%s meanwhile, "
+                  "this one likely among them: counted compressed (raise cap_mb)\n",
+                  j->doc->name, (long long)(ss.n_evicted - o->evicted_seen),
+                  kvm_plural(ss.n_evicted - o->evicted_seen, "", "s"));
+    o->evicted_seen = ss.n_evicted;
+    return 1;
+}
+
+void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
+{
+    int found = 0;
+    if (o->mode != MODE_RUN || (!o->store && !o->cli)) {
+        kvm_orch__job_committed(o, j);
+        return;
+    }
+    int rc = cache_stored(o, o->store, j, &found);
+    if (!rc && (found || evicted_since(o, j))) {
+        kvm_orch__job_committed(o, j);
+        return;
+    }
+    char why[1200];
+    if (rc)
+        snprintf(why, sizeof why, "worker %s acked it, but the run's store %s could not be read to check: %s",
+                 o->workers[w].id, o->store_path, kvm_errmsg());
+    else
+        snprintf(why, sizeof why,
+                 "worker %s acked it as committed, but the run's store %s holds no cache of it: the worker writes to "
+                 "another store (started with another --store?)%s",
+                 o->workers[w].id, o->store_path, o->cli ? " or the store's cap evicted it at once" : "");
+    kvm_orch__requeue(o, j, why);
 }
 
 void kvm_orch__failed_but_stored(orch *o, kvm_store *store)

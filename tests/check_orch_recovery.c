@@ -317,6 +317,53 @@ START_TEST(test_doc_changed_during_run)
 }
 END_TEST
 
+/* A compress worker started by hand with another --store than the run's joined it: the run
+ * took its acks for commits and said compressed=N, exit 0, while its own store held none of the
+ * caches. Now an acked cache that the run's store does not hold is no compressed document: the
+ * worker is named as writing to another store, the document is requeued, and fails after its
+ * attempts (exit 1). */
+START_TEST(test_worker_with_another_store)
+{
+    make_docs(2);
+    char other[4300];
+    snprintf(other, sizeof other, "%s/other.lmdb", tmp);
+    kvm_store_opts so = {0}; /* the other store exists: a worker refuses a --store that does not */
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(other, &so, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    write_config("method = streaming\nbudget = 32", store, "max_retries = 1");
+    FILE *f = fopen(cfg_path, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
+    fclose(f);
+    char out_path[4300], err_path[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    pid_t worker = fork();
+    ck_assert_int_ge(worker, 0);
+    if (worker == 0) {
+        char exe[4200], ep[4300], log[4300];
+        snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+        snprintf(ep, sizeof ep, "ipc://%s", run_dir);
+        snprintf(log, sizeof log, "%s/worker.log", tmp);
+        if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
+        execl(exe, exe, "--connect", ep, "--store", other, "--heartbeat-ms", "200", (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    kill(worker, SIGKILL);
+    waitpid(worker, NULL, 0);
+    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(summary_field(out, "compressed") == 0 && summary_field(out, "failed") == 2, "stdout: %s\nstderr: %s",
+                  out, err);
+    ck_assert_msg(strstr(err, "holds no cache of it: the worker writes to another store") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ---- the broker's state, without processes ---- */
 
 typedef struct fake_run {
@@ -477,7 +524,8 @@ static Suite *orch_recovery_suite(void)
                  {"read_failure_json_event", test_read_failure_json_event, 60},
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
-                 {"doc_changed_during_run", test_doc_changed_during_run, 240}};
+                 {"doc_changed_during_run", test_doc_changed_during_run, 240},
+                 {"worker_with_another_store", test_worker_with_another_store, 120}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
