@@ -180,7 +180,7 @@ static void loop(orch *o)
     int seen_interrupts = 0;
     double next_look = kvm_now_ms() + 1000;
     o->renewed_ok = kvm_now_ms(); /* no claim is older */
-    while (o->n_open > 0) {
+    while (o->n_open > 0 || o->left_watch > 0) {
         if (interrupts != seen_interrupts) {
             seen_interrupts = interrupts;
             if (interrupts == 1) {
@@ -209,6 +209,7 @@ static void loop(orch *o)
         kvm_orch__check_health(o);
         kvm_orch__dispatch(o);
         kvm_orch__renew_claims(o, t0);
+        kvm_orch__recheck_left(o, t0);
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
         if (o->visited > o->visited_max) o->visited_max = o->visited;
         progress(o, 0);
