@@ -202,6 +202,7 @@ static void recheck_one(orch *o, orch_job *j, int ending)
     int found = 0, taken = 0;
     int rc = cache_stored(o, o->store, j, &found);
     if (!rc && !found) rc = claim_key(o, &key, j, &taken, &found, &h);
+    if (rc && !ending) return; /* tried again at the next recheck; at the end, not known stored: failed */
     if (rc || found || taken) {
         left_resolved(o, j, found, rc ? kvm_errmsg() : NULL);
         return;
@@ -219,7 +220,8 @@ void kvm_orch__recheck_left(orch *o, double t0)
 {
     const int ending = o->n_open == 0;
     double every = ending ? 250 : o->dead_ms / 4 > 1000 ? o->dead_ms / 4 : 1000;
-    if (o->left_watch <= 0 || t0 - o->left_checked < every) return;
+    if (o->left_watch <= 0 || t0 - o->left_checked < every || *o->interrupts || o->store_full)
+        return; /* draining: nothing new is sent, so nothing is taken over */
     o->left_checked = t0;
     if (ending && !o->left_ending)
         kvm_orch__log("waiting for the %lld document%s left to other runs: stored by them, taken over when a claim "
