@@ -360,7 +360,10 @@ void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
         kvm_orch__job_committed(o, j);
         return;
     }
-    int rc = cache_stored(o, o->store, j, &found);
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    /* locally its index entry only: reading and checksumming the layers just written, as
+     * cache_stored does, would cost the event loop a cache's bytes per document */
+    int rc = o->cli ? cache_stored(o, NULL, j, &found) : kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
     if (!rc && (found || evicted_since(o, j))) {
         kvm_orch__job_committed(o, j);
         return;
