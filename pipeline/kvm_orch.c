@@ -160,7 +160,7 @@ static int prepare(orch *o, kvm_store **store)
     }
     kvm_store_stats ss;
     if ((rc = kvm_store_stats_get(*store, &ss))) return rc;
-    o->evicted0 = ss.n_evicted;
+    o->evicted0 = o->evicted_seen = ss.n_evicted;
     if (o->mode == MODE_RUN &&
         ((rc = kvm_jobcfg_config_id_in(o->cfg, *store, &model_id, &config_id, NULL, NULL)) ||
          (rc = kvm_worker_tokenizer_id(o->cfg, &model_id, &o->tok_id))))
@@ -184,7 +184,7 @@ static void loop(orch *o)
     int seen_interrupts = 0;
     double next_look = kvm_now_ms() + 1000;
     o->renewed_ok = kvm_now_ms(); /* no claim is older */
-    while (o->n_open > 0) {
+    while (o->n_open > 0 || o->left_watch > 0) {
         if (interrupts != seen_interrupts) {
             seen_interrupts = interrupts;
             if (interrupts == 1) {
@@ -213,6 +213,7 @@ static void loop(orch *o)
         kvm_orch__check_health(o);
         kvm_orch__dispatch(o);
         kvm_orch__renew_claims(o, t0);
+        kvm_orch__recheck_left(o, t0);
         o->sum->transport_ms += kvm_now_ms() - t0; /* the broker's own work is all message handling */
         if (o->visited > o->visited_max) o->visited_max = o->visited;
         progress(o, 0);

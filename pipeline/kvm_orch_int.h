@@ -50,6 +50,10 @@ typedef struct orch_job {
     int64_t prog_done, prog_total; /* progress its compress worker last reported (heartbeat) */
     int n_kv;
     int claimed;      /* this run holds the document's claim in the store */
+    int hashed;       /* its doc->hash was computed (the run's scan): a later load must find the same */
+    int left;         /* left to another run holding its claim (kvm_orch__claim_job): rechecked */
+    int left_live;    /* ... whose run renewed that claim once this run's own jobs were done */
+    int64_t left_expires; /* that claim's expiry when last seen, unix ms: a change is a renewal */
     char reason[512]; /* why it failed */
 } orch_job;
 
@@ -131,6 +135,11 @@ typedef struct orch {
     char model_changed[512]; /* non-empty: [model] path holds other weights than when the run began
                                 (kvm_orch__model_changed): why, the reason every job left fails with */
     int64_t evicted0; /* the store's eviction count when the run started */
+    int64_t left_watch;   /* jobs left to other runs not yet stored, taken over or judged live
+                             (kvm_orch__recheck_left): the run ends when none is left */
+    double left_checked;  /* when they were last rechecked, ms */
+    int left_ending;      /* the run's own jobs are done: their claims are watched (said once) */
+    int64_t evicted_seen; /* ... when an ack was last checked against the store (kvm_orch__ack_stored) */
     kvm_orch_summary *sum;
     double t0;
     kvm_orch_progress prog;                  /* the progress line */
@@ -175,6 +184,11 @@ void kvm_orch__job_committed(orch *o, orch_job *j);
 void kvm_orch__store_stop(orch *o, orch_job *j, const char *why, int kind);
 /* Claims j's document before it is sent. Returns 1 when j is not to be sent. */
 int kvm_orch__claim_job(orch *o, orch_job *j);
+/* Rechecks the jobs left to other runs (t0: now, ms): each one stored meanwhile is skipped;
+ * one whose claim lapsed (not renewed) or whose run of this host is gone is claimed and queued
+ * here again. Once this run's own jobs are done, every 250 ms: a claim renewed since then is a
+ * live run's, left to it (counted claimed); one that is not is watched until it lapses. */
+void kvm_orch__recheck_left(orch *o, double t0);
 /* Renews this run's claims when due (t0: now, ms); abandons the jobs in workers when the store
  * service answered no renewal for longer than the lease. */
 void kvm_orch__renew_claims(orch *o, double t0);
@@ -186,6 +200,13 @@ int kvm_orch__mark_skipped(orch *o, kvm_store *store);
  * an ack that another run's worker queued before this run began can name one of this run's
  * earlier ids; only the store tells that this document's cache was committed. */
 int kvm_orch__stored_now(orch *o, const orch_job *j);
+/* Worker w acked job j's current attempt: its cache is committed, it says. Only the run's store
+ * tells: a worker started by hand with another --store commits there (its ready names no store).
+ * j is done, counted compressed, when the run's store holds its cache, or when the store's cap
+ * evicted caches since the last check (said: it may have been one); else w is named as writing
+ * elsewhere and j is requeued with that reason (it fails after max_retries). One lookup per
+ * acked document, on the local store or the service. */
+void kvm_orch__ack_stored(orch *o, orch_job *j, int w);
 /* kvm_store_list_caches callback: the summary's bytes and entries of this run's caches. */
 int kvm_orch__sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg);
 /* Caches the store's cap evicted during the run. */

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct job_by_id_probe {
     const orch *o;
@@ -67,8 +68,19 @@ int kvm_orch__job_load(orch *o, orch_job *j)
     const kvm_corpus *c = o->corpus;
     int64_t ctx = kvm_config_int(o->cfg, "model", "context");
     int64_t keep = ctx + kvm_orch__continuation_tokens(o);
-    if (kvm_corpus_load(c, j->doc, c->tok, c->vocab_size, c->bos, ctx, keep) == 0) return 0;
-    snprintf(j->reason, sizeof j->reason, "%s", kvm_errmsg());
+    const kvm_store_id scanned = j->doc->hash;
+    int rc = kvm_corpus_load(c, j->doc, c->tok, c->vocab_size, c->bos, ctx, keep);
+    if (rc == 0 && (!j->hashed || !memcmp(&scanned, &j->doc->hash, sizeof scanned))) {
+        j->hashed = 1;
+        return 0;
+    }
+    if (rc == 0) { /* the claim, the stored check and by_hash name the scanned content, not this */
+        j->doc->hash = scanned;
+        snprintf(j->reason, sizeof j->reason,
+                 "%s changed since the run scanned it (its tokens differ now; run again to compress the new content)",
+                 j->doc->name);
+    } else
+        snprintf(j->reason, sizeof j->reason, "%s", kvm_errmsg());
     /* a failed document, as one a stage fails (an info "message" without the doc before: a JSON
      * log's reader looking for job_failed missed every empty or unreadable file) */
     kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", (int64_t)j->id),

@@ -100,7 +100,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                                      KVM_LOG_S("worker", o->workers[w].id), KVM_LOG_I("tokens", j->doc->n_tokens)};
                 kvm_log(KVM_LOG_INFO, "job_done", f, 4, "%s committed by %s", j->doc->name, o->workers[w].id);
             }
-            if (j && j->state == J_COMPRESS) kvm_orch__job_committed(o, j);
+            if (j && j->state == J_COMPRESS) kvm_orch__ack_stored(o, j, w);
             if (!j && o->mode == MODE_RUN && (j = kvm_orch__job_by_any_id(o, c.job_id)) && j->state != J_DONE &&
                 kvm_orch__stored_now(o, j)) {
                 /* an earlier attempt's: it was requeued (its worker judged dead, timed out) but its

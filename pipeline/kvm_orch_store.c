@@ -7,6 +7,7 @@
 #include "pipeline/kvm_storew.h"
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,18 +114,29 @@ static int take_over(orch *o, const kvm_store_cache_key *key, const orch_job *j,
                   : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
 }
 
-/* A document another live run is compressing is left to it (counted as claimed) and one
- * stored meanwhile is skipped; one claimed by a dead run of this host is taken over; else this
- * run claims it (a lease renewed in the loop). Returns 1 when j is not to be sent. */
+static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found);
+
+/* Claims key (j's) for this run, taking it over from a dead run of this host (holder_gone). */
+static int claim_key(orch *o, const kvm_store_cache_key *key, const orch_job *j, int *taken, int *found,
+                     kvm_store_claim *holder)
+{
+    int rc = o->cli ? claim_remote(o, key, taken, found, holder)
+                    : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
+    if (!rc && !*taken && !*found && holder_gone(o, holder)) rc = take_over(o, key, j, taken, found, holder);
+    return rc;
+}
+
+/* A document another live run is compressing is left to it (counted as claimed, rechecked:
+ * kvm_orch__recheck_left) and one stored meanwhile is skipped; one claimed by a dead run of this
+ * host is taken over; else this run claims it (a lease renewed in the loop). Returns 1 when j is
+ * not to be sent. */
 int kvm_orch__claim_job(orch *o, orch_job *j)
 {
     if (j->claimed || (!o->store && !o->cli) || o->mode != MODE_RUN) return 0;
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     kvm_store_claim holder;
     int taken = 0, found = 0;
-    int rc = o->cli ? claim_remote(o, &key, &taken, &found, &holder)
-                    : kvm_storew_claim(o->store, &key, o->owner, o->host, (int64_t)o->dead_ms, &taken, &holder);
-    if (!rc && !taken && !found && holder_gone(o, &holder)) rc = take_over(o, &key, j, &taken, &found, &holder);
+    int rc = claim_key(o, &key, j, &taken, &found, &holder);
     if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
         kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_DOWN);
         return 1;
@@ -149,11 +161,78 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
         if (found)
             o->sum->skipped++;
         else
-            o->sum->claimed++;
+            o->sum->claimed++, o->left_watch++, j->left = 1, j->left_expires = holder.expires_unix_ms;
         return 1;
     }
     j->claimed = 1;
     return 0;
+}
+
+/* Job j, left to another run, is no longer: stored (skipped), taken (queued here again) or its
+ * recheck failed (failed, with that reason: it is not known to be stored). */
+static void left_resolved(orch *o, orch_job *j, int stored, const char *err)
+{
+    j->left = 0;
+    o->sum->claimed--;
+    if (!j->left_live) o->left_watch--;
+    if (stored) {
+        o->sum->skipped++;
+        kvm_orch__log("%s, left to another run, is stored now\n", j->doc->name);
+    } else if (err) {
+        snprintf(j->reason, sizeof j->reason, "left to another run, and its claim could not be checked again: %s", err);
+        kvm_orch__job_move(o, j, J_FAILED);
+        kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_S("reason", j->reason)};
+        kvm_log(KVM_LOG_ERROR, "job_failed", f, 2, "%s failed: %s", j->doc->name, j->reason);
+    } else {
+        kvm_orch__log("%s was left to another run, whose claim lapsed unrenewed or whose process is gone: "
+                      "compressing it here\n",
+                      j->doc->name);
+        j->claimed = 1;
+        o->n_open++;
+        kvm_orch__job_set(o, j, J_QUEUED);
+    }
+}
+
+/* One recheck of job j, left to another run (kvm_orch__recheck_left). ending: this run's own
+ * jobs are done, so a renewal of the claim makes j the live run's for good. */
+static void recheck_one(orch *o, orch_job *j, int ending)
+{
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    kvm_store_claim h;
+    int found = 0, taken = 0;
+    int rc = cache_stored(o, o->store, j, &found);
+    if (!rc && !found) rc = claim_key(o, &key, j, &taken, &found, &h);
+    if (rc && !ending) return; /* tried again at the next recheck; at the end, not known stored: failed */
+    if (rc || found || taken) {
+        left_resolved(o, j, found, rc ? kvm_errmsg() : NULL);
+        return;
+    }
+    if (h.expires_unix_ms == j->left_expires) return; /* not renewed since: watched until it lapses */
+    j->left_expires = h.expires_unix_ms;
+    if (!ending || j->left_live) return;
+    j->left_live = 1;
+    o->left_watch--;
+    kvm_orch__log("%s is left to %s on %s, a run which renews its claim: that run stores it\n", j->doc->name, h.owner,
+                  h.host);
+}
+
+void kvm_orch__recheck_left(orch *o, double t0)
+{
+    const int ending = o->n_open == 0;
+    double every = ending ? 250 : o->dead_ms / 4 > 1000 ? o->dead_ms / 4 : 1000;
+    if (o->left_watch <= 0 || t0 - o->left_checked < every || *o->interrupts || o->store_full)
+        return; /* draining: nothing new is sent, so nothing is taken over */
+    o->left_checked = t0;
+    if (ending && !o->left_ending)
+        kvm_orch__log("waiting for the %lld document%s left to other runs: stored by them, taken over when a claim "
+                      "lapses unrenewed or its run is gone, or left to a run that renews its claim\n",
+                      (long long)o->left_watch, kvm_plural(o->left_watch, "", "s"));
+    o->left_ending = ending;
+    for (int64_t i = kvm_joblist_first(&o->lists, J_SKIPPED), next; i >= 0 && o->left_watch > 0; i = next) {
+        next = kvm_joblist_next(&o->lists, i);
+        o->visited++;
+        if (o->jobs[i].left && !o->jobs[i].left_live) recheck_one(o, &o->jobs[i], ending);
+    }
 }
 
 /* The claims live while the jobs do: renewed every [run] heartbeat_ms x liveness / 4 (t0: now,
@@ -258,6 +337,47 @@ int kvm_orch__stored_now(orch *o, const orch_job *j)
     int found = 0;
     if ((!o->store && !o->cli) || cache_stored(o, o->store, j, &found)) return 0;
     return found;
+}
+
+/* 1 when the local store's cap evicted caches since the last check (said, for j): an acked cache
+ * missing then may be one of them, not written elsewhere. */
+static int evicted_since(orch *o, const orch_job *j)
+{
+    kvm_store_stats ss;
+    if (!o->store || kvm_store_stats_get(o->store, &ss) || ss.n_evicted <= o->evicted_seen) return 0;
+    kvm_orch__log("%s is acked but not in the store: its cap ([store] cap_mb) evicted %lld cache%s meanwhile, "
+                  "this one likely among them: counted compressed (raise cap_mb)\n",
+                  j->doc->name, (long long)(ss.n_evicted - o->evicted_seen),
+                  kvm_plural(ss.n_evicted - o->evicted_seen, "", "s"));
+    o->evicted_seen = ss.n_evicted;
+    return 1;
+}
+
+void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
+{
+    int found = 0;
+    if (o->mode != MODE_RUN || (!o->store && !o->cli)) {
+        kvm_orch__job_committed(o, j);
+        return;
+    }
+    kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
+    /* locally its index entry only: reading and checksumming the layers just written, as
+     * cache_stored does, would cost the event loop a cache's bytes per document */
+    int rc = o->cli ? cache_stored(o, NULL, j, &found) : kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
+    if (!rc && (found || evicted_since(o, j))) {
+        kvm_orch__job_committed(o, j);
+        return;
+    }
+    char why[1200];
+    if (rc)
+        snprintf(why, sizeof why, "worker %s acked it, but the run's store %s could not be read to check: %s",
+                 o->workers[w].id, o->store_path, kvm_errmsg());
+    else
+        snprintf(why, sizeof why,
+                 "worker %s acked it as committed, but the run's store %s holds no cache of it: the worker writes to "
+                 "another store (started with another --store?)%s",
+                 o->workers[w].id, o->store_path, o->cli ? " or the store's cap evicted it at once" : "");
+    kvm_orch__requeue(o, j, why);
 }
 
 void kvm_orch__failed_but_stored(orch *o, kvm_store *store)

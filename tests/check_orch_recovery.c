@@ -5,6 +5,7 @@
 #include "pipeline/kvm_orch_int.h"
 #include "store/kvm_store.h"
 #include "pipeline/kvm_rundir.h"
+#include "pipeline/kvm_storew.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -160,7 +161,8 @@ static int collect_key(const kvm_store_cache_key *key, const kvm_store_manifest 
 /* A run killed with kill -9 leaves its claims in the store until their lease lapses ([run]
  * heartbeat_ms x liveness, 60 s here). A rerun on the same host left those documents "to" the
  * dead run (claimed=N, exit 0) and they were never stored. A claim whose owner names this host
- * and a process that is not running is taken over now; one of another host keeps the lease rule. */
+ * and a process that is not running is taken over now; one of another host keeps the lease rule
+ * (3 s here: taken over, before the run ends, once it lapsed unrenewed). */
 START_TEST(test_dead_local_claimant)
 {
     make_docs(6);
@@ -212,7 +214,7 @@ START_TEST(test_dead_local_claimant)
     ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
     for (int i = 0; i < ks.n; i++) {
         int taken = 0;
-        ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[i], owners[i], i == 0 ? other_host : host, 600000, &taken, NULL),
+        ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[i], owners[i], i == 0 ? other_host : host, 3000, &taken, NULL),
                          0);
         ck_assert_int_eq(taken, 1);
     }
@@ -220,13 +222,18 @@ START_TEST(test_dead_local_claimant)
     write_config(method, store, "heartbeat_ms = 100\nliveness = 600");
     int rc = run_kvmill(&out, &err);
     ck_assert_msg(rc == 0, "rc %d\nstdout: %s\nstderr: %s", rc, out, err);
-    /* the other host's, the live run's, the other namespace's and the old owner's leases are left
-     * to them; the reused and the gone ones taken over */
-    ck_assert_msg(summary_field(out, "compressed") == 2 && summary_field(out, "claimed") == 4 &&
+    /* the reused and the gone ones are taken over at once; the other host's, the live run's, the
+     * other namespace's and the old owner's leases are left to them, and taken over once they
+     * lapse unrenewed (3 s) */
+    ck_assert_msg(summary_field(out, "compressed") == 6 && summary_field(out, "claimed") == 0 &&
                       summary_field(out, "failed") == 0,
                   "stdout: %s\nstderr: %s", out, err);
     ck_assert_msg(strstr(err, "which is no longer running: taking it over") != NULL, "stderr: %s", err);
-    ck_assert_int_eq(kvm_test_store_caches(store), 2);
+    int lapsed = 0;
+    for (const char *p = err; (p = strstr(p, "whose claim lapsed unrenewed")) != NULL; p++)
+        lapsed++;
+    ck_assert_msg(lapsed == 4, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 6);
     free(out);
     free(err);
 }
@@ -262,6 +269,197 @@ START_TEST(test_read_failure_json_event)
         json_decref(o);
     }
     ck_assert_msg(seen == 1, "%d lines name empty.txt", seen);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* kvmill run started in the background on cfg_path and docs, its stdout and stderr to
+ * tmp/out.txt and tmp/err.txt (paths into out_path and err_path). Returns its pid. */
+static pid_t start_kvmill(char *out_path, char *err_path, size_t n)
+{
+    snprintf(out_path, n, "%s/out.txt", tmp);
+    snprintf(err_path, n, "%s/err.txt", tmp);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (!freopen(out_path, "w", stdout) || !freopen(err_path, "w", stderr)) _exit(127);
+        char exe[4200];
+        snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+        execl(exe, exe, "run", "--config", cfg_path, "--corpus", docs, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* A document replaced on disk after the run's scan and before its dispatch was compressed
+ * silently under its new content's hash: never claimed nor checked as stored under it, and the
+ * summary's bytes left it out. Now its load at dispatch finds other tokens than the scan did and
+ * the document fails, named, with that reason (exit 1: a rerun compresses the new content). */
+START_TEST(test_doc_changed_during_run)
+{
+    make_docs(3);
+    /* compress jobs of seconds, one prefetched document: doc_002 is read again seconds after
+     * the first prefill began */
+    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
+                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
+                 store, "max_prefetch = 1");
+    char out_path[4300], err_path[4300], changed[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    for (int i = 0; i < 1500 && !stage_started(); i++)
+        usleep(20000);
+    snprintf(changed, sizeof changed, "%s/doc_002.txt", docs);
+    const char *text = "Another story now: the cat sat on the mat and looked at the moon all night long.\n";
+    ck_assert_int_eq(kvm_test_write_file(changed, text, strlen(text)), 0);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(summary_field(out, "failed") == 1 && summary_field(out, "compressed") == 2, "stdout: %s\nstderr: %s",
+                  out, err);
+    ck_assert_msg(strstr(err, "doc_002.txt changed since the run scanned it") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 2);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A compress worker started by hand with another --store than the run's joined it: the run
+ * took its acks for commits and said compressed=N, exit 0, while its own store held none of the
+ * caches. Now an acked cache that the run's store does not hold is no compressed document: the
+ * worker is named as writing to another store, the document is requeued, and fails after its
+ * attempts (exit 1). */
+START_TEST(test_worker_with_another_store)
+{
+    make_docs(2);
+    char other[4300];
+    snprintf(other, sizeof other, "%s/other.lmdb", tmp);
+    kvm_store_opts so = {0}; /* the other store exists: a worker refuses a --store that does not */
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(other, &so, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    write_config("method = streaming\nbudget = 32", store, "max_retries = 1");
+    FILE *f = fopen(cfg_path, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
+    fclose(f);
+    char out_path[4300], err_path[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    pid_t worker = fork();
+    ck_assert_int_ge(worker, 0);
+    if (worker == 0) {
+        char exe[4200], ep[4300], log[4300];
+        snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+        snprintf(ep, sizeof ep, "ipc://%s", run_dir);
+        snprintf(log, sizeof log, "%s/worker.log", tmp);
+        if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
+        execl(exe, exe, "--connect", ep, "--store", other, "--heartbeat-ms", "200", (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    kill(worker, SIGKILL);
+    waitpid(worker, NULL, 0);
+    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(summary_field(out, "compressed") == 0 && summary_field(out, "failed") == 2, "stdout: %s\nstderr: %s",
+                  out, err);
+    ck_assert_msg(strstr(err, "holds no cache of it: the worker writes to another store") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* The owner string of a run that process pid of this host would write (kvm_storew_owner's shape). */
+static void owner_of(long pid, const char *host, char *out, size_t n)
+{
+    char id[96];
+    kvm_rundir_proc_id(pid, id, sizeof id);
+    snprintf(out, n, "run:%.48s:%ld:%lld:%s", host, pid, (long long)time(NULL) * 1000, id);
+}
+
+/* A child standing for a live run that holds claims in store: it renews them every 100 ms
+ * (renew) or only lives (not renew). Returns its pid. */
+static pid_t live_run(int renew)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid) return pid;
+    char host[64] = "", owner[192];
+    gethostname(host, sizeof host - 1);
+    owner_of((long)getpid(), host, owner, sizeof owner);
+    kvm_store *s = NULL;
+    for (;;) {
+        usleep(100000);
+        if (!renew) continue;
+        if (!s && kvm_store_open(store, NULL, &s)) continue; /* the test creates it */
+        kvm_storew_renew(s, owner, 600000);
+    }
+}
+
+/* Run B found documents claimed by other runs (the same store and corpus), counted them as
+ * claimed=N and never looked again: when their runs died (kill -9, or on another host, a lease
+ * not renewed) B still exited 0, and they were never stored. Now B rechecks them before it ends:
+ * the one of a run of this host killed meanwhile and the one whose claim lapsed unrenewed are
+ * taken over and compressed; the one of a run that renews its claim is left to it (claimed=1). */
+START_TEST(test_left_documents_rechecked)
+{
+    make_docs(4);
+    char first[4300];
+    snprintf(first, sizeof first, "%s/first.lmdb", tmp);
+    const char *method = "method = streaming\nbudget = 32";
+    write_config(method, first, "heartbeat_ms = 100\nliveness = 20");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    keys ks = {.n = 0};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(first, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_key, &ks), 0);
+    kvm_store_close(&s);
+    ck_assert_int_eq(ks.n, 4);
+    pid_t doomed = live_run(0), renewing = live_run(1);
+    char host[64] = "", owners[3][192];
+    ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
+    owner_of((long)doomed, host, owners[0], sizeof owners[0]);
+    owner_of((long)renewing, host, owners[1], sizeof owners[1]);
+    snprintf(owners[2], sizeof owners[2], "run:elsewhere-%.40s:4242:1:B1N1T1", host);
+    kvm_store_opts so = {0};
+    ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
+    for (int i = 0; i < 3; i++) { /* the other host's lease lapses in 3 s, unrenewed */
+        int taken = 0;
+        ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[i], owners[i], i == 2 ? "elsewhere" : host,
+                                              i == 2 ? 3000 : 600000, &taken, NULL),
+                         0);
+        ck_assert_int_eq(taken, 1);
+    }
+    kvm_store_close(&s);
+    write_config(method, store, "heartbeat_ms = 100\nliveness = 20");
+    char out_path[4300], err_path[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    int st, ended = 0;
+    for (int i = 0; i < 600 && !ended; i++) { /* B has done its own document and waits */
+        err = kvm_test_read_file(err_path, NULL);
+        int waiting = err && strstr(err, "waiting for the") != NULL;
+        free(err);
+        if (waiting) break;
+        usleep(50000);
+        ended = waitpid(pid, &st, WNOHANG) == pid;
+    }
+    kill(doomed, SIGKILL); /* kill -9 of the run B left a document to */
+    waitpid(doomed, NULL, 0);
+    ck_assert_int_eq(ended || waitpid(pid, &st, 0) == pid, 1);
+    kill(renewing, SIGKILL);
+    waitpid(renewing, NULL, 0);
+    out = kvm_test_read_file(out_path, NULL), err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(summary_field(out, "compressed") == 3 && summary_field(out, "claimed") == 1 &&
+                      summary_field(out, "failed") == 0,
+                  "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(strstr(err, "a run which renews its claim: that run stores it") != NULL, "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 3);
     free(out);
     free(err);
 }
@@ -426,7 +624,10 @@ static Suite *orch_recovery_suite(void)
                  {"dead_local_claimant", test_dead_local_claimant, 120},
                  {"read_failure_json_event", test_read_failure_json_event, 60},
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
-                 {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90}};
+                 {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
+                 {"doc_changed_during_run", test_doc_changed_during_run, 240},
+                 {"worker_with_another_store", test_worker_with_another_store, 120},
+                 {"left_documents_rechecked", test_left_documents_rechecked, 120}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
