@@ -373,8 +373,7 @@ int cmd_eval_task_extent(const cmd_eval_task_args *a, const cmd_eval_docset *doc
         int64_t nc = 0, nq = 0;
         rc = read_text(docs->paths[di], &text, &len);
         if (!rc) rc = make_case(a, &fr, text, len, (uint64_t)i, &tc, &ids, &nc, &nq);
-        if (rc)
-            fprintf(stderr, "kvmill " CMD ": task case %d (%s): %s\n", i, docs->names[di], kvm_errmsg());
+        if (rc) fprintf(stderr, "kvmill " CMD ": task case %d (%s): %s\n", i, docs->names[di], kvm_errmsg());
         if (!rc && nc < *n_ctx) *n_ctx = nc, *case_index = i, *doc_index = di;
         if (!rc && nc > *n_longest) *n_longest = nc;
         free(ids);
