@@ -5,7 +5,9 @@
 #include "pipeline/kvm_storesvc.h"
 
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* A config holding only defaults, for a service started without --config. The model path is
  * required by the table but never read here. */
@@ -23,7 +25,8 @@ int kvm_cmd_store_serve(int argc, char **argv)
          "server_secret_key and authorized_keys in --config); default tcp://127.0.0.1:5560",
          NULL},
         {"config", 1, "config whose [store] and [security] settings apply", NULL},
-        {"parent-pid", 1, "stop when process PID (the kvmill run or serve that started the service) is gone", NULL},
+        {"parent-pid", 1,
+         "stop when process PID, the parent (the kvmill run or serve that started the service), is gone", NULL},
         {"create", 0,
          "make the store when it does not exist (else refused: a mistyped path would take uploads into a "
          "store no run reads)",
@@ -47,6 +50,16 @@ int kvm_cmd_store_serve(int argc, char **argv)
     if (pp && (end == pp || *end || ppid <= 0)) {
         kvm_config_free(&cfg);
         return fprintf(stderr, "kvmill store serve: --parent-pid: '%s' is not a process id\n", pp), 2;
+    }
+    /* the service stops once it is reparented: a live process that is not its parent would
+     * stop it at once, saying that process is gone */
+    if (pp && ppid != (long)getppid() && kill((pid_t)ppid, 0) == 0) {
+        kvm_config_free(&cfg);
+        return fprintf(stderr,
+                       "kvmill store serve: --parent-pid %ld is not the process that started this one (pid "
+                       "%ld): give the parent's pid, or leave the option out\n",
+                       ppid, (long)getppid()),
+               2;
     }
     int st =
         kvm_storesvc_main(cfg, path, bind ? bind : "tcp://127.0.0.1:5560", kvm_cli_get(opts, "create") != NULL, ppid);

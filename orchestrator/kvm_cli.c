@@ -649,7 +649,8 @@ int kvm_cli_check_run_bind(const char *cmd, const kvm_config *cfg, int from_flag
         return -1;
     }
     struct stat st; /* ipc://DIR holds the two sockets: a missing DIR failed at the bind, exit 1 */
-    const int ipc = !strncmp(bind, "ipc://", 6), found = ipc && !stat(bind + 6, &st);
+    /* ipc://@NAME: a Linux abstract socket, no folder */
+    const int ipc = !strncmp(bind, "ipc://", 6) && bind[6] != '@', found = ipc && !stat(bind + 6, &st);
     if (ipc && (!found || !S_ISDIR(st.st_mode))) {
         const char *why = !found ? "does not exist" : "is not a folder";
         if (from_flag)

@@ -221,8 +221,12 @@ void kvm_serve_ipc_note(const char *ep, kvm_serve_ipc_file *f)
 void kvm_serve_ipc_remove(const kvm_serve_ipc_file *f)
 {
     struct stat st;
-    if (!f->path[0] || lstat(f->path, &st) || !S_ISSOCK(st.st_mode) || st.st_dev != f->dev || st.st_ino != f->ino)
-        return;
+    if (!f->path[0] || lstat(f->path, &st) || !S_ISSOCK(st.st_mode)) return;
+    /* another inode: bound again by kvm_serve_rebind_if_removed (ours, now closed: nobody
+     * listens), or by another process since (it listens: left alone) */
+    char ep[1200];
+    snprintf(ep, sizeof ep, "ipc://%s", f->path);
+    if ((st.st_dev != f->dev || st.st_ino != f->ino) && ipc_in_use(ep)) return;
     unlink(f->path);
 }
 

@@ -105,7 +105,8 @@ typedef struct kvm_serve_ipc_file {
 void kvm_serve_ipc_note(const char *ep, kvm_serve_ipc_file *f);
 
 /* After the socket is closed: removes f's file when it is still the one noted (a socket with the
- * same device and inode), never one another process bound there since. */
+ * same device and inode) or a socket nobody listens on (this process's own, bound again by
+ * kvm_serve_rebind_if_removed), never one another process listens on. */
 void kvm_serve_ipc_remove(const kvm_serve_ipc_file *f);
 
 /* Binds sock at the ipc:// endpoint ep again when its socket file is gone (a /tmp cleaner, an

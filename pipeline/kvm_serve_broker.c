@@ -42,9 +42,10 @@ int kvm_serve__front_rcvhwm(int64_t max_frame_bytes)
     return n < 1 ? 1 : n > 1000 ? 1000 : (int)n; /* 1000: ZeroMQ's default, never raised */
 }
 
-/* [store] cap_mb of the server's config, recorded in a local store it can write: the server is
- * the store's owner here (its decode workers keep the recorded cap, kvm_storew_worker_opts). A
- * store that cannot be opened for writing is left to the workers' own checks, said once. */
+/* [store] cap_mb of the server's config, recorded in a local store it can write (made, with
+ * compute_missing, when it does not exist): the server is the store's owner here (its decode
+ * workers keep the recorded cap, kvm_storew_worker_opts). A store that cannot be opened for
+ * writing is left to the workers' own checks, said once. */
 static void record_cap(srv *s)
 {
     const kvm_config *cfg = s->cfg;
@@ -55,7 +56,9 @@ static void record_cap(srv *s)
         return;
     kvm_store_opts so;
     kvm_storew_opts(cfg, 0, &so);
-    so.must_exist = 1; /* a store serve may create is the workers' to create */
+    /* with compute_missing the store may not exist yet: made here, with the cap, since the
+     * workers that would make it keep a store's cap as they find it (none) */
+    so.must_exist = !s->compute_missing;
     kvm_store *st = NULL;
     int rc = kvm_store_open(s->store_path, &so, &st);
     if (rc && rc != KVM_ENOTFOUND)

@@ -255,9 +255,10 @@ static void drop_inputs(job_slot *j)
     j->n_in = 0;
 }
 
-/* Stops the stage as refused (exit 1): by `by` (the orchestrator: its ready named another model;
- * or its own job: the model file here is not the run's), saying why. Whoever started the worker
- * by hand sees why at once, and no later job is taken only to fail alike. */
+/* Stops the stage as refused (exit 1): by `by` (the orchestrator: its ready named another model
+ * or, to kvmill serve, other settings; or its own job: the model file here is not the run's),
+ * saying why. Whoever started the worker by hand sees why at once, and no later job is taken
+ * only to fail alike. */
 static void stop_refused(stage_rt *rt, int status, kvm_proto_str by, kvm_proto_str why)
 {
     kvm_log_field f[] = {KVM_LOG_I("status", status)};
@@ -394,14 +395,15 @@ static void on_ctl(stage_rt *rt)
 
 /* The events connect_sockets watches: zmq_connect only starts connecting, so "connected" is said
  * when the orchestrator completed a handshake, and a failed CurveZMQ handshake, which neither side
- * reported, is said and stops the worker (kvmill ask and the store client watch the same). */
+ * reported, is said: a refusal of the worker's key stops it, a handshake closed without a reason
+ * is warned about (kvmill ask and the store client watch the same). */
 #define LINK_EVENTS                                                                                                    \
     (ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |        \
      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
-/* Handshakes that the orchestrator closes without a reason, none succeeding, before the worker
- * says that its keys do not fit and stops: a server that cannot decrypt the client's hello (a
- * wrong --server-key) closes the connection without a word, at every reconnect. */
+/* Handshakes that the endpoint closes without a reason, none succeeding, before the worker says
+ * that its keys may not fit (a server that cannot decrypt the client's hello, a wrong
+ * --server-key, closes the connection without a word, at every reconnect) and keeps trying. */
 #define LINK_MAX_NO_DETAIL 3
 
 static int connect_sockets(stage_rt *rt)
@@ -526,22 +528,28 @@ static int link_event(stage_rt *rt, int i)
                       "serve endpoint",
                       ep_s, (unsigned)value, ep_s);
         break;
-    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        if (++rt->n_no_detail < LINK_MAX_NO_DETAIL) break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL: {
+        /* said once per streak, not fatal: libzmq reports any connection closed during the
+         * handshake so, and a TCP forwarder in front of a stopped orchestrator (docker-proxy,
+         * ssh -L, kubectl port-forward) accepts and closes; the worker waits for the next one */
+        if (++rt->n_no_detail != LINK_MAX_NO_DETAIL) break;
+        kvm_log_field f[] = {KVM_LOG_S("connect", rt->a.connect), KVM_LOG_I("zmq_event", event),
+                             KVM_LOG_I("zmq_value", value)};
         if (sk)
-            link_fail(rt, event, value,
-                      "the orchestrator at %s closed the CurveZMQ handshake %d times without a reason: --server-key %s "
-                      "is not its public key (the .public of its [security] server_secret_key), or it has no CurveZMQ "
-                      "keys (a local bind: start this worker without --server-key, --client-public and "
-                      "--client-secret)",
-                      ep_s, rt->n_no_detail, sk);
+            log_ev(rt, KVM_LOG_WARN, "handshake_failed", f, 3,
+                   "the endpoint %s closed the CurveZMQ handshake %d times without a reason: --server-key %s may not "
+                   "be the orchestrator's public key (the .public of its [security] server_secret_key), or it has no "
+                   "CurveZMQ keys (a local bind: start this worker without --server-key, --client-public and "
+                   "--client-secret), or a proxy in front of it has no orchestrator to reach; still trying",
+                   ep_s, rt->n_no_detail, sk);
         else
-            link_fail(rt, event, value,
-                      "the orchestrator at %s closed the ZeroMQ handshake %d times without a reason: it uses CurveZMQ "
-                      "keys (give --server-key, --client-public and --client-secret), or %s is not a kvmill run or "
-                      "serve endpoint",
-                      ep_s, rt->n_no_detail, ep_s);
+            log_ev(rt, KVM_LOG_WARN, "handshake_failed", f, 3,
+                   "the endpoint %s closed the ZeroMQ handshake %d times without a reason: the orchestrator may use "
+                   "CurveZMQ keys (give --server-key, --client-public and --client-secret), %s may not be a kvmill "
+                   "run or serve endpoint, or a proxy in front of it has no orchestrator to reach; still trying",
+                   ep_s, rt->n_no_detail, ep_s);
         break;
+    }
     default:
         break;
     }
@@ -634,7 +642,7 @@ static void usage(const char *stage)
            "  --heartbeat-ms N      heartbeat interval (default 1000)\n"
            "  --grace-s N           on SIGTERM, finish the current job within N s (default 30)\n"
            "  --id NAME             worker id (default STAGE-HOST-PID)\n"
-           "  --parent-pid PID      stop when process PID (the orchestrator that started us) is gone\n"
+           "  --parent-pid PID      stop when process PID, the parent (the orchestrator that started us), is gone\n"
            "  --server-key FILE     CurveZMQ: the orchestrator's public key (required off-host)\n"
            "  --client-public FILE  CurveZMQ: this worker's public key\n"
            "  --client-secret FILE  CurveZMQ: this worker's secret key\n"
@@ -705,6 +713,14 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
             a->grace_s = (int)n;
         } else if (!strcmp(k, "--parent-pid")) {
             if (int_option(stage, k, v, 1, INT32_MAX, &n)) return 2;
+            /* the worker stops once it is reparented: a live process that is not its parent
+             * would stop it at once, saying the orchestrator is gone */
+            if (n != (long)getppid() && kill((pid_t)n, 0) == 0)
+                return fprintf(stderr,
+                               "kvmill-%s: --parent-pid %ld is not the process that started this one (pid "
+                               "%ld): give the parent's pid, or leave the option out\n",
+                               stage, n, (long)getppid()),
+                       2;
             a->parent_pid = n;
         } else
             return fprintf(stderr, "kvmill-%s: unknown option '%s' (see kvmill-%s --help)\n", stage, k, stage), 2;
@@ -847,7 +863,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
                rt.a.device, rt.a.threads, rt.a.server_key ? " with CurveZMQ keys" : "");
         serve(&rt);
         log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0,
-               rt.refused       ? "stopped: refused (another model)"
+               rt.refused       ? "stopped: refused (the reason is above)"
                : rt.link_failed ? "stopped: the handshake with the orchestrator failed"
                                 : "stopped");
         if (rt.refused || rt.link_failed) rc = 1;

@@ -1175,6 +1175,32 @@ START_TEST(test_run_bind_messages)
         free(err);
     }
     close(fd);
+    /* ipc://@NAME, a Linux abstract socket, has no folder: accepted as before */
+    snprintf(line, sizeof line,
+             "timeout 60 '%s/kvmill' run --config '%s' --corpus '%s' --bind ipc://@kvmtest%d --dump-config",
+             kvm_test_bin(), cfg, kvm_test_data_path("corpus"), (int)getpid());
+    ck_assert_int_eq(kvm_test_run(line, &out, &err), 0);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* --parent-pid of a stage worker or the store service: each stops once it is reparented, so a
+ * live process that was not its parent (pid 1 here) stopped it at once, "pid 1 is gone". */
+START_TEST(test_parent_pid_not_parent)
+{
+    char line[8192], *out, *err;
+    const char *cmds[] = {"kvmill-prefill --connect ipc:///nonexistent/x --parent-pid 1",
+                          "kvmill store serve --store /nonexistent/s --bind ipc:///nonexistent/y --parent-pid 1"};
+    const char *said[] = {"kvmill-prefill: --parent-pid 1 is not the process that started this one",
+                          "kvmill store serve: --parent-pid 1 is not the process that started this one"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(line, sizeof line, "timeout 20 '%s'/%s", kvm_test_bin(), cmds[i]);
+        ck_assert_int_eq(kvm_test_run(line, &out, &err), 2);
+        ck_assert_msg(strstr(err, said[i]), "%s: %s", cmds[i], err);
+        free(out);
+        free(err);
+    }
 }
 END_TEST
 
@@ -1569,6 +1595,7 @@ static Suite *review_suite(void)
         {"ratio_one_refused", test_ratio_one_refused},
         {"no_training_queries_at_start", test_no_training_queries_at_start},
         {"run_bind_messages", test_run_bind_messages},
+        {"parent_pid_not_parent", test_parent_pid_not_parent},
         {"bytes_line_larger", test_bytes_line_larger},
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},

@@ -402,6 +402,37 @@ START_TEST(test_compute_missing)
 }
 END_TEST
 
+/* compute_missing with a store that does not exist yet and [store] cap_mb set: the decode worker
+ * that made the store keeps a store's cap as it finds it (none), and serve recorded its cap only
+ * in a store that existed, so the store grew without the cap for the whole session. */
+START_TEST(test_compute_missing_new_store_cap)
+{
+    write_config("compute_missing = true", NULL);
+    size_t n = 0;
+    char *text = kvm_test_read_file(g_cfg, &n), sp[4200], cmd[8400];
+    char *at = strstr(text, "map_size_mb = 8\n");
+    ck_assert_ptr_nonnull(at);
+    char fixed[9000];
+    snprintf(fixed, sizeof fixed, "%.*smap_size_mb = 8\ncap_mb = 1\n%s", (int)(at - text), text,
+             at + strlen("map_size_mb = 8\n"));
+    free(text);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, fixed, strlen(fixed)), 0);
+    snprintf(sp, sizeof sp, "%s/store", g_dir);
+    kvm_test_rmtree(sp);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char *out = NULL, *err = NULL;
+    int rc = ask(g_doc, "Then the", 4, NULL, &out, &err);
+    ck_assert_msg(rc == 0, "ask exited %d: %s", rc, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(stop_serve(), 0);
+    snprintf(cmd, sizeof cmd, "'%s' store stats --store '%s'", kvmill(), sp);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(strstr(out, "cap_bytes       1048576"), "%s", out);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_prompt_too_long)
 {
     write_config(NULL, NULL);
@@ -1060,6 +1091,7 @@ int main(void)
     suite_add_tcase(su, tcase("devices_refused", test_devices_refused));
     suite_add_tcase(su, tcase("missing_cache", test_missing_cache));
     suite_add_tcase(su, tcase("compute_missing", test_compute_missing));
+    suite_add_tcase(su, tcase("compute_missing_new_store_cap", test_compute_missing_new_store_cap));
     suite_add_tcase(su, tcase("prompt_too_long", test_prompt_too_long));
     suite_add_tcase(su, tcase("too_many_new_tokens", test_too_many_new_tokens));
     suite_add_tcase(su, tcase("window_overflow", test_window_overflow));
