@@ -128,6 +128,21 @@ static void tell_refused(srv *s, int w)
     wk->told_ms = kvm_stage_send_refusal(s->ctl, wk->id, "serve", why) == 0 ? kvm_now_ms() : 0;
 }
 
+/* Marks worker wk refused (other_settings: for its settings, else its model): told at the next
+ * chance, never idle. One of the server's own workers shares the server's config, so its refusal
+ * means a file changed under the server, and every worker it starts would be refused and
+ * restarted in a loop: the server stops instead, saying `own_why`. */
+static void mark_refused(srv *s, srv_worker *wk, int other_settings, const char *own_why)
+{
+    wk->refused = 1;
+    wk->other_settings = other_settings;
+    wk->told_ms = 0;
+    wk->idle = 0;
+    if (wk->slot < 0) return;
+    snprintf(s->fatal_why, sizeof s->fatal_why, "%s", own_why);
+    s->fatal = 1;
+}
+
 /* Worker w's ready named model `got`, not the server's (PROTOCOL.md §5, revision 10): its
  * requests would fail ("no compressed cache": it looks caches up under its own model id), so
  * it is refused, once: logged, told (it exits), never idle. One of the server's own workers
@@ -146,16 +161,12 @@ static void refuse_worker(srv *s, int w, const uint8_t *got, int64_t pid)
     kvm_log(KVM_LOG_ERROR, "worker_refused", f, 4,
             "decode worker %s runs model %.12s… but this server serves %.12s… (%s): refused, no requests go to it",
             wk->id, gh, wh, path);
-    wk->refused = 1;
-    wk->other_settings = 0;
-    wk->told_ms = 0;
-    wk->idle = 0;
-    if (wk->slot < 0) return;
-    snprintf(s->fatal_why, sizeof s->fatal_why,
+    char own[1024];
+    snprintf(own, sizeof own,
              "decode worker %s, started by this server, runs model %.12s… but the server serves %.12s… (%s): the "
              "model file changed since the server started? Start kvmill serve again",
              wk->id, gh, wh, path);
-    s->fatal = 1;
+    mark_refused(s, wk, 0, own);
 }
 
 /* Worker w's ready (r) named the server's model but other settings (PROTOCOL.md §5, revision
@@ -179,16 +190,12 @@ static void refuse_settings(srv *s, int w, const kvm_proto_ready *r)
             "decode worker %s runs with settings %.12s… (its --config) but this server's config %s has %.12s… (other "
             "[model] context, [compress] or other settings that change a cache): refused, no requests go to it",
             wk->id, gh, path, wh);
-    wk->refused = 1;
-    wk->other_settings = 1;
-    wk->told_ms = 0;
-    wk->idle = 0;
-    if (wk->slot < 0) return;
-    snprintf(s->fatal_why, sizeof s->fatal_why,
+    char own[1024];
+    snprintf(own, sizeof own,
              "decode worker %s, started by this server, runs with settings %.12s… but the server's config %s has "
              "%.12s…: the config file changed since the server started? Start kvmill serve again",
              wk->id, gh, path, wh);
-    s->fatal = 1;
+    mark_refused(s, wk, 1, own);
 }
 
 /* Whether worker w is refused after its ready m (kvm_stage_judge_ready against the server's
