@@ -273,8 +273,8 @@ int kvm_tokenizer_open_llama2c(const char *path, int vocab_size, kvm_tokenizer *
     if (!path) return kvm_err(KVM_EINVAL, "kvm_tokenizer_open_llama2c: path is NULL");
     if (vocab_size < KVM_L2C_MIN_VOCAB) /* the model's header sets it, not this file: said so */
         return kvm_err(KVM_EINVAL,
-                       "%s: the model's vocab_size %d (from its header) is below the %d ids a llama2.c tokenizer "
-                       "has (unk, BOS, EOS and 256 byte-fallback tokens): a model with another vocabulary",
+                       "tokenizer %s: the model's vocab_size %d is below the %d ids a llama2.c tokenizer has (unk, "
+                       "BOS, EOS and 256 byte-fallback tokens): the model has another vocabulary",
                        path, vocab_size, KVM_L2C_MIN_VOCAB);
     int rc = read_file(path, &file, &size);
     if (rc == KVM_OK) rc = kvm__tokenizer_llama2c_mem(path, file, size, vocab_size, out);
@@ -294,8 +294,8 @@ int kvm__tokenizer_llama2c_mem(const char *path, const unsigned char *file, int6
     *out = NULL;
     if (vocab_size < KVM_L2C_MIN_VOCAB)
         return kvm_err(KVM_EINVAL,
-                       "%s: the model's vocab_size %d (from its header) is below the %d ids a llama2.c tokenizer "
-                       "has (unk, BOS, EOS and 256 byte-fallback tokens): a model with another vocabulary",
+                       "tokenizer %s: the model's vocab_size %d is below the %d ids a llama2.c tokenizer has (unk, "
+                       "BOS, EOS and 256 byte-fallback tokens): the model has another vocabulary",
                        path, vocab_size, KVM_L2C_MIN_VOCAB);
     if ((rc = l2c_validate(path, file, size, vocab_size, &max_len, &blob)) != KVM_OK) goto fail;
 

@@ -353,6 +353,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
     if (!rc) write_metrics(&o, hard || sum->interrupted ? "interrupted" : "done", 1);
     free(o.jobs);
+    free(o.left_idx);
     kvm_idxset_free(&o.by_hash);
     kvm_idxset_free(&o.by_id);
     kvm_joblist_deinit(&o.lists);

@@ -126,6 +126,26 @@ static int claim_key(orch *o, const kvm_store_cache_key *key, const orch_job *j,
     return rc;
 }
 
+/* Watches job j, left to another run whose claim expires at `expires` (unix ms), for
+ * kvm_orch__recheck_left. Only with a local store: a store service's claim reply carries no
+ * expiry (a renewal cannot be seen) and each recheck would cost the loop a round trip, so there
+ * the document stays counted as claimed, as the run found it. Out of memory: not watched. */
+static void watch_left(orch *o, orch_job *j, int64_t expires)
+{
+    if (o->cli) return;
+    if (o->n_left == o->cap_left) {
+        int64_t cap = o->cap_left ? 2 * o->cap_left : 64;
+        int64_t *p = realloc(o->left_idx, (size_t)cap * sizeof *p);
+        if (!p) return;
+        o->left_idx = p;
+        o->cap_left = cap;
+    }
+    o->left_idx[o->n_left++] = j - o->jobs;
+    o->left_watch++;
+    j->left = 1;
+    j->left_expires = expires;
+}
+
 /* A document another live run is compressing is left to it (counted as claimed, rechecked:
  * kvm_orch__recheck_left) and one stored meanwhile is skipped; one claimed by a dead run of this
  * host is taken over; else this run claims it (a lease renewed in the loop). Returns 1 when j is
@@ -160,8 +180,10 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
         o->n_open--;
         if (found)
             o->sum->skipped++;
-        else
-            o->sum->claimed++, o->left_watch++, j->left = 1, j->left_expires = holder.expires_unix_ms;
+        else {
+            o->sum->claimed++;
+            watch_left(o, j, holder.expires_unix_ms);
+        }
         return 1;
     }
     j->claimed = 1;
@@ -200,8 +222,13 @@ static void recheck_one(orch *o, orch_job *j, int ending)
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     kvm_store_claim h;
     int found = 0, taken = 0;
-    int rc = cache_stored(o, o->store, j, &found);
+    /* the index entry only (the other run checked what it wrote): reading and checksumming the
+     * layers would cost the loop a cache's bytes per document */
+    int rc = kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
+    if (rc == KVM_EMISMATCH) rc = 0, found = 0; /* another tokenizer's: compressed again here */
     if (!rc && !found) rc = claim_key(o, &key, j, &taken, &found, &h);
+    /* taken: stored between the two looks (the other run ended and released its claims)? */
+    if (!rc && taken && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
     if (rc && !ending) return; /* tried again at the next recheck; at the end, not known stored: failed */
     if (rc || found || taken) {
         left_resolved(o, j, found, rc ? kvm_errmsg() : NULL);
@@ -228,11 +255,14 @@ void kvm_orch__recheck_left(orch *o, double t0)
                       "lapses unrenewed or its run is gone, or left to a run that renews its claim\n",
                       (long long)o->left_watch, kvm_plural(o->left_watch, "", "s"));
     o->left_ending = ending;
-    for (int64_t i = kvm_joblist_first(&o->lists, J_SKIPPED), next; i >= 0 && o->left_watch > 0; i = next) {
-        next = kvm_joblist_next(&o->lists, i);
+    int64_t kept = 0; /* the list keeps the jobs still watched, in order */
+    for (int64_t k = 0; k < o->n_left; k++) {
+        orch_job *j = &o->jobs[o->left_idx[k]];
         o->visited++;
-        if (o->jobs[i].left && !o->jobs[i].left_live) recheck_one(o, &o->jobs[i], ending);
+        if (j->left && !j->left_live && !*o->interrupts) recheck_one(o, j, ending);
+        if (j->left && !j->left_live) o->left_idx[kept++] = o->left_idx[k];
     }
+    o->n_left = kept;
 }
 
 /* The claims live while the jobs do: renewed every [run] heartbeat_ms x liveness / 4 (t0: now,
@@ -339,32 +369,38 @@ int kvm_orch__stored_now(orch *o, const orch_job *j)
     return found;
 }
 
-/* 1 when the local store's cap evicted caches since the last check (said, for j): an acked cache
- * missing then may be one of them, not written elsewhere. */
-static int evicted_since(orch *o, const orch_job *j)
+/* 1 when the local store's cap evicted caches since the last ack (missing: j's cache is not
+ * there, said then): an acked cache missing then may be one of them, not written elsewhere. The
+ * count is read at every ack, so the excuse covers only what happened since the one before,
+ * not everything since the run began. */
+static int evicted_since(orch *o, const orch_job *j, int missing)
 {
     kvm_store_stats ss;
-    if (!o->store || kvm_store_stats_get(o->store, &ss) || ss.n_evicted <= o->evicted_seen) return 0;
-    kvm_orch__log("%s is acked but not in the store: its cap ([store] cap_mb) evicted %lld cache%s meanwhile, "
-                  "this one likely among them: counted compressed (raise cap_mb)\n",
-                  j->doc->name, (long long)(ss.n_evicted - o->evicted_seen),
-                  kvm_plural(ss.n_evicted - o->evicted_seen, "", "s"));
+    if (kvm_store_stats_get(o->store, &ss)) return 0;
+    const int64_t n = ss.n_evicted - o->evicted_seen;
     o->evicted_seen = ss.n_evicted;
+    if (n <= 0 || !missing) return 0;
+    kvm_orch__log("%s is acked but not in the store: its cap ([store] cap_mb) evicted %lld cache%s since the last "
+                  "ack, this one likely among them: counted compressed (raise cap_mb)\n",
+                  j->doc->name, (long long)n, kvm_plural(n, "", "s"));
     return 1;
 }
 
 void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
 {
     int found = 0;
-    if (o->mode != MODE_RUN || (!o->store && !o->cli)) {
+    /* a store service: the ack is its commit reply, passed on (a lookup there would read and
+     * checksum the cache on the single-threaded service, the loop waiting for the round trip) */
+    if (o->mode != MODE_RUN || !o->store) {
         kvm_orch__job_committed(o, j);
         return;
     }
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     /* locally its index entry only: reading and checksumming the layers just written, as
      * cache_stored does, would cost the event loop a cache's bytes per document */
-    int rc = o->cli ? cache_stored(o, NULL, j, &found) : kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
-    if (!rc && (found || evicted_since(o, j))) {
+    int rc = kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
+    const int evicted = !rc && evicted_since(o, j, !found);
+    if (!rc && (found || evicted)) {
         kvm_orch__job_committed(o, j);
         return;
     }
@@ -375,8 +411,8 @@ void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
     else
         snprintf(why, sizeof why,
                  "worker %s acked it as committed, but the run's store %s holds no cache of it: the worker writes to "
-                 "another store (started with another --store?)%s",
-                 o->workers[w].id, o->store_path, o->cli ? " or the store's cap evicted it at once" : "");
+                 "another store (started with another --store?)",
+                 o->workers[w].id, o->store_path);
     kvm_orch__requeue(o, j, why);
 }
 

@@ -585,8 +585,7 @@ START_TEST(bad_arguments)
                      KVM_EINVAL);
     /* a model header's vocab_size below what the tokenizer has: the message blamed the file */
     ck_assert_int_eq(kvm_tokenizer_open_llama2c(kvm_test_data_path(TOK512), 100, &t), KVM_EINVAL);
-    ck_assert_msg(strstr(kvm_errmsg(), "the model's vocab_size 100 (from its header) is below the 259 ids"),
-                  "message: %s", kvm_errmsg());
+    ck_assert_msg(strstr(kvm_errmsg(), "the model's vocab_size 100 is below the 259 ids"), "message: %s", kvm_errmsg());
     kvm_tokenizer_close(NULL);
     kvm_tokenizer_close(&t);
     ck_assert_ptr_null(t);
