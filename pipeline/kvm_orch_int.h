@@ -135,10 +135,10 @@ typedef struct orch {
     char model_changed[512]; /* non-empty: [model] path holds other weights than when the run began
                                 (kvm_orch__model_changed): why, the reason every job left fails with */
     int64_t evicted0; /* the store's eviction count when the run started */
-    int64_t left_watch;   /* jobs left to other runs not yet stored, taken over or judged live
-                             (kvm_orch__recheck_left): the run ends when none is left */
-    int64_t *left_idx;    /* [n_left] malloc'ed: the indices of the jobs left to other runs, so a
-                             recheck visits them, not every skipped job */
+    int64_t left_watch; /* jobs left to other runs not yet stored, taken over or judged live
+                           (kvm_orch__recheck_left): the run ends when none is left */
+    int64_t *left_idx;  /* [n_left] malloc'ed: the indices of the jobs left to other runs, so a
+                           recheck visits them, not every skipped job */
     int64_t n_left, cap_left;
     double left_checked;  /* when they were last rechecked, ms */
     int left_ending;      /* the run's own jobs are done: their claims are watched (said once) */

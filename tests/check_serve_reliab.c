@@ -1373,7 +1373,7 @@ START_TEST(test_store_service_parent_killed)
     int gone = 0;
     for (int i = 0; i < 150 && !gone; i++, usleep(100000))
         gone = (kill(svc, 0) != 0 && errno == ESRCH) || proc_zombie(svc); /* an init that reaps late */
-    if (!gone) kill(svc, SIGKILL); /* not left behind by a failing test */
+    if (!gone) kill(svc, SIGKILL);                                        /* not left behind by a failing test */
     ck_assert_msg(gone, "the store service (pid %d) still runs 15 s after its parent's kill -9", (int)svc);
     ck_assert_msg(start_serve() == -1, "serve after the kill did not start:\n%s", kvm_test_read_file(g_log, NULL));
     ck_assert_int_eq(stop_serve(), 0);
