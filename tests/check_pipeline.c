@@ -954,10 +954,16 @@ START_TEST(test_jsonl_corpus)
     ck_assert_msg(strstr(err, "document d: token 1 has id 99999") && strstr(err, "document e is empty") &&
                   strstr(err, "document f is empty"), "stderr: %s", err);
     free(out); free(err);
-    const char *bad[] = {"{\"id\": \"a\"}\n", "{\"id\": 5, \"text\": \"x\"}\n", "not json\n",
-                         "{\"id\": \"a\", \"tokens\": [1, -2]}\n", "{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}\n"};
-    const char *why[] = {"exactly one of", "\"id\" must be", "invalid JSON", "is not a token id", "duplicate id"};
-    for (int i = 0; i < 5; i++) {
+    /* the last: a newline in an id went raw into every log line naming the document */
+    const char *bad[] = {"{\"id\": \"a\"}\n",
+                         "{\"id\": 5, \"text\": \"x\"}\n",
+                         "not json\n",
+                         "{\"id\": \"a\", \"tokens\": [1, -2]}\n",
+                         "{\"id\":\"a\",\"text\":\"x\"}\n{\"id\":\"a\",\"text\":\"y\"}\n",
+                         "{\"id\": \"a\\nb\", \"text\": \"x\"}\n"};
+    const char *why[] = {"exactly one of",    "\"id\" must be", "invalid JSON",
+                         "is not a token id", "duplicate id",   "\"id\" holds a control character (0x0a at byte 1)"};
+    for (int i = 0; i < 6; i++) {
         ck_assert_int_eq(kvm_test_write_file(path, bad[i], strlen(bad[i])), 0);
         ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
         ck_assert_msg(strstr(err, why[i]) && strstr(err, "c.jsonl:"), "case %d stderr: %s", i, err);
