@@ -292,6 +292,27 @@ static int key_in_dir(const char *dir, const char *z85)
     return ok;
 }
 
+/* Logs a refused client key once (the handler's thread alone calls it): only the client was
+ * told (a worker exits naming its key), and the operator of the run, serve or store service saw
+ * nothing of who knocked. addr: the peer's address as ZAP gives it. */
+static void say_refused(const void *key, zmq_msg_t *addr)
+{
+    static uint8_t said[16][32];
+    static int n_said;
+    for (int i = 0; i < n_said; i++)
+        if (!memcmp(said[i], key, 32)) return;
+    if (n_said < 16) memcpy(said[n_said++], key, 32); /* past 16 keys each is said again: not silent */
+    char z85[41] = "", peer[64];
+    if (!zmq_z85_encode(z85, key, 32)) z85[0] = '\0';
+    snprintf(peer, sizeof peer, "%.*s", (int)(zmq_msg_size(addr) < 63 ? zmq_msg_size(addr) : 63),
+             (const char *)zmq_msg_data(addr));
+    kvm_log_field f[] = {KVM_LOG_S("client_key", z85), KVM_LOG_S("peer", peer)};
+    kvm_log(KVM_LOG_WARN, "key_refused", f, 2,
+            "refused a CurveZMQ client key %s from %s: not in [security] authorized_keys (add its .public file "
+            "there to let it in)",
+            z85, *peer ? peer : "an unknown address");
+}
+
 static void *zap_thread(void *sock)
 {
     for (;;) {
@@ -312,6 +333,7 @@ static void *zap_thread(void *sock)
         /* version, request id, domain, address, identity, mechanism, credentials... */
         int ok = n >= 7 && zmq_msg_size(&part[5]) == 5 && !memcmp(zmq_msg_data(&part[5]), "CURVE", 5) &&
                  zmq_msg_size(&part[6]) == 32 && key_authorized(zmq_msg_data(&part[6]));
+        if (!ok && n >= 7 && zmq_msg_size(&part[6]) == 32) say_refused(zmq_msg_data(&part[6]), &part[3]);
         const char *code = ok ? "200" : "400", *text = ok ? "OK" : "unknown client key";
         /* the user id (a message's "User-Id" property on the server) is the client's key in Z85 */
         char user[41] = "";

@@ -509,6 +509,11 @@ START_TEST(test_worker_handshake_reported)
     }
     kill(run, SIGTERM);
     waitpid(run, NULL, 0);
+    /* the run says whose key it refused (only the worker said so) */
+    char *re = kvm_test_read_file(run_err, NULL);
+    ck_assert_msg(re && strstr(re, "refused a CurveZMQ client key ") && strstr(re, "not in [security] authorized_keys"),
+                  "run: %s", re ? re : "(none)");
+    free(re);
     kvm_test_rmtree(dir);
     free(dir);
 }
