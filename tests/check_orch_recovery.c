@@ -465,6 +465,57 @@ START_TEST(test_left_documents_rechecked)
 }
 END_TEST
 
+/* A document left to another run was rechecked by walking every skipped job: with a corpus
+ * stored but for one document claimed by a live run, each recheck (every 250 ms at the end)
+ * looked at the whole corpus in one event (the metrics' sched_jobs_max). The left jobs have a
+ * list of their own now: a recheck looks at them alone. */
+START_TEST(test_left_recheck_bounded)
+{
+    const int n = 120;
+    for (int i = 0; i < n; i++) {
+        char path[4300], text[128];
+        snprintf(path, sizeof path, "%s/doc_%03d.txt", docs, i);
+        int len = snprintf(text, sizeof text, "Story %d. Once upon a time there was a cat number %d.", i, 7 * i);
+        ck_assert_int_eq(kvm_test_write_file(path, text, (size_t)len), 0);
+    }
+    char run[4500], metrics[4300];
+    snprintf(metrics, sizeof metrics, "%s/metrics.json", tmp);
+    snprintf(run, sizeof run, "heartbeat_ms = 100\nliveness = 20\nmetrics = %s", metrics);
+    write_config("method = streaming\nbudget = 16", store, run);
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    keys ks = {.n = 0}; /* one cache removed, its document claimed by a run that renews its claim */
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(store, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_key, &ks), 0);
+    ck_assert_int_ge(ks.n, 1);
+    ck_assert_int_eq(kvm_store_rm_cache(s, &ks.k[0]), 0);
+    pid_t renewing = live_run(1);
+    char host[64] = "", owner[192];
+    ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
+    owner_of((long)renewing, host, owner, sizeof owner);
+    int taken = 0;
+    ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[0], owner, host, 600000, &taken, NULL), 0);
+    ck_assert_int_eq(taken, 1);
+    kvm_store_close(&s);
+    int rc = run_kvmill(&out, &err);
+    kill(renewing, SIGKILL);
+    waitpid(renewing, NULL, 0);
+    ck_assert_msg(rc == 0 && summary_field(out, "claimed") == 1 && summary_field(out, "skipped") == n - 1,
+                  "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
+    char *m = kvm_test_read_file(metrics, NULL);
+    const char *k = m ? strstr(m, "\"sched_jobs_max\": ") : NULL;
+    ck_assert_msg(k, "metrics: %s", m ? m : "(none)");
+    long long visited = atoll(k + strlen("\"sched_jobs_max\": "));
+    ck_assert_msg(visited <= 8, "an event looked at %lld jobs of %d (metrics: %s)", visited, n, m);
+    free(m);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ---- the broker's state, without processes ---- */
 
 typedef struct fake_run {
@@ -627,7 +678,8 @@ static Suite *orch_recovery_suite(void)
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
-                 {"left_documents_rechecked", test_left_documents_rechecked, 120}};
+                 {"left_documents_rechecked", test_left_documents_rechecked, 120},
+                 {"left_recheck_bounded", test_left_recheck_bounded, 120}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
