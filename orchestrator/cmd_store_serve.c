@@ -5,6 +5,7 @@
 #include "pipeline/kvm_storesvc.h"
 
 #include <stdio.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -53,7 +54,7 @@ int kvm_cmd_store_serve(int argc, char **argv)
     }
     /* the service stops once it is reparented: a live process that is not its parent would
      * stop it at once, saying that process is gone */
-    if (pp && ppid != (long)getppid() && kill((pid_t)ppid, 0) == 0) {
+    if (pp && ppid != (long)getppid() && (kill((pid_t)ppid, 0) == 0 || errno == EPERM)) { /* EPERM: another user's */
         kvm_config_free(&cfg);
         return fprintf(stderr,
                        "kvmill store serve: --parent-pid %ld is not the process that started this one (pid "

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -294,14 +295,30 @@ static int key_in_dir(const char *dir, const char *z85)
 
 /* Logs a refused client key once (the handler's thread alone calls it): only the client was
  * told (a worker exits naming its key), and the operator of the run, serve or store service saw
- * nothing of who knocked. addr: the peer's address as ZAP gives it. */
+ * nothing of who knocked. The first 16 keys are named; past them, a peer cycling through
+ * throwaway keys would fill the log, so the others are counted and said at most once a minute.
+ * addr: the peer's address as ZAP gives it. */
 static void say_refused(const void *key, zmq_msg_t *addr)
 {
     static uint8_t said[16][32];
     static int n_said;
+    static int64_t unnamed;
+    static time_t unnamed_said;
     for (int i = 0; i < n_said; i++)
         if (!memcmp(said[i], key, 32)) return;
-    if (n_said < 16) memcpy(said[n_said++], key, 32); /* past 16 keys each is said again: not silent */
+    if (n_said == 16) {
+        unnamed++;
+        time_t now = time(NULL);
+        if (now - unnamed_said < 60) return;
+        kvm_log(KVM_LOG_WARN, "key_refused", NULL, 0,
+                "refused %lld more CurveZMQ client keys not in [security] authorized_keys (past the 16 named; "
+                "said at most once a minute)",
+                (long long)unnamed);
+        unnamed = 0;
+        unnamed_said = now;
+        return;
+    }
+    memcpy(said[n_said++], key, 32);
     char z85[41] = "", peer[64];
     if (!zmq_z85_encode(z85, key, 32)) z85[0] = '\0';
     snprintf(peer, sizeof peer, "%.*s", (int)(zmq_msg_size(addr) < 63 ? zmq_msg_size(addr) : 63),

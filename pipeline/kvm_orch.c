@@ -160,7 +160,7 @@ static int prepare(orch *o, kvm_store **store)
     }
     kvm_store_stats ss;
     if ((rc = kvm_store_stats_get(*store, &ss))) return rc;
-    o->evicted0 = o->evicted_seen = ss.n_evicted;
+    o->evicted0 = ss.n_evicted;
     if (o->mode == MODE_RUN &&
         ((rc = kvm_jobcfg_config_id_in(o->cfg, *store, &model_id, &config_id, NULL, NULL)) ||
          (rc = kvm_worker_tokenizer_id(o->cfg, &model_id, &o->tok_id))))

@@ -243,6 +243,7 @@ static void dispatch_compress(orch *o, orch_job *j, int64_t i)
     o->workers[w].job = (int)i;
     j->worker = w;
     j->prog_done = j->prog_total = 0;
+    kvm_orch__note_evictions(o, j);
     kvm_orch__job_set(o, j, J_COMPRESS);
 }
 

@@ -54,6 +54,8 @@ typedef struct orch_job {
     int left;         /* left to another run holding its claim (kvm_orch__claim_job): rechecked */
     int left_live;    /* ... whose run renewed that claim once this run's own jobs were done */
     int64_t left_expires; /* that claim's expiry when last seen, unix ms: a change is a renewal */
+    int64_t evicted_at_send; /* the local store's eviction count when it went to compress
+                                (kvm_orch__ack_stored's excuse for a cache missing at its ack) */
     char reason[512]; /* why it failed */
 } orch_job;
 
@@ -142,7 +144,6 @@ typedef struct orch {
     int64_t n_left, cap_left;
     double left_checked;  /* when they were last rechecked, ms */
     int left_ending;      /* the run's own jobs are done: their claims are watched (said once) */
-    int64_t evicted_seen; /* ... when an ack was last checked against the store (kvm_orch__ack_stored) */
     kvm_orch_summary *sum;
     double t0;
     kvm_orch_progress prog;                  /* the progress line */
@@ -192,6 +193,10 @@ int kvm_orch__claim_job(orch *o, orch_job *j);
  * here again. Once this run's own jobs are done, every 250 ms: a claim renewed since then is a
  * live run's, left to it (counted claimed); one that is not is watched until it lapses. */
 void kvm_orch__recheck_left(orch *o, double t0);
+
+/* Notes the local store's eviction count in j as it goes to compress (run mode, local store;
+ * else nothing): an acked cache missing later is excused only by evictions after this. */
+void kvm_orch__note_evictions(orch *o, orch_job *j);
 /* Renews this run's claims when due (t0: now, ms); abandons the jobs in workers when the store
  * service answered no renewal for longer than the lease. */
 void kvm_orch__renew_claims(orch *o, double t0);

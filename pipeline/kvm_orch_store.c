@@ -369,19 +369,23 @@ int kvm_orch__stored_now(orch *o, const orch_job *j)
     return found;
 }
 
-/* 1 when the local store's cap evicted caches since the last ack (missing: j's cache is not
- * there, said then): an acked cache missing then may be one of them, not written elsewhere. The
- * count is read at every ack, so the excuse covers only what happened since the one before,
- * not everything since the run began. */
-static int evicted_since(orch *o, const orch_job *j, int missing)
+void kvm_orch__note_evictions(orch *o, orch_job *j)
+{
+    kvm_store_stats ss;
+    if (o->mode == MODE_RUN && o->store && !kvm_store_stats_get(o->store, &ss)) j->evicted_at_send = ss.n_evicted;
+}
+
+/* 1 when the local store's cap evicted caches since j went to compress (said): its cache,
+ * acked but missing, may be one of them, not written elsewhere. Counted from j's own send, not
+ * from the last ack: acks of caches committed in another order would take the evictions. */
+static int evicted_since(orch *o, const orch_job *j)
 {
     kvm_store_stats ss;
     if (kvm_store_stats_get(o->store, &ss)) return 0;
-    const int64_t n = ss.n_evicted - o->evicted_seen;
-    o->evicted_seen = ss.n_evicted;
-    if (n <= 0 || !missing) return 0;
-    kvm_orch__log("%s is acked but not in the store: its cap ([store] cap_mb) evicted %lld cache%s since the last "
-                  "ack, this one likely among them: counted compressed (raise cap_mb)\n",
+    const int64_t n = ss.n_evicted - j->evicted_at_send;
+    if (n <= 0) return 0;
+    kvm_orch__log("%s is acked but not in the store: its cap ([store] cap_mb) evicted %lld cache%s since it went to "
+                  "compress, this one likely among them: counted compressed (raise cap_mb)\n",
                   j->doc->name, (long long)n, kvm_plural(n, "", "s"));
     return 1;
 }
@@ -399,8 +403,7 @@ void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
     /* locally its index entry only: reading and checksumming the layers just written, as
      * cache_stored does, would cost the event loop a cache's bytes per document */
     int rc = kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
-    const int evicted = !rc && evicted_since(o, j, !found);
-    if (!rc && (found || evicted)) {
+    if (!rc && (found || evicted_since(o, j))) {
         kvm_orch__job_committed(o, j);
         return;
     }

@@ -221,12 +221,9 @@ void kvm_serve_ipc_note(const char *ep, kvm_serve_ipc_file *f)
 void kvm_serve_ipc_remove(const kvm_serve_ipc_file *f)
 {
     struct stat st;
-    if (!f->path[0] || lstat(f->path, &st) || !S_ISSOCK(st.st_mode)) return;
-    /* another inode: bound again by kvm_serve_rebind_if_removed (ours, now closed: nobody
-     * listens), or by another process since (it listens: left alone) */
-    char ep[1200];
-    snprintf(ep, sizeof ep, "ipc://%s", f->path);
-    if ((st.st_dev != f->dev || st.st_ino != f->ino) && ipc_in_use(ep)) return;
+    /* another inode is another process's socket (a rebind of ours notes its new one) */
+    if (!f->path[0] || lstat(f->path, &st) || !S_ISSOCK(st.st_mode) || st.st_dev != f->dev || st.st_ino != f->ino)
+        return;
     unlink(f->path);
 }
 
@@ -251,16 +248,16 @@ int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t
  * directory) when it went too, and bound into only when it is a folder of this user that no
  * one else may write (else another user could make it, or a link of that name, and take the
  * jobs and prompts). A failure is logged once per endpoint and reason, not every second. */
-void kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what)
+int kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what)
 {
     static _Thread_local struct {
         char ep[128];
         int why;
     } said[8]; /* the last failure logged per endpoint (a server loop has at most 3) */
-    if (strncmp(ep, "ipc://", 6) || ep[6] == '@') return; /* tcp://, or a Linux abstract socket: no file */
+    if (strncmp(ep, "ipc://", 6) || ep[6] == '@') return 0; /* tcp://, or a Linux abstract socket: no file */
     const char *path = ep + 6;
     struct stat st;
-    if (lstat(path, &st) == 0 || errno != ENOENT) return;
+    if (lstat(path, &st) == 0 || errno != ENOENT) return 0;
     int slot = 0;
     while (slot < 7 && said[slot].ep[0] && strncmp(said[slot].ep, ep, sizeof said[slot].ep - 1))
         slot++;
@@ -289,4 +286,5 @@ void kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what)
         kvm_log(KVM_LOG_WARN, "socket_removed", NULL, 0,
                 "the socket file of the %s %s was removed (a /tmp cleaner, or rm): bound it again", what, ep);
     said[slot].why = code;
+    return !code;
 }

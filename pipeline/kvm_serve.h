@@ -105,16 +105,17 @@ typedef struct kvm_serve_ipc_file {
 void kvm_serve_ipc_note(const char *ep, kvm_serve_ipc_file *f);
 
 /* After the socket is closed: removes f's file when it is still the one noted (a socket with the
- * same device and inode) or a socket nobody listens on (this process's own, bound again by
- * kvm_serve_rebind_if_removed), never one another process listens on. */
+ * same device and inode; note again after kvm_serve_rebind_if_removed), never one another
+ * process bound there since. */
 void kvm_serve_ipc_remove(const kvm_serve_ipc_file *f);
 
 /* Binds sock at the ipc:// endpoint ep again when its socket file is gone (a /tmp cleaner, an
  * rm of the run directory), making its folder again (0700) when that went too, and logs it
  * (`what` names the socket: "front end", "back end", "store service"); anything else (the file
  * there, tcp://, an abstract socket) is left alone. For the loops of long-running servers,
- * about once a second. */
-void kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what);
+ * about once a second. Returns 1 when it bound the socket again (its new file: note it with
+ * kvm_serve_ipc_note), else 0. */
+int kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what);
 
 /* The endpoint sock is bound to, as ZeroMQ reports it (ZMQ_LAST_ENDPOINT): a `:0` or `:*`
  * port resolved to the port chosen, localhost as 127.0.0.1. Writes it to out[0, n) and

@@ -216,9 +216,13 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
         while (!interrupts && !s.fatal) {
             if (kvm_now_ms() >= next_look) { /* a stat each second per ipc:// socket */
                 next_look = kvm_now_ms() + 1000;
-                kvm_serve_rebind_if_removed(s.front, s.front_ep, "front end");
-                if (*ctl_ep) kvm_serve_rebind_if_removed(s.ctl, ctl_ep, "back end");
-                if (*data_ep) kvm_serve_rebind_if_removed(s.data, data_ep, "back end");
+                /* a socket bound again is noted again: removed at the stop as the first was */
+                if (kvm_serve_rebind_if_removed(s.front, s.front_ep, "front end"))
+                    kvm_serve_ipc_note(s.front_ep, &s.ipc[0]);
+                if (*ctl_ep && kvm_serve_rebind_if_removed(s.ctl, ctl_ep, "back end"))
+                    kvm_serve_ipc_note(ctl_ep, &s.ipc[1]);
+                if (*data_ep && kvm_serve_rebind_if_removed(s.data, data_ep, "back end"))
+                    kvm_serve_ipc_note(data_ep, &s.ipc[2]);
             }
             zmq_pollitem_t items[3] = {
                 {s.front, 0, ZMQ_POLLIN, 0}, {s.ctl, 0, ZMQ_POLLIN, 0}, {s.data, 0, ZMQ_POLLIN, 0}};

@@ -715,7 +715,7 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
             if (int_option(stage, k, v, 1, INT32_MAX, &n)) return 2;
             /* the worker stops once it is reparented: a live process that is not its parent
              * would stop it at once, saying the orchestrator is gone */
-            if (n != (long)getppid() && kill((pid_t)n, 0) == 0)
+            if (n != (long)getppid() && (kill((pid_t)n, 0) == 0 || errno == EPERM)) /* EPERM: another user's */
                 return fprintf(stderr,
                                "kvmill-%s: --parent-pid %ld is not the process that started this one (pid "
                                "%ld): give the parent's pid, or leave the option out\n",

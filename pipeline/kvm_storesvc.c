@@ -382,6 +382,7 @@ done:
 }
 
 static long svc_parent_pid; /* kvm_storesvc_main's parent_pid: the loop stops when it is gone */
+static kvm_serve_ipc_file *svc_ipc; /* kvm_storesvc_main's ipc socket file, noted again after a rebind */
 
 int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
                       kvm_storesvc_stats *stats, FILE *log)
@@ -404,7 +405,8 @@ int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, c
         clock_gettime(CLOCK_MONOTONIC, &ts);
         if (*ep && ts.tv_sec >= next_look) { /* its ipc:// socket file removed: bound again (kvm_serve.h) */
             next_look = ts.tv_sec + 1;
-            kvm_serve_rebind_if_removed(sock, ep, "store service");
+            if (kvm_serve_rebind_if_removed(sock, ep, "store service") && svc_ipc)
+                kvm_serve_ipc_note(ep, svc_ipc); /* its new file, removed at the stop as the first was */
         }
         zmq_pollitem_t it = {.socket = sock, .events = ZMQ_POLLIN};
         int pr = zmq_poll(&it, 1, 200);
@@ -478,6 +480,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     char bound[1100];
     kvm_serve_bound_endpoint(sock, endpoint, bound, sizeof bound);
     kvm_serve_ipc_note(endpoint, &ipc);
+    svc_ipc = &ipc;
     struct sigaction sa = {.sa_handler = svc_on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -493,6 +496,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
 done:
     if (sock) zmq_close(sock);
     kvm_curve_ctx_term(zctx); /* joins the ZAP handler too: no thread outlives the return */
+    svc_ipc = NULL;
     kvm_serve_ipc_remove(&ipc); /* its ipc:// socket file, when still its own */
     kvm_store_close(&store);
     return status;

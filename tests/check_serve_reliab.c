@@ -1431,11 +1431,15 @@ START_TEST(test_worker_other_settings_refused)
         free(log);
     }
     ck_assert_msg(joined, "a worker with the server's config did not join");
-    usleep(1500000); /* "joined" is logged before the judgement of its ready: a refusal follows it */
+    /* "joined" is logged before its ready is judged: a refusal would follow, and a refused worker
+     * exits; by-hand2 still running 4 s on (its timeout is 8 s) and never refused is accepted */
+    usleep(4000000);
     log = kvm_test_read_file(g_log, NULL);
     ck_assert_int_eq(kvm_test_count(log, "refused, no requests go to it"), 1);
     ck_assert_msg(!strstr(log, "decode worker by-hand2 runs with settings"), "%s", log);
     free(log);
+    ck_assert_msg(kvm_test_run("pgrep -f -- '--id by-hand2 ' > /dev/null", NULL, NULL) == 0,
+                  "by-hand2 exited: was it refused?");
 }
 END_TEST
 
