@@ -53,7 +53,7 @@ typedef struct orch_job {
     int hashed;       /* its doc->hash was computed (the run's scan): a later load must find the same */
     int left;         /* left to another run holding its claim (kvm_orch__claim_job): rechecked */
     int left_live;    /* ... whose run renewed that claim once this run's own jobs were done */
-    int64_t left_expires; /* that claim's expiry when last seen, unix ms: a change is a renewal */
+    int64_t left_expires;    /* that claim's expiry when last seen, unix ms: a change is a renewal */
     int64_t evicted_at_send; /* the local store's eviction count when it went to compress
                                 (kvm_orch__ack_stored's excuse for a cache missing at its ack) */
     char reason[512]; /* why it failed */
@@ -142,8 +142,8 @@ typedef struct orch {
     int64_t *left_idx;  /* [n_left] malloc'ed: the indices of the jobs left to other runs, so a
                            recheck visits them, not every skipped job */
     int64_t n_left, cap_left;
-    double left_checked;  /* when they were last rechecked, ms */
-    int left_ending;      /* the run's own jobs are done: their claims are watched (said once) */
+    double left_checked; /* when they were last rechecked, ms */
+    int left_ending;     /* the run's own jobs are done: their claims are watched (said once) */
     kvm_orch_summary *sum;
     double t0;
     kvm_orch_progress prog;                  /* the progress line */

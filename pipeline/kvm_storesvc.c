@@ -381,7 +381,7 @@ done:
     kvm_msg_free(&env);
 }
 
-static long svc_parent_pid; /* kvm_storesvc_main's parent_pid: the loop stops when it is gone */
+static long svc_parent_pid;         /* kvm_storesvc_main's parent_pid: the loop stops when it is gone */
 static kvm_serve_ipc_file *svc_ipc; /* kvm_storesvc_main's ipc socket file, noted again after a rebind */
 
 int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
