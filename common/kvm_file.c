@@ -71,3 +71,8 @@ int kvm_file_open_output(const char *path, const char *mode, const char *what, F
     if (fd < 0) return kvm_err(KVM_EIO, "%s %s: %s", what, path, strerror(errno));
     return stream_of(fd, mode, what, path, out);
 }
+
+int kvm_file_replaceable(const char *path, const struct stat *st)
+{
+    return !access(path, W_OK) && (st->st_mode & (S_IWUSR | S_IWGRP | S_IWOTH));
+}

@@ -35,4 +35,11 @@ int kvm_file_check_found(const char *path);
  * kvm_errmsg naming what and path. Thread-safe. */
 int kvm_file_open_output(const char *path, const char *mode, const char *what, FILE **out);
 
+/* 1 when the existing file `path` (st: its stat, by the caller) is one this process may replace:
+ * access(W_OK) passes and a write permission bit is set. The bits are read too because root
+ * passes access() on any file, and a file made read-only on purpose (an earlier output kept, a
+ * corpus document) was replaced without a word. 0 otherwise. No errors, nothing said. */
+struct stat;
+int kvm_file_replaceable(const char *path, const struct stat *st);
+
 #endif

@@ -2,6 +2,7 @@
  * signals, builds and scores the candidate strategies, writes the best one's canonical
  * encoding (compress/polykv/kvm_polykv.h). */
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
@@ -117,7 +118,7 @@ static int check_candidates(const calib_args *a)
             }
         struct stat st;
         if (stat(path, &st)) continue; /* a new file */
-        if (!S_ISREG(st.st_mode) || access(path, W_OK) || !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH))) {
+        if (!S_ISREG(st.st_mode) || !kvm_file_replaceable(path, &st)) {
             fprintf(stderr,
                     "kvmill " CMD ": --dump-candidates %s: %s exists and is %s: the calibration would replace "
                     "it; name another folder%s\n",

@@ -300,7 +300,7 @@ static int refuse_existing(const char *cmd, const char *flag, const char *path, 
     if (stat(file, &st) || !S_ISREG(st.st_mode)) return 0; /* a new file */
     char link[4200] = "";                                  /* PATH is a link: the file it names is the one replaced */
     if (file != path) snprintf(link, sizeof link, " (a link to %s)", file);
-    if (access(file, W_OK) || !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH))) {
+    if (!kvm_file_replaceable(file, &st)) {
         kvm_cli_refuse(cmd,
                        "--%s %s%s exists and is read-only: the command would replace it; name another file, "
                        "or make it writable (chmod u+w) if it is one to replace\n",

@@ -4,6 +4,7 @@
  * best is kept (a heterogeneous mix only when it beats the best single pattern beyond
  * noise), so the result is never worse there than any single-pattern candidate. */
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
 
@@ -177,8 +178,7 @@ static int dump_candidate(const kvm_strategy *s, const char *name)
     int n = snprintf(path, sizeof path, "%s/%s", dump_dir, file);
     if (n < 0 || (size_t)n >= sizeof path) return kvm_err(KVM_EINVAL, "polykv: candidate path under '%s' too long", dump_dir);
     struct stat st;
-    if (!stat(path, &st) &&
-        (!S_ISREG(st.st_mode) || access(path, W_OK) || !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH))))
+    if (!stat(path, &st) && (!S_ISREG(st.st_mode) || !kvm_file_replaceable(path, &st)))
         return kvm_err(KVM_EINVAL, "polykv: candidate file %s exists and is %s: not replaced", path,
                        S_ISREG(st.st_mode) ? "read-only" : "not a regular file");
     kvm_strategy file_s = *s; /* a shallow copy (the layers shared) to record the model in */
