@@ -142,6 +142,7 @@ typedef struct orch {
     int64_t *left_idx;  /* [n_left] malloc'ed: the indices of the jobs left to other runs, so a
                            recheck visits them, not every skipped job */
     int64_t n_left, cap_left;
+    int64_t left_next;   /* left_idx's first entry the next recheck pass looks at */
     double left_checked; /* when they were last rechecked, ms */
     int left_ending;     /* the run's own jobs are done: their claims are watched (said once) */
     kvm_orch_summary *sum;
@@ -191,7 +192,9 @@ int kvm_orch__claim_job(orch *o, orch_job *j);
 /* Rechecks the jobs left to other runs (t0: now, ms): each one stored meanwhile is skipped;
  * one whose claim lapsed (not renewed) or whose run of this host is gone is claimed and queued
  * here again. Once this run's own jobs are done, every 250 ms: a claim renewed since then is a
- * live run's, left to it (counted claimed); one that is not is watched until it lapses. */
+ * live run's, left to it (counted claimed); one that is not is watched until it lapses. A pass
+ * spends about 50 ms at most (a store service's claim is a round trip each) and the next goes
+ * on from where it stopped. */
 void kvm_orch__recheck_left(orch *o, double t0);
 
 /* Notes the local store's eviction count in j as it goes to compress (run mode, local store;

@@ -4,6 +4,7 @@
 #include "pipeline/kvm_orch_int.h"
 #include "pipeline/kvm_orch_remote.h"
 #include "pipeline/kvm_rundir.h"
+#include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_storew.h"
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
@@ -64,13 +65,18 @@ static void store_abandon(orch *o, const char *why)
         }
 }
 
-/* The claim through the store service: its reply says taken, held (by holder) or stored. */
-static int claim_remote(orch *o, const kvm_store_cache_key *key, int *taken, int *found, kvm_store_claim *holder)
+/* The claim through the store service: its reply says taken, held (by holder, with its expiry
+ * from a revision-12 service) or stored. recheck: a recheck of a document left to another run
+ * (kvm_orch__recheck_left), which waits a quarter of the timeout, once, as a renewal does: the
+ * loop waits on it, and a service that does not answer is found down by the renewals. */
+static int claim_remote(orch *o, const kvm_store_cache_key *key, int recheck, int *taken, int *found,
+                        kvm_store_claim *holder)
 {
     kvm_storecli_claim_state st;
     kvm_storecli_claim_info info;
+    const int timeout = kvm_orch_remote_timeout_ms(o->cfg);
     int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, (int64_t)o->dead_ms, 0,
-                                kvm_orch_remote_timeout_ms(o->cfg), 2, &st, &info);
+                                recheck ? timeout / 4 : timeout, recheck ? 1 : 2, &st, &info);
     if (rc) return rc;
     *taken = st == KVM_STORECLI_TAKEN;
     *found = st == KVM_STORECLI_STORED;
@@ -110,29 +116,31 @@ static int take_over(orch *o, const kvm_store_cache_key *key, const orch_job *j,
     int rc = o->cli ? kvm_storecli_renew(o->cli, dead, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 2, NULL)
                     : kvm_storew_release(o->store, dead);
     if (rc) return rc;
-    return o->cli ? claim_remote(o, key, taken, found, holder)
+    return o->cli ? claim_remote(o, key, 0, taken, found, holder)
                   : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
 }
 
 static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found);
 
-/* Claims key (j's) for this run, taking it over from a dead run of this host (holder_gone). */
-static int claim_key(orch *o, const kvm_store_cache_key *key, const orch_job *j, int *taken, int *found,
+/* Claims key (j's) for this run, taking it over from a dead run of this host (holder_gone).
+ * recheck: as claim_remote's. */
+static int claim_key(orch *o, const kvm_store_cache_key *key, const orch_job *j, int recheck, int *taken, int *found,
                      kvm_store_claim *holder)
 {
-    int rc = o->cli ? claim_remote(o, key, taken, found, holder)
+    int rc = o->cli ? claim_remote(o, key, recheck, taken, found, holder)
                     : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
     if (!rc && !*taken && !*found && holder_gone(o, holder)) rc = take_over(o, key, j, taken, found, holder);
     return rc;
 }
 
-/* Watches job j, left to another run whose claim expires at `expires` (unix ms), for
- * kvm_orch__recheck_left. Only with a local store: a store service's claim reply carries no
- * expiry (a renewal cannot be seen) and each recheck would cost the loop a round trip, so there
- * the document stays counted as claimed, as the run found it. Out of memory: not watched. */
+/* Watches job j, left to another run whose claim expires at `expires` (unix ms; by the
+ * service's clock through a store service: only compared with later replies of the same
+ * service), for kvm_orch__recheck_left. A store service older than protocol revision 12 sends
+ * no expiry (expires 0: a renewal cannot be seen), so there the document stays counted as
+ * claimed, as the run found it. Out of memory: not watched. */
 static void watch_left(orch *o, orch_job *j, int64_t expires)
 {
-    if (o->cli) return;
+    if (o->cli && expires <= 0) return;
     if (o->n_left == o->cap_left) {
         int64_t cap = o->cap_left ? 2 * o->cap_left : 64;
         int64_t *p = realloc(o->left_idx, (size_t)cap * sizeof *p);
@@ -156,7 +164,7 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     kvm_store_claim holder;
     int taken = 0, found = 0;
-    int rc = claim_key(o, &key, j, &taken, &found, &holder);
+    int rc = claim_key(o, &key, j, 0, &taken, &found, &holder);
     if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
         kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_DOWN);
         return 1;
@@ -216,32 +224,39 @@ static void left_resolved(orch *o, orch_job *j, int stored, const char *err)
 }
 
 /* One recheck of job j, left to another run (kvm_orch__recheck_left). ending: this run's own
- * jobs are done, so a renewal of the claim makes j the live run's for good. */
-static void recheck_one(orch *o, orch_job *j, int ending)
+ * jobs are done, so a renewal of the claim makes j the live run's for good. Through a store
+ * service one claim answers it all (the service looks for the stored cache first). Returns 1
+ * when the store service did not answer: the pass stops (each further recheck would wait out
+ * its timeout too) and j stays watched; the renewals find the service down. */
+static int recheck_one(orch *o, orch_job *j, int ending)
 {
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     kvm_store_claim h;
-    int found = 0, taken = 0;
+    int found = 0, taken = 0, rc = 0;
     /* the index entry only (the other run checked what it wrote): reading and checksumming the
      * layers would cost the loop a cache's bytes per document */
-    int rc = kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
+    if (!o->cli) rc = kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
     if (rc == KVM_EMISMATCH) rc = 0, found = 0; /* another tokenizer's: compressed again here */
-    if (!rc && !found) rc = claim_key(o, &key, j, &taken, &found, &h);
+    if (!rc && !found) rc = claim_key(o, &key, j, 1, &taken, &found, &h);
+    if (rc == KVM_EIO && o->cli) return 1;
     /* taken: stored between the two looks (the other run ended and released its claims)? */
-    if (!rc && taken && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
-    if (rc && !ending) return; /* tried again at the next recheck; at the end, not known stored: failed */
+    if (!rc && taken && !o->cli && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
+    if (rc && !ending) return 0; /* tried again at the next recheck; at the end, not known stored: failed */
     if (rc || found || taken) {
         left_resolved(o, j, found, rc ? kvm_errmsg() : NULL);
-        return;
+        return 0;
     }
-    if (h.expires_unix_ms == j->left_expires) return; /* not renewed since: watched until it lapses */
+    if (h.expires_unix_ms == j->left_expires) return 0; /* not renewed since: watched until it lapses */
     j->left_expires = h.expires_unix_ms;
-    if (!ending || j->left_live) return;
+    if (!ending || j->left_live) return 0;
     j->left_live = 1;
     o->left_watch--;
     kvm_orch__log("%s is left to %s on %s, a run which renews its claim: that run stores it\n", j->doc->name, h.owner,
                   h.host);
+    return 0;
 }
+
+#define RECHECK_PASS_MS 50.0
 
 void kvm_orch__recheck_left(orch *o, double t0)
 {
@@ -255,14 +270,22 @@ void kvm_orch__recheck_left(orch *o, double t0)
                       "lapses unrenewed or its run is gone, or left to a run that renews its claim\n",
                       (long long)o->left_watch, kvm_plural(o->left_watch, "", "s"));
     o->left_ending = ending;
-    int64_t kept = 0; /* the list keeps the jobs still watched, in order */
-    for (int64_t k = 0; k < o->n_left; k++) {
-        orch_job *j = &o->jobs[o->left_idx[k]];
+    /* a pass spends at most RECHECK_PASS_MS (a round trip each through a store service: many
+     * left documents would hold the loop), going on where the last one stopped */
+    const int64_t n = o->n_left, from = n ? o->left_next % n : 0;
+    int64_t k = 0, next = 0, kept = 0;
+    for (int stop = 0; k < n && !stop && !*o->interrupts; k++) {
+        orch_job *j = &o->jobs[o->left_idx[(from + k) % n]];
         o->visited++;
-        if (j->left && !j->left_live && !*o->interrupts) recheck_one(o, j, ending);
-        if (j->left && !j->left_live) o->left_idx[kept++] = o->left_idx[k];
+        if (j->left && !j->left_live) stop = recheck_one(o, j, ending) || kvm_now_ms() - t0 > RECHECK_PASS_MS;
+    }
+    for (int64_t i = 0; i < n; i++) { /* the list keeps the jobs still watched, in order */
+        orch_job *j = &o->jobs[o->left_idx[i]];
+        if (i == (from + k) % n) next = kept; /* the first not rechecked in this pass */
+        if (j->left && !j->left_live) o->left_idx[kept++] = o->left_idx[i];
     }
     o->n_left = kept;
+    o->left_next = next;
 }
 
 /* The claims live while the jobs do: renewed every [run] heartbeat_ms x liveness / 4 (t0: now,

@@ -452,6 +452,7 @@ int kvm_storecli_claim(kvm_storecli *c, const kvm_store_cache_key *key, const kv
     if (rc == 0 && info) {
         snprintf(info->holder.owner, sizeof info->holder.owner, "%.*s", (int)r.holder.len, r.holder.ptr);
         snprintf(info->holder.host, sizeof info->holder.host, "%.*s", (int)r.holder_host.len, r.holder_host.ptr);
+        info->holder.expires_unix_ms = r.holder_expires_ms; /* 0 from a revision-11 service */
         info->full_bytes = r.full_bytes, info->stored_bytes = r.stored_bytes;
     }
     kvm_msg_free(&reply);

@@ -310,7 +310,8 @@ static void svc_get_strategy(svc *s, const uint8_t *env, size_t n, const kvm_msg
 
 /* claim and renew_claims (revision 6): a run on another host takes, probes, renews and
  * releases its claims here; the answer is one store_reply (claim outcome, holder, n_claims),
- * a malformed request or a store error a refusal naming why, the claims unchanged. */
+ * (revision 12: the holder's expiry), a malformed request or a store error a refusal naming
+ * why, the claims unchanged. */
 static void svc_claim(svc *s, const uint8_t *env, size_t n, const kvm_msg *m, kvm_proto_type t)
 {
     kvm_proto_claim c;
@@ -331,7 +332,8 @@ static void svc_claim(svc *s, const uint8_t *env, size_t n, const kvm_msg *m, kv
         if (t == KVM_PROTO_CLAIM) {
             r.claim = kvm_proto_str_c(out.state);
             if (!strcmp(out.state, "held"))
-                r.holder = kvm_proto_str_c(out.holder.owner), r.holder_host = kvm_proto_str_c(out.holder.host);
+                r.holder = kvm_proto_str_c(out.holder.owner), r.holder_host = kvm_proto_str_c(out.holder.host),
+                r.holder_expires_ms = out.holder.expires_unix_ms > 0 ? out.holder.expires_unix_ms : 0;
             r.full_bytes = out.full_bytes, r.stored_bytes = out.stored_bytes;
         }
         if (s->st) s->st->claims++;

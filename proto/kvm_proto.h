@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 11                  /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 12                  /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -446,10 +446,14 @@ typedef struct kvm_proto_store_reply {
     int64_t n_claims;          /* "n_claims" uint, optional: renew_claims: claims renewed or released */
     int64_t full_bytes;        /* "full_bytes" uint, optional: with "stored": the manifest's f32 bytes */
     int64_t stored_bytes;      /* "stored_bytes" uint, optional: with "stored": the cache's bytes */
+    /* revision 12 */
+    int64_t holder_expires_ms; /* "holder_expires_ms" uint, optional: with "held": when the live claim
+                                  lapses unless renewed, unix ms by the service's clock (a run compares
+                                  two of them to see a renewal); 0 = not sent (a revision-11 service) */
 } kvm_proto_store_reply;
 /* store_reply codec. Checks: n_layers == 0, no strategy and no claim outcome when status < 0;
- * not both n_layers and a strategy; claim one of "", taken, held, stored, missing; holder and
- * holder_host only with held, held with a holder. No tensors. */
+ * not both n_layers and a strategy; claim one of "", taken, held, stored, missing; holder,
+ * holder_host and holder_expires_ms only with held, held with a holder. No tensors. */
 int kvm_proto_store_reply_encode(const kvm_proto_store_reply *in, kvm_msg **out);
 int kvm_proto_store_reply_decode(const kvm_msg *msg, kvm_proto_store_reply *out);
 

@@ -62,9 +62,11 @@ static const kvm_proto__field kvm_store_reply__fields[] = {
     KVM_F_I64(kvm_proto_store_reply, n_claims, 0, 0, KVM_PROTO__MAX_COUNT),
     KVM_F_I64(kvm_proto_store_reply, full_bytes, 0, 0, KVM_PROTO__MAX_COUNT),
     KVM_F_I64(kvm_proto_store_reply, stored_bytes, 0, 0, KVM_PROTO__MAX_COUNT),
+    KVM_F_I64(kvm_proto_store_reply, holder_expires_ms, 0, 0, KVM_PROTO__MAX_COUNT),
 };
 
-/* Revision 6: a claim outcome is one of four words; the holder comes with "held" only. */
+/* Revision 6: a claim outcome is one of four words; the holder (and, revision 12, its expiry)
+ * comes with "held" only. */
 static int kvm_store_reply__check_claim(const kvm_proto_store_reply *r)
 {
     static const char *const ok[] = {"", "taken", "held", "stored", "missing"};
@@ -83,6 +85,9 @@ static int kvm_store_reply__check_claim(const kvm_proto_store_reply *r)
     if (held != (r->holder.len > 0) || (!held && r->holder_host.len))
         return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY,
                                "field 'holder' comes with claim \"held\" and only with it");
+    if (!held && r->holder_expires_ms)
+        return kvm_proto__fail(KVM_EPROTO, KVM_PROTO_STORE_REPLY,
+                               "field 'holder_expires_ms' comes with claim \"held\" only");
     return 0;
 }
 

@@ -968,7 +968,7 @@ END_TEST
 
 /* revision 6: claim and renew_claims, and a store_reply carrying a claim outcome; the decoder
  * refuses an empty owner, a claim without a lease, an unknown outcome, an outcome in a
- * refusal, and a holder beside any outcome but "held". */
+ * refusal, and a holder (or, revision 12, its expiry) beside any outcome but "held". */
 START_TEST(test_roundtrip_claim)
 {
     kvm_proto_claim c = {.request_id = 41, .owner = kvm_proto_str_c("run:hostA:42:1000"), .host = kvm_proto_str_c("hostA"),
@@ -1006,13 +1006,21 @@ START_TEST(test_roundtrip_claim)
     kvm_msg_free(&m);
     rn.release = false;
     ASSERT_FAILS(kvm_proto_renew_claims_encode(&rn, &m), KVM_EINVAL, "renewing needs a lease");
-    kvm_proto_store_reply r = {.request_id = 41, .claim = kvm_proto_str_c("held"), .holder = kvm_proto_str_c("run:b"),
-                               .holder_host = kvm_proto_str_c("hostB")},
+    kvm_proto_store_reply r = {.request_id = 41,
+                               .claim = kvm_proto_str_c("held"),
+                               .holder = kvm_proto_str_c("run:b"),
+                               .holder_host = kvm_proto_str_c("hostB"),
+                               .holder_expires_ms = 1796000000123},
                           dr;
     ck_assert_msg(kvm_proto_store_reply_encode(&r, &m) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(kvm_proto_store_reply_decode(m, &dr), 0);
     ck_assert(kvm_proto_str_eq(dr.claim, "held") && kvm_proto_str_eq(dr.holder, "run:b") &&
               kvm_proto_str_eq(dr.holder_host, "hostB"));
+    ck_assert_int_eq(dr.holder_expires_ms, 1796000000123); /* revision 12 */
+    const int64_t negative = -5;
+    t = with_field(m, "holder_expires_ms", pk_i64, &negative);
+    ASSERT_FAILS(kvm_proto_store_reply_decode(t, &dr), KVM_ERANGE, "field 'holder_expires_ms'");
+    kvm_msg_free(&t);
     t = with_field(m, "claim", pk_str, "mine");
     ASSERT_FAILS(kvm_proto_store_reply_decode(t, &dr), KVM_EPROTO, "field 'claim' is \"mine\"");
     kvm_msg_free(&t);
@@ -1028,6 +1036,13 @@ START_TEST(test_roundtrip_claim)
     ck_assert_int_eq(kvm_proto_store_reply_encode(&r, &m), 0);
     ck_assert_int_eq(kvm_proto_store_reply_decode(m, &dr), 0);
     ck_assert(dr.full_bytes == 100 && dr.stored_bytes == 30 && dr.holder.len == 0);
+    const int64_t when = 1796000000123; /* an expiry beside any outcome but "held" */
+    t = with_field(m, "holder_expires_ms", pk_i64, &when);
+    ASSERT_FAILS(kvm_proto_store_reply_decode(t, &dr), KVM_EPROTO,
+                 "field 'holder_expires_ms' comes with claim \"held\"");
+    kvm_msg_free(&t);
+    r.holder_expires_ms = when;
+    ASSERT_FAILS(kvm_proto_store_reply_encode(&r, &t), KVM_EINVAL, "'holder_expires_ms'");
     kvm_msg_free(&m);
 }
 END_TEST

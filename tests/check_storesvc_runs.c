@@ -6,7 +6,8 @@
  * are refused before anything starts; a decode worker on another host runs polykv with the
  * strategy it fetches from the service and answers as a local one; a strategy recalibrated
  * while a remote compress worker lives reaches its next job; kvmill serve starts, restarts and
- * stops the store service ([store] service_bind). The service is `kvmill
+ * stops the store service ([store] service_bind); documents left to other runs are looked at
+ * again through the service (protocol revision 12). The service is `kvmill
  * store serve` on loopback TCP. */
 #include <check.h>
 #include <signal.h>
@@ -18,6 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/kvm_error.h"
+#include "pipeline/kvm_rundir.h"
+#include "pipeline/kvm_storecli.h"
+#include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 static char *tmp, docs[4200], store[4200];
@@ -543,6 +548,121 @@ START_TEST(test_serve_starts_store_service)
 }
 END_TEST
 
+/* The config of a quick run (streaming) named name on store st (a path or the service). */
+static const char *quick_config(const char *name, const char *st)
+{
+    static char path[4300];
+    char text[8192];
+    snprintf(path, sizeof path, "%s/%s.ini", tmp, name);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n[store]\npath = %s\n"
+             "[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s/%s.run\n[stages]\nbin_dir = %s\nthreads = 1\n",
+             kvm_test_data_path("models/stories260K.bin"), st, tmp, name, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    return path;
+}
+
+typedef struct left_keys {
+    kvm_store_cache_key k[8];
+    int n;
+} left_keys;
+
+static int left_key(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
+{
+    left_keys *ks = arg;
+    if (!status && ks->n < 8) ks->k[ks->n++] = *key;
+    return 0;
+}
+
+/* A child standing for a live run on this host that holds claims through the service: with
+ * renew it renews owner's claims every 100 ms, else it only lives. Returns its pid; *owner
+ * gets its claims' owner name. */
+static pid_t remote_live_run(int renew, const char *ep, char *owner, size_t n)
+{
+    char host[64] = "", id[96];
+    gethostname(host, sizeof host - 1);
+    const long long start_ms = (long long)time(NULL) * 1000; /* one owner name in both processes */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    long me = pid ? (long)pid : (long)getpid();
+    if (pid) usleep(20000); /* its process identity readable (kvm_rundir_proc_id) */
+    kvm_rundir_proc_id(me, id, sizeof id);
+    snprintf(owner, n, "run:%.48s:%ld:%lld:%s", host, me, start_ms, id);
+    if (pid) return pid;
+    kvm_storecli *c = NULL;
+    kvm_storecli_keys none = {0};
+    for (;;) {
+        usleep(100000);
+        if (renew && (c || kvm_storecli_open(&none, ep, &c) == 0))
+            kvm_storecli_renew(c, owner, 600000, 0, 1000, 1, NULL);
+    }
+}
+
+/* A run whose store is the service found documents claimed by other runs, counted them
+ * claimed=N and never looked again (the service's claim reply carried no expiry): when their
+ * runs died it still exited 0 and they were never stored. The reply now names the holder's
+ * expiry (revision 12) and the run rechecks them through the service as on a local store: the
+ * one of a run of this host killed meanwhile and the one whose claim lapsed unrenewed (another
+ * host's, 3 s) are taken over and compressed; the one of a run that renews its claim is left
+ * to it (claimed=1). */
+START_TEST(test_left_documents_rechecked_remote)
+{
+    char doc4[4300], first[4300], ep[64];
+    snprintf(doc4, sizeof doc4, "%s/doc_004.txt", docs);
+    ck_assert_int_eq(unlink(doc4), 0);
+    snprintf(first, sizeof first, "%s/first.lmdb", tmp);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    ck_assert_int_eq(run_wait(run_start(quick_config("first", first), "first")), 0); /* the cache keys */
+    left_keys ks = {.n = 0};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(first, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, left_key, &ks), 0);
+    kvm_store_close(&s);
+    ck_assert_int_eq(ks.n, 4);
+    char owners[3][192], host[64] = "";
+    ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
+    pid_t doomed = remote_live_run(0, ep, owners[0], sizeof owners[0]);
+    pid_t renewing = remote_live_run(1, ep, owners[1], sizeof owners[1]);
+    snprintf(owners[2], sizeof owners[2], "run:elsewhere-%.40s:4242:1:B1N1T1", host);
+    pid_t svc = service_start();
+    kvm_storecli *c = NULL;
+    kvm_storecli_keys none = {0};
+    ck_assert_msg(kvm_storecli_open(&none, ep, &c) == 0, "%s", kvm_errmsg());
+    for (int i = 0; i < 3; i++) { /* the other host's lease lapses in 3 s, unrenewed */
+        kvm_storecli_claim_state st = 0;
+        ck_assert_msg(kvm_storecli_claim(c, &ks.k[i], NULL, owners[i], i == 2 ? "elsewhere" : host,
+                                         i == 2 ? 3000 : 600000, 0, 5000, 1, &st, NULL) == 0,
+                      "%s", kvm_errmsg());
+        ck_assert_int_eq(st, KVM_STORECLI_TAKEN);
+    }
+    kvm_storecli_close(&c);
+    pid_t b = run_start(quick_config("b", ep), "b");
+    char errp[4300];
+    snprintf(errp, sizeof errp, "%s/b.err", tmp);
+    for (int i = 0; i < 2400; i++, usleep(50000)) { /* b has done its own document and waits */
+        char *e = kvm_test_read_file(errp, NULL);
+        int waiting = e && strstr(e, "waiting for the") != NULL;
+        free(e);
+        if (waiting) break;
+    }
+    kill(doomed, SIGKILL); /* kill -9 of a run b left a document to */
+    waitpid(doomed, NULL, 0);
+    int rb = run_wait(b);
+    kill(renewing, SIGKILL);
+    waitpid(renewing, NULL, 0);
+    char *ob = slurp("b.out"), *eb = slurp("b.err");
+    ck_assert_msg(rb == 0, "exit %d\nstdout: %s\nstderr: %s", rb, ob, eb);
+    ck_assert_msg(summary_value(ob, "compressed") == 3 && summary_value(ob, "claimed") == 1 &&
+                      summary_value(ob, "failed") == 0,
+                  "stdout: %s\nstderr: %s", ob, eb);
+    ck_assert_msg(strstr(eb, "a run which renews its claim: that run stores it") != NULL, "stderr: %s", eb);
+    free(ob);
+    free(eb);
+    service_stop(svc);
+    ck_assert_int_eq(kvm_test_store_caches(store), 3);
+}
+END_TEST
+
 static Suite *storesvc_runs_suite(void)
 {
     Suite *s = suite_create("storesvc_runs");
@@ -555,7 +675,8 @@ static Suite *storesvc_runs_suite(void)
                  {"remote_store_refusals", test_remote_store_refusals},
                  {"remote_decode_polykv", test_remote_decode_polykv},
                  {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker},
-                 {"serve_starts_store_service", test_serve_starts_store_service}};
+                 {"serve_starts_store_service", test_serve_starts_store_service},
+                 {"left_documents_rechecked_remote", test_left_documents_rechecked_remote}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

@@ -302,8 +302,11 @@ static void gen_control_serve(void)
     EMIT(renew_claims, "renew", rn);
     rn.release = true, rn.ttl_ms = 0;
     EMIT(renew_claims, "release", rn);
-    sr = (kvm_proto_store_reply){.request_id = 11, .claim = kvm_proto_str_c("held"),
-                                 .holder = kvm_proto_str_c("run:hostB:7:2000"), .holder_host = kvm_proto_str_c("hostB")};
+    sr = (kvm_proto_store_reply){.request_id = 11,
+                                 .claim = kvm_proto_str_c("held"),
+                                 .holder = kvm_proto_str_c("run:hostB:7:2000"),
+                                 .holder_host = kvm_proto_str_c("hostB"),
+                                 .holder_expires_ms = 1796000002000};
     EMIT(store_reply, "claim_held", sr);
     sr = (kvm_proto_store_reply){.request_id = 11, .claim = kvm_proto_str_c("stored"), .full_bytes = 327680,
                                  .stored_bytes = 89210};
