@@ -664,6 +664,63 @@ START_TEST(test_earlier_attempts_ack_counts)
 }
 END_TEST
 
+/* A compress worker's ack counts only when the run's store holds the cache; on a store at its
+ * cap ([store] cap_mb) the cache may have been evicted between its commit and the ack. Evictions
+ * counted since the job went to compress excuse the missing cache (_i = 0: counted compressed);
+ * with none since then (_i = 1: the evictions came before the send) the worker is taken to
+ * write elsewhere and the document is requeued. */
+START_TEST(test_ack_after_evictions)
+{
+    const int evicted_after_send = _i == 0;
+    make_docs(1); /* a real run's cache */
+    write_config("method = streaming\nbudget = 32", store, "heartbeat_ms = 100\nliveness = 600");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    keys ks = {.n = 0};
+    kvm_store *st = NULL;
+    ck_assert_msg(kvm_store_open(store, NULL, &st) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(st, NULL, collect_key, &ks), 0);
+    ck_assert_int_eq(ks.n, 1);
+    kvm_store_stats ss;
+    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
+    kvm_store_close(&st);
+    kvm_store_opts capped = {.cap_bytes = ss.cache_bytes + ss.cache_bytes / 2}; /* room for one cache */
+    ck_assert_msg(kvm_store_open(store, &capped, &st) == 0, "%s", kvm_errmsg());
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    o->store = st;
+    o->model_id = ks.k[0].model_id, o->config_id = ks.k[0].config_id, o->tok_id = ks.tok[0];
+    f.doc.hash = ks.k[0].doc_hash;
+    o->workers[0] = (orch_worker){.id = "compress-0-r0", .stage = ST_COMPRESS, .job = 0, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    orch_job *j = &o->jobs[0];
+    j->worker = 0;
+    kvm_orch__job_set(o, j, J_COMPRESS);
+    if (evicted_after_send) kvm_orch__note_evictions(o, j); /* the job goes to compress ... */
+    kvm_store_cache *c = NULL; /* ... and another document's cache evicts this one's */
+    ck_assert_msg(kvm_store_get_cache(st, &ks.k[0], &ks.tok[0], &c) == 0, "%s", kvm_errmsg());
+    kvm_store_manifest other = c->manifest;
+    other.doc_hash.b[0] ^= 1;
+    ck_assert_msg(kvm_store_put_cache(st, &other, c->layers) == 0, "%s", kvm_errmsg());
+    kvm_store_cache_free(&c);
+    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
+    ck_assert_int_eq(ss.n_evicted, 1);
+    int found = 1;
+    ck_assert_int_eq(kvm_store_has_cache(st, &ks.k[0], &ks.tok[0], &found), 0);
+    ck_assert_int_eq(found, 0);
+    if (!evicted_after_send) kvm_orch__note_evictions(o, j); /* sent after the eviction */
+    kvm_orch__ack_stored(o, j, 0);
+    ck_assert_int_eq(j->state, evicted_after_send ? J_DONE : J_QUEUED);
+    ck_assert_int_eq(o->sum->compressed, evicted_after_send);
+    ck_assert_int_eq(o->sum->requeues, !evicted_after_send); /* "... holds no cache of it": requeued */
+    fake_end(&f);
+    kvm_store_close(&st);
+}
+END_TEST
+
 static Suite *orch_recovery_suite(void)
 {
     Suite *s = suite_create("orch_recovery");
@@ -676,6 +733,7 @@ static Suite *orch_recovery_suite(void)
                  {"read_failure_json_event", test_read_failure_json_event, 60},
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
+                 {"ack_after_evictions", test_ack_after_evictions, 90},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
@@ -684,8 +742,8 @@ static Suite *orch_recovery_suite(void)
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, cases[i].timeout);
-        if (cases[i].fn == test_earlier_attempts_ack_counts)
-            tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: stored, not stored */
+        if (cases[i].fn == test_earlier_attempts_ack_counts || cases[i].fn == test_ack_after_evictions)
+            tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: stored / evicted since the send, or not */
         else
             tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
