@@ -8,6 +8,7 @@
  * run, stored, probed, renewed, released, lapsed after the owner's lease; a malformed claim is
  * refused with a reason and changes no claim. */
 #include <check.h>
+#include <fcntl.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -901,6 +902,60 @@ START_TEST(test_reply_path_not_utf8)
 }
 END_TEST
 
+/* The ZAP handler names each refused client key once; past 16 keys (a peer cycling through
+ * throwaway keys would fill the log) the rest are counted and said at most once a minute. 18
+ * unknown keys, the first one again, then: 16 lines naming a key, one line counting 1 more,
+ * nothing for the 18th (within the minute) or the repeat. The service's stderr (this test's,
+ * Check's forked child) goes to a file. */
+START_TEST(test_refused_keys_rate_limited)
+{
+    char sec[12000], errp[4400];
+    keyed_service(sec, sizeof sec);
+    snprintf(errp, sizeof errp, "%s/stderr.log", g_dir);
+    int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600), saved = dup(2);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    close(fd);
+    svc_thread t;
+    svc_start(&t, sec, 0);
+    for (int i = 0; i < 19; i++) {
+        char name[32], who[12000];
+        snprintf(name, sizeof name, "knock%02d", i % 18);
+        if (i < 18) keygen(name);
+        snprintf(who, sizeof who, "%sclient_secret_key = %s/%s.secret\nclient_public_key = %s/%s.public\n", sec, g_dir,
+                 name, g_dir, name);
+        kvm_config *k = config(who);
+        kvm_storecli *c = NULL;
+        ck_assert_int_eq(kvm_storecli_open(KEYS(k), g_ep, &c), 0);
+        ck_assert_int_eq(kvm_storecli_renew(c, "run:test", 0, 1, 5000, 1, NULL), KVM_EIO);
+        ck_assert_msg(strstr(kvm_errmsg(), "rejected this client's key"), "%s", kvm_errmsg());
+        kvm_storecli_close(&c);
+        kvm_config_free(&k);
+    }
+    svc_stop(&t);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *log = kvm_test_read_file(errp, NULL);
+    ck_assert_ptr_nonnull(log);
+    int named = 0, more = 0;
+    for (const char *p = log; (p = strstr(p, "refused a CurveZMQ client key ")); p++)
+        named++;
+    for (const char *p = log; (p = strstr(p, "more CurveZMQ client keys")); p++)
+        more++;
+    ck_assert_msg(named == 16 && more == 1 && strstr(log, "refused 1 more CurveZMQ client keys"),
+                  "%d named, %d more:\n%s", named, more, log);
+    char path[4400], first[41];
+    snprintf(path, sizeof path, "%s/knock00.public", g_dir);
+    ck_assert_int_eq(kvm_curve_read_key(path, first), 0); /* the first key, named once */
+    const char *at = strstr(log, first);
+    ck_assert_msg(at && !strstr(at + 1, first), "%s", log);
+    free(log);
+    ck_assert_int_eq(count_caches(), 0);
+}
+END_TEST
+
 static Suite *storesvc_suite(void)
 {
     Suite *s = suite_create("storesvc");
@@ -913,6 +968,7 @@ static Suite *storesvc_suite(void)
                  {"client_without_key_refused", test_client_without_key_refused},
                  {"zap_handler_per_context", test_zap_handler_per_context},
                  {"unknown_key_said_at_once", test_unknown_key_said_at_once},
+                 {"refused_keys_rate_limited", test_refused_keys_rate_limited},
                  {"wrong_server_key_said", test_wrong_server_key_said},
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
