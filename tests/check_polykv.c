@@ -505,6 +505,12 @@ START_TEST(test_signals_read)
     ck_assert_int_eq(read_text(dir, "# sculpt_options=retain=16\n", &t), KVM_EFORMAT);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "empty file"));
     kvm_polykv_signals_free(&t);
+    snprintf(path, sizeof path, "%s/fifo.csv", dir); /* without its writer: said, not "empty file" */
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+    ck_assert_int_eq(kvm_polykv_signals_read(path, t), KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "a FIFO that gave nothing to read"), "%s", kvm_errmsg());
+    kvm_polykv_signals_free(&t);
     snprintf(path, sizeof path, "%s/none.csv", dir);
     ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
     ck_assert_int_eq(kvm_polykv_signals_read(path, t), KVM_ENOTFOUND);

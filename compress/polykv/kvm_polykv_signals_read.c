@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 enum { NF = 9, DIST = 2 }; /* fields per row; distilled kinds (sculpt, kvzip) */
 
@@ -229,7 +230,14 @@ int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals
         }
     }
     if (!rc && ferror(f)) rc = kvm_err(KVM_EIO, "signals %s: read failed", path);
-    if (!rc && r.line < header_line) rc = kvm_err(KVM_EFORMAT, "signals %s: empty file", path);
+    struct stat st; /* a FIFO opened without its writer reads as empty (kvm_file_open_input) */
+    const int fifo = fstat(fileno(f), &st) == 0 && S_ISFIFO(st.st_mode);
+    if (!rc && r.line < header_line)
+        rc = kvm_err(KVM_EFORMAT,
+                     fifo ? "signals %s: a FIFO that gave nothing to read (its writer wrote nothing, or was not "
+                            "running yet when it was opened: start the writer first)"
+                          : "signals %s: empty file",
+                     path);
     if (!rc) rc = complete(&r);
     free(r.ev);
     free(r.dist);
