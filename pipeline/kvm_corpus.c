@@ -65,6 +65,21 @@ static int push_doc(kvm_corpus *c, int64_t *cap, kvm_doc d)
     return 0;
 }
 
+/* name with each CR and LF written as \r and \n (malloc'ed; NULL when out of memory): a file
+ * name holding a line break went raw into every log line naming the document. */
+static char *escaped_name(const char *name)
+{
+    char *out = malloc(2 * strlen(name) + 1), *o = out;
+    for (const char *p = name; out && *p; p++) {
+        if (*p == '\n' || *p == '\r')
+            *o++ = '\\', *o++ = *p == '\n' ? 'n' : 'r';
+        else
+            *o++ = *p;
+    }
+    if (out) *o = '\0';
+    return out;
+}
+
 static int read_dir(const char *path, kvm_corpus *c)
 {
     DIR *dir = opendir(path);
@@ -96,8 +111,17 @@ static int read_dir(const char *path, kvm_corpus *c)
          * listing) fails alone when it is loaded, as a FIFO does: it does not stop the run */
         if (!(d.path = strdup(full))) { rc = kvm_err(KVM_ENOMEM, "corpus: out of memory"); break; }
         d.size = stat(full, &st) == 0 ? (int64_t)st.st_size : 0;
-        d.name = names[i];
-        names[i] = NULL;
+        if (strpbrk(names[i], "\r\n")) { /* shown escaped; it fails alone when loaded (load_file) */
+            d.name = escaped_name(names[i]);
+            if (!d.name) {
+                free(d.path);
+                rc = kvm_err(KVM_ENOMEM, "corpus: out of memory");
+                break;
+            }
+        } else {
+            d.name = names[i];
+            names[i] = NULL;
+        }
         if ((rc = push_doc(c, &dcap, d))) { free(d.path); free(d.name); }
     }
     for (size_t i = 0; i < n; i++) free(names[i]);
@@ -368,6 +392,12 @@ int kvm_doc_prepare(kvm_doc *d, const kvm_tokenizer *tok, int vocab_size, int32_
 static int load_file(kvm_doc *d, const kvm_tokenizer *tok, const char *frame, int64_t n_keep)
 {
     size_t max = (size_t)n_keep * 32 + 65536;
+    const char *base = strrchr(d->path, '/');
+    if (strpbrk(base ? base : d->path, "\r\n")) /* d->name is escaped (read_dir) */
+        return kvm_err(KVM_EINVAL,
+                       "%s: the file name holds a line break: documents are named by their file names in log "
+                       "lines, CSV rows and the store; rename it",
+                       d->name);
     for (;;) {
         int at_end = 0, more = 0;
         free(d->text);

@@ -969,6 +969,23 @@ START_TEST(test_jsonl_corpus)
         ck_assert_msg(strstr(err, why[i]) && strstr(err, "c.jsonl:"), "case %d stderr: %s", i, err);
         free(out); free(err);
     }
+    /* a folder corpus's file name holding a line break went raw into the log lines naming it:
+     * it is shown escaped and fails alone */
+    char dir[4300], file[4400];
+    snprintf(dir, sizeof dir, "%s/folder", tmp);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    const char *names[2] = {"a\nb.txt", "c.txt"}, *texts[2] = {"Once upon a time.", "A cat sat on a mat."};
+    for (int i = 0; i < 2; i++) {
+        snprintf(file, sizeof file, "%s/%s", dir, names[i]);
+        ck_assert_int_eq(kvm_test_write_file(file, texts[i], strlen(texts[i])), 0);
+    }
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    ck_assert_msg(strstr(out, "summary: compressed=1 skipped=0 failed=1 "), "stdout: %s", out);
+    ck_assert_msg(strstr(err, "a\\nb.txt: the file name holds a line break") && !strstr(err, "a\nb"), "stderr: %s",
+                  err);
+    free(out);
+    free(err);
 }
 END_TEST
 
