@@ -7,6 +7,7 @@
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "orchestrator/kvm_cli.h"
+#include "model/kvm_model_window.h"
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "store/kvm_store.h"
@@ -98,8 +99,9 @@ static int names_file(const char *out, const char *folder, const char *file, con
  * (kvm_polykv_candidate_file, with this run's filters) must not be --out or --dump-signals (the
  * strategy or the signals, written last or first, replaced that candidate or were replaced) nor
  * an existing file that is read-only (root may write any file: its write bits are checked too)
- * or not a regular file, as --out itself is refused. Returns 0, or 2 after saying why. */
-static int check_candidates(const calib_args *a)
+ * or not a regular file, as --out itself is refused, nor a file of the model (model, tokenizer:
+ * kvm_cli_check_out_model). Returns 0, or 2 after saying why. */
+static int check_candidates(const calib_args *a, const char *model, const char *tokenizer)
 {
     char file[64], path[4200];
     for (int i = 0; kvm_polykv_candidate_file(i, a->sel, a->alloc, a->sculpt, a->kvzip, file, sizeof file); i++) {
@@ -116,6 +118,7 @@ static int check_candidates(const calib_args *a)
                         outs[k][0], outs[k][1], path);
                 return 2;
             }
+        if (kvm_cli_check_out_model(CMD, "dump-candidates", path, model, tokenizer, NULL, NULL)) return 2;
         struct stat st;
         if (stat(path, &st)) continue; /* a new file */
         if (!S_ISREG(st.st_mode) || !kvm_file_replaceable(path, &st)) {
@@ -431,7 +434,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N);
         return 2;
     }
-    if (a.cand && check_candidates(&a)) return 2;
+    if (a.cand && check_candidates(&a, model_path, kvm_cli_get(opts, "tokenizer"))) return 2;
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
     if (a.so.cuda)
@@ -449,9 +452,9 @@ int kvm_cmd_calibrate(int argc, char **argv)
     a.out_f = out_s.f;
     a.dump_s = &dump_s;
     if (!rc) rc = kvm_cli_open_model(CMD, model_path, kvm_cli_get(opts, "tokenizer"), 1, &m, &tok); /* 2: bad file */
-    if (!rc && a.N + a.T > m->cfg.seq_len) {
+    if (!rc && a.N + a.T > kvm_model_window(&m->cfg)) {
         fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld exceeds the model's window of %d tokens\n",
-                (long long)a.N, (long long)a.T, m->cfg.seq_len);
+                (long long)a.N, (long long)a.T, kvm_model_window(&m->cfg));
         rc = 2;
     }
     char need[128];

@@ -3,6 +3,7 @@
  * kvmill-strategy over all of them); the strategy is stored under the model id, where
  * `kvmill run` with [compress] method = polykv finds it, and optionally written to a file. */
 #include "orchestrator/kvm_cli.h"
+#include "model/kvm_model_window.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "pipeline/kvm_docdedup.h"
@@ -226,9 +227,9 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     if ((status = kvm_cli_open_model_config("calibrate", cfg, 1, &m, &tok)))
         goto done; /* 2: a bad file, 1: out of memory or I/O */
     status = 2; /* the checks below refuse bad settings and documents */
-    if (ctx + cont > m->cfg.seq_len) {
+    if (ctx + cont > kvm_model_window(&m->cfg)) {
         kvm_cli_refuse("calibrate", "context %lld + continuation %lld exceeds the model's window of %d tokens\n",
-                (long long)ctx, (long long)cont, m->cfg.seq_len);
+                       (long long)ctx, (long long)cont, kvm_model_window(&m->cfg));
         goto done;
     }
     if (kvm_corpus_read(docs, &corpus)) {

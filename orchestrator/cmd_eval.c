@@ -6,6 +6,7 @@
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "model/kvm_chat.h"
+#include "model/kvm_model_window.h"
 #include "orchestrator/cmd_eval_int.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
@@ -351,19 +352,22 @@ static int open_model(const eval_cli *c, cmd_eval_setup *es, eval_run *r)
  * --decode-steps fits the continuation. Returns 0 or 2 after printing why. */
 static int check_window(const eval_cli *c, const cmd_eval_setup *es)
 {
-    const int64_t N = es->N, T = es->T, seq_len = es->m->cfg.seq_len;
+    const int64_t N = es->N, T = es->T, seq_len = kvm_model_window(&es->m->cfg);
+    const char *note = kvm_model_window_note(&es->m->cfg);
     const char *task = c->task, *target = c->target;
     int64_t T_run = target ? 2 * T : T; /* the target search scores a check part after the search part */
     if (task && N + c->ta.answer_tokens > seq_len) { /* --task asks and answers after the context */
         fprintf(stderr,
-                "kvmill " CMD ": --task: context %lld + --answer-tokens %d exceeds the model's window of %d tokens\n",
-                (long long)N, c->ta.answer_tokens, es->m->cfg.seq_len);
+                "kvmill " CMD
+                ": --task: context %lld + --answer-tokens %d exceeds the model's window of %lld tokens%s\n",
+                (long long)N, c->ta.answer_tokens, (long long)seq_len, note);
         return 2;
     }
     if (!task && N + T_run > seq_len) {
-        fprintf(stderr, "kvmill " CMD ": context %lld + continuation %lld%s exceeds the model's window of %d tokens\n",
+        fprintf(stderr,
+                "kvmill " CMD ": context %lld + continuation %lld%s exceeds the model's window of %lld tokens%s\n",
                 (long long)N, (long long)T_run, target ? " (2 x --continuation with --target-kl)" : "",
-                es->m->cfg.seq_len);
+                (long long)seq_len, note);
         return 2;
     }
     if (!task && es->decode_steps > T) {
@@ -407,7 +411,7 @@ static int check_repeat(const eval_run *r, int chat, int64_t N, const char *ctx)
         return 1;
     }
     free(rp);
-    return cmd_eval__check_repeat(r->jobs, r->n_jobs, N, n_rp, r->m->cfg.seq_len, ctx, "lower --context");
+    return cmd_eval__check_repeat(r->jobs, r->n_jobs, N, n_rp, kvm_model_window(&r->m->cfg), ctx, "lower --context");
 }
 
 /* The jobs of --method at --budget, --ratio or (--target-kl) a placeholder budget, with the

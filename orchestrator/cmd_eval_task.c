@@ -5,6 +5,7 @@
  * decode worker would, and the greedy answer is scored by exact match (compress/eval/kvm_task.h). */
 #include "common/kvm_error.h"
 #include "model/kvm_chat.h"
+#include "model/kvm_model_window.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "orchestrator/kvm_cli.h"
 #include "orchestrator/kvm_cli_eval.h"
@@ -94,11 +95,11 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
     char qbuf[256];
     snprintf(qbuf, sizeof qbuf, "\n\n%s", tc->question);
     if (!rc) rc = encode(a->tok, qbuf, fr->close, 0, &q, &nq);
-    if (!rc && nc + nq + a->answer_tokens > a->m->cfg.seq_len)
+    if (!rc && nc + nq + a->answer_tokens > kvm_model_window(&a->m->cfg))
         rc = kvm_err(KVM_EINVAL,
                      "context %lld + question %lld + --answer-tokens %d exceed the model's window of %d tokens: use a "
                      "shorter --context",
-                     (long long)nc, (long long)nq, a->answer_tokens, a->m->cfg.seq_len);
+                     (long long)nc, (long long)nq, a->answer_tokens, kvm_model_window(&a->m->cfg));
     int32_t *all = rc ? NULL : malloc((size_t)(nc + nq) * sizeof *all);
     if (!rc && !all) rc = kvm_err(KVM_ENOMEM, "out of memory");
     if (!rc) {

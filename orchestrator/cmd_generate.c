@@ -7,6 +7,7 @@
 #include "model/kvm_chat.h"
 #include "model/kvm_forward.h"
 #include "model/kvm_forward_cuda.h"
+#include "model/kvm_model_window.h"
 #include "model/kvm_sampler.h"
 #include "common/kvm_error.h"
 #include "common/kvm_file.h"
@@ -155,7 +156,7 @@ int kvm_cmd_generate(int argc, char **argv)
         {"n", 1, "positions to run, BOS and prompt included, as run.c's -n (default 256; 0 = seq_len)", NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 1.0)", NULL},
         {"topp", 1, "top-p nucleus sampling in [0, 1] (default 0.9)", NULL},
-        {"seed", 1, "random seed (default: time)", NULL},
+        {"seed", 1, "random seed >= 1 (default: time; 0 is refused: the sampler's state must not be 0)", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
         {"threads", 1, "compute threads of the CPU kernels (default: every core)", NULL},
         {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
@@ -179,6 +180,12 @@ int kvm_cmd_generate(int argc, char **argv)
     if ((s = kvm_cli_get(opts, "temperature")) && kvm_cli_float("generate", "temperature", s, 0, 1e6, &a.temperature)) return 2;
     if ((s = kvm_cli_get(opts, "topp")) && kvm_cli_float("generate", "topp", s, 0, 1, &a.topp)) return 2;
     if ((s = kvm_cli_get(opts, "seed"))) { if (kvm_cli_int("generate", "seed", s, 0, INT64_MAX, &v)) return 2; a.seed = (uint64_t)v; }
+    if (s && a.seed == 0) { /* xorshift's state 0 stays 0: every coin 0, the same token each step */
+        fprintf(stderr,
+                "kvmill generate: --seed 0: the sampler's xorshift state must not be 0 (every draw would be 0); "
+                "give a seed >= 1, or leave --seed out for the time\n");
+        return 2;
+    }
     if (kvm_cli_kv_dtype("generate", kvm_cli_get(opts, "kv-dtype"), &a.kv_dtype)) return 2;
     const char *dev = kvm_cli_get(opts, "device");
     if (a.kv_dtype != KVM_KV_F32 && dev && strcmp(dev, "cpu")) {
@@ -220,15 +227,18 @@ int kvm_cmd_generate(int argc, char **argv)
         }
     }
     free(chat_text);
-    if (!rc && np > m->cfg.seq_len) { /* cut to the window, nothing generated, exit 0 */
-        fprintf(stderr, "kvmill generate: the prompt is %lld tokens%s, more than the model's window of %d positions\n",
-                (long long)np, tokens ? "" : " (BOS and any chat template included)", m->cfg.seq_len);
+    const int window = kvm_model_window(&m->cfg); /* a sliding window the forward refuses to pass */
+    if (!rc && np > window) {                     /* cut to the window, nothing generated, exit 0 */
+        fprintf(stderr,
+                "kvmill generate: the prompt is %lld tokens%s, more than the model's window of %d positions%s\n",
+                (long long)np, tokens ? "" : " (BOS and any chat template included)", window,
+                kvm_model_window_note(&m->cfg));
         rc = 2;
     }
-    if (!rc && a.steps > m->cfg.seq_len) /* run.c's -n clamps as well; said, not silent */
-        fprintf(stderr, "kvmill generate: -n %lld is past the model's window: running its %d positions\n",
-                (long long)a.steps, m->cfg.seq_len);
-    if (a.steps == 0 || a.steps > m->cfg.seq_len) a.steps = m->cfg.seq_len;
+    if (!rc && a.steps > window) /* run.c's -n clamps as well; said, not silent */
+        fprintf(stderr, "kvmill generate: -n %lld is past the model's window%s: running its %d positions\n",
+                (long long)a.steps, kvm_model_window_note(&m->cfg), window);
+    if (a.steps == 0 || a.steps > window) a.steps = window;
     int cuda_device = -1;
     (void)kvm_device_parse(dev, &cuda_device); /* validated by kvm_cli_setup_device above */
     if (!rc) rc = generate(m, k, cuda_device, tok, p, np, &a) ? 1 : 0;

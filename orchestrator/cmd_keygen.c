@@ -4,10 +4,120 @@
 #include "pipeline/kvm_curve.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+/* path for a message: whole when short, else its first and last 60 characters around "..." and
+ * its length, so that a path of thousands of characters does not bury the reason after it.
+ * Written into buf[n] (n >= 160); returns buf. */
+static const char *short_path(const char *path, char *buf, size_t n)
+{
+    size_t len = strlen(path);
+    if (len <= 130)
+        snprintf(buf, n, "%s", path);
+    else
+        snprintf(buf, n, "%.60s...%s (%zu characters)", path, path + len - 60, len);
+    return buf;
+}
+
+/* The deepest folder of prefix that exists (prefix's own folder when it does; "." or "/" at the
+ * top), into dir[n]. */
+static void deepest_existing(const char *prefix, char *dir, size_t n)
+{
+    snprintf(dir, n, "%s", prefix);
+    for (char *cut = strrchr(dir, '/');; cut = strrchr(dir, '/')) {
+        if (!cut) {
+            snprintf(dir, n, ".");
+            return;
+        }
+        if (cut == dir) {
+            dir[1] = '\0';
+            return;
+        }
+        *cut = '\0';
+        if (!access(dir, F_OK)) return;
+    }
+}
+
+/* Checks --out PREFIX before anything is made: PREFIX.public within PATH_MAX, each name in it
+ * within NAME_MAX, each folder on its way a folder (or missing: made later), and the deepest
+ * existing one writable. Returns 0, or 2 after saying why (a long path shortened). */
+static int check_prefix(const char *prefix)
+{
+    char sp[200], sd[200], dir[PATH_MAX];
+    if (strlen(prefix) + strlen(".public") >= PATH_MAX)
+        return fprintf(stderr,
+                       "kvmill keygen: --out %s: longer than PATH_MAX (%d characters with .public); give a "
+                       "shorter PREFIX\n",
+                       short_path(prefix, sp, sizeof sp), PATH_MAX),
+               2;
+    for (const char *p = prefix; *p;) { /* the last name with its .public */
+        size_t n = strcspn(p, "/");
+        if (n + (p[n] ? 0 : strlen(".public")) > NAME_MAX)
+            return fprintf(stderr, "kvmill keygen: --out %s: a name in it is longer than NAME_MAX (%d characters%s)\n",
+                           short_path(prefix, sp, sizeof sp), NAME_MAX, p[n] ? "" : " with .public"),
+                   2;
+        p += n + (p[n] == '/');
+    }
+    snprintf(dir, sizeof dir, "%s", prefix);
+    for (char *p = strchr(dir + 1, '/'); p; p = strchr(p + 1, '/')) { /* a folder, or missing from here on */
+        struct stat st;
+        *p = '\0';
+        int e = stat(dir, &st) ? errno : 0;
+        if (e == ENOENT) break;
+        if (e || !S_ISDIR(st.st_mode))
+            return fprintf(stderr, "kvmill keygen: --out %s: %s %s\n", short_path(prefix, sp, sizeof sp),
+                           short_path(dir, sd, sizeof sd), e ? strerror(e) : "is not a folder"),
+                   2;
+        *p = '/';
+    }
+    deepest_existing(prefix, dir, sizeof dir);
+    if (access(dir, W_OK | X_OK))
+        return fprintf(stderr, "kvmill keygen: --out %s: cannot write in folder %s: %s\n",
+                       short_path(prefix, sp, sizeof sp), short_path(dir, sd, sizeof sd), strerror(errno)),
+               2;
+    return 0;
+}
+
+/* Makes the missing folders of prefix (0700: they hold a secret key), writing the first one it
+ * made into made[n] ("" when none). Returns 0, or 1 after saying why, the folders it made
+ * removed. */
+static int make_folders(const char *prefix, char *made, size_t n)
+{
+    char dir[PATH_MAX], sp[200], sd[200];
+    made[0] = '\0';
+    snprintf(dir, sizeof dir, "%s", prefix);
+    for (char *p = strchr(dir + 1, '/'); p; p = strchr(p + 1, '/')) {
+        *p = '\0';
+        if (mkdir(dir, 0700) == 0) {
+            if (!made[0]) snprintf(made, n, "%s", dir);
+        } else if (errno != EEXIST) {
+            int e = errno;
+            fprintf(stderr, "kvmill keygen: --out %s: cannot make folder %s: %s\n", short_path(prefix, sp, sizeof sp),
+                    short_path(dir, sd, sizeof sd), strerror(e));
+            *p = '/';
+            return 1;
+        }
+        *p = '/';
+    }
+    return 0;
+}
+
+/* Removes the folders make_folders made for prefix (made: the first of them; "" for none), deepest
+ * first, so that a failed keygen leaves no empty folders behind. */
+static void remove_made(const char *prefix, const char *made)
+{
+    if (!made[0]) return;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", prefix);
+    for (char *cut = strrchr(dir, '/'); cut && strlen(dir) > strlen(made); cut = strrchr(dir, '/')) {
+        *cut = '\0';
+        if (strlen(dir) >= strlen(made)) rmdir(dir);
+    }
+}
 
 int kvm_cmd_keygen(int argc, char **argv)
 {
@@ -28,22 +138,23 @@ int kvm_cmd_keygen(int argc, char **argv)
     if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
         return fprintf(stderr, "kvmill keygen: --out %s names a folder, not a PREFIX: give the key pair's name in it "
                                "(e.g. --out %s%sserver)\n", prefix, prefix, *base ? "/" : ""), 2;
-    char pub[4096], sec[4096];
+    /* a long prefix made 2,047 folders, then failed with a message of its path alone */
+    if (check_prefix(prefix)) return 2;
+    char pub[PATH_MAX], sec[PATH_MAX], made[PATH_MAX];
     snprintf(pub, sizeof pub, "%s.public", prefix);
     snprintf(sec, sizeof sec, "%s.secret", prefix);
     if (!kvm_cli_get(opts, "force") && (access(pub, F_OK) == 0 || access(sec, F_OK) == 0))
         return fprintf(stderr, "kvmill keygen: %s or %s exists; use --force to replace it\n", pub, sec), 2;
     /* the folders of PREFIX (keys/server) are made as needed, private (0700) */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", prefix);
-    for (char *p = dir + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(dir, 0700) && errno != EEXIST)
-            return fprintf(stderr, "kvmill keygen: cannot make folder %s: %s\n", dir, strerror(errno)), 1;
-        *p = '/';
+    if (make_folders(prefix, made, sizeof made)) {
+        remove_made(prefix, made);
+        return 1;
     }
-    if (kvm_curve_keygen(prefix)) return fprintf(stderr, "kvmill keygen: %s\n", kvm_cli_errmsg("keygen")), 1;
+    if (kvm_curve_keygen(prefix)) {
+        fprintf(stderr, "kvmill keygen: %s\n", kvm_cli_errmsg("keygen"));
+        remove_made(prefix, made);
+        return 1;
+    }
     printf("%s\n%s\n", pub, sec);
     return 0;
 }

@@ -1,6 +1,7 @@
 /* cmd_run.c: `kvmill run`: compresses a corpus through the stage processes and stores the
  * caches; prints a summary whose last stdout line is machine-readable. */
 #include "orchestrator/kvm_cli.h"
+#include "model/kvm_model_window.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
@@ -277,26 +278,28 @@ int kvm_cmd_run(int argc, char **argv)
         goto done;
     }
     int64_t ctx = kvm_config_int(cfg, "model", "context");
-    if (ctx > m->cfg.seq_len) {
+    if (ctx > kvm_model_window(&m->cfg)) {
         kvm_cli_refuse("run", "%s: [model] context = %lld exceeds the model's window of %d tokens\n",
-                kvm_config_path(cfg), (long long)ctx, m->cfg.seq_len);
+                       kvm_config_path(cfg), (long long)ctx, kvm_model_window(&m->cfg));
         status = 2;
         goto done;
     }
     int64_t T1 = kvm_config_int(cfg, "eval", "continuation");
     if (kvm_config_bool(cfg, "eval", "enabled") && kvm_config_float(cfg, "compress", "target_kl") <= 0 &&
-        ctx + T1 > m->cfg.seq_len) { /* every evaluation would fail in the worker: "over 0 documents" */
-        kvm_cli_refuse("run", "%s: [eval] enabled scores the %lld tokens after the context ([eval] continuation): "
-                        "context %lld + %lld exceeds the model's window of %d tokens\n",
-                kvm_config_path(cfg), (long long)T1, (long long)ctx, (long long)T1, m->cfg.seq_len);
+        ctx + T1 > kvm_model_window(&m->cfg)) { /* every evaluation would fail in the worker: "over 0 documents" */
+        kvm_cli_refuse("run",
+                       "%s: [eval] enabled scores the %lld tokens after the context ([eval] continuation): "
+                       "context %lld + %lld exceeds the model's window of %d tokens\n",
+                       kvm_config_path(cfg), (long long)T1, (long long)ctx, (long long)T1, kvm_model_window(&m->cfg));
         status = 2;
         goto done;
     }
     int64_t T2 = 2 * T1;
-    if (kvm_config_float(cfg, "compress", "target_kl") > 0 && ctx + T2 > m->cfg.seq_len) {
-        kvm_cli_refuse("run", "%s: [compress] target_kl searches on the %lld tokens after the context (2 x [eval] "
-                        "continuation): context %lld + %lld exceeds the model's window of %d tokens\n",
-                kvm_config_path(cfg), (long long)T2, (long long)ctx, (long long)T2, m->cfg.seq_len);
+    if (kvm_config_float(cfg, "compress", "target_kl") > 0 && ctx + T2 > kvm_model_window(&m->cfg)) {
+        kvm_cli_refuse("run",
+                       "%s: [compress] target_kl searches on the %lld tokens after the context (2 x [eval] "
+                       "continuation): context %lld + %lld exceeds the model's window of %d tokens\n",
+                       kvm_config_path(cfg), (long long)T2, (long long)ctx, (long long)T2, kvm_model_window(&m->cfg));
         status = 2;
         goto done;
     }

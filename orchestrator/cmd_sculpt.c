@@ -8,6 +8,7 @@
 #include "orchestrator/kvm_cli_eval.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "model/kvm_capture.h"
+#include "model/kvm_model_window.h"
 #include "common/kvm_error.h"
 
 #include <errno.h>
@@ -197,19 +198,20 @@ int kvm_cmd_sculpt(int argc, char **argv)
         if (n <= 1) { /* BOS alone: a "cache" of nothing, which run, serve and eval refuse */
             fprintf(stderr, "kvmill sculpt: --doc %s is empty: it has no tokens besides BOS\n", doc);
             rc = 2;
-        } else if (ctx > m->cfg.seq_len) { /* a cut the user did not ask for would compress another context */
-            fprintf(stderr, "kvmill sculpt: --context %lld is past the model's window of %d tokens\n", (long long)ctx,
-                    m->cfg.seq_len);
+        } else if (ctx >
+                   kvm_model_window(&m->cfg)) { /* a cut the user did not ask for would compress another context */
+            fprintf(stderr, "kvmill sculpt: --context %lld is past the model's window of %d tokens%s\n", (long long)ctx,
+                    kvm_model_window(&m->cfg), kvm_model_window_note(&m->cfg));
             rc = 2;
         } else if (N > n) {
             fprintf(stderr, "kvmill sculpt: --context %lld but %s has %lld tokens\n", (long long)N, doc, (long long)n);
             rc = 2;
         } else {
-            if (N > m->cfg.seq_len) {
+            if (N > kvm_model_window(&m->cfg)) {
                 fprintf(stderr,
-                        "kvmill sculpt: %s has %lld tokens: its first %d (the model's window) are the context\n", doc,
-                        (long long)n, m->cfg.seq_len);
-                N = m->cfg.seq_len;
+                        "kvmill sculpt: %s has %lld tokens: its first %d (the model's window%s) are the context\n", doc,
+                        (long long)n, kvm_model_window(&m->cfg), kvm_model_window_note(&m->cfg));
+                N = kvm_model_window(&m->cfg);
             }
             rc = refuse_no_compression(&o, N) ? 2 : run(m, kk, tok, ids, N, &o, out);
         }

@@ -1,6 +1,7 @@
 /* cmd_serve.c: `kvmill serve`: the serving broker and its decode workers (pipeline/kvm_serve.h). */
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
+#include "model/kvm_model_window.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "pipeline/kvm_chatcfg.h"
 #include "pipeline/kvm_config.h"
@@ -53,9 +54,11 @@ static int check_config(const kvm_config *cfg)
     kvm_tokenizer *tok = NULL;
     int rc = kvm_cli_open_model_config("serve", cfg, 1, &m, &tok);
     char *open = NULL, *close_ = NULL;
-    if (!rc && kvm_config_int(cfg, "model", "context") > m->cfg.seq_len) { /* as every worker's setup would */
+    if (!rc &&
+        kvm_config_int(cfg, "model", "context") > kvm_model_window(&m->cfg)) { /* as every worker's setup would */
         kvm_cli_refuse("serve", "%s: [model] context = %lld exceeds the model's window of %d tokens\n",
-                kvm_config_path(cfg), (long long)kvm_config_int(cfg, "model", "context"), m->cfg.seq_len);
+                       kvm_config_path(cfg), (long long)kvm_config_int(cfg, "model", "context"),
+                       kvm_model_window(&m->cfg));
         rc = KVM_EINVAL;
     }
     if (!rc && chat && (rc = kvm_chatcfg_frame(cfg, tok, &open, &close_)))

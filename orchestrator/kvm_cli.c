@@ -10,6 +10,7 @@
 #include "compress/eval/kvm_eval.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -526,6 +527,51 @@ int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out,
     return 0;
 }
 
+/* 1 when name ends with suffix. */
+static int ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+    return n >= k && !strcmp(name + n - k, suffix);
+}
+
+/* 1 when a folder's entry `name` is a file a model loads from that folder: a Hugging Face
+ * folder's config.json, *.safetensors (every shard), *.safetensors.index.json and the tokenizer
+ * and generation configs; beside a llama2.c or GGUF file (hf 0) only a tokenizer.json. */
+static int model_folder_file(const char *name, int hf)
+{
+    if (!strcmp(name, "tokenizer.json")) return 1; /* kvm_tokenizer_find_for_model's, either way */
+    if (!hf) return 0;
+    return !strcmp(name, "config.json") || !strcmp(name, "tokenizer_config.json") ||
+           !strcmp(name, "generation_config.json") || ends_with(name, ".safetensors") ||
+           ends_with(name, ".safetensors.index.json");
+}
+
+/* Refuses out (a regular file, *so) when it is, by identity (st_dev, st_ino: a symlink or
+ * another spelling of the path is caught), one of the files model_folder_file names in folder
+ * dir (the model's folder, hf 1, or the folder holding the model file). A folder that cannot be
+ * read has nothing to refuse here: the model's open says why. Returns 0, or -1 after saying why. */
+static int check_out_model_folder(const char *cmd, const char *flag, const char *out, const struct stat *so,
+                                  const char *dir, int hf)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int rc = 0;
+    for (struct dirent *e; !rc && (e = readdir(d));) {
+        char path[4400];
+        struct stat si;
+        if (!model_folder_file(e->d_name, hf)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &si) || si.st_dev != so->st_dev || si.st_ino != so->st_ino) continue;
+        kvm_cli_refuse(cmd,
+                       "--%s %s is the model's %s (%s): writing it would destroy that input; name another "
+                       "file\n",
+                       flag, out, e->d_name, path);
+        rc = -1;
+    }
+    closedir(d);
+    return rc;
+}
+
 int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, const char *model,
                             const char *tokenizer, const char *docs_flag, const char *docs)
 {
@@ -537,7 +583,19 @@ int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, 
     const char *beside = "tokenizer (beside the model)";
     const char *flags[] = {"--model", "--tokenizer", beside, beside, docs_flag};
     const char *paths[] = {model, tokenizer, tokenizer ? NULL : tok1, tokenizer ? NULL : tok2, docs};
-    return kvm_cli_check_out_inputs(cmd, flag, out, flags, paths, docs ? 5 : 4);
+    if (kvm_cli_check_out_inputs(cmd, flag, out, flags, paths, docs ? 5 : 4)) return -1;
+    struct stat so, sm;
+    if (!out || !*out || stat(out, &so) != 0 || !S_ISREG(so.st_mode)) return 0; /* a new file: nothing to lose */
+    if (tokenizer && !stat(tokenizer, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) {
+        /* a --tokenizer path with a comma, which the list check above splits */
+        kvm_cli_refuse(cmd,
+                       "--%s %s is the --tokenizer file %s: writing it would destroy that input; name another "
+                       "file\n",
+                       flag, out, tokenizer);
+        return -1;
+    }
+    int hf = model && !stat(model, &sm) && S_ISDIR(sm.st_mode); /* a Hugging Face folder */
+    return check_out_model_folder(cmd, flag, out, &so, hf ? model : dir, hf);
 }
 
 int kvm_cli_read_token_ids(const char *cmd, FILE *f, const char *path, int vocab, int32_t **ids, int64_t *n)

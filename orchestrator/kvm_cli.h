@@ -141,7 +141,11 @@ int kvm_cli_read_token_ids(const char *cmd, FILE *f, const char *path, int vocab
 void kvm_cli_csv_field(FILE *f, const char *v);
 
 /* kvm_cli_check_out_inputs for a command reading a model: its --model, --tokenizer (or, without
- * one, tok512.bin and tokenizer.bin beside the model) and, docs not NULL, what docs_flag names. */
+ * one, tok512.bin and tokenizer.bin beside the model), a tokenizer.json beside a model file, a
+ * Hugging Face --model folder's files (config.json, every *.safetensors, the
+ * *.safetensors.index.json, tokenizer.json, tokenizer_config.json, generation_config.json) and,
+ * docs not NULL, what docs_flag names; all compared by identity (st_dev, st_ino), so a symlink
+ * or another spelling of a path is caught. Returns 0, or -1 after printing why (exit 2). */
 int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, const char *model,
                             const char *tokenizer, const char *docs_flag, const char *docs);
 

@@ -1480,6 +1480,65 @@ START_TEST(test_staged_output_interrupted)
 }
 END_TEST
 
+/* --seed 0 left the sampler's xorshift state 0: every draw was 0, so top-p took the likeliest
+ * token and --topp 1 always id 0 ("Once<unk><unk>..."), exit 0. Refused now, exit 2, naming the
+ * flag; --seed 1 still samples. */
+START_TEST(test_generate_seed_zero)
+{
+    char *out = NULL, *err = NULL;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    int rc = kvmill(&out, &err, "generate --model '%s' --prompt Once -n 12 --topp 1 --seed 0%s", model, "");
+    ck_assert_msg(rc == 2 && strstr(err, "--seed 0") && strstr(err, "must not be 0") && !strstr(out, "<unk>"),
+                  "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "generate --model '%s' --prompt Once -n 12 --topp 1 --seed 1%s", model, "");
+    ck_assert_msg(rc == 0 && !strstr(out, "<unk>"), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* keygen --out with a prefix past PATH_MAX ("d/" x 2100 + "k") made 2,047 nested folders, then
+ * exit 1 with 1,039 bytes of path and no reason; a file as a folder of the prefix said
+ * "k.public: Not a directory", exit 1. Both are refused up front now, exit 2, with the reason
+ * and a shortened path, and nothing is made. A prefix in new folders still works. */
+START_TEST(test_keygen_out_checked)
+{
+    char *tmp = kvm_test_tmpdir(), *out = NULL, *err = NULL, file[4200], d[4200];
+    size_t len = strlen(tmp) + 1 + 2 * 2100 + 2;
+    char *longp = malloc(len), *args = malloc(len + 64);
+    int at = snprintf(longp, len, "%s/", tmp);
+    for (int i = 0; i < 2100; i++)
+        at += snprintf(longp + at, len - at, "d/");
+    snprintf(longp + at, len - at, "k");
+    snprintf(args, len + 64, "keygen --out '%s'%%s%%s", longp);
+    int rc = kvmill(&out, &err, args, "", "");
+    ck_assert_msg(rc == 2 && strstr(err, "longer than PATH_MAX") && strstr(err, "...") && strlen(err) < 400,
+                  "exit %d: %.400s", rc, err);
+    snprintf(d, sizeof d, "%s/d", tmp);
+    ck_assert_msg(access(d, F_OK) != 0, "%s was made", d);
+    free(out);
+    free(err);
+    snprintf(file, sizeof file, "%s/f.txt", tmp);
+    ck_assert_int_eq(kvm_test_write_file(file, "x", 1), 0);
+    rc = kvmill(&out, &err, "keygen --out '%s/new/k'%s", file, "");
+    ck_assert_msg(rc == 2 && strstr(err, "f.txt is not a folder"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    rc = kvmill(&out, &err, "keygen --out '%s/a/b/k'%s", tmp, "");
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
+    snprintf(d, sizeof d, "%s/a/b/k.secret", tmp);
+    ck_assert_int_eq(access(d, F_OK), 0);
+    free(out);
+    free(err);
+    free(longp);
+    free(args);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -1489,6 +1548,8 @@ static Suite *cli_suite(void)
     } cases[] = {{"generate_golden", test_generate_golden},
                  {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
                  {"help_and_usage_errors", test_help_and_usage_errors},
+                 {"generate_seed_zero", test_generate_seed_zero},
+                 {"keygen_out_checked", test_keygen_out_checked},
                  {"info_and_make_model", test_info_and_make_model},
                  {"list_flags_refuse_empty_items", test_list_flags_refuse_empty_items},
                  {"generate_tokens_file_errors", test_generate_tokens_file_errors},

@@ -1159,6 +1159,158 @@ START_TEST(test_bom)
 }
 END_TEST
 
+/* The Mistral folder's window (sliding_window 48 < 64 positions) with a tokenizer.json: the
+ * config's vocab_size raised to the tokenizer's 800, its weights in `shards` files (2 or more:
+ * with model.safetensors.index.json). Returns the folder (a static buffer). */
+static const char *mistral_with_tokenizer(tset *s, int shards)
+{
+    static char dir[4096];
+    char p[4200];
+    snprintf(dir, sizeof dir, "%s/mis", g_tmp);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    char *cfg = kvm_test_read_file(TINY_DIR "/mistral_window/config.json", NULL);
+    ck_assert_ptr_nonnull(cfg);
+    char *fixed = config_edit(cfg, "vocab_size", "800");
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, fixed, strlen(fixed)), 0);
+    free(fixed);
+    kvm_model_config c;
+    char arch[32];
+    int tied, o_bias;
+    ck_assert_msg(kvm__hf_config(p, &c, arch, sizeof arch, &tied, &o_bias) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(c.vocab_size, 800);
+    tset_for_config(s, &c, tied, o_bias, "F32");
+    tset_write(s, dir, shards);
+    size_t n;
+    char *tj = kvm_test_read_file("tests/data/hf/tokenizers/llama3_style/tokenizer.json", &n);
+    ck_assert_ptr_nonnull(tj);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, tj, n), 0);
+    free(tj);
+    return dir;
+}
+
+/* Runs `kvmill ARGS` (args formatted), checks its exit status and that stderr holds want. */
+static void expect_cli(int want_rc, const char *want, const char *args)
+{
+    char cmd[16384], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s", kvm_test_bin(), args);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == want_rc && strstr(err, want), "%s: exit %d (want %d), stderr lacks '%s': %s", args, rc, want_rc,
+                  want, err);
+    free(out);
+    free(err);
+}
+
+/* Every up-front window check took seq_len (64) for the window, and the forward then failed
+ * (exit 1) past the sliding window of 48: generate -n 0 ran 64 positions, sculpt cut a long
+ * document to 64, eval and run passed context + continuation 56. They take 48 now: generate and
+ * sculpt run 48 positions (exit 0), eval and run refuse at start (exit 2). */
+START_TEST(test_cli_window)
+{
+    tset s = {0};
+    const char *dir = mistral_with_tokenizer(&s, 1);
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    char args[12000], ids[4200], cfg[4200], body[12000];
+    snprintf(ids, sizeof ids, "%s/p.ids", g_tmp);
+    ck_assert_int_eq(kvm_test_write_file(ids, "1\n5\n", 4), 0);
+    snprintf(args, sizeof args, "generate --model '%s' --tokens '%s' -n 0 --temperature 0", dir, ids);
+    expect_cli(0, "", args);
+    snprintf(args, sizeof args, "generate --model '%s' --tokens '%s' -n 60 --temperature 0", dir, ids);
+    expect_cli(0, "running its 48 positions", args);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --out '%s/c.kvs'", dir, doc, g_tmp);
+    expect_cli(0, "its first 48 (the model's window, its config's sliding_window) are the context", args);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --context 56 --out '%s/c.kvs'", dir, doc, g_tmp);
+    expect_cli(2, "--context 56 is past the model's window of 48 tokens", args);
+    snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 40 --continuation 16 --method h2o --budget 16",
+             dir, doc);
+    expect_cli(2, "exceeds the model's window of 48 tokens, its config's sliding_window", args);
+    snprintf(cfg, sizeof cfg, "%s/w.ini", g_tmp);
+    snprintf(body, sizeof body,
+             "[model]\npath = %s\ncontext = 56\n[compress]\nmethod = h2o\nbudget = 8\n[store]\npath = "
+             "%s/st.lmdb\n[stages]\nbin_dir = %s\n",
+             dir, g_tmp, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
+    snprintf(args, sizeof args, "run --config '%s' --corpus '%s'", cfg, kvm_test_data_path("corpus"));
+    expect_cli(2, "[model] context = 56 exceeds the model's window of 48 tokens", args);
+    tset_free(&s);
+}
+END_TEST
+
+/* 1 when the file at path holds n bytes equal to data. */
+static int same_bytes(const char *path, const char *data, size_t n)
+{
+    size_t m;
+    char *b = kvm_test_read_file(path, &m);
+    int same = b && m == n && !memcmp(b, data, n);
+    free(b);
+    return same;
+}
+
+/* sculpt --out and eval --csv naming a file a Hugging Face folder loads (its config.json, a
+ * weight shard, the shard index, tokenizer.json, tokenizer_config.json, generation_config.json;
+ * also through a symlink or a ./ path) wrote over it, exit 0, the model lost; so did a
+ * tokenizer.json beside a llama2.c model. Each is refused now, exit 2, the file unchanged. */
+START_TEST(test_out_is_a_model_file)
+{
+    tset s = {0};
+    const char *dir = mistral_with_tokenizer(&s, 2);
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    char p[4400], args[12000];
+    const char *extra[] = {"tokenizer_config.json", "generation_config.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, extra[i]);
+        ck_assert_int_eq(kvm_test_write_file(p, "{}", 2), 0);
+    }
+    snprintf(p, sizeof p, "%s/link.json", g_tmp);
+    char target[4400];
+    snprintf(target, sizeof target, "%s/config.json", dir);
+    ck_assert_int_eq(symlink(target, p), 0);
+    const char *outs[] = {"config.json",
+                          "model-00001-of-00002.safetensors",
+                          "model-00002-of-00002.safetensors",
+                          "model.safetensors.index.json",
+                          "tokenizer.json",
+                          "tokenizer_config.json",
+                          "generation_config.json",
+                          "./config.json",
+                          NULL};
+    for (int i = 0; i < 9; i++) {
+        char out[4400], real[4400];
+        if (outs[i])
+            snprintf(out, sizeof out, "%s/%s", dir, outs[i]);
+        else
+            snprintf(out, sizeof out, "%s/link.json", g_tmp); /* a symlink to config.json */
+        snprintf(real, sizeof real, "%s", outs[i] ? out : target);
+        size_t n;
+        char *before = kvm_test_read_file(real, &n);
+        ck_assert_ptr_nonnull(before);
+        snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --context 40 --out '%s'", dir, doc, out);
+        expect_cli(2, "writing it would destroy that input", args);
+        snprintf(args, sizeof args,
+                 "eval --model '%s' --docs '%s' --context 16 --continuation 8 --method h2o --budget 8 --csv '%s'", dir,
+                 doc, out);
+        expect_cli(2, "writing it would destroy that input", args);
+        ck_assert_msg(same_bytes(real, before, n), "%s changed", real);
+        free(before);
+    }
+    /* a tokenizer.json beside a llama2.c model file, found without --tokenizer */
+    char model[4400];
+    size_t nm;
+    char *mb = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &nm);
+    ck_assert_ptr_nonnull(mb);
+    snprintf(model, sizeof model, "%s/m.bin", g_tmp);
+    ck_assert_int_eq(kvm_test_write_file(model, mb, nm), 0);
+    free(mb);
+    snprintf(p, sizeof p, "%s/tokenizer.json", g_tmp);
+    ck_assert_int_eq(kvm_test_write_file(p, "{}", 2), 0);
+    snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --context 40 --out '%s'", model, doc, p);
+    expect_cli(2, "is the model's tokenizer.json", args);
+    ck_assert(same_bytes(p, "{}", 2));
+    tset_free(&s);
+}
+END_TEST
+
 static Suite *tiny_suite(void)
 {
     Suite *s = suite_create("hf_tiny");
@@ -1175,6 +1327,8 @@ static Suite *tiny_suite(void)
         const TTest *fn;
     } more[] = {{"vs_llama2c_gguf", test_vs_llama2c_gguf},
                 {"window", test_window},
+                {"cli_window", test_cli_window},
+                {"out_is_a_model_file", test_out_is_a_model_file},
                 {"model_id", test_model_id},
                 {"llama3_chat", test_llama3_chat},
                 {"bad_config", test_bad_config},
