@@ -1,6 +1,7 @@
 /* kvm_corpus.c: reading a corpus folder or JSON Lines file (jansson) and preparing documents
  * (tokenise, truncate, hash). */
 #include "pipeline/kvm_corpus.h"
+#include "model/kvm_utf8.h"
 #include "pipeline/kvm_doctok.h"
 #include "pipeline/kvm_idxset.h"
 #include "common/kvm_error.h"
@@ -65,16 +66,27 @@ static int push_doc(kvm_corpus *c, int64_t *cap, kvm_doc d)
     return 0;
 }
 
-/* name with each CR and LF written as \r and \n (malloc'ed; NULL when out of memory): a file
- * name holding a line break went raw into every log line naming the document. */
+/* name with each CR and LF written as \r and \n (such a document fails: load_file) and each byte
+ * that is not part of valid UTF-8 as %HH, as in a URL (malloc'ed; NULL when out of memory). A
+ * file name holding a line break went raw into every log line naming the document; one in
+ * latin-1 became U+FFFD on the wire and in the store, so `ask --doc-name` could not reach it and
+ * two such names were one. '%' rather than a backslash escape: `store ls --names` shows a
+ * backslash as \x5c, and the name shown there is the one --doc-name takes. */
 static char *escaped_name(const char *name)
 {
-    char *out = malloc(2 * strlen(name) + 1), *o = out;
-    for (const char *p = name; out && *p; p++) {
-        if (*p == '\n' || *p == '\r')
-            *o++ = '\\', *o++ = *p == '\n' ? 'n' : 'r';
-        else
-            *o++ = *p;
+    size_t n = strlen(name);
+    char *out = malloc(4 * n + 1), *o = out;
+    for (size_t i = 0; out && i < n;) {
+        size_t l = 1;
+        while (l <= 4 && i + l <= n && !kvm_utf8_valid(name + i, l))
+            l++;
+        if (name[i] == '\n' || name[i] == '\r') {
+            *o++ = '\\', *o++ = name[i] == '\n' ? 'n' : 'r', i++;
+        } else if (l > 4 || i + l > n) {
+            o += sprintf(o, "%%%02X", (unsigned char)name[i]), i++;
+        } else {
+            memcpy(o, name + i, l), o += l, i += l;
+        }
     }
     if (out) *o = '\0';
     return out;
@@ -111,7 +123,8 @@ static int read_dir(const char *path, kvm_corpus *c)
          * listing) fails alone when it is loaded, as a FIFO does: it does not stop the run */
         if (!(d.path = strdup(full))) { rc = kvm_err(KVM_ENOMEM, "corpus: out of memory"); break; }
         d.size = stat(full, &st) == 0 ? (int64_t)st.st_size : 0;
-        if (strpbrk(names[i], "\r\n")) { /* shown escaped; it fails alone when loaded (load_file) */
+        /* shown escaped; one with a line break fails alone when loaded (load_file) */
+        if (strpbrk(names[i], "\r\n") || !kvm_utf8_valid(names[i], strlen(names[i]))) {
             d.name = escaped_name(names[i]);
             if (!d.name) {
                 free(d.path);

@@ -974,16 +974,22 @@ START_TEST(test_jsonl_corpus)
     char dir[4300], file[4400];
     snprintf(dir, sizeof dir, "%s/folder", tmp);
     ck_assert_int_eq(mkdir(dir, 0700), 0);
-    const char *names[2] = {"a\nb.txt", "c.txt"}, *texts[2] = {"Once upon a time.", "A cat sat on a mat."};
-    for (int i = 0; i < 2; i++) {
+    const char *names[3] = {"a\nb.txt", "c.txt", "caf\xe9.txt"}, /* the last in latin-1: stored as caf%E9.txt */
+        *texts[3] = {"Once upon a time.", "A cat sat on a mat.", "A dog ran in the park."};
+    for (int i = 0; i < 3; i++) {
         snprintf(file, sizeof file, "%s/%s", dir, names[i]);
         ck_assert_int_eq(kvm_test_write_file(file, texts[i], strlen(texts[i])), 0);
     }
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, dir);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
-    ck_assert_msg(strstr(out, "summary: compressed=1 skipped=0 failed=1 "), "stdout: %s", out);
+    ck_assert_msg(strstr(out, "summary: compressed=2 skipped=0 failed=1 "), "stdout: %s", out);
     ck_assert_msg(strstr(err, "a\\nb.txt: the file name holds a line break") && !strstr(err, "a\nb"), "stderr: %s",
                   err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s' --names", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(out, " caf%E9.txt\n") && strstr(out, " c.txt\n"), "stdout: %s", out);
     free(out);
     free(err);
 }
