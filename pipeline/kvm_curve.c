@@ -293,6 +293,36 @@ static int key_in_dir(const char *dir, const char *z85)
     return ok;
 }
 
+/* The *.public files in dir that do not read as a key (garbage, a dangling link, unreadable):
+ * such a file was skipped without a word, and the client whose key it was to hold only heard
+ * that its key was refused. With warn each is logged (8 named, then a count); *first (cap bytes,
+ * may be NULL) gets the first one's reason. Returns how many. */
+static int64_t unreadable_keys(const char *dir, int warn, char *first, size_t cap)
+{
+    DIR *d = opendir(dir);
+    if (first && cap) first[0] = '\0';
+    if (!d) return 0;
+    int64_t n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        if (l < 8 || strcmp(e->d_name + l - 7, ".public")) continue;
+        char path[8192], k[41];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (kvm_curve_read_key(path, k) == 0) continue;
+        if (++n == 1 && first && cap) snprintf(first, cap, "%s", kvm_errmsg());
+        if (warn && n <= 8) {
+            kvm_log_field f[] = {KVM_LOG_S("file", path), KVM_LOG_S("reason", kvm_errmsg())};
+            kvm_log(KVM_LOG_WARN, "key_unreadable", f, 2,
+                    "authorized_keys: %s: skipped, the client whose key it is will be refused", kvm_errmsg());
+        }
+    }
+    closedir(d);
+    if (warn && n > 8)
+        kvm_log(KVM_LOG_WARN, "key_unreadable", NULL, 0, "authorized_keys %s: %lld more .public files skipped", dir,
+                (long long)(n - 8));
+    return n;
+}
+
 /* Logs a refused client key once (the handler's thread alone calls it): only the client was
  * told (a worker exits naming its key), and the operator of the run, serve or store service saw
  * nothing of who knocked. The first 16 keys are named; past them, a peer cycling through
@@ -323,11 +353,16 @@ static void say_refused(const void *key, zmq_msg_t *addr)
     if (!zmq_z85_encode(z85, key, 32)) z85[0] = '\0';
     snprintf(peer, sizeof peer, "%.*s", (int)(zmq_msg_size(addr) < 63 ? zmq_msg_size(addr) : 63),
              (const char *)zmq_msg_data(addr));
+    char bad[600], hint[800] = "";
+    int64_t n_bad = unreadable_keys(zap_dir, 0, bad, sizeof bad);
+    if (n_bad)
+        snprintf(hint, sizeof hint, "; %lld .public file%s there could not be read, e.g. %s", (long long)n_bad,
+                 n_bad == 1 ? "" : "s", bad);
     kvm_log_field f[] = {KVM_LOG_S("client_key", z85), KVM_LOG_S("peer", peer)};
     kvm_log(KVM_LOG_WARN, "key_refused", f, 2,
             "refused a CurveZMQ client key %s from %s: not in [security] authorized_keys (add its .public file "
-            "there to let it in)",
-            z85, *peer ? peer : "an unknown address");
+            "there to let it in)%s",
+            z85, *peer ? peer : "an unknown address", hint);
 }
 
 static void *zap_thread(void *sock)
@@ -372,6 +407,7 @@ static void *zap_thread(void *sock)
 static int zap_start(void *zctx, const char *authorized_dir)
 {
     snprintf(zap_dir, sizeof zap_dir, "%s", authorized_dir);
+    unreadable_keys(authorized_dir, 1, NULL, 0);
     void *zap = zmq_socket(zctx, ZMQ_REP);
     if (!zap || zmq_bind(zap, "inproc://zeromq.zap.01")) {
         int e = errno;

@@ -956,6 +956,44 @@ START_TEST(test_refused_keys_rate_limited)
 }
 END_TEST
 
+/* A *.public file in authorized_keys that does not read as a key (a bad copy, a dangling link)
+ * was skipped without a word: the operator saw nothing and the client only that its key was
+ * refused. The service names each at start, and its refusal of a key says such files exist. */
+START_TEST(test_unreadable_authorized_keys_said)
+{
+    char sec[12000], errp[4400], bad[4400], dangling[4400];
+    keyed_service(sec, sizeof sec);
+    snprintf(bad, sizeof bad, "%s/authorized/bad.public", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(bad, "garbage\n", 8), 0);
+    snprintf(dangling, sizeof dangling, "%s/authorized/dangling.public", g_dir);
+    ck_assert_int_eq(symlink("/nonexistent-kvmill-key", dangling), 0);
+    snprintf(errp, sizeof errp, "%s/stderr.log", g_dir);
+    int fd = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0600), saved = dup(2);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ge(saved, 0);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    close(fd);
+    svc_thread t;
+    svc_start(&t, sec, 0);
+    kvm_config *stranger = stranger_config(sec);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(stranger), g_ep, &c), 0);
+    ck_assert_int_eq(kvm_storecli_renew(c, "run:test", 0, 1, 5000, 1, NULL), KVM_EIO);
+    kvm_storecli_close(&c);
+    kvm_config_free(&stranger);
+    svc_stop(&t);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *log = kvm_test_read_file(errp, NULL);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "bad.public: not a 40-character Z85 CurveZMQ key") && strstr(log, "dangling.public: ") &&
+                      strstr(log, "2 .public files there could not be read"),
+                  "%s", log);
+    free(log);
+}
+END_TEST
+
 static Suite *storesvc_suite(void)
 {
     Suite *s = suite_create("storesvc");
@@ -969,6 +1007,7 @@ static Suite *storesvc_suite(void)
                  {"zap_handler_per_context", test_zap_handler_per_context},
                  {"unknown_key_said_at_once", test_unknown_key_said_at_once},
                  {"refused_keys_rate_limited", test_refused_keys_rate_limited},
+                 {"unreadable_authorized_keys_said", test_unreadable_authorized_keys_said},
                  {"wrong_server_key_said", test_wrong_server_key_said},
                  {"service_restart_retry", test_service_restart_retry},
                  {"nonlocal_needs_keys", test_nonlocal_needs_keys},
