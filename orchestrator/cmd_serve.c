@@ -108,7 +108,8 @@ static void probe_store_service(const kvm_config *cfg, const char *endpoint)
     if (rc == 0) {
         kvm_store_cache_key key = {0};
         kvm_storecli_claim_state state;
-        rc = kvm_storecli_claim(cli, &key, NULL, "kvmill-serve-probe", "", 0, 1, PROBE_MS, 1, &state, NULL);
+        rc = kvm_storecli_claim(cli, &key, NULL, "kvmill-serve-probe", "", 0, KVM_STORECLI_PROBE, PROBE_MS, 1, &state,
+                                NULL);
         if (rc != KVM_EIO) rc = 0; /* any reply (even a refusal of this probe) is a service that answers */
     }
     if (rc)

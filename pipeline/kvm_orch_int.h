@@ -143,6 +143,7 @@ typedef struct orch {
                            recheck visits them, not every skipped job */
     int64_t n_left, cap_left;
     int64_t left_next;   /* left_idx's first entry the next recheck pass looks at */
+    int recheck_failing; /* a recheck through the store service got no reply (said once) */
     double left_checked; /* when they were last rechecked, ms */
     int left_ending;     /* the run's own jobs are done: their claims are watched (said once) */
     kvm_orch_summary *sum;

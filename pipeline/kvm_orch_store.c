@@ -67,16 +67,19 @@ static void store_abandon(orch *o, const char *why)
 
 /* The claim through the store service: its reply says taken, held (by holder, with its expiry
  * from a revision-12 service) or stored. recheck: a recheck of a document left to another run
- * (kvm_orch__recheck_left), which waits a quarter of the timeout, once, as a renewal does: the
- * loop waits on it, and a service that does not answer is found down by the renewals. */
+ * (kvm_orch__recheck_left), which waits a quarter of the timeout, once, as a renewal does (the
+ * loop waits on it, and a service that does not answer is found down by the renewals), and asks
+ * the service to judge "stored" by the index entry alone: reading and checksumming a large cache
+ * the other run just stored could outlast that wait at every look, for ever. */
 static int claim_remote(orch *o, const kvm_store_cache_key *key, int recheck, int *taken, int *found,
                         kvm_store_claim *holder)
 {
     kvm_storecli_claim_state st;
     kvm_storecli_claim_info info;
     const int timeout = kvm_orch_remote_timeout_ms(o->cfg);
-    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, (int64_t)o->dead_ms, 0,
-                                recheck ? timeout / 4 : timeout, recheck ? 1 : 2, &st, &info);
+    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, (int64_t)o->dead_ms,
+                                recheck ? KVM_STORECLI_INDEX_ONLY : 0, recheck ? timeout / 4 : timeout, recheck ? 1 : 2,
+                                &st, &info);
     if (rc) return rc;
     *taken = st == KVM_STORECLI_TAKEN;
     *found = st == KVM_STORECLI_STORED;
@@ -104,19 +107,21 @@ static int holder_gone(const orch *o, const kvm_store_claim *h)
 }
 
 /* The claim on key, held by a dead run of this host (holder_gone), is taken over: that run's
- * claims are released (all of them: it renews none any more) and key is claimed again. */
-static int take_over(orch *o, const kvm_store_cache_key *key, const orch_job *j, int *taken, int *found,
+ * claims are released (all of them: it renews none any more) and key is claimed again.
+ * recheck: as claim_remote's (the same short waits). */
+static int take_over(orch *o, const kvm_store_cache_key *key, const orch_job *j, int recheck, int *taken, int *found,
                      kvm_store_claim *holder)
 {
+    const int timeout = kvm_orch_remote_timeout_ms(o->cfg);
     kvm_orch__log("%s is claimed by run %s on this host, which is no longer running: taking it over (and the "
                   "run's other claims)\n",
                   j->doc->name, holder->owner);
     char dead[sizeof holder->owner];
     snprintf(dead, sizeof dead, "%s", holder->owner);
-    int rc = o->cli ? kvm_storecli_renew(o->cli, dead, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 2, NULL)
+    int rc = o->cli ? kvm_storecli_renew(o->cli, dead, 0, 1, recheck ? timeout / 4 : timeout, recheck ? 1 : 2, NULL)
                     : kvm_storew_release(o->store, dead);
     if (rc) return rc;
-    return o->cli ? claim_remote(o, key, 0, taken, found, holder)
+    return o->cli ? claim_remote(o, key, recheck, taken, found, holder)
                   : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
 }
 
@@ -129,7 +134,7 @@ static int claim_key(orch *o, const kvm_store_cache_key *key, const orch_job *j,
 {
     int rc = o->cli ? claim_remote(o, key, recheck, taken, found, holder)
                     : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
-    if (!rc && !*taken && !*found && holder_gone(o, holder)) rc = take_over(o, key, j, taken, found, holder);
+    if (!rc && !*taken && !*found && holder_gone(o, holder)) rc = take_over(o, key, j, recheck, taken, found, holder);
     return rc;
 }
 
@@ -238,7 +243,15 @@ static int recheck_one(orch *o, orch_job *j, int ending)
     if (!o->cli) rc = kvm_store_has_cache(o->store, &key, &o->tok_id, &found);
     if (rc == KVM_EMISMATCH) rc = 0, found = 0; /* another tokenizer's: compressed again here */
     if (!rc && !found) rc = claim_key(o, &key, j, 1, &taken, &found, &h);
-    if (rc == KVM_EIO && o->cli) return 1;
+    if (rc == KVM_EIO && o->cli) {
+        if (!o->recheck_failing)
+            kvm_orch__log("%s, left to another run, could not be looked at again: %s (tried again at the next look; "
+                          "said once until a look gets a reply)\n",
+                          j->doc->name, kvm_errmsg());
+        o->recheck_failing = 1;
+        return 1;
+    }
+    o->recheck_failing = 0;
     /* taken: stored between the two looks (the other run ended and released its claims)? */
     if (!rc && taken && !o->cli && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
     if (rc && !ending) return 0; /* tried again at the next recheck; at the end, not known stored: failed */
@@ -273,11 +286,12 @@ void kvm_orch__recheck_left(orch *o, double t0)
     /* a pass spends at most RECHECK_PASS_MS (a round trip each through a store service: many
      * left documents would hold the loop), going on where the last one stopped */
     const int64_t n = o->n_left, from = n ? o->left_next % n : 0;
+    const double start = kvm_now_ms(); /* t0 came before this event's receive and dispatch */
     int64_t k = 0, next = 0, kept = 0;
     for (int stop = 0; k < n && !stop && !*o->interrupts; k++) {
         orch_job *j = &o->jobs[o->left_idx[(from + k) % n]];
         o->visited++;
-        if (j->left && !j->left_live) stop = recheck_one(o, j, ending) || kvm_now_ms() - t0 > RECHECK_PASS_MS;
+        if (j->left && !j->left_live) stop = recheck_one(o, j, ending) || kvm_now_ms() - start > RECHECK_PASS_MS;
     }
     for (int64_t i = 0; i < n; i++) { /* the list keeps the jobs still watched, in order */
         orch_job *j = &o->jobs[o->left_idx[i]];
@@ -361,7 +375,7 @@ static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
     if (o->cli) { /* the service applies the same rule (kvm_storesvc_claim.h) */
         kvm_storecli_claim_state st;
-        int rc = kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1,
+        int rc = kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, KVM_STORECLI_PROBE,
                                     kvm_orch_remote_timeout_ms(o->cfg), 2, &st, NULL);
         *found = !rc && st == KVM_STORECLI_STORED;
         return rc;
@@ -530,8 +544,8 @@ int kvm_orch__sum_remote(orch *o)
             .model_id = o->model_id, .doc_hash = o->jobs[i].doc->hash, .config_id = o->config_id};
         kvm_storecli_claim_state st;
         kvm_storecli_claim_info info;
-        if (kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, 1, kvm_orch_remote_timeout_ms(o->cfg), 1,
-                               &st, &info)) {
+        if (kvm_storecli_claim(o->cli, &key, &o->tok_id, o->owner, o->host, 0, KVM_STORECLI_PROBE,
+                               kvm_orch_remote_timeout_ms(o->cfg), 1, &st, &info)) {
             kvm_orch__log("could not read the stored sizes: %s\n", kvm_errmsg());
             return 1;
         }

@@ -426,13 +426,17 @@ static int enc_renew(const void *req, uint64_t id, kvm_msg **out)
 }
 
 int kvm_storecli_claim(kvm_storecli *c, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
-                       const char *owner, const char *host, int64_t ttl_ms, int probe, int timeout_ms, int attempts,
+                       const char *owner, const char *host, int64_t ttl_ms, int flags, int timeout_ms, int attempts,
                        kvm_storecli_claim_state *state, kvm_storecli_claim_info *info)
 {
+    const int probe = (flags & KVM_STORECLI_PROBE) != 0;
     *state = 0;
     if (info) memset(info, 0, sizeof *info);
-    kvm_proto_claim g = {.owner = kvm_proto_str_c(owner), .host = kvm_proto_str_c(host), .ttl_ms = ttl_ms,
-                         .probe = probe != 0};
+    kvm_proto_claim g = {.owner = kvm_proto_str_c(owner),
+                         .host = kvm_proto_str_c(host),
+                         .ttl_ms = ttl_ms,
+                         .probe = probe,
+                         .index_only = (flags & KVM_STORECLI_INDEX_ONLY) != 0};
     memcpy(g.model_id, key->model_id.b, KVM_PROTO_ID_BYTES);
     memcpy(g.doc_hash, key->doc_hash.b, KVM_PROTO_ID_BYTES);
     memcpy(g.config_id, key->config_id.b, KVM_PROTO_ID_BYTES);

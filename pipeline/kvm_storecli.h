@@ -82,17 +82,24 @@ typedef struct kvm_storecli_claim_info {
     kvm_store_claim holder;              /* HELD: the other run (owner, host) and when its claim
                                             lapses (service clock; 0 from a service older than
                                             protocol revision 12) */
-    int64_t full_bytes, stored_bytes;    /* STORED: the manifest's sizes */
+    int64_t full_bytes, stored_bytes;    /* STORED: the manifest's sizes (0 with INDEX_ONLY) */
 } kvm_storecli_claim_info;
 
+/* kvm_storecli_claim's flags. */
+enum {
+    KVM_STORECLI_PROBE = 1,      /* only ask whether the cache is stored; nothing taken */
+    KVM_STORECLI_INDEX_ONLY = 2, /* revision 12: "stored" by the index entry alone (a recheck: the
+                                    service reads no layers) */
+};
+
 /* Claims key for owner (1..127 bytes) from host (0..63) for ttl_ms (protocol revision 6,
- * `claim`), or with probe only asks whether the cache is stored for tokenizer_id (may be
- * NULL: zero). Waits up to timeout_ms per attempt, attempts times (taking one's own claim
+ * `claim`), or with flags KVM_STORECLI_PROBE only asks whether the cache is stored for
+ * tokenizer_id (may be NULL: zero). Waits up to timeout_ms per attempt, attempts times (taking one's own claim
  * again renews it, so a retry is safe). *state and *info (may be NULL) say what the service
  * found. Errors: the service's refusal (KVM_ERANGE, KVM_EPROTO, KVM_ESTATE, ...) with its
  * reason, KVM_EPROTO (a reply without an outcome: a revision-5 service), KVM_EIO (no reply). */
 int kvm_storecli_claim(kvm_storecli *c, const kvm_store_cache_key *key, const kvm_store_id *tokenizer_id,
-                       const char *owner, const char *host, int64_t ttl_ms, int probe, int timeout_ms, int attempts,
+                       const char *owner, const char *host, int64_t ttl_ms, int flags, int timeout_ms, int attempts,
                        kvm_storecli_claim_state *state, kvm_storecli_claim_info *info);
 
 /* Renews every claim of owner for ttl_ms, or with release removes them (`renew_claims`);

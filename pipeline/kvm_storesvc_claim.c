@@ -16,11 +16,13 @@ static void key_of(const kvm_proto_claim *c, kvm_store_cache_key *k, kvm_store_i
 /* The orchestrator's "already stored?" rule (kvm_orch_store.c, cache_stored): a verified manifest
  * for this tokenizer and layers that pass their checksums; another tokenizer's cache or a
  * corrupt one is not stored (the next put replaces it). */
-static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id *tok, kvm_storesvc_claim_out *out)
+static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id *tok, int index_only,
+                  kvm_storesvc_claim_out *out)
 {
     int found = 0, rc = kvm_store_has_cache(s, k, tok, &found);
     if (rc == KVM_EMISMATCH || rc == KVM_ECORRUPT || (rc == 0 && !found)) return 0;
     if (rc) return rc;
+    if (index_only) return 1; /* revision 12: a recheck; the layers of a large cache are not read */
     kvm_store_cache *c = NULL;
     rc = kvm_store_get_cache(s, k, tok, &c);
     if (rc == 0) {
@@ -38,7 +40,7 @@ int kvm_storesvc_claim(kvm_store *s, const kvm_proto_claim *c, kvm_storesvc_clai
     kvm_store_cache_key k;
     kvm_store_id tok;
     key_of(c, &k, &tok);
-    int rc = stored(s, &k, &tok, out);
+    int rc = stored(s, &k, &tok, c->index_only, out);
     if (rc < 0) return rc;
     if (rc == 1) {
         out->state = "stored";

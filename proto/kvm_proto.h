@@ -489,6 +489,11 @@ typedef struct kvm_proto_claim {
     uint8_t tokenizer_id[KVM_PROTO_ID_BYTES]; /* "tokenizer_id" bin 32: a stored cache counts only
                                                  when its manifest names it (zero: none) */
     bool probe;                               /* "probe" bool, optional: only ask whether stored */
+    /* revision 12 */
+    bool index_only; /* "index_only" bool, optional: "stored" is judged by the cache's index entry
+                        (its manifest) alone, not by reading and checksumming its layers: a run's
+                        recheck of a document another run stored (a revision-11 service ignores it
+                        and reads the whole cache) */
 } kvm_proto_claim;
 /* claim codec. Checks: owner 1..127 bytes, host 0..63, ttl_ms >= 1 unless probe. No tensors. */
 int kvm_proto_claim_encode(const kvm_proto_claim *in, kvm_msg **out);

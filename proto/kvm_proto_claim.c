@@ -22,6 +22,7 @@ static const kvm_proto__field kvm_claim__fields[] = {
     KVM_F_ID32(kvm_proto_claim, config_id, 1),
     KVM_F_ID32(kvm_proto_claim, tokenizer_id, 1),
     KVM_F_BOOL(kvm_proto_claim, probe, 0),
+    KVM_F_BOOL(kvm_proto_claim, index_only, 0),
 };
 
 static int kvm_claim__check_fields(const void *v)
