@@ -1,6 +1,7 @@
 /* check_model.c: the llama2.c checkpoint loader (every malformed-file class gives its
  * documented error naming the file and field) and the random-weight checkpoint writer. */
 #include "model/kvm_forward.h"
+#include "model/kvm_sampler.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -196,13 +197,70 @@ START_TEST(test_make_model_bad_shapes)
 }
 END_TEST
 
+/* One draw from a fresh sampler over logits[n] (copied: sampling rewrites them). */
+static int32_t sample_once(const float *logits, int n, float temperature, float topp, uint64_t seed)
+{
+    kvm_sampler *s;
+    ck_assert_int_eq(kvm_sampler_new(n, temperature, topp, seed, &s), 0);
+    float *x = malloc((size_t)n * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    memcpy(x, logits, (size_t)n * sizeof *x);
+    int32_t t = kvm_sampler_sample(s, x);
+    free(x);
+    kvm_sampler_free(&s);
+    ck_assert_int_ge(t, 0);
+    ck_assert_int_lt(t, n);
+    return t;
+}
+
+/* Degenerate but valid sampler settings: top-p below 1/vocab (nothing passes run.c's
+ * pre-filter: it read pi[-1]), NaN logits, a temperature so large the distribution is
+ * flat or so small (subnormal as a float) that logits/T overflow, and seed 0 (xorshift's
+ * fixed point: every draw was token 0). */
+START_TEST(test_sampler_degenerate)
+{
+    enum { N = 512 };
+    float l[N] = {0};
+    l[7] = 1.0f; /* at T = 1e6 every p is ~1/512, below (1 - 0.001) / 511, p[7] the largest */
+    ck_assert_int_eq(sample_once(l, N, 1e6f, 0.001f, 1), 7);
+    ck_assert_int_eq(sample_once(l, 1, 1.0f, 0.5f, 1), 0); /* one token: cutoff (1-p)/0 */
+    float nan_l[N] = {0};
+    nan_l[0] = NAN;
+    nan_l[100] = NAN;
+    nan_l[3] = 2.0f;
+    ck_assert_int_eq(sample_once(nan_l, N, 1.0f, 0.0f, 1), 3);
+    ck_assert_int_eq(sample_once(nan_l, N, 1.0f, 0.9f, 1), 3);
+    float tiny_l[N];
+    for (int i = 0; i < N; i++)
+        tiny_l[i] = 0.1f;
+    tiny_l[2] = 0.5f;
+    ck_assert_int_eq(sample_once(tiny_l, N, 1e-40f, 0.0f, 1), 2);
+    ck_assert_int_eq(sample_once(tiny_l, N, 1e-40f, 0.9f, 1), 2);
+    float flat[N] = {0};
+    kvm_sampler *s;
+    ck_assert_int_eq(kvm_sampler_new(N, 1.0f, 0.0f, 0, &s), 0);
+    int distinct = 0, first = -1;
+    for (int k = 0; k < 20; k++) {
+        float x[N];
+        memcpy(x, flat, sizeof x);
+        int32_t t = kvm_sampler_sample(s, x);
+        if (k == 0) first = t;
+        distinct += t != first;
+    }
+    kvm_sampler_free(&s);
+    ck_assert_msg(distinct > 0, "seed 0: 20 draws from a flat distribution all gave %d", first);
+}
+END_TEST
+
 static Suite *model_suite(void)
 {
     Suite *s = suite_create("model");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"loads_stories260k", test_loads_stories260k}, {"missing_and_directory", test_missing_and_directory},
-        {"empty_and_truncated", test_empty_and_truncated}, {"bad_header_fields", test_bad_header_fields},
-        {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes}};
+    struct { const char *name; const TTest *fn;
+    } cases[] = {
+        {"loads_stories260k", test_loads_stories260k},       {"missing_and_directory", test_missing_and_directory},
+        {"empty_and_truncated", test_empty_and_truncated},   {"bad_header_fields", test_bad_header_fields},
+        {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes},
+        {"sampler_degenerate", test_sampler_degenerate}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
