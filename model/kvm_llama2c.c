@@ -16,10 +16,15 @@ enum { KVM_L2C_HEADER_BYTES = 28 };
 #define KVM_L2C_MAX_VOCAB (1 << 22)
 #define KVM_L2C_MAX_SEQ (1 << 22)
 
+/* An out-of-range header field means the file is most likely no llama2.c checkpoint at all
+ * (kvm_model_open tries GGUF and the known non-model files first), so the message says so. */
 static int check_field(const char *path, const char *name, int32_t v, int32_t max)
 {
-    if (v <= 0) return kvm_err(KVM_EFORMAT, "%s: header field '%s' = %d must be positive", path, name, v);
-    if (v > max) return kvm_err(KVM_EFORMAT, "%s: header field '%s' = %d exceeds the limit %d", path, name, v, max);
+    static const char not_l2c[] = "not a llama2.c checkpoint nor a GGUF file";
+    if (v <= 0) return kvm_err(KVM_EFORMAT, "%s: %s (header field '%s' = %d must be positive)", path, not_l2c, name, v);
+    if (v > max)
+        return kvm_err(KVM_EFORMAT, "%s: %s (header field '%s' = %d exceeds the limit %d)", path, not_l2c, name, v,
+                       max);
     return 0;
 }
 
@@ -36,7 +41,10 @@ int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes)
     int32_t dim = h[0], hidden = h[1], n_layers = h[2], n_heads = h[3], n_kv = h[4], vocab = h[5], seq = h[6];
     int shared = vocab > 0;
     if (vocab < 0) {
-        if (vocab == INT32_MIN) return kvm_err(KVM_EFORMAT, "%s: header field 'vocab_size' = %d", path, vocab);
+        if (vocab == INT32_MIN)
+            return kvm_err(KVM_EFORMAT,
+                           "%s: not a llama2.c checkpoint nor a GGUF file (header field 'vocab_size' = %d)", path,
+                           vocab);
         vocab = -vocab;
     }
     int rc;

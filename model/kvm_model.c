@@ -70,6 +70,49 @@ static int hf_part(const char *path, const uint8_t *map, size_t n)
                    path, st ? "safetensors" : "JSON");
 }
 
+/* 1 when the first bytes look like text (an HTML error page, JSON, a README saved under the
+ * model's name): at least 95% printable ASCII or whitespace among the first 512, or '<' or
+ * '{' followed by three printable bytes. A llama2.c header's small int32 fields hold NULs. */
+static int looks_like_text(const uint8_t *map, size_t n)
+{
+    size_t k = n < 512 ? n : 512, printable = 0;
+    for (size_t i = 0; i < k; i++)
+        printable += (map[i] >= 0x20 && map[i] < 0x7f) || map[i] == '\t' || map[i] == '\n' || map[i] == '\r';
+    if (printable * 100 >= k * 95) return 1;
+    if (n < 4 || (map[0] != '<' && map[0] != '{')) return 0;
+    for (int i = 1; i < 4; i++)
+        if (map[i] < 0x20 || map[i] >= 0x7f) return 0;
+    return 1;
+}
+
+/* Files that are no model at all, caught before the llama2.c reader misreads their first
+ * bytes as a header ("header field 'dim' = 1936876918"): a Git LFS pointer, a text file, a
+ * .gguf name without the GGUF magic. Returns 0 for other files, else KVM_EFORMAT saying what
+ * the file is. */
+static int not_a_model(const char *path, const uint8_t *map, size_t n)
+{
+    static const char lfs[] = "version https://git-lfs";
+    if (n >= sizeof lfs - 1 && memcmp(map, lfs, sizeof lfs - 1) == 0)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: a Git LFS pointer (%zu bytes), not the model itself: fetch the real file "
+                       "(git lfs pull, or download it again)",
+                       path, n);
+    size_t l = strlen(path);
+    int gguf_name = l >= 5 && strcmp(path + l - 5, ".gguf") == 0, magic = n >= 4 && memcmp(map, "GGUF", 4) == 0;
+    if (looks_like_text(map, n) && !magic)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: not a model: a text file (HTML? JSON?) of %zu bytes; a download that "
+                       "saved an error page?",
+                       path, n);
+    if (gguf_name && !magic) {
+        char shown[4 * 4 + 1] = "", *o = shown;
+        for (size_t i = 0; i < 4 && i < n; i++)
+            o += map[i] >= 0x20 && map[i] < 0x7f ? sprintf(o, "%c", map[i]) : sprintf(o, "\\x%02x", map[i]);
+        return kvm_err(KVM_EFORMAT, "%s: not a GGUF file: magic '%s' at byte 0, expected 'GGUF'", path, shown);
+    }
+    return 0;
+}
+
 int kvm_model_open(const char *path, kvm_model **out)
 {
     *out = NULL;
@@ -82,7 +125,8 @@ int kvm_model_open(const char *path, kvm_model **out)
         rc = kvm__hf_load(m, path);
     } else {
         rc = map_file(path, &m->map, &m->map_bytes);
-        if (rc || (rc = hf_part(path, m->map, m->map_bytes))) goto fail;
+        if (rc || (rc = hf_part(path, m->map, m->map_bytes)) || (rc = not_a_model(path, m->map, m->map_bytes)))
+            goto fail;
         if (m->map_bytes >= 4 && memcmp(m->map, "GGUF", 4) == 0) rc = kvm__gguf_load(m, m->map, m->map_bytes);
         else rc = kvm__llama2c_load(m, m->map, m->map_bytes);
         if (!m->arch[0]) snprintf(m->arch, sizeof m->arch, "llama");

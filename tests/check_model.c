@@ -130,6 +130,30 @@ START_TEST(test_bad_header_fields)
 }
 END_TEST
 
+/* Files that are no model: each was misread as a llama2.c header ("header field 'dim' =
+ * 1936876918 exceeds the limit"); now the message says what the file is. */
+START_TEST(test_not_a_model)
+{
+    static const char lfs[] = "version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 98362432\n";
+    expect_error("lfs.gguf", lfs, sizeof lfs - 1, KVM_EFORMAT, "Git LFS pointer");
+    expect_error("lfs.bin", lfs, sizeof lfs - 1, KVM_EFORMAT, "Git LFS pointer");
+    static const char html[] = "<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head></html>\n";
+    expect_error("page.bin", html, sizeof html - 1, KVM_EFORMAT, "not a model: a text file");
+    static const char json[] = "{\"error\": \"Repository not found\"}";
+    expect_error("err.gguf", json, sizeof json - 1, KVM_EFORMAT, "not a model: a text file");
+    char *bad = malloc(4096);
+    memcpy(bad, "GGUX", 4);
+    memcpy(bad + 4, orig + 4, 4092); /* binary after a wrong magic */
+    expect_error("bad.gguf", bad, 4096, KVM_EFORMAT, "not a GGUF file: magic 'GGUX'");
+    bad[0] = 0x7f;
+    expect_error("bad2.gguf", bad, 4096, KVM_EFORMAT, "magic '\\x7fGUX'");
+    memcpy(bad, "GGUX", 4);
+    expect_error("bad.bin", bad, 4096, KVM_EFORMAT, "not a llama2.c checkpoint nor a GGUF file");
+    free(bad);
+    bad_field(0, 1 << 30, "not a llama2.c checkpoint nor a GGUF file");
+}
+END_TEST
+
 START_TEST(test_make_model_roundtrip)
 {
     char p1[4096], p2[4096], p3[4096];
@@ -260,7 +284,7 @@ static Suite *model_suite(void)
         {"loads_stories260k", test_loads_stories260k},       {"missing_and_directory", test_missing_and_directory},
         {"empty_and_truncated", test_empty_and_truncated},   {"bad_header_fields", test_bad_header_fields},
         {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes},
-        {"sampler_degenerate", test_sampler_degenerate}};
+        {"sampler_degenerate", test_sampler_degenerate},     {"not_a_model", test_not_a_model}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
