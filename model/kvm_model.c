@@ -152,6 +152,112 @@ int kvm__model_check_rope_theta(const char *f, const char *key, double theta)
     return kvm_err(KVM_EFORMAT, "%s: %s = %g must be > 1 and at most %g (float32)", f, key, theta, (double)FLT_MAX);
 }
 
+/* Index of the first of count 16-bit fields, stride bytes apart from p, whose bits under
+ * mask are all set (an f16 or bf16 infinity or NaN: its exponent all ones), or -1. Chunks
+ * OR-reduced first so the common all-finite pass vectorises. */
+static int64_t first_bad16(const uint8_t *p, int64_t count, int64_t stride, uint16_t mask)
+{
+    enum { CHUNK = 4096 };
+    for (int64_t c0 = 0; c0 < count; c0 += CHUNK) {
+        int64_t c1 = count - c0 < CHUNK ? count : c0 + CHUNK;
+        int bad = 0;
+        for (int64_t i = c0; i < c1; i++) {
+            uint16_t v;
+            memcpy(&v, p + i * stride, 2);
+            bad |= (v & mask) == mask;
+        }
+        for (int64_t i = c0; bad && i < c1; i++) {
+            uint16_t v;
+            memcpy(&v, p + i * stride, 2);
+            if ((v & mask) == mask) return i;
+        }
+    }
+    return -1;
+}
+
+/* Index of the first non-finite of count float32s at p, or -1 (as first_bad16). */
+static int64_t first_bad32(const uint8_t *p, int64_t count)
+{
+    enum { CHUNK = 4096 };
+    const uint32_t mask = 0x7f800000u;
+    for (int64_t c0 = 0; c0 < count; c0 += CHUNK) {
+        int64_t c1 = count - c0 < CHUNK ? count : c0 + CHUNK;
+        int bad = 0;
+        for (int64_t i = c0; i < c1; i++) {
+            uint32_t v;
+            memcpy(&v, p + 4 * i, 4);
+            bad |= (v & mask) == mask;
+        }
+        for (int64_t i = c0; bad && i < c1; i++) {
+            uint32_t v;
+            memcpy(&v, p + 4 * i, 4);
+            if ((v & mask) == mask) return i;
+        }
+    }
+    return -1;
+}
+
+static const char *nonfinite_name(float x) { return isnan(x) ? "NaN" : x > 0 ? "inf" : "-inf"; }
+
+/* The f16 scale fields of a GGUF block type (byte offsets in the block, ggml-common.h's
+ * layouts); NULL for a type without blocks. */
+static const struct block_scales {
+    int type, n, off[2];
+    const char *name[2];
+} * block_scales(int type)
+{
+    static const struct block_scales t[] = {
+        {KVM_GGML_Q4_0, 1, {0, 0}, {"d", NULL}},   {KVM_GGML_Q4_1, 2, {0, 2}, {"d", "m"}},
+        {KVM_GGML_Q5_0, 1, {0, 0}, {"d", NULL}},   {KVM_GGML_Q5_1, 2, {0, 2}, {"d", "m"}},
+        {KVM_GGML_Q8_0, 1, {0, 0}, {"d", NULL}},   {KVM_GGML_Q4_K, 2, {0, 2}, {"d", "dmin"}},
+        {KVM_GGML_Q6_K, 1, {208, 0}, {"d", NULL}},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (t[i].type == type) return &t[i];
+    return NULL;
+}
+
+/* check_finite for a block type: every block's f16 scales. */
+static int check_block_scales(const char *file, const char *tensor, const struct block_scales *bs, const uint8_t *data,
+                              int64_t n)
+{
+    int64_t be = kvm_ggml_block_elems(bs->type), bb = kvm_ggml_block_bytes(bs->type), blocks = n / be;
+    for (int f = 0; f < bs->n; f++) {
+        int64_t b = first_bad16(data + bs->off[f], blocks, bb, 0x7c00);
+        if (b < 0) continue;
+        uint16_t h;
+        memcpy(&h, data + b * bb + bs->off[f], 2);
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%s': block %lld (elements %lld..%lld) of type %s has the f16 scale %s = %s: "
+                       "non-finite weights (a corrupt file or a diverged model)",
+                       file, tensor, (long long)b, (long long)(b * be), (long long)(b * be + be - 1),
+                       kvm_ggml_type_name(bs->type), bs->name[f], nonfinite_name(kvm_fp16_to_f32(h)));
+    }
+    return 0;
+}
+
+int kvm__model_check_finite(const char *file, const char *tensor, int type, const uint8_t *data, int64_t n)
+{
+    const struct block_scales *bs = block_scales(type);
+    if (bs) return check_block_scales(file, tensor, bs, data, n);
+    int64_t i = type == KVM_MAT_F32    ? first_bad32(data, n)
+                : type == KVM_MAT_F16  ? first_bad16(data, n, 2, 0x7c00)
+                : type == KVM_MAT_BF16 ? first_bad16(data, n, 2, 0x7f80)
+                                       : -1;
+    if (i < 0) return 0;
+    float x;
+    uint16_t h;
+    if (type == KVM_MAT_F32) {
+        memcpy(&x, data + 4 * i, 4);
+    } else {
+        memcpy(&h, data + 2 * i, 2);
+        x = type == KVM_MAT_F16 ? kvm_fp16_to_f32(h) : kvm_bf16_to_f32(h);
+    }
+    return kvm_err(KVM_EFORMAT,
+                   "%s: tensor '%s': element %lld is %s: non-finite weights (a corrupt file or a diverged model)", file,
+                   tensor, (long long)i, nonfinite_name(x));
+}
+
 float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats)
 {
     size_t bytes = (size_t)(n_floats > 0 ? n_floats : 1) * sizeof(float);

@@ -988,6 +988,38 @@ START_TEST(test_bad_tensors)
 }
 END_TEST
 
+/* A NaN or infinity in a weight was loaded silently (garbage tokens, NaN logits); now the
+ * loader refuses it naming the file, the tensor and the element, in F32 and BF16 files. */
+START_TEST(test_nonfinite)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    make_folder("llama_f32", &s, &r, &c, &tied);
+    free(r.logits);
+    static const char *const dtypes[] = {"F32", "BF16"};
+    for (int d = 0; d < 2; d++) {
+        for (int i = 0; i < s.n; i++)
+            s.t[i].dtype = dtypes[d];
+        int q = tset_find(&s, "model.layers.1.self_attn.q_proj.weight");
+        s.data[q][5] = NAN;
+        expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.1.self_attn.q_proj.weight': element 5 is NaN",
+                    "model.safetensors");
+        s.data[q][5] = 0.5f;
+        int nrm = tset_find(&s, "model.layers.0.post_attention_layernorm.weight");
+        s.data[nrm][3] = -INFINITY;
+        expect_open(folder_with(NULL, &s), KVM_EFORMAT,
+                    "'model.layers.0.post_attention_layernorm.weight': element 3 is -inf", "model.safetensors");
+        s.data[nrm][3] = 1.0f;
+    }
+    kvm_model *m;
+    ck_assert_msg(kvm_model_open(folder_with(NULL, &s), &m) == 0, "%s", kvm_errmsg()); /* BF16, all finite */
+    kvm_model_close(&m);
+    tset_free(&s);
+}
+END_TEST
+
 /* Folder entries that are not plain files: config.json or model.safetensors as a symbolic link
  * loop, a link to a missing blob (the Hugging Face cache's layout) or a directory are refused
  * naming the entry (they read as "a directory without config.json" or "no model.safetensors");
@@ -1185,6 +1217,7 @@ static Suite *tiny_suite(void)
                 {"bad_tensors", test_bad_tensors},
                 {"bad_entries", test_bad_entries},
                 {"bom", test_bom},
+                {"nonfinite", test_nonfinite},
                 {"generation_config", test_generation_config}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);

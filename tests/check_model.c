@@ -154,6 +154,52 @@ START_TEST(test_not_a_model)
 }
 END_TEST
 
+/* Writes orig with the float at byte off replaced by v and expects the load to name `needle`. */
+static void bad_weight(size_t off, float v, const char *needle)
+{
+    char *buf = malloc(orig_n), name[64];
+    memcpy(buf, orig, orig_n);
+    memcpy(buf + off, &v, 4);
+    snprintf(name, sizeof name, "w%zu.bin", off);
+    expect_error(name, buf, orig_n, KVM_EFORMAT, needle);
+    free(buf);
+}
+
+/* NaN or infinite weights loaded silently (info exit 0, generate printed garbage); now the
+ * load fails naming the file, the llama2.c array (and layer) and the element. */
+START_TEST(test_nonfinite_weights)
+{
+    const size_t V = 512, D = 64, L = 5, H = 172, KV = 32, h = 28;
+    bad_weight(h + 4 * 7, NAN, "'token_embedding_table': element 7 is NaN");
+    size_t wq = h + 4 * (V * D + L * D);
+    bad_weight(wq + 4 * (3 * D * D + 5), NAN, "'wq (layer 3)': element 5 is NaN");
+    size_t w2 = wq + 4 * (L * D * D + 2 * L * KV * D + L * D * D + L * D + L * H * D);
+    bad_weight(w2 + 4 * (4 * D * H + D * H - 1), -INFINITY, "'w2 (layer 4)': element 11007 is -inf");
+    size_t rms_final = w2 + 4 * (2 * L * H * D);
+    bad_weight(rms_final + 4 * 63, INFINITY, "'rms_final_weight': element 63 is inf");
+    char *rope = malloc(orig_n), path[4096];
+    memcpy(rope, orig, orig_n);
+    memcpy(rope + rms_final + 4 * 64, &(float){NAN}, 4); /* the legacy RoPE tables: unused, unchecked */
+    snprintf(path, sizeof path, "%s/rope.bin", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, rope, orig_n), 0);
+    free(rope);
+    kvm_model *m;
+    ck_assert_msg(kvm_model_open(path, &m) == 0, "%s", kvm_errmsg());
+    kvm_model_close(&m);
+    char *all = malloc(orig_n);
+    memcpy(all, orig, 28);
+    for (size_t i = 28; i + 4 <= orig_n; i += 4)
+        memcpy(all + i, "\x00\x00\xc0\x7f", 4);
+    expect_error("nan.bin", all, orig_n, KVM_EFORMAT, "'token_embedding_table': element 0 is NaN");
+    free(all);
+    char cmd[8192], *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill info --model %s/nan.bin", kvm_test_bin(), tmp);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2); /* bad input found up front */
+    ck_assert_msg(strstr(err, "nan.bin: tensor 'token_embedding_table'"), "%s", err);
+    free(err);
+}
+END_TEST
+
 START_TEST(test_make_model_roundtrip)
 {
     char p1[4096], p2[4096], p3[4096];
@@ -284,7 +330,8 @@ static Suite *model_suite(void)
         {"loads_stories260k", test_loads_stories260k},       {"missing_and_directory", test_missing_and_directory},
         {"empty_and_truncated", test_empty_and_truncated},   {"bad_header_fields", test_bad_header_fields},
         {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes},
-        {"sampler_degenerate", test_sampler_degenerate},     {"not_a_model", test_not_a_model}};
+        {"sampler_degenerate", test_sampler_degenerate},     {"not_a_model", test_not_a_model},
+        {"nonfinite_weights", test_nonfinite_weights}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
