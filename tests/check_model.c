@@ -325,7 +325,9 @@ END_TEST
 static Suite *model_suite(void)
 {
     Suite *s = suite_create("model");
-    struct { const char *name; const TTest *fn;
+    struct {
+        const char *name;
+        const TTest *fn;
     } cases[] = {
         {"loads_stories260k", test_loads_stories260k},       {"missing_and_directory", test_missing_and_directory},
         {"empty_and_truncated", test_empty_and_truncated},   {"bad_header_fields", test_bad_header_fields},
