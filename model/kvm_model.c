@@ -152,47 +152,56 @@ int kvm__model_check_rope_theta(const char *f, const char *key, double theta)
     return kvm_err(KVM_EFORMAT, "%s: %s = %g must be > 1 and at most %g (float32)", f, key, theta, (double)FLT_MAX);
 }
 
-/* Index of the first of count 16-bit fields, stride bytes apart from p, whose bits under
- * mask are all set (an f16 or bf16 infinity or NaN: its exponent all ones), or -1. Chunks
- * OR-reduced first so the common all-finite pass vectorises. */
-static int64_t first_bad16(const uint8_t *p, int64_t count, int64_t stride, uint16_t mask)
+/* 1 when the width-byte (2 or 4) field at p has every bit of mask set: an f32, f16 or bf16
+ * infinity or NaN has its exponent (mask) all ones. */
+static int lane_bad(const uint8_t *p, int width, uint32_t mask)
 {
-    enum { CHUNK = 4096 };
-    for (int64_t c0 = 0; c0 < count; c0 += CHUNK) {
-        int64_t c1 = count - c0 < CHUNK ? count : c0 + CHUNK;
-        int bad = 0;
-        for (int64_t i = c0; i < c1; i++) {
-            uint16_t v;
-            memcpy(&v, p + i * stride, 2);
-            bad |= (v & mask) == mask;
-        }
-        for (int64_t i = c0; bad && i < c1; i++) {
-            uint16_t v;
-            memcpy(&v, p + i * stride, 2);
-            if ((v & mask) == mask) return i;
-        }
+    uint32_t v = 0;
+    if (width == 4)
+        memcpy(&v, p, 4);
+    else {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        v = h;
     }
-    return -1;
+    return (v & mask) == mask;
 }
 
-/* Index of the first non-finite of count float32s at p, or -1 (as first_bad16). */
-static int64_t first_bad32(const uint8_t *p, int64_t count)
+/* Nonzero when a lane of the words 64-bit words at p is bad: lanes of exponent mask m and
+ * sign bits h. (v & m) ^ m is 0 in a bad lane, else at least m's lowest bit, so adding m sets
+ * the lane's top bit exactly when it is fine (no carry leaves the lane). Two or four fields
+ * per step where the compiler would not vectorise a loop of unknown length at -O2. */
+static uint64_t swar_bad(const uint8_t *p, int64_t words, uint64_t m, uint64_t h)
+{
+    uint64_t bad = 0;
+    for (int64_t i = 0; i < words; i++) {
+        uint64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        bad |= ~(((v & m) ^ m) + m) & h;
+    }
+    return bad;
+}
+
+/* Index of the first of count width-byte fields, stride bytes apart from p, that is an
+ * infinity or NaN (lane_bad), or -1. Chunks are screened first (swar_bad where the fields are
+ * back to back), so the all-finite common case is one fast pass. */
+static int64_t first_bad(const uint8_t *p, int64_t count, int64_t stride, int width, uint32_t mask)
 {
     enum { CHUNK = 4096 };
-    const uint32_t mask = 0x7f800000u;
+    const uint64_t m = (uint64_t)mask * (width == 4 ? 0x0000000100000001ull : 0x0001000100010001ull),
+                   h = width == 4 ? 0x8000000080000000ull : 0x8000800080008000ull;
     for (int64_t c0 = 0; c0 < count; c0 += CHUNK) {
-        int64_t c1 = count - c0 < CHUNK ? count : c0 + CHUNK;
+        int64_t c1 = count - c0 < CHUNK ? count : c0 + CHUNK, i = c0;
         int bad = 0;
-        for (int64_t i = c0; i < c1; i++) {
-            uint32_t v;
-            memcpy(&v, p + 4 * i, 4);
-            bad |= (v & mask) == mask;
+        if (stride == width) {
+            int64_t words = (c1 - c0) * width / 8;
+            bad = swar_bad(p + c0 * width, words, m, h) != 0;
+            i = c0 + words * 8 / width;
         }
-        for (int64_t i = c0; bad && i < c1; i++) {
-            uint32_t v;
-            memcpy(&v, p + 4 * i, 4);
-            if ((v & mask) == mask) return i;
-        }
+        for (; i < c1; i++)
+            bad |= lane_bad(p + i * stride, width, mask);
+        for (i = c0; bad && i < c1; i++)
+            if (lane_bad(p + i * stride, width, mask)) return i;
     }
     return -1;
 }
@@ -223,7 +232,7 @@ static int check_block_scales(const char *file, const char *tensor, const struct
 {
     int64_t be = kvm_ggml_block_elems(bs->type), bb = kvm_ggml_block_bytes(bs->type), blocks = n / be;
     for (int f = 0; f < bs->n; f++) {
-        int64_t b = first_bad16(data + bs->off[f], blocks, bb, 0x7c00);
+        int64_t b = first_bad(data + bs->off[f], blocks, bb, 2, 0x7c00);
         if (b < 0) continue;
         uint16_t h;
         memcpy(&h, data + b * bb + bs->off[f], 2);
@@ -240,9 +249,9 @@ int kvm__model_check_finite(const char *file, const char *tensor, int type, cons
 {
     const struct block_scales *bs = block_scales(type);
     if (bs) return check_block_scales(file, tensor, bs, data, n);
-    int64_t i = type == KVM_MAT_F32    ? first_bad32(data, n)
-                : type == KVM_MAT_F16  ? first_bad16(data, n, 2, 0x7c00)
-                : type == KVM_MAT_BF16 ? first_bad16(data, n, 2, 0x7f80)
+    int64_t i = type == KVM_MAT_F32    ? first_bad(data, n, 4, 4, 0x7f800000u)
+                : type == KVM_MAT_F16  ? first_bad(data, n, 2, 2, 0x7c00)
+                : type == KVM_MAT_BF16 ? first_bad(data, n, 2, 2, 0x7f80)
                                        : -1;
     if (i < 0) return 0;
     float x;

@@ -200,6 +200,44 @@ START_TEST(test_nonfinite_weights)
 }
 END_TEST
 
+/* kvm__model_check_finite screens 8-byte words at a time: every lane position, chunk edges
+ * and the tail must still be caught, and the largest finite values (exponent all ones but
+ * one bit) let through. */
+START_TEST(test_check_finite_positions)
+{
+    enum { N = 4096 * 2 + 3 };
+    static const struct {
+        int type, width;
+        uint32_t big, bad[3]; /* largest finite (sign set), inf, NaN, -inf */
+    } ty[] = {{KVM_MAT_F32, 4, 0xff7fffffu, {0x7f800000u, 0x7fc00001u, 0xff800000u}},
+              {KVM_MAT_F16, 2, 0xfbffu, {0x7c00u, 0x7e01u, 0xfc00u}},
+              {KVM_MAT_BF16, 2, 0xff7fu, {0x7f80u, 0x7fc1u, 0xff80u}}};
+    static const char *const names[3] = {"inf", "NaN", "-inf"};
+    static const int64_t at[] = {0, 1, 2, 3, 5, 4095, 4096, 4097, N - 2, N - 1};
+    uint8_t *buf = malloc((size_t)N * 4);
+    for (size_t k = 0; k < sizeof ty / sizeof ty[0]; k++) {
+        for (int64_t i = 0; i < N; i++) {
+            uint32_t v =
+                i % 3 ? ty[k].big ^ (ty[k].width == 4 ? 0x80000000u : 0x8000u) : (uint32_t)(i * 7919u) & 0x3fffu;
+            memcpy(buf + i * ty[k].width, &v, (size_t)ty[k].width); /* little-endian: the low bytes */
+        }
+        ck_assert_msg(kvm__model_check_finite("f", "t", ty[k].type, buf, N) == 0, "%s", kvm_errmsg());
+        for (size_t a = 0; a < sizeof at / sizeof at[0]; a++)
+            for (int b = 0; b < 3; b++) {
+                uint32_t keep = 0;
+                memcpy(&keep, buf + at[a] * ty[k].width, (size_t)ty[k].width);
+                memcpy(buf + at[a] * ty[k].width, &ty[k].bad[b], (size_t)ty[k].width);
+                ck_assert_int_eq(kvm__model_check_finite("f", "t", ty[k].type, buf, N), KVM_EFORMAT);
+                char want[64];
+                snprintf(want, sizeof want, "f: tensor 't': element %lld is %s", (long long)at[a], names[b]);
+                ck_assert_msg(strstr(kvm_errmsg(), want), "type %d: '%s' lacks '%s'", ty[k].type, kvm_errmsg(), want);
+                memcpy(buf + at[a] * ty[k].width, &keep, (size_t)ty[k].width);
+            }
+    }
+    free(buf);
+}
+END_TEST
+
 START_TEST(test_make_model_roundtrip)
 {
     char p1[4096], p2[4096], p3[4096];
@@ -333,7 +371,7 @@ static Suite *model_suite(void)
         {"empty_and_truncated", test_empty_and_truncated},   {"bad_header_fields", test_bad_header_fields},
         {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes},
         {"sampler_degenerate", test_sampler_degenerate},     {"not_a_model", test_not_a_model},
-        {"nonfinite_weights", test_nonfinite_weights}};
+        {"nonfinite_weights", test_nonfinite_weights},       {"check_finite_positions", test_check_finite_positions}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
