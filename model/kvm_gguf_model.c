@@ -56,7 +56,7 @@ static int load_vector(const kvm_gguf *g, const char *name, int64_t ne0, float *
 {
     const kvm_gguf_tensor *t;
     int rc = find_tensor(g, name, ne0, 0, &t);
-    if (rc) return rc;
+    if (rc || (rc = kvm__model_check_finite(kvm_gguf_name(g), name, t->type, t->data, ne0))) return rc;
     if ((rc = kvm_ggml_dequantize(t->type, t->data, *dst, ne0)))
         return kvm_err(rc, "%s: tensor '%s': %s", kvm_gguf_name(g), name, kvm_errmsg());
     *out = *dst;
@@ -64,7 +64,8 @@ static int load_vector(const kvm_gguf *g, const char *name, int64_t ne0, float *
     return 0;
 }
 
-/* A matrix of ne1 rows of ne0, left in the mapping in its block type. */
+/* A matrix of ne1 rows of ne0, left in the mapping in its block type; its elements (f32, f16,
+ * bf16) or block scales are checked finite here, the one pass before kvm_model_prepare. */
 static int load_matrix(const kvm_gguf *g, const char *name, int64_t ne0, int64_t ne1, kvm_mat *out)
 {
     const kvm_gguf_tensor *t;
@@ -74,6 +75,7 @@ static int load_matrix(const kvm_gguf *g, const char *name, int64_t ne0, int64_t
     if (!be || ne0 % be)
         return kvm_err(KVM_ENOTSUP, "%s: tensor '%s': type %s with rows of %lld cannot be dequantised",
                        kvm_gguf_name(g), name, kvm_ggml_type_name(t->type), (long long)ne0);
+    if ((rc = kvm__model_check_finite(kvm_gguf_name(g), name, t->type, t->data, ne0 * ne1))) return rc;
     *out = (kvm_mat){t->data, t->type};
     return 0;
 }

@@ -45,7 +45,8 @@ static void shape_str(const int64_t *d, int n, char *buf, size_t size)
 
 /* Claims tensor `name` of shape [d0] (d1 == 0) or [d0][d1]. A vector is converted to float32
  * at L->at into *vec (counted only while L->at is NULL); a matrix (mat != NULL) stays in its
- * file's mapping. */
+ * file's mapping. The converting pass rejects a NaN or infinity (KVM_EFORMAT naming the file,
+ * tensor and element). */
 static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const float **vec, kvm_mat *mat)
 {
     const kvm_st_tensor *t = kvm_st_find(L->st, name);
@@ -65,13 +66,17 @@ static int take(hf_load *L, const char *name, int64_t d0, int64_t d1, const floa
         return kvm_err(KVM_EFORMAT, "%s: tensor '%s' has shape %s, the config needs %s", f, name, have, need);
     }
     L->used[t - kvm_st_tensor_at(L->st, 0)] = 1;
-    if (mat) {
-        *mat = (kvm_mat){t->data, st_mat_type(t->dtype)};
+    if (!L->at) { /* the counting pass; the second one checks, once */
+        if (mat)
+            *mat = (kvm_mat){t->data, st_mat_type(t->dtype)};
+        else
+            L->n_floats += t->n_elems;
         return 0;
     }
-    if (!L->at) {
-        L->n_floats += t->n_elems;
-        return 0;
+    int rc = kvm__model_check_finite(f, name, st_mat_type(t->dtype), t->data, t->n_elems);
+    if (rc || mat) {
+        if (mat && !rc) *mat = (kvm_mat){t->data, st_mat_type(t->dtype)};
+        return rc;
     }
     kvm_st_to_f32(t->dtype, t->data, L->at, t->n_elems);
     kvm_st_release(L->st, t);

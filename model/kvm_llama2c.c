@@ -16,10 +16,31 @@ enum { KVM_L2C_HEADER_BYTES = 28 };
 #define KVM_L2C_MAX_VOCAB (1 << 22)
 #define KVM_L2C_MAX_SEQ (1 << 22)
 
+/* An out-of-range header field means the file is most likely no llama2.c checkpoint at all
+ * (kvm_model_open tries GGUF and the known non-model files first), so the message says so. */
 static int check_field(const char *path, const char *name, int32_t v, int32_t max)
 {
-    if (v <= 0) return kvm_err(KVM_EFORMAT, "%s: header field '%s' = %d must be positive", path, name, v);
-    if (v > max) return kvm_err(KVM_EFORMAT, "%s: header field '%s' = %d exceeds the limit %d", path, name, v, max);
+    static const char not_l2c[] = "not a llama2.c checkpoint nor a GGUF file";
+    if (v <= 0) return kvm_err(KVM_EFORMAT, "%s: %s (header field '%s' = %d must be positive)", path, not_l2c, name, v);
+    if (v > max)
+        return kvm_err(KVM_EFORMAT, "%s: %s (header field '%s' = %d exceeds the limit %d)", path, not_l2c, name, v,
+                       max);
+    return 0;
+}
+
+/* Rejects a NaN or infinity in the n_layers arrays of per_layer floats at p, naming the
+ * array as run.c's TransformerWeights does ("wq (layer 3)"; n_layers 0: one unlayered array). */
+static int check_finite(const char *path, const char *name, const float *p, int64_t per_layer, int64_t n_layers)
+{
+    char label[64];
+    for (int64_t l = 0; l < (n_layers ? n_layers : 1); l++) {
+        if (n_layers)
+            snprintf(label, sizeof label, "%s (layer %lld)", name, (long long)l);
+        else
+            snprintf(label, sizeof label, "%s", name);
+        int rc = kvm__model_check_finite(path, label, KVM_MAT_F32, (const uint8_t *)(p + l * per_layer), per_layer);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -36,7 +57,10 @@ int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes)
     int32_t dim = h[0], hidden = h[1], n_layers = h[2], n_heads = h[3], n_kv = h[4], vocab = h[5], seq = h[6];
     int shared = vocab > 0;
     if (vocab < 0) {
-        if (vocab == INT32_MIN) return kvm_err(KVM_EFORMAT, "%s: header field 'vocab_size' = %d", path, vocab);
+        if (vocab == INT32_MIN)
+            return kvm_err(KVM_EFORMAT,
+                           "%s: not a llama2.c checkpoint nor a GGUF file (header field 'vocab_size' = %d)", path,
+                           vocab);
         vocab = -vocab;
     }
     int rc;
@@ -92,5 +116,28 @@ int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes)
     m->rms_final = rms_final;
     const float *after_rope_tables = rms_final + D + (int64_t)seq * head_dim;
     m->wcls = shared ? m->tok_emb : f32_mat(after_rope_tables);
+    /* one pass over the weights (not the unused legacy RoPE tables): a NaN or infinity would
+     * only show up as garbage tokens or NaN logits later */
+    const struct {
+        const char *name;
+        const float *p;
+        int64_t per_layer, layers;
+    } arrays[] = {
+        {"token_embedding_table", (const float *)(const void *)(map + KVM_L2C_HEADER_BYTES), (int64_t)vocab * D, 0},
+        {"rms_att_weight", rms_att, D, L},
+        {"wq", wq, D * D, L},
+        {"wk", wk, kv_dim * D, L},
+        {"wv", wv, kv_dim * D, L},
+        {"wo", wo, D * D, L},
+        {"rms_ffn_weight", rms_ffn, D, L},
+        {"w1", w1, H * D, L},
+        {"w2", w2, D * H, L},
+        {"w3", w3, H * D, L},
+        {"rms_final_weight", rms_final, D, 0},
+        {"wcls", shared ? NULL : after_rope_tables, (int64_t)vocab * D, 0}};
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
+        if (arrays[i].p &&
+            (rc = check_finite(path, arrays[i].name, arrays[i].p, arrays[i].per_layer, arrays[i].layers)))
+            return rc;
     return 0;
 }

@@ -70,6 +70,49 @@ static int hf_part(const char *path, const uint8_t *map, size_t n)
                    path, st ? "safetensors" : "JSON");
 }
 
+/* 1 when the first bytes look like text (an HTML error page, JSON, a README saved under the
+ * model's name): at least 95% printable ASCII or whitespace among the first 512, or '<' or
+ * '{' followed by three printable bytes. A llama2.c header's small int32 fields hold NULs. */
+static int looks_like_text(const uint8_t *map, size_t n)
+{
+    size_t k = n < 512 ? n : 512, printable = 0;
+    for (size_t i = 0; i < k; i++)
+        printable += (map[i] >= 0x20 && map[i] < 0x7f) || map[i] == '\t' || map[i] == '\n' || map[i] == '\r';
+    if (printable * 100 >= k * 95) return 1;
+    if (n < 4 || (map[0] != '<' && map[0] != '{')) return 0;
+    for (int i = 1; i < 4; i++)
+        if (map[i] < 0x20 || map[i] >= 0x7f) return 0;
+    return 1;
+}
+
+/* Files that are no model at all, caught before the llama2.c reader misreads their first
+ * bytes as a header ("header field 'dim' = 1936876918"): a Git LFS pointer, a text file, a
+ * .gguf name without the GGUF magic. Returns 0 for other files, else KVM_EFORMAT saying what
+ * the file is. */
+static int not_a_model(const char *path, const uint8_t *map, size_t n)
+{
+    static const char lfs[] = "version https://git-lfs";
+    if (n >= sizeof lfs - 1 && memcmp(map, lfs, sizeof lfs - 1) == 0)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: a Git LFS pointer (%zu bytes), not the model itself: fetch the real file "
+                       "(git lfs pull, or download it again)",
+                       path, n);
+    size_t l = strlen(path);
+    int gguf_name = l >= 5 && strcmp(path + l - 5, ".gguf") == 0, magic = n >= 4 && memcmp(map, "GGUF", 4) == 0;
+    if (looks_like_text(map, n) && !magic)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: not a model: a text file (HTML? JSON?) of %zu bytes; a download that "
+                       "saved an error page?",
+                       path, n);
+    if (gguf_name && !magic) {
+        char shown[4 * 4 + 1] = "", *o = shown;
+        for (size_t i = 0; i < 4 && i < n; i++)
+            o += map[i] >= 0x20 && map[i] < 0x7f ? sprintf(o, "%c", map[i]) : sprintf(o, "\\x%02x", map[i]);
+        return kvm_err(KVM_EFORMAT, "%s: not a GGUF file: magic '%s' at byte 0, expected 'GGUF'", path, shown);
+    }
+    return 0;
+}
+
 int kvm_model_open(const char *path, kvm_model **out)
 {
     *out = NULL;
@@ -82,7 +125,8 @@ int kvm_model_open(const char *path, kvm_model **out)
         rc = kvm__hf_load(m, path);
     } else {
         rc = map_file(path, &m->map, &m->map_bytes);
-        if (rc || (rc = hf_part(path, m->map, m->map_bytes))) goto fail;
+        if (rc || (rc = hf_part(path, m->map, m->map_bytes)) || (rc = not_a_model(path, m->map, m->map_bytes)))
+            goto fail;
         if (m->map_bytes >= 4 && memcmp(m->map, "GGUF", 4) == 0) rc = kvm__gguf_load(m, m->map, m->map_bytes);
         else rc = kvm__llama2c_load(m, m->map, m->map_bytes);
         if (!m->arch[0]) snprintf(m->arch, sizeof m->arch, "llama");
@@ -106,6 +150,121 @@ int kvm__model_check_rope_theta(const char *f, const char *key, double theta)
 {
     if (theta > 1 && theta <= FLT_MAX) return 0; /* false for NaN too */
     return kvm_err(KVM_EFORMAT, "%s: %s = %g must be > 1 and at most %g (float32)", f, key, theta, (double)FLT_MAX);
+}
+
+/* 1 when the width-byte (2 or 4) field at p has every bit of mask set: an f32, f16 or bf16
+ * infinity or NaN has its exponent (mask) all ones. */
+static int lane_bad(const uint8_t *p, int width, uint32_t mask)
+{
+    uint32_t v = 0;
+    if (width == 4)
+        memcpy(&v, p, 4);
+    else {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        v = h;
+    }
+    return (v & mask) == mask;
+}
+
+/* Nonzero when a lane of the words 64-bit words at p is bad: lanes of exponent mask m and
+ * sign bits h. (v & m) ^ m is 0 in a bad lane, else at least m's lowest bit, so adding m sets
+ * the lane's top bit exactly when it is fine (no carry leaves the lane). Two or four fields
+ * per step where the compiler would not vectorise a loop of unknown length at -O2. */
+static uint64_t swar_bad(const uint8_t *p, int64_t words, uint64_t m, uint64_t h)
+{
+    uint64_t bad = 0;
+    for (int64_t i = 0; i < words; i++) {
+        uint64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        bad |= ~(((v & m) ^ m) + m) & h;
+    }
+    return bad;
+}
+
+/* Index of the first of count width-byte fields, stride bytes apart from p, that is an
+ * infinity or NaN (lane_bad), or -1. Chunks are screened first (swar_bad where the fields are
+ * back to back), so the all-finite common case is one fast pass. */
+static int64_t first_bad(const uint8_t *p, int64_t count, int64_t stride, int width, uint32_t mask)
+{
+    enum { CHUNK = 4096 };
+    const uint64_t m = (uint64_t)mask * (width == 4 ? 0x0000000100000001ull : 0x0001000100010001ull),
+                   h = width == 4 ? 0x8000000080000000ull : 0x8000800080008000ull;
+    for (int64_t c0 = 0; c0 < count; c0 += CHUNK) {
+        int64_t c1 = count - c0 < CHUNK ? count : c0 + CHUNK, i = c0;
+        int bad = 0;
+        if (stride == width) {
+            int64_t words = (c1 - c0) * width / 8;
+            bad = swar_bad(p + c0 * width, words, m, h) != 0;
+            i = c0 + words * 8 / width;
+        }
+        for (; i < c1; i++)
+            bad |= lane_bad(p + i * stride, width, mask);
+        for (i = c0; bad && i < c1; i++)
+            if (lane_bad(p + i * stride, width, mask)) return i;
+    }
+    return -1;
+}
+
+static const char *nonfinite_name(float x) { return isnan(x) ? "NaN" : x > 0 ? "inf" : "-inf"; }
+
+/* The f16 scale fields of a GGUF block type (byte offsets in the block, ggml-common.h's
+ * layouts); NULL for a type without blocks. */
+static const struct block_scales {
+    int type, n, off[2];
+    const char *name[2];
+} * block_scales(int type)
+{
+    static const struct block_scales t[] = {
+        {KVM_GGML_Q4_0, 1, {0, 0}, {"d", NULL}},   {KVM_GGML_Q4_1, 2, {0, 2}, {"d", "m"}},
+        {KVM_GGML_Q5_0, 1, {0, 0}, {"d", NULL}},   {KVM_GGML_Q5_1, 2, {0, 2}, {"d", "m"}},
+        {KVM_GGML_Q8_0, 1, {0, 0}, {"d", NULL}},   {KVM_GGML_Q4_K, 2, {0, 2}, {"d", "dmin"}},
+        {KVM_GGML_Q6_K, 1, {208, 0}, {"d", NULL}},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (t[i].type == type) return &t[i];
+    return NULL;
+}
+
+/* check_finite for a block type: every block's f16 scales. */
+static int check_block_scales(const char *file, const char *tensor, const struct block_scales *bs, const uint8_t *data,
+                              int64_t n)
+{
+    int64_t be = kvm_ggml_block_elems(bs->type), bb = kvm_ggml_block_bytes(bs->type), blocks = n / be;
+    for (int f = 0; f < bs->n; f++) {
+        int64_t b = first_bad(data + bs->off[f], blocks, bb, 2, 0x7c00);
+        if (b < 0) continue;
+        uint16_t h;
+        memcpy(&h, data + b * bb + bs->off[f], 2);
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%s': block %lld (elements %lld..%lld) of type %s has the f16 scale %s = %s: "
+                       "non-finite weights (a corrupt file or a diverged model)",
+                       file, tensor, (long long)b, (long long)(b * be), (long long)(b * be + be - 1),
+                       kvm_ggml_type_name(bs->type), bs->name[f], nonfinite_name(kvm_fp16_to_f32(h)));
+    }
+    return 0;
+}
+
+int kvm__model_check_finite(const char *file, const char *tensor, int type, const uint8_t *data, int64_t n)
+{
+    const struct block_scales *bs = block_scales(type);
+    if (bs) return check_block_scales(file, tensor, bs, data, n);
+    int64_t i = type == KVM_MAT_F32    ? first_bad(data, n, 4, 4, 0x7f800000u)
+                : type == KVM_MAT_F16  ? first_bad(data, n, 2, 2, 0x7c00)
+                : type == KVM_MAT_BF16 ? first_bad(data, n, 2, 2, 0x7f80)
+                                       : -1;
+    if (i < 0) return 0;
+    float x;
+    uint16_t h;
+    if (type == KVM_MAT_F32) {
+        memcpy(&x, data + 4 * i, 4);
+    } else {
+        memcpy(&h, data + 2 * i, 2);
+        x = type == KVM_MAT_F16 ? kvm_fp16_to_f32(h) : kvm_bf16_to_f32(h);
+    }
+    return kvm_err(KVM_EFORMAT,
+                   "%s: tensor '%s': element %lld is %s: non-finite weights (a corrupt file or a diverged model)", file,
+                   tensor, (long long)i, nonfinite_name(x));
 }
 
 float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats)

@@ -191,6 +191,13 @@ float *kvm__model_alloc_weights(kvm_model *m, int64_t n_floats);
  * else KVM_EFORMAT, kvm_errmsg naming f, key and the value. One rule for every loader. */
 int kvm__model_check_rope_theta(const char *f, const char *key, double theta);
 
+/* Internal (model/): 0 when the n weights of `type` (KVM_MAT_F32, KVM_MAT_F16, KVM_MAT_BF16:
+ * every element; a GGUF block type, n a multiple of its block: every block's f16 scales d,
+ * m / dmin, whose non-finite value makes the whole block so) at data are finite; another type
+ * is not checked. One pass over the bytes, nothing kept. Else KVM_EFORMAT, kvm_errmsg naming
+ * file, tensor (a display name) and the first bad element (block and field). */
+int kvm__model_check_finite(const char *file, const char *tensor, int type, const uint8_t *data, int64_t n);
+
 /* Internal (model/): parse and validate a llama2.c checkpoint mapped at map[0, bytes). */
 int kvm__llama2c_load(kvm_model *m, const uint8_t *map, size_t bytes);
 

@@ -2,8 +2,13 @@
 #include "model/kvm_sampler.h"
 #include "common/kvm_error.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
+
+/* xorshift never leaves the all-zero state (every draw would be 0), so seed 0 gets this
+ * fixed non-zero state instead (the 64-bit golden ratio, any odd constant would do). */
+#define ZERO_SEED_STATE 0x9E3779B97F4A7C15ull
 
 typedef struct prob_index {
     float prob;
@@ -31,9 +36,11 @@ int kvm_sampler_new(int vocab_size, float temperature, float topp, uint64_t seed
         return kvm_err(KVM_ENOMEM, "sampler: out of memory");
     }
     s->vocab_size = vocab_size;
-    s->temperature = temperature;
+    /* a positive temperature below FLT_MIN (a double like 1e-40 cast to float) is clamped
+     * there: near-greedy, and the softmax's overflow then falls back to the argmax */
+    s->temperature = temperature > 0.0f && temperature < FLT_MIN ? FLT_MIN : temperature;
     s->topp = topp;
-    s->rng = seed;
+    s->rng = seed ? seed : ZERO_SEED_STATE;
     *out = s;
     return 0;
 }
@@ -60,12 +67,16 @@ static float random_f32(uint64_t *state) { return (float)(random_u32(state) >> 8
 int32_t kvm_argmax(const float *x, int64_t n)
 {
     int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
+    while (best < n - 1 && isnan(x[best]))
+        best++; /* a NaN never wins: start at the first number */
+    for (int64_t i = best + 1; i < n; i++)
         if (x[i] > x[best]) best = i;
     return (int32_t)best;
 }
 
-static void softmax(float *x, int n)
+/* run.c's softmax in place; returns the sum of the exponentials, NaN or not positive when the
+ * logits held a NaN, an infinity, or overflowed (the probabilities are then unusable). */
+static float softmax(float *x, int n)
 {
     float mx = x[0];
     for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
@@ -75,6 +86,7 @@ static void softmax(float *x, int n)
         sum += x[i];
     }
     for (int i = 0; i < n; i++) x[i] /= sum;
+    return sum;
 }
 
 static int32_t sample_mult(const float *p, int n, float coin)
@@ -99,6 +111,9 @@ static int32_t sample_topp(const float *p, int n, float topp, prob_index *pi, fl
     const float cutoff = (1.0f - topp) / (float)(n - 1); /* run.c's pre-filter */
     for (int i = 0; i < n; i++)
         if (p[i] >= cutoff) pi[n0++] = (prob_index){p[i], i};
+    /* nothing passes only when top-p < 1/n (or n == 1): then the most probable token alone
+     * exceeds top-p, so the nucleus is the argmax (run.c would read pi[-1] here) */
+    if (n0 == 0) return kvm_argmax(p, n);
     qsort(pi, (size_t)n0, sizeof *pi, compare_desc);
     float cum = 0.0f;
     int last = n0 - 1;
@@ -119,9 +134,11 @@ static int32_t sample_topp(const float *p, int n, float topp, prob_index *pi, fl
 
 int32_t kvm_sampler_sample(kvm_sampler *s, float *logits)
 {
-    if (s->temperature == 0.0f) return kvm_argmax(logits, s->vocab_size);
+    int32_t best = kvm_argmax(logits, s->vocab_size);
+    if (s->temperature == 0.0f) return best;
     for (int i = 0; i < s->vocab_size; i++) logits[i] /= s->temperature;
-    softmax(logits, s->vocab_size);
+    float sum = softmax(logits, s->vocab_size);
+    if (!(sum > 0.0f) || !isfinite(sum)) return best; /* NaN/inf logits or overflow: greedy */
     float coin = random_f32(&s->rng);
     if (s->topp <= 0.0f || s->topp >= 1.0f) return sample_mult(logits, s->vocab_size, coin);
     return sample_topp(logits, s->vocab_size, s->topp, s->probindex, coin);

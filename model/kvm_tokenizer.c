@@ -331,6 +331,13 @@ int kvm__tokenizer_llama2c_mem(const char *path, const unsigned char *file, int6
     }
     if ((rc = build_lookup(t)) != KVM_OK) goto fail;
     t->llama2c.space_id = lookup1(t, " ", 1);
+    if (t->llama2c.space_id < 0) { /* else every non-empty encode fails, unnamed, much later */
+        rc = kvm_err(KVM_EFORMAT,
+                     "%s: no \" \" piece among the %d records: the llama2.c encoder needs it for the "
+                     "dummy prefix it puts before the text",
+                     path, vocab_size);
+        goto fail;
+    }
     *out = t;
     return KVM_OK;
 nomem:

@@ -29,7 +29,8 @@ typedef struct kvm_tokenizer kvm_tokenizer;
  *   KVM_EIO       it cannot be opened or read, or is a directory / not a regular file;
  *   KVM_EFORMAT   truncated (inside max_token_length, or record i's score, len or piece
  *                 bytes, or fewer than vocab_size records), max_token_length <= 0, a negative
- *                 len, len > max_token_length, trailing bytes, file over 256 MiB;
+ *                 len, len > max_token_length, trailing bytes, file over 256 MiB, no " "
+ *                 piece (the encoder's dummy prefix);
  *   KVM_ENOMEM    allocation failed. */
 int kvm_tokenizer_open_llama2c(const char *path, int vocab_size, kvm_tokenizer **out);
 

@@ -239,6 +239,10 @@ typedef struct tiny_opts {
     int64_t vocab_meta;   /* llama.vocab_size (u32); 0: absent */
     int64_t n_tokens;     /* tokenizer.ggml.tokens of this many strings; 0: absent */
     int tokens_as_u32;    /* tokenizer.ggml.tokens an array of n_tokens u32 instead */
+    const char *poison;   /* this tensor gets poison_bits (2 or 4 bytes) at byte poison_at, or NULL */
+    size_t poison_at;
+    int poison_bytes;
+    uint32_t poison_bits;
 } tiny_opts;
 
 static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
@@ -279,6 +283,11 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     size_t at = 0;
     for (int i = 0; i < nt; i++) {
         fill_blocks(*arena + at, ts[i].bytes, ts[i].type, (uint32_t)i * 7919u + 1);
+        if (o->poison && !strcmp(ts[i].name, o->poison)) {
+            uint16_t b16 = (uint16_t)o->poison_bits;
+            memcpy(*arena + at + o->poison_at, o->poison_bytes == 2 ? (const void *)&b16 : &o->poison_bits,
+                   (size_t)o->poison_bytes);
+        }
         ts[i].data = *arena + at;
         at += ts[i].bytes;
     }
@@ -324,7 +333,7 @@ static gw tiny_llama(const tiny_opts *o, uint8_t **arena)
     return file;
 }
 
-static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0, NULL, 0, 0, 0};
+static const tiny_opts tiny_ok = {"llama", 0, T_KV * 64, 0, 0, 0, 0, 0, NULL, 0, 0, 0, NULL, 0, 0, 0};
 
 /* Writes the file into a temporary folder and opens it as a model. */
 static int open_tiny(const gw *file, kvm_model **m, char **dir)
@@ -434,6 +443,43 @@ static void expect_model_error(const tiny_opts *o, int rc_want, const char *frag
     free(file.b);
     free(arena);
 }
+
+/* A NaN or infinity in an F32/F16/BF16 tensor or in a block's f16 scale (d, m, dmin) was
+ * loaded silently; now refused naming the file, tensor and element or block and field. */
+START_TEST(test_nonfinite)
+{
+    static const struct {
+        const char *tensor;
+        size_t at;
+        int bytes;
+        uint32_t bits;
+        const char *want;
+    } cases[] = {
+        {"output_norm.weight", 3 * 4, 4, 0x7fc00000u, "'output_norm.weight': element 3 is NaN"},
+        {"blk.0.ffn_norm.weight", 0, 4, 0xff800000u, "'blk.0.ffn_norm.weight': element 0 is -inf"},
+        {"blk.0.ffn_gate.weight", 10 * 2, 2, 0x7c00u, "'blk.0.ffn_gate.weight': element 10 is inf"},
+        {"blk.0.ffn_up.weight", 7 * 2, 2, 0x7fc0u, "'blk.0.ffn_up.weight': element 7 is NaN"},
+        {"token_embd.weight", 5 * 34, 2, 0x7e00u,
+         "'token_embd.weight': block 5 (elements 160..191) of type Q8_0 has the f16 scale d = NaN"},
+        {"blk.0.attn_q.weight", 18, 2, 0xfc00u, "block 1 (elements 32..63) of type Q4_0 has the f16 scale d = -inf"},
+        {"blk.0.attn_k.weight", 2 * 20 + 2, 2, 0x7c00u,
+         "'blk.0.attn_k.weight': block 2 (elements 64..95) of type Q4_1 has the f16 scale m = inf"},
+        {"blk.0.attn_v.weight", 0, 2, 0x7e00u, "type Q5_0 has the f16 scale d = NaN"},
+        {"blk.0.attn_output.weight", 24 + 2, 2, 0x7e00u,
+         "block 1 (elements 32..63) of type Q5_1 has the f16 scale m = NaN"},
+        {"blk.0.ffn_down.weight", 144 + 2, 2, 0x7e00u,
+         "block 1 (elements 256..511) of type Q4_K has the f16 scale dmin = NaN"},
+        {"output.weight", 210 + 208, 2, 0x7c00u,
+         "'output.weight': block 1 (elements 256..511) of type Q6_K has the f16 scale d = inf"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        tiny_opts o = tiny_ok;
+        o.poison = cases[i].tensor, o.poison_at = cases[i].at, o.poison_bytes = cases[i].bytes;
+        o.poison_bits = cases[i].bits;
+        expect_model_error(&o, KVM_EFORMAT, cases[i].want, "tiny.gguf");
+    }
+}
+END_TEST
 
 START_TEST(test_model_errors)
 {
@@ -1054,12 +1100,19 @@ static Suite *gguf_suite(void)
     struct {
         const char *name;
         const TTest *fn;
-    } cases[] = {{"dequant_types", test_dequant_types},     {"tiny_llama", test_tiny_llama},
-                 {"model_errors", test_model_errors},       {"malformed", test_malformed},
-                 {"duplicate_key", test_duplicate_key},     {"model_truncated", test_model_truncated},
-                 {"smol_dequant", test_smol_dequant},       {"smol_logits", test_smol_logits},
-                 {"smol_logits_f16", test_smol_logits_f16}, {"smol_greedy", test_smol_greedy},
-                 {"smol_greedy_f16", test_smol_greedy_f16}, {"smol_cli", test_smol_cli}};
+    } cases[] = {{"dequant_types", test_dequant_types},
+                 {"tiny_llama", test_tiny_llama},
+                 {"model_errors", test_model_errors},
+                 {"malformed", test_malformed},
+                 {"duplicate_key", test_duplicate_key},
+                 {"model_truncated", test_model_truncated},
+                 {"smol_dequant", test_smol_dequant},
+                 {"smol_logits", test_smol_logits},
+                 {"smol_logits_f16", test_smol_logits_f16},
+                 {"smol_greedy", test_smol_greedy},
+                 {"smol_greedy_f16", test_smol_greedy_f16},
+                 {"smol_cli", test_smol_cli},
+                 {"nonfinite", test_nonfinite}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_timeout(tc, 120);

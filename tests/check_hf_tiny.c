@@ -988,6 +988,38 @@ START_TEST(test_bad_tensors)
 }
 END_TEST
 
+/* A NaN or infinity in a weight was loaded silently (garbage tokens, NaN logits); now the
+ * loader refuses it naming the file, the tensor and the element, in F32 and BF16 files. */
+START_TEST(test_nonfinite)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    make_folder("llama_f32", &s, &r, &c, &tied);
+    free(r.logits);
+    static const char *const dtypes[] = {"F32", "BF16"};
+    for (int d = 0; d < 2; d++) {
+        for (int i = 0; i < s.n; i++)
+            s.t[i].dtype = dtypes[d];
+        int q = tset_find(&s, "model.layers.1.self_attn.q_proj.weight");
+        s.data[q][5] = NAN;
+        expect_open(folder_with(NULL, &s), KVM_EFORMAT, "'model.layers.1.self_attn.q_proj.weight': element 5 is NaN",
+                    "model.safetensors");
+        s.data[q][5] = 0.5f;
+        int nrm = tset_find(&s, "model.layers.0.post_attention_layernorm.weight");
+        s.data[nrm][3] = -INFINITY;
+        expect_open(folder_with(NULL, &s), KVM_EFORMAT,
+                    "'model.layers.0.post_attention_layernorm.weight': element 3 is -inf", "model.safetensors");
+        s.data[nrm][3] = 1.0f;
+    }
+    kvm_model *m;
+    ck_assert_msg(kvm_model_open(folder_with(NULL, &s), &m) == 0, "%s", kvm_errmsg()); /* BF16, all finite */
+    kvm_model_close(&m);
+    tset_free(&s);
+}
+END_TEST
+
 /* Folder entries that are not plain files: config.json or model.safetensors as a symbolic link
  * loop, a link to a missing blob (the Hugging Face cache's layout) or a directory are refused
  * naming the entry (they read as "a directory without config.json" or "no model.safetensors");
@@ -1311,6 +1343,44 @@ START_TEST(test_out_is_a_model_file)
 }
 END_TEST
 
+/* config.json saved as UTF-16 (FF FE or FE FF first): jansson said "unable to decode byte
+ * 0xff (line 1, column 0)"; now the message says UTF-16 and to save it as UTF-8, exit 2. */
+START_TEST(test_utf16_config)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    make_folder("llama_f32", &s, &r, &c, &tied);
+    free(r.logits);
+    size_t n;
+    char *fix = kvm_test_read_file(TINY_DIR "/llama_f32/config.json", &n);
+    ck_assert_ptr_nonnull(fix);
+    for (int be = 0; be < 2; be++) {
+        char *u = malloc(2 * n + 2);
+        u[0] = be ? '\xFE' : '\xFF', u[1] = be ? '\xFF' : '\xFE';
+        for (size_t i = 0; i < n; i++)
+            u[2 + 2 * i + be] = fix[i], u[2 + 2 * i + !be] = 0;
+        const char *dir = folder_with(NULL, &s);
+        char p[4096];
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        ck_assert_int_eq(kvm_test_write_file(p, u, 2 * n + 2), 0);
+        expect_open(dir, KVM_EFORMAT,
+                    be ? "config.json: starts with a UTF-16 byte-order mark (FE FF)"
+                       : "config.json: starts with a UTF-16 byte-order mark (FF FE)",
+                    "save it as UTF-8");
+        char cmd[8192], *err = NULL;
+        snprintf(cmd, sizeof cmd, "%s/kvmill info --model %s", kvm_test_bin(), dir);
+        ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+        ck_assert_msg(strstr(err, "UTF-16 byte-order mark"), "%s", err);
+        free(err);
+        free(u);
+    }
+    free(fix);
+    tset_free(&s);
+}
+END_TEST
+
 static Suite *tiny_suite(void)
 {
     Suite *s = suite_create("hf_tiny");
@@ -1339,6 +1409,8 @@ static Suite *tiny_suite(void)
                 {"bad_tensors", test_bad_tensors},
                 {"bad_entries", test_bad_entries},
                 {"bom", test_bom},
+                {"nonfinite", test_nonfinite},
+                {"utf16_config", test_utf16_config},
                 {"generation_config", test_generation_config}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);

@@ -401,6 +401,44 @@ START_TEST(test_bom)
 }
 END_TEST
 
+/* Text as UTF-16 (be: big-endian) with its byte-order mark, as Notepad's "Unicode" saves it;
+ * malloc'ed, *n its bytes. ASCII text only. */
+static char *utf16_of(const char *text, int be, size_t *n)
+{
+    size_t k = strlen(text);
+    char *u = malloc(2 * k + 2);
+    u[0] = be ? '\xFE' : '\xFF', u[1] = be ? '\xFF' : '\xFE';
+    for (size_t i = 0; i < k; i++)
+        u[2 + 2 * i + be] = text[i], u[2 + 2 * i + !be] = 0;
+    *n = 2 * k + 2;
+    return u;
+}
+
+/* tokenizer.json or tokenizer_config.json saved as UTF-16: jansson said "unable to decode byte
+ * 0xff (line 1, column 0)"; now the message names the file and the UTF-16 byte-order mark. */
+START_TEST(test_utf16)
+{
+    char p[4096], q[4096], *dir = qwen_folder(p, q);
+    size_t n;
+    char *u = utf16_of("{\"chat_template\": \"D\"}", 0, &n);
+    ck_assert_int_eq(kvm_test_write_file(q, u, n), 0);
+    free(u);
+    expect_open(p, 0, KVM_EFORMAT, "tokenizer_config.json: starts with a UTF-16 byte-order mark (FF FE)",
+                "save it as UTF-8");
+    unlink(q);
+    u = utf16_of("{\"model\": {}}", 1, &n);
+    ck_assert_int_eq(kvm_test_write_file(p, u, n), 0);
+    expect_open(p, 0, KVM_EFORMAT, "tokenizer.json: starts with a UTF-16 byte-order mark (FE FF)", "save it as UTF-8");
+    kvm_bpe *b = NULL;
+    kvm_tokjson_info info;
+    ck_assert_int_eq(kvm__tokjson_parse_mem("mem.json", u, n, 0, &b, &info), KVM_EFORMAT);
+    ck_assert_msg(strstr(kvm_errmsg(), "mem.json: starts with a UTF-16 byte-order mark"), "%s", kvm_errmsg());
+    free(u);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *tok_suite(void)
 {
     Suite *s = suite_create("hf_tokenizer");
@@ -418,6 +456,7 @@ static Suite *tok_suite(void)
         {"entries", test_entries},
         {"template_list", test_template_list},
         {"bom", test_bom},
+        {"utf16", test_utf16},
         {"config_types", test_config_types},
         {"regex_match_limit", test_regex_match_limit},
     };

@@ -1,6 +1,7 @@
 /* check_model.c: the llama2.c checkpoint loader (every malformed-file class gives its
  * documented error naming the file and field) and the random-weight checkpoint writer. */
 #include "model/kvm_forward.h"
+#include "model/kvm_sampler.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -129,6 +130,114 @@ START_TEST(test_bad_header_fields)
 }
 END_TEST
 
+/* Files that are no model: each was misread as a llama2.c header ("header field 'dim' =
+ * 1936876918 exceeds the limit"); now the message says what the file is. */
+START_TEST(test_not_a_model)
+{
+    static const char lfs[] = "version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 98362432\n";
+    expect_error("lfs.gguf", lfs, sizeof lfs - 1, KVM_EFORMAT, "Git LFS pointer");
+    expect_error("lfs.bin", lfs, sizeof lfs - 1, KVM_EFORMAT, "Git LFS pointer");
+    static const char html[] = "<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head></html>\n";
+    expect_error("page.bin", html, sizeof html - 1, KVM_EFORMAT, "not a model: a text file");
+    static const char json[] = "{\"error\": \"Repository not found\"}";
+    expect_error("err.gguf", json, sizeof json - 1, KVM_EFORMAT, "not a model: a text file");
+    char *bad = malloc(4096);
+    memcpy(bad, "GGUX", 4);
+    memcpy(bad + 4, orig + 4, 4092); /* binary after a wrong magic */
+    expect_error("bad.gguf", bad, 4096, KVM_EFORMAT, "not a GGUF file: magic 'GGUX'");
+    bad[0] = 0x7f;
+    expect_error("bad2.gguf", bad, 4096, KVM_EFORMAT, "magic '\\x7fGUX'");
+    memcpy(bad, "GGUX", 4);
+    expect_error("bad.bin", bad, 4096, KVM_EFORMAT, "not a llama2.c checkpoint nor a GGUF file");
+    free(bad);
+    bad_field(0, 1 << 30, "not a llama2.c checkpoint nor a GGUF file");
+}
+END_TEST
+
+/* Writes orig with the float at byte off replaced by v and expects the load to name `needle`. */
+static void bad_weight(size_t off, float v, const char *needle)
+{
+    char *buf = malloc(orig_n), name[64];
+    memcpy(buf, orig, orig_n);
+    memcpy(buf + off, &v, 4);
+    snprintf(name, sizeof name, "w%zu.bin", off);
+    expect_error(name, buf, orig_n, KVM_EFORMAT, needle);
+    free(buf);
+}
+
+/* NaN or infinite weights loaded silently (info exit 0, generate printed garbage); now the
+ * load fails naming the file, the llama2.c array (and layer) and the element. */
+START_TEST(test_nonfinite_weights)
+{
+    const size_t V = 512, D = 64, L = 5, H = 172, KV = 32, h = 28;
+    bad_weight(h + 4 * 7, NAN, "'token_embedding_table': element 7 is NaN");
+    size_t wq = h + 4 * (V * D + L * D);
+    bad_weight(wq + 4 * (3 * D * D + 5), NAN, "'wq (layer 3)': element 5 is NaN");
+    size_t w2 = wq + 4 * (L * D * D + 2 * L * KV * D + L * D * D + L * D + L * H * D);
+    bad_weight(w2 + 4 * (4 * D * H + D * H - 1), -INFINITY, "'w2 (layer 4)': element 11007 is -inf");
+    size_t rms_final = w2 + 4 * (2 * L * H * D);
+    bad_weight(rms_final + 4 * 63, INFINITY, "'rms_final_weight': element 63 is inf");
+    char *rope = malloc(orig_n), path[4096];
+    memcpy(rope, orig, orig_n);
+    memcpy(rope + rms_final + 4 * 64, &(float){NAN}, 4); /* the legacy RoPE tables: unused, unchecked */
+    snprintf(path, sizeof path, "%s/rope.bin", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, rope, orig_n), 0);
+    free(rope);
+    kvm_model *m;
+    ck_assert_msg(kvm_model_open(path, &m) == 0, "%s", kvm_errmsg());
+    kvm_model_close(&m);
+    char *all = malloc(orig_n);
+    memcpy(all, orig, 28);
+    for (size_t i = 28; i + 4 <= orig_n; i += 4)
+        memcpy(all + i, "\x00\x00\xc0\x7f", 4);
+    expect_error("nan.bin", all, orig_n, KVM_EFORMAT, "'token_embedding_table': element 0 is NaN");
+    free(all);
+    char cmd[8192], *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill info --model %s/nan.bin", kvm_test_bin(), tmp);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2); /* bad input found up front */
+    ck_assert_msg(strstr(err, "nan.bin: tensor 'token_embedding_table'"), "%s", err);
+    free(err);
+}
+END_TEST
+
+/* kvm__model_check_finite screens 8-byte words at a time: every lane position, chunk edges
+ * and the tail must still be caught, and the largest finite values (exponent all ones but
+ * one bit) let through. */
+START_TEST(test_check_finite_positions)
+{
+    enum { N = 4096 * 2 + 3 };
+    static const struct {
+        int type, width;
+        uint32_t big, bad[3]; /* largest finite (sign set), inf, NaN, -inf */
+    } ty[] = {{KVM_MAT_F32, 4, 0xff7fffffu, {0x7f800000u, 0x7fc00001u, 0xff800000u}},
+              {KVM_MAT_F16, 2, 0xfbffu, {0x7c00u, 0x7e01u, 0xfc00u}},
+              {KVM_MAT_BF16, 2, 0xff7fu, {0x7f80u, 0x7fc1u, 0xff80u}}};
+    static const char *const names[3] = {"inf", "NaN", "-inf"};
+    static const int64_t at[] = {0, 1, 2, 3, 5, 4095, 4096, 4097, N - 2, N - 1};
+    uint8_t *buf = malloc((size_t)N * 4);
+    for (size_t k = 0; k < sizeof ty / sizeof ty[0]; k++) {
+        for (int64_t i = 0; i < N; i++) {
+            uint32_t v =
+                i % 3 ? ty[k].big ^ (ty[k].width == 4 ? 0x80000000u : 0x8000u) : (uint32_t)(i * 7919u) & 0x3fffu;
+            memcpy(buf + i * ty[k].width, &v, (size_t)ty[k].width); /* little-endian: the low bytes */
+        }
+        ck_assert_msg(kvm__model_check_finite("f", "t", ty[k].type, buf, N) == 0, "%s", kvm_errmsg());
+        for (size_t a = 0; a < sizeof at / sizeof at[0]; a++)
+            for (int b = 0; b < 3; b++) {
+                uint32_t keep = 0;
+                memcpy(&keep, buf + at[a] * ty[k].width, (size_t)ty[k].width);
+                memcpy(buf + at[a] * ty[k].width, &ty[k].bad[b], (size_t)ty[k].width);
+                ck_assert_int_eq(kvm__model_check_finite("f", "t", ty[k].type, buf, N), KVM_EFORMAT);
+                char want[64];
+                snprintf(want, sizeof want, "f: tensor 't': element %lld is %s", (long long)at[a], names[b]);
+                ck_assert_msg(strstr(kvm_errmsg(), want), "type %d: '%s' lacks '%s'", ty[k].type, kvm_errmsg(), want);
+                memcpy(buf + at[a] * ty[k].width, &keep, (size_t)ty[k].width);
+            }
+    }
+    free(buf);
+}
+END_TEST
+
 START_TEST(test_make_model_roundtrip)
 {
     char p1[4096], p2[4096], p3[4096];
@@ -196,13 +305,73 @@ START_TEST(test_make_model_bad_shapes)
 }
 END_TEST
 
+/* One draw from a fresh sampler over logits[n] (copied: sampling rewrites them). */
+static int32_t sample_once(const float *logits, int n, float temperature, float topp, uint64_t seed)
+{
+    kvm_sampler *s;
+    ck_assert_int_eq(kvm_sampler_new(n, temperature, topp, seed, &s), 0);
+    float *x = malloc((size_t)n * sizeof *x);
+    ck_assert_ptr_nonnull(x);
+    memcpy(x, logits, (size_t)n * sizeof *x);
+    int32_t t = kvm_sampler_sample(s, x);
+    free(x);
+    kvm_sampler_free(&s);
+    ck_assert_int_ge(t, 0);
+    ck_assert_int_lt(t, n);
+    return t;
+}
+
+/* Degenerate but valid sampler settings: top-p below 1/vocab (nothing passes run.c's
+ * pre-filter: it read pi[-1]), NaN logits, a temperature so large the distribution is
+ * flat or so small (subnormal as a float) that logits/T overflow, and seed 0 (xorshift's
+ * fixed point: every draw was token 0). */
+START_TEST(test_sampler_degenerate)
+{
+    enum { N = 512 };
+    float l[N] = {0};
+    l[7] = 1.0f; /* at T = 1e6 every p is ~1/512, below (1 - 0.001) / 511, p[7] the largest */
+    ck_assert_int_eq(sample_once(l, N, 1e6f, 0.001f, 1), 7);
+    ck_assert_int_eq(sample_once(l, 1, 1.0f, 0.5f, 1), 0); /* one token: cutoff (1-p)/0 */
+    float nan_l[N] = {0};
+    nan_l[0] = NAN;
+    nan_l[100] = NAN;
+    nan_l[3] = 2.0f;
+    ck_assert_int_eq(sample_once(nan_l, N, 1.0f, 0.0f, 1), 3);
+    ck_assert_int_eq(sample_once(nan_l, N, 1.0f, 0.9f, 1), 3);
+    float tiny_l[N];
+    for (int i = 0; i < N; i++)
+        tiny_l[i] = 0.1f;
+    tiny_l[2] = 0.5f;
+    ck_assert_int_eq(sample_once(tiny_l, N, 1e-40f, 0.0f, 1), 2);
+    ck_assert_int_eq(sample_once(tiny_l, N, 1e-40f, 0.9f, 1), 2);
+    float flat[N] = {0};
+    kvm_sampler *s;
+    ck_assert_int_eq(kvm_sampler_new(N, 1.0f, 0.0f, 0, &s), 0);
+    int distinct = 0, first = -1;
+    for (int k = 0; k < 20; k++) {
+        float x[N];
+        memcpy(x, flat, sizeof x);
+        int32_t t = kvm_sampler_sample(s, x);
+        if (k == 0) first = t;
+        distinct += t != first;
+    }
+    kvm_sampler_free(&s);
+    ck_assert_msg(distinct > 0, "seed 0: 20 draws from a flat distribution all gave %d", first);
+}
+END_TEST
+
 static Suite *model_suite(void)
 {
     Suite *s = suite_create("model");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"loads_stories260k", test_loads_stories260k}, {"missing_and_directory", test_missing_and_directory},
-        {"empty_and_truncated", test_empty_and_truncated}, {"bad_header_fields", test_bad_header_fields},
-        {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes}};
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {
+        {"loads_stories260k", test_loads_stories260k},       {"missing_and_directory", test_missing_and_directory},
+        {"empty_and_truncated", test_empty_and_truncated},   {"bad_header_fields", test_bad_header_fields},
+        {"make_model_roundtrip", test_make_model_roundtrip}, {"make_model_bad_shapes", test_make_model_bad_shapes},
+        {"sampler_degenerate", test_sampler_degenerate},     {"not_a_model", test_not_a_model},
+        {"nonfinite_weights", test_nonfinite_weights},       {"check_finite_positions", test_check_finite_positions}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

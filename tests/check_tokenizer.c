@@ -712,6 +712,26 @@ START_TEST(bad_file_fields)
 }
 END_TEST
 
+/* A vocabulary without the " " piece: encode failed on every prompt with a message naming
+ * no file (exit 1); now the open refuses it naming the file and the missing piece. */
+START_TEST(bad_file_no_space_piece)
+{
+    char *b = malloc(good_len);
+    memcpy(b, good_bytes, good_len);
+    size_t off = 4;
+    int found = 0;
+    for (int i = 0; i < VOCAB; i++) {
+        int32_t len;
+        memcpy(&len, b + off + 4, 4);
+        if (len == 1 && b[off + 8] == ' ') b[off + 8] = 0x7f, found++;
+        off += 8 + (size_t)len;
+    }
+    ck_assert_int_eq(found, 1);
+    expect_open_error(b, good_len, VOCAB, KVM_EFORMAT, "no \" \" piece among the 512 records");
+    free(b);
+}
+END_TEST
+
 START_TEST(bad_file_vocab_size)
 {
     expect_open_error(good_bytes, good_len, 513, KVM_EFORMAT,
@@ -855,6 +875,7 @@ static Suite *tokenizer_suite(void)
         {"bad_file_truncated", bad_file_truncated, 2},
         {"bad_file_fields", bad_file_fields, 2},
         {"bad_file_vocab_size", bad_file_vocab_size, 2},
+        {"bad_file_no_space_piece", bad_file_no_space_piece, 2},
         {"merge_score_threshold", merge_score_threshold, 2},
         {"duplicate_piece_lower_id", duplicate_piece_lower_id, 2},
     };
