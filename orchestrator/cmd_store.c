@@ -1,17 +1,23 @@
 /* cmd_store.c: `kvmill store SUBCMD --store PATH|--config FILE ...`: list (with each
  * cache's state against a config), show, verify, remove (one, or the stale ones), compact
- * and print usage of an LMDB cache store. Opens read-only except for `rm`; never creates a
- * store. Exit status: 0 ok, 1 failure (corruption, not found), 2 usage or unopenable store. */
+ * and print usage of an LMDB cache store, and list or release the runs' claims. Opens
+ * read-only except for `rm` and `claims --release`; never creates a store. Exit status: 0 ok, 1 failure (corruption,
+ * not found), 2 usage or unopenable store. */
+#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_jobcfg.h"
+#include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_serve_cache.h"
 #include "pipeline/kvm_serve_remote.h"
 #include "pipeline/kvm_storew.h"
@@ -575,6 +581,180 @@ static int cmd_rm(int argc, char **argv)
     return 0;
 }
 
+/* ---- claims ---- */
+
+typedef struct claims_ctx {
+    int csv;           /* --csv */
+    const char *owner; /* --owner: only this owner's claims, or NULL */
+    int64_t now_ms;    /* wall clock: a claim expiring at or before it has lapsed */
+    int64_t n, n_live; /* claims printed, live ones among them */
+} claims_ctx;
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* "2026-12-07T05:00:00Z" of unix ms t into out[n]. */
+static const char *utc_of(int64_t t, char *out, size_t n)
+{
+    time_t sec = (time_t)(t / 1000);
+    struct tm tm;
+    if (!gmtime_r(&sec, &tm) || !strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm)) snprintf(out, n, "%lld", (long long)t);
+    return out;
+}
+
+static int claims_visit(const kvm_store_cache_key *k, const kvm_store_claim *c, void *arg)
+{
+    claims_ctx *x = arg;
+    if (x->owner && strcmp(x->owner, c->owner)) return 0;
+    char a[KVM_STORE_ID_HEX + 1], b[KVM_STORE_ID_HEX + 1], d[KVM_STORE_ID_HEX + 1], when[40];
+    const int live = c->expires_unix_ms > x->now_ms;
+    kvm_store_id_hex(&k->model_id, a);
+    kvm_store_id_hex(&k->doc_hash, b);
+    kvm_store_id_hex(&k->config_id, d);
+    utc_of(c->expires_unix_ms, when, sizeof when);
+    if (x->csv) {
+        printf("%s,%s,%s,%" PRId64 ",%" PRId64 ",%s,", a, b, d, c->since_unix_ms, c->expires_unix_ms,
+               live ? "live" : "lapsed");
+        csv_field(c->host);
+        putchar(',');
+        csv_field(c->owner);
+    } else { /* owner and host come from any client of a store service: escaped as names are */
+        printf("%-12.12s %-12.12s %-12.12s %-20s %-6s ", a, b, d, when, live ? "live" : "lapsed");
+        table_field(c->host[0] ? c->host : "-");
+        putchar(' ');
+        table_field(c->owner);
+    }
+    putchar('\n');
+    x->n++;
+    x->n_live += live;
+    return 0;
+}
+
+/* Lists the claims of the store at path (--owner: one owner's). Returns the exit status. */
+static int claims_list(const char *path, claims_ctx *x)
+{
+    kvm_store *s = NULL;
+    if (open_ro("store claims", path, &s, 0)) return 2;
+    if (x->csv)
+        printf("model_id,doc_hash,config_id,since_ms,expires_ms,state,host,owner\n");
+    else
+        printf("%-12s %-12s %-12s %-20s %-6s %s\n", "MODEL", "DOC", "CONFIG", "EXPIRES", "STATE", "HOST OWNER");
+    int st = kvm_store_list_claims(s, claims_visit, x);
+    kvm_store_close(&s);
+    if (st) {
+        fprintf(stderr, "kvmill store claims: %s (%s)\n", kvm_cli_errmsg("store claims"), kvm_strerror(st));
+        return 1;
+    }
+    if (!x->csv) printf("%lld claim(s), %lld live\n", (long long)x->n, (long long)x->n_live);
+    return 0;
+}
+
+/* Whether owner ("run:HOST:PID:START_MS[:ID]", kvm_storew_owner) may be a run of this host
+ * still running: its host is this one's name and its process exists (kvm_rundir_pid_gone
+ * says not gone when the ID names this boot and pid namespace; without an ID, the pid answers
+ * kill(0)). An ID of another boot names a process that is gone; one of this boot's other pid
+ * namespace (a container sharing the host name) cannot be told, so it counts as running. Any
+ * other shape is no run of this host. why[n] says what was found. */
+static int owner_running_here(const char *owner, char *why, size_t n)
+{
+    char host[64] = "";
+    if (gethostname(host, sizeof host - 1)) return 0;
+    size_t hl = strnlen(host, 48); /* kvm_storew_owner writes at most 48 bytes of it */
+    if (strncmp(owner, "run:", 4) || strncmp(owner + 4, host, hl) || owner[4 + hl] != ':') return 0;
+    char *end;
+    long pid = strtol(owner + 5 + hl, &end, 10);
+    if (end == owner + 5 + hl || *end != ':' || pid <= 0) return 0;
+    strtoll(end + 1, &end, 10); /* the start time */
+    if (*end != ':' && *end) return 0;
+    const char *id = *end ? end + 1 : "";
+    char mine[96];
+    kvm_rundir_proc_id((long)getpid(), mine, sizeof mine);
+    size_t boot = strcspn(mine, "N"), ns = strcspn(mine, "T");
+    int running;
+    if (!*id || !*mine)
+        running = kill((pid_t)pid, 0) == 0 || errno == EPERM;
+    else if (strncmp(id, mine, boot))
+        running = 0; /* another boot of this machine */
+    else
+        running = strncmp(id, mine, ns) || !kvm_rundir_pid_gone(pid, id);
+    snprintf(why, n, "process %ld on this host (%s) %s", pid, host,
+             !*id || !*mine || !strncmp(id, mine, ns) ? "is running" : "may be running in another pid namespace");
+    return running;
+}
+
+/* --release OWNER: removes every claim of owner, unless it is a run of this host still
+ * running (--force). Returns the exit status. */
+static int claims_release(const char *path, const kvm_config *cfg, const char *owner, int force)
+{
+    char why[200];
+    if (!force && owner_running_here(owner, why, sizeof why)) {
+        fprintf(stderr,
+                "kvmill store claims: %s is a live run: %s; its claims are not released (it would renew "
+                "them, and another run would compress its documents again): stop it, or give --force\n",
+                owner, why);
+        return 1;
+    }
+    kvm_store *s = NULL;
+    if (open_ro("store claims", path, &s, 0)) return 2; /* read-only first: never create a store */
+    kvm_store_close(&s);
+    int64_t n = 0;
+    int st = cfg ? kvm_storew_open(cfg, path, 0, &s) : kvm_store_open(path, NULL, &s);
+    if (st == 0) st = kvm_store_claim_release(s, owner, &n);
+    kvm_store_close(&s);
+    if (st) {
+        fprintf(stderr, "kvmill store claims: %s (%s)\n", kvm_cli_errmsg("store claims"), kvm_strerror(st));
+        return st == KVM_EINVAL ? 2 : 1;
+    }
+    if (n == 0) {
+        fprintf(stderr, "kvmill store claims: no claim of %s in %s (store claims lists the owners)\n", owner, path);
+        return 1;
+    }
+    printf("released %lld claim(s) of %s\n", (long long)n, owner);
+    return 0;
+}
+
+static int cmd_claims(int argc, char **argv)
+{
+    kvm_cli_opt opts[] = {
+        {"store", 1, "LMDB environment directory", NULL},
+        CONFIG_OPT,
+        {"csv", 0, "print CSV: model_id,doc_hash,config_id,since_ms,expires_ms,state,host,owner", NULL},
+        {"owner", 1, "only the claims of this owner", NULL},
+        {"release", 1,
+         "remove every claim of this owner (refused for a run of this host still "
+         "running, unless --force)",
+         NULL},
+        {"force", 0, "with --release: release the claims of a run of this host still running", NULL},
+        {NULL, 0, NULL, NULL}};
+    int n_pos;
+    int rc = parse("store claims",
+                   "list the claims runs hold on documents (owner, host, cache key, expiry, live or lapsed), or "
+                   "release an owner's (--release OWNER)",
+                   argc, argv, opts, NULL, 0, &n_pos);
+    if (rc >= 0) return rc;
+    const char *release = kvm_cli_get(opts, "release");
+    if (kvm_cli_get(opts, "force") && !release) {
+        fprintf(stderr, "kvmill store claims: --force goes with --release OWNER\n");
+        return 2;
+    }
+    kvm_config *cfg = NULL;
+    const char *path;
+    if (store_of("store claims", opts, &cfg, &path)) return 2;
+    if (release)
+        rc = claims_release(path, cfg, release, kvm_cli_get(opts, "force") != NULL);
+    else {
+        claims_ctx x = {
+            .csv = kvm_cli_get(opts, "csv") != NULL, .owner = kvm_cli_get(opts, "owner"), .now_ms = wall_ms()};
+        rc = claims_list(path, &x);
+    }
+    kvm_config_free(&cfg);
+    return rc;
+}
+
 /* ---- compact ---- */
 
 static int64_t file_bytes(const char *dir)
@@ -702,6 +882,7 @@ static int cmd_stats(int argc, char **argv)
 
 static const store_sub store_subs[] = {
     {"ls", cmd_ls, "list caches (--model ID, --csv, --config FILE: state of each)"},
+    {"claims", cmd_claims, "list the runs' claims on documents; release an owner's: claims --release OWNER"},
     {"compact", cmd_compact, "write a compacted copy (--out DIR) and say how to swap it in"},
     {"rm", cmd_rm, "remove a cache: rm KEY; or rm --stale --config FILE"},
     {"serve", kvm_cmd_store_serve, "run the store service: remote workers upload and fetch caches (--bind EP)"},

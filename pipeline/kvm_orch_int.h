@@ -54,6 +54,7 @@ typedef struct orch_job {
     int left;         /* left to another run holding its claim (kvm_orch__claim_job): rechecked */
     int left_live;    /* ... whose run renewed that claim once this run's own jobs were done */
     int64_t left_expires;    /* that claim's expiry when last seen, unix ms: a change is a renewal */
+    int left_renewed;        /* ... and it changed once at least since this run left it (said while waiting) */
     int64_t evicted_at_send; /* the local store's eviction count when it went to compress
                                 (kvm_orch__ack_stored's excuse for a cache missing at its ack) */
     char reason[512]; /* why it failed */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The store takes no more caches: its device is full, its map reached [store] map_max_mb (no
@@ -65,6 +66,35 @@ static void store_abandon(orch *o, const char *why)
         }
 }
 
+/* The lease of this run's claims, ms: [run] heartbeat_ms x liveness, at most the store's
+ * longest (KVM_STORE_CLAIM_MAX_TTL_MS, which the store refuses to exceed): a valid config can
+ * ask for 1000 h. The claims are renewed every quarter of it. */
+static int64_t claim_ttl(const orch *o)
+{
+    int64_t ttl = (int64_t)o->dead_ms;
+    return ttl > KVM_STORE_CLAIM_MAX_TTL_MS ? KVM_STORE_CLAIM_MAX_TTL_MS : ttl;
+}
+
+/* When a claim expiring at `expires` (unix ms; 0: not known) lapses unless renewed, for the
+ * log: "at 2026-12-07 05:00:00 UTC (in 42 s)", into out[n]. Through a store service the time
+ * is the service's clock, so the seconds are off by the two hosts' clock difference. */
+static const char *lapse_text(const orch *o, int64_t expires, char *out, size_t n)
+{
+    if (expires <= 0) {
+        snprintf(out, n, "at a time the store service does not say");
+        return out;
+    }
+    time_t t = (time_t)(expires / 1000);
+    struct tm tm;
+    char when[40] = "?";
+    if (gmtime_r(&t, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    const int64_t in_s = (expires - (int64_t)time(NULL) * 1000) / 1000;
+    snprintf(out, n, "at %s%s (%s %lld s)", when, o->cli ? " by the store service's clock" : "",
+             in_s >= 0 ? "in" : "lapsed", (long long)(in_s >= 0 ? in_s : -in_s));
+    if (in_s < 0) strncat(out, " ago", n - strlen(out) - 1);
+    return out;
+}
+
 /* The claim through the store service: its reply says taken, held (by holder, with its expiry
  * from a revision-12 service) or stored. recheck: a recheck of a document left to another run
  * (kvm_orch__recheck_left), which waits a quarter of the timeout, once, as a renewal does (the
@@ -77,7 +107,7 @@ static int claim_remote(orch *o, const kvm_store_cache_key *key, int recheck, in
     kvm_storecli_claim_state st;
     kvm_storecli_claim_info info;
     const int timeout = kvm_orch_remote_timeout_ms(o->cfg);
-    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, (int64_t)o->dead_ms,
+    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, claim_ttl(o),
                                 recheck ? KVM_STORECLI_INDEX_ONLY : 0, recheck ? timeout / 4 : timeout, recheck ? 1 : 2,
                                 &st, &info);
     if (rc) return rc;
@@ -122,7 +152,7 @@ static int take_over(orch *o, const kvm_store_cache_key *key, const orch_job *j,
                     : kvm_storew_release(o->store, dead);
     if (rc) return rc;
     return o->cli ? claim_remote(o, key, recheck, taken, found, holder)
-                  : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
+                  : kvm_storew_claim(o->store, key, o->owner, o->host, claim_ttl(o), taken, holder);
 }
 
 static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found);
@@ -133,7 +163,7 @@ static int claim_key(orch *o, const kvm_store_cache_key *key, const orch_job *j,
                      kvm_store_claim *holder)
 {
     int rc = o->cli ? claim_remote(o, key, recheck, taken, found, holder)
-                    : kvm_storew_claim(o->store, key, o->owner, o->host, (int64_t)o->dead_ms, taken, holder);
+                    : kvm_storew_claim(o->store, key, o->owner, o->host, claim_ttl(o), taken, holder);
     if (!rc && !*taken && !*found && holder_gone(o, holder)) rc = take_over(o, key, j, recheck, taken, found, holder);
     return rc;
 }
@@ -157,6 +187,7 @@ static void watch_left(orch *o, orch_job *j, int64_t expires)
     o->left_watch++;
     j->left = 1;
     j->left_expires = expires;
+    j->left_renewed = 0;
 }
 
 /* A document another live run is compressing is left to it (counted as claimed, rechecked:
@@ -187,8 +218,11 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
         kvm_store_cache_free(&c);
     }
     if (found || !taken) {
+        char lapse[160];
         if (!found)
-            kvm_orch__log("%s is being compressed by %s on %s: left to it\n", j->doc->name, holder.owner, holder.host);
+            kvm_orch__log("%s is being compressed by %s on %s: left to it (its claim lapses %s unless renewed)\n",
+                          j->doc->name, holder.owner, holder.host,
+                          lapse_text(o, holder.expires_unix_ms, lapse, sizeof lapse));
         kvm_orch__job_move(o, j, J_SKIPPED);
         o->n_open--;
         if (found)
@@ -261,6 +295,7 @@ static int recheck_one(orch *o, orch_job *j, int ending)
     }
     if (h.expires_unix_ms == j->left_expires) return 0; /* not renewed since: watched until it lapses */
     j->left_expires = h.expires_unix_ms;
+    j->left_renewed = 1;
     if (!ending || j->left_live) return 0;
     j->left_live = 1;
     o->left_watch--;
@@ -270,18 +305,40 @@ static int recheck_one(orch *o, orch_job *j, int ending)
 }
 
 #define RECHECK_PASS_MS 50.0
+#define WAIT_NAMED 5 /* documents the wait names, each with its claim's lapse */
+
+/* Once the run's own jobs are done: which documents it waits for, and how long at most: the
+ * first WAIT_NAMED, each with when its claim lapses unless renewed (the run takes it over then)
+ * and whether its run renewed it since this run left it (a renewal now leaves it to that run). */
+static void say_wait(orch *o)
+{
+    kvm_orch__log("waiting for the %lld document%s left to other runs: stored by them, taken over when a claim "
+                  "lapses unrenewed or its run is gone, or left to a run that renews its claim\n",
+                  (long long)o->left_watch, kvm_plural(o->left_watch, "", "s"));
+    int64_t named = 0;
+    for (int64_t i = 0; i < o->n_left && named < WAIT_NAMED; i++) {
+        const orch_job *j = &o->jobs[o->left_idx[i]];
+        if (!j->left || j->left_live) continue;
+        char lapse[160];
+        kvm_orch__log("  %s: its claim lapses %s unless renewed; %s since this run left it\n", j->doc->name,
+                      lapse_text(o, j->left_expires, lapse, sizeof lapse), j->left_renewed ? "renewed" : "not renewed");
+        named++;
+    }
+    if (o->left_watch > named) kvm_orch__log("  and %lld more\n", (long long)(o->left_watch - named));
+    if (o->store) /* a stuck claim (a run killed elsewhere) need not be waited out */
+        kvm_orch__log("  (kvmill store claims --store %s lists the claims; --release OWNER removes a stuck one)\n",
+                      o->store_path);
+}
 
 void kvm_orch__recheck_left(orch *o, double t0)
 {
     const int ending = o->n_open == 0;
-    double every = ending ? 250 : o->dead_ms / 4 > 1000 ? o->dead_ms / 4 : 1000;
+    const double quarter = (double)claim_ttl(o) / 4;
+    double every = ending ? 250 : quarter > 1000 ? quarter : 1000;
     if (o->left_watch <= 0 || t0 - o->left_checked < every || *o->interrupts || o->store_full)
         return; /* draining: nothing new is sent, so nothing is taken over */
     o->left_checked = t0;
-    if (ending && !o->left_ending)
-        kvm_orch__log("waiting for the %lld document%s left to other runs: stored by them, taken over when a claim "
-                      "lapses unrenewed or its run is gone, or left to a run that renews its claim\n",
-                      (long long)o->left_watch, kvm_plural(o->left_watch, "", "s"));
+    if (ending && !o->left_ending) say_wait(o);
     o->left_ending = ending;
     /* a pass spends at most RECHECK_PASS_MS (a round trip each through a store service: many
      * left documents would hold the loop), going on where the last one stopped */
@@ -302,15 +359,15 @@ void kvm_orch__recheck_left(orch *o, double t0)
     o->left_next = next;
 }
 
-/* The claims live while the jobs do: renewed every [run] heartbeat_ms x liveness / 4 (t0: now,
+/* The claims live while the jobs do: renewed every quarter of their lease (claim_ttl; t0: now,
  * ms). A store service that answered no renewal for longer than the lease has let them lapse:
  * it is down (store_abandon). */
 void kvm_orch__renew_claims(orch *o, double t0)
 {
-    if (!o->owner[0] || t0 - o->last_renew <= o->dead_ms / 4) return;
-    int rr = o->cli ? kvm_storecli_renew(o->cli, o->owner, (int64_t)o->dead_ms, 0,
-                                         kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
-                    : kvm_storew_renew(o->store, o->owner, (int64_t)o->dead_ms);
+    const int64_t ttl = claim_ttl(o);
+    if (!o->owner[0] || t0 - o->last_renew <= (double)ttl / 4) return;
+    int rr = o->cli ? kvm_storecli_renew(o->cli, o->owner, ttl, 0, kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
+                    : kvm_storew_renew(o->store, o->owner, ttl);
     if (rr && !o->renew_failing)
         kvm_orch__log("%s (said once until a renewal succeeds)\n", kvm_errmsg());
     else if (!rr && o->renew_failing)
@@ -319,11 +376,11 @@ void kvm_orch__renew_claims(orch *o, double t0)
     o->last_renew = t0;
     if (!rr)
         o->renewed_ok = t0;
-    else if (o->cli && t0 - o->renewed_ok > o->dead_ms) { /* the claims have lapsed: so has the service */
+    else if (o->cli && t0 - o->renewed_ok > (double)ttl) { /* the claims have lapsed: so has the service */
         char why[600];
         snprintf(why, sizeof why,
                  "the store service %s answered no renewal of the claims for %.1f s, more "
-                 "than their lease ([run] heartbeat_ms x liveness)",
+                 "than their lease ([run] heartbeat_ms x liveness, at most 24 h)",
                  o->store_path, (t0 - o->renewed_ok) / 1000.0);
         store_abandon(o, why);
     }

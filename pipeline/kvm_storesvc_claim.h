@@ -24,11 +24,14 @@ typedef struct kvm_storesvc_claim_out {
  * a corrupt cache counts as not stored, as the orchestrator's own check does); else a probe
  * is "missing", and a take claims the key for c->owner for c->ttl_ms ("taken", or "held" with
  * the other owner's lease in out->holder). Returns 0, or the store's error (KVM_ESTATE
- * read-only, KVM_EFULL, KVM_EIO, KVM_EINVAL) with kvm_errmsg set. */
+ * read-only, KVM_EFULL, KVM_EIO, KVM_EINVAL, KVM_ERANGE: c->ttl_ms above the longest lease,
+ * KVM_STORE_CLAIM_MAX_TTL_MS, refused so the client does not believe in a longer lease) with
+ * kvm_errmsg set. */
 int kvm_storesvc_claim(kvm_store *s, const kvm_proto_claim *c, kvm_storesvc_claim_out *out);
 
 /* Renews (r->ttl_ms from now) or, with r->release, removes every claim of r->owner in one
- * write transaction; *n counts them. Errors: as kvm_store_claim_renew. */
+ * write transaction; *n counts them. Errors: as kvm_store_claim_renew (KVM_ERANGE: r->ttl_ms
+ * above KVM_STORE_CLAIM_MAX_TTL_MS). */
 int kvm_storesvc_renew(kvm_store *s, const kvm_proto_renew_claims *r, int64_t *n);
 
 #endif

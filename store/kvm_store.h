@@ -365,7 +365,8 @@ int kvm_store_model_id(kvm_store *s, const char *path, kvm_store_id *out);
  * (expires <= now), or owner already held it (then it is renewed, since kept); *taken = 0
  * when another owner's live claim holds it, copied into *holder (may be NULL). A stored
  * cache does not stop a claim: callers check for one. Errors: KVM_EINVAL (owner, host,
- * ttl_ms < 1), KVM_ESTATE (read-only, fork), KVM_EFULL, KVM_EIO. */
+ * ttl_ms < 1), KVM_ERANGE (ttl_ms above KVM_STORE_CLAIM_MAX_TTL_MS), KVM_ESTATE (read-only, fork), KVM_EFULL, KVM_EIO.
+ */
 int kvm_store_claim_take(kvm_store *s, const kvm_store_cache_key *key, const char *owner, const char *host,
                          int64_t ttl_ms, int *taken, kvm_store_claim *holder);
 /* Sets every claim of owner to expire at now + ttl_ms (one write txn); *n (may be NULL)
@@ -377,6 +378,21 @@ int kvm_store_claim_release(kvm_store *s, const char *owner, int64_t *n);
 /* Reads the claim on key, live or lapsed, into *out. Errors: KVM_ENOTFOUND (none),
  * KVM_ECORRUPT (bad record), KVM_ESTATE, KVM_EIO. */
 int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_claim *out);
+/* The longest lease a claim may have, ms (24 h): kvm_store_claim_take and _renew refuse a
+ * longer ttl_ms with KVM_ERANGE. A lease only has to outlast the holder's renewal interval (a
+ * run renews every quarter of it); a longer one lets a dead or hostile holder keep a document
+ * from every other run for that long (a ttl of 2^40 ms was ~34 years). A run whose [run]
+ * heartbeat_ms x liveness is longer leases its claims for this long. */
+#define KVM_STORE_CLAIM_MAX_TTL_MS 86400000LL
+/* Visitor of kvm_store_list_claims: one claim (live or lapsed) on key. Both pointers are valid
+ * only during the call, which runs inside the store's lock and read txn: it must not call
+ * functions on the same handle. Return 0 to go on; anything else stops the listing and is
+ * returned by it. */
+typedef int (*kvm_store_claim_visit_fn)(const kvm_store_cache_key *key, const kvm_store_claim *c, void *arg);
+/* Calls fn for every claim record (key order) in one read transaction; damaged records are
+ * skipped. A read-only handle on a store without a claims db (an older one) visits none.
+ * Errors: fn's nonzero return, KVM_ESTATE, KVM_EIO. */
+int kvm_store_list_claims(kvm_store *s, kvm_store_claim_visit_fn fn, void *arg);
 
 /* ---- compaction (store/kvm_store_file.c) ---- */
 

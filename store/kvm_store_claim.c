@@ -71,12 +71,22 @@ static int take_fn(kvm_store *s, MDB_txn *txn, void *arg)
     return claim_put(s, txn, &key, &a->want);
 }
 
+/* A lease above KVM_STORE_CLAIM_MAX_TTL_MS is refused, not cut to it: a caller that asked for
+ * more would otherwise believe it holds the key longer than it does. */
+static int check_ttl(int64_t ttl_ms)
+{
+    if (ttl_ms > KVM_STORE_CLAIM_MAX_TTL_MS)
+        return kvm_err(KVM_ERANGE, "claim: ttl_ms %lld is above the longest lease, %lld ms (24 h)", (long long)ttl_ms,
+                       (long long)KVM_STORE_CLAIM_MAX_TTL_MS);
+    return 0;
+}
+
 static int check_owner(const char *owner, const char *host, int64_t ttl_ms)
 {
     if (!owner || !*owner || strlen(owner) >= sizeof ((kvm_store_claim *)0)->owner || (host && strlen(host) >= 64) ||
         ttl_ms < 1)
         return kvm_err(KVM_EINVAL, "claim: owner must be 1..127 bytes, host 0..63, ttl_ms >= 1");
-    return 0;
+    return check_ttl(ttl_ms);
 }
 
 /* Claims need a writable handle (which always has the claims db). */
@@ -178,6 +188,8 @@ static int each(kvm_store *s, const char *owner, int64_t expires, int64_t *n)
 int kvm_store_claim_renew(kvm_store *s, const char *owner, int64_t ttl_ms, int64_t *n)
 {
     if (ttl_ms < 1) return kvm_err(KVM_EINVAL, "claim: ttl_ms %lld must be >= 1", (long long)ttl_ms);
+    int st = check_ttl(ttl_ms);
+    if (st) return st;
     return each(s, owner, now_ms() + ttl_ms, n);
 }
 
@@ -202,6 +214,41 @@ int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_
         if (rc == MDB_NOTFOUND) st = kvm_err(KVM_ENOTFOUND, "store %s: no claim on that cache", s->path);
         else if (rc) st = kvm_store__mdb(s, rc, "claim");
         else st = claim_parse(&k, &val, out);
+        mdb_txn_abort(txn);
+    }
+    kvm_store__unlock(s);
+    return st;
+}
+
+/* Visits every claim record of the claims db open in txn; a damaged one is skipped (the
+ * next take overwrites it; kvm_store_verify reports it). */
+static int list_txn(kvm_store *s, MDB_txn *txn, kvm_store_claim_visit_fn fn, void *arg)
+{
+    MDB_cursor *cur;
+    MDB_val key, val;
+    int rc = mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CLAIMS], &cur);
+    if (rc) return kvm_store__mdb(s, rc, "claims cursor");
+    int st = 0;
+    for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); rc == 0 && st == 0;
+         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+        kvm_store_claim c;
+        kvm_store_cache_key k;
+        if (key.mv_size != KVM_STORE__PREFIX_BYTES || claim_parse(&key, &val, &c)) continue;
+        kvm_store__prefix_decode(key.mv_data, &k);
+        st = fn(&k, &c, arg);
+    }
+    mdb_cursor_close(cur);
+    if (st == 0 && rc && rc != MDB_NOTFOUND) st = kvm_store__mdb(s, rc, "claims");
+    return st;
+}
+
+int kvm_store_list_claims(kvm_store *s, kvm_store_claim_visit_fn fn, void *arg)
+{
+    int st = kvm_store__lock(s);
+    if (st) return st;
+    MDB_txn *txn;
+    if (!s->no_claims && (st = kvm_store__read_begin(s, &txn)) == 0) { /* no claims db (an older store): none */
+        st = list_txn(s, txn, fn, arg);
         mdb_txn_abort(txn);
     }
     kvm_store__unlock(s);

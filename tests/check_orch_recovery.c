@@ -465,6 +465,78 @@ START_TEST(test_left_documents_rechecked)
 }
 END_TEST
 
+/* A run waiting for a document left to another run said only "waiting for the 1 document left
+ * to other runs", however long the claim's lease ([run] heartbeat_ms x liveness up to 1000 h,
+ * or any ttl through a store service): the wait looked endless. Now the wait names each
+ * document with when its claim lapses unless renewed and whether it was renewed, and the run's
+ * own claims are leased for at most 24 h (the store refuses longer ones) whatever the config
+ * asks: here 100 s x 1000 = 27.8 h. The other host's claim (4 s) lapses and is taken over. */
+START_TEST(test_left_wait_says_lapse)
+{
+    make_docs(2);
+    char first[4300];
+    snprintf(first, sizeof first, "%s/first.lmdb", tmp);
+    const char *method = "method = streaming\nbudget = 32";
+    write_config(method, first, "");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    keys ks = {.n = 0};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(first, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_key, &ks), 0);
+    kvm_store_close(&s);
+    ck_assert_int_eq(ks.n, 2);
+    kvm_store_opts so = {0};
+    ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
+    int taken = 0;
+    ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[0], "run:elsewhere:4242:1:B1N1T1", "elsewhere", 4000, &taken, NULL),
+                     0);
+    ck_assert_int_eq(taken, 1);
+    kvm_store_close(&s);
+    write_config(method, store, "heartbeat_ms = 100000\nliveness = 1000");
+    char out_path[4300], err_path[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    int st, ended = 0, waiting = 0;
+    for (int i = 0; i < 600 && !ended && !waiting; i++) { /* it has done its own document and waits */
+        err = kvm_test_read_file(err_path, NULL);
+        waiting = err && strstr(err, "waiting for the") != NULL;
+        free(err);
+        if (!waiting) usleep(20000);
+        ended = waitpid(pid, &st, WNOHANG) == pid;
+    }
+    kvm_store_claim own = {0};
+    int own_rc = -1;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (kvm_store_open(store, &so, &s) == 0) { /* the run's own claim, on the other document */
+        own_rc = kvm_store_claim_get(s, &ks.k[1], &own);
+        kvm_store_close(&s);
+    }
+    ck_assert_int_eq(ended || waitpid(pid, &st, 0) == pid, 1);
+    out = kvm_test_read_file(out_path, NULL), err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(waiting, "stderr: %s", err);
+    ck_assert_msg(own_rc == 0 && !strncmp(own.owner, "run:", 4), "own claim: %d %s\nstderr: %s", own_rc, own.owner,
+                  err);
+    const int64_t now_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    ck_assert_msg(own.expires_unix_ms - now_ms <= 86400000, "the run's lease ends in %lld ms",
+                  (long long)(own.expires_unix_ms - now_ms));
+    ck_assert_msg(summary_field(out, "compressed") == 2 && summary_field(out, "claimed") == 0, "stdout: %s\nstderr: %s",
+                  out, err);
+    ck_assert_msg(strstr(err, "is being compressed by run:elsewhere:4242:1:B1N1T1 on elsewhere: left to it (its claim "
+                              "lapses at ") != NULL,
+                  "stderr: %s", err);
+    const char *w = strstr(err, "waiting for the 1 document");
+    ck_assert_msg(w && strstr(w, ".txt: its claim lapses at ") && strstr(w, " UTC (in ") &&
+                      strstr(w, " s) unless renewed; not renewed since this run left it"),
+                  "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A document left to another run was rechecked by walking every skipped job: with a corpus
  * stored but for one document claimed by a live run, each recheck (every 250 ms at the end)
  * looked at the whole corpus in one event (the metrics' sched_jobs_max). The left jobs have a
@@ -737,7 +809,8 @@ static Suite *orch_recovery_suite(void)
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
-                 {"left_recheck_bounded", test_left_recheck_bounded, 120}};
+                 {"left_recheck_bounded", test_left_recheck_bounded, 120},
+                 {"left_wait_says_lapse", test_left_wait_says_lapse, 120}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

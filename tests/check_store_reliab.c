@@ -1091,6 +1091,103 @@ START_TEST(test_claim_lease)
 }
 END_TEST
 
+/* A claim's lease had no upper bound: a claim with ttl_ms 2^40 (~34 years, or the 1000 h a
+ * valid config makes) kept the document from every other run for that long. A lease above
+ * 24 h is refused now, by a take and by a renewal, and nothing is written; 24 h is taken. */
+START_TEST(test_claim_lease_capped)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_cache_key k;
+    memset(&k, 9, sizeof k);
+    int taken = -1;
+    kvm_store_claim h, got;
+    const int64_t day = 86400000;
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:evil:1:1", "evil", (int64_t)1 << 40, &taken, &h), KVM_ERANGE);
+    ck_assert_msg(strstr(kvm_errmsg(), "86400000 ms") != NULL, "%s", kvm_errmsg());
+    ck_assert_int_eq(taken, 0);
+    ck_assert_int_eq(kvm_store_claim_get(s, &k, &got), KVM_ENOTFOUND);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", day + 1, &taken, &h), KVM_ERANGE);
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:a", "hostA", day, &taken, &h), 0);
+    ck_assert_int_eq(taken, 1);
+    ck_assert_int_eq(kvm_store_claim_get(s, &k, &got), 0);
+    int64_t n = -1;
+    ck_assert_int_eq(kvm_store_claim_renew(s, "run:a", (int64_t)1 << 40, &n), KVM_ERANGE);
+    kvm_store_claim after;
+    ck_assert_int_eq(kvm_store_claim_get(s, &k, &after), 0);
+    ck_assert_int_eq(after.expires_unix_ms, got.expires_unix_ms); /* the refused renewal changed nothing */
+    kvm_store_close(&s);
+}
+END_TEST
+
+static int count_claim(const kvm_store_cache_key *k, const kvm_store_claim *c, void *arg)
+{
+    (void)k, (void)c;
+    ++*(int *)arg;
+    return 0;
+}
+
+/* Nothing listed or cleared claims: a stuck one (a hostile client's, a run killed on another
+ * host) held its document until it lapsed. `store claims` lists them (owner, host, key, expiry,
+ * live or lapsed; --csv), and `store claims --release OWNER` removes an owner's, refused for a
+ * run of this host still running (this test process) unless --force. */
+START_TEST(test_store_claims_cli)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_cache_key k[3];
+    char self[192], host[64];
+    kvm_storew_owner(self, sizeof self, host, sizeof host);
+    const char *owners[3] = {"run:evil:1:1", "run:gone:2:2", self}, *hosts[3] = {"evil", "gone", host};
+    for (int i = 0; i < 3; i++) {
+        int taken = 0;
+        memset(&k[i], 0x11 * (i + 1), sizeof k[i]);
+        ck_assert_int_eq(kvm_store_claim_take(s, &k[i], owners[i], hosts[i], i == 1 ? 1 : 3600000, &taken, NULL), 0);
+        ck_assert_int_eq(taken, 1);
+    }
+    kvm_store_close(&s);
+    usleep(20000); /* run:gone's 1 ms lease lapses */
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s'", g_store) == 0, "%s%s", out, err);
+    ck_assert_msg(strstr(out, "run:evil:1:1") && strstr(out, "evil") && strstr(out, "111111111111") &&
+                      strstr(out, self) && strstr(out, "lapsed") && strstr(out, "3 claim(s), 2 live"),
+                  "%s", out);
+    free(out), free(err);
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --csv", g_store) == 0, "%s%s", out, err);
+    ck_assert_msg(strstr(out, "model_id,doc_hash,config_id,since_ms,expires_ms,state,host,owner\n") &&
+                      strstr(out, ",lapsed,gone,run:gone:2:2\n") && strstr(out, ",live,evil,run:evil:1:1\n"),
+                  "%s", out);
+    free(out), free(err);
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --release run:evil:1:1", g_store) == 0, "%s%s", out,
+                  err);
+    ck_assert_msg(strstr(out, "released 1 claim(s) of run:evil:1:1"), "%s", out);
+    free(out), free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release run:evil:1:1", g_store), 1);
+    ck_assert_msg(strstr(err, "no claim of run:evil:1:1"), "%s", err);
+    free(out), free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release '%s'", g_store, self), 1);
+    ck_assert_msg(strstr(err, "is a live run") && strstr(err, "--force"), "%s", err);
+    free(out), free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --force", g_store), 2);
+    free(out), free(err);
+    int n = 0;
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    ck_assert_int_eq(kvm_store_list_claims(s, count_claim, &n), 0);
+    kvm_store_close(&s);
+    ck_assert_int_eq(n, 2); /* run:gone's and this process's */
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --release '%s' --force", g_store, self) == 0, "%s%s",
+                  out, err);
+    free(out), free(err);
+    kvm_store_claim got;
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    ck_assert_int_eq(kvm_store_claim_get(s, &k[2], &got), KVM_ENOTFOUND);
+    ck_assert_int_eq(kvm_store_claim_get(s, &k[1], &got), 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
 /* ---- pipeline runs (the embedded model and corpus) ---- */
 
 static void copy_docs(int n)
@@ -1565,6 +1662,8 @@ int main(void)
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
+    suite_add_tcase(su, tcase("claim_lease_capped", test_claim_lease_capped, 30));
+    suite_add_tcase(su, tcase("store_claims_cli", test_store_claims_cli, 60));
     suite_add_tcase(su, tcase("readers_full_retryable", test_readers_full_retryable, 30));
     suite_add_tcase(su, tcase("doc_name_exact_wins", test_doc_name_exact_wins, 30));
     suite_add_tcase(su, tcase("worker_keeps_store_cap", test_worker_keeps_store_cap, 60));

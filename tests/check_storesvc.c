@@ -517,7 +517,8 @@ static kvm_msg *raw_claim(void *d, const char *type, const char *owner, int64_t 
 }
 
 /* Malformed claims (a 5-byte model id, an empty owner, a lease of 0 ms, an owner longer than
- * the store's 127 bytes, a renewal without a lease) are refused with the decoder's reason;
+ * the store's 127 bytes, a renewal without a lease, a claim or renewal with a lease above
+ * 24 h) are refused with a reason (the decoder's, or the store's naming the longest lease);
  * no claim is written, and the well-formed claim taken before is unchanged. */
 START_TEST(test_claim_malformed_refused)
 {
@@ -548,7 +549,10 @@ START_TEST(test_claim_malformed_refused)
                {"claim", "", 60000, 32, "'owner'"},
                {"claim", "run:b", 0, 32, "field 'ttl_ms' is 0"},
                {"claim", longer, 60000, 32, "'owner'"},
-               {"renew_claims", "run:a", 0, 0, "renewing needs a lease"}};
+               {"renew_claims", "run:a", 0, 0, "renewing needs a lease"},
+               /* a lease above 24 h (2^40 ms: ~34 years) held the document from every run */
+               {"claim", "run:b", (int64_t)1 << 40, 32, "above the longest lease, 86400000 ms"},
+               {"renew_claims", "run:a", (int64_t)1 << 40, 0, "above the longest lease, 86400000 ms"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kvm_proto_store_reply sr;
         kvm_msg *r = raw_claim(d, bad[i].type, bad[i].owner, bad[i].ttl, bad[i].id_bytes, &sr);
