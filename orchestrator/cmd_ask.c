@@ -493,6 +493,11 @@ int kvm_cmd_ask(int argc, char **argv)
                 fprintf(stderr, "kvmill ask: the server sent a malformed answer: %s\n", e);
             goto done;
         }
+        if (a.request_id == 0 && a.status != 0 && rid != 0) { /* the server could not read our request's id */
+            fprintf(stderr, "kvmill ask: the server could not read this request (%s): %.*s\n", kvm_strerror(a.status),
+                    (int)a.message.len, a.message.ptr ? a.message.ptr : "");
+            goto done;
+        }
         if (a.request_id != rid) { /* a stale answer: keep waiting for ours */
             kvm_msg_free(&m);
             continue;
