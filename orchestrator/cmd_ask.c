@@ -59,97 +59,150 @@ static int set_prompt(kvm_proto_ask *ask, const char *prompt, char **fallback)
     return 0;
 }
 
-/* Reads a whole document file, any bytes, of at most KVM_PROTO_MAX_DOC_BYTES. Prints errors;
+/* What read_input reads: the flag that names the file, the file's kind in messages, its
+ * limit, and what to do instead when over it (a sentence fragment, or ""). */
+typedef struct ask_input {
+    const char *flag;  /* "--doc", "--prompt-file" */
+    const char *kind;  /* "document", "prompt" */
+    size_t max;        /* bytes an ask carries of it */
+    const char *large; /* advice for a file over max */
+    const char *dir;   /* advice for a directory */
+} ask_input;
+
+static const ask_input doc_input = {
+    "--doc", "document", KVM_PROTO_MAX_DOC_BYTES,
+    ": if kvmill run stored it, name it with --doc-name NAME or --doc-hash HEX instead",
+    ": give one document file (kvmill run takes a corpus folder; name a stored document with --doc-name NAME)"};
+static const ask_input prompt_input = {"--prompt-file", "prompt", KVM_PROTO_MAX_TEXT_BYTES, ": send a shorter prompt",
+                                       ": give the file that holds the prompt"};
+
+/* A file that is not regular, a FIFO or a directory, by kind, for messages. */
+static const char *special_kind(mode_t m)
+{
+    return S_ISCHR(m) ? "character device" : S_ISBLK(m) ? "block device" : S_ISSOCK(m) ? "socket" : "special file";
+}
+
+/* The checks on the file's kind before it is opened (a directory, a regular file over the
+ * limit, a device: /dev/null read as "is empty", /dev/zero as too long). Prints errors;
  * returns 0/2. */
-static int read_doc(const char *path, char **text, size_t *len)
+static int check_input_kind(const ask_input *in, const char *path, const struct stat *sb)
+{
+    if (S_ISDIR(sb->st_mode))
+        return fprintf(stderr, "kvmill ask: %s %s is a directory%s\n", in->flag, path, in->dir), 2;
+    if (S_ISREG(sb->st_mode) && sb->st_size > (off_t)in->max)
+        return fprintf(stderr, "kvmill ask: %s %s has %lld bytes, more than an ask carries (%zu)%s\n", in->flag, path,
+                       (long long)sb->st_size, in->max, in->large),
+               2;
+    if (!S_ISREG(sb->st_mode) && !S_ISFIFO(sb->st_mode))
+        return fprintf(stderr, "kvmill ask: %s %s is a %s, not a %s file: give a regular file\n", in->flag, path,
+                       special_kind(sb->st_mode), in->kind),
+               2;
+    return 0;
+}
+
+/* Opens a FIFO into *f without waiting for a writer (fopen waited for ever): one read that
+ * does not wait, its byte (if any) into *first, *got 1 or 0; end of file at once is a FIFO
+ * nobody writes to, refused by name. Prints errors; returns 0/2. */
+static int open_fifo(const ask_input *in, const char *path, FILE **f, char *first, ssize_t *got)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return fprintf(stderr, "kvmill ask: %s %s: %s\n", in->flag, path, strerror(errno)), 2;
+    *got = read(fd, first, 1);
+    if (*got == 0 || (*got < 0 && errno != EAGAIN)) {
+        int e = errno;
+        close(fd);
+        if (*got == 0)
+            fprintf(stderr,
+                    "kvmill ask: %s %s is a FIFO (named pipe) with no process writing to it (or whose "
+                    "writer ended without writing): give a regular file, or start its writer first\n",
+                    in->flag, path);
+        else
+            fprintf(stderr, "kvmill ask: %s %s: %s\n", in->flag, path, strerror(e));
+        return 2;
+    }
+    if (*got < 0) *got = 0; /* a writer with nothing written yet: the reads that follow wait for it */
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) || !(*f = fdopen(fd, "rb"))) {
+        fprintf(stderr, "kvmill ask: %s %s: %s\n", in->flag, path, strerror(errno));
+        close(fd);
+        return 2;
+    }
+    return 0;
+}
+
+/* Reads f to its end or past in->max bytes into a new *buf (*n bytes, one byte to spare for a
+ * terminating NUL), after `got` bytes already read (first). Returns 0, or an errno value
+ * (ENOMEM: out of memory). */
+static int read_all(const ask_input *in, FILE *f, char first, ssize_t got, char **buf, size_t *n)
+{
+    size_t cap = 1 << 16;
+    *n = 0;
+    if (!(*buf = malloc(cap))) return ENOMEM;
+    if (got == 1) (*buf)[(*n)++] = first;
+    for (;;) {
+        if (*n + 1 >= cap) {
+            if (cap > in->max) break; /* over the limit: said by the caller */
+            char *b = realloc(*buf, cap *= 2);
+            if (!b) return ENOMEM;
+            *buf = b;
+        }
+        size_t r = fread(*buf + *n, 1, cap - 1 - *n, f);
+        if (r == 0) break;
+        *n += r;
+    }
+    return ferror(f) ? (errno ? errno : EIO) : 0;
+}
+
+/* Reads a whole file for a flag (--doc: any bytes, at most 16 MiB; --prompt-file: at most 8
+ * MiB): one routine, so that both refuse a directory, a device and a FIFO nobody writes to by
+ * name, and read a pipe with a writer (bash's <(...)). *text is NUL-terminated. Prints errors;
+ * returns 0/2. */
+static int read_input(const ask_input *in, const char *path, char **text, size_t *len)
 {
     struct stat sb;
-    if (stat(path, &sb)) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
-    if (S_ISDIR(sb.st_mode))
-        return fprintf(stderr,
-                       "kvmill ask: --doc %s is a directory: give one document file (kvmill run takes a corpus "
-                       "folder; name a stored document with --doc-name NAME)\n",
-                       path),
-               2;
-    if (S_ISREG(sb.st_mode) && sb.st_size > (off_t)KVM_PROTO_MAX_DOC_BYTES)
-        return fprintf(stderr,
-                       "kvmill ask: --doc %s has %lld bytes, more than an ask carries (%u): if kvmill run stored it, "
-                       "name it with --doc-name NAME or --doc-hash HEX instead\n",
-                       path, (long long)sb.st_size, (unsigned)KVM_PROTO_MAX_DOC_BYTES),
-               2;
-    if (!S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode)) /* /dev/null read as "is empty", /dev/zero as too long */
-        return fprintf(stderr, "kvmill ask: --doc %s is a %s, not a document file: give a regular file\n", path,
-                       S_ISCHR(sb.st_mode)    ? "character device"
-                       : S_ISBLK(sb.st_mode)  ? "block device"
-                       : S_ISSOCK(sb.st_mode) ? "socket"
-                                              : "special file"),
-               2;
+    if (stat(path, &sb)) return fprintf(stderr, "kvmill ask: %s %s: %s\n", in->flag, path, strerror(errno)), 2;
+    if (check_input_kind(in, path, &sb)) return 2;
     FILE *f = NULL; /* not fopen: a FIFO with no writer blocked the open for ever */
-    char first;
+    char first = 0;
     ssize_t got = 0;
-    if (S_ISFIFO(sb.st_mode)) { /* one read that does not wait: end of file at once is a FIFO nobody writes to */
-        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-        if (fd < 0) return fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno)), 2;
-        got = read(fd, &first, 1);
-        if (got == 0 || (got < 0 && errno != EAGAIN)) {
-            int e = errno;
-            close(fd);
-            if (got == 0)
-                fprintf(stderr,
-                        "kvmill ask: --doc %s is a FIFO (named pipe) with no process writing to it (or whose "
-                        "writer ended without writing): give a regular file, or start its writer first\n",
-                        path);
-            else
-                fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(e));
-            return 2;
-        }
-        if (got < 0) got = 0; /* a writer with nothing written yet: the reads below wait for it */
-        int fl = fcntl(fd, F_GETFL);
-        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) || !(f = fdopen(fd, "rb"))) {
-            fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, strerror(errno));
-            close(fd);
-            return 2;
-        }
-    } else if (kvm_file_open_input(path, "rb", "--doc", &f)) {
+    if (S_ISFIFO(sb.st_mode)) {
+        if (open_fifo(in, path, &f, &first, &got)) return 2;
+    } else if (kvm_file_open_input(path, "rb", in->flag, &f)) {
         return fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg()), 2;
     }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    int rc = buf ? 0 : 2, err = 0;
-    if (buf && got == 1) buf[n++] = first;
-    while (!rc) {
-        if (n == cap) {
-            if (cap > KVM_PROTO_MAX_DOC_BYTES) break;
-            char *b = realloc(buf, cap *= 2);
-            if (!b) {
-                rc = 2;
-                break;
-            }
-            buf = b;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        if (r == 0) break;
-        n += r;
-    }
-    if (ferror(f)) err = errno ? errno : EIO;
+    char *buf = NULL;
+    size_t n = 0;
+    int err = read_all(in, f, first, got, &buf, &n), rc = 2;
     fclose(f);
-    if (rc || err)
-        fprintf(stderr, "kvmill ask: --doc %s: %s\n", path, rc ? "out of memory" : strerror(err)), rc = 2;
-    else if (n > KVM_PROTO_MAX_DOC_BYTES)
-        fprintf(stderr,
-                "kvmill ask: --doc %s: more than %u bytes, more than an ask carries: if kvmill run stored it, name "
-                "it with --doc-name NAME or --doc-hash HEX instead\n",
-                path, (unsigned)KVM_PROTO_MAX_DOC_BYTES),
-            rc = 2;
+    if (err)
+        fprintf(stderr, "kvmill ask: %s %s: %s\n", in->flag, path, err == ENOMEM ? "out of memory" : strerror(err));
+    else if (n > in->max)
+        fprintf(stderr, "kvmill ask: %s %s: more than %zu bytes, more than an ask carries%s\n", in->flag, path, in->max,
+                in->large);
     else if (n == 0)
-        fprintf(stderr, "kvmill ask: --doc %s is empty\n", path), rc = 2;
+        fprintf(stderr, "kvmill ask: %s %s is empty\n", in->flag, path);
+    else
+        rc = 0;
     if (rc) {
         free(buf);
         return rc;
     }
+    buf[n] = '\0';
     *text = buf;
     *len = n;
     return 0;
+}
+
+/* The prompt from --prompt-file: read_input's checks, then --prompt's (no NUL byte). Prints
+ * errors; returns 0/2. */
+static int read_prompt_file(const char *path, char **text, size_t *len)
+{
+    if (read_input(&prompt_input, path, text, len)) return 2;
+    if (!memchr(*text, 0, *len)) return 0;
+    fprintf(stderr, "kvmill ask: --prompt-file %s contains a NUL byte\n", path);
+    free(*text);
+    *text = NULL;
+    return 2;
 }
 
 /* How far the connection to the server got, from the monitor socket's events: a silent
@@ -364,37 +417,14 @@ int kvm_cmd_ask(int argc, char **argv)
     size_t text_len = 0, plen = 0;
     int status = 0;
     if (pfile) { /* the file's bytes; the limits and checks of --prompt */
-        FILE *f = NULL; /* not fopen: a FIFO with no writer blocked the open for ever; it reads as empty */
-        const char *why = kvm_file_open_input(pfile, "rb", "--prompt-file", &f) ? kvm_errmsg() : NULL;
-        ptext = f ? malloc((size_t)KVM_PROTO_MAX_TEXT_BYTES + 2) : NULL;
-        if (ptext) plen = fread(ptext, 1, (size_t)KVM_PROTO_MAX_TEXT_BYTES + 1, f);
-        if (!why)
-            why = !ptext                            ? "out of memory"
-                  : ferror(f)                       ? "read error (a folder?)"
-                  : plen == 0                       ? "is empty"
-                  : plen > KVM_PROTO_MAX_TEXT_BYTES ? "is longer than 8 MiB"
-                  : memchr(ptext, 0, plen)          ? "contains a NUL byte"
-                                                    : NULL;
-        const int opened = f != NULL;
-        if (f) fclose(f);
-        if (why && !opened) { /* kvm_file_open_input's message names the flag and the file */
-            fprintf(stderr, "kvmill ask: %s\n", why);
-            free(ptext);
-            return 2;
-        }
-        if (why) {
-            fprintf(stderr, "kvmill ask: --prompt-file %s: %s\n", pfile, why);
-            free(ptext);
-            return 2;
-        }
-        ptext[plen] = '\0';
+        if (read_prompt_file(pfile, &ptext, &plen)) return 2;
         prompt = ptext;
     }
     if (!strncmp(ep, "tcp://", 6) && kvm_serve_endpoint_check(ep, "--connect")) { /* other forms: zmq_connect's word */
         fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
         return free(ptext), 2;
     }
-    status = doc ? read_doc(doc, &text, &text_len) : 0;
+    status = doc ? read_input(&doc_input, doc, &text, &text_len) : 0;
     if (status) return free(ptext), status;
 
     void *zctx = zmq_ctx_new(), *sock = zctx ? zmq_socket(zctx, ZMQ_DEALER) : NULL, *mon = NULL;
@@ -491,6 +521,11 @@ int kvm_cmd_ask(int argc, char **argv)
                         ep);
             else
                 fprintf(stderr, "kvmill ask: the server sent a malformed answer: %s\n", e);
+            goto done;
+        }
+        if (a.request_id == 0 && a.status != 0 && rid != 0) { /* the server could not read our request's id */
+            fprintf(stderr, "kvmill ask: the server could not read this request (%s): %.*s\n", kvm_strerror(a.status),
+                    (int)a.message.len, a.message.ptr ? a.message.ptr : "");
             goto done;
         }
         if (a.request_id != rid) { /* a stale answer: keep waiting for ours */

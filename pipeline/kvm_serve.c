@@ -54,6 +54,50 @@ int kvm_serve_request_id(const kvm_msg *msg, uint64_t *id)
     return 0;
 }
 
+/* The routing-id part of a message sock delivers (flags: of its first part) into a new *env;
+ * *more: whether parts follow. */
+static int recv_routing_id(void *sock, int flags, kvm_msg **env, int *more)
+{
+    zmq_msg_t id;
+    zmq_msg_init(&id);
+    if (zmq_msg_recv(&id, sock, flags) < 0) {
+        int e = zmq_errno();
+        zmq_msg_close(&id);
+        int rc = kvm_err(KVM_EIO, "receive: %s", zmq_strerror(e));
+        errno = e; /* the caller tells EAGAIN and EINTR from failures */
+        return rc;
+    }
+    *more = zmq_msg_more(&id);
+    int rc = kvm_msg_new(env);
+    if (!rc) rc = kvm_msg_add_copy(*env, zmq_msg_data(&id), zmq_msg_size(&id));
+    zmq_msg_close(&id);
+    if (rc) kvm_msg_free(env);
+    return rc;
+}
+
+int kvm_serve_recv_routed(void *sock, int flags, kvm_msg **env, kvm_msg **body)
+{
+    *env = *body = NULL;
+    int more = 0, rc = recv_routing_id(sock, flags, env, &more);
+    if (rc) return rc;
+    if (!more) { /* a routing id alone: an empty body, the caller's to refuse */
+        rc = kvm_msg_new(body);
+        if (rc) kvm_msg_free(env);
+        return rc;
+    }
+    /* the rest of a message arrives with its first part: only a signal interrupts the wait */
+    do
+        rc = kvm_msg_recv(sock, body, 0);
+    while (rc == KVM_EIO && errno == EINTR);
+    if (rc == KVM_EPROTO) /* only "too many parts" (drained): the sender gets told */
+        return kvm_err(KVM_EPROTO,
+                       "a message of more than %d parts, refused: a request has at most %d frames (PROTOCOL.md "
+                       "§4)",
+                       KVM_MSG_MAX_FRAMES, KVM_PROTO_MAX_FRAMES);
+    if (rc) kvm_msg_free(env);
+    return rc;
+}
+
 /* ---- binding a server socket ---- */
 
 /* 1 when a tcp:// endpoint ends in ":PORT" with PORT a decimal in [0, 65535] or '*'. */

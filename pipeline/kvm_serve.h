@@ -134,4 +134,14 @@ int kvm_serve_error_answer(uint64_t request_id, int status, const char *message,
  * allocates nothing. Returns 1 and *id when found, else 0. */
 int kvm_serve_request_id(const kvm_msg *msg, uint64_t *id);
 
+/* Receives one message of a ROUTER socket as its routing id (*env, one frame) and the rest
+ * (*body; no frame when the peer sent none). flags: 0 or ZMQ_DONTWAIT (the first part). The
+ * routing id is read on its own so that a message the body limit refuses (more than
+ * KVM_MSG_MAX_FRAMES parts after it) can still be answered: kvm_msg_recv drops such a message
+ * whole, its routing id too, and its sender waited for a reply that never came. Returns 0;
+ * KVM_EPROTO with *env set and *body NULL for a body of too many parts (drained, the reason in
+ * kvm_errmsg); else the error of kvm_msg_recv (KVM_EIO with errno: EAGAIN, ETERM, ...), both
+ * NULL. */
+int kvm_serve_recv_routed(void *sock, int flags, kvm_msg **env, kvm_msg **body);
+
 #endif

@@ -20,10 +20,10 @@
 #include <unistd.h>
 #include <zmq.h>
 
-static volatile sig_atomic_t interrupts;
+static volatile sig_atomic_t interrupts, stop_signal;
 static void on_signal(int sig)
 {
-    (void)sig;
+    stop_signal = sig; /* named in the answer to a request that comes while the server stops */
     interrupts++;
 }
 
@@ -200,8 +200,9 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     signal(SIGPIPE, SIG_IGN);
-    interrupts = 0;
+    interrupts = stop_signal = 0;
     s.interrupts = &interrupts;
+    s.stop_signal = &stop_signal;
     int rc = prepare(&s), status = 0;
     if (rc) {
         status = rc == KVM_EINVAL ? 2 : 1;

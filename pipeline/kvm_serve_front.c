@@ -135,6 +135,40 @@ static int cut_document(const srv *s, kvm_msg **m, size_t *bytes)
     return 1;
 }
 
+/* Whether a refusal of a client's message may be logged now: at most 20 lines a minute, so a
+ * client sending garbage in a loop cannot fill the log; the count of those left out is logged
+ * when the next minute starts. */
+static int refusal_loggable(srv *s)
+{
+    const double now = kvm_now_ms();
+    if (now - s->refusal_log_start >= 60000) {
+        if (s->refusal_unlogged)
+            kvm_serve__log("%lld more refused messages from clients in the last minute were not logged",
+                           (long long)s->refusal_unlogged);
+        s->refusal_log_start = now;
+        s->refusal_lines = 0;
+        s->refusal_unlogged = 0;
+    }
+    if (s->refusal_lines < 20) return ++s->refusal_lines;
+    s->refusal_unlogged++;
+    return 0;
+}
+
+/* Answers the client behind *env (takes it) with an error answer: for request *rid, or, when
+ * its request id cannot be read (NULL: not MessagePack, another protocol version, too many
+ * parts), for request 0, so that the client learns why at once instead of waiting for its
+ * timeout; logged (refusal_loggable). */
+static void refuse(srv *s, kvm_msg **env, const uint64_t *rid, int status, const char *why)
+{
+    if (refusal_loggable(s)) {
+        if (rid)
+            kvm_serve__log("request %llu refused: %s", (unsigned long long)*rid, why);
+        else
+            kvm_serve__log("refused an unreadable message from a client (answered as request 0): %s", why);
+    }
+    kvm_serve__reply_error(s, env, rid ? *rid : 0, status, why);
+}
+
 static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
 {
     /* the client's key first: ZeroMQ gave the received message its User-Id, which a message
@@ -166,12 +200,7 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
     } else
         rid = ask.request_id;
     if (status) {
-        if (has_id) {
-            kvm_serve__log("request %llu refused: %s", (unsigned long long)rid, why);
-            kvm_serve__reply_error(s, env, rid, status, why);
-        } else
-            kvm_serve__log("dropped a message from a client: %s", why);
-        kvm_msg_free(env);
+        refuse(s, env, has_id ? &rid : NULL, status, why);
         kvm_msg_free(m);
         return;
     }
@@ -188,29 +217,60 @@ static void on_request(srv *s, kvm_msg **env, kvm_msg **m)
     *env = *m = NULL;
 }
 
+/* Why the server refuses a request while it stops, into why[n]: the signal, and that it is
+ * worth asking again once the server is back. */
+static void stopping_why(const srv *s, char *why, size_t n)
+{
+    const int sig = s->stop_signal ? *s->stop_signal : 0;
+    snprintf(why, n, "the server is stopping (%s): ask again when it is back",
+             sig == SIGINT    ? "SIGINT, Ctrl-C"
+             : sig == SIGTERM ? "SIGTERM"
+                              : "stop requested");
+}
+
+/* One client message, its routing id in *env (a REQ client's empty delimiter moves there too):
+ * queued or answered (both taken). */
+static void on_message(srv *s, kvm_msg **env, kvm_msg **m)
+{
+    /* a REQ client puts an empty delimiter after its routing id: keep it in the envelope */
+    if (kvm_msg_nframes(*m) >= 2 && kvm_msg_frame(*m, 0).size == 0) {
+        kvm_msg *delim = NULL;
+        if (kvm_msg_split(*m, 1, &delim) || kvm_msg_join(*env, &delim)) {
+            kvm_serve__log("dropped a message from a client: %s", kvm_errmsg());
+            kvm_msg_free(env);
+            kvm_msg_free(m);
+            return;
+        }
+    }
+    char why[256];
+    if (kvm_msg_nframes(*m) == 0) { /* nothing to read a request id from */
+        refuse(s, env, NULL, KVM_EPROTO, "an empty message: a request is an ask (PROTOCOL.md)");
+        kvm_msg_free(m);
+    } else if (*s->interrupts) { /* draining: a request that waited for the stop would get no answer */
+        uint64_t rid = 0;
+        const int has_id = kvm_serve_request_id(*m, &rid);
+        stopping_why(s, why, sizeof why);
+        refuse(s, env, has_id ? &rid : NULL, KVM_ESTATE, why);
+        kvm_msg_free(m);
+    } else
+        on_request(s, env, m);
+}
+
 void kvm_serve__receive_front(srv *s)
 {
     for (int k = 0; k < 1000; k++) {
         kvm_msg *m = NULL, *env = NULL;
-        if (kvm_msg_recv(s->front, &m, ZMQ_DONTWAIT)) {
+        const int rc = kvm_serve_recv_routed(s->front, ZMQ_DONTWAIT, &env, &m);
+        if (rc == KVM_EPROTO) { /* too many parts: drained, its sender still told why */
+            char why[256];
+            snprintf(why, sizeof why, "%s", kvm_errmsg());
+            refuse(s, &env, NULL, KVM_EPROTO, why);
+            continue;
+        }
+        if (rc) {
             if (errno != EAGAIN && errno != EINTR) kvm_serve__log("dropped a message from a client: %s", kvm_errmsg());
             return;
         }
-        size_t nf = kvm_msg_nframes(m);
-        /* a REQ client puts an empty delimiter after its routing id: keep it in the envelope */
-        size_t ne = nf >= 3 && kvm_msg_frame(m, 1).size == 0 ? 2 : 1;
-        if (nf <= ne || kvm_msg_split(m, ne, &env)) {
-            kvm_serve__log("dropped an empty message from a client");
-            kvm_msg_free(&m);
-            continue;
-        }
-        if (*s->interrupts) {
-            uint64_t rid = 0;
-            kvm_serve_request_id(m, &rid);
-            kvm_serve__reply_error(s, &env, rid, KVM_ESTATE, "server is stopping");
-            kvm_msg_free(&m);
-            continue;
-        }
-        on_request(s, &env, &m);
+        on_message(s, &env, &m);
     }
 }

@@ -128,6 +128,10 @@ typedef struct srv {
     srv_client *clients;              /* per client key, when front_curve */
     int n_clients, cap_clients;
     const volatile sig_atomic_t *interrupts; /* Ctrl-C / SIGTERM count (kvm_serve_broker.c's handler) */
+    const volatile sig_atomic_t *stop_signal; /* the last of those signals (SIGINT or SIGTERM), 0: none */
+    double refusal_log_start;                 /* the minute kvm_serve__log_refusal counts lines in, ms */
+    int refusal_lines;                        /* lines it logged in that minute */
+    int64_t refusal_unlogged;                 /* refusals it counted but did not log in that minute */
 } srv;
 
 /* ---- kvm_serve_broker.c: setup ---- */
@@ -147,7 +151,8 @@ void kvm_serve__reply(srv *s, kvm_msg **env, kvm_msg **answer);
 void kvm_serve__reply_error(srv *s, kvm_msg **env, uint64_t request_id, int status, const char *why);
 /* Removes the queue's i-th request (the caller took it). */
 void kvm_serve__queue_remove(srv *s, int64_t i);
-/* Handles up to 1000 waiting client messages: each is queued or answered with an error. */
+/* Handles up to 1000 waiting client messages: each is queued or answered with an error (once
+ * *s->interrupts is set: "the server is stopping", at once). */
 void kvm_serve__receive_front(srv *s);
 
 /* ---- kvm_serve_grant.c: the [serve] compute_missing allowance ---- */

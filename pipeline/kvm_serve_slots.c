@@ -199,11 +199,16 @@ void kvm_serve__shutdown_workers(srv *s, int hard)
             stop_children(s, SIGKILL);
             break;
         }
-        zmq_pollitem_t items[2] = {{s->ctl, 0, ZMQ_POLLIN, 0}, {s->data, 0, ZMQ_POLLIN, 0}};
-        zmq_poll(items, 2, 50);
+        /* the front end too: a request that came now waited unread for the whole drain and was
+         * then closed away unanswered (kvm_serve__receive_front answers it at once) */
+        zmq_pollitem_t items[3] = {
+            {s->ctl, 0, ZMQ_POLLIN, 0}, {s->data, 0, ZMQ_POLLIN, 0}, {s->front, 0, ZMQ_POLLIN, 0}};
+        zmq_poll(items, s->front ? 3 : 2, 50);
         if (items[0].revents & ZMQ_POLLIN) kvm_serve__receive_back(s, s->ctl, 1);
         if (items[1].revents & ZMQ_POLLIN) kvm_serve__receive_back(s, s->data, 0);
+        if (items[2].revents & ZMQ_POLLIN) kvm_serve__receive_front(s);
     }
+    if (s->front) kvm_serve__receive_front(s); /* those that came since the last poll */
     stop_children(s, SIGKILL);
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].pid > 0) waitpid(s->slots[i].pid, NULL, 0), s->slots[i].pid = 0;

@@ -345,11 +345,22 @@ static void svc_claim(svc *s, const uint8_t *env, size_t n, const kvm_msg *m, kv
     svc_reply(s, env, n, req, 0, rc, why, 0);
 }
 
-static void svc_one(svc *s, kvm_msg *m)
+/* A message kvm_serve_recv_routed refused unread (too many parts; kvm_errmsg says so): its
+ * sender, behind env (taken), gets a refusal for request 0 and the reason. */
+static void svc_refuse_unread(svc *s, kvm_msg *env)
 {
-    kvm_msg *env = NULL;
-    if (kvm_msg_nframes(m) < 2 || kvm_msg_split(m, 1, &env)) return kvm_msg_free(&m);
+    char why[512];
+    snprintf(why, sizeof why, "%s", kvm_errmsg());
     kvm_frame id = kvm_msg_frame(env, 0);
+    if (id.size > 0 && id.size <= SVC_ENV_BYTES) svc_reply(s, id.data, id.size, 0, 0, KVM_EPROTO, why, 0);
+    kvm_msg_free(&env);
+}
+
+/* One message: its routing id (env) and the rest (m); takes both. */
+static void svc_one(svc *s, kvm_msg *env, kvm_msg *m)
+{
+    kvm_frame id = kvm_msg_frame(env, 0);
+    if (kvm_msg_nframes(m) == 0) goto done; /* a routing id alone carries no request to answer */
     if (id.size == 0 || id.size > SVC_ENV_BYTES) goto done;
     for (size_t f = 0; s->st && f < kvm_msg_nframes(m); f++)
         s->st->bytes_in += (int64_t)kvm_msg_frame(m, f).size;
@@ -417,9 +428,14 @@ int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, c
             break;
         }
         for (int k = 0; pr > 0 && k < 64; k++) {
-            kvm_msg *m = NULL;
-            if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) break;
-            svc_one(s, m);
+            kvm_msg *env = NULL, *m = NULL;
+            const int r = kvm_serve_recv_routed(sock, ZMQ_DONTWAIT, &env, &m);
+            if (r == KVM_EPROTO) /* too many parts, drained: refused, as the malformed are, not dropped unanswered */
+                svc_refuse_unread(s, env);
+            else if (r)
+                break;
+            else
+                svc_one(s, env, m);
         }
         int64_t now = svc_now_ms();
         for (int i = 0; i < SVC_MAX_UPLOADS; i++)

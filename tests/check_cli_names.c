@@ -452,19 +452,25 @@ START_TEST(test_ask_prompt_file)
     ck_assert_msg(strstr(err, "not both"), "stderr: %s", err);
     free(out);
     free(err);
-    /* a FIFO with no writer as --prompt-file or --doc: fopen waited for a writer for ever; it reads
-     * as empty now, refused as such, --doc's naming the FIFO (a FIFO with a writer, a shell's
-     * <(...), is read) */
+    /* a FIFO with no writer as --prompt-file or --doc: fopen waited for a writer for ever; both
+     * name the FIFO now (--prompt-file said "is empty"), read by one routine; so are a device
+     * (--prompt-file read 8 MiB of /dev/zero and said "is longer than 8 MiB") and a directory
+     * (a FIFO with a writer, a shell's <(...), is read) */
     char fifo[4300];
     snprintf(fifo, sizeof fifo, "%s/f.fifo", dir);
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
-    const char *fifo_cases[][2] = {
-        {"--doc '%s' --prompt-file '%s'", "--prompt-file %s: is empty"},
-        {"--doc '%s' --prompt x%s", "--doc %s is a FIFO (named pipe) with no process writing to it"}};
-    for (int i = 0; i < 2; i++) {
+    const char *fifo_cases[][3] = {
+        {"--doc '%s' --prompt-file '%s'", "--prompt-file %s is a FIFO (named pipe) with no process writing to it",
+         fifo},
+        {"--doc '%s' --prompt x%s", "--doc %s is a FIFO (named pipe) with no process writing to it", fifo},
+        {"--doc '%s' --prompt-file '%s'", "--prompt-file %s is a character device, not a prompt file", "/dev/zero"},
+        {"--doc '%s' --prompt x%s", "--doc %s is a character device, not a document file", "/dev/zero"},
+        {"--doc '%s' --prompt-file '%s'", "--prompt-file %s is a directory", dir}};
+    for (int i = 0; i < 5; i++) {
+        const int on_doc = strstr(fifo_cases[i][0], "--prompt x") != NULL;
         char args[9000], want[4400];
-        snprintf(args, sizeof args, fifo_cases[i][0], i ? fifo : doc, i ? "" : fifo);
-        snprintf(want, sizeof want, fifo_cases[i][1], fifo);
+        snprintf(args, sizeof args, fifo_cases[i][0], on_doc ? fifo_cases[i][2] : doc, on_doc ? "" : fifo_cases[i][2]);
+        snprintf(want, sizeof want, fifo_cases[i][1], fifo_cases[i][2]);
         snprintf(cmd, sizeof cmd, "timeout 20 '%s/kvmill' ask --connect '%s' %s", kvm_test_bin(), front, args);
         int rc = kvm_test_run(cmd, &out, &err);
         ck_assert_msg(rc == 2 && strstr(err, want), "%s: exit %d (124: waited for a writer): %s", args, rc, err);

@@ -497,12 +497,37 @@ START_TEST(test_garbage)
     write_config(NULL, NULL);
     populate(g_doc);
     ck_assert_int_eq(start_serve(NULL), -1);
-    /* not MessagePack at all: logged and dropped (no request id to answer) */
-    const char junk[] = "\xc1\xff garbage";
-    const void *f1[1] = {junk};
-    size_t s1[1] = {sizeof junk};
-    kvm_msg *m = raw_request(f1, s1, 1);
-    ck_assert_ptr_null(m);
+    /* messages whose request id cannot be read (not MessagePack, another protocol version, a
+     * map declaring 2^32 entries, more parts than a message may have) were logged and dropped,
+     * the client waiting for its timeout: each gets an error answer for request 0 naming why */
+    const unsigned char v2[] = {0x82, 0xa1, 'v', 0x02, 0xa4, 't', 'y', 'p', 'e', 0xa3, 'a', 's', 'k'};
+    const unsigned char huge_map[] = {0xdf, 0xff, 0xff, 0xff, 0xff};
+    static const char part[] = "x";
+    const void *many[70];
+    size_t many_sizes[70];
+    for (int i = 0; i < 70; i++)
+        many[i] = part, many_sizes[i] = 1;
+    const struct {
+        const void *const *frames;
+        const size_t *sizes;
+        int n;
+        const char *why;
+    } unreadable[] = {{(const void *[]){"\xc1\xff garbage"}, (size_t[]){10}, 1, "expected a MessagePack map"},
+                      {(const void *[]){v2}, (size_t[]){sizeof v2}, 1, "unsupported protocol version 2"},
+                      {(const void *[]){huge_map}, (size_t[]){sizeof huge_map}, 1, "malformed request"},
+                      {many, many_sizes, 70, "more than 64 parts"}};
+    kvm_msg *m = NULL;
+    kvm_proto_answer ans;
+    for (size_t i = 0; i < sizeof unreadable / sizeof *unreadable; i++) {
+        m = raw_request(unreadable[i].frames, unreadable[i].sizes, unreadable[i].n);
+        ck_assert_msg(m != NULL, "no answer to unreadable message %zu (%s)", i, unreadable[i].why);
+        ck_assert_int_eq(kvm_proto_answer_decode(m, &ans), 0);
+        ck_assert_int_eq((int)ans.request_id, 0);
+        ck_assert_int_eq(ans.status, KVM_EPROTO);
+        ck_assert_msg(ans.message.len && strstr(ans.message.ptr, unreadable[i].why), "message %zu: %.*s", i,
+                      (int)ans.message.len, ans.message.ptr);
+        kvm_msg_free(&m);
+    }
     /* an ask with a readable request id but missing fields: answered with an error */
     kvm_proto_ask a = {
         .request_id = 77, .doc_text = kvm_proto_str_c("x"), .prompt = kvm_proto_str_c("y"), .max_new_tokens = 1};
@@ -515,7 +540,6 @@ START_TEST(test_garbage)
     m = raw_request(f2, s2, 1);
     kvm_msg_free(&good);
     ck_assert_ptr_nonnull(m);
-    kvm_proto_answer ans;
     ck_assert_int_eq(kvm_proto_answer_decode(m, &ans), 0);
     ck_assert_int_eq((int)ans.request_id, 77);
     ck_assert_int_lt(ans.status, 0);
@@ -526,8 +550,21 @@ START_TEST(test_garbage)
     ck_assert_msg(rc == 0, "ask after garbage exited %d: %s", rc, err);
     free(err);
     char *log = kvm_test_read_file(g_log, NULL);
-    assert_contains(log, "dropped a message from a client");
+    assert_contains(log, "refused an unreadable message from a client (answered as request 0)");
     assert_contains(log, "request 77 refused");
+    free(log);
+    /* a client sending garbage in a loop: every message answered, at most 20 lines a minute
+     * logged (5 so far) */
+    for (int i = 0; i < 20; i++) {
+        m = raw_request(unreadable[0].frames, unreadable[0].sizes, 1);
+        ck_assert_msg(m != NULL, "no answer to garbage %d", i);
+        kvm_msg_free(&m);
+    }
+    log = kvm_test_read_file(g_log, NULL);
+    int lines = 0;
+    for (const char *p = log; (p = strstr(p, "refused an unreadable message")); p++)
+        lines++;
+    ck_assert_int_eq(lines, 4 + 15);
     free(log);
 }
 END_TEST
@@ -1031,6 +1068,51 @@ START_TEST(test_ask_wrong_peer)
 }
 END_TEST
 
+/* Fake front end at ep (a child process): answers the first message it gets with an error
+ * answer for request 0, as kvmill serve answers a request whose id it cannot read; exits 0 once
+ * sent, 1 when nothing came within 20 s. */
+static void answer_as_unreadable(const char *ep)
+{
+    void *zc = zmq_ctx_new(), *r = zmq_socket(zc, ZMQ_ROUTER);
+    int linger = 1000, rcv = 20000;
+    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(r, ZMQ_RCVTIMEO, &rcv, sizeof rcv);
+    kvm_msg *m = NULL, *routed = NULL, *a = NULL;
+    int bad = zmq_bind(r, ep) || kvm_msg_recv(r, &m, 0) || kvm_msg_split(m, 1, &routed) ||
+              kvm_serve_error_answer(0, KVM_EPROTO, "malformed request: header: unsupported protocol version 2", &a) ||
+              kvm_msg_join(routed, &a) || kvm_msg_send(r, &routed, 0);
+    kvm_msg_free(&m);
+    zmq_close(r);
+    zmq_ctx_term(zc);
+    _exit(bad ? 1 : 0);
+}
+
+/* An error answer for request 0 (the server could not read the request's id: another protocol
+ * version, say) is the answer to this ask: it was taken for a stale answer to another request,
+ * and ask waited for its whole --timeout and said "no answer". It says what the server said now,
+ * exit 1, at once. */
+START_TEST(test_ask_unreadable_answer)
+{
+    char ep[4300], cmd[9000], *err = NULL;
+    snprintf(ep, sizeof ep, "ipc://%s/fake-front", g_dir);
+    pid_t fake = fork();
+    ck_assert_int_ge(fake, 0);
+    if (fake == 0) answer_as_unreadable(ep);
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt hi --timeout 8", kvmill(), ep, g_doc);
+    const double t0 = mono_s();
+    const int rc = kvm_test_run(cmd, NULL, &err);
+    const double secs = mono_s() - t0;
+    int st = 0;
+    kill(fake, SIGKILL);
+    waitpid(fake, &st, 0);
+    ck_assert_msg(rc == 1, "ask exited %d: %s", rc, err);
+    assert_contains(err, "the server could not read this request");
+    assert_contains(err, "unsupported protocol version 2");
+    ck_assert_msg(secs < 6, "the answer took %.1f s", secs);
+    free(err);
+}
+END_TEST
+
 START_TEST(test_usage)
 {
     char cmd[4200];
@@ -1069,6 +1151,43 @@ START_TEST(test_second_signal_130)
     g_serve = 0;
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d", st);
     ck_assert_int_eq(kill(worker, 0), -1); /* killed and reaped */
+}
+END_TEST
+
+/* A request that comes while the server drains after its first SIGTERM got no answer: the
+ * front end was not read during the drain, then closed, and the client waited for its whole
+ * --timeout. It is answered at once now, saying the server stops and to ask again. The worker
+ * is stopped (SIGSTOP) so the drain lasts (up to grace_s + 2 s = 7 s). */
+START_TEST(test_request_while_stopping)
+{
+    write_config(NULL, NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char cmd[128], *pids = NULL;
+    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, &pids, NULL), 0);
+    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGSTOP);
+    kill(g_serve, SIGTERM);
+    usleep(300000);
+    ck_assert_int_eq(waitpid(g_serve, NULL, WNOHANG), 0); /* draining: waiting for the stopped worker */
+    char *err = NULL;
+    const double t0 = mono_s();
+    const int rc = ask(g_doc, "Then", 4, "--timeout 6", NULL, &err);
+    const double secs = mono_s() - t0;
+    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGCONT);
+    free(pids);
+    ck_assert_msg(rc == 1, "ask exited %d: %s", rc, err);
+    assert_contains(err, "the server is stopping (SIGTERM): ask again when it is back");
+    ck_assert_msg(secs < 5, "the answer took %.1f s", secs);
+    free(err);
+    int st = 0;
+    ck_assert_int_eq(waitpid(g_serve, &st, 0), g_serve);
+    g_serve = 0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "refused: the server is stopping (SIGTERM)");
+    free(log);
 }
 END_TEST
 
@@ -1111,8 +1230,10 @@ int main(void)
     suite_add_tcase(su, tcase("ipc_path_not_socket", test_ipc_path_not_socket));
     suite_add_tcase(su, tcase("read_only_store", test_read_only_store));
     suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
+    suite_add_tcase(su, tcase("ask_unreadable_answer", test_ask_unreadable_answer));
     suite_add_tcase(su, tcase("usage", test_usage));
     suite_add_tcase(su, tcase("second_signal_130", test_second_signal_130));
+    suite_add_tcase(su, tcase("request_while_stopping", test_request_while_stopping));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);

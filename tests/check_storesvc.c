@@ -325,6 +325,43 @@ static int message_has(const kvm_proto_store_reply *r, const char *needle)
     return 0;
 }
 
+/* A message of more parts than a message may have (70, over KVM_MSG_MAX_FRAMES = 64) was
+ * dropped with its routing id, unanswered, while every other malformed request is refused: it
+ * is refused too now (request 0), and the service goes on answering the same client. */
+START_TEST(test_too_many_parts_refused)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    void *zctx = zmq_ctx_new(), *d = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0, rcv = 5000;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &rcv, sizeof rcv);
+    ck_assert_int_eq(zmq_connect(d, g_ep), 0);
+    for (int i = 0; i < 70; i++)
+        ck_assert_int_eq(zmq_send(d, "x", 1, i < 69 ? ZMQ_SNDMORE : 0), 1);
+    kvm_msg *r = NULL;
+    kvm_proto_store_reply sr;
+    ck_assert_msg(kvm_msg_recv(d, &r, 0) == 0, "no reply to a message of 70 parts");
+    ck_assert_int_eq(kvm_proto_store_reply_decode(r, &sr), 0);
+    ck_assert_int_eq(sr.request_id, 0);
+    ck_assert_int_eq(sr.status, KVM_EPROTO);
+    ck_assert_msg(message_has(&sr, "more than 64 parts"), "%.*s", (int)sr.message.len, sr.message.ptr);
+    kvm_msg_free(&r);
+    kvm_proto_get_cache g = {.request_id = 9}; /* still served: not found */
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_get_cache_encode(&g, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    ck_assert_int_eq(kvm_msg_recv(d, &r, 0), 0);
+    ck_assert_int_eq(kvm_proto_store_reply_decode(r, &sr), 0);
+    ck_assert_int_eq(sr.request_id, 9);
+    ck_assert_int_eq(sr.status, KVM_ENOTFOUND);
+    kvm_msg_free(&r);
+    zmq_close(d);
+    zmq_ctx_term(zctx);
+    svc_stop(&t);
+}
+END_TEST
+
 /* Sends frame 0 = {v:1, type:"get_strategy", request_id:7, model_id: bin of id_bytes bytes,
  * name} raw on DEALER d and returns the store_reply (decoded into *sr; free the message). */
 static kvm_msg *raw_get_strategy(void *d, size_t id_bytes, const char *name, kvm_proto_store_reply *sr)
@@ -1011,6 +1048,7 @@ static Suite *storesvc_suite(void)
     } cases[] = {{"put_then_get", test_put_then_get},
                  {"layers_mismatch_refused", test_layers_mismatch_refused},
                  {"truncated_upload_refused", test_truncated_upload_refused},
+                 {"too_many_parts_refused", test_too_many_parts_refused},
                  {"client_without_key_refused", test_client_without_key_refused},
                  {"zap_handler_per_context", test_zap_handler_per_context},
                  {"unknown_key_said_at_once", test_unknown_key_said_at_once},
