@@ -42,23 +42,27 @@ static void deepest_existing(const char *prefix, char *dir, size_t n)
     }
 }
 
-/* Checks --out PREFIX before anything is made: PREFIX.public within PATH_MAX, each name in it
+/* The longest name keygen writes: kvm_curve_keygen's temporary PREFIX.public.XXXXXX, renamed to
+ * PREFIX.public once written (the ".public" alone let a name 7 bytes too long through). */
+#define KEY_SUFFIX ".public.XXXXXX"
+
+/* Checks --out PREFIX before anything is made: PREFIX.public.XXXXXX within PATH_MAX, each name in it
  * within NAME_MAX, each folder on its way a folder (or missing: made later), and the deepest
  * existing one writable. Returns 0, or 2 after saying why (a long path shortened). */
 static int check_prefix(const char *prefix)
 {
     char sp[200], sd[200], dir[PATH_MAX];
-    if (strlen(prefix) + strlen(".public") >= PATH_MAX)
+    if (strlen(prefix) + strlen(KEY_SUFFIX) >= PATH_MAX)
         return fprintf(stderr,
-                       "kvmill keygen: --out %s: longer than PATH_MAX (%d characters with .public); give a "
+                       "kvmill keygen: --out %s: longer than PATH_MAX (%d characters with .public.XXXXXX, the key writer's temporary name); give a "
                        "shorter PREFIX\n",
                        short_path(prefix, sp, sizeof sp), PATH_MAX),
                2;
     for (const char *p = prefix; *p;) { /* the last name with its .public */
         size_t n = strcspn(p, "/");
-        if (n + (p[n] ? 0 : strlen(".public")) > NAME_MAX)
+        if (n + (p[n] ? 0 : strlen(KEY_SUFFIX)) > NAME_MAX)
             return fprintf(stderr, "kvmill keygen: --out %s: a name in it is longer than NAME_MAX (%d characters%s)\n",
-                           short_path(prefix, sp, sizeof sp), NAME_MAX, p[n] ? "" : " with .public"),
+                           short_path(prefix, sp, sizeof sp), NAME_MAX, p[n] ? "" : " with .public.XXXXXX, the key writer's temporary name"),
                    2;
         p += n + (p[n] == '/');
     }
@@ -82,18 +86,23 @@ static int check_prefix(const char *prefix)
     return 0;
 }
 
-/* Makes the missing folders of prefix (0700: they hold a secret key), writing the first one it
- * made into made[n] ("" when none). Returns 0, or 1 after saying why, the folders it made
- * removed. */
-static int make_folders(const char *prefix, char *made, size_t n)
+/* The folders make_folders made: prefix[0, at[i]) for i < n, in the order made. */
+typedef struct made_folders {
+    size_t at[PATH_MAX / 2];
+    int n;
+} made_folders;
+
+/* Makes the missing folders of prefix (0700: they hold a secret key), recording each one it made
+ * in *m. Returns 0, or 1 after saying why. */
+static int make_folders(const char *prefix, made_folders *m)
 {
     char dir[PATH_MAX], sp[200], sd[200];
-    made[0] = '\0';
+    m->n = 0;
     snprintf(dir, sizeof dir, "%s", prefix);
     for (char *p = strchr(dir + 1, '/'); p; p = strchr(p + 1, '/')) {
         *p = '\0';
         if (mkdir(dir, 0700) == 0) {
-            if (!made[0]) snprintf(made, n, "%s", dir);
+            if (m->n < (int)(sizeof m->at / sizeof m->at[0])) m->at[m->n++] = (size_t)(p - dir);
         } else if (errno != EEXIST) {
             int e = errno;
             fprintf(stderr, "kvmill keygen: --out %s: cannot make folder %s: %s\n", short_path(prefix, sp, sizeof sp),
@@ -106,16 +115,15 @@ static int make_folders(const char *prefix, char *made, size_t n)
     return 0;
 }
 
-/* Removes the folders make_folders made for prefix (made: the first of them; "" for none), deepest
- * first, so that a failed keygen leaves no empty folders behind. */
-static void remove_made(const char *prefix, const char *made)
+/* Removes the folders make_folders made (*m), the last made first, so that a failed keygen
+ * leaves no empty folders behind; only those: with a `..` in the prefix a folder deeper in the
+ * path may be one that was there before (new/../existing/k). */
+static void remove_made(const char *prefix, const made_folders *m)
 {
-    if (!made[0]) return;
     char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", prefix);
-    for (char *cut = strrchr(dir, '/'); cut && strlen(dir) > strlen(made); cut = strrchr(dir, '/')) {
-        *cut = '\0';
-        if (strlen(dir) >= strlen(made)) rmdir(dir);
+    for (int i = m->n - 1; i >= 0; i--) {
+        snprintf(dir, sizeof dir, "%.*s", (int)m->at[i], prefix);
+        rmdir(dir);
     }
 }
 
@@ -140,19 +148,20 @@ int kvm_cmd_keygen(int argc, char **argv)
                                "(e.g. --out %s%sserver)\n", prefix, prefix, *base ? "/" : ""), 2;
     /* a long prefix made 2,047 folders, then failed with a message of its path alone */
     if (check_prefix(prefix)) return 2;
-    char pub[PATH_MAX], sec[PATH_MAX], made[PATH_MAX];
+    char pub[PATH_MAX], sec[PATH_MAX];
+    made_folders made;
     snprintf(pub, sizeof pub, "%s.public", prefix);
     snprintf(sec, sizeof sec, "%s.secret", prefix);
     if (!kvm_cli_get(opts, "force") && (access(pub, F_OK) == 0 || access(sec, F_OK) == 0))
         return fprintf(stderr, "kvmill keygen: %s or %s exists; use --force to replace it\n", pub, sec), 2;
     /* the folders of PREFIX (keys/server) are made as needed, private (0700) */
-    if (make_folders(prefix, made, sizeof made)) {
-        remove_made(prefix, made);
+    if (make_folders(prefix, &made)) {
+        remove_made(prefix, &made);
         return 1;
     }
     if (kvm_curve_keygen(prefix)) {
         fprintf(stderr, "kvmill keygen: %s\n", kvm_cli_errmsg("keygen"));
-        remove_made(prefix, made);
+        remove_made(prefix, &made);
         return 1;
     }
     printf("%s\n%s\n", pub, sec);

@@ -1526,6 +1526,21 @@ START_TEST(test_keygen_out_checked)
     ck_assert_msg(rc == 2 && strstr(err, "f.txt is not a folder"), "exit %d: %s", rc, err);
     free(out);
     free(err);
+    /* a name that fits with ".public" but not with the writer's temporary ".public.XXXXXX": it
+     * passed the check, failed late (exit 1), and the cleanup then removed the folders "after"
+     * the first one made, `existing/` among them (it came after new/..) */
+    char name[300], existing[4300];
+    memset(name, 'k', 245);
+    name[245] = '\0';
+    snprintf(existing, sizeof existing, "%s/existing", tmp);
+    ck_assert_int_eq(mkdir(existing, 0700), 0);
+    rc = kvmill(&out, &err, "keygen --out '%s/new/../existing/%s'", tmp, name);
+    ck_assert_msg(rc == 2 && strstr(err, "longer than NAME_MAX"), "exit %d: %s", rc, err);
+    ck_assert_msg(access(existing, F_OK) == 0, "the folder that was there before was removed");
+    snprintf(d, sizeof d, "%s/new", tmp);
+    ck_assert_msg(access(d, F_OK) != 0, "%s was made", d);
+    free(out);
+    free(err);
     rc = kvmill(&out, &err, "keygen --out '%s/a/b/k'%s", tmp, "");
     ck_assert_msg(rc == 0, "exit %d: %s", rc, err);
     snprintf(d, sizeof d, "%s/a/b/k.secret", tmp);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -589,6 +590,7 @@ static pid_t remote_live_run(int renew, const char *ep, char *owner, size_t n)
     kvm_rundir_proc_id(me, id, sizeof id);
     snprintf(owner, n, "run:%.48s:%ld:%lld:%s", host, me, start_ms, id);
     if (pid) return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed assertion ends the test: so does this stand-in */
     kvm_storecli *c = NULL;
     kvm_storecli_keys none = {0};
     for (;;) {
@@ -603,7 +605,7 @@ static pid_t remote_live_run(int renew, const char *ep, char *owner, size_t n)
  * runs died it still exited 0 and they were never stored. The reply now names the holder's
  * expiry (revision 12) and the run rechecks them through the service as on a local store: the
  * one of a run of this host killed meanwhile and the one whose claim lapsed unrenewed (another
- * host's, 3 s) are taken over and compressed; the one of a run that renews its claim is left
+ * host's, 8 s) are taken over and compressed; the one of a run that renews its claim is left
  * to it (claimed=1). */
 START_TEST(test_left_documents_rechecked_remote)
 {
@@ -628,10 +630,10 @@ START_TEST(test_left_documents_rechecked_remote)
     kvm_storecli *c = NULL;
     kvm_storecli_keys none = {0};
     ck_assert_msg(kvm_storecli_open(&none, ep, &c) == 0, "%s", kvm_errmsg());
-    for (int i = 0; i < 3; i++) { /* the other host's lease lapses in 3 s, unrenewed */
+    for (int i = 0; i < 3; i++) { /* the other host's lease lapses in 8 s, unrenewed (b starts well before) */
         kvm_storecli_claim_state st = 0;
         ck_assert_msg(kvm_storecli_claim(c, &ks.k[i], NULL, owners[i], i == 2 ? "elsewhere" : host,
-                                         i == 2 ? 3000 : 600000, 0, 5000, 1, &st, NULL) == 0,
+                                         i == 2 ? 8000 : 600000, 0, 5000, 1, &st, NULL) == 0,
                       "%s", kvm_errmsg());
         ck_assert_int_eq(st, KVM_STORECLI_TAKEN);
     }
@@ -656,6 +658,9 @@ START_TEST(test_left_documents_rechecked_remote)
                       summary_value(ob, "failed") == 0,
                   "stdout: %s\nstderr: %s", ob, eb);
     ck_assert_msg(strstr(eb, "a run which renews its claim: that run stores it") != NULL, "stderr: %s", eb);
+    /* the lapsed claim was left first and taken over by a recheck, not taken at b's first claim */
+    ck_assert_msg(strstr(eb, "is being compressed by run:elsewhere") && strstr(eb, "whose claim lapsed unrenewed"),
+                  "stderr: %s", eb);
     free(ob);
     free(eb);
     service_stop(svc);
