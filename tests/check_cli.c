@@ -1010,8 +1010,8 @@ START_TEST(test_calibrate_config_own_options)
 END_TEST
 
 /* `run --dump-config` printed (exit 0) configurations that `run` then refused at start (exit 2):
- * settings that do not go together ([compress] budget not below the context, ratio = 0 with
- * budget = 0, on_policy with a query source it cannot use, [model] system without chat). The
+ * settings that do not go together ([compress] budget not below the context, ratio = 0 (out of
+ * range, as --ratio 0), on_policy with a query source it cannot use, [model] system without chat). The
  * dump now refuses each with run's message and exit status; so does serve's dump, for the
  * settings its workers refuse. A valid config still dumps. */
 START_TEST(test_dump_config_refuses_what_run_refuses)
@@ -1020,7 +1020,7 @@ START_TEST(test_dump_config_refuses_what_run_refuses)
     const char *model = kvm_test_data_path("models/stories260K.bin"), *corpus = kvm_test_data_path("corpus");
     const char *cases[][2] = {
         {"[compress]\nbudget = 1000\n", "[compress] budget = 1000 is not below [model] context = 384"},
-        {"[compress]\nratio = 0\nbudget = 0\n", "[compress] ratio = 0 and budget = 0 keep nothing"},
+        {"[compress]\nratio = 0\nbudget = 0\n", "[compress] ratio: 0 is outside [1e-09, 1]"}, /* as --ratio 0 */
         {"[compress]\non_policy = true\nalloc = head\n", "on_policy takes its queries from forward passes"},
         {"system = Be brief.\n", "[model] system is set but chat = false"},
         /* budget at or below retain: run compressed at ratio instead, under a config id naming the budget */
