@@ -152,7 +152,9 @@ END_TEST
 static Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
-    struct { const char *name; const TTest *fn;
+    struct {
+        const char *name;
+        const TTest *fn;
     } cases[] = {{"cache_f32", test_cache_f32},
                  {"cache_f16", test_cache_f16},
                  {"cache_bf16", test_cache_bf16},
