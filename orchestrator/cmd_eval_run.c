@@ -11,6 +11,7 @@
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_cachecodec.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,8 +74,9 @@ kvm_eval_opts cmd_eval__opts_of(cmd_eval_setup *es)
         .phases_both = es->both, .roundtrip = cmd_eval__store_roundtrip, .user = es, .decode_steps = es->decode_steps};
 }
 
-/* One (document, job) result: its table row, its share of the mean, its CSV row. */
-static void job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *r, const char *dt, FILE *csv)
+/* One (document, job) result: its table row, its share of the mean, its CSV row. Returns 1 (after a
+ * note naming the document) when its KL is not a number: non-finite logits measure nothing. */
+static int job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *r, const char *dt, FILE *csv)
 {
     print_row(job->spec, r);
     add_result(&job->sum, r);
@@ -84,6 +86,12 @@ static void job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *
         fprintf(csv, ",%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", job->spec, r->budget_tokens,
                 r->ratio, r->kl_mean, r->kl_median, r->kl_p99, r->top1, r->ppl_full, r->ppl_compressed, r->seconds, dt,
                 (long long)r->bytes_compressed, r->decode_ms);
+    if (isfinite(r->kl_mean)) return 0;
+    fprintf(stderr,
+            "kvmill " CMD ": %s, %s: KL is %g: the model's logits are not finite (ppl_full %g), so this row "
+            "measures nothing (the document counts as failed)\n",
+            doc, job->spec, r->kl_mean, r->ppl_full);
+    return 1;
 }
 
 static void print_means(cmd_eval_job *jobs, int n_jobs, int n_docs)
@@ -101,6 +109,7 @@ int cmd_eval__run(cmd_eval_setup *es, const cmd_eval_docset *docs, cmd_eval_job 
     if (csv) fprintf(csv, KVM_EVAL_CSV_HEADER "\n");
     const char *dt = kvm_proto_dtype_name(es->dtype);
     kvm_eval_opts eo = cmd_eval__opts_of(es);
+    int failed = 0;
     for (int d = 0; d < docs->n; d++) {
         kvm_eval_doc *doc;
         int lrc = cmd_eval_docs_load(CMD, es->m, es->k, es->tok, es->frame, docs->paths[d], es->N, es->T, 0, 1, &doc);
@@ -115,13 +124,13 @@ int cmd_eval__run(cmd_eval_setup *es, const cmd_eval_docset *docs, cmd_eval_job 
                 kvm_eval_doc_free(&doc);
                 return 1;
             }
-            job_done(&jobs[j], docs->names[d], &r, dt, csv);
+            failed |= job_done(&jobs[j], docs->names[d], &r, dt, csv);
         }
         kvm_eval_doc_free(&doc);
         fflush(stdout);
     }
     print_means(jobs, n_jobs, docs->n);
-    return 0;
+    return failed;
 }
 
 #ifdef KVM_WITH_CUDA
@@ -137,7 +146,7 @@ int cmd_eval__run_device(cmd_eval_setup *es, const cmd_eval_docset *docs, cmd_ev
         return 1;
     }
     if (csv) fprintf(csv, KVM_EVAL_CSV_HEADER "\n");
-    int rc = 0;
+    int rc = 0, failed = 0;
     for (int d = 0; !rc && d < docs->n; d++) {
         int32_t *ids = NULL;
         int64_t n_ids = 0;
@@ -168,7 +177,7 @@ int cmd_eval__run_device(cmd_eval_setup *es, const cmd_eval_docset *docs, cmd_ev
                         kvm_errmsg());
                 rc = 1;
             } else
-                job_done(&jobs[j], docs->names[d], &r, "f32", csv);
+                failed |= job_done(&jobs[j], docs->names[d], &r, "f32", csv);
             kvm_evict_plan_free(&plan);
         }
         kvm_eval_cuda_doc_free(&doc);
@@ -176,7 +185,7 @@ int cmd_eval__run_device(cmd_eval_setup *es, const cmd_eval_docset *docs, cmd_ev
     }
     kvm_cuda_model_free(&dm);
     if (!rc) print_means(jobs, n_jobs, docs->n);
-    return rc;
+    return rc ? rc : failed;
 }
 #endif
 

@@ -3,6 +3,7 @@
 #include "proto/kvm_half.h"
 #include "common/kvm_error.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,45 @@
 static void *head_keys(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (void *)h->k16 : (void *)h->k; }
 static void *head_values(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (void *)h->v16 : (void *)h->v; }
 static kvm_proto_dtype head_dtype(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? KVM_PROTO_F16 : KVM_PROTO_F32; }
+
+/* Element i of src (dtype f32, f16 or bf16) as float32, exactly. */
+static float element(const void *src, kvm_proto_dtype dt, size_t i)
+{
+    if (dt == KVM_PROTO_F32) {
+        float x;
+        memcpy(&x, (const uint8_t *)src + 4 * i, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)src + 2 * i, 2);
+    return dt == KVM_PROTO_F16 ? kvm_half_f16_to_f32(h) : kvm_half_bf16_to_f32(h);
+}
+
+/* f32 at or above this rounds to inf in f16 (halfway past f16's largest finite value, 65504). */
+#define F16_OVERFLOW 65520.0f
+
+/* Refuses n keys or values (what: "key"/"value") of KV head g of layer `layer`, in dtype src_dt,
+ * that dtype dst_dt would not hold: a non-finite value (a cache never holds one: the forward
+ * overflowed), or a finite one f16 would turn into inf. The first offender is named by layer,
+ * head, entry (row within the head) and value. KVM_ERANGE, or 0. */
+static int check_values(const void *src, kvm_proto_dtype src_dt, kvm_proto_dtype dst_dt, size_t n, int d, int layer,
+                        int g, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = element(src, src_dt, i);
+        if (!isfinite(x))
+            return kvm_err(KVM_ERANGE,
+                           "cache layer %d, KV head %d, %s of entry %zu: %g is not a finite number (the "
+                           "model's activations overflowed): the cache is refused",
+                           layer, g, what, i / (size_t)d, (double)x);
+        if (dst_dt == KVM_PROTO_F16 && fabsf(x) >= F16_OVERFLOW)
+            return kvm_err(KVM_ERANGE,
+                           "cache layer %d, KV head %d, %s of entry %zu: value %g exceeds f16's range "
+                           "(65504): store it as bf16 or f32",
+                           layer, g, what, i / (size_t)d, (double)x);
+    }
+    return 0;
+}
 
 int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_tokens, kvm_proto_dtype dtype,
                                 kvm_msg **out)
@@ -30,7 +70,9 @@ int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_token
     for (int g = 0; !rc && g < nkv; g++) {
         const kvm_kv_head *h = kvm_kvcache_head(c, layer, g);
         size_t n = (size_t)h->n * (size_t)d;
-        if ((rc = kvm_half_convert(keys + (size_t)row * d * esz, dtype, head_keys(h), head_dtype(h), n)) ||
+        if ((rc = check_values(head_keys(h), head_dtype(h), dtype, n, d, layer, g, "key")) ||
+            (rc = check_values(head_values(h), head_dtype(h), dtype, n, d, layer, g, "value")) ||
+            (rc = kvm_half_convert(keys + (size_t)row * d * esz, dtype, head_keys(h), head_dtype(h), n)) ||
             (rc = kvm_half_convert(vals + (size_t)row * d * esz, dtype, head_values(h), head_dtype(h), n)))
             break;
         for (int64_t e = 0; e < h->n; e++) {
@@ -67,7 +109,9 @@ int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c)
         if ((rc = kvm_kvcache_reserve(h, d, n > 0 ? n : 1))) return rc;
         size_t cnt = (size_t)n * (size_t)d;
         const uint8_t *ks = (const uint8_t *)m.keys + (size_t)row * d * esz, *vs = (const uint8_t *)m.values + (size_t)row * d * esz;
-        if ((rc = kvm_half_convert(head_keys(h), head_dtype(h), ks, m.dtype, cnt)) ||
+        if ((rc = check_values(ks, m.dtype, head_dtype(h), cnt, d, layer, g, "key")) ||
+            (rc = check_values(vs, m.dtype, head_dtype(h), cnt, d, layer, g, "value")) ||
+            (rc = kvm_half_convert(head_keys(h), head_dtype(h), ks, m.dtype, cnt)) ||
             (rc = kvm_half_convert(head_values(h), head_dtype(h), vs, m.dtype, cnt)))
             return rc;
         for (int64_t e = 0; e < n; e++) {

@@ -11,14 +11,17 @@
  * bf16; 16-bit types round to nearest even; an f16 cache (kv_dtype) goes to f16 frames bit for
  * bit and to f32 frames exactly). n_tokens is the document length (positions
  * must lie in [0, n_tokens) or be KVM_POS_NONE). Returns 0 and *out (caller frees),
- * KVM_EINVAL (bad dtype, positions out of range), KVM_ENOMEM. */
+ * KVM_EINVAL (bad dtype, positions out of range), KVM_ERANGE (a key or value is NaN or inf, or
+ * f16 would make a finite one inf, |x| >= 65520: the message names layer, head, entry and value),
+ * KVM_ENOMEM. */
 int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_tokens, kvm_proto_dtype dtype,
                                 kvm_msg **out);
 
 /* Decodes one `cache` message into layer `layer` of c (replacing that layer's entries),
  * converting keys/values to c's element type (float32, or f16 for a kv_dtype = f16 cache:
- * f16 frames are then copied bit for bit, f32/bf16 frames rounded to nearest even). The message's layer, n_layers, n_kv_heads and head_dim
- * must equal c's shape and `layer`. Errors: KVM_EPROTO / KVM_ERANGE (malformed message),
+ * f16 frames are then copied bit for bit, f32/bf16 frames rounded to nearest even). The message's layer, n_layers,
+ * n_kv_heads and head_dim must equal c's shape and `layer`. Errors: KVM_EPROTO / KVM_ERANGE (malformed message, or a
+ * key or value that is NaN or inf, or overflows c's f16),
  * KVM_EMISMATCH (shape differs from c), KVM_ENOMEM. */
 int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c);
 

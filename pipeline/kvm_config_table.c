@@ -55,14 +55,14 @@ const kvm_cfg_setting kvm_cfg_settings[] = {
 
     {"compress", "method", E, "sculpt", 0, 0, "sculpt|selectfit|joint-fixed|am|kvzip|full|streaming|h2o|tova|snapkv|pyramidkv|polykv",
      "", "compression method applied to every document"},
-    {"compress", "ratio", F, "0.3", 0, 1, NULL, "", "kept fraction: k = ratio*(N-retain) for sculpt methods, b = ratio*N for eviction"},
+    {"compress", "ratio", F, "0.3", 1e-9, 1, NULL, "", "kept fraction: k = ratio*(N-retain) for sculpt methods, b = ratio*N for eviction"},
     {"compress", "budget", I, "0", 0, 1 << 20, NULL, "entries", "entries per KV head instead of ratio (0 = use ratio)"},
     /* the KVSculpt settings, one row each from compress/sculpt/kvm_sculpt_settings.h: the key is
      * the name `kvmill sculpt|eval --NAME` and method strings use */
 #define KVM_SCULPT_SETTING(nm, kd, field, lo, hi, cfg, def, unit, help, repl) CFG_ROW_##cfg(nm, kd, lo, hi, def, unit, help)
 #include "compress/sculpt/kvm_sculpt_settings.h"
 #undef KVM_SCULPT_SETTING
-    {"compress", "future", I, "64", 1, 1 << 20, NULL, "tokens", "synthetic queries are spread over positions N..N+future"},
+    {"compress", "future", I, "64", 1, 1 << 20, NULL, "tokens", "synthetic queries are spread over positions N..N+future (at least 1: a run has no continuation for the flags' 0 to stand for)"},
     {"compress", "target_kl", F, "0", 0, 1e6, NULL, "nats", "per document, the smallest budget (a multiple of target_step) whose mean KL(full || compressed) on the [eval] continuation tokens after the context is <= this, by bisection; replaces budget/ratio; 0 = off"},
     {"compress", "target_step", I, "16", 1, 1 << 20, NULL, "entries", "target_kl: budgets searched are multiples of this"},
     {"compress", "strategy", S, "default", 0, 0, NULL, "", "name of the stored PolyKV strategy (method = polykv)"},

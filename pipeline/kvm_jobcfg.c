@@ -189,6 +189,12 @@ int kvm_jobcfg_check(const kvm_config *c)
         return kvm_err(KVM_EINVAL, "%s: [compress] budget = %lld is not below [model] context = %lld: the \"compressed\" "
                                    "cache would be as large as the full one or larger; lower budget (or use method = full)",
                        kvm_config_path(c), (long long)budget, (long long)ctx);
+    if (sculpt && !target && budget > 0 && budget <= retain) /* the worker would need k = budget - retain < 1 */
+        return kvm_err(KVM_EINVAL,
+                       "%s: [compress] budget = %lld entries per head leaves none beyond the retain zone of "
+                       "[compress] retain = %lld (method %s distils budget - retain entries); raise budget "
+                       "above retain, lower retain, or use ratio",
+                       kvm_config_path(c), (long long)budget, (long long)retain, method);
     if (sculpt && retain >= ctx)
         return kvm_err(KVM_EINVAL, "%s: [compress] retain = %lld is not below [model] context = %lld: the retain zone would "
                                    "keep every token and the distilled entries would make the cache larger than the full "

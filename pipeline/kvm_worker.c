@@ -258,6 +258,12 @@ static int compress_from(const kvm_config *c, const kvm_compress_input *in, kvm_
         if (!rc && in->device) rc = kvm_sculpt_opts_set(&o, "device", in->device); /* the worker's device */
         /* a document no longer than the retain zone has nothing to distil: keep it whole */
         if (o.retain_tokens > in->n_tokens) o.retain_tokens = in->n_tokens;
+        const int64_t budget = kvm_config_int(c, "compress", "budget");
+        if (!rc && budget > 0 && budget <= o.retain_tokens && o.retain_tokens < in->n_tokens) /* k = 0 means ratio */
+            return kvm_err(KVM_EINVAL,
+                           "[compress] budget = %lld entries per head leaves none beyond the retain zone of "
+                           "[compress] retain = %lld",
+                           (long long)budget, (long long)o.retain_tokens);
         if (o.k_entries > in->n_tokens - o.retain_tokens) o.k_entries = in->n_tokens - o.retain_tokens;
         /* nor one whose cache would save no entry (retain + k = N: a compress zone of one token,
          * as k is at least 1, or a budget of the whole document): its full KV, exact, is stored

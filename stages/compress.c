@@ -234,6 +234,8 @@ static void evaluate(compress_state *st, const kvm_config *cfg, const kvm_proto_
     int rc = evaluate_device(st, cfg, all, j->n_tokens, j->n_continuation, cc, &r, &done);
     if (!rc && !done && !(rc = kvm_eval_doc_new(m, NULL, all, n, j->n_tokens, j->n_continuation, &d)))
         rc = kvm_eval_continue(d, cc, NULL, NULL, &r);
+    if (!rc && !isfinite(r.kl_mean)) /* the result message would carry it as 0, a perfect cache */
+        rc = kvm_err(KVM_ERANGE, "KL(full || compressed) is %g: the model's logits are not finite", r.kl_mean);
     if (!rc) {
         out->evaluated = 1;
         out->kl_mean = r.kl_mean;

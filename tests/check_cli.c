@@ -1010,8 +1010,8 @@ START_TEST(test_calibrate_config_own_options)
 END_TEST
 
 /* `run --dump-config` printed (exit 0) configurations that `run` then refused at start (exit 2):
- * settings that do not go together ([compress] budget not below the context, ratio = 0 with
- * budget = 0, on_policy with a query source it cannot use, [model] system without chat). The
+ * settings that do not go together ([compress] budget not below the context, ratio = 0 (out of
+ * range, as --ratio 0), on_policy with a query source it cannot use, [model] system without chat). The
  * dump now refuses each with run's message and exit status; so does serve's dump, for the
  * settings its workers refuse. A valid config still dumps. */
 START_TEST(test_dump_config_refuses_what_run_refuses)
@@ -1020,9 +1020,16 @@ START_TEST(test_dump_config_refuses_what_run_refuses)
     const char *model = kvm_test_data_path("models/stories260K.bin"), *corpus = kvm_test_data_path("corpus");
     const char *cases[][2] = {
         {"[compress]\nbudget = 1000\n", "[compress] budget = 1000 is not below [model] context = 384"},
-        {"[compress]\nratio = 0\nbudget = 0\n", "[compress] ratio = 0 and budget = 0 keep nothing"},
+        {"[compress]\nratio = 0\nbudget = 0\n", "[compress] ratio: 0 is outside [1e-09, 1]"}, /* as --ratio 0 */
         {"[compress]\non_policy = true\nalloc = head\n", "on_policy takes its queries from forward passes"},
         {"system = Be brief.\n", "[model] system is set but chat = false"},
+        /* budget at or below retain: run compressed at ratio instead, under a config id naming the budget */
+        {"[compress]\nbudget = 10\nratio = 0.3\n",
+         "c.ini: [compress] budget = 10 entries per head leaves none beyond the "
+         "retain zone of [compress] retain = 32 (method sculpt"},
+        {"[compress]\nmethod = am\nbudget = 16\nretain = 16\n",
+         "[compress] budget = 16 entries per head leaves none "
+         "beyond the retain zone of [compress] retain = 16 (method am"},
     };
     snprintf(ini, sizeof ini, "%s/c.ini", tmp);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1042,14 +1049,16 @@ START_TEST(test_dump_config_refuses_what_run_refuses)
         free(out);
         free(err);
         free(dump_err);
+        if (i < 3) continue; /* serve's workers refuse the rest too (kvm_jobcfg_check) */
+        rc = kvmill(&out, &err, "serve --config '%s' --dump-config%s", ini, "");
+        ck_assert_msg(rc == 2 && strstr(err, "kvmill serve:") && strstr(err, cases[i][1]), "serve: exit %d: %s", rc,
+                      err);
+        free(out);
+        free(err);
     }
-    int rc = kvmill(&out, &err, "serve --config '%s' --dump-config%s", ini, ""); /* the last case */
-    ck_assert_msg(rc == 2 && strstr(err, "kvmill serve:") && strstr(err, cases[3][1]), "serve: exit %d: %s", rc, err);
-    free(out);
-    free(err);
     int n = snprintf(text, sizeof text, "[model]\npath = %s\n[compress]\nbudget = 64\n", model);
     ck_assert_int_eq(kvm_test_write_file(ini, text, (size_t)n), 0);
-    rc = kvmill(&out, &err, "run --config '%s' --dump-config%s", ini, "");
+    int rc = kvmill(&out, &err, "run --config '%s' --dump-config%s", ini, "");
     ck_assert_msg(rc == 0 && strstr(out, "budget = 64"), "exit %d: %s", rc, err);
     free(out);
     free(err);

@@ -83,6 +83,53 @@ START_TEST(test_table_is_the_config)
 }
 END_TEST
 
+/* [compress] value `v` for key `name` in a config: 0 when it parses. */
+static int key_parses(const char *name, const char *v)
+{
+    char text[256];
+    snprintf(text, sizeof text, "[model]\npath = /m.bin\n[compress]\n%s = %s\n", name, v);
+    kvm_config *c = NULL;
+    int rc = kvm_config_parse(text, "t.ini", &c);
+    kvm_config_free(&c);
+    return rc;
+}
+
+/* The settings that are [compress] keys of their own and flags/options from the sculpt table
+ * (ratio, budget, future) had two ranges: the key ratio took 1e-300 that --ratio refused
+ * ([1e-9, 1]); budget's key stopped at 2^20, the flag at 2^30; future's flag at 2^30, its key
+ * at 2^20. One range each now, the key's bounds accepted and the values past them refused by
+ * both; future's 0 (the continuation length) is the flags' alone, documented: a run has none. */
+START_TEST(test_shared_key_ranges)
+{
+    const char *names[] = {"ratio", "budget", "future", "retain", "queries"};
+    for (int i = 0; i < 5; i++) {
+        const kvm_cfg_setting *c = cfg_row("compress", names[i]);
+        ck_assert_ptr_nonnull(c);
+        const int real = c->type == KVM_CFG_FLOAT;
+        const double in[2] = {c->lo, c->hi}, out[2] = {real ? c->lo / 2 : c->lo - 1, real ? c->hi * 1.5 : c->hi + 1};
+        for (int b = 0; b < 2; b++) {
+            kvm_sculpt_opts o = kvm_sculpt_opts_default();
+            o.retain_tokens = 0; /* budget: any value above the retain zone */
+            char v[64], w[64];
+            snprintf(v, sizeof v, "%.17g", in[b]);
+            snprintf(w, sizeof w, "%.17g", out[b]);
+            ck_assert_msg(key_parses(names[i], v) == 0, "[compress] %s = %s: %s", names[i], v, kvm_errmsg());
+            ck_assert_msg(kvm_sculpt_opts_set(&o, names[i], v) == 0, "--%s %s: %s", names[i], v, kvm_errmsg());
+            ck_assert_msg(key_parses(names[i], w) != 0, "[compress] %s = %s accepted", names[i], w);
+            if (!strcmp(names[i], "future") && b == 0) continue; /* --future 0: the continuation length */
+            ck_assert_msg(kvm_sculpt_opts_set(&o, names[i], w) != 0, "--%s %s accepted, [compress] %s refuses it",
+                          names[i], w, names[i]);
+        }
+    }
+    kvm_sculpt_opts o = kvm_sculpt_opts_default();
+    ck_assert_int_eq(kvm_sculpt_opts_set(&o, "ratio", "1e-300"), KVM_EINVAL);
+    ck_assert_int_ne(key_parses("ratio", "1e-300"), 0);
+    ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "[compress] ratio: 1e-300 is outside [1e-09, 1]"));
+    ck_assert_int_eq(kvm_sculpt_opts_set(&o, "future", "0"), 0);
+    ck_assert_int_ne(key_parses("future", "0"), 0);
+}
+END_TEST
+
 /* A config setting every key and the same names as a method option string give the same
  * options, field by field. */
 START_TEST(test_config_keys_equal_option_names)
@@ -724,6 +771,7 @@ static Suite *suite(void)
     } cases[] = {
         {"table_is_the_config", test_table_is_the_config},
         {"config_keys_equal_option_names", test_config_keys_equal_option_names},
+        {"shared_key_ranges", test_shared_key_ranges},
         {"convergence_settings_config_id", test_convergence_settings_config_id},
         {"pilot_settings_config_id", test_pilot_settings_config_id},
         {"am_start_config_id", test_am_start_config_id},

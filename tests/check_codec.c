@@ -77,6 +77,44 @@ END_TEST
 START_TEST(test_cache_bf16) { roundtrip(KVM_PROTO_BF16, 8e-3f); }
 END_TEST
 
+/* Encodes ragged_cache with key x at layer 1, KV head 2, entry 3, element 5 in dtype dt. */
+static int encode_with(float x, kvm_proto_dtype dt)
+{
+    kvm_kvcache *c = ragged_cache();
+    kvm_kvcache_head(c, 1, 2)->k[3 * 8 + 5] = x;
+    uint8_t **blobs = NULL;
+    size_t *sizes = NULL;
+    int rc = kvm_cachecodec_pack(c, 50, dt, &blobs, &sizes);
+    for (int l = 0; !rc && l < 2; l++)
+        free(blobs[l]);
+    if (!rc) free(blobs), free(sizes);
+    kvm_kvcache_free(&c);
+    return rc;
+}
+
+/* f16 turned a finite value at or above 65520 into inf without a word (a model whose values
+ * overflow f16 was stored, verified and served as NaN); NaN and inf were stored in any dtype.
+ * Now the encoder refuses the cache naming layer, head, entry and value. */
+START_TEST(test_cache_range)
+{
+    ck_assert_int_eq(encode_with(65504.0f, KVM_PROTO_F16), 0);
+    ck_assert_int_eq(encode_with(-65519.0f, KVM_PROTO_F16), 0); /* rounds to -65504 */
+    ck_assert_int_eq(encode_with(65520.0f, KVM_PROTO_F16), KVM_ERANGE);
+    ck_assert_msg(strstr(kvm_errmsg(), "cache layer 1, KV head 2, key of entry 3: value 65520 exceeds f16's range "
+                                       "(65504): store it as bf16 or f32"),
+                  "%s", kvm_errmsg());
+    ck_assert_int_eq(encode_with(6.5e6f, KVM_PROTO_BF16), 0);
+    ck_assert_int_eq(encode_with(6.5e6f, KVM_PROTO_F32), 0);
+    kvm_proto_dtype dts[3] = {KVM_PROTO_F32, KVM_PROTO_F16, KVM_PROTO_BF16};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(encode_with(NAN, dts[i]), KVM_ERANGE);
+        ck_assert_msg(strstr(kvm_errmsg(), "cache layer 1, KV head 2, key of entry 3: nan is not a finite number"),
+                      "%s", kvm_errmsg());
+        ck_assert_int_eq(encode_with(-INFINITY, dts[i]), KVM_ERANGE);
+    }
+}
+END_TEST
+
 START_TEST(test_jobcfg_roundtrip)
 {
     kvm_config *c, *back;
@@ -114,9 +152,14 @@ END_TEST
 static Suite *codec_suite(void)
 {
     Suite *s = suite_create("codec");
-    struct { const char *name; const TTest *fn; } cases[] = {
-        {"cache_f32", test_cache_f32}, {"cache_f16", test_cache_f16}, {"cache_bf16", test_cache_bf16},
-        {"jobcfg_roundtrip", test_jobcfg_roundtrip}};
+    struct {
+        const char *name;
+        const TTest *fn;
+    } cases[] = {{"cache_f32", test_cache_f32},
+                 {"cache_f16", test_cache_f16},
+                 {"cache_bf16", test_cache_bf16},
+                 {"cache_range", test_cache_range},
+                 {"jobcfg_roundtrip", test_jobcfg_roundtrip}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

@@ -54,11 +54,15 @@ START_TEST(test_errors_name_line_and_key)
     expect_bad("[model]\npath = /m\ncontext = 0\n", "0 is outside [1,");
     expect_bad("[model]\npath = /m\ncontext = 99999999999999999999\n",
                "t.ini:3: [model] context: 99999999999999999999 is outside [1,"); /* not "not an integer" */
-    expect_bad("[model]\npath = /m\n[compress]\nratio = 1.5\n", "1.5 is outside [0, 1]");
-    expect_bad("[model]\npath = /m\n[compress]\nratio = 1e400\n", "t.ini:4: [compress] ratio: 1e400 is outside [0, 1]");
-    /* underflowing to 0 is not "outside [0, 1]": 0 is inside; the value is too close to 0 to hold */
+    expect_bad("[model]\npath = /m\n[compress]\nratio = 1.5\n", "1.5 is outside [1e-09, 1]");
+    expect_bad("[model]\npath = /m\n[compress]\nratio = 1e400\n",
+               "t.ini:4: [compress] ratio: 1e400 is outside [1e-09, 1]");
+    /* a value underflowing to 0 is outside [1e-9, 1] (as --ratio refuses it) */
     expect_bad("[model]\npath = /m\n[compress]\nratio = 1e-400\n",
-               "t.ini:4: [compress] ratio: 1e-400 is too close to 0 for a double (it would read as 0");
+               "t.ini:4: [compress] ratio: 1e-400 is outside [1e-09, 1]");
+    /* where 0 is inside, underflowing to 0 is not "outside": the value is too close to 0 to hold */
+    expect_bad("[model]\npath = /m\n[compress]\nlambda = 1e-400\n",
+               "t.ini:4: [compress] lambda: 1e-400 is too close to 0 for a double (it would read as 0");
     expect_bad("[model]\npath = /m\n[compress]\nmethod = magic\n", "'magic' is not one of sculpt|");
     expect_bad("[model]\npath = /m\n[compress]\nbias = maybe\n", "not a boolean");
     expect_bad("[model]\npath = ${KVMTEST_NOPE_NOT_SET}\n", "KVMTEST_NOPE_NOT_SET is not set");

@@ -35,6 +35,9 @@ START_TEST(test_kl_quantile)
     ck_assert_double_eq_tol(kvm_eval_quantile(x, 5, 0.5), 3.0, 1e-12);
     ck_assert_double_eq_tol(kvm_eval_quantile(x, 5, 0.99), 4.96, 1e-12);
     ck_assert_double_eq_tol(kvm_eval_quantile(x, 5, 0.0), 1.0, 1e-12);
+    /* non-finite logits: the KL was clamped to 0, a "perfect" cache */
+    float n[4] = {1, NAN, 3, 4};
+    ck_assert(isnan(kvm_eval_kl(a, n, 4)) && isnan(kvm_eval_kl(n, a, 4)));
 }
 END_TEST
 
@@ -821,6 +824,72 @@ START_TEST(test_cli_csv)
 }
 END_TEST
 
+/* A copy of stories260K (with tok512 beside it) in dir/name.bin, its wv weights scaled by wv_scale
+ * and, when final_inf, the final RMSNorm's first weight set to +inf (every logit not finite). */
+static void write_altered_model(const char *dir, const char *name, float wv_scale, int final_inf)
+{
+    size_t n;
+    char *d = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n), path[700], cmd[2048];
+    ck_assert_ptr_nonnull(d);
+    int32_t h[7]; /* dim, hidden, layers, heads, kv heads, vocab, seq */
+    memcpy(h, d, sizeof h);
+    const size_t dim = (size_t)h[0], hid = (size_t)h[1], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
+    float *w = (float *)(void *)(d + 28);
+    const size_t wv = (size_t)abs(h[5]) * dim + L * dim + L * dim * dim + L * dim * kvd;
+    for (size_t i = wv; i < wv + L * dim * kvd; i++)
+        w[i] *= wv_scale;
+    if (final_inf) w[wv + L * dim * kvd + L * dim * dim + L * dim + 3 * L * dim * hid] = INFINITY;
+    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(d, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+    free(d);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/'", kvm_test_data_path("models/tok512.bin"), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+}
+
+/* Non-finite numbers never read as a good cache: a model whose values overflow f16 (wv x 1e5)
+ * printed KL 0.000000 for --dtype f16 (the store's encoder made them inf, the logits NaN, and
+ * the KL clamp made NaN 0), exit 0; now the cache is refused naming layer and value (bf16 keeps
+ * it). A model whose logits are not finite (final norm weight inf) printed KL 0 too; now nan,
+ * in the table and the CSV, with a note naming the document and exit 1. */
+START_TEST(test_cli_nonfinite)
+{
+    char *dir = kvm_test_tmpdir(), cmd[4096], part[600], *out = NULL, *err = NULL;
+    write_altered_model(dir, "bigv", 1e5f, 0);
+    write_altered_model(dir, "nanlogits", 1, 1);
+    const char *base = "%s/kvmill eval --model %s/%s.bin --docs %s/corpus/doc_000.txt --context 64 --continuation 16 "
+                       "--method h2o --budget 32 %s";
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), dir, "bigv", kvm_test_data(), "--dtype f16");
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 1 && strstr(err, "doc_000, h2o: cache layer 0, KV head 0, value of entry ") &&
+                      strstr(err, "exceeds f16's range (65504): store it as bf16 or f32"),
+                  "exit %d: %s%s", st, out, err);
+    ck_assert_msg(!strstr(out, "0.000000"), "%s", out);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), dir, "bigv", kvm_test_data(), "--dtype bf16");
+    st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0 && strstr(out, "stored as bf16"), "exit %d: %s%s", st, out, err);
+    free(out), free(err);
+    char csvopt[700];
+    snprintf(csvopt, sizeof csvopt, "--csv %s/r.csv", dir);
+    snprintf(cmd, sizeof cmd, base, kvm_test_bin(), dir, "nanlogits", kvm_test_data(), csvopt);
+    st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 1 && strstr(err, "doc_000, h2o: KL is nan: the model's logits are not finite"), "exit %d: %s%s",
+                  st, out, err);
+    ck_assert_msg(strstr(out, "h2o                             32.00  0.5000        nan        nan        nan"), "%s",
+                  out);
+    snprintf(part, sizeof part, "%s/r.csv.part", dir);
+    size_t n;
+    char *text = kvm_test_read_file(part, &n);
+    ck_assert_msg(text && strstr(text, "\ndoc_000,h2o,32.0000,0.500000,nan,nan,nan,"), "%s", text ? text : "no csv");
+    free(text), free(out), free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* An eval that failed after rows were written (--task's tenth case, on an empty second
  * document, exit 2) left them as --csv, a file that looked finished: rows now go to CSV.part,
  * renamed over CSV only on success. Every case is now made before any work, so that case is
@@ -1285,6 +1354,7 @@ static Suite *eval_suite(void)
                  {"cli_task", test_cli_task, 0},
                  {"cli_csv", test_cli_csv, 0},
                  {"cli_csv_failed", test_cli_csv_failed, 0},
+                 {"cli_nonfinite", test_cli_nonfinite, 0},
                  {"cli_unused_options", test_cli_unused_options, 0},
                  {"cli_repeated_docs", test_cli_repeated_docs, 0},
                  {"cli_csv_locked", test_cli_csv_locked, 0}};

@@ -920,10 +920,13 @@ START_TEST(test_refusals_follow_log_format)
     struct {
         const char *cmd, *cfg, *want;
     } cases[] = {
-        {"run", "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nratio = 0\nbudget = 0\n", "keep nothing"},
-        {"run", "[model]\npath = %s\ncontext = 100000\n[compress]\nmethod = streaming\nbudget = 8\n", "exceeds the model's window"},
+        {"run", "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nbudget = 10\n",
+         "beyond the retain zone"},
+        {"run", "[model]\npath = %s\ncontext = 100000\n[compress]\nmethod = streaming\nbudget = 8\n",
+         "exceeds the model's window"},
         {"run", "[model]\npath = %s.missing\n[compress]\nmethod = streaming\nbudget = 8\n", ".missing"},
-        {"run", "[model]\npath = %s\n[compress]\nmethod = streaming\nbudget = 8\n[run]\nmetrics = /nonexistent-dir/m.json\n",
+        {"run",
+         "[model]\npath = %s\n[compress]\nmethod = streaming\nbudget = 8\n[run]\nmetrics = /nonexistent-dir/m.json\n",
          "metrics file /nonexistent-dir/m.json"},
         {"serve", "[model]\npath = %s\n[compress]\nmethod = streaming\nbudget = 8\n[serve]\nworkers = 1\n",
          "does not exist: make its caches with kvmill run first"},

@@ -1032,6 +1032,40 @@ START_TEST(test_eval_matches_harness)
 }
 END_TEST
 
+/* [eval] enabled over a model whose logits are not finite (the final norm's first weight inf):
+ * the KL, NaN, went to the result message as 0 and the summary said "mean KL 0.00000 nats over
+ * 5 documents", a perfect cache. Now no document counts as evaluated (the stage log says why). */
+START_TEST(test_eval_nonfinite_not_counted)
+{
+    size_t n;
+    char *d = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n), model[4300], text[8192];
+    ck_assert_ptr_nonnull(d);
+    int32_t h[7]; /* dim, hidden, layers, heads, kv heads, vocab, seq */
+    memcpy(h, d, sizeof h);
+    const size_t dim = (size_t)h[0], hid = (size_t)h[1], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
+    float inf = INFINITY; /* the final RMSNorm weight, after embeddings, attention and FFN weights */
+    memcpy(d + 28 +
+               4 * ((size_t)abs(h[5]) * dim + 2 * L * dim + 2 * L * dim * dim + 2 * L * dim * kvd + 3 * L * dim * hid),
+           &inf, 4);
+    snprintf(model, sizeof model, "%s/nan.bin", tmp);
+    ck_assert_int_eq(kvm_test_write_file(model, d, n), 0);
+    free(d);
+    snprintf(text, sizeof text, "cp '%s' '%s/'", kvm_test_data_path("models/tok512.bin"), tmp);
+    ck_assert_int_eq(kvm_test_run(text, NULL, NULL), 0);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = snapkv\nbudget = 32\n[eval]\nenabled = true\n"
+             "continuation = 32\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             model, store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    char *out, *err;
+    ck_assert_int_eq(run_kvmill(&out, &err), 0);
+    char *line = strstr(out, "evaluation: mean KL(full || compressed) ");
+    ck_assert_msg(line && strstr(line, "over 0 documents"), "stdout: %s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* SIGTERM mid-job: with a grace period the job completes (ack) and the stage exits 0; with
  * none it hands the job back as a retryable error and exits 0. */
 /* Waits until a heartbeat says the stage is working on job id (not merely received it). */
@@ -1651,6 +1685,7 @@ static Suite *pipeline_suite(void)
                  {"ctrl_c", test_ctrl_c},
                  {"jsonl_corpus", test_jsonl_corpus},
                  {"eval_matches_harness", test_eval_matches_harness},
+                 {"eval_nonfinite_not_counted", test_eval_nonfinite_not_counted},
                  {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back},
                  {"calibrate_then_polykv", test_calibrate_then_polykv},
                  {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},

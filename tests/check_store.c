@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sodium.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,12 +85,28 @@ static void tc_make(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_lay
 /* tc_make with layers that decode as serve decodes them (what `store verify` checks): each
  * layer is a `cache` message whose keys tensor holds the layer's payload (values are 0), payload
  * rounded up to a whole number of entries, spread over TC_DEC_HEADS KV heads. */
+static void tc_make_dec_inf(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_layers, size_t payload,
+                            int inf_layer);
 static void tc_make_dec(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_layers, size_t payload)
+{
+    tc_make_dec_inf(t, model, w, i, n_layers, payload, -1);
+}
+
+/* tc_make_dec with the first key of layer inf_layer (-1: none) +inf, a cache no forward makes. */
+static void tc_make_dec_inf(tcache *t, uint32_t model, uint32_t w, uint32_t i, int n_layers, size_t payload,
+                            int inf_layer)
 {
     const size_t entry = TC_DEC_HEAD_DIM * sizeof(float);
     tc_make(t, model, w, i, n_layers, (payload + entry - 1) / entry * entry, 0);
     snprintf(t->m.dtype, sizeof t->m.dtype, "f32");
     for (int l = 0; l < n_layers; l++) {
+        for (size_t j = 0; j + 4 <= t->frames[l][1].size; j += 4) { /* finite keys: a NaN or inf does not decode */
+            uint32_t u;
+            memcpy(&u, t->payload[l] + j, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) u &= ~0x40000000u;
+            memcpy(t->payload[l] + j, &u, 4);
+        }
+        if (l == inf_layer) memcpy(t->payload[l], &(float){INFINITY}, 4);
         int64_t ne = (int64_t)t->frames[l][1].size / (int64_t)entry;
         ck_assert_int_le((ne + TC_DEC_HEADS - 1) / TC_DEC_HEADS, t->m.n_tokens);
         int32_t head_entries[TC_DEC_HEADS], *pos = malloc((size_t)ne * sizeof *pos);
@@ -804,6 +821,29 @@ START_TEST(test_sigkill)
 END_TEST
 
 /* ---- corruption ---- */
+
+/* A cache holding inf (stored before the store's encoder refused non-finite values: f16
+ * overflow, a model whose activations overflow) passed `store verify` with 0 problems; its
+ * layers decode to inf and every ask over it is NaN. verify now names it. */
+START_TEST(test_verify_nonfinite)
+{
+    kvm_store *s = open_store(g_path, 0, 0, 0, 0);
+    tcache a, b;
+    tc_make_dec(&a, 3, 0, 1, 2, 500);
+    tc_make_dec_inf(&b, 3, 0, 2, 2, 500, 1);
+    put_ok(s, &a);
+    put_ok(s, &b);
+    kvm_store_close(&s);
+    char *err = NULL;
+    int rc = run_cli(NULL, &err, "verify", "--store", g_path, NULL);
+    ck_assert_msg(rc == 1 && strstr(err, "stored cache layer 1 does not decode: cache layer 1, KV head 0, key of entry "
+                                         "0: inf is not a finite number"),
+                  "exit %d: %s", rc, err);
+    free(err);
+    tc_free(&a);
+    tc_free(&b);
+}
+END_TEST
 
 START_TEST(test_corrupt)
 {
@@ -1946,6 +1986,7 @@ int main(void)
     suite_add_tcase(su, tcase("concurrent", test_concurrent, 240));
     suite_add_tcase(su, tcase("sigkill", test_sigkill, 60));
     suite_add_tcase(su, tcase("corrupt", test_corrupt, 60));
+    suite_add_tcase(su, tcase("verify_nonfinite", test_verify_nonfinite, 60));
     suite_add_tcase(su, tcase("map_growth", test_map_growth, 120));
     suite_add_tcase(su, tcase("evict", test_evict, 60));
     suite_add_tcase(su, tcase("mismatch", test_mismatch, 30));

@@ -81,6 +81,15 @@ START_TEST(test_every_method)
     ck_assert_int_eq(kvm_worker_compress(c, &in, NULL, &zero, &out), KVM_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(kvm_errmsg(), "kvmill calibrate"));
     kvm_config_free(&c);
+    /* a budget at or below retain (k = budget - retain < 1) compressed at ratio instead, unsaid */
+    c = config("am");
+    ck_assert_int_eq(kvm_config_set(c, "compress", "budget", "8"), 0);
+    ck_assert_int_eq(kvm_worker_compress(c, &in, NULL, NULL, &out), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "[compress] budget = 8 entries per head leaves none beyond the retain zone of "
+                                       "[compress] retain = 8"),
+                  "%s", kvm_errmsg());
+    ck_assert_ptr_null(out);
+    kvm_config_free(&c);
 }
 END_TEST
 

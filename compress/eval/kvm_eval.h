@@ -208,7 +208,7 @@ int kvm_eval_target_budget(kvm_eval_kl_fn *fn, void *user, int64_t lo, int64_t h
 double kvm_eval_quantile(double *x, int64_t n, double q);
 
 /* KL(p ‖ q) in nats of the softmax distributions of logits lp, lq [vocab] (double
- * accumulation; identical logits give exactly 0). */
+ * accumulation; identical logits give exactly 0). Non-finite logits give NaN or inf, never 0. */
 double kvm_eval_kl(const float *lp, const float *lq, int vocab);
 
 /* exp(mean over steps i < T of −log softmax(logits[i])[next[i]]): the perplexity of tokens
@@ -218,7 +218,7 @@ double kvm_eval_ppl(const float *logits, const int32_t *next, int64_t T, int voc
 /* Scores a run's logits got [T][vocab] against the reference ref [T][vocab] (step i predicts
  * next[i]): r's kl_mean, kl_median, kl_p99, top1 and ppl_compressed (the other fields are the
  * caller's). kl [T] is scratch (sorted for the quantiles); kl_steps [T] (may be NULL) gets the
- * per-step KL in step order. */
+ * per-step KL in step order. A step with NaN KL makes kl_mean, kl_median and kl_p99 NaN. */
 void kvm_eval_score(const float *ref, const float *got, const int32_t *next, int64_t T, int vocab, double *kl,
                     double *kl_steps, kvm_eval_result *r);
 

@@ -46,7 +46,9 @@ double kvm_eval_kl(const float *lp, const float *lq, int vocab)
         double a = (double)lp[i] - lzp, b = (double)lq[i] - lzq;
         kl += exp(a) * (a - b);
     }
-    return kl > 0 ? kl : 0.0; /* rounding can give -1e-17 for equal distributions */
+    /* rounding can give -1e-17 for equal distributions; NaN (non-finite logits) stays NaN, so a
+     * broken run never reads as a perfect cache */
+    return kl < 0 ? 0.0 : kl;
 }
 
 /* −log softmax(l)[target]. */
@@ -95,11 +97,14 @@ void kvm_eval_score(const float *ref, const float *got, const int32_t *next, int
         s += nll(q, vocab, next[i]);
     }
     if (kl_steps) memcpy(kl_steps, kl, (size_t)T * sizeof *kl); /* before the quantiles sort kl */
-    r->kl_mean = sk / (double)T;
+    r->kl_mean = isnan(sk) ? NAN : sk / (double)T;              /* NAN: printed "nan", not the sign bit's "-nan" */
     r->top1 = agree / (double)T;
     r->ppl_compressed = exp(s / (double)T);
-    r->kl_median = kvm_eval_quantile(kl, T, 0.5);
-    r->kl_p99 = kvm_eval_quantile(kl, T, 0.99);
+    int nan_steps = 0; /* qsort has no order for NaN: the quantiles of such a run are NaN too */
+    for (int64_t i = 0; i < T; i++)
+        nan_steps += isnan(kl[i]);
+    r->kl_median = nan_steps ? NAN : kvm_eval_quantile(kl, T, 0.5);
+    r->kl_p99 = nan_steps ? NAN : kvm_eval_quantile(kl, T, 0.99);
 }
 
 /* Teacher-forces tokens N..N+T-2 over cache c; logits rows 1..T-1 go to out (row 0, the

@@ -28,8 +28,9 @@ KVM_SCULPT_SETTING(method, MODE, mode, 0, 0, 0, "sculpt", "", "sculpt | selectfi
 KVM_SCULPT_SETTING(retain, I64, retain_tokens, 0, 1 << 30, 1, "32", "tokens",
                    "retain zone m: the last context tokens kept unchanged", NULL)
 KVM_SCULPT_SETTING(ratio, F64, ratio, 1e-9, 1, 0, "0.3", "", "r = k/(N-m): distilled entries per compress-zone token", NULL)
-KVM_SCULPT_SETTING(budget, BUDGET, k_entries, 0, 1 << 30, 0, "0", "entries",
-                   "b entries per KV head including the retain zone (k = b - m distilled); overrides ratio; 0 = use ratio", NULL)
+KVM_SCULPT_SETTING(
+    budget, BUDGET, k_entries, 0, 1 << 20, 0, "0", "entries",
+    "b entries per KV head including the retain zone (k = b - m distilled); overrides ratio; 0 = use ratio", NULL)
 KVM_SCULPT_SETTING(entries, I64, k_entries, 0, 1 << 30, 0, "0", "entries",
                    "k distilled entries per KV head; budget = entries + retain", "budget")
 KVM_SCULPT_SETTING(queries, I64, n_synth, 0, 1 << 24, 1, "2048", "queries", "S training queries per KV head besides the retain zone's (split by query_source)", NULL)
@@ -41,8 +42,11 @@ KVM_SCULPT_SETTING(on_policy, BOOL, on_policy, 0, 1, 1, "false", "",
                    "layers below already compressed (Attention Matching's on-policy mode)", NULL)
 KVM_SCULPT_SETTING(synthetic_queries, I64, n_synth, 0, 1 << 24, 0, "2048", "queries",
                    "S synthetic future queries per KV head", "queries")
-KVM_SCULPT_SETTING(future, I64, future_tokens, 0, 1 << 30, 0, "0", "tokens",
-                   "F: synthetic query positions N + floor(i*F/S); 0 = the continuation length, else 64", NULL)
+KVM_SCULPT_SETTING(future, I64, future_tokens, 0, 1 << 20, 0, "0", "tokens",
+                   "F: synthetic query positions N + floor(i*F/S); 0 = the continuation length (eval's "
+                   "--continuation; sculpt has none: 64), a flag's meaning only: [compress] future, with no "
+                   "continuation in a run, is 1 or more",
+                   NULL)
 KVM_SCULPT_SETTING(lambda, F64, lambda, 0, 1e6, 1, "0.1", "", "weight of the LSE-matching term", NULL)
 KVM_SCULPT_SETTING(lse_weight, BOOL, lse_mass_weight, 0, 1, 1, "false", "",
                    "weight each query's LSE error by the compress zone's attention share (ours)", NULL)
