@@ -153,7 +153,10 @@ int kvm_cmd_generate(int argc, char **argv)
         {"chat", 0, "wrap --prompt in the model's chat template (ChatML: system, user, assistant turns)", NULL},
         {"system", 1, "system message for --chat (default: the template's own default, if it has one)", NULL},
         {"tokens", 1, "file of prompt token ids, one per line (replaces --prompt)", NULL},
-        {"n", 1, "positions to run, BOS and prompt included, as run.c's -n (default 256; 0 = seq_len)", NULL},
+        {"n", 1,
+         "positions to run, BOS and prompt included, as run.c's -n (default 256; 0 = the model's window: seq_len, or "
+         "its sliding_window when smaller)",
+         NULL},
         {"temperature", 1, "sampling temperature, 0 = greedy (default 1.0)", NULL},
         {"topp", 1, "top-p nucleus sampling in [0, 1] (default 0.9)", NULL},
         {"seed", 1, "random seed >= 1 (default: time; 0 is refused: the sampler's state must not be 0)", NULL},

@@ -1,5 +1,6 @@
 /* kvm_serve_cache.c: store and load a document's compressed cache (wire encoding). */
 #include "pipeline/kvm_serve_cache.h"
+#include "model/kvm_model_window.h"
 #include "common/kvm_error.h"
 #include "model/kvm_forward.h"
 #include "pipeline/kvm_cachecodec.h"
@@ -195,9 +196,9 @@ int kvm_serve_cache_load(kvm_store *store, const kvm_store_cache_key *key, const
     const kvm_store_manifest *man = &sc->manifest;
     if (man->n_layers != m->cfg.n_layers)
         rc = kvm_err(KVM_EMISMATCH, "stored cache has %d layers, the model %d", (int)man->n_layers, m->cfg.n_layers);
-    else if (man->n_tokens < 1 || man->n_tokens > m->cfg.seq_len)
+    else if (man->n_tokens < 1 || man->n_tokens > kvm_model_window(&m->cfg))
         rc = kvm_err(KVM_ECORRUPT, "stored cache is for %lld tokens, outside the model's window [1, %d]",
-                     (long long)man->n_tokens, m->cfg.seq_len);
+                     (long long)man->n_tokens, kvm_model_window(&m->cfg));
     if (!rc) rc = kvm_forward_cache_new(m, extra_per_head > 0 ? extra_per_head : 1, &c);
     for (int l = 0; !rc && l < man->n_layers; l++)
         rc = kvm_serve_cache_decode_layer(sc, l, c);

@@ -1,5 +1,6 @@
 /* kvm_serve_remote.c: caches to and from the store service (kvm_serve_remote.h). */
 #include "pipeline/kvm_serve_remote.h"
+#include "model/kvm_model_window.h"
 #include "common/kvm_error.h"
 #include "model/kvm_forward.h"
 #include "pipeline/kvm_cachecodec.h"
@@ -49,7 +50,7 @@ int kvm_serve_remote_load(kvm_storecli *svc, const kvm_config *cfg, const kvm_st
     if (n != m->cfg.n_layers) rc = kvm_err(KVM_EMISMATCH, "the served cache has %d layers, the model %d", n, m->cfg.n_layers);
     if (!rc && (rc = kvm_proto_cache_decode(layers[0], &pc)))
         rc = kvm_err(KVM_ECORRUPT, "served cache layer 0 does not decode");
-    if (!rc && (pc.n_tokens < 1 || pc.n_tokens > m->cfg.seq_len))
+    if (!rc && (pc.n_tokens < 1 || pc.n_tokens > kvm_model_window(&m->cfg)))
         rc = kvm_err(KVM_ECORRUPT, "served cache is for %lld tokens, outside the model's window", (long long)pc.n_tokens);
     int64_t N = pc.n_tokens;
     if (!rc) rc = kvm_forward_cache_new(m, extra_per_head > 0 ? extra_per_head : 1, &c);

@@ -1254,6 +1254,12 @@ START_TEST(test_cli_window)
     expect_cli(0, "its first 48 (the model's window, its config's sliding_window) are the context", args);
     snprintf(args, sizeof args, "sculpt --model '%s' --doc '%s' --context 56 --out '%s/c.kvs'", dir, doc, g_tmp);
     expect_cli(2, "--context 56 is past the model's window of 48 tokens", args);
+    /* the continuation's 32 tokens were clamped to 64 - 40 = 24: the forward failed at 48 */
+    snprintf(args, sizeof args,
+             "sculpt --model '%s' --doc '%s' --context 40 --budget 24 --retain 8 --queries 64 --query-source "
+             "continuation --iterations 2 --rounds 1 --out '%s/c.kvs'",
+             dir, doc, g_tmp);
+    expect_cli(0, "the model's window of 48 tokens leaves 8 positions", args);
     snprintf(args, sizeof args, "eval --model '%s' --docs '%s' --context 40 --continuation 16 --method h2o --budget 16",
              dir, doc);
     expect_cli(2, "exceeds the model's window of 48 tokens, its config's sliding_window", args);

@@ -1,5 +1,6 @@
 /* kvm_eval_cuda.c: eviction methods scored on a CUDA device (kvm_eval_cuda.h). */
 #include "compress/eval/kvm_eval_cuda.h"
+#include "model/kvm_model_window.h"
 
 #ifdef KVM_WITH_CUDA
 #include "common/kvm_error.h"
@@ -53,9 +54,9 @@ int kvm_eval_cuda_doc_new(kvm_cuda_model *dm, const kvm_model_config *c, const i
                           kvm_eval_cuda_doc **out)
 {
     *out = NULL;
-    if (N < 1 || T < 1 || N + T > c->seq_len)
+    if (N < 1 || T < 1 || N + T > kvm_model_window(c))
         return kvm_err(KVM_EINVAL, "eval: context %lld + continuation %lld (model window %d)", (long long)N,
-                       (long long)T, c->seq_len);
+                       (long long)T, kvm_model_window(c));
     kvm_eval_cuda_doc *d = calloc(1, sizeof *d);
     if (!d) return kvm_err(KVM_ENOMEM, "eval: out of memory");
     const size_t TV = (size_t)T * (size_t)c->vocab_size;

@@ -1,5 +1,6 @@
 /* kvm_eval_doc.c: one document's full-KV reference (context cache, capture, reference
  * logits) and the teacher-forced continuation over a compressed cache, scored against it. */
+#include "model/kvm_model_window.h"
 #include "common/kvm_error.h"
 #include "compress/eval/kvm_eval.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
@@ -178,9 +179,9 @@ static int doc_build(const kvm_model *m, const kvm_kernels *k, const int32_t *to
     if (n_ctx < 1 || n_cont < 1 || n_tokens < n_ctx + n_cont)
         return kvm_err(KVM_EINVAL, "eval: a document of %lld tokens cannot give context %lld + continuation %lld",
                        (long long)n_tokens, (long long)n_ctx, (long long)n_cont);
-    if (n_ctx + n_cont > c->seq_len)
+    if (n_ctx + n_cont > kvm_model_window(c))
         return kvm_err(KVM_EINVAL, "eval: context %lld + continuation %lld exceeds the model's window of %d tokens",
-                       (long long)n_ctx, (long long)n_cont, c->seq_len);
+                       (long long)n_ctx, (long long)n_cont, kvm_model_window(c));
     kvm_eval_doc *d = calloc(1, sizeof *d);
     if (!d) return kvm_err(KVM_ENOMEM, "eval: out of memory");
     d->m = m;
@@ -228,9 +229,9 @@ int kvm_eval_prefix_new(const kvm_model *m, const kvm_kernels *k, const int32_t 
                         kvm_eval_prefix **out)
 {
     *out = NULL;
-    if (n < 1 || n > m->cfg.seq_len)
+    if (n < 1 || n > kvm_model_window(&m->cfg))
         return kvm_err(KVM_EINVAL, "eval: a prefix of %lld tokens (the model's window is %d)", (long long)n,
-                       m->cfg.seq_len);
+                       kvm_model_window(&m->cfg));
     kvm_eval_prefix *p = calloc(1, sizeof *p);
     if (!p) return kvm_err(KVM_ENOMEM, "eval: out of memory");
     *p = (kvm_eval_prefix){.m = m, .k = k, .n = n, .tokens = malloc((size_t)n * sizeof *p->tokens)};

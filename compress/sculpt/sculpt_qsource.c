@@ -2,6 +2,7 @@
  * give real model queries for training: the repeated context (KVzip arXiv 2505.23416 §3.1,
  * Attention Matching arXiv 2602.16284) and a greedy continuation. */
 #include "compress/sculpt/kvm_sculpt_qsource.h"
+#include "model/kvm_model_window.h"
 #include "model/kvm_chat.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
@@ -162,10 +163,11 @@ static int build_repeat(const kvm_compress_input *in, kvm_forward *f, kvm_sculpt
 {
     const kvm_model_config *c = &in->model->cfg;
     const int64_t N = in->n_tokens, P = in->n_repeat_prompt > 0 ? in->n_repeat_prompt : 1;
-    if (2 * N + P > c->seq_len)
-        return kvm_err(KVM_EINVAL, "sculpt: query_source repeat needs 2N + P = %lld positions (N = %lld, prompt %lld) "
-                                   "but the model's window is %d tokens: use a shorter context or another source",
-                       (long long)(2 * N + P), (long long)N, (long long)P, c->seq_len);
+    if (2 * N + P > kvm_model_window(c))
+        return kvm_err(KVM_EINVAL,
+                       "sculpt: query_source repeat needs 2N + P = %lld positions (N = %lld, prompt %lld) "
+                       "but the model's window is %d tokens: use a shorter context or another source",
+                       (long long)(2 * N + P), (long long)N, (long long)P, kvm_model_window(c));
     int32_t *seq = malloc((size_t)(N + P) * sizeof *seq);
     kvm_kvcache *cc = NULL;
     int rc = seq ? set_alloc(c, N, (int32_t)(N + P), set) : kvm_err(KVM_ENOMEM, "sculpt: out of memory");
@@ -199,10 +201,12 @@ static int build_continuation(const kvm_compress_input *in, kvm_forward *f, int6
 {
     const kvm_model_config *c = &in->model->cfg;
     const int64_t N = in->n_tokens;
-    if (T > c->seq_len - N) T = c->seq_len - N;
+    if (T > kvm_model_window(c) - N) T = kvm_model_window(c) - N;
     if (T < 1)
-        return kvm_err(KVM_EINVAL, "sculpt: query_source continuation: the context of %lld tokens fills the model's "
-                                   "window of %d", (long long)N, c->seq_len);
+        return kvm_err(KVM_EINVAL,
+                       "sculpt: query_source continuation: the context of %lld tokens fills the model's "
+                       "window of %d",
+                       (long long)N, kvm_model_window(c));
     float *logits = malloc((size_t)c->vocab_size * sizeof *logits);
     kvm_kvcache *cc = NULL;
     int rc = logits ? set_alloc(c, T, (int32_t)N, set) : kvm_err(KVM_ENOMEM, "sculpt: out of memory");
@@ -251,7 +255,7 @@ int kvm_sculpt_qsets_ensure(const kvm_compress_input *in, const kvm_sculpt_qsour
     const kvm_model_config *c = &in->model->cfg;
     const int group = c->n_heads / c->n_kv_heads;
     int64_t T = (n[KVM_SCULPT_QSRC_CONTINUATION] + group - 1) / group;
-    if (T > c->seq_len - in->n_tokens) T = c->seq_len - in->n_tokens;
+    if (T > kvm_model_window(c) - in->n_tokens) T = kvm_model_window(c) - in->n_tokens;
     kvm_sculpt_qset *rep = &out->set[KVM_SCULPT_QSRC_REPEAT], *con = &out->set[KVM_SCULPT_QSRC_CONTINUATION];
     int want_rep = n[KVM_SCULPT_QSRC_REPEAT] > 0 && !(rep->q && rep->n == in->n_tokens);
     int want_con = n[KVM_SCULPT_QSRC_CONTINUATION] > 0 && !(con->q && con->n == T);
@@ -274,8 +278,8 @@ int kvm_sculpt_qsets_ensure(const kvm_compress_input *in, const kvm_sculpt_qsour
                     "sculpt: query_source continuation: the model's window of %d tokens leaves %lld positions after "
                     "the %lld-token context, so its %lld queries are drawn from %lld distinct ones (%lld tokens "
                     "x %d query heads per KV head; %lld tokens asked)",
-                    c->seq_len, (long long)T, (long long)in->n_tokens, (long long)n[KVM_SCULPT_QSRC_CONTINUATION],
-                    (long long)(T * group), (long long)T, group,
+                    kvm_model_window(c), (long long)T, (long long)in->n_tokens,
+                    (long long)n[KVM_SCULPT_QSRC_CONTINUATION], (long long)(T * group), (long long)T, group,
                     (long long)((n[KVM_SCULPT_QSRC_CONTINUATION] + group - 1) / group));
         if ((rc = build_continuation(in, f, T, con))) {
             free(con->q);
