@@ -577,7 +577,8 @@ int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, 
 {
     char dir[4096], tok1[4200], tok2[4200];
     const char *slash = model ? strrchr(model, '/') : NULL;
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - model) : 1, slash ? model : ".");
+    /* the model's folder: "." without a slash, "/" for /m.bin (its "" opened nothing) */
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash > model ? slash - model : 1) : 1, slash ? model : ".");
     snprintf(tok1, sizeof tok1, "%s/tok512.bin", dir); /* found beside the model without --tokenizer */
     snprintf(tok2, sizeof tok2, "%s/tokenizer.bin", dir);
     const char *beside = "tokenizer (beside the model)";
@@ -586,14 +587,14 @@ int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, 
     if (kvm_cli_check_out_inputs(cmd, flag, out, flags, paths, docs ? 5 : 4)) return -1;
     struct stat so, sm;
     if (!out || !*out || stat(out, &so) != 0 || !S_ISREG(so.st_mode)) return 0; /* a new file: nothing to lose */
-    if (tokenizer && !stat(tokenizer, &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) {
-        /* a --tokenizer path with a comma, which the list check above splits */
-        kvm_cli_refuse(cmd,
-                       "--%s %s is the --tokenizer file %s: writing it would destroy that input; name another "
-                       "file\n",
-                       flag, out, tokenizer);
-        return -1;
-    }
+    /* a --model or --tokenizer path with a comma, which the list check above splits */
+    const char *whole[2] = {model, tokenizer}, *names[2] = {"--model", "--tokenizer"};
+    for (int i = 0; i < 2; i++)
+        if (whole[i] && !stat(whole[i], &sm) && sm.st_dev == so.st_dev && sm.st_ino == so.st_ino) {
+            kvm_cli_refuse(cmd, "--%s %s is the %s file %s: writing it would destroy that input; name another file\n",
+                           flag, out, names[i], whole[i]);
+            return -1;
+        }
     int hf = model && !stat(model, &sm) && S_ISDIR(sm.st_mode); /* a Hugging Face folder */
     return check_out_model_folder(cmd, flag, out, &so, hf ? model : dir, hf);
 }
