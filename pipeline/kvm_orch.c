@@ -292,8 +292,9 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     sigaction(SIGTERM, &sa, &old_term);
     interrupts = 0;
     /* a store write lock held for long by another process: Ctrl-C still ends the run */
-    kvm_store_set_interrupt(&interrupts, "the run's summary is not printed; its stage workers stop by themselves and "
-                                         "its claims are taken over by the next run on this host");
+    kvm_store_set_interrupt(&interrupts, "the run's summary is not printed; its stage workers stop by themselves (one "
+                                         "waiting for this lock too once it gets it) and its claims are taken over "
+                                         "by the next run on this host");
     kvm_store *store = NULL;
     int rc = prepare(&o, &store), status = 0;
     if (rc) {
