@@ -173,7 +173,8 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
 /* LMDB's write lock is one process-shared mutex; a write waits for it without end and no
  * signal interrupts the wait. A process holding it for long (a kvmill writer stopped with
  * Ctrl-Z or kill -STOP inside a commit, or hung) froze every writer. So every process with a
- * writable handle gets one watchdog thread (started by its first writable open): a wait of 2 s
+ * writable handle gets one watchdog thread (started by its first writable open, joined when
+ * its last writable handle is closed): a wait of 2 s
  * or more is said on stderr through kvm_log, once per wait (event store_lock_wait: the store,
  * how to find the holder, and the stopped processes of this user that have the store open),
  * and so is its end (store_lock_wait_end).

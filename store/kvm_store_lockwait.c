@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +21,12 @@
  * intr_at_start are atomics, written by the waiting thread without it (the hot path). */
 static struct {
     pthread_mutex_t mu;
+    pthread_cond_t cv; /* wakes the watchdog to stop; CLOCK_MONOTONIC */
     kvm_store__lockwait *head;
-    pid_t pid;                                 /* process whose watchdog runs; 0 none */
+    pid_t pid;                                 /* the process g.running and g.th belong to */
+    int running;                               /* 1: this process's watchdog runs (g.th) */
+    pthread_t th;                              /* the watchdog, joined when the list empties */
+    unsigned gen;                              /* bumped to stop the running watchdog */
     const volatile sig_atomic_t *_Atomic flag; /* kvm_store_set_interrupt's; NULL none */
     const char *_Atomic note;                  /* what an interrupt leaves undone; may be NULL */
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -178,51 +183,74 @@ static void check(kvm_store__lockwait *w, int64_t now)
     if (flag && (int)*flag != atomic_load(&w->intr_at_start)) stop_for_interrupt(w, since);
 }
 
+/* The watchdog of generation arg: a look at every wait each tick, until g.gen moves on. */
 static void *watch_main(void *arg)
 {
-    (void)arg;
-    for (;;) {
-        nanosleep(&(struct timespec){0, KVM_STORE__LOCKWAIT_TICK_MS * 1000000L}, NULL);
-        pthread_mutex_lock(&g.mu);
+    unsigned gen = (unsigned)(uintptr_t)arg;
+    pthread_mutex_lock(&g.mu);
+    while (g.gen == gen) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        t.tv_nsec += KVM_STORE__LOCKWAIT_TICK_MS * 1000000L;
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&g.cv, &g.mu, &t);
+        if (g.gen != gen) break;
         int64_t now = mono_ms();
         for (kvm_store__lockwait *w = g.head; w; w = w->next)
             check(w, now);
-        pthread_mutex_unlock(&g.mu);
     }
+    pthread_mutex_unlock(&g.mu);
     return NULL;
 }
 
-/* Around fork: the child gets the mutex unlocked, whatever the watchdog was doing (the child
- * has no watchdog thread; its first writable open starts one). */
-static void fork_prepare(void) { pthread_mutex_lock(&g.mu); }
-static void fork_after(void) { pthread_mutex_unlock(&g.mu); }
+/* The condition variable on the monotonic clock, once per program (a wall-clock step must
+ * not stretch a tick). */
+static void cv_init(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&g.cv, &a);
+    pthread_condattr_destroy(&a);
+}
 
-/* Starts the watchdog, detached, with every signal blocked: signals stay the other threads'
- * (a handler interrupting their waits, as before). Mutex held. */
+/* Around fork: the child gets the mutex unlocked and a fresh condition variable, whatever the
+ * watchdog was doing (the child has no watchdog thread; its first writable open starts one). */
+static void fork_prepare(void) { pthread_mutex_lock(&g.mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&g.mu); }
+static void fork_child(void)
+{
+    cv_init();
+    pthread_mutex_unlock(&g.mu);
+}
+
+/* Starts the watchdog with every signal blocked: signals stay the other threads' (a handler
+ * interrupting their waits, as before). Mutex held. */
 static void start_watchdog(void)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
     static int atfork_set; /* inherited by children: once per program */
-    if (!atfork_set) atfork_set = pthread_atfork(fork_prepare, fork_after, fork_after) == 0;
+    pthread_once(&once, cv_init);
+    if (!atfork_set) atfork_set = pthread_atfork(fork_prepare, fork_parent, fork_child) == 0;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t a;
-    pthread_t th;
-    if (pthread_attr_init(&a) == 0) {
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&th, &a, watch_main, NULL) == 0) g.pid = getpid();
-        pthread_attr_destroy(&a);
-    }
+    g.running = pthread_create(&g.th, NULL, watch_main, (void *)(uintptr_t)g.gen) == 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 void kvm_store__lockwait_add(kvm_store__lockwait *w, const char *path)
 {
     pthread_mutex_lock(&g.mu);
-    if (g.pid != getpid()) { /* none yet, or the parent's (after fork: not running here) */
+    if (g.pid != getpid()) { /* the first add, or the first in a forked child */
         g.head = NULL;       /* the parent's handles are not this process's to watch */
-        start_watchdog();
+        g.running = 0;       /* nor its watchdog */
+        g.pid = getpid();
     }
+    if (!g.running) start_watchdog();
     w->path = path;
     w->said_since = 0;
     atomic_store(&w->state, 0);
@@ -240,5 +268,14 @@ void kvm_store__lockwait_remove(kvm_store__lockwait *w)
         if (w->said_since) check(w, mono_ms()); /* its state is idle now: says the end */
         break;
     }
+    /* the last writable handle gone: so is the thread (no thread without a writable store) */
+    int stop = !g.head && g.running && g.pid == getpid();
+    pthread_t th = g.th;
+    if (stop) {
+        g.gen++;
+        g.running = 0;
+        pthread_cond_signal(&g.cv);
+    }
     pthread_mutex_unlock(&g.mu);
+    if (stop) pthread_join(th, NULL);
 }

@@ -4,9 +4,9 @@
  * writer stopped with Ctrl-Z or kill -STOP inside a commit, or hung) froze the waiter
  * silently, Ctrl-C included. So each writable handle marks its waits here (one atomic store
  * before mdb_txn_begin, one compare-and-swap after), and one thread per process, started by
- * the first writable handle, looks at them every 250 ms: it says a wait of 2 s or more on
- * stderr (kvm_log), once per wait, and that it ended; and it ends the process with status 130
- * when the interrupt flag of kvm_store_set_interrupt moved during such a wait. */
+ * the first writable handle and joined when the last is closed, looks at them every 250 ms: it says a wait of 2 s or
+ * more on stderr (kvm_log), once per wait, and that it ended; and it ends the process with status 130 when the
+ * interrupt flag of kvm_store_set_interrupt moved during such a wait. */
 #ifndef KVM_STORE_LOCKWAIT_H
 #define KVM_STORE_LOCKWAIT_H
 
@@ -34,11 +34,13 @@ typedef struct kvm_store__lockwait {
 #define KVM_STORE__LW_STOPPING (-2)
 
 /* Adds w (path borrowed until kvm_store__lockwait_remove) to the watched waits and starts
- * the process's watchdog thread if none runs in this process yet. When the thread cannot be
+ * the process's watchdog thread if none runs in this process now. When the thread cannot be
  * started the waits go unwatched (as before; nothing else changes) and the next add tries
  * again. */
 void kvm_store__lockwait_add(kvm_store__lockwait *w, const char *path);
-/* Takes w off the list (a no-op when it is not on it); says the end of a wait it said. */
+/* Takes w off the list (a no-op when it is not on it); says the end of a wait it said. The
+ * last one taken off stops and joins the watchdog (within a tick at most). Not from a forked
+ * child for a handle of its parent. */
 void kvm_store__lockwait_remove(kvm_store__lockwait *w);
 /* Marks w waiting for the write lock from now on: call right before mdb_txn_begin. */
 void kvm_store__lockwait_begin(kvm_store__lockwait *w);
