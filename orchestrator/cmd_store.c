@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/kvm_error.h"
+#include "common/kvm_log.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_rundir.h"
@@ -911,6 +912,9 @@ int kvm_cmd_store(int argc, char **argv)
         store_usage(stdout);
         return 0;
     }
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "kvmill store %.32s: ", sub);
+    kvm_log_setup("store", prefix, NULL); /* the store's own lines (a long wait for its write lock) */
     for (size_t i = 0; i < sizeof store_subs / sizeof store_subs[0]; i++)
         if (strcmp(sub, store_subs[i].name) == 0) return store_subs[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "kvmill store: unknown subcommand '%s'\n", sub);

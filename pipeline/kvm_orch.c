@@ -291,6 +291,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
     interrupts = 0;
+    /* a store write lock held for long by another process: Ctrl-C still ends the run */
+    kvm_store_set_interrupt(&interrupts, "the run's summary is not printed; its stage workers stop by themselves (one "
+                                         "waiting for this lock too once it gets it) and its claims are taken over "
+                                         "by the next run on this host");
     kvm_store *store = NULL;
     int rc = prepare(&o, &store), status = 0;
     if (rc) {
@@ -360,6 +364,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (o.ctl) zmq_close(o.ctl);
     if (o.data) zmq_close(o.data);
     kvm_curve_ctx_term(o.zctx); /* joins the ZAP handler of a keyed [run] bind too */
+    kvm_store_set_interrupt(NULL, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) kvm_rundir_remove(o.run_dir);

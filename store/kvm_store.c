@@ -131,7 +131,12 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
     for (int resized = 0;;) {
         MDB_txn *txn = NULL;
         s->mdb_rc = 0;
+        kvm_store__lockwait_begin(&s->lockwait); /* another process may hold the lock for long */
         int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+        if (kvm_store__lockwait_got(&s->lockwait, rc == 0)) { /* an interrupt ends the process */
+            if (rc == 0) mdb_txn_abort(txn);
+            kvm_store__lockwait_park();
+        }
         if (rc == MDB_MAP_RESIZED && resized++ < 16) {
             rc = mdb_env_set_mapsize(s->env, 0); /* adopt the size another process set */
             if (rc) return kvm_store__mdb(s, rc, "adopt grown map");
@@ -145,11 +150,13 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
         if (st == 0) {
             rc = mdb_txn_commit(txn);
             /* a txn that changed nothing commits nothing: its id may become another process's */
+            kvm_store__lockwait_end(&s->lockwait); /* committed or not, the txn is over */
             if (rc == 0 && s->txn_wrote) kvm_store__tree_ok(s, txnid);
             if (rc == 0) return 0;
             st = kvm_store__mdb(s, rc, "commit");
         } else {
             mdb_txn_abort(txn);
+            kvm_store__lockwait_end(&s->lockwait);
         }
         if (s->mdb_rc != MDB_MAP_FULL) return st;
         st = store_grow(s);
@@ -622,6 +629,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     if (s->read_only) {
         st = store_init_readonly(s);
     } else {
+        kvm_store__lockwait_add(&s->lockwait, s->path); /* before the first write: it may wait */
         store_init_arg a = {o.cap_bytes};
         st = kvm_store__write(s, store_init_fn, &a);
     }
@@ -649,6 +657,7 @@ void kvm_store_close(kvm_store **sp)
     kvm_store *s = *sp;
     *sp = NULL;
     /* In a forked child the environment belongs to the parent: leave LMDB alone. */
+    if (!s->read_only && s->pid == getpid()) kvm_store__lockwait_remove(&s->lockwait); /* no-op if never added */
     if (s->env && s->pid == getpid()) mdb_env_close(s->env);
     kvm_store__tree_unmap(s);
     pthread_mutex_destroy(&s->mu);

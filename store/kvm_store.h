@@ -14,6 +14,7 @@
 #ifndef KVM_STORE_H
 #define KVM_STORE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -166,6 +167,27 @@ char *kvm_store_id_hex(const kvm_store_id *id, char *out);
 int kvm_store_id_parse(const char *hex, kvm_store_id *out);
 /* 1 when `prefix` (hex, either case, 0..64 digits) is a prefix of the id's hex, else 0. */
 int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
+
+/* ---- waits for the write lock (store/kvm_store_lockwait.c) ---- */
+
+/* LMDB's write lock is one process-shared mutex; a write waits for it without end and no
+ * signal interrupts the wait. A process holding it for long (a kvmill writer stopped with
+ * Ctrl-Z or kill -STOP inside a commit, or hung) froze every writer. So every process with a
+ * writable handle gets one watchdog thread (started by its first writable open, joined when
+ * its last writable handle is closed): a wait of 2 s
+ * or more is said on stderr through kvm_log, once per wait (event store_lock_wait: the store,
+ * how to find the holder, and the stopped processes of this user that have the store open),
+ * and so is its end (store_lock_wait_end).
+ * This sets the process's interrupt flag: a counter its SIGINT/SIGTERM handler increments
+ * (borrowed; NULL, the default, for none). When it changes during such a wait (of 2 s or
+ * more: an interrupt during an ordinary short wait is the process's own business), the
+ * watchdog logs that (event store_lock_interrupted) with note (borrowed, static; may be NULL:
+ * what the process leaves undone, e.g. its summary) and ends the process with _exit(130):
+ * the waiting thread holds no write transaction and never gets one after, so nothing it
+ * would write is half-written. Only for a process whose store writes and files are all
+ * written by the thread that waits (kvmill run's orchestrator): another thread of it would be
+ * cut off mid-file. Not for use inside a signal handler. */
+void kvm_store_set_interrupt(const volatile sig_atomic_t *flag, const char *note);
 
 /* ---- open / close (store/kvm_store.c) ---- */
 

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "store/kvm_store.h"
+#include "store/kvm_store_lockwait.h"
 
 /* Named databases. The names are the on-disk db names. */
 enum kvm_store__db {
@@ -89,6 +90,7 @@ struct kvm_store {
     size_t tree_map_bytes;            /* its length */
     void (*txn_hook)(void *arg);      /* tests: called inside put's txn before the manifest */
     void *txn_hook_arg;               /* argument of txn_hook */
+    kvm_store__lockwait lockwait;     /* a writable handle's waits for the write lock, watched */
 };
 
 /* A write step run by kvm_store__write inside a fresh write txn; returns a kvm status.
