@@ -1204,6 +1204,33 @@ START_TEST(test_parent_pid_not_parent)
 }
 END_TEST
 
+/* --parent-pid naming no process at all: the store service said "the process that started this
+ * service (pid N) is gone: stopping ... stopped" and exited 0, a worker stopped at once alike,
+ * where a live pid that is not the parent is a usage error. A pid of no process is one too now
+ * (their parent, `timeout`, is alive: no race with a parent that exited). */
+START_TEST(test_parent_pid_no_process)
+{
+    pid_t dead = fork();
+    ck_assert_int_ge(dead, 0);
+    if (dead == 0) _exit(0);
+    ck_assert_int_eq(waitpid(dead, NULL, 0), dead); /* reaped: no process has that pid now */
+    char line[8192], want[256], *out, *err;
+    const char *cmds[] = {"kvmill-prefill --connect ipc:///nonexistent/x --parent-pid",
+                          "kvmill store serve --store /nonexistent/s --bind ipc:///nonexistent/y --parent-pid"};
+    const char *who[] = {"kvmill-prefill", "kvmill store serve"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(line, sizeof line, "timeout 20 '%s'/%s %d", kvm_test_bin(), cmds[i], (int)dead);
+        const int rc = kvm_test_run(line, &out, &err);
+        snprintf(want, sizeof want, "%s: --parent-pid %d: no process %d (this one's parent is pid ", who[i], (int)dead,
+                 (int)dead);
+        ck_assert_msg(rc == 2 && strstr(err, want), "%s %d: exit %d (want 2, \"%s\"): %s", cmds[i], (int)dead, rc, want,
+                      err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* method full stores each entry's position and bias beside its key and value, so its caches are
  * larger than the f32 KV: the bytes line said "(0.88x smaller)". */
 START_TEST(test_bytes_line_larger)
@@ -1596,6 +1623,7 @@ static Suite *review_suite(void)
         {"no_training_queries_at_start", test_no_training_queries_at_start},
         {"run_bind_messages", test_run_bind_messages},
         {"parent_pid_not_parent", test_parent_pid_not_parent},
+        {"parent_pid_no_process", test_parent_pid_no_process},
         {"bytes_line_larger", test_bytes_line_larger},
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},
