@@ -325,10 +325,10 @@ static int corrupt_named(const char *name, const kvm_store_cache_key *key, int n
     kvm_store_id_hex(&key->doc_hash, dh);
     kvm_store_id_hex(&key->config_id, ch);
     return kvm_err(KVM_ECORRUPT,
-                   "the stored document named '%s' has a corrupt cache for this server's model and config%s: cache "
-                   "%.12s:%.12s:%.12s: %s (kvmill store verify checks the store; kvmill store rm that cache and "
-                   "compress the document again)",
-                   name, n > 1 ? " (as have its other matches)" : "", mh, dh, ch, why);
+                   "the stored document named '%s' has a corrupt cache for this server's model and config%s: %s "
+                   "(kvmill store verify checks the store; kvmill store rm %.12s:%.12s:%.12s removes that cache, and "
+                   "the document is compressed again by the next kvmill run)",
+                   name, n > 1 ? " (as have its other matches)" : "", why, mh, dh, ch);
 }
 
 /* The document an ask names with doc_hash or doc_name, as its hash. A name must match
