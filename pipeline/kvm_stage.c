@@ -164,7 +164,15 @@ typedef struct stage_rt {
     job_slot job;
     int refused; /* the orchestrator sent an error on the control socket: stop, exit 1 */
     void *mon[2];     /* PAIR sockets receiving ctl's and data's connection events, or NULL */
-    int greeted;      /* a handshake with the orchestrator succeeded and "connected" was said */
+    int greeted;      /* an orchestrator's message came and "connected" was said (a ZeroMQ handshake
+                         alone does not tell: a store service or serve's front end completes one too) */
+    int linked;       /* the ZeroMQ handshake of ctl succeeded and was said, since its last disconnect */
+    int heard[2];     /* ctl, data: a message an orchestrator sends came on it since it connected */
+    int wrong_peer;   /* an endpoint answered as no orchestrator does: stop, exit 1 */
+    char ep[2][1024]; /* ctl's and data's endpoints, for messages */
+    double drop_said_ms;  /* when the last "dropped" line was logged (kvm_now_ms) */
+    int64_t drops_unsaid; /* messages dropped since then without a line of their own */
+    int drops_burst;      /* lines logged in the current burst (drop_warn) */
     int said_waiting; /* "waiting for the orchestrator" said since the last connection */
     int tcp_seen;     /* a connection was accepted (ZMQ_EVENT_CONNECTED): a retry is no longer "nothing there" */
     int n_no_detail;  /* handshakes closed without a reason since the last one that succeeded */
@@ -186,6 +194,112 @@ static void log_ev(const stage_rt *rt, kvm_log_level lv, const char *event, cons
 }
 #define log_line(rt, ...) log_ev((rt), KVM_LOG_INFO, "message", NULL, 0, __VA_ARGS__)
 #define log_warn(rt, event, ...) log_ev((rt), KVM_LOG_WARN, (event), NULL, 0, __VA_ARGS__)
+
+/* Lines a burst of dropped messages logs before they are counted instead, and how often a line
+ * then says the count. */
+#define DROP_BURST 5
+#define DROP_EVERY_MS 10000.0
+
+/* Logs a dropped message: the first DROP_BURST lines of a burst, then one line per DROP_EVERY_MS
+ * that counts those left unsaid; a new burst starts after DROP_EVERY_MS without a drop. A peer
+ * that sends only what a worker drops, once per heartbeat or as fast as it can, would otherwise
+ * fill the log. */
+static void drop_warn(stage_rt *rt, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void drop_warn(stage_rt *rt, const char *fmt, ...)
+{
+    const double now = kvm_now_ms();
+    if (rt->drops_burst >= DROP_BURST) {
+        if (now - rt->drop_said_ms < DROP_EVERY_MS) {
+            rt->drops_unsaid++;
+            return;
+        }
+        if (!rt->drops_unsaid) rt->drops_burst = 0; /* quiet since the last line: a new burst */
+    }
+    char why[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (rt->drops_unsaid)
+        log_warn(rt, "dropped", "%s (and %lld more dropped message(s) since the last such line)", why,
+                 (long long)rt->drops_unsaid);
+    else
+        log_warn(rt, "dropped", "%s", why);
+    rt->drops_unsaid = 0;
+    rt->drops_burst++;
+    rt->drop_said_ms = now;
+}
+
+/* Whether an orchestrator (kvmill run, calibrate or serve) sends a message of type t to a worker
+ * on socket i: on ctl (0) only a refusal, an error; on data (1) a job's messages or a decode
+ * worker's request. */
+static int orchestrator_sends(kvm_proto_type t, int i)
+{
+    if (i == 0) return t == KVM_PROTO_ERROR;
+    switch (t) {
+    case KVM_PROTO_JOB:
+    case KVM_PROTO_KV:
+    case KVM_PROTO_STATS:
+    case KVM_PROTO_STRATEGY:
+    case KVM_PROTO_CACHE:
+    case KVM_PROTO_ASK:
+    case KVM_PROTO_GET_CACHE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* What sends a message of type t, none that an orchestrator sends a worker: a guess for the line
+ * that says the endpoint is the wrong kind. */
+static const char *sender_guess(kvm_proto_type t)
+{
+    switch (t) {
+    case KVM_PROTO_STORE_REPLY:
+        return "a kvmill store service?";
+    case KVM_PROTO_ANSWER:
+        return "kvmill serve's front end, where kvmill ask connects?";
+    default:
+        return "not an orchestrator";
+    }
+}
+
+static void say_connected(stage_rt *rt)
+{
+    kvm_log_field f[] = {KVM_LOG_S("connect", rt->a.connect), KVM_LOG_S("device", rt->a.device),
+                         KVM_LOG_I("threads", rt->a.threads)};
+    log_ev(rt, KVM_LOG_INFO, "connected", f, 3, "connected to %s (device %s, %d threads)", rt->a.connect, rt->a.device,
+           rt->a.threads);
+    rt->greeted = 1;
+    rt->said_waiting = 0;
+}
+
+/* Judges the peer of socket i by a message of type t that came on it. The ZeroMQ handshake does
+ * not tell an orchestrator from any other ROUTER (a store service, serve's front end): a worker
+ * said "connected" to those and then answered their replies, and they its answers, forever. A
+ * message an orchestrator sends says "connected" (once per connection). Before one came on that
+ * socket, a message no orchestrator sends a worker means the endpoint is another kind, which does
+ * not fix itself: said, naming it and the type, and the worker stops (exit 1); returns 1, the
+ * message is not to be handled. Malformed or unknown types (a later revision's) say nothing here:
+ * they are dropped as ever. */
+static int wrong_peer(stage_rt *rt, int i, kvm_proto_type t)
+{
+    if (orchestrator_sends(t, i)) {
+        rt->heard[i] = 1;
+        if (!rt->greeted) say_connected(rt);
+        return 0;
+    }
+    if (rt->heard[i] || rt->wrong_peer) return rt->wrong_peer;
+    kvm_log_field f[] = {KVM_LOG_S("connect", rt->a.connect), KVM_LOG_S("endpoint", rt->ep[i]),
+                         KVM_LOG_S("type", kvm_proto_type_name(t))};
+    log_ev(rt, KVM_LOG_ERROR, "wrong_endpoint", f, 3,
+           "%s%s is not a kvmill run or serve endpoint: it answered with a '%s' message (%s): give --connect the "
+           "orchestrator's endpoint (kvmill run's [run] bind, kvmill serve's [serve] backend): stopping",
+           rt->ep[i], i ? " (the data socket: --connect's port + 1)" : "", kvm_proto_type_name(t), sender_guess(t));
+    rt->wrong_peer = 1;
+    stop_requested = 1;
+    return 1;
+}
 
 static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
 {
@@ -337,12 +451,16 @@ static void on_data(stage_rt *rt)
     job_slot *j = &rt->job;
     kvm_proto_type type;
     if (j->running || stop_requested) {
-        log_warn(rt, "dropped", "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
+        drop_warn(rt, "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
         kvm_msg_free(&m);
         return;
     }
     if ((rc = kvm_proto_peek(m, &type)) != 0) {
-        log_warn(rt, "dropped", "dropped a malformed message: %s", kvm_errmsg());
+        drop_warn(rt, "dropped a malformed message: %s", kvm_errmsg());
+        kvm_msg_free(&m);
+        return;
+    }
+    if (wrong_peer(rt, 1, type)) {
         kvm_msg_free(&m);
         return;
     }
@@ -351,9 +469,11 @@ static void on_data(stage_rt *rt)
     j->in[j->n_in++] = m;
     int done = rt->ops->complete(rt->state, j->in, j->n_in);
     if (done < 0) {
-        log_warn(rt, "dropped", "dropped %d message(s): %s", j->n_in, kvm_errmsg());
+        char why[1024];
+        snprintf(why, sizeof why, "%s", kvm_errmsg()); /* job_id may set another */
+        drop_warn(rt, "dropped %d message(s): %s", j->n_in, why);
         uint64_t id = j->n_in ? rt->ops->job_id(rt->state, j->in, j->n_in) : 0;
-        if (id) send_result(rt, id, done, kvm_errmsg(), 0, 0, 0, NULL);
+        if (id) send_result(rt, id, done, why, 0, 0, 0, NULL);
         drop_inputs(j);
         return;
     }
@@ -380,14 +500,21 @@ static void on_ctl(stage_rt *rt)
     if (kvm_msg_recv(rt->ctl, &m, ZMQ_DONTWAIT) != 0) return;
     kvm_proto_type type;
     kvm_proto_error e;
-    if (kvm_proto_peek(m, &type))
-        log_warn(rt, "dropped", "dropped a malformed control message: %s", kvm_errmsg());
-    else if (type == KVM_PROTO_ERROR && kvm_proto_error_decode(m, &e))
-        log_warn(rt, "dropped", "dropped a bad error message: %s", kvm_errmsg());
+    if (kvm_proto_peek(m, &type)) {
+        drop_warn(rt, "dropped a malformed control message: %s", kvm_errmsg());
+        kvm_msg_free(&m);
+        return;
+    }
+    if (wrong_peer(rt, 0, type)) { /* said; stopping */
+        kvm_msg_free(&m);
+        return;
+    }
+    if (type == KVM_PROTO_ERROR && kvm_proto_error_decode(m, &e))
+        drop_warn(rt, "dropped a bad error message: %s", kvm_errmsg());
     else if (type == KVM_PROTO_ERROR && (e.status != KVM_EMISMATCH || e.job_id != 0))
         /* a refusal is a job-less mismatch: another error (a later revision's) must not stop us */
-        log_warn(rt, "dropped", "dropped an error on the control socket that is not a refusal: %s: %.*s",
-                 kvm_strerror((int)e.status), (int)e.message.len, e.message.ptr ? e.message.ptr : "");
+        drop_warn(rt, "dropped an error on the control socket that is not a refusal: %s: %.*s",
+                  kvm_strerror((int)e.status), (int)e.message.len, e.message.ptr ? e.message.ptr : "");
     else if (type == KVM_PROTO_ERROR)
         stop_refused(rt, (int)e.status, e.stage, e.message);
     kvm_msg_free(&m);
@@ -408,8 +535,8 @@ static void on_ctl(stage_rt *rt)
 
 static int connect_sockets(stage_rt *rt)
 {
-    char ctl_ep[1024], data_ep[1024];
-    int rc = kvm_stage_endpoints(rt->a.connect, ctl_ep, data_ep, sizeof ctl_ep);
+    char *ctl_ep = rt->ep[0], *data_ep = rt->ep[1];
+    int rc = kvm_stage_endpoints(rt->a.connect, ctl_ep, data_ep, sizeof rt->ep[0]);
     if (rc) return rc;
     rt->zctx = zmq_ctx_new();
     rt->ctl = zmq_socket(rt->zctx, ZMQ_DEALER);
@@ -472,12 +599,13 @@ static int link_event(stage_rt *rt, int i)
     switch (event) {
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         rt->n_no_detail = 0;
-        if (i == 0 && !rt->greeted) {
-            kvm_log_field f[] = {KVM_LOG_S("connect", ep_s), KVM_LOG_S("device", rt->a.device),
-                                 KVM_LOG_I("threads", rt->a.threads)};
-            log_ev(rt, KVM_LOG_INFO, "connected", f, 3, "connected to %s (device %s, %d threads)%s", ep_s, rt->a.device,
-                   rt->a.threads, sk ? ": the orchestrator accepted this worker's CurveZMQ key" : "");
-            rt->greeted = 1;
+        if (i == 0 && !rt->greeted && !rt->linked) { /* "connected" waits for the orchestrator's first message */
+            kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
+            log_ev(rt, KVM_LOG_INFO, "handshake", f, 1,
+                   "%s completed the ZeroMQ handshake%s: waiting for the orchestrator's first message (work, when it "
+                   "has some)",
+                   ep_s, sk ? " and accepted this worker's CurveZMQ key" : "");
+            rt->linked = 1;
             rt->said_waiting = 0;
         }
         break;
@@ -495,6 +623,8 @@ static int link_event(stage_rt *rt, int i)
         }
         break;
     case ZMQ_EVENT_DISCONNECTED:
+        rt->heard[i] = 0; /* the next peer there is judged afresh */
+        if (i == 0) rt->linked = 0;
         if (i == 0 && rt->greeted) {
             kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
             log_ev(rt, KVM_LOG_INFO, "disconnected", f, 1,
@@ -602,7 +732,8 @@ static void serve(stage_rt *rt)
                 zmq_close(rt->ctl); /* linger: the hand-back still goes out */
                 zmq_close(rt->data);
                 zmq_ctx_term(rt->zctx);
-                _exit(rt->refused ? 1 : 0); /* the worker thread still runs: leave without joining it */
+                _exit(rt->refused || rt->wrong_peer ? 1
+                                                    : 0); /* the worker thread still runs: leave without joining it */
             }
         }
         zmq_pollitem_t items[5] = {{rt->ctl, 0, ZMQ_POLLIN, 0},
@@ -663,6 +794,37 @@ static int known_option(const char *k)
     return 0;
 }
 
+int kvm_stage_parent_check(const char *who, long pid)
+{
+    const pid_t parent = getppid();
+    if (pid == (long)parent) return 0;
+    /* a live process that is not the parent: the process stops once it is reparented, so it
+     * would stop at once, saying that process is gone */
+    if (kill((pid_t)pid, 0) == 0 || errno == EPERM) { /* EPERM: another user's */
+        fprintf(stderr,
+                "%s: --parent-pid %ld is not the process that started this one (pid %ld): give the parent's pid, or "
+                "leave the option out\n",
+                who, pid, (long)parent);
+        return 2;
+    }
+    /* No process `pid`. Either it never was the parent (a mistyped pid: it stopped at once,
+     * saying the parent is gone, exit 0) or it was, and exited between starting this process
+     * and this check. The kernel keeps no record of the parent a process had, so the two cannot
+     * be told apart for certain; what can be told is that a process whose parent exited was
+     * reparented to init, pid 1 (getppid() == 1), whereas one started by hand from a shell has
+     * that shell, alive, as its parent. So parent 1 is taken for the race: the process starts
+     * and its loop stops it at once, saying the parent is gone, as it would a moment later.
+     * Another parent is alive and is not `pid`: a usage error. A subreaper (systemd --user, a
+     * container's init) that adopted the process in the race gets the usage error instead:
+     * wrong words, but the process stops either way, and nobody is left waiting for it. */
+    if (parent == 1) return 0;
+    fprintf(stderr,
+            "%s: --parent-pid %ld: no process %ld (this one's parent is pid %ld): give the parent's pid, or leave the "
+            "option out\n",
+            who, pid, pid, (long)parent);
+    return 2;
+}
+
 /* An integer option's value in [lo, hi] into *out; else says which option, the value and the
  * range (it said "bad option or value"), and returns -1. */
 static int int_option(const char *stage, const char *k, const char *v, long lo, long hi, long *out)
@@ -713,14 +875,9 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
             a->grace_s = (int)n;
         } else if (!strcmp(k, "--parent-pid")) {
             if (int_option(stage, k, v, 1, INT32_MAX, &n)) return 2;
-            /* the worker stops once it is reparented: a live process that is not its parent
-             * would stop it at once, saying the orchestrator is gone */
-            if (n != (long)getppid() && (kill((pid_t)n, 0) == 0 || errno == EPERM)) /* EPERM: another user's */
-                return fprintf(stderr,
-                               "kvmill-%s: --parent-pid %ld is not the process that started this one (pid "
-                               "%ld): give the parent's pid, or leave the option out\n",
-                               stage, n, (long)getppid()),
-                       2;
+            char who[64];
+            snprintf(who, sizeof who, "kvmill-%s", stage);
+            if (kvm_stage_parent_check(who, n)) return 2;
             a->parent_pid = n;
         } else
             return fprintf(stderr, "kvmill-%s: unknown option '%s' (see kvmill-%s --help)\n", stage, k, stage), 2;
@@ -865,8 +1022,9 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0,
                rt.refused       ? "stopped: refused (the reason is above)"
                : rt.link_failed ? "stopped: the handshake with the orchestrator failed"
+               : rt.wrong_peer  ? "stopped: --connect names no orchestrator (the reason is above)"
                                 : "stopped");
-        if (rt.refused || rt.link_failed) rc = 1;
+        if (rt.refused || rt.link_failed || rt.wrong_peer) rc = 1;
     }
     if (rt.job.running) pthread_join(rt.job.thread, NULL);
     drop_inputs(&rt.job);

@@ -123,13 +123,21 @@ void kvm_stage_device_at(const char *devs, int64_t i, char *out, size_t size);
  * setting's error (KVM_EDEVICE, KVM_ENOTSUP, KVM_EINVAL) naming the device. */
 int kvm_stage_solver_device(const kvm_stage_args *a);
 
+/* Checks --parent-pid `pid` of a process that stops once it is reparented (a stage worker,
+ * the store service): 0 when pid is its parent, or the parent may have exited since it started
+ * this process (no process pid, and the process was reparented to init); else 2, with a line on
+ * stderr prefixed by `who`: pid is a live process that is not the parent, or no process at all. */
+int kvm_stage_parent_check(const char *who, long pid);
+
 /* Runs a stage process: parses argv (--connect, --device, --store, --threads, --model,
  * --config, --heartbeat-ms, --grace-s, --id, --help), calls setup, connects, serves jobs
- * until SIGTERM/SIGINT. Logs "connecting", then "connected" once the orchestrator completed a
- * handshake (nothing there yet: it says it waits, and waits). Returns the process exit status
+ * until SIGTERM/SIGINT. Logs "connecting", that the endpoint completed the ZeroMQ handshake
+ * (nothing there yet: it says it waits, and waits), then "connected" once the orchestrator's
+ * first message came (work or a refusal). Returns the process exit status
  * (0 after a clean stop; 1 on setup or socket failure, when the orchestrator refused the worker
- * or its CurveZMQ handshake (a client key it does not authorize, a wrong --server-key), or
- * after a job whose model
+ * or its CurveZMQ handshake (a client key it does not authorize, a wrong --server-key), when
+ * the endpoint's first message is one no orchestrator sends (a store service's store_reply: no
+ * kvmill run or serve endpoint), or after a job whose model
  * file here is not the run's model; 2 on bad arguments: a --connect endpoint or a key file
  * of --server-key, --client-public, --client-secret that is missing or not a key included). */
 int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state);

@@ -182,13 +182,31 @@ static int ask_config_id(decode_state *st)
     return kvm_jobcfg_config_id_with(st->cfg, st->strategy, st->strategy_len, &st->config_id, NULL, NULL);
 }
 
-/* An ask is one message; whatever it holds, work() answers it (an error answer when malformed). */
-static int complete(void *st, kvm_msg *const *in, int n_in) { return 1; }
+/* Whether m is an ask: the one request a decode worker answers. */
+static int is_ask(const kvm_msg *m)
+{
+    kvm_proto_type t;
+    return kvm_proto_peek(m, &t) == 0 && t == KVM_PROTO_ASK;
+}
+
+/* An ask is one message; whatever it holds, work() answers it (an error answer when malformed).
+ * Any other message is no request and gets no answer: answering one (a store service's reply)
+ * drew a reply to the answer, answered again, forever. It is dropped, with the stage's
+ * rate-limited line, and no result (job_id gives it none). */
+static int complete(void *st, kvm_msg *const *in, int n_in)
+{
+    kvm_proto_type t;
+    int rc = kvm_proto_peek(in[0], &t);
+    if (rc) return rc;
+    if (t != KVM_PROTO_ASK)
+        return kvm_err(KVM_EPROTO, "a '%s' message is not a request (an ask): not answered", kvm_proto_type_name(t));
+    return 1;
+}
 
 static uint64_t job_id(void *st, kvm_msg *const *in, int n_in)
 {
     uint64_t id = 0;
-    return n_in > 0 && kvm_serve_request_id(in[0], &id) ? id : 0;
+    return n_in > 0 && is_ask(in[0]) && kvm_serve_request_id(in[0], &id) ? id : 0;
 }
 
 /* The answer being built. */
@@ -296,6 +314,23 @@ done:
     return rc;
 }
 
+/* The error for a --doc-name whose only caches for this server's model and config are corrupt
+ * (n of them; key and why: the first): the corruption, as --doc and --doc-hash report it,
+ * naming the cache, rather than "no stored document named ...", which sent the user looking for
+ * a name that is there. */
+static int corrupt_named(const char *name, const kvm_store_cache_key *key, int n, const char *why)
+{
+    char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
+    kvm_store_id_hex(&key->model_id, mh);
+    kvm_store_id_hex(&key->doc_hash, dh);
+    kvm_store_id_hex(&key->config_id, ch);
+    return kvm_err(KVM_ECORRUPT,
+                   "the stored document named '%s' has a corrupt cache for this server's model and config%s: %s "
+                   "(kvmill store verify checks the store; kvmill store rm %.12s:%.12s:%.12s removes that cache, and "
+                   "the document is compressed again by the next kvmill run)",
+                   name, n > 1 ? " (as have its other matches)" : "", why, mh, dh, ch);
+}
+
 /* The document an ask names with doc_hash or doc_name, as its hash. A name must match
  * exactly one document that has a cache for this server's model and config (and tokenizer).
  * The store's name index finds the documents of that name (kvm_store_find_docs); a store
@@ -313,8 +348,10 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     snprintf(name, sizeof name, "%.*s", (int)ask->doc_name.len, ask->doc_name.ptr);
     kvm_store_doc_match *docs = NULL;
     int64_t n = 0, found = 0;
-    int scanned = 0, missed = 0;
+    int scanned = 0, missed = 0, corrupt = 0;
     kvm_store_cache_key miss = {.model_id = st->wm.model_id, .config_id = st->config_id};
+    kvm_store_cache_key bad = miss; /* the first corrupt cache of the name */
+    char bad_why[1024] = "";
     /* sources are stored as their first 255 bytes: a longer name is matched by those */
     int rc = kvm_store_find_docs(st->store, name, ask->doc_name.len, &docs, &n, &scanned);
     if (scanned && !st->said_name_scan) {
@@ -332,6 +369,10 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
         int hrc = kvm_store_has_cache(st->store, &key, &st->wm.tok_id, &has);
         if (hrc == KVM_ESTATE || hrc == KVM_EIO || hrc == KVM_ENOMEM || hrc == KVM_EBUSY) rc = hrc; /* not "no cache" */
         if (!hrc && !has && !missed++) miss.doc_hash = docs[i].doc_hash; /* stored under another config? */
+        if (hrc == KVM_ECORRUPT && !corrupt++) {                         /* said when no other matches */
+            bad.doc_hash = docs[i].doc_hash;
+            snprintf(bad_why, sizeof bad_why, "%s", kvm_errmsg());
+        }
         if (hrc || !has) continue; /* no cache, or one of another tokenizer, or a corrupt one */
         if (found++ == 0) *hash = docs[i].doc_hash;
         char h[KVM_STORE_ID_HEX + 1];
@@ -343,6 +384,7 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     free(docs);
     if (rc) return rc;
     char mh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1], hint[512] = "";
+    if (found == 0 && corrupt) return corrupt_named(name, &bad, corrupt, bad_why);
     if (found == 0)
         return kvm_err(KVM_ENOTFOUND,
                        "no stored document named '%s' has a cache for this server's model %.16s and config %.16s "

@@ -17,6 +17,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <lmdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -543,6 +544,71 @@ START_TEST(test_doc_bytes_name_hash)
     snprintf(args, sizeof args, "--doc '%s/latin1.txt' --doc-name x --prompt x", corpus);
     ck_assert_int_eq(ask_cmd(args, NULL, &err), 2);
     assert_contains(err, "give one of --doc, --doc-hash and --doc-name");
+    free(err);
+}
+END_TEST
+
+/* Flips the last byte of every cache manifest of the LMDB store at path (a manifest's key ends
+ * with layer index 0xFFFFFFFF): each fails its record check. Returns how many were flipped. */
+static int flip_manifests(const char *path)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    int n = 0;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_set_mapsize(env, 64 << 20), 0);
+    ck_assert_int_eq(mdb_env_open(env, path, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "caches", 0, &dbi), 0);
+    ck_assert_int_eq(mdb_cursor_open(txn, dbi, &cur), 0);
+    for (int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        const uint8_t *kb = k.mv_data;
+        if (k.mv_size < 4 || memcmp(kb + k.mv_size - 4, "\xff\xff\xff\xff", 4) || v.mv_size == 0) continue;
+        uint8_t buf[65536];
+        ck_assert_uint_le(v.mv_size, sizeof buf);
+        memcpy(buf, v.mv_data, v.mv_size);
+        buf[v.mv_size - 1] ^= 0x5a;
+        MDB_val nv = {v.mv_size, buf};
+        ck_assert_int_eq(mdb_cursor_put(cur, &k, &nv, MDB_CURRENT), 0);
+        n++;
+    }
+    mdb_cursor_close(cur);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    return n;
+}
+
+/* A document whose only cache is corrupt: --doc said "data corrupted", --doc-name "no stored
+ * document named ...", sending the user looking for a name that is there. Both report the
+ * corruption now; --doc-name names the cache and points to kvmill store verify. */
+START_TEST(test_doc_name_corrupt)
+{
+    if (!have_shared("a corrupt cache asked for by name")) return;
+    write_config(NULL, 128, NULL, NULL);
+    const char *files[1] = {"broken.txt"}, *a[1] = {"Once upon a time a dog ran."};
+    size_t sa[1] = {strlen(a[0])};
+    const char *corpus = make_corpus("corpus", files, a, sa, 1);
+    run_corpus(corpus);
+    char sp[4200], args[9000], *err = NULL, hex[65];
+    stored_hash(-1, 0, hex); /* before the damage: store ls reports it */
+    snprintf(sp, sizeof sp, "%s/store", g_dir);
+    ck_assert_int_eq(flip_manifests(sp), 1);
+    ck_assert_int_eq(start_serve(), -1);
+    snprintf(args, sizeof args, "--doc '%s/broken.txt' --prompt ' Then' -n 4", corpus);
+    ck_assert_int_eq(ask_cmd(args, NULL, &err), 1);
+    assert_contains(err, "corrupt");
+    free(err);
+    ck_assert_int_eq(ask_cmd("--doc-name broken.txt --prompt ' Then' -n 4", NULL, &err), 1);
+    assert_lacks(err, "no stored document named");
+    assert_contains(err, "the stored document named 'broken.txt' has a corrupt cache");
+    assert_contains(err, "kvmill store verify");
+    char dh[20];
+    snprintf(dh, sizeof dh, ":%.12s:", hex); /* the cache named as kvmill store rm takes it */
+    assert_contains(err, dh);
     free(err);
 }
 END_TEST
@@ -1550,6 +1616,7 @@ int main(void)
     suite_add_tcase(su, tcase("stories_hot_sampling", test_stories_hot_sampling, 120));
     suite_add_tcase(su, tcase("doc_bytes_name_hash", test_doc_bytes_name_hash, 120));
     suite_add_tcase(su, tcase("doc_name_ambiguous", test_doc_name_ambiguous, 120));
+    suite_add_tcase(su, tcase("doc_name_corrupt", test_doc_name_corrupt, 120));
     suite_add_tcase(su, tcase("large_document", test_large_document, 300));
     suite_add_tcase(su, tcase("max_new_caches", test_max_new_caches, 120));
     suite_add_tcase(su, tcase("max_new_caches_per_key", test_max_new_caches_per_key, 120));

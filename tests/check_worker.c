@@ -3,8 +3,11 @@
  * applies keeps every KV head within the entries it was stored with while tokens are added. */
 #include "pipeline/kvm_calib.h"
 #include "pipeline/kvm_rundir.h"
+#include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_worker.h"
 #include "common/kvm_error.h"
+#include "proto/kvm_msg.h"
+#include "proto/kvm_proto.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -16,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 static kvm_model *model;
 static int32_t ids[256];
@@ -558,6 +562,196 @@ START_TEST(test_multi_gpu_example_runs)
 }
 END_TEST
 
+/* A store service, `kvmill store serve --create` on store DIR/NAME bound to ipc://DIR/SOCK, its
+ * stderr into DIR/NAME.err; waits for its socket file. Returns its pid. */
+static pid_t store_service(const char *dir, const char *name, const char *sock)
+{
+    char exe[4200], store[4200], bind[4200], errp[4200], path[4200];
+    snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+    snprintf(store, sizeof store, "%s/%s", dir, name);
+    snprintf(bind, sizeof bind, "ipc://%s/%s", dir, sock);
+    snprintf(errp, sizeof errp, "%s/%s.err", dir, name);
+    snprintf(path, sizeof path, "%s/%s", dir, sock);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        freopen("/dev/null", "w", stdout);
+        freopen(errp, "w", stderr);
+        execl(exe, exe, "store", "serve", "--store", store, "--create", "--bind", bind, (char *)NULL);
+        _exit(127);
+    }
+    struct stat st;
+    for (int i = 0; i < 600 && stat(path, &st) != 0; i++)
+        usleep(50000);
+    ck_assert_msg(stat(path, &st) == 0, "the store service on %s did not start", bind);
+    return pid;
+}
+
+/* Lines in text. */
+static int n_lines(const char *text)
+{
+    int n = 0;
+    for (const char *p = text; p && *p; p++)
+        n += *p == '\n';
+    return n;
+}
+
+/* Workers given a store service's endpoint (its ROUTER completes a ZeroMQ handshake as an
+ * orchestrator's does) said "connected", and a decode worker answered each store_reply refusal
+ * with an error answer, which the service refused again: thousands of log lines a second, both
+ * processes busy forever. The first message tells now: a store_reply is no orchestrator's, said
+ * naming the endpoint and the type, and the worker exits 1, never having said "connected". */
+START_TEST(test_worker_wrong_endpoint)
+{
+    char *dir = kvm_test_tmpdir(), p[4200], text[8192], cmd[16384];
+    /* ctl and data (--connect ipc://DIR: DIR/ctl, DIR/data) each a store service */
+    pid_t svc[2] = {store_service(dir, "sa", "ctl"), store_service(dir, "sb", "data")};
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n",
+             kvm_test_data_path("models/stories260K.bin"));
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    const char *stages[2] = {"decode", "prefill"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "timeout -s KILL 20 '%s/kvmill-%s' --connect 'ipc://%s' --heartbeat-ms 100%s%s%s%s%s",
+                 kvm_test_bin(), stages[i], dir, i ? "" : " --config '", i ? "" : p, i ? "" : "' --store '",
+                 i ? "" : dir, i ? "" : "/sa'");
+        char *out = NULL, *err = NULL;
+        int rc = kvm_test_run(cmd, &out, &err);
+        const int ok = rc == 1 &&
+                       strstr(err, "is not a kvmill run or serve endpoint: it answered with a 'store_reply' "
+                                   "message (a kvmill store service?)") &&
+                       strstr(err, dir) && !strstr(err, "connected to") && n_lines(err) < 10;
+        if (!ok)
+            for (int k = 0; k < 2; k++)
+                kill(svc[k], SIGKILL), waitpid(svc[k], NULL, 0);
+        ck_assert_msg(ok, "kvmill-%s given store services: exit %d (want 1), %d lines:\n%.4000s", stages[i], rc,
+                      n_lines(err), err);
+        free(out);
+        free(err);
+    }
+    for (int k = 0; k < 2; k++) {
+        kill(svc[k], SIGTERM);
+        waitpid(svc[k], NULL, 0);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The next message on ROUTER sock within ms, without its routing frame, of type t (others
+ * skipped: readies, heartbeats); NULL when none came. */
+static kvm_msg *router_expect(void *sock, kvm_proto_type t, int ms)
+{
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end;) {
+        zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 100) <= 0) continue;
+        kvm_msg *m = NULL, *env = NULL;
+        kvm_proto_type got;
+        ck_assert_int_eq(kvm_msg_recv(sock, &m, 0), 0);
+        ck_assert_int_eq(kvm_msg_split(m, 1, &env), 0);
+        kvm_msg_free(&env);
+        if (kvm_proto_peek(m, &got) == 0 && got == t) return m;
+        kvm_msg_free(&m);
+    }
+    return NULL;
+}
+
+/* Sends m (taken) to worker id behind ROUTER sock. */
+static void router_send(void *sock, const char *id, kvm_msg *m)
+{
+    kvm_msg *env = NULL;
+    ck_assert_int_eq(kvm_msg_new(&env), 0);
+    ck_assert_int_eq(kvm_msg_add_copy(env, id, strlen(id)), 0);
+    ck_assert_int_eq(kvm_msg_join(env, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(sock, &env, 0), 0);
+}
+
+/* A decode worker answered whatever came on its data socket, an error answer to a message that
+ * was no request: to a peer that replies to answers (a store service) that made an endless
+ * exchange. Only an ask gets an answer; anything else is dropped unanswered, with a line for each
+ * of the first 5 in a row only (then one per 10 s counts them). */
+START_TEST(test_decode_answers_only_asks)
+{
+    char *dir = kvm_test_tmpdir(), p[4200], text[8192], ctl[4300], data[4300], base[4300];
+    snprintf(base, sizeof base, "ipc://%s", dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+    void *zctx = zmq_ctx_new(), *rc_ = zmq_socket(zctx, ZMQ_ROUTER), *rd = zmq_socket(zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
+    ck_assert_int_eq(zmq_bind(rd, data), 0);
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n[store]\npath = %s/st\n",
+             kvm_test_data_path("models/stories260K.bin"), dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    snprintf(text, sizeof text, "%s/st", dir);
+    kvm_test_store_create(text);
+    char exe[4200], logp[4300];
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", kvm_test_bin());
+    snprintf(logp, sizeof logp, "%s/decode.log", dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        freopen(logp, "w", stderr);
+        execl(exe, exe, "--connect", base, "--config", p, "--id", "dec-test", "--heartbeat-ms", "100", (char *)NULL);
+        _exit(127);
+    }
+    kvm_msg *m = router_expect(rd, KVM_PROTO_READY, 60000); /* its first credit */
+    int ok = m != NULL;
+    kvm_msg_free(&m);
+    /* an ask (a document with no cache here: an error answer, at once) */
+    kvm_proto_ask a = {.request_id = 7,
+                       .doc_text = kvm_proto_str_c("Once upon a time."),
+                       .prompt = kvm_proto_str_c(" The"),
+                       .max_new_tokens = 1};
+    if (ok) {
+        ck_assert_int_eq(kvm_proto_ask_encode(&a, &m), 0);
+        router_send(rd, "dec-test", m);
+        m = router_expect(rd, KVM_PROTO_ANSWER, 60000);
+        ok = m != NULL;
+        kvm_msg_free(&m);
+    }
+    /* a message that is no request: no answer, and the worker keeps serving */
+    int answered = 0;
+    if (ok) {
+        kvm_proto_heartbeat hb = {.worker_id = kvm_proto_str_c("peer"), .stage = kvm_proto_str_c("x"), .pid = 1};
+        ck_assert_int_eq(kvm_proto_heartbeat_encode(&hb, &m), 0);
+        router_send(rd, "dec-test", m);
+        m = router_expect(rd, KVM_PROTO_ANSWER, 2000);
+        answered = m != NULL;
+        kvm_msg_free(&m);
+        for (int i = 0; i < 20 && !answered; i++) { /* a flood: a few lines, then counted */
+            ck_assert_int_eq(kvm_proto_heartbeat_encode(&hb, &m), 0);
+            router_send(rd, "dec-test", m);
+        }
+        m = answered ? NULL : router_expect(rd, KVM_PROTO_ANSWER, 1000);
+        answered = m != NULL;
+        kvm_msg_free(&m);
+    }
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    char *log = kvm_test_read_file(logp, NULL);
+    ck_assert_msg(ok, "the decode worker did not answer its ask:\n%s", log ? log : "");
+    ck_assert_msg(!answered, "the decode worker answered a heartbeat:\n%s", log ? log : "");
+    int n_said = 0;
+    for (const char *q = log ? strstr(log, "is not a request") : NULL; q; q = strstr(q + 1, "is not a request"))
+        n_said++;
+    ck_assert_msg(log && strstr(log, "a 'heartbeat' message is not a request") && strstr(log, "connected to") &&
+                      n_said <= 5,
+                  "%d lines for 21 messages dropped:\n%s", n_said, log ? log : "");
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d:\n%s", st, log ? log : "");
+    free(log);
+    zmq_close(rc_);
+    zmq_close(rd);
+    zmq_ctx_term(zctx);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -576,6 +770,14 @@ static Suite *worker_suite(void)
     tr = tcase_create("worker_handshake_reported");
     tcase_add_test(tr, test_worker_handshake_reported);
     tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("worker_wrong_endpoint");
+    tcase_add_test(tr, test_worker_wrong_endpoint);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("decode_answers_only_asks");
+    tcase_add_test(tr, test_decode_answers_only_asks);
+    tcase_set_timeout(tr, 150);
     suite_add_tcase(s, tr);
     tr = tcase_create("multi_gpu_example_runs");
     tcase_add_test(tr, test_multi_gpu_example_runs);
