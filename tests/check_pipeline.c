@@ -1032,7 +1032,8 @@ START_TEST(test_eval_matches_harness)
 }
 END_TEST
 
-/* [eval] enabled over a model whose logits are not finite (the final norm's first weight inf):
+/* [eval] enabled over a model whose logits are not finite (the final norm's weights 3e38, finite
+ * as the loaders require, overflow the activations):
  * the KL, NaN, went to the result message as 0 and the summary said "mean KL 0.00000 nats over
  * 5 documents", a perfect cache. Now no document counts as evaluated (the stage log says why). */
 START_TEST(test_eval_nonfinite_not_counted)
@@ -1043,10 +1044,12 @@ START_TEST(test_eval_nonfinite_not_counted)
     int32_t h[7]; /* dim, hidden, layers, heads, kv heads, vocab, seq */
     memcpy(h, d, sizeof h);
     const size_t dim = (size_t)h[0], hid = (size_t)h[1], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
-    float inf = INFINITY; /* the final RMSNorm weight, after embeddings, attention and FFN weights */
-    memcpy(d + 28 +
-               4 * ((size_t)abs(h[5]) * dim + 2 * L * dim + 2 * L * dim * dim + 2 * L * dim * kvd + 3 * L * dim * hid),
-           &inf, 4);
+    float big = 3e38f; /* the final RMSNorm weights, after embeddings, attention and FFN weights */
+    for (size_t i = 0; i < dim; i++)
+        memcpy(d + 28 +
+                   4 * ((size_t)abs(h[5]) * dim + 2 * L * dim + 2 * L * dim * dim + 2 * L * dim * kvd +
+                        3 * L * dim * hid + i),
+               &big, 4);
     snprintf(model, sizeof model, "%s/nan.bin", tmp);
     ck_assert_int_eq(kvm_test_write_file(model, d, n), 0);
     free(d);

@@ -350,7 +350,7 @@ START_TEST(test_on_policy_refused_at_start)
     char text[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kvm_config *c = NULL;
-        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n",
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 48\n%s\n",
                  cases[i].compress);
         ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
         int rc = kvm_jobcfg_check(c);
@@ -364,7 +364,7 @@ START_TEST(test_on_policy_refused_at_start)
                           "method = streaming\non_policy = false"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         kvm_config *c = NULL;
-        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 16\n%s\n", good[i]);
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 48\n%s\n", good[i]);
         ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
         ck_assert_msg(kvm_jobcfg_check(c) == 0, "%s: %s", good[i], kvm_errmsg());
         kvm_config_free(&c);

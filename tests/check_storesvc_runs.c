@@ -308,7 +308,7 @@ START_TEST(test_remote_store_refusals)
                       "exit %d: %s", st, err);
         free(out); free(err);
     }
-    cfg = run_config("h", 20, "[compress]\nbudget = 32\n");
+    cfg = run_config("h", 20, "[compress]\nbudget = 48\n");
     snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg, docs);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
     ck_assert_msg(strstr(err, "is a store service: kvmill calibrate"), "%s", err);
