@@ -21,6 +21,21 @@ static int utf16(const unsigned char *b, size_t n, const char *source, json_erro
     return 1;
 }
 
+/* 1 with je filled when b[0, n) is a Git LFS pointer: a clone of a Hugging Face repository made
+ * without git-lfs holds those in place of tokenizer.json and the weights, and jansson said only
+ * "'[' or '{' expected". */
+static int lfs_pointer(const char *b, size_t n, const char *source, json_error_t *je)
+{
+    static const char lfs[] = "version https://git-lfs";
+    if (n < sizeof lfs - 1 || memcmp(b, lfs, sizeof lfs - 1)) return 0;
+    *je = (json_error_t){.line = 1, .column = 1, .position = 0};
+    snprintf(je->text, sizeof je->text,
+             "a Git LFS pointer, not the file itself: fetch the real files (git lfs pull in the clone, or download "
+             "them again)");
+    snprintf(je->source, sizeof je->source, "%s", source);
+    return 1;
+}
+
 json_t *kvm__json_load_file(const char *path, size_t flags, json_error_t *je)
 {
     FILE *fp = fopen(path, "rb");
@@ -30,13 +45,20 @@ json_t *kvm__json_load_file(const char *path, size_t flags, json_error_t *je)
         snprintf(je->source, sizeof je->source, "%s", path);
         return NULL;
     }
-    char head[3];
+    char head[32];
     size_t n = fread(head, 1, sizeof head, fp);
-    if (utf16((const unsigned char *)head, n, path, je)) {
+    if (utf16((const unsigned char *)head, n, path, je) || lfs_pointer(head, n, path, je)) {
         fclose(fp);
         return NULL;
     }
-    if (n != sizeof head || memcmp(head, bom, sizeof bom) != 0) rewind(fp); /* no mark: parse from byte 0 */
+    /* parse from byte 0, or past a UTF-8 mark */
+    if (fseek(fp, n >= sizeof bom && memcmp(head, bom, sizeof bom) == 0 ? (long)sizeof bom : 0L, SEEK_SET)) {
+        *je = (json_error_t){.line = -1, .column = -1, .position = 0};
+        snprintf(je->text, sizeof je->text, "cannot read %s: %s", path, strerror(errno));
+        snprintf(je->source, sizeof je->source, "%s", path);
+        fclose(fp);
+        return NULL;
+    }
     json_t *root = json_loadf(fp, flags, je);
     fclose(fp);
     return root;

@@ -198,6 +198,12 @@ static int check_tiling(const kvm_st *s, const st_file *f, int64_t first)
 static int parse_file(kvm_st *s, int fi)
 {
     st_file *f = &s->files[fi];
+    static const char lfs[] = "version https://git-lfs"; /* a clone made without git-lfs */
+    if (f->bytes >= sizeof lfs - 1 && memcmp(f->map, lfs, sizeof lfs - 1) == 0)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: a Git LFS pointer (%zu bytes), not the tensors themselves: fetch the real files (git lfs "
+                       "pull in the clone, or download them again)",
+                       f->path, f->bytes);
     uint64_t n = 0;
     for (int k = 7; k >= 0; k--)
         n = n << 8 | f->map[k];

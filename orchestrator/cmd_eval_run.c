@@ -79,8 +79,10 @@ kvm_eval_opts cmd_eval__opts_of(cmd_eval_setup *es)
 static int job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *r, const char *dt, FILE *csv)
 {
     print_row(job->spec, r);
-    add_result(&job->sum, r);
-    job->n++;
+    if (isfinite(r->kl_mean)) { /* a failed row stays out of the means (its NaN made the column NaN) */
+        add_result(&job->sum, r);
+        job->n++;
+    }
     if (csv) kvm_cli_csv_field(csv, doc); /* a document's file name may hold a comma or a quote */
     if (csv)
         fprintf(csv, ",%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", job->spec, r->budget_tokens,
@@ -88,9 +90,12 @@ static int job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *r
                 (long long)r->bytes_compressed, r->decode_ms);
     if (isfinite(r->kl_mean)) return 0;
     fprintf(stderr,
-            "kvmill " CMD ": %s, %s: KL is %g: the model's logits are not finite (ppl_full %g), so this row "
-            "measures nothing (the document counts as failed)\n",
-            doc, job->spec, r->kl_mean, r->ppl_full);
+            "kvmill " CMD ": %s, %s: KL is %g: %s (ppl_full %g), so this row measures nothing (the "
+            "document counts as failed, and stays out of the means)\n",
+            doc, job->spec, r->kl_mean,
+            isfinite(r->ppl_full) ? "the logits over the compressed cache are not finite"
+                                  : "the model's logits are not finite",
+            r->ppl_full);
     return 1;
 }
 
@@ -99,8 +104,11 @@ static void print_means(cmd_eval_job *jobs, int n_jobs, int n_docs)
     printf("== mean over %d document%s\n", n_docs, kvm_plural(n_docs, "", "s"));
     print_header();
     for (int j = 0; j < n_jobs; j++) {
-        scale_result(&jobs[j].sum, 1.0 / jobs[j].n);
+        scale_result(&jobs[j].sum, jobs[j].n ? 1.0 / jobs[j].n : NAN);
         print_row(jobs[j].spec, &jobs[j].sum);
+        if (jobs[j].n < n_docs) /* rows that measured nothing (KL not finite) stay out */
+            fprintf(stderr, "kvmill " CMD ": %s: its mean is over %d of the %d documents (the others failed)\n",
+                    jobs[j].spec, jobs[j].n, n_docs);
     }
 }
 

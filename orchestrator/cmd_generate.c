@@ -184,9 +184,8 @@ int kvm_cmd_generate(int argc, char **argv)
     if ((s = kvm_cli_get(opts, "topp")) && kvm_cli_float("generate", "topp", s, 0, 1, &a.topp)) return 2;
     if ((s = kvm_cli_get(opts, "seed"))) { if (kvm_cli_int("generate", "seed", s, 0, INT64_MAX, &v)) return 2; a.seed = (uint64_t)v; }
     if (s && a.seed == 0) { /* xorshift's state 0 stays 0: every coin 0, the same token each step */
-        fprintf(stderr,
-                "kvmill generate: --seed 0: the sampler's xorshift state must not be 0 (every draw would be 0); "
-                "give a seed >= 1, or leave --seed out for the time\n");
+        fprintf(stderr, "kvmill generate: --seed 0: seeds start at 1 (run.c reads 0 as 'the time'; the sampler's "
+                        "xorshift state cannot be 0); give a seed >= 1, or leave --seed out for the time\n");
         return 2;
     }
     if (kvm_cli_kv_dtype("generate", kvm_cli_get(opts, "kv-dtype"), &a.kv_dtype)) return 2;

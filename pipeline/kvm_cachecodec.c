@@ -36,13 +36,18 @@ static float element(const void *src, kvm_proto_dtype dt, size_t i)
 static int check_values(const void *src, kvm_proto_dtype src_dt, kvm_proto_dtype dst_dt, size_t n, int d, int layer,
                         int g, const char *what)
 {
+    /* encoding (into a wire dtype): the forward or the compression overflowed; decoding (into an
+     * f32 head): a cache an older kvmill's f16 encoder filled with inf, or damaged bytes */
+    const int decoding = dst_dt == KVM_PROTO_F32 && src_dt != KVM_PROTO_F32;
     for (size_t i = 0; i < n; i++) {
         float x = element(src, src_dt, i);
         if (!isfinite(x))
             return kvm_err(KVM_ERANGE,
-                           "cache layer %d, KV head %d, %s of entry %zu: %g is not a finite number (the "
-                           "model's activations overflowed): the cache is refused",
-                           layer, g, what, i / (size_t)d, (double)x);
+                           "cache layer %d, KV head %d, %s of entry %zu: %g is not a finite number (%s): the cache "
+                           "is refused",
+                           layer, g, what, i / (size_t)d, (double)x,
+                           decoding ? "a stored cache written by an older kvmill's f16 encoder, or damaged"
+                                    : "the model's activations or the compression overflowed");
         if (dst_dt == KVM_PROTO_F16 && fabsf(x) >= F16_OVERFLOW)
             return kvm_err(KVM_ERANGE,
                            "cache layer %d, KV head %d, %s of entry %zu: value %g exceeds f16's range "

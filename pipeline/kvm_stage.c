@@ -352,8 +352,13 @@ static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *m
                           .message = kvm_proto_str_utf8(msg, text, sizeof text),
                           .retryable = retryable != 0};
     if (out && status == 0) {
-        r.evaluated = out->evaluated != 0;
-        r.kl_mean = out->evaluated && out->kl_mean >= 0 && out->kl_mean <= 1e6 ? out->kl_mean : 0;
+        /* a KL outside the wire's [0, 1e6] (NaN, inf: logits that are not finite) is no evaluation:
+         * sent as 0 and counted, it read as a perfect cache in the run's mean */
+        const int in_range = out->kl_mean >= 0 && out->kl_mean <= 1e6;
+        if (out->evaluated && !in_range)
+            kvm_log(KVM_LOG_WARN, "eval_failed", NULL, 0, "the evaluation's KL is %g: not counted", out->kl_mean);
+        r.evaluated = out->evaluated && in_range;
+        r.kl_mean = r.evaluated ? out->kl_mean : 0;
         r.transport_ms = out->transport_ms;
         r.store_ms = out->store_ms;
     }

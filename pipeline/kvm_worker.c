@@ -259,7 +259,11 @@ static int compress_from(const kvm_config *c, const kvm_compress_input *in, kvm_
         /* a document no longer than the retain zone has nothing to distil: keep it whole */
         if (o.retain_tokens > in->n_tokens) o.retain_tokens = in->n_tokens;
         const int64_t budget = kvm_config_int(c, "compress", "budget");
-        if (!rc && budget > 0 && budget <= o.retain_tokens && o.retain_tokens < in->n_tokens) /* k = 0 means ratio */
+        /* k = 0 would mean ratio. A compress zone of one token (N = retain + 1: target_kl's search
+         * probes budget N - 1 = retain there) is kept whole, as k >= 1 keeps it below */
+        if (!rc && budget > 0 && budget <= o.retain_tokens && o.retain_tokens + 1 == in->n_tokens)
+            return kvm_kvcache_clone(in->full, out);
+        if (!rc && budget > 0 && budget <= o.retain_tokens && o.retain_tokens < in->n_tokens)
             return kvm_err(KVM_EINVAL,
                            "[compress] budget = %lld entries per head leaves none beyond the retain zone of "
                            "[compress] retain = %lld",

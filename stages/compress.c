@@ -255,7 +255,7 @@ static int compress_to_target(compress_state *st, kvm_config *cfg, const kvm_com
     int rc = kvm_target_compress(cfg, ci, j->continuation, j->continuation ? j->n_continuation : 0, store,
                                  &st->wm.model_id, &st->dev, cc, &tr);
     if (rc) return rc;
-    if (!isnan(tr.kl_check)) out->evaluated = 1, out->kl_mean = tr.kl_check;
+    if (isfinite(tr.kl_check)) out->evaluated = 1, out->kl_mean = tr.kl_check; /* else not counted (kvm_stage.c) */
     char ctx_note[96] = "";
     if (tr.n_ctx_search != ci->n_tokens)
         snprintf(ctx_note, sizeof ctx_note, " (searched on its first %lld tokens, budget scaled to %lld)",

@@ -63,7 +63,7 @@ START_TEST(test_messages_numbers)
                    "--queries 100000000: expected an integer in "
                    "[0, 16777216]",
                    NULL);
-    expect_refused("--method sculpt --ratio 0.5 --future 2147483647", "expected an integer in [0, 1073741824]", NULL);
+    expect_refused("--method sculpt --ratio 0.5 --future 2147483647", "expected an integer in [0, 1048576]", NULL);
     expect_refused("--method sculpt --ratio 0.5 --seed 1e300", "expected an integer in [0, 9007199254740992]", NULL);
     expect_refused("--method sculpt --ratio 0.5 --lambda -1", "expected a number in [", NULL);
 }

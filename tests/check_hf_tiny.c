@@ -10,6 +10,7 @@
 #include "model/kvm_hf.h"
 #include "model/kvm_model.h"
 #include "store/kvm_store.h"
+#include "model/kvm_json.h"
 #include "tests/util/kvm_test.h"
 #include "tests/util/kvm_test_st.h"
 #include "tests/util/kvm_test_gguf.h"
@@ -1387,6 +1388,38 @@ START_TEST(test_utf16_config)
 }
 END_TEST
 
+/* A clone of a Hugging Face repository made without git-lfs holds Git LFS pointers in place of
+ * model.safetensors and tokenizer.json: they read as "header length 7809644681729863030 is
+ * outside [2, ...]" and jansson's "'[' or '{' expected". Both now say what they are. */
+START_TEST(test_lfs_pointers)
+{
+    tset s = {0};
+    ref r;
+    kvm_model_config c;
+    int tied;
+    make_folder("llama_f32", &s, &r, &c, &tied);
+    free(r.logits);
+    static const char ptr[] = "version https://git-lfs.github.com/spec/v1\noid sha256:"
+                              "4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 538090408\n";
+    const char *dir = folder_with(NULL, &s);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, ptr, strlen(ptr)), 0);
+    expect_open(dir, KVM_EFORMAT, "model.safetensors: a Git LFS pointer", "git lfs pull");
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, ptr, strlen(ptr)), 0);
+    json_error_t je;
+    ck_assert_ptr_null(kvm__json_load_file(p, 0, &je));
+    ck_assert_msg(strstr(je.text, "a Git LFS pointer"), "%s", je.text);
+    snprintf(p, sizeof p, "%s/bom.json", dir); /* a UTF-8 mark is still skipped */
+    ck_assert_int_eq(kvm_test_write_file(p, "\xEF\xBB\xBF{\"a\": 1}", 11), 0);
+    json_t *j = kvm__json_load_file(p, 0, &je);
+    ck_assert_msg(j && json_integer_value(json_object_get(j, "a")) == 1, "%s", je.text);
+    json_decref(j);
+    tset_free(&s);
+}
+END_TEST
+
 static Suite *tiny_suite(void)
 {
     Suite *s = suite_create("hf_tiny");
@@ -1417,6 +1450,7 @@ static Suite *tiny_suite(void)
                 {"bom", test_bom},
                 {"nonfinite", test_nonfinite},
                 {"utf16_config", test_utf16_config},
+                {"lfs_pointers", test_lfs_pointers},
                 {"generation_config", test_generation_config}};
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         tc = tcase_create(more[i].name);

@@ -573,7 +573,8 @@ START_TEST(test_corpus_names_not_utf8_or_long)
     char l255[300];
     memset(l255, 'L', 255);
     strcpy(l255 + 255, "\n");
-    ck_assert_msg(strstr(out, " caf\xEF\xBF\xBD.txt\n") && strstr(out, l255) && !strstr(out, "LLLLL\xEF"), "%s", out);
+    /* a latin-1 byte of a file name is written %HH (it was U+FFFD: two such names were one) */
+    ck_assert_msg(strstr(out, " caf%E9.txt\n") && strstr(out, l255) && !strstr(out, "LLLLL\xEF"), "%s", out);
     free(out);
     kvm_test_rmtree(dir);
     free(dir);

@@ -93,6 +93,24 @@ START_TEST(test_every_method)
                                        "[compress] retain = 8"),
                   "%s", kvm_errmsg());
     ck_assert_ptr_null(out);
+    /* but a document of retain + 1 tokens (target_kl's search probes budget N - 1 = retain there)
+     * is kept whole, as before the refusal */
+    kvm_compress_input in9 = in;
+    in9.n_tokens = 9;
+    kvm_kvcache *part = NULL;
+    ck_assert_int_eq(kvm_kvcache_new(5, 4, 8, 9, &part), 0);
+    for (int l = 0; l < 5; l++)
+        for (int g = 0; g < 4; g++)
+            for (int e = 0; e < 9; e++)
+                ck_assert_int_eq(kvm_kvcache_append(kvm_kvcache_head(part, l, g), 8,
+                                                    kvm_kvcache_head(full, l, g)->k + e * 8,
+                                                    kvm_kvcache_head(full, l, g)->v + e * 8, e, 0.0f),
+                                 0);
+    in9.full = part;
+    ck_assert_msg(kvm_worker_compress(c, &in9, NULL, NULL, &out) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_kvcache_entries(out), 9 * 5 * 4);
+    kvm_kvcache_free(&out);
+    kvm_kvcache_free(&part);
     kvm_config_free(&c);
 }
 END_TEST
