@@ -687,23 +687,46 @@ static int owner_running_here(const char *owner, char *why, size_t n)
     return running;
 }
 
-/* --release OWNER: removes every claim of owner, unless it is a run of this host still
- * running (--force). Returns the exit status. */
+/* An owner's claims, for --release: how many are live and when the latest lapses. */
+typedef struct owner_live {
+    const char *owner;
+    int64_t now_ms, n_live, latest_ms;
+} owner_live;
+
+static int owner_live_visit(const kvm_store_cache_key *k, const kvm_store_claim *c, void *arg)
+{
+    (void)k;
+    owner_live *x = arg;
+    if (strcmp(x->owner, c->owner) || c->expires_unix_ms <= x->now_ms) return 0;
+    x->n_live++;
+    if (c->expires_unix_ms > x->latest_ms) x->latest_ms = c->expires_unix_ms;
+    return 0;
+}
+
+/* --release OWNER: removes every claim of owner, unless one of them is live (--force): a live
+ * claim may be a run's that goes on, on this host or any other (a shared store, a store
+ * service), and nothing tells it its claims are gone (a renewal only extends the records it
+ * finds): other runs would compress its documents again meanwhile. Lapsed claims only: released.
+ * Returns the exit status. */
 static int claims_release(const char *path, const kvm_config *cfg, const char *owner, int force)
 {
-    char why[200];
-    if (!force && owner_running_here(owner, why, sizeof why)) {
-        fprintf(stderr,
-                "kvmill store claims: %s is a live run: %s; its claims are not released (it would renew "
-                "them, and another run would compress its documents again): stop it, or give --force\n",
-                owner, why);
-        return 1;
-    }
     kvm_store *s = NULL;
     if (open_ro("store claims", path, &s, 0)) return 2; /* read-only first: never create a store */
+    owner_live live = {.owner = owner, .now_ms = wall_ms()};
+    int st = force ? 0 : kvm_store_list_claims(s, owner_live_visit, &live);
     kvm_store_close(&s);
+    if (st == 0 && live.n_live > 0) {
+        char why[200], when[40], run[260] = "";
+        if (owner_running_here(owner, why, sizeof why)) snprintf(run, sizeof run, " (a live run: %s)", why);
+        fprintf(stderr,
+                "kvmill store claims: %s%s holds %lld live claim(s), the latest lapsing at %s unless renewed; "
+                "not released: releasing them lets other runs compress those documents again while that run goes "
+                "on (it would not notice); use --force if it is gone\n",
+                owner, run, (long long)live.n_live, utc_of(live.latest_ms, when, sizeof when));
+        return 1;
+    }
     int64_t n = 0;
-    int st = cfg ? kvm_storew_open(cfg, path, 0, &s) : kvm_store_open(path, NULL, &s);
+    if (st == 0) st = cfg ? kvm_storew_open(cfg, path, 0, &s) : kvm_store_open(path, NULL, &s);
     if (st == 0) st = kvm_store_claim_release(s, owner, &n);
     kvm_store_close(&s);
     if (st) {
@@ -726,10 +749,10 @@ static int cmd_claims(int argc, char **argv)
         {"csv", 0, "print CSV: model_id,doc_hash,config_id,since_ms,expires_ms,state,host,owner", NULL},
         {"owner", 1, "only the claims of this owner", NULL},
         {"release", 1,
-         "remove every claim of this owner (refused for a run of this host still "
-         "running, unless --force)",
+         "remove every claim of this owner (refused while one of them is live, "
+         "unless --force)",
          NULL},
-        {"force", 0, "with --release: release the claims of a run of this host still running", NULL},
+        {"force", 0, "with --release: release live claims too (their run is gone)", NULL},
         {NULL, 0, NULL, NULL}};
     int n_pos;
     int rc = parse("store claims",

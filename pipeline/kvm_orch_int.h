@@ -267,7 +267,12 @@ int kvm_orch__stage_of(kvm_proto_str s);
 /* Worker w is dead (why: the log's words): its job is requeued (an attempt of the document's) and
  * a process of this run's is killed and started again (bounded). A no-op for a dead worker. */
 void kvm_orch__worker_dead(orch *o, int w, const char *why);
-/* No health check ran for gap_ms (> half of [run] heartbeat_ms x liveness, kvm_orch__check_health;
+/* The lease of this run's claims, ms: [run] heartbeat_ms x liveness, at most the store's
+ * longest (KVM_STORE_CLAIM_MAX_TTL_MS, which the store refuses to exceed): a valid config can
+ * ask for 1000 h. The claims are renewed every quarter of it. */
+int64_t kvm_orch__claim_ttl(const orch *o);
+/* No health check ran for gap_ms (> half of the shorter of [run] heartbeat_ms x liveness and the
+ * claims' lease, kvm_orch__check_health;
  * now: kvm_now_ms after it): the orchestrator itself was stopped (SIGSTOP, Ctrl-Z, a suspended
  * VM) or busy, so it read no heartbeat meanwhile. The workers' silence and the jobs' times are
  * judged from now: they kept working, and their queued messages are read in the next

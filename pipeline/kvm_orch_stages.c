@@ -388,8 +388,12 @@ void kvm_orch__check_health(orch *o)
     /* one loop iteration takes ~100 ms: a gap of half the workers' dead time since the last
      * check means this process was stopped (kill -STOP, Ctrl-Z, a suspended VM) or busy, not
      * reading the heartbeats, which are still queued (a poll that resumes returns at once; a stop
-     * may also come inside the receive before this check): judged from now, not from before */
-    if (o->last_health > 0 && now - o->last_health > o->dead_ms / 2) kvm_orch__resumed(o, now - o->last_health, now);
+     * may also come inside the receive before this check): judged from now, not from before.
+     * The claims' lease can be shorter than the dead time (it is at most 24 h, kvm_orch__claim_ttl):
+     * a pause of half of it went unseen, so renewed_ok kept its age and the first renewal failure
+     * of a store service after it abandoned the run as if the service were down. */
+    const double ttl = (double)kvm_orch__claim_ttl(o), resumed_gap = (ttl < o->dead_ms ? ttl : o->dead_ms) / 2;
+    if (o->last_health > 0 && now - o->last_health > resumed_gap) kvm_orch__resumed(o, now - o->last_health, now);
     o->last_health = now;
     int st;
     if (child_exited(o->svc.pid, &st)) { /* workers retry their uploads meanwhile */

@@ -66,10 +66,7 @@ static void store_abandon(orch *o, const char *why)
         }
 }
 
-/* The lease of this run's claims, ms: [run] heartbeat_ms x liveness, at most the store's
- * longest (KVM_STORE_CLAIM_MAX_TTL_MS, which the store refuses to exceed): a valid config can
- * ask for 1000 h. The claims are renewed every quarter of it. */
-static int64_t claim_ttl(const orch *o)
+int64_t kvm_orch__claim_ttl(const orch *o)
 {
     int64_t ttl = (int64_t)o->dead_ms;
     return ttl > KVM_STORE_CLAIM_MAX_TTL_MS ? KVM_STORE_CLAIM_MAX_TTL_MS : ttl;
@@ -107,7 +104,7 @@ static int claim_remote(orch *o, const kvm_store_cache_key *key, int recheck, in
     kvm_storecli_claim_state st;
     kvm_storecli_claim_info info;
     const int timeout = kvm_orch_remote_timeout_ms(o->cfg);
-    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, claim_ttl(o),
+    int rc = kvm_storecli_claim(o->cli, key, &o->tok_id, o->owner, o->host, kvm_orch__claim_ttl(o),
                                 recheck ? KVM_STORECLI_INDEX_ONLY : 0, recheck ? timeout / 4 : timeout, recheck ? 1 : 2,
                                 &st, &info);
     if (rc) return rc;
@@ -120,7 +117,7 @@ static int claim_remote(orch *o, const kvm_store_cache_key *key, int recheck, in
 /* 1 when claim holder h is a run of this machine (kvm_storew_owner's
  * "run:HOST:PID:START_MS:ID", ID naming the kernel boot and pid namespace, kvm_rundir_proc_id)
  * whose process is gone (killed with kill -9, crashed: it released nothing, and its lease of
- * [run] heartbeat_ms x liveness has not lapsed yet), or whose pid now belongs to another
+ * [run] heartbeat_ms x liveness, at most 24 h, has not lapsed yet), or whose pid now belongs to another
  * process. A holder on another host, in another container or boot, an owner without an ID (an
  * earlier version's) or of another shape, or this very process: 0, the lease rule. */
 static int holder_gone(const orch *o, const kvm_store_claim *h)
@@ -152,7 +149,7 @@ static int take_over(orch *o, const kvm_store_cache_key *key, const orch_job *j,
                     : kvm_storew_release(o->store, dead);
     if (rc) return rc;
     return o->cli ? claim_remote(o, key, recheck, taken, found, holder)
-                  : kvm_storew_claim(o->store, key, o->owner, o->host, claim_ttl(o), taken, holder);
+                  : kvm_storew_claim(o->store, key, o->owner, o->host, kvm_orch__claim_ttl(o), taken, holder);
 }
 
 static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found);
@@ -163,7 +160,7 @@ static int claim_key(orch *o, const kvm_store_cache_key *key, const orch_job *j,
                      kvm_store_claim *holder)
 {
     int rc = o->cli ? claim_remote(o, key, recheck, taken, found, holder)
-                    : kvm_storew_claim(o->store, key, o->owner, o->host, claim_ttl(o), taken, holder);
+                    : kvm_storew_claim(o->store, key, o->owner, o->host, kvm_orch__claim_ttl(o), taken, holder);
     if (!rc && !*taken && !*found && holder_gone(o, holder)) rc = take_over(o, key, j, recheck, taken, found, holder);
     return rc;
 }
@@ -333,7 +330,7 @@ static void say_wait(orch *o)
 void kvm_orch__recheck_left(orch *o, double t0)
 {
     const int ending = o->n_open == 0;
-    const double quarter = (double)claim_ttl(o) / 4;
+    const double quarter = (double)kvm_orch__claim_ttl(o) / 4;
     double every = ending ? 250 : quarter > 1000 ? quarter : 1000;
     if (o->left_watch <= 0 || t0 - o->left_checked < every || *o->interrupts || o->store_full)
         return; /* draining: nothing new is sent, so nothing is taken over */
@@ -359,12 +356,12 @@ void kvm_orch__recheck_left(orch *o, double t0)
     o->left_next = next;
 }
 
-/* The claims live while the jobs do: renewed every quarter of their lease (claim_ttl; t0: now,
+/* The claims live while the jobs do: renewed every quarter of their lease (kvm_orch__claim_ttl; t0: now,
  * ms). A store service that answered no renewal for longer than the lease has let them lapse:
  * it is down (store_abandon). */
 void kvm_orch__renew_claims(orch *o, double t0)
 {
-    const int64_t ttl = claim_ttl(o);
+    const int64_t ttl = kvm_orch__claim_ttl(o);
     if (!o->owner[0] || t0 - o->last_renew <= (double)ttl / 4) return;
     int rr = o->cli ? kvm_storecli_renew(o->cli, o->owner, ttl, 0, kvm_orch_remote_timeout_ms(o->cfg) / 4, 1, NULL)
                     : kvm_storew_renew(o->store, o->owner, ttl);

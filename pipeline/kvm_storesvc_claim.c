@@ -40,7 +40,11 @@ int kvm_storesvc_claim(kvm_store *s, const kvm_proto_claim *c, kvm_storesvc_clai
     kvm_store_cache_key k;
     kvm_store_id tok;
     key_of(c, &k, &tok);
-    int rc = stored(s, &k, &tok, c->index_only, out);
+    /* a lease above the longest is refused before anything is looked up: one rule, whatever
+     * the key holds (it was answered `stored` on a stored cache, refused on any other) */
+    int rc = c->probe ? 0 : kvm_store_claim_check_ttl(c->ttl_ms);
+    if (rc) return rc;
+    rc = stored(s, &k, &tok, c->index_only, out);
     if (rc < 0) return rc;
     if (rc == 1) {
         out->state = "stored";

@@ -25,8 +25,8 @@ typedef struct kvm_storesvc_claim_out {
  * is "missing", and a take claims the key for c->owner for c->ttl_ms ("taken", or "held" with
  * the other owner's lease in out->holder). Returns 0, or the store's error (KVM_ESTATE
  * read-only, KVM_EFULL, KVM_EIO, KVM_EINVAL, KVM_ERANGE: c->ttl_ms above the longest lease,
- * KVM_STORE_CLAIM_MAX_TTL_MS, refused so the client does not believe in a longer lease) with
- * kvm_errmsg set. */
+ * KVM_STORE_CLAIM_MAX_TTL_MS, refused so the client does not believe in a longer lease; checked
+ * first, for any take, so a stored key does not answer "stored" to it) with kvm_errmsg set. */
 int kvm_storesvc_claim(kvm_store *s, const kvm_proto_claim *c, kvm_storesvc_claim_out *out);
 
 /* Renews (r->ttl_ms from now) or, with r->release, removes every claim of r->owner in one

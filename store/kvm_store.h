@@ -406,6 +406,9 @@ int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_
  * from every other run for that long (a ttl of 2^40 ms was ~34 years). A run whose [run]
  * heartbeat_ms x liveness is longer leases its claims for this long. */
 #define KVM_STORE_CLAIM_MAX_TTL_MS 86400000LL
+/* KVM_ERANGE, naming the longest lease, when ttl_ms is above KVM_STORE_CLAIM_MAX_TTL_MS (as
+ * kvm_store_claim_take and _renew refuse it); else 0. */
+int kvm_store_claim_check_ttl(int64_t ttl_ms);
 /* Visitor of kvm_store_list_claims: one claim (live or lapsed) on key. Both pointers are valid
  * only during the call, which runs inside the store's lock and read txn: it must not call
  * functions on the same handle. Return 0 to go on; anything else stops the listing and is

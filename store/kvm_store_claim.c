@@ -73,7 +73,7 @@ static int take_fn(kvm_store *s, MDB_txn *txn, void *arg)
 
 /* A lease above KVM_STORE_CLAIM_MAX_TTL_MS is refused, not cut to it: a caller that asked for
  * more would otherwise believe it holds the key longer than it does. */
-static int check_ttl(int64_t ttl_ms)
+int kvm_store_claim_check_ttl(int64_t ttl_ms)
 {
     if (ttl_ms > KVM_STORE_CLAIM_MAX_TTL_MS)
         return kvm_err(KVM_ERANGE, "claim: ttl_ms %lld is above the longest lease, %lld ms (24 h)", (long long)ttl_ms,
@@ -86,7 +86,7 @@ static int check_owner(const char *owner, const char *host, int64_t ttl_ms)
     if (!owner || !*owner || strlen(owner) >= sizeof ((kvm_store_claim *)0)->owner || (host && strlen(host) >= 64) ||
         ttl_ms < 1)
         return kvm_err(KVM_EINVAL, "claim: owner must be 1..127 bytes, host 0..63, ttl_ms >= 1");
-    return check_ttl(ttl_ms);
+    return kvm_store_claim_check_ttl(ttl_ms);
 }
 
 /* Claims need a writable handle (which always has the claims db). */
@@ -188,7 +188,7 @@ static int each(kvm_store *s, const char *owner, int64_t expires, int64_t *n)
 int kvm_store_claim_renew(kvm_store *s, const char *owner, int64_t ttl_ms, int64_t *n)
 {
     if (ttl_ms < 1) return kvm_err(KVM_EINVAL, "claim: ttl_ms %lld must be >= 1", (long long)ttl_ms);
-    int st = check_ttl(ttl_ms);
+    int st = kvm_store_claim_check_ttl(ttl_ms);
     if (st) return st;
     return each(s, owner, now_ms() + ttl_ms, n);
 }

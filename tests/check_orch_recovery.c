@@ -6,6 +6,7 @@
 #include "store/kvm_store.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_storew.h"
+#include "pipeline/kvm_stage.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
@@ -472,13 +473,16 @@ END_TEST
  * or any ttl through a store service): the wait looked endless. Now the wait names each
  * document with when its claim lapses unless renewed and whether it was renewed, and the run's
  * own claims are leased for at most 24 h (the store refuses longer ones) whatever the config
- * asks: here 100 s x 1000 = 27.8 h. The other host's claim (4 s) lapses and is taken over. */
+ * asks: here 100 s x 1000 = 27.8 h. The other host's claim is leased for 60 s, more than a
+ * loaded machine takes to start the run: the run surely waits, and its own claim is read then;
+ * `kvmill store claims --release OWNER --force` (refused without --force: the claim is live)
+ * ends the wait, the run taking the document over at its next recheck. */
 START_TEST(test_left_wait_says_lapse)
 {
     make_docs(2);
     char first[4300];
     snprintf(first, sizeof first, "%s/first.lmdb", tmp);
-    const char *method = "method = streaming\nbudget = 32";
+    const char *method = "method = streaming\nbudget = 32", *other = "run:elsewhere:4242:1:B1N1T1";
     write_config(method, first, "");
     char *out = NULL, *err = NULL;
     ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
@@ -493,15 +497,14 @@ START_TEST(test_left_wait_says_lapse)
     kvm_store_opts so = {0};
     ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
     int taken = 0;
-    ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[0], "run:elsewhere:4242:1:B1N1T1", "elsewhere", 4000, &taken, NULL),
-                     0);
+    ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[0], other, "elsewhere", 60000, &taken, NULL), 0);
     ck_assert_int_eq(taken, 1);
     kvm_store_close(&s);
     write_config(method, store, "heartbeat_ms = 100000\nliveness = 1000");
     char out_path[4300], err_path[4300];
     pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
     int st, ended = 0, waiting = 0;
-    for (int i = 0; i < 600 && !ended && !waiting; i++) { /* it has done its own document and waits */
+    for (int i = 0; i < 2500 && !ended && !waiting; i++) { /* it has done its own document and waits */
         err = kvm_test_read_file(err_path, NULL);
         waiting = err && strstr(err, "waiting for the") != NULL;
         free(err);
@@ -512,14 +515,29 @@ START_TEST(test_left_wait_says_lapse)
     int own_rc = -1;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    if (kvm_store_open(store, &so, &s) == 0) { /* the run's own claim, on the other document */
+    /* the run's own claim, on the other document: it waits for the other's, leased for 60 s */
+    if (waiting && kvm_store_open(store, &so, &s) == 0) {
         own_rc = kvm_store_claim_get(s, &ks.k[1], &own);
         kvm_store_close(&s);
     }
+    int refused = -1, released = -1;
+    char *rout = NULL, *rerr = NULL;
+    if (waiting) {
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' store claims --store '%s' --release '%s'", kvm_test_bin(), store, other);
+        refused = kvm_test_run(cmd, &rout, &rerr);
+        free(rout), free(rerr);
+        strncat(cmd, " --force", sizeof cmd - strlen(cmd) - 1);
+        released = kvm_test_run(cmd, &rout, &rerr);
+    }
+    if (!ended && !waiting) kill(pid, SIGTERM);
     ck_assert_int_eq(ended || waitpid(pid, &st, 0) == pid, 1);
     out = kvm_test_read_file(out_path, NULL), err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(waiting, "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(refused == 1 && released == 0 && rout && strstr(rout, "released 1 claim(s) of run:elsewhere"),
+                  "store claims --release: %d, then with --force %d: %s%s", refused, released, rout, rerr);
+    free(rout), free(rerr);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\nstdout: %s\nstderr: %s", st, out, err);
-    ck_assert_msg(waiting, "stderr: %s", err);
     ck_assert_msg(own_rc == 0 && !strncmp(own.owner, "run:", 4), "own claim: %d %s\nstderr: %s", own_rc, own.owner,
                   err);
     const int64_t now_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
@@ -533,6 +551,9 @@ START_TEST(test_left_wait_says_lapse)
     const char *w = strstr(err, "waiting for the 1 document");
     ck_assert_msg(w && strstr(w, ".txt: its claim lapses at ") && strstr(w, " UTC (in ") &&
                       strstr(w, " s) unless renewed; not renewed since this run left it"),
+                  "stderr: %s", err);
+    ck_assert_msg(strstr(err, "was left to another run, whose claim lapsed unrenewed or whose process is gone: "
+                              "compressing it here"),
                   "stderr: %s", err);
     free(out);
     free(err);
@@ -795,6 +816,33 @@ START_TEST(test_ack_after_evictions)
 }
 END_TEST
 
+/* A pause is seen (kvm_orch__resumed) after a gap of half the workers' dead time ([run]
+ * heartbeat_ms x liveness); the claims' lease is that time but at most 24 h. With 100 h x 1 and
+ * the orchestrator suspended 13 h (a laptop's night), no resume was seen: renewed_ok kept its
+ * age, so the first failed renewal through a store service (more than the 24 h lease since it)
+ * abandoned a healthy run. Now a gap over half the shorter of the two is a resume. The monotonic
+ * clock counts from boot: a machine up for less than 13 h cannot hold that gap (said, passed). */
+START_TEST(test_resume_after_capped_lease)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    o->hb_ms = 100000, o->dead_ms = 360000000; /* 100 h: the lease is 24 h */
+    ck_assert_int_eq(kvm_orch__claim_ttl(o), KVM_STORE_CLAIM_MAX_TTL_MS);
+    const double gap = 13 * 3600000.0, now = kvm_now_ms();
+    if (now - gap <= 1000) {
+        fprintf(stderr, "resume_after_capped_lease: up for %.0f s only, not checked\n", now / 1000);
+        fake_end(&f);
+        return;
+    }
+    o->last_health = o->last_renew = o->renewed_ok = now - gap;
+    kvm_orch__check_health(o);
+    ck_assert_msg(o->renewed_ok >= now, "renewed_ok %.0f ms before the check", now - o->renewed_ok);
+    ck_assert(o->last_renew == 0); /* renewed at the next chance */
+    fake_end(&f);
+}
+END_TEST
+
 static Suite *orch_recovery_suite(void)
 {
     Suite *s = suite_create("orch_recovery");
@@ -808,6 +856,7 @@ static Suite *orch_recovery_suite(void)
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"ack_after_evictions", test_ack_after_evictions, 90},
+                 {"resume_after_capped_lease", test_resume_after_capped_lease, 30},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},

@@ -1130,8 +1130,10 @@ static int count_claim(const kvm_store_cache_key *k, const kvm_store_claim *c, v
 
 /* Nothing listed or cleared claims: a stuck one (a hostile client's, a run killed on another
  * host) held its document until it lapsed. `store claims` lists them (owner, host, key, expiry,
- * live or lapsed; --csv), and `store claims --release OWNER` removes an owner's, refused for a
- * run of this host still running (this test process) unless --force. */
+ * live or lapsed; --csv), and `store claims --release OWNER` removes an owner's, refused while
+ * one of them is live unless --force: a run of this host still running (this test process)
+ * and, as much, another host's run (which went unprotected: its claims were removed, the run
+ * going on without noticing). An owner with lapsed claims only is released. */
 START_TEST(test_store_claims_cli)
 {
     kvm_store *s = NULL;
@@ -1160,15 +1162,24 @@ START_TEST(test_store_claims_cli)
                       strstr(out, ",lapsed,gone,run:gone:2:2\n") && strstr(out, ",live,evil,run:evil:1:1\n"),
                   "%s", out);
     free(out), free(err);
-    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --release run:evil:1:1", g_store) == 0, "%s%s", out,
-                  err);
+    /* a live claim of another host's run: that run may go on (it would not notice), so refused
+     * without --force; a lapsed one's is released */
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release run:evil:1:1", g_store), 1);
+    ck_assert_msg(strstr(err, "run:evil:1:1 holds 1 live claim(s), the latest lapsing at ") &&
+                      strstr(err, "lets other runs compress those documents again while that run goes on (it would "
+                                  "not notice); use --force if it is gone"),
+                  "%s", err);
+    free(out), free(err);
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --release run:evil:1:1 --force", g_store) == 0, "%s%s",
+                  out, err);
     ck_assert_msg(strstr(out, "released 1 claim(s) of run:evil:1:1"), "%s", out);
     free(out), free(err);
     ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release run:evil:1:1", g_store), 1);
     ck_assert_msg(strstr(err, "no claim of run:evil:1:1"), "%s", err);
     free(out), free(err);
     ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release '%s'", g_store, self), 1);
-    ck_assert_msg(strstr(err, "is a live run") && strstr(err, "--force"), "%s", err);
+    ck_assert_msg(strstr(err, "(a live run: process ") && strstr(err, "is running)") && strstr(err, "--force"), "%s",
+                  err);
     free(out), free(err);
     ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --force", g_store), 2);
     free(out), free(err);
@@ -1185,6 +1196,10 @@ START_TEST(test_store_claims_cli)
     ck_assert_int_eq(kvm_store_claim_get(s, &k[2], &got), KVM_ENOTFOUND);
     ck_assert_int_eq(kvm_store_claim_get(s, &k[1], &got), 0);
     kvm_store_close(&s);
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --release run:gone:2:2", g_store) == 0, "%s%s", out,
+                  err);
+    ck_assert_msg(strstr(out, "released 1 claim(s) of run:gone:2:2"), "%s", out);
+    free(out), free(err);
 }
 END_TEST
 

@@ -502,6 +502,16 @@ START_TEST(test_claims)
     ck_assert_int_eq(claim(b, &k1, "run:b", 60000, 1, NULL), KVM_STORECLI_STORED);
     /* revision 12: a recheck's claim judges "stored" by the index entry, reading no layer */
     ck_assert_int_eq(claim(b, &k1, "run:b", 60000, KVM_STORECLI_INDEX_ONLY, NULL), KVM_STORECLI_STORED);
+    { /* a lease above 24 h is refused before the stored cache is looked up (it was answered
+       * `stored`, refused on any other key): one rule, PROTOCOL.md's */
+        kvm_storecli_claim_state st;
+        kvm_storecli_claim_info info;
+        kvm_store_id tok = {{0}};
+        ck_assert_int_ne(
+            kvm_storecli_claim(b, &k1, &tok, "run:b", "hostA", KVM_STORE_CLAIM_MAX_TTL_MS + 1, 0, 3000, 1, &st, &info),
+            0);
+        ck_assert_msg(strstr(kvm_errmsg(), "above the longest lease"), "%s", kvm_errmsg());
+    }
     ck_assert_int_eq(kvm_storecli_renew(a, "run:a", 0, 1, 3000, 1, &n), 0); /* release */
     ck_assert_int_eq(n, 2);
     /* a lease of 1 s: short enough to wait out, long enough that the next request's round trip
