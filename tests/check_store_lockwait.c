@@ -219,17 +219,22 @@ START_TEST(test_store_rm_says_wait)
 }
 END_TEST
 
-/* kvmill run with the write lock held: the wait is said, and SIGINT (then the run's own
- * handler, which set the flag the store's watchdog reads) ends the run with 130 within a
- * second or so, saying what is left undone; nothing was written: the store verifies. */
+/* kvmill run with the write lock held by a stopped process: the wait is said, naming it, and
+ * SIGINT (then the run's own handler, which set the flag the store's watchdog reads) ends the
+ * run with 130 within a second or so, saying what is left undone (a stopped holder lets go only
+ * when resumed); nothing was written: the store verifies. */
 START_TEST(test_run_interrupted_in_wait)
 {
     int release;
     pid_t holder = holder_start(&release);
+    kill(holder, SIGSTOP); /* as Ctrl-Z on a writer inside its commit */
     const char *args[] = {"run", "--config", g_cfg, "--corpus", g_docs, NULL};
     pid_t run = kvmill_start(args);
     char *err = wait_for_text("waiting for the store's write lock", 30);
-    int said = strstr(err, "waiting for the store's write lock") && strstr(err, g_store) && strstr(err, "Ctrl-C");
+    char stopped[64];
+    snprintf(stopped, sizeof stopped, "stopped among them: %ld (", (long)holder);
+    int said = strstr(err, "waiting for the store's write lock") && strstr(err, g_store) && strstr(err, "Ctrl-C") &&
+               strstr(err, stopped);
     kill(run, SIGINT);
     double t0 = now_s();
     int st = wait_exit(run, 10);
@@ -243,6 +248,66 @@ START_TEST(test_run_interrupted_in_wait)
     ck_assert_msg(strstr(err, "interrupted while waiting for the store's write lock") &&
                       strstr(err, "summary is not printed"),
                   "run: no word of the interruption:\n%s", err);
+    free(err);
+    assert_verifies();
+}
+END_TEST
+
+/* kvmill run waiting behind a holder that is not stopped (busy: as other writers' ordinary
+ * commits on a busy disk): the wait is not called stopped, and the first SIGINT does not end the
+ * run (it was the graceful drain's, and cut the run short at once): the run says it drains once
+ * it gets the lock and goes on waiting; a second SIGINT ends it with 130 at once. */
+START_TEST(test_run_busy_holder_second_interrupt)
+{
+    int release;
+    pid_t holder = holder_start(&release);
+    const char *args[] = {"run", "--config", g_cfg, "--corpus", g_docs, NULL};
+    pid_t run = kvmill_start(args);
+    char *err = wait_for_text("waiting for the store's write lock", 30);
+    int said = strstr(err, "another process holds it (busy, or hung)") && !strstr(err, "stopped among them");
+    kill(run, SIGINT);
+    nanosleep(&(struct timespec){1, 500000000L}, NULL);
+    int st, alive = waitpid(run, &st, WNOHANG) == 0;
+    free(err);
+    err = wait_for_text("the store's write lock is busy", alive ? 2 : 0);
+    int deferred = strstr(err, "interrupted: the store's write lock is busy; the run drains once it gets it") != NULL;
+    if (alive) kill(run, SIGINT);
+    double t0 = now_s();
+    st = alive ? wait_exit(run, 10) : st;
+    double took = now_s() - t0;
+    holder_release(holder, release);
+    free(err);
+    err = kvm_test_read_file(g_err, NULL);
+    ck_assert_msg(said, "the wait was not said as a busy holder's:\n%s", err);
+    ck_assert_msg(alive, "the first SIGINT ended the run though the holder is not stopped: status %d:\n%s", st, err);
+    ck_assert_msg(deferred, "run: no word of the interrupt left for the drain:\n%s", err);
+    ck_assert_msg(st != -1 && took < 5, "run still ran %.1f s after the second SIGINT:\n%s", took, err);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "run: status %d after the second SIGINT:\n%s", st, err);
+    ck_assert_msg(strstr(err, "interrupted while waiting for the store's write lock"), "run: no word of the exit:\n%s",
+                  err);
+    free(err);
+    assert_verifies();
+}
+END_TEST
+
+/* The same busy holder, one SIGINT, then the holder lets go: the run gets the lock and drains
+ * as any interrupted run (its own "interrupted" line, exit 130), not cut short by the watchdog. */
+START_TEST(test_run_busy_holder_first_interrupt_drains)
+{
+    int release;
+    pid_t holder = holder_start(&release);
+    const char *args[] = {"run", "--config", g_cfg, "--corpus", g_docs, NULL};
+    pid_t run = kvmill_start(args);
+    free(wait_for_text("waiting for the store's write lock", 30));
+    kill(run, SIGINT);
+    free(wait_for_text("the store's write lock is busy", 3));
+    holder_release(holder, release);
+    int st = wait_exit(run, 30);
+    char *err = kvm_test_read_file(g_err, NULL);
+    ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 130, "run: status %d:\n%s", st, err);
+    ck_assert_msg(strstr(err, "finishing the jobs in flight") &&
+                      !strstr(err, "interrupted while waiting for the store's write lock"),
+                  "run: not the drain of a first Ctrl-C:\n%s", err);
     free(err);
     assert_verifies();
 }
@@ -263,6 +328,9 @@ int main(void)
     Suite *su = suite_create("store_lockwait");
     suite_add_tcase(su, tcase("store_rm_says_wait", test_store_rm_says_wait, 90));
     suite_add_tcase(su, tcase("run_interrupted_in_wait", test_run_interrupted_in_wait, 90));
+    suite_add_tcase(su, tcase("run_busy_holder_second_interrupt", test_run_busy_holder_second_interrupt, 90));
+    suite_add_tcase(su,
+                    tcase("run_busy_holder_first_interrupt_drains", test_run_busy_holder_first_interrupt_drains, 90));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
