@@ -8,16 +8,19 @@
 #include <lmdb.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 static char *g_dir;        /* this test's temporary directory */
@@ -313,6 +316,75 @@ START_TEST(test_run_busy_holder_first_interrupt_drains)
 }
 END_TEST
 
+/* The writer thread of test_watchdog_stderr_blocked: one write, which waits for the lock. */
+static void *release_claims(void *arg)
+{
+    int64_t n;
+    kvm_store_claim_release(arg, "nobody", &n);
+    return NULL;
+}
+
+/* The watchdog held its mutex while it scanned /proc and wrote to stderr: with stderr a full
+ * pipe whose reader is stopped, its warning of a long wait blocked, and so did every
+ * kvm_store_open, kvm_store_close and fork of the process behind it, for good. Here, in a child
+ * with such a stderr, a thread waits for the held lock past the 2 s warning, then another
+ * store is opened and closed: it must not take more than a moment. */
+START_TEST(test_watchdog_stderr_blocked)
+{
+    int done[2], go[2];
+    ck_assert(pipe(done) == 0 && pipe(go) == 0);
+    fflush(NULL);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        close(done[0]);
+        close(go[1]);
+        int err[2]; /* err[0] stays open, never read: a full pipe, not EPIPE */
+        if (pipe(err) || fcntl(err[1], F_SETFL, O_NONBLOCK)) _exit(2);
+        static char junk[4096];
+        while (write(err[1], junk, sizeof junk) > 0) {
+        }
+        if (fcntl(err[1], F_SETFL, 0) || dup2(err[1], 2) < 0) _exit(2);
+        kvm_store *s = NULL, *other = NULL;
+        char c = 'o';
+        /* opened (its own first write done) before the holder takes the lock */
+        if (kvm_store_open(g_store, NULL, &s) || write(done[1], &c, 1) != 1 || read(go[0], &c, 1) != 1) _exit(3);
+        pthread_t th;
+        if (pthread_create(&th, NULL, release_claims, s)) _exit(4);
+        nanosleep(&(struct timespec){3, 0}, NULL); /* past the 2 s warning: the watchdog writes */
+        char path[4300];
+        snprintf(path, sizeof path, "%s/other.lmdb", g_dir);
+        int rc = kvm_store_open(path, NULL, &other);
+        kvm_store_close(&other);
+        c = rc ? 'n' : 'y';
+        if (write(done[1], &c, 1) != 1) _exit(5);
+        _exit(0); /* the writer still waits: no close of s */
+    }
+    close(done[1]);
+    close(go[0]);
+    char c = 0;
+    ck_assert_msg(read(done[0], &c, 1) == 1 && c == 'o', "the child could not open the store");
+    int release;
+    pid_t holder = holder_start(&release);
+    ck_assert(write(go[1], &c, 1) == 1);
+    close(go[1]);
+    /* the child's answer within 3 s of its open (3 s after start): else it is stuck */
+    struct timeval tv = {.tv_sec = 6};
+    fd_set fds;
+    FD_ZERO(&fds);
+    FD_SET(done[0], &fds);
+    c = 0;
+    int got = select(done[0] + 1, &fds, NULL, NULL, &tv) == 1 && read(done[0], &c, 1) == 1;
+    close(done[0]);
+    kill(child, SIGKILL);
+    int st;
+    waitpid(child, &st, 0);
+    holder_release(holder, release);
+    ck_assert_msg(got, "kvm_store_open waited behind the watchdog's blocked stderr write");
+    ck_assert_msg(c == 'y', "the other store did not open");
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -328,6 +400,7 @@ int main(void)
     Suite *su = suite_create("store_lockwait");
     suite_add_tcase(su, tcase("store_rm_says_wait", test_store_rm_says_wait, 90));
     suite_add_tcase(su, tcase("run_interrupted_in_wait", test_run_interrupted_in_wait, 90));
+    suite_add_tcase(su, tcase("watchdog_stderr_blocked", test_watchdog_stderr_blocked, 60));
     suite_add_tcase(su, tcase("run_busy_holder_second_interrupt", test_run_busy_holder_second_interrupt, 90));
     suite_add_tcase(su,
                     tcase("run_busy_holder_first_interrupt_drains", test_run_busy_holder_first_interrupt_drains, 90));
