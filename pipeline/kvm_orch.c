@@ -18,13 +18,17 @@
 #include "common/kvm_number.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
 
-static volatile sig_atomic_t interrupts;
+/* atomic, not volatile sig_atomic_t: the store's watchdog thread reads it too (a data race
+ * otherwise); a lock-free atomic_int is async-signal-safe for the handler's increment */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the SIGINT handler's counter must be lock-free");
+static atomic_int interrupts;
 static void on_sigint(int s) { (void)s; interrupts++; }
 
 /* ---- progress ---- */

@@ -16,6 +16,7 @@
 #include "store/kvm_store.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -154,7 +155,7 @@ typedef struct orch {
     kvm_svcproc svc;                         /* the store service started for remote workers ([store] service_bind) */
     int metrics_failed;                      /* a metrics write failed (said once) */
     const char *cmd;                         /* "run" or "calibrate", for messages */
-    const volatile sig_atomic_t *interrupts; /* Ctrl-C / SIGTERM count (kvm_orch.c's handler) */
+    const atomic_int *interrupts;            /* Ctrl-C / SIGTERM count (kvm_orch.c's handler) */
 } orch;
 
 /* Why the store takes no more caches (kvm_orch__store_stop). */

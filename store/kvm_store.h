@@ -15,6 +15,7 @@
 #define KVM_STORE_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -179,15 +180,19 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix);
  * how to find the holder, and the stopped processes of this user that have the store open),
  * and so is its end (store_lock_wait_end).
  * This sets the process's interrupt flag: a counter its SIGINT/SIGTERM handler increments
- * (borrowed; NULL, the default, for none). When it changes during such a wait (of 2 s or
- * more: an interrupt during an ordinary short wait is the process's own business), the
- * watchdog logs that (event store_lock_interrupted) with note (borrowed, static; may be NULL:
- * what the process leaves undone, e.g. its summary) and ends the process with _exit(130):
+ * (borrowed; NULL, the default, for none; atomic: the watchdog thread reads it). When it changes
+ * during such a wait (of 2 s or more: an interrupt during an ordinary short wait is the
+ * process's own business) and the wait looks stuck (a stopped process has the store open, the
+ * wait has lasted 30 s, or the counter is 2 or more: a second interrupt), the watchdog logs
+ * that (event store_lock_interrupted) with note (borrowed, static; may be NULL: what the
+ * process leaves undone, e.g. its summary) and ends the process with _exit(130); a wait behind
+ * a holder that is only busy is left alone, said once (store_lock_interrupt_deferred): the
+ * process handles that interrupt itself once it has the lock (kvmill run drains). On exit:
  * the waiting thread holds no write transaction and never gets one after, so nothing it
  * would write is half-written. Only for a process whose store writes and files are all
  * written by the thread that waits (kvmill run's orchestrator): another thread of it would be
  * cut off mid-file. Not for use inside a signal handler. */
-void kvm_store_set_interrupt(const volatile sig_atomic_t *flag, const char *note);
+void kvm_store_set_interrupt(const atomic_int *flag, const char *note);
 
 /* ---- open / close (store/kvm_store.c) ---- */
 

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,8 @@ static struct {
     int running;                               /* 1: this process's watchdog runs (g.th) */
     pthread_t th;                              /* the watchdog, joined when the list empties */
     unsigned gen;                              /* bumped to stop the running watchdog */
-    const volatile sig_atomic_t *_Atomic flag; /* kvm_store_set_interrupt's; NULL none */
+    unsigned tick;                             /* the watchdog's looks, counted */
+    const atomic_int *_Atomic flag;            /* kvm_store_set_interrupt's; NULL none */
     const char *_Atomic note;                  /* what an interrupt leaves undone; may be NULL */
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -38,7 +40,7 @@ static int64_t mono_ms(void)
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-void kvm_store_set_interrupt(const volatile sig_atomic_t *flag, const char *note)
+void kvm_store_set_interrupt(const atomic_int *flag, const char *note)
 {
     atomic_store(&g.note, note);
     atomic_store(&g.flag, flag);
@@ -48,8 +50,8 @@ void kvm_store_set_interrupt(const volatile sig_atomic_t *flag, const char *note
 
 void kvm_store__lockwait_begin(kvm_store__lockwait *w)
 {
-    const volatile sig_atomic_t *flag = atomic_load(&g.flag);
-    atomic_store(&w->intr_at_start, flag ? (int)*flag : 0);
+    const atomic_int *flag = atomic_load(&g.flag);
+    atomic_store(&w->intr_at_start, flag ? atomic_load(flag) : 0);
     atomic_store(&w->state, mono_ms() + 1); /* > 0 even right after boot */
 }
 
@@ -131,62 +133,134 @@ static void stopped_holders(const char *lockfile, char *buf, size_t n)
     closedir(proc);
 }
 
-/* Says a wait of KVM_STORE__LOCKWAIT_SAY_MS or more, with the stopped processes that have the
- * store open when there are any. */
-static void say_wait(const kvm_store__lockwait *w, int64_t waited_ms)
+/* What one look at a wait found, copied under the mutex so that the slow part (the /proc
+ * scan, stderr) runs without it: a stderr pipe whose reader is stopped must not block open,
+ * close or fork (whose atfork handler takes the mutex) in the rest of the process. */
+typedef struct {
+    kvm_store__lockwait *w; /* identity only: it may be closed once the mutex is let go */
+    int64_t since;          /* the wait's start (its state), 0 none */
+    int64_t waited_ms;      /* how long it has waited */
+    int64_t ended_after_ms; /* > 0: a wait said before is over after this long */
+    int say_wait;           /* a new long wait: say it */
+    int scan;               /* look for a stopped holder in /proc */
+    int interrupted;        /* the flag moved during the wait */
+    int flag_now;           /* the flag's value then */
+    int say_busy;           /* the interrupt is left to the process's drain: say so (once a wait) */
+    char path[PATH_MAX];    /* its store's directory (a copy); last: take zeroes what is before */
+} look;
+
+static void say_end(const char *path, int64_t after_ms)
 {
-    char lockfile[4200], stopped[512];
-    snprintf(lockfile, sizeof lockfile, "%s/lock.mdb", w->path);
-    stopped_holders(lockfile, stopped, sizeof stopped);
-    kvm_log(KVM_LOG_WARN, "store_lock_wait",
-            (kvm_log_field[]){KVM_LOG_S("store", w->path), KVM_LOG_I("waited_s", waited_ms / 1000)}, 2,
-            "waiting for the store's write lock on %s for %lld s: another process holds it (a kvmill writer stopped "
-            "with Ctrl-Z or kill -STOP, or hung?); `fuser -v %s` or `lsof %s` lists the processes that have the "
-            "store open%s%s%s%s\n",
-            w->path, (long long)(waited_ms / 1000), lockfile, lockfile, stopped[0] ? "; stopped among them: " : "",
-            stopped, stopped[0] ? " (kill -CONT PID resumes one, or end it)" : "",
-            atomic_load(&g.flag) ? "; Ctrl-C ends this process" : "");
+    kvm_log(KVM_LOG_INFO, "store_lock_wait_end", (kvm_log_field[]){KVM_LOG_S("store", path)}, 1,
+            "the wait for the store's write lock on %s is over (after about %lld s)\n", path,
+            (long long)(after_ms / 1000));
 }
 
-/* Ends the process for an interrupt during w's long wait, unless it got the lock meanwhile or
- * another handle of the process is inside a write transaction (then the next tick looks
- * again). The waiter holds no write transaction: nothing of this process is half-written. */
-static void stop_for_interrupt(kvm_store__lockwait *w, int64_t since)
+/* Says a wait of KVM_STORE__LOCKWAIT_SAY_MS or more, worded by what the /proc scan found
+ * (stopped: its stopped processes that have the store open, empty when none): a holder that
+ * is only busy is not called stopped or hung. */
+static void say_wait(const look *lk, const char *lockfile, const char *stopped)
 {
-    for (const kvm_store__lockwait *o = g.head; o; o = o->next)
-        if (o != w && atomic_load(&o->state) == KVM_STORE__LW_WRITING) return;
-    if (!atomic_compare_exchange_strong(&w->state, &since, KVM_STORE__LW_STOPPING)) return;
+    int has_flag = atomic_load(&g.flag) != NULL;
+    kvm_log(KVM_LOG_WARN, "store_lock_wait",
+            (kvm_log_field[]){KVM_LOG_S("store", lk->path), KVM_LOG_I("waited_s", lk->waited_ms / 1000)}, 2,
+            "waiting for the store's write lock on %s for %lld s: %s%s%s; `fuser -v %s` or `lsof %s` lists the "
+            "processes that have the store open%s\n",
+            lk->path, (long long)(lk->waited_ms / 1000),
+            stopped[0] ? "a stopped process likely holds it (a kvmill writer stopped with Ctrl-Z or kill -STOP); "
+                         "stopped among them: "
+                       : "another process holds it (busy, or hung)",
+            stopped, stopped[0] ? " (kill -CONT PID resumes one, or end it)" : "", lockfile, lockfile,
+            !has_flag    ? ""
+            : stopped[0] ? "; Ctrl-C ends this process"
+                         : "; a first Ctrl-C takes effect once the lock comes, a second ends this process now");
+}
+
+/* Ends the process for an interrupt during lk's long wait, unless it got the lock meanwhile,
+ * was closed, or another handle of the process is inside a write transaction (then the next
+ * tick looks again). The waiter holds no write transaction: nothing of this process is
+ * half-written. */
+static void stop_for_interrupt(const look *lk)
+{
+    pthread_mutex_lock(&g.mu);
+    kvm_store__lockwait *w = g.head;
+    while (w && w != lk->w)
+        w = w->next;
+    int ok = w != NULL;
+    for (const kvm_store__lockwait *o = g.head; ok && o; o = o->next)
+        if (o != w && atomic_load(&o->state) == KVM_STORE__LW_WRITING) ok = 0;
+    int64_t since = lk->since;
+    ok = ok && atomic_compare_exchange_strong(&w->state, &since, KVM_STORE__LW_STOPPING);
+    pthread_mutex_unlock(&g.mu);
+    if (!ok) return;
+    /* STOPPING: the waiter parks once it gets the lock; nothing else of it runs */
     const char *note = atomic_load(&g.note);
-    kvm_log(KVM_LOG_WARN, "store_lock_interrupted", (kvm_log_field[]){KVM_LOG_S("store", w->path)}, 1,
+    kvm_log(KVM_LOG_WARN, "store_lock_interrupted", (kvm_log_field[]){KVM_LOG_S("store", lk->path)}, 1,
             "interrupted while waiting for the store's write lock on %s: exiting (status 130); nothing of this "
             "process was being written to the store%s%s\n",
-            w->path, note ? "; " : "", note ? note : "");
+            lk->path, note ? "; " : "", note ? note : "");
     _exit(130);
 }
 
-/* One look at w (mutex held). */
-static void check(kvm_store__lockwait *w, int64_t now)
+/* The fast part of one look at w: its state and bookkeeping into lk (mutex held). */
+static void take(kvm_store__lockwait *w, int64_t now, look *lk)
 {
     int64_t st = atomic_load(&w->state), since = st > 0 ? st : 0;
+    memset(lk, 0, offsetof(look, path));
+    lk->w = w;
+    snprintf(lk->path, sizeof lk->path, "%s", w->path);
+    lk->since = since;
+    lk->waited_ms = since ? now - since : 0;
     if (w->said_since && w->said_since != since) {
-        kvm_log(KVM_LOG_INFO, "store_lock_wait_end", (kvm_log_field[]){KVM_LOG_S("store", w->path)}, 1,
-                "the wait for the store's write lock on %s is over (after about %lld s)\n", w->path,
-                (long long)((now - w->said_since) / 1000));
+        lk->ended_after_ms = now - w->said_since;
+        if (lk->ended_after_ms <= 0) lk->ended_after_ms = 1;
         w->said_since = 0;
     }
-    if (!since || now - since < KVM_STORE__LOCKWAIT_SAY_MS) return; /* a short wait: an ordinary commit */
+    if (!since || lk->waited_ms < KVM_STORE__LOCKWAIT_SAY_MS) return; /* a short wait: an ordinary commit */
     if (!w->said_since) {
-        say_wait(w, now - since);
+        lk->say_wait = lk->scan = 1;
         w->said_since = since;
     }
-    const volatile sig_atomic_t *flag = atomic_load(&g.flag);
-    if (flag && (int)*flag != atomic_load(&w->intr_at_start)) stop_for_interrupt(w, since);
+    const atomic_int *flag = atomic_load(&g.flag);
+    lk->flag_now = flag ? atomic_load(flag) : 0;
+    lk->interrupted = flag && lk->flag_now != atomic_load(&w->intr_at_start);
+    if (!lk->interrupted) return;
+    if (now - w->scanned_ms >= KVM_STORE__LOCKWAIT_SCAN_MS) lk->scan = 1; /* a holder may stop later */
+    if (w->busy_said != since) {
+        lk->say_busy = 1;
+        w->busy_said = since;
+    }
+    if (lk->scan) w->scanned_ms = now;
 }
 
-/* The watchdog of generation arg: a look at every wait each tick, until g.gen moves on. */
+/* The slow part, mutex not held: the messages, and the exit when an interrupt came during a
+ * wait that looks stuck. */
+static void act(const look *lk)
+{
+    if (lk->ended_after_ms) say_end(lk->path, lk->ended_after_ms);
+    char lockfile[PATH_MAX + 16], stopped[512] = "";
+    snprintf(lockfile, sizeof lockfile, "%s/lock.mdb", lk->path);
+    if (lk->scan) stopped_holders(lockfile, stopped, sizeof stopped);
+    if (lk->say_wait) say_wait(lk, lockfile, stopped);
+    if (!lk->interrupted) return;
+    /* a stopped holder lets go only when resumed, a 30 s wait is no ordinary commit, and a
+     * second interrupt asks for the exit: else a busy holder soon lets go, and the first
+     * interrupt is the process's graceful drain then */
+    if (stopped[0] || lk->waited_ms >= KVM_STORE__LOCKWAIT_STUCK_MS || lk->flag_now >= 2)
+        stop_for_interrupt(lk);
+    else if (lk->say_busy)
+        kvm_log(KVM_LOG_WARN, "store_lock_interrupt_deferred", (kvm_log_field[]){KVM_LOG_S("store", lk->path)}, 1,
+                "interrupted: the store's write lock is busy; the run drains once it gets it (Ctrl-C again ends it "
+                "now)\n");
+}
+
+/* The watchdog of generation arg: a look at every wait each tick, until g.gen moves on. Each
+ * look lets the mutex go for its slow part; g.tick marks the handles looked at this tick (the
+ * list may change meanwhile). */
 static void *watch_main(void *arg)
 {
     unsigned gen = (unsigned)(uintptr_t)arg;
+    look lk;
     pthread_mutex_lock(&g.mu);
     while (g.gen == gen) {
         struct timespec t;
@@ -198,9 +272,20 @@ static void *watch_main(void *arg)
         }
         pthread_cond_timedwait(&g.cv, &g.mu, &t);
         if (g.gen != gen) break;
+        unsigned tick = ++g.tick;
         int64_t now = mono_ms();
-        for (kvm_store__lockwait *w = g.head; w; w = w->next)
-            check(w, now);
+        for (;;) {
+            kvm_store__lockwait *w = g.head;
+            while (w && w->looked == tick)
+                w = w->next;
+            if (!w) break;
+            w->looked = tick;
+            take(w, now, &lk);
+            pthread_mutex_unlock(&g.mu);
+            act(&lk);
+            pthread_mutex_lock(&g.mu);
+            if (g.gen != gen) break;
+        }
     }
     pthread_mutex_unlock(&g.mu);
     return NULL;
@@ -252,7 +337,8 @@ void kvm_store__lockwait_add(kvm_store__lockwait *w, const char *path)
     }
     if (!g.running) start_watchdog();
     w->path = path;
-    w->said_since = 0;
+    w->said_since = w->busy_said = w->scanned_ms = 0;
+    w->looked = 0;
     atomic_store(&w->state, 0);
     w->next = g.head;
     g.head = w;
@@ -261,11 +347,13 @@ void kvm_store__lockwait_add(kvm_store__lockwait *w, const char *path)
 
 void kvm_store__lockwait_remove(kvm_store__lockwait *w)
 {
+    int64_t ended_after = 0;
     pthread_mutex_lock(&g.mu);
     for (kvm_store__lockwait **p = &g.head; *p; p = &(*p)->next) {
         if (*p != w) continue;
         *p = w->next;
-        if (w->said_since) check(w, mono_ms()); /* its state is idle now: says the end */
+        if (w->said_since) ended_after = mono_ms() - w->said_since; /* its state is idle now */
+        w->said_since = 0;
         break;
     }
     /* the last writable handle gone: so is the thread (no thread without a writable store) */
@@ -277,5 +365,6 @@ void kvm_store__lockwait_remove(kvm_store__lockwait *w)
         pthread_cond_signal(&g.cv);
     }
     pthread_mutex_unlock(&g.mu);
+    if (ended_after) say_end(w->path, ended_after > 0 ? ended_after : 1); /* stderr without the mutex */
     if (stop) pthread_join(th, NULL);
 }

@@ -5,8 +5,13 @@
  * silently, Ctrl-C included. So each writable handle marks its waits here (one atomic store
  * before mdb_txn_begin, one compare-and-swap after), and one thread per process, started by
  * the first writable handle and joined when the last is closed, looks at them every 250 ms: it says a wait of 2 s or
- * more on stderr (kvm_log), once per wait, and that it ended; and it ends the process with status 130 when the
- * interrupt flag of kvm_store_set_interrupt moved during such a wait. */
+ * more on stderr (kvm_log), once per wait, and that it ended; and when the interrupt flag of
+ * kvm_store_set_interrupt moved during such a wait it ends the process with status 130, but only
+ * when the wait looks stuck (a stopped process has the store open, the wait has lasted
+ * KVM_STORE__LOCKWAIT_STUCK_MS, or the flag counts a second interrupt): a holder that is merely
+ * busy (other writers' ordinary commits on a busy disk) lets the lock go soon, and the
+ * process's first Ctrl-C is then its graceful drain, not an exit. It scans /proc and writes
+ * to stderr without its mutex held: open, close and fork never wait behind a slow stderr. */
 #ifndef KVM_STORE_LOCKWAIT_H
 #define KVM_STORE_LOCKWAIT_H
 
@@ -17,6 +22,12 @@
 #define KVM_STORE__LOCKWAIT_SAY_MS 2000
 /* The watchdog's period. */
 #define KVM_STORE__LOCKWAIT_TICK_MS 250
+/* An interrupt during a wait this long ends the process though no stopped holder was found:
+ * far beyond any ordinary commit, so the holder is hung. */
+#define KVM_STORE__LOCKWAIT_STUCK_MS 30000
+/* While an interrupt waits for the lock, /proc is scanned for a stopped holder at most this
+ * often (a scan reads every process's descriptors). */
+#define KVM_STORE__LOCKWAIT_SCAN_MS 1000
 
 /* One writable handle's wait state; embedded in the handle, zero-initialized. */
 typedef struct kvm_store__lockwait {
@@ -25,6 +36,9 @@ typedef struct kvm_store__lockwait {
     atomic_int intr_at_start;         /* the interrupt flag's value when the wait began */
     const char *path;                 /* the store's directory; borrowed from the handle */
     int64_t said_since;               /* watchdog only: the wait it said (its state), 0 none */
+    int64_t busy_said;                /* watchdog only: the wait whose interrupt it said deferred */
+    int64_t scanned_ms;               /* watchdog only: its last /proc scan for this handle */
+    unsigned looked;                  /* watchdog only: the tick that last looked at it */
     struct kvm_store__lockwait *next; /* the process's list; under the module's mutex */
 } kvm_store__lockwait;
 

@@ -626,7 +626,7 @@ typedef struct fake_run {
  * sockets (ZMQ_ROUTER_MANDATORY, as bind_sockets sets them) bound to inproc:// endpoints. */
 static void fake_start(fake_run *f)
 {
-    static const volatile sig_atomic_t no_interrupts = 0;
+    static const atomic_int no_interrupts = 0;
     memset(f, 0, sizeof *f);
     char text[4600];
     snprintf(text, sizeof text,

@@ -968,7 +968,7 @@ START_TEST(test_health_reaps_own_children)
 {
     orch *o = calloc(1, sizeof *o);
     ck_assert_ptr_nonnull(o);
-    static const volatile sig_atomic_t stopping = 1; /* slot_died restarts nothing */
+    static const atomic_int stopping = 1; /* slot_died restarts nothing */
     o->interrupts = &stopping;
     ck_assert_int_eq(kvm_joblist_init(&o->lists, 0, N_JOB_STATES, J_QUEUED), 0);
     pid_t other = fork(), stage = other ? fork() : 0;

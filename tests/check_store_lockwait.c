@@ -8,16 +8,19 @@
 #include <lmdb.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/select.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "store/kvm_store.h"
 #include "tests/util/kvm_test.h"
 
 static char *g_dir;        /* this test's temporary directory */
@@ -219,17 +222,22 @@ START_TEST(test_store_rm_says_wait)
 }
 END_TEST
 
-/* kvmill run with the write lock held: the wait is said, and SIGINT (then the run's own
- * handler, which set the flag the store's watchdog reads) ends the run with 130 within a
- * second or so, saying what is left undone; nothing was written: the store verifies. */
+/* kvmill run with the write lock held by a stopped process: the wait is said, naming it, and
+ * SIGINT (then the run's own handler, which set the flag the store's watchdog reads) ends the
+ * run with 130 within a second or so, saying what is left undone (a stopped holder lets go only
+ * when resumed); nothing was written: the store verifies. */
 START_TEST(test_run_interrupted_in_wait)
 {
     int release;
     pid_t holder = holder_start(&release);
+    kill(holder, SIGSTOP); /* as Ctrl-Z on a writer inside its commit */
     const char *args[] = {"run", "--config", g_cfg, "--corpus", g_docs, NULL};
     pid_t run = kvmill_start(args);
     char *err = wait_for_text("waiting for the store's write lock", 30);
-    int said = strstr(err, "waiting for the store's write lock") && strstr(err, g_store) && strstr(err, "Ctrl-C");
+    char stopped[64];
+    snprintf(stopped, sizeof stopped, "stopped among them: %ld (", (long)holder);
+    int said = strstr(err, "waiting for the store's write lock") && strstr(err, g_store) && strstr(err, "Ctrl-C") &&
+               strstr(err, stopped);
     kill(run, SIGINT);
     double t0 = now_s();
     int st = wait_exit(run, 10);
@@ -248,6 +256,135 @@ START_TEST(test_run_interrupted_in_wait)
 }
 END_TEST
 
+/* kvmill run waiting behind a holder that is not stopped (busy: as other writers' ordinary
+ * commits on a busy disk): the wait is not called stopped, and the first SIGINT does not end the
+ * run (it was the graceful drain's, and cut the run short at once): the run says it drains once
+ * it gets the lock and goes on waiting; a second SIGINT ends it with 130 at once. */
+START_TEST(test_run_busy_holder_second_interrupt)
+{
+    int release;
+    pid_t holder = holder_start(&release);
+    const char *args[] = {"run", "--config", g_cfg, "--corpus", g_docs, NULL};
+    pid_t run = kvmill_start(args);
+    char *err = wait_for_text("waiting for the store's write lock", 30);
+    int said = strstr(err, "another process holds it (busy, or hung)") && !strstr(err, "stopped among them");
+    kill(run, SIGINT);
+    nanosleep(&(struct timespec){1, 500000000L}, NULL);
+    int st, alive = waitpid(run, &st, WNOHANG) == 0;
+    free(err);
+    err = wait_for_text("the store's write lock is busy", alive ? 2 : 0);
+    int deferred = strstr(err, "interrupted: the store's write lock is busy; the run drains once it gets it") != NULL;
+    if (alive) kill(run, SIGINT);
+    double t0 = now_s();
+    st = alive ? wait_exit(run, 10) : st;
+    double took = now_s() - t0;
+    holder_release(holder, release);
+    free(err);
+    err = kvm_test_read_file(g_err, NULL);
+    ck_assert_msg(said, "the wait was not said as a busy holder's:\n%s", err);
+    ck_assert_msg(alive, "the first SIGINT ended the run though the holder is not stopped: status %d:\n%s", st, err);
+    ck_assert_msg(deferred, "run: no word of the interrupt left for the drain:\n%s", err);
+    ck_assert_msg(st != -1 && took < 5, "run still ran %.1f s after the second SIGINT:\n%s", took, err);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "run: status %d after the second SIGINT:\n%s", st, err);
+    ck_assert_msg(strstr(err, "interrupted while waiting for the store's write lock"), "run: no word of the exit:\n%s",
+                  err);
+    free(err);
+    assert_verifies();
+}
+END_TEST
+
+/* The same busy holder, one SIGINT, then the holder lets go: the run gets the lock and drains
+ * as any interrupted run (its own "interrupted" line, exit 130), not cut short by the watchdog. */
+START_TEST(test_run_busy_holder_first_interrupt_drains)
+{
+    int release;
+    pid_t holder = holder_start(&release);
+    const char *args[] = {"run", "--config", g_cfg, "--corpus", g_docs, NULL};
+    pid_t run = kvmill_start(args);
+    free(wait_for_text("waiting for the store's write lock", 30));
+    kill(run, SIGINT);
+    free(wait_for_text("the store's write lock is busy", 3));
+    holder_release(holder, release);
+    int st = wait_exit(run, 30);
+    char *err = kvm_test_read_file(g_err, NULL);
+    ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 130, "run: status %d:\n%s", st, err);
+    ck_assert_msg(strstr(err, "finishing the jobs in flight") &&
+                      !strstr(err, "interrupted while waiting for the store's write lock"),
+                  "run: not the drain of a first Ctrl-C:\n%s", err);
+    free(err);
+    assert_verifies();
+}
+END_TEST
+
+/* The writer thread of test_watchdog_stderr_blocked: one write, which waits for the lock. */
+static void *release_claims(void *arg)
+{
+    int64_t n;
+    kvm_store_claim_release(arg, "nobody", &n);
+    return NULL;
+}
+
+/* The watchdog held its mutex while it scanned /proc and wrote to stderr: with stderr a full
+ * pipe whose reader is stopped, its warning of a long wait blocked, and so did every
+ * kvm_store_open, kvm_store_close and fork of the process behind it, for good. Here, in a child
+ * with such a stderr, a thread waits for the held lock past the 2 s warning, then another
+ * store is opened and closed: it must not take more than a moment. */
+START_TEST(test_watchdog_stderr_blocked)
+{
+    int done[2], go[2];
+    ck_assert(pipe(done) == 0 && pipe(go) == 0);
+    fflush(NULL);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        close(done[0]);
+        close(go[1]);
+        int err[2]; /* err[0] stays open, never read: a full pipe, not EPIPE */
+        if (pipe(err) || fcntl(err[1], F_SETFL, O_NONBLOCK)) _exit(2);
+        static char junk[4096];
+        while (write(err[1], junk, sizeof junk) > 0) {
+        }
+        if (fcntl(err[1], F_SETFL, 0) || dup2(err[1], 2) < 0) _exit(2);
+        kvm_store *s = NULL, *other = NULL;
+        char c = 'o';
+        /* opened (its own first write done) before the holder takes the lock */
+        if (kvm_store_open(g_store, NULL, &s) || write(done[1], &c, 1) != 1 || read(go[0], &c, 1) != 1) _exit(3);
+        pthread_t th;
+        if (pthread_create(&th, NULL, release_claims, s)) _exit(4);
+        nanosleep(&(struct timespec){3, 0}, NULL); /* past the 2 s warning: the watchdog writes */
+        char path[4300];
+        snprintf(path, sizeof path, "%s/other.lmdb", g_dir);
+        int rc = kvm_store_open(path, NULL, &other);
+        kvm_store_close(&other);
+        c = rc ? 'n' : 'y';
+        if (write(done[1], &c, 1) != 1) _exit(5);
+        _exit(0); /* the writer still waits: no close of s */
+    }
+    close(done[1]);
+    close(go[0]);
+    char c = 0;
+    ck_assert_msg(read(done[0], &c, 1) == 1 && c == 'o', "the child could not open the store");
+    int release;
+    pid_t holder = holder_start(&release);
+    ck_assert(write(go[1], &c, 1) == 1);
+    close(go[1]);
+    /* the child's answer within 3 s of its open (3 s after start): else it is stuck */
+    struct timeval tv = {.tv_sec = 6};
+    fd_set fds;
+    FD_ZERO(&fds);
+    FD_SET(done[0], &fds);
+    c = 0;
+    int got = select(done[0] + 1, &fds, NULL, NULL, &tv) == 1 && read(done[0], &c, 1) == 1;
+    close(done[0]);
+    kill(child, SIGKILL);
+    int st;
+    waitpid(child, &st, 0);
+    holder_release(holder, release);
+    ck_assert_msg(got, "kvm_store_open waited behind the watchdog's blocked stderr write");
+    ck_assert_msg(c == 'y', "the other store did not open");
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -263,6 +400,10 @@ int main(void)
     Suite *su = suite_create("store_lockwait");
     suite_add_tcase(su, tcase("store_rm_says_wait", test_store_rm_says_wait, 90));
     suite_add_tcase(su, tcase("run_interrupted_in_wait", test_run_interrupted_in_wait, 90));
+    suite_add_tcase(su, tcase("watchdog_stderr_blocked", test_watchdog_stderr_blocked, 60));
+    suite_add_tcase(su, tcase("run_busy_holder_second_interrupt", test_run_busy_holder_second_interrupt, 90));
+    suite_add_tcase(su,
+                    tcase("run_busy_holder_first_interrupt_drains", test_run_busy_holder_first_interrupt_drains, 90));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
