@@ -54,7 +54,8 @@ static int check_prefix(const char *prefix)
     char sp[200], sd[200], dir[PATH_MAX];
     if (strlen(prefix) + strlen(KEY_SUFFIX) >= PATH_MAX)
         return fprintf(stderr,
-                       "kvmill keygen: --out %s: longer than PATH_MAX (%d characters with .public.XXXXXX, the key writer's temporary name); give a "
+                       "kvmill keygen: --out %s: longer than PATH_MAX (%d characters with .public.XXXXXX, the key "
+                       "writer's temporary name); give a "
                        "shorter PREFIX\n",
                        short_path(prefix, sp, sizeof sp), PATH_MAX),
                2;
@@ -62,7 +63,8 @@ static int check_prefix(const char *prefix)
         size_t n = strcspn(p, "/");
         if (n + (p[n] ? 0 : strlen(KEY_SUFFIX)) > NAME_MAX)
             return fprintf(stderr, "kvmill keygen: --out %s: a name in it is longer than NAME_MAX (%d characters%s)\n",
-                           short_path(prefix, sp, sizeof sp), NAME_MAX, p[n] ? "" : " with .public.XXXXXX, the key writer's temporary name"),
+                           short_path(prefix, sp, sizeof sp), NAME_MAX,
+                           p[n] ? "" : " with .public.XXXXXX, the key writer's temporary name"),
                    2;
         p += n + (p[n] == '/');
     }

@@ -79,10 +79,10 @@ typedef enum kvm_storecli_claim_state {
 
 /* What kvm_storecli_claim reports besides the state. */
 typedef struct kvm_storecli_claim_info {
-    kvm_store_claim holder;              /* HELD: the other run (owner, host) and when its claim
-                                            lapses (service clock; 0 from a service older than
-                                            protocol revision 12) */
-    int64_t full_bytes, stored_bytes;    /* STORED: the manifest's sizes (0 with INDEX_ONLY) */
+    kvm_store_claim holder;           /* HELD: the other run (owner, host) and when its claim
+                                         lapses (service clock; 0 from a service older than
+                                         protocol revision 12) */
+    int64_t full_bytes, stored_bytes; /* STORED: the manifest's sizes (0 with INDEX_ONLY) */
 } kvm_storecli_claim_info;
 
 /* kvm_storecli_claim's flags. */

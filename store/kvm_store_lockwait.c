@@ -24,13 +24,13 @@ static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* wakes the watchdog to stop; CLOCK_MONOTONIC */
     kvm_store__lockwait *head;
-    pid_t pid;                                 /* the process g.running and g.th belong to */
-    int running;                               /* 1: this process's watchdog runs (g.th) */
-    pthread_t th;                              /* the watchdog, joined when the list empties */
-    unsigned gen;                              /* bumped to stop the running watchdog */
-    unsigned tick;                             /* the watchdog's looks, counted */
-    const atomic_int *_Atomic flag;            /* kvm_store_set_interrupt's; NULL none */
-    const char *_Atomic note;                  /* what an interrupt leaves undone; may be NULL */
+    pid_t pid;                      /* the process g.running and g.th belong to */
+    int running;                    /* 1: this process's watchdog runs (g.th) */
+    pthread_t th;                   /* the watchdog, joined when the list empties */
+    unsigned gen;                   /* bumped to stop the running watchdog */
+    unsigned tick;                  /* the watchdog's looks, counted */
+    const atomic_int *_Atomic flag; /* kvm_store_set_interrupt's; NULL none */
+    const char *_Atomic note;       /* what an interrupt leaves undone; may be NULL */
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static int64_t mono_ms(void)

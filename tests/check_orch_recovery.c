@@ -795,7 +795,7 @@ START_TEST(test_ack_after_evictions)
     j->worker = 0;
     kvm_orch__job_set(o, j, J_COMPRESS);
     if (evicted_after_send) kvm_orch__note_evictions(o, j); /* the job goes to compress ... */
-    kvm_store_cache *c = NULL; /* ... and another document's cache evicts this one's */
+    kvm_store_cache *c = NULL;                              /* ... and another document's cache evicts this one's */
     ck_assert_msg(kvm_store_get_cache(st, &ks.k[0], &ks.tok[0], &c) == 0, "%s", kvm_errmsg());
     kvm_store_manifest other = c->manifest;
     other.doc_hash.b[0] ^= 1;

@@ -234,9 +234,10 @@ int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals
     const int fifo = fstat(fileno(f), &st) == 0 && S_ISFIFO(st.st_mode);
     if (!rc && r.line < header_line)
         rc = kvm_err(KVM_EFORMAT,
-                     fifo && r.line == 0 ? "signals %s: a FIFO that gave nothing to read (its writer wrote nothing, or was not "
-                            "running yet when it was opened: start the writer first)"
-                          : "signals %s: empty file",
+                     fifo && r.line == 0
+                         ? "signals %s: a FIFO that gave nothing to read (its writer wrote nothing, or was not "
+                           "running yet when it was opened: start the writer first)"
+                         : "signals %s: empty file",
                      path);
     if (!rc) rc = complete(&r);
     free(r.ev);
