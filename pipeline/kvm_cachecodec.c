@@ -13,19 +13,6 @@ static void *head_keys(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (
 static void *head_values(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (void *)h->v16 : (void *)h->v; }
 static kvm_proto_dtype head_dtype(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? KVM_PROTO_F16 : KVM_PROTO_F32; }
 
-/* Element i of src (dtype f32, f16 or bf16) as float32, exactly. */
-static float element(const void *src, kvm_proto_dtype dt, size_t i)
-{
-    if (dt == KVM_PROTO_F32) {
-        float x;
-        memcpy(&x, (const uint8_t *)src + 4 * i, 4);
-        return x;
-    }
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)src + 2 * i, 2);
-    return dt == KVM_PROTO_F16 ? kvm_half_f16_to_f32(h) : kvm_half_bf16_to_f32(h);
-}
-
 /* f32 at or above this rounds to inf in f16 (halfway past f16's largest finite value, 65504). */
 #define F16_OVERFLOW 65520.0f
 
@@ -40,7 +27,7 @@ static int check_values(const void *src, kvm_proto_dtype src_dt, kvm_proto_dtype
      * f32 head): a cache an older kvmill's f16 encoder filled with inf, or damaged bytes */
     const int decoding = dst_dt == KVM_PROTO_F32 && src_dt != KVM_PROTO_F32;
     for (size_t i = 0; i < n; i++) {
-        float x = element(src, src_dt, i);
+        float x = kvm_half_load(src, src_dt, i);
         if (!isfinite(x))
             return kvm_err(KVM_ERANGE,
                            "cache layer %d, KV head %d, %s of entry %zu: %g is not a finite number (%s): the cache "

@@ -74,7 +74,7 @@ uint16_t kvm_half_f32_to_bf16(float x)
 
 float kvm_half_bf16_to_f32(uint16_t h) { return kvm_half__float((uint32_t)h << 16); }
 
-static float kvm_half__load(const void *src, kvm_proto_dtype dt, size_t i)
+float kvm_half_load(const void *src, kvm_proto_dtype dt, size_t i)
 {
     if (dt == KVM_PROTO_F32) {
         float x;
@@ -113,6 +113,6 @@ int kvm_half_convert(void *dst, kvm_proto_dtype dst_dtype, const void *src, kvm_
         return 0;
     }
     for (size_t i = 0; i < n; i++)
-        kvm_half__store(dst, dst_dtype, i, kvm_half__load(src, src_dtype, i));
+        kvm_half__store(dst, dst_dtype, i, kvm_half_load(src, src_dtype, i));
     return 0;
 }

@@ -20,6 +20,9 @@ uint16_t kvm_half_f32_to_bf16(float x);
 /* bf16 bits -> f32, exact. */
 float kvm_half_bf16_to_f32(uint16_t h);
 
+/* Element i of src (dtype f32, f16 or bf16; unaligned is fine) as float32, exactly. */
+float kvm_half_load(const void *src, kvm_proto_dtype dt, size_t i);
+
 /* Converts n elements of src (dtype src_dtype) into dst (dtype dst_dtype); both in
  * {f32, f16, bf16}. Same dtype copies. dst and src must not overlap; either may be NULL when
  * n == 0. Errors: KVM_EINVAL (i32 or unknown dtype, NULL with n > 0). */
