@@ -73,12 +73,15 @@ int64_t kvm_orch__claim_ttl(const orch *o)
 }
 
 /* When a claim expiring at `expires` (unix ms; 0: not known) lapses unless renewed, for the
- * log: "at 2026-12-07 05:00:00 UTC (in 42 s)", into out[n]. Through a store service the time
- * is the service's clock, so the seconds are off by the two hosts' clock difference. */
+ * log: "its claim lapses at 2026-12-07 05:00:00 UTC (in 42 s) unless renewed", into out[n].
+ * Through a store service the time is the service's clock, so the seconds are off by the two
+ * hosts' clock difference. */
 static const char *lapse_text(const orch *o, int64_t expires, char *out, size_t n)
 {
     if (expires <= 0) {
-        snprintf(out, n, "at a time the store service does not say");
+        snprintf(out, n,
+                 "the store service does not say when its claim lapses (a service older than protocol "
+                 "revision 12)");
         return out;
     }
     time_t t = (time_t)(expires / 1000);
@@ -86,9 +89,12 @@ static const char *lapse_text(const orch *o, int64_t expires, char *out, size_t 
     char when[40] = "?";
     if (gmtime_r(&t, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
     const int64_t in_s = (expires - (int64_t)time(NULL) * 1000) / 1000;
-    snprintf(out, n, "at %s%s (%s %lld s)", when, o->cli ? " by the store service's clock" : "",
-             in_s >= 0 ? "in" : "lapsed", (long long)(in_s >= 0 ? in_s : -in_s));
-    if (in_s < 0) strncat(out, " ago", n - strlen(out) - 1);
+    const char *clock = o->cli ? " by the store service's clock" : "";
+    if (in_s >= 0)
+        snprintf(out, n, "its claim lapses at %s%s (in %lld s) unless renewed", when, clock, (long long)in_s);
+    else /* the service's clock may run behind this host's */
+        snprintf(out, n, "its claim lapsed at %s%s (%lld s ago by this host's clock) unless renewed", when, clock,
+                 (long long)-in_s);
     return out;
 }
 
@@ -215,11 +221,10 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
         kvm_store_cache_free(&c);
     }
     if (found || !taken) {
-        char lapse[160];
+        char lapse[200];
         if (!found)
-            kvm_orch__log("%s is being compressed by %s on %s: left to it (its claim lapses %s unless renewed)\n",
-                          j->doc->name, holder.owner, holder.host,
-                          lapse_text(o, holder.expires_unix_ms, lapse, sizeof lapse));
+            kvm_orch__log("%s is being compressed by %s on %s: left to it (%s)\n", j->doc->name, holder.owner,
+                          holder.host, lapse_text(o, holder.expires_unix_ms, lapse, sizeof lapse));
         kvm_orch__job_move(o, j, J_SKIPPED);
         o->n_open--;
         if (found)
@@ -316,8 +321,8 @@ static void say_wait(orch *o)
     for (int64_t i = 0; i < o->n_left && named < WAIT_NAMED; i++) {
         const orch_job *j = &o->jobs[o->left_idx[i]];
         if (!j->left || j->left_live) continue;
-        char lapse[160];
-        kvm_orch__log("  %s: its claim lapses %s unless renewed; %s since this run left it\n", j->doc->name,
+        char lapse[200];
+        kvm_orch__log("  %s: %s; %s since this run left it\n", j->doc->name,
                       lapse_text(o, j->left_expires, lapse, sizeof lapse), j->left_renewed ? "renewed" : "not renewed");
         named++;
     }

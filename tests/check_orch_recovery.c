@@ -7,11 +7,15 @@
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_storew.h"
 #include "pipeline/kvm_stage.h"
+#include "pipeline/kvm_serve.h"
+#include "pipeline/kvm_storecli.h"
+#include "proto/kvm_proto.h"
 #include "common/kvm_error.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -843,6 +847,79 @@ START_TEST(test_resume_after_capped_lease)
 }
 END_TEST
 
+/* A store service stand-in on ep: answers every claim "held" by another host's run, with the
+ * holder's expiry (expires > 0, revision 12) or without it (0, a revision-11 service). */
+typedef struct fake_svc {
+    char ep[4400];
+    int64_t expires;
+    volatile int bound, stop;
+} fake_svc;
+
+static void *fake_svc_main(void *arg)
+{
+    fake_svc *f = arg;
+    void *ctx = zmq_ctx_new(), *r = zmq_socket(ctx, ZMQ_ROUTER);
+    int linger = 0, to = 100;
+    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(r, ZMQ_RCVTIMEO, &to, sizeof to);
+    f->bound = zmq_bind(r, f->ep) == 0 ? 1 : -1;
+    while (!f->stop) {
+        kvm_msg *env = NULL, *body = NULL;
+        kvm_proto_claim c;
+        if (!kvm_serve_recv_routed(r, 0, &env, &body) && body && kvm_proto_claim_decode(body, &c) == 0) {
+            kvm_proto_store_reply rep = {.request_id = c.request_id,
+                                         .claim = kvm_proto_str_c("held"),
+                                         .holder = kvm_proto_str_c("run:elsewhere:7:1"),
+                                         .holder_host = kvm_proto_str_c("elsewhere"),
+                                         .holder_expires_ms = f->expires};
+            kvm_msg *m = NULL;
+            if (!kvm_proto_store_reply_encode(&rep, &m) && !kvm_msg_join(env, &m)) kvm_msg_send(r, &env, 0);
+            kvm_msg_free(&m);
+        }
+        kvm_msg_free(&env);
+        kvm_msg_free(&body);
+    }
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+/* A document the store service says another run holds is left to it. A revision-12 service
+ * names the claim's expiry, so the run watches the document (rechecked, taken over when the
+ * claim lapses: _i = 1); a revision-11 service does not, and the document stays counted
+ * claimed, unwatched, so that the run can end (_i = 0: it waited for nothing for ever if it
+ * watched a claim whose renewals it cannot see). */
+START_TEST(test_left_service_revisions)
+{
+    const int rev12 = _i == 1;
+    fake_svc fs = {.expires = rev12 ? 1796000000000 : 0};
+    snprintf(fs.ep, sizeof fs.ep, "ipc://%s/svc", tmp);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, fake_svc_main, &fs), 0);
+    for (int i = 0; i < 5000 && !fs.bound; i++)
+        usleep(1000);
+    ck_assert_int_eq(fs.bound, 1);
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    kvm_storecli_keys none = {0};
+    ck_assert_msg(kvm_storecli_open(&none, fs.ep, &o->cli) == 0, "%s", kvm_errmsg());
+    snprintf(o->owner, sizeof o->owner, "run:here:1:1");
+    snprintf(o->host, sizeof o->host, "here");
+    ck_assert_int_eq(kvm_orch__claim_job(o, &o->jobs[0]), 1);
+    ck_assert_int_eq(o->sum->claimed, 1);
+    ck_assert_int_eq(o->jobs[0].state, J_SKIPPED);
+    ck_assert_int_eq(o->left_watch, rev12);
+    ck_assert_int_eq(o->n_left, rev12);
+    kvm_storecli_close(&o->cli);
+    free(o->left_idx);
+    o->left_idx = NULL;
+    fake_end(&f);
+    fs.stop = 1;
+    pthread_join(th, NULL);
+}
+END_TEST
+
 static Suite *orch_recovery_suite(void)
 {
     Suite *s = suite_create("orch_recovery");
@@ -856,6 +933,7 @@ static Suite *orch_recovery_suite(void)
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"ack_after_evictions", test_ack_after_evictions, 90},
+                 {"left_service_revisions", test_left_service_revisions, 30},
                  {"resume_after_capped_lease", test_resume_after_capped_lease, 30},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
@@ -866,7 +944,8 @@ static Suite *orch_recovery_suite(void)
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_set_timeout(tc, cases[i].timeout);
-        if (cases[i].fn == test_earlier_attempts_ack_counts || cases[i].fn == test_ack_after_evictions)
+        if (cases[i].fn == test_earlier_attempts_ack_counts || cases[i].fn == test_ack_after_evictions ||
+            cases[i].fn == test_left_service_revisions)
             tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: stored / evicted since the send, or not */
         else
             tcase_add_test(tc, cases[i].fn);
