@@ -59,7 +59,12 @@ endif
 # other configuration's library ----
 BUILD_FLAGS := $(strip CUDA=$(CUDA) $(CC) $(CPPFLAGS) $(CFLAGS) $(NVFLAGS))
 FLAGS_STAMP := $(BUILD)/.flags
-ifeq ($(filter clean,$(MAKECMDGOALS)),)
+# `make` alone builds `all`: the stamp's rule below came first and was the default goal, so a
+# fresh clone's `make` built nothing ("build/.flags is up to date")
+.DEFAULT_GOAL := all
+# a dry run (make -n) writes no stamp: it would mark the tree stale for the next real build
+DRY_RUN := $(findstring n,$(firstword -$(MAKEFLAGS)))
+ifeq ($(filter clean,$(MAKECMDGOALS))$(DRY_RUN),)
 ifneq ($(BUILD_FLAGS),$(strip $(shell cat $(FLAGS_STAMP) 2>/dev/null)))
 $(shell mkdir -p $(BUILD) && printf '%s\n' '$(BUILD_FLAGS)' > $(FLAGS_STAMP))
 endif
