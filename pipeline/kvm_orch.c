@@ -353,6 +353,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     }
     if (o.cli) sum->kept_full = -1;
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) kvm_orch__log("%s\n", kvm_errmsg());
+    if (store && o.owner[0] && !hard) kvm_orch__release_dead(&o);
     if (o.cli && o.owner[0] &&
         kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
         kvm_orch__log("%s (its claims lapse by themselves)\n", kvm_errmsg());

@@ -199,6 +199,10 @@ int kvm_orch__claim_job(orch *o, orch_job *j);
  * spends about 50 ms at most (a store service's claim is a round trip each) and the next goes
  * on from where it stopped. */
 void kvm_orch__recheck_left(orch *o, double t0);
+/* At a run's end on a local store: the claims of runs of this host that are gone (killed with
+ * kill -9 before they released them) are released, up to 8 such runs a time: a rerun that found
+ * their documents stored took none over, and `store claims` listed them for ever, lapsed. */
+void kvm_orch__release_dead(orch *o);
 
 /* Notes the local store's eviction count in j as it goes to compress (run mode, local store;
  * else nothing): an acked cache missing later is excused only by evictions after this. */

@@ -139,6 +139,38 @@ static int holder_gone(const orch *o, const kvm_store_claim *h)
     return kvm_rundir_pid_gone(pid, end + 1);
 }
 
+/* Owners of claims held by runs of this host that are gone (holder_gone), each once, for
+ * kvm_orch__release_dead. */
+typedef struct dead_owners {
+    const orch *o;
+    char owner[8][128];
+    int n;
+} dead_owners;
+
+static int collect_dead(const kvm_store_cache_key *key, const kvm_store_claim *c, void *arg)
+{
+    dead_owners *d = arg;
+    for (int i = 0; i < d->n; i++)
+        if (!strcmp(d->owner[i], c->owner)) return 0;
+    if (d->n < 8 && holder_gone(d->o, c)) snprintf(d->owner[d->n++], sizeof d->owner[0], "%s", c->owner);
+    return 0;
+}
+
+void kvm_orch__release_dead(orch *o)
+{
+    if (!o->store || o->mode != MODE_RUN) return;
+    dead_owners d = {.o = o};
+    if (kvm_store_list_claims(o->store, collect_dead, &d)) return; /* a tidy-up: its failure is no run's */
+    int64_t total = 0;
+    for (int i = 0; i < d.n; i++) {
+        int64_t n = 0;
+        if (!kvm_store_claim_release(o->store, d.owner[i], &n)) total += n;
+    }
+    if (total)
+        kvm_orch__log("released %lld claim%s left by %d run%s of this host that %s gone\n", (long long)total,
+                      kvm_plural(total, "", "s"), d.n, kvm_plural(d.n, "", "s"), d.n == 1 ? "is" : "are");
+}
+
 /* The claim on key, held by a dead run of this host (holder_gone), is taken over: that run's
  * claims are released (all of them: it renews none any more) and key is claimed again.
  * recheck: as claim_remote's (the same short waits). */

@@ -920,6 +920,55 @@ START_TEST(test_left_service_revisions)
 }
 END_TEST
 
+/* A run killed with kill -9 after storing its documents left claims that no rerun took over
+ * (the documents were stored: skipped), and `kvmill store claims` listed them for ever, lapsed.
+ * A run now releases, at its end, the claims of runs of this host that are gone; another
+ * host's claim stays. */
+START_TEST(test_dead_runs_claims_released)
+{
+    make_docs(2);
+    write_config("method = streaming\nbudget = 32", store, "heartbeat_ms = 100\nliveness = 20");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    keys ks = {.n = 0};
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(store, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, collect_key, &ks), 0);
+    ck_assert_int_eq(ks.n, 2);
+    pid_t gone = fork(); /* a pid that is not running: a child that exited and was reaped */
+    ck_assert_int_ge(gone, 0);
+    if (gone == 0) _exit(0);
+    ck_assert_int_eq(waitpid(gone, NULL, 0), gone);
+    char host[64] = "", dead[192], other[192];
+    ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
+    char self[96]; /* this boot and pid namespace ("B...N...T"), the gone pid's start made up */
+    kvm_rundir_proc_id((long)getpid(), self, sizeof self);
+    char *t = strrchr(self, 'T');
+    ck_assert_ptr_nonnull(t);
+    t[1] = '\0';
+    snprintf(dead, sizeof dead, "run:%.48s:%ld:%lld:%s1", host, (long)gone, (long long)time(NULL) * 1000, self);
+    snprintf(other, sizeof other, "run:elsewhere-%.40s:4242:1:B1N1T1", host);
+    int taken = 0;
+    ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[0], dead, host, 600000, &taken, NULL), 0);
+    ck_assert_int_eq(kvm_store_claim_take(s, &ks.k[1], other, "elsewhere", 600000, &taken, NULL), 0);
+    kvm_store_close(&s);
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    ck_assert_msg(strstr(out, "skipped=2") && strstr(err, "released 1 claim left by 1 run of this host that is gone"),
+                  "stdout: %s\nstderr: %s", out, err);
+    free(out);
+    free(err);
+    /* the other host's claim is still listed */
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store claims --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    ck_assert_msg(!strstr(out, dead) && strstr(out, "elsewhere"), "stdout: %s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 static Suite *orch_recovery_suite(void)
 {
     Suite *s = suite_create("orch_recovery");
@@ -934,6 +983,7 @@ static Suite *orch_recovery_suite(void)
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"ack_after_evictions", test_ack_after_evictions, 90},
                  {"left_service_revisions", test_left_service_revisions, 30},
+                 {"dead_runs_claims_released", test_dead_runs_claims_released, 120},
                  {"resume_after_capped_lease", test_resume_after_capped_lease, 30},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
