@@ -226,6 +226,38 @@ static void loop(orch *o)
 
 static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum, int mode);
 
+/* An interrupted calibration stores no strategy: the record under (model, [compress] strategy)
+ * goes back to what it held before (prev_rc 0: prev[n]; KVM_ENOTFOUND: none), once every stage
+ * worker has ended (none writes it after). Returns 0 when the store holds no strategy of this
+ * calibration, 1 when it does (it could not be put back: said on stderr). */
+static int undo_strategy(const kvm_config *cfg, kvm_store *store, const kvm_store_id *mid, int prev_rc,
+                         const uint8_t *prev, size_t n)
+{
+    const char *name = kvm_config_str(cfg, "compress", "strategy");
+    uint8_t *now = NULL;
+    size_t now_len = 0;
+    int rc = kvm_store_get_strategy(store, mid, name, &now, &now_len);
+    int same = rc == KVM_ENOTFOUND ? prev_rc == KVM_ENOTFOUND
+                                   : !rc && !prev_rc && now_len == n && (n == 0 || !memcmp(now, prev, n));
+    free(now);
+    if (same) return 0; /* the build had not stored it */
+    if (rc && rc != KVM_ENOTFOUND) goto failed;
+    if (prev_rc && prev_rc != KVM_ENOTFOUND) { /* the old record was not readable: nothing to put back */
+        rc = prev_rc;
+        goto failed;
+    }
+    rc = prev_rc ? kvm_store_rm_strategy(store, mid, name) : kvm_store_put_strategy(store, mid, name, prev, n);
+    if (!rc) {
+        kvm_orch__log("interrupted: the strategy build had stored strategy '%s'; it is taken back out of the store\n",
+                      name);
+        return 0;
+    }
+failed:
+    kvm_orch__log("interrupted: the strategy build stored strategy '%s' in %s and it could not be taken back: %s\n",
+                  name, kvm_config_str(cfg, "store", "path"), kvm_errmsg());
+    return 1;
+}
+
 int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum)
 {
     return orch_main(cfg, corpus, self_path, sum, MODE_RUN);
@@ -301,6 +333,15 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
                                          "by the next run on this host");
     kvm_store *store = NULL;
     int rc = prepare(&o, &store), status = 0;
+    /* calibrate: the strategy record as it was before, put back if the calibration is
+     * interrupted (the strategy worker stores it itself, before the orchestrator hears of it;
+     * a new one stored by a run the user stopped silently turned existing polykv caches stale) */
+    uint8_t *prev_strat = NULL;
+    size_t prev_len = 0;
+    int prev_rc = KVM_ENOTFOUND;
+    if (!rc && mode == MODE_CALIBRATE && store)
+        prev_rc = kvm_store_get_strategy(store, &o.model_id, kvm_config_str(cfg, "compress", "strategy"), &prev_strat,
+                                         &prev_len);
     if (rc) {
         status = rc == KVM_EINVAL || rc == KVM_EFORMAT ? 2 : 1; /* EFORMAT: the store is not one (truncated, foreign) */
         /* a refusal to start (README, "Seeing a run": event "refused"), as the command's own are */
@@ -356,6 +397,13 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (o.cli && o.owner[0] &&
         kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
         kvm_orch__log("%s (its claims lapse by themselves)\n", kvm_errmsg());
+    if (mode == MODE_CALIBRATE && interrupts && !sum->interrupted) { /* after the stages' work: still honoured */
+        kvm_orch__log("\ninterrupted: the stages' work was done\n");
+        sum->interrupted = 1;
+    }
+    if (mode == MODE_CALIBRATE && store && sum->interrupted)
+        sum->strategy_stored = undo_strategy(cfg, store, &o.model_id, prev_rc, prev_strat, prev_len);
+    free(prev_strat);
     kvm_store_close(&store);
     kvm_storecli_close(&o.cli);
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;

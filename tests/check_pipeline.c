@@ -1600,6 +1600,75 @@ START_TEST(test_calibrate_build_not_retried)
 }
 END_TEST
 
+/* An interrupted `calibrate --config` stores no strategy. The strategy stage stores it before
+ * the orchestrator hears of it, and the drain after a Ctrl-C waits for a build in flight: the
+ * command ended with 130, empty stdout and --out not written, saying neither, while the store
+ * held the new strategy (which turns existing polykv caches stale). Here a strategy worker
+ * joined by hand stores one when the build comes (the stages' work is done), then the Ctrl-C
+ * comes, then its ack: the record is taken back out and stderr says what was not written. */
+START_TEST(test_calibrate_interrupted_stores_nothing)
+{
+    char text[8192], cmd[16000], strat[4400];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[store]\npath = %s\n"
+             "[run]\nheartbeat_ms = 100\nliveness = 600\nrun_dir = %s\njob_timeout_s = 120\n[stages]\nbin_dir = %s\n"
+             "strategy_workers = 0\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(strat, sizeof strat, "%s/strategy.bin", tmp);
+    snprintf(cmd, sizeof cmd,
+             "exec '%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s' >'%s/out.txt' 2>'%s/err.txt'",
+             kvm_test_bin(), cfg_path, docs, strat, tmp, tmp);
+    pid_t run = spawn_sh(cmd);
+    peer p;
+    peer_start_as(&p, "by-hand-strategy", "strategy");
+    uint64_t build = peer_job(&p, 60000);
+    ck_assert_msg(build != 0, "no strategy build for the worker joined by hand");
+    /* the build stores its strategy, as kvmill-strategy does before it acks */
+    kvm_store *st = NULL;
+    kvm_store_id mid;
+    ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){0}, &st), 0);
+    ck_assert_int_eq(kvm_store_model_id(st, kvm_test_data_path("models/stories260K.bin"), &mid), 0);
+    ck_assert_int_eq(kvm_store_put_strategy(st, &mid, "default", "built", 5), 0);
+    kvm_store_close(&st);
+    kill(run, SIGINT);
+    ck_assert_msg(wait_for_file("err.txt", "interrupted: finishing the jobs in flight", 1, 60000),
+                  "the Ctrl-C was not taken");
+    kvm_proto_ctl ack = {.worker_id = kvm_proto_str_c("by-hand-strategy"),
+                         .stage = kvm_proto_str_c("strategy"),
+                         .pid = getpid(),
+                         .job_id = build};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ack_encode(&ack, &m), 0);
+    peer_send(p.ctl, &m);
+    int status = 0, ended = 0;
+    for (double end = kvm_now_ms() + 60000; kvm_now_ms() < end && !ended;) {
+        ended = waitpid(run, &status, WNOHANG) == run;
+        if (!ended) usleep(50000);
+    }
+    if (!ended) {
+        kill(run, SIGKILL);
+        waitpid(run, &status, 0);
+    }
+    peer_close(&p);
+    char *out = tmp_file("out.txt"), *err = tmp_file("err.txt");
+    ck_assert_msg(ended && WIFEXITED(status) && WEXITSTATUS(status) == 130, "status %d: %s", status, err);
+    char want[4600];
+    snprintf(want, sizeof want, "interrupted: no strategy stored, --out %s not written", strat);
+    ck_assert_msg(strstr(err, want), "stderr: %s", err);
+    ck_assert_msg(!strstr(out, "stored strategy"), "stdout: %s", out);
+    ck_assert_msg(access(strat, F_OK) != 0, "--out %s was written", strat);
+    ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){.read_only = 1}, &st), 0);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(kvm_store_get_strategy(st, &mid, "default", &buf, &len), KVM_ENOTFOUND);
+    free(buf);
+    kvm_store_close(&st);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* Lines of text holding a, and b after it. */
 static int lines_with(const char *text, const char *a, const char *b)
 {
@@ -1698,6 +1767,7 @@ static Suite *pipeline_suite(void)
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
                  {"kv_layer_count_changes", test_kv_layer_count_changes},
                  {"calibrate_build_not_retried", test_calibrate_build_not_retried},
+                 {"calibrate_interrupted_stores_nothing", test_calibrate_interrupted_stores_nothing},
                  {"worker_table_reused", test_worker_table_reused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
