@@ -177,7 +177,10 @@ static int prepare(orch *o, kvm_store **store)
     if (o->mode == MODE_RUN && *sb && o->n_open > 0) { /* the store's host serves it to workers on other hosts */
         char log[2200];
         snprintf(log, sizeof log, "%s/store.log", o->run_dir);
-        if ((rc = kvm_svcproc_start(&o->svc, o->bin_dir, o->store_path, sb, kvm_config_path(o->cfg), log, 10000))) return rc;
+        if ((rc = kvm_svcproc_start(&o->svc, o->bin_dir, o->store_path, sb, kvm_config_path(o->cfg), log, 10000))) {
+            o->svc_failed = 1; /* its error names the log: the run directory is kept for it */
+            return rc;
+        }
         kvm_orch__log("store service on %s (pid %ld, log %s)\n", sb, (long)o->svc.pid, log);
     }
     return o->n_open > 0 ? kvm_orch__start_stages(o) : 0;
@@ -419,9 +422,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_store_set_interrupt(NULL, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) kvm_rundir_remove(o.run_dir);
-    else if (o.run_dir[0] && o.n_slots > 0)
-        kvm_orch__log("stage logs are in %s\n", o.run_dir);
+    if (o.own_run_dir && !o.svc_failed && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard)))
+        kvm_rundir_remove(o.run_dir);
+    else if (o.run_dir[0] && (o.n_slots > 0 || o.svc_failed))
+        kvm_orch__log("%s are in %s\n", o.n_slots > 0 ? "stage logs" : "the store service's log", o.run_dir);
     if (hard || (status == 0 && sum->interrupted)) return 130; /* stopped by Ctrl-C: not a complete run */
     return status;
 }

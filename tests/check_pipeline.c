@@ -21,6 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1669,6 +1672,87 @@ START_TEST(test_calibrate_interrupted_stores_nothing)
 }
 END_TEST
 
+/* [store] service_bind on a socket the command binds itself: with [run] bind = tcp://H:P,
+ * service_bind = tcp://H:P+1 (the run's data socket) passed --dump-config and failed the run
+ * with "another process holds that endpoint", blaming someone else; now both refuse it (exit
+ * 2) naming the clash, as serve does for its front end. And a store service that did not start
+ * names its log in the run directory: that directory was removed on the way out, though a
+ * failed run keeps it (here the service's port is held by a listener of the test's own). */
+static int run_cfg(const char *text, const char *args, char **out, char **err)
+{
+    char cmd[12000];
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s'", kvm_test_bin(), args, cfg_path);
+    return kvm_test_run(cmd, out, err);
+}
+
+START_TEST(test_service_bind_clash_and_kept_log)
+{
+    int port = kvm_test_tcp_port(7);
+    char text[8192], args[5000], want[512], *out, *err;
+    const char *common = "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\n[store]\npath = %s\n"
+                         "service_bind = tcp://%s:%d\n[stages]\nbin_dir = %s\n%s\n";
+    struct {
+        const char *svc_host, *own; /* service_bind's host; the command's own bind (%d: port) */
+        int svc_port, clash;        /* service_bind's port; 1: refused */
+        const char *cmd, *socket;   /* the command; the socket the refusal names */
+    } cases[] = {{"127.0.0.1", "[run]\nbind = tcp://127.0.0.1:%d", port + 1, 1, "run", "data socket"},
+                 {"0.0.0.0", "[run]\nbind = tcp://127.0.0.1:%d", port, 1, "run", "control socket"},
+                 {"127.0.0.1", "[run]\nbind = tcp://127.0.0.1:%d", port + 2, 0, "run", NULL},
+                 {"127.0.0.1", "[serve]\nbind = tcp://127.0.0.1:%d", port, 1, "serve", "front end"},
+                 {"127.0.0.1", "[serve]\nbackend = tcp://127.0.0.1:%d", port + 1, 1, "serve", "data socket"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char own[256];
+        snprintf(own, sizeof own, cases[i].own, port);
+        snprintf(text, sizeof text, common, kvm_test_data_path("models/stories260K.bin"), store, cases[i].svc_host,
+                 cases[i].svc_port, kvm_test_bin(), own);
+        for (int dump = 0; dump < (cases[i].clash ? 2 : 1); dump++) {
+            snprintf(args, sizeof args, "%s %s", cases[i].cmd, dump || !cases[i].clash ? "--dump-config" : "--corpus");
+            if (!dump && cases[i].clash && !strcmp(cases[i].cmd, "run"))
+                snprintf(args, sizeof args, "run --corpus '%s'", docs);
+            else if (!dump && cases[i].clash)
+                snprintf(args, sizeof args, "serve --dump-config");
+            int rc = run_cfg(text, args, &out, &err);
+            snprintf(want, sizeof want, "[store] service_bind = tcp://%s:%d is the endpoint", cases[i].svc_host,
+                     cases[i].svc_port);
+            if (cases[i].clash)
+                ck_assert_msg(rc == 2 && strstr(err, want) && strstr(err, cases[i].socket),
+                              "case %zu (%s): exit %d: %s", i, args, rc, err);
+            else
+                ck_assert_msg(rc == 0, "case %zu (%s): exit %d: %s", i, args, rc, err);
+            free(out);
+            free(err);
+        }
+    }
+    /* the service's port held: it fails to start, and its log stays where the error says */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    ck_assert_int_ge(lfd, 0);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 3))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(lfd, 1), 0);
+    snprintf(text, sizeof text, common, kvm_test_data_path("models/stories260K.bin"), store, "127.0.0.1", port + 3,
+             kvm_test_bin(), "");
+    snprintf(args, sizeof args, "run --corpus '%s'", docs);
+    int rc = run_cfg(text, args, &out, &err);
+    close(lfd);
+    const char *lp = strstr(err, "(log ");
+    ck_assert_msg(rc == 1 && lp && strstr(lp, "/store.log)"), "exit %d: %s", rc, err);
+    char log[4400];
+    snprintf(log, sizeof log, "%.*s", (int)(strstr(lp, "/store.log)") - (lp + 5)), lp + 5);
+    struct stat st;
+    int kept = stat(log, &st) == 0 && S_ISDIR(st.st_mode);
+    char lf[4500];
+    snprintf(lf, sizeof lf, "%s/store.log", log);
+    int has_log = access(lf, F_OK) == 0;
+    if (kept) kvm_test_rmtree(log);
+    ck_assert_msg(kept && has_log, "the run directory %s (store.log %d) is gone; stderr: %s", log, has_log, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* Lines of text holding a, and b after it. */
 static int lines_with(const char *text, const char *a, const char *b)
 {
@@ -1768,6 +1852,7 @@ static Suite *pipeline_suite(void)
                  {"kv_layer_count_changes", test_kv_layer_count_changes},
                  {"calibrate_build_not_retried", test_calibrate_build_not_retried},
                  {"calibrate_interrupted_stores_nothing", test_calibrate_interrupted_stores_nothing},
+                 {"service_bind_clash_and_kept_log", test_service_bind_clash_and_kept_log},
                  {"worker_table_reused", test_worker_table_reused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
