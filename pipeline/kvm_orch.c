@@ -251,8 +251,8 @@ static int undo_strategy(const kvm_config *cfg, kvm_store *store, const kvm_stor
     }
     rc = prev_rc ? kvm_store_rm_strategy(store, mid, name) : kvm_store_put_strategy(store, mid, name, prev, n);
     if (!rc) {
-        kvm_orch__log("interrupted: the strategy build had stored strategy '%s'; it is taken back out of the store\n",
-                      name);
+        kvm_orch__log("interrupted: the strategy build had stored strategy '%s'; it is taken back out of the store%s\n",
+                      name, prev_rc ? "" : " (the one stored before is put back)");
         return 0;
     }
 failed:

@@ -1608,7 +1608,8 @@ END_TEST
  * command ended with 130, empty stdout and --out not written, saying neither, while the store
  * held the new strategy (which turns existing polykv caches stale). Here a strategy worker
  * joined by hand stores one when the build comes (the stages' work is done), then the Ctrl-C
- * comes, then its ack: the record is taken back out and stderr says what was not written. */
+ * comes, then its ack: the record is taken back out (_i = 1: the one stored before is put back)
+ * and stderr says what was not written. */
 START_TEST(test_calibrate_interrupted_stores_nothing)
 {
     char text[8192], cmd[16000], strat[4400];
@@ -1619,6 +1620,14 @@ START_TEST(test_calibrate_interrupted_stores_nothing)
              kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     snprintf(strat, sizeof strat, "%s/strategy.bin", tmp);
+    kvm_store *st = NULL;
+    kvm_store_id mid;
+    if (_i) { /* a strategy stored before: put back as it was */
+        ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){0}, &st), 0);
+        ck_assert_int_eq(kvm_store_model_id(st, kvm_test_data_path("models/stories260K.bin"), &mid), 0);
+        ck_assert_int_eq(kvm_store_put_strategy(st, &mid, "default", "before", 6), 0);
+        kvm_store_close(&st);
+    }
     snprintf(cmd, sizeof cmd,
              "exec '%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s' >'%s/out.txt' 2>'%s/err.txt'",
              kvm_test_bin(), cfg_path, docs, strat, tmp, tmp);
@@ -1628,8 +1637,6 @@ START_TEST(test_calibrate_interrupted_stores_nothing)
     uint64_t build = peer_job(&p, 60000);
     ck_assert_msg(build != 0, "no strategy build for the worker joined by hand");
     /* the build stores its strategy, as kvmill-strategy does before it acks */
-    kvm_store *st = NULL;
-    kvm_store_id mid;
     ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){0}, &st), 0);
     ck_assert_int_eq(kvm_store_model_id(st, kvm_test_data_path("models/stories260K.bin"), &mid), 0);
     ck_assert_int_eq(kvm_store_put_strategy(st, &mid, "default", "built", 5), 0);
@@ -1664,7 +1671,12 @@ START_TEST(test_calibrate_interrupted_stores_nothing)
     ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){.read_only = 1}, &st), 0);
     uint8_t *buf = NULL;
     size_t len = 0;
-    ck_assert_int_eq(kvm_store_get_strategy(st, &mid, "default", &buf, &len), KVM_ENOTFOUND);
+    int rc = kvm_store_get_strategy(st, &mid, "default", &buf, &len);
+    if (_i)
+        ck_assert_msg(rc == 0 && len == 6 && !memcmp(buf, "before", 6), "the strategy stored before: %d, %zu bytes", rc,
+                      len);
+    else
+        ck_assert_int_eq(rc, KVM_ENOTFOUND);
     free(buf);
     kvm_store_close(&st);
     free(out);
@@ -1860,6 +1872,8 @@ static Suite *pipeline_suite(void)
         tcase_set_timeout(tc, 240);
         if (cases[i].fn == test_calibrate_build_not_retried)
             tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: a final error, a retryable one */
+        else if (cases[i].fn == test_calibrate_interrupted_stores_nothing)
+            tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: no strategy stored before, one */
         else
             tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
