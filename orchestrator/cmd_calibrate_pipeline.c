@@ -16,6 +16,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,23 @@ static int report(const kvm_config *cfg, FILE *out_f, const char *out)
     free(buf);
     kvm_store_close(&st);
     return rc ? 1 : 0;
+}
+
+static volatile sig_atomic_t late_signal; /* a SIGINT or SIGTERM after the orchestrator ended */
+
+static void on_late_signal(int sig) { late_signal = sig; }
+
+/* What an interrupted calibration left: README, interrupted commands say which output was not
+ * written. stored: 1 when the strategy is in the store all the same. */
+static void say_interrupted(const kvm_config *cfg, const char *out, int stored)
+{
+    char outs[4200] = "";
+    if (out) snprintf(outs, sizeof outs, ", --out %s not written", out);
+    if (stored)
+        fprintf(stderr, "kvmill calibrate: interrupted: strategy '%s' was stored in %s before the interrupt%s\n",
+                kvm_config_str(cfg, "compress", "strategy"), kvm_config_str(cfg, "store", "path"), outs);
+    else
+        fprintf(stderr, "kvmill calibrate: interrupted: no strategy stored%s\n", outs);
 }
 
 /* Calibrates on each distinct document of the loaded corpus once (kvm_docdedup_find, as calibrate
@@ -176,7 +194,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg))
         return fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate")), 2;
     kvm_cli_log_config("calibrate", "orchestrator", cfg); /* refusals from here on follow [run] log_format */
-    int status = 2;
+    int status = 2, handlers = 0; /* handlers: 1 once on_late_signal is installed (old_int, old_term) */
+    struct sigaction old_int, old_term;
     kvm_cli_staged out_s = {0}; /* --out */
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
@@ -274,16 +293,35 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     ssize_t r = readlink("/proc/self/exe", self, sizeof self - 1);
     self[r > 0 ? r : 0] = '\0';
     kvm_orch_summary sum;
+    /* a Ctrl-C or SIGTERM once the orchestrator has ended (its handler is gone by then: it
+     * killed the command silently, the strategy stored) is noted and honoured before --out */
+    struct sigaction sa = {.sa_handler = on_late_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    handlers = 1;
+    late_signal = 0;
     status = kvm_orch_calibrate(cfg, corpus, self, &sum);
+    if (status == 130) /* the orchestrator put the strategy record back (or says why it could not) */
+        say_interrupted(cfg, out, sum.strategy_stored);
     if (status == 0) {
         printf("calibration: %lld document%s, %lld failed, %.2f s (signals %.2f s, strategy %.2f s of compute)\n",
                (long long)sum.compressed, kvm_plural(sum.compressed, "", "s"), (long long)sum.failed, sum.seconds, sum.stage_ms[2] / 1000.0,
                sum.stage_ms[3] / 1000.0);
         status = sum.compressed > 0 ? report(cfg, out_s.f, out) : 1;
         if (sum.compressed == 0) kvm_cli_refuse("calibrate", "no calibration document succeeded\n");
+        if (late_signal) { /* the strategy is stored; --out is not renamed into place */
+            say_interrupted(cfg, out, 1);
+            status = 130;
+        }
     }
 done:
-    if (kvm_cli_staged_close("calibrate", "out", &out_s, status == 0)) status = 1;
+    if (kvm_cli_staged_close("calibrate", "out", &out_s, status == 0 && !late_signal)) status = 1;
+    if (late_signal) status = 130;
+    if (handlers) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+    }
     kvm_corpus_free(&corpus);
     free(chat_open);
     free(chat_close);

@@ -138,6 +138,10 @@ static int check_config(const kvm_config *cfg, int bind_flag)
         return 1;
     }
     if (kvm_cli_check_run_bind("run", cfg, bind_flag)) return 1;
+    if (kvm_jobcfg_check_service_bind(cfg, 0, bind_flag ? "--bind" : "[run] bind")) {
+        kvm_cli_refuse("run", "%s\n", kvm_errmsg());
+        return 1;
+    }
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill run: %s\n", size_note);
     if (kvm_jobcfg_check(cfg) || kvm_jobcfg_check_text(cfg)) {

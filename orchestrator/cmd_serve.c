@@ -31,6 +31,8 @@ static int check_settings(const kvm_config *cfg, int bind_flag)
      * (a bind that is no endpoint, a port past 65535, a non-local backend without keys) */
     if (kvm_serve_check_endpoints(cfg, bind_flag ? "--bind" : NULL))
         return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
+    if (kvm_jobcfg_check_service_bind(cfg, 1, bind_flag ? "--bind" : "[serve] bind"))
+        return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;
     char size_note[8400];
     if (kvm_jobcfg_size_note(cfg, size_note, sizeof size_note)) fprintf(stderr, "kvmill serve: %s\n", size_note);
     if (kvm_jobcfg_check(cfg)) return kvm_cli_refuse("serve", "%s\n", kvm_errmsg()), KVM_EINVAL;

@@ -5,6 +5,7 @@
 #include "model/kvm_utf8.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_remote.h"
+#include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_target.h"
 #include "pipeline/kvm_worker.h"
 #include "proto/kvm_proto.h"
@@ -115,6 +116,67 @@ static int check_store_endpoints(const kvm_config *c)
                                        "an LMDB directory is [store] path", kvm_config_path(c), what, v);
         if (*v && kvm_serve_endpoint_check(v, what))
             return kvm_err(KVM_EINVAL, "%s: %s", kvm_config_path(c), kvm_errmsg());
+    }
+    return 0;
+}
+
+/* tcp://HOST:PORT into host (the text between // and the last colon) and port; 0 when not one. */
+static int tcp_parts(const char *ep, const char **host, size_t *host_len, long *port)
+{
+    if (strncmp(ep, "tcp://", 6)) return 0;
+    const char *colon = strrchr(ep + 6, ':');
+    char *end;
+    if (!colon) return 0;
+    *port = strtol(colon + 1, &end, 10);
+    if (*end || end == colon + 1) return 0;
+    *host = ep + 6;
+    *host_len = (size_t)(colon - (ep + 6));
+    return 1;
+}
+
+static int every_address(const char *h, size_t n)
+{
+    return (n == 7 && !strncmp(h, "0.0.0.0", 7)) || (n == 1 && h[0] == '*') || (n == 4 && !strncmp(h, "[::]", 4)) ||
+           (n == 2 && !strncmp(h, "::", 2));
+}
+
+/* 1 when binding a and b would take the same socket (kvm_jobcfg_check_service_bind's rule). */
+static int same_socket(const char *a, const char *b)
+{
+    const char *ha, *hb;
+    size_t na, nb;
+    long pa, pb;
+    if (!tcp_parts(a, &ha, &na, &pa) || !tcp_parts(b, &hb, &nb, &pb)) return !strcmp(a, b);
+    return pa == pb && ((na == nb && !strncmp(ha, hb, na)) || every_address(ha, na) || every_address(hb, nb));
+}
+
+int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bind_what)
+{
+    const char *sb = kvm_config_str(c, "store", "service_bind");
+    if (!*sb) return 0;
+    struct {
+        const char *base, *what; /* an endpoint the command binds; its setting */
+        int pair;                /* 1: a base, binding PORT (control) and PORT + 1 (data) */
+    } own[2] = {{kvm_config_str(c, serve ? "serve" : "run", "bind"), bind_what, !serve},
+                {serve ? kvm_config_str(c, "serve", "backend") : "", "[serve] backend", 1}};
+    for (int i = 0; i < 2; i++) {
+        char ctl[1100], data[1100];
+        if (!*own[i].base) continue;
+        if (!own[i].pair)
+            snprintf(ctl, sizeof ctl, "%s", own[i].base), data[0] = '\0';
+        else if (kvm_stage_endpoints(own[i].base, ctl, data, sizeof ctl))
+            continue; /* the endpoint's own check refuses it */
+        const char *eps[2] = {ctl, data};
+        for (int k = 0; k < 2; k++)
+            if (*eps[k] && same_socket(sb, eps[k]))
+                return kvm_err(KVM_EINVAL,
+                               "%s: [store] service_bind = %s is the endpoint %s of %s = %s (%s): the store service "
+                               "and %s would bind the same socket; give service_bind another port (or path)",
+                               kvm_config_path(c), sb, eps[k], own[i].what, own[i].base,
+                               !own[i].pair ? "its front end"
+                               : k          ? "its data socket: port + 1, or DIR/data for ipc://"
+                                            : "its control socket",
+                               serve ? "kvmill serve" : "the run");
     }
     return 0;
 }

@@ -66,6 +66,16 @@ int kvm_jobcfg_size_note(const kvm_config *c, char *out, size_t n);
  * Returns 0 or KVM_EINVAL naming the file, [section] key and the byte where the text goes bad. */
 int kvm_jobcfg_check_text(const kvm_config *c);
 
+/* [store] service_bind against the endpoints the command binds itself (serve = 0: kvmill run's
+ * [run] bind, its control socket PORT and its data socket PORT + 1; serve = 1: kvmill serve's
+ * [serve] bind and [serve] backend, PORT and PORT + 1). The store service took one of them and
+ * the run then failed to bind it (or the service failed first, and its error blamed "another
+ * process"). Same port with the same host, or either host 0.0.0.0 / * / [::] (every address),
+ * clashes; ipc:// endpoints clash when equal. bind_what names [run] bind or [serve] bind in the
+ * message (a --bind flag sets it). Returns 0, or KVM_EINVAL naming the file, both settings and
+ * the socket. */
+int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bind_what);
+
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:
  * the manifest's config bytes) of everything that changes a stored cache, one
  * "name=value\n" line each, in this order: kvmill.algorithm (KVM_JOBCFG_ALGORITHM_VERSION, and

@@ -177,7 +177,10 @@ static int prepare(orch *o, kvm_store **store)
     if (o->mode == MODE_RUN && *sb && o->n_open > 0) { /* the store's host serves it to workers on other hosts */
         char log[2200];
         snprintf(log, sizeof log, "%s/store.log", o->run_dir);
-        if ((rc = kvm_svcproc_start(&o->svc, o->bin_dir, o->store_path, sb, kvm_config_path(o->cfg), log, 10000))) return rc;
+        if ((rc = kvm_svcproc_start(&o->svc, o->bin_dir, o->store_path, sb, kvm_config_path(o->cfg), log, 10000))) {
+            o->svc_failed = 1; /* its error names the log: the run directory is kept for it */
+            return rc;
+        }
         kvm_orch__log("store service on %s (pid %ld, log %s)\n", sb, (long)o->svc.pid, log);
     }
     return o->n_open > 0 ? kvm_orch__start_stages(o) : 0;
@@ -225,6 +228,38 @@ static void loop(orch *o)
 }
 
 static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum, int mode);
+
+/* An interrupted calibration stores no strategy: the record under (model, [compress] strategy)
+ * goes back to what it held before (prev_rc 0: prev[n]; KVM_ENOTFOUND: none), once every stage
+ * worker has ended (none writes it after). Returns 0 when the store holds no strategy of this
+ * calibration, 1 when it does (it could not be put back: said on stderr). */
+static int undo_strategy(const kvm_config *cfg, kvm_store *store, const kvm_store_id *mid, int prev_rc,
+                         const uint8_t *prev, size_t n)
+{
+    const char *name = kvm_config_str(cfg, "compress", "strategy");
+    uint8_t *now = NULL;
+    size_t now_len = 0;
+    int rc = kvm_store_get_strategy(store, mid, name, &now, &now_len);
+    int same = rc == KVM_ENOTFOUND ? prev_rc == KVM_ENOTFOUND
+                                   : !rc && !prev_rc && now_len == n && (n == 0 || !memcmp(now, prev, n));
+    free(now);
+    if (same) return 0; /* the build had not stored it */
+    if (rc && rc != KVM_ENOTFOUND) goto failed;
+    if (prev_rc && prev_rc != KVM_ENOTFOUND) { /* the old record was not readable: nothing to put back */
+        rc = prev_rc;
+        goto failed;
+    }
+    rc = prev_rc ? kvm_store_rm_strategy(store, mid, name) : kvm_store_put_strategy(store, mid, name, prev, n);
+    if (!rc) {
+        kvm_orch__log("interrupted: the strategy build had stored strategy '%s'; it is taken back out of the store%s\n",
+                      name, prev_rc ? "" : " (the one stored before is put back)");
+        return 0;
+    }
+failed:
+    kvm_orch__log("interrupted: the strategy build stored strategy '%s' in %s and it could not be taken back: %s\n",
+                  name, kvm_config_str(cfg, "store", "path"), kvm_errmsg());
+    return 1;
+}
 
 int kvm_orch_run(const kvm_config *cfg, kvm_corpus *corpus, const char *self_path, kvm_orch_summary *sum)
 {
@@ -301,6 +336,15 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
                                          "by the next run on this host");
     kvm_store *store = NULL;
     int rc = prepare(&o, &store), status = 0;
+    /* calibrate: the strategy record as it was before, put back if the calibration is
+     * interrupted (the strategy worker stores it itself, before the orchestrator hears of it;
+     * a new one stored by a run the user stopped silently turned existing polykv caches stale) */
+    uint8_t *prev_strat = NULL;
+    size_t prev_len = 0;
+    int prev_rc = KVM_ENOTFOUND;
+    if (!rc && mode == MODE_CALIBRATE && store)
+        prev_rc = kvm_store_get_strategy(store, &o.model_id, kvm_config_str(cfg, "compress", "strategy"), &prev_strat,
+                                         &prev_len);
     if (rc) {
         status = rc == KVM_EINVAL || rc == KVM_EFORMAT ? 2 : 1; /* EFORMAT: the store is not one (truncated, foreign) */
         /* a refusal to start (README, "Seeing a run": event "refused"), as the command's own are */
@@ -357,6 +401,13 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (o.cli && o.owner[0] &&
         kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
         kvm_orch__log("%s (its claims lapse by themselves)\n", kvm_errmsg());
+    if (mode == MODE_CALIBRATE && interrupts && !sum->interrupted) { /* after the stages' work: still honoured */
+        kvm_orch__log("\ninterrupted: the stages' work was done\n");
+        sum->interrupted = 1;
+    }
+    if (mode == MODE_CALIBRATE && store && sum->interrupted)
+        sum->strategy_stored = undo_strategy(cfg, store, &o.model_id, prev_rc, prev_strat, prev_len);
+    free(prev_strat);
     kvm_store_close(&store);
     kvm_storecli_close(&o.cli);
     sum->seconds = (kvm_now_ms() - o.t0) / 1000.0;
@@ -372,9 +423,10 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_store_set_interrupt(NULL, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (o.own_run_dir && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard))) kvm_rundir_remove(o.run_dir);
-    else if (o.run_dir[0] && o.n_slots > 0)
-        kvm_orch__log("stage logs are in %s\n", o.run_dir);
+    if (o.own_run_dir && !o.svc_failed && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard)))
+        kvm_rundir_remove(o.run_dir);
+    else if (o.run_dir[0] && (o.n_slots > 0 || o.svc_failed))
+        kvm_orch__log("%s are in %s\n", o.n_slots > 0 ? "stage logs" : "the store service's log", o.run_dir);
     if (hard || (status == 0 && sum->interrupted)) return 130; /* stopped by Ctrl-C: not a complete run */
     return status;
 }

@@ -52,6 +52,8 @@ typedef struct kvm_orch_summary {
                                                        full KV (too short for compression to save one: stored
                                                        unchanged); -1: not known (a store service: its probes
                                                        give sizes only) */
+    int strategy_stored;                            /* calibrate, interrupted: 1: the strategy build stored its
+                                                       strategy and it could not be taken back out (said) */
 } kvm_orch_summary;
 
 /* Runs the pipeline over a corpus: prepared (kvm_doc_prepare done), or with on_demand set,

@@ -128,6 +128,7 @@ typedef struct orch {
     int reduce_worker;                /* calibrate: strategy worker holding it, or -1 */
     int reduce_failures;              /* calibrate: retryable errors of the strategy build so far */
     int own_run_dir;                  /* created by this run: removed at the end unless something failed */
+    int svc_failed;                   /* 1: the store service did not start: the run directory holds its log */
     int n_layers;
     int64_t kv_heads; /* layers x KV heads of the model, from prefill's kv messages: a full cache's
                          entries per token (0 until one came) */

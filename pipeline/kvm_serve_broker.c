@@ -80,8 +80,10 @@ static int prepare(srv *s)
     if (*sb && strncmp(s->store_path, "tcp://", 6) && strncmp(s->store_path, "ipc://", 6)) { /* the store's host */
         char log[2200];
         snprintf(log, sizeof log, "%s/store.log", s->run_dir);
-        if ((rc0 = kvm_svcproc_start(&s->svc, s->bin_dir, s->store_path, sb, kvm_config_path(cfg), log, 10000)))
+        if ((rc0 = kvm_svcproc_start(&s->svc, s->bin_dir, s->store_path, sb, kvm_config_path(cfg), log, 10000))) {
+            s->svc_failed = 1; /* its error names the log: the run directory is kept for it */
             return rc0;
+        }
         kvm_serve__log("store service on %s (pid %ld, log %s)", sb, (long)s->svc.pid, log);
     }
     const char *be = kvm_config_str(cfg, "serve", "backend");
@@ -259,7 +261,10 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     kvm_curve_ctx_term(s.zctx); /* joins the ZAP handler too: no thread outlives the return */
     for (int i = 0; i < 3; i++) /* the ipc:// socket files it bound, when still its own */
         kvm_serve_ipc_remove(&s.ipc[i]);
-    if (s.own_run_dir) kvm_rundir_remove(s.run_dir);
+    if (s.own_run_dir && !s.svc_failed)
+        kvm_rundir_remove(s.run_dir);
+    else if (s.svc_failed)
+        kvm_serve__log("the store service's log is in %s", s.run_dir);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
     if (!rc && !s.fatal) kvm_serve__log("stopped");

@@ -104,6 +104,7 @@ typedef struct srv {
     void *zctx, *front, *ctl, *data;
     char front_ep[1024], base[1024], run_dir[1024], bin_dir[1024], store_path[4096];
     int own_run_dir, backend_curve, announced;
+    int svc_failed;       /* 1: the store service did not start: the run directory holds its log (kept) */
     int fatal;            /* a worker slot keeps failing before it connects, or runs another model: stop */
     char fatal_why[1024]; /* why, when not the early exits: said at the stop */
     int settings_state;   /* settings_id: 0 not made yet, 1 made, -1 none (no config) */

@@ -21,6 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1600,6 +1603,168 @@ START_TEST(test_calibrate_build_not_retried)
 }
 END_TEST
 
+/* An interrupted `calibrate --config` stores no strategy. The strategy stage stores it before
+ * the orchestrator hears of it, and the drain after a Ctrl-C waits for a build in flight: the
+ * command ended with 130, empty stdout and --out not written, saying neither, while the store
+ * held the new strategy (which turns existing polykv caches stale). Here a strategy worker
+ * joined by hand stores one when the build comes (the stages' work is done), then the Ctrl-C
+ * comes, then its ack: the record is taken back out (_i = 1: the one stored before is put back)
+ * and stderr says what was not written. */
+START_TEST(test_calibrate_interrupted_stores_nothing)
+{
+    char text[8192], cmd[16000], strat[4400];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[store]\npath = %s\n"
+             "[run]\nheartbeat_ms = 100\nliveness = 600\nrun_dir = %s\njob_timeout_s = 120\n[stages]\nbin_dir = %s\n"
+             "strategy_workers = 0\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(strat, sizeof strat, "%s/strategy.bin", tmp);
+    kvm_store *st = NULL;
+    kvm_store_id mid;
+    if (_i) { /* a strategy stored before: put back as it was */
+        ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){0}, &st), 0);
+        ck_assert_int_eq(kvm_store_model_id(st, kvm_test_data_path("models/stories260K.bin"), &mid), 0);
+        ck_assert_int_eq(kvm_store_put_strategy(st, &mid, "default", "before", 6), 0);
+        kvm_store_close(&st);
+    }
+    snprintf(cmd, sizeof cmd,
+             "exec '%s/kvmill' calibrate --config '%s' --docs '%s' --out '%s' >'%s/out.txt' 2>'%s/err.txt'",
+             kvm_test_bin(), cfg_path, docs, strat, tmp, tmp);
+    pid_t run = spawn_sh(cmd);
+    peer p;
+    peer_start_as(&p, "by-hand-strategy", "strategy");
+    uint64_t build = peer_job(&p, 60000);
+    ck_assert_msg(build != 0, "no strategy build for the worker joined by hand");
+    /* the build stores its strategy, as kvmill-strategy does before it acks */
+    ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){0}, &st), 0);
+    ck_assert_int_eq(kvm_store_model_id(st, kvm_test_data_path("models/stories260K.bin"), &mid), 0);
+    ck_assert_int_eq(kvm_store_put_strategy(st, &mid, "default", "built", 5), 0);
+    kvm_store_close(&st);
+    kill(run, SIGINT);
+    ck_assert_msg(wait_for_file("err.txt", "interrupted: finishing the jobs in flight", 1, 60000),
+                  "the Ctrl-C was not taken");
+    kvm_proto_ctl ack = {.worker_id = kvm_proto_str_c("by-hand-strategy"),
+                         .stage = kvm_proto_str_c("strategy"),
+                         .pid = getpid(),
+                         .job_id = build};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ack_encode(&ack, &m), 0);
+    peer_send(p.ctl, &m);
+    int status = 0, ended = 0;
+    for (double end = kvm_now_ms() + 60000; kvm_now_ms() < end && !ended;) {
+        ended = waitpid(run, &status, WNOHANG) == run;
+        if (!ended) usleep(50000);
+    }
+    if (!ended) {
+        kill(run, SIGKILL);
+        waitpid(run, &status, 0);
+    }
+    peer_close(&p);
+    char *out = tmp_file("out.txt"), *err = tmp_file("err.txt");
+    ck_assert_msg(ended && WIFEXITED(status) && WEXITSTATUS(status) == 130, "status %d: %s", status, err);
+    char want[4600];
+    snprintf(want, sizeof want, "interrupted: no strategy stored, --out %s not written", strat);
+    ck_assert_msg(strstr(err, want), "stderr: %s", err);
+    ck_assert_msg(!strstr(out, "stored strategy"), "stdout: %s", out);
+    ck_assert_msg(access(strat, F_OK) != 0, "--out %s was written", strat);
+    ck_assert_int_eq(kvm_store_open(store, &(kvm_store_opts){.read_only = 1}, &st), 0);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = kvm_store_get_strategy(st, &mid, "default", &buf, &len);
+    if (_i)
+        ck_assert_msg(rc == 0 && len == 6 && !memcmp(buf, "before", 6), "the strategy stored before: %d, %zu bytes", rc,
+                      len);
+    else
+        ck_assert_int_eq(rc, KVM_ENOTFOUND);
+    free(buf);
+    kvm_store_close(&st);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* [store] service_bind on a socket the command binds itself: with [run] bind = tcp://H:P,
+ * service_bind = tcp://H:P+1 (the run's data socket) passed --dump-config and failed the run
+ * with "another process holds that endpoint", blaming someone else; now both refuse it (exit
+ * 2) naming the clash, as serve does for its front end. And a store service that did not start
+ * names its log in the run directory: that directory was removed on the way out, though a
+ * failed run keeps it (here the service's port is held by a listener of the test's own). */
+static int run_cfg(const char *text, const char *args, char **out, char **err)
+{
+    char cmd[12000];
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s'", kvm_test_bin(), args, cfg_path);
+    return kvm_test_run(cmd, out, err);
+}
+
+START_TEST(test_service_bind_clash_and_kept_log)
+{
+    int port = kvm_test_tcp_port(7);
+    char text[8192], args[5000], want[512], *out, *err;
+    const char *common = "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\n[store]\npath = %s\n"
+                         "service_bind = tcp://%s:%d\n[stages]\nbin_dir = %s\n%s\n";
+    struct {
+        const char *svc_host, *own; /* service_bind's host; the command's own bind (%d: port) */
+        int svc_port, clash;        /* service_bind's port; 1: refused */
+        const char *cmd, *socket;   /* the command; the socket the refusal names */
+    } cases[] = {{"127.0.0.1", "[run]\nbind = tcp://127.0.0.1:%d", port + 1, 1, "run", "data socket"},
+                 {"0.0.0.0", "[run]\nbind = tcp://127.0.0.1:%d", port, 1, "run", "control socket"},
+                 {"127.0.0.1", "[run]\nbind = tcp://127.0.0.1:%d", port + 2, 0, "run", NULL},
+                 {"127.0.0.1", "[serve]\nbind = tcp://127.0.0.1:%d", port, 1, "serve", "front end"},
+                 {"127.0.0.1", "[serve]\nbackend = tcp://127.0.0.1:%d", port + 1, 1, "serve", "data socket"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char own[256];
+        snprintf(own, sizeof own, cases[i].own, port);
+        snprintf(text, sizeof text, common, kvm_test_data_path("models/stories260K.bin"), store, cases[i].svc_host,
+                 cases[i].svc_port, kvm_test_bin(), own);
+        for (int dump = 0; dump < (cases[i].clash ? 2 : 1); dump++) {
+            snprintf(args, sizeof args, "%s %s", cases[i].cmd, dump || !cases[i].clash ? "--dump-config" : "--corpus");
+            if (!dump && cases[i].clash && !strcmp(cases[i].cmd, "run"))
+                snprintf(args, sizeof args, "run --corpus '%s'", docs);
+            else if (!dump && cases[i].clash)
+                snprintf(args, sizeof args, "serve --dump-config");
+            int rc = run_cfg(text, args, &out, &err);
+            snprintf(want, sizeof want, "[store] service_bind = tcp://%s:%d is the endpoint", cases[i].svc_host,
+                     cases[i].svc_port);
+            if (cases[i].clash)
+                ck_assert_msg(rc == 2 && strstr(err, want) && strstr(err, cases[i].socket),
+                              "case %zu (%s): exit %d: %s", i, args, rc, err);
+            else
+                ck_assert_msg(rc == 0, "case %zu (%s): exit %d: %s", i, args, rc, err);
+            free(out);
+            free(err);
+        }
+    }
+    /* the service's port held: it fails to start, and its log stays where the error says */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    ck_assert_int_ge(lfd, 0);
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 3))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(lfd, 1), 0);
+    snprintf(text, sizeof text, common, kvm_test_data_path("models/stories260K.bin"), store, "127.0.0.1", port + 3,
+             kvm_test_bin(), "");
+    snprintf(args, sizeof args, "run --corpus '%s'", docs);
+    int rc = run_cfg(text, args, &out, &err);
+    close(lfd);
+    const char *lp = strstr(err, "(log ");
+    ck_assert_msg(rc == 1 && lp && strstr(lp, "/store.log)"), "exit %d: %s", rc, err);
+    char log[4400];
+    snprintf(log, sizeof log, "%.*s", (int)(strstr(lp, "/store.log)") - (lp + 5)), lp + 5);
+    struct stat st;
+    int kept = stat(log, &st) == 0 && S_ISDIR(st.st_mode);
+    char lf[4500];
+    snprintf(lf, sizeof lf, "%s/store.log", log);
+    int has_log = access(lf, F_OK) == 0;
+    if (kept) kvm_test_rmtree(log);
+    ck_assert_msg(kept && has_log, "the run directory %s (store.log %d) is gone; stderr: %s", log, has_log, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* Lines of text holding a, and b after it. */
 static int lines_with(const char *text, const char *a, const char *b)
 {
@@ -1698,6 +1863,8 @@ static Suite *pipeline_suite(void)
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
                  {"kv_layer_count_changes", test_kv_layer_count_changes},
                  {"calibrate_build_not_retried", test_calibrate_build_not_retried},
+                 {"calibrate_interrupted_stores_nothing", test_calibrate_interrupted_stores_nothing},
+                 {"service_bind_clash_and_kept_log", test_service_bind_clash_and_kept_log},
                  {"worker_table_reused", test_worker_table_reused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
@@ -1705,6 +1872,8 @@ static Suite *pipeline_suite(void)
         tcase_set_timeout(tc, 240);
         if (cases[i].fn == test_calibrate_build_not_retried)
             tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: a final error, a retryable one */
+        else if (cases[i].fn == test_calibrate_interrupted_stores_nothing)
+            tcase_add_loop_test(tc, cases[i].fn, 0, 2); /* _i: no strategy stored before, one */
         else
             tcase_add_test(tc, cases[i].fn);
         suite_add_tcase(s, tc);
