@@ -13,9 +13,6 @@ static void *head_keys(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (
 static void *head_values(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (void *)h->v16 : (void *)h->v; }
 static kvm_proto_dtype head_dtype(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? KVM_PROTO_F16 : KVM_PROTO_F32; }
 
-/* f32 at or above this rounds to inf in f16 (halfway past f16's largest finite value, 65504). */
-#define F16_OVERFLOW 65520.0f
-
 /* Refuses n keys or values (what: "key"/"value") of KV head g of layer `layer`, in dtype src_dt,
  * that dtype dst_dt would not hold: a non-finite value (a cache never holds one: the forward
  * overflowed), or a finite one f16 would turn into inf. The first offender is named by layer,
@@ -35,11 +32,13 @@ static int check_values(const void *src, kvm_proto_dtype src_dt, kvm_proto_dtype
                            layer, g, what, i / (size_t)d, (double)x,
                            decoding ? "a stored cache written by an older kvmill's f16 encoder, or damaged"
                                     : "the model's activations or the compression overflowed");
-        if (dst_dt == KVM_PROTO_F16 && fabsf(x) >= F16_OVERFLOW)
+        if (kvm_half_overflows(x, dst_dt))
             return kvm_err(KVM_ERANGE,
-                           "cache layer %d, KV head %d, %s of entry %zu: value %g exceeds f16's range "
-                           "(65504): store it as bf16 or f32",
-                           layer, g, what, i / (size_t)d, (double)x);
+                           "cache layer %d, KV head %d, %s of entry %zu: value %g exceeds %s's range (%s): store it "
+                           "as %s",
+                           layer, g, what, i / (size_t)d, (double)x, kvm_proto_dtype_name(dst_dt),
+                           dst_dt == KVM_PROTO_F16 ? "65504" : "3.39e38",
+                           dst_dt == KVM_PROTO_F16 ? "bf16 or f32" : "f32");
     }
     return 0;
 }

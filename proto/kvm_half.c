@@ -2,6 +2,7 @@
  * reliance on _Float16 or F16C), so CPU, GPU and stored bytes agree. */
 #include "proto/kvm_half.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "common/kvm_error.h"
@@ -73,6 +74,15 @@ uint16_t kvm_half_f32_to_bf16(float x)
 }
 
 float kvm_half_bf16_to_f32(uint16_t h) { return kvm_half__float((uint32_t)h << 16); }
+
+int kvm_half_overflows(float x, kvm_proto_dtype dt)
+{
+    if (!isfinite(x) || dt == KVM_PROTO_F32) return 0;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0x7fffffffu;
+    return dt == KVM_PROTO_F16 ? u >= 0x477ff000u /* 65520 */ : dt == KVM_PROTO_BF16 && u >= 0x7f7f8000u;
+}
 
 float kvm_half_load(const void *src, kvm_proto_dtype dt, size_t i)
 {

@@ -20,6 +20,11 @@ uint16_t kvm_half_f32_to_bf16(float x);
 /* bf16 bits -> f32, exact. */
 float kvm_half_bf16_to_f32(uint16_t h);
 
+/* 1 when finite x becomes +-inf in dtype dt (f16: |x| >= 65520, halfway past 65504; bf16:
+ * |x| >= 0x7F7F8000's 3.3961514e38, halfway past its largest finite value; f32: never), else 0.
+ * Round to nearest even sends those halfway values up, to inf. */
+int kvm_half_overflows(float x, kvm_proto_dtype dt);
+
 /* Element i of src (dtype f32, f16 or bf16; unaligned is fine) as float32, exactly. */
 float kvm_half_load(const void *src, kvm_proto_dtype dt, size_t i);
 

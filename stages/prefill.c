@@ -36,12 +36,22 @@ static int setup(void *stp, const kvm_stage_args *a)
                              "the KV, queries and statistics downloaded once per job");
 }
 
-/* One f32 tensor of n elements as the wire dtype: src itself for f32, else a converted copy
- * in *tmp (the caller frees it after encoding; the encoder copies the frame). */
-static int wire_tensor(const float *src, size_t n, kvm_proto_dtype dt, void **tmp, const void **out)
+/* One f32 tensor of n elements (layer's `what`) as the wire dtype: src itself for f32, else a
+ * converted copy in *tmp (the caller frees it after encoding; the encoder copies the frame). A
+ * finite value the wire dtype would turn into inf is refused (KVM_ERANGE), named: an f16 wire
+ * sent +-inf on, and the document failed later "not a finite number", blaming the model. */
+static int wire_tensor(const float *src, size_t n, kvm_proto_dtype dt, int layer, const char *what, void **tmp,
+                       const void **out)
 {
     *out = src;
     if (dt == KVM_PROTO_F32 || !src) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (kvm_half_overflows(src[i], dt))
+            return kvm_err(KVM_ERANGE,
+                           "layer %d %s: value %g exceeds %s's range on the wire ([run] wire_dtype = %s): set "
+                           "wire_dtype = %s",
+                           layer, what, (double)src[i], kvm_proto_dtype_name(dt), kvm_proto_dtype_name(dt),
+                           dt == KVM_PROTO_F16 ? "bf16 or f32" : "f32");
     if (!(*tmp = malloc(n * kvm_proto_dtype_size(dt) + 1))) return kvm_err(KVM_ENOMEM, "prefill: out of memory for the wire copy");
     *out = *tmp;
     return kvm_half_convert(*tmp, dt, src, KVM_PROTO_F32, n);
@@ -62,8 +72,10 @@ static int emit_layers(const kvm_model *m, const kvm_capture *cap, uint64_t id, 
                            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .q_start = 0, .n_queries = n,
                            .dtype = dt, .entropy = L->entropy, .attn_mass = L->mass};
         void *tmp[4] = {NULL, NULL, NULL, NULL};
-        if (!(rc = wire_tensor(L->k, kvn, dt, &tmp[0], &kv.keys)) && !(rc = wire_tensor(L->v, kvn, dt, &tmp[1], &kv.values)) &&
-            !(rc = wire_tensor(L->q_pre, qn, dt, &tmp[2], &kv.q_pre)) && !(rc = wire_tensor(L->q, qn, dt, &tmp[3], &kv.q_post)) &&
+        if (!(rc = wire_tensor(L->k, kvn, dt, l, "keys", &tmp[0], &kv.keys)) &&
+            !(rc = wire_tensor(L->v, kvn, dt, l, "values", &tmp[1], &kv.values)) &&
+            !(rc = wire_tensor(L->q_pre, qn, dt, l, "queries (pre-RoPE)", &tmp[2], &kv.q_pre)) &&
+            !(rc = wire_tensor(L->q, qn, dt, l, "queries", &tmp[3], &kv.q_post)) &&
             !(rc = kvm_proto_kv_encode(&kv, &out->data[out->n_data])))
             out->n_data++;
         for (int i = 0; i < 4; i++) free(tmp[i]);
@@ -129,6 +141,7 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
     const char *wn = kvm_config_str(cfg, "run", "wire_dtype");
     if ((rc = kvm_proto_dtype_parse(wn, strlen(wn), &wire))) goto done;
     rc = emit_layers(m, cap, j.job_id, j.n_tokens, wire, out);
+    if (rc == KVM_ERANGE) *retryable = 0; /* the same values overflow the wire again */
     out->transport_ms += kvm_now_ms() - t0;
 done:
     kvm_capture_free(&cap);

@@ -4,6 +4,7 @@
 #include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "common/kvm_error.h"
+#include "proto/kvm_half.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -105,6 +106,18 @@ START_TEST(test_cache_range)
                   "%s", kvm_errmsg());
     ck_assert_int_eq(encode_with(6.5e6f, KVM_PROTO_BF16), 0);
     ck_assert_int_eq(encode_with(6.5e6f, KVM_PROTO_F32), 0);
+    /* bf16 too: a finite f32 at or past 0x7F7F8000 (3.3961514e38) became inf, refused only when
+     * read back ("written by an older kvmill's f16 encoder") */
+    uint32_t edge = 0x7f7f8000u, below = 0x7f7f7fffu;
+    float fe, fb;
+    memcpy(&fe, &edge, 4), memcpy(&fb, &below, 4);
+    ck_assert_int_eq(encode_with(fb, KVM_PROTO_BF16), 0);
+    ck_assert_int_eq(encode_with(-fe, KVM_PROTO_BF16), KVM_ERANGE);
+    ck_assert_msg(strstr(kvm_errmsg(), "exceeds bf16's range (3.39e38): store it as f32"), "%s", kvm_errmsg());
+    ck_assert_int_eq(encode_with(fe, KVM_PROTO_F32), 0);
+    ck_assert_int_eq(kvm_half_overflows(65520.0f, KVM_PROTO_F16), 1);
+    ck_assert_int_eq(kvm_half_overflows(65519.99f, KVM_PROTO_F16), 0);
+    ck_assert_int_eq(kvm_half_overflows(NAN, KVM_PROTO_F16), 0); /* not finite: another check's */
     kvm_proto_dtype dts[3] = {KVM_PROTO_F32, KVM_PROTO_F16, KVM_PROTO_BF16};
     for (int i = 0; i < 3; i++) {
         ck_assert_int_eq(encode_with(NAN, dts[i]), KVM_ERANGE);

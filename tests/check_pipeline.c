@@ -1039,6 +1039,47 @@ END_TEST
  * as the loaders require, overflow the activations):
  * the KL, NaN, went to the result message as 0 and the summary said "mean KL 0.00000 nats over
  * 5 documents", a perfect cache. Now no document counts as evaluated (the stage log says why). */
+/* [run] wire_dtype = f16 turned KV values past 65504 into inf without a word, and the document
+ * failed later "not a finite number ... the model's activations overflowed". The prefill stage
+ * now refuses them naming the layer, the tensor and the value, and the setting to change. */
+START_TEST(test_wire_f16_overflow_named)
+{
+    size_t n;
+    char *d = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n), model[4300], text[8192];
+    ck_assert_ptr_nonnull(d);
+    int32_t h[7]; /* dim, hidden, layers, heads, kv heads, vocab, seq */
+    memcpy(h, d, sizeof h);
+    const size_t dim = (size_t)h[0], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
+    float *w = (float *)(void *)(d + 28);
+    const size_t wv = (size_t)abs(h[5]) * dim + L * dim + L * dim * dim + L * dim * kvd; /* layer 0's wv */
+    for (size_t i = wv; i < wv + dim * kvd; i++)
+        w[i] *= 3e5f;
+    snprintf(model, sizeof model, "%s/bigv.bin", tmp);
+    ck_assert_int_eq(kvm_test_write_file(model, d, n), 0);
+    free(d);
+    snprintf(text, sizeof text, "cp '%s' '%s/'", kvm_test_data_path("models/tok512.bin"), tmp);
+    ck_assert_int_eq(kvm_test_run(text, NULL, NULL), 0);
+    for (int f16 = 0; f16 < 2; f16++) {
+        snprintf(text, sizeof text,
+                 "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = streaming\nbudget = 16\n[store]\npath = "
+                 "%s\n[run]\nrun_dir = %s\nwire_dtype = %s\n[stages]\nbin_dir = %s\n",
+                 model, store, run_dir, f16 ? "f16" : "f32", kvm_test_bin());
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        char *out, *err;
+        int rc = run_kvmill(&out, &err);
+        if (f16)
+            ck_assert_msg(rc == 1 && strstr(err, "layer 0 values: value ") &&
+                              strstr(err, "exceeds f16's range on the wire ([run] wire_dtype = f16): set wire_dtype = "
+                                          "bf16 or f32"),
+                          "exit %d\nstderr: %s", rc, err);
+        else
+            ck_assert_msg(rc == 0, "exit %d\nstderr: %s", rc, err); /* f32 carries them */
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 START_TEST(test_eval_nonfinite_not_counted)
 {
     size_t n;
@@ -1854,6 +1895,7 @@ static Suite *pipeline_suite(void)
                  {"jsonl_corpus", test_jsonl_corpus},
                  {"eval_matches_harness", test_eval_matches_harness},
                  {"eval_nonfinite_not_counted", test_eval_nonfinite_not_counted},
+                 {"wire_f16_overflow_named", test_wire_f16_overflow_named},
                  {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back},
                  {"calibrate_then_polykv", test_calibrate_then_polykv},
                  {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
