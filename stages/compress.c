@@ -378,8 +378,8 @@ evaluated:
         evaluate(st, cfg, &j, cc, out);
     else if (kvm_config_bool(cfg, "eval", "enabled") && !target) /* the run's summary counts these; this names them */
         kvm_log(KVM_LOG_INFO, "eval_skipped", NULL, 0,
-                "job %llu %.*s: not evaluated: its %lld tokens are no longer than [model] context, so no [eval] "
-                "continuation follows them to score",
+                "job %llu %.*s: not evaluated ([eval] enabled): no tokens follow its %lld-token context to score as "
+                "the continuation (the document is no longer than [model] context)",
                 (unsigned long long)j.job_id, (int)(j.doc_name.len < 200 ? j.doc_name.len : 200), j.doc_name.ptr,
                 (long long)j.n_tokens);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),

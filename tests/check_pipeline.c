@@ -1116,6 +1116,12 @@ START_TEST(test_eval_short_not_evaluated)
                   "stdout: %s", out);
     free(out);
     free(err);
+    snprintf(text, sizeof text, "cat '%s'/compress-*.log", run_dir); /* the stage log names it */
+    ck_assert_int_eq(kvm_test_run(text, &out, &err), 0);
+    ck_assert_msg(strstr(out, " short2.txt: not evaluated ([eval] enabled): no tokens follow its "), "log: %.2000s",
+                  out);
+    free(out);
+    free(err);
 }
 END_TEST
 
