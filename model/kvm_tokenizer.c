@@ -141,6 +141,29 @@ fail:
     return rc;
 }
 
+/* 1 when b is a llama2.c model checkpoint: its 7 int32 header fields are plausible sizes that give
+ * the file's length exactly (kvm__llama2c_load's layout). Such a file passed as the tokenizer
+ * failed at a record with "piece length 265839806 exceeds max_token_length 64", which did not say
+ * the file is no tokenizer. */
+static int l2c_is_model(const unsigned char *b, int64_t size)
+{
+    if (size < 28) return 0;
+    int32_t h[7];
+    for (int i = 0; i < 7; i++)
+        h[i] = rd_i32le(b + 4 * i);
+    const int64_t dim = h[0], hid = h[1], L = h[2], nh = h[3], nkv = h[4], seq = h[6];
+    const int64_t vocab = h[5] == INT32_MIN ? 0 : h[5] < 0 ? -(int64_t)h[5] : h[5];
+    if (dim <= 0 || hid <= 0 || L <= 0 || nh <= 0 || nkv <= 0 || vocab <= 0 || seq <= 0 || dim % nh || nh % nkv)
+        return 0;
+    if (dim > 1 << 16 || hid > 1 << 20 || L > 1024 || vocab > 1 << 22 || seq > 1 << 24)
+        return 0; /* no overflow below */
+    const int64_t hd = dim / nh, kvd = nkv * hd;
+    int64_t floats = vocab * dim + L * dim + L * dim * dim + 2 * L * kvd * dim + L * dim * dim + L * dim +
+                     3 * L * hid * dim + dim + seq * hd;
+    if (h[5] < 0) floats += vocab * dim; /* a separate classifier */
+    return 28 + 4 * floats == size;
+}
+
 /* Checks the layout of a llama2.c tokenizer file without allocating anything, so a huge
  * vocab_size against a small file fails with a message, not an allocation. On success
  * *max_len is the header's max_token_length and *blob_bytes the sum of (len + 1). */
@@ -297,7 +320,19 @@ int kvm__tokenizer_llama2c_mem(const char *path, const unsigned char *file, int6
                        "tokenizer %s: the model's vocab_size %d is below the %d ids a llama2.c tokenizer has (unk, "
                        "BOS, EOS and 256 byte-fallback tokens): the model has another vocabulary",
                        path, vocab_size, KVM_L2C_MIN_VOCAB);
-    if ((rc = l2c_validate(path, file, size, vocab_size, &max_len, &blob)) != KVM_OK) goto fail;
+    if ((rc = l2c_validate(path, file, size, vocab_size, &max_len, &blob)) != KVM_OK) {
+        if (size >= 4 && !memcmp(file, "GGUF", 4))
+            rc = kvm_err(KVM_EFORMAT,
+                         "%s: not a llama2.c tokenizer (a GGUF file: a GGUF model carries its own "
+                         "tokenizer; give it as the model, with no tokenizer)",
+                         path);
+        else if (l2c_is_model(file, size))
+            rc = kvm_err(KVM_EFORMAT,
+                         "%s: not a llama2.c tokenizer (a llama2.c model file: the header's "
+                         "max_token_length is %d, the model's dim; give the tokenizer file, not the model)",
+                         path, (int)rd_i32le(file));
+        goto fail;
+    }
 
     if (!(t = calloc(1, sizeof *t))) goto nomem;
     t->kind = KVM_TOKENIZER_LLAMA2C;

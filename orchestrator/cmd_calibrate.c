@@ -256,6 +256,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
          "--store, --layer-alloc, --sculpt, --kvzip and --phases apply (overriding its [calibrate] keys; "
          "the rest comes from the config)",
          NULL},
+        /* listed here, where `calibrate --help` is answered: only --config's text named it */
+        {"store", 1, "with --config: the LMDB store folder the strategy is stored in (overrides [store] path)", NULL},
         {"model", 1, KVM_CLI_MODEL_HELP, NULL},
         {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
         {"docs", 1,
@@ -329,6 +331,10 @@ int kvm_cmd_calibrate(int argc, char **argv)
                     .kvzip = kvm_cli_get(opts, "kvzip") != NULL,
                     .decode = KVM_POLYKV_DECODE_BATCHED,
                     .so = kvm_sculpt_opts_default()};
+    if (kvm_cli_get(opts, "store")) { /* in the table for the help only: this calibration stores nothing */
+        fprintf(stderr, "kvmill " CMD ": --store applies with --config only (without it the strategy goes to --out)\n");
+        return 2;
+    }
     const char *model_path = kvm_cli_get(opts, "model"), *docs_s = kvm_cli_get(opts, "docs"), *s;
     if (!model_path || !docs_s || !kvm_cli_get(opts, "budget") || !a.out) {
         fprintf(stderr, "kvmill " CMD ": --model, --docs, --budget and --out are required\n");

@@ -44,13 +44,51 @@ static int metrics_would_clobber(const char *path)
     return i >= n || strncmp(head + i, "\"version\"", 9) != 0;
 }
 
+/* The [eval] line. A compressed document that was not truncated has no tokens after the context, so
+ * its job carries no continuation and the compress stage does not evaluate it (it logs eval_skipped);
+ * the rest of those not evaluated failed or measured a KL that is not finite (eval_failed). Without
+ * the count, "0.00000 nats over 0 documents" read as a perfect cache. */
+static void print_eval(const kvm_config *cfg, const kvm_orch_summary *s)
+{
+    const long long ctx = (long long)kvm_config_int(cfg, "model", "context");
+    int64_t no_cont = s->compressed - s->truncated, failed = s->compressed - s->evaluated - no_cont;
+    if (no_cont < 0) no_cont = 0;
+    if (failed < 0) failed = 0; /* an earlier attempt's result may have been counted too */
+    char why[400] = "";
+    int n = 0;
+    if (no_cont > 0)
+        n += snprintf(why + n, sizeof why - (size_t)n,
+                      "%lld not evaluated: no longer than [model] context (%lld tokens), so no [eval] continuation "
+                      "follows to score",
+                      (long long)no_cont, ctx);
+    if (failed > 0)
+        n += snprintf(why + n, sizeof why - (size_t)n,
+                      "%s%lld not evaluated: the evaluation failed or its KL was not finite", n ? "; " : "",
+                      (long long)failed);
+    if (s->evaluated > 0)
+        printf("evaluation: mean KL(full || compressed) %.5f nats over %lld document%s (continuation of %lld "
+               "tokens)%s%s%s\n",
+               s->kl_sum / (double)s->evaluated, (long long)s->evaluated, kvm_plural(s->evaluated, "", "s"),
+               (long long)kvm_config_int(cfg, "eval", "continuation"), n ? "; " : "", why,
+               n ? " (the stage logs name them)" : "");
+    else
+        printf("evaluation: no document evaluated (%s%s)\n", n ? why : "none was compressed by this run",
+               n ? "; the stage logs name them" : "");
+}
+
 static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int64_t n_heads)
 {
     double ratio = s->bytes_compressed > 0 ? (double)s->bytes_full / (double)s->bytes_compressed : 0;
     printf("documents: %lld compressed, %lld skipped (already stored), %lld failed, %lld truncated to %lld tokens\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
            (long long)kvm_config_int(cfg, "model", "context"));
-    if (s->bytes_unknown)
+    if (s->compressed == 0) /* "0 full f32 KV -> 0 stored (0.00x smaller)" read as a measurement */
+        printf("bytes: none stored by this run (%s), method %s\n",
+               s->skipped > 0 && s->failed == 0 && !s->interrupted && !s->store_full && !s->store_down
+                   ? "every document was already stored: all skipped"
+                   : "no document was compressed",
+               kvm_config_str(cfg, "compress", "method"));
+    else if (s->bytes_unknown)
         printf("bytes: unknown (the store service holding the caches did not answer), method %s\n",
                kvm_config_str(cfg, "compress", "method"));
     else /* method full stores each entry's position and bias beside it: larger than the f32 KV */
@@ -69,11 +107,7 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     double compute = s->stage_ms[0] + s->stage_ms[1];
     printf("transport: %.3f s of ZeroMQ/MessagePack encode, decode, copy and send (%.1f%% of stage compute)\n",
            s->transport_ms / 1000.0, compute > 0 ? 100.0 * s->transport_ms / compute : 0);
-    if (kvm_config_bool(cfg, "eval", "enabled"))
-        printf("evaluation: mean KL(full || compressed) %.5f nats over %lld document%s (continuation of %lld tokens)\n",
-               s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
-               kvm_plural(s->evaluated, "", "s"),
-               (long long)kvm_config_int(cfg, "eval", "continuation"));
+    if (kvm_config_bool(cfg, "eval", "enabled")) print_eval(cfg, s);
     double target = kvm_config_float(cfg, "compress", "target_kl");
     if (target > 0 && s->entries_docs > 0 && n_heads > 0) /* the budgets the search chose */
         printf("target_kl: %g nats: budget per KV head %.1f / %.1f / %.1f (min / mean / max over %lld document%s); "

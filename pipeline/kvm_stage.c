@@ -770,7 +770,7 @@ static void usage(const char *stage)
            "options:\n"
            "  --connect BASE        orchestrator endpoint base: ipc://RUNDIR or tcp://HOST:PORT\n"
            "  --device DEV          cpu, cuda:N, or slurm: the task's GPU from Slurm's variables (default cpu)\n"
-           "  --store PATH          LMDB store directory\n"
+           "  --store PATH          LMDB store folder, or a store service endpoint tcp://HOST:PORT\n"
            "  --model PATH          model file (overrides the path the jobs carry)\n"
            "  --config FILE         configuration (decode workers; compress and strategy workers open the\n"
            "                        store with its [store] settings, else with those of the first job)\n"

@@ -240,7 +240,9 @@ static void evaluate(compress_state *st, const kvm_config *cfg, const kvm_proto_
         out->evaluated = 1;
         out->kl_mean = r.kl_mean;
     } else
-        kvm_log(KVM_LOG_WARN, "eval_failed", NULL, 0, "evaluation of job %llu failed: %s", (unsigned long long)j->job_id, kvm_errmsg());
+        kvm_log(KVM_LOG_WARN, "eval_failed", NULL, 0, "evaluation of job %llu %.*s failed: %s",
+                (unsigned long long)j->job_id, (int)(j->doc_name.len < 200 ? j->doc_name.len : 200), j->doc_name.ptr,
+                kvm_errmsg());
     kvm_eval_doc_free(&d);
     free(all);
 }
@@ -374,6 +376,12 @@ static int work(void *stp, kvm_msg *const *in, int n_in, kvm_stage_out *out, int
 evaluated:
     if (kvm_config_bool(cfg, "eval", "enabled") && j.continuation && j.n_continuation > 0 && !target)
         evaluate(st, cfg, &j, cc, out);
+    else if (kvm_config_bool(cfg, "eval", "enabled") && !target) /* the run's summary counts these; this names them */
+        kvm_log(KVM_LOG_INFO, "eval_skipped", NULL, 0,
+                "job %llu %.*s: not evaluated ([eval] enabled): no tokens follow its %lld-token context to score as "
+                "the continuation (the document is no longer than [model] context)",
+                (unsigned long long)j.job_id, (int)(j.doc_name.len < 200 ? j.doc_name.len : 200), j.doc_name.ptr,
+                (long long)j.n_tokens);
     kvm_proto_ack ack = {.worker_id = kvm_proto_str_c(st->worker_id), .stage = kvm_proto_str_c("compress"),
                          .pid = getpid(), .job_id = j.job_id};
     if ((rc = kvm_proto_ack_encode(&ack, &out->ctl[out->n_ctl]))) goto done;

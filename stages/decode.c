@@ -385,13 +385,21 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     if (rc) return rc;
     char mh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1], hint[512] = "";
     if (found == 0 && corrupt) return corrupt_named(name, &bad, corrupt, bad_why);
-    if (found == 0)
+    if (found == 0) {
+        /* names are stored without the folder: a path given as a name matches nothing, say so */
+        const char *slash = strrchr(name, '/');
+        char path_note[400] = "";
+        if (slash && slash[1])
+            snprintf(path_note, sizeof path_note, "; '%s' is a path: the name is the file name alone, '%s'", name,
+                     slash + 1);
+        /* plain `store ls` lists caches by hash only; --names lists the names */
         return kvm_err(KVM_ENOTFOUND,
                        "no stored document named '%s' has a cache for this server's model %.16s and config %.16s "
-                       "(names are the corpus file names or JSONL ids kvmill run stored; kvmill store ls lists "
-                       "caches)%s",
-                       name, kvm_store_id_hex(&st->wm.model_id, mh), kvm_store_id_hex(&st->config_id, ch),
+                       "(names are the corpus file names or JSONL ids kvmill run stored: kvmill store ls --names "
+                       "lists them%s)%s",
+                       name, kvm_store_id_hex(&st->wm.model_id, mh), kvm_store_id_hex(&st->config_id, ch), path_note,
                        missed ? other_configs(st, &miss, hint, sizeof hint) : "");
+    }
     if (found > 1)
         return kvm_err(KVM_EINVAL, "the name '%s' matches %lld stored documents: %s; name one with --doc-hash", name,
                        (long long)found, list);

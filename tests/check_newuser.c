@@ -406,6 +406,37 @@ START_TEST(test_run_help_model_formats)
 }
 END_TEST
 
+/* Help lines that disagreed with the tool: `sculpt --help` said --budget "overrides ratio", but both
+ * are refused ("give one of them"); `calibrate --help` listed no --store (only --config's text named
+ * it), and without --config it was an unknown option; the stages' --store said "LMDB store
+ * directory" though README gives kvmill-compress a tcp:// store service. */
+START_TEST(test_help_lines_agree)
+{
+    char cmd[4300], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s/kvmill sculpt --help", kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    const char *b = strstr(out, "  --budget ");
+    ck_assert_msg(b && !strstr(out, "overrides ratio") && strstr(b, "instead of ratio: give one of them"), "%.1500s",
+                  out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/kvmill calibrate --help", kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(strstr(out, "\n  --store VALUE            with --config: the LMDB store folder"), "%.1500s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s/kvmill calibrate --store x --model m --docs d --budget 4 --out o", kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--store applies with --config only"), "%.1500s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s/kvmill-compress --help", kvm_test_bin());
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    ck_assert_msg(
+        strstr(out, "  --store PATH          LMDB store folder, or a store service endpoint tcp://HOST:PORT\n"),
+        "%.1500s", out);
+    free(out);
+}
+END_TEST
+
 /* Documents that failed at once (empty, ids outside the vocabulary) are no basis for an ETA:
  * `2/4 documents, 0 tokens/s, ETA 0 s` was printed before anything was compressed. */
 START_TEST(test_no_eta_from_failures)
@@ -1219,6 +1250,7 @@ static Suite *suite(void)
         {"key_file_fifo", test_key_file_fifo},
         {"secret_key_mode", test_secret_key_mode},
         {"run_help_model_formats", test_run_help_model_formats},
+        {"help_lines_agree", test_help_lines_agree},
         {"no_eta_from_failures", test_no_eta_from_failures},
         {"names_escaped", test_names_escaped},
         {"calibrate_jobcfg_check", test_calibrate_jobcfg_check},

@@ -1106,8 +1106,64 @@ START_TEST(test_eval_nonfinite_not_counted)
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     char *out, *err;
     ck_assert_int_eq(run_kvmill(&out, &err), 0);
-    char *line = strstr(out, "evaluation: mean KL(full || compressed) ");
-    ck_assert_msg(line && strstr(line, "over 0 documents"), "stdout: %s", out);
+    ck_assert_msg(!strstr(out, "evaluation: mean KL") &&
+                      strstr(out, "evaluation: no document evaluated (5 not evaluated: the evaluation failed or its KL "
+                                  "was not finite; the stage logs name them)\n"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* [eval] enabled with documents no longer than [model] context: their jobs carry no continuation,
+ * and the summary said "mean KL ... over 1 document" for 2 compressed ("0.00000 nats over 0
+ * documents" when none was longer), with no word of the rest. Now it counts them and says why; a
+ * rerun that stores nothing says so instead of "0 full f32 KV -> 0 stored (0.00x smaller)". */
+START_TEST(test_eval_short_not_evaluated)
+{
+    char text[8192], path[4400];
+    snprintf(path, sizeof path, "%s/short.txt", docs);
+    ck_assert_int_eq(kvm_test_write_file(path, "Once upon a time.", 17), 0);
+    for (int i = 1; i < 5; i++) { /* doc_000 (longer than the context) and short.txt */
+        snprintf(path, sizeof path, "%s/doc_%03d.txt", docs, i);
+        ck_assert_int_eq(unlink(path), 0);
+    }
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = snapkv\nbudget = 32\n[eval]\nenabled = true\n"
+             "continuation = 32\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    char *out, *err;
+    ck_assert_int_eq(run_kvmill(&out, &err), 0);
+    ck_assert_msg(strstr(out, "summary: compressed=2 ") &&
+                      strstr(out, " nats over 1 document (continuation of 32 tokens); 1 not evaluated: no longer than "
+                                  "[model] context (128 tokens), so no [eval] continuation follows to score (the "
+                                  "stage logs name them)\n"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(run_kvmill(&out, &err), 0); /* both stored: nothing compressed */
+    ck_assert_msg(strstr(out, "summary: compressed=0 skipped=2 ") &&
+                      strstr(out, "bytes: none stored by this run (every document was already stored: all skipped), "
+                                  "method snapkv\n") &&
+                      strstr(out, "evaluation: no document evaluated (none was compressed by this run)\n"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
+    snprintf(path, sizeof path, "%s/doc_000.txt", docs);
+    ck_assert_int_eq(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/short2.txt", docs);
+    ck_assert_int_eq(kvm_test_write_file(path, "A cat sat.", 10), 0);
+    ck_assert_int_eq(run_kvmill(&out, &err), 0); /* short2.txt alone is compressed */
+    ck_assert_msg(strstr(out, "evaluation: no document evaluated (1 not evaluated: no longer than [model] context (128 "
+                              "tokens), so no [eval] continuation follows to score; the stage logs name them)\n"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
+    snprintf(text, sizeof text, "cat '%s'/compress-*.log", run_dir); /* the stage log names it */
+    ck_assert_int_eq(kvm_test_run(text, &out, &err), 0);
+    ck_assert_msg(strstr(out, " short2.txt: not evaluated ([eval] enabled): no tokens follow its "), "log: %.2000s",
+                  out);
     free(out);
     free(err);
 }
@@ -1896,6 +1952,7 @@ static Suite *pipeline_suite(void)
                  {"eval_matches_harness", test_eval_matches_harness},
                  {"eval_nonfinite_not_counted", test_eval_nonfinite_not_counted},
                  {"wire_f16_overflow_named", test_wire_f16_overflow_named},
+                 {"eval_short_not_evaluated", test_eval_short_not_evaluated},
                  {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back},
                  {"calibrate_then_polykv", test_calibrate_then_polykv},
                  {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},

@@ -536,6 +536,15 @@ START_TEST(test_doc_bytes_name_hash)
     free(err);
     ck_assert_int_eq(ask_cmd("--doc-name nosuch.txt --prompt ' Then' -n 4", NULL, &err), 1);
     assert_contains(err, "no stored document named 'nosuch.txt'");
+    /* plain `store ls` shows no names: the hint named it */
+    assert_contains(err, "kvmill store ls --names lists them)");
+    assert_lacks(err, "is a path");
+    free(err);
+    /* a path where the name goes: said, with the name that would match */
+    snprintf(args, sizeof args, "--doc-name '%s/latin1.txt' --prompt ' Then' -n 4", corpus);
+    ck_assert_int_eq(ask_cmd(args, NULL, &err), 1);
+    snprintf(args, sizeof args, "'%s/latin1.txt' is a path: the name is the file name alone, 'latin1.txt')", corpus);
+    assert_contains(err, args);
     free(err);
     /* the client checks what it can */
     ck_assert_int_eq(ask_cmd("--doc-hash abc --prompt x", NULL, &err), 2);

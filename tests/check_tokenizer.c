@@ -712,6 +712,27 @@ START_TEST(bad_file_fields)
 }
 END_TEST
 
+/* A llama2.c model passed as the tokenizer failed with "record 2: piece length 265839806 exceeds
+ * max_token_length 64", which did not say the file is no tokenizer; a damaged real tokenizer keeps
+ * its record's message without the note. */
+START_TEST(model_file_as_tokenizer)
+{
+    kvm_tokenizer *t = NULL;
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    ck_assert_int_eq(kvm_tokenizer_open_llama2c(model, VOCAB, &t), KVM_EFORMAT);
+    ck_assert_ptr_null(t);
+    char want[4400];
+    snprintf(want, sizeof want,
+             "%s: not a llama2.c tokenizer (a llama2.c model file: the header's max_token_length is 64, the model's "
+             "dim; give the tokenizer file, not the model)",
+             model);
+    ck_assert_msg(strstr(kvm_errmsg(), want), "message: %s", kvm_errmsg());
+    expect_open_error(good_bytes, record_offset(0) + 2, VOCAB, KVM_EFORMAT, "record 0: truncated inside score");
+    ck_assert_msg(!strstr(kvm_errmsg(), "not a llama2.c tokenizer"), "message: %s", kvm_errmsg());
+    expect_open_error("GGUF\3\0\0\0\0\0\0\0", 12, VOCAB, KVM_EFORMAT, "not a llama2.c tokenizer (a GGUF file");
+}
+END_TEST
+
 /* A vocabulary without the " " piece: encode failed on every prompt with a message naming
  * no file (exit 1); now the open refuses it naming the file and the missing piece. */
 START_TEST(bad_file_no_space_piece)
@@ -876,6 +897,7 @@ static Suite *tokenizer_suite(void)
         {"bad_file_fields", bad_file_fields, 2},
         {"bad_file_vocab_size", bad_file_vocab_size, 2},
         {"bad_file_no_space_piece", bad_file_no_space_piece, 2},
+        {"model_file_as_tokenizer", model_file_as_tokenizer, 2},
         {"merge_score_threshold", merge_score_threshold, 2},
         {"duplicate_piece_lower_id", duplicate_piece_lower_id, 2},
     };
