@@ -24,8 +24,25 @@ static void print_header(void)
            "kl_median", "kl_p99", "top1", "ppl_full", "ppl_comp", "seconds", "bytes", "decode_ms");
 }
 
-static void print_row(const char *spec, const kvm_eval_result *r)
+/* x, a NaN printed as "nan" whatever its sign bit ("-nan" from a negated NaN). */
+static double plain_nan(double x) { return isnan(x) ? NAN : x; }
+
+/* r with every NaN field plain (plain_nan), for the table and the CSV. */
+static kvm_eval_result printable(const kvm_eval_result *in)
 {
+    kvm_eval_result r = *in;
+    r.kl_mean = plain_nan(r.kl_mean), r.kl_median = plain_nan(r.kl_median), r.kl_p99 = plain_nan(r.kl_p99);
+    r.top1 = plain_nan(r.top1), r.ppl_full = plain_nan(r.ppl_full), r.ppl_compressed = plain_nan(r.ppl_compressed);
+    return r;
+}
+
+/* 1 when a row's KL measures something: finite and within [0, 1e6] nats, the range `kvmill run`'s
+ * [eval] counts (a KL of 1e36 comes from logits no softmax should see). */
+static int kl_measures(double kl) { return isfinite(kl) && kl >= 0 && kl <= 1e6; }
+
+static void print_row(const char *spec, const kvm_eval_result *in)
+{
+    const kvm_eval_result pr = printable(in), *r = &pr;
     printf("%-28s %8.2f %7.4f %10.6f %10.6f %10.6f %6.3f %9.4f %9.4f %8.4f %10lld %9.3f\n", spec, r->budget_tokens,
            r->ratio, r->kl_mean, r->kl_median, r->kl_p99, r->top1, r->ppl_full, r->ppl_compressed, r->seconds,
            (long long)r->bytes_compressed, r->decode_ms);
@@ -76,10 +93,11 @@ kvm_eval_opts cmd_eval__opts_of(cmd_eval_setup *es)
 
 /* One (document, job) result: its table row, its share of the mean, its CSV row. Returns 1 (after a
  * note naming the document) when its KL is not a number: non-finite logits measure nothing. */
-static int job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *r, const char *dt, FILE *csv)
+static int job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *in, const char *dt, FILE *csv)
 {
-    print_row(job->spec, r);
-    if (isfinite(r->kl_mean)) { /* a failed row stays out of the means (its NaN made the column NaN) */
+    print_row(job->spec, in);
+    const kvm_eval_result pr = printable(in), *r = &pr;
+    if (kl_measures(r->kl_mean)) { /* a failed row stays out of the means (its NaN made the column NaN) */
         add_result(&job->sum, r);
         job->n++;
     }
@@ -88,20 +106,27 @@ static int job_done(cmd_eval_job *job, const char *doc, const kvm_eval_result *r
         fprintf(csv, ",%s,%.4f,%.6f,%.9g,%.9g,%.9g,%.6f,%.9g,%.9g,%.6f,%s,%lld,%.4f\n", job->spec, r->budget_tokens,
                 r->ratio, r->kl_mean, r->kl_median, r->kl_p99, r->top1, r->ppl_full, r->ppl_compressed, r->seconds, dt,
                 (long long)r->bytes_compressed, r->decode_ms);
-    if (isfinite(r->kl_mean)) return 0;
+    if (kl_measures(r->kl_mean)) return 0;
     fprintf(stderr,
             "kvmill " CMD ": %s, %s: KL is %g: %s (ppl_full %g), so this row measures nothing (the "
             "document counts as failed, and stays out of the means)\n",
             doc, job->spec, r->kl_mean,
-            isfinite(r->ppl_full) ? "the logits over the compressed cache are not finite"
-                                  : "the model's logits are not finite",
+            isfinite(r->kl_mean)    ? "beyond any softmax's (the logits are extreme: over 1e6 nats)"
+            : isfinite(r->ppl_full) ? "the logits over the compressed cache are not finite"
+                                    : "the model's logits are not finite",
             r->ppl_full);
     return 1;
 }
 
 static void print_means(cmd_eval_job *jobs, int n_jobs, int n_docs)
 {
-    printf("== mean over %d document%s\n", n_docs, kvm_plural(n_docs, "", "s"));
+    int all = 1;
+    for (int j = 0; j < n_jobs; j++)
+        all &= jobs[j].n == n_docs;
+    if (all)
+        printf("== mean over %d document%s\n", n_docs, kvm_plural(n_docs, "", "s"));
+    else /* rows that measured nothing stay out: the notes on stderr say how many each mean holds */
+        printf("== mean over the documents each method measured (of %d)\n", n_docs);
     print_header();
     for (int j = 0; j < n_jobs; j++) {
         scale_result(&jobs[j].sum, jobs[j].n ? 1.0 / jobs[j].n : NAN);
