@@ -92,6 +92,19 @@ static char *escaped_name(const char *name)
     return out;
 }
 
+/* An escaped name (escaped_name: %HH) that is another file's own name ("caf%E9.txt" beside a
+ * latin-1 "caf\xe9.txt") would store two documents under one name: the escaped one fails at load
+ * (name_clash). Escaped names are rare, so each is compared with every name. */
+static void mark_clashes(kvm_corpus *c)
+{
+    for (int64_t i = 0; i < c->n; i++) {
+        const char *base = strrchr(c->docs[i].path, '/');
+        if (!strcmp(base ? base + 1 : c->docs[i].path, c->docs[i].name)) continue; /* not escaped */
+        for (int64_t k = 0; k < c->n && !c->docs[i].name_clash; k++)
+            c->docs[i].name_clash = k != i && !strcmp(c->docs[k].name, c->docs[i].name);
+    }
+}
+
 static int read_dir(const char *path, kvm_corpus *c)
 {
     DIR *dir = opendir(path);
@@ -140,6 +153,7 @@ static int read_dir(const char *path, kvm_corpus *c)
     for (size_t i = 0; i < n; i++) free(names[i]);
     free(names);
     if (!rc && c->n == 0) rc = kvm_err(KVM_EINVAL, "%s: no *.txt documents", path);
+    if (!rc) mark_clashes(c);
     return rc;
 }
 
@@ -406,6 +420,11 @@ static int load_file(kvm_doc *d, const kvm_tokenizer *tok, const char *frame, in
 {
     size_t max = (size_t)n_keep * 32 + 65536;
     const char *base = strrchr(d->path, '/');
+    if (d->name_clash)
+        return kvm_err(KVM_EINVAL,
+                       "%s: its name, with the bytes that are not UTF-8 written %%HH, is another file's name in this "
+                       "folder: two documents would be stored under one name; rename one of them",
+                       d->name);
     if (strpbrk(base ? base : d->path, "\r\n")) /* d->name is escaped (read_dir) */
         return kvm_err(KVM_EINVAL,
                        "%s: the file name holds a line break: documents are named by their file names in log "

@@ -24,6 +24,7 @@ typedef struct kvm_doc {
     int64_t n_original; /* tokens before truncation (text: counted up to n_keep + 1, see kvm_doc_prepare_n) */
     int truncated;      /* 1 when the document was longer than the context */
     kvm_store_id hash;  /* BLAKE2b-256 of the kept ids (kvm_store_doc_hash) */
+    int name_clash;     /* folder corpus: name, escaped (%HH), is another file's name: fails at load */
 } kvm_doc;
 
 typedef struct kvm_corpus {

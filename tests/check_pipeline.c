@@ -995,6 +995,17 @@ START_TEST(test_jsonl_corpus)
     ck_assert_msg(strstr(out, " caf%E9.txt\n") && strstr(out, " c.txt\n"), "stdout: %s", out);
     free(out);
     free(err);
+    /* a file literally named caf%E9.txt beside the latin-1 one: two documents under one name;
+     * the escaped one fails now, named, and the literal one keeps its name */
+    snprintf(file, sizeof file, "%s/caf%%E9.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(file, "A bird sang in a tree.", 22), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 1);
+    ck_assert_msg(strstr(err, "caf%E9.txt: its name, with the bytes that are not UTF-8 written %HH, is another file's"),
+                  "stderr: %s", err);
+    ck_assert_msg(strstr(out, "compressed=1 skipped=1 failed=2 "), "stdout: %s", out);
+    free(out);
+    free(err);
 }
 END_TEST
 
