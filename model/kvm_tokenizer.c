@@ -326,6 +326,16 @@ int kvm__tokenizer_llama2c_mem(const char *path, const unsigned char *file, int6
                          "%s: not a llama2.c tokenizer (a GGUF file: a GGUF model carries its own "
                          "tokenizer; give it as the model, with no tokenizer)",
                          path);
+        else if (size >= 23 && !memcmp(file, "version https://git-lfs", 23)) /* a clone made without git-lfs */
+            rc = kvm_err(KVM_EFORMAT,
+                         "%s: a Git LFS pointer (%lld bytes), not the tokenizer itself: fetch the real file (git lfs "
+                         "pull in the clone, or download it again)",
+                         path, (long long)size);
+        else if (size >= 1 && (file[0] == '<' || file[0] == '{'))
+            rc = kvm_err(KVM_EFORMAT,
+                         "%s: not a llama2.c tokenizer: a text file (HTML? JSON? a download that saved an error "
+                         "page?); a tokenizer.json goes beside a Hugging Face model's config.json",
+                         path);
         else if (l2c_is_model(file, size))
             rc = kvm_err(KVM_EFORMAT,
                          "%s: not a llama2.c tokenizer (a llama2.c model file: the header's "

@@ -730,6 +730,12 @@ START_TEST(model_file_as_tokenizer)
     expect_open_error(good_bytes, record_offset(0) + 2, VOCAB, KVM_EFORMAT, "record 0: truncated inside score");
     ck_assert_msg(!strstr(kvm_errmsg(), "not a llama2.c tokenizer"), "message: %s", kvm_errmsg());
     expect_open_error("GGUF\3\0\0\0\0\0\0\0", 12, VOCAB, KVM_EFORMAT, "not a llama2.c tokenizer (a GGUF file");
+    /* a clone of tinyllamas made without git-lfs, or a saved error page: "record 0: truncated
+     * inside piece bytes (len 1886680168 ...)" */
+    static const char lfs[] = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 6227\n";
+    expect_open_error(lfs, sizeof lfs - 1, VOCAB, KVM_EFORMAT, "a Git LFS pointer");
+    static const char html[] = "<!DOCTYPE html><html><body>404 Not Found</body></html>\n";
+    expect_open_error(html, sizeof html - 1, VOCAB, KVM_EFORMAT, "not a llama2.c tokenizer: a text file");
 }
 END_TEST
 
