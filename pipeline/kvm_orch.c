@@ -231,10 +231,13 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
 
 /* An interrupted calibration stores no strategy: the record under (model, [compress] strategy)
  * goes back to what it held before (prev_rc 0: prev[n]; KVM_ENOTFOUND: none), once every stage
- * worker has ended (none writes it after). Returns 0 when the store holds no strategy of this
- * calibration, 1 when it does (it could not be put back: said on stderr). */
+ * worker of this run has ended. Only when this calibration sent its build (build_sent): a record
+ * changed while it never asked for one is another process's (a calibrate beside it) and stays.
+ * Not atomic with that other writer: a strategy another process stores between this build's
+ * and the undo would be taken back too (a narrow window, noted in the README). Returns 0 when
+ * the store holds no strategy of this calibration, 1 when it does (said on stderr). */
 static int undo_strategy(const kvm_config *cfg, kvm_store *store, const kvm_store_id *mid, int prev_rc,
-                         const uint8_t *prev, size_t n)
+                         const uint8_t *prev, size_t n, int build_sent)
 {
     const char *name = kvm_config_str(cfg, "compress", "strategy");
     uint8_t *now = NULL;
@@ -244,6 +247,13 @@ static int undo_strategy(const kvm_config *cfg, kvm_store *store, const kvm_stor
                                    : !rc && !prev_rc && now_len == n && (n == 0 || !memcmp(now, prev, n));
     free(now);
     if (same) return 0; /* the build had not stored it */
+    if (!build_sent) {  /* this calibration never asked for a build: another process wrote the record */
+        kvm_orch__log("interrupted before the strategy build; strategy '%s' was changed meanwhile by another "
+                      "process, and is left as it is\n",
+                      name);
+        return 0;
+    }
+    if (rc && rc != KVM_ENOTFOUND && rc == prev_rc) return 0; /* unreadable before and after: unchanged */
     if (rc && rc != KVM_ENOTFOUND) goto failed;
     if (prev_rc && prev_rc != KVM_ENOTFOUND) { /* the old record was not readable: nothing to put back */
         rc = prev_rc;
@@ -331,9 +341,12 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     sigaction(SIGTERM, &sa, &old_term);
     interrupts = 0;
     /* a store write lock held for long by another process: Ctrl-C still ends the run */
-    kvm_store_set_interrupt(&interrupts, "the run's summary is not printed; its stage workers stop by themselves (one "
-                                         "waiting for this lock too once it gets it) and its claims are taken over "
-                                         "by the next run on this host");
+    kvm_store_set_interrupt(&interrupts, mode == MODE_CALIBRATE
+                                             ? "no summary is printed and --out is not written; its stage workers "
+                                               "stop by themselves; a strategy its build stored stays stored"
+                                             : "the run's summary is not printed; its stage workers stop by "
+                                               "themselves (one waiting for this lock too once it gets it) and its "
+                                               "claims are taken over by the next run on this host");
     kvm_store *store = NULL;
     int rc = prepare(&o, &store), status = 0;
     /* calibrate: the strategy record as it was before, put back if the calibration is
@@ -397,7 +410,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     }
     if (o.cli) sum->kept_full = -1;
     if (store && o.owner[0] && kvm_storew_release(store, o.owner)) kvm_orch__log("%s\n", kvm_errmsg());
-    if (store && o.owner[0] && !hard) kvm_orch__release_dead(&o);
+    if (store && !rc && o.owner[0] && !hard) kvm_orch__release_dead(&o); /* not after a refusal */
     if (o.cli && o.owner[0] &&
         kvm_storecli_renew(o.cli, o.owner, 0, 1, kvm_orch_remote_timeout_ms(cfg) / (quick ? 4 : 1), quick ? 1 : 2, NULL))
         kvm_orch__log("%s (its claims lapse by themselves)\n", kvm_errmsg());
@@ -406,7 +419,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         sum->interrupted = 1;
     }
     if (mode == MODE_CALIBRATE && store && sum->interrupted)
-        sum->strategy_stored = undo_strategy(cfg, store, &o.model_id, prev_rc, prev_strat, prev_len);
+        sum->strategy_stored = undo_strategy(cfg, store, &o.model_id, prev_rc, prev_strat, prev_len, o.reduce_id != 0);
     free(prev_strat);
     kvm_store_close(&store);
     kvm_storecli_close(&o.cli);

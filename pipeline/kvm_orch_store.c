@@ -93,8 +93,8 @@ static const char *lapse_text(const orch *o, int64_t expires, char *out, size_t 
     if (in_s >= 0)
         snprintf(out, n, "its claim lapses at %s%s (in %lld s) unless renewed", when, clock, (long long)in_s);
     else /* the service's clock may run behind this host's */
-        snprintf(out, n, "its claim lapsed at %s%s (%lld s ago by this host's clock) unless renewed", when, clock,
-                 (long long)-in_s);
+        snprintf(out, n, "its claim lapsed at %s%s (%lld s ago%s)", when, clock, (long long)-in_s,
+                 o->cli ? " by this host's clock, unless the service's runs behind" : "");
     return out;
 }
 
@@ -133,7 +133,8 @@ static int holder_gone(const orch *o, const kvm_store_claim *h)
     if (!p) return 0;
     char *end;
     long pid = strtol(p + 1, &end, 10);
-    if (end == p + 1 || *end != ':' || pid <= 0 || pid == (long)getpid()) return 0;
+    /* this very run by its whole owner (a killed earlier run whose pid this one reuses is gone) */
+    if (end == p + 1 || *end != ':' || pid <= 0 || !strcmp(h->owner, o->owner)) return 0;
     strtoll(end + 1, &end, 10); /* the start time (wall clock): not used to judge */
     if (*end != ':') return 0;
     return kvm_rundir_pid_gone(pid, end + 1);

@@ -84,18 +84,6 @@ int kvm_half_overflows(float x, kvm_proto_dtype dt)
     return dt == KVM_PROTO_F16 ? u >= 0x477ff000u /* 65520 */ : dt == KVM_PROTO_BF16 && u >= 0x7f7f8000u;
 }
 
-float kvm_half_load(const void *src, kvm_proto_dtype dt, size_t i)
-{
-    if (dt == KVM_PROTO_F32) {
-        float x;
-        memcpy(&x, (const uint8_t *)src + 4 * i, 4);
-        return x;
-    }
-    uint16_t h;
-    memcpy(&h, (const uint8_t *)src + 2 * i, 2);
-    return dt == KVM_PROTO_F16 ? kvm_half_f16_to_f32(h) : kvm_half_bf16_to_f32(h);
-}
-
 static void kvm_half__store(void *dst, kvm_proto_dtype dt, size_t i, float x)
 {
     if (dt == KVM_PROTO_F32) {

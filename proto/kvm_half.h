@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "proto/kvm_dtype.h"
 
@@ -25,8 +26,19 @@ float kvm_half_bf16_to_f32(uint16_t h);
  * Round to nearest even sends those halfway values up, to inf. */
 int kvm_half_overflows(float x, kvm_proto_dtype dt);
 
-/* Element i of src (dtype f32, f16 or bf16; unaligned is fine) as float32, exactly. */
-float kvm_half_load(const void *src, kvm_proto_dtype dt, size_t i);
+/* Element i of src (dtype f32, f16 or bf16; unaligned is fine) as float32, exactly. Inline: the
+ * codec's value checks call it per element. */
+static inline float kvm_half_load(const void *src, kvm_proto_dtype dt, size_t i)
+{
+    if (dt == KVM_PROTO_F32) {
+        float x;
+        memcpy(&x, (const uint8_t *)src + 4 * i, 4);
+        return x;
+    }
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)src + 2 * i, 2);
+    return dt == KVM_PROTO_F16 ? kvm_half_f16_to_f32(h) : kvm_half_bf16_to_f32(h);
+}
 
 /* Converts n elements of src (dtype src_dtype) into dst (dtype dst_dtype); both in
  * {f32, f16, bf16}. Same dtype copies. dst and src must not overlap; either may be NULL when
