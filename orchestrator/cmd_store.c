@@ -687,57 +687,62 @@ static int owner_running_here(const char *owner, char *why, size_t n)
     return running;
 }
 
-/* An owner's claims, for --release: how many are live and when the latest lapses. */
-typedef struct owner_live {
-    const char *owner;
-    int64_t now_ms, n_live, latest_ms;
-} owner_live;
-
-static int owner_live_visit(const kvm_store_cache_key *k, const kvm_store_claim *c, void *arg)
+/* v as table_field prints it, into out[n] (cut before a character that does not fit), for a
+ * message: an owner comes from any client of a store service or the command line, and its ESC
+ * or line break must not drive the terminal or forge a line. Returns out. */
+static const char *table_esc(const char *v, char *out, size_t n)
 {
-    (void)k;
-    owner_live *x = arg;
-    if (strcmp(x->owner, c->owner) || c->expires_unix_ms <= x->now_ms) return 0;
-    x->n_live++;
-    if (c->expires_unix_ms > x->latest_ms) x->latest_ms = c->expires_unix_ms;
-    return 0;
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)v; *p;) {
+        size_t k = table_char_len(p), w = k ? k : 4;
+        if (o + w >= n) break;
+        if (k == 0)
+            snprintf(out + o, n - o, "\\x%02x", *p++);
+        else
+            memcpy(out + o, p, k), p += k;
+        o += w;
+    }
+    out[o] = '\0';
+    return out;
 }
 
 /* --release OWNER: removes every claim of owner, unless one of them is live (--force): a live
  * claim may be a run's that goes on, on this host or any other (a shared store, a store
  * service), and nothing tells it its claims are gone (a renewal only extends the records it
  * finds): other runs would compress its documents again meanwhile. Lapsed claims only: released.
+ * Liveness is judged in the write txn that removes them (kvm_store_claim_release_lapsed), not
+ * in a read before it: a claim the run took while this waited for the write lock is kept.
  * Returns the exit status. */
 static int claims_release(const char *path, const kvm_config *cfg, const char *owner, int force)
 {
     kvm_store *s = NULL;
     if (open_ro("store claims", path, &s, 0)) return 2; /* read-only first: never create a store */
-    owner_live live = {.owner = owner, .now_ms = wall_ms()};
-    int st = force ? 0 : kvm_store_list_claims(s, owner_live_visit, &live);
     kvm_store_close(&s);
-    if (st == 0 && live.n_live > 0) {
+    int64_t n = 0, n_live = 0, latest_ms = 0;
+    char esc[4 * sizeof((kvm_store_claim *)0)->owner + 1];
+    table_esc(owner, esc, sizeof esc);
+    int st = cfg ? kvm_storew_open(cfg, path, 0, &s) : kvm_store_open(path, NULL, &s);
+    if (st == 0) st = kvm_store_claim_release_lapsed(s, owner, force, &n, &n_live, &latest_ms);
+    kvm_store_close(&s);
+    if (st == KVM_EBUSY && n_live > 0) {
         char why[200], when[40], run[260] = "";
         if (owner_running_here(owner, why, sizeof why)) snprintf(run, sizeof run, " (a live run: %s)", why);
         fprintf(stderr,
                 "kvmill store claims: %s%s holds %lld live claim(s), the latest lapsing at %s unless renewed; "
                 "not released: releasing them lets other runs compress those documents again while that run goes "
                 "on (it would not notice); use --force if it is gone\n",
-                owner, run, (long long)live.n_live, utc_of(live.latest_ms, when, sizeof when));
+                esc, run, (long long)n_live, utc_of(latest_ms, when, sizeof when));
         return 1;
     }
-    int64_t n = 0;
-    if (st == 0) st = cfg ? kvm_storew_open(cfg, path, 0, &s) : kvm_store_open(path, NULL, &s);
-    if (st == 0) st = kvm_store_claim_release(s, owner, &n);
-    kvm_store_close(&s);
     if (st) {
         fprintf(stderr, "kvmill store claims: %s (%s)\n", kvm_cli_errmsg("store claims"), kvm_strerror(st));
         return st == KVM_EINVAL ? 2 : 1;
     }
     if (n == 0) {
-        fprintf(stderr, "kvmill store claims: no claim of %s in %s (store claims lists the owners)\n", owner, path);
+        fprintf(stderr, "kvmill store claims: no claim of %s in %s (store claims lists the owners)\n", esc, path);
         return 1;
     }
-    printf("released %lld claim(s) of %s\n", (long long)n, owner);
+    printf("released %lld claim(s) of %s\n", (long long)n, esc);
     return 0;
 }
 
@@ -765,6 +770,15 @@ static int cmd_claims(int argc, char **argv)
         fprintf(stderr, "kvmill store claims: --force goes with --release OWNER\n");
         return 2;
     }
+    /* --release lists nothing and names its owner itself: an --owner other than it would be
+     * ignored (the release of another owner's claims than the one asked for) */
+    static const char *const listing_only[] = {"owner", "csv"};
+    for (size_t i = 0; release && i < sizeof listing_only / sizeof *listing_only; i++)
+        if (kvm_cli_get(opts, listing_only[i])) {
+            fprintf(stderr, "kvmill store claims: --%s does not go with --release OWNER (it is for the listing)\n",
+                    listing_only[i]);
+            return 2;
+        }
     kvm_config *cfg = NULL;
     const char *path;
     if (store_of("store claims", opts, &cfg, &path)) return 2;

@@ -402,6 +402,14 @@ int kvm_store_claim_renew(kvm_store *s, const char *owner, int64_t ttl_ms, int64
 /* Removes every claim of owner (one write txn); *n (may be NULL) counts them. Errors: as
  * kvm_store_claim_take. */
 int kvm_store_claim_release(kvm_store *s, const char *owner, int64_t *n);
+/* As kvm_store_claim_release, but unless force, removes nothing when one of owner's claims is
+ * live at the time of the write txn that would remove them (so a claim taken or renewed while
+ * this waited for the write lock counts): then returns KVM_EBUSY with *n_live (may be NULL) > 0
+ * and *latest_ms (may be NULL) the latest of their expiries, unix ms. *n (may be NULL) counts
+ * the claims removed (0 when refused); *n_live and *latest_ms are 0 when none is live or force.
+ * Errors: as kvm_store_claim_take; KVM_EBUSY with *n_live 0 is the store's (reader table). */
+int kvm_store_claim_release_lapsed(kvm_store *s, const char *owner, int force, int64_t *n, int64_t *n_live,
+                                   int64_t *latest_ms);
 /* Reads the claim on key, live or lapsed, into *out. Errors: KVM_ENOTFOUND (none),
  * KVM_ECORRUPT (bad record), KVM_ESTATE, KVM_EIO. */
 int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_claim *out);

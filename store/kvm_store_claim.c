@@ -126,6 +126,9 @@ typedef struct each_arg {
     const char *owner; /* whose claims */
     int64_t expires;   /* new expiry, or < 0 to delete */
     int64_t n;         /* claims touched */
+    int keep_live;     /* delete nothing when one of them is live (kvm_store_claim_release_lapsed) */
+    int64_t n_live;    /* out with keep_live: live claims found */
+    int64_t latest_ms; /* out with keep_live: the latest live expiry */
 } each_arg;
 
 /* Renews or deletes every claim of a->owner: the keys are collected first, then changed,
@@ -138,7 +141,7 @@ static int each_fn(kvm_store *s, MDB_txn *txn, void *arg)
     kvm_store_claim *mine = NULL, c;
     uint8_t (*keys)[KVM_STORE__PREFIX_BYTES] = NULL;
     int64_t cap = 0;
-    a->n = 0;
+    a->n = a->n_live = a->latest_ms = 0; /* a txn retried (a map grown) counts again */
     int rc = mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_CLAIMS], &cur);
     if (rc) return kvm_store__mdb(s, rc, "claims cursor");
     int st = 0;
@@ -158,6 +161,19 @@ static int each_fn(kvm_store *s, MDB_txn *txn, void *arg)
     }
     mdb_cursor_close(cur);
     if (st == 0 && rc && rc != MDB_NOTFOUND) st = kvm_store__mdb(s, rc, "claims");
+    if (st == 0 && a->keep_live) {
+        /* judged under the write lock, in the txn that deletes: a claim the owner took or
+         * renewed while this waited for the lock is seen here, not lost to a check made before */
+        const int64_t now = now_ms();
+        for (int64_t i = 0; i < a->n; i++)
+            if (mine[i].expires_unix_ms > now) {
+                a->n_live++;
+                if (mine[i].expires_unix_ms > a->latest_ms) a->latest_ms = mine[i].expires_unix_ms;
+            }
+        if (a->n_live)
+            st = kvm_err(KVM_EBUSY, "claims: %lld of the owner's %lld claim(s) live, none released",
+                         (long long)a->n_live, (long long)a->n);
+    }
     for (int64_t i = 0; st == 0 && i < a->n; i++) {
         MDB_val k = {KVM_STORE__PREFIX_BYTES, keys[i]};
         if (a->expires < 0) {
@@ -173,16 +189,21 @@ static int each_fn(kvm_store *s, MDB_txn *txn, void *arg)
     return st;
 }
 
-static int each(kvm_store *s, const char *owner, int64_t expires, int64_t *n)
+static int each(kvm_store *s, each_arg *a, int64_t *n)
 {
-    int st = check_owner(owner, NULL, 1);
+    int st = check_owner(a->owner, NULL, 1);
     if (st) return st;
-    each_arg a = {owner, expires, 0};
     if ((st = claims_lock(s))) return st;
-    st = kvm_store__write(s, each_fn, &a);
+    st = kvm_store__write(s, each_fn, a);
     kvm_store__unlock(s);
-    if (n) *n = st ? 0 : a.n;
+    if (n) *n = st ? 0 : a->n;
     return st;
+}
+
+static int each_owner(kvm_store *s, const char *owner, int64_t expires, int64_t *n)
+{
+    each_arg a = {.owner = owner, .expires = expires};
+    return each(s, &a, n);
 }
 
 int kvm_store_claim_renew(kvm_store *s, const char *owner, int64_t ttl_ms, int64_t *n)
@@ -190,10 +211,20 @@ int kvm_store_claim_renew(kvm_store *s, const char *owner, int64_t ttl_ms, int64
     if (ttl_ms < 1) return kvm_err(KVM_EINVAL, "claim: ttl_ms %lld must be >= 1", (long long)ttl_ms);
     int st = kvm_store_claim_check_ttl(ttl_ms);
     if (st) return st;
-    return each(s, owner, now_ms() + ttl_ms, n);
+    return each_owner(s, owner, now_ms() + ttl_ms, n);
 }
 
-int kvm_store_claim_release(kvm_store *s, const char *owner, int64_t *n) { return each(s, owner, -1, n); }
+int kvm_store_claim_release(kvm_store *s, const char *owner, int64_t *n) { return each_owner(s, owner, -1, n); }
+
+int kvm_store_claim_release_lapsed(kvm_store *s, const char *owner, int force, int64_t *n, int64_t *n_live,
+                                   int64_t *latest_ms)
+{
+    each_arg a = {.owner = owner, .expires = -1, .keep_live = !force};
+    int st = each(s, &a, n);
+    if (n_live) *n_live = a.n_live;
+    if (latest_ms) *latest_ms = a.latest_ms;
+    return st;
+}
 
 int kvm_store_claim_get(kvm_store *s, const kvm_store_cache_key *key, kvm_store_claim *out)
 {

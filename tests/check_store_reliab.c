@@ -1203,6 +1203,156 @@ START_TEST(test_store_claims_cli)
 }
 END_TEST
 
+/* Claims of owner o in the store, and of any owner. */
+typedef struct claim_count {
+    const char *owner;
+    int mine, all;
+} claim_count;
+
+static int count_owner_claim(const kvm_store_cache_key *k, const kvm_store_claim *c, void *arg)
+{
+    (void)k;
+    claim_count *x = arg;
+    x->mine += !strcmp(c->owner, x->owner);
+    x->all++;
+    return 0;
+}
+
+/* Whether t is one line, ended by its only line break. */
+static int one_line(const char *t)
+{
+    const char *nl = strchr(t, '\n');
+    return nl && nl[1] == '\0';
+}
+
+static claim_count claims_of(kvm_store *s, const char *owner)
+{
+    claim_count x = {owner, 0, 0};
+    ck_assert_int_eq(kvm_store_list_claims(s, count_owner_claim, &x), 0);
+    return x;
+}
+
+/* `store claims --release` checked the owner's claims for a live one in a read, then removed
+ * them all in a later write txn: a claim the run took while the command waited for the write
+ * lock was removed with the lapsed ones ("released 4 claim(s)"). The check is made in the txn
+ * that removes (kvm_store_claim_release_lapsed): with a live claim there, added after any check
+ * the caller made, nothing is removed (KVM_EBUSY, the live count and latest expiry); lapsed
+ * claims only are removed; --force removes all; another owner's claims are never touched. */
+START_TEST(test_claim_release_lapsed_in_txn)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    const char *own = "run:far:1:1";
+    kvm_store_cache_key k[5];
+    int taken = 0;
+    for (int i = 0; i < 5; i++)
+        memset(&k[i], 0x21 + i, sizeof k[i]);
+    for (int i = 0; i < 3; i++) { /* three lapsed claims of own */
+        ck_assert_int_eq(kvm_store_claim_take(s, &k[i], own, "farhost", 1, &taken, NULL), 0);
+        ck_assert_int_eq(taken, 1);
+    }
+    ck_assert_int_eq(kvm_store_claim_take(s, &k[4], "run:other:2:2", "other", 3600000, &taken, NULL), 0);
+    usleep(20000);
+    int64_t n = -1, n_live = -1, latest = -1;
+    /* a caller's check would find them all lapsed; then the run takes a new claim */
+    ck_assert_int_eq(kvm_store_claim_take(s, &k[3], own, "farhost", 600000, &taken, NULL), 0);
+    kvm_store_claim live;
+    ck_assert_int_eq(kvm_store_claim_get(s, &k[3], &live), 0);
+    ck_assert_int_eq(kvm_store_claim_release_lapsed(s, own, 0, &n, &n_live, &latest), KVM_EBUSY);
+    ck_assert_int_eq(n, 0);
+    ck_assert_int_eq(n_live, 1);
+    ck_assert_int_eq(latest, live.expires_unix_ms);
+    claim_count c = claims_of(s, own);
+    ck_assert_int_eq(c.mine, 4); /* nothing removed, the lapsed ones neither */
+    ck_assert_int_eq(c.all, 5);
+    /* --force: every claim of own, the live one too; the other owner's stays */
+    ck_assert_int_eq(kvm_store_claim_release_lapsed(s, own, 1, &n, &n_live, &latest), 0);
+    ck_assert_int_eq(n, 4);
+    ck_assert_int_eq(n_live, 0);
+    c = claims_of(s, own);
+    ck_assert_int_eq(c.mine, 0);
+    ck_assert_int_eq(c.all, 1);
+    /* lapsed claims only: removed without force */
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(kvm_store_claim_take(s, &k[i], own, "farhost", 1, &taken, NULL), 0);
+    usleep(20000);
+    ck_assert_int_eq(kvm_store_claim_release_lapsed(s, own, 0, &n, &n_live, &latest), 0);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(n_live, 0);
+    ck_assert_int_eq(latest, 0);
+    c = claims_of(s, own);
+    ck_assert_int_eq(c.mine, 0);
+    ck_assert_int_eq(c.all, 1);
+    /* no claim of the owner: nothing to do */
+    ck_assert_int_eq(kvm_store_claim_release_lapsed(s, own, 0, &n, NULL, NULL), 0);
+    ck_assert_int_eq(n, 0);
+    kvm_store_close(&s);
+}
+END_TEST
+
+/* `store claims --release` printed the owner raw in its refusal, "no claim of" and "released"
+ * lines (an ESC sequence drove the terminal, a line break forged a line), though the listing
+ * escapes it: each line now shows it as the listing does (\xNN). */
+START_TEST(test_store_claims_release_escaped)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_cache_key k;
+    memset(&k, 0x31, sizeof k);
+    int taken = 0;
+    const char *own = "run:e\033[2J\nforged:1:1";
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, own, "h", 3600000, &taken, NULL), 0);
+    ck_assert_int_eq(taken, 1);
+    kvm_store_close(&s);
+    const char *arg = "\"$(printf 'run:e\\033[2J\\nforged:1:1')\"", *esc = "run:e\\x1b[2J\\x0aforged:1:1";
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release %s", g_store, arg), 1);
+    ck_assert_msg(strstr(err, esc) && strstr(err, " holds 1 live claim(s)") && !strchr(err, '\033') && one_line(err),
+                  "%s", err);
+    free(out), free(err);
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --release %s --force", g_store, arg) == 0, "%s%s", out,
+                  err);
+    ck_assert_msg(strstr(out, "released 1 claim(s) of ") && strstr(out, esc) && !strchr(out, '\033') && one_line(out),
+                  "%s", out);
+    free(out), free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release %s", g_store, arg), 1);
+    ck_assert_msg(strstr(err, "no claim of ") && strstr(err, esc) && !strchr(err, '\033') && one_line(err), "%s", err);
+    free(out), free(err);
+}
+END_TEST
+
+/* `store claims --release x --owner y` ignored --owner (and --csv): it released x's claims, or
+ * said "no claim of x". Options of the listing are refused with --release (exit 2, named), as
+ * --force is without it, and nothing is released. */
+START_TEST(test_store_claims_release_listing_opts)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_cache_key k;
+    memset(&k, 0x41, sizeof k);
+    int taken = 0;
+    ck_assert_int_eq(kvm_store_claim_take(s, &k, "run:x:1:1", "h", 1, &taken, NULL), 0); /* lapsed: releasable */
+    kvm_store_close(&s);
+    usleep(20000);
+    char *out = NULL, *err = NULL;
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release run:x:1:1 --owner run:y:2:2", g_store), 2);
+    ck_assert_msg(strstr(err, "--owner does not go with --release OWNER"), "%s", err);
+    free(out), free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release run:x:1:1 --csv", g_store), 2);
+    ck_assert_msg(strstr(err, "--csv does not go with --release OWNER"), "%s", err);
+    free(out), free(err);
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    ck_assert_int_eq(claims_of(s, "run:x:1:1").mine, 1); /* nothing released */
+    kvm_store_close(&s);
+    ck_assert_msg(kvmill(&out, &err, "store claims --store '%s' --release run:x:1:1", g_store) == 0, "%s%s", out, err);
+    ck_assert_msg(strstr(out, "released 1 claim(s) of run:x:1:1"), "%s", out);
+    free(out), free(err);
+}
+END_TEST
+
 /* ---- pipeline runs (the embedded model and corpus) ---- */
 
 static void copy_docs(int n)
@@ -1679,6 +1829,9 @@ int main(void)
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
     suite_add_tcase(su, tcase("claim_lease_capped", test_claim_lease_capped, 30));
     suite_add_tcase(su, tcase("store_claims_cli", test_store_claims_cli, 60));
+    suite_add_tcase(su, tcase("claim_release_lapsed_in_txn", test_claim_release_lapsed_in_txn, 30));
+    suite_add_tcase(su, tcase("store_claims_release_escaped", test_store_claims_release_escaped, 60));
+    suite_add_tcase(su, tcase("store_claims_release_listing_opts", test_store_claims_release_listing_opts, 60));
     suite_add_tcase(su, tcase("readers_full_retryable", test_readers_full_retryable, 30));
     suite_add_tcase(su, tcase("doc_name_exact_wins", test_doc_name_exact_wins, 30));
     suite_add_tcase(su, tcase("worker_keeps_store_cap", test_worker_keeps_store_cap, 60));
