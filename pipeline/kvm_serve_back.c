@@ -114,7 +114,12 @@ static void tell_refused(srv *s, int w)
     srv_worker *wk = &s->workers[w];
     char gh[65], wh[65], why[1200];
     model_hexes(s, wk, gh, wh);
-    if (wk->other_settings)
+    if (wk->other_stage[0])
+        snprintf(why, sizeof why,
+                 "%s is the back end of kvmill serve, which takes decode workers (kvmill-decode) only, and this is a "
+                 "%s worker: connect it to a kvmill run's endpoint instead",
+                 s->base, wk->other_stage);
+    else if (wk->other_settings)
         snprintf(why, sizeof why,
                  "this server's config %s has settings %s, this worker's config has %s (other [model] context, "
                  "[compress] or other settings that change a cache): its answers would differ; start it with the "
@@ -198,6 +203,31 @@ static void refuse_settings(srv *s, int w, const kvm_proto_ready *r)
     mark_refused(s, wk, 1, own);
 }
 
+/* Worker w's ready named stage `stage`, not decode: a kvmill-prefill or -compress connected to the
+ * back end would take questions only to drop them ("expected a job message"), their clients
+ * waiting in vain, so it is refused for good (its process never decodes): logged once, told (it
+ * exits 1), never idle. */
+static int refuse_stage(srv *s, int w, const kvm_proto_ready *r)
+{
+    srv_worker *wk = &s->workers[w];
+    if (!wk->refused || !wk->other_stage[0]) {
+        int n = r->stage.len < sizeof wk->other_stage - 1 ? (int)r->stage.len : (int)sizeof wk->other_stage - 1;
+        snprintf(wk->other_stage, sizeof wk->other_stage, "%.*s", n, r->stage.ptr ? r->stage.ptr : "");
+        for (char *p = wk->other_stage; *p; p++) /* the log line stays one line */
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+        kvm_log_field f[] = {KVM_LOG_S("worker", wk->id), KVM_LOG_S("stage", wk->other_stage)};
+        kvm_log(KVM_LOG_ERROR, "worker_refused", f, 2,
+                "worker %s is a %s worker, not a decode worker: refused, no requests go to it", wk->id,
+                wk->other_stage);
+        char own[512];
+        snprintf(own, sizeof own, "worker %s, started by this server, is a %s worker, not a decode worker", wk->id,
+                 wk->other_stage);
+        mark_refused(s, wk, 0, own);
+    }
+    if (kvm_stage_tell_again(wk->told_ms, kvm_now_ms())) tell_refused(s, w);
+    return 1;
+}
+
 /* Whether worker w is refused after its ready m (kvm_stage_judge_ready against the server's
  * model): refused now when it names another model, accepted again when it names the server's
  * or is another process naming none; one that does not decode keeps its state. first: m came
@@ -207,6 +237,7 @@ static int refused_after(srv *s, int w, const kvm_msg *m, int first)
     srv_worker *wk = &s->workers[w];
     kvm_proto_ready r;
     if (kvm_proto_ready_decode(m, &r)) return wk->refused; /* judged by its next ready */
+    if (!kvm_proto_str_eq(r.stage, "decode")) return refuse_stage(s, w, &r);
     if (first) kvm_stage_judge_first(&r, wk->refused, wk->other_model, &wk->refused_pid, &wk->refused_ctl_seen);
     kvm_stage_verdict v = kvm_stage_judge_ready(&r, s->o->model_id, wk->refused, wk->refused_pid);
     const uint8_t *want = server_settings(s);

@@ -83,6 +83,8 @@ typedef struct srv_worker {
     uint8_t other_model[KVM_PROTO_ID_BYTES]; /* the model its ready named, when refused */
     int other_settings;                      /* refused for its settings (revision 11), not its model */
     uint8_t other_settings_id[KVM_PROTO_ID_BYTES]; /* the settings its ready named, then */
+    char other_stage[64];                          /* refused for its stage: a prefill or compress worker's ready, whose
+                                                      "stage" is not decode, named here ("" when not so refused) */
     int64_t refused_pid; /* the refused process's pid: another process reusing the id is judged afresh */
     int refused_ctl_seen; /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
 } srv_worker;

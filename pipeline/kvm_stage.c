@@ -177,7 +177,18 @@ typedef struct stage_rt {
     int tcp_seen;     /* a connection was accepted (ZMQ_EVENT_CONNECTED): a retry is no longer "nothing there" */
     int n_no_detail;  /* handshakes closed without a reason since the last one that succeeded */
     int link_failed;  /* a handshake failed for good (a rejected key, a wrong --server-key): exit 1 */
+    double drain_until; /* after a stop: jobs that reach the data socket before this (kvm_now_ms) are
+                           still done, those after it dropped; 0: no stop seen yet */
 } stage_rt;
+
+/* How long a stopping worker still takes what reaches its data socket (ms). An orchestrator hands
+ * a job for a credit the worker sent before the stop: kvmill serve drains on SIGTERM waiting for
+ * the answer, and a job the worker never read got "server stopped before answering". The job may
+ * sit in the kernel's socket buffer, not yet read by ZeroMQ's I/O thread (a worker resumed after
+ * SIGSTOP gets the signal and the bytes at once), hence a short window rather than one
+ * non-blocking read; bounded, since no credit goes out once stopping, so a sender that keeps
+ * sending cannot keep the worker up. */
+#define STAGE_DRAIN_MS 300.0
 
 /* A log line "[stage id] ..." (text) or a JSON object with the worker id (kvm_log.h). */
 static void log_ev(const stage_rt *rt, kvm_log_level lv, const char *event, const kvm_log_field *f, int n,
@@ -455,7 +466,7 @@ static void on_data(stage_rt *rt)
     if (rc) return;
     job_slot *j = &rt->job;
     kvm_proto_type type;
-    if (j->running || stop_requested) {
+    if (j->running || (stop_requested && kvm_now_ms() >= rt->drain_until)) {
         drop_warn(rt, "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
         kvm_msg_free(&m);
         return;
@@ -723,13 +734,17 @@ static void serve(stage_rt *rt)
             rt->last_credit = now;
         }
         if (stop_requested) {
-            if (!rt->job.running) return;
-            if (stop_at < 0) {
+            /* jobs already delivered are done first (STAGE_DRAIN_MS); a refused worker's or a wrong
+             * peer's would fail or are not jobs at all */
+            if (rt->drain_until <= 0)
+                rt->drain_until = rt->refused || rt->wrong_peer || rt->link_failed ? now : now + STAGE_DRAIN_MS;
+            if (!rt->job.running && now >= rt->drain_until) return;
+            if (rt->job.running && stop_at < 0) { /* a drained job's grace counts from its start */
                 stop_at = now + 1000.0 * rt->a.grace_s;
                 log_line(rt, "%s: finishing the current job (grace %d s)", rt->refused ? "refused" : "SIGTERM",
                          rt->a.grace_s);
             }
-            if (now >= stop_at) {
+            if (rt->job.running && now >= stop_at) {
                 uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
                 send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0, NULL);
                 log_line(rt, "grace period over: handed job %llu back", (unsigned long long)id);
@@ -748,6 +763,8 @@ static void serve(stage_rt *rt)
                                    {rt->mon[1], 0, ZMQ_POLLIN, 0}};
         const int n_items = rt->mon[0] && rt->mon[1] ? 5 : 3;
         long wait = rt->a.heartbeat_ms / 4 > 0 ? rt->a.heartbeat_ms / 4 : 1;
+        if (stop_requested && !rt->job.running && now < rt->drain_until && rt->drain_until - now < wait)
+            wait = (long)(rt->drain_until - now) + 1;
         if (zmq_poll(items, n_items, wait) < 0 && errno != EINTR) return;
         for (int i = 0; i < 2 && n_items == 5; i++)
             if (items[3 + i].revents & ZMQ_POLLIN)

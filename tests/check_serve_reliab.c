@@ -1518,6 +1518,97 @@ START_TEST(test_worker_other_settings_refused)
 }
 END_TEST
 
+/* Waits up to 40 s for the number a background command wrote into g_dir/NAME (its exit status);
+ * -1 when none came. */
+static int wait_rc_file(const char *name)
+{
+    char path[4400], *text = NULL;
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    for (int i = 0; i < 400 && !(text = kvm_test_read_file(path, NULL)); i++)
+        usleep(100000);
+    int rc = text ? atoi(text) : -1;
+    free(text);
+    return rc;
+}
+
+/* A kvmill-prefill (or -compress) connected to serve's back end was taken for a decode worker:
+ * questions went to it, it dropped them ("expected a job message, got ask") and their clients
+ * waited in vain. Its ready's stage is judged now: refused, told why (exit 1), logged; the
+ * server's own decode worker still answers. */
+START_TEST(test_stage_worker_refused)
+{
+    if (!have_shared("a prefill worker at serve's back end")) return;
+    write_config(NULL, 64, "workers = 1\ncompute_missing = true", NULL);
+    ck_assert_int_eq(start_serve(), -1);
+    char cmd[16384];
+    snprintf(cmd, sizeof cmd,
+             "(timeout 30 '%s/kvmill-prefill' --connect 'ipc://%s/run' --model '%s' --id by-hand-prefill "
+             "--heartbeat-ms 100 2>'%s/hand.err' >/dev/null; echo $? >'%s/hand.rc') </dev/null >/dev/null 2>&1 &",
+             kvm_test_bin(), g_dir, kvm_test_data_path("models/stories260K.bin"), g_dir, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    int rc = wait_rc_file("hand.rc");
+    char path[4400];
+    snprintf(path, sizeof path, "%s/hand.err", g_dir);
+    char *err = kvm_test_read_file(path, NULL), *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(rc == 1, "the prefill worker: exit %d (124: it joined and ran)\n%s\n%s", rc, err ? err : "",
+                  log ? log : "");
+    assert_contains(err, "refused by serve");
+    assert_contains(err, "is the back end of kvmill serve, which takes decode workers");
+    assert_contains(log, "worker by-hand-prefill is a prefill worker, not a decode worker: refused");
+    free(err);
+    free(log);
+    char docs[3][4200], args[9000], *aerr = NULL;
+    small_docs(docs);
+    snprintf(args, sizeof args, "--doc '%s' --prompt ' Then' -n 4", docs[0]);
+    rc = ask_cmd(args, NULL, &aerr);
+    ck_assert_msg(rc == 0, "ask: exit %d: %s", rc, aerr);
+    free(aerr);
+    ck_assert_int_eq(stop_serve(), 0);
+}
+END_TEST
+
+/* serve's SIGTERM drain answered "server stopped before answering" for a question already
+ * handed to an idle decode worker: the worker stopped without reading the job waiting in its
+ * socket. It reads what was delivered before it stops now: the question is answered. */
+START_TEST(test_drain_answers_delivered_job)
+{
+    if (!have_shared("serve's drain of a delivered question")) return;
+    write_config(NULL, 64, "workers = 1\ncompute_missing = true", NULL);
+    ck_assert_int_eq(start_serve(), -1);
+    char cmd[16384], *out = NULL;
+    snprintf(cmd, sizeof cmd, "pgrep -P %d -f kvmill-decode", (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    pid_t worker = (pid_t)atoi(out);
+    free(out);
+    ck_assert_int_gt(worker, 0);
+    usleep(500000);                             /* its credit has reached serve: it is idle */
+    ck_assert_int_eq(kill(worker, SIGSTOP), 0); /* the question waits in its socket */
+    char docs[3][4200];
+    small_docs(docs);
+    snprintf(cmd, sizeof cmd,
+             "('%s' ask --connect '%s' --timeout 60 --doc '%s' --prompt ' Then' -n 4 >'%s/ask.out' 2>&1; echo $? "
+             ">'%s/ask.rc') </dev/null >/dev/null 2>&1 &",
+             kvmill(), g_front, docs[0], g_dir, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    usleep(1500000); /* handed to the stopped worker */
+    ck_assert_int_eq(kill(g_serve, SIGTERM), 0);
+    usleep(1000000);
+    ck_assert_int_eq(kill(worker, SIGCONT), 0);
+    int st = 0;
+    ck_assert_int_eq(waitpid(g_serve, &st, 0), g_serve);
+    g_serve = 0;
+    int rc = wait_rc_file("ask.rc");
+    char path[4400];
+    snprintf(path, sizeof path, "%s/ask.out", g_dir);
+    char *ask = kvm_test_read_file(path, NULL), *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(rc == 0, "ask: exit %d:\n%s\n%s", rc, ask ? ask : "", log ? log : "");
+    assert_lacks(ask, "server stopped before answering");
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "serve: status %d\n%s", st, log ? log : "");
+    free(ask);
+    free(log);
+}
+END_TEST
+
 /* Starts `kvmill store serve --store g_dir/store --bind EP` (stderr into g_dir/svc.err); waits
  * up to 30 s for its ready line. Returns its pid. */
 static pid_t store_serve_start(const char *ep)
@@ -1644,6 +1735,8 @@ int main(void)
     suite_add_tcase(su, tcase("store_service_parent_killed", test_store_service_parent_killed, 120));
     suite_add_tcase(su, tcase("worker_other_settings_refused", test_worker_other_settings_refused, 120));
     suite_add_tcase(su, tcase("ipc_files_removed", test_ipc_files_removed, 120));
+    suite_add_tcase(su, tcase("stage_worker_refused", test_stage_worker_refused, 120));
+    suite_add_tcase(su, tcase("drain_answers_delivered_job", test_drain_answers_delivered_job, 120));
     SRunner *sr = srunner_create(su);
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_ENV);
