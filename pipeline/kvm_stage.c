@@ -301,6 +301,10 @@ static int wrong_peer(stage_rt *rt, int i, kvm_proto_type t)
         return 0;
     }
     if (rt->heard[i] || rt->wrong_peer) return rt->wrong_peer;
+    /* only a reply that names another kind of endpoint stops the worker: another type this build
+     * knows (a later orchestrator's liveness reply on ctl, say, where only refusals come today)
+     * is dropped as ever, not taken for a wrong endpoint */
+    if (t != KVM_PROTO_STORE_REPLY && t != KVM_PROTO_ANSWER) return 0;
     kvm_log_field f[] = {KVM_LOG_S("connect", rt->a.connect), KVM_LOG_S("endpoint", rt->ep[i]),
                          KVM_LOG_S("type", kvm_proto_type_name(t))};
     log_ev(rt, KVM_LOG_ERROR, "wrong_endpoint", f, 3,
