@@ -61,6 +61,9 @@ static pid_t spawn_sh(const char *cmd)
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         setpgid(0, 0); /* its own group: a kill reaches the run, never this test */
+        /* a failed assertion ends the test before its service_stop: the service (exec'd by sh,
+         * which keeps this setting) ends with it instead of holding its port for ever */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
