@@ -824,33 +824,6 @@ START_TEST(test_cli_csv)
 }
 END_TEST
 
-/* A copy of stories260K (with tok512 beside it) in dir/name.bin, its wv weights scaled by wv_scale
- * and, when final_inf, the final RMSNorm's weights set to 3e38: finite (the loaders refuse an inf
- * weight), but the normalised activations times them overflow, and every logit is not finite. */
-static void write_altered_model(const char *dir, const char *name, float wv_scale, int final_inf)
-{
-    size_t n;
-    char *d = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n), path[700], cmd[2048];
-    ck_assert_ptr_nonnull(d);
-    int32_t h[7]; /* dim, hidden, layers, heads, kv heads, vocab, seq */
-    memcpy(h, d, sizeof h);
-    const size_t dim = (size_t)h[0], hid = (size_t)h[1], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
-    float *w = (float *)(void *)(d + 28);
-    const size_t wv = (size_t)abs(h[5]) * dim + L * dim + L * dim * dim + L * dim * kvd;
-    for (size_t i = wv; i < wv + L * dim * kvd; i++)
-        w[i] *= wv_scale;
-    for (size_t i = 0; final_inf && i < dim; i++)
-        w[wv + L * dim * kvd + L * dim * dim + L * dim + 3 * L * dim * hid + i] = 3e38f;
-    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(d, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-    free(d);
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s/'", kvm_test_data_path("models/tok512.bin"), dir);
-    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
-}
-
 /* Non-finite numbers never read as a good cache: a model whose values overflow f16 (wv x 1e5)
  * printed KL 0.000000 for --dtype f16 (the store's encoder made them inf, the logits NaN, and
  * the KL clamp made NaN 0), exit 0; now the cache is refused naming layer and value (bf16 keeps
@@ -860,8 +833,8 @@ static void write_altered_model(const char *dir, const char *name, float wv_scal
 START_TEST(test_cli_nonfinite)
 {
     char *dir = kvm_test_tmpdir(), cmd[4096], part[600], *out = NULL, *err = NULL;
-    write_altered_model(dir, "bigv", 1e5f, 0);
-    write_altered_model(dir, "nanlogits", 1, 1);
+    kvm_test_scaled_model(dir, "bigv", 5, 1e5f, 0);
+    kvm_test_scaled_model(dir, "nanlogits", 0, 1, 3e38f);
     const char *base = "%s/kvmill eval --model %s/%s.bin --docs %s/corpus/doc_000.txt --context 64 --continuation 16 "
                        "--method h2o --budget 32 %s";
     snprintf(cmd, sizeof cmd, base, kvm_test_bin(), dir, "bigv", kvm_test_data(), "--dtype f16");

@@ -1055,21 +1055,9 @@ END_TEST
  * now refuses them naming the layer, the tensor and the value, and the setting to change. */
 START_TEST(test_wire_f16_overflow_named)
 {
-    size_t n;
-    char *d = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n), model[4300], text[8192];
-    ck_assert_ptr_nonnull(d);
-    int32_t h[7]; /* dim, hidden, layers, heads, kv heads, vocab, seq */
-    memcpy(h, d, sizeof h);
-    const size_t dim = (size_t)h[0], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
-    float *w = (float *)(void *)(d + 28);
-    const size_t wv = (size_t)abs(h[5]) * dim + L * dim + L * dim * dim + L * dim * kvd; /* layer 0's wv */
-    for (size_t i = wv; i < wv + dim * kvd; i++)
-        w[i] *= 3e5f;
+    char model[4300], text[8192];
+    kvm_test_scaled_model(tmp, "bigv", 1, 3e5f, 0); /* layer 0's values past f16's range */
     snprintf(model, sizeof model, "%s/bigv.bin", tmp);
-    ck_assert_int_eq(kvm_test_write_file(model, d, n), 0);
-    free(d);
-    snprintf(text, sizeof text, "cp '%s' '%s/'", kvm_test_data_path("models/tok512.bin"), tmp);
-    ck_assert_int_eq(kvm_test_run(text, NULL, NULL), 0);
     for (int f16 = 0; f16 < 2; f16++) {
         snprintf(text, sizeof text,
                  "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = streaming\nbudget = 16\n[store]\npath = "
@@ -1093,23 +1081,9 @@ END_TEST
 
 START_TEST(test_eval_nonfinite_not_counted)
 {
-    size_t n;
-    char *d = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n), model[4300], text[8192];
-    ck_assert_ptr_nonnull(d);
-    int32_t h[7]; /* dim, hidden, layers, heads, kv heads, vocab, seq */
-    memcpy(h, d, sizeof h);
-    const size_t dim = (size_t)h[0], hid = (size_t)h[1], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
-    float big = 3e38f; /* the final RMSNorm weights, after embeddings, attention and FFN weights */
-    for (size_t i = 0; i < dim; i++)
-        memcpy(d + 28 +
-                   4 * ((size_t)abs(h[5]) * dim + 2 * L * dim + 2 * L * dim * dim + 2 * L * dim * kvd +
-                        3 * L * dim * hid + i),
-               &big, 4);
+    char model[4300], text[8192];
+    kvm_test_scaled_model(tmp, "nan", 0, 1, 3e38f);
     snprintf(model, sizeof model, "%s/nan.bin", tmp);
-    ck_assert_int_eq(kvm_test_write_file(model, d, n), 0);
-    free(d);
-    snprintf(text, sizeof text, "cp '%s' '%s/'", kvm_test_data_path("models/tok512.bin"), tmp);
-    ck_assert_int_eq(kvm_test_run(text, NULL, NULL), 0);
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = snapkv\nbudget = 32\n[eval]\nenabled = true\n"
              "continuation = 32\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",

@@ -408,3 +408,26 @@ void kvm_test_readers_release(pid_t pid, int release_fd)
     int st;
     waitpid(pid, &st, 0);
 }
+
+void kvm_test_scaled_model(const char *dir, const char *name, int wv_layers, float wv_scale, float final_norm)
+{
+    size_t n;
+    char *d = kvm_test_read_file(kvm_test_data_path("models/stories260K.bin"), &n), path[4400], cmd[9000];
+    ck_assert_ptr_nonnull(d);
+    int32_t h[7]; /* llama2.c header: dim, hidden, layers, heads, kv heads, vocab, seq */
+    memcpy(h, d, sizeof h);
+    const size_t dim = (size_t)h[0], hid = (size_t)h[1], L = (size_t)h[2], kvd = dim * (size_t)h[4] / (size_t)h[3];
+    float *w = (float *)(void *)(d + 28);
+    /* run.c's order: embeddings, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final */
+    const size_t wv = (size_t)abs(h[5]) * dim + L * dim + L * dim * dim + L * dim * kvd;
+    for (size_t i = wv; i < wv + (size_t)wv_layers * dim * kvd; i++)
+        w[i] *= wv_scale;
+    const size_t final = wv + L * dim * kvd + L * dim * dim + L * dim + 3 * L * dim * hid;
+    for (size_t i = 0; final_norm != 0 && i < dim; i++)
+        w[final + i] = final_norm;
+    snprintf(path, sizeof path, "%s/%s.bin", dir, name);
+    ck_assert_int_eq(kvm_test_write_file(path, d, n), 0);
+    free(d);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/'", kvm_test_data_path("models/tok512.bin"), dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+}

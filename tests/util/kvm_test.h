@@ -96,6 +96,13 @@ char *kvm_test_stderr_of(void (*fn)(void *), void *arg);
 char *kvm_test_read_file(const char *path, size_t *n);
 /* Writes bytes to a file; returns 0 on success. */
 int kvm_test_write_file(const char *path, const void *data, size_t n);
+/* Writes dir/name.bin, a copy of data/models/stories260K.bin whose value projections (wv) of
+ * its first wv_layers layers are multiplied by wv_scale and, when final_norm != 0, whose final
+ * RMSNorm weights are all final_norm (finite: the loaders refuse inf; 3e38 overflows the
+ * activations, so every logit is not finite), with tok512.bin beside it: models whose values
+ * overflow f16 or whose logits are NaN. Fails the current test on an I/O error. */
+void kvm_test_scaled_model(const char *dir, const char *name, int wv_layers, float wv_scale, float final_norm);
+
 /* Writes dst = the bytes of src, then those of `more` (NULL: none); fails the current test
  * when src cannot be read or dst written. */
 void kvm_test_concat_file(const char *src, const char *more, const char *dst);
