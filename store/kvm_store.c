@@ -378,21 +378,25 @@ static int not_a_dir(const char *path)
  * when the directory holds anything but a store's own files (lock.mdb), a fresh filesystem's
  * lost+found or hidden entries (.gitkeep), since data.mdb and lock.mdb would then sit among files that are not the
  * store's (a corpus folder named by mistake). An empty directory (made ahead, a mount point) is used. KVM_EINVAL: a
- * usage error. */
+ * usage error. A data.mdb in the listing means the store exists after all: another process (the store
+ * service that deploy/slurm/kvmill.sbatch starts beside the run) created it between the caller's stat
+ * and this listing, so the listing alone decides and the directory is accepted. */
 static int refuse_foreign_dir(const char *path)
 {
     DIR *d = opendir(path);
     if (!d) return 0; /* unreadable: the open says why, or works */
     long n = 0;
+    int has_data = 0;
     char example[256] = "";
     for (struct dirent *e; (e = readdir(d));) {
         const char *nm = e->d_name;
+        if (!strcmp(nm, "data.mdb")) has_data = 1;
         /* hidden entries (.gitkeep, .snapshot) are a folder's housekeeping, not a corpus */
-        if (nm[0] == '.' || !strcmp(nm, "lock.mdb") || !strcmp(nm, "lost+found")) continue;
+        if (nm[0] == '.' || !strcmp(nm, "lock.mdb") || !strcmp(nm, "data.mdb") || !strcmp(nm, "lost+found")) continue;
         if (n++ == 0) snprintf(example, sizeof example, "%s", nm);
     }
     closedir(d);
-    if (n == 0) return 0;
+    if (n == 0 || has_data) return 0;
     return kvm_err(KVM_EINVAL,
                    "store %s: the directory exists and holds %ld %s that %s not a store's (such as '%s'), and no "
                    "data.mdb: a new store there would mix its files with those; give an empty or new folder for "

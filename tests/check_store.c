@@ -1439,6 +1439,44 @@ START_TEST(test_create_in_foreign_dir)
 }
 END_TEST
 
+/* Two processes that open one new store at once (deploy/slurm/kvmill.sbatch starts the store
+ * service and the run together on one [store] path): the second checked for data.mdb, found none,
+ * then listed the folder after the first had created data.mdb, and refused a store folder "that
+ * holds 1 entry that is not a store's (such as 'data.mdb')" (CI, 7 Dec). A child makes and removes
+ * data.mdb over and over while this process checks the folder: the listing alone decides now, so
+ * every check accepts it. */
+START_TEST(test_create_while_another_creates)
+{
+    char data[4400];
+    ck_assert_int_eq(mkdir(g_path, 0775), 0);
+    snprintf(data, sizeof data, "%s/data.mdb", g_path);
+    pid_t pid = fork();
+    ck_assert_int_ne(pid, -1);
+    if (pid == 0) {
+        for (;;) {
+            int fd = open(data, O_WRONLY | O_CREAT, 0644);
+            if (fd >= 0) close(fd);
+            unlink(data);
+        }
+    }
+    int refused = 0;
+    char why[512] = "";
+    for (int i = 0; i < 20000 && !refused; i++)
+        if (kvm_store_check_new_dir(g_path)) {
+            refused = 1;
+            snprintf(why, sizeof why, "%s", kvm_errmsg());
+        }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_assert_msg(!refused, "refused while another process created the store: %s", why);
+    /* a foreign file beside it is still refused */
+    unlink(data);
+    snprintf(data, sizeof data, "%s/doc_000.txt", g_path);
+    ck_assert_int_eq(kvm_test_write_file(data, "text", 4), 0);
+    ck_assert_int_eq(kvm_store_check_new_dir(g_path), KVM_EINVAL);
+}
+END_TEST
+
 START_TEST(test_cli_commands)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
@@ -1996,6 +2034,7 @@ int main(void)
     suite_add_tcase(su, tcase("writable_open_leaves_no_lock", test_writable_open_leaves_no_lock, 60));
     suite_add_tcase(su, tcase("failed_create_leaves_folder", test_failed_create_leaves_folder, 60));
     suite_add_tcase(su, tcase("create_in_foreign_dir", test_create_in_foreign_dir, 30));
+    suite_add_tcase(su, tcase("create_while_another_creates", test_create_while_another_creates, 60));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));
