@@ -312,7 +312,8 @@ int kvm_cmd_calibrate(int argc, char **argv)
          "run on the CPU (default cpu)",
          NULL},
         {"threads", 1,
-         "compute threads: the CPU kernels' (default: every core) and KVSculpt's solver threads "
+         "compute threads: the CPU kernels' (default: every CPU the process may use: its affinity mask and cgroup CPU "
+         "quota) and KVSculpt's solver threads "
          "(default 1; --sculpt-opts threads= overrides the latter)",
          NULL},
         {NULL, 0, NULL, NULL}};

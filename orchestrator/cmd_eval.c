@@ -52,7 +52,8 @@ static const kvm_cli_opt fixed_opts[] = {
      "(default cpu)",
      NULL},
     {"threads", 1,
-     "compute threads: the CPU kernels' (default: every core) and each sculpt-family method's solver "
+     "compute threads: the CPU kernels' (default: every CPU the process may use: its affinity mask and cgroup CPU "
+     "quota) and each sculpt-family method's solver "
      "threads (default 1)",
      NULL},
     {"dtype", 1,

@@ -161,7 +161,10 @@ int kvm_cmd_generate(int argc, char **argv)
         {"topp", 1, "top-p nucleus sampling in [0, 1] (default 0.9)", NULL},
         {"seed", 1, "random seed >= 1 (default: time; 0 is refused: the sampler's state must not be 0)", NULL},
         {"device", 1, "cpu or cuda:N (default cpu)", NULL},
-        {"threads", 1, "compute threads of the CPU kernels (default: every core)", NULL},
+        {"threads", 1,
+         "compute threads of the CPU kernels (default: every CPU the process may use: its affinity mask and cgroup CPU "
+         "quota)",
+         NULL},
         {"weight-dtype", 1, KVM_CLI_WEIGHT_DTYPE_HELP, NULL},
         {"kv-dtype", 1, KVM_CLI_KV_DTYPE_HELP, NULL},
         {NULL, 0, NULL, NULL}};

@@ -2,9 +2,11 @@
  * shape, k prefixes, one-row decode), attention over ragged caches (distilled entries with
  * no position, logit biases, causal masks; decode and blocked prefill paths), RoPE in both
  * pairings, and the thread pool. */
+#define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
 #include "kernels/kvm_kernels.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/cpu/kvm_cpu_pool.h"
+#include "common/kvm_cpus.h"
 #include "common/kvm_error.h"
 
 #include "kernels/cpu/kvm_cpu_clones.h"
@@ -12,6 +14,8 @@
 #include "tests/util/kvm_test.h"
 
 #include <cblas.h>
+#include <sched.h>
+#include <sys/stat.h>
 #include <check.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -464,6 +468,71 @@ START_TEST(test_select_device)
 }
 END_TEST
 
+/* Writes text to root/rel, making its folders. */
+static void put_file(const char *root, const char *rel, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", root, rel);
+    for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
+        *p = '\0';
+        mkdir(path, 0755);
+        *p = '/';
+    }
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+}
+
+/* The pool's default size was the host's online CPUs (sysconf): in a container with a 2-CPU
+ * quota on a big host every kvmill process ran one compute thread per host core, all frozen for
+ * most of each quota period. It is now the CPUs the process may use: the cgroup quota over the
+ * process's cgroup and its ancestors (v2 cpu.max, v1 cfs files), and the affinity mask. */
+START_TEST(test_cpus_quota)
+{
+    char *root = kvm_test_tmpdir(), self[4096], cg[4096];
+    snprintf(self, sizeof self, "%s/self_cgroup", root);
+    snprintf(cg, sizeof cg, "%s/cg", root);
+    ck_assert_int_eq(mkdir(cg, 0755), 0);
+    /* v2: the smallest limit on the way up; "max" is no limit */
+    put_file(cg, "cpu.max", "max 100000\n");
+    put_file(cg, "a/cpu.max", "250000 100000\n");
+    put_file(cg, "a/b/cpu.max", "max 100000\n");
+    put_file(root, "self_cgroup", "0::/a/b\n");
+    ck_assert_int_eq(kvm_cpus_quota(cg, self), 3);
+    put_file(cg, "a/b/cpu.max", "50000 100000\n"); /* half a CPU: one thread */
+    ck_assert_int_eq(kvm_cpus_quota(cg, self), 1);
+    /* a cgroup path that is not under the mount (a container without a cgroup namespace):
+     * the mount's own limit */
+    put_file(cg, "cpu.max", "300000 100000\n");
+    put_file(root, "self_cgroup", "0::/docker/0123abcd\n");
+    ck_assert_int_eq(kvm_cpus_quota(cg, self), 3);
+    /* malformed or missing files: no limit */
+    put_file(cg, "cpu.max", "lots\n");
+    ck_assert_int_eq(kvm_cpus_quota(cg, self), 0);
+    put_file(cg, "cpu.max", "max 100000\n");
+    ck_assert_int_eq(kvm_cpus_quota(cg, self), 0);
+    ck_assert_int_eq(kvm_cpus_quota(cg, "/nonexistent/self_cgroup"), 0);
+    /* v1: the cpu controller's folder, quota -1 = none */
+    put_file(cg, "cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+    put_file(cg, "cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+    put_file(cg, "cpu,cpuacct/x/cpu.cfs_quota_us", "200000\n");
+    put_file(cg, "cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
+    put_file(root, "self_cgroup", "5:memory:/x\n4:cpu,cpuacct:/x\n0::/\n");
+    ck_assert_int_eq(kvm_cpus_quota(cg, self), 2);
+    put_file(root, "self_cgroup", "4:cpu,cpuacct:/\n");
+    ck_assert_int_eq(kvm_cpus_quota(cg, self), 0);
+    kvm_test_rmtree(root);
+    free(root);
+
+    /* the affinity mask: a process pinned to one CPU gets a pool of one thread (this test runs
+     * in its own forked process, whose pool is not started yet) */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(0, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    ck_assert_int_eq(kvm_cpus_usable(), 1);
+    ck_assert_int_eq(kvm__cpu_threads(), 1);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -483,6 +552,7 @@ static Suite *kernels_suite(void)
                  {"rope_pairings", test_rope_pairings},
                  {"pool_runs_every_task_once", test_pool_runs_every_task_once},
                  {"select_device", test_select_device},
+                 {"cpus_quota", test_cpus_quota},
                  {"blas_single_threaded", test_blas_single_threaded}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

@@ -18,7 +18,18 @@ shift
 mkdir -p "$logdir"
 # at most 8 by default: some suites hold a 540 MB float32 model folder each, so a many-core
 # machine running every suite at once could run short of memory
-jobs=${KVMILL_TEST_JOBS:-$((2 * $(nproc 2>/dev/null || echo 1)))}
+# nproc counts the affinity mask but not a cgroup CPU quota (a container given 2 CPUs' time
+# on a big host): the smaller of the two, as common/kvm_cpus.c sizes kvmill's thread pool
+cpus=$(nproc 2>/dev/null || echo 1)
+for f in /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us; do
+    [ -r "$f" ] || continue
+    read -r q p <"$f" 2>/dev/null || continue
+    [ -z "${p:-}" ] && [ -r "${f%quota_us}period_us" ] && read -r p <"${f%quota_us}period_us"
+    [[ ${q:-} =~ ^[0-9]+$ && ${p:-} =~ ^[1-9][0-9]*$ ]] || continue
+    lim=$(((q + p - 1) / p))
+    [ "$lim" -ge 1 ] && [ "$lim" -lt "$cpus" ] && cpus=$lim
+done
+jobs=${KVMILL_TEST_JOBS:-$((2 * cpus))}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || jobs=1
 [ -n "${KVMILL_TEST_JOBS:-}" ] || [ "$jobs" -le 8 ] || jobs=8
 hints=$(dirname "$0")/suite-seconds

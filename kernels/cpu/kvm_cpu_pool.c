@@ -1,6 +1,7 @@
 /* kvm_cpu_pool.c: fork-join pool: a job is (fn, ctx, n_tasks); tasks are claimed with an
  * atomic counter so uneven tasks balance; a generation number wakes the workers. */
 #include "kernels/cpu/kvm_cpu_pool.h"
+#include "common/kvm_cpus.h"
 #include "kernels/kvm_fpmode.h"
 
 #include <pthread.h>
@@ -32,8 +33,10 @@ static _Thread_local int in_task;
 static void init_threads(void)
 {
     if (pool.n_threads == 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        pool.n_threads = n < 1 ? 1 : n > KVM_POOL_MAX ? KVM_POOL_MAX : (int)n;
+        /* the CPUs this process may use (affinity, cgroup quota), not the host's: a pool
+         * of 64 threads on a 2-CPU quota stalls every thread of the process */
+        int n = kvm_cpus_usable();
+        pool.n_threads = n > KVM_POOL_MAX ? KVM_POOL_MAX : n;
     }
 }
 
