@@ -99,7 +99,8 @@ static int stage_started(void)
 }
 
 /* The orchestrator stopped (kill -STOP, Ctrl-Z) for three times the workers' dead time ([run]
- * heartbeat_ms x liveness = 800 ms here: beats late by less, on a loaded machine, blame no one),
+ * heartbeat_ms x liveness = 2 s here, so that a worker's heartbeat thread starved for a second
+ * on a loaded machine under the sanitizers blames no one),
  * its workers running on. It read no heartbeat
  * meanwhile, and its poll returned at once when it went on, the heartbeats unread: every worker
  * was declared silent and killed, the killed workers' queued credits made them idle again, and
@@ -113,7 +114,7 @@ START_TEST(test_paused_orchestrator)
      * is in the middle of its work when stopped */
     write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
                                   : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
-                 store, "heartbeat_ms = 100\nliveness = 8");
+                 store, "heartbeat_ms = 100\nliveness = 20");
     char out_path[4300], err_path[4300];
     snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
     snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
@@ -134,7 +135,7 @@ START_TEST(test_paused_orchestrator)
     for (int k = 0; k < 4 && !ended; k++) {
         usleep(k ? 800000 : 1400000); /* into the first compress job, its worker busy */
         ck_assert_int_eq(kill(pid, SIGSTOP), 0);
-        usleep(2500000);
+        usleep(6000000);
         ck_assert_int_eq(kill(pid, SIGCONT), 0);
         ended = waitpid(pid, &st, WNOHANG) == pid;
     }

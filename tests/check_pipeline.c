@@ -73,17 +73,23 @@ static const char *slow_queries(void)
     return s && atoi(s) >= 2000 ? "2048" : "64";
 }
 
-static void write_config(const char *extra)
+/* The run's config; extra is appended to [stages]. A worker silent for liveness heartbeats
+ * (100 ms each) is declared dead: 10 s here, since a loaded machine under ASan can starve a
+ * worker's heartbeat thread for seconds and a test that is not about liveness must not see a
+ * requeue; write_config_liveness sets a short one for a test that is. */
+static void write_config_liveness(const char *extra, int liveness)
 {
     char text[8192];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = %s\n"
-             "iterations = %s\nrounds = 2\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n"
+             "iterations = %s\nrounds = 2\n[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = %d\nrun_dir = %s\n"
              "[stages]\nbin_dir = %s\n%s",
-             kvm_test_data_path("models/stories260K.bin"), slow_queries(), slow_iterations(), store, run_dir,
+             kvm_test_data_path("models/stories260K.bin"), slow_queries(), slow_iterations(), store, liveness, run_dir,
              kvm_test_bin(), extra ? extra : "");
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
 }
+
+static void write_config(const char *extra) { write_config_liveness(extra, 100); }
 
 static int run_kvmill(char **out, char **err)
 {
@@ -416,7 +422,7 @@ START_TEST(test_remote_worker_polykv)
     char text[8192], outp[4300], errp[4300], werr[4300], cmd[16000];
     snprintf(text, sizeof text,
              "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n"
-             "[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             "[store]\npath = %s\n[run]\nheartbeat_ms = 100\nliveness = 100\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
              kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
     char *out, *err;
@@ -1562,7 +1568,9 @@ static void peer_kv(peer *p, uint64_t job, int64_t layer, int64_t n_layers, int6
 static char *stop_run(pid_t run)
 {
     kill(run, SIGINT);
-    usleep(200000);
+    /* the second once the first is taken: a pending signal is not queued twice (a fixed 200 ms
+     * could merge them on a loaded machine, and the run then drains for a minute) */
+    wait_for_file("err.txt", "interrupted: finishing the jobs in flight", 1, 30000);
     kill(run, SIGINT);
     int st;
     ck_assert_int_eq(waitpid(run, &st, 0), run);
@@ -1870,7 +1878,7 @@ static int lines_with(const char *text, const char *a, const char *b)
  * and the run waited for ever. Dead workers' entries are reused now. */
 START_TEST(test_worker_table_reused)
 {
-    write_config("prefill_workers = 0\n"); /* heartbeat 100 ms, liveness 20: silent 2 s = dead */
+    write_config_liveness("prefill_workers = 0\n", 20); /* heartbeat 100 ms, liveness 20: silent 2 s = dead */
     pid_t run = run_background(docs);
     ck_assert_msg(wait_for_file("err.txt", ", run directory ", 1, 60000), "the run never started");
     char base[4400], ctl[4500], data[4500];

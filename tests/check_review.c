@@ -1152,13 +1152,24 @@ START_TEST(test_run_bind_messages)
              "[store]\npath = %s/st.lmdb\n",
              kvm_test_data_path("models/stories260K.bin"), tmp);
     ck_assert_int_eq(kvm_test_write_file(cfg, body, strlen(body)), 0);
-    int fd = socket(AF_INET, SOCK_STREAM, 0); /* a listener on the data socket's port */
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    ck_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !listen(fd, 1) &&
-              !getsockname(fd, (struct sockaddr *)&a, &alen));
+    /* a listener on the data socket's port (the run's port + 1); the run's own port from
+     * kvm_test_tcp_port, below the ephemeral range: an ephemeral port - 1 could be any outgoing
+     * connection's, and the run would fail on its control socket instead */
+    int fd = -1, port = 0;
+    for (unsigned salt = 7; fd < 0 && salt < 40; salt++) {
+        port = kvm_test_tcp_port(salt);
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {
+            .sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1)), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        ck_assert_int_ge(fd, 0);
+        if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 1)) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    ck_assert_msg(fd >= 0, "no free pair of ports");
     char tcp[64], ipc[4400];
-    snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%d", ntohs(a.sin_port) - 1);
+    snprintf(tcp, sizeof tcp, "tcp://127.0.0.1:%d", port);
     snprintf(ipc, sizeof ipc, "ipc://%s/nodir", tmp);
     const char *binds[] = {"tcp://0.0.0.0:5797", ipc, tcp};
     const int status[] = {2, 2, 1};

@@ -97,7 +97,7 @@ ratio = 0.3
 queries = 512
 iterations = 200
 rounds = 4
-; every round runs: the jobs must last past c1's 3 s outage (with the solver's round stop they
+; every round runs: the jobs must last past c1's outage (3 s at least) (with the solver's round stop they
 ; all ended first, and c1 found no job when its link came back)
 round_tolerance = 0
 [store]
@@ -149,7 +149,7 @@ worker c1
 worker c2
 
 # once caches flow (c1 mid-job) c1's link goes down; meanwhile the store service dies (SIGKILL)
-# and comes back on the same port; c1's link comes back 3 s after it went down
+# and comes back on the same port; c1's link comes back once the run has declared c1 silent
 for _ in $(seq 600); do [ "$(committed)" -ge 1 ] && break; sleep 0.1; done
 [ "$(committed)" -ge 1 ] || fail "no cache committed within 60 s"
 ip -n "$P-sw" link set to-c1 down
@@ -163,6 +163,9 @@ echo "store service killed after $BEFORE commits, the run still going"
 sleep 1
 start_store 2
 sleep 1
+# up again once the run has declared c1 silent (its dead time is 2 s; a loaded machine can delay
+# the declaration past a fixed outage), at most 30 s later
+for _ in $(seq 300); do grep -q "worker c1 went silent" "$T/orch/run.err" && break; sleep 0.1; done
 ip -n "$P-sw" link set to-c1 up
 C1_DONE=$(grep -c "^\[compress c1\] job" "$T/c1/worker.err")
 
@@ -251,12 +254,14 @@ ask_via() { # workers, then: ask the serve front end once it is ready; prints th
         --client-public "$T/orch/orch.public" --client-secret "$T/orch/orch.secret" \
         --doc "$T/orch/corpus/doc_002.txt" --prompt "Then the" -n 24 --timeout 30 2>"$T/orch/ask-$1.err"
     kill "$sp" 2>/dev/null
-    for _ in $(seq 100); do kill -0 "$sp" 2>/dev/null || break; sleep 0.1; done
+    # the next serve binds the same backend port: this one must be gone (its drain can last grace_s)
+    for _ in $(seq 600); do kill -0 "$sp" 2>/dev/null || break; sleep 0.1; done
 }
 ask_via 0 >"$T/orch/remote.txt"
 REMOTE=$(cat "$T/orch/remote.txt")
 grep -q "external decode worker dec joined" "$T/orch/serve-0.out.err" || fail "the remote decode worker did not join"
-kill "$DEC_PID" # the local answer comes from the local worker alone
+kill "$DEC_PID" # the local answer comes from the local worker alone (gone before the next serve)
+for _ in $(seq 600); do kill -0 "$DEC_PID" 2>/dev/null || break; sleep 0.1; done
 ask_via 1 >"$T/orch/local.txt"
 LOCAL=$(cat "$T/orch/local.txt")
 [ -n "$REMOTE" ] || fail "no answer through the remote decode worker: $(cat "$T/orch/ask-0.err")"

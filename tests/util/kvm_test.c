@@ -17,6 +17,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *kvm_test_shared(void)
@@ -309,6 +310,21 @@ int kvm_test_count(const char *hay, const char *needle)
     for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
         n++;
     return n;
+}
+
+int kvm_test_wait_text(const char *path, const char *needle, int times, double seconds)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        char *text = kvm_test_read_file(path, NULL);
+        int n = text ? kvm_test_count(text, needle) : 0;
+        free(text);
+        if (n >= times) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) >= seconds) return 0;
+        usleep(20000);
+    }
 }
 
 void kvm_test_keygen(const char *dir, const char *name)

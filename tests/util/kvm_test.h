@@ -108,6 +108,10 @@ void kvm_test_scaled_model(const char *dir, const char *name, int wv_layers, flo
 void kvm_test_concat_file(const char *src, const char *more, const char *dst);
 /* The number of non-overlapping occurrences of needle (non-empty) in hay. */
 int kvm_test_count(const char *hay, const char *needle);
+/* Waits up to `seconds` (polling every 20 ms) for the file at path to hold needle at least
+ * `times` times; returns 1 when it does, 0 on timeout. Tests wait on a condition with a generous
+ * deadline rather than a fixed sleep: a loaded CI machine under ASan is many times slower. */
+int kvm_test_wait_text(const char *path, const char *needle, int times, double seconds);
 
 /* The golden 256-token sequence (the ids of ../shared/golden/seq256.ids.txt: BOS and the
  * first 255 tok512 tokens of the first TinyStories story) into ids[256], computed from the
