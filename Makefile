@@ -9,7 +9,24 @@
 
 SHELL      := /bin/bash
 CC         ?= cc
-PKGS       := libzmq msgpack lmdb openblas lapacke liblbfgs inih libsodium libpcre2-8 jansson libutf8proc
+PKGS       := libzmq msgpack lmdb lapacke liblbfgs inih libsodium libpcre2-8 jansson libutf8proc
+# OpenBLAS: Debian's serial build when it is installed (scripts/install-deps.sh installs it),
+# else whichever `pkg-config openblas` names. kvmill calls BLAS single-threaded from its own
+# workers (kernels/cpu/kvm_cpu.c); the pthread build starts server threads from its load-time
+# constructor anyway, before main: under an address-space limit (ulimit -v) one spun in malloc
+# and the shutdown joined it for ever, or its failed pthread_create raised SIGINT (exit 130, read
+# as "interrupted"). The serial build starts none. Its folder goes in as DT_RPATH (not RUNPATH),
+# which the loader also uses for liblapacke's own liblapack.so.3, else the pthread build's.
+MULTIARCH  := $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || $(CC) -print-multiarch 2>/dev/null)
+OPENBLAS_SERIAL ?= /usr/lib/$(MULTIARCH)/openblas-serial
+ifneq ($(wildcard $(OPENBLAS_SERIAL)/pkgconfig/openblas.pc),)
+BLAS_CFLAGS := $(shell PKG_CONFIG_PATH=$(OPENBLAS_SERIAL)/pkgconfig pkg-config --cflags openblas)
+BLAS_LIBS  := $(shell PKG_CONFIG_PATH=$(OPENBLAS_SERIAL)/pkgconfig pkg-config --libs openblas) \
+              -Wl,--disable-new-dtags,-rpath,$(OPENBLAS_SERIAL)
+else
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS  := $(shell pkg-config --libs openblas 2>/dev/null)
+endif
 KVMILL_SHARED ?= ../shared
 
 # ---- CUDA: on when nvcc is found (PATH or /usr/local/cuda) unless CUDA=0 ----
@@ -35,8 +52,8 @@ OPT        := -O2 -g
 endif
 
 WARN       := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-unused-parameter -Wno-format-truncation
-CFLAGS_PKG := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LIBS_PKG   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CFLAGS_PKG := $(BLAS_CFLAGS) $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LIBS_PKG   := $(BLAS_LIBS) $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CPPFLAGS   := -I. -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE
 CFLAGS     := -std=c11 $(OPT) -pthread -ffp-contract=fast -fno-math-errno $(WARN) $(SANFLAGS) $(CFLAGS_PKG)
 LDFLAGS    := -pthread $(SANFLAGS)

@@ -533,6 +533,32 @@ START_TEST(test_cpus_quota)
 }
 END_TEST
 
+/* Every kvmill binary loaded OpenBLAS's pthread build, whose load-time constructor starts
+ * server threads before main: under an address-space limit one spun in malloc and the shutdown
+ * joined it for ever (ulimit -v 150000: a hang with no word), or its failed pthread_create
+ * raised SIGINT (ulimit -v 60000: exit 130, which kvmill uses for "interrupted"). The serial
+ * build, linked when installed (Makefile OPENBLAS_SERIAL), starts none: the command runs and
+ * says what it has to say. Not under ASan, whose shadow memory needs no such limit. */
+START_TEST(test_blas_under_address_limit)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    kvm_test_skip("ASan reserves terabytes of address space: no ulimit -v under it");
+#else
+    const int limits[] = {150000, 60000};
+    for (int i = 0; i < 2; i++) {
+        char cmd[8192], *err = NULL;
+        snprintf(cmd, sizeof cmd, "ulimit -v %d && exec timeout 60 '%s/kvmill' store ls --store /nonexistent/kvm-x",
+                 limits[i], kvm_test_bin());
+        int rc = kvm_test_run(cmd, NULL, &err);
+        ck_assert_msg(rc == 2 && err && strstr(err, "/nonexistent/kvm-x: no such directory"),
+                      "ulimit -v %d: exit %d (124: hung; 130: OpenBLAS raised SIGINT): %s", limits[i], rc,
+                      err ? err : "");
+        free(err);
+    }
+#endif
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
@@ -553,6 +579,7 @@ static Suite *kernels_suite(void)
                  {"pool_runs_every_task_once", test_pool_runs_every_task_once},
                  {"select_device", test_select_device},
                  {"cpus_quota", test_cpus_quota},
+                 {"blas_under_address_limit", test_blas_under_address_limit},
                  {"blas_single_threaded", test_blas_single_threaded}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
