@@ -674,6 +674,17 @@ const char *kvm_store_path(const kvm_store *s) { return s ? s->path : ""; }
 
 const char *kvm_store_lock_note(const kvm_store *s) { return s ? s->lock_note : NULL; }
 
+int kvm_store_replaced(const kvm_store *s)
+{
+    mdb_filehandle_t fd;
+    struct stat open_st, path_st;
+    if (!s || !s->env || mdb_env_get_fd(s->env, &fd) || fstat(fd, &open_st)) return 0;
+    char data[4200];
+    snprintf(data, sizeof data, "%s/data.mdb", s->path);
+    if (stat(data, &path_st)) return errno == ENOENT || errno == ENOTDIR;
+    return open_st.st_dev != path_st.st_dev || open_st.st_ino != path_st.st_ino;
+}
+
 static int store_entries(kvm_store *s, MDB_txn *txn, int db, int64_t *n)
 {
     MDB_stat ms;

@@ -254,6 +254,12 @@ const char *kvm_store_path(const kvm_store *s);
  * the reader takes no lock (a writer working on the store meanwhile may reuse pages it
  * reads). Valid until kvm_store_close. */
 const char *kvm_store_lock_note(const kvm_store *s);
+/* 1 when the store's path no longer names the data.mdb this handle has open: another store was
+ * moved in its place (`kvmill store compact --out NEW`, then mv NEW over the old folder) or it
+ * was removed or moved away; a long-lived reader (a decode worker) would go on answering from
+ * the old file, invisible to everyone else. 0 when it is the same file (same device and inode)
+ * or that cannot be told (s NULL). Stats the path and the open file; no lock, no txn. */
+int kvm_store_replaced(const kvm_store *s);
 /* Fills *out. Errors: KVM_ESTATE (used after fork), KVM_EIO / KVM_ECORRUPT (LMDB). */
 int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out);
 
