@@ -31,7 +31,8 @@ typedef struct svc_upload {
 } svc_upload;
 
 typedef struct svc {
-    kvm_store *store;
+    kvm_store *store;  /* the caller's handle, replaced by svc_refresh_store */
+    int said_replaced; /* the store was found replaced and could not be opened again: said */
     void *sock;
     FILE *log;
     kvm_storesvc_stats *st;
@@ -397,12 +398,35 @@ done:
 static long svc_parent_pid;         /* kvm_storesvc_main's parent_pid: the loop stops when it is gone */
 static kvm_serve_ipc_file *svc_ipc; /* kvm_storesvc_main's ipc socket file, noted again after a rebind */
 
-int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
+/* The store at the service's path opened again when another store was moved in its place (a
+ * compacted copy): commits would go to the file moved away. When the new one cannot be opened
+ * the service goes on with the old handle and says why (once per replacement seen). */
+static void svc_refresh_store(svc *s, kvm_store **owner)
+{
+    if (!kvm_store_replaced(s->store)) {
+        s->said_replaced = 0;
+        return;
+    }
+    if (kvm_store_reopen(owner)) {
+        if (!s->said_replaced)
+            kvm_log(KVM_LOG_ERROR, "store_reopen_failed", NULL, 0, "%s: commits still go to the old one", kvm_errmsg());
+        s->said_replaced = 1;
+        return;
+    }
+    s->store = *owner;
+    s->said_replaced = 0;
+    kvm_log(KVM_LOG_WARN, "store_reopened", NULL, 0,
+            "the store %s was replaced since this service opened it (a compacted copy moved in its place?): "
+            "opened again",
+            kvm_store_path(s->store));
+}
+
+int kvm_storesvc_loop(kvm_store **store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
                       kvm_storesvc_stats *stats, FILE *log)
 {
     svc *s = calloc(1, sizeof *s);
     if (!s) return kvm_err(KVM_ENOMEM, "store service: out of memory");
-    *s = (svc){.store = store, .sock = sock, .log = log, .st = stats};
+    *s = (svc){.store = *store, .sock = sock, .log = log, .st = stats};
     int rc = 0;
     char ep[1100] = "";
     size_t epn = sizeof ep - 1;
@@ -427,6 +451,7 @@ int kvm_storesvc_loop(kvm_store *store, void *sock, int64_t upload_timeout_ms, c
             rc = errno == ETERM ? 0 : kvm_err(KVM_EIO, "store service: poll: %s", zmq_strerror(errno));
             break;
         }
+        if (pr > 0) svc_refresh_store(s, store);
         for (int k = 0; pr > 0 && k < 64; k++) {
             kvm_msg *env = NULL, *m = NULL;
             const int r = kvm_serve_recv_routed(sock, ZMQ_DONTWAIT, &env, &m);
@@ -505,7 +530,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     printf("kvmill-store: ready on %s\n", bound);
     fflush(stdout);
     kvm_storesvc_stats st = {0};
-    int rc = kvm_storesvc_loop(store, sock, kvm_config_int(cfg, "store", "upload_timeout_ms"), &svc_stop, &st, stderr);
+    int rc = kvm_storesvc_loop(&store, sock, kvm_config_int(cfg, "store", "upload_timeout_ms"), &svc_stop, &st, stderr);
     kvm_log_field f[] = {KVM_LOG_I("committed", st.committed), KVM_LOG_I("refused", st.refused),
                          KVM_LOG_I("served", st.served), KVM_LOG_I("bytes_in", st.bytes_in), KVM_LOG_I("bytes_out", st.bytes_out)};
     kvm_log(KVM_LOG_INFO, "stopped", f, 5, "stopped: %lld committed, %lld refused, %lld served", (long long)st.committed,

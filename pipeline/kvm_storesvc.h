@@ -34,11 +34,14 @@ typedef struct kvm_storesvc_stats {
     int64_t bytes_out;  /* bytes of cache messages served */
 } kvm_storesvc_stats;
 
-/* Runs the service on sock (a bound ZMQ_ROUTER) over store s (opened for writing) until *stop
+/* Runs the service on sock (a bound ZMQ_ROUTER) over store *s (opened for writing) until *stop
  * becomes non-zero (checked at least every 200 ms) or the context terminates. Logs one line
- * per refusal and commit to log (may be NULL). stats (may be NULL) is kept current. Returns 0,
- * or KVM_EIO when the socket fails. */
-int kvm_storesvc_loop(kvm_store *s, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
+ * per refusal and commit to log (may be NULL). stats (may be NULL) is kept current. A store
+ * replaced at its path meanwhile (a compacted copy moved in place: kvm_store_replaced) is
+ * opened again before the next message is handled, and *s set to the new handle (the caller
+ * closes whichever *s holds at the end): commits went to the file moved away, lost to every
+ * reader of the path. Returns 0, or KVM_EIO when the socket fails. */
+int kvm_storesvc_loop(kvm_store **s, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
                       kvm_storesvc_stats *stats, FILE *log);
 
 /* The whole service process: opens the store at path (NULL: [store] path of cfg) with cfg's

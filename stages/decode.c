@@ -43,8 +43,7 @@ typedef struct decode_state {
     kvm_worker_model wm;      /* model, tokenizer, model id, tokenizer id */
     kvm_tokenizer *tok_own;   /* a GGUF model's embedded tokenizer (when wm has none) */
     const kvm_tokenizer *tok; /* the tokenizer in use */
-    kvm_store *store;       /* the LMDB store, on the store's host */
-    kvm_store_opts store_opts; /* how it was opened: a replaced store is opened again alike */
+    kvm_store *store;         /* the LMDB store, on the store's host */
     kvm_storecli *svc;      /* or the store service on another host ([store] service / --store tcp://) */
     uint8_t *strategy;      /* with svc and polykv: the strategy record fetched for the current ask */
     size_t strategy_len;
@@ -116,7 +115,6 @@ static int setup(void *stp, const kvm_stage_args *a)
         kvm_log(KVM_LOG_INFO, "store_read_only", NULL, 0,
                 "%s: serving it read-only (no access times recorded for the cap's LRU order)", ro_why);
     }
-    st->store_opts = so;
     if ((rc = svc ? kvm_storecli_open(&keys, svc, &st->svc)
                   : kvm_store_open(kvm_config_str(st->cfg, "store", "path"), &so, &st->store)) ||
         (rc = kvm_worker_model_get(&st->wm, st->cfg, st->store)))
@@ -476,24 +474,13 @@ static int step(decode_state *st, kvm_forward *f, kvm_kvcache *cache, const int3
 static int refresh_store(decode_state *st)
 {
     if (!st->store || !kvm_store_replaced(st->store)) return 0;
-    char path[4200], why[1024];
-    snprintf(path, sizeof path, "%s", kvm_store_path(st->store));
-    kvm_store *fresh = NULL;
-    int rc = kvm_store_open(path, &st->store_opts, &fresh);
-    if (rc) {
-        snprintf(why, sizeof why, "%s", kvm_errmsg());
-        return kvm_err(rc,
-                       "the store %s was replaced since this worker opened it, and the one there now cannot be "
-                       "opened: %s",
-                       path, why);
-    }
-    kvm_store_close(&st->store);
-    st->store = fresh;
-    kvm_log(KVM_LOG_WARN, "store_reopened", NULL, 0,
-            "the store %s was replaced since this worker opened it (a compacted copy moved in its place?): "
-            "opened again",
-            path);
-    return 0;
+    int rc = kvm_store_reopen(&st->store);
+    if (!rc)
+        kvm_log(KVM_LOG_WARN, "store_reopened", NULL, 0,
+                "the store %s was replaced since this worker opened it (a compacted copy moved in its place?): "
+                "opened again",
+                kvm_store_path(st->store));
+    return rc;
 }
 
 static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)

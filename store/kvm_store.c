@@ -580,6 +580,7 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
         goto fail;
     }
     s->path = strdup(path);
+    s->opts = o;
     s->pid = getpid();
     s->read_only = o.read_only != 0;
     s->map_max_bytes = max;
@@ -683,6 +684,23 @@ int kvm_store_replaced(const kvm_store *s)
     snprintf(data, sizeof data, "%s/data.mdb", s->path);
     if (stat(data, &path_st)) return errno == ENOENT || errno == ENOTDIR;
     return open_st.st_dev != path_st.st_dev || open_st.st_ino != path_st.st_ino;
+}
+
+int kvm_store_reopen(kvm_store **s)
+{
+    if (!s || !*s) return kvm_err(KVM_EINVAL, "store: no handle to open again");
+    char path[4200], why[1024];
+    snprintf(path, sizeof path, "%s", (*s)->path);
+    kvm_store *fresh = NULL;
+    int rc = kvm_store_open(path, &(*s)->opts, &fresh);
+    if (rc) {
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        return kvm_err(rc, "the store %s was replaced since it was opened, and the one there now cannot be opened: %s",
+                       path, why);
+    }
+    kvm_store_close(s);
+    *s = fresh;
+    return 0;
 }
 
 static int store_entries(kvm_store *s, MDB_txn *txn, int db, int64_t *n)

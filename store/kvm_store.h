@@ -260,6 +260,11 @@ const char *kvm_store_lock_note(const kvm_store *s);
  * the old file, invisible to everyone else. 0 when it is the same file (same device and inode)
  * or that cannot be told (s NULL). Stats the path and the open file; no lock, no txn. */
 int kvm_store_replaced(const kvm_store *s);
+/* Opens the store at (*s)'s path again with the options of its first open and, once that
+ * works, closes *s and sets *s to the new handle (kvm_store_replaced said another store is
+ * there now). On failure *s is left as it was, still usable, and the error (the open's status)
+ * names the path and why. Not while another thread uses *s. */
+int kvm_store_reopen(kvm_store **s);
 /* Fills *out. Errors: KVM_ESTATE (used after fork), KVM_EIO / KVM_ECORRUPT (LMDB). */
 int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out);
 

@@ -51,7 +51,7 @@ typedef struct svc_thread {
 static void *svc_main(void *arg)
 {
     svc_thread *t = arg;
-    kvm_storesvc_loop(t->store, t->sock, t->upload_timeout_ms, &t->stop, &t->stats, stderr);
+    kvm_storesvc_loop(&t->store, t->sock, t->upload_timeout_ms, &t->stop, &t->stats, stderr);
     return NULL;
 }
 
@@ -209,6 +209,39 @@ START_TEST(test_put_then_get)
     ck_assert_str_eq(dm.source, "doc_001.txt");
     kvm_serve_cache_enc_free(&e);
     kvm_store_close(&s);
+}
+END_TEST
+
+/* A compacted copy moved in place of the store while the service runs: its commits went on into
+ * the file moved away, lost to every reader of the path. It opens the store there again first:
+ * the upload after the swap lands in the store at the path, and is served from it. */
+START_TEST(test_store_replaced_under_service)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_msg(kvm_storecli_open(KEYS(cfg), g_ep, &c) == 0, "%s", kvm_errmsg());
+    kvm_serve_cache_enc e1, e2;
+    make_cache(1, &e1);
+    make_cache(2, &e2);
+    int64_t bytes = 0;
+    ck_assert_msg(kvm_storecli_put(c, &e1, 1, "doc_001.txt", 3000, 1, &bytes) == 0, "%s", kvm_errmsg());
+    char moved[4300], fresh[4300];
+    snprintf(moved, sizeof moved, "%s/store.old", g_dir);
+    snprintf(fresh, sizeof fresh, "%s/store.new", g_dir);
+    kvm_test_store_create(fresh);
+    ck_assert_int_eq(rename(g_store, moved), 0);
+    ck_assert_int_eq(rename(fresh, g_store), 0);
+    ck_assert_msg(kvm_storecli_put(c, &e2, 2, "doc_002.txt", 3000, 1, &bytes) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(fetch(c, &e2), L);
+    ck_assert_int_eq(fetch(c, &e1), KVM_ENOTFOUND); /* the store moved in never held it */
+    kvm_serve_cache_enc_free(&e1);
+    kvm_serve_cache_enc_free(&e2);
+    kvm_storecli_close(&c);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 1);
 }
 END_TEST
 
@@ -1056,6 +1089,7 @@ static Suite *storesvc_suite(void)
         const char *name;
         const TTest *fn;
     } cases[] = {{"put_then_get", test_put_then_get},
+                 {"store_replaced_under_service", test_store_replaced_under_service},
                  {"layers_mismatch_refused", test_layers_mismatch_refused},
                  {"truncated_upload_refused", test_truncated_upload_refused},
                  {"too_many_parts_refused", test_too_many_parts_refused},
