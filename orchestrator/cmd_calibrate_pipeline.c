@@ -194,8 +194,8 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg))
         return fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate")), 2;
     kvm_cli_log_config("calibrate", "orchestrator", cfg); /* refusals from here on follow [run] log_format */
-    int status = 2, handlers = 0; /* handlers: 1 once on_late_signal is installed (old_int, old_term) */
-    struct sigaction old_int, old_term;
+    int status = 2, handlers = 0; /* handlers: 1 once on_late_signal is installed (old_int, old_term, old_hup) */
+    struct sigaction old_int, old_term, old_hup;
     kvm_cli_staged out_s = {0}; /* --out */
     kvm_model *m = NULL;
     kvm_tokenizer *tok = NULL;
@@ -299,6 +299,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, &sa, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     handlers = 1;
     late_signal = 0;
     status = kvm_orch_calibrate(cfg, corpus, self, &sum);
@@ -321,6 +322,7 @@ done:
     if (handlers) {
         sigaction(SIGINT, &old_int, NULL);
         sigaction(SIGTERM, &old_term, NULL);
+        sigaction(SIGHUP, &old_hup, NULL);
     }
     kvm_corpus_free(&corpus);
     free(chat_open);

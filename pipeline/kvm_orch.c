@@ -335,10 +335,11 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
             return 1;
         }
     }
-    struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
+    struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term, old_hup;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, &sa, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     interrupts = 0;
     /* a store write lock held for long by another process: Ctrl-C still ends the run */
     kvm_store_set_interrupt(&interrupts, mode == MODE_CALIBRATE
@@ -436,6 +437,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_store_set_interrupt(NULL, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGHUP, &old_hup, NULL);
     if (o.own_run_dir && !o.svc_failed && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard)))
         kvm_rundir_remove(o.run_dir);
     else if (o.run_dir[0] && (o.n_slots > 0 || o.svc_failed))

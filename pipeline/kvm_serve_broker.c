@@ -197,10 +197,11 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     s.max_new = kvm_config_int(cfg, "serve", "max_new_caches");
     s.max_new_per_key = kvm_config_int(cfg, "serve", "max_new_caches_per_key");
     s.announced = s.n_slots == 0;
-    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
+    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term, old_hup;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGHUP, &sa, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     signal(SIGPIPE, SIG_IGN);
     interrupts = stop_signal = 0;
     s.interrupts = &interrupts;
@@ -267,6 +268,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
         kvm_serve__log("the store service's log is in %s", s.run_dir);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
+    sigaction(SIGHUP, &old_hup, NULL);
     if (!rc && !s.fatal) kvm_serve__log("stopped");
     return interrupts >= 2 ? 130 : status;
 }

@@ -225,6 +225,7 @@ static void stopping_why(const srv *s, char *why, size_t n)
     snprintf(why, n, "the server is stopping (%s): ask again when it is back",
              sig == SIGINT    ? "SIGINT, Ctrl-C"
              : sig == SIGTERM ? "SIGTERM"
+             : sig == SIGHUP  ? "SIGHUP"
                               : "stop requested");
 }
 

@@ -527,6 +527,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     struct sigaction sa = {.sa_handler = svc_on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     printf("kvmill-store: ready on %s\n", bound);
     fflush(stdout);
     kvm_storesvc_stats st = {0};

@@ -270,6 +270,24 @@ START_TEST(test_answer_equals_inprocess)
 }
 END_TEST
 
+/* SIGHUP (the terminal serve was started from closed) killed it at once: no drain, its decode
+ * workers left to notice, its ipc:// socket files left behind. It stops as on SIGTERM now. */
+START_TEST(test_sighup_stops_cleanly)
+{
+    write_config(NULL, NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    kill(g_serve, SIGHUP);
+    int st = 0;
+    ck_assert_int_eq(waitpid(g_serve, &st, 0), g_serve);
+    g_serve = 0;
+    char *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, log);
+    assert_contains(log, "stopping (letting workers finish)");
+    assert_contains(log, "kvmill serve: stopped");
+    free(log);
+}
+END_TEST
+
 /* A compacted copy moved in place of the store while serve runs (README says to stop first;
  * nothing noticed when one did not): the decode worker went on answering from the file moved
  * away, the caches stored since missing and removed ones still served. It opens the store
@@ -1248,6 +1266,7 @@ int main(void)
     Suite *su = suite_create("serve");
     suite_add_tcase(su, tcase("answer_equals_inprocess", test_answer_equals_inprocess));
     suite_add_tcase(su, tcase("store_replaced_under_serve", test_store_replaced_under_serve));
+    suite_add_tcase(su, tcase("sighup_stops_cleanly", test_sighup_stops_cleanly));
     suite_add_tcase(su, tcase("answer_prompt_not_utf8", test_answer_prompt_not_utf8));
     suite_add_tcase(su, tcase("answer_f16_cache", test_answer_f16_cache));
     suite_add_tcase(su, tcase("run_then_serve", test_run_then_serve));
