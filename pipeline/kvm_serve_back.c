@@ -266,6 +266,28 @@ static int refused_after(srv *s, int w, const kvm_msg *m, int first)
     return 1;
 }
 
+/* A heartbeat on the data socket: with `stopping`, worker w stops and asks for the end of its work
+ * (PROTOCOL.md §5, revision 13). Its credit is withdrawn, so no request goes to it (one it holds
+ * went out before this answer and is still answered, kvm_serve__shutdown_workers relaying it),
+ * and it gets the end-of-work ack. Asked twice, answered twice: the worker drops the second. */
+static void on_stopping(srv *s, int w, const kvm_msg *m)
+{
+    srv_worker *wk = &s->workers[w];
+    kvm_proto_heartbeat c;
+    if (kvm_proto_heartbeat_decode(m, &c)) {
+        kvm_serve__log("dropped a bad heartbeat from worker %s: %s", wk->id, kvm_errmsg());
+        return;
+    }
+    if (!c.stopping) {
+        kvm_serve__log("dropped a heartbeat from worker %s on the data socket that does not say 'stopping'", wk->id);
+        return;
+    }
+    if (wk->idle) kvm_serve__log("decode worker %s is stopping: its credit is withdrawn", wk->id);
+    wk->idle = 0;
+    if (kvm_stage_answer_stopping(s->data, wk->id, strlen(wk->id), &c, "serve"))
+        kvm_serve__log("could not send the end of its work to stopping worker %s: %s", wk->id, kvm_errmsg());
+}
+
 static void on_worker_data(srv *s, int w, kvm_msg **m)
 {
     srv_worker *wk = &s->workers[w];
@@ -276,6 +298,10 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
     }
     if (t == KVM_PROTO_READY) {
         if (!refused_after(s, w, *m, 0) && !wk->busy) wk->idle = 1;
+        return;
+    }
+    if (t == KVM_PROTO_HEARTBEAT) {
+        on_stopping(s, w, *m);
         return;
     }
     if (t != KVM_PROTO_ANSWER) {
@@ -433,5 +459,10 @@ void kvm_serve__dispatch(srv *s)
         wk->request_id = r.request_id;
         wk->t_sent = kvm_now_ms();
         wk->t_recv = r.t_recv;
+        /* debug: when a request left the queue, and for whom (a drain's or a timeout's story) */
+        kvm_log_field f[] = {KVM_LOG_I("request_id", r.request_id), KVM_LOG_S("worker", wk->id),
+                             KVM_LOG_F("queued_ms", wk->t_sent - r.t_recv)};
+        kvm_log(KVM_LOG_DEBUG, "request_dispatched", f, 3, "request %llu handed to decode worker %s (%.1f ms queued)",
+                (unsigned long long)r.request_id, wk->id, wk->t_sent - r.t_recv);
     }
 }
