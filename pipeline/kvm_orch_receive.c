@@ -218,8 +218,9 @@ static int kv_accept(orch *o, orch_job *j, const kvm_proto_kv *kv, const kvm_msg
  * (PROTOCOL.md §5, revision 13). Its credit is withdrawn (no job goes to it: a job it holds
  * already went out, before this answer) and it gets the end-of-work ack. A worker this run does
  * not know, or killed, is answered too (that costs nothing and ends its wait) and not added;
- * one asking twice is answered twice. */
-static void on_stopping(orch *o, const kvm_msg *m, const kvm_frame *idf)
+ * one asking twice is answered twice. say: the withdrawn credit is logged (not while the run's
+ * own workers stop at its end, where every idle one asks). */
+static void on_stopping(orch *o, const kvm_msg *m, const kvm_frame *idf, int say)
 {
     kvm_proto_heartbeat c;
     if (kvm_proto_heartbeat_decode(m, &c)) {
@@ -233,7 +234,7 @@ static void on_stopping(orch *o, const kvm_msg *m, const kvm_frame *idf)
     for (int w = 0; w < o->n_workers; w++) {
         orch_worker *wk = &o->workers[w];
         if (strlen(wk->id) != idf->size || memcmp(wk->id, idf->data, idf->size)) continue;
-        if (wk->idle && !wk->ended)
+        if (say && wk->idle && !wk->ended)
             kvm_log(KVM_LOG_INFO, "worker_stopping", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
                     "worker %s is stopping: its credit is withdrawn", wk->id);
         wk->idle = 0;
@@ -251,7 +252,7 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         return;
     }
     if (t == KVM_PROTO_HEARTBEAT) {
-        on_stopping(o, m, idf);
+        on_stopping(o, m, idf, 1);
         return;
     }
     if (t == KVM_PROTO_READY) {
@@ -333,7 +334,7 @@ void kvm_orch__answer_stopping(orch *o)
         if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0 && !kvm_proto_peek(m, &t) &&
             t == KVM_PROTO_HEARTBEAT) {
             kvm_frame idf = kvm_msg_frame(env, 0);
-            on_stopping(o, m, &idf);
+            on_stopping(o, m, &idf, 0);
         }
         kvm_msg_free(&env);
         kvm_msg_free(&m);

@@ -282,7 +282,8 @@ static void on_stopping(srv *s, int w, const kvm_msg *m)
         kvm_serve__log("dropped a heartbeat from worker %s on the data socket that does not say 'stopping'", wk->id);
         return;
     }
-    if (wk->idle) kvm_serve__log("decode worker %s is stopping: its credit is withdrawn", wk->id);
+    if (wk->idle && !*s->interrupts) /* not while serve stops its own workers: each idle one asks */
+        kvm_serve__log("decode worker %s is stopping: its credit is withdrawn", wk->id);
     wk->idle = 0;
     if (kvm_stage_answer_stopping(s->data, wk->id, strlen(wk->id), &c, "serve"))
         kvm_serve__log("could not send the end of its work to stopping worker %s: %s", wk->id, kvm_errmsg());
