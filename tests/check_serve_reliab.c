@@ -1165,10 +1165,10 @@ static void assert_end_of_work(void *d)
     kvm_msg_free(&m);
 }
 
-/* Worker w0 (DEALER d) says on the data socket that it stops; the broker reads it. */
-static void say_stopping(srv *s, void *d)
+/* Worker `id` (DEALER d) says on the data socket that it stops; the broker reads it. */
+static void say_stopping(srv *s, void *d, const char *id)
 {
-    kvm_proto_heartbeat hb = {.worker_id = {"w0", 2}, .stage = {"decode", 6}, .pid = 1, .stopping = true};
+    kvm_proto_heartbeat hb = {.worker_id = kvm_proto_str_c(id), .stage = {"decode", 6}, .pid = 1, .stopping = true};
     kvm_msg *m = NULL;
     ck_assert_int_eq(kvm_proto_heartbeat_encode(&hb, &m), 0);
     ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
@@ -1179,13 +1179,14 @@ static void say_stopping(srv *s, void *d)
 
 /* A stopping decode worker with a credit out (revision 13): serve withdraws the credit, so a
  * question goes to another worker, and answers with the end of its work on the data socket
- * (nothing else comes to it); asked twice, it answers twice. Before, serve dropped the heartbeat
- * and could hand the next question to the stopping worker. */
+ * (nothing else comes to it); asked twice, it answers twice. A worker serve does not know gets
+ * the end of its work too, and does not join. Before, serve dropped the heartbeat and could hand
+ * the next question to the stopping worker. */
 START_TEST(test_stopping_worker_gets_end_of_work)
 {
     void *w0;
     srv *s = held_broker("stopping", &w0);
-    say_stopping(s, w0);
+    say_stopping(s, w0, "w0");
     ck_assert_int_eq(s->workers[0].idle, 0);
     assert_end_of_work(w0);
     queue_ask(s, 1, "A dog ran in the park.");
@@ -1195,8 +1196,15 @@ START_TEST(test_stopping_worker_gets_end_of_work)
     ck_assert(s->workers[1].busy && s->workers[1].request_id == 1); /* the next idle worker */
     zmq_pollitem_t it = {w0, 0, ZMQ_POLLIN, 0};
     ck_assert_int_eq(zmq_poll(&it, 1, 200), 0); /* no question came to the stopping worker */
-    say_stopping(s, w0);
+    say_stopping(s, w0, "w0");
     assert_end_of_work(w0);
+    void *ghost = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(ghost, ZMQ_ROUTING_ID, "ghost", 5), 0);
+    ck_assert_int_eq(zmq_connect(ghost, "inproc://stopping-data"), 0);
+    say_stopping(s, ghost, "ghost");
+    assert_end_of_work(ghost);
+    ck_assert_int_eq(s->n_workers, 4);
+    zmq_close(ghost);
     held_broker_free(s, w0);
 }
 END_TEST
