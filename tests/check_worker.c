@@ -447,6 +447,47 @@ START_TEST(test_stage_log_names_document_and_bytes)
 }
 END_TEST
 
+/* At a run's end its own workers stop (SIGTERM), each idle with a credit out: each asks for the
+ * end of its work (revision 13), and the run, reaping them, answers at once. A run that did not
+ * read its data socket while it reaped them left each worker waiting out its 5 s bound ("no end
+ * of work from the orchestrator"), and the run with it. */
+START_TEST(test_run_ends_its_workers_work)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
+    snprintf(p, sizeof p, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    size_t n = 0;
+    char *doc = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
+    ck_assert_ptr_nonnull(doc);
+    snprintf(p, sizeof p, "%s/docs/one.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, doc, n < 600 ? n : 600), 0);
+    free(doc);
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 384\n[compress]\nmethod = streaming\nratio = 0.3\n[store]\npath = "
+             "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 1\n[run]\nrun_dir = %s/rd\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/c.ini' --corpus '%s/docs'", kvm_test_bin(), dir, dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "kvmill run: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "cat '%s'/rd/*.log", dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    int ended = 0;
+    for (const char *q = strstr(out, "the orchestrator sent the end of this worker's work"); q;
+         q = strstr(q + 1, "the orchestrator sent the end of this worker's work"))
+        ended++;
+    ck_assert_msg(ended == 2 && !strstr(out, "no end of work"),
+                  "%d of the 2 workers got the end of their work from the run:\n%s", ended, out);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A stage worker said "connected to ..." right after its asynchronous connect: with nothing
  * listening, and with CurveZMQ keys the orchestrator refused (a client key not in its
  * authorized_keys, a wrong --server-key), it said so and then waited forever, the run at 0/N
@@ -926,6 +967,10 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("stage_log_names_document_and_bytes");
     tcase_add_test(tr, test_stage_log_names_document_and_bytes);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("run_ends_its_workers_work");
+    tcase_add_test(tr, test_run_ends_its_workers_work);
     tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("worker_handshake_reported");
