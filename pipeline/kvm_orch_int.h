@@ -301,5 +301,9 @@ void kvm_orch__dispatch(orch *o);
 
 /* Handles up to 1000 waiting messages of the control (is_ctl) or data socket. */
 void kvm_orch__receive(orch *o, void *sock, int is_ctl);
+/* While the run's workers stop (kvm_orch__reap_all): reads what waits on the data socket and
+ * answers each stopping worker's heartbeat with the end of its work (PROTOCOL.md §5, revision 13),
+ * so that it need not wait out its bound; drops everything else, the run being over. */
+void kvm_orch__answer_stopping(orch *o);
 
 #endif

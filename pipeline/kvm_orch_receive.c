@@ -214,11 +214,45 @@ static int kv_accept(orch *o, orch_job *j, const kvm_proto_kv *kv, const kvm_msg
     return 0;
 }
 
+/* A heartbeat on the data socket: with `stopping`, a worker that stops asks for the end of its work
+ * (PROTOCOL.md §5, revision 13). Its credit is withdrawn (no job goes to it: a job it holds
+ * already went out, before this answer) and it gets the end-of-work ack. A worker this run does
+ * not know, or killed, is answered too (that costs nothing and ends its wait) and not added;
+ * one asking twice is answered twice. say: the withdrawn credit is logged (not while the run's
+ * own workers stop at its end, where every idle one asks). */
+static void on_stopping(orch *o, const kvm_msg *m, const kvm_frame *idf, int say)
+{
+    kvm_proto_heartbeat c;
+    if (kvm_proto_heartbeat_decode(m, &c)) {
+        kvm_orch__log("dropped a bad heartbeat on the data socket: %s\n", kvm_errmsg());
+        return;
+    }
+    if (!c.stopping) {
+        kvm_orch__log("dropped a heartbeat on the data socket that does not say 'stopping'\n");
+        return;
+    }
+    for (int w = 0; w < o->n_workers; w++) {
+        orch_worker *wk = &o->workers[w];
+        if (strlen(wk->id) != idf->size || memcmp(wk->id, idf->data, idf->size)) continue;
+        if (say && wk->idle && !wk->ended)
+            kvm_log(KVM_LOG_INFO, "worker_stopping", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
+                    "worker %s is stopping: its credit is withdrawn", wk->id);
+        wk->idle = 0;
+    }
+    if (kvm_stage_answer_stopping(o->data, idf->data, idf->size, &c, o->cmd))
+        kvm_orch__log("could not send the end of its work to stopping worker %.*s: %s\n", (int)c.worker_id.len,
+                      c.worker_id.ptr, kvm_errmsg());
+}
+
 static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
 {
     kvm_proto_type t;
     if (kvm_proto_peek(m, &t)) {
         kvm_orch__log("dropped a malformed data message: %s\n", kvm_errmsg());
+        return;
+    }
+    if (t == KVM_PROTO_HEARTBEAT) {
+        on_stopping(o, m, idf, 1);
         return;
     }
     if (t == KVM_PROTO_READY) {
@@ -285,6 +319,22 @@ void kvm_orch__receive(orch *o, void *sock, int is_ctl)
                 o->sum->wire_in_bytes += kvm_orch__msg_bytes(m);
                 on_data(o, m, &idf);
             }
+        }
+        kvm_msg_free(&env);
+        kvm_msg_free(&m);
+    }
+}
+
+void kvm_orch__answer_stopping(orch *o)
+{
+    for (int k = 0; k < 1000; k++) {
+        kvm_msg *m = NULL, *env = NULL;
+        kvm_proto_type t;
+        if (kvm_msg_recv(o->data, &m, ZMQ_DONTWAIT)) return;
+        if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0 && !kvm_proto_peek(m, &t) &&
+            t == KVM_PROTO_HEARTBEAT) {
+            kvm_frame idf = kvm_msg_frame(env, 0);
+            on_stopping(o, m, &idf, 0);
         }
         kvm_msg_free(&env);
         kvm_msg_free(&m);

@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <zmq.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,7 +92,13 @@ void kvm_orch__reap_all(orch *o, double ms)
                 if (o->slots[s].pid > 0) waitpid(o->slots[s].pid, NULL, 0), o->slots[s].pid = 0;
             return;
         }
-        usleep(20000);
+        /* stopping workers ask for the end of their work (revision 13): answered, they exit now
+         * instead of at their bound */
+        zmq_pollitem_t item = {o->data, 0, ZMQ_POLLIN, 0};
+        if (o->data && zmq_poll(&item, 1, 20) > 0)
+            kvm_orch__answer_stopping(o);
+        else if (!o->data)
+            usleep(20000);
     }
 }
 

@@ -266,6 +266,37 @@ static int refused_after(srv *s, int w, const kvm_msg *m, int first)
     return 1;
 }
 
+/* A heartbeat on the data socket, from routing id idf: with `stopping`, that worker stops and asks
+ * for the end of its work (PROTOCOL.md §5, revision 13). Its credit is withdrawn, so no request
+ * goes to it (one it holds went out before this answer and is still answered,
+ * kvm_serve__shutdown_workers relaying it), and it gets the end-of-work ack. A worker serve does
+ * not know is answered too, and not added (it would "join" only to stop); nor is a dead one made
+ * alive. Asked twice, answered twice: the worker drops the second. */
+static void on_stopping(srv *s, const kvm_frame *idf, const kvm_msg *m)
+{
+    const int w = worker_find(s, idf, 0);
+    char id[256];
+    snprintf(id, sizeof id, "%.*s", (int)(idf->size < sizeof id - 1 ? idf->size : sizeof id - 1),
+             idf->data ? (const char *)idf->data : "");
+    kvm_proto_heartbeat c;
+    if (kvm_proto_heartbeat_decode(m, &c)) {
+        kvm_serve__log("dropped a bad heartbeat from worker %s: %s", id, kvm_errmsg());
+        return;
+    }
+    if (!c.stopping) {
+        kvm_serve__log("dropped a heartbeat from worker %s on the data socket that does not say 'stopping'", id);
+        return;
+    }
+    if (w >= 0) {
+        srv_worker *wk = &s->workers[w];
+        if (wk->idle && !*s->interrupts) /* not while serve stops its own workers: each idle one asks */
+            kvm_serve__log("decode worker %s is stopping: its credit is withdrawn", wk->id);
+        wk->idle = 0;
+    }
+    if (kvm_stage_answer_stopping(s->data, idf->data, idf->size, &c, "serve"))
+        kvm_serve__log("could not send the end of its work to stopping worker %s: %s", id, kvm_errmsg());
+}
+
 static void on_worker_data(srv *s, int w, kvm_msg **m)
 {
     srv_worker *wk = &s->workers[w];
@@ -355,6 +386,13 @@ void kvm_serve__receive_back(srv *s, void *sock, int is_ctl)
         if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
         if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
             kvm_frame idf = kvm_msg_frame(env, 0);
+            kvm_proto_type t;
+            if (!is_ctl && !kvm_proto_peek(m, &t) && t == KVM_PROTO_HEARTBEAT) { /* a stopping worker */
+                on_stopping(s, &idf, m);
+                kvm_msg_free(&env);
+                kvm_msg_free(&m);
+                continue;
+            }
             int w = worker_find(s, &idf, 1);
             if (w >= 0) {
                 srv_worker *wk = &s->workers[w];
@@ -433,5 +471,10 @@ void kvm_serve__dispatch(srv *s)
         wk->request_id = r.request_id;
         wk->t_sent = kvm_now_ms();
         wk->t_recv = r.t_recv;
+        /* debug: when a request left the queue, and for whom (a drain's or a timeout's story) */
+        kvm_log_field f[] = {KVM_LOG_I("request_id", r.request_id), KVM_LOG_S("worker", wk->id),
+                             KVM_LOG_F("queued_ms", wk->t_sent - r.t_recv)};
+        kvm_log(KVM_LOG_DEBUG, "request_dispatched", f, 3, "request %llu handed to decode worker %s (%.1f ms queued)",
+                (unsigned long long)r.request_id, wk->id, wk->t_sent - r.t_recv);
     }
 }

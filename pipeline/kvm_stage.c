@@ -91,6 +91,22 @@ int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from
     return rc;
 }
 
+int kvm_stage_answer_stopping(void *router, const void *routing_id, size_t id_len, const kvm_proto_heartbeat *c,
+                              const char *from)
+{
+    if (!c->stopping) return kvm_err(KVM_EINVAL, "kvm_stage_answer_stopping: the heartbeat has no 'stopping'");
+    kvm_proto_ack a = {.worker_id = c->worker_id, .stage = kvm_proto_str_c(from), .pid = getpid(), .stopping = true};
+    kvm_msg *m = NULL, *env = NULL;
+    int rc = kvm_proto_ack_encode(&a, &m);
+    if (!rc) rc = kvm_msg_new(&env);
+    if (!rc) rc = kvm_msg_add_copy(env, routing_id, id_len);
+    if (!rc) rc = kvm_msg_join(env, &m);
+    if (!rc) rc = kvm_msg_send(router, &env, ZMQ_DONTWAIT);
+    kvm_msg_free(&env);
+    kvm_msg_free(&m);
+    return rc;
+}
+
 int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in)
 {
     (void)state;
@@ -179,16 +195,24 @@ typedef struct stage_rt {
     int link_failed;  /* a handshake failed for good (a rejected key, a wrong --server-key): exit 1 */
     double drain_until; /* after a stop: jobs that reach the data socket before this (kvm_now_ms) are
                            still done, those after it dropped; 0: no stop seen yet */
+    int credit_out;     /* a credit (ready on the data socket) went out and no whole job came for it
+                           since: the orchestrator may have handed one that is still on its way */
+    int awaiting_end;   /* stopping: the stopping heartbeat went out, the orchestrator's end-of-work
+                           ack (revision 13) has not come yet */
 } stage_rt;
 
-/* How long a stopping worker still takes what reaches its data socket (ms). An orchestrator hands
- * a job for a credit the worker sent before the stop: kvmill serve drains on SIGTERM waiting for
- * the answer, and a job the worker never read got "server stopped before answering". The job may
- * sit in the kernel's socket buffer, not yet read by ZeroMQ's I/O thread (a worker resumed after
- * SIGSTOP gets the signal and the bytes at once), hence a short window rather than one
- * non-blocking read; bounded, since no credit goes out once stopping, so a sender that keeps
- * sending cannot keep the worker up. */
-#define STAGE_DRAIN_MS 300.0
+/* How long a stopping worker with a credit out waits for its orchestrator's end-of-work ack (ms).
+ * An orchestrator may have handed a job for a credit the worker sent before the stop (kvmill
+ * serve drains on SIGTERM waiting for its answer; one never read gave the client "server stopped
+ * before answering"), and that job may still sit in the kernel's socket buffer on a loaded host,
+ * for any time. So the end of the drain is a marker, not a clock: the worker says it stops (a
+ * heartbeat with `stopping` on the data socket), the orchestrator withdraws its credit and answers
+ * with an ack with `stopping` on the same socket, which ZeroMQ delivers after every job it sent
+ * before (PROTOCOL.md §5, revision 13). This bound is for an orchestrator that never answers: a
+ * revision-12 one drops the heartbeat, a gone or stopped one sends nothing. Several heartbeats of
+ * a busy orchestrator's delay, and short enough that stopping such a worker by hand does not seem
+ * to hang. */
+#define STAGE_DRAIN_WAIT_MS 5000.0
 
 /* A log line "[stage id] ..." (text) or a JSON object with the worker id (kvm_log.h). */
 static void log_ev(const stage_rt *rt, kvm_log_level lv, const char *event, const kvm_log_field *f, int n,
@@ -255,6 +279,7 @@ static int orchestrator_sends(kvm_proto_type t, int i)
     case KVM_PROTO_CACHE:
     case KVM_PROTO_ASK:
     case KVM_PROTO_GET_CACHE:
+    case KVM_PROTO_ACK: /* revision 13: the end of a stopping worker's work */
         return 1;
     default:
         return 0;
@@ -316,7 +341,9 @@ static int wrong_peer(stage_rt *rt, int i, kvm_proto_type t)
     return 1;
 }
 
-static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
+/* Sends a ready, ack or heartbeat of this worker on sock; returns 0 when ZeroMQ took it (a
+ * kvm_status otherwise: no connection yet, a full queue). */
+static int send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
 {
     kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id), .stage = kvm_proto_str_c(rt->ops->stage),
                        .pid = getpid(), .device = kvm_proto_str_c(rt->a.device), .job_id = job_id};
@@ -334,8 +361,9 @@ static void send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
     int rc = type == KVM_PROTO_READY ? kvm_proto_ready_encode(&c, &m)
              : type == KVM_PROTO_ACK ? kvm_proto_ack_encode(&c, &m)
                                      : kvm_proto_heartbeat_encode(&c, &m);
-    if (!rc) kvm_msg_send(sock, &m, ZMQ_DONTWAIT);
+    if (!rc) rc = kvm_msg_send(sock, &m, ZMQ_DONTWAIT);
     kvm_msg_free(&m);
+    return rc;
 }
 
 /* A heartbeat; while a job runs it names the job and its progress (PROTOCOL.md). */
@@ -352,6 +380,22 @@ static void send_heartbeat(stage_rt *rt)
     kvm_msg *m = NULL;
     if (!kvm_proto_heartbeat_encode(&c, &m)) kvm_msg_send(rt->ctl, &m, ZMQ_DONTWAIT);
     kvm_msg_free(&m);
+}
+
+/* Tells the orchestrator on the data socket that this worker stops (a heartbeat with `stopping`,
+ * revision 13), so that it withdraws the worker's credit and answers with the end-of-work ack
+ * after whatever it already sent. Returns 0 when ZeroMQ took it. */
+static int send_stopping(stage_rt *rt)
+{
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id),
+                       .stage = kvm_proto_str_c(rt->ops->stage),
+                       .pid = getpid(),
+                       .stopping = true};
+    kvm_msg *m = NULL;
+    int rc = kvm_proto_heartbeat_encode(&c, &m);
+    if (!rc) rc = kvm_msg_send(rt->data, &m, ZMQ_DONTWAIT);
+    kvm_msg_free(&m);
+    return rc;
 }
 
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
@@ -462,6 +506,29 @@ static void finish_job(stage_rt *rt)
     rt->last_credit = 0; /* ask for work now */
 }
 
+/* An ack on the data socket (PROTOCOL.md §5, revision 13): with `stopping`, the orchestrator's end of
+ * this stopping worker's work. Every job it handed came before it (ZeroMQ keeps a connection's
+ * order), so the drain ends here: a job running is finished, nothing later is taken. An ack
+ * without `stopping`, or one nobody asked for (a second one, or one after the wait's bound), is
+ * dropped with a line. */
+static void on_end_of_work(stage_rt *rt, const kvm_msg *m)
+{
+    kvm_proto_ack a;
+    if (kvm_proto_ack_decode(m, &a)) {
+        drop_warn(rt, "dropped a bad ack on the data socket: %s", kvm_errmsg());
+        return;
+    }
+    if (!a.stopping || !rt->awaiting_end) {
+        drop_warn(rt, "dropped an ack on the data socket: %s",
+                  !a.stopping ? "it is no end of work (no 'stopping')" : "this worker asked for no end of work");
+        return;
+    }
+    rt->awaiting_end = 0;
+    rt->drain_until = kvm_now_ms(); /* whatever comes later is dropped */
+    log_line(rt, "the orchestrator sent the end of this worker's work%s: stopping",
+             rt->job.running ? " (after the job running now)" : "");
+}
+
 /* One message from the data socket: part of a job, or garbage to drop. */
 static void on_data(stage_rt *rt)
 {
@@ -470,12 +537,18 @@ static void on_data(stage_rt *rt)
     if (rc) return;
     job_slot *j = &rt->job;
     kvm_proto_type type;
+    const int peek_rc = kvm_proto_peek(m, &type);
+    if (!peek_rc && type == KVM_PROTO_ACK) { /* before the busy check: it comes after a drained job */
+        if (!wrong_peer(rt, 1, type)) on_end_of_work(rt, m);
+        kvm_msg_free(&m);
+        return;
+    }
     if (j->running || (stop_requested && kvm_now_ms() >= rt->drain_until)) {
         drop_warn(rt, "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
         kvm_msg_free(&m);
         return;
     }
-    if ((rc = kvm_proto_peek(m, &type)) != 0) {
+    if (peek_rc) {
         drop_warn(rt, "dropped a malformed message: %s", kvm_errmsg());
         kvm_msg_free(&m);
         return;
@@ -502,6 +575,7 @@ static void on_data(stage_rt *rt)
     j->state = rt->state;
     j->t_start = kvm_now_ms();
     j->running = 1;
+    rt->credit_out = 0; /* the orchestrator spent it on this job */
     atomic_store(&j->done, 0);
     if (pthread_create(&j->thread, NULL, job_thread, j) != 0) {
         j->running = 0;
@@ -718,6 +792,25 @@ static void link_close(stage_rt *rt)
     }
 }
 
+/* The stop is seen: decides how long the worker still takes jobs (rt->drain_until). With a credit
+ * out, a job the orchestrator handed for it may be on its way: the worker says it stops and takes
+ * what comes until the orchestrator's end of work (on_end_of_work), at most STAGE_DRAIN_WAIT_MS.
+ * Without one, or when nothing could answer or a job would fail anyway (refused, a wrong peer, a
+ * failed handshake, the orchestrator process gone), it stops at once: a job running is finished. */
+static void start_drain(stage_rt *rt, double now)
+{
+    const int parent_gone = rt->a.parent_pid > 0 && getppid() != (pid_t)rt->a.parent_pid;
+    rt->drain_until = now;
+    if (rt->refused || rt->wrong_peer || rt->link_failed || parent_gone || !rt->credit_out) return;
+    if (send_stopping(rt)) return; /* not taken: no connection, so no job on its way either */
+    rt->awaiting_end = 1;
+    rt->drain_until = now + STAGE_DRAIN_WAIT_MS;
+    log_line(rt,
+             "stopping: a job handed for this worker's credit may be on its way; waiting for the "
+             "orchestrator's end of work (at most %.0f s)",
+             STAGE_DRAIN_WAIT_MS / 1000);
+}
+
 static void serve(stage_rt *rt)
 {
     send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0);
@@ -734,15 +827,19 @@ static void serve(stage_rt *rt)
             rt->last_beat = now;
         }
         if (!rt->job.running && rt->job.n_in == 0 && !stop_requested && now - rt->last_credit >= rt->a.heartbeat_ms) {
-            send_ctl(rt, rt->data, KVM_PROTO_READY, 0); /* a credit on the data socket: "give me one job" */
+            /* a credit on the data socket: "give me one job" */
+            if (!send_ctl(rt, rt->data, KVM_PROTO_READY, 0)) rt->credit_out = 1;
             rt->last_credit = now;
         }
         if (stop_requested) {
-            /* jobs already delivered are done first (STAGE_DRAIN_MS); a refused worker's or a wrong
-             * peer's would fail or are not jobs at all */
-            if (rt->drain_until <= 0)
-                rt->drain_until = rt->refused || rt->wrong_peer || rt->link_failed ? now : now + STAGE_DRAIN_MS;
-            if (!rt->job.running && now >= rt->drain_until) return;
+            if (rt->drain_until <= 0) start_drain(rt, now);
+            if (!rt->job.running && now >= rt->drain_until) {
+                if (rt->awaiting_end)
+                    log_line(rt,
+                             "no end of work from the orchestrator in %.0f s (an older or a stopped one?): stopping",
+                             STAGE_DRAIN_WAIT_MS / 1000);
+                return;
+            }
             if (rt->job.running && stop_at < 0) { /* a drained job's grace counts from its start */
                 stop_at = now + 1000.0 * rt->a.grace_s;
                 log_line(rt, "%s: finishing the current job (grace %d s)", rt->refused ? "refused" : "SIGTERM",

@@ -196,6 +196,18 @@ int kvm_stage_tell_again(double told_ms, double now);
  * sent (the worker is gone); takes nothing. */
 int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from, const char *why);
 
+/* Answers a stopping worker's heartbeat (`stopping`, on the data socket: PROTOCOL.md §5, revision
+ * 13) from an orchestrator: `c` is that heartbeat, decoded; `routing_id`/`id_len` the routing id it
+ * came with on the ROUTER data socket `router`; `from` names the sender ("serve", "run",
+ * "calibrate"). Sends the end of that worker's work, an `ack` with job_id 0 and `stopping`, on the
+ * same socket, after everything sent there before; the caller withdraws the worker's credit
+ * first, so nothing follows it. Any stopping worker is answered, one the caller does not know or
+ * judged dead too, and at every asking: a second answer is dropped by the worker. Returns 0;
+ * KVM_EINVAL when `c` has no `stopping` (nothing sent); KVM_EIO / KVM_ENOMEM when it could not
+ * be sent (the worker is gone). Takes nothing. */
+int kvm_stage_answer_stopping(void *router, const void *routing_id, size_t id_len, const kvm_proto_heartbeat *c,
+                              const char *from);
+
 /* Milliseconds on the monotonic clock. */
 double kvm_now_ms(void);
 

@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 12                  /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 13                  /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -309,13 +309,17 @@ typedef struct kvm_proto_ctl {
     uint64_t progress_done;  /* "progress_done" uint, heartbeat, optional: units of job_id done */
     uint64_t progress_total; /* "progress_total" uint, heartbeat, optional: units announced so far
                                 (grows as passes start); 0 = the stage reports no progress */
+    bool stopping;           /* "stopping" bool, revision 13, heartbeat and ack on the data socket
+                                only: a heartbeat with it says the stage stops (withdraw its credit);
+                                an ack with it (orchestrator -> stage, job_id 0) is the end of that
+                                stage's work: nothing the orchestrator sends it comes after it */
 } kvm_proto_ctl;
 typedef kvm_proto_ctl kvm_proto_ready;
 typedef kvm_proto_ctl kvm_proto_heartbeat;
 typedef kvm_proto_ctl kvm_proto_ack;
 /* ready / heartbeat / ack codecs: same struct; ready also carries device and optionally
  * model_id (has_model_id; exactly 32 bytes, else KVM_EPROTO naming the field), ack job_id,
- * heartbeat optionally job_id and progress_done/progress_total;
+ * heartbeat optionally job_id and progress_done/progress_total, heartbeat and ack stopping;
  * fields not in a type are neither written nor read (decoded as 0 / empty). No tensors. */
 int kvm_proto_ready_encode(const kvm_proto_ready *in, kvm_msg **out);
 int kvm_proto_ready_decode(const kvm_msg *msg, kvm_proto_ready *out);

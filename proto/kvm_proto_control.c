@@ -1,5 +1,7 @@
 /* kvm_proto_control.c: the control messages a stage sends its orchestrator (DEALER -> ROUTER):
- * `ready` (the stage is up), `heartbeat` (still alive), `ack` (a job is committed). */
+ * `ready` (the stage is up), `heartbeat` (still alive; with `stopping` on the data socket: the
+ * stage stops), `ack` (a job is committed; with `stopping`, orchestrator -> stage on the data
+ * socket: the end of the stopping stage's work, PROTOCOL.md §5, revision 13). */
 #include <stddef.h>
 
 #include "common/kvm_error.h"
@@ -21,12 +23,14 @@ static const kvm_proto__field kvm_heartbeat__fields[] = {
     KVM_F_U64(T, job_id, 0),         /* optional: the job being worked on (0 = none) */
     KVM_F_U64(T, progress_done, 0),  /* optional: units of that job done ... */
     KVM_F_U64(T, progress_total, 0), /* ... of this many announced so far (0 = no report) */
+    KVM_F_BOOL(T, stopping, 0),      /* revision 13, on the data socket: the worker stops */
 };
 static const kvm_proto__field kvm_ack__fields[] = {
     KVM_F_STR(T, worker_id, 1, 1, KVM_PROTO_MAX_NAME_BYTES),
     KVM_F_STR(T, stage, 1, 1, KVM_PROTO_MAX_NAME_BYTES),
     KVM_F_I64(T, pid, 1, 1, INT32_MAX),
     KVM_F_U64(T, job_id, 1),
+    KVM_F_BOOL(T, stopping, 0), /* revision 13, orchestrator -> stage on data: end of work */
 };
 
 static const kvm_proto__spec kvm_ready__spec = {

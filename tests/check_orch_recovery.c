@@ -714,6 +714,81 @@ START_TEST(test_unreachable_worker_not_the_documents_fault)
 }
 END_TEST
 
+/* A DEALER with routing id `id` connected to the fake run's data socket. */
+static void *fake_worker(orch *o, const char *id)
+{
+    void *d = zmq_socket(o->zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(d, ZMQ_ROUTING_ID, id, strlen(id));
+    ck_assert_int_eq(zmq_connect(d, "inproc://fake-data"), 0);
+    return d;
+}
+
+/* Worker `id` (DEALER d) says on the data socket that it stops (revision 13); the run reads it. */
+static void say_stopping(orch *o, void *d, const char *id)
+{
+    kvm_proto_heartbeat hb = {.worker_id = {id, strlen(id)}, .stage = {"prefill", 7}, .pid = 1, .stopping = true};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_heartbeat_encode(&hb, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    zmq_pollitem_t it = {o->data, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_orch__receive(o, o->data, 0);
+}
+
+/* What came to DEALER d within 5 s must be the end of its work: an ack with `stopping`, job 0,
+ * from `from`. */
+static void assert_end_of_work(void *d, const char *from)
+{
+    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+    ck_assert_msg(zmq_poll(&it, 1, 5000) == 1, "no end of work came to the stopping worker");
+    kvm_msg *m = NULL;
+    kvm_proto_type t;
+    ck_assert_int_eq(kvm_msg_recv(d, &m, 0), 0);
+    ck_assert_int_eq(kvm_proto_peek(m, &t), 0);
+    ck_assert_msg(t == KVM_PROTO_ACK, "the stopping worker got a %s, not the end of its work", kvm_proto_type_name(t));
+    kvm_proto_ack a;
+    ck_assert_msg(kvm_proto_ack_decode(m, &a) == 0, "%s", kvm_errmsg());
+    ck_assert(a.stopping);
+    ck_assert_uint_eq(a.job_id, 0);
+    ck_assert(kvm_proto_str_eq(a.stage, from));
+    kvm_msg_free(&m);
+}
+
+/* A stopping worker with a credit out (PROTOCOL.md §5, revision 13): kvmill run withdraws the
+ * credit, so the queued document goes to no one, and answers with the end of its work on the
+ * data socket; asked twice, it answers twice. A worker the run does not know gets the end of its
+ * work too and is not added to the table. Before, the run dropped the heartbeat and handed the
+ * document to the stopping worker, which read it only within its 300 ms. */
+START_TEST(test_stopping_worker_gets_end_of_work)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    o->workers[0] =
+        (orch_worker){.id = "prefill-0-r0", .stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    void *d = fake_worker(o, "prefill-0-r0");
+    say_stopping(o, d, "prefill-0-r0");
+    ck_assert_int_eq(o->workers[0].idle, 0);
+    kvm_orch__dispatch(o);
+    ck_assert_int_eq(o->jobs[0].state, J_QUEUED); /* not handed to the stopping worker */
+    assert_end_of_work(d, "run");
+    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 200), 0); /* nothing else: no job */
+    say_stopping(o, d, "prefill-0-r0");
+    assert_end_of_work(d, "run");
+    void *ghost = fake_worker(o, "ghost");
+    say_stopping(o, ghost, "ghost");
+    assert_end_of_work(ghost, "run");
+    ck_assert_int_eq(o->n_workers, 1);
+    zmq_close(ghost);
+    zmq_close(d);
+    fake_end(&f);
+}
+END_TEST
+
 /* An ack of an earlier attempt of a job: the job was requeued (its worker judged dead) after its
  * worker had committed the cache. The ack was dropped as stale, and the document compressed
  * again, or failed, though stored. Now it is done, counted compressed, when the store holds its
@@ -981,6 +1056,7 @@ static Suite *orch_recovery_suite(void)
                  {"dead_local_claimant", test_dead_local_claimant, 120},
                  {"read_failure_json_event", test_read_failure_json_event, 60},
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
+                 {"stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"ack_after_evictions", test_ack_after_evictions, 90},
                  {"left_service_revisions", test_left_service_revisions, 30},

@@ -806,6 +806,44 @@ START_TEST(test_roundtrip_ready_model_id)
 }
 END_TEST
 
+/* Revision 13: a heartbeat with `stopping` (a stage that stops asks for the end of its work) and
+ * an ack with it (the orchestrator's end of that work) round-trip; a heartbeat or ack without the
+ * key (revision 12) reads as not stopping, a ready neither writes nor reads it, and a value that
+ * is no bool is refused naming the field. */
+START_TEST(test_roundtrip_ctl_stopping)
+{
+    kvm_proto_ctl c = {
+        .worker_id = kvm_proto_str_c("decode-1"), .stage = kvm_proto_str_c("decode"), .pid = 77, .stopping = true};
+    kvm_msg *m = NULL, *t = NULL;
+    kvm_proto_ctl d;
+    ck_assert_int_eq(kvm_proto_heartbeat_encode(&c, &m), 0);
+    ck_assert_msg(kvm_proto_heartbeat_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(d.stopping);
+    t = with_field(m, "stopping", NULL, NULL); /* a revision-12 heartbeat */
+    ck_assert_msg(kvm_proto_heartbeat_decode(t, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(!d.stopping);
+    kvm_msg_free(&t);
+    const int64_t one = 1;
+    t = with_field(m, "stopping", pk_i64, &one);
+    ASSERT_FAILS(kvm_proto_heartbeat_decode(t, &d), KVM_EPROTO, "stopping");
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    ck_assert_int_eq(kvm_proto_ack_encode(&c, &m), 0);
+    ck_assert_msg(kvm_proto_ack_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(d.stopping);
+    ck_assert_uint_eq(d.job_id, 0);
+    t = with_field(m, "stopping", NULL, NULL);
+    ck_assert_msg(kvm_proto_ack_decode(t, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(!d.stopping);
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0); /* only heartbeat and ack carry it */
+    ck_assert_msg(kvm_proto_ready_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(!d.stopping);
+    kvm_msg_free(&m);
+}
+END_TEST
+
 /* Revision 10: a job names its run's model (model_id, optional bin 32), so that a worker that loads
  * the settings' model path can refuse other weights found there; a job without it (revision 9)
  * decodes as before, and an id of another length is refused naming the field. */
@@ -2220,6 +2258,7 @@ static Suite *proto_suite(void)
         {"roundtrip_result_error", test_roundtrip_result_error},
         {"roundtrip_control", test_roundtrip_control},
         {"roundtrip_ready_model_id", test_roundtrip_ready_model_id},
+        {"roundtrip_ctl_stopping", test_roundtrip_ctl_stopping},
         {"roundtrip_job_model_id", test_roundtrip_job_model_id},
         {"roundtrip_serve", test_roundtrip_serve},
         {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},

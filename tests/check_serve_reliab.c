@@ -1146,6 +1146,69 @@ START_TEST(test_held_computation_handed_to_one)
 }
 END_TEST
 
+/* What came to DEALER d within 5 s must be the end of its work from serve: an ack with
+ * `stopping`, job 0 (PROTOCOL.md §5, revision 13). */
+static void assert_end_of_work(void *d)
+{
+    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+    ck_assert_msg(zmq_poll(&it, 1, 5000) == 1, "no end of work came to the stopping worker");
+    kvm_msg *m = NULL;
+    kvm_proto_type t;
+    ck_assert_int_eq(kvm_msg_recv(d, &m, 0), 0);
+    ck_assert_int_eq(kvm_proto_peek(m, &t), 0);
+    ck_assert_msg(t == KVM_PROTO_ACK, "the stopping worker got a %s, not the end of its work", kvm_proto_type_name(t));
+    kvm_proto_ack a;
+    ck_assert_msg(kvm_proto_ack_decode(m, &a) == 0, "%s", kvm_errmsg());
+    ck_assert(a.stopping);
+    ck_assert_uint_eq(a.job_id, 0);
+    ck_assert(kvm_proto_str_eq(a.stage, "serve"));
+    kvm_msg_free(&m);
+}
+
+/* Worker `id` (DEALER d) says on the data socket that it stops; the broker reads it. */
+static void say_stopping(srv *s, void *d, const char *id)
+{
+    kvm_proto_heartbeat hb = {.worker_id = kvm_proto_str_c(id), .stage = {"decode", 6}, .pid = 1, .stopping = true};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_heartbeat_encode(&hb, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    zmq_pollitem_t it = {s->data, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_serve__receive_back(s, s->data, 0);
+}
+
+/* A stopping decode worker with a credit out (revision 13): serve withdraws the credit, so a
+ * question goes to another worker, and answers with the end of its work on the data socket
+ * (nothing else comes to it); asked twice, it answers twice. A worker serve does not know gets
+ * the end of its work too, and does not join. Before, serve dropped the heartbeat and could hand
+ * the next question to the stopping worker. */
+START_TEST(test_stopping_worker_gets_end_of_work)
+{
+    void *w0;
+    srv *s = held_broker("stopping", &w0);
+    say_stopping(s, w0, "w0");
+    ck_assert_int_eq(s->workers[0].idle, 0);
+    assert_end_of_work(w0);
+    queue_ask(s, 1, "A dog ran in the park.");
+    kvm_serve__dispatch(s);
+    ck_assert_int_eq(s->n_queue, 0);
+    ck_assert(!s->workers[0].busy);
+    ck_assert(s->workers[1].busy && s->workers[1].request_id == 1); /* the next idle worker */
+    zmq_pollitem_t it = {w0, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 200), 0); /* no question came to the stopping worker */
+    say_stopping(s, w0, "w0");
+    assert_end_of_work(w0);
+    void *ghost = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(ghost, ZMQ_ROUTING_ID, "ghost", 5), 0);
+    ck_assert_int_eq(zmq_connect(ghost, "inproc://stopping-data"), 0);
+    say_stopping(s, ghost, "ghost");
+    assert_end_of_work(ghost);
+    ck_assert_int_eq(s->n_workers, 4);
+    zmq_close(ghost);
+    held_broker_free(s, w0);
+}
+END_TEST
+
 /* The cache found stored by the granted request (it computed nothing): every held request goes
  * at once, as before. */
 START_TEST(test_held_released_when_found)
@@ -1567,9 +1630,42 @@ START_TEST(test_stage_worker_refused)
 }
 END_TEST
 
+/* Waits up to ms for serve's log (g_log) to hold `what`; 1 when it does. */
+static int wait_log(const char *what, int ms)
+{
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end; usleep(50000)) {
+        char *log = kvm_test_read_file(g_log, NULL);
+        const int found = log && strstr(log, what);
+        free(log);
+        if (found) return 1;
+    }
+    return 0;
+}
+
+/* Waits up to ms for process pid (SIGSTOPped) to hold a pending SIGTERM (/proc/PID/status,
+ * ShdPnd or SigPnd); 1 when it does. */
+static int wait_sigterm_pending(pid_t pid, int ms)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    const unsigned long long bit = 1ULL << (SIGTERM - 1);
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end; usleep(20000)) {
+        char *st = kvm_test_read_file(path, NULL);
+        int found = 0;
+        for (const char *k = st; k && !found && (k = strstr(k, "Pnd:\t")) != NULL; k += 5)
+            found = (strtoull(k + 5, NULL, 16) & bit) != 0;
+        free(st);
+        if (found) return 1;
+    }
+    return 0;
+}
+
 /* serve's SIGTERM drain answered "server stopped before answering" for a question already
  * handed to an idle decode worker: the worker stopped without reading the job waiting in its
- * socket. It reads what was delivered before it stops now: the question is answered. */
+ * socket. It reads what was delivered before it stops now: the question is answered. The worker
+ * stopped (SIGSTOP) with its credit out gets the question, then serve's SIGTERM, then resumes:
+ * it says it stops, and serve's end of its work comes after the question (revision 13), however
+ * late the worker reads it (it had 300 ms of wall time). */
 START_TEST(test_drain_answers_delivered_job)
 {
     if (!have_shared("serve's drain of a delivered question")) return;
@@ -1590,9 +1686,11 @@ START_TEST(test_drain_answers_delivered_job)
              ">'%s/ask.rc') </dev/null >/dev/null 2>&1 &",
              kvmill(), g_front, docs[0], g_dir, g_dir);
     ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
-    usleep(1500000); /* handed to the stopped worker */
+    ck_assert_msg(wait_log("handed to decode worker", 30000), "the question never reached the stopped worker");
     ck_assert_int_eq(kill(g_serve, SIGTERM), 0);
-    usleep(1000000);
+    /* serve's drain stops its worker: it sees the stop the moment it resumes, the question
+     * still in its socket (a worker that reads it late, as on a loaded host, is waited for) */
+    ck_assert_msg(wait_sigterm_pending(worker, 30000), "serve did not stop its worker");
     ck_assert_int_eq(kill(worker, SIGCONT), 0);
     int st = 0;
     ck_assert_int_eq(waitpid(g_serve, &st, 0), g_serve);
@@ -1729,6 +1827,7 @@ int main(void)
     suite_add_tcase(su, tcase("front_rcvhwm", test_front_rcvhwm, 10));
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
+    suite_add_tcase(su, tcase("stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30));
     suite_add_tcase(su, tcase("held_timeout_names_computation", test_held_timeout_names_computation, 30));
     suite_add_tcase(su, tcase("worker_timeout_counts_from_arrival", test_worker_timeout_counts_from_arrival, 30));
     suite_add_tcase(su, tcase("timeout_names_refused_workers", test_timeout_names_refused_workers, 30));

@@ -447,6 +447,47 @@ START_TEST(test_stage_log_names_document_and_bytes)
 }
 END_TEST
 
+/* At a run's end its own workers stop (SIGTERM), each idle with a credit out: each asks for the
+ * end of its work (revision 13), and the run, reaping them, answers at once. A run that did not
+ * read its data socket while it reaped them left each worker waiting out its 5 s bound ("no end
+ * of work from the orchestrator"), and the run with it. */
+START_TEST(test_run_ends_its_workers_work)
+{
+    char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
+    snprintf(p, sizeof p, "%s/docs", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    size_t n = 0;
+    char *doc = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
+    ck_assert_ptr_nonnull(doc);
+    snprintf(p, sizeof p, "%s/docs/one.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(p, doc, n < 600 ? n : 600), 0);
+    free(doc);
+    snprintf(p, sizeof p, "%s/c.ini", dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 384\n[compress]\nmethod = streaming\nratio = 0.3\n[store]\npath = "
+             "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 1\n[run]\nrun_dir = %s/rd\n",
+             kvm_test_data_path("models/stories260K.bin"), dir, dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/c.ini' --corpus '%s/docs'", kvm_test_bin(), dir, dir);
+    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "kvmill run: %s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "cat '%s'/rd/*.log", dir);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    int ended = 0;
+    for (const char *q = strstr(out, "the orchestrator sent the end of this worker's work"); q;
+         q = strstr(q + 1, "the orchestrator sent the end of this worker's work"))
+        ended++;
+    ck_assert_msg(ended == 2 && !strstr(out, "no end of work"),
+                  "%d of the 2 workers got the end of their work from the run:\n%s", ended, out);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A stage worker said "connected to ..." right after its asynchronous connect: with nothing
  * listening, and with CurveZMQ keys the orchestrator refused (a client key not in its
  * authorized_keys, a wrong --server-key), it said so and then waited forever, the run at 0/N
@@ -780,6 +821,139 @@ START_TEST(test_decode_answers_only_asks)
 }
 END_TEST
 
+/* A fake orchestrator's ROUTER sockets (ctl, data) bound under a new temporary folder, and a
+ * kvmill-decode worker "dec-drain" connected to them (stderr into dir/decode.log, heartbeats every
+ * 100 ms), with the store and config it needs. */
+typedef struct fake_orch {
+    char *dir;
+    char logp[4300];
+    void *zctx, *ctl, *data;
+    pid_t pid;
+} fake_orch;
+
+static void fake_orch_start(fake_orch *f)
+{
+    char p[4200], text[8192], ctl[4300], data[4300], base[4300], exe[4200];
+    f->dir = kvm_test_tmpdir();
+    snprintf(base, sizeof base, "ipc://%s", f->dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+    f->zctx = zmq_ctx_new();
+    f->ctl = zmq_socket(f->zctx, ZMQ_ROUTER);
+    f->data = zmq_socket(f->zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(f->ctl, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(f->data, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(f->ctl, ctl), 0);
+    ck_assert_int_eq(zmq_bind(f->data, data), 0);
+    snprintf(p, sizeof p, "%s/c.ini", f->dir);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n[store]\npath = %s/st\n",
+             kvm_test_data_path("models/stories260K.bin"), f->dir);
+    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
+    snprintf(text, sizeof text, "%s/st", f->dir);
+    kvm_test_store_create(text);
+    snprintf(exe, sizeof exe, "%s/kvmill-decode", kvm_test_bin());
+    snprintf(f->logp, sizeof f->logp, "%s/decode.log", f->dir);
+    f->pid = fork();
+    ck_assert_int_ge(f->pid, 0);
+    if (f->pid == 0) {
+        freopen(f->logp, "w", stderr);
+        execl(exe, exe, "--connect", base, "--config", p, "--id", "dec-drain", "--heartbeat-ms", "100", (char *)NULL);
+        _exit(127);
+    }
+}
+
+static void fake_orch_end(fake_orch *f)
+{
+    if (f->pid > 0) kill(f->pid, SIGKILL), waitpid(f->pid, NULL, 0);
+    zmq_close(f->ctl);
+    zmq_close(f->data);
+    zmq_ctx_term(f->zctx);
+    kvm_test_rmtree(f->dir);
+    free(f->dir);
+}
+
+/* Waits up to ms for worker f to exit; its status, or -1 when it still runs. */
+static int fake_orch_wait(fake_orch *f, int ms)
+{
+    int st = 0;
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end; usleep(20000))
+        if (waitpid(f->pid, &st, WNOHANG) == f->pid) {
+            f->pid = 0;
+            return st;
+        }
+    return -1;
+}
+
+/* An idle worker stopped with a credit out (SIGTERM) kept taking what reached its data socket for
+ * 300 ms of wall time: a question its orchestrator had handed it for that credit, still on its
+ * way (a loaded host, a worker resumed after SIGSTOP), was lost. Now it says on the data socket
+ * that it stops (a heartbeat with `stopping`, PROTOCOL.md §5, revision 13) and takes what comes
+ * until the orchestrator's end of work: here a question sent 1 s after that heartbeat, then the
+ * end of work, is answered, and one sent after the end of work is not (_i = 0). An orchestrator
+ * that never answers (_i = 1: an older one, a stopped one) is waited for at most 5 s. */
+START_TEST(test_stopping_worker_waits_for_end_of_work)
+{
+    const int answered = _i == 0;
+    fake_orch f;
+    fake_orch_start(&f);
+    kvm_msg *m = router_expect(f.data, KVM_PROTO_READY, 60000); /* a credit */
+    char *log = NULL;
+    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+    kvm_msg_free(&m);
+    ck_assert_int_eq(kill(f.pid, SIGTERM), 0);
+    m = router_expect(f.data, KVM_PROTO_HEARTBEAT, 10000);
+    ck_assert_msg(m != NULL, "the stopping worker did not say so on its data socket:\n%s",
+                  (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+    kvm_proto_heartbeat hb;
+    ck_assert_int_eq(kvm_proto_heartbeat_decode(m, &hb), 0);
+    ck_assert(hb.stopping);
+    kvm_msg_free(&m);
+    const double said = kvm_now_ms();
+    if (answered) {
+        usleep(1000000); /* past the old 300 ms window */
+        kvm_proto_ask a = {.request_id = 7,
+                           .doc_text = kvm_proto_str_c("Once upon a time."),
+                           .prompt = kvm_proto_str_c(" The"),
+                           .max_new_tokens = 1};
+        ck_assert_int_eq(kvm_proto_ask_encode(&a, &m), 0);
+        router_send(f.data, "dec-drain", m);
+        kvm_proto_ack end = {
+            .worker_id = kvm_proto_str_c("dec-drain"), .stage = kvm_proto_str_c("serve"), .pid = 1, .stopping = true};
+        ck_assert_int_eq(kvm_proto_ack_encode(&end, &m), 0);
+        router_send(f.data, "dec-drain", m);
+        a.request_id = 8; /* after the end of work: dropped */
+        ck_assert_int_eq(kvm_proto_ask_encode(&a, &m), 0);
+        router_send(f.data, "dec-drain", m);
+        m = router_expect(f.data, KVM_PROTO_ANSWER, 60000);
+        kvm_proto_answer ans;
+        ck_assert_msg(m && kvm_proto_answer_decode(m, &ans) == 0 && ans.request_id == 7,
+                      "the question handed before the end of work was not answered:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+        kvm_msg_free(&m);
+    }
+    int st = fake_orch_wait(&f, 30000);
+    const double took = kvm_now_ms() - said;
+    if (answered) {
+        m = router_expect(f.data, KVM_PROTO_ANSWER, 300);
+        ck_assert_msg(m == NULL, "a question sent after the end of work was answered");
+    }
+    log = kvm_test_read_file(f.logp, NULL);
+    ck_assert_msg(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the worker: status %d\n%s", st, log ? log : "");
+    if (answered) {
+        ck_assert_msg(strstr(log, "the orchestrator sent the end of this worker's work"), "%s", log);
+        ck_assert_msg(took < 4500, "the worker stopped %.0f ms after saying so, not at the end of its work\n%s", took,
+                      log);
+    } else {
+        ck_assert_msg(strstr(log, "no end of work from the orchestrator in 5 s"), "%s", log);
+        ck_assert_msg(took >= 4500 && took < 20000, "the worker stopped %.0f ms after saying so, want its 5 s bound",
+                      took);
+    }
+    free(log);
+    fake_orch_end(&f);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -795,6 +969,10 @@ static Suite *worker_suite(void)
     tcase_add_test(tr, test_stage_log_names_document_and_bytes);
     tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
+    tr = tcase_create("run_ends_its_workers_work");
+    tcase_add_test(tr, test_run_ends_its_workers_work);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
     tr = tcase_create("worker_handshake_reported");
     tcase_add_test(tr, test_worker_handshake_reported);
     tcase_set_timeout(tr, 120);
@@ -805,6 +983,10 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("decode_answers_only_asks");
     tcase_add_test(tr, test_decode_answers_only_asks);
+    tcase_set_timeout(tr, 150);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("stopping_worker_waits_for_end_of_work");
+    tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 2); /* _i: end of work sent, or not */
     tcase_set_timeout(tr, 150);
     suite_add_tcase(s, tr);
     tr = tcase_create("multi_gpu_example_runs");

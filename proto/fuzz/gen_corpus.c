@@ -212,6 +212,10 @@ static void gen_control_serve(void)
     c.has_model_id = false;
     EMIT(heartbeat, "a", c);
     EMIT(ack, "a", c);
+    c.stopping = true; /* revision 13: a stopping stage, and its end of work */
+    EMIT(heartbeat, "stopping", c);
+    c.job_id = 0;
+    EMIT(ack, "stopping", c);
     kvm_proto_get_cache g = {.request_id = 5};
     for (int i = 0; i < KVM_PROTO_ID_BYTES; i++)
         g.model_id[i] = (uint8_t)i, g.doc_hash[i] = (uint8_t)~i, g.config_id[i] = 7;
