@@ -484,9 +484,8 @@ static void finish_job(stage_rt *rt)
         kvm_msg_free(&j->out.ctl[i]);
     }
     j->out.n_data = j->out.n_ctl = 0;
-    send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv, &j->out);
-    const int other_model = j->rc && j->out.other_model;
-    j->out = (kvm_stage_out){0};
+    /* the job's line before its result: the orchestrator acts on the result at once (another
+     * document to prefill, whose line would then come first), and logs read as the run's order */
     if (j->rc) {
         kvm_log_field f[] = {KVM_LOG_I("job_id", id), KVM_LOG_I("retryable", j->retryable), KVM_LOG_S("error", j->err)};
         log_ev(rt, KVM_LOG_ERROR, "job_failed", f, 3, "job %llu failed (%s): %s", (unsigned long long)id,
@@ -497,6 +496,9 @@ static void finish_job(stage_rt *rt)
         log_ev(rt, KVM_LOG_INFO, "job_done", f, 4, "job %llu document %s stage %s %.1f ms %zu bytes",
                (unsigned long long)id, doc, rt->ops->stage, compute, bytes);
     }
+    send_result(rt, id, j->rc, j->rc ? j->err : "", j->retryable, compute, now - j->t_recv, &j->out);
+    const int other_model = j->rc && j->out.other_model;
+    j->out = (kvm_stage_out){0};
     if (other_model) { /* the run's every job would fail here alike: the run's other workers do them */
         char by[64];
         snprintf(by, sizeof by, "the run of job %llu", (unsigned long long)id);
@@ -1125,6 +1127,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* a closed terminal (a worker started by hand): as SIGTERM */
     signal(SIGPIPE, SIG_IGN);
     if ((rc = ops->setup(state, &rt.a)) != 0) {
         log_line(&rt, "setup failed: %s", kvm_errmsg());
