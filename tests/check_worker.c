@@ -891,17 +891,18 @@ static int fake_orch_wait(fake_orch *f, int ms)
  * that it stops (a heartbeat with `stopping`, PROTOCOL.md §5, revision 13) and takes what comes
  * until the orchestrator's end of work: here a question sent 1 s after that heartbeat, then the
  * end of work, is answered, and one sent after the end of work is not (_i = 0). An orchestrator
- * that never answers (_i = 1: an older one, a stopped one) is waited for at most 5 s. */
+ * that never answers (_i = 1: an older one, a stopped one) is waited for at most 5 s. SIGHUP (a
+ * closed terminal, _i = 2) stops it as SIGTERM does: it killed the worker at once. */
 START_TEST(test_stopping_worker_waits_for_end_of_work)
 {
-    const int answered = _i == 0;
+    const int answered = _i != 1;
     fake_orch f;
     fake_orch_start(&f);
     kvm_msg *m = router_expect(f.data, KVM_PROTO_READY, 60000); /* a credit */
     char *log = NULL;
     ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
     kvm_msg_free(&m);
-    ck_assert_int_eq(kill(f.pid, SIGTERM), 0);
+    ck_assert_int_eq(kill(f.pid, _i == 2 ? SIGHUP : SIGTERM), 0);
     m = router_expect(f.data, KVM_PROTO_HEARTBEAT, 10000);
     ck_assert_msg(m != NULL, "the stopping worker did not say so on its data socket:\n%s",
                   (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
@@ -986,7 +987,8 @@ static Suite *worker_suite(void)
     tcase_set_timeout(tr, 150);
     suite_add_tcase(s, tr);
     tr = tcase_create("stopping_worker_waits_for_end_of_work");
-    tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 2); /* _i: end of work sent, or not */
+    /* _i: end of work sent, or not; SIGHUP */
+    tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 3);
     tcase_set_timeout(tr, 150);
     suite_add_tcase(s, tr);
     tr = tcase_create("multi_gpu_example_runs");
