@@ -105,6 +105,22 @@ static int get_arch(const char *f, const json_t *root, int *arch)
                    f, s);
 }
 
+/* The rope type of o (`where`) into *t: 'rope_type', else the older 'type', else NULL. Both present and
+ * different is refused: transformers 4.x copies 'type' over 'rope_type' (its backward-compatibility step), so
+ * reading either one alone could run a scaling other than the one transformers runs. */
+static int get_rope_type(const char *f, const json_t *o, const char *where, const char **t)
+{
+    const char *rt = json_string_value(json_object_get(o, "rope_type"));
+    const char *ty = json_string_value(json_object_get(o, "type"));
+    if (rt && ty && strcmp(rt, ty) != 0)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: %s has 'type' '%.32s' and 'rope_type' '%.32s', which disagree (transformers 4 uses "
+                       "'type', 5 'rope_type'): remove the wrong one",
+                       f, where, ty, rt);
+    *t = rt ? rt : ty;
+    return 0;
+}
+
 /* The rope type of o (rope_scaling or rope_parameters, named `where`) into *rs: "default"
  * (also when o is absent, or has no type and `typed` is 0), or "llama3" with its factors. */
 static int get_rope_scaling(const char *f, const json_t *o, const char *where, int typed, kvm_rope_scaling *rs)
@@ -112,8 +128,9 @@ static int get_rope_scaling(const char *f, const json_t *o, const char *where, i
     *rs = (kvm_rope_scaling){0};
     if (!o || json_is_null(o)) return 0;
     if (!json_is_object(o)) return kvm_err(KVM_EFORMAT, "%s: key '%s' is not an object", f, where);
-    const char *t = json_string_value(json_object_get(o, "rope_type"));
-    if (!t) t = json_string_value(json_object_get(o, "type"));
+    const char *t = NULL;
+    int trc = get_rope_type(f, o, where, &t);
+    if (trc) return trc;
     if (!t && typed) return kvm_err(KVM_EFORMAT, "%s: %s has no 'rope_type'", f, where);
     if (!t || strcmp(t, "default") == 0) return 0;
     if (strcmp(t, "llama3") != 0)

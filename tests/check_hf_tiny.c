@@ -708,6 +708,9 @@ START_TEST(test_bad_config)
         {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", KVM_ENOTSUP, "dynamic", NULL},
         {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", KVM_EFORMAT, "low_freq_factor",
          "rope_scaling"},
+        /* transformers 4 runs 'type' (linear) over 'rope_type': was read as plain RoPE, unsaid */
+        {"rope_scaling", "{\"type\": \"linear\", \"rope_type\": \"default\", \"factor\": 2.0}", KVM_EFORMAT,
+         "'type' 'linear' and 'rope_type' 'default'", "rope_scaling"},
         {"hidden_act", "\"gelu\"", KVM_ENOTSUP, "hidden_act", "gelu"},
         {"mlp_bias", "true", KVM_ENOTSUP, "mlp_bias", NULL},
         {"partial_rotary_factor", "0.5", KVM_ENOTSUP, "partial_rotary_factor", NULL},

@@ -293,6 +293,14 @@ START_TEST(test_sharded)
     kvm_st_to_f32(t->dtype, t->data, y, 4);
     ck_assert_float_eq(y[3], 4);
     kvm_st_close(&s);
+    /* a model.safetensors beside the index, which transformers loads instead: the shards were loaded, unsaid */
+    kvm_test_st_tensor one[1] = {{"a", "F32", 1, {4}, y}};
+    ck_assert_int_eq(kvm_test_st_write(in_dir("model.safetensors"), one, 1), 0);
+    expect_dir(KVM_EFORMAT, "both", "model.safetensors.index.json");
+    ck_assert_msg(strstr(kvm_errmsg(), "/model.safetensors and ") &&
+                      strstr(kvm_errmsg(), "remove the one that is stale"),
+                  "%s", kvm_errmsg());
+    ck_assert_int_eq(unlink(in_dir("model.safetensors")), 0);
     /* the index puts b in the other shard */
     write_index("{\"weight_map\":{\"c\":\"model-00002-of-00002.safetensors\","
                 "\"a\":\"model-00001-of-00002.safetensors\",\"b\":\"model-00002-of-00002.safetensors\"}}");
