@@ -748,6 +748,15 @@ START_TEST(test_retyped)
     ck_assert_msg(kvm_gguf_parse("padded", longer, f.n + 31, &g) == 0, "%s", kvm_errmsg());
     kvm_gguf_free(&g);
     free(longer);
+    /* the only tensor moved one alignment on, its old place left as a hole */
+    static const float a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    tspec one[1] = {{"a", 1, {8, 1, 1, 1}, KVM_GGML_F32, a, 32}};
+    gw kv = {0}, s = gguf_build(&kv, 0, one, 1);
+    size_t at = tinfo_off(&s, 0, 3);
+    gw_put(&s, a, 32);
+    put64(s.b + at, 32);
+    expect_parse_error(s.b, s.n, KVM_EFORMAT, "'a', the first", "hole of 32 bytes before it");
+    free(s.b);
     free(b);
     free(f.b);
     free(arena);
