@@ -129,6 +129,12 @@ START_TEST(test_malformed)
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, KVM_EFORMAT, "'w'", "end before"},
         /* said "data_offsets[1] must be an integer in [0, 4]" for what is a truncated file */
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, KVM_EFORMAT, "'w'", "cut short"},
+        /* offsets no file reaches: were called a cut-short file too */
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4611686018427387904,4611686018427387912]}}", 8,
+         KVM_EFORMAT, "'w'", "the header's offsets are corrupt"},
+        /* 2^48 itself is still a (huge) truncation */
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,281474976710656]}}", 8, KVM_EFORMAT, "'w'",
+         "cut short"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, KVM_EFORMAT, "'w'", "shape needs 12"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"v\":{\"dtype\":\"F32\",\"shape\":[2],"
          "\"data_offsets\":[4,12]}}",
