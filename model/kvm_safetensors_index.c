@@ -115,9 +115,8 @@ static int check_single_file_absent(const char *dir, const char *ipath)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int rc = kvm_file_check_found(path);
-    if (rc == KVM_ENOTFOUND) return 0;
-    if (rc) return rc; /* a broken link or not a regular file: named as such */
+    /* a broken link, a FIFO or a folder of that name is no file transformers would load: the index decides */
+    if (kvm_file_check_found(path) != 0) return 0;
     return kvm_err(KVM_EFORMAT,
                    "%s: the folder holds both %s and %s (transformers loads model.safetensors, the shards are the "
                    "index's): remove the one that is stale",

@@ -307,6 +307,10 @@ START_TEST(test_sharded)
                       strstr(kvm_errmsg(), "remove the one that is stale"),
                   "%s", kvm_errmsg());
     ck_assert_int_eq(unlink(in_dir("model.safetensors")), 0);
+    /* a link to a missing blob of that name is no file transformers loads: the index still decides */
+    ck_assert_int_eq(symlink("../../blobs/0123abcd", in_dir("model.safetensors")), 0);
+    expect_dir(0, NULL, NULL);
+    ck_assert_int_eq(unlink(in_dir("model.safetensors")), 0);
     /* the index puts b in the other shard */
     write_index("{\"weight_map\":{\"c\":\"model-00002-of-00002.safetensors\","
                 "\"a\":\"model-00001-of-00002.safetensors\",\"b\":\"model-00002-of-00002.safetensors\"}}");
