@@ -1072,6 +1072,11 @@ START_TEST(test_bad_entries)
     ck_assert_msg(strstr(err, "symbolic links"), "%s", err);
     free(err);
     dir = folder_with(NULL, &s);
+    /* the index alone (beside model.safetensors, the folder is refused as holding both) */
+    char single[4096], aside[4096];
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    snprintf(aside, sizeof aside, "%s/aside.safetensors", g_tmp);
+    ck_assert_int_eq(rename(single, aside), 0);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     static const char idx[] = "{\"weight_map\": {\"model.norm.weight\": \".\"}}";
     ck_assert_int_eq(kvm_test_write_file(p, idx, strlen(idx)), 0);
@@ -1079,6 +1084,7 @@ START_TEST(test_bad_entries)
     ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
     ck_assert_msg(strstr(err, "index.json") && strstr(err, "'model.norm.weight'"), "%s", err);
     free(err);
+    ck_assert_int_eq(rename(aside, single), 0);
     /* a file of the folder as the model: was read as a llama2.c checkpoint ("header field 'dim'") */
     static const char *const parts[] = {"model.safetensors", "config.json", "model.safetensors.index.json"};
     for (int i = 0; i < 3; i++) {
