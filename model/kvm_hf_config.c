@@ -114,8 +114,8 @@ static int get_rope_type(const char *f, const json_t *o, const char *where, cons
     const char *ty = json_string_value(json_object_get(o, "type"));
     if (rt && ty && strcmp(rt, ty) != 0)
         return kvm_err(KVM_EFORMAT,
-                       "%s: %s has 'type' '%.32s' and 'rope_type' '%.32s', which disagree (transformers 4 uses "
-                       "'type', 5 'rope_type'): remove the wrong one",
+                       "%s: %s has 'type' '%.32s' and 'rope_type' '%.32s', which disagree (transformers 4 "
+                       "copies 'type' over 'rope_type'): remove the wrong one",
                        f, where, ty, rt);
     *t = rt ? rt : ty;
     return 0;
