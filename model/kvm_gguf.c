@@ -317,43 +317,89 @@ static int cmp_offset(const void *a, const void *b)
     return (x->offset > y->offset) - (x->offset < y->offset);
 }
 
-/* Places the tensors: aligned, inside the file, unique names, no overlaps. */
-static int check_tensors(kvm_gguf *g)
+#define NAME_ARG(t) (int)((t)->name.len > 120 ? 120 : (t)->name.len), (t)->name.ptr
+
+/* Each tensor aligned and inside the data section (room bytes); sets its data pointer. */
+static int place_tensors(kvm_gguf *g, uint64_t room)
 {
-    int rc = 0;
-    uint64_t room = g->bytes - g->data_off;
     for (int64_t i = 0; i < g->n_tensors; i++) {
         kvm_gguf_tensor *t = &g->tensors[i];
-        int nl = (int)(t->name.len > 120 ? 120 : t->name.len);
         if (t->offset % g->alignment)
             return kvm_err(KVM_EFORMAT, "%s: tensor '%.*s': data offset %llu is not a multiple of the alignment %llu",
-                           g->name, nl, t->name.ptr, (unsigned long long)t->offset, (unsigned long long)g->alignment);
+                           g->name, NAME_ARG(t), (unsigned long long)t->offset, (unsigned long long)g->alignment);
         if (t->offset > room || t->bytes > room - t->offset)
             return kvm_err(KVM_EFORMAT,
                            "%s: tensor '%.*s': data [%llu, +%llu) lies outside the file (data section "
                            "holds %llu bytes)",
-                           g->name, nl, t->name.ptr, (unsigned long long)t->offset, (unsigned long long)t->bytes,
+                           g->name, NAME_ARG(t), (unsigned long long)t->offset, (unsigned long long)t->bytes,
                            (unsigned long long)room);
         t->data = g->map + g->data_off + t->offset;
     }
-    if (g->n_tensors < 2) return 0;
+    return 0;
+}
+
+static int check_unique(const kvm_gguf *g, const kvm_gguf_tensor **s)
+{
+    qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_name);
+    for (int64_t i = 1; i < g->n_tensors; i++)
+        if (cmp_name(&s[i - 1], &s[i]) == 0)
+            return kvm_err(KVM_EFORMAT, "%s: tensor '%.*s' appears twice", g->name, NAME_ARG(s[i]));
+    return 0;
+}
+
+/* s sorted by offset: no overlaps, and no gap of an alignment or more between two tensors, before the first or
+ * after the last (writers pad each tensor to the alignment, no more). A gap means a tensor's declared type or shape
+ * is smaller than its data: read with it, its values and every later one's are garbage. A shrink below the
+ * alignment cannot be told from padding. */
+static int check_layout(const kvm_gguf *g, const kvm_gguf_tensor **s, uint64_t room)
+{
+    if (s[0]->offset >= g->alignment)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%.*s', the first in the data section, starts at %llu: a hole of %llu "
+                       "bytes before it",
+                       g->name, NAME_ARG(s[0]), (unsigned long long)s[0]->offset, (unsigned long long)s[0]->offset);
+    for (int64_t i = 1; i < g->n_tensors; i++) {
+        const kvm_gguf_tensor *a = s[i - 1], *b = s[i];
+        uint64_t end = a->offset + a->bytes;
+        if (end > b->offset)
+            return kvm_err(KVM_EFORMAT, "%s: tensors '%.*s' [%llu, +%llu) and '%.*s' [%llu, +%llu) overlap", g->name,
+                           NAME_ARG(a), (unsigned long long)a->offset, (unsigned long long)a->bytes, NAME_ARG(b),
+                           (unsigned long long)b->offset, (unsigned long long)b->bytes);
+        if (b->offset - end >= g->alignment)
+            return kvm_err(KVM_EFORMAT,
+                           "%s: tensors '%.*s' [%llu, +%llu) and '%.*s' at %llu leave a hole of %llu bytes between "
+                           "them (alignment %llu): the first one's declared type or shape is smaller than its data",
+                           g->name, NAME_ARG(a), (unsigned long long)a->offset, (unsigned long long)a->bytes,
+                           NAME_ARG(b), (unsigned long long)b->offset, (unsigned long long)(b->offset - end),
+                           (unsigned long long)g->alignment);
+    }
+    const kvm_gguf_tensor *z = s[g->n_tensors - 1];
+    uint64_t tail = room - (z->offset + z->bytes);
+    if (tail >= g->alignment)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%.*s' [%llu, +%llu), the last in the data section, leaves a hole of %llu bytes "
+                       "before the end of the file (alignment %llu): its declared type or shape is smaller than its "
+                       "data",
+                       g->name, NAME_ARG(z), (unsigned long long)z->offset, (unsigned long long)z->bytes,
+                       (unsigned long long)tail, (unsigned long long)g->alignment);
+    return 0;
+}
+
+/* Places the tensors: aligned, inside the file, unique names, no overlaps or holes. */
+static int check_tensors(kvm_gguf *g)
+{
+    uint64_t room = g->bytes - g->data_off;
+    int rc = place_tensors(g, room);
+    if (rc || g->n_tensors == 0) return rc;
     const kvm_gguf_tensor **s = malloc((size_t)g->n_tensors * sizeof *s);
     if (!s) return kvm_err(KVM_ENOMEM, "%s: out of memory", g->name);
     for (int64_t i = 0; i < g->n_tensors; i++)
         s[i] = &g->tensors[i];
-    qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_name);
-    for (int64_t i = 1; !rc && i < g->n_tensors; i++)
-        if (cmp_name(&s[i - 1], &s[i]) == 0)
-            rc = kvm_err(KVM_EFORMAT, "%s: tensor '%.*s' appears twice", g->name,
-                         (int)(s[i]->name.len > 120 ? 120 : s[i]->name.len), s[i]->name.ptr);
-    qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_offset);
-    for (int64_t i = 1; !rc && i < g->n_tensors; i++)
-        if (s[i - 1]->offset + s[i - 1]->bytes > s[i]->offset)
-            rc = kvm_err(KVM_EFORMAT, "%s: tensors '%.*s' [%llu, +%llu) and '%.*s' [%llu, +%llu) overlap", g->name,
-                         (int)(s[i - 1]->name.len > 120 ? 120 : s[i - 1]->name.len), s[i - 1]->name.ptr,
-                         (unsigned long long)s[i - 1]->offset, (unsigned long long)s[i - 1]->bytes,
-                         (int)(s[i]->name.len > 120 ? 120 : s[i]->name.len), s[i]->name.ptr,
-                         (unsigned long long)s[i]->offset, (unsigned long long)s[i]->bytes);
+    rc = check_unique(g, s);
+    if (!rc) {
+        qsort(s, (size_t)g->n_tensors, sizeof *s, cmp_offset);
+        rc = check_layout(g, s, room);
+    }
     free(s);
     return rc;
 }

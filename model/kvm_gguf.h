@@ -82,10 +82,12 @@ typedef struct kvm_gguf kvm_gguf;
  * sizes bounded by the bytes left in the file; array nesting ≤ 8; known value types;
  * general.alignment (if present) a u32 power of two; each tensor: name unique, 1 ≤ n_dims
  * ≤ 4, dims ≥ 1 with a product below 2^48, a known type, ne[0] a multiple of its block
- * size, offset a multiple of the alignment, data inside the file; no two tensors overlap.
+ * size, offset a multiple of the alignment, data inside the file; no two tensors overlap, and
+ * no gap of the alignment or more lies before the first tensor, between two (in offset order) or
+ * after the last (a tensor whose declared type or shape is smaller than its data).
  * The handle borrows map: keep it mapped until kvm_gguf_free. *out is a new handle.
  * Errors (kvm_errmsg() names the file, the item and the offset): KVM_EFORMAT (every check
- * above: bad magic, truncated, out-of-file, misaligned, overlapping, bad dims),
+ * above: bad magic, truncated, out-of-file, misaligned, overlapping, a hole, bad dims),
  * KVM_ENOTSUP (GGUF version other than 2/3, a big-endian file, a tensor type
  * kvmill cannot dequantise), KVM_ENOMEM. */
 int kvm_gguf_parse(const char *name, const uint8_t *map, size_t bytes, kvm_gguf **out);

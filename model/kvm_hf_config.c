@@ -105,6 +105,22 @@ static int get_arch(const char *f, const json_t *root, int *arch)
                    f, s);
 }
 
+/* The rope type of o (`where`) into *t: 'rope_type', else the older 'type', else NULL. Both present and
+ * different is refused: transformers 4.x copies 'type' over 'rope_type' (its backward-compatibility step), so
+ * reading either one alone could run a scaling other than the one transformers runs. */
+static int get_rope_type(const char *f, const json_t *o, const char *where, const char **t)
+{
+    const char *rt = json_string_value(json_object_get(o, "rope_type"));
+    const char *ty = json_string_value(json_object_get(o, "type"));
+    if (rt && ty && strcmp(rt, ty) != 0)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: %s has 'type' '%.32s' and 'rope_type' '%.32s', which disagree (transformers 4 "
+                       "copies 'type' over 'rope_type'): remove the wrong one",
+                       f, where, ty, rt);
+    *t = rt ? rt : ty;
+    return 0;
+}
+
 /* The rope type of o (rope_scaling or rope_parameters, named `where`) into *rs: "default"
  * (also when o is absent, or has no type and `typed` is 0), or "llama3" with its factors. */
 static int get_rope_scaling(const char *f, const json_t *o, const char *where, int typed, kvm_rope_scaling *rs)
@@ -112,8 +128,9 @@ static int get_rope_scaling(const char *f, const json_t *o, const char *where, i
     *rs = (kvm_rope_scaling){0};
     if (!o || json_is_null(o)) return 0;
     if (!json_is_object(o)) return kvm_err(KVM_EFORMAT, "%s: key '%s' is not an object", f, where);
-    const char *t = json_string_value(json_object_get(o, "rope_type"));
-    if (!t) t = json_string_value(json_object_get(o, "type"));
+    const char *t = NULL;
+    int trc = get_rope_type(f, o, where, &t);
+    if (trc) return trc;
     if (!t && typed) return kvm_err(KVM_EFORMAT, "%s: %s has no 'rope_type'", f, where);
     if (!t || strcmp(t, "default") == 0) return 0;
     if (strcmp(t, "llama3") != 0)
@@ -198,6 +215,32 @@ static int check_unsupported(const char *f, const json_t *root)
     return check_partial_rotary(f, root, "");
 }
 
+/* e, a JSON value that is no integer, in words ("the float 2", "the string '2'", "a list") into buf. */
+static const char *describe_non_integer(const json_t *e, char *buf, size_t size)
+{
+    if (json_is_real(e))
+        snprintf(buf, size, "the float %g", json_real_value(e));
+    else if (json_is_string(e))
+        snprintf(buf, size, "the string '%.32s'", json_string_value(e));
+    else
+        snprintf(buf, size, "%s",
+                 json_is_array(e)     ? "a list"
+                 : json_is_object(e)  ? "an object"
+                 : json_is_boolean(e) ? "a boolean"
+                                      : "null");
+    return buf;
+}
+
+/* Entry i of file f's eos_token_id (e; `listed`: v is a list) is no integer: said as such (a float 2.0 or a
+ * string "2", which transformers does not take as an id either), not as an id out of range. */
+static int eos_not_integer(const char *f, const json_t *e, int listed, size_t i)
+{
+    char what[64], where[32] = "";
+    if (listed) snprintf(where, sizeof where, " entry %zu", i);
+    return kvm_err(KVM_EFORMAT, "%s: key 'eos_token_id'%s is %s, not an integer id", f, where,
+                   describe_non_integer(e, what, sizeof what));
+}
+
 /* Appends the ids of v, file f's eos_token_id (an id or a list of ids, each in [0, vocab)),
  * to c->eos_ids, each once: at most KVM_MODEL_MAX_EOS in all. */
 static int add_eos(const char *f, const json_t *v, kvm_model_config *c)
@@ -206,7 +249,8 @@ static int add_eos(const char *f, const json_t *v, kvm_model_config *c)
     if (n < 1) return kvm_err(KVM_EFORMAT, "%s: eos_token_id is an empty list", f);
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= c->vocab_size)
+        if (!json_is_integer(e)) return eos_not_integer(f, e, json_is_array(v), i);
+        if (json_integer_value(e) < 0 || json_integer_value(e) >= c->vocab_size)
             return kvm_err(KVM_EFORMAT, "%s: eos_token_id entry %zu is not an id in [0, %d)", f, i, c->vocab_size);
         int32_t id = (int32_t)json_integer_value(e);
         int seen = 0;

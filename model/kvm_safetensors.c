@@ -98,6 +98,25 @@ static int json_u64(const char *file, const char *name, const char *what, const 
     return 0;
 }
 
+/* No safetensors file is near 2^48 bytes (256 TiB): an offset past that is no truncated download but a corrupt
+ * header, and saying "cut short" would send the user to download again for nothing. */
+#define KVM_ST_PLAUSIBLE_BYTES (1ull << 48)
+
+/* Tensor `name`'s data_offsets [b, e] end past f's data section: a download that stopped part way, the usual cause,
+ * unless an offset is beyond any real file's size. */
+static int offsets_past_end(const st_file *f, const char *name, uint64_t b, uint64_t e)
+{
+    if (b > KVM_ST_PLAUSIBLE_BYTES || e > KVM_ST_PLAUSIBLE_BYTES)
+        return kvm_err(KVM_EFORMAT,
+                       "%s: tensor '%s': data_offsets [%llu, %llu] lie beyond any plausible file size (2^48 bytes; "
+                       "the data section holds %llu): the header's offsets are corrupt",
+                       f->path, name, (unsigned long long)b, (unsigned long long)e, (unsigned long long)f->data_bytes);
+    return kvm_err(KVM_EFORMAT,
+                   "%s: tensor '%s': data_offsets [%llu, %llu] end past the data section's %llu "
+                   "bytes: the file is cut short (an unfinished download?)",
+                   f->path, name, (unsigned long long)b, (unsigned long long)e, (unsigned long long)f->data_bytes);
+}
+
 /* One header entry {"dtype", "shape", "data_offsets"} into t (offsets not yet range-checked
  * against neighbours). */
 static int parse_entry(const st_file *f, const char *name, const json_t *v, kvm_st_tensor *t)
@@ -131,11 +150,7 @@ static int parse_entry(const st_file *f, const char *name, const json_t *v, kvm_
     if ((rc = json_u64(p, name, "data_offsets[0]", json_array_get(off, 0), UINT64_MAX >> 1, &b)) ||
         (rc = json_u64(p, name, "data_offsets[1]", json_array_get(off, 1), UINT64_MAX >> 1, &e)))
         return rc;
-    if (b > f->data_bytes || e > f->data_bytes) /* the usual cause: a download that stopped part way */
-        return kvm_err(KVM_EFORMAT,
-                       "%s: tensor '%s': data_offsets [%llu, %llu] end past the data section's %llu "
-                       "bytes: the file is cut short (an unfinished download?)",
-                       p, name, (unsigned long long)b, (unsigned long long)e, (unsigned long long)f->data_bytes);
+    if (b > f->data_bytes || e > f->data_bytes) return offsets_past_end(f, name, b, e);
     if (e < b) return kvm_err(KVM_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] end before they begin", p, name,
                               (unsigned long long)b, (unsigned long long)e);
     t->n_elems = (int64_t)n;

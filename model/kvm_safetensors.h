@@ -35,14 +35,16 @@ typedef struct kvm_st kvm_st;
 
 /* Opens the weights of a Hugging Face folder: dir/model.safetensors.index.json when present
  * (its "weight_map" {tensor: file}; the files are taken in sorted name order, which is shard
- * order for model-0000K-of-0000N names), else dir/model.safetensors. Each file is mapped and
+ * order for model-0000K-of-0000N names), else dir/model.safetensors; a folder with both is
+ * refused (transformers loads model.safetensors, so one of them is stale). Each file is mapped and
  * parsed as kvm_st_open_files does; with an index, every tensor the index lists must be in the
  * file it names and every tensor of a file must be listed, and file names may not contain '/'
  * or be "." or "..". Symbolic links are followed (the Hugging Face cache links to its blobs).
  * Errors (message names the file, and the tensor or key): KVM_ENOTFOUND (no weights, a file
  * the index names is absent), KVM_EFORMAT (malformed index, more than KVM_ST_MAX_FILES files,
- * a tensor in the wrong file or unlisted; the index or model.safetensors a broken symbolic link, a link loop, or not a
- * regular file), plus those of kvm_st_open_files. *out is a new set (kvm_st_close). */
+ * a tensor in the wrong file or unlisted, both an index and model.safetensors; the index or model.safetensors a broken
+ * symbolic link, a link loop, or not a regular file), plus those of kvm_st_open_files. *out is a new set
+ * (kvm_st_close). */
 int kvm_st_open_dir(const char *dir, kvm_st **out);
 
 /* Opens and parses n files (paths copied). Per file, checks: at least 8 bytes; header length

@@ -108,13 +108,28 @@ static int open_indexed(const char *dir, const char *ipath, kvm_st **out)
     return rc;
 }
 
+/* An index found at ipath: refused when dir also holds model.safetensors. transformers' from_pretrained loads
+ * model.safetensors first and kvmill loaded the shards; one of the two is stale (a re-saved or partly downloaded
+ * checkpoint), and which one is not ours to guess. */
+static int check_single_file_absent(const char *dir, const char *ipath)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    /* a broken link, a FIFO or a folder of that name is no file transformers would load: the index decides */
+    if (kvm_file_check_found(path) != 0) return 0;
+    return kvm_err(KVM_EFORMAT,
+                   "%s: the folder holds both %s and %s (transformers loads model.safetensors, the shards are the "
+                   "index's): remove the one that is stale",
+                   dir, path, ipath);
+}
+
 int kvm_st_open_dir(const char *dir, kvm_st **out)
 {
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     int rc = kvm_file_check_found(path); /* a FIFO would block json_load_file; a broken link is no absent index */
-    if (rc == 0) return open_indexed(dir, path, out);
+    if (rc == 0) return (rc = check_single_file_absent(dir, path)) ? rc : open_indexed(dir, path, out);
     if (rc != KVM_ENOTFOUND) return rc;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     rc = kvm_file_check_found(path);

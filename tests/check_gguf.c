@@ -724,6 +724,45 @@ START_TEST(test_malformed)
 }
 END_TEST
 
+/* A tensor retyped to a smaller type, its data left as it was (F32 -> F16 for a norm, Q6_K -> Q4_K for the last
+ * tensor): was read as the smaller type, garbage weights and no word; now the hole it leaves behind it, before the
+ * next tensor or the file's end, is refused naming the tensors and its size. */
+START_TEST(test_retyped)
+{
+    uint8_t *arena;
+    gw f = tiny_llama(&tiny_ok, &arena);
+    uint8_t *b = malloc(f.n);
+    memcpy(b, f.b, f.n);
+    put32(b + tinfo_off(&f, 2, 2), KVM_GGML_F16); /* blk.0.attn_norm.weight, 256 F32 = 1024 bytes */
+    expect_parse_error(b, f.n, KVM_EFORMAT, "'blk.0.attn_norm.weight' [", "and 'blk.0.attn_q.weight'");
+    ck_assert_msg(strstr(kvm_errmsg(), "hole of 512 bytes"), "%s", kvm_errmsg());
+    memcpy(b, f.b, f.n);
+    put32(b + tinfo_off(&f, 11, 2), KVM_GGML_Q4_K); /* output.weight, 32 rows of one 210-byte Q6_K block */
+    expect_parse_error(b, f.n, KVM_EFORMAT, "'output.weight'", "hole of 2112 bytes before the end of the file");
+    /* bytes past the last tensor's padding: the same hole */
+    uint8_t *longer = calloc(1, f.n + 64);
+    memcpy(longer, f.b, f.n);
+    expect_parse_error(longer, f.n + 64, KVM_EFORMAT, "'output.weight'", "hole of 64 bytes");
+    /* padding short of the alignment after the last tensor is what writers leave */
+    kvm_gguf *g;
+    ck_assert_msg(kvm_gguf_parse("padded", longer, f.n + 31, &g) == 0, "%s", kvm_errmsg());
+    kvm_gguf_free(&g);
+    free(longer);
+    /* the only tensor moved one alignment on, its old place left as a hole */
+    static const float a[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    tspec one[1] = {{"a", 1, {8, 1, 1, 1}, KVM_GGML_F32, a, 32}};
+    gw kv = {0}, s = gguf_build(&kv, 0, one, 1);
+    size_t at = tinfo_off(&s, 0, 3);
+    gw_put(&s, a, 32);
+    put64(s.b + at, 32);
+    expect_parse_error(s.b, s.n, KVM_EFORMAT, "'a', the first", "hole of 32 bytes before it");
+    free(s.b);
+    free(b);
+    free(f.b);
+    free(arena);
+}
+END_TEST
+
 /* A metadata key given twice: the first was taken and the second dropped without a word (a
  * second llama.context_length, an eos_token_id); llama.cpp refuses such a file. */
 START_TEST(test_duplicate_key)
@@ -1104,6 +1143,7 @@ static Suite *gguf_suite(void)
                  {"tiny_llama", test_tiny_llama},
                  {"model_errors", test_model_errors},
                  {"malformed", test_malformed},
+                 {"retyped", test_retyped},
                  {"duplicate_key", test_duplicate_key},
                  {"model_truncated", test_model_truncated},
                  {"smol_dequant", test_smol_dequant},

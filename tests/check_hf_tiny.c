@@ -708,11 +708,18 @@ START_TEST(test_bad_config)
         {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}", KVM_ENOTSUP, "dynamic", NULL},
         {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", KVM_EFORMAT, "low_freq_factor",
          "rope_scaling"},
+        /* transformers 4 runs 'type' (linear) over 'rope_type': was read as plain RoPE, unsaid */
+        {"rope_scaling", "{\"type\": \"linear\", \"rope_type\": \"default\", \"factor\": 2.0}", KVM_EFORMAT,
+         "'type' 'linear' and 'rope_type' 'default'", "rope_scaling"},
         {"hidden_act", "\"gelu\"", KVM_ENOTSUP, "hidden_act", "gelu"},
         {"mlp_bias", "true", KVM_ENOTSUP, "mlp_bias", NULL},
         {"partial_rotary_factor", "0.5", KVM_ENOTSUP, "partial_rotary_factor", NULL},
         {"eos_token_id", "97", KVM_EFORMAT, "eos_token_id", NULL},
         {"eos_token_id", "[2, 1000]", KVM_EFORMAT, "eos_token_id", "entry 1"},
+        /* a float or a string: was "entry 0 is not an id in [0, 256)" */
+        {"eos_token_id", "2.0", KVM_EFORMAT, "key 'eos_token_id' is the float 2, not an integer id", NULL},
+        {"eos_token_id", "[2, \"3\"]", KVM_EFORMAT, "key 'eos_token_id' entry 1 is the string '3', not an integer id",
+         NULL},
         {"bos_token_id", "-1", KVM_EFORMAT, "bos_token_id", NULL},
         {"tie_word_embeddings", "1", KVM_EFORMAT, "tie_word_embeddings", "boolean"},
         {"head_dim", "15", KVM_EFORMAT, "head_dim", "odd"},
@@ -1065,6 +1072,11 @@ START_TEST(test_bad_entries)
     ck_assert_msg(strstr(err, "symbolic links"), "%s", err);
     free(err);
     dir = folder_with(NULL, &s);
+    /* the index alone (beside model.safetensors, the folder is refused as holding both) */
+    char single[4096], aside[4096];
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    snprintf(aside, sizeof aside, "%s/aside.safetensors", g_tmp);
+    ck_assert_int_eq(rename(single, aside), 0);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     static const char idx[] = "{\"weight_map\": {\"model.norm.weight\": \".\"}}";
     ck_assert_int_eq(kvm_test_write_file(p, idx, strlen(idx)), 0);
@@ -1072,6 +1084,7 @@ START_TEST(test_bad_entries)
     ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
     ck_assert_msg(strstr(err, "index.json") && strstr(err, "'model.norm.weight'"), "%s", err);
     free(err);
+    ck_assert_int_eq(rename(aside, single), 0);
     /* a file of the folder as the model: was read as a llama2.c checkpoint ("header field 'dim'") */
     static const char *const parts[] = {"model.safetensors", "config.json", "model.safetensors.index.json"};
     for (int i = 0; i < 3; i++) {
@@ -1105,6 +1118,8 @@ START_TEST(test_generation_config)
         {"{\"eos_token_id\": [7, 2, 7]}", 0, 2, 7, 2, NULL, NULL},
         {"{\"do_sample\": true}", KVM_EFORMAT, 0, 0, 0, "'eos_token_id' is missing", "generation_config.json has none"},
         {"{\"eos_token_id\": [2, 1000]}", KVM_EFORMAT, 0, 0, 0, "generation_config.json: eos_token_id entry 1", NULL},
+        {"{\"eos_token_id\": \"2\"}", KVM_EFORMAT, 0, 0, 0,
+         "generation_config.json: key 'eos_token_id' is the string '2'", "not an integer"},
         {"{\"eos_token_id\": []}", KVM_EFORMAT, 0, 0, 0, "generation_config.json: eos_token_id", "empty"},
         {"{\"eos_token_id\": 2", KVM_EFORMAT, 0, 0, 0, "generation_config.json: ", "line 1"},
         {"[2]", KVM_EFORMAT, 0, 0, 0, "generation_config.json: not a JSON object", NULL},

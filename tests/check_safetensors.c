@@ -129,6 +129,12 @@ START_TEST(test_malformed)
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, KVM_EFORMAT, "'w'", "end before"},
         /* said "data_offsets[1] must be an integer in [0, 4]" for what is a truncated file */
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, KVM_EFORMAT, "'w'", "cut short"},
+        /* offsets no file reaches: were called a cut-short file too */
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4611686018427387904,4611686018427387912]}}", 8,
+         KVM_EFORMAT, "'w'", "the header's offsets are corrupt"},
+        /* 2^48 itself is still a (huge) truncation */
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,281474976710656]}}", 8, KVM_EFORMAT, "'w'",
+         "cut short"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, KVM_EFORMAT, "'w'", "shape needs 12"},
         {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"v\":{\"dtype\":\"F32\",\"shape\":[2],"
          "\"data_offsets\":[4,12]}}",
@@ -293,6 +299,18 @@ START_TEST(test_sharded)
     kvm_st_to_f32(t->dtype, t->data, y, 4);
     ck_assert_float_eq(y[3], 4);
     kvm_st_close(&s);
+    /* a model.safetensors beside the index, which transformers loads instead: the shards were loaded, unsaid */
+    kvm_test_st_tensor one[1] = {{"a", "F32", 1, {4}, y}};
+    ck_assert_int_eq(kvm_test_st_write(in_dir("model.safetensors"), one, 1), 0);
+    expect_dir(KVM_EFORMAT, "both", "model.safetensors.index.json");
+    ck_assert_msg(strstr(kvm_errmsg(), "/model.safetensors and ") &&
+                      strstr(kvm_errmsg(), "remove the one that is stale"),
+                  "%s", kvm_errmsg());
+    ck_assert_int_eq(unlink(in_dir("model.safetensors")), 0);
+    /* a link to a missing blob of that name is no file transformers loads: the index still decides */
+    ck_assert_int_eq(symlink("../../blobs/0123abcd", in_dir("model.safetensors")), 0);
+    expect_dir(0, NULL, NULL);
+    ck_assert_int_eq(unlink(in_dir("model.safetensors")), 0);
     /* the index puts b in the other shard */
     write_index("{\"weight_map\":{\"c\":\"model-00002-of-00002.safetensors\","
                 "\"a\":\"model-00001-of-00002.safetensors\",\"b\":\"model-00002-of-00002.safetensors\"}}");
