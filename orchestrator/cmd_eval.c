@@ -36,11 +36,18 @@ static const kvm_cli_opt fixed_opts[] = {
     {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
     {"docs", 1, "documents: a folder of *.txt, a file, or a comma-separated list", NULL},
     {"method", 1, NULL, NULL},
-    {"budget", 1, "entries kept per (layer, KV head), B (comma-separated list allowed)", NULL},
-    {"ratio", 1, "budget as a share r of the context, b = r*N, in (0, 1) (list allowed)", NULL},
+    {"budget", 1,
+     "entries kept per (layer, KV head), B: an integer >= 1 (-0 reads as 0) (comma-separated list allowed)", NULL},
+    {"ratio", 1,
+     "budget as a share r of the context, b = r*N, in [1e-9, 1]; one that keeps the whole context (1 always) is "
+     "refused but for full (list allowed)",
+     NULL},
     {"context", 1, "context tokens N, BOS included (default 384)", NULL},
     {"continuation", 1, "continuation tokens T (default 64)", NULL},
-    {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
+    {"phases", 1,
+     "prefill (default): compress the context only; both: also each method's decode policy (such rows' ppl_full "
+     "is from a token-by-token full-KV reference and can differ in the last digits)",
+     NULL},
     {"csv", 1,
      "write one row per (document, method, budget) to this CSV file (doc: the file's name without .txt; "
      "documents sharing a name get the shortest path suffixes telling them apart, a/doc and b/doc)",
