@@ -37,6 +37,21 @@ static int is_regular(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* Why --doc gave no token besides BOS: a FIFO (opened without waiting for a writer, kvm_file.c,
+ * so one whose writer comes later reads as empty), socket or device is named as eval names it;
+ * a regular file is empty. */
+static void say_no_tokens(const char *doc)
+{
+    if (!is_regular(doc))
+        fprintf(stderr,
+                "kvmill sculpt: --doc %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
+                "device) and nothing could be read from it: sculpt does not wait for a writer; save it to a file "
+                "and name that\n",
+                doc);
+    else
+        fprintf(stderr, "kvmill sculpt: --doc %s is empty: it has no tokens besides BOS\n", doc);
+}
+
 /* 1 when s is the integer 0 as every integer flag reads it ("0", "-0": strtoll), so that --budget
  * -0 is "use --ratio" as 0 is, not a second size beside --ratio */
 static int is_zero(const char *s)
@@ -224,15 +239,8 @@ int kvm_cmd_sculpt(int argc, char **argv)
     int rc = cmd_eval_docs_encode("sculpt", tok, NULL, doc, want, &ids, &n);
     if (!rc) {
         int64_t N = ctx > 0 ? ctx : n;
-        if (n <= 1 && !is_regular(doc)) /* a FIFO is opened without waiting for a writer (kvm_file.c): empty */
-            fprintf(stderr,
-                    "kvmill sculpt: --doc %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
-                    "device) and nothing could be read from it: sculpt does not wait for a writer; save it to a "
-                    "file and name that\n",
-                    doc);
-        if (n <= 1 && is_regular(doc)) /* BOS alone: a "cache" of nothing, which run, serve and eval refuse */
-            fprintf(stderr, "kvmill sculpt: --doc %s is empty: it has no tokens besides BOS\n", doc);
-        if (n <= 1) {
+        if (n <= 1) { /* BOS alone: a "cache" of nothing, which run, serve and eval refuse */
+            say_no_tokens(doc);
             rc = 2;
         } else if (ctx >
                    kvm_model_window(&m->cfg)) { /* a cut the user did not ask for would compress another context */
