@@ -30,19 +30,20 @@ static int out_is_stdout(const char *path)
     return fstat(STDOUT_FILENO, &so) == 0 && stat(path, &sp) == 0 && so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
 }
 
-/* 1 when path is a regular file (a FIFO, socket or device is not: sculpt reads what is there) */
-static int is_regular(const char *path)
+/* 1 when path is a FIFO or socket: what its writer had not yet sent when sculpt read it is not
+ * there (a device such as /dev/null that reads empty is an empty document) */
+static int is_pipe(const char *path)
 {
     struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    return stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
 }
 
 /* Why --doc gave no token besides BOS: a FIFO (opened without waiting for a writer, kvm_file.c,
- * so one whose writer comes later reads as empty), socket or device is named as eval names it;
- * a regular file is empty. */
+ * so one whose writer comes later reads as empty) or socket is named as eval names it; a file
+ * (or a device that reads empty) is empty. */
 static void say_no_tokens(const char *doc)
 {
-    if (!is_regular(doc))
+    if (is_pipe(doc))
         fprintf(stderr,
                 "kvmill sculpt: --doc %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
                 "device) and nothing could be read from it: sculpt does not wait for a writer; save it to a file "
