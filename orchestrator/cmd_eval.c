@@ -36,11 +36,18 @@ static const kvm_cli_opt fixed_opts[] = {
     {"tokenizer", 1, "tokenizer (default: a GGUF model's own, else beside the model)", NULL},
     {"docs", 1, "documents: a folder of *.txt, a file, or a comma-separated list", NULL},
     {"method", 1, NULL, NULL},
-    {"budget", 1, "entries kept per (layer, KV head), B (comma-separated list allowed)", NULL},
-    {"ratio", 1, "budget as a share r of the context, b = r*N, in (0, 1) (list allowed)", NULL},
+    {"budget", 1,
+     "entries kept per (layer, KV head), B: an integer >= 1 (-0 reads as 0) (comma-separated list allowed)", NULL},
+    {"ratio", 1,
+     "budget as a share r of the context, b = r*N, in [1e-9, 1]; one that keeps the whole context (1 always) is "
+     "refused but for full (list allowed)",
+     NULL},
     {"context", 1, "context tokens N, BOS included (default 384)", NULL},
     {"continuation", 1, "continuation tokens T (default 64)", NULL},
-    {"phases", 1, "prefill (default): compress the context only; both: also each method's decode policy", NULL},
+    {"phases", 1,
+     "prefill (default): compress the context only; both: also each method's decode policy (such rows' ppl_full "
+     "is from a token-by-token full-KV reference and can differ in the last digits)",
+     NULL},
     {"csv", 1,
      "write one row per (document, method, budget) to this CSV file (doc: the file's name without .txt; "
      "documents sharing a name get the shortest path suffixes telling them apart, a/doc and b/doc)",
@@ -61,11 +68,11 @@ static const kvm_cli_opt fixed_opts[] = {
      "(round trip through the store's encoding; bytes = its stored bytes)",
      NULL},
     {"decode-steps", 1,
-     "decode steps timed over each compressed cache for decode_ms (default 8; 0: none; at most "
-     "the continuation)",
+     "decode steps timed over each compressed cache for decode_ms (default 8, or the continuation "
+     "when shorter; 0: none; at most the continuation)",
      NULL},
     {"target-kl", 1,
-     "per document, the smallest budget whose mean KL on tokens [N, N+T) is <= this (nats), by "
+     "per document, the smallest budget whose mean KL on tokens [N, N+T) is <= this (nats, in (0, 1e6]), by "
      "bisection; tokens [N+T, N+2T) are the check (replaces --budget/--ratio)",
      NULL},
     {"target-step", 1, "--target-kl: budgets searched are multiples of this (tokens, default 16)", NULL},
@@ -237,7 +244,7 @@ static int parse_settings(const eval_cli *c, cmd_eval_setup *es)
 {
     const kvm_cli_opt *opts = c->opts;
     const char *target = c->target, *phases = c->phases;
-    *es = (cmd_eval_setup){.both = 0, .dtype = KVM_PROTO_F32, .decode_steps = 8, .target_kl = -1, .target_step = 16};
+    *es = (cmd_eval_setup){.both = 0, .dtype = KVM_PROTO_F32, .decode_steps = -1, .target_kl = -1, .target_step = 16};
     const char *dtype = kvm_cli_get(opts, "dtype"), *steps = kvm_cli_get(opts, "decode-steps"),
                *tstep = kvm_cli_get(opts, "target-step");
     if (dtype && (kvm_proto_dtype_parse(dtype, strlen(dtype), &es->dtype) || es->dtype == KVM_PROTO_I32)) {
@@ -249,11 +256,9 @@ static int parse_settings(const eval_cli *c, cmd_eval_setup *es)
         if (kvm_cli_int(CMD, "decode-steps", steps, 0, 1 << 20, &n_steps)) return 2;
         es->decode_steps = (int)n_steps;
     }
-    if (target && kvm_cli_float(CMD, "target-kl", target, 0.0, 1e6, &es->target_kl)) return 2;
-    if (target && !(es->target_kl > 0)) { /* [compress] target_kl = 0 means off; here the search would end at full KV */
-        fprintf(stderr, "kvmill " CMD ": --target-kl %s: the target must be above 0 nats (only full KV has KL 0)\n", target);
-        return 2;
-    }
+    /* 0 refused ([compress] target_kl = 0 means off; here the search would end at full KV), in the
+     * one message that states the range */
+    if (target && kvm_cli_float_above(CMD, "target-kl", target, 0.0, 1e6, &es->target_kl)) return 2;
     if (tstep && !target) {
         fprintf(stderr, "kvmill " CMD ": --target-step needs --target-kl\n");
         return 2;
@@ -270,8 +275,8 @@ static int parse_settings(const eval_cli *c, cmd_eval_setup *es)
     return 0;
 }
 
-/* --context, --continuation, and --device: the device itself, then as the solver's setting (the
- * sculpt table's `device`, the selection `kvmill sculpt` makes), checked here before any prefill;
+/* --context, --continuation (and with it the default --decode-steps), and --device: the device itself, then as the
+ * solver's setting (the sculpt table's `device`, the selection `kvmill sculpt` makes), checked here before any prefill;
  * the capture, hooks and eviction need the host forward, so the kernels are the CPU's (--threads).
  * Returns 0 or 2 after printing why. */
 static int parse_device(eval_cli *c, cmd_eval_setup *es)
@@ -279,6 +284,9 @@ static int parse_device(eval_cli *c, cmd_eval_setup *es)
     const kvm_cli_opt *opts = c->opts;
     if (cmd_eval_lengths(CMD, kvm_cli_get(opts, "context"), kvm_cli_get(opts, "continuation"), &es->N, &es->T))
         return 2;
+    /* Not given: 8 steps, fewer when the continuation is shorter (a default the user never set is
+     * not refused by check_window); only an explicit value above the continuation is. */
+    if (es->decode_steps < 0) es->decode_steps = es->T < 8 ? (int)es->T : 8;
     const char *dev = kvm_cli_get(opts, "device");
     c->dev_o = kvm_sculpt_opts_default();
     const kvm_kernels *dev_k;

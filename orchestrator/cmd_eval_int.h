@@ -33,7 +33,7 @@ typedef struct cmd_eval_setup {
     int64_t N, T;          /* context, continuation (target mode: the search part; 2T are scored) */
     int both;              /* --phases both */
     kvm_proto_dtype dtype; /* --dtype: the cache is scored as the store serves it in this dtype */
-    int decode_steps;      /* --decode-steps */
+    int decode_steps;      /* --decode-steps (default min(8, continuation)) */
     double target_kl;      /* --target-kl, or < 0 */
     int64_t target_step;   /* --target-step, tokens */
     const char *frame;     /* --chat: the chat frame's prefix before each document, or NULL */

@@ -286,10 +286,10 @@ int cmd_eval__check_sizes(const cmd_eval_job *jobs, int n_jobs, int is_budget, i
             /* k = round(r·(N − m)) distilled entries beside the m retained: the full cache, KL 0 */
             fprintf(stderr,
                     "kvmill " CMD ": --method %s: --ratio %s of the compress zone (%s less the retain "
-                    "zone of %lld) keeps %lld distilled entries beside the %lld retained, the whole context: the "
+                    "zone of %lld) keeps %lld distilled entr%s beside the %lld retained, the whole context: the "
                     "\"compressed\" cache would be as large as the full one; lower --ratio or %s\n",
                     jobs[j].spec, jobs[j].item, ctx, (long long)retain, (long long)kvm_sculpt_k(jobs[j].opts, N),
-                    (long long)retain, raise);
+                    kvm_plural(kvm_sculpt_k(jobs[j].opts, N), "y", "ies"), (long long)retain, raise);
             rc = 2;
         } else if (!distils && !is_budget && strcmp(jobs[j].m->name, "full") &&
                    kvm_budget_resolve(&jobs[j].budget, N) >= N) { /* r·N rounded up to a whole entry */

@@ -10,6 +10,7 @@
 #include "model/kvm_capture.h"
 #include "model/kvm_model_window.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +28,38 @@ static int out_is_stdout(const char *path)
 {
     struct stat so, sp;
     return fstat(STDOUT_FILENO, &so) == 0 && stat(path, &sp) == 0 && so.st_dev == sp.st_dev && so.st_ino == sp.st_ino;
+}
+
+/* 1 when path is a FIFO or socket: what its writer had not yet sent when sculpt read it is not
+ * there (a device such as /dev/null that reads empty is an empty document) */
+static int is_pipe(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
+}
+
+/* Why --doc gave no token besides BOS: a FIFO (opened without waiting for a writer, kvm_file.c,
+ * so one whose writer comes later reads as empty) or socket is named as eval names it; a file
+ * (or a device that reads empty) is empty. */
+static void say_no_tokens(const char *doc)
+{
+    if (is_pipe(doc))
+        fprintf(stderr,
+                "kvmill sculpt: --doc %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
+                "device) and nothing could be read from it: sculpt does not wait for a writer; save it to a file "
+                "and name that\n",
+                doc);
+    else
+        fprintf(stderr, "kvmill sculpt: --doc %s is empty: it has no tokens besides BOS\n", doc);
+}
+
+/* 1 when s is the integer 0 as every integer flag reads it ("0", "-0": strtoll), so that --budget
+ * -0 is "use --ratio" as 0 is, not a second size beside --ratio */
+static int is_zero(const char *s)
+{
+    char *end;
+    errno = 0;
+    return strtoll(s, &end, 10) == 0 && !errno && end != s && !*end;
 }
 
 /* Prefill + capture + compress + write. Prints a one-line summary to stdout, or to stderr when
@@ -86,8 +119,11 @@ static int run(const kvm_model *m, const kvm_kernels *kk, const kvm_tokenizer *t
 
 /* Settings under which the "compressed" cache would hold every entry of the context (as run and
  * eval refuse them): the retain zone is the whole context, or the budget (entries per KV head,
- * retain zone included) is not below it, or --ratio 1. Says which on stderr; returns 1 then. */
-static int refuse_no_compression(const kvm_sculpt_opts *o, int64_t N)
+ * retain zone included) is not below it, or --ratio (the flag's text: ratio; method: --method's)
+ * keeps every entry of the N tokens (ctx: --context, NULL when the document's length is N). Says
+ * which on stderr; returns 1 then. */
+static int refuse_no_compression(const kvm_sculpt_opts *o, int64_t N, const char *method, const char *ratio,
+                                 const char *ctx)
 {
     if (o->retain_tokens > N) /* a document shorter than the retain zone: run's own message names it */
         return 0;
@@ -101,6 +137,15 @@ static int refuse_no_compression(const kvm_sculpt_opts *o, int64_t N)
     else if (o->k_entries == 0 && o->ratio >= 1)
         fprintf(stderr, "kvmill sculpt: --ratio 1 keeps every entry: the \"compressed\" cache would be as large as "
                         "the full one; lower --ratio\n");
+    else if (o->k_entries == 0 && kvm_sculpt_k(o, N) + o->retain_tokens >= N)
+        /* k = round(r·(N − m)) rounds up to the whole compress zone: eval's wording (cmd_eval__check_sizes) */
+        fprintf(stderr,
+                "kvmill sculpt: --method %s: --ratio %s of the compress zone (%s%lld%s less the retain zone of %lld) "
+                "keeps %lld distilled entr%s beside the %lld retained, the whole context: the \"compressed\" cache "
+                "would be as large as the full one; lower --ratio%s\n",
+                method, ratio, ctx ? "--context " : "the context's ", (long long)N, ctx ? "" : " tokens",
+                (long long)o->retain_tokens, (long long)kvm_sculpt_k(o, N), kvm_plural(kvm_sculpt_k(o, N), "y", "ies"),
+                (long long)o->retain_tokens, ctx ? " or raise --context" : "");
     else
         return 0;
     return 1;
@@ -148,7 +193,7 @@ int kvm_cmd_sculpt(int argc, char **argv)
         kvm_cli_check_out_model("sculpt", "out", out, model_path, kvm_cli_get(opts, "tokenizer"), "--doc", doc))
         return 2;
     const char *sized = kvm_cli_get(opts, "budget") ? "budget" : kvm_cli_get(opts, "entries") ? "entries" : NULL;
-    if (sized && strcmp(kvm_cli_get(opts, sized), "0") && kvm_cli_get(opts, "ratio")) { /* the budget won, unsaid */
+    if (sized && !is_zero(kvm_cli_get(opts, sized)) && kvm_cli_get(opts, "ratio")) { /* the budget won, unsaid */
         fprintf(stderr, "kvmill sculpt: --ratio and --%s both size the cache: give one of them\n", sized);
         return 2;
     }
@@ -196,7 +241,7 @@ int kvm_cmd_sculpt(int argc, char **argv)
     if (!rc) {
         int64_t N = ctx > 0 ? ctx : n;
         if (n <= 1) { /* BOS alone: a "cache" of nothing, which run, serve and eval refuse */
-            fprintf(stderr, "kvmill sculpt: --doc %s is empty: it has no tokens besides BOS\n", doc);
+            say_no_tokens(doc);
             rc = 2;
         } else if (ctx >
                    kvm_model_window(&m->cfg)) { /* a cut the user did not ask for would compress another context */
@@ -213,7 +258,12 @@ int kvm_cmd_sculpt(int argc, char **argv)
                         (long long)n, kvm_model_window(&m->cfg), kvm_model_window_note(&m->cfg));
                 N = kvm_model_window(&m->cfg);
             }
-            rc = refuse_no_compression(&o, N) ? 2 : run(m, kk, tok, ids, N, &o, out);
+            const char *method = kvm_cli_get(opts, "method"), *ratio = kvm_cli_get(opts, "ratio");
+            rc = refuse_no_compression(&o, N, method ? method : "sculpt",
+                                       ratio ? ratio : kvm_sculpt_setting_find("ratio", 5)->def,
+                                       ctx > 0 && N == ctx ? "--context" : NULL)
+                     ? 2
+                     : run(m, kk, tok, ids, N, &o, out);
         }
     }
     free(ids);

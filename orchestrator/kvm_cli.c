@@ -190,6 +190,22 @@ int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, d
     return 0;
 }
 
+int kvm_cli_float_above(const char *cmd, const char *name, const char *s, double lo, double hi, double *out)
+{
+    double v = 0;
+    const int prc = kvm_parse_decimal(s, &v);
+    if (prc && prc != KVM_ERANGE) {
+        fprintf(stderr, "kvmill %s: %s%s: '%s' is not a number\n", cmd, dashes(name), name, s);
+        return -1;
+    }
+    if (prc || !(v > lo && v <= hi)) { /* the range as accepted: lo itself is refused */
+        fprintf(stderr, "kvmill %s: %s%s: %s is outside (%g, %g]\n", cmd, dashes(name), name, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int kvm_cli_check_writable(const char *cmd, const char *what, const char *path)
 {
     if (!path || !*path) return 0;

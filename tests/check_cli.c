@@ -874,8 +874,9 @@ START_TEST(test_sculpt_out_is_stdout)
 }
 END_TEST
 
-/* kvmill sculpt on a context just past the retain zone distils no entry and writes the full KV,
- * exit 0: said on stderr now, as run's "kept whole" line says it, not only in the entry counts. */
+/* kvmill sculpt on a context just past the retain zone distils no entry and wrote the full KV,
+ * exit 0 (later with a note on stderr); eval refuses such a ratio, and now sculpt does too, in
+ * eval's words (exit 2, one distilled entry in the singular). */
 START_TEST(test_sculpt_kept_whole_said)
 {
     char *tmp = kvm_test_tmpdir(), args[16384], *out, *err;
@@ -885,8 +886,8 @@ START_TEST(test_sculpt_kept_whole_said)
              tmp);
     int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
                     kvm_test_data_path("corpus/doc_000.txt"));
-    ck_assert_msg(rc == 0 && strstr(err, "9 tokens are too few for the retain zone (8)") &&
-                      strstr(err, "the cache holds the full KV"),
+    ck_assert_msg(rc == 2 && strstr(err, "--ratio 0.3 of the compress zone (--context 9 less the retain zone of 8) "
+                                         "keeps 1 distilled entry beside the 8 retained, the whole context"),
                   "exit %d: %s", rc, err);
     free(out);
     free(err);
@@ -896,7 +897,8 @@ START_TEST(test_sculpt_kept_whole_said)
 END_TEST
 
 /* A FIFO the user names (--docs, --tokens, polykv:FILE) with no writer blocked the open for ever
- * (the command hung, no message): it reads as empty now and is refused as such (exit 2); a
+ * (the command hung, no message): it reads as empty now and is refused, named as not a regular
+ * file (exit 2); a
  * shell's <(...) with its writer is still read. An output FIFO (eval --csv, sculpt and calibrate
  * --out) with no reader: exit 2. */
 START_TEST(test_fifo_without_writer)
@@ -909,7 +911,8 @@ START_TEST(test_fifo_without_writer)
         {"generate --model '%s' -n 4 --tokens '%s'", "f.txt: no token ids"},
         {"eval --model '%s' --docs '%s' --method h2o --budget 8 --context 64 --continuation 8",
          "f.txt: not a regular file (a FIFO"}, /* docs_from_a_pipe */
-        {"sculpt --model '%s' --doc '%s' --out /dev/null", "is empty: it has no tokens besides BOS"},
+        /* named as eval names it: "is empty" blamed the document for a writer that came later */
+        {"sculpt --model '%s' --doc '%s' --out /dev/null", "f.txt: not a regular file (a FIFO"},
         /* an output FIFO with no reader: fopen(..., "w") waited for one for ever */
         {"eval --model '%s' --docs DOC --method h2o --budget 8 --context 64 --continuation 8 --csv '%s'",
          "f.txt: a FIFO that no process is reading"},
@@ -1322,6 +1325,49 @@ START_TEST(test_sculpt_context_one)
 }
 END_TEST
 
+/* sculpt refused less than eval: --ratio 0.9999 of --context 64 wrote the full KV (exit 0, a note
+ * only) where eval refuses the same ratio; --budget 4e1 and 48.0 were read as 40 and 48 where
+ * eval's integer flags refuse them; "-0" with --ratio was "both size the cache" though -0 is 0
+ * (use the ratio) to every integer parse; and "2 token(s)". Now sculpt refuses in eval's words
+ * (exit 2, --out not written), reads integers as eval does, and counts in words. */
+START_TEST(test_sculpt_refuses_as_eval)
+{
+    char *tmp = kvm_test_tmpdir(), outp[4096], args[16384], *out, *err;
+    snprintf(outp, sizeof outp, "%s/o.cache", tmp);
+    const char *cases[][2] = {
+        {"--context 64 --ratio 0.9999",
+         "--method sculpt: --ratio 0.9999 of the compress zone (--context 64 less the retain zone of 32) keeps 32 "
+         "distilled entries beside the 32 retained, the whole context"},
+        {"--context 64 --method selectfit --ratio 0.999", "--method selectfit: --ratio 0.999 of the compress zone"},
+        {"--context 64 --budget 4e1", "--budget 4e1: expected an integer in [0, 1048576]"},
+        {"--context 64 --budget 48.0", "--budget 48.0: expected an integer in [0, 1048576]"},
+        {"--context 64 --ratio 0.5 --iterations 1e1", "--iterations 1e1: expected an integer"},
+        {"--context 2", "the retain zone of 32 tokens is longer than the context of 2 tokens (BOS included)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "sculpt --model '%%s' --doc '%%s' %s --threads 1 --out '%s'", cases[i][0], outp);
+        int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
+                        kvm_test_data_path("corpus/doc_000.txt"));
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]), "%s: exit %d: %s", cases[i][0], rc, err);
+        ck_assert_int_ne(access(outp, F_OK), 0);
+        free(out);
+        free(err);
+    }
+    /* -0 is 0: "use the ratio", beside --ratio as 0 is */
+    snprintf(args, sizeof args,
+             "sculpt --model '%%s' --doc '%%s' --context 64 --budget -0 --ratio 0.5 --iterations 1 --rounds 1 "
+             "--threads 1 --out '%s'",
+             outp);
+    int rc = kvmill(&out, &err, args, kvm_test_data_path("models/stories260K.bin"),
+                    kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 0 && access(outp, F_OK) == 0, "--budget -0: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* The output flags (make-model and sculpt --out, eval --csv) renamed OUT.part over whatever OUT
  * was: --out STORE/data.mdb exited 0 and the store could no longer be opened, and a read-only
  * file (a corpus document) was replaced without a word. Now an existing OUT that is an LMDB file
@@ -1619,6 +1665,7 @@ static Suite *cli_suite(void)
                  {"sculpt_empty_doc", test_sculpt_empty_doc},
                  {"out_refuses_store_and_readonly", test_out_refuses_store_and_readonly},
                  {"sculpt_context_one", test_sculpt_context_one},
+                 {"sculpt_refuses_as_eval", test_sculpt_refuses_as_eval},
                  {"ask_timeout_above_request_timeout", test_ask_timeout_above_request_timeout},
                  {"staged_output_interrupted", test_staged_output_interrupted}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

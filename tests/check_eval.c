@@ -686,6 +686,27 @@ START_TEST(test_cli_full_no_budget)
 }
 END_TEST
 
+/* --continuation 4 without --decode-steps was refused ("--decode-steps 8: at most the
+ * continuation (4)"): a default the user never set. The default is now min(8, continuation); an
+ * explicit --decode-steps above the continuation is still refused. */
+START_TEST(test_cli_decode_steps_default)
+{
+    char *out = NULL, *err = NULL, full[4096];
+    const char *fmt = "%s/kvmill eval --model %s/models/stories260K.bin --docs %s/corpus/doc_000.txt --method h2o "
+                      "--budget 1 --context 2 --continuation 4%s";
+    snprintf(full, sizeof full, fmt, kvm_test_bin(), kvm_test_data(), kvm_test_data(), "");
+    int st = kvm_test_run(full, &out, &err);
+    ck_assert_msg(st == 0 && strstr(out, "\nh2o "), "exit %d: %s%s", st, out, err);
+    free(out);
+    free(err);
+    snprintf(full, sizeof full, fmt, kvm_test_bin(), kvm_test_data(), kvm_test_data(), " --decode-steps 5");
+    st = kvm_test_run(full, &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "--decode-steps 5: at most the continuation (4)"), "exit %d: %s", st, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 START_TEST(test_cli_errors)
 {
     expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
@@ -722,7 +743,9 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --budget 8 --dtype i32", "--dtype: 'i32' is not f32, f16 or bf16");
     expect_usage_error("--method h2o --budget 8 --decode-steps 9", "--decode-steps 9: at most the continuation");
     expect_usage_error("--method h2o --target-kl 0.1 --budget 8", "--target-kl chooses the budget");
-    expect_usage_error("--method h2o --target-kl -1", "--target-kl: -1 is outside");
+    /* the one range, 0 excluded, in the one message (it said [0, 1e+06], then refused 0 apart) */
+    expect_usage_error("--method h2o --target-kl -1", "--target-kl: -1 is outside (0, 1e+06]");
+    expect_usage_error("--method h2o --target-kl 0", "--target-kl: 0 is outside (0, 1e+06]");
     expect_usage_error("--method h2o --target-kl 0.1 --target-step 0", "--target-step: 0 is outside");
     expect_usage_error("--method h2o --target-kl 0.1 --context 480 --continuation 20", "2 x --continuation");
     expect_usage_error("--method h2o --budget 8 --task needle", "unknown task 'needle'");
@@ -1330,6 +1353,7 @@ static Suite *eval_suite(void)
                  {"store_dtype", test_store_dtype, 1},
                  {"cli_errors", test_cli_errors, 0},
                  {"cli_full_no_budget", test_cli_full_no_budget, 0},
+                 {"cli_decode_steps_default", test_cli_decode_steps_default, 0},
                  {"cli_target", test_cli_target, 0},
                  {"task_cases", test_task_cases, 0},
                  {"cli_task", test_cli_task, 0},

@@ -20,7 +20,9 @@ typedef struct kvm_eval_result {
     double kl_median;      /* median of the same (linear interpolation) */
     double kl_p99;         /* 99th percentile of the same (linear interpolation) */
     double top1;           /* share of steps whose argmax tokens agree, [0, 1] */
-    double ppl_full;       /* exp(mean NLL of tokens N..N+T-1) under full KV */
+    double ppl_full;       /* exp(mean NLL of tokens N..N+T-1) under full KV; with a decode policy the
+                              token-by-token reference's (ppl_dec), whose sums run in another order:
+                              it can differ from a prefill-only row's in the last digits */
     double ppl_compressed; /* the same under the compressed cache */
     double budget_tokens;  /* mean entries per (layer, KV head) of the compressed context cache */
     double ratio;          /* budget_tokens / N */

@@ -28,11 +28,11 @@ KVM_SCULPT_SETTING(method, MODE, mode, 0, 0, 0, "sculpt", "", "sculpt | selectfi
 KVM_SCULPT_SETTING(retain, I64, retain_tokens, 0, 1 << 30, 1, "32", "tokens",
                    "retain zone m: the last context tokens kept unchanged", NULL)
 KVM_SCULPT_SETTING(ratio, F64, ratio, 1e-9, 1, 0, "0.3", "", "r = k/(N-m): distilled entries per compress-zone token", NULL)
-KVM_SCULPT_SETTING(
-    budget, BUDGET, k_entries, 0, 1 << 20, 0, "0", "entries",
-    "b entries per KV head including the retain zone (k = b - m distilled), instead of ratio: give one of them; 0 = "
-    "use ratio",
-    NULL)
+KVM_SCULPT_SETTING(budget, BUDGET, k_entries, 0, 1 << 20, 0, "0", "entries",
+                   "b entries per KV head including the retain zone (k = b - m distilled), instead of ratio: give one "
+                   "of them; 0 (or -0) = "
+                   "use ratio",
+                   NULL)
 KVM_SCULPT_SETTING(entries, I64, k_entries, 0, 1 << 30, 0, "0", "entries",
                    "k distilled entries per KV head; budget = entries + retain", "budget")
 KVM_SCULPT_SETTING(queries, I64, n_synth, 0, 1 << 24, 1, "2048", "queries", "S training queries per KV head besides the retain zone's (split by query_source)", NULL)

@@ -6,6 +6,7 @@
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "common/kvm_error.h"
+#include "common/kvm_number.h"
 #include "kernels/kvm_fpmode.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
@@ -321,9 +322,11 @@ static int check_opts(const kvm_compress_input *in, const kvm_sculpt_opts *o, in
     if (o->retain_tokens < 0)
         return kvm_err(KVM_EINVAL, "sculpt: retain %lld is negative", (long long)o->retain_tokens);
     if (o->retain_tokens > N) /* a short or empty document: say which, not only the numbers */
-        return kvm_err(KVM_EINVAL, "sculpt: the retain zone of %lld tokens is longer than the context of %lld token(s) "
-                                   "(BOS included): give a longer document or context, or a smaller retain",
-                       (long long)o->retain_tokens, (long long)N);
+        return kvm_err(KVM_EINVAL,
+                       "sculpt: the retain zone of %lld token%s is longer than the context of %lld token%s "
+                       "(BOS included): give a longer document or context, or a smaller retain",
+                       (long long)o->retain_tokens, kvm_plural(o->retain_tokens, "", "s"), (long long)N,
+                       kvm_plural(N, "", "s"));
     if (check_budget && o->k_entries <= 0 && !(o->ratio > 0 && o->ratio <= 1))
         return kvm_err(KVM_EINVAL, "sculpt: ratio %g not in (0, 1]", o->ratio);
     if (check_budget && o->k_entries > N - o->retain_tokens)

@@ -6,6 +6,7 @@
 #include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "kernels/kvm_sculpt_kernels.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -120,6 +121,19 @@ static int parse_bool(const char *v, int *out)
     return -1;
 }
 
+/* An integer setting's value as the command line's integer flags read it (kvm_cli_int: strtoll,
+ * the whole string, no leading space), so that --budget 4e1 or 48.0 is refused by sculpt as by
+ * eval; "-0" is 0. Returns 0 with *v, or -1. */
+static int parse_integer(const char *s, double *v)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || end == s || *end || isspace((unsigned char)*s)) return -1;
+    *v = (double)x;
+    return 0;
+}
+
 int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
 {
     const row *r = name ? find_row(name, strlen(name)) : NULL;
@@ -139,8 +153,7 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
         return 0;
     }
     double v = 0;
-    if (kvm_parse_decimal(value, &v) || v < r->lo || v > r->hi ||
-        (r->kind != K_F64 && v != floor(v)))
+    if ((r->kind == K_F64 ? kvm_parse_decimal(value, &v) : parse_integer(value, &v)) || v < r->lo || v > r->hi)
         return r->kind == K_F64 /* an integer's bounds whole: %g printed 2^24 as 1.67772e+07 */
                    ? kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected a number in [%g, %g]", name, value, r->lo, r->hi)
                    : kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected an integer in [%.0f, %.0f]", name, value, r->lo,
