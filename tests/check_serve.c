@@ -1149,6 +1149,14 @@ static int fake_answer(void *r, const char *peer, int peer_len, uint64_t id, con
     return kvm_msg_send(r, &m, 0) ? -1 : 0;
 }
 
+/* Closes r (NULL too) once its answers are delivered (up to 5 s), and its context. */
+static void fake_close(void *zc, void *r)
+{
+    int linger = 5000;
+    if (r) zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger), zmq_close(r);
+    zmq_ctx_term(zc);
+}
+
 /* Fake front end at ep (a child process) that restarts during the request: reads the first
  * ask and closes (its connection drops, as when kvmill serve is killed), binds ep again and
  * reads the ask sent again. answer: 1 to answer the first ask's id late ("stale answer"),
@@ -1162,7 +1170,7 @@ static void restarting_front(const char *ep, int answer)
     void *zc = zmq_ctx_new(), *r = fake_bind(zc, ep);
     bad = !r || fake_recv_ask(r, peer, &peer_len, &id1);
     if (!bad && answer == 2) bad = fake_answer(r, peer, peer_len, id1, "fresh answer") != 0;
-    if (bad || answer == 2) usleep(500000), _exit(bad);
+    if (bad || answer == 2) fake_close(zc, r), _exit(bad);
     zmq_close(r);
     zmq_ctx_term(zc); /* the first listener gone (and its ipc file unlinked) before the next binds */
     usleep(300000);
@@ -1173,7 +1181,7 @@ static void restarting_front(const char *ep, int answer)
         bad =
             fake_answer(r, peer, peer_len, id1, "stale answer") || fake_answer(r, peer, peer_len, id2, "fresh answer");
     if (!bad && answer == 0) fake_recv_ask(r, peer, &peer_len, &id2); /* silent until killed */
-    usleep(500000);                                                   /* the answers delivered */
+    fake_close(zc, r);
     _exit(bad ? 1 : id1 == id2 ? 3 : 0);
 }
 
