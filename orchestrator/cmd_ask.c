@@ -207,13 +207,38 @@ static int read_prompt_file(const char *path, char **text, size_t *len)
 
 /* How far the connection to the server got, from the monitor socket's events: a silent
  * timeout then says whether nothing accepted the connection, something that is not a ZeroMQ
- * peer accepted it, or a ZeroMQ peer took the request and did not answer. */
+ * peer accepted it, or a ZeroMQ peer took the request and did not answer. A connection that
+ * drops after its handshake and comes back (a server restarted on the same endpoint) lost the
+ * request the old server had read: ask sends it again (up, lost, resend_due, resent). */
 typedef struct ask_link {
     int tcp_connected; /* ZMQ_EVENT_CONNECTED seen */
     int greeted;       /* ZMQ_EVENT_HANDSHAKE_SUCCEEDED seen: a ZeroMQ peer of a fitting type */
     int keyed;         /* CurveZMQ keys given */
     int no_detail;     /* a keyed handshake ended without a reason (the peer closed the connection) */
+    int up;            /* the current connection completed its handshake */
+    int lost;          /* a connection that had completed its handshake dropped (ZMQ_EVENT_DISCONNECTED) */
+    int resend_due;    /* a handshake succeeded again after `lost`: the request is to be sent again */
+    int resent;        /* times the request was sent again */
 } ask_link;
+
+/* Times ask sends its request again after the connection came back: a server that restarts
+ * in a loop is not asked for ever (each send is computed by some worker). */
+#define ASK_MAX_RESENDS 3
+
+/* The connection events (no failure) into *l: whether the request may have gone with a
+ * connection that dropped, and whether one is up again to send it on. */
+static void link_note(ask_link *l, uint16_t event)
+{
+    if (event == ZMQ_EVENT_CONNECTED) l->tcp_connected = 1;
+    if (event == ZMQ_EVENT_DISCONNECTED) {
+        l->lost |= l->up; /* before a handshake the request stays queued in ZeroMQ: nothing lost */
+        l->up = 0;
+    }
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        l->greeted = l->up = 1;
+        if (l->lost) l->resend_due = 1, l->lost = 0;
+    }
+}
 
 /* Reads one monitor event into *l; returns 1 (why filled) when it means the connection
  * cannot work: the server rejected the key, or the ZeroMQ handshake failed. */
@@ -229,8 +254,7 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
         memcpy(&event, zmq_msg_data(&ev), 2);
         memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
         if (zmq_msg_more(&ev)) zmq_msg_recv(&ep, mon, 0);
-        if (event == ZMQ_EVENT_CONNECTED) l->tcp_connected = 1;
-        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) l->greeted = 1;
+        link_note(l, event);
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
             snprintf(why, n,
                      "the server rejected this client's key (ZAP status %u): ask its operator to add your "
@@ -317,7 +341,18 @@ static int about_document(int32_t status, const char *msg, size_t len)
  * no thread of it answers): that message blamed the endpoint alone. */
 static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, int monitored)
 {
-    if (monitored && !l->tcp_connected)
+    if (l->lost) /* dropped after the handshake, and not back: not a busy server */
+        fprintf(stderr,
+                "kvmill ask: the connection to %s was lost (kvmill serve there stopped or restarted) and no "
+                "server took it again within %g s: is kvmill serve running there?\n",
+                ep, timeout_s);
+    else if (l->resent)
+        fprintf(stderr,
+                "kvmill ask: no answer from %s within %g s: the server restarted during the request (its "
+                "connection was lost and came back) and the request, sent again %d time%s, got no answer from "
+                "the restarted server: is it busy, or still starting its decode workers? ask again\n",
+                ep, timeout_s, l->resent, l->resent == 1 ? "" : "s");
+    else if (monitored && !l->tcp_connected)
         fprintf(stderr,
                 "kvmill ask: nothing accepted a connection at %s within %g s: is kvmill serve running "
                 "there (its \"ready\" line names the front end)?\n",
@@ -335,6 +370,45 @@ static void say_no_answer(const char *ep, double timeout_s, const ask_link *l, i
                 "server busy, or computing the document's cache for longer than --timeout? a server of an "
                 "older kvmill cuts off a request larger than its [serve] max_message_bytes without an answer)\n",
                 ep, timeout_s, monitored ? "the request was delivered to a ZeroMQ peer; " : "");
+}
+
+/* Encodes *ask with request id `id` and sends it (flags: ZMQ_DONTWAIT on a connection that is
+ * up: no wait past --timeout). Prints errors; returns 0, 1 (not sent) or 2 (the ask does not
+ * encode: a usage error). */
+static int send_ask(void *sock, kvm_proto_ask *ask, uint64_t id, int flags, const char *ep)
+{
+    kvm_msg *m = NULL;
+    ask->request_id = id;
+    if (kvm_proto_ask_encode(ask, &m)) return fprintf(stderr, "kvmill ask: %s\n", kvm_cli_errmsg("ask")), 2;
+    if (kvm_msg_send(sock, &m, flags) == 0) return 0;
+    fprintf(stderr, "kvmill ask: could not send to %s: %s\n", ep, zmq_strerror(errno));
+    return 1;
+}
+
+/* Sends the request again on a connection that came back (l->resend_due), at most
+ * ASK_MAX_RESENDS times, saying so on stderr the first time. An ask only reads, so asking
+ * again is safe. Each send has its own id (first_id + n, *rid): an answer to an earlier send
+ * that still arrives (a server that dropped the connection but computed on) is a stale
+ * answer, not taken for this one's, so one answer at most is printed. Returns send_ask's status. */
+static int resend(void *sock, kvm_proto_ask *ask, ask_link *l, uint64_t first_id, uint64_t *rid, const char *ep)
+{
+    l->resend_due = 0;
+    if (l->resent >= ASK_MAX_RESENDS) return 0;
+    if (!l->resent) fprintf(stderr, "kvmill ask: the server's connection was lost and came back: asking again\n");
+    *rid = first_id + (uint64_t)++l->resent;
+    return send_ask(sock, ask, *rid, ZMQ_DONTWAIT, ep);
+}
+
+/* Writes the answer's text and a newline to stdout. A failed write (a full disk) keeps its
+ * errno for main's message: by the end only stdout's error flag is left. Returns 0 or 1. */
+static int print_text(const kvm_proto_str *t)
+{
+    errno = 0;
+    if (fwrite(t->ptr ? t->ptr : "", 1, t->len, stdout) != t->len || fputc('\n', stdout) == EOF) {
+        kvm_cli_stdout_failed(errno);
+        return 1;
+    }
+    return kvm_cli_flush_stdout() ? 1 : 0;
 }
 
 int kvm_cmd_ask(int argc, char **argv)
@@ -358,7 +432,9 @@ int kvm_cmd_ask(int argc, char **argv)
         {"timeout", 1,
          "seconds to wait for the answer (default " KVM_CLI_STR(
              KVM_ASK_TIMEOUT_S) ": longer than [serve] "
-                                "request_timeout_s's default, so a late request gets the server's own reason)",
+                                "request_timeout_s's default, so a late request gets the server's own reason); "
+                                "a server restarted meanwhile (the connection lost and back) is asked again within "
+                                "it, at most " KVM_CLI_STR(ASK_MAX_RESENDS) " times",
          NULL},
         {"server-key", 1, "CurveZMQ: the server's .public key file", NULL},
         {"client-public", 1, "CurveZMQ: this client's .public key file", NULL},
@@ -447,8 +523,9 @@ int kvm_cmd_ask(int argc, char **argv)
     snprintf(mon_ep, sizeof mon_ep, "inproc://kvmill-ask-monitor-%d", (int)getpid());
     ask_link link = {.keyed = sk != NULL};
     if (zmq_socket_monitor(sock, mon_ep,
-                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+                           ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
         mon = zmq_socket(zctx, ZMQ_PAIR);
         if (mon && zmq_connect(mon, mon_ep)) zmq_close(mon), mon = NULL;
     }
@@ -463,7 +540,10 @@ int kvm_cmd_ask(int argc, char **argv)
     }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t rid = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20);
+    /* halved and one added: the ids of the sends again (rid + 1, + 2, ...) are never 0 */
+    const uint64_t first_id =
+        ((((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20)) >> 1) + 1;
+    uint64_t rid = first_id;
     kvm_proto_ask ask = {.request_id = rid, .max_new_tokens = n_new, .temperature = temperature};
     if (set_prompt(&ask, prompt, &fallback)) {
         fprintf(stderr, "kvmill ask: out of memory\n");
@@ -480,14 +560,10 @@ int kvm_cmd_ask(int argc, char **argv)
         memcpy(ask.doc_hash, hash.b, sizeof ask.doc_hash);
     } else
         ask.doc_name = kvm_proto_str_c(doc_name);
-    if (kvm_proto_ask_encode(&ask, &m)) {
-        fprintf(stderr, "kvmill ask: %s\n", kvm_cli_errmsg("ask"));
-        status = 2;
-        goto done;
-    }
     double t0 = kvm_now_ms(), deadline = t0 + timeout_s * 1000;
-    if (kvm_msg_send(sock, &m, 0)) {
-        fprintf(stderr, "kvmill ask: could not send to %s: %s\n", ep, zmq_strerror(errno));
+    int src = send_ask(sock, &ask, rid, 0, ep);
+    if (src) {
+        status = src;
         goto done;
     }
     for (;;) {
@@ -505,6 +581,10 @@ int kvm_cmd_ask(int argc, char **argv)
                          "the server has no CurveZMQ keys (its front end is a plain socket, as on a local bind "
                          "without [security] keys): ask without --server-key, --client-public and --client-secret");
             fprintf(stderr, "kvmill ask: %s: %s\n", ep, why);
+            goto done;
+        }
+        if (link.resend_due && (src = resend(sock, &ask, &link, first_id, &rid, ep))) {
+            status = src;
             goto done;
         }
         if (!(items[0].revents & ZMQ_POLLIN)) continue;
@@ -539,9 +619,7 @@ int kvm_cmd_ask(int argc, char **argv)
                     a.message.ptr ? a.message.ptr : "");
             goto done;
         }
-        fwrite(a.text.ptr ? a.text.ptr : "", 1, a.text.len, stdout);
-        fputc('\n', stdout);
-        fflush(stdout);
+        print_text(&a.text); /* a failure is main's to say: stdout's message, exit 1 */
         fprintf(stderr,
                 "kvmill ask: %lld tokens; load %.1f ms, prefill %.1f ms, decode %.1f ms, server total %.1f ms, "
                 "round trip %.1f ms\n",

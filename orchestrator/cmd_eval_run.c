@@ -160,7 +160,7 @@ int cmd_eval__run(cmd_eval_setup *es, const cmd_eval_docset *docs, cmd_eval_job 
             failed |= job_done(&jobs[j], docs->names[d], &r, dt, csv);
         }
         kvm_eval_doc_free(&doc);
-        fflush(stdout);
+        kvm_cli_flush_stdout(); /* a failure's errno kept for main's message */
     }
     print_means(jobs, n_jobs, docs->n);
     return failed;
@@ -214,7 +214,7 @@ int cmd_eval__run_device(cmd_eval_setup *es, const cmd_eval_docset *docs, cmd_ev
             kvm_evict_plan_free(&plan);
         }
         kvm_eval_cuda_doc_free(&doc);
-        fflush(stdout);
+        kvm_cli_flush_stdout(); /* a failure's errno kept for main's message */
     }
     kvm_cuda_model_free(&dm);
     if (!rc) print_means(jobs, n_jobs, docs->n);

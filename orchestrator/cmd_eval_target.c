@@ -163,7 +163,7 @@ static int search_doc(cmd_eval_setup *es, const cmd_eval_docset *docs, int d, cm
                     tr.n_nonmonotone, dt);
     }
     kvm_eval_doc_free(&doc);
-    fflush(stdout);
+    kvm_cli_flush_stdout(); /* a failure's errno kept for main's message */
     return rc;
 }
 

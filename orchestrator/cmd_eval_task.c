@@ -434,7 +434,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         if (!rc) print_case(a, i, docs->names[di], &tc, nc, jobs, n_jobs, &ca, right, lost, gained);
         if (!rc) {
             printf("\n");
-            fflush(stdout);
+            kvm_cli_flush_stdout(); /* a failure's errno kept for main's message */
             if (a->csv) fflush(a->csv);
             done++;
         } else

@@ -51,7 +51,7 @@ static void emit(const kvm_tokenizer *tok, int32_t prev, int32_t next, int raw)
     size_t len;
     const char *piece = kvm_tokenizer_piece(tok, prev, next, &len);
     if (raw ? len > 0 : kvm_tokenizer_piece_printable(piece, len)) fwrite(piece, 1, len, stdout);
-    fflush(stdout);
+    kvm_cli_flush_stdout(); /* a failure's errno kept for main's message */
 }
 
 typedef struct gen_args {

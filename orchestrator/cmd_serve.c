@@ -122,6 +122,25 @@ static void probe_store_service(const kvm_config *cfg, const char *endpoint)
     kvm_storecli_close(&cli);
 }
 
+/* Writes cfg to f (closed here) for the decode workers. A failure (a full TMPDIR) is refused
+ * with its reason and the folder, named as TMPDIR's: the path alone said neither, where a
+ * missing TMPDIR was named. Returns 0 or 1. */
+static int write_resolved(const kvm_config *cfg, FILE *f, const char *path)
+{
+    errno = 0;
+    const int drc = kvm_config_dump_env(cfg, f), dump_errno = errno; /* a failed fprintf's reason */
+    errno = 0;
+    const int crc = fclose(f), e = drc ? dump_errno : errno;
+    if (!drc && !crc) return 0;
+    const char *t = getenv("TMPDIR"), *slash = strrchr(path, '/');
+    kvm_cli_refuse("serve",
+                   "cannot write the resolved configuration %s: %s (in TMPDIR's folder %.*s%s: free space there, or "
+                   "set TMPDIR to a writable folder with room)\n",
+                   path, drc == KVM_ENOMEM ? kvm_errmsg() : strerror(e ? e : EIO),
+                   slash ? (int)(slash - path) : (int)strlen(path), path, t && *t ? "" : ", TMPDIR being unset");
+    return 1;
+}
+
 int kvm_cmd_serve(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
@@ -231,9 +250,7 @@ int kvm_cmd_serve(int argc, char **argv)
     }
     /* values a file cannot carry (a deep path from ${VAR}: a line over 198 characters, which every
      * decode worker refused) go to the workers in the environment */
-    int drc = kvm_config_dump_env(cfg, f);
-    if (fclose(f) || drc) {
-        kvm_cli_refuse("serve", "cannot write the resolved configuration %s\n", resolved);
+    if (write_resolved(cfg, f, resolved)) {
         status = 1;
         goto done;
     }

@@ -784,3 +784,21 @@ const char *kvm_cli_methods(void)
     }
     return buf;
 }
+
+/* The errno of stdout's first failed write (kvm_cli_flush_stdout). */
+static int g_stdout_errno;
+
+void kvm_cli_stdout_failed(int e)
+{
+    if (!g_stdout_errno) g_stdout_errno = e ? e : EIO;
+}
+
+int kvm_cli_flush_stdout(void)
+{
+    errno = 0;
+    const int rc = fflush(stdout);
+    if (rc) kvm_cli_stdout_failed(errno);
+    return rc;
+}
+
+int kvm_cli_stdout_errno(void) { return g_stdout_errno; }

@@ -124,6 +124,15 @@ int kvm_cli_staged_open(const char *cmd, const char *flag, const char *path, kvm
  * PATH was not written); returns 0. Frees s->part. */
 int kvm_cli_staged_close(const char *cmd, const char *flag, kvm_cli_staged *s, int ok);
 
+/* fflush(stdout), keeping the errno of the first failure (a full disk) for the message main
+ * prints when the command ends: by then stdout's error flag says only that a write failed, and
+ * a later fflush succeeds (the failed bytes were dropped). Returns fflush's result. */
+int kvm_cli_flush_stdout(void);
+/* Keeps e (a failed fwrite's errno) as the reason stdout failed, unless one is kept already. */
+void kvm_cli_stdout_failed(int e);
+/* The errno kept by kvm_cli_flush_stdout or kvm_cli_stdout_failed, or 0. */
+int kvm_cli_stdout_errno(void);
+
 /* Closes s after a failure and removes PATH.part whatever it holds, for an output that is worth
  * nothing cut short (make-model's checkpoint; eval's rows are kept by kvm_cli_staged_close).
  * PATH is not touched; a PATH written in place (a FIFO, a device) keeps what reached it. Frees

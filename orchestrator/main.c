@@ -36,15 +36,16 @@ static void usage(FILE *f)
 
 /* A command's stdout that could not be written (a full disk, a closed descriptor: `kvmill eval ...
  * > results.txt` on a full device) lost its output, tables and summaries, under exit 0. Flushes
- * stdout and says so on stderr, naming the command; returns rc, or 1 in place of 0 when the
- * output is incomplete. */
+ * stdout and says so on stderr, naming the command and the reason: the errno of the first
+ * failed write (a command that flushed stdout itself failed there, and this fflush then
+ * succeeds with the error flag set). Returns rc, or 1 in place of 0 when the output is
+ * incomplete. */
 static int finish_stdout(const char *cmd, int rc)
 {
-    errno = 0;
-    const int flush_failed = fflush(stdout) != 0, e = errno;
-    if (!flush_failed && !ferror(stdout)) return rc;
+    if (kvm_cli_flush_stdout() == 0 && !ferror(stdout)) return rc;
+    const int e = kvm_cli_stdout_errno();
     fprintf(stderr, "kvmill%s%s: writing to stdout failed%s%s: the output is incomplete\n", cmd ? " " : "",
-            cmd ? cmd : "", flush_failed && e ? ": " : "", flush_failed && e ? strerror(e) : "");
+            cmd ? cmd : "", e ? ": " : "", e ? strerror(e) : "");
     return rc ? rc : 1;
 }
 

@@ -1172,6 +1172,175 @@ START_TEST(test_ask_unreadable_answer)
 }
 END_TEST
 
+/* A ROUTER bound at ep in context zc, waiting up to 20 s for a request; NULL when the bind
+ * fails. */
+static void *fake_bind(void *zc, const char *ep)
+{
+    void *r = zmq_socket(zc, ZMQ_ROUTER);
+    int linger = 0, rcv = 20000;
+    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(r, ZMQ_RCVTIMEO, &rcv, sizeof rcv);
+    if (r && zmq_bind(r, ep) == 0) return r;
+    if (r) zmq_close(r);
+    return NULL;
+}
+
+/* Reads one ask on r: its sender's routing id into peer (*peer_len bytes), its request id into
+ * *id. 0, or -1 when none came or it is not an ask. */
+static int fake_recv_ask(void *r, char peer[256], int *peer_len, uint64_t *id)
+{
+    kvm_msg *m = NULL;
+    kvm_proto_ask a;
+    *peer_len = zmq_recv(r, peer, 256, 0);
+    int bad = *peer_len <= 0 || *peer_len > 256 || kvm_msg_recv(r, &m, 0) || kvm_proto_ask_decode(m, &a);
+    if (!bad) *id = a.request_id;
+    kvm_msg_free(&m);
+    return bad ? -1 : 0;
+}
+
+/* Sends the answer `text` for request id to the routing id peer on r. 0 or -1. */
+static int fake_answer(void *r, const char *peer, int peer_len, uint64_t id, const char *text)
+{
+    kvm_proto_answer ans = {.request_id = id, .text = kvm_proto_str_c(text)};
+    kvm_msg *m = NULL;
+    if (kvm_proto_answer_encode(&ans, &m)) return -1;
+    if (zmq_send(r, peer, (size_t)peer_len, ZMQ_SNDMORE) != peer_len) return kvm_msg_free(&m), -1;
+    return kvm_msg_send(r, &m, 0) ? -1 : 0;
+}
+
+/* Closes r (NULL too) once its answers are delivered (up to 5 s), and its context. */
+static void fake_close(void *zc, void *r)
+{
+    int linger = 5000;
+    if (r) zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger), zmq_close(r);
+    zmq_ctx_term(zc);
+}
+
+/* Fake front end at ep (a child process) that restarts during the request: reads the first
+ * ask and closes (its connection drops, as when kvmill serve is killed), binds ep again and
+ * reads the ask sent again. answer: 1 to answer the first ask's id late ("stale answer"),
+ * then the second's ("fresh answer"); 0 to answer nothing; 2 to answer the first ask at once,
+ * without closing. Exits 0, 3 when the second ask reused the first's id, 1 otherwise. */
+static void restarting_front(const char *ep, int answer)
+{
+    char peer[256];
+    int peer_len = 0, bad = 0;
+    uint64_t id1 = 0, id2 = 0;
+    void *zc = zmq_ctx_new(), *r = fake_bind(zc, ep);
+    bad = !r || fake_recv_ask(r, peer, &peer_len, &id1);
+    if (!bad && answer == 2) bad = fake_answer(r, peer, peer_len, id1, "fresh answer") != 0;
+    if (bad || answer == 2) fake_close(zc, r), _exit(bad);
+    zmq_close(r);
+    zmq_ctx_term(zc); /* the first listener gone (and its ipc file unlinked) before the next binds */
+    usleep(300000);
+    zc = zmq_ctx_new();
+    r = fake_bind(zc, ep);
+    bad = !r || fake_recv_ask(r, peer, &peer_len, &id2);
+    if (!bad && answer == 1)
+        bad =
+            fake_answer(r, peer, peer_len, id1, "stale answer") || fake_answer(r, peer, peer_len, id2, "fresh answer");
+    if (!bad && answer == 0) fake_recv_ask(r, peer, &peer_len, &id2); /* silent until killed */
+    fake_close(zc, r);
+    _exit(bad ? 1 : id1 == id2 ? 3 : 0);
+}
+
+/* Runs ask (--timeout t) against a restarting_front(answer) child; its exit status into
+ * *fake_rc (the child is killed when still running). Returns ask's exit status. */
+static int ask_restarting(int answer, int t, const char *redirect, char **out, char **err, int *fake_rc)
+{
+    char ep[4300], cmd[9000];
+    snprintf(ep, sizeof ep, "ipc://%s/fake-front", g_dir);
+    pid_t fake = fork();
+    ck_assert_int_ge(fake, 0);
+    if (fake == 0) restarting_front(ep, answer);
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt hi --timeout %d%s", kvmill(), ep, g_doc, t,
+             redirect);
+    const int rc = kvm_test_run(cmd, out, err);
+    int st = 0;
+    if (answer == 0) kill(fake, SIGKILL);
+    waitpid(fake, &st, 0);
+    *fake_rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return rc;
+}
+
+/* A server restarted on the same endpoint during a request (killed, started again) left ask
+ * waiting its whole --timeout: ZeroMQ reconnected, but the request had gone with the old
+ * server. ask now sees the connection drop and come back and asks again, once said on stderr,
+ * with a new request id: a late answer to the first send is not taken for the second's, and
+ * one answer is printed. */
+START_TEST(test_ask_server_restarted)
+{
+    char *out = NULL, *err = NULL;
+    int fake_rc = -1;
+    const double t0 = mono_s();
+    const int rc = ask_restarting(1, 20, "", &out, &err, &fake_rc);
+    const double secs = mono_s() - t0;
+    ck_assert_msg(rc == 0, "ask exited %d after %.1f s: %s", rc, secs, err);
+    ck_assert_msg(fake_rc == 0, "the fake server exited %d (3: the ask sent again reused the first id)", fake_rc);
+    ck_assert_str_eq(out, "fresh answer\n");
+    ck_assert_int_eq(kvm_test_count(err, "the server's connection was lost and came back: asking again"), 1);
+    ck_assert_msg(secs < 15, "the answer took %.1f s", secs);
+    free(out), free(err);
+}
+END_TEST
+
+/* The request sent again after the server restarted, unanswered: the timeout's message says
+ * the server restarted, not "is the server busy". */
+START_TEST(test_ask_restarted_no_answer)
+{
+    char *err = NULL;
+    int fake_rc = -1;
+    ck_assert_int_eq(ask_restarting(0, 4, "", NULL, &err, &fake_rc), 1);
+    assert_contains(err, "asking again");
+    assert_contains(err, "the server restarted during the request");
+    assert_lacks(err, "is the server busy");
+    free(err);
+}
+END_TEST
+
+/* An answer written to a full device said "writing to stdout failed: the output is incomplete"
+ * without the reason (ask flushed stdout itself; main's later flush had nothing left to fail
+ * on). It names the reason now, exit 1. */
+START_TEST(test_ask_stdout_full)
+{
+    if (access("/dev/full", W_OK)) {
+        printf("SKIP: no /dev/full: ask's write failure not checked\n");
+        return;
+    }
+    char *err = NULL;
+    int fake_rc = -1;
+    ck_assert_int_eq(ask_restarting(2, 20, " > /dev/full", NULL, &err, &fake_rc), 1);
+    ck_assert_int_eq(fake_rc, 0);
+    assert_contains(err, "kvmill ask: writing to stdout failed: No space left on device: the output is incomplete");
+    free(err);
+}
+END_TEST
+
+/* serve's resolved configuration that could not be written (a full TMPDIR) said only "cannot
+ * write the resolved configuration PATH". Here the write fails with EFBIG (RLIMIT_FSIZE 0,
+ * SIGXFSZ ignored: a full disk needs root); the message gives the reason and names TMPDIR's
+ * folder. A new store with --compute-missing: opening an existing one writes its lock file. */
+START_TEST(test_serve_config_unwritable)
+{
+    write_config(NULL, NULL);
+    char cmd[16384], *err = NULL, tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s/tmp", g_dir);
+    ck_assert_int_eq(mkdir(tmp, 0700), 0);
+    /* stderr through a pipe: the limit fails writes to any regular file, the captured stderr's too */
+    snprintf(cmd, sizeof cmd,
+             "( ( ulimit -f 0 && trap '' XFSZ && TMPDIR='%s' exec '%s' serve --config '%s' --store '%s/new-store' "
+             "--compute-missing --bind '%s' ) 2>&1; echo \"serve exited $?\" ) | cat >&2",
+             tmp, kvmill(), g_cfg, g_dir, g_front);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 0);
+    assert_contains(err, "serve exited 1");
+    assert_contains(err, "cannot write the resolved configuration");
+    assert_contains(err, "File too large");
+    assert_contains(err, "TMPDIR's folder");
+    assert_contains(err, tmp);
+    free(err);
+}
+END_TEST
+
 START_TEST(test_usage)
 {
     char cmd[4200];
@@ -1294,6 +1463,10 @@ int main(void)
     suite_add_tcase(su, tcase("read_only_store", test_read_only_store));
     suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
     suite_add_tcase(su, tcase("ask_unreadable_answer", test_ask_unreadable_answer));
+    suite_add_tcase(su, tcase("ask_server_restarted", test_ask_server_restarted));
+    suite_add_tcase(su, tcase("ask_restarted_no_answer", test_ask_restarted_no_answer));
+    suite_add_tcase(su, tcase("ask_stdout_full", test_ask_stdout_full));
+    suite_add_tcase(su, tcase("serve_config_unwritable", test_serve_config_unwritable));
     suite_add_tcase(su, tcase("usage", test_usage));
     suite_add_tcase(su, tcase("second_signal_130", test_second_signal_130));
     suite_add_tcase(su, tcase("request_while_stopping", test_request_while_stopping));
