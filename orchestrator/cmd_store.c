@@ -476,6 +476,7 @@ static int cmd_verify(int argc, char **argv)
 
 typedef struct stale_ctx {
     const cfg_now *now;        /* the config's caches as a run would make them now */
+    int stale, other;          /* --stale: remove stale-* caches; --other-config: other-config ones */
     kvm_store_cache_key *keys; /* stale caches found */
     kvm_jobcfg_state *states;  /* and their states */
     int64_t n, cap;            /* used / allocated */
@@ -484,8 +485,10 @@ typedef struct stale_ctx {
 static int stale_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m, int status, void *arg)
 {
     stale_ctx *c = arg;
-    kvm_jobcfg_state st = m ? state_of(c->now, k, m) : KVM_JOBCFG_OTHER;
-    if (st != KVM_JOBCFG_STALE_STRATEGY && st != KVM_JOBCFG_STALE_ALGORITHM) return 0;
+    if (!m) return 0; /* a manifest failing its checks has no state: store verify names it */
+    kvm_jobcfg_state st = state_of(c->now, k, m);
+    int stale = st == KVM_JOBCFG_STALE_STRATEGY || st == KVM_JOBCFG_STALE_ALGORITHM;
+    if (!(c->stale && stale) && !(c->other && st == KVM_JOBCFG_OTHER)) return 0;
     if (c->n == c->cap) {
         int64_t cap = c->cap ? 2 * c->cap : 64;
         kvm_store_cache_key *k2 = realloc(c->keys, (size_t)cap * sizeof *k2);
@@ -500,13 +503,21 @@ static int stale_visit(const kvm_store_cache_key *k, const kvm_store_manifest *m
     return 0;
 }
 
+/* The summary line of rm --stale / --other-config. */
+static const char *removed_what(const stale_ctx *c)
+{
+    return c->stale && c->other ? "stale or other-config" : c->stale ? "stale" : "other-config";
+}
+
 /* rm --stale --config F: every cache of the config's model made with the same settings
- * but another strategy or algorithm version. */
-static int rm_stale(const char *path, const kvm_config *cfg)
+ * but another strategy or algorithm version; rm --other-config --config F: every cache of
+ * other settings or another model (an old model's, old [compress] settings'), which no run of
+ * F would use. */
+static int rm_stale(const char *path, const kvm_config *cfg, int stale, int other)
 {
     kvm_store *s = NULL;
     cfg_now now = {0};
-    stale_ctx c = {.now = &now};
+    stale_ctx c = {.now = &now, .stale = stale, .other = other};
     if (open_ro("store rm", path, &s, 0)) return 2;
     /* said by cfg_now_init, and --config's mistake as store ls says it (it was said twice, exit 1) */
     if (cfg_now_init("store rm", cfg, s, &now)) {
@@ -528,7 +539,8 @@ static int rm_stale(const char *path, const kvm_config *cfg)
                kvm_store_id_hex(&c.keys[i].config_id, d), kvm_jobcfg_state_name(c.states[i]));
     }
     if (st) fprintf(stderr, "kvmill store rm: %s (%s)\n", kvm_cli_errmsg("store rm"), kvm_strerror(st));
-    else printf("%lld stale cache(s) removed\n", (long long)removed);
+    else
+        printf("%lld %s cache(s) removed\n", (long long)removed, removed_what(&c));
     kvm_store_close(&s);
     free(now.canon);
     free(c.keys);
@@ -538,26 +550,38 @@ static int rm_stale(const char *path, const kvm_config *cfg)
 
 static int cmd_rm(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT,
-                          {"stale", 0, "remove every cache of --config's model and settings made with another PolyKV "
-                                       "strategy or an older algorithm (store ls --config shows them as stale-*)", NULL},
+    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL},
+                          CONFIG_OPT,
+                          {"stale", 0,
+                           "remove every cache of --config's model and settings made with another PolyKV "
+                           "strategy or an older algorithm (store ls --config shows them as stale-*)",
+                           NULL},
+                          {"other-config", 0,
+                           "remove every cache made with other settings or another model than "
+                           "--config's (store ls --config shows them as other-config): an old "
+                           "model's or old [compress] settings'; on a store shared by several "
+                           "configs, also those the others use",
+                           NULL},
                           {NULL, 0, NULL, NULL}};
     char *pos[1];
     int n_pos;
-    int rc = parse("store rm", "remove one cache (KEY = MODELID:DOCHASH:CONFIGID in hex, unique prefixes accepted), or "
-                               "the stale ones of a config (--stale --config FILE)",
+    int rc = parse("store rm",
+                   "remove one cache (KEY = MODELID:DOCHASH:CONFIGID in hex, unique prefixes accepted), or "
+                   "the stale or other-config ones of a config (--stale and/or --other-config, with "
+                   "--config FILE)",
                    argc, argv, opts, pos, 1, &n_pos);
     if (rc >= 0) return rc;
-    int stale = kvm_cli_get(opts, "stale") != NULL;
-    if (stale ? (n_pos != 0 || !kvm_cli_get(opts, "config")) : n_pos != 1) {
-        fprintf(stderr, "kvmill store rm: expected one KEY (MODELID:DOCHASH:CONFIGID), or --stale --config FILE\n");
+    int stale = kvm_cli_get(opts, "stale") != NULL, other = kvm_cli_get(opts, "other-config") != NULL;
+    if (stale || other ? (n_pos != 0 || !kvm_cli_get(opts, "config")) : n_pos != 1) {
+        fprintf(stderr, "kvmill store rm: expected one KEY (MODELID:DOCHASH:CONFIGID), or --stale and/or "
+                        "--other-config with --config FILE\n");
         return 2;
     }
     kvm_config *cfg = NULL;
     const char *path;
     if (store_of("store rm", opts, &cfg, &path)) return 2;
-    if (stale) {
-        rc = rm_stale(path, cfg);
+    if (stale || other) {
+        rc = rm_stale(path, cfg, stale, other);
         kvm_config_free(&cfg);
         return rc;
     }
@@ -838,8 +862,12 @@ static void compact_store_path(const char *path, char *out, size_t cap)
 
 static int cmd_compact(int argc, char **argv)
 {
-    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT,
-                          {"out", 1, "directory for the compacted copy (must not exist); default STORE.compact", NULL},
+    kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL},
+                          CONFIG_OPT,
+                          {"out", 1,
+                           "directory for the compacted copy (must not exist; written into .NAME.compact-XXXXXX beside "
+                           "it and renamed when complete); default STORE.compact",
+                           NULL},
                           {NULL, 0, NULL, NULL}};
     int n_pos;
     int rc = parse("store compact", "write a compacted copy of the store (LMDB files never shrink) and say how to swap it in",
@@ -922,7 +950,7 @@ static const store_sub store_subs[] = {
     {"ls", cmd_ls, "list caches (--model ID, --csv, --config FILE: state of each)"},
     {"claims", cmd_claims, "list the runs' claims on documents; release an owner's: claims --release OWNER"},
     {"compact", cmd_compact, "write a compacted copy (--out DIR) and say how to swap it in"},
-    {"rm", cmd_rm, "remove a cache: rm KEY; or rm --stale --config FILE"},
+    {"rm", cmd_rm, "remove a cache: rm KEY; or rm --stale / --other-config --config FILE"},
     {"serve", kvm_cmd_store_serve, "run the store service: remote workers upload and fetch caches (--bind EP)"},
     {"show", cmd_show, "show a cache's manifest and layers: show KEY"},
     {"stats", cmd_stats, "usage against the cap, counts, map size"},

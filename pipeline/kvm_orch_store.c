@@ -9,6 +9,7 @@
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
+#include "model/kvm_utf8.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -565,6 +566,33 @@ void kvm_orch__failed_but_stored(orch *o, kvm_store *store)
     }
 }
 
+/* A document skipped because its cache is stored gets its corpus name recorded (the docs record
+ * the compress stage writes) when the store has none for it: a cache first stored without one
+ * (kvmill serve --compute-missing knows only the text) left `store ls --names` at "-" and
+ * `ask --doc-name` without the document, however often runs over the corpus skipped it. The
+ * name as the compress stage would record it: what the job carries on the wire (valid UTF-8,
+ * cut at KVM_PROTO_MAX_NAME_BYTES), its first 255 bytes. Local store only: the store service's
+ * protocol carries a name only with a cache upload (put_cache), not with a claim or probe.
+ * Best effort, as the compress stage's record: a failure is said, the run goes on. */
+static void record_name(orch *o, kvm_store *store, const orch_job *j)
+{
+    kvm_store_doc_meta dm;
+    if (!store || !j->doc->name || !*j->doc->name) return;
+    int rc = kvm_store_get_doc(store, &j->doc->hash, &dm);
+    if (rc != KVM_ENOTFOUND) return; /* named already (or unreadable: verify says so) */
+    char *wire = NULL;
+    size_t wn = 0;
+    rc = kvm_utf8_sanitize(j->doc->name, strlen(j->doc->name), &wire, &wn, NULL);
+    if (!rc) {
+        wn = kvm_utf8_cut(wire, wn, KVM_PROTO_MAX_NAME_BYTES);
+        dm = (kvm_store_doc_meta){.n_tokens = j->doc->n_tokens};
+        snprintf(dm.source, sizeof dm.source, "%.*s", (int)(wn < 255 ? wn : 255), wire);
+        rc = kvm_store_put_doc(store, &j->doc->hash, &dm);
+    }
+    free(wire);
+    if (rc) kvm_orch__log("could not record the name of %s, stored without one: %s\n", j->doc->name, kvm_errmsg());
+}
+
 /* Before the run: each document is loaded (tokenised, hashed) one at a time and released
  * again, so the scan holds no corpus; stored and repeated ones are skipped, unreadable
  * ones fail alone. */
@@ -575,6 +603,7 @@ int kvm_orch__mark_skipped(orch *o, kvm_store *store)
         if (kvm_orch__job_load(o, j)) continue;
         int found = 0, rc = cache_stored(o, store, j, &found);
         if (rc) return rc;
+        if (found) record_name(o, store, j);
         hash_probe p = {o, &j->doc->hash}; /* the same tokens twice: one cache (a loaded job is never failed here) */
         int64_t first = kvm_idxset_find(&o->by_hash, hash_key(&j->doc->hash), same_hash, &p);
         if (first >= 0) { /* the store keeps the first one's name only: said, so --doc-name is not a surprise */

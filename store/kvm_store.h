@@ -443,18 +443,21 @@ typedef int (*kvm_store_claim_visit_fn)(const kvm_store_cache_key *key, const kv
  * Errors: fn's nonzero return, KVM_ESTATE, KVM_EIO. */
 int kvm_store_list_claims(kvm_store *s, kvm_store_claim_visit_fn fn, void *arg);
 
-/* ---- compaction (store/kvm_store_file.c) ---- */
+/* ---- compaction (store/kvm_store_compact.c) ---- */
 
-/* Writes a compacted copy of the store into the directory dst (created; it must not exist),
- * in one read transaction, so writers may go on meanwhile (their later commits are not in
- * the copy): LMDB never shrinks data.mdb, the copy holds only the pages in use
- * (mdb_env_copy2 with MDB_CP_COMPACT). The store itself is left as it is; swapping the copy
- * in is the caller's business (no process may have the store open then). *copy_bytes (may
- * be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or is empty, lies
- * inside the store's directory (resolved: "..", symbolic links), or its parent is missing, not a
- * folder or not writable), KVM_EIO (cannot create or write dst
- * otherwise; a partial copy is removed), KVM_ECORRUPT (damaged pages: the copy walks every
- * page, so nothing is copied and dst is removed), KVM_ESTATE. */
+/* Writes a compacted copy of the store into the directory dst (it must not exist), in one read
+ * transaction. The copy is written into a temporary folder beside dst, ".NAME.compact-XXXXXX"
+ * (NAME: dst's last part), locked (flock) while it is written, fsynced, and renamed to dst only
+ * when complete: a compact killed midway leaves no dst, only that folder, which the next
+ * compact to the same dst removes when no compact holds its lock and it holds only data.mdb and
+ * lock.mdb (else it is named on stderr and left). The copy is made so writers may go on meanwhile (their later commits
+ * are not in the copy): LMDB never shrinks data.mdb, the copy holds only the pages in use (mdb_env_copy2 with
+ * MDB_CP_COMPACT). The store itself is left as it is; swapping the copy in is the caller's business (no process may
+ * have the store open then). *copy_bytes (may be NULL) gets the copy's data.mdb size. Errors: KVM_EINVAL (dst exists or
+ * is empty, lies inside the store's directory (resolved: "..", symbolic links), or its parent is missing, not a folder
+ * or not writable), KVM_EIO (cannot create or write dst otherwise, or to sync or rename the copy; a partial copy is
+ * removed), KVM_ECORRUPT (damaged pages: the copy walks every page, so nothing is copied and dst is removed),
+ * KVM_ESTATE. */
 int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes);
 
 /* ---- verify (store/kvm_store_verify.c) ---- */

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -989,6 +991,81 @@ START_TEST(test_compact)
 }
 END_TEST
 
+/* Folders in g_dir whose names start with `prefix`. */
+static int count_prefixed(const char *prefix)
+{
+    DIR *d = opendir(g_dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* `kvmill store compact --store g_store --out OUT` in a child whose files may grow to `limit`
+ * bytes at most: the write crossing it raises SIGXFSZ, whose default action ends the process
+ * there, as a SIGKILL midway would (deterministically, unlike a kill after some ms). Returns the
+ * wait status. */
+static int compact_limited(const char *outdir, rlim_t limit)
+{
+    char exe[4300];
+    snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct rlimit fs = {limit, limit}, core = {0, 0};
+        int null = open("/dev/null", O_WRONLY);
+        if (setrlimit(RLIMIT_CORE, &core) || setrlimit(RLIMIT_FSIZE, &fs) || null < 0) _exit(126);
+        signal(SIGXFSZ, SIG_DFL);
+        dup2(null, 1);
+        dup2(null, 2);
+        execl(exe, "kvmill", "store", "compact", "--store", g_store, "--out", outdir, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return st;
+}
+
+/* A compact killed midway left a truncated data.mdb under the --out name: `store verify`
+ * refused it, but the next compact to the same --out failed "already exists", and a user could
+ * take it for a good copy. Now the copy is written beside it and renamed when complete: the
+ * killed compact leaves no --out, and the next one removes its leftover and succeeds. A leftover
+ * holding a file of the user's is named and kept. */
+START_TEST(test_compact_killed_midway)
+{
+    put_caches(g_store, 30, 20000); /* about 900 KB: the 256 KB limit is crossed midway */
+    char ck[4300], *out = NULL, *err = NULL;
+    snprintf(ck, sizeof ck, "%s/ck", g_dir);
+    int st = compact_limited(ck, 256 * 1024);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGXFSZ, "the compact was not cut short: status 0x%x", st);
+    struct stat sb;
+    ck_assert_msg(lstat(ck, &sb) != 0, "%s exists after a compact killed midway", ck);
+    ck_assert_int_eq(count_prefixed(".ck.compact-"), 1);
+    int rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, ck);
+    ck_assert_msg(rc == 0 && strstr(err, "/.ck.compact-") && strstr(err, "cut short"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_prefixed(".ck.compact-"), 0);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --store '%s'", ck), 0);
+    free(out);
+    free(err);
+    /* a leftover with a file that is not LMDB's: named, kept, the compact goes on */
+    char keep[4400], note[4500];
+    snprintf(keep, sizeof keep, "%s/.ck2.compact-abc123", g_dir);
+    snprintf(note, sizeof note, "%s/notes.txt", keep);
+    ck_assert_int_eq(mkdir(keep, 0700), 0);
+    ck_assert_int_eq(kvm_test_write_file(note, "x", 1), 0);
+    rc = kvmill(&out, &err, "store compact --store '%s' --out '%s/ck2'", g_store, g_dir);
+    ck_assert_msg(rc == 0 && strstr(err, ".ck2.compact-abc123") && strstr(err, "left as it is"), "exit %d: %s", rc,
+                  err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(access(note, F_OK), 0);
+}
+END_TEST
+
 /* Runs the swap line ("  mv ... && mv ...") that store compact printed in out, from folder cwd,
  * and returns its exit status. */
 static int run_swap(const char *out, const char *cwd)
@@ -1567,6 +1644,107 @@ START_TEST(test_other_tokenizer_recompressed)
 }
 END_TEST
 
+/* A document whose cache was stored without a name (kvmill serve --compute-missing stores the
+ * cache alone) kept none: a run over the corpus skipped it as stored and recorded nothing, so
+ * `store ls --names` said "-" and ask --doc-name did not find it. The run now records the
+ * corpus name of a skipped document the store has no name for. */
+START_TEST(test_skip_records_name)
+{
+    if (skip_without_shared("skip_records_name")) return;
+    copy_docs(3);
+    write_run_config("method = h2o\nbudget = 32", NULL);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    /* the same caches, moved into a fresh store without their docs records */
+    char orig[4300];
+    snprintf(orig, sizeof orig, "%s.orig", g_store);
+    ck_assert_int_eq(rename(g_store, orig), 0);
+    kvm_store *from = NULL, *to = NULL;
+    ck_assert_int_eq(kvm_store_open(orig, NULL, &from), 0);
+    ck_assert_int_eq(kvm_store_open(g_store, NULL, &to), 0);
+    retag_ctx c = {.n = 0};
+    ck_assert_int_eq(kvm_store_list_caches(from, NULL, collect_keys, &c), 0);
+    ck_assert_int_eq(c.n, 3);
+    for (int i = 0; i < c.n; i++) {
+        kvm_store_cache *cc = NULL;
+        ck_assert_int_eq(kvm_store_get_cache(from, &c.keys[i], NULL, &cc), 0);
+        ck_assert_int_eq(kvm_store_put_cache(to, &cc->manifest, cc->layers), 0);
+        kvm_store_cache_free(&cc);
+    }
+    kvm_store_close(&from);
+    kvm_store_doc_match *m = NULL;
+    int64_t n = -1;
+    ck_assert_int_eq(kvm_store_find_docs(to, "doc_001.txt", 11, &m, &n, NULL), 0);
+    ck_assert_int_eq(n, 0); /* no name yet */
+    kvm_store_close(&to);
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "skipped") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store ls --names --config '%s'", g_cfg), 0);
+    for (int i = 0; i < 3; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "doc_%03d.txt", i);
+        ck_assert_msg(strstr(out, name), "%s not listed:\n%s", name, out);
+    }
+    free(out);
+    free(err);
+    kvm_store_opts ro = {.read_only = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &ro, &to), 0);
+    ck_assert_int_eq(kvm_store_find_docs(to, "doc_001.txt", 11, &m, &n, NULL), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_str_eq(m[0].meta.source, "doc_001.txt");
+    ck_assert_int_gt(m[0].meta.n_tokens, 0);
+    free(m);
+    kvm_store_close(&to);
+}
+END_TEST
+
+/* `store rm --stale` removed stale-* caches only: other-config ones (an old model's, old
+ * [compress] settings') piled up, removable one key at a time. --other-config --config F removes
+ * them, and keeps F's own caches; --stale alone still leaves them. */
+START_TEST(test_rm_other_config)
+{
+    if (skip_without_shared("rm_other_config")) return;
+    copy_docs(3);
+    write_run_config("method = h2o\nbudget = 32", NULL);
+    char *out = NULL, *err = NULL;
+    int rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    put_caches(g_store, 2, 2000);                        /* another model's */
+    write_run_config("method = h2o\nbudget = 16", NULL); /* the budget-32 caches are other settings now */
+    rc = run_corpus(&out, &err);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 3, "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("other-config"), 5);
+    ck_assert_int_eq(kvmill(&out, &err, "store rm --stale --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "0 stale cache(s) removed"), "%s", out);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("other-config"), 5);
+    rc = kvmill(&out, &err, "store rm --other-config --config '%s'", g_cfg);
+    ck_assert_msg(rc == 0 && strstr(out, "5 other-config cache(s) removed"), "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_state("other-config"), 0);
+    ck_assert_int_eq(count_state("ok"), 3);
+    /* it needs the config it compares with, as --stale does */
+    rc = kvmill(&out, &err, "store rm --other-config --store '%s'", g_store);
+    ck_assert_msg(rc == 2 && strstr(err, "--other-config with --config FILE"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --config '%s'", g_cfg), 0);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* [store] map_max_mb reaches the compress workers (they open the store with the job's
  * settings): 5 full caches of 640 KiB do not fit in a 2 MiB map. A full map takes no later
  * cache either: the run stops feeding documents and says so (it retried each one, which could
@@ -1826,6 +2004,9 @@ int main(void)
     suite_add_tcase(su, tcase("store_cli_file_of_store", test_store_cli_file_of_store, 60));
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
+    suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
+    suite_add_tcase(su, tcase("skip_records_name", test_skip_records_name, 120));
+    suite_add_tcase(su, tcase("rm_other_config", test_rm_other_config, 120));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
     suite_add_tcase(su, tcase("claim_lease_capped", test_claim_lease_capped, 30));
     suite_add_tcase(su, tcase("store_claims_cli", test_store_claims_cli, 60));
