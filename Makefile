@@ -20,7 +20,7 @@ PKGS       := libzmq msgpack lmdb lapacke liblbfgs inih libsodium libpcre2-8 jan
 MULTIARCH  := $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || $(CC) -print-multiarch 2>/dev/null)
 OPENBLAS_SERIAL ?= /usr/lib/$(MULTIARCH)/openblas-serial
 ifneq ($(wildcard $(OPENBLAS_SERIAL)/pkgconfig/openblas.pc),)
-BLAS_CFLAGS := $(shell PKG_CONFIG_PATH=$(OPENBLAS_SERIAL)/pkgconfig pkg-config --cflags openblas)
+BLAS_CFLAGS := $(shell PKG_CONFIG_PATH=$(OPENBLAS_SERIAL)/pkgconfig pkg-config --cflags openblas) -DKVM_OPENBLAS_SERIAL=1
 BLAS_LIBS  := $(shell PKG_CONFIG_PATH=$(OPENBLAS_SERIAL)/pkgconfig pkg-config --libs openblas) \
               -Wl,--disable-new-dtags,-rpath,$(OPENBLAS_SERIAL)
 else

@@ -84,7 +84,8 @@ int kvm_cpus_quota(const char *cgroup_root, const char *self_cgroup)
         } else {
             *c2 = '\0';
             int has_cpu = 0;
-            for (char *tok = strtok(c1 + 1, ","); tok; tok = strtok(NULL, ","))
+            char *save = NULL;
+            for (char *tok = strtok_r(c1 + 1, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
                 if (!strcmp(tok, "cpu")) has_cpu = 1;
             if (!has_cpu) continue;
             /* the controller's folder: cpu,cpuacct (Debian, systemd) or cpu */

@@ -3,6 +3,7 @@
  * kvmill-strategy over all of them); the strategy is stored under the model id, where
  * `kvmill run` with [compress] method = polykv finds it, and optionally written to a file. */
 #include "orchestrator/kvm_cli.h"
+#include "common/kvm_signal.h"
 #include "model/kvm_model_window.h"
 #include "orchestrator/kvm_cli_model.h"
 #include "compress/polykv/kvm_polykv.h"
@@ -299,7 +300,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, &sa, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
+    kvm_signal_hup(on_late_signal, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     handlers = 1;
     late_signal = 0;
     status = kvm_orch_calibrate(cfg, corpus, self, &sum);

@@ -3,6 +3,7 @@
  * every wait is a zmq_poll with a short timeout so heartbeats, timeouts and signals are handled
  * within ~100 ms. The job table, stages, dispatch, messages and store are kvm_orch_*.c. */
 #include "pipeline/kvm_orch_int.h"
+#include "common/kvm_signal.h"
 #include "pipeline/kvm_orch_metrics.h"
 #include "pipeline/kvm_orch_remote.h"
 #include "common/kvm_log.h"
@@ -30,6 +31,12 @@
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the SIGINT handler's counter must be lock-free");
 static atomic_int interrupts;
 static void on_sigint(int s) { (void)s; interrupts++; }
+/* SIGHUP: one stop request however many hang-ups come (a terminal's close can send two) */
+static void on_hup(int s)
+{
+    (void)s;
+    if (!interrupts) interrupts = 1;
+}
 
 /* ---- progress ---- */
 
@@ -339,7 +346,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, &sa, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
+    kvm_signal_hup(on_hup, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     interrupts = 0;
     /* a store write lock held for long by another process: Ctrl-C still ends the run */
     kvm_store_set_interrupt(&interrupts, mode == MODE_CALIBRATE
@@ -431,7 +438,14 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_idxset_free(&o.by_hash);
     kvm_idxset_free(&o.by_id);
     kvm_joblist_deinit(&o.lists);
-    if (o.ctl) zmq_close(o.ctl);
+    if (o.ctl) {
+        /* what is queued on the control socket still goes out, for at most 500 ms: a worker
+         * refused just before a short run ended (another model) never heard why and waited for
+         * an orchestrator for good; the sockets linger 0 while the run lasts */
+        int linger = 500;
+        zmq_setsockopt(o.ctl, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(o.ctl);
+    }
     if (o.data) zmq_close(o.data);
     kvm_curve_ctx_term(o.zctx); /* joins the ZAP handler of a keyed [run] bind too */
     kvm_store_set_interrupt(NULL, NULL);

@@ -95,9 +95,10 @@ void kvm_orch__reap_all(orch *o, double ms)
         /* stopping workers ask for the end of their work (revision 13): answered, they exit now
          * instead of at their bound */
         zmq_pollitem_t item = {o->data, 0, ZMQ_POLLIN, 0};
-        if (o->data && zmq_poll(&item, 1, 20) > 0)
+        const int pr = o->data ? zmq_poll(&item, 1, 20) : -1;
+        if (pr > 0)
             kvm_orch__answer_stopping(o);
-        else if (!o->data)
+        else if (pr < 0) /* no socket, or a signal: wait as the poll would have */
             usleep(20000);
     }
 }

@@ -471,10 +471,11 @@ void kvm_serve__dispatch(srv *s)
         wk->request_id = r.request_id;
         wk->t_sent = kvm_now_ms();
         wk->t_recv = r.t_recv;
-        /* debug: when a request left the queue, and for whom (a drain's or a timeout's story) */
+        /* when a request left the queue, and for whom (a drain's or a timeout's story): one line
+         * per request, as "answered by" is (the log has no level filter) */
         kvm_log_field f[] = {KVM_LOG_I("request_id", r.request_id), KVM_LOG_S("worker", wk->id),
                              KVM_LOG_F("queued_ms", wk->t_sent - r.t_recv)};
-        kvm_log(KVM_LOG_DEBUG, "request_dispatched", f, 3, "request %llu handed to decode worker %s (%.1f ms queued)",
+        kvm_log(KVM_LOG_INFO, "request_dispatched", f, 3, "request %llu handed to decode worker %s (%.1f ms queued)",
                 (unsigned long long)r.request_id, wk->id, wk->t_sent - r.t_recv);
     }
 }

@@ -3,6 +3,7 @@
  * at most 100 ms so heartbeats, timeouts, child exits and signals are handled promptly. Clients,
  * decode workers, their processes and the allowance are kvm_serve_{front,back,slots,grant}.c. */
 #include "pipeline/kvm_serve_int.h"
+#include "common/kvm_signal.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_svcproc.h"
@@ -25,6 +26,12 @@ static void on_signal(int sig)
 {
     stop_signal = sig; /* named in the answer to a request that comes while the server stops */
     interrupts++;
+}
+
+/* SIGHUP: one stop request however many hang-ups come (a terminal's close can send two) */
+static void on_hup(int sig)
+{
+    if (!interrupts) stop_signal = sig, interrupts = 1;
 }
 
 /* ---- setup ---- */
@@ -201,7 +208,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
-    sigaction(SIGHUP, &sa, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
+    kvm_signal_hup(on_hup, &old_hup); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     signal(SIGPIPE, SIG_IGN);
     interrupts = stop_signal = 0;
     s.interrupts = &interrupts;

@@ -1,6 +1,7 @@
 /* kvm_stage.c: the stage process runtime: sockets, credits, heartbeats, a worker thread per
  * job, SIGTERM with a grace period. */
 #include "pipeline/kvm_stage.h"
+#include "common/kvm_signal.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_slurm.h"
@@ -1127,7 +1128,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL); /* a closed terminal (a worker started by hand): as SIGTERM */
+    kvm_signal_hup(on_term, NULL); /* a closed terminal (a worker started by hand): as SIGTERM */
     signal(SIGPIPE, SIG_IGN);
     if ((rc = ops->setup(state, &rt.a)) != 0) {
         log_line(&rt, "setup failed: %s", kvm_errmsg());

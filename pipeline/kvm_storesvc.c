@@ -1,5 +1,6 @@
 /* kvm_storesvc.c: the store service loop (kvm_storesvc.h). */
 #include "pipeline/kvm_storesvc.h"
+#include "common/kvm_signal.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_curve.h"
@@ -527,7 +528,7 @@ int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpo
     struct sigaction sa = {.sa_handler = svc_on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL); /* a closed terminal or a daemon's hang-up: as SIGTERM */
+    kvm_signal_hup(svc_on_signal, NULL); /* a closed terminal or a daemon's hang-up: as SIGTERM */
     printf("kvmill-store: ready on %s\n", bound);
     fflush(stdout);
     kvm_storesvc_stats st = {0};

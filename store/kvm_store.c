@@ -581,6 +581,8 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
     }
     s->path = strdup(path);
     s->opts = o;
+    struct stat dir_st;
+    if (stat(path, &dir_st) == 0) s->dir_dev = dir_st.st_dev, s->dir_ino = dir_st.st_ino;
     s->pid = getpid();
     s->read_only = o.read_only != 0;
     s->map_max_bytes = max;
@@ -677,13 +679,13 @@ const char *kvm_store_lock_note(const kvm_store *s) { return s ? s->lock_note : 
 
 int kvm_store_replaced(const kvm_store *s)
 {
-    mdb_filehandle_t fd;
-    struct stat open_st, path_st;
-    if (!s || !s->env || mdb_env_get_fd(s->env, &fd) || fstat(fd, &open_st)) return 0;
+    struct stat dir_st, data_st;
+    if (!s || !s->path || (s->dir_dev == 0 && s->dir_ino == 0) || stat(s->path, &dir_st)) return 0;
+    if (dir_st.st_dev == s->dir_dev && dir_st.st_ino == s->dir_ino) return 0;
+    /* another folder, with a store in it: not one being made (never created from here) */
     char data[4200];
     snprintf(data, sizeof data, "%s/data.mdb", s->path);
-    if (stat(data, &path_st)) return errno == ENOENT || errno == ENOTDIR;
-    return open_st.st_dev != path_st.st_dev || open_st.st_ino != path_st.st_ino;
+    return stat(data, &data_st) == 0 && S_ISREG(data_st.st_mode);
 }
 
 int kvm_store_reopen(kvm_store **s)
@@ -692,7 +694,9 @@ int kvm_store_reopen(kvm_store **s)
     char path[4200], why[1024];
     snprintf(path, sizeof path, "%s", (*s)->path);
     kvm_store *fresh = NULL;
-    int rc = kvm_store_open(path, &(*s)->opts, &fresh);
+    kvm_store_opts o = (*s)->opts;
+    o.must_exist = 1; /* the store that replaced it, never a new one made mid-swap */
+    int rc = kvm_store_open(path, &o, &fresh);
     if (rc) {
         snprintf(why, sizeof why, "%s", kvm_errmsg());
         return kvm_err(rc, "the store %s was replaced since it was opened, and the one there now cannot be opened: %s",

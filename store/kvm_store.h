@@ -254,16 +254,20 @@ const char *kvm_store_path(const kvm_store *s);
  * the reader takes no lock (a writer working on the store meanwhile may reuse pages it
  * reads). Valid until kvm_store_close. */
 const char *kvm_store_lock_note(const kvm_store *s);
-/* 1 when the store's path no longer names the data.mdb this handle has open: another store was
- * moved in its place (`kvmill store compact --out NEW`, then mv NEW over the old folder) or it
- * was removed or moved away; a long-lived reader (a decode worker) would go on answering from
- * the old file, invisible to everyone else. 0 when it is the same file (same device and inode)
- * or that cannot be told (s NULL). Stats the path and the open file; no lock, no txn. */
+/* 1 when the store's path now names another folder holding a data.mdb than the folder this
+ * handle opened: a compacted copy was moved in its place (`kvmill store compact --out NEW`, then
+ * `mv STORE STORE.old && mv NEW STORE`, as compact prints); a long-lived process (a decode worker,
+ * the store service) would go on answering from, or committing into, the folder moved away. 0
+ * when it is the same folder, when nothing is at the path (mid-swap: the caller keeps its handle
+ * and asks again later), when the folder there holds no data.mdb yet, or s is NULL. Only whole
+ * folders are told apart: a data.mdb moved into the opened folder is not (its lock.mdb would be
+ * the old one's). Stats the path; no lock, no txn. */
 int kvm_store_replaced(const kvm_store *s);
-/* Opens the store at (*s)'s path again with the options of its first open and, once that
- * works, closes *s and sets *s to the new handle (kvm_store_replaced said another store is
- * there now). On failure *s is left as it was, still usable, and the error (the open's status)
- * names the path and why. Not while another thread uses *s. */
+/* Opens the store at (*s)'s path again with the options of its first open, except that it must
+ * exist (nothing is created), and, once that works, closes *s and sets *s to the new handle
+ * (kvm_store_replaced said another store is there now). On failure *s is left as it was, still
+ * usable, and the error (the open's status) names the path and why. Not while another thread
+ * uses *s. */
 int kvm_store_reopen(kvm_store **s);
 /* Fills *out. Errors: KVM_ESTATE (used after fork), KVM_EIO / KVM_ECORRUPT (LMDB). */
 int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out);

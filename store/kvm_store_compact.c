@@ -163,6 +163,11 @@ static int make_tmp(const char *parent, const char *base, const char *dst, char 
         rmdir(tmp);
         return kvm_err(KVM_EIO, "store compact: cannot lock %s: %s", tmp, strerror(e));
     }
+    /* mkdtemp makes it 0700 and the rename keeps that: the copy swapped in would shut out the
+     * group a store made by kvm_store_open (0775 less the umask) lets in */
+    mode_t mask = umask(0);
+    umask(mask);
+    fchmod(*lock_fd, 0775 & ~mask);
     return 0;
 }
 

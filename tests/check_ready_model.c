@@ -273,7 +273,8 @@ START_TEST(test_run_refuses_other_model)
     assert_contains(err, "but this run's model is ");
     assert_contains(err, "/stories260K.bin): refused, no jobs go to it");
     ck_assert_int_eq(kvm_test_count(err, "refused, no jobs go to it"), 1);
-    ck_assert_msg(wrc == 1, "the refused worker: exit %d, stderr:\n%s", wrc, werr ? werr : "");
+    ck_assert_msg(wrc == 1, "the refused worker: exit %d, stderr:\n%s\nthe run's stderr:\n%s", wrc, werr ? werr : "",
+                  err);
     assert_contains(werr, "refused by run");
     assert_contains(werr, "this run's model is ");
     free(err);

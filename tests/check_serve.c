@@ -285,6 +285,15 @@ START_TEST(test_sighup_stops_cleanly)
     assert_contains(log, "stopping (letting workers finish)");
     assert_contains(log, "kvmill serve: stopped");
     free(log);
+    /* started under nohup (SIGHUP ignored, inherited across exec): it stays up */
+    signal(SIGHUP, SIG_IGN);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    signal(SIGHUP, SIG_DFL);
+    kill(g_serve, SIGHUP);
+    kill(g_serve, SIGHUP);
+    usleep(1500000);
+    ck_assert_msg(waitpid(g_serve, &st, WNOHANG) == 0, "serve under nohup stopped on SIGHUP: status %d", st);
+    ck_assert_int_eq(stop_serve(), 0);
 }
 END_TEST
 

@@ -941,6 +941,14 @@ START_TEST(test_compact)
     ck_assert_int_eq(stat(data, &a), 0);
     ck_assert_int_eq(stat(cdata, &b), 0);
     ck_assert_msg(b.st_size * 2 < a.st_size, "copy %lld bytes, store %lld", (long long)b.st_size, (long long)a.st_size);
+    /* the copy's folder has a new store's mode (0775 less the umask), not mkdtemp's 0700: swapped
+     * in, it would shut out the group */
+    struct stat cd;
+    mode_t mask = umask(0);
+    umask(mask);
+    ck_assert_int_eq(stat(copy, &cd), 0);
+    ck_assert_msg((cd.st_mode & 0777) == (0775 & ~mask), "the copy's folder has mode %o",
+                  (unsigned)(cd.st_mode & 0777));
     /* the copy is a whole store: it verifies and holds the 5 caches left */
     ck_assert_int_eq(kvmill(&out, &err, "store verify --store '%s'", copy), 0);
     free(out);

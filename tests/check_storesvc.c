@@ -8,12 +8,14 @@
  * run, stored, probed, renewed, released, lapsed after the owner's lease; a malformed claim is
  * refused with a reason and changes no claim. */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -232,6 +234,14 @@ START_TEST(test_store_replaced_under_service)
     snprintf(fresh, sizeof fresh, "%s/store.new", g_dir);
     kvm_test_store_create(fresh);
     ck_assert_int_eq(rename(g_store, moved), 0);
+    /* mid-swap, nothing at the path: the service keeps its store and makes no new one there
+     * (the second mv would then have moved the copy into it) */
+    kvm_serve_cache_enc e3;
+    make_cache(3, &e3);
+    ck_assert_msg(kvm_storecli_put(c, &e3, 3, "doc_003.txt", 3000, 1, &bytes) == 0, "%s", kvm_errmsg());
+    struct stat sb;
+    ck_assert_msg(stat(g_store, &sb) != 0 && errno == ENOENT, "the service made a store at %s mid-swap", g_store);
+    kvm_serve_cache_enc_free(&e3);
     ck_assert_int_eq(rename(fresh, g_store), 0);
     ck_assert_msg(kvm_storecli_put(c, &e2, 2, "doc_002.txt", 3000, 1, &bytes) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(fetch(c, &e2), L);
