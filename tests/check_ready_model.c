@@ -70,14 +70,20 @@ static void make_other_model(const char *tok, char *path, size_t size)
 
 /* A config of model `model` (context tokens, method full, store g_dir/store, run directory
  * g_dir/run: the back end ipc://g_dir/run) into path. */
-static void write_config(const char *path, const char *model, int context)
+/* The config at path: method `method` (its options after it, one per line). */
+static void write_config_method(const char *path, const char *model, int context, const char *method)
 {
     char text[8192];
     snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = %d\n[compress]\nmethod = full\nbudget = 16\n[store]\npath = %s/store\n"
+             "[model]\npath = %s\ncontext = %d\n[compress]\nmethod = %s\nbudget = 16\n[store]\npath = %s/store\n"
              "map_size_mb = 16\n[stages]\nbin_dir = %s\n[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 50\n",
-             model, context, g_dir, kvm_test_bin(), g_dir);
+             model, context, method, g_dir, kvm_test_bin(), g_dir);
     ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+}
+
+static void write_config(const char *path, const char *model, int context)
+{
+    write_config_method(path, model, context, "full");
 }
 
 /* Starts `cmd` (a stage started by hand) in the background under `timeout 30`: stderr into
@@ -256,9 +262,11 @@ START_TEST(test_run_refuses_other_model)
     snprintf(corpus, sizeof corpus, "%s", long_docs);
     make_other_model(tok, other, sizeof other);
     snprintf(cfg, sizeof cfg, "%s/run.ini", g_dir);
-    /* 20 documents of 256 tokens: the run lasts well past the hand-started worker's connection
-     * (its sockets retry every 100 ms until the run binds), so that it is refused and told */
-    write_config(cfg, model, 256);
+    /* 20 documents of 256 tokens, each distilled (method full took 0.2 s in all, and the run could
+     * end before the worker's control socket was known: refused, never told): the run lasts well
+     * past the hand-started worker's connection (its sockets retry every 100 ms until the run
+     * binds), so that it is refused and told */
+    write_config_method(cfg, model, 256, "sculpt\nretain = 4\nqueries = 256\niterations = 60");
     /* started first: it connects once the run binds its run directory's sockets */
     snprintf(cmd, sizeof cmd,
              "'%s/kvmill-prefill' --connect 'ipc://%s/run' --model '%s' --id by-hand --heartbeat-ms 20", kvm_test_bin(),
@@ -269,6 +277,8 @@ START_TEST(test_run_refuses_other_model)
     char *werr = NULL;
     int wrc = wait_by_hand("prefill", &werr);
     ck_assert_msg(rc == 0, "kvmill run: exit %d: %s", rc, err);
+    const char *last = strstr(err, "20/20 documents");
+    printf("run: %.60s\n", last ? last : "(no last progress line)");
     assert_contains(err, "prefill worker by-hand runs model ");
     assert_contains(err, "but this run's model is ");
     assert_contains(err, "/stories260K.bin): refused, no jobs go to it");
