@@ -32,8 +32,9 @@ typedef struct svc_upload {
 } svc_upload;
 
 typedef struct svc {
-    kvm_store *store;  /* the caller's handle, replaced by svc_refresh_store */
-    int said_replaced; /* the store was found replaced and could not be opened again: said */
+    kvm_store *store;    /* the caller's handle, replaced by svc_refresh_store */
+    int gone;            /* the store is gone from its path, or could not be opened again */
+    char gone_why[1200]; /* why, for the refusals */
     void *sock;
     FILE *log;
     kvm_storesvc_stats *st;
@@ -133,6 +134,7 @@ static svc_upload *svc_find(svc *s, const uint8_t *env, size_t n, int make)
 static void svc_commit(svc *s, svc_upload *u)
 {
     const kvm_proto_put_cache *p = &u->pc;
+    if (s->gone) return svc_refuse(s, u, KVM_ESTATE, s->gone_why); /* never into a store no one sees */
     if (u->entries != p->n_entries) {
         char why[256];
         snprintf(why, sizeof why, "the layers hold %lld entries, the header says %lld", (long long)u->entries,
@@ -256,7 +258,7 @@ static void svc_get(svc *s, const uint8_t *env, size_t n, const kvm_msg *m)
         memcpy(key.model_id.b, g.model_id, sizeof key.model_id.b);
         memcpy(key.doc_hash.b, g.doc_hash, sizeof key.doc_hash.b);
         memcpy(key.config_id.b, g.config_id, sizeof key.config_id.b);
-        rc = kvm_store_get_cache(s->store, &key, NULL, &c);
+        rc = s->gone ? kvm_err(KVM_ESTATE, "%s", s->gone_why) : kvm_store_get_cache(s->store, &key, NULL, &c);
     }
     snprintf(why, sizeof why, "%s", rc ? kvm_errmsg() : "");
     svc_reply(s, env, n, g.request_id, 0, rc, why, rc ? 0 : c->manifest.n_layers);
@@ -290,7 +292,8 @@ static void svc_get_strategy(svc *s, const uint8_t *env, size_t n, const kvm_msg
         char hex[KVM_STORE_ID_HEX + 1];
         memcpy(mid.b, g.model_id, sizeof mid.b);
         snprintf(name, sizeof name, "%.*s", (int)g.name.len, g.name.ptr);
-        rc = kvm_store_get_strategy(s->store, &mid, name, &buf, &len);
+        rc =
+            s->gone ? kvm_err(KVM_ESTATE, "%s", s->gone_why) : kvm_store_get_strategy(s->store, &mid, name, &buf, &len);
         if (rc == KVM_ENOTFOUND)
             snprintf(why, sizeof why, "no PolyKV strategy '%s' is stored for model %s: run kvmill calibrate on the store's host first",
                      name, kvm_store_id_hex(&mid, hex));
@@ -327,7 +330,9 @@ static void svc_claim(svc *s, const uint8_t *env, size_t n, const kvm_msg *m, kv
     if (!rc) {
         req = t == KVM_PROTO_CLAIM ? c.request_id : rn.request_id;
         where = t == KVM_PROTO_CLAIM ? "claim: store: " : "renew_claims: store: ";
-        rc = t == KVM_PROTO_CLAIM ? kvm_storesvc_claim(s->store, &c, &out) : kvm_storesvc_renew(s->store, &rn, &r.n_claims);
+        rc = s->gone                ? kvm_err(KVM_ESTATE, "%s", s->gone_why)
+             : t == KVM_PROTO_CLAIM ? kvm_storesvc_claim(s->store, &c, &out)
+                                    : kvm_storesvc_renew(s->store, &rn, &r.n_claims);
     }
     if (!rc) {
         r.request_id = req;
@@ -399,27 +404,26 @@ done:
 static long svc_parent_pid;         /* kvm_storesvc_main's parent_pid: the loop stops when it is gone */
 static kvm_serve_ipc_file *svc_ipc; /* kvm_storesvc_main's ipc socket file, noted again after a rebind */
 
-/* The store at the service's path opened again when another store was moved in its place (a
- * compacted copy): commits would go to the file moved away. When the new one cannot be opened
- * the service goes on with the old handle and says why (once per replacement seen). */
+/* The store at the service's path followed (kvm_store_follow): a compacted copy moved in its place
+ * is opened again (commits went into the folder moved away); a store gone from the path (moved or
+ * removed, for more than a second) makes the service refuse what comes (s->gone) rather than commit
+ * caches into a store no one else sees, acknowledged as stored; said once per change. */
 static void svc_refresh_store(svc *s, kvm_store **owner)
 {
-    if (!kvm_store_replaced(s->store)) {
-        s->said_replaced = 0;
-        return;
-    }
-    if (kvm_store_reopen(owner)) {
-        if (!s->said_replaced)
-            kvm_log(KVM_LOG_ERROR, "store_reopen_failed", NULL, 0, "%s: commits still go to the old one", kvm_errmsg());
-        s->said_replaced = 1;
-        return;
-    }
+    int reopened = 0;
+    int rc = kvm_store_follow(owner, s->gone ? 0 : 1000, &reopened); /* the second only while a swap may be under way */
     s->store = *owner;
-    s->said_replaced = 0;
-    kvm_log(KVM_LOG_WARN, "store_reopened", NULL, 0,
-            "the store %s was replaced since this service opened it (a compacted copy moved in its place?): "
-            "opened again",
-            kvm_store_path(s->store));
+    if (reopened)
+        kvm_log(KVM_LOG_WARN, "store_reopened", NULL, 0,
+                "the store %s was replaced since this service opened it (a compacted copy moved in its place?): "
+                "opened again",
+                kvm_store_path(s->store));
+    if (rc && !s->gone)
+        kvm_log(KVM_LOG_ERROR, "store_gone", NULL, 0, "%s: refusing every request meanwhile", kvm_errmsg());
+    if (!rc && s->gone)
+        kvm_log(KVM_LOG_INFO, "store_back", NULL, 0, "the store %s is there again", kvm_store_path(s->store));
+    s->gone = rc != 0;
+    if (rc) snprintf(s->gone_why, sizeof s->gone_why, "%s", kvm_errmsg());
 }
 
 int kvm_storesvc_loop(kvm_store **store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,

@@ -468,14 +468,15 @@ static int step(decode_state *st, kvm_forward *f, kvm_kvcache *cache, const int3
 /* The whole request: checks, cache, prompt prefill, generation. Errors carry the reason. */
 /* A store replaced since this worker opened it (a compacted copy moved in its place, README)
  * is opened again before the ask reads it: the old handle would go on answering from the file
- * that was moved away, missing every cache stored since and serving removed ones, while a
- * respawned worker of the same server answered from the new one. The new handle replaces the
- * old only once it opens; else the ask fails, naming why, and the next ask tries again. */
+ * that was moved away, missing every cache stored since and serving removed ones (and storing
+ * computed ones there), while a respawned worker of the same server answered from the new one.
+ * A store gone from the path (for more than a second: a swap's renames) fails the ask, naming
+ * why; so does a new store that cannot be opened; the next ask looks again. */
 static int refresh_store(decode_state *st)
 {
-    if (!st->store || !kvm_store_replaced(st->store)) return 0;
-    int rc = kvm_store_reopen(&st->store);
-    if (!rc)
+    int reopened = 0;
+    int rc = st->store ? kvm_store_follow(&st->store, 1000, &reopened) : 0;
+    if (reopened)
         kvm_log(KVM_LOG_WARN, "store_reopened", NULL, 0,
                 "the store %s was replaced since this worker opened it (a compacted copy moved in its place?): "
                 "opened again",

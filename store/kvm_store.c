@@ -624,6 +624,12 @@ int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out
         st = kvm_store__mdb(s, rc, "open environment");
         goto fail;
     }
+    if (!(flags & MDB_NOLOCK)) { /* the lock file this environment uses: kvm_store_follow */
+        char lock[4200];
+        struct stat lock_st;
+        snprintf(lock, sizeof lock, "%s/lock.mdb", path);
+        if (stat(lock, &lock_st) == 0) s->lock_dev = lock_st.st_dev, s->lock_ino = lock_st.st_ino;
+    }
     int dead = 0;
     mdb_reader_check(s->env, &dead); /* free slots of readers that died */
     mdb_env_get_maxreaders(s->env, &s->max_readers); /* an existing lock.mdb's, not ours */
@@ -677,15 +683,49 @@ const char *kvm_store_path(const kvm_store *s) { return s ? s->path : ""; }
 
 const char *kvm_store_lock_note(const kvm_store *s) { return s ? s->lock_note : NULL; }
 
-int kvm_store_replaced(const kvm_store *s)
+/* What is at s's path now (kvm_store_follow): KVM_STORE__SAME, __REPLACED (another store that
+ * can be opened beside this handle), or __GONE (nothing, a folder with no data.mdb, or a data.mdb
+ * replaced inside the opened folder whose lock.mdb is still the one this process has open: LMDB
+ * forbids opening an environment twice in one process). */
+enum { KVM_STORE__SAME, KVM_STORE__REPLACED, KVM_STORE__GONE };
+static int store_at_path(const kvm_store *s)
 {
-    struct stat dir_st, data_st;
-    if (!s || !s->path || (s->dir_dev == 0 && s->dir_ino == 0) || stat(s->path, &dir_st)) return 0;
-    if (dir_st.st_dev == s->dir_dev && dir_st.st_ino == s->dir_ino) return 0;
-    /* another folder, with a store in it: not one being made (never created from here) */
-    char data[4200];
+    struct stat dir_st, data_st, open_st, lock_st;
+    mdb_filehandle_t fd;
+    if ((s->dir_dev == 0 && s->dir_ino == 0) || mdb_env_get_fd(s->env, &fd) || fstat(fd, &open_st))
+        return KVM_STORE__SAME; /* nothing to compare with */
+    char data[4200], lock[4200];
     snprintf(data, sizeof data, "%s/data.mdb", s->path);
-    return stat(data, &data_st) == 0 && S_ISREG(data_st.st_mode);
+    snprintf(lock, sizeof lock, "%s/lock.mdb", s->path);
+    if (stat(s->path, &dir_st) || stat(data, &data_st) || !S_ISREG(data_st.st_mode)) return KVM_STORE__GONE;
+    const int same_dir = dir_st.st_dev == s->dir_dev && dir_st.st_ino == s->dir_ino;
+    if (same_dir && data_st.st_dev == open_st.st_dev && data_st.st_ino == open_st.st_ino) return KVM_STORE__SAME;
+    if (!same_dir) return KVM_STORE__REPLACED;
+    const int same_lock =
+        s->lock_ino && stat(lock, &lock_st) == 0 && lock_st.st_dev == s->lock_dev && lock_st.st_ino == s->lock_ino;
+    return same_lock ? KVM_STORE__GONE : KVM_STORE__REPLACED;
+}
+
+int kvm_store_follow(kvm_store **s, int wait_ms, int *reopened)
+{
+    if (reopened) *reopened = 0;
+    if (!s || !*s) return 0;
+    int at = store_at_path(*s);
+    /* a swap is two renames: nothing at the path between them, for a moment */
+    for (int waited = 0; at == KVM_STORE__GONE && waited < wait_ms; waited += 20) {
+        nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
+        at = store_at_path(*s);
+    }
+    if (at == KVM_STORE__SAME) return 0;
+    if (at == KVM_STORE__GONE)
+        return kvm_err(KVM_ESTATE,
+                       "the store %s is gone since this process opened it (the folder moved or removed, or another "
+                       "data.mdb put inside it): what it would read or write is in no store anyone else sees; put "
+                       "the store back, or move a whole store folder there (mv STORE STORE.old && mv COPY STORE)",
+                       (*s)->path);
+    int rc = kvm_store_reopen(s);
+    if (!rc && reopened) *reopened = 1;
+    return rc;
 }
 
 int kvm_store_reopen(kvm_store **s)

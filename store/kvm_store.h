@@ -254,20 +254,26 @@ const char *kvm_store_path(const kvm_store *s);
  * the reader takes no lock (a writer working on the store meanwhile may reuse pages it
  * reads). Valid until kvm_store_close. */
 const char *kvm_store_lock_note(const kvm_store *s);
-/* 1 when the store's path now names another folder holding a data.mdb than the folder this
- * handle opened: a compacted copy was moved in its place (`kvmill store compact --out NEW`, then
- * `mv STORE STORE.old && mv NEW STORE`, as compact prints); a long-lived process (a decode worker,
- * the store service) would go on answering from, or committing into, the folder moved away. 0
- * when it is the same folder, when nothing is at the path (mid-swap: the caller keeps its handle
- * and asks again later), when the folder there holds no data.mdb yet, or s is NULL. Only whole
- * folders are told apart: a data.mdb moved into the opened folder is not (its lock.mdb would be
- * the old one's). Stats the path; no lock, no txn. */
-int kvm_store_replaced(const kvm_store *s);
+/* Follows the store at (*s)'s path for a long-lived process (a decode worker, the store
+ * service) that others may swap a store under: `kvmill store compact --out COPY`, then
+ * `mv STORE STORE.old && mv COPY STORE` as compact prints. Without this it went on answering
+ * from, or committing into, the folder moved away, which nobody else sees. Checks (stats only):
+ * - the same folder and data.mdb as opened: 0, *s untouched;
+ * - another store at the path (another folder holding a data.mdb, or another data.mdb with its
+ *   own lock.mdb in the opened folder): opened again with the first open's options except that
+ *   it must exist (never created here), *s closed and replaced, *reopened = 1 (may be NULL), 0;
+ *   a failed open leaves *s as it was and returns the open's status, naming the path and why;
+ * - nothing usable there (no folder, no data.mdb, or another data.mdb beside the lock.mdb this
+ *   process has open, which LMDB cannot open twice): waits up to wait_ms ms (polling every 20
+ *   ms: a swap's two renames leave nothing there for a moment), then KVM_ESTATE naming the path
+ *   and what to do; *s is left as it was. The caller refuses the request rather than read or
+ *   write a store no one else sees.
+ * Not while another thread uses *s. */
+int kvm_store_follow(kvm_store **s, int wait_ms, int *reopened);
 /* Opens the store at (*s)'s path again with the options of its first open, except that it must
- * exist (nothing is created), and, once that works, closes *s and sets *s to the new handle
- * (kvm_store_replaced said another store is there now). On failure *s is left as it was, still
- * usable, and the error (the open's status) names the path and why. Not while another thread
- * uses *s. */
+ * exist (nothing is created), and, once that works, closes *s and sets *s to the new handle. On
+ * failure *s is left as it was, still usable, and the error (the open's status) names the path
+ * and why. Not while another thread uses *s. */
 int kvm_store_reopen(kvm_store **s);
 /* Fills *out. Errors: KVM_ESTATE (used after fork), KVM_EIO / KVM_ECORRUPT (LMDB). */
 int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out);

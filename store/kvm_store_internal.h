@@ -71,9 +71,11 @@ struct kvm_store {
     MDB_env *env;                     /* the LMDB environment, owned */
     MDB_dbi dbi[KVM_STORE__DB_COUNT]; /* named db handles */
     char *path;                       /* directory, owned */
-    kvm_store_opts opts;              /* as opened: kvm_store_reopen opens a replaced store alike */
+    kvm_store_opts opts;              /* as opened: kvm_store_follow opens a replaced store alike */
     dev_t dir_dev;                    /* the folder opened (stat of path at the open): */
-    ino_t dir_ino;                    /* kvm_store_replaced compares the folder at path now */
+    ino_t dir_ino;                    /* kvm_store_follow compares the folder at path now */
+    dev_t lock_dev;                   /* the lock.mdb the environment opened (0, 0: none, */
+    ino_t lock_ino;                   /* MDB_NOLOCK) */
     int read_only;                    /* opened MDB_RDONLY */
     char *lock_note;                  /* read-only open without lock.mdb (MDB_NOLOCK): why, owned; else NULL */
     int no_claims;                    /* read-only open of a store without the claims db */

@@ -330,6 +330,19 @@ START_TEST(test_store_replaced_under_serve)
     ck_assert_msg(rc == 0, "ask over the first store moved back: exit %d: %s", rc, err);
     free(out);
     free(err);
+    /* moved away, nothing put back: refused naming why (it answered from the folder moved away,
+     * and a computed cache would have gone there) */
+    ck_assert_int_eq(rename(sp, old), 0);
+    rc = ask(g_doc, "Then the", 8, NULL, &out, &err);
+    ck_assert_msg(rc != 0 && strstr(err, "is gone since this process opened it"), "ask with no store: exit %d: %s%s",
+                  rc, out, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(rename(old, sp), 0);
+    rc = ask(g_doc, "Then the", 8, NULL, &out, &err);
+    ck_assert_msg(rc == 0, "ask over the store put back: exit %d: %s", rc, err);
+    free(out);
+    free(err);
     ck_assert_int_eq(stop_serve(), 0);
     char *log = kvm_test_read_file(g_log, NULL);
     /* one line per worker that saw a swap (the asks may go to different workers) */

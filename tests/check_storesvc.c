@@ -214,6 +214,15 @@ START_TEST(test_put_then_get)
 }
 END_TEST
 
+/* Renames paths[0] to paths[1] 300 ms from now (the second mv of a swap, a moment later). */
+static void *move_in_later(void *arg)
+{
+    const char **paths = arg;
+    usleep(300000);
+    if (rename(paths[0], paths[1])) perror("rename");
+    return NULL;
+}
+
 /* A compacted copy moved in place of the store while the service runs: its commits went on into
  * the file moved away, lost to every reader of the path. It opens the store there again first:
  * the upload after the swap lands in the store at the path, and is served from it. */
@@ -234,24 +243,50 @@ START_TEST(test_store_replaced_under_service)
     snprintf(fresh, sizeof fresh, "%s/store.new", g_dir);
     kvm_test_store_create(fresh);
     ck_assert_int_eq(rename(g_store, moved), 0);
-    /* mid-swap, nothing at the path: the service keeps its store and makes no new one there
-     * (the second mv would then have moved the copy into it) */
+    /* mid-swap, nothing at the path for 300 ms: the service waits for the swap to end (it makes no
+     * new store there, which the second mv would then have moved the copy into) and commits into
+     * the store moved in */
+    const char *swap[2] = {fresh, g_store};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, move_in_later, swap), 0);
     kvm_serve_cache_enc e3;
     make_cache(3, &e3);
-    ck_assert_msg(kvm_storecli_put(c, &e3, 3, "doc_003.txt", 3000, 1, &bytes) == 0, "%s", kvm_errmsg());
-    struct stat sb;
-    ck_assert_msg(stat(g_store, &sb) != 0 && errno == ENOENT, "the service made a store at %s mid-swap", g_store);
+    ck_assert_msg(kvm_storecli_put(c, &e3, 3, "doc_003.txt", 5000, 1, &bytes) == 0, "%s", kvm_errmsg());
+    pthread_join(th, NULL);
+    ck_assert_int_eq(fetch(c, &e3), L);
     kvm_serve_cache_enc_free(&e3);
-    ck_assert_int_eq(rename(fresh, g_store), 0);
     ck_assert_msg(kvm_storecli_put(c, &e2, 2, "doc_002.txt", 3000, 1, &bytes) == 0, "%s", kvm_errmsg());
     ck_assert_int_eq(fetch(c, &e2), L);
     ck_assert_int_eq(fetch(c, &e1), KVM_ENOTFOUND); /* the store moved in never held it */
+    /* the store moved away and nothing put back (past the swap's second): every request is
+     * refused naming why, none committed into the folder moved away and acknowledged */
+    char away[4300];
+    snprintf(away, sizeof away, "%s/store.away", g_dir);
+    ck_assert_int_eq(rename(g_store, away), 0);
+    make_cache(4, &e3);
+    int rc = kvm_storecli_put(c, &e3, 4, "doc_004.txt", 5000, 1, &bytes);
+    ck_assert_msg(rc != 0 && strstr(kvm_errmsg(), "is gone since this process opened it"),
+                  "put into a gone store: %d %s", rc, kvm_errmsg());
+    ck_assert_int_eq(fetch(c, &e2), KVM_ESTATE);
+    /* put back: served again */
+    ck_assert_int_eq(rename(away, g_store), 0);
+    ck_assert_int_eq(fetch(c, &e2), L);
+    /* another data.mdb moved inside the opened folder beside its lock.mdb (which this process
+     * holds open: LMDB cannot open it twice): refused as gone, not read from the old file */
+    char fresh_data[4400], data[4400];
+    kvm_test_store_create(fresh);
+    snprintf(fresh_data, sizeof fresh_data, "%s/data.mdb", fresh);
+    snprintf(data, sizeof data, "%s/data.mdb", g_store);
+    ck_assert_int_eq(rename(fresh_data, data), 0);
+    ck_assert_int_eq(fetch(c, &e2), KVM_ESTATE);
+    kvm_serve_cache_enc_free(&e3);
     kvm_serve_cache_enc_free(&e1);
     kvm_serve_cache_enc_free(&e2);
     kvm_storecli_close(&c);
     kvm_config_free(&cfg);
     svc_stop(&t);
-    ck_assert_int_eq(count_caches(), 1);
+    ck_assert_int_eq(count_caches(), 0); /* the data.mdb moved in: an empty store */
+    (void)moved;
 }
 END_TEST
 
