@@ -456,7 +456,6 @@ int kvm_storesvc_loop(kvm_store **store, void *sock, int64_t upload_timeout_ms, 
             rc = errno == ETERM ? 0 : kvm_err(KVM_EIO, "store service: poll: %s", zmq_strerror(errno));
             break;
         }
-        if (pr > 0) svc_refresh_store(s, store);
         for (int k = 0; pr > 0 && k < 64; k++) {
             kvm_msg *env = NULL, *m = NULL;
             const int r = kvm_serve_recv_routed(sock, ZMQ_DONTWAIT, &env, &m);
@@ -464,8 +463,12 @@ int kvm_storesvc_loop(kvm_store **store, void *sock, int64_t upload_timeout_ms, 
                 svc_refuse_unread(s, env);
             else if (r)
                 break;
-            else
+            else {
+                /* per message, not per poll: a request sent just after the store came back (or went)
+                 * may arrive within the same batch */
+                svc_refresh_store(s, store);
                 svc_one(s, env, m);
+            }
         }
         int64_t now = svc_now_ms();
         for (int i = 0; i < SVC_MAX_UPLOADS; i++)
