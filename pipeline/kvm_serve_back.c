@@ -8,6 +8,7 @@
 #include "pipeline/kvm_stage.h"
 #include "store/kvm_store.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -430,6 +431,15 @@ static int64_t next_request(srv *s)
     return -1;
 }
 
+/* Puts request *r back at position i of the queue, where kvm_serve__queue_remove took it from
+ * (so the queue has room), before the requests that came after it. */
+static void put_back(srv *s, int64_t i, srv_request *r)
+{
+    memmove(&s->queue[i + 1], &s->queue[i], (size_t)(s->n_queue - i) * sizeof *s->queue);
+    s->queue[i] = *r;
+    s->n_queue++;
+}
+
 void kvm_serve__dispatch(srv *s)
 {
     for (;;) {
@@ -448,12 +458,23 @@ void kvm_serve__dispatch(srv *s)
             kvm_msg_free(&r.msg);
             continue;
         }
-        kvm_msg *env = NULL;
-        rc = kvm_msg_new(&env);
-        if (!rc) rc = kvm_msg_add_copy(env, wk->id, strlen(wk->id));
-        if (!rc) rc = kvm_msg_join(env, &r.msg);
-        if (!rc) rc = kvm_msg_send(s->data, &env, ZMQ_DONTWAIT);
-        kvm_msg_free(&env);
+        /* The worker's routing id goes out first, alone: with ZMQ_ROUTER_MANDATORY a worker
+         * whose connection is gone fails this frame (EHOSTUNREACH) and nothing was sent, so the
+         * request is still whole (kvm_msg_send would have taken it). An older worker (revision
+         * 12) stopped while idle says nothing, and its credit stayed here: the request went to
+         * it and failed "could not be reached" while another worker was free. */
+        if (zmq_send(s->data, wk->id, strlen(wk->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+            char why[200];
+            snprintf(why, sizeof why,
+                     "could not be reached (%s): its credit is dropped; request %llu waits for "
+                     "another worker",
+                     zmq_strerror(errno), (unsigned long long)r.request_id);
+            if (grant) kvm_serve__grant_release_unused(s, client); /* taken again at the next hand-over */
+            kvm_serve__worker_dead(s, w, why);                     /* no longer alive: not picked again */
+            put_back(s, i, &r); /* no attempt counted: it waits, within its timeout, for the next */
+            continue;
+        }
+        rc = kvm_msg_send(s->data, &r.msg, ZMQ_DONTWAIT); /* the rest of the multipart message */
         kvm_msg_free(&r.msg);
         wk->idle = 0;
         wk->grant = grant;

@@ -198,6 +198,8 @@ typedef struct stage_rt {
                            still done, those after it dropped; 0: no stop seen yet */
     int credit_out;     /* a credit (ready on the data socket) went out and no whole job came for it
                            since: the orchestrator may have handed one that is still on its way */
+    int data_down;      /* the data socket's connection closed (ZMQ_EVENT_DISCONNECTED) and no
+                           handshake succeeded on it since: nothing can reach the worker there */
     int awaiting_end;   /* stopping: the stopping heartbeat went out, the orchestrator's end-of-work
                            ack (revision 13) has not come yet */
 } stage_rt;
@@ -696,6 +698,7 @@ static int link_event(stage_rt *rt, int i)
     switch (event) {
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         rt->n_no_detail = 0;
+        if (i == 1) rt->data_down = 0;               /* jobs can come on it again */
         if (i == 0 && !rt->greeted && !rt->linked) { /* "connected" waits for the orchestrator's first message */
             kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
             log_ev(rt, KVM_LOG_INFO, "handshake", f, 1,
@@ -721,6 +724,7 @@ static int link_event(stage_rt *rt, int i)
         break;
     case ZMQ_EVENT_DISCONNECTED:
         rt->heard[i] = 0; /* the next peer there is judged afresh */
+        if (i == 1) rt->data_down = 1;
         if (i == 0) rt->linked = 0;
         if (i == 0 && rt->greeted) {
             kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
@@ -799,12 +803,17 @@ static void link_close(stage_rt *rt)
  * out, a job the orchestrator handed for it may be on its way: the worker says it stops and takes
  * what comes until the orchestrator's end of work (on_end_of_work), at most STAGE_DRAIN_WAIT_MS.
  * Without one, or when nothing could answer or a job would fail anyway (refused, a wrong peer, a
- * failed handshake, the orchestrator process gone), it stops at once: a job running is finished. */
+ * failed handshake, the orchestrator process gone, the data socket's connection closed and not
+ * made again: no job can be on its way over it, and the credit went with it), it stops at once: a
+ * job running is finished. */
 static void start_drain(stage_rt *rt, double now)
 {
     const int parent_gone = rt->a.parent_pid > 0 && getppid() != (pid_t)rt->a.parent_pid;
+    for (int i = 0; i < 2 && rt->mon[0] && rt->mon[1]; i++) /* the connection's state as of now, not of the */
+        while (link_event(rt, i)) {                         /* last poll: a reconnection may wait unread */
+        }
     rt->drain_until = now;
-    if (rt->refused || rt->wrong_peer || rt->link_failed || parent_gone || !rt->credit_out) return;
+    if (rt->refused || rt->wrong_peer || rt->link_failed || parent_gone || rt->data_down || !rt->credit_out) return;
     if (send_stopping(rt)) return; /* not taken: no connection, so no job on its way either */
     rt->awaiting_end = 1;
     rt->drain_until = now + STAGE_DRAIN_WAIT_MS;

@@ -1283,6 +1283,64 @@ START_TEST(test_held_timeout_names_computation)
 }
 END_TEST
 
+/* An older decode worker (revision 12: it does not say that it stops) stopped while idle: its
+ * credit stayed in serve's idle list, the next request went to it, the send failed
+ * (ZMQ_ROUTER_MANDATORY: EHOSTUNREACH) and the client was told "the decode worker could not be
+ * reached; try again" while worker w1 was idle. Now the gone worker's credit is dropped and the
+ * request goes to w1, no error answer; with no other worker idle it waits in the queue. */
+START_TEST(test_unreachable_worker_request_goes_on)
+{
+    void *w0;
+    srv *s = held_broker("unreach", &w0);
+    int mandatory = 1;
+    ck_assert_int_eq(zmq_setsockopt(s->data, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory), 0);
+    void *client = front_client(s, "unreach");
+    void *w1 = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(w1, ZMQ_ROUTING_ID, "w1", 2), 0);
+    ck_assert_int_eq(zmq_connect(w1, "inproc://unreach-data"), 0);
+    s->workers[2].alive = s->workers[2].idle = s->workers[3].alive = s->workers[3].idle = 0;
+    zmq_close(w0);                        /* w0's credit stays: it said nothing */
+    w0 = zmq_socket(s->zctx, ZMQ_DEALER); /* for held_broker_free, never connected */
+    zmq_pollitem_t it = {s->data, 0, ZMQ_POLLIN, 0};
+    for (int k = 0; k < 20; k++) /* lets the broker's socket see w0's connection end */
+        zmq_poll(&it, 1, 10);
+    queue_ask(s, 1, "A bird sang in the tree.");
+    kvm_serve__dispatch(s);
+    ck_assert_msg(!s->workers[0].alive && !s->workers[0].idle, "the unreachable worker w0 kept its credit");
+    ck_assert_msg(s->workers[1].busy && s->workers[1].request_id == 1, "request 1 did not go to the idle worker w1");
+    ck_assert_int_eq(s->n_queue, 0);
+    ck_assert_uint_eq(s->failed, 0);
+    zmq_pollitem_t ci = {client, 0, ZMQ_POLLIN, 0};
+    ck_assert_msg(zmq_poll(&ci, 1, 200) == 0, "the client got an answer (an error) while w1 was idle");
+    zmq_pollitem_t wi = {w1, 0, ZMQ_POLLIN, 0};
+    ck_assert_msg(zmq_poll(&wi, 1, 2000) == 1, "the ask did not come to w1");
+    kvm_msg *m = NULL;
+    kvm_proto_ask a;
+    ck_assert_int_eq(kvm_msg_recv(w1, &m, 0), 0);
+    ck_assert_msg(kvm_proto_ask_decode(m, &a) == 0, "w1 got no ask: %s", kvm_errmsg());
+    ck_assert_uint_eq(a.request_id, 1);
+    kvm_msg_free(&m);
+    /* w1 gone too while it holds no request, and nobody else idle: request 2 waits queued */
+    s->workers[1].busy = 0;
+    s->workers[1].idle = 1;
+    kvm_msg_free(&s->workers[1].env);
+    zmq_close(w1);
+    for (int k = 0; k < 20; k++)
+        zmq_poll(&it, 1, 10);
+    queue_ask(s, 2, "A frog sat on a log.");
+    kvm_serve__dispatch(s);
+    ck_assert(!s->workers[1].alive);
+    ck_assert_int_eq(s->n_queue, 1);
+    ck_assert_uint_eq(s->queue[0].request_id, 2);
+    ck_assert_msg(zmq_poll(&ci, 1, 200) == 0, "request 2 was answered instead of waiting for a worker");
+    ck_assert_uint_eq(s->failed, 0);
+    kvm_msg_free(&s->queue[0].msg);
+    kvm_msg_free(&s->queue[0].env);
+    zmq_close(client);
+    held_broker_free(s, w0);
+}
+END_TEST
+
 /* A request's [serve] request_timeout_s counted from when a worker took it, not from its
  * arrival: one that queued almost that long could wait nearly twice the setting for its error
  * answer, and kvmill ask (90 s against the default 60) said "no answer" first. Now the worker's
@@ -1828,6 +1886,7 @@ int main(void)
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     suite_add_tcase(su, tcase("stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30));
+    suite_add_tcase(su, tcase("unreachable_worker_request_goes_on", test_unreachable_worker_request_goes_on, 30));
     suite_add_tcase(su, tcase("held_timeout_names_computation", test_held_timeout_names_computation, 30));
     suite_add_tcase(su, tcase("worker_timeout_counts_from_arrival", test_worker_timeout_counts_from_arrival, 30));
     suite_add_tcase(su, tcase("timeout_names_refused_workers", test_timeout_names_refused_workers, 30));

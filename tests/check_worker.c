@@ -957,6 +957,40 @@ START_TEST(test_stopping_worker_waits_for_end_of_work)
 }
 END_TEST
 
+/* A worker whose orchestrator closed the connection (kvmill serve stopped, killed) still waited
+ * the whole 5 s for an end of work on SIGTERM, though nothing can come over a closed connection
+ * and its credit went with it. Now, with the data socket's connection down (and not made again),
+ * it stops at once, as it does when its --parent-pid is gone. */
+START_TEST(test_stopping_worker_orchestrator_gone)
+{
+    fake_orch f;
+    fake_orch_start(&f);
+    kvm_msg *m = router_expect(f.data, KVM_PROTO_READY, 60000); /* a credit */
+    char *log = NULL;
+    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+    kvm_msg_free(&m);
+    zmq_close(f.ctl); /* the orchestrator is gone: its bound sockets closed */
+    zmq_close(f.data);
+    f.ctl = zmq_socket(f.zctx, ZMQ_ROUTER); /* unbound, for fake_orch_end */
+    f.data = zmq_socket(f.zctx, ZMQ_ROUTER);
+    usleep(500000); /* the worker sees its connections end */
+    const double sent = kvm_now_ms();
+    ck_assert_int_eq(kill(f.pid, SIGTERM), 0);
+    int st = fake_orch_wait(&f, 30000);
+    const double took = kvm_now_ms() - sent;
+    log = kvm_test_read_file(f.logp, NULL);
+    ck_assert_msg(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the worker: status %d\n%s", st, log ? log : "");
+    ck_assert_msg(!strstr(log, "no end of work from the orchestrator"),
+                  "the worker waited for an end of work over "
+                  "a closed connection:\n%s",
+                  log);
+    ck_assert_msg(took < 1500, "the worker stopped %.0f ms after SIGTERM with its connection closed, want at once\n%s",
+                  took, log);
+    free(log);
+    fake_orch_end(&f);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -992,6 +1026,10 @@ static Suite *worker_suite(void)
     /* _i: end of work sent, or not; SIGHUP */
     tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 3);
     tcase_set_timeout(tr, 150);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("stopping_worker_orchestrator_gone");
+    tcase_add_test(tr, test_stopping_worker_orchestrator_gone);
+    tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("multi_gpu_example_runs");
     tcase_add_test(tr, test_multi_gpu_example_runs);
