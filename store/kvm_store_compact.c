@@ -135,7 +135,7 @@ static void leftover_one(const char *dir, const char *dst)
     }
     kvm_log_field f[] = {KVM_LOG_S("path", dir), KVM_LOG_S("out", dst)};
     /* the texts start without "store compact:": the log prefix the command set
-     * ("kvmill store compact: ") names it, and both read "... store compact: store compact: ..." */
+     * ("kvmill store compact: ") names it; with both, a line read "kvmill store compact: store compact: ..." */
     if (only_lmdb_files(dir)) {
         remove_copy(dir);
         kvm_log(KVM_LOG_INFO, "compact_leftover_removed", f, 2,
