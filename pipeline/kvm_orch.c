@@ -98,6 +98,20 @@ static void progress(orch *o, int final)
 
 /* ---- setup ---- */
 
+/* The ipc socket files this process bound (ctl, data), unlinked at its end: ZeroMQ leaves them
+ * when it closes the sockets, and a run directory kept (configured by [run] run_dir, or kept for
+ * the stage logs) held "ctl" and "data" of an orchestrator no longer there. One orchestrator per
+ * process, like orch_main's own state. */
+static char bound_ipc[2][1100];
+
+static void unlink_bound_ipc(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (bound_ipc[i][0]) unlink(bound_ipc[i]);
+        bound_ipc[i][0] = '\0';
+    }
+}
+
 static int bind_sockets(orch *o)
 {
     const char *bind = kvm_config_str(o->cfg, "run", "bind");
@@ -121,6 +135,8 @@ static int bind_sockets(orch *o)
                            : i    ? "[run] bind (its data socket: port + 1, or DIR/data)"
                                   : "[run] bind (its control socket)";
         if ((rc = kvm_serve_bind(o->zctx, socks[i], eps[i], o->cfg, 0, what))) return rc;
+        if (!strncmp(eps[i], "ipc://", 6)) /* only what was bound here: a refused one may be another's */
+            snprintf(bound_ipc[i], sizeof bound_ipc[i], "%s", eps[i] + 6);
     }
     return 0;
 }
@@ -448,6 +464,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     }
     if (o.data) zmq_close(o.data);
     kvm_curve_ctx_term(o.zctx); /* joins the ZAP handler of a keyed [run] bind too */
+    unlink_bound_ipc();         /* after the close: run and calibrate alike, however they ended */
     kvm_store_set_interrupt(NULL, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

@@ -23,6 +23,30 @@
 #include "common/kvm_log.h"
 
 #define TMP_TAG ".compact-" /* ".NAME" TMP_TAG "XXXXXX": the temporary folder of a copy */
+/* ".NAME.compact-XXXXXX" is 16 characters longer than NAME: for a NAME near NAME_MAX it would be
+ * too long a name (mkdtemp failed ENAMETOOLONG on a valid --out), so past this many characters
+ * NAME's part is shortened to its first TMP_KEEP characters, '~' and a 64-bit hash of the whole
+ * NAME in hex (two long names sharing the prefix do not share leftovers). */
+#define TMP_SUFFIX_LEN (sizeof TMP_TAG - 1 + 6)
+#define TMP_KEEP (NAME_MAX - 1 - 1 - 16 - TMP_SUFFIX_LEN) /* '.', '~', the hash */
+
+/* The start of the temporary folder's name for destination base name `base`, ".STEM" TMP_TAG
+ * (mkdtemp's XXXXXX follow), into out: what make_tmp creates and leftovers looks for, so both
+ * follow the same rule. Returns its length, or -1 when it does not fit cap. */
+static int tmp_prefix(const char *base, char *out, size_t cap)
+{
+    size_t len = strlen(base);
+    int n;
+    if (1 + len + TMP_SUFFIX_LEN <= NAME_MAX)
+        n = snprintf(out, cap, ".%s" TMP_TAG, base);
+    else {
+        unsigned long long h = 1469598103934665603ULL; /* FNV-1a 64 */
+        for (const unsigned char *c = (const unsigned char *)base; *c; c++)
+            h = (h ^ *c) * 1099511628211ULL;
+        n = snprintf(out, cap, ".%.*s~%016llx" TMP_TAG, (int)TMP_KEEP, base, h);
+    }
+    return n < 0 || (size_t)n >= cap ? -1 : n;
+}
 
 /* dst split into its parent folder and last part, trailing slashes dropped ("a/b/" gives "a"
  * and "b"; "b" gives "." and "b"; "/b" gives "/" and "b"). Returns 0, or KVM_EINVAL for a
@@ -110,27 +134,29 @@ static void leftover_one(const char *dir, const char *dst)
         return;
     }
     kvm_log_field f[] = {KVM_LOG_S("path", dir), KVM_LOG_S("out", dst)};
+    /* the texts start without "store compact:": the log prefix the command set
+     * ("kvmill store compact: ") names it; with both, a line read "kvmill store compact: store compact: ..." */
     if (only_lmdb_files(dir)) {
         remove_copy(dir);
         kvm_log(KVM_LOG_INFO, "compact_leftover_removed", f, 2,
-                "store compact: removed %s, the unfinished copy of an earlier compact to %s that was cut short", dir,
-                dst);
+                "removed %s, the unfinished copy of an earlier compact to %s that was cut short", dir, dst);
     } else {
         kvm_log(KVM_LOG_WARN, "compact_leftover", f, 2,
-                "store compact: %s looks like the unfinished copy of an earlier compact to %s but holds other files "
+                "%s looks like the unfinished copy of an earlier compact to %s but holds other files "
                 "than data.mdb and lock.mdb: left as it is; look at it and remove it",
                 dir, dst);
     }
     close(fd); /* after the removal: no compact may take the folder meanwhile */
 }
 
-/* Looks in `parent` for ".BASE.compact-XXXXXX" folders (leftover_one on each). */
+/* Looks in `parent` for ".BASE.compact-XXXXXX" folders (BASE shortened as tmp_prefix says;
+ * leftover_one on each). */
 static void leftovers(const char *parent, const char *base, const char *dst)
 {
-    char prefix[NAME_MAX + 16];
-    int np = snprintf(prefix, sizeof prefix, ".%s" TMP_TAG, base);
+    char prefix[NAME_MAX + 1];
+    int np = tmp_prefix(base, prefix, sizeof prefix);
     DIR *d = opendir(parent);
-    if (!d || np < 0 || (size_t)np >= sizeof prefix) {
+    if (!d || np < 0) {
         if (d) closedir(d);
         return;
     }
@@ -144,12 +170,14 @@ static void leftovers(const char *parent, const char *base, const char *dst)
     closedir(d);
 }
 
-/* Creates the temporary folder tmp (".BASE.compact-XXXXXX" in parent) and locks it (*lock_fd)
+/* Creates the temporary folder tmp (".BASE.compact-XXXXXX" in parent, BASE shortened as
+ * tmp_prefix says) and locks it (*lock_fd)
  * for the time of the copy. A missing, unwritable or non-folder parent is the caller's path:
  * KVM_EINVAL naming dst; else KVM_EIO. */
 static int make_tmp(const char *parent, const char *base, const char *dst, char *tmp, size_t cap, int *lock_fd)
 {
-    int n = snprintf(tmp, cap, "%s/.%s" TMP_TAG "XXXXXX", parent, base);
+    char prefix[NAME_MAX + 1];
+    int n = tmp_prefix(base, prefix, sizeof prefix) < 0 ? -1 : snprintf(tmp, cap, "%s/%sXXXXXX", parent, prefix);
     if (n < 0 || (size_t)n >= cap) return kvm_err(KVM_EINVAL, "store compact: %s: path too long", dst);
     if (!mkdtemp(tmp)) {
         int e = errno, bad_path = e == ENOENT || e == ENOTDIR || e == EACCES || e == EROFS || e == ENAMETOOLONG;

@@ -544,6 +544,32 @@ START_TEST(test_size_in_method_options)
 }
 END_TEST
 
+/* A bad value among kvzip's or am's own options was refused as "sculpt: --queries 6.4e1", naming
+ * another method than the user's. The refusal says nothing of sculpt after the method string.
+ * (It still names the setting as "--queries": the option parser is given eval's flags as the
+ * same kind of list, and tells the two apart nowhere.) */
+START_TEST(test_method_option_as_written)
+{
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    const char *doc = kvm_test_data_path("corpus/doc_000.txt");
+    const char *cases[][2] = {
+        {"kvzip:queries=6.4e1", "--method kvzip:queries=6.4e1: --queries 6.4e1: expected an integer"},
+        {"am:queries=64.0", "--method am:queries=64.0: --queries 64.0: expected an integer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out, *err, args[256];
+        snprintf(args, sizeof args,
+                 "eval --model '%%s' --docs '%%s' --continuation 8 --threads 1 --context 64 --budget 40 --method %s",
+                 cases[i][0]);
+        int rc = kvmill(&out, &err, args, model, doc);
+        ck_assert_msg(rc == 2 && strstr(err, cases[i][1]) && !strstr(err, "sculpt"), "%s: exit %d: %s", cases[i][0], rc,
+                      err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* An item given twice ran twice: --docs naming one file twice (a folder and one of its files)
  * counted it twice in the mean (calibrate: in the calibration), and a (method, budget) column
  * repeated by --method h2o,h2o or --budget 16,16 (or --ratio 0.3,0.30) was computed twice. Each
@@ -1644,6 +1670,7 @@ static Suite *cli_suite(void)
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
                  {"eval_csv_names_distinct", test_eval_csv_names_distinct},
                  {"size_in_method_options", test_size_in_method_options},
+                 {"method_option_as_written", test_method_option_as_written},
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
                  {"short_option_as_value_and_given_twice", test_short_option_as_value_and_given_twice},

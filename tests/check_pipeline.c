@@ -888,6 +888,19 @@ START_TEST(test_external_worker_joins)
 }
 END_TEST
 
+/* The orchestrator's ipc socket files "ctl" and "data" are gone from the run directory: ZeroMQ
+ * leaves them at close, and calibrate (like run) left them in a kept run directory. */
+static void no_socket_files(const char *when)
+{
+    const char *names[] = {"ctl", "data"};
+    for (int i = 0; i < 2; i++) {
+        char p[4400];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", run_dir, names[i]);
+        ck_assert_msg(lstat(p, &sb) != 0, "%s: %s is left", when, p);
+    }
+}
+
 START_TEST(test_ctrl_c)
 {
     /* jobs of seconds: the Ctrl-C lands while work remains; under the sanitizers (quick) 60
@@ -914,6 +927,7 @@ START_TEST(test_ctrl_c)
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d: %s", st, err); /* not a complete run */
     ck_assert_msg(strstr(err, "interrupted: finishing the jobs in flight"), "stderr: %s", err);
     ck_assert_msg(strstr(out, "interrupted:") && strstr(out, "failed=0"), "stdout: %s", out);
+    no_socket_files("a run stopped by Ctrl-C");
     /* how many documents were already past prefill when the signal came depends on timing;
      * what must hold is that the run stopped cleanly with nothing failed or half-stored */
     free(out); free(err);
@@ -1228,6 +1242,49 @@ START_TEST(test_sigterm_grace_and_hand_back)
 }
 END_TEST
 
+/* calibrate stopped by SIGINT or SIGHUP (a closed terminal) left the orchestrator's "ctl" and
+ * "data" socket files in its run directory: now they are removed however it ends. */
+START_TEST(test_calibrate_signal_no_sockets)
+{
+    char text[8192];
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = polykv\nbudget = 32\n[eval]\ncontinuation = 32\n"
+             "[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    const int sigs[] = {SIGINT, SIGHUP};
+    for (int i = 0; i < 2; i++) {
+        char out_path[4300], err_path[4300], strat[4400];
+        snprintf(out_path, sizeof out_path, "%s/out.txt", tmp);
+        snprintf(err_path, sizeof err_path, "%s/err.txt", tmp);
+        snprintf(strat, sizeof strat, "%s/strategy%d.bin", tmp, i);
+        unlink(out_path);
+        unlink(err_path);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            freopen(out_path, "w", stdout);
+            freopen(err_path, "w", stderr);
+            char exe[4200];
+            snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+            execl(exe, exe, "calibrate", "--config", cfg_path, "--docs", docs, "--out", strat, (char *)NULL);
+            _exit(127);
+        }
+        /* the signal once the workers are at it (it may also come after their work: either way
+         * the orchestrator ends through its own exit path) */
+        ck_assert_msg(wait_for_file("err.txt", "calibration documents, each measured", 1, 60000),
+                      "calibrate did not start");
+        kill(pid, sigs[i]);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        char *err = tmp_file("err.txt");
+        ck_assert_msg(WIFEXITED(st) && (WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 130), "status 0x%x: %s", st, err);
+        free(err);
+        no_socket_files(sigs[i] == SIGINT ? "calibrate after SIGINT" : "calibrate after SIGHUP");
+    }
+}
+END_TEST
+
 /* calibrate through the stages (signals, strategy), then run with the stored strategy */
 START_TEST(test_calibrate_then_polykv)
 {
@@ -1249,6 +1306,7 @@ START_TEST(test_calibrate_then_polykv)
     /* the start line counts calibration documents, not a meaningless "(0 already stored)" */
     ck_assert_msg(strstr(err, "5 calibration documents, each measured") && !strstr(err, "already stored"), "stderr: %s", err);
     free(out); free(err);
+    no_socket_files("calibrate");
     /* the file records the model (KVST v3, issue 15); the store's record does not (its key does), so
      * the config ids of caches, made from the record's bytes, are what they were */
     kvm_strategy *file, *rec;
@@ -1948,6 +2006,7 @@ static Suite *pipeline_suite(void)
                  {"eval_short_not_evaluated", test_eval_short_not_evaluated},
                  {"sigterm_grace_and_hand_back", test_sigterm_grace_and_hand_back},
                  {"calibrate_then_polykv", test_calibrate_then_polykv},
+                 {"calibrate_signal_no_sockets", test_calibrate_signal_no_sockets},
                  {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
                  {"calibrate_config_flags", test_calibrate_config_flags},
                  {"dying_stage_gives_up", test_dying_stage_gives_up},

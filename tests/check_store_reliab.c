@@ -1036,6 +1036,15 @@ static int compact_limited(const char *outdir, rlim_t limit)
     return st;
 }
 
+/* Occurrences of `needle` in `hay`. */
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
 /* A compact killed midway left a truncated data.mdb under the --out name: `store verify`
  * refused it, but the next compact to the same --out failed "already exists", and a user could
  * take it for a good copy. Now the copy is written beside it and renamed when complete: the
@@ -1052,7 +1061,10 @@ START_TEST(test_compact_killed_midway)
     ck_assert_msg(lstat(ck, &sb) != 0, "%s exists after a compact killed midway", ck);
     ck_assert_int_eq(count_prefixed(".ck.compact-"), 1);
     int rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, ck);
-    ck_assert_msg(rc == 0 && strstr(err, "/.ck.compact-") && strstr(err, "cut short"), "exit %d: %s", rc, err);
+    /* the command's prefix once: the line read "kvmill store compact: store compact: removed" */
+    ck_assert_msg(rc == 0 && strstr(err, "/.ck.compact-") && strstr(err, "cut short") &&
+                      strstr(err, "kvmill store compact: removed ") && count_of(err, "store compact:") == 1,
+                  "exit %d: %s", rc, err);
     free(out);
     free(err);
     ck_assert_int_eq(count_prefixed(".ck.compact-"), 0);
@@ -1066,11 +1078,56 @@ START_TEST(test_compact_killed_midway)
     ck_assert_int_eq(mkdir(keep, 0700), 0);
     ck_assert_int_eq(kvm_test_write_file(note, "x", 1), 0);
     rc = kvmill(&out, &err, "store compact --store '%s' --out '%s/ck2'", g_store, g_dir);
-    ck_assert_msg(rc == 0 && strstr(err, ".ck2.compact-abc123") && strstr(err, "left as it is"), "exit %d: %s", rc,
-                  err);
+    ck_assert_msg(rc == 0 && strstr(err, ".ck2.compact-abc123") && strstr(err, "left as it is") &&
+                      count_of(err, "store compact:") == 1,
+                  "exit %d: %s", rc, err);
     free(out);
     free(err);
     ck_assert_int_eq(access(note, F_OK), 0);
+}
+END_TEST
+
+/* A valid --out of 250 characters: the temporary folder ".NAME.compact-XXXXXX" was 266, past
+ * NAME_MAX, and the compact failed "File name too long" naming --out. Now NAME's part is
+ * shortened (a prefix and a hash): the compact works, and a leftover of one killed midway is
+ * found and removed by the next compact to that name, with the command's prefix said once. */
+START_TEST(test_compact_long_out_name)
+{
+    put_caches(g_store, 30, 20000); /* about 900 KB: the 256 KB limit is crossed midway */
+    char name[251], ck[4600], *out = NULL, *err = NULL;
+    memset(name, 'n', 250);
+    name[250] = '\0';
+    snprintf(ck, sizeof ck, "%s/%s", g_dir, name);
+    int st = compact_limited(ck, 256 * 1024);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGXFSZ, "the compact was not cut short: status 0x%x", st);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, ".%.40s", name); /* the shortened stem starts with NAME's prefix */
+    ck_assert_int_eq(count_prefixed(prefix), 1);
+    int rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, ck);
+    ck_assert_msg(rc == 0 && strstr(err, "cut short") && count_of(err, "store compact:") == 1 &&
+                      strstr(err, "kvmill store compact: removed "),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_prefixed(prefix), 0);
+    struct stat sb;
+    ck_assert_msg(lstat(ck, &sb) == 0 && S_ISDIR(sb.st_mode), "%s missing", ck);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --store '%s'", ck), 0);
+    free(out);
+    free(err);
+    /* long names sharing their first 249 characters do not share leftovers: a compact to one
+     * leaves the other's alone */
+    name[249] = 'm';
+    snprintf(ck, sizeof ck, "%s/%s", g_dir, name);
+    st = compact_limited(ck, 256 * 1024);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGXFSZ, "the compact was not cut short: status 0x%x", st);
+    name[249] = 'o';
+    snprintf(ck, sizeof ck, "%s/%s", g_dir, name);
+    rc = kvmill(&out, &err, "store compact --store '%s' --out '%s'", g_store, ck);
+    ck_assert_msg(rc == 0 && !strstr(err, "cut short"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(count_prefixed(prefix), 1);
 }
 END_TEST
 
@@ -2013,6 +2070,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
+    suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
     suite_add_tcase(su, tcase("skip_records_name", test_skip_records_name, 120));
     suite_add_tcase(su, tcase("rm_other_config", test_rm_other_config, 120));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));

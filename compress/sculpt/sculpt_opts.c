@@ -94,18 +94,18 @@ const kvm_sculpt_setting *kvm_sculpt_setting_find(const char *name, size_t len)
 /* The solver's device (the `device` setting): "cpu", or "cuda:N" with N in [0, 255] checked
  * against the visible devices now, so a command refuses before its prefill
  * (kvm_sculpt_backend_cuda: the one selection every caller goes through). */
-static int parse_device(const char *name, const char *v, kvm_sculpt_opts *o)
+static int parse_device(const char *pre, const char *name, const char *v, kvm_sculpt_opts *o)
 {
     int n;
-    if (kvm_device_parse(v, &n)) return kvm_err(KVM_EINVAL, "sculpt: --%s %s", name, kvm_errmsg());
+    if (kvm_device_parse(v, &n)) return kvm_err(KVM_EINVAL, "%s--%s %s", pre, name, kvm_errmsg());
     if (n < 0) {
         o->cuda = 0, o->cuda_device = 0;
         return 0;
     }
     if (!kvm_sculpt_backend_cuda(n)) { /* kvm_err formats into scratch first: its own message may be an argument */
         const char *why = kvm_errmsg();   /* "cuda:N requested but …" names the value itself */
-        return strncmp(why, v, strlen(v)) ? kvm_err(KVM_EDEVICE, "sculpt: --%s %s: %s", name, v, why)
-                                          : kvm_err(KVM_EDEVICE, "sculpt: --%s %s", name, why);
+        return strncmp(why, v, strlen(v)) ? kvm_err(KVM_EDEVICE, "%s--%s %s: %s", pre, name, v, why)
+                                          : kvm_err(KVM_EDEVICE, "%s--%s %s", pre, name, why);
     }
     o->cuda = 1, o->cuda_device = n;
     return 0;
@@ -134,34 +134,41 @@ static int parse_integer(const char *s, double *v)
     return 0;
 }
 
-int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
+/* kvm_sculpt_opts_set with the refusals starting with `pre`: "sculpt: " for a setting given
+ * alone, "" for one of an option list (kvm_sculpt_opts_parse). A list is a method's options
+ * (eval --method kvzip:queries=6.4e1, am:...), eval's sculpt flags or calibrate's --sculpt-opts:
+ * "sculpt:" there named another method than the user's, and the caller says where the list
+ * came from ("--method kvzip:queries=6.4e1: "). The setting is still named as a flag
+ * ("--queries 6.4e1"): whether it was written as one is not known here (eval turns its flags into
+ * such a list too). */
+static int set_opt(kvm_sculpt_opts *o, const char *name, const char *value, const char *pre)
 {
     const row *r = name ? find_row(name, strlen(name)) : NULL;
-    if (!r) return kvm_err(KVM_ENOTFOUND, "sculpt: no option '%s'", name ? name : "");
+    if (!r) return kvm_err(KVM_ENOTFOUND, "%sno option '%s'", pre, name ? name : "");
     if (!value || !*value) { /* a bare name sets a switch; every other setting needs a value */
-        if (r->kind != K_BOOL) return kvm_err(KVM_EINVAL, "sculpt: --%s needs a value", name);
+        if (r->kind != K_BOOL) return kvm_err(KVM_EINVAL, "%s--%s needs a value", pre, name);
         value = "1";
     }
     char *p = (char *)o + r->off;
     if (r->kind == K_MODE) return kvm_sculpt_mode_parse(value, (kvm_sculpt_mode *)(void *)p);
     if (r->kind == K_ALLOC) return kvm_sculpt_alloc_parse(value, (kvm_sculpt_alloc *)(void *)p);
     if (r->kind == K_QSOURCE) return kvm_sculpt_qsource_parse(value, (kvm_sculpt_qsource *)(void *)p);
-    if (r->kind == K_DEVICE) return parse_device(name, value, o);
+    if (r->kind == K_DEVICE) return parse_device(pre, name, value, o);
     if (r->kind == K_BOOL) {
         if (parse_bool(value, (int *)(void *)p))
-            return kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected 1/0, true/false, yes/no or on/off", name, value);
+            return kvm_err(KVM_EINVAL, "%s--%s %s: expected 1/0, true/false, yes/no or on/off", pre, name, value);
         return 0;
     }
     double v = 0;
     if ((r->kind == K_F64 ? kvm_parse_decimal(value, &v) : parse_integer(value, &v)) || v < r->lo || v > r->hi)
         return r->kind == K_F64 /* an integer's bounds whole: %g printed 2^24 as 1.67772e+07 */
-                   ? kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected a number in [%g, %g]", name, value, r->lo, r->hi)
-                   : kvm_err(KVM_EINVAL, "sculpt: --%s %s: expected an integer in [%.0f, %.0f]", name, value, r->lo,
+                   ? kvm_err(KVM_EINVAL, "%s--%s %s: expected a number in [%g, %g]", pre, name, value, r->lo, r->hi)
+                   : kvm_err(KVM_EINVAL, "%s--%s %s: expected an integer in [%.0f, %.0f]", pre, name, value, r->lo,
                              r->hi);
     switch (r->kind) {
     case K_BUDGET:
         if (v > 0 && v <= o->retain_tokens)
-            return kvm_err(KVM_EINVAL, "sculpt: budget %s entries per head leaves none beyond the retain zone of %lld",
+            return kvm_err(KVM_EINVAL, "%sbudget %s entries per head leaves none beyond the retain zone of %lld", pre,
                            value, (long long)o->retain_tokens);
         *(int64_t *)(void *)p = v > 0 ? (int64_t)v - o->retain_tokens : 0;
         break;
@@ -171,6 +178,11 @@ int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
     default: *(double *)(void *)p = v; break;
     }
     return 0;
+}
+
+int kvm_sculpt_opts_set(kvm_sculpt_opts *o, const char *name, const char *value)
+{
+    return set_opt(o, name, value, "sculpt: ");
 }
 
 /* budget, ratio, entries: which one sizes the cache (the last given) */
@@ -225,14 +237,14 @@ int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg)
                 size_name = t;
                 size_value = eq;
             } else
-                rc = kvm_sculpt_opts_set(o, t, eq);
+                rc = set_opt(o, t, eq, "");
         }
         t = after;
     }
     if (!rc && size_name) {
         const row *r = find_row(size_name, strlen(size_name));
         if (strcmp(r->name, "budget")) o->k_entries = 0; /* ratio or entries replaces an earlier budget */
-        rc = kvm_sculpt_opts_set(o, size_name, size_value);
+        rc = set_opt(o, size_name, size_value, "");
     }
     free(s);
     return rc;
