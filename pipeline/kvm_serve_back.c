@@ -463,12 +463,22 @@ void kvm_serve__dispatch(srv *s)
          * request is still whole (kvm_msg_send would have taken it). An older worker (revision
          * 12) stopped while idle says nothing, and its credit stayed here: the request went to
          * it and failed "could not be reached" while another worker was free. */
-        if (zmq_send(s->data, wk->id, strlen(wk->id), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        const int sent = zmq_send(s->data, wk->id, strlen(wk->id), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        const int send_errno = sent < 0 ? errno : 0;
+        if (sent < 0 && send_errno != EHOSTUNREACH) {
+            /* its pipe full (EAGAIN), a signal: the worker is not gone (it sends a credit again
+             * each heartbeat while idle); the request waits, nobody is killed */
+            if (grant) kvm_serve__grant_release_unused(s, client);
+            wk->idle = 0; /* its next credit makes it idle again */
+            put_back(s, i, &r);
+            continue;
+        }
+        if (sent < 0) { /* EHOSTUNREACH: nothing was sent, the request is still whole */
             char why[200];
             snprintf(why, sizeof why,
                      "could not be reached (%s): its credit is dropped; request %llu waits for "
                      "another worker",
-                     zmq_strerror(errno), (unsigned long long)r.request_id);
+                     zmq_strerror(send_errno), (unsigned long long)r.request_id);
             if (grant) kvm_serve__grant_release_unused(s, client); /* taken again at the next hand-over */
             kvm_serve__worker_dead(s, w, why);                     /* no longer alive: not picked again */
             put_back(s, i, &r); /* no attempt counted: it waits, within its timeout, for the next */
@@ -482,6 +492,9 @@ void kvm_serve__dispatch(srv *s)
         wk->doc = r.doc;
         wk->request_id = r.request_id;
         if (rc) {
+            /* the routing frame went out: end the message (an empty last frame), or the next
+             * request's frames would become parts of this one */
+            zmq_send(s->data, "", 0, ZMQ_DONTWAIT);
             kvm_serve__worker_dead(s, w, "could not be reached");
             kvm_serve__reply_error(s, &r.env, r.request_id, KVM_EIO,
                                    "the decode worker could not be reached; try again");

@@ -36,11 +36,12 @@ typedef struct kvm_storesvc_stats {
 
 /* Runs the service on sock (a bound ZMQ_ROUTER) over store *s (opened for writing) until *stop
  * becomes non-zero (checked at least every 200 ms) or the context terminates. Logs one line
- * per refusal and commit to log (may be NULL). stats (may be NULL) is kept current. A store
- * replaced at its path meanwhile (a compacted copy moved in place: kvm_store_replaced) is
- * opened again before the next message is handled, and *s set to the new handle (the caller
- * closes whichever *s holds at the end): commits went to the file moved away, lost to every
- * reader of the path. Returns 0, or KVM_EIO when the socket fails. */
+ * per refusal and commit to log (may be NULL). stats (may be NULL) is kept current. Before each
+ * message the store at its path is followed (kvm_store_follow): a compacted copy moved in place
+ * is opened again and *s set to the new handle (the caller closes whichever *s holds at the
+ * end); a store gone from its path (after a second's wait for a swap's renames) makes every
+ * request refused, naming why, until a store is there again: commits went into the folder moved
+ * away, lost to every reader of the path. Returns 0, or KVM_EIO when the socket fails. */
 int kvm_storesvc_loop(kvm_store **s, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
                       kvm_storesvc_stats *stats, FILE *log);
 

@@ -44,6 +44,7 @@ typedef struct decode_state {
     kvm_tokenizer *tok_own;   /* a GGUF model's embedded tokenizer (when wm has none) */
     const kvm_tokenizer *tok; /* the tokenizer in use */
     kvm_store *store;         /* the LMDB store, on the store's host */
+    int store_gone;           /* the last ask found it gone from its path (kvm_store_follow) */
     kvm_storecli *svc;      /* or the store service on another host ([store] service / --store tcp://) */
     uint8_t *strategy;      /* with svc and polykv: the strategy record fetched for the current ask */
     size_t strategy_len;
@@ -475,7 +476,10 @@ static int step(decode_state *st, kvm_forward *f, kvm_kvcache *cache, const int3
 static int refresh_store(decode_state *st)
 {
     int reopened = 0;
-    int rc = st->store ? kvm_store_follow(&st->store, 1000, &reopened) : 0;
+    /* the second's wait (a swap's renames) only when the store was there at the last ask: while it
+     * stays gone every ask would wait it, and the queue behind drain one per second */
+    int rc = st->store ? kvm_store_follow(&st->store, st->store_gone ? 0 : 1000, &reopened) : 0;
+    st->store_gone = rc == KVM_ESTATE;
     if (reopened)
         kvm_log(KVM_LOG_WARN, "store_reopened", NULL, 0,
                 "the store %s was replaced since this worker opened it (a compacted copy moved in its place?): "

@@ -214,11 +214,11 @@ START_TEST(test_put_then_get)
 }
 END_TEST
 
-/* Renames paths[0] to paths[1] 300 ms from now (the second mv of a swap, a moment later). */
+/* Renames paths[0] to paths[1] 200 ms from now (the second mv of a swap, a moment later). */
 static void *move_in_later(void *arg)
 {
     const char **paths = arg;
-    usleep(300000);
+    usleep(200000);
     if (rename(paths[0], paths[1])) perror("rename");
     return NULL;
 }
@@ -243,7 +243,7 @@ START_TEST(test_store_replaced_under_service)
     snprintf(fresh, sizeof fresh, "%s/store.new", g_dir);
     kvm_test_store_create(fresh);
     ck_assert_int_eq(rename(g_store, moved), 0);
-    /* mid-swap, nothing at the path for 300 ms: the service waits for the swap to end (it makes no
+    /* mid-swap, nothing at the path for 200 ms: the service waits for the swap to end (it makes no
      * new store there, which the second mv would then have moved the copy into) and commits into
      * the store moved in */
     const char *swap[2] = {fresh, g_store};

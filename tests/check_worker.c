@@ -973,7 +973,9 @@ START_TEST(test_stopping_worker_orchestrator_gone)
     zmq_close(f.data);
     f.ctl = zmq_socket(f.zctx, ZMQ_ROUTER); /* unbound, for fake_orch_end */
     f.data = zmq_socket(f.zctx, ZMQ_ROUTER);
-    usleep(500000); /* the worker sees its connections end */
+    /* the worker's I/O thread sees its connections end (no line: nothing greeted it); the drain
+     * also reads the monitor events still waiting when SIGTERM comes */
+    usleep(1500000);
     const double sent = kvm_now_ms();
     ck_assert_int_eq(kill(f.pid, SIGTERM), 0);
     int st = fake_orch_wait(&f, 30000);
@@ -984,7 +986,8 @@ START_TEST(test_stopping_worker_orchestrator_gone)
                   "the worker waited for an end of work over "
                   "a closed connection:\n%s",
                   log);
-    ck_assert_msg(took < 1500, "the worker stopped %.0f ms after SIGTERM with its connection closed, want at once\n%s",
+    /* at once, not its 5 s bound (the margin: a loaded machine's exit under ASan's leak check) */
+    ck_assert_msg(took < 4000, "the worker stopped %.0f ms after SIGTERM with its connection closed, want at once\n%s",
                   took, log);
     free(log);
     fake_orch_end(&f);
