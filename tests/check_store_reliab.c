@@ -34,6 +34,15 @@ static char g_store[4200];    /* a store directory inside it */
 static char g_cfg[4200];      /* a config file inside it */
 static char g_docs[4200];     /* a corpus folder inside it */
 
+/* g_store opened read-write without fsync (the claims tests' handle); fails the test otherwise. */
+static kvm_store *open_store_nosync(void)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_msg(kvm_store_open(g_store, &o, &s) == 0, "%s", kvm_errmsg());
+    return s;
+}
+
 static void setup(void)
 {
     g_dir = kvm_test_tmpdir();
@@ -1238,9 +1247,7 @@ END_TEST
  * 24 h is refused now, by a take and by a renewal, and nothing is written; 24 h is taken. */
 START_TEST(test_claim_lease_capped)
 {
-    kvm_store *s = NULL;
-    kvm_store_opts o = {.no_sync = 1};
-    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store *s = open_store_nosync();
     kvm_store_cache_key k;
     memset(&k, 9, sizeof k);
     int taken = -1;
@@ -1382,9 +1389,7 @@ static claim_count claims_of(kvm_store *s, const char *owner)
  * claims only are removed; --force removes all; another owner's claims are never touched. */
 START_TEST(test_claim_release_lapsed_in_txn)
 {
-    kvm_store *s = NULL;
-    kvm_store_opts o = {.no_sync = 1};
-    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store *s = open_store_nosync();
     const char *own = "run:far:1:1";
     kvm_store_cache_key k[5];
     int taken = 0;
@@ -1438,9 +1443,7 @@ END_TEST
  * escapes it: each line now shows it as the listing does (\xNN). */
 START_TEST(test_store_claims_release_escaped)
 {
-    kvm_store *s = NULL;
-    kvm_store_opts o = {.no_sync = 1};
-    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store *s = open_store_nosync();
     kvm_store_cache_key k;
     memset(&k, 0x31, sizeof k);
     int taken = 0;

@@ -405,7 +405,11 @@ END_TEST
  * named no document, and compress (which sends no data: it stores the cache) always said 0
  * bytes. Now each names the document, and compress's bytes are the stored cache's, the figure the
  * run's summary adds up as bytes_compressed. */
-START_TEST(test_stage_log_names_document_and_bytes)
+/* A run in a new folder over one document, DIR/docs/NAME (doc_000's first 600 bytes), with one
+ * prefill and one compress worker of its own and its run directory DIR/rd (kept: [run] run_dir);
+ * fails the test when it exits other than 0. Returns DIR (free it, kvm_test_rmtree it) and the
+ * run's stdout in *out (free it). */
+static char *run_one_doc(const char *name, char **out)
 {
     char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
     snprintf(p, sizeof p, "%s/docs", dir);
@@ -413,7 +417,7 @@ START_TEST(test_stage_log_names_document_and_bytes)
     size_t n = 0;
     char *doc = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
     ck_assert_ptr_nonnull(doc);
-    snprintf(p, sizeof p, "%s/docs/story one.txt", dir);
+    snprintf(p, sizeof p, "%s/docs/%s", dir, name);
     ck_assert_int_eq(kvm_test_write_file(p, doc, n < 600 ? n : 600), 0);
     free(doc);
     snprintf(p, sizeof p, "%s/c.ini", dir);
@@ -422,14 +426,21 @@ START_TEST(test_stage_log_names_document_and_bytes)
              "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 1\n[run]\nrun_dir = %s/rd\n",
              kvm_test_data_path("models/stories260K.bin"), dir, dir);
     ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
-    char *out = NULL, *err = NULL;
+    char *err = NULL;
     snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/c.ini' --corpus '%s/docs'", kvm_test_bin(), dir, dir);
-    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "kvmill run: %s", err);
+    ck_assert_msg(kvm_test_run(cmd, out, &err) == 0, "kvmill run: %s", err);
+    free(err);
+    return dir;
+}
+
+START_TEST(test_stage_log_names_document_and_bytes)
+{
+    char cmd[16384], *out = NULL, *err = NULL;
+    char *dir = run_one_doc("story one.txt", &out);
     const char *sum = strstr(out, "bytes_compressed=");
     ck_assert_msg(sum, "stdout: %s", out);
     long long stored = atoll(sum + strlen("bytes_compressed="));
     free(out);
-    free(err);
     snprintf(cmd, sizeof cmd, "cat '%s'/rd/*.log", dir);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
     char want[256];
@@ -453,32 +464,12 @@ END_TEST
  * of work from the orchestrator"), and the run with it. */
 START_TEST(test_run_ends_its_workers_work)
 {
-    char *dir = kvm_test_tmpdir(), p[4096], text[8192], cmd[16384];
-    snprintf(p, sizeof p, "%s/docs", dir);
-    ck_assert_int_eq(mkdir(p, 0700), 0);
-    size_t n = 0;
-    char *doc = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
-    ck_assert_ptr_nonnull(doc);
-    snprintf(p, sizeof p, "%s/docs/one.txt", dir);
-    ck_assert_int_eq(kvm_test_write_file(p, doc, n < 600 ? n : 600), 0);
-    free(doc);
-    snprintf(p, sizeof p, "%s/c.ini", dir);
-    snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 384\n[compress]\nmethod = streaming\nratio = 0.3\n[store]\npath = "
-             "%s/store\n[stages]\nprefill_workers = 1\ncompress_workers = 1\n[run]\nrun_dir = %s/rd\n",
-             kvm_test_data_path("models/stories260K.bin"), dir, dir);
-    ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
-    char *out = NULL, *err = NULL;
-    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s/c.ini' --corpus '%s/docs'", kvm_test_bin(), dir, dir);
-    ck_assert_msg(kvm_test_run(cmd, &out, &err) == 0, "kvmill run: %s", err);
+    char cmd[16384], *out = NULL, *err = NULL;
+    char *dir = run_one_doc("one.txt", &out);
     free(out);
-    free(err);
     snprintf(cmd, sizeof cmd, "cat '%s'/rd/*.log", dir);
     ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
-    int ended = 0;
-    for (const char *q = strstr(out, "the orchestrator sent the end of this worker's work"); q;
-         q = strstr(q + 1, "the orchestrator sent the end of this worker's work"))
-        ended++;
+    const int ended = kvm_test_count(out, "the orchestrator sent the end of this worker's work");
     /* at least the prefill worker, idle since its one job: the compress worker may be stopped
      * between its result and its next credit, with no credit out, and then asks for nothing */
     ck_assert_msg(ended >= 1 && !strstr(out, "no end of work"),
