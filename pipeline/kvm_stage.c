@@ -929,13 +929,43 @@ static int known_option(const char *k)
     return 0;
 }
 
+/* 1 when process pid has exited and waits to be reaped (a zombie, state Z or X in
+ * /proc/PID/stat), or is gone; 0 when it runs, or when /proc cannot tell (not Linux). */
+static int process_exited(long pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')'); /* the command name may hold spaces and ')' */
+    return paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+/* 1 when pid is a live process (or another user's); an exited parent counts as gone even
+ * before its own parent reaps it. Reparenting to init happens a moment before the exiting
+ * parent shows as a zombie, so an orphan (getppid() == 1) asks again for up to 500 ms. */
+static int process_alive(long pid, int orphan)
+{
+    for (int i = 0;; i++) {
+        if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0; /* EPERM: another user's */
+        if (process_exited(pid)) return 0;
+        if (!orphan || i >= 50) return 1;
+        usleep(10000);
+    }
+}
+
 int kvm_stage_parent_check(const char *who, long pid)
 {
     const pid_t parent = getppid();
     if (pid == (long)parent) return 0;
-    /* a live process that is not the parent: the process stops once it is reparented, so it
-     * would stop at once, saying that process is gone */
-    if (kill((pid_t)pid, 0) == 0 || errno == EPERM) { /* EPERM: another user's */
+    /* A live process that is not the parent: the process stops once it is reparented, so it
+     * would stop at once, saying that process is gone. An exited parent stays a zombie, which
+     * kill(pid, 0) finds, until its own parent reaps it (CI saw this: the orphan was told its
+     * exited parent was "not the process that started this one"). */
+    if (process_alive(pid, parent == 1)) {
         fprintf(stderr,
                 "%s: --parent-pid %ld is not the process that started this one (pid %ld): give the parent's pid, or "
                 "leave the option out\n",
