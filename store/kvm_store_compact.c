@@ -5,7 +5,8 @@
  * refused as "already exists" and a user could take for a good copy. While a compact writes,
  * it holds an flock on its temporary folder, so a later compact can tell a leftover of a dead
  * one (unlocked) from a copy still being written (locked) and removes only the former, and only
- * when it holds nothing but LMDB's files. */
+ * when it holds nothing but LMDB's files. The look for leftovers and the creation of the new
+ * folder happen under an flock on the destination's parent folder (lock_parent). */
 #include "store/kvm_store_internal.h"
 
 #include <dirent.h>
@@ -170,6 +171,22 @@ static void leftovers(const char *parent, const char *base, const char *dst)
     closedir(d);
 }
 
+/* An flock on folder `parent`, held from the look for leftovers until the new temporary
+ * folder is locked: between mkdtemp and its flock, a second compact to the same destination
+ * found the new folder unlocked and empty, took it for a dead compact's leftover and removed
+ * it, and the first failed ("cannot lock", or the copy into a folder that was gone). Returns
+ * the descriptor to close, or -1 where the parent cannot be opened or locked (then the look
+ * goes on unlocked, as before: a parent mkdtemp refuses is named there). */
+static int lock_parent(const char *parent)
+{
+    int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 /* Creates the temporary folder tmp (".BASE.compact-XXXXXX" in parent, BASE shortened as
  * tmp_prefix says) and locks it (*lock_fd)
  * for the time of the copy. A missing, unwritable or non-folder parent is the caller's path:
@@ -258,9 +275,11 @@ int kvm_store_compact(kvm_store *s, const char *dst, int64_t *copy_bytes)
     int rc = split_dst(dst, parent, sizeof parent, base, sizeof base);
     if (!rc) rc = dst_outside_store(s, dst, parent);
     if (rc) return rc;
+    int lock_fd = -1, parent_fd = lock_parent(parent);
     leftovers(parent, base, dst);
-    int lock_fd = -1;
-    if ((rc = make_tmp(parent, base, dst, tmp, sizeof tmp, &lock_fd))) return rc;
+    rc = make_tmp(parent, base, dst, tmp, sizeof tmp, &lock_fd);
+    if (parent_fd >= 0) close(parent_fd); /* the new folder is locked: leftovers() passes it by */
+    if (rc) return rc;
     rc = copy_into(s, tmp, dst);
     if (!rc) rc = publish(tmp, dst, parent);
     if (rc) remove_copy(tmp); /* a partial copy is never left (a full disk, a damaged page) */

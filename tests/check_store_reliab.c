@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <errno.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1022,9 +1024,9 @@ static int count_prefixed(const char *prefix)
 
 /* `kvmill store compact --store g_store --out OUT` in a child whose files may grow to `limit`
  * bytes at most: the write crossing it raises SIGXFSZ, whose default action ends the process
- * there, as a SIGKILL midway would (deterministically, unlike a kill after some ms). Returns the
- * wait status. */
-static int compact_limited(const char *outdir, rlim_t limit)
+ * there, as a SIGKILL midway would (deterministically, unlike a kill after some ms).
+ * compact_start returns the child's pid, compact_limited its wait status. */
+static pid_t compact_start(const char *outdir, rlim_t limit)
 {
     char exe[4300];
     snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
@@ -1040,6 +1042,12 @@ static int compact_limited(const char *outdir, rlim_t limit)
         execl(exe, "kvmill", "store", "compact", "--store", g_store, "--out", outdir, (char *)NULL);
         _exit(127);
     }
+    return pid;
+}
+
+static int compact_limited(const char *outdir, rlim_t limit)
+{
+    const pid_t pid = compact_start(outdir, limit);
     int st = 0;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
     return st;
@@ -1093,6 +1101,44 @@ START_TEST(test_compact_killed_midway)
     free(out);
     free(err);
     ck_assert_int_eq(access(note, F_OK), 0);
+}
+END_TEST
+
+/* Two compacts to the same --out at once: the second looked for leftovers while the first had
+ * created its temporary folder but not yet locked it, took the empty unlocked folder for a dead
+ * compact's leftover and removed it, and the first failed. Here the test is the first compact,
+ * caught in that moment: it holds the parent folder's lock (as a compact does from its look for
+ * leftovers until its folder is locked), creates its folder, and starts the second. The second
+ * waits for the parent's lock (the old code removed the folder at once and finished), then
+ * passes the folder by, locked now, and makes its copy beside it. */
+START_TEST(test_compact_concurrent_same_out)
+{
+    put_caches(g_store, 3, 2000);
+    char ck[4400], first[4400];
+    snprintf(ck, sizeof ck, "%s/ck3", g_dir);
+    snprintf(first, sizeof first, "%s/.ck3.compact-XXXXXX", g_dir);
+    const int parent_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
+    ck_assert_msg(parent_fd >= 0 && flock(parent_fd, LOCK_EX) == 0, "lock %s: %s", g_dir, strerror(errno));
+    ck_assert_ptr_nonnull(mkdtemp(first));
+    const pid_t pid = compact_start(ck, RLIM_INFINITY);
+    int st = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 40 && done == 0; i++) { /* 2 s: the old code finished in milliseconds */
+        usleep(50000);
+        done = waitpid(pid, &st, WNOHANG);
+    }
+    struct stat sb;
+    ck_assert_msg(done == 0, "the second compact did not wait for the first (status 0x%x; %s %s)", st, first,
+                  stat(first, &sb) == 0 ? "kept" : "removed");
+    const int first_fd = open(first, O_RDONLY | O_DIRECTORY);
+    ck_assert_msg(first_fd >= 0 && flock(first_fd, LOCK_EX) == 0, "%s: %s", first, strerror(errno));
+    close(parent_fd);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the second compact failed: status 0x%x", st);
+    ck_assert_msg(stat(first, &sb) == 0 && S_ISDIR(sb.st_mode), "the first compact's folder %s was removed", first);
+    ck_assert_msg(stat(ck, &sb) == 0 && S_ISDIR(sb.st_mode), "%s missing", ck);
+    close(first_fd);
+    rmdir(first);
 }
 END_TEST
 
@@ -2074,6 +2120,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
+    suite_add_tcase(su, tcase("compact_concurrent_same_out", test_compact_concurrent_same_out, 60));
     suite_add_tcase(su, tcase("skip_records_name", test_skip_records_name, 120));
     suite_add_tcase(su, tcase("rm_other_config", test_rm_other_config, 120));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
