@@ -930,13 +930,14 @@ static int known_option(const char *k)
 }
 
 /* 1 when process pid has exited and waits to be reaped (a zombie, state Z or X in
- * /proc/PID/stat), or is gone; 0 when it runs, or when /proc cannot tell (not Linux). */
+ * /proc/PID/stat), or is gone; 0 when it runs, or when /proc cannot tell (not Linux, or no
+ * /proc mounted). */
 static int process_exited(long pid)
 {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
     FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT;
+    if (!f) return errno == ENOENT && access("/proc/self/stat", R_OK) == 0; /* no /proc: cannot tell */
     const size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
