@@ -7,6 +7,7 @@
  * one (unlocked) from a copy still being written (locked) and removes only the former, and only
  * when it holds nothing but LMDB's files. The look for leftovers and the creation of the new
  * folder happen under an flock on the destination's parent folder (lock_parent). */
+#define _GNU_SOURCE /* renameat2, RENAME_NOREPLACE */
 #include "store/kvm_store_internal.h"
 
 #include <dirent.h>
@@ -174,15 +175,27 @@ static void leftovers(const char *parent, const char *base, const char *dst)
 /* An flock on folder `parent`, held from the look for leftovers until the new temporary
  * folder is locked: between mkdtemp and its flock, a second compact to the same destination
  * found the new folder unlocked and empty, took it for a dead compact's leftover and removed
- * it, and the first failed ("cannot lock", or the copy into a folder that was gone). Returns
- * the descriptor to close, or -1 where the parent cannot be opened or locked (then the look
- * goes on unlocked, as before: a parent mkdtemp refuses is named there). */
+ * it, and the first failed ("cannot lock", or the copy into a folder that was gone). Another
+ * compact holds it for milliseconds; a holder that keeps it (`flock DIR kvmill store compact`
+ * hands this process a descriptor holding the lock, which a blocking flock would wait on
+ * forever) is waited for 5 s, then said and passed by. Returns the descriptor to close, or
+ * -1 where the parent cannot be opened or locked (the look goes on unlocked, as before: a
+ * parent mkdtemp refuses is named there). */
 static int lock_parent(const char *parent)
 {
     int fd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0 && flock(fd, LOCK_EX) != 0) {
-        close(fd);
-        fd = -1;
+    for (int i = 0; fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) != 0; i++) {
+        if (errno != EWOULDBLOCK || i >= 500) {
+            if (errno == EWOULDBLOCK) {
+                kvm_log_field f[] = {KVM_LOG_S("path", parent)};
+                kvm_log(KVM_LOG_WARN, "compact_parent_locked", f, 1,
+                        "%s stayed locked (flock) for 5 s: looking for leftovers of earlier compacts without it",
+                        parent);
+            }
+            close(fd);
+            return -1;
+        }
+        usleep(10000);
     }
     return fd;
 }
@@ -247,7 +260,9 @@ static int copy_into(kvm_store *s, const char *tmp, const char *dst)
 }
 
 /* The finished copy tmp on disk, then renamed to dst and the rename on disk. A dst that
- * appeared meanwhile is refused (rename would replace an empty folder). */
+ * appeared meanwhile is refused (rename would replace an empty folder): renameat2's
+ * RENAME_NOREPLACE refuses it atomically; where the file system lacks it, an lstat just before
+ * the rename does, leaving a window of microseconds. */
 static int publish(const char *tmp, const char *dst, const char *parent)
 {
     char data[PATH_MAX + 16];
@@ -255,10 +270,16 @@ static int publish(const char *tmp, const char *dst, const char *parent)
     struct stat st;
     if (sync_path(data) != 0 || sync_path(tmp) != 0)
         return kvm_err(KVM_EIO, "store compact: cannot sync the copy %s: %s", data, strerror(errno));
-    if (lstat(dst, &st) == 0)
+    int rc = -1;
+#ifdef RENAME_NOREPLACE /* glibc >= 2.28: no window between the check and the rename */
+    rc = renameat2(AT_FDCWD, tmp, AT_FDCWD, dst, RENAME_NOREPLACE);
+    if (rc != 0 && errno != EINVAL && errno != ENOSYS && errno != EEXIST)
+        return kvm_err(KVM_EIO, "store compact: cannot rename %s to %s: %s", tmp, dst, strerror(errno));
+#endif
+    if (rc != 0 && (errno == EEXIST || lstat(dst, &st) == 0))
         return kvm_err(KVM_EINVAL, "store compact: %s was created while the copy was written: name a new directory",
                        dst);
-    if (rename(tmp, dst) != 0)
+    if (rc != 0 && rename(tmp, dst) != 0) /* a file system without RENAME_NOREPLACE: checked just before */
         return kvm_err(KVM_EIO, "store compact: cannot rename %s to %s: %s", tmp, dst, strerror(errno));
     sync_path(parent); /* best effort: the copy is whole under either name */
     return 0;

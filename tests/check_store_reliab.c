@@ -1117,7 +1117,7 @@ START_TEST(test_compact_concurrent_same_out)
     char ck[4400], first[4400];
     snprintf(ck, sizeof ck, "%s/ck3", g_dir);
     snprintf(first, sizeof first, "%s/.ck3.compact-XXXXXX", g_dir);
-    const int parent_fd = open(g_dir, O_RDONLY | O_DIRECTORY);
+    const int parent_fd = open(g_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* the child holds no lock */
     ck_assert_msg(parent_fd >= 0 && flock(parent_fd, LOCK_EX) == 0, "lock %s: %s", g_dir, strerror(errno));
     ck_assert_ptr_nonnull(mkdtemp(first));
     const pid_t pid = compact_start(ck, RLIM_INFINITY);
@@ -1130,7 +1130,7 @@ START_TEST(test_compact_concurrent_same_out)
     struct stat sb;
     ck_assert_msg(done == 0, "the second compact did not wait for the first (status 0x%x; %s %s)", st, first,
                   stat(first, &sb) == 0 ? "kept" : "removed");
-    const int first_fd = open(first, O_RDONLY | O_DIRECTORY);
+    const int first_fd = open(first, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     ck_assert_msg(first_fd >= 0 && flock(first_fd, LOCK_EX) == 0, "%s: %s", first, strerror(errno));
     close(parent_fd);
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
@@ -1139,6 +1139,75 @@ START_TEST(test_compact_concurrent_same_out)
     ck_assert_msg(stat(ck, &sb) == 0 && S_ISDIR(sb.st_mode), "%s missing", ck);
     close(first_fd);
     rmdir(first);
+}
+END_TEST
+
+/* 1 when process pid has folder `dir` open (a descriptor in /proc/PID/fd links to it). */
+static int has_open(pid_t pid, const char *dir)
+{
+    char fds[64], link[4400], target[4400];
+    snprintf(fds, sizeof fds, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(fds);
+    int found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        snprintf(link, sizeof link, "%s/%s", fds, e->d_name);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        found = n > 0 && (target[n] = '\0', !strcmp(target, dir));
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+/* A --out created while the copy is written is refused, and left as it is: the compact, caught
+ * waiting for the parent folder's lock after its first look at --out, finds an empty folder
+ * there when it renames its copy (rename replaced an empty folder; renameat2's RENAME_NOREPLACE
+ * now refuses it), and removes its own copy. */
+START_TEST(test_compact_out_created_meanwhile)
+{
+    put_caches(g_store, 3, 2000);
+    char ck[4400], real[4400];
+    snprintf(ck, sizeof ck, "%s/ck5", g_dir);
+    ck_assert_ptr_nonnull(realpath(g_dir, real));
+    const int parent_fd = open(g_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ck_assert_msg(parent_fd >= 0 && flock(parent_fd, LOCK_EX) == 0, "lock %s: %s", g_dir, strerror(errno));
+    const pid_t pid = compact_start(ck, RLIM_INFINITY);
+    for (int i = 0; i < 600 && !has_open(pid, real); i++) /* it has looked at --out and waits for the lock */
+        usleep(50000);
+    ck_assert_msg(has_open(pid, real), "the compact did not open %s", real);
+    ck_assert_int_eq(mkdir(ck, 0755), 0);
+    close(parent_fd);
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "the compact was not refused: status 0x%x", st);
+    DIR *d = opendir(ck);
+    ck_assert_ptr_nonnull(d);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        entries += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    ck_assert_int_eq(entries, 0); /* the user's folder is as it was */
+    ck_assert_int_eq(count_prefixed(".ck5.compact-"), 0);
+}
+END_TEST
+
+/* `flock DIR kvmill store compact --out DIR/x` hands the compact a descriptor that holds DIR's
+ * lock: its own flock on DIR would wait for itself forever. It waits 5 s, says so, and goes on. */
+START_TEST(test_compact_parent_lock_inherited)
+{
+    put_caches(g_store, 3, 2000);
+    const int parent_fd = open(g_dir, O_RDONLY | O_DIRECTORY); /* no O_CLOEXEC: the compact inherits it */
+    ck_assert_msg(parent_fd >= 0 && flock(parent_fd, LOCK_EX) == 0, "lock %s: %s", g_dir, strerror(errno));
+    char *out = NULL, *err = NULL;
+    const int rc = kvmill(&out, &err, "store compact --store '%s' --out '%s/ck4'", g_store, g_dir);
+    close(parent_fd);
+    ck_assert_msg(rc == 0 && strstr(err, "stayed locked (flock) for 5 s"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    char ck[4400];
+    snprintf(ck, sizeof ck, "%s/ck4", g_dir);
+    ck_assert_int_eq(kvmill(&out, &err, "store verify --store '%s'", ck), 0);
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -2121,6 +2190,8 @@ int main(void)
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
     suite_add_tcase(su, tcase("compact_concurrent_same_out", test_compact_concurrent_same_out, 60));
+    suite_add_tcase(su, tcase("compact_parent_lock_inherited", test_compact_parent_lock_inherited, 60));
+    suite_add_tcase(su, tcase("compact_out_created_meanwhile", test_compact_out_created_meanwhile, 60));
     suite_add_tcase(su, tcase("skip_records_name", test_skip_records_name, 120));
     suite_add_tcase(su, tcase("rm_other_config", test_rm_other_config, 120));
     suite_add_tcase(su, tcase("claim_lease", test_claim_lease, 30));
