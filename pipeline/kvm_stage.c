@@ -534,6 +534,8 @@ static void on_end_of_work(stage_rt *rt, const kvm_msg *m)
              rt->job.running ? " (after the job running now)" : "");
 }
 
+static void start_drain(stage_rt *rt, double now);
+
 /* One message from the data socket: part of a job, or garbage to drop. */
 static void on_data(stage_rt *rt)
 {
@@ -548,6 +550,10 @@ static void on_data(stage_rt *rt)
         kvm_msg_free(&m);
         return;
     }
+    /* a stop that came after this round's look at it (a SIGTERM while the poll returned with
+     * this job): the drain decides, as it would have a moment earlier; the job was dropped,
+     * although it was handed for this worker's credit and the orchestrator waits for it */
+    if (stop_requested && rt->drain_until <= 0) start_drain(rt, kvm_now_ms());
     if (j->running || (stop_requested && kvm_now_ms() >= rt->drain_until)) {
         drop_warn(rt, "dropped a message: %s", j->running ? "busy with a job" : "shutting down");
         kvm_msg_free(&m);
@@ -845,6 +851,12 @@ static void serve(stage_rt *rt)
         }
         if (stop_requested) {
             if (rt->drain_until <= 0) start_drain(rt, now);
+            if (rt->awaiting_end && rt->data_down) { /* the end of work would come over it: none will */
+                rt->awaiting_end = 0;
+                rt->drain_until = now;
+                log_line(rt, "the orchestrator closed the data connection while this worker waited for its end of "
+                             "work: stopping");
+            }
             if (!rt->job.running && now >= rt->drain_until) {
                 if (rt->awaiting_end)
                     log_line(rt,

@@ -1263,7 +1263,10 @@ START_TEST(test_parent_pid_parent_exited)
             usleep(10000);
         char text[32];
         snprintf(text, sizeof text, "%d\n", (int)getppid());
-        kvm_test_write_file(ppidp, text, strlen(text));
+        char part[4300]; /* renamed whole: a read of a half-written file gave pid 0, a "subreaper" */
+        snprintf(part, sizeof part, "%s.part", ppidp);
+        kvm_test_write_file(part, text, strlen(text));
+        rename(part, ppidp);
         freopen("/dev/null", "w", stdout);
         freopen(errp, "w", stderr);
         execl(exe, exe, "store", "serve", "--store", store, "--create", "--bind", bind, "--parent-pid", pidarg,

@@ -885,7 +885,9 @@ static int fake_orch_wait(fake_orch *f, int ms)
  * until the orchestrator's end of work: here a question sent 1 s after that heartbeat, then the
  * end of work, is answered, and one sent after the end of work is not (_i = 0). An orchestrator
  * that never answers (_i = 1: an older one, a stopped one) is waited for at most 5 s. SIGHUP (a
- * closed terminal, _i = 2) stops it as SIGTERM does: it killed the worker at once. */
+ * closed terminal, _i = 2) stops it as SIGTERM does: it killed the worker at once. An
+ * orchestrator whose connections close while the worker waits (_i = 3: serve killed during its
+ * drain) ends the wait: nothing can come over them (it waited the whole 5 s). */
 START_TEST(test_stopping_worker_waits_for_end_of_work)
 {
     const int answered = _i != 1;
@@ -904,6 +906,23 @@ START_TEST(test_stopping_worker_waits_for_end_of_work)
     ck_assert(hb.stopping);
     kvm_msg_free(&m);
     const double said = kvm_now_ms();
+    if (_i == 3) { /* the orchestrator gone while the worker waits: its connections close */
+        zmq_close(f.ctl);
+        zmq_close(f.data);
+        f.ctl = zmq_socket(f.zctx, ZMQ_ROUTER); /* unbound, for fake_orch_end */
+        f.data = zmq_socket(f.zctx, ZMQ_ROUTER);
+        int st = fake_orch_wait(&f, 30000);
+        const double took = kvm_now_ms() - said;
+        log = kvm_test_read_file(f.logp, NULL);
+        ck_assert_msg(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the worker: status %d\n%s", st,
+                      log ? log : "");
+        ck_assert_msg(strstr(log, "closed the data connection while this worker waited for its end of work") &&
+                          !strstr(log, "no end of work from the orchestrator"),
+                      "the worker waited for an end of work over a closed connection (%.0f ms):\n%s", took, log);
+        free(log);
+        fake_orch_end(&f);
+        return;
+    }
     if (answered) {
         usleep(1000000); /* past the old 300 ms window */
         kvm_proto_ask a = {.request_id = 7,
@@ -1018,7 +1037,7 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("stopping_worker_waits_for_end_of_work");
     /* _i: end of work sent, or not; SIGHUP */
-    tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 3);
+    tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 4);
     tcase_set_timeout(tr, 150);
     suite_add_tcase(s, tr);
     tr = tcase_create("stopping_worker_orchestrator_gone");
