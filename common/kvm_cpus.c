@@ -105,8 +105,12 @@ int kvm_cpus_usable(void)
 {
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     int n = online < 1 ? 1 : online > INT_MAX ? INT_MAX : (int)online;
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
+    long conf = sysconf(_SC_NPROCESSORS_CONF); /* a fixed cpu_set_t holds 1,024: EINVAL past that */
+    const int cap = conf > 1024 && conf < (1 << 20) ? (int)conf : 1024;
+    cpu_set_t *set = CPU_ALLOC(cap);
+    const size_t size = CPU_ALLOC_SIZE(cap);
+    if (set && sched_getaffinity(0, size, set) == 0 && CPU_COUNT_S(size, set) > 0) n = CPU_COUNT_S(size, set);
+    if (set) CPU_FREE(set);
     int quota = kvm_cpus_quota("/sys/fs/cgroup", "/proc/self/cgroup");
     if (quota > 0 && quota < n) n = quota;
     return n;
