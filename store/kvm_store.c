@@ -128,6 +128,8 @@ static int store_grow(kvm_store *s)
 int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
 {
     if (s->read_only) return kvm_err(KVM_ESTATE, "store %s: opened read-only, cannot write", s->path);
+    int here = kvm_store__still_here(s, 1); /* a commit into a store no one sees is no commit */
+    if (here) return here;
     for (int resized = 0;;) {
         MDB_txn *txn = NULL;
         s->mdb_rc = 0;
@@ -166,6 +168,9 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
 
 int kvm_store__read_begin(kvm_store *s, MDB_txn **txn)
 {
+    *txn = NULL;
+    int here = kvm_store__still_here(s, 0);
+    if (here) return here;
     for (int resized = 0, busy = 0;;) {
         int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, txn);
         /* a full reader table: slots of processes that died reading are freed at once; live
@@ -683,46 +688,18 @@ const char *kvm_store_path(const kvm_store *s) { return s ? s->path : ""; }
 
 const char *kvm_store_lock_note(const kvm_store *s) { return s ? s->lock_note : NULL; }
 
-/* What is at s's path now (kvm_store_follow): KVM_STORE__SAME, __REPLACED (another store that
- * can be opened beside this handle), or __GONE (nothing, a folder with no data.mdb, or a data.mdb
- * replaced inside the opened folder whose lock.mdb is still the one this process has open: LMDB
- * forbids opening an environment twice in one process). */
-enum { KVM_STORE__SAME, KVM_STORE__REPLACED, KVM_STORE__GONE };
-static int store_at_path(const kvm_store *s)
-{
-    struct stat dir_st, data_st, open_st, lock_st;
-    mdb_filehandle_t fd;
-    if ((s->dir_dev == 0 && s->dir_ino == 0) || mdb_env_get_fd(s->env, &fd) || fstat(fd, &open_st))
-        return KVM_STORE__SAME; /* nothing to compare with */
-    char data[4200], lock[4200];
-    snprintf(data, sizeof data, "%s/data.mdb", s->path);
-    snprintf(lock, sizeof lock, "%s/lock.mdb", s->path);
-    if (stat(s->path, &dir_st) || stat(data, &data_st) || !S_ISREG(data_st.st_mode)) return KVM_STORE__GONE;
-    const int same_dir = dir_st.st_dev == s->dir_dev && dir_st.st_ino == s->dir_ino;
-    if (same_dir && data_st.st_dev == open_st.st_dev && data_st.st_ino == open_st.st_ino) return KVM_STORE__SAME;
-    if (!same_dir) return KVM_STORE__REPLACED;
-    const int same_lock =
-        s->lock_ino && stat(lock, &lock_st) == 0 && lock_st.st_dev == s->lock_dev && lock_st.st_ino == s->lock_ino;
-    return same_lock ? KVM_STORE__GONE : KVM_STORE__REPLACED;
-}
-
 int kvm_store_follow(kvm_store **s, int wait_ms, int *reopened)
 {
     if (reopened) *reopened = 0;
     if (!s || !*s) return 0;
-    int at = store_at_path(*s);
+    int at = kvm_store__at_path(*s);
     /* a swap is two renames: nothing at the path between them, for a moment */
-    for (int waited = 0; at == KVM_STORE__GONE && waited < wait_ms; waited += 20) {
+    for (int waited = 0; at == KVM_STORE__AT_GONE && waited < wait_ms; waited += 20) {
         nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
-        at = store_at_path(*s);
+        at = kvm_store__at_path(*s);
     }
-    if (at == KVM_STORE__SAME) return 0;
-    if (at == KVM_STORE__GONE)
-        return kvm_err(KVM_ESTATE,
-                       "the store %s is gone since this process opened it (the folder moved or removed, or another "
-                       "data.mdb put inside it): what it would read or write is in no store anyone else sees; put "
-                       "the store back, or move a whole store folder there (mv STORE STORE.old && mv COPY STORE)",
-                       (*s)->path);
+    if (at == KVM_STORE__AT_SAME) return 0;
+    if (at != KVM_STORE__AT_REPLACED) return kvm_store__at_err(*s, at);
     int rc = kvm_store_reopen(s);
     if (!rc && reopened) *reopened = 1;
     return rc;

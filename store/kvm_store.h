@@ -267,7 +267,12 @@ const char *kvm_store_lock_note(const kvm_store *s);
  *   process has open, which LMDB cannot open twice): waits up to wait_ms ms (polling every 20
  *   ms: a swap's two renames leave nothing there for a moment), then KVM_ESTATE naming the path
  *   and what to do; *s is left as it was. The caller refuses the request rather than read or
- *   write a store no one else sees.
+ *   write a store no one else sees;
+ * - the same folder and data.mdb whose lock.mdb was removed or replaced: KVM_ESTATE at once,
+ *   saying to restart every process that has the store open (LMDB cannot open the environment
+ *   again in this process while its first open lives).
+ * Every transaction checks the same (kvm_store_here.c) without following: a write into a store
+ * gone or replaced, and any transaction after lock.mdb was lost, fail with KVM_ESTATE.
  * Not while another thread uses *s. */
 int kvm_store_follow(kvm_store **s, int wait_ms, int *reopened);
 /* Opens the store at (*s)'s path again with the options of its first open, except that it must

@@ -67,6 +67,22 @@ enum kvm_store__kind {
  * tokenizer (32 bytes each). */
 #define KVM_STORE__MANIFEST_FIXED 192
 
+/* What is at a store's path now against what it opened (kvm_store_here.c): the same store;
+ * another store that can be opened beside this handle (another folder, or another data.mdb with
+ * its own lock.mdb in the opened folder); nothing usable (no folder, no data.mdb, or another
+ * data.mdb beside the lock.mdb this process has open, which LMDB cannot open twice); or the same
+ * folder and data.mdb whose lock.mdb was removed or replaced. */
+enum { KVM_STORE__AT_SAME, KVM_STORE__AT_REPLACED, KVM_STORE__AT_GONE, KVM_STORE__AT_LOCK_LOST };
+int kvm_store__at_path(const kvm_store *s);
+/* KVM_ESTATE naming the path, what happened and what to do, for a state other than
+ * KVM_STORE__AT_SAME; 0 for that one. */
+int kvm_store__at_err(const kvm_store *s, int at);
+/* Before a transaction: 0 when the store at the path is the one opened; else KVM_ESTATE
+ * (kvm_store__at_err). A read (writing 0) is refused only when lock.mdb was lost (its reader
+ * slots are in a file other processes no longer see); a write also when the store is gone or
+ * replaced (it would be committed where no one sees it). */
+int kvm_store__still_here(const kvm_store *s, int writing);
+
 struct kvm_store {
     MDB_env *env;                     /* the LMDB environment, owned */
     MDB_dbi dbi[KVM_STORE__DB_COUNT]; /* named db handles */

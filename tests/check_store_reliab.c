@@ -1104,6 +1104,72 @@ START_TEST(test_compact_killed_midway)
 }
 END_TEST
 
+/* A store put and a stats read on handle s: the statuses into *put, *read. */
+static void put_and_read(kvm_store *s, int seed, int *put, int *read)
+{
+    kvm_store_id id = {{0}};
+    id.b[0] = (uint8_t)seed;
+    kvm_store_model_meta mm = {.n_layers = 2, .n_heads = 1, .n_kv_heads = 1, .head_dim = 8};
+    *put = kvm_store_put_model(s, &id, &mm);
+    kvm_store_stats st;
+    *read = kvm_store_stats_get(s, &st);
+}
+
+/* A store removed, replaced or stripped of its lock.mdb under a process that has it open: LMDB
+ * goes on with the files it holds, so `kvmill run` committed into a deleted store and reported
+ * every document stored (nothing was on disk once it exited), and a process whose lock.mdb was
+ * removed wrote beside one that opened the new lock file, with no common mutex (a read then took
+ * the other's reuse of its pages for "data.mdb is damaged"). Now every write into a store gone
+ * or replaced is refused, and every transaction once lock.mdb is lost, naming what happened. */
+START_TEST(test_store_gone_under_handle)
+{
+    kvm_store_opts o = {.no_sync = 1};
+    kvm_store *s = NULL;
+    int put, read;
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    put_and_read(s, 1, &put, &read);
+    ck_assert_int_eq(put, 0);
+    ck_assert_int_eq(read, 0);
+    /* removed: the write refused, the read (of what this process already had) not */
+    char away[4400];
+    snprintf(away, sizeof away, "%s/away", g_dir);
+    ck_assert_int_eq(rename(g_store, away), 0);
+    put_and_read(s, 2, &put, &read);
+    ck_assert_msg(put == KVM_ESTATE && strstr(kvm_errmsg(), "is gone since this process opened it"), "put: %d %s", put,
+                  kvm_errmsg());
+    ck_assert_int_eq(read, 0);
+    /* another store at the path: the write would go into the one moved away */
+    kvm_test_store_create(g_store);
+    put_and_read(s, 3, &put, &read);
+    ck_assert_msg(put == KVM_ESTATE && strstr(kvm_errmsg(), "was replaced since this process opened it"), "put: %d %s",
+                  put, kvm_errmsg());
+    kvm_test_rmtree(g_store);
+    ck_assert_int_eq(rename(away, g_store), 0); /* put back: written again */
+    put_and_read(s, 4, &put, &read);
+    ck_assert_int_eq(put, 0);
+    /* lock.mdb removed: neither writes nor reads, and kvm_store_follow says the same */
+    char lock[4400];
+    snprintf(lock, sizeof lock, "%s/lock.mdb", g_store);
+    ck_assert_int_eq(unlink(lock), 0);
+    put_and_read(s, 5, &put, &read);
+    ck_assert_msg(put == KVM_ESTATE && read == KVM_ESTATE && strstr(kvm_errmsg(), "its lock.mdb was removed"),
+                  "put %d, read %d: %s", put, read, kvm_errmsg());
+    int reopened = 1;
+    ck_assert_int_eq(kvm_store_follow(&s, 0, &reopened), KVM_ESTATE);
+    ck_assert_int_eq(reopened, 0);
+    kvm_store_close(&s);
+    /* opened again (a new lock.mdb): what was committed while it was there is all there */
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_store_model_meta mm;
+    kvm_store_id id = {{0}};
+    for (int seed = 1; seed <= 5; seed++) {
+        id.b[0] = (uint8_t)seed;
+        ck_assert_int_eq(kvm_store_get_model(s, &id, &mm), seed == 1 || seed == 4 ? 0 : KVM_ENOTFOUND);
+    }
+    kvm_store_close(&s);
+}
+END_TEST
+
 /* Two compacts to the same --out at once: the second looked for leftovers while the first had
  * created its temporary folder but not yet locked it, took the empty unlocked folder for a dead
  * compact's leftover and removed it, and the first failed. Here the test is the first compact,
@@ -2190,6 +2256,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
     suite_add_tcase(su, tcase("compact_concurrent_same_out", test_compact_concurrent_same_out, 60));
+    suite_add_tcase(su, tcase("store_gone_under_handle", test_store_gone_under_handle, 60));
     suite_add_tcase(su, tcase("compact_parent_lock_inherited", test_compact_parent_lock_inherited, 60));
     suite_add_tcase(su, tcase("compact_out_created_meanwhile", test_compact_out_created_meanwhile, 60));
     suite_add_tcase(su, tcase("skip_records_name", test_skip_records_name, 120));
