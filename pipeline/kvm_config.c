@@ -563,12 +563,20 @@ int kvm_config_canonical(const kvm_config *c, const char *section, char **out, s
     for (int i = 0; buf && kvm_cfg_settings[i].section; i++) {
         const kvm_cfg_setting *s = &kvm_cfg_settings[i];
         if (section && strcmp(section, s->section)) continue;
-        /* numbers and booleans in one spelling, so "0.30" and ".3" give one config id */
+        /* numbers and booleans in one spelling, so "0.30" and ".3" give one config id. A float
+         * in 9 significant digits when they give back the value (every id made so far stays),
+         * else in 17, which always do: ratio 0.2864583332 and 0.2864583334, both "0.286458333",
+         * shared an id while they kept 1,180 and 1,200 entries, so run skipped one as the other. */
         char norm[64];
         const char *v = raw(c, i);
         if (s->type == KVM_CFG_INT) snprintf(norm, sizeof norm, "%lld", strtoll(v, NULL, 10)), v = norm;
-        else if (s->type == KVM_CFG_FLOAT) snprintf(norm, sizeof norm, "%.9g", strtod(v, NULL)), v = norm;
-        else if (s->type == KVM_CFG_BOOL) v = kvm_config_bool(c, s->section, s->key) ? "true" : "false";
+        else if (s->type == KVM_CFG_FLOAT) {
+            const double x = strtod(v, NULL);
+            snprintf(norm, sizeof norm, "%.9g", x);
+            if (strtod(norm, NULL) != x) snprintf(norm, sizeof norm, "%.17g", x);
+            v = norm;
+        } else if (s->type == KVM_CFG_BOOL)
+            v = kvm_config_bool(c, s->section, s->key) ? "true" : "false";
         size_t need = strlen(s->section) + strlen(s->key) + strlen(v) + 4;
         if (n + need > cap) {
             char *b = realloc(buf, cap = 2 * (n + need));
