@@ -183,6 +183,21 @@ void kvm_serve__check_health(srv *s)
     }
 }
 
+/* During the drain: a worker silent past [run] liveness (stopped, hung) cannot finish what it
+ * holds, so its request is answered with the error now and its process killed; the stop waited
+ * the whole grace_s + 2 s for it (32 s by default), saying nothing. */
+static void drain_silent(srv *s)
+{
+    const double now = kvm_now_ms();
+    for (int w = 0; w < s->n_workers; w++) {
+        srv_worker *wk = &s->workers[w];
+        if (!(wk->alive || wk->busy) || now - wk->last_seen <= s->dead_ms) continue;
+        const int slot = wk->slot; /* worker_dead forgets it, and kills nothing while stopping */
+        kvm_serve__worker_dead(s, w, "went silent during the stop: killed");
+        if (slot >= 0 && s->slots[slot].pid > 0) kill(s->slots[slot].pid, SIGKILL);
+    }
+}
+
 /* Lets the workers finish what they hold (relaying their answers), then stops them. */
 void kvm_serve__shutdown_workers(srv *s, int hard)
 {
@@ -195,6 +210,7 @@ void kvm_serve__shutdown_workers(srv *s, int hard)
             if (!kvm_spawn_reaped(&s->slots[i].pid)) left++;
         }
         if (!left || *s->interrupts >= 2) break;
+        drain_silent(s);
         if (kvm_now_ms() > end) {
             stop_children(s, SIGKILL);
             break;

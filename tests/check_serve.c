@@ -50,6 +50,8 @@ static const char *kvmill(void)
 
 /* Writes the test config: the tiny model at context 128, method full, fast heartbeats,
  * plus `extra` INI lines (sections allowed; later keys of a section are appended). */
+static int g_liveness = 30, g_grace_s = 5; /* [run] liveness and grace_s of write_config */
+
 static void write_config(const char *serve_extra, const char *extra)
 {
     char text[8192];
@@ -58,9 +60,9 @@ static void write_config(const char *serve_extra, const char *extra)
              "[compress]\nmethod = full\n"
              "[store]\npath = %s/store\nmap_size_mb = 8\n"
              "[stages]\nbin_dir = %s\n"
-             "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 30\ngrace_s = 5\n"
+             "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = %d\ngrace_s = %d\n"
              "[serve]\nmax_prompt_tokens = 8\nmax_new_tokens = 400\nrequest_timeout_s = 15\n%s\n%s\n",
-             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir,
+             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir, g_liveness, g_grace_s,
              serve_extra ? serve_extra : "", extra ? extra : "");
     snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
@@ -75,6 +77,8 @@ static void setup(void)
     kvm_test_serve_dirs(&g_dir, g_front, sizeof g_front, g_log, sizeof g_log);
     snprintf(g_doc, sizeof g_doc, "%s", kvm_test_data_path("corpus/doc_000.txt"));
     g_serve = 0;
+    g_liveness = 30;
+    g_grace_s = 5;
 }
 
 static void teardown(void)
@@ -1382,6 +1386,7 @@ END_TEST
  * stops `kvmill run`. The worker is stopped (SIGSTOP) so the first signal's wait lasts. */
 START_TEST(test_second_signal_130)
 {
+    g_liveness = 600; /* 60 s: the stopped worker is not killed as silent before the second signal */
     write_config(NULL, NULL);
     ck_assert_int_eq(start_serve(NULL), -1);
     char cmd[128], *pids = NULL;
@@ -1412,6 +1417,7 @@ END_TEST
  * is stopped (SIGSTOP) so the drain lasts (up to grace_s + 2 s = 7 s). */
 START_TEST(test_request_while_stopping)
 {
+    g_liveness = 600; /* the drain lasts its 7 s: the stopped worker is not killed as silent */
     write_config(NULL, NULL);
     ck_assert_int_eq(start_serve(NULL), -1);
     char cmd[128], *pids = NULL;
@@ -1443,6 +1449,35 @@ START_TEST(test_request_while_stopping)
 }
 END_TEST
 
+/* A worker stopped (SIGSTOP) or hung when serve gets SIGTERM: the drain waited its whole
+ * grace_s + 2 s (32 s by default) with no word, the request it held answered only then. Now a
+ * worker silent past [run] liveness (here 3 s) is named, its request answered with the error,
+ * and it is killed: serve stops in seconds, exit 0. */
+START_TEST(test_stop_kills_silent_worker)
+{
+    g_grace_s = 30; /* the old drain: 32 s */
+    write_config(NULL, NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char cmd[128], *pids = NULL;
+    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, &pids, NULL), 0);
+    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGSTOP);
+    free(pids);
+    const double t0 = mono_s();
+    kill(g_serve, SIGTERM);
+    int st = 0;
+    ck_assert_int_eq(waitpid(g_serve, &st, 0), g_serve);
+    const double secs = mono_s() - t0;
+    g_serve = 0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d", st);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "went silent during the stop: killed");
+    free(log);
+    ck_assert_msg(secs < 20, "serve took %.1f s to stop, waiting for a silent worker", secs);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn)
 {
     TCase *tc = tcase_create(name);
@@ -1456,6 +1491,7 @@ int main(void)
 {
     Suite *su = suite_create("serve");
     suite_add_tcase(su, tcase("answer_equals_inprocess", test_answer_equals_inprocess));
+    suite_add_tcase(su, tcase("stop_kills_silent_worker", test_stop_kills_silent_worker));
     suite_add_tcase(su, tcase("store_replaced_under_serve", test_store_replaced_under_serve));
     suite_add_tcase(su, tcase("sighup_stops_cleanly", test_sighup_stops_cleanly));
     suite_add_tcase(su, tcase("answer_prompt_not_utf8", test_answer_prompt_not_utf8));
