@@ -252,11 +252,19 @@ static const char *other_configs(decode_state *st, const kvm_store_cache_key *ke
     }
     if (len < size && n > 3) len += (size_t)snprintf(buf + len, size - len, " and %d more", n - 3);
     char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1];
+    /* with polykv the likeliest cause is a strategy calibrated since the cache was made: the
+     * same config then names other caches, and "serve with the config that made it" misled */
+    const int polykv = !strcmp(kvm_config_str(st->cfg, "compress", "method"), "polykv");
     if (len < size)
         snprintf(buf + len, size - len,
                  " (made with other settings: [compress], [store] dtype, [run] wire_dtype, [model] context or chat, or "
-                 "another kvmill "
-                 "algorithm version): serve with the config that made it (kvmill store show %.12s:%.12s:%.12s)",
+                 "another kvmill algorithm version%s): %s (kvmill store show %.12s:%.12s:%.12s)",
+                 polykv ? "; or, with method polykv, with the strategy stored before `kvmill calibrate` stored the one "
+                          "used now: `kvmill store ls --config FILE` lists such caches as stale-strategy"
+                        : "",
+                 polykv ? "compress the document again with kvmill run (stale-strategy), or serve with the config "
+                          "that made it"
+                        : "serve with the config that made it",
                  kvm_store_id_hex(&key->model_id, mh), kvm_store_id_hex(&key->doc_hash, dh),
                  kvm_store_id_hex(&ids[0], ch));
     return buf;
@@ -549,7 +557,7 @@ static int answer(decode_state *st, const kvm_proto_ask *ask, reply *r)
     if ((rc = ask_config_id(st))) goto done;
     kvm_store_cache_key key = {.model_id = st->wm.model_id, .doc_hash = d.hash, .config_id = st->config_id};
     int64_t n_stored = 0;
-    char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1], hint[512];
+    char mh[KVM_STORE_ID_HEX + 1], dh[KVM_STORE_ID_HEX + 1], ch[KVM_STORE_ID_HEX + 1], hint[1200];
     if (by_key) {
         if ((rc = resolve_stored(st, ask, &key.doc_hash))) goto done;
         d.hash = key.doc_hash;

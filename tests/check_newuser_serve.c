@@ -119,6 +119,63 @@ START_TEST(test_cache_of_other_config_named)
 }
 END_TEST
 
+/* A store whose PolyKV strategy was calibrated again after its caches were made: an ask blamed
+ * "other settings" and said to serve with the config that made the cache, the very config the
+ * server runs. It now names the recalibrated strategy (stale-strategy) and kvmill run. */
+START_TEST(test_cache_of_older_strategy_named)
+{
+    char text[8192], cmd[16384], args[8192], a[4300], b[4300], *err = NULL;
+    snprintf(a, sizeof a, "%s/a", g_dir);
+    snprintf(b, sizeof b, "%s/b", g_dir);
+    ck_assert_int_eq(mkdir(a, 0755), 0);
+    ck_assert_int_eq(mkdir(b, 0755), 0);
+    for (int i = 0; i < 2; i++) {
+        char src[64], dst[4400], *doc = NULL;
+        size_t n = 0;
+        snprintf(src, sizeof src, "corpus/doc_00%d.txt", i);
+        ck_assert_ptr_nonnull(doc = kvm_test_read_file(kvm_test_data_path(src), &n));
+        snprintf(dst, sizeof dst, "%s/doc_00%d.txt", a, i);
+        ck_assert_int_eq(kvm_test_write_file(dst, doc, n), 0);
+        free(doc);
+        snprintf(src, sizeof src, "corpus/doc_00%d.txt", i + 2);
+        ck_assert_ptr_nonnull(doc = kvm_test_read_file(kvm_test_data_path(src), &n));
+        snprintf(dst, sizeof dst, "%s/doc_00%d.txt", b, i + 2);
+        ck_assert_int_eq(kvm_test_write_file(dst, doc, n), 0);
+        free(doc);
+    }
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = polykv\nbudget = 32\n"
+             "[store]\npath = %s/store\nmap_size_mb = 16\n[stages]\nbin_dir = %s\nthreads = 1\n"
+             "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = 50\n[eval]\ncontinuation = 8\n"
+             "[calibrate]\nphases = prefill\n",
+             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir);
+    snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    const char *steps[] = {"calibrate --config '%s' --docs '%s'", "run --config '%s' --corpus '%s'"};
+    for (int i = 0; i < 2; i++) {
+        char line[8192];
+        snprintf(line, sizeof line, steps[i], g_cfg, a);
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' %s", kvm_test_bin(), line);
+        int rc = kvm_test_run(cmd, NULL, &err);
+        ck_assert_msg(rc == 0, "%s: exit %d: %s", line, rc, err);
+        free(err);
+    }
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), g_cfg, b);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 0, "calibrate again: exit %d: %s", rc, err);
+    free(err);
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "1", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(args, sizeof args, "--doc '%s/doc_000.txt' --prompt ' She' -n 4", a);
+    rc = ask(args, &err);
+    ck_assert_msg(rc == 1, "exit %d: %s", rc, err);
+    assert_contains(err, "under another config");
+    assert_contains(err, "lists such caches as stale-strategy");
+    assert_contains(err, "compress the document again with kvmill run");
+    free(err);
+}
+END_TEST
+
 /* A flag's value is taken as it is: `--store 'DIR/s${HOME}x'` (a folder name with "${" in it,
  * quoted so the shell leaves it alone) made kvmill run and kvmill serve expand ${HOME} as if the
  * value were a config line, so run wrote (or failed to create) DIR/s/rootx and serve refused
@@ -608,6 +665,7 @@ static Suite *suite(void)
         {"serve_rebind_not_through_link", test_serve_rebind_not_through_link},
         {"store_service_socket_removed", test_store_service_socket_removed},
         {"run_dir_removed_worker_restart", test_run_dir_removed_worker_restart},
+        {"cache_of_older_strategy_named", test_cache_of_older_strategy_named},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
