@@ -301,6 +301,11 @@ static int get_shapes(const char *f, const json_t *root, int arch, kvm_model_con
         return kvm_err(KVM_EFORMAT, "%s: num_attention_heads = %d is not a multiple of num_key_value_heads = %d", f,
                        c->n_heads, c->n_kv_heads);
     int def_hd = arch == HF_QWEN3 ? 128 : c->dim % c->n_heads == 0 ? c->dim / c->n_heads : -1;
+    if (def_hd < 0 && !json_object_get(root, "head_dim")) /* it said "key 'head_dim' is missing" */
+        return kvm_err(KVM_EFORMAT,
+                       "%s: hidden_size = %d is not a multiple of num_attention_heads = %d, and no head_dim is "
+                       "given",
+                       f, c->dim, c->n_heads);
     if ((rc = get_int(f, root, "head_dim", def_hd, 1, KVM_HF_MAX_DIM, &c->head_dim))) return rc;
     if (c->head_dim % 2) return kvm_err(KVM_EFORMAT, "%s: head_dim = %d is odd; RoPE needs pairs", f, c->head_dim);
     return 0;

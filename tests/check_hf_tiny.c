@@ -930,6 +930,21 @@ START_TEST(test_head_dim_default)
                       cases[i].want);
         free(cfg);
     }
+    /* no default where hidden_size is not a multiple of the heads: it said "key 'head_dim' is
+     * missing"; it names the two keys now, and a head_dim given is taken */
+    char *cfg = config_edit(config_with("num_attention_heads", "3"), "num_key_value_heads", "3"), arch[64];
+    kvm_model_config c;
+    int tied, ob;
+    ck_assert_int_eq(kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &ob),
+                     KVM_EFORMAT);
+    ck_assert_msg(
+        strstr(kvm_errmsg(), "hidden_size = 64 is not a multiple of num_attention_heads = 3, and no head_dim"), "%s",
+        kvm_errmsg());
+    cfg = config_edit(cfg, "head_dim", "16");
+    ck_assert_msg(kvm__hf_config_mem("config.json", cfg, strlen(cfg), &c, arch, sizeof arch, &tied, &ob) == 0, "%s",
+                  kvm_errmsg());
+    ck_assert_int_eq(c.head_dim, 16);
+    free(cfg);
 }
 END_TEST
 
