@@ -124,8 +124,10 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
     if (s->store_full)
         printf("store full: %lld document%s %s not processed (%s)\n", (long long)s->pending,
                kvm_plural(s->pending, "", "s"), kvm_plural(s->pending, "was", "were"),
-               s->store_full == 2 ? "the store's map reached [store] map_max_mb; raise it or set cap_mb and run again"
-                                  : "no space left on the store's device; free space and run again");
+               s->store_full == 2   ? "the store's map reached [store] map_max_mb; raise it or set cap_mb and run again"
+               : s->store_full == 3 ? "the file size limit (ulimit -f) stops data.mdb from growing; raise it and run "
+                                      "again"
+                                    : "no space left on the store's device; free space and run again");
     if (s->store_down)
         printf("store down: %lld document%s %s not processed (the store service did not answer; start it and run "
                "again: stored ones are skipped)\n", (long long)s->pending, kvm_plural(s->pending, "", "s"),

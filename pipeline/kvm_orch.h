@@ -32,7 +32,8 @@ typedef struct kvm_orch_summary {
     int64_t evicted;                                /* caches the store's cap evicted during the run */
     int64_t evicted_own;                            /* of those, caches this run wrote */
     int store_full;                                 /* stopped feeding: 1: no space left on the store's device;
-                                                       2: the store's map reached [store] map_max_mb */
+                                                       2: the store's map reached [store] map_max_mb;
+                                                       3: the file size limit (ulimit -f) stops data.mdb */
     int store_down;                                 /* 1: stopped feeding: the store service did not answer */
     int bytes_unknown;                              /* 1: bytes_full, bytes_compressed and evicted not known (0):
                                                        the store service that holds the caches was not asked or

@@ -160,7 +160,7 @@ typedef struct orch {
 } orch;
 
 /* Why the store takes no more caches (kvm_orch__store_stop). */
-enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2 };
+enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2, STORE_FILE_LIMIT = 3 };
 
 /* ---- kvm_orch_jobs.c: the job table ---- */
 

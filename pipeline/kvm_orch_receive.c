@@ -143,6 +143,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 kvm_orch__store_stop(o, j, why, STORE_DEVICE_FULL);
             else if (r.status == KVM_EFULL && strstr(why, "map full at"))
                 kvm_orch__store_stop(o, j, why, STORE_MAP_FULL);
+            else if (r.status == KVM_EFULL && strstr(why, "the file size limit (ulimit -f"))
+                kvm_orch__store_stop(o, j, why, STORE_FILE_LIMIT);
             else if (o->cli && r.status == KVM_EIO && strstr(why, "store service"))
                 kvm_orch__store_stop(o, j, why, STORE_DOWN);
             else if (r.retryable)

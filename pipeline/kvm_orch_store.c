@@ -23,19 +23,21 @@
  * wait out its timeouts. Said once; no more documents are fed. */
 static void store_mark(orch *o, const char *why, int kind)
 {
-    static const char *const what[3] = {
+    static const char *const what[4] = {
         "no space left on the store's device: feeding no more documents (free space on it and run again: stored ones "
         "are skipped)",
         "the store service does not answer: feeding no more documents (start it and run again: stored ones are "
         "skipped)",
         "the store's map is full at [store] map_max_mb: feeding no more documents (raise map_max_mb, or set [store] "
-        "cap_mb so that old caches make room, and run again: stored ones are skipped)"};
+        "cap_mb so that old caches make room, and run again: stored ones are skipped)",
+        "the file size limit (ulimit -f) stops the store's data.mdb from growing: feeding no more documents (raise "
+        "it and run again: stored ones are skipped)"};
     if (!o->store_full) kvm_orch__log("%s\nkvmill %s: %s\n", why, o->cmd, what[kind]);
     o->store_full = 1;
     if (kind == STORE_DOWN)
         o->sum->store_down = 1;
     else
-        o->sum->store_full = kind == STORE_MAP_FULL ? 2 : 1;
+        o->sum->store_full = kind == STORE_MAP_FULL ? 2 : kind == STORE_FILE_LIMIT ? 3 : 1;
 }
 
 /* store_mark, and job j goes back to the queue (not an attempt: it is not the document's

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -38,10 +39,29 @@ static int device_full(const char *path, int rc, long long *free_bytes)
     return rc == EIO && *free_bytes >= 0 && *free_bytes < (64LL << 20);
 }
 
+/* A failed write under a finite file size limit (ulimit -f, RLIMIT_FSIZE): the write that
+ * crosses it is cut short, which LMDB reports as EIO (as a failing disk), the next one fails
+ * EFBIG. Into why[n] the limit and data.mdb's size; 1 when it applies. */
+static int file_limit(const char *path, int rc, char *why, size_t n)
+{
+    struct rlimit lim;
+    if ((rc != EIO && rc != EFBIG) || !path || getrlimit(RLIMIT_FSIZE, &lim) || lim.rlim_cur == RLIM_INFINITY) return 0;
+    char data[4200];
+    struct stat st;
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    long long size = stat(data, &st) == 0 ? (long long)st.st_size : -1;
+    snprintf(why, n, "the file size limit (ulimit -f, RLIMIT_FSIZE) of %llu KiB stops data.mdb (%lld KiB) from growing",
+             (unsigned long long)lim.rlim_cur / 1024, size / 1024);
+    return 1;
+}
+
 int kvm_store__mdb(kvm_store *s, int rc, const char *what)
 {
     const char *path = s ? s->path : "?";
     if (s) s->mdb_rc = rc;
+    char limit[256];
+    if (file_limit(s ? s->path : NULL, rc, limit, sizeof limit))
+        return kvm_err(KVM_EFULL, "store %s: %s: %s: raise it (ulimit -f unlimited) and run again", path, what, limit);
     long long free_bytes;
     if ((rc == ENOSPC || rc == EIO) && device_full(s ? s->path : NULL, rc, &free_bytes))
         return kvm_err(KVM_EFULL, "store %s: %s: no space left on the store's device (%lld KiB free)", path, what,

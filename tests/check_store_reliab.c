@@ -2028,6 +2028,28 @@ START_TEST(test_store_opts_in_worker)
 }
 END_TEST
 
+/* A run under a file size limit (ulimit -f) that data.mdb reaches: the write crossing it is cut
+ * short, which LMDB reports as EIO, and the run said "commit: Input/output error" (a failing
+ * disk, to a reader) and retried each document. It names the limit now, and feeds no more. */
+START_TEST(test_run_file_size_limit)
+{
+    copy_docs(3);
+    write_run_config("method = streaming\nbudget = 64", NULL);
+    char cmd[16384], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "ulimit -f 200; '%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), g_cfg,
+             g_docs);
+    const int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 1, "exit %d: %s", rc, err);
+    ck_assert_msg(strstr(err, "the file size limit (ulimit -f, RLIMIT_FSIZE) of ") &&
+                      strstr(err, "KiB stops data.mdb (") && strstr(err, "feeding no more documents") &&
+                      !strstr(err, "Input/output error"),
+                  "%s", err);
+    ck_assert_msg(strstr(out, "the file size limit (ulimit -f) stops data.mdb from growing; raise it"), "%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* Two `kvmill run` at once on one store: each document is compressed once. */
 START_TEST(test_two_runs_share)
 {
@@ -2257,6 +2279,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
     suite_add_tcase(su, tcase("compact_concurrent_same_out", test_compact_concurrent_same_out, 60));
     suite_add_tcase(su, tcase("store_gone_under_handle", test_store_gone_under_handle, 60));
+    suite_add_tcase(su, tcase("run_file_size_limit", test_run_file_size_limit, 60));
     suite_add_tcase(su, tcase("compact_parent_lock_inherited", test_compact_parent_lock_inherited, 60));
     suite_add_tcase(su, tcase("compact_out_created_meanwhile", test_compact_out_created_meanwhile, 60));
     suite_add_tcase(su, tcase("skip_records_name", test_skip_records_name, 120));
