@@ -157,6 +157,24 @@ static int read_dir(const char *path, kvm_corpus *c)
     return rc;
 }
 
+/* The field of a JSON line that holds a NUL (\u0000) string character, which jansson refused
+ * naming its own flag at the string's end: "id" or "text" (another key's otherwise). */
+static const char *nul_field(const char *text)
+{
+    json_error_t jerr;
+    json_t *o = json_loads(text, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    const char *keys[] = {"id", "text"}, *found = "a string";
+    for (int i = 0; o && i < 2; i++) {
+        json_t *v = json_object_get(o, keys[i]);
+        if (json_is_string(v) && strlen(json_string_value(v)) != json_string_length(v)) {
+            found = i ? "the document text" : "the \"id\"";
+            break;
+        }
+    }
+    json_decref(o);
+    return found;
+}
+
 /* One JSON line -> document. */
 static int parse_line(const char *path, int64_t line, const char *text, kvm_doc *d)
 {
@@ -164,8 +182,8 @@ static int parse_line(const char *path, int64_t line, const char *text, kvm_doc 
     json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     int rc = 0;
     if (!o && strstr(jerr.text, "JSON_ALLOW_NUL")) /* jansson names its flag; say what is wrong with the line */
-        return kvm_err(KVM_EINVAL, "%s:%lld: the document text contains NUL (\\u0000) at column %d", path,
-                       (long long)line, jerr.column);
+        return kvm_err(KVM_EINVAL, "%s:%lld: %s contains NUL (\\u0000) (the string ends at column %d)", path,
+                       (long long)line, nul_field(text), jerr.column);
     if (!o) return kvm_err(KVM_EINVAL, "%s:%lld: invalid JSON: %s", path, (long long)line, jerr.text);
     json_t *id = json_object_get(o, "id"), *tx = json_object_get(o, "text"), *tk = json_object_get(o, "tokens");
     const char *nl;
@@ -458,6 +476,13 @@ static int load_line(const kvm_corpus *c, kvm_doc *d)
     kvm_doc tmp = {0};
     rc = parse_line(c->path, 0, line, &tmp);
     free(line);
+    if (rc) { /* it said "FILE:0: invalid JSON ...": line 0, and not that the file had changed */
+        char why[600];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        const char *at = strstr(why, ":0: ");
+        rc = kvm_err(KVM_EIO, "%s: the line of document %s (at byte %lld) changed since the corpus was read: %s",
+                     c->path, d->name, (long long)d->offset, at ? at + 4 : why);
+    }
     if (!rc && strcmp(tmp.name, d->name))
         rc = kvm_err(KVM_EIO, "%s: the line of document %s changed since the corpus was read", c->path, d->name);
     free(tmp.name);

@@ -12,6 +12,7 @@
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
 #include "common/kvm_error.h"
+#include "pipeline/kvm_corpus.h"
 #include "tests/util/kvm_test.h"
 
 #include <check.h>
@@ -796,6 +797,26 @@ START_TEST(test_messages)
                   "stderr: %s", err);
     free(out);
     free(err);
+    /* a NUL in the id was said to be in the document text */
+    const char *nul_id = "{\"id\": \"a\\u0000b\", \"text\": \"hello\"}\n";
+    ck_assert_int_eq(kvm_test_write_file(docs, nul_id, strlen(nul_id)), 0);
+    ck_assert_int_eq(run_kvmill(NULL, &out, &err), 2);
+    ck_assert_msg(strstr(err, "c.jsonl:1: the \"id\" contains NUL"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* a line rewritten after the corpus was read: it said "c.jsonl:0: invalid JSON" */
+    const char *two = "{\"id\": \"a\", \"text\": \"first\"}\n{\"id\": \"b\", \"text\": \"second\"}\n";
+    ck_assert_int_eq(kvm_test_write_file(docs, two, strlen(two)), 0);
+    kvm_corpus *c = NULL;
+    ck_assert_int_eq(kvm_corpus_read(docs, &c), 0);
+    const char *shifted = "xt\": \"first\"}\n{\"id\": \"b\", \"text\": \"second\"}\n{\"id\": \"a\", \"te";
+    ck_assert_int_eq(kvm_test_write_file(docs, shifted, strlen(shifted)), 0);
+    ck_assert_int_eq(kvm_corpus_load(c, &c->docs[0], NULL, 512, 1, 64, 64), KVM_EIO);
+    ck_assert_msg(
+        strstr(kvm_errmsg(), "c.jsonl: the line of document a (at byte 0) changed since the corpus was read: ") &&
+            !strstr(kvm_errmsg(), ":0:"),
+        "%s", kvm_errmsg());
+    kvm_corpus_free(&c);
     const char *bad = "{\"id\": \"d\", \"tokens\": [1, 99999]}\n{\"id\": \"e\", \"text\": \"ok then\"}\n";
     ck_assert_int_eq(kvm_test_write_file(docs, bad, strlen(bad)), 0);
     ck_assert_int_eq(run_kvmill(NULL, &out, &err), 1);
