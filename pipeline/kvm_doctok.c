@@ -32,6 +32,32 @@ static size_t check_bytes(size_t L) { return L + L / 4 + FIRST_BYTES; }
 
 size_t kvm_doctok_begin_bytes(int64_t n_want) { return check_bytes(first_bytes(n_want)) + 1; }
 
+/* A beginning text[0, len) shorter than the prefixes the loop would take (not the whole
+ * text): settled when its first four fifths already hold n_want + MARGIN_IDS ids and agree on
+ * the first n_want with the whole beginning, as two of the loop's prefixes must. Without it a
+ * beginning of 819 bytes holding 374 ids was "not enough" for 129 of them, only for its length
+ * (serve's cut of an ask's document). Else *need_more. */
+static int settle_beginning(const kvm_tokenizer *tok, const char *text, size_t len, int add_bos, int64_t n_want,
+                            int32_t **ids, int64_t *n_ids, int *need_more)
+{
+    int32_t *a = NULL, *b = NULL;
+    int64_t na = 0, nb = 0;
+    int rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, len - len / 5), add_bos, 0, &a, &na);
+    if (rc) return rc;
+    if (na >= n_want + MARGIN_IDS && !(rc = kvm_tokenizer_encode(tok, text, len, add_bos, 0, &b, &nb)) &&
+        nb >= n_want && memcmp(a, b, (size_t)n_want * sizeof *a) == 0) {
+        free(b);
+        *ids = a;
+        *n_ids = na;
+        return keep_first(ids, n_ids, n_want);
+    }
+    free(a);
+    free(b);
+    if (rc) return rc;
+    *need_more = 1;
+    return 0;
+}
+
 int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, int at_end, int add_bos,
                       int64_t n_want, int32_t **ids, int64_t *n_ids, int *need_more)
 {
@@ -43,7 +69,7 @@ int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, in
     size_t L = first_bytes(n_want);
     for (;;) {
         if (L >= len) {
-            if (!at_end) return *need_more = 1, 0;
+            if (!at_end) return settle_beginning(tok, text, len, add_bos, n_want, ids, n_ids, need_more);
             int rc = kvm_tokenizer_encode(tok, text, len, add_bos, 0, ids, n_ids);
             return rc ? rc : keep_first(ids, n_ids, n_want);
         }
@@ -53,9 +79,9 @@ int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, in
         if (rc) return rc;
         size_t L2 = check_bytes(L);      /* the check prefix (tokenisers can be superlinear: not 2L) */
         if (na >= n_want + MARGIN_IDS) { /* far enough past the cut: check against a longer prefix */
-            if (L2 >= len && !at_end) {
+            if (L2 >= len && !at_end) {  /* the whole beginning as the check prefix */
                 free(a);
-                return *need_more = 1, 0;
+                return settle_beginning(tok, text, len, add_bos, n_want, ids, n_ids, need_more);
             }
             if ((rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, L2), add_bos, 0, &b, &nb))) {
                 free(a);

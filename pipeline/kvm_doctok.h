@@ -23,9 +23,10 @@
 int kvm_doctok_encode(const kvm_tokenizer *tok, const char *text, size_t len, int at_end, int add_bos,
                       int64_t n_want, int32_t **ids, int64_t *n_ids, int *need_more);
 
-/* The fewest bytes a beginning (at_end 0) must have for kvm_doctok_encode to settle n_want ids
- * from it: its first prefix and the longer check prefix both lie inside it (a beginning this
- * long settles them when its first prefix holds n_want + 64 ids). For messages. n_want >= 1. */
+/* The bytes a beginning (at_end 0) of prose-like density is sure to settle n_want ids with:
+ * the loop's first prefix and its longer check prefix both lie inside it. A shorter beginning
+ * settles too when its first four fifths hold n_want + 64 ids that agree with the whole
+ * beginning's. For messages. n_want >= 1. */
 size_t kvm_doctok_begin_bytes(int64_t n_want);
 
 #endif

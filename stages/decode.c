@@ -454,7 +454,7 @@ static int prepare_doc(const decode_state *st, const kvm_proto_ask *ask, kvm_doc
     return kvm_err(KVM_ERANGE,
                    "the document is %lld bytes, more than this server's [serve] max_message_bytes takes: its first "
                    "%zu bytes came (%lld tokens, BOS included), and fixing the first %lld tokens ([model] context) "
-                   "its cache is made of takes a beginning of at least %zu bytes (room after them for the "
+                   "its cache is made of takes a longer beginning (up to %zu bytes: room after them for the "
                    "tokenizer's merges); ask about it by name or hash once kvmill run stored it (kvmill ask "
                    "--doc-name, --doc-hash), or raise [serve] max_message_bytes",
                    (long long)ask->doc_size, d->text_len, (long long)n, (long long)st->ctx,

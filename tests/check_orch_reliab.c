@@ -188,8 +188,9 @@ static void check_equal(const kvm_tokenizer *tok, const char *what, const char *
             ck_assert_msg(ids[i] == all[i], "%s want %lld: id %lld is %d, whole text %d", what, (long long)wants[w],
                           (long long)i, ids[i], all[i]);
         free(ids);
-        /* a beginning of the text: either enough to settle the ids (the same ones) or "need more" */
-        for (size_t part = 4096; part < len; part *= 4) {
+        /* a beginning of the text: either enough to settle the ids (the same ones) or "need more";
+         * short beginnings too (a settled one is shorter than the loop's prefixes) */
+        for (size_t part = 512; part < len; part = part < 4096 ? part + 307 : part * 4) {
             ck_assert_int_eq(kvm_doctok_encode(tok, text, part, 0, 1, wants[w], &ids, &n, &more), 0);
             if (!more) {
                 ck_assert_int_eq(n, expect);
@@ -223,6 +224,20 @@ static void check_tokenizer(const kvm_tokenizer *tok, const char *dir)
     }
     ck_assert_int_ge(n_docs, 6);
     check_equal(tok, "glued corpus", glued, used);
+    /* serve's cut of an ask's document: a beginning within max_message_bytes = 1024 (819 bytes
+     * of prose) settles the 129 ids of a context of 128 when it holds far more than that; it was
+     * "not enough" for its length alone (it wanted 3,272 bytes), and the ask was refused */
+    int32_t *ids = NULL, *all = NULL;
+    int64_t n_ids = 0, n_all = 0;
+    int more = 0;
+    ck_assert_int_eq(kvm_tokenizer_encode(tok, glued, 819, 1, 0, &all, &n_all), 0);
+    ck_assert_int_eq(kvm_doctok_encode(tok, glued, 819, 0, 1, 129, &ids, &n_ids, &more), 0);
+    if (n_all >= 129 + 64 + 64) { /* the tokenizer makes short tokens of this prose */
+        ck_assert_msg(!more, "a beginning of 819 bytes and %lld ids did not settle 129", (long long)n_all);
+        ck_assert_int_eq(memcmp(ids, all, 129 * sizeof *ids), 0);
+    }
+    free(ids);
+    free(all);
     const char *units[] = {"a", " ", "\xe4\xbd\xa0", "ab", "Once upon a time", "\n\n", "1234567890"};
     for (size_t u = 0; u < sizeof units / sizeof units[0]; u++) {
         size_t ul = strlen(units[u]), n = 0;
