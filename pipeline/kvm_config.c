@@ -429,6 +429,16 @@ static int finish(kvm_config *c, int rc)
                        "at map_size_mb and grows up to map_max_mb; raise map_max_mb or lower map_size_mb",
                        c->path, (long long)max, (long long)map,
                        kvm_config_is_set(c, "store", "map_size_mb") ? "" : " (its default)");
+    /* heartbeat_ms = 10 with liveness = 1 declared workers dead after 10 ms of silence, while the
+     * orchestrator reads their heartbeats once per loop (up to 100 ms): workers were killed for
+     * nothing and hundreds of "did not run for 0.0 s" lines came */
+    const int64_t hb = kvm_config_int(c, "run", "heartbeat_ms"), beats = kvm_config_int(c, "run", "liveness");
+    if (needed(c, "run") && hb * beats < KVM_CONFIG_MIN_DEAD_MS)
+        return kvm_err(KVM_EINVAL,
+                       "%s: [run] heartbeat_ms x liveness = %lld x %lld = %lld ms: a worker would be declared dead "
+                       "after that much silence, and kvmill run and serve read heartbeats only every 100 ms; give "
+                       "at least %d ms",
+                       c->path, (long long)hb, (long long)beats, (long long)(hb * beats), KVM_CONFIG_MIN_DEAD_MS);
     return 0;
 }
 

@@ -10,6 +10,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The least [run] heartbeat_ms x liveness a config may give (ms): the time after which a
+ * silent worker is declared dead must span several of the orchestrator's loops (100 ms). */
+#define KVM_CONFIG_MIN_DEAD_MS 200
+
 typedef enum kvm_cfg_type {
     KVM_CFG_STR,   /* free text */
     KVM_CFG_PATH,  /* a file or folder; made absolute against the working directory */

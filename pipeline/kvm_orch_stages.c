@@ -400,7 +400,9 @@ void kvm_orch__check_health(orch *o)
      * The claims' lease can be shorter than the dead time (it is at most 24 h, kvm_orch__claim_ttl):
      * a pause of half of it went unseen, so renewed_ok kept its age and the first renewal failure
      * of a store service after it abandoned the run as if the service were down. */
-    const double ttl = (double)kvm_orch__claim_ttl(o), resumed_gap = (ttl < o->dead_ms ? ttl : o->dead_ms) / 2;
+    /* at least 2.5 loops: a loop's own length is no pause (a dead time of 200 ms took each for one) */
+    const double ttl = (double)kvm_orch__claim_ttl(o), half = (ttl < o->dead_ms ? ttl : o->dead_ms) / 2,
+                 resumed_gap = half > 250 ? half : 250;
     if (o->last_health > 0 && now - o->last_health > resumed_gap) kvm_orch__resumed(o, now - o->last_health, now);
     o->last_health = now;
     int st;

@@ -184,6 +184,22 @@ START_TEST(test_canonical_encoding)
 }
 END_TEST
 
+/* [run] heartbeat_ms = 10 with liveness = 1 (each at its own minimum): a worker was declared
+ * dead after 10 ms of silence, between two reads of the orchestrator's loop, and a run printed
+ * hundreds of "did not run for 0.0 s" lines. The product is refused below 200 ms, naming both. */
+START_TEST(test_dead_time_floor)
+{
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath=/m\n[run]\nheartbeat_ms = 10\nliveness = 1\n", "t.ini", &c),
+                     KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "t.ini: [run] heartbeat_ms x liveness = 10 x 1 = 10 ms") &&
+                      strstr(kvm_errmsg(), "give at least 200 ms"),
+                  "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_config_parse("[model]\npath=/m\n[run]\nheartbeat_ms = 10\nliveness = 20\n", "t.ini", &c), 0);
+    kvm_config_free(&c);
+}
+END_TEST
+
 /* Floats that share their first 9 significant digits: ratio 0.2864583332 and 0.2864583334 had
  * one canonical encoding ("0.286458333"), so one config id, while their caches kept 1,180 and
  * 1,200 entries (run skipped the one as stored by the other). Values of 9 digits or fewer keep
@@ -438,6 +454,7 @@ static Suite *config_suite(void)
                  {"file_errors", test_file_errors},
                  {"canonical_encoding", test_canonical_encoding},
                  {"canonical_float_digits", test_canonical_float_digits},
+                 {"dead_time_floor", test_dead_time_floor},
                  {"dump_reads_back", test_dump_reads_back},
                  {"dump_moves_unwritable_values", test_dump_moves_unwritable_values},
                  {"indented_continuation_refused", test_indented_continuation_refused},
