@@ -4,6 +4,7 @@
 #include "common/kvm_error.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,25 +14,28 @@ static void *head_keys(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (
 static void *head_values(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? (void *)h->v16 : (void *)h->v; }
 static kvm_proto_dtype head_dtype(const kvm_kv_head *h) { return h->dtype == KVM_KV_F16 ? KVM_PROTO_F16 : KVM_PROTO_F32; }
 
+/* Why a cache would hold a non-finite key or value, ending the refusal: written by this
+ * process's forward or compression, or read from a store or a socket. */
+#define CAUSE_OVERFLOW "the model's activations or the compression overflowed"
+#define CAUSE_OLD_F16 "a stored cache written by an older kvmill's f16 encoder, or damaged"
+#define CAUSE_STORED                                                                                                   \
+    "committed by a store service that did not check uploads, written by an older kvmill's f16 encoder, or damaged"
+
 /* Refuses n keys or values (what: "key"/"value") of KV head g of layer `layer`, in dtype src_dt,
  * that dtype dst_dt would not hold: a non-finite value (a cache never holds one: the forward
  * overflowed), or a finite one f16 would turn into inf. The first offender is named by layer,
- * head, entry (row within the head) and value. KVM_ERANGE, or 0. */
+ * head, entry (row within the head) and value; cause says where a non-finite one came from.
+ * KVM_ERANGE, or 0. */
 static int check_values(const void *src, kvm_proto_dtype src_dt, kvm_proto_dtype dst_dt, size_t n, int d, int layer,
-                        int g, const char *what)
+                        int g, const char *what, const char *cause)
 {
-    /* encoding (into a wire dtype): the forward or the compression overflowed; decoding (into an
-     * f32 head): a cache an older kvmill's f16 encoder filled with inf, or damaged bytes */
-    const int decoding = dst_dt == KVM_PROTO_F32 && src_dt != KVM_PROTO_F32;
     for (size_t i = 0; i < n; i++) {
         float x = kvm_half_load(src, src_dt, i);
         if (!isfinite(x))
             return kvm_err(KVM_ERANGE,
                            "cache layer %d, KV head %d, %s of entry %zu: %g is not a finite number (%s): the cache "
                            "is refused",
-                           layer, g, what, i / (size_t)d, (double)x,
-                           decoding ? "a stored cache written by an older kvmill's f16 encoder, or damaged"
-                                    : "the model's activations or the compression overflowed");
+                           layer, g, what, i / (size_t)d, (double)x, cause);
         if (kvm_half_overflows(x, dst_dt))
             return kvm_err(KVM_ERANGE,
                            "cache layer %d, KV head %d, %s of entry %zu: value %g exceeds %s's range (%s): store it "
@@ -61,8 +65,8 @@ int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_token
     for (int g = 0; !rc && g < nkv; g++) {
         const kvm_kv_head *h = kvm_kvcache_head(c, layer, g);
         size_t n = (size_t)h->n * (size_t)d;
-        if ((rc = check_values(head_keys(h), head_dtype(h), dtype, n, d, layer, g, "key")) ||
-            (rc = check_values(head_values(h), head_dtype(h), dtype, n, d, layer, g, "value")) ||
+        if ((rc = check_values(head_keys(h), head_dtype(h), dtype, n, d, layer, g, "key", CAUSE_OVERFLOW)) ||
+            (rc = check_values(head_values(h), head_dtype(h), dtype, n, d, layer, g, "value", CAUSE_OVERFLOW)) ||
             (rc = kvm_half_convert(keys + (size_t)row * d * esz, dtype, head_keys(h), head_dtype(h), n)) ||
             (rc = kvm_half_convert(vals + (size_t)row * d * esz, dtype, head_values(h), head_dtype(h), n)))
             break;
@@ -99,9 +103,12 @@ int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c)
         int64_t n = m.head_entries[g];
         if ((rc = kvm_kvcache_reserve(h, d, n > 0 ? n : 1))) return rc;
         size_t cnt = (size_t)n * (size_t)d;
+        /* into an f32 head from f16/bf16 frames: a cache an older kvmill's f16 encoder filled with
+         * inf, or damaged bytes; from f32 frames: what the writer's forward or compression made */
+        const char *cause = head_dtype(h) == KVM_PROTO_F32 && m.dtype != KVM_PROTO_F32 ? CAUSE_OLD_F16 : CAUSE_OVERFLOW;
         const uint8_t *ks = (const uint8_t *)m.keys + (size_t)row * d * esz, *vs = (const uint8_t *)m.values + (size_t)row * d * esz;
-        if ((rc = check_values(ks, m.dtype, head_dtype(h), cnt, d, layer, g, "key")) ||
-            (rc = check_values(vs, m.dtype, head_dtype(h), cnt, d, layer, g, "value")) ||
+        if ((rc = check_values(ks, m.dtype, head_dtype(h), cnt, d, layer, g, "key", cause)) ||
+            (rc = check_values(vs, m.dtype, head_dtype(h), cnt, d, layer, g, "value", cause)) ||
             (rc = kvm_half_convert(head_keys(h), head_dtype(h), ks, m.dtype, cnt)) ||
             (rc = kvm_half_convert(head_values(h), head_dtype(h), vs, m.dtype, cnt)))
             return rc;
@@ -114,6 +121,45 @@ int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c)
     }
     if (m.n_tokens > c->next_pos) c->next_pos = (int32_t)m.n_tokens;
     return 0;
+}
+
+int kvm_cachecodec_check_finite(const kvm_proto_cache *m, const char *cause)
+{
+    const int d = (int)m->head_dim;
+    const size_t esz = kvm_proto_dtype_size(m->dtype);
+    int64_t row = 0;
+    int rc = 0;
+    for (int g = 0; !rc && g < (int)m->n_kv_heads; g++) {
+        const size_t cnt = (size_t)m->head_entries[g] * (size_t)d, off = (size_t)row * (size_t)d * esz;
+        /* into f32: only a non-finite value is refused (every finite f16/bf16/f32 one fits) */
+        if (!(rc = check_values((const uint8_t *)m->keys + off, m->dtype, KVM_PROTO_F32, cnt, d, (int)m->layer, g,
+                                "key", cause)))
+            rc = check_values((const uint8_t *)m->values + off, m->dtype, KVM_PROTO_F32, cnt, d, (int)m->layer, g,
+                              "value", cause);
+        row += m->head_entries[g];
+    }
+    return rc;
+}
+
+int kvm_cachecodec_check_stored(const kvm_store_cache *sc)
+{
+    int rc = 0;
+    for (int l = 0; !rc && l < sc->manifest.n_layers; l++) {
+        kvm_msg *msg = NULL;
+        kvm_proto_cache m;
+        /* the stored frames, copied: the decoder needs them aligned for their element type */
+        rc = kvm_msg_new(&msg);
+        for (uint32_t f = 0; !rc && f < sc->layers[l].n_frames; f++)
+            rc = kvm_msg_add_copy(msg, sc->layers[l].frames[f].data, sc->layers[l].frames[f].size);
+        if (!rc && !(rc = kvm_proto_cache_decode(msg, &m))) rc = kvm_cachecodec_check_finite(&m, CAUSE_STORED);
+        kvm_msg_free(&msg);
+        if (rc && rc != KVM_ENOMEM) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", kvm_errmsg());
+            rc = kvm_err(KVM_ECORRUPT, "stored cache layer %d does not decode: %s", l, why);
+        }
+    }
+    return rc;
 }
 
 int kvm_cachecodec_pack(const kvm_kvcache *c, int64_t n_tokens, kvm_proto_dtype dtype, uint8_t ***blobs,

@@ -6,6 +6,7 @@
 
 #include "model/kvm_kvcache.h"
 #include "proto/kvm_proto.h"
+#include "store/kvm_store.h"
 
 /* Encodes layer `layer` of c as a `cache` message with keys/values in dtype (f32, f16 or
  * bf16; 16-bit types round to nearest even; an f16 cache (kv_dtype) goes to f16 frames bit for
@@ -24,6 +25,25 @@ int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_token
  * key or value that is NaN or inf, or overflows c's f16),
  * KVM_EMISMATCH (shape differs from c), KVM_ENOMEM. */
 int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c);
+
+/* Checks that the keys and values of m (one `cache` message, decoded by kvm_proto_cache_decode:
+ * [n_entries][head_dim] in m->dtype, rows grouped by KV head as m->head_entries says) are
+ * finite: the rule kvm_cachecodec_encode_layer applies before it writes a layer and
+ * _decode_layer before it reads one, for a process that keeps the message as it came (the store
+ * service, which commits an upload's messages unchanged). cause (a phrase, borrowed) says where
+ * a non-finite value came from. Logit biases and positions are not looked at (the encoder
+ * does not check them either). Reads m only. Returns 0, or KVM_ERANGE with the first
+ * offender named: "cache layer L, KV head G, key|value of entry E (row within the head): X is
+ * not a finite number (cause): the cache is refused". */
+int kvm_cachecodec_check_finite(const kvm_proto_cache *m, const char *cause);
+
+/* Checks a stored cache sc (from kvm_store_get_cache, whose checksums passed; borrowed) the
+ * way a reader finds it: every layer must decode as a `cache` message whose keys and values
+ * are finite (kvm_cachecodec_check_finite). A cache that passes its checksums yet fails this
+ * (committed by a store service that took non-finite uploads, or an older kvmill's f16
+ * encoder) is refused by every ask, so "already stored?" must not count it. Returns 0,
+ * KVM_ECORRUPT ("stored cache layer L does not decode: ..."), KVM_ENOMEM. */
+int kvm_cachecodec_check_stored(const kvm_store_cache *sc);
 
 /* Packs every layer into store values: *blobs[l] malloc'ed (caller frees each and the array),
  * *sizes[l] bytes. Returns 0 or an error as above. */

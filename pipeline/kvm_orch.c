@@ -167,7 +167,12 @@ static int prepare(orch *o, kvm_store **store)
                        ? rc
                        : kvm_err(rc, "%s: is kvmill store serve running and reachable there?", kvm_errmsg());
         }
-        if (rc || (rc = bind_sockets(o))) return rc;
+        if (rc) { /* the scan only probes: nothing is claimed, nothing to release at the end (where a
+                     kvmill serve front end taken for the service would be named a second time) */
+            o->owner[0] = '\0';
+            return rc;
+        }
+        if ((rc = bind_sockets(o))) return rc;
         kvm_orch__log("store service %s: this run opens no LMDB, its claims and caches go through the service\n",
                       o->store_path);
         return o->n_open > 0 ? kvm_orch__start_stages(o) : 0;

@@ -2,6 +2,7 @@
  * store service), skipping stored documents, renewing the claims, stopping when the store takes
  * no more caches, and the summary's sums of what was stored. */
 #include "pipeline/kvm_orch_int.h"
+#include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_orch_remote.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
@@ -250,10 +251,11 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
         found = 0;
     }
     if (!o->cli && kvm_store_has_cache(o->store, &key, &o->tok_id, &found)) found = 0;
-    if (!o->cli && found) { /* stored: only when its layers pass their checksums, as in cache_stored (a
-                             * corrupt cache found before the run would be skipped here otherwise) */
+    if (!o->cli && found) { /* stored: only when its layers pass their checksums and decode to finite
+                             * keys and values, as in cache_stored (a corrupt cache found before the
+                             * run would be skipped here otherwise) */
         kvm_store_cache *c = NULL;
-        if (kvm_store_get_cache(o->store, &key, &o->tok_id, &c)) found = 0;
+        if (kvm_store_get_cache(o->store, &key, &o->tok_id, &c) || kvm_cachecodec_check_stored(c)) found = 0;
         kvm_store_cache_free(&c);
     }
     if (found || !taken) {
@@ -464,7 +466,8 @@ int kvm_orch__sum_bytes(const kvm_store_cache_key *key, const kvm_store_manifest
 }
 
 /* Whether a document's cache is stored: a stored cache (or manifest) that fails its
- * checksums is a corrupt cache, compressed again (the put replaces it). */
+ * checksums, or whose layers do not decode to finite keys and values, is a corrupt cache,
+ * compressed again (the put replaces it). */
 static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found)
 {
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
@@ -481,9 +484,10 @@ static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found
         *found = 0;
         return 0;
     }
-    if (rc == 0 && *found) {
+    if (rc == 0 && *found) { /* layers that pass their checksums but hold NaN/inf: every ask refuses them */
         kvm_store_cache *c = NULL;
         rc = kvm_store_get_cache(store, &key, &o->tok_id, &c);
+        if (rc == 0) rc = kvm_cachecodec_check_stored(c);
         kvm_store_cache_free(&c);
     }
     if (rc == KVM_ECORRUPT) {

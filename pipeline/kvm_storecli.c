@@ -225,8 +225,26 @@ void kvm_storecli_close(kvm_storecli **c)
     *c = NULL;
 }
 
+/* The error for an `answer` m on this connection: only kvmill serve's front end sends one (it
+ * answers every message that is not an ask so, "unexpected claim message: this server answers
+ * ask"), so the endpoint is the front end, not a store service; waiting on for a store_reply
+ * said "no reply ... is kvmill store serve running?" after every attempt's timeout instead.
+ * As kvmill ask says the opposite mix-up (a store service's store_reply to an ask). KVM_EPROTO. */
+static int cli_serve_front_end(const kvm_storecli *c, const kvm_msg *m)
+{
+    kvm_proto_answer a;
+    int said = kvm_proto_answer_decode(m, &a) == 0 && a.message.len > 0;
+    return kvm_err(KVM_EPROTO,
+                   "%s is a kvmill serve front end (it answers ask%s%.*s%s), not a store service (kvmill store "
+                   "serve): point [store] path (a run's, or kvmill serve's) or [store] service (a worker's) at the "
+                   "store service's endpoint",
+                   c->endpoint, said ? "; it said \"" : "", said ? (int)a.message.len : 0, said ? a.message.ptr : "",
+                   said ? "\"" : "");
+}
+
 /* Waits for the store_reply of request req (older replies are skipped). 1: got it in *r (its
- * message borrowed from *m, which the caller frees), 0: timed out, < 0: error. */
+ * message borrowed from *m, which the caller frees), 0: timed out, < 0: error (KVM_EPROTO at
+ * once when the endpoint turns out to be kvmill serve's front end). */
 static int cli_wait(kvm_storecli *c, uint64_t req, int timeout_ms, kvm_msg **m, kvm_proto_store_reply *r)
 {
     struct timespec t0, t1;
@@ -245,7 +263,9 @@ static int cli_wait(kvm_storecli *c, uint64_t req, int timeout_ms, kvm_msg **m, 
         kvm_msg_free(m);
         if (kvm_msg_recv(c->sock, m, ZMQ_DONTWAIT)) continue;
         kvm_proto_type t;
-        if (kvm_proto_peek(*m, &t) || t != KVM_PROTO_STORE_REPLY) continue; /* layers of an old get */
+        if (kvm_proto_peek(*m, &t)) continue;
+        if (t == KVM_PROTO_ANSWER) return cli_serve_front_end(c, *m);
+        if (t != KVM_PROTO_STORE_REPLY) continue; /* layers of an old get */
         int rc = kvm_proto_store_reply_decode(*m, r);
         if (rc) return rc;
         if (r->request_id == req) return 1;

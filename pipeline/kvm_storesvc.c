@@ -3,6 +3,7 @@
 #include "common/kvm_signal.h"
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
+#include "pipeline/kvm_cachecodec.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_remote.h"
@@ -181,7 +182,29 @@ static void svc_commit(svc *s, svc_upload *u)
     svc_drop(u);
 }
 
-/* One cache layer of an upload: its shape must be the header's and it must come in order. */
+/* Refuses layer c of upload u when a key or value is NaN or inf, with the rule the local
+ * encoder applies (kvm_cachecodec_check_finite): committed, such a cache counted as stored
+ * while every ask over it was refused as corrupt. The reason names the document (name and
+ * hash), the layer, the KV head, the tensor and the entry. 1 when refused (u is dropped), 0. */
+static int svc_refuse_nonfinite(svc *s, svc_upload *u, const kvm_proto_cache *c)
+{
+    if (!kvm_cachecodec_check_finite(c, "the uploading worker's model activations or compression overflowed, or the "
+                                        "upload is damaged"))
+        return 0;
+    const kvm_proto_put_cache *p = &u->pc;
+    kvm_store_id doc;
+    char hex[KVM_STORE_ID_HEX + 1], why[1536];
+    memcpy(doc.b, p->doc_hash, sizeof doc.b);
+    kvm_store_id_hex(&doc, hex);
+    snprintf(why, sizeof why, "document %.*s%s(doc_hash %.16s): %s",
+             (int)(p->doc_name.len < 255 ? p->doc_name.len : 255), p->doc_name.len ? p->doc_name.ptr : "",
+             p->doc_name.len ? " " : "", hex, kvm_errmsg());
+    svc_refuse(s, u, KVM_ERANGE, why);
+    return 1;
+}
+
+/* One cache layer of an upload: its shape must be the header's, it must come in order, and its
+ * keys and values must be finite. */
 static void svc_layer(svc *s, svc_upload *u, kvm_msg **m)
 {
     kvm_proto_cache c;
@@ -205,6 +228,7 @@ static void svc_layer(svc *s, svc_upload *u, kvm_msg **m)
         kvm_msg_free(m);
         return svc_refuse(s, u, KVM_EMISMATCH, why);
     }
+    if (svc_refuse_nonfinite(s, u, &c)) return kvm_msg_free(m);
     u->entries += c.n_entries;
     u->layers[u->n_got++] = *m;
     *m = NULL;

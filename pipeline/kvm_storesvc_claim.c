@@ -1,6 +1,7 @@
 /* kvm_storesvc_claim.c: claims over the store service (kvm_storesvc_claim.h). */
 #include "pipeline/kvm_storesvc_claim.h"
 #include "common/kvm_error.h"
+#include "pipeline/kvm_cachecodec.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -14,8 +15,8 @@ static void key_of(const kvm_proto_claim *c, kvm_store_cache_key *k, kvm_store_i
 }
 
 /* The orchestrator's "already stored?" rule (kvm_orch_store.c, cache_stored): a verified manifest
- * for this tokenizer and layers that pass their checksums; another tokenizer's cache or a
- * corrupt one is not stored (the next put replaces it). */
+ * for this tokenizer and layers that pass their checksums and decode to finite keys and values;
+ * another tokenizer's cache or a corrupt one is not stored (the next put replaces it). */
 static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id *tok, int index_only,
                   kvm_storesvc_claim_out *out)
 {
@@ -25,6 +26,7 @@ static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id
     if (index_only) return 1; /* revision 12: a recheck; the layers of a large cache are not read */
     kvm_store_cache *c = NULL;
     rc = kvm_store_get_cache(s, k, tok, &c);
+    if (rc == 0) rc = kvm_cachecodec_check_stored(c); /* NaN/inf layers: every ask refuses them */
     if (rc == 0) {
         out->full_bytes = c->manifest.full_bytes;
         out->stored_bytes = c->manifest.stored_bytes;

@@ -20,8 +20,9 @@ typedef struct kvm_storesvc_claim_out {
 } kvm_storesvc_claim_out;
 
 /* Answers claim c over store s (opened for writing): a cache stored under c's key for c's
- * tokenizer whose layers verify is "stored" (nothing taken; a manifest of another tokenizer or
- * a corrupt cache counts as not stored, as the orchestrator's own check does); else a probe
+ * tokenizer whose layers verify and hold finite keys and values is "stored" (nothing taken; a
+ * manifest of another tokenizer or a corrupt cache counts as not stored, as the orchestrator's
+ * own check does); else a probe
  * is "missing", and a take claims the key for c->owner for c->ttl_ms ("taken", or "held" with
  * the other owner's lease in out->holder). Returns 0, or the store's error (KVM_ESTATE
  * read-only, KVM_EFULL, KVM_EIO, KVM_EINVAL, KVM_ERANGE: c->ttl_ms above the longest lease,

@@ -1,8 +1,8 @@
 /* check_orch_reliab.c: the orchestrator under load and faults (issue 11): bounded
  * tokenisation equals the whole text's first ids (llama2.c SentencePiece and SmolLM2
  * byte-level BPE), the prefetch bound on prefilled documents, Ctrl-C finishing only the jobs
- * in workers, a corrupt manifest compressed again, evictions reported, stale temporary
- * directories of killed runs removed, a failed document keeping its run directory, a full
+ * in workers, a corrupt manifest (or a stored cache holding NaN) compressed again, evictions
+ * reported, stale temporary directories of killed runs removed, a failed document keeping its run directory, a full
  * store device stopping the feed, progress within a document, reworded messages, and the
  * broker's work per event independent of the corpus size (jobs by state, in order). */
 #include "model/kvm_tokenizer.h"
@@ -11,6 +11,8 @@
 #include "pipeline/kvm_orch_int.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
+#include "proto/kvm_proto.h"
+#include "store/kvm_store.h"
 #include "common/kvm_error.h"
 #include "pipeline/kvm_corpus.h"
 #include "tests/util/kvm_test.h"
@@ -19,6 +21,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <lmdb.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -496,6 +499,81 @@ START_TEST(test_corrupt_layer_recompressed)
     ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
     ck_assert_msg(strstr(out, "summary: compressed=1 skipped=2 failed=0"), "stdout: %s\nstderr: %s", out, err);
     ck_assert_msg(strstr(err, "is corrupt"), "stderr: %s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+}
+END_TEST
+
+static int first_key(const kvm_store_cache_key *key, const kvm_store_manifest *m, int status, void *arg)
+{
+    (void)m;
+    if (status) return 0;
+    *(kvm_store_cache_key *)arg = *key;
+    return 1; /* the first is enough */
+}
+
+/* Rewrites layer 0 of the first stored cache with NaN as its first value, through the store
+ * (checksums valid, manifest unchanged): what a store service that took uploads unchecked
+ * committed. The run's config stores f32. */
+static void poison_first_cache(void)
+{
+    kvm_store *s = NULL;
+    kvm_store_opts so = {.must_exist = 1};
+    ck_assert_msg(kvm_store_open(store, &so, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_cache_key key;
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, first_key, &key), 1);
+    kvm_store_cache *c = NULL;
+    ck_assert_msg(kvm_store_get_cache(s, &key, NULL, &c) == 0, "%s", kvm_errmsg());
+    kvm_msg *m = NULL, *bad = NULL;
+    ck_assert_int_eq(kvm_msg_new(&m), 0);
+    for (uint32_t f = 0; f < c->layers[0].n_frames; f++)
+        ck_assert_int_eq(kvm_msg_add_copy(m, c->layers[0].frames[f].data, c->layers[0].frames[f].size), 0);
+    kvm_proto_cache pc;
+    ck_assert_int_eq(kvm_proto_cache_decode(m, &pc), 0);
+    ck_assert_int_eq(pc.dtype, KVM_PROTO_F32);
+    ck_assert_int_gt(pc.n_entries, 0);
+    size_t n = (size_t)pc.n_entries * (size_t)pc.head_dim;
+    float *v = malloc(n * sizeof *v);
+    memcpy(v, pc.values, n * sizeof *v);
+    v[0] = NAN;
+    pc.values = v;
+    ck_assert_int_eq(kvm_proto_cache_encode(&pc, &bad), 0);
+    kvm_frame frames[16];
+    ck_assert_uint_le(kvm_msg_nframes(bad), 16);
+    for (size_t f = 0; f < kvm_msg_nframes(bad); f++)
+        frames[f] = kvm_msg_frame(bad, f);
+    c->layers[0] = (kvm_store_layer){.frames = frames, .n_frames = (uint32_t)kvm_msg_nframes(bad)};
+    ck_assert_msg(kvm_store_put_cache(s, &c->manifest, c->layers) == 0, "%s", kvm_errmsg());
+    free(v);
+    kvm_msg_free(&bad);
+    kvm_msg_free(&m);
+    kvm_store_cache_free(&c);
+    kvm_store_close(&s);
+}
+
+/* A stored cache whose checksums pass but whose values hold NaN (committed by a store service
+ * that did not check uploads): the run counted it stored and skipped the document, though
+ * every ask refused the cache and store verify failed. The run's "already stored?" check now
+ * decodes the layers: "is corrupt ... compressing it again", and the put replaces it. */
+START_TEST(test_nonfinite_cache_recompressed)
+{
+    make_docs(3);
+    write_config(STREAMING, "", NULL);
+    char *out, *err;
+    ck_assert_int_eq(run_kvmill(NULL, &out, &err), 0);
+    free(out);
+    free(err);
+    poison_first_cache();
+    char cmd[8000];
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store verify --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 1);
+    int rc = run_kvmill(NULL, &out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "summary: compressed=1 skipped=2 failed=0"), "stdout: %s\nstderr: %s", out, err);
+    ck_assert_msg(strstr(err, "is corrupt (stored cache layer 0 does not decode: cache layer 0, KV head 0, value of "
+                              "entry 0: nan is not a finite number"),
+                  "stderr: %s", err);
     free(out);
     free(err);
     ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
@@ -1041,6 +1119,7 @@ static Suite *orch_reliab_suite(void)
                  {"ctrl_c_only_in_flight", test_ctrl_c_only_in_flight, 240},
                  {"corrupt_manifest_recompressed", test_corrupt_manifest_recompressed, 120},
                  {"corrupt_layer_recompressed", test_corrupt_layer_recompressed, 120},
+                 {"nonfinite_cache_recompressed", test_nonfinite_cache_recompressed, 120},
                  {"evictions_reported", test_evictions_reported, 120},
                  {"full_disk_stops_feeding", test_full_disk_stops_feeding, 120},
                  {"stale_dirs_removed", test_stale_dirs_removed, 240},

@@ -10,6 +10,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <msgpack.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -610,6 +611,117 @@ START_TEST(test_claims)
 }
 END_TEST
 
+/* Replaces layer `layer` of e with one whose `what` ("keys" or "values") holds x at KV head g,
+ * entry `entry` (row within the head), element 1: a cache the forward overflowed in, as a
+ * remote worker without the encoder's check (or a damaged upload) would send it. */
+static void poison_layer(kvm_serve_cache_enc *e, int layer, const char *what, int g, int entry, float x)
+{
+    static float kv[H * PER_HEAD * D], bad[H * PER_HEAD * D];
+    static int32_t he[H] = {PER_HEAD, PER_HEAD}, pos[H * PER_HEAD];
+    static float bias[H * PER_HEAD];
+    kvm_proto_cache old;
+    ck_assert_int_eq(kvm_proto_cache_decode(e->msgs[layer], &old), 0);
+    memcpy(kv, old.keys, sizeof kv); /* keys and values of make_cache are the same numbers */
+    memcpy(bad, kv, sizeof bad);
+    for (int i = 0; i < H * PER_HEAD; i++)
+        pos[i] = old.positions[i], bias[i] = old.logit_bias[i];
+    bad[((size_t)g * PER_HEAD + (size_t)entry) * D + 1] = x;
+    const int k = !strcmp(what, "keys");
+    kvm_proto_cache c = {.layer = layer,
+                         .n_layers = L,
+                         .n_kv_heads = H,
+                         .head_dim = D,
+                         .n_tokens = N,
+                         .n_entries = H * PER_HEAD,
+                         .dtype = KVM_PROTO_F32,
+                         .head_entries = he,
+                         .keys = k ? bad : kv,
+                         .values = k ? kv : bad,
+                         .positions = pos,
+                         .logit_bias = bias};
+    kvm_msg_free(&e->msgs[layer]);
+    ck_assert_int_eq(kvm_proto_cache_encode(&c, &e->msgs[layer]), 0);
+}
+
+/* An upload whose values (or keys) hold NaN or inf was committed with status 0: the next run
+ * through the service counted the document as stored, every ask refused the cache as corrupt
+ * and store verify failed. It is refused now, as the local encoder refuses it, naming the
+ * document, layer, KV head, tensor and entry; nothing is committed, and the service takes the
+ * next sound upload. */
+START_TEST(test_nonfinite_refused)
+{
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &c), 0);
+    kvm_serve_cache_enc e;
+    make_cache(3, &e);
+    poison_layer(&e, 1, "values", 1, 2, NAN);
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 7, "doc_003.txt", 3000, 1, NULL), KVM_ERANGE);
+    ck_assert_msg(strstr(kvm_errmsg(), "document doc_003.txt (doc_hash ") &&
+                      strstr(kvm_errmsg(), "cache layer 1, KV head 1, value of entry 2: nan is not a finite number"),
+                  "%s", kvm_errmsg());
+    kvm_serve_cache_enc_free(&e);
+    make_cache(3, &e);
+    poison_layer(&e, 2, "keys", 0, 1, -INFINITY);
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 8, NULL, 3000, 1, NULL), KVM_ERANGE);
+    ck_assert_msg(strstr(kvm_errmsg(), "cache layer 2, KV head 0, key of entry 1: -inf is not a finite number"), "%s",
+                  kvm_errmsg());
+    ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND);
+    ck_assert_int_eq(t.stats.refused, 2);
+    ck_assert_int_eq(t.stats.committed, 0);
+    kvm_serve_cache_enc_free(&e);
+    make_cache(3, &e);
+    ck_assert_msg(kvm_storecli_put(c, &e, 9, "doc_003.txt", 3000, 1, NULL) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(fetch(c, &e), L);
+    kvm_serve_cache_enc_free(&e);
+    kvm_storecli_close(&c);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+    ck_assert_int_eq(count_caches(), 1);
+}
+END_TEST
+
+/* A cache holding NaN that is in the store already (committed by a service before it checked
+ * uploads): its checksums pass, so a claim answered "stored" and the run skipped a document
+ * every ask refuses. The service's "already stored?" rule now decodes the layers: the probe
+ * says missing, a claim takes the key (the run compresses it again, its put replaces it). */
+START_TEST(test_nonfinite_stored_not_stored)
+{
+    kvm_serve_cache_enc e;
+    make_cache(4, &e);
+    poison_layer(&e, 0, "values", 0, 0, NAN);
+    kvm_store *s = NULL;
+    kvm_store_opts o = {.no_sync = 1};
+    ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
+    kvm_frame frames[L][16];
+    kvm_store_layer layers[L];
+    for (int l = 0; l < L; l++) {
+        size_t nf = kvm_msg_nframes(e.msgs[l]);
+        ck_assert_uint_le(nf, 16);
+        for (size_t f = 0; f < nf; f++)
+            frames[l][f] = kvm_msg_frame(e.msgs[l], f);
+        layers[l] = (kvm_store_layer){.frames = frames[l], .n_frames = (uint32_t)nf};
+    }
+    e.man.config = (kvm_frame){.data = (const uint8_t *)e.canon, .size = e.canon_n};
+    ck_assert_msg(kvm_store_put_cache(s, &e.man, layers) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    svc_thread t;
+    svc_start(&t, NULL, 0);
+    kvm_config *cfg = config(NULL);
+    kvm_storecli *c = NULL;
+    ck_assert_int_eq(kvm_storecli_open(KEYS(cfg), g_ep, &c), 0);
+    kvm_store_cache_key k = key_of(&e);
+    ck_assert_int_eq(claim(c, &k, "run:a", 60000, KVM_STORECLI_PROBE, NULL), KVM_STORECLI_MISSING);
+    ck_assert_int_eq(claim(c, &k, "run:a", 60000, 0, NULL), KVM_STORECLI_TAKEN);
+    kvm_serve_cache_enc_free(&e);
+    kvm_storecli_close(&c);
+    kvm_config_free(&cfg);
+    svc_stop(&t);
+}
+END_TEST
+
 /* Sends frame 0 = {v:1, type, request_id:8, owner, ttl_ms, model_id/doc_hash/config_id/
  * tokenizer_id: bin of id_bytes} raw on d (type "renew_claims": no ids) and returns the reply. */
 static kvm_msg *raw_claim(void *d, const char *type, const char *owner, int64_t ttl_ms, size_t id_bytes,
@@ -1152,7 +1264,9 @@ static Suite *storesvc_suite(void)
                  {"claims", test_claims},
                  {"claim_malformed_refused", test_claim_malformed_refused},
                  {"readers_full_busy", test_readers_full_busy},
-                 {"reply_path_not_utf8", test_reply_path_not_utf8}};
+                 {"reply_path_not_utf8", test_reply_path_not_utf8},
+                 {"nonfinite_refused", test_nonfinite_refused},
+                 {"nonfinite_stored_not_stored", test_nonfinite_stored_not_stored}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);

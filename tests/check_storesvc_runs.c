@@ -7,8 +7,8 @@
  * strategy it fetches from the service and answers as a local one; a strategy recalibrated
  * while a remote compress worker lives reaches its next job; kvmill serve starts, restarts and
  * stops the store service ([store] service_bind); documents left to other runs are looked at
- * again through the service (protocol revision 12). The service is `kvmill
- * store serve` on loopback TCP. */
+ * again through the service (protocol revision 12); a run whose [store] path is a kvmill serve
+ * front end says so at once. The service is `kvmill store serve` on loopback TCP. */
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
@@ -220,7 +220,7 @@ START_TEST(test_dead_run_claims_taken_over)
     ck_assert_int_eq(done_e + skipped, 5);
     free(oe);
     free(ee);
-    pid_t f = run_start(run_config("f", 20, NULL), "f");
+    pid_t f = run_start(run_config("f", 50, NULL), "f");
     ck_assert_int_eq(run_wait(f), 0);
     char *of = slurp("f.out");
     ck_assert_msg(strstr(of, "summary: compressed=0 skipped=5 failed=0"), "%s", of);
@@ -331,6 +331,56 @@ START_TEST(test_remote_store_refusals)
     ck_assert_msg(strstr(err, "no PolyKV strategy 'default' is stored for model"), "%s", err);
     free(out); free(err);
     service_stop(svc);
+    ck_assert_int_eq(kvm_test_store_caches(store), 0);
+}
+END_TEST
+
+/* [store] path = the tcp:// endpoint of a kvmill serve front end, not of a store service:
+ * serve answered every claim ("unexpected claim message: this server answers ask"), yet the
+ * run skipped those answers, waited out two 5 s attempts and said "no reply to claim ... is
+ * kvmill store serve running". It now fails at once, naming the mix-up, as kvmill ask names
+ * the opposite one. */
+START_TEST(test_store_is_serve_front_end)
+{
+    kvm_store *st = NULL;
+    kvm_store_opts so = {.no_sync = 1};
+    ck_assert_msg(kvm_store_open(store, &so, &st) == 0, "%s", kvm_errmsg()); /* serve's own store */
+    kvm_store_close(&st);
+    char text[8192], cfg[4300], cmd[16000], outp[4300];
+    snprintf(cfg, sizeof cfg, "%s/front.ini", tmp);
+    snprintf(text, sizeof text, "[model]\npath = %s\ncontext = 128\n[store]\npath = %s\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), store, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    snprintf(outp, sizeof outp, "%s/front.log", tmp);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' serve --config '%s' --workers 0 --bind tcp://127.0.0.1:%d >'%s' 2>&1",
+             kvm_test_bin(), cfg, port, outp);
+    pid_t sp = spawn_sh(cmd);
+    int ready = 0;
+    for (int i = 0; i < 3000 && !ready; i++, usleep(10000)) {
+        char *o = kvm_test_read_file(outp, NULL);
+        ready = o && strstr(o, "ready: front end");
+        free(o);
+    }
+    ck_assert_msg(ready, "kvmill serve did not get ready");
+    char *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), run_config("f", 50, NULL),
+             docs);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = kvm_test_run(cmd, &out, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    kill(sp, SIGTERM);
+    waitpid(sp, NULL, 0);
+    char want[256];
+    snprintf(want, sizeof want, "tcp://127.0.0.1:%d is a kvmill serve front end (it answers ask", port);
+    ck_assert_msg(rc != 0 && strstr(err, want) && strstr(err, "not a store service (kvmill store serve)") &&
+                      !strstr(err, "no reply"),
+                  "exit %d: %s", rc, err);
+    /* one attempt waits 5 s for a reply here (heartbeat_ms 100 x liveness 50) */
+    ck_assert_msg(secs < 4.0, "the run took %.1f s: it waited for a reply", secs);
+    free(out);
+    free(err);
     ck_assert_int_eq(kvm_test_store_caches(store), 0);
 }
 END_TEST
@@ -686,7 +736,8 @@ static Suite *storesvc_runs_suite(void)
                  {"remote_decode_polykv", test_remote_decode_polykv},
                  {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker},
                  {"serve_starts_store_service", test_serve_starts_store_service},
-                 {"left_documents_rechecked_remote", test_left_documents_rechecked_remote}};
+                 {"left_documents_rechecked_remote", test_left_documents_rechecked_remote},
+                 {"store_is_serve_front_end", test_store_is_serve_front_end}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
