@@ -47,6 +47,20 @@ static int check_values(const void *src, kvm_proto_dtype src_dt, kvm_proto_dtype
     return 0;
 }
 
+/* Refuses the n logit biases of KV head g of layer `layer` holding NaN or +inf (an entry whose
+ * bias dominates every softmax, or poisons it); -inf is an entry never attended, harmless.
+ * KVM_ERANGE naming layer, head, entry and value, or 0. */
+static int check_bias(const float *bias, size_t n, int layer, int g, const char *cause)
+{
+    for (size_t e = 0; e < n; e++)
+        if (isnan(bias[e]) || bias[e] == INFINITY)
+            return kvm_err(KVM_ERANGE,
+                           "cache layer %d, KV head %d, logit bias of entry %zu: %g is not a usable bias (%s): the "
+                           "cache is refused",
+                           layer, g, e, (double)bias[e], cause);
+    return 0;
+}
+
 int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_tokens, kvm_proto_dtype dtype,
                                 kvm_msg **out)
 {
@@ -67,6 +81,7 @@ int kvm_cachecodec_encode_layer(const kvm_kvcache *c, int layer, int64_t n_token
         size_t n = (size_t)h->n * (size_t)d;
         if ((rc = check_values(head_keys(h), head_dtype(h), dtype, n, d, layer, g, "key", CAUSE_OVERFLOW)) ||
             (rc = check_values(head_values(h), head_dtype(h), dtype, n, d, layer, g, "value", CAUSE_OVERFLOW)) ||
+            (rc = check_bias(h->bias, (size_t)h->n, layer, g, CAUSE_OVERFLOW)) ||
             (rc = kvm_half_convert(keys + (size_t)row * d * esz, dtype, head_keys(h), head_dtype(h), n)) ||
             (rc = kvm_half_convert(vals + (size_t)row * d * esz, dtype, head_values(h), head_dtype(h), n)))
             break;
@@ -109,6 +124,7 @@ int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c)
         const uint8_t *ks = (const uint8_t *)m.keys + (size_t)row * d * esz, *vs = (const uint8_t *)m.values + (size_t)row * d * esz;
         if ((rc = check_values(ks, m.dtype, head_dtype(h), cnt, d, layer, g, "key", cause)) ||
             (rc = check_values(vs, m.dtype, head_dtype(h), cnt, d, layer, g, "value", cause)) ||
+            (rc = check_bias(m.logit_bias + row, (size_t)n, layer, g, cause)) ||
             (rc = kvm_half_convert(head_keys(h), head_dtype(h), ks, m.dtype, cnt)) ||
             (rc = kvm_half_convert(head_values(h), head_dtype(h), vs, m.dtype, cnt)))
             return rc;
@@ -136,6 +152,7 @@ int kvm_cachecodec_check_finite(const kvm_proto_cache *m, const char *cause)
                                 "key", cause)))
             rc = check_values((const uint8_t *)m->values + off, m->dtype, KVM_PROTO_F32, cnt, d, (int)m->layer, g,
                               "value", cause);
+        if (!rc) rc = check_bias(m->logit_bias + row, (size_t)m->head_entries[g], (int)m->layer, g, cause);
         row += m->head_entries[g];
     }
     return rc;

@@ -31,8 +31,9 @@ int kvm_cachecodec_decode_layer(const kvm_msg *msg, int layer, kvm_kvcache *c);
  * finite: the rule kvm_cachecodec_encode_layer applies before it writes a layer and
  * _decode_layer before it reads one, for a process that keeps the message as it came (the store
  * service, which commits an upload's messages unchanged). cause (a phrase, borrowed) says where
- * a non-finite value came from. Logit biases and positions are not looked at (the encoder
- * does not check them either). Reads m only. Returns 0, or KVM_ERANGE with the first
+ * a non-finite value came from. A logit bias that is NaN or +inf is refused as well (-inf, an
+ * entry never attended, is kept), as the encoder and decoder refuse it; positions are checked
+ * by the message decoder. Reads m only. Returns 0, or KVM_ERANGE with the first
  * offender named: "cache layer L, KV head G, key|value of entry E (row within the head): X is
  * not a finite number (cause): the cache is refused". */
 int kvm_cachecodec_check_finite(const kvm_proto_cache *m, const char *cause);

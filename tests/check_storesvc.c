@@ -611,7 +611,7 @@ START_TEST(test_claims)
 }
 END_TEST
 
-/* Replaces layer `layer` of e with one whose `what` ("keys" or "values") holds x at KV head g,
+/* Replaces layer `layer` of e with one whose `what` ("keys", "values" or "bias") holds x at KV head g,
  * entry `entry` (row within the head), element 1: a cache the forward overflowed in, as a
  * remote worker without the encoder's check (or a damaged upload) would send it. */
 static void poison_layer(kvm_serve_cache_enc *e, int layer, const char *what, int g, int entry, float x)
@@ -625,8 +625,11 @@ static void poison_layer(kvm_serve_cache_enc *e, int layer, const char *what, in
     memcpy(bad, kv, sizeof bad);
     for (int i = 0; i < H * PER_HEAD; i++)
         pos[i] = old.positions[i], bias[i] = old.logit_bias[i];
-    bad[((size_t)g * PER_HEAD + (size_t)entry) * D + 1] = x;
-    const int k = !strcmp(what, "keys");
+    const int b = !strcmp(what, "bias"), k = !strcmp(what, "keys");
+    if (b)
+        bias[(size_t)g * PER_HEAD + (size_t)entry] = x;
+    else
+        bad[((size_t)g * PER_HEAD + (size_t)entry) * D + 1] = x;
     kvm_proto_cache c = {.layer = layer,
                          .n_layers = L,
                          .n_kv_heads = H,
@@ -636,7 +639,7 @@ static void poison_layer(kvm_serve_cache_enc *e, int layer, const char *what, in
                          .dtype = KVM_PROTO_F32,
                          .head_entries = he,
                          .keys = k ? bad : kv,
-                         .values = k ? kv : bad,
+                         .values = k || b ? kv : bad,
                          .positions = pos,
                          .logit_bias = bias};
     kvm_msg_free(&e->msgs[layer]);
@@ -669,7 +672,13 @@ START_TEST(test_nonfinite_refused)
     ck_assert_msg(strstr(kvm_errmsg(), "cache layer 2, KV head 0, key of entry 1: -inf is not a finite number"), "%s",
                   kvm_errmsg());
     ck_assert_int_eq(fetch(c, &e), KVM_ENOTFOUND);
-    ck_assert_int_eq(t.stats.refused, 2);
+    kvm_serve_cache_enc_free(&e);
+    make_cache(3, &e); /* a NaN logit bias: every softmax over the head would be NaN */
+    poison_layer(&e, 0, "bias", 1, 0, NAN);
+    ck_assert_int_eq(kvm_storecli_put(c, &e, 10, NULL, 3000, 1, NULL), KVM_ERANGE);
+    ck_assert_msg(strstr(kvm_errmsg(), "cache layer 0, KV head 1, logit bias of entry 0: nan is not a usable bias"),
+                  "%s", kvm_errmsg());
+    ck_assert_int_eq(t.stats.refused, 3);
     ck_assert_int_eq(t.stats.committed, 0);
     kvm_serve_cache_enc_free(&e);
     make_cache(3, &e);
