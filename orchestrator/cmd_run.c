@@ -129,9 +129,12 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
                                       "again"
                                     : "no space left on the store's device; free space and run again");
     if (s->store_down)
-        printf("store down: %lld document%s %s not processed (the store service did not answer; start it and run "
-               "again: stored ones are skipped)\n", (long long)s->pending, kvm_plural(s->pending, "", "s"),
-               kvm_plural(s->pending, "was", "were"));
+        printf("store %s: %lld document%s %s not processed (%s: stored ones are skipped)\n",
+               s->store_down == 2 ? "gone" : "down", (long long)s->pending, kvm_plural(s->pending, "", "s"),
+               kvm_plural(s->pending, "was", "were"),
+               s->store_down == 2 ? "the store folder was moved, removed or replaced, or its lock.mdb removed, while "
+                                    "the run had it open; put it back and run again"
+                                  : "the store service did not answer; start it and run again");
     if (s->evicted > 0 && !s->bytes_unknown)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);

@@ -160,7 +160,10 @@ typedef struct orch {
 } orch;
 
 /* Why the store takes no more caches (kvm_orch__store_stop). */
-enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2, STORE_FILE_LIMIT = 3 };
+enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2, STORE_FILE_LIMIT = 3, STORE_GONE = 4 };
+/* 1 when a store error message says the store is no longer the one opened (kvm_store_here.c:
+ * moved, removed or replaced, or its lock.mdb lost): nothing more can be stored in it. */
+int kvm_orch__store_gone_msg(const char *why);
 
 /* ---- kvm_orch_jobs.c: the job table ---- */
 

@@ -145,6 +145,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 kvm_orch__store_stop(o, j, why, STORE_MAP_FULL);
             else if (r.status == KVM_EFULL && strstr(why, "the file size limit (ulimit -f"))
                 kvm_orch__store_stop(o, j, why, STORE_FILE_LIMIT);
+            else if (r.status == KVM_ESTATE && kvm_orch__store_gone_msg(why))
+                kvm_orch__store_stop(o, j, why, STORE_GONE);
             else if (o->cli && r.status == KVM_EIO && strstr(why, "store service"))
                 kvm_orch__store_stop(o, j, why, STORE_DOWN);
             else if (r.retryable)

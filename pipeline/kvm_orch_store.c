@@ -24,7 +24,7 @@
  * wait out its timeouts. Said once; no more documents are fed. */
 static void store_mark(orch *o, const char *why, int kind)
 {
-    static const char *const what[4] = {
+    static const char *const what[5] = {
         "no space left on the store's device: feeding no more documents (free space on it and run again: stored ones "
         "are skipped)",
         "the store service does not answer: feeding no more documents (start it and run again: stored ones are "
@@ -32,13 +32,21 @@ static void store_mark(orch *o, const char *why, int kind)
         "the store's map is full at [store] map_max_mb: feeding no more documents (raise map_max_mb, or set [store] "
         "cap_mb so that old caches make room, and run again: stored ones are skipped)",
         "the file size limit (ulimit -f) stops the store's data.mdb from growing: feeding no more documents (raise "
-        "it and run again: stored ones are skipped)"};
+        "it and run again: stored ones are skipped)",
+        "the store is no longer the one this run opened: feeding no more documents (put the store back, or stop "
+        "whatever replaced it, and run again: stored ones are skipped)"};
     if (!o->store_full) kvm_orch__log("%s\nkvmill %s: %s\n", why, o->cmd, what[kind]);
     o->store_full = 1;
-    if (kind == STORE_DOWN)
-        o->sum->store_down = 1;
+    if (kind == STORE_DOWN || kind == STORE_GONE)
+        o->sum->store_down = kind == STORE_GONE ? 2 : 1;
     else
         o->sum->store_full = kind == STORE_MAP_FULL ? 2 : kind == STORE_FILE_LIMIT ? 3 : 1;
+}
+
+int kvm_orch__store_gone_msg(const char *why)
+{
+    return strstr(why, "is gone since this process opened it") || strstr(why, "its lock.mdb was removed or replaced") ||
+           strstr(why, "was replaced since this process opened it");
 }
 
 /* store_mark, and job j goes back to the queue (not an attempt: it is not the document's
@@ -243,6 +251,10 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
     int rc = claim_key(o, &key, j, 0, &taken, &found, &holder);
     if (rc == KVM_EIO && o->cli) { /* no reply: its upload would get none either */
         kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_DOWN);
+        return 1;
+    }
+    if (rc == KVM_ESTATE && !o->cli && kvm_orch__store_gone_msg(kvm_errmsg())) { /* nothing can be stored */
+        kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_GONE);
         return 1;
     }
     if (rc) {

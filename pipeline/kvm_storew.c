@@ -30,7 +30,9 @@ int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_st
 void kvm_storew_worker_opts(const kvm_config *c, int read_only, kvm_store_opts *o)
 {
     kvm_storew_opts(c, read_only, o);
-    o->cap_bytes = 0; /* the store's owner records the cap, never a worker */
+    o->cap_bytes = 0;  /* the store's owner records the cap, never a worker */
+    o->must_exist = 1; /* the run made it: a worker that came after the folder was moved away made a
+                        * new empty store there and committed into it, beside the run's */
 }
 
 void kvm_storew_cap_note(kvm_store *s, const kvm_config *c)

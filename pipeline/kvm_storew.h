@@ -25,7 +25,9 @@ int kvm_storew_open(const kvm_config *c, const char *path, int read_only, kvm_st
  * a worker keeps the store's recorded cap whatever its settings say. The cap belongs to the
  * store's owner, the command that opens it with its own config (kvmill run, calibrate, serve,
  * the kvmill store commands, the store service): a worker started by hand with another config
- * rewrote it, and its next put evicted the caches of other runs. */
+ * rewrote it, and its next put evicted the caches of other runs. must_exist is 1: the store is
+ * its owner's to make (a compress worker that opened it after the run's folder was moved away
+ * made a new one there and committed into it; decode with compute_missing sets it back). */
 void kvm_storew_worker_opts(const kvm_config *c, int read_only, kvm_store_opts *o);
 
 /* After a worker's open of s: when c's [store] cap_mb is set (> 0) and is not the store's

@@ -2050,6 +2050,51 @@ START_TEST(test_run_file_size_limit)
 }
 END_TEST
 
+/* The store folder moved away while a run has it open (rm -rf, a swap): the run committed into
+ * the unlinked files and reported every document stored, exit 0, with nothing on disk after.
+ * Now it says the store is gone, feeds no more documents and counts them not processed
+ * ("store gone:"), exit 1. The run is stopped (SIGSTOP) once it has opened the store, while
+ * the folder is moved, so that no document is done before. */
+START_TEST(test_run_store_moved_away)
+{
+    copy_docs(3);
+    write_run_config("method = streaming\nbudget = 64", NULL);
+    char outp[4300], errp[4300], away[4300], exe[4300];
+    snprintf(outp, sizeof outp, "%s/run.out", g_dir);
+    snprintf(errp, sizeof errp, "%s/run.err", g_dir);
+    snprintf(away, sizeof away, "%s/away.lmdb", g_dir);
+    snprintf(exe, sizeof exe, "%s/kvmill", kvm_test_bin());
+    kvm_test_store_create(g_store);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (!freopen(outp, "w", stdout) || !freopen(errp, "w", stderr)) _exit(126);
+        raise(SIGSTOP); /* the test stops it before its first look at the store */
+        execl(exe, exe, "run", "--config", g_cfg, "--corpus", g_docs, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+    ck_assert(WIFSTOPPED(st));
+    ck_assert_int_eq(kill(pid, SIGCONT), 0);
+    /* its first line names the documents once the store is open and scanned */
+    ck_assert_msg(kvm_test_wait_text(errp, "documents (0 already stored)", 1, 60), "the run did not start");
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    ck_assert_int_eq(rename(g_store, away), 0);
+    ck_assert_int_eq(kill(pid, SIGCONT), 0);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    char *out = kvm_test_read_file(outp, NULL), *err = kvm_test_read_file(errp, NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x\n%s\n%s", st, out, err);
+    ck_assert_msg(strstr(out, "store gone: ") && summary_field(out, "compressed") == 0, "%s\n%s", out, err);
+    ck_assert_msg(strstr(err, "is gone since this process opened it") && strstr(err, "feeding no more documents"), "%s",
+                  err);
+    free(out);
+    free(err);
+    struct stat sb;
+    ck_assert_msg(stat(g_store, &sb) != 0, "a store was made again at %s", g_store);
+}
+END_TEST
+
 /* Two `kvmill run` at once on one store: each document is compressed once. */
 START_TEST(test_two_runs_share)
 {
@@ -2280,6 +2325,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact_concurrent_same_out", test_compact_concurrent_same_out, 60));
     suite_add_tcase(su, tcase("store_gone_under_handle", test_store_gone_under_handle, 60));
     suite_add_tcase(su, tcase("run_file_size_limit", test_run_file_size_limit, 60));
+    suite_add_tcase(su, tcase("run_store_moved_away", test_run_store_moved_away, 60));
     suite_add_tcase(su, tcase("compact_parent_lock_inherited", test_compact_parent_lock_inherited, 60));
     suite_add_tcase(su, tcase("compact_out_created_meanwhile", test_compact_out_created_meanwhile, 60));
     suite_add_tcase(su, tcase("skip_records_name", test_skip_records_name, 120));
