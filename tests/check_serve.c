@@ -1381,6 +1381,18 @@ START_TEST(test_usage)
 }
 END_TEST
 
+/* Sends sig to every child of the server (its decode workers); returns their pids, one per
+ * line (free it). */
+static char *signal_workers(int sig)
+{
+    char cmd[128], *pids = NULL;
+    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)g_serve);
+    ck_assert_int_eq(kvm_test_run(cmd, &pids, NULL), 0);
+    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (atoi(p) > 1) kill((pid_t)atoi(p), sig);
+    return pids;
+}
+
 /* README: a first SIGTERM lets the workers finish and exits 0 (a service manager's stop); a
  * second stops at once, kills a worker that has not finished and exits 130, as a second Ctrl-C
  * stops `kvmill run`. The worker is stopped (SIGSTOP) so the first signal's wait lasts. */
@@ -1389,12 +1401,8 @@ START_TEST(test_second_signal_130)
     g_liveness = 600; /* 60 s: the stopped worker is not killed as silent before the second signal */
     write_config(NULL, NULL);
     ck_assert_int_eq(start_serve(NULL), -1);
-    char cmd[128], *pids = NULL;
-    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)g_serve);
-    ck_assert_int_eq(kvm_test_run(cmd, &pids, NULL), 0);
+    char *pids = signal_workers(SIGSTOP);
     pid_t worker = (pid_t)atoi(pids); /* every child stopped; the first checked at the end */
-    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGSTOP);
     free(pids);
     ck_assert_int_gt(worker, 1);
     int st = 0;
@@ -1420,11 +1428,7 @@ START_TEST(test_request_while_stopping)
     g_liveness = 600; /* the drain lasts its 7 s: the stopped worker is not killed as silent */
     write_config(NULL, NULL);
     ck_assert_int_eq(start_serve(NULL), -1);
-    char cmd[128], *pids = NULL;
-    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)g_serve);
-    ck_assert_int_eq(kvm_test_run(cmd, &pids, NULL), 0);
-    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGSTOP);
+    char *pids = signal_workers(SIGSTOP);
     kill(g_serve, SIGTERM);
     usleep(300000);
     ck_assert_int_eq(waitpid(g_serve, NULL, WNOHANG), 0); /* draining: waiting for the stopped worker */
@@ -1432,9 +1436,8 @@ START_TEST(test_request_while_stopping)
     const double t0 = mono_s();
     const int rc = ask(g_doc, "Then", 4, "--timeout 6", NULL, &err);
     const double secs = mono_s() - t0;
-    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGCONT);
     free(pids);
+    free(signal_workers(SIGCONT));
     ck_assert_msg(rc == 1, "ask exited %d: %s", rc, err);
     assert_contains(err, "the server is stopping (SIGTERM): ask again when it is back");
     ck_assert_msg(secs < 5, "the answer took %.1f s", secs);
@@ -1458,11 +1461,7 @@ START_TEST(test_stop_kills_silent_worker)
     g_grace_s = 30; /* the old drain: 32 s */
     write_config(NULL, NULL);
     ck_assert_int_eq(start_serve(NULL), -1);
-    char cmd[128], *pids = NULL;
-    snprintf(cmd, sizeof cmd, "pgrep -P %d", (int)g_serve);
-    ck_assert_int_eq(kvm_test_run(cmd, &pids, NULL), 0);
-    for (char *p = pids; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (atoi(p) > 1) kill((pid_t)atoi(p), SIGSTOP);
+    char *pids = signal_workers(SIGSTOP);
     free(pids);
     const double t0 = mono_s();
     kill(g_serve, SIGTERM);
