@@ -51,19 +51,20 @@ static const char *kvmill(void)
 /* Writes the test config: the tiny model at context 128, method full, fast heartbeats,
  * plus `extra` INI lines (sections allowed; later keys of a section are appended). */
 static int g_liveness = 30, g_grace_s = 5; /* [run] liveness and grace_s of write_config */
+static int g_context = 128;                /* [model] context of write_config */
 
 static void write_config(const char *serve_extra, const char *extra)
 {
     char text[8192];
     snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n"
+             "[model]\npath = %s\ncontext = %d\n"
              "[compress]\nmethod = full\n"
              "[store]\npath = %s/store\nmap_size_mb = 8\n"
              "[stages]\nbin_dir = %s\n"
              "[run]\nrun_dir = %s/run\nheartbeat_ms = 100\nliveness = %d\ngrace_s = %d\n"
              "[serve]\nmax_prompt_tokens = 8\nmax_new_tokens = 400\nrequest_timeout_s = 15\n%s\n%s\n",
-             kvm_test_data_path("models/stories260K.bin"), g_dir, kvm_test_bin(), g_dir, g_liveness, g_grace_s,
-             serve_extra ? serve_extra : "", extra ? extra : "");
+             kvm_test_data_path("models/stories260K.bin"), g_context, g_dir, kvm_test_bin(), g_dir, g_liveness,
+             g_grace_s, serve_extra ? serve_extra : "", extra ? extra : "");
     snprintf(g_cfg, sizeof g_cfg, "%s/test.ini", g_dir);
     ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
     /* the store exists, empty at first (serve refuses one that does not) */
@@ -79,6 +80,7 @@ static void setup(void)
     g_serve = 0;
     g_liveness = 30;
     g_grace_s = 5;
+    g_context = 128;
 }
 
 static void teardown(void)
@@ -677,12 +679,13 @@ static int ask_timed(const char *args, char **err, double *secs)
 
 START_TEST(test_message_too_large)
 {
-    write_config("max_message_bytes = 2048", NULL);
+    g_context = 512; /* 819 bytes of a story hold about 370 tokens: too few to settle 512 */
+    write_config("max_message_bytes = 1024", NULL);
     populate(g_doc);
     ck_assert_int_eq(start_serve(NULL), -1);
     char *err = NULL;
     double secs = 0;
-    /* the document is over 2 KiB, and its beginning that fits is too short to settle the first
+    /* the document is over 1 KiB, and its beginning that fits is too short to settle the first
      * [model] context tokens: an error answer at once naming the limit (ZeroMQ's own size
      * limit, which cut the connection and left ask waiting, is the protocol's 32 MiB header) */
     char args[12000];
@@ -691,6 +694,9 @@ START_TEST(test_message_too_large)
     ck_assert_msg(rc == 1 && secs < 20, "ask exited %d after %.1f s (an error answer expected): %s", rc, secs, err);
     assert_contains(err, "more than this server's [serve] max_message_bytes takes: its first");
     free(err);
+    ck_assert_int_eq(stop_serve(), 0);
+    write_config("max_message_bytes = 2048", NULL); /* room for the 1.2 KiB latin-1 ask below */
+    ck_assert_int_eq(start_serve(NULL), -1);
     /* a small document still gets answered (its cache is missing: an error answer, exit 1 with
      * a reason naming the --doc file, which the server knows by its bytes only) */
     char small[4200];
