@@ -247,7 +247,16 @@ int kvm_cli_open_out(const char *cmd, const char *flag, const char *path, FILE *
 static int open_part(const char *cmd, const char *flag, const char *path, const char *part, FILE **out)
 {
     *out = NULL;
-    int fd = open(part, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0666); /* no O_TRUNC before the lock */
+    /* no O_TRUNC before the lock; O_NOFOLLOW: a PATH.part left as a link to a store's data.mdb
+     * (or any file) was emptied and written through, the store destroyed */
+    int fd = open(part, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0 && errno == ELOOP) {
+        kvm_cli_refuse(cmd,
+                       "--%s %s: %s is a symbolic link: it would be written through; remove it (only the link), "
+                       "then run again\n",
+                       flag, path, part);
+        return 2;
+    }
     if (fd < 0 && errno == ENXIO) {
         kvm_cli_refuse(cmd, "--%s %s: %s: a FIFO that no process is reading; start its reader first\n", flag, path,
                        part);
@@ -266,6 +275,20 @@ static int open_part(const char *cmd, const char *flag, const char *path, const 
         return 2;
     } /* a filesystem without flock: written unlocked, as before */
     struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_nlink > 1 || st.st_size > 0)) {
+        close(fd);
+        if (st.st_nlink > 1) /* another name of the same file: emptying it empties that one */
+            kvm_cli_refuse(cmd,
+                           "--%s %s: %s has %lu other hard link(s): it would be written through; remove it (only "
+                           "this name), then run again\n",
+                           flag, path, part, (unsigned long)st.st_nlink - 1);
+        else /* eval's rows of an interrupted run, which it said are there: emptied without a word */
+            kvm_cli_refuse(cmd,
+                           "--%s %s: %s holds %lld bytes left by an earlier run that did not finish (an interrupted "
+                           "eval keeps its rows there): move it away to keep them, or remove it, then run again\n",
+                           flag, path, part, (long long)st.st_size);
+        return 2;
+    }
     int fl = fcntl(fd, F_GETFL);
     if ((fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) || fl < 0 ||
         fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 || !(*out = fdopen(fd, "w"))) {

@@ -1237,6 +1237,43 @@ START_TEST(test_docs_list_many)
 }
 END_TEST
 
+/* A PATH.part left behind (a killed command, an interrupted eval, or planted) was opened
+ * following links and emptied: a link to a store's data.mdb destroyed the store, a hard link to
+ * a read-only file overwrote it, and an interrupted eval's rows (which it said are there) went
+ * without a word. Now a link (symbolic or hard) is refused, and so is a .part holding bytes, each
+ * left as it is, naming it; an empty one is used. */
+START_TEST(test_part_leftovers_refused)
+{
+    char *tmp = kvm_test_tmpdir(), path[4300], part[4400], victim[4300], *out = NULL, *err = NULL;
+    const char *mm = "make-model --dim 64 --layers 1 --heads 4 --hidden 64 --vocab 512 --seq-len 64 --out '%s'%s";
+    snprintf(path, sizeof path, "%s/m.bin", tmp);
+    snprintf(part, sizeof part, "%s.part", path);
+    snprintf(victim, sizeof victim, "%s/victim", tmp);
+    ck_assert_int_eq(kvm_test_write_file(victim, "precious", 8), 0);
+    const char *want[] = {"m.bin.part is a symbolic link: it would be written through",
+                          "m.bin.part has 1 other hard link(s): it would be written through",
+                          "m.bin.part holds 8 bytes left by an earlier run that did not finish"};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(i == 0 ? symlink(victim, part) : i == 1 ? link(victim, part) : rename(victim, part), 0);
+        int rc = kvmill(&out, &err, mm, path, "");
+        ck_assert_msg(rc == 2 && strstr(err, want[i]), "case %d: exit %d: %s", i, rc, err);
+        free(out);
+        free(err);
+        char *text = kvm_test_read_file(i == 2 ? part : victim, NULL);
+        ck_assert_msg(text && !strcmp(text, "precious"), "case %d: the file behind the .part was written", i);
+        free(text);
+        ck_assert_int_eq(i == 2 ? rename(part, victim) : unlink(part), 0);
+    }
+    ck_assert_int_eq(kvm_test_write_file(part, "", 0), 0); /* an empty one: used, and gone after */
+    int rc = kvmill(&out, &err, mm, path, "");
+    ck_assert_msg(rc == 0 && access(part, F_OK) != 0, "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* sculpt wrote its cache straight into --out: a write that failed part-way (a full disk; here
  * the file size limit, `ulimit -f`) left OUT truncated, the cache it held before lost, and a run
  * killed while writing left a truncated OUT. The cache now goes to OUT.part, renamed over OUT when
@@ -1686,6 +1723,7 @@ static Suite *cli_suite(void)
                  {"stdout_write_error", test_stdout_write_error},
                  {"docs_from_a_pipe", test_docs_from_a_pipe},
                  {"make_model_out_kinds", test_make_model_out_kinds},
+                 {"part_leftovers_refused", test_part_leftovers_refused},
                  {"docs_list_many", test_docs_list_many},
                  {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure},
                  {"calibrate_write_error_says_why", test_calibrate_write_error_says_why},
