@@ -44,6 +44,7 @@ for B in $BUDGETS; do
         --dump-candidates "$OUT/cand_B$B" $CAL_FLAGS >"$OUT/calibrate_B$B.log"
     extra=""
     for c in $CANDIDATES; do extra+=",polykv:$OUT/cand_B$B/$c.bin"; done
+    [ -s "$OUT/eval_${PHASES}_B$B.csv" ] || rm -f "$OUT/eval_${PHASES}_B$B.csv.part" # an interrupted eval's rows
     [ -s "$OUT/eval_${PHASES}_B$B.csv" ] || nice "$KVMILL" eval --model "$MODEL" --docs "$EVAL" --budget "$B" \
         --context "$CTX" --continuation "$CONT" --phases "$PHASES" --threads "$THREADS" --decode-steps 0 \
         --method "streaming,h2o,tova,snapkv,pyramidkv,polykv:$OUT/polykv_B$B.bin$extra" \

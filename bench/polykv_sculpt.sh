@@ -34,6 +34,7 @@ for B in $BUDGETS; do
     /usr/bin/time -f "calibrate --sculpt B=$B: %e s wall" nice "$KVMILL" calibrate "${COMMON[@]}" --docs "$CAL" \
         --budget "$B" --windows "$WINDOWS" --sculpt --sculpt-opts "threads=$THREADS" --out "$OUT/sculpt_B$B.bin" \
         --dump-signals "$OUT/signals_B$B.csv" >"$OUT/calibrate_sculpt_B$B.log"
+    rm -f "$OUT/eval_B$B.csv.part" # an interrupted eval's rows: eval refuses a .part holding rows
     nice "$KVMILL" eval "${COMMON[@]}" --docs "$EVAL" --budget "$B" \
         --method "streaming,h2o,tova,snapkv,pyramidkv,polykv:$OUT/evict_B$B.bin,sculpt:retain=$R:threads=$THREADS,polykv:$OUT/sculpt_B$B.bin:threads=$THREADS,polykv:$OUT/sculpt_B$B.bin:threads=$THREADS:alloc=layer,polykv:$OUT/sculpt_B$B.bin:threads=$THREADS:alloc=gain" \
         --csv "$OUT/eval_B$B.csv" >"$OUT/eval_B$B.log"

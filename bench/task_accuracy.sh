@@ -29,6 +29,7 @@ for task in $TASKS; do
     while [ "$first" -lt "$((${FIRST:-0} + CASES))" ]; do
         f="$OUT/$task.N$N${TAG:+.$TAG}.c$first.csv"
         if [ ! -s "$f" ]; then
+            rm -f "$f.part" # an interrupted chunk's rows: the chunk runs again whole (eval refuses a .part holding rows)
             nice -n "${NICE:-10}" "$KVMILL" eval --model "$MODEL" --docs "$DOCS" --task "$task" --chat --context "$N" \
                 --first-case "$first" --cases "$CHUNK" --method "$METHODS" $size --threads "$THREADS" \
                 --csv "$f" > "$f.log"   # rows go to $f.part, renamed to $f when the chunk is done
