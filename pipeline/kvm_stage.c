@@ -1072,6 +1072,16 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         return fprintf(stderr, "kvmill-%s: --config %s: %s\n", stage, a->config, strerror(errno)), 2;
     if (a->config && !S_ISREG(cst.st_mode))
         return fprintf(stderr, "kvmill-%s: --config %s: not a regular file\n", stage, a->config), 2;
+    /* --model /dev/zero was hashed for its model id forever, at 100% CPU, deaf to SIGTERM */
+    struct stat mst;
+    if (a->model && stat(a->model, &mst) != 0)
+        return fprintf(stderr, "kvmill-%s: --model %s: %s\n", stage, a->model, strerror(errno)), 2;
+    if (a->model && !S_ISREG(mst.st_mode) && !S_ISDIR(mst.st_mode))
+        return fprintf(stderr,
+                       "kvmill-%s: --model %s: not a regular file (a device, FIFO or socket): a model is a "
+                       "checkpoint file or a Hugging Face folder\n",
+                       stage, a->model),
+               2;
     if (a->device && !strcmp(a->device, "slurm")) { /* deploy/slurm: one GPU per task */
         static char dev[32];
         if (kvm_slurm_device(NULL, dev, sizeof dev))

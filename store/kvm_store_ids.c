@@ -4,12 +4,14 @@
 #include "store/kvm_store_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/kvm_error.h"
 #include "model/kvm_hf.h"
@@ -41,8 +43,19 @@ int kvm_store_doc_hash(const int32_t *tokens, int64_t n_tokens, kvm_store_id *ou
 /* Feeds the bytes of file `path` into h. */
 static int hash_into(crypto_generichash_state *h, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvm_err(KVM_EIO, "hash %s: %s", path, strerror(errno));
+    /* O_NONBLOCK: a FIFO without a writer is refused below, not waited on */
+    const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) return kvm_err(KVM_EIO, "hash %s: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { /* /dev/zero was read for ever */
+        close(fd);
+        return kvm_err(KVM_EINVAL, "hash %s: not a regular file (a device, FIFO or socket)", path);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return kvm_err(KVM_ENOMEM, "hash %s: out of memory", path);
+    }
     size_t cap = 1 << 20;
     uint8_t *buf = malloc(cap);
     if (!buf) {

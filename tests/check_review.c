@@ -1304,6 +1304,30 @@ START_TEST(test_parent_pid_parent_exited)
 }
 END_TEST
 
+/* A stage started by hand with --model naming a device (/dev/zero) or a FIFO hashed it for its
+ * model id for ever, at 100% CPU, deaf to SIGTERM, saying nothing. Refused at start now, exit 2,
+ * as kvmill info refuses it; the store's file hash refuses such a file too. */
+START_TEST(test_stage_model_not_a_file)
+{
+    const char *stages[] = {"prefill", "compress", "signals", "strategy"};
+    char line[4600], fifo[4300], *out = NULL, *err = NULL;
+    snprintf(fifo, sizeof fifo, "%s/model.fifo", tmp);
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    for (int i = 0; i < 4; i++) {
+        snprintf(line, sizeof line, "timeout 20 '%s/kvmill-%s' --connect tcp://127.0.0.1:9 --model %s", kvm_test_bin(),
+                 stages[i], i % 2 ? "/dev/zero" : fifo);
+        const int rc = kvm_test_run(line, &out, &err);
+        ck_assert_msg(rc == 2 && strstr(err, ": not a regular file (a device, FIFO or socket)"), "%s: exit %d: %s",
+                      line, rc, err);
+        free(out);
+        free(err);
+    }
+    kvm_store_id id;
+    ck_assert_int_eq(kvm_store_hash_file("/dev/zero", &id), KVM_EINVAL);
+    ck_assert_int_eq(kvm_store_hash_file(fifo, &id), KVM_EINVAL); /* no writer: not waited on */
+}
+END_TEST
+
 /* method full stores each entry's position and bias beside its key and value, so its caches are
  * larger than the f32 KV: the bytes line said "(0.88x smaller)". */
 START_TEST(test_bytes_line_larger)
@@ -1699,6 +1723,7 @@ static Suite *review_suite(void)
         {"parent_pid_no_process", test_parent_pid_no_process},
         {"parent_pid_parent_exited", test_parent_pid_parent_exited},
         {"bytes_line_larger", test_bytes_line_larger},
+        {"stage_model_not_a_file", test_stage_model_not_a_file},
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},
         {"eval_past_window_refused", test_eval_past_window_refused},
