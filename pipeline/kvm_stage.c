@@ -198,8 +198,9 @@ typedef struct stage_rt {
                            still done, those after it dropped; 0: no stop seen yet */
     int credit_out;     /* a credit (ready on the data socket) went out and no whole job came for it
                            since: the orchestrator may have handed one that is still on its way */
-    int data_down;      /* the data socket's connection closed (ZMQ_EVENT_DISCONNECTED) and no
-                           handshake succeeded on it since: nothing can reach the worker there */
+    int data_down;      /* the data socket has no connection: none made yet, or it closed
+                           (ZMQ_EVENT_DISCONNECTED), and no handshake succeeded on it since:
+                           nothing can reach the worker there (0 without monitors: not known) */
     int awaiting_end;   /* stopping: the stopping heartbeat went out, the orchestrator's end-of-work
                            ack (revision 13) has not come yet */
 } stage_rt;
@@ -662,6 +663,9 @@ static int connect_sockets(stage_rt *rt)
     }
     if (zmq_connect(rt->ctl, ctl_ep) || zmq_connect(rt->data, data_ep))
         return kvm_err(KVM_EIO, "connect %s: %s", rt->a.connect, zmq_strerror(errno));
+    /* down until its first handshake: a worker that never reached its orchestrator waited 5 s for
+     * an end of work on SIGTERM, saying a job may be on its way, though none could be */
+    rt->data_down = rt->mon[0] && rt->mon[1];
     return 0;
 }
 

@@ -1004,6 +1004,34 @@ START_TEST(test_stopping_worker_orchestrator_gone)
 }
 END_TEST
 
+/* A worker that never reached its orchestrator (nothing bound at --connect) took 6 s to stop on
+ * SIGTERM, saying "a job handed for this worker's credit may be on its way": no job can come
+ * over a connection never made. It stops at once now. */
+START_TEST(test_stop_never_connected)
+{
+    char *dir = kvm_test_tmpdir(), log[4200], cmd[16384], *out = NULL;
+    snprintf(log, sizeof log, "%s/w.log", dir);
+    snprintf(cmd, sizeof cmd,
+             "'%s/kvmill-prefill' --connect 'ipc://%s/nobody' --heartbeat-ms 100 >'%s' 2>&1 & p=$!; "
+             "for i in $(seq 200); do grep -q 'nothing accepts a connection' '%s' && break; sleep 0.05; done; "
+             "s=$(date +%%s%%N); kill -TERM $p; wait $p; echo \"rc=$? ms=$(( ($(date +%%s%%N) - s) / 1000000 ))\"",
+             kvm_test_bin(), dir, log, log);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, NULL), 0);
+    char *text = kvm_test_read_file(log, NULL);
+    int ms = -1;
+    const char *m = out ? strstr(out, "ms=") : NULL;
+    if (m) ms = atoi(m + 3);
+    ck_assert_msg(out && strstr(out, "rc=0") && text && strstr(text, "nothing accepts a connection") &&
+                      !strstr(text, "may be on its way"),
+                  "%s\n%s", out, text ? text : "");
+    ck_assert_msg(ms >= 0 && ms < 4000, "stopped %d ms after SIGTERM (its 5 s wait for an end of work)\n%s", ms, text);
+    free(text);
+    free(out);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -1039,6 +1067,10 @@ static Suite *worker_suite(void)
     /* _i: end of work sent, or not; SIGHUP */
     tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 4);
     tcase_set_timeout(tr, 150);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("stop_never_connected");
+    tcase_add_test(tr, test_stop_never_connected);
+    tcase_set_timeout(tr, 60);
     suite_add_tcase(s, tr);
     tr = tcase_create("stopping_worker_orchestrator_gone");
     tcase_add_test(tr, test_stopping_worker_orchestrator_gone);
