@@ -275,6 +275,10 @@ const char *kvm_store_lock_note(const kvm_store *s);
  * gone or replaced, and any transaction after lock.mdb was lost, fail with KVM_ESTATE.
  * Not while another thread uses *s. */
 int kvm_store_follow(kvm_store **s, int wait_ms, int *reopened);
+/* 0 when the store at s's path is still the one s opened (the same folder, data.mdb and
+ * lock.mdb), else KVM_ESTATE naming the path and what happened (moved or removed, replaced,
+ * lock.mdb lost): what a write through s would meet (kvm_store_here.c). Stats only. */
+int kvm_store_check_here(const kvm_store *s);
 /* Opens the store at (*s)'s path again with the options of its first open, except that it must
  * exist (nothing is created), and, once that works, closes *s and sets *s to the new handle. On
  * failure *s is left as it was, still usable, and the error (the open's status) names the path

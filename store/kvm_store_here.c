@@ -55,6 +55,8 @@ int kvm_store__at_err(const kvm_store *s, int at)
     return 0;
 }
 
+int kvm_store_check_here(const kvm_store *s) { return s ? kvm_store__still_here(s, 1) : 0; }
+
 int kvm_store__still_here(const kvm_store *s, int writing)
 {
     const int at = kvm_store__at_path(s);
