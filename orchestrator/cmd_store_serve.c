@@ -2,6 +2,7 @@
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
 #include "pipeline/kvm_config.h"
+#include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_storesvc.h"
 
@@ -53,6 +54,11 @@ int kvm_cmd_store_serve(int argc, char **argv)
     /* the service stops once it is reparented: a pid that is not its parent, alive or not, is
      * the command line's error (a race with a parent that exited is taken for what it is) */
     if (pp && kvm_stage_parent_check("kvmill store serve", ppid)) {
+        kvm_config_free(&cfg);
+        return 2;
+    }
+    if (bind && kvm_serve_endpoint_external(bind, "kvmill store serve: --bind")) {
+        fprintf(stderr, "%s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;
     }

@@ -183,6 +183,15 @@ int kvm_serve_bind_rule(const char *endpoint, const kvm_config *cfg, const char 
     return 0;
 }
 
+int kvm_serve_endpoint_external(const char *endpoint, const char *what)
+{
+    if (strncmp(endpoint, "inproc://", 9)) return 0;
+    return kvm_err(KVM_EINVAL,
+                   "%s '%s': an inproc:// endpoint is reachable from inside this process only, so no client or worker "
+                   "could connect; bind tcp://HOST:PORT or ipc://PATH",
+                   what, endpoint);
+}
+
 int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
 {
     char what[1200];
@@ -190,7 +199,8 @@ int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
         snprintf(what, sizeof what, "%s", bind_what);
     else
         snprintf(what, sizeof what, "[serve] bind in %s", kvm_config_path(cfg));
-    int rc = kvm_serve_bind_rule(kvm_config_str(cfg, "serve", "bind"), cfg, what);
+    int rc = kvm_serve_endpoint_external(kvm_config_str(cfg, "serve", "bind"), what);
+    if (!rc) rc = kvm_serve_bind_rule(kvm_config_str(cfg, "serve", "bind"), cfg, what);
     if (rc) return rc;
     const char *be = kvm_config_str(cfg, "serve", "backend");
     if (!*be) return 0; /* the run directory's ipc:// sockets: local */

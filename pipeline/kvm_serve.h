@@ -74,6 +74,9 @@ int kvm_serve_bind_rule(const char *endpoint, const kvm_config *cfg, const char 
  * which --dump-config shares. bind_what names the bind setting ("--bind"; NULL: "[serve] bind
  * in FILE"). Returns 0 or KVM_EINVAL naming the setting, the config file and the endpoint. */
 int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what);
+/* KVM_EINVAL naming `what` and the endpoint when it is inproc:// (a command's bind that no other
+ * process can reach: kvmill serve, kvmill store serve said "ready" on one), else 0. */
+int kvm_serve_endpoint_external(const char *endpoint, const char *what);
 
 /* Binds a server socket to `endpoint` with kvmill's rule: a non-local endpoint (see
  * kvm_curve_is_local) requires CurveZMQ, i.e. [security] server_secret_key and

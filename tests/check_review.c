@@ -1050,6 +1050,56 @@ START_TEST(test_calibrate_signals_bad_file_exit_2)
 }
 END_TEST
 
+/* A --dump-signals CSV an editor saved with a byte-order mark was refused as "not the header
+ * written by --dump-signals" (configs and JSONL corpora skip the mark): read as the same file. */
+START_TEST(test_signals_csv_bom)
+{
+    char args[16000], *out, *err, dump[4200], bom[4200];
+    snprintf(dump, sizeof dump, "%s/sig.csv", tmp);
+    snprintf(bom, sizeof bom, "%s/sig_bom.csv", tmp);
+    const char *cal =
+        "calibrate --model '%s' --docs '%s' --context 64 --continuation 8 --budget 16 --out '%s/%s' %s '%s'";
+    snprintf(args, sizeof args, cal, kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("corpus/doc_000.txt"), tmp, "a.bin", "--dump-signals", dump);
+    ck_assert_msg(kvmill(args, &out, &err) == 0, "%s", err);
+    free(out);
+    free(err);
+    size_t n = 0;
+    char *text = kvm_test_read_file(dump, &n), *marked = malloc(n + 3);
+    ck_assert_ptr_nonnull(text);
+    memcpy(marked, "\xEF\xBB\xBF", 3);
+    memcpy(marked + 3, text, n);
+    ck_assert_int_eq(kvm_test_write_file(bom, marked, n + 3), 0);
+    free(text);
+    free(marked);
+    snprintf(args, sizeof args, cal, kvm_test_data_path("models/stories260K.bin"),
+             kvm_test_data_path("corpus/doc_000.txt"), tmp, "b.bin", "--signals", bom);
+    ck_assert_msg(kvmill(args, &out, &err) == 0, "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* kvmill store serve --bind inproc://svc said "ready" on an endpoint no other process can reach
+ * (kvmill run refuses it as [store] service_bind); serve took one too. Both refuse it, exit 2. */
+START_TEST(test_bind_inproc_refused)
+{
+    char line[8800], *out = NULL, *err = NULL;
+    snprintf(line, sizeof line, "timeout 20 '%s/kvmill' store serve --store '%s/s' --create --bind inproc://svc",
+             kvm_test_bin(), tmp);
+    int rc = kvm_test_run(line, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "an inproc:// endpoint is reachable from inside this process only"),
+                  "store serve: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    rc = with_config("serve", "", "--bind inproc://f --compute-missing", &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "an inproc:// endpoint is reachable from inside this process only"),
+                  "serve: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A model folder without config.json (a Hugging Face download that lost it, the wrong folder) was
  * "is a directory, not a model file", which does not say what a model folder needs. */
 START_TEST(test_model_folder_without_config)
@@ -1724,6 +1774,8 @@ static Suite *review_suite(void)
         {"parent_pid_parent_exited", test_parent_pid_parent_exited},
         {"bytes_line_larger", test_bytes_line_larger},
         {"stage_model_not_a_file", test_stage_model_not_a_file},
+        {"signals_csv_bom", test_signals_csv_bom},
+        {"bind_inproc_refused", test_bind_inproc_refused},
         {"key_files_exit_2", test_key_files_exit_2},
         {"store_ls_strategy_missing", test_store_ls_strategy_missing},
         {"eval_past_window_refused", test_eval_past_window_refused},

@@ -214,6 +214,8 @@ int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals
         else {
             while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
                 buf[--n] = '\0';
+            if (r.line == 1 && !strncmp(buf, "\xEF\xBB\xBF", 3)) /* a byte-order mark an editor added, as */
+                memmove(buf, buf + 3, (n -= 3) + 1);             /* configs and JSONL corpora skip */
             if (r.line == 1 && !strncmp(buf, opts_prefix, sizeof opts_prefix - 1)) {
                 const char *t = buf + sizeof opts_prefix - 1;
                 if (kvm_sculpt_opts_from_canonical(t, strlen(t), &s->sculpt_opts)) {
