@@ -275,7 +275,10 @@ static int open_part(const char *cmd, const char *flag, const char *path, const 
         return 2;
     } /* a filesystem without flock: written unlocked, as before */
     struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_nlink > 1 || st.st_size > 0)) {
+    /* an interrupted eval's rows are worth keeping (it says they are there); another command's
+     * leftover (a kill -9, an OOM kill) is emptied and written again, as a rerun expects */
+    const int rows = !strcmp(flag, "csv");
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (st.st_nlink > 1 || (rows && st.st_size > 0))) {
         close(fd);
         if (st.st_nlink > 1) /* another name of the same file: emptying it empties that one */
             kvm_cli_refuse(cmd,

@@ -33,8 +33,9 @@ static size_t check_bytes(size_t L) { return L + L / 4 + FIRST_BYTES; }
 size_t kvm_doctok_begin_bytes(int64_t n_want) { return check_bytes(first_bytes(n_want)) + 1; }
 
 /* A beginning text[0, len) shorter than the prefixes the loop would take (not the whole
- * text): settled when its first four fifths already hold n_want + MARGIN_IDS ids and agree on
- * the first n_want with the whole beginning, as two of the loop's prefixes must. Without it a
+ * text): settled when a prefix of it at least MARGIN_IDS * BYTES_PER_ID bytes (and a fifth)
+ * shorter already holds n_want + MARGIN_IDS ids and agrees on the first n_want with the whole
+ * beginning, as two of the loop's prefixes must. Without it a
  * beginning of 819 bytes holding 374 ids was "not enough" for 129 of them, only for its length
  * (serve's cut of an ask's document). Else *need_more. */
 static int settle_beginning(const kvm_tokenizer *tok, const char *text, size_t len, int add_bos, int64_t n_want,
@@ -42,7 +43,11 @@ static int settle_beginning(const kvm_tokenizer *tok, const char *text, size_t l
 {
     int32_t *a = NULL, *b = NULL;
     int64_t na = 0, nb = 0;
-    int rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, len - len / 5), add_bos, 0, &a, &na);
+    /* the two prefixes at least MARGIN_IDS * BYTES_PER_ID bytes apart, a fifth on long ones:
+     * merges reach a few tokens across a cut, never that far */
+    const size_t gap = len / 5 > (size_t)MARGIN_IDS * BYTES_PER_ID ? len / 5 : (size_t)MARGIN_IDS * BYTES_PER_ID;
+    if (gap >= len) return *need_more = 1, 0;
+    int rc = kvm_tokenizer_encode(tok, text, cut_at(text, len, len - gap), add_bos, 0, &a, &na);
     if (rc) return rc;
     if (na >= n_want + MARGIN_IDS && !(rc = kvm_tokenizer_encode(tok, text, len, add_bos, 0, &b, &nb)) &&
         nb >= n_want && memcmp(a, b, (size_t)n_want * sizeof *a) == 0) {

@@ -164,6 +164,11 @@ enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2, STORE_FILE_LIM
 /* 1 when a store error message says the store is no longer the one opened (kvm_store_here.c:
  * moved, removed or replaced, or its lock.mdb lost): nothing more can be stored in it. */
 int kvm_orch__store_gone_msg(const char *why);
+/* A run's local store checked against the one it opened (kvm_store_check_here, stats only): when
+ * it is no longer that one, the feed stops as for a full store (STORE_GONE, said once). Returns
+ * o->store_full. Each loop: workers that open the store after it went fail "no such store" at
+ * their start, and the stage was given up with every document failed. */
+int kvm_orch__store_gone_check(orch *o);
 
 /* ---- kvm_orch_jobs.c: the job table ---- */
 

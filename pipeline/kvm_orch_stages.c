@@ -178,6 +178,7 @@ static void check_stages_alive(orch *o)
         for (int w = 0; w < o->n_workers; w++) /* a refused worker does no work for the stage */
             alive += kvm_orch__worker_counts(o, w) && o->workers[w].stage == st;
         if (configured == 0 || gave_up < configured || alive) continue;
+        if (kvm_orch__store_gone_check(o)) return; /* they died of it: pending, not failed */
         const orch_job_state open[4] = {J_QUEUED, J_PREFILL, J_KV_READY, J_COMPRESS};
         for (int b = 0; b < 4; b++)
             for (int64_t i = kvm_joblist_first(&o->lists, open[b]), next; i >= 0; i = next) {
@@ -393,6 +394,7 @@ void kvm_orch__resumed(orch *o, double gap_ms, double now)
 void kvm_orch__check_health(orch *o)
 {
     double now = kvm_now_ms();
+    kvm_orch__store_gone_check(o);
     /* one loop iteration takes ~100 ms: a gap of half the workers' dead time since the last
      * check means this process was stopped (kill -STOP, Ctrl-Z, a suspended VM) or busy, not
      * reading the heartbeats, which are still queued (a poll that resumes returns at once; a stop

@@ -43,6 +43,13 @@ static void store_mark(orch *o, const char *why, int kind)
         o->sum->store_full = kind == STORE_MAP_FULL ? 2 : kind == STORE_FILE_LIMIT ? 3 : 1;
 }
 
+int kvm_orch__store_gone_check(orch *o)
+{
+    if (o->mode != MODE_RUN || o->cli || !o->store || o->store_full) return o->store_full;
+    if (kvm_store_check_here(o->store)) store_mark(o, kvm_errmsg(), STORE_GONE);
+    return o->store_full;
+}
+
 int kvm_orch__store_gone_msg(const char *why)
 {
     return strstr(why, "is gone since this process opened it") || strstr(why, "its lock.mdb was removed or replaced") ||

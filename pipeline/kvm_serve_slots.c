@@ -193,7 +193,11 @@ static void drain_silent(srv *s)
         srv_worker *wk = &s->workers[w];
         if (!(wk->alive || wk->busy) || now - wk->last_seen <= s->dead_ms) continue;
         const int slot = wk->slot; /* worker_dead forgets it, and kills nothing while stopping */
-        kvm_serve__worker_dead(s, w, "went silent during the stop: killed");
+        if (slot < 0 && !wk->busy) { /* a worker of another host that stopped and left: no word */
+            wk->alive = wk->idle = 0;
+            continue;
+        }
+        kvm_serve__worker_dead(s, w, slot >= 0 ? "went silent during the stop: killed" : "went silent during the stop");
         if (slot >= 0 && s->slots[slot].pid > 0) kill(s->slots[slot].pid, SIGKILL);
     }
 }
@@ -207,7 +211,16 @@ void kvm_serve__shutdown_workers(srv *s, int hard)
         int left = 0;
         for (int i = 0; i < s->n_slots; i++) {
             if (s->slots[i].pid <= 0) continue;
-            if (!kvm_spawn_reaped(&s->slots[i].pid)) left++;
+            if (!kvm_spawn_reaped(&s->slots[i].pid)) {
+                left++;
+                continue;
+            }
+            for (int w = 0; w < s->n_workers; w++) /* it stopped: no silence of it to judge */
+                if (s->workers[w].slot == i) {
+                    if (s->workers[w].busy) kvm_serve__worker_dead(s, w, "exited during the stop");
+                    s->workers[w].alive = s->workers[w].idle = 0;
+                    s->workers[w].slot = -1;
+                }
         }
         if (!left || *s->interrupts >= 2) break;
         drain_silent(s);

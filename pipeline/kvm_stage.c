@@ -962,14 +962,14 @@ static int process_exited(long pid)
 }
 
 /* 1 when pid is a live process (or another user's); an exited parent counts as gone even
- * before its own parent reaps it. Reparenting to init happens a moment before the exiting
- * parent shows as a zombie, so an orphan (getppid() == 1) asks again for up to 500 ms. */
-static int process_alive(long pid, int orphan)
+ * before its own parent reaps it. Reparenting happens a moment before the exiting parent shows
+ * as a zombie, so with `again` it asks again for up to 500 ms (a usage error waits that long). */
+static int process_alive(long pid, int again)
 {
     for (int i = 0;; i++) {
         if (kill((pid_t)pid, 0) != 0 && errno != EPERM) return 0; /* EPERM: another user's */
         if (process_exited(pid)) return 0;
-        if (!orphan || i >= 50) return 1;
+        if (!again || i >= 50) return 1;
         usleep(10000);
     }
 }
@@ -982,7 +982,7 @@ int kvm_stage_parent_check(const char *who, long pid)
      * would stop at once, saying that process is gone. An exited parent stays a zombie, which
      * kill(pid, 0) finds, until its own parent reaps it (CI saw this: the orphan was told its
      * exited parent was "not the process that started this one"). */
-    if (process_alive(pid, parent == 1)) {
+    if (process_alive(pid, 1)) { /* asked again: a subreaper (not init) may have adopted an orphan */
         fprintf(stderr,
                 "%s: --parent-pid %ld is not the process that started this one (pid %ld): give the parent's pid, or "
                 "leave the option out\n",
@@ -1196,6 +1196,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
     sigaction(SIGINT, &sa, NULL);
     kvm_signal_hup(on_term, NULL); /* a closed terminal (a worker started by hand): as SIGTERM */
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* a file size limit: EFBIG, said by the store, not a silent death */
     if ((rc = ops->setup(state, &rt.a)) != 0) {
         log_line(&rt, "setup failed: %s", kvm_errmsg());
         /* a required option missing, or a --config, --model or --store that is missing or not

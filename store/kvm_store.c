@@ -50,6 +50,9 @@ static int file_limit(const char *path, int rc, char *why, size_t n)
     struct stat st;
     snprintf(data, sizeof data, "%s/data.mdb", path);
     long long size = stat(data, &st) == 0 ? (long long)st.st_size : -1;
+    /* an EIO far below the limit is the disk's (or the network's), not the limit's: the write
+     * cut short by the limit left data.mdb at it */
+    if (rc == EIO && (size < 0 || (unsigned long long)size + (1ULL << 20) < (unsigned long long)lim.rlim_cur)) return 0;
     snprintf(why, n, "the file size limit (ulimit -f, RLIMIT_FSIZE) of %llu KiB stops data.mdb (%lld KiB) from growing",
              (unsigned long long)lim.rlim_cur / 1024, size / 1024);
     return 1;
@@ -59,13 +62,13 @@ int kvm_store__mdb(kvm_store *s, int rc, const char *what)
 {
     const char *path = s ? s->path : "?";
     if (s) s->mdb_rc = rc;
-    char limit[256];
-    if (file_limit(s ? s->path : NULL, rc, limit, sizeof limit))
-        return kvm_err(KVM_EFULL, "store %s: %s: %s: raise it (ulimit -f unlimited) and run again", path, what, limit);
     long long free_bytes;
     if ((rc == ENOSPC || rc == EIO) && device_full(s ? s->path : NULL, rc, &free_bytes))
         return kvm_err(KVM_EFULL, "store %s: %s: no space left on the store's device (%lld KiB free)", path, what,
                        free_bytes / 1024);
+    char limit[256];
+    if (file_limit(s ? s->path : NULL, rc, limit, sizeof limit))
+        return kvm_err(KVM_EFULL, "store %s: %s: %s: raise it (ulimit -f unlimited) and run again", path, what, limit);
     int st;
     switch (rc) {
     case MDB_NOTFOUND:
@@ -165,6 +168,11 @@ int kvm_store__write(kvm_store *s, kvm_store__write_fn fn, void *arg)
             continue;
         }
         if (rc) return kvm_store__mdb(s, rc, "begin write transaction");
+        if ((here = kvm_store__still_here(s, 1))) { /* again under the writer's lock: a swap may have */
+            mdb_txn_abort(txn);                     /* come while another process held it */
+            kvm_store__lockwait_end(&s->lockwait);
+            return here;
+        }
         uint64_t txnid = (uint64_t)mdb_txn_id(txn);
         int st = kvm_store__tree_check(s, txn, 1); /* no write on pages that fail it */
         s->txn_wrote = 0;

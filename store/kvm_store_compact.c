@@ -271,6 +271,7 @@ static int publish(const char *tmp, const char *dst, const char *parent)
     if (sync_path(data) != 0 || sync_path(tmp) != 0)
         return kvm_err(KVM_EIO, "store compact: cannot sync the copy %s: %s", data, strerror(errno));
     int rc = -1;
+    errno = 0;          /* without RENAME_NOREPLACE: no EEXIST left over from an earlier call */
 #ifdef RENAME_NOREPLACE /* glibc >= 2.28: no window between the check and the rename */
     rc = renameat2(AT_FDCWD, tmp, AT_FDCWD, dst, RENAME_NOREPLACE);
     if (rc != 0 && errno != EINVAL && errno != ENOSYS && errno != EEXIST)

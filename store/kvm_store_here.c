@@ -38,7 +38,7 @@ int kvm_store__at_err(const kvm_store *s, int at)
         return kvm_err(KVM_ESTATE,
                        "the store %s: its lock.mdb was removed or replaced since this process opened it: a process "
                        "that opens the store now uses another lock file, and could write or reuse pages beside this "
-                       "one unseen (nothing of data.mdb is lost so far); stop every process that has the store "
+                       "one unseen (it may have already); stop every process that has the store "
                        "open, then start them again",
                        s->path);
     if (at == KVM_STORE__AT_GONE)
