@@ -3,6 +3,7 @@
 #include "pipeline/kvm_stage.h"
 #include "common/kvm_signal.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "pipeline/kvm_config.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_slurm.h"
 #include "common/kvm_error.h"
@@ -921,8 +922,9 @@ static void usage(const char *stage)
            "  --config FILE         configuration (decode workers; compress and strategy workers open the\n"
            "                        store with its [store] settings, else with those of the first job)\n"
            "  --threads N           compute threads (default 1)\n"
-           "  --heartbeat-ms N      heartbeat interval (default 1000)\n"
-           "  --grace-s N           on SIGTERM, finish the current job within N s (default 30)\n"
+           "  --heartbeat-ms N      heartbeat interval (default: --config's [run] heartbeat_ms, else 1000)\n"
+           "  --grace-s N           on SIGTERM, finish the current job within N s (default: --config's\n"
+           "                        [run] grace_s, else 30)\n"
            "  --id NAME             worker id (default STAGE-HOST-PID)\n"
            "  --parent-pid PID      stop when process PID, the parent (the orchestrator that started us), is gone\n"
            "  --server-key FILE     CurveZMQ: the orchestrator's public key (required off-host)\n"
@@ -1022,10 +1024,28 @@ static int int_option(const char *stage, const char *k, const char *v, long lo, 
     return 0;
 }
 
+/* --heartbeat-ms and --grace-s not given: the --config's [run] heartbeat_ms and grace_s, else
+ * 1000 ms and 30 s. A decode worker started by hand with serve's config beat at 1000 ms while
+ * serve (heartbeat_ms = 100, liveness = 3) declared it dead after 300 ms, mid-answer. A config
+ * that cannot be read leaves the defaults (the stage's setup names it). */
+static void config_run_defaults(kvm_stage_args *a)
+{
+    static const char *const run_only[] = {"run", NULL};
+    kvm_config *c = NULL;
+    if ((a->heartbeat_ms == 0 || a->grace_s < 0) && a->config &&
+        kvm_config_load_sections(a->config, run_only, &c) == 0) {
+        if (a->heartbeat_ms == 0) a->heartbeat_ms = (int)kvm_config_int(c, "run", "heartbeat_ms");
+        if (a->grace_s < 0) a->grace_s = (int)kvm_config_int(c, "run", "grace_s");
+        kvm_config_free(&c);
+    }
+    if (a->heartbeat_ms == 0) a->heartbeat_ms = 1000;
+    if (a->grace_s < 0) a->grace_s = 30;
+}
+
 /* Usage errors return 2, as kvmill's own commands do (README: exit 2 for usage). */
 static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *a)
 {
-    *a = (kvm_stage_args){.device = "cpu", .threads = 1, .heartbeat_ms = 1000, .grace_s = 30};
+    *a = (kvm_stage_args){.device = "cpu", .threads = 1, .heartbeat_ms = 0, .grace_s = -1}; /* 0, -1: not given */
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) return usage(stage), 3;
@@ -1065,6 +1085,7 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
             return fprintf(stderr, "kvmill-%s: unknown option '%s' (see kvmill-%s --help)\n", stage, k, stage), 2;
     }
     if (!a->connect) return fprintf(stderr, "kvmill-%s: --connect is required\n", stage), 2;
+    config_run_defaults(a);
     /* the id goes into every ready and heartbeat as UTF-8 (worker_id, PROTOCOL.md): an empty or
      * latin-1 one failed to encode, so the worker said "connected" and then waited for work forever */
     size_t id_len = a->worker_id ? strlen(a->worker_id) : 1;

@@ -824,6 +824,8 @@ typedef struct fake_orch {
     pid_t pid;
 } fake_orch;
 
+static int g_fake_hb_flag = 1; /* fake_orch_start passes --heartbeat-ms 100; else [run] heartbeat_ms = 100 */
+
 static void fake_orch_start(fake_orch *f)
 {
     char p[4200], text[8192], ctl[4300], data[4300], base[4300], exe[4200];
@@ -839,9 +841,11 @@ static void fake_orch_start(fake_orch *f)
     ck_assert_int_eq(zmq_bind(f->ctl, ctl), 0);
     ck_assert_int_eq(zmq_bind(f->data, data), 0);
     snprintf(p, sizeof p, "%s/c.ini", f->dir);
-    snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n[store]\npath = %s/st\n",
-             kvm_test_data_path("models/stories260K.bin"), f->dir);
+    snprintf(
+        text, sizeof text,
+        "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n[store]\npath = %s/st\n%s",
+        kvm_test_data_path("models/stories260K.bin"), f->dir,
+        g_fake_hb_flag ? "" : "[run]\nheartbeat_ms = 100\nliveness = 3\n");
     ck_assert_int_eq(kvm_test_write_file(p, text, strlen(text)), 0);
     snprintf(text, sizeof text, "%s/st", f->dir);
     kvm_test_store_create(text);
@@ -851,7 +855,11 @@ static void fake_orch_start(fake_orch *f)
     ck_assert_int_ge(f->pid, 0);
     if (f->pid == 0) {
         freopen(f->logp, "w", stderr);
-        execl(exe, exe, "--connect", base, "--config", p, "--id", "dec-drain", "--heartbeat-ms", "100", (char *)NULL);
+        if (g_fake_hb_flag)
+            execl(exe, exe, "--connect", base, "--config", p, "--id", "dec-drain", "--heartbeat-ms", "100",
+                  (char *)NULL);
+        else
+            execl(exe, exe, "--connect", base, "--config", p, "--id", "dec-drain", (char *)NULL);
         _exit(127);
     }
 }
@@ -1032,6 +1040,31 @@ START_TEST(test_stop_never_connected)
 }
 END_TEST
 
+/* A decode worker started by hand with serve's --config beat at its built-in 1000 ms, whatever
+ * the config's [run] heartbeat_ms (here 100, liveness 3: dead after 300 ms): serve declared it
+ * silent mid-answer and the ask failed. Without --heartbeat-ms it now beats at the config's. */
+START_TEST(test_heartbeat_from_config)
+{
+    g_fake_hb_flag = 0;
+    fake_orch f;
+    fake_orch_start(&f);
+    g_fake_hb_flag = 1;
+    char *log = NULL;
+    kvm_msg *m = router_expect(f.ctl, KVM_PROTO_HEARTBEAT, 60000);
+    ck_assert_msg(m != NULL, "no heartbeat:\n%s", (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+    kvm_msg_free(&m);
+    const double t0 = kvm_now_ms();
+    int beats = 0;
+    while (beats < 3 && (m = router_expect(f.ctl, KVM_PROTO_HEARTBEAT, 5000)) != NULL) {
+        kvm_msg_free(&m);
+        beats++;
+    }
+    const double ms = kvm_now_ms() - t0;
+    ck_assert_msg(beats == 3 && ms < 2000, "%d heartbeats in %.0f ms (want 3 at 100 ms, not 1000)", beats, ms);
+    fake_orch_end(&f);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -1067,6 +1100,10 @@ static Suite *worker_suite(void)
     /* _i: end of work sent, or not; SIGHUP */
     tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 4);
     tcase_set_timeout(tr, 150);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("heartbeat_from_config");
+    tcase_add_test(tr, test_heartbeat_from_config);
+    tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("stop_never_connected");
     tcase_add_test(tr, test_stop_never_connected);
