@@ -192,7 +192,7 @@ static void drain_silent(srv *s)
     for (int w = 0; w < s->n_workers; w++) {
         srv_worker *wk = &s->workers[w];
         if (!(wk->alive || wk->busy) || now - wk->last_seen <= s->dead_ms) continue;
-        const int slot = wk->slot; /* worker_dead forgets it, and kills nothing while stopping */
+        const int slot = wk->slot;   /* worker_dead forgets it, and kills nothing while stopping */
         if (slot < 0 && !wk->busy) { /* a worker of another host that stopped and left: no word */
             wk->alive = wk->idle = 0;
             continue;
