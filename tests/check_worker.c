@@ -864,6 +864,24 @@ static void fake_orch_start(fake_orch *f)
     }
 }
 
+/* Waits for the worker's first credit on f's data socket (60 s), failing with its log. */
+static void fake_orch_credit(fake_orch *f)
+{
+    kvm_msg *m = router_expect(f->data, KVM_PROTO_READY, 60000);
+    char *log = NULL;
+    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(f->logp, NULL)) ? log : "");
+    kvm_msg_free(&m);
+}
+
+/* The orchestrator gone: its bound sockets closed (unbound ones left for fake_orch_end). */
+static void fake_orch_vanish(fake_orch *f)
+{
+    zmq_close(f->ctl);
+    zmq_close(f->data);
+    f->ctl = zmq_socket(f->zctx, ZMQ_ROUTER);
+    f->data = zmq_socket(f->zctx, ZMQ_ROUTER);
+}
+
 static void fake_orch_end(fake_orch *f)
 {
     if (f->pid > 0) kill(f->pid, SIGKILL), waitpid(f->pid, NULL, 0);
@@ -901,10 +919,9 @@ START_TEST(test_stopping_worker_waits_for_end_of_work)
     const int answered = _i != 1;
     fake_orch f;
     fake_orch_start(&f);
-    kvm_msg *m = router_expect(f.data, KVM_PROTO_READY, 60000); /* a credit */
+    fake_orch_credit(&f);
+    kvm_msg *m = NULL;
     char *log = NULL;
-    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
-    kvm_msg_free(&m);
     ck_assert_int_eq(kill(f.pid, _i == 2 ? SIGHUP : SIGTERM), 0);
     m = router_expect(f.data, KVM_PROTO_HEARTBEAT, 10000);
     ck_assert_msg(m != NULL, "the stopping worker did not say so on its data socket:\n%s",
@@ -915,10 +932,7 @@ START_TEST(test_stopping_worker_waits_for_end_of_work)
     kvm_msg_free(&m);
     const double said = kvm_now_ms();
     if (_i == 3) { /* the orchestrator gone while the worker waits: its connections close */
-        zmq_close(f.ctl);
-        zmq_close(f.data);
-        f.ctl = zmq_socket(f.zctx, ZMQ_ROUTER); /* unbound, for fake_orch_end */
-        f.data = zmq_socket(f.zctx, ZMQ_ROUTER);
+        fake_orch_vanish(&f);
         int st = fake_orch_wait(&f, 30000);
         const double took = kvm_now_ms() - said;
         log = kvm_test_read_file(f.logp, NULL);
@@ -983,14 +997,9 @@ START_TEST(test_stopping_worker_orchestrator_gone)
 {
     fake_orch f;
     fake_orch_start(&f);
-    kvm_msg *m = router_expect(f.data, KVM_PROTO_READY, 60000); /* a credit */
+    fake_orch_credit(&f);
     char *log = NULL;
-    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
-    kvm_msg_free(&m);
-    zmq_close(f.ctl); /* the orchestrator is gone: its bound sockets closed */
-    zmq_close(f.data);
-    f.ctl = zmq_socket(f.zctx, ZMQ_ROUTER); /* unbound, for fake_orch_end */
-    f.data = zmq_socket(f.zctx, ZMQ_ROUTER);
+    fake_orch_vanish(&f);
     /* the worker's I/O thread sees its connections end (no line: nothing greeted it); the drain
      * also reads the monitor events still waiting when SIGTERM comes */
     usleep(1500000);
