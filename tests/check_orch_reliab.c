@@ -453,9 +453,8 @@ static void corrupt_first_record(int layer)
     free(copy);
 }
 
-static void corrupt_first_manifest(void) { corrupt_first_record(0); }
-
-START_TEST(test_corrupt_manifest_recompressed)
+/* Three documents compressed and stored by a first run (method streaming). */
+static void first_run_of_three(void)
 {
     make_docs(3);
     write_config(STREAMING, "", NULL);
@@ -463,6 +462,14 @@ START_TEST(test_corrupt_manifest_recompressed)
     ck_assert_int_eq(run_kvmill(NULL, &out, &err), 0);
     free(out);
     free(err);
+}
+
+static void corrupt_first_manifest(void) { corrupt_first_record(0); }
+
+START_TEST(test_corrupt_manifest_recompressed)
+{
+    first_run_of_three();
+    char *out, *err;
     corrupt_first_manifest();
     int rc = run_kvmill(NULL, &out, &err);
     ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
@@ -485,12 +492,8 @@ END_TEST
  * cache and skipped it (compressed=0 skipped=3; store verify still failed on every rerun). */
 START_TEST(test_corrupt_layer_recompressed)
 {
-    make_docs(3);
-    write_config(STREAMING, "", NULL);
+    first_run_of_three();
     char *out, *err;
-    ck_assert_int_eq(run_kvmill(NULL, &out, &err), 0);
-    free(out);
-    free(err);
     corrupt_first_record(1);
     char cmd[8000];
     snprintf(cmd, sizeof cmd, "'%s/kvmill' store verify --store '%s'", kvm_test_bin(), store);
@@ -558,12 +561,8 @@ static void poison_first_cache(void)
  * decodes the layers: "is corrupt ... compressing it again", and the put replaces it. */
 START_TEST(test_nonfinite_cache_recompressed)
 {
-    make_docs(3);
-    write_config(STREAMING, "", NULL);
+    first_run_of_three();
     char *out, *err;
-    ck_assert_int_eq(run_kvmill(NULL, &out, &err), 0);
-    free(out);
-    free(err);
     poison_first_cache();
     char cmd[8000];
     snprintf(cmd, sizeof cmd, "'%s/kvmill' store verify --store '%s'", kvm_test_bin(), store);
