@@ -79,6 +79,11 @@ typedef struct orch_worker {
     int64_t refused_pid;      /* the refused process's pid (its ready's): another process reusing
                                  the id is judged afresh */
     int refused_ctl_seen;     /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
+    int64_t pid;              /* the pid its last ready named */
+    int store_refused;        /* refused: its caches do not reach the run's store (kvm_orch_storefault.c) */
+    int store_failures;       /* its jobs failed at the store service in a row (no ack between) */
+    int64_t store_refused_pid; /* ... the process refused: another pid under its id is judged afresh */
+    char store_why[600];       /* ... why (the job's error, or the ack that the store does not hold) */
 } orch_worker;
 
 typedef struct orch_slot {
@@ -274,6 +279,37 @@ int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first
  * large model), once per such failure. Returns 1 when changed (now or before), else 0 (a file
  * that cannot be read now: 0, the jobs' own errors say it). */
 int kvm_orch__model_changed(orch *o, const char *msg, size_t n);
+/* ---- kvm_orch_storefault.c: compress workers whose caches do not reach the run's store ---- */
+
+/* 1 when a store failure of worker w's job is blamed on w: a run's compress worker started by
+ * hand (not one of the run's own, which take the run's store and keys), not refused yet. */
+int kvm_orch__store_fault_worker(const orch *o, int w);
+/* Worker w's job failed at the store service with why (KVM_EIO) while the run's store answers:
+ * 1 when that is w's fault for sure, so w is to be refused: the service refused its key or its
+ * handshake (a setting of w's), or this is its second such failure in a row (its uploads get
+ * no reply; one may be the service's moment of load, and that job used an attempt). */
+int kvm_orch__store_fault_counts(orch *o, int w, const char *why);
+/* Refuses worker w (kvm_orch__store_fault_worker said 1) for why (the failure, 1..600 bytes
+ * kept): logged once (event worker_refused), told to the worker (an error: a revision-10 stage
+ * exits; told again every KVM_STAGE_RETELL_MS while that process still asks for work), no job
+ * goes to it, and its job j (may be NULL) is queued again without using an attempt of its
+ * document. Bounded: once per worker process. */
+void kvm_orch__store_refuse(orch *o, orch_job *j, int w, const char *why);
+/* On each ready r of worker w (control or data socket): records its pid; 1 while w is the
+ * process store-refused (kvm_orch__store_refuse), which then gets no work; a ready of another
+ * pid under the same id (started again) clears the refusal, said. */
+int kvm_orch__store_refused(orch *o, int w, const kvm_proto_ready *r);
+/* Before a store failure of job j is blamed on its worker: 1 when the run's own store answers
+ * (a local one always: kvm_store_check_here ran first; a store service: a probe of j's key got a
+ * reply), else 0, said: the store itself is down, no worker's fault. */
+int kvm_orch__store_answers(orch *o, const orch_job *j);
+/* An ack of job j from worker w with a store service as the run's store: the service's commit
+ * reply, which names no store. For a worker started by hand (kvm_orch__store_fault_worker) the
+ * run's service is asked for j's index entry (one round trip); missing, w uploads to another
+ * store: it is refused, j queued again (kvm_orch__store_refuse), and 1 is returned. 0: the ack
+ * stands (one of the run's own workers, stored, or no reply: said, and the summary probes again). */
+int kvm_orch__remote_ack_elsewhere(orch *o, orch_job *j, int w);
+
 /* 1 when worker w counts for its stage: alive and not refused. */
 int kvm_orch__worker_counts(const orch *o, int w);
 /* ST_* of a stage name, or -1. */

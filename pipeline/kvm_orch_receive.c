@@ -93,6 +93,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         }
         if (t == KVM_PROTO_ACK) {
             orch_job *j = kvm_orch__job_by_id(o, c.job_id);
+            o->workers[w].store_failures = 0; /* its caches reach a store: kvm_orch__store_fault_counts */
             if (o->mode == MODE_RUN) o->sum->store_commits++;
             if (j && j->state == J_COMPRESS &&
                 kvm_log_format_get() == KVM_LOG_JSON) { /* text: the progress line says it */
@@ -149,7 +150,13 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 kvm_orch__store_stop(o, j, why, STORE_GONE);
             else if (!o->cli && o->store && kvm_store_check_here(o->store)) /* a worker that opened it after */
                 kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_GONE);       /* it went: "no such store" */
-            else if (o->cli && r.status == KVM_EIO && strstr(why, "store service"))
+            else if (r.status == KVM_EIO && strstr(why, "store service") &&
+                     kvm_orch__store_fault_worker(o, j->worker) && kvm_orch__store_answers(o, j)) {
+                if (kvm_orch__store_fault_counts(o, j->worker, why)) /* its keys or --store */
+                    kvm_orch__store_refuse(o, j, j->worker, why);
+                else
+                    kvm_orch__requeue(o, j, why);
+            } else if (o->cli && r.status == KVM_EIO && strstr(why, "store service"))
                 kvm_orch__store_stop(o, j, why, STORE_DOWN);
             else if (r.retryable)
                 kvm_orch__requeue(o, j, why);

@@ -331,11 +331,41 @@ START_TEST(test_doc_changed_during_run)
 }
 END_TEST
 
-/* A compress worker started by hand with another --store than the run's joined it: the run
- * took its acks for commits and said compressed=N, exit 0, while its own store held none of the
- * caches. Now an acked cache that the run's store does not hold is no compressed document: the
- * worker is named as writing to another store, the document is requeued, and fails after its
- * attempts (exit 1). */
+/* A compress worker started by hand with --store naming store path st (a folder or an endpoint),
+ * joined to the run in run_dir; its stdout and stderr go to tmp/NAME.log. */
+static pid_t start_worker(const char *st, const char *name)
+{
+    pid_t worker = fork();
+    ck_assert_int_ge(worker, 0);
+    if (worker == 0) {
+        char exe[4200], ep[4300], log[4300];
+        snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+        snprintf(ep, sizeof ep, "ipc://%s", run_dir);
+        snprintf(log, sizeof log, "%s/%s.log", tmp, name);
+        if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
+        execl(exe, exe, "--connect", ep, "--store", st, "--heartbeat-ms", "200", (char *)NULL);
+        _exit(127);
+    }
+    return worker;
+}
+
+/* The exit status of child pid within s seconds, else -1 (then killed). */
+static int wait_exit(pid_t pid, int s)
+{
+    int st = 0;
+    for (int i = 0; i < s * 100; i++, usleep(10000))
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* A compress worker started by hand with another --store than the run's joined it: first the
+ * run took its acks for commits (compressed=N, exit 0, its own store empty); then each acked cache
+ * missing from the run's store was requeued as an attempt of its document, and the worker took
+ * job after job until every document had failed (exit 1), though a right worker came. Now the
+ * first such ack refuses the worker (it is told why and exits 1), the document gets its attempt
+ * back, and a worker started with the run's store stores every document (exit 0). */
 START_TEST(test_worker_with_another_store)
 {
     make_docs(2);
@@ -345,34 +375,74 @@ START_TEST(test_worker_with_another_store)
     kvm_store *s = NULL;
     ck_assert_msg(kvm_store_open(other, &so, &s) == 0, "%s", kvm_errmsg());
     kvm_store_close(&s);
-    write_config("method = streaming\nbudget = 32", store, "max_retries = 1");
+    write_config("method = streaming\nbudget = 32", store, "max_retries = 0");
     FILE *f = fopen(cfg_path, "a");
     ck_assert_ptr_nonnull(f);
     fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
     fclose(f);
     char out_path[4300], err_path[4300];
     pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
-    pid_t worker = fork();
-    ck_assert_int_ge(worker, 0);
-    if (worker == 0) {
-        char exe[4200], ep[4300], log[4300];
-        snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
-        snprintf(ep, sizeof ep, "ipc://%s", run_dir);
-        snprintf(log, sizeof log, "%s/worker.log", tmp);
-        if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
-        execl(exe, exe, "--connect", ep, "--store", other, "--heartbeat-ms", "200", (char *)NULL);
-        _exit(127);
-    }
+    int bad = wait_exit(start_worker(other, "bad"), 60);
+    char wpath[4300];
+    snprintf(wpath, sizeof wpath, "%s/bad.log", tmp);
+    char *wlog = kvm_test_read_file(wpath, NULL);
+    ck_assert_msg(bad == 1 && wlog && strstr(wlog, "refused by run: this run refuses this worker") &&
+                      strstr(wlog, "the worker writes to another store"),
+                  "worker exit %d:\n%s", bad, wlog);
+    free(wlog);
+    pid_t good = start_worker(store, "good");
     int st;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    kill(worker, SIGKILL);
-    waitpid(worker, NULL, 0);
+    kill(good, SIGTERM);
+    waitpid(good, NULL, 0);
     char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\nstdout: %s\nstderr: %s", st, out, err);
-    ck_assert_msg(summary_field(out, "compressed") == 0 && summary_field(out, "failed") == 2, "stdout: %s\nstderr: %s",
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\nstdout: %s\nstderr: %s", st, out, err);
+    ck_assert_msg(summary_field(out, "compressed") == 2 && summary_field(out, "failed") == 0, "stdout: %s\nstderr: %s",
                   out, err);
-    ck_assert_msg(strstr(err, "holds no cache of it: the worker writes to another store") != NULL, "stderr: %s", err);
-    ck_assert_int_eq(kvm_test_store_caches(store), 0);
+    ck_assert_msg(strstr(err, "is refused, no more jobs go to it") &&
+                      strstr(err, "holds no cache of it: the worker writes to another store"),
+                  "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 2);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A compress worker started by hand whose --store names an endpoint where nothing answers: each
+ * upload got no reply, each failure used an attempt of its document, and the worker took job
+ * after job until every document had failed (exit 1). Now its second such failure in a row,
+ * while the run's own store answers, refuses it (told why: it exits 1) and gives that job its
+ * attempt back (the first used one: max_retries 1 leaves room for it); a worker with the run's
+ * store stores every document (exit 0). */
+START_TEST(test_worker_without_store_replies)
+{
+    make_docs(2);
+    char st[4400], nowhere[64];
+    snprintf(st, sizeof st, "%s\nupload_timeout_ms = 100", store); /* 3 x 100 ms per job */
+    snprintf(nowhere, sizeof nowhere, "tcp://127.0.0.1:%d", kvm_test_tcp_port(1));
+    write_config("method = streaming\nbudget = 32", st, "max_retries = 1");
+    FILE *f = fopen(cfg_path, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("compress_workers = 0\n", f);
+    fclose(f);
+    char out_path[4300], err_path[4300], wpath[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    int bad = wait_exit(start_worker(nowhere, "bad"), 60);
+    snprintf(wpath, sizeof wpath, "%s/bad.log", tmp);
+    char *wlog = kvm_test_read_file(wpath, NULL);
+    ck_assert_msg(bad == 1 && wlog && strstr(wlog, "refused by run: this run refuses this worker"),
+                  "worker exit %d:\n%s", bad, wlog);
+    free(wlog);
+    pid_t good = start_worker(store, "good");
+    int rc = wait_exit(pid, 120);
+    kill(good, SIGTERM);
+    waitpid(good, NULL, 0);
+    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
+    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 2 && summary_field(out, "failed") == 0,
+                  "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
+    const char *requeued = strstr(err, "(attempt 2): compress stage: store service"); /* the first, an attempt */
+    ck_assert_msg(requeued && strstr(requeued, "is refused, no more jobs go to it"), "stderr: %s", err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 2);
     free(out);
     free(err);
 }
@@ -1064,6 +1134,7 @@ static Suite *orch_recovery_suite(void)
                  {"resume_after_capped_lease", test_resume_after_capped_lease, 30},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
+                 {"worker_without_store_replies", test_worker_without_store_replies, 240},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
                  {"left_recheck_bounded", test_left_recheck_bounded, 120},
                  {"left_wait_says_lapse", test_left_wait_says_lapse, 120}};

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/kvm_error.h"
+#include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_storecli.h"
 #include "store/kvm_store.h"
@@ -86,14 +87,15 @@ static const char *run_config(const char *name, int liveness, const char *extra)
     return path;
 }
 
-/* `kvmill store serve` on the test's port, its stderr in tmp/store.err; waits for "ready". */
-static pid_t service_start(void)
+/* `kvmill store serve` of store st on port p with the extra arguments args ("" or e.g. --config F),
+ * its stdout in tmp/NAME.out, stderr in tmp/NAME.err; waits for "ready". */
+static pid_t service_start_at(const char *st, int p, const char *args, const char *name)
 {
     char cmd[12000], outp[4300];
-    snprintf(outp, sizeof outp, "%s/store.out", tmp);
+    snprintf(outp, sizeof outp, "%s/%s.out", tmp, name);
     snprintf(cmd, sizeof cmd,
-             "exec '%s/kvmill' store serve --create --store '%s' --bind tcp://127.0.0.1:%d >'%s' 2>>'%s/store.err'",
-             kvm_test_bin(), store, port, outp, tmp);
+             "exec '%s/kvmill' store serve --create --store '%s' --bind tcp://127.0.0.1:%d %s >'%s' 2>>'%s/%s.err'",
+             kvm_test_bin(), st, p, args, outp, tmp, name);
     pid_t pid = spawn_sh(cmd);
     for (int i = 0; i < 1000; i++, usleep(10000)) {
         char *o = kvm_test_read_file(outp, NULL);
@@ -104,6 +106,9 @@ static pid_t service_start(void)
     ck_abort_msg("the store service did not start");
     return -1;
 }
+
+/* `kvmill store serve` on the test's port, its stderr in tmp/store.err; waits for "ready". */
+static pid_t service_start(void) { return service_start_at(store, port, "", "store"); }
 
 static void service_stop(pid_t pid)
 {
@@ -121,16 +126,20 @@ static pid_t run_start(const char *cfg, const char *name)
     return spawn_sh(cmd);
 }
 
-/* Waits for a run; returns its exit status (-1 when it did not end within 240 s). */
-static int run_wait(pid_t pid)
+/* Waits for process pid (spawn_sh); returns its exit status (-1 when it did not end within s
+ * seconds: then its group is killed). */
+static int run_wait_s(pid_t pid, int s)
 {
     int st = 0;
-    for (int i = 0; i < 24000; i++, usleep(10000))
+    for (int i = 0; i < s * 100; i++, usleep(10000))
         if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     kill(-pid, SIGKILL);
     waitpid(pid, &st, 0);
     return -1;
 }
+
+/* Waits for a run; returns its exit status (-1 when it did not end within 240 s). */
+static int run_wait(pid_t pid) { return run_wait_s(pid, 240); }
 
 static char *slurp(const char *name)
 {
@@ -723,6 +732,122 @@ START_TEST(test_left_documents_rechecked_remote)
 }
 END_TEST
 
+/* A compress worker started by hand (flags args) joined to run r's run directory; its stderr in
+ * tmp/NAME.err. Returns its exit status within 60 s (-1: still running, killed). */
+static int hand_worker_status(const char *args, const char *name)
+{
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd,
+             "exec '%s/kvmill-compress' --connect 'ipc://%s/r.run' --heartbeat-ms 100 %s 2>'%s/%s.err'", kvm_test_bin(),
+             tmp, args, tmp, name);
+    return run_wait_s(spawn_sh(cmd), 60);
+}
+
+/* The end of a run r (compress_workers = 0) after a hand-started worker was refused: a right
+ * worker (flags args) stores every document, the run exits 0, no document failed or used an
+ * attempt (max_retries = 0), and the run's log names the refusal and why (`why`). */
+static void right_worker_finishes(pid_t run, const char *args, const char *why)
+{
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd,
+             "exec '%s/kvmill-compress' --connect 'ipc://%s/r.run' --heartbeat-ms 100 %s 2>'%s/good.err'",
+             kvm_test_bin(), tmp, args, tmp);
+    pid_t good = spawn_sh(cmd);
+    int rc = run_wait(run);
+    kill(good, SIGTERM), waitpid(good, NULL, 0);
+    char *out = slurp("r.out"), *err = slurp("r.err");
+    ck_assert_msg(rc == 0 && summary_value(out, "compressed") == 5 && summary_value(out, "failed") == 0,
+                  "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(count(err, "is refused, no more jobs go to it") == 1 && strstr(err, why), "%s", err);
+    free(out), free(err);
+}
+
+/* A run whose store is a store service passed every worker's ack on as a commit: a compress
+ * worker started by hand with --store naming ANOTHER service made the run count its caches
+ * compressed (exit 0) and call them "evicted" at the end, though the run's store never got
+ * them. Now such a worker's ack is checked on the run's service (the cache's index entry): the
+ * worker is refused (told why: it exits 1), its document goes back without using an attempt,
+ * and the right worker stores all five in the run's store. */
+START_TEST(test_worker_uploading_elsewhere_refused)
+{
+    char other[4300], args[4400];
+    snprintf(other, sizeof other, "%s/other.lmdb", tmp);
+    pid_t svc = service_start(), osvc = service_start_at(other, port + 1, "", "other");
+    pid_t run = run_start(run_config("r", 50, "compress_workers = 0\n[run]\nmax_retries = 0\n"), "r");
+    snprintf(args, sizeof args, "--store tcp://127.0.0.1:%d", port + 1);
+    int bad = hand_worker_status(args, "bad");
+    char *be = slurp("bad.err");
+    ck_assert_msg(bad == 1 && strstr(be, "refused by run") && strstr(be, "uploads to another store"), "exit %d\n%s",
+                  bad, be);
+    free(be);
+    snprintf(args, sizeof args, "--store tcp://127.0.0.1:%d", port);
+    right_worker_finishes(run, args, "holds no cache of it: the worker uploads to another store");
+    service_stop(svc), service_stop(osvc);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
+    ck_assert_int_eq(kvm_test_store_caches(other), 1);
+}
+END_TEST
+
+/* Keys kvm_curve_keygen makes as tmp/NAME.public and .secret. */
+static void keygen(const char *name)
+{
+    char prefix[4300];
+    snprintf(prefix, sizeof prefix, "%s/%s", tmp, name);
+    ck_assert_msg(kvm_curve_keygen(prefix) == 0, "%s", kvm_errmsg());
+}
+
+/* A worker's config tmp/NAME.ini: the store service's public key and the key pair NAME (its
+ * store connection's keys; the run's local ipc:// endpoint takes none). Returns the path (static). */
+static const char *worker_keys(const char *name)
+{
+    static char path[4300];
+    char text[9000];
+    snprintf(path, sizeof path, "%s/%s.ini", tmp, name);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\n[security]\nserver_public_key = %s/server.public\nclient_public_key = %s/%s.public\n"
+             "client_secret_key = %s/%s.secret\n",
+             kvm_test_data_path("models/stories260K.bin"), tmp, tmp, name, tmp, name);
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    return path;
+}
+
+/* A keyed store service and a run through it (its [security] keys authorized): a compress worker
+ * started by hand with a key the service does not list failed every job at the service, and the
+ * run took the first failure for the service being down: it stopped feeding documents (exit 1).
+ * Now the run, whose own requests are answered, refuses that worker and gives its document back;
+ * a worker with the authorized key stores all five. */
+START_TEST(test_worker_with_refused_key_refused)
+{
+    keygen("server"), keygen("client"), keygen("stranger");
+    char cmd[16000], sec[12000], svc_cfg[4300], args[9000];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s/auth' && cp '%s/client.public' '%s/auth/'", tmp, tmp, tmp);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(sec, sizeof sec,
+             "[security]\nserver_secret_key = %s/server.secret\nserver_public_key = %s/server.public\n"
+             "authorized_keys = %s/auth\n",
+             tmp, tmp, tmp);
+    snprintf(svc_cfg, sizeof svc_cfg, "%s/svc.ini", tmp);
+    ck_assert_int_eq(kvm_test_write_file(svc_cfg, sec, strlen(sec)), 0);
+    snprintf(args, sizeof args, "--config '%s'", svc_cfg);
+    pid_t svc = service_start_at(store, port, args, "store");
+    snprintf(sec + strlen(sec), sizeof sec - strlen(sec),
+             "client_public_key = %s/client.public\nclient_secret_key = %s/client.secret\n[stages]\n"
+             "compress_workers = 0\n[run]\nmax_retries = 0\n",
+             tmp, tmp);
+    pid_t run = run_start(run_config("r", 50, sec), "r");
+    snprintf(args, sizeof args, "--store tcp://127.0.0.1:%d --config '%s'", port, worker_keys("stranger"));
+    int bad = hand_worker_status(args, "bad");
+    char *be = slurp("bad.err");
+    ck_assert_msg(bad == 1 && strstr(be, "refused by run") && strstr(be, "rejected this client's key"), "exit %d\n%s",
+                  bad, be);
+    free(be);
+    snprintf(args, sizeof args, "--store tcp://127.0.0.1:%d --config '%s'", port, worker_keys("client"));
+    right_worker_finishes(run, args, "rejected this client's key");
+    service_stop(svc);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
+}
+END_TEST
+
 static Suite *storesvc_runs_suite(void)
 {
     Suite *s = suite_create("storesvc_runs");
@@ -737,7 +862,9 @@ static Suite *storesvc_runs_suite(void)
                  {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker},
                  {"serve_starts_store_service", test_serve_starts_store_service},
                  {"left_documents_rechecked_remote", test_left_documents_rechecked_remote},
-                 {"store_is_serve_front_end", test_store_is_serve_front_end}};
+                 {"store_is_serve_front_end", test_store_is_serve_front_end},
+                 {"worker_uploading_elsewhere_refused", test_worker_uploading_elsewhere_refused},
+                 {"worker_with_refused_key_refused", test_worker_with_refused_key_refused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
