@@ -501,6 +501,35 @@ static void expect_eval_refused(const char *fixed, const char *(*cases)[2], size
     }
 }
 
+/* A sculpt option given twice in one method's own options or in calibrate's --sculpt-opts took
+ * the last value unsaid: refused, exit 2, naming the option, both items and the string; also
+ * through a deprecated name. A sculpt flag with the same option in a method's own options is no
+ * repeat: the method's overrides the flag (retain=16 over --retain 8 leaves --budget 16 no room). */
+START_TEST(test_sculpt_option_twice)
+{
+    const char *cases[][2] = {
+        {"--method sculpt:retain=8:iterations=1:retain=16 --budget 40",
+         "--method sculpt:retain=8:iterations=1:retain=16: option 'retain' is given twice ('retain=8' and "
+         "'retain=16')"},
+        {"--method h2o,kvzip:iters=1:iterations=2 --budget 40",
+         "--method kvzip:iters=1:iterations=2: option 'iterations' is given twice ('iters=1' and 'iterations=2')"},
+        {"--method polykv:/nonexistent/s.bin:seed=1:seed=2 --budget 40", "option 'seed' is given twice"},
+        {"--retain 8 --method sculpt:retain=16:iterations=1 --budget 16", "leaves none beyond the retain zone of 16"},
+    };
+    expect_eval_refused("--context 64", cases, sizeof cases / sizeof cases[0]);
+    char *out, *err;
+    int rc = kvmill(&out, &err,
+                    "calibrate --model '%s' --docs '%s' --budget 16 --context 64 --continuation 8 --threads 1 "
+                    "--phases prefill --kvzip --sculpt-opts retain=8,queries=16,retain=16 --out /dev/null",
+                    kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill calibrate: --sculpt-opts 'retain=8,queries=16,retain=16': option "
+                                         "'retain' is given twice ('retain=8' and 'retain=16')"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A size (budget, ratio, entries) among a method's own options, or in calibrate's --sculpt-opts,
  * was obeyed over --budget / --ratio (a --target-kl search then probed only that budget and
  * reported another) or ignored (polykv, calibrate): refused, exit 2, naming the option. So are
@@ -1724,6 +1753,7 @@ static Suite *cli_suite(void)
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
                  {"eval_csv_names_distinct", test_eval_csv_names_distinct},
                  {"size_in_method_options", test_size_in_method_options},
+                 {"sculpt_option_twice", test_sculpt_option_twice},
                  {"method_option_as_written", test_method_option_as_written},
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
