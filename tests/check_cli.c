@@ -1266,6 +1266,49 @@ START_TEST(test_docs_list_many)
 }
 END_TEST
 
+/* A --docs file or folder whose name holds a comma was split at it and refused with the cut
+ * path: a value naming a file whole is taken whole (and is an input --csv may not overwrite); a
+ * missing item of a split value says the value was read as a comma-separated list. */
+START_TEST(test_docs_name_with_comma)
+{
+    char *tmp = kvm_test_tmpdir(), doc[4300], dir[4300], in_dir[4400], list[9000], *out = NULL, *err = NULL;
+    size_t n;
+    char *text = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
+    ck_assert_ptr_nonnull(text);
+    snprintf(doc, sizeof doc, "%s/notes, part 1.txt", tmp);
+    snprintf(dir, sizeof dir, "%s/x,y", tmp);
+    snprintf(in_dir, sizeof in_dir, "%s/d.txt", dir);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    ck_assert_int_eq(kvm_test_write_file(doc, text, n), 0);
+    ck_assert_int_eq(kvm_test_write_file(in_dir, text, n), 0);
+    free(text);
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    const char *base = "eval --model '%s' --docs '%s' --method h2o --budget 16 --context 64 --continuation 8";
+    const char *whole[] = {doc, dir};
+    for (int i = 0; i < 2; i++) {
+        int rc = kvmill(&out, &err, base, model, whole[i]);
+        ck_assert_msg(rc == 0, "--docs %s: exit %d: %s", whole[i], rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(list, sizeof list, "%s' --csv '%s", doc, doc); /* --csv names the document itself */
+    int rc = kvmill(&out, &err, base, model, list);
+    ck_assert_msg(rc == 2 && strstr(err, "is the --docs file"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(list, sizeof list, "%s,%s/missing.txt", doc, tmp);
+    rc = kvmill(&out, &err, base, model, list);
+    /* a name with a comma cannot be one item of a list: the cut path is named, and why */
+    ck_assert_msg(rc == 2 && strstr(err, "/notes: No such file or directory (--docs '") &&
+                      strstr(err, "' was read as a comma-separated list: no file or folder has that whole name)"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* A PATH.part left behind (a killed command, an interrupted eval, or planted) was opened
  * following links and emptied: a link to a store's data.mdb destroyed the store, a hard link to
  * a read-only file overwrote it, and an interrupted eval's rows (which it said are there) went
@@ -1772,6 +1815,7 @@ static Suite *cli_suite(void)
                  {"make_model_out_kinds", test_make_model_out_kinds},
                  {"part_leftovers_refused", test_part_leftovers_refused},
                  {"docs_list_many", test_docs_list_many},
+                 {"docs_name_with_comma", test_docs_name_with_comma},
                  {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure},
                  {"calibrate_write_error_says_why", test_calibrate_write_error_says_why},
                  {"sculpt_empty_doc", test_sculpt_empty_doc},
