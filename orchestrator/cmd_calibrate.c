@@ -408,6 +408,12 @@ int kvm_cmd_calibrate(int argc, char **argv)
             return 2;
         }
         if (kvm_cli_list_check(CMD, "sculpt-opts", s, 0) < 0) return 2; /* "a=1,,b=2": an item dropped unsaid */
+        /* "retain=8,retain=16": the parser keeps the last, and the first was dropped unsaid. An
+         * item over --threads or --device is no repeat: the list overrides those flags (above) */
+        if (kvm_sculpt_opts_check_repeats(s, ",")) {
+            fprintf(stderr, "kvmill " CMD ": --sculpt-opts '%s': %s\n", s, kvm_errmsg());
+            return 2;
+        }
         const char *size = kvm_sculpt_opts_find_size(s, ",");
         if (size) { /* each layer is distilled at its own budget: the option was ignored */
             fprintf(stderr,

@@ -214,30 +214,56 @@ static int distinct_names(cmd_eval_docset *d)
     return rc;
 }
 
-int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
+/* Adds --docs item t (a folder's *.txt or a file) of the value spec. A path that does not stat,
+ * where spec was split at its commas, says so: the user may have meant a name holding one.
+ * Returns 0, 2 (bad item) or 1 (out of memory) after saying why. */
+static int add_item(const char *cmd, cmd_eval_docset *out, const char *t, const char *spec)
 {
-    memset(out, 0, sizeof *out);
+    struct stat st;
+    if (stat(t, &st) != 0) {
+        if (strcmp(t, spec))
+            fprintf(stderr,
+                    "kvmill %s: --docs %s: %s (--docs '%s' was read as a comma-separated list: no file or "
+                    "folder has that whole name)\n",
+                    cmd, t, strerror(errno), spec);
+        else
+            fprintf(stderr, "kvmill %s: --docs %s: %s\n", cmd, t, strerror(errno));
+        return 2;
+    }
+    if (S_ISDIR(st.st_mode)) return add_dir(cmd, out, t);
+    if (!S_ISREG(st.st_mode)) { /* a pipe's second read (after the length check) found it empty */
+        fprintf(stderr,
+                "kvmill %s: --docs %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
+                "device): %s reads each document more than once; save it to a file and name that\n",
+                cmd, t, cmd);
+        return 2;
+    }
+    if (add_doc(out, t)) {
+        fprintf(stderr, "kvmill %s: out of memory\n", cmd);
+        return 1;
+    }
+    return 0;
+}
+
+/* Adds the items of the comma-separated list spec. Returns as add_item. */
+static int add_list(const char *cmd, cmd_eval_docset *out, const char *spec)
+{
     if (kvm_cli_list_check(cmd, "docs", spec, 0) < 0) return 2;
     char *s = strdup(spec), *save = NULL;
     if (!s) return 1;
     int rc = 0;
-    for (char *t = strtok_r(s, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-        struct stat st;
-        if (stat(t, &st) != 0) {
-            fprintf(stderr, "kvmill %s: --docs %s: %s\n", cmd, t, strerror(errno));
-            rc = 2;
-        } else if (S_ISDIR(st.st_mode))
-            rc = add_dir(cmd, out, t);
-        else if (!S_ISREG(st.st_mode)) { /* a pipe's second read (after the length check) found it empty */
-            fprintf(stderr,
-                    "kvmill %s: --docs %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
-                    "device): %s reads each document more than once; save it to a file and name that\n",
-                    cmd, t, cmd);
-            rc = 2;
-        } else if ((rc = add_doc(out, t)))
-            fprintf(stderr, "kvmill %s: out of memory\n", cmd);
-    }
+    for (char *t = strtok_r(s, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save))
+        rc = add_item(cmd, out, t, spec);
     free(s);
+    return rc;
+}
+
+int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out)
+{
+    memset(out, 0, sizeof *out);
+    /* a file or folder whose name holds a comma ("notes, 2024.txt") is taken whole: split, it
+     * was refused with the cut path; only a value naming nothing whole is a list */
+    int rc = kvm_cli_path_exists(spec) ? add_item(cmd, out, spec, spec) : add_list(cmd, out, spec);
     if (!rc) rc = same_file_twice(cmd, spec, out);
     if (!rc && distinct_names(out)) {
         fprintf(stderr, "kvmill %s: out of memory\n", cmd);

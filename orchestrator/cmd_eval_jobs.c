@@ -146,6 +146,19 @@ static int job_size_refused(const cmd_eval_job *e, const char *spec, const char 
     return 2;
 }
 
+/* Refuses a sculpt-family method's own option given twice ("sculpt:retain=8:retain=16"), where
+ * the last one won unsaid. Only the method's own options are checked: a sculpt flag (--retain 8)
+ * with the same option among them is no repeat, the method's own overrides the flag for that
+ * method (job_options). Returns 0, or 2 after printing why. */
+static int job_repeat_refused(const cmd_eval_job *e, const char *spec, const char *arg)
+{
+    if (!arg || !cmd_eval__sculpt_family(e->m)) return 0;
+    const char *own_opts = strcmp(e->m->name, "polykv") ? arg : strchr(arg, ':'); /* after FILE */
+    if (!kvm_sculpt_opts_check_repeats(own_opts, ":")) return 0;
+    fprintf(stderr, "kvmill " CMD ": --method %s: %s\n", spec, kvm_errmsg());
+    return 2;
+}
+
 /* The options a sculpt-family method is made from when sculpt flags are given: the flags, then
  * the method's own, which override them (polykv: FILE first), written to full (size bytes);
  * otherwise arg as it is. */
@@ -168,7 +181,9 @@ static int make_job(cmd_eval_job *e, const char *spec, const char *item, int fir
                     const char *flags, const kvm_model_config *c)
 {
     const char *arg;
-    if (job_parse(e, spec, item, is_ratio, &arg) || job_size_refused(e, spec, arg, is_ratio, target)) return 2;
+    if (job_parse(e, spec, item, is_ratio, &arg) || job_size_refused(e, spec, arg, is_ratio, target) ||
+        job_repeat_refused(e, spec, arg))
+        return 2;
     if (cmd_eval__sculpt_family(e->m) && arg) warn_deprecated(spec, arg);
     char full[2048];
     arg = job_options(e, arg, flags, full, sizeof full);

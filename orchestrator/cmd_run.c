@@ -76,6 +76,13 @@ static void print_eval(const kvm_config *cfg, const kvm_orch_summary *s)
                n ? "; the stage logs name them" : "");
 }
 
+/* The documents a run cut short left unprocessed: its pending ones when a Ctrl-C or SIGTERM
+ * (interrupted), a full store or a store gone or down stopped it, as their lines say; else 0. */
+static int64_t not_processed(const kvm_orch_summary *s)
+{
+    return s->interrupted || s->store_full || s->store_down ? s->pending : 0;
+}
+
 static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int64_t n_heads)
 {
     double ratio = s->bytes_compressed > 0 ? (double)s->bytes_full / (double)s->bytes_compressed : 0;
@@ -156,10 +163,14 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
         snprintf(evicted, sizeof evicted, "%lld", (long long)s->evicted);
     }
     if (s->kept_full >= 0) snprintf(kept, sizeof kept, "%lld", (long long)s->kept_full);
+    /* fields are only appended (scripts read them by name or position); not_processed is the
+     * count the "interrupted:", "store full:" or "store gone/down:" line says, 0 otherwise */
     printf("summary: compressed=%lld skipped=%lld failed=%lld truncated=%lld bytes_full=%s bytes_compressed=%s "
-           "seconds=%.3f claimed=%lld evicted=%s wire_in_bytes=%lld wire_out_bytes=%lld kept_full=%s\n",
+           "seconds=%.3f claimed=%lld evicted=%s wire_in_bytes=%lld wire_out_bytes=%lld kept_full=%s "
+           "not_processed=%lld\n",
            (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated, full, stored,
-           s->seconds, (long long)s->claimed, evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes, kept);
+           s->seconds, (long long)s->claimed, evicted, (long long)s->wire_in_bytes, (long long)s->wire_out_bytes, kept,
+           (long long)not_processed(s));
 }
 
 /* The refusals a run makes from the configuration alone, before any model or corpus is opened:

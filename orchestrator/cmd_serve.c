@@ -100,26 +100,28 @@ static int serve_model_id(const kvm_config *cfg, kvm_store_id *out)
  * a handshake it refuses) made every ask fail after its timeout with "no reply", behind a server
  * that said ready. It is asked once here, with a short wait (a probe for a cache that nobody
  * stores: it only reads), and a warning names the endpoint when no answer comes. Not a refusal:
- * the service may start after the server (the decode workers ask it again at every request). */
-static void probe_store_service(const kvm_config *cfg, const char *endpoint)
+ * the service may start after the server (the decode workers ask it again at every request).
+ * An answer that is not a store_reply is: another kvmill endpoint answers there (a serve front
+ * end's bind, ...), and every ask would fail: refused naming `where` the endpoint came from
+ * ("[store] path", ...). Returns 0, or 2 after saying why. */
+static int probe_store_service(const kvm_config *cfg, const char *endpoint, const char *where)
 {
     enum { PROBE_MS = 1500 };
     kvm_storecli_keys k = kvm_storecli_keys_of(cfg, NULL, NULL, NULL);
     kvm_storecli *cli = NULL;
-    int rc = kvm_storecli_open(&k, endpoint, &cli);
-    if (rc == 0) {
-        kvm_store_cache_key key = {0};
-        kvm_storecli_claim_state state;
-        rc = kvm_storecli_claim(cli, &key, NULL, "kvmill-serve-probe", "", 0, KVM_STORECLI_PROBE, PROBE_MS, 1, &state,
-                                NULL);
-        if (rc != KVM_EIO) rc = 0; /* any reply (even a refusal of this probe) is a service that answers */
+    int rc = kvm_storecli_open(&k, endpoint, &cli), foreign = 0;
+    if (rc == 0) foreign = (rc = kvm_storecli_probe_service(cli, PROBE_MS)) == KVM_EPROTO;
+    kvm_storecli_close(&cli);
+    if (foreign) {
+        kvm_cli_refuse("serve", "%s: %s\n", where, kvm_errmsg());
+        return 2;
     }
     if (rc)
         fprintf(stderr,
                 "kvmill serve: warning: the store service %s does not answer (%s): asks fail with \"no reply\" until "
                 "it does (is kvmill store serve running and reachable there?)\n",
                 endpoint, kvm_errmsg());
-    kvm_storecli_close(&cli);
+    return 0;
 }
 
 /* Writes cfg to f (closed here) for the decode workers. A failure (a full TMPDIR) is refused
@@ -236,7 +238,13 @@ int kvm_cmd_serve(int argc, char **argv)
         }
     }
     if (check_config(cfg)) goto done;
-    if (*svc || kvm_serve_remote_is_endpoint(sp)) probe_store_service(cfg, *svc ? svc : sp);
+    const char *where = store && kvm_serve_remote_is_endpoint(store) ? "--store"
+                        : *svc                                       ? "[store] service"
+                                                                     : "[store] path";
+    if ((*svc || kvm_serve_remote_is_endpoint(sp)) && probe_store_service(cfg, *svc ? svc : sp, where)) {
+        status = 2;
+        goto done;
+    }
     /* the decode workers read the resolved configuration, command-line overrides included */
     kvm_rundir_sweep(); /* leftovers of a kvmill that was killed */
     int fd = -1, trc = kvm_rundir_mkstemp("serve-config", resolved, sizeof resolved, &fd);

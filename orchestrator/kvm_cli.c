@@ -530,15 +530,23 @@ int kvm_cli_check_out(const char *cmd, const char *flag, const char *path)
     return kvm_cli_check_writable(cmd, what, path);
 }
 
+int kvm_cli_path_exists(const char *path)
+{
+    struct stat st;
+    return path && *path && stat(path, &st) == 0;
+}
+
 int kvm_cli_check_out_inputs(const char *cmd, const char *flag, const char *out, const char *const *in_flags,
                              const char *const *inputs, int n)
 {
     struct stat so;
     if (!out || !*out || stat(out, &so) != 0 || !S_ISREG(so.st_mode)) return 0; /* a new file: nothing to lose */
     for (int i = 0; i < n; i++) {
-        /* an item of a comma-separated list (--docs a,b) or a file beside a model (its tokenizer) */
+        /* an item of a comma-separated list (--docs a,b) or a file beside a model (its tokenizer);
+         * a value naming a file whole, comma and all, is one item (as cmd_eval_docs_list takes it) */
+        const int whole = kvm_cli_path_exists(inputs[i]);
         for (const char *p = inputs[i]; p && *p;) {
-            size_t len = strcspn(p, ",");
+            size_t len = whole ? strlen(p) : strcspn(p, ",");
             char path[4096];
             struct stat si;
             snprintf(path, sizeof path, "%.*s", (int)len, p);

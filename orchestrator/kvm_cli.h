@@ -161,6 +161,10 @@ void kvm_cli_csv_field(FILE *f, const char *v);
 int kvm_cli_check_out_model(const char *cmd, const char *flag, const char *out, const char *model,
                             const char *tokenizer, const char *docs_flag, const char *docs);
 
+/* 1 when path names something that exists (stat succeeds), so a list flag's value (--docs
+ * a,b) that names a file or folder whole, comma and all, is taken whole, not split; else 0. */
+int kvm_cli_path_exists(const char *path);
+
 /* Checks the comma-separated list `s` of option --FLAG (--budget 16,32, --method, --docs)
  * before it is split: an empty item ("16,,32", a leading or trailing comma) would be dropped
  * by the split and a value silently not run. Returns the number of items, or -1 after printing

@@ -21,9 +21,10 @@ typedef struct cmd_eval_docset {
 } cmd_eval_docset;
 
 /* Expands --docs: a folder (its *.txt files, sorted by name), a file, or a comma-separated
- * list of either. Prints "kvmill CMD: ..." and returns 2 on a bad value (missing path, no
- * documents, one file twice: same device and inode, e.g. a folder and one of its files; a path
- * that is not a regular file or folder, such as a FIFO: eval and calibrate read each document
+ * list of either; a value that names a file or folder whole is taken whole, commas and all
+ * (a missing item of a split value is named with the note that the value was read as a list). Prints "kvmill CMD: ..."
+ * and returns 2 on a bad value (missing path, no documents, one file twice: same device and inode, e.g. a folder and
+ * one of its files; a path that is not a regular file or folder, such as a FIFO: eval and calibrate read each document
  * more than once, and a pipe's second read is empty), 1 when out of memory; 0 on success.
  * Names that would collide are made distinct (see cmd_eval_docset). */
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);

@@ -25,6 +25,8 @@ struct kvm_storecli {
     char spk[1100], cpk[1100], csk[1100]; /* [security] key files, copied at open */
     char endpoint[1100];
     uint64_t next_request;
+    int strict;  /* kvm_storecli_probe_service: any reply but a store_reply is refused (cli_foreign) */
+    int foreign; /* such a reply came: the endpoint is not a store service */
 };
 
 /* A request that got no reply and is sent again: one log line through the process's log writer,
@@ -242,6 +244,31 @@ static int cli_serve_front_end(const kvm_storecli *c, const kvm_msg *m)
                    said ? "\"" : "");
 }
 
+/* The error for a reply m (type t; m NULL: one that is not kvmill's protocol) on a strict
+ * connection: a fresh connection has asked nothing else, so anything but a store_reply is
+ * another kind of endpoint (a serve front end's answer, another kvmill socket's message)
+ * behind [store] path. Sets c->foreign. KVM_EPROTO. */
+static int cli_foreign(kvm_storecli *c, const kvm_msg *m, kvm_proto_type t)
+{
+    c->foreign = 1;
+    if (!m)
+        return kvm_err(KVM_EPROTO,
+                       "%s is not a store service: it answered with a message that is not kvmill's "
+                       "protocol",
+                       c->endpoint);
+    if (t == KVM_PROTO_ANSWER) { /* its own words first: they name the front end */
+        cli_serve_front_end(c, m);
+        char why[2048];
+        snprintf(why, sizeof why, "%s", kvm_errmsg());
+        return kvm_err(KVM_EPROTO, "%s is not a store service: it answered with %s: %s", c->endpoint,
+                       kvm_proto_type_name(t), why);
+    }
+    return kvm_err(KVM_EPROTO,
+                   "%s is not a store service: it answered with %s, where kvmill store serve answers with "
+                   "store_reply (another kvmill endpoint there?): name the store service's endpoint",
+                   c->endpoint, kvm_proto_type_name(t));
+}
+
 /* Waits for the store_reply of request req (older replies are skipped). 1: got it in *r (its
  * message borrowed from *m, which the caller frees), 0: timed out, < 0: error (KVM_EPROTO at
  * once when the endpoint turns out to be kvmill serve's front end). */
@@ -263,10 +290,21 @@ static int cli_wait(kvm_storecli *c, uint64_t req, int timeout_ms, kvm_msg **m, 
         kvm_msg_free(m);
         if (kvm_msg_recv(c->sock, m, ZMQ_DONTWAIT)) continue;
         kvm_proto_type t;
-        if (kvm_proto_peek(*m, &t)) continue;
+        if (kvm_proto_peek(*m, &t)) {
+            if (c->strict) return cli_foreign(c, NULL, 0);
+            continue;
+        }
+        if (c->strict && t != KVM_PROTO_STORE_REPLY) return cli_foreign(c, *m, t);
         if (t == KVM_PROTO_ANSWER) return cli_serve_front_end(c, *m);
         if (t != KVM_PROTO_STORE_REPLY) continue; /* layers of an old get */
         int rc = kvm_proto_store_reply_decode(*m, r);
+        if (rc && c->strict) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", kvm_errmsg());
+            c->foreign = 1;
+            return kvm_err(KVM_EPROTO, "%s is not a store service: its store_reply does not decode (%s)", c->endpoint,
+                           why);
+        }
         if (rc) return rc;
         if (r->request_id == req) return 1;
     }
@@ -481,6 +519,18 @@ int kvm_storecli_claim(kvm_storecli *c, const kvm_store_cache_key *key, const kv
     }
     kvm_msg_free(&reply);
     return rc;
+}
+
+int kvm_storecli_probe_service(kvm_storecli *c, int timeout_ms)
+{
+    kvm_store_cache_key key = {0}; /* a cache nobody stores: the probe only reads */
+    kvm_storecli_claim_state state;
+    c->strict = 1, c->foreign = 0;
+    int rc =
+        kvm_storecli_claim(c, &key, NULL, "kvmill-serve-probe", "", 0, KVM_STORECLI_PROBE, timeout_ms, 1, &state, NULL);
+    c->strict = 0;
+    if (c->foreign) return KVM_EPROTO;
+    return rc == KVM_EIO ? KVM_EIO : 0; /* a store_reply, even a refusal of this probe, is a store service's */
 }
 
 int kvm_storecli_renew(kvm_storecli *c, const char *owner, int64_t ttl_ms, int release, int timeout_ms, int attempts,

@@ -102,6 +102,17 @@ int kvm_storecli_claim(kvm_storecli *c, const kvm_store_cache_key *key, const kv
                        const char *owner, const char *host, int64_t ttl_ms, int flags, int timeout_ms, int attempts,
                        kvm_storecli_claim_state *state, kvm_storecli_claim_info *info);
 
+/* Asks the endpoint of c, once, whether a cache nobody stores is stored (a probe claim: it
+ * only reads), to tell at start-up that a store service answers there. Waits up to timeout_ms
+ * for the first reply. Returns 0 when it is a store_reply (whatever it says: a refusal of the
+ * probe is still a store service's), KVM_EPROTO when it is anything else (another kvmill
+ * endpoint: a serve front end's answer, ...; a message that is not kvmill's protocol; a
+ * store_reply that does not decode), the message naming the endpoint and what it answered with
+ * ("ENDPOINT is not a store service: it answered with TYPE ..."), KVM_EIO when no reply came
+ * (nothing listening there yet, or a refused handshake; the message says which). Not for a
+ * connection with requests under way (their late replies would be taken as foreign). */
+int kvm_storecli_probe_service(kvm_storecli *c, int timeout_ms);
+
 /* Renews every claim of owner for ttl_ms, or with release removes them (`renew_claims`);
  * *n (may be NULL) counts them. Waits and retries as kvm_storecli_claim. Errors: as it. */
 int kvm_storecli_renew(kvm_storecli *c, const char *owner, int64_t ttl_ms, int release, int timeout_ms, int attempts,

@@ -501,6 +501,35 @@ static void expect_eval_refused(const char *fixed, const char *(*cases)[2], size
     }
 }
 
+/* A sculpt option given twice in one method's own options or in calibrate's --sculpt-opts took
+ * the last value unsaid: refused, exit 2, naming the option, both items and the string; also
+ * through a deprecated name. A sculpt flag with the same option in a method's own options is no
+ * repeat: the method's overrides the flag (retain=16 over --retain 8 leaves --budget 16 no room). */
+START_TEST(test_sculpt_option_twice)
+{
+    const char *cases[][2] = {
+        {"--method sculpt:retain=8:iterations=1:retain=16 --budget 40",
+         "--method sculpt:retain=8:iterations=1:retain=16: option 'retain' is given twice ('retain=8' and "
+         "'retain=16')"},
+        {"--method h2o,kvzip:iters=1:iterations=2 --budget 40",
+         "--method kvzip:iters=1:iterations=2: option 'iterations' is given twice ('iters=1' and 'iterations=2')"},
+        {"--method polykv:/nonexistent/s.bin:seed=1:seed=2 --budget 40", "option 'seed' is given twice"},
+        {"--retain 8 --method sculpt:retain=16:iterations=1 --budget 16", "leaves none beyond the retain zone of 16"},
+    };
+    expect_eval_refused("--context 64", cases, sizeof cases / sizeof cases[0]);
+    char *out, *err;
+    int rc = kvmill(&out, &err,
+                    "calibrate --model '%s' --docs '%s' --budget 16 --context 64 --continuation 8 --threads 1 "
+                    "--phases prefill --kvzip --sculpt-opts retain=8,queries=16,retain=16 --out /dev/null",
+                    kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus/doc_000.txt"));
+    ck_assert_msg(rc == 2 && strstr(err, "kvmill calibrate: --sculpt-opts 'retain=8,queries=16,retain=16': option "
+                                         "'retain' is given twice ('retain=8' and 'retain=16')"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A size (budget, ratio, entries) among a method's own options, or in calibrate's --sculpt-opts,
  * was obeyed over --budget / --ratio (a --target-kl search then probed only that budget and
  * reported another) or ignored (polykv, calibrate): refused, exit 2, naming the option. So are
@@ -1237,6 +1266,49 @@ START_TEST(test_docs_list_many)
 }
 END_TEST
 
+/* A --docs file or folder whose name holds a comma was split at it and refused with the cut
+ * path: a value naming a file whole is taken whole (and is an input --csv may not overwrite); a
+ * missing item of a split value says the value was read as a comma-separated list. */
+START_TEST(test_docs_name_with_comma)
+{
+    char *tmp = kvm_test_tmpdir(), doc[4300], dir[4300], in_dir[4400], list[9000], *out = NULL, *err = NULL;
+    size_t n;
+    char *text = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n);
+    ck_assert_ptr_nonnull(text);
+    snprintf(doc, sizeof doc, "%s/notes, part 1.txt", tmp);
+    snprintf(dir, sizeof dir, "%s/x,y", tmp);
+    snprintf(in_dir, sizeof in_dir, "%s/d.txt", dir);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    ck_assert_int_eq(kvm_test_write_file(doc, text, n), 0);
+    ck_assert_int_eq(kvm_test_write_file(in_dir, text, n), 0);
+    free(text);
+    const char *model = kvm_test_data_path("models/stories260K.bin");
+    const char *base = "eval --model '%s' --docs '%s' --method h2o --budget 16 --context 64 --continuation 8";
+    const char *whole[] = {doc, dir};
+    for (int i = 0; i < 2; i++) {
+        int rc = kvmill(&out, &err, base, model, whole[i]);
+        ck_assert_msg(rc == 0, "--docs %s: exit %d: %s", whole[i], rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(list, sizeof list, "%s' --csv '%s", doc, doc); /* --csv names the document itself */
+    int rc = kvmill(&out, &err, base, model, list);
+    ck_assert_msg(rc == 2 && strstr(err, "is the --docs file"), "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    snprintf(list, sizeof list, "%s,%s/missing.txt", doc, tmp);
+    rc = kvmill(&out, &err, base, model, list);
+    /* a name with a comma cannot be one item of a list: the cut path is named, and why */
+    ck_assert_msg(rc == 2 && strstr(err, "/notes: No such file or directory (--docs '") &&
+                      strstr(err, "' was read as a comma-separated list: no file or folder has that whole name)"),
+                  "exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    kvm_test_rmtree(tmp);
+    free(tmp);
+}
+END_TEST
+
 /* A PATH.part left behind (a killed command, an interrupted eval, or planted) was opened
  * following links and emptied: a link to a store's data.mdb destroyed the store, a hard link to
  * a read-only file overwrote it, and an interrupted eval's rows (which it said are there) went
@@ -1724,6 +1796,7 @@ static Suite *cli_suite(void)
                  {"short_doc_keeps_csv", test_short_doc_keeps_csv},
                  {"eval_csv_names_distinct", test_eval_csv_names_distinct},
                  {"size_in_method_options", test_size_in_method_options},
+                 {"sculpt_option_twice", test_sculpt_option_twice},
                  {"method_option_as_written", test_method_option_as_written},
                  {"list_duplicates", test_list_duplicates},
                  {"value_is_an_option", test_value_is_an_option},
@@ -1742,6 +1815,7 @@ static Suite *cli_suite(void)
                  {"make_model_out_kinds", test_make_model_out_kinds},
                  {"part_leftovers_refused", test_part_leftovers_refused},
                  {"docs_list_many", test_docs_list_many},
+                 {"docs_name_with_comma", test_docs_name_with_comma},
                  {"sculpt_out_kept_on_failure", test_sculpt_out_kept_on_failure},
                  {"calibrate_write_error_says_why", test_calibrate_write_error_says_why},
                  {"sculpt_empty_doc", test_sculpt_empty_doc},

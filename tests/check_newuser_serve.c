@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 static char *g_dir;
 static char g_cfg[4096], g_front[4200], g_log[4200];
@@ -301,6 +303,79 @@ START_TEST(test_serve_store_service_silent)
     assert_contains(log, "warning: the store service tcp://127.0.0.1:1 does not answer");
     assert_contains(log, "kvmill store serve running");
     free(log);
+}
+END_TEST
+
+/* A process binding a ZeroMQ ROUTER at endpoint that answers the first message it gets with one
+ * frame of bytes that are not kvmill's protocol, then exits (within 20 s either way). */
+static pid_t foreign_router(const char *endpoint)
+{
+    pid_t p = fork();
+    ck_assert_int_ge(p, 0);
+    if (p > 0) return p;
+    void *ctx = zmq_ctx_new(), *r = zmq_socket(ctx, ZMQ_ROUTER);
+    int linger = 1000;
+    zmq_setsockopt(r, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(r, endpoint)) _exit(1);
+    zmq_pollitem_t it = {r, 0, ZMQ_POLLIN, 0};
+    char id[256];
+    int n = zmq_poll(&it, 1, 20000) == 1 ? zmq_recv(r, id, sizeof id, 0) : -1;
+    for (int more = 1; n > 0 && more;) { /* the rest of the request */
+        char frame[4096];
+        size_t sz = sizeof more;
+        zmq_getsockopt(r, ZMQ_RCVMORE, &more, &sz);
+        if (more) zmq_recv(r, frame, sizeof frame, 0);
+    }
+    if (n > 0) {
+        zmq_send(r, id, (size_t)n, ZMQ_SNDMORE);
+        zmq_send(r, "hello", 5, 0);
+    }
+    zmq_close(r);
+    zmq_ctx_term(ctx);
+    _exit(0);
+}
+
+/* kvmill serve with [store] path (or --store) at another kind of kvmill endpoint (a serve front
+ * end's bind) or something else that answers, probed at start, took any reply as a store
+ * service's: it said ready and every ask failed. It now refuses at start, exit 2, naming where
+ * the endpoint came from, the endpoint and what it answered with. */
+START_TEST(test_serve_store_not_a_store_service)
+{
+    char store[4300], other[4300], cmd[16384], fake[4300], *err = NULL;
+    write_config("");
+    snprintf(store, sizeof store, "%s/store", g_dir);
+    kvm_test_store_create(store);
+    const char *argv[] = {"--config", g_cfg, "--bind", g_front, "--workers", "0", NULL};
+    ck_assert_int_eq(kvm_test_serve_start(argv, g_log, 60, &g_serve), -1);
+    snprintf(other, sizeof other, "ipc://%s/front2", g_dir);
+    char cfg2[4300]; /* a run directory of its own: the second server would start (and wait for asks) */
+    snprintf(cfg2, sizeof cfg2, "%s/second.ini", g_dir);
+    char *text = kvm_test_read_file(g_cfg, NULL), *rd = text ? strstr(text, "/run\n") : NULL;
+    ck_assert_ptr_nonnull(rd);
+    memcpy(rd, "/rn2", 4);
+    ck_assert_int_eq(kvm_test_write_file(cfg2, text, strlen(text)), 0);
+    free(text);
+    snprintf(cmd, sizeof cmd, "timeout 10 '%s/kvmill' serve --config '%s' --bind '%s' --workers 0 --store '%s'",
+             kvm_test_bin(), cfg2, other, g_front);
+    int rc = kvm_test_run(cmd, NULL, &err);
+    ck_assert_msg(rc == 2, "serve over a serve front end: exit %d: %s", rc, err);
+    char want[4400];
+    snprintf(want, sizeof want, "kvmill serve: --store: %s is not a store service: it answered with answer", g_front);
+    assert_contains(err, want);
+    assert_contains(err, "is a kvmill serve front end");
+    free(err);
+    snprintf(fake, sizeof fake, "ipc://%s/fake", g_dir);
+    pid_t fp = foreign_router(fake);
+    snprintf(cmd, sizeof cmd, "timeout 10 '%s/kvmill' serve --config '%s' --bind '%s' --workers 0 --store '%s'",
+             kvm_test_bin(), cfg2, other, fake);
+    rc = kvm_test_run(cmd, NULL, &err);
+    kill(fp, SIGTERM);
+    waitpid(fp, NULL, 0);
+    ck_assert_msg(rc == 2, "serve over a foreign endpoint: exit %d: %s", rc, err);
+    snprintf(want, sizeof want, "%s is not a store service: it answered with a message that is not kvmill's protocol",
+             fake);
+    assert_contains(err, want);
+    free(err);
 }
 END_TEST
 
@@ -655,6 +730,7 @@ static Suite *suite(void)
         {"ask_store_service_endpoint", test_ask_store_service_endpoint},
         {"serve_empty_store_folder", test_serve_empty_store_folder},
         {"serve_store_service_silent", test_serve_store_service_silent},
+        {"serve_store_not_a_store_service", test_serve_store_not_a_store_service},
         {"dump_config_refuses_bad_endpoints", test_dump_config_refuses_bad_endpoints},
         {"ask_doc_fifo_no_writer", test_ask_doc_fifo_no_writer},
         {"ask_keys_to_plain_server", test_ask_keys_to_plain_server},

@@ -333,6 +333,7 @@ START_TEST(test_prefetch_bound)
     char *out = tmp_file("out.txt"), *err = tmp_file("err.txt");
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, err);
     ck_assert_msg(summary_field(out, "compressed") == 8, "stdout: %s", out);
+    ck_assert_msg(summary_field(out, "not_processed") == 0, "a finished run: stdout: %s", out);
     printf("prefetch: at most %d documents prefilled and not yet compressed\n", worst);
     ck_assert_msg(worst <= 2 + 1, "%d documents were prefilled but not compressed at once (bound 2 + 1 in compress)", worst);
     const char *pl = strstr(out, "prefetch: at most ");
@@ -375,6 +376,14 @@ START_TEST(test_ctrl_c_only_in_flight)
     /* every document is longer than the context; only the compressed ones count as truncated */
     ck_assert_msg(summary_field(out, "truncated") == done, "truncated %lld of %lld compressed: %s",
                   summary_field(out, "truncated"), done, out);
+    /* the machine-readable line says what the human one does, as its last field (fields are
+     * only appended: scripts may read them by position) */
+    ck_assert_msg(summary_field(out, "not_processed") == left, "not_processed %lld, interrupted: %lld\nstdout: %s",
+                  summary_field(out, "not_processed"), left, out);
+    const char *sl = strstr(out, "summary: "), *kept = sl ? strstr(sl, " kept_full=") : NULL;
+    ck_assert_msg(kept && strchr(kept + 1, ' ') == strstr(sl, " not_processed=") &&
+                      !strchr(strstr(sl, " not_processed=") + 1, ' '),
+                  "not_processed is not the field after kept_full, last: %s", out);
     free(out);
     free(err);
 }

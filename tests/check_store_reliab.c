@@ -2114,6 +2114,8 @@ START_TEST(test_run_store_moved_away)
     char *out = kvm_test_read_file(outp, NULL), *err = kvm_test_read_file(errp, NULL);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x\n%s\n%s", st, out, err);
     ck_assert_msg(strstr(out, "store gone: ") && summary_field(out, "compressed") < 3, "%s\n%s", out, err);
+    ck_assert_msg(summary_field(out, "not_processed") == atoll(strstr(out, "store gone: ") + strlen("store gone: ")),
+                  "the summary's not_processed is not the store gone line's count: %s", out);
     ck_assert_msg(strstr(err, "is gone since this process opened it") && strstr(err, "feeding no more documents"), "%s",
                   err);
     free(out);

@@ -54,6 +54,17 @@ int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg);
  * --budget / --ratio, calibrate's per-layer budgets), where such an item would be ignored. */
 const char *kvm_sculpt_opts_find_size(const char *list, const char *seps);
 
+/* Refuses a setting named twice in the option list `list` (items "name[=value]" separated by
+ * any character of `seps`, as kvm_sculpt_opts_find_size reads them): "retain=8:retain=16", also
+ * through a deprecated name ("iters=5:iterations=7"). kvm_sculpt_opts_parse lets a later item
+ * override an earlier one, which the callers need for lists they compose (eval's sculpt flags,
+ * then a method's own options over them); a list the user wrote is checked with this first, so
+ * that one of the two values is not dropped unsaid. entries is budget's old name and counts as
+ * it; budget and ratio are two settings (the callers refuse a size among a user's options on
+ * their own). Unknown names are skipped (the parser refuses them). Returns 0, or KVM_EINVAL with a message naming the
+ * setting and both items. NULL changes nothing. */
+int kvm_sculpt_opts_check_repeats(const char *list, const char *seps);
+
 /* Applies a harness budget (compress/kvm_compress.h): ratio r means k = r·(N−m) (o->ratio);
  * tokens b means b entries per KV head including the retain zone, k = b − m (o->k_entries).
  * Call after the retain size is final. Returns 0 or KVM_EINVAL (b ≤ m, or neither set). */

@@ -212,6 +212,32 @@ const char *kvm_sculpt_opts_find_size(const char *list, const char *seps)
     return NULL;
 }
 
+/* The setting an item names, deprecated names as the ones replacing them ("iters" is
+ * "iterations"), so that two spellings of one setting count as one; NULL when unknown. */
+static const char *setting_of(const char *item, size_t len)
+{
+    size_t name_len = strcspn(item, "=");
+    const row *r = find_row(item, name_len < len ? name_len : len);
+    return !r ? NULL : r->replaced_by ? r->replaced_by : r->name;
+}
+
+int kvm_sculpt_opts_check_repeats(const char *list, const char *seps)
+{
+    for (const char *t = list; t && *t; t += strcspn(t, seps), t += *t != '\0') {
+        size_t len = strcspn(t, seps);
+        const char *name = setting_of(t, len);
+        if (!name) continue; /* an unknown name is the parser's to refuse; "cuda:1"'s "1" is no item */
+        for (const char *u = t + len + (t[len] != '\0'); *u; u += strcspn(u, seps), u += *u != '\0') {
+            size_t ulen = strcspn(u, seps);
+            const char *again = setting_of(u, ulen);
+            if (again && !strcmp(again, name))
+                return kvm_err(KVM_EINVAL, "option '%s' is given twice ('%.*s' and '%.*s'): give it once", name,
+                               (int)len, t, (int)ulen, u);
+        }
+    }
+    return 0;
+}
+
 int kvm_sculpt_opts_parse(kvm_sculpt_opts *o, const char *arg)
 {
     if (!arg || !*arg) return 0;
