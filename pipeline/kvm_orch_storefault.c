@@ -1,5 +1,6 @@
 /* kvm_orch_storefault.c: a compress worker started by hand whose caches cannot reach the run's
- * store (keys the store service refuses, another --store) fails every job it takes. Each failure
+ * store (keys the store service refuses, another --store, a service endpoint that never replies
+ * to it) fails every job it takes. Each failure
  * was an attempt of that job's document, so one such worker made documents fail after
  * [run] max_retries although the run's own workers could have stored them. Such a worker is
  * the cause, not the document: it is refused (no more jobs; told why, so it exits, as a worker
