@@ -43,7 +43,7 @@ typedef struct kvm_orch_summary {
     int64_t wire_in_bytes;                          /* message bytes the orchestrator received on its data socket
                                                        (prefill's kv messages, workers' ready credits) */
     int64_t requeues;                               /* jobs sent again (dead or silent worker, retryable error) */
-    int64_t store_commits;                          /* acks of compress workers: caches committed */
+    int64_t store_commits;                          /* acks of compress workers whose cache is in the run's store */
     double store_ms;                                /* compress workers' time committing caches (LMDB or upload) */
     int64_t wire_out_bytes;                         /* message bytes it sent there (jobs to prefill; jobs and the
                                                        forwarded kv messages to compress) */

@@ -286,8 +286,10 @@ int kvm_orch__model_changed(orch *o, const char *msg, size_t n);
 int kvm_orch__store_fault_worker(const orch *o, int w);
 /* Worker w's job failed at the store service with why (KVM_EIO) while the run's store answers:
  * 1 when that is w's fault for sure, so w is to be refused: the service refused its key or its
- * handshake (a setting of w's), or this is its second such failure in a row (its uploads get
- * no reply; one may be the service's moment of load, and that job used an attempt). */
+ * handshake (a setting of w's), or, with a store service as the run's store (which answered the
+ * run's probe just now), this is its second such failure in a row (its uploads get no reply; one
+ * may be the service's moment of load, and that job used an attempt). A run on a local store
+ * never asks the service it hosts, which may be stalled: no reply is never w's fault there. */
 int kvm_orch__store_fault_counts(orch *o, int w, const char *why);
 /* Refuses worker w (kvm_orch__store_fault_worker said 1) for why (the failure, 1..600 bytes
  * kept): logged once (event worker_refused), told to the worker (an error: a revision-10 stage

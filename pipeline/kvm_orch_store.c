@@ -551,7 +551,10 @@ void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
     /* a store service: the ack is its commit reply, passed on (a lookup there would read and
      * checksum the cache on the single-threaded service, the loop waiting for the round trip) */
     if (o->mode != MODE_RUN || !o->store) {
-        if (!kvm_orch__remote_ack_elsewhere(o, j, w)) kvm_orch__job_committed(o, j);
+        if (!kvm_orch__remote_ack_elsewhere(o, j, w))
+            kvm_orch__job_committed(o, j);
+        else
+            o->sum->store_commits--; /* counted at the ack: no commit into the run's store */
         return;
     }
     kvm_store_cache_key key = {.model_id = o->model_id, .doc_hash = j->doc->hash, .config_id = o->config_id};
@@ -563,6 +566,7 @@ void kvm_orch__ack_stored(orch *o, orch_job *j, int w)
         return;
     }
     char why[1200];
+    if (!rc) o->sum->store_commits--; /* counted at the ack: no commit into the run's store */
     if (!rc && kvm_orch__store_fault_worker(o, w)) {
         snprintf(why, sizeof why,
                  "%s was acked as committed, but the run's store %s holds no cache of it: the worker writes to another "

@@ -1,6 +1,6 @@
 /* kvm_orch_storefault.c: a compress worker started by hand whose caches cannot reach the run's
- * store (keys the store service refuses, another --store, a service endpoint that never replies
- * to it) fails every job it takes. Each failure
+ * store (keys the store service refuses, another --store, a store service that answers the run
+ * but never the worker) fails every job it takes. Each failure
  * was an attempt of that job's document, so one such worker made documents fail after
  * [run] max_retries although the run's own workers could have stored them. Such a worker is
  * the cause, not the document: it is refused (no more jobs; told why, so it exits, as a worker
@@ -25,7 +25,9 @@ int kvm_orch__store_fault_worker(const orch *o, int w)
 int kvm_orch__store_fault_counts(orch *o, int w, const char *why)
 {
     if (strstr(why, "rejected this client's key") || strstr(why, "the security handshake failed")) return 1;
-    return ++o->workers[w].store_failures >= 2;
+    /* no reply: w's fault only when the run asked the same service since and got an answer; a
+     * run on a local store does not talk to the service it hosts, which may be stalled */
+    return o->cli && ++o->workers[w].store_failures >= 2;
 }
 
 /* Sends store-refused worker w the error that stops it. */

@@ -408,46 +408,6 @@ START_TEST(test_worker_with_another_store)
 }
 END_TEST
 
-/* A compress worker started by hand whose --store names an endpoint where nothing answers: each
- * upload got no reply, each failure used an attempt of its document, and the worker took job
- * after job until every document had failed (exit 1). Now its second such failure in a row,
- * while the run's own store answers, refuses it (told why: it exits 1) and gives that job its
- * attempt back (the first used one: max_retries 1 leaves room for it); a worker with the run's
- * store stores every document (exit 0). */
-START_TEST(test_worker_without_store_replies)
-{
-    make_docs(2);
-    char st[4400], nowhere[64];
-    snprintf(st, sizeof st, "%s\nupload_timeout_ms = 100", store); /* 3 x 100 ms per job */
-    snprintf(nowhere, sizeof nowhere, "tcp://127.0.0.1:%d", kvm_test_tcp_port(1));
-    write_config("method = streaming\nbudget = 32", st, "max_retries = 1");
-    FILE *f = fopen(cfg_path, "a");
-    ck_assert_ptr_nonnull(f);
-    fputs("compress_workers = 0\n", f);
-    fclose(f);
-    char out_path[4300], err_path[4300], wpath[4300];
-    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
-    int bad = wait_exit(start_worker(nowhere, "bad"), 60);
-    snprintf(wpath, sizeof wpath, "%s/bad.log", tmp);
-    char *wlog = kvm_test_read_file(wpath, NULL);
-    ck_assert_msg(bad == 1 && wlog && strstr(wlog, "refused by run: this run refuses this worker"),
-                  "worker exit %d:\n%s", bad, wlog);
-    free(wlog);
-    pid_t good = start_worker(store, "good");
-    int rc = wait_exit(pid, 120);
-    kill(good, SIGTERM);
-    waitpid(good, NULL, 0);
-    char *out = kvm_test_read_file(out_path, NULL), *err = kvm_test_read_file(err_path, NULL);
-    ck_assert_msg(rc == 0 && summary_field(out, "compressed") == 2 && summary_field(out, "failed") == 0,
-                  "exit %d\nstdout: %s\nstderr: %s", rc, out, err);
-    const char *requeued = strstr(err, "(attempt 2): compress stage: store service"); /* the first, an attempt */
-    ck_assert_msg(requeued && strstr(requeued, "is refused, no more jobs go to it"), "stderr: %s", err);
-    ck_assert_int_eq(kvm_test_store_caches(store), 2);
-    free(out);
-    free(err);
-}
-END_TEST
-
 /* The owner string of a run that process pid of this host would write (kvm_storew_owner's shape). */
 static void owner_of(long pid, const char *host, char *out, size_t n)
 {
@@ -1134,7 +1094,6 @@ static Suite *orch_recovery_suite(void)
                  {"resume_after_capped_lease", test_resume_after_capped_lease, 30},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
-                 {"worker_without_store_replies", test_worker_without_store_replies, 240},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
                  {"left_recheck_bounded", test_left_recheck_bounded, 120},
                  {"left_wait_says_lapse", test_left_wait_says_lapse, 120}};
