@@ -26,7 +26,9 @@ int kvm_cmd_store_serve(int argc, char **argv)
          NULL},
         {"config", 1, "config whose [store] and [security] settings apply", NULL},
         {"parent-pid", 1,
-         "stop when process PID, the parent (the kvmill run or serve that started the service), is gone", NULL},
+         "stop when process PID, the parent (the kvmill run or serve that started the service), is gone; its "
+         "first SIGTERM waits for the live claims of the runs that claim through the service, a second stops it now",
+         NULL},
         {"create", 0,
          "make the store when it does not exist (else refused: a mistyped path would take uploads into a "
          "store no run reads)",

@@ -3,6 +3,7 @@
  * every wait is a zmq_poll with a short timeout so heartbeats, timeouts and signals are handled
  * within ~100 ms. The job table, stages, dispatch, messages and store are kvm_orch_*.c. */
 #include "pipeline/kvm_orch_int.h"
+#include "pipeline/kvm_spawn.h"
 #include "common/kvm_signal.h"
 #include "pipeline/kvm_orch_metrics.h"
 #include "pipeline/kvm_orch_remote.h"
@@ -214,6 +215,25 @@ static int prepare(orch *o, kvm_store **store)
     return o->n_open > 0 ? kvm_orch__start_stages(o) : 0;
 }
 
+/* The store service stays up for the claims of other runs, named by whom (kvm_svcproc_ask_stop):
+ * waited for, once the run's own end is done, until it stops by itself, or an interrupt after
+ * `seen` stops it now. The run's summary and status are its own work's either way. */
+static void wait_svc(orch *o, int seen, const char *whom)
+{
+    if (kvm_spawn_reaped(&o->svc.pid)) return; /* their claims were released meanwhile */
+    kvm_orch__log("the store service stays up for %s: they store through it, so this run waits for it to stop once "
+                  "their claims are released or lapse (Ctrl-C stops it now; its log: %s)\n",
+                  whom, o->svc.log);
+    while (interrupts == seen && !kvm_spawn_reaped(&o->svc.pid))
+        usleep(50000);
+    if (o->svc.pid <= 0) {
+        kvm_orch__log("the store service stopped: the runs it stayed up for released their claims or let them lapse\n");
+        return;
+    }
+    kvm_orch__log("interrupted: stopping the store service now (the runs it stayed up for find the store down)\n");
+    kvm_svcproc_stop(&o->svc, 5000);
+}
+
 static void loop(orch *o)
 {
     int seen_interrupts = 0;
@@ -417,7 +437,14 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     kvm_orch__reap_all(&o, hard          ? 100
                            : o.abandoned ? 2000
                                          : 1000.0 * (double)kvm_config_int(cfg, "run", "grace_s") + 2000);
-    kvm_svcproc_stop(&o.svc, 5000); /* after the workers: their last uploads are committed */
+    /* after the workers: their last uploads are committed; a service that other runs store
+     * through stays up for them (documents this run left to them included), waited for below */
+    char svc_whom[1400] = "";
+    int svc_seen = interrupts;
+    if (hard)
+        kvm_svcproc_stop(&o.svc, 5000);
+    else
+        kvm_svcproc_ask_stop(&o.svc, 5000, svc_whom, sizeof svc_whom);
     if (!rc && !hard) kvm_orch__failed_but_stored(&o, store); /* the store is the truth, not the acks seen */
     for (int64_t i = 0; i < o.n_jobs; i++) {
         if (o.jobs[i].state == J_FAILED) sum->failed++;
@@ -470,6 +497,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (o.data) zmq_close(o.data);
     kvm_curve_ctx_term(o.zctx); /* joins the ZAP handler of a keyed [run] bind too */
     unlink_bound_ipc();         /* after the close: run and calibrate alike, however they ended */
+    if (o.svc.pid > 0) wait_svc(&o, svc_seen, svc_whom);
     kvm_store_set_interrupt(NULL, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);

@@ -7,6 +7,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_svcproc.h"
+#include "pipeline/kvm_spawn.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_rundir.h"
 #include "pipeline/kvm_stage.h"
@@ -71,6 +72,29 @@ static void record_cap(srv *s)
     if (rc && rc != KVM_ENOTFOUND)
         kvm_log(KVM_LOG_WARN, "message", NULL, 0, "[store] cap_mb not recorded in %s: %s", s->store_path, kvm_errmsg());
     kvm_store_close(&st);
+}
+
+/* The store service stopped at the end: now, or asked, when it stays up for the claims of runs
+ * that store through it ([store] path = this service), waited for until it stops by itself
+ * (their claims released or lapsed) or a further Ctrl-C stops it now. */
+static void stop_svc(srv *s, int now)
+{
+    char whom[1400];
+    const int seen = interrupts;
+    if (now) {
+        kvm_svcproc_stop(&s->svc, 5000);
+        return;
+    }
+    if (!kvm_svcproc_ask_stop(&s->svc, 5000, whom, sizeof whom)) return;
+    kvm_serve__log("the store service stays up for %s: they store through it, so serve waits for it to stop once "
+                   "their claims are released or lapse (Ctrl-C again stops it now; its log: %s)",
+                   whom, s->svc.log);
+    while (interrupts == seen && !kvm_spawn_reaped(&s->svc.pid))
+        usleep(50000);
+    if (s->svc.pid <= 0)
+        kvm_serve__log("the store service stopped: the runs it stayed up for released their claims or let them lapse");
+    else
+        kvm_svcproc_stop(&s->svc, 5000);
 }
 
 static int prepare(srv *s)
@@ -258,7 +282,7 @@ int kvm_serve_run(const kvm_config *cfg, const kvm_serve_opts *o)
                            (unsigned long long)s.failed);
     }
     kvm_serve__shutdown_workers(&s, interrupts >= 2 || rc);
-    kvm_svcproc_stop(&s.svc, 5000);
+    stop_svc(&s, interrupts >= 2 || rc);
     for (int w = 0; w < s.n_workers; w++)
         kvm_msg_free(&s.workers[w].env);
     free(s.queue);

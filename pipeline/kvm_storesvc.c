@@ -39,6 +39,9 @@ typedef struct svc {
     void *sock;
     FILE *log;
     kvm_storesvc_stats *st;
+    kvm_storesvc_clients clients; /* the runs that claim through this service */
+    int staying;                  /* asked to stop once, it serves on for their live claims */
+    int64_t next_look_ms;         /* when to look at their claims again while staying */
     svc_upload up[SVC_MAX_UPLOADS];
 } svc;
 
@@ -337,6 +340,24 @@ static void svc_get_strategy(svc *s, const uint8_t *env, size_t n, const kvm_msg
     free(buf);
 }
 
+/* A run that took or renewed claims here is a client the service stays up for (svc_stop_now);
+ * one that released them (its end) is one no more. */
+static void svc_note_client(svc *s, kvm_proto_type t, const kvm_proto_claim *c, const kvm_proto_renew_claims *rn,
+                            const kvm_storesvc_claim_out *out, int64_t n_claims)
+{
+    char owner[KVM_PROTO_MAX_NAME_BYTES + 1];
+    if (t == KVM_PROTO_CLAIM && !c->probe && !strcmp(out->state, "taken")) {
+        snprintf(owner, sizeof owner, "%.*s", (int)c->owner.len, c->owner.ptr);
+        kvm_storesvc_clients_note(&s->clients, owner);
+    } else if (t == KVM_PROTO_RENEW_CLAIMS) {
+        snprintf(owner, sizeof owner, "%.*s", (int)rn->owner.len, rn->owner.ptr);
+        if (rn->release)
+            kvm_storesvc_clients_forget(&s->clients, owner);
+        else if (n_claims > 0)
+            kvm_storesvc_clients_note(&s->clients, owner);
+    }
+}
+
 /* claim and renew_claims (revision 6): a run on another host takes, probes, renews and
  * releases its claims here; the answer is one store_reply (claim outcome, holder, n_claims),
  * (revision 12: the holder's expiry), a malformed request or a store error a refusal naming
@@ -360,6 +381,7 @@ static void svc_claim(svc *s, const uint8_t *env, size_t n, const kvm_msg *m, kv
     }
     if (!rc) {
         r.request_id = req;
+        svc_note_client(s, t, &c, &rn, &out, r.n_claims);
         if (t == KVM_PROTO_CLAIM) {
             r.claim = kvm_proto_str_c(out.state);
             if (!strcmp(out.state, "held"))
@@ -426,6 +448,7 @@ done:
 }
 
 static long svc_parent_pid;         /* kvm_storesvc_main's parent_pid: the loop stops when it is gone */
+static int svc_stay;                /* started by a run or serve: a first stop waits for the clients' claims */
 static kvm_serve_ipc_file *svc_ipc; /* kvm_storesvc_main's ipc socket file, noted again after a rebind */
 
 /* The store at the service's path followed (kvm_store_follow): a compacted copy moved in its place
@@ -450,6 +473,47 @@ static void svc_refresh_store(svc *s, kvm_store **owner)
     if (rc) snprintf(s->gone_why, sizeof s->gone_why, "%s", kvm_errmsg());
 }
 
+/* Whether the service stops, asked `asked` times (*stop). Started by a run or kvmill serve
+ * (--parent-pid), asked once, it serves on while runs that claimed through it hold live claims:
+ * they store their documents through it, and its parent said they would (a run leaves such
+ * documents to them); it stops once they are released (their runs ended) or lapse (their runs
+ * died), or at a second request. Looked at every 200 ms; said once each way. */
+static int svc_stop_now(svc *s, sig_atomic_t asked)
+{
+    if (!svc_stay || s->gone) return 1;
+    int64_t now = svc_now_ms();
+    if (asked < 2 && s->staying && now < s->next_look_ms) return 0;
+    s->next_look_ms = now + 200;
+    int64_t n = 0;
+    int runs = 0;
+    char desc[1200];
+    if (kvm_storesvc_clients_live(s->store, &s->clients, &n, &runs, desc, sizeof desc)) {
+        svc_log(s, KVM_LOG_WARN, "claims_unread", NULL, 0, "cannot read the claims of its clients: stopping: %s",
+                kvm_errmsg());
+        return 1;
+    }
+    kvm_log_field f[] = {KVM_LOG_I("claims", n), KVM_LOG_I("runs", runs), KVM_LOG_S("holders", desc)};
+    if (n > 0 && asked >= 2) {
+        svc_log(s, KVM_LOG_WARN, "stopped_under_claims", f, 3,
+                "a second stop request: stopping now, under %lld live claim%s of %s (they find the store down)",
+                (long long)n, n == 1 ? "" : "s", desc);
+        return 1;
+    }
+    if (n == 0) {
+        if (s->staying)
+            svc_log(s, KVM_LOG_INFO, "clients_done", NULL, 0,
+                    "the claims it stayed up for were released or lapsed: stopping");
+        return 1;
+    }
+    if (!s->staying)
+        svc_log(s, KVM_LOG_WARN, "staying_up", f, 3,
+                "stays up for %s until their claims are released or lapse: asked to stop while %lld live claim%s of "
+                "%d other run%s store through it; a second stop request (SIGTERM, Ctrl-C) stops it now",
+                desc, (long long)n, n == 1 ? "" : "s", runs, runs == 1 ? "" : "s");
+    s->staying = 1;
+    return 0;
+}
+
 int kvm_storesvc_loop(kvm_store **store, void *sock, int64_t upload_timeout_ms, const volatile sig_atomic_t *stop,
                       kvm_storesvc_stats *stats, FILE *log)
 {
@@ -461,7 +525,7 @@ int kvm_storesvc_loop(kvm_store **store, void *sock, int64_t upload_timeout_ms, 
     size_t epn = sizeof ep - 1;
     if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ep, &epn)) ep[0] = '\0';
     time_t next_look = 0;
-    while (!(stop && *stop)) {
+    while (!(stop && *stop && svc_stop_now(s, *stop))) {
         if (svc_parent_pid > 0 && getppid() != (pid_t)svc_parent_pid) { /* reparented: the parent died */
             kvm_log(KVM_LOG_WARN, "parent_gone", NULL, 0,
                     "the process that started this service (pid %ld) is gone: stopping", svc_parent_pid);
@@ -506,11 +570,12 @@ int kvm_storesvc_loop(kvm_store **store, void *sock, int64_t upload_timeout_ms, 
 }
 
 static volatile sig_atomic_t svc_stop;
-static void svc_on_signal(int sig) { (void)sig, svc_stop = 1; }
+static void svc_on_signal(int sig) { (void)sig, svc_stop = svc_stop < 2 ? svc_stop + 1 : 2; } /* requests so far */
 
 int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create, long parent_pid)
 {
     svc_parent_pid = parent_pid;
+    svc_stay = parent_pid > 0;
     kvm_store *store = NULL;
     void *zctx = NULL, *sock = NULL;
     kvm_serve_ipc_file ipc;

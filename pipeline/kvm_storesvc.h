@@ -35,7 +35,11 @@ typedef struct kvm_storesvc_stats {
 } kvm_storesvc_stats;
 
 /* Runs the service on sock (a bound ZMQ_ROUTER) over store *s (opened for writing) until *stop
- * becomes non-zero (checked at least every 200 ms) or the context terminates. Logs one line
+ * becomes non-zero (checked at least every 200 ms; *stop counts the stop requests) or the
+ * context terminates. In a service kvm_storesvc_main started with parent_pid > 0, a first stop
+ * request while runs that took or renewed claims through it hold live ones keeps it serving
+ * (said once: "stays up for OWNER on HOST (N claims, ...) until ...") until those claims are
+ * released or lapse, or *stop reaches 2. Logs one line
  * per refusal and commit to log (may be NULL). stats (may be NULL) is kept current. Before each
  * message the store at its path is followed (kvm_store_follow): a compacted copy moved in place
  * is opened again and *s set to the new handle (the caller closes whichever *s holds at the
@@ -51,7 +55,9 @@ int kvm_storesvc_loop(kvm_store **s, void *sock, int64_t upload_timeout_ms, cons
  * endpoint needs [security] server_secret_key and authorized_keys; keys, when set, are used on
  * local endpoints too), prints "kvmill-store: ready on ENDPOINT" (the bound endpoint, port 0
  * resolved) on stdout, and serves until SIGINT/SIGTERM, or, with parent_pid > 0, until that
- * process is no longer its parent (it died: kvm_svcproc starts the service so). Returns a process exit status: 0 after
+ * process is no longer its parent (it died: kvm_svcproc starts the service so). With
+ * parent_pid > 0 the first SIGINT/SIGTERM waits for the live claims of the runs that claim
+ * through it (kvm_storesvc_loop), a second one stops it now. Returns a process exit status: 0 after
  * a signal, 2 when the store or the endpoint cannot be opened (the reason on stderr). */
 int kvm_storesvc_main(const kvm_config *cfg, const char *path, const char *endpoint, int create, long parent_pid);
 

@@ -4,7 +4,9 @@
 #include "pipeline/kvm_cachecodec.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void key_of(const kvm_proto_claim *c, kvm_store_cache_key *k, kvm_store_id *tok)
 {
@@ -71,4 +73,75 @@ int kvm_storesvc_renew(kvm_store *s, const kvm_proto_renew_claims *r, int64_t *n
     snprintf(owner, sizeof owner, "%.*s", (int)r->owner.len, r->owner.ptr);
     *n = 0;
     return r->release ? kvm_store_claim_release(s, owner, n) : kvm_store_claim_renew(s, owner, r->ttl_ms, n);
+}
+
+void kvm_storesvc_clients_note(kvm_storesvc_clients *c, const char *owner)
+{
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->owner[i], owner)) return;
+    int slot = c->n < KVM_STORESVC_MAX_CLIENTS ? c->n++ : c->next++ % KVM_STORESVC_MAX_CLIENTS;
+    snprintf(c->owner[slot], sizeof c->owner[slot], "%s", owner);
+}
+
+void kvm_storesvc_clients_forget(kvm_storesvc_clients *c, const char *owner)
+{
+    for (int i = 0; i < c->n; i++)
+        if (!strcmp(c->owner[i], owner)) {
+            memmove(c->owner[i], c->owner[c->n - 1], sizeof c->owner[i]);
+            c->n--;
+            return;
+        }
+}
+
+/* What kvm_storesvc_clients_live gathers while listing the claims. */
+typedef struct live_scan {
+    const kvm_storesvc_clients *c;
+    int64_t now_ms;                              /* wall clock, ms since 1970 */
+    int64_t n[KVM_STORESVC_MAX_CLIENTS];         /* live claims per client */
+    int64_t latest_ms[KVM_STORESVC_MAX_CLIENTS]; /* the last of them to lapse */
+    char host[KVM_STORESVC_MAX_CLIENTS][64];     /* the host its claims name */
+} live_scan;
+
+static int live_visit(const kvm_store_cache_key *key, const kvm_store_claim *cl, void *arg)
+{
+    (void)key;
+    live_scan *ls = arg;
+    if (cl->expires_unix_ms <= ls->now_ms) return 0; /* lapsed: nobody relies on it */
+    for (int i = 0; i < ls->c->n; i++)
+        if (!strcmp(ls->c->owner[i], cl->owner)) {
+            ls->n[i]++;
+            if (cl->expires_unix_ms > ls->latest_ms[i]) ls->latest_ms[i] = cl->expires_unix_ms;
+            snprintf(ls->host[i], sizeof ls->host[i], "%s", cl->host);
+            break;
+        }
+    return 0;
+}
+
+int kvm_storesvc_clients_live(kvm_store *s, const kvm_storesvc_clients *c, int64_t *n_claims, int *n_runs, char *desc,
+                              size_t n)
+{
+    *n_claims = 0, *n_runs = 0;
+    if (n) desc[0] = '\0';
+    if (c->n == 0) return 0;
+    live_scan *ls = calloc(1, sizeof *ls);
+    if (!ls) return kvm_err(KVM_ENOMEM, "store service: out of memory");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ls->c = c;
+    ls->now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int rc = kvm_store_list_claims(s, live_visit, ls);
+    size_t used = 0;
+    for (int i = 0; !rc && i < c->n; i++) {
+        if (!ls->n[i]) continue;
+        *n_claims += ls->n[i];
+        if (++*n_runs <= 3 && used < n)
+            used += (size_t)snprintf(
+                desc + used, n - used, "%s%s on %s (%lld claim%s, lapsing in %.1f s unless renewed)",
+                *n_runs > 1 ? ", " : "", c->owner[i], ls->host[i][0] ? ls->host[i] : "?", (long long)ls->n[i],
+                ls->n[i] == 1 ? "" : "s", (double)(ls->latest_ms[i] - ls->now_ms) / 1000.0);
+    }
+    if (*n_runs > 3 && used < n)
+        snprintf(desc + used, n - used, " and %d more run%s", *n_runs - 3, *n_runs == 4 ? "" : "s");
+    free(ls);
+    return rc;
 }

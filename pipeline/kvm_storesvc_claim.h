@@ -35,4 +35,29 @@ int kvm_storesvc_claim(kvm_store *s, const kvm_proto_claim *c, kvm_storesvc_clai
  * above KVM_STORE_CLAIM_MAX_TTL_MS). */
 int kvm_storesvc_renew(kvm_store *s, const kvm_proto_renew_claims *r, int64_t *n);
 
+enum { KVM_STORESVC_MAX_CLIENTS = 256 };
+
+/* The owners that took or renewed claims through this service: the runs on other hosts (or
+ * with [store] path = this service) that store through it. A service started by a run or by
+ * kvmill serve ([store] service_bind) stays up for them when its parent asks it to stop. */
+typedef struct kvm_storesvc_clients {
+    char owner[KVM_STORESVC_MAX_CLIENTS][KVM_PROTO_MAX_NAME_BYTES + 1]; /* NUL-terminated names */
+    int n;                                                              /* entries in owner */
+    int next;                                                           /* slot replaced when all are used */
+} kvm_storesvc_clients;
+
+/* Notes owner (1..127 bytes) as a client (once); when the table is full the oldest entry is
+ * replaced (a run that renews is noted again at its next renewal). */
+void kvm_storesvc_clients_note(kvm_storesvc_clients *c, const char *owner);
+
+/* Forgets owner (its claims were released: the run ended). */
+void kvm_storesvc_clients_forget(kvm_storesvc_clients *c, const char *owner);
+
+/* The live claims (expiring after now, wall clock) of the clients in c, as the store s holds
+ * them: *n_claims claims of *n_runs runs; desc gets "OWNER on HOST (N claims, lapsing in S s
+ * unless renewed)" for the first three runs, then "and K more runs". Returns 0, or the
+ * store's error (kvm_store_list_claims). */
+int kvm_storesvc_clients_live(kvm_store *s, const kvm_storesvc_clients *c, int64_t *n_claims, int *n_runs, char *desc,
+                              size_t n);
+
 #endif

@@ -80,16 +80,72 @@ int kvm_svcproc_start(kvm_svcproc *p, const char *bin_dir, const char *store, co
 int kvm_svcproc_restart(kvm_svcproc *p, double timeout_ms)
 {
     p->restarts++;
+    p->asked = 0;
     return spawn(p, timeout_ms);
+}
+
+static long log_size(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n < 0 ? 0 : n;
+}
+
+/* The log from offset `from`: its "stays up for WHOM until" line (kvm_storesvc.c, svc_stop_now)?
+ * WHOM into whom[0, n). */
+static int log_staying(const char *path, long from, char *whom, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[4096];
+    int found = 0;
+    fseek(f, from, SEEK_SET);
+    while (!found && fgets(line, sizeof line, f)) {
+        char *a = strstr(line, "stays up for "), *b = a ? strstr(a, " until ") : NULL;
+        if (b) found = 1, snprintf(whom, n, "%.*s", (int)(b - a - 13), a + 13);
+    }
+    fclose(f);
+    return found;
+}
+
+int kvm_svcproc_ask_stop(kvm_svcproc *p, double grace_ms, char *whom, size_t n)
+{
+    if (n) whom[0] = '\0';
+    if (p->pid <= 0) return 0;
+    long from = log_size(p->log);
+    kill(p->pid, SIGTERM);
+    for (double end = kvm_now_ms() + grace_ms; kvm_now_ms() < end; usleep(20000)) {
+        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+            p->pid = 0;
+            return 0;
+        }
+        if (log_staying(p->log, from, whom, n)) return p->asked = 1;
+    }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    p->pid = 0;
+    return 0;
 }
 
 void kvm_svcproc_stop(kvm_svcproc *p, double grace_ms)
 {
     if (p->pid <= 0) return;
     kill(p->pid, SIGTERM);
+    /* a second stop request stops a service that stays up for other runs' claims: two different
+     * signals, since a second SIGTERM sent before the first is handled is merged with it */
+    if (!p->asked) kill(p->pid, SIGINT);
     for (double end = kvm_now_ms() + grace_ms; kvm_now_ms() < end; usleep(20000))
-        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) { p->pid = 0; return; }
-    kill(p->pid, SIGKILL);
-    waitpid(p->pid, NULL, 0);
+        if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+            p->pid = 0;
+            break;
+        }
+    if (p->pid > 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+    }
     p->pid = 0;
+    p->asked = 0;
 }

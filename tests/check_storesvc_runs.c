@@ -8,7 +8,9 @@
  * while a remote compress worker lives reaches its next job; kvmill serve starts, restarts and
  * stops the store service ([store] service_bind); documents left to other runs are looked at
  * again through the service (protocol revision 12); a run whose [store] path is a kvmill serve
- * front end says so at once. The service is `kvmill store serve` on loopback TCP. */
+ * front end says so at once; a run hosting the service ([store] service_bind) keeps it up for a
+ * run storing through it until that run's claims are released or lapse. The service is
+ * `kvmill store serve` on loopback TCP, or the hosting run's. */
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
@@ -117,14 +119,18 @@ static void service_stop(pid_t pid)
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 }
 
-/* `kvmill run` of config cfg in the background, stdout/stderr in tmp/NAME.out, .err. */
-static pid_t run_start(const char *cfg, const char *name)
+/* `kvmill run` of config cfg over the documents in folder corpus in the background,
+ * stdout/stderr in tmp/NAME.out, .err. */
+static pid_t run_start_corpus(const char *cfg, const char *name, const char *corpus)
 {
     char cmd[16000];
-    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' run --config '%s' --corpus '%s' >'%s/%s.out' 2>'%s/%s.err'", kvm_test_bin(),
-             cfg, docs, tmp, name, tmp, name);
+    snprintf(cmd, sizeof cmd, "exec '%s/kvmill' run --config '%s' --corpus '%s' >'%s/%s.out' 2>'%s/%s.err'",
+             kvm_test_bin(), cfg, corpus, tmp, name, tmp, name);
     return spawn_sh(cmd);
 }
+
+/* `kvmill run` of config cfg over the 5 documents, as run_start_corpus. */
+static pid_t run_start(const char *cfg, const char *name) { return run_start_corpus(cfg, name, docs); }
 
 /* Waits for process pid (spawn_sh); returns its exit status (-1 when it did not end within s
  * seconds: then its group is killed). */
@@ -613,19 +619,25 @@ START_TEST(test_serve_starts_store_service)
 }
 END_TEST
 
-/* The config of a quick run (streaming) named name on store st (a path or the service). */
-static const char *quick_config(const char *name, const char *st)
+/* The config of a quick run (streaming) named name on store st (a path or the service), with
+ * [store] service_bind = bind unless bind is NULL. */
+static const char *quick_config_bind(const char *name, const char *st, const char *bind)
 {
     static char path[4300];
     char text[8192];
     snprintf(path, sizeof path, "%s/%s.ini", tmp, name);
-    snprintf(text, sizeof text,
-             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n[store]\npath = %s\n"
-             "[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s/%s.run\n[stages]\nbin_dir = %s\nthreads = 1\n",
-             kvm_test_data_path("models/stories260K.bin"), st, tmp, name, kvm_test_bin());
+    snprintf(
+        text, sizeof text,
+        "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = streaming\nbudget = 32\n[store]\npath = %s\n"
+        "%s%s%s[run]\nheartbeat_ms = 100\nliveness = 20\nrun_dir = %s/%s.run\n[stages]\nbin_dir = %s\nthreads = 1\n",
+        kvm_test_data_path("models/stories260K.bin"), st, bind ? "service_bind = " : "", bind ? bind : "",
+        bind ? "\n" : "", tmp, name, kvm_test_bin());
     ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
     return path;
 }
+
+/* The config of a quick run (streaming) named name on store st (a path or the service). */
+static const char *quick_config(const char *name, const char *st) { return quick_config_bind(name, st, NULL); }
 
 typedef struct left_keys {
     kvm_store_cache_key k[8];
@@ -848,6 +860,166 @@ START_TEST(test_worker_with_refused_key_refused)
 }
 END_TEST
 
+/* A folder tmp/NAME holding copies of the documents doc_00I.txt, I in ids[0, n). Returns its
+ * path (static). */
+static const char *corpus_of(const char *name, const int *ids, int n)
+{
+    static char dir[4300];
+    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    for (int i = 0; i < n; i++) {
+        char src[4300], dst[4400];
+        snprintf(src, sizeof src, "%s/doc_%03d.txt", docs, ids[i]);
+        snprintf(dst, sizeof dst, "%s/doc_%03d.txt", dir, ids[i]);
+        kvm_test_concat_file(src, NULL, dst);
+    }
+    return dir;
+}
+
+/* A run hosting the store service ([store] service_bind, run a, document doc_000, its store
+ * `store`) and a run storing through it (run b, [store] path = the service, doc_001 and
+ * doc_002), brought deterministically to the moment a ends while b still works: stand-ins of
+ * live runs of this host hold the claims on doc_000 (*s1) and doc_001 (*s2), so a and b each
+ * wait for one; b compresses doc_002 (its claim renewed until its end); then *s1 is killed, a
+ * takes doc_000 over, stores it, ends, and asks its store service to stop, which stays up for
+ * b. Returns once a says so; b still waits for doc_001 (s2 lives). */
+static void host_and_dependent_run(pid_t *a, pid_t *b, pid_t *s1, pid_t *s2)
+{
+    char first[4300], ep[64], bind[64], host[64] = "", owners[2][192], errp[4300];
+    snprintf(first, sizeof first, "%s/first.lmdb", tmp);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    snprintf(bind, sizeof bind, "tcp://127.0.0.1:%d", port);
+    ck_assert_int_eq(gethostname(host, sizeof host - 1), 0);
+    const int ids01[] = {0, 1}, id0[] = {0}, ids12[] = {1, 2};
+    /* the cache keys of doc_000 and doc_001 in the runs' config (same [compress] and model) */
+    ck_assert_int_eq(run_wait(run_start_corpus(quick_config("first", first), "first", corpus_of("c01", ids01, 2))), 0);
+    left_keys ks = {.n = 0};
+    kvm_store_cache_key key[2];
+    kvm_store *s = NULL;
+    ck_assert_msg(kvm_store_open(first, NULL, &s) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(s, NULL, left_key, &ks), 0);
+    ck_assert_int_eq(ks.n, 2);
+    for (int i = 0; i < 2; i++) {
+        kvm_store_doc_meta m;
+        ck_assert_int_eq(kvm_store_get_doc(s, &ks.k[i].doc_hash, &m), 0);
+        key[strstr(m.source, "doc_000") ? 0 : 1] = ks.k[i];
+    }
+    kvm_store_close(&s);
+    *s1 = remote_live_run(0, ep, owners[0], sizeof owners[0]);
+    *s2 = remote_live_run(0, ep, owners[1], sizeof owners[1]);
+    ck_assert_msg(kvm_store_open(store, NULL, &s) == 0, "%s", kvm_errmsg());
+    for (int i = 0; i < 2; i++) {
+        int taken = 0;
+        ck_assert_int_eq(kvm_store_claim_take(s, &key[i], owners[i], host, 600000, &taken, NULL), 0);
+        ck_assert_int_eq(taken, 1);
+    }
+    kvm_store_close(&s);
+    *a = run_start_corpus(quick_config_bind("a", store, bind), "a", corpus_of("ca", id0, 1));
+    snprintf(errp, sizeof errp, "%s/a.err", tmp);
+    ck_assert_msg(kvm_test_wait_text(errp, "waiting for the", 1, 120), "run a did not wait for doc_000");
+    *b = run_start_corpus(quick_config("b", ep), "b", corpus_of("cb", ids12, 2));
+    snprintf(errp, sizeof errp, "%s/b.err", tmp);
+    ck_assert_msg(kvm_test_wait_text(errp, "waiting for the", 1, 120), "run b did not wait for doc_001");
+    kill(*s1, SIGKILL); /* a takes doc_000 over and ends */
+    waitpid(*s1, NULL, 0);
+    snprintf(errp, sizeof errp, "%s/a.err", tmp);
+    int said = 0, st = 0;
+    for (int i = 0; i < 2400 && !said; i++) { /* a ending without a word took the service away from b */
+        said = kvm_test_wait_text(errp, "the store service stays up for ", 1, 0.05);
+        if (!said && waitpid(*a, &st, WNOHANG) == *a) {
+            kill(*s2, SIGKILL), waitpid(*s2, NULL, 0);
+            int rb = -1, sb;
+            for (int k = 0; k < 1000 && rb < 0; k++, usleep(20000)) /* b, given doc_001 now, has no store */
+                if (waitpid(*b, &sb, WNOHANG) == *b) rb = WIFEXITED(sb) ? WEXITSTATUS(sb) : 128 + WTERMSIG(sb);
+            if (rb < 0) kill(-*b, SIGKILL), waitpid(*b, NULL, 0);
+            char *ea = slurp("a.err"), *eb = slurp("b.err");
+            size_t na = strlen(ea), nb = strlen(eb); /* the ends: check's messages are bounded */
+            ck_abort_msg("run a ended (status %d) while b stores through its service: %s\nrun b (exit %d, -1: still "
+                         "running after 20 s): %s",
+                         WIFEXITED(st) ? WEXITSTATUS(st) : -1, na > 1500 ? ea + na - 1500 : ea, rb,
+                         nb > 1500 ? eb + nb - 1500 : eb);
+        }
+    }
+    ck_assert_msg(said, "run a never said its store service stays up for b");
+}
+
+/* The run that hosts the store service ([store] service_bind) ended and stopped the service
+ * while a run storing through it still held live claims: that run found the store down (exit
+ * 1) and its documents were never stored, though the host run had left them to it. The
+ * service now stays up for the runs that claim through it; the host run waits for it, saying
+ * so; b stores its documents and exits 0, and once it released its claims the service stops
+ * and a exits 0, its summary its own. */
+START_TEST(test_host_run_waits_for_dependent_run)
+{
+    pid_t a, b, s1, s2;
+    host_and_dependent_run(&a, &b, &s1, &s2);
+    usleep(500000);
+    ck_assert_msg(waitpid(a, NULL, WNOHANG) == 0, "run a ended while b holds claims through its service");
+    kill(s2, SIGKILL); /* b takes doc_001 over, stores it through a's service, ends */
+    waitpid(s2, NULL, 0);
+    int rb = run_wait(b), ra = run_wait(a);
+    char *oa = slurp("a.out"), *ea = slurp("a.err"), *ob = slurp("b.out"), *eb = slurp("b.err");
+    ck_assert_msg(rb == 0 && ra == 0, "run b exit %d:\n%s\n%s\nrun a exit %d:\n%s\n%s", rb, ob, eb, ra, oa, ea);
+    ck_assert_msg(summary_value(ob, "compressed") == 2 && summary_value(ob, "failed") == 0, "%s\n%s", ob, eb);
+    ck_assert_msg(summary_value(oa, "compressed") == 1 && summary_value(oa, "failed") == 0, "%s\n%s", oa, ea);
+    ck_assert_msg(strstr(ea, "the store service stopped: the runs it stayed up for released"), "%s", ea);
+    free(oa), free(ea), free(ob), free(eb);
+    char *sl = slurp("a.run/store.log");
+    ck_assert_msg(strstr(sl, "the claims it stayed up for were released or lapsed: stopping"), "%s", sl);
+    free(sl);
+    ck_assert_int_eq(kvm_test_store_caches(store), 3);
+}
+END_TEST
+
+/* As test_host_run_waits_for_dependent_run, but the dependent run is killed (kill -9): its
+ * claims lapse unrenewed (2 s: heartbeat 100 ms x liveness 20) and the service stops then, and
+ * the host run with it, exit 0: not waiting for good. */
+START_TEST(test_host_run_dependent_killed)
+{
+    pid_t a, b, s1, s2;
+    host_and_dependent_run(&a, &b, &s1, &s2);
+    kill(-b, SIGKILL);
+    waitpid(b, NULL, 0);
+    time_t t_kill = time(NULL);
+    int ra = run_wait(a);
+    long waited = (long)(time(NULL) - t_kill);
+    kill(s2, SIGKILL);
+    waitpid(s2, NULL, 0);
+    char *ea = slurp("a.err");
+    /* b's lease had up to 2 s left: a waited for it to lapse, not for good */
+    ck_assert_msg(ra == 0 && waited >= 1 && waited <= 15, "run a exit %d, %ld s after b was killed:\n%s", ra, waited,
+                  ea);
+    ck_assert_msg(strstr(ea, "the store service stopped: the runs it stayed up for released"), "%s", ea);
+    free(ea);
+    char *sl = slurp("a.run/store.log");
+    ck_assert_msg(strstr(sl, "the claims it stayed up for were released or lapsed: stopping"), "%s", sl);
+    free(sl);
+}
+END_TEST
+
+/* A SIGTERM (a Ctrl-C) to the host run while its store service stays up for a dependent run
+ * stops the service at once, and the host run with it: exit 0, its own work done, the service's
+ * log naming the claims it stopped under. */
+START_TEST(test_host_run_interrupted_while_waiting)
+{
+    pid_t a, b, s1, s2;
+    host_and_dependent_run(&a, &b, &s1, &s2);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    kill(a, SIGTERM);
+    int ra = run_wait(a);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double took_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    kill(-b, SIGKILL), waitpid(b, NULL, 0); /* b has no store now */
+    kill(s2, SIGKILL), waitpid(s2, NULL, 0);
+    char *ea = slurp("a.err"), *sl = slurp("a.run/store.log");
+    ck_assert_msg(ra == 0 && took_s < 6, "run a exit %d, %.1f s after its SIGTERM:\n%s", ra, took_s, ea);
+    ck_assert_msg(strstr(ea, "interrupted: stopping the store service now"), "%s", ea);
+    ck_assert_msg(strstr(sl, "a second stop request: stopping now, under 1 live claim of run:"), "%s", sl);
+    free(ea), free(sl);
+}
+END_TEST
+
 static Suite *storesvc_runs_suite(void)
 {
     Suite *s = suite_create("storesvc_runs");
@@ -864,7 +1036,10 @@ static Suite *storesvc_runs_suite(void)
                  {"left_documents_rechecked_remote", test_left_documents_rechecked_remote},
                  {"store_is_serve_front_end", test_store_is_serve_front_end},
                  {"worker_uploading_elsewhere_refused", test_worker_uploading_elsewhere_refused},
-                 {"worker_with_refused_key_refused", test_worker_with_refused_key_refused}};
+                 {"worker_with_refused_key_refused", test_worker_with_refused_key_refused},
+                 {"host_run_waits_for_dependent_run", test_host_run_waits_for_dependent_run},
+                 {"host_run_dependent_killed", test_host_run_dependent_killed},
+                 {"host_run_interrupted_while_waiting", test_host_run_interrupted_while_waiting}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_checked_fixture(tc, setup, teardown);
