@@ -1020,6 +1020,82 @@ START_TEST(test_host_run_interrupted_while_waiting)
 }
 END_TEST
 
+/* A run whose store is a store service, and a compress worker started by hand whose --store
+ * names an endpoint where nothing answers: each job failed after its uploads got no reply, each
+ * failure used an attempt of its document, and the worker took job after job until every
+ * document had failed. Now its second such failure in a row, while the run's own probe of the
+ * service is answered, refuses it (the first used an attempt: max_retries 1 leaves room), and
+ * the right worker stores all five. */
+START_TEST(test_worker_without_replies_refused)
+{
+    char args[4400];
+    pid_t svc = service_start();
+    pid_t run = run_start(
+        run_config("r", 50, "compress_workers = 0\n[run]\nmax_retries = 1\n[store]\nupload_timeout_ms = 100\n"), "r");
+    snprintf(args, sizeof args, "--store tcp://127.0.0.1:%d", port + 1); /* nothing listens there */
+    int bad = hand_worker_status(args, "bad");
+    char *be = slurp("bad.err");
+    ck_assert_msg(bad == 1 && strstr(be, "refused by run") && strstr(be, "no reply"), "exit %d\n%s", bad, be);
+    free(be);
+    char *err = slurp("r.err");
+    ck_assert_msg(count(err, "requeueing") == 2 && strstr(err, "(attempt 2): compress stage: store service"), "%s",
+                  err);
+    free(err);
+    snprintf(args, sizeof args, "--store tcp://127.0.0.1:%d", port);
+    right_worker_finishes(run, args, "no reply to the upload");
+    service_stop(svc);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
+}
+END_TEST
+
+/* The store service a run on a local store hosts ([store] service_bind), stalled (SIGSTOP) while a
+ * compress worker started by hand with that very service uploads: the worker's uploads got no
+ * reply twice and the run refused a worker with the right --store. A run on a local store never
+ * asks that service, so no reply is never the worker's fault there: it is not refused, its
+ * failed jobs are queued again, and it stores all five once the service goes on. */
+START_TEST(test_stalled_hosted_service_refuses_no_worker)
+{
+    char ep[64], cfg[4300];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    snprintf(cfg, sizeof cfg, "%s", quick_config_bind("r", store, ep));
+    FILE *f = fopen(cfg, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("compress_workers = 0\n[store]\nupload_timeout_ms = 100\n[run]\nmax_retries = 100\n", f);
+    fclose(f);
+    pid_t run = run_start(cfg, "r");
+    long sp = 0;
+    for (int i = 0; i < 1000 && !sp; i++, usleep(10000)) {
+        char *err = slurp("r.err");
+        sp = service_pid(err, 0);
+        free(err);
+    }
+    ck_assert_msg(sp > 0, "the run did not start its store service");
+    ck_assert_int_eq(kill((pid_t)sp, SIGSTOP), 0);
+    char cmd[16000];
+    snprintf(cmd, sizeof cmd,
+             "exec '%s/kvmill-compress' --connect 'ipc://%s/r.run' --heartbeat-ms 100 --store %s 2>'%s/hand.err'",
+             kvm_test_bin(), tmp, ep, tmp);
+    pid_t hand = spawn_sh(cmd);
+    for (int i = 0; i < 600; i++, usleep(10000)) { /* up to 6 s for two failed uploads (0.3 s each) */
+        char *err = slurp("r.err");
+        int n = count(err, "no reply to the upload");
+        free(err);
+        if (n >= 2) break;
+    }
+    kill((pid_t)sp, SIGCONT);
+    int rc = run_wait(run);
+    int alive = waitpid(hand, NULL, WNOHANG) == 0;
+    kill(hand, SIGTERM), waitpid(hand, NULL, 0);
+    char *out = slurp("r.out"), *err = slurp("r.err");
+    ck_assert_msg(count(err, "no reply to the upload") >= 2, "the uploads were not stalled:\n%s", err);
+    ck_assert_msg(rc == 0 && alive && !strstr(err, "is refused") && summary_value(out, "compressed") == 5 &&
+                      summary_value(out, "failed") == 0,
+                  "exit %d, worker alive %d\n%s\n%s", rc, alive, out, err);
+    free(out), free(err);
+    ck_assert_int_eq(kvm_test_store_caches(store), 5);
+}
+END_TEST
+
 static Suite *storesvc_runs_suite(void)
 {
     Suite *s = suite_create("storesvc_runs");
@@ -1037,6 +1113,8 @@ static Suite *storesvc_runs_suite(void)
                  {"store_is_serve_front_end", test_store_is_serve_front_end},
                  {"worker_uploading_elsewhere_refused", test_worker_uploading_elsewhere_refused},
                  {"worker_with_refused_key_refused", test_worker_with_refused_key_refused},
+                 {"worker_without_replies_refused", test_worker_without_replies_refused},
+                 {"stalled_hosted_service_refuses_no_worker", test_stalled_hosted_service_refuses_no_worker},
                  {"host_run_waits_for_dependent_run", test_host_run_waits_for_dependent_run},
                  {"host_run_dependent_killed", test_host_run_dependent_killed},
                  {"host_run_interrupted_while_waiting", test_host_run_interrupted_while_waiting}};
