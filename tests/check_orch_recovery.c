@@ -375,7 +375,10 @@ START_TEST(test_worker_with_another_store)
     kvm_store *s = NULL;
     ck_assert_msg(kvm_store_open(other, &so, &s) == 0, "%s", kvm_errmsg());
     kvm_store_close(&s);
-    write_config("method = streaming\nbudget = 32", store, "max_retries = 0");
+    char metrics[4400], extra[4500];
+    snprintf(metrics, sizeof metrics, "%s/metrics.json", tmp);
+    snprintf(extra, sizeof extra, "max_retries = 0\nmetrics = %s", metrics);
+    write_config("method = streaming\nbudget = 32", store, extra);
     FILE *f = fopen(cfg_path, "a");
     ck_assert_ptr_nonnull(f);
     fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
@@ -403,6 +406,9 @@ START_TEST(test_worker_with_another_store)
                       strstr(err, "holds no cache of it: the worker writes to another store"),
                   "stderr: %s", err);
     ck_assert_int_eq(kvm_test_store_caches(store), 2);
+    char *m = kvm_test_read_file(metrics, NULL); /* the refused worker's ack committed nothing here */
+    ck_assert_msg(m && strstr(m, "\"store_commits\": 2,"), "metrics: %s", m);
+    free(m);
     free(out);
     free(err);
 }
