@@ -58,6 +58,8 @@ typedef struct orch_job {
     int left_renewed;        /* ... and it changed once at least since this run left it (said while waiting) */
     int64_t evicted_at_send; /* the local store's eviction count when it went to compress
                                 (kvm_orch__ack_stored's excuse for a cache missing at its ack) */
+    uint64_t sent_ns;        /* ... and when (unix ns): a cache served before then still in the store means
+                                the cap evicted none committed after it (kvm_store_stats.oldest_served_ns) */
     char reason[512]; /* why it failed */
 } orch_job;
 
@@ -297,10 +299,11 @@ int kvm_orch__store_fault_counts(orch *o, int w, const char *why);
  * goes to it, and its job j (may be NULL) is queued again without using an attempt of its
  * document. Bounded: once per worker process. */
 void kvm_orch__store_refuse(orch *o, orch_job *j, int w, const char *why);
-/* On each ready r of worker w (control or data socket): records its pid; 1 while w is the
- * process store-refused (kvm_orch__store_refuse), which then gets no work; a ready of another
- * pid under the same id (started again) clears the refusal, said. */
-int kvm_orch__store_refused(orch *o, int w, const kvm_proto_ready *r);
+/* On each ready r of worker w (first: on the control socket, else a data-socket credit): records
+ * its pid; 1 while w is the process store-refused (kvm_orch__store_refuse), which then gets no
+ * work; a ready of another pid under the same id, or a control ready (sent once, at a process's
+ * start), is a process started again: the refusal is cleared, said. */
+int kvm_orch__store_refused(orch *o, int w, const kvm_proto_ready *r, int first);
 /* Before a store failure of job j is blamed on its worker: 1 when the run's own store answers
  * (a local one always: kvm_store_check_here ran first; a store service: a probe of j's key got a
  * reply), else 0, said: the store itself is down, no worker's fault. */

@@ -95,13 +95,16 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
             orch_job *j = kvm_orch__job_by_id(o, c.job_id);
             o->workers[w].store_failures = 0; /* its caches reach a store: kvm_orch__store_fault_counts */
             if (o->mode == MODE_RUN) o->sum->store_commits++;
-            if (j && j->state == J_COMPRESS &&
-                kvm_log_format_get() == KVM_LOG_JSON) { /* text: the progress line says it */
-                kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", j->id),
-                                     KVM_LOG_S("worker", o->workers[w].id), KVM_LOG_I("tokens", j->doc->n_tokens)};
-                kvm_log(KVM_LOG_INFO, "job_done", f, 4, "%s committed by %s", j->doc->name, o->workers[w].id);
+            if (j && j->state == J_COMPRESS) {
+                const int64_t id = j->id; /* a requeued j takes a new one */
+                kvm_orch__ack_stored(o, j, w);
+                /* text: the progress line says it; only a commit in the run's store is one */
+                if (j->state == J_DONE && kvm_log_format_get() == KVM_LOG_JSON) {
+                    kvm_log_field f[] = {KVM_LOG_S("doc", j->doc->name), KVM_LOG_I("job_id", id),
+                                         KVM_LOG_S("worker", o->workers[w].id), KVM_LOG_I("tokens", j->doc->n_tokens)};
+                    kvm_log(KVM_LOG_INFO, "job_done", f, 4, "%s committed by %s", j->doc->name, o->workers[w].id);
+                }
             }
-            if (j && j->state == J_COMPRESS) kvm_orch__ack_stored(o, j, w);
             if (!j && o->mode == MODE_RUN && (j = kvm_orch__job_by_any_id(o, c.job_id)) && j->state != J_DONE &&
                 kvm_orch__stored_now(o, j)) {
                 /* an earlier attempt's: it was requeued (its worker judged dead, timed out) but its

@@ -320,7 +320,7 @@ static void refuse_worker(orch *o, int w, const uint8_t *got, int64_t pid)
 int kvm_orch__worker_refused(orch *o, int w, const kvm_proto_ready *r, int first)
 {
     orch_worker *wk = &o->workers[w];
-    if (kvm_orch__store_refused(o, w, r)) return 1;
+    if (kvm_orch__store_refused(o, w, r, first)) return 1;
     if (first) kvm_stage_judge_first(r, wk->refused, wk->other_model.b, &wk->refused_pid, &wk->refused_ctl_seen);
     kvm_stage_verdict v = kvm_stage_judge_ready(r, o->model_id.b, wk->refused, wk->refused_pid);
     if (v == KVM_STAGE_ACCEPT_AGAIN) {

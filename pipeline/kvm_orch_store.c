@@ -527,18 +527,24 @@ int kvm_orch__stored_now(orch *o, const orch_job *j)
 void kvm_orch__note_evictions(orch *o, orch_job *j)
 {
     kvm_store_stats ss;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* the store's clock for access times */
+    j->sent_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
     if (o->mode == MODE_RUN && o->store && !kvm_store_stats_get(o->store, &ss)) j->evicted_at_send = ss.n_evicted;
 }
 
 /* 1 when the local store's cap evicted caches since j went to compress (said): its cache,
  * acked but missing, may be one of them, not written elsewhere. Counted from j's own send, not
- * from the last ack: acks of caches committed in another order would take the evictions. */
+ * from the last ack: acks of caches committed in another order would take the evictions. Not
+ * when a cache last served before j was sent is still there: the cap evicts the least recently
+ * served first, so it would have gone before j's (a worker writing to another store hid behind
+ * the evictions of a capped store, its documents counted compressed). */
 static int evicted_since(orch *o, const orch_job *j)
 {
     kvm_store_stats ss;
     if (kvm_store_stats_get(o->store, &ss)) return 0;
     const int64_t n = ss.n_evicted - j->evicted_at_send;
-    if (n <= 0) return 0;
+    if (n <= 0 || (ss.oldest_served_ns && ss.oldest_served_ns < j->sent_ns)) return 0;
     kvm_orch__log("%s is acked but not in the store: its cap ([store] cap_mb) evicted %lld cache%s since it went to "
                   "compress, this one likely among them: counted compressed (raise cap_mb)\n",
                   j->doc->name, (long long)n, kvm_plural(n, "", "s"));

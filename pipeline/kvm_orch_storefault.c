@@ -63,12 +63,16 @@ void kvm_orch__store_refuse(orch *o, orch_job *j, int w, const char *why)
     wk->job = -1;
 }
 
-int kvm_orch__store_refused(orch *o, int w, const kvm_proto_ready *r)
+int kvm_orch__store_refused(orch *o, int w, const kvm_proto_ready *r, int first)
 {
     orch_worker *wk = &o->workers[w];
     wk->pid = r->pid;
     if (!wk->store_refused) return 0;
-    if (r->pid != wk->store_refused_pid) { /* started again, perhaps with the right store: judged by its work */
+    /* started again, perhaps with the right store: judged by its work. A control-socket ready is
+     * a new process even under the refused pid (pid 1 of a restarted container): a stage sends
+     * it once, at its start, and the refused process's came before the error or ack that got it
+     * refused, on that same socket */
+    if (first || r->pid != wk->store_refused_pid) {
         wk->store_refused = 0;
         wk->store_failures = 0;
         kvm_log(KVM_LOG_INFO, "worker_accepted", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,

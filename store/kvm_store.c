@@ -777,6 +777,7 @@ int kvm_store_stats_get(kvm_store *s, kvm_store_stats *out)
     if (st == 0) st = store_entries(s, txn, KVM_STORE__DB_STRATEGIES, &out->n_strategies);
     if (st == 0) st = store_entries(s, txn, KVM_STORE__DB_MODELS, &out->n_models);
     if (st == 0) st = store_entries(s, txn, KVM_STORE__DB_DOCS, &out->n_docs);
+    if (st == 0) st = kvm_store__oldest_served(s, txn, &out->oldest_served_ns);
     if (txn) mdb_txn_abort(txn);
     out->format_version = (uint32_t)version;
     MDB_envinfo info;

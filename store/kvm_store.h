@@ -149,6 +149,10 @@ typedef struct kvm_store_stats {
     int64_t map_size_bytes;  /* current LMDB map size */
     int64_t map_used_bytes;  /* map bytes in use (last page + 1) * page size */
     int64_t map_max_bytes;   /* this handle's growth limit */
+    uint64_t oldest_served_ns; /* when the least recently served cache was last served (or
+                                  committed), unix ns by the writer's clock: the cap evicts it
+                                  first, so no cache served later was evicted while it is
+                                  there; 0 when the store holds none */
 } kvm_store_stats;
 
 /* ---- ids (store/kvm_store_ids.c); no store needed, thread-safe ---- */

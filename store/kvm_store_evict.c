@@ -69,6 +69,23 @@ int kvm_store__atime_set(kvm_store *s, MDB_txn *txn, const kvm_store_cache_key *
     return rc ? kvm_store__mdb(s, rc, "lru") : 0;
 }
 
+int kvm_store__oldest_served(kvm_store *s, MDB_txn *txn, uint64_t *ns)
+{
+    MDB_cursor *cur;
+    MDB_val key, val;
+    *ns = 0;
+    int rc = mdb_cursor_open(txn, s->dbi[KVM_STORE__DB_LRU], &cur);
+    if (rc) return kvm_store__mdb(s, rc, "lru cursor");
+    rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST);
+    mdb_cursor_close(cur);
+    if (rc == MDB_NOTFOUND) return 0;
+    if (rc) return kvm_store__mdb(s, rc, "lru");
+    if (key.mv_size == KVM_STORE__LRU_KEY_BYTES)
+        for (int i = 0; i < 8; i++)
+            *ns = *ns << 8 | ((const uint8_t *)key.mv_data)[i]; /* big-endian: lru_key */
+    return 0;
+}
+
 /* Removes the least recently served cache; *none = 1 when there is none. */
 static int evict_one(kvm_store *s, MDB_txn *txn, int *none)
 {

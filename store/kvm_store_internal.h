@@ -242,6 +242,9 @@ uint16_t kvm_store__get_u16(const uint8_t *p);
 uint32_t kvm_store__get_u32(const uint8_t *p);
 uint64_t kvm_store__get_u64(const uint8_t *p);
 void kvm_store__put_be64(uint8_t *p, uint64_t v);
+/* The access time (unix ns) of the first cache of `lru` in txn, the one the cap evicts next;
+ * *ns = 0 when none. 0 or the LMDB error (kvm_store__mdb). */
+int kvm_store__oldest_served(kvm_store *s, MDB_txn *txn, uint64_t *ns);
 
 /* Record codec (store/kvm_store_record.c). */
 /* Bytes of a record holding parts[0, n_parts). */

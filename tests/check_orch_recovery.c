@@ -377,7 +377,7 @@ START_TEST(test_worker_with_another_store)
     kvm_store_close(&s);
     char metrics[4400], extra[4500];
     snprintf(metrics, sizeof metrics, "%s/metrics.json", tmp);
-    snprintf(extra, sizeof extra, "max_retries = 0\nmetrics = %s", metrics);
+    snprintf(extra, sizeof extra, "max_retries = 0\nmetrics = %s\nlog_format = json", metrics);
     write_config("method = streaming\nbudget = 32", store, extra);
     FILE *f = fopen(cfg_path, "a");
     ck_assert_ptr_nonnull(f);
@@ -409,6 +409,10 @@ START_TEST(test_worker_with_another_store)
     char *m = kvm_test_read_file(metrics, NULL); /* the refused worker's ack committed nothing here */
     ck_assert_msg(m && strstr(m, "\"store_commits\": 2,"), "metrics: %s", m);
     free(m);
+    int done = 0; /* and no job_done event says it committed one */
+    for (const char *p = err; (p = strstr(p, "\"event\":\"job_done\"")); p++)
+        done++;
+    ck_assert_msg(done == 2, "%d job_done events: %s", done, err);
     free(out);
     free(err);
 }
@@ -932,6 +936,75 @@ START_TEST(test_ack_after_evictions)
 }
 END_TEST
 
+/* The key of cache k with its document hash's first byte xor x (another document's key). */
+static kvm_store_cache_key other_doc(kvm_store_cache_key k, uint8_t x)
+{
+    k.doc_hash.b[0] ^= x;
+    return k;
+}
+
+/* A copy of the stored cache k put under k's key with its document hash's first byte xor x. */
+static void put_copy(kvm_store *st, const kvm_store_cache_key *k, const kvm_store_id *tok, uint8_t x)
+{
+    kvm_store_cache *c = NULL;
+    ck_assert_msg(kvm_store_get_cache(st, k, tok, &c) == 0, "%s", kvm_errmsg());
+    kvm_store_manifest m = c->manifest;
+    m.doc_hash = other_doc(*k, x).doc_hash;
+    ck_assert_msg(kvm_store_put_cache(st, &m, c->layers) == 0, "%s", kvm_errmsg());
+    kvm_store_cache_free(&c);
+}
+
+/* A worker started by hand writing to another store, its run's store at its cap: every ack of a
+ * cache missing from the run's store was excused by the evictions since the job's send and
+ * counted compressed. The cap evicts the least recently served cache first, so while one served
+ * before the send is still there, no cache committed after it was evicted: the ack is not
+ * excused (the worker is refused, the job queued again), though the cap evicted an older one. */
+START_TEST(test_evictions_of_older_excuse_nothing)
+{
+    make_docs(1); /* a real run's cache */
+    write_config("method = streaming\nbudget = 32", store, "heartbeat_ms = 100\nliveness = 600");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    keys ks = {.n = 0};
+    kvm_store *st = NULL;
+    ck_assert_msg(kvm_store_open(store, NULL, &st) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(st, NULL, collect_key, &ks), 0);
+    kvm_store_stats ss;
+    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
+    kvm_store_close(&st);
+    kvm_store_opts capped = {.cap_bytes = 2 * ss.cache_bytes + ss.cache_bytes / 2}; /* room for two caches */
+    ck_assert_msg(kvm_store_open(store, &capped, &st) == 0, "%s", kvm_errmsg());
+    put_copy(st, &ks.k[0], &ks.tok[0], 1); /* the store: the run's cache (oldest), then copy 1 */
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    o->store = st;
+    o->model_id = ks.k[0].model_id, o->config_id = ks.k[0].config_id, o->tok_id = ks.tok[0];
+    f.doc.hash = other_doc(ks.k[0], 2).doc_hash; /* the job's cache: never in this store */
+    o->workers[0] = (orch_worker){.id = "by-hand", .stage = ST_COMPRESS, .job = 0, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    orch_job *j = &o->jobs[0];
+    j->worker = 0;
+    kvm_orch__job_set(o, j, J_COMPRESS);
+    usleep(2000);
+    kvm_orch__note_evictions(o, j); /* sent ... */
+    usleep(2000);
+    put_copy(st, &ks.k[0], &ks.tok[0], 4); /* ... then copy 4 evicts the run's cache; copy 1 stays */
+    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
+    ck_assert_int_eq(ss.n_evicted, 1);
+    ck_assert_msg(ss.oldest_served_ns > 0 && ss.oldest_served_ns < j->sent_ns, "%llu %llu",
+                  (unsigned long long)ss.oldest_served_ns, (unsigned long long)j->sent_ns);
+    kvm_orch__ack_stored(o, j, 0);
+    ck_assert_int_eq(j->state, J_QUEUED);
+    ck_assert_int_eq(o->sum->compressed, 0);
+    ck_assert_int_eq(o->workers[0].store_refused, 1);
+    fake_end(&f);
+    kvm_store_close(&st);
+}
+END_TEST
+
 /* A pause is seen (kvm_orch__resumed) after a gap of half the workers' dead time ([run]
  * heartbeat_ms x liveness); the claims' lease is that time but at most 24 h. With 100 h x 1 and
  * the orchestrator suspended 13 h (a laptop's night), no resume was seen: renewed_ok kept its
@@ -1095,6 +1168,7 @@ static Suite *orch_recovery_suite(void)
                  {"stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"ack_after_evictions", test_ack_after_evictions, 90},
+                 {"evictions_of_older_excuse_nothing", test_evictions_of_older_excuse_nothing, 90},
                  {"left_service_revisions", test_left_service_revisions, 30},
                  {"dead_runs_claims_released", test_dead_runs_claims_released, 120},
                  {"resume_after_capped_lease", test_resume_after_capped_lease, 30},

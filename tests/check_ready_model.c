@@ -747,6 +747,45 @@ START_TEST(test_refusal_same_pid_restarted)
 }
 END_TEST
 
+/* A compress worker started by hand and refused because its caches miss the run's store
+ * (kvm_orch__store_refuse), then started again under the same id and the same pid (pid 1 of a
+ * restarted container) with the right --store: judged by the pid alone it stayed refused and was
+ * told the old reason, so a run with no other compress worker waited for ever. Its control
+ * socket's ready, sent once at a process's start, marks it new: accepted. */
+START_TEST(test_store_refusal_same_pid_restarted)
+{
+    orch *o = calloc(1, sizeof *o);
+    ck_assert_ptr_nonnull(o);
+    o->cmd = "run", o->reduce_worker = -1, o->n_workers = 1, o->mode = MODE_RUN;
+    o->workers[0] = (orch_worker){.stage = ST_COMPRESS, .job = -1, .alive = 1, .slot = -1};
+    snprintf(o->workers[0].id, sizeof o->workers[0].id, "by-hand");
+    void *zctx = zmq_ctx_new(), *router = zmq_socket(zctx, ZMQ_ROUTER), *dealer = zmq_socket(zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_bind(router, "inproc://ctl"), 0);
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, "by-hand", 7);
+    ck_assert_int_eq(zmq_connect(dealer, "inproc://ctl"), 0);
+    o->ctl = router;
+    char buf[4096];
+    int tmo = 200;
+    zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(refused_after_ready(o, 1, NULL, 1), 0); /* pid 1 starts */
+    ck_assert_int_eq(kvm_orch__store_fault_worker(o, 0), 1);
+    kvm_orch__store_refuse(o, NULL, 0, "x.txt was acked, but the run's store holds no cache of it");
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0); /* told */
+    ck_assert_int_eq(kvm_orch__worker_counts(o, 0), 0);
+    ck_assert_int_eq(refused_after(o, 1, NULL), 1);          /* the refused process's credit */
+    ck_assert_int_eq(refused_after_ready(o, 1, NULL, 1), 0); /* pid 1 started again: accepted */
+    ck_assert_int_eq(o->workers[0].store_refused, 0);
+    ck_assert_int_eq(refused_after(o, 1, NULL), 0);
+    kvm_orch__store_refuse(o, NULL, 0, "again");
+    ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
+    ck_assert_int_eq(refused_after(o, 2, NULL), 0); /* another pid under the id: a new process */
+    zmq_close(dealer);
+    zmq_close(router);
+    zmq_ctx_term(zctx);
+    free(o);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ready_model");
@@ -766,6 +805,7 @@ static Suite *suite(void)
         {"early_id_file_replaced", test_early_id_file_replaced},
         {"refusal_belongs_to_process", test_refusal_belongs_to_process},
         {"refusal_same_pid_restarted", test_refusal_same_pid_restarted},
+        {"store_refusal_same_pid_restarted", test_store_refusal_same_pid_restarted},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
