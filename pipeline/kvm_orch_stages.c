@@ -429,8 +429,10 @@ void kvm_orch__check_health(orch *o)
     check_stages_alive(o);
     if (!*o->interrupts) check_joins(o, now);
     for (int w = 0; w < o->n_workers; w++)
-        if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms)
-            kvm_orch__worker_dead(o, w, "went silent");
+        if (o->workers[w].alive && now - o->workers[w].last_seen > o->dead_ms) /* a refused one exits, as told */
+            kvm_orch__worker_dead(o, w,
+                                  o->workers[w].refused || o->workers[w].store_refused ? "is gone (it was refused)"
+                                                                                       : "went silent");
     const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS};
     for (int b = 0; b < 2; b++) /* each list is oldest first: the first job not timed out ends it */
         for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {
