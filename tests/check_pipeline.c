@@ -3,6 +3,7 @@
  * with SIGKILL mid-job loses nothing, garbage sent to each stage is logged and dropped while
  * the stage keeps working, and bad configurations or a missing stage binary fail clearly. */
 #include "compress/polykv/kvm_polykv.h"
+#include "model/kvm_utf8.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
@@ -1029,6 +1030,35 @@ START_TEST(test_jsonl_corpus)
 }
 END_TEST
 
+/* A JSONL id longer than 255 bytes was recorded as its first 255 bytes, cut inside a character
+ * (an "é" split to \xc3): the store held a name that is not UTF-8, and `store ls --names --csv`
+ * wrote it raw. It is cut at the character before now: 254 bytes here. */
+START_TEST(test_jsonl_long_id_cut_at_char)
+{
+    write_config(NULL);
+    char id[300], line[512], path[4300];
+    memset(id, 'a', 254);
+    snprintf(id + 254, sizeof id - 254, "\xc3\xa9-and-more");
+    snprintf(line, sizeof line, "{\"id\": \"%s\", \"text\": \"Once upon a time there was a cat.\"}\n", id);
+    snprintf(path, sizeof path, "%s/c.jsonl", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, line, strlen(line)), 0);
+    char cmd[12000], *out, *err;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, path);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "summary: compressed=1 "), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s' --names --csv", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char want[300];
+    snprintf(want, sizeof want, ",%.254s\n", id); /* the row ends with the name: the 254 ASCII bytes alone */
+    ck_assert_msg(kvm_utf8_valid(out, strlen(out)), "not UTF-8: %s", out);
+    ck_assert_msg(strstr(out, want), "want the name %.254s (254 bytes) in: %s", id, out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* [eval] enabled: the summary's mean KL equals the evaluation harness's on the same documents. */
 START_TEST(test_eval_matches_harness)
 {
@@ -2000,6 +2030,7 @@ static Suite *pipeline_suite(void)
                  {"external_worker_joins", test_external_worker_joins},
                  {"ctrl_c", test_ctrl_c},
                  {"jsonl_corpus", test_jsonl_corpus},
+                 {"jsonl_long_id_cut_at_char", test_jsonl_long_id_cut_at_char},
                  {"eval_matches_harness", test_eval_matches_harness},
                  {"eval_nonfinite_not_counted", test_eval_nonfinite_not_counted},
                  {"wire_f16_overflow_named", test_wire_f16_overflow_named},
