@@ -120,6 +120,39 @@ START_TEST(test_run_then_skip)
 }
 END_TEST
 
+/* Two files of the same text in a fresh store: one cache, the other skipped. The documents line
+ * said "1 skipped (already stored)" though nothing was stored before; it tells the two apart now
+ * (the summary line's fields are unchanged). */
+START_TEST(test_duplicate_not_already_stored)
+{
+    write_config(NULL);
+    char src[4300], dst[4300];
+    snprintf(src, sizeof src, "%s/doc_000.txt", docs);
+    snprintf(dst, sizeof dst, "%s/doc_005.txt", docs);
+    size_t n;
+    char *t = kvm_test_read_file(src, &n);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(kvm_test_write_file(dst, t, n), 0);
+    free(t);
+    char *out, *err;
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=1 failed=0 "), "stdout: %s", out);
+    ck_assert_msg(strstr(out, "documents: 5 compressed, 1 skipped (0 already stored, 1 duplicate of another "
+                              "document in this corpus), 0 failed"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
+    rc = run_kvmill(&out, &err); /* again: the five stored, the copy still a duplicate */
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "documents: 0 compressed, 6 skipped (5 already stored, 1 duplicate of another "
+                              "document in this corpus), 0 failed"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* The value of `key=` on the summary line of out, or -1. */
 static long long summary_value(const char *out, const char *key)
 {
@@ -2018,6 +2051,7 @@ static Suite *pipeline_suite(void)
         const char *name;
         const TTest *fn;
     } cases[] = {{"run_then_skip", test_run_then_skip},
+                 {"duplicate_not_already_stored", test_duplicate_not_already_stored},
                  {"wire_dtype", test_wire_dtype},
                  {"json_logs_and_metrics", test_json_logs_and_metrics},
                  {"log_json_escaping", test_log_json_escaping},
