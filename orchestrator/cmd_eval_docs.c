@@ -214,6 +214,13 @@ static int distinct_names(cmd_eval_docset *d)
     return rc;
 }
 
+/* 1 when path names a .jsonl file, the corpus format kvmill run reads (kvm_corpus_read). */
+static int is_jsonl(const char *path)
+{
+    size_t l = strlen(path);
+    return l > 6 && !strcmp(path + l - 6, ".jsonl");
+}
+
 /* Adds --docs item t (a folder's *.txt or a file) of the value spec. A path that does not stat,
  * where spec was split at its commas, says so: the user may have meant a name holding one.
  * Returns 0, 2 (bad item) or 1 (out of memory) after saying why. */
@@ -235,6 +242,14 @@ static int add_item(const char *cmd, cmd_eval_docset *out, const char *t, const 
         fprintf(stderr,
                 "kvmill %s: --docs %s: not a regular file (a FIFO, such as the shell's <(...), a socket or a "
                 "device): %s reads each document more than once; save it to a file and name that\n",
+                cmd, t, cmd);
+        return 2;
+    }
+    if (is_jsonl(t)) { /* read as one text, the JSON syntax and all, it was evaluated silently */
+        fprintf(stderr,
+                "kvmill %s: --docs %s: a JSONL corpus (one document per line, as kvmill run --corpus reads it) is not "
+                "read by %s, which takes text files: write each document to a .txt file in a folder and name the "
+                "folder\n",
                 cmd, t, cmd);
         return 2;
     }
@@ -340,10 +355,23 @@ int cmd_eval_docs_encode(const char *cmd, const kvm_tokenizer *tok, const char *
     return 0;
 }
 
+/* An empty document read as its BOS alone, said as "1 token, fewer than context ...". Named empty
+ * and refused, as every document too short to evaluate is (kvmill run fails an empty document,
+ * the others going on; here the mean would quietly be over fewer documents). 1 when said. */
+static int say_empty(const char *cmd, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != 0) return 0;
+    fprintf(stderr, "kvmill %s: --docs %s: the document is empty (0 bytes), as kvmill run fails it; leave it out\n",
+            cmd, path);
+    return 1;
+}
+
 int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *frame, const cmd_eval_docset *ds,
                         int64_t n_want, int64_t n_min, const char *need)
 {
     for (int d = 0; d < ds->n; d++) {
+        if (say_empty(cmd, ds->paths[d])) return 2;
         int32_t *ids = NULL;
         int64_t n = 0;
         int rc = cmd_eval_docs_encode(cmd, tok, frame, ds->paths[d], n_want, &ids, &n);

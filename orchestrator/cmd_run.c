@@ -86,8 +86,13 @@ static int64_t not_processed(const kvm_orch_summary *s)
 static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int64_t n_heads)
 {
     double ratio = s->bytes_compressed > 0 ? (double)s->bytes_full / (double)s->bytes_compressed : 0;
-    printf("documents: %lld compressed, %lld skipped (already stored), %lld failed, %lld truncated to %lld tokens\n",
-           (long long)s->compressed, (long long)s->skipped, (long long)s->failed, (long long)s->truncated,
+    /* a duplicate within the corpus was skipped too, yet nothing was stored before: said apart */
+    char why[160] = "already stored";
+    if (s->repeated > 0)
+        snprintf(why, sizeof why, "%lld already stored, %lld duplicate%s of another document in this corpus",
+                 (long long)(s->skipped - s->repeated), (long long)s->repeated, kvm_plural(s->repeated, "", "s"));
+    printf("documents: %lld compressed, %lld skipped (%s), %lld failed, %lld truncated to %lld tokens\n",
+           (long long)s->compressed, (long long)s->skipped, why, (long long)s->failed, (long long)s->truncated,
            (long long)kvm_config_int(cfg, "model", "context"));
     if (s->compressed == 0) /* "0 full f32 KV -> 0 stored (0.00x smaller)" read as a measurement */
         printf("bytes: none stored by this run (%s), method %s\n",

@@ -770,6 +770,26 @@ static int claims_release(const char *path, const kvm_config *cfg, const char *o
     return 0;
 }
 
+/* An owner --release can name: 1..127 bytes, as a claim's owner is. Checked here, before the
+ * store: its refusal ("owner must be 1..127 bytes, host 0..63, ttl_ms >= 1") named a host and a
+ * ttl the command line never gave. 1 when fine, else 0 (said). */
+static int release_owner_ok(const char *owner)
+{
+    const size_t max = sizeof((kvm_store_claim *)0)->owner - 1, n = strlen(owner);
+    if (n >= 1 && n <= max) return 1;
+    if (n == 0)
+        fprintf(stderr,
+                "kvmill store claims: --release: the owner is empty; an owner is 1 to %zu bytes (kvmill "
+                "store claims lists the owners)\n",
+                max);
+    else
+        fprintf(stderr,
+                "kvmill store claims: --release: the owner is %zu bytes; an owner is 1 to %zu bytes (kvmill "
+                "store claims lists the owners)\n",
+                n, max);
+    return 0;
+}
+
 static int cmd_claims(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
@@ -794,6 +814,7 @@ static int cmd_claims(int argc, char **argv)
         fprintf(stderr, "kvmill store claims: --force goes with --release OWNER\n");
         return 2;
     }
+    if (release && !release_owner_ok(release)) return 2;
     /* --release lists nothing and names its owner itself: an --owner other than it would be
      * ignored (the release of another owner's claims than the one asked for) */
     static const char *const listing_only[] = {"owner", "csv"};

@@ -25,7 +25,8 @@ typedef struct cmd_eval_docset {
  * (a missing item of a split value is named with the note that the value was read as a list). Prints "kvmill CMD: ..."
  * and returns 2 on a bad value (missing path, no documents, one file twice: same device and inode, e.g. a folder and
  * one of its files; a path that is not a regular file or folder, such as a FIFO: eval and calibrate read each document
- * more than once, and a pipe's second read is empty), 1 when out of memory; 0 on success.
+ * more than once, and a pipe's second read is empty; a .jsonl file: kvmill run's corpus format, which these
+ * commands do not read), 1 when out of memory; 0 on success.
  * Names that would collide are made distinct (see cmd_eval_docset). */
 int cmd_eval_docs_list(const char *cmd, const char *spec, cmd_eval_docset *out);
 void cmd_eval_docs_free(cmd_eval_docset *d);
@@ -48,6 +49,7 @@ int cmd_eval_docs_load(const char *cmd, const kvm_model *m, const kvm_kernels *k
  * for the message, e.g. "context 128 + continuation 16 (--context, --continuation)". Prints
  * "kvmill CMD: --docs PATH: K tokens, fewer than NEED; ..." and returns 2 for a document too
  * short (an input that does not fit the arguments: a usage error, as sculpt --context says it),
+ * or "the document is empty" and 2 for a file of 0 bytes,
  * cmd_eval_docs_encode's status for one that does not open or read; 0 when all fit. */
 int cmd_eval_docs_check(const char *cmd, const kvm_tokenizer *tok, const char *frame, const cmd_eval_docset *ds,
                         int64_t n_want, int64_t n_min, const char *need);

@@ -412,6 +412,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         /* a refusal to start (README, "Seeing a run": event "refused"), as the command's own are */
         kvm_log(KVM_LOG_ERROR, status == 2 ? "refused" : "message", NULL, 0, "%s\n", kvm_errmsg());
     } else {
+        sum->repeated = o.repeated;
         if (mode == MODE_CALIBRATE) /* calibration measures every document: none is skipped as stored */
             kvm_orch__log("%lld calibration document%s, each measured, run directory %s\n", (long long)o.n_jobs,
                           kvm_plural(o.n_jobs, "", "s"), o.run_dir);

@@ -14,6 +14,8 @@
 
 typedef struct kvm_orch_summary {
     int64_t compressed, skipped, failed;            /* documents */
+    int64_t repeated;                               /* of skipped: duplicates (the same tokens) of another document
+                                                       of the corpus, not already stored by an earlier run */
     int64_t truncated;                              /* of the documents compressed in this run, those longer than
                                                        [model] context (truncated to it); documents skipped as
                                                        stored, failed or left by a Ctrl-C are not counted */

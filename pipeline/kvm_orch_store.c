@@ -629,7 +629,7 @@ static void record_name(orch *o, kvm_store *store, const orch_job *j)
     if (!rc) {
         wn = kvm_utf8_cut(wire, wn, KVM_PROTO_MAX_NAME_BYTES);
         dm = (kvm_store_doc_meta){.n_tokens = j->doc->n_tokens};
-        snprintf(dm.source, sizeof dm.source, "%.*s", (int)(wn < 255 ? wn : 255), wire);
+        kvm_store_doc_set_source(&dm, wire, wn);
         rc = kvm_store_put_doc(store, &j->doc->hash, &dm);
     }
     free(wire);

@@ -172,7 +172,7 @@ static void svc_commit(svc *s, svc_upload *u)
     }
     if (p->doc_name.len) {
         kvm_store_doc_meta dm = {.n_tokens = p->n_tokens};
-        snprintf(dm.source, sizeof dm.source, "%.*s", (int)(p->doc_name.len < 255 ? p->doc_name.len : 255), p->doc_name.ptr);
+        kvm_store_doc_set_source(&dm, p->doc_name.ptr, p->doc_name.len);
         if (kvm_store_put_doc(s->store, &man.doc_hash, &dm))
             svc_log(s, KVM_LOG_WARN, "meta_failed", NULL, 0, "could not record the document's name: %s", kvm_errmsg());
     }
@@ -200,8 +200,8 @@ static int svc_refuse_nonfinite(svc *s, svc_upload *u, const kvm_proto_cache *c)
     memcpy(doc.b, p->doc_hash, sizeof doc.b);
     kvm_store_id_hex(&doc, hex);
     snprintf(why, sizeof why, "document %.*s%s(doc_hash %.16s): %s",
-             (int)(p->doc_name.len < 255 ? p->doc_name.len : 255), p->doc_name.len ? p->doc_name.ptr : "",
-             p->doc_name.len ? " " : "", hex, kvm_errmsg());
+             (int)(p->doc_name.len ? kvm_store_doc_source_len(p->doc_name.ptr, p->doc_name.len) : 0),
+             p->doc_name.len ? p->doc_name.ptr : "", p->doc_name.len ? " " : "", hex, kvm_errmsg());
     svc_refuse(s, u, KVM_ERANGE, why);
     return 1;
 }

@@ -95,8 +95,9 @@ static int upload(compress_state *st, const kvm_config *c, const kvm_proto_job *
     int rc = svc_open(st, c);
     if (rc) return rc;
     const int polykv = !strcmp(kvm_config_str(c, "compress", "method"), "polykv");
-    char name[256];
-    snprintf(name, sizeof name, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
+    kvm_store_doc_meta named; /* the name as the store keeps it: cut at a character */
+    kvm_store_doc_set_source(&named, j->doc_name.ptr, j->doc_name.len);
+    const char *name = named.source;
     double t0 = kvm_now_ms();
     rc = kvm_serve_remote_store(st->svc, c, &st->wm, j->tokens, j->n_tokens, cc, polykv ? st->strategy : NULL,
                                 polykv ? st->strategy_len : 0, j->job_id, name, &out->stored_bytes);
@@ -284,7 +285,7 @@ static void record_meta(compress_state *st, const kvm_proto_job *j)
     snprintf(mm.name, sizeof mm.name, "%s", slash ? slash + 1 : st->wm.path);
     snprintf(mm.source, sizeof mm.source, "%s", st->wm.path);
     kvm_store_doc_meta dm = {.n_tokens = j->n_tokens};
-    snprintf(dm.source, sizeof dm.source, "%.*s", (int)(j->doc_name.len < 255 ? j->doc_name.len : 255), j->doc_name.ptr);
+    kvm_store_doc_set_source(&dm, j->doc_name.ptr, j->doc_name.len);
     kvm_store_id doc;
     if (kvm_store_put_model(st->store, &st->wm.model_id, &mm) || kvm_store_doc_hash(j->tokens, j->n_tokens, &doc) ||
         kvm_store_put_doc(st->store, &doc, &dm))

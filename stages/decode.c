@@ -361,7 +361,7 @@ static int resolve_stored(decode_state *st, const kvm_proto_ask *ask, kvm_store_
     kvm_store_cache_key miss = {.model_id = st->wm.model_id, .config_id = st->config_id};
     kvm_store_cache_key bad = miss; /* the first corrupt cache of the name */
     char bad_why[1024] = "";
-    /* sources are stored as their first 255 bytes: a longer name is matched by those */
+    /* sources are stored as their first 255 bytes, cut at a character: a longer name is matched by those */
     int rc = kvm_store_find_docs(st->store, name, ask->doc_name.len, &docs, &n, &scanned);
     if (scanned && !st->said_name_scan) {
         st->said_name_scan = 1;

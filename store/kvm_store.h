@@ -388,6 +388,14 @@ int kvm_store_get_model(kvm_store *s, const kvm_store_id *model_id, kvm_store_mo
 int kvm_store_put_doc(kvm_store *s, const kvm_store_id *doc_hash, const kvm_store_doc_meta *meta);
 int kvm_store_get_doc(kvm_store *s, const kvm_store_id *doc_hash, kvm_store_doc_meta *out);
 
+/* Bytes of name[0, len) a document's source keeps: all of them up to 255 (source's size less
+ * its NUL), else the longest prefix of at most 255 that ends on a UTF-8 character boundary, so
+ * a long UTF-8 name (a JSONL id) is stored as valid UTF-8, not cut inside a character.
+ * kvm_store_find_docs cuts a name it looks for the same way. */
+size_t kvm_store_doc_source_len(const char *name, size_t len);
+/* Sets meta->source to name[0, len) cut by kvm_store_doc_source_len, NUL-terminated. */
+void kvm_store_doc_set_source(kvm_store_doc_meta *meta, const char *name, size_t len);
+
 /* A document found by name (kvm_store_find_docs). */
 typedef struct kvm_store_doc_match {
     kvm_store_id doc_hash;   /* the document */
@@ -404,8 +412,9 @@ typedef struct kvm_store_doc_match {
  * read-only open of a store no writer of this build opened (no `docnames` db), or a store an
  * older build added documents to since (the two dbs' counts differ; this build's next writable
  * open rebuilds the index: kvm_store_open). Corrupt docs records are skipped (verify names them).
- * A source is stored as its first 255 bytes (kvm_store_doc_meta.source), so a longer name is
- * matched by its first 255 bytes, as a longer JSONL id was stored.
+ * A source is stored as its first 255 bytes cut at a character (kvm_store_doc_source_len), so a
+ * longer name is matched by those, as a longer JSONL id was stored; when they match nothing, by
+ * its first 255 bytes as they are (an older kvmill cut a name inside a character).
  * *out: malloc'ed array of *n matches (NULL when none), the caller frees it; scanned may be NULL.
  * Errors: KVM_EINVAL (NULL outputs, len 0, a NUL in the name), KVM_ENOMEM, KVM_ESTATE,
  * KVM_EIO; *out is NULL and *n 0 on error. Thread-safe (the handle's lock). */

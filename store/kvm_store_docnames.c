@@ -214,7 +214,11 @@ int kvm_store_find_docs(kvm_store *s, const char *name, size_t len, kvm_store_do
     if (scanned) *scanned = 0;
     if (!out || !n_out || !name || len == 0 || memchr(name, '\0', len))
         return kvm_err(KVM_EINVAL, "store: find documents: a name without NUL and outputs are needed");
-    if (len > DOC_FIXED - 8 - 1) len = DOC_FIXED - 8 - 1; /* a source is stored as its first 255 bytes */
+    /* as a source is stored: its first 255 bytes, cut at a character; an older kvmill cut inside
+     * one, and a name it stored is found by those 255 bytes when the cut one finds nothing */
+    const size_t raw =
+        len < sizeof((kvm_store_doc_meta *)0)->source - 1 ? len : sizeof((kvm_store_doc_meta *)0)->source - 1;
+    len = kvm_store_doc_source_len(name, len);
     int st = kvm_store__lock(s);
     if (st) return st;
     MDB_txn *txn;
@@ -228,6 +232,11 @@ int kvm_store_find_docs(kvm_store *s, const char *name, size_t len, kvm_store_do
             use_index = n_docs == n_names;
         }
         if (st == 0) st = use_index ? find_by_index(s, txn, name, len, out, &n, &cap) : find_by_scan(s, txn, name, len, out, &n, &cap);
+        if (st == 0 && n == 0 && raw != len) {
+            len = raw;
+            st = use_index ? find_by_index(s, txn, name, len, out, &n, &cap)
+                           : find_by_scan(s, txn, name, len, out, &n, &cap);
+        }
         if (scanned) *scanned = !use_index;
         mdb_txn_abort(txn);
     }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/kvm_error.h"
+#include "model/kvm_utf8.h"
 
 #define MODEL_FIXED (64 + 256 + 8 * 4)
 #define DOC_FIXED (8 + 256)
@@ -232,6 +233,18 @@ int kvm_store_put_doc(kvm_store *s, const kvm_store_id *doc_hash, const kvm_stor
     st = kvm_store__write(s, put_doc_fn, &a);
     kvm_store__unlock(s);
     return st;
+}
+
+size_t kvm_store_doc_source_len(const char *name, size_t len)
+{
+    return kvm_utf8_cut(name, len, sizeof((kvm_store_doc_meta *)0)->source - 1);
+}
+
+void kvm_store_doc_set_source(kvm_store_doc_meta *meta, const char *name, size_t len)
+{
+    size_t n = len ? kvm_store_doc_source_len(name, len) : 0;
+    if (n) memcpy(meta->source, name, n);
+    meta->source[n] = '\0';
 }
 
 int kvm_store_get_doc(kvm_store *s, const kvm_store_id *doc_hash, kvm_store_doc_meta *out)

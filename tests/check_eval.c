@@ -798,6 +798,28 @@ START_TEST(test_cli_errors)
     ck_assert_ptr_nonnull(strstr(err, "fewer than context 64"));
     free(out);
     free(err);
+    /* an empty document read as its BOS alone: "1 token, fewer than context 64"; it is named empty */
+    snprintf(path, sizeof path, "%s/empty.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(path, "", 0), 0);
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 8", path, NULL), &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "--docs ") && strstr(err, "empty.txt: the document is empty (0 bytes)") &&
+                      !strstr(err, "1 token"),
+                  "exit %d, stderr %s", st, err);
+    free(out);
+    free(err);
+    /* a JSONL corpus was evaluated as one text, its JSON syntax and all: refused, named */
+    snprintf(path, sizeof path, "%s/c.jsonl", dir);
+    static const char row[] =
+        "{\"id\": \"a\", \"text\": \"Once upon a time there was a cat. It sat on a mat all day "
+        "long and dreamt of fish, of birds, of mice and of the big red ball it lost. One day a girl came by and "
+        "gave the cat a new ball, and the cat was happy and played with it until the sun went "
+        "down.\"}\n";
+    ck_assert_int_eq(kvm_test_write_file(path, row, strlen(row)), 0);
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --budget 8", path, NULL), &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "--docs ") && strstr(err, "c.jsonl: a JSONL corpus (one document per line"),
+                  "exit %d, stderr %s", st, err);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }

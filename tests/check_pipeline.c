@@ -3,6 +3,7 @@
  * with SIGKILL mid-job loses nothing, garbage sent to each stage is logged and dropped while
  * the stage keeps working, and bad configurations or a missing stage binary fail clearly. */
 #include "compress/polykv/kvm_polykv.h"
+#include "model/kvm_utf8.h"
 #include "pipeline/kvm_config.h"
 #include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_jobcfg.h"
@@ -116,6 +117,39 @@ START_TEST(test_run_then_skip)
     *last = '\0';
     ck_assert_ptr_nonnull(strstr(strrchr(out, '\n') + 1, "summary: "));
     free(out); free(err);
+}
+END_TEST
+
+/* Two files of the same text in a fresh store: one cache, the other skipped. The documents line
+ * said "1 skipped (already stored)" though nothing was stored before; it tells the two apart now
+ * (the summary line's fields are unchanged). */
+START_TEST(test_duplicate_not_already_stored)
+{
+    write_config(NULL);
+    char src[4300], dst[4300];
+    snprintf(src, sizeof src, "%s/doc_000.txt", docs);
+    snprintf(dst, sizeof dst, "%s/doc_005.txt", docs);
+    size_t n;
+    char *t = kvm_test_read_file(src, &n);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(kvm_test_write_file(dst, t, n), 0);
+    free(t);
+    char *out, *err;
+    int rc = run_kvmill(&out, &err);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "summary: compressed=5 skipped=1 failed=0 "), "stdout: %s", out);
+    ck_assert_msg(strstr(out, "documents: 5 compressed, 1 skipped (0 already stored, 1 duplicate of another "
+                              "document in this corpus), 0 failed"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
+    rc = run_kvmill(&out, &err); /* again: the five stored, the copy still a duplicate */
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(out, "documents: 0 compressed, 6 skipped (5 already stored, 1 duplicate of another "
+                              "document in this corpus), 0 failed"),
+                  "stdout: %s", out);
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -1024,6 +1058,35 @@ START_TEST(test_jsonl_corpus)
     ck_assert_msg(strstr(err, "caf%E9.txt: its name, with the bytes that are not UTF-8 written %HH, is another file's"),
                   "stderr: %s", err);
     ck_assert_msg(strstr(out, "compressed=1 skipped=1 failed=2 "), "stdout: %s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* A JSONL id longer than 255 bytes was recorded as its first 255 bytes, cut inside a character
+ * (an "é" split to \xc3): the store held a name that is not UTF-8, and `store ls --names --csv`
+ * wrote it raw. It is cut at the character before now: 254 bytes here. */
+START_TEST(test_jsonl_long_id_cut_at_char)
+{
+    write_config(NULL);
+    char id[300], line[512], path[4300];
+    memset(id, 'a', 254);
+    snprintf(id + 254, sizeof id - 254, "\xc3\xa9-and-more");
+    snprintf(line, sizeof line, "{\"id\": \"%s\", \"text\": \"Once upon a time there was a cat.\"}\n", id);
+    snprintf(path, sizeof path, "%s/c.jsonl", tmp);
+    ck_assert_int_eq(kvm_test_write_file(path, line, strlen(line)), 0);
+    char cmd[12000], *out, *err;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' run --config '%s' --corpus '%s'", kvm_test_bin(), cfg_path, path);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0 && strstr(out, "summary: compressed=1 "), "exit %d: %s%s", rc, out, err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --store '%s' --names --csv", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char want[300];
+    snprintf(want, sizeof want, ",%.254s\n", id); /* the row ends with the name: the 254 ASCII bytes alone */
+    ck_assert_msg(kvm_utf8_valid(out, strlen(out)), "not UTF-8: %s", out);
+    ck_assert_msg(strstr(out, want), "want the name %.254s (254 bytes) in: %s", id, out);
     free(out);
     free(err);
 }
@@ -1988,6 +2051,7 @@ static Suite *pipeline_suite(void)
         const char *name;
         const TTest *fn;
     } cases[] = {{"run_then_skip", test_run_then_skip},
+                 {"duplicate_not_already_stored", test_duplicate_not_already_stored},
                  {"wire_dtype", test_wire_dtype},
                  {"json_logs_and_metrics", test_json_logs_and_metrics},
                  {"log_json_escaping", test_log_json_escaping},
@@ -2000,6 +2064,7 @@ static Suite *pipeline_suite(void)
                  {"external_worker_joins", test_external_worker_joins},
                  {"ctrl_c", test_ctrl_c},
                  {"jsonl_corpus", test_jsonl_corpus},
+                 {"jsonl_long_id_cut_at_char", test_jsonl_long_id_cut_at_char},
                  {"eval_matches_harness", test_eval_matches_harness},
                  {"eval_nonfinite_not_counted", test_eval_nonfinite_not_counted},
                  {"wire_f16_overflow_named", test_wire_f16_overflow_named},

@@ -24,6 +24,7 @@
 #include "common/kvm_error.h"
 #include "orchestrator/kvm_cli.h"
 #include "proto/kvm_proto.h"
+#include "model/kvm_utf8.h"
 #include "store/kvm_store.h"
 #include "store/kvm_store_internal.h"
 #include "tests/util/kvm_test.h"
@@ -1863,6 +1864,20 @@ START_TEST(test_docnames_long_name)
     ck_assert_int_eq(find_named(s, id, &scanned, NULL), 1);
     ck_assert_int_eq(scanned, 0);
     ck_assert_int_eq(find_named(s, "dir/\xc3\xa9", &scanned, NULL), 0);
+    /* stored as kvmill stores it now: cut before the character that does not fit whole (254
+     * bytes, valid UTF-8; 255 split an "é"), and found by the whole name as well */
+    int32_t toks2[2] = {42, 778};
+    ck_assert_int_eq(kvm_store_doc_hash(toks2, 2, &h), 0);
+    kvm_store_doc_set_source(&dm, id, strlen(id));
+    ck_assert_uint_eq(strlen(dm.source), 254);
+    ck_assert(kvm_utf8_valid(dm.source, strlen(dm.source)));
+    ck_assert_int_eq(kvm_store_put_doc(s, &h, &dm), 0);
+    kvm_store_doc_match *m = NULL;
+    int64_t n = 0;
+    ck_assert_int_eq(kvm_store_find_docs(s, id, strlen(id), &m, &n, NULL), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_mem_eq(m[0].doc_hash.b, h.b, sizeof h.b);
+    free(m);
     kvm_store_close(&s);
 }
 END_TEST

@@ -1541,6 +1541,19 @@ START_TEST(test_store_claims_cli)
     free(out), free(err);
     ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --force", g_store), 2);
     free(out), free(err);
+    /* an owner no claim can have: named by the option and its limit, not the store's "host 0..63,
+     * ttl_ms >= 1" (given by no one here) */
+    char long_owner[200];
+    memset(long_owner, 'o', 128);
+    long_owner[128] = '\0';
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release ''", g_store), 2);
+    ck_assert_msg(strstr(err, "--release: the owner is empty; an owner is 1 to 127 bytes") && !strstr(err, "ttl"), "%s",
+                  err);
+    free(out), free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "store claims --store '%s' --release %s --force", g_store, long_owner), 2);
+    ck_assert_msg(strstr(err, "--release: the owner is 128 bytes; an owner is 1 to 127 bytes") && !strstr(err, "ttl"),
+                  "%s", err);
+    free(out), free(err);
     int n = 0;
     ck_assert_int_eq(kvm_store_open(g_store, &o, &s), 0);
     ck_assert_int_eq(kvm_store_list_claims(s, count_claim, &n), 0);
