@@ -147,16 +147,8 @@ static int claim_remote(orch *o, const kvm_store_cache_key *key, int recheck, in
  * earlier version's) or of another shape, or this very process: 0, the lease rule. */
 static int holder_gone(const orch *o, const kvm_store_claim *h)
 {
-    if (strcmp(h->host, o->host) || strncmp(h->owner, "run:", 4)) return 0;
-    const char *p = strchr(h->owner + 4, ':'); /* after the host name, which holds no ':' */
-    if (!p) return 0;
-    char *end;
-    long pid = strtol(p + 1, &end, 10);
-    /* this very run by its whole owner (a killed earlier run whose pid this one reuses is gone) */
-    if (end == p + 1 || *end != ':' || pid <= 0 || !strcmp(h->owner, o->owner)) return 0;
-    strtoll(end + 1, &end, 10); /* the start time (wall clock): not used to judge */
-    if (*end != ':') return 0;
-    return kvm_rundir_pid_gone(pid, end + 1);
+    /* never this very run (a killed earlier run whose pid this one reuses is gone) */
+    return strcmp(h->host, o->host) == 0 && strcmp(h->owner, o->owner) && kvm_storew_owner_gone(h->owner, h->host);
 }
 
 /* Owners of claims held by runs of this host that are gone (holder_gone), each once, for

@@ -1,5 +1,6 @@
 /* kvm_storesvc_claim.c: claims over the store service (kvm_storesvc_claim.h). */
 #include "pipeline/kvm_storesvc_claim.h"
+#include "pipeline/kvm_storew.h"
 #include "common/kvm_error.h"
 #include "pipeline/kvm_cachecodec.h"
 
@@ -106,7 +107,8 @@ static int live_visit(const kvm_store_cache_key *key, const kvm_store_claim *cl,
 {
     (void)key;
     live_scan *ls = arg;
-    if (cl->expires_unix_ms <= ls->now_ms) return 0; /* lapsed: nobody relies on it */
+    if (cl->expires_unix_ms <= ls->now_ms) return 0;          /* lapsed: nobody relies on it */
+    if (kvm_storew_owner_gone(cl->owner, cl->host)) return 0; /* a run of this host that is gone (kill -9) */
     for (int i = 0; i < ls->c->n; i++)
         if (!strcmp(ls->c->owner[i], cl->owner)) {
             ls->n[i]++;

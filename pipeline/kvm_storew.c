@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -93,6 +94,22 @@ void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size)
     kvm_rundir_proc_id((long)getpid(), id, sizeof id);
     snprintf(out, size, "run:%.48s:%ld:%lld%s%s", h, (long)getpid(), (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000,
              *id ? ":" : "", id);
+}
+
+int kvm_storew_owner_gone(const char *owner, const char *claim_host)
+{
+    char h[64] = "";
+    if (gethostname(h, sizeof h - 1) != 0) return 0;
+    h[sizeof h - 1] = '\0';
+    if (strcmp(claim_host, h) || strncmp(owner, "run:", 4)) return 0;
+    const char *p = strchr(owner + 4, ':'); /* after the host name, which holds no ':' */
+    if (!p) return 0;
+    char *end;
+    long pid = strtol(p + 1, &end, 10);
+    if (end == p + 1 || *end != ':' || pid <= 0) return 0;
+    strtoll(end + 1, &end, 10); /* the start time (wall clock): not used to judge */
+    if (*end != ':') return 0;
+    return kvm_rundir_pid_gone(pid, end + 1);
 }
 
 int kvm_storew_claim(kvm_store *s, const kvm_store_cache_key *key, const char *owner, const char *host, int64_t ttl_ms,

@@ -50,6 +50,12 @@ int kvm_storew_must_exist(const char *what, const char *path);
  * out[size] (>= 192); host into host[host_size]. */
 void kvm_storew_owner(char *out, size_t size, char *host, size_t host_size);
 
+/* 1 when owner (a claim's, kvm_storew_owner's shape "run:HOST:PID:START:ID") whose claim names
+ * claim_host is a run of this host (gethostname) that is gone: its process identity ID
+ * (kvm_rundir_pid_gone) says the pid no longer runs it. 0 when it may run or cannot be told
+ * (another host, another shape, no identity): the caller keeps its lease rule. Never blocks. */
+int kvm_storew_owner_gone(const char *owner, const char *claim_host);
+
 /* Claims the cache key for owner for ttl_ms (a lease; see kvm_store_claim_take). *taken = 1
  * when owner holds it now (new, renewed, or taken over from an expired lease), 0 when a live
  * lease of another owner holds it (*holder, may be NULL, says whose). Errors: the store's. */

@@ -883,7 +883,7 @@ static const char *corpus_of(const char *name, const int *ids, int n)
  * wait for one; b compresses doc_002 (its claim renewed until its end); then *s1 is killed, a
  * takes doc_000 over, stores it, ends, and asks its store service to stop, which stays up for
  * b. Returns once a says so; b still waits for doc_001 (s2 lives). */
-static void host_and_dependent_run(pid_t *a, pid_t *b, pid_t *s1, pid_t *s2)
+static void host_and_dependent_run(pid_t *a, pid_t *b, pid_t *s1, pid_t *s2, int b_liveness)
 {
     char first[4300], ep[64], bind[64], host[64] = "", owners[2][192], errp[4300];
     snprintf(first, sizeof first, "%s/first.lmdb", tmp);
@@ -917,7 +917,15 @@ static void host_and_dependent_run(pid_t *a, pid_t *b, pid_t *s1, pid_t *s2)
     *a = run_start_corpus(quick_config_bind("a", store, bind), "a", corpus_of("ca", id0, 1));
     snprintf(errp, sizeof errp, "%s/a.err", tmp);
     ck_assert_msg(kvm_test_wait_text(errp, "waiting for the", 1, 120), "run a did not wait for doc_000");
-    *b = run_start_corpus(quick_config("b", ep), "b", corpus_of("cb", ids12, 2));
+    const char *bcfg = quick_config("b", ep);
+    char *text = kvm_test_read_file(bcfg, NULL), *l = text ? strstr(text, "liveness = 20\n") : NULL;
+    ck_assert_ptr_nonnull(l);
+    char edited[9000]; /* b's lease: heartbeat 100 ms x b_liveness */
+    snprintf(edited, sizeof edited, "%.*sliveness = %d\n%s", (int)(l - text), text, b_liveness,
+             l + strlen("liveness = 20\n"));
+    free(text);
+    ck_assert_int_eq(kvm_test_write_file(bcfg, edited, strlen(edited)), 0);
+    *b = run_start_corpus(bcfg, "b", corpus_of("cb", ids12, 2));
     snprintf(errp, sizeof errp, "%s/b.err", tmp);
     ck_assert_msg(kvm_test_wait_text(errp, "waiting for the", 1, 120), "run b did not wait for doc_001");
     kill(*s1, SIGKILL); /* a takes doc_000 over and ends */
@@ -952,7 +960,7 @@ static void host_and_dependent_run(pid_t *a, pid_t *b, pid_t *s1, pid_t *s2)
 START_TEST(test_host_run_waits_for_dependent_run)
 {
     pid_t a, b, s1, s2;
-    host_and_dependent_run(&a, &b, &s1, &s2);
+    host_and_dependent_run(&a, &b, &s1, &s2, 20);
     usleep(500000);
     ck_assert_msg(waitpid(a, NULL, WNOHANG) == 0, "run a ended while b holds claims through its service");
     kill(s2, SIGKILL); /* b takes doc_001 over, stores it through a's service, ends */
@@ -971,13 +979,14 @@ START_TEST(test_host_run_waits_for_dependent_run)
 }
 END_TEST
 
-/* As test_host_run_waits_for_dependent_run, but the dependent run is killed (kill -9): its
- * claims lapse unrenewed (2 s: heartbeat 100 ms x liveness 20) and the service stops then, and
- * the host run with it, exit 0: not waiting for good. */
+/* As test_host_run_waits_for_dependent_run, but the dependent run is killed (kill -9) with a
+ * lease of 60 s (heartbeat 100 ms x liveness 600): the service waited for its claims to lapse,
+ * for good with a 24 h lease. The dependent run is of this host, and its process is gone, so
+ * the service stops at once, and the host run with it, exit 0. */
 START_TEST(test_host_run_dependent_killed)
 {
     pid_t a, b, s1, s2;
-    host_and_dependent_run(&a, &b, &s1, &s2);
+    host_and_dependent_run(&a, &b, &s1, &s2, 600);
     kill(-b, SIGKILL);
     waitpid(b, NULL, 0);
     time_t t_kill = time(NULL);
@@ -986,9 +995,8 @@ START_TEST(test_host_run_dependent_killed)
     kill(s2, SIGKILL);
     waitpid(s2, NULL, 0);
     char *ea = slurp("a.err");
-    /* b's lease had up to 2 s left: a waited for it to lapse, not for good */
-    ck_assert_msg(ra == 0 && waited >= 1 && waited <= 15, "run a exit %d, %ld s after b was killed:\n%s", ra, waited,
-                  ea);
+    /* b's lease had up to 60 s left: a did not wait for it to lapse */
+    ck_assert_msg(ra == 0 && waited <= 15, "run a exit %d, %ld s after b was killed:\n%s", ra, waited, ea);
     ck_assert_msg(strstr(ea, "the store service stopped: the runs it stayed up for released"), "%s", ea);
     free(ea);
     char *sl = slurp("a.run/store.log");
@@ -1003,7 +1011,7 @@ END_TEST
 START_TEST(test_host_run_interrupted_while_waiting)
 {
     pid_t a, b, s1, s2;
-    host_and_dependent_run(&a, &b, &s1, &s2);
+    host_and_dependent_run(&a, &b, &s1, &s2, 20);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     kill(a, SIGTERM);
