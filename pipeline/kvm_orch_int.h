@@ -332,7 +332,8 @@ int64_t kvm_orch__claim_ttl(const orch *o);
  * VM) or busy, so it read no heartbeat meanwhile. The workers' silence and the jobs' times are
  * judged from now: they kept working, and their queued messages are read in the next
  * iterations. The claims are renewed at the next chance, and a store service is not taken for
- * down by the pause's length. Logs run_resumed (gap_ms). */
+ * down by the pause's length, unless its renewals were failing before it. Logs run_resumed
+ * (gap_ms). */
 void kvm_orch__resumed(orch *o, double gap_ms, double now);
 /* Child exits, silent workers, dead stages, timed-out jobs. */
 void kvm_orch__check_health(orch *o);

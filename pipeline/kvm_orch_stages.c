@@ -384,9 +384,12 @@ void kvm_orch__resumed(orch *o, double gap_ms, double now)
     /* the claims: renewed at the next chance (last_renew), and a store service that does not
      * answer that one renewal at once is not taken for down by the pause's length (renewed_ok);
      * claims that lapsed meanwhile may have been taken by another run, which then compresses
-     * those documents too (counted by both: the store keeps one cache) */
+     * those documents too (counted by both: the store keeps one cache). Not when its renewals
+     * failed already before the gap: the outage is older than the pause, and the gap may be the
+     * loop's own calls waiting for that service (a run looking again at documents left to other
+     * runs, the service gone): taken for pauses, they kept it from being judged down for ever */
     o->last_renew = 0;
-    if (o->renewed_ok < now) o->renewed_ok = now;
+    if (!o->renew_failing && o->renewed_ok < now) o->renewed_ok = now;
     const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS}; /* their workers went on meanwhile */
     for (int b = 0; b < 2; b++)
         for (int64_t i = kvm_joblist_first(&o->lists, busy[b]); i >= 0; i = kvm_joblist_next(&o->lists, i)) {

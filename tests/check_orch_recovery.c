@@ -1032,6 +1032,32 @@ START_TEST(test_resume_after_capped_lease)
 }
 END_TEST
 
+/* A run whose store service stopped answering while it looked again at documents left to
+ * other runs: each look waited for a reply, the loop's gaps were taken for pauses of the run,
+ * and each "resume" reset the time of the last renewal answered, so the service was never
+ * judged down and the run spun for ever. A resume keeps that time when the renewals were
+ * failing already before the gap (the outage is older than the pause); otherwise it resets it. */
+START_TEST(test_resume_keeps_failing_renewals)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    const double now = kvm_now_ms();
+    if (now <= 10000) {
+        fprintf(stderr, "resume_keeps_failing_renewals: up for %.0f s only, not checked\n", now / 1000);
+        fake_end(&f);
+        return;
+    }
+    o->renew_failing = 1, o->renewed_ok = now - 5000;
+    kvm_orch__resumed(o, 1500, now);
+    ck_assert_msg(o->renewed_ok == now - 5000, "renewed_ok moved %.0f ms", o->renewed_ok - (now - 5000));
+    o->renew_failing = 0;
+    kvm_orch__resumed(o, 1500, now);
+    ck_assert(o->renewed_ok >= now); /* a healthy service is not judged by the pause's length */
+    fake_end(&f);
+}
+END_TEST
+
 /* A store service stand-in on ep: answers every claim "held" by another host's run, with the
  * holder's expiry (expires > 0, revision 12) or without it (0, a revision-11 service). */
 typedef struct fake_svc {
@@ -1172,6 +1198,7 @@ static Suite *orch_recovery_suite(void)
                  {"left_service_revisions", test_left_service_revisions, 30},
                  {"dead_runs_claims_released", test_dead_runs_claims_released, 120},
                  {"resume_after_capped_lease", test_resume_after_capped_lease, 30},
+                 {"resume_keeps_failing_renewals", test_resume_keeps_failing_renewals, 30},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
