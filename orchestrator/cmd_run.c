@@ -130,7 +130,9 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
                s->evaluated ? s->kl_sum / (double)s->evaluated : 0, (long long)s->evaluated,
                kvm_plural(s->evaluated, "", "s"),
                (long long)kvm_config_int(cfg, "eval", "continuation"));
-    if (s->interrupted)
+    /* one line gives the count (README): a store that stopped the run is what a rerun must fix
+     * first, so it is the one said when a Ctrl-C came too */
+    if (s->interrupted && !s->store_full && !s->store_down)
         printf("interrupted: %lld document%s %s not processed (run again to finish: stored ones are skipped)\n",
                (long long)s->pending, kvm_plural(s->pending, "", "s"), kvm_plural(s->pending, "was", "were"));
     if (s->store_full)
@@ -140,7 +142,7 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
                : s->store_full == 3 ? "the file size limit (ulimit -f) stops data.mdb from growing; raise it and run "
                                       "again"
                                     : "no space left on the store's device; free space and run again");
-    if (s->store_down)
+    if (s->store_down && !s->store_full)
         printf("store %s: %lld document%s %s not processed (%s: stored ones are skipped)\n",
                s->store_down == 2 ? "gone" : "down", (long long)s->pending, kvm_plural(s->pending, "", "s"),
                kvm_plural(s->pending, "was", "were"),

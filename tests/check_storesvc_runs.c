@@ -303,6 +303,35 @@ START_TEST(test_service_down_mid_run)
 }
 END_TEST
 
+/* The store service SIGKILLed after the first commit and the run interrupted (Ctrl-C) a moment
+ * later: the run printed both "interrupted: N documents were not processed" and "store down: N
+ * documents were not processed" for the same N documents. One line gives the count
+ * (not_processed=N): the store's, what a rerun must fix first. */
+START_TEST(test_interrupted_and_store_down_one_line)
+{
+    pid_t svc = service_start();
+    char slog[4300];
+    snprintf(slog, sizeof slog, "%s/store.err", tmp);
+    pid_t d = run_start(run_config("d", 20, NULL), "d");
+    int killed = 0;
+    for (int i = 0; i < 24000 && !killed; i++, usleep(10000)) {
+        char *l = kvm_test_read_file(slog, NULL);
+        if (l && strstr(l, "committed job")) killed = kill(svc, SIGKILL) == 0;
+        free(l);
+    }
+    ck_assert_msg(killed, "the service never committed a cache");
+    waitpid(svc, NULL, 0);
+    usleep(300000);
+    kill(d, SIGINT);
+    int rd = run_wait(d);
+    char *od = slurp("d.out");
+    const int lines = count(od, " not processed (");
+    ck_assert_msg(rd > 0 && lines == 1 && strstr(od, "store down: ") && summary_value(od, "not_processed") > 0,
+                  "exit %d, %d lines:\n%s", rd, lines, od);
+    free(od);
+}
+END_TEST
+
 /* With a remote store: [store] service_bind (the service belongs to the store's host) and
  * kvmill calibrate (it stores the strategy) are refused with exit 2 and a reason (service_bind by
  * kvmill serve too); a polykv run
@@ -1113,6 +1142,7 @@ static Suite *storesvc_runs_suite(void)
     } cases[] = {{"two_runs_one_service", test_two_runs_one_service},
                  {"dead_run_claims_taken_over", test_dead_run_claims_taken_over},
                  {"service_down_mid_run", test_service_down_mid_run},
+                 {"interrupted_and_store_down_one_line", test_interrupted_and_store_down_one_line},
                  {"remote_store_refusals", test_remote_store_refusals},
                  {"remote_decode_polykv", test_remote_decode_polykv},
                  {"recalibration_reaches_remote_worker", test_recalibration_reaches_remote_worker},
