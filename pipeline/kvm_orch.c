@@ -163,7 +163,8 @@ static int prepare(orch *o, kvm_store **store)
         o->model_id = model_id;
         o->config_id = config_id;
         if ((rc = kvm_orch__mark_skipped(o, NULL)) == KVM_EIO) { /* no reply to the first probe: nothing claimed yet */
-            o->sum->store_down = 1;                 /* so the end makes one short release try only */
+            o->sum->store_down = 1;
+            o->owner[0] = '\0'; /* no release to try at the end (it said "its claims lapse by themselves") */
             return kvm_storecli_rejected(o->cli)
                        ? rc
                        : kvm_err(rc, "%s: is kvmill store serve running and reachable there?", kvm_errmsg());
