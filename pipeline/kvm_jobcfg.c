@@ -150,10 +150,11 @@ static int same_socket(const char *a, const char *b)
     return pa == pb && ((na == nb && !strncmp(ha, hb, na)) || every_address(ha, na) || every_address(hb, nb));
 }
 
-int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bind_what)
+/* The endpoint of the command's own sockets that ep (a setting, `setting`) would take or reach
+ * (same_socket), as an error naming both (clash: what goes wrong), or 0. */
+static int own_socket_clash(const kvm_config *c, int serve, const char *bind_what, const char *setting, const char *ep,
+                            const char *clash)
 {
-    const char *sb = kvm_config_str(c, "store", "service_bind");
-    if (!*sb) return 0;
     struct {
         const char *base, *what; /* an endpoint the command binds; its setting */
         int pair;                /* 1: a base, binding PORT (control) and PORT + 1 (data) */
@@ -168,17 +169,31 @@ int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bi
             continue; /* the endpoint's own check refuses it */
         const char *eps[2] = {ctl, data};
         for (int k = 0; k < 2; k++)
-            if (*eps[k] && same_socket(sb, eps[k]))
-                return kvm_err(KVM_EINVAL,
-                               "%s: [store] service_bind = %s is the endpoint %s of %s = %s (%s): the store service "
-                               "and %s would bind the same socket; give service_bind another port (or path)",
-                               kvm_config_path(c), sb, eps[k], own[i].what, own[i].base,
+            if (*eps[k] && same_socket(ep, eps[k]))
+                return kvm_err(KVM_EINVAL, "%s: %s = %s is the endpoint %s of %s = %s (%s): %s", kvm_config_path(c),
+                               setting, ep, eps[k], own[i].what, own[i].base,
                                !own[i].pair ? "its front end"
                                : k          ? "its data socket: port + 1, or DIR/data for ipc://"
                                             : "its control socket",
-                               serve ? "kvmill serve" : "the run");
+                               clash);
     }
     return 0;
+}
+
+int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bind_what)
+{
+    const char *sb = kvm_config_str(c, "store", "service_bind"), *who = serve ? "kvmill serve" : "the run";
+    char clash[256];
+    snprintf(clash, sizeof clash,
+             "the store service and %s would bind the same socket; give service_bind another port (or path)", who);
+    int rc = *sb ? own_socket_clash(c, serve, bind_what, "[store] service_bind", sb, clash) : 0;
+    /* the store it asks for caches: its own socket would answer it, never a store service */
+    const char *svc = kvm_config_str(c, "store", "service"), *path = kvm_config_str(c, "store", "path");
+    snprintf(clash, sizeof clash, "%s would ask itself for caches; name the store service's endpoint", who);
+    if (!rc && *svc) rc = own_socket_clash(c, serve, bind_what, "[store] service", svc, clash);
+    if (!rc && kvm_serve_remote_is_endpoint(path))
+        rc = own_socket_clash(c, serve, bind_what, "[store] path", path, clash);
+    return rc;
 }
 
 int kvm_jobcfg_check_text(const kvm_config *c)

@@ -72,8 +72,11 @@ int kvm_jobcfg_check_text(const kvm_config *c);
  * the run then failed to bind it (or the service failed first, and its error blamed "another
  * process"). Same port with the same host, or either host 0.0.0.0 / * / [::] (every address),
  * clashes; ipc:// endpoints clash when equal. bind_what names [run] bind or [serve] bind in the
- * message (a --bind flag sets it). Returns 0, or KVM_EINVAL naming the file, both settings and
- * the socket. */
+ * message (a --bind flag sets it). The store the command asks for caches ([store] path when an
+ * endpoint, [store] service: serve's --store) against the same sockets by the same rule: it
+ * would ask itself (serve's front end answered "not a store service" to every ask; a run's
+ * first claim timed out). Returns 0, or KVM_EINVAL naming the file, both settings and the
+ * socket. */
 int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bind_what);
 
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:

@@ -1976,6 +1976,48 @@ START_TEST(test_service_bind_clash_and_kept_log)
 }
 END_TEST
 
+/* A store endpoint ([store] path = tcp://..., [store] service, serve's --store) that is a socket
+ * the command binds itself: serve started with only a "does not answer" warning and failed every
+ * ask ("... is a kvmill serve front end"), a run timed out on its first claim (exit 1). Both
+ * refuse it now (exit 2), naming the setting, the socket and the clash, --dump-config too. */
+START_TEST(test_store_is_own_socket)
+{
+    int port = kvm_test_tcp_port(9);
+    char text[8192], args[5000], *out, *err;
+    const char *common = "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = h2o\nratio = 0.3\n[store]\n"
+                         "path = tcp://127.0.0.1:%d\n[stages]\nbin_dir = %s\n%s\n";
+    struct {
+        int store_port;        /* [store] path's port */
+        const char *own, *cmd; /* the command's own bind (%d: port); the command line */
+        const char *want;      /* in the refusal; NULL: accepted */
+    } cases[] = {
+        {0, "[run]\nbind = tcp://127.0.0.1:%d", "run --dump-config", "(its control socket): the run would ask"},
+        {1, "[run]\nbind = tcp://127.0.0.1:%d", "run --dump-config", "(its data socket"},
+        {2, "[run]\nbind = tcp://127.0.0.1:%d", "run --dump-config", NULL},
+        {0, "[serve]\nbind = tcp://127.0.0.1:%d", "serve --dump-config", "(its front end): kvmill serve would"},
+        {5, "[serve]\nbind = tcp://127.0.0.1:%d",
+         "serve --dump-config --store tcp://127.0.0.1:%d "
+         "--bind tcp://127.0.0.1:%d",
+         "[store] service = tcp://127.0.0.1:"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char own[256], cmd[512];
+        snprintf(own, sizeof own, cases[i].own, port);
+        snprintf(text, sizeof text, common, kvm_test_data_path("models/stories260K.bin"), port + cases[i].store_port,
+                 kvm_test_bin(), own);
+        snprintf(cmd, sizeof cmd, cases[i].cmd, port + 7, port + 7);
+        snprintf(args, sizeof args, "%s", cmd);
+        int rc = run_cfg(text, args, &out, &err);
+        if (cases[i].want)
+            ck_assert_msg(rc == 2 && strstr(err, cases[i].want) && strstr(err, "name the store service's endpoint"),
+                          "case %zu (%s): exit %d: %s", i, args, rc, err);
+        else
+            ck_assert_msg(rc == 0, "case %zu (%s): exit %d: %s", i, args, rc, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* Lines of text holding a, and b after it. */
 static int lines_with(const char *text, const char *a, const char *b)
 {
@@ -2081,6 +2123,7 @@ static Suite *pipeline_suite(void)
                  {"calibrate_build_not_retried", test_calibrate_build_not_retried},
                  {"calibrate_interrupted_stores_nothing", test_calibrate_interrupted_stores_nothing},
                  {"service_bind_clash_and_kept_log", test_service_bind_clash_and_kept_log},
+                 {"store_is_own_socket", test_store_is_own_socket},
                  {"worker_table_reused", test_worker_table_reused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
