@@ -215,6 +215,7 @@ typedef struct ask_link {
     int greeted;       /* ZMQ_EVENT_HANDSHAKE_SUCCEEDED seen: a ZeroMQ peer of a fitting type */
     int keyed;         /* CurveZMQ keys given */
     int no_detail;     /* a keyed handshake ended without a reason (the peer closed the connection) */
+    int plain_closed;  /* plain handshakes the peer closed without a reason, none succeeding between */
     int up;            /* the current connection completed its handshake */
     int lost;          /* a connection that had completed its handshake dropped (ZMQ_EVENT_DISCONNECTED) */
     int resend_due;    /* a handshake succeeded again after `lost`: the request is to be sent again */
@@ -236,6 +237,7 @@ static void link_note(ask_link *l, uint16_t event)
     }
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         l->greeted = l->up = 1;
+        l->plain_closed = 0;
         if (l->lost) l->resend_due = 1, l->lost = 0;
     }
 }
@@ -278,6 +280,10 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
                      "server's secret key), or a server without CurveZMQ keys, or not kvmill serve's front end "
                      "there");
             failed = 1;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL && ++l->plain_closed < 3) {
+            /* the peer closed the connection in the greeting: a keyed server does it to every try
+             * (said at the third), a server killed and started again to one (ZeroMQ connects
+             * again, and the ask goes on) */
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
             snprintf(why, n,
                      "the ZeroMQ handshake failed: the server needs CurveZMQ keys (--server-key, "

@@ -1316,6 +1316,48 @@ START_TEST(test_ask_server_restarted)
 }
 END_TEST
 
+/* A front end that took the connection but never ran the greeting (serve SIGSTOPped), then went
+ * away (killed) and came back: the plain handshake ended with no reason, and ask said "the
+ * server needs CurveZMQ keys ..." and exited 1 at once. One such close is a server gone for a
+ * moment: ZeroMQ connects again and the ask is answered. The child stands in: a bare listening
+ * socket that never accepts, closed after 1.5 s, then a front end that answers. */
+START_TEST(test_ask_server_closed_in_greeting)
+{
+    char path[4300], ep[4400], cmd[9000], *out = NULL, *err = NULL;
+    snprintf(path, sizeof path, "%s/greet-front", g_dir);
+    snprintf(ep, sizeof ep, "ipc://%s", path);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_ge(lfd, 0);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    pid_t fake = fork();
+    ck_assert_int_ge(fake, 0);
+    if (fake == 0) {
+        usleep(1500000);
+        close(lfd); /* the connection waiting in its backlog is closed mid-greeting */
+        unlink(path);
+        char peer[256];
+        int peer_len = 0;
+        uint64_t id = 0;
+        void *zc = zmq_ctx_new(), *r = fake_bind(zc, ep);
+        int bad = !r || fake_recv_ask(r, peer, &peer_len, &id) || fake_answer(r, peer, peer_len, id, "fresh answer");
+        fake_close(zc, r);
+        _exit(bad);
+    }
+    close(lfd);
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt hi --timeout 20", kvmill(), ep, g_doc);
+    const int rc = kvm_test_run(cmd, &out, &err);
+    int st = 0;
+    waitpid(fake, &st, 0);
+    ck_assert_msg(rc == 0 && out && !strcmp(out, "fresh answer\n"), "ask exited %d: %s", rc, err);
+    assert_lacks(err, "CurveZMQ");
+    free(out), free(err);
+}
+END_TEST
+
 /* The request sent again after the server restarted, unanswered: the timeout's message says
  * the server restarted, not "is the server busy". */
 START_TEST(test_ask_restarted_no_answer)
@@ -1532,6 +1574,7 @@ int main(void)
     suite_add_tcase(su, tcase("ask_unreadable_answer", test_ask_unreadable_answer));
     suite_add_tcase(su, tcase("ask_server_restarted", test_ask_server_restarted));
     suite_add_tcase(su, tcase("ask_restarted_no_answer", test_ask_restarted_no_answer));
+    suite_add_tcase(su, tcase("ask_server_closed_in_greeting", test_ask_server_closed_in_greeting));
     suite_add_tcase(su, tcase("ask_stdout_full", test_ask_stdout_full));
     suite_add_tcase(su, tcase("serve_config_unwritable", test_serve_config_unwritable));
     suite_add_tcase(su, tcase("usage", test_usage));
