@@ -467,9 +467,14 @@ int kvm_cmd_ask(int argc, char **argv)
                        "--csv)\n",
                        doc_hash, KVM_STORE_ID_HEX),
                2;
-    if (doc_name && (!*doc_name || strlen(doc_name) > KVM_PROTO_MAX_NAME_BYTES ||
-                     !kvm_utf8_valid(doc_name, strlen(doc_name))))
-        return fprintf(stderr, "kvmill ask: --doc-name: give 1 to %d bytes of UTF-8\n", KVM_PROTO_MAX_NAME_BYTES), 2;
+    if (doc_name && (!*doc_name || !kvm_utf8_valid(doc_name, strlen(doc_name))))
+        return fprintf(stderr, "kvmill ask: --doc-name: give a name of UTF-8 (1 byte at least)\n"), 2;
+    /* a name is stored as its first 255 bytes (kvm_store_doc_source_len) and matched by them: a
+     * longer one (a JSONL id) is sent as those, not refused past the wire's 1024 bytes */
+    const size_t doc_name_len = !doc_name ? 0
+                                : strlen(doc_name) <= KVM_PROTO_MAX_NAME_BYTES
+                                    ? strlen(doc_name)
+                                    : kvm_store_doc_source_len(doc_name, strlen(doc_name));
     if (prompt && !*prompt) return fprintf(stderr, "kvmill ask: --prompt is empty\n"), 2;
     if (prompt && strlen(prompt) > KVM_PROTO_MAX_TEXT_BYTES)
         return fprintf(stderr, "kvmill ask: --prompt is too long\n"), 2;
@@ -565,7 +570,7 @@ int kvm_cmd_ask(int argc, char **argv)
         ask.has_doc_hash = true;
         memcpy(ask.doc_hash, hash.b, sizeof ask.doc_hash);
     } else
-        ask.doc_name = kvm_proto_str_c(doc_name);
+        ask.doc_name = (kvm_proto_str){doc_name, doc_name_len};
     double t0 = kvm_now_ms(), deadline = t0 + timeout_s * 1000;
     int src = send_ask(sock, &ask, rid, 0, ep);
     if (src) {

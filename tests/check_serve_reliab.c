@@ -490,6 +490,36 @@ static const char latin1[] = "Le chat \xe9tait tr\xe8s na\xef"
                              "f et il aimait le caf\xe9 cr\xe8me.";
 static const char binary[] = "bin\0\x01\x02\xff\xfe\x80 data \x00 end";
 
+/* A JSONL document whose id is 2,000 bytes: kvmill run stored it (its name its first 255 bytes,
+ * README), but ask refused --doc-name with that id ("give 1 to 1024 bytes"), so only a prefix
+ * found it. A longer name is sent as the bytes a stored name keeps, and found. */
+START_TEST(test_doc_name_longer_than_wire)
+{
+    if (!have_shared("a document asked for by a long JSONL id")) return;
+    write_config(NULL, 128, NULL, NULL);
+    static char id[2001], row[4096], jsonl[4300], args[8192];
+    memset(id, 'b', 2000);
+    snprintf(row, sizeof row,
+             "{\"id\": \"%s\", \"text\": \"Once upon a time a cat sat in the sun and looked at the "
+             "birds. The birds sang and the cat was happy all day long.\"}\n",
+             id);
+    snprintf(jsonl, sizeof jsonl, "%s/long-id.jsonl", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(jsonl, row, strlen(row)), 0);
+    run_corpus(jsonl);
+    ck_assert_int_eq(start_serve(), -1);
+    char *out[2] = {0}, *err = NULL;
+    snprintf(args, sizeof args, "--doc-name '%s' --prompt ' Then' -n 4", id);
+    int rc = ask_cmd(args, &out[0], &err);
+    ck_assert_msg(rc == 0, "ask --doc-name (2000 bytes) exited %d: %s", rc, err);
+    free(err);
+    snprintf(args, sizeof args, "--doc-name '%.255s' --prompt ' Then' -n 4", id);
+    rc = ask_cmd(args, &out[1], &err);
+    ck_assert_msg(rc == 0, "ask --doc-name (255 bytes) exited %d: %s", rc, err);
+    ck_assert_str_eq(out[0], out[1]);
+    free(err), free(out[0]), free(out[1]);
+}
+END_TEST
+
 /* Binary and latin-1 files kvmill run stored are asked for by their bytes (doc_bytes), by
  * name and by hash; every way finds the same stored cache and gives the same answer. */
 START_TEST(test_doc_bytes_name_hash)
@@ -1871,6 +1901,7 @@ int main(void)
     suite_add_tcase(su, tcase("smollm2_split_characters", test_smollm2_split_characters, 600));
     suite_add_tcase(su, tcase("stories_hot_sampling", test_stories_hot_sampling, 120));
     suite_add_tcase(su, tcase("doc_bytes_name_hash", test_doc_bytes_name_hash, 120));
+    suite_add_tcase(su, tcase("doc_name_longer_than_wire", test_doc_name_longer_than_wire, 120));
     suite_add_tcase(su, tcase("doc_name_ambiguous", test_doc_name_ambiguous, 120));
     suite_add_tcase(su, tcase("doc_name_corrupt", test_doc_name_corrupt, 120));
     suite_add_tcase(su, tcase("large_document", test_large_document, 300));
