@@ -879,63 +879,6 @@ START_TEST(test_earlier_attempts_ack_counts)
 }
 END_TEST
 
-/* A compress worker's ack counts only when the run's store holds the cache; on a store at its
- * cap ([store] cap_mb) the cache may have been evicted between its commit and the ack. Evictions
- * counted since the job went to compress excuse the missing cache (_i = 0: counted compressed);
- * with none since then (_i = 1: the evictions came before the send) the worker is taken to
- * write elsewhere and the document is requeued. */
-START_TEST(test_ack_after_evictions)
-{
-    const int evicted_after_send = _i == 0;
-    make_docs(1); /* a real run's cache */
-    write_config("method = streaming\nbudget = 32", store, "heartbeat_ms = 100\nliveness = 600");
-    char *out = NULL, *err = NULL;
-    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
-    free(out);
-    free(err);
-    keys ks = {.n = 0};
-    kvm_store *st = NULL;
-    ck_assert_msg(kvm_store_open(store, NULL, &st) == 0, "%s", kvm_errmsg());
-    ck_assert_int_eq(kvm_store_list_caches(st, NULL, collect_key, &ks), 0);
-    ck_assert_int_eq(ks.n, 1);
-    kvm_store_stats ss;
-    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
-    kvm_store_close(&st);
-    kvm_store_opts capped = {.cap_bytes = ss.cache_bytes + ss.cache_bytes / 2}; /* room for one cache */
-    ck_assert_msg(kvm_store_open(store, &capped, &st) == 0, "%s", kvm_errmsg());
-    fake_run f;
-    fake_start(&f);
-    orch *o = f.o;
-    o->store = st;
-    o->model_id = ks.k[0].model_id, o->config_id = ks.k[0].config_id, o->tok_id = ks.tok[0];
-    f.doc.hash = ks.k[0].doc_hash;
-    o->workers[0] = (orch_worker){.id = "compress-0-r0", .stage = ST_COMPRESS, .job = 0, .alive = 1, .slot = -1};
-    o->n_workers = 1;
-    orch_job *j = &o->jobs[0];
-    j->worker = 0;
-    kvm_orch__job_set(o, j, J_COMPRESS);
-    if (evicted_after_send) kvm_orch__note_evictions(o, j); /* the job goes to compress ... */
-    kvm_store_cache *c = NULL;                              /* ... and another document's cache evicts this one's */
-    ck_assert_msg(kvm_store_get_cache(st, &ks.k[0], &ks.tok[0], &c) == 0, "%s", kvm_errmsg());
-    kvm_store_manifest other = c->manifest;
-    other.doc_hash.b[0] ^= 1;
-    ck_assert_msg(kvm_store_put_cache(st, &other, c->layers) == 0, "%s", kvm_errmsg());
-    kvm_store_cache_free(&c);
-    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
-    ck_assert_int_eq(ss.n_evicted, 1);
-    int found = 1;
-    ck_assert_int_eq(kvm_store_has_cache(st, &ks.k[0], &ks.tok[0], &found), 0);
-    ck_assert_int_eq(found, 0);
-    if (!evicted_after_send) kvm_orch__note_evictions(o, j); /* sent after the eviction */
-    kvm_orch__ack_stored(o, j, 0);
-    ck_assert_int_eq(j->state, evicted_after_send ? J_DONE : J_QUEUED);
-    ck_assert_int_eq(o->sum->compressed, evicted_after_send);
-    ck_assert_int_eq(o->sum->requeues, !evicted_after_send); /* "... holds no cache of it": requeued */
-    fake_end(&f);
-    kvm_store_close(&st);
-}
-END_TEST
-
 /* The key of cache k with its document hash's first byte xor x (another document's key). */
 static kvm_store_cache_key other_doc(kvm_store_cache_key k, uint8_t x)
 {
@@ -954,6 +897,76 @@ static void put_copy(kvm_store *st, const kvm_store_cache_key *k, const kvm_stor
     kvm_store_cache_free(&c);
 }
 
+/* The store after a real run of one document (its key into *ks), opened again with a cap of
+ * room caches and a half ([store] cap_mb's bytes). Returns the handle (the caller closes it). */
+static kvm_store *one_cache_capped(keys *ks, int room)
+{
+    make_docs(1);
+    write_config("method = streaming\nbudget = 32", store, "heartbeat_ms = 100\nliveness = 600");
+    char *out = NULL, *err = NULL;
+    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
+    free(out);
+    free(err);
+    kvm_store *st = NULL;
+    ck_assert_msg(kvm_store_open(store, NULL, &st) == 0, "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_list_caches(st, NULL, collect_key, ks), 0);
+    ck_assert_int_eq(ks->n, 1);
+    kvm_store_stats ss;
+    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
+    kvm_store_close(&st);
+    kvm_store_opts capped = {.cap_bytes = room * ss.cache_bytes + ss.cache_bytes / 2};
+    ck_assert_msg(kvm_store_open(store, &capped, &st) == 0, "%s", kvm_errmsg());
+    return st;
+}
+
+/* f's run on store st (ks's model, config and tokenizer): worker 0, started by hand, holds job 0,
+ * of document doc, in compress. Returns that job. */
+static orch_job *job_in_hand_worker(fake_run *f, kvm_store *st, const keys *ks, const kvm_store_id *doc)
+{
+    fake_start(f);
+    orch *o = f->o;
+    o->store = st;
+    o->model_id = ks->k[0].model_id, o->config_id = ks->k[0].config_id, o->tok_id = ks->tok[0];
+    f->doc.hash = *doc;
+    o->workers[0] = (orch_worker){.id = "by-hand", .stage = ST_COMPRESS, .job = 0, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    orch_job *j = &o->jobs[0];
+    j->worker = 0;
+    kvm_orch__job_set(o, j, J_COMPRESS);
+    return j;
+}
+
+/* A compress worker's ack counts only when the run's store holds the cache; on a store at its
+ * cap ([store] cap_mb) the cache may have been evicted between its commit and the ack. Evictions
+ * counted since the job went to compress excuse the missing cache (_i = 0: counted compressed);
+ * with none since then (_i = 1: the evictions came before the send) the worker is taken to
+ * write elsewhere and the document is requeued. */
+START_TEST(test_ack_after_evictions)
+{
+    const int evicted_after_send = _i == 0;
+    keys ks = {.n = 0};
+    kvm_store *st = one_cache_capped(&ks, 1); /* room for one cache */
+    fake_run f;
+    orch_job *j = job_in_hand_worker(&f, st, &ks, &ks.k[0].doc_hash);
+    orch *o = f.o;
+    if (evicted_after_send) kvm_orch__note_evictions(o, j); /* the job goes to compress ... */
+    put_copy(st, &ks.k[0], &ks.tok[0], 1);                  /* ... and another document's cache evicts this one's */
+    kvm_store_stats ss;
+    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
+    ck_assert_int_eq(ss.n_evicted, 1);
+    int found = 1;
+    ck_assert_int_eq(kvm_store_has_cache(st, &ks.k[0], &ks.tok[0], &found), 0);
+    ck_assert_int_eq(found, 0);
+    if (!evicted_after_send) kvm_orch__note_evictions(o, j); /* sent after the eviction */
+    kvm_orch__ack_stored(o, j, 0);
+    ck_assert_int_eq(j->state, evicted_after_send ? J_DONE : J_QUEUED);
+    ck_assert_int_eq(o->sum->compressed, evicted_after_send);
+    ck_assert_int_eq(o->sum->requeues, !evicted_after_send); /* "... holds no cache of it": requeued */
+    fake_end(&f);
+    kvm_store_close(&st);
+}
+END_TEST
+
 /* A worker started by hand writing to another store, its run's store at its cap: every ack of a
  * cache missing from the run's store was excused by the evictions since the job's send and
  * counted compressed. The cap evicts the least recently served cache first, so while one served
@@ -961,37 +974,18 @@ static void put_copy(kvm_store *st, const kvm_store_cache_key *k, const kvm_stor
  * excused (the worker is refused, the job queued again), though the cap evicted an older one. */
 START_TEST(test_evictions_of_older_excuse_nothing)
 {
-    make_docs(1); /* a real run's cache */
-    write_config("method = streaming\nbudget = 32", store, "heartbeat_ms = 100\nliveness = 600");
-    char *out = NULL, *err = NULL;
-    ck_assert_msg(run_kvmill(&out, &err) == 0, "stderr: %s", err);
-    free(out);
-    free(err);
     keys ks = {.n = 0};
-    kvm_store *st = NULL;
-    ck_assert_msg(kvm_store_open(store, NULL, &st) == 0, "%s", kvm_errmsg());
-    ck_assert_int_eq(kvm_store_list_caches(st, NULL, collect_key, &ks), 0);
-    kvm_store_stats ss;
-    ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
-    kvm_store_close(&st);
-    kvm_store_opts capped = {.cap_bytes = 2 * ss.cache_bytes + ss.cache_bytes / 2}; /* room for two caches */
-    ck_assert_msg(kvm_store_open(store, &capped, &st) == 0, "%s", kvm_errmsg());
-    put_copy(st, &ks.k[0], &ks.tok[0], 1); /* the store: the run's cache (oldest), then copy 1 */
+    kvm_store *st = one_cache_capped(&ks, 2); /* room for two caches */
+    put_copy(st, &ks.k[0], &ks.tok[0], 1);    /* the store: the run's cache (oldest), then copy 1 */
     fake_run f;
-    fake_start(&f);
+    const kvm_store_id never = other_doc(ks.k[0], 2).doc_hash; /* the job's cache: never in this store */
+    orch_job *j = job_in_hand_worker(&f, st, &ks, &never);
     orch *o = f.o;
-    o->store = st;
-    o->model_id = ks.k[0].model_id, o->config_id = ks.k[0].config_id, o->tok_id = ks.tok[0];
-    f.doc.hash = other_doc(ks.k[0], 2).doc_hash; /* the job's cache: never in this store */
-    o->workers[0] = (orch_worker){.id = "by-hand", .stage = ST_COMPRESS, .job = 0, .alive = 1, .slot = -1};
-    o->n_workers = 1;
-    orch_job *j = &o->jobs[0];
-    j->worker = 0;
-    kvm_orch__job_set(o, j, J_COMPRESS);
     usleep(2000);
     kvm_orch__note_evictions(o, j); /* sent ... */
     usleep(2000);
     put_copy(st, &ks.k[0], &ks.tok[0], 4); /* ... then copy 4 evicts the run's cache; copy 1 stays */
+    kvm_store_stats ss;
     ck_assert_int_eq(kvm_store_stats_get(st, &ss), 0);
     ck_assert_int_eq(ss.n_evicted, 1);
     ck_assert_msg(ss.oldest_served_ns > 0 && ss.oldest_served_ns < j->sent_ns, "%llu %llu",

@@ -677,6 +677,20 @@ START_TEST(test_refusal_belongs_to_process)
 }
 END_TEST
 
+/* The run's control socket (a ROUTER, into *router) and worker "by-hand"'s end of it (the
+ * returned DEALER, its receives timing out after 200 ms), over inproc in zctx. */
+static void *ctl_pair(void *zctx, void **router)
+{
+    void *dealer = zmq_socket(zctx, ZMQ_DEALER);
+    int tmo = 200;
+    *router = zmq_socket(zctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(*router, "inproc://ctl"), 0);
+    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, "by-hand", 7);
+    zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
+    ck_assert_int_eq(zmq_connect(dealer, "inproc://ctl"), 0);
+    return dealer;
+}
+
 /* A refused worker started again under the same id and the same pid (pid 1 of a container that
  * its orchestrator restarts, its host name and so its default id unchanged) is a new process:
  * its control socket's ready says so. Before, it was judged by the pid alone: naming no model
@@ -694,16 +708,11 @@ START_TEST(test_refusal_same_pid_restarted)
     memset(o->model_id.b, 1, sizeof o->model_id.b);
     o->workers[0] = (orch_worker){.stage = 0, .job = -1, .alive = 1, .slot = -1};
     snprintf(o->workers[0].id, sizeof o->workers[0].id, "by-hand");
-    void *zctx = zmq_ctx_new(), *router = zmq_socket(zctx, ZMQ_ROUTER), *dealer = zmq_socket(zctx, ZMQ_DEALER);
-    ck_assert_int_eq(zmq_bind(router, "inproc://ctl"), 0);
-    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, "by-hand", 7);
-    ck_assert_int_eq(zmq_connect(dealer, "inproc://ctl"), 0);
+    void *zctx = zmq_ctx_new(), *router = NULL, *dealer = ctl_pair(zctx, &router);
     o->ctl = router;
     uint8_t other[32];
     memset(other, 2, sizeof other);
     char buf[4096];
-    int tmo = 200;
-    zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
     ck_assert_int_eq(refused_after_ready(o, 1, other, 1), 1); /* pid 1 names another model: refused, told */
     ck_assert_int_gt(zmq_recv(dealer, buf, sizeof buf, 0), 0);
     o->workers[0].told_ms = kvm_now_ms();            /* a saturated machine may have taken seconds since */
@@ -759,14 +768,9 @@ START_TEST(test_store_refusal_same_pid_restarted)
     o->cmd = "run", o->reduce_worker = -1, o->n_workers = 1, o->mode = MODE_RUN;
     o->workers[0] = (orch_worker){.stage = ST_COMPRESS, .job = -1, .alive = 1, .slot = -1};
     snprintf(o->workers[0].id, sizeof o->workers[0].id, "by-hand");
-    void *zctx = zmq_ctx_new(), *router = zmq_socket(zctx, ZMQ_ROUTER), *dealer = zmq_socket(zctx, ZMQ_DEALER);
-    ck_assert_int_eq(zmq_bind(router, "inproc://ctl"), 0);
-    zmq_setsockopt(dealer, ZMQ_ROUTING_ID, "by-hand", 7);
-    ck_assert_int_eq(zmq_connect(dealer, "inproc://ctl"), 0);
+    void *zctx = zmq_ctx_new(), *router = NULL, *dealer = ctl_pair(zctx, &router);
     o->ctl = router;
     char buf[4096];
-    int tmo = 200;
-    zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &tmo, sizeof tmo);
     ck_assert_int_eq(refused_after_ready(o, 1, NULL, 1), 0); /* pid 1 starts */
     ck_assert_int_eq(kvm_orch__store_fault_worker(o, 0), 1);
     kvm_orch__store_refuse(o, NULL, 0, "x.txt was acked, but the run's store holds no cache of it");

@@ -245,6 +245,21 @@ START_TEST(test_dead_run_claims_taken_over)
 }
 END_TEST
 
+/* SIGKILLs store service svc (service_start) once its log says it committed a cache, and reaps it. */
+static void kill_at_first_commit(pid_t svc)
+{
+    char slog[4300];
+    snprintf(slog, sizeof slog, "%s/store.err", tmp);
+    int killed = 0;
+    for (int i = 0; i < 24000 && !killed; i++, usleep(10000)) {
+        char *l = kvm_test_read_file(slog, NULL);
+        if (l && strstr(l, "committed job")) killed = kill(svc, SIGKILL) == 0;
+        free(l);
+    }
+    ck_assert_msg(killed, "the service never committed a cache");
+    waitpid(svc, NULL, 0);
+}
+
 /* The store service SIGKILLed after the first commit and not started again: the run stops
  * feeding documents at the first claim or upload that gets no reply, or once its claims'
  * renewals have had no reply for longer than the lease (2 s here), abandons the jobs in
@@ -256,17 +271,8 @@ END_TEST
 START_TEST(test_service_down_mid_run)
 {
     pid_t svc = service_start();
-    char slog[4300];
-    snprintf(slog, sizeof slog, "%s/store.err", tmp);
     pid_t d = run_start(run_config("d", 20, NULL), "d"); /* the default upload_timeout_ms (60 s) */
-    int killed = 0;
-    for (int i = 0; i < 24000 && !killed; i++, usleep(10000)) {
-        char *l = kvm_test_read_file(slog, NULL);
-        if (l && strstr(l, "committed job")) killed = kill(svc, SIGKILL) == 0;
-        free(l);
-    }
-    ck_assert_msg(killed, "the service never committed a cache");
-    waitpid(svc, NULL, 0);
+    kill_at_first_commit(svc);
     time_t t_kill = time(NULL);
     int rd = run_wait(d);
     long waited = (long)(time(NULL) - t_kill); /* lease 2 s + 2 s to stop the workers; one upload's wait is 60 s */
@@ -310,17 +316,8 @@ END_TEST
 START_TEST(test_interrupted_and_store_down_one_line)
 {
     pid_t svc = service_start();
-    char slog[4300];
-    snprintf(slog, sizeof slog, "%s/store.err", tmp);
     pid_t d = run_start(run_config("d", 20, NULL), "d");
-    int killed = 0;
-    for (int i = 0; i < 24000 && !killed; i++, usleep(10000)) {
-        char *l = kvm_test_read_file(slog, NULL);
-        if (l && strstr(l, "committed job")) killed = kill(svc, SIGKILL) == 0;
-        free(l);
-    }
-    ck_assert_msg(killed, "the service never committed a cache");
-    waitpid(svc, NULL, 0);
+    kill_at_first_commit(svc);
     usleep(300000);
     kill(d, SIGINT);
     int rd = run_wait(d);
