@@ -640,8 +640,12 @@ int kvm_cmd_ask(int argc, char **argv)
     }
 done:
     kvm_msg_free(&m);
-    if (mon) zmq_close(mon);
+    /* the monitor stops before its reading end closes: libzmq 4.3 sends each event with a
+     * blocking send, from the I/O thread and under the socket's monitor lock, so an event (the
+     * server closing the connection) that came once no reader was left waited for ever, and
+     * so did this stop and zmq_ctx_term (an ask that had its answer hung: CI saw it) */
     if (sock && mon) zmq_socket_monitor(sock, NULL, 0);
+    if (mon) zmq_close(mon);
     if (sock) zmq_close(sock);
     kvm_curve_ctx_term(zctx); /* restarted after a signal: no I/O thread outlives the command */
     free(text);

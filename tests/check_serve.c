@@ -27,6 +27,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <libgen.h>
 #include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -1160,9 +1161,9 @@ START_TEST(test_ask_wrong_peer)
 END_TEST
 
 /* Fake front end at ep (a child process): answers the first message it gets with an error
- * answer for request 0, as kvmill serve answers a request whose id it cannot read; exits 0 once
- * sent, 1 when nothing came within 20 s. */
-static void answer_as_unreadable(const char *ep)
+ * answer for request 0, as kvmill serve answers a request whose id it cannot read, and closes
+ * the connection close_ms later; exits 0 once sent, 1 when nothing came within 20 s. */
+static void answer_as_unreadable(const char *ep, int close_ms)
 {
     void *zc = zmq_ctx_new(), *r = zmq_socket(zc, ZMQ_ROUTER);
     int linger = 1000, rcv = 20000;
@@ -1173,6 +1174,7 @@ static void answer_as_unreadable(const char *ep)
               kvm_serve_error_answer(0, KVM_EPROTO, "malformed request: header: unsupported protocol version 2", &a) ||
               kvm_msg_join(routed, &a) || kvm_msg_send(r, &routed, 0);
     kvm_msg_free(&m);
+    if (close_ms) usleep((useconds_t)close_ms * 1000);
     zmq_close(r);
     zmq_ctx_term(zc);
     _exit(bad ? 1 : 0);
@@ -1188,7 +1190,7 @@ START_TEST(test_ask_unreadable_answer)
     snprintf(ep, sizeof ep, "ipc://%s/fake-front", g_dir);
     pid_t fake = fork();
     ck_assert_int_ge(fake, 0);
-    if (fake == 0) answer_as_unreadable(ep);
+    if (fake == 0) answer_as_unreadable(ep, 0);
     snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt hi --timeout 8", kvmill(), ep, g_doc);
     const double t0 = mono_s();
     const int rc = kvm_test_run(cmd, NULL, &err);
@@ -1200,6 +1202,42 @@ START_TEST(test_ask_unreadable_answer)
     assert_contains(err, "the server could not read this request");
     assert_contains(err, "unsupported protocol version 2");
     ck_assert_msg(secs < 6, "the answer took %.1f s", secs);
+    free(err);
+}
+END_TEST
+
+/* ask hung now and then after its answer (CI: the test above timed out): it closed its monitor's
+ * reading end before stopping the monitor, and a connection event that came between (the
+ * server closing) blocked libzmq's I/O thread in the monitor's send for ever, holding the lock
+ * the stop then waited on. Here the server closes 150 ms after answering and a preloaded shim
+ * (tests/preload/kvm_slow_pair_close.c) holds each close of a PAIR socket 400 ms, so the event
+ * comes in that gap every time: the ask ends at once, not killed at 20 s. */
+START_TEST(test_ask_monitor_stop_order)
+{
+    char ep[4300], cmd[16384], shim[4200], exe[4096], *err = NULL;
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ck_assert_int_gt(n, 0);
+    exe[n] = '\0';
+    snprintf(shim, sizeof shim, "%s/preload/kvm_slow_pair_close.so", dirname(exe));
+    ck_assert_msg(access(shim, R_OK) == 0, "%s is missing (make builds it with the suites)", shim);
+    snprintf(ep, sizeof ep, "ipc://%s/fake-front", g_dir);
+    pid_t fake = fork();
+    ck_assert_int_ge(fake, 0);
+    if (fake == 0) answer_as_unreadable(ep, 150);
+    /* a sanitized kvmill wants its runtime first among the libraries: not so with a preload */
+    snprintf(cmd, sizeof cmd,
+             "LD_PRELOAD='%s' ASAN_OPTIONS=\"${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0\" timeout -s KILL "
+             "20 '%s' ask --connect '%s' --doc '%s' --prompt hi --timeout 8",
+             shim, kvmill(), ep, g_doc);
+    const double t0 = mono_s();
+    const int rc = kvm_test_run(cmd, NULL, &err);
+    const double secs = mono_s() - t0;
+    kill(fake, SIGKILL);
+    waitpid(fake, NULL, 0);
+    ck_assert_msg(rc != 137, "ask hung after its answer (killed after %.1f s): %s", secs, err);
+    ck_assert_msg(rc == 1, "ask exited %d: %s", rc, err);
+    assert_contains(err, "the server could not read this request");
+    ck_assert_msg(secs < 6, "the ask took %.1f s", secs);
     free(err);
 }
 END_TEST
@@ -1572,6 +1610,7 @@ int main(void)
     suite_add_tcase(su, tcase("read_only_store", test_read_only_store));
     suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
     suite_add_tcase(su, tcase("ask_unreadable_answer", test_ask_unreadable_answer));
+    suite_add_tcase(su, tcase("ask_monitor_stop_order", test_ask_monitor_stop_order));
     suite_add_tcase(su, tcase("ask_server_restarted", test_ask_server_restarted));
     suite_add_tcase(su, tcase("ask_restarted_no_answer", test_ask_restarted_no_answer));
     suite_add_tcase(su, tcase("ask_server_closed_in_greeting", test_ask_server_closed_in_greeting));
