@@ -2,6 +2,7 @@
  * result, error) and data (ready credits, kv, stats) from the stage workers, and the job state
  * changes they bring. */
 #include "pipeline/kvm_orch_int.h"
+#include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_stage.h"
 #include "common/kvm_log.h"
 #include "common/kvm_error.h"
@@ -328,6 +329,20 @@ void kvm_orch__receive(orch *o, void *sock, int is_ctl)
         kvm_msg *m = NULL, *env = NULL;
         if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
         if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
+            kvm_proto_type mt; /* an ask: a client given this endpoint (the why built only then) */
+            if (!kvm_proto_peek(m, &mt) && mt == KVM_PROTO_ASK) {
+                char why[1600], eps[2][1100];
+                kvm_stage_endpoints(o->base, eps[0], eps[1], sizeof eps[0]); /* checked at start-up */
+                snprintf(why, sizeof why,
+                         "%s is kvmill run's back end, where its stage workers connect: a run answers no ask (kvmill "
+                         "serve does: ask at the front end its \"ready\" line names)",
+                         eps[is_ctl ? 0 : 1]);
+                kvm_serve_answer_misdirected(sock, &env, m, why);
+                kvm_orch__log("answered an ask sent to the run's %s socket (a client given the wrong endpoint)\n",
+                              is_ctl ? "ctl" : "data");
+                kvm_msg_free(&m);
+                continue;
+            }
             kvm_frame idf = kvm_msg_frame(env, 0);
             if (is_ctl)
                 on_ctl(o, m, &idf);

@@ -54,6 +54,20 @@ int kvm_serve_request_id(const kvm_msg *msg, uint64_t *id)
     return 0;
 }
 
+int kvm_serve_answer_misdirected(void *sock, kvm_msg **env, const kvm_msg *msg, const char *why)
+{
+    kvm_proto_type t;
+    if (kvm_proto_peek(msg, &t) || t != KVM_PROTO_ASK) return 0;
+    uint64_t rid = 0;
+    kvm_serve_request_id(msg, &rid); /* none readable: 0, which ask takes as "could not read" */
+    kvm_msg *a = NULL;
+    if (!kvm_serve_error_answer(rid, KVM_ENOTSUP, why, &a) && !kvm_msg_join(*env, &a))
+        kvm_msg_send(sock, env, ZMQ_DONTWAIT); /* a client gone meanwhile: nothing to tell */
+    kvm_msg_free(&a);
+    kvm_msg_free(env);
+    return 1;
+}
+
 /* The routing-id part of a message sock delivers (flags: of its first part) into a new *env;
  * *more: whether parts follow. */
 static int recv_routing_id(void *sock, int flags, kvm_msg **env, int *more)

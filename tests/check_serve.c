@@ -1242,6 +1242,87 @@ START_TEST(test_ask_monitor_stop_order)
 }
 END_TEST
 
+/* `kvmill ask` at endpoint ep (20 s allowed): its stderr into *err, its status returned, how long
+ * it took into *secs. */
+static int ask_at(const char *ep, char **err, double *secs)
+{
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt hi --timeout 20", kvmill(), ep, g_doc);
+    const double t0 = mono_s();
+    const int rc = kvm_test_run(cmd, NULL, err);
+    *secs = mono_s() - t0;
+    return rc;
+}
+
+/* An ask sent to serve's back end (run/ctl, run/data: where decode workers connect) got no
+ * answer: the server took the client for an external decode worker ("external decode worker
+ * joined", with an empty name, an entry in its worker table), dropped its ask, and the client
+ * waited its whole --timeout. It is answered at once now, naming the front end, with no entry. */
+START_TEST(test_ask_at_serve_back_end)
+{
+    write_config(NULL, NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    const char *name[2] = {"ctl", "data"};
+    for (int i = 0; i < 2; i++) {
+        char ep[4300], *err = NULL;
+        double secs = 0;
+        snprintf(ep, sizeof ep, "ipc://%s/run/%s", g_dir, name[i]);
+        ck_assert_int_eq(ask_at(ep, &err, &secs), 1);
+        assert_contains(err, "is kvmill serve's back end, where its decode workers connect, not its front end");
+        assert_contains(err, g_front);
+        ck_assert_msg(secs < 10, "the ask at %s took %.1f s", ep, secs);
+        free(err);
+    }
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "answered an ask sent to the back end's data socket");
+    assert_lacks(log, "external decode worker");
+    free(log);
+}
+END_TEST
+
+/* The same at a run's back end: an ask there waited its whole --timeout, the run dropping it. */
+START_TEST(test_ask_at_run_back_end)
+{
+    write_config(NULL, "[stages]\ncompress_workers = 0\n"); /* the run waits for hand-started ones */
+    char log[4300], corpus[4200], ctl[4300];
+    snprintf(log, sizeof log, "%s/run.log", g_dir);
+    snprintf(corpus, sizeof corpus, "%s", kvm_test_data_path("corpus"));
+    snprintf(ctl, sizeof ctl, "%s/run/ctl", g_dir);
+    pid_t run = fork();
+    ck_assert_int_ge(run, 0);
+    if (run == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(127);
+        execl(kvmill(), "kvmill", "run", "--config", g_cfg, "--corpus", corpus, (char *)NULL);
+        _exit(127);
+    }
+    struct stat sb;
+    for (double end = mono_s() + 30; stat(ctl, &sb) && mono_s() < end;)
+        usleep(20000);
+    const int up = stat(ctl, &sb) == 0;
+    char *err[2] = {NULL, NULL};
+    int rc[2] = {-1, -1};
+    double secs[2] = {0, 0};
+    for (int i = 0; up && i < 2; i++) {
+        char ep[4300];
+        snprintf(ep, sizeof ep, "ipc://%s/run/%s", g_dir, i ? "data" : "ctl");
+        rc[i] = ask_at(ep, &err[i], &secs[i]);
+    }
+    kill(run, SIGINT);
+    waitpid(run, NULL, 0);
+    char *text = kvm_test_read_file(log, NULL);
+    ck_assert_msg(up, "the run made no control socket within 30 s: %s", text);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(rc[i] == 1, "ask exited %d: %s", rc[i], err[i]);
+        assert_contains(err[i], "is kvmill run's back end, where its stage workers connect: a run answers no ask");
+        ck_assert_msg(secs[i] < 10, "the ask took %.1f s", secs[i]);
+        free(err[i]);
+    }
+    assert_contains(text, "answered an ask sent to the run's ctl socket");
+    free(text);
+}
+END_TEST
+
 /* A ROUTER bound at ep in context zc, waiting up to 20 s for a request; NULL when the bind
  * fails. */
 static void *fake_bind(void *zc, const char *ep)
@@ -1611,6 +1692,8 @@ int main(void)
     suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
     suite_add_tcase(su, tcase("ask_unreadable_answer", test_ask_unreadable_answer));
     suite_add_tcase(su, tcase("ask_monitor_stop_order", test_ask_monitor_stop_order));
+    suite_add_tcase(su, tcase("ask_at_serve_back_end", test_ask_at_serve_back_end));
+    suite_add_tcase(su, tcase("ask_at_run_back_end", test_ask_at_run_back_end));
     suite_add_tcase(su, tcase("ask_server_restarted", test_ask_server_restarted));
     suite_add_tcase(su, tcase("ask_restarted_no_answer", test_ask_restarted_no_answer));
     suite_add_tcase(su, tcase("ask_server_closed_in_greeting", test_ask_server_closed_in_greeting));
