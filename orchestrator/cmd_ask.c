@@ -316,8 +316,7 @@ static int server_is_plain(void *zctx, const char *ep)
         for (double end = kvm_now_ms() + 1500; !plain && kvm_now_ms() < end;)
             plain = zmq_poll(&it, 1, 100) > 0 && (it.revents & ZMQ_POLLIN);
     }
-    zmq_socket_monitor(s, NULL, 0);
-    if (mon) zmq_close(mon);
+    kvm_msg_monitor_stop(s, &mon);
     zmq_close(s);
     return plain;
 }
@@ -539,6 +538,7 @@ int kvm_cmd_ask(int argc, char **argv)
                                ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
         mon = zmq_socket(zctx, ZMQ_PAIR);
         if (mon && zmq_connect(mon, mon_ep)) zmq_close(mon), mon = NULL;
+        if (!mon) kvm_msg_monitor_stop(sock, NULL); /* no reader: its first event would block */
     }
     if (zmq_connect(sock, ep)) {
         int e = errno;
@@ -640,12 +640,9 @@ int kvm_cmd_ask(int argc, char **argv)
     }
 done:
     kvm_msg_free(&m);
-    /* the monitor stops before its reading end closes: libzmq 4.3 sends each event with a
-     * blocking send, from the I/O thread and under the socket's monitor lock, so an event (the
-     * server closing the connection) that came once no reader was left waited for ever, and
-     * so did this stop and zmq_ctx_term (an ask that had its answer hung: CI saw it) */
-    if (sock && mon) zmq_socket_monitor(sock, NULL, 0);
-    if (mon) zmq_close(mon);
+    /* drained, stopped, then closed (kvm_msg_monitor_stop): closed first, an event that came
+     * between (the server closing the connection) hung the ask after its answer, as CI saw */
+    if (sock && mon) kvm_msg_monitor_stop(sock, &mon);
     if (sock) zmq_close(sock);
     kvm_curve_ctx_term(zctx); /* restarted after a signal: no I/O thread outlives the command */
     free(text);

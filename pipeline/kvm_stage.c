@@ -664,6 +664,9 @@ static int connect_sockets(stage_rt *rt)
             if (rt->mon[i] && zmq_connect(rt->mon[i], mon_ep)) zmq_close(rt->mon[i]), rt->mon[i] = NULL;
         }
     }
+    if (!rt->mon[0] || !rt->mon[1]) /* both or none are read (link_event): none, stopped */
+        for (int i = 0; i < 2; i++)
+            kvm_msg_monitor_stop(socks[i], &rt->mon[i]);
     if (zmq_connect(rt->ctl, ctl_ep) || zmq_connect(rt->data, data_ep))
         return kvm_err(KVM_EIO, "connect %s: %s", rt->a.connect, zmq_strerror(errno));
     /* down until its first handshake: a worker that never reached its orchestrator waited 5 s for
@@ -800,16 +803,12 @@ static int link_event(stage_rt *rt, int i)
     return 1;
 }
 
-/* Stops the monitors (before their sockets close). */
+/* Stops the monitors (before their sockets close; kvm_msg_monitor_stop says why so). */
 static void link_close(stage_rt *rt)
 {
     void *socks[2] = {rt->ctl, rt->data};
-    for (int i = 0; i < 2; i++) {
-        if (!rt->mon[i]) continue;
-        zmq_socket_monitor(socks[i], NULL, 0);
-        zmq_close(rt->mon[i]);
-        rt->mon[i] = NULL;
-    }
+    for (int i = 0; i < 2; i++)
+        if (rt->mon[i]) kvm_msg_monitor_stop(socks[i], &rt->mon[i]);
 }
 
 /* The stop is seen: decides how long the worker still takes jobs (rt->drain_until). With a credit

@@ -45,11 +45,9 @@ enum { CLI_SEND_TIMEOUT_MS = 3000 };
 
 static void cli_close_sock(kvm_storecli *c)
 {
-    if (c->mon) {
-        zmq_socket_monitor(c->sock, NULL, 0);
-        zmq_close(c->mon);
-        c->mon = NULL;
-    }
+    /* drained first: an idle client whose reconnects keep failing (a wrong key, a dead proxy)
+     * queued events until libzmq's I/O thread blocked, and the stop hung at exit */
+    if (c->mon) kvm_msg_monitor_stop(c->sock, &c->mon);
     if (c->sock) zmq_close(c->sock);
     c->sock = NULL;
 }
@@ -179,7 +177,7 @@ static int cli_connect(kvm_storecli *c)
                                    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
             c->mon = zmq_socket(c->zctx, ZMQ_PAIR);
             if (c->mon && zmq_connect(c->mon, mon_ep)) zmq_close(c->mon), c->mon = NULL;
-            if (!c->mon) zmq_socket_monitor(c->sock, NULL, 0);
+            if (!c->mon) kvm_msg_monitor_stop(c->sock, NULL);
         }
     }
     if (zmq_connect(c->sock, c->endpoint))

@@ -103,6 +103,16 @@ int kvm_msg_unpack(const void *blob, size_t size, unsigned flags, kvm_msg **out)
 
 /* ---- ZeroMQ (libzmq 4.x) ---- */
 
+/* Stops the monitor of `socket` (started by zmq_socket_monitor; none running: nothing to stop)
+ * and closes its reading end *mon (a PAIR connected to the monitor's endpoint; NULL: none was
+ * made), after reading every event queued there; *mon is NULL after. Why this order: libzmq
+ * 4.3 sends each event with a blocking send, from the I/O thread and holding the socket's
+ * monitor lock. An event that finds no reader connected, or ~2,000 unread events queued (a
+ * long-idle client whose reconnects keep failing), blocks that thread for ever, and with it
+ * this stop and zmq_ctx_term: a process hung at exit. A monitor whose reader could not be
+ * made is to be stopped at once, with mon NULL, for the same reason. No errors. */
+void kvm_msg_monitor_stop(void *socket, void **mon);
+
 /* Sends every frame of *msg as one multipart message and takes ownership of *msg (*msg =
  * NULL, on failure too). Owned frames of >= KVM_MSG_ZEROCOPY_MIN_BYTES go out zero-copy:
  * their buffers pass to ZeroMQ, which frees them when transmitted (so the caller must not

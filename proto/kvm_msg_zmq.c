@@ -59,6 +59,20 @@ static int kvm_zmq__send_part(void *socket, kvm_msg__part *p, int flags, int ret
     return rc < 0 ? -1 : 0;
 }
 
+void kvm_msg_monitor_stop(void *socket, void **mon)
+{
+    if (mon && *mon) { /* a full pipe's blocked send wakes once about half of it is read: read it all */
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        while (zmq_msg_recv(&ev, *mon, ZMQ_DONTWAIT) >= 0) {
+        }
+        zmq_msg_close(&ev);
+    }
+    if (socket) zmq_socket_monitor(socket, NULL, 0);
+    if (mon && *mon) zmq_close(*mon);
+    if (mon) *mon = NULL;
+}
+
 int kvm_msg_send(void *socket, kvm_msg **msg, int flags)
 {
     if (!msg) return kvm_err(KVM_EINVAL, "kvm_msg_send: msg is NULL");

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/kvm_error.h"
@@ -1948,6 +1950,39 @@ START_TEST(test_zmq_inproc)
 }
 END_TEST
 
+/* A socket that reconnects in a loop (nothing listens: a wrong key, a dead proxy did the same
+ * with handshakes) while no one reads its monitor: after ~2,000 unread events libzmq's I/O
+ * thread blocks in the monitor's send, holding the socket's monitor lock, and a plain stop
+ * (zmq_socket_monitor(sock, NULL, 0)) then waited for ever: an idle store client hung its
+ * process at exit. kvm_msg_monitor_stop reads them first and returns. The alarm turns a hang
+ * into a failure (the suite's own timeout would too, slower). */
+START_TEST(test_zmq_monitor_stop_full)
+{
+    void *ctx = zmq_ctx_new(), *s = zmq_socket(ctx, ZMQ_DEALER), *mon = zmq_socket(ctx, ZMQ_PAIR);
+    int ivl = 1, linger = 0;
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_socket_monitor(s, "inproc://check_proto_mon", ZMQ_EVENT_ALL), 0);
+    ck_assert_int_eq(zmq_connect(mon, "inproc://check_proto_mon"), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", kvm_test_tcp_port(7)); /* free now: refused */
+    ck_assert_int_eq(zmq_connect(s, ep), 0);
+    /* refused connects, ~3 events each, every ~1-2 ms: the pipe fills within a second or two */
+    struct timespec ts = {4, 0};
+    nanosleep(&ts, NULL);
+    zmq_msg_t ev;
+    zmq_msg_init(&ev);
+    ck_assert_int_ge(zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT), 0); /* events were queued */
+    zmq_msg_close(&ev);
+    alarm(20);
+    kvm_msg_monitor_stop(s, &mon);
+    alarm(0);
+    ck_assert_ptr_null(mon);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 START_TEST(test_zmq_ipc_router)
 {
     char *dir = kvm_test_tmpdir();
@@ -2280,6 +2315,7 @@ static Suite *proto_suite(void)
         {"blob_corrupt", test_blob_corrupt},
         {"zmq_inproc", test_zmq_inproc},
         {"zmq_ipc_router", test_zmq_ipc_router},
+        {"zmq_monitor_stop_full", test_zmq_monitor_stop_full},
         {"zmq_limits", test_zmq_limits},
         {"alloc_failures", test_alloc_failures},
         {"protocol_md_revision", test_protocol_md_revision},
