@@ -116,6 +116,7 @@ typedef struct orch {
     orch_worker workers[MAX_WORKERS];
     int n_workers;
     int workers_full_said; /* the "too many workers" line was logged */
+    int anonymous_said;    /* a peer without a worker id was logged (once: any socket may connect) */
     orch_slot slots[MAX_WORKERS];
     int n_slots;
     void *zctx, *ctl, *data;

@@ -105,6 +105,13 @@ void kvm_orch__reap_all(orch *o, double ms)
 
 int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage)
 {
+    if (!idf->size || !idf->data[0]) { /* ZeroMQ's own id (0 and 4 bytes): a peer that set none */
+        if (!o->anonymous_said)
+            kvm_orch__log("dropped a message from a peer without a worker id (a ZeroMQ socket that set no routing "
+                          "id; kvmill's stage workers set their --id): it is not a worker\n");
+        o->anonymous_said = 1;
+        return -1;
+    }
     char id[256];
     size_t n = idf->size < sizeof id - 1 ? idf->size : sizeof id - 1;
     memcpy(id, idf->data, n);

@@ -19,6 +19,13 @@
 
 static int worker_find(srv *s, const kvm_frame *idf, int create)
 {
+    if (!idf->size || !idf->data[0]) { /* ZeroMQ's own id (0 and 4 bytes): a peer that set none */
+        if (create && !s->anonymous_said)
+            kvm_serve__log("dropped a message from a peer without a worker id (a ZeroMQ socket that set no "
+                           "routing id; kvmill-decode sets its --id): it is not a decode worker");
+        s->anonymous_said |= create;
+        return -1;
+    }
     char id[256];
     size_t n = idf->size < sizeof id - 1 ? idf->size : sizeof id - 1;
     memcpy(id, idf->data, n);

@@ -118,6 +118,7 @@ typedef struct srv {
     int n_slots;
     srv_worker workers[MAX_WORKERS];
     int n_workers;
+    int anonymous_said; /* a peer without a worker id was logged (once: any socket may connect) */
     srv_request *queue;
     int64_t n_queue, cap_queue, max_queue;
     double hb_ms, dead_ms, timeout_ms;

@@ -1280,7 +1280,39 @@ START_TEST(test_ask_at_serve_back_end)
 }
 END_TEST
 
-/* The same at a run's back end: an ask there waited its whole --timeout, the run dropping it. */
+/* A peer that set no routing id (any ZeroMQ socket, not a kvmill worker) at serve's back end
+ * became a decode worker with an empty name ("external decode worker  joined", later "decode
+ * worker  went silent"), taking a place in the worker table. It is dropped now, said once. */
+START_TEST(test_anonymous_peer_at_back_end)
+{
+    write_config(NULL, NULL);
+    ck_assert_int_eq(start_serve(NULL), -1);
+    char ep[4300];
+    snprintf(ep, sizeof ep, "ipc://%s/run/ctl", g_dir);
+    void *zc = zmq_ctx_new(), *d = zmq_socket(zc, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_connect(d, ep), 0);
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(zmq_send(d, "hello", 5, 0), 5);
+    char *log = NULL;
+    for (double end = mono_s() + 20; mono_s() < end; usleep(50000)) {
+        free(log);
+        log = kvm_test_read_file(g_log, NULL);
+        if (log && strstr(log, "peer without a worker id")) break;
+    }
+    zmq_close(d);
+    zmq_ctx_term(zc);
+    assert_contains(log, "dropped a message from a peer without a worker id");
+    assert_lacks(log, "external decode worker");
+    const char *first = strstr(log, "peer without a worker id");
+    ck_assert_msg(!strstr(first + 1, "peer without a worker id"), "said more than once:\n%s", log);
+    free(log);
+}
+END_TEST
+
+/* The same at a run's back end: an ask there waited its whole --timeout, the run dropping it;
+ * and a peer without a routing id became "external compress worker  joined", nameless. */
 START_TEST(test_ask_at_run_back_end)
 {
     write_config(NULL, "[stages]\ncompress_workers = 0\n"); /* the run waits for hand-started ones */
@@ -1308,9 +1340,30 @@ START_TEST(test_ask_at_run_back_end)
         snprintf(ep, sizeof ep, "ipc://%s/run/%s", g_dir, i ? "data" : "ctl");
         rc[i] = ask_at(ep, &err[i], &secs[i]);
     }
+    /* a well-formed ready from a socket without a routing id: not a worker (no "external
+     * compress worker  joined" with an empty name) */
+    void *zc = zmq_ctx_new(), *d = zmq_socket(zc, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &linger, sizeof linger);
+    char ctl_ep[4400];
+    snprintf(ctl_ep, sizeof ctl_ep, "ipc://%s", ctl);
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c("nameless"), .stage = kvm_proto_str_c("compress"), .pid = 1};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    ck_assert_int_eq(zmq_connect(d, ctl_ep), 0);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    char *text = NULL;
+    for (double end = mono_s() + 20; up && mono_s() < end; usleep(50000)) {
+        free(text);
+        text = kvm_test_read_file(log, NULL);
+        if (text && strstr(text, "peer without a worker id")) break;
+    }
+    free(text);
+    zmq_close(d);
+    zmq_ctx_term(zc);
     kill(run, SIGINT);
     waitpid(run, NULL, 0);
-    char *text = kvm_test_read_file(log, NULL);
+    text = kvm_test_read_file(log, NULL);
     ck_assert_msg(up, "the run made no control socket within 30 s: %s", text);
     for (int i = 0; i < 2; i++) {
         ck_assert_msg(rc[i] == 1, "ask exited %d: %s", rc[i], err[i]);
@@ -1319,6 +1372,8 @@ START_TEST(test_ask_at_run_back_end)
         free(err[i]);
     }
     assert_contains(text, "answered an ask sent to the run's ctl socket");
+    assert_contains(text, "dropped a message from a peer without a worker id");
+    assert_lacks(text, "external compress worker");
     free(text);
 }
 END_TEST
@@ -1694,6 +1749,7 @@ int main(void)
     suite_add_tcase(su, tcase("ask_monitor_stop_order", test_ask_monitor_stop_order));
     suite_add_tcase(su, tcase("ask_at_serve_back_end", test_ask_at_serve_back_end));
     suite_add_tcase(su, tcase("ask_at_run_back_end", test_ask_at_run_back_end));
+    suite_add_tcase(su, tcase("anonymous_peer_at_back_end", test_anonymous_peer_at_back_end));
     suite_add_tcase(su, tcase("ask_server_restarted", test_ask_server_restarted));
     suite_add_tcase(su, tcase("ask_restarted_no_answer", test_ask_restarted_no_answer));
     suite_add_tcase(su, tcase("ask_server_closed_in_greeting", test_ask_server_closed_in_greeting));
