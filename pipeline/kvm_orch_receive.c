@@ -74,6 +74,13 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (o->workers[w].ended && t != KVM_PROTO_ACK) return; /* queued before it was killed */
         if (!o->workers[w].ended) o->workers[w].last_seen = kvm_now_ms(), o->workers[w].alive = 1;
         if (t == KVM_PROTO_READY && kvm_orch__worker_refused(o, w, &c, 1)) return;
+        /* its last word (revision 14): a worker started by hand stops with no job: ended now; the
+         * run's own are the slots' to follow, and one with a job here waits out its liveness */
+        if (t == KVM_PROTO_HEARTBEAT && c.stopping && o->workers[w].slot < 0 && o->workers[w].job < 0 &&
+            w != o->reduce_worker) {
+            kvm_orch__worker_dead(o, w, "stopped (it said so: a clean stop)");
+            return;
+        }
         if (t == KVM_PROTO_HEARTBEAT && c.job_id && c.progress_total > 0) {
             orch_job *hj = kvm_orch__job_by_id(o, c.job_id);
             if (hj && hj->state == J_COMPRESS && hj->worker == w)

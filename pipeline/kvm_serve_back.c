@@ -369,6 +369,13 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
         return;
     }
     if (t == KVM_PROTO_READY) refused_after(s, w, m, 1);
+    kvm_proto_heartbeat hb;
+    if (t == KVM_PROTO_HEARTBEAT && wk->slot < 0 && !wk->busy && !kvm_proto_heartbeat_decode(m, &hb) && hb.stopping) {
+        /* its last word (revision 14): a worker started by hand stops, idle: ended now, not
+         * "went silent" a liveness period later; the server's own are its slots' to follow */
+        kvm_serve__worker_dead(s, w, "stopped (it said so: a clean stop)");
+        return;
+    }
     if (t != KVM_PROTO_ERROR) return; /* ready, heartbeat, result: liveness */
     kvm_proto_error e;
     if (kvm_proto_error_decode(m, &e)) {

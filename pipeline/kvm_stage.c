@@ -403,6 +403,21 @@ static int send_stopping(stage_rt *rt)
     return rc;
 }
 
+/* The last message of a stage that stops with no job running: a heartbeat with `stopping` on
+ * the control socket (revision 14), so that its orchestrator ends it at once as stopped, where
+ * it said "went silent" a liveness period later of a worker stopped cleanly (SIGTERM) while
+ * busy. Sent without waiting: the socket's linger delivers it at close, if a peer is there. */
+static void send_last_word(stage_rt *rt)
+{
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id),
+                       .stage = kvm_proto_str_c(rt->ops->stage),
+                       .pid = getpid(),
+                       .stopping = true};
+    kvm_msg *m = NULL;
+    if (!kvm_proto_heartbeat_encode(&c, &m)) kvm_msg_send(rt->ctl, &m, ZMQ_DONTWAIT);
+    kvm_msg_free(&m);
+}
+
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
                         double total_ms, const kvm_stage_out *out)
 {
@@ -1237,6 +1252,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         log_ev(&rt, KVM_LOG_INFO, "connecting", f, 3, "connecting to %s (device %s, %d threads)%s", rt.a.connect,
                rt.a.device, rt.a.threads, rt.a.server_key ? " with CurveZMQ keys" : "");
         serve(&rt);
+        if (!rt.refused && !rt.link_failed && !rt.wrong_peer && !rt.job.running) send_last_word(&rt);
         log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0,
                rt.refused       ? "stopped: refused (the reason is above)"
                : rt.link_failed ? "stopped: the handshake with the orchestrator failed"

@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 13                  /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 14                  /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */

@@ -360,6 +360,58 @@ static int wait_exit(pid_t pid, int s)
     return -1;
 }
 
+/* A compress worker started by hand and stopped cleanly while busy (SIGTERM: it finishes its job,
+ * then stops) was logged "went silent" a liveness period later (5 s here), the wording of a hung
+ * or dead one. Its last word, a stopping heartbeat on the control socket (revision 14), ends it
+ * at once: "stopped (it said so". */
+START_TEST(test_hand_worker_clean_stop)
+{
+    make_docs(3);
+    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
+                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
+                 store, "heartbeat_ms = 200\nliveness = 25");
+    FILE *f = fopen(cfg_path, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
+    fclose(f);
+    char out_path[4300], err_path[4300], wpath[4300];
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    int waiting = 0; /* its store made: a worker refuses a --store that does not exist yet */
+    for (int i = 0; i < 600 && !waiting; i++, usleep(50000)) {
+        char *e = kvm_test_read_file(err_path, NULL);
+        waiting = e && strstr(e, "waiting for kvmill-compress workers started by hand");
+        free(e);
+    }
+    ck_assert_msg(waiting, "the run did not start");
+    pid_t w = start_worker(store, "hand");
+    snprintf(wpath, sizeof wpath, "%s/hand.log", tmp);
+    int busy = 0; /* its first job's KV came: a job of seconds runs */
+    for (int i = 0; i < 600 && !busy; i++, usleep(50000)) {
+        char *wlog = kvm_test_read_file(wpath, NULL);
+        busy = wlog && strstr(wlog, "completed the ZeroMQ handshake");
+        free(wlog);
+    }
+    usleep(500000);
+    kill(w, SIGTERM);
+    const int wrc = wait_exit(w, 60);
+    char *err = NULL;
+    int said = 0; /* within 2 s of its exit: not the 5 s of its liveness */
+    for (int i = 0; i < 20 && !said; i++, usleep(100000)) {
+        free(err);
+        err = kvm_test_read_file(err_path, NULL);
+        said = err && strstr(err, "stopped (it said so: a clean stop)");
+    }
+    kill(pid, SIGINT);
+    waitpid(pid, NULL, 0);
+    char *wlog = kvm_test_read_file(wpath, NULL);
+    ck_assert_msg(busy && wrc == 0, "worker exit %d (busy %d):\n%s", wrc, busy, wlog);
+    ck_assert_msg(said, "no clean stop logged:\n%s\nworker:\n%s", err, wlog);
+    ck_assert_msg(!strstr(err, "went silent"), "%s", err);
+    free(wlog);
+    free(err);
+}
+END_TEST
+
 /* A compress worker started by hand with another --store than the run's joined it: first the
  * run took its acks for commits (compressed=N, exit 0, its own store empty); then each acked cache
  * missing from the run's store was requeued as an attempt of its document, and the worker took
@@ -1195,6 +1247,7 @@ static Suite *orch_recovery_suite(void)
                  {"resume_keeps_failing_renewals", test_resume_keeps_failing_renewals, 30},
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
+                 {"hand_worker_clean_stop", test_hand_worker_clean_stop, 120},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
                  {"left_recheck_bounded", test_left_recheck_bounded, 120},
                  {"left_wait_says_lapse", test_left_wait_says_lapse, 120}};
