@@ -776,8 +776,13 @@ static int link_event(stage_rt *rt, int i)
         if (sk && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
             link_fail(rt, event, value,
                       "the orchestrator at %s has no CurveZMQ keys (a plain socket): start this worker without "
-                      "--server-key, --client-public and --client-secret",
-                      ep_s);
+                      "--server-key, --client-public and --client-secret%s",
+                      ep_s,
+                      rt->a.store && !strncmp(rt->a.store, "tcp://", 6)
+                          ? " (they key both connections; a keyed store service's keys come from --config's "
+                            "[security] alone, which keys only the store service: a run on a local bind is not "
+                            "keyed)"
+                          : "");
         else if (sk)
             link_fail(rt, event, value,
                       "the CurveZMQ handshake with %s failed (ZMTP protocol error 0x%x): --server-key %s is not the "

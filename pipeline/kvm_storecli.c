@@ -89,8 +89,9 @@ static int cli_rejected(kvm_storecli *c)
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) {
             snprintf(c->why, sizeof c->why,
                      "store service %s: the security handshake failed: the service uses CurveZMQ keys: set [security] "
-                     "server_public_key, client_public_key and client_secret_key (or give the worker --server-key, "
-                     "--client-public, --client-secret)",
+                     "server_public_key, client_public_key and client_secret_key in the config (a worker's --config), "
+                     "or give the worker --server-key, --client-public, --client-secret when its orchestrator is "
+                     "keyed too (they key both; a run on a local bind is not: then --config),",
                      c->endpoint);
             c->rejected = 1;
         }

@@ -1311,15 +1311,15 @@ START_TEST(test_anonymous_peer_at_back_end)
 }
 END_TEST
 
-/* The same at a run's back end: an ask there waited its whole --timeout, the run dropping it;
- * and a peer without a routing id became "external compress worker  joined", nameless. */
-START_TEST(test_ask_at_run_back_end)
+/* Starts `kvmill run` on the repository's corpus with g_cfg (made to wait for compress workers
+ * started by hand), its output into log (g_dir/run.log), and waits up to 30 s for its control
+ * socket ctl (g_dir/run/ctl): *up says whether it came. Returns the run's pid. */
+static pid_t start_run(char log[4300], char ctl[4300], int *up)
 {
-    write_config(NULL, "[stages]\ncompress_workers = 0\n"); /* the run waits for hand-started ones */
-    char log[4300], corpus[4200], ctl[4300];
-    snprintf(log, sizeof log, "%s/run.log", g_dir);
+    char corpus[4200];
+    snprintf(log, 4300, "%s/run.log", g_dir);
     snprintf(corpus, sizeof corpus, "%s", kvm_test_data_path("corpus"));
-    snprintf(ctl, sizeof ctl, "%s/run/ctl", g_dir);
+    snprintf(ctl, 4300, "%s/run/ctl", g_dir);
     pid_t run = fork();
     ck_assert_int_ge(run, 0);
     if (run == 0) {
@@ -1331,7 +1331,44 @@ START_TEST(test_ask_at_run_back_end)
     struct stat sb;
     for (double end = mono_s() + 30; stat(ctl, &sb) && mono_s() < end;)
         usleep(20000);
-    const int up = stat(ctl, &sb) == 0;
+    *up = stat(ctl, &sb) == 0;
+    return run;
+}
+
+/* A worker started by hand with CurveZMQ keys and a keyed store service (--store tcp://) at a run
+ * on a local bind (not keyed) was told to start without its keys; without them the store
+ * service refused it, saying to give them: advice in a circle. Both messages name --config now,
+ * whose [security] keys key the store service alone. */
+START_TEST(test_hand_worker_keys_local_run)
+{
+    write_config(NULL, "[stages]\ncompress_workers = 0\n");
+    char log[4300], ctl[4300], cmd[16384], *err = NULL;
+    int up = 0;
+    const pid_t run = start_run(log, ctl, &up);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' keygen --out server >/dev/null && '%s' keygen --out w >/dev/null && timeout -s KILL 30 "
+             "'%s/kvmill-compress' --connect 'ipc://%s/run' --store tcp://127.0.0.1:%d --server-key server.public "
+             "--client-public w.public --client-secret w.secret",
+             g_dir, kvmill(), kvmill(), kvm_test_bin(), g_dir, kvm_test_tcp_port(3));
+    const int rc = up ? kvm_test_run(cmd, NULL, &err) : -1;
+    kill(run, SIGINT);
+    waitpid(run, NULL, 0);
+    ck_assert_msg(up, "the run made no control socket within 30 s");
+    ck_assert_msg(rc == 1, "the worker exited %d: %s", rc, err);
+    assert_contains(err, "has no CurveZMQ keys (a plain socket)");
+    assert_contains(err, "a keyed store service's keys come from --config's [security] alone");
+    free(err);
+}
+END_TEST
+
+/* The same at a run's back end: an ask there waited its whole --timeout, the run dropping it;
+ * and a peer without a routing id became "external compress worker  joined", nameless. */
+START_TEST(test_ask_at_run_back_end)
+{
+    write_config(NULL, "[stages]\ncompress_workers = 0\n"); /* the run waits for hand-started ones */
+    char log[4300], ctl[4300];
+    int up = 0;
+    const pid_t run = start_run(log, ctl, &up);
     char *err[2] = {NULL, NULL};
     int rc[2] = {-1, -1};
     double secs[2] = {0, 0};
@@ -1750,6 +1787,7 @@ int main(void)
     suite_add_tcase(su, tcase("ask_at_serve_back_end", test_ask_at_serve_back_end));
     suite_add_tcase(su, tcase("ask_at_run_back_end", test_ask_at_run_back_end));
     suite_add_tcase(su, tcase("anonymous_peer_at_back_end", test_anonymous_peer_at_back_end));
+    suite_add_tcase(su, tcase("hand_worker_keys_local_run", test_hand_worker_keys_local_run));
     suite_add_tcase(su, tcase("ask_server_restarted", test_ask_server_restarted));
     suite_add_tcase(su, tcase("ask_restarted_no_answer", test_ask_restarted_no_answer));
     suite_add_tcase(su, tcase("ask_server_closed_in_greeting", test_ask_server_closed_in_greeting));
