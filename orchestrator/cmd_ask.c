@@ -14,6 +14,7 @@
 #include "store/kvm_store.h"
 
 #include <errno.h>
+#include <netdb.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,6 +204,41 @@ static int read_prompt_file(const char *path, char **text, size_t *len)
     free(*text);
     *text = NULL;
     return 2;
+}
+
+/* What no server can be at: an inproc:// endpoint (one process's own sockets; ask runs in its
+ * own), a tcp:// port 0 or '*' or host '*' (a bind's wildcards), a host name that does not
+ * resolve. Each waited the whole --timeout and said "nothing accepted a connection". Prints the
+ * error; returns 0, 2 (the endpoint is wrong) or 1 (the name service failed: try again). */
+static int check_target(const char *ep)
+{
+    static const char *hint = "give kvmill serve's front end as its \"ready\" line names it";
+    if (!strncmp(ep, "inproc://", 9))
+        return fprintf(stderr,
+                       "kvmill ask: --connect %s: inproc:// reaches the sockets of one process, and ask runs "
+                       "in its own: %s (tcp://HOST:PORT or ipc://PATH)\n",
+                       ep, hint),
+               2;
+    const char *colon = strncmp(ep, "tcp://", 6) ? NULL : strrchr(ep, ':');
+    if (!colon || strchr(ep + 6, ';')) return 0; /* ipc://; tcp://SOURCE;HOST:PORT left to ZeroMQ */
+    if (!strcmp(colon + 1, "*") || strtol(colon + 1, NULL, 10) == 0)
+        return fprintf(stderr, "kvmill ask: --connect %s: port %s is a bind's wildcard, no server's port: %s\n", ep,
+                       colon + 1, hint),
+               2;
+    char host[256];
+    size_t n = (size_t)(colon - (ep + 6));
+    if (n >= 2 && ep[6] == '[' && colon[-1] == ']') n -= 2; /* [IPv6] */
+    if (n >= sizeof host) return 0;
+    memcpy(host, ep + 6 + (ep[6] == '['), n);
+    host[n] = '\0';
+    if (!strcmp(host, "*"))
+        return fprintf(stderr, "kvmill ask: --connect %s: host '*' (every interface) is for a bind: %s\n", ep, hint), 2;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    const int g = getaddrinfo(host, NULL, &hints, &res);
+    if (res) freeaddrinfo(res);
+    if (!g) return 0;
+    fprintf(stderr, "kvmill ask: --connect %s: cannot resolve host '%s': %s\n", ep, host, gai_strerror(g));
+    return g == EAI_NONAME ? 2 : 1;
 }
 
 /* How far the connection to the server got, from the monitor socket's events: a silent
@@ -510,6 +546,7 @@ int kvm_cmd_ask(int argc, char **argv)
         fprintf(stderr, "kvmill ask: %s\n", kvm_errmsg());
         return free(ptext), 2;
     }
+    if ((status = check_target(ep))) return free(ptext), status;
     status = doc ? read_input(&doc_input, doc, &text, &text_len) : 0;
     if (status) return free(ptext), status;
 

@@ -507,7 +507,7 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
     if (o.own_run_dir && !o.svc_failed && (o.n_slots == 0 || (status == 0 && sum->failed == 0 && !hard)))
         kvm_rundir_remove(o.run_dir);
     else if (o.run_dir[0] && (o.n_slots > 0 || o.svc_failed))
-        kvm_orch__log("%s are in %s\n", o.n_slots > 0 ? "stage logs" : "the store service's log", o.run_dir);
+        kvm_orch__log("%s in %s\n", o.n_slots > 0 ? "stage logs are" : "the store service's log is", o.run_dir);
     if (hard || (status == 0 && sum->interrupted)) return 130; /* stopped by Ctrl-C: not a complete run */
     return status;
 }

@@ -339,7 +339,8 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
     kvm_serve__grant_done(s, wk, ok && a.new_cache);
     double ms = kvm_now_ms() - wk->t_sent;
     if (!wk->env) {
-        kvm_serve__log("request %llu: answer from %s arrived after the client's timeout (%.0f ms); dropped",
+        kvm_serve__log("request %llu: answer from %s came after %.0f ms, once [serve] request_timeout_s had "
+                       "answered its client with a timeout; dropped",
                        (unsigned long long)wk->request_id, wk->id, ms);
         return;
     }

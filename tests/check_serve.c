@@ -1206,6 +1206,27 @@ START_TEST(test_ask_unreadable_answer)
 }
 END_TEST
 
+/* Endpoints no server can be at (inproc://, a bind's wildcard port or host) were connected to
+ * and waited the whole --timeout ("nothing accepted a connection"): refused at once, exit 2.
+ * (A host name that does not resolve is refused too; not tested: it needs the name service.) */
+START_TEST(test_ask_no_server_endpoint)
+{
+    const char *eps[4] = {"inproc://x", "tcp://127.0.0.1:0", "tcp://127.0.0.1:*", "tcp://*:5555"};
+    const char *said[4] = {"inproc:// reaches the sockets of one process", "port 0 is a bind's wildcard",
+                           "port * is a bind's wildcard", "host '*' (every interface) is for a bind"};
+    for (int i = 0; i < 4; i++) {
+        char cmd[9000], *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s' ask --connect '%s' --doc '%s' --prompt hi --timeout 20", kvmill(), eps[i],
+                 g_doc);
+        const double t0 = mono_s();
+        ck_assert_int_eq(kvm_test_run(cmd, NULL, &err), 2);
+        assert_contains(err, said[i]);
+        ck_assert_msg(mono_s() - t0 < 10, "%s took %.1f s", eps[i], mono_s() - t0);
+        free(err);
+    }
+}
+END_TEST
+
 /* ask hung now and then after its answer (CI: the test above timed out): it closed its monitor's
  * reading end before stopping the monitor, and a connection event that came between (the
  * server closing) blocked libzmq's I/O thread in the monitor's send for ever, holding the lock
@@ -1784,6 +1805,7 @@ int main(void)
     suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
     suite_add_tcase(su, tcase("ask_unreadable_answer", test_ask_unreadable_answer));
     suite_add_tcase(su, tcase("ask_monitor_stop_order", test_ask_monitor_stop_order));
+    suite_add_tcase(su, tcase("ask_no_server_endpoint", test_ask_no_server_endpoint));
     suite_add_tcase(su, tcase("ask_at_serve_back_end", test_ask_at_serve_back_end));
     suite_add_tcase(su, tcase("ask_at_run_back_end", test_ask_at_run_back_end));
     suite_add_tcase(su, tcase("anonymous_peer_at_back_end", test_anonymous_peer_at_back_end));
