@@ -53,6 +53,14 @@ static void reduce_failed(orch *o, const kvm_proto_result *r)
     }
 }
 
+/* Whether a worker of routing id idf is in the table (alive or not). */
+static int known_worker(const orch *o, const kvm_frame *idf)
+{
+    for (int w = 0; w < o->n_workers; w++)
+        if (strlen(o->workers[w].id) == idf->size && !memcmp(o->workers[w].id, idf->data, idf->size)) return 1;
+    return 0;
+}
+
 static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
 {
     kvm_proto_type t;
@@ -69,6 +77,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
             kvm_orch__log("dropped a bad %s: %s\n", kvm_proto_type_name(t), kvm_errmsg());
             return;
         }
+        if (t == KVM_PROTO_HEARTBEAT && c.stopping && !known_worker(o, idf)) return; /* not "joined", to stop */
         int w = kvm_orch__worker_get(o, idf, kvm_orch__stage_of(c.stage));
         if (w < 0) return;
         if (o->workers[w].ended && t != KVM_PROTO_ACK) return; /* queued before it was killed */

@@ -424,7 +424,10 @@ void kvm_serve__receive_back(srv *s, void *sock, int is_ctl)
                 kvm_msg_free(&m);
                 continue;
             }
-            int w = worker_find(s, &idf, 1);
+            kvm_proto_heartbeat hb; /* a last word from a worker not known here: not "joined", to stop */
+            const int last_word = is_ctl && !kvm_proto_peek(m, &t) && t == KVM_PROTO_HEARTBEAT &&
+                                  !kvm_proto_heartbeat_decode(m, &hb) && hb.stopping;
+            int w = worker_find(s, &idf, !last_word);
             if (w >= 0) {
                 srv_worker *wk = &s->workers[w];
                 wk->last_seen = kvm_now_ms();

@@ -1316,6 +1316,18 @@ START_TEST(test_anonymous_peer_at_back_end)
     ck_assert_int_eq(zmq_connect(d, ep), 0);
     for (int i = 0; i < 2; i++)
         ck_assert_int_eq(zmq_send(d, "hello", 5, 0), 5);
+    /* and a last word (a stopping heartbeat, revision 14) from a worker serve never knew: not
+     * "external decode worker ghost joined" just to be ended */
+    void *g = zmq_socket(zc, ZMQ_DEALER);
+    zmq_setsockopt(g, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(g, ZMQ_ROUTING_ID, "ghost", 5);
+    kvm_proto_heartbeat hb = {
+        .worker_id = kvm_proto_str_c("ghost"), .stage = kvm_proto_str_c("decode"), .pid = 1, .stopping = true};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_heartbeat_encode(&hb, &m), 0);
+    ck_assert_int_eq(zmq_connect(g, ep), 0);
+    ck_assert_int_eq(kvm_msg_send(g, &m, 0), 0);
+    usleep(1000000);
     char *log = NULL;
     for (double end = mono_s() + 20; mono_s() < end; usleep(50000)) {
         free(log);
@@ -1323,8 +1335,10 @@ START_TEST(test_anonymous_peer_at_back_end)
         if (log && strstr(log, "peer without a worker id")) break;
     }
     zmq_close(d);
+    zmq_close(g);
     zmq_ctx_term(zc);
     assert_contains(log, "dropped a message from a peer without a worker id");
+    assert_lacks(log, "ghost");
     assert_lacks(log, "external decode worker");
     const char *first = strstr(log, "peer without a worker id");
     ck_assert_msg(!strstr(first + 1, "peer without a worker id"), "said more than once:\n%s", log);
