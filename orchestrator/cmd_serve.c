@@ -43,6 +43,20 @@ static int check_settings(const kvm_config *cfg, int bind_flag)
     return 0;
 }
 
+/* With compute_missing a local store that does not exist yet is created by the decode workers
+ * (or the broker, to record its cap): a folder they cannot create it in (a missing or unwritable
+ * parent, a folder holding other files) is refused here, before --dump-config as well, rather
+ * than by every worker until serve gives up, or never with --workers 0. Returns 0, or nonzero
+ * with the refusal printed. */
+static int check_new_store(const kvm_config *cfg)
+{
+    const char *sp = kvm_config_str(cfg, "store", "path");
+    if (!kvm_config_bool(cfg, "serve", "compute_missing") || *kvm_config_str(cfg, "store", "service") ||
+        kvm_serve_remote_is_endpoint(sp) || !kvm_store_check_new_dir(sp))
+        return 0;
+    return kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg()), KVM_EINVAL;
+}
+
 /* What else every decode worker checks at setup (a model or tokenizer that does not open; a context past the model's
  * window; [model] chat = true with a model whose tokenizer has no chat template) is refused here, naming the user's
  * file, rather than by every worker (which would name serve's resolved copy) until serve gives up. The model is opened
@@ -197,7 +211,7 @@ int kvm_cmd_serve(int argc, char **argv)
         kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg());
         goto done;
     }
-    if (check_settings(cfg, kvm_cli_get(opts, "bind") != NULL)) goto done;
+    if (check_settings(cfg, kvm_cli_get(opts, "bind") != NULL) || check_new_store(cfg)) goto done;
     if (kvm_cli_get(opts, "dump-config")) {
         if (kvm_config_dump(cfg, stdout, stderr))
             fprintf(stderr, "kvmill serve: --dump-config: values that do not fit an INI line are read from the environment "
@@ -223,9 +237,6 @@ int kvm_cmd_serve(int argc, char **argv)
         else if (sst != KVM_ENOTFOUND) {
             kvm_cli_refuse("serve", "cannot open store: %s (%s)\n", kvm_errmsg(), kvm_strerror(sst));
             if (sst == KVM_EBUSY) status = 1; /* for now, not a setting to change: starting again may work */
-            goto done;
-        } else if (kvm_config_bool(cfg, "serve", "compute_missing") && kvm_store_check_new_dir(sp)) {
-            kvm_cli_refuse("serve", "--compute-missing: %s\n", kvm_errmsg()); /* its workers would create it there */
             goto done;
         } else if (!kvm_config_bool(cfg, "serve", "compute_missing")) {
             struct stat sb; /* a folder made ahead (a mount point, mkdir) is there: say what it lacks */

@@ -924,29 +924,45 @@ static int cmd_compact(int argc, char **argv)
 
 /* ---- stats ---- */
 
+/* The config's [store] cap_mb when it is not the cap recorded in the store. Only a writing open
+ * records it (run, calibrate, serve, store serve, store rm, store claims --release); stats, ls,
+ * verify and compact open the store read-only, so that a store on a read-only mount stays
+ * readable, and "cap_bytes none" would otherwise read as if the config's cap were ignored. */
+static void print_config_cap(const kvm_config *cfg, const kvm_store_stats *t)
+{
+    const int64_t want = cfg ? kvm_config_int(cfg, "store", "cap_mb") << 20 : 0;
+    if (want <= 0 || want == t->cap_bytes) return;
+    printf("config_cap_bytes %" PRId64 " (%.1f%% used; [store] cap_mb = %" PRId64 " of %s, not recorded in this store: "
+           "kvmill run, calibrate, serve, store serve, store rm and store claims --release record it when they open "
+           "the store for writing)\n",
+           want, 100.0 * (double)t->cache_bytes / (double)want, want >> 20, kvm_config_path(cfg));
+}
+
 static int cmd_stats(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {{"store", 1, "LMDB environment directory", NULL}, CONFIG_OPT, {NULL, 0, NULL, NULL}};
     int n_pos;
-    int rc = parse("store stats", "print usage: caches, bytes against the cap, strategies, map size", argc, argv, opts,
-                   NULL, 0, &n_pos);
+    int rc = parse("store stats",
+                   "print usage: caches, bytes against the recorded cap (and --config's cap_mb when not recorded: "
+                   "only a writing open records it), strategies, map size",
+                   argc, argv, opts, NULL, 0, &n_pos);
     if (rc >= 0) return rc;
     kvm_config *cfg = NULL;
     const char *path;
     if (store_of("store stats", opts, &cfg, &path)) return 2;
-    char pathbuf[4096];
-    snprintf(pathbuf, sizeof pathbuf, "%s", path);
-    path = pathbuf;
-    kvm_config_free(&cfg);
     kvm_store *s = NULL;
     int st = open_ro("store stats", path, &s, 0); /* a store that does not exist is an error, as for ls */
-    if (st) return 2;
+    if (st) {
+        kvm_config_free(&cfg);
+        return 2;
+    }
     kvm_store_stats t = {0};
     if (s) {
         st = kvm_store_stats_get(s, &t);
         kvm_store_close(&s);
         if (st) {
             fprintf(stderr, "kvmill store stats: %s (%s)\n", kvm_cli_errmsg("store stats"), kvm_strerror(st));
+            kvm_config_free(&cfg);
             return 1;
         }
     }
@@ -958,6 +974,8 @@ static int cmd_stats(int argc, char **argv)
         printf("cap_bytes       %" PRId64 " (%.1f%% used)\n", t.cap_bytes, 100.0 * (double)t.cache_bytes / (double)t.cap_bytes);
     else
         printf("cap_bytes       none\n");
+    print_config_cap(cfg, &t); /* path (from cfg) is printed above: cfg is freed only now */
+    kvm_config_free(&cfg);
     printf("evicted         %" PRId64 "\n", t.n_evicted);
     printf("strategies      %" PRId64 "\n", t.n_strategies);
     printf("models          %" PRId64 "\n", t.n_models);

@@ -437,13 +437,47 @@ static int refuse_foreign_dir(const char *path)
                    path, n, n == 1 ? "entry" : "entries", n == 1 ? "is" : "are", example);
 }
 
+/* A store path that does not exist is created by mkdir(2) in its parent folder: refused when that
+ * folder is missing, not a folder or not writable, which the open would only find out when it
+ * creates the store (in serve's case in every decode worker). KVM_EINVAL: a usage error. */
+static int check_parent_dir(const char *path)
+{
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", path);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/')
+        parent[--n] = '\0'; /* "a.lmdb/" names a.lmdb */
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else
+        slash[slash == parent ? 1 : 0] = '\0'; /* "/a.lmdb": the root */
+    struct stat st;
+    if (stat(parent, &st) != 0)
+        return kvm_err(KVM_EINVAL,
+                       "store %s cannot be created: its parent folder %s %s: make the folder first or give a store "
+                       "path in a folder that exists",
+                       path, parent, errno == ENOENT || errno == ENOTDIR ? "does not exist" : strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return kvm_err(KVM_EINVAL, "store %s cannot be created: its parent %s is not a folder", path, parent);
+    if (access(parent, W_OK | X_OK) != 0)
+        return kvm_err(KVM_EINVAL, "store %s cannot be created: its parent folder %s is not writable (%s)", path,
+                       parent, strerror(errno));
+    return 0;
+}
+
 int kvm_store_check_new_dir(const char *path)
 {
     struct stat st;
     char data[4200];
     snprintf(data, sizeof data, "%s/data.mdb", path);
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || lstat(data, &st) == 0) return 0;
-    return refuse_foreign_dir(path);
+    if (stat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? check_parent_dir(path) : 0;
+    if (!S_ISDIR(st.st_mode) || lstat(data, &st) == 0) return 0;
+    int rc = refuse_foreign_dir(path);
+    if (rc == 0 && access(path, W_OK | X_OK) != 0) /* made ahead, a read-only mount: data.mdb cannot go there */
+        return kvm_err(KVM_EINVAL, "store %s cannot be created: the folder is not writable (%s)", path,
+                       strerror(errno));
+    return rc;
 }
 
 /* *made_dir = 1 when this call created the directory. */

@@ -233,9 +233,11 @@ void kvm_store_set_interrupt(const atomic_int *flag, const char *note);
 int kvm_store_open(const char *path, const kvm_store_opts *opts, kvm_store **out);
 
 /* Whether a writable kvm_store_open could create a store at path, as far as the folder goes: 0
- * when path does not exist, is not a folder (the open says why), already holds a data.mdb, or is
- * a folder holding nothing but lock.mdb, lost+found or hidden entries; KVM_EINVAL (message naming
- * the folder, its entries and one of them) when it holds other files, which the open refuses.
+ * when path does not exist and its parent is a writable folder, is not a folder (the open says
+ * why), already holds a data.mdb, or is a writable folder holding nothing but lock.mdb, lost+found
+ * or hidden entries; KVM_EINVAL (message naming the store path and the folder at fault) when the
+ * parent folder is missing, not a folder or not writable, when the folder is not writable, or
+ * when it holds other files (naming its entries and one of them), which the open refuses.
  * For a command that creates the store later (kvmill serve --compute-missing: its decode
  * workers do) to refuse at its start. Reads the folder only. */
 int kvm_store_check_new_dir(const char *path);

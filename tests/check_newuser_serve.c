@@ -529,6 +529,40 @@ START_TEST(test_serve_compute_missing_foreign_folder)
 }
 END_TEST
 
+/* kvmill serve --compute-missing --store in a folder that does not exist (or under a plain file):
+ * three decode workers in a row failed with "cannot create directory" and serve stopped (exit 1);
+ * --dump-config said nothing (exit 0) and --workers 0 served a store that could never be made. It
+ * is refused at start now (exit 2), naming the store and the parent folder at fault. */
+START_TEST(test_serve_compute_missing_no_parent)
+{
+    char cfg_file[4300];
+    write_config("");
+    snprintf(cfg_file, sizeof cfg_file, "%s", g_cfg);
+    struct {
+        const char *sub, *parent, *want;
+    } cases[] = {{"no/such/s.lmdb", "no/such", "does not exist"}, {"test.ini/s.lmdb", "test.ini", "is not a folder"}};
+    const char *modes[] = {"--workers 1", "--workers 0", "--workers 1 --dump-config"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+            char store[4400], parent[4400], cmd[16384], *err = NULL;
+            snprintf(store, sizeof store, "%s/%s", g_dir, cases[i].sub);
+            snprintf(parent, sizeof parent, "%s/%s", g_dir, cases[i].parent);
+            snprintf(cmd, sizeof cmd,
+                     "timeout 20 '%s/kvmill' serve --config '%s' --bind '%s' --compute-missing --store '%s' %s",
+                     kvm_test_bin(), cfg_file, g_front, store, modes[m]);
+            int rc = kvm_test_run(cmd, NULL, &err);
+            ck_assert_msg(rc == 2, "%s %s: exit %d: %s", cases[i].sub, modes[m], rc, err);
+            assert_contains(err, "--compute-missing: store ");
+            assert_contains(err, store);
+            assert_contains(err, parent);
+            assert_contains(err, cases[i].want);
+            ck_assert_msg(!strstr(err, "setup failed"), "a decode worker was started: %s", err);
+            free(err);
+        }
+    }
+}
+END_TEST
+
 /* kvmill serve on a store whose LMDB reader table is full (other processes reading at once):
  * a condition that passes, said as such (the table, "try again later"), exit 1; it was exit 2,
  * the status of a setting to change. */
@@ -736,6 +770,7 @@ static Suite *suite(void)
         {"ask_keys_to_plain_server", test_ask_keys_to_plain_server},
         {"serve_store_readers_full", test_serve_store_readers_full},
         {"serve_compute_missing_foreign_folder", test_serve_compute_missing_foreign_folder},
+        {"serve_compute_missing_no_parent", test_serve_compute_missing_no_parent},
         {"network_fs_more", test_network_fs_more},
         {"serve_sockets_removed", test_serve_sockets_removed},
         {"serve_rebind_not_through_link", test_serve_rebind_not_through_link},

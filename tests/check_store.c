@@ -1478,6 +1478,25 @@ START_TEST(test_create_while_another_creates)
 }
 END_TEST
 
+/* A new store's parent folder: missing, a plain file, or there (kvmill serve --compute-missing
+ * refuses the first two at start; its decode workers each failed to create the store). */
+START_TEST(test_check_new_dir_parent)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/no/such/s.lmdb", g_dir);
+    ck_assert_int_eq(kvm_store_check_new_dir(p), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), p) && strstr(kvm_errmsg(), "/no/such does not exist"), "%s", kvm_errmsg());
+    snprintf(p, sizeof p, "%s/file", g_dir);
+    ck_assert_int_eq(kvm_test_write_file(p, "x", 1), 0);
+    snprintf(p, sizeof p, "%s/file/s.lmdb", g_dir);
+    ck_assert_int_eq(kvm_store_check_new_dir(p), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "/file is not a folder"), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_check_new_dir(g_path), 0); /* not there, in a folder that is */
+    snprintf(p, sizeof p, "%s/", g_path);
+    ck_assert_int_eq(kvm_store_check_new_dir(p), 0); /* a trailing slash names the same folder */
+}
+END_TEST
+
 START_TEST(test_cli_commands)
 {
     kvm_store *s = open_store(g_path, 0, 0, 0, 0);
@@ -2050,6 +2069,7 @@ int main(void)
     suite_add_tcase(su, tcase("failed_create_leaves_folder", test_failed_create_leaves_folder, 60));
     suite_add_tcase(su, tcase("create_in_foreign_dir", test_create_in_foreign_dir, 30));
     suite_add_tcase(su, tcase("create_while_another_creates", test_create_while_another_creates, 60));
+    suite_add_tcase(su, tcase("check_new_dir_parent", test_check_new_dir_parent, 30));
     suite_add_tcase(su, tcase("cli_commands", test_cli_commands, 60));
     suite_add_tcase(su, tcase("cli_binary", test_cli_binary, 30));
     suite_add_tcase(su, tcase("cli_ls_names", test_cli_ls_names, 30));

@@ -2273,8 +2273,8 @@ END_TEST
 /* A hand-started worker's --config set the store's cap: kvmill-compress --store S --config X with
  * [store] cap_mb = 1 in X (a config of another store) rewrote S's cap_bytes, and the next put
  * evicted the caches of other runs. A stage worker keeps the store's recorded cap now (the cap
- * belongs to its owner: run, calibrate, serve, the store commands) and says that its own is not
- * applied; the owner's open still records it. */
+ * belongs to its owner: run, calibrate, serve, store rm and claims --release) and says that its
+ * own is not applied; the owner's open still records it. */
 START_TEST(test_worker_keeps_store_cap)
 {
     if (skip_without_shared("worker_keeps_store_cap")) return;
@@ -2336,6 +2336,51 @@ START_TEST(test_worker_keeps_store_cap)
 }
 END_TEST
 
+/* README and `store stats --help` said the store commands record their config's cap and stats
+ * shows usage against it, but stats, ls and verify open the store read-only (a store on a
+ * read-only mount stays readable) and recorded nothing: `store stats --config` with [store]
+ * cap_mb = 1 said "cap_bytes none" only. It keeps that line and shows the config's cap on a line
+ * of its own, saying it is not recorded and what records it; a writing open then records it. */
+START_TEST(test_stats_shows_config_cap)
+{
+    if (skip_without_shared("stats_shows_config_cap")) return;
+    put_caches(g_store, 2, 1000);
+    char text[8192], *out = NULL, *err = NULL;
+    snprintf(text, sizeof text, "[model]\npath = %s\n[store]\npath = %s\ncap_mb = 1\n",
+             kvm_test_data_path("models/stories260K.bin"), g_store);
+    ck_assert_int_eq(kvm_test_write_file(g_cfg, text, strlen(text)), 0);
+    ck_assert_int_eq(kvmill(NULL, NULL, "store ls --config '%s'", g_cfg), 0);
+    ck_assert_int_eq(kvmill(NULL, NULL, "store verify --config '%s'", g_cfg), 0);
+    int rc = kvmill(&out, &err, "store stats --config '%s'", g_cfg);
+    ck_assert_msg(rc == 0, "stats: exit %d: %s", rc, err);
+    ck_assert_msg(strstr(out, "\ncap_bytes       none\n"), "the recorded cap's line changed: %s", out);
+    ck_assert_msg(strstr(out, "\nconfig_cap_bytes 1048576 (") && strstr(out, "cap_mb = 1 of ") &&
+                      strstr(out, "not recorded in this store") && strstr(out, "store rm"),
+                  "stats does not show the config's cap: %s", out);
+    free(out);
+    free(err);
+    kvm_store *s = NULL;
+    kvm_store_opts ro = {.read_only = 1};
+    kvm_store_stats t;
+    ck_assert_int_eq(kvm_store_open(g_store, &ro, &s), 0);
+    ck_assert_int_eq(kvm_store_stats_get(s, &t), 0);
+    kvm_store_close(&s);
+    ck_assert_int_eq(t.cap_bytes, 0); /* the read-only commands wrote nothing */
+    /* a writing open records it: the recorded line shows it, the config's line is gone */
+    kvm_config *c = NULL;
+    ck_assert_int_eq(kvm_config_parse(text, "cap.ini", &c), 0);
+    ck_assert_msg(kvm_storew_open(c, g_store, 0, &s) == 0, "%s", kvm_errmsg());
+    kvm_store_close(&s);
+    kvm_config_free(&c);
+    ck_assert_int_eq(kvmill(&out, NULL, "store stats --config '%s'", g_cfg), 0);
+    ck_assert_msg(strstr(out, "\ncap_bytes       1048576 (") && !strstr(out, "config_cap_bytes"), "%s", out);
+    free(out);
+    ck_assert_int_eq(kvmill(&out, NULL, "store stats --store '%s'", g_store), 0); /* no --config: no such line */
+    ck_assert_msg(!strstr(out, "config_cap_bytes"), "%s", out);
+    free(out);
+}
+END_TEST
+
 static TCase *tcase(const char *name, const TTest *fn, int timeout_s)
 {
     TCase *tc = tcase_create(name);
@@ -2385,6 +2430,7 @@ int main(void)
     suite_add_tcase(su, tcase("readers_full_retryable", test_readers_full_retryable, 30));
     suite_add_tcase(su, tcase("doc_name_exact_wins", test_doc_name_exact_wins, 30));
     suite_add_tcase(su, tcase("worker_keeps_store_cap", test_worker_keeps_store_cap, 60));
+    suite_add_tcase(su, tcase("stats_shows_config_cap", test_stats_shows_config_cap, 60));
     suite_add_tcase(su, tcase("recalibration_invalidates", test_recalibration_invalidates, 240));
     suite_add_tcase(su, tcase("other_tokenizer_recompressed", test_other_tokenizer_recompressed, 240));
     suite_add_tcase(su, tcase("store_opts_in_worker", test_store_opts_in_worker, 240));
