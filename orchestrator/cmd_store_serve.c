@@ -59,7 +59,11 @@ int kvm_cmd_store_serve(int argc, char **argv)
         kvm_config_free(&cfg);
         return 2;
     }
-    if (bind && kvm_serve_endpoint_external(bind, "kvmill store serve: --bind")) {
+    int bad = bind && kvm_serve_endpoint_external(bind, "kvmill store serve: --bind");
+    /* an ipc:// bind's missing folder failed at the bind: exit 1, naming no folder */
+    if (!bad && bind && (bad = kvm_serve_ipc_folder_check(bind, 0, NULL, "the store service binds its socket in it")))
+        kvm_err(KVM_EINVAL, "kvmill store serve: --bind %s: %s", bind, kvm_errmsg());
+    if (bad) {
         fprintf(stderr, "%s\n", kvm_errmsg());
         kvm_config_free(&cfg);
         return 2;

@@ -750,28 +750,13 @@ int kvm_cli_check_run_bind(const char *cmd, const kvm_config *cfg, int from_flag
     const char *bind = kvm_config_str(cfg, "run", "bind");
     char ctl_ep[1100], data_ep[1100], what[1200];
     if (!*bind) return 0;
-    if (kvm_stage_endpoints(bind, ctl_ep, data_ep, sizeof ctl_ep)) {
+    /* ipc://DIR holds the two sockets: a missing DIR failed at the bind, exit 1 */
+    if (kvm_stage_endpoints(bind, ctl_ep, data_ep, sizeof ctl_ep) ||
+        kvm_serve_ipc_folder_check(bind, 1, NULL, "the run binds its ctl and data sockets in it")) {
         if (from_flag)
             kvm_cli_refuse(cmd, "--bind %s: %s\n", bind, kvm_errmsg());
         else
             kvm_cli_refuse(cmd, "%s: [run] bind = %s: %s\n", kvm_config_path(cfg), bind, kvm_errmsg());
-        return -1;
-    }
-    struct stat st; /* ipc://DIR holds the two sockets: a missing DIR failed at the bind, exit 1 */
-    /* ipc://@NAME: a Linux abstract socket, no folder */
-    const int ipc = !strncmp(bind, "ipc://", 6) && bind[6] != '@', found = ipc && !stat(bind + 6, &st);
-    if (ipc && (!found || !S_ISDIR(st.st_mode))) {
-        const char *why = !found ? "does not exist" : "is not a folder";
-        if (from_flag)
-            kvm_cli_refuse(cmd,
-                           "--bind %s: %s %s: the run binds its ctl and data sockets in it; make it "
-                           "first\n",
-                           bind, bind + 6, why);
-        else
-            kvm_cli_refuse(cmd,
-                           "%s: [run] bind = %s: %s %s: the run binds its ctl and data sockets in it; make "
-                           "it first\n",
-                           kvm_config_path(cfg), bind, bind + 6, why);
         return -1;
     }
     /* the keys a non-local bind needs, as the bind itself checks them (the workers' sockets); a

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static int carried(const kvm_cfg_setting *s)
 {
@@ -140,26 +141,55 @@ static int every_address(const char *h, size_t n)
            (n == 2 && !strncmp(h, "::", 2));
 }
 
-/* 1 when binding a and b would take the same socket (kvm_jobcfg_check_service_bind's rule). */
-static int same_socket(const char *a, const char *b)
+/* ep in the form two endpoints are compared in, never bound: tcp://localhost:PORT as
+ * tcp://127.0.0.1:PORT (kvm_serve_bind binds it so: spelled one way in service_bind and the other
+ * in a bind, the clash was missed), and in an ipc:// path each run of '/' as one (a [run] run_dir
+ * ending in '/' binds DIR//ctl, the file DIR/ctl). */
+static void compare_form(const char *ep, char *out, size_t size)
 {
+    if (!strncasecmp(ep, "tcp://localhost:", 16)) {
+        snprintf(out, size, "tcp://127.0.0.1:%s", ep + 16);
+        return;
+    }
+    size_t n = 0;
+    for (size_t i = 0; ep[i] && n + 1 < size; i++)
+        if (i <= 6 || strncmp(ep, "ipc://", 6) || ep[i] != '/' || ep[i - 1] != '/') out[n++] = ep[i];
+    out[n] = '\0';
+}
+
+/* 1 when binding a and b would take the same socket (kvm_jobcfg_check_service_bind's rule). */
+static int same_socket(const char *a_ep, const char *b_ep)
+{
+    char a[1100], b[1100];
     const char *ha, *hb;
     size_t na, nb;
     long pa, pb;
+    compare_form(a_ep, a, sizeof a);
+    compare_form(b_ep, b, sizeof b);
     if (!tcp_parts(a, &ha, &na, &pa) || !tcp_parts(b, &hb, &nb, &pb)) return !strcmp(a, b);
     return pa == pb && ((na == nb && !strncmp(ha, hb, na)) || every_address(ha, na) || every_address(hb, nb));
 }
 
 /* The endpoint of the command's own sockets that ep (a setting, `setting`) would take or reach
- * (same_socket), as an error naming both (clash: what goes wrong), or 0. */
+ * (same_socket), as an error naming both (clash: what goes wrong), or 0. A back end left empty
+ * ([run] bind, [serve] backend) is bound in [run] run_dir, ipc://RUN_DIR/ctl and /data, as
+ * kvm_orch and the serve broker bind it (an empty run_dir is a fresh folder: nothing to clash). */
 static int own_socket_clash(const kvm_config *c, int serve, const char *bind_what, const char *setting, const char *ep,
                             const char *clash)
 {
+    const char *back = kvm_config_str(c, serve ? "serve" : "run", serve ? "backend" : "bind");
+    const char *run_dir = kvm_config_str(c, "run", "run_dir"), *front = serve ? kvm_config_str(c, "serve", "bind") : "";
+    char in_run_dir[1100] = "";
+    if (!*back && *run_dir) snprintf(in_run_dir, sizeof in_run_dir, "ipc://%s", run_dir);
     struct {
-        const char *base, *what; /* an endpoint the command binds; its setting */
-        int pair;                /* 1: a base, binding PORT (control) and PORT + 1 (data) */
-    } own[2] = {{kvm_config_str(c, serve ? "serve" : "run", "bind"), bind_what, !serve},
-                {serve ? kvm_config_str(c, "serve", "backend") : "", "[serve] backend", 1}};
+        const char *base, *what, *value; /* an endpoint the command binds; its setting and that setting's value */
+        int pair;                        /* 1: a base, binding PORT (control) and PORT + 1 (data) */
+    } own[2] = {
+        {front, bind_what, front, 0},
+        {*back ? back : in_run_dir,
+         *back ? (serve ? "[serve] backend" : bind_what)
+               : (serve ? "the default [serve] backend in [run] run_dir" : "the default [run] bind in [run] run_dir"),
+         *back ? back : run_dir, 1}};
     for (int i = 0; i < 2; i++) {
         char ctl[1100], data[1100];
         if (!*own[i].base) continue;
@@ -171,7 +201,7 @@ static int own_socket_clash(const kvm_config *c, int serve, const char *bind_wha
         for (int k = 0; k < 2; k++)
             if (*eps[k] && same_socket(ep, eps[k]))
                 return kvm_err(KVM_EINVAL, "%s: %s = %s is the endpoint %s of %s = %s (%s): %s", kvm_config_path(c),
-                               setting, ep, eps[k], own[i].what, own[i].base,
+                               setting, ep, eps[k], own[i].what, own[i].value,
                                !own[i].pair ? "its front end"
                                : k          ? "its data socket: port + 1, or DIR/data for ipc://"
                                             : "its control socket",
@@ -184,6 +214,9 @@ int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bi
 {
     const char *sb = kvm_config_str(c, "store", "service_bind"), *who = serve ? "kvmill serve" : "the run";
     char clash[256];
+    /* a missing folder failed only when the store service started: exit 1 */
+    if (*sb && kvm_serve_ipc_folder_check(sb, 0, c, "the store service binds its socket in it"))
+        return kvm_err(KVM_EINVAL, "%s: [store] service_bind = %s: %s", kvm_config_path(c), sb, kvm_errmsg());
     snprintf(clash, sizeof clash,
              "the store service and %s would bind the same socket; give service_bind another port (or path)", who);
     int rc = *sb ? own_socket_clash(c, serve, bind_what, "[store] service_bind", sb, clash) : 0;

@@ -70,13 +70,16 @@ int kvm_jobcfg_check_text(const kvm_config *c);
  * [run] bind, its control socket PORT and its data socket PORT + 1; serve = 1: kvmill serve's
  * [serve] bind and [serve] backend, PORT and PORT + 1). The store service took one of them and
  * the run then failed to bind it (or the service failed first, and its error blamed "another
- * process"). Same port with the same host, or either host 0.0.0.0 / * / [::] (every address),
- * clashes; ipc:// endpoints clash when equal. bind_what names [run] bind or [serve] bind in the
+ * process"). An empty [run] bind (run) or [serve] backend (serve) is ipc://RUN_DIR of a set
+ * [run] run_dir: RUN_DIR/ctl and RUN_DIR/data. Same port with the same host (localhost and
+ * 127.0.0.1 are one), or either host 0.0.0.0 / * / [::] (every address), clashes; ipc://
+ * endpoints clash when equal (runs of '/' as one). bind_what names [run] bind or [serve] bind in the
  * message (a --bind flag sets it). The store the command asks for caches ([store] path when an
  * endpoint, [store] service: serve's --store) against the same sockets by the same rule: it
  * would ask itself (serve's front end answered "not a store service" to every ask; a run's
- * first claim timed out). Returns 0, or KVM_EINVAL naming the file, both settings and the
- * socket. */
+ * first claim timed out). Also an ipc:// service_bind whose folder does not exist
+ * (kvm_serve_ipc_folder_check; the service failed at its start, exit 1). Returns 0, or KVM_EINVAL
+ * naming the file, both settings and the socket (or the setting and the folder). */
 int kvm_jobcfg_check_service_bind(const kvm_config *c, int serve, const char *bind_what);
 
 /* The config id: BLAKE2b-256 of the canonical text (*canonical, malloc'ed, when not NULL:

@@ -197,6 +197,39 @@ int kvm_serve_bind_rule(const char *endpoint, const kvm_config *cfg, const char 
     return 0;
 }
 
+/* 1 when paths a and b name one folder as text: runs of '/' as one, a trailing '/' dropped. */
+static int same_folder(const char *a, const char *b)
+{
+    for (;;) {
+        while (a[0] == '/' && (a[1] == '/' || a[1] == '\0'))
+            a++;
+        while (b[0] == '/' && (b[1] == '/' || b[1] == '\0'))
+            b++;
+        if (*a != *b) return 0;
+        if (!*a) return 1;
+        a++, b++;
+    }
+}
+
+int kvm_serve_ipc_folder_check(const char *endpoint, int is_dir, const kvm_config *cfg, const char *binds)
+{
+    if (strncmp(endpoint, "ipc://", 6) || endpoint[6] == '@') return 0;
+    char dir[4200];
+    const char *path = endpoint + 6, *slash = strrchr(path, '/');
+    if (is_dir)
+        snprintf(dir, sizeof dir, "%s", path);
+    else if (!slash)
+        return 0; /* a socket in the working directory, which exists */
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    const char *run_dir = cfg ? kvm_config_str(cfg, "run", "run_dir") : "";
+    if (*run_dir && same_folder(dir, run_dir)) return 0; /* made before the bind (kvm_rundir_make) */
+    struct stat st;
+    const int found = !stat(dir, &st);
+    if (found && S_ISDIR(st.st_mode)) return 0;
+    return kvm_err(KVM_EINVAL, "%s %s: %s; make it first", dir, found ? "is not a folder" : "does not exist", binds);
+}
+
 int kvm_serve_endpoint_external(const char *endpoint, const char *what)
 {
     if (strncmp(endpoint, "inproc://", 9)) return 0;
@@ -213,8 +246,11 @@ int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
         snprintf(what, sizeof what, "%s", bind_what);
     else
         snprintf(what, sizeof what, "[serve] bind in %s", kvm_config_path(cfg));
-    int rc = kvm_serve_endpoint_external(kvm_config_str(cfg, "serve", "bind"), what);
-    if (!rc) rc = kvm_serve_bind_rule(kvm_config_str(cfg, "serve", "bind"), cfg, what);
+    const char *bind = kvm_config_str(cfg, "serve", "bind");
+    int rc = kvm_serve_endpoint_external(bind, what);
+    if (!rc) rc = kvm_serve_bind_rule(bind, cfg, what);
+    if (!rc && kvm_serve_ipc_folder_check(bind, 0, cfg, "kvmill serve binds its front end's socket in it"))
+        rc = kvm_err(KVM_EINVAL, "%s %s: %s", what, bind, kvm_errmsg());
     if (rc) return rc;
     const char *be = kvm_config_str(cfg, "serve", "backend");
     if (!*be) return 0; /* the run directory's ipc:// sockets: local */
@@ -222,6 +258,8 @@ int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
     snprintf(what, sizeof what, "[serve] backend in %s", kvm_config_path(cfg));
     if (kvm_stage_endpoints(be, ctl_ep, data_ep, sizeof ctl_ep))
         return kvm_err(KVM_EINVAL, "%s: %s", what, kvm_errmsg());
+    if (kvm_serve_ipc_folder_check(be, 1, cfg, "kvmill serve binds its back end's ctl and data sockets in it"))
+        return kvm_err(KVM_EINVAL, "%s %s: %s", what, be, kvm_errmsg());
     if ((rc = kvm_serve_bind_rule(ctl_ep, cfg, what)) || (rc = kvm_serve_bind_rule(data_ep, cfg, what))) return rc;
     return 0;
 }

@@ -70,10 +70,22 @@ int kvm_serve_bind_rule(const char *endpoint, const kvm_config *cfg, const char 
 
 /* The checks kvm_serve_bind makes that the settings alone decide, for [serve] bind and [serve]
  * backend (both its endpoints) of cfg: the endpoint's form (kvm_serve_endpoint_check) and the
- * [security] keys a non-local one needs; no key file is read. For kvmill serve's config checks,
+ * [security] keys a non-local one needs; no key file is read; an ipc:// one's folder
+ * (kvm_serve_ipc_folder_check). For kvmill serve's config checks,
  * which --dump-config shares. bind_what names the bind setting ("--bind"; NULL: "[serve] bind
  * in FILE"). Returns 0 or KVM_EINVAL naming the setting, the config file and the endpoint. */
 int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what);
+
+/* The folder an ipc:// endpoint needs: PATH itself when is_dir (a base ipc://DIR whose DIR/ctl and
+ * DIR/data are bound: [run] bind, [serve] backend), else the folder of the socket file PATH. A
+ * missing one failed only at the bind, exit 1 with "No such file or directory" and no folder named.
+ * No check for tcp://, inproc://, ipc://@NAME (abstract) or a file in the working directory;
+ * with cfg (may be NULL), none for its [run] run_dir, which kvmill serve and run make before they
+ * bind. binds says what is bound there ("the run binds its ctl and data sockets in it"). Returns 0 or
+ * KVM_EINVAL with "FOLDER does not exist (or: is not a folder): BINDS; make it first", which
+ * the caller prefixes with the setting and endpoint. */
+int kvm_serve_ipc_folder_check(const char *endpoint, int is_dir, const kvm_config *cfg, const char *binds);
+
 /* KVM_EINVAL naming `what` and the endpoint when it is inproc:// (a command's bind that no other
  * process can reach: kvmill serve, kvmill store serve said "ready" on one), else 0. */
 int kvm_serve_endpoint_external(const char *endpoint, const char *what);

@@ -1976,6 +1976,58 @@ START_TEST(test_service_bind_clash_and_kept_log)
 }
 END_TEST
 
+/* The clash check missed service_bind = tcp://localhost:P against a bind of tcp://127.0.0.1:P (and
+ * the reverse): serve started the store service, then failed its own bind, exit 1. It missed the
+ * default back end too, ipc://RUN_DIR/ctl and /data of [run] run_dir when [serve] backend or [run]
+ * bind is empty: the second to bind found "another process is listening", exit 1. Each is refused
+ * now, at start and by --dump-config (exit 2), naming the socket; another path in run_dir is not. */
+START_TEST(test_service_bind_clash_localhost_and_run_dir)
+{
+    int port = kvm_test_tcp_port(11);
+    char text[12000], args[5000], sb[4400], own[256], want[4600], *out, *err;
+    const char *common = "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\n[store]\npath = %s\n"
+                         "service_bind = %s\n[stages]\nbin_dir = %s\n[run]\nrun_dir = %s\n%s\n";
+    struct {
+        const char *sb_host, *sb_file; /* service_bind tcp://HOST:port, or (host NULL) ipc://RUN_DIR + file */
+        const char *own, *cmd;         /* the command's own bind (%d: port); the command */
+        const char *socket;            /* in the refusal; NULL: accepted */
+    } cases[] = {
+        {"localhost", NULL, "[serve]\nbind = tcp://127.0.0.1:%d", "serve", "(its front end)"},
+        {"127.0.0.1", NULL, "bind = tcp://localhost:%d", "run", "(its control socket)"},
+        {NULL, "/ctl", "[serve]\nbind = tcp://127.0.0.1:%d", "serve", "default [serve] backend in [run] run_dir"},
+        {NULL, "//data", "", "run", "default [run] bind in [run] run_dir"},
+        {NULL, "/store", "", "run", NULL},
+        {NULL, "/store", "[serve]\nbind = tcp://127.0.0.1:%d", "serve", NULL}};
+    ck_assert_int_eq(mkdir(run_dir, 0700), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].sb_host)
+            snprintf(sb, sizeof sb, "tcp://%s:%d", cases[i].sb_host, port);
+        else
+            snprintf(sb, sizeof sb, "ipc://%s%s", run_dir, cases[i].sb_file);
+        snprintf(own, sizeof own, cases[i].own, port);
+        snprintf(text, sizeof text, common, kvm_test_data_path("models/stories260K.bin"), store, sb, kvm_test_bin(),
+                 run_dir, own);
+        for (int dump = 1; dump >= (cases[i].socket ? 0 : 1); dump--) {
+            if (dump)
+                snprintf(args, sizeof args, "%s --dump-config", cases[i].cmd);
+            else if (!strcmp(cases[i].cmd, "run"))
+                snprintf(args, sizeof args, "run --corpus '%s'", docs);
+            else
+                snprintf(args, sizeof args, "serve --compute-missing");
+            int rc = run_cfg(text, args, &out, &err);
+            snprintf(want, sizeof want, "[store] service_bind = %s is the endpoint", sb);
+            if (cases[i].socket)
+                ck_assert_msg(rc == 2 && strstr(err, want) && strstr(err, cases[i].socket),
+                              "case %zu (%s): exit %d: %s", i, args, rc, err);
+            else
+                ck_assert_msg(rc == 0, "case %zu (%s): exit %d: %s", i, args, rc, err);
+            free(out);
+            free(err);
+        }
+    }
+}
+END_TEST
+
 /* A store endpoint ([store] path = tcp://..., [store] service, serve's --store) that is a socket
  * the command binds itself: serve started with only a "does not answer" warning and failed every
  * ask ("... is a kvmill serve front end"), a run timed out on its first claim (exit 1). Both
@@ -2123,6 +2175,7 @@ static Suite *pipeline_suite(void)
                  {"calibrate_build_not_retried", test_calibrate_build_not_retried},
                  {"calibrate_interrupted_stores_nothing", test_calibrate_interrupted_stores_nothing},
                  {"service_bind_clash_and_kept_log", test_service_bind_clash_and_kept_log},
+                 {"service_bind_clash_localhost_and_run_dir", test_service_bind_clash_localhost_and_run_dir},
                  {"store_is_own_socket", test_store_is_own_socket},
                  {"worker_table_reused", test_worker_table_reused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -1247,6 +1247,59 @@ START_TEST(test_run_bind_messages)
 }
 END_TEST
 
+/* An ipc:// bind whose folder does not exist: kvmill serve (--bind, [serve] backend), kvmill store
+ * serve --bind and [store] service_bind failed at the bind, exit 1 with only "No such file or
+ * directory", and serve's --dump-config printed it as a config serve accepts, where run refuses
+ * its [run] bind so (test_run_bind_messages). All are refused now, exit 2, naming the folder. */
+START_TEST(test_serve_bind_missing_folder)
+{
+    char nodir[4400], args[9000], extra[9000], line[16384], want[4600], *out, *err;
+    snprintf(nodir, sizeof nodir, "%s/nodir", tmp);
+    struct {
+        const char *extra_fmt, *args_fmt, *what; /* %s: the missing folder */
+    } cases[] = {
+        {"", "--bind ipc://%s/front --compute-missing", "kvmill serve binds its front end's socket"},
+        {"", "--bind ipc://%s/front --dump-config", "kvmill serve binds its front end's socket"},
+        {"backend = ipc://%s\n", "--compute-missing", "kvmill serve binds its back end's ctl and data sockets"},
+        {"backend = ipc://%s\n", "--dump-config", "kvmill serve binds its back end's ctl and data sockets"},
+        {"[store]\nservice_bind = ipc://%s/svc\n", "--dump-config", "the store service binds its socket"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(extra, sizeof extra, cases[i].extra_fmt, nodir);
+        snprintf(args, sizeof args, cases[i].args_fmt, nodir);
+        int rc = with_config("serve", extra, args, &out, &err);
+        snprintf(want, sizeof want, "%s does not exist: %s in it; make it first", nodir, cases[i].what);
+        ck_assert_msg(rc == 2 && strstr(err, want), "case %zu (serve %s): exit %d: %s", i, args, rc, err);
+        free(out);
+        free(err);
+    }
+    snprintf(line, sizeof line, "timeout 20 '%s/kvmill' store serve --store '%s/s' --create --bind ipc://%s/svc",
+             kvm_test_bin(), tmp, nodir);
+    int rc = kvm_test_run(line, &out, &err);
+    snprintf(want, sizeof want, "--bind ipc://%s/svc: %s does not exist: the store service binds its socket", nodir,
+             nodir);
+    ck_assert_msg(rc == 2 && strstr(err, want), "store serve: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* ipc://@NAME (abstract: no folder) and a socket in a folder that exists stay accepted */
+    snprintf(args, sizeof args, "--bind ipc://@kvmtest%d --dump-config", (int)getpid());
+    rc = with_config("serve", "", args, &out, &err);
+    ck_assert_msg(rc == 0, "serve %s: exit %d: %s", args, rc, err);
+    free(out);
+    free(err);
+    rc = with_config("serve", "", "--dump-config", &out, &err);
+    ck_assert_msg(rc == 0, "serve --dump-config: exit %d: %s", rc, err);
+    free(out);
+    free(err);
+    /* and [run] run_dir not made yet: serve makes it before it binds there */
+    snprintf(extra, sizeof extra, "[store]\nservice_bind = ipc://%s/rd//svc\n[run]\nrun_dir = %s/rd/\n", tmp, tmp);
+    snprintf(args, sizeof args, "--bind ipc://%s/rd/front --dump-config", tmp);
+    rc = with_config("serve", extra, args, &out, &err);
+    ck_assert_msg(rc == 0, "serve %s with %s: exit %d: %s", args, extra, rc, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* --parent-pid of a stage worker or the store service: each stops once it is reparented, so a
  * live process that was not its parent (pid 1 here) stopped it at once, "pid 1 is gone". */
 START_TEST(test_parent_pid_not_parent)
@@ -1770,6 +1823,7 @@ static Suite *review_suite(void)
         {"ratio_one_refused", test_ratio_one_refused},
         {"no_training_queries_at_start", test_no_training_queries_at_start},
         {"run_bind_messages", test_run_bind_messages},
+        {"serve_bind_missing_folder", test_serve_bind_missing_folder},
         {"parent_pid_not_parent", test_parent_pid_not_parent},
         {"parent_pid_no_process", test_parent_pid_no_process},
         {"parent_pid_parent_exited", test_parent_pid_parent_exited},
