@@ -3,6 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -75,4 +78,35 @@ int kvm_file_open_output(const char *path, const char *mode, const char *what, F
 int kvm_file_replaceable(const char *path, const struct stat *st)
 {
     return !access(path, W_OK) && (st->st_mode & (S_IWUSR | S_IWGRP | S_IWOTH));
+}
+
+int kvm_file_path_norm(const char *path, char *out, size_t n)
+{
+    char abs[8192], cwd[4096];
+    snprintf(out, n, "%s", path);
+    if (path[0] != '/' && !getcwd(cwd, sizeof cwd)) return -1;
+    if ((size_t)snprintf(abs, sizeof abs, "%s%s%s", path[0] == '/' ? "" : cwd, path[0] == '/' ? "" : "/", path) >=
+        sizeof abs)
+        return -1;
+    const char *comp[512];
+    int nc = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(abs, "/", &save); t; t = strtok_r(NULL, "/", &save))
+        if (!strcmp(t, ".."))
+            nc -= nc > 0;
+        else if (strcmp(t, ".") && nc < 512)
+            comp[nc++] = t;
+    for (int k = nc; k >= 0; k--) { /* the longest existing leading part, through its links */
+        char head[8192] = "/", real[PATH_MAX];
+        for (int i = 0; i < k; i++)
+            snprintf(head + strlen(head), sizeof head - strlen(head), "%s%s", i ? "/" : "", comp[i]);
+        if (!realpath(head, real)) continue;
+        size_t len = (size_t)snprintf(out, n, "%s", real);
+        for (int i = k; i < nc && len < n; i++)
+            len += (size_t)snprintf(out + len, n - len, "%s%s", len && out[len - 1] == '/' ? "" : "/", comp[i]);
+        if (len < n) return 0;
+        break;
+    }
+    snprintf(out, n, "%s", path);
+    return -1;
 }

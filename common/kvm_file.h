@@ -42,4 +42,12 @@ int kvm_file_open_output(const char *path, const char *mode, const char *what, F
 struct stat;
 int kvm_file_replaceable(const char *path, const struct stat *st);
 
+/* The folder or file `path` names, written to out[0, n) in one spelling for comparisons (never
+ * for opening): made absolute against the working directory, '.' and '..' and runs of '/' taken
+ * out as text, then the longest leading part that exists resolved through its symbolic links
+ * (realpath), the rest appended. So "rd", "./rd/", "/tmp/x/../w/rd" and a link to it compare
+ * equal, also while rd does not exist yet. Returns 0, or -1 (no working directory, out too
+ * small: out is then path as given). */
+int kvm_file_path_norm(const char *path, char *out, size_t n);
+
 #endif

@@ -1,6 +1,7 @@
 /* kvm_jobcfg.c: job settings as a MessagePack map (msgpack-c) and the config id. */
 #include "pipeline/kvm_jobcfg.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "model/kvm_utf8.h"
 #include "pipeline/kvm_serve.h"
@@ -143,22 +144,24 @@ static int every_address(const char *h, size_t n)
 
 /* ep in the form two endpoints are compared in, never bound: tcp://localhost:PORT as
  * tcp://127.0.0.1:PORT (kvm_serve_bind binds it so: spelled one way in service_bind and the other
- * in a bind, the clash was missed), and in an ipc:// path each run of '/' as one (a [run] run_dir
- * ending in '/' binds DIR//ctl, the file DIR/ctl). */
+ * in a bind, the clash was missed), and an ipc:// path as kvm_file_path_norm spells it (a [run]
+ * run_dir ending in '/' binds DIR//ctl, the file DIR/ctl; a relative one, '..' or a link named
+ * the same file another way). */
 static void compare_form(const char *ep, char *out, size_t size)
 {
     if (!strncasecmp(ep, "tcp://localhost:", 16)) {
         snprintf(out, size, "tcp://127.0.0.1:%s", ep + 16);
         return;
     }
-    size_t n = 0;
-    for (size_t i = 0; ep[i] && n + 1 < size; i++)
-        if (i <= 6 || strncmp(ep, "ipc://", 6) || ep[i] != '/' || ep[i - 1] != '/') out[n++] = ep[i];
-    out[n] = '\0';
+    char path[4200];
+    if (!strncmp(ep, "ipc://", 6) && ep[6] != '@' && !kvm_file_path_norm(ep + 6, path, sizeof path)) {
+        snprintf(out, size, "ipc://%s", path); /* relative, '.', '..', '//', links: one spelling */
+        return;
+    }
+    snprintf(out, size, "%s", ep);
 }
 
-/* 1 when binding a and b would take the same socket (kvm_jobcfg_check_service_bind's rule). */
-static int same_socket(const char *a_ep, const char *b_ep)
+int kvm_jobcfg_same_socket(const char *a_ep, const char *b_ep)
 {
     char a[1100], b[1100];
     const char *ha, *hb;
@@ -199,7 +202,7 @@ static int own_socket_clash(const kvm_config *c, int serve, const char *bind_wha
             continue; /* the endpoint's own check refuses it */
         const char *eps[2] = {ctl, data};
         for (int k = 0; k < 2; k++)
-            if (*eps[k] && same_socket(ep, eps[k]))
+            if (*eps[k] && kvm_jobcfg_same_socket(ep, eps[k]))
                 return kvm_err(KVM_EINVAL, "%s: %s = %s is the endpoint %s of %s = %s (%s): %s", kvm_config_path(c),
                                setting, ep, eps[k], own[i].what, own[i].value,
                                !own[i].pair ? "its front end"

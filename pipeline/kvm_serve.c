@@ -4,8 +4,10 @@
  * broker itself (kvm_serve_run) is kvm_serve_broker.c and the kvm_serve_*.c files it uses. */
 #include "pipeline/kvm_serve.h"
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 #include "common/kvm_log.h"
 #include "pipeline/kvm_curve.h"
+#include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_stage.h"
 #include "proto/kvm_mpack_internal.h"
 
@@ -197,18 +199,13 @@ int kvm_serve_bind_rule(const char *endpoint, const kvm_config *cfg, const char 
     return 0;
 }
 
-/* 1 when paths a and b name one folder as text: runs of '/' as one, a trailing '/' dropped. */
+/* 1 when paths a and b name one folder (kvm_file_path_norm: a relative one, '.', '..', links). */
 static int same_folder(const char *a, const char *b)
 {
-    for (;;) {
-        while (a[0] == '/' && (a[1] == '/' || a[1] == '\0'))
-            a++;
-        while (b[0] == '/' && (b[1] == '/' || b[1] == '\0'))
-            b++;
-        if (*a != *b) return 0;
-        if (!*a) return 1;
-        a++, b++;
-    }
+    char na[4200], nb[4200];
+    kvm_file_path_norm(a, na, sizeof na);
+    kvm_file_path_norm(b, nb, sizeof nb);
+    return !strcmp(na, nb);
 }
 
 int kvm_serve_ipc_folder_check(const char *endpoint, int is_dir, const kvm_config *cfg, const char *binds)
@@ -252,9 +249,17 @@ int kvm_serve_check_endpoints(const kvm_config *cfg, const char *bind_what)
     if (!rc && kvm_serve_ipc_folder_check(bind, 0, cfg, "kvmill serve binds its front end's socket in it"))
         rc = kvm_err(KVM_EINVAL, "%s %s: %s", what, bind, kvm_errmsg());
     if (rc) return rc;
-    const char *be = kvm_config_str(cfg, "serve", "backend");
+    const char *be = kvm_config_str(cfg, "serve", "backend"), *rd = kvm_config_str(cfg, "run", "run_dir");
+    char ctl_ep[1100], data_ep[1100], base[1100];
+    snprintf(base, sizeof base, "%s%s", *be ? "" : "ipc://", *be ? be : rd);
+    if ((*be || *rd) && !kvm_stage_endpoints(base, ctl_ep, data_ep, sizeof ctl_ep) &&
+        (kvm_jobcfg_same_socket(bind, ctl_ep) || kvm_jobcfg_same_socket(bind, data_ep)))
+        return kvm_err(KVM_EINVAL,
+                       "%s %s is the server's own back end (%s, where its decode workers connect: %s): give the "
+                       "front end another endpoint",
+                       what, bind, kvm_jobcfg_same_socket(bind, ctl_ep) ? ctl_ep : data_ep,
+                       *be ? "[serve] backend" : "in [run] run_dir");
     if (!*be) return 0; /* the run directory's ipc:// sockets: local */
-    char ctl_ep[1100], data_ep[1100];
     snprintf(what, sizeof what, "[serve] backend in %s", kvm_config_path(cfg));
     if (kvm_stage_endpoints(be, ctl_ep, data_ep, sizeof ctl_ep))
         return kvm_err(KVM_EINVAL, "%s: %s", what, kvm_errmsg());

@@ -403,10 +403,12 @@ static int send_stopping(stage_rt *rt)
     return rc;
 }
 
-/* The last message of a stage that stops with no job running: a heartbeat with `stopping` on
- * the control socket (revision 14), so that its orchestrator ends it at once as stopped, where
- * it said "went silent" a liveness period later of a worker stopped cleanly (SIGTERM) while
- * busy. Sent without waiting: the socket's linger delivers it at close, if a peer is there. */
+/* The last message of a stage that stops: a heartbeat with `stopping` on the control socket
+ * (revision 14), so that its orchestrator ends it at once as stopped, where it said "went
+ * silent" a liveness period later of a worker stopped cleanly (SIGTERM) while busy. A job it
+ * still runs was handed back at the grace's end (the orchestrator holds none for it then) or is
+ * the orchestrator's to time out: it ends a worker only with no job out. Sent without waiting:
+ * the socket's linger delivers it at close, if a peer is there. */
 static void send_last_word(stage_rt *rt)
 {
     kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id),
@@ -899,6 +901,7 @@ static void serve(stage_rt *rt)
                 uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
                 send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0, NULL);
                 log_line(rt, "grace period over: handed job %llu back", (unsigned long long)id);
+                if (!rt->refused && !rt->wrong_peer) send_last_word(rt); /* after the hand-back, in order */
                 link_close(rt);
                 zmq_close(rt->ctl); /* linger: the hand-back still goes out */
                 zmq_close(rt->data);
@@ -1257,7 +1260,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         log_ev(&rt, KVM_LOG_INFO, "connecting", f, 3, "connecting to %s (device %s, %d threads)%s", rt.a.connect,
                rt.a.device, rt.a.threads, rt.a.server_key ? " with CurveZMQ keys" : "");
         serve(&rt);
-        if (!rt.refused && !rt.link_failed && !rt.wrong_peer && !rt.job.running) send_last_word(&rt);
+        if (!rt.refused && !rt.link_failed && !rt.wrong_peer) send_last_word(&rt);
         log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0,
                rt.refused       ? "stopped: refused (the reason is above)"
                : rt.link_failed ? "stopped: the handshake with the orchestrator failed"

@@ -332,8 +332,9 @@ START_TEST(test_doc_changed_during_run)
 END_TEST
 
 /* A compress worker started by hand with --store naming store path st (a folder or an endpoint),
- * joined to the run in run_dir; its stdout and stderr go to tmp/NAME.log. */
-static pid_t start_worker(const char *st, const char *name)
+ * joined to the run in run_dir, --grace-s grace (NULL: its default); its stdout and stderr go to
+ * tmp/NAME.log. */
+static pid_t start_worker_grace(const char *st, const char *name, const char *grace)
 {
     pid_t worker = fork();
     ck_assert_int_ge(worker, 0);
@@ -343,11 +344,14 @@ static pid_t start_worker(const char *st, const char *name)
         snprintf(ep, sizeof ep, "ipc://%s", run_dir);
         snprintf(log, sizeof log, "%s/%s.log", tmp, name);
         if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
-        execl(exe, exe, "--connect", ep, "--store", st, "--heartbeat-ms", "200", (char *)NULL);
+        execl(exe, exe, "--connect", ep, "--store", st, "--heartbeat-ms", "200", grace ? "--grace-s" : (char *)NULL,
+              grace, (char *)NULL);
         _exit(127);
     }
     return worker;
 }
+
+static pid_t start_worker(const char *st, const char *name) { return start_worker_grace(st, name, NULL); }
 
 /* The exit status of child pid within s seconds, else -1 (then killed). */
 static int wait_exit(pid_t pid, int s)
@@ -364,7 +368,7 @@ static int wait_exit(pid_t pid, int s)
  * then stops) was logged "went silent" a liveness period later (5 s here), the wording of a hung
  * or dead one. Its last word, a stopping heartbeat on the control socket (revision 14), ends it
  * at once: "stopped (it said so". */
-START_TEST(test_hand_worker_clean_stop)
+static void hand_worker_clean_stop(const char *grace)
 {
     make_docs(3);
     write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
@@ -383,7 +387,7 @@ START_TEST(test_hand_worker_clean_stop)
         free(e);
     }
     ck_assert_msg(waiting, "the run did not start");
-    pid_t w = start_worker(store, "hand");
+    pid_t w = start_worker_grace(store, "hand", grace);
     snprintf(wpath, sizeof wpath, "%s/hand.log", tmp);
     int busy = 0; /* its first job's KV came: a job of seconds runs */
     for (int i = 0; i < 600 && !busy; i++, usleep(50000)) {
@@ -410,6 +414,13 @@ START_TEST(test_hand_worker_clean_stop)
     free(wlog);
     free(err);
 }
+
+START_TEST(test_hand_worker_clean_stop) { hand_worker_clean_stop(NULL); }
+END_TEST
+
+/* The same with --grace-s 0: the job it runs is handed back at SIGTERM (the run requeues it) and
+ * the worker stops: its last word was not sent while the abandoned job's thread still ran. */
+START_TEST(test_hand_worker_grace_over) { hand_worker_clean_stop("0"); }
 END_TEST
 
 /* A compress worker started by hand with another --store than the run's joined it: first the
@@ -1248,6 +1259,7 @@ static Suite *orch_recovery_suite(void)
                  {"doc_changed_during_run", test_doc_changed_during_run, 240},
                  {"worker_with_another_store", test_worker_with_another_store, 120},
                  {"hand_worker_clean_stop", test_hand_worker_clean_stop, 120},
+                 {"hand_worker_grace_over", test_hand_worker_grace_over, 120},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
                  {"left_recheck_bounded", test_left_recheck_bounded, 120},
                  {"left_wait_says_lapse", test_left_wait_says_lapse, 120}};

@@ -1996,6 +1996,10 @@ START_TEST(test_service_bind_clash_localhost_and_run_dir)
         {"127.0.0.1", NULL, "bind = tcp://localhost:%d", "run", "(its control socket)"},
         {NULL, "/ctl", "[serve]\nbind = tcp://127.0.0.1:%d", "serve", "default [serve] backend in [run] run_dir"},
         {NULL, "//data", "", "run", "default [run] bind in [run] run_dir"},
+        /* one file spelled another way: '.', '..' (kvm_file_path_norm) */
+        {NULL, "/./ctl", "", "run", "default [run] bind in [run] run_dir"},
+        {NULL, "/sub/../data", "[serve]\nbind = tcp://127.0.0.1:%d", "serve",
+         "default [serve] backend in [run] run_dir"},
         {NULL, "/store", "", "run", NULL},
         {NULL, "/store", "[serve]\nbind = tcp://127.0.0.1:%d", "serve", NULL}};
     ck_assert_int_eq(mkdir(run_dir, 0700), 0);

@@ -1297,6 +1297,20 @@ START_TEST(test_serve_bind_missing_folder)
     ck_assert_msg(rc == 0, "serve %s with %s: exit %d: %s", args, extra, rc, err);
     free(out);
     free(err);
+    /* the same run_dir spelled with '.' in the endpoint (a relative one, as the config gives it,
+     * resolves the same: kvm_file_path_norm) was refused as a missing folder */
+    snprintf(extra, sizeof extra, "[run]\nrun_dir = %s/rd2\n[serve]\nbackend = ipc://%s/./rd2\n", tmp, tmp);
+    rc = with_config("serve", extra, "--dump-config", &out, &err);
+    ck_assert_msg(rc == 0, "serve --dump-config with %s: exit %d: %s", extra, rc, err);
+    free(out);
+    free(err);
+    /* the front end on the server's own default back end: refused at once, not "another process" */
+    snprintf(extra, sizeof extra, "[run]\nrun_dir = %s/rd3\n", tmp);
+    snprintf(args, sizeof args, "--bind ipc://%s/rd3/ctl --dump-config", tmp);
+    rc = with_config("serve", extra, args, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "is the server's own back end"), "serve %s: exit %d: %s", args, rc, err);
+    free(out);
+    free(err);
 }
 END_TEST
 
