@@ -119,6 +119,9 @@ int kvm_orch__worker_get(orch *o, const kvm_frame *idf, int stage)
     for (int w = 0; w < o->n_workers; w++)
         if (!strcmp(o->workers[w].id, id)) {
             if (o->workers[w].stage < 0) o->workers[w].stage = stage;
+            const orch_worker *wk = &o->workers[w]; /* stopped or silent, now back: said, as its join was */
+            if (!wk->alive && !wk->ended && wk->slot < 0 && wk->stage >= 0)
+                kvm_orch__log("external %s worker %s joined again\n", stage_names[wk->stage], id);
             return w;
         }
     int at = o->n_workers < MAX_WORKERS ? o->n_workers : -1;

@@ -31,7 +31,11 @@ static int worker_find(srv *s, const kvm_frame *idf, int create)
     memcpy(id, idf->data, n);
     id[n] = '\0';
     for (int w = 0; w < s->n_workers; w++)
-        if (!strcmp(s->workers[w].id, id)) return w;
+        if (!strcmp(s->workers[w].id, id)) {
+            if (create && !s->workers[w].alive && s->workers[w].slot < 0) /* stopped or silent, now back */
+                kvm_serve__log("external decode worker %s joined again", id);
+            return w;
+        }
     if (!create) return -1;
     int w = -1;
     for (int k = 0; k < s->n_workers && w < 0; k++) /* reuse the entry of a dead worker */

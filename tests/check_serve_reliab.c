@@ -1699,6 +1699,18 @@ START_TEST(test_hand_worker_clean_stop)
     assert_contains(log, "external decode worker by-hand3 joined");
     ck_assert_msg(!strstr(log, "by-hand3 went silent"), "%s", log);
     free(log);
+    /* started again under that id: said (it was silent: only "stopped", then its answers) */
+    unlink(path);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    int again = 0;
+    for (int i = 0; i < 200 && !again; i++, usleep(100000)) {
+        log = kvm_test_read_file(g_log, NULL);
+        again = log && strstr(log, "external decode worker by-hand3 joined again");
+        free(log);
+    }
+    ck_assert_msg(again, "the worker started again under its id was not said to join");
+    for (int i = 0; i < 400 && access(path, F_OK); i++) /* its exit (timeout 4 s) before the teardown */
+        usleep(100000);
 }
 END_TEST
 
