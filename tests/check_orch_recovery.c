@@ -332,8 +332,8 @@ START_TEST(test_doc_changed_during_run)
 END_TEST
 
 /* A compress worker started by hand with --store naming store path st (a folder or an endpoint),
- * joined to the run in run_dir, --grace-s grace (NULL: its default); its stdout and stderr go to
- * tmp/NAME.log. */
+ * joined to the run in run_dir as --id NAME, --grace-s grace (NULL: its default); its stdout and
+ * stderr go to tmp/NAME.log. */
 static pid_t start_worker_grace(const char *st, const char *name, const char *grace)
 {
     pid_t worker = fork();
@@ -344,8 +344,8 @@ static pid_t start_worker_grace(const char *st, const char *name, const char *gr
         snprintf(ep, sizeof ep, "ipc://%s", run_dir);
         snprintf(log, sizeof log, "%s/%s.log", tmp, name);
         if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
-        execl(exe, exe, "--connect", ep, "--store", st, "--heartbeat-ms", "200", grace ? "--grace-s" : (char *)NULL,
-              grace, (char *)NULL);
+        execl(exe, exe, "--connect", ep, "--store", st, "--heartbeat-ms", "200", "--id", name,
+              grace ? "--grace-s" : (char *)NULL, grace, (char *)NULL);
         _exit(127);
     }
     return worker;
@@ -405,12 +405,22 @@ static void hand_worker_clean_stop(const char *grace)
         err = kvm_test_read_file(err_path, NULL);
         said = err && strstr(err, "stopped (it said so: a clean stop)");
     }
+    if (grace) { /* the same id again: said ("joined again"), as a first join is */
+        pid_t w2 = start_worker_grace(store, "hand", NULL);
+        for (int i = 0; i < 200 && !strstr(err, "worker hand joined again"); i++, usleep(100000)) {
+            free(err);
+            err = kvm_test_read_file(err_path, NULL);
+        }
+        kill(w2, SIGKILL);
+        waitpid(w2, NULL, 0);
+    }
     kill(pid, SIGINT);
     waitpid(pid, NULL, 0);
     char *wlog = kvm_test_read_file(wpath, NULL);
     ck_assert_msg(busy && wrc == 0, "worker exit %d (busy %d):\n%s", wrc, busy, wlog);
     ck_assert_msg(said, "no clean stop logged:\n%s\nworker:\n%s", err, wlog);
     ck_assert_msg(!strstr(err, "went silent"), "%s", err);
+    ck_assert_msg(!grace || strstr(err, "worker hand joined again"), "started again under its id: %s", err);
     free(wlog);
     free(err);
 }
