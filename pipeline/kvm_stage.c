@@ -387,10 +387,15 @@ static void send_heartbeat(stage_rt *rt)
     kvm_msg_free(&m);
 }
 
-/* Tells the orchestrator on the data socket that this worker stops (a heartbeat with `stopping`,
- * revision 13), so that it withdraws the worker's credit and answers with the end-of-work ack
- * after whatever it already sent. Returns 0 when ZeroMQ took it. */
-static int send_stopping(stage_rt *rt)
+/* A heartbeat with `stopping` on sock, without waiting. On the data socket (revision 13) it asks
+ * the orchestrator to withdraw this worker's credit and answer with the end-of-work ack after
+ * whatever it already sent; on the control socket (revision 14) it is the stage's last word, so
+ * that its orchestrator ends it at once as stopped, where it said "went silent" a liveness period
+ * later of a worker stopped cleanly (SIGTERM) while busy: a job it still runs was handed back at
+ * the grace's end (the orchestrator holds none for it then) or is the orchestrator's to time out,
+ * and it ends a worker only with no job out; the socket's linger delivers it at close, if a peer
+ * is there. Returns 0 when ZeroMQ took it. */
+static int send_stopping(stage_rt *rt, void *sock)
 {
     kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id),
                        .stage = kvm_proto_str_c(rt->ops->stage),
@@ -398,26 +403,9 @@ static int send_stopping(stage_rt *rt)
                        .stopping = true};
     kvm_msg *m = NULL;
     int rc = kvm_proto_heartbeat_encode(&c, &m);
-    if (!rc) rc = kvm_msg_send(rt->data, &m, ZMQ_DONTWAIT);
+    if (!rc) rc = kvm_msg_send(sock, &m, ZMQ_DONTWAIT);
     kvm_msg_free(&m);
     return rc;
-}
-
-/* The last message of a stage that stops: a heartbeat with `stopping` on the control socket
- * (revision 14), so that its orchestrator ends it at once as stopped, where it said "went
- * silent" a liveness period later of a worker stopped cleanly (SIGTERM) while busy. A job it
- * still runs was handed back at the grace's end (the orchestrator holds none for it then) or is
- * the orchestrator's to time out: it ends a worker only with no job out. Sent without waiting:
- * the socket's linger delivers it at close, if a peer is there. */
-static void send_last_word(stage_rt *rt)
-{
-    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id),
-                       .stage = kvm_proto_str_c(rt->ops->stage),
-                       .pid = getpid(),
-                       .stopping = true};
-    kvm_msg *m = NULL;
-    if (!kvm_proto_heartbeat_encode(&c, &m)) kvm_msg_send(rt->ctl, &m, ZMQ_DONTWAIT);
-    kvm_msg_free(&m);
 }
 
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
@@ -848,7 +836,7 @@ static void start_drain(stage_rt *rt, double now)
         }
     rt->drain_until = now;
     if (rt->refused || rt->wrong_peer || rt->link_failed || parent_gone || rt->data_down || !rt->credit_out) return;
-    if (send_stopping(rt)) return; /* not taken: no connection, so no job on its way either */
+    if (send_stopping(rt, rt->data)) return; /* not taken: no connection, so no job on its way either */
     rt->awaiting_end = 1;
     rt->drain_until = now + STAGE_DRAIN_WAIT_MS;
     log_line(rt,
@@ -901,7 +889,7 @@ static void serve(stage_rt *rt)
                 uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
                 send_result(rt, id, KVM_ESTATE, "worker stopped before finishing; handed back", 1, 0, 0, NULL);
                 log_line(rt, "grace period over: handed job %llu back", (unsigned long long)id);
-                if (!rt->refused && !rt->wrong_peer) send_last_word(rt); /* after the hand-back, in order */
+                if (!rt->refused && !rt->wrong_peer) send_stopping(rt, rt->ctl); /* after the hand-back, in order */
                 link_close(rt);
                 zmq_close(rt->ctl); /* linger: the hand-back still goes out */
                 zmq_close(rt->data);
@@ -1260,7 +1248,7 @@ int kvm_stage_main(int argc, char **argv, const kvm_stage_ops *ops, void *state)
         log_ev(&rt, KVM_LOG_INFO, "connecting", f, 3, "connecting to %s (device %s, %d threads)%s", rt.a.connect,
                rt.a.device, rt.a.threads, rt.a.server_key ? " with CurveZMQ keys" : "");
         serve(&rt);
-        if (!rt.refused && !rt.link_failed && !rt.wrong_peer) send_last_word(&rt);
+        if (!rt.refused && !rt.link_failed && !rt.wrong_peer) send_stopping(&rt, rt.ctl);
         log_ev(&rt, KVM_LOG_INFO, "stopped", NULL, 0,
                rt.refused       ? "stopped: refused (the reason is above)"
                : rt.link_failed ? "stopped: the handshake with the orchestrator failed"
