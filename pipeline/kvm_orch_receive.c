@@ -345,15 +345,9 @@ void kvm_orch__receive(orch *o, void *sock, int is_ctl)
         kvm_msg *m = NULL, *env = NULL;
         if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
         if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
-            kvm_proto_type mt; /* an ask: a client given this endpoint (the why built only then) */
-            if (!kvm_proto_peek(m, &mt) && mt == KVM_PROTO_ASK) {
-                char why[1600], eps[2][1100];
-                kvm_stage_endpoints(o->base, eps[0], eps[1], sizeof eps[0]); /* checked at start-up */
-                snprintf(why, sizeof why,
-                         "%s is kvmill run's back end, where its stage workers connect: a run answers no ask (kvmill "
-                         "serve does: ask at the front end its \"ready\" line names)",
-                         eps[is_ctl ? 0 : 1]);
-                kvm_serve_answer_misdirected(sock, &env, m, why);
+            if (kvm_serve_answer_misdirected(sock, &env, m, o->base, is_ctl, "kvmill run",
+                                             "the front end a kvmill serve's \"ready\" line names (a run answers "
+                                             "no ask)")) {
                 kvm_orch__log("answered an ask sent to the run's %s socket (a client given the wrong endpoint)\n",
                               is_ctl ? "ctl" : "data");
                 kvm_msg_free(&m);

@@ -56,10 +56,16 @@ int kvm_serve_request_id(const kvm_msg *msg, uint64_t *id)
     return 0;
 }
 
-int kvm_serve_answer_misdirected(void *sock, kvm_msg **env, const kvm_msg *msg, const char *why)
+int kvm_serve_answer_misdirected(void *sock, kvm_msg **env, const kvm_msg *msg, const char *base, int is_ctl,
+                                 const char *who, const char *ask_at)
 {
     kvm_proto_type t;
     if (kvm_proto_peek(msg, &t) || t != KVM_PROTO_ASK) return 0;
+    char why[3400], eps[2][1100];
+    kvm_stage_endpoints(base, eps[0], eps[1], sizeof eps[0]); /* checked at start-up */
+    snprintf(why, sizeof why,
+             "%s is %s's back end, where its %s workers connect, not kvmill serve's front end: ask at %s",
+             eps[is_ctl ? 0 : 1], who, strcmp(who, "kvmill serve") ? "stage" : "decode", ask_at);
     uint64_t rid = 0;
     kvm_serve_request_id(msg, &rid); /* none readable: 0, which ask takes as "could not read" */
     kvm_msg *a = NULL;

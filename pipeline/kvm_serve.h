@@ -137,14 +137,16 @@ int kvm_serve_rebind_if_removed(void *sock, const char *ep, const char *what);
  * returns 1; writes `fallback` and returns 0 when ZeroMQ has none. */
 int kvm_serve_bound_endpoint(void *sock, const char *fallback, char *out, size_t n);
 
-/* When msg, a message a stage back end's socket `sock` (a ROUTER: a run's or kvmill serve's
- * ctl and data endpoints, where workers connect) received from the peer *env routes to, is an
- * ask (a client given the wrong endpoint), answers it there with an error answer (KVM_ENOTSUP,
- * `why`: what the endpoint is and where to ask) for its request id, and returns 1: the
- * client says why at once instead of waiting its whole --timeout, and no worker entry is made
- * for it. *env is consumed (NULL after). Returns 0, *env kept, for any other message. A send
- * that fails (the client gone) is not an error: it had nobody to tell. */
-int kvm_serve_answer_misdirected(void *sock, kvm_msg **env, const kvm_msg *msg, const char *why);
+/* When msg, a message a stage back end's socket `sock` (a ROUTER: the ctl (is_ctl) or data
+ * endpoint derived from `base` by kvm_stage_endpoints, where workers connect) received from the
+ * peer *env routes to, is an ask (a client given the wrong endpoint), answers it there with an
+ * error answer (KVM_ENOTSUP) for its request id naming the endpoint, `who` owns it ("kvmill run",
+ * "kvmill serve") and where to ask (`ask_at`), and returns 1: the client says why at once instead
+ * of waiting its whole --timeout, and no worker entry is made for it. *env is consumed (NULL
+ * after). Returns 0, *env kept, for any other message (one peek of its header). A send that
+ * fails (the client gone) is not an error: it had nobody to tell. */
+int kvm_serve_answer_misdirected(void *sock, kvm_msg **env, const kvm_msg *msg, const char *base, int is_ctl,
+                                 const char *who, const char *ask_at);
 
 /* Builds an error `answer` for request_id: status (a kvm_status < 0) and message (a C
  * string: made valid UTF-8 and cut at a character boundary below 4 KiB, kvm_proto_str_utf8,

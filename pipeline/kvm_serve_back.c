@@ -405,16 +405,7 @@ void kvm_serve__receive_back(srv *s, void *sock, int is_ctl)
         kvm_msg *m = NULL, *env = NULL;
         if (kvm_msg_recv(sock, &m, ZMQ_DONTWAIT)) return;
         if (kvm_msg_nframes(m) >= 2 && kvm_msg_split(m, 1, &env) == 0) {
-            kvm_proto_type mt; /* an ask: a client given this endpoint (the why built only then) */
-            if (!kvm_proto_peek(m, &mt) && mt == KVM_PROTO_ASK) {
-                char why[3400], eps[2][1100];
-                kvm_stage_endpoints(s->base, eps[0], eps[1], sizeof eps[0]); /* checked at start-up */
-                snprintf(
-                    why, sizeof why,
-                    "%s is kvmill serve's back end, where its decode workers connect, not its front end: ask at %s "
-                    "(the front end its \"ready\" line names)",
-                    eps[is_ctl ? 0 : 1], s->front_ep);
-                kvm_serve_answer_misdirected(sock, &env, m, why);
+            if (kvm_serve_answer_misdirected(sock, &env, m, s->base, is_ctl, "kvmill serve", s->front_ep)) {
                 kvm_serve__log("answered an ask sent to the back end's %s socket (a client given the wrong endpoint)",
                                is_ctl ? "ctl" : "data");
                 kvm_msg_free(&m);
