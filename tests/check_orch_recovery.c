@@ -380,13 +380,9 @@ static void hand_worker_clean_stop(const char *grace)
     fclose(f);
     char out_path[4300], err_path[4300], wpath[4300];
     pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
-    int waiting = 0; /* its store made: a worker refuses a --store that does not exist yet */
-    for (int i = 0; i < 600 && !waiting; i++, usleep(50000)) {
-        char *e = kvm_test_read_file(err_path, NULL);
-        waiting = e && strstr(e, "waiting for kvmill-compress workers started by hand");
-        free(e);
-    }
-    ck_assert_msg(waiting, "the run did not start");
+    /* its store made: a worker refuses a --store that does not exist yet */
+    ck_assert_msg(kvm_test_wait_text(err_path, "waiting for kvmill-compress workers started by hand", 1, 30),
+                  "the run did not start");
     pid_t w = start_worker_grace(store, "hand", grace);
     snprintf(wpath, sizeof wpath, "%s/hand.log", tmp);
     int busy = 0; /* its first job's KV came: a job of seconds runs */
@@ -398,22 +394,15 @@ static void hand_worker_clean_stop(const char *grace)
     usleep(500000);
     kill(w, SIGTERM);
     const int wrc = wait_exit(w, 60);
-    char *err = NULL;
-    int said = 0; /* within 2 s of its exit: not the 5 s of its liveness */
-    for (int i = 0; i < 20 && !said; i++, usleep(100000)) {
-        free(err);
-        err = kvm_test_read_file(err_path, NULL);
-        said = err && strstr(err, "stopped (it said so: a clean stop)");
-    }
+    /* within 2 s of its exit: not the 5 s of its liveness */
+    const int said = kvm_test_wait_text(err_path, "stopped (it said so: a clean stop)", 1, 2);
     if (grace) { /* the same id again: said ("joined again"), as a first join is */
         pid_t w2 = start_worker_grace(store, "hand", NULL);
-        for (int i = 0; i < 200 && !strstr(err, "worker hand joined again"); i++, usleep(100000)) {
-            free(err);
-            err = kvm_test_read_file(err_path, NULL);
-        }
+        kvm_test_wait_text(err_path, "worker hand joined again", 1, 20);
         kill(w2, SIGKILL);
         waitpid(w2, NULL, 0);
     }
+    char *err = kvm_test_read_file(err_path, NULL);
     kill(pid, SIGINT);
     waitpid(pid, NULL, 0);
     char *wlog = kvm_test_read_file(wpath, NULL);

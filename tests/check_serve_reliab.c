@@ -1669,51 +1669,6 @@ START_TEST(test_worker_other_settings_refused)
 }
 END_TEST
 
-/* A decode worker started by hand and stopped cleanly (SIGTERM, idle) was logged "went silent" a
- * liveness period later (5 s here), the wording of a hung or dead one. Its last word, a stopping
- * heartbeat on the control socket (revision 14), ends it at once: "stopped (it said so". */
-START_TEST(test_hand_worker_clean_stop)
-{
-    if (!have_shared("a hand-started worker's clean stop")) return;
-    write_config(NULL, 64, "workers = 1", NULL);
-    ck_assert_int_eq(start_serve(), -1);
-    char cmd[16384], path[4400], *rc_text = NULL, *log = NULL;
-    snprintf(cmd, sizeof cmd,
-             "(timeout --preserve-status -s TERM 4 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store "
-             "'%s/store' --id "
-             "by-hand3 --heartbeat-ms 100 >/dev/null 2>&1; echo $? >'%s/hand3.rc') </dev/null >/dev/null 2>&1 &",
-             kvm_test_bin(), g_dir, g_cfg, g_dir, g_dir);
-    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
-    snprintf(path, sizeof path, "%s/hand3.rc", g_dir);
-    for (int i = 0; i < 400 && !(rc_text = kvm_test_read_file(path, NULL)); i++)
-        usleep(100000);
-    ck_assert_msg(rc_text && atoi(rc_text) == 0, "the worker's exit: %s", rc_text ? rc_text : "(none in 40 s)");
-    free(rc_text);
-    int said = 0; /* within 2 s of its exit: not the 5 s of its liveness */
-    for (int i = 0; i < 20 && !said; i++, usleep(100000)) {
-        free(log);
-        log = kvm_test_read_file(g_log, NULL);
-        said = log && strstr(log, "decode worker by-hand3 stopped (it said so");
-    }
-    ck_assert_msg(said, "no clean stop logged:\n%s", log ? log : "");
-    assert_contains(log, "external decode worker by-hand3 joined");
-    ck_assert_msg(!strstr(log, "by-hand3 went silent"), "%s", log);
-    free(log);
-    /* started again under that id: said (it was silent: only "stopped", then its answers) */
-    unlink(path);
-    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
-    int again = 0;
-    for (int i = 0; i < 200 && !again; i++, usleep(100000)) {
-        log = kvm_test_read_file(g_log, NULL);
-        again = log && strstr(log, "external decode worker by-hand3 joined again");
-        free(log);
-    }
-    ck_assert_msg(again, "the worker started again under its id was not said to join");
-    for (int i = 0; i < 400 && access(path, F_OK); i++) /* its exit (timeout 4 s) before the teardown */
-        usleep(100000);
-}
-END_TEST
-
 /* Waits up to 40 s for the number a background command wrote into g_dir/NAME (its exit status);
  * -1 when none came. */
 static int wait_rc_file(const char *name)
@@ -1774,6 +1729,39 @@ static int wait_log(const char *what, int ms)
     }
     return 0;
 }
+
+/* A decode worker started by hand and stopped cleanly (SIGTERM, idle) was logged "went silent" a
+ * liveness period later (5 s here), the wording of a hung or dead one. Its last word, a stopping
+ * heartbeat on the control socket (revision 14), ends it at once: "stopped (it said so". Started
+ * again under its id, it is said to join again. */
+START_TEST(test_hand_worker_clean_stop)
+{
+    if (!have_shared("a hand-started worker's clean stop")) return;
+    write_config(NULL, 64, "workers = 1", NULL);
+    ck_assert_int_eq(start_serve(), -1);
+    char cmd[16384], path[4400];
+    snprintf(cmd, sizeof cmd,
+             "(timeout --preserve-status -s TERM 4 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store "
+             "'%s/store' --id by-hand3 --heartbeat-ms 100 >/dev/null 2>&1; echo $? >'%s/hand3.rc') </dev/null "
+             ">/dev/null 2>&1 &",
+             kvm_test_bin(), g_dir, g_cfg, g_dir, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    ck_assert_int_eq(wait_rc_file("hand3.rc"), 0);
+    /* within 2 s of its exit: not the 5 s of its liveness */
+    const int said = wait_log("decode worker by-hand3 stopped (it said so", 2000);
+    char *log = kvm_test_read_file(g_log, NULL);
+    ck_assert_msg(said, "no clean stop logged:\n%s", log ? log : "");
+    assert_contains(log, "external decode worker by-hand3 joined");
+    ck_assert_msg(!strstr(log, "by-hand3 went silent"), "%s", log);
+    free(log);
+    snprintf(path, sizeof path, "%s/hand3.rc", g_dir);
+    unlink(path);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    ck_assert_msg(wait_log("external decode worker by-hand3 joined again", 20000),
+                  "the worker started again under its id was not said to join");
+    wait_rc_file("hand3.rc"); /* its exit (timeout 4 s) before the teardown */
+}
+END_TEST
 
 /* Waits up to ms for process pid (SIGSTOPped) to hold a pending SIGTERM (/proc/PID/status,
  * ShdPnd or SigPnd); 1 when it does. */
