@@ -82,6 +82,8 @@ typedef struct orch_worker {
                                  the id is judged afresh */
     int refused_ctl_seen;     /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
     int64_t pid;              /* the pid its last ready named */
+    int64_t ctl_pid;          /* the pid its last control-socket ready named (a process sends one at its
+                                 start, and again on a new connection): 0 until one came */
     int store_refused;        /* refused: its caches do not reach the run's store (kvm_orch_storefault.c) */
     int store_failures;       /* its jobs failed at the store service in a row (no ack between) */
     int64_t store_refused_pid; /* ... the process refused: another pid under its id is judged afresh */
@@ -323,6 +325,13 @@ int kvm_orch__stage_of(kvm_proto_str s);
 /* Worker w is dead (why: the log's words): its job is requeued (an attempt of the document's) and
  * a process of this run's is killed and started again (bounded). A no-op for a dead worker. */
 void kvm_orch__worker_dead(orch *o, int w, const char *why);
+/* Worker w's control-socket ready named process pid. Another pid than the last one's under the
+ * same id is a new process: ZeroMQ hears one connection per id, so the one that held the id, and
+ * its job, is gone (killed and started again by hand or by a service manager, before its liveness
+ * ran out; or started while it ran, heard once it was gone). Its job is requeued (the strategy
+ * build put back) at once, where the new process's heartbeats kept the worker alive and the job
+ * waited for ever. */
+void kvm_orch__worker_process(orch *o, int w, int64_t pid);
 /* The lease of this run's claims, ms: [run] heartbeat_ms x liveness, at most the store's
  * longest (KVM_STORE_CLAIM_MAX_TTL_MS, which the store refuses to exceed): a valid config can
  * ask for 1000 h. The claims are renewed every quarter of it. */

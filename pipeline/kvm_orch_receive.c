@@ -82,7 +82,11 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (w < 0) return;
         if (o->workers[w].ended && t != KVM_PROTO_ACK) return; /* queued before it was killed */
         if (!o->workers[w].ended) o->workers[w].last_seen = kvm_now_ms(), o->workers[w].alive = 1;
+        if (t == KVM_PROTO_READY) kvm_orch__worker_process(o, w, c.pid);
         if (t == KVM_PROTO_READY && kvm_orch__worker_refused(o, w, &c, 1)) return;
+        /* heard (revision 15): a worker that gets no welcome is not, and connects again */
+        if (t == KVM_PROTO_READY && kvm_stage_welcome(o->ctl, idf->data, idf->size, &c, o->cmd))
+            kvm_orch__log("could not welcome worker %s: %s\n", o->workers[w].id, kvm_errmsg());
         /* its last word (revision 14): a worker started by hand stops with no job: ended now; the
          * run's own are the slots' to follow, and one with a job here waits out its liveness */
         if (t == KVM_PROTO_HEARTBEAT && c.stopping && o->workers[w].slot < 0 && o->workers[w].job < 0 &&
@@ -267,7 +271,7 @@ static void on_stopping(orch *o, const kvm_msg *m, const kvm_frame *idf, int say
     for (int w = 0; w < o->n_workers; w++) {
         orch_worker *wk = &o->workers[w];
         if (strlen(wk->id) != idf->size || memcmp(wk->id, idf->data, idf->size)) continue;
-        if (say && wk->idle && !wk->ended)
+        if (say && wk->idle && !wk->ended && !c.probe) /* a probe (revision 15) does not stop */
             kvm_log(KVM_LOG_INFO, "worker_stopping", (kvm_log_field[]){KVM_LOG_S("worker", wk->id)}, 1,
                     "worker %s is stopping: its credit is withdrawn", wk->id);
         wk->idle = 0;

@@ -204,13 +204,10 @@ static void check_stages_alive(orch *o)
     }
 }
 
-void kvm_orch__worker_dead(orch *o, int w, const char *why)
+/* Takes back the work worker w holds (its job, or the strategy build), the worker itself kept. */
+static void take_back_work(orch *o, int w, const char *why)
 {
     orch_worker *wk = &o->workers[w];
-    if (!wk->alive) return;
-    wk->alive = 0;
-    wk->idle = 0;
-    kvm_orch__log("worker %s %s\n", wk->id, why);
     if (wk->job >= 0 && w != o->reduce_worker) {
         orch_job *j = &o->jobs[wk->job];
         char msg[400];
@@ -225,11 +222,34 @@ void kvm_orch__worker_dead(orch *o, int w, const char *why)
         o->reduce_worker = -1;
     }
     wk->job = -1;
+}
+
+void kvm_orch__worker_dead(orch *o, int w, const char *why)
+{
+    orch_worker *wk = &o->workers[w];
+    if (!wk->alive) return;
+    wk->alive = 0;
+    wk->idle = 0;
+    kvm_orch__log("worker %s %s\n", wk->id, why);
+    take_back_work(o, w, why);
     if (wk->slot >= 0) {
         wk->ended = 1; /* killed (or exited): its heartbeats and credits still queued here are stale */
         slot_died(o, wk->slot);
         wk->slot = -1;
     }
+}
+
+void kvm_orch__worker_process(orch *o, int w, int64_t pid)
+{
+    orch_worker *wk = &o->workers[w];
+    const int64_t was = wk->ctl_pid;
+    wk->ctl_pid = pid;
+    if (!was || was == pid || (wk->job < 0 && w != o->reduce_worker)) return;
+    char why[160];
+    snprintf(why, sizeof why, "is a new process (pid %lld; its work was pid %lld's, which is gone)", (long long)pid,
+             (long long)was);
+    kvm_orch__log("worker %s %s: its work is taken back\n", wk->id, why);
+    take_back_work(o, w, why);
 }
 
 /* 1 when child pid (> 0) has exited, its status into *st (reaped). By pid, never waitpid(-1):

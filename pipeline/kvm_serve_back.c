@@ -301,7 +301,8 @@ static void on_stopping(srv *s, const kvm_frame *idf, const kvm_msg *m)
     }
     if (w >= 0) {
         srv_worker *wk = &s->workers[w];
-        if (wk->idle && !*s->interrupts) /* not while serve stops its own workers: each idle one asks */
+        if (wk->idle && !*s->interrupts && !c.probe) /* not while serve stops its own workers: each idle one asks; a
+                                                        probe (revision 15) does not stop */
             kvm_serve__log("decode worker %s is stopping: its credit is withdrawn", wk->id);
         wk->idle = 0;
     }
@@ -373,7 +374,10 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
         kvm_serve__log("dropped a malformed control message from %s: %s", wk->id, kvm_errmsg());
         return;
     }
-    if (t == KVM_PROTO_READY) refused_after(s, w, m, 1);
+    kvm_proto_ready r; /* heard (revision 15): a worker that gets no welcome is not, and connects again */
+    if (t == KVM_PROTO_READY && !refused_after(s, w, m, 1) && !kvm_proto_ready_decode(m, &r) &&
+        kvm_stage_welcome(s->ctl, wk->id, strlen(wk->id), &r, "serve"))
+        kvm_serve__log("could not welcome decode worker %s: %s", wk->id, kvm_errmsg());
     kvm_proto_heartbeat hb;
     if (t == KVM_PROTO_HEARTBEAT && wk->slot < 0 && !wk->busy && !kvm_proto_heartbeat_decode(m, &hb) && hb.stopping) {
         /* its last word (revision 14): a worker started by hand stops, idle: ended now, not

@@ -93,11 +93,17 @@ int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from
     return rc;
 }
 
-int kvm_stage_answer_stopping(void *router, const void *routing_id, size_t id_len, const kvm_proto_heartbeat *c,
-                              const char *from)
+/* An ack (job_id 0) to the worker behind routing id routing_id on router, naming this process's
+ * protocol revision: with stopping, the end of its work; without, on the control socket, the
+ * welcome (revision 15). */
+static int send_ack(void *router, const void *routing_id, size_t id_len, kvm_proto_str worker_id, const char *from,
+                    bool stopping)
 {
-    if (!c->stopping) return kvm_err(KVM_EINVAL, "kvm_stage_answer_stopping: the heartbeat has no 'stopping'");
-    kvm_proto_ack a = {.worker_id = c->worker_id, .stage = kvm_proto_str_c(from), .pid = getpid(), .stopping = true};
+    kvm_proto_ack a = {.worker_id = worker_id,
+                       .stage = kvm_proto_str_c(from),
+                       .pid = getpid(),
+                       .stopping = stopping,
+                       .revision = KVM_PROTO_REVISION};
     kvm_msg *m = NULL, *env = NULL;
     int rc = kvm_proto_ack_encode(&a, &m);
     if (!rc) rc = kvm_msg_new(&env);
@@ -107,6 +113,18 @@ int kvm_stage_answer_stopping(void *router, const void *routing_id, size_t id_le
     kvm_msg_free(&env);
     kvm_msg_free(&m);
     return rc;
+}
+
+int kvm_stage_answer_stopping(void *router, const void *routing_id, size_t id_len, const kvm_proto_heartbeat *c,
+                              const char *from)
+{
+    if (!c->stopping) return kvm_err(KVM_EINVAL, "kvm_stage_answer_stopping: the heartbeat has no 'stopping'");
+    return send_ack(router, routing_id, id_len, c->worker_id, from, true);
+}
+
+int kvm_stage_welcome(void *router, const void *routing_id, size_t id_len, const kvm_proto_ready *r, const char *from)
+{
+    return send_ack(router, routing_id, id_len, r->worker_id, from, false);
 }
 
 int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in)
@@ -204,6 +222,19 @@ typedef struct stage_rt {
                            nothing can reach the worker there (0 without monitors: not known) */
     int awaiting_end;   /* stopping: the stopping heartbeat went out, the orchestrator's end-of-work
                            ack (revision 13) has not come yet */
+    int acks_due;       /* stopping heartbeats sent on data (a stop's, a probe's) not answered yet */
+    /* Whether the orchestrator hears this worker (PROTOCOL.md §5, revision 15): ZeroMQ's ROUTER
+     * hears only the first connection under a routing id while it lasts, and one that came while
+     * another process held this worker's --id stays unheard even after that one is gone. */
+    int welcomed;       /* a welcome (or a refusal) came on ctl since its last handshake */
+    int old_peer;       /* the orchestrator hears this worker but welcomes none (revision 13, 14) */
+    int probing;        /* a probe (a stopping heartbeat with `probe`) is out on data, unanswered */
+    int rejoins;        /* connections made again since the last welcome */
+    int ctl_handshakes; /* ctl's handshakes so far: each after the first gets the ready again */
+    int ready_sent;     /* the ready went into ctl's new connection already (rejoin) */
+    double hear_due;    /* when an unanswered ready is looked into (kvm_now_ms); 0: not pending */
+    double hear_wait;   /* how long after a handshake that is (ms), doubled after each rejoin */
+    double probe_until; /* a probe unanswered by then was not heard */
 } stage_rt;
 
 /* How long a stopping worker with a credit out waits for its orchestrator's end-of-work ack (ms).
@@ -271,11 +302,11 @@ static void drop_warn(stage_rt *rt, const char *fmt, ...)
 }
 
 /* Whether an orchestrator (kvmill run, calibrate or serve) sends a message of type t to a worker
- * on socket i: on ctl (0) only a refusal, an error; on data (1) a job's messages or a decode
- * worker's request. */
+ * on socket i: on ctl (0) a refusal, an error, or the welcome, an ack (revision 15); on data (1)
+ * a job's messages or a decode worker's request. */
 static int orchestrator_sends(kvm_proto_type t, int i)
 {
-    if (i == 0) return t == KVM_PROTO_ERROR;
+    if (i == 0) return t == KVM_PROTO_ERROR || t == KVM_PROTO_ACK;
     switch (t) {
     case KVM_PROTO_JOB:
     case KVM_PROTO_KV:
@@ -400,12 +431,101 @@ static int send_stopping(stage_rt *rt, void *sock)
     kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id),
                        .stage = kvm_proto_str_c(rt->ops->stage),
                        .pid = getpid(),
-                       .stopping = true};
+                       .stopping = true,
+                       .probe = rt->probing && sock == rt->data && !stop_requested};
     kvm_msg *m = NULL;
     int rc = kvm_proto_heartbeat_encode(&c, &m);
     if (!rc) rc = kvm_msg_send(sock, &m, ZMQ_DONTWAIT);
     kvm_msg_free(&m);
+    if (!rc && sock == rt->data) rt->acks_due++;
     return rc;
+}
+
+/* Whether the orchestrator hears this worker (PROTOCOL.md §5, revision 15). A ZeroMQ ROUTER
+ * hears only the first connection under a routing id while it lasts: a worker started with the
+ * --id of one still running was never heard, and stayed so after that one was gone (libzmq
+ * identifies such a connection again only when it wakes the reader, which its unread ready never
+ * does), so the run waited for it for ever. A revision-15 orchestrator answers the control ready
+ * with a welcome. Without one some time after the handshake, the worker asks on the data socket
+ * (a probe: a stopping heartbeat, which orchestrators answer since revision 13, after withdrawing
+ * its credit, so no job can be lost in what follows): unanswered, nothing hears it, and it
+ * connects both sockets again, a new connection that is identified afresh; answered by a
+ * revision-15 orchestrator, only the control socket is unheard and is connected again; answered
+ * by an older one, it is heard, and no welcome will ever come. */
+
+/* The first wait for a welcome after a handshake: five heartbeats, at least 2 s, at most
+ * STAGE_HEAR_WAIT_MAX_MS; doubled after each rejoin up to that. */
+#define STAGE_HEAR_WAIT_MAX_MS 30000.0
+static double hear_wait_first(const stage_rt *rt)
+{
+    const double w = 5.0 * rt->a.heartbeat_ms;
+    return w < 2000 ? 2000 : w > STAGE_HEAR_WAIT_MAX_MS ? STAGE_HEAR_WAIT_MAX_MS : w;
+}
+
+/* Connects ctl again (and data, both): a new connection is a new pipe at the orchestrator's ROUTER,
+ * identified by this worker's id afresh, heard once no other process holds it. The ready goes
+ * into ctl's new connection first. */
+static void rejoin(stage_rt *rt, double now, int both)
+{
+    if (++rt->rejoins == 1 && both)
+        log_warn(rt, "not_heard",
+                 "the orchestrator at %s answered neither this worker's ready (no welcome in %.0f s) nor a probe on "
+                 "the data socket (%.0f s): another process may hold worker id %s there (ZeroMQ hears only the first "
+                 "connection under an id while it lasts: give each worker its own --id), or it stopped: connecting "
+                 "again, every %.0f s at most, until it answers",
+                 rt->a.connect, rt->hear_wait / 1000, STAGE_DRAIN_WAIT_MS / 1000, rt->worker_id,
+                 STAGE_HEAR_WAIT_MAX_MS / 1000);
+    else if (!both)
+        log_warn(rt, "not_heard",
+                 "the orchestrator at %s answered a probe on the data socket but not this worker's ready on the "
+                 "control socket: connecting that socket again",
+                 rt->a.connect);
+    void *socks[2] = {rt->ctl, rt->data};
+    for (int i = 0; i < (both ? 2 : 1); i++)
+        if (zmq_disconnect(socks[i], rt->ep[i]) || zmq_connect(socks[i], rt->ep[i]))
+            log_warn(rt, "not_heard", "connecting %s again: %s", rt->ep[i], zmq_strerror(errno));
+    rt->ready_sent = send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0) == 0;
+    rt->hear_wait = 2 * rt->hear_wait < STAGE_HEAR_WAIT_MAX_MS ? 2 * rt->hear_wait : STAGE_HEAR_WAIT_MAX_MS;
+    rt->hear_due = now + rt->hear_wait; /* from the handshake, when one comes */
+    rt->last_credit = 0;
+}
+
+/* The probe's answer (the orchestrator withdrew this worker's credit: it asks again at once). */
+static void probe_answered(stage_rt *rt, const kvm_proto_ack *a)
+{
+    rt->probing = 0;
+    rt->last_credit = 0;
+    if (a->revision >= 15) {
+        if (!rt->welcomed && !stop_requested) rejoin(rt, kvm_now_ms(), 0);
+        return;
+    }
+    rt->old_peer = 1;
+    log_line(
+        rt,
+        "the orchestrator at %s hears this worker but sends no welcome: it runs an older kvmill (protocol revision "
+        "13 or 14)",
+        rt->a.connect);
+}
+
+/* Looks into an unanswered ready when it is due (idle, the data socket connected); called in the
+ * loop while no stop is asked. */
+static void hear_check(stage_rt *rt, double now)
+{
+    if (rt->probing) {
+        if (now < rt->probe_until) return;
+        rt->probing = 0; /* its ack, should one still come, is dropped without a word (acks_due) */
+        rejoin(rt, now, 1);
+        return;
+    }
+    if (rt->welcomed || rt->old_peer || rt->hear_due <= 0 || now < rt->hear_due) return;
+    rt->hear_due = now + rt->hear_wait;
+    if (rt->job.running || rt->job.n_in || rt->data_down) return; /* a job came: heard there; asked again later */
+    rt->probing = 1;
+    if (send_stopping(rt, rt->data)) {
+        rt->probing = 0;
+        return;
+    }
+    rt->probe_until = now + STAGE_DRAIN_WAIT_MS;
 }
 
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
@@ -525,6 +645,8 @@ static void finish_job(stage_rt *rt)
  * order), so the drain ends here: a job running is finished, nothing later is taken. An ack
  * without `stopping`, or one nobody asked for (a second one, or one after the wait's bound), is
  * dropped with a line. */
+static void probe_answered(stage_rt *rt, const kvm_proto_ack *a);
+
 static void on_end_of_work(stage_rt *rt, const kvm_msg *m)
 {
     kvm_proto_ack a;
@@ -532,6 +654,10 @@ static void on_end_of_work(stage_rt *rt, const kvm_msg *m)
         drop_warn(rt, "dropped a bad ack on the data socket: %s", kvm_errmsg());
         return;
     }
+    const int due = a.stopping && rt->acks_due > 0;
+    if (due) rt->acks_due--;
+    if (a.stopping && rt->probing) probe_answered(rt, &a); /* a stop meanwhile: it ends the drain too */
+    if (due && !rt->awaiting_end) return;                  /* a probe's, or a late one's: nothing more to do */
     if (!a.stopping || !rt->awaiting_end) {
         drop_warn(rt, "dropped an ack on the data socket: %s",
                   !a.stopping ? "it is no end of work (no 'stopping')" : "this worker asked for no end of work");
@@ -604,6 +730,28 @@ static void on_data(stage_rt *rt)
     }
 }
 
+/* An ack on the control socket: the orchestrator's welcome, its answer to this worker's ready
+ * (revision 15): it hears the worker. Said when it ends a streak of connections made again. */
+static void on_welcome(stage_rt *rt, const kvm_msg *m)
+{
+    kvm_proto_ack a;
+    if (kvm_proto_ack_decode(m, &a)) {
+        drop_warn(rt, "dropped a bad ack on the control socket: %s", kvm_errmsg());
+        return;
+    }
+    if (a.stopping || a.job_id) {
+        drop_warn(rt, "dropped an ack on the control socket that is no welcome (it names a job or says 'stopping')");
+        return;
+    }
+    rt->welcomed = 1;
+    rt->hear_due = 0;
+    rt->hear_wait = hear_wait_first(rt);
+    if (rt->rejoins)
+        log_line(rt, "the orchestrator at %s hears this worker now (after %d connection(s) made again)", rt->a.connect,
+                 rt->rejoins);
+    rt->rejoins = 0;
+}
+
 /* The orchestrator's control messages: an `error` refuses this worker (its ready named another
  * model: PROTOCOL.md §5, revision 10), which stops the stage so that whoever started it by hand
  * sees why at once, instead of a worker that waits for work that never comes; anything else is
@@ -631,6 +779,8 @@ static void on_ctl(stage_rt *rt)
                   kvm_strerror((int)e.status), (int)e.message.len, e.message.ptr ? e.message.ptr : "");
     else if (type == KVM_PROTO_ERROR)
         stop_refused(rt, (int)e.status, e.stage, e.message);
+    else if (type == KVM_PROTO_ACK)
+        on_welcome(rt, m);
     kvm_msg_free(&m);
 }
 
@@ -719,7 +869,12 @@ static int link_event(stage_rt *rt, int i)
     switch (event) {
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         rt->n_no_detail = 0;
-        if (i == 1) rt->data_down = 0;               /* jobs can come on it again */
+        if (i == 1) rt->data_down = 0; /* jobs can come on it again */
+        if (i == 0 && !rt->welcomed) rt->hear_due = kvm_now_ms() + rt->hear_wait;
+        /* a new orchestrator there (a run after the last one, a restarted server) never got the
+         * first: it welcomes the ready (revision 15) and judges the process by it */
+        if (i == 0 && rt->ctl_handshakes++ > 0 && !rt->ready_sent) send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0);
+        if (i == 0) rt->ready_sent = 0;
         if (i == 0 && !rt->greeted && !rt->linked) { /* "connected" waits for the orchestrator's first message */
             kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
             log_ev(rt, KVM_LOG_INFO, "handshake", f, 1,
@@ -745,6 +900,7 @@ static int link_event(stage_rt *rt, int i)
         break;
     case ZMQ_EVENT_DISCONNECTED:
         rt->heard[i] = 0; /* the next peer there is judged afresh */
+        if (i == 0) rt->welcomed = 0, rt->old_peer = 0, rt->hear_due = 0;
         if (i == 1) rt->data_down = 1;
         if (i == 0) rt->linked = 0;
         if (i == 0 && rt->greeted) {
@@ -847,6 +1003,7 @@ static void start_drain(stage_rt *rt, double now)
 
 static void serve(stage_rt *rt)
 {
+    rt->hear_wait = hear_wait_first(rt);
     send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0);
     double stop_at = -1;
     for (;;) {
@@ -860,7 +1017,9 @@ static void serve(stage_rt *rt)
             send_heartbeat(rt);
             rt->last_beat = now;
         }
-        if (!rt->job.running && rt->job.n_in == 0 && !stop_requested && now - rt->last_credit >= rt->a.heartbeat_ms) {
+        if (!stop_requested) hear_check(rt, now);
+        if (!rt->job.running && rt->job.n_in == 0 && !stop_requested && !rt->probing &&
+            now - rt->last_credit >= rt->a.heartbeat_ms) {
             /* a credit on the data socket: "give me one job" */
             if (!send_ctl(rt, rt->data, KVM_PROTO_READY, 0)) rt->credit_out = 1;
             rt->last_credit = now;
@@ -938,8 +1097,8 @@ static void usage(const char *stage)
            "  --grace-s N           on SIGTERM, finish the current job within N s (default: --config's\n"
            "                        [run] grace_s, else 30)\n"
            "  --id NAME             worker id (default STAGE-HOST-PID); unique among the workers of a run or\n"
-           "                        server: ZeroMQ keeps the first connection under an id, and a second\n"
-           "                        process under it is never seen and gets no work\n"
+           "                        server: ZeroMQ hears the first connection under an id, and a second\n"
+           "                        process under it gets no work until the first is gone (it says so)\n"
            "  --parent-pid PID      stop when process PID, the parent (the orchestrator that started us), is gone\n"
            "  --server-key FILE     CurveZMQ: the orchestrator's public key (required off-host)\n"
            "  --client-public FILE  CurveZMQ: this worker's public key\n"

@@ -208,6 +208,15 @@ int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from
 int kvm_stage_answer_stopping(void *router, const void *routing_id, size_t id_len, const kvm_proto_heartbeat *c,
                               const char *from);
 
+/* Welcomes a worker whose `ready` `r` came on the ROUTER control socket `router` with routing id
+ * `routing_id`/`id_len` and was accepted (PROTOCOL.md §5, revision 15): an `ack` with job_id 0, no
+ * `stopping` and `revision` KVM_PROTO_REVISION on that socket, from `from` ("serve", "run",
+ * "calibrate"). A stage that gets none after its handshake is not heard (ZeroMQ hears only the
+ * first connection under an id while it lasts) and connects again; a revision-14 stage drops it.
+ * Returns 0, or KVM_EIO / KVM_ENOMEM when it could not be sent (the worker is gone). Takes
+ * nothing. */
+int kvm_stage_welcome(void *router, const void *routing_id, size_t id_len, const kvm_proto_ready *r, const char *from);
+
 /* Milliseconds on the monotonic clock. */
 double kvm_now_ms(void);
 

@@ -39,7 +39,7 @@
 
 /* ---- versions and limits (PROTOCOL.md §4); decoders refuse anything beyond ---- */
 #define KVM_PROTO_VERSION 1                    /* "v" of every message */
-#define KVM_PROTO_REVISION 14                  /* compatible additions within v1 (PROTOCOL.md §9) */
+#define KVM_PROTO_REVISION 15                  /* compatible additions within v1 (PROTOCOL.md §9) */
 #define KVM_PROTO_MAX_FRAMES 16                /* frames per message, header included */
 #define KVM_PROTO_MAX_HEADER_BYTES (32u << 20) /* bytes of frame 0 */
 #define KVM_PROTO_MAX_FRAME_BYTES (1ull << 34) /* bytes of one tensor frame (16 GiB) */
@@ -313,6 +313,14 @@ typedef struct kvm_proto_ctl {
                                 only: a heartbeat with it says the stage stops (withdraw its credit);
                                 an ack with it (orchestrator -> stage, job_id 0) is the end of that
                                 stage's work: nothing the orchestrator sends it comes after it */
+    bool probe;              /* "probe" bool, revision 15, heartbeat with stopping on the data socket:
+                                the worker does not stop, it asks whether the orchestrator hears it
+                                (no welcome came): answered and its credit withdrawn as for a stop,
+                                without the line that says the worker stops */
+    uint64_t revision;       /* "revision" uint, revision 15, ack from an orchestrator or server: its
+                                protocol revision (KVM_PROTO_REVISION); absent (0) from older ones.
+                                An ack with job_id 0 and no stopping on the control socket is the
+                                welcome: the answer to the stage's control ready */
 } kvm_proto_ctl;
 typedef kvm_proto_ctl kvm_proto_ready;
 typedef kvm_proto_ctl kvm_proto_heartbeat;

@@ -24,6 +24,7 @@ static const kvm_proto__field kvm_heartbeat__fields[] = {
     KVM_F_U64(T, progress_done, 0),  /* optional: units of that job done ... */
     KVM_F_U64(T, progress_total, 0), /* ... of this many announced so far (0 = no report) */
     KVM_F_BOOL(T, stopping, 0),      /* revision 13, on the data socket: the worker stops */
+    KVM_F_BOOL(T, probe, 0),         /* revision 15: ... or only asks whether it is heard */
 };
 static const kvm_proto__field kvm_ack__fields[] = {
     KVM_F_STR(T, worker_id, 1, 1, KVM_PROTO_MAX_NAME_BYTES),
@@ -31,6 +32,7 @@ static const kvm_proto__field kvm_ack__fields[] = {
     KVM_F_I64(T, pid, 1, 1, INT32_MAX),
     KVM_F_U64(T, job_id, 1),
     KVM_F_BOOL(T, stopping, 0), /* revision 13, orchestrator -> stage on data: end of work */
+    KVM_F_U64(T, revision, 0),  /* revision 15: the orchestrator's protocol revision */
 };
 
 static const kvm_proto__spec kvm_ready__spec = {

@@ -334,7 +334,7 @@ END_TEST
 /* A compress worker started by hand with --store naming store path st (a folder or an endpoint),
  * joined to the run in run_dir as --id NAME, --grace-s grace (NULL: its default); its stdout and
  * stderr go to tmp/NAME.log. */
-static pid_t start_worker_grace(const char *st, const char *name, const char *grace)
+static pid_t start_worker_log(const char *st, const char *name, const char *grace, const char *log_name)
 {
     pid_t worker = fork();
     ck_assert_int_ge(worker, 0);
@@ -342,13 +342,18 @@ static pid_t start_worker_grace(const char *st, const char *name, const char *gr
         char exe[4200], ep[4300], log[4300];
         snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
         snprintf(ep, sizeof ep, "ipc://%s", run_dir);
-        snprintf(log, sizeof log, "%s/%s.log", tmp, name);
+        snprintf(log, sizeof log, "%s/%s.log", tmp, log_name);
         if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr)) _exit(127);
         execl(exe, exe, "--connect", ep, "--store", st, "--heartbeat-ms", "200", "--id", name,
               grace ? "--grace-s" : (char *)NULL, grace, (char *)NULL);
         _exit(127);
     }
     return worker;
+}
+
+static pid_t start_worker_grace(const char *st, const char *name, const char *grace)
+{
+    return start_worker_log(st, name, grace, name);
 }
 
 static pid_t start_worker(const char *st, const char *name) { return start_worker_grace(st, name, NULL); }
@@ -413,6 +418,73 @@ static void hand_worker_clean_stop(const char *grace)
     free(wlog);
     free(err);
 }
+
+/* Two processes under one --id, started by hand: the first (log first.log) is killed (SIGKILL)
+ * while it runs a job; the second (second.log) was started while the first ran (duplicate: 1) or
+ * at once after the kill (duplicate: 0). A ZeroMQ ROUTER hears the first connection under an id:
+ * a duplicate was never heard, even once the first was gone (its first ready stayed unread), and
+ * the run waited for ever; a restart's heartbeats kept the worker alive, so its job, lost with
+ * the first process, was never requeued, and the run waited for ever too. Now the duplicate gets
+ * no welcome and connects again until it is heard (revision 15), and a control ready of another
+ * pid under the id takes the job back at once: the run stores every document. */
+static void hand_worker_second_process(int duplicate)
+{
+    const int n_docs = duplicate ? 6 : 3; /* the first still busy when the second is heard of */
+    make_docs(n_docs);
+    /* jobs of seconds; a liveness of 30 s, longer than the run is given after the kill */
+    write_config("method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300", store,
+                 "heartbeat_ms = 200\nliveness = 150");
+    FILE *f = fopen(cfg_path, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
+    fclose(f);
+    char out_path[4300], err_path[4300], first_log[4300], second_log[4300];
+    snprintf(first_log, sizeof first_log, "%s/first.log", tmp);
+    snprintf(second_log, sizeof second_log, "%s/second.log", tmp);
+    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
+    ck_assert_msg(kvm_test_wait_text(err_path, "waiting for kvmill-compress workers started by hand", 1, 30),
+                  "the run did not start");
+    pid_t a = start_worker_log(store, "twice", NULL, "first"), b = -1;
+    /* its first job done, it asks for the next at once: a job of seconds runs when it is killed */
+    const int busy = kvm_test_wait_text(first_log, duplicate ? "connected to" : " document doc_", 1, 90);
+    usleep(300000);
+    if (duplicate) {
+        b = start_worker_log(store, "twice", NULL, "second");
+        ck_assert_msg(kvm_test_wait_text(second_log, "answered neither this worker's ready", 1, 30),
+                      "the second process did not say it is not heard");
+    }
+    kill(a, SIGKILL);
+    waitpid(a, NULL, 0);
+    if (!duplicate) b = start_worker_log(store, "twice", NULL, "second");
+    const int rc = wait_exit(pid, 90); /* the liveness (30 s) alone would not end it in time */
+    kill(b, SIGTERM);
+    const int brc = wait_exit(b, 30);
+    char *err = kvm_test_read_file(err_path, NULL), *out = kvm_test_read_file(out_path, NULL);
+    char *blog = kvm_test_read_file(second_log, NULL);
+    char *alog = kvm_test_read_file(first_log, NULL);
+    int first_did = 0;
+    for (const char *p = alog; p && (p = strstr(p, " document doc_")); p++)
+        first_did++;
+    ck_assert_msg(busy && first_did < n_docs, "the first worker did %d jobs:\n%s\n%s", first_did, err, alog);
+    free(alog);
+    ck_assert_msg(rc == 0, "run exit %d:\n%s\n%s\nsecond:\n%s", rc, out, err, blog);
+    char want[32];
+    snprintf(want, sizeof want, "compressed=%d", n_docs);
+    ck_assert_msg(strstr(out, want), "%s", out);
+    ck_assert_msg(strstr(err, "worker twice is a new process"), "%s", err);
+    ck_assert_msg(strstr(blog, " document doc_"), "the second process did no job:\n%s", blog);
+    ck_assert_msg(!duplicate || strstr(blog, "hears this worker now"), "%s", blog);
+    ck_assert_msg(brc == 0, "second worker exit %d:\n%s", brc, blog);
+    free(blog);
+    free(out);
+    free(err);
+}
+
+START_TEST(test_hand_worker_duplicate_id) { hand_worker_second_process(1); }
+END_TEST
+
+START_TEST(test_hand_worker_restarted) { hand_worker_second_process(0); }
+END_TEST
 
 START_TEST(test_hand_worker_clean_stop) { hand_worker_clean_stop(NULL); }
 END_TEST
@@ -1259,6 +1331,8 @@ static Suite *orch_recovery_suite(void)
                  {"worker_with_another_store", test_worker_with_another_store, 120},
                  {"hand_worker_clean_stop", test_hand_worker_clean_stop, 120},
                  {"hand_worker_grace_over", test_hand_worker_grace_over, 120},
+                 {"hand_worker_duplicate_id", test_hand_worker_duplicate_id, 180},
+                 {"hand_worker_restarted", test_hand_worker_restarted, 180},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
                  {"left_recheck_bounded", test_left_recheck_bounded, 120},
                  {"left_wait_says_lapse", test_left_wait_says_lapse, 120}};
