@@ -278,6 +278,26 @@ static void link_note(ask_link *l, uint16_t event)
     }
 }
 
+/* Why a handshake without keys failed, into why[n]. Only a greeting that names another
+ * mechanism proves a keyed server; a peer that closes at once or answers bytes that are not
+ * ZeroMQ is most often a wrong port (another program there), so that is said first rather
+ * than blaming missing keys. */
+static void say_plain_failed(uint16_t event, uint32_t value, char *why, size_t n)
+{
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        snprintf(why, n,
+                 "the server needs CurveZMQ keys (its ZeroMQ greeting names another security mechanism): ask "
+                 "with --server-key, --client-public and --client-secret");
+    else
+        snprintf(why, n,
+                 "the peer %s: it may not be a ZeroMQ endpoint (not kvmill serve's front end: check the port), "
+                 "or a ZeroMQ socket of another kind than kvmill serve's front end, or the server needs CurveZMQ "
+                 "keys (--server-key, --client-public, --client-secret)",
+                 event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                     ? "closed the ZeroMQ handshake without a reason"
+                     : "broke off the ZeroMQ handshake with a protocol error");
+}
+
 /* Reads one monitor event into *l; returns 1 (why filled) when it means the connection
  * cannot work: the server rejected the key, or the ZeroMQ handshake failed. */
 static int link_event(void *mon, ask_link *l, char *why, size_t n)
@@ -321,10 +341,7 @@ static int link_event(void *mon, ask_link *l, char *why, size_t n)
              * (said at the third), a server killed and started again to one (ZeroMQ connects
              * again, and the ask goes on) */
         } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-            snprintf(why, n,
-                     "the ZeroMQ handshake failed: the server needs CurveZMQ keys (--server-key, "
-                     "--client-public, --client-secret), or the endpoint is a ZeroMQ socket of another "
-                     "kind than kvmill serve's front end");
+            say_plain_failed(event, value, why, n);
             failed = 1;
         }
     }

@@ -11,7 +11,11 @@
 #include "pipeline/kvm_worker.h"
 #include "proto/kvm_proto.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <msgpack.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,15 +146,70 @@ static int every_address(const char *h, size_t n)
            (n == 2 && !strncmp(h, "::", 2));
 }
 
-/* ep in the form two endpoints are compared in, never bound: tcp://localhost:PORT as
- * tcp://127.0.0.1:PORT (kvm_serve_bind binds it so: spelled one way in service_bind and the other
- * in a bind, the clash was missed), and an ipc:// path as kvm_file_path_norm spells it (a [run]
- * run_dir ending in '/' binds DIR//ctl, the file DIR/ctl; a relative one, '..' or a link named
- * the same file another way). */
+/* The IPv4 address of interface `name` as text into out (INET_ADDRSTRLEN), the first one as
+ * libzmq's bind takes it (tcp://lo:PORT binds lo's 127.0.0.1); 0 when no such interface has one. */
+static int interface_v4(const char *name, char *out)
+{
+    struct ifaddrs *all = NULL;
+    int found = 0;
+    if (getifaddrs(&all)) return 0;
+    for (struct ifaddrs *i = all; i && !found; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !strcmp(i->ifa_name, name))
+            found = !!inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, out, INET_ADDRSTRLEN);
+    freeifaddrs(all);
+    return found;
+}
+
+/* A tcp:// host h[0, n) as one spelling of the socket address it binds, into out (at least
+ * INET6_ADDRSTRLEN + 2): an interface name is its address, as libzmq's bind tries it first;
+ * every numeric IPv4 spelling (127.1, 0x7f.0.0.1: getaddrinfo's AI_NUMERICHOST, as libzmq)
+ * is its dotted quad; a bracketed IPv6 address is its short form, an IPv4-mapped one
+ * ([::ffff:127.0.0.1], which takes 127.0.0.1's port) its IPv4 quad. localhost, with or
+ * without the root's dot, is 127.0.0.1: kvm_serve_bind binds it so (libzmq resolves it to
+ * IPv4 without ZMQ_IPV6). An interface name or "localhost." that a connect endpoint cannot
+ * resolve reaches nothing anyway: calling it a clash refuses nothing that could work. [::1]
+ * stays itself: another socket than 127.0.0.1's. Anything else is kept as written. */
+static void host_form(const char *h, size_t n, char *out, size_t size)
+{
+    char host[300];
+    snprintf(host, sizeof host, "%.*s", (int)n, h);
+    struct addrinfo hint = {.ai_flags = AI_NUMERICHOST}, *ai = NULL;
+    const int v6 = n > 2 && host[0] == '[' && host[n - 1] == ']';
+    if (v6) host[n - 1] = '\0';
+    hint.ai_family = v6 ? AF_INET6 : AF_INET;
+    snprintf(out, size, "%s", host);
+    if (!strcasecmp(host, "localhost") || !strcasecmp(host, "localhost."))
+        snprintf(out, size, "127.0.0.1");
+    else if (!v6 && interface_v4(host, out))
+        return;
+    else if (!getaddrinfo(v6 ? host + 1 : host, NULL, &hint, &ai) && ai) {
+        const struct in6_addr *a6 = &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
+        char txt[INET6_ADDRSTRLEN] = "";
+        if (!v6)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, txt, sizeof txt);
+        else if (IN6_IS_ADDR_V4MAPPED(a6))
+            inet_ntop(AF_INET, &a6->s6_addr[12], txt, sizeof txt);
+        else if (inet_ntop(AF_INET6, a6, txt + 1, sizeof txt - 2))
+            txt[0] = '[', strcat(txt, "]");
+        if (*txt) snprintf(out, size, "%s", txt);
+    }
+    if (ai) freeaddrinfo(ai);
+}
+
+/* ep in the form two endpoints are compared in, never bound: a tcp:// host as host_form
+ * spells it (spelled one way in service_bind and another in a bind, a clash was missed:
+ * localhost and 127.0.0.1, 127.1, lo), and an ipc:// path as kvm_file_path_norm spells it (a
+ * [run] run_dir ending in '/' binds DIR//ctl, the file DIR/ctl; a relative one, '..' or a link
+ * named the same file another way). */
 static void compare_form(const char *ep, char *out, size_t size)
 {
-    if (!strncasecmp(ep, "tcp://localhost:", 16)) {
-        snprintf(out, size, "tcp://127.0.0.1:%s", ep + 16);
+    const char *host;
+    size_t host_len;
+    long port;
+    if (tcp_parts(ep, &host, &host_len, &port)) {
+        char h[INET6_ADDRSTRLEN + 300];
+        host_form(host, host_len, h, sizeof h);
+        snprintf(out, size, "tcp://%s:%ld", h, port);
         return;
     }
     char path[4200];

@@ -132,8 +132,10 @@ kvm_jobcfg_state kvm_jobcfg_compare(const char *cache, size_t cache_len, const c
 const char *kvm_jobcfg_state_name(kvm_jobcfg_state st);
 
 /* 1 when binding endpoints a and b would take the same socket: one tcp:// port where either
- * host is every interface (*, 0.0.0.0, ::) or both are one host (localhost as 127.0.0.1), or
- * one ipc:// file however spelled (kvm_file_path_norm: relative, '.', '..', '//', links). */
+ * host is every interface (*, 0.0.0.0, ::) or both are one address however spelled (localhost
+ * and localhost. as 127.0.0.1, numeric forms such as 127.1, an interface name such as lo, an
+ * IPv4-mapped [::ffff:a.b.c.d]; [::1] is not 127.0.0.1), or one ipc:// file however spelled
+ * (kvm_file_path_norm: relative, '.', '..', '//', links). */
 int kvm_jobcfg_same_socket(const char *a_ep, const char *b_ep);
 
 #endif

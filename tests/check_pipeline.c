@@ -1994,6 +1994,14 @@ START_TEST(test_service_bind_clash_localhost_and_run_dir)
     } cases[] = {
         {"localhost", NULL, "[serve]\nbind = tcp://127.0.0.1:%d", "serve", "(its front end)"},
         {"127.0.0.1", NULL, "bind = tcp://localhost:%d", "run", "(its control socket)"},
+        /* other spellings of 127.0.0.1 (the short form, octal, the lo interface, IPv4-mapped
+         * IPv6), and localhost with the root's dot; [::1] is another socket */
+        {"127.1", NULL, "[serve]\nbind = tcp://127.0.0.1:%d", "serve", "(its front end)"},
+        {"0177.0.0.1", NULL, "bind = tcp://localhost:%d", "run", "(its control socket)"},
+        {"lo", NULL, "[serve]\nbind = tcp://127.0.0.1:%d", "serve", "(its front end)"},
+        {"[::ffff:127.0.0.1]", NULL, "bind = tcp://127.0.0.1:%d", "run", "(its control socket)"},
+        {"localhost.", NULL, "[serve]\nbind = tcp://127.1:%d", "serve", "(its front end)"},
+        {"[::1]", NULL, "[serve]\nbind = tcp://127.0.0.1:%d", "serve", NULL},
         {NULL, "/ctl", "[serve]\nbind = tcp://127.0.0.1:%d", "serve", "default [serve] backend in [run] run_dir"},
         {NULL, "//data", "", "run", "default [run] bind in [run] run_dir"},
         /* one file spelled another way: '.', '..' (kvm_file_path_norm) */

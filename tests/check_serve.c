@@ -27,6 +27,8 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <libgen.h>
 #include <sys/un.h>
 #include <sys/stat.h>
@@ -1160,6 +1162,55 @@ START_TEST(test_ask_wrong_peer)
 }
 END_TEST
 
+/* A listener on 127.0.0.1 port 0 that accepts every connection and closes it at once, after
+ * writing `said` when not NULL (a program that is not ZeroMQ: an HTTP server, say); in a child
+ * killed by the caller. Its port into *port. */
+static pid_t plain_tcp_listener(const char *said, int *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(fd, 8), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    *port = ntohs(sa.sin_port);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0)
+        for (;;) {
+            int c = accept(fd, NULL, NULL);
+            if (c >= 0 && said && write(c, said, strlen(said)) < 0) _exit(1);
+            if (c >= 0) close(c);
+        }
+    close(fd);
+    return child;
+}
+
+/* kvmill ask at a TCP port where a program that is not ZeroMQ accepts and closes (or answers
+ * garbage) said only "the server needs CurveZMQ keys", when the commonest cause is a wrong
+ * port. Without keys the message now names that first, and keeps the keys as the other
+ * possibility; exit 1. */
+START_TEST(test_ask_plain_tcp_listener)
+{
+    const char *said[2] = {NULL, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"};
+    for (int i = 0; i < 2; i++) {
+        int port = 0;
+        pid_t lst = plain_tcp_listener(said[i], &port);
+        char cmd[9000], *out = NULL, *err = NULL;
+        snprintf(cmd, sizeof cmd, "'%s' ask --connect tcp://127.0.0.1:%d --doc '%s' --prompt hi --timeout 10", kvmill(),
+                 port, g_doc);
+        const int rc = kvm_test_run(cmd, &out, &err);
+        kill(lst, SIGKILL);
+        waitpid(lst, NULL, 0);
+        ck_assert_msg(rc == 1, "ask exited %d: %s", rc, err);
+        assert_contains(err, "it may not be a ZeroMQ endpoint (not kvmill serve's front end: check the port)");
+        assert_contains(err, "or the server needs CurveZMQ keys (--server-key");
+        free(out), free(err);
+    }
+}
+END_TEST
+
 /* Fake front end at ep (a child process): answers the first message it gets with an error
  * answer for request 0, as kvmill serve answers a request whose id it cannot read, and closes
  * the connection close_ms later; exits 0 once sent, 1 when nothing came within 20 s. */
@@ -1810,6 +1861,7 @@ int main(void)
     suite_add_tcase(su, tcase("ipc_path_not_socket", test_ipc_path_not_socket));
     suite_add_tcase(su, tcase("read_only_store", test_read_only_store));
     suite_add_tcase(su, tcase("ask_wrong_peer", test_ask_wrong_peer));
+    suite_add_tcase(su, tcase("ask_plain_tcp_listener", test_ask_plain_tcp_listener));
     suite_add_tcase(su, tcase("ask_unreadable_answer", test_ask_unreadable_answer));
     suite_add_tcase(su, tcase("ask_monitor_stop_order", test_ask_monitor_stop_order));
     suite_add_tcase(su, tcase("ask_no_server_endpoint", test_ask_no_server_endpoint));
