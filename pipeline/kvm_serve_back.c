@@ -57,11 +57,11 @@ static int worker_find(srv *s, const kvm_frame *idf, int create)
 }
 
 /* The worker is gone: its client gets an error; a spawned one is restarted. */
-void kvm_serve__worker_dead(srv *s, int w, const char *why)
+/* Ends the request worker w holds (its client told why, to ask again), its document's hold and
+ * its grant released. */
+static void drop_request(srv *s, int w, const char *why)
 {
     srv_worker *wk = &s->workers[w];
-    if (!wk->alive && !wk->busy) return;
-    kvm_serve__log("decode worker %s %s", wk->id, why);
     if (wk->busy && wk->env) {
         char msg[512];
         snprintf(msg, sizeof msg, "decode worker %s %s while answering; try again", wk->id, why);
@@ -70,6 +70,28 @@ void kvm_serve__worker_dead(srv *s, int w, const char *why)
     kvm_msg_free(&wk->env);
     kvm_serve__doc_release(s, wk, SRV_END_UNSTORED, why);
     kvm_serve__grant_done(s, wk, 0);
+    wk->busy = 0;
+}
+
+void kvm_serve__worker_process(srv *s, int w, int64_t pid)
+{
+    srv_worker *wk = &s->workers[w];
+    const int64_t was = wk->ctl_pid;
+    wk->ctl_pid = pid;
+    if (!was || was == pid || !wk->busy) return;
+    char why[160];
+    snprintf(why, sizeof why, "is a new process (pid %lld; the request was pid %lld's, which is gone)", (long long)pid,
+             (long long)was);
+    kvm_serve__log("decode worker %s %s: request %llu ends", wk->id, why, (unsigned long long)wk->request_id);
+    drop_request(s, w, why);
+}
+
+void kvm_serve__worker_dead(srv *s, int w, const char *why)
+{
+    srv_worker *wk = &s->workers[w];
+    if (!wk->alive && !wk->busy) return;
+    kvm_serve__log("decode worker %s %s", wk->id, why);
+    drop_request(s, w, why);
     wk->alive = wk->idle = wk->busy = 0;
     if (wk->slot >= 0 && !*s->interrupts) {
         srv_slot *sl = &s->slots[wk->slot];
@@ -375,8 +397,9 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
         return;
     }
     kvm_proto_ready r; /* heard (revision 15): a worker that gets no welcome is not, and connects again */
-    if (t == KVM_PROTO_READY && !refused_after(s, w, m, 1) && !kvm_proto_ready_decode(m, &r) &&
-        kvm_stage_welcome(s->ctl, wk->id, strlen(wk->id), &r, "serve"))
+    const int ready = t == KVM_PROTO_READY && !kvm_proto_ready_decode(m, &r);
+    if (ready) kvm_serve__worker_process(s, w, r.pid);
+    if (ready && !refused_after(s, w, m, 1) && kvm_stage_welcome(s->ctl, wk->id, strlen(wk->id), &r, "serve"))
         kvm_serve__log("could not welcome decode worker %s: %s", wk->id, kvm_errmsg());
     kvm_proto_heartbeat hb;
     if (t == KVM_PROTO_HEARTBEAT && wk->slot < 0 && !wk->busy && !kvm_proto_heartbeat_decode(m, &hb) && hb.stopping) {

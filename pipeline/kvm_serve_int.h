@@ -87,6 +87,7 @@ typedef struct srv_worker {
                                                       "stage" is not decode, named here ("" when not so refused) */
     int64_t refused_pid; /* the refused process's pid: another process reusing the id is judged afresh */
     int refused_ctl_seen; /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
+    int64_t ctl_pid;      /* the pid its last control-socket ready named, 0 until one came */
 } srv_worker;
 
 typedef struct srv_request {
@@ -186,6 +187,13 @@ void kvm_serve__doc_release(srv *s, const srv_worker *wk, srv_doc_end end, const
 
 /* The worker is gone: its client gets an error; a spawned one is restarted. */
 void kvm_serve__worker_dead(srv *s, int w, const char *why);
+/* Worker w's control-socket ready named process pid. Another pid than the last one's under the
+ * id is a new process (ZeroMQ hears one connection per id: the one that held it is gone, killed
+ * and started again before its liveness ran out): the request the old one held is answered
+ * with an error now (its client asks again) and its hold on the document and grant released,
+ * where the new process's heartbeats kept the worker busy for ever (no request went to it
+ * again). */
+void kvm_serve__worker_process(srv *s, int w, int64_t pid);
 /* Handles up to 1000 waiting messages of the control (is_ctl) or data socket. */
 void kvm_serve__receive_back(srv *s, void *sock, int is_ctl);
 /* Hands queued requests to idle workers. */

@@ -1176,6 +1176,62 @@ START_TEST(test_held_computation_handed_to_one)
 }
 END_TEST
 
+/* Sends a control-socket ready of decode worker w0, process pid, from DEALER c; the broker reads it. */
+static void ready_from(srv *s, void *c, int64_t pid)
+{
+    kvm_proto_ready r = {.worker_id = kvm_proto_str_c("w0"), .stage = kvm_proto_str_c("decode"), .pid = pid};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&r, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(c, &m, 0), 0);
+    zmq_pollitem_t it = {s->ctl, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_serve__receive_back(s, s->ctl, 1);
+}
+
+/* A decode worker started by hand, killed while it answered and started again under its id
+ * before its liveness ran out: the new process's heartbeats kept the worker alive and busy with
+ * the lost request for ever, so no request went to it again, and its document stayed held. Its
+ * control ready of another pid now ends that request (its client is told to ask again) and
+ * frees the worker; each accepted ready is welcomed (revision 15). */
+START_TEST(test_restarted_worker_freed)
+{
+    void *w0;
+    srv *s = held_broker("restart", &w0);
+    const kvm_serve_opts o = {0}; /* no model to check */
+    s->o = &o;
+    s->ctl = zmq_socket(s->zctx, ZMQ_ROUTER);
+    ck_assert_int_eq(zmq_bind(s->ctl, "inproc://restart-ctl"), 0);
+    void *c0 = zmq_socket(s->zctx, ZMQ_DEALER);
+    ck_assert_int_eq(zmq_setsockopt(c0, ZMQ_ROUTING_ID, "w0", 2), 0);
+    ck_assert_int_eq(zmq_connect(c0, "inproc://restart-ctl"), 0);
+    ready_from(s, c0, 100);
+    kvm_msg *m = NULL;
+    kvm_proto_type t;
+    ck_assert_int_eq(kvm_msg_recv(c0, &m, 0), 0); /* the welcome: an ack, no job, not stopping */
+    kvm_proto_ack a;
+    ck_assert(!kvm_proto_peek(m, &t) && t == KVM_PROTO_ACK && !kvm_proto_ack_decode(m, &a));
+    ck_assert(!a.stopping && a.job_id == 0 && a.revision == KVM_PROTO_REVISION);
+    kvm_msg_free(&m);
+    for (int w = 1; w < 4; w++)
+        s->workers[w].idle = 0; /* w0 alone takes requests */
+    const char *doc = "Once upon a time there was a little girl named Lily.";
+    queue_ask(s, 1, doc);
+    kvm_serve__dispatch(s);
+    ck_assert(s->workers[0].busy && s->workers[0].request_id == 1);
+    ready_from(s, c0, 100); /* the same process again (a new connection): nothing ends */
+    ck_assert(s->workers[0].busy);
+    ready_from(s, c0, 200);
+    ck_assert_msg(!s->workers[0].busy, "the request of the gone process still holds the worker");
+    s->workers[0].idle = 1; /* its credit */
+    queue_ask(s, 2, doc);   /* the same document: not held behind request 1 */
+    kvm_serve__dispatch(s);
+    ck_assert(s->workers[0].busy && s->workers[0].request_id == 2);
+    zmq_close(c0);
+    zmq_close(s->ctl);
+    held_broker_free(s, w0);
+}
+END_TEST
+
 /* What came to DEALER d within 5 s must be the end of its work from serve: an ack with
  * `stopping`, job 0 (PROTOCOL.md §5, revision 13). */
 static void assert_end_of_work(void *d)
@@ -1948,6 +2004,7 @@ int main(void)
     suite_add_tcase(su, tcase("worker_not_joined_reported", test_worker_not_joined_reported, 30));
     suite_add_tcase(su, tcase("front_rcvhwm", test_front_rcvhwm, 10));
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
+    suite_add_tcase(su, tcase("restarted_worker_freed", test_restarted_worker_freed, 30));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     suite_add_tcase(su, tcase("stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30));
     suite_add_tcase(su, tcase("unreachable_worker_request_goes_on", test_unreachable_worker_request_goes_on, 30));
