@@ -84,6 +84,7 @@ typedef struct orch_worker {
     int64_t pid;              /* the pid its last ready named */
     int64_t ctl_pid;          /* the pid its last control-socket ready named (a process sends one at its
                                  start, and again on a new connection): 0 until one came */
+    uint64_t ctl_instance;    /* ... and its instance (revision 15; 0: none named) */
     int store_refused;        /* refused: its caches do not reach the run's store (kvm_orch_storefault.c) */
     int store_failures;       /* its jobs failed at the store service in a row (no ack between) */
     int64_t store_refused_pid; /* ... the process refused: another pid under its id is judged afresh */
@@ -331,7 +332,7 @@ void kvm_orch__worker_dead(orch *o, int w, const char *why);
  * ran out; or started while it ran, heard once it was gone). Its job is requeued (the strategy
  * build put back) at once, where the new process's heartbeats kept the worker alive and the job
  * waited for ever. */
-void kvm_orch__worker_process(orch *o, int w, int64_t pid);
+void kvm_orch__worker_process(orch *o, int w, int64_t pid, uint64_t instance);
 /* The lease of this run's claims, ms: [run] heartbeat_ms x liveness, at most the store's
  * longest (KVM_STORE_CLAIM_MAX_TTL_MS, which the store refuses to exceed): a valid config can
  * ask for 1000 h. The claims are renewed every quarter of it. */

@@ -82,7 +82,7 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
         if (w < 0) return;
         if (o->workers[w].ended && t != KVM_PROTO_ACK) return; /* queued before it was killed */
         if (!o->workers[w].ended) o->workers[w].last_seen = kvm_now_ms(), o->workers[w].alive = 1;
-        if (t == KVM_PROTO_READY) kvm_orch__worker_process(o, w, c.pid);
+        if (t == KVM_PROTO_READY) kvm_orch__worker_process(o, w, c.pid, c.instance);
         if (t == KVM_PROTO_READY && kvm_orch__worker_refused(o, w, &c, 1)) return;
         /* heard (revision 15): a worker that gets no welcome is not, and connects again */
         if (t == KVM_PROTO_READY && kvm_stage_welcome(o->ctl, idf->data, idf->size, &c, o->cmd))

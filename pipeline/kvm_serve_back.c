@@ -73,15 +73,24 @@ static void drop_request(srv *s, int w, const char *why)
     wk->busy = 0;
 }
 
-void kvm_serve__worker_process(srv *s, int w, int64_t pid)
+void kvm_serve__worker_process(srv *s, int w, int64_t pid, uint64_t instance)
 {
     srv_worker *wk = &s->workers[w];
     const int64_t was = wk->ctl_pid;
+    const uint64_t was_instance = wk->ctl_instance;
     wk->ctl_pid = pid;
-    if (!was || was == pid || !wk->busy) return;
+    wk->ctl_instance = instance;
+    const int other = was && (was != pid || (was_instance && instance && was_instance != instance));
+    if (!other || !wk->busy) return;
     char why[160];
-    snprintf(why, sizeof why, "is a new process (pid %lld; the request was pid %lld's, which is gone)", (long long)pid,
-             (long long)was);
+    if (was == pid)
+        snprintf(why, sizeof why,
+                 "is a new process (pid %lld again, another instance; the request was the old "
+                 "one's, which is gone)",
+                 (long long)pid);
+    else
+        snprintf(why, sizeof why, "is a new process (pid %lld; the request was pid %lld's, which is gone)",
+                 (long long)pid, (long long)was);
     kvm_serve__log("decode worker %s %s: request %llu ends", wk->id, why, (unsigned long long)wk->request_id);
     drop_request(s, w, why);
 }
@@ -398,7 +407,7 @@ static void on_worker_ctl(srv *s, int w, kvm_msg *m)
     }
     kvm_proto_ready r; /* heard (revision 15): a worker that gets no welcome is not, and connects again */
     const int ready = t == KVM_PROTO_READY && !kvm_proto_ready_decode(m, &r);
-    if (ready) kvm_serve__worker_process(s, w, r.pid);
+    if (ready) kvm_serve__worker_process(s, w, r.pid, r.instance);
     if (ready && !refused_after(s, w, m, 1) && kvm_stage_welcome(s->ctl, wk->id, strlen(wk->id), &r, "serve"))
         kvm_serve__log("could not welcome decode worker %s: %s", wk->id, kvm_errmsg());
     kvm_proto_heartbeat hb;

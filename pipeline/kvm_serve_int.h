@@ -88,6 +88,7 @@ typedef struct srv_worker {
     int64_t refused_pid; /* the refused process's pid: another process reusing the id is judged afresh */
     int refused_ctl_seen; /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
     int64_t ctl_pid;      /* the pid its last control-socket ready named, 0 until one came */
+    uint64_t ctl_instance; /* ... and its instance (revision 15; 0: none named) */
 } srv_worker;
 
 typedef struct srv_request {
@@ -193,7 +194,7 @@ void kvm_serve__worker_dead(srv *s, int w, const char *why);
  * with an error now (its client asks again) and its hold on the document and grant released,
  * where the new process's heartbeats kept the worker busy for ever (no request went to it
  * again). */
-void kvm_serve__worker_process(srv *s, int w, int64_t pid);
+void kvm_serve__worker_process(srv *s, int w, int64_t pid, uint64_t instance);
 /* Handles up to 1000 waiting messages of the control (is_ctl) or data socket. */
 void kvm_serve__receive_back(srv *s, void *sock, int is_ctl);
 /* Hands queued requests to idle workers. */

@@ -229,12 +229,16 @@ typedef struct stage_rt {
     int welcomed;       /* a welcome (or a refusal) came on ctl since its last handshake */
     int old_peer;       /* the orchestrator hears this worker but welcomes none (revision 13, 14) */
     int probing;        /* a probe (a stopping heartbeat with `probe`) is out on data, unanswered */
+    int probe_lost;     /* a probe went unanswered with no welcome: the control socket is connected
+                           again at each look, with no probe, until a welcome or a message on data */
     int rejoins;        /* connections made again since the last welcome */
     int ctl_handshakes; /* ctl's handshakes so far: each after the first gets the ready again */
     int ready_sent;     /* the ready went into ctl's new connection already (rejoin) */
     double hear_due;    /* when an unanswered ready is looked into (kvm_now_ms); 0: not pending */
     double hear_wait;   /* how long after a handshake that is (ms), doubled after each rejoin */
     double probe_until; /* a probe unanswered by then was not heard */
+    double last_result; /* when the last result or error went out on ctl (kvm_now_ms) */
+    uint64_t instance;  /* drawn at start: this process, beyond its pid, in each ready (revision 15) */
 } stage_rt;
 
 /* How long a stopping worker with a credit out waits for its orchestrator's end-of-work ack (ms).
@@ -381,8 +385,12 @@ static int wrong_peer(stage_rt *rt, int i, kvm_proto_type t)
  * kvm_status otherwise: no connection yet, a full queue). */
 static int send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
 {
-    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id), .stage = kvm_proto_str_c(rt->ops->stage),
-                       .pid = getpid(), .device = kvm_proto_str_c(rt->a.device), .job_id = job_id};
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c(rt->worker_id),
+                       .stage = kvm_proto_str_c(rt->ops->stage),
+                       .pid = getpid(),
+                       .device = kvm_proto_str_c(rt->a.device),
+                       .job_id = job_id,
+                       .instance = rt->instance};
     const uint8_t *model = type == KVM_PROTO_READY && rt->ops->model_id ? rt->ops->model_id(rt->state) : NULL;
     if (model) { /* revision 10: a server or run of another model refuses this worker */
         c.has_model_id = true;
@@ -446,46 +454,43 @@ static int send_stopping(stage_rt *rt, void *sock)
  * --id of one still running was never heard, and stayed so after that one was gone (libzmq
  * identifies such a connection again only when it wakes the reader, which its unread ready never
  * does), so the run waited for it for ever. A revision-15 orchestrator answers the control ready
- * with a welcome. Without one some time after the handshake, the worker asks on the data socket
- * (a probe: a stopping heartbeat, which orchestrators answer since revision 13, after withdrawing
- * its credit, so no job can be lost in what follows): unanswered, nothing hears it, and it
- * connects both sockets again, a new connection that is identified afresh; answered by a
- * revision-15 orchestrator, only the control socket is unheard and is connected again; answered
- * by an older one, it is heard, and no welcome will ever come. */
+ * with a welcome; the data socket is heard once an orchestrator's message came on it. A worker
+ * that is not heard on one of them some time after the handshake asks on the data socket (a
+ * probe: a stopping heartbeat, which orchestrators answer since revision 13 after withdrawing its
+ * credit). Answered by an older orchestrator, it is heard, and no welcome will ever come;
+ * answered by a revision-15 one that sent no welcome, its control socket is connected again.
+ * Unanswered, the control socket is connected again when no welcome came (a new connection is
+ * identified afresh, heard once no other process holds the id), and the data socket only once
+ * one came: an orchestrator that welcomes is running, and one that does not answer a probe then
+ * holds no credit of this worker, so no job can be lost with the old connection (a stalled
+ * orchestrator, SIGSTOPped or swapping, may still hold one until it reads the probe). */
 
-/* The first wait for a welcome after a handshake: five heartbeats, at least 2 s, at most
- * STAGE_HEAR_WAIT_MAX_MS; doubled after each rejoin up to that. */
+/* The first wait after a handshake: ten heartbeats, at least 5 s, at most STAGE_HEAR_WAIT_MAX_MS;
+ * doubled after each control rejoin up to that. A probe is given twice as long. */
 #define STAGE_HEAR_WAIT_MAX_MS 30000.0
 static double hear_wait_first(const stage_rt *rt)
 {
-    const double w = 5.0 * rt->a.heartbeat_ms;
-    return w < 2000 ? 2000 : w > STAGE_HEAR_WAIT_MAX_MS ? STAGE_HEAR_WAIT_MAX_MS : w;
+    const double w = 10.0 * rt->a.heartbeat_ms;
+    return w < 5000 ? 5000 : w > STAGE_HEAR_WAIT_MAX_MS ? STAGE_HEAR_WAIT_MAX_MS : w;
 }
 
-/* Connects ctl again (and data, both): a new connection is a new pipe at the orchestrator's ROUTER,
- * identified by this worker's id afresh, heard once no other process holds it. The ready goes
- * into ctl's new connection first. */
-static void rejoin(stage_rt *rt, double now, int both)
+/* Connects socket i (0 ctl, 1 data) again: a new connection is a new pipe at the orchestrator's
+ * ROUTER, identified by this worker's id afresh, heard once no other process holds it. ctl gets
+ * the ready first, on its new connection. */
+static void rejoin(stage_rt *rt, double now, int i, const char *why)
 {
-    if (++rt->rejoins == 1 && both)
+    if (++rt->rejoins == 1)
         log_warn(rt, "not_heard",
-                 "the orchestrator at %s answered neither this worker's ready (no welcome in %.0f s) nor a probe on "
-                 "the data socket (%.0f s): another process may hold worker id %s there (ZeroMQ hears only the first "
-                 "connection under an id while it lasts: give each worker its own --id), or it stopped: connecting "
-                 "again, every %.0f s at most, until it answers",
-                 rt->a.connect, rt->hear_wait / 1000, STAGE_DRAIN_WAIT_MS / 1000, rt->worker_id,
-                 STAGE_HEAR_WAIT_MAX_MS / 1000);
-    else if (!both)
-        log_warn(rt, "not_heard",
-                 "the orchestrator at %s answered a probe on the data socket but not this worker's ready on the "
-                 "control socket: connecting that socket again",
-                 rt->a.connect);
-    void *socks[2] = {rt->ctl, rt->data};
-    for (int i = 0; i < (both ? 2 : 1); i++)
-        if (zmq_disconnect(socks[i], rt->ep[i]) || zmq_connect(socks[i], rt->ep[i]))
-            log_warn(rt, "not_heard", "connecting %s again: %s", rt->ep[i], zmq_strerror(errno));
-    rt->ready_sent = send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0) == 0;
-    rt->hear_wait = 2 * rt->hear_wait < STAGE_HEAR_WAIT_MAX_MS ? 2 * rt->hear_wait : STAGE_HEAR_WAIT_MAX_MS;
+                 "the orchestrator at %s %s: another process may hold worker id %s there (ZeroMQ hears only the "
+                 "first connection under an id while it lasts: give each worker its own --id), or it stopped, or "
+                 "it is not a kvmill run or serve: connecting the %s socket again, and again every %.0f s at most "
+                 "until it answers",
+                 rt->a.connect, why, rt->worker_id, i ? "data" : "control", STAGE_HEAR_WAIT_MAX_MS / 1000);
+    void *sock = i ? rt->data : rt->ctl;
+    if (zmq_disconnect(sock, rt->ep[i]) || zmq_connect(sock, rt->ep[i]))
+        log_warn(rt, "not_heard", "connecting %s again: %s", rt->ep[i], zmq_strerror(errno));
+    if (i == 0) rt->ready_sent = send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0) == 0;
+    if (i == 0) rt->hear_wait = 2 * rt->hear_wait < STAGE_HEAR_WAIT_MAX_MS ? 2 * rt->hear_wait : STAGE_HEAR_WAIT_MAX_MS;
     rt->hear_due = now + rt->hear_wait; /* from the handshake, when one comes */
     rt->last_credit = 0;
 }
@@ -495,37 +500,48 @@ static void probe_answered(stage_rt *rt, const kvm_proto_ack *a)
 {
     rt->probing = 0;
     rt->last_credit = 0;
+    if (rt->welcomed || stop_requested) return;
     if (a->revision >= 15) {
-        if (!rt->welcomed && !stop_requested) rejoin(rt, kvm_now_ms(), 0);
+        rejoin(rt, kvm_now_ms(), 0, "answered a probe on the data socket but sent no welcome on the control socket");
         return;
     }
     rt->old_peer = 1;
-    log_line(
-        rt,
-        "the orchestrator at %s hears this worker but sends no welcome: it runs an older kvmill (protocol revision "
-        "13 or 14)",
-        rt->a.connect);
+    log_line(rt,
+             "the orchestrator at %s hears this worker but sends no welcome: it runs an older kvmill (protocol "
+             "revision 13 or 14)",
+             rt->a.connect);
 }
 
-/* Looks into an unanswered ready when it is due (idle, the data socket connected); called in the
- * loop while no stop is asked. */
+/* Looks into a socket not heard yet when that is due (idle, the data socket connected); called in
+ * the loop while no stop is asked. */
 static void hear_check(stage_rt *rt, double now)
 {
+    const int busy = rt->job.running || rt->job.n_in || now - rt->last_result < 2.0 * rt->a.heartbeat_ms + 1000;
     if (rt->probing) {
-        if (now < rt->probe_until) return;
+        if (now < rt->probe_until || busy) return; /* a result on its way over ctl: not dropped */
         rt->probing = 0; /* its ack, should one still come, is dropped without a word (acks_due) */
-        rejoin(rt, now, 1);
+        rt->probe_lost = !rt->welcomed && !rt->heard[1];
+        if (rt->welcomed)
+            rejoin(rt, now, 1, "welcomed this worker but did not answer a probe on the data socket");
+        else
+            rejoin(rt, now, 0, "answered neither this worker's ready nor a probe on the data socket");
         return;
     }
-    if (rt->welcomed || rt->old_peer || rt->hear_due <= 0 || now < rt->hear_due) return;
+    if (rt->welcomed || rt->heard[1]) rt->probe_lost = 0;
+    if ((rt->welcomed && rt->heard[1]) || rt->old_peer || rt->hear_due <= 0 || now < rt->hear_due) return;
     rt->hear_due = now + rt->hear_wait;
-    if (rt->job.running || rt->job.n_in || rt->data_down) return; /* a job came: heard there; asked again later */
+    if (busy) return;     /* heard there (a job came), or a result on its way: looked into later */
+    if (rt->probe_lost) { /* nothing answered on either socket: the control socket again, no probe */
+        rejoin(rt, now, 0, "");
+        return;
+    }
+    if (rt->data_down) return;
     rt->probing = 1;
     if (send_stopping(rt, rt->data)) {
         rt->probing = 0;
         return;
     }
-    rt->probe_until = now + STAGE_DRAIN_WAIT_MS;
+    rt->probe_until = now + 2 * rt->hear_wait;
 }
 
 static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *msg, int retryable, double compute_ms,
@@ -554,6 +570,7 @@ static void send_result(stage_rt *rt, uint64_t job_id, int status, const char *m
     kvm_msg *m = NULL;
     int rc = status == 0 ? kvm_proto_result_encode(&r, &m) : kvm_proto_error_encode(&r, &m);
     if (!rc) kvm_msg_send(rt->ctl, &m, 0);
+    rt->last_result = kvm_now_ms(); /* no rejoin of ctl while it may still be on its way */
     kvm_msg_free(&m);
 }
 
@@ -744,8 +761,8 @@ static void on_welcome(stage_rt *rt, const kvm_msg *m)
         return;
     }
     rt->welcomed = 1;
-    rt->hear_due = 0;
     rt->hear_wait = hear_wait_first(rt);
+    rt->hear_due = rt->heard[1] ? 0 : kvm_now_ms() + rt->hear_wait; /* the data socket: looked into next */
     if (rt->rejoins)
         log_line(rt, "the orchestrator at %s hears this worker now (after %d connection(s) made again)", rt->a.connect,
                  rt->rejoins);
@@ -870,7 +887,7 @@ static int link_event(stage_rt *rt, int i)
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         rt->n_no_detail = 0;
         if (i == 1) rt->data_down = 0; /* jobs can come on it again */
-        if (i == 0 && !rt->welcomed) rt->hear_due = kvm_now_ms() + rt->hear_wait;
+        if (!rt->welcomed || !rt->heard[1]) rt->hear_due = kvm_now_ms() + rt->hear_wait;
         /* a new orchestrator there (a run after the last one, a restarted server) never got the
          * first: it welcomes the ready (revision 15) and judges the process by it */
         if (i == 0 && rt->ctl_handshakes++ > 0 && !rt->ready_sent) send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0);
@@ -1004,6 +1021,9 @@ static void start_drain(stage_rt *rt, double now)
 static void serve(stage_rt *rt)
 {
     rt->hear_wait = hear_wait_first(rt);
+    /* pid 1 of a restarted container is another process: the orchestrator tells them apart by this */
+    if (getentropy(&rt->instance, sizeof rt->instance) != 0) rt->instance = (uint64_t)getpid() ^ (uint64_t)time(NULL);
+    rt->instance |= 1; /* 0 says "none" */
     send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0);
     double stop_at = -1;
     for (;;) {

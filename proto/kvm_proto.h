@@ -313,6 +313,9 @@ typedef struct kvm_proto_ctl {
                                 only: a heartbeat with it says the stage stops (withdraw its credit);
                                 an ack with it (orchestrator -> stage, job_id 0) is the end of that
                                 stage's work: nothing the orchestrator sends it comes after it */
+    uint64_t instance;       /* "instance" uint, revision 15, ready, optional: a random number drawn
+                                when the stage process starts (0: none), so that a new process under
+                                the same pid (pid 1 of a restarted container) is told apart */
     bool probe;              /* "probe" bool, revision 15, heartbeat with stopping on the data socket:
                                 the worker does not stop, it asks whether the orchestrator hears it
                                 (no welcome came): answered and its credit withdrawn as for a stop,

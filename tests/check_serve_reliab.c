@@ -1177,9 +1177,10 @@ START_TEST(test_held_computation_handed_to_one)
 END_TEST
 
 /* Sends a control-socket ready of decode worker w0, process pid, from DEALER c; the broker reads it. */
-static void ready_from(srv *s, void *c, int64_t pid)
+static void ready_from(srv *s, void *c, int64_t pid, uint64_t instance)
 {
-    kvm_proto_ready r = {.worker_id = kvm_proto_str_c("w0"), .stage = kvm_proto_str_c("decode"), .pid = pid};
+    kvm_proto_ready r = {
+        .worker_id = kvm_proto_str_c("w0"), .stage = kvm_proto_str_c("decode"), .pid = pid, .instance = instance};
     kvm_msg *m = NULL;
     ck_assert_int_eq(kvm_proto_ready_encode(&r, &m), 0);
     ck_assert_int_eq(kvm_msg_send(c, &m, 0), 0);
@@ -1204,7 +1205,7 @@ START_TEST(test_restarted_worker_freed)
     void *c0 = zmq_socket(s->zctx, ZMQ_DEALER);
     ck_assert_int_eq(zmq_setsockopt(c0, ZMQ_ROUTING_ID, "w0", 2), 0);
     ck_assert_int_eq(zmq_connect(c0, "inproc://restart-ctl"), 0);
-    ready_from(s, c0, 100);
+    ready_from(s, c0, 100, 0);
     kvm_msg *m = NULL;
     kvm_proto_type t;
     ck_assert_int_eq(kvm_msg_recv(c0, &m, 0), 0); /* the welcome: an ack, no job, not stopping */
@@ -1218,14 +1219,18 @@ START_TEST(test_restarted_worker_freed)
     queue_ask(s, 1, doc);
     kvm_serve__dispatch(s);
     ck_assert(s->workers[0].busy && s->workers[0].request_id == 1);
-    ready_from(s, c0, 100); /* the same process again (a new connection): nothing ends */
+    ready_from(s, c0, 100, 0); /* the same process again (a new connection): nothing ends */
     ck_assert(s->workers[0].busy);
-    ready_from(s, c0, 200);
+    ready_from(s, c0, 200, 7);
     ck_assert_msg(!s->workers[0].busy, "the request of the gone process still holds the worker");
     s->workers[0].idle = 1; /* its credit */
     queue_ask(s, 2, doc);   /* the same document: not held behind request 1 */
     kvm_serve__dispatch(s);
     ck_assert(s->workers[0].busy && s->workers[0].request_id == 2);
+    ready_from(s, c0, 200, 7); /* again: the same process */
+    ck_assert(s->workers[0].busy);
+    ready_from(s, c0, 200, 9); /* pid 200 of a restarted container: another instance */
+    ck_assert_msg(!s->workers[0].busy, "a new process under the same pid still held the worker");
     zmq_close(c0);
     zmq_close(s->ctl);
     held_broker_free(s, w0);

@@ -1074,6 +1074,80 @@ START_TEST(test_heartbeat_from_config)
 }
 END_TEST
 
+/* The next heartbeat on ROUTER sock within ms that says `stopping` and `probe` (PROTOCOL.md §5,
+ * revision 15); 1 when one came. */
+static int probe_within(void *sock, int ms)
+{
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end;) {
+        kvm_msg *m = router_expect(sock, KVM_PROTO_HEARTBEAT, (int)(end - kvm_now_ms()) + 1);
+        kvm_proto_heartbeat hb;
+        const int probe = m && !kvm_proto_heartbeat_decode(m, &hb) && hb.stopping && hb.probe;
+        kvm_msg_free(&m);
+        if (probe) return 1;
+    }
+    return 0;
+}
+
+/* Sends worker dec-drain behind ROUTER sock an ack, job 0: stopping (the answer to a probe) or
+ * not (a welcome), naming revision rev (0: none, an older orchestrator). */
+static void ack_to(void *sock, int stopping, uint64_t rev)
+{
+    kvm_proto_ack a = {.worker_id = kvm_proto_str_c("dec-drain"),
+                       .stage = kvm_proto_str_c("serve"),
+                       .pid = 1,
+                       .stopping = stopping,
+                       .revision = rev};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ack_encode(&a, &m), 0);
+    router_send(sock, "dec-drain", m);
+}
+
+/* A worker is heard or not (PROTOCOL.md §5, revision 15). An orchestrator that welcomes none
+ * (_i = 0: an older one, revision 14) is probed once on the data socket; its answer, without
+ * `revision`, says it hears the worker: the worker says so and probes no more. One that answers
+ * nothing (_i = 1: another process holds the worker's id there) gets the control socket's
+ * connection made again, with its ready, and a line naming the id. One that welcomes (_i = 2,
+ * revision 15) is said to be connected at once ("connected to", where it waited for a first
+ * job), probed once on the data socket while no job comes, and not again once it answers. */
+START_TEST(test_worker_heard_or_not)
+{
+    fake_orch f;
+    fake_orch_start(&f);
+    fake_orch_credit(&f);
+    char *log = NULL;
+    kvm_msg *first = router_expect(f.ctl, KVM_PROTO_READY, 10000); /* the ready at its start */
+    ck_assert_ptr_nonnull(first);
+    kvm_msg_free(&first);
+    if (_i == 2) {
+        ack_to(f.ctl, 0, 15);
+        ck_assert_msg(kvm_test_wait_text(f.logp, "connected to", 1, 5), "no 'connected' at the welcome:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+    }
+    ck_assert_msg(probe_within(f.data, 15000), "no probe on the data socket:\n%s",
+                  (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+    if (_i != 1) {
+        ack_to(f.data, 1, _i == 2 ? 15 : 0);
+        fake_orch_credit(&f); /* it asks for work again */
+        ck_assert_msg(!probe_within(f.data, 12000), "probed again after an answer");
+        log = kvm_test_read_file(f.logp, NULL);
+        ck_assert_msg((_i == 0) == (strstr(log, "runs an older kvmill") != NULL), "%s", log);
+        ck_assert_msg(!strstr(log, "again"), "a connection made again:\n%s", log);
+    } else {
+        /* the ready again, on a new connection of the control socket */
+        kvm_msg *m = router_expect(f.ctl, KVM_PROTO_READY, 20000);
+        ck_assert_msg(m != NULL, "no ready again on the control socket:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+        kvm_msg_free(&m);
+        log = kvm_test_read_file(f.logp, NULL);
+        ck_assert_msg(strstr(log, "answered neither this worker's ready nor a probe") &&
+                          strstr(log, "another process may hold worker id dec-drain"),
+                      "%s", log);
+    }
+    free(log);
+    fake_orch_end(&f);
+}
+END_TEST
+
 static Suite *worker_suite(void)
 {
     Suite *s = suite_create("worker");
@@ -1109,6 +1183,10 @@ static Suite *worker_suite(void)
     /* _i: end of work sent, or not; SIGHUP */
     tcase_add_loop_test(tr, test_stopping_worker_waits_for_end_of_work, 0, 4);
     tcase_set_timeout(tr, 150);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("worker_heard_or_not");
+    tcase_add_loop_test(tr, test_worker_heard_or_not, 0, 3); /* _i: revision 14, nothing, revision 15 */
+    tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("heartbeat_from_config");
     tcase_add_test(tr, test_heartbeat_from_config);
