@@ -226,19 +226,21 @@ typedef struct stage_rt {
     /* Whether the orchestrator hears this worker (PROTOCOL.md §5, revision 15): ZeroMQ's ROUTER
      * hears only the first connection under a routing id while it lasts, and one that came while
      * another process held this worker's --id stays unheard even after that one is gone. */
-    int welcomed;       /* a welcome (or a refusal) came on ctl since its last handshake */
-    int old_peer;       /* the orchestrator hears this worker but welcomes none (revision 13, 14) */
-    int probing;        /* a probe (a stopping heartbeat with `probe`) is out on data, unanswered */
-    int probe_lost;     /* a probe went unanswered with no welcome: the control socket is connected
-                           again at each look, with no probe, until a welcome or a message on data */
-    int rejoins;        /* connections made again since the last welcome */
-    int ctl_handshakes; /* ctl's handshakes so far: each after the first gets the ready again */
-    int ready_sent;     /* the ready went into ctl's new connection already (rejoin) */
-    double hear_due;    /* when an unanswered ready is looked into (kvm_now_ms); 0: not pending */
-    double hear_wait;   /* how long after a handshake that is (ms), doubled after each rejoin */
-    double probe_until; /* a probe unanswered by then was not heard */
-    double last_result; /* when the last result or error went out on ctl (kvm_now_ms) */
-    uint64_t instance;  /* drawn at start: this process, beyond its pid, in each ready (revision 15) */
+    int welcomed;         /* a welcome (or a refusal) came on ctl since its last handshake */
+    int old_peer;         /* the orchestrator hears this worker but welcomes none (revision 13, 14) */
+    int probing;          /* a probe (a stopping heartbeat with `probe`) is out on data, unanswered */
+    int probe_lost;       /* a probe went unanswered with no welcome: the control socket is connected
+                             again at each look, with no probe, until a welcome or a message on data */
+    int rejoins;          /* connections made again since the last welcome */
+    int ctl_handshakes;   /* ctl's handshakes so far: each after the first gets the ready again */
+    int ready_sent;       /* the ready went into ctl's new connection already (rejoin) */
+    double hear_due;      /* when an unanswered ready is looked into (kvm_now_ms); 0: not pending */
+    double hear_wait;     /* how long after a handshake that is (ms), doubled after each rejoin */
+    double probe_until;   /* a probe unanswered by then was not heard */
+    int recheck;          /* the probe being unanswered after a welcome, the ready went again */
+    double rewelcomed_at; /* ... and was welcomed then (kvm_now_ms; 0: not yet) */
+    double last_result;   /* when the last result or error went out on ctl (kvm_now_ms) */
+    uint64_t instance;    /* drawn at start: this process, beyond its pid, in each ready (revision 15) */
 } stage_rt;
 
 /* How long a stopping worker with a credit out waits for its orchestrator's end-of-work ack (ms).
@@ -460,10 +462,11 @@ static int send_stopping(stage_rt *rt, void *sock)
  * credit). Answered by an older orchestrator, it is heard, and no welcome will ever come;
  * answered by a revision-15 one that sent no welcome, its control socket is connected again.
  * Unanswered, the control socket is connected again when no welcome came (a new connection is
- * identified afresh, heard once no other process holds the id), and the data socket only once
- * one came: an orchestrator that welcomes is running, and one that does not answer a probe then
- * holds no credit of this worker, so no job can be lost with the old connection (a stalled
- * orchestrator, SIGSTOPped or swapping, may still hold one until it reads the probe). */
+ * identified afresh, heard once no other process holds the id), and the data socket only when a
+ * ready sent after the probe is welcomed and the probe still goes unanswered: that orchestrator
+ * runs and reads both sockets, so one that does not answer the probe holds no credit of this
+ * worker, and no job can be lost with the old connection (a stalled orchestrator, SIGSTOPped or
+ * swapping, may hold one until it reads the probe; its welcome may be from before the stall). */
 
 /* The first wait after a handshake: ten heartbeats, at least 5 s, at most STAGE_HEAR_WAIT_MAX_MS;
  * doubled after each control rejoin up to that. A probe is given twice as long. */
@@ -518,13 +521,23 @@ static void hear_check(stage_rt *rt, double now)
 {
     const int busy = rt->job.running || rt->job.n_in || now - rt->last_result < 2.0 * rt->a.heartbeat_ms + 1000;
     if (rt->probing) {
-        if (now < rt->probe_until || busy) return; /* a result on its way over ctl: not dropped */
+        /* welcomed again since the probe was due and still no answer: a running orchestrator
+         * that reads its data socket does not hear this one, and holds no credit of it */
+        const int live = rt->rewelcomed_at > 0 && now - rt->rewelcomed_at >= rt->a.heartbeat_ms + 1000.0;
+        if ((now < rt->probe_until && !live) || busy) return; /* a result on its way over ctl: not dropped */
+        if (rt->welcomed && !live && !rt->recheck) {          /* the welcome may be from before a stall: ask again */
+            rt->recheck = send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0) == 0;
+            rt->probe_until = now + 2 * rt->hear_wait;
+            if (rt->recheck) return;
+        }
         rt->probing = 0; /* its ack, should one still come, is dropped without a word (acks_due) */
         rt->probe_lost = !rt->welcomed && !rt->heard[1];
-        if (rt->welcomed)
+        if (live)
             rejoin(rt, now, 1, "welcomed this worker but did not answer a probe on the data socket");
-        else
+        else if (!rt->welcomed)
             rejoin(rt, now, 0, "answered neither this worker's ready nor a probe on the data socket");
+        else
+            rt->hear_due = now + rt->hear_wait; /* no welcome again: stalled or gone; looked into later */
         return;
     }
     if (rt->welcomed || rt->heard[1]) rt->probe_lost = 0;
@@ -537,6 +550,8 @@ static void hear_check(stage_rt *rt, double now)
     }
     if (rt->data_down) return;
     rt->probing = 1;
+    rt->recheck = 0;
+    rt->rewelcomed_at = 0;
     if (send_stopping(rt, rt->data)) {
         rt->probing = 0;
         return;
@@ -761,6 +776,7 @@ static void on_welcome(stage_rt *rt, const kvm_msg *m)
         return;
     }
     rt->welcomed = 1;
+    if (rt->probing && rt->recheck) rt->rewelcomed_at = kvm_now_ms();
     rt->hear_wait = hear_wait_first(rt);
     rt->hear_due = rt->heard[1] ? 0 : kvm_now_ms() + rt->hear_wait; /* the data socket: looked into next */
     if (rt->rejoins)

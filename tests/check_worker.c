@@ -1108,7 +1108,9 @@ static void ack_to(void *sock, int stopping, uint64_t rev)
  * nothing (_i = 1: another process holds the worker's id there) gets the control socket's
  * connection made again, with its ready, and a line naming the id. One that welcomes (_i = 2,
  * revision 15) is said to be connected at once ("connected to", where it waited for a first
- * job), probed once on the data socket while no job comes, and not again once it answers. */
+ * job), probed once on the data socket while no job comes, and not again once it answers. One
+ * that welcomes but does not answer the probe gets the ready again: welcomed again (_i = 3), the
+ * data socket is connected again; not (_i = 4: stalled, it may hold a credit), it is not. */
 START_TEST(test_worker_heard_or_not)
 {
     fake_orch f;
@@ -1118,6 +1120,24 @@ START_TEST(test_worker_heard_or_not)
     kvm_msg *first = router_expect(f.ctl, KVM_PROTO_READY, 10000); /* the ready at its start */
     ck_assert_ptr_nonnull(first);
     kvm_msg_free(&first);
+    if (_i >= 3) { /* welcomed; the data socket is not heard (3), or the orchestrator stalls (4) */
+        ack_to(f.ctl, 0, 15);
+        ck_assert_msg(probe_within(f.data, 15000), "no probe on the data socket:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+        kvm_msg *again = router_expect(f.ctl, KVM_PROTO_READY, 25000); /* unanswered: is it still there? */
+        ck_assert_msg(again != NULL, "no ready again on the control socket:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+        kvm_msg_free(&again);
+        if (_i == 3) ack_to(f.ctl, 0, 15);
+        const int said = kvm_test_wait_text(f.logp, "did not answer a probe on the data socket", 1, _i == 3 ? 10 : 15);
+        log = kvm_test_read_file(f.logp, NULL);
+        /* only a running orchestrator's silence means the data socket is not heard: a stalled one
+         * may hold a credit, which a new connection would lose */
+        ck_assert_msg(said == (_i == 3), "%s", log);
+        free(log);
+        fake_orch_end(&f);
+        return;
+    }
     if (_i == 2) {
         ack_to(f.ctl, 0, 15);
         ck_assert_msg(kvm_test_wait_text(f.logp, "connected to", 1, 5), "no 'connected' at the welcome:\n%s",
@@ -1185,7 +1205,8 @@ static Suite *worker_suite(void)
     tcase_set_timeout(tr, 150);
     suite_add_tcase(s, tr);
     tr = tcase_create("worker_heard_or_not");
-    tcase_add_loop_test(tr, test_worker_heard_or_not, 0, 3); /* _i: revision 14, nothing, revision 15 */
+    /* _i: revision 14, nothing, revision 15; welcomed but data unheard, and stalled */
+    tcase_add_loop_test(tr, test_worker_heard_or_not, 0, 5);
     tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("heartbeat_from_config");
