@@ -110,3 +110,17 @@ int kvm_file_path_norm(const char *path, char *out, size_t n)
     snprintf(out, n, "%s", path);
     return -1;
 }
+
+int kvm_file_boot_id(char out[17])
+{
+    char buf[64] = "";
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f), k = 0;
+    fclose(f);
+    for (size_t i = 0; i < n && k < 16; i++)
+        if ((buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f')) out[k++] = buf[i];
+    out[k] = '\0';
+    return k == 16 ? 0 : -1;
+}

@@ -50,4 +50,9 @@ int kvm_file_replaceable(const char *path, const struct stat *st);
  * small: out is then path as given). */
 int kvm_file_path_norm(const char *path, char *out, size_t n);
 
+/* The first 16 hex digits of the running kernel's boot id (/proc/sys/kernel/random/boot_id: 64
+ * random bits, the same in every container on that kernel) into out[17]; 0, or -1 when
+ * unreadable (out then ""). */
+int kvm_file_boot_id(char out[17]);
+
 #endif

@@ -1,6 +1,7 @@
 /* kvm_rundir.c: making and removing run directories, and sweeping the temporary ones whose
  * owner process is gone. */
 #include "pipeline/kvm_rundir.h"
+#include "common/kvm_file.h"
 #include "common/kvm_error.h"
 
 #include <dirent.h>
@@ -72,20 +73,8 @@ static int zombie(long pid)
     return s && s[0] == ' ' && s[1] == 'Z';
 }
 
-/* The first 16 hex digits of the kernel's boot id (64 random bits: a claim owner has 127 bytes)
- * into out[17]; 0, or -1 when unreadable. */
-static int boot_id(char out[17])
-{
-    char buf[64] = "";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f), k = 0;
-    fclose(f);
-    for (size_t i = 0; i < n && k < 16; i++)
-        if ((buf[i] >= '0' && buf[i] <= '9') || (buf[i] >= 'a' && buf[i] <= 'f')) out[k++] = buf[i];
-    out[k] = '\0';
-    return k == 16 ? 0 : -1;
-}
+/* 16 hex digits of the boot id: a claim owner has 127 bytes */
+static int boot_id(char out[17]) { return kvm_file_boot_id(out); }
 
 void kvm_rundir_proc_id(long pid, char *out, size_t n)
 {

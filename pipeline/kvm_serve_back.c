@@ -162,6 +162,12 @@ static void tell_refused(srv *s, int w)
                  "%s is the back end of kvmill serve, which takes decode workers (kvmill-decode) only, and this is a "
                  "%s worker: connect it to a kvmill run's endpoint instead",
                  s->base, wk->other_stage);
+    else if (wk->other_settings == 2)
+        snprintf(why, sizeof why,
+                 "this server's store is %s; this worker's --store (or its config's [store] path) is another store, "
+                 "where it would look caches up and store what it computes: start it with the server's store (the "
+                 "same folder on this host, or the server's store service)",
+                 s->store_path);
     else if (wk->other_settings)
         snprintf(why, sizeof why,
                  "this server's config %s has settings %s, this worker's config has %s (other [model] context, "
@@ -176,7 +182,7 @@ static void tell_refused(srv *s, int w)
     wk->told_ms = kvm_stage_send_refusal(s->ctl, wk->id, "serve", why) == 0 ? kvm_now_ms() : 0;
 }
 
-/* Marks worker wk refused (other_settings: for its settings, else its model): told at the next
+/* Marks worker wk refused (other_settings: 1 for its settings, 2 its store, 0 its model): told at the next
  * chance, never idle. One of the server's own workers shares the server's config, so its refusal
  * means a file changed under the server, and every worker it starts would be refused and
  * restarted in a loop: the server stops instead, saying `own_why`. */
@@ -246,6 +252,37 @@ static void refuse_settings(srv *s, int w, const kvm_proto_ready *r)
     mark_refused(s, wk, 1, own);
 }
 
+/* The place of this server's LMDB store (kvm_store_place_id) into *id, made now (a stat: a store
+ * swapped in under the path is the one its workers read); NULL for a store service or a store
+ * that does not stat (not compared). */
+static const uint8_t *server_place(const srv *s, kvm_store_id *id)
+{
+    if (!strncmp(s->store_path, "tcp://", 6) || !strncmp(s->store_path, "ipc://", 6)) return NULL;
+    return kvm_store_place_id(s->store_path, id) == 0 ? id->b : NULL;
+}
+
+/* Worker w's ready named another store than the server's (PROTOCOL.md §5, revision 15): it looks
+ * caches up there and stores what it computes there, so it answered "no compressed cache" for
+ * documents the server's store holds and computed caches the server never finds. Refused:
+ * logged, told (it exits), never idle. */
+static void refuse_store(srv *s, int w, const kvm_proto_ready *r)
+{
+    srv_worker *wk = &s->workers[w];
+    memcpy(wk->other_model, r->model_id, sizeof wk->other_model);
+    wk->refused_pid = r->pid;
+    kvm_log_field f[] = {KVM_LOG_S("worker", wk->id), KVM_LOG_S("store", s->store_path)};
+    kvm_log(KVM_LOG_ERROR, "worker_refused", f, 2,
+            "decode worker %s reads and writes another store than this server's %s (its --store, or its config's "
+            "[store] path): refused, no requests go to it",
+            wk->id, s->store_path);
+    char own[1024];
+    snprintf(own, sizeof own,
+             "decode worker %s, started by this server, uses another store than the server's %s: was the store "
+             "replaced? Start kvmill serve again",
+             wk->id, s->store_path);
+    mark_refused(s, wk, 2, own);
+}
+
 /* Worker w's ready named stage `stage`, not decode: a kvmill-prefill or -compress connected to the
  * back end would take questions only to drop them ("expected a job message"), their clients
  * waiting in vain, so it is refused for good (its process never decodes): logged once, told (it
@@ -288,6 +325,16 @@ static int refused_after(srv *s, int w, const kvm_msg *m, int first)
         if (!wk->refused || !wk->other_settings || r.pid != wk->refused_pid ||
             memcmp(r.settings_id, wk->other_settings_id, sizeof r.settings_id)) {
             refuse_settings(s, w, &r);
+            wk->refused_ctl_seen = first;
+        }
+        if (kvm_stage_tell_again(wk->told_ms, kvm_now_ms())) tell_refused(s, w);
+        return 1;
+    }
+    kvm_store_id here;
+    const uint8_t *place = v != KVM_STAGE_OTHER_MODEL && r.has_store_id ? server_place(s, &here) : NULL;
+    if (place && memcmp(r.store_id, place, sizeof r.store_id)) {
+        if (!wk->refused || wk->other_settings != 2 || r.pid != wk->refused_pid) {
+            refuse_store(s, w, &r);
             wk->refused_ctl_seen = first;
         }
         if (kvm_stage_tell_again(wk->told_ms, kvm_now_ms())) tell_refused(s, w);

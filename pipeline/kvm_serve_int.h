@@ -81,7 +81,8 @@ typedef struct srv_worker {
                             request (revision 10) */
     double told_ms;      /* when the refusal's error reached its control socket (kvm_now_ms), 0: not yet */
     uint8_t other_model[KVM_PROTO_ID_BYTES]; /* the model its ready named, when refused */
-    int other_settings;                      /* refused for its settings (revision 11), not its model */
+    int other_settings;                      /* refused for its settings (1, revision 11) or its store (2,
+                                                revision 15), not its model (0) */
     uint8_t other_settings_id[KVM_PROTO_ID_BYTES]; /* the settings its ready named, then */
     char other_stage[64];                          /* refused for its stage: a prefill or compress worker's ready, whose
                                                       "stage" is not decode, named here ("" when not so refused) */

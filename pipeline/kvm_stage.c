@@ -403,6 +403,11 @@ static int send_ctl(stage_rt *rt, void *sock, int type, uint64_t job_id)
         c.has_settings_id = true;
         memcpy(c.settings_id, settings, sizeof c.settings_id);
     }
+    const uint8_t *place = type == KVM_PROTO_READY && rt->ops->store_id ? rt->ops->store_id(rt->state) : NULL;
+    if (place) { /* revision 15: a server of another store refuses this worker */
+        c.has_store_id = true;
+        memcpy(c.store_id, place, sizeof c.store_id);
+    }
     kvm_msg *m = NULL;
     int rc = type == KVM_PROTO_READY ? kvm_proto_ready_encode(&c, &m)
              : type == KVM_PROTO_ACK ? kvm_proto_ack_encode(&c, &m)

@@ -95,6 +95,11 @@ typedef struct kvm_stage_ops {
      * names it (settings_id, PROTOCOL.md §5, revision 11) so that a server refuses a decode
      * worker of other settings (its answers would differ). As model_id for the threads. */
     const uint8_t *(*settings_id)(void *state);
+    /* NULL, or the place of the LMDB store the stage reads and writes (kvm_store_place_id, 32
+     * bytes), or NULL when it has none known (a store service: not compared): every `ready`
+     * names it (store_id, PROTOCOL.md §5, revision 15) so that a server refuses a decode worker
+     * whose caches are another store's. As model_id for the threads. */
+    const uint8_t *(*store_id)(void *state);
 } kvm_stage_ops;
 
 /* Ready-made kvm_stage_ops pieces for stages whose work starts with a `job` message:

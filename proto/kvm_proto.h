@@ -313,17 +313,21 @@ typedef struct kvm_proto_ctl {
                                 only: a heartbeat with it says the stage stops (withdraw its credit);
                                 an ack with it (orchestrator -> stage, job_id 0) is the end of that
                                 stage's work: nothing the orchestrator sends it comes after it */
-    uint64_t instance;       /* "instance" uint, revision 15, ready, optional: a random number drawn
-                                when the stage process starts (0: none), so that a new process under
-                                the same pid (pid 1 of a restarted container) is told apart */
-    bool probe;              /* "probe" bool, revision 15, heartbeat with stopping on the data socket:
-                                the worker does not stop, it asks whether the orchestrator hears it
-                                (no welcome came): answered and its credit withdrawn as for a stop,
-                                without the line that says the worker stops */
-    uint64_t revision;       /* "revision" uint, revision 15, ack from an orchestrator or server: its
-                                protocol revision (KVM_PROTO_REVISION); absent (0) from older ones.
-                                An ack with job_id 0 and no stopping on the control socket is the
-                                welcome: the answer to the stage's control ready */
+    bool has_store_id;       /* ready only, revision 15: store_id below is given */
+    uint8_t store_id[KVM_PROTO_ID_BYTES]; /* "store_id" bin 32, ready, optional: the place of the
+                                LMDB store a decode worker reads and writes (kvm_store_place_id), so
+                                that a server refuses one whose caches are another store's */
+    uint64_t instance;                    /* "instance" uint, revision 15, ready, optional: a random number drawn
+                                             when the stage process starts (0: none), so that a new process under
+                                             the same pid (pid 1 of a restarted container) is told apart */
+    bool probe;                           /* "probe" bool, revision 15, heartbeat with stopping on the data socket:
+                                             the worker does not stop, it asks whether the orchestrator hears it
+                                             (no welcome came): answered and its credit withdrawn as for a stop,
+                                             without the line that says the worker stops */
+    uint64_t revision;                    /* "revision" uint, revision 15, ack from an orchestrator or server: its
+                                             protocol revision (KVM_PROTO_REVISION); absent (0) from older ones.
+                                             An ack with job_id 0 and no stopping on the control socket is the
+                                             welcome: the answer to the stage's control ready */
 } kvm_proto_ctl;
 typedef kvm_proto_ctl kvm_proto_ready;
 typedef kvm_proto_ctl kvm_proto_heartbeat;

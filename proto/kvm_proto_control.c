@@ -16,6 +16,7 @@ static const kvm_proto__field kvm_ready__fields[] = {
     KVM_F_ID32_OPT(T, model_id, has_model_id),       /* revision 10: the stage's model */
     KVM_F_ID32_OPT(T, settings_id, has_settings_id), /* revision 11: its config's settings */
     KVM_F_U64(T, instance, 0),                       /* revision 15: the process, beyond its pid */
+    KVM_F_ID32_OPT(T, store_id, has_store_id),       /* revision 15: a decode worker's store */
 };
 static const kvm_proto__field kvm_heartbeat__fields[] = {
     KVM_F_STR(T, worker_id, 1, 1, KVM_PROTO_MAX_NAME_BYTES),

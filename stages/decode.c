@@ -51,6 +51,7 @@ typedef struct decode_state {
     kvm_store_id config_id; /* of cfg: the cache key's third part */
     kvm_store_id settings_id; /* of cfg without a PolyKV strategy: ready names it (has_settings) */
     int has_settings;
+    kvm_store_id place;     /* of the LMDB store: ready names it (store_id), made again at each ready */
     int64_t ctx;            /* [model] context: documents are truncated to it */
     int64_t max_prompt, max_new;
     int compute_missing;
@@ -735,6 +736,16 @@ static const uint8_t *settings_id(void *stp)
     return st->has_settings ? st->settings_id.b : NULL;
 }
 
+/* The place of the LMDB store for ready (kvm_stage_ops.store_id), made again each time (a stat):
+ * a store swapped in under its path is the place the worker reads now, as the server sees it. A
+ * store service's is not known here: NULL, not compared. */
+static const uint8_t *store_place(void *stp)
+{
+    decode_state *st = stp;
+    if (st->svc || !st->store) return NULL;
+    return kvm_store_place_id(kvm_store_path(st->store), &st->place) == 0 ? st->place.b : NULL;
+}
+
 static void teardown(void *stp)
 {
     decode_state *st = stp;
@@ -762,6 +773,7 @@ int main(int argc, char **argv)
                          .teardown = teardown,
                          .device_refusal = device_refusal,
                          .model_id = model_id,
-                         .settings_id = settings_id};
+                         .settings_id = settings_id,
+                         .store_id = store_place};
     return kvm_stage_main(argc, argv, &ops, &st);
 }

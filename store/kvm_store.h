@@ -285,6 +285,13 @@ int kvm_store_follow(kvm_store **s, int wait_ms, int *reopened);
  * lock.mdb), else KVM_ESTATE naming the path and what happened (moved or removed, replaced,
  * lock.mdb lost): what a write through s would meet (kvm_store_here.c). Stats only. */
 int kvm_store_check_here(const kvm_store *s);
+/* Which store the folder `path` is, as a place (PROTOCOL.md §5, revision 15): BLAKE2b-256 of the
+ * kernel's boot id and the device and inode of path/data.mdb, so that two processes, in
+ * containers or not, holding the same id read and write the same LMDB file (the same kernel, the
+ * same file, however the path is spelled or mounted), and two of different ids do not (LMDB is
+ * never shared across hosts: network filesystems are refused). Returns 0 with *out; KVM_ENOTFOUND
+ * when path/data.mdb does not stat, KVM_EIO when the boot id is unreadable (no id: not compared). */
+int kvm_store_place_id(const char *path, kvm_store_id *out);
 /* Opens the store at (*s)'s path again with the options of its first open, except that it must
  * exist (nothing is created), and, once that works, closes *s and sets *s to the new handle. On
  * failure *s is left as it was, still usable, and the error (the open's status) names the path

@@ -8,10 +8,13 @@
  * a damaged data.mdb. Stats only, a few microseconds per transaction. */
 #include "store/kvm_store_internal.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "common/kvm_error.h"
+#include "common/kvm_file.h"
 
 int kvm_store__at_path(const kvm_store *s)
 {
@@ -62,4 +65,18 @@ int kvm_store__still_here(const kvm_store *s, int writing)
     const int at = kvm_store__at_path(s);
     if (at == KVM_STORE__AT_SAME || (!writing && at != KVM_STORE__AT_LOCK_LOST)) return 0;
     return kvm_store__at_err(s, at);
+}
+
+int kvm_store_place_id(const char *path, kvm_store_id *out)
+{
+    char data[4200], boot[17];
+    snprintf(data, sizeof data, "%s/data.mdb", path);
+    struct stat st;
+    if (stat(data, &st) != 0) return kvm_err(KVM_ENOTFOUND, "%s: no store (%s)", data, strerror(errno));
+    if (kvm_file_boot_id(boot) != 0) return kvm_err(KVM_EIO, "the kernel's boot id is unreadable");
+    char place[96];
+    const int n = snprintf(place, sizeof place, "kvmill-store-place %s %llu %llu", boot, (unsigned long long)st.st_dev,
+                           (unsigned long long)st.st_ino);
+    kvm_store_hash_bytes(place, (size_t)n, out);
+    return 0;
 }

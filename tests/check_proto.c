@@ -846,6 +846,50 @@ START_TEST(test_roundtrip_ctl_stopping)
 }
 END_TEST
 
+/* Revision 15: ready's instance and store_id, ack's revision, heartbeat's probe; absent (a
+ * revision-14 peer), each decodes as 0 / none; a store_id of another length is refused naming it. */
+START_TEST(test_roundtrip_ctl_revision15)
+{
+    kvm_proto_ctl c = {.worker_id = kvm_proto_str_c("decode-1"),
+                       .stage = kvm_proto_str_c("decode"),
+                       .pid = 77,
+                       .instance = 0x123456789abcdef1ULL,
+                       .has_store_id = true,
+                       .stopping = true,
+                       .probe = true,
+                       .revision = KVM_PROTO_REVISION};
+    memset(c.store_id, 0x5a, sizeof c.store_id);
+    kvm_msg *m = NULL, *t = NULL;
+    kvm_proto_ctl d;
+    ck_assert_int_eq(kvm_proto_ready_encode(&c, &m), 0);
+    ck_assert_msg(kvm_proto_ready_decode(m, &d) == 0, "%s", kvm_errmsg());
+    ck_assert(d.instance == c.instance && d.has_store_id && !memcmp(d.store_id, c.store_id, sizeof d.store_id));
+    t = with_field(m, "store_id", NULL, NULL);
+    ck_assert_msg(kvm_proto_ready_decode(t, &d) == 0 && !d.has_store_id, "%s", kvm_errmsg());
+    kvm_msg_free(&t);
+    t = with_field(m, "instance", NULL, NULL);
+    ck_assert_msg(kvm_proto_ready_decode(t, &d) == 0 && d.instance == 0, "%s", kvm_errmsg());
+    kvm_msg_free(&t);
+    const int64_t one = 1;
+    t = with_field(m, "store_id", pk_i64, &one);
+    ASSERT_FAILS(kvm_proto_ready_decode(t, &d), KVM_EPROTO, "store_id");
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    ck_assert_int_eq(kvm_proto_heartbeat_encode(&c, &m), 0);
+    ck_assert_msg(kvm_proto_heartbeat_decode(m, &d) == 0 && d.probe && d.stopping, "%s", kvm_errmsg());
+    t = with_field(m, "probe", NULL, NULL);
+    ck_assert_msg(kvm_proto_heartbeat_decode(t, &d) == 0 && !d.probe, "%s", kvm_errmsg());
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+    ck_assert_int_eq(kvm_proto_ack_encode(&c, &m), 0);
+    ck_assert_msg(kvm_proto_ack_decode(m, &d) == 0 && d.revision == KVM_PROTO_REVISION, "%s", kvm_errmsg());
+    t = with_field(m, "revision", NULL, NULL);
+    ck_assert_msg(kvm_proto_ack_decode(t, &d) == 0 && d.revision == 0, "%s", kvm_errmsg());
+    kvm_msg_free(&t);
+    kvm_msg_free(&m);
+}
+END_TEST
+
 /* Revision 10: a job names its run's model (model_id, optional bin 32), so that a worker that loads
  * the settings' model path can refuse other weights found there; a job without it (revision 9)
  * decodes as before, and an id of another length is refused naming the field. */
@@ -2294,6 +2338,7 @@ static Suite *proto_suite(void)
         {"roundtrip_control", test_roundtrip_control},
         {"roundtrip_ready_model_id", test_roundtrip_ready_model_id},
         {"roundtrip_ctl_stopping", test_roundtrip_ctl_stopping},
+        {"roundtrip_ctl_revision15", test_roundtrip_ctl_revision15},
         {"roundtrip_job_model_id", test_roundtrip_job_model_id},
         {"roundtrip_serve", test_roundtrip_serve},
         {"roundtrip_serve_revision2", test_roundtrip_serve_revision2},

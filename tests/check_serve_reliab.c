@@ -1824,6 +1824,47 @@ START_TEST(test_hand_worker_clean_stop)
 }
 END_TEST
 
+/* A decode worker started by hand with another --store than the server's was accepted: it looked
+ * caches up in its own store ("no compressed cache" for documents the server's store holds) and
+ * stored what it computed where the server never finds it. Its ready names its store's place
+ * (revision 15): another store is refused (the worker says why and exits 1); the server's store
+ * under another spelling (a symbolic link to its folder) is accepted. */
+START_TEST(test_hand_worker_other_store)
+{
+    if (!have_shared("a hand-started worker with another store")) return;
+    write_config(NULL, 64, "workers = 1", NULL);
+    ck_assert_int_eq(start_serve(), -1);
+    char other[4200], link[4200], cmd[16384], *out = NULL, *err = NULL;
+    snprintf(other, sizeof other, "%s/other-store", g_dir);
+    kvm_test_store_create(other);
+    snprintf(cmd, sizeof cmd,
+             "timeout -s KILL 60 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store '%s' --id "
+             "other-store --heartbeat-ms 100",
+             kvm_test_bin(), g_dir, g_cfg, other);
+    const int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 1, "the worker with another store: exit %d\n%s", rc, err);
+    ck_assert_msg(strstr(err, "is another store") && strstr(err, "/store"), "%s", err);
+    ck_assert_msg(wait_log("decode worker other-store reads and writes another store", 5000),
+                  "the server did not say why it refused it");
+    free(out);
+    free(err);
+    snprintf(link, sizeof link, "%s/store-link", g_dir);
+    snprintf(other, sizeof other, "%s/store", g_dir);
+    ck_assert_int_eq(symlink(other, link), 0);
+    snprintf(cmd, sizeof cmd,
+             "(timeout --preserve-status -s TERM 4 '%s/kvmill-decode' --connect 'ipc://%s/run' --config '%s' --store "
+             "'%s' --id same-store --heartbeat-ms 100 >/dev/null 2>&1; echo $? >'%s/same.rc') </dev/null >/dev/null "
+             "2>&1 &",
+             kvm_test_bin(), g_dir, g_cfg, link, g_dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    ck_assert_int_eq(wait_rc_file("same.rc"), 0);
+    char *log = kvm_test_read_file(g_log, NULL);
+    assert_contains(log, "external decode worker same-store joined");
+    assert_lacks(log, "decode worker same-store reads and writes another store");
+    free(log);
+}
+END_TEST
+
 /* Waits up to ms for process pid (SIGSTOPped) to hold a pending SIGTERM (/proc/PID/status,
  * ShdPnd or SigPnd); 1 when it does. */
 static int wait_sigterm_pending(pid_t pid, int ms)
@@ -2010,6 +2051,7 @@ int main(void)
     suite_add_tcase(su, tcase("front_rcvhwm", test_front_rcvhwm, 10));
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("restarted_worker_freed", test_restarted_worker_freed, 30));
+    suite_add_tcase(su, tcase("hand_worker_other_store", test_hand_worker_other_store, 120));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     suite_add_tcase(su, tcase("stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30));
     suite_add_tcase(su, tcase("unreachable_worker_request_goes_on", test_unreachable_worker_request_goes_on, 30));
