@@ -239,6 +239,7 @@ typedef struct stage_rt {
     double probe_until;   /* a probe unanswered by then was not heard */
     int recheck;          /* the probe being unanswered after a welcome, the ready went again */
     double rewelcomed_at; /* ... and was welcomed then (kvm_now_ms; 0: not yet) */
+    double connect_at[2]; /* ctl, data: closed by rejoin, to be connected again then (0: not) */
     double last_result;   /* when the last result or error went out on ctl (kvm_now_ms) */
     uint64_t instance;    /* drawn at start: this process, beyond its pid, in each ready (revision 15) */
 } stage_rt;
@@ -476,6 +477,8 @@ static int send_stopping(stage_rt *rt, void *sock)
 /* The first wait after a handshake: ten heartbeats, at least 5 s, at most STAGE_HEAR_WAIT_MAX_MS;
  * doubled after each control rejoin up to that. A probe is given twice as long. */
 #define STAGE_HEAR_WAIT_MAX_MS 30000.0
+/* Between closing a connection that is not heard and making it again (ms). */
+#define STAGE_REJOIN_GAP_MS 500.0
 static double hear_wait_first(const stage_rt *rt)
 {
     const double w = 10.0 * rt->a.heartbeat_ms;
@@ -494,13 +497,29 @@ static void rejoin(stage_rt *rt, double now, int i, const char *why)
                  "it is not a kvmill run or serve: connecting the %s socket again, and again every %.0f s at most "
                  "until it answers",
                  rt->a.connect, why, rt->worker_id, i ? "data" : "control", STAGE_HEAR_WAIT_MAX_MS / 1000);
-    void *sock = i ? rt->data : rt->ctl;
-    if (zmq_disconnect(sock, rt->ep[i]) || zmq_connect(sock, rt->ep[i]))
-        log_warn(rt, "not_heard", "connecting %s again: %s", rt->ep[i], zmq_strerror(errno));
-    if (i == 0) rt->ready_sent = send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0) == 0;
+    if (zmq_disconnect(i ? rt->data : rt->ctl, rt->ep[i]))
+        log_warn(rt, "not_heard", "closing the connection to %s: %s", rt->ep[i], zmq_strerror(errno));
+    /* connected again a moment later (rejoin_connect): the orchestrator's ROUTER lets the old
+     * connection go first, else it may still hold this worker's id when the new one comes, which
+     * would be as unheard as the last */
+    rt->connect_at[i] = now + STAGE_REJOIN_GAP_MS;
+    if (i == 0) rt->welcomed = 0; /* a new control connection is not welcomed yet */
+    if (i == 1) rt->data_down = 1;
     if (i == 0) rt->hear_wait = 2 * rt->hear_wait < STAGE_HEAR_WAIT_MAX_MS ? 2 * rt->hear_wait : STAGE_HEAR_WAIT_MAX_MS;
-    rt->hear_due = now + rt->hear_wait; /* from the handshake, when one comes */
+    rt->hear_due = now + STAGE_REJOIN_GAP_MS + rt->hear_wait; /* from the handshake, when one comes */
     rt->last_credit = 0;
+}
+
+/* Makes the connections rejoin closed, when due; ctl's gets the ready first. */
+static void rejoin_connect(stage_rt *rt, double now)
+{
+    for (int i = 0; i < 2; i++) {
+        if (rt->connect_at[i] <= 0 || now < rt->connect_at[i]) continue;
+        rt->connect_at[i] = 0;
+        if (zmq_connect(i ? rt->data : rt->ctl, rt->ep[i]))
+            log_warn(rt, "not_heard", "connecting %s again: %s", rt->ep[i], zmq_strerror(errno));
+        if (i == 0) rt->ready_sent = send_ctl(rt, rt->ctl, KVM_PROTO_READY, 0) == 0;
+    }
 }
 
 /* The probe's answer (the orchestrator withdrew this worker's credit: it asks again at once). */
@@ -939,6 +958,9 @@ static int link_event(stage_rt *rt, int i)
     case ZMQ_EVENT_DISCONNECTED:
         rt->heard[i] = 0; /* the next peer there is judged afresh */
         if (i == 0) rt->welcomed = 0, rt->old_peer = 0, rt->hear_due = 0;
+        /* nothing answers over a closed connection: a probe sent over it is void, its ack and any
+         * other end of work lost with it (a stop's wait ends on data_down) */
+        if (i == 1) rt->probing = 0, rt->acks_due = 0;
         if (i == 1) rt->data_down = 1;
         if (i == 0) rt->linked = 0;
         if (i == 0 && rt->greeted) {
@@ -1058,6 +1080,7 @@ static void serve(stage_rt *rt)
             send_heartbeat(rt);
             rt->last_beat = now;
         }
+        rejoin_connect(rt, now);
         if (!stop_requested) hear_check(rt, now);
         if (!rt->job.running && rt->job.n_in == 0 && !stop_requested && !rt->probing &&
             now - rt->last_credit >= rt->a.heartbeat_ms) {

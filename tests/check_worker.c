@@ -1110,7 +1110,10 @@ static void ack_to(void *sock, int stopping, uint64_t rev)
  * revision 15) is said to be connected at once ("connected to", where it waited for a first
  * job), probed once on the data socket while no job comes, and not again once it answers. One
  * that welcomes but does not answer the probe gets the ready again: welcomed again (_i = 3), the
- * data socket is connected again; not (_i = 4: stalled, it may hold a credit), it is not. */
+ * data socket is connected again; not (_i = 4: stalled, it may hold a credit), it is not. A probe
+ * out when its orchestrator is replaced (_i = 5) is void: the new one welcomes the ready sent
+ * again, gets credits, and no connection is made again (a stale probe timed out after the
+ * welcome and closed both connections, and no look followed: the worker was never heard). */
 START_TEST(test_worker_heard_or_not)
 {
     fake_orch f;
@@ -1120,6 +1123,39 @@ START_TEST(test_worker_heard_or_not)
     kvm_msg *first = router_expect(f.ctl, KVM_PROTO_READY, 10000); /* the ready at its start */
     ck_assert_ptr_nonnull(first);
     kvm_msg_free(&first);
+    if (_i == 5) { /* a probe out to an orchestrator that answers nothing, which another replaces */
+        ck_assert_msg(probe_within(f.data, 15000), "no probe on the data socket:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+        char base[4300], ctl[4300], data[4300];
+        snprintf(base, sizeof base, "ipc://%s", f.dir);
+        ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+        fake_orch_vanish(&f);
+        int linger = 0;
+        zmq_setsockopt(f.ctl, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(f.data, ZMQ_LINGER, &linger, sizeof linger);
+        ck_assert_int_eq(zmq_bind(f.ctl, ctl), 0);
+        ck_assert_int_eq(zmq_bind(f.data, data), 0);
+        kvm_msg *m = router_expect(f.ctl, KVM_PROTO_READY, 15000); /* its ready again, to the new one */
+        ck_assert_msg(m != NULL, "no ready to the new orchestrator:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+        kvm_msg_free(&m);
+        ack_to(f.ctl, 0, 15);
+        m = router_expect(f.data, KVM_PROTO_READY, 3000); /* the old probe void: it asks for work at once */
+        ck_assert_msg(m != NULL, "no credit to the new orchestrator:\n%s",
+                      (log = kvm_test_read_file(f.logp, NULL)) ? log : "");
+        kvm_msg_free(&m);
+        for (double end = kvm_now_ms() + 25000; kvm_now_ms() < end;) { /* as a run: readies welcomed, */
+            if ((m = router_expect(f.ctl, KVM_PROTO_READY, 200)) != NULL) ack_to(f.ctl, 0, 15);
+            kvm_msg_free(&m);
+            if (probe_within(f.data, 200)) ack_to(f.data, 1, 15); /* probes answered */
+        }
+        log = kvm_test_read_file(f.logp, NULL);
+        const char *after = strstr(log, "answered neither") ? strstr(log, "answered neither") + 1 : log;
+        ck_assert_msg(!strstr(after, "again"), "a connection made again with the new orchestrator:\n%s", log);
+        free(log);
+        fake_orch_end(&f);
+        return;
+    }
     if (_i >= 3) { /* welcomed; the data socket is not heard (3), or the orchestrator stalls (4) */
         ack_to(f.ctl, 0, 15);
         ck_assert_msg(probe_within(f.data, 15000), "no probe on the data socket:\n%s",
@@ -1206,7 +1242,7 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("worker_heard_or_not");
     /* _i: revision 14, nothing, revision 15; welcomed but data unheard, and stalled */
-    tcase_add_loop_test(tr, test_worker_heard_or_not, 0, 5);
+    tcase_add_loop_test(tr, test_worker_heard_or_not, 0, 6);
     tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("heartbeat_from_config");
