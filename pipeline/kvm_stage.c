@@ -565,6 +565,11 @@ static void hear_check(stage_rt *rt, double now)
         return;
     }
     if (rt->welcomed || rt->heard[1]) rt->probe_lost = 0;
+    if (rt->welcomed && rt->heard[1] && rt->rejoins) { /* both heard: the streak is over (said once) */
+        log_line(rt, "the orchestrator at %s hears this worker now (after %d connection(s) made again)", rt->a.connect,
+                 rt->rejoins);
+        rt->rejoins = 0;
+    }
     if ((rt->welcomed && rt->heard[1]) || rt->old_peer || rt->hear_due <= 0 || now < rt->hear_due) return;
     rt->hear_due = now + rt->hear_wait;
     if (busy) return;     /* heard there (a job came), or a result on its way: looked into later */
@@ -800,13 +805,12 @@ static void on_welcome(stage_rt *rt, const kvm_msg *m)
         return;
     }
     rt->welcomed = 1;
-    if (rt->probing && rt->recheck) rt->rewelcomed_at = kvm_now_ms();
+    if (rt->probing && rt->recheck) { /* the answer to the ready sent again: the probe decides */
+        rt->rewelcomed_at = kvm_now_ms();
+        return;
+    }
     rt->hear_wait = hear_wait_first(rt);
     rt->hear_due = rt->heard[1] ? 0 : kvm_now_ms() + rt->hear_wait; /* the data socket: looked into next */
-    if (rt->rejoins)
-        log_line(rt, "the orchestrator at %s hears this worker now (after %d connection(s) made again)", rt->a.connect,
-                 rt->rejoins);
-    rt->rejoins = 0;
 }
 
 /* The orchestrator's control messages: an `error` refuses this worker (its ready named another
