@@ -431,9 +431,11 @@ static void hand_worker_second_process(int duplicate)
 {
     const int n_docs = 3;
     make_docs(n_docs);
-    /* jobs of seconds; a liveness of 30 s, longer than the run is given after the kill */
-    write_config("method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300", store,
-                 "heartbeat_ms = 200\nliveness = 150");
+    /* jobs of seconds (the sanitizers' quick runs are slower by themselves); a liveness of 90 s,
+     * longer than the run is given after the kill */
+    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
+                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
+                 store, "heartbeat_ms = 200\nliveness = 450");
     FILE *f = fopen(cfg_path, "a");
     ck_assert_ptr_nonnull(f);
     fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
@@ -445,9 +447,10 @@ static void hand_worker_second_process(int duplicate)
     ck_assert_msg(kvm_test_wait_text(err_path, "waiting for kvmill-compress workers started by hand", 1, 30),
                   "the run did not start");
     pid_t a = start_worker_log(store, "twice", NULL, "first"), b = -1;
-    /* its first job done, it asks for the next at once: a job of seconds runs when it is killed */
+    /* welcomed, or its first job done (it asks for the next at once); stopped there, so that the
+     * run holds work for it whatever the jobs' speed (the sanitizers', a quick run's) */
     const int busy = kvm_test_wait_text(first_log, duplicate ? "connected to" : " document doc_", 1, 90);
-    usleep(300000);
+    kill(a, SIGSTOP);
     if (duplicate) { /* connected (unheard) while the first runs its jobs */
         b = start_worker_log(store, "twice", NULL, "second");
         ck_assert_msg(kvm_test_wait_text(second_log, "completed the ZeroMQ handshake", 1, 30),
@@ -457,7 +460,7 @@ static void hand_worker_second_process(int duplicate)
     kill(a, SIGKILL);
     waitpid(a, NULL, 0);
     if (!duplicate) b = start_worker_log(store, "twice", NULL, "second");
-    const int rc = wait_exit(pid, 90); /* the liveness (30 s) alone would not end it in time */
+    const int rc = wait_exit(pid, 150); /* the liveness (90 s) alone would not end it in time */
     kill(b, SIGTERM);
     const int brc = wait_exit(b, 30);
     char *err = kvm_test_read_file(err_path, NULL), *out = kvm_test_read_file(out_path, NULL);
@@ -1335,8 +1338,8 @@ static Suite *orch_recovery_suite(void)
                  {"worker_with_another_store", test_worker_with_another_store, 120},
                  {"hand_worker_clean_stop", test_hand_worker_clean_stop, 120},
                  {"hand_worker_grace_over", test_hand_worker_grace_over, 120},
-                 {"hand_worker_duplicate_id", test_hand_worker_duplicate_id, 180},
-                 {"hand_worker_restarted", test_hand_worker_restarted, 180},
+                 {"hand_worker_duplicate_id", test_hand_worker_duplicate_id, 300},
+                 {"hand_worker_restarted", test_hand_worker_restarted, 300},
                  {"left_documents_rechecked", test_left_documents_rechecked, 120},
                  {"left_recheck_bounded", test_left_recheck_bounded, 120},
                  {"left_wait_says_lapse", test_left_wait_says_lapse, 120}};
