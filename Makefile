@@ -17,6 +17,9 @@ PKGS       := libzmq msgpack lmdb lapacke liblbfgs inih libsodium libpcre2-8 jan
 # and the shutdown joined it for ever, or its failed pthread_create raised SIGINT (exit 130, read
 # as "interrupted"). The serial build starts none. Its folder goes in as DT_RPATH (not RUNPATH),
 # which the loader also uses for liblapacke's own liblapack.so.3, else the pthread build's.
+# The serial build is not safe to call from two threads at once (its blas_memory_alloc hands
+# out work buffers without a lock): kvmill makes every BLAS call under kvm_blas_lock
+# (kernels/kvm_blas.h).
 MULTIARCH  := $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || $(CC) -print-multiarch 2>/dev/null)
 OPENBLAS_SERIAL ?= /usr/lib/$(MULTIARCH)/openblas-serial
 ifneq ($(wildcard $(OPENBLAS_SERIAL)/pkgconfig/openblas.pc),)

@@ -2,6 +2,7 @@
  * differences, ridge normal equations, exactness at k = N−m (KL ~ 0), the LSE term at matched
  * masses, degenerate problems, decoding a compressed cache with true positions, the cache file,
  * allocation rules, thread determinism and that the solver never ends worse than its start. */
+#define _GNU_SOURCE /* RTLD_NEXT: this test binary's BLAS routines call OpenBLAS's */
 #include "compress/sculpt/kvm_sculpt_file.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
 #include "compress/sculpt/kvm_sculpt_problem.h"
@@ -11,16 +12,21 @@
 #include "common/kvm_progress.h"
 #include "kernels/kvm_fpmode.h"
 #include "kernels/kvm_sculpt_kernels.h"
+#include "kernels/cpu/kvm_cpu.h"
 #include "kernels/cpu/kvm_cpu_clones.h"
 #include "kernels/kvm_sculpt_body.h"
 #include "tests/util/kvm_test.h"
 
 #include <cblas.h>
 #include <check.h>
+#include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---------------- hand-made problems ---------------- */
 
@@ -1423,6 +1429,164 @@ START_TEST(test_batch_equals_per_problem)
 }
 END_TEST
 
+/* kvmill's BLAS calls are made one at a time, and give the same bits on two threads at once as
+ * on one. The serial OpenBLAS that kvmill links is not safe to call concurrently (its
+ * blas_memory_alloc hands two threads the same work buffer), and the solver calls it from its
+ * per-problem threads (Attention Matching's start: cblas_sgemm and cblas_ssyrk; the float64
+ * ridge equations: cblas_dsyrk and cblas_dgemm), so every call is made under kvm_blas_lock.
+ * Without it the one-problem-per-thread schedule of test_batch_equals_per_problem (am_start)
+ * differed now and then from the 1-thread run, or failed a ridge fit. This test binary's own
+ * definitions of those four routines (below; the library objects linked into it call them, and
+ * they call OpenBLAS's) count the calls in progress while a test watches, and wait 50 µs inside
+ * each call so that unserialised calls overlap for certain (without the lock: hundreds of
+ * overlaps per run). Two threads make back-to-back calls of the CPU backend's sgemm, then run
+ * every problem's Attention Matching head (float64 ridge) over and over, one thread in problem
+ * order and one in reverse: no call overlaps another, and every result is the 1-thread one. */
+static atomic_int blas_watch, blas_in, blas_overlaps;
+
+static void blas_enter(void)
+{
+    if (!atomic_load(&blas_watch)) return;
+    if (atomic_fetch_add(&blas_in, 1) > 0) atomic_fetch_add(&blas_overlaps, 1);
+    usleep(50);
+}
+
+static void blas_leave(void)
+{
+    if (atomic_load(&blas_watch)) atomic_fetch_sub(&blas_in, 1);
+}
+
+#define BLAS_NEXT(name) ((name##_fn)dlsym(RTLD_NEXT, #name))
+typedef void (*cblas_sgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint, blasint, blasint,
+                               float, const float *, blasint, const float *, blasint, float, float *, blasint);
+typedef void (*cblas_dgemm_fn)(enum CBLAS_ORDER, enum CBLAS_TRANSPOSE, enum CBLAS_TRANSPOSE, blasint, blasint, blasint,
+                               double, const double *, blasint, const double *, blasint, double, double *, blasint);
+typedef void (*cblas_ssyrk_fn)(enum CBLAS_ORDER, enum CBLAS_UPLO, enum CBLAS_TRANSPOSE, blasint, blasint, float,
+                               const float *, blasint, float, float *, blasint);
+typedef void (*cblas_dsyrk_fn)(enum CBLAS_ORDER, enum CBLAS_UPLO, enum CBLAS_TRANSPOSE, blasint, blasint, double,
+                               const double *, blasint, double, double *, blasint);
+
+void cblas_sgemm(const enum CBLAS_ORDER o, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                 const blasint m, const blasint n, const blasint k, const float alpha, const float *a,
+                 const blasint lda, const float *b, const blasint ldb, const float beta, float *c, const blasint ldc)
+{
+    blas_enter();
+    BLAS_NEXT(cblas_sgemm)(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    blas_leave();
+}
+
+void cblas_dgemm(const enum CBLAS_ORDER o, const enum CBLAS_TRANSPOSE ta, const enum CBLAS_TRANSPOSE tb,
+                 const blasint m, const blasint n, const blasint k, const double alpha, const double *a,
+                 const blasint lda, const double *b, const blasint ldb, const double beta, double *c, const blasint ldc)
+{
+    blas_enter();
+    BLAS_NEXT(cblas_dgemm)(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    blas_leave();
+}
+
+void cblas_ssyrk(const enum CBLAS_ORDER o, const enum CBLAS_UPLO u, const enum CBLAS_TRANSPOSE t, const blasint n,
+                 const blasint k, const float alpha, const float *a, const blasint lda, const float beta, float *c,
+                 const blasint ldc)
+{
+    blas_enter();
+    BLAS_NEXT(cblas_ssyrk)(o, u, t, n, k, alpha, a, lda, beta, c, ldc);
+    blas_leave();
+}
+
+void cblas_dsyrk(const enum CBLAS_ORDER o, const enum CBLAS_UPLO u, const enum CBLAS_TRANSPOSE t, const blasint n,
+                 const blasint k, const double alpha, const double *a, const blasint lda, const double beta, double *c,
+                 const blasint ldc)
+{
+    blas_enter();
+    BLAS_NEXT(cblas_dsyrk)(o, u, t, n, k, alpha, a, lda, beta, c, ldc);
+    blas_leave();
+}
+
+enum { HAMMER_GEMMS = 200, HAMMER_REPS = 4, HM = 192, HN = 80, HK = 8 };
+
+typedef struct blas_hammer {
+    const kvm_sculpt_problem *P;
+    const kvm_sculpt_opts *o;
+    const float *x, *y, *ref; /* sgemm: [HM][HK], [HN][HK], the 1-thread [HM][HN] */
+    int np, d, rev, bad, bad_gemm, rc;
+    const float *rk, *rv, *rb; /* [BN][BKMAX·8], [BN][BKMAX·8], [BN][BKMAX]: the 1-thread heads */
+} blas_hammer;
+
+static void *blas_hammer_run(void *arg)
+{
+    blas_hammer *h = arg;
+    static _Thread_local float z[HM * HN];
+    for (int r = 0; r < HAMMER_GEMMS; r++) {
+        if ((h->rc = kvm__cpu_sgemm(0, 1, HM, HN, HK, 0.35f, h->x, HK, h->y, HK, 0.0f, z, HN))) return NULL;
+        h->bad_gemm += memcmp(z, h->ref, sizeof z) != 0;
+    }
+    float kc[BKMAX * 8], vc[BKMAX * 8], beta[BKMAX];
+    for (int r = 0; r < HAMMER_REPS; r++)
+        for (int t = 0; t < h->np; t++) {
+            const int i = h->rev ? h->np - 1 - t : t, kd = (int)batch_k(i) * h->d;
+            kvm_sculpt_head_stats st;
+            if ((h->rc = kvm_sculpt_am_head(&h->P[i], h->o, batch_k(i), kc, vc, beta, &st))) return NULL;
+            h->bad += memcmp(kc, h->rk + i * BKMAX * 8, (size_t)kd * sizeof *kc) != 0 ||
+                      memcmp(vc, h->rv + i * BKMAX * 8, (size_t)kd * sizeof *vc) != 0 ||
+                      memcmp(beta, h->rb + i * BKMAX, (size_t)batch_k(i) * sizeof *beta) != 0;
+        }
+    return NULL;
+}
+
+START_TEST(test_blas_calls_thread_safe)
+{
+    kvm_eval_doc *doc;
+    ck_assert_int_eq(kvm_eval_doc_new(model, NULL, ids, 128, 96, 32, &doc), 0);
+    const kvm_model_config *c = &model->cfg;
+    const int np = c->n_layers * c->n_kv_heads, d = c->head_dim;
+    ck_assert_int_eq(np, BN);
+    ck_assert_int_le(d, 8);
+    kvm_sculpt_problem P[BN];
+    for (int i = 0; i < np; i++)
+        ck_assert_int_eq(kvm_sculpt_problem_build(c, kvm_eval_doc_input(doc)->cap, i / c->n_kv_heads, i % c->n_kv_heads,
+                                                  16, 160, 32, 7, &P[i]),
+                         0);
+    static float x[HM * HK], y[HN * HK], ref[HM * HN];
+    uint32_t lcg = 12345;
+    for (int i = 0; i < HM * HK; i++)
+        x[i] = (float)((lcg = lcg * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < HN * HK; i++)
+        y[i] = (float)((lcg = lcg * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f;
+    ck_assert_int_eq(kvm__cpu_sgemm(0, 1, HM, HN, HK, 0.35f, x, HK, y, HK, 0.0f, ref, HN), 0);
+    kvm_sculpt_opts o = quick_opts();
+    o.ridge_f32 = 0; /* the values' normal equations by OpenBLAS too */
+    static float rk[BN * BKMAX * 8], rv[BN * BKMAX * 8], rb[BN * BKMAX];
+    for (int i = 0; i < np; i++) { /* one thread: the reference */
+        kvm_sculpt_head_stats st;
+        ck_assert_int_eq(
+            kvm_sculpt_am_head(&P[i], &o, batch_k(i), rk + i * BKMAX * 8, rv + i * BKMAX * 8, rb + i * BKMAX, &st), 0);
+    }
+    blas_hammer h[2];
+    pthread_t th;
+    for (int t = 0; t < 2; t++)
+        h[t] = (blas_hammer){
+            .P = P, .o = &o, .x = x, .y = y, .ref = ref, .np = np, .d = d, .rev = t, .rk = rk, .rv = rv, .rb = rb};
+    atomic_store(&blas_watch, 1);
+    ck_assert_int_eq(pthread_create(&th, NULL, blas_hammer_run, &h[1]), 0);
+    blas_hammer_run(&h[0]);
+    pthread_join(th, NULL);
+    atomic_store(&blas_watch, 0);
+    const int overlaps = atomic_load(&blas_overlaps);
+    printf("BLAS from two threads at once: %d overlapping calls; %d + %d of 2 x %d sgemm calls and %d + %d of 2 x %d "
+           "Attention Matching heads differ from one thread's\n",
+           overlaps, h[0].bad_gemm, h[1].bad_gemm, HAMMER_GEMMS, h[0].bad, h[1].bad, HAMMER_REPS * np);
+    fflush(stdout);
+    ck_assert_int_eq(h[0].rc, 0);
+    ck_assert_int_eq(h[1].rc, 0);
+    ck_assert_int_eq(overlaps, 0);
+    ck_assert_int_eq(h[0].bad_gemm + h[1].bad_gemm, 0);
+    ck_assert_int_eq(h[0].bad + h[1].bad, 0);
+    for (int i = 0; i < np; i++)
+        kvm_sculpt_problem_free(&P[i]);
+    kvm_eval_doc_free(&doc);
+}
+END_TEST
+
 /* The CPU batch backend: loss and gradient of a subset in one call equal the single-problem
  * kernel's; bad batches and indices are refused with a message. */
 START_TEST(test_batch_backend_cpu)
@@ -1646,6 +1810,7 @@ static Suite *suite(void)
     tcase_add_test(tm, test_fpmode_restored);
     tcase_add_test(tm, test_lbfgs_vs_liblbfgs);
     tcase_add_test(tm, test_batch_equals_per_problem);
+    tcase_add_test(tm, test_blas_calls_thread_safe);
     tcase_add_test(tm, test_cli);
     tcase_add_test(tm, test_cli_long_document);
     suite_add_tcase(s, tm);

@@ -4,6 +4,7 @@
  * the attention mass, values by (ridge-regularised) least squares — and the NNLS solver. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_blas.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -65,8 +66,10 @@ int kvm_sculpt_nnls(const double *G, const double *h, int64_t k, double tol, int
 static void zone_softmax(const kvm_sculpt_problem *p, float *A)
 {
     const int64_t nq = p->nq, nc = p->nc;
+    kvm_blas_lock(); /* one BLAS call at a time: the problems' workers call it concurrently */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nc, p->d, p->scale, p->q, p->d, p->kz, p->d,
                 0.0f, A, (int)nc);
+    kvm_blas_unlock();
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < nc; j++) A[i * nc + j] = expf(A[i * nc + j] - p->lse_zone[i]);
 }
@@ -79,7 +82,9 @@ static void fit_mass(const kvm_sculpt_problem *p, const float *A, const int64_t 
     const int64_t nq = p->nq, nc = p->nc;
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < ns; j++) AS[i * ns + j] = A[i * nc + sel[j]];
+    kvm_blas_lock();
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)ns, (int)nq, 1.0f, AS, (int)ns, 0.0f, Gf, (int)ns);
+    kvm_blas_unlock();
     for (int64_t a = 0; a < ns; a++) {
         for (int64_t b = a; b < ns; b++) G[a * ns + b] = G[b * ns + a] = Gf[a * ns + b];
         h[a] = 0;

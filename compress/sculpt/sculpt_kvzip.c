@@ -5,6 +5,7 @@
  * with their own keys and values. */
 #include "compress/sculpt/kvm_sculpt_problem.h"
 #include "common/kvm_error.h"
+#include "kernels/kvm_blas.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -34,8 +35,10 @@ int kvm_sculpt_kvzip_head(const kvm_sculpt_problem *p, const kvm_sculpt_opts *o,
         score[j] = -INFINITY; /* max over queries of the log-probability */
     for (int64_t i0 = 0; nc > 0 && i0 < nq; i0 += KVZIP_BLOCK) {
         int64_t nb = nq - i0 < KVZIP_BLOCK ? nq - i0 : KVZIP_BLOCK;
+        kvm_blas_lock(); /* one BLAS call at a time: the problems' workers call it concurrently */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nc, d, p->scale, p->q + i0 * d, d, p->kz, d,
                     0.0f, S, (int)nc);
+        kvm_blas_unlock();
         for (int64_t i = 0; i < nb; i++) {
             double lz = p->lse_zone[i0 + i], lr = p->lse_ret[i0 + i];
             double hi = fmax(lz, lr), lse = hi + log(exp(lz - hi) + exp(lr - hi)); /* full softmax denominator */

@@ -8,6 +8,7 @@
 #include "kernels/kvm_forward_body.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
 #include "kernels/cpu/kvm_cpu_pool.h"
+#include "kernels/kvm_blas.h"
 #include "common/kvm_error.h"
 
 #include <cblas.h>
@@ -35,9 +36,11 @@ int kvm__cpu_sgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, fl
             for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
         return 0;
     }
+    kvm_blas_lock(); /* the serial OpenBLAS is not safe to call from two threads at once */
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda, b, (blasint)ldb, beta, c,
                 (blasint)ldc);
+    kvm_blas_unlock();
     return 0;
 }
 

@@ -6,6 +6,7 @@
  * machines where Debian's OpenBLAS runs its generic kernels). */
 #include "kernels/kvm_sculpt_kernels.h"
 #include "kernels/cpu/kvm_cpu_gemm.h"
+#include "kernels/kvm_blas.h"
 #include "common/kvm_error.h"
 
 #include <cblas.h>
@@ -62,8 +63,10 @@ static int normal_f64(const float *Pf, const double *T, int64_t nq, int64_t k, i
     double *P = malloc((size_t)(nq * k) * sizeof *P);
     if (!P) return KVM_ENOMEM;
     for (int64_t i = 0; i < nq * k; i++) P[i] = Pf[i];
+    kvm_blas_lock(); /* one BLAS call at a time: the problems' workers call it concurrently */
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)k, (int)nq, 1.0, P, (int)k, 0.0, A, (int)k);
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, d, (int)nq, 1.0, P, (int)k, T, d, 0.0, B, d);
+    kvm_blas_unlock();
     free(P);
     return 0;
 }
