@@ -242,21 +242,10 @@ void kvm_orch__worker_dead(orch *o, int w, const char *why)
 void kvm_orch__worker_process(orch *o, int w, int64_t pid, uint64_t instance)
 {
     orch_worker *wk = &o->workers[w];
-    const int64_t was = wk->ctl_pid;
-    const uint64_t was_instance = wk->ctl_instance;
-    wk->ctl_pid = pid;
-    wk->ctl_instance = instance;
-    const int other = was && (was != pid || (was_instance && instance && was_instance != instance));
-    if (!other || (wk->job < 0 && w != o->reduce_worker)) return;
-    char why[160];
-    if (was == pid)
-        snprintf(why, sizeof why,
-                 "is a new process (pid %lld again, another instance; its work was the old one's, "
-                 "which is gone)",
-                 (long long)pid);
-    else
-        snprintf(why, sizeof why, "is a new process (pid %lld; its work was pid %lld's, which is gone)", (long long)pid,
-                 (long long)was);
+    char why[200];
+    if (!kvm_stage_new_process(&wk->ctl_pid, &wk->ctl_instance, pid, instance, "its work", why, sizeof why) ||
+        (wk->job < 0 && w != o->reduce_worker))
+        return;
     kvm_orch__log("worker %s %s: its work is taken back\n", wk->id, why);
     take_back_work(o, w, why);
 }

@@ -76,21 +76,10 @@ static void drop_request(srv *s, int w, const char *why)
 void kvm_serve__worker_process(srv *s, int w, int64_t pid, uint64_t instance)
 {
     srv_worker *wk = &s->workers[w];
-    const int64_t was = wk->ctl_pid;
-    const uint64_t was_instance = wk->ctl_instance;
-    wk->ctl_pid = pid;
-    wk->ctl_instance = instance;
-    const int other = was && (was != pid || (was_instance && instance && was_instance != instance));
-    if (!other || !wk->busy) return;
-    char why[160];
-    if (was == pid)
-        snprintf(why, sizeof why,
-                 "is a new process (pid %lld again, another instance; the request was the old "
-                 "one's, which is gone)",
-                 (long long)pid);
-    else
-        snprintf(why, sizeof why, "is a new process (pid %lld; the request was pid %lld's, which is gone)",
-                 (long long)pid, (long long)was);
+    char why[200];
+    if (!kvm_stage_new_process(&wk->ctl_pid, &wk->ctl_instance, pid, instance, "the request", why, sizeof why) ||
+        !wk->busy)
+        return;
     kvm_serve__log("decode worker %s %s: request %llu ends", wk->id, why, (unsigned long long)wk->request_id);
     drop_request(s, w, why);
 }

@@ -127,6 +127,23 @@ int kvm_stage_welcome(void *router, const void *routing_id, size_t id_len, const
     return send_ack(router, routing_id, id_len, r->worker_id, from, false);
 }
 
+int kvm_stage_new_process(int64_t *last_pid, uint64_t *last_instance, int64_t pid, uint64_t instance, const char *what,
+                          char *why, size_t size)
+{
+    const int64_t was = *last_pid;
+    const uint64_t was_instance = *last_instance;
+    *last_pid = pid;
+    *last_instance = instance;
+    if (!was || (was == pid && (!was_instance || !instance || was_instance == instance))) return 0;
+    if (was == pid)
+        snprintf(why, size, "is a new process (pid %lld again, another instance; %s was the old one's, which is gone)",
+                 (long long)pid, what);
+    else
+        snprintf(why, size, "is a new process (pid %lld; %s was pid %lld's, which is gone)", (long long)pid, what,
+                 (long long)was);
+    return 1;
+}
+
 int kvm_stage_one_job(void *state, kvm_msg *const *in, int n_in)
 {
     (void)state;

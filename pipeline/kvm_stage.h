@@ -222,6 +222,15 @@ int kvm_stage_answer_stopping(void *router, const void *routing_id, size_t id_le
  * nothing. */
 int kvm_stage_welcome(void *router, const void *routing_id, size_t id_len, const kvm_proto_ready *r, const char *from);
 
+/* Whether a control-socket ready of process (pid, instance) under a worker's id is another process
+ * than the last one's, (*last_pid, *last_instance), which it then replaces (PROTOCOL.md §5,
+ * revision 15): another pid, or the same pid and another instance, both named (pid 1 of a
+ * restarted container); never the first ready (*last_pid 0). When it is, `why` gets "is a new
+ * process (...; WHAT was ...'s, which is gone)" for the log, WHAT naming what the old one held
+ * ("its work", "the request"). */
+int kvm_stage_new_process(int64_t *last_pid, uint64_t *last_instance, int64_t pid, uint64_t instance, const char *what,
+                          char *why, size_t size);
+
 /* Milliseconds on the monotonic clock. */
 double kvm_now_ms(void);
 
