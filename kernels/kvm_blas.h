@@ -11,7 +11,11 @@
 #ifndef KVM_BLAS_H
 #define KVM_BLAS_H
 
+/* Takes the process-wide BLAS lock (blocking until no other thread holds it); call right before
+ * a cblas_* call, with nothing else inside. Not recursive: a thread holding it must not take it
+ * again. Never fails (a static mutex). */
 void kvm_blas_lock(void);
+/* Releases the lock the calling thread took with kvm_blas_lock. */
 void kvm_blas_unlock(void);
 
 #endif

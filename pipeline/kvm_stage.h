@@ -204,7 +204,8 @@ int kvm_stage_send_refusal(void *router, const char *worker_id, const char *from
 /* Answers a stopping worker's heartbeat (`stopping`, on the data socket: PROTOCOL.md §5, revision
  * 13) from an orchestrator: `c` is that heartbeat, decoded; `routing_id`/`id_len` the routing id it
  * came with on the ROUTER data socket `router`; `from` names the sender ("serve", "run",
- * "calibrate"). Sends the end of that worker's work, an `ack` with job_id 0 and `stopping`, on the
+ * "calibrate"). Sends the end of that worker's work, an `ack` with job_id 0, `stopping` and (revision
+ * 15) `revision` KVM_PROTO_REVISION, on the
  * same socket, after everything sent there before; the caller withdraws the worker's credit
  * first, so nothing follows it. Any stopping worker is answered, one the caller does not know or
  * judged dead too, and at every asking: a second answer is dropped by the worker. Returns 0;

@@ -369,25 +369,36 @@ static int wait_exit(pid_t pid, int s)
     return -1;
 }
 
+/* A run of n_docs documents with sculpt jobs of seconds (the sanitizers' quick runs are slower by
+ * themselves), heartbeats every 200 ms, `liveness` of them, and no compress worker of its own;
+ * started (its stdout and stderr paths into out_path, err_path) and waiting for workers started
+ * by hand, its store made (a worker refuses a --store that does not exist yet). Returns its pid. */
+static pid_t start_hand_run(int n_docs, int liveness, char *out_path, char *err_path, size_t n)
+{
+    make_docs(n_docs);
+    char run[64];
+    snprintf(run, sizeof run, "heartbeat_ms = 200\nliveness = %d", liveness);
+    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
+                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
+                 store, run);
+    FILE *f = fopen(cfg_path, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
+    fclose(f);
+    pid_t pid = start_kvmill(out_path, err_path, n);
+    ck_assert_msg(kvm_test_wait_text(err_path, "waiting for kvmill-compress workers started by hand", 1, 30),
+                  "the run did not start");
+    return pid;
+}
+
 /* A compress worker started by hand and stopped cleanly while busy (SIGTERM: it finishes its job,
  * then stops) was logged "went silent" a liveness period later (5 s here), the wording of a hung
  * or dead one. Its last word, a stopping heartbeat on the control socket (revision 14), ends it
  * at once: "stopped (it said so". */
 static void hand_worker_clean_stop(const char *grace)
 {
-    make_docs(3);
-    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
-                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
-                 store, "heartbeat_ms = 200\nliveness = 25");
-    FILE *f = fopen(cfg_path, "a");
-    ck_assert_ptr_nonnull(f);
-    fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
-    fclose(f);
     char out_path[4300], err_path[4300], wpath[4300];
-    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
-    /* its store made: a worker refuses a --store that does not exist yet */
-    ck_assert_msg(kvm_test_wait_text(err_path, "waiting for kvmill-compress workers started by hand", 1, 30),
-                  "the run did not start");
+    pid_t pid = start_hand_run(3, 25, out_path, err_path, sizeof out_path);
     pid_t w = start_worker_grace(store, "hand", grace);
     snprintf(wpath, sizeof wpath, "%s/hand.log", tmp);
     int busy = 0; /* its first job's KV came: a job of seconds runs */
@@ -430,22 +441,11 @@ static void hand_worker_clean_stop(const char *grace)
 static void hand_worker_second_process(int duplicate)
 {
     const int n_docs = 3;
-    make_docs(n_docs);
-    /* jobs of seconds (the sanitizers' quick runs are slower by themselves); a liveness of 90 s,
-     * longer than the run is given after the kill */
-    write_config(kvm_test_quick() ? "method = sculpt\nqueries = 512\nrounds = 2\niterations = 60"
-                                  : "method = sculpt\nqueries = 2048\nrounds = 4\niterations = 300",
-                 store, "heartbeat_ms = 200\nliveness = 450");
-    FILE *f = fopen(cfg_path, "a");
-    ck_assert_ptr_nonnull(f);
-    fputs("compress_workers = 0\n", f); /* the [stages] section is the config's last */
-    fclose(f);
     char out_path[4300], err_path[4300], first_log[4300], second_log[4300];
     snprintf(first_log, sizeof first_log, "%s/first.log", tmp);
     snprintf(second_log, sizeof second_log, "%s/second.log", tmp);
-    pid_t pid = start_kvmill(out_path, err_path, sizeof out_path);
-    ck_assert_msg(kvm_test_wait_text(err_path, "waiting for kvmill-compress workers started by hand", 1, 30),
-                  "the run did not start");
+    /* a liveness of 90 s, longer than the run is given after the kill */
+    pid_t pid = start_hand_run(n_docs, 450, out_path, err_path, sizeof out_path);
     pid_t a = start_worker_log(store, "twice", NULL, "first"), b = -1;
     /* welcomed, or its first job done (it asks for the next at once); stopped there, so that the
      * run holds work for it whatever the jobs' speed (the sanitizers', a quick run's) */
