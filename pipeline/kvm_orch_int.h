@@ -89,6 +89,8 @@ typedef struct orch_worker {
     int store_failures;       /* its jobs failed at the store service in a row (no ack between) */
     int64_t store_refused_pid; /* ... the process refused: another pid under its id is judged afresh */
     char store_why[600];       /* ... why (the job's error, or the ack that the store does not hold) */
+    uint64_t asks_job_id;      /* the job it held when it asked for work (a credit) while holding one ... */
+    double asks_since;         /* ... and when that first came (kvm_now_ms; 0: not since): lost_job_check */
 } orch_worker;
 
 typedef struct orch_slot {

@@ -281,6 +281,37 @@ static void on_stopping(orch *o, const kvm_msg *m, const kvm_frame *idf, int say
                       c.worker_id.ptr, kvm_errmsg());
 }
 
+/* A credit (data `ready`) from worker w while it holds a job. A stage asks for work only with no
+ * job and no part of one (kvm_stage.c), once a heartbeat, so credits a liveness period apart
+ * after the job was sent say that the job never reached it: lost with a connection that closed
+ * (ZeroMQ drops what a closed connection's pipe held; the worker's socket connects again and it
+ * asks). Before, the run held the job for a live worker for ever and never ended. The first
+ * credits can be older than the job (ctl and data are two connections; the one asking after a
+ * result can overtake that result), and a run stopped for a while reads a backlog at once, so
+ * the span is counted from the first credit read since the job was sent, not from the send. The
+ * job is requeued without using up an attempt (the network's fault, as a send that failed), and
+ * the credit makes w idle. The strategy build (calibrate) is left to its own timeout. */
+static void lost_job_check(orch *o, int w)
+{
+    orch_worker *wk = &o->workers[w];
+    orch_job *j = &o->jobs[wk->job];
+    if (w == o->reduce_worker || j->worker != w || (j->state != J_PREFILL && j->state != J_COMPRESS)) return;
+    const double now = kvm_now_ms();
+    if (wk->asks_job_id != j->id || wk->asks_since <= 0) {
+        wk->asks_job_id = j->id, wk->asks_since = now;
+        return;
+    }
+    if (now - wk->asks_since < o->dead_ms) return;
+    char why[400];
+    snprintf(why, sizeof why,
+             "worker %s asks for work for %.1f s while it holds job %llu: the job did not reach it (lost with a "
+             "connection that closed)",
+             wk->id, (now - wk->asks_since) / 1000, (unsigned long long)j->id);
+    wk->asks_since = 0;
+    j->attempt--; /* kvm_orch__requeue counts one: not the document's fault */
+    kvm_orch__requeue(o, j, why);
+}
+
 static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
 {
     kvm_proto_type t;
@@ -300,7 +331,9 @@ static void on_data(orch *o, kvm_msg *m, const kvm_frame *idf)
         orch_worker *wk = &o->workers[w];
         wk->last_seen = kvm_now_ms();
         wk->alive = 1;
-        if (!kvm_orch__worker_refused(o, w, &c, 0) && wk->job < 0) wk->idle = 1;
+        if (kvm_orch__worker_refused(o, w, &c, 0)) return;
+        if (wk->job >= 0) lost_job_check(o, w);
+        if (wk->job < 0) wk->idle = 1;
         return;
     }
     if (t == KVM_PROTO_STATS && o->mode == MODE_CALIBRATE) {

@@ -57,14 +57,15 @@ static int worker_find(srv *s, const kvm_frame *idf, int create)
 }
 
 /* The worker is gone: its client gets an error; a spawned one is restarted. */
-/* Ends the request worker w holds (its client told why, to ask again), its document's hold and
+/* Ends the request worker w holds (its client told why, to ask again: "decode worker W <why>
+ * while answering" or, lost before it reached the worker, "... <why>"), its document's hold and
  * its grant released. */
-static void drop_request(srv *s, int w, const char *why)
+static void drop_request(srv *s, int w, const char *why, int answering)
 {
     srv_worker *wk = &s->workers[w];
     if (wk->busy && wk->env) {
         char msg[512];
-        snprintf(msg, sizeof msg, "decode worker %s %s while answering; try again", wk->id, why);
+        snprintf(msg, sizeof msg, "decode worker %s %s%s; try again", wk->id, why, answering ? " while answering" : "");
         kvm_serve__reply_error(s, &wk->env, wk->request_id, KVM_EIO, msg);
     }
     kvm_msg_free(&wk->env);
@@ -81,7 +82,7 @@ void kvm_serve__worker_process(srv *s, int w, int64_t pid, uint64_t instance)
         !wk->busy)
         return;
     kvm_serve__log("decode worker %s %s: request %llu ends", wk->id, why, (unsigned long long)wk->request_id);
-    drop_request(s, w, why);
+    drop_request(s, w, why, 1);
 }
 
 void kvm_serve__worker_dead(srv *s, int w, const char *why)
@@ -89,7 +90,7 @@ void kvm_serve__worker_dead(srv *s, int w, const char *why)
     srv_worker *wk = &s->workers[w];
     if (!wk->alive && !wk->busy) return;
     kvm_serve__log("decode worker %s %s", wk->id, why);
-    drop_request(s, w, why);
+    drop_request(s, w, why, 1);
     wk->alive = wk->idle = wk->busy = 0;
     if (wk->slot >= 0 && !*s->interrupts) {
         srv_slot *sl = &s->slots[wk->slot];
@@ -377,6 +378,32 @@ static void on_stopping(srv *s, const kvm_frame *idf, const kvm_msg *m)
         kvm_serve__log("could not send the end of its work to stopping worker %s: %s", id, kvm_errmsg());
 }
 
+/* A credit (data `ready`) from decode worker w while it holds a request. A stage asks for work
+ * only with nothing in hand (kvm_stage.c), once a heartbeat, so credits a liveness period apart
+ * say that the request never reached it: lost with a connection that closed (ZeroMQ drops what
+ * the closed connection's pipe held). The worker stayed busy for ever, and no request went to it
+ * again: with one decode worker every later question timed out. The span is counted from the
+ * first credit read since the hand-over (one can be older than the request), as kvmill run does
+ * for its jobs (kvm_orch_receive.c); the client still waiting is told to ask again. */
+static void lost_request_check(srv *s, int w)
+{
+    srv_worker *wk = &s->workers[w];
+    const double now = kvm_now_ms();
+    if (wk->asks_request_id != wk->request_id || wk->asks_since <= 0 || wk->asks_since < wk->t_sent) {
+        wk->asks_request_id = wk->request_id, wk->asks_since = now;
+        return;
+    }
+    if (now - wk->asks_since < s->dead_ms) return;
+    char why[200];
+    snprintf(why, sizeof why,
+             "did not get request %llu: it asks for work for %.1f s (the request was lost with a connection that "
+             "closed)",
+             (unsigned long long)wk->request_id, (now - wk->asks_since) / 1000);
+    kvm_serve__log("decode worker %s %s", wk->id, why);
+    wk->asks_since = 0;
+    drop_request(s, w, why, 0);
+}
+
 static void on_worker_data(srv *s, int w, kvm_msg **m)
 {
     srv_worker *wk = &s->workers[w];
@@ -386,7 +413,9 @@ static void on_worker_data(srv *s, int w, kvm_msg **m)
         return;
     }
     if (t == KVM_PROTO_READY) {
-        if (!refused_after(s, w, *m, 0) && !wk->busy) wk->idle = 1;
+        if (refused_after(s, w, *m, 0)) return;
+        if (wk->busy) lost_request_check(s, w);
+        if (!wk->busy) wk->idle = 1;
         return;
     }
     if (t != KVM_PROTO_ANSWER) {

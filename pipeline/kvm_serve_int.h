@@ -89,7 +89,9 @@ typedef struct srv_worker {
     int64_t refused_pid; /* the refused process's pid: another process reusing the id is judged afresh */
     int refused_ctl_seen; /* the refused process's control-socket ready was judged (kvm_stage_judge_first) */
     int64_t ctl_pid;      /* the pid its last control-socket ready named, 0 until one came */
-    uint64_t ctl_instance; /* ... and its instance (revision 15; 0: none named) */
+    uint64_t ctl_instance;    /* ... and its instance (revision 15; 0: none named) */
+    uint64_t asks_request_id; /* the request it held when it asked for work (a credit) while busy ... */
+    double asks_since;        /* ... and when that first came (kvm_now_ms; 0: not since): lost_request_check */
 } srv_worker;
 
 typedef struct srv_request {

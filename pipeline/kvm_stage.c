@@ -240,6 +240,7 @@ typedef struct stage_rt {
     int awaiting_end;   /* stopping: the stopping heartbeat went out, the orchestrator's end-of-work
                            ack (revision 13) has not come yet */
     int acks_due;       /* stopping heartbeats sent on data (a stop's, a probe's) not answered yet */
+    int inputs_cut;     /* the data connection closed while part of a job was here: cut_inputs */
     /* Whether the orchestrator hears this worker (PROTOCOL.md §5, revision 15): ZeroMQ's ROUTER
      * hears only the first connection under a routing id while it lasts, and one that came while
      * another process held this worker's --id stays unheard even after that one is gone. */
@@ -748,6 +749,29 @@ static void on_end_of_work(stage_rt *rt, const kvm_msg *m)
 }
 
 static void start_drain(stage_rt *rt, double now);
+static void on_data(stage_rt *rt);
+
+/* The data connection closed while the first parts of a job (a compress job and some of its KV
+ * layers) were here: the orchestrator's ROUTER dropped what it still held for the connection, so
+ * the rest will never come, and a worker holding a part asks for no work: it waited for ever
+ * (and the run with it, holding the job for it). What the socket already received is read first
+ * (it comes before the event's end); then a job still in part is dropped, and the worker asks
+ * for work again, by which the orchestrator knows that the job was lost (kvm_orch_receive.c). */
+static void cut_inputs(stage_rt *rt)
+{
+    zmq_pollitem_t it = {rt->data, 0, ZMQ_POLLIN, 0};
+    while (!rt->job.running && rt->job.n_in > 0 && zmq_poll(&it, 1, 0) == 1)
+        on_data(rt);
+    rt->inputs_cut = 0;
+    if (rt->job.running || rt->job.n_in == 0) return;
+    uint64_t id = rt->ops->job_id(rt->state, rt->job.in, rt->job.n_in);
+    log_line(rt,
+             "the data connection closed with %d part(s) of job %llu here: the rest was lost with it; dropped "
+             "them, asking for work again",
+             rt->job.n_in, (unsigned long long)id);
+    drop_inputs(&rt->job);
+    rt->last_credit = 0;
+}
 
 /* One message from the data socket: part of a job, or garbage to drop. */
 static void on_data(stage_rt *rt)
@@ -983,6 +1007,7 @@ static int link_event(stage_rt *rt, int i)
          * other end of work lost with it (a stop's wait ends on data_down) */
         if (i == 1) rt->probing = 0, rt->acks_due = 0;
         if (i == 1) rt->data_down = 1;
+        if (i == 1 && !rt->job.running && rt->job.n_in > 0) rt->inputs_cut = 1;
         if (i == 0) rt->linked = 0;
         if (i == 0 && rt->greeted) {
             kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
@@ -1163,6 +1188,7 @@ static void serve(stage_rt *rt)
         }
         if (items[0].revents & ZMQ_POLLIN) on_ctl(rt);
         if (items[1].revents & ZMQ_POLLIN) on_data(rt);
+        if (rt->inputs_cut) cut_inputs(rt);
     }
 }
 

@@ -970,6 +970,74 @@ START_TEST(test_stopping_worker_gets_end_of_work)
 }
 END_TEST
 
+/* Worker `id` (DEALER d) asks for work on the data socket (a credit); the run reads it. */
+static void ask_for_work(orch *o, void *d, const char *id)
+{
+    kvm_proto_ready r = {.worker_id = {id, strlen(id)}, .stage = {"prefill", 7}, .pid = 1};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&r, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    zmq_pollitem_t it = {o->data, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_orch__receive(o, o->data, 0);
+}
+
+/* The job id of the job message that came to DEALER d within 5 s. */
+static uint64_t job_came(void *d)
+{
+    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+    ck_assert_msg(zmq_poll(&it, 1, 5000) == 1, "no job came to the worker");
+    kvm_msg *m = NULL;
+    kvm_proto_job j;
+    ck_assert_int_eq(kvm_msg_recv(d, &m, 0), 0);
+    ck_assert_msg(kvm_proto_job_decode(m, &j) == 0, "%s", kvm_errmsg());
+    const uint64_t id = j.job_id;
+    kvm_msg_free(&m);
+    return id;
+}
+
+/* A job lost on the wire: it went to the worker, whose connection then closed (ZeroMQ drops what
+ * the closed connection's pipe held), and the worker, connected again, asks for work once a
+ * heartbeat. The run held the job for that live worker for ever (a run that never ended). Now
+ * credits read a liveness period (dead_ms, 500 ms here) apart requeue it, its attempt unused,
+ * and the worker gets it again. Credits read in a burst (a backlog read after a stall, or older
+ * than the job) requeue nothing. */
+START_TEST(test_job_lost_on_the_wire)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    const char *id = "prefill-0-r0";
+    o->workers[0] =
+        (orch_worker){.id = "prefill-0-r0", .stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    void *d = fake_worker(o, id);
+    kvm_orch__dispatch(o);
+    ck_assert_int_eq(o->jobs[0].state, J_PREFILL);
+    const uint64_t first = job_came(d); /* and lost: the worker never sees it */
+    ck_assert_uint_eq(first, o->jobs[0].id);
+    for (int k = 0; k < 5; k++) /* a burst: nothing said yet */
+        ask_for_work(o, d, id);
+    ck_assert_int_eq(o->jobs[0].state, J_PREFILL);
+    for (int k = 0; k < 20 && o->jobs[0].state == J_PREFILL; k++) {
+        usleep(100 * 1000); /* once a heartbeat (hb_ms 100) */
+        ask_for_work(o, d, id);
+    }
+    ck_assert_msg(o->jobs[0].state == J_QUEUED, "the lost job is still held for the worker (state %d)",
+                  (int)o->jobs[0].state);
+    ck_assert_int_eq(o->jobs[0].attempt, 0); /* the network's fault, not the document's */
+    ck_assert_uint_ne(o->jobs[0].id, first);
+    ck_assert_int_eq(o->workers[0].job, -1);
+    ck_assert_int_eq(o->workers[0].idle, 1); /* the credit that told it */
+    ck_assert_int_eq(o->workers[0].alive, 1);
+    kvm_orch__dispatch(o);
+    ck_assert_int_eq(o->jobs[0].state, J_PREFILL);
+    ck_assert_uint_eq(job_came(d), o->jobs[0].id);
+    zmq_close(d);
+    fake_end(&f);
+}
+END_TEST
+
 /* An ack of an earlier attempt of a job: the job was requeued (its worker judged dead) after its
  * worker had committed the cache. The ack was dropped as stale, and the document compressed
  * again, or failed, though stored. Now it is done, counted compressed, when the store holds its
@@ -1327,6 +1395,7 @@ static Suite *orch_recovery_suite(void)
                  {"read_failure_json_event", test_read_failure_json_event, 60},
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
                  {"stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30},
+                 {"job_lost_on_the_wire", test_job_lost_on_the_wire, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"ack_after_evictions", test_ack_after_evictions, 90},
                  {"evictions_of_older_excuse_nothing", test_evictions_of_older_excuse_nothing, 90},

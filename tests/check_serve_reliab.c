@@ -1237,6 +1237,59 @@ START_TEST(test_restarted_worker_freed)
 }
 END_TEST
 
+/* Decode worker w0 (DEALER d) asks for work on the data socket (a credit); the broker reads it. */
+static void credit_from(srv *s, void *d)
+{
+    kvm_proto_ready r = {.worker_id = kvm_proto_str_c("w0"), .stage = kvm_proto_str_c("decode"), .pid = 1};
+    kvm_msg *m = NULL;
+    ck_assert_int_eq(kvm_proto_ready_encode(&r, &m), 0);
+    ck_assert_int_eq(kvm_msg_send(d, &m, 0), 0);
+    zmq_pollitem_t it = {s->data, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    kvm_serve__receive_back(s, s->data, 0);
+}
+
+/* A request lost on the wire: handed to the decode worker, whose connection then closed (ZeroMQ
+ * drops what the closed connection's pipe held); the worker, connected again, asks for work once
+ * a heartbeat. It stayed busy with the lost request for ever, and no request went to it again
+ * (with one worker, every later question timed out). Now credits read a liveness period apart
+ * (dead_ms, 500 ms here) end the request (its client is told to ask again) and free the worker;
+ * credits read in a burst end nothing. */
+START_TEST(test_request_lost_on_the_wire)
+{
+    void *w0;
+    srv *s = held_broker("lost", &w0);
+    const kvm_serve_opts o = {0}; /* no model to check */
+    s->o = &o;
+    s->dead_ms = 500;
+    for (int w = 1; w < 4; w++)
+        s->workers[w].idle = 0; /* w0 alone takes requests */
+    const char *doc = "Once upon a time there was a little girl named Lily.";
+    queue_ask(s, 1, doc);
+    kvm_serve__dispatch(s);
+    ck_assert(s->workers[0].busy && s->workers[0].request_id == 1);
+    kvm_msg *m = NULL;
+    zmq_pollitem_t it = {w0, 0, ZMQ_POLLIN, 0};
+    ck_assert_int_eq(zmq_poll(&it, 1, 5000), 1);
+    ck_assert_int_eq(kvm_msg_recv(w0, &m, 0), 0); /* and lost: the worker never sees it */
+    kvm_msg_free(&m);
+    for (int k = 0; k < 5; k++) /* a burst: nothing ends */
+        credit_from(s, w0);
+    ck_assert(s->workers[0].busy);
+    for (int k = 0; k < 20 && s->workers[0].busy; k++) {
+        usleep(100 * 1000); /* once a heartbeat */
+        credit_from(s, w0);
+    }
+    ck_assert_msg(!s->workers[0].busy, "the lost request still holds the worker");
+    ck_assert(s->workers[0].idle);         /* the credit that told it */
+    ck_assert_ptr_null(s->workers[0].env); /* its client was answered */
+    queue_ask(s, 2, doc);                  /* the same document: not held behind request 1 */
+    kvm_serve__dispatch(s);
+    ck_assert(s->workers[0].busy && s->workers[0].request_id == 2);
+    held_broker_free(s, w0);
+}
+END_TEST
+
 /* What came to DEALER d within 5 s must be the end of its work from serve: an ack with
  * `stopping`, job 0 (PROTOCOL.md §5, revision 13). */
 static void assert_end_of_work(void *d)
@@ -2051,6 +2104,7 @@ int main(void)
     suite_add_tcase(su, tcase("front_rcvhwm", test_front_rcvhwm, 10));
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("restarted_worker_freed", test_restarted_worker_freed, 30));
+    suite_add_tcase(su, tcase("request_lost_on_the_wire", test_request_lost_on_the_wire, 30));
     suite_add_tcase(su, tcase("hand_worker_other_store", test_hand_worker_other_store, 120));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     suite_add_tcase(su, tcase("stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30));

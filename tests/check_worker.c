@@ -814,6 +814,71 @@ START_TEST(test_decode_answers_only_asks)
 }
 END_TEST
 
+/* A compress job cut on the wire: the job's first message reached the worker, then the data
+ * connection closed (the orchestrator's ROUTER drops what it still held for it: the KV layers).
+ * The worker held the part for ever and asked for no work, so the run never learnt that the job
+ * was lost (kvm_orch_receive.c requeues a job when its worker asks for work). Now the part is
+ * dropped when the connection closes, said in the log, and the worker asks again on the next
+ * connection. */
+START_TEST(test_job_cut_on_the_wire)
+{
+    char *dir = kvm_test_tmpdir(), base[4300], ctl[4300], data[4300], st[4300], exe[4200], logp[4300];
+    snprintf(base, sizeof base, "ipc://%s", dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+    void *zctx = zmq_ctx_new(), *rc_ = zmq_socket(zctx, ZMQ_ROUTER), *rd = zmq_socket(zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
+    ck_assert_int_eq(zmq_bind(rd, data), 0);
+    snprintf(st, sizeof st, "%s/st", dir);
+    kvm_test_store_create(st);
+    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+    snprintf(logp, sizeof logp, "%s/compress.log", dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        freopen(logp, "w", stderr);
+        execl(exe, exe, "--connect", base, "--store", st, "--id", "cmp-cut", "--heartbeat-ms", "100", (char *)NULL);
+        _exit(127);
+    }
+    kvm_msg *m = router_expect(rd, KVM_PROTO_READY, 60000); /* its first credit */
+    char *log = NULL;
+    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(logp, NULL)) ? log : "");
+    kvm_msg_free(&m);
+    int32_t tokens[3] = {1, 2, 3};
+    kvm_proto_job j = {.job_id = 42,
+                       .attempt = 0,
+                       .doc_id = kvm_proto_str_c("doc"),
+                       .doc_name = kvm_proto_str_c("doc"),
+                       .n_ctx = 128,
+                       .n_tokens = 3,
+                       .tokens = tokens};
+    ck_assert_int_eq(kvm_proto_job_encode(&j, &m), 0);
+    router_send(rd, "cmp-cut", m); /* the job's first part; its KV layers never come */
+    usleep(500 * 1000);
+    zmq_close(rd); /* the connection closes; a new one on the same endpoint */
+    rd = zmq_socket(zctx, ZMQ_ROUTER);
+    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(rd, data), 0);
+    m = router_expect(rd, KVM_PROTO_READY, 15000);
+    const int asked = m != NULL;
+    kvm_msg_free(&m);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    log = kvm_test_read_file(logp, NULL);
+    ck_assert_msg(asked, "the worker holding part of a job asked for no work on the new connection:\n%s",
+                  log ? log : "");
+    ck_assert_msg(log && strstr(log, "the data connection closed with 1 part(s) of job 42 here"), "%s", log ? log : "");
+    free(log);
+    zmq_close(rc_);
+    zmq_close(rd);
+    zmq_ctx_term(zctx);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A fake orchestrator's ROUTER sockets (ctl, data) bound under a new temporary folder, and a
  * kvmill-decode worker "dec-drain" connected to them (stderr into dir/decode.log, heartbeats every
  * 100 ms), with the store and config it needs. */
@@ -1234,6 +1299,10 @@ static Suite *worker_suite(void)
     tr = tcase_create("decode_answers_only_asks");
     tcase_add_test(tr, test_decode_answers_only_asks);
     tcase_set_timeout(tr, 150);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("job_cut_on_the_wire");
+    tcase_add_test(tr, test_job_cut_on_the_wire);
+    tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("stopping_worker_waits_for_end_of_work");
     /* _i: end of work sent, or not; SIGHUP */
