@@ -232,6 +232,17 @@ int kvm_jobcfg_same_socket(const char *a_ep, const char *b_ep)
     return pa == pb && ((na == nb && !strncmp(ha, hb, na)) || every_address(ha, na) || every_address(hb, nb));
 }
 
+int kvm_jobcfg_is_loopback(const char *ep)
+{
+    if (!strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9)) return 1;
+    const char *colon = !strncmp(ep, "tcp://", 6) ? strrchr(ep + 6, ':') : NULL; /* the port may be '*' */
+    if (!colon) return 0;
+    char h[INET6_ADDRSTRLEN + 300];
+    struct in_addr a4;
+    host_form(ep + 6, (size_t)(colon - (ep + 6)), h, sizeof h);
+    return !strcmp(h, "[::1]") || (inet_pton(AF_INET, h, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127);
+}
+
 /* The endpoint of the command's own sockets that ep (a setting, `setting`) would take or reach
  * (same_socket), as an error naming both (clash: what goes wrong), or 0. A back end left empty
  * ([run] bind, [serve] backend) is bound in [run] run_dir, ipc://RUN_DIR/ctl and /data, as

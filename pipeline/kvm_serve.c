@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -293,7 +294,10 @@ int kvm_serve_bind(void *zctx, void *sock, const char *endpoint, const kvm_confi
      * interface name ("No such device"), and a bracketed IPv6 address needs ZMQ_IPV6 */
     char ep[1100];
     snprintf(ep, sizeof ep, "%s", endpoint);
-    if (!strncmp(endpoint, "tcp://localhost:", 16)) snprintf(ep, sizeof ep, "tcp://127.0.0.1:%s", endpoint + 16);
+    const char *colon = !strncmp(endpoint, "tcp://", 6) ? strrchr(endpoint + 6, ':') : NULL;
+    if (colon && ((colon - endpoint == 15 && !strncasecmp(endpoint + 6, "localhost", 9)) ||
+                  (colon - endpoint == 16 && !strncasecmp(endpoint + 6, "localhost.", 10))))
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1%s", colon); /* LOCALHOST, localhost.: "No such device" */
     if (!strncmp(ep, "tcp://[", 7)) {
         int one = 1;
         if (zmq_setsockopt(sock, ZMQ_IPV6, &one, sizeof one))

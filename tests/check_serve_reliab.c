@@ -7,6 +7,7 @@
 #include "common/kvm_error.h"
 #include "model/kvm_tokenizer.h"
 #include "model/kvm_utf8.h"
+#include "pipeline/kvm_curve.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_int.h"
 #include "pipeline/kvm_stage.h"
@@ -1290,6 +1291,63 @@ START_TEST(test_request_lost_on_the_wire)
 }
 END_TEST
 
+/* Which endpoints stay on this host (kvm_curve_is_local: no CurveZMQ needed). A prefix test took
+ * tcp://127.example.invalid:P, a name that can resolve anywhere, for this host, so a bind or a
+ * store client went without CurveZMQ, and took LOCALHOST, localhost. and the lo interface for
+ * remote; a bind of tcp://LOCALHOST:P failed "No such device" (ZeroMQ took it for an interface). */
+START_TEST(test_loopback_endpoints)
+{
+    struct {
+        const char *ep;
+        int local;
+    } cases[] = {{"ipc:///tmp/x", 1},
+                 {"inproc://x", 1},
+                 {"tcp://127.0.0.1:5", 1},
+                 {"tcp://127.9.8.7:5", 1},
+                 {"tcp://127.1:5", 1},
+                 {"tcp://0177.0.0.1:5", 1},
+                 {"tcp://localhost:5", 1},
+                 {"tcp://LOCALHOST:5", 1},
+                 {"tcp://localhost.:5", 1},
+                 {"tcp://lo:5", 1},
+                 {"tcp://[::1]:5", 1},
+                 {"tcp://[::ffff:127.0.0.1]:5", 1},
+                 {"tcp://127.example.invalid:5", 0},
+                 {"tcp://127.0.0.1.example.invalid:5", 0},
+                 {"tcp://127.0.0.1:0;10.1.2.3:5", 0},
+                 {"tcp://10.1.2.3:5", 0},
+                 {"tcp://*:5", 0},
+                 {"tcp://0.0.0.0:5", 0},
+                 {"tcp://[::]:5", 0},
+                 {"tcp://128.0.0.1:5", 0},
+                 {"tcp://localhostx:5", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        ck_assert_msg(kvm_curve_is_local(cases[i].ep) == cases[i].local, "%s: local %d, want %d", cases[i].ep,
+                      kvm_curve_is_local(cases[i].ep), cases[i].local);
+    void *zctx = zmq_ctx_new();
+    kvm_config *cfg = NULL;
+    ck_assert_int_eq(kvm_config_parse("[model]\npath = /m\n", "t.ini", &cfg), 0);
+    const char *binds[] = {"tcp://LOCALHOST:*", "tcp://localhost.:*", "tcp://LocalHost:*"};
+    for (size_t i = 0; i < sizeof binds / sizeof binds[0]; i++) {
+        void *b = zmq_socket(zctx, ZMQ_ROUTER);
+        int linger = 0;
+        zmq_setsockopt(b, ZMQ_LINGER, &linger, sizeof linger);
+        ck_assert_msg(kvm_serve_bind(zctx, b, binds[i], cfg, 1, "--bind") == 0, "%s: %s", binds[i], kvm_errmsg());
+        char got[256];
+        size_t n = sizeof got;
+        ck_assert_int_eq(zmq_getsockopt(b, ZMQ_LAST_ENDPOINT, got, &n), 0);
+        ck_assert_msg(!strncmp(got, "tcp://127.0.0.1:", 16), "%s bound %s", binds[i], got);
+        zmq_close(b);
+    }
+    void *b = zmq_socket(zctx, ZMQ_ROUTER); /* a name: not local, so keys are needed */
+    ck_assert_int_eq(kvm_serve_bind(zctx, b, "tcp://127.example.invalid:5999", cfg, 1, "--bind"), KVM_EINVAL);
+    assert_contains(kvm_errmsg(), "is not local");
+    zmq_close(b);
+    kvm_config_free(&cfg);
+    zmq_ctx_term(zctx);
+}
+END_TEST
+
 /* What came to DEALER d within 5 s must be the end of its work from serve: an ack with
  * `stopping`, job 0 (PROTOCOL.md §5, revision 13). */
 static void assert_end_of_work(void *d)
@@ -2105,6 +2163,7 @@ int main(void)
     suite_add_tcase(su, tcase("held_computation_handed_to_one", test_held_computation_handed_to_one, 30));
     suite_add_tcase(su, tcase("restarted_worker_freed", test_restarted_worker_freed, 30));
     suite_add_tcase(su, tcase("request_lost_on_the_wire", test_request_lost_on_the_wire, 30));
+    suite_add_tcase(su, tcase("loopback_endpoints", test_loopback_endpoints, 30));
     suite_add_tcase(su, tcase("hand_worker_other_store", test_hand_worker_other_store, 120));
     suite_add_tcase(su, tcase("held_released_when_found", test_held_released_when_found, 30));
     suite_add_tcase(su, tcase("stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30));
