@@ -1,0 +1,103 @@
+/* check_scripts.c: the helper scripts README tells users to run (scripts/, bench/), run as a new
+ * user meets them: from a copy of the tree whose path has a space, with fake tools (nvidia-smi,
+ * python3) first on PATH, since this machine has no GPU. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tests/util/kvm_test.h"
+
+/* A temporary tree "DIR/t h" holding a copy of the script at `rel` (scripts/x.sh) and an empty
+ * DIR/fake for fake tools; *top gets "DIR/t h". Returns DIR (the caller removes and frees it). */
+static char *script_tree(const char *rel, char *top, size_t n)
+{
+    char *dir = kvm_test_tmpdir(), cmd[16384];
+    snprintf(top, n, "%s/t h", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s/fake' \"$(dirname '%s/%s')\" && cp '%s/%s' '%s/%s'", dir, top, rel,
+             KVM_TEST_SRCDIR, rel, top, rel);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    return dir;
+}
+
+/* DIR/fake/name: a shell script with `body`, executable. */
+static void fake_tool(const char *dir, const char *name, const char *body)
+{
+    char path[4400], text[4096];
+    snprintf(path, sizeof path, "%s/fake/%s", dir, name);
+    snprintf(text, sizeof text, "#!/bin/sh\n%s\n", body);
+    ck_assert_int_eq(kvm_test_write_file(path, text, strlen(text)), 0);
+    ck_assert_int_eq(chmod(path, 0755), 0);
+}
+
+/* Where the driver is installed but no GPU is, nvidia-smi prints "No devices were found" (or
+ * "NVIDIA-SMI has failed ...") on stdout and fails: that text was taken for a GPU's name and the
+ * script went on (exit 2 without gpu-pack/, failed checks with one) instead of exit 3. */
+START_TEST(test_gpu_check_no_device)
+{
+    static const char *smi[] = {
+        "echo 'No devices were found'; exit 6",
+        "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"; exit 9"};
+    char top[4200], cmd[16384], *out = NULL;
+    char *dir = script_tree("scripts/gpu-check.sh", top, sizeof top);
+    fake_tool(dir, "python3", "exit 1"); /* no PyTorch */
+    for (int i = 0; i < 2; i++) {
+        fake_tool(dir, "nvidia-smi", smi[i]);
+        snprintf(cmd, sizeof cmd, "cd / && PATH='%s/fake':\"$PATH\" bash '%s/scripts/gpu-check.sh' solver 2>&1", dir,
+                 top);
+        int rc = kvm_test_run(cmd, &out, NULL);
+        ck_assert_msg(rc == 3, "%s: exit %d, expected 3:\n%s", smi[i], rc, out);
+        ck_assert_msg(strstr(out, "gpu-check: no CUDA device on this host (nvidia-smi exit "), "%s", out);
+        free(out);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* gpu-check.sh unpacks gpu-pack/root.tar.xz into $TMPDIR/kvmill-gpu-root once; a root/ left by an
+ * unpack cut short (or by an earlier pack) was reused as it was. Now the unpack is redone unless
+ * root/ came whole from this very archive. */
+START_TEST(test_gpu_check_reunpack)
+{
+    char top[4200], cmd[20000], marker[4400], *out = NULL;
+    char *dir = script_tree("scripts/gpu-check.sh", top, sizeof top);
+    fake_tool(dir, "python3", "exit 1");
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir -p 'gpu-pack/bin' pk/root '%s/tmp/kvmill-gpu-root/root' && printf '#!/bin/sh\\n' > "
+             "gpu-pack/bin/kvmill"
+             " && chmod +x gpu-pack/bin/kvmill && echo v2 > pk/root/marker && tar -C pk -cf - root | xz > "
+             "gpu-pack/root.tar.xz",
+             top, dir);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(marker, sizeof marker, "%s/tmp/kvmill-gpu-root/root/marker", dir);
+    for (int run = 0; run < 2; run++) { /* the second run reuses the unpacked root */
+        snprintf(cmd, sizeof cmd,
+                 "PATH='%s/fake':\"$PATH\" TMPDIR='%s/tmp' GPU_CHECK_ASSUME_DEVICE=1 bash '%s/scripts/gpu-check.sh' "
+                 "forward 2>&1",
+                 dir, dir, top);
+        int rc = kvm_test_run(cmd, &out, NULL);
+        ck_assert_msg(rc == 1, "exit %d, expected 1 (no check binaries in this pack):\n%s", rc, out);
+        char *got = kvm_test_read_file(marker, NULL);
+        ck_assert_msg(got && !strcmp(got, "v2\n"), "run %d: %s not unpacked from gpu-pack/root.tar.xz:\n%s", run,
+                      marker, out);
+        free(got);
+        free(out);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *scripts_suite(void)
+{
+    Suite *s = suite_create("scripts");
+    TCase *tc = tcase_create("gpu_check");
+    tcase_add_test(tc, test_gpu_check_no_device);
+    tcase_add_test(tc, test_gpu_check_reunpack);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return kvm_test_run_suite(scripts_suite()); }
