@@ -90,6 +90,66 @@ START_TEST(test_gpu_check_reunpack)
 }
 END_TEST
 
+/* bench/task_table.sh on a folder without CSVs (a typo, or before bench/task_accuracy.sh ran)
+ * printed an empty table and exited 0; now it names the folder and exits 2. A folder with a chunk
+ * still running (.csv.part) gives its rows. */
+START_TEST(test_task_table_folder)
+{
+    static const char *csv = "case,task,doc,depth,context,method,budget_tokens,correct,answer,generated,answer_nll\n"
+                             "0,passkey,d,0.5,2048,full,2048,1,a,a,0.1\n0,passkey,d,0.5,2048,snapkv,512,1,a,a,0.2\n"
+                             "1,passkey,d,0.5,2048,full,2048,1,a,a,0.1\n1,passkey,d,0.5,2048,snapkv,512,0,a,b,0.2\n";
+    char top[4200], cmd[16384], path[4400], *out = NULL;
+    char *dir = script_tree("bench/task_table.sh", top, sizeof top);
+    snprintf(cmd, sizeof cmd, "cd / && sh '%s/bench/task_table.sh' '%s/no such' 2>&1", top, dir);
+    int rc = kvm_test_run(cmd, &out, NULL);
+    ck_assert_msg(rc == 2, "exit %d, expected 2:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "task_table: no *.csv or *.csv.part in "), "%s", out);
+    ck_assert_msg(strstr(out, "/no such"), "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/passkey.N2048.c0.csv.part", top);
+    ck_assert_int_eq(kvm_test_write_file(path, csv, strlen(csv)), 0);
+    snprintf(cmd, sizeof cmd, "cd / && sh '%s/bench/task_table.sh' '%s' 2>&1", top, top);
+    rc = kvm_test_run(cmd, &out, NULL);
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "passkey    snapkv@0.250                  2    0.500"), "%s", out);
+    free(out);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* scripts/gguf-to-hf.sh with a path that is no GGUF: a missing file went through pip's install
+ * and ended in a Python traceback (exit 1); another format (a llama2.c checkpoint) too. Now each
+ * is named, exit 2. The second needs the Python packages the script installs (CI has them). */
+START_TEST(test_gguf_to_hf_input)
+{
+    char top[4200], cmd[16384], *out = NULL;
+    char *dir = script_tree("scripts/gguf-to-hf.sh", top, sizeof top);
+    snprintf(cmd, sizeof cmd, "cp '%s/scripts/gguf_to_hf.py' '%s/scripts/'", KVM_TEST_SRCDIR, top);
+    ck_assert_int_eq(kvm_test_run(cmd, NULL, NULL), 0);
+    snprintf(cmd, sizeof cmd, "cd / && bash '%s/scripts/gguf-to-hf.sh' '%s/none.gguf' '%s/out' 2>&1", top, dir, dir);
+    int rc = kvm_test_run(cmd, &out, NULL);
+    ck_assert_msg(rc == 2, "exit %d, expected 2:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "gguf-to-hf: GGUF ") && strstr(out, "/none.gguf: not a readable file"), "%s", out);
+    free(out);
+    if (kvm_test_run("PYTHONPATH=\"${KVMILL_PYDEPS:-$HOME/.cache/kvmill/pydeps}\" python3 -c "
+                     "'import gguf, numpy, safetensors, tokenizers'",
+                     NULL, NULL)) {
+        kvm_test_skip("gguf numpy safetensors tokenizers not installed (scripts/gguf-to-hf.sh installs them): "
+                      "gguf_to_hf.py on a file of another format not checked");
+    } else {
+        snprintf(cmd, sizeof cmd, "cd / && bash '%s/scripts/gguf-to-hf.sh' '%s' '%s/out' 2>&1", top,
+                 kvm_test_data_path("models/stories260K.bin"), dir);
+        rc = kvm_test_run(cmd, &out, NULL);
+        ck_assert_msg(rc == 2, "exit %d, expected 2:\n%s", rc, out);
+        ck_assert_msg(strstr(out, "stories260K.bin: not a GGUF file (") && !strstr(out, "Traceback"), "%s", out);
+        free(out);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *scripts_suite(void)
 {
     Suite *s = suite_create("scripts");
@@ -97,6 +157,10 @@ static Suite *scripts_suite(void)
     tcase_add_test(tc, test_gpu_check_no_device);
     tcase_add_test(tc, test_gpu_check_reunpack);
     suite_add_tcase(s, tc);
+    TCase *inp = tcase_create("input");
+    tcase_add_test(inp, test_task_table_folder);
+    tcase_add_test(inp, test_gguf_to_hf_input);
+    suite_add_tcase(s, inp);
     return s;
 }
 
