@@ -150,6 +150,47 @@ START_TEST(test_gguf_to_hf_input)
 }
 END_TEST
 
+/* The number of comma-separated fields of the line at p (up to its newline). */
+static int csv_fields(const char *p)
+{
+    int n = 1;
+    for (; *p && *p != '\n'; p++)
+        n += *p == ',';
+    return n;
+}
+
+/* bench/qsource.sh wrote a header of its own naming 11 columns over eval's rows of 14 (dtype,
+ * bytes_compressed, decode_ms), so the CSV's columns did not line up with its names. Now the
+ * header is eval's; a second run with one more document runs only that one and keeps one header. */
+START_TEST(test_qsource_csv)
+{
+    char top[4200], cmd[20000], csv[4400], *out = NULL;
+    char *dir = script_tree("bench/qsource.sh", top, sizeof top);
+    snprintf(csv, sizeof csv, "%s/q s/qs.csv", dir);
+    for (int run = 0; run < 2; run++) {
+        snprintf(cmd, sizeof cmd,
+                 "cd / && KVMILL='%s/kvmill' MODEL='%s' DOCDIR='%s' DOCS='%s' CTX=128 CONT=32 RETAIN=16 S=64 ROUNDS=1 "
+                 "ITERS=2 RATIOS=0.5 METHODS=selectfit:query_source=synthetic,sculpt:query_source=repeat CSV='%s' "
+                 "bash '%s/bench/qsource.sh' 2>&1",
+                 kvm_test_bin(), kvm_test_data_path("models/stories260K.bin"), kvm_test_data_path("corpus"),
+                 run ? "000 001" : "000", csv, top);
+        int rc = kvm_test_run(cmd, &out, NULL);
+        ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+        ck_assert_int_eq(kvm_test_count(out, "== doc_000 ("), run ? 0 : 1);
+        free(out);
+    }
+    char *text = kvm_test_read_file(csv, NULL);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_msg(!strncmp(text, "doc,method,budget_tokens,ratio,", 31), "%s", text);
+    ck_assert_int_eq(kvm_test_count(text, "doc,method"), 1);
+    ck_assert_int_eq(kvm_test_count(text, "\ndoc_00"), 4);
+    ck_assert_int_eq(csv_fields(text), csv_fields(strchr(text, '\n') + 1));
+    free(text);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *scripts_suite(void)
 {
     Suite *s = suite_create("scripts");
@@ -160,6 +201,7 @@ static Suite *scripts_suite(void)
     TCase *inp = tcase_create("input");
     tcase_add_test(inp, test_task_table_folder);
     tcase_add_test(inp, test_gguf_to_hf_input);
+    tcase_add_test(inp, test_qsource_csv);
     suite_add_tcase(s, inp);
     return s;
 }
