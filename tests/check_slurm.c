@@ -152,6 +152,32 @@ START_TEST(test_sbatch_runs)
 }
 END_TEST
 
+/* A missing required variable or half a key set stopped the script through bash's ${V:?} and set -u
+ * (exit 1, "KVMILL_CLIENT_PUBLIC: unbound variable"); now each is named, exit 2, before anything starts. */
+START_TEST(test_sbatch_usage)
+{
+    static const char *env[][2] = {
+        {"KVMILL_BIN=bin KVMILL_CORPUS=corpus", "kvmill.sbatch: KVMILL_CONFIG is not set"},
+        {"KVMILL_BIN=bin KVMILL_CONFIG=run.ini KVMILL_CORPUS=corpus KVMILL_SERVER_KEY=server.public",
+         "kvmill.sbatch: KVMILL_SERVER_KEY is set but KVMILL_CLIENT_PUBLIC is not"},
+    };
+    char *dir = kvm_test_tmpdir(), cmd[8192], *out = NULL;
+    fake_slurm(dir, 1);
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "cd '%s' && env -u KVMILL_CONFIG -u KVMILL_SERVER_KEY -u KVMILL_CLIENT_PUBLIC PATH=\"$PWD:$PATH\" "
+                 "SLURM_JOB_NODELIST=fake %s bash '%s/deploy/slurm/kvmill.sbatch' 2>&1",
+                 dir, env[i][0], KVM_TEST_SRCDIR);
+        int rc = kvm_test_run(cmd, &out, NULL);
+        ck_assert_msg(rc == 2, "%s: exit %d, expected 2:\n%s", env[i][0], rc, out);
+        ck_assert_msg(strstr(out, env[i][1]), "%s", out);
+        free(out);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 static Suite *slurm_suite(void)
 {
     Suite *s = suite_create("slurm");
@@ -161,6 +187,7 @@ static Suite *slurm_suite(void)
     suite_add_tcase(s, tc);
     TCase *sb = tcase_create("sbatch");
     tcase_set_timeout(sb, 200);
+    tcase_add_test(sb, test_sbatch_usage);
     tcase_add_test(sb, test_sbatch_srun_fails);
     tcase_add_test(sb, test_sbatch_runs);
     suite_add_tcase(s, sb);
