@@ -34,7 +34,11 @@ METHODS=${METHODS:-selectfit:$Q=synthetic,selectfit:$Q=repeat,selectfit:$Q=conti
 BASE=${BASE:-selectfit:$Q=synthetic}
 CSV=${CSV:-build/bench/qsource.csv}
 mkdir -p "$(dirname "$CSV")"
-[ -s "$CSV" ] || echo "document,method,budget,ratio,kl_mean,kl_median,kl_p99,top1,ppl_full,ppl_compressed,seconds" >"$CSV"
+# the header is eval's own, taken from its first output below: a header of our own named 11 of
+# the 14 columns eval writes (dtype, bytes_compressed and decode_ms came after it)
+touch "$CSV"
+tmp=""
+trap 'rm -f "$tmp"' EXIT
 
 if [ -z "${SUMMARY_ONLY:-}" ]; then
     IFS=, read -ra RS <<<"$RATIOS"
@@ -53,6 +57,7 @@ if [ -z "${SUMMARY_ONLY:-}" ]; then
         nice "$KVMILL" eval --model "$MODEL" --docs "$doc" --context "$CTX" --continuation "$CONT" --ratio "$RATIOS" \
             --retain "$RETAIN" --queries "$S" --rounds "$ROUNDS" --iterations "$ITERS" --threads "$THREADS" --seed "$SEED" \
             --method "$missing" --csv "$tmp" >&2
+        [ -s "$CSV" ] || head -1 "$tmp" >"$CSV"
         # only the rows this CSV lacks (a re-run of a partly finished document repeats some)
         tail -n +2 "$tmp" | while IFS= read -r row; do
             IFS=, read -r d m b _ <<<"$row"

@@ -9,9 +9,17 @@
 # env BINS (default 40): budgets are binned to the nearest 1/BINS of the case's context; BINS=8
 # puts a fixed --budget 1024 over contexts of 1,988-2,048 tokens (50-51.5%) in one 50% cell
 set -eu
+dir=${1:-bench/out/task}
+# a wrong folder printed an empty table and exit 0, as if no case had finished
+found=
+for f in "$dir"/*.csv "$dir"/*.csv.part; do [ -f "$f" ] && found=1 && break; done
+if [ -z "$found" ]; then
+    echo "task_table: no *.csv or *.csv.part in $dir (bench/task_accuracy.sh OUT_DIR writes them)" >&2
+    exit 2
+fi
 printf "%-10s %-24s %6s %8s %17s %6s %6s %9s %8s %8s %8s\n" task method@ratio cases acc "95% interval" lost gained mcnemar_p vs_full ni95_lo nll_ans
 # a chunk still running (.csv.part) counts with the cases it has finished so far
-cat "${1:-bench/out/task}"/*.csv "${1:-bench/out/task}"/*.csv.part 2>/dev/null | awk -F, -v bins="${BINS:-40}" '
+cat "$dir"/*.csv "$dir"/*.csv.part 2>/dev/null | awk -F, -v bins="${BINS:-40}" '
 $1 == "case" { next }
 # the budget as a share of the context, to the nearest 1/bins: a fixed --budget (512 = 25% of N = 2,048)
 # over cases whose context is 2,006-2,048 tokens is one cell, as the --ratio cells are

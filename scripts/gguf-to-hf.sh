@@ -10,6 +10,15 @@ if [ $# -ne 2 ]; then
     echo "usage: scripts/gguf-to-hf.sh GGUF OUT_DIR" >&2
     exit 2
 fi
+# a wrong path is said before pip spends minutes installing (gguf_to_hf.py checks the contents)
+if [ ! -f "$1" ] || [ ! -r "$1" ]; then
+    echo "gguf-to-hf: GGUF $1: not a readable file" >&2
+    exit 2
+fi
+if [ -e "$2" ] && [ ! -d "$2" ]; then
+    echo "gguf-to-hf: OUT_DIR $2 exists and is not a folder" >&2
+    exit 2
+fi
 HERE="$(cd "$(dirname "$0")" && pwd)"
 PYDEPS="${KVMILL_PYDEPS:-$HOME/.cache/kvmill/pydeps}"
 PKGS=(gguf==0.19.0 numpy==2.4.6 safetensors==0.8.0 tokenizers==0.23.3)

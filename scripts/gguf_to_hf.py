@@ -69,7 +69,7 @@ def weights(r, n_head, n_kv):
                 w = unpermute(w, n_kv)
             hf = "model.layers.%s.%s.%s" % (layer, BLOCK[part], kind)
         else:
-            sys.exit("gguf_to_hf: tensor %s has no Hugging Face name" % name)
+            fail("tensor %s has no Hugging Face name" % name)
         out[hf] = np.ascontiguousarray(w)
     return out
 
@@ -103,10 +103,10 @@ def config(r, tied):
 
 def tokenizer(r):
     if field(r, "tokenizer.ggml.model") != "gpt2":
-        sys.exit("gguf_to_hf: only byte-level BPE (tokenizer.ggml.model = gpt2) vocabularies are converted")
+        fail("only byte-level BPE (tokenizer.ggml.model = gpt2) vocabularies are converted")
     pre = field(r, "tokenizer.ggml.pre", "gpt-2")
     if pre not in PRE:
-        sys.exit("gguf_to_hf: tokenizer.ggml.pre %r has no Hugging Face equivalent here" % pre)
+        fail("tokenizer.ggml.pre %r has no Hugging Face equivalent here" % pre)
     toks = field(r, "tokenizer.ggml.tokens")
     types = field(r, "tokenizer.ggml.token_type", [1] * len(toks))
     merges = [tuple(m.split(" ", 1)) for m in field(r, "tokenizer.ggml.merges")]
@@ -119,13 +119,33 @@ def tokenizer(r):
     return tk, toks
 
 
+def fail(msg):
+    """Bad input (the file, the folder, what the file holds): exit 2, as kvmill does."""
+    print("gguf_to_hf: " + msg, file=sys.stderr)
+    sys.exit(2)
+
+
+def open_gguf(src):
+    """GGUFReader's own errors are tracebacks: a missing file, a folder, a file of another format."""
+    if not os.path.isfile(src):
+        fail("GGUF %s: %s" % (src, "is a folder, not a file" if os.path.isdir(src) else "no such file"))
+    try:
+        return GGUFReader(src)
+    except OSError as e:
+        fail("GGUF %s: cannot read: %s" % (src, e.strerror or e))
+    except ValueError as e:  # a bad magic, an empty file, a truncated header
+        fail("GGUF %s: not a GGUF file (%s)" % (src, e))
+
+
 def main():
     if len(sys.argv) != 3:
-        sys.exit("usage: gguf_to_hf.py GGUF OUT_DIR")
+        fail("usage: gguf_to_hf.py GGUF OUT_DIR")
     src, out = sys.argv[1], sys.argv[2]
-    r = GGUFReader(src)
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail("OUT_DIR %s exists and is not a folder" % out)
+    r = open_gguf(src)
     if field(r, "general.architecture") != "llama":
-        sys.exit("gguf_to_hf: only the llama architecture is converted")
+        fail("GGUF %s: architecture %r: only llama is converted" % (src, field(r, "general.architecture")))
     n_head = int(field(r, "llama.attention.head_count"))
     n_kv = int(field(r, "llama.attention.head_count_kv", n_head))
     w = weights(r, n_head, n_kv)

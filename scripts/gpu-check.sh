@@ -11,7 +11,8 @@
 #   GPU_CHECK_BUILD_TIMEOUT (240 s), GPU_CHECK_ASSUME_DEVICE=1 to go past the device probe (tests
 #   this script where no GPU is).
 # Exit status: 0 every check passed, 1 a check failed, 2 bad usage or no gpu-pack/, 3 no CUDA
-# device on this host (nothing was run; the message says what was looked for).
+# device on this host (nothing was run; the message says what was looked for, with nvidia-smi's
+# exit status and first line).
 #
 # solver: the PyTorch peer of the batched KVSculpt loss+gradient step (bench/torch_sculpt_step.py)
 #   at Qwen2.5-1.5B's, SmolLM2's and stories260K's problem shapes, against torch's own GEMM ceiling
@@ -45,13 +46,22 @@ done
 echo "gpu-check: $(date -u +%FT%TZ), sections: $SECTIONS"
 
 # ---- a device? (nvidia-smi, else the driver library; PyTorch is asked below only if both fail)
-gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)
+# nvidia-smi prints its failures on stdout ("No devices were found", exit 6; "NVIDIA-SMI has
+# failed because it couldn't communicate with the NVIDIA driver", exit 9): only exit 0 lists GPUs
+gpu=""
+smi="no nvidia-smi on PATH"
+if command -v nvidia-smi > /dev/null; then
+    smi_out=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)
+    smi_rc=$?
+    smi="nvidia-smi exit $smi_rc: $(echo "$smi_out" | head -1)"
+    [ $smi_rc = 0 ] && gpu=$(echo "$smi_out" | head -1)
+fi
 [ -n "${GPU_CHECK_ASSUME_DEVICE:-}" ] && gpu="assumed (GPU_CHECK_ASSUME_DEVICE: testing this script without one)"
 if [ -z "$gpu" ]; then
     gpu=$(timeout 60 python3 -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)
 fi
 if [ -z "$gpu" ]; then
-    echo "gpu-check: no CUDA device on this host (nvidia-smi lists none and PyTorch sees none): nothing run"
+    echo "gpu-check: no CUDA device on this host ($smi; PyTorch, if installed, sees none): nothing run"
     exit 3
 fi
 echo "gpu-check: device $DEVICE: $gpu"
@@ -62,8 +72,14 @@ if [ ! -d "$PACK/bin" ] || [ ! -f "$PACK/root.tar.xz" ]; then
     exit 2
 fi
 ROOT=${TMPDIR:-/tmp}/kvmill-gpu-root
-if [ ! -d "$ROOT/root" ]; then
-    mkdir -p "$ROOT" && xz -dc "$PACK/root.tar.xz" | tar -C "$ROOT" -xf - || { echo "gpu-check: cannot unpack gpu-pack/root.tar.xz"; exit 2; }
+# an unpack cut short (a run interrupted there) or one of an earlier pack must not be reused:
+# unpack beside, move into place whole, and remember which archive it came from
+stamp=$(stat -c '%s %Y' "$PACK/root.tar.xz")
+if [ ! -d "$ROOT/root" ] || [ "$(cat "$ROOT/root.stamp" 2> /dev/null)" != "$stamp" ]; then
+    rm -rf "$ROOT/root" "$ROOT/root.stamp" "$ROOT/unpack"
+    mkdir -p "$ROOT/unpack" && xz -dc "$PACK/root.tar.xz" | tar -C "$ROOT/unpack" -xf - && mv "$ROOT/unpack/root" "$ROOT/root" &&
+        echo "$stamp" > "$ROOT/root.stamp" || { echo "gpu-check: cannot unpack gpu-pack/root.tar.xz into $ROOT"; exit 2; }
+    rm -rf "$ROOT/unpack"
 fi
 R=$ROOT/root
 cudalib=""
