@@ -251,6 +251,8 @@ typedef struct stage_rt {
                              again at each look, with no probe, until a welcome or a message on data */
     int rejoins;          /* connections made again since the last welcome */
     int ctl_handshakes;   /* ctl's handshakes so far: each after the first gets the ready again */
+    int ctl_down;         /* ctl's connection closed and no handshake succeeded on it since */
+    double gone_since;    /* both connections down since (kvm_now_ms), after a handshake; 0: not */
     int ready_sent;       /* the ready went into ctl's new connection already (rejoin) */
     double hear_due;      /* when an unanswered ready is looked into (kvm_now_ms); 0: not pending */
     double hear_wait;     /* how long after a handshake that is (ms), doubled after each rejoin */
@@ -971,6 +973,8 @@ static int link_event(stage_rt *rt, int i)
     switch (event) {
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
         rt->n_no_detail = 0;
+        rt->gone_since = 0;
+        if (i == 0) rt->ctl_down = 0;
         if (i == 1) rt->data_down = 0; /* jobs can come on it again */
         if (!rt->welcomed || !rt->heard[1]) rt->hear_due = kvm_now_ms() + rt->hear_wait;
         /* a new orchestrator there (a run after the last one, a restarted server) never got the
@@ -1008,6 +1012,9 @@ static int link_event(stage_rt *rt, int i)
         if (i == 1) rt->probing = 0, rt->acks_due = 0;
         if (i == 1) rt->data_down = 1;
         if (i == 1 && !rt->job.running && rt->job.n_in > 0) rt->inputs_cut = 1;
+        if (i == 0) rt->ctl_down = 1;
+        if (rt->ctl_down && rt->data_down && rt->ctl_handshakes > 0 && rt->gone_since <= 0)
+            rt->gone_since = kvm_now_ms(); /* --leave-after-s counts from here */
         if (i == 0) rt->linked = 0;
         if (i == 0 && rt->greeted) {
             kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};
@@ -1122,6 +1129,12 @@ static void serve(stage_rt *rt)
             log_line(rt, "the orchestrator (pid %ld) is gone: stopping", rt->a.parent_pid);
             stop_requested = 1;
         }
+        if (rt->a.leave_after_s > 0 && rt->gone_since > 0 && now - rt->gone_since >= 1000.0 * rt->a.leave_after_s &&
+            !rt->job.running && !stop_requested) {
+            log_line(rt, "the orchestrator at %s has been gone for %d s (--leave-after-s): stopping", rt->a.connect,
+                     rt->a.leave_after_s);
+            stop_requested = 1; /* both connections are down: the stop ends at once */
+        }
         if (now - rt->last_beat >= rt->a.heartbeat_ms) {
             send_heartbeat(rt);
             rt->last_beat = now;
@@ -1211,6 +1224,10 @@ static void usage(const char *stage)
            "                        server: ZeroMQ hears the first connection under an id, and a second\n"
            "                        process under it gets no work until the first is gone (it says so)\n"
            "  --parent-pid PID      stop when process PID, the parent (the orchestrator that started us), is gone\n"
+           "  --leave-after-s N     stop (exit 0) once the orchestrator this worker connected to has been gone\n"
+           "                        N s: both connections closed and none made again (a run that ended; a\n"
+           "                        Kubernetes Job or a batch script then completes). Default: wait for the\n"
+           "                        next run or server on the endpoint for ever\n"
            "  --server-key FILE     CurveZMQ: the orchestrator's public key (required off-host)\n"
            "  --client-public FILE  CurveZMQ: this worker's public key\n"
            "  --client-secret FILE  CurveZMQ: this worker's secret key\n"
@@ -1222,10 +1239,10 @@ static void usage(const char *stage)
 /* 1 when k is one of the options usage() lists (each takes a value). */
 static int known_option(const char *k)
 {
-    static const char *const names[] = {"--connect",       "--device",        "--store",         "--model",
-                                        "--config",        "--id",            "--server-key",    "--client-public",
-                                        "--client-secret", "--log-format",    "--threads",       "--heartbeat-ms",
-                                        "--grace-s",       "--parent-pid"};
+    static const char *const names[] = {"--connect",       "--device",     "--store",        "--model",
+                                        "--config",        "--id",         "--server-key",   "--client-public",
+                                        "--client-secret", "--log-format", "--threads",      "--heartbeat-ms",
+                                        "--grace-s",       "--parent-pid", "--leave-after-s"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(k, names[i])) return 1;
     return 0;
@@ -1359,6 +1376,9 @@ static int parse_args(int argc, char **argv, const char *stage, kvm_stage_args *
         } else if (!strcmp(k, "--grace-s")) {
             if (int_option(stage, k, v, 0, 86400, &n)) return 2;
             a->grace_s = (int)n;
+        } else if (!strcmp(k, "--leave-after-s")) {
+            if (int_option(stage, k, v, 1, 604800, &n)) return 2;
+            a->leave_after_s = (int)n;
         } else if (!strcmp(k, "--parent-pid")) {
             if (int_option(stage, k, v, 1, INT32_MAX, &n)) return 2;
             char who[64];

@@ -35,6 +35,8 @@ typedef struct kvm_stage_args {
     const char *log_format; /* --log-format text|json (NULL: KVMILL_LOG_FORMAT, else text) */
     long parent_pid;       /* --parent-pid PID: stop when that process is gone (set by the
                               orchestrator for the stages it starts; 0 = never) */
+    int leave_after_s;     /* --leave-after-s N: stop once the orchestrator it connected to has been
+                              gone N s (both connections closed, none made again); 0 = never */
 } kvm_stage_args;
 
 /* Messages a job produces; the runtime sends them in order after the job returns. */

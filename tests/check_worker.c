@@ -879,6 +879,75 @@ START_TEST(test_job_cut_on_the_wire)
 }
 END_TEST
 
+/* A worker started by hand (a Kubernetes Job's pod, a batch script's step) waited for the next run
+ * on its endpoint for ever once its run had ended, so the Job never completed and held its GPUs.
+ * With --leave-after-s N it stops (exit 0) once the orchestrator has been gone N s: both
+ * connections closed and none made again. Closed and made again at once (a restarted proxy, a
+ * new run on the endpoint), it stays (the count starts again). */
+START_TEST(test_worker_leaves_after_run)
+{
+    char *dir = kvm_test_tmpdir(), base[4300], ctl[4300], data[4300], st[4300], exe[4200], logp[4300];
+    snprintf(base, sizeof base, "ipc://%s", dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+    void *zctx = zmq_ctx_new(), *rc_ = zmq_socket(zctx, ZMQ_ROUTER), *rd = zmq_socket(zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
+    ck_assert_int_eq(zmq_bind(rd, data), 0);
+    snprintf(st, sizeof st, "%s/st", dir);
+    kvm_test_store_create(st);
+    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+    snprintf(logp, sizeof logp, "%s/compress.log", dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        freopen(logp, "w", stderr);
+        execl(exe, exe, "--connect", base, "--store", st, "--id", "cmp-leave", "--heartbeat-ms", "100",
+              "--leave-after-s", "2", (char *)NULL);
+        _exit(127);
+    }
+    kvm_msg *m = router_expect(rd, KVM_PROTO_READY, 60000); /* its first credit */
+    char *log = NULL;
+    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(logp, NULL)) ? log : "");
+    kvm_msg_free(&m);
+    for (int k = 0; k < 3; k++) { /* closed and bound again at once, three times over 3 s: it stays */
+        zmq_close(rc_);
+        zmq_close(rd);
+        rc_ = zmq_socket(zctx, ZMQ_ROUTER), rd = zmq_socket(zctx, ZMQ_ROUTER);
+        zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
+        ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
+        ck_assert_int_eq(zmq_bind(rd, data), 0);
+        m = router_expect(rd, KVM_PROTO_READY, 900);
+        kvm_msg_free(&m);
+    }
+    usleep(500 * 1000);
+    int status = 0;
+    const int stayed = waitpid(pid, &status, WNOHANG) == 0;
+    zmq_close(rc_); /* the run ends */
+    zmq_close(rd);
+    const double gone = kvm_now_ms();
+    int exited = 0;
+    for (int k = 0; k < 300 && stayed && !exited; k++) {
+        usleep(50 * 1000);
+        exited = waitpid(pid, &status, WNOHANG) == pid;
+    }
+    const double took = kvm_now_ms() - gone;
+    if (!exited) kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+    log = kvm_test_read_file(logp, NULL);
+    ck_assert_msg(stayed, "the worker left on connections closed and made again at once:\n%s", log ? log : "");
+    ck_assert_msg(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the worker did not stop after its orchestrator was gone (status %d):\n%s", status, log ? log : "");
+    ck_assert_msg(took >= 1900 && took < 12000, "stopped %.0f ms after the orchestrator went, want about 2 s", took);
+    ck_assert_msg(log && strstr(log, "has been gone for 2 s (--leave-after-s): stopping"), "%s", log ? log : "");
+    free(log);
+    zmq_ctx_term(zctx);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A fake orchestrator's ROUTER sockets (ctl, data) bound under a new temporary folder, and a
  * kvmill-decode worker "dec-drain" connected to them (stderr into dir/decode.log, heartbeats every
  * 100 ms), with the store and config it needs. */
@@ -1302,6 +1371,10 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("job_cut_on_the_wire");
     tcase_add_test(tr, test_job_cut_on_the_wire);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("worker_leaves_after_run");
+    tcase_add_test(tr, test_worker_leaves_after_run);
     tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("stopping_worker_waits_for_end_of_work");
