@@ -56,7 +56,7 @@ if command -v nvidia-smi > /dev/null; then
     smi="nvidia-smi exit $smi_rc: $(echo "$smi_out" | head -1)"
     [ $smi_rc = 0 ] && gpu=$(echo "$smi_out" | head -1)
 fi
-[ -n "${GPU_CHECK_ASSUME_DEVICE:-}" ] && gpu="assumed (GPU_CHECK_ASSUME_DEVICE: testing this script without one)"
+[ "${GPU_CHECK_ASSUME_DEVICE:-0}" = 1 ] && gpu="assumed (GPU_CHECK_ASSUME_DEVICE: testing this script without one)"
 if [ -z "$gpu" ]; then
     gpu=$(timeout 60 python3 -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>/dev/null)
 fi
