@@ -98,9 +98,10 @@ int kvm_sculpt_opts_from_canonical(const char *text, size_t len, kvm_sculpt_opts
 int kvm_sculpt_opts_diff(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b, const char *label, char *out, size_t n);
 
 /* Settings valid alone that do not go together: queries = 0 with retain = 0 (KVM_EINVAL: no
- * training query at all), on_policy (Attention Matching's on-policy
- * mode, arXiv 2602.16284) without a repeat or continuation query share (KVM_EINVAL: its
- * queries come from forward passes over the compressed layers) or with an alloc other than
+ * training query at all), a query_source source whose share of queries > 0 rounds to none
+ * (KVM_EINVAL: it would be ignored), on_policy (Attention Matching's on-policy
+ * mode, arXiv 2602.16284) without a repeat or continuation query share or with queries = 0
+ * (KVM_EINVAL: its queries come from forward passes over the compressed layers) or with an alloc other than
  * uniform (KVM_ENOTSUP: one layer at a time, the pilot allocates across layers). Checked by
  * every compression and, before any work, by the commands and kvm_jobcfg_check. Returns 0 or
  * the error with a message naming the settings. */

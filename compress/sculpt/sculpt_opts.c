@@ -340,6 +340,27 @@ void kvm_sculpt_opts_help(FILE *f)
         if (!s[i].replaced_by) fprintf(f, "  --%-16s %s\n", s[i].flag, s[i].help);
 }
 
+/* A source named in query_source whose share of `queries` rounds to none would be ignored in
+ * silence (repeat@1e-6+synthetic, or repeat+synthetic with queries = 1: on_policy then changed
+ * nothing), so it is refused; queries = 0 (the retain zone's queries alone) names no count. */
+static int check_query_counts(const kvm_sculpt_opts *o)
+{
+    static const char *const names[KVM_SCULPT_QSRC_COUNT] = {"synthetic", "repeat", "continuation"};
+    int64_t n[KVM_SCULPT_QSRC_COUNT];
+    if (o->n_synth <= 0) return 0;
+    kvm_sculpt_qsource_counts(&o->query_source, o->n_synth, n);
+    for (int i = 0; i < KVM_SCULPT_QSRC_COUNT; i++)
+        if (o->query_source.share[i] > 0 && n[i] == 0) {
+            char qs[256];
+            kvm_sculpt_qsource_format(&o->query_source, qs, sizeof qs);
+            return kvm_err(KVM_EINVAL,
+                           "sculpt: query_source %s with queries = %lld gives %s no query (its share %g of them "
+                           "rounds to 0): raise its share or queries, or leave %s out",
+                           qs, (long long)o->n_synth, names[i], o->query_source.share[i], names[i]);
+        }
+    return 0;
+}
+
 int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o)
 {
     /* the fit's training queries are the retain zone's own and `queries` more (sculpt_problem.c):
@@ -347,10 +368,16 @@ int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o)
     if (o->n_synth == 0 && o->retain_tokens == 0)
         return kvm_err(KVM_EINVAL, "sculpt: queries = 0 and retain = 0 leave no training queries (the retain zone's "
                                    "own and `queries` more): set queries (default 2048) or retain above 0");
+    int rc = check_query_counts(o);
+    if (rc) return rc;
     if (o->on_policy && o->query_source.share[KVM_SCULPT_QSRC_REPEAT] <= 0 &&
         o->query_source.share[KVM_SCULPT_QSRC_CONTINUATION] <= 0)
         return kvm_err(KVM_EINVAL, "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
                                    "it needs query_source repeat or continuation (or a mix with one of them)");
+    if (o->on_policy && o->n_synth == 0) /* a repeat share of no queries: the layers would be fitted as without it */
+        return kvm_err(KVM_EINVAL,
+                       "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
+                       "queries = 0 gives it none: set queries above 0");
     if (o->on_policy && o->alloc != KVM_SCULPT_ALLOC_UNIFORM)
         return kvm_err(KVM_ENOTSUP, "sculpt: on_policy solves one layer at a time and the alloc pilot allocates across "
                                     "layers: use alloc = uniform with on_policy");
