@@ -47,13 +47,16 @@ static int read_text(const char *path, char **text, size_t *len)
     return 0;
 }
 
-static int encode(const kvm_tokenizer *tok, const char *a, const char *b, int bos, int32_t **ids, int64_t *n)
+/* a then b[0, lb), encoded: lb, not strlen, since a document's NUL bytes are text here as in
+ * the KL evaluation (a case's fact after one was cut off with the rest of the document) */
+static int encode(const kvm_tokenizer *tok, const char *a, const char *b, size_t lb, int bos, int32_t **ids, int64_t *n)
 {
-    size_t la = strlen(a), lb = strlen(b);
+    size_t la = strlen(a);
     char *s = malloc(la + lb + 1);
     if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
     memcpy(s, a, la);
-    memcpy(s + la, b, lb + 1);
+    memcpy(s + la, b, lb);
+    s[la + lb] = '\0';
     int rc = kvm_tokenizer_encode(tok, s, la + lb, bos, 0, ids, n);
     free(s);
     return rc;
@@ -83,7 +86,7 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
             break;
         }
         if ((rc = kvm_task_make(a->kind, text, use, index, tc))) break;
-        if ((rc = encode(a->tok, fr->open, tc->document, bos, &ctx, &nc))) break;
+        if ((rc = encode(a->tok, fr->open, tc->document, tc->document_len, bos, &ctx, &nc))) break;
         if (nc <= a->n_ctx) break;
         size_t next = (size_t)((double)use * (double)a->n_ctx / (double)nc * 0.99);
         use = next < use ? next : use - 1;
@@ -94,7 +97,7 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
     }
     char qbuf[256];
     snprintf(qbuf, sizeof qbuf, "\n\n%s", tc->question);
-    if (!rc) rc = encode(a->tok, qbuf, fr->close, 0, &q, &nq);
+    if (!rc) rc = encode(a->tok, qbuf, fr->close, strlen(fr->close), 0, &q, &nq);
     if (!rc && nc + nq + a->answer_tokens > kvm_model_window(&a->m->cfg))
         rc = kvm_err(KVM_EINVAL,
                      "context %lld + question %lld + --answer-tokens %d exceed the model's window of %d tokens: use a "
@@ -118,14 +121,9 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
 static int document_prefix(const cmd_eval_task_args *a, const frame *fr, const char *text, size_t len,
                            kvm_eval_prefix **out)
 {
-    char *t = malloc(len + 1);
-    if (!t) return kvm_err(KVM_ENOMEM, "out of memory");
-    memcpy(t, text, len);
-    t[len] = '\0';
     int32_t *ids = NULL;
     int64_t n = 0;
-    int rc = encode(a->tok, fr->open, t, kvm_tokenizer_add_bos(a->tok), &ids, &n);
-    free(t);
+    int rc = encode(a->tok, fr->open, text, len, kvm_tokenizer_add_bos(a->tok), &ids, &n);
     if (!rc) rc = kvm_eval_prefix_new(a->m, a->k, ids, n < a->n_ctx ? n : a->n_ctx, out);
     free(ids);
     return rc;

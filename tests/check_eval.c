@@ -825,6 +825,42 @@ START_TEST(test_cli_errors)
 }
 END_TEST
 
+/* A document with a NUL byte: the KL evaluation reads all of it, but --task built each case's
+ * text as a C string, so a case whose fact went after the NUL lost the fact and the rest of the
+ * document (context 52 tokens, the question about a pass key it never saw). Every case now
+ * holds its whole document, as many tokens as --context takes. */
+START_TEST(test_cli_task_nul)
+{
+    char *dir = kvm_test_tmpdir(), doc[4200], cmd[8192], text[1400];
+    size_t n = 0;
+    for (int i = 0; i < 5; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "Once upon a time there was a cat. ");
+    text[n++] = '\0';
+    for (int i = 0; i < 30; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "The dog ran home. ");
+    snprintf(doc, sizeof doc, "%s/nul.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, text, n), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 256 --docs %s --task passkey --cases 4 "
+             "--method h2o --budget 32",
+             kvm_test_bin(), kvm_test_data(), doc);
+    char *out = NULL, *err = NULL;
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    for (int i = 0; i < 4; i++) { /* cases 2 and 3 put the fact after the NUL byte */
+        char line[64];
+        snprintf(line, sizeof line, "case %4d nul ", i);
+        const char *at = strstr(out, line);
+        ck_assert_msg(at && strstr(at, " context   256 ") && strstr(at, " context   256 ") < strchr(at, '\n'),
+                      "case %d: not the whole context: %s", i, out);
+    }
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_cli_csv)
 {
     char *dir = kvm_test_tmpdir(), csv[512], docs[1024], *out = NULL, *err = NULL;
@@ -1379,6 +1415,7 @@ static Suite *eval_suite(void)
                  {"cli_target", test_cli_target, 0},
                  {"task_cases", test_task_cases, 0},
                  {"cli_task", test_cli_task, 0},
+                 {"cli_task_nul", test_cli_task_nul, 0},
                  {"cli_csv", test_cli_csv, 0},
                  {"cli_csv_failed", test_cli_csv_failed, 0},
                  {"cli_nonfinite", test_cli_nonfinite, 0},

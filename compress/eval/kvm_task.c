@@ -134,6 +134,7 @@ int kvm_task_make(kvm_task_kind kind, const char *text, size_t len, uint64_t ind
     w += len - r;
     doc[w] = '\0';
     out->document = doc;
+    out->document_len = w;
     out->depth = (double)(asked_at + shift) / (double)w;
     return 0;
 }

@@ -21,6 +21,7 @@ enum { KVM_TASK_DEPTHS = 9, KVM_TASK_MULTI_KEYS = 4 };
 /* One case. */
 typedef struct kvm_task_case {
     char *document;  /* the text with the fact(s) inserted at sentence boundaries, malloc'ed */
+    size_t document_len; /* its bytes: a document's NUL bytes are kept, so strlen may be less */
     char question[160]; /* the question, with the answer-format instruction */
     char answer[64];    /* the expected answer */
     double depth;       /* where the asked fact starts, share of the document's characters */
