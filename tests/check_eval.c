@@ -571,6 +571,42 @@ START_TEST(test_store_dtype)
 END_TEST
 
 /* ---- task accuracy: the case generator, the scorer, the statistics ---- */
+
+/* 1 when s[0, n) is whole UTF-8 sequences (lead byte, then its continuation bytes). */
+static int utf8_whole(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (!k || i + k > n) return 0;
+        for (size_t j = 1; j < k; j++)
+            if (((unsigned char)s[i + j] & 0xC0) != 0x80) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+/* Text with no sentence end: the fact went at byte depth·len, inside a 3-byte character at
+ * case 3 (0.4 · 603 = 241), which became two invalid sequences around it. */
+START_TEST(test_task_utf8)
+{
+    char text[700];
+    size_t n = 0;
+    for (int i = 0; i < 201; i++) {
+        memcpy(text + n, "\xe7\x8c\xab", 3); /* U+732B */
+        n += 3;
+    }
+    for (int kind = 0; kind < 3; kind++)
+        for (uint64_t i = 0; i < KVM_TASK_DEPTHS; i++) {
+            kvm_task_case a;
+            ck_assert_int_eq(kvm_task_make((kvm_task_kind)kind, text, n, i, &a), 0);
+            ck_assert_msg(utf8_whole(a.document, a.document_len), "%s case %d splits a character",
+                          kvm_task_name((kvm_task_kind)kind), (int)i);
+            kvm_task_case_deinit(&a);
+        }
+}
+END_TEST
+
 START_TEST(test_task_cases)
 {
     size_t n;
@@ -1414,6 +1450,7 @@ static Suite *eval_suite(void)
                  {"cli_decode_steps_default", test_cli_decode_steps_default, 0},
                  {"cli_target", test_cli_target, 0},
                  {"task_cases", test_task_cases, 0},
+                 {"task_utf8", test_task_utf8, 0},
                  {"cli_task", test_cli_task, 0},
                  {"cli_task_nul", test_cli_task_nul, 0},
                  {"cli_csv", test_cli_csv, 0},

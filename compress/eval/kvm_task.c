@@ -46,7 +46,9 @@ static const char *const roles[] = {"lighthouse keeper", "baker", "ship captain"
                                     "clockmaker", "gardener", "mayor", "train driver"};
 static const char *const doors[] = {"red", "blue", "green", "yellow", "purple", "orange", "silver", "golden"};
 
-/* Offset where a fact inserted near share `depth` of text goes: after the next sentence end. */
+/* Offset where a fact inserted near share `depth` of text goes: after the next sentence end,
+ * else at the first character boundary from depth·len on (a fact inside a UTF-8 sequence split
+ * a character of the document into two invalid ones). */
 static size_t insert_at(const char *text, size_t len, double depth)
 {
     size_t p = (size_t)(depth * (double)len);
@@ -55,6 +57,8 @@ static size_t insert_at(const char *text, size_t len, double depth)
         if (text[i] == '\n') return i + 1;
         if ((text[i] == '.' || text[i] == '!' || text[i] == '?') && text[i + 1] == ' ') return i + 2;
     }
+    while (p < len && ((unsigned char)text[p] & 0xC0) == 0x80)
+        p++;
     return p;
 }
 

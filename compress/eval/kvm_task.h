@@ -36,8 +36,8 @@ const char *kvm_task_name(kvm_task_kind kind);
 /* Case `index` of task kind over text[0, len): depth 0.1·(1 + index mod 9); the fact's values
  * (digits, names, which door is asked) from a splitmix64 stream seeded by (kind, index). The
  * fact goes after the first sentence end (". ", "! ", "? ", or a newline) at or after depth·len
- * (at depth·len when there is none). Fills out (kvm_task_case_deinit frees it). Returns 0,
- * KVM_EINVAL (empty text), KVM_ENOMEM. */
+ * (when there is none, at the first UTF-8 character boundary from depth·len on). Fills out (kvm_task_case_deinit frees
+ * it). Returns 0, KVM_EINVAL (empty text), KVM_ENOMEM. */
 int kvm_task_make(kvm_task_kind kind, const char *text, size_t len, uint64_t index, kvm_task_case *out);
 
 /* Frees the document text kvm_task_make built into c and sets it NULL; accepts one already NULL. */
