@@ -387,6 +387,43 @@ START_TEST(test_on_policy_refused_at_start)
 }
 END_TEST
 
+/* [compress] query_source naming a source whose share of queries rounds to no query: the
+ * compress worker refused it (kvm_sculpt_opts_check_combination) at every document, exit 1,
+ * after the stages started; --dump-config printed it as valid. Refused at start now, exit 2. */
+START_TEST(test_query_share_refused_at_start)
+{
+    static const struct {
+        const char *compress, *want;
+    } cases[] = {
+        {"method = sculpt\nquery_source = repeat@1e-9+synthetic", "with queries = 2048 gives repeat no query"},
+        {"method = kvzip\nqueries = 1\nquery_source = repeat+continuation", "gives continuation no query"},
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 48\n%s\n",
+                 cases[i].compress);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        int rc = kvm_jobcfg_check(c);
+        ck_assert_msg(rc == KVM_EINVAL && strstr(kvm_errmsg(), cases[i].want) &&
+                          strstr(kvm_errmsg(), "t.ini: [compress]: sculpt: query_source"),
+                      "%s: %d %s", cases[i].compress, rc, kvm_errmsg());
+        kvm_config_free(&c);
+    }
+    const char *good[] = {"method = sculpt\nquery_source = repeat+synthetic",
+                          "method = am\nqueries = 2\nquery_source = "
+                          "repeat+continuation",
+                          "method = streaming\nqueries = 1\nquery_source = repeat+synthetic"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 48\n%s\n", good[i]);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        ck_assert_msg(kvm_jobcfg_check(c) == 0, "%s: %s", good[i], kvm_errmsg());
+        kvm_config_free(&c);
+    }
+}
+END_TEST
+
 /* kvmill eval: on_policy with settings it does not go with failed at the first document, after
  * its prefill, with exit 1; now the method's options refuse it (exit 2, nothing printed on
  * stdout), as for every other bad method option; polykv refuses on_policy too. --target-kl 0
@@ -1812,6 +1849,7 @@ static Suite *review_suite(void)
         {"serve_missing_store", test_serve_missing_store},
         {"serve_store_path_endpoint", test_serve_store_path_endpoint},
         {"on_policy_refused_at_start", test_on_policy_refused_at_start},
+        {"query_share_refused_at_start", test_query_share_refused_at_start},
         {"eval_on_policy_refused_up_front", test_eval_on_policy_refused_up_front},
         {"target_step_past_context", test_target_step_past_context},
         {"target_kl_id_ignores_budget", test_target_kl_id_ignores_budget},
