@@ -533,6 +533,7 @@ static int eval_open(const eval_cli *c, cmd_eval_setup *es, eval_run *r)
     if (!rc) rc = check_csv(c, r);
     if (!rc && c->target) rc = cmd_eval__check_target_steps(es, r->jobs, r->n_jobs, es->N);
     if (!rc) rc = check_docs(c, es, r);
+    if (!rc && c->target) rc = cmd_eval__check_target_docs(es, &r->docs, r->jobs, r->n_jobs);
     if (!rc && c->task) rc = check_task_cases(c, es, r);
     if (!rc && c->csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", c->csv_path, &r->out))) r->csv = r->out.f;
     return rc;

@@ -120,6 +120,12 @@ const char *cmd_eval__device_refusal(const cmd_eval_setup *es, const cmd_eval_jo
  * that its method takes, below N) are none. es->m must be set. Returns 0, or 2 after printing why. */
 int cmd_eval__check_target_steps(const cmd_eval_setup *es, const cmd_eval_job *jobs, int n_jobs, int64_t N);
 
+/* The same for each document shorter than --context + 2 x --continuation, searched at context
+ * L - 2T (a sculpt-family method's retain zone can fill it): refused before any prefill rather
+ * than failing the run at that document. Returns 0, or 2 (1: a document unread) after printing why. */
+int cmd_eval__check_target_docs(const cmd_eval_setup *es, const cmd_eval_docset *docs, const cmd_eval_job *jobs,
+                                int n_jobs);
+
 /* Per document and job, the smallest budget whose KL on [N, N+T) is at most es->target_kl, with
  * the KL on the check part [N+T, N+2T) at it; a table per document, a summary over them, and a
  * CSV row per (document, job) when csv is not NULL. Returns 0, or 1 (2: a document that does not

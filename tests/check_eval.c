@@ -1391,6 +1391,17 @@ START_TEST(test_cli_target)
     ck_assert_ptr_nonnull(strstr(out, "its last 16 tokens are the search and check parts"));
     free(out);
     free(err);
+    /* that context, 38 tokens, leaves sculpt (retain zone 32) no budget to search below it: it
+     * reported the whole context as the budget found, as --context would have been refused for
+     * (and a context within the zone failed the run at that document, exit 1, after the rows
+     * before it); refused before any work now, naming the document */
+    snprintf(docs, sizeof docs, "%s,%s/corpus/doc_000.txt", path, kvm_test_data());
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o,sculpt:queries=16 --target-kl 0.05", docs, NULL), &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "--target-kl: method sculpt:queries=16: no budget below the context of ") &&
+                      strstr(err, "short.txt") && strstr(err, "above the retain zone") && !*out,
+                  "exit %d: %s%s", st, out, err);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
