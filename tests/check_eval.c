@@ -586,6 +586,31 @@ static int utf8_whole(const char *s, size_t n)
     return 1;
 }
 
+/* One long sentence: multikey's four facts all go after its end, in door order, so the asked
+ * fact can follow others inserted at the same offset; the depth counted only the facts at
+ * smaller offsets and named a place before the fact. It is where the asked fact starts. */
+START_TEST(test_task_depth_same_offset)
+{
+    char text[400];
+    memset(text, 'x', 300);
+    memcpy(text + 300, ". yyyyyyyyy", 12);
+    const size_t n = strlen(text);
+    for (uint64_t i = 0; i < KVM_TASK_DEPTHS; i++) {
+        kvm_task_case a;
+        ck_assert_int_eq(kvm_task_make(KVM_TASK_MULTIKEY, text, n, i, &a), 0);
+        char door[32], fact[80];
+        ck_assert_int_eq(sscanf(a.question, "What is the code for the %31s door?", door), 1);
+        snprintf(fact, sizeof fact, "The code for the %s door is %s.", door, a.answer);
+        const char *at = strstr(a.document, fact);
+        ck_assert_ptr_nonnull(at);
+        double want = (double)(at - a.document) / (double)a.document_len;
+        ck_assert_msg(fabs(a.depth - want) < 1e-12, "case %d: depth %.4f, the asked fact starts at %.4f", (int)i,
+                      a.depth, want);
+        kvm_task_case_deinit(&a);
+    }
+}
+END_TEST
+
 /* Text with no sentence end: the fact went at byte depth·len, inside a 3-byte character at
  * case 3 (0.4 · 603 = 241), which became two invalid sequences around it. */
 START_TEST(test_task_utf8)
@@ -1462,6 +1487,7 @@ static Suite *eval_suite(void)
                  {"cli_target", test_cli_target, 0},
                  {"task_cases", test_task_cases, 0},
                  {"task_utf8", test_task_utf8, 0},
+                 {"task_depth_same_offset", test_task_depth_same_offset, 0},
                  {"cli_task", test_cli_task, 0},
                  {"cli_task_nul", test_cli_task_nul, 0},
                  {"cli_csv", test_cli_csv, 0},
