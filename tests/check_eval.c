@@ -1147,6 +1147,10 @@ START_TEST(test_cli_unused_options)
         {"sculpt:iterations=3:kcap=2", NULL},
         {"selectfit:rounds=3:bias", NULL},
         {"kvzip:queries=64:retain=16", NULL},
+        /* the allocation pilot's settings with uniform budgets (the default alloc): no pilot runs */
+        {"sculpt:power=1:pilot_rounds=2:iterations=3", "--method sculpt:power=1:pilot_rounds=2:iterations=3: note: "
+                                                       "power, pilot_rounds not read"},
+        {"am:alloc=head:power=1", NULL},
     };
     char args[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
