@@ -1151,6 +1151,10 @@ START_TEST(test_cli_unused_options)
         {"sculpt:power=1:pilot_rounds=2:iterations=3", "--method sculpt:power=1:pilot_rounds=2:iterations=3: note: "
                                                        "power, pilot_rounds not read"},
         {"am:alloc=head:power=1", NULL},
+        /* future places the synthetic queries; kvzip's query_source in eval is repeat */
+        {"kvzip:future=16", "--method kvzip:future=16: note: future not read"},
+        {"sculpt:query_source=continuation:future=16:queries=64", "note: future not read"},
+        {"kvzip:future=16:query_source=repeat+synthetic:queries=64", NULL},
     };
     char args[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

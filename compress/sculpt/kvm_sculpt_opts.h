@@ -113,7 +113,8 @@ int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o);
  * carry_history, round_tolerance, kcap, bias, am_start, pilot_rounds, pilot_iterations;
  * kvzip also fits no values: ridge, ridge_f32, vcap); selectfit and joint-fixed never move keys
  * (kcap); joint-fixed always fits biases (bias); selectfit without bias runs no L-BFGS rounds;
- * alloc = uniform runs no allocation pilot (power, pilot_rounds, pilot_iterations).
+ * alloc = uniform runs no allocation pilot (power, pilot_rounds, pilot_iterations); a
+ * query_source without synthetic queries (or queries = 0) places none (future).
  * Writes their names as given, ", "-separated, into out[n] (truncated to fit); returns how
  * many. Unknown names are not counted (the parser refuses them). For a note, not a refusal:
  * strategy files and configs share one option set across methods. */

@@ -295,7 +295,8 @@ int kvm_sculpt_opts_set_budget(kvm_sculpt_opts *o, const kvm_budget *b)
  * kvm_sculpt_opts_unused). The solvers decide: sculpt_solve.c and sculpt_batch.c run L-BFGS
  * rounds only when keys move (sculpt) or biases are fitted (bias, joint-fixed); am and kvzip
  * return before (sculpt_am.c, sculpt_kvzip.c), and kvzip keeps the original values; the
- * allocation pilot (power, pilot_*) runs only with alloc other than uniform (sculpt_compress.c). */
+ * allocation pilot (power, pilot_*) runs only with alloc other than uniform (sculpt_compress.c),
+ * and future places synthetic queries only. */
 static int unused_by(const kvm_sculpt_opts *o, const char *name)
 {
     static const char *const rounds[] = {
@@ -310,6 +311,8 @@ static int unused_by(const kvm_sculpt_opts *o, const char *name)
         if (!strcmp(name, values[i])) return 1;
     if (!strcmp(name, "power") || !strcmp(name, "pilot_rounds") || !strcmp(name, "pilot_iterations"))
         return o->alloc == KVM_SCULPT_ALLOC_UNIFORM; /* the allocation pilot's: uniform budgets run none */
+    if (!strcmp(name, "future"))                     /* the synthetic queries' positions (sculpt_problem.c) */
+        return !(o->query_source.share[KVM_SCULPT_QSRC_SYNTHETIC] > 0) || o->n_synth == 0;
     if (!strcmp(name, "kcap")) return o->mode != KVM_SCULPT_FULL;
     if (!strcmp(name, "bias")) return baseline || o->mode == KVM_SCULPT_JOINT_FIXED;
     if (!strcmp(name, "am_start")) return baseline;
