@@ -129,19 +129,24 @@ static int document_prefix(const cmd_eval_task_args *a, const frame *fr, const c
     return rc;
 }
 
-/* The answer's text (pieces joined), into buf; returns its length. */
-static size_t answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, char *buf, size_t cap)
+/* The answer's text, its pieces joined, malloc'ed whole (a fixed 512 bytes cut answers of a few
+ * hundred tokens: the match and the CSV saw only their start); *len its length. NULL: no memory. */
+static char *answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, size_t *len)
 {
+    size_t total = 0, pl;
+    for (int i = 0; i < n; i++)
+        if (kvm_tokenizer_piece(tok, i ? t[i - 1] : -1, t[i], &pl)) total += pl;
+    char *buf = malloc(total + 1);
     size_t w = 0;
-    for (int i = 0; i < n; i++) {
-        size_t len;
-        const char *p = kvm_tokenizer_piece(tok, i ? t[i - 1] : -1, t[i], &len);
-        if (!p || w + len >= cap) break;
-        memcpy(buf + w, p, len);
-        w += len;
+    for (int i = 0; buf && i < n; i++) {
+        const char *p = kvm_tokenizer_piece(tok, i ? t[i - 1] : -1, t[i], &pl);
+        if (!p) continue;
+        memcpy(buf + w, p, pl);
+        w += pl;
     }
-    buf[w] = '\0';
-    return w;
+    if (buf) buf[w] = '\0';
+    *len = w;
+    return buf;
 }
 
 /* A case's answers: [0] full KV's, then each job's. */
@@ -151,7 +156,8 @@ typedef struct case_answers {
     int *ok;        /* [jobs + 1] 1: exact match */
     double *budget; /* [jobs + 1] entries per KV head of the cache answered over */
     double *nll;    /* [jobs + 1] full KV's answer's mean NLL over each cache (NAN: none) */
-    char (*text)[512];
+    char **text;    /* [jobs + 1] the answers' text (malloc'ed; CSV-safe: no newline, quote or comma) */
+    size_t n;       /* jobs + 1 */
     int64_t tokens, calls; /* answered tokens and forward calls after the questions, all cases */
 } case_answers;
 
@@ -178,22 +184,28 @@ static int answer_done(void *user, int i, const int32_t *out, int n)
 {
     (void)i;
     const done_ctx *dc = user;
-    char buf[512];
-    size_t len = answer_text(dc->a->tok, out, n, buf, sizeof buf);
-    return kvm_task_answered(dc->tc->answer, buf, len);
+    size_t len;
+    char *buf = answer_text(dc->a->tok, out, n, &len);
+    int done = buf && kvm_task_answered(dc->tc->answer, buf, len); /* no memory: not done, decoded on */
+    free(buf);
+    return done;
 }
 
 /* Answer slot r's text (one CSV field, one line), its match and the budget (entries per KV
  * head) of the cache it answered over. */
-static void score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_answers *ca, int r, double budget)
+static int score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_answers *ca, int r, double budget)
 {
-    char *text = ca->text[r];
-    size_t len = answer_text(a->tok, ca->tok + (size_t)r * a->answer_tokens, ca->len[r], text, sizeof ca->text[r]);
+    size_t len;
+    char *text = answer_text(a->tok, ca->tok + (size_t)r * a->answer_tokens, ca->len[r], &len);
+    if (!text) return kvm_err(KVM_ENOMEM, "out of memory");
+    free(ca->text[r]);
+    ca->text[r] = text;
     ca->ok[r] = kvm_task_match(tc->answer, text, len);
     ca->budget[r] = budget;
-    for (char *p = text; *p; p++)
-        if (*p == '\n' || *p == '\r' || *p == '"' || *p == ',') *p = ' ';
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == '\n' || text[i] == '\r' || text[i] == '"' || text[i] == ',' || !text[i]) text[i] = ' ';
     ca->tokens += ca->len[r];
+    return 0;
 }
 
 /* Jobs [j0, j1): each compresses (and round-trips) the context, then all answer in one batch
@@ -232,7 +244,7 @@ static int answer_group(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_
         memcpy(ca->tok + (size_t)(r0 + i) * a->answer_tokens, tok + (size_t)i * a->answer_tokens,
                (size_t)a->answer_tokens * sizeof *tok);
         ca->len[r0 + i] = len[i];
-        score(a, tc, ca, r0 + i, budget[i]);
+        rc = score(a, tc, ca, r0 + i, budget[i]);
     }
     ca->calls += calls;
     for (int i = 0; i < n; i++)
@@ -256,7 +268,7 @@ static int answer_case(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_t
     ca->nll[0] = NAN;
     const kvm_model_config *m = &a->m->cfg;
     const double per_head = (double)m->n_layers * m->n_kv_heads;
-    if (!rc) score(a, tc, ca, 0, (double)kvm_kvcache_entries(kvm_eval_doc_full(d)) / per_head);
+    if (!rc) rc = score(a, tc, ca, 0, (double)kvm_kvcache_entries(kvm_eval_doc_full(d)) / per_head);
     const int g = group_size(a);
     for (int j0 = 0; !rc && (j0 < n_jobs || j0 == 0); j0 += g) /* no jobs: full KV's NLL alone */
         rc = answer_group(a, d, tc, jobs, j0, j0 + g < n_jobs ? j0 + g : n_jobs, ca);
@@ -290,6 +302,8 @@ static void case_answers_free(case_answers *ca)
     free(ca->ok);
     free(ca->budget);
     free(ca->nll);
+    for (size_t i = 0; ca->text && i < ca->n; i++)
+        free(ca->text[i]);
     free(ca->text);
 }
 
@@ -301,7 +315,8 @@ static int case_answers_new(int n_jobs, int answer_tokens, case_answers *ca)
                          .ok = calloc(n, sizeof *ca->ok),
                          .budget = calloc(n, sizeof *ca->budget),
                          .nll = calloc(n, sizeof *ca->nll),
-                         .text = calloc(n, sizeof *ca->text)};
+                         .text = calloc(n, sizeof *ca->text),
+                         .n = n};
     if (ca->tok && ca->len && ca->ok && ca->budget && ca->nll && ca->text) return 0;
     case_answers_free(ca);
     return kvm_err(KVM_ENOMEM, "out of memory");

@@ -922,6 +922,38 @@ START_TEST(test_cli_task_nul)
 }
 END_TEST
 
+/* An answer's text was kept in 512 bytes: with --answer-tokens in the hundreds the CSV's
+ * generated field stopped at its first 511 bytes, and the exact match (and the early stop)
+ * looked at that start only, so an answer given later was scored wrong. The whole text now. */
+START_TEST(test_cli_task_long_answer)
+{
+    char *dir = kvm_test_tmpdir(), csv[4200], cmd[8192];
+    snprintf(csv, sizeof csv, "%s/t.csv", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 128 --docs %s/corpus/doc_000.txt --task "
+             "passkey --cases 1 --answer-tokens 300 --method h2o --budget 32 --csv %s",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), csv);
+    char *out = NULL, *err = NULL;
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    char *text = kvm_test_read_file(csv, NULL);
+    ck_assert_ptr_nonnull(text);
+    size_t longest = 0;
+    for (const char *p = strchr(text, '"'); p; p = strchr(p, '"')) { /* the quoted generated fields */
+        const char *q = strchr(p + 1, '"');
+        ck_assert_ptr_nonnull(q);
+        if ((size_t)(q - p - 1) > longest) longest = (size_t)(q - p - 1);
+        p = q + 1;
+    }
+    ck_assert_msg(longest > 600, "the longest answer holds %zu bytes: %s", longest, text);
+    free(text);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 START_TEST(test_cli_csv)
 {
     char *dir = kvm_test_tmpdir(), csv[512], docs[1024], *out = NULL, *err = NULL;
@@ -1498,6 +1530,7 @@ static Suite *eval_suite(void)
                  {"task_depth_same_offset", test_task_depth_same_offset, 0},
                  {"cli_task", test_cli_task, 0},
                  {"cli_task_nul", test_cli_task_nul, 0},
+                 {"cli_task_long_answer", test_cli_task_long_answer, 0},
                  {"cli_csv", test_cli_csv, 0},
                  {"cli_csv_failed", test_cli_csv_failed, 0},
                  {"cli_nonfinite", test_cli_nonfinite, 0},
