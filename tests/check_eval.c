@@ -773,6 +773,9 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
     expect_usage_error("--method h2o --budget 99999999999999999999", "--budget: 99999999999999999999 is outside"); /* not "not an integer" */
     expect_usage_error("--method h2o --budget 8 --ratio 0.5", "exactly one of --budget and --ratio");
+    /* a positive value a double cannot hold was said to be "outside (0, 1e+06]" */
+    expect_usage_error("--method h2o --target-kl 1e-308", "--target-kl: 1e-308 is too close to 0 for a double");
+    expect_usage_error("--method h2o --target-kl 1e999", "--target-kl: 1e999 is outside (0, 1e+06]");
     { /* a listed document that does not open (a dangling link named *.txt) is a usage error, as
        * sculpt's --doc says it: eval exited 1 */
         char *dir = kvm_test_tmpdir(), sub[4200], full[8192];
