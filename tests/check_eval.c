@@ -776,6 +776,11 @@ START_TEST(test_cli_errors)
     /* a positive value a double cannot hold was said to be "outside (0, 1e+06]" */
     expect_usage_error("--method h2o --target-kl 1e-308", "--target-kl: 1e-308 is too close to 0 for a double");
     expect_usage_error("--method h2o --target-kl 1e999", "--target-kl: 1e999 is outside (0, 1e+06]");
+    /* so was a sculpt option's: "--lambda 1e-320: expected a number in [0, 1e+06]" */
+    expect_usage_error("--method sculpt:retain=4:lambda=1e-320 --budget 16",
+                       "--method sculpt:retain=4:lambda=1e-320: --lambda 1e-320 is too close to 0 for a double");
+    expect_usage_error("--method sculpt:retain=4 --ridge 1e-999 --budget 16",
+                       "--ridge 1e-999 is outside [1e-12, 1e+06] (beyond a double's range)");
     { /* a listed document that does not open (a dangling link named *.txt) is a usage error, as
        * sculpt's --doc says it: eval exited 1 */
         char *dir = kvm_test_tmpdir(), sub[4200], full[8192];

@@ -160,6 +160,10 @@ static int set_opt(kvm_sculpt_opts *o, const char *name, const char *value, cons
         return 0;
     }
     double v = 0;
+    if (r->kind == K_F64 && kvm_parse_decimal(value, &v) == KVM_ERANGE) { /* 1e-320 is in [0, hi]: no double */
+        char why[512];
+        return kvm_err(KVM_EINVAL, "%s--%s %s", pre, name, kvm_decimal_range_why(value, r->lo, r->hi, why, sizeof why));
+    }
     if ((r->kind == K_F64 ? kvm_parse_decimal(value, &v) : parse_integer(value, &v)) || v < r->lo || v > r->hi)
         return r->kind == K_F64 /* an integer's bounds whole: %g printed 2^24 as 1.67772e+07 */
                    ? kvm_err(KVM_EINVAL, "%s--%s %s: expected a number in [%g, %g]", pre, name, value, r->lo, r->hi)
