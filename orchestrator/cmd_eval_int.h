@@ -15,11 +15,11 @@
 /* One (method, budget) column of the run. */
 typedef struct cmd_eval_job {
     const kvm_method *m;
-    char spec[512];    /* "h2o", "polykv:FILE" as given */
+    char spec[6144];   /* "h2o", "polykv:FILE" as given (a FILE up to PATH_MAX, then options) */
     kvm_budget budget; /* as requested */
     char item[256];    /* the --budget or --ratio item as given, for messages */
     void *opts;        /* from m->opts_new */
-    char arg[2048];    /* the options opts was made from (flags and the method's own) */
+    char arg[8192];    /* the options opts was made from (flags and the method's own; polykv: FILE first) */
     int has_arg;       /* 0: opts_new got NULL */
     kvm_eval_result sum;
     int n;

@@ -461,7 +461,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         printf("== accuracy over %d cases, exact match, Wilson 95%% interval\n", done);
         summary("full", right[n_jobs], done, 0, 0, right[n_jobs], 1);
         for (int j = 0; j < n_jobs; j++) {
-            char name[600]; /* the method and its budget: one method at several budgets is several rows */
+            char name[6144 + 64]; /* the method (cmd_eval_job.spec) and its budget: a row per budget */
             if (jobs[j].budget.tokens > 0)
                 snprintf(name, sizeof name, "%s @ %lld", jobs[j].spec, (long long)jobs[j].budget.tokens);
             else

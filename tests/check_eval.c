@@ -962,6 +962,63 @@ START_TEST(test_cli_task_long_answer)
 }
 END_TEST
 
+/* The first row of the mean section of an eval's stdout: budget, ratio, kl_mean, kl_median. */
+static void mean_row(const char *out, double *v)
+{
+    const char *m = strstr(out, "== mean over");
+    ck_assert_ptr_nonnull(m);
+    m = strchr(strchr(m, '\n') + 1, '\n') + 1; /* past the header */
+    ck_assert_int_eq(sscanf(m, "%*s %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3]), 4);
+}
+
+/* Runs `kvmill eval` on stories260K at context 64, continuation 8 with args (of any length: the
+ * helpers above hold 4 KiB); returns the exit status with stdout and stderr. */
+static int eval_long(const char *args, char **out, char **err)
+{
+    size_t n = strlen(args) + 8192;
+    char *cmd = malloc(n);
+    ck_assert_ptr_nonnull(cmd);
+    snprintf(cmd, n, EVAL "--docs %s/corpus/doc_000.txt %s", kvm_test_bin(), kvm_test_data(), kvm_test_data(), args);
+    int st = kvm_test_run(cmd, out, err);
+    free(cmd);
+    return st;
+}
+
+/* Options were copied into fixed buffers and cut to fit in silence: a long --lambda value cut
+ * the joined flags and the method's own options after them (retain=4 lost: the run used
+ * retain 32), a long method item lost its tail. Options now fit whole or are refused. */
+START_TEST(test_cli_long_options)
+{
+    char zeros[2200], args[16384], *out = NULL, *err = NULL;
+    memset(zeros, '0', sizeof zeros - 1);
+    zeros[sizeof zeros - 1] = '\0';
+    double a[4], b[4];
+    snprintf(args, sizeof args,
+             "--method sculpt:retain=4:queries=64:iterations=2 --lambda 0.1%s --budget 40 "
+             "--decode-steps 0",
+             zeros);
+    int st = eval_long(args, &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    mean_row(out, a);
+    free(out);
+    free(err);
+    st = eval_long("--method sculpt:retain=4:queries=64:iterations=2 --lambda 0.1 --budget 40 --decode-steps 0", &out,
+                   &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    mean_row(out, b);
+    free(out);
+    free(err);
+    ck_assert_msg(a[2] == b[2] && a[3] == b[3], "kl %g %g with the long --lambda, %g %g with 0.1", a[2], a[3], b[2],
+                  b[3]);
+    snprintf(args, sizeof args, "--method sculpt:retain=4:lambda=0.1%s%s%s --budget 16", zeros, zeros, zeros);
+    st = eval_long(args, &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "bytes, more than the 6143 a job holds; shorten it") && !*out, "exit %d: %s",
+                  st, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 START_TEST(test_cli_csv)
 {
     char *dir = kvm_test_tmpdir(), csv[512], docs[1024], *out = NULL, *err = NULL;
@@ -1539,6 +1596,7 @@ static Suite *eval_suite(void)
                  {"cli_task", test_cli_task, 0},
                  {"cli_task_nul", test_cli_task_nul, 0},
                  {"cli_task_long_answer", test_cli_task_long_answer, 0},
+                 {"cli_long_options", test_cli_long_options, 0},
                  {"cli_csv", test_cli_csv, 0},
                  {"cli_csv_failed", test_cli_csv_failed, 0},
                  {"cli_nonfinite", test_cli_nonfinite, 0},
