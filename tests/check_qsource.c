@@ -83,6 +83,10 @@ START_TEST(test_share_of_no_query)
         ck_assert_msg(kvm_sculpt_opts_check_combination(&o) == KVM_EINVAL, "accepted %s", bad[i].opts);
         ck_assert_msg(strstr(kvm_errmsg(), bad[i].msg), "%s: '%s' lacks '%s'", bad[i].opts, kvm_errmsg(), bad[i].msg);
     }
+    /* a share a double cannot hold was "not a positive number" */
+    kvm_sculpt_qsource q;
+    ck_assert_int_eq(kvm_sculpt_qsource_parse("repeat@1e-320+synthetic", &q), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "share '1e-320' of repeat is beyond a double's range"), "%s", kvm_errmsg());
     const char *good[] = {"query_source=repeat@1e-3+synthetic", "query_source=repeat+synthetic+continuation,queries=3",
                           "query_source=repeat,queries=0", "query_source=repeat@0.01+synthetic,on_policy=true"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {

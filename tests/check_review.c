@@ -182,7 +182,8 @@ START_TEST(test_strict_decimal)
         "repeat@0x10", "repeat@inf", "repeat@nan", "repeat@ 1", "repeat@1e999+synthetic", "repeat@0x1p-1+synthetic@1"};
     for (size_t i = 0; i < sizeof bad_src / sizeof bad_src[0]; i++) {
         ck_assert_msg(kvm_sculpt_qsource_parse(bad_src[i], &q) == KVM_EINVAL, "%s accepted", bad_src[i]);
-        ck_assert_msg(strstr(kvm_errmsg(), "is not a positive number"), "%s: %s", bad_src[i], kvm_errmsg());
+        const char *why = strstr(bad_src[i], "1e999") ? "is beyond a double's range" : "is not a positive number";
+        ck_assert_msg(strstr(kvm_errmsg(), why), "%s: %s", bad_src[i], kvm_errmsg());
     }
     ck_assert_int_eq(kvm_sculpt_qsource_parse("repeat@1e-1+synthetic@.3", &q), 0);
     ck_assert(fabs(q.share[KVM_SCULPT_QSRC_REPEAT] - 0.25) < 1e-12);
