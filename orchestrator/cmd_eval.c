@@ -403,7 +403,16 @@ static int sculpt_flags(const eval_cli *c, char *flags, size_t size, const char 
             fprintf(stderr, "kvmill " CMD ": --%s: '%s' may not contain ':', ',' or '='\n", set[i].flag, v);
             return 2;
         }
-        if (v && at < size) at += (size_t)snprintf(flags + at, size - at, "%s%s=%s", at ? ":" : "", set[i].name, v);
+        if (v) /* past the end: measured only (snprintf of NULL, 0) */
+            at += (size_t)snprintf(at < size ? flags + at : NULL, at < size ? size - at : 0, "%s%s=%s", at ? ":" : "",
+                                   set[i].name, v);
+    }
+    if (at >= size) { /* a cut list would drop flags or end a value early in silence */
+        fprintf(stderr,
+                "kvmill " CMD ": the sculpt flags come to %zu bytes as options, more than the %zu they may hold; "
+                "shorten their values\n",
+                at, size - 1);
+        return 2;
     }
     return 0;
 }
@@ -430,7 +439,7 @@ static int build_jobs(const eval_cli *c, const cmd_eval_setup *es, eval_run *r)
     const char *target = c->target, *budget = c->budget;
     char n_buf[32];
     snprintf(n_buf, sizeof n_buf, "%lld", (long long)es->N); /* placeholder budget; each probe makes its own options */
-    char flags[2048] = "";
+    char flags[4096] = "";
     const char *sculpt_flag;
     int rc = sculpt_flags(c, flags, sizeof flags, &sculpt_flag);
     if (!rc)
@@ -533,6 +542,7 @@ static int eval_open(const eval_cli *c, cmd_eval_setup *es, eval_run *r)
     if (!rc) rc = check_csv(c, r);
     if (!rc && c->target) rc = cmd_eval__check_target_steps(es, r->jobs, r->n_jobs, es->N);
     if (!rc) rc = check_docs(c, es, r);
+    if (!rc && c->target) rc = cmd_eval__check_target_docs(es, &r->docs, r->jobs, r->n_jobs);
     if (!rc && c->task) rc = check_task_cases(c, es, r);
     if (!rc && c->csv_path && !(rc = kvm_cli_staged_open(CMD, "csv", c->csv_path, &r->out))) r->csv = r->out.f;
     return rc;

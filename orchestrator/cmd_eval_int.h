@@ -15,11 +15,11 @@
 /* One (method, budget) column of the run. */
 typedef struct cmd_eval_job {
     const kvm_method *m;
-    char spec[512];    /* "h2o", "polykv:FILE" as given */
+    char spec[6144];   /* "h2o", "polykv:FILE" as given (a FILE up to PATH_MAX, then options) */
     kvm_budget budget; /* as requested */
     char item[256];    /* the --budget or --ratio item as given, for messages */
     void *opts;        /* from m->opts_new */
-    char arg[2048];    /* the options opts was made from (flags and the method's own) */
+    char arg[8192];    /* the options opts was made from (flags and the method's own; polykv: FILE first) */
     int has_arg;       /* 0: opts_new got NULL */
     kvm_eval_result sum;
     int n;
@@ -119,6 +119,12 @@ const char *cmd_eval__device_refusal(const cmd_eval_setup *es, const cmd_eval_jo
 /* Refuses, before any document, a job whose searched budgets (multiples of es->target_step
  * that its method takes, below N) are none. es->m must be set. Returns 0, or 2 after printing why. */
 int cmd_eval__check_target_steps(const cmd_eval_setup *es, const cmd_eval_job *jobs, int n_jobs, int64_t N);
+
+/* The same for each document shorter than --context + 2 x --continuation, searched at context
+ * L - 2T (a sculpt-family method's retain zone can fill it): refused before any prefill rather
+ * than failing the run at that document. Returns 0, or 2 (1: a document unread) after printing why. */
+int cmd_eval__check_target_docs(const cmd_eval_setup *es, const cmd_eval_docset *docs, const cmd_eval_job *jobs,
+                                int n_jobs);
 
 /* Per document and job, the smallest budget whose KL on [N, N+T) is at most es->target_kl, with
  * the KL on the check part [N+T, N+2T) at it; a table per document, a summary over them, and a

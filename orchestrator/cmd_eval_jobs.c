@@ -161,18 +161,42 @@ static int job_repeat_refused(const cmd_eval_job *e, const char *spec, const cha
 
 /* The options a sculpt-family method is made from when sculpt flags are given: the flags, then
  * the method's own, which override them (polykv: FILE first), written to full (size bytes);
- * otherwise arg as it is. */
-static const char *job_options(const cmd_eval_job *e, const char *arg, const char *flags, char *full, size_t size)
+ * otherwise arg as it is. *len: their length (size or more: they do not fit). */
+static const char *job_options(const cmd_eval_job *e, const char *arg, const char *flags, char *full, size_t size,
+                               size_t *len)
 {
+    *len = arg ? strlen(arg) : 0;
     if (!cmd_eval__sculpt_family(e->m) || !*flags) return arg;
+    int w;
     if (!strcmp(e->m->name, "polykv")) { /* FILE, then the flags, then its own options */
         const char *own = NULL;
         for (const char *q = strchr(arg, ':'); q && !own; q = strchr(q + 1, ':'))
             if (kvm_sculpt_setting_find(q + 1, strcspn(q + 1, ":="))) own = q;
-        snprintf(full, size, "%.*s:%s%s", (int)(own ? own - arg : (long)strlen(arg)), arg, flags, own ? own : "");
+        w = snprintf(full, size, "%.*s:%s%s", (int)(own ? own - arg : (long)strlen(arg)), arg, flags, own ? own : "");
     } else
-        snprintf(full, size, "%s%s%s", flags, arg ? ":" : "", arg ? arg : "");
+        w = snprintf(full, size, "%s%s%s", flags, arg ? ":" : "", arg ? arg : "");
+    *len = w < 0 ? size : (size_t)w;
     return full;
+}
+
+/* A --method item, its budget item or its options (with the sculpt flags) longer than a job
+ * holds (opts_len: 0 before they are joined): refused, since a copy cut to fit dropped options
+ * or ended a value early (lambda=0.1e-3 cut to lambda=0.1) in silence. Returns 0, or 2 after
+ * printing why. */
+static int job_too_long(const cmd_eval_job *e, const char *spec, const char *item, size_t opts_len)
+{
+    const char *what = NULL;
+    size_t n, max;
+    if ((n = strlen(spec)) >= (max = sizeof e->spec))
+        what = "the method item is";
+    else if ((n = strlen(item)) >= (max = sizeof e->item))
+        what = "the --budget/--ratio item is";
+    else if ((n = opts_len) >= (max = sizeof e->arg))
+        what = "its options with the sculpt flags come to";
+    if (!what) return 0;
+    fprintf(stderr, "kvmill " CMD ": --method %.60s%s: %s %zu bytes, more than the %zu a job holds; shorten it\n", spec,
+            strlen(spec) > 60 ? "..." : "", what, n, max - 1);
+    return 2;
 }
 
 /* Makes job e of method spec `spec` at budget item `item` (first: the method's first column,
@@ -181,12 +205,14 @@ static int make_job(cmd_eval_job *e, const char *spec, const char *item, int fir
                     const char *flags, const kvm_model_config *c)
 {
     const char *arg;
-    if (job_parse(e, spec, item, is_ratio, &arg) || job_size_refused(e, spec, arg, is_ratio, target) ||
-        job_repeat_refused(e, spec, arg))
+    if (job_too_long(e, spec, item, 0) || job_parse(e, spec, item, is_ratio, &arg) ||
+        job_size_refused(e, spec, arg, is_ratio, target) || job_repeat_refused(e, spec, arg))
         return 2;
     if (cmd_eval__sculpt_family(e->m) && arg) warn_deprecated(spec, arg);
-    char full[2048];
-    arg = job_options(e, arg, flags, full, sizeof full);
+    char full[sizeof e->arg];
+    size_t opts_len;
+    arg = job_options(e, arg, flags, full, sizeof full, &opts_len);
+    if (job_too_long(e, spec, item, opts_len)) return 2;
     e->has_arg = arg != NULL;
     snprintf(e->arg, sizeof e->arg, "%s", arg ? arg : "");
     int s = e->m->opts_new(arg, &e->budget, c, &e->opts);

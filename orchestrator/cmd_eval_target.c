@@ -96,7 +96,10 @@ static int64_t target_lo(const cmd_eval_setup *es, const cmd_eval_job *job, int6
     return N;
 }
 
-int cmd_eval__check_target_steps(const cmd_eval_setup *es, const cmd_eval_job *jobs, int n_jobs, int64_t N)
+/* Refuses the jobs with no budget searched below context N; `where` names that context in the
+ * message ("--context 64", or a short document's). Returns 0, or 2 after printing why. */
+static int check_steps(const cmd_eval_setup *es, const cmd_eval_job *jobs, int n_jobs, int64_t N, const char *where,
+                       const char *fix)
 {
     int rc = 0;
     for (int j = 0; !rc && j < n_jobs; j++) { /* as [compress] target_step refuses it (kvm_jobcfg_check) */
@@ -104,13 +107,41 @@ int cmd_eval__check_target_steps(const cmd_eval_setup *es, const cmd_eval_job *j
         const int retains = cmd_eval__sculpt_family(jobs[j].m) && strcmp(jobs[j].m->name, "polykv"); /* a retain zone */
         if (lo >= N) {
             fprintf(stderr,
-                    "kvmill " CMD ": --target-kl: method %s: no budget below --context %lld is searched "
-                    "(multiples of --target-step %lld%s): the search would keep the whole context; lower "
+                    "kvmill " CMD ": --target-kl: method %s: no budget below %s is searched "
+                    "(multiples of --target-step %lld%s): the search would keep the whole context; %s"
                     "--target-step%s\n",
-                    jobs[j].spec, (long long)N, (long long)es->target_step, retains ? " above the retain zone" : "",
+                    jobs[j].spec, where, (long long)es->target_step, retains ? " above the retain zone" : "", fix,
                     retains ? " or --retain" : "");
             rc = 2;
         }
+    }
+    return rc;
+}
+
+int cmd_eval__check_target_steps(const cmd_eval_setup *es, const cmd_eval_job *jobs, int n_jobs, int64_t N)
+{
+    char where[64];
+    snprintf(where, sizeof where, "--context %lld", (long long)N);
+    return check_steps(es, jobs, n_jobs, N, where, "lower ");
+}
+
+int cmd_eval__check_target_docs(const cmd_eval_setup *es, const cmd_eval_docset *docs, const cmd_eval_job *jobs,
+                                int n_jobs)
+{
+    int rc = 0;
+    for (int d = 0; !rc && d < docs->n; d++) {
+        int32_t *ids = NULL;
+        int64_t n = 0;
+        rc = cmd_eval_docs_encode(CMD, es->tok, es->frame, docs->paths[d], es->N + 2 * es->T, &ids, &n);
+        free(ids);
+        if (rc || n >= es->N + 2 * es->T) continue; /* at --context: checked by cmd_eval__check_target_steps */
+        char where[4400];
+        snprintf(where, sizeof where,
+                 "the context of %s, %lld token%s (its %lld tokens less the search and check parts, 2 x "
+                 "--continuation %lld)",
+                 docs->paths[d], (long long)(n - 2 * es->T), kvm_plural(n - 2 * es->T, "", "s"), (long long)n,
+                 (long long)es->T);
+        rc = check_steps(es, jobs, n_jobs, n - 2 * es->T, where, "leave the document out, or lower --continuation or ");
     }
     return rc;
 }

@@ -47,13 +47,16 @@ static int read_text(const char *path, char **text, size_t *len)
     return 0;
 }
 
-static int encode(const kvm_tokenizer *tok, const char *a, const char *b, int bos, int32_t **ids, int64_t *n)
+/* a then b[0, lb), encoded: lb, not strlen, since a document's NUL bytes are text here as in
+ * the KL evaluation (a case's fact after one was cut off with the rest of the document) */
+static int encode(const kvm_tokenizer *tok, const char *a, const char *b, size_t lb, int bos, int32_t **ids, int64_t *n)
 {
-    size_t la = strlen(a), lb = strlen(b);
+    size_t la = strlen(a);
     char *s = malloc(la + lb + 1);
     if (!s) return kvm_err(KVM_ENOMEM, "out of memory");
     memcpy(s, a, la);
-    memcpy(s + la, b, lb + 1);
+    memcpy(s + la, b, lb);
+    s[la + lb] = '\0';
     int rc = kvm_tokenizer_encode(tok, s, la + lb, bos, 0, ids, n);
     free(s);
     return rc;
@@ -83,7 +86,7 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
             break;
         }
         if ((rc = kvm_task_make(a->kind, text, use, index, tc))) break;
-        if ((rc = encode(a->tok, fr->open, tc->document, bos, &ctx, &nc))) break;
+        if ((rc = encode(a->tok, fr->open, tc->document, tc->document_len, bos, &ctx, &nc))) break;
         if (nc <= a->n_ctx) break;
         size_t next = (size_t)((double)use * (double)a->n_ctx / (double)nc * 0.99);
         use = next < use ? next : use - 1;
@@ -94,7 +97,7 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
     }
     char qbuf[256];
     snprintf(qbuf, sizeof qbuf, "\n\n%s", tc->question);
-    if (!rc) rc = encode(a->tok, qbuf, fr->close, 0, &q, &nq);
+    if (!rc) rc = encode(a->tok, qbuf, fr->close, strlen(fr->close), 0, &q, &nq);
     if (!rc && nc + nq + a->answer_tokens > kvm_model_window(&a->m->cfg))
         rc = kvm_err(KVM_EINVAL,
                      "context %lld + question %lld + --answer-tokens %d exceed the model's window of %d tokens: use a "
@@ -118,32 +121,32 @@ static int make_case(const cmd_eval_task_args *a, const frame *fr, const char *t
 static int document_prefix(const cmd_eval_task_args *a, const frame *fr, const char *text, size_t len,
                            kvm_eval_prefix **out)
 {
-    char *t = malloc(len + 1);
-    if (!t) return kvm_err(KVM_ENOMEM, "out of memory");
-    memcpy(t, text, len);
-    t[len] = '\0';
     int32_t *ids = NULL;
     int64_t n = 0;
-    int rc = encode(a->tok, fr->open, t, kvm_tokenizer_add_bos(a->tok), &ids, &n);
-    free(t);
+    int rc = encode(a->tok, fr->open, text, len, kvm_tokenizer_add_bos(a->tok), &ids, &n);
     if (!rc) rc = kvm_eval_prefix_new(a->m, a->k, ids, n < a->n_ctx ? n : a->n_ctx, out);
     free(ids);
     return rc;
 }
 
-/* The answer's text (pieces joined), into buf; returns its length. */
-static size_t answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, char *buf, size_t cap)
+/* The answer's text, its pieces joined, malloc'ed whole (a fixed 512 bytes cut answers of a few
+ * hundred tokens: the match and the CSV saw only their start); *len its length. NULL: no memory. */
+static char *answer_text(const kvm_tokenizer *tok, const int32_t *t, int n, size_t *len)
 {
+    size_t total = 0, pl;
+    for (int i = 0; i < n; i++)
+        if (kvm_tokenizer_piece(tok, i ? t[i - 1] : -1, t[i], &pl)) total += pl;
+    char *buf = malloc(total + 1);
     size_t w = 0;
-    for (int i = 0; i < n; i++) {
-        size_t len;
-        const char *p = kvm_tokenizer_piece(tok, i ? t[i - 1] : -1, t[i], &len);
-        if (!p || w + len >= cap) break;
-        memcpy(buf + w, p, len);
-        w += len;
+    for (int i = 0; buf && i < n; i++) {
+        const char *p = kvm_tokenizer_piece(tok, i ? t[i - 1] : -1, t[i], &pl);
+        if (!p) continue;
+        memcpy(buf + w, p, pl);
+        w += pl;
     }
-    buf[w] = '\0';
-    return w;
+    if (buf) buf[w] = '\0';
+    *len = w;
+    return buf;
 }
 
 /* A case's answers: [0] full KV's, then each job's. */
@@ -153,7 +156,8 @@ typedef struct case_answers {
     int *ok;        /* [jobs + 1] 1: exact match */
     double *budget; /* [jobs + 1] entries per KV head of the cache answered over */
     double *nll;    /* [jobs + 1] full KV's answer's mean NLL over each cache (NAN: none) */
-    char (*text)[512];
+    char **text;    /* [jobs + 1] the answers' text (malloc'ed; CSV-safe: no newline, quote or comma) */
+    size_t n;       /* jobs + 1 */
     int64_t tokens, calls; /* answered tokens and forward calls after the questions, all cases */
 } case_answers;
 
@@ -180,22 +184,28 @@ static int answer_done(void *user, int i, const int32_t *out, int n)
 {
     (void)i;
     const done_ctx *dc = user;
-    char buf[512];
-    size_t len = answer_text(dc->a->tok, out, n, buf, sizeof buf);
-    return kvm_task_answered(dc->tc->answer, buf, len);
+    size_t len;
+    char *buf = answer_text(dc->a->tok, out, n, &len);
+    int done = buf && kvm_task_answered(dc->tc->answer, buf, len); /* no memory: not done, decoded on */
+    free(buf);
+    return done;
 }
 
 /* Answer slot r's text (one CSV field, one line), its match and the budget (entries per KV
  * head) of the cache it answered over. */
-static void score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_answers *ca, int r, double budget)
+static int score(const cmd_eval_task_args *a, const kvm_task_case *tc, case_answers *ca, int r, double budget)
 {
-    char *text = ca->text[r];
-    size_t len = answer_text(a->tok, ca->tok + (size_t)r * a->answer_tokens, ca->len[r], text, sizeof ca->text[r]);
+    size_t len;
+    char *text = answer_text(a->tok, ca->tok + (size_t)r * a->answer_tokens, ca->len[r], &len);
+    if (!text) return kvm_err(KVM_ENOMEM, "out of memory");
+    free(ca->text[r]);
+    ca->text[r] = text;
     ca->ok[r] = kvm_task_match(tc->answer, text, len);
     ca->budget[r] = budget;
-    for (char *p = text; *p; p++)
-        if (*p == '\n' || *p == '\r' || *p == '"' || *p == ',') *p = ' ';
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == '\n' || text[i] == '\r' || text[i] == '"' || text[i] == ',' || !text[i]) text[i] = ' ';
     ca->tokens += ca->len[r];
+    return 0;
 }
 
 /* Jobs [j0, j1): each compresses (and round-trips) the context, then all answer in one batch
@@ -234,7 +244,7 @@ static int answer_group(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_
         memcpy(ca->tok + (size_t)(r0 + i) * a->answer_tokens, tok + (size_t)i * a->answer_tokens,
                (size_t)a->answer_tokens * sizeof *tok);
         ca->len[r0 + i] = len[i];
-        score(a, tc, ca, r0 + i, budget[i]);
+        rc = score(a, tc, ca, r0 + i, budget[i]);
     }
     ca->calls += calls;
     for (int i = 0; i < n; i++)
@@ -258,7 +268,7 @@ static int answer_case(const cmd_eval_task_args *a, kvm_eval_doc *d, const kvm_t
     ca->nll[0] = NAN;
     const kvm_model_config *m = &a->m->cfg;
     const double per_head = (double)m->n_layers * m->n_kv_heads;
-    if (!rc) score(a, tc, ca, 0, (double)kvm_kvcache_entries(kvm_eval_doc_full(d)) / per_head);
+    if (!rc) rc = score(a, tc, ca, 0, (double)kvm_kvcache_entries(kvm_eval_doc_full(d)) / per_head);
     const int g = group_size(a);
     for (int j0 = 0; !rc && (j0 < n_jobs || j0 == 0); j0 += g) /* no jobs: full KV's NLL alone */
         rc = answer_group(a, d, tc, jobs, j0, j0 + g < n_jobs ? j0 + g : n_jobs, ca);
@@ -292,6 +302,8 @@ static void case_answers_free(case_answers *ca)
     free(ca->ok);
     free(ca->budget);
     free(ca->nll);
+    for (size_t i = 0; ca->text && i < ca->n; i++)
+        free(ca->text[i]);
     free(ca->text);
 }
 
@@ -303,7 +315,8 @@ static int case_answers_new(int n_jobs, int answer_tokens, case_answers *ca)
                          .ok = calloc(n, sizeof *ca->ok),
                          .budget = calloc(n, sizeof *ca->budget),
                          .nll = calloc(n, sizeof *ca->nll),
-                         .text = calloc(n, sizeof *ca->text)};
+                         .text = calloc(n, sizeof *ca->text),
+                         .n = n};
     if (ca->tok && ca->len && ca->ok && ca->budget && ca->nll && ca->text) return 0;
     case_answers_free(ca);
     return kvm_err(KVM_ENOMEM, "out of memory");
@@ -448,7 +461,7 @@ int cmd_eval_task_run(const cmd_eval_task_args *a, const cmd_eval_docset *docs, 
         printf("== accuracy over %d cases, exact match, Wilson 95%% interval\n", done);
         summary("full", right[n_jobs], done, 0, 0, right[n_jobs], 1);
         for (int j = 0; j < n_jobs; j++) {
-            char name[600]; /* the method and its budget: one method at several budgets is several rows */
+            char name[6144 + 64]; /* the method (cmd_eval_job.spec) and its budget: a row per budget */
             if (jobs[j].budget.tokens > 0)
                 snprintf(name, sizeof name, "%s @ %lld", jobs[j].spec, (long long)jobs[j].budget.tokens);
             else

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -196,6 +197,13 @@ int kvm_cli_float_above(const char *cmd, const char *name, const char *s, double
     const int prc = kvm_parse_decimal(s, &v);
     if (prc && prc != KVM_ERANGE) {
         fprintf(stderr, "kvmill %s: %s%s: '%s' is not a number\n", cmd, dashes(name), name, s);
+        return -1;
+    }
+    if (prc == KVM_ERANGE && fabs(strtod(s, NULL)) < 1.0) { /* 1e-308 is inside (0, hi]: a double cannot hold it */
+        fprintf(stderr,
+                "kvmill %s: %s%s: %s is too close to 0 for a double (it would read as 0, or lose digits): give a "
+                "value in (%g, %g] of magnitude at least %g\n",
+                cmd, dashes(name), name, s, lo, hi, DBL_MIN);
         return -1;
     }
     if (prc || !(v > lo && v <= hi)) { /* the range as accepted: lo itself is refused */

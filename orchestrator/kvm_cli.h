@@ -60,7 +60,8 @@ const char *kvm_cli_get(const kvm_cli_opt *opts, const char *name);
 int kvm_cli_int(const char *cmd, const char *name, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int kvm_cli_float(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 /* The same for a number in (lo, hi]: lo itself is refused (eval's --target-kl 0: only full KV has
- * KL 0), and the message states that range ("kvmill CMD: --NAME: S is outside (LO, HI]"). */
+ * KL 0), and the message states that range ("kvmill CMD: --NAME: S is outside (LO, HI]"), or
+ * that S, inside it, is too close to 0 for a double (1e-308). */
 int kvm_cli_float_above(const char *cmd, const char *name, const char *s, double lo, double hi, double *out);
 
 /* An output file the command writes only after its work (a strategy, a cache file) is checked

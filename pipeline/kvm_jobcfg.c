@@ -392,6 +392,12 @@ int kvm_jobcfg_check(const kvm_config *c)
                        "queries, the retain zone's and [compress] queries, and this config gives none "
                        "(every document would fail); set queries (default 2048) or retain above 0",
                        kvm_config_path(c), method);
+    if (sculpt) { /* the rest the solver refuses (a query_source share of no query): at start, not per document */
+        kvm_sculpt_opts so;
+        int rc = kvm_worker_sculpt_opts(c, mode, &so);
+        if (!rc) rc = kvm_sculpt_opts_check_combination(&so);
+        if (rc) return kvm_err(rc, "%s: [compress]: %s", kvm_config_path(c), kvm_errmsg());
+    }
     return 0;
 }
 

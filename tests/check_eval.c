@@ -571,6 +571,67 @@ START_TEST(test_store_dtype)
 END_TEST
 
 /* ---- task accuracy: the case generator, the scorer, the statistics ---- */
+
+/* 1 when s[0, n) is whole UTF-8 sequences (lead byte, then its continuation bytes). */
+static int utf8_whole(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (!k || i + k > n) return 0;
+        for (size_t j = 1; j < k; j++)
+            if (((unsigned char)s[i + j] & 0xC0) != 0x80) return 0;
+        i += k;
+    }
+    return 1;
+}
+
+/* One long sentence: multikey's four facts all go after its end, in door order, so the asked
+ * fact can follow others inserted at the same offset; the depth counted only the facts at
+ * smaller offsets and named a place before the fact. It is where the asked fact starts. */
+START_TEST(test_task_depth_same_offset)
+{
+    char text[400];
+    memset(text, 'x', 300);
+    memcpy(text + 300, ". yyyyyyyyy", 12);
+    const size_t n = strlen(text);
+    for (uint64_t i = 0; i < KVM_TASK_DEPTHS; i++) {
+        kvm_task_case a;
+        ck_assert_int_eq(kvm_task_make(KVM_TASK_MULTIKEY, text, n, i, &a), 0);
+        char door[32], fact[80];
+        ck_assert_int_eq(sscanf(a.question, "What is the code for the %31s door?", door), 1);
+        snprintf(fact, sizeof fact, "The code for the %s door is %s.", door, a.answer);
+        const char *at = strstr(a.document, fact);
+        ck_assert_ptr_nonnull(at);
+        double want = (double)(at - a.document) / (double)a.document_len;
+        ck_assert_msg(fabs(a.depth - want) < 1e-12, "case %d: depth %.4f, the asked fact starts at %.4f", (int)i,
+                      a.depth, want);
+        kvm_task_case_deinit(&a);
+    }
+}
+END_TEST
+
+/* Text with no sentence end: the fact went at byte depth·len, inside a 3-byte character at
+ * case 3 (0.4 · 603 = 241), which became two invalid sequences around it. */
+START_TEST(test_task_utf8)
+{
+    char text[700];
+    size_t n = 0;
+    for (int i = 0; i < 201; i++) {
+        memcpy(text + n, "\xe7\x8c\xab", 3); /* U+732B */
+        n += 3;
+    }
+    for (int kind = 0; kind < 3; kind++)
+        for (uint64_t i = 0; i < KVM_TASK_DEPTHS; i++) {
+            kvm_task_case a;
+            ck_assert_int_eq(kvm_task_make((kvm_task_kind)kind, text, n, i, &a), 0);
+            ck_assert_msg(utf8_whole(a.document, a.document_len), "%s case %d splits a character",
+                          kvm_task_name((kvm_task_kind)kind), (int)i);
+            kvm_task_case_deinit(&a);
+        }
+}
+END_TEST
+
 START_TEST(test_task_cases)
 {
     size_t n;
@@ -712,6 +773,14 @@ START_TEST(test_cli_errors)
     expect_usage_error("--method h2o --budget 0", "--budget: 0 is outside");
     expect_usage_error("--method h2o --budget 99999999999999999999", "--budget: 99999999999999999999 is outside"); /* not "not an integer" */
     expect_usage_error("--method h2o --budget 8 --ratio 0.5", "exactly one of --budget and --ratio");
+    /* a positive value a double cannot hold was said to be "outside (0, 1e+06]" */
+    expect_usage_error("--method h2o --target-kl 1e-308", "--target-kl: 1e-308 is too close to 0 for a double");
+    expect_usage_error("--method h2o --target-kl 1e999", "--target-kl: 1e999 is outside (0, 1e+06]");
+    /* so was a sculpt option's: "--lambda 1e-320: expected a number in [0, 1e+06]" */
+    expect_usage_error("--method sculpt:retain=4:lambda=1e-320 --budget 16",
+                       "--method sculpt:retain=4:lambda=1e-320: --lambda 1e-320 is too close to 0 for a double");
+    expect_usage_error("--method sculpt:retain=4 --ridge 1e-999 --budget 16",
+                       "--ridge 1e-999 is outside [1e-12, 1e+06] (beyond a double's range)");
     { /* a listed document that does not open (a dangling link named *.txt) is a usage error, as
        * sculpt's --doc says it: eval exited 1 */
         char *dir = kvm_test_tmpdir(), sub[4200], full[8192];
@@ -822,6 +891,131 @@ START_TEST(test_cli_errors)
     free(err);
     kvm_test_rmtree(dir);
     free(dir);
+}
+END_TEST
+
+/* A document with a NUL byte: the KL evaluation reads all of it, but --task built each case's
+ * text as a C string, so a case whose fact went after the NUL lost the fact and the rest of the
+ * document (context 52 tokens, the question about a pass key it never saw). Every case now
+ * holds its whole document, as many tokens as --context takes. */
+START_TEST(test_cli_task_nul)
+{
+    char *dir = kvm_test_tmpdir(), doc[4200], cmd[8192], text[1400];
+    size_t n = 0;
+    for (int i = 0; i < 5; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "Once upon a time there was a cat. ");
+    text[n++] = '\0';
+    for (int i = 0; i < 30; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "The dog ran home. ");
+    snprintf(doc, sizeof doc, "%s/nul.txt", dir);
+    ck_assert_int_eq(kvm_test_write_file(doc, text, n), 0);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 256 --docs %s --task passkey --cases 4 "
+             "--method h2o --budget 32",
+             kvm_test_bin(), kvm_test_data(), doc);
+    char *out = NULL, *err = NULL;
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    for (int i = 0; i < 4; i++) { /* cases 2 and 3 put the fact after the NUL byte */
+        char line[64];
+        snprintf(line, sizeof line, "case %4d nul ", i);
+        const char *at = strstr(out, line);
+        ck_assert_msg(at && strstr(at, " context   256 ") && strstr(at, " context   256 ") < strchr(at, '\n'),
+                      "case %d: not the whole context: %s", i, out);
+    }
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* An answer's text was kept in 512 bytes: with --answer-tokens in the hundreds the CSV's
+ * generated field stopped at its first 511 bytes, and the exact match (and the early stop)
+ * looked at that start only, so an answer given later was scored wrong. The whole text now. */
+START_TEST(test_cli_task_long_answer)
+{
+    char *dir = kvm_test_tmpdir(), csv[4200], cmd[8192];
+    snprintf(csv, sizeof csv, "%s/t.csv", dir);
+    snprintf(cmd, sizeof cmd,
+             "%s/kvmill eval --model %s/models/stories260K.bin --context 128 --docs %s/corpus/doc_000.txt --task "
+             "passkey --cases 1 --answer-tokens 300 --method h2o --budget 32 --csv %s",
+             kvm_test_bin(), kvm_test_data(), kvm_test_data(), csv);
+    char *out = NULL, *err = NULL;
+    int st = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(st == 0, "exit %d, stderr %s", st, err);
+    char *text = kvm_test_read_file(csv, NULL);
+    ck_assert_ptr_nonnull(text);
+    size_t longest = 0;
+    for (const char *p = strchr(text, '"'); p; p = strchr(p, '"')) { /* the quoted generated fields */
+        const char *q = strchr(p + 1, '"');
+        ck_assert_ptr_nonnull(q);
+        if ((size_t)(q - p - 1) > longest) longest = (size_t)(q - p - 1);
+        p = q + 1;
+    }
+    ck_assert_msg(longest > 600, "the longest answer holds %zu bytes: %s", longest, text);
+    free(text);
+    free(out);
+    free(err);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* The first row of the mean section of an eval's stdout: budget, ratio, kl_mean, kl_median. */
+static void mean_row(const char *out, double *v)
+{
+    const char *m = strstr(out, "== mean over");
+    ck_assert_ptr_nonnull(m);
+    m = strchr(strchr(m, '\n') + 1, '\n') + 1; /* past the header */
+    ck_assert_int_eq(sscanf(m, "%*s %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3]), 4);
+}
+
+/* Runs `kvmill eval` on stories260K at context 64, continuation 8 with args (of any length: the
+ * helpers above hold 4 KiB); returns the exit status with stdout and stderr. */
+static int eval_long(const char *args, char **out, char **err)
+{
+    size_t n = strlen(args) + 8192;
+    char *cmd = malloc(n);
+    ck_assert_ptr_nonnull(cmd);
+    snprintf(cmd, n, EVAL "--docs %s/corpus/doc_000.txt %s", kvm_test_bin(), kvm_test_data(), kvm_test_data(), args);
+    int st = kvm_test_run(cmd, out, err);
+    free(cmd);
+    return st;
+}
+
+/* Options were copied into fixed buffers and cut to fit in silence: a long --lambda value cut
+ * the joined flags and the method's own options after them (retain=4 lost: the run used
+ * retain 32), a long method item lost its tail. Options now fit whole or are refused. */
+START_TEST(test_cli_long_options)
+{
+    char zeros[2200], args[16384], *out = NULL, *err = NULL;
+    memset(zeros, '0', sizeof zeros - 1);
+    zeros[sizeof zeros - 1] = '\0';
+    double a[4], b[4];
+    snprintf(args, sizeof args,
+             "--method sculpt:retain=4:queries=64:iterations=2 --lambda 0.1%s --budget 40 "
+             "--decode-steps 0",
+             zeros);
+    int st = eval_long(args, &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    mean_row(out, a);
+    free(out);
+    free(err);
+    st = eval_long("--method sculpt:retain=4:queries=64:iterations=2 --lambda 0.1 --budget 40 --decode-steps 0", &out,
+                   &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    mean_row(out, b);
+    free(out);
+    free(err);
+    ck_assert_msg(a[2] == b[2] && a[3] == b[3], "kl %g %g with the long --lambda, %g %g with 0.1", a[2], a[3], b[2],
+                  b[3]);
+    snprintf(args, sizeof args, "--method sculpt:retain=4:lambda=0.1%s%s%s --budget 16", zeros, zeros, zeros);
+    st = eval_long(args, &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "bytes, more than the 6143 a job holds; shorten it") && !*out, "exit %d: %s",
+                  st, err);
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -1050,6 +1244,14 @@ START_TEST(test_cli_unused_options)
         {"sculpt:iterations=3:kcap=2", NULL},
         {"selectfit:rounds=3:bias", NULL},
         {"kvzip:queries=64:retain=16", NULL},
+        /* the allocation pilot's settings with uniform budgets (the default alloc): no pilot runs */
+        {"sculpt:power=1:pilot_rounds=2:iterations=3", "--method sculpt:power=1:pilot_rounds=2:iterations=3: note: "
+                                                       "power, pilot_rounds not read"},
+        {"am:alloc=head:power=1", NULL},
+        /* future places the synthetic queries; kvzip's query_source in eval is repeat */
+        {"kvzip:future=16", "--method kvzip:future=16: note: future not read"},
+        {"sculpt:query_source=continuation:future=16:queries=64", "note: future not read"},
+        {"kvzip:future=16:query_source=repeat+synthetic:queries=64", NULL},
     };
     char args[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1319,6 +1521,17 @@ START_TEST(test_cli_target)
     ck_assert_ptr_nonnull(strstr(out, "its last 16 tokens are the search and check parts"));
     free(out);
     free(err);
+    /* that context, 38 tokens, leaves sculpt (retain zone 32) no budget to search below it: it
+     * reported the whole context as the budget found, as --context would have been refused for
+     * (and a context within the zone failed the run at that document, exit 1, after the rows
+     * before it); refused before any work now, naming the document */
+    snprintf(docs, sizeof docs, "%s,%s/corpus/doc_000.txt", path, kvm_test_data());
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o,sculpt:queries=16 --target-kl 0.05", docs, NULL), &out, &err);
+    ck_assert_msg(st == 2 && strstr(err, "--target-kl: method sculpt:queries=16: no budget below the context of ") &&
+                      strstr(err, "short.txt") && strstr(err, "above the retain zone") && !*out,
+                  "exit %d: %s%s", st, out, err);
+    free(out);
+    free(err);
     kvm_test_rmtree(dir);
     free(dir);
 }
@@ -1378,7 +1591,12 @@ static Suite *eval_suite(void)
                  {"cli_decode_steps_default", test_cli_decode_steps_default, 0},
                  {"cli_target", test_cli_target, 0},
                  {"task_cases", test_task_cases, 0},
+                 {"task_utf8", test_task_utf8, 0},
+                 {"task_depth_same_offset", test_task_depth_same_offset, 0},
                  {"cli_task", test_cli_task, 0},
+                 {"cli_task_nul", test_cli_task_nul, 0},
+                 {"cli_task_long_answer", test_cli_task_long_answer, 0},
+                 {"cli_long_options", test_cli_long_options, 0},
                  {"cli_csv", test_cli_csv, 0},
                  {"cli_csv_failed", test_cli_csv_failed, 0},
                  {"cli_nonfinite", test_cli_nonfinite, 0},

@@ -453,6 +453,21 @@ START_TEST(test_signals_read)
     fclose(mf);
     ck_assert_msg(strstr(kvm_errmsg(), "cut.csv"), "%s", kvm_errmsg());
     kvm_polykv_signals_free(&t);
+    { /* a NUL byte in a row: the row ended there and what followed was read as nothing ("...,0.1\0,7"
+       * was accepted); refused, naming the line and column */
+        char *nul = malloc(n + 8);
+        const size_t row_end = (size_t)(strchr(strchr(good, '\n') + 1, '\n') - good);
+        memcpy(nul, good, row_end);
+        memcpy(nul + row_end, "\0,7", 3);
+        memcpy(nul + row_end + 3, good + row_end, n - row_end);
+        mf = fmemopen(nul, n + 3, "r");
+        ck_assert_int_eq(kvm_polykv_signals_new(5, &t), 0);
+        ck_assert_int_eq(kvm_polykv_signals_read_stream(mf, "nul.csv", t), KVM_EFORMAT);
+        fclose(mf);
+        ck_assert_msg(strstr(kvm_errmsg(), "nul.csv line 2: a NUL byte at column"), "%s", kvm_errmsg());
+        kvm_polykv_signals_free(&t);
+        free(nul);
+    }
     expect_bad(dir, good, 0, "phase,layer,pattern", "not the header");
     expect_bad(dir, good, 1, "prefill,0,h2o,20,0.9,0.5", "not 9 comma-separated fields");
     expect_bad(dir, good, 1, "prefill,0,streaming,20,0.9,0.5,0,1,0.1,7", "not 9 comma-separated fields");

@@ -62,6 +62,41 @@ START_TEST(test_parse)
 }
 END_TEST
 
+/* A named source whose share of `queries` rounds to none was accepted and ignored: the fit ran
+ * on synthetic queries alone (repeat@1e-6+synthetic, or repeat+synthetic with queries = 1), and
+ * on_policy with such a repeat share, or with queries = 0, changed nothing. Refused with the
+ * settings named; a share that gets a query, and queries = 0 without on_policy, still pass. */
+START_TEST(test_share_of_no_query)
+{
+    const struct {
+        const char *opts, *msg;
+    } bad[] = {
+        {"query_source=repeat@1e-6+synthetic", "with queries = 2048 gives repeat no query"},
+        {"query_source=repeat+synthetic,queries=1", "with queries = 1 gives repeat no query"},
+        {"query_source=synthetic@1+continuation@1e-300,on_policy=true", "gives continuation no query"},
+        {"query_source=repeat,queries=0,on_policy=true", "on_policy takes its queries from forward passes over the "
+                                                         "compressed layers: queries = 0 gives it none"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvm_sculpt_opts o = kvm_sculpt_opts_default();
+        ck_assert_int_eq(kvm_sculpt_opts_parse(&o, bad[i].opts), 0);
+        ck_assert_msg(kvm_sculpt_opts_check_combination(&o) == KVM_EINVAL, "accepted %s", bad[i].opts);
+        ck_assert_msg(strstr(kvm_errmsg(), bad[i].msg), "%s: '%s' lacks '%s'", bad[i].opts, kvm_errmsg(), bad[i].msg);
+    }
+    /* a share a double cannot hold was "not a positive number" */
+    kvm_sculpt_qsource q;
+    ck_assert_int_eq(kvm_sculpt_qsource_parse("repeat@1e-320+synthetic", &q), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "share '1e-320' of repeat is beyond a double's range"), "%s", kvm_errmsg());
+    const char *good[] = {"query_source=repeat@1e-3+synthetic", "query_source=repeat+synthetic+continuation,queries=3",
+                          "query_source=repeat,queries=0", "query_source=repeat@0.01+synthetic,on_policy=true"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        kvm_sculpt_opts o = kvm_sculpt_opts_default();
+        ck_assert_int_eq(kvm_sculpt_opts_parse(&o, good[i]), 0);
+        ck_assert_msg(kvm_sculpt_opts_check_combination(&o) == 0, "%s: %s", good[i], kvm_errmsg());
+    }
+}
+END_TEST
+
 /* ---------------- model queries on stories260K ---------------- */
 
 static kvm_model *model;
@@ -521,6 +556,7 @@ static Suite *suite(void)
     Suite *s = suite_create("qsource");
     TCase *tc = tcase_create("hand");
     tcase_add_test(tc, test_parse);
+    tcase_add_test(tc, test_share_of_no_query);
     tcase_add_test(tc, test_nnls);
     tcase_add_test(tc, test_dominant_key);
     tcase_add_test(tc, test_duplicated_keys);

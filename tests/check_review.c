@@ -182,7 +182,8 @@ START_TEST(test_strict_decimal)
         "repeat@0x10", "repeat@inf", "repeat@nan", "repeat@ 1", "repeat@1e999+synthetic", "repeat@0x1p-1+synthetic@1"};
     for (size_t i = 0; i < sizeof bad_src / sizeof bad_src[0]; i++) {
         ck_assert_msg(kvm_sculpt_qsource_parse(bad_src[i], &q) == KVM_EINVAL, "%s accepted", bad_src[i]);
-        ck_assert_msg(strstr(kvm_errmsg(), "is not a positive number"), "%s: %s", bad_src[i], kvm_errmsg());
+        const char *why = strstr(bad_src[i], "1e999") ? "is beyond a double's range" : "is not a positive number";
+        ck_assert_msg(strstr(kvm_errmsg(), why), "%s: %s", bad_src[i], kvm_errmsg());
     }
     ck_assert_int_eq(kvm_sculpt_qsource_parse("repeat@1e-1+synthetic@.3", &q), 0);
     ck_assert(fabs(q.share[KVM_SCULPT_QSRC_REPEAT] - 0.25) < 1e-12);
@@ -384,6 +385,43 @@ START_TEST(test_on_policy_refused_at_start)
     ck_assert_msg(!strstr(err, "documents"), "it started: %s", err);
     free(out);
     free(err);
+}
+END_TEST
+
+/* [compress] query_source naming a source whose share of queries rounds to no query: the
+ * compress worker refused it (kvm_sculpt_opts_check_combination) at every document, exit 1,
+ * after the stages started; --dump-config printed it as valid. Refused at start now, exit 2. */
+START_TEST(test_query_share_refused_at_start)
+{
+    static const struct {
+        const char *compress, *want;
+    } cases[] = {
+        {"method = sculpt\nquery_source = repeat@1e-9+synthetic", "with queries = 2048 gives repeat no query"},
+        {"method = kvzip\nqueries = 1\nquery_source = repeat+continuation", "gives continuation no query"},
+    };
+    char text[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 48\n%s\n",
+                 cases[i].compress);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        int rc = kvm_jobcfg_check(c);
+        ck_assert_msg(rc == KVM_EINVAL && strstr(kvm_errmsg(), cases[i].want) &&
+                          strstr(kvm_errmsg(), "t.ini: [compress]: sculpt: query_source"),
+                      "%s: %d %s", cases[i].compress, rc, kvm_errmsg());
+        kvm_config_free(&c);
+    }
+    const char *good[] = {"method = sculpt\nquery_source = repeat+synthetic",
+                          "method = am\nqueries = 2\nquery_source = "
+                          "repeat+continuation",
+                          "method = streaming\nqueries = 1\nquery_source = repeat+synthetic"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        kvm_config *c = NULL;
+        snprintf(text, sizeof text, "[model]\npath = m.bin\ncontext = 64\n[compress]\nbudget = 48\n%s\n", good[i]);
+        ck_assert_int_eq(kvm_config_parse(text, "t.ini", &c), 0);
+        ck_assert_msg(kvm_jobcfg_check(c) == 0, "%s: %s", good[i], kvm_errmsg());
+        kvm_config_free(&c);
+    }
 }
 END_TEST
 
@@ -1812,6 +1850,7 @@ static Suite *review_suite(void)
         {"serve_missing_store", test_serve_missing_store},
         {"serve_store_path_endpoint", test_serve_store_path_endpoint},
         {"on_policy_refused_at_start", test_on_policy_refused_at_start},
+        {"query_share_refused_at_start", test_query_share_refused_at_start},
         {"eval_on_policy_refused_up_front", test_eval_on_policy_refused_up_front},
         {"target_step_past_context", test_target_step_past_context},
         {"target_kl_id_ignores_budget", test_target_kl_id_ignores_budget},

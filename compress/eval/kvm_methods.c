@@ -111,16 +111,24 @@ static int sculpt_opts_mode(kvm_sculpt_mode mode, const char *arg, const kvm_bud
     /* the harness size first, ARG after it (kvm_sculpt_opts_parse: the last size given wins,
      * resolved against the final retain zone); in --method lists ',' separates methods, so
      * sculpt options are joined with ':' there */
-    char buf[2048];
-    int rc = 0, at = 0;
-    if (b->tokens > 0) at = snprintf(buf, sizeof buf, "budget=%lld", (long long)b->tokens);
-    else if (b->ratio > 0 && b->ratio <= 1) at = snprintf(buf, sizeof buf, "ratio=%.17g", b->ratio);
+    const size_t size = (arg ? strlen(arg) : 0) + 64; /* the size item and ',' before ARG: no cut option */
+    char *buf = malloc(size);
+    int rc = buf ? 0 : kvm_err(KVM_ENOMEM, "sculpt: out of memory"), at = 0;
+    if (rc) {
+        free(o);
+        return rc;
+    }
+    if (b->tokens > 0)
+        at = snprintf(buf, size, "budget=%lld", (long long)b->tokens);
+    else if (b->ratio > 0 && b->ratio <= 1)
+        at = snprintf(buf, size, "ratio=%.17g", b->ratio);
     else rc = kvm_sculpt_opts_set_budget(o, b); /* neither: its error */
-    snprintf(buf + at, sizeof buf - (size_t)at, "%s%s", arg && *arg ? "," : "", arg ? arg : "");
+    snprintf(buf + at, size - (size_t)at, "%s%s", arg && *arg ? "," : "", arg ? arg : "");
     for (char *p = buf; *p; p++)
         if (*p == ':') *p = ',';
     if (!rc) rc = kvm_sculpt_opts_parse(o, buf);
     if (!rc) rc = kvm_sculpt_opts_check_combination(o); /* refused with the method string, before any prefill */
+    free(buf);
     if (rc) {
         free(o);
         return rc;

@@ -46,7 +46,9 @@ static const char *const roles[] = {"lighthouse keeper", "baker", "ship captain"
                                     "clockmaker", "gardener", "mayor", "train driver"};
 static const char *const doors[] = {"red", "blue", "green", "yellow", "purple", "orange", "silver", "golden"};
 
-/* Offset where a fact inserted near share `depth` of text goes: after the next sentence end. */
+/* Offset where a fact inserted near share `depth` of text goes: after the next sentence end,
+ * else at the first character boundary from depth·len on (a fact inside a UTF-8 sequence split
+ * a character of the document into two invalid ones). */
 static size_t insert_at(const char *text, size_t len, double depth)
 {
     size_t p = (size_t)(depth * (double)len);
@@ -55,6 +57,8 @@ static size_t insert_at(const char *text, size_t len, double depth)
         if (text[i] == '\n') return i + 1;
         if ((text[i] == '.' || text[i] == '!' || text[i] == '?') && text[i + 1] == ' ') return i + 2;
     }
+    while (p < len && ((unsigned char)text[p] & 0xC0) == 0x80)
+        p++;
     return p;
 }
 
@@ -115,17 +119,21 @@ int kvm_task_make(kvm_task_kind kind, const char *text, size_t len, uint64_t ind
     }
     if (kind != KVM_TASK_MULTIKEY) f[0].at = insert_at(text, len, depth);
     size_t asked_at = f[0].at, total = len + 1;
+    char asked[sizeof f[0].text]; /* facts at the asked one's offset that sort before it go first */
+    memcpy(asked, f[0].text, sizeof asked);
     for (int i = 0; i < n_facts; i++)
         total += strlen(f[i].text);
     qsort(f, (size_t)n_facts, sizeof f[0], cmp_fact);
     char *doc = malloc(total);
     if (!doc) return kvm_err(KVM_ENOMEM, "task: out of memory");
     size_t w = 0, r = 0, shift = 0;
+    int before = 1; /* until the asked fact is written */
     for (int i = 0; i < n_facts; i++) {
         memcpy(doc + w, text + r, f[i].at - r);
         w += f[i].at - r;
         r = f[i].at;
-        if (f[i].at < asked_at) shift += strlen(f[i].text); /* facts inserted before the asked one */
+        if (!strcmp(f[i].text, asked)) before = 0;
+        if (before) shift += strlen(f[i].text); /* facts inserted before the asked one */
         size_t n = strlen(f[i].text);
         memcpy(doc + w, f[i].text, n);
         w += n;
@@ -134,6 +142,7 @@ int kvm_task_make(kvm_task_kind kind, const char *text, size_t len, uint64_t ind
     w += len - r;
     doc[w] = '\0';
     out->document = doc;
+    out->document_len = w;
     out->depth = (double)(asked_at + shift) / (double)w;
     return 0;
 }

@@ -21,6 +21,7 @@ enum { KVM_TASK_DEPTHS = 9, KVM_TASK_MULTI_KEYS = 4 };
 /* One case. */
 typedef struct kvm_task_case {
     char *document;  /* the text with the fact(s) inserted at sentence boundaries, malloc'ed */
+    size_t document_len; /* its bytes: a document's NUL bytes are kept, so strlen may be less */
     char question[160]; /* the question, with the answer-format instruction */
     char answer[64];    /* the expected answer */
     double depth;       /* where the asked fact starts, share of the document's characters */
@@ -35,8 +36,8 @@ const char *kvm_task_name(kvm_task_kind kind);
 /* Case `index` of task kind over text[0, len): depth 0.1·(1 + index mod 9); the fact's values
  * (digits, names, which door is asked) from a splitmix64 stream seeded by (kind, index). The
  * fact goes after the first sentence end (". ", "! ", "? ", or a newline) at or after depth·len
- * (at depth·len when there is none). Fills out (kvm_task_case_deinit frees it). Returns 0,
- * KVM_EINVAL (empty text), KVM_ENOMEM. */
+ * (when there is none, at the first UTF-8 character boundary from depth·len on). Fills out (kvm_task_case_deinit frees
+ * it). Returns 0, KVM_EINVAL (empty text), KVM_ENOMEM. */
 int kvm_task_make(kvm_task_kind kind, const char *text, size_t len, uint64_t index, kvm_task_case *out);
 
 /* Frees the document text kvm_task_make built into c and sets it NULL; accepts one already NULL. */

@@ -194,6 +194,20 @@ int kvm_polykv_signals_read(const char *path, kvm_polykv_signals *s)
     return rc;
 }
 
+/* fgets into buf[size] with *n the bytes it stored: a NUL byte of the file is counted too, which
+ * strlen would have ended the line at (a row's junk after one was read as nothing). The buffer
+ * is filled first, so the last NUL in it is fgets' own. Returns buf, or NULL at the end. */
+static char *read_line(char *buf, size_t size, FILE *f, size_t *n)
+{
+    memset(buf, 1, size);
+    if (!fgets(buf, (int)size, f)) return NULL;
+    size_t end = size - 1;
+    while (end > 0 && buf[end] != '\0')
+        end--;
+    *n = end;
+    return buf;
+}
+
 int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals *s)
 {
     const int L = s->n_layers;
@@ -206,10 +220,15 @@ int kvm_polykv_signals_read_stream(FILE *f, const char *path, kvm_polykv_signals
     int rc = r.ev && r.dist && r.layer_set && r.pyr_b ? 0 : kvm_err(KVM_ENOMEM, "signals: out of memory");
     char buf[KVM_SCULPT_OPTS_CANONICAL_MAX + 64];
     long header_line = 1; /* 2 after an options line */
-    while (!rc && fgets(buf, sizeof buf, f)) {
+    size_t got;
+    while (!rc && read_line(buf, sizeof buf, f, &got)) {
         r.line++;
         size_t n = strlen(buf);
-        if (n == sizeof buf - 1 && buf[n - 1] != '\n')
+        if (n != got) {
+            char nul[96];
+            snprintf(nul, sizeof nul, "a NUL byte at column %zu (a signals file is text)", n + 1);
+            rc = bad(&r, nul);
+        } else if (n == sizeof buf - 1 && buf[n - 1] != '\n')
             rc = bad(&r, "line too long");
         else {
             while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))

@@ -98,9 +98,10 @@ int kvm_sculpt_opts_from_canonical(const char *text, size_t len, kvm_sculpt_opts
 int kvm_sculpt_opts_diff(const kvm_sculpt_opts *a, const kvm_sculpt_opts *b, const char *label, char *out, size_t n);
 
 /* Settings valid alone that do not go together: queries = 0 with retain = 0 (KVM_EINVAL: no
- * training query at all), on_policy (Attention Matching's on-policy
- * mode, arXiv 2602.16284) without a repeat or continuation query share (KVM_EINVAL: its
- * queries come from forward passes over the compressed layers) or with an alloc other than
+ * training query at all), a query_source source whose share of queries > 0 rounds to none
+ * (KVM_EINVAL: it would be ignored), on_policy (Attention Matching's on-policy
+ * mode, arXiv 2602.16284) without a repeat or continuation query share or with queries = 0
+ * (KVM_EINVAL: its queries come from forward passes over the compressed layers) or with an alloc other than
  * uniform (KVM_ENOTSUP: one layer at a time, the pilot allocates across layers). Checked by
  * every compression and, before any work, by the commands and kvm_jobcfg_check. Returns 0 or
  * the error with a message naming the settings. */
@@ -111,7 +112,9 @@ int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o);
  * am and kvzip run no L-BFGS (rounds, iterations, history, tolerance, gradient_tolerance,
  * carry_history, round_tolerance, kcap, bias, am_start, pilot_rounds, pilot_iterations;
  * kvzip also fits no values: ridge, ridge_f32, vcap); selectfit and joint-fixed never move keys
- * (kcap); joint-fixed always fits biases (bias); selectfit without bias runs no L-BFGS rounds.
+ * (kcap); joint-fixed always fits biases (bias); selectfit without bias runs no L-BFGS rounds;
+ * alloc = uniform runs no allocation pilot (power, pilot_rounds, pilot_iterations); a
+ * query_source without synthetic queries (or queries = 0) places none (future).
  * Writes their names as given, ", "-separated, into out[n] (truncated to fit); returns how
  * many. Unknown names are not counted (the parser refuses them). For a note, not a refusal:
  * strategy files and configs share one option set across methods. */

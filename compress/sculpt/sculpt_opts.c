@@ -160,6 +160,10 @@ static int set_opt(kvm_sculpt_opts *o, const char *name, const char *value, cons
         return 0;
     }
     double v = 0;
+    if (r->kind == K_F64 && kvm_parse_decimal(value, &v) == KVM_ERANGE) { /* 1e-320 is in [0, hi]: no double */
+        char why[512];
+        return kvm_err(KVM_EINVAL, "%s--%s %s", pre, name, kvm_decimal_range_why(value, r->lo, r->hi, why, sizeof why));
+    }
     if ((r->kind == K_F64 ? kvm_parse_decimal(value, &v) : parse_integer(value, &v)) || v < r->lo || v > r->hi)
         return r->kind == K_F64 /* an integer's bounds whole: %g printed 2^24 as 1.67772e+07 */
                    ? kvm_err(KVM_EINVAL, "%s--%s %s: expected a number in [%g, %g]", pre, name, value, r->lo, r->hi)
@@ -294,7 +298,9 @@ int kvm_sculpt_opts_set_budget(kvm_sculpt_opts *o, const kvm_budget *b)
 /* 1 when setting `name` (the table's current name) is never read by o's method (see
  * kvm_sculpt_opts_unused). The solvers decide: sculpt_solve.c and sculpt_batch.c run L-BFGS
  * rounds only when keys move (sculpt) or biases are fitted (bias, joint-fixed); am and kvzip
- * return before (sculpt_am.c, sculpt_kvzip.c), and kvzip keeps the original values. */
+ * return before (sculpt_am.c, sculpt_kvzip.c), and kvzip keeps the original values; the
+ * allocation pilot (power, pilot_*) runs only with alloc other than uniform (sculpt_compress.c),
+ * and future places synthetic queries only. */
 static int unused_by(const kvm_sculpt_opts *o, const char *name)
 {
     static const char *const rounds[] = {
@@ -307,6 +313,10 @@ static int unused_by(const kvm_sculpt_opts *o, const char *name)
         if (!strcmp(name, rounds[i])) return 1;
     for (int i = 0; o->mode == KVM_SCULPT_KVZIP && values[i]; i++)
         if (!strcmp(name, values[i])) return 1;
+    if (!strcmp(name, "power") || !strcmp(name, "pilot_rounds") || !strcmp(name, "pilot_iterations"))
+        return o->alloc == KVM_SCULPT_ALLOC_UNIFORM; /* the allocation pilot's: uniform budgets run none */
+    if (!strcmp(name, "future"))                     /* the synthetic queries' positions (sculpt_problem.c) */
+        return !(o->query_source.share[KVM_SCULPT_QSRC_SYNTHETIC] > 0) || o->n_synth == 0;
     if (!strcmp(name, "kcap")) return o->mode != KVM_SCULPT_FULL;
     if (!strcmp(name, "bias")) return baseline || o->mode == KVM_SCULPT_JOINT_FIXED;
     if (!strcmp(name, "am_start")) return baseline;
@@ -340,6 +350,27 @@ void kvm_sculpt_opts_help(FILE *f)
         if (!s[i].replaced_by) fprintf(f, "  --%-16s %s\n", s[i].flag, s[i].help);
 }
 
+/* A source named in query_source whose share of `queries` rounds to none would be ignored in
+ * silence (repeat@1e-6+synthetic, or repeat+synthetic with queries = 1: on_policy then changed
+ * nothing), so it is refused; queries = 0 (the retain zone's queries alone) names no count. */
+static int check_query_counts(const kvm_sculpt_opts *o)
+{
+    static const char *const names[KVM_SCULPT_QSRC_COUNT] = {"synthetic", "repeat", "continuation"};
+    int64_t n[KVM_SCULPT_QSRC_COUNT];
+    if (o->n_synth <= 0) return 0;
+    kvm_sculpt_qsource_counts(&o->query_source, o->n_synth, n);
+    for (int i = 0; i < KVM_SCULPT_QSRC_COUNT; i++)
+        if (o->query_source.share[i] > 0 && n[i] == 0) {
+            char qs[256];
+            kvm_sculpt_qsource_format(&o->query_source, qs, sizeof qs);
+            return kvm_err(KVM_EINVAL,
+                           "sculpt: query_source %s with queries = %lld gives %s no query (its share %g of them "
+                           "rounds to 0): raise its share or queries, or leave %s out",
+                           qs, (long long)o->n_synth, names[i], o->query_source.share[i], names[i]);
+        }
+    return 0;
+}
+
 int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o)
 {
     /* the fit's training queries are the retain zone's own and `queries` more (sculpt_problem.c):
@@ -347,10 +378,16 @@ int kvm_sculpt_opts_check_combination(const kvm_sculpt_opts *o)
     if (o->n_synth == 0 && o->retain_tokens == 0)
         return kvm_err(KVM_EINVAL, "sculpt: queries = 0 and retain = 0 leave no training queries (the retain zone's "
                                    "own and `queries` more): set queries (default 2048) or retain above 0");
+    int rc = check_query_counts(o);
+    if (rc) return rc;
     if (o->on_policy && o->query_source.share[KVM_SCULPT_QSRC_REPEAT] <= 0 &&
         o->query_source.share[KVM_SCULPT_QSRC_CONTINUATION] <= 0)
         return kvm_err(KVM_EINVAL, "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
                                    "it needs query_source repeat or continuation (or a mix with one of them)");
+    if (o->on_policy && o->n_synth == 0) /* a repeat share of no queries: the layers would be fitted as without it */
+        return kvm_err(KVM_EINVAL,
+                       "sculpt: on_policy takes its queries from forward passes over the compressed layers: "
+                       "queries = 0 gives it none: set queries above 0");
     if (o->on_policy && o->alloc != KVM_SCULPT_ALLOC_UNIFORM)
         return kvm_err(KVM_ENOTSUP, "sculpt: on_policy solves one layer at a time and the alloc pilot allocates across "
                                     "layers: use alloc = uniform with on_policy");

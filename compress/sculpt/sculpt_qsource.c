@@ -43,7 +43,11 @@ int kvm_sculpt_qsource_parse(const char *s, kvm_sculpt_qsource *out)
                 return kvm_err(KVM_EINVAL, "sculpt: query_source '%s': %s@ needs a share", s, qsrc_names[src]);
             memcpy(num, at + 1, wl);
             num[wl] = 0;
-            if (kvm_parse_decimal(num, &w) || !(w > 0))
+            int prc = kvm_parse_decimal(num, &w);
+            if (prc == KVM_ERANGE) /* 1e-320 is positive: a double cannot hold it */
+                return kvm_err(KVM_EINVAL, "sculpt: query_source '%s': share '%s' of %s is beyond a double's range", s,
+                               num, qsrc_names[src]);
+            if (prc || !(w > 0))
                 return kvm_err(KVM_EINVAL, "sculpt: query_source '%s': share '%s' of %s is not a positive number", s,
                                num, qsrc_names[src]);
         }
