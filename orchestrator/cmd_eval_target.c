@@ -207,9 +207,11 @@ static void print_summary(const cmd_eval_docset *docs, const cmd_eval_job *jobs,
     for (int j = 0; j < n_jobs; j++) {
         int64_t *b = tl->chosen + (size_t)j * (size_t)docs->n;
         qsort(b, (size_t)docs->n, sizeof *b, cmp_i64);
-        printf("%-28s budget %lld / %lld / %lld  kl_check %.6f  within %d/%d  nonmonotone %d/%d\n", jobs[j].spec,
-               (long long)b[0], (long long)b[docs->n / 2], (long long)b[docs->n - 1], tl->check_sum[j] / docs->n,
-               tl->met[j], docs->n, tl->nonmono[j], docs->n);
+        /* the median of an even count is the mean of the two middle ones (it printed the upper) */
+        const double median = 0.5 * (double)(b[(docs->n - 1) / 2] + b[docs->n / 2]);
+        printf("%-28s budget %lld / %g / %lld  kl_check %.6f  within %d/%d  nonmonotone %d/%d\n", jobs[j].spec,
+               (long long)b[0], median, (long long)b[docs->n - 1], tl->check_sum[j] / docs->n, tl->met[j], docs->n,
+               tl->nonmono[j], docs->n);
     }
 }
 

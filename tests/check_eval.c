@@ -1511,6 +1511,26 @@ START_TEST(test_cli_target)
     free(text);
     free(out);
     free(err);
+    /* two documents: the summary's median is the mean of the two budgets (it printed the upper) */
+    snprintf(docs, sizeof docs, "%s/corpus/doc_000.txt,%s/corpus/doc_003.txt --csv %s --target-step 8", kvm_test_data(),
+             kvm_test_data(), csv);
+    st = kvm_test_run(cmdbuf(EVAL "--docs %s --method h2o --target-kl 0.02", docs, NULL), &out, &err);
+    ck_assert_msg(st == 0, "exit %d: %s", st, err);
+    text = kvm_test_read_file(csv, NULL);
+    long long b2[2] = {-1, -1};
+    const char *row = text;
+    for (int i = 0; i < 2 && row && (row = strstr(row + 1, ",h2o,0.02,64,")); i++)
+        b2[i] = atoll(row + strlen(",h2o,0.02,64,"));
+    const char *sum = strstr(out, "h2o                          budget ");
+    double lo = -1, median = -1, hi = -1;
+    ck_assert_msg(
+        sum && sscanf(sum + strlen("h2o                          budget "), "%lf / %lf / %lf", &lo, &median, &hi) == 3,
+        "%s", out);
+    ck_assert_msg(b2[0] > 0 && b2[1] > 0 && median == 0.5 * (double)(b2[0] + b2[1]), "budgets %lld, %lld; summary: %s",
+                  b2[0], b2[1], sum);
+    free(text);
+    free(out);
+    free(err);
     char path[600];
     snprintf(path, sizeof path, "%s/short.txt", dir);
     const char *story = "Once upon a time, there was a little girl named Lily. She liked to play outside in the sun. "
