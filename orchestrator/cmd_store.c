@@ -869,7 +869,10 @@ static const char *sh_quoted(const char *path, char *out, size_t cap)
 
 /* The store path compact names: `path` without trailing slashes, resolved (realpath) when its
  * last part is "." or "..", since "STORE.compact" and "mv STORE STORE.old" need the folder's
- * own name ("..compact" would be a folder inside the store, and mv cannot move "."). */
+ * own name ("..compact" would be a folder inside the store, and mv cannot move "."), and when
+ * it is a symbolic link: the swap moved the link, not the store, so the copy (written beside
+ * the link, maybe on another file system) replaced the link with a folder and the store it
+ * pointed to stayed whole under LINK.old's target. Such a link is said on stderr. */
 static void compact_store_path(const char *path, char *out, size_t cap)
 {
     snprintf(out, cap, "%s", path);
@@ -878,7 +881,16 @@ static void compact_store_path(const char *path, char *out, size_t cap)
         out[--len] = '\0';
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
     char real[PATH_MAX];
-    if ((!strcmp(base, ".") || !strcmp(base, "..")) && realpath(out, real)) snprintf(out, cap, "%s", real);
+    struct stat lst;
+    const int link = lstat(out, &lst) == 0 && S_ISLNK(lst.st_mode);
+    if ((link || !strcmp(base, ".") || !strcmp(base, "..")) && realpath(out, real)) {
+        if (link)
+            fprintf(stderr,
+                    "kvmill store compact: note: %s is a symbolic link to %s: the copy goes beside %s and the swap "
+                    "moves it, so the link names the compacted store\n",
+                    out, real, real);
+        snprintf(out, cap, "%s", real);
+    }
 }
 
 static int cmd_compact(int argc, char **argv)

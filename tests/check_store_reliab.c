@@ -1399,6 +1399,45 @@ START_TEST(test_compact_swap_as_printed)
 }
 END_TEST
 
+/* A store whose path is a symbolic link (to a folder on a larger disk, say): the copy was
+ * written beside the link and the printed swap moved the link, so the link became a folder
+ * holding the copy and the store it pointed to stayed whole, now behind LINK.old. The copy is
+ * written beside the store the link points to now and the swap moves that store: the link
+ * stays a link and names the compacted store; the old store is beside it as STORE.old. */
+START_TEST(test_compact_symlinked_store)
+{
+    char link[4300], cmd[9000], *out = NULL, *err = NULL;
+    snprintf(link, sizeof link, "%s/link", g_dir);
+    put_caches(g_store, 3, 2000);
+    ck_assert_int_eq(symlink(g_store, link), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store compact --store '%s/'", kvm_test_bin(), link);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "%s: exit %d: %s", cmd, rc, err);
+    ck_assert_msg(strstr(err, "is a symbolic link to"), "%s", err);
+    ck_assert_msg(run_swap(out, g_dir) == 0, "the swap failed: %s", out);
+    free(out);
+    free(err);
+    struct stat st;
+    ck_assert_int_eq(lstat(link, &st), 0);
+    ck_assert_msg(S_ISLNK(st.st_mode), "the swap replaced the link %s with a folder", link);
+    char old[4400];
+    snprintf(old, sizeof old, "%s.old/data.mdb", g_store);
+    ck_assert_msg(access(old, F_OK) == 0, "%s missing", old);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store verify --store '%s'", kvm_test_bin(), link);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), link);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    int lines = 0;
+    for (char *p = out; *p; p++)
+        lines += *p == '\n';
+    ck_assert_msg(lines == 4, "%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* ---- item 10: claims ---- */
 
 START_TEST(test_claim_lease)
@@ -2411,6 +2450,7 @@ int main(void)
     suite_add_tcase(su, tcase("store_cli_file_of_store", test_store_cli_file_of_store, 60));
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
+    suite_add_tcase(su, tcase("compact_symlinked_store", test_compact_symlinked_store, 60));
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
     suite_add_tcase(su, tcase("compact_concurrent_same_out", test_compact_concurrent_same_out, 60));
