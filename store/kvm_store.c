@@ -295,9 +295,14 @@ static int store_check_version(kvm_store *s, int64_t version)
                        "store %s: db meta: format_version holds %lld, which is no store format version: data.mdb is "
                        "damaged (restore the store from a copy, or move it aside)",
                        s->path, (long long)version);
+    /* versions only count up, so any other one is a newer kvmill's: KVM_ENOTSUP, as KVM_EMISMATCH
+     * added "(mismatched model, tokenizer or config)" to the message and said nothing to do */
     if (version != (int64_t)KVM_STORE_FORMAT_VERSION)
-        return kvm_err(KVM_EMISMATCH, "store %s: store format version %lld, this build reads version %u", s->path,
-                       (long long)version, KVM_STORE_FORMAT_VERSION);
+        return kvm_err(KVM_ENOTSUP,
+                       "store %s: store format version %lld, this build reads version %u: the store was written by "
+                       "a newer kvmill; open it with that version, or give another --store ([store] path) for a "
+                       "store of this one",
+                       s->path, (long long)version, KVM_STORE_FORMAT_VERSION);
     return 0;
 }
 

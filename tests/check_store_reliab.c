@@ -566,6 +566,39 @@ START_TEST(test_meta_version_damage)
 }
 END_TEST
 
+/* A store a newer kvmill wrote (format_version 2 in its meta) was refused as "store format
+ * version 2, this build reads version 1 (mismatched model, tokenizer or config)": no model,
+ * tokenizer or config is at fault, and nothing said what to do. It is said to be a newer
+ * kvmill's, what to do, and not supported (exit 2 for store commands, as before). */
+START_TEST(test_meta_version_newer)
+{
+    put_caches(g_store, 1, 100);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_store, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    uint8_t v[8] = {2}; /* little-endian 2: the next format version */
+    MDB_val key = {14, "format_version"}, val = {8, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    static const char *const cmds[] = {"store ls", "store verify", "store compact"};
+    for (int i = 0; i < 3; i++) {
+        char *out = NULL, *err = NULL;
+        int rc = kvmill(&out, &err, "%s --store '%s'", cmds[i], g_store);
+        ck_assert_msg(rc == 2 && strstr(err, "store format version 2, this build reads version 1") &&
+                          strstr(err, "written by a newer kvmill") && !strstr(err, "mismatched model"),
+                      "%s: exit %d: %s", cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* A layer record rewritten with a valid checksum whose frames are no `cache` message passed
  * store verify (every record check holds), and every ask on that document then failed. verify
  * decodes each layer as serve does and names the cache and layer that does not. */
@@ -2450,6 +2483,7 @@ int main(void)
     suite_add_tcase(su, tcase("store_cli_file_of_store", test_store_cli_file_of_store, 60));
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
+    suite_add_tcase(su, tcase("meta_version_newer", test_meta_version_newer, 60));
     suite_add_tcase(su, tcase("compact_symlinked_store", test_compact_symlinked_store, 60));
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
