@@ -599,6 +599,35 @@ START_TEST(test_meta_version_newer)
 }
 END_TEST
 
+/* A store path that is a symbolic link to a folder that does not exist (a disk not mounted): a
+ * writer said "no lock file lock.mdb, and the directory is not writable", store ls "no such
+ * directory" and store serve "give --create", which cannot help. Each now names the link and
+ * where it leads (exit 2), and nothing is made where it points. */
+START_TEST(test_store_dangling_link)
+{
+    char link[4300], target[4300];
+    snprintf(link, sizeof link, "%s/link.lmdb", g_dir);
+    snprintf(target, sizeof target, "%s/unmounted/store.lmdb", g_dir);
+    ck_assert_int_eq(symlink(target, link), 0);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(link, NULL, &s), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "is a symbolic link to") && strstr(kvm_errmsg(), target), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_check_new_dir(link), KVM_EINVAL);
+    static const char *const cmds[] = {"store ls", "store serve --bind tcp://127.0.0.1:0"};
+    for (int i = 0; i < 2; i++) {
+        char *out = NULL, *err = NULL;
+        int rc = kvmill(&out, &err, "%s --store '%s'", cmds[i], link);
+        ck_assert_msg(rc == 2 && strstr(err, "is a symbolic link to") && strstr(err, target) &&
+                          !strstr(err, "--create"),
+                      "%s: exit %d: %s", cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+    struct stat st;
+    ck_assert_int_ne(lstat(target, &st), 0);
+}
+END_TEST
+
 /* A layer record rewritten with a valid checksum whose frames are no `cache` message passed
  * store verify (every record check holds), and every ask on that document then failed. verify
  * decodes each layer as serve does and names the cache and layer that does not. */
@@ -2484,6 +2513,7 @@ int main(void)
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
     suite_add_tcase(su, tcase("meta_version_newer", test_meta_version_newer, 60));
+    suite_add_tcase(su, tcase("store_dangling_link", test_store_dangling_link, 60));
     suite_add_tcase(su, tcase("compact_symlinked_store", test_compact_symlinked_store, 60));
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
