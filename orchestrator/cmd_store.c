@@ -128,7 +128,8 @@ static int cfg_now_init(const char *cmd, const kvm_config *c, kvm_store *s, cfg_
 {
     kvm_store_id id;
     now->on = 1;
-    int st = kvm_store_model_id(s, kvm_config_str(c, "model", "path"), &now->model_id);
+    int st = kvm_jobcfg_check_strategy(c);
+    if (!st) st = kvm_store_model_id(s, kvm_config_str(c, "model", "path"), &now->model_id);
     if (st == 0) st = kvm_jobcfg_config_id_in(c, s, &now->model_id, &id, &now->canon, &now->canon_n);
     if (st == KVM_ENOTFOUND) { /* said: else every cache of the strategy reads other-config or stale-* unexplained */
         fprintf(stderr, "kvmill %s: --config: %s; states compare with no strategy\n", cmd, kvm_errmsg());
