@@ -154,7 +154,15 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
                s->store_down == 2 ? "the store folder was moved, removed or replaced, or its lock.mdb removed, while "
                                     "the run had it open; put it back and run again"
                                   : "the store service did not answer; start it and run again");
-    if (s->evicted > 0 && !s->bytes_unknown)
+    /* through a store service the count is of this run's caches it no longer holds, whatever took
+     * them (kvm_orch__sum_remote): put down to the cap, a store compact swapped in meanwhile or a
+     * store rm read as a cap the store does not have */
+    if (s->evicted > 0 && !s->bytes_unknown && s->kept_full < 0)
+        printf("evicted: %lld cache%s written by this run %s no longer in the store service's store (evicted by its "
+               "cap, [store] cap_mb, or removed since: store rm, or a store compact's copy swapped in meanwhile); "
+               "bytes count the caches still stored\n",
+               (long long)s->evicted, kvm_plural(s->evicted, "", "s"), kvm_plural(s->evicted, "is", "are"));
+    else if (s->evicted > 0 && !s->bytes_unknown)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
     if (s->claimed)
