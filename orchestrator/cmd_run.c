@@ -101,7 +101,8 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
                    : "no document was compressed",
                kvm_config_str(cfg, "compress", "method"));
     else if (s->bytes_unknown)
-        printf("bytes: unknown (the store service holding the caches did not answer), method %s\n",
+        printf("bytes: unknown (%s), method %s\n",
+               s->store_down == 3 ? "the store is damaged" : "the store service holding the caches did not answer",
                kvm_config_str(cfg, "compress", "method"));
     else /* method full stores each entry's position and bias beside it: larger than the f32 KV */
         printf("bytes: %lld full f32 KV -> %lld stored (%.2fx %s), method %s\n", (long long)s->bytes_full,
@@ -142,14 +143,26 @@ static void print_summary(const kvm_config *cfg, const kvm_orch_summary *s, int6
                : s->store_full == 3 ? "the file size limit (ulimit -f) stops data.mdb from growing; raise it and run "
                                       "again"
                                     : "no space left on the store's device; free space and run again");
-    if (s->store_down && !s->store_full)
+    if (s->store_down == 3 && !s->store_full)
+        printf("store damaged: %lld document%s %s not processed (its data.mdb is damaged; restore the store from a "
+               "copy, or move it aside and run again)\n",
+               (long long)s->pending, kvm_plural(s->pending, "", "s"), kvm_plural(s->pending, "was", "were"));
+    else if (s->store_down && !s->store_full)
         printf("store %s: %lld document%s %s not processed (%s: stored ones are skipped)\n",
                s->store_down == 2 ? "gone" : "down", (long long)s->pending, kvm_plural(s->pending, "", "s"),
                kvm_plural(s->pending, "was", "were"),
                s->store_down == 2 ? "the store folder was moved, removed or replaced, or its lock.mdb removed, while "
                                     "the run had it open; put it back and run again"
                                   : "the store service did not answer; start it and run again");
-    if (s->evicted > 0 && !s->bytes_unknown)
+    /* through a store service the count is of this run's caches it no longer holds, whatever took
+     * them (kvm_orch__sum_remote): put down to the cap, a store compact swapped in meanwhile or a
+     * store rm read as a cap the store does not have */
+    if (s->evicted > 0 && !s->bytes_unknown && s->kept_full < 0)
+        printf("evicted: %lld cache%s written by this run %s no longer in the store service's store (evicted by its "
+               "cap, [store] cap_mb, or removed since: store rm, or a store compact's copy swapped in meanwhile); "
+               "bytes count the caches still stored\n",
+               (long long)s->evicted, kvm_plural(s->evicted, "", "s"), kvm_plural(s->evicted, "is", "are"));
+    else if (s->evicted > 0 && !s->bytes_unknown)
         printf("evicted: %lld caches by the store's cap ([store] cap_mb), %lld of them written by this run; bytes "
                "count the caches still stored\n", (long long)s->evicted, (long long)s->evicted_own);
     if (s->claimed)

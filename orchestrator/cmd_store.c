@@ -128,7 +128,8 @@ static int cfg_now_init(const char *cmd, const kvm_config *c, kvm_store *s, cfg_
 {
     kvm_store_id id;
     now->on = 1;
-    int st = kvm_store_model_id(s, kvm_config_str(c, "model", "path"), &now->model_id);
+    int st = kvm_jobcfg_check_strategy(c);
+    if (!st) st = kvm_store_model_id(s, kvm_config_str(c, "model", "path"), &now->model_id);
     if (st == 0) st = kvm_jobcfg_config_id_in(c, s, &now->model_id, &id, &now->canon, &now->canon_n);
     if (st == KVM_ENOTFOUND) { /* said: else every cache of the strategy reads other-config or stale-* unexplained */
         fprintf(stderr, "kvmill %s: --config: %s; states compare with no strategy\n", cmd, kvm_errmsg());
@@ -869,7 +870,10 @@ static const char *sh_quoted(const char *path, char *out, size_t cap)
 
 /* The store path compact names: `path` without trailing slashes, resolved (realpath) when its
  * last part is "." or "..", since "STORE.compact" and "mv STORE STORE.old" need the folder's
- * own name ("..compact" would be a folder inside the store, and mv cannot move "."). */
+ * own name ("..compact" would be a folder inside the store, and mv cannot move "."), and when
+ * it is a symbolic link: the swap moved the link, not the store, so the copy (written beside
+ * the link, maybe on another file system) replaced the link with a folder and the store it
+ * pointed to stayed whole under LINK.old's target. Such a link is said on stderr. */
 static void compact_store_path(const char *path, char *out, size_t cap)
 {
     snprintf(out, cap, "%s", path);
@@ -878,7 +882,16 @@ static void compact_store_path(const char *path, char *out, size_t cap)
         out[--len] = '\0';
     const char *base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
     char real[PATH_MAX];
-    if ((!strcmp(base, ".") || !strcmp(base, "..")) && realpath(out, real)) snprintf(out, cap, "%s", real);
+    struct stat lst;
+    const int link = lstat(out, &lst) == 0 && S_ISLNK(lst.st_mode);
+    if ((link || !strcmp(base, ".") || !strcmp(base, "..")) && realpath(out, real)) {
+        if (link)
+            fprintf(stderr,
+                    "kvmill store compact: note: %s is a symbolic link to %s: the copy goes beside %s and the swap "
+                    "moves it, so the link names the compacted store\n",
+                    out, real, real);
+        snprintf(out, cap, "%s", real);
+    }
 }
 
 static int cmd_compact(int argc, char **argv)

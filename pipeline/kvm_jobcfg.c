@@ -325,6 +325,19 @@ int kvm_jobcfg_check_text(const kvm_config *c)
     return 0;
 }
 
+int kvm_jobcfg_check_strategy(const kvm_config *c)
+{
+    /* polykv finds its strategy in the store under this name: one the store cannot hold was refused
+     * only when opened, by run as "strategy: name must be 1 to 255 bytes and the model id given"
+     * (no file or key), by serve in each decode worker until it gave up, and --dump-config took it */
+    size_t sn = strlen(kvm_config_str(c, "compress", "strategy"));
+    if (strcmp(kvm_config_str(c, "compress", "method"), "polykv") || (sn > 0 && sn <= KVM_STORE_MAX_NAME)) return 0;
+    return kvm_err(KVM_EINVAL,
+                   "%s: [compress] strategy: the name the PolyKV strategy is stored under must be 1 to %d bytes (it "
+                   "is %zu)",
+                   kvm_config_path(c), KVM_STORE_MAX_NAME, sn);
+}
+
 int kvm_jobcfg_check(const kvm_config *c)
 {
     if (check_store_endpoints(c)) return KVM_EINVAL;
@@ -333,6 +346,7 @@ int kvm_jobcfg_check(const kvm_config *c)
     int64_t retain = kvm_config_int(c, "compress", "retain");
     kvm_sculpt_mode mode;
     int sculpt = kvm_sculpt_mode_parse(method, &mode) == 0; /* every method that keeps a retain zone */
+    if (kvm_jobcfg_check_strategy(c)) return KVM_EINVAL;
     if (*kvm_config_str(c, "model", "system") && !kvm_config_bool(c, "model", "chat"))
         return kvm_err(KVM_EINVAL, "%s: [model] system is set but chat = false: the system message is part of the chat "
                                    "framing; set chat = true or remove system",

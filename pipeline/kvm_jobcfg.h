@@ -48,8 +48,12 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * settings it does not go with (kvm_sculpt_opts_check_combination). Returns 0 or KVM_EINVAL
  * (KVM_ENOTSUP for on_policy with alloc other than uniform) with a message naming the
  * setting, its value and the context. Also [store] service or service_bind that is not a tcp:// or
- * ipc:// endpoint (kvm_serve_endpoint_check), KVM_EINVAL. */
+ * ipc:// endpoint (kvm_serve_endpoint_check), KVM_EINVAL. Also kvm_jobcfg_check_strategy. */
 int kvm_jobcfg_check(const kvm_config *c);
+
+/* With method = polykv, [compress] strategy must be a name the store can hold (1 to
+ * KVM_STORE_MAX_NAME bytes): else KVM_EINVAL naming the file, the key and the length. 0 otherwise. */
+int kvm_jobcfg_check_strategy(const kvm_config *c);
 
 /* For the user's own file (kvmill run, kvmill serve; not a resolved copy such as serve hands its
  * workers, which sets every key): with [compress] budget > 0 and ratio set too, the budget

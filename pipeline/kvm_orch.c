@@ -454,7 +454,9 @@ static int orch_main(const kvm_config *cfg, kvm_corpus *corpus, const char *self
         kvm_orch__job_drop_kv(&o.jobs[i]);
         free(o.jobs[i].kv);
     }
-    if (store && !rc) {
+    if (store && !rc && sum->store_down == 3 && sum->compressed > 0) /* damaged: nothing can be read back */
+        sum->bytes_unknown = 1;
+    else if (store && !rc) {
         kvm_store_list_caches(store, &o.model_id, kvm_orch__sum_bytes, &o); /* this model's caches only */
         kvm_orch__count_evictions(&o, store);
     }

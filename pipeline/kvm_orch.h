@@ -37,7 +37,8 @@ typedef struct kvm_orch_summary {
                                                        2: the store's map reached [store] map_max_mb;
                                                        3: the file size limit (ulimit -f) stops data.mdb */
     int store_down;                                 /* stopped feeding: 1: the store service did not answer;
-                                                       2: the local store is no longer the one opened */
+                                                       2: the local store is no longer the one opened;
+                                                       3: the store's data.mdb is damaged */
     int bytes_unknown;                              /* 1: bytes_full, bytes_compressed and evicted not known (0):
                                                        the store service that holds the caches was not asked or
                                                        did not answer (a remote run counts evictions by the same

@@ -173,10 +173,20 @@ typedef struct orch {
 } orch;
 
 /* Why the store takes no more caches (kvm_orch__store_stop). */
-enum { STORE_DEVICE_FULL = 0, STORE_DOWN = 1, STORE_MAP_FULL = 2, STORE_FILE_LIMIT = 3, STORE_GONE = 4 };
+enum {
+    STORE_DEVICE_FULL = 0,
+    STORE_DOWN = 1,
+    STORE_MAP_FULL = 2,
+    STORE_FILE_LIMIT = 3,
+    STORE_GONE = 4,
+    STORE_DAMAGED = 5
+};
 /* 1 when a store error message says the store is no longer the one opened (kvm_store_here.c:
  * moved, removed or replaced, or its lock.mdb lost): nothing more can be stored in it. */
 int kvm_orch__store_gone_msg(const char *why);
+/* 1 when error rc with message why says the store's data.mdb is damaged (kvm_store_tree.c's page
+ * walk, a meta page), as opposed to one corrupt cache: no claim, probe or upload can succeed. */
+int kvm_orch__store_damaged(int rc, const char *why);
 /* A run's local store checked against the one it opened (kvm_store_check_here, stats only): when
  * it is no longer that one, the feed stops as for a full store (STORE_GONE, said once). Returns
  * o->store_full. Each loop: workers that open the store after it went fail "no such store" at

@@ -172,6 +172,8 @@ static void on_ctl(orch *o, kvm_msg *m, const kvm_frame *idf)
                 kvm_orch__store_stop(o, j, why, STORE_FILE_LIMIT);
             else if (r.status == KVM_ESTATE && kvm_orch__store_gone_msg(why))
                 kvm_orch__store_stop(o, j, why, STORE_GONE);
+            else if (kvm_orch__store_damaged(r.status, why)) /* each next document would fail alike */
+                kvm_orch__store_stop(o, j, why, STORE_DAMAGED);
             else if (!o->cli && o->store && kvm_store_check_here(o->store)) /* a worker that opened it after */
                 kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_GONE);       /* it went: "no such store" */
             else if (r.status == KVM_EIO && strstr(why, "store service") &&

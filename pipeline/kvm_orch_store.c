@@ -24,7 +24,7 @@
  * wait out its timeouts. Said once; no more documents are fed. */
 static void store_mark(orch *o, const char *why, int kind)
 {
-    static const char *const what[5] = {
+    static const char *const what[6] = {
         "no space left on the store's device: feeding no more documents (free space on it and run again: stored ones "
         "are skipped)",
         "the store service does not answer: feeding no more documents (start it and run again: stored ones are "
@@ -34,11 +34,13 @@ static void store_mark(orch *o, const char *why, int kind)
         "the file size limit (ulimit -f) stops the store's data.mdb from growing: feeding no more documents (raise "
         "it and run again: stored ones are skipped)",
         "the store is no longer the one this run opened: feeding no more documents (put the store back, or stop "
-        "whatever replaced it, and run again: stored ones are skipped)"};
+        "whatever replaced it, and run again: stored ones are skipped)",
+        "the store's data.mdb is damaged: feeding no more documents (restore the store from a copy, or move it "
+        "aside and run again: its documents are compressed again)"};
     if (!o->store_full) kvm_orch__log("%s\nkvmill %s: %s\n", why, o->cmd, what[kind]);
     o->store_full = 1;
-    if (kind == STORE_DOWN || kind == STORE_GONE)
-        o->sum->store_down = kind == STORE_GONE ? 2 : 1;
+    if (kind == STORE_DOWN || kind == STORE_GONE || kind == STORE_DAMAGED)
+        o->sum->store_down = kind == STORE_DAMAGED ? 3 : kind == STORE_GONE ? 2 : 1;
     else
         o->sum->store_full = kind == STORE_MAP_FULL ? 2 : kind == STORE_FILE_LIMIT ? 3 : 1;
 }
@@ -48,6 +50,11 @@ int kvm_orch__store_gone_check(orch *o)
     if (o->mode != MODE_RUN || o->cli || !o->store || o->store_full) return o->store_full;
     if (kvm_store_check_here(o->store)) store_mark(o, kvm_errmsg(), STORE_GONE);
     return o->store_full;
+}
+
+int kvm_orch__store_damaged(int rc, const char *why)
+{
+    return rc == KVM_ECORRUPT && strstr(why, "data.mdb is damaged");
 }
 
 int kvm_orch__store_gone_msg(const char *why)
@@ -72,15 +79,15 @@ void kvm_orch__store_stop(orch *o, orch_job *j, const char *why, int kind)
  * out 3 x [store] upload_timeout_ms, so the store is down now. The jobs in workers are
  * abandoned (counted not processed; their workers are stopped at the end without the grace
  * period) and no more documents are fed. */
-static void store_abandon(orch *o, const char *why)
+static void store_abandon(orch *o, const char *why, int kind)
 {
-    store_mark(o, why, STORE_DOWN);
+    store_mark(o, why, kind);
     const orch_job_state busy[2] = {J_PREFILL, J_COMPRESS};
     for (int b = 0; b < 2; b++)
         for (int64_t i = kvm_joblist_first(&o->lists, busy[b]), next; i >= 0; i = next) {
             next = kvm_joblist_next(&o->lists, i);
             o->visited++;
-            kvm_orch__store_stop(o, &o->jobs[i], why, STORE_DOWN);
+            kvm_orch__store_stop(o, &o->jobs[i], why, kind);
             o->abandoned++;
         }
 }
@@ -256,6 +263,10 @@ int kvm_orch__claim_job(orch *o, orch_job *j)
         kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_GONE);
         return 1;
     }
+    if (kvm_orch__store_damaged(rc, kvm_errmsg())) { /* "compressing it anyway" only to fail each upload */
+        kvm_orch__store_stop(o, j, kvm_errmsg(), STORE_DAMAGED);
+        return 1;
+    }
     if (rc) {
         kvm_orch__log("could not claim %s (%s): compressing it anyway\n", j->doc->name, kvm_errmsg());
         taken = 1;
@@ -425,7 +436,9 @@ void kvm_orch__renew_claims(orch *o, double t0)
         kvm_orch__log("claims renewed again\n");
     o->renew_failing = rr != 0; /* one line per outage, not one per try (every heartbeat_ms x liveness / 4) */
     o->last_renew = t0;
-    if (!rr)
+    if (kvm_orch__store_damaged(rr, kvm_errmsg())) /* it answers: "does not answer" misled */
+        store_abandon(o, kvm_errmsg(), STORE_DAMAGED);
+    else if (!rr)
         o->renewed_ok = t0;
     else if (o->cli && t0 - o->renewed_ok > (double)ttl) { /* the claims have lapsed: so has the service */
         char why[600];
@@ -433,7 +446,7 @@ void kvm_orch__renew_claims(orch *o, double t0)
                  "the store service %s answered no renewal of the claims for %.1f s, more "
                  "than their lease ([run] heartbeat_ms x liveness, at most 24 h)",
                  o->store_path, (t0 - o->renewed_ok) / 1000.0);
-        store_abandon(o, why);
+        store_abandon(o, why, STORE_DOWN);
     }
 }
 
@@ -501,7 +514,7 @@ static int cache_stored(orch *o, kvm_store *store, const orch_job *j, int *found
         if (rc == 0) rc = kvm_cachecodec_check_stored(c);
         kvm_store_cache_free(&c);
     }
-    if (rc == KVM_ECORRUPT) {
+    if (rc == KVM_ECORRUPT && !kvm_orch__store_damaged(rc, kvm_errmsg())) {
         kvm_orch__log("the stored cache of %s is corrupt (%s): compressing it again\n", j->doc->name, kvm_errmsg());
         *found = 0;
         return 0;

@@ -20,11 +20,15 @@ static void key_of(const kvm_proto_claim *c, kvm_store_cache_key *k, kvm_store_i
 /* The orchestrator's "already stored?" rule (kvm_orch_store.c, cache_stored): a verified manifest
  * for this tokenizer and layers that pass their checksums and decode to finite keys and values;
  * another tokenizer's cache or a corrupt one is not stored (the next put replaces it). */
+/* A damaged data.mdb (its pages, not one cache's records: kvm_store_tree.c) is the store's error:
+ * answered "missing", it sent every run to compress each document only to have its upload refused. */
+static int cache_corrupt(int rc) { return rc == KVM_ECORRUPT && !strstr(kvm_errmsg(), "data.mdb is damaged"); }
+
 static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id *tok, int index_only,
                   kvm_storesvc_claim_out *out)
 {
     int found = 0, rc = kvm_store_has_cache(s, k, tok, &found);
-    if (rc == KVM_EMISMATCH || rc == KVM_ECORRUPT || (rc == 0 && !found)) return 0;
+    if (rc == KVM_EMISMATCH || cache_corrupt(rc) || (rc == 0 && !found)) return 0;
     if (rc) return rc;
     if (index_only) return 1; /* revision 12: a recheck; the layers of a large cache are not read */
     kvm_store_cache *c = NULL;
@@ -35,7 +39,7 @@ static int stored(kvm_store *s, const kvm_store_cache_key *k, const kvm_store_id
         out->stored_bytes = c->manifest.stored_bytes;
     }
     kvm_store_cache_free(&c);
-    if (rc == KVM_EMISMATCH || rc == KVM_ECORRUPT) return 0;
+    if (rc == KVM_EMISMATCH || cache_corrupt(rc)) return 0;
     return rc ? rc : 1;
 }
 

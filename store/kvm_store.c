@@ -295,9 +295,14 @@ static int store_check_version(kvm_store *s, int64_t version)
                        "store %s: db meta: format_version holds %lld, which is no store format version: data.mdb is "
                        "damaged (restore the store from a copy, or move it aside)",
                        s->path, (long long)version);
+    /* versions only count up, so any other one is a newer kvmill's: KVM_ENOTSUP, as KVM_EMISMATCH
+     * added "(mismatched model, tokenizer or config)" to the message and said nothing to do */
     if (version != (int64_t)KVM_STORE_FORMAT_VERSION)
-        return kvm_err(KVM_EMISMATCH, "store %s: store format version %lld, this build reads version %u", s->path,
-                       (long long)version, KVM_STORE_FORMAT_VERSION);
+        return kvm_err(KVM_ENOTSUP,
+                       "store %s: store format version %lld, this build reads version %u: the store was written by "
+                       "a newer kvmill; open it with that version, or give another --store ([store] path) for a "
+                       "store of this one",
+                       s->path, (long long)version, KVM_STORE_FORMAT_VERSION);
     return 0;
 }
 
@@ -437,6 +442,25 @@ static int refuse_foreign_dir(const char *path)
                    path, n, n == 1 ? "entry" : "entries", n == 1 ? "is" : "are", example);
 }
 
+/* The error `code` for a store path that is a symbolic link to nothing (a disk that is not
+ * mounted, a folder moved away), or 0 when path is no such link. mkdir(2) cannot make the store
+ * through the link (EEXIST), so a writer went on and said "no lock file lock.mdb, and the
+ * directory is not writable"; a reader said "no such directory". Making the folder it names is
+ * left to the user: on an unmounted disk's mount point it would fill the wrong file system. */
+static int dangling_link(const char *path, int code)
+{
+    struct stat st;
+    char target[4096];
+    if (lstat(path, &st) != 0 || !S_ISLNK(st.st_mode) || stat(path, &st) == 0) return 0;
+    const int e = errno; /* why the link leads nowhere: ENOENT, ELOOP, EACCES */
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    target[n > 0 ? n : 0] = '\0';
+    return kvm_err(code,
+                   "store %s is a symbolic link to %s, which does not exist (%s): mount or make that folder, or "
+                   "give --store ([store] path) the store's folder",
+                   path, target, strerror(e));
+}
+
 /* A store path that does not exist is created by mkdir(2) in its parent folder: refused when that
  * folder is missing, not a folder or not writable, which the open would only find out when it
  * creates the store (in serve's case in every decode worker). KVM_EINVAL: a usage error. */
@@ -471,7 +495,11 @@ int kvm_store_check_new_dir(const char *path)
     struct stat st;
     char data[4200];
     snprintf(data, sizeof data, "%s/data.mdb", path);
-    if (stat(path, &st) != 0) return errno == ENOENT || errno == ENOTDIR ? check_parent_dir(path) : 0;
+    if (stat(path, &st) != 0) {
+        int rc = errno == ENOENT ? dangling_link(path, KVM_EINVAL) : 0;
+        if (rc) return rc;
+        return errno == ENOENT || errno == ENOTDIR ? check_parent_dir(path) : 0;
+    }
     if (!S_ISDIR(st.st_mode) || lstat(data, &st) == 0) return 0;
     int rc = refuse_foreign_dir(path);
     if (rc == 0 && access(path, W_OK | X_OK) != 0) /* made ahead, a read-only mount: data.mdb cannot go there */
@@ -487,6 +515,8 @@ static int store_prepare_dir(const char *path, int read_only, int must_exist, in
     *made_dir = 0;
     if (stat(path, &st) != 0) {
         if (errno != ENOENT) return kvm_err(KVM_EIO, "store %s: %s", path, strerror(errno));
+        int rc = dangling_link(path, KVM_EINVAL); /* not ENOTFOUND: "give --create" cannot help */
+        if (rc) return rc;
         if (read_only || must_exist) return kvm_err(KVM_ENOTFOUND, "store %s: no such directory", path);
         if (mkdir(path, 0775) == 0)
             *made_dir = 1;

@@ -22,7 +22,7 @@
 #include "common/kvm_frame.h"
 
 /* Store format version written into the `meta` db and into every record header. A reader
- * refuses (KVM_EMISMATCH) records and stores of another version. */
+ * refuses records of another version (KVM_EMISMATCH) and stores of another (KVM_ENOTSUP: a newer kvmill's). */
 #define KVM_STORE_FORMAT_VERSION 1u
 /* Bytes of every id: BLAKE2b-256. */
 #define KVM_STORE_ID_BYTES 32
@@ -216,7 +216,7 @@ void kvm_store_set_interrupt(const atomic_int *flag, const char *note);
  * (damaged B-tree pages: the message names the store, the db, the page and the byte of data.mdb, and what is wrong; or
  * a damaged meta page: bad page size, magic, meta flag, data version or page number, the message naming the page, its
  * bytes and the file; nothing is written),
- * KVM_EMISMATCH (store of another format version), KVM_EIO (permissions, I/O),
+ * KVM_ENOTSUP (store of another format version: a newer kvmill's), KVM_EIO (permissions, I/O),
  * KVM_EFULL (map_max_bytes too small to create the databases), KVM_ENOMEM, KVM_EBUSY (a
  * read_only open whose first read found LMDB's reader table full after the wait of
  * kvm_store__read_begin: retryable, nothing to change in the settings).

@@ -1077,6 +1077,41 @@ START_TEST(test_calibrate_empty_strategy_name)
 }
 END_TEST
 
+/* method = polykv with a [compress] strategy name the store cannot hold (empty, or over 255
+ * bytes): --dump-config printed it, run refused it as "strategy: name must be 1 to 255 bytes and
+ * the model id given" (no file, no key), store ls --config likewise, and kvmill serve started
+ * decode workers that each failed so until it gave up. Each refuses it at start now, exit 2,
+ * naming the file, the key and the length. */
+START_TEST(test_polykv_strategy_name_refused)
+{
+    char store[4300], cfg[4300], cmd[16384], *out = NULL, *err = NULL;
+    char *dir = make_store(store, sizeof store, cfg, sizeof cfg);
+    char name[301];
+    memset(name, 's', 300);
+    name[300] = '\0';
+    setenv("KVM_TEST_STRATEGY", name, 1); /* a value past an INI line's 198 characters */
+    config_append(cfg, "[compress]\nmethod = polykv\nstrategy = ${KVM_TEST_STRATEGY}\nbudget = 16\n");
+    static const char *const cmds[] = {"run --dump-config --config '%s'", "run --config '%s' --corpus '%s'",
+                                       "store ls --config '%s'", "serve --config '%s'"};
+    for (int i = 0; i < 4; i++) {
+        char args[9000];
+        snprintf(args, sizeof args, cmds[i], cfg, kvm_test_data_path("corpus"));
+        snprintf(cmd, sizeof cmd, "timeout -k 2 60 %s/kvmill %s", kvm_test_bin(), args);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 &&
+                          strstr(err, "c.ini: [compress] strategy: the name the PolyKV strategy is stored under "
+                                      "must be 1 to 255 bytes (it is 300)") &&
+                          !strstr(err, "decode worker"),
+                      "%s: exit %d: %s", args, rc, err);
+        free(out);
+        free(err);
+    }
+    unsetenv("KVM_TEST_STRATEGY");
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* calibrate --config did not check the settings that do not go together (kvm_jobcfg_check) as run
  * does: polykv with [compress] target_kl was calibrated and stored (exit 0), and run then refused
  * the same config. Refused at start now, exit 2, with run's message. */
@@ -1272,6 +1307,7 @@ static Suite *suite(void)
         {"log_name_control_bytes", test_log_name_control_bytes},
         {"calibrate_config_docs_file", test_calibrate_config_docs_file},
         {"calibrate_empty_strategy_name", test_calibrate_empty_strategy_name},
+        {"polykv_strategy_name_refused", test_polykv_strategy_name_refused},
         {"no_training_queries", test_no_training_queries},
         {"run_bind_checked", test_run_bind_checked},
         {"run_empty_flag_values", test_run_empty_flag_values},

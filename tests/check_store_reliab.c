@@ -566,6 +566,68 @@ START_TEST(test_meta_version_damage)
 }
 END_TEST
 
+/* A store a newer kvmill wrote (format_version 2 in its meta) was refused as "store format
+ * version 2, this build reads version 1 (mismatched model, tokenizer or config)": no model,
+ * tokenizer or config is at fault, and nothing said what to do. It is said to be a newer
+ * kvmill's, what to do, and not supported (exit 2 for store commands, as before). */
+START_TEST(test_meta_version_newer)
+{
+    put_caches(g_store, 1, 100);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 32), 0);
+    ck_assert_int_eq(mdb_env_open(env, g_store, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    uint8_t v[8] = {2}; /* little-endian 2: the next format version */
+    MDB_val key = {14, "format_version"}, val = {8, v};
+    ck_assert_int_eq(mdb_put(txn, dbi, &key, &val, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    static const char *const cmds[] = {"store ls", "store verify", "store compact"};
+    for (int i = 0; i < 3; i++) {
+        char *out = NULL, *err = NULL;
+        int rc = kvmill(&out, &err, "%s --store '%s'", cmds[i], g_store);
+        ck_assert_msg(rc == 2 && strstr(err, "store format version 2, this build reads version 1") &&
+                          strstr(err, "written by a newer kvmill") && !strstr(err, "mismatched model"),
+                      "%s: exit %d: %s", cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
+/* A store path that is a symbolic link to a folder that does not exist (a disk not mounted): a
+ * writer said "no lock file lock.mdb, and the directory is not writable", store ls "no such
+ * directory" and store serve "give --create", which cannot help. Each now names the link and
+ * where it leads (exit 2), and nothing is made where it points. */
+START_TEST(test_store_dangling_link)
+{
+    char link[4300], target[4300];
+    snprintf(link, sizeof link, "%s/link.lmdb", g_dir);
+    snprintf(target, sizeof target, "%s/unmounted/store.lmdb", g_dir);
+    ck_assert_int_eq(symlink(target, link), 0);
+    kvm_store *s = NULL;
+    ck_assert_int_eq(kvm_store_open(link, NULL, &s), KVM_EINVAL);
+    ck_assert_msg(strstr(kvm_errmsg(), "is a symbolic link to") && strstr(kvm_errmsg(), target), "%s", kvm_errmsg());
+    ck_assert_int_eq(kvm_store_check_new_dir(link), KVM_EINVAL);
+    static const char *const cmds[] = {"store ls", "store serve --bind tcp://127.0.0.1:0"};
+    for (int i = 0; i < 2; i++) {
+        char *out = NULL, *err = NULL;
+        int rc = kvmill(&out, &err, "%s --store '%s'", cmds[i], link);
+        ck_assert_msg(rc == 2 && strstr(err, "is a symbolic link to") && strstr(err, target) &&
+                          !strstr(err, "--create"),
+                      "%s: exit %d: %s", cmds[i], rc, err);
+        free(out);
+        free(err);
+    }
+    struct stat st;
+    ck_assert_int_ne(lstat(target, &st), 0);
+}
+END_TEST
+
 /* A layer record rewritten with a valid checksum whose frames are no `cache` message passed
  * store verify (every record check holds), and every ask on that document then failed. verify
  * decodes each layer as serve does and names the cache and layer that does not. */
@@ -1396,6 +1458,45 @@ START_TEST(test_compact_swap_as_printed)
         free(out);
         free(err);
     }
+}
+END_TEST
+
+/* A store whose path is a symbolic link (to a folder on a larger disk, say): the copy was
+ * written beside the link and the printed swap moved the link, so the link became a folder
+ * holding the copy and the store it pointed to stayed whole, now behind LINK.old. The copy is
+ * written beside the store the link points to now and the swap moves that store: the link
+ * stays a link and names the compacted store; the old store is beside it as STORE.old. */
+START_TEST(test_compact_symlinked_store)
+{
+    char link[4300], cmd[9000], *out = NULL, *err = NULL;
+    snprintf(link, sizeof link, "%s/link", g_dir);
+    put_caches(g_store, 3, 2000);
+    ck_assert_int_eq(symlink(g_store, link), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store compact --store '%s/'", kvm_test_bin(), link);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "%s: exit %d: %s", cmd, rc, err);
+    ck_assert_msg(strstr(err, "is a symbolic link to"), "%s", err);
+    ck_assert_msg(run_swap(out, g_dir) == 0, "the swap failed: %s", out);
+    free(out);
+    free(err);
+    struct stat st;
+    ck_assert_int_eq(lstat(link, &st), 0);
+    ck_assert_msg(S_ISLNK(st.st_mode), "the swap replaced the link %s with a folder", link);
+    char old[4400];
+    snprintf(old, sizeof old, "%s.old/data.mdb", g_store);
+    ck_assert_msg(access(old, F_OK) == 0, "%s missing", old);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store verify --store '%s'", kvm_test_bin(), link);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), link);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    int lines = 0;
+    for (char *p = out; *p; p++)
+        lines += *p == '\n';
+    ck_assert_msg(lines == 4, "%s", out);
+    free(out);
+    free(err);
 }
 END_TEST
 
@@ -2411,6 +2512,9 @@ int main(void)
     suite_add_tcase(su, tcase("store_cli_file_of_store", test_store_cli_file_of_store, 60));
     suite_add_tcase(su, tcase("compact", test_compact, 60));
     suite_add_tcase(su, tcase("compact_swap_as_printed", test_compact_swap_as_printed, 60));
+    suite_add_tcase(su, tcase("meta_version_newer", test_meta_version_newer, 60));
+    suite_add_tcase(su, tcase("store_dangling_link", test_store_dangling_link, 60));
+    suite_add_tcase(su, tcase("compact_symlinked_store", test_compact_symlinked_store, 60));
     suite_add_tcase(su, tcase("compact_killed_midway", test_compact_killed_midway, 60));
     suite_add_tcase(su, tcase("compact_long_out_name", test_compact_long_out_name, 60));
     suite_add_tcase(su, tcase("compact_concurrent_same_out", test_compact_concurrent_same_out, 60));

@@ -309,6 +309,102 @@ START_TEST(test_service_down_mid_run)
 }
 END_TEST
 
+/* The service's data.mdb damaged (cut to its two meta pages) after the first commit, the service
+ * running on: every claim, probe and upload is refused as "data.mdb is damaged". The run went
+ * on claiming ("compressing it anyway"), compressing and failing each document, and its
+ * renewals' refusals ended as "store down ... start it", though the service answered. It now
+ * stops feeding at the first such refusal and says the store is damaged (exit 1, the rest
+ * counted not processed, none failed); a run started on the damaged store stops at its first
+ * probe, compressing nothing. */
+START_TEST(test_service_store_damaged)
+{
+    pid_t svc = service_start();
+    /* slow documents (400 iterations, 4 rounds: tenths of a second each, not hundredths), so
+     * that the cut comes before the last ones are committed */
+    char cfg[4300], text[8192];
+    snprintf(cfg, sizeof cfg, "%s/d.ini", tmp);
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 128\n[compress]\nmethod = sculpt\nqueries = 64\niterations = 400\n"
+             "rounds = 4\nround_tolerance = 0\n[store]\npath = tcp://127.0.0.1:%d\n[run]\nheartbeat_ms = 100\n"
+             "liveness = 20\nrun_dir = %s/d.run\n[stages]\nbin_dir = %s\n",
+             kvm_test_data_path("models/stories260K.bin"), port, tmp, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg, text, strlen(text)), 0);
+    pid_t d = run_start(cfg, "d");
+    char slog[4300], data[4300];
+    snprintf(slog, sizeof slog, "%s/store.err", tmp);
+    snprintf(data, sizeof data, "%s/data.mdb", store);
+    int cut = 0;
+    for (int i = 0; i < 24000 && !cut; i++, usleep(10000)) {
+        char *l = kvm_test_read_file(slog, NULL);
+        if (l && strstr(l, "committed job")) cut = truncate(data, 8192) == 0;
+        free(l);
+    }
+    ck_assert_msg(cut, "the service never committed a cache");
+    int rd = run_wait(d);
+    char *od = slurp("d.out"), *ed = slurp("d.err");
+    size_t ne = strlen(ed);
+    const char *tail = ne > 3000 ? ed + ne - 3000 : ed;
+    ck_assert_msg(rd == 1, "exit %d:\n%.3000s\n%s", rd, od, tail);
+    ck_assert_msg(strstr(ed, "data.mdb is damaged: feeding no more documents") && !strstr(ed, "compressing it anyway"),
+                  "%s", tail);
+    ck_assert_msg(strstr(od, "store damaged: ") && !strstr(od, "store down") && summary_value(od, "failed") == 0 &&
+                      summary_value(od, "not_processed") > 0,
+                  "%.3000s", od);
+    free(od);
+    free(ed);
+    pid_t e = run_start(run_config("e", 20, NULL), "e");
+    int re = run_wait(e);
+    char *oe = slurp("e.out"), *ee = slurp("e.err");
+    ck_assert_msg(re == 1 && strstr(ee, "data.mdb is damaged") && !strstr(ee, "compressing it anyway") &&
+                      !strstr(oe, "compressed=1"),
+                  "exit %d:\n%s\n%.3000s", re, oe, ee);
+    free(oe);
+    free(ee);
+    service_stop(svc);
+}
+END_TEST
+
+/* A cache a run committed through the store service and removed before the run's end (store rm
+ * here; a store compact's copy swapped in meanwhile alike) was reported as "evicted: 1 caches by
+ * the store's cap ([store] cap_mb)" from a store that has no cap: the run only sees that the
+ * service no longer holds it. It says so now, naming the cap as one cause among others. */
+START_TEST(test_remote_missing_not_cap)
+{
+    pid_t svc = service_start();
+    pid_t d = run_start(run_config("d", 20, NULL), "d");
+    char slog[4300];
+    snprintf(slog, sizeof slog, "%s/store.err", tmp);
+    int stopped = 0;
+    for (int i = 0; i < 24000 && !stopped; i++, usleep(10000)) {
+        char *l = kvm_test_read_file(slog, NULL);
+        if (l && strstr(l, "committed job")) stopped = kill(d, SIGSTOP) == 0; /* no end-of-run probe meanwhile */
+        free(l);
+    }
+    ck_assert_msg(stopped, "the service never committed a cache");
+    char cmd[9000], *out = NULL, *err = NULL;
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store ls --csv --store '%s'", kvm_test_bin(), store);
+    ck_assert_int_eq(kvm_test_run(cmd, &out, &err), 0);
+    char *row = strchr(out, '\n');
+    ck_assert_msg(row && row[1], "no cache listed: %s", out);
+    char key[200];
+    snprintf(key, sizeof key, "%.64s:%.64s:%.64s", row + 1, row + 66, row + 131);
+    free(out), free(err);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' store rm --store '%s' '%s'", kvm_test_bin(), store, key);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 0, "%s: exit %d: %s", cmd, rc, err);
+    free(out), free(err);
+    kill(d, SIGCONT);
+    int rd = run_wait(d);
+    char *od = slurp("d.out");
+    ck_assert_msg(rd == 0 && summary_value(od, "evicted") == 1 &&
+                      strstr(od, "evicted: 1 cache written by this run is no longer in the store service's store") &&
+                      !strstr(od, "by the store's cap"),
+                  "exit %d:\n%s", rd, od);
+    free(od);
+    service_stop(svc);
+}
+END_TEST
+
 /* The store service SIGKILLed after the first commit and the run interrupted (Ctrl-C) a moment
  * later: the run printed both "interrupted: N documents were not processed" and "store down: N
  * documents were not processed" for the same N documents. One line gives the count
@@ -1139,6 +1235,8 @@ static Suite *storesvc_runs_suite(void)
     } cases[] = {{"two_runs_one_service", test_two_runs_one_service},
                  {"dead_run_claims_taken_over", test_dead_run_claims_taken_over},
                  {"service_down_mid_run", test_service_down_mid_run},
+                 {"service_store_damaged", test_service_store_damaged},
+                 {"remote_missing_not_cap", test_remote_missing_not_cap},
                  {"interrupted_and_store_down_one_line", test_interrupted_and_store_down_one_line},
                  {"remote_store_refusals", test_remote_store_refusals},
                  {"remote_decode_polykv", test_remote_decode_polykv},
