@@ -1,5 +1,5 @@
 /* kvm_store_ids.c: the 32-byte ids (BLAKE2b-256 via libsodium), their hex form, and the
- * model-id memo that spares re-hashing a multi-GB checkpoint whose (path, size, mtime,
+ * model-id memo that spares re-hashing a multi-GB checkpoint whose (path, size, mtime, ctime,
  * inode) did not change. */
 #include "store/kvm_store_internal.h"
 
@@ -16,7 +16,10 @@
 #include "common/kvm_error.h"
 #include "model/kvm_hf.h"
 
-#define KVM_STORE__FILE_FIXED 64 /* u64 size, i64 mtime ns, u64 inode, u64 device, id */
+#define KVM_STORE__FILE_FIXED 72 /* u64 size, i64 mtime ns, u64 inode, u64 device, i64 ctime ns, id */
+#define KVM_STORE__FILE_STAT                                                                                           \
+    40 /* the bytes compared: all but the id (a 64-byte record of an older                                             \
+          build, without ctime, is a miss: hashed again and rewritten) */
 
 void kvm_store_hash_bytes(const void *data, size_t n, kvm_store_id *out)
 {
@@ -139,7 +142,7 @@ int kvm_store_id_has_prefix(const kvm_store_id *id, const char *prefix)
 /* What the memo remembers about a file. */
 typedef struct file_memo {
     const char *abs;  /* absolute path */
-    struct stat st;   /* size, mtime, inode, device when hashed */
+    struct stat st;   /* size, mtime, inode, device, ctime when hashed */
     kvm_store_id key; /* BLAKE2b(abs) */
     kvm_store_id id;  /* the model id */
 } file_memo;
@@ -150,7 +153,11 @@ static void memo_fixed(const file_memo *f, uint8_t out[KVM_STORE__FILE_FIXED])
     kvm_store__put_u64(out + 8, (uint64_t)f->st.st_mtim.tv_sec * 1000000000ull + (uint64_t)f->st.st_mtim.tv_nsec);
     kvm_store__put_u64(out + 16, (uint64_t)f->st.st_ino);
     kvm_store__put_u64(out + 24, (uint64_t)f->st.st_dev);
-    memcpy(out + 32, f->id.b, KVM_STORE_ID_BYTES);
+    /* ctime too: a checkpoint rewritten in place at its size with its mtime set back (cp -p,
+     * touch -r, an rsync that keeps times) kept the old id, and caches of the old weights were
+     * served as current; no write leaves ctime as it was */
+    kvm_store__put_u64(out + 32, (uint64_t)f->st.st_ctim.tv_sec * 1000000000ull + (uint64_t)f->st.st_ctim.tv_nsec);
+    memcpy(out + KVM_STORE__FILE_STAT, f->id.b, KVM_STORE_ID_BYTES);
 }
 
 /* Looks the file up; *hit = 1 and f->id set when the remembered record still matches. */
@@ -167,10 +174,10 @@ static int memo_lookup(kvm_store *s, file_memo *f, int *hit)
         kvm_frame parts[2];
         kvm_store__rec_parts(&val, parts, 2);
         uint8_t want[KVM_STORE__FILE_FIXED];
-        memo_fixed(f, want); /* only bytes [0, 32): size, mtime, inode, device are compared */
-        if (parts[0].size == KVM_STORE__FILE_FIXED && memcmp(want, parts[0].data, 32) == 0 &&
+        memo_fixed(f, want); /* only the stat bytes: size, mtime, inode, device, ctime are compared */
+        if (parts[0].size == KVM_STORE__FILE_FIXED && memcmp(want, parts[0].data, KVM_STORE__FILE_STAT) == 0 &&
             parts[1].size == strlen(f->abs) && memcmp(parts[1].data, f->abs, parts[1].size) == 0) {
-            memcpy(f->id.b, parts[0].data + 32, KVM_STORE_ID_BYTES);
+            memcpy(f->id.b, parts[0].data + KVM_STORE__FILE_STAT, KVM_STORE_ID_BYTES);
             *hit = 1;
         }
     } else if (rc != 0 && rc != MDB_NOTFOUND) {
@@ -194,7 +201,8 @@ static int memo_put_fn(kvm_store *s, MDB_txn *txn, void *arg)
 static int same_file(const struct stat *a, const struct stat *b)
 {
     return a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
-           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ino == b->st_ino && a->st_dev == b->st_dev;
+           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ino == b->st_ino && a->st_dev == b->st_dev &&
+           a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
 int kvm_store_model_id(kvm_store *s, const char *path, kvm_store_id *out)

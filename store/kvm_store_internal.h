@@ -58,7 +58,7 @@ enum kvm_store__kind {
     KVM_STORE__KIND_STRATEGY = 3, /* part 0 = strategy bytes */
     KVM_STORE__KIND_MODEL = 4,    /* part 0 = fixed model meta fields */
     KVM_STORE__KIND_DOC = 5,      /* part 0 = fixed doc meta fields */
-    KVM_STORE__KIND_FILE = 6,     /* part 0 = size, mtime, inode, model id; part 1 = path */
+    KVM_STORE__KIND_FILE = 6,     /* part 0 = size, mtime, inode, device, ctime, model id; part 1 = path */
     KVM_STORE__KIND_CLAIM = 7,    /* part 0 = i64 since ms, i64 expires ms; part 1 = owner; part 2 = host */
 };
 

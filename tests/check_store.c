@@ -432,7 +432,7 @@ START_TEST(test_ids)
     ck_assert_mem_eq(id.b, id2.b, 32);
     ck_assert_int_eq(kvm_store_doc_hash(NULL, -1, &id2), KVM_EINVAL);
 
-    /* model id: hash of the file bytes, remembered per (path, size, mtime, inode) */
+    /* model id: hash of the file bytes, remembered per (path, size, mtime, inode, device, ctime) */
     char mpath[4300];
     snprintf(mpath, sizeof mpath, "%s/model.bin", g_dir);
     ck_assert_int_eq(kvm_test_write_file(mpath, "weights-A", 9), 0);
@@ -446,19 +446,27 @@ START_TEST(test_ids)
     ck_assert_mem_eq(id.b, want_a.b, 32);
     struct stat st0;
     ck_assert_int_eq(stat(mpath, &st0), 0);
-    /* same size and mtime, other bytes: the memo answers without re-hashing */
+    /* other bytes at the same size, the mtime set back (cp -p, touch -r): the memo answered the
+     * old id (caches of the old weights served as current); the write's new ctime tells now */
+    usleep(20 * 1000); /* a ctime the clock can tell from the first write's */
     int fd = open(mpath, O_WRONLY);
     ck_assert_int_eq(pwrite(fd, "weights-B", 9, 0), 9);
     struct timespec times[2] = {st0.st_atim, st0.st_mtim};
     ck_assert_int_eq(futimens(fd, times), 0);
     close(fd);
+    struct stat st1;
+    ck_assert_int_eq(stat(mpath, &st1), 0);
+    ck_assert(st1.st_mtim.tv_sec == st0.st_mtim.tv_sec && st1.st_mtim.tv_nsec == st0.st_mtim.tv_nsec);
     ck_assert_int_eq(kvm_store_model_id(s, mpath, &id), 0);
-    ck_assert_mem_eq(id.b, want_a.b, 32);
+    ck_assert_mem_eq(id.b, want_b.b, 32);
+    ck_assert_int_eq(kvm_store_model_id(s, mpath, &id), 0); /* remembered: the same */
+    ck_assert_mem_eq(id.b, want_b.b, 32);
     /* a new mtime: hashed again */
+    ck_assert_int_eq(kvm_test_write_file(mpath, "weights-A", 9), 0);
     times[1].tv_sec += 5;
     ck_assert_int_eq(utimensat(AT_FDCWD, mpath, times, 0), 0);
     ck_assert_int_eq(kvm_store_model_id(s, mpath, &id), 0);
-    ck_assert_mem_eq(id.b, want_b.b, 32);
+    ck_assert_mem_eq(id.b, want_a.b, 32);
     ck_assert_int_eq(kvm_store_model_id(s, "/nonexistent/model.bin", &id), KVM_EIO);
     ck_assert_int_eq(verify_problems(s), 0);
     kvm_store_close(&s);
