@@ -6,6 +6,8 @@
 #include "pipeline/kvm_stage.h"
 #include "pipeline/kvm_storesvc.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,8 +50,9 @@ int kvm_cmd_store_serve(int argc, char **argv)
         return fprintf(stderr, "kvmill store serve: --config: %s\n", kvm_errmsg()), 2;
     const char *bind = kvm_cli_get(opts, "bind"), *pp = kvm_cli_get(opts, "parent-pid");
     char *end = NULL;
+    errno = 0;
     long ppid = pp ? strtol(pp, &end, 10) : 0;
-    if (pp && (end == pp || *end || ppid <= 0)) {
+    if (pp && (end == pp || *end || ppid <= 0 || ppid > INT32_MAX || errno == ERANGE)) { /* not "no process LONG_MAX" */
         kvm_config_free(&cfg);
         return fprintf(stderr, "kvmill store serve: --parent-pid: '%s' is not a process id\n", pp), 2;
     }

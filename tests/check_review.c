@@ -1357,11 +1357,18 @@ END_TEST
 START_TEST(test_parent_pid_not_parent)
 {
     char line[8192], *out, *err;
-    const char *cmds[] = {"kvmill-prefill --connect ipc:///nonexistent/x --parent-pid 1",
-                          "kvmill store serve --store /nonexistent/s --bind ipc:///nonexistent/y --parent-pid 1"};
+    const char *cmds[] = {
+        "kvmill-prefill --connect ipc:///nonexistent/x --parent-pid 1",
+        "kvmill store serve --store /nonexistent/s --bind ipc:///nonexistent/y --parent-pid 1",
+        /* past a long: it said "no process 9223372036854775807" */
+        "kvmill store serve --store /nonexistent/s --bind ipc:///nonexistent/y --parent-pid "
+        "99999999999999999999",
+        "kvmill store serve --store /nonexistent/s --bind ipc:///nonexistent/y --parent-pid 3000000000"};
     const char *said[] = {"kvmill-prefill: --parent-pid 1 is not the process that started this one",
-                          "kvmill store serve: --parent-pid 1 is not the process that started this one"};
-    for (int i = 0; i < 2; i++) {
+                          "kvmill store serve: --parent-pid 1 is not the process that started this one",
+                          "kvmill store serve: --parent-pid: '99999999999999999999' is not a process id",
+                          "kvmill store serve: --parent-pid: '3000000000' is not a process id"};
+    for (int i = 0; i < 4; i++) {
         snprintf(line, sizeof line, "timeout 20 '%s'/%s", kvm_test_bin(), cmds[i]);
         ck_assert_int_eq(kvm_test_run(line, &out, &err), 2);
         ck_assert_msg(strstr(err, said[i]), "%s: %s", cmds[i], err);
