@@ -172,6 +172,10 @@ static int interface_v4(const char *name, char *out)
 static void host_form(const char *h, size_t n, char *out, size_t size)
 {
     char host[300];
+    if (n >= sizeof host) { /* no address, localhost or interface is spelled so long: a name, as it is */
+        snprintf(out, size, "%.*s", (int)n, h); /* (host[n - 1] was read, and written, past the copy) */
+        return;
+    }
     snprintf(host, sizeof host, "%.*s", (int)n, h);
     struct addrinfo hint = {.ai_flags = AI_NUMERICHOST}, *ai = NULL;
     const int v6 = n > 2 && host[0] == '[' && host[n - 1] == ']';

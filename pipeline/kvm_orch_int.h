@@ -91,6 +91,7 @@ typedef struct orch_worker {
     char store_why[600];       /* ... why (the job's error, or the ack that the store does not hold) */
     uint64_t asks_job_id;      /* the job it held when it asked for work (a credit) while holding one ... */
     double asks_since;         /* ... and when that first came (kvm_now_ms; 0: not since): lost_job_check */
+    double asks_last;          /* ... and when the last one came (a longer gap: it ran the job) */
 } orch_worker;
 
 typedef struct orch_slot {

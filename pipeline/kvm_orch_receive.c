@@ -299,11 +299,17 @@ static void lost_job_check(orch *o, int w)
     orch_job *j = &o->jobs[wk->job];
     if (w == o->reduce_worker || j->worker != w || (j->state != J_PREFILL && j->state != J_COMPRESS)) return;
     const double now = kvm_now_ms();
-    if (wk->asks_job_id != j->id || wk->asks_since <= 0) {
-        wk->asks_job_id = j->id, wk->asks_since = now;
+    /* A worker that had the job is silent on data while it runs it: a credit read before the job
+     * reached it, then, the job done, the one that overtook its result, were taken for a lost
+     * job (done twice) when the job ran a liveness period. A gap longer than gap_ms starts the
+     * span again, and a span no longer than gap_ms (two credits around a job) says nothing. */
+    const double gap_ms = o->dead_ms / 2 > 2 * o->hb_ms ? o->dead_ms / 2 : 2 * o->hb_ms;
+    if (wk->asks_job_id != j->id || wk->asks_since <= 0 || now - wk->asks_last > gap_ms) {
+        wk->asks_job_id = j->id, wk->asks_since = wk->asks_last = now;
         return;
     }
-    if (now - wk->asks_since < o->dead_ms) return;
+    wk->asks_last = now;
+    if (now - wk->asks_since < o->dead_ms || now - wk->asks_since <= gap_ms) return;
     char why[400];
     snprintf(why, sizeof why,
              "worker %s asks for work for %.1f s while it holds job %llu: the job did not reach it (lost with a "

@@ -505,6 +505,12 @@ static double hear_wait_first(const stage_rt *rt)
     return w < 5000 ? 5000 : w > STAGE_HEAR_WAIT_MAX_MS ? STAGE_HEAR_WAIT_MAX_MS : w;
 }
 
+/* Both connections down after a handshake: --leave-after-s counts from the first moment so. */
+static void gone_check(stage_rt *rt)
+{
+    if (rt->ctl_down && rt->data_down && rt->ctl_handshakes > 0 && rt->gone_since <= 0) rt->gone_since = kvm_now_ms();
+}
+
 /* Connects socket i (0 ctl, 1 data) again: a new connection is a new pipe at the orchestrator's
  * ROUTER, identified by this worker's id afresh, heard once no other process holds it. ctl gets
  * the ready first, on its new connection. */
@@ -525,6 +531,10 @@ static void rejoin(stage_rt *rt, double now, int i, const char *why)
     rt->connect_at[i] = now + STAGE_REJOIN_GAP_MS;
     if (i == 0) rt->welcomed = 0; /* a new control connection is not welcomed yet */
     if (i == 1) rt->data_down = 1;
+    /* zmq_disconnect raises no DISCONNECTED event: ctl stayed "up", and a worker whose orchestrator
+     * went before the connection was made again never left (--leave-after-s) */
+    if (i == 0) rt->ctl_down = 1;
+    gone_check(rt);
     if (i == 0) rt->hear_wait = 2 * rt->hear_wait < STAGE_HEAR_WAIT_MAX_MS ? 2 * rt->hear_wait : STAGE_HEAR_WAIT_MAX_MS;
     rt->hear_due = now + STAGE_REJOIN_GAP_MS + rt->hear_wait; /* from the handshake, when one comes */
     rt->last_credit = 0;
@@ -1013,8 +1023,7 @@ static int link_event(stage_rt *rt, int i)
         if (i == 1) rt->data_down = 1;
         if (i == 1 && !rt->job.running && rt->job.n_in > 0) rt->inputs_cut = 1;
         if (i == 0) rt->ctl_down = 1;
-        if (rt->ctl_down && rt->data_down && rt->ctl_handshakes > 0 && rt->gone_since <= 0)
-            rt->gone_since = kvm_now_ms(); /* --leave-after-s counts from here */
+        gone_check(rt);
         if (i == 0) rt->linked = 0;
         if (i == 0 && rt->greeted) {
             kvm_log_field f[] = {KVM_LOG_S("connect", ep_s)};

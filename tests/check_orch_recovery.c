@@ -1038,6 +1038,39 @@ START_TEST(test_job_lost_on_the_wire)
 }
 END_TEST
 
+/* A job that reached its worker and ran a liveness period: a credit read after the job was
+ * handed (sent before it came), then, the job done, the credit that overtook its result on the
+ * other connection. The two were taken for a lost job, requeued and done twice. Now credits
+ * with a job's silence between them requeue nothing; a lost job's, once a heartbeat, still do. */
+START_TEST(test_job_run_is_not_lost)
+{
+    fake_run f;
+    fake_start(&f);
+    orch *o = f.o;
+    const char *id = "prefill-0-r0";
+    o->workers[0] =
+        (orch_worker){.id = "prefill-0-r0", .stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
+    o->n_workers = 1;
+    void *d = fake_worker(o, id);
+    kvm_orch__dispatch(o);
+    const uint64_t first = job_came(d);
+    ask_for_work(o, d, id); /* sent before the job came */
+    usleep(700 * 1000);     /* the job runs (dead_ms 500) */
+    ask_for_work(o, d, id); /* the job done: this credit overtook the result */
+    ck_assert_msg(o->jobs[0].state == J_PREFILL && o->jobs[0].id == first,
+                  "a job its worker ran was requeued (state %d, id %llu, was %llu)", (int)o->jobs[0].state,
+                  (unsigned long long)o->jobs[0].id, (unsigned long long)first);
+    ck_assert_int_eq(o->workers[0].job, 0);
+    for (int k = 0; k < 20 && o->jobs[0].state == J_PREFILL; k++) { /* now lost: credits once a heartbeat */
+        usleep(100 * 1000);
+        ask_for_work(o, d, id);
+    }
+    ck_assert_msg(o->jobs[0].state == J_QUEUED, "a lost job is held for the worker (state %d)", (int)o->jobs[0].state);
+    zmq_close(d);
+    fake_end(&f);
+}
+END_TEST
+
 /* An ack of an earlier attempt of a job: the job was requeued (its worker judged dead) after its
  * worker had committed the cache. The ack was dropped as stale, and the document compressed
  * again, or failed, though stored. Now it is done, counted compressed, when the store holds its
@@ -1396,6 +1429,7 @@ static Suite *orch_recovery_suite(void)
                  {"unreachable_worker_not_the_documents_fault", test_unreachable_worker_not_the_documents_fault, 30},
                  {"stopping_worker_gets_end_of_work", test_stopping_worker_gets_end_of_work, 30},
                  {"job_lost_on_the_wire", test_job_lost_on_the_wire, 30},
+                 {"job_run_is_not_lost", test_job_run_is_not_lost, 30},
                  {"earlier_attempts_ack_counts", test_earlier_attempts_ack_counts, 90},
                  {"ack_after_evictions", test_ack_after_evictions, 90},
                  {"evictions_of_older_excuse_nothing", test_evictions_of_older_excuse_nothing, 90},

@@ -948,6 +948,58 @@ START_TEST(test_worker_leaves_after_run)
 }
 END_TEST
 
+/* An orchestrator that does not hear the worker (no welcome, no answer to its probe): the worker
+ * closes its control connection to make it again (zmq_disconnect, which raises no DISCONNECTED
+ * event). The orchestrator went in that gap: the control socket was still taken for connected,
+ * and a worker with --leave-after-s never left. */
+START_TEST(test_worker_leaves_after_rejoin)
+{
+    char *dir = kvm_test_tmpdir(), base[4300], ctl[4300], data[4300], st[4300], exe[4200], logp[4300];
+    snprintf(base, sizeof base, "ipc://%s", dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
+    void *zctx = zmq_ctx_new(), *rc_ = zmq_socket(zctx, ZMQ_ROUTER), *rd = zmq_socket(zctx, ZMQ_ROUTER);
+    int linger = 0;
+    zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
+    ck_assert_int_eq(zmq_bind(rd, data), 0);
+    snprintf(st, sizeof st, "%s/st", dir);
+    kvm_test_store_create(st);
+    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+    snprintf(logp, sizeof logp, "%s/compress.log", dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        freopen(logp, "w", stderr);
+        execl(exe, exe, "--connect", base, "--store", st, "--id", "cmp-rejoin", "--heartbeat-ms", "100",
+              "--leave-after-s", "1", (char *)NULL);
+        _exit(127);
+    }
+    /* nothing answered: within about 15 s it closes the control connection to make it again */
+    const int rejoined = kvm_test_wait_text(logp, "connecting the control socket again", 1, 60);
+    zmq_close(rc_); /* the run ends in the gap (500 ms) before the connection is made again */
+    zmq_close(rd);
+    const double gone = kvm_now_ms();
+    int status = 0, exited = 0;
+    for (int k = 0; k < 200 && rejoined && !exited; k++) {
+        usleep(50 * 1000);
+        exited = waitpid(pid, &status, WNOHANG) == pid;
+    }
+    const double took = kvm_now_ms() - gone;
+    if (!exited) kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+    char *log = kvm_test_read_file(logp, NULL);
+    ck_assert_msg(rejoined, "the worker did not connect again:\n%s", log ? log : "");
+    ck_assert_msg(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the worker did not stop after its orchestrator was gone (status %d, %.0f ms):\n%s", status, took,
+                  log ? log : "");
+    ck_assert_msg(log && strstr(log, "(--leave-after-s): stopping"), "%s", log ? log : "");
+    free(log);
+    zmq_ctx_term(zctx);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* A fake orchestrator's ROUTER sockets (ctl, data) bound under a new temporary folder, and a
  * kvmill-decode worker "dec-drain" connected to them (stderr into dir/decode.log, heartbeats every
  * 100 ms), with the store and config it needs. */
@@ -1375,6 +1427,10 @@ static Suite *worker_suite(void)
     suite_add_tcase(s, tr);
     tr = tcase_create("worker_leaves_after_run");
     tcase_add_test(tr, test_worker_leaves_after_run);
+    tcase_set_timeout(tr, 120);
+    suite_add_tcase(s, tr);
+    tr = tcase_create("worker_leaves_after_rejoin");
+    tcase_add_test(tr, test_worker_leaves_after_rejoin);
     tcase_set_timeout(tr, 120);
     suite_add_tcase(s, tr);
     tr = tcase_create("stopping_worker_waits_for_end_of_work");
