@@ -223,7 +223,7 @@ int kvm_curve_check_client_pair(const char *secret_file, const char *public_file
 }
 
 /* A prefix test took tcp://127.example.com:P (a name, anywhere) for this host and let a client
- * talk to it without CurveZMQ, and refused tcp://lo:P and tcp://LOCALHOST:P as not local. */
+ * talk to it without CurveZMQ, and refused tcp://LOCALHOST:P and tcp://0177.0.0.1:P as not local. */
 int kvm_curve_is_local(const char *ep) { return kvm_jobcfg_is_loopback(ep); }
 
 int kvm_curve_client(void *sock, const char *server_key_file, const char *public_file, const char *secret_file)

@@ -45,8 +45,8 @@ int kvm_curve_check_client_pair(const char *secret_file, const char *public_file
 int kvm_curve_check_authorized(const char *public_file, const char *authorized_dir);
 
 /* 1 when `endpoint` (bound, or connected to) keeps traffic on this machine: ipc://, inproc://,
- * and a tcp:// loopback host however spelled (kvm_jobcfg_is_loopback: 127.0.0.0/8, [::1],
- * localhost in any case, the lo interface), else 0. */
+ * and a tcp:// loopback address however spelled (kvm_jobcfg_is_loopback: 127.0.0.0/8, [::1],
+ * localhost in any case; not an interface name), else 0. */
 int kvm_curve_is_local(const char *endpoint);
 
 /* Makes `sock` a CURVE client of the server whose public key is in server_key_file, with

@@ -161,7 +161,8 @@ static int interface_v4(const char *name, char *out)
 }
 
 /* A tcp:// host h[0, n) as one spelling of the socket address it binds, into out (at least
- * INET6_ADDRSTRLEN + 2): an interface name is its address, as libzmq's bind tries it first;
+ * INET6_ADDRSTRLEN + 2): with `interfaces`, an interface name is its address, as libzmq's bind
+ * tries it first (without, it is a name, as a connect takes it);
  * every numeric IPv4 spelling (127.1, 0x7f.0.0.1: getaddrinfo's AI_NUMERICHOST, as libzmq)
  * is its dotted quad; a bracketed IPv6 address is its short form, an IPv4-mapped one
  * ([::ffff:127.0.0.1], which takes 127.0.0.1's port) its IPv4 quad. localhost, with or
@@ -169,7 +170,7 @@ static int interface_v4(const char *name, char *out)
  * IPv4 without ZMQ_IPV6). An interface name or "localhost." that a connect endpoint cannot
  * resolve reaches nothing anyway: calling it a clash refuses nothing that could work. [::1]
  * stays itself: another socket than 127.0.0.1's. Anything else is kept as written. */
-static void host_form(const char *h, size_t n, char *out, size_t size)
+static void host_form(const char *h, size_t n, int interfaces, char *out, size_t size)
 {
     char host[300];
     if (n >= sizeof host) { /* no address, localhost or interface is spelled so long: a name, as it is */
@@ -184,7 +185,7 @@ static void host_form(const char *h, size_t n, char *out, size_t size)
     snprintf(out, size, "%s", host);
     if (!strcasecmp(host, "localhost") || !strcasecmp(host, "localhost."))
         snprintf(out, size, "127.0.0.1");
-    else if (!v6 && interface_v4(host, out))
+    else if (interfaces && !v6 && interface_v4(host, out))
         return;
     else if (!getaddrinfo(v6 ? host + 1 : host, NULL, &hint, &ai) && ai) {
         const struct in6_addr *a6 = &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
@@ -212,7 +213,7 @@ static void compare_form(const char *ep, char *out, size_t size)
     long port;
     if (tcp_parts(ep, &host, &host_len, &port)) {
         char h[INET6_ADDRSTRLEN + 300];
-        host_form(host, host_len, h, sizeof h);
+        host_form(host, host_len, 1, h, sizeof h);
         snprintf(out, size, "tcp://%s:%ld", h, port);
         return;
     }
@@ -243,7 +244,9 @@ int kvm_jobcfg_is_loopback(const char *ep)
     if (!colon) return 0;
     char h[INET6_ADDRSTRLEN + 300];
     struct in_addr a4;
-    host_form(ep + 6, (size_t)(colon - (ep + 6)), h, sizeof h);
+    /* no interface names: a connect endpoint (a store client's) takes "lo" for a DNS name, which a
+     * search domain can resolve to another host; only binds read interfaces */
+    host_form(ep + 6, (size_t)(colon - (ep + 6)), 0, h, sizeof h);
     return !strcmp(h, "[::1]") || (inet_pton(AF_INET, h, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127);
 }
 

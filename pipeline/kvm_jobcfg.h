@@ -144,9 +144,10 @@ int kvm_jobcfg_same_socket(const char *a_ep, const char *b_ep);
 
 /* 1 when endpoint ep stays on this host: ipc:// and inproc://, and a tcp:// host that is a
  * loopback address however spelled (127.0.0.0/8 in any numeric form, [::1], an IPv4-mapped
- * [::ffff:127.x.y.z], localhost and localhost. in any case, an interface whose address is one,
- * such as lo), as kvm_jobcfg_same_socket reads hosts; 0 for every other host: a name (even one
- * that begins "127."), another address, a source;destination pair. No name is resolved. */
+ * [::ffff:127.x.y.z], localhost and localhost. in any case); 0 for every other host: a name
+ * (even one that begins "127."), an interface name such as lo (a connect endpoint resolves it
+ * as a name, which a DNS search domain can make another host), another address, a
+ * source;destination pair. No name is resolved. */
 int kvm_jobcfg_is_loopback(const char *ep);
 
 #endif

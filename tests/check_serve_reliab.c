@@ -1294,8 +1294,8 @@ END_TEST
 
 /* Which endpoints stay on this host (kvm_curve_is_local: no CurveZMQ needed). A prefix test took
  * tcp://127.example.invalid:P, a name that can resolve anywhere, for this host, so a bind or a
- * store client went without CurveZMQ, and took LOCALHOST, localhost. and the lo interface for
- * remote; a bind of tcp://LOCALHOST:P failed "No such device" (ZeroMQ took it for an interface). */
+ * store client went without CurveZMQ, and took LOCALHOST, localhost. and 0177.0.0.1 for remote; a bind of
+ * tcp://LOCALHOST:P failed "No such device" (ZeroMQ took it for an interface). */
 START_TEST(test_loopback_endpoints)
 {
     struct {
@@ -1310,7 +1310,7 @@ START_TEST(test_loopback_endpoints)
                  {"tcp://localhost:5", 1},
                  {"tcp://LOCALHOST:5", 1},
                  {"tcp://localhost.:5", 1},
-                 {"tcp://lo:5", 1},
+                 {"tcp://lo:5", 0}, /* a name to a connect (a search domain may make it any host) */
                  {"tcp://[::1]:5", 1},
                  {"tcp://[::ffff:127.0.0.1]:5", 1},
                  {"tcp://127.example.invalid:5", 0},
