@@ -50,6 +50,28 @@ static int finish_stdout(const char *cmd, int rc)
     return rc ? rc : 1;
 }
 
+static const kvm_command *find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof kvm_commands / sizeof kvm_commands[0]; i++)
+        if (strcmp(name, kvm_commands[i].name) == 0) return &kvm_commands[i];
+    return NULL;
+}
+
+/* `kvmill --config F run ...` puts an option before the command, as git and docker allow for their
+ * global options; kvmill has none, so the message names the command found later and the order. */
+static void unknown_command(int argc, char **argv)
+{
+    fprintf(stderr, "kvmill: unknown command '%s'", argv[1]);
+    for (int j = 2; argv[1][0] == '-' && j < argc; j++) {
+        const kvm_command *c = find_command(argv[j]);
+        if (!c) continue;
+        fprintf(stderr, ": the command comes first, then its options (kvmill %s %s ...)", c->name, argv[1]);
+        break;
+    }
+    fputc('\n', stderr);
+    usage(stderr);
+}
+
 int main(int argc, char **argv)
 {
     /* a write past a file size limit (ulimit -f) fails EFBIG and is said (kvm_store.c
@@ -63,10 +85,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return finish_stdout(NULL, 0);
     }
-    for (size_t i = 0; i < sizeof kvm_commands / sizeof kvm_commands[0]; i++)
-        if (strcmp(argv[1], kvm_commands[i].name) == 0)
-            return finish_stdout(kvm_commands[i].name, kvm_commands[i].fn(argc - 1, argv + 1));
-    fprintf(stderr, "kvmill: unknown command '%s'\n", argv[1]);
-    usage(stderr);
+    const kvm_command *c = find_command(argv[1]);
+    if (c) return finish_stdout(c->name, c->fn(argc - 1, argv + 1));
+    unknown_command(argc, argv);
     return 2;
 }

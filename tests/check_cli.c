@@ -1706,6 +1706,30 @@ END_TEST
 /* --seed 0 left the sampler's xorshift state 0: every draw was 0, so top-p took the likeliest
  * token and --topp 1 always id 0 ("Once<unk><unk>..."), exit 0. Refused now, exit 2, naming the
  * flag; --seed 1 still samples. */
+/* An option before the command (`kvmill --config F run`, as git's global options go) was only
+ * "unknown command '--config'": the message now names the command found later and the order. */
+START_TEST(test_option_before_command)
+{
+    char *out, *err;
+    ck_assert_int_eq(kvmill(&out, &err, "--config %s run --corpus %s", "configs/default.ini", "data/corpus"), 2);
+    ck_assert_msg(strstr(err, "unknown command '--config'"), "stderr: %s", err);
+    ck_assert_msg(strstr(err, "the command comes first, then its options (kvmill run --config ...)"), "stderr: %s",
+                  err);
+    ck_assert_msg(strstr(err, "usage: kvmill COMMAND"), "stderr: %s", err);
+    free(out);
+    free(err);
+    /* a word that is no option gets no such hint, nor does an option with no command after it */
+    ck_assert_int_eq(kvmill(&out, &err, "frobnicate run%s%s", "", ""), 2);
+    ck_assert_msg(strstr(err, "unknown command 'frobnicate'\n"), "stderr: %s", err);
+    free(out);
+    free(err);
+    ck_assert_int_eq(kvmill(&out, &err, "--version%s%s", "", ""), 2);
+    ck_assert_msg(strstr(err, "unknown command '--version'\n"), "stderr: %s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 START_TEST(test_generate_seed_zero)
 {
     char *out = NULL, *err = NULL;
@@ -1786,6 +1810,7 @@ static Suite *cli_suite(void)
     } cases[] = {{"generate_golden", test_generate_golden},
                  {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
                  {"help_and_usage_errors", test_help_and_usage_errors},
+                 {"option_before_command", test_option_before_command},
                  {"generate_seed_zero", test_generate_seed_zero},
                  {"keygen_out_checked", test_keygen_out_checked},
                  {"info_and_make_model", test_info_and_make_model},
