@@ -193,7 +193,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
     if (!docs) return fprintf(stderr, "kvmill calibrate: --docs is required\n"), 2;
     kvm_config *cfg;
     if (kvm_config_load(kvm_cli_get(opts, "config"), &cfg))
-        return fprintf(stderr, "kvmill calibrate: %s\n", kvm_cli_errmsg("calibrate")), 2;
+        return fprintf(stderr, "kvmill calibrate: --config: %s\n", kvm_cli_errmsg("calibrate")), 2;
     kvm_cli_log_config("calibrate", "orchestrator", cfg); /* refusals from here on follow [run] log_format */
     int status = 2, handlers = 0; /* handlers: 1 once on_late_signal is installed (old_int, old_term, old_hup) */
     struct sigaction old_int, old_term, old_hup;

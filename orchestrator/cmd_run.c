@@ -268,7 +268,7 @@ int kvm_cmd_run(int argc, char **argv)
     const char *cpath = kvm_cli_get(opts, "config"), *corpus_path = kvm_cli_get(opts, "corpus");
     if (!cpath) return fprintf(stderr, "kvmill run: --config is required\n"), 2;
     kvm_config *cfg;
-    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill run: %s\n", kvm_cli_errmsg("run")), 2;
+    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill run: --config: %s\n", kvm_cli_errmsg("run")), 2;
     kvm_cli_log_config("run", "orchestrator", cfg); /* refusals from here on follow [run] log_format */
     const char *store = kvm_cli_get(opts, "store");
     if (store && kvm_config_set(cfg, "store", "path", store)) {

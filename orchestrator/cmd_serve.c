@@ -190,7 +190,8 @@ int kvm_cmd_serve(int argc, char **argv)
     }
     kvm_config *cfg;
     char resolved[4096] = "";
-    if (kvm_config_load(cpath, &cfg)) return fprintf(stderr, "kvmill serve: %s\n", kvm_cli_errmsg("serve")), 2;
+    if (kvm_config_load(cpath, &cfg))
+        return fprintf(stderr, "kvmill serve: --config: %s\n", kvm_cli_errmsg("serve")), 2;
     kvm_cli_log_config("serve", "serve", cfg); /* refusals from here on follow [run] log_format */
     int status = 2;
     /* an endpoint names the store service on another host (decode workers fetch with get_cache) */

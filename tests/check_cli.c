@@ -1730,6 +1730,23 @@ START_TEST(test_option_before_command)
 }
 END_TEST
 
+/* A --config that is missing was "kvmill run: nosuch.ini: No such file or directory" for run, serve
+ * and calibrate (the store commands and the stages named the flag): the message names --config. */
+START_TEST(test_config_missing_names_flag)
+{
+    const char *cmds[] = {"run --corpus data/corpus", "serve", "calibrate --docs data/corpus"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char *out, *err, want[128];
+        ck_assert_int_eq(kvmill(&out, &err, "%s --config %s", cmds[i], "/nonexistent/kvmill.ini"), 2);
+        snprintf(want, sizeof want, "kvmill %.*s: --config: /nonexistent/kvmill.ini: No such file",
+                 (int)strcspn(cmds[i], " "), cmds[i]);
+        ck_assert_msg(strstr(err, want), "%s: stderr: %s", cmds[i], err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 START_TEST(test_generate_seed_zero)
 {
     char *out = NULL, *err = NULL;
@@ -1811,6 +1828,7 @@ static Suite *cli_suite(void)
                  {"generate_tokens_and_no_tokenizer", test_generate_tokens_and_no_tokenizer},
                  {"help_and_usage_errors", test_help_and_usage_errors},
                  {"option_before_command", test_option_before_command},
+                 {"config_missing_names_flag", test_config_missing_names_flag},
                  {"generate_seed_zero", test_generate_seed_zero},
                  {"keygen_out_checked", test_keygen_out_checked},
                  {"info_and_make_model", test_info_and_make_model},
