@@ -151,6 +151,15 @@ static char *expand(const char *v, char *why, size_t why_n)
     return e.out;
 }
 
+/* 1 when v is wrapped in a pair of the same quote. libinih keeps quotes as part of a value, so
+ * `[store] path = "my store"` made a folder named with the quotes in it, where no later command
+ * given the path as written found the caches, and a quoted model path was "not found". */
+static int quoted(const char *v)
+{
+    const size_t n = strlen(v);
+    return n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0];
+}
+
 /* Checks `v` against setting s; on success may rewrite *v (absolute path). */
 static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
 {
@@ -191,6 +200,13 @@ static int validate(const kvm_cfg_setting *s, char **v, char *why, size_t why_n)
         return snprintf(why, why_n, "'%s' is not one of %s", *v, s->choices), -1;
     }
     case KVM_CFG_PATH:
+        if (quoted(*v))
+            return snprintf(why, why_n,
+                            "%s is in quotes, which an INI file keeps as part of the path: write it without them (a "
+                            "path may "
+                            "hold spaces as it is)",
+                            *v),
+                   -1;
         /* a store service endpoint ([store] path = tcp://HOST:PORT) is no file to resolve */
         if (**v && **v != '/' && strncmp(*v, "tcp://", 6) && strncmp(*v, "ipc://", 6)) {
             char cwd[4096];

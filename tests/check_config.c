@@ -415,6 +415,28 @@ END_TEST
  * (64 MiB by default for map_max_mb = 1), exit 0. Refused at load now, naming both keys and
  * values and the file (kvmill run and its --dump-config: exit 2); equal, or max above, loads, and a
  * program that does not read [store] is not refused for it. */
+/* libinih keeps quotes as part of a value: `[store] path = "kvq.lmdb"` made a folder named
+ * "kvq.lmdb" with its quotes (kvmill run stored its caches there, and `--store kvq.lmdb` found
+ * none), and a quoted model path was only "No such file". A path in quotes is refused where it is
+ * written; quotes inside a path, or one quote, are a name's own. */
+START_TEST(test_quoted_path_refused)
+{
+    expect_bad("[model]\npath = /m\n[store]\npath = \"kvq.lmdb\"\n",
+               "t.ini:4: [store] path: \"kvq.lmdb\" is in quotes, which an INI file keeps as part of the path: write "
+               "it without them (a path may hold spaces as it is)");
+    expect_bad("[model]\npath = '/my models/m.bin'\n", "t.ini:2: [model] path: '/my models/m.bin' is in quotes");
+    expect_bad("[model]\npath = /m\n[security]\nauthorized_keys = \"keys\"\n",
+               "t.ini:4: [security] authorized_keys: \"keys\" is in quotes");
+    kvm_config *ok = NULL;
+    ck_assert_msg(kvm_config_parse("[model]\npath = /my models/it's \"m\".bin\n[store]\npath = /s\"\n", "t.ini", &ok) ==
+                      0,
+                  "%s", kvm_errmsg());
+    ck_assert_str_eq(kvm_config_str(ok, "model", "path"), "/my models/it's \"m\".bin");
+    ck_assert_str_eq(kvm_config_str(ok, "store", "path"), "/s\"");
+    kvm_config_free(&ok);
+}
+END_TEST
+
 START_TEST(test_map_max_below_map_size)
 {
     expect_bad("[model]\npath = /m\n[store]\nmap_max_mb = 1\n",
@@ -460,7 +482,8 @@ static Suite *config_suite(void)
                  {"indented_continuation_refused", test_indented_continuation_refused},
                  {"nested_defaults", test_nested_defaults},
                  {"endpoint_without_address", test_endpoint_without_address},
-                 {"map_max_below_map_size", test_map_max_below_map_size}};
+                 {"map_max_below_map_size", test_map_max_below_map_size},
+                 {"quoted_path_refused", test_quoted_path_refused}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
