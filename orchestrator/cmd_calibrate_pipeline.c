@@ -281,10 +281,15 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
             kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
             goto done;
         }
-        if (d->n_original <= d->n_tokens) { /* signals are measured on the tokens after the context */
-            kvm_cli_refuse("calibrate", "document %s has %lld tokens: calibration needs more than the context "
-                            "of %lld ([model] context) to score a continuation ([eval] continuation = %lld)\n",
-                    d->name, (long long)d->n_original, (long long)ctx, (long long)cont);
+        /* signals are measured on the continuation after the context: a shorter one than [eval]
+         * continuation was taken as it was (1 token: every pattern at KL 0, the first one stored
+         * as the model's strategy), where calibrate without --config refuses the document */
+        if (d->n_original < ctx + cont) {
+            kvm_cli_refuse("calibrate",
+                           "--docs %s: document %s has %lld tokens, fewer than [model] context %lld + [eval] "
+                           "continuation %lld (each pattern is scored on that continuation); lower them, or leave "
+                           "the document out\n",
+                           docs, d->name, (long long)d->n_original, (long long)ctx, (long long)cont);
             goto done;
         }
     }

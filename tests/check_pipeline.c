@@ -1549,6 +1549,38 @@ START_TEST(test_calibrate_config_flags)
 }
 END_TEST
 
+/* A calibration document with more tokens than [model] context but fewer than context +
+ * [eval] continuation was calibrated on the shorter continuation it had: with 1 token every
+ * pattern scored KL 0 and the first (streaming everywhere) was stored as the model's strategy.
+ * Refused now (exit 2) before any stage starts, as calibrate without --config refuses it, and
+ * nothing is stored. */
+START_TEST(test_calibrate_config_short_continuation)
+{
+    char text[8192], corpus[4300], cmd[12000], *out, *err;
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = polykv\nbudget = 16\n[eval]\n"
+             "continuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n"
+             "[calibrate]\nphases = prefill\nlayer_alloc = uniform\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    /* BOS and 64 more ids: the context and a continuation of 1 token */
+    size_t n = (size_t)snprintf(text, sizeof text, "{\"id\": \"short\", \"tokens\": [1");
+    for (int i = 0; i < 64; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, ", %d", 300 + i);
+    n += (size_t)snprintf(text + n, sizeof text - n, "]}\n");
+    snprintf(corpus, sizeof corpus, "%s/short.jsonl", tmp);
+    ck_assert_int_eq(kvm_test_write_file(corpus, text, n), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg_path, corpus);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "document short has 65 tokens, fewer than [model] context 64 + [eval] "
+                                         "continuation 16"),
+                  "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(!strstr(out, "stored strategy"), "%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* A keyed run ([run] bind off-host) whose own stages' key pair is mixed up, or whose key its
  * authorized_keys does not list: each stage it started was refused at its handshake, and the
  * run waited at "0/5 documents" for ever, saying nothing. Refused before any stage starts
@@ -2180,6 +2212,7 @@ static Suite *pipeline_suite(void)
                  {"calibrate_signal_no_sockets", test_calibrate_signal_no_sockets},
                  {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
                  {"calibrate_config_flags", test_calibrate_config_flags},
+                 {"calibrate_config_short_continuation", test_calibrate_config_short_continuation},
                  {"dying_stage_gives_up", test_dying_stage_gives_up},
                  {"short_document_kept_full", test_short_document_kept_full},
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
