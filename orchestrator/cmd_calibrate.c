@@ -99,9 +99,10 @@ static int names_file(const char *out, const char *folder, const char *file, con
  * (kvm_polykv_candidate_file, with this run's filters) must not be --out or --dump-signals (the
  * strategy or the signals, written last or first, replaced that candidate or were replaced) nor
  * an existing file that is read-only (root may write any file: its write bits are checked too)
- * or not a regular file, as --out itself is refused, nor a file of the model (model, tokenizer:
- * kvm_cli_check_out_model). Returns 0, or 2 after saying why. */
-static int check_candidates(const calib_args *a, const char *model, const char *tokenizer)
+ * or not a regular file, as --out itself is refused, nor an input: a file of the model (model,
+ * tokenizer: kvm_cli_check_out_model), a --docs document or the --signals file (read first, they
+ * were replaced by a candidate). Returns 0, or 2 after saying why. */
+static int check_candidates(const calib_args *a, const char *model, const char *tokenizer, const char *docs)
 {
     char file[64], path[4200];
     for (int i = 0; kvm_polykv_candidate_file(i, a->sel, a->alloc, a->sculpt, a->kvzip, file, sizeof file); i++) {
@@ -118,7 +119,10 @@ static int check_candidates(const calib_args *a, const char *model, const char *
                         outs[k][0], outs[k][1], path);
                 return 2;
             }
-        if (kvm_cli_check_out_model(CMD, "dump-candidates", path, model, tokenizer, NULL, NULL)) return 2;
+        if (kvm_cli_check_out_model(CMD, "dump-candidates", path, model, tokenizer, "--docs", docs) ||
+            kvm_cli_check_out_inputs(CMD, "dump-candidates", path, (const char *const[]){"--signals"},
+                                     (const char *const[]){a->reuse}, 1))
+            return 2;
         struct stat st;
         if (stat(path, &st)) continue; /* a new file */
         if (!S_ISREG(st.st_mode) || !kvm_file_replaceable(path, &st)) {
@@ -447,7 +451,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N);
         return 2;
     }
-    if (a.cand && check_candidates(&a, model_path, kvm_cli_get(opts, "tokenizer"))) return 2;
+    if (a.cand && check_candidates(&a, model_path, kvm_cli_get(opts, "tokenizer"), docs_s)) return 2;
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
     if (a.so.cuda)
