@@ -6,6 +6,7 @@
 #include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "orchestrator/kvm_cli.h"
 #include "model/kvm_model_window.h"
 #include "orchestrator/kvm_cli_eval.h"
@@ -182,6 +183,30 @@ static int load_windows(const kvm_model *m, const kvm_kernels *k, const kvm_toke
                     ds->paths[doc], dups, W, W - dups, kvm_plural(W - dups, "", "s"));
     }
     return 0;
+}
+
+/* --sculpt or --kvzip layers whose training queries come from query_source repeat prefill the
+ * repeat prompt (P tokens) and the context again after it: 2N + P positions, which must fit the
+ * model's window. Found only after the eviction signals, the most of the work (exit 1); now
+ * before any prefill. Returns 0, or 2 (1: the prompt could not be encoded) after saying why. */
+static int check_repeat(const kvm_model *m, const kvm_tokenizer *tok, const calib_args *a)
+{
+    if (!(a->sculpt || a->kvzip) || !(a->so.query_source.share[KVM_SCULPT_QSRC_REPEAT] > 0)) return 0;
+    int32_t *rp = NULL;
+    int64_t n_rp = 0;
+    if (kvm_sculpt_repeat_prompt(tok, 0, &rp, &n_rp)) {
+        fprintf(stderr, "kvmill " CMD ": the repeat prompt: %s\n", kvm_errmsg());
+        return 1;
+    }
+    free(rp);
+    const int64_t need = 2 * a->N + (n_rp > 0 ? n_rp : 1);
+    if (need <= kvm_model_window(&m->cfg)) return 0;
+    fprintf(stderr,
+            "kvmill " CMD ": --sculpt-opts: query_source repeat needs 2N + P = %lld positions (N = %lld, --context; "
+            "the repeat prompt P = %lld) but the model's window is %d tokens: lower --context, or another "
+            "query_source\n",
+            (long long)need, (long long)a->N, (long long)(n_rp > 0 ? n_rp : 1), kvm_model_window(&m->cfg));
+    return 2;
 }
 
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
@@ -474,6 +499,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N, (long long)a.T, kvm_model_window(&m->cfg));
         rc = 2;
     }
+    if (!rc) rc = check_repeat(m, tok, &a);
     char need[128];
     snprintf(need, sizeof need, "context %lld + continuation %lld (--context, --continuation)", (long long)a.N,
              (long long)a.T);

@@ -1311,6 +1311,25 @@ START_TEST(test_cli_dump_candidates_inputs)
 }
 END_TEST
 
+/* --kvzip (or --sculpt) with --sculpt-opts query_source=repeat at a context whose repeat (2N + P
+ * positions) does not fit the model's window was found only after the eviction signals, the
+ * most of the work, as a runtime failure (exit 1) that dropped them. Refused now before any
+ * prefill (exit 2), naming the positions and the window; --out is not written. */
+START_TEST(test_cli_repeat_window)
+{
+    char *dir = kvm_test_tmpdir(), args[2048], out[600];
+    snprintf(out, sizeof out, "%s/s.bin", dir);
+    snprintf(args, sizeof args,
+             "--budget 16 --context 300 --continuation 8 --phases prefill --threads 1 --kvzip --sculpt-opts "
+             "query_source=repeat,queries=32 --out %s",
+             out);
+    expect_calib(args, 2, "--sculpt-opts: query_source repeat needs 2N + P = 629 positions (N = 300, --context");
+    ck_assert_int_ne(access(out, F_OK), 0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* calibrate --budget near --context with --layer-alloc ppl gave one layer 117 entries at context
  * 40 (the others 7): the strategy held 40 + 33 entries, not 150, and was scored against
  * candidates of 150. Every layer is now at most the context, the budgets summing to L·B. */
@@ -1506,6 +1525,7 @@ static Suite *polykv_suite(void)
                  {"cli_outputs", test_cli_outputs, 0},
                  {"cli_dump_candidates", test_cli_dump_candidates, 0},
                  {"cli_dump_candidates_inputs", test_cli_dump_candidates_inputs, 0},
+                 {"cli_repeat_window", test_cli_repeat_window, 0},
                  {"cli_layer_cap", test_cli_layer_cap, 0},
                  {"plan_capped_at_document", test_plan_capped_at_document, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
