@@ -273,6 +273,10 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         status = 2;
         goto done;
     }
+    if (kvm_jobcfg_check_repeat(cfg, tok, kvm_model_window(&m->cfg), 1)) { /* every document failed (exit 1) */
+        kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
+        goto done;
+    }
     corpus->frame = chat_open;
     for (int64_t i = 0; i < corpus->n; i++) {
         kvm_doc *d = &corpus->docs[i];

@@ -1581,6 +1581,35 @@ START_TEST(test_calibrate_config_short_continuation)
 }
 END_TEST
 
+/* [compress] query_source = repeat at a [model] context whose repeat (2N + P positions) does not
+ * fit the model's window: run started its stages and every document failed in compress (exit
+ * 1), calibrate --config with [calibrate] kvzip every one in the signals stage. Both refuse it
+ * now before any stage starts (exit 2), naming the file, the setting, 2N + P and the window. */
+START_TEST(test_repeat_window)
+{
+    for (int cal = 0; cal < 2; cal++) {
+        char text[8192], cmd[12000], *out, *err;
+        snprintf(text, sizeof text,
+                 "[model]\npath = %s\ncontext = 300\n[compress]\nmethod = %s\nbudget = 64\nqueries = 32\n"
+                 "query_source = repeat\n[eval]\ncontinuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n"
+                 "[stages]\nbin_dir = %s\n[calibrate]\nphases = prefill\nkvzip = true\n",
+                 kvm_test_data_path("models/stories260K.bin"), cal ? "polykv" : "kvzip", store, run_dir,
+                 kvm_test_bin());
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s' %s '%s'", kvm_test_bin(), cal ? "calibrate" : "run",
+                 cfg_path, cal ? "--docs" : "--corpus", docs);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 &&
+                          strstr(err, "[compress] query_source repeat prefills the context again after the "
+                                      "repeat prompt: 2N + P = 629 positions") &&
+                          strstr(err, "window of 512 tokens"),
+                      "%s: exit %d\n%s\n%s", cmd, rc, out, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* A keyed run ([run] bind off-host) whose own stages' key pair is mixed up, or whose key its
  * authorized_keys does not list: each stage it started was refused at its handshake, and the
  * run waited at "0/5 documents" for ever, saying nothing. Refused before any stage starts
@@ -2213,6 +2242,7 @@ static Suite *pipeline_suite(void)
                  {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
                  {"calibrate_config_flags", test_calibrate_config_flags},
                  {"calibrate_config_short_continuation", test_calibrate_config_short_continuation},
+                 {"repeat_window", test_repeat_window},
                  {"dying_stage_gives_up", test_dying_stage_gives_up},
                  {"short_document_kept_full", test_short_document_kept_full},
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
