@@ -228,6 +228,13 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         goto done;
     }
     if (kvm_cli_check_run_bind("calibrate", cfg, 0)) goto done; /* its workers connect as run's do */
+    /* the strategy is stored for method polykv, which `kvmill run` with another method never reads:
+     * a copy of default.ini with a budget added calibrated, stored, and then ran sculpt unsaid */
+    if (strcmp(kvm_config_str(cfg, "compress", "method"), "polykv"))
+        fprintf(stderr,
+                "kvmill calibrate: note: %s: [compress] method = %s: kvmill run with this config does not use the "
+                "strategy calibrated now (set method = polykv for that)\n",
+                kvm_config_path(cfg), kvm_config_str(cfg, "compress", "method"));
     /* --out is written after the whole calibration: a folder, a missing folder or an input (the
      * config, a document, the model) was found only then (exit 1), or overwritten */
     const char *out = kvm_cli_get(opts, "out");

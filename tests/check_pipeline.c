@@ -1581,6 +1581,32 @@ START_TEST(test_calibrate_config_short_continuation)
 }
 END_TEST
 
+/* calibrate --config with a [compress] method other than polykv calibrated and stored a strategy
+ * that run with the same config never reads, saying nothing. A note on stderr says so now (the
+ * strategy is still stored: a later config may name it); a polykv config has no note. */
+START_TEST(test_calibrate_config_not_polykv)
+{
+    for (int polykv = 0; polykv < 2; polykv++) {
+        char text[8192], cmd[12000], *out, *err;
+        snprintf(text, sizeof text,
+                 "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = %s\nbudget = 16\n[eval]\n"
+                 "continuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n"
+                 "[calibrate]\nphases = prefill\nlayer_alloc = uniform\n",
+                 kvm_test_data_path("models/stories260K.bin"), polykv ? "polykv" : "h2o", store, run_dir,
+                 kvm_test_bin());
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg_path, docs);
+        int rc = kvm_test_run(cmd, &out, &err);
+        const char *note = strstr(err, "[compress] method = h2o: kvmill run with this config does not use the "
+                                       "strategy calibrated now");
+        ck_assert_msg(rc == 0 && strstr(out, "stored strategy") && (polykv ? !strstr(err, "note: ") : note != NULL),
+                      "%s: exit %d\n%s\n%s", cmd, rc, out, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* [compress] query_source = repeat at a [model] context whose repeat (2N + P positions) does not
  * fit the model's window: run started its stages and every document failed in compress (exit
  * 1), calibrate --config with [calibrate] kvzip every one in the signals stage. Both refuse it
@@ -2243,6 +2269,7 @@ static Suite *pipeline_suite(void)
                  {"calibrate_config_flags", test_calibrate_config_flags},
                  {"calibrate_config_short_continuation", test_calibrate_config_short_continuation},
                  {"repeat_window", test_repeat_window},
+                 {"calibrate_config_not_polykv", test_calibrate_config_not_polykv},
                  {"dying_stage_gives_up", test_dying_stage_gives_up},
                  {"short_document_kept_full", test_short_document_kept_full},
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
