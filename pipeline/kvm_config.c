@@ -43,6 +43,17 @@ static int known_section(const char *section)
     return 0;
 }
 
+/* The sections other than `section` that have a key `key`, as "[compress]" or "[model] and
+ * [store]", into buf ("" when none): a key put under the wrong header was "unknown key" alone. */
+static void sections_with(const char *section, const char *key, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; kvm_cfg_settings[i].section && len < n; i++)
+        if (strcmp(kvm_cfg_settings[i].section, section) && !strcmp(kvm_cfg_settings[i].key, key))
+            len += (size_t)snprintf(buf + len, n - len, "%s[%s]", len ? " and " : "", kvm_cfg_settings[i].section);
+}
+
 /* ${...} may nest in a default (${A:-${B:-x}}) this deep: deeper is surely a mistake, and the
  * recursion stays bounded whatever a file holds. */
 enum { EXPAND_MAX_DEPTH = 8 };
@@ -241,8 +252,13 @@ static int set_value(kvm_config *c, const char *section, const char *key, const 
 {
     int i = find(section, key);
     if (i < 0) {
-        if (!known_section(section)) snprintf(why, why_n, "[%s] %s: unknown section '%s'", section, key, section);
-        else snprintf(why, why_n, "[%s] %s: unknown key", section, key);
+        char other[256], hint[300] = "";
+        sections_with(section, key, other, sizeof other);
+        if (*other) snprintf(hint, sizeof hint, " (%s is a key of %s: put it under that header)", key, other);
+        if (!known_section(section))
+            snprintf(why, why_n, "[%s] %s: unknown section '%s'%s", section, key, section, hint);
+        else
+            snprintf(why, why_n, "[%s] %s: unknown key%s", section, key, hint);
         return -1;
     }
     char w[400];

@@ -443,6 +443,22 @@ START_TEST(test_map_max_below_map_size)
 }
 END_TEST
 
+/* A key under the wrong header (budget under [model], a key before any header) was refused as
+ * "unknown key" (or "unknown section ''") alone, as if misspelt; the message now names the
+ * section(s) that have it. A key no section has keeps the plain message. */
+START_TEST(test_key_in_wrong_section)
+{
+    expect_bad("[model]\npath = /m\nbudget = 16\n",
+               "t.ini:3: [model] budget: unknown key (budget is a key of [compress]: put it under that header)");
+    expect_bad("context = 64\n[model]\npath = /m\n",
+               "t.ini:1: [] context: unknown section '' (context is a key of [model]: put it under that header)");
+    expect_bad("[model]\npath = /m\n[compress]\npath = /s\n", "[compress] path: unknown key (path is a key of [model] "
+                                                              "and [store]");
+    expect_bad("[model]\npath = /m\n[compress]\nratoi = 0.3\n", "t.ini:4: [compress] ratoi: unknown key");
+    ck_assert_msg(!strstr(kvm_errmsg(), "is a key of"), "%s", kvm_errmsg());
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -460,7 +476,8 @@ static Suite *config_suite(void)
                  {"indented_continuation_refused", test_indented_continuation_refused},
                  {"nested_defaults", test_nested_defaults},
                  {"endpoint_without_address", test_endpoint_without_address},
-                 {"map_max_below_map_size", test_map_max_below_map_size}};
+                 {"map_max_below_map_size", test_map_max_below_map_size},
+                 {"key_in_wrong_section", test_key_in_wrong_section}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
