@@ -459,6 +459,24 @@ START_TEST(test_key_in_wrong_section)
 }
 END_TEST
 
+/* A line with no '=' (a key without its value, a stray word) before a rejected key was reported
+ * with the stray line's number and the key's message ("t.ini:3: [compress] ratoi: unknown key",
+ * ratoi on line 5), the stray line never named; a second byte-order mark (two files pasted
+ * together) read as "[] path: unknown section ''". Each is named at its own line now. */
+START_TEST(test_stray_line_named)
+{
+    expect_bad("[model]\npath = /m\nfoo\n[compress]\nratoi = 0.3\n",
+               "t.ini:3: 'foo' is not a key = value line, a [section] header or a comment");
+    expect_bad("[model]\npath = /m\n[compress]\nratio\r\n", "t.ini:4: 'ratio' is not a key = value line");
+    expect_bad("\xEF\xBB\xBF\xEF\xBB\xBF[model]\npath = /m\n",
+               "t.ini:1: a UTF-8 byte-order mark inside the file (only one at its start is skipped)");
+    kvm_config *c = NULL; /* blanks, blank CRLF lines and comments are no stray lines */
+    ck_assert_msg(kvm_config_parse("\xEF\xBB\xBF[model]\r\npath = /m\r\n  \r\n\t\n; c\n# c\n", "t.ini", &c) == 0, "%s",
+                  kvm_errmsg());
+    kvm_config_free(&c);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -477,7 +495,8 @@ static Suite *config_suite(void)
                  {"nested_defaults", test_nested_defaults},
                  {"endpoint_without_address", test_endpoint_without_address},
                  {"map_max_below_map_size", test_map_max_below_map_size},
-                 {"key_in_wrong_section", test_key_in_wrong_section}};
+                 {"key_in_wrong_section", test_key_in_wrong_section},
+                 {"stray_line_named", test_stray_line_named}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);
