@@ -13,6 +13,8 @@
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
+#include "pipeline/kvm_worker.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
@@ -133,6 +135,28 @@ static int flags_override(const kvm_cli_opt *opts, kvm_config *cfg)
     return 0;
 }
 
+/* [calibrate] sculpt and kvzip layers take the [compress] sculpt settings in the signals stage: a
+ * combination the solver refuses (queries = 0 with retain = 0, a query_source share of no query)
+ * failed every document there (exit 1), which calibrate without --config refuses at start.
+ * Returns 0, or 2 after saying why. */
+static int check_distilled(const kvm_config *cfg)
+{
+    static const struct {
+        const char *key;
+        kvm_sculpt_mode mode;
+    } kinds[] = {{"sculpt", KVM_SCULPT_FULL}, {"kvzip", KVM_SCULPT_KVZIP}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        kvm_sculpt_opts so;
+        if (!kvm_config_bool(cfg, "calibrate", kinds[i].key)) continue;
+        if (kvm_worker_sculpt_opts(cfg, kinds[i].mode, &so) || kvm_sculpt_opts_check_combination(&so)) {
+            kvm_cli_refuse("calibrate", "%s: [calibrate] %s = true: its layers' [compress] settings: %s\n",
+                           kvm_config_path(cfg), kinds[i].key, kvm_errmsg());
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int kvm_cmd_calibrate_pipeline(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
@@ -227,6 +251,7 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
         goto done;
     }
+    if (check_distilled(cfg)) goto done;
     if (kvm_cli_check_run_bind("calibrate", cfg, 0)) goto done; /* its workers connect as run's do */
     /* the strategy is stored for method polykv, which `kvmill run` with another method never reads:
      * a copy of default.ini with a budget added calibrated, stored, and then ran sculpt unsaid */

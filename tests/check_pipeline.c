@@ -1581,6 +1581,29 @@ START_TEST(test_calibrate_config_short_continuation)
 }
 END_TEST
 
+/* calibrate --config with [calibrate] kvzip (or sculpt) and [compress] settings those layers'
+ * solver refuses (queries = 0 with retain = 0: no training query) started its stages and failed
+ * every document in the signals stage (exit 1); calibrate without --config refuses the same
+ * options at start. Refused now before any stage starts (exit 2), naming the key and why. */
+START_TEST(test_calibrate_config_distilled_settings)
+{
+    char text[8192], cmd[12000], *out, *err;
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = polykv\nbudget = 16\nqueries = 0\n"
+             "retain = 0\n[eval]\ncontinuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\n"
+             "bin_dir = %s\n[calibrate]\nphases = prefill\nkvzip = true\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg_path, docs);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[calibrate] kvzip = true: its layers' [compress] settings: sculpt: queries = "
+                                         "0 and retain = 0 leave no training queries"),
+                  "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* calibrate --config with a [compress] method other than polykv calibrated and stored a strategy
  * that run with the same config never reads, saying nothing. A note on stderr says so now (the
  * strategy is still stored: a later config may name it); a polykv config has no note. */
@@ -2270,6 +2293,7 @@ static Suite *pipeline_suite(void)
                  {"calibrate_config_short_continuation", test_calibrate_config_short_continuation},
                  {"repeat_window", test_repeat_window},
                  {"calibrate_config_not_polykv", test_calibrate_config_not_polykv},
+                 {"calibrate_config_distilled_settings", test_calibrate_config_distilled_settings},
                  {"dying_stage_gives_up", test_dying_stage_gives_up},
                  {"short_document_kept_full", test_short_document_kept_full},
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},
