@@ -366,7 +366,7 @@ static int header_tail(const char *name, int line, const char *t, const char *en
                    name, line, (int)(end - t), t);
 }
 
-/* A line that is no key = value (no '=' or ':'), header or comment: libinih calls it a syntax
+/* A line that is no key = value (no '=' or ':', or no key before it), header or comment: libinih calls it a syntax
  * error but reports the line of its first error with the message of the first rejected key, so
  * `foo` on line 3 and an unknown key on line 5 read "c.ini:3: [compress] ratoi: unknown key".
  * Returns 0, or an error naming the line and its text. */
@@ -374,6 +374,8 @@ static int stray_line(const char *name, int line, const char *q, const char *end
 {
     while (end > q && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
         end--;
+    if (q < end && (*q == '=' || *q == ':')) /* read as "[model] : unknown key" */
+        return kvm_err(KVM_EINVAL, "%s:%d: '%.*s' has no key before its '%c'", name, line, (int)(end - q), q, *q);
     if (q == end || *q == ';' || *q == '#' || *q == '[' || memchr(q, '=', (size_t)(end - q)) ||
         memchr(q, ':', (size_t)(end - q)))
         return 0;

@@ -461,13 +461,14 @@ END_TEST
 
 /* A line with no '=' (a key without its value, a stray word) before a rejected key was reported
  * with the stray line's number and the key's message ("t.ini:3: [compress] ratoi: unknown key",
- * ratoi on line 5), the stray line never named; a second byte-order mark (two files pasted
- * together) read as "[] path: unknown section ''". Each is named at its own line now. */
+ * ratoi on line 5), the stray line never named; a line '= 0.3' read as "[model] : unknown key"; a second byte-order
+ * mark (two files pasted together) read as "[] path: unknown section ''". Each is named at its own line now. */
 START_TEST(test_stray_line_named)
 {
     expect_bad("[model]\npath = /m\nfoo\n[compress]\nratoi = 0.3\n",
                "t.ini:3: 'foo' is not a key = value line, a [section] header or a comment");
     expect_bad("[model]\npath = /m\n[compress]\nratio\r\n", "t.ini:4: 'ratio' is not a key = value line");
+    expect_bad("[model]\npath = /m\n= 0.3\n", "t.ini:3: '= 0.3' has no key before its '='");
     expect_bad("\xEF\xBB\xBF\xEF\xBB\xBF[model]\npath = /m\n",
                "t.ini:1: a UTF-8 byte-order mark inside the file (only one at its start is skipped)");
     kvm_config *c = NULL; /* blanks, blank CRLF lines and comments are no stray lines */
