@@ -6,6 +6,7 @@
 #include "common/kvm_number.h"
 #include "compress/polykv/kvm_polykv.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "orchestrator/kvm_cli.h"
 #include "model/kvm_model_window.h"
 #include "orchestrator/kvm_cli_eval.h"
@@ -99,9 +100,10 @@ static int names_file(const char *out, const char *folder, const char *file, con
  * (kvm_polykv_candidate_file, with this run's filters) must not be --out or --dump-signals (the
  * strategy or the signals, written last or first, replaced that candidate or were replaced) nor
  * an existing file that is read-only (root may write any file: its write bits are checked too)
- * or not a regular file, as --out itself is refused, nor a file of the model (model, tokenizer:
- * kvm_cli_check_out_model). Returns 0, or 2 after saying why. */
-static int check_candidates(const calib_args *a, const char *model, const char *tokenizer)
+ * or not a regular file, as --out itself is refused, nor an input: a file of the model (model,
+ * tokenizer: kvm_cli_check_out_model), a --docs document or the --signals file (read first, they
+ * were replaced by a candidate). Returns 0, or 2 after saying why. */
+static int check_candidates(const calib_args *a, const char *model, const char *tokenizer, const char *docs)
 {
     char file[64], path[4200];
     for (int i = 0; kvm_polykv_candidate_file(i, a->sel, a->alloc, a->sculpt, a->kvzip, file, sizeof file); i++) {
@@ -118,7 +120,10 @@ static int check_candidates(const calib_args *a, const char *model, const char *
                         outs[k][0], outs[k][1], path);
                 return 2;
             }
-        if (kvm_cli_check_out_model(CMD, "dump-candidates", path, model, tokenizer, NULL, NULL)) return 2;
+        if (kvm_cli_check_out_model(CMD, "dump-candidates", path, model, tokenizer, "--docs", docs) ||
+            kvm_cli_check_out_inputs(CMD, "dump-candidates", path, (const char *const[]){"--signals"},
+                                     (const char *const[]){a->reuse}, 1))
+            return 2;
         struct stat st;
         if (stat(path, &st)) continue; /* a new file */
         if (!S_ISREG(st.st_mode) || !kvm_file_replaceable(path, &st)) {
@@ -178,6 +183,30 @@ static int load_windows(const kvm_model *m, const kvm_kernels *k, const kvm_toke
                     ds->paths[doc], dups, W, W - dups, kvm_plural(W - dups, "", "s"));
     }
     return 0;
+}
+
+/* --sculpt or --kvzip layers whose training queries come from query_source repeat prefill the
+ * repeat prompt (P tokens) and the context again after it: 2N + P positions, which must fit the
+ * model's window. Found only after the eviction signals, the most of the work (exit 1); now
+ * before any prefill. Returns 0, or 2 (1: the prompt could not be encoded) after saying why. */
+static int check_repeat(const kvm_model *m, const kvm_tokenizer *tok, const calib_args *a)
+{
+    if (!(a->sculpt || a->kvzip) || !(a->so.query_source.share[KVM_SCULPT_QSRC_REPEAT] > 0)) return 0;
+    int32_t *rp = NULL;
+    int64_t n_rp = 0;
+    if (kvm_sculpt_repeat_prompt(tok, 0, &rp, &n_rp)) {
+        fprintf(stderr, "kvmill " CMD ": the repeat prompt: %s\n", kvm_errmsg());
+        return 1;
+    }
+    free(rp);
+    const int64_t need = 2 * a->N + (n_rp > 0 ? n_rp : 1);
+    if (need <= kvm_model_window(&m->cfg)) return 0;
+    fprintf(stderr,
+            "kvmill " CMD ": --sculpt-opts: query_source repeat needs 2N + P = %lld positions (N = %lld, --context; "
+            "the repeat prompt P = %lld) but the model's window is %d tokens: lower --context, or another "
+            "query_source\n",
+            (long long)need, (long long)a->N, (long long)(n_rp > 0 ? n_rp : 1), kvm_model_window(&m->cfg));
+    return 2;
 }
 
 static int calibrate(const kvm_model *m, const kvm_kernels *k, const kvm_tokenizer *tok, const cmd_eval_docset *ds,
@@ -447,7 +476,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N);
         return 2;
     }
-    if (a.cand && check_candidates(&a, model_path, kvm_cli_get(opts, "tokenizer"))) return 2;
+    if (a.cand && check_candidates(&a, model_path, kvm_cli_get(opts, "tokenizer"), docs_s)) return 2;
     const kvm_kernels *k;
     if (kvm_cli_setup_device(CMD, "cpu", kvm_cli_get(opts, "threads"), &k)) return 2;
     if (a.so.cuda)
@@ -470,6 +499,7 @@ int kvm_cmd_calibrate(int argc, char **argv)
                 (long long)a.N, (long long)a.T, kvm_model_window(&m->cfg));
         rc = 2;
     }
+    if (!rc) rc = check_repeat(m, tok, &a);
     char need[128];
     snprintf(need, sizeof need, "context %lld + continuation %lld (--context, --continuation)", (long long)a.N,
              (long long)a.T);

@@ -13,6 +13,8 @@
 #include "pipeline/kvm_corpus.h"
 #include "pipeline/kvm_jobcfg.h"
 #include "pipeline/kvm_orch.h"
+#include "pipeline/kvm_worker.h"
+#include "compress/sculpt/kvm_sculpt_opts.h"
 #include "store/kvm_store.h"
 #include "common/kvm_error.h"
 #include "common/kvm_number.h"
@@ -133,6 +135,28 @@ static int flags_override(const kvm_cli_opt *opts, kvm_config *cfg)
     return 0;
 }
 
+/* [calibrate] sculpt and kvzip layers take the [compress] sculpt settings in the signals stage: a
+ * combination the solver refuses (queries = 0 with retain = 0, a query_source share of no query)
+ * failed every document there (exit 1), which calibrate without --config refuses at start.
+ * Returns 0, or 2 after saying why. */
+static int check_distilled(const kvm_config *cfg)
+{
+    static const struct {
+        const char *key;
+        kvm_sculpt_mode mode;
+    } kinds[] = {{"sculpt", KVM_SCULPT_FULL}, {"kvzip", KVM_SCULPT_KVZIP}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        kvm_sculpt_opts so;
+        if (!kvm_config_bool(cfg, "calibrate", kinds[i].key)) continue;
+        if (kvm_worker_sculpt_opts(cfg, kinds[i].mode, &so) || kvm_sculpt_opts_check_combination(&so)) {
+            kvm_cli_refuse("calibrate", "%s: [calibrate] %s = true: its layers' [compress] settings: %s\n",
+                           kvm_config_path(cfg), kinds[i].key, kvm_errmsg());
+            return 2;
+        }
+    }
+    return 0;
+}
+
 int kvm_cmd_calibrate_pipeline(int argc, char **argv)
 {
     kvm_cli_opt opts[] = {
@@ -227,7 +251,15 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
         goto done;
     }
+    if (check_distilled(cfg)) goto done;
     if (kvm_cli_check_run_bind("calibrate", cfg, 0)) goto done; /* its workers connect as run's do */
+    /* the strategy is stored for method polykv, which `kvmill run` with another method never reads:
+     * a copy of default.ini with a budget added calibrated, stored, and then ran sculpt unsaid */
+    if (strcmp(kvm_config_str(cfg, "compress", "method"), "polykv"))
+        fprintf(stderr,
+                "kvmill calibrate: note: %s: [compress] method = %s: kvmill run with this config does not use the "
+                "strategy calibrated now (set method = polykv for that)\n",
+                kvm_config_path(cfg), kvm_config_str(cfg, "compress", "method"));
     /* --out is written after the whole calibration: a folder, a missing folder or an input (the
      * config, a document, the model) was found only then (exit 1), or overwritten */
     const char *out = kvm_cli_get(opts, "out");
@@ -273,6 +305,10 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
         status = 2;
         goto done;
     }
+    if (kvm_jobcfg_check_repeat(cfg, tok, kvm_model_window(&m->cfg), 1)) { /* every document failed (exit 1) */
+        kvm_cli_refuse("calibrate", "%s\n", kvm_errmsg());
+        goto done;
+    }
     corpus->frame = chat_open;
     for (int64_t i = 0; i < corpus->n; i++) {
         kvm_doc *d = &corpus->docs[i];
@@ -281,10 +317,15 @@ int kvm_cmd_calibrate_pipeline(int argc, char **argv)
             kvm_cli_refuse("calibrate", "%s\n", kvm_cli_errmsg("calibrate"));
             goto done;
         }
-        if (d->n_original <= d->n_tokens) { /* signals are measured on the tokens after the context */
-            kvm_cli_refuse("calibrate", "document %s has %lld tokens: calibration needs more than the context "
-                            "of %lld ([model] context) to score a continuation ([eval] continuation = %lld)\n",
-                    d->name, (long long)d->n_original, (long long)ctx, (long long)cont);
+        /* signals are measured on the continuation after the context: a shorter one than [eval]
+         * continuation was taken as it was (1 token: every pattern at KL 0, the first one stored
+         * as the model's strategy), where calibrate without --config refuses the document */
+        if (d->n_original < ctx + cont) {
+            kvm_cli_refuse("calibrate",
+                           "--docs %s: document %s has %lld tokens, fewer than [model] context %lld + [eval] "
+                           "continuation %lld (each pattern is scored on that continuation); lower them, or leave "
+                           "the document out\n",
+                           docs, d->name, (long long)d->n_original, (long long)ctx, (long long)cont);
             goto done;
         }
     }

@@ -382,6 +382,11 @@ int kvm_cmd_run(int argc, char **argv)
         status = 2;
         goto done;
     }
+    if (kvm_jobcfg_check_repeat(cfg, tok, kvm_model_window(&m->cfg), 0)) { /* every document failed (exit 1) */
+        kvm_cli_refuse("run", "%s\n", kvm_errmsg());
+        status = 2;
+        goto done;
+    }
     /* documents are read and tokenised by the orchestrator when it needs them (a bad one fails alone) */
     corpus->on_demand = 1;
     corpus->tok = tok;

@@ -43,6 +43,17 @@ static int known_section(const char *section)
     return 0;
 }
 
+/* The sections other than `section` that have a key `key`, as "[compress]" or "[model] and
+ * [store]", into buf ("" when none): a key put under the wrong header was "unknown key" alone. */
+static void sections_with(const char *section, const char *key, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; kvm_cfg_settings[i].section && len < n; i++)
+        if (strcmp(kvm_cfg_settings[i].section, section) && !strcmp(kvm_cfg_settings[i].key, key))
+            len += (size_t)snprintf(buf + len, n - len, "%s[%s]", len ? " and " : "", kvm_cfg_settings[i].section);
+}
+
 /* ${...} may nest in a default (${A:-${B:-x}}) this deep: deeper is surely a mistake, and the
  * recursion stays bounded whatever a file holds. */
 enum { EXPAND_MAX_DEPTH = 8 };
@@ -257,8 +268,13 @@ static int set_value(kvm_config *c, const char *section, const char *key, const 
 {
     int i = find(section, key);
     if (i < 0) {
-        if (!known_section(section)) snprintf(why, why_n, "[%s] %s: unknown section '%s'", section, key, section);
-        else snprintf(why, why_n, "[%s] %s: unknown key", section, key);
+        char other[256], hint[300] = "";
+        sections_with(section, key, other, sizeof other);
+        if (*other) snprintf(hint, sizeof hint, " (%s is a key of %s: put it under that header)", key, other);
+        if (!known_section(section))
+            snprintf(why, why_n, "[%s] %s: unknown section '%s'%s", section, key, section, hint);
+        else
+            snprintf(why, why_n, "[%s] %s: unknown key%s", section, key, hint);
         return -1;
     }
     char w[400];
@@ -366,6 +382,26 @@ static int header_tail(const char *name, int line, const char *t, const char *en
                    name, line, (int)(end - t), t);
 }
 
+/* A line that is no key = value (no '=' or ':', or no key before it), header or comment: libinih calls it a syntax
+ * error but reports the line of its first error with the message of the first rejected key, so
+ * `foo` on line 3 and an unknown key on line 5 read "c.ini:3: [compress] ratoi: unknown key".
+ * Returns 0, or an error naming the line and its text. */
+static int stray_line(const char *name, int line, const char *q, const char *end)
+{
+    while (end > q && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+        end--;
+    if (q < end && (*q == '=' || *q == ':')) /* read as "[model] : unknown key" */
+        return kvm_err(KVM_EINVAL, "%s:%d: '%.*s' has no key before its '%c'", name, line, (int)(end - q), q, *q);
+    if (q == end || *q == ';' || *q == '#' || *q == '[' || memchr(q, '=', (size_t)(end - q)) ||
+        memchr(q, ':', (size_t)(end - q)))
+        return 0;
+    if (end - q >= 3 && !memcmp(q, "\xEF\xBB\xBF", 3)) /* invisible in a terminal */
+        return kvm_err(KVM_EINVAL, "%s:%d: a UTF-8 byte-order mark inside the file (only one at its start is skipped)",
+                       name, line);
+    return kvm_err(KVM_EINVAL, "%s:%d: '%.*s' is not a key = value line, a [section] header or a comment", name, line,
+                   (int)(end - q), q);
+}
+
 /* What libinih reports badly: lines longer than its 200-byte buffer (it splits them and
  * blames a later line), section headers without ']' (it keeps going with the previous
  * section) and a key set twice (it keeps the last). Checked first so the message names
@@ -398,7 +434,8 @@ static int prescan(const char *name, const char *text)
                        : kvm_err(KVM_EINVAL, "%s:%d: section header without ']'", name, line);
             if (close) snprintf(section, sizeof section, "%.*s", (int)(close - q - 1), q + 1);
             after_key = 0;
-        } else if (line_key(p, len, section, after_key, key, sizeof key)) {
+        } else if ((rc = stray_line(name, line, q, p + len)) == 0 &&
+                   line_key(p, len, section, after_key, key, sizeof key)) {
             /* an old name and its new one are one key: `queries` then `synthetic_queries` is
              * a key set twice too */
             for (const kvm_cfg_alias *a = kvm_cfg_aliases; a->section; a++) {

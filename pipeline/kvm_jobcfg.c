@@ -3,6 +3,7 @@
 #include "common/kvm_error.h"
 #include "common/kvm_file.h"
 #include "compress/sculpt/kvm_sculpt_opts.h"
+#include "compress/sculpt/kvm_sculpt_qsource.h"
 #include "model/kvm_utf8.h"
 #include "pipeline/kvm_serve.h"
 #include "pipeline/kvm_serve_remote.h"
@@ -420,6 +421,30 @@ int kvm_jobcfg_check(const kvm_config *c)
         if (rc) return kvm_err(rc, "%s: [compress]: %s", kvm_config_path(c), kvm_errmsg());
     }
     return 0;
+}
+
+int kvm_jobcfg_check_repeat(const kvm_config *c, const kvm_tokenizer *tok, int window, int calibrate)
+{
+    kvm_sculpt_mode mode = KVM_SCULPT_FULL;
+    const char *method = kvm_config_str(c, "compress", "method");
+    int distils = calibrate ? kvm_config_bool(c, "calibrate", "sculpt") || kvm_config_bool(c, "calibrate", "kvzip")
+                            : strcmp(method, "polykv") && kvm_sculpt_mode_parse(method, &mode) == 0;
+    kvm_sculpt_opts so;
+    if (!distils || kvm_worker_sculpt_opts(c, mode, &so) || !(so.query_source.share[KVM_SCULPT_QSRC_REPEAT] > 0))
+        return 0; /* a bad option was refused by kvm_jobcfg_check */
+    int32_t *rp = NULL;
+    int64_t P = 0, N = kvm_config_int(c, "model", "context");
+    int rc = kvm_sculpt_repeat_prompt(tok, kvm_config_bool(c, "model", "chat"), &rp, &P);
+    free(rp);
+    if (rc) return rc;
+    if (P < 1) P = 1; /* the BOS token alone without one (sculpt_qsource.c) */
+    if (2 * N + P <= window) return 0;
+    return kvm_err(KVM_EINVAL,
+                   "%s: [compress] query_source %s prefills the context again after the repeat prompt: 2N + P = "
+                   "%lld positions (N = [model] context = %lld, P = %lld) exceed the model's window of %d tokens "
+                   "(every document would fail%s); lower context, or another query_source",
+                   kvm_config_path(c), kvm_config_str(c, "compress", "query_source"), (long long)(2 * N + P),
+                   (long long)N, (long long)P, window, calibrate ? " in the signals stage" : "");
 }
 
 int kvm_jobcfg_size_note(const kvm_config *c, char *out, size_t n)

@@ -4,6 +4,7 @@
 #ifndef KVM_JOBCFG_H
 #define KVM_JOBCFG_H
 
+#include "model/kvm_tokenizer.h"
 #include "pipeline/kvm_config.h"
 #include "store/kvm_store.h"
 
@@ -50,6 +51,15 @@ int kvm_jobcfg_unpack(const uint8_t *mp, size_t n, kvm_config **out);
  * setting, its value and the context. Also [store] service or service_bind that is not a tcp:// or
  * ipc:// endpoint (kvm_serve_endpoint_check), KVM_EINVAL. Also kvm_jobcfg_check_strategy. */
 int kvm_jobcfg_check(const kvm_config *c);
+
+/* Needs the model, so `run` and `calibrate --config` call it once it is open: a [compress]
+ * query_source with a repeat share prefills the repeat prompt (P tokens of tok, in the chat turn
+ * with [model] chat) and the context again after the context, 2N + P positions (N = [model]
+ * context), which must fit window (the model's) for every job of a sculpt-family method
+ * (calibrate = 0: [compress] method, polykv aside: its strategy is in the store) or of
+ * PolyKV's distilled layers (calibrate = 1: [calibrate] sculpt or kvzip). Returns 0, KVM_EINVAL
+ * naming the file, the setting, 2N + P and the window, or the tokenizer's error. */
+int kvm_jobcfg_check_repeat(const kvm_config *c, const kvm_tokenizer *tok, int window, int calibrate);
 
 /* With method = polykv, [compress] strategy must be a name the store can hold (1 to
  * KVM_STORE_MAX_NAME bytes): else KVM_EINVAL naming the file, the key and the length. 0 otherwise. */

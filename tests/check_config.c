@@ -465,6 +465,41 @@ START_TEST(test_map_max_below_map_size)
 }
 END_TEST
 
+/* A key under the wrong header (budget under [model], a key before any header) was refused as
+ * "unknown key" (or "unknown section ''") alone, as if misspelt; the message now names the
+ * section(s) that have it. A key no section has keeps the plain message. */
+START_TEST(test_key_in_wrong_section)
+{
+    expect_bad("[model]\npath = /m\nbudget = 16\n",
+               "t.ini:3: [model] budget: unknown key (budget is a key of [compress]: put it under that header)");
+    expect_bad("context = 64\n[model]\npath = /m\n",
+               "t.ini:1: [] context: unknown section '' (context is a key of [model]: put it under that header)");
+    expect_bad("[model]\npath = /m\n[compress]\npath = /s\n", "[compress] path: unknown key (path is a key of [model] "
+                                                              "and [store]");
+    expect_bad("[model]\npath = /m\n[compress]\nratoi = 0.3\n", "t.ini:4: [compress] ratoi: unknown key");
+    ck_assert_msg(!strstr(kvm_errmsg(), "is a key of"), "%s", kvm_errmsg());
+}
+END_TEST
+
+/* A line with no '=' (a key without its value, a stray word) before a rejected key was reported
+ * with the stray line's number and the key's message ("t.ini:3: [compress] ratoi: unknown key",
+ * ratoi on line 5), the stray line never named; a line '= 0.3' read as "[model] : unknown key"; a second byte-order
+ * mark (two files pasted together) read as "[] path: unknown section ''". Each is named at its own line now. */
+START_TEST(test_stray_line_named)
+{
+    expect_bad("[model]\npath = /m\nfoo\n[compress]\nratoi = 0.3\n",
+               "t.ini:3: 'foo' is not a key = value line, a [section] header or a comment");
+    expect_bad("[model]\npath = /m\n[compress]\nratio\r\n", "t.ini:4: 'ratio' is not a key = value line");
+    expect_bad("[model]\npath = /m\n= 0.3\n", "t.ini:3: '= 0.3' has no key before its '='");
+    expect_bad("\xEF\xBB\xBF\xEF\xBB\xBF[model]\npath = /m\n",
+               "t.ini:1: a UTF-8 byte-order mark inside the file (only one at its start is skipped)");
+    kvm_config *c = NULL; /* blanks, blank CRLF lines and comments are no stray lines */
+    ck_assert_msg(kvm_config_parse("\xEF\xBB\xBF[model]\r\npath = /m\r\n  \r\n\t\n; c\n# c\n", "t.ini", &c) == 0, "%s",
+                  kvm_errmsg());
+    kvm_config_free(&c);
+}
+END_TEST
+
 static Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -483,7 +518,9 @@ static Suite *config_suite(void)
                  {"nested_defaults", test_nested_defaults},
                  {"endpoint_without_address", test_endpoint_without_address},
                  {"map_max_below_map_size", test_map_max_below_map_size},
-                 {"quoted_path_refused", test_quoted_path_refused}};
+                 {"quoted_path_refused", test_quoted_path_refused},
+                 {"key_in_wrong_section", test_key_in_wrong_section},
+                 {"stray_line_named", test_stray_line_named}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_add_test(tc, cases[i].fn);

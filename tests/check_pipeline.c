@@ -1549,6 +1549,116 @@ START_TEST(test_calibrate_config_flags)
 }
 END_TEST
 
+/* A calibration document with more tokens than [model] context but fewer than context +
+ * [eval] continuation was calibrated on the shorter continuation it had: with 1 token every
+ * pattern scored KL 0 and the first (streaming everywhere) was stored as the model's strategy.
+ * Refused now (exit 2) before any stage starts, as calibrate without --config refuses it, and
+ * nothing is stored. */
+START_TEST(test_calibrate_config_short_continuation)
+{
+    char text[8192], corpus[4300], cmd[12000], *out, *err;
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = polykv\nbudget = 16\n[eval]\n"
+             "continuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n"
+             "[calibrate]\nphases = prefill\nlayer_alloc = uniform\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    /* BOS and 64 more ids: the context and a continuation of 1 token */
+    size_t n = (size_t)snprintf(text, sizeof text, "{\"id\": \"short\", \"tokens\": [1");
+    for (int i = 0; i < 64; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, ", %d", 300 + i);
+    n += (size_t)snprintf(text + n, sizeof text - n, "]}\n");
+    snprintf(corpus, sizeof corpus, "%s/short.jsonl", tmp);
+    ck_assert_int_eq(kvm_test_write_file(corpus, text, n), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg_path, corpus);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "document short has 65 tokens, fewer than [model] context 64 + [eval] "
+                                         "continuation 16"),
+                  "exit %d\n%s\n%s", rc, out, err);
+    ck_assert_msg(!strstr(out, "stored strategy"), "%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* calibrate --config with [calibrate] kvzip (or sculpt) and [compress] settings those layers'
+ * solver refuses (queries = 0 with retain = 0: no training query) started its stages and failed
+ * every document in the signals stage (exit 1); calibrate without --config refuses the same
+ * options at start. Refused now before any stage starts (exit 2), naming the key and why. */
+START_TEST(test_calibrate_config_distilled_settings)
+{
+    char text[8192], cmd[12000], *out, *err;
+    snprintf(text, sizeof text,
+             "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = polykv\nbudget = 16\nqueries = 0\n"
+             "retain = 0\n[eval]\ncontinuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\n"
+             "bin_dir = %s\n[calibrate]\nphases = prefill\nkvzip = true\n",
+             kvm_test_data_path("models/stories260K.bin"), store, run_dir, kvm_test_bin());
+    ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+    snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg_path, docs);
+    int rc = kvm_test_run(cmd, &out, &err);
+    ck_assert_msg(rc == 2 && strstr(err, "[calibrate] kvzip = true: its layers' [compress] settings: sculpt: queries = "
+                                         "0 and retain = 0 leave no training queries"),
+                  "exit %d\n%s\n%s", rc, out, err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* calibrate --config with a [compress] method other than polykv calibrated and stored a strategy
+ * that run with the same config never reads, saying nothing. A note on stderr says so now (the
+ * strategy is still stored: a later config may name it); a polykv config has no note. */
+START_TEST(test_calibrate_config_not_polykv)
+{
+    for (int polykv = 0; polykv < 2; polykv++) {
+        char text[8192], cmd[12000], *out, *err;
+        snprintf(text, sizeof text,
+                 "[model]\npath = %s\ncontext = 64\n[compress]\nmethod = %s\nbudget = 16\n[eval]\n"
+                 "continuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n[stages]\nbin_dir = %s\n"
+                 "[calibrate]\nphases = prefill\nlayer_alloc = uniform\n",
+                 kvm_test_data_path("models/stories260K.bin"), polykv ? "polykv" : "h2o", store, run_dir,
+                 kvm_test_bin());
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' calibrate --config '%s' --docs '%s'", kvm_test_bin(), cfg_path, docs);
+        int rc = kvm_test_run(cmd, &out, &err);
+        const char *note = strstr(err, "[compress] method = h2o: kvmill run with this config does not use the "
+                                       "strategy calibrated now");
+        ck_assert_msg(rc == 0 && strstr(out, "stored strategy") && (polykv ? !strstr(err, "note: ") : note != NULL),
+                      "%s: exit %d\n%s\n%s", cmd, rc, out, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
+/* [compress] query_source = repeat at a [model] context whose repeat (2N + P positions) does not
+ * fit the model's window: run started its stages and every document failed in compress (exit
+ * 1), calibrate --config with [calibrate] kvzip every one in the signals stage. Both refuse it
+ * now before any stage starts (exit 2), naming the file, the setting, 2N + P and the window. */
+START_TEST(test_repeat_window)
+{
+    for (int cal = 0; cal < 2; cal++) {
+        char text[8192], cmd[12000], *out, *err;
+        snprintf(text, sizeof text,
+                 "[model]\npath = %s\ncontext = 300\n[compress]\nmethod = %s\nbudget = 64\nqueries = 32\n"
+                 "query_source = repeat\n[eval]\ncontinuation = 16\n[store]\npath = %s\n[run]\nrun_dir = %s\n"
+                 "[stages]\nbin_dir = %s\n[calibrate]\nphases = prefill\nkvzip = true\n",
+                 kvm_test_data_path("models/stories260K.bin"), cal ? "polykv" : "kvzip", store, run_dir,
+                 kvm_test_bin());
+        ck_assert_int_eq(kvm_test_write_file(cfg_path, text, strlen(text)), 0);
+        snprintf(cmd, sizeof cmd, "'%s/kvmill' %s --config '%s' %s '%s'", kvm_test_bin(), cal ? "calibrate" : "run",
+                 cfg_path, cal ? "--docs" : "--corpus", docs);
+        int rc = kvm_test_run(cmd, &out, &err);
+        ck_assert_msg(rc == 2 &&
+                          strstr(err, "[compress] query_source repeat prefills the context again after the "
+                                      "repeat prompt: 2N + P = 629 positions") &&
+                          strstr(err, "window of 512 tokens"),
+                      "%s: exit %d\n%s\n%s", cmd, rc, out, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* A keyed run ([run] bind off-host) whose own stages' key pair is mixed up, or whose key its
  * authorized_keys does not list: each stage it started was refused at its handshake, and the
  * run waited at "0/5 documents" for ever, saying nothing. Refused before any stage starts
@@ -2180,6 +2290,10 @@ static Suite *pipeline_suite(void)
                  {"calibrate_signal_no_sockets", test_calibrate_signal_no_sockets},
                  {"calibrate_sculpt_then_polykv", test_calibrate_sculpt_then_polykv},
                  {"calibrate_config_flags", test_calibrate_config_flags},
+                 {"calibrate_config_short_continuation", test_calibrate_config_short_continuation},
+                 {"repeat_window", test_repeat_window},
+                 {"calibrate_config_not_polykv", test_calibrate_config_not_polykv},
+                 {"calibrate_config_distilled_settings", test_calibrate_config_distilled_settings},
                  {"dying_stage_gives_up", test_dying_stage_gives_up},
                  {"short_document_kept_full", test_short_document_kept_full},
                  {"keyed_bind_stage_keys", test_keyed_bind_stage_keys},

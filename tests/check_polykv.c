@@ -1272,6 +1272,64 @@ START_TEST(test_cli_dump_candidates)
 }
 END_TEST
 
+/* --dump-candidates DIR wrote its candidates over the inputs it had read: a --docs document or the
+ * --signals file in DIR under a candidate's name (ppl_ppl.bin, tova_uniform.bin) was replaced by a
+ * strategy. Refused now (exit 2) before any work, naming the flag and the input, as --out is; both
+ * inputs left as they were. */
+START_TEST(test_cli_dump_candidates_inputs)
+{
+    char *dir = kvm_test_tmpdir(), args[4096], doc[600], sig[600], want[1400];
+    snprintf(doc, sizeof doc, "%s/ppl_ppl.bin", dir);
+    snprintf(sig, sizeof sig, "%s/tova_uniform.bin", dir);
+    size_t n0, n1;
+    char *text = kvm_test_read_file(kvm_test_data_path("corpus/doc_000.txt"), &n0);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_int_eq(kvm_test_write_file(doc, text, n0), 0);
+    free(text);
+    snprintf(args, sizeof args,
+             "--budget 12 --context 40 --continuation 8 --phases prefill --threads 1 --out %s/s.bin "
+             "--dump-signals %s",
+             dir, sig);
+    expect_calib(args, 0, NULL); /* the signals, under a candidate's name */
+    const char *flags[] = {"--docs", "--signals"}, *paths[] = {doc, sig};
+    for (int i = 0; i < 2; i++) {
+        char *before = kvm_test_read_file(paths[i], &n0);
+        ck_assert_ptr_nonnull(before);
+        snprintf(args, sizeof args,
+                 "--budget 12 --context 40 --continuation 8 --phases prefill --threads 1 --out %s/s.bin "
+                 "--dump-candidates %s %s %s",
+                 dir, dir, flags[i], paths[i]); /* --docs given again: the last value applies */
+        snprintf(want, sizeof want, "--dump-candidates %s is the %s file %s", paths[i], flags[i], paths[i]);
+        expect_calib(args, 2, want);
+        char *after = kvm_test_read_file(paths[i], &n1);
+        ck_assert_msg(after && n0 == n1 && !memcmp(before, after, n0), "%s %s was replaced", flags[i], paths[i]);
+        free(before);
+        free(after);
+    }
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
+/* --kvzip (or --sculpt) with --sculpt-opts query_source=repeat at a context whose repeat (2N + P
+ * positions) does not fit the model's window was found only after the eviction signals, the
+ * most of the work, as a runtime failure (exit 1) that dropped them. Refused now before any
+ * prefill (exit 2), naming the positions and the window; --out is not written. */
+START_TEST(test_cli_repeat_window)
+{
+    char *dir = kvm_test_tmpdir(), args[2048], out[600];
+    snprintf(out, sizeof out, "%s/s.bin", dir);
+    snprintf(args, sizeof args,
+             "--budget 16 --context 300 --continuation 8 --phases prefill --threads 1 --kvzip --sculpt-opts "
+             "query_source=repeat,queries=32 --out %s",
+             out);
+    expect_calib(args, 2, "--sculpt-opts: query_source repeat needs 2N + P = 629 positions (N = 300, --context");
+    ck_assert_int_ne(access(out, F_OK), 0);
+    kvm_test_rmtree(dir);
+    free(dir);
+}
+END_TEST
+
 /* calibrate --budget near --context with --layer-alloc ppl gave one layer 117 entries at context
  * 40 (the others 7): the strategy held 40 + 33 entries, not 150, and was scored against
  * candidates of 150. Every layer is now at most the context, the budgets summing to L·B. */
@@ -1466,6 +1524,8 @@ static Suite *polykv_suite(void)
                  {"cli", test_cli, 0},
                  {"cli_outputs", test_cli_outputs, 0},
                  {"cli_dump_candidates", test_cli_dump_candidates, 0},
+                 {"cli_dump_candidates_inputs", test_cli_dump_candidates_inputs, 0},
+                 {"cli_repeat_window", test_cli_repeat_window, 0},
                  {"cli_layer_cap", test_cli_layer_cap, 0},
                  {"plan_capped_at_document", test_plan_capped_at_document, 0},
                  {"cli_windows_overlap", test_cli_windows_overlap, 0},
