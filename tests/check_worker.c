@@ -814,6 +814,79 @@ START_TEST(test_decode_answers_only_asks)
 }
 END_TEST
 
+/* A fake orchestrator (ROUTER sockets ctl and data bound in a new temporary folder) and a
+ * kvmill-compress worker connected to it: --id id, heartbeats every 100 ms, one more option
+ * (flag value, or flag NULL), its stderr in logp. */
+typedef struct cmp_orch {
+    char *dir, ctl_ep[4300], data_ep[4300], logp[4300];
+    void *zctx, *ctl, *data;
+    pid_t pid;
+} cmp_orch;
+
+/* New ROUTER sockets bound on c's endpoints (the orchestrator there again). */
+static void cmp_orch_bind(cmp_orch *c)
+{
+    int linger = 0;
+    c->ctl = zmq_socket(c->zctx, ZMQ_ROUTER), c->data = zmq_socket(c->zctx, ZMQ_ROUTER);
+    zmq_setsockopt(c->ctl, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(c->data, ZMQ_LINGER, &linger, sizeof linger);
+    ck_assert_int_eq(zmq_bind(c->ctl, c->ctl_ep), 0);
+    ck_assert_int_eq(zmq_bind(c->data, c->data_ep), 0);
+}
+
+/* Both sockets closed: their connections close (the orchestrator gone). */
+static void cmp_orch_close(cmp_orch *c)
+{
+    zmq_close(c->ctl);
+    zmq_close(c->data);
+    c->ctl = c->data = NULL;
+}
+
+static void cmp_orch_start(cmp_orch *c, const char *id, const char *flag, const char *value)
+{
+    char base[4300], st[4300], exe[4200];
+    c->dir = kvm_test_tmpdir();
+    snprintf(base, sizeof base, "ipc://%s", c->dir);
+    ck_assert_int_eq(kvm_stage_endpoints(base, c->ctl_ep, c->data_ep, sizeof c->ctl_ep), 0);
+    c->zctx = zmq_ctx_new();
+    cmp_orch_bind(c);
+    snprintf(st, sizeof st, "%s/st", c->dir);
+    kvm_test_store_create(st);
+    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
+    snprintf(c->logp, sizeof c->logp, "%s/compress.log", c->dir);
+    c->pid = fork();
+    ck_assert_int_ge(c->pid, 0);
+    if (c->pid == 0) {
+        freopen(c->logp, "w", stderr);
+        execl(exe, exe, "--connect", base, "--store", st, "--id", id, "--heartbeat-ms", "100", flag, value,
+              (char *)NULL);
+        _exit(127);
+    }
+}
+
+/* Waits up to ms for the worker to exit: 1 and *status when it did, else 0. */
+static int cmp_orch_exited(cmp_orch *c, int ms, int *status)
+{
+    for (double end = kvm_now_ms() + ms; kvm_now_ms() < end; usleep(50 * 1000))
+        if (waitpid(c->pid, status, WNOHANG) == c->pid) {
+            c->pid = 0;
+            return 1;
+        }
+    return 0;
+}
+
+/* The worker killed if it still runs; the worker's log (the caller frees it). */
+static char *cmp_orch_end(cmp_orch *c)
+{
+    if (c->pid > 0) kill(c->pid, SIGKILL), waitpid(c->pid, NULL, 0);
+    char *log = kvm_test_read_file(c->logp, NULL);
+    if (c->ctl) cmp_orch_close(c);
+    zmq_ctx_term(c->zctx);
+    kvm_test_rmtree(c->dir);
+    free(c->dir);
+    return log;
+}
+
 /* A compress job cut on the wire: the job's first message reached the worker, then the data
  * connection closed (the orchestrator's ROUTER drops what it still held for it: the KV layers).
  * The worker held the part for ever and asked for no work, so the run never learnt that the job
@@ -822,60 +895,33 @@ END_TEST
  * connection. */
 START_TEST(test_job_cut_on_the_wire)
 {
-    char *dir = kvm_test_tmpdir(), base[4300], ctl[4300], data[4300], st[4300], exe[4200], logp[4300];
-    snprintf(base, sizeof base, "ipc://%s", dir);
-    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
-    void *zctx = zmq_ctx_new(), *rc_ = zmq_socket(zctx, ZMQ_ROUTER), *rd = zmq_socket(zctx, ZMQ_ROUTER);
-    int linger = 0;
-    zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
-    ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
-    ck_assert_int_eq(zmq_bind(rd, data), 0);
-    snprintf(st, sizeof st, "%s/st", dir);
-    kvm_test_store_create(st);
-    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
-    snprintf(logp, sizeof logp, "%s/compress.log", dir);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        freopen(logp, "w", stderr);
-        execl(exe, exe, "--connect", base, "--store", st, "--id", "cmp-cut", "--heartbeat-ms", "100", (char *)NULL);
-        _exit(127);
+    cmp_orch c;
+    cmp_orch_start(&c, "cmp-cut", NULL, NULL);
+    kvm_msg *m = router_expect(c.data, KVM_PROTO_READY, 60000); /* its first credit */
+    int asked = 0;
+    if (m) {
+        kvm_msg_free(&m);
+        int32_t tokens[3] = {1, 2, 3};
+        kvm_proto_job j = {.job_id = 42,
+                           .doc_id = kvm_proto_str_c("doc"),
+                           .doc_name = kvm_proto_str_c("doc"),
+                           .n_ctx = 128,
+                           .n_tokens = 3,
+                           .tokens = tokens};
+        ck_assert_int_eq(kvm_proto_job_encode(&j, &m), 0);
+        router_send(c.data, "cmp-cut", m); /* the job's first part; its KV layers never come */
+        usleep(500 * 1000);
+        cmp_orch_close(&c); /* the connections close; new ones on the same endpoints */
+        cmp_orch_bind(&c);
+        m = router_expect(c.data, KVM_PROTO_READY, 15000);
+        asked = m != NULL;
+        kvm_msg_free(&m);
     }
-    kvm_msg *m = router_expect(rd, KVM_PROTO_READY, 60000); /* its first credit */
-    char *log = NULL;
-    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(logp, NULL)) ? log : "");
-    kvm_msg_free(&m);
-    int32_t tokens[3] = {1, 2, 3};
-    kvm_proto_job j = {.job_id = 42,
-                       .attempt = 0,
-                       .doc_id = kvm_proto_str_c("doc"),
-                       .doc_name = kvm_proto_str_c("doc"),
-                       .n_ctx = 128,
-                       .n_tokens = 3,
-                       .tokens = tokens};
-    ck_assert_int_eq(kvm_proto_job_encode(&j, &m), 0);
-    router_send(rd, "cmp-cut", m); /* the job's first part; its KV layers never come */
-    usleep(500 * 1000);
-    zmq_close(rd); /* the connection closes; a new one on the same endpoint */
-    rd = zmq_socket(zctx, ZMQ_ROUTER);
-    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
-    ck_assert_int_eq(zmq_bind(rd, data), 0);
-    m = router_expect(rd, KVM_PROTO_READY, 15000);
-    const int asked = m != NULL;
-    kvm_msg_free(&m);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    log = kvm_test_read_file(logp, NULL);
+    char *log = cmp_orch_end(&c);
     ck_assert_msg(asked, "the worker holding part of a job asked for no work on the new connection:\n%s",
                   log ? log : "");
     ck_assert_msg(log && strstr(log, "the data connection closed with 1 part(s) of job 42 here"), "%s", log ? log : "");
     free(log);
-    zmq_close(rc_);
-    zmq_close(rd);
-    zmq_ctx_term(zctx);
-    kvm_test_rmtree(dir);
-    free(dir);
 }
 END_TEST
 
@@ -886,65 +932,31 @@ END_TEST
  * new run on the endpoint), it stays (the count starts again). */
 START_TEST(test_worker_leaves_after_run)
 {
-    char *dir = kvm_test_tmpdir(), base[4300], ctl[4300], data[4300], st[4300], exe[4200], logp[4300];
-    snprintf(base, sizeof base, "ipc://%s", dir);
-    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
-    void *zctx = zmq_ctx_new(), *rc_ = zmq_socket(zctx, ZMQ_ROUTER), *rd = zmq_socket(zctx, ZMQ_ROUTER);
-    int linger = 0;
-    zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
-    ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
-    ck_assert_int_eq(zmq_bind(rd, data), 0);
-    snprintf(st, sizeof st, "%s/st", dir);
-    kvm_test_store_create(st);
-    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
-    snprintf(logp, sizeof logp, "%s/compress.log", dir);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        freopen(logp, "w", stderr);
-        execl(exe, exe, "--connect", base, "--store", st, "--id", "cmp-leave", "--heartbeat-ms", "100",
-              "--leave-after-s", "2", (char *)NULL);
-        _exit(127);
-    }
-    kvm_msg *m = router_expect(rd, KVM_PROTO_READY, 60000); /* its first credit */
-    char *log = NULL;
-    ck_assert_msg(m != NULL, "no credit from the worker:\n%s", (log = kvm_test_read_file(logp, NULL)) ? log : "");
+    cmp_orch c;
+    cmp_orch_start(&c, "cmp-leave", "--leave-after-s", "2");
+    kvm_msg *m = router_expect(c.data, KVM_PROTO_READY, 60000); /* its first credit */
+    const int credit = m != NULL;
     kvm_msg_free(&m);
-    for (int k = 0; k < 3; k++) { /* closed and bound again at once, three times over 3 s: it stays */
-        zmq_close(rc_);
-        zmq_close(rd);
-        rc_ = zmq_socket(zctx, ZMQ_ROUTER), rd = zmq_socket(zctx, ZMQ_ROUTER);
-        zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
-        zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
-        ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
-        ck_assert_int_eq(zmq_bind(rd, data), 0);
-        m = router_expect(rd, KVM_PROTO_READY, 900);
+    for (int k = 0; k < 3 && credit; k++) { /* closed and bound again at once, three times over 3 s: it stays */
+        cmp_orch_close(&c);
+        cmp_orch_bind(&c);
+        m = router_expect(c.data, KVM_PROTO_READY, 900);
         kvm_msg_free(&m);
     }
-    usleep(500 * 1000);
     int status = 0;
-    const int stayed = waitpid(pid, &status, WNOHANG) == 0;
-    zmq_close(rc_); /* the run ends */
-    zmq_close(rd);
+    const int stayed = credit && !cmp_orch_exited(&c, 500, &status);
+    cmp_orch_close(&c); /* the run ends */
     const double gone = kvm_now_ms();
-    int exited = 0;
-    for (int k = 0; k < 300 && stayed && !exited; k++) {
-        usleep(50 * 1000);
-        exited = waitpid(pid, &status, WNOHANG) == pid;
-    }
+    const int exited = stayed && cmp_orch_exited(&c, 15000, &status);
     const double took = kvm_now_ms() - gone;
-    if (!exited) kill(pid, SIGKILL), waitpid(pid, NULL, 0);
-    log = kvm_test_read_file(logp, NULL);
+    char *log = cmp_orch_end(&c);
+    ck_assert_msg(credit, "no credit from the worker:\n%s", log ? log : "");
     ck_assert_msg(stayed, "the worker left on connections closed and made again at once:\n%s", log ? log : "");
     ck_assert_msg(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0,
                   "the worker did not stop after its orchestrator was gone (status %d):\n%s", status, log ? log : "");
     ck_assert_msg(took >= 1900 && took < 12000, "stopped %.0f ms after the orchestrator went, want about 2 s", took);
     ck_assert_msg(log && strstr(log, "has been gone for 2 s (--leave-after-s): stopping"), "%s", log ? log : "");
     free(log);
-    zmq_ctx_term(zctx);
-    kvm_test_rmtree(dir);
-    free(dir);
 }
 END_TEST
 
@@ -954,49 +966,22 @@ END_TEST
  * and a worker with --leave-after-s never left. */
 START_TEST(test_worker_leaves_after_rejoin)
 {
-    char *dir = kvm_test_tmpdir(), base[4300], ctl[4300], data[4300], st[4300], exe[4200], logp[4300];
-    snprintf(base, sizeof base, "ipc://%s", dir);
-    ck_assert_int_eq(kvm_stage_endpoints(base, ctl, data, sizeof ctl), 0);
-    void *zctx = zmq_ctx_new(), *rc_ = zmq_socket(zctx, ZMQ_ROUTER), *rd = zmq_socket(zctx, ZMQ_ROUTER);
-    int linger = 0;
-    zmq_setsockopt(rc_, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_setsockopt(rd, ZMQ_LINGER, &linger, sizeof linger);
-    ck_assert_int_eq(zmq_bind(rc_, ctl), 0);
-    ck_assert_int_eq(zmq_bind(rd, data), 0);
-    snprintf(st, sizeof st, "%s/st", dir);
-    kvm_test_store_create(st);
-    snprintf(exe, sizeof exe, "%s/kvmill-compress", kvm_test_bin());
-    snprintf(logp, sizeof logp, "%s/compress.log", dir);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        freopen(logp, "w", stderr);
-        execl(exe, exe, "--connect", base, "--store", st, "--id", "cmp-rejoin", "--heartbeat-ms", "100",
-              "--leave-after-s", "1", (char *)NULL);
-        _exit(127);
-    }
+    cmp_orch c;
+    cmp_orch_start(&c, "cmp-rejoin", "--leave-after-s", "1");
     /* nothing answered: within about 15 s it closes the control connection to make it again */
-    const int rejoined = kvm_test_wait_text(logp, "connecting the control socket again", 1, 60);
-    zmq_close(rc_); /* the run ends in the gap (500 ms) before the connection is made again */
-    zmq_close(rd);
+    const int rejoined = kvm_test_wait_text(c.logp, "connecting the control socket again", 1, 60);
+    cmp_orch_close(&c); /* the run ends in the gap (500 ms) before the connection is made again */
     const double gone = kvm_now_ms();
-    int status = 0, exited = 0;
-    for (int k = 0; k < 200 && rejoined && !exited; k++) {
-        usleep(50 * 1000);
-        exited = waitpid(pid, &status, WNOHANG) == pid;
-    }
+    int status = 0;
+    const int exited = rejoined && cmp_orch_exited(&c, 10000, &status);
     const double took = kvm_now_ms() - gone;
-    if (!exited) kill(pid, SIGKILL), waitpid(pid, NULL, 0);
-    char *log = kvm_test_read_file(logp, NULL);
+    char *log = cmp_orch_end(&c);
     ck_assert_msg(rejoined, "the worker did not connect again:\n%s", log ? log : "");
     ck_assert_msg(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0,
                   "the worker did not stop after its orchestrator was gone (status %d, %.0f ms):\n%s", status, took,
                   log ? log : "");
     ck_assert_msg(log && strstr(log, "(--leave-after-s): stopping"), "%s", log ? log : "");
     free(log);
-    zmq_ctx_term(zctx);
-    kvm_test_rmtree(dir);
-    free(dir);
 }
 END_TEST
 
