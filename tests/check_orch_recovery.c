@@ -996,6 +996,23 @@ static uint64_t job_came(void *d)
     return id;
 }
 
+/* A fake run (fake_start) whose one document went to prefill worker `id`, idle before, a DEALER
+ * (returned) that got the job, its id in *first. */
+static void *job_to_worker(fake_run *f, const char *id, uint64_t *first)
+{
+    fake_start(f);
+    orch *o = f->o;
+    o->workers[0] = (orch_worker){.stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
+    snprintf(o->workers[0].id, sizeof o->workers[0].id, "%s", id);
+    o->n_workers = 1;
+    void *d = fake_worker(o, id);
+    kvm_orch__dispatch(o);
+    ck_assert_int_eq(o->jobs[0].state, J_PREFILL);
+    *first = job_came(d);
+    ck_assert_uint_eq(*first, o->jobs[0].id);
+    return d;
+}
+
 /* A job lost on the wire: it went to the worker, whose connection then closed (ZeroMQ drops what
  * the closed connection's pipe held), and the worker, connected again, asks for work once a
  * heartbeat. The run held the job for that live worker for ever (a run that never ended). Now
@@ -1005,17 +1022,10 @@ static uint64_t job_came(void *d)
 START_TEST(test_job_lost_on_the_wire)
 {
     fake_run f;
-    fake_start(&f);
-    orch *o = f.o;
     const char *id = "prefill-0-r0";
-    o->workers[0] =
-        (orch_worker){.id = "prefill-0-r0", .stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
-    o->n_workers = 1;
-    void *d = fake_worker(o, id);
-    kvm_orch__dispatch(o);
-    ck_assert_int_eq(o->jobs[0].state, J_PREFILL);
-    const uint64_t first = job_came(d); /* and lost: the worker never sees it */
-    ck_assert_uint_eq(first, o->jobs[0].id);
+    uint64_t first;
+    void *d = job_to_worker(&f, id, &first); /* and lost: the worker never sees it */
+    orch *o = f.o;
     for (int k = 0; k < 5; k++) /* a burst: nothing said yet */
         ask_for_work(o, d, id);
     ck_assert_int_eq(o->jobs[0].state, J_PREFILL);
@@ -1045,15 +1055,10 @@ END_TEST
 START_TEST(test_job_run_is_not_lost)
 {
     fake_run f;
-    fake_start(&f);
-    orch *o = f.o;
     const char *id = "prefill-0-r0";
-    o->workers[0] =
-        (orch_worker){.id = "prefill-0-r0", .stage = ST_PREFILL, .idle = 1, .job = -1, .alive = 1, .slot = -1};
-    o->n_workers = 1;
-    void *d = fake_worker(o, id);
-    kvm_orch__dispatch(o);
-    const uint64_t first = job_came(d);
+    uint64_t first;
+    void *d = job_to_worker(&f, id, &first);
+    orch *o = f.o;
     ask_for_work(o, d, id); /* sent before the job came */
     usleep(700 * 1000);     /* the job runs (dead_ms 500) */
     ask_for_work(o, d, id); /* the job done: this credit overtook the result */
