@@ -7,6 +7,7 @@
 #include "model/kvm_tokenizer_bpe_int.h"
 #include "common/kvm_error.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -340,7 +341,10 @@ int kvm__bpe_finish(kvm_bpe *b, const char *f)
             memcpy(b->piece + at, s, l = (size_t)b->text_len[i]);
         else if (b->spm && ty == KVM_TOKEN_BYTE) {
             l = 0;
-            if (b->text_len[i] == 6 && sscanf(s, "<0x%2x>", &hex) == 1) {
+            /* two hex digits, checked first: %2x takes a sign ("<0x-5>" read as 0xfffffffb, an
+             * index far past byte_tok; found by fuzz_file_tokenizer_json) */
+            if (b->text_len[i] == 6 && isxdigit((unsigned char)s[3]) && isxdigit((unsigned char)s[4]) &&
+                sscanf(s, "<0x%2x>", &hex) == 1 && hex < 256) {
                 b->piece[at] = (char)hex;
                 l = 1;
                 if (b->byte_tok[hex] < 0) b->byte_tok[hex] = i;
